@@ -1,0 +1,73 @@
+"""Value types of a task assignment: what a client reports and what it receives.
+
+Kept apart from the algorithms (like Kafka Streams' ``ClientState`` / ``TaskAssignor``) so that the
+protocol layer can build them from wire metadata and the assignors stay plain functions of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from ._ids import TaskId
+
+
+def _task_set(value: Iterable[TaskId | str]) -> frozenset[TaskId]:
+    return frozenset(TaskId.parse(t) if isinstance(t, str) else TaskId(*t) for t in value)
+
+
+def _lag_map(value: Mapping[Any, int]) -> Mapping[TaskId, int]:
+    out: dict[TaskId, int] = {}
+    for task, lag in value.items():
+        tid = TaskId.parse(task) if isinstance(task, str) else TaskId(*task)
+        if not isinstance(lag, int) or isinstance(lag, bool) or lag < 0:
+            raise ValueError(f"lag of task {tid} must be an int >= 0, got {lag!r}")
+        out[tid] = lag
+    return out
+
+
+def _positive_capacity(instance: Any, attribute: Any, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(
+            f"client {instance.process_id!r}: capacity must be an int >= 1 (its thread count), "
+            f"got {value!r}"
+        )
+
+
+@attrs.frozen
+class ClientState:
+    """One process ("client") as the leader sees it at a rebalance.
+
+    ``capacity`` is its number of consumer threads. ``prev_active`` / ``prev_standby`` are the
+    tasks it ran / kept replicas of before; ``lags`` holds, for tasks whose state it has on disk,
+    how far behind the changelog end that state is (0 = caught up). ``rack`` and ``tags`` describe
+    where it runs, for rack- and tag-aware standby placement.
+    """
+
+    process_id: str
+    capacity: int = attrs.field(default=1, validator=_positive_capacity)
+    prev_active: frozenset[TaskId] = attrs.field(default=frozenset(), converter=_task_set)
+    prev_standby: frozenset[TaskId] = attrs.field(default=frozenset(), converter=_task_set)
+    lags: Mapping[TaskId, int] = attrs.field(factory=dict, converter=_lag_map)
+    rack: str | None = None
+    tags: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+
+    def has_state(self, task: TaskId) -> bool:
+        """Whether this client holds local state of ``task`` (ran it, replicated it, or lags)."""
+        return task in self.prev_active or task in self.prev_standby or task in self.lags
+
+
+@attrs.frozen
+class ClientAssignment:
+    """What one client receives: tasks to run, replicas to keep, and warmups to catch up."""
+
+    active: frozenset[TaskId] = frozenset()
+    standby: frozenset[TaskId] = frozenset()
+    warmup: frozenset[TaskId] = frozenset()
+
+    @property
+    def load(self) -> int:
+        """Active plus standby plus warmup tasks: what the client must keep up with."""
+        return len(self.active) + len(self.standby) + len(self.warmup)

@@ -1,0 +1,40 @@
+"""Typed errors raised by the assignment core.
+
+Every error names what is wrong (topics, counts, process ids) so that an operator reading a log
+line knows what to fix, and integrations can map each type to a protocol error code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+class StreamAssignError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class TopologyError(StreamAssignError, ValueError):
+    """The topology itself is invalid or cannot be resolved (e.g. a repartition cycle)."""
+
+
+class MissingTopicsError(TopologyError):
+    """Source topics of the topology are absent from the partition counts (not created yet)."""
+
+    def __init__(self, topics: Iterable[str]) -> None:
+        self.topics: tuple[str, ...] = tuple(sorted(set(topics)))
+        super().__init__(
+            "missing source topics (no partition count known): " + ", ".join(self.topics)
+        )
+
+
+class CopartitioningError(TopologyError):
+    """Topics that must be co-partitioned have different partition counts.
+
+    ``counts`` maps every topic of the offending group to its partition count.
+    """
+
+    def __init__(self, counts: Mapping[str, int], reason: str = "") -> None:
+        self.counts: dict[str, int] = dict(sorted(counts.items()))
+        listed = ", ".join(f"{topic}:{n}" for topic, n in self.counts.items())
+        detail = f" ({reason})" if reason else ""
+        super().__init__(f"topics not co-partitioned{detail}: {listed}")

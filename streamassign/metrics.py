@@ -1,0 +1,174 @@
+"""Quality of a task assignment (DESIGN §3): validity, balance, moves against their lower bound,
+standby coverage and warm takeovers.
+
+Plain functions of (tasks, clients, assignment); used by the tests as oracles, by the benchmarks
+and the CLI as reports, and by the simulation pipeline as per-rebalance rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from ._balance import apportion, share_bounds
+from ._ids import TaskId
+from .assignment import ClientAssignment, ClientState
+from .sticky import resolve_previous_owners
+
+
+@attrs.frozen
+class AssignmentMetrics:
+    """One assignment's scores. Ratios are 1.0 / 0.0 when there is nothing to measure."""
+
+    tasks: int
+    clients: int
+    #: Active tasks whose previous owner is still present but no longer runs them.
+    moves: int
+    #: The least number of moves any balanced assignment needs (DESIGN §3.3).
+    move_lower_bound: int
+    #: Every client's active count is the floor or ceiling of its capacity share.
+    active_balanced: bool
+    #: Spread of active tasks per thread: max minus min over clients.
+    active_imbalance: float
+    #: Spread of active+standby+warmup load per thread: max minus min over clients.
+    load_imbalance: float
+    standbys_required: int
+    standbys_placed: int
+    #: Previous standbys (of tasks still stateful and not now active there) kept / dropped.
+    standbys_kept: int
+    standbys_dropped: int
+    #: Stateful tasks that changed client (or lost theirs) landing where state already was / not.
+    warm_takeovers: int
+    cold_takeovers: int
+
+    @property
+    def standby_coverage(self) -> float:
+        """Placed over required standbys."""
+        return self.standbys_placed / self.standbys_required if self.standbys_required else 1.0
+
+    @property
+    def excess_moves(self) -> int:
+        """Moves above the lower bound (0 is optimal)."""
+        return self.moves - self.move_lower_bound
+
+
+def move_lower_bound(tasks: Iterable[TaskId], clients: Iterable[ClientState]) -> int:
+    """``sum_c max(0, K_c - q_c)`` with quotas whose ceilings go to the largest ``K_c - floor``.
+
+    ``K_c`` counts the existing tasks client ``c`` ran before (duplicate claims resolved as the
+    assignor does). No balanced assignment moves fewer tasks.
+    """
+    task_list = list(dict.fromkeys(tasks))
+    client_list = sorted(clients, key=lambda c: c.process_id)
+    owners = resolve_previous_owners(task_list, client_list)
+    kept = {c.process_id: 0 for c in client_list}
+    for pid in owners.values():
+        kept[pid] += 1
+    counts = [kept[c.process_id] for c in client_list]
+    caps = [c.capacity for c in client_list]
+    floors = [lo for lo, _ in share_bounds(len(task_list), caps)]
+    quotas = apportion(len(task_list), caps, priority=lambda i: (floors[i] - counts[i], i))
+    return sum(max(0, k - q) for k, q in zip(counts, quotas, strict=True))
+
+
+def violations(
+    tasks: Iterable[TaskId],
+    clients: Iterable[ClientState],
+    assignment: Mapping[str, ClientAssignment],
+    num_standby_replicas: int = 0,
+    stateful: Iterable[TaskId] | None = None,
+) -> list[str]:
+    """Every way ``assignment`` breaks validity (DESIGN §3.1); empty when it is valid."""
+    task_set = set(tasks)
+    client_list = list(clients)
+    stateful_set = task_set if stateful is None else set(stateful) & task_set
+    wanted = min(num_standby_replicas, max(0, len(client_list) - 1))
+    problems = []
+    missing_clients = {c.process_id for c in client_list} - set(assignment)
+    if missing_clients:
+        problems.append(f"clients missing from the assignment: {sorted(missing_clients)}")
+    actives: dict[TaskId, list[str]] = {}
+    standbys: dict[TaskId, int] = {}
+    for pid, a in sorted(assignment.items()):
+        for t in a.active:
+            actives.setdefault(t, []).append(pid)
+        for t in a.standby | a.warmup:
+            if t in a.active:
+                problems.append(f"{pid} holds two copies of {t}")
+        for t in a.standby:
+            standbys[t] = standbys.get(t, 0) + 1
+            if t not in stateful_set:
+                problems.append(f"{pid} has a standby of stateless or unknown task {t}")
+        if a.standby & a.warmup:
+            problems.append(f"{pid} holds a standby and a warmup of {sorted(a.standby & a.warmup)}")
+    for t in sorted(task_set):
+        owners = actives.get(t, [])
+        if len(owners) != 1:
+            problems.append(f"task {t} has {len(owners)} actives: {owners}")
+        if t in stateful_set and standbys.get(t, 0) != wanted:
+            problems.append(f"task {t} has {standbys.get(t, 0)} standbys, wants {wanted}")
+    unknown = set(actives) - task_set
+    if unknown:
+        problems.append(f"unknown tasks assigned: {sorted(unknown)}")
+    return problems
+
+
+def evaluate(
+    tasks: Iterable[TaskId],
+    clients: Iterable[ClientState],
+    assignment: Mapping[str, ClientAssignment],
+    num_standby_replicas: int = 0,
+    stateful: Iterable[TaskId] | None = None,
+) -> AssignmentMetrics:
+    """Score ``assignment`` of ``tasks`` to ``clients`` (whose history is the previous round)."""
+    task_list = list(dict.fromkeys(tasks))
+    client_list = sorted(clients, key=lambda c: c.process_id)
+    stateful_set = set(task_list) if stateful is None else set(stateful) & set(task_list)
+    empty = ClientAssignment()
+    by_pid = {c.process_id: c for c in client_list}
+    owner_now = {t: pid for pid, a in assignment.items() for t in a.active}
+
+    previous = resolve_previous_owners(task_list, client_list)
+    moves = sum(1 for t, pid in previous.items() if t not in assignment.get(pid, empty).active)
+    warm = cold = 0
+    for t in stateful_set:
+        now = owner_now.get(t)
+        if now is None or previous.get(t) == now:
+            continue
+        if now in by_pid and by_pid[now].has_state(t):
+            warm += 1
+        else:
+            cold += 1
+
+    caps = [c.capacity for c in client_list]
+    got = [assignment.get(c.process_id, empty) for c in client_list]
+    bounds = share_bounds(len(task_list), caps)
+    balanced = all(lo <= len(a.active) <= hi for (lo, hi), a in zip(bounds, got, strict=True))
+    per_thread = [len(a.active) / cap for a, cap in zip(got, caps, strict=True)]
+    load = [a.load / cap for a, cap in zip(got, caps, strict=True)]
+
+    kept = dropped = 0
+    for c, a in zip(client_list, got, strict=True):
+        for t in c.prev_standby:
+            if t in stateful_set and t not in a.active:
+                if t in a.standby:
+                    kept += 1
+                else:
+                    dropped += 1
+    wanted = min(num_standby_replicas, max(0, len(client_list) - 1))
+    return AssignmentMetrics(
+        tasks=len(task_list),
+        clients=len(client_list),
+        moves=moves,
+        move_lower_bound=move_lower_bound(task_list, client_list),
+        active_balanced=balanced,
+        active_imbalance=(max(per_thread) - min(per_thread)) if per_thread else 0.0,
+        load_imbalance=(max(load) - min(load)) if load else 0.0,
+        standbys_required=wanted * len(stateful_set),
+        standbys_placed=sum(len(a.standby & stateful_set) for a in got),
+        standbys_kept=kept,
+        standbys_dropped=dropped,
+        warm_takeovers=warm,
+        cold_takeovers=cold,
+    )

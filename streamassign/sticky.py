@@ -1,0 +1,388 @@
+"""The sticky task assignor: active and standby tasks over clients, balanced and minimal-move.
+
+The algorithm (DESIGN §3), in order of precedence:
+
+1. **Quotas.** Each client's active quota is the floor or ceiling of its capacity-proportional
+   share; the ceilings go to the clients that ran the most tasks above their floor. That choice
+   makes ``sum(max(0, K_c - q_c))`` minimal — the move lower bound.
+2. **Stickiness.** Every client keeps ``min(K_c, q_c)`` of the tasks it ran, so moves equal the
+   lower bound exactly. A client over quota releases tasks of its most crowded subtopologies
+   first, and among those the ones another client holds warm state for.
+3. **Warm takeovers.** A task without a keeper goes to a client with room that holds a standby
+   of it, else to the one with the smallest lag.
+4. **Spread.** The rest are dealt in ``(subtopology, partition)`` order over the clients' free
+   room, evenly interleaved, so a subtopology is spread over clients.
+5. **Standbys.** Every stateful task gets ``min(num_standby_replicas, clients - 1)`` standbys on
+   clients without a copy of it. Targets bring each client's active+standby load to the floor or
+   ceiling of its share (as far as one copy per client allows); previous standbys (then other
+   local state, lowest lag first) are kept; the rest go to the clients with most room left, with
+   a one-step swap when the only clients with room already hold the task.
+
+All decisions iterate in sorted order of task and process ids, so the same input gives the same
+output whatever the order of the input collections.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
+from itertools import pairwise
+from typing import Final
+
+import attrs
+
+from ._balance import apportion, deal, level_order, share_bounds
+from ._ids import TaskId
+from .assignment import ClientAssignment, ClientState
+
+#: Lag used for a standby whose lag the client did not report: behind every known lag.
+_UNKNOWN_LAG: Final = 1 << 62
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+def _claims(
+    index: Mapping[TaskId, int], clients: Sequence[ClientState]
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """Previous owner (client index, or -1) of each task, and the claims that lost.
+
+    A task claimed as active by several clients (a zombie, or a partitioned network) goes to the
+    claimant with the smallest lag, then the smallest process id (``clients`` is sorted by it).
+    """
+    owner = [-1] * len(index)
+    lost: list[tuple[int, int]] = []
+    for ci, c in enumerate(clients):
+        for t in c.prev_active:
+            i = index.get(t)
+            if i is None:
+                continue
+            j = owner[i]
+            if j < 0:
+                owner[i] = ci
+            elif c.lags.get(t, 0) < clients[j].lags.get(t, 0):
+                owner[i] = ci
+                lost.append((i, j))
+            else:
+                lost.append((i, ci))
+    return owner, lost
+
+
+def resolve_previous_owners(
+    tasks: Iterable[TaskId], clients: Iterable[ClientState]
+) -> dict[TaskId, str]:
+    """Previous active owner (process id) of each task that has one; duplicate claims resolved
+    as the assignor resolves them: smallest lag, then smallest process id."""
+    task_list = list(dict.fromkeys(tasks))
+    client_list = sorted(clients, key=lambda c: c.process_id)
+    owner, _ = _claims({t: i for i, t in enumerate(task_list)}, client_list)
+    return {
+        t: client_list[ci].process_id for t, ci in zip(task_list, owner, strict=True) if ci >= 0
+    }
+
+
+@attrs.frozen
+class StickyTaskAssignor:
+    """Assigns active and standby tasks to clients; see the module docstring for the rules.
+
+    ``num_standby_replicas`` is the number of standbys wanted for each stateful task (capped at
+    ``clients - 1``, since one client never holds two copies of a task).
+    """
+
+    num_standby_replicas: int = attrs.field(default=0, validator=_non_negative)
+
+    def assign(
+        self,
+        tasks: Iterable[TaskId],
+        clients: Iterable[ClientState],
+        stateful: Iterable[TaskId] | None = None,
+    ) -> dict[str, ClientAssignment]:
+        """Assignment per process id, for every client given.
+
+        ``stateful=None`` treats every task as stateful. Raises ``ValueError`` for duplicate
+        process ids, or for tasks with no client to run them.
+        """
+        return _Run(tasks, clients, stateful, self.num_standby_replicas).result()
+
+
+class _Run:
+    """State of one assignment; tasks and clients are referred to by index in sorted order."""
+
+    def __init__(
+        self,
+        tasks: Iterable[TaskId],
+        clients: Iterable[ClientState],
+        stateful: Iterable[TaskId] | None,
+        num_standby_replicas: int,
+    ) -> None:
+        self.tasks: list[TaskId] = sorted({t if type(t) is TaskId else TaskId(*t) for t in tasks})
+        self.clients: list[ClientState] = sorted(clients, key=lambda c: c.process_id)
+        for a, b in pairwise(self.clients):
+            if a.process_id == b.process_id:
+                raise ValueError(f"duplicate process id among clients: {a.process_id!r}")
+        if self.tasks and not self.clients:
+            raise ValueError(f"no clients to run {len(self.tasks)} tasks")
+        self.index: dict[TaskId, int] = {t: i for i, t in enumerate(self.tasks)}
+        n = len(self.tasks)
+        if stateful is None:
+            self.stateful = [True] * n
+        else:
+            self.stateful = [False] * n
+            for t in stateful:
+                i = self.index.get(TaskId(*t))
+                if i is not None:
+                    self.stateful[i] = True
+        self.replicas = min(num_standby_replicas, max(0, len(self.clients) - 1))
+        self.owner = [-1] * n  # active client index of each task
+        self.active: list[list[int]] = [[] for _ in self.clients]
+        self.standby: list[list[int]] = [[] for _ in self.clients]
+        self.prev_owner, lost = _claims(self.index, self.clients)
+        self.warm = self._warm_holders(lost)
+
+    # -- local state ---------------------------------------------------------------------------
+
+    def _warm_holders(self, lost: list[tuple[int, int]]) -> dict[int, list[int]]:
+        """Per task, the clients other than its previous owner with local state, best first.
+
+        Best: a standby holder, then the smallest lag (see ``_rank``). Only lists with several
+        holders are sorted; most tasks have one or none.
+        """
+        holders: dict[int, list[int]] = {}
+        index = self.index
+        for ci, c in enumerate(self.clients):
+            for t in c.prev_standby:
+                i = index.get(t)
+                if i is not None:
+                    holders.setdefault(i, []).append(ci)
+            for t in c.lags:
+                if t not in c.prev_standby and t not in c.prev_active:
+                    i = index.get(t)
+                    if i is not None:
+                        holders.setdefault(i, []).append(ci)
+        for i, ci in lost:
+            holders.setdefault(i, []).append(ci)
+        for i, found in holders.items():
+            if len(found) > 1:
+                found.sort(key=partial(self._rank, i))
+        return holders
+
+    def _rank(self, i: int, ci: int) -> tuple[int, int, int]:
+        """Order of clients holding state of task ``i``: standby first, then by lag."""
+        c, t = self.clients[ci], self.tasks[i]
+        if t in c.prev_standby:
+            return (0, c.lags.get(t, _UNKNOWN_LAG), ci)
+        return (1, c.lags.get(t, 0), ci)
+
+    # -- actives -------------------------------------------------------------------------------
+
+    def _previous_tasks(self) -> list[list[int]]:
+        """Tasks each client ran before, after resolving duplicate claims."""
+        prev: list[list[int]] = [[] for _ in self.clients]
+        for i, ci in enumerate(self.prev_owner):
+            if ci >= 0:
+                prev[ci].append(i)
+        return prev
+
+    def assign_actives(self) -> None:
+        caps = [c.capacity for c in self.clients]
+        prev = self._previous_tasks()
+        floors = [lo for lo, _ in share_bounds(len(self.tasks), caps)]
+        tasks, warm, owner = self.tasks, self.warm, self.owner
+        # Ceilings go to the clients that ran most above their floor (the move bound), then to
+        # the best warm holders of tasks nobody runs (so those can be taken over warm).
+        claimed = {i for mine in prev for i in mine}
+        best_holder = [0] * len(self.clients)
+        for i, holders in warm.items():
+            if i not in claimed:
+                best_holder[holders[0]] += 1
+        quotas = apportion(
+            len(tasks), caps, priority=lambda ci: (floors[ci] - len(prev[ci]), -best_holder[ci], ci)
+        )
+        room = list(quotas)
+        for ci, mine in enumerate(prev):
+            if len(mine) > quotas[ci]:
+                # Keep a subtopology-balanced subset; release first what is warm elsewhere.
+                def release_cost(i: int, ci: int = ci) -> tuple[int, int]:
+                    return (0 if any(h != ci for h in warm.get(i, ())) else -1, i)
+
+                mine = level_order(
+                    sorted(mine, key=release_cost), group=lambda i: tasks[i].subtopology
+                )[: quotas[ci]]
+            for i in mine:
+                owner[i] = ci
+            room[ci] -= len(mine)
+
+        # Warm takeovers: a standby holder first, then the smallest lag.
+        cold: list[int] = []
+        for i in [i for i, ci in enumerate(owner) if ci < 0]:
+            for ci in warm.get(i, ()):
+                if room[ci] > 0:
+                    owner[i] = ci
+                    room[ci] -= 1
+                    break
+            else:
+                cold.append(i)
+
+        # Spread the rest in (subtopology, partition) order over the free room.
+        for i, ci in zip(cold, deal(room), strict=True):
+            owner[i] = ci
+        for i, ci in enumerate(owner):
+            self.active[ci].append(i)
+        # A previous owner that gave its task up still holds its state: a fine standby.
+        for i, (was, now) in enumerate(zip(self.prev_owner, owner, strict=True)):
+            if was >= 0 and was != now and was not in warm.get(i, ()):
+                found = warm.setdefault(i, [])
+                found.append(was)
+                found.sort(key=partial(self._rank, i))
+
+    # -- standbys ------------------------------------------------------------------------------
+
+    def _standby_targets(self) -> list[int]:
+        """Standbys per client: total load near its share, within what one copy allows."""
+        clients, replicas = self.clients, self.replicas
+        n_stateful = sum(self.stateful)
+        caps = [c.capacity for c in clients]
+        actives = [len(a) for a in self.active]
+        room = [n_stateful - sum(self.stateful[i] for i in a) for a in self.active]
+        total = len(self.tasks) + n_stateful * replicas
+        bounds = share_bounds(total, caps)
+        target = [
+            min(max(lo, a), a + r) for (lo, _), a, r in zip(bounds, actives, room, strict=True)
+        ]
+        prev_standbys = [len(c.prev_standby) for c in clients]
+        missing = total - sum(target)
+        if missing > 0:
+            # Raise to the ceiling first (clients with more previous standbys first), then beyond
+            # the ceiling only where one copy per client forces it (lowest load per thread first).
+            order = sorted(
+                (
+                    ci
+                    for ci in range(len(clients))
+                    if target[ci] < min(bounds[ci][1], actives[ci] + room[ci])
+                ),
+                key=lambda ci: (-prev_standbys[ci], ci),
+            )
+            for ci in order[:missing]:
+                target[ci] += 1
+            missing -= min(missing, len(order))
+            heap = [
+                (target[ci] / caps[ci], ci)
+                for ci in range(len(clients))
+                if target[ci] < actives[ci] + room[ci]
+            ]
+            heapq.heapify(heap)
+            while missing > 0:
+                _, ci = heapq.heappop(heap)
+                target[ci] += 1
+                missing -= 1
+                if target[ci] < actives[ci] + room[ci]:
+                    heapq.heappush(heap, (target[ci] / caps[ci], ci))
+        elif missing < 0:
+            # Actives at their ceiling pushed some clients above the floor: take standbys from
+            # the most loaded clients per thread that still have standbys to give.
+            heap = [
+                (-target[ci] / caps[ci], ci)
+                for ci in range(len(clients))
+                if target[ci] > actives[ci]
+            ]
+            heapq.heapify(heap)
+            while missing < 0:
+                _, ci = heapq.heappop(heap)
+                target[ci] -= 1
+                missing += 1
+                if target[ci] > actives[ci]:
+                    heapq.heappush(heap, (-target[ci] / caps[ci], ci))
+        return [t - a for t, a in zip(target, actives, strict=True)]
+
+    def assign_standbys(self) -> None:
+        if not self.replicas:
+            return
+        r, owner = self.replicas, self.owner
+        room = self._standby_targets()
+        # copies[i * r : (i + 1) * r] are the clients holding a standby of task i (-1: none yet).
+        # One flat list: a set per task cost a third of the run in allocation and GC at 100k.
+        copies = [-1] * (len(self.tasks) * r)
+        need: list[int] = []
+        for i, stateful in enumerate(self.stateful):
+            if not stateful:
+                continue
+            k = i * r
+            for ci in self.warm.get(i, ()):
+                if k == (i + 1) * r:
+                    break
+                if room[ci] > 0 and ci != owner[i] and ci not in copies[i * r : k]:
+                    copies[k] = ci
+                    k += 1
+                    room[ci] -= 1
+            need.extend(range(k, (i + 1) * r))
+
+        # The rest to the clients with most room left, skipping those with a copy already.
+        heap = [(-left, ci) for ci, left in enumerate(room) if left > 0]
+        heapq.heapify(heap)
+        for slot in need:
+            i = slot // r
+            held = copies[i * r : slot]
+            skipped = []
+            while heap and (heap[0][1] == owner[i] or heap[0][1] in held):
+                skipped.append(heapq.heappop(heap))
+            if heap:
+                neg, ci = heapq.heappop(heap)
+                copies[slot] = ci
+                if neg < -1:
+                    heapq.heappush(heap, (neg + 1, ci))
+            else:
+                self._place_by_swap(slot, copies, skipped)
+            for entry in skipped:
+                heapq.heappush(heap, entry)
+        for slot, ci in enumerate(copies):
+            if ci >= 0:
+                self.standby[ci].append(slot // r)
+
+    def _place_by_swap(self, slot: int, copies: list[int], rooms: list[tuple[int, int]]) -> None:
+        """Fill ``slot`` (a standby of task ``i``) when every client with room holds ``i``.
+
+        Finds a client ``d`` without a copy of ``i`` and a standby ``u`` on ``d`` that a client
+        ``c`` with room can take: ``u`` moves ``d -> c`` and ``i`` goes to ``d``, keeping every
+        load on target. Without such a pair (forced by one copy per client), ``i`` goes to the
+        client without a copy that is least loaded per thread. Rare, so it may scan.
+        """
+        r, owner = self.replicas, self.owner
+        i = slot // r
+
+        def holds(task: int, ci: int) -> bool:
+            return owner[task] == ci or ci in copies[task * r : (task + 1) * r]
+
+        for d in range(len(self.clients)):
+            if holds(i, d):
+                continue
+            for u_slot in (s for s in range(len(copies)) if copies[s] == d):
+                u = u_slot // r
+                for k, (neg, c) in enumerate(rooms):
+                    if not holds(u, c):
+                        copies[u_slot], copies[slot] = c, d
+                        rooms[k] = (neg + 1, c)
+                        if neg == -1:
+                            del rooms[k]
+                        return
+        load = [len(a) for a in self.active]
+        for ci in copies:
+            if ci >= 0:
+                load[ci] += 1
+        caps = [c.capacity for c in self.clients]
+        free = [d for d in range(len(self.clients)) if not holds(i, d)]
+        copies[slot] = min(free, key=lambda d: ((load[d] + 1) / caps[d], d))
+
+    def result(self) -> dict[str, ClientAssignment]:
+        self.assign_actives()
+        self.assign_standbys()
+        tasks = self.tasks
+        return {
+            c.process_id: ClientAssignment(
+                active=frozenset([tasks[i] for i in self.active[ci]]),
+                standby=frozenset([tasks[i] for i in self.standby[ci]]),
+            )
+            for ci, c in enumerate(self.clients)
+        }

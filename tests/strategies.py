@@ -1,0 +1,91 @@
+"""Hypothesis strategies for task-assignment inputs: tasks, clients and realistic histories."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import strategies as st
+
+from streamassign import ClientState, StickyTaskAssignor, TaskId
+
+
+@st.composite
+def task_sets(
+    draw: st.DrawFn, max_subtopologies: int = 4, max_partitions: int = 12
+) -> list[TaskId]:
+    """Tasks of 1..n subtopologies, each with its own partition count."""
+    counts = draw(st.lists(st.integers(1, max_partitions), min_size=1, max_size=max_subtopologies))
+    return [TaskId(s, p) for s, n in enumerate(counts) for p in range(n)]
+
+
+@st.composite
+def fresh_clients(
+    draw: st.DrawFn, max_clients: int = 8, max_capacity: int = 4
+) -> list[ClientState]:
+    """Clients with unique process ids, random capacities, no history."""
+    pids = draw(
+        st.lists(
+            st.text("abcdefgh", min_size=1, max_size=3),
+            min_size=1,
+            max_size=max_clients,
+            unique=True,
+        )
+    )
+    return [ClientState(pid, capacity=draw(st.integers(1, max_capacity))) for pid in pids]
+
+
+@st.composite
+def assignment_inputs(
+    draw: st.DrawFn,
+) -> tuple[list[TaskId], list[ClientState], int, list[TaskId] | None]:
+    """(tasks, clients with history, standbys, stateful) over the kinds of history we meet.
+
+    History is one of: none; the assignor's own previous result on another membership (the
+    realistic case: scale out/in, crash); or arbitrary claims (duplicates, stale tasks, random
+    standbys and lags) as a zombie or a buggy peer would report.
+    """
+    tasks = draw(task_sets())
+    replicas = draw(st.integers(0, 3))
+    stateful = draw(st.one_of(st.none(), st.lists(st.sampled_from(tasks), unique=True)))
+    kind = draw(st.sampled_from(["fresh", "previous", "arbitrary"]))
+    clients = draw(fresh_clients())
+    if kind == "previous":
+        old_tasks = draw(st.one_of(st.just(tasks), task_sets()))
+        old_clients = draw(fresh_clients())
+        old = StickyTaskAssignor(replicas).assign(old_tasks, old_clients, stateful)
+        survivors = {c.process_id for c in old_clients}
+        caps = {c.process_id: c.capacity for c in clients}
+        lags = draw(st.integers(0, 1000))
+        clients = [
+            ClientState(
+                pid,
+                capacity=caps.get(pid, c.capacity),
+                prev_active=old[pid].active,
+                prev_standby=old[pid].standby,
+                lags={t: lags for t in old[pid].standby},
+            )
+            for c in old_clients
+            if (pid := c.process_id) in survivors and draw(st.booleans())
+        ] + [c for c in clients if c.process_id not in survivors]
+        if not clients:
+            clients = [ClientState("solo")]
+    elif kind == "arbitrary":
+        pool = [*tasks, TaskId(9, 0), TaskId(0, 99)]
+        some = st.lists(st.sampled_from(pool), max_size=len(pool))
+        clients = [
+            ClientState(
+                c.process_id,
+                capacity=c.capacity,
+                prev_active=draw(some),
+                prev_standby=draw(some),
+                lags=draw(
+                    st.dictionaries(st.sampled_from(pool), st.integers(0, 10_000), max_size=6)
+                ),
+            )
+            for c in clients
+        ]
+    return tasks, clients, replicas, stateful
+
+
+def by_pid(clients: Sequence[ClientState]) -> dict[str, ClientState]:
+    return {c.process_id: c for c in clients}

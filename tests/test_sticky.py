@@ -1,0 +1,301 @@
+"""StickyTaskAssignor: the invariants of DESIGN §3, property-tested, plus worked examples."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
+from streamassign._balance import share_bounds
+from streamassign.metrics import evaluate, move_lower_bound, violations
+
+from .strategies import assignment_inputs, fresh_clients, task_sets
+
+Inputs = tuple[list[TaskId], list[ClientState], int, "list[TaskId] | None"]
+
+
+def run(inputs: Inputs) -> dict[str, ClientAssignment]:
+    tasks, clients, replicas, stateful = inputs
+    return StickyTaskAssignor(replicas).assign(tasks, clients, stateful)
+
+
+def stateful_of(inputs: Inputs) -> set[TaskId]:
+    tasks, _, _, stateful = inputs
+    return set(tasks) if stateful is None else set(stateful)
+
+
+@given(assignment_inputs())
+def test_valid(inputs: Inputs) -> None:
+    tasks, clients, replicas, stateful = inputs
+    result = run(inputs)
+    assert violations(tasks, clients, result, replicas, stateful) == []
+    assert list(result) == sorted(c.process_id for c in clients)
+    assert all(not a.warmup for a in result.values())
+
+
+@given(assignment_inputs())
+def test_actives_within_floor_and_ceiling_of_capacity_share(inputs: Inputs) -> None:
+    tasks, clients, _, _ = inputs
+    result = run(inputs)
+    bounds = share_bounds(len(tasks), [c.capacity for c in clients])
+    for c, (lo, hi) in zip(clients, bounds, strict=True):
+        assert lo <= len(result[c.process_id].active) <= hi, c.process_id
+
+
+@given(assignment_inputs())
+def test_total_load_balanced_where_one_copy_rule_allows(inputs: Inputs) -> None:
+    """A client above its load ceiling could not give a standby to one below its floor."""
+    tasks, clients, replicas, _ = inputs
+    result = run(inputs)
+    copies = min(replicas, len(clients) - 1)
+    total = len(tasks) + copies * len(stateful_of(inputs))
+    bounds = dict(
+        zip(
+            (c.process_id for c in clients),
+            share_bounds(total, [c.capacity for c in clients]),
+            strict=True,
+        )
+    )
+    over = [p for p, a in result.items() if a.load > max(bounds[p][1], len(a.active))]
+    under = [p for p, a in result.items() if a.load < bounds[p][0]]
+    for x in over:
+        for y in under:
+            held = result[y].active | result[y].standby
+            assert result[x].standby <= held, (x, y)
+
+
+@given(assignment_inputs())
+def test_moves_equal_the_lower_bound(inputs: Inputs) -> None:
+    tasks, clients, replicas, stateful = inputs
+    m = evaluate(tasks, clients, run(inputs), replicas, stateful)
+    assert m.moves == m.move_lower_bound
+
+
+@given(task_sets(), fresh_clients(), st.randoms(use_true_random=False))
+def test_lower_bound_holds_for_any_balanced_assignment(
+    tasks: list[TaskId], clients: list[ClientState], rnd: random.Random
+) -> None:
+    """The bound is a true lower bound: no balanced assignment, however chosen, moves fewer."""
+    history = {c.process_id: rnd.sample(tasks, rnd.randint(0, len(tasks))) for c in clients}
+    with_history = [
+        ClientState(c.process_id, c.capacity, prev_active=history[c.process_id]) for c in clients
+    ]
+    bounds = share_bounds(len(tasks), [c.capacity for c in clients])
+    quotas = [lo for lo, _ in bounds]
+    extras = [i for i, (lo, hi) in enumerate(bounds) if hi > lo]
+    for i in rnd.sample(extras, len(tasks) - sum(quotas)):
+        quotas[i] += 1
+    order = tasks[:]
+    rnd.shuffle(order)
+    result, start = {}, 0
+    for c, q in zip(clients, quotas, strict=True):
+        result[c.process_id] = ClientAssignment(active=frozenset(order[start : start + q]))
+        start += q
+    m = evaluate(tasks, with_history, result)
+    assert m.active_balanced
+    assert m.moves >= move_lower_bound(tasks, with_history)
+
+
+@given(assignment_inputs())
+def test_orphans_go_to_standby_holders_with_room(inputs: Inputs) -> None:
+    """A stateful task whose owner is gone lands cold only if every standby holder is full."""
+    tasks, clients, _, _ = inputs
+    result = run(inputs)
+    present = {c.process_id for c in clients}
+    claimed = {t for c in clients for t in c.prev_active}
+    bounds = dict(
+        zip(
+            present and [c.process_id for c in clients],
+            share_bounds(len(tasks), [c.capacity for c in clients]),
+            strict=True,
+        )
+    )
+    owner = {t: p for p, a in result.items() for t in a.active}
+    by = {c.process_id: c for c in clients}
+    for t in stateful_of(inputs):
+        if t in claimed:
+            continue
+        holders = [p for p in present if t in by[p].prev_standby]
+        if holders and t not in by[owner[t]].prev_standby:
+            for p in holders:
+                assert len(result[p].active) >= bounds[p][0], (t, p)
+
+
+@given(assignment_inputs())
+def test_previous_standbys_stay_when_valid(inputs: Inputs) -> None:
+    """A dropped standby was dropped for balance or because better-placed copies sufficed."""
+    tasks, clients, replicas, _ = inputs
+    result = run(inputs)
+    stateful = stateful_of(inputs)
+    copies = min(replicas, len(clients) - 1)
+    total = len(tasks) + copies * len(stateful)
+    bounds = dict(
+        zip(
+            (c.process_id for c in clients),
+            share_bounds(total, [c.capacity for c in clients]),
+            strict=True,
+        )
+    )
+    holders_of = {t: {c.process_id for c in clients if t in c.prev_standby} for t in stateful}
+    for c in clients:
+        a = result[c.process_id]
+        for t in c.prev_standby & stateful:
+            if t in a.active or t in a.standby:
+                continue
+            others = {p for p, b in result.items() if t in b.standby}
+            assert a.load >= bounds[c.process_id][0] or others <= holders_of[t], (c.process_id, t)
+
+
+@given(task_sets(), st.integers(1, 8), st.integers(1, 4))
+def test_fresh_assignment_spreads_each_subtopology(tasks: list[TaskId], n: int, cap: int) -> None:
+    clients = [ClientState(f"p{i}", capacity=cap) for i in range(n)]
+    result = StickyTaskAssignor().assign(tasks, clients)
+    for s in {t.subtopology for t in tasks}:
+        counts = [sum(1 for t in a.active if t.subtopology == s) for a in result.values()]
+        assert max(counts) - min(counts) <= 1, (s, counts)
+
+
+@given(assignment_inputs(), st.randoms(use_true_random=False))
+def test_deterministic_whatever_the_input_order(inputs: Inputs, rnd: random.Random) -> None:
+    tasks, clients, replicas, stateful = inputs
+    expected = run(inputs)
+    shuffled_clients = [
+        ClientState(
+            c.process_id,
+            c.capacity,
+            prev_active=rnd.sample(sorted(c.prev_active), len(c.prev_active)),
+            prev_standby=rnd.sample(sorted(c.prev_standby), len(c.prev_standby)),
+            lags=dict(rnd.sample(sorted(c.lags.items()), len(c.lags))),
+        )
+        for c in rnd.sample(clients, len(clients))
+    ]
+    shuffled_tasks = rnd.sample(tasks, len(tasks))
+    got = StickyTaskAssignor(replicas).assign(shuffled_tasks, shuffled_clients, stateful)
+    assert got == expected
+
+
+@given(assignment_inputs())
+def test_same_history_twice_moves_nothing(inputs: Inputs) -> None:
+    """Feeding an assignment back as history is a fixed point: nothing moves, nothing drops."""
+    tasks, clients, replicas, stateful = inputs
+    first = run(inputs)
+    again = [
+        ClientState(
+            c.process_id,
+            c.capacity,
+            prev_active=first[c.process_id].active,
+            prev_standby=first[c.process_id].standby,
+        )
+        for c in clients
+    ]
+    second = StickyTaskAssignor(replicas).assign(tasks, again, stateful)
+    assert all(second[p].active == first[p].active for p in first)
+    m = evaluate(tasks, again, second, replicas, stateful)
+    assert m.moves == 0
+
+
+# -- examples -----------------------------------------------------------------------------------
+
+
+def test_capacity_proportional_share() -> None:
+    tasks = [TaskId(0, p) for p in range(12)]
+    clients = [ClientState("a", 1), ClientState("b", 2), ClientState("c", 3)]
+    result = StickyTaskAssignor().assign(tasks, clients)
+    assert [len(result[p].active) for p in "abc"] == [2, 4, 6]
+
+
+def test_scale_out_moves_only_what_balance_needs() -> None:
+    tasks = [TaskId(s, p) for s in range(2) for p in range(6)]
+    old = StickyTaskAssignor(1).assign(tasks, [ClientState("a"), ClientState("b")])
+    clients = [
+        ClientState(p, prev_active=a.active, prev_standby=a.standby) for p, a in old.items()
+    ] + [ClientState("c")]
+    new = StickyTaskAssignor(1).assign(tasks, clients)
+    assert [len(new[p].active) for p in "abc"] == [4, 4, 4]
+    assert new["a"].active <= old["a"].active and new["b"].active <= old["b"].active
+    # "c" takes two tasks of each subtopology: one crash does not take a whole join.
+    assert sorted(t.subtopology for t in new["c"].active) == [0, 0, 1, 1]
+
+
+def test_crashed_clients_tasks_go_to_its_standby() -> None:
+    tasks = [TaskId(0, p) for p in range(6)]
+    old = StickyTaskAssignor(1).assign(tasks, [ClientState(p) for p in "abc"])
+    survivors = [
+        ClientState(p, prev_active=old[p].active, prev_standby=old[p].standby) for p in "ab"
+    ] + [ClientState("d")]
+    new = StickyTaskAssignor(1).assign(tasks, survivors)
+    lost = old["c"].active
+    warm = {t for t in lost for p in "ab" if t in old[p].standby and t in new[p].active}
+    m = evaluate(tasks, survivors, new, 1)
+    assert m.moves == m.move_lower_bound == 0
+    assert m.warm_takeovers == len(warm)
+    # Balance first: a and b are full (2 each), so the orphans go to the new client d.
+    assert len(new["d"].active) == 2
+
+
+def test_orphan_prefers_standby_holder_then_smallest_lag() -> None:
+    t = TaskId(0, 0)
+    clients = [
+        ClientState("a", 2, lags={t: 5}),
+        ClientState("b", 2, prev_standby={t}, lags={t: 50}),
+        ClientState("c", 2, lags={t: 1}),
+    ]
+    assert StickyTaskAssignor().assign([t], clients)["b"].active == {t}
+    no_standby = [ClientState("a", 2, lags={t: 5}), ClientState("c", 2, lags={t: 1})]
+    assert StickyTaskAssignor().assign([t], no_standby)["c"].active == {t}
+
+
+def test_duplicate_active_claim_resolved_deterministically() -> None:
+    t = TaskId(0, 0)
+    clients = [
+        ClientState("b", prev_active={t}, lags={t: 3}),
+        ClientState("a", prev_active={t}, lags={t: 3}),
+        ClientState("c", prev_active={t}, lags={t: 7}),
+    ]
+    result = StickyTaskAssignor().assign([t], clients)
+    assert result["a"].active == {t}
+    assert sum(len(a.active) for a in result.values()) == 1
+
+
+def test_standbys_capped_at_clients_minus_one() -> None:
+    tasks = [TaskId(0, p) for p in range(4)]
+    result = StickyTaskAssignor(5).assign(tasks, [ClientState("a"), ClientState("b")])
+    for t in tasks:
+        assert sum(t in a.standby for a in result.values()) == 1
+
+
+def test_stateless_tasks_get_no_standbys() -> None:
+    tasks = [TaskId(0, 0), TaskId(1, 0)]
+    result = StickyTaskAssignor(1).assign(
+        tasks, [ClientState("a"), ClientState("b")], [TaskId(0, 0)]
+    )
+    assert {t for a in result.values() for t in a.standby} == {TaskId(0, 0)}
+
+
+def test_empty_inputs() -> None:
+    assert StickyTaskAssignor(1).assign([], []) == {}
+    assert StickyTaskAssignor(1).assign([], [ClientState("a")]) == {"a": ClientAssignment()}
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: StickyTaskAssignor(-1), "num_standby_replicas must be an int >= 0, got -1"),
+        (lambda: ClientState("x", capacity=0), "client 'x': capacity must be an int >= 1"),
+        (
+            lambda: StickyTaskAssignor().assign(
+                [TaskId(0, 0)], [ClientState("x"), ClientState("x")]
+            ),
+            "duplicate process id among clients: 'x'",
+        ),
+        (lambda: StickyTaskAssignor().assign([TaskId(0, 0)], []), "no clients to run 1 tasks"),
+        (lambda: ClientState("x", lags={"0_1": -4}), "lag of task 0_1 must be an int >= 0"),
+        (lambda: ClientState("x", prev_active=["zero_one"]), "not a task id"),
+    ],
+)
+def test_bad_input_names_the_offender(make: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        make()  # type: ignore[operator]
