@@ -193,27 +193,26 @@ class _Run:
         tasks, warm, owner = self.tasks, self.warm, self.owner
         # Ceilings go to the clients that ran most above their floor (the move bound), then to
         # the best warm holders of tasks nobody runs (so those can be taken over warm).
-        claimed = {i for mine in prev for i in mine}
         best_holder = [0] * len(self.clients)
         for i, holders in warm.items():
-            if i not in claimed:
+            if self.prev_owner[i] < 0:
                 best_holder[holders[0]] += 1
         quotas = apportion(
             len(tasks), caps, priority=lambda ci: (floors[ci] - len(prev[ci]), -best_holder[ci], ci)
         )
-        room = list(quotas)
+        room = [q - min(q, len(mine)) for q, mine in zip(quotas, prev, strict=True)]
         for ci, mine in enumerate(prev):
             if len(mine) > quotas[ci]:
-                # Keep a subtopology-balanced subset; release first what is warm elsewhere.
-                def release_cost(i: int, ci: int = ci) -> tuple[int, int]:
-                    return (0 if any(h != ci for h in warm.get(i, ())) else -1, i)
+                # Keep a subtopology-balanced subset; release first the tasks another client with
+                # room holds warm state of, so they can be taken over without a restore.
+                def warm_elsewhere(i: int, ci: int = ci) -> tuple[bool, int]:
+                    return (any(room[h] > 0 for h in warm.get(i, ()) if h != ci), i)
 
                 mine = level_order(
-                    sorted(mine, key=release_cost), group=lambda i: tasks[i].subtopology
+                    sorted(mine, key=warm_elsewhere), group=lambda i: tasks[i].subtopology
                 )[: quotas[ci]]
             for i in mine:
                 owner[i] = ci
-            room[ci] -= len(mine)
 
         # Warm takeovers: a standby holder first, then the smallest lag.
         cold: list[int] = []

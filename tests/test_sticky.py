@@ -236,6 +236,23 @@ def test_crashed_clients_tasks_go_to_its_standby() -> None:
     assert len(new["d"].active) == 2
 
 
+def test_over_quota_client_releases_tasks_warm_on_a_client_with_room() -> None:
+    tasks = [TaskId(0, p) for p in range(6)]
+    t = {p: TaskId(0, p) for p in range(6)}
+    clients = [
+        ClientState("a", prev_active={t[0], t[1], t[2], t[3]}),
+        # b is full (runs its quota) and holds standbys of 0_2, 0_3: no use releasing those.
+        ClientState("b", prev_active={t[4], t[5]}, prev_standby={t[2], t[3]}),
+        # c is new with room and holds standbys of 0_0, 0_1: release those, take over warm.
+        ClientState("c", prev_standby={t[0], t[1]}),
+    ]
+    result = StickyTaskAssignor().assign(tasks, clients)
+    assert result["a"].active == {t[2], t[3]}
+    assert result["c"].active == {t[0], t[1]}
+    m = evaluate(tasks, clients, result)
+    assert (m.moves, m.move_lower_bound, m.warm_takeovers, m.cold_takeovers) == (2, 2, 2, 0)
+
+
 def test_orphan_prefers_standby_holder_then_smallest_lag() -> None:
     t = TaskId(0, 0)
     clients = [
