@@ -1,0 +1,272 @@
+"""Sticky consumer assignors: sticky (KIP-54 with KIP-341), cooperative sticky (KIP-429) and
+weighted sticky — one engine, two paths.
+
+History: each member's ``owned_partitions`` with its ``generation``. A partition claimed by two
+members goes to the higher generation (KIP-341: a member that missed a rebalance reports stale
+ownership); within one generation, to the smaller member id. Claims on topics a member no longer
+subscribes to, or on partitions that no longer exist, are dropped.
+
+*Uniform subscriptions* (every member subscribes to the same topics; the common case) take an
+exact path: quotas are the floor or ceiling of each member's weighted share, the ceilings going
+to the members that own most above their floor; each member keeps ``min(owned, quota)``; the
+rest are dealt round robin. Moves equal the lower bound ``sum(max(0, owned - quota))`` and the
+run is linear in partitions + members.
+
+*Other subscriptions* take a greedy path: keep every valid claim, give each unowned partition to
+the eligible member with the lowest load, then make improving moves until none is left — a move
+from member A to an eligible member B improves when ``(2 c_B + 1) / w_B < (2 c_A - 1) / w_A``,
+which with unit weights is KIP-54's "A has two or more partitions more than B". Each move lowers
+``sum(c^2 / w)``, so the loop ends; partitions A got this round move before ones it owned.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from functools import partial
+
+import attrs
+
+from .._balance import apportion, share_bounds
+from .._ids import TopicPartition
+from ._common import Assignment, Problem, Subscription, prepare
+from .userdata import read_member_data
+
+
+def resolve_owned(problem: Problem) -> list[int]:
+    """Previous owner of every partition id (-1: none), conflicts resolved by generation."""
+    owner = [-1] * problem.partitions
+    generation = [0] * problem.partitions
+    index = problem.topic_index()
+    offsets, subscribed = problem.offsets, problem.subscribed
+    for m, sub in enumerate(problem.subscriptions):
+        g = sub.generation
+        mine = subscribed[m]
+        for topic, p in sub.owned_partitions:
+            t = index.get(topic)
+            if t is None or t not in mine or not 0 <= p < offsets[t + 1] - offsets[t]:
+                continue
+            pid = offsets[t] + p
+            if owner[pid] < 0 or g > generation[pid]:
+                owner[pid] = m
+                generation[pid] = g
+    return owner
+
+
+def _uniform(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> list[int]:
+    """Exact quotas, keep ``min(owned, quota)``, deal the rest round robin."""
+    members = len(problem.members)
+    owned: list[list[int]] = [[] for _ in range(members)]
+    for pid, m in enumerate(prev):
+        if m >= 0:
+            owned[m].append(pid)
+    floors = [lo for lo, _ in share_bounds(problem.partitions, weights)]
+    quota = apportion(
+        problem.partitions, weights, priority=lambda m: (floors[m] - len(owned[m]), m)
+    )
+    owner = [-1] * problem.partitions
+    room = list(quota)
+    for m, pids in enumerate(owned):
+        for pid in pids[: quota[m]]:
+            owner[pid] = m
+        room[m] -= min(len(pids), quota[m])
+    free = [pid for pid, m in enumerate(owner) if m < 0]
+    with_room = [m for m in range(members) if room[m] > 0]
+    pos = 0
+    while pos < len(free):
+        for m in with_room:
+            owner[free[pos]] = m
+            pos += 1
+            room[m] -= 1
+        with_room = [m for m in with_room if room[m] > 0]
+    return owner
+
+
+def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> list[int]:
+    """Keep valid claims, fill by lowest load, then improving moves until balanced (KIP-54)."""
+    members = len(problem.members)
+    owner = list(prev)
+    count = [0] * members
+    for m in owner:
+        if m >= 0:
+            count[m] += 1
+    topic_of = problem.topic_of()
+
+    def key(m: int) -> float:
+        """Load key: a move from a to b improves exactly when key(b) < key(a) - 2 / w_a."""
+        return (2 * count[m] + 1) / weights[m]
+
+    # Members with identical subscriptions share a heap keyed by load; a topic's candidates are
+    # the heaps of the groups subscribed to it (few groups in practice, however many members).
+    by_subscription: dict[frozenset[int], list[int]] = {}
+    for m, subs in enumerate(problem.subscribed):
+        by_subscription.setdefault(subs, []).append(m)
+    groups = sorted(by_subscription.items(), key=lambda g: g[1][0])
+    group_of = [0] * members
+    heaps: list[list[tuple[float, int]]] = []
+    groups_of_topic: list[list[int]] = [[] for _ in problem.topics]
+    for gi, (subs, ms) in enumerate(groups):
+        for m in ms:
+            group_of[m] = gi
+        heaps.append(sorted((key(m), m) for m in ms))
+        for t in subs:
+            groups_of_topic[t].append(gi)
+
+    def top(gi: int) -> tuple[float, int] | None:
+        """The group's lightest member, dropping stale heap entries."""
+        heap = heaps[gi]
+        while heap and heap[0][0] != key(heap[0][1]):
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def lightest(t: int) -> int:
+        """Eligible member for topic ``t`` with the lowest load key (-1: none)."""
+        best = min(filter(None, (top(gi) for gi in groups_of_topic[t])), default=None)
+        return -1 if best is None else best[1]
+
+    def add(m: int, delta: int) -> None:
+        count[m] += delta
+        heapq.heappush(heaps[group_of[m]], (key(m), m))
+
+    for pid, m in enumerate(owner):
+        if m < 0:
+            best = lightest(topic_of[pid])
+            if best >= 0:
+                owner[pid] = best
+                add(best, 1)
+
+    # Improving moves, most loaded members first, until a full pass makes none.
+    held: list[dict[int, list[int]]] = [{} for _ in range(members)]
+    for pid, m in enumerate(owner):
+        if m >= 0:
+            held[m].setdefault(topic_of[pid], []).append(pid)
+    for m, by_topic in enumerate(held):  # partitions new to m this round move first (pop)
+        for pids in by_topic.values():
+            pids.sort(key=partial(_kept_last, prev, m))
+    moved = True
+    while moved:
+        moved = False
+        for a in sorted(range(members), key=lambda m: (-count[m] / weights[m], m)):
+            floor = min(filter(None, (top(gi) for gi in range(len(heaps)))), default=None)
+            if floor is None or floor[0] >= key(a) - 2 / weights[a]:
+                break  # nobody can take from a, nor from anyone lighter
+            while True:
+                pick = next(
+                    (
+                        (t, b)
+                        for t, pids in held[a].items()
+                        if pids and (b := lightest(t)) >= 0 and key(b) < key(a) - 2 / weights[a]
+                    ),
+                    None,
+                )
+                if pick is None:
+                    break
+                t, b = pick
+                pid = held[a][t].pop()
+                owner[pid] = b
+                held[b].setdefault(t, []).append(pid)
+                add(a, -1)
+                add(b, 1)
+                moved = True
+    return owner
+
+
+def _kept_last(prev: Sequence[int], m: int, pid: int) -> tuple[bool, int]:
+    """Sort key putting partitions ``m`` owned before first (popped last)."""
+    return (prev[pid] != m, pid)
+
+
+def assign_sticky(problem: Problem, weights: Sequence[int] | None = None) -> list[int]:
+    """Owner of every partition id under the sticky rules (see the module docstring)."""
+    prev = resolve_owned(problem)
+    w = list(weights) if weights is not None else [1] * len(problem.members)
+    if not problem.members:
+        return prev
+    if len(set(problem.subscribed)) == 1:
+        return _uniform(problem, prev, w)
+    return _general(problem, prev, w)
+
+
+@attrs.frozen
+class RebalancePlan:
+    """A cooperative round: what members get now, and what they must give up first.
+
+    ``revoking`` maps a member to partitions it owns that belong to another member in the
+    target; they are withheld from everyone this round. ``followup_needed`` says a second
+    rebalance must complete the target once they are revoked.
+    """
+
+    assignment: Assignment
+    revoking: Mapping[str, list[TopicPartition]]
+
+    @property
+    def followup_needed(self) -> bool:
+        return any(self.revoking.values())
+
+
+@attrs.frozen
+class StickyAssignor:
+    """KIP-54 sticky assignor with the KIP-341 generation fix (eager)."""
+
+    name: str = "sticky"
+
+    def assign(
+        self, partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Subscription]
+    ) -> Assignment:
+        problem = prepare(partitions_per_topic, subscriptions)
+        return problem.output(assign_sticky(problem))
+
+
+@attrs.frozen
+class WeightedAssignor:
+    """Sticky, with each member's share proportional to its weight (``MemberData.weight``).
+
+    Weights 900/90/10 over 100 partitions give 90/9/1: a big host, a small one and a canary in
+    one group.
+    """
+
+    name: str = "weighted"
+
+    def assign(
+        self, partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Subscription]
+    ) -> Assignment:
+        problem = prepare(partitions_per_topic, subscriptions)
+        weights = [
+            read_member_data(m, s.user_data).weight
+            for m, s in zip(problem.members, problem.subscriptions, strict=True)
+        ]
+        return problem.output(assign_sticky(problem, weights))
+
+
+@attrs.frozen
+class CooperativeStickyAssignor:
+    """KIP-429: the sticky target, minus partitions another present member still owns.
+
+    Those are revoked by their owners first, and a follow-up rebalance assigns them; no
+    partition is ever owned by two members at once.
+    """
+
+    name: str = "cooperative-sticky"
+
+    def plan(
+        self, partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Subscription]
+    ) -> RebalancePlan:
+        problem = prepare(partitions_per_topic, subscriptions)
+        prev = resolve_owned(problem)
+        target = assign_sticky(problem)
+        revoking: list[list[int]] = [[] for _ in problem.members]
+        now = list(target)
+        for pid, (was, want) in enumerate(zip(prev, target, strict=True)):
+            if was >= 0 and was != want:
+                now[pid] = -1
+                revoking[was].append(pid)
+        tps = problem.all_partitions()
+        return RebalancePlan(
+            problem.output(now),
+            {m: [tps[p] for p in r] for m, r in zip(problem.members, revoking, strict=True)},
+        )
+
+    def assign(
+        self, partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Subscription]
+    ) -> Assignment:
+        return self.plan(partitions_per_topic, subscriptions).assignment
