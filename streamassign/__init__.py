@@ -6,17 +6,31 @@ topology model, partition grouper, sticky task assignor and the value types they
 
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
-from .errors import CopartitioningError, MissingTopicsError, StreamAssignError, TopologyError
+from .errors import (
+    CopartitioningError,
+    InvalidPartitionCountsError,
+    MissingTopicsError,
+    RepartitionResolutionError,
+    StreamAssignError,
+    TopologyError,
+)
+from .grouper import PartitionGrouper
 from .sticky import StickyTaskAssignor
+from .topology import Subtopology, Topology
 
 __all__ = [
     "ClientAssignment",
     "ClientState",
     "CopartitioningError",
+    "InvalidPartitionCountsError",
     "MissingTopicsError",
+    "PartitionGrouper",
+    "RepartitionResolutionError",
     "StickyTaskAssignor",
     "StreamAssignError",
+    "Subtopology",
     "TaskId",
     "TopicPartition",
+    "Topology",
     "TopologyError",
 ]

@@ -38,3 +38,29 @@ class CopartitioningError(TopologyError):
         listed = ", ".join(f"{topic}:{n}" for topic, n in self.counts.items())
         detail = f" ({reason})" if reason else ""
         super().__init__(f"topics not co-partitioned{detail}: {listed}")
+
+
+class InvalidPartitionCountsError(TopologyError):
+    """Partition counts of topics the topology reads are not integers >= 1.
+
+    ``counts`` maps each offending topic to the value it was given.
+    """
+
+    def __init__(self, counts: Mapping[str, object]) -> None:
+        self.counts: dict[str, object] = dict(sorted(counts.items()))
+        listed = ", ".join(f"{topic}:{n!r}" for topic, n in self.counts.items())
+        super().__init__(f"partition counts must be integers >= 1: {listed}")
+
+
+class RepartitionResolutionError(TopologyError):
+    """The partition count of a computed repartition topic cannot be determined.
+
+    Either computed counts form a cycle (``cycle`` is true; ``chain`` goes around it in data-flow
+    order, first == last) or a computed repartition topic has no writer (``chain`` starts with it
+    and follows the topics downstream whose counts it blocks).
+    """
+
+    def __init__(self, message: str, chain: Iterable[str], cycle: bool) -> None:
+        self.chain: tuple[str, ...] = tuple(chain)
+        self.cycle = cycle
+        super().__init__(message)
