@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs the package with its dev extra, then runs
+# ruff, mypy --strict and pytest. The README's test command; .ci/run calls it too.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+
+echo "== ruff"
+"$PYTHON" -m ruff check .
+"$PYTHON" -m ruff format --check .
+echo "== mypy --strict"
+"$PYTHON" -m mypy
+echo "== pytest"
+"$PYTHON" -m pytest "$@"

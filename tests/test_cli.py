@@ -1,0 +1,83 @@
+"""`streamassign plan`: tables and JSON on shipped topologies, clear errors on bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from streamassign import ClientState, TaskId
+from streamassign.cli import load_clients, main
+
+ROOT = Path(__file__).resolve().parent.parent
+ORDERS = str(ROOT / "topology" / "orders-join.toml")
+CLIENTS = str(ROOT / "examples" / "clients.toml")
+
+
+def plan(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["plan", *args])
+    return result.exit_code, result.output
+
+
+def test_plan_json_on_shipped_topology_and_clients() -> None:
+    code, out = plan(ORDERS, "--clients", CLIENTS, "--standbys", "1", "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    assert len(data["tasks"]) == 16
+    assert data["tasks"]["0_3"] == [["customers", 3], ["orders", 3]]
+    m = data["metrics"]
+    assert m["active_balanced"] and m["moves"] == m["move_lower_bound"]
+    assert m["standbys_placed"] == m["standbys_required"] == 12
+    actives = [t for a in data["assignment"].values() for t in a["active"]]
+    assert sorted(actives) == sorted(data["tasks"])
+    # p2 has 4 threads: its tasks are split over all of them, loads within one of each other.
+    threads = data["assignment"]["p2"]["threads"].values()
+    loads = [len(t["active"]) + len(t["standby"]) for t in threads]
+    assert len(loads) == 4 and max(loads) - min(loads) <= 1
+
+
+def test_plan_tables_with_fresh_clients_and_partition_override() -> None:
+    code, out = plan(ORDERS, "--num-clients", "3", "--threads", "2", "-p", "orders=6,customers=6")
+    assert code == 0, out
+    assert "Tasks of orders-enricher (10)" in out
+    assert "moves / lower bound" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-p", "orders=8", "--num-clients", "2"], "topics not co-partitioned"),
+        (["-p", "orders=x", "--num-clients", "2"], "expected TOPIC=COUNT"),
+        (["--num-clients", "2", "--clients", CLIENTS], "exactly one of --clients"),
+        ([], "exactly one of --clients"),
+    ],
+)
+def test_plan_bad_input_fails_with_a_message(args: list[str], message: str) -> None:
+    code, out = plan(ORDERS, *args)
+    assert code != 0
+    assert message in out
+
+
+def test_clients_file(tmp_path: Path) -> None:
+    clients = load_clients(CLIENTS)
+    assert [c.process_id for c in clients] == ["p1", "p2", "p3"]
+    assert clients[0] == ClientState(
+        "p1",
+        2,
+        prev_active=["0_0", "0_1", "0_2", "0_3", "1_0", "1_1"],
+        prev_standby=["0_4", "0_5", "0_8"],
+        lags={"0_4": 0, "0_5": 12, "0_8": 40},
+        rack="eu-west-1a",
+    )
+    assert TaskId(0, 5) in clients[0].lags
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[client]]\nprocess_id = "a"\nthreads = 3\n')
+    with pytest.raises(ValueError, match=r"client #1: unknown keys \['threads'\]"):
+        load_clients(bad)
+    bad.write_text('[[client]]\nprocess_id = "a"\ncapacity = 0\n')
+    with pytest.raises(ValueError, match="capacity must be an int >= 1"):
+        load_clients(bad)
+    code, out = plan(ORDERS, "--clients", str(bad))
+    assert code != 0 and "capacity must be an int >= 1" in out
