@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+# Apache Kafka 4.x for the integration tests, assembled from Maven Central (cached after once).
+"$PYTHON" scripts/kafka.py install
 
 echo "== ruff"
 "$PYTHON" -m ruff check .
