@@ -6,6 +6,7 @@ line knows what to fix, and integrations can map each type to a protocol error c
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping
 
 
@@ -64,3 +65,13 @@ class RepartitionResolutionError(TopologyError):
         self.chain: tuple[str, ...] = tuple(chain)
         self.cycle = cycle
         super().__init__(message)
+
+
+class ErrorCode(enum.IntEnum):
+    """Why an assignment is empty, carried in assignment user data (so members log the cause
+    and retry with backoff instead of crash-looping)."""
+
+    NONE = 0
+    INCOMPLETE_SOURCE_TOPIC_METADATA = 1
+    ASSIGNMENT_ERROR = 2
+    SHUTDOWN_REQUESTED = 3

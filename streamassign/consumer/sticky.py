@@ -33,10 +33,16 @@ from ._common import Assignment, Problem, Subscription, prepare
 from .userdata import read_member_data
 
 
-def resolve_owned(problem: Problem) -> list[int]:
-    """Previous owner of every partition id (-1: none), conflicts resolved by generation."""
+def resolve_owned(problem: Problem) -> tuple[list[int], dict[int, int]]:
+    """Previous owner of every partition id (-1: none), conflicts resolved by generation.
+
+    Also returns, for contested partitions, the best losing claimant (highest generation, then
+    smallest member id): typically a member that restarted and reports what it held before
+    the group moved on. The uniform path hands such partitions back to it when it has room.
+    """
     owner = [-1] * problem.partitions
     generation = [0] * problem.partitions
+    lost: dict[int, tuple[int, int]] = {}  # pid -> (-generation, member) of the best loser
     index = problem.topic_index()
     offsets, subscribed = problem.offsets, problem.subscribed
     for m, sub in enumerate(problem.subscriptions):
@@ -47,14 +53,23 @@ def resolve_owned(problem: Problem) -> list[int]:
             if t is None or t not in mine or not 0 <= p < offsets[t + 1] - offsets[t]:
                 continue
             pid = offsets[t] + p
-            if owner[pid] < 0 or g > generation[pid]:
+            was = owner[pid]
+            if was < 0 or g > generation[pid]:
+                if was >= 0:
+                    loser = (-generation[pid], was)
+                    lost[pid] = min(lost.get(pid, loser), loser)
                 owner[pid] = m
                 generation[pid] = g
-    return owner
+            elif was != m:
+                lost[pid] = min(lost.get(pid, (-g, m)), (-g, m))
+    return owner, {pid: m for pid, (_, m) in lost.items()}
 
 
-def _uniform(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> list[int]:
-    """Exact quotas, keep ``min(owned, quota)``, deal the rest round robin."""
+def _uniform(
+    problem: Problem, prev: Sequence[int], lost: Mapping[int, int], weights: Sequence[int]
+) -> list[int]:
+    """Exact quotas, keep ``min(owned, quota)``, hand back contested partitions to their
+    earlier owners where they have room, deal the rest round robin."""
     members = len(problem.members)
     owned: list[list[int]] = [[] for _ in range(members)]
     for pid, m in enumerate(prev):
@@ -64,13 +79,23 @@ def _uniform(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> l
     quota = apportion(
         problem.partitions, weights, priority=lambda m: (floors[m] - len(owned[m]), m)
     )
+    room = [q - min(q, len(pids)) for q, pids in zip(quota, owned, strict=True)]
     owner = [-1] * problem.partitions
-    room = list(quota)
     for m, pids in enumerate(owned):
+        if len(pids) > quota[m] and lost:
+            # Release first what an earlier owner with room claims back.
+            pids = sorted(pids, key=lambda pid: lost.get(pid, -1) >= 0 and room[lost[pid]] > 0)
         for pid in pids[: quota[m]]:
             owner[pid] = m
-        room[m] -= min(len(pids), quota[m])
-    free = [pid for pid, m in enumerate(owner) if m < 0]
+    free = []
+    for pid, m in enumerate(owner):
+        if m < 0:
+            back = lost.get(pid, -1)
+            if back >= 0 and room[back] > 0:
+                owner[pid] = back
+                room[back] -= 1
+            else:
+                free.append(pid)
     with_room = [m for m in range(members) if room[m] > 0]
     pos = 0
     while pos < len(free):
@@ -178,12 +203,12 @@ def _kept_last(prev: Sequence[int], m: int, pid: int) -> tuple[bool, int]:
 
 def assign_sticky(problem: Problem, weights: Sequence[int] | None = None) -> list[int]:
     """Owner of every partition id under the sticky rules (see the module docstring)."""
-    prev = resolve_owned(problem)
+    prev, lost = resolve_owned(problem)
     w = list(weights) if weights is not None else [1] * len(problem.members)
     if not problem.members:
         return prev
     if len(set(problem.subscribed)) == 1:
-        return _uniform(problem, prev, w)
+        return _uniform(problem, prev, lost, w)
     return _general(problem, prev, w)
 
 
@@ -252,7 +277,7 @@ class CooperativeStickyAssignor:
         self, partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Subscription]
     ) -> RebalancePlan:
         problem = prepare(partitions_per_topic, subscriptions)
-        prev = resolve_owned(problem)
+        prev, _ = resolve_owned(problem)
         target = assign_sticky(problem)
         revoking: list[list[int]] = [[] for _ in problem.members]
         now = list(target)

@@ -8,6 +8,7 @@ reads what it knows from a newer member and ignores the rest):
     int32  generation               (of owned partitions; -1: none)
     int32  priority                 (failover: highest wins)
     int32  weight                   (weighted: share of partitions, >= 1)
+    int32  join_epoch               (changes on every join, so a rejoin always rebalances)
     int32  topic_count
     topic_count x { int16 name_length, utf-8 name, int32 run_count,
                     run_count x { int32 first_partition, int32 length } }   (owned partitions)
@@ -26,14 +27,14 @@ from collections.abc import Iterable
 import attrs
 
 from .._ids import TopicPartition
-from ..errors import StreamAssignError
+from ..errors import ErrorCode, StreamAssignError
 
 log = logging.getLogger("streamassign.consumer")
 
 VERSION = 1
 LATEST_SUPPORTED = 1
 
-_HEAD = struct.Struct(">iiiiii")
+_HEAD = struct.Struct(">iiiiiii")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _RUN = struct.Struct(">ii")
@@ -60,6 +61,7 @@ class MemberData:
     weight: int = attrs.field(default=1, validator=_weight)
     owned_partitions: tuple[TopicPartition, ...] = attrs.field(default=(), converter=_sorted_tps)
     generation: int = -1
+    join_epoch: int = 0
     version: int = VERSION
     latest_supported_version: int = LATEST_SUPPORTED
 
@@ -74,6 +76,7 @@ class MemberData:
                 self.generation,
                 self.priority,
                 self.weight,
+                self.join_epoch,
                 len(by_topic),
             )
         ]
@@ -88,7 +91,7 @@ class MemberData:
     def decode(cls, data: bytes) -> MemberData:
         """Read ``data``; ``UserDataError`` says what is wrong with it."""
         try:
-            version, latest, generation, priority, weight, topics = _HEAD.unpack_from(data, 0)
+            version, latest, generation, priority, weight, epoch, topics = _HEAD.unpack_from(data)
             if version < 1:
                 raise UserDataError(f"unknown user data version {version}")
             if weight < 1:
@@ -114,7 +117,7 @@ class MemberData:
                     owned.extend(TopicPartition(topic, p) for p in range(first, first + count))
             if version == VERSION and pos != len(data):
                 raise UserDataError(f"{len(data) - pos} unexpected trailing bytes")
-            return cls(priority, weight, owned, generation, version, latest)
+            return cls(priority, weight, owned, generation, epoch, version, latest)
         except UserDataError:
             raise
         except (struct.error, UnicodeDecodeError, ValueError) as exc:
@@ -142,3 +145,41 @@ def read_member_data(member: str, data: bytes) -> MemberData:
     except UserDataError as exc:
         log.warning("member %s: %s; treating it as having no history", member, exc)
         return MemberData()
+
+
+_ASSIGNMENT = struct.Struct(">iiihb")
+
+
+@attrs.frozen
+class AssignmentData:
+    """Assignment user data of the consumer assignors (version 1, big-endian)::
+
+        int32 version, int32 latest_supported_version, int32 generation,
+        int16 error_code, int8 flags (bit 0: a follow-up rebalance is needed)
+
+    ``generation`` is the leader's count of rebalances (the max reported by members, plus one),
+    so owned partitions can be ordered across leaders (KIP-341) without aiokafka exposing its
+    own generation to assignors.
+    """
+
+    generation: int = -1
+    error_code: ErrorCode = ErrorCode.NONE
+    followup: bool = False
+
+    def encode(self) -> bytes:
+        flags = 1 if self.followup else 0
+        return _ASSIGNMENT.pack(VERSION, LATEST_SUPPORTED, self.generation, self.error_code, flags)
+
+    @classmethod
+    def decode(cls, data: bytes) -> AssignmentData:
+        try:
+            version, _, generation, code, flags = _ASSIGNMENT.unpack_from(data)
+        except struct.error as exc:
+            raise UserDataError(f"unreadable assignment data ({len(data)} bytes): {exc}") from exc
+        if version < 1:
+            raise UserDataError(f"unknown assignment data version {version}")
+        try:
+            error = ErrorCode(code)
+        except ValueError:
+            error = ErrorCode.ASSIGNMENT_ERROR  # a code from a newer leader: still an error
+        return cls(generation, error, bool(flags & 1))

@@ -1,0 +1,285 @@
+"""aiokafka adapters for the consumer assignors of ``streamassign.consumer``.
+
+``GroupAssignor(StickyAssignor())`` is an instance usable in
+``AIOKafkaConsumer(partition_assignment_strategy=(assignor,))``; give every consumer its own
+(state lives on the instance, never on the class: several consumers in one process stay apart).
+
+- Member parameters (priority, weight) and sticky history (owned partitions, generation) travel
+  in versioned subscription user data (``MemberData``); a member whose bytes cannot be read is
+  treated as having no history, with a warning, never a failed group.
+- On the leader, ``assign`` never raises: any error becomes an empty assignment with an error
+  code for every member, logged with its cause; members then retry with growing backoff.
+- The result is checked before it leaves: every member present, only subscribed topics, only
+  existing partitions, no partition twice (aiokafka would stop a member's coordinator on any).
+- Cooperative rounds: after an assignment that withheld partitions, every member asks for the
+  follow-up rebalance itself (``bind(consumer)`` first), at most ``max_followups`` in a row.
+- ``state_file`` keeps the member's last assignment on disk, so a restarted member reports what
+  it held and sticky assignors hand it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import weakref
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+
+from .._ids import TopicPartition
+from ..consumer import (
+    Assignment,
+    ConsumerAssignor,
+    CooperativeStickyAssignor,
+    FailoverAssignor,
+    RangeAssignor,
+    RoundRobinAssignor,
+    ShuffledAssignor,
+    StickyAssignor,
+    Subscription,
+    WeightedAssignor,
+)
+from ..consumer.userdata import AssignmentData, MemberData, UserDataError, read_member_data
+from ..errors import ErrorCode, StreamAssignError
+from ._rejoin import request_rejoin
+
+log = logging.getLogger("streamassign.aiokafka")
+
+ASSIGNORS: dict[str, type[ConsumerAssignor]] = {
+    "range": RangeAssignor,
+    "roundrobin": RoundRobinAssignor,
+    "sticky": StickyAssignor,
+    "cooperative-sticky": CooperativeStickyAssignor,
+    "failover": FailoverAssignor,
+    "weighted": WeightedAssignor,
+    "shuffled": ShuffledAssignor,
+}
+
+#: Backoff before retrying after an error assignment: doubles up to the cap.
+RETRY_BACKOFF = (1.0, 30.0)
+
+
+class AssignmentValidationError(StreamAssignError):
+    """An assignment that aiokafka would choke on (a bug in an assignor: never sent)."""
+
+
+@attrs.frozen
+class LeaderRound:
+    """What the leader saw and decided in its last rebalance (for logs, tests and metrics)."""
+
+    partitions_per_topic: Mapping[str, int]
+    subscriptions: Mapping[str, Subscription]
+    assignment: Assignment
+    generation: int
+    followup: bool
+    error: str | None = None
+
+
+def validate(
+    assignment: Mapping[str, Iterable[TopicPartition]],
+    subscriptions: Mapping[str, Subscription],
+    partitions_per_topic: Mapping[str, int],
+) -> None:
+    """Raise ``AssignmentValidationError`` unless ``assignment`` is safe to send."""
+    missing = sorted(set(subscriptions) - set(assignment))
+    if missing:
+        raise AssignmentValidationError(f"members missing from the assignment: {missing}")
+    seen: dict[TopicPartition, str] = {}
+    for member, tps in assignment.items():
+        if member not in subscriptions:
+            raise AssignmentValidationError(f"assignment for unknown member {member!r}")
+        topics = subscriptions[member].topics
+        for tp in tps:
+            if tp.topic not in topics:
+                raise AssignmentValidationError(f"{member} got {tp} of an unsubscribed topic")
+            if not 0 <= tp.partition < partitions_per_topic.get(tp.topic, 0):
+                raise AssignmentValidationError(f"{member} got nonexistent partition {tp}")
+            if tp in seen:
+                raise AssignmentValidationError(f"{tp} assigned to {seen[tp]} and {member}")
+            seen[tp] = member
+
+
+class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
+    """An aiokafka partition assignor driving one pure consumer assignor."""
+
+    def __init__(
+        self,
+        assignor: ConsumerAssignor,
+        *,
+        priority: int = 0,
+        weight: int = 1,
+        state_file: str | os.PathLike[str] | None = None,
+        max_followups: int = 3,
+    ) -> None:
+        self.assignor = assignor
+        self._name = f"streamassign-{assignor.name}"
+        self._params = MemberData(priority=priority, weight=weight)
+        self._owned: tuple[TopicPartition, ...] = ()
+        self._generation = -1
+        self._epoch = 0
+        self._consumer: weakref.ref[Any] | None = None
+        self._state_file = Path(state_file) if state_file is not None else None
+        self._max_followups = max_followups
+        self._followups = 0
+        self._failures = 0
+        #: The last assignment this member received: its error code and follow-up flag.
+        self.last_assignment = AssignmentData()
+        #: What this member decided the last time it led a rebalance.
+        self.last_round: LeaderRound | None = None
+        self._load_state()
+
+    @classmethod
+    def create(cls, name: str, **options: Any) -> GroupAssignor:
+        """``GroupAssignor.create("sticky")``; ``seed=`` goes to the shuffled assignor."""
+        if name not in ASSIGNORS:
+            raise ValueError(f"unknown assignor {name!r}; choose from {sorted(ASSIGNORS)}")
+        seed = options.pop("seed", None)
+        pure = ASSIGNORS[name](seed=seed) if seed is not None else ASSIGNORS[name]()  # type: ignore[call-arg]
+        return cls(pure, **options)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def bind(self, consumer: Any) -> GroupAssignor:
+        """Remember ``consumer`` (weakly) so this member can ask for follow-up rebalances."""
+        self._consumer = weakref.ref(consumer)
+        return self
+
+    # -- member side ----------------------------------------------------------------------------
+
+    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+        self._epoch += 1
+        data = attrs.evolve(
+            self._params,
+            owned_partitions=self._owned,
+            generation=self._generation,
+            join_epoch=self._epoch,
+        )
+        return ConsumerProtocolMemberMetadata(0, sorted(topics), data.encode())
+
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
+        try:
+            data = AssignmentData.decode(assignment.user_data or b"")
+        except UserDataError as exc:
+            log.warning("unreadable assignment data (%s); treating it as an error", exc)
+            data = AssignmentData(error_code=ErrorCode.ASSIGNMENT_ERROR)
+        self.last_assignment = data
+        if data.error_code != ErrorCode.NONE:
+            self._failures += 1
+            delay = min(RETRY_BACKOFF[0] * 2 ** (self._failures - 1), RETRY_BACKOFF[1])
+            log.error(
+                "the group leader sent error %s instead of partitions; rejoining in %.0f s",
+                data.error_code.name,
+                delay,
+            )
+            self._rejoin(delay)
+            return
+        self._failures = 0
+        self._owned = tuple(TopicPartition(*tp) for tp in assignment.partitions())
+        self._generation = data.generation
+        self._save_state()
+        if data.followup:
+            self._followups += 1
+            if self._followups > self._max_followups:
+                log.warning(
+                    "%d follow-up rebalances in a row; not asking for more", self._followups
+                )
+            else:
+                self._rejoin(0.0)
+        else:
+            self._followups = 0
+
+    def on_generation_assignment(self, generation: int) -> None:
+        """Kept for aiokafka versions that may call it; generations come from user data."""
+
+    def _rejoin(self, delay: float) -> None:
+        consumer = self._consumer() if self._consumer is not None else None
+        if consumer is None:
+            log.warning("assignor not bound to its consumer (bind()); cannot ask for a rebalance")
+            return
+        if delay <= 0:
+            request_rejoin(consumer)
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to schedule on
+            asyncio.get_running_loop().call_later(delay, request_rejoin, consumer)
+
+    # -- leader side ----------------------------------------------------------------------------
+
+    def assign(
+        self, cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata]
+    ) -> dict[str, bytes]:
+        """Run the pure assignor; never raises (errors become an error code for everyone)."""
+        generation = self._generation + 1
+        counts: dict[str, int] = {}
+        subscriptions: dict[str, Subscription] = {}
+        try:
+            for member, meta in members.items():
+                data = read_member_data(member, meta.user_data or b"")
+                subscriptions[member] = Subscription(
+                    meta.subscription,
+                    owned_partitions=data.owned_partitions,
+                    generation=data.generation,
+                    user_data=meta.user_data or b"",
+                )
+                generation = max(generation, data.generation + 1)
+            for topic in sorted({t for s in subscriptions.values() for t in s.topics}):
+                partitions = cluster.partitions_for_topic(topic)
+                if partitions is not None:
+                    counts[topic] = len(partitions)
+            plan = getattr(self.assignor, "plan", None)
+            if plan is not None:
+                planned = plan(counts, subscriptions)
+                result, followup = planned.assignment, planned.followup_needed
+            else:
+                result, followup = self.assignor.assign(counts, subscriptions), False
+            validate(result, subscriptions, counts)
+            out = AssignmentData(generation, ErrorCode.NONE, followup).encode()
+            self.last_round = LeaderRound(counts, subscriptions, result, generation, followup)
+            return {m: _encode(result[m], out) for m in members}
+        except Exception as exc:
+            log.exception("assignment failed; sending ASSIGNMENT_ERROR to every member")
+            self.last_round = LeaderRound(counts, subscriptions, {}, generation, False, repr(exc))
+            failed = AssignmentData(generation, ErrorCode.ASSIGNMENT_ERROR).encode()
+            return {m: _encode((), failed) for m in members}
+
+    # -- state file -----------------------------------------------------------------------------
+
+    def _load_state(self) -> None:
+        if self._state_file is None or not self._state_file.exists():
+            return
+        try:
+            data = MemberData.decode(self._state_file.read_bytes())
+        except (OSError, UserDataError) as exc:
+            log.warning("ignoring assignor state %s: %s", self._state_file, exc)
+            return
+        self._owned, self._generation = data.owned_partitions, data.generation
+
+    def _save_state(self) -> None:
+        if self._state_file is None:
+            return
+        data = MemberData(owned_partitions=self._owned, generation=self._generation).encode()
+        tmp = self._state_file.with_suffix(self._state_file.suffix + ".tmp")
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(self._state_file)
+        except OSError as exc:
+            log.warning("cannot save assignor state to %s: %s", self._state_file, exc)
+
+
+def _encode(partitions: Iterable[TopicPartition], user_data: bytes) -> bytes:
+    by_topic: dict[str, list[int]] = {}
+    for tp in partitions:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    topics = [(t, sorted(ps)) for t, ps in sorted(by_topic.items())]
+    encoded: bytes = ConsumerProtocolMemberAssignment(0, topics, user_data).encode()
+    return encoded
