@@ -93,6 +93,8 @@ class StickyTaskAssignor:
     """
 
     num_standby_replicas: int = attrs.field(default=0, validator=_non_negative)
+    #: Lags up to this count as caught up: such holders rank equal (Kafka Streams' default).
+    acceptable_recovery_lag: int = attrs.field(default=10_000, validator=_non_negative)
 
     def assign(
         self,
@@ -105,7 +107,9 @@ class StickyTaskAssignor:
         ``stateful=None`` treats every task as stateful. Raises ``ValueError`` for duplicate
         process ids, or for tasks with no client to run them.
         """
-        return _Run(tasks, clients, stateful, self.num_standby_replicas).result()
+        return _Run(
+            tasks, clients, stateful, self.num_standby_replicas, self.acceptable_recovery_lag
+        ).result()
 
 
 class _Run:
@@ -117,7 +121,9 @@ class _Run:
         clients: Iterable[ClientState],
         stateful: Iterable[TaskId] | None,
         num_standby_replicas: int,
+        acceptable_recovery_lag: int = 10_000,
     ) -> None:
+        self.acceptable_lag = acceptable_recovery_lag
         self.tasks: list[TaskId] = sorted({t if type(t) is TaskId else TaskId(*t) for t in tasks})
         self.clients: list[ClientState] = sorted(clients, key=lambda c: c.process_id)
         for a, b in pairwise(self.clients):
@@ -163,18 +169,23 @@ class _Run:
                     if i is not None:
                         holders.setdefault(i, []).append(ci)
         for i, ci in lost:
-            holders.setdefault(i, []).append(ci)
+            if ci not in holders.get(i, ()):
+                holders.setdefault(i, []).append(ci)
         for i, found in holders.items():
             if len(found) > 1:
                 found.sort(key=partial(self._rank, i))
         return holders
 
-    def _rank(self, i: int, ci: int) -> tuple[int, int, int]:
-        """Order of clients holding state of task ``i``: standby first, then by lag."""
+    def _rank(self, i: int, ci: int) -> tuple[int, int, int, int, int]:
+        """Order of clients holding state of task ``i``, best first: standby holders, then
+        caught-up ones (lag within the acceptable recovery lag count as equal), then one that
+        ran the task (a restarted process whose claim lost to the interim owner), then by lag.
+        """
         c, t = self.clients[ci], self.tasks[i]
-        if t in c.prev_standby:
-            return (0, c.lags.get(t, _UNKNOWN_LAG), ci)
-        return (1, c.lags.get(t, 0), ci)
+        ran = 0 if t in c.prev_active else 1
+        tier = 0 if t in c.prev_standby else 1
+        lag = c.lags.get(t, _UNKNOWN_LAG if tier == 0 else 0)
+        return (tier, 0 if lag <= self.acceptable_lag else lag, ran, lag, ci)
 
     # -- actives -------------------------------------------------------------------------------
 
@@ -192,38 +203,62 @@ class _Run:
         floors = [lo for lo, _ in share_bounds(len(self.tasks), caps)]
         tasks, warm, owner = self.tasks, self.warm, self.owner
         # Ceilings go to the clients that ran most above their floor (the move bound), then to
-        # the best warm holders of tasks nobody runs (so those can be taken over warm).
-        best_holder = [0] * len(self.clients)
-        for i, holders in warm.items():
-            if self.prev_owner[i] < 0:
-                best_holder[holders[0]] += 1
+        # the warm holders a matching of orphaned tasks would use (each orphan counted for its
+        # holder with the fewest matches so far), so that orphans can be taken over warm.
+        matched = [0] * len(self.clients)
+        orphans = sorted((len(h), i) for i, h in warm.items() if self.prev_owner[i] < 0)
+        for _, i in orphans:
+            matched[min(warm[i], key=lambda h: (matched[h], self._rank(i, h)))] += 1
         quotas = apportion(
-            len(tasks), caps, priority=lambda ci: (floors[ci] - len(prev[ci]), -best_holder[ci], ci)
+            len(tasks), caps, priority=lambda ci: (floors[ci] - len(prev[ci]), -matched[ci], ci)
         )
         room = [q - min(q, len(mine)) for q, mine in zip(quotas, prev, strict=True)]
+        promised = [0] * len(self.clients)
         for ci, mine in enumerate(prev):
-            if len(mine) > quotas[ci]:
-                # Keep a subtopology-balanced subset; release first the tasks another client with
-                # room holds warm state of, so they can be taken over without a restore.
-                def warm_elsewhere(i: int, ci: int = ci) -> tuple[bool, int]:
-                    return (any(room[h] > 0 for h in warm.get(i, ()) if h != ci), i)
-
-                mine = level_order(
-                    sorted(mine, key=warm_elsewhere), group=lambda i: tasks[i].subtopology
-                )[: quotas[ci]]
+            extra = len(mine) - quotas[ci]
+            if extra <= 0:
+                for i in mine:
+                    owner[i] = ci
+                continue
+            # First give back what a returning client ran before (a restarted process whose
+            # claim lost to this interim owner), when it is caught up and has room for it.
+            back: list[int] = []
             for i in mine:
+                h = self._returning(i, ci, room, promised)
+                if h >= 0 and len(back) < extra:
+                    back.append(i)
+                    promised[h] += 1
+
+            # Then keep a subtopology-balanced subset; release first the tasks another client
+            # with room holds warm state of, most caught-up holder first.
+            def best_elsewhere(i: int, ci: int = ci) -> tuple[int, ...] | None:
+                ranks = [self._rank(i, h) for h in warm.get(i, ()) if h != ci and room[h] > 0]
+                return min(ranks) if ranks else None
+
+            rest = [i for i in mine if i not in back]
+            best = {i: best_elsewhere(i) for i in rest}
+            ordered = [i for i in rest if best[i] is None] + sorted(
+                (i for i in rest if best[i] is not None), key=lambda i: best[i] or (), reverse=True
+            )
+            for i in level_order(ordered, group=lambda i: tasks[i].subtopology)[: quotas[ci]]:
                 owner[i] = ci
 
-        # Warm takeovers: a standby holder first, then the smallest lag.
-        cold: list[int] = []
-        for i in [i for i, ci in enumerate(owner) if ci < 0]:
-            for ci in warm.get(i, ()):
-                if room[ci] > 0:
-                    owner[i] = ci
-                    room[ci] -= 1
-                    break
-            else:
-                cold.append(i)
+        # Warm takeovers: over all (task, holder) pairs, standby holders first, then the
+        # smallest lag, so a contested client's room goes to what it is most caught up on.
+        pairs = sorted(
+            (*self._rank(i, h)[:4], i, h)
+            for i, ci in enumerate(owner)
+            if ci < 0
+            for h in warm.get(i, ())
+        )
+        took: dict[int, list[int]] = {}  # client -> tasks it took over warm
+        for *_, i, h in pairs:
+            if owner[i] < 0 and room[h] > 0:
+                owner[i] = h
+                room[h] -= 1
+                took.setdefault(h, []).append(i)
+        self._augment(room, took)
+        cold = [i for i, ci in enumerate(owner) if ci < 0]
 
         # Spread the rest in (subtopology, partition) order over the free room.
         for i, ci in zip(cold, deal(room), strict=True):
@@ -236,6 +271,40 @@ class _Run:
                 found = warm.setdefault(i, [])
                 found.append(was)
                 found.sort(key=partial(self._rank, i))
+
+    def _returning(self, i: int, ci: int, room: list[int], promised: list[int]) -> int:
+        """A client other than ``ci`` that ran task ``i`` before, is caught up on it and has
+        room not yet promised (-1: none)."""
+        t = self.tasks[i]
+        for h in self.warm.get(i, ()):
+            c = self.clients[h]
+            if (
+                h != ci
+                and t in c.prev_active
+                and c.lags.get(t, _UNKNOWN_LAG) <= self.acceptable_lag
+                and room[h] - promised[h] > 0
+            ):
+                return h
+        return -1
+
+    def _augment(self, room: list[int], took: dict[int, list[int]]) -> None:
+        """One-step augmenting paths for orphans left cold: if a full holder ``h`` of an orphan
+        took over a task ``u`` that another of ``u``'s warm holders has room for, ``u`` moves
+        there and the orphan goes to ``h``. Bounded work: a few candidates per holder."""
+        owner, warm = self.owner, self.warm
+        for i in [i for i, ci in enumerate(owner) if ci < 0 and i in warm]:
+            for h in warm[i]:
+                for u in took.get(h, [])[:8]:
+                    dest = next((x for x in warm[u] if x != h and room[x] > 0), -1)
+                    if dest >= 0:
+                        owner[u], room[dest] = dest, room[dest] - 1
+                        took[h].remove(u)
+                        took.setdefault(dest, []).append(u)
+                        owner[i] = h
+                        took[h].append(i)
+                        break
+                if owner[i] >= 0:
+                    break
 
     # -- standbys ------------------------------------------------------------------------------
 

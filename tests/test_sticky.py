@@ -253,6 +253,64 @@ def test_over_quota_client_releases_tasks_warm_on_a_client_with_room() -> None:
     assert (m.moves, m.move_lower_bound, m.warm_takeovers, m.cold_takeovers) == (2, 2, 2, 0)
 
 
+def test_over_quota_client_releases_what_a_returning_client_is_most_caught_up_on() -> None:
+    """A restarted client has state of tasks it ran recently (small lag) and long ago (large
+    lag); the client that took them over gives back the recent ones."""
+    t = {p: TaskId(0, p) for p in range(4)}
+    clients = [
+        ClientState("a", prev_active=set(t.values())),
+        ClientState(
+            "b",
+            prev_standby={t[0], t[1], t[2], t[3]},
+            lags={t[0]: 900, t[1]: 5, t[2]: 800, t[3]: 7},
+        ),
+    ]
+    result = StickyTaskAssignor().assign(list(t.values()), clients)
+    assert result["b"].active == {t[1], t[3]}
+
+
+def test_orphans_matched_to_their_standby_holders() -> None:
+    """Spare ceilings go where orphans can land warm (not just to each orphan's first holder)."""
+    t = [TaskId(0, p) for p in range(8)]
+    clients = [
+        ClientState("a", prev_active=t[0:2], prev_standby=[t[6], t[7]]),
+        ClientState("b", prev_active=t[2:4], prev_standby=[t[6]]),
+        ClientState("c", prev_active=t[4:6], prev_standby=[t[7]]),
+    ]
+    m = evaluate(t, clients, StickyTaskAssignor(2).assign(t, clients), 2)
+    assert (m.warm_takeovers, m.cold_takeovers, m.moves) == (2, 0, 0)
+
+
+def test_contested_room_goes_to_the_most_caught_up_task() -> None:
+    """After a full restart (history as lags only), a client's room goes to tasks it is caught
+    up on, not to one it lags far behind on at the expense of another client's own task."""
+    t = [TaskId(0, p) for p in range(6)]
+    told = [
+        ClientState("a", lags={x: 0 for x in t[0:3]}),
+        ClientState("b", lags={t[3]: 0, t[4]: 0, t[2]: 100}),
+        ClientState("c", lags={t[5]: 0}),
+    ]
+    result = StickyTaskAssignor().assign(t, told)
+    assert result["b"].active == {t[3], t[4]}
+    assert result["c"].active >= {t[5]}
+
+
+def test_restarted_process_gets_its_tasks_back_before_spread_is_considered() -> None:
+    """b restarted: it reports the tasks it ran (claims that lost to the interim owner a) with
+    caught-up state. a gives them back, although keeping a subtopology-balanced subset alone
+    would keep both (one per rank of the two subtopologies) and release stateless tasks."""
+    stateful = [TaskId(0, 0), TaskId(0, 1)]
+    stateless = [TaskId(1, p) for p in range(4)]
+    clients = [
+        ClientState("a", prev_active=[*stateful, *stateless]),
+        ClientState(
+            "b", prev_active=stateful, prev_standby=stateful, lags=dict.fromkeys(stateful, 40)
+        ),
+    ]
+    result = StickyTaskAssignor().assign([*stateful, *stateless], clients, stateful=stateful)
+    assert result["b"].active >= set(stateful)
+
+
 def test_orphan_prefers_standby_holder_then_smallest_lag() -> None:
     t = TaskId(0, 0)
     clients = [
