@@ -28,6 +28,10 @@ def _lag_map(value: Mapping[Any, int]) -> Mapping[TaskId, int]:
     return out
 
 
+def _tag_map(value: Mapping[str, str]) -> dict[str, str]:
+    return dict(value)
+
+
 def _positive_capacity(instance: Any, attribute: Any, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(
@@ -52,7 +56,7 @@ class ClientState:
     prev_standby: frozenset[TaskId] = attrs.field(default=frozenset(), converter=_task_set)
     lags: Mapping[TaskId, int] = attrs.field(factory=dict, converter=_lag_map)
     rack: str | None = None
-    tags: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+    tags: Mapping[str, str] = attrs.field(factory=dict, converter=_tag_map)
 
     def has_state(self, task: TaskId) -> bool:
         """Whether this client holds local state of ``task`` (ran it, replicated it, or lags)."""

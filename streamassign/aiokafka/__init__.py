@@ -1,5 +1,19 @@
-"""aiokafka integration (needs the ``aiokafka`` extra): consumer-group assignor adapters."""
+"""aiokafka integration (needs the ``aiokafka`` extra).
+
+- ``GroupAssignor``: the consumer-group assignors of ``streamassign.consumer`` for aiokafka.
+- ``ProcessHost`` / ``StreamsAssignor``: Kafka Streams-style tasks over N consumers per process.
+"""
 
 from .consumer import ASSIGNORS, GroupAssignor, LeaderRound, validate
+from .streams import PROTOCOL_NAME, ProcessHost, StreamsAssignor, TaskListener
 
-__all__ = ["ASSIGNORS", "GroupAssignor", "LeaderRound", "validate"]
+__all__ = [
+    "ASSIGNORS",
+    "PROTOCOL_NAME",
+    "GroupAssignor",
+    "LeaderRound",
+    "ProcessHost",
+    "StreamsAssignor",
+    "TaskListener",
+    "validate",
+]

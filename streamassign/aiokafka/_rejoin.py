@@ -10,7 +10,13 @@ the current generation back without a rebalance; the assignors' ``join_epoch`` d
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+import weakref
 from typing import Any
+
+log = logging.getLogger("streamassign.aiokafka")
 
 
 def request_rejoin(consumer: Any) -> bool:
@@ -21,3 +27,45 @@ def request_rejoin(consumer: Any) -> bool:
         return False
     request()
     return True
+
+
+class Rejoiner:
+    """When a member asks its consumer for a rebalance: now, after a delay, at a time, or
+    after an error with growing backoff (1, 2, 4, ... 30 s) so a failing group never
+    crash-loops. Holds the consumer weakly; does nothing until bound."""
+
+    def __init__(self, backoff: tuple[float, float] = (1.0, 30.0)) -> None:
+        self._consumer: weakref.ref[Any] | None = None
+        self._backoff = backoff
+        self.failures = 0
+
+    def bind(self, consumer: Any) -> None:
+        self._consumer = weakref.ref(consumer)
+
+    def after(self, delay: float) -> bool:
+        """Rejoin after ``delay`` seconds (0: right away); False when unbound."""
+        consumer = self._consumer() if self._consumer is not None else None
+        if consumer is None:
+            log.warning("assignor not bound to its consumer (bind()); cannot ask for a rebalance")
+            return False
+        if delay <= 0:
+            return request_rejoin(consumer)
+        try:
+            asyncio.get_running_loop().call_later(delay, request_rejoin, consumer)
+        except RuntimeError:  # no running loop: nothing to schedule on
+            return False
+        return True
+
+    def at(self, epoch_ms: int) -> bool:
+        """Rejoin at a wall-clock time (ms since the epoch)."""
+        return self.after(max(0.0, epoch_ms / 1000 - time.time()))
+
+    def failed(self) -> float:
+        """Count a failed rebalance and schedule the retry; returns the delay."""
+        self.failures += 1
+        delay: float = min(self._backoff[0] * 2.0 ** (self.failures - 1), self._backoff[1])
+        self.after(delay)
+        return delay
+
+    def succeeded(self) -> None:
+        self.failures = 0

@@ -19,11 +19,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
-import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -50,7 +47,7 @@ from ..consumer import (
 )
 from ..consumer.userdata import AssignmentData, MemberData, UserDataError, read_member_data
 from ..errors import ErrorCode, StreamAssignError
-from ._rejoin import request_rejoin
+from ._rejoin import Rejoiner
 
 log = logging.getLogger("streamassign.aiokafka")
 
@@ -63,9 +60,6 @@ ASSIGNORS: dict[str, type[ConsumerAssignor]] = {
     "weighted": WeightedAssignor,
     "shuffled": ShuffledAssignor,
 }
-
-#: Backoff before retrying after an error assignment: doubles up to the cap.
-RETRY_BACKOFF = (1.0, 30.0)
 
 
 class AssignmentValidationError(StreamAssignError):
@@ -126,11 +120,10 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self._owned: tuple[TopicPartition, ...] = ()
         self._generation = -1
         self._epoch = 0
-        self._consumer: weakref.ref[Any] | None = None
+        self._rejoiner = Rejoiner()
         self._state_file = Path(state_file) if state_file is not None else None
         self._max_followups = max_followups
         self._followups = 0
-        self._failures = 0
         #: The last assignment this member received: its error code and follow-up flag.
         self.last_assignment = AssignmentData()
         #: What this member decided the last time it led a rebalance.
@@ -152,7 +145,7 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
 
     def bind(self, consumer: Any) -> GroupAssignor:
         """Remember ``consumer`` (weakly) so this member can ask for follow-up rebalances."""
-        self._consumer = weakref.ref(consumer)
+        self._rejoiner.bind(consumer)
         return self
 
     # -- member side ----------------------------------------------------------------------------
@@ -175,16 +168,14 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             data = AssignmentData(error_code=ErrorCode.ASSIGNMENT_ERROR)
         self.last_assignment = data
         if data.error_code != ErrorCode.NONE:
-            self._failures += 1
-            delay = min(RETRY_BACKOFF[0] * 2 ** (self._failures - 1), RETRY_BACKOFF[1])
+            delay = self._rejoiner.failed()
             log.error(
                 "the group leader sent error %s instead of partitions; rejoining in %.0f s",
                 data.error_code.name,
                 delay,
             )
-            self._rejoin(delay)
             return
-        self._failures = 0
+        self._rejoiner.succeeded()
         self._owned = tuple(TopicPartition(*tp) for tp in assignment.partitions())
         self._generation = data.generation
         self._save_state()
@@ -195,23 +186,12 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                     "%d follow-up rebalances in a row; not asking for more", self._followups
                 )
             else:
-                self._rejoin(0.0)
+                self._rejoiner.after(0)
         else:
             self._followups = 0
 
     def on_generation_assignment(self, generation: int) -> None:
         """Kept for aiokafka versions that may call it; generations come from user data."""
-
-    def _rejoin(self, delay: float) -> None:
-        consumer = self._consumer() if self._consumer is not None else None
-        if consumer is None:
-            log.warning("assignor not bound to its consumer (bind()); cannot ask for a rebalance")
-            return
-        if delay <= 0:
-            request_rejoin(consumer)
-            return
-        with contextlib.suppress(RuntimeError):  # no running loop: nothing to schedule on
-            asyncio.get_running_loop().call_later(delay, request_rejoin, consumer)
 
     # -- leader side ----------------------------------------------------------------------------
 

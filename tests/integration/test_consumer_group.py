@@ -10,13 +10,7 @@ member does not stop the group.
 
 from __future__ import annotations
 
-import json
-import os
-import queue
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,59 +23,22 @@ from streamassign.aiokafka import ASSIGNORS
 from streamassign.consumer import CooperativeStickyAssignor, MemberData, Subscription
 
 from .conftest import GroupIdFactory, TopicFactory
+from .procs import JsonLinesProcess
 
 MEMBER = Path(__file__).with_name("member.py")
 SETTLE = 1.5  # seconds without new rebalance lines before a group counts as settled
 TIMEOUT = 45.0
 
 
-class Member:
-    """A member process and the JSON lines it prints."""
-
-    def __init__(self, name: str, args: list[str]) -> None:
-        self.name = name
-        self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.last: dict[str, Any] | None = None
-        self.stamp = 0.0
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(MEMBER), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            if raw.startswith("{"):
-                self.lines.put(json.loads(raw))
-
-    def drain(self) -> None:
-        while True:
-            try:
-                self.last = self.lines.get_nowait()
-                self.stamp = time.monotonic()
-            except queue.Empty:
-                return
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=30)
-
-
 class Group:
     def __init__(self, bootstrap: str, group: str, topics: list[str], assignor: str) -> None:
         self.base = ["--bootstrap", bootstrap, "--group", group, "--topics", ",".join(topics)]
         self.assignor = assignor
-        self.members: dict[str, Member] = {}
+        self.members: dict[str, JsonLinesProcess] = {}
         self.generation = -1  # of the last settled state
 
-    def start(self, name: str, *extra: str) -> Member:
-        member = Member(name, [*self.base, "--assignor", self.assignor, *extra])
+    def start(self, name: str, *extra: str) -> JsonLinesProcess:
+        member = JsonLinesProcess(MEMBER, [*self.base, "--assignor", self.assignor, *extra])
         self.members[name] = member
         return member
 
@@ -102,7 +59,7 @@ class Group:
             done = [line for line in lines if line is not None]
             generations = {line["generation"] for line in done}
             owned = [tuple(tp) for line in done for tp in line["assigned"]]
-            quiet = all(time.monotonic() - m.stamp > SETTLE for m in self.members.values())
+            quiet = all(m.quiet_for() > SETTLE for m in self.members.values())
             if (
                 len(generations) == 1
                 and min(generations) > self.generation

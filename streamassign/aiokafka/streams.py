@@ -1,0 +1,348 @@
+"""Kafka Streams-style task assignment on aiokafka: one process, N consumers ("threads").
+
+``ProcessHost`` runs N ``AIOKafkaConsumer``s of one process id in one asyncio process and is the
+one place that knows the process's state: which tasks it runs (reported as ``LATEST_OFFSET``),
+which it has on disk (checkpointed offset sums, from its ``StateDirectory``), its endpoint, the
+group's host maps, and the per-task callbacks. Each consumer has its own ``StreamsAssignor``
+instance; the one on the elected leader runs ``streamassign.streams.assign_streams``.
+
+Rebalances are eager in aiokafka (every consumer revokes everything before it joins). The host
+therefore reports task changes only when the new assignment is known: a task that comes back to
+the same consumer is neither revoked nor assigned; ``TaskListener`` hears only real changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+
+from .._ids import TaskId, TopicPartition
+from ..assignment import ClientAssignment
+from ..errors import ErrorCode
+from ..localstate import StateDirectory
+from ..protocol import (
+    LATEST_OFFSET,
+    LATEST_VERSION,
+    NEVER,
+    NOW,
+    AssignmentInfo,
+    ProtocolError,
+    SubscriptionInfo,
+)
+from ..streams import MemberSubscription, assign_streams
+from ..topology import Topology
+from ._rejoin import Rejoiner
+
+log = logging.getLogger("streamassign.aiokafka")
+
+PROTOCOL_NAME = "streamassign-streams"
+
+
+class TaskListener:
+    """Callbacks per task change on one consumer; override what you need (all async)."""
+
+    async def on_active_assigned(self, consumer: int, tasks: frozenset[TaskId]) -> None: ...
+
+    async def on_active_revoked(self, consumer: int, tasks: frozenset[TaskId]) -> None: ...
+
+    async def on_standby_added(self, consumer: int, tasks: frozenset[TaskId]) -> None: ...
+
+    async def on_standby_removed(self, consumer: int, tasks: frozenset[TaskId]) -> None: ...
+
+    async def on_error(self, consumer: int, code: ErrorCode) -> None:
+        """The leader sent an error instead of tasks; the member retries with backoff."""
+
+    async def on_shutdown_requested(self) -> None:
+        """Some process requested the shutdown of the whole application."""
+
+
+class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
+    """The aiokafka assignor of one consumer of a ``ProcessHost``."""
+
+    def __init__(self, host: ProcessHost, index: int) -> None:
+        self.host = host
+        self.index = index
+        self.rejoiner = Rejoiner()
+        self._nonce = itertools.count(1)
+        #: This consumer's last assignment (tasks, host maps, error code).
+        self.info = AssignmentInfo()
+        #: Protocol version this consumer currently sends (version probing may lower it).
+        self.version = host.max_version
+        #: Milliseconds the last leader-side ``assign`` took on this consumer, if it led.
+        self.last_assign_ms: float | None = None
+
+    @property
+    def name(self) -> str:
+        return PROTOCOL_NAME
+
+    def metadata(self, topics: Sequence[str]) -> ConsumerProtocolMemberMetadata:
+        info = SubscriptionInfo(
+            self.host.process_id,
+            endpoint=self.host.endpoint,
+            offset_sums=self.host.offset_sums(),
+            previous_active=self.info.active or self.host.restored_active(self.index),
+            join_nonce=next(self._nonce),
+            error_code=self.host.requested_error,
+            rack=self.host.rack,
+            client_tags=self.host.client_tags,
+            version=self.version,
+            latest_supported_version=self.host.max_version,
+        )
+        return ConsumerProtocolMemberMetadata(0, sorted(topics), info.encode())
+
+    def assign(
+        self, cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata]
+    ) -> dict[str, bytes]:
+        """Leader: decode, run ``assign_streams``, encode; never raises."""
+        started = asyncio.get_running_loop().time() if _has_loop() else 0.0
+        try:
+            subscriptions = {}
+            for member, meta in members.items():
+                try:
+                    info = SubscriptionInfo.decode(meta.user_data or b"", self.host.max_version)
+                except ProtocolError as exc:
+                    log.warning("member %s: %s; treating it as having no history", member, exc)
+                    info = None
+                subscriptions[member] = MemberSubscription(meta.subscription, info)
+            topics = {t for s in subscriptions.values() for t in s.topics}
+            counts = {}
+            for topic in sorted(topics):
+                partitions = cluster.partitions_for_topic(topic)
+                if partitions:
+                    counts[topic] = len(partitions)
+            result = assign_streams(
+                self.host.topology,
+                counts,
+                subscriptions,
+                num_standby_replicas=self.host.num_standby_replicas,
+                leader_version=self.host.max_version,
+            )
+            out = {m: _encode(a.partitions, a.info.encode()) for m, a in result.items()}
+        except Exception:
+            log.exception("streams assignment failed; sending ASSIGNMENT_ERROR to every member")
+            failed = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR, version=1).encode()
+            out = {m: _encode((), failed) for m in members}
+        if _has_loop():
+            self.last_assign_ms = (asyncio.get_running_loop().time() - started) * 1000
+        return out
+
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
+        try:
+            info = AssignmentInfo.decode(assignment.user_data or b"", self.host.max_version)
+        except ProtocolError as exc:
+            log.error("unreadable assignment (%s); treating it as an assignment error", exc)
+            info = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR)
+        self.info = info
+        if info.error_code != ErrorCode.NONE:
+            self.info = AssignmentInfo(version=info.version, common_version=info.common_version)
+            if info.error_code == ErrorCode.SHUTDOWN_REQUESTED:
+                self.host.shutdown_requested = True
+                return
+            delay = self.rejoiner.failed()
+            log.error(
+                "consumer %d: the leader sent %s instead of tasks; rejoining in %.0f s",
+                self.index,
+                info.error_code.name,
+                delay,
+            )
+            self.host.errors[self.index] = info.error_code
+            return
+        self.rejoiner.succeeded()
+        self.host.errors.pop(self.index, None)
+        self.host.host_info = info
+        # Version probing: follow the leader down at once; going up needs one more rebalance
+        # so that the leader sees the richer subscription.
+        if info.common_version < self.version:
+            log.info(
+                "protocol version %d -> %d (leader's choice)", self.version, info.common_version
+            )
+            self.version = info.common_version
+        elif info.common_version > self.version:
+            self.version = min(info.common_version, self.host.max_version)
+            log.info("protocol version upgraded to %d; rejoining", self.version)
+            self.rejoiner.after(0)
+        if info.next_rebalance_ms == NOW:
+            self.rejoiner.after(0)
+        elif info.next_rebalance_ms != NEVER:
+            self.rejoiner.at(info.next_rebalance_ms)
+
+
+def _has_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _encode(partitions: Sequence[TopicPartition], user_data: bytes) -> bytes:
+    by_topic: dict[str, list[int]] = {}
+    for tp in partitions:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    topics = [(t, sorted(ps)) for t, ps in sorted(by_topic.items())]
+    encoded: bytes = ConsumerProtocolMemberAssignment(0, topics, user_data).encode()
+    return encoded
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, host: ProcessHost, index: int) -> None:
+        self.host = host
+        self.index = index
+
+    async def on_partitions_revoked(self, revoked: object) -> None:
+        """Eager revocation: nothing to report yet (see ``ProcessHost``)."""
+
+    async def on_partitions_assigned(self, assigned: object) -> None:
+        await self.host._assigned(self.index)
+
+
+class ProcessHost:
+    """N consumers of one process id in one asyncio process (see the module docstring).
+
+    ``consumer_config`` goes to every ``AIOKafkaConsumer`` (session timeouts and the like);
+    ``max_version`` caps the protocol version this process speaks (for rolling upgrades).
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        bootstrap_servers: str,
+        state_dir: str | os.PathLike[str],
+        threads: int = 1,
+        application_id: str | None = None,
+        endpoint: str | None = None,
+        num_standby_replicas: int = 0,
+        rack: str | None = None,
+        client_tags: Mapping[str, str] | None = None,
+        listener: TaskListener | None = None,
+        consumer_config: Mapping[str, Any] | None = None,
+        max_version: int = LATEST_VERSION,
+    ) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.topology = topology
+        self.application_id = application_id or topology.name
+        if not self.application_id:
+            raise ValueError("an application id is needed (application_id= or a topology name)")
+        self.bootstrap_servers = bootstrap_servers
+        self.state = StateDirectory(Path(state_dir))
+        self.process_id = self.state.process_id
+        self.threads = threads
+        self.endpoint = endpoint
+        self.num_standby_replicas = num_standby_replicas
+        self.rack = rack
+        self.client_tags = dict(client_tags or {})
+        self.listener = listener or TaskListener()
+        self.consumer_config = dict(consumer_config or {})
+        self.max_version = max_version
+        self.requested_error = ErrorCode.NONE
+        self.shutdown_requested = False
+        self.errors: dict[int, ErrorCode] = {}
+        #: The latest good assignment user data of any consumer: the group's host maps.
+        self.host_info = AssignmentInfo()
+        self.assignors = [StreamsAssignor(self, i) for i in range(threads)]
+        self.consumers: list[AIOKafkaConsumer] = []
+        self._known = [ClientAssignment() for _ in range(threads)]
+        self._restored = self.state.read_assignment()
+        self.rebalances = 0
+
+    # -- state the protocol reports --------------------------------------------------------------
+
+    @property
+    def running(self) -> frozenset[TaskId]:
+        """Active tasks of this process, over all its consumers."""
+        return frozenset().union(*(a.active for a in self._known))
+
+    def tasks(self, consumer: int) -> ClientAssignment:
+        """Active, standby and warmup tasks of one consumer."""
+        return self._known[consumer]
+
+    def restored_active(self, consumer: int) -> frozenset[TaskId]:
+        """What ``consumer`` ran before this process restarted (until its first assignment)."""
+        return self._restored.get(consumer, frozenset())
+
+    def offset_sums(self) -> dict[TaskId, int]:
+        """``LATEST_OFFSET`` for running actives, checkpointed sums for other local state."""
+        sums = self.state.offset_sums()
+        for t in self.running:
+            sums[t] = LATEST_OFFSET
+        return sums
+
+    def host_for(self, partition: TopicPartition) -> str | None:
+        """Endpoint of the process running ``partition``'s task (interactive queries)."""
+        task = self.topology.task_of(partition)
+        for host, tasks in self.host_info.active_by_host.items():
+            if task in tasks:
+                return host
+        return None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create, subscribe and start the consumers (their first rebalance runs meanwhile)."""
+        topics = sorted(self.topology.source_topics)
+        for i, assignor in enumerate(self.assignors):
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap_servers,
+                group_id=self.application_id,
+                partition_assignment_strategy=(assignor,),
+                enable_auto_commit=False,
+                **self.consumer_config,
+            )
+            assignor.rejoiner.bind(consumer)
+            consumer.subscribe(topics, listener=_Listener(self, i))
+            self.consumers.append(consumer)
+        await asyncio.gather(*(c.start() for c in self.consumers))
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(c.stop() for c in self.consumers), return_exceptions=True)
+        self.consumers.clear()
+        self.state.close()
+
+    async def request_shutdown(self) -> None:
+        """Ask every process of the application to shut down (through the protocol)."""
+        self.requested_error = ErrorCode.SHUTDOWN_REQUESTED
+        for assignor in self.assignors:
+            assignor.rejoiner.after(0)
+
+    async def poll(self, timeout_ms: int = 100) -> dict[int, dict[TopicPartition, list[Any]]]:
+        """One fetch on every consumer: records by consumer index and partition. Keeps the
+        consumers inside ``max.poll.interval``; the runtime builds its loop on this."""
+        batches = await asyncio.gather(*(c.getmany(timeout_ms=timeout_ms) for c in self.consumers))
+        return {i: {TopicPartition(*tp): rs for tp, rs in b.items()} for i, b in enumerate(batches)}
+
+    async def _assigned(self, index: int) -> None:
+        """After aiokafka's assignment: report what really changed on this consumer."""
+        self.rebalances += 1
+        if self.shutdown_requested:
+            await self.listener.on_shutdown_requested()
+            return
+        if index in self.errors:
+            await self.listener.on_error(index, self.errors[index])
+        info = self.assignors[index].info
+        now = ClientAssignment(info.active, info.standby, info.warmup)
+        before, self._known[index] = self._known[index], now
+        self._restored.pop(index, None)
+        self.state.write_assignment({i: a.active for i, a in enumerate(self._known)})
+        if before.active - now.active:
+            await self.listener.on_active_revoked(index, before.active - now.active)
+        standby_before, standby_now = before.standby | before.warmup, now.standby | now.warmup
+        if standby_before - standby_now:
+            await self.listener.on_standby_removed(index, standby_before - standby_now)
+        if now.active - before.active:
+            await self.listener.on_active_assigned(index, now.active - before.active)
+        if standby_now - standby_before:
+            await self.listener.on_standby_added(index, standby_now - standby_before)

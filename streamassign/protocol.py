@@ -1,0 +1,407 @@
+"""Wire formats of the streams protocol: subscription and assignment user data (DESIGN §4).
+
+Both start with ``[int32 version][int32 latest_supported_version]`` (big-endian), so any leader
+can read at least that much from any member. The rest is compact: unsigned LEB128 varints for
+every count and number, strings as varint length + UTF-8, task lists and host maps as
+per-subtopology partition runs over a dictionary of topics sent once per assignment. A later
+version only appends fields to the one before, so a leader that knows version ``n`` reads the
+version-``n`` prefix of a newer member's data, and members one version ahead of the leader keep
+working; the leader answers at the highest version every member supports (``common_version``)
+and members up- or downgrade to it.
+
+Version 1 — subscription: process id (16-byte UUID), endpoint (``host:port`` or empty), task
+offset sums (``LATEST_OFFSET`` for a running active, else the sum of checkpointed changelog
+offsets), the consumer's own previous active tasks (kept across a restart in the state
+directory: thread stickiness, and which tasks a restarted process ran), a join nonce (changes on
+every join, so a rejoin with otherwise identical metadata still rebalances), an error code.
+Assignment: error code, next rebalance (``NEVER``, ``NOW`` or a wall-clock time in ms), the
+member's active and standby tasks, the topic dictionary and host maps (endpoint -> tasks, for
+actives and for standbys).
+
+Version 2 appends — subscription: rack, client tags. Assignment: warmup tasks.
+
+Garbage or truncated bytes raise ``ProtocolError``; the leader treats such a member as having
+no history.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
+
+import attrs
+
+from ._ids import TaskId, TopicPartition
+from .errors import ErrorCode, StreamAssignError
+
+LATEST_VERSION = 2
+MIN_VERSION = 1
+
+#: Offset sum reported for a task the client is running as an active (Kafka Streams' -2).
+LATEST_OFFSET = -2
+
+#: ``next_rebalance_ms`` values besides a wall-clock time.
+NEVER = -1
+NOW = 0
+
+_HEAD = struct.Struct(">ii")
+_T = TypeVar("_T")
+
+
+class ProtocolError(StreamAssignError, ValueError):
+    """User data that cannot be decoded: garbage, truncated, or an unknown version."""
+
+
+# -- primitives ------------------------------------------------------------------------------
+
+
+class _Writer:
+    __slots__ = ("buf",)
+
+    def __init__(self, version: int, latest: int) -> None:
+        self.buf = bytearray(_HEAD.pack(version, latest))
+
+    def uint(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"cannot encode negative {n} as unsigned")
+        while n >= 0x80:
+            self.buf.append((n & 0x7F) | 0x80)
+            n >>= 7
+        self.buf.append(n)
+
+    def sint(self, n: int) -> None:
+        self.uint((n << 1) ^ (n >> 63) if n < 0 else n << 1)
+
+    def string(self, s: str) -> None:
+        data = s.encode()
+        self.uint(len(data))
+        self.buf += data
+
+    def tasks(self, tasks: Iterable[TaskId]) -> None:
+        """Tasks as ``[subtopology count] {subtopology, runs}``."""
+        by_sub: dict[int, list[int]] = {}
+        for t in tasks:
+            by_sub.setdefault(t.subtopology, []).append(t.partition)
+        self.uint(len(by_sub))
+        for sub in sorted(by_sub):
+            self.uint(sub)
+            self.runs(by_sub[sub])
+
+    def runs(self, partitions: Iterable[int]) -> None:
+        """Sorted partitions as ``[run count] {gap from previous end, length - 1}``."""
+        runs: list[tuple[int, int]] = []
+        for p in sorted(set(partitions)):
+            if runs and p == runs[-1][0] + runs[-1][1]:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((p, 1))
+        self.uint(len(runs))
+        end = 0
+        for first, length in runs:
+            self.uint(first - end)
+            self.uint(length - 1)
+            end = first + length
+
+    def finish(self) -> bytes:
+        return bytes(self.buf)
+
+
+class _Reader:
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = _HEAD.size
+
+    def uint(self) -> int:
+        n = shift = 0
+        data, pos = self.data, self.pos
+        while True:
+            if pos >= len(data):
+                raise ProtocolError(f"truncated at byte {pos} of {len(data)}")
+            b = data[pos]
+            pos += 1
+            n |= (b & 0x7F) << shift
+            if b < 0x80:
+                self.pos = pos
+                return n
+            shift += 7
+            if shift > 63:
+                raise ProtocolError(f"varint too long at byte {self.pos}")
+
+    def sint(self) -> int:
+        n = self.uint()
+        return (n >> 1) ^ -(n & 1)
+
+    def count(self) -> int:
+        """A collection size, bounded by the bytes left (garbage cannot allocate gigabytes)."""
+        n = self.uint()
+        if n > len(self.data) - self.pos:
+            raise ProtocolError(f"count {n} exceeds the {len(self.data) - self.pos} bytes left")
+        return n
+
+    def string(self) -> str:
+        n = self.count()
+        raw = self.data[self.pos : self.pos + n]
+        self.pos += n
+        try:
+            return raw.decode()
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"invalid UTF-8 string: {exc}") from exc
+
+    def tasks(self) -> frozenset[TaskId]:
+        out: list[TaskId] = []
+        for _ in range(self.count()):
+            sub = self.uint()
+            out.extend(TaskId(sub, p) for p in self.runs())
+        return frozenset(out)
+
+    def runs(self) -> list[int]:
+        out: list[int] = []
+        end = 0
+        for _ in range(self.count()):
+            first = end + self.uint()
+            length = self.uint() + 1
+            if length > 1 << 20:
+                raise ProtocolError(f"partition run of {length} is implausible")
+            out.extend(range(first, first + length))
+            end = first + length
+        return out
+
+    def done(self) -> bool:
+        return self.pos >= len(self.data)
+
+
+def read_header(data: bytes) -> tuple[int, int]:
+    """``(version, latest_supported_version)`` of any user data; ``ProtocolError`` if absent."""
+    if len(data) < _HEAD.size:
+        raise ProtocolError(f"user data of {len(data)} bytes has no version header")
+    version, latest = _HEAD.unpack_from(data)
+    if version < MIN_VERSION or latest < version:
+        raise ProtocolError(f"bad version header: version {version}, latest supported {latest}")
+    return version, latest
+
+
+def _decode(data: bytes, what: str, parse: Callable[[bytes], _T]) -> _T:
+    """Run ``parse``, turning every low-level failure into a ``ProtocolError``."""
+    try:
+        return parse(data)
+    except ProtocolError:
+        raise
+    except (struct.error, ValueError, IndexError, TypeError) as exc:
+        raise ProtocolError(f"unreadable {what} ({len(data)} bytes): {exc}") from exc
+
+
+def _error_code(n: int) -> ErrorCode:
+    try:
+        return ErrorCode(n)
+    except ValueError:
+        return ErrorCode.ASSIGNMENT_ERROR  # a code from a newer peer: still an error
+
+
+# -- subscription ----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SubscriptionInfo:
+    """What one consumer of a streams process tells the leader when it joins."""
+
+    process_id: uuid.UUID
+    endpoint: str | None = None
+    offset_sums: Mapping[TaskId, int] = attrs.field(factory=dict)
+    previous_active: frozenset[TaskId] = frozenset()
+    join_nonce: int = 0
+    error_code: ErrorCode = ErrorCode.NONE
+    rack: str | None = None
+    client_tags: Mapping[str, str] = attrs.field(factory=dict)
+    version: int = LATEST_VERSION
+    latest_supported_version: int = LATEST_VERSION
+
+    @property
+    def running(self) -> frozenset[TaskId]:
+        """Tasks the process runs as actives (offset sum ``LATEST_OFFSET``)."""
+        return frozenset(t for t, s in self.offset_sums.items() if s == LATEST_OFFSET)
+
+    def encode(self) -> bytes:
+        w = _Writer(self.version, self.latest_supported_version)
+        w.buf += self.process_id.bytes
+        w.string(self.endpoint or "")
+        by_sub: dict[int, list[tuple[int, int]]] = {}
+        for t, offset in self.offset_sums.items():
+            by_sub.setdefault(t.subtopology, []).append((t.partition, offset))
+        w.uint(len(by_sub))
+        for sub in sorted(by_sub):
+            entries = sorted(by_sub[sub])
+            w.uint(sub)
+            w.uint(len(entries))
+            prev = 0
+            for p, offset in entries:
+                w.uint(p - prev)
+                w.sint(offset)
+                prev = p
+        w.tasks(self.previous_active)
+        w.uint(self.join_nonce)
+        w.uint(self.error_code)
+        if self.version >= 2:
+            w.string(self.rack or "")
+            w.uint(len(self.client_tags))
+            for key in sorted(self.client_tags):
+                w.string(key)
+                w.string(self.client_tags[key])
+        return w.finish()
+
+    @classmethod
+    def decode(cls, data: bytes, max_version: int = LATEST_VERSION) -> SubscriptionInfo:
+        """Read up to ``max_version`` (a newer member's extra fields are skipped)."""
+        return _decode(data, "subscription", lambda d: cls._decode(d, max_version))
+
+    @classmethod
+    def _decode(cls, data: bytes, max_version: int) -> SubscriptionInfo:
+        version, latest = read_header(data)
+        r = _Reader(data)
+        if len(data) < r.pos + 16:
+            raise ProtocolError("truncated process id")
+        process_id = uuid.UUID(bytes=data[r.pos : r.pos + 16])
+        r.pos += 16
+        endpoint = r.string() or None
+        sums: dict[TaskId, int] = {}
+        for _ in range(r.count()):
+            sub = r.uint()
+            p = 0
+            for _ in range(r.count()):
+                p += r.uint()
+                sums[TaskId(sub, p)] = r.sint()
+        previous = r.tasks()
+        nonce = r.uint()
+        error = _error_code(r.uint())
+        rack, tags = None, {}
+        read_version = min(version, max_version)
+        if read_version >= 2:
+            rack = r.string() or None
+            tags = {r.string(): r.string() for _ in range(r.count())}
+        if version == read_version and not r.done():
+            raise ProtocolError(f"{len(data) - r.pos} unexpected trailing bytes")
+        return cls(process_id, endpoint, sums, previous, nonce, error, rack, tags, version, latest)
+
+
+# -- assignment ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class AssignmentInfo:
+    """What the leader sends one consumer: its tasks, the group's host maps and error state.
+
+    ``topics`` is the dictionary the host maps refer to: per subtopology, its source topics
+    with their partition counts, so a member turns ``endpoint -> tasks`` back into partitions
+    (``partitions_by_host``) without the leader spelling out every partition.
+    """
+
+    active: frozenset[TaskId] = frozenset()
+    standby: frozenset[TaskId] = frozenset()
+    warmup: frozenset[TaskId] = frozenset()
+    active_by_host: Mapping[str, frozenset[TaskId]] = attrs.field(factory=dict)
+    standby_by_host: Mapping[str, frozenset[TaskId]] = attrs.field(factory=dict)
+    topics: Mapping[int, Mapping[str, int]] = attrs.field(factory=dict)
+    error_code: ErrorCode = ErrorCode.NONE
+    next_rebalance_ms: int = NEVER
+    version: int = LATEST_VERSION
+    common_version: int = LATEST_VERSION
+
+    def partitions_by_host(self, standby: bool = False) -> dict[str, frozenset[TopicPartition]]:
+        """Host map in partitions: endpoint -> source partitions of its active (or standby)
+        tasks."""
+        hosts = self.standby_by_host if standby else self.active_by_host
+        out: dict[str, frozenset[TopicPartition]] = {}
+        for host, tasks in hosts.items():
+            out[host] = frozenset(
+                TopicPartition(topic, t.partition)
+                for t in tasks
+                for topic, count in self.topics.get(t.subtopology, {}).items()
+                if t.partition < count
+            )
+        return out
+
+    def encode(self) -> bytes:
+        w = _Writer(self.version, self.common_version)
+        w.uint(self.error_code)
+        w.sint(self.next_rebalance_ms)
+        w.tasks(self.active)
+        w.tasks(self.standby)
+        names = sorted({name for topics in self.topics.values() for name in topics})
+        index = {name: i for i, name in enumerate(names)}
+        w.uint(len(names))
+        for name in names:
+            w.string(name)
+        w.uint(len(self.topics))
+        for sub in sorted(self.topics):
+            w.uint(sub)
+            w.uint(len(self.topics[sub]))
+            for name in sorted(self.topics[sub]):
+                w.uint(index[name])
+                w.uint(self.topics[sub][name])
+        hosts = sorted(set(self.active_by_host) | set(self.standby_by_host))
+        w.uint(len(hosts))
+        for host in hosts:
+            w.string(host)
+        for by_host in (self.active_by_host, self.standby_by_host):
+            present = [i for i, h in enumerate(hosts) if h in by_host]
+            w.uint(len(present))
+            for i in present:
+                w.uint(i)
+                w.tasks(by_host[hosts[i]])
+        if self.version >= 2:
+            w.tasks(self.warmup)
+        return w.finish()
+
+    @classmethod
+    def decode(cls, data: bytes, max_version: int = LATEST_VERSION) -> AssignmentInfo:
+        return _decode(data, "assignment", lambda d: cls._decode(d, max_version))
+
+    @classmethod
+    def _decode(cls, data: bytes, max_version: int) -> AssignmentInfo:
+        version, common = read_header(data)
+        r = _Reader(data)
+        error = _error_code(r.uint())
+        next_rebalance = r.sint()
+        active, standby = r.tasks(), r.tasks()
+        names = [r.string() for _ in range(r.count())]
+        topics: dict[int, dict[str, int]] = {}
+        for _ in range(r.count()):
+            sub = r.uint()
+            entries = {}
+            for _ in range(r.count()):
+                i = r.uint()
+                if i >= len(names):
+                    raise ProtocolError(f"topic index {i} outside the dictionary of {len(names)}")
+                entries[names[i]] = r.uint()
+            topics[sub] = entries
+        hosts = [r.string() for _ in range(r.count())]
+        maps: list[dict[str, frozenset[TaskId]]] = []
+        for _ in range(2):
+            by_host: dict[str, frozenset[TaskId]] = {}
+            for _ in range(r.count()):
+                i = r.uint()
+                if i >= len(hosts):
+                    raise ProtocolError(f"host index {i} outside the dictionary of {len(hosts)}")
+                by_host[hosts[i]] = r.tasks()
+            maps.append(by_host)
+        warmup: frozenset[TaskId] = frozenset()
+        read_version = min(version, max_version)
+        if read_version >= 2:
+            warmup = r.tasks()
+        if version == read_version and not r.done():
+            raise ProtocolError(f"{len(data) - r.pos} unexpected trailing bytes")
+        return cls(
+            active,
+            standby,
+            warmup,
+            maps[0],
+            maps[1],
+            topics,
+            error,
+            next_rebalance,
+            version,
+            common,
+        )

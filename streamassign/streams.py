@@ -1,0 +1,213 @@
+"""The group leader's work in the streams protocol, as a pure function (no aiokafka).
+
+``assign_streams`` does what Kafka Streams' StreamsPartitionAssignor does around its task
+assignor: group the members by process id (capacity = its consumers), turn reported offset sums
+into previous actives, local state and lags, run the partition grouper and the sticky task
+assignor, spread each process's tasks over its consumers, map tasks back to partitions and fill
+the host maps. It never assigns a member a topic it did not subscribe to, answers at the highest
+protocol version every member supports, and turns topology trouble (missing topics, broken
+co-partitioning) into an error code for every member instead of an exception.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import attrs
+
+from ._ids import TaskId, TopicPartition
+from .assignment import ClientState
+from .errors import ErrorCode, TopologyError
+from .grouper import PartitionGrouper, resolve_partition_counts
+from .protocol import LATEST_OFFSET, LATEST_VERSION, MIN_VERSION, AssignmentInfo, SubscriptionInfo
+from .sticky import StickyTaskAssignor
+from .threads import distribute_to_threads
+from .topology import Topology
+
+log = logging.getLogger("streamassign.streams")
+
+_INCOMPLETE = ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
+
+
+@attrs.frozen
+class MemberSubscription:
+    """A member as the leader sees it: its topics, and its user data if it could be read."""
+
+    topics: frozenset[str] = attrs.field(converter=frozenset)
+    info: SubscriptionInfo | None = None
+
+
+@attrs.frozen
+class MemberAssignment:
+    """What the leader sends one member: its partitions and the user data."""
+
+    partitions: tuple[TopicPartition, ...]
+    info: AssignmentInfo
+
+
+def common_version(members: Mapping[str, MemberSubscription], leader_version: int) -> int:
+    """The highest version every readable member and the leader support."""
+    versions = [m.info.latest_supported_version for m in members.values() if m.info is not None]
+    return max(MIN_VERSION, min([leader_version, *versions]))
+
+
+def _failed(
+    members: Mapping[str, MemberSubscription], code: ErrorCode, version: int
+) -> dict[str, MemberAssignment]:
+    info = AssignmentInfo(error_code=code, version=version, common_version=version)
+    return {m: MemberAssignment((), info) for m in members}
+
+
+def client_states(
+    members: Mapping[str, MemberSubscription],
+    end_offsets: Mapping[TaskId, int] | None = None,
+) -> tuple[list[ClientState], dict[str, list[str]], dict[str, str | None]]:
+    """Clients by process id, the members of each, and each process's endpoint.
+
+    A task reported with ``LATEST_OFFSET`` was running (a previous active); other reported
+    tasks are local state (previous standbys) whose lag is ``end_offsets[t] - sum`` when end
+    offsets are known, else the distance to the best reported sum. A member whose user data
+    was unreadable is a process of its own with no history.
+    """
+    by_process: dict[str, list[str]] = {}
+    infos: dict[str, SubscriptionInfo] = {}
+    for member in sorted(members):
+        info = members[member].info
+        key = str(info.process_id) if info is not None else f"member:{member}"
+        by_process.setdefault(key, []).append(member)
+        if info is not None:
+            infos.setdefault(key, info)
+            # The process's consumers report the same process state; merge to be safe.
+            if info is not infos[key]:
+                merged = {**infos[key].offset_sums, **info.offset_sums}
+                infos[key] = attrs.evolve(infos[key], offset_sums=merged)
+    best: dict[TaskId, int] = {}
+    for info in infos.values():
+        for t, s in info.offset_sums.items():
+            if s >= 0:
+                best[t] = max(best.get(t, 0), s)
+    clients = []
+    endpoints: dict[str, str | None] = {}
+    for key, ms in by_process.items():
+        info = infos.get(key)
+        if info is None:
+            clients.append(ClientState(key, capacity=len(ms)))
+            endpoints[key] = None
+            continue
+        running = {t for t, s in info.offset_sums.items() if s == LATEST_OFFSET}
+        state = {t: s for t, s in info.offset_sums.items() if s >= 0 and t not in running}
+        top = end_offsets if end_offsets is not None else best
+        lags = {t: max(0, top.get(t, s) - s) for t, s in state.items()}
+        # A restarted process reports the actives it ran before; backed by local state they
+        # are claims (a running owner with a smaller lag still wins the claim).
+        claimed = running | {t for m in ms if (i := members[m].info) for t in i.previous_active}
+        clients.append(
+            ClientState(
+                key,
+                capacity=len(ms),
+                prev_active=running | (claimed & state.keys()),
+                prev_standby=state,
+                lags=lags,
+                rack=info.rack,
+                tags=info.client_tags,
+            )
+        )
+        endpoints[key] = info.endpoint
+    return clients, by_process, endpoints
+
+
+def assign_streams(
+    topology: Topology,
+    partition_counts: Mapping[str, int],
+    members: Mapping[str, MemberSubscription],
+    *,
+    num_standby_replicas: int = 0,
+    leader_version: int = LATEST_VERSION,
+    end_offsets: Mapping[TaskId, int] | None = None,
+) -> dict[str, MemberAssignment]:
+    """Assignment of every member (see the module docstring). Never raises for bad topics or
+    bad members: those become error codes or empty assignments, logged."""
+    version = common_version(members, leader_version)
+    if any(m.info and m.info.error_code == ErrorCode.SHUTDOWN_REQUESTED for m in members.values()):
+        log.warning("a member requested shutdown of the application; telling every member")
+        return _failed(members, ErrorCode.SHUTDOWN_REQUESTED, version)
+
+    needed = topology.source_topics
+    compatible = {m: s for m, s in members.items() if needed <= s.topics}
+    for member in sorted(set(members) - set(compatible)):
+        missing = sorted(needed - members[member].topics)
+        log.warning(
+            "member %s does not subscribe to %s (another topology version?); it gets no tasks",
+            member,
+            ", ".join(missing),
+        )
+    try:
+        tasks = PartitionGrouper().group(topology, partition_counts)
+        counts = resolve_partition_counts(topology, partition_counts)
+        _check_repartition_topics(topology, counts, partition_counts)
+    except TopologyError as exc:
+        log.error(
+            "cannot assign tasks: %s; every member gets INCOMPLETE_SOURCE_TOPIC_METADATA", exc
+        )
+        return _failed(members, _INCOMPLETE, version)
+
+    result = {
+        m: MemberAssignment((), AssignmentInfo(version=version, common_version=version))
+        for m in members
+    }
+    if not compatible:
+        return result
+    clients, by_process, endpoints = client_states(compatible, end_offsets)
+    stateful = [t for t in tasks if t.subtopology in topology.stateful_subtopologies]
+    per_client = StickyTaskAssignor(num_standby_replicas).assign(tasks, clients, stateful)
+
+    active_by_host: dict[str, frozenset[TaskId]] = {}
+    standby_by_host: dict[str, frozenset[TaskId]] = {}
+    for key, assigned in per_client.items():
+        endpoint = endpoints[key]
+        if endpoint:
+            active_by_host[endpoint] = active_by_host.get(endpoint, frozenset()) | assigned.active
+            standby_by_host[endpoint] = (
+                standby_by_host.get(endpoint, frozenset()) | assigned.standby | assigned.warmup
+            )
+    topics: dict[int, dict[str, int]] = {}
+    if active_by_host:  # the dictionary only serves the host maps
+        for s in topology.subtopology_ids:
+            topics[s] = {t: counts[t] for t in topology.subtopology(s).source_topics}
+
+    for key, member_ids in by_process.items():
+        infos = {m: compatible[m].info for m in member_ids}
+        previous = {m: info.previous_active for m, info in infos.items() if info is not None}
+        split = distribute_to_threads(per_client[key], member_ids, previous, stateful)
+        for m, part in split.items():
+            partitions = tuple(sorted(tp for t in part.active for tp in tasks[t]))
+            result[m] = MemberAssignment(
+                partitions,
+                AssignmentInfo(
+                    active=part.active,
+                    standby=part.standby,
+                    warmup=part.warmup if version >= 2 else frozenset(),
+                    active_by_host=active_by_host,
+                    standby_by_host=standby_by_host,
+                    topics=topics,
+                    version=version,
+                    common_version=version,
+                ),
+            )
+    return result
+
+
+def _check_repartition_topics(
+    topology: Topology, resolved: Mapping[str, int], actual: Mapping[str, int]
+) -> None:
+    """Repartition topics must exist with the count the topology resolves to."""
+    missing = sorted(t for t in topology.repartition_topics if t not in actual)
+    if missing:
+        raise TopologyError(f"repartition topics not created yet: {', '.join(missing)}")
+    wrong = {
+        t: (actual[t], resolved[t]) for t in topology.repartition_topics if actual[t] != resolved[t]
+    }
+    if wrong:
+        listed = ", ".join(f"{t} has {a} partitions, needs {r}" for t, (a, r) in wrong.items())
+        raise TopologyError(f"repartition topics with the wrong partition count: {listed}")
