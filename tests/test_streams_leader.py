@@ -1,0 +1,177 @@
+"""The leader's streams assignment as a pure function: members -> partitions and user data."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamassign import PartitionGrouper, Subtopology, TaskId, TopicPartition, Topology
+from streamassign._balance import share_bounds
+from streamassign.errors import ErrorCode
+from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
+from streamassign.streams import MemberSubscription, assign_streams, client_states
+
+TOPOLOGY = Topology(
+    [
+        Subtopology(0, ["orders", "customers"], stores=["table"]),
+        Subtopology(1, ["returns"]),
+    ],
+    copartition_groups=[["orders", "customers"]],
+    name="app",
+)
+COUNTS = {"orders": 6, "customers": 6, "returns": 3}
+TOPICS = TOPOLOGY.source_topics
+
+
+def member(pid: int, **kw: object) -> MemberSubscription:
+    return MemberSubscription(TOPICS, SubscriptionInfo(uuid.UUID(int=pid), **kw))  # type: ignore[arg-type]
+
+
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=5), st.integers(0, 2))
+def test_every_task_once_copartitioned_and_thread_proportional(
+    threads: list[int], standbys: int
+) -> None:
+    members = {
+        f"p{p}-c{c}": member(p + 1, endpoint=f"p{p}:1")
+        for p, n in enumerate(threads)
+        for c in range(n)
+    }
+    result = assign_streams(TOPOLOGY, COUNTS, members, num_standby_replicas=standbys)
+    tasks = PartitionGrouper().group(TOPOLOGY, COUNTS)
+    assert set(result) == set(members)
+    actives = [t for a in result.values() for t in a.info.active]
+    assert sorted(actives) == sorted(tasks)
+    for a in result.values():  # co-partitioned partitions of a task on the same consumer
+        assert set(a.partitions) == {tp for t in a.info.active for tp in tasks[t]}
+    per_process = [
+        sum(len(result[f"p{p}-c{c}"].info.active) for c in range(n)) for p, n in enumerate(threads)
+    ]
+    for got, (lo, hi) in zip(per_process, share_bounds(len(tasks), threads), strict=True):
+        assert lo <= got <= hi
+    hosts = next(iter(result.values())).info.active_by_host
+    assert sorted(t for ts in hosts.values() for t in ts) == sorted(tasks)
+
+
+def test_offset_sums_become_previous_actives_state_and_lags() -> None:
+    t = TaskId(0, 1)
+    clients, _, _ = client_states(
+        {
+            "a": member(1, offset_sums={t: LATEST_OFFSET}),
+            "b": member(2, offset_sums={t: 900}),
+            "c": member(3, offset_sums={t: 1000, TaskId(0, 2): 5}),
+        }
+    )
+    a, b, c = clients
+    assert a.prev_active == {t} and not a.prev_standby
+    assert b.prev_standby == {t} and b.lags[t] == 100  # behind the best reported sum
+    assert c.lags == {t: 0, TaskId(0, 2): 0}
+
+
+def test_a_restarted_process_reports_what_it_ran_and_gets_it_back() -> None:
+    """p2 restarted: its previous actives (from its state directory) are claims backed by
+    local state; p1, the interim owner, hands them back when balance allows."""
+    tasks = PartitionGrouper().group(TOPOLOGY, COUNTS)
+    mine = {TaskId(0, 1), TaskId(0, 4)}
+    members = {
+        "p1": member(1, offset_sums=dict.fromkeys(tasks, LATEST_OFFSET)),
+        "p2": member(2, offset_sums=dict.fromkeys(mine, 500), previous_active=mine),
+    }
+    result = assign_streams(TOPOLOGY, COUNTS, members)
+    assert result["p2"].info.active >= mine
+
+
+def test_consumers_keep_their_tasks_within_a_process() -> None:
+    members = {f"c{i}": member(1) for i in range(3)}
+    first = assign_streams(TOPOLOGY, COUNTS, members)
+    again = {
+        m: member(
+            1,
+            offset_sums=dict.fromkeys(TOPOLOGY_TASKS, LATEST_OFFSET),
+            previous_active=a.info.active,
+        )
+        for m, a in first.items()
+    }
+    second = assign_streams(TOPOLOGY, COUNTS, again)
+    assert {m: a.info.active for m, a in second.items()} == {
+        m: a.info.active for m, a in first.items()
+    }
+
+
+TOPOLOGY_TASKS = list(PartitionGrouper().group(TOPOLOGY, COUNTS))
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [
+        {"orders": 6, "customers": 4, "returns": 3},  # co-partitioning broken
+        {"orders": 6, "returns": 3},  # a source topic missing
+    ],
+)
+def test_topic_trouble_is_an_error_code_for_every_member(
+    counts: dict[str, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    members = {"a": member(1), "b": member(2)}
+    with caplog.at_level(logging.ERROR):
+        result = assign_streams(TOPOLOGY, counts, members)
+    assert {a.info.error_code for a in result.values()} == {
+        ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
+    }
+    assert all(a.partitions == () for a in result.values())
+    assert "cannot assign tasks" in caplog.text
+
+
+def test_repartition_topics_must_exist_with_their_resolved_count() -> None:
+    topology = Topology(
+        [
+            Subtopology(0, ["in"], sink_topics=["rekeyed"]),
+            Subtopology(1, ["rekeyed"], stores=["s"]),
+        ],
+        repartition_topics={"rekeyed": None},
+        name="app",
+    )
+    members = {"a": MemberSubscription(topology.source_topics, SubscriptionInfo(uuid.UUID(int=1)))}
+    missing = assign_streams(topology, {"in": 4}, members)
+    wrong = assign_streams(topology, {"in": 4, "rekeyed": 3}, members)
+    right = assign_streams(topology, {"in": 4, "rekeyed": 4}, members)
+    assert missing["a"].info.error_code == wrong["a"].info.error_code != ErrorCode.NONE
+    assert right["a"].info.error_code == ErrorCode.NONE
+    assert TopicPartition("rekeyed", 3) in right["a"].partitions
+
+
+def test_member_without_the_topology_topics_gets_nothing_and_others_carry_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    members = {
+        "old": MemberSubscription({"orders", "customers"}, SubscriptionInfo(uuid.UUID(int=1))),
+        "new": member(2),
+    }
+    with caplog.at_level(logging.WARNING):
+        result = assign_streams(TOPOLOGY, COUNTS, members)
+    assert result["old"].partitions == () and result["old"].info.error_code == ErrorCode.NONE
+    assert len(result["new"].info.active) == 9
+    assert "does not subscribe to returns" in caplog.text
+
+
+def test_unreadable_member_is_a_process_of_its_own_without_history() -> None:
+    members = {"a": member(1), "b": MemberSubscription(TOPICS, None)}
+    result = assign_streams(TOPOLOGY, COUNTS, members)
+    assert len(result["b"].info.active) in (4, 5)
+
+
+def test_answers_at_the_highest_version_everyone_supports() -> None:
+    members = {"a": member(1), "b": member(2, version=1, latest_supported_version=1)}
+    result = assign_streams(TOPOLOGY, COUNTS, members)
+    assert {a.info.common_version for a in result.values()} == {1}
+    assert all(not a.info.warmup for a in result.values())
+    upgraded = assign_streams(TOPOLOGY, COUNTS, {"a": member(1), "b": member(2)})
+    assert {a.info.common_version for a in upgraded.values()} == {2}
+
+
+def test_shutdown_request_reaches_every_member() -> None:
+    members = {"a": member(1), "b": member(2, error_code=ErrorCode.SHUTDOWN_REQUESTED)}
+    result = assign_streams(TOPOLOGY, COUNTS, members)
+    assert {a.info.error_code for a in result.values()} == {ErrorCode.SHUTDOWN_REQUESTED}
