@@ -145,8 +145,8 @@ class _Run:
         self.owner = [-1] * n  # active client index of each task
         self.active: list[list[int]] = [[] for _ in self.clients]
         self.standby: list[list[int]] = [[] for _ in self.clients]
-        self.prev_owner, lost = _claims(self.index, self.clients)
-        self.warm = self._warm_holders(lost)
+        self.prev_owner, self.lost = _claims(self.index, self.clients)
+        self.warm: dict[int, list[int]] = {}
 
     # -- local state ---------------------------------------------------------------------------
 
@@ -320,7 +320,9 @@ class _Run:
         target = [
             min(max(lo, a), a + r) for (lo, _), a, r in zip(bounds, actives, room, strict=True)
         ]
-        prev_standbys = [len(c.prev_standby) for c in clients]
+        # Spare ceilings go to the clients furthest above their floor now (the load they could
+        # keep), so a balanced layout is a fixed point.
+        kept = [a + self._valid_prev_standbys(ci) for ci, a in enumerate(actives)]
         missing = total - sum(target)
         if missing > 0:
             # Raise to the ceiling first (clients with more previous standbys first), then beyond
@@ -331,7 +333,7 @@ class _Run:
                     for ci in range(len(clients))
                     if target[ci] < min(bounds[ci][1], actives[ci] + room[ci])
                 ),
-                key=lambda ci: (-prev_standbys[ci], ci),
+                key=lambda ci: (bounds[ci][0] - kept[ci], ci),
             )
             for ci in order[:missing]:
                 target[ci] += 1
@@ -443,7 +445,58 @@ class _Run:
         free = [d for d in range(len(self.clients)) if not holds(i, d)]
         copies[slot] = min(free, key=lambda d: ((load[d] + 1) / caps[d], d))
 
-    def result(self) -> dict[str, ClientAssignment]:
+    def _valid_prev_standbys(self, ci: int) -> int:
+        """Previous standbys of client ``ci`` it could keep: stateful, not active there."""
+        index, owner, stateful = self.index, self.owner, self.stateful
+        return sum(
+            1
+            for t in self.clients[ci].prev_standby
+            if (i := index.get(t)) is not None and stateful[i] and owner[i] != ci
+        )
+
+    def _history_if_stable(self) -> dict[str, ClientAssignment] | None:
+        """The previous assignment itself when the algorithm would return it unchanged.
+
+        That is when it is complete and clean (every task one claimant, no stale or duplicate
+        entries, every stateful task exactly its standbys, none elsewhere) and balanced
+        (actives and loads within floor and ceiling of the shares): then every client keeps
+        all it had. A cheap check, so a rebalance that changes nothing costs O(tasks) and
+        reuses the reported sets as they are.
+        """
+        clients, n, r = self.clients, len(self.tasks), self.replicas
+        if any(ci < 0 for ci in self.prev_owner) or self.lost:
+            return None
+        caps = [c.capacity for c in clients]
+        active_bounds = share_bounds(n, caps)
+        n_stateful = sum(self.stateful)
+        load_bounds = share_bounds(n + n_stateful * r, caps)
+        copies = [0] * n
+        index, stateful, owner = self.index, self.stateful, self.prev_owner
+        for ci, c in enumerate(clients):
+            if c.lags or len(c.prev_active) > active_bounds[ci][1]:
+                return None
+            if not active_bounds[ci][0] <= len(c.prev_active):
+                return None
+            for t in c.prev_standby:
+                i = index.get(t)
+                if i is None or not stateful[i] or owner[i] == ci or not r:
+                    return None
+                copies[i] += 1
+            lo, hi = load_bounds[ci]
+            if not lo <= len(c.prev_active) + len(c.prev_standby) <= hi:
+                return None
+        if sum(len(c.prev_active) for c in clients) != n:
+            return None  # stale claims
+        if any(copies[i] != (r if stateful[i] else 0) for i in range(n)):
+            return None
+        return {c.process_id: ClientAssignment(c.prev_active, c.prev_standby) for c in clients}
+
+    def result(self, fast_path: bool = True) -> dict[str, ClientAssignment]:
+        if fast_path:
+            stable = self._history_if_stable()
+            if stable is not None:
+                return stable
+        self.warm = self._warm_holders(self.lost)
         self.assign_actives()
         self.assign_standbys()
         tasks = self.tasks

@@ -22,6 +22,19 @@ def run(inputs: Inputs) -> dict[str, ClientAssignment]:
     return StickyTaskAssignor(replicas).assign(tasks, clients, stateful)
 
 
+def fed_back(clients: list[ClientState], result: dict[str, ClientAssignment]) -> list[ClientState]:
+    """The same clients reporting ``result`` as their history."""
+    return [
+        ClientState(
+            c.process_id,
+            c.capacity,
+            prev_active=result[c.process_id].active,
+            prev_standby=result[c.process_id].standby,
+        )
+        for c in clients
+    ]
+
+
 def stateful_of(inputs: Inputs) -> set[TaskId]:
     tasks, _, _, stateful = inputs
     return set(tasks) if stateful is None else set(stateful)
@@ -182,15 +195,7 @@ def test_same_history_twice_moves_nothing(inputs: Inputs) -> None:
     """Feeding an assignment back as history is a fixed point: nothing moves, nothing drops."""
     tasks, clients, replicas, stateful = inputs
     first = run(inputs)
-    again = [
-        ClientState(
-            c.process_id,
-            c.capacity,
-            prev_active=first[c.process_id].active,
-            prev_standby=first[c.process_id].standby,
-        )
-        for c in clients
-    ]
+    again = fed_back(clients, first)
     second = StickyTaskAssignor(replicas).assign(tasks, again, stateful)
     assert all(second[p].active == first[p].active for p in first)
     m = evaluate(tasks, again, second, replicas, stateful)
@@ -374,3 +379,15 @@ def test_empty_inputs() -> None:
 def test_bad_input_names_the_offender(make: object, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         make()  # type: ignore[operator]
+
+
+@given(assignment_inputs())
+def test_fast_path_returns_what_the_full_algorithm_would(inputs: Inputs) -> None:
+    """A rebalance that changes nothing skips the work: same result as computing it."""
+    from streamassign.sticky import _Run
+
+    tasks, clients, replicas, stateful = inputs
+    again = fed_back(clients, run(inputs))
+    fast = _Run(tasks, again, stateful, replicas).result(fast_path=True)
+    slow = _Run(tasks, again, stateful, replicas).result(fast_path=False)
+    assert fast == slow

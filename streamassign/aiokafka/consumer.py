@@ -48,6 +48,7 @@ from ..consumer import (
 from ..consumer.userdata import AssignmentData, MemberData, UserDataError, read_member_data
 from ..errors import ErrorCode, StreamAssignError
 from ._rejoin import Rejoiner
+from ._wire import encode_assignment
 
 log = logging.getLogger("streamassign.aiokafka")
 
@@ -225,12 +226,12 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             validate(result, subscriptions, counts)
             out = AssignmentData(generation, ErrorCode.NONE, followup).encode()
             self.last_round = LeaderRound(counts, subscriptions, result, generation, followup)
-            return {m: _encode(result[m], out) for m in members}
+            return {m: encode_assignment(result[m], out) for m in members}
         except Exception as exc:
             log.exception("assignment failed; sending ASSIGNMENT_ERROR to every member")
             self.last_round = LeaderRound(counts, subscriptions, {}, generation, False, repr(exc))
             failed = AssignmentData(generation, ErrorCode.ASSIGNMENT_ERROR).encode()
-            return {m: _encode((), failed) for m in members}
+            return {m: encode_assignment((), failed) for m in members}
 
     # -- state file -----------------------------------------------------------------------------
 
@@ -254,12 +255,3 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             tmp.replace(self._state_file)
         except OSError as exc:
             log.warning("cannot save assignor state to %s: %s", self._state_file, exc)
-
-
-def _encode(partitions: Iterable[TopicPartition], user_data: bytes) -> bytes:
-    by_topic: dict[str, list[int]] = {}
-    for tp in partitions:
-        by_topic.setdefault(tp.topic, []).append(tp.partition)
-    topics = [(t, sorted(ps)) for t, ps in sorted(by_topic.items())]
-    encoded: bytes = ConsumerProtocolMemberAssignment(0, topics, user_data).encode()
-    return encoded

@@ -44,6 +44,7 @@ from ..protocol import (
 from ..streams import MemberSubscription, assign_streams
 from ..topology import Topology
 from ._rejoin import Rejoiner
+from ._wire import encode_assignment
 
 log = logging.getLogger("streamassign.aiokafka")
 
@@ -129,11 +130,11 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 num_standby_replicas=self.host.num_standby_replicas,
                 leader_version=self.host.max_version,
             )
-            out = {m: _encode(a.partitions, a.info.encode()) for m, a in result.items()}
+            out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
         except Exception:
             log.exception("streams assignment failed; sending ASSIGNMENT_ERROR to every member")
             failed = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR, version=1).encode()
-            out = {m: _encode((), failed) for m in members}
+            out = {m: encode_assignment((), failed) for m in members}
         if _has_loop():
             self.last_assign_ms = (asyncio.get_running_loop().time() - started) * 1000
         return out
@@ -185,15 +186,6 @@ def _has_loop() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def _encode(partitions: Sequence[TopicPartition], user_data: bytes) -> bytes:
-    by_topic: dict[str, list[int]] = {}
-    for tp in partitions:
-        by_topic.setdefault(tp.topic, []).append(tp.partition)
-    topics = [(t, sorted(ps)) for t, ps in sorted(by_topic.items())]
-    encoded: bytes = ConsumerProtocolMemberAssignment(0, topics, user_data).encode()
-    return encoded
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
