@@ -171,9 +171,12 @@ class _Run:
         for i, ci in lost:
             if ci not in holders.get(i, ()):
                 holders.setdefault(i, []).append(ci)
-        for i, found in holders.items():
-            if len(found) > 1:
-                found.sort(key=partial(self._rank, i))
+        # Holders were appended in client order; without lags, lost claims or a task both
+        # active and standby on one client, that already is rank order (see ``_rank``).
+        if lost or any(c.lags or c.prev_active & c.prev_standby for c in self.clients):
+            for i, found in holders.items():
+                if len(found) > 1:
+                    found.sort(key=partial(self._rank, i))
         return holders
 
     def _rank(self, i: int, ci: int) -> tuple[int, int, int, int, int]:
@@ -320,11 +323,11 @@ class _Run:
         target = [
             min(max(lo, a), a + r) for (lo, _), a, r in zip(bounds, actives, room, strict=True)
         ]
-        # Spare ceilings go to the clients furthest above their floor now (the load they could
-        # keep), so a balanced layout is a fixed point.
-        kept = [a + self._valid_prev_standbys(ci) for ci, a in enumerate(actives)]
         missing = total - sum(target)
         if missing > 0:
+            # Spare ceilings go to the clients furthest above their floor now (the load they
+            # could keep), so a balanced layout is a fixed point.
+            kept = [a + self._valid_prev_standbys(ci) for ci, a in enumerate(actives)]
             # Raise to the ceiling first (clients with more previous standbys first), then beyond
             # the ceiling only where one copy per client forces it (lowest load per thread first).
             order = sorted(
