@@ -317,24 +317,39 @@ class ProcessHost:
         return {i: {TopicPartition(*tp): rs for tp, rs in b.items()} for i, b in enumerate(batches)}
 
     async def _assigned(self, index: int) -> None:
-        """After aiokafka's assignment: report what really changed on this consumer."""
+        """After aiokafka's assignment: report what really changed on this consumer.
+
+        Every callback runs even if an earlier one fails (failures are logged), so no change
+        is ever lost; the last assignment is saved off the event loop, only when it changed.
+        """
         self.rebalances += 1
         if self.shutdown_requested:
-            await self.listener.on_shutdown_requested()
+            await self._notify(self.listener.on_shutdown_requested)
             return
         if index in self.errors:
-            await self.listener.on_error(index, self.errors[index])
+            await self._notify(self.listener.on_error, index, self.errors[index])
         info = self.assignors[index].info
         now = ClientAssignment(info.active, info.standby, info.warmup)
         before, self._known[index] = self._known[index], now
-        self._restored.pop(index, None)
-        self.state.write_assignment({i: a.active for i, a in enumerate(self._known)})
-        if before.active - now.active:
-            await self.listener.on_active_revoked(index, before.active - now.active)
+        if before.active != now.active or index in self._restored:
+            self._restored.pop(index, None)
+            actives = {i: a.active for i, a in enumerate(self._known)}
+            try:
+                await asyncio.to_thread(self.state.write_assignment, actives)
+            except OSError as exc:
+                log.warning("cannot save the assignment to %s: %s", self.state.path, exc)
         standby_before, standby_now = before.standby | before.warmup, now.standby | now.warmup
-        if standby_before - standby_now:
-            await self.listener.on_standby_removed(index, standby_before - standby_now)
-        if now.active - before.active:
-            await self.listener.on_active_assigned(index, now.active - before.active)
-        if standby_now - standby_before:
-            await self.listener.on_standby_added(index, standby_now - standby_before)
+        for callback, tasks in (
+            (self.listener.on_active_revoked, before.active - now.active),
+            (self.listener.on_standby_removed, standby_before - standby_now),
+            (self.listener.on_active_assigned, now.active - before.active),
+            (self.listener.on_standby_added, standby_now - standby_before),
+        ):
+            if tasks:
+                await self._notify(callback, index, tasks)
+
+    async def _notify(self, callback: Any, *args: Any) -> None:
+        try:
+            await callback(*args)
+        except Exception:
+            log.exception("task listener %s failed", getattr(callback, "__name__", callback))

@@ -1,0 +1,84 @@
+"""ProcessHost's bookkeeping without a broker: task change reports survive failures."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from streamassign import Subtopology, TaskId, Topology
+from streamassign.aiokafka import ProcessHost, TaskListener
+from streamassign.localstate import StateDirectory, StateDirectoryLockedError
+from streamassign.protocol import LATEST_OFFSET, AssignmentInfo
+
+TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s"])], name="app")
+T0, T1 = TaskId(0, 0), TaskId(0, 1)
+
+
+class Recorder(TaskListener):
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[str, frozenset[TaskId]]] = []
+        self.fail = fail
+
+    async def on_active_revoked(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        self.calls.append(("revoked", tasks))
+        if self.fail:
+            raise RuntimeError("listener bug")
+
+    async def on_active_assigned(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        self.calls.append(("assigned", tasks))
+
+
+def host(tmp_path: Path, listener: TaskListener) -> ProcessHost:
+    return ProcessHost(
+        TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, listener=listener
+    )
+
+
+def test_changes_are_reported_once_and_even_when_a_callback_fails(tmp_path: Path) -> None:
+    rec = Recorder(fail=True)
+    h = host(tmp_path, rec)
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T0}))
+    asyncio.run(h._assigned(0))
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T1}))
+    asyncio.run(h._assigned(0))  # the revoke callback raises; the assign still runs
+    asyncio.run(h._assigned(0))  # nothing changed: nothing reported
+    assert rec.calls == [
+        ("assigned", {T0}),
+        ("revoked", {T0}),
+        ("assigned", {T1}),
+    ]
+    assert h.offset_sums() == {T1: LATEST_OFFSET}
+
+
+def test_a_failing_state_write_loses_no_report(tmp_path: Path) -> None:
+    rec = Recorder()
+    h = host(tmp_path, rec)
+
+    def full(actives: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    h.state.write_assignment = full  # type: ignore[method-assign]
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T0}))
+    asyncio.run(h._assigned(0))
+    assert rec.calls == [("assigned", {T0})]
+
+
+def test_restart_reports_previous_actives_until_the_first_assignment(tmp_path: Path) -> None:
+    h = host(tmp_path, Recorder())
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T0, T1}))
+    asyncio.run(h._assigned(0))
+    h.state.close()
+    again = host(tmp_path, Recorder())
+    assert again.process_id == h.process_id
+    assert again.restored_active(0) == {T0, T1}
+    assert again.offset_sums() == {}  # nothing running yet, no checkpoints written
+
+
+def test_state_directory_is_locked_to_one_process(tmp_path: Path) -> None:
+    first = StateDirectory(tmp_path)
+    with pytest.raises(StateDirectoryLockedError, match="in use by another process"):
+        StateDirectory(tmp_path)
+    first.close()
+    StateDirectory(tmp_path).close()
