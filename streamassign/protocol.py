@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import struct
 import uuid
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
@@ -60,8 +61,9 @@ class ProtocolError(StreamAssignError, ValueError):
 class _Writer:
     __slots__ = ("buf",)
 
-    def __init__(self, version: int, latest: int) -> None:
-        self.buf = bytearray(_HEAD.pack(version, latest))
+    def __init__(self, version: int | None = None, latest: int = 0) -> None:
+        """A writer starting with the version header, or with nothing (``version=None``)."""
+        self.buf = bytearray(_HEAD.pack(version, latest) if version is not None else b"")
 
     def uint(self, n: int) -> None:
         if n < 0:
@@ -111,9 +113,9 @@ class _Writer:
 class _Reader:
     __slots__ = ("data", "pos")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, start: int = _HEAD.size) -> None:
         self.data = data
-        self.pos = _HEAD.size
+        self.pos = start
 
     def uint(self) -> int:
         n = shift = 0
@@ -289,6 +291,11 @@ class SubscriptionInfo:
 # -- assignment ------------------------------------------------------------------------------
 
 
+def _host_map(value: Mapping[str, Iterable[TaskId]]) -> dict[str, frozenset[TaskId]]:
+    """Host maps without empty entries (a host with no tasks carries no information)."""
+    return {host: frozenset(tasks) for host, tasks in value.items() if tasks}
+
+
 @attrs.frozen
 class AssignmentInfo:
     """What the leader sends one consumer: its tasks, the group's host maps and error state.
@@ -301,8 +308,10 @@ class AssignmentInfo:
     active: frozenset[TaskId] = frozenset()
     standby: frozenset[TaskId] = frozenset()
     warmup: frozenset[TaskId] = frozenset()
-    active_by_host: Mapping[str, frozenset[TaskId]] = attrs.field(factory=dict)
-    standby_by_host: Mapping[str, frozenset[TaskId]] = attrs.field(factory=dict)
+    active_by_host: Mapping[str, frozenset[TaskId]] = attrs.field(factory=dict, converter=_host_map)
+    standby_by_host: Mapping[str, frozenset[TaskId]] = attrs.field(
+        factory=dict, converter=_host_map
+    )
     topics: Mapping[int, Mapping[str, int]] = attrs.field(factory=dict)
     error_code: ErrorCode = ErrorCode.NONE
     next_rebalance_ms: int = NEVER
@@ -329,6 +338,22 @@ class AssignmentInfo:
         w.sint(self.next_rebalance_ms)
         w.tasks(self.active)
         w.tasks(self.standby)
+        if self.active_by_host or self.standby_by_host:
+            section = zlib.compress(self._host_section(), 9)
+            w.uint(len(section))
+            w.buf += section
+        else:
+            w.uint(0)
+        if self.version >= 2:
+            w.tasks(self.warmup)
+        return w.finish()
+
+    def _host_section(self) -> bytes:
+        """Dictionaries and host maps as owner vectors: per subtopology, per task, the active's
+        host (index + 1, 0: none) and its standbys' hosts. The sticky assignor deals tasks
+        round robin, so runs would degenerate; a vector costs one byte per task, and zlib
+        takes the rest (endpoint names repeat their shape)."""
+        w = _Writer()
         names = sorted({name for topics in self.topics.values() for name in topics})
         index = {name: i for i, name in enumerate(names)}
         w.uint(len(names))
@@ -345,14 +370,29 @@ class AssignmentInfo:
         w.uint(len(hosts))
         for host in hosts:
             w.string(host)
-        for by_host in (self.active_by_host, self.standby_by_host):
-            present = [i for i, h in enumerate(hosts) if h in by_host]
-            w.uint(len(present))
-            for i in present:
-                w.uint(i)
-                w.tasks(by_host[hosts[i]])
-        if self.version >= 2:
-            w.tasks(self.warmup)
+        active: dict[TaskId, int] = {}
+        standby: dict[TaskId, list[int]] = {}
+        for h, host in enumerate(hosts):
+            for t in self.active_by_host.get(host, ()):
+                if t in active:
+                    raise ValueError(f"task {t} active on two hosts: {hosts[active[t]]}, {host}")
+                active[t] = h
+            for t in self.standby_by_host.get(host, ()):
+                standby.setdefault(t, []).append(h)
+        counts = _task_counts(self.topics)
+        outside = sorted(
+            t for t in (*active, *standby) if t.partition >= counts.get(t.subtopology, 0)
+        )
+        if outside:
+            raise ValueError(f"host maps name tasks outside the topic dictionary: {outside[:5]}")
+        for sub in sorted(counts):
+            for p in range(counts[sub]):
+                w.uint(active.get(TaskId(sub, p), -1) + 1)
+            for p in range(counts[sub]):
+                owners = standby.get(TaskId(sub, p), [])
+                w.uint(len(owners))
+                for h in owners:
+                    w.uint(h)
         return w.finish()
 
     @classmethod
@@ -366,27 +406,12 @@ class AssignmentInfo:
         error = _error_code(r.uint())
         next_rebalance = r.sint()
         active, standby = r.tasks(), r.tasks()
-        names = [r.string() for _ in range(r.count())]
+        size = r.count()
         topics: dict[int, dict[str, int]] = {}
-        for _ in range(r.count()):
-            sub = r.uint()
-            entries = {}
-            for _ in range(r.count()):
-                i = r.uint()
-                if i >= len(names):
-                    raise ProtocolError(f"topic index {i} outside the dictionary of {len(names)}")
-                entries[names[i]] = r.uint()
-            topics[sub] = entries
-        hosts = [r.string() for _ in range(r.count())]
-        maps: list[dict[str, frozenset[TaskId]]] = []
-        for _ in range(2):
-            by_host: dict[str, frozenset[TaskId]] = {}
-            for _ in range(r.count()):
-                i = r.uint()
-                if i >= len(hosts):
-                    raise ProtocolError(f"host index {i} outside the dictionary of {len(hosts)}")
-                by_host[hosts[i]] = r.tasks()
-            maps.append(by_host)
+        maps: tuple[dict[str, frozenset[TaskId]], ...] = ({}, {})
+        if size:
+            topics, maps = _read_host_section(_inflate(data[r.pos : r.pos + size]))
+            r.pos += size
         warmup: frozenset[TaskId] = frozenset()
         read_version = min(version, max_version)
         if read_version >= 2:
@@ -405,3 +430,64 @@ class AssignmentInfo:
             version,
             common,
         )
+
+
+_MAX_HOST_SECTION = 64 << 20  # bytes a compressed host section may expand to
+
+
+def _inflate(blob: bytes) -> bytes:
+    """zlib-decompress, refusing to expand past ``_MAX_HOST_SECTION`` (a bomb, not a map)."""
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(blob, _MAX_HOST_SECTION)
+    except zlib.error as exc:
+        raise ProtocolError(f"corrupt host map section: {exc}") from exc
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise ProtocolError(f"host map section truncated or expands past {_MAX_HOST_SECTION} bytes")
+    return out
+
+
+def _task_counts(topics: Mapping[int, Mapping[str, int]]) -> dict[int, int]:
+    """Tasks per subtopology: its largest topic's partition count."""
+    return {sub: max(entries.values(), default=0) for sub, entries in topics.items()}
+
+
+def _read_host_section(
+    section: bytes,
+) -> tuple[dict[int, dict[str, int]], tuple[dict[str, frozenset[TaskId]], ...]]:
+    r = _Reader(section, start=0)
+    names = [r.string() for _ in range(r.count())]
+    topics: dict[int, dict[str, int]] = {}
+    for _ in range(r.count()):
+        sub = r.uint()
+        entries = {}
+        for _ in range(r.count()):
+            i = r.uint()
+            if i >= len(names):
+                raise ProtocolError(f"topic index {i} outside the dictionary of {len(names)}")
+            entries[names[i]] = r.uint()
+        topics[sub] = entries
+    hosts = [r.string() for _ in range(r.count())]
+    active: list[list[TaskId]] = [[] for _ in hosts]
+    standby: list[list[TaskId]] = [[] for _ in hosts]
+    for sub, count in sorted(_task_counts(topics).items()):
+        if count > len(section):
+            raise ProtocolError(f"{count} tasks cannot fit in {len(section)} bytes")
+        for p in range(count):
+            h = r.uint()
+            if h > len(hosts):
+                raise ProtocolError(f"host index {h - 1} outside the dictionary of {len(hosts)}")
+            if h:
+                active[h - 1].append(TaskId(sub, p))
+        for p in range(count):
+            for _ in range(r.count()):
+                h = r.uint()
+                if h >= len(hosts):
+                    raise ProtocolError(f"host index {h} outside the dictionary of {len(hosts)}")
+                standby[h].append(TaskId(sub, p))
+    if not r.done():
+        raise ProtocolError("trailing bytes in the host map section")
+    return topics, (
+        {host: frozenset(ts) for host, ts in zip(hosts, active, strict=True) if ts},
+        {host: frozenset(ts) for host, ts in zip(hosts, standby, strict=True) if ts},
+    )

@@ -29,6 +29,9 @@ log = logging.getLogger("streamassign.streams")
 
 _INCOMPLETE = ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
 
+#: Kafka Streams' ``acceptable.recovery.lag`` default: state this close counts as caught up.
+ACCEPTABLE_RECOVERY_LAG = 10_000
+
 
 @attrs.frozen
 class MemberSubscription:
@@ -62,13 +65,18 @@ def _failed(
 def client_states(
     members: Mapping[str, MemberSubscription],
     end_offsets: Mapping[TaskId, int] | None = None,
+    acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
 ) -> tuple[list[ClientState], dict[str, list[str]], dict[str, str | None]]:
     """Clients by process id, the members of each, and each process's endpoint.
 
     A task reported with ``LATEST_OFFSET`` was running (a previous active); other reported
     tasks are local state (previous standbys) whose lag is ``end_offsets[t] - sum`` when end
-    offsets are known, else the distance to the best reported sum. A member whose user data
-    was unreadable is a process of its own with no history.
+    offsets are known, else the distance to the best reported sum. A restarted process also
+    reports the actives it ran before it stopped: when its state of such a task is caught up
+    (lag within ``acceptable_recovery_lag``), it is the task's previous owner again and the
+    process that ran it meanwhile counts as a warm holder — so the assignor's move-minimal
+    stickiness hands the task back. A member whose user data was unreadable is a process of
+    its own with no history.
     """
     by_process: dict[str, list[str]] = {}
     infos: dict[str, SubscriptionInfo] = {}
@@ -87,6 +95,28 @@ def client_states(
         for t, s in info.offset_sums.items():
             if s >= 0:
                 best[t] = max(best.get(t, 0), s)
+    top = end_offsets if end_offsets is not None else best
+
+    running: dict[str, set[TaskId]] = {}
+    state: dict[str, dict[TaskId, int]] = {}
+    home: dict[TaskId, str] = {}  # task -> the restarted process it returns to
+    for key, info in infos.items():
+        running[key] = {t for t, s in info.offset_sums.items() if s == LATEST_OFFSET}
+        state[key] = {
+            t: max(0, top.get(t, s) - s)
+            for t, s in info.offset_sums.items()
+            if s >= 0 and t not in running[key]
+        }
+        ran = {t for m in by_process[key] if (i := members[m].info) for t in i.previous_active}
+        for t in sorted(ran - running[key]):
+            if state[key].get(t, acceptable_recovery_lag + 1) <= acceptable_recovery_lag:
+                home.setdefault(t, key)
+    for key in running:
+        for t in running[key] & home.keys():
+            if home[t] != key:  # ran it meanwhile: a warm holder, caught up
+                running[key].discard(t)
+                state[key][t] = 0
+
     clients = []
     endpoints: dict[str, str | None] = {}
     for key, ms in by_process.items():
@@ -95,20 +125,14 @@ def client_states(
             clients.append(ClientState(key, capacity=len(ms)))
             endpoints[key] = None
             continue
-        running = {t for t, s in info.offset_sums.items() if s == LATEST_OFFSET}
-        state = {t: s for t, s in info.offset_sums.items() if s >= 0 and t not in running}
-        top = end_offsets if end_offsets is not None else best
-        lags = {t: max(0, top.get(t, s) - s) for t, s in state.items()}
-        # A restarted process reports the actives it ran before; backed by local state they
-        # are claims (a running owner with a smaller lag still wins the claim).
-        claimed = running | {t for m in ms if (i := members[m].info) for t in i.previous_active}
+        returning = {t for t, k in home.items() if k == key}
         clients.append(
             ClientState(
                 key,
                 capacity=len(ms),
-                prev_active=running | (claimed & state.keys()),
-                prev_standby=state,
-                lags=lags,
+                prev_active=running[key] | returning,
+                prev_standby=state[key].keys() - returning,
+                lags={t: lag for t, lag in state[key].items() if t not in returning},
                 rack=info.rack,
                 tags=info.client_tags,
             )
@@ -125,6 +149,7 @@ def assign_streams(
     num_standby_replicas: int = 0,
     leader_version: int = LATEST_VERSION,
     end_offsets: Mapping[TaskId, int] | None = None,
+    acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad topics or
     bad members: those become error codes or empty assignments, logged."""
@@ -158,9 +183,10 @@ def assign_streams(
     }
     if not compatible:
         return result
-    clients, by_process, endpoints = client_states(compatible, end_offsets)
+    clients, by_process, endpoints = client_states(compatible, end_offsets, acceptable_recovery_lag)
     stateful = [t for t in tasks if t.subtopology in topology.stateful_subtopologies]
-    per_client = StickyTaskAssignor(num_standby_replicas).assign(tasks, clients, stateful)
+    assignor = StickyTaskAssignor(num_standby_replicas, acceptable_recovery_lag)
+    per_client = assignor.assign(tasks, clients, stateful)
 
     active_by_host: dict[str, frozenset[TaskId]] = {}
     standby_by_host: dict[str, frozenset[TaskId]] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+import zlib
 
 import attrs
 import pytest
@@ -49,19 +50,34 @@ def subscriptions(draw: st.DrawFn) -> SubscriptionInfo:
 
 @st.composite
 def assignments(draw: st.DrawFn) -> AssignmentInfo:
+    """Assignment data with host maps consistent with its topic dictionary, as the leader
+    builds them: each task active on at most one host, standbys on others."""
     version = draw(st.sampled_from([1, 2]))
-    hosts = st.dictionaries(names, task_sets, max_size=5)
+    topics = draw(
+        st.dictionaries(
+            st.integers(0, 50),
+            st.dictionaries(names, st.integers(1, 300), min_size=1, max_size=3),
+            max_size=4,
+        )
+    )
+    tasks = [TaskId(s, p) for s, ts in topics.items() for p in range(max(ts.values()))]
+    hosts = draw(st.lists(names, max_size=6, unique=True)) if tasks else []
+    active: dict[str, set[TaskId]] = {}
+    standby: dict[str, set[TaskId]] = {}
+    for t in tasks:
+        if hosts and draw(st.booleans()):
+            owner = draw(st.sampled_from(hosts))
+            active.setdefault(owner, set()).add(t)
+            for h in draw(st.lists(st.sampled_from(hosts), max_size=2, unique=True)):
+                if h != owner:
+                    standby.setdefault(h, set()).add(t)
     return AssignmentInfo(
         active=draw(task_sets),
         standby=draw(task_sets),
         warmup=draw(task_sets) if version >= 2 else frozenset(),
-        active_by_host=draw(hosts),
-        standby_by_host=draw(hosts),
-        topics=draw(
-            st.dictionaries(
-                st.integers(0, 50), st.dictionaries(names, st.integers(1, 10_000)), max_size=4
-            )
-        ),
+        active_by_host={h: frozenset(ts) for h, ts in active.items()},
+        standby_by_host={h: frozenset(ts) for h, ts in standby.items()},
+        topics=topics if active or standby else {},
         error_code=draw(codes),
         next_rebalance_ms=draw(st.integers(-1, 2**50)),
         version=version,
@@ -129,8 +145,36 @@ def test_compact_host_maps_and_partitions_by_host() -> None:
     )
     data = info.encode()
     assert len(data) < 80
+    assert AssignmentInfo.decode(data) == info
     parts = info.partitions_by_host()["host-1:8080"]
     assert len(parts) == 64 + 64 + 10
+
+
+def test_host_maps_must_fit_the_dictionary_and_name_one_active_per_task() -> None:
+    topics = {0: {"t": 4}}
+    with pytest.raises(ValueError, match="outside the topic dictionary"):
+        AssignmentInfo(active_by_host={"h": frozenset({TaskId(0, 9)})}, topics=topics).encode()
+    two = {"a": frozenset({TaskId(0, 1)}), "b": frozenset({TaskId(0, 1)})}
+    with pytest.raises(ValueError, match="active on two hosts"):
+        AssignmentInfo(active_by_host=two, topics=topics).encode()
+
+
+def test_a_decompression_bomb_is_refused() -> None:
+    bomb = zlib.compress(b"\x00" * (80 << 20))
+    data = AssignmentInfo(version=1, common_version=1).encode()[:-1]  # minus host length 0
+    w = bytearray(data)
+    w += _varint(len(bomb)) + bomb
+    with pytest.raises(ProtocolError, match="expands past"):
+        AssignmentInfo.decode(bytes(w))
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def test_unknown_error_code_from_a_newer_peer_is_still_an_error() -> None:

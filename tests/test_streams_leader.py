@@ -84,6 +84,35 @@ def test_a_restarted_process_reports_what_it_ran_and_gets_it_back() -> None:
     assert result["p2"].info.active >= mine
 
 
+def test_restart_returns_every_task_even_when_the_interim_owner_has_little_surplus() -> None:
+    """p2 ran all three of restarted p1's tasks but is only 2 over its quota; as p1 is caught
+    up, its claims are the history and p2 is a warm holder: p1 gets all three back."""
+    mine = {TaskId(0, 0), TaskId(0, 1), TaskId(0, 2)}
+    interim = mine | {TaskId(0, 3), TaskId(1, 0)}
+    rest = {TaskId(0, 4), TaskId(0, 5), TaskId(1, 1), TaskId(1, 2)}
+    members = {
+        "p1": member(1, offset_sums=dict.fromkeys(mine, 900), previous_active=mine),
+        "p2": member(2, offset_sums=dict.fromkeys(interim, LATEST_OFFSET)),
+        "p3": member(3, offset_sums=dict.fromkeys(rest, LATEST_OFFSET)),
+    }
+    result = assign_streams(TOPOLOGY, COUNTS, members)
+    assert result["p1"].info.active == mine
+    clients, _, _ = client_states(members)
+    assert clients[1].prev_active == {TaskId(0, 3), TaskId(1, 0)}  # p2: a warm holder now
+    assert mine <= clients[1].prev_standby
+
+
+def test_a_restarted_process_far_behind_does_not_take_its_tasks_back() -> None:
+    mine = {TaskId(0, 0)}
+    members = {
+        "p1": member(1, offset_sums={TaskId(0, 0): 0}, previous_active=mine),
+        "p2": member(2, offset_sums={TaskId(0, 0): LATEST_OFFSET}),
+        "p3": member(3, offset_sums={TaskId(0, 0): 50_000}),  # a standby far ahead of p1
+    }
+    clients, _, _ = client_states(members)
+    assert clients[1].prev_active == mine and clients[0].prev_active == frozenset()
+
+
 def test_consumers_keep_their_tasks_within_a_process() -> None:
     members = {f"c{i}": member(1) for i in range(3)}
     first = assign_streams(TOPOLOGY, COUNTS, members)
