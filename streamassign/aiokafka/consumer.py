@@ -119,6 +119,7 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self._name = f"streamassign-{assignor.name}"
         self._params = MemberData(priority=priority, weight=weight)
         self._owned: tuple[TopicPartition, ...] = ()
+        self._pending: tuple[TopicPartition, ...] = ()
         self._generation = -1
         self._epoch = 0
         self._rejoiner = Rejoiner()
@@ -155,7 +156,7 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self._epoch += 1
         data = attrs.evolve(
             self._params,
-            owned_partitions=self._owned,
+            owned_partitions=self._owned + self._pending,
             generation=self._generation,
             join_epoch=self._epoch,
         )
@@ -178,6 +179,7 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             return
         self._rejoiner.succeeded()
         self._owned = tuple(TopicPartition(*tp) for tp in assignment.partitions())
+        self._pending = data.pending
         self._generation = data.generation
         self._save_state()
         if data.followup:
@@ -218,15 +220,25 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 if partitions is not None:
                     counts[topic] = len(partitions)
             plan = getattr(self.assignor, "plan", None)
+            pending: Mapping[str, list[TopicPartition]] = {}
             if plan is not None:
                 planned = plan(counts, subscriptions)
                 result, followup = planned.assignment, planned.followup_needed
+                pending = planned.pending
             else:
                 result, followup = self.assignor.assign(counts, subscriptions), False
             validate(result, subscriptions, counts)
-            out = AssignmentData(generation, ErrorCode.NONE, followup).encode()
+            out = {
+                m: encode_assignment(
+                    result[m],
+                    AssignmentData(
+                        generation, ErrorCode.NONE, followup, pending.get(m, ())
+                    ).encode(),
+                )
+                for m in members
+            }
             self.last_round = LeaderRound(counts, subscriptions, result, generation, followup)
-            return {m: encode_assignment(result[m], out) for m in members}
+            return out
         except Exception as exc:
             log.exception("assignment failed; sending ASSIGNMENT_ERROR to every member")
             self.last_round = LeaderRound(counts, subscriptions, {}, generation, False, repr(exc))

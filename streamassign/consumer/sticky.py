@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from functools import partial
 
 import attrs
@@ -76,8 +77,14 @@ def _uniform(
         if m >= 0:
             owned[m].append(pid)
     floors = [lo for lo, _ in share_bounds(problem.partitions, weights)]
+    whole = sum(weights)
+    remainder = [problem.partitions * w % whole for w in weights]
+    # Ceilings: first to members owning most above their floor (the move bound), then by
+    # largest remainder (the fairest rounding), then member order.
     quota = apportion(
-        problem.partitions, weights, priority=lambda m: (floors[m] - len(owned[m]), m)
+        problem.partitions,
+        weights,
+        priority=lambda m: (-max(0, len(owned[m]) - floors[m]), -remainder[m], m),
     )
     room = [q - min(q, len(pids)) for q, pids in zip(quota, owned, strict=True)]
     owner = [-1] * problem.partitions
@@ -117,9 +124,17 @@ def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> l
             count[m] += 1
     topic_of = problem.topic_of()
 
-    def key(m: int) -> float:
-        """Load key: a move from a to b improves exactly when key(b) < key(a) - 2 / w_a."""
-        return (2 * count[m] + 1) / weights[m]
+    def key(m: int) -> Fraction:
+        """Load key, exact: a move from a to b improves exactly when key(b) < key(a) - 2/w_a.
+
+        Exact rationals, not floats: with float keys a move and its reverse could both look
+        like improvements (weights 3 and 3 already do it) and the loop would never end.
+        """
+        return Fraction(2 * count[m] + 1, weights[m])
+
+    def threshold(m: int) -> Fraction:
+        """A member lighter than this could take a partition from ``m``."""
+        return key(m) - Fraction(2, weights[m])
 
     # Members with identical subscriptions share a heap keyed by load; a topic's candidates are
     # the heaps of the groups subscribed to it (few groups in practice, however many members).
@@ -128,7 +143,7 @@ def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> l
         by_subscription.setdefault(subs, []).append(m)
     groups = sorted(by_subscription.items(), key=lambda g: g[1][0])
     group_of = [0] * members
-    heaps: list[list[tuple[float, int]]] = []
+    heaps: list[list[tuple[Fraction, int]]] = []
     groups_of_topic: list[list[int]] = [[] for _ in problem.topics]
     for gi, (subs, ms) in enumerate(groups):
         for m in ms:
@@ -137,7 +152,7 @@ def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> l
         for t in subs:
             groups_of_topic[t].append(gi)
 
-    def top(gi: int) -> tuple[float, int] | None:
+    def top(gi: int) -> tuple[Fraction, int] | None:
         """The group's lightest member, dropping stale heap entries."""
         heap = heaps[gi]
         while heap and heap[0][0] != key(heap[0][1]):
@@ -171,16 +186,16 @@ def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> l
     moved = True
     while moved:
         moved = False
-        for a in sorted(range(members), key=lambda m: (-count[m] / weights[m], m)):
+        for a in sorted(range(members), key=lambda m: (-threshold(m), m)):
             floor = min(filter(None, (top(gi) for gi in range(len(heaps)))), default=None)
-            if floor is None or floor[0] >= key(a) - 2 / weights[a]:
-                break  # nobody can take from a, nor from anyone lighter
+            if floor is None or floor[0] >= threshold(a):
+                break  # nobody can take from a, nor from anyone visited after it
             while True:
                 pick = next(
                     (
                         (t, b)
                         for t, pids in held[a].items()
-                        if pids and (b := lightest(t)) >= 0 and key(b) < key(a) - 2 / weights[a]
+                        if pids and (b := lightest(t)) >= 0 and key(b) < threshold(a)
                     ),
                     None,
                 )
@@ -214,19 +229,21 @@ def assign_sticky(problem: Problem, weights: Sequence[int] | None = None) -> lis
 
 @attrs.frozen
 class RebalancePlan:
-    """A cooperative round: what members get now, and what they must give up first.
+    """A cooperative round: what members get now, what they must give up, what comes next.
 
-    ``revoking`` maps a member to partitions it owns that belong to another member in the
-    target; they are withheld from everyone this round. ``followup_needed`` says a second
-    rebalance must complete the target once they are revoked.
+    ``revoking`` maps a member to partitions it claims that belong to another member in the
+    target; ``pending`` maps a member to the partitions it gets once those owners have
+    revoked them (withheld from everyone this round). In the follow-up round each member
+    reports ``assignment + pending`` as owned, which reproduces the target exactly.
     """
 
     assignment: Assignment
     revoking: Mapping[str, list[TopicPartition]]
+    pending: Mapping[str, list[TopicPartition]]
 
     @property
     def followup_needed(self) -> bool:
-        return any(self.revoking.values())
+        return any(self.pending.values())
 
 
 @attrs.frozen
@@ -277,19 +294,32 @@ class CooperativeStickyAssignor:
         self, partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Subscription]
     ) -> RebalancePlan:
         problem = prepare(partitions_per_topic, subscriptions)
-        prev, _ = resolve_owned(problem)
         target = assign_sticky(problem)
-        revoking: list[list[int]] = [[] for _ in problem.members]
+        # Every claim counts here, whatever its generation or topic: a partition is granted
+        # only when no other member may still hold it (KIP-429's safety rule).
+        index = problem.topic_index()
+        claims: dict[int, set[int]] = {}
+        for m, sub in enumerate(problem.subscriptions):
+            for tp in sub.owned_partitions:
+                pid = problem.partition_id(tp, index)
+                if pid >= 0:
+                    claims.setdefault(pid, set()).add(m)
         now = list(target)
-        for pid, (was, want) in enumerate(zip(prev, target, strict=True)):
-            if was >= 0 and was != want:
+        revoking: list[list[int]] = [[] for _ in problem.members]
+        pending: list[list[int]] = [[] for _ in problem.members]
+        for pid in sorted(claims):
+            others = sorted(claims[pid] - {target[pid]})
+            for m in others:
+                revoking[m].append(pid)
+            if others and target[pid] >= 0:
+                pending[target[pid]].append(pid)
                 now[pid] = -1
-                revoking[was].append(pid)
         tps = problem.all_partitions()
-        return RebalancePlan(
-            problem.output(now),
-            {m: [tps[p] for p in r] for m, r in zip(problem.members, revoking, strict=True)},
-        )
+
+        def named(lists: list[list[int]]) -> dict[str, list[TopicPartition]]:
+            return {m: [tps[p] for p in ps] for m, ps in zip(problem.members, lists, strict=True)}
+
+        return RebalancePlan(problem.output(now), named(revoking), named(pending))
 
     def assign(
         self, partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Subscription]

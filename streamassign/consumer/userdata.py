@@ -9,9 +9,10 @@ reads what it knows from a newer member and ignores the rest):
     int32  priority                 (failover: highest wins)
     int32  weight                   (weighted: share of partitions, >= 1)
     int32  join_epoch               (changes on every join, so a rejoin always rebalances)
-    int32  topic_count
-    topic_count x { int16 name_length, utf-8 name, int32 run_count,
-                    run_count x { int32 first_partition, int32 length } }   (owned partitions)
+    partitions                      (owned partitions, see below)
+
+where ``partitions`` is ``int32 topic_count, topic_count x { int16 name_length, utf-8 name,
+int32 run_count, run_count x { int32 first_partition, int32 length } }``.
 
 Owned partitions are run-length encoded per topic: a member owning partitions 0..499 of a topic
 costs 8 bytes for them, not 2000. Garbage or truncated bytes raise ``UserDataError``; callers
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -34,7 +35,7 @@ log = logging.getLogger("streamassign.consumer")
 VERSION = 1
 LATEST_SUPPORTED = 1
 
-_HEAD = struct.Struct(">iiiiiii")
+_HEAD = struct.Struct(">iiiiii")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _RUN = struct.Struct(">ii")
@@ -44,77 +45,113 @@ class UserDataError(StreamAssignError, ValueError):
     """Subscription user data that cannot be decoded (garbage, truncated, unknown version)."""
 
 
-def _weight(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"weight must be an int >= 1, got {value!r}")
+_INT32 = (-(2**31), 2**31 - 1)
+
+#: Partitions one member's user data may list; more is garbage, not a member (a failover
+#: primary owning every partition of a 1M-partition group still fits).
+MAX_PARTITIONS = 1 << 24
 
 
-def _sorted_tps(value: Iterable[tuple[str, int]]) -> tuple[TopicPartition, ...]:
-    return tuple(sorted(TopicPartition(*tp) for tp in value))
+def _int32(low: int = _INT32[0]) -> Callable[[object, attrs.Attribute[int], int], None]:
+    """Validator: an int in ``[low, 2**31 - 1]`` (the wire carries int32)."""
+
+    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= _INT32[1]:
+            raise ValueError(
+                f"{attribute.name} must be an int in [{low}, 2**31 - 1], got {value!r}"
+            )
+
+    return check
+
+
+def _partitions(value: Iterable[tuple[str, int]]) -> tuple[TopicPartition, ...]:
+    """Sorted, de-duplicated partitions; each must be in the int32 range and >= 0."""
+    out = sorted({TopicPartition(*tp) for tp in value})
+    for tp in out:
+        if not isinstance(tp.partition, int) or not 0 <= tp.partition <= _INT32[1]:
+            raise ValueError(f"partition of {tp.topic!r} must be in [0, 2**31 - 1]: {tp.partition}")
+        if len(tp.topic.encode()) > 2**15 - 1:
+            raise ValueError(f"topic name too long for the wire: {tp.topic[:40]!r}...")
+    return tuple(out)
+
+
+def _write_partitions(partitions: Iterable[TopicPartition]) -> bytes:
+    """``int32 topic_count`` then per topic ``int16 name length, name, int32 run count, runs``."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in partitions:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    parts = [_I32.pack(len(by_topic))]
+    for topic, numbers in by_topic.items():
+        name = topic.encode()
+        runs = list(_runs(numbers))
+        parts.append(_I16.pack(len(name)) + name + _I32.pack(len(runs)))
+        parts.extend(_RUN.pack(first, length) for first, length in runs)
+    return b"".join(parts)
+
+
+def _read_partitions(data: bytes, pos: int) -> tuple[list[TopicPartition], int]:
+    """The inverse of ``_write_partitions``, bounded: at most ``MAX_PARTITIONS``."""
+    (topics,) = _I32.unpack_from(data, pos)
+    pos += 4
+    if topics < 0 or topics > len(data) - pos:
+        raise UserDataError(f"bad topic count {topics}")
+    out: list[TopicPartition] = []
+    for _ in range(topics):
+        (length,) = _I16.unpack_from(data, pos)
+        pos += 2
+        if length < 0 or pos + length > len(data):
+            raise UserDataError("truncated topic name")
+        topic = data[pos : pos + length].decode()
+        pos += length
+        (runs,) = _I32.unpack_from(data, pos)
+        pos += 4
+        if runs < 0 or pos + runs * _RUN.size > len(data):
+            raise UserDataError("truncated partition runs")
+        for _ in range(runs):
+            first, count = _RUN.unpack_from(data, pos)
+            pos += _RUN.size
+            if first < 0 or count < 1 or first + count - 1 > _INT32[1]:
+                raise UserDataError(f"bad partition run {first}+{count} of {topic!r}")
+            if len(out) + count > MAX_PARTITIONS:
+                raise UserDataError(f"more than {MAX_PARTITIONS} partitions")
+            out.extend(TopicPartition(topic, p) for p in range(first, first + count))
+    return out, pos
 
 
 @attrs.frozen
 class MemberData:
-    """What a member tells the leader besides its topics."""
+    """What a member tells the leader besides its topics. Fields are int32 on the wire and
+    validated here, so encoding never fails."""
 
-    priority: int = 0
-    weight: int = attrs.field(default=1, validator=_weight)
-    owned_partitions: tuple[TopicPartition, ...] = attrs.field(default=(), converter=_sorted_tps)
-    generation: int = -1
-    join_epoch: int = 0
+    priority: int = attrs.field(default=0, validator=_int32())
+    weight: int = attrs.field(default=1, validator=_int32(1))
+    owned_partitions: tuple[TopicPartition, ...] = attrs.field(default=(), converter=_partitions)
+    generation: int = attrs.field(default=-1, validator=_int32())
+    join_epoch: int = attrs.field(default=0, validator=_int32())
     version: int = VERSION
     latest_supported_version: int = LATEST_SUPPORTED
 
     def encode(self) -> bytes:
-        by_topic: dict[str, list[int]] = {}
-        for tp in self.owned_partitions:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
-        parts = [
-            _HEAD.pack(
-                VERSION,
-                LATEST_SUPPORTED,
-                self.generation,
-                self.priority,
-                self.weight,
-                self.join_epoch,
-                len(by_topic),
-            )
-        ]
-        for topic, partitions in by_topic.items():
-            name = topic.encode()
-            runs = list(_runs(partitions))
-            parts.append(_I16.pack(len(name)) + name + _I32.pack(len(runs)))
-            parts.extend(_RUN.pack(first, length) for first, length in runs)
-        return b"".join(parts)
+        head = _HEAD.pack(
+            VERSION,
+            LATEST_SUPPORTED,
+            self.generation,
+            self.priority,
+            self.weight,
+            self.join_epoch,
+        )
+        return head + _write_partitions(self.owned_partitions)
 
     @classmethod
     def decode(cls, data: bytes) -> MemberData:
         """Read ``data``; ``UserDataError`` says what is wrong with it."""
         try:
-            version, latest, generation, priority, weight, epoch, topics = _HEAD.unpack_from(data)
+            version, latest, generation, priority, weight, epoch = _HEAD.unpack_from(data)
             if version < 1:
                 raise UserDataError(f"unknown user data version {version}")
             if weight < 1:
                 raise UserDataError(f"weight must be >= 1, got {weight}")
-            pos = _HEAD.size
-            owned: list[TopicPartition] = []
-            for _ in range(topics):
-                (length,) = _I16.unpack_from(data, pos)
-                pos += 2
-                if length < 0 or pos + length > len(data):
-                    raise UserDataError("truncated topic name")
-                topic = data[pos : pos + length].decode()
-                pos += length
-                (runs,) = _I32.unpack_from(data, pos)
-                pos += 4
-                if runs < 0 or pos + runs * _RUN.size > len(data):
-                    raise UserDataError("truncated partition runs")
-                for _ in range(runs):
-                    first, count = _RUN.unpack_from(data, pos)
-                    pos += _RUN.size
-                    if first < 0 or count < 1:
-                        raise UserDataError(f"bad partition run {first}+{count} of {topic!r}")
-                    owned.extend(TopicPartition(topic, p) for p in range(first, first + count))
+            owned, pos = _read_partitions(data, _HEAD.size)
             if version == VERSION and pos != len(data):
                 raise UserDataError(f"{len(data) - pos} unexpected trailing bytes")
             return cls(priority, weight, owned, generation, epoch, version, latest)
@@ -125,14 +162,14 @@ class MemberData:
 
 
 def _runs(partitions: Iterable[int]) -> Iterable[tuple[int, int]]:
-    first = prev = -2
+    first = prev = None
     for p in sorted(set(partitions)):
-        if p != prev + 1:
-            if first >= 0:
+        if prev is None or p != prev + 1:
+            if first is not None and prev is not None:
                 yield first, prev - first + 1
             first = p
         prev = p
-    if first >= 0:
+    if first is not None and prev is not None:
         yield first, prev - first + 1
 
 
@@ -155,31 +192,40 @@ class AssignmentData:
     """Assignment user data of the consumer assignors (version 1, big-endian)::
 
         int32 version, int32 latest_supported_version, int32 generation,
-        int16 error_code, int8 flags (bit 0: a follow-up rebalance is needed)
+        int16 error_code, int8 flags (bit 0: a follow-up rebalance is needed),
+        partitions (pending: what this member gets once their owners have revoked them)
 
     ``generation`` is the leader's count of rebalances (the max reported by members, plus one),
     so owned partitions can be ordered across leaders (KIP-341) without aiokafka exposing its
-    own generation to assignors.
+    own generation to assignors. A member reports its pending partitions as owned in the
+    follow-up round, so that round reproduces the plan instead of recomputing another one.
     """
 
-    generation: int = -1
+    generation: int = attrs.field(default=-1, validator=_int32())
     error_code: ErrorCode = ErrorCode.NONE
     followup: bool = False
+    pending: tuple[TopicPartition, ...] = attrs.field(default=(), converter=_partitions)
 
     def encode(self) -> bytes:
         flags = 1 if self.followup else 0
-        return _ASSIGNMENT.pack(VERSION, LATEST_SUPPORTED, self.generation, self.error_code, flags)
+        head = _ASSIGNMENT.pack(VERSION, LATEST_SUPPORTED, self.generation, self.error_code, flags)
+        return head + _write_partitions(self.pending)
 
     @classmethod
     def decode(cls, data: bytes) -> AssignmentData:
         try:
             version, _, generation, code, flags = _ASSIGNMENT.unpack_from(data)
-        except struct.error as exc:
+            if version < 1:
+                raise UserDataError(f"unknown assignment data version {version}")
+            pending, pos = _read_partitions(data, _ASSIGNMENT.size)
+            if version == VERSION and pos != len(data):
+                raise UserDataError(f"{len(data) - pos} unexpected trailing bytes")
+        except UserDataError:
+            raise
+        except (struct.error, UnicodeDecodeError, ValueError) as exc:
             raise UserDataError(f"unreadable assignment data ({len(data)} bytes): {exc}") from exc
-        if version < 1:
-            raise UserDataError(f"unknown assignment data version {version}")
         try:
             error = ErrorCode(code)
         except ValueError:
             error = ErrorCode.ASSIGNMENT_ERROR  # a code from a newer leader: still an error
-        return cls(generation, error, bool(flags & 1))
+        return cls(generation, error, bool(flags & 1), pending)

@@ -1,0 +1,242 @@
+"""Subscription user data (MemberData): round trips, run-length encoding, garbage handling."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import attrs
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from streamassign import TopicPartition
+from streamassign.consumer import MemberData, UserDataError, read_member_data
+
+from .strategies import GARBAGE_USER_DATA, patched
+
+INT32 = st.integers(-(2**31), 2**31 - 1)
+HAS_EPOCH = "join_epoch" in attrs.fields_dict(MemberData)
+HEADER = len(MemberData().encode())  # fixed part; ends with int32 topic_count
+
+
+@st.composite
+def partition_sets(draw: st.DrawFn) -> set[int]:
+    """Arbitrary sets: scattered, dense runs, and partitions near the int32 limit."""
+    out = set(draw(st.sets(st.integers(0, 100), max_size=20)))
+    for _ in range(draw(st.integers(0, 2))):
+        start = draw(st.integers(0, 2**31 - 50))
+        out.update(range(start, start + draw(st.integers(1, 40))))
+    if draw(st.booleans()):
+        out.add(2**31 - 1)
+    return out
+
+
+@st.composite
+def member_data(draw: st.DrawFn) -> MemberData:
+    owned = draw(st.dictionaries(st.text(max_size=8), partition_sets(), max_size=3))
+    extra = {"join_epoch": draw(INT32)} if HAS_EPOCH else {}
+    return MemberData(
+        priority=draw(INT32),
+        weight=draw(st.integers(1, 2**31 - 1)),
+        owned_partitions=[(t, p) for t, ps in owned.items() for p in ps],
+        generation=draw(INT32),
+        **extra,
+    )
+
+
+def runs(partitions: set[int]) -> int:
+    return sum(1 for p in partitions if p - 1 not in partitions)
+
+
+def expansion(data: bytes) -> int | None:
+    """Total partitions the owned-runs section of ``data`` declares (walking the documented
+    layout), or None where the walk gets lost: lets random inputs skip gigantic expansions."""
+    try:
+        topics = int.from_bytes(data[HEADER - 4 : HEADER], "big", signed=True)
+        pos, total = HEADER, 0
+        for _ in range(max(topics, 0)):
+            length = int.from_bytes(data[pos : pos + 2], "big", signed=True)
+            pos += 2 + max(length, 0)
+            count = int.from_bytes(data[pos : pos + 4], "big", signed=True)
+            pos += 4
+            for _ in range(max(min(count, (len(data) - pos) // 8), 0)):
+                total += max(int.from_bytes(data[pos + 4 : pos + 8], "big", signed=True), 0)
+                pos += 8
+            if pos > len(data):
+                return total
+        return total
+    except (IndexError, ValueError):
+        return None
+
+
+@given(member_data(), st.floats(0, 1, exclude_max=True))
+def test_round_trip_size_and_truncation(data: MemberData, where: float) -> None:
+    """decode(encode(x)) == x; the size is the header plus, per topic, its name and 8 bytes
+    per run of consecutive partitions (counted independently); any strict prefix raises."""
+    encoded = data.encode()
+    assert MemberData.decode(encoded) == data
+    by_topic: dict[str, set[int]] = {}
+    for tp in data.owned_partitions:
+        by_topic.setdefault(tp.topic, set()).add(tp.partition)
+    expected = HEADER + sum(2 + len(t.encode()) + 4 + 8 * runs(ps) for t, ps in by_topic.items())
+    assert len(encoded) == expected
+    with pytest.raises(UserDataError):
+        MemberData.decode(encoded[: int(where * len(encoded))])
+
+
+def test_dense_range_costs_one_run() -> None:
+    owned = [("orders", p) for p in range(500)]
+    assert len(MemberData(owned_partitions=owned).encode()) == HEADER + 2 + 6 + 4 + 8
+    scattered = [("orders", p) for p in range(0, 10, 2)]
+    assert len(MemberData(owned_partitions=scattered).encode()) == HEADER + 2 + 6 + 4 + 5 * 8
+
+
+def test_owned_partitions_in_any_order_encode_alike() -> None:
+    owned = [("b", 3), ("a", 1), ("b", 1), ("a", 0), ("b", 2)]
+    assert (
+        MemberData(owned_partitions=owned).encode()
+        == MemberData(owned_partitions=sorted(owned)).encode()
+    )
+    assert MemberData.decode(MemberData(owned_partitions=owned).encode()).owned_partitions == (
+        TopicPartition("a", 0),
+        TopicPartition("a", 1),
+        TopicPartition("b", 1),
+        TopicPartition("b", 2),
+        TopicPartition("b", 3),
+    )
+
+
+def test_every_truncation_raises_exhaustively() -> None:
+    encoded = MemberData(7, 3, [("t", 0), ("t", 1), ("t", 5), ("ü", 2)], 4).encode()
+    for cut in range(len(encoded)):
+        with pytest.raises(UserDataError):
+            MemberData.decode(encoded[:cut])
+
+
+def _decodes_or_user_data_error(data: bytes) -> None:
+    try:
+        result = MemberData.decode(data)
+    except UserDataError:
+        return
+    assert isinstance(result, MemberData)
+    assert result.weight >= 1
+    assert result.version >= 1
+
+
+@given(st.binary(max_size=120))
+def test_random_bytes_decode_or_raise_user_data_error(data: bytes) -> None:
+    declared = expansion(data)
+    assume(declared is not None and declared <= 2_000)  # see test_huge_run_is_rejected
+    _decodes_or_user_data_error(data)
+
+
+@given(member_data(), st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=6))
+def test_corrupted_encodings_decode_or_raise_user_data_error(
+    data: MemberData, corruption: list[tuple[int, int]]
+) -> None:
+    """Random bytes rarely get past the header; corrupting real encodings reaches the rest."""
+    raw = bytearray(data.encode())
+    for pos, value in corruption:
+        raw[pos % len(raw)] = value
+    declared = expansion(bytes(raw))
+    assume(declared is not None and declared <= 2_000)
+    _decodes_or_user_data_error(bytes(raw))
+
+
+@given(member_data(), st.binary(min_size=1, max_size=40), st.integers(2, 2**31 - 1))
+def test_newer_version_with_trailing_bytes_decodes_its_v1_prefix(
+    data: MemberData, trailing: bytes, version: int
+) -> None:
+    """A newer member's data (version > 1) is read up to what v1 knows; the same trailing
+    bytes after a version 1 payload are an error."""
+    with pytest.raises(UserDataError):
+        MemberData.decode(data.encode() + trailing)
+    newer = patched(patched(data.encode(), 0, version), 4, version) + trailing
+    decoded = MemberData.decode(newer)
+    assert decoded.version == version
+    assert decoded.latest_supported_version == version
+    assert attrs.evolve(decoded, version=data.version, latest_supported_version=1) == data
+
+
+@pytest.mark.parametrize("garbage", GARBAGE_USER_DATA)
+def test_garbage_raises_user_data_error(garbage: bytes) -> None:
+    with pytest.raises(UserDataError):
+        MemberData.decode(garbage)
+
+
+def test_user_data_error_is_a_value_error() -> None:
+    assert issubclass(UserDataError, ValueError)
+
+
+@pytest.mark.parametrize("garbage", GARBAGE_USER_DATA)
+def test_read_member_data_defaults_and_logs_on_garbage(
+    garbage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="streamassign.consumer"):
+        assert read_member_data("member-7", garbage) == MemberData()
+    assert "member-7" in caplog.text
+
+
+def test_read_member_data_empty_and_valid(caplog: pytest.LogCaptureFixture) -> None:
+    data = MemberData(priority=4, weight=2, owned_partitions=[("t", 1)], generation=9)
+    with caplog.at_level(logging.WARNING, logger="streamassign.consumer"):
+        assert read_member_data("m", b"") == MemberData()
+        assert read_member_data("m", data.encode()) == data
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("weight", [0, -1, 1.5, "2"])
+def test_invalid_weight_is_rejected(weight: object) -> None:
+    with pytest.raises(ValueError):
+        MemberData(weight=weight)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ known bugs
+
+HUGE_RUN = """
+import resource, struct
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from streamassign.consumer import MemberData, UserDataError
+data = MemberData(owned_partitions=[("t", 0)]).encode()
+data = data[:-8] + struct.pack(">ii", 2**31 - 1, 2**31 - 1)  # partitions up to 2**32 - 3
+try:
+    MemberData.decode(data)
+except UserDataError:
+    print("UserDataError")
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses resource limits")
+def test_huge_run_is_rejected_quickly() -> None:
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(HUGE_RUN)],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            env=os.environ.copy(),
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("decode did not finish within 5 s")
+    assert out.stdout.strip() == "UserDataError", out.stderr[-500:]
+
+
+def test_negative_partition_does_not_swallow_valid_ones() -> None:
+    try:
+        encoded = MemberData(owned_partitions=[("t", -1), ("t", 0), ("t", 1)]).encode()
+    except ValueError:
+        return  # rejecting negative partitions up front is fine too
+    owned = MemberData.decode(encoded).owned_partitions
+    assert {TopicPartition("t", 0), TopicPartition("t", 1)} <= set(owned)
+
+
+@pytest.mark.parametrize(
+    "fields", [{"priority": 2**31}, {"generation": -(2**31) - 1}, {"weight": 2**31}]
+)
+def test_out_of_range_fields_are_rejected_with_value_error(fields: dict[str, int]) -> None:
+    with pytest.raises(ValueError):
+        MemberData(**fields).encode()
