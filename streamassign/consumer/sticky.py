@@ -114,6 +114,10 @@ def _uniform(
     return owner
 
 
+#: An exact load key: an int with unit weights, else a Fraction (never mixed in one run).
+Key = int | Fraction
+
+
 def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> list[int]:
     """Keep valid claims, fill by lowest load, then improving moves until balanced (KIP-54)."""
     members = len(problem.members)
@@ -124,17 +128,20 @@ def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> l
             count[m] += 1
     topic_of = problem.topic_of()
 
-    def key(m: int) -> Fraction:
-        """Load key, exact: a move from a to b improves exactly when key(b) < key(a) - 2/w_a.
+    unit = all(w == 1 for w in weights)
 
-        Exact rationals, not floats: with float keys a move and its reverse could both look
-        like improvements (weights 3 and 3 already do it) and the loop would never end.
+    def key(m: int) -> Key:
+        """Load key, exact: a move from a to b improves exactly when key(b) < threshold(a).
+
+        ``2c + 1`` with unit weights, else the exact rational ``(2c + 1) / w``: with float keys
+        a move and its reverse could both look like improvements (weights 3 and 3 already do
+        it) and the loop would never end.
         """
-        return Fraction(2 * count[m] + 1, weights[m])
+        return 2 * count[m] + 1 if unit else Fraction(2 * count[m] + 1, weights[m])
 
-    def threshold(m: int) -> Fraction:
-        """A member lighter than this could take a partition from ``m``."""
-        return key(m) - Fraction(2, weights[m])
+    def threshold(m: int) -> Key:
+        """A member whose key is below this could take a partition from ``m``."""
+        return 2 * count[m] - 1 if unit else Fraction(2 * count[m] - 1, weights[m])
 
     # Members with identical subscriptions share a heap keyed by load; a topic's candidates are
     # the heaps of the groups subscribed to it (few groups in practice, however many members).
@@ -143,7 +150,7 @@ def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> l
         by_subscription.setdefault(subs, []).append(m)
     groups = sorted(by_subscription.items(), key=lambda g: g[1][0])
     group_of = [0] * members
-    heaps: list[list[tuple[Fraction, int]]] = []
+    heaps: list[list[tuple[Key, int]]] = []
     groups_of_topic: list[list[int]] = [[] for _ in problem.topics]
     for gi, (subs, ms) in enumerate(groups):
         for m in ms:
@@ -152,7 +159,7 @@ def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> l
         for t in subs:
             groups_of_topic[t].append(gi)
 
-    def top(gi: int) -> tuple[Fraction, int] | None:
+    def top(gi: int) -> tuple[Key, int] | None:
         """The group's lightest member, dropping stale heap entries."""
         heap = heaps[gi]
         while heap and heap[0][0] != key(heap[0][1]):
