@@ -190,31 +190,40 @@ def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> l
     for m, by_topic in enumerate(held):  # partitions new to m this round move first (pop)
         for pids in by_topic.values():
             pids.sort(key=partial(_kept_last, prev, m))
+    # One move at a time, always from the currently heaviest member that can give (draining
+    # one member to the bottom first would make others refill it: needless moves). Members
+    # that cannot give are set aside until the next pass; a pass without moves ends it.
     moved = True
     while moved:
         moved = False
-        for a in sorted(range(members), key=lambda m: (-threshold(m), m)):
+        donors = [(-threshold(m), m) for m in range(members)]
+        heapq.heapify(donors)
+        while donors:
+            neg, a = heapq.heappop(donors)
+            if neg != -threshold(a):
+                continue  # stale entry
             floor = min(filter(None, (top(gi) for gi in range(len(heaps)))), default=None)
             if floor is None or floor[0] >= threshold(a):
-                break  # nobody can take from a, nor from anyone visited after it
-            while True:
-                pick = next(
-                    (
-                        (t, b)
-                        for t, pids in held[a].items()
-                        if pids and (b := lightest(t)) >= 0 and key(b) < threshold(a)
-                    ),
-                    None,
-                )
-                if pick is None:
-                    break
-                t, b = pick
-                pid = held[a][t].pop()
-                owner[pid] = b
-                held[b].setdefault(t, []).append(pid)
-                add(a, -1)
-                add(b, 1)
-                moved = True
+                break  # nobody can take from a, nor from anyone lighter
+            pick = next(
+                (
+                    (t, b)
+                    for t, pids in held[a].items()
+                    if pids and (b := lightest(t)) >= 0 and key(b) < threshold(a)
+                ),
+                None,
+            )
+            if pick is None:
+                continue
+            t, b = pick
+            pid = held[a][t].pop()
+            owner[pid] = b
+            held[b].setdefault(t, []).append(pid)
+            add(a, -1)
+            add(b, 1)
+            heapq.heappush(donors, (-threshold(a), a))
+            heapq.heappush(donors, (-threshold(b), b))
+            moved = True
     return owner
 
 

@@ -283,3 +283,20 @@ def test_fixed_point_keeps_every_partition_with_its_owner_by_hand() -> None:
     subs = {m: Subscription(rnd.sample(["t", "u"], rnd.randint(1, 2))) for m in "abcde"}
     first = STICKY.assign(counts, subs)
     assert owners(STICKY.assign(counts, with_history(subs, first, 1))) == owners(first)
+
+
+def test_general_path_does_not_drain_one_member_for_another_to_refill() -> None:
+    """Found by the benchmark: with a second subscription in the group (forcing the general
+    path), two joiners must take one partition each from the two owners; draining m0 first
+    made m1 refill it with a partition that had no reason to move."""
+    subs = {
+        "m0": Subscription({"t"}, [("t", 0), ("t", 2), ("t", 4)], generation=1),
+        "m1": Subscription({"t"}, [("t", 1), ("t", 3), ("t", 5)], generation=1),
+        "n0": Subscription({"t"}),
+        "n1": Subscription({"t"}),
+        "z": Subscription({"u"}),
+    }
+    result = StickyAssignor().assign({"t": 6, "u": 1}, subs)
+    kept = {m: {p for _, p in result[m]} for m in ("m0", "m1")}
+    assert kept["m0"] <= {0, 2, 4} and kept["m1"] <= {1, 3, 5}
+    assert len(kept["m0"]) == len(kept["m1"]) == 2

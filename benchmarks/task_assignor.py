@@ -1,0 +1,453 @@
+"""Task assignor benchmarks: streamassign's ``StickyTaskAssignor`` side by side with Faust's
+``CopartitionedAssignor``, on the same inputs, in the same run.
+
+1. **Faust's workload** — one co-partitioned group, equal workers, 1 and 2 standbys: a fresh
+   assignment, then churn (a worker leaves, one or two join, all rejoin, all restart) from one
+   shared history. Time ratio, and ``streamassign.metrics.evaluate`` of both results.
+2. **Kafka Streams' scale** — its scale-test sizes plus two larger ones: fresh, rerun with the
+   first result as history, and 10% of clients replaced. Ours and its thread distribution are
+   timed apart; Faust runs on the same input (one group, threads ignored) under a time budget.
+3. **Memory** — peak allocation of one assignment as tasks, then clients, grow: it must grow
+   with tasks + clients, never with their product.
+
+Run ``python benchmarks/task_assignor.py [--quick] [--markdown docs/benchmarks.md]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from _common import (
+    Quality,
+    Report,
+    Timed,
+    console,
+    fmt_bool,
+    fmt_bytes,
+    fmt_num,
+    fmt_ratio,
+    fmt_seconds,
+    fmt_time,
+    machine_info,
+    make_tasks,
+    member_ids,
+    peak_memory,
+    quality,
+    restarted_states,
+    states,
+    timed,
+    write_section,
+)
+from _faust_peer import faust_assign, faust_input, to_ours
+
+from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
+from streamassign.threads import distribute_to_threads
+
+Assignment = dict[str, ClientAssignment]
+ThreadAssignment = dict[str, dict[str, ClientAssignment]]
+
+SECTION = "task-assignor"
+#: Subtopologies the Kafka Streams-scale and memory workloads split their tasks over.
+SUBTOPOLOGIES = 4
+
+
+@dataclass(frozen=True)
+class Config:
+    """Sizes and repeats of one run; ``--quick`` swaps in small ones."""
+
+    repeats: int
+    min_total: float  # keep repeating a measurement until this many seconds are spent
+    faust_budget: float
+    faust_sizes: Sequence[tuple[int, int]]  # (partitions, workers)
+    faust_standbys: Sequence[int]
+    scale_sizes: Sequence[tuple[int, int, int, int]]  # (tasks, clients, threads, standbys)
+    memory_tasks: tuple[Sequence[int], int]  # (task counts, fixed clients)
+    memory_clients: tuple[int, Sequence[int]]  # (fixed tasks, client counts)
+
+
+FULL = Config(
+    repeats=5,
+    min_total=0.2,
+    faust_budget=60.0,
+    faust_sizes=[(12, 3), (64, 8), (256, 16), (1024, 64), (4096, 256)],
+    faust_standbys=[1, 2],
+    scale_sizes=[
+        (6000, 2, 1, 1),
+        (1000, 1000, 1, 1),
+        (1000, 100, 1, 50),
+        (1000, 10, 1000, 1),
+        (10000, 1000, 4, 2),
+        (100000, 1000, 8, 1),
+    ],
+    memory_tasks=([10_000, 20_000, 40_000, 80_000], 100),
+    memory_clients=(20_000, [250, 500, 1000, 2000]),
+)
+
+QUICK = Config(
+    repeats=3,
+    min_total=0.0,
+    faust_budget=2.0,
+    faust_sizes=[(12, 3), (64, 8)],
+    faust_standbys=[1, 2],
+    scale_sizes=[(600, 2, 1, 1), (100, 100, 1, 1), (100, 10, 1, 5), (100, 4, 100, 1)],
+    memory_tasks=([1000, 2000, 4000], 20),
+    memory_clients=(2000, [25, 50, 100]),
+)
+
+
+# -- running both assignors ----------------------------------------------------------------------
+
+
+def run_ours(
+    cfg: Config, tasks: Sequence[TaskId], clients: Sequence[ClientState], replicas: int
+) -> Timed[Assignment]:
+    """Time ``StickyTaskAssignor.assign`` (clients are immutable: one input serves every run)."""
+    assignor = StickyTaskAssignor(replicas)
+    return timed(partial(assignor.assign, tasks), lambda: clients, cfg.repeats, None, cfg.min_total)
+
+
+def run_faust(
+    cfg: Config, tasks: Sequence[TaskId], clients: Sequence[ClientState], replicas: int
+) -> Timed[Assignment]:
+    """Time Faust's assignor on the same input, under the budget; its result converted to ours."""
+    got = timed(
+        lambda inputs: faust_assign(inputs, len(tasks), replicas),
+        lambda: faust_input(tasks, clients),
+        cfg.repeats,
+        cfg.faust_budget,
+        cfg.min_total,
+    )
+    if got.error:
+        console.print(f"[yellow]Faust failed: {got.error}")
+    converted = None if got.result is None else to_ours(tasks, got.result)
+    return Timed(got.seconds, got.runs, converted, got.error, got.budget)
+
+
+def assess(
+    tasks: Sequence[TaskId],
+    truth: Sequence[ClientState],
+    run: Timed[Assignment],
+    replicas: int,
+) -> Quality | None:
+    """Quality of a run's result against the true history, or None when it has no result."""
+    return None if run.result is None else quality(tasks, truth, run.result, replicas)
+
+
+def both(ours: Quality | None, peer: Quality | None, cell: Callable[[Quality], str]) -> str:
+    """``"ours / Faust"`` for one metric; ``—`` for a side without a result."""
+    return " / ".join("—" if q is None else cell(q) for q in (ours, peer))
+
+
+def balanced_cell(q: Quality) -> str:
+    """✓ / ✗ for active balance, or how many validity problems the assignment has."""
+    return f"invalid ({len(q.problems)})" if q.problems else fmt_bool(q.metrics.active_balanced)
+
+
+# -- 1. Faust's workload -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One rebalance of the churn chain: how membership changes, and whether all restarted."""
+
+    name: str
+    leave: int = 0
+    join: int = 0
+    restart: bool = False
+
+
+#: Each step starts from the previous step's result (see ``faust_workload``).
+CHAIN = [
+    Step("fresh"),
+    Step("1 leaves", leave=1),
+    Step("1 joins", join=1),
+    Step("2 join", join=2),
+    Step("all rejoin"),
+    Step("all restart", restart=True),
+]
+
+
+def faust_workload(cfg: Config) -> list[Report]:
+    """Faust's own workload: one co-partitioned group of P partitions over M equal workers.
+
+    The steps of ``CHAIN`` run in order; each starts from one shared history, the previous
+    step's Faust result (its own steady state; ours when Faust failed), so both assignors see
+    the same input. On a restart a Faust worker reports an empty assignment while ours reports
+    the state stores still on disk; both are scored against what ran before.
+    """
+    reports = []
+    for replicas in cfg.faust_standbys:
+        report = Report(
+            f"Faust's workload, {replicas} standby{'s' * (replicas > 1)} per partition",
+            [
+                "P x M",
+                "step",
+                "ours",
+                "Faust",
+                "Faust / ours",
+                "balanced",
+                "load spread",
+                "moves (bound)",
+                "standby coverage",
+                "warm : cold takeovers",
+            ],
+            notes="Quality cells read *ours / Faust*.",
+        )
+        for partitions, workers in cfg.faust_sizes:
+            tasks = make_tasks(partitions)
+            members = member_ids(workers, "w")
+            newcomers = iter(member_ids(sum(s.join for s in CHAIN), "new"))
+            history: Assignment = {}
+            for step in CHAIN:
+                for _ in range(step.leave):
+                    members = members[: len(members) // 2] + members[len(members) // 2 + 1 :]
+                members = members + [next(newcomers) for _ in range(step.join)]
+                truth = states(members, 1, history)
+                told_ours = restarted_states(members, history) if step.restart else truth
+                told_faust = states(members) if step.restart else truth
+                ours = run_ours(cfg, tasks, told_ours, replicas)
+                peer = run_faust(cfg, tasks, told_faust, replicas)
+                q_ours = assess(tasks, truth, ours, replicas)
+                q_peer = assess(tasks, truth, peer, replicas)
+                assert ours.result is not None and q_ours is not None, ours.error
+                history = peer.result or ours.result
+                report.add(
+                    f"{partitions} x {workers}",
+                    step.name,
+                    fmt_time(ours),
+                    fmt_time(peer),
+                    fmt_ratio(peer, ours),
+                    both(q_ours, q_peer, balanced_cell),
+                    both(q_ours, q_peer, lambda q: fmt_num(q.metrics.load_imbalance)),
+                    both(q_ours, q_peer, lambda q: str(q.metrics.moves))
+                    + f" (≥ {q_ours.metrics.move_lower_bound})",
+                    both(q_ours, q_peer, lambda q: f"{q.metrics.standby_coverage:.0%}"),
+                    both(
+                        q_ours,
+                        q_peer,
+                        lambda q: f"{q.metrics.warm_takeovers}:{q.metrics.cold_takeovers}",
+                    ),
+                )
+        report.show()
+        reports.append(report)
+    return reports
+
+
+# -- 2. Kafka Streams' scale --------------------------------------------------------------------
+
+
+#: What one client's thread split starts from: its tasks, its thread ids, what each thread had.
+ThreadInput = tuple[ClientAssignment, list[str], dict[str, frozenset[TaskId]]]
+
+
+def thread_inputs(
+    assignment: Mapping[str, ClientAssignment], threads: int, previous: ThreadAssignment
+) -> dict[str, ThreadInput]:
+    """Per client, the arguments of ``distribute_to_threads`` (built off the clock)."""
+    out = {}
+    for pid, got in assignment.items():
+        names = [f"{pid}-t{j:04d}" for j in range(threads)]
+        before = previous.get(pid, {})
+        out[pid] = (got, names, {th: a.active | a.standby | a.warmup for th, a in before.items()})
+    return out
+
+
+def split_threads(inputs: Mapping[str, ThreadInput]) -> ThreadAssignment:
+    """``distribute_to_threads`` for every client, each thread keeping what it had if it can."""
+    return {pid: distribute_to_threads(*args) for pid, args in inputs.items()}
+
+
+def thread_spread(split: ThreadAssignment) -> int:
+    """Largest spread of load (max minus min) between the threads of one client."""
+    return max(
+        (max(a.load for a in per.values()) - min(a.load for a in per.values()))
+        for per in split.values()
+    )
+
+
+def scale_workload(cfg: Config) -> list[Report]:
+    """Kafka Streams' scale sizes: fresh, rerun on the first result, 10% of clients replaced."""
+    report = Report(
+        "Kafka Streams scale",
+        [
+            "tasks / clients / threads / standbys",
+            "round",
+            "ours",
+            "thread split",
+            "thread spread",
+            "moves (bound)",
+            "balanced",
+            "load spread",
+            "Faust",
+            "Faust / ours",
+            "Faust: balanced, moves",
+        ],
+        notes=(
+            f"Tasks over {SUBTOPOLOGIES} subtopologies, all stateful. *ours* is one "
+            "`StickyTaskAssignor.assign`; *thread split* is `distribute_to_threads` for every "
+            "client (the rerun and churn rounds keep each thread's previous tasks). Faust sees "
+            f"one group of as many partitions and ignores threads; runs are cut at "
+            f"{cfg.faust_budget:g} s."
+        ),
+    )
+    slowest_ours = [0.0]
+    for n_tasks, n_clients, threads, replicas in cfg.scale_sizes:
+        tasks = make_tasks(n_tasks, SUBTOPOLOGIES)
+        members = member_ids(n_clients, "c")
+        fresh = states(members, threads)
+        first = run_ours(cfg, tasks, fresh, replicas)
+        assert first.result is not None, first.error
+        first_split = split_threads(thread_inputs(first.result, threads, {}))
+        replaced = members[::10][: max(1, n_clients // 10)]
+        kept = [m for m in members if m not in set(replaced)]
+        rounds = [
+            ("fresh", fresh, {}),
+            ("rerun", states(members, threads, first.result), first_split),
+            (
+                "10% replaced",
+                states(kept + member_ids(len(replaced), "new"), threads, first.result),
+                first_split,
+            ),
+        ]
+        for name, clients, previous_split in rounds:
+            ours = first if name == "fresh" else run_ours(cfg, tasks, clients, replicas)
+            assert ours.result is not None, ours.error
+            result = ours.result
+            slowest_ours.append(ours.seconds or 0.0)
+            split = timed(
+                split_threads,
+                partial(thread_inputs, result, threads, previous_split),
+                cfg.repeats,
+                None,
+                cfg.min_total,
+            )
+            peer = run_faust(cfg, tasks, clients, replicas)
+            q_ours = quality(tasks, clients, result, replicas)
+            q_peer = assess(tasks, clients, peer, replicas)
+            m = q_ours.metrics
+            assert split.result is not None, split.error
+            report.add(
+                f"{n_tasks} / {n_clients} / {threads} / {replicas}",
+                name,
+                fmt_time(ours),
+                fmt_time(split),
+                str(thread_spread(split.result)),
+                f"{m.moves} (≥ {m.move_lower_bound})",
+                balanced_cell(q_ours),
+                fmt_num(m.load_imbalance),
+                fmt_time(peer),
+                fmt_ratio(peer, ours),
+                "—" if q_peer is None else f"{balanced_cell(q_peer)}, {q_peer.metrics.moves}",
+            )
+            console.print(
+                f"  {n_tasks}/{n_clients}/{threads}/{replicas} {name}: ours "
+                f"{fmt_time(ours)}, Faust {fmt_time(peer)}"
+            )
+    slowest = max(slowest_ours)
+    report.notes += (
+        f" Slowest assignment of ours: {fmt_seconds(slowest)} "
+        f"(target under 1 s: {'met' if slowest < 1 else 'MISSED'})."
+    )
+    report.show()
+    return [report]
+
+
+# -- 3. Memory ---------------------------------------------------------------------------------
+
+
+def memory_workload(cfg: Config, replicas: int = 1) -> list[Report]:
+    """Peak memory of one assignment as tasks grow (clients fixed), then clients (tasks fixed)."""
+    report = Report(
+        "Peak memory of one assignment",
+        [
+            "grows",
+            "tasks",
+            "clients",
+            "fresh: peak",
+            "fresh: B / (task + client)",
+            "rerun: peak",
+            "rerun: B / (task + client)",
+        ],
+        notes=(
+            f"`tracemalloc` peak above the inputs, {replicas} standby, {SUBTOPOLOGIES} "
+            "subtopologies, one thread per client. *rerun* has the fresh result as history. "
+            "Linear memory shows as a flat bytes-per-(task + client) column."
+        ),
+    )
+    task_counts, fixed_clients = cfg.memory_tasks
+    fixed_tasks, client_counts = cfg.memory_clients
+    cases = [("tasks", n, fixed_clients) for n in task_counts]
+    cases += [("clients", fixed_tasks, n) for n in client_counts]
+    assignor = StickyTaskAssignor(replicas)
+    for grows, n_tasks, n_clients in cases:
+        tasks = make_tasks(n_tasks, SUBTOPOLOGIES)
+        members = member_ids(n_clients, "c")
+        fresh = states(members)
+        rerun = states(members, 1, assignor.assign(tasks, fresh))
+        row = [grows, f"{n_tasks:,}", f"{n_clients:,}"]
+        for clients in (fresh, rerun):
+            peak = peak_memory(partial(assignor.assign, tasks), clients)
+            row += [fmt_bytes(peak), f"{peak / (n_tasks + n_clients):,.0f}"]
+        report.add(*row)
+    report.show()
+    return [report]
+
+
+# -- entry point -------------------------------------------------------------------------------
+
+WORKLOADS: dict[str, Callable[[Config], list[Report]]] = {
+    "faust": faust_workload,
+    "scale": scale_workload,
+    "memory": memory_workload,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke check")
+    parser.add_argument("--markdown", type=Path, help="write the results section into this file")
+    parser.add_argument(
+        "--only", choices=sorted(WORKLOADS), action="append", help="run only these benchmarks"
+    )
+    parser.add_argument("--repeats", type=int, help="runs per measurement (median reported)")
+    parser.add_argument("--faust-budget", type=float, help="seconds before a Faust run is cut")
+    args = parser.parse_args(argv)
+
+    cfg = QUICK if args.quick else FULL
+    if args.repeats:
+        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    if args.faust_budget:
+        cfg = dataclasses.replace(cfg, faust_budget=args.faust_budget)
+    info = machine_info()
+    for key, value in info.items():
+        console.print(f"[bold]{key}[/]: {value}")
+
+    reports = [r for name in (args.only or WORKLOADS) for r in WORKLOADS[name](cfg)]
+
+    if args.markdown:
+        command = " ".join(["python benchmarks/task_assignor.py", *(argv or sys.argv[1:])])
+        header = [
+            "## Results: task assignor",
+            "",
+            f"Generated by `{command}` on {info['date']}.",
+            "",
+            *(f"- **{key}**: {value}" for key, value in info.items() if key != "date"),
+            f"- **timing**: median (`time.perf_counter`) of at least {cfg.repeats} runs"
+            + (f", more until {cfg.min_total:g} s is spent (at most 100)" if cfg.min_total else "")
+            + f"; inputs built off the clock; Faust runs cut at {cfg.faust_budget:g} s",
+            "",
+        ]
+        body = "\n".join(header) + "\n" + "\n".join(r.markdown() for r in reports)
+        write_section(args.markdown, SECTION, body)
+        console.print(f"wrote section {SECTION!r} of {args.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
