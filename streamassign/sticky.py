@@ -317,7 +317,11 @@ class _Run:
         n_stateful = sum(self.stateful)
         caps = [c.capacity for c in clients]
         actives = [len(a) for a in self.active]
-        room = [n_stateful - sum(self.stateful[i] for i in a) for a in self.active]
+        stateful_active = [0] * len(clients)
+        for i, ci in enumerate(self.owner):
+            if self.stateful[i]:
+                stateful_active[ci] += 1
+        room = [n_stateful - k for k in stateful_active]
         total = len(self.tasks) + n_stateful * replicas
         bounds = share_bounds(total, caps)
         target = [
@@ -451,11 +455,12 @@ class _Run:
     def _valid_prev_standbys(self, ci: int) -> int:
         """Previous standbys of client ``ci`` it could keep: stateful, not active there."""
         index, owner, stateful = self.index, self.owner, self.stateful
-        return sum(
-            1
-            for t in self.clients[ci].prev_standby
-            if (i := index.get(t)) is not None and stateful[i] and owner[i] != ci
-        )
+        n = 0
+        for t in self.clients[ci].prev_standby:
+            i = index.get(t)
+            if i is not None and stateful[i] and owner[i] != ci:
+                n += 1
+        return n
 
     def _history_if_stable(self) -> dict[str, ClientAssignment] | None:
         """The previous assignment itself when the algorithm would return it unchanged.
