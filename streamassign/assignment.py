@@ -15,10 +15,18 @@ from ._ids import TaskId
 
 
 def _task_set(value: Iterable[TaskId | str]) -> frozenset[TaskId]:
+    # Fast path: a frozenset of TaskIds (what the protocol and the pipeline build) is kept as
+    # is; checking types costs a fifth of rebuilding every id.
+    if type(value) is frozenset and all(type(t) is TaskId for t in value):
+        return value
     return frozenset(TaskId.parse(t) if isinstance(t, str) else TaskId(*t) for t in value)
 
 
 def _lag_map(value: Mapping[Any, int]) -> Mapping[TaskId, int]:
+    if type(value) is dict and all(
+        type(t) is TaskId and type(lag) is int and lag >= 0 for t, lag in value.items()
+    ):
+        return dict(value)  # already in converted form: a copy, so nothing aliases it
     out: dict[TaskId, int] = {}
     for task, lag in value.items():
         tid = TaskId.parse(task) if isinstance(task, str) else TaskId(*task)

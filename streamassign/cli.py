@@ -1,16 +1,18 @@
-"""Command line: ``streamassign plan`` shows the tasks, the assignment and its quality.
+"""Command line: ``streamassign plan`` shows the tasks, the assignment and its quality;
+``simulate``, ``report`` and ``plan-standbys`` run the Spark pipeline (docs/pipeline.md).
 
-A thin layer over the core: it reads a topology file and a clients file, runs the grouper, the
-sticky task assignor and the thread distribution, and prints tables (rich) or JSON.
+A thin layer over the core: ``plan`` reads a topology file and a clients file, runs the grouper,
+the sticky task assignor and the thread distribution, and prints tables (rich) or JSON. The
+pipeline commands validate every input, then hand over to ``streamassign.pipeline.spark``.
 """
 
 from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import click
@@ -240,3 +242,470 @@ def _print_tables(
     for row in _metrics_rows(metrics):
         table.add_row(*row)
     console.print(table)
+
+
+# -- the simulation pipeline (Spark) ---------------------------------------------------------------
+#
+# Every input is checked before a SparkSession starts: a bad topology, model parameter or assignor
+# name costs milliseconds, not a JVM start. Spark itself is imported only by
+# streamassign.pipeline.spark, inside the commands.
+
+
+def _require(module: str, what: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise click.ClickException(
+            f"{what} needs {module}, from the spark extra: pip install -e '.[spark]'"
+        )
+
+
+def _params(values: Sequence[str]) -> dict[str, str]:
+    """``["steps=50", "threads=1,2"]`` -> parameters; a clear error for any other form."""
+    out: dict[str, str] = {}
+    for value in values:
+        name, sep, raw = value.partition("=")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"expected NAME=VALUE, got {value!r}", param_hint="--param")
+        out[name.strip()] = raw
+    return out
+
+
+def _model(model_file: Path | None, params: Sequence[str], steps: int | None) -> Any:
+    from .pipeline.scenarios import ScenarioModel
+
+    given: dict[str, object] = dict(_params(params))
+    if steps is not None:
+        given["steps"] = steps
+    if model_file is not None:
+        return ScenarioModel.load(model_file, given)
+    return ScenarioModel().evolve(given)
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path and not path.startswith("file:")
+
+
+def _run_dir(out: str | None, name: str) -> str:
+    if out is None:
+        out = str(Path("streamassign-runs") / (name or "topology"))
+    return out if _is_remote(out) else str(Path(out).resolve())
+
+
+_model_options = [
+    click.option(
+        "--model",
+        "model_file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="TOML file of scenario-model parameters (docs/pipeline.md).",
+    ),
+    click.option(
+        "--param",
+        "params",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="Set one scenario-model parameter (repeatable), e.g. crash_per_client_hour=0.1.",
+    ),
+    click.option(
+        "--steps",
+        type=click.IntRange(min=0),
+        help="Rebalances per trace (model).",
+    ),
+    click.option(
+        "--partitions",
+        "-p",
+        multiple=True,
+        metavar="TOPIC=N[,TOPIC=N]",
+        help="Initial partition counts of external topics (override the file's table).",
+    ),
+    click.option("--seed", type=int, default=0, show_default=True, help="Base seed of the traces."),
+    click.option(
+        "--master",
+        default=None,
+        metavar="URL",
+        help="Spark master (default: spark-submit's, else local[*]).",
+    ),
+]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _with_options(options: Sequence[Callable[[Any], Any]]) -> Callable[[_F], _F]:
+    """Apply shared click options (in order) to a command function."""
+
+    def wrap(func: _F) -> _F:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return wrap
+
+
+def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
+    from .pipeline.scenarios import Workload
+
+    return Workload.from_file(topology_file, parse_partitions(partitions))
+
+
+@main.command()
+@click.argument("topology_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--scenarios",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="Churn traces to simulate.",
+)
+@click.option(
+    "--assignors",
+    "assignor_names",
+    multiple=True,
+    default=("default",),
+    show_default=True,
+    metavar="NAME[,NAME]",
+    help="Assignors or groups: task:sticky, faust:copartitioned, consumer:range, "
+    "aiokafka:sticky, ...; groups default, all, task, consumer, aiokafka, peers.",
+)
+@click.option(
+    "--standbys",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="num_standby_replicas of the task assignors.",
+)
+@click.option(
+    "--acceptable-lag",
+    type=click.IntRange(min=0),
+    default=10_000,
+    show_default=True,
+    help="acceptable_recovery_lag of the task assignor (records).",
+)
+@click.option(
+    "--out",
+    default=None,
+    metavar="DIR",
+    help="Run directory (local or a Hadoop URI); default streamassign-runs/<topology>.",
+)
+@click.option(
+    "--report/--no-report",
+    "with_report",
+    default=False,
+    help="Also write the HTML report (DIR/report) from the same Spark session.",
+)
+@click.option(
+    "--ship-code/--no-ship-code",
+    default=None,
+    help="Zip streamassign+attrs onto the executors (default: on for non-local masters).",
+)
+@_with_options(_model_options)
+def simulate(
+    topology_file: Path,
+    scenarios: int,
+    assignor_names: tuple[str, ...],
+    standbys: int,
+    acceptable_lag: int,
+    out: str | None,
+    with_report: bool,
+    ship_code: bool | None,
+    model_file: Path | None,
+    params: tuple[str, ...],
+    steps: int | None,
+    partitions: tuple[str, ...],
+    seed: int,
+    master: str | None,
+) -> None:
+    """Simulate churn traces of TOPOLOGY_FILE through assignors on Spark; write Parquet rows."""
+    import tempfile
+    import time
+
+    from .pipeline.assignors import resolve
+    from .pipeline.simulate import SimulationJob
+
+    _require("pyspark", "streamassign simulate")
+    if with_report:
+        _require("matplotlib", "the report")
+    try:
+        workload = _workload(topology_file, partitions)
+        model = _model(model_file, params, steps)
+        chosen = resolve(assignor_names)
+        job = SimulationJob(
+            workload=workload,
+            model=model,
+            assignors=chosen.names,
+            scenarios=scenarios,
+            seed=seed,
+            standby_replicas=standbys,
+            acceptable_recovery_lag=acceptable_lag,
+        )
+    except (StreamAssignError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    run_dir = _run_dir(out, workload.name)
+    for note in chosen.notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(
+        f"simulating {scenarios} scenarios of {workload.name} x {len(job.assignors)} assignors "
+        f"({', '.join(job.assignors)}), up to {job.rebalances:,} rebalances"
+    )
+    from .pipeline import spark as sp
+
+    start = time.perf_counter()
+    with sp.spark_session(master) as session:
+        actual_master = session.sparkContext.master
+        if ship_code or (ship_code is None and not actual_master.startswith("local")):
+            sp.ship_code(session, Path(tempfile.mkdtemp(prefix="streamassign-code-")))
+        manifest = _manifest(topology_file, job, chosen.notes, actual_master)
+        rows = sp.run_simulation(session, job, run_dir, manifest)
+        elapsed = time.perf_counter() - start
+        click.echo(
+            f"{rows:,} rebalances in {elapsed:.1f} s ({rows / elapsed:,.0f}/s) on "
+            f"{actual_master}: {run_dir}/{sp.REBALANCES}"
+        )
+        if with_report:
+            page = _render(session, run_dir, None)
+            click.echo(f"report: {page}")
+
+
+def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) -> dict[str, Any]:
+    import datetime
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "topology": job.workload.name,
+        "topology_file": str(topology_file),
+        "partitions": dict(job.workload.counts),
+        "scenarios": job.scenarios,
+        "seed": job.seed,
+        "assignors": list(job.assignors),
+        "notes": list(notes),
+        "standby_replicas": job.standby_replicas,
+        "acceptable_recovery_lag": job.acceptable_recovery_lag,
+        "model": attrs.asdict(job.model),
+        "master": master,
+        "streamassign": version("streamassign"),
+        "pyspark": version("pyspark"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _render(session: Any, run_dir: str, out: Path | None) -> Path:
+    from .pipeline import spark as sp
+    from .pipeline.report import render_report
+
+    if out is None:
+        if _is_remote(run_dir):
+            raise click.ClickException(
+                f"{run_dir} is not a local directory: give --out for the report"
+            )
+        out = Path(run_dir) / "report"
+    return render_report(sp.aggregate(session, run_dir), out)
+
+
+@main.command()
+@click.argument("run_dir", metavar="DIR")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the report (default DIR/report).",
+)
+@click.option(
+    "--master",
+    default=None,
+    metavar="URL",
+    help="Spark master (default: spark-submit's, else local[*]).",
+)
+def report(run_dir: str, out: Path | None, master: str | None) -> None:
+    """Aggregate a simulation run in DIR with Spark; write an HTML report and CSV summaries."""
+    _require("pyspark", "streamassign report")
+    _require("matplotlib", "streamassign report")
+    if not _is_remote(run_dir):
+        local = Path(run_dir)
+        if not (local / "rebalances").is_dir():
+            raise click.ClickException(
+                f"{run_dir}: no simulation rows here (expected {local / 'rebalances'}; run "
+                "streamassign simulate first)"
+            )
+        run_dir = str(local.resolve())
+    if out is None and _is_remote(run_dir):
+        raise click.ClickException(f"{run_dir} is not a local directory: give --out")
+    from .pipeline import spark as sp
+
+    with sp.spark_session(master) as session:
+        page = _render(session, run_dir, out)
+    click.echo(f"report: {page}")
+
+
+def _int_list(value: str, option: str) -> tuple[int, ...]:
+    try:
+        items = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"expected integers such as 0,1,2, got {value!r}", param_hint=option
+        ) from None
+    if not items or min(items) < 0:
+        raise click.BadParameter(f"expected integers >= 0, got {value!r}", param_hint=option)
+    return items
+
+
+@main.command("plan-standbys")
+@click.argument("topology_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--scenarios",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Failure traces per candidate.",
+)
+@click.option(
+    "--standbys",
+    "standby_list",
+    default="0,1,2",
+    show_default=True,
+    help="num_standby_replicas candidates.",
+)
+@click.option(
+    "--warmups",
+    "warmup_list",
+    default="0,2",
+    show_default=True,
+    help="Warmup-replica candidates (0: none).",
+)
+@click.option(
+    "--restore-rate",
+    type=float,
+    default=20_000.0,
+    show_default=True,
+    help="Records per second a restoring task reads.",
+)
+@click.option(
+    "--detection",
+    type=float,
+    default=45.0,
+    show_default=True,
+    help="Seconds before a crashed client's tasks move (session timeout).",
+)
+@click.option(
+    "--probing-interval",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds between probing rebalances that complete warmed-up moves.",
+)
+@click.option(
+    "--target",
+    type=float,
+    default=0.9999,
+    show_default=True,
+    help="Availability to reach (share of task-time up).",
+)
+@click.option(
+    "--acceptable-lag",
+    type=click.IntRange(min=0),
+    default=10_000,
+    show_default=True,
+    help="Lag (records) at which a client counts as caught up.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also write plan.csv and plan.json here.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_with_options(_model_options)
+def plan_standbys(
+    topology_file: Path,
+    scenarios: int,
+    standby_list: str,
+    warmup_list: str,
+    restore_rate: float,
+    detection: float,
+    probing_interval: float,
+    target: float,
+    acceptable_lag: int,
+    out: Path | None,
+    as_json: bool,
+    model_file: Path | None,
+    params: tuple[str, ...],
+    steps: int | None,
+    partitions: tuple[str, ...],
+    seed: int,
+    master: str | None,
+) -> None:
+    """Recommend num_standby_replicas and warmups for TOPOLOGY_FILE under a failure model."""
+    from .pipeline.standbys import AvailabilityModel, PlanJob, recommend, summarize
+
+    _require("pyspark", "streamassign plan-standbys")
+    try:
+        job = PlanJob(
+            workload=_workload(topology_file, partitions),
+            model=_model(model_file, params, steps),
+            availability=AvailabilityModel(
+                restore_rate=restore_rate,
+                detection_s=detection,
+                probing_interval_s=probing_interval,
+                target=target,
+            ),
+            scenarios=scenarios,
+            seed=seed,
+            standby_candidates=_int_list(standby_list, "--standbys"),
+            warmup_candidates=_int_list(warmup_list, "--warmups"),
+            acceptable_recovery_lag=acceptable_lag,
+        )
+    except (StreamAssignError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    from .pipeline import spark as sp
+
+    with sp.spark_session(master) as session:
+        totals = sp.run_plan(session, job)
+    rows = summarize(totals, job.availability)
+    best, why = recommend(rows, target)
+    if out is not None:
+        from .pipeline.report import write_csv
+
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv(out / "plan.csv", rows, list(rows[0]))
+        (out / "plan.json").write_text(
+            json.dumps({"candidates": rows, "recommended": dict(best), "why": why}, indent=2)
+        )
+    if as_json:
+        click.echo(
+            json.dumps({"candidates": rows, "recommended": dict(best), "why": why}, indent=2)
+        )
+        return
+    table = Table(title=f"Standby plans for {job.workload.name} ({scenarios} failure traces)")
+    for col in (
+        "standbys",
+        "warmups",
+        "availability",
+        "outage/day (task-s)",
+        "worst outage p99 (s)",
+        "standby load",
+        "bootstrap/h (records)",
+        "warmup load",
+        "move delay (s)",
+    ):
+        table.add_column(col, justify="right")
+    for r in rows:
+        mark = " *" if r is best else ""
+        table.add_row(
+            f"{r['standbys']}{mark}",
+            str(r["warmups"]),
+            f"{r['availability']:.6f}",
+            f"{r['outage_per_day_s']:,.1f}",
+            f"{r['worst_outage_p99_s']:,.1f}",
+            f"{r['standby_load']:.2f}",
+            f"{r['bootstrap_per_hour']:,.0f}",
+            f"{r['warmup_load']:.4f}",
+            f"{r['convergence_s']:,.0f}",
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"recommended: {why}")

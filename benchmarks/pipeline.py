@@ -1,0 +1,234 @@
+"""Pipeline benchmark: rebalances simulated per second, in a plain Python loop and on Spark.
+
+1. **Overhead and scaling** — the same traces (1k tasks over 4 stateful subtopologies, fleets of
+   about 50 clients, ``StickyTaskAssignor`` with one standby) simulated by
+   ``simulate_scenario`` in a plain Python loop, then by the Spark job on ``local[1]`` and
+   ``local[2]``: rebalances per second, Spark's overhead against the loop, and the scaling from
+   one to two executor threads. Job times exclude the session start (reported apart).
+2. **Target** — 100k rebalances of that workload on ``local[2]`` (target: under 5 minutes on the
+   2-core development machine).
+3. **README command** — ``streamassign simulate topology/orders-join.toml --report`` as a user
+   runs it (a fresh process: session start, simulation, aggregation, plots), target under 2 min.
+
+Run ``python benchmarks/pipeline.py [--quick] [--markdown docs/pipeline.md]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import attrs
+from _common import Report, console, fmt_seconds, machine_info, write_section
+
+from streamassign import Subtopology, Topology
+from streamassign.pipeline import ScenarioModel, SimulationJob, Workload, simulate_scenario
+from streamassign.pipeline import spark as sp
+
+SECTION = "pipeline-benchmark"
+ROOT = Path(__file__).resolve().parent.parent
+_CLI = "import sys; from streamassign.cli import main; sys.exit(main())"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Sizes of one run; ``--quick`` swaps in small ones."""
+
+    subset: int  # scenarios of part 1 (loop, local[1], local[2])
+    repeats: int  # part 1 runs, interleaved; the best of each is kept (the machine is shared)
+    full: int  # scenarios of part 2
+    steps: int  # rebalances per trace after the initial one
+    readme: bool  # run part 3
+
+
+FULL = Config(subset=50, repeats=2, full=1000, steps=99, readme=True)
+QUICK = Config(subset=10, repeats=1, full=40, steps=49, readme=True)
+
+
+def workload() -> Workload:
+    """1k tasks: 4 stateful subtopologies of 250 partitions."""
+    topology = Topology(
+        [Subtopology(s, [f"input-{s}"], stores=[f"store-{s}"]) for s in range(4)], name="bench"
+    )
+    return Workload.from_topology(topology, {f"input-{s}": 250 for s in range(4)})
+
+
+def model(cfg: Config) -> ScenarioModel:
+    """Fleets of about 50 clients (45-55), default event rates, no partition expansion (the
+    task count stays at 1k)."""
+    return ScenarioModel(
+        steps=cfg.steps,
+        min_initial_clients=50,
+        max_initial_clients=50,
+        min_clients=45,
+        max_clients=55,
+        expansion_per_hour=0.0,
+    )
+
+
+def job(cfg: Config, scenarios: int) -> SimulationJob:
+    return SimulationJob(
+        workload=workload(),
+        model=model(cfg),
+        assignors=("task:sticky",),
+        scenarios=scenarios,
+        seed=0,
+        standby_replicas=1,
+    )
+
+
+def python_loop(j: SimulationJob) -> tuple[int, float]:
+    """Rows and seconds of the plain loop over the job's scenarios."""
+    start = time.perf_counter()
+    rows = sum(len(simulate_scenario(j, s)) for s in range(j.scenarios))
+    return rows, time.perf_counter() - start
+
+
+def on_spark(
+    master: str, jobs: list[SimulationJob], out: Path
+) -> tuple[float, list[tuple[int, float]]]:
+    """Session start seconds, then (rows, seconds) of each job, on a fresh session."""
+    start = time.perf_counter()
+    session = sp.start_session(master, "streamassign-benchmark")
+    started = time.perf_counter() - start
+    results = []
+    try:
+        # Warm-up (untimed): the first job of a session pays for starting Python workers and
+        # compiling the Parquet writer, a few seconds that would blur the rates of small runs.
+        warm = attrs.evolve(jobs[0], scenarios=2, model=attrs.evolve(jobs[0].model, steps=5))
+        sp.run_simulation(session, warm, str(out / f"{master}-warmup"), {})
+        for k, j in enumerate(jobs):
+            start = time.perf_counter()
+            rows = sp.run_simulation(session, j, str(out / f"{master}-{k}"), {"benchmark": True})
+            results.append((rows, time.perf_counter() - start))
+    finally:
+        session.stop()
+    return started, results
+
+
+def readme_command(out: Path) -> tuple[float, str]:
+    """Wall time and last output line of the README's main command, in a fresh process."""
+    installed = shutil.which("streamassign")
+    command = [installed] if installed else [sys.executable, "-c", _CLI]
+    start = time.perf_counter()
+    done = subprocess.run(
+        [
+            *command,
+            "simulate",
+            str(ROOT / "topology" / "orders-join.toml"),
+            "--out",
+            str(out / "readme"),
+            "--report",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    return time.perf_counter() - start, done.stdout.strip().splitlines()[-1]
+
+
+def rate(rows: int, seconds: float) -> str:
+    return f"{rows / seconds:,.0f}/s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, a smoke check")
+    parser.add_argument("--markdown", type=Path, help="write the results section into this file")
+    parser.add_argument("--no-readme", action="store_true", help="skip part 3")
+    args = parser.parse_args()
+    cfg = QUICK if args.quick else FULL
+    if args.no_readme:
+        cfg = dataclasses.replace(cfg, readme=False)
+    info = machine_info()
+    console.print(info)
+
+    subset = job(cfg, cfg.subset)
+    full = job(cfg, cfg.full)
+    with tempfile.TemporaryDirectory(prefix="streamassign-bench-") as tmp:
+        out = Path(tmp)
+        loop_s = s1 = s2 = float("inf")
+        jvm_start = None
+        for _ in range(cfg.repeats):
+            loop_rows, secs = python_loop(subset)
+            loop_s = min(loop_s, secs)
+            console.print(f"python loop: {loop_rows:,} rebalances in {secs:.1f} s")
+            started, ((rows1, secs),) = on_spark("local[1]", [subset], out)
+            jvm_start = started if jvm_start is None else jvm_start
+            s1 = min(s1, secs)
+            console.print(f"local[1]: {rows1:,} in {secs:.1f} s (session start {started:.1f} s)")
+            _, ((rows2, secs),) = on_spark("local[2]", [subset], out)
+            s2 = min(s2, secs)
+            console.print(f"local[2]: {rows2:,} in {secs:.1f} s")
+            assert loop_rows == rows1 == rows2, (loop_rows, rows1, rows2)
+        _, ((rows_full, s_full),) = on_spark("local[2]", [full], out)
+        console.print(f"local[2]: {rows_full:,} in {s_full:.1f} s")
+        readme = readme_command(out) if cfg.readme else None
+
+    scaling = Report(
+        "Overhead and scaling",
+        ["runner", "rebalances", "time", "rebalances/s", "vs Python loop"],
+        notes=(
+            f"{cfg.subset} traces of {cfg.steps + 1} rebalances (best of {cfg.repeats} "
+            "interleaved runs): 1k tasks (4 stateful "
+            "subtopologies x 250), 45-55 clients of 1, 2 or 4 threads, `StickyTaskAssignor` "
+            "with one standby, every rebalance scored and priced (`simulate_scenario`). The "
+            "Spark times are the whole job (simulate, DataFrame, Parquet write) after an untimed "
+            "warm-up job, session start excluded (the first, with the JVM: "
+            f"{fmt_seconds(jvm_start or 0.0)}). *vs Python loop* is the throughput ratio: below 1 "
+            "on local[1] is Spark's overhead; local[2] / local[1] is the scaling over 2 cores."
+        ),
+    )
+    scaling.add(
+        "Python loop", f"{loop_rows:,}", fmt_seconds(loop_s), rate(loop_rows, loop_s), "1.00x"
+    )
+    for name, rows, secs in (("Spark local[1]", rows1, s1), ("Spark local[2]", rows2, s2)):
+        ratio = (rows / secs) / (loop_rows / loop_s)
+        scaling.add(name, f"{rows:,}", fmt_seconds(secs), rate(rows, secs), f"{ratio:.2f}x")
+    scaling.notes += f" Scaling local[2] / local[1]: {(rows2 / s2) / (rows1 / s1):.2f}x."
+
+    targets = Report("Targets", ["workload", "time", "rebalances/s", "target", "met"])
+    targets.add(
+        f"{rows_full:,} rebalances, 1k tasks, ~50 clients, local[2]",
+        fmt_seconds(s_full),
+        rate(rows_full, s_full),
+        "< 5 min",
+        "✓" if s_full < 300 else "✗",
+    )
+    if readme is not None:
+        seconds, last = readme
+        targets.add(
+            "README main command (fresh process: start, 31k rebalances, report)",
+            fmt_seconds(seconds),
+            "—",
+            "< 2 min",
+            "✓" if seconds < 120 else "✗",
+        )
+        console.print(f"README command: {last}")
+    for report in (scaling, targets):
+        report.show()
+
+    if args.markdown:
+        head = [
+            "## Measured: pipeline benchmark",
+            "",
+            f"Generated by `python benchmarks/pipeline.py --markdown {args.markdown}`"
+            f"{' --quick' if args.quick else ''} on {info['date']}.",
+            "",
+        ]
+        head += [f"- **{k}**: {v}" for k, v in info.items() if k not in ("date", "peers")]
+        body = "\n".join(head) + "\n\n" + "\n".join(r.markdown() for r in (scaling, targets))
+        write_section(args.markdown, SECTION, body)
+        console.print(f"wrote {args.markdown}")
+
+
+if __name__ == "__main__":
+    main()

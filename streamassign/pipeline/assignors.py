@@ -1,0 +1,151 @@
+"""The assignors the pipeline compares: names, levels, and whether a peer is installed.
+
+Two levels. *Task* assignors place tasks (and standbys) on processes: the project's
+``StickyTaskAssignor`` and, as a peer, faust-streaming's ``CopartitionedAssignor``. *Consumer*
+assignors place source partitions on consumer threads, as a plain consumer group would: the
+project's ``streamassign.consumer`` assignors and aiokafka's built-ins. Both levels replay the same
+traces; rows say which level produced them.
+
+Names are resolved on the driver, before Spark starts: an unknown name is an error; a peer whose
+package is missing is skipped with a note saying how to install it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable
+from typing import Final
+
+import attrs
+
+from .scenarios import PipelineError
+
+__all__ = ["GROUPS", "SPECS", "AssignorSpec", "Resolved", "resolve", "spec"]
+
+
+@attrs.frozen
+class AssignorSpec:
+    """One assignor: registry name, level (``task`` / ``consumer``), what it is, and for a peer
+    the module it needs and how to install it."""
+
+    name: str
+    level: str
+    summary: str
+    module: str | None = None
+    install: str = ""
+
+    def missing(self) -> str | None:
+        """Why the assignor cannot run here (its package is not installed), or None."""
+        if self.module is None or importlib.util.find_spec(self.module) is not None:
+            return None
+        return f"{self.name} skipped: {self.module} is not installed ({self.install})"
+
+
+SPECS: Final[tuple[AssignorSpec, ...]] = (
+    AssignorSpec(
+        "task:sticky",
+        "task",
+        "streamassign.StickyTaskAssignor: capacity-proportional, minimal moves, standbys",
+    ),
+    AssignorSpec(
+        "faust:copartitioned",
+        "task",
+        "faust-streaming's CopartitionedAssignor, one per group of equal task counts",
+        "faust",
+        "the bench extra: pip install -e '.[bench]'",
+    ),
+    AssignorSpec("consumer:range", "consumer", "streamassign.consumer.RangeAssignor"),
+    AssignorSpec("consumer:roundrobin", "consumer", "streamassign.consumer.RoundRobinAssignor"),
+    AssignorSpec("consumer:sticky", "consumer", "streamassign.consumer.StickyAssignor"),
+    AssignorSpec(
+        "consumer:cooperative-sticky",
+        "consumer",
+        "streamassign.consumer.CooperativeStickyAssignor: timed plan(); scored on the target "
+        "the follow-up rebalance completes",
+    ),
+    AssignorSpec("consumer:shuffled", "consumer", "streamassign.consumer.ShuffledAssignor"),
+    AssignorSpec(
+        "aiokafka:range",
+        "consumer",
+        "aiokafka's RangePartitionAssignor",
+        "aiokafka",
+        "pip install 'streamassign[aiokafka]'",
+    ),
+    AssignorSpec(
+        "aiokafka:roundrobin",
+        "consumer",
+        "aiokafka's RoundRobinPartitionAssignor",
+        "aiokafka",
+        "pip install 'streamassign[aiokafka]'",
+    ),
+    AssignorSpec(
+        "aiokafka:sticky",
+        "consumer",
+        "aiokafka's StickyPartitionAssignor (class state isolated per member and round)",
+        "aiokafka",
+        "pip install 'streamassign[aiokafka]'",
+    ),
+)
+
+_BY_NAME: Final = {s.name: s for s in SPECS}
+
+#: Names that stand for several assignors.
+GROUPS: Final[dict[str, tuple[str, ...]]] = {
+    "default": (
+        "task:sticky",
+        "faust:copartitioned",
+        "consumer:range",
+        "consumer:sticky",
+        "aiokafka:sticky",
+    ),
+    "all": tuple(s.name for s in SPECS),
+    "task": tuple(s.name for s in SPECS if s.level == "task"),
+    "consumer": tuple(s.name for s in SPECS if s.name.startswith("consumer:")),
+    "aiokafka": tuple(s.name for s in SPECS if s.name.startswith("aiokafka:")),
+    "peers": tuple(s.name for s in SPECS if s.module is not None),
+}
+
+
+def spec(name: str) -> AssignorSpec:
+    """The assignor called ``name``; :class:`PipelineError` listing the known names if none."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise PipelineError(
+            f"unknown assignor {name!r}; known: {', '.join(_BY_NAME)} (groups: {', '.join(GROUPS)})"
+        ) from None
+
+
+@attrs.frozen
+class Resolved:
+    """Assignors to run, in order, and notes about the ones skipped."""
+
+    names: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def resolve(names: Iterable[str]) -> Resolved:
+    """Expand groups, drop duplicates (first wins), check names, skip peers not installed.
+
+    Raises :class:`PipelineError` for an unknown name, or when nothing is left to run.
+    """
+    wanted: list[str] = []
+    for raw in names:
+        for name in filter(None, (n.strip() for n in raw.split(","))):
+            for item in GROUPS.get(name, (name,)):
+                spec(item)
+                if item not in wanted:
+                    wanted.append(item)
+    if not wanted:
+        raise PipelineError("no assignor given (e.g. --assignors task:sticky,consumer:range)")
+    run: list[str] = []
+    notes: list[str] = []
+    for name in wanted:
+        why = spec(name).missing()
+        if why is None:
+            run.append(name)
+        else:
+            notes.append(why)
+    if not run:
+        raise PipelineError("no assignor left to run: " + "; ".join(notes))
+    return Resolved(tuple(run), tuple(notes))

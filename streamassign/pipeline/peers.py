@@ -1,0 +1,184 @@
+"""Peer assignors driven as their own frameworks drive them: faust-streaming and aiokafka.
+
+Each adapter imports its framework when constructed (on an executor), keeps the per-member state
+the framework would keep between rebalances, and returns our value types so that the simulation
+scores every assignor the same way. The benchmarks' drivers (``benchmarks/_faust_peer.py``,
+``benchmarks/_consumer_peers.py``) follow the same rules; these are the reusable versions.
+
+Faust (``faust.assignor.PartitionAssignor._perform_assignment``): topics with equal partition
+counts and the same subscribers form one co-partitioned group, assigned by one
+``CopartitionedAssignor`` with the worker's last assignment as history; every worker weighs the
+same (no threads); a restarted worker reports an empty assignment (Faust does not report state on
+disk); standbys are placed for every partition of every group (we count those of stateful tasks).
+Here each subtopology stands for its topics, so subtopologies with equal task counts share one
+group, and a worker's history for a group is its assignment of the group's first subtopology
+that has one — what ``ClientAssignment.copartitioned_assignment`` does with topics.
+
+aiokafka (0.11-0.14): the leader calls ``assign(cluster, members)`` on the decoded JoinGroup
+metadata of every member; a member's metadata comes from its own assignor after
+``on_assignment`` of what it received last. aiokafka's sticky assignor keeps that state in class
+attributes, so every member, every round, gets a fresh subclass: no state leaks between members,
+rounds or traces.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._ids import TaskId, TopicPartition
+from ..assignment import ClientAssignment, ClientState
+from .scenarios import Layout
+
+__all__ = ["AiokafkaPeer", "FaustPeer", "faust_groups"]
+
+
+def faust_groups(layout: Layout) -> list[tuple[int, tuple[int, ...]]]:
+    """Faust's co-partitioned groups: ``(partitions, subtopology ids)`` by equal task count."""
+    groups: dict[int, list[int]] = {}
+    for sub, n in layout.task_counts:
+        if n:
+            groups.setdefault(n, []).append(sub)
+    return [(n, tuple(subs)) for n, subs in sorted(groups.items())]
+
+
+class FaustPeer:
+    """faust-streaming's ``CopartitionedAssignor`` with Faust's per-worker history."""
+
+    def __init__(self) -> None:
+        from faust.assignor.client_assignment import CopartitionedAssignment
+        from faust.assignor.copartitioned_assignor import CopartitionedAssignor
+
+        self._assignment_type: Any = CopartitionedAssignment
+        self._assignor_type: Any = CopartitionedAssignor
+        #: worker -> subtopology -> (active partitions, standby partitions) it last received
+        self.history: dict[str, dict[int, tuple[frozenset[int], frozenset[int]]]] = {}
+
+    def assign(
+        self,
+        clients: Sequence[ClientState],
+        restarted: frozenset[str],
+        layout: Layout,
+        replicas: int,
+    ) -> tuple[dict[str, ClientAssignment], float]:
+        """Assign every group; return our ``ClientAssignment``s and the seconds Faust spent.
+
+        ``restarted`` workers report no history. Standbys of stateless subtopologies are
+        dropped from the result (Faust places them; they replicate nothing).
+        """
+        pids = [c.process_id for c in clients]
+        history = {pid: ({} if pid in restarted else self.history.get(pid, {})) for pid in pids}
+        actives: dict[str, set[TaskId]] = {pid: set() for pid in pids}
+        standbys: dict[str, set[TaskId]] = {pid: set() for pid in pids}
+        new_history: dict[str, dict[int, tuple[frozenset[int], frozenset[int]]]] = {
+            pid: {} for pid in pids
+        }
+        stateful = layout.stateful_subtopologies
+        elapsed = 0.0
+        for n, subs in faust_groups(layout):
+            topic = f"subtopologies-{'-'.join(map(str, subs))}"
+            inputs = {}
+            for pid in pids:
+                held = history[pid]
+                act = next((set(held[s][0]) for s in subs if s in held and held[s][0]), set())
+                stb = next((set(held[s][1]) for s in subs if s in held and held[s][1]), set())
+                one = self._assignment_type(actives=act, standbys=stb, topics={topic})
+                one.validate()
+                inputs[pid] = one
+            start = time.perf_counter()
+            got = self._assignor_type(
+                topics={topic}, cluster_asgn=inputs, num_partitions=n, replicas=replicas
+            ).get_assignment()
+            elapsed += time.perf_counter() - start
+            for pid, one in got.items():
+                act_p = frozenset(one.actives)
+                stb_p = frozenset(one.standbys)
+                for s in subs:
+                    new_history[pid][s] = (act_p, stb_p)
+                    actives[pid].update(TaskId(s, p) for p in act_p)
+                    if s in stateful:
+                        standbys[pid].update(TaskId(s, p) for p in stb_p)
+        self.history = new_history
+        result = {
+            pid: ClientAssignment(frozenset(actives[pid]), frozenset(standbys[pid])) for pid in pids
+        }
+        return result, elapsed
+
+
+class AiokafkaPeer:
+    """One of aiokafka's built-in assignors, as aiokafka's group coordinator drives it."""
+
+    def __init__(self, kind: str) -> None:
+        from aiokafka.cluster import ClusterMetadata
+        from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+        from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+        from aiokafka.coordinator.assignors.sticky.sticky_assignor import (
+            StickyPartitionAssignor,
+        )
+        from aiokafka.coordinator.protocol import (
+            ConsumerProtocol,
+            ConsumerProtocolMemberAssignment,
+        )
+
+        bases: dict[str, Any] = {
+            "range": RangePartitionAssignor,
+            "roundrobin": RoundRobinPartitionAssignor,
+            "sticky": StickyPartitionAssignor,
+        }
+        self._base: Any = bases[kind]
+        self._cluster_type: Any = ClusterMetadata
+        self._protocol: Any = ConsumerProtocol
+        self._member_assignment: Any = ConsumerProtocolMemberAssignment
+        self._cluster: Any = None
+        self._cluster_key: tuple[tuple[str, int], ...] = ()
+
+    def _fresh(self) -> Any:
+        """A subclass of the assignor with its own (default) class state."""
+        return type(f"Fresh{self._base.__name__}", (self._base,), {})
+
+    def cluster(self, partitions_per_topic: Mapping[str, int]) -> Any:
+        """aiokafka's ``ClusterMetadata`` knowing these topics (cached while they are the same).
+
+        The assignors only read partition ids, so per-partition metadata is left out.
+        """
+        key = tuple(sorted(partitions_per_topic.items()))
+        if key != self._cluster_key:
+            meta = self._cluster_type()
+            meta._partitions = {t: dict.fromkeys(range(n)) for t, n in key}
+            self._cluster, self._cluster_key = meta, key
+        return self._cluster
+
+    def assign(
+        self,
+        partitions_per_topic: Mapping[str, int],
+        topics: Sequence[str],
+        owned: Mapping[str, Sequence[TopicPartition] | None],
+    ) -> tuple[dict[str, list[TopicPartition]], float]:
+        """Every member's partitions and the seconds ``assign`` took.
+
+        ``owned`` maps each member to what it received last round (None: a new or restarted
+        consumer, which has no history). Metadata goes through aiokafka's wire encoding, as the
+        leader reads it.
+        """
+        cluster = self.cluster(partitions_per_topic)
+        members = {}
+        subscribed = sorted(topics)
+        for member, held in owned.items():
+            assignor = self._fresh()
+            if held is not None:
+                grouped: dict[str, list[int]] = {}
+                for tp in held:
+                    grouped.setdefault(tp.topic, []).append(tp.partition)
+                parts = [(t, sorted(ps)) for t, ps in sorted(grouped.items())]
+                assignor.on_assignment(self._member_assignment(0, parts, b""))
+            meta = assignor.metadata(subscribed)
+            members[member] = self._protocol.METADATA.decode(meta.encode())
+        leader = self._fresh()
+        start = time.perf_counter()
+        result = leader.assign(cluster, members)
+        elapsed = time.perf_counter() - start
+        out: dict[str, list[TopicPartition]] = {}
+        for member, got in result.items():
+            out[member] = [TopicPartition(t, p) for t, ps in got.assignment for p in ps]
+        return out, elapsed

@@ -1,0 +1,913 @@
+"""Replay churn traces through assignors and score every rebalance (pure Python: no Spark).
+
+:func:`simulate_scenario` generates one trace and runs each requested assignor over all of its
+rebalances, producing one :class:`RebalanceRow` per (rebalance, assignor). The Spark job calls it
+inside executors (one call per scenario); tests and the benchmark call it directly, and get the
+same numbers (assignment time aside).
+
+Per rebalance, a runner builds what each client reports (``ClientState``: what it ran, the
+standbys it kept, the lag of state on disk after an outage), runs the assignor, scores the result
+(:func:`task_metrics`, the same numbers as ``streamassign.metrics.evaluate``, computed
+incrementally) and prices the takeovers with the restore-cost model: a task that lands where its
+state is caught up restores nothing, on a standby the standby's lag, on a client back from an
+outage what was written since, elsewhere its whole changelog. Runners keep their state between
+rebalances so that the per-step work stays proportional to what changed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+import attrs
+
+from .._balance import apportion, share_bounds
+from .._ids import TaskId, TopicPartition
+from ..assignment import ClientAssignment, ClientState
+from ..metrics import AssignmentMetrics, evaluate
+from ..sticky import StickyTaskAssignor
+from .assignors import spec
+from .scenarios import Layout, PipelineError, ScenarioModel, Step, Trace, Workload, generate_trace
+
+__all__ = [
+    "COLUMNS",
+    "RebalanceRow",
+    "SimulationJob",
+    "Takeover",
+    "run_trace",
+    "simulate_scenario",
+    "task_metrics",
+]
+
+_EMPTY: Final = ClientAssignment()
+_NO_TASKS: Final[frozenset[TaskId]] = frozenset()
+
+
+# -- the job and the row ---------------------------------------------------------------------------
+
+
+def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise PipelineError(f"{attribute.name} must be an integer >= 1, got {value!r}")
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PipelineError(f"{attribute.name} must be an integer >= 0, got {value!r}")
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _known_assignors(
+    instance: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+) -> None:
+    if not value:
+        raise PipelineError("no assignor to simulate")
+    for name in value:
+        spec(name)  # raises PipelineError naming the known ones
+
+
+@attrs.frozen(kw_only=True)
+class SimulationJob:
+    """Everything one simulation needs; a plain value shipped to every executor.
+
+    ``assignors`` are registry names (``streamassign.pipeline.assignors``) already resolved
+    (groups expanded, unavailable peers removed). Scenario ``i`` of ``range(scenarios)`` is
+    generated from ``trace_seed(seed, i)``.
+    """
+
+    workload: Workload
+    model: ScenarioModel = attrs.field(factory=ScenarioModel)
+    assignors: tuple[str, ...] = attrs.field(converter=_names, validator=_known_assignors)
+    scenarios: int = attrs.field(default=100, validator=_positive)
+    seed: int = 0
+    standby_replicas: int = attrs.field(default=1, validator=_non_negative)
+    acceptable_recovery_lag: int = attrs.field(default=10_000, validator=_non_negative)
+
+    @property
+    def rebalances(self) -> int:
+        """Upper bound of the rows the job writes (traces may end early)."""
+        return self.scenarios * (self.model.steps + 1) * len(self.assignors)
+
+
+#: The row schema: (column, type, nullable, meaning). Types are Spark SQL names; nullable
+#: columns are null where the notion does not apply (standbys of consumer assignors) or after an
+#: assignor error. Documented in docs/pipeline.md; spark.py builds the DataFrame schema from it.
+COLUMNS: Final[tuple[tuple[str, str, bool, str], ...]] = (
+    ("scenario", "long", False, "scenario number (trace seed: seed and this number)"),
+    ("step", "int", False, "rebalance number in the trace; 0 is the initial assignment"),
+    ("event", "string", False, "what caused the rebalance (see scenarios.EVENTS)"),
+    ("time_s", "double", False, "simulated seconds since the start of the trace"),
+    ("assignor", "string", False, "assignor registry name"),
+    ("level", "string", False, "task (assigns tasks) or consumer (assigns partitions)"),
+    ("clients", "int", False, "processes in the group"),
+    ("threads", "int", False, "consumer threads in the group (consumer level: members)"),
+    ("tasks", "int", False, "tasks of the topology at this step"),
+    ("stateful_tasks", "int", False, "tasks with a store"),
+    ("partitions", "int", False, "source partitions (what a consumer assignor assigns)"),
+    ("standby_replicas", "int", True, "num_standby_replicas configured (task level)"),
+    ("moves", "int", False, "units whose previous owner is still present but lost them"),
+    ("move_lower_bound", "int", False, "least moves any balanced assignment needs"),
+    ("active_balanced", "boolean", False, "every owner within floor/ceiling of its share"),
+    ("active_imbalance", "double", False, "max - min active units per thread"),
+    ("load_imbalance", "double", False, "max - min active+standby units per thread"),
+    ("standbys_required", "int", True, "min(standbys, clients - 1) x stateful tasks"),
+    ("standbys_placed", "int", True, "standbys of stateful tasks placed"),
+    ("standby_coverage", "double", True, "placed / required (1.0 when none required)"),
+    ("standbys_kept", "int", True, "previous standbys kept"),
+    ("standbys_dropped", "int", True, "previous standbys dropped"),
+    ("warm_takeovers", "int", False, "stateful tasks changing hands onto local state"),
+    ("cold_takeovers", "int", False, "stateful tasks changing hands onto no local state"),
+    ("unassigned", "int", False, "units left without an active owner"),
+    ("split_tasks", "int", False, "tasks whose partitions went to several consumers"),
+    ("records_to_restore", "long", False, "changelog records new owners must restore"),
+    ("restoring_tasks", "int", False, "stateful tasks with records to restore"),
+    ("max_task_restore", "long", False, "largest single task restore, records"),
+    ("standby_restore_records", "long", True, "records newly placed standbys must copy"),
+    ("assign_ms", "double", False, "wall time of the assignor call, milliseconds"),
+    ("error", "string", True, "the assignor's exception, if it failed (trace stops there)"),
+)
+
+
+@attrs.frozen(slots=True)
+class RebalanceRow:
+    """One rebalance scored for one assignor; fields in :data:`COLUMNS` order."""
+
+    scenario: int
+    step: int
+    event: str
+    time_s: float
+    assignor: str
+    level: str
+    clients: int
+    threads: int
+    tasks: int
+    stateful_tasks: int
+    partitions: int
+    standby_replicas: int | None
+    moves: int
+    move_lower_bound: int
+    active_balanced: bool
+    active_imbalance: float
+    load_imbalance: float
+    standbys_required: int | None
+    standbys_placed: int | None
+    standby_coverage: float | None
+    standbys_kept: int | None
+    standbys_dropped: int | None
+    warm_takeovers: int
+    cold_takeovers: int
+    unassigned: int
+    split_tasks: int
+    records_to_restore: int
+    restoring_tasks: int
+    max_task_restore: int
+    standby_restore_records: int | None
+    assign_ms: float
+    error: str | None = None
+
+    def values(self) -> tuple[Any, ...]:
+        """The row as a tuple in :data:`COLUMNS` order (what Spark receives)."""
+        return attrs.astuple(self, recurse=False)
+
+
+@attrs.frozen(slots=True)
+class Takeover:
+    """A task whose active copy changed hands (or lost its owner) in one rebalance.
+
+    ``cause``: ``move`` (its previous owner is still running: a planned move), ``crash`` (the
+    owner crashed or lost its rack in this rebalance), ``restart`` (the owner is rejoining after
+    ``outage_s`` of downtime), ``leave`` (the owner left gracefully) or ``new`` (no previous owner:
+    initial assignment, new partitions, owner gone earlier). ``records`` is what the new owner
+    restores (0 for a stateless task); ``warm`` whether it held state of the task.
+    """
+
+    task: TaskId
+    cause: str
+    records: int
+    outage_s: float
+    stateful: bool
+
+
+# -- shared per-trace context ----------------------------------------------------------------------
+
+
+class _Context:
+    """What every runner of one trace shares: tasks per layout and the changelog model."""
+
+    def __init__(self, job: SimulationJob, trace: Trace) -> None:
+        self.job = job
+        self.trace = trace
+        model = job.model
+        self.standby_lag = model.standby_lag_records
+        self.layouts = trace.layouts()
+        rng = random.Random(trace.state_seed)
+        sigma = model.size_skew
+        mu = -sigma * sigma / 2  # log-normal with mean 1
+        #: task -> (records at birth, records per second, birth time)
+        self.changelog: dict[TaskId, tuple[float, float, float]] = {}
+        self._tasks: dict[int, tuple[list[TaskId], list[TaskId], frozenset[TaskId]]] = {}
+        self._task_sets: dict[int, frozenset[TaskId]] = {}
+        for step, layout in zip(trace.steps, self.layouts, strict=True):
+            if layout.version in self._tasks:
+                continue
+            tasks = layout.tasks()
+            stateful = layout.stateful_tasks()
+            self._tasks[layout.version] = (tasks, stateful, frozenset(stateful))
+            self._task_sets[layout.version] = frozenset(tasks)
+            base = model.changelog_records if step.index == 0 else 0
+            for t in stateful:
+                if t not in self.changelog:
+                    w = rng.lognormvariate(mu, sigma) if sigma > 0 else 1.0
+                    self.changelog[t] = (w * base, w * model.write_rate, step.time_s)
+
+    def tasks(self, layout: Layout) -> tuple[list[TaskId], list[TaskId], frozenset[TaskId]]:
+        """(all tasks sorted, stateful tasks sorted, stateful set) of a layout."""
+        return self._tasks[layout.version]
+
+    def task_set(self, layout: Layout) -> frozenset[TaskId]:
+        """All tasks of a layout, as a set."""
+        return self._task_sets[layout.version]
+
+    def end(self, task: TaskId, now: float) -> int:
+        """Changelog end offset of a stateful task at ``now``: its size in records."""
+        base, rate, born = self.changelog[task]
+        return int(base + rate * (now - born))
+
+
+Positions = dict[TaskId, int]
+
+
+def _client_state(
+    pid: str,
+    threads: int,
+    active: frozenset[TaskId],
+    standby: frozenset[TaskId],
+    lags: dict[TaskId, int],
+    rack: str,
+) -> ClientState:
+    """A ``ClientState`` from values this module built itself; the constructor keeps sets of
+    ``TaskId`` and int lags as they are (its converters only check them: about 7 us for a
+    client with 40 tasks, not the 120 us of rebuilding every id)."""
+    return ClientState(pid, threads, active, standby, lags, rack)
+
+
+class Runner(Protocol):
+    """Replays one trace through one assignor, one step at a time."""
+
+    def step(self, step: Step, layout: Layout) -> RebalanceRow: ...
+
+
+# -- task-level metrics --------------------------------------------------------------------------
+
+
+def task_metrics(
+    tasks: Sequence[TaskId],
+    clients: Sequence[ClientState],
+    result: Mapping[str, ClientAssignment],
+    num_standby_replicas: int,
+    stateful: frozenset[TaskId],
+    task_set: frozenset[TaskId] | None = None,
+) -> AssignmentMetrics:
+    """``streamassign.metrics.evaluate`` computed with set operations per client.
+
+    The same numbers (the tests check it on simulated rebalances) in a fraction of the time: it
+    resolves previous owners once and compares each client's sets in C. ``clients`` must be
+    sorted by process id and ``stateful`` a subset of ``tasks`` (``task_set``: ``tasks`` as a
+    set, if the caller has it). Falls back to ``evaluate`` when two clients claim one previous
+    task (a zombie) or the result names a client that is not in ``clients``.
+    """
+    n = len(tasks)
+    all_stateful = len(stateful) == n
+    known = frozenset(tasks) if task_set is None else task_set
+    if not result.keys() <= {c.process_id for c in clients}:
+        return evaluate(tasks, clients, result, num_standby_replicas, stateful)
+    counts: list[int] = []
+    owned: list[frozenset[TaskId]] = []
+    for c in clients:
+        mine = c.prev_active if c.prev_active <= known else c.prev_active & known
+        owned.append(mine)
+        counts.append(len(mine))
+    claimed = sum(counts)
+    if claimed and len(frozenset().union(*owned)) < claimed:
+        return evaluate(tasks, clients, result, num_standby_replicas, stateful)
+
+    moves = warm = cold = kept = dropped = placed = 0
+    caps = [c.capacity for c in clients]
+    bounds = share_bounds(n, caps)
+    balanced = True
+    per_thread: list[float] = []
+    load: list[float] = []
+    for c, mine, (lo, hi) in zip(clients, owned, bounds, strict=True):
+        a = result.get(c.process_id, _EMPTY)
+        active = a.active
+        moves += len(mine) - len(mine & active)
+        gained = active - mine
+        if not all_stateful:
+            gained &= stateful
+        for t in gained:
+            if t in c.prev_active or t in c.prev_standby or t in c.lags:
+                warm += 1
+            else:
+                cold += 1
+        if c.prev_standby:
+            ps = c.prev_standby - active
+            if not all_stateful:
+                ps &= stateful
+            k = len(ps & a.standby)
+            kept += k
+            dropped += len(ps) - k
+        placed += len(a.standby) if all_stateful else len(a.standby & stateful)
+        count = len(active)
+        balanced = balanced and lo <= count <= hi
+        per_thread.append(count / c.capacity)
+        load.append(a.load / c.capacity)
+    floors = [lo for lo, _ in bounds]
+    quotas = apportion(n, caps, priority=lambda i: (floors[i] - counts[i], i))
+    wanted = min(num_standby_replicas, max(0, len(clients) - 1))
+    return AssignmentMetrics(
+        tasks=n,
+        clients=len(clients),
+        moves=moves,
+        move_lower_bound=sum(max(0, k - q) for k, q in zip(counts, quotas, strict=True)),
+        active_balanced=balanced,
+        active_imbalance=(max(per_thread) - min(per_thread)) if per_thread else 0.0,
+        load_imbalance=(max(load) - min(load)) if load else 0.0,
+        standbys_required=wanted * len(stateful),
+        standbys_placed=placed,
+        standbys_kept=kept,
+        standbys_dropped=dropped,
+        warm_takeovers=warm,
+        cold_takeovers=cold,
+    )
+
+
+def _error_row(
+    base: dict[str, Any], exc: BaseException, standby_replicas: int | None
+) -> RebalanceRow:
+    """A row saying the assignor failed at this step; the trace stops there for it."""
+    task_level = base["level"] == "task"
+    return RebalanceRow(
+        **base,
+        standby_replicas=standby_replicas,
+        moves=0,
+        move_lower_bound=0,
+        active_balanced=False,
+        active_imbalance=0.0,
+        load_imbalance=0.0,
+        standbys_required=None,
+        standbys_placed=None,
+        standby_coverage=None,
+        standbys_kept=None,
+        standbys_dropped=None,
+        warm_takeovers=0,
+        cold_takeovers=0,
+        unassigned=0,
+        split_tasks=0,
+        records_to_restore=0,
+        restoring_tasks=0,
+        max_task_restore=0,
+        standby_restore_records=0 if task_level else None,
+        assign_ms=0.0,
+        error=f"{type(exc).__name__}: {exc}"[:500],
+    )
+
+
+# -- task-level runners ----------------------------------------------------------------------------
+
+#: ``(step, layout, tasks, clients, stateful) -> (result, seconds)``: one assignor call.
+TaskAssign = Callable[
+    [Step, Layout, list[TaskId], list[ClientState], list[TaskId]],
+    tuple[dict[str, ClientAssignment], float],
+]
+
+
+class _TaskRunner:
+    """A task assignor over one trace; history is the truth of what each client holds."""
+
+    def __init__(self, ctx: _Context, name: str, assign: TaskAssign, collect: bool = False) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.assign = assign
+        self.replicas = ctx.job.standby_replicas
+        #: what each client present at the previous step holds
+        self.assignment: dict[str, ClientAssignment] = {}
+        #: ClientState of running clients, reused while their assignment is the same object
+        self.states: dict[str, tuple[ClientAssignment, ClientState]] = {}
+        #: state on disk of crashed clients: task -> changelog offset it holds
+        self.disk: dict[str, Positions] = {}
+        self.collect = collect
+        #: per step, the takeovers (only when ``collect``; plan-standbys uses them)
+        self.takeovers: list[list[Takeover]] = []
+
+    def _snapshot(
+        self, held: ClientAssignment, at: float, stateful: frozenset[TaskId]
+    ) -> Positions:
+        """Offsets of the state a client holds at time ``at`` (actives caught up, standbys
+        behind by the standby lag)."""
+        end = self.ctx.end
+        lag = self.ctx.standby_lag
+        pos = {t: max(0, end(t, at) - lag) for t in held.standby | held.warmup if t in stateful}
+        pos.update((t, end(t, at)) for t in held.active if t in stateful)
+        return pos
+
+    def _running_state(
+        self, pid: str, threads: int, rack: str, held: ClientAssignment
+    ) -> ClientState:
+        cached = self.states.get(pid)
+        if cached is not None and cached[0] is held:
+            return cached[1]
+        standby = held.standby | held.warmup
+        lags = dict.fromkeys(standby, self.ctx.standby_lag)
+        state = _client_state(pid, threads, held.active, standby, lags, rack)
+        self.states[pid] = (held, state)
+        return state
+
+    def step(self, step: Step, layout: Layout) -> RebalanceRow:
+        ctx = self.ctx
+        now = step.time_s
+        tasks, stateful_list, stateful = ctx.tasks(layout)
+        before = self.assignment
+        owner_before: dict[TaskId, str] = {}
+        causes: dict[str, tuple[str, float]] = {}
+        if self.collect:
+            owner_before = {t: pid for pid, a in before.items() for t in a.active}
+        for pid in step.crashed:
+            held = before.pop(pid, None)
+            self.states.pop(pid, None)
+            if held is not None:
+                self.disk[pid] = self._snapshot(held, now, stateful)
+            causes[pid] = ("crash", 0.0)
+        for pid in step.left:
+            before.pop(pid, None)
+            self.states.pop(pid, None)
+            self.disk.pop(pid, None)
+            causes[pid] = ("leave", 0.0)
+        returning: dict[str, Positions] = {}
+        for back in step.returning:
+            held = before.pop(back.pid, None)
+            self.states.pop(back.pid, None)
+            if held is not None:  # a restart in place: state as it was when it went down
+                disk = self._snapshot(held, back.down_since_s, stateful)
+                causes[back.pid] = ("restart", now - back.down_since_s)
+            else:
+                disk = self.disk.pop(back.pid, {})
+            returning[back.pid] = disk if back.disk_kept else {}
+
+        clients: list[ClientState] = []
+        for m in step.members:
+            pos = returning.get(m.pid)
+            held = before.get(m.pid)
+            if pos is not None:
+                clients.append(
+                    ClientState(
+                        m.pid,
+                        m.threads,
+                        prev_standby=pos.keys(),
+                        lags={t: max(0, ctx.end(t, now) - x) for t, x in pos.items()},
+                        rack=m.rack,
+                    )
+                )
+            elif held is not None:
+                clients.append(self._running_state(m.pid, m.threads, m.rack, held))
+            else:
+                clients.append(ClientState(m.pid, m.threads, rack=m.rack))
+
+        base: dict[str, Any] = {
+            "scenario": ctx.trace.scenario,
+            "step": step.index,
+            "event": step.event,
+            "time_s": now,
+            "assignor": self.name,
+            "level": "task",
+            "clients": len(clients),
+            "threads": step.threads,
+            "tasks": len(tasks),
+            "stateful_tasks": len(stateful_list),
+            "partitions": layout.partitions,
+        }
+        try:
+            result, seconds = self.assign(step, layout, tasks, clients, stateful_list)
+        except Exception as exc:  # a peer's failure is a result to report, not a crash
+            return _error_row(base, exc, self.replicas)
+        metrics = task_metrics(
+            tasks, clients, result, self.replicas, stateful, ctx.task_set(layout)
+        )
+
+        end = ctx.end
+        lag = ctx.standby_lag
+        records = restoring = largest = standby_records = 0
+        takeovers: list[Takeover] = []
+        for c in clients:
+            a = result.get(c.process_id, _EMPTY)
+            pos = returning.get(c.process_id)
+            for t in a.active - c.prev_active:
+                r = 0
+                if t in stateful:
+                    size = end(t, now)
+                    if pos is not None:
+                        x = pos.get(t)
+                        r = size if x is None else max(0, size - x)
+                    elif t in c.prev_standby:
+                        r = min(lag, size)
+                    else:
+                        r = size
+                    if r:
+                        records += r
+                        restoring += 1
+                        largest = max(largest, r)
+                if self.collect:
+                    prev = owner_before.get(t)
+                    cause, outage = (
+                        ("new", 0.0) if prev is None else causes.get(prev, ("move", 0.0))
+                    )
+                    takeovers.append(Takeover(t, cause, r, outage, t in stateful))
+            if pos is not None:
+                for t in a.standby:
+                    x = pos.get(t)
+                    size = end(t, now)
+                    standby_records += size if x is None else max(0, size - x)
+            elif a is not before.get(c.process_id):
+                for t in a.standby - c.prev_standby - c.prev_active:
+                    standby_records += end(t, now)
+        if self.collect:
+            self.takeovers.append(takeovers)
+
+        # Keep the previous object when nothing changed, so its ClientState is reused.
+        self.assignment = {
+            pid: (old if (old := before.get(pid)) is not None and old == a else a)
+            for pid, a in result.items()
+        }
+        return RebalanceRow(
+            **base,
+            standby_replicas=self.replicas,
+            moves=metrics.moves,
+            move_lower_bound=metrics.move_lower_bound,
+            active_balanced=metrics.active_balanced,
+            active_imbalance=metrics.active_imbalance,
+            load_imbalance=metrics.load_imbalance,
+            standbys_required=metrics.standbys_required,
+            standbys_placed=metrics.standbys_placed,
+            standby_coverage=metrics.standby_coverage,
+            standbys_kept=metrics.standbys_kept,
+            standbys_dropped=metrics.standbys_dropped,
+            warm_takeovers=metrics.warm_takeovers,
+            cold_takeovers=metrics.cold_takeovers,
+            unassigned=len(tasks) - len(frozenset().union(*(a.active for a in result.values()))),
+            split_tasks=0,
+            records_to_restore=records,
+            restoring_tasks=restoring,
+            max_task_restore=largest,
+            standby_restore_records=standby_records,
+            assign_ms=seconds * 1e3,
+        )
+
+
+def _sticky_assign(job: SimulationJob) -> TaskAssign:
+    assignor = StickyTaskAssignor(job.standby_replicas, job.acceptable_recovery_lag)
+
+    def run(
+        step: Step,
+        layout: Layout,
+        tasks: list[TaskId],
+        clients: list[ClientState],
+        stateful: list[TaskId],
+    ) -> tuple[dict[str, ClientAssignment], float]:
+        start = time.perf_counter()
+        result = assignor.assign(tasks, clients, stateful)
+        return result, time.perf_counter() - start
+
+    return run
+
+
+def _faust_assign(job: SimulationJob) -> TaskAssign:
+    from .peers import FaustPeer
+
+    peer = FaustPeer()
+
+    def run(
+        step: Step,
+        layout: Layout,
+        tasks: list[TaskId],
+        clients: list[ClientState],
+        stateful: list[TaskId],
+    ) -> tuple[dict[str, ClientAssignment], float]:
+        restarted = frozenset(r.pid for r in step.returning)
+        return peer.assign(clients, restarted, layout, job.standby_replicas)
+
+    return run
+
+
+# -- consumer-level runners ------------------------------------------------------------------------
+
+#: ``(partitions per topic, topics, member -> partitions it received last or None) ->
+#: (member -> partitions, seconds)``: one consumer-group assignment.
+ConsumerAssign = Callable[
+    [Mapping[str, int], Sequence[str], Mapping[str, Sequence[TopicPartition] | None]],
+    tuple[dict[str, list[TopicPartition]], float],
+]
+
+
+@attrs.frozen
+class _ConsumerLayout:
+    """A layout seen by a consumer group: topics, and which task each partition belongs to."""
+
+    partitions_per_topic: dict[str, int]
+    topics: tuple[str, ...]
+    task_of: dict[TopicPartition, TaskId]
+    #: the partition that decides where a stateful task's state lives: its first topic's
+    anchor: dict[TopicPartition, TaskId]
+
+    @classmethod
+    def of(cls, layout: Layout) -> _ConsumerLayout:
+        task_of: dict[TopicPartition, TaskId] = {}
+        anchor: dict[TopicPartition, TaskId] = {}
+        anchored: set[TaskId] = set()
+        for topic, sub, n in layout.topics:  # sorted by topic
+            for p in range(n):
+                tp = TopicPartition(topic, p)
+                t = TaskId(sub, p)
+                task_of[tp] = t
+                if sub in layout.stateful_subtopologies and t not in anchored:
+                    anchor[tp] = t
+                    anchored.add(t)
+        counts = {t: n for t, _, n in layout.topics}
+        return cls(counts, tuple(counts), task_of, anchor)
+
+
+def _member_ids(pid: str, threads: int) -> list[str]:
+    return [f"{pid}-t{k:02d}" for k in range(threads)]
+
+
+class _ConsumerRunner:
+    """A consumer-group assignor over one trace: every thread of a client is one member.
+
+    Scored per partition (moves, balance over members), plus what a topology needs that a plain
+    consumer group does not know: tasks whose co-partitioned partitions split over members, and
+    where each stateful task's state lives (with its first topic's partition: its *host*), priced
+    with the same restore model as the task assignors. No standbys at this level.
+    """
+
+    def __init__(self, ctx: _Context, name: str, assign: ConsumerAssign) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.assign = assign
+        self.owned: dict[str, list[TopicPartition]] = {}
+        #: stateful task -> process hosting its state, and the reverse
+        self.host: dict[TaskId, str] = {}
+        self.hosted: dict[str, set[TaskId]] = {}
+        self.disk: dict[str, Positions] = {}
+        self.layouts: dict[int, _ConsumerLayout] = {}
+
+    def _snapshot(self, pid: str, at: float) -> Positions:
+        return {t: self.ctx.end(t, at) for t in self.hosted.get(pid, ())}
+
+    def _forget(self, pid: str) -> None:
+        for t in self.hosted.pop(pid, ()):
+            if self.host.get(t) == pid:
+                del self.host[t]
+
+    def step(self, step: Step, layout: Layout) -> RebalanceRow:
+        ctx = self.ctx
+        now = step.time_s
+        cl = self.layouts.get(layout.version)
+        if cl is None:
+            cl = self.layouts[layout.version] = _ConsumerLayout.of(layout)
+        tasks, stateful_list, _ = ctx.tasks(layout)
+        gone: set[str] = set()
+        for pid in step.crashed:
+            self.disk[pid] = self._snapshot(pid, now)
+            gone.add(pid)
+        for pid in step.left:
+            self.disk.pop(pid, None)
+            gone.add(pid)
+        returning: dict[str, Positions] = {}
+        for back in step.returning:
+            if back.pid in self.hosted:  # restart in place
+                disk = self._snapshot(back.pid, back.down_since_s)
+            else:
+                disk = self.disk.pop(back.pid, {})
+            returning[back.pid] = disk if back.disk_kept else {}
+            gone.add(back.pid)
+        for pid in gone:
+            self._forget(pid)
+        process_of: dict[str, str] = {}
+        history: dict[str, Sequence[TopicPartition] | None] = {}
+        for m in step.members:
+            fresh = m.pid in returning
+            for mid in _member_ids(m.pid, m.threads):
+                process_of[mid] = m.pid
+                history[mid] = None if fresh else self.owned.get(mid)
+        base: dict[str, Any] = {
+            "scenario": ctx.trace.scenario,
+            "step": step.index,
+            "event": step.event,
+            "time_s": now,
+            "assignor": self.name,
+            "level": "consumer",
+            "clients": len(step.members),
+            "threads": len(process_of),
+            "tasks": len(tasks),
+            "stateful_tasks": len(stateful_list),
+            "partitions": layout.partitions,
+        }
+        try:
+            result, seconds = self.assign(cl.partitions_per_topic, cl.topics, history)
+        except Exception as exc:
+            return _error_row(base, exc, None)
+
+        members = sorted(process_of)
+        total = layout.partitions
+        counts: list[int] = []
+        now_counts: list[int] = []
+        moves = 0
+        assigned: dict[TopicPartition, str] = {}
+        for mid in members:
+            got = result.get(mid, [])
+            held = history[mid] or ()
+            counts.append(len(held))
+            now_counts.append(len(got))
+            if held:
+                moves += len(held) - len(set(held).intersection(got))
+            for tp in got:
+                assigned.setdefault(tp, mid)
+        bounds = share_bounds(total, [1] * len(members))
+        floors = [lo for lo, _ in bounds]
+        quotas = apportion(total, [1] * len(members), priority=lambda i: (floors[i] - counts[i], i))
+        first_member: dict[TaskId, str] = {}
+        split: set[TaskId] = set()
+        for tp, mid in assigned.items():
+            t = cl.task_of.get(tp)
+            if t is None:
+                continue
+            seen = first_member.setdefault(t, mid)
+            if seen != mid:
+                split.add(t)
+
+        end = ctx.end
+        records = restoring = largest = warm = cold = 0
+        host: dict[TaskId, str] = {}
+        for tp, t in cl.anchor.items():
+            mid_now = assigned.get(tp)
+            if mid_now is None:
+                continue
+            pid = process_of[mid_now]
+            host[t] = pid
+            if self.host.get(t) == pid:
+                continue  # same process (its threads share the state directory)
+            pos = returning.get(pid)
+            x = None if pos is None else pos.get(t)
+            size = end(t, now)
+            if x is None:
+                cold += 1
+                r = size
+            else:
+                warm += 1
+                r = max(0, size - x)
+            if r:
+                records += r
+                restoring += 1
+                largest = max(largest, r)
+        self.host = host
+        self.hosted = {}
+        for t, pid in host.items():
+            self.hosted.setdefault(pid, set()).add(t)
+        self.owned = {
+            mid: (old if (old := self.owned.get(mid)) is not None and old == got else got)
+            for mid, got in result.items()
+        }
+        return RebalanceRow(
+            **base,
+            standby_replicas=None,
+            moves=moves,
+            move_lower_bound=sum(max(0, k - q) for k, q in zip(counts, quotas, strict=True)),
+            active_balanced=all(
+                lo <= c <= hi for (lo, hi), c in zip(bounds, now_counts, strict=True)
+            ),
+            active_imbalance=float(max(now_counts) - min(now_counts)) if now_counts else 0.0,
+            load_imbalance=float(max(now_counts) - min(now_counts)) if now_counts else 0.0,
+            standbys_required=None,
+            standbys_placed=None,
+            standby_coverage=None,
+            standbys_kept=None,
+            standbys_dropped=None,
+            warm_takeovers=warm,
+            cold_takeovers=cold,
+            unassigned=total - len(assigned),
+            split_tasks=len(split),
+            records_to_restore=records,
+            restoring_tasks=restoring,
+            max_task_restore=largest,
+            standby_restore_records=None,
+            assign_ms=seconds * 1e3,
+        )
+
+
+def _ours_consumer(kind: str) -> ConsumerAssign:
+    from ..consumer import (
+        CooperativeStickyAssignor,
+        RangeAssignor,
+        RoundRobinAssignor,
+        ShuffledAssignor,
+        StickyAssignor,
+        Subscription,
+    )
+
+    assignor: Any = {
+        "range": RangeAssignor,
+        "roundrobin": RoundRobinAssignor,
+        "sticky": StickyAssignor,
+        "cooperative-sticky": CooperativeStickyAssignor,
+        "shuffled": ShuffledAssignor,
+    }[kind]()
+    cooperative = kind == "cooperative-sticky"
+    target_of = StickyAssignor()
+    cache: dict[str, tuple[object, Subscription]] = {}
+
+    def run(
+        partitions_per_topic: Mapping[str, int],
+        topics: Sequence[str],
+        owned: Mapping[str, Sequence[TopicPartition] | None],
+    ) -> tuple[dict[str, list[TopicPartition]], float]:
+        subs = {}
+        for mid, held in owned.items():
+            hit = cache.get(mid)
+            if hit is not None and hit[0] is held:
+                subs[mid] = hit[1]
+                continue
+            sub = Subscription(topics, held or (), generation=1 if held else -1)
+            cache[mid] = (held, sub)
+            subs[mid] = sub
+        for mid in [m for m in cache if m not in owned]:
+            del cache[mid]
+        start = time.perf_counter()
+        if cooperative:
+            # A cooperative round withholds the partitions their owners must revoke first; the
+            # follow-up rebalance hands them over. Score the target it reaches: the sticky
+            # assignment (same engine, same input), computed off the clock.
+            assignor.plan(partitions_per_topic, subs)
+            seconds = time.perf_counter() - start
+            target: dict[str, list[TopicPartition]] = target_of.assign(partitions_per_topic, subs)
+            return target, seconds
+        result: dict[str, list[TopicPartition]] = assignor.assign(partitions_per_topic, subs)
+        return result, time.perf_counter() - start
+
+    return run
+
+
+def _aiokafka_consumer(kind: str) -> ConsumerAssign:
+    from .peers import AiokafkaPeer
+
+    return AiokafkaPeer(kind).assign
+
+
+def _make_runner(name: str, ctx: _Context, collect: bool = False) -> Runner:
+    family, _, kind = name.partition(":")
+    if name == "task:sticky":
+        return _TaskRunner(ctx, name, _sticky_assign(ctx.job), collect)
+    if name == "faust:copartitioned":
+        return _TaskRunner(ctx, name, _faust_assign(ctx.job), collect)
+    if family == "consumer":
+        return _ConsumerRunner(ctx, name, _ours_consumer(kind))
+    if family == "aiokafka":
+        return _ConsumerRunner(ctx, name, _aiokafka_consumer(kind))
+    raise PipelineError(f"no runner for assignor {name!r}")  # registry and runners disagree
+
+
+# -- entry points ----------------------------------------------------------------------------------
+
+
+def run_trace(
+    job: SimulationJob,
+    trace: Trace,
+    assignor: str,
+    collect: bool = False,
+    context: _Context | None = None,
+) -> tuple[list[RebalanceRow], list[list[Takeover]]]:
+    """Rows of one assignor over one trace, and (``collect``, task level) each step's
+    takeovers. An assignor that fails gets an error row and stops there. ``context`` shares
+    the per-trace tables between the assignors of one trace."""
+    ctx = _Context(job, trace) if context is None else context
+    runner = _make_runner(assignor, ctx, collect)
+    rows: list[RebalanceRow] = []
+    for step, layout in zip(trace.steps, ctx.layouts, strict=True):
+        row = runner.step(step, layout)
+        rows.append(row)
+        if row.error is not None:
+            break
+    takeovers = runner.takeovers if isinstance(runner, _TaskRunner) else []
+    return rows, takeovers
+
+
+def simulate_scenario(job: SimulationJob, scenario: int) -> list[RebalanceRow]:
+    """Every row of one scenario: its trace replayed through each of the job's assignors."""
+    trace = generate_trace(job.model, job.workload, scenario, job.seed)
+    ctx = _Context(job, trace)
+    rows: list[RebalanceRow] = []
+    for name in job.assignors:
+        rows.extend(run_trace(job, trace, name, context=ctx)[0])
+    return rows

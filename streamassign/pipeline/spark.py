@@ -1,0 +1,389 @@
+"""The Spark jobs: simulate, aggregate for the report, and evaluate standby candidates.
+
+The only module of the package that imports ``pyspark`` (inside functions, so importing it is
+free). Every job has the same shape: the driver parallelizes small work items (scenario numbers,
+or (scenario, standbys) pairs), the executors run whole traces with the pure core
+(``simulate.py``, ``standbys.py``) in ``mapPartitions``, and the rows become a DataFrame with an
+explicit schema. There is no driver-side loop over scenarios.
+
+Sessions: :func:`start_session` uses ``--master`` when given, the master of ``spark-submit`` when
+launched by it, else ``local[*]``; the UI and console progress are off, logging is at WARN, and
+local mode uses few shuffle partitions so that small jobs start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any, Final
+
+from .simulate import COLUMNS, SimulationJob, simulate_scenario
+from .standbys import PLAN_COLUMNS, PlanJob, evaluate_candidates
+
+__all__ = [
+    "aggregate",
+    "read_manifest",
+    "row_schema",
+    "run_plan",
+    "run_simulation",
+    "spark_session",
+    "start_session",
+]
+
+#: Where the rows and the manifest go under a run directory.
+REBALANCES: Final = "rebalances"
+MANIFEST: Final = "manifest"
+
+_LOG4J: Final = Path(__file__).with_name("log4j2.properties")
+
+
+def _under_spark_submit() -> bool:
+    """Launched by ``spark-submit`` (which starts the JVM first and passes its gateway)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+@contextmanager
+def spark_session(master: str | None = None, app_name: str = "streamassign") -> Iterator[Any]:
+    """A quiet SparkSession for one command, stopped afterwards if this call started it.
+
+    An active session (tests, notebooks, ``spark-submit`` scripts that made one) is reused and
+    left running.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    session = active if active is not None else start_session(master, app_name)
+    try:
+        yield session
+    finally:
+        if active is None:
+            session.stop()
+
+
+def start_session(master: str | None = None, app_name: str = "streamassign") -> Any:
+    """Start (or get) a quiet SparkSession.
+
+    ``master=None`` means the master ``spark-submit`` was given, else ``local[*]``.
+    """
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    chosen = master or (None if _under_spark_submit() else "local[*]")
+    if chosen is not None:
+        builder = builder.master(chosen)
+    local = (chosen or "").startswith("local")
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        cores = str(_local_cores(chosen or "local[*]"))
+        builder = builder.config("spark.sql.shuffle.partitions", cores).config(
+            "spark.default.parallelism", cores
+        )
+    if not _under_spark_submit():
+        quiet = f"-Dlog4j2.configurationFile={_LOG4J.as_uri()}"
+        builder = builder.config("spark.driver.extraJavaOptions", quiet)
+    session = (
+        builder.config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.adaptive.enabled", "false" if local else "true")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.debug.maxToStringFields", "200")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def _local_cores(master: str) -> int:
+    """Threads of a ``local[N]`` / ``local[*]`` / ``local`` master."""
+    inside = master[len("local") :].strip("[]").split(",")[0]
+    if inside in ("", "*"):
+        return os.cpu_count() or 1
+    try:
+        return max(1, int(inside))
+    except ValueError:
+        return os.cpu_count() or 1
+
+
+def row_schema() -> Any:
+    """The Spark schema of :data:`streamassign.pipeline.simulate.COLUMNS`."""
+    return _schema(COLUMNS)
+
+
+def _schema(columns: Sequence[tuple[str, str, bool, str]]) -> Any:
+    from pyspark.sql import types as T
+
+    kinds = {
+        "long": T.LongType(),
+        "int": T.IntegerType(),
+        "double": T.DoubleType(),
+        "boolean": T.BooleanType(),
+        "string": T.StringType(),
+    }
+    return T.StructType([T.StructField(n, kinds[k], nullable) for n, k, nullable, _ in columns])
+
+
+def _simulate_partition(
+    job: SimulationJob, counter: Any, scenarios: Iterator[int]
+) -> Iterator[tuple[Any, ...]]:
+    """Executor side: every row of every scenario in this partition, as tuples."""
+    for scenario in scenarios:
+        rows = simulate_scenario(job, scenario)
+        if counter is not None:
+            counter.add(len(rows))
+        for row in rows:
+            yield row.values()
+
+
+def _slices(spark: Any, items: int) -> int:
+    """Partitions for ``items`` work items: several per core, so slow traces even out."""
+    cores = int(spark.sparkContext.defaultParallelism)
+    return max(1, min(items, cores * 4))
+
+
+def run_simulation(spark: Any, job: SimulationJob, out: str, manifest: dict[str, Any]) -> int:
+    """Simulate every scenario of ``job`` on the executors; write ``out/rebalances`` (Parquet)
+    and ``out/manifest`` (one JSON line). Returns the number of rows written."""
+    sc = spark.sparkContext
+    counter = sc.accumulator(0)
+    rdd = sc.parallelize(range(job.scenarios), _slices(spark, job.scenarios)).mapPartitions(
+        partial(_simulate_partition, job, counter)
+    )
+    frame = spark.createDataFrame(rdd, schema=row_schema(), verifySchema=False)
+    frame.write.mode("overwrite").parquet(_join(out, REBALANCES))
+    # Counted as the rows were made (no second pass over the output); a task retried after a
+    # failure would count twice, which only this message and the manifest would show.
+    written = int(counter.value)
+    _write_manifest(spark, out, {**manifest, "rows": written})
+    return written
+
+
+def _join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
+
+
+def _write_manifest(spark: Any, out: str, manifest: dict[str, Any]) -> None:
+    """One JSON line under ``out/manifest``: a plain file locally, through Spark elsewhere."""
+    text = json.dumps(manifest, sort_keys=True)
+    if "://" not in out or out.startswith("file:"):
+        folder = Path(out.removeprefix("file://").removeprefix("file:")) / MANIFEST
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.iterdir():
+            old.unlink()
+        (folder / "part-00000.json").write_text(text + "\n")
+        return
+    frame = spark.createDataFrame([(text,)], "value string").coalesce(1)
+    frame.write.mode("overwrite").text(_join(out, MANIFEST))
+
+
+def read_manifest(spark: Any, run_dir: str) -> dict[str, Any]:
+    """The manifest a simulation wrote (empty when the directory has none)."""
+    from pyspark.errors import AnalysisException
+
+    try:
+        first = spark.read.text(_join(run_dir, MANIFEST)).first()
+    except AnalysisException:
+        return {}
+    loaded: dict[str, Any] = json.loads(first[0]) if first is not None else {}
+    return loaded
+
+
+# -- the report's aggregates ---------------------------------------------------------------------
+
+#: Columns summarised with quantiles in the CSV summaries: (column, statistics).
+_QUANTILES: Final = (0.5, 0.9, 0.99)
+SUMMARY_METRICS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
+    ("moves", ("mean", "p50", "p90", "p99", "max")),
+    ("excess_moves", ("mean", "p99", "max")),
+    ("active_imbalance", ("mean", "p90", "max")),
+    ("load_imbalance", ("mean", "p90", "max")),
+    ("standby_coverage", ("mean", "min")),
+    ("records_to_restore", ("mean", "p50", "p90", "p99", "max")),
+    ("max_task_restore", ("p50", "p99", "max")),
+    ("split_tasks", ("mean", "max")),
+    ("assign_ms", ("mean", "p50", "p99", "max")),
+)
+
+
+def _summary_columns(frame: Any, keys: Sequence[str]) -> Any:
+    """Per group of ``keys``: counts, rates, sums and the quantiles of :data:`SUMMARY_METRICS`."""
+    from pyspark.sql import functions as F
+
+    ok = frame.where(F.col("error").isNull()).withColumn(
+        "excess_moves", F.col("moves") - F.col("move_lower_bound")
+    )
+    aggs = [
+        F.count(F.lit(1)).alias("rebalances"),
+        F.avg(F.col("active_balanced").cast("double")).alias("balanced_share"),
+        F.avg((F.col("moves") == F.col("move_lower_bound")).cast("double")).alias(
+            "optimal_moves_share"
+        ),
+        F.sum("moves").alias("moves_total"),
+        F.sum("move_lower_bound").alias("bound_total"),
+        F.sum("warm_takeovers").alias("warm_takeovers"),
+        F.sum("cold_takeovers").alias("cold_takeovers"),
+        F.sum("records_to_restore").alias("records_total"),
+        F.sum("unassigned").alias("unassigned_total"),
+    ]
+    for column, stats in SUMMARY_METRICS:
+        quantiles = [s for s in stats if s.startswith("p")]
+        if quantiles:
+            levels = [int(s[1:]) / 100 for s in quantiles]
+            aggs.append(F.percentile(F.col(column).cast("double"), levels).alias(f"{column}__q"))
+        for s in stats:
+            if s == "mean":
+                aggs.append(F.avg(column).alias(f"{column}_mean"))
+            elif s == "max":
+                aggs.append(F.max(column).cast("double").alias(f"{column}_max"))
+            elif s == "min":
+                aggs.append(F.min(column).cast("double").alias(f"{column}_min"))
+    grouped = ok.groupBy(*keys).agg(*aggs)
+    selected = [F.col(k) for k in keys] + [
+        F.col(c)
+        for c in (
+            "rebalances",
+            "balanced_share",
+            "optimal_moves_share",
+            "moves_total",
+            "bound_total",
+            "warm_takeovers",
+            "cold_takeovers",
+            "records_total",
+            "unassigned_total",
+        )
+    ]
+    for column, stats in SUMMARY_METRICS:
+        quantiles = [s for s in stats if s.startswith("p")]
+        for s in stats:
+            if s in quantiles:
+                selected.append(F.col(f"{column}__q")[quantiles.index(s)].alias(f"{column}_{s}"))
+            else:
+                selected.append(F.col(f"{column}_{s}"))
+    return grouped.select(*selected).orderBy(*keys)
+
+
+def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
+    """Everything the report shows, aggregated on Spark and collected as plain Python values.
+
+    Keys: ``by_event`` and ``by_assignor`` (summary rows, dicts in column order), ``by_step``
+    (means per assignor and step), ``errors`` (per assignor: count and first message),
+    ``manifest``, ``columns`` (CSV column order of the summaries).
+    """
+    from pyspark.sql import functions as F
+
+    frame = spark.read.parquet(_join(run_dir, REBALANCES)).cache()
+    by_event = _summary_columns(frame, ["level", "assignor", "event"])
+    churn = frame.where(F.col("event") != "initial")
+    by_assignor = _summary_columns(churn, ["level", "assignor"])
+    by_step = (
+        frame.where(F.col("error").isNull())
+        .groupBy("level", "assignor", "step")
+        .agg(
+            F.count(F.lit(1)).alias("rebalances"),
+            F.avg("clients").alias("clients_mean"),
+            F.avg("moves").alias("moves_mean"),
+            F.avg("move_lower_bound").alias("move_lower_bound_mean"),
+            F.avg("active_imbalance").alias("active_imbalance_mean"),
+            F.avg("load_imbalance").alias("load_imbalance_mean"),
+            F.avg("standby_coverage").alias("standby_coverage_mean"),
+            F.min("standby_coverage").alias("standby_coverage_min"),
+            F.avg("records_to_restore").alias("records_to_restore_mean"),
+        )
+        .orderBy("level", "assignor", "step")
+    )
+    errors = (
+        frame.where(F.col("error").isNotNull())
+        .groupBy("assignor")
+        .agg(F.count(F.lit(1)).alias("errors"), F.min("error").alias("example"))
+        .orderBy("assignor")
+    )
+    out = {
+        "by_event": [r.asDict() for r in by_event.collect()],
+        "by_assignor": [r.asDict() for r in by_assignor.collect()],
+        "by_step": [r.asDict() for r in by_step.collect()],
+        "errors": [r.asDict() for r in errors.collect()],
+        "manifest": read_manifest(spark, run_dir),
+        "columns": {
+            "by_event": by_event.columns,
+            "by_assignor": by_assignor.columns,
+            "by_step": by_step.columns,
+        },
+    }
+    frame.unpersist()
+    return out
+
+
+# -- plan-standbys ---------------------------------------------------------------------------------
+
+
+def _plan_partition(job: PlanJob, items: Iterator[tuple[int, int]]) -> Iterator[tuple[Any, ...]]:
+    """Executor side: each (scenario, standbys) item's rows, one per warmup candidate."""
+    for scenario, standbys in items:
+        yield from evaluate_candidates(job, scenario, standbys)
+
+
+def run_plan(spark: Any, job: PlanJob) -> list[dict[str, Any]]:
+    """Run every (scenario, standby candidate) on the executors and aggregate per candidate.
+
+    Returns one dict per (standbys, warmups) candidate with the expected availability, outage
+    quantiles and load (see ``standbys.summarize`` for the formulas), sorted by candidate.
+    """
+    from pyspark.sql import functions as F
+
+    items = [(s, r) for s in range(job.scenarios) for r in job.standby_candidates]
+    rdd = spark.sparkContext.parallelize(items, _slices(spark, len(items))).mapPartitions(
+        partial(_plan_partition, job)
+    )
+    frame = spark.createDataFrame(rdd, schema=_schema(PLAN_COLUMNS), verifySchema=False)
+    grouped = frame.groupBy("standbys", "warmups").agg(
+        F.count(F.lit(1)).alias("traces"),
+        F.sum("horizon_s").alias("horizon_s"),
+        F.sum("task_seconds").alias("task_seconds"),
+        F.sum("unavailable_task_seconds").alias("unavailable_task_seconds"),
+        F.percentile("worst_outage_s", [0.5, 0.99]).alias("worst_q"),
+        F.max("worst_outage_s").alias("worst_outage_max_s"),
+        F.sum("restore_records").alias("restore_records"),
+        F.sum("standby_task_seconds").alias("standby_task_seconds"),
+        F.sum("standby_bootstrap_records").alias("standby_bootstrap_records"),
+        F.sum("warmup_task_seconds").alias("warmup_task_seconds"),
+        F.sum("deferred_moves").alias("deferred_moves"),
+        F.sum("convergence_s").alias("convergence_s"),
+        F.sum("planned_rebalances").alias("planned_rebalances"),
+    )
+    rows = []
+    for r in grouped.orderBy("standbys", "warmups").collect():
+        d = r.asDict()
+        q = d.pop("worst_q")
+        d["worst_outage_p50_s"], d["worst_outage_p99_s"] = float(q[0]), float(q[1])
+        rows.append(d)
+    return rows
+
+
+# -- shipping the code to a cluster ----------------------------------------------------------------
+
+
+def ship_code(spark: Any, workdir: str | Path) -> Path:
+    """Zip the pure-Python packages the executors need (``streamassign`` and ``attrs``) and add
+    the zip to the job (``SparkContext.addPyFile``), so that a cluster whose executors have only
+    Python and pyspark runs the job. Returns the zip's path (under ``workdir``)."""
+    import zipfile
+
+    import attr
+    import attrs
+
+    import streamassign
+
+    target = Path(workdir) / "streamassign-pipeline-code.zip"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for module in (streamassign, attr, attrs):
+            root = Path(module.__file__ or "").parent
+            for path in sorted(root.rglob("*")):
+                if "__pycache__" in path.parts or path.is_dir():
+                    continue
+                zf.write(path, path.relative_to(root.parent).as_posix())
+    spark.sparkContext.addPyFile(str(target))
+    return target

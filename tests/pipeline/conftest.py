@@ -1,0 +1,57 @@
+"""Fixtures of the pipeline tests: small workloads, and one local Spark session for them all.
+
+The session is local[2] (two executor threads, as on the development machine), started once per
+test session: a JVM start costs 10-15 s, a small job a few seconds. Tests that need Spark skip
+when pyspark is not installed (the spark extra).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamassign.pipeline import ScenarioModel, Workload
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPOLOGIES = ROOT / "topology"
+ORDERS = TOPOLOGIES / "orders-join.toml"
+CLICKSTREAM = TOPOLOGIES / "clickstream-repartition.toml"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    from streamassign.pipeline.spark import start_session
+
+    session = start_session("local[2]", "streamassign-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def orders() -> Workload:
+    return Workload.from_file(ORDERS)
+
+
+@pytest.fixture(scope="session")
+def clickstream() -> Workload:
+    return Workload.from_file(CLICKSTREAM)
+
+
+#: A busy model: every event type happens within a dozen steps.
+BUSY = ScenarioModel(
+    steps=16,
+    min_initial_clients=2,
+    max_initial_clients=5,
+    min_clients=1,
+    max_clients=7,
+    scale_out_per_hour=1.0,
+    scale_in_per_hour=1.0,
+    crash_per_client_hour=0.3,
+    rolling_restart_per_hour=0.3,
+    expansion_per_hour=0.5,
+    rack_loss_per_hour=0.3,
+)

@@ -1,0 +1,43 @@
+"""Assignor names: groups, unknown names, and peers that are not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+
+from streamassign.pipeline import PipelineError, resolve
+from streamassign.pipeline.assignors import GROUPS, SPECS
+
+
+def test_groups_expand_in_order_without_duplicates() -> None:
+    got = resolve(["task:sticky,consumer", "task:sticky"])
+    assert got.names[0] == "task:sticky"
+    assert got.names[1:] == GROUPS["consumer"]
+    assert {s.name for s in SPECS} == set(GROUPS["all"])
+
+
+def test_unknown_names_are_errors_listing_the_known_ones() -> None:
+    with pytest.raises(PipelineError, match=r"unknown assignor 'stiky'; known: task:sticky, "):
+        resolve(["stiky"])
+    with pytest.raises(PipelineError, match="no assignor given"):
+        resolve([" , "])
+
+
+def test_missing_peers_are_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+
+    def without_peers(name: str, *args: Any) -> Any:
+        return None if name in ("faust", "aiokafka") else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_peers)
+    got = resolve(["default"])
+    assert got.names == ("task:sticky", "consumer:range", "consumer:sticky")
+    assert got.notes == (
+        "faust:copartitioned skipped: faust is not installed "
+        "(the bench extra: pip install -e '.[bench]')",
+        "aiokafka:sticky skipped: aiokafka is not installed (pip install 'streamassign[aiokafka]')",
+    )
+    with pytest.raises(PipelineError, match="no assignor left to run: faust:copartitioned"):
+        resolve(["faust:copartitioned"])

@@ -1,0 +1,177 @@
+"""``streamassign simulate | report | plan-standbys``: end to end, and bad input failing before
+any Spark session starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from streamassign.cli import main
+
+from .conftest import ORDERS, ROOT
+
+SUBMIT = ROOT / "streamassign" / "pipeline" / "submit.py"
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "run"
+    code, out = invoke(
+        "simulate",
+        str(ORDERS),
+        "--scenarios",
+        "3",
+        "--steps",
+        "6",
+        "--seed",
+        "9",
+        "--assignors",
+        "task:sticky,consumer:range",
+        "--out",
+        str(run),
+        "--report",
+    )
+    assert code == 0, out
+    assert "simulating 3 scenarios of orders-enricher x 2 assignors" in out
+    assert f"report: {run / 'report' / 'report.html'}" in out
+    manifest = json.loads((run / "manifest").glob("part-*").__next__().read_text())
+    assert manifest["assignors"] == ["task:sticky", "consumer:range"] and manifest["seed"] == 9
+    code, out = invoke("report", str(run), "--out", str(tmp_path / "again"))
+    assert code == 0, out
+    assert (tmp_path / "again" / "report.html").is_file()
+    assert spark.sparkContext._jsc is not None  # the CLI left the shared session running
+
+
+def test_plan_standbys_prints_a_recommendation(spark: Any, tmp_path: Path) -> None:
+    code, out = invoke(
+        "plan-standbys",
+        str(ORDERS),
+        "--scenarios",
+        "3",
+        "--steps",
+        "8",
+        "--standbys",
+        "0,1",
+        "--warmups",
+        "0,1",
+        "--out",
+        str(tmp_path),
+        "--param",
+        "crash_per_client_hour=0.5",
+    )
+    assert code == 0, out
+    assert "recommended: " in out
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert len(plan["candidates"]) == 4
+    assert "num_standby_replicas=" in plan["why"]
+    assert (tmp_path / "plan.csv").read_text().startswith("standbys,warmups,traces,availability")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["simulate", str(ORDERS), "--assignors", "task:sticky,nope"], "unknown assignor 'nope'"),
+        (["simulate", str(ORDERS), "-p", "orders=8"], "fails grouping: topics not co-partitioned"),
+        (
+            ["simulate", str(ORDERS), "--param", "max_initial_clients=0"],
+            "max_initial_clients must be an integer >= 1",
+        ),
+        (
+            ["simulate", str(ORDERS), "--param", "crash_per_client_hour=-0.5"],
+            "crash_per_client_hour must be a finite number >= 0",
+        ),
+        (["simulate", str(ORDERS), "--param", "crashes=1"], "unknown parameter 'crashes'"),
+        (["simulate", str(ORDERS), "--param", "steps"], "expected NAME=VALUE"),
+        (["simulate", str(ORDERS), "--scenarios", "0"], "0 is not in the range x>=1"),
+        (["simulate", str(ORDERS), "--standbys", "-1"], "-1 is not in the range x>=0"),
+        (["plan-standbys", str(ORDERS), "--standbys", "0,x"], "expected integers such as 0,1,2"),
+        (["plan-standbys", str(ORDERS), "--target", "1.5"], "target must be in (0, 1)"),
+        (
+            ["plan-standbys", str(ORDERS), "--restore-rate", "0"],
+            "restore_rate must be a number > 0",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--param", "disk_loss_probability=2"],
+            "disk_loss_probability must be a probability",
+        ),
+    ],
+)
+def test_bad_input_fails_before_spark_starts(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    pytest.importorskip("pyspark")
+    from streamassign.pipeline import spark as sp
+
+    started: list[str] = []
+
+    def no_spark(*a: Any, **k: Any) -> Any:
+        started.append("session")
+        raise AssertionError("a SparkSession was requested")
+
+    monkeypatch.setattr(sp, "spark_session", no_spark)
+    monkeypatch.setattr(sp, "start_session", no_spark)
+    code, out = invoke(*args)
+    assert code != 0
+    assert message in out, out
+    assert started == []
+
+
+def test_report_on_a_directory_without_rows(tmp_path: Path) -> None:
+    code, out = invoke("report", str(tmp_path))
+    assert code != 0 and "no simulation rows here" in out
+
+
+def test_bad_input_never_imports_spark(tmp_path: Path) -> None:
+    """In a fresh interpreter: the error comes out and pyspark was never even imported."""
+    script = (
+        "import sys\n"
+        "from streamassign.cli import main\n"
+        "try:\n"
+        f"    main(['simulate', {str(ORDERS)!r}, '--param', 'scale_in_per_hour=-1'])\n"
+        "except SystemExit as exit:\n"
+        "    print('exit', exit.code)\n"
+        "print('pyspark' in sys.modules, 'matplotlib' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "scale_in_per_hour must be a finite number >= 0" in done.stderr
+    assert done.stdout.splitlines() == ["exit 1", "False False"]
+
+
+def test_submit_entry_point_runs_the_cli_as_a_script() -> None:
+    path = subprocess.run(
+        [sys.executable, str(SUBMIT), "--path"], capture_output=True, text=True, check=True
+    )
+    assert Path(path.stdout.strip()) == SUBMIT
+    bad = subprocess.run(
+        [sys.executable, str(SUBMIT), "simulate", str(ORDERS), "--assignors", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 1 and "unknown assignor 'nope'" in bad.stderr
+
+
+def test_importing_the_pipeline_imports_neither_spark_nor_matplotlib() -> None:
+    script = (
+        "import sys, streamassign.pipeline, streamassign.pipeline.spark, "
+        "streamassign.pipeline.report, streamassign.pipeline.standbys\n"
+        "print('pyspark' in sys.modules, 'matplotlib' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "False False"

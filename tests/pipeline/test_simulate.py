@@ -1,0 +1,272 @@
+"""The pure simulation: metrics equal the core's, the restore model, peers, determinism."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamassign import (
+    ClientAssignment,
+    ClientState,
+    StickyTaskAssignor,
+    Subtopology,
+    TaskId,
+    Topology,
+)
+from streamassign.metrics import evaluate
+from streamassign.pipeline import (
+    COLUMNS,
+    RebalanceRow,
+    ScenarioModel,
+    SimulationJob,
+    Workload,
+    generate_trace,
+    simulate_scenario,
+)
+from streamassign.pipeline.assignors import GROUPS
+from streamassign.pipeline.scenarios import Layout, Member, Return, Step, Trace
+from streamassign.pipeline.simulate import (
+    _client_state,
+    _Context,
+    _TaskRunner,
+    run_trace,
+    task_metrics,
+)
+
+from .conftest import BUSY
+from .test_scenarios import WORKLOADS, models
+
+HAS_FAUST = importlib.util.find_spec("faust") is not None
+HAS_AIOKAFKA = importlib.util.find_spec("aiokafka") is not None
+
+
+def without_time(rows: list[RebalanceRow]) -> list[RebalanceRow]:
+    return [attrs.evolve(r, assign_ms=0.0) for r in rows]
+
+
+def test_row_fields_follow_the_schema() -> None:
+    assert [a.name for a in attrs.fields(RebalanceRow)] == [c[0] for c in COLUMNS]
+
+
+@given(
+    models(),
+    st.sampled_from(WORKLOADS),
+    st.integers(0, 1000),
+    st.integers(0, 2),
+    st.sampled_from(["task:sticky", "faust:copartitioned"] if HAS_FAUST else ["task:sticky"]),
+)
+def test_task_metrics_equal_evaluate_on_every_simulated_rebalance(
+    model: ScenarioModel, workload: Workload, scenario: int, standbys: int, assignor: str
+) -> None:
+    """The incremental metrics are the core's ``evaluate``, on our assignor and on Faust's."""
+    job = SimulationJob(
+        workload=workload, model=model, assignors=(assignor,), standby_replicas=standbys
+    )
+    trace = generate_trace(model, workload, scenario)
+    seen: list[tuple[Any, ...]] = []
+    ctx = _Context(job, trace)
+    real = run_trace.__globals__["_make_runner"](assignor, ctx)
+
+    def recording(step, layout, tasks, clients, stateful):  # type: ignore[no-untyped-def]
+        result, seconds = real.assign(step, layout, tasks, clients, stateful)
+        seen.append((tasks, clients, result, frozenset(stateful)))
+        return result, seconds
+
+    runner = _TaskRunner(ctx, assignor, recording)
+    rows = [runner.step(s, lay) for s, lay in zip(trace.steps, ctx.layouts, strict=True)]
+    assert len(rows) == len(seen) == len(trace.steps)
+    for row, (tasks, clients, result, stateful) in zip(rows, seen, strict=True):
+        expected = evaluate(tasks, clients, result, standbys, stateful)
+        assert task_metrics(tasks, clients, result, standbys, stateful) == expected
+        assert (row.moves, row.move_lower_bound) == (expected.moves, expected.move_lower_bound)
+        assert row.warm_takeovers == expected.warm_takeovers
+        if assignor == "task:sticky":
+            # DESIGN §3: valid, balanced, minimal moves, full standby coverage — every time.
+            assert row.moves == row.move_lower_bound and row.active_balanced
+            assert row.standby_coverage == 1.0 and row.unassigned == 0
+
+
+def test_task_metrics_fall_back_to_evaluate_on_duplicate_claims() -> None:
+    tasks = [TaskId(0, p) for p in range(4)]
+    clients = [
+        ClientState("a", prev_active=["0_0", "0_1"]),
+        ClientState("b", prev_active=["0_1", "0_2"], lags={"0_1": 5}),
+    ]
+    result = StickyTaskAssignor(1).assign(tasks, clients)
+    stateful = frozenset(tasks)
+    assert task_metrics(tasks, clients, result, 1, stateful) == evaluate(
+        tasks, clients, result, 1, stateful
+    )
+
+
+def test_client_state_keeps_converted_values_and_still_checks_them() -> None:
+    """The core's converters keep TaskId sets as they are (the pipeline's hot path) and still
+    validate: a negative lag in an otherwise converted dict is refused."""
+    active = frozenset({TaskId(0, 1), TaskId(1, 0)})
+    lags = {TaskId(0, 2): 1000}
+    state = _client_state("p7", 3, active, frozenset({TaskId(0, 2)}), lags, "rack-1")
+    assert state.prev_active is active and state.lags == lags and state.lags is not lags
+    with pytest.raises(ValueError, match="lag of task 0_2 must be an int >= 0"):
+        ClientState("p7", 3, active, lags={TaskId(0, 2): -1})
+
+
+def test_scenarios_are_deterministic_and_every_assignor_runs(orders: Workload) -> None:
+    names = tuple(
+        n
+        for n in GROUPS["all"]
+        if (HAS_FAUST or not n.startswith("faust")) and (HAS_AIOKAFKA or "aiokafka" not in n)
+    )
+    job = SimulationJob(workload=orders, model=BUSY, assignors=names, standby_replicas=1)
+    for scenario in range(3):
+        rows = simulate_scenario(job, scenario)
+        assert without_time(rows) == without_time(simulate_scenario(job, scenario))
+        assert {r.assignor for r in rows} == set(names)
+        assert all(r.error is None for r in rows), [r.error for r in rows if r.error]
+        steps = len(generate_trace(BUSY, orders, scenario).steps)
+        assert len(rows) == steps * len(names)
+        for r in rows:
+            assert r.unassigned == 0, r
+            if r.level == "consumer":
+                assert r.standbys_required is None and r.standby_replicas is None
+            if r.assignor in ("consumer:range", "aiokafka:range"):
+                assert r.split_tasks == 0  # range keeps co-partitioned partitions together
+
+
+def test_round_robin_splits_joined_partitions(orders: Workload) -> None:
+    job = SimulationJob(workload=orders, model=BUSY, assignors=("consumer:roundrobin",))
+    rows = simulate_scenario(job, 0)
+    assert max(r.split_tasks for r in rows) > 0
+
+
+@pytest.mark.skipif(not HAS_AIOKAFKA, reason="aiokafka not installed")
+def test_aiokafka_sticky_state_does_not_leak_between_runs(clickstream: Workload) -> None:
+    job = SimulationJob(workload=clickstream, model=BUSY, assignors=("aiokafka:sticky",))
+    first = without_time(simulate_scenario(job, 1))
+    simulate_scenario(job, 2)  # another trace in between, in the same process
+    assert without_time(simulate_scenario(job, 1)) == first
+
+
+@pytest.mark.skipif(not HAS_FAUST, reason="faust-streaming not installed (bench extra)")
+def test_faust_restarted_workers_report_no_history(orders: Workload) -> None:
+    from streamassign.pipeline.peers import FaustPeer
+
+    layout = orders.initial_layout()
+    clients = [ClientState(f"w{k}") for k in range(3)]
+    peer = FaustPeer()
+    fresh, _ = peer.assign(clients, frozenset(), layout, 1)
+    # The interim owners' history: everything moved around by one worker.
+    shifted = {f"w{k}": fresh[f"w{(k + 1) % 3}"] for k in range(3)}
+    peer.history = {
+        pid: {
+            s: (
+                frozenset(t.partition for t in got.active if t.subtopology == s),
+                frozenset(t.partition for t in got.standby if t.subtopology == s),
+            )
+            for s, _ in layout.task_counts
+        }
+        for pid, got in shifted.items()
+    }
+    again, _ = FaustPeer().assign(clients, frozenset(), layout, 1)
+    restarted, _ = peer.assign(clients, frozenset(p.process_id for p in clients), layout, 1)
+    assert restarted == again == fresh  # all restarted: Faust starts from nothing
+
+
+# -- the restore-cost model, on a hand-made trace --------------------------------------------------
+
+ONE = Topology([Subtopology(0, ["in"], stores=["s"])], name="one")
+FLAT = ScenarioModel(changelog_records=1000, write_rate=1.0, size_skew=0.0, standby_lag_records=10)
+
+
+def hand_trace(layout: Layout) -> Trace:
+    a, b = Member("a", 1, "rack-0"), Member("b", 1, "rack-1")
+    return Trace(
+        0,
+        0,
+        0,
+        (
+            Step(0, 0.0, "initial", (a, b), joined=("a", "b"), layout=layout),
+            Step(1, 100.0, "crash", (a,), crashed=("b",)),
+            Step(2, 200.0, "recover", (a, b), returning=(Return("b", 100.0, True),)),
+            Step(3, 300.0, "rolling_restart", (a, b), returning=(Return("a", 240.0, True),)),
+            Step(4, 400.0, "scale_in", (a,), left=("b",)),
+        ),
+    )
+
+
+def test_restore_records_follow_the_state_model() -> None:
+    workload = Workload.from_topology(ONE, {"in": 4})
+    job = SimulationJob(workload=workload, model=FLAT, assignors=("task:sticky",))
+    trace = hand_trace(workload.initial_layout())
+    rows, takeovers = run_trace(job, trace, "task:sticky", collect=True)
+    initial, crash, recover, _restart, leave = rows
+
+    # Fresh deploy: every task restores its whole changelog (1000 records each).
+    assert initial.records_to_restore == 4000 and initial.cold_takeovers == 4
+    assert {t.cause for t in takeovers[0]} == {"new"}
+    # b crashes: a holds standbys of b's two tasks, 10 records behind.
+    assert (crash.records_to_restore, crash.restoring_tasks, crash.warm_takeovers) == (20, 2, 2)
+    assert [t.cause for t in takeovers[1]] == ["crash", "crash"]
+    # b comes back with its disk: two tasks move back to it (the bound), restoring what was
+    # written while it was away (100 s at 1 record/s), plus the standby lag for former standbys.
+    assert recover.moves == recover.move_lower_bound == 2
+    assert recover.warm_takeovers == 2 and 200 <= recover.records_to_restore <= 220
+    assert {t.cause for t in takeovers[2]} == {"move"}
+    # a restarts (down 60 s): its tasks are restored where state is freshest: a's own disk is
+    # 60 records behind, b's standbys 10.
+    assert {t.cause for t in takeovers[3]} == {"restart"}
+    assert all(t.outage_s == 60.0 and 10 <= t.records <= 60 for t in takeovers[3])
+    # b leaves gracefully: a has standbys of b's tasks.
+    assert {t.cause for t in takeovers[4]} == {"leave"}
+    assert leave.records_to_restore == 20 and leave.cold_takeovers == 0
+    assert [r.standby_coverage for r in rows] == [1.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_without_standbys_a_crash_restores_whole_changelogs() -> None:
+    workload = Workload.from_topology(ONE, {"in": 4})
+    job = SimulationJob(
+        workload=workload, model=FLAT, assignors=("task:sticky",), standby_replicas=0
+    )
+    rows, _ = run_trace(job, hand_trace(workload.initial_layout()), "task:sticky")
+    assert rows[1].records_to_restore == 2 * 1100 and rows[1].cold_takeovers == 2
+
+
+def test_a_failing_assignor_gets_an_error_row_and_stops(orders: Workload) -> None:
+    job = SimulationJob(workload=orders, model=BUSY, assignors=("task:sticky",))
+    trace = generate_trace(BUSY, orders, 0)
+    ctx = _Context(job, trace)
+    calls = []
+
+    def flaky(step, layout, tasks, clients, stateful):  # type: ignore[no-untyped-def]
+        calls.append(step.index)
+        if step.index == 2:
+            raise AssertionError("Not enough max_capacity")
+        return {c.process_id: ClientAssignment() for c in clients}, 0.0
+
+    runner = _TaskRunner(ctx, "peer", flaky)
+    row = None
+    for step, layout in zip(trace.steps, ctx.layouts, strict=True):
+        row = runner.step(step, layout)
+        if row.error:
+            break
+    assert row is not None and row.error == "AssertionError: Not enough max_capacity"
+    assert calls == [0, 1, 2] and row.standbys_placed is None
+
+
+def test_clickstream_expansion_changes_tasks_and_restores_nothing_for_new_ones(
+    clickstream: Workload,
+) -> None:
+    model = attrs.evolve(BUSY, expansion_per_hour=100.0, steps=4)
+    job = SimulationJob(workload=clickstream, model=model, assignors=("task:sticky",))
+    trace = generate_trace(model, clickstream, 0)
+    rows, takeovers = run_trace(job, trace, "task:sticky", collect=True)
+    expansions = [i for i, s in enumerate(trace.steps) if s.event == "partition_expansion"]
+    assert expansions
+    i = expansions[0]
+    assert rows[i].tasks > rows[i - 1].tasks
+    new = [t for t in takeovers[i] if t.cause == "new"]
+    assert new and all(t.records == 0 for t in new)  # new partitions start empty

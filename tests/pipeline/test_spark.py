@@ -1,0 +1,179 @@
+"""The Spark jobs in local mode: the same numbers as the pure core, and the report's files."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import importlib.util
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from streamassign.pipeline import RebalanceRow, SimulationJob, Workload, simulate_scenario
+from streamassign.pipeline.standbys import PlanJob, evaluate_candidates, recommend, summarize
+
+from .conftest import BUSY
+
+pytest.importorskip("pyspark")
+pytest.importorskip("matplotlib")
+
+ASSIGNORS = (
+    "task:sticky",
+    "consumer:range",
+    "consumer:sticky",
+    *(
+        name
+        for name, module in (("faust:copartitioned", "faust"), ("aiokafka:sticky", "aiokafka"))
+        if importlib.util.find_spec(module) is not None
+    ),
+)
+
+
+@attrs.frozen
+class Run:
+    path: Path
+    job: SimulationJob
+    rows: list[RebalanceRow]  # the pure core's rows for the same seeds
+
+
+@pytest.fixture(scope="module")
+def run(spark: Any, orders: Workload, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    from streamassign.pipeline.spark import run_simulation
+
+    job = SimulationJob(
+        workload=orders, model=BUSY, assignors=ASSIGNORS, scenarios=6, seed=3, standby_replicas=1
+    )
+    path = tmp_path_factory.mktemp("sim") / "run"
+    written = run_simulation(spark, job, str(path), {"topology": orders.name, "notes": ["n1"]})
+    rows = [r for s in range(job.scenarios) for r in simulate_scenario(job, s)]
+    assert written == len(rows)
+    return Run(path, job, rows)
+
+
+def key(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (values[0], values[4], values[1])  # scenario, assignor, step
+
+
+def test_parquet_rows_equal_the_pure_core_on_the_same_seeds(spark: Any, run: Run) -> None:
+    from streamassign.pipeline.simulate import COLUMNS
+    from streamassign.pipeline.spark import row_schema
+
+    frame = spark.read.parquet(str(run.path / "rebalances"))
+    assert [(f.name, f.dataType) for f in frame.schema] == [
+        (f.name, f.dataType) for f in row_schema()
+    ]
+    timing = [c[0] for c in COLUMNS].index("assign_ms")
+
+    def strip(values: tuple[Any, ...]) -> tuple[Any, ...]:
+        return values[:timing] + values[timing + 1 :]
+
+    got = sorted((tuple(r) for r in frame.collect()), key=key)
+    expected = sorted((r.values() for r in run.rows), key=key)
+    assert [strip(v) for v in got] == [strip(v) for v in expected]
+    assert all(v[timing] >= 0 for v in got)
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def test_report_files(spark: Any, run: Run, tmp_path: Path) -> None:
+    from streamassign.pipeline.report import render_report
+    from streamassign.pipeline.spark import aggregate
+
+    data = aggregate(spark, str(run.path))
+    assert data["manifest"]["topology"] == "orders-enricher"
+    page = render_report(data, tmp_path / "report")
+    text = page.read_text()
+    images = text.split("data:image/png;base64,")[1:]
+    assert len(images) >= 5
+    for chunk in images:
+        assert base64.b64decode(chunk.split("'", 1)[0])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "n1" in text  # the manifest's notes are shown
+
+    churn = [r for r in run.rows if r.event != "initial"]
+    header, rows = read_csv(tmp_path / "report" / "summary_by_assignor.csv")
+    assert header == data["columns"]["by_assignor"]
+    for column in (
+        "level",
+        "assignor",
+        "rebalances",
+        "moves_mean",
+        "moves_p99",
+        "records_to_restore_p50",
+        "standby_coverage_mean",
+        "assign_ms_p99",
+    ):
+        assert column in header
+    assert sorted(r["assignor"] for r in rows) == sorted(ASSIGNORS)
+    for row in rows:
+        mine = [r for r in churn if r.assignor == row["assignor"]]
+        assert int(row["rebalances"]) == len(mine)
+        assert int(row["moves_total"]) == sum(r.moves for r in mine)
+        assert math.isclose(
+            float(row["records_to_restore_p50"]),
+            statistics.median(r.records_to_restore for r in mine),
+        )
+        coverage = row["standby_coverage_mean"]
+        assert (coverage == "") == (row["level"] == "consumer")
+
+    header, rows = read_csv(tmp_path / "report" / "summary_by_event.csv")
+    assert header[:3] == ["level", "assignor", "event"]
+    assert len(rows) == len({(r.level, r.assignor, r.event) for r in run.rows})
+    header, rows = read_csv(tmp_path / "report" / "by_step.csv")
+    assert header[:3] == ["level", "assignor", "step"]
+    assert len(rows) == len({(r.assignor, r.step) for r in run.rows})
+
+
+def test_plan_standbys_job_matches_the_pure_evaluation(spark: Any, orders: Workload) -> None:
+    from streamassign.pipeline.spark import run_plan
+
+    model = attrs.evolve(BUSY, crash_per_client_hour=1.0, steps=10, changelog_records=5_000_000)
+    job = PlanJob(
+        workload=orders,
+        model=model,
+        scenarios=4,
+        standby_candidates=(1, 0),
+        warmup_candidates=(0, 2),
+    )
+    totals = run_plan(spark, job)
+    assert [(t["standbys"], t["warmups"]) for t in totals] == [(0, 0), (0, 2), (1, 0), (1, 2)]
+    pure = [row for s in range(4) for r in (0, 1) for row in evaluate_candidates(job, s, r)]
+    for t in totals:
+        mine = [p for p in pure if (p[1], p[2]) == (t["standbys"], t["warmups"])]
+        assert t["traces"] == 4
+        assert math.isclose(t["unavailable_task_seconds"], sum(p[5] for p in mine))
+        assert math.isclose(t["task_seconds"], sum(p[4] for p in mine))
+        assert t["worst_outage_max_s"] == max(p[6] for p in mine)
+    table = summarize(totals, job.availability)
+    by = {(r["standbys"], r["warmups"]): r for r in table}
+    # Standbys turn crash restores of whole changelogs into standby catch-ups.
+    assert by[1, 0]["availability"] > by[0, 0]["availability"]
+    assert by[1, 0]["standby_load"] > 0 == by[0, 0]["standby_load"]
+    # Warmups never make things worse under the model; they only defer planned moves.
+    assert by[0, 2]["availability"] >= by[0, 0]["availability"]
+    best, why = recommend(table, 0.5)
+    assert (best["standbys"], best["warmups"]) == (0, 0) and "least extra load" in why
+    best, why = recommend(table, 0.999999999)
+    assert "no candidate reaches" in why or best["availability"] >= 0.999999999
+
+
+def test_ship_code_zips_what_executors_need(spark: Any, orders: Workload, tmp_path: Path) -> None:
+    import zipfile
+
+    from streamassign.pipeline.spark import run_simulation, ship_code
+
+    path = ship_code(spark, tmp_path)
+    names = set(zipfile.ZipFile(path).namelist())
+    assert {"streamassign/pipeline/simulate.py", "attr/__init__.py", "attrs/__init__.py"} <= names
+    assert not any("__pycache__" in n for n in names)
+    job = SimulationJob(workload=orders, model=BUSY, assignors=("task:sticky",), scenarios=2)
+    assert run_simulation(spark, job, str(tmp_path / "run"), {}) == sum(
+        len(simulate_scenario(job, s)) for s in range(2)
+    )
