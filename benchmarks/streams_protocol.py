@@ -247,6 +247,8 @@ def metadata_section(cfg: Config) -> Section:
 
     parts: list[list[tuple[str, int]]] = []
     compared: list[tuple[str, float, float, float]] = []  # group, ours, Faust, Faust's JSON
+    totals: list[tuple[str, float, float]] = []  # group, ours, Faust: all user data a member
+
     squeezed: list[str] = []  # what zlib would make of ours
     for processes, threads in cfg.groups:
         ours, theirs = both(processes, threads)
@@ -259,6 +261,11 @@ def metadata_section(cfg: Config) -> Section:
             ("JoinGroup response", ours.sizes.join_group, theirs.join_group),
             ("SyncGroup request", ours.sizes.sync_group, theirs.sync_group),
             ("assignment, Faust before zlib", asg, raw),
+            (
+                "per member: subscription + assignment",
+                sub + asg,
+                _mean(theirs.subscription) + _mean(theirs.assignment),
+            ),
         ]:
             main.add(group, what, fmt_bytes(mine), fmt_bytes(other), _ratio(other, mine))
         parts.append(assignment_parts(ours.sample))
@@ -268,6 +275,7 @@ def metadata_section(cfg: Config) -> Section:
             f"{_ratio(_mean(theirs.assignment), packed)}"
         )
         compared.append((f"{processes} x {threads}", asg, _mean(theirs.assignment), raw))
+        totals.append((group, sub + asg, _mean(theirs.subscription) + _mean(theirs.assignment)))
 
     anatomy = Report(
         "What our assignment user data holds (first member of each group)",
@@ -307,13 +315,19 @@ def metadata_section(cfg: Config) -> Section:
             _ratio(theirs.total, ours_sizes.total),
         )
 
-    verdict = "met" if all(other >= 10 * mine for _, mine, other, _ in compared) else "not met"
+    verdict = "met" if all(other >= 10 * mine for _, mine, other in totals) else "not met"
     first = parts[0]
     names, maps = first[1][1], first[2][1]  # compressed host section, and before zlib
     processes, threads = cfg.groups[0]
     reading = [
-        f"**Assignment target (ours at least 10x smaller than Faust's): {verdict}.** Per "
-        "member, ours against Faust's: "
+        f"**Target (metadata bytes per member at least 10x smaller than Faust's): {verdict}.** "
+        "A member's user data, subscription plus assignment, ours against Faust's: "
+        + "; ".join(
+            f"{group}: {fmt_bytes(mine)} against {fmt_bytes(other)} ({_ratio(other, mine)})"
+            for group, mine, other in totals
+        )
+        + ". Most of Faust's is its subscription, which echoes the host maps as JSON. The "
+        "assignment alone, ours against Faust's: "
         + "; ".join(
             f"{group}: {fmt_bytes(mine)} against {fmt_bytes(other)} (Faust / ours "
             f"{_ratio(other, mine)}; against Faust's JSON before zlib {_ratio(raw, mine)})"
