@@ -7,7 +7,7 @@ and the CLI as reports, and by the simulation pipeline as per-rebalance rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -121,7 +121,33 @@ def evaluate(
     num_standby_replicas: int = 0,
     stateful: Iterable[TaskId] | None = None,
 ) -> AssignmentMetrics:
-    """Score ``assignment`` of ``tasks`` to ``clients`` (whose history is the previous round)."""
+    """Score ``assignment`` of ``tasks`` to ``clients`` (whose history is the previous round).
+
+    Computed with set operations per client, which the simulation pipeline needs at every
+    rebalance; the task-by-task ``evaluate_per_task`` (the same numbers, property-tested) is the
+    reference, and the fallback when two clients claim one previous task or the assignment
+    names a client that is not in ``clients``.
+    """
+    task_list = list(dict.fromkeys(tasks))
+    client_list = sorted(clients, key=lambda c: c.process_id)
+    known = frozenset(task_list)
+    stateful_set = known if stateful is None else frozenset(stateful) & known
+    fast = _evaluate_sets(
+        task_list, client_list, assignment, num_standby_replicas, stateful_set, known
+    )
+    if fast is not None:
+        return fast
+    return evaluate_per_task(task_list, client_list, assignment, num_standby_replicas, stateful)
+
+
+def evaluate_per_task(
+    tasks: Iterable[TaskId],
+    clients: Iterable[ClientState],
+    assignment: Mapping[str, ClientAssignment],
+    num_standby_replicas: int = 0,
+    stateful: Iterable[TaskId] | None = None,
+) -> AssignmentMetrics:
+    """``evaluate`` the direct way, task by task: the reference the fast path is tested on."""
     task_list = list(dict.fromkeys(tasks))
     client_list = sorted(clients, key=lambda c: c.process_id)
     stateful_set = set(task_list) if stateful is None else set(stateful) & set(task_list)
@@ -167,6 +193,83 @@ def evaluate(
         load_imbalance=(max(load) - min(load)) if load else 0.0,
         standbys_required=wanted * len(stateful_set),
         standbys_placed=sum(len(a.standby & stateful_set) for a in got),
+        standbys_kept=kept,
+        standbys_dropped=dropped,
+        warm_takeovers=warm,
+        cold_takeovers=cold,
+    )
+
+
+_EMPTY = ClientAssignment()
+
+
+def _evaluate_sets(
+    tasks: Sequence[TaskId],
+    clients: Sequence[ClientState],
+    result: Mapping[str, ClientAssignment],
+    num_standby_replicas: int,
+    stateful: frozenset[TaskId],
+    known: frozenset[TaskId],
+) -> AssignmentMetrics | None:
+    """``evaluate`` with set operations per client (previous owners resolved once, sets compared
+    in C); ``None`` when ``evaluate_per_task`` must decide: duplicate previous claims (a
+    zombie) or a result naming a client not in ``clients`` (sorted by process id)."""
+    n = len(tasks)
+    all_stateful = len(stateful) == n
+    if not result.keys() <= {c.process_id for c in clients}:
+        return None
+    counts: list[int] = []
+    owned: list[frozenset[TaskId]] = []
+    for c in clients:
+        mine = c.prev_active if c.prev_active <= known else c.prev_active & known
+        owned.append(mine)
+        counts.append(len(mine))
+    claimed = sum(counts)
+    if claimed and len(frozenset().union(*owned)) < claimed:
+        return None
+    moves = warm = cold = kept = dropped = placed = 0
+    caps = [c.capacity for c in clients]
+    bounds = share_bounds(n, caps)
+    balanced = True
+    per_thread: list[float] = []
+    load: list[float] = []
+    for c, mine, (lo, hi) in zip(clients, owned, bounds, strict=True):
+        a = result.get(c.process_id, _EMPTY)
+        active = a.active
+        moves += len(mine) - len(mine & active)
+        gained = active - mine
+        if not all_stateful:
+            gained &= stateful
+        for t in gained:
+            if t in c.prev_active or t in c.prev_standby or t in c.lags:
+                warm += 1
+            else:
+                cold += 1
+        if c.prev_standby:
+            ps = c.prev_standby - active
+            if not all_stateful:
+                ps &= stateful
+            k = len(ps & a.standby)
+            kept += k
+            dropped += len(ps) - k
+        placed += len(a.standby) if all_stateful else len(a.standby & stateful)
+        count = len(active)
+        balanced = balanced and lo <= count <= hi
+        per_thread.append(count / c.capacity)
+        load.append(a.load / c.capacity)
+    floors = [lo for lo, _ in bounds]
+    quotas = apportion(n, caps, priority=lambda i: (floors[i] - counts[i], i))
+    wanted = min(num_standby_replicas, max(0, len(clients) - 1))
+    return AssignmentMetrics(
+        tasks=n,
+        clients=len(clients),
+        moves=moves,
+        move_lower_bound=sum(max(0, k - q) for k, q in zip(counts, quotas, strict=True)),
+        active_balanced=balanced,
+        active_imbalance=(max(per_thread) - min(per_thread)) if per_thread else 0.0,
+        load_imbalance=(max(load) - min(load)) if load else 0.0,
+        standbys_required=wanted * len(stateful),
+        standbys_placed=placed,
         standbys_kept=kept,
         standbys_dropped=dropped,
         warm_takeovers=warm,

@@ -29,6 +29,10 @@ def _topics(value: Iterable[str]) -> frozenset[str]:
 
 
 def _owned(value: Iterable[tuple[str, int]]) -> tuple[TopicPartition, ...]:
+    # Kept as is when already converted (what MemberData decodes): no second rebuild of a
+    # member's partitions on the leader's hot path.
+    if type(value) is tuple and all(type(tp) is TopicPartition for tp in value):
+        return value
     return tuple(TopicPartition(*tp) for tp in value)
 
 
@@ -103,9 +107,13 @@ class Problem:
         """Topic index of every partition id."""
         return [t for t in range(len(self.topics)) for _ in range(self.count(t))]
 
-    def output(self, owner: Sequence[int]) -> Assignment:
-        """Member -> its partitions in (topic, partition) order; every member present."""
-        tps = self.all_partitions()
+    def output(
+        self, owner: Sequence[int], tps: Sequence[TopicPartition] | None = None
+    ) -> Assignment:
+        """Member -> its partitions in (topic, partition) order; every member present.
+
+        ``tps``: ``all_partitions()`` if the caller has built it already."""
+        tps = self.all_partitions() if tps is None else tps
         lists: list[list[TopicPartition]] = [[] for _ in self.members]
         for pid, m in enumerate(owner):
             if m >= 0:

@@ -335,7 +335,7 @@ class CooperativeStickyAssignor:
         def named(lists: list[list[int]]) -> dict[str, list[TopicPartition]]:
             return {m: [tps[p] for p in ps] for m, ps in zip(problem.members, lists, strict=True)}
 
-        return RebalancePlan(problem.output(now), named(revoking), named(pending))
+        return RebalancePlan(problem.output(now, tps), named(revoking), named(pending))
 
     def assign(
         self, partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Subscription]

@@ -6,12 +6,12 @@ inside executors (one call per scenario); tests and the benchmark call it direct
 same numbers (assignment time aside).
 
 Per rebalance, a runner builds what each client reports (``ClientState``: what it ran, the
-standbys it kept, the lag of state on disk after an outage), runs the assignor, scores the result
-(:func:`task_metrics`, the same numbers as ``streamassign.metrics.evaluate``, computed
-incrementally) and prices the takeovers with the restore-cost model: a task that lands where its
-state is caught up restores nothing, on a standby the standby's lag, on a client back from an
-outage what was written since, elsewhere its whole changelog. Runners keep their state between
-rebalances so that the per-step work stays proportional to what changed.
+standbys it kept, the lag of state on disk after an outage), runs the assignor, scores the
+result (``streamassign.metrics.evaluate``) and prices the takeovers with the restore-cost model:
+a task that lands where its state is caught up restores nothing, on a standby the standby's lag,
+on a client back from an outage what was written since, elsewhere its whole changelog. Runners
+keep their state between rebalances so that the per-step work stays proportional to what
+changed.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import attrs
 from .._balance import apportion, share_bounds
 from .._ids import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
-from ..metrics import AssignmentMetrics, evaluate
+from ..metrics import evaluate
 from ..sticky import StickyTaskAssignor
 from .assignors import spec
 from .scenarios import Layout, PipelineError, ScenarioModel, Step, Trace, Workload, generate_trace
@@ -38,7 +38,6 @@ __all__ = [
     "Takeover",
     "run_trace",
     "simulate_scenario",
-    "task_metrics",
 ]
 
 _EMPTY: Final = ClientAssignment()
@@ -211,14 +210,12 @@ class _Context:
         #: task -> (records at birth, records per second, birth time)
         self.changelog: dict[TaskId, tuple[float, float, float]] = {}
         self._tasks: dict[int, tuple[list[TaskId], list[TaskId], frozenset[TaskId]]] = {}
-        self._task_sets: dict[int, frozenset[TaskId]] = {}
         for step, layout in zip(trace.steps, self.layouts, strict=True):
             if layout.version in self._tasks:
                 continue
             tasks = layout.tasks()
             stateful = layout.stateful_tasks()
             self._tasks[layout.version] = (tasks, stateful, frozenset(stateful))
-            self._task_sets[layout.version] = frozenset(tasks)
             base = model.changelog_records if step.index == 0 else 0
             for t in stateful:
                 if t not in self.changelog:
@@ -228,10 +225,6 @@ class _Context:
     def tasks(self, layout: Layout) -> tuple[list[TaskId], list[TaskId], frozenset[TaskId]]:
         """(all tasks sorted, stateful tasks sorted, stateful set) of a layout."""
         return self._tasks[layout.version]
-
-    def task_set(self, layout: Layout) -> frozenset[TaskId]:
-        """All tasks of a layout, as a set."""
-        return self._task_sets[layout.version]
 
     def end(self, task: TaskId, now: float) -> int:
         """Changelog end offset of a stateful task at ``now``: its size in records."""
@@ -263,87 +256,6 @@ class Runner(Protocol):
 
 
 # -- task-level metrics --------------------------------------------------------------------------
-
-
-def task_metrics(
-    tasks: Sequence[TaskId],
-    clients: Sequence[ClientState],
-    result: Mapping[str, ClientAssignment],
-    num_standby_replicas: int,
-    stateful: frozenset[TaskId],
-    task_set: frozenset[TaskId] | None = None,
-) -> AssignmentMetrics:
-    """``streamassign.metrics.evaluate`` computed with set operations per client.
-
-    The same numbers (the tests check it on simulated rebalances) in a fraction of the time: it
-    resolves previous owners once and compares each client's sets in C. ``clients`` must be
-    sorted by process id and ``stateful`` a subset of ``tasks`` (``task_set``: ``tasks`` as a
-    set, if the caller has it). Falls back to ``evaluate`` when two clients claim one previous
-    task (a zombie) or the result names a client that is not in ``clients``.
-    """
-    n = len(tasks)
-    all_stateful = len(stateful) == n
-    known = frozenset(tasks) if task_set is None else task_set
-    if not result.keys() <= {c.process_id for c in clients}:
-        return evaluate(tasks, clients, result, num_standby_replicas, stateful)
-    counts: list[int] = []
-    owned: list[frozenset[TaskId]] = []
-    for c in clients:
-        mine = c.prev_active if c.prev_active <= known else c.prev_active & known
-        owned.append(mine)
-        counts.append(len(mine))
-    claimed = sum(counts)
-    if claimed and len(frozenset().union(*owned)) < claimed:
-        return evaluate(tasks, clients, result, num_standby_replicas, stateful)
-
-    moves = warm = cold = kept = dropped = placed = 0
-    caps = [c.capacity for c in clients]
-    bounds = share_bounds(n, caps)
-    balanced = True
-    per_thread: list[float] = []
-    load: list[float] = []
-    for c, mine, (lo, hi) in zip(clients, owned, bounds, strict=True):
-        a = result.get(c.process_id, _EMPTY)
-        active = a.active
-        moves += len(mine) - len(mine & active)
-        gained = active - mine
-        if not all_stateful:
-            gained &= stateful
-        for t in gained:
-            if t in c.prev_active or t in c.prev_standby or t in c.lags:
-                warm += 1
-            else:
-                cold += 1
-        if c.prev_standby:
-            ps = c.prev_standby - active
-            if not all_stateful:
-                ps &= stateful
-            k = len(ps & a.standby)
-            kept += k
-            dropped += len(ps) - k
-        placed += len(a.standby) if all_stateful else len(a.standby & stateful)
-        count = len(active)
-        balanced = balanced and lo <= count <= hi
-        per_thread.append(count / c.capacity)
-        load.append(a.load / c.capacity)
-    floors = [lo for lo, _ in bounds]
-    quotas = apportion(n, caps, priority=lambda i: (floors[i] - counts[i], i))
-    wanted = min(num_standby_replicas, max(0, len(clients) - 1))
-    return AssignmentMetrics(
-        tasks=n,
-        clients=len(clients),
-        moves=moves,
-        move_lower_bound=sum(max(0, k - q) for k, q in zip(counts, quotas, strict=True)),
-        active_balanced=balanced,
-        active_imbalance=(max(per_thread) - min(per_thread)) if per_thread else 0.0,
-        load_imbalance=(max(load) - min(load)) if load else 0.0,
-        standbys_required=wanted * len(stateful),
-        standbys_placed=placed,
-        standbys_kept=kept,
-        standbys_dropped=dropped,
-        warm_takeovers=warm,
-        cold_takeovers=cold,
-    )
 
 
 def _error_row(
@@ -494,9 +406,7 @@ class _TaskRunner:
             result, seconds = self.assign(step, layout, tasks, clients, stateful_list)
         except Exception as exc:  # a peer's failure is a result to report, not a crash
             return _error_row(base, exc, self.replicas)
-        metrics = task_metrics(
-            tasks, clients, result, self.replicas, stateful, ctx.task_set(layout)
-        )
+        metrics = evaluate(tasks, clients, result, self.replicas, stateful)
 
         end = ctx.end
         lag = ctx.standby_lag

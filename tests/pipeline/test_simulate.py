@@ -18,7 +18,7 @@ from streamassign import (
     TaskId,
     Topology,
 )
-from streamassign.metrics import evaluate
+from streamassign.metrics import evaluate, evaluate_per_task
 from streamassign.pipeline import (
     COLUMNS,
     RebalanceRow,
@@ -35,7 +35,6 @@ from streamassign.pipeline.simulate import (
     _Context,
     _TaskRunner,
     run_trace,
-    task_metrics,
 )
 
 from .conftest import BUSY
@@ -60,10 +59,11 @@ def test_row_fields_follow_the_schema() -> None:
     st.integers(0, 2),
     st.sampled_from(["task:sticky", "faust:copartitioned"] if HAS_FAUST else ["task:sticky"]),
 )
-def test_task_metrics_equal_evaluate_on_every_simulated_rebalance(
+def test_fast_evaluate_equals_the_per_task_reference_on_every_simulated_rebalance(
     model: ScenarioModel, workload: Workload, scenario: int, standbys: int, assignor: str
 ) -> None:
-    """The incremental metrics are the core's ``evaluate``, on our assignor and on Faust's."""
+    """The core's set-based ``evaluate`` equals the task-by-task reference on every rebalance
+    the pipeline scores, for our assignor and Faust's."""
     job = SimulationJob(
         workload=workload, model=model, assignors=(assignor,), standby_replicas=standbys
     )
@@ -81,8 +81,8 @@ def test_task_metrics_equal_evaluate_on_every_simulated_rebalance(
     rows = [runner.step(s, lay) for s, lay in zip(trace.steps, ctx.layouts, strict=True)]
     assert len(rows) == len(seen) == len(trace.steps)
     for row, (tasks, clients, result, stateful) in zip(rows, seen, strict=True):
-        expected = evaluate(tasks, clients, result, standbys, stateful)
-        assert task_metrics(tasks, clients, result, standbys, stateful) == expected
+        expected = evaluate_per_task(tasks, clients, result, standbys, stateful)
+        assert evaluate(tasks, clients, result, standbys, stateful) == expected
         assert (row.moves, row.move_lower_bound) == (expected.moves, expected.move_lower_bound)
         assert row.warm_takeovers == expected.warm_takeovers
         if assignor == "task:sticky":
@@ -91,7 +91,7 @@ def test_task_metrics_equal_evaluate_on_every_simulated_rebalance(
             assert row.standby_coverage == 1.0 and row.unassigned == 0
 
 
-def test_task_metrics_fall_back_to_evaluate_on_duplicate_claims() -> None:
+def test_evaluate_falls_back_to_the_reference_on_duplicate_claims() -> None:
     tasks = [TaskId(0, p) for p in range(4)]
     clients = [
         ClientState("a", prev_active=["0_0", "0_1"]),
@@ -99,7 +99,7 @@ def test_task_metrics_fall_back_to_evaluate_on_duplicate_claims() -> None:
     ]
     result = StickyTaskAssignor(1).assign(tasks, clients)
     stateful = frozenset(tasks)
-    assert task_metrics(tasks, clients, result, 1, stateful) == evaluate(
+    assert evaluate(tasks, clients, result, 1, stateful) == evaluate_per_task(
         tasks, clients, result, 1, stateful
     )
 
