@@ -359,19 +359,22 @@ class _Run:
                     heapq.heappush(heap, (target[ci] / caps[ci], ci))
         elif missing < 0:
             # Actives at their ceiling pushed some clients above the floor: take standbys from
-            # the most loaded clients per thread that still have standbys to give.
-            heap = [
-                (-target[ci] / caps[ci], ci)
-                for ci in range(len(clients))
-                if target[ci] > actives[ci]
-            ]
-            heapq.heapify(heap)
+            # the most loaded clients per thread that still have standbys to give; among equals,
+            # first from those whose target exceeds the previous standbys they could keep, so
+            # none has to drop one it holds.
+            prevs = [self._valid_prev_standbys(ci) for ci in range(len(clients))]
+
+            def entry(ci: int) -> tuple[float, bool, int]:
+                return (-target[ci] / caps[ci], prevs[ci] >= target[ci] - actives[ci], ci)
+
+            givers = [entry(ci) for ci in range(len(clients)) if target[ci] > actives[ci]]
+            heapq.heapify(givers)
             while missing < 0:
-                _, ci = heapq.heappop(heap)
+                *_, ci = heapq.heappop(givers)
                 target[ci] -= 1
                 missing += 1
                 if target[ci] > actives[ci]:
-                    heapq.heappush(heap, (-target[ci] / caps[ci], ci))
+                    heapq.heappush(givers, entry(ci))
         return [t - a for t, a in zip(target, actives, strict=True)]
 
     def assign_standbys(self) -> None:

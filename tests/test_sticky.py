@@ -391,3 +391,23 @@ def test_fast_path_returns_what_the_full_algorithm_would(inputs: Inputs) -> None
     fast = _Run(tasks, again, stateful, replicas).result(fast_path=True)
     slow = _Run(tasks, again, stateful, replicas).result(fast_path=False)
     assert fast == slow
+
+
+def test_reducing_standby_targets_spares_previous_holders() -> None:
+    """One standby to place, two clients tied for it: the previous holder keeps it (found by a
+    random search; the tie used to go by process id)."""
+    t = [TaskId(0, p) for p in range(3)]
+    stale = TaskId(9, 0)
+    clients = [
+        ClientState("aaa", 1, prev_standby=[t[2], t[0]]),
+        ClientState(
+            "d", 2, prev_active=[t[1], stale, t[2], t[0]], prev_standby=[t[1], t[2], stale, t[0]]
+        ),
+        ClientState("b", 3, prev_active=[t[0]], prev_standby=[t[1], t[2], t[0]]),
+        ClientState("e", 3, prev_standby=[stale]),
+        ClientState(
+            "ab", 2, prev_active=[t[0], stale, t[2]], prev_standby=[t[1], t[2], stale, t[0]]
+        ),
+    ]
+    result = StickyTaskAssignor(1).assign(t, clients, stateful=[t[2]])
+    assert result["b"].standby == {t[2]} and not result["e"].standby
