@@ -1,7 +1,8 @@
 """streamassign: Kafka Streams-grade task and partition assignment for Python stream processors.
 
 The top level exports the pure assignment core (no aiokafka, Faust or Spark imports):
-topology model, partition grouper, sticky task assignor and the value types they share.
+topology model, partition grouper, sticky and high-availability task assignors and the value
+types they share.
 """
 
 from ._ids import TaskId, TopicPartition
@@ -15,6 +16,7 @@ from .errors import (
     TopologyError,
 )
 from .grouper import PartitionGrouper
+from .ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
 from .sticky import StickyTaskAssignor
 from .topology import Subtopology, Topology
 
@@ -22,6 +24,8 @@ __all__ = [
     "ClientAssignment",
     "ClientState",
     "CopartitioningError",
+    "HighAvailabilityPlan",
+    "HighAvailabilityTaskAssignor",
     "InvalidPartitionCountsError",
     "MissingTopicsError",
     "PartitionGrouper",

@@ -1,0 +1,221 @@
+"""The high-availability task assignor: actives move only onto caught-up state (KIP-441's idea).
+
+A plain sticky rebalance hands a task to a new owner at once, and the task is down while that
+owner restores its changelog. This assignor moves an active only where its state is already
+there, and warms the state up first where it is not:
+
+1. **Target.** The balanced, move-minimal ``StickyTaskAssignor`` assignment of the same input.
+   It is computed from the reported history, so an assignment that is already balanced is its
+   own target and nothing moves (Kafka Streams' assignor converges to a target of its own
+   making and may reshuffle a balanced group; this one does not).
+2. **Caught up.** A client is caught up on a stateful task when it runs it (its resolved previous
+   owner) or reports a lag within ``acceptable_recovery_lag``. A standby reported without a lag
+   is not caught up: the leader cannot tell.
+3. **Hold back.** A stateful task whose target client is not caught up, while some present client
+   is, stays on a caught-up one: its previous owner if present, else a caught-up client that
+   holds a target standby of it (the two swap roles: the target client gets the standby, so it
+   warms up with no extra copy), else the least loaded caught-up client.
+4. **Warmups.** Where no role swap happened, the target client gets a warmup replica of the task,
+   at most ``max_warmup_replicas`` in the whole group; the budget goes first to clients that
+   already have some state of the task (a warmup in progress keeps its slot), then to the
+   smallest lag, then by task id.
+5. **Probing.** The plan says a probing rebalance is needed while any active is held back; at
+   that rebalance caught-up warmups are warm holders, so the sticky target takes them over with
+   (near) zero restore. Stateless tasks, and stateful ones no present client is caught up on,
+   go straight to their target: there is nothing to wait for.
+
+While actives are held back the interim assignment can be unbalanced (a caught-up client runs
+more than its share); the assignment the rounds converge to is the sticky target, with all its
+balance and move guarantees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from ._ids import TaskId
+from .assignment import ClientAssignment, ClientState
+from .sticky import StickyTaskAssignor, resolve_previous_owners
+
+__all__ = ["HighAvailabilityPlan", "HighAvailabilityTaskAssignor"]
+
+#: Sort key of a lag nobody reported: behind every known lag.
+_UNKNOWN: Final = 1 << 62
+
+
+def _at_least(low: int) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{attribute.name} must be an int >= {low}, got {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class HighAvailabilityPlan:
+    """One rebalance of the high-availability assignor.
+
+    ``assignment`` is what the clients run now (actives held back on caught-up clients, warmups
+    on their targets); ``target`` is the balanced sticky assignment the rounds converge to;
+    ``held_back`` maps each active kept off its target to that target's process id.
+    """
+
+    assignment: Mapping[str, ClientAssignment]
+    target: Mapping[str, ClientAssignment]
+    held_back: Mapping[TaskId, str]
+
+    @property
+    def probing_rebalance_needed(self) -> bool:
+        """Whether a later rebalance must move held-back actives once their state caught up."""
+        return bool(self.held_back)
+
+    @property
+    def warmups(self) -> int:
+        """Warmup replicas placed in the whole group."""
+        return sum(len(a.warmup) for a in self.assignment.values())
+
+
+@attrs.frozen
+class HighAvailabilityTaskAssignor:
+    """Sticky assignment that moves actives only onto caught-up state (module docstring).
+
+    Same ``assign`` contract as ``StickyTaskAssignor``; ``plan`` also says whether a probing
+    rebalance is needed. ``probing_rebalance_interval_ms`` is how long the group waits before
+    that rebalance (Kafka Streams' default: 10 minutes); the streams leader turns it into the
+    members' next-rebalance time.
+    """
+
+    num_standby_replicas: int = attrs.field(default=0, validator=_at_least(0))
+    #: Lags up to this count as caught up (Kafka Streams' ``acceptable.recovery.lag``).
+    acceptable_recovery_lag: int = attrs.field(default=10_000, validator=_at_least(0))
+    #: Warmup replicas allowed at once in the whole group (``max.warmup.replicas``).
+    max_warmup_replicas: int = attrs.field(default=2, validator=_at_least(1))
+    probing_rebalance_interval_ms: int = attrs.field(default=600_000, validator=_at_least(1))
+
+    def assign(
+        self,
+        tasks: Iterable[TaskId],
+        clients: Iterable[ClientState],
+        stateful: Iterable[TaskId] | None = None,
+    ) -> dict[str, ClientAssignment]:
+        """What every client runs now, keyed by process id (``plan(...).assignment``)."""
+        return dict(self.plan(tasks, clients, stateful).assignment)
+
+    def plan(
+        self,
+        tasks: Iterable[TaskId],
+        clients: Iterable[ClientState],
+        stateful: Iterable[TaskId] | None = None,
+    ) -> HighAvailabilityPlan:
+        """The interim assignment, its target, and the actives held back (module docstring).
+
+        ``stateful=None`` treats every task as stateful. Raises ``ValueError`` as
+        ``StickyTaskAssignor.assign`` does (duplicate process ids, tasks without clients).
+        """
+        task_list = sorted({t if type(t) is TaskId else TaskId(*t) for t in tasks})
+        client_list = sorted(clients, key=lambda c: c.process_id)
+        stateful_list = task_list if stateful is None else [TaskId(*t) for t in stateful]
+        target = StickyTaskAssignor(self.num_standby_replicas, self.acceptable_recovery_lag).assign(
+            task_list, client_list, stateful_list
+        )
+        return _Holdback(self, task_list, client_list, set(stateful_list), target).plan()
+
+
+class _Holdback:
+    """Step 3 and 4 of the module docstring over one sticky target."""
+
+    def __init__(
+        self,
+        assignor: HighAvailabilityTaskAssignor,
+        tasks: list[TaskId],
+        clients: list[ClientState],
+        stateful: set[TaskId],
+        target: dict[str, ClientAssignment],
+    ) -> None:
+        self.acceptable = assignor.acceptable_recovery_lag
+        self.budget = assignor.max_warmup_replicas
+        self.tasks = tasks
+        self.clients = {c.process_id: c for c in clients}
+        self.stateful = stateful
+        self.target = target
+        self.previous = resolve_previous_owners(tasks, clients)
+        self.holders: dict[TaskId, list[str]] | None = None
+
+    def lag(self, task: TaskId, pid: str) -> int | None:
+        """Lag of ``pid`` on ``task``: 0 for its running owner, None when unknown."""
+        if self.previous.get(task) == pid:
+            return 0
+        c = self.clients[pid]
+        if task in c.lags:
+            return c.lags[task]
+        return 0 if task in c.prev_active else None
+
+    def caught_up(self, task: TaskId) -> list[tuple[int, str]]:
+        """(lag, process id) of the clients caught up on ``task``, in process id order."""
+        if self.holders is None:  # built once, and only when some target is not caught up
+            self.holders = {}
+            for pid, c in self.clients.items():
+                for t in c.prev_active | c.prev_standby | c.lags.keys():
+                    self.holders.setdefault(t, []).append(pid)
+        out = []
+        for pid in self.holders.get(task, ()):
+            lag = self.lag(task, pid)
+            if lag is not None and lag <= self.acceptable:
+                out.append((lag, pid))
+        return out
+
+    def plan(self) -> HighAvailabilityPlan:
+        target = self.target
+        active = {pid: set(a.active) for pid, a in target.items()}
+        standby = {pid: set(a.standby) for pid, a in target.items()}
+        owner = {t: pid for pid, a in target.items() for t in a.active}
+        standbys_of: dict[TaskId, set[str]] = {}
+        for pid, a in target.items():
+            for t in a.standby:
+                standbys_of.setdefault(t, set()).add(pid)
+        caps = {pid: c.capacity for pid, c in self.clients.items()}
+
+        held: dict[TaskId, str] = {}
+        wants_warmup: list[tuple[int, int, TaskId, str]] = []
+        for t in self.tasks:
+            dest = owner[t]
+            if t not in self.stateful:
+                continue
+            lag = self.lag(t, dest)
+            if lag is not None and lag <= self.acceptable:
+                continue
+            ready = self.caught_up(t)
+            if not ready:
+                continue  # nobody is caught up: nothing to wait for
+            keepers = standbys_of.get(t, set())
+            prev = self.previous.get(t)
+            if prev is not None:
+                keeper = prev
+            else:
+                keeper = min(
+                    ready,
+                    key=lambda r: (r[1] not in keepers, len(active[r[1]]) / caps[r[1]], r[0], r[1]),
+                )[1]
+            active[dest].discard(t)
+            active[keeper].add(t)
+            held[t] = dest
+            if keeper in keepers:  # swap roles: the target client keeps a standby meanwhile
+                standby[keeper].discard(t)
+                standby[dest].add(t)
+            else:
+                has = self.clients[dest].has_state(t)
+                wants_warmup.append((0 if has else 1, _UNKNOWN if lag is None else lag, t, dest))
+
+        warmup: dict[str, set[TaskId]] = {pid: set() for pid in target}
+        for *_, t, dest in sorted(wants_warmup)[: self.budget]:
+            warmup[dest].add(t)
+        assignment = {
+            pid: ClientAssignment(
+                frozenset(active[pid]), frozenset(standby[pid]), frozenset(warmup[pid])
+            )
+            for pid in target
+        }
+        return HighAvailabilityPlan(assignment, target, held)

@@ -1,0 +1,304 @@
+"""HighAvailabilityTaskAssignor: hold-back, warmups, probing rounds and their convergence."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from streamassign import (
+    ClientAssignment,
+    ClientState,
+    HighAvailabilityTaskAssignor,
+    StickyTaskAssignor,
+    TaskId,
+)
+from streamassign._balance import share_bounds
+from streamassign.ha import HighAvailabilityPlan
+from streamassign.metrics import violations
+from streamassign.sticky import resolve_previous_owners
+
+from .strategies import assignment_inputs, fresh_clients, task_sets
+
+ACCEPTABLE = 100
+Inputs = tuple[list[TaskId], list[ClientState], int, "list[TaskId] | None"]
+
+
+def assignor(replicas: int, warmups: int = 2) -> HighAvailabilityTaskAssignor:
+    return HighAvailabilityTaskAssignor(replicas, ACCEPTABLE, max_warmup_replicas=warmups)
+
+
+def caught_up(c: ClientState, t: TaskId, owner: str | None) -> bool:
+    """The oracle: runs it, or reports a lag within the acceptable recovery lag."""
+    if owner == c.process_id:
+        return True
+    lag = c.lags.get(t, 0 if t in c.prev_active else None)
+    return lag is not None and lag <= ACCEPTABLE
+
+
+def check_round(
+    tasks: list[TaskId],
+    clients: list[ClientState],
+    replicas: int,
+    stateful: list[TaskId] | None,
+    plan: HighAvailabilityPlan,
+    warmups: int = 2,
+) -> None:
+    """Invariants of every plan: valid, warmups within budget and beside no copy, actives
+    moved only onto caught-up state when some present client is caught up."""
+    result = plan.assignment
+    assert violations(tasks, clients, result, replicas, stateful) == []
+    assert plan.warmups <= warmups
+    stateful_set = set(tasks) if stateful is None else set(stateful)
+    by_pid = {c.process_id: c for c in clients}
+    owners = resolve_previous_owners(tasks, clients)
+    now = {t: pid for pid, a in result.items() for t in a.active}
+    for pid, a in result.items():
+        assert a.warmup <= stateful_set
+        assert not a.warmup & (a.active | a.standby)
+        for t in a.warmup:  # a warmup sits where its task is held back from
+            assert plan.held_back[t] == pid
+    for t in sorted(stateful_set & set(tasks)):
+        prev = owners.get(t)
+        any_ready = any(caught_up(c, t, prev) for c in clients)
+        if now[t] != prev and any_ready:
+            assert caught_up(by_pid[now[t]], t, prev), (t, prev, now[t])
+    off_target = {t for pid, a in result.items() for t in a.active - plan.target[pid].active}
+    assert plan.probing_rebalance_needed == bool(off_target) == bool(plan.held_back)
+
+
+def next_round(
+    clients: list[ClientState], result: Mapping[str, ClientAssignment]
+) -> list[ClientState]:
+    """The same clients one probing interval later: every replica has caught up."""
+    return [
+        ClientState(
+            c.process_id,
+            c.capacity,
+            prev_active=result[c.process_id].active,
+            prev_standby=result[c.process_id].standby | result[c.process_id].warmup,
+            lags=dict.fromkeys(result[c.process_id].standby | result[c.process_id].warmup, 0),
+        )
+        for c in clients
+    ]
+
+
+def converge(
+    tasks: list[TaskId],
+    clients: list[ClientState],
+    replicas: int,
+    stateful: list[TaskId] | None,
+    warmups: int = 2,
+) -> tuple[int, list[ClientState], HighAvailabilityPlan]:
+    """Rounds until no probing is needed: (probing rounds, last clients, last plan)."""
+    n_stateful = len(tasks if stateful is None else set(stateful) & set(tasks))
+    bound = 2 * n_stateful * (1 + min(replicas, len(clients) - 1))
+    ha = assignor(replicas, warmups)
+    rounds = 0
+    while True:
+        plan = ha.plan(tasks, clients, stateful)
+        check_round(tasks, clients, replicas, stateful, plan, warmups)
+        if not plan.probing_rebalance_needed:
+            return rounds, clients, plan
+        rounds += 1
+        assert rounds <= bound, f"no convergence within {bound} probing rounds"
+        clients = next_round(clients, plan.assignment)
+
+
+def shake(
+    data: st.DataObject, settled: list[ClientState], plan: HighAvailabilityPlan, name: str
+) -> list[ClientState]:
+    """Members of a settled group dropped and added at once: survivors' standbys lag a little
+    (caught up) or a lot (not), newcomers (``name`` + a letter) have nothing."""
+    keep = data.draw(st.lists(st.booleans(), min_size=len(settled), max_size=len(settled)))
+    lag = st.sampled_from([0, ACCEPTABLE, ACCEPTABLE + 1, 50_000])
+    survivors = [
+        ClientState(
+            c.process_id,
+            c.capacity,
+            prev_active=plan.assignment[c.process_id].active,
+            prev_standby=plan.assignment[c.process_id].standby,
+            lags={t: data.draw(lag) for t in sorted(plan.assignment[c.process_id].standby)},
+        )
+        for c, k in zip(settled, keep, strict=True)
+        if k
+    ]
+    added = [
+        ClientState(f"{name}{i}", data.draw(st.integers(1, 3)))
+        for i in range(data.draw(st.integers(0 if survivors else 1, 3)))
+    ]
+    return survivors + added
+
+
+@settings(max_examples=300)
+@given(st.data(), task_sets(max_subtopologies=3, max_partitions=8), st.integers(0, 2))
+def test_churn_converges_to_a_balanced_stable_assignment_within_the_bound(
+    data: st.DataObject, tasks: list[TaskId], replicas: int
+) -> None:
+    """Two membership changes in a row, each followed by probing rounds in which every placed
+    replica catches up; every round keeps the per-round invariants (``check_round``)."""
+    stateful = data.draw(st.one_of(st.none(), st.lists(st.sampled_from(tasks), unique=True)))
+    warmups = data.draw(st.integers(1, 3))
+    clients = data.draw(fresh_clients(max_clients=6))
+    for name in ("n", "m", "o"):
+        rounds, last, plan = converge(tasks, clients, replicas, stateful, warmups)
+        event(f"probing rounds: {min(rounds, 6)}{'+' if rounds > 6 else ''}")
+        final = plan.assignment
+        assert final == plan.target
+        bounds = share_bounds(len(tasks), [c.capacity for c in last])
+        for c, (lo, hi) in zip(last, bounds, strict=True):
+            assert lo <= len(final[c.process_id].active) <= hi
+        again = assignor(replicas, warmups).plan(tasks, next_round(last, final), stateful)
+        assert not again.probing_rebalance_needed
+        assert again.assignment == final
+        clients = shake(data, last, plan, name)
+
+
+@given(assignment_inputs(), st.integers(1, 3))
+def test_every_plan_is_valid_within_budget_and_moves_only_onto_caught_up_state(
+    inputs: Inputs, warmups: int
+) -> None:
+    tasks, clients, replicas, stateful = inputs
+    plan = assignor(replicas, warmups).plan(tasks, clients, stateful)
+    check_round(tasks, clients, replicas, stateful, plan, warmups)
+
+
+@given(assignment_inputs())
+def test_target_is_the_sticky_assignment_and_other_tasks_follow_it(inputs: Inputs) -> None:
+    tasks, clients, replicas, stateful = inputs
+    plan = assignor(replicas).plan(tasks, clients, stateful)
+    assert plan.target == StickyTaskAssignor(replicas, ACCEPTABLE).assign(tasks, clients, stateful)
+    for pid, a in plan.assignment.items():
+        moved_in = a.active - plan.target[pid].active
+        assert all(t in plan.held_back for t in moved_in)
+        assert all(plan.held_back[t] != pid for t in moved_in)
+
+
+@given(task_sets(), fresh_clients(), st.integers(0, 2), st.integers(0, 2 * ACCEPTABLE))
+def test_a_balanced_caught_up_assignment_is_not_reshuffled(
+    tasks: list[TaskId], clients: list[ClientState], replicas: int, lag: int
+) -> None:
+    """Fed back as history (standbys at any lag), a balanced assignment stays exactly as it is."""
+    first = assignor(replicas).assign(tasks, clients)
+    history = [
+        ClientState(
+            c.process_id,
+            c.capacity,
+            prev_active=first[c.process_id].active,
+            prev_standby=first[c.process_id].standby,
+            lags=dict.fromkeys(first[c.process_id].standby, lag),
+        )
+        for c in clients
+    ]
+    plan = assignor(replicas).plan(tasks, history)
+    assert not plan.probing_rebalance_needed
+    assert plan.assignment == first
+
+
+@given(assignment_inputs(), st.randoms(use_true_random=False))
+def test_deterministic_whatever_the_input_order(inputs: Inputs, rnd: random.Random) -> None:
+    tasks, clients, replicas, stateful = inputs
+    plan = assignor(replicas, 1).plan(tasks, clients, stateful)
+    shuffled_tasks, shuffled_clients = list(tasks), list(clients)
+    rnd.shuffle(shuffled_tasks)
+    rnd.shuffle(shuffled_clients)
+    shuffled_stateful = None if stateful is None else rnd.sample(stateful, len(stateful))
+    again = assignor(replicas, 1).plan(shuffled_tasks, shuffled_clients, shuffled_stateful)
+    assert again == plan
+
+
+# -- worked examples ---------------------------------------------------------------------------
+
+T = [TaskId(0, p) for p in range(6)]
+
+
+def test_new_client_warms_up_then_takes_over_with_no_restore() -> None:
+    """a and b run three tasks each; c joins empty. The sticky target gives c two tasks; they
+    stay where they run, c warms both up; one probing round later c takes them over warm."""
+    a = ClientState("a", prev_active=T[:3])
+    b = ClientState("b", prev_active=T[3:])
+    c = ClientState("c")
+    ha = assignor(0)
+    plan = ha.plan(T, [a, b, c])
+    assert plan.assignment["c"].active == frozenset()
+    assert len(plan.assignment["c"].warmup) == 2
+    assert plan.assignment["a"].active == frozenset(T[:3])
+    assert plan.assignment["b"].active == frozenset(T[3:])
+    assert plan.held_back.keys() == plan.assignment["c"].warmup
+    assert plan.probing_rebalance_needed
+    probe = ha.plan(T, next_round([a, b, c], plan.assignment))
+    assert not probe.probing_rebalance_needed
+    assert probe.assignment["c"].active == plan.assignment["c"].warmup
+
+
+def test_warmup_budget_spreads_a_big_takeover_over_probing_rounds() -> None:
+    tasks = [TaskId(0, p) for p in range(12)]
+    clients = [ClientState("a", prev_active=tasks), ClientState("b"), ClientState("c")]
+    rounds, _, plan = converge(tasks, clients, 0, None, warmups=2)
+    assert rounds == 4  # 8 tasks to move, 2 warmups at a time
+    assert [len(plan.assignment[p].active) for p in "abc"] == [4, 4, 4]
+
+
+def test_caught_up_standby_takes_over_directly_and_a_lagging_one_warms_up_in_place() -> None:
+    """a crashed. b holds a caught-up standby of 0_0, c a far-behind standby of 0_1; 0_1 has no
+    caught-up client at all, so it goes to its target at once (nothing to wait for)."""
+    b = ClientState("b", prev_active=[T[2]], prev_standby=[T[0]], lags={T[0]: 5})
+    c = ClientState("c", prev_active=[T[3]], prev_standby=[T[1]], lags={T[1]: 90_000})
+    plan = assignor(0).plan(T[:4], [b, c])
+    assert T[0] in plan.assignment["b"].active
+    assert T[1] in plan.assignment["c"].active
+    assert not plan.probing_rebalance_needed
+
+
+def test_held_back_active_swaps_roles_with_a_target_standby() -> None:
+    """The target moves 0_0 to b (lagging) and keeps a standby on a, its caught-up owner:
+    interim, a keeps running it and b holds the standby, with no warmup spent."""
+    tasks = [TaskId(0, 0), TaskId(0, 1)]
+    a = ClientState("a", prev_active=tasks)
+    b = ClientState("b", prev_standby=tasks, lags=dict.fromkeys(tasks, 5_000))
+    plan = assignor(1).plan(tasks, [a, b])
+    moved = plan.held_back.keys()
+    assert len(moved) == 1
+    assert plan.assignment["a"].active == frozenset(tasks)
+    assert plan.assignment["b"].standby == frozenset(tasks)
+    assert plan.warmups == 0 and plan.probing_rebalance_needed
+
+
+def test_warmup_budget_goes_first_to_clients_already_restoring() -> None:
+    tasks = [TaskId(0, p) for p in range(4)]
+    a = ClientState("a", prev_active=tasks)
+    b = ClientState("b", prev_standby=[TaskId(0, 3)], lags={TaskId(0, 3): 7_000})
+    plan = assignor(0, warmups=1).plan(tasks, [a, b])
+    assert len(plan.held_back) == 2 and TaskId(0, 3) in plan.held_back
+    assert plan.assignment["b"].warmup == {TaskId(0, 3)}
+
+
+def test_stateless_tasks_move_at_once() -> None:
+    tasks = [TaskId(0, p) for p in range(4)]
+    plan = assignor(0).plan(tasks, [ClientState("a", prev_active=tasks), ClientState("b")], [])
+    assert len(plan.assignment["b"].active) == 2 and not plan.probing_rebalance_needed
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_warmup_replicas": 0}, "max_warmup_replicas must be an int >= 1"),
+        ({"num_standby_replicas": -1}, "num_standby_replicas must be an int >= 0"),
+        ({"acceptable_recovery_lag": True}, "acceptable_recovery_lag must be an int >= 0"),
+        ({"probing_rebalance_interval_ms": 0}, "probing_rebalance_interval_ms must be an int >= 1"),
+    ],
+)
+def test_bad_settings_are_typed_errors(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        HighAvailabilityTaskAssignor(**kwargs)  # type: ignore[arg-type]
+
+
+def test_bad_input_is_the_sticky_assignors_error() -> None:
+    with pytest.raises(ValueError, match="duplicate process id"):
+        assignor(0).plan(T, [ClientState("a"), ClientState("a")])
+    with pytest.raises(ValueError, match="no clients"):
+        assignor(0).plan(T, [])
+    assert assignor(0).plan([], []).assignment == {}
