@@ -7,11 +7,17 @@ assignor, spread each process's tasks over its consumers, map tasks back to part
 the host maps. It never assigns a member a topic it did not subscribe to, answers at the highest
 protocol version every member supports, and turns topology trouble (missing topics, broken
 co-partitioning) into an error code for every member instead of an exception.
+
+With ``high_availability=True`` the high-availability assignor (``streamassign.ha``) replaces the
+sticky one: actives move only onto caught-up state, warmups go to their targets, and while any
+active is held back every member's ``next_rebalance_ms`` is set to now plus the probing interval,
+so the group rebalances again once the warmups had time to catch up.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 
 import attrs
@@ -20,7 +26,15 @@ from ._ids import TaskId, TopicPartition
 from .assignment import ClientState
 from .errors import ErrorCode, TopologyError
 from .grouper import PartitionGrouper, resolve_partition_counts
-from .protocol import LATEST_OFFSET, LATEST_VERSION, MIN_VERSION, AssignmentInfo, SubscriptionInfo
+from .ha import HighAvailabilityTaskAssignor
+from .protocol import (
+    LATEST_OFFSET,
+    LATEST_VERSION,
+    MIN_VERSION,
+    NEVER,
+    AssignmentInfo,
+    SubscriptionInfo,
+)
 from .sticky import StickyTaskAssignor
 from .threads import distribute_to_threads
 from .topology import Topology
@@ -150,9 +164,19 @@ def assign_streams(
     leader_version: int = LATEST_VERSION,
     end_offsets: Mapping[TaskId, int] | None = None,
     acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
+    high_availability: bool = False,
+    max_warmup_replicas: int = 2,
+    probing_rebalance_interval_ms: int = 600_000,
+    now_ms: int | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad topics or
-    bad members: those become error codes or empty assignments, logged."""
+    bad members: those become error codes or empty assignments, logged.
+
+    ``high_availability`` selects the high-availability assignor with ``max_warmup_replicas``
+    and ``probing_rebalance_interval_ms``; ``now_ms`` (default: the wall clock) is the time the
+    probing rebalance is counted from. Lags are exact only with ``end_offsets``; without them a
+    copy's lag is its distance to the most advanced copy reported (running actives excluded).
+    """
     version = common_version(members, leader_version)
     if any(m.info and m.info.error_code == ErrorCode.SHUTDOWN_REQUESTED for m in members.values()):
         log.warning("a member requested shutdown of the application; telling every member")
@@ -185,8 +209,29 @@ def assign_streams(
         return result
     clients, by_process, endpoints = client_states(compatible, end_offsets, acceptable_recovery_lag)
     stateful = [t for t in tasks if t.subtopology in topology.stateful_subtopologies]
-    assignor = StickyTaskAssignor(num_standby_replicas, acceptable_recovery_lag)
-    per_client = assignor.assign(tasks, clients, stateful)
+    next_rebalance = NEVER
+    if high_availability:
+        ha = HighAvailabilityTaskAssignor(
+            num_standby_replicas,
+            acceptable_recovery_lag,
+            max_warmup_replicas,
+            probing_rebalance_interval_ms,
+        )
+        plan = ha.plan(tasks, clients, stateful)
+        per_client = dict(plan.assignment)
+        if plan.probing_rebalance_needed:
+            start = int(time.time() * 1000) if now_ms is None else now_ms
+            next_rebalance = start + probing_rebalance_interval_ms
+            log.info(
+                "%d actives held back on caught-up processes, %d warmups placed; "
+                "probing rebalance in %d ms",
+                len(plan.held_back),
+                plan.warmups,
+                probing_rebalance_interval_ms,
+            )
+    else:
+        assignor = StickyTaskAssignor(num_standby_replicas, acceptable_recovery_lag)
+        per_client = assignor.assign(tasks, clients, stateful)
 
     active_by_host: dict[str, frozenset[TaskId]] = {}
     standby_by_host: dict[str, frozenset[TaskId]] = {}
@@ -212,7 +257,9 @@ def assign_streams(
                 partitions,
                 AssignmentInfo(
                     active=part.active,
-                    standby=part.standby,
+                    # Version 1 has no warmups: such a member runs them as standbys, which
+                    # reports their progress all the same.
+                    standby=part.standby if version >= 2 else part.standby | part.warmup,
                     warmup=part.warmup if version >= 2 else frozenset(),
                     active_by_host=active_by_host,
                     standby_by_host=standby_by_host,
@@ -221,6 +268,11 @@ def assign_streams(
                     common_version=version,
                 ),
             )
+    if next_rebalance != NEVER:  # every member, so whoever leads next still probes
+        result = {
+            m: attrs.evolve(a, info=attrs.evolve(a.info, next_rebalance_ms=next_rebalance))
+            for m, a in result.items()
+        }
     return result
 
 

@@ -17,7 +17,8 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from aiokafka.coordinator.protocol import (
 from .._ids import TaskId, TopicPartition
 from ..assignment import ClientAssignment
 from ..errors import ErrorCode
+from ..ha import HighAvailabilityTaskAssignor
 from ..localstate import StateDirectory
 from ..protocol import (
     LATEST_OFFSET,
@@ -41,7 +43,7 @@ from ..protocol import (
     ProtocolError,
     SubscriptionInfo,
 )
-from ..streams import MemberSubscription, assign_streams
+from ..streams import ACCEPTABLE_RECOVERY_LAG, MemberSubscription, assign_streams
 from ..topology import Topology
 from ._rejoin import Rejoiner
 from ._wire import encode_assignment
@@ -83,6 +85,8 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self.version = host.max_version
         #: Milliseconds the last leader-side ``assign`` took on this consumer, if it led.
         self.last_assign_ms: float | None = None
+        #: The scheduled probing rebalance, replaced by every new assignment.
+        self._probe: asyncio.TimerHandle | None = None
 
     @property
     def name(self) -> str:
@@ -129,6 +133,11 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 subscriptions,
                 num_standby_replicas=self.host.num_standby_replicas,
                 leader_version=self.host.max_version,
+                end_offsets=self.host.end_offsets() if self.host.end_offsets else None,
+                acceptable_recovery_lag=self.host.acceptable_recovery_lag,
+                high_availability=self.host.high_availability,
+                max_warmup_replicas=self.host.max_warmup_replicas,
+                probing_rebalance_interval_ms=self.host.probing_rebalance_interval_ms,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
         except Exception:
@@ -174,10 +183,23 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             self.version = min(info.common_version, self.host.max_version)
             log.info("protocol version upgraded to %d; rejoining", self.version)
             self.rejoiner.after(0)
-        if info.next_rebalance_ms == NOW:
+        self._schedule(info.next_rebalance_ms)
+
+    def _schedule(self, next_rebalance_ms: int) -> None:
+        """Rejoin when the leader asks: now, or at a time (a probing rebalance). A new
+        assignment replaces the time an older one set, so probes never pile up."""
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
+        if next_rebalance_ms == NOW:
             self.rejoiner.after(0)
-        elif info.next_rebalance_ms != NEVER:
-            self.rejoiner.at(info.next_rebalance_ms)
+        elif next_rebalance_ms != NEVER:
+            delay = max(0.0, next_rebalance_ms / 1000 - time.time())
+            if _has_loop():
+                loop = asyncio.get_running_loop()
+                self._probe = loop.call_later(delay, self.rejoiner.after, 0)
+            else:
+                self.rejoiner.at(next_rebalance_ms)
 
 
 def _has_loop() -> bool:
@@ -205,6 +227,14 @@ class ProcessHost:
 
     ``consumer_config`` goes to every ``AIOKafkaConsumer`` (session timeouts and the like);
     ``max_version`` caps the protocol version this process speaks (for rolling upgrades).
+
+    ``high_availability=True`` makes this process, when it leads, use the high-availability
+    assignor (``streamassign.ha``): actives move only onto caught-up state, warmups go to their
+    targets (run them like standbys: they arrive through ``on_standby_added``), and members
+    rejoin for a probing rebalance ``probing_rebalance_interval_ms`` later. ``end_offsets``
+    (a callable giving each stateful task's summed changelog end offsets) makes lags exact;
+    without it a copy's lag is measured against the most advanced copy reported. Give every
+    process the same settings: whichever leads decides.
     """
 
     def __init__(
@@ -222,9 +252,26 @@ class ProcessHost:
         listener: TaskListener | None = None,
         consumer_config: Mapping[str, Any] | None = None,
         max_version: int = LATEST_VERSION,
+        high_availability: bool = False,
+        acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
+        max_warmup_replicas: int = 2,
+        probing_rebalance_interval_ms: int = 600_000,
+        end_offsets: Callable[[], Mapping[TaskId, int]] | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
+        # Checked here, not at the first rebalance this process leads.
+        HighAvailabilityTaskAssignor(
+            num_standby_replicas,
+            acceptable_recovery_lag,
+            max_warmup_replicas,
+            probing_rebalance_interval_ms,
+        )
+        self.high_availability = high_availability
+        self.acceptable_recovery_lag = acceptable_recovery_lag
+        self.max_warmup_replicas = max_warmup_replicas
+        self.probing_rebalance_interval_ms = probing_rebalance_interval_ms
+        self.end_offsets = end_offsets
         self.topology = topology
         self.application_id = application_id or topology.name
         if not self.application_id:

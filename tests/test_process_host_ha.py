@@ -1,0 +1,92 @@
+"""ProcessHost with the high-availability assignor, without a broker: the leader's settings
+reach ``assign_streams`` and the probing rebalance is scheduled once, replaced by newer times."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+
+from streamassign import Subtopology, TaskId, Topology
+from streamassign.aiokafka import ProcessHost
+from streamassign.protocol import LATEST_OFFSET, NEVER, AssignmentInfo, SubscriptionInfo
+
+TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s"])], name="app")
+TASKS = [TaskId(0, p) for p in range(4)]
+
+
+def ha_host(tmp_path: Path, **kw: Any) -> ProcessHost:
+    return ProcessHost(
+        TOPOLOGY,
+        bootstrap_servers="127.0.0.1:1",
+        state_dir=tmp_path,
+        high_availability=True,
+        probing_rebalance_interval_ms=60_000,
+        **kw,
+    )
+
+
+def test_the_leader_holds_actives_back_and_sets_the_probing_time(tmp_path: Path) -> None:
+    host = ha_host(tmp_path, end_offsets=lambda: dict.fromkeys(TASKS, 1000))
+    running = SubscriptionInfo(uuid.UUID(int=1), offset_sums=dict.fromkeys(TASKS, LATEST_OFFSET))
+    members = {
+        "old": ConsumerProtocolMemberMetadata(0, ["in"], running.encode()),
+        "new": ConsumerProtocolMemberMetadata(
+            0, ["in"], SubscriptionInfo(uuid.UUID(int=2)).encode()
+        ),
+    }
+    cluster = SimpleNamespace(partitions_for_topic=lambda topic: set(range(4)))
+    before = int(time.time() * 1000)
+    out = host.assignors[0].assign(cluster, members)
+    infos = {
+        m: AssignmentInfo.decode(ConsumerProtocolMemberAssignment.decode(b).user_data)
+        for m, b in out.items()
+    }
+    assert infos["old"].active == set(TASKS)
+    assert len(infos["new"].warmup) == 2 and not infos["new"].active
+    for info in infos.values():
+        assert before + 60_000 <= info.next_rebalance_ms <= time.time() * 1000 + 60_000
+
+
+def test_bad_settings_fail_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_warmup_replicas must be an int >= 1"):
+        ha_host(tmp_path, max_warmup_replicas=0)
+
+
+def test_a_newer_assignment_replaces_the_scheduled_probe(tmp_path: Path) -> None:
+    host = ha_host(tmp_path)
+    rejoins: list[float] = []
+
+    class Consumer:  # what Rejoiner reaches: the coordinator's request_rejoin
+        _coordinator = SimpleNamespace(request_rejoin=lambda: rejoins.append(time.monotonic()))
+
+    consumer = Consumer()
+    assignor = host.assignors[0]
+    assignor.rejoiner.bind(consumer)
+
+    def deliver(next_rebalance_ms: int) -> None:
+        info = AssignmentInfo(next_rebalance_ms=next_rebalance_ms)
+        assignor.on_assignment(ConsumerProtocolMemberAssignment(0, [], info.encode()))
+
+    async def scenario() -> None:
+        now = int(time.time() * 1000)
+        deliver(now + 100)
+        deliver(now + 250)  # a rebalance in between set a later probe: only that one fires
+        await asyncio.sleep(0.5)
+        deliver(now + 600)
+        deliver(NEVER)  # balanced now: the pending probe is dropped
+        await asyncio.sleep(0.3)
+
+    started = time.monotonic()
+    asyncio.run(scenario())
+    assert len(rejoins) == 1
+    assert rejoins[0] - started >= 0.2
