@@ -95,6 +95,10 @@ class StateDirectory:
             log.warning("ignoring unreadable checkpoint %s: %s", file, exc)
             return {}
 
+    def delete_checkpoint(self, task: TaskId) -> None:
+        """Forget ``task``'s checkpoint (its local state is gone, e.g. an in-memory store)."""
+        (self.task_dir(task) / "checkpoint").unlink(missing_ok=True)
+
     def offset_sums(self) -> dict[TaskId, int]:
         """Sum of checkpointed changelog offsets of every task with local state."""
         sums: dict[TaskId, int] = {}

@@ -70,6 +70,12 @@ class TaskListener:
     async def on_shutdown_requested(self) -> None:
         """Some process requested the shutdown of the whole application."""
 
+    async def on_rebalance_started(self, consumer: int) -> None:
+        """aiokafka is about to revoke everything of ``consumer`` and rejoin (commit now)."""
+
+    async def on_rebalance_completed(self, consumer: int) -> None:
+        """``consumer``'s new assignment is in place, after its task callbacks."""
+
 
 class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
     """The aiokafka assignor of one consumer of a ``ProcessHost``."""
@@ -216,7 +222,8 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.index = index
 
     async def on_partitions_revoked(self, revoked: object) -> None:
-        """Eager revocation: nothing to report yet (see ``ProcessHost``)."""
+        """Eager revocation: no task change to report yet (see ``ProcessHost``)."""
+        await self.host._notify(self.host.listener.on_rebalance_started, self.index)
 
     async def on_partitions_assigned(self, assigned: object) -> None:
         await self.host._assigned(self.index)
@@ -394,6 +401,7 @@ class ProcessHost:
         ):
             if tasks:
                 await self._notify(callback, index, tasks)
+        await self._notify(self.listener.on_rebalance_completed, index)
 
     async def _notify(self, callback: Any, *args: Any) -> None:
         try:

@@ -1,0 +1,779 @@
+"""The runtime application: a topology, a processor per subtopology, N consumers in one process.
+
+Built on ``ProcessHost`` (the protocol, stickiness reporting, per-task callbacks). Per task it
+keeps a processor instance and its stores (``StoreState``: a local store plus its changelog
+partition); see ``changelog.py`` for how writes, commits and restores keep table state exact
+under at-least-once delivery, and ``docs/runtime.md`` for the whole design.
+
+Concurrency: one asyncio loop. Each consumer has its own processing loop and lock; a rebalance
+takes the lock, commits, and bumps an epoch so a batch fetched before it is dropped (its offsets
+were not committed; the next owner reads it again). One plain consumer (no group) keeps standby
+stores up to date; another restores stores of newly assigned actives, from their position to
+the changelog's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import attrs
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTopicPartition
+
+from .._ids import TaskId, TopicPartition
+from ..aiokafka.streams import ProcessHost, TaskListener
+from ..errors import ErrorCode, StreamAssignError
+from ..topology import Topology
+from ._topics import ensure_internal_topics
+from .changelog import COMMIT_KEY, StoreState
+from .stores import STORE_KINDS, StoreKind, open_store
+
+log = logging.getLogger("streamassign.runtime")
+
+ErrorPolicy = Literal["stop", "skip"]
+
+
+class RuntimeConfigError(StreamAssignError, ValueError):
+    """The application is configured inconsistently (e.g. a subtopology without processor)."""
+
+
+class ProcessingError(StreamAssignError):
+    """A processor raised; the application stopped without committing the failed record."""
+
+
+class Record(Protocol):
+    """An input record (aiokafka's ``ConsumerRecord`` has these fields)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+
+
+class Processor(Protocol):
+    """Processes the records of one task; one instance per task, made by a factory."""
+
+    async def process(self, ctx: TaskContext, record: Record) -> None: ...
+
+
+ProcessorFactory = Callable[[], Processor]
+
+
+@attrs.frozen
+class RestoreEvent:
+    """One restore of one task's stores, for logs, tests and benchmarks.
+
+    ``source``: ``standby`` (took over a standby of this process), ``kept`` (state kept in
+    memory from a moment ago in this process), ``local`` (persistent store on disk), ``cold``
+    (nothing local: from the changelog's start).
+    """
+
+    task: TaskId
+    source: str
+    records: int
+    seconds: float
+
+
+class Table:
+    """A processor's view of one store: reads see the task's own uncommitted writes."""
+
+    def __init__(self, task: _ActiveTask, state: StoreState) -> None:
+        self._task = task
+        self._state = state
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._state.get(key)
+
+    def items(self) -> Iterable[tuple[bytes, bytes]]:
+        return self._state.items()
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        """Write (``None`` deletes); goes to the changelog, committed with the task."""
+        state = self._state
+        record = self._task.current
+        if record is not None and state.seen(record.topic, record.offset):
+            return  # this store already holds this record's effect (replay after a crash)
+        self._task.journal.append((state, key, key in state.pending, state.pending.get(key)))
+        state.put(key, value)
+        self._task.outbox.append((state.changelog.topic, state.changelog.partition, key, value))
+
+    def delete(self, key: bytes) -> None:
+        self.put(key, None)
+
+
+class TaskContext:
+    """What a processor sees of its task: its id, its stores, and ``send`` for output."""
+
+    def __init__(self, task: _ActiveTask) -> None:
+        self._task = task
+        self.task_id = task.task_id
+        self._tables = {name: Table(task, state) for name, state in task.stores.items()}
+
+    def store(self, name: str) -> Table:
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise KeyError(
+                f"task {self.task_id} has no store {name!r} (its stores: {sorted(self._tables)})"
+            ) from None
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+    ) -> None:
+        """Produce to an output or repartition topic (partitioned by key when no partition is
+        given); acknowledged before the input offset is committed (at least once)."""
+        self._task.outbox.append((topic, partition, key, value))
+
+
+@attrs.define(eq=False)
+class _ActiveTask:
+    task_id: TaskId
+    consumer: int
+    stores: dict[str, StoreState]
+    processor: Processor
+    context: TaskContext = attrs.field(init=False)
+    #: Next input offset to commit, per source partition.
+    offsets: dict[TopicPartition, int] = attrs.field(factory=dict)
+    committed: dict[TopicPartition, int] = attrs.field(factory=dict)
+    futures: list[asyncio.Future[Any]] = attrs.field(factory=list)
+    outbox: list[tuple[str, int | None, bytes | None, bytes | None]] = attrs.field(factory=list)
+    journal: list[tuple[StoreState, bytes, bool, bytes | None]] = attrs.field(factory=list)
+    current: Record | None = None
+    processed: int = 0
+    skipped: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self.context = TaskContext(self)
+
+
+def _source_of(states: Mapping[str, StoreState], how: str) -> str:
+    if how == "open":
+        return "local" if any(s.position for s in states.values()) else "cold"
+    return how
+
+
+class App:
+    """A stream processing application (see the module docstring and ``docs/runtime.md``).
+
+    ``topology``: a ``Topology`` or the path of a topology TOML file (its ``name`` is the
+    application id); ``processors``: a processor factory per subtopology id. ``store_kind``:
+    ``"rocksdb"`` (persistent, sticky across restarts) or ``"memory"``.
+    """
+
+    def __init__(
+        self,
+        topology: Topology | str | os.PathLike[str],
+        processors: Mapping[int, ProcessorFactory],
+        *,
+        bootstrap_servers: str,
+        state_dir: str | os.PathLike[str],
+        threads: int = 1,
+        num_standby_replicas: int = 0,
+        store_kind: StoreKind = "rocksdb",
+        commit_interval_ms: int = 1000,
+        processing_errors: ErrorPolicy = "stop",
+        replication_factor: int = 1,
+        endpoint: str | None = None,
+        consumer_config: Mapping[str, Any] | None = None,
+        producer_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(topology, Topology):
+            topology = Topology.load(Path(topology))
+        ids = set(topology.subtopology_ids)
+        if set(processors) != ids:
+            raise RuntimeConfigError(
+                f"processors are needed for exactly the subtopologies {sorted(ids)}, "
+                f"got {sorted(processors)}"
+            )
+        if store_kind not in STORE_KINDS:
+            raise RuntimeConfigError(f"store_kind must be one of {STORE_KINDS}, got {store_kind!r}")
+        if processing_errors not in ("stop", "skip"):
+            raise RuntimeConfigError("processing_errors must be 'stop' or 'skip'")
+        if commit_interval_ms < 1:
+            raise RuntimeConfigError(f"commit_interval_ms must be >= 1, got {commit_interval_ms}")
+        self.topology = topology
+        self.processors = dict(processors)
+        self.store_kind = store_kind
+        self.commit_interval = commit_interval_ms / 1000
+        self.processing_errors = processing_errors
+        self.replication_factor = replication_factor
+        # A new application reads its input from the start, as Kafka Streams does.
+        self.consumer_config = {"auto_offset_reset": "earliest", **(consumer_config or {})}
+        self.producer_config = dict(producer_config or {})
+        self.host = ProcessHost(
+            topology,
+            bootstrap_servers=bootstrap_servers,
+            state_dir=state_dir,
+            threads=threads,
+            endpoint=endpoint,
+            num_standby_replicas=num_standby_replicas,
+            listener=_Listener(self),
+            consumer_config=self.consumer_config,
+        )
+        self.bootstrap_servers = bootstrap_servers
+        self.threads = threads
+        #: Every restore of active tasks, in order (tests and benchmarks read it).
+        self.restore_events: list[RestoreEvent] = []
+        self.processed = 0
+        self.skipped = 0
+        self.failure: BaseException | None = None
+        self._actives: dict[TaskId, _ActiveTask] = {}
+        self._standbys: dict[TaskId, dict[str, StoreState]] = {}
+        self._want_standby: set[TaskId] = set()
+        #: Stores of tasks that left an active or standby role during the current rebalance
+        #: (with that role), so another consumer of this process can take them without restoring.
+        self._parked: dict[TaskId, tuple[dict[str, StoreState], str]] = {}
+        self._suspended: dict[int, frozenset[TaskId]] = {}
+        self._rebalancing: set[int] = set()
+        self._locks = [asyncio.Lock() for _ in range(threads)]
+        self._epochs = [0] * threads
+        self._standby_lock = asyncio.Lock()
+        self._standby_dirty = False
+        self._restore_lock = asyncio.Lock()
+        self._stopped = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
+        self._producer: AIOKafkaProducer | None = None
+        self._restorer: AIOKafkaConsumer | None = None
+        self._standby_reader: AIOKafkaConsumer | None = None
+        self._checkpointed: dict[TaskId, dict[TopicPartition, int]] = {}
+
+    @property
+    def state(self) -> Any:
+        return self.host.state
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create internal topics, start the producer, the restore consumers and the host."""
+        await ensure_internal_topics(
+            self.topology, self.bootstrap_servers, replication_factor=self.replication_factor
+        )
+        if self.store_kind == "memory":  # checkpoints of a previous run describe nothing now
+            for task in self.state.offset_sums():
+                self.state.delete_checkpoint(task)
+        producer_config = {"acks": "all", "linger_ms": 5, **self.producer_config}
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers, **producer_config
+        )
+        restore_config = {"enable_auto_commit": False, "auto_offset_reset": "earliest"}
+        self._restorer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap_servers, **restore_config
+        )
+        self._standby_reader = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap_servers, **restore_config
+        )
+        await asyncio.gather(
+            self._producer.start(), self._restorer.start(), self._standby_reader.start()
+        )
+        await self.host.start()
+        log.info(
+            "process %s started: %d consumer(s), %s stores, %d standby replica(s)",
+            self.host.process_id,
+            self.threads,
+            self.store_kind,
+            self.host.num_standby_replicas,
+        )
+        loops = [self._consume(i) for i in range(self.threads)] + [self._standby_loop()]
+        self._loops = [asyncio.create_task(loop) for loop in loops]
+
+    async def wait(self) -> None:
+        """Until ``stop()``, a requested shutdown or a failure."""
+        await self._stopped.wait()
+
+    async def run(self) -> None:
+        """``start``, wait, ``stop``; re-raises what stopped the application, if anything."""
+        await self.start()
+        try:
+            await self.wait()
+        finally:
+            await self.stop()
+        if self.failure is not None:
+            raise ProcessingError(f"the application stopped: {self.failure!r}") from self.failure
+
+    async def stop(self) -> None:
+        """Commit (unless a failure stopped us), flush and checkpoint every store, close."""
+        self._stopped.set()
+        for loop in self._loops:
+            loop.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        self._loops.clear()
+        if self.failure is None and self.host.consumers:
+            for i in range(self.threads):
+                async with self._locks[i]:
+                    await self._commit_safely(i)
+        for task in list(self._actives.values()):
+            self._close_states(task.task_id, task.stores)
+        self._actives.clear()
+        parked = [(t, states) for t, (states, _) in self._parked.items()]
+        for task_id, states in [*self._standbys.items(), *parked]:
+            self._close_states(task_id, states)
+        self._standbys.clear()
+        self._parked.clear()
+        await self.host.stop()
+        clients = [c for c in (self._producer, self._restorer, self._standby_reader) if c]
+        await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+        log.info("process %s stopped", self.host.process_id)
+
+    async def request_shutdown(self) -> None:
+        """Stop every process of the application (``SHUTDOWN_REQUESTED`` in the protocol)."""
+        log.info("requesting the shutdown of the whole application")
+        await self.host.request_shutdown()
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    @property
+    def active_tasks(self) -> frozenset[TaskId]:
+        return frozenset(self._actives)
+
+    @property
+    def standby_tasks(self) -> frozenset[TaskId]:
+        return frozenset(self._standbys)
+
+    def table(self, task: TaskId, store: str) -> dict[bytes, bytes]:
+        """Committed plus pending content of an active task's store (inspection, tests)."""
+        return dict(self._actives[task].stores[store].items())
+
+    def standby_position(self, task: TaskId) -> dict[str, int]:
+        return {name: s.position for name, s in self._standbys.get(task, {}).items()}
+
+    # -- processing ------------------------------------------------------------------------------
+
+    async def _consume(self, index: int) -> None:
+        try:
+            consumer = self.host.consumers[index]
+            next_commit = time.monotonic() + self.commit_interval
+            while not self._stopped.is_set():
+                if index in self._rebalancing:  # tasks change: fetch nothing meanwhile
+                    await asyncio.sleep(0.01)
+                    continue
+                epoch = self._epochs[index]
+                batch = await consumer.getmany(timeout_ms=100)
+                async with self._locks[index]:
+                    if epoch != self._epochs[index]:
+                        continue  # a rebalance came between: not committed, read again later
+                    if batch:
+                        await self._process_batch(index, batch)
+                    if time.monotonic() >= next_commit:
+                        await self._commit(index)
+                        next_commit = time.monotonic() + self.commit_interval
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("consumer %d failed; stopping the application", index)
+            self.failure = exc
+            self._stopped.set()
+
+    async def _process_batch(self, index: int, batch: Mapping[Any, list[Any]]) -> None:
+        consumer = self.host.consumers[index]
+        by_task: dict[TaskId, list[list[Any]]] = {}
+        for tp, records in batch.items():
+            by_task.setdefault(self.topology.task_of(TopicPartition(*tp)), []).append(records)
+        for task_id, lists in sorted(by_task.items()):
+            task = self._actives.get(task_id)
+            if task is None or task.consumer != index:  # not ours (yet): read them again later
+                log.warning("consumer %d: records of task %s it does not run", index, task_id)
+                for records in lists:
+                    first = records[0]
+                    with contextlib.suppress(Exception):
+                        consumer.seek(
+                            KafkaTopicPartition(first.topic, first.partition), first.offset
+                        )
+                continue
+            # Co-partitioned partitions of one task: in timestamp order, as Kafka Streams.
+            ordered: Iterable[Any] = (
+                lists[0] if len(lists) == 1 else heapq.merge(*lists, key=_timestamp)
+            )
+            for record in ordered:
+                await self._process(task, record)
+
+    async def _process(self, task: _ActiveTask, record: Record) -> None:
+        tp = TopicPartition(record.topic, record.partition)
+        stores = task.stores.values()
+        if stores and all(s.seen(record.topic, record.offset) for s in stores):
+            task.skipped += 1  # already in every store: a replay after a crash or rebalance
+            self.skipped += 1
+            task.offsets[tp] = record.offset + 1
+            return
+        task.current = record
+        try:
+            await task.processor.process(task.context, record)
+        except Exception as exc:
+            for state, key, had, old in reversed(task.journal):  # undo this record's writes
+                if had:
+                    state.pending[key] = old
+                else:
+                    state.pending.pop(key, None)
+            task.journal.clear()
+            task.outbox.clear()
+            if self.processing_errors == "stop":
+                raise ProcessingError(
+                    f"task {task.task_id}: processing {record.topic}-{record.partition}"
+                    f"@{record.offset} failed: {exc!r}"
+                ) from exc
+            log.warning(
+                "task %s: skipped %s-%d@%d after the processor raised %r",
+                task.task_id,
+                record.topic,
+                record.partition,
+                record.offset,
+                exc,
+            )
+        finally:
+            task.current = None
+        task.journal.clear()
+        for s in stores:
+            s.mark_processed(record.topic, record.offset)
+        await self._send_outbox(task)
+        task.offsets[tp] = record.offset + 1
+        task.processed += 1
+        self.processed += 1
+
+    async def _send_outbox(self, task: _ActiveTask) -> None:
+        producer = self._producer
+        assert producer is not None
+        for topic, partition, key, value in task.outbox:
+            task.futures.append(await producer.send(topic, value, key=key, partition=partition))
+        task.outbox.clear()
+
+    async def _commit(self, index: int) -> None:
+        """Changelog markers, then local stores and checkpoints, then input offsets."""
+        producer = self._producer
+        assert producer is not None
+        tasks = [t for t in self._actives.values() if t.consumer == index]
+        markers = []
+        for task in tasks:
+            for state in task.stores.values():
+                if state.dirty:
+                    tp = state.changelog
+                    future = await producer.send(
+                        tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition
+                    )
+                    markers.append((state, future))
+        futures = [f for t in tasks for f in t.futures] + [f for _, f in markers]
+        if futures:
+            await asyncio.gather(*futures)  # a failed write raises: nothing is committed
+        for task in tasks:
+            task.futures.clear()
+        for state, future in markers:
+            await asyncio.to_thread(state.committed, future.result().offset)
+        for task in tasks:
+            self._checkpoint(task.task_id, task.stores)
+        offsets = {}
+        for task in tasks:
+            for tp, offset in task.offsets.items():
+                if task.committed.get(tp) != offset:
+                    offsets[KafkaTopicPartition(*tp)] = offset
+        if offsets:
+            await self.host.consumers[index].commit(offsets)
+            for task in tasks:
+                task.committed.update(task.offsets)
+
+    async def _commit_safely(self, index: int) -> None:
+        try:
+            await self._commit(index)
+        except Exception as exc:  # the records are read again and skipped where applied
+            log.warning("consumer %d: commit failed (%r); uncommitted input is re-read", index, exc)
+
+    def _checkpoint(self, task: TaskId, states: Mapping[str, StoreState]) -> None:
+        offsets = {s.changelog: s.position for s in states.values()}
+        if offsets and self._checkpointed.get(task) != offsets:
+            try:
+                self.state.write_checkpoint(task, offsets)
+                self._checkpointed[task] = offsets
+            except OSError as exc:
+                log.warning("cannot checkpoint task %s: %s", task, exc)
+
+    # -- task changes (called by the host) -------------------------------------------------------
+
+    def _open_states(self, task: TaskId) -> dict[str, StoreState]:
+        stores = self.topology.subtopology(task.subtopology).stores
+        states = {}
+        for name in stores:
+            changelog = TopicPartition(self.topology.changelog_topic(name), task.partition)
+            path = self.state.task_dir(task) / f"{name}.rocksdb"
+            states[name] = StoreState.open(name, changelog, open_store(self.store_kind, path))
+        return states
+
+    async def _take_states(self, task: TaskId) -> tuple[dict[str, StoreState], str]:
+        """The task's stores: kept from a moment ago, a standby's, or opened from disk."""
+        if task in self._parked:
+            return self._parked.pop(task)
+        async with self._standby_lock:
+            if task in self._standbys:
+                self._standby_dirty = True
+                return self._standbys.pop(task), "standby"
+        return self._open_states(task), "open"
+
+    def _close_states(self, task: TaskId, states: Mapping[str, StoreState]) -> None:
+        """Close a task's stores; a persistent store keeps its checkpoint (sticky restarts),
+        an in-memory one loses it with its content."""
+        persistent = False
+        for state in states.values():
+            persistent = state.store.persistent
+            state.drop_unclosed()
+        if persistent:
+            self._checkpoint(task, states)
+        else:
+            self.state.delete_checkpoint(task)
+            self._checkpointed.pop(task, None)
+        for state in states.values():
+            state.store.close()
+
+    async def _assign(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        new: list[tuple[TaskId, dict[str, StoreState], str]] = []
+        for task_id in sorted(tasks):
+            task = self._actives.get(task_id)
+            if task is not None:
+                log.info("task %s moved from consumer %d to %d", task_id, task.consumer, consumer)
+                task.consumer = consumer
+                continue
+            self._want_standby.discard(task_id)
+            states, how = await self._take_states(task_id)
+            new.append((task_id, states, _source_of(states, how)))
+        started = time.monotonic()
+        counts = await self._restore([s for _, states, _ in new for s in states.values()])
+        seconds = time.monotonic() - started
+        for task_id, states, source in new:
+            task = _ActiveTask(task_id, consumer, states, self.processors[task_id.subtopology]())
+            compensated = 0
+            for state in states.values():
+                keys = state.compensate()
+                compensated += len(keys)
+                for key in keys:
+                    cl = state.changelog
+                    task.outbox.append((cl.topic, cl.partition, key, state.pending[key]))
+            await self._send_outbox(task)
+            self._actives[task_id] = task
+            records = sum(counts.get(id(s), 0) for s in states.values())
+            if states:
+                self.restore_events.append(RestoreEvent(task_id, source, records, seconds))
+                self._checkpoint(task_id, states)
+            log.info(
+                "consumer %d: task %s assigned (state: %s, %d changelog records restored%s)",
+                consumer,
+                task_id,
+                source if states else "stateless",
+                records,
+                f", {compensated} uncommitted writes of a crashed owner undone"
+                if compensated
+                else "",
+            )
+
+    async def _revoke(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        for task_id in sorted(tasks):
+            task = self._actives.get(task_id)
+            if task is None or task.consumer != consumer:
+                continue  # already moved to another consumer of this process
+            del self._actives[task_id]
+            if task_id in self._want_standby:
+                self._want_standby.discard(task_id)
+                await self._add_standby_states(task_id, task.stores)
+                log.info(
+                    "consumer %d: task %s revoked; its stores stay here as a standby",
+                    consumer,
+                    task_id,
+                )
+            else:
+                self._parked[task_id] = (task.stores, "kept")
+                log.info(
+                    "consumer %d: task %s revoked (it moved to another process)", consumer, task_id
+                )
+
+    async def _add_standbys(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        for task_id in sorted(tasks):
+            if not self.topology.subtopology(task_id.subtopology).stores:
+                continue
+            if task_id in self._actives:  # still active on another consumer until it revokes
+                self._want_standby.add(task_id)
+                continue
+            if task_id in self._standbys:
+                continue
+            states, how = await self._take_states(task_id)
+            await self._add_standby_states(task_id, states)
+            log.info(
+                "consumer %d: standby %s added (state: %s, from changelog offset %s)",
+                consumer,
+                task_id,
+                _source_of(states, how),
+                ",".join(str(s.position) for s in states.values()),
+            )
+
+    async def _add_standby_states(self, task: TaskId, states: dict[str, StoreState]) -> None:
+        async with self._standby_lock:
+            self._standbys[task] = states
+            self._standby_dirty = True
+
+    async def _remove_standbys(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        for task_id in sorted(tasks):
+            self._want_standby.discard(task_id)
+            async with self._standby_lock:
+                states = self._standbys.pop(task_id, None)
+                self._standby_dirty = True
+            if states is not None:
+                self._parked[task_id] = (states, "standby")
+                log.info("consumer %d: standby %s removed", consumer, task_id)
+
+    async def _rebalance_started(self, consumer: int) -> None:
+        self._rebalancing.add(consumer)
+        async with self._locks[consumer]:
+            self._epochs[consumer] += 1
+            self._suspended[consumer] = frozenset(
+                t for t, task in self._actives.items() if task.consumer == consumer
+            )
+            await self._commit_safely(consumer)
+        if self._suspended[consumer]:
+            log.info(
+                "consumer %d: rebalance; committed and suspended %d task(s)",
+                consumer,
+                len(self._suspended[consumer]),
+            )
+
+    async def _rebalance_completed(self, consumer: int) -> None:
+        self._rebalancing.discard(consumer)
+        mine = frozenset(t for t, task in self._actives.items() if task.consumer == consumer)
+        resumed = mine & self._suspended.pop(consumer, frozenset())
+        if resumed:
+            log.info(
+                "consumer %d: resumed %s (same consumer: no close, no restore)",
+                consumer,
+                ", ".join(map(str, sorted(resumed))),
+            )
+        if not self._rebalancing:  # every consumer has its new tasks: close what nobody took
+            for task_id, (states, _) in sorted(self._parked.items()):
+                self._close_states(task_id, states)
+                log.info("task %s closed (no longer on this process)", task_id)
+            self._parked.clear()
+
+    # -- restores --------------------------------------------------------------------------------
+
+    async def _restore(self, states: Sequence[StoreState]) -> dict[int, int]:
+        """Bring ``states`` to their changelog's end; records read per state (by ``id``)."""
+        reader = self._restorer
+        if not states or reader is None:
+            return {}
+        before = {id(s): s.restored for s in states}
+        by_tp = {KafkaTopicPartition(*s.changelog): s for s in states}
+        async with self._restore_lock:
+            reader.assign(list(by_tp))
+            ends = await reader.end_offsets(list(by_tp))
+            todo = set()
+            for tp, state in by_tp.items():
+                state.drop_unclosed()
+                if state.position > ends[tp]:
+                    log.warning(
+                        "%s: local position %d is past the changelog end %d (topic recreated?); "
+                        "restoring from the start",
+                        tp,
+                        state.position,
+                        ends[tp],
+                    )
+                    state.store.write({k: None for k, _ in state.store.items()}, {})
+                    state.position, state.applied = 0, {}
+                reader.seek(tp, state.position)
+                if state.position < ends[tp]:
+                    todo.add(tp)
+            while todo:
+                batch = await reader.getmany(*todo, timeout_ms=200)
+                for tp, records in batch.items():
+                    state, end = by_tp[tp], ends[tp]
+                    for r in records:
+                        if r.offset < end:
+                            state.restore(r.offset, r.key, r.value)
+                for tp in list(todo):
+                    if await reader.position(tp) >= ends[tp]:
+                        todo.discard(tp)
+            reader.assign([])
+        return {id(s): s.restored - before[id(s)] for s in states}
+
+    async def _standby_loop(self) -> None:
+        reader = self._standby_reader
+        assert reader is not None
+        next_checkpoint = time.monotonic() + self.commit_interval
+        by_tp: dict[Any, StoreState] = {}
+        while not self._stopped.is_set():
+            if not by_tp and not self._standby_dirty:
+                await asyncio.sleep(0.1)
+                continue
+            batch = await reader.getmany(timeout_ms=100) if by_tp else {}
+            async with self._standby_lock:
+                if self._standby_dirty:  # standbys changed: records in flight are dropped
+                    self._standby_dirty = False
+                    by_tp = {
+                        KafkaTopicPartition(*s.changelog): s
+                        for states in self._standbys.values()
+                        for s in states.values()
+                    }
+                    reader.assign(list(by_tp))
+                    for tp, state in by_tp.items():
+                        state.drop_unclosed()
+                        reader.seek(tp, state.position)
+                    continue
+                for tp, records in batch.items():
+                    found = by_tp.get(tp)
+                    if found is not None:
+                        for r in records:
+                            found.restore(r.offset, r.key, r.value)
+                if time.monotonic() >= next_checkpoint:
+                    for task, states in self._standbys.items():
+                        self._checkpoint(task, states)
+                    next_checkpoint = time.monotonic() + self.commit_interval
+
+
+def _timestamp(record: Record) -> int:
+    return record.timestamp
+
+
+class _Listener(TaskListener):
+    """Task changes from the host; a failure stops the application (clearly, once) rather
+    than leaving a consumer with partitions but no tasks."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def _guard(self, change: Awaitable[None], what: str) -> None:
+        try:
+            await change
+        except Exception as exc:
+            log.exception("%s failed; stopping the application", what)
+            self.app.failure = exc
+            self.app._stopped.set()
+
+    async def on_active_assigned(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        await self._guard(self.app._assign(consumer, tasks), "assigning tasks")
+
+    async def on_active_revoked(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        await self._guard(self.app._revoke(consumer, tasks), "revoking tasks")
+
+    async def on_standby_added(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        await self._guard(self.app._add_standbys(consumer, tasks), "adding standbys")
+
+    async def on_standby_removed(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        await self._guard(self.app._remove_standbys(consumer, tasks), "removing standbys")
+
+    async def on_rebalance_started(self, consumer: int) -> None:
+        await self.app._rebalance_started(consumer)
+
+    async def on_rebalance_completed(self, consumer: int) -> None:
+        await self.app._rebalance_completed(consumer)
+
+    async def on_error(self, consumer: int, code: ErrorCode) -> None:
+        log.error("consumer %d: no tasks this round: the leader reported %s", consumer, code.name)
+
+    async def on_shutdown_requested(self) -> None:
+        log.info("the application's shutdown was requested; stopping")
+        self.app._stopped.set()

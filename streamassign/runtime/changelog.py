@@ -1,0 +1,156 @@
+"""A store and its changelog partition: writes, commit markers, restores. Pure (no Kafka).
+
+Every write of an active task is produced to the changelog at once and kept in ``pending`` (the
+task reads its own writes). A commit appends one **commit marker** record per store (key
+``COMMIT_KEY``, value: the highest input offset applied per source topic); once the changelog
+has acknowledged it, the pending writes go to the local store in one atomic batch together with
+the new position (marker offset + 1) and the applied offsets. Input offsets are committed only
+after that, so:
+
+- the local store is always a prefix of the changelog, ending at a marker;
+- a restore applies data records only when the marker that closes their commit arrives: writes
+  of a commit that never completed (the process died before its marker) are an **orphan tail**,
+  never applied. The next active rewrites the committed value of every orphan key (a
+  *compensation*) before it processes anything, so compaction, which keeps the latest record
+  per key, can never resurrect an orphan;
+- a replayed input record whose offset is at most the applied offset of every store of its
+  task is skipped, so table state is exact under at-least-once delivery.
+
+Log compaction may drop old markers; the writes before them are then closed by a later marker,
+which is just as correct (they were committed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+
+import attrs
+
+from .._ids import TopicPartition
+from .stores import KeyValueStore
+
+#: Key of commit markers; user keys may not use it.
+COMMIT_KEY = b"\x00streamassign.commit"
+_POSITION = "position"
+_APPLIED = "applied"
+
+
+class ReservedKeyError(ValueError):
+    """A store key collides with the runtime's commit marker key."""
+
+
+def encode_marker(applied: Mapping[str, int]) -> bytes:
+    return json.dumps({"applied": dict(sorted(applied.items()))}).encode()
+
+
+def decode_marker(value: bytes | None) -> dict[str, int]:
+    """Applied offsets of a marker; an unreadable marker applies nothing (and still closes)."""
+    try:
+        data = json.loads(value or b"{}")
+        return {str(t): int(o) for t, o in data.get("applied", {}).items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+@attrs.define(eq=False)
+class StoreState:
+    """One store of one task: committed state, uncommitted writes, restore progress."""
+
+    name: str
+    changelog: TopicPartition
+    store: KeyValueStore
+    #: Changelog offset after the last marker applied to ``store`` (where a restore resumes).
+    position: int = 0
+    #: Highest input offset applied per source topic (committed).
+    applied: dict[str, int] = attrs.field(factory=dict)
+    #: Active side: writes since the last commit, and the input offsets they cover.
+    pending: dict[bytes, bytes | None] = attrs.field(factory=dict)
+    pending_applied: dict[str, int] = attrs.field(factory=dict)
+    #: Restore side: data records read after the last marker, in changelog order.
+    unclosed: list[tuple[bytes, bytes | None]] = attrs.field(factory=list)
+    #: Changelog records read by restores (data and markers), over this object's life.
+    restored: int = 0
+
+    @classmethod
+    def open(cls, name: str, changelog: TopicPartition, store: KeyValueStore) -> StoreState:
+        """Wrap ``store``, reading the position and applied offsets it keeps."""
+        position = int(store.meta(_POSITION) or b"0")
+        applied = decode_marker(store.meta(_APPLIED))
+        return cls(name, changelog, store, position, applied)
+
+    # -- the active side ---------------------------------------------------------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self.pending:
+            return self.pending[key]
+        return self.store.get(key)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Committed state overlaid with pending writes, in key order."""
+        merged = dict(self.store.items())
+        for key, value in self.pending.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        return iter(sorted(merged.items()))
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        if key == COMMIT_KEY:
+            raise ReservedKeyError(f"key {key!r} is reserved for commit markers")
+        self.pending[key] = value
+
+    def seen(self, topic: str, offset: int) -> bool:
+        """Whether the input record at ``offset`` of ``topic`` is already in this store."""
+        return offset <= max(self.pending_applied.get(topic, -1), self.applied.get(topic, -1))
+
+    def mark_processed(self, topic: str, offset: int) -> None:
+        self.pending_applied[topic] = max(offset, self.pending_applied.get(topic, -1))
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self.pending or self.pending_applied)
+
+    def marker(self) -> bytes:
+        """Value of the commit marker closing the pending writes."""
+        return encode_marker({**self.applied, **self.pending_applied})
+
+    def committed(self, marker_offset: int) -> None:
+        """The marker at ``marker_offset`` is acknowledged: write the pending state locally."""
+        self.applied.update(self.pending_applied)
+        self.position = marker_offset + 1
+        self.store.write(self.pending, self._meta())
+        self.pending.clear()
+        self.pending_applied.clear()
+
+    def _meta(self) -> dict[str, bytes]:
+        return {_POSITION: str(self.position).encode(), _APPLIED: encode_marker(self.applied)}
+
+    # -- the restore side ----------------------------------------------------------------------
+
+    def restore(self, offset: int, key: bytes | None, value: bytes | None) -> None:
+        """Apply one changelog record read at ``offset`` (records arrive in offset order)."""
+        self.restored += 1
+        if key == COMMIT_KEY:
+            writes: dict[bytes, bytes | None] = dict(self.unclosed)
+            for topic, applied in decode_marker(value).items():
+                self.applied[topic] = max(applied, self.applied.get(topic, -1))
+            self.position = offset + 1
+            self.store.write(writes, self._meta())
+            self.unclosed.clear()
+        elif key is not None:
+            self.unclosed.append((key, value))
+
+    def drop_unclosed(self) -> None:
+        """Forget records read after the last marker (they are re-read from ``position``)."""
+        self.unclosed.clear()
+
+    def compensate(self) -> list[bytes]:
+        """End of an active restore: rewrite the committed value of every orphan key as a
+        pending write (see the module docstring); the caller produces them. Returns the keys."""
+        orphans = sorted({key for key, _ in self.unclosed})
+        self.unclosed.clear()
+        for key in orphans:
+            self.pending[key] = self.store.get(key)
+        return orphans

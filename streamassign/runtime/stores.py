@@ -1,0 +1,133 @@
+"""Key-value stores of the runtime: in memory, or persistent in RocksDB (``rocksdict``).
+
+A store holds committed state only: the runtime writes to it once the changelog has
+acknowledged a commit, in one atomic batch with the store's metadata (the changelog position
+it has reached and the input offsets it has applied). So a persistent store is always a prefix
+of its changelog, also after ``kill -9`` (see ``docs/runtime.md``). Keys and values are bytes.
+Pure: no Kafka here.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Literal, Protocol
+
+StoreKind = Literal["memory", "rocksdb"]
+STORE_KINDS: tuple[StoreKind, ...] = ("memory", "rocksdb")
+
+_DATA = b"d"  # RocksDB key prefixes: user data and store metadata share one keyspace
+_META = b"m"
+
+
+class KeyValueStore(Protocol):
+    """Committed state of one store of one task."""
+
+    #: Whether the content survives the process (then its checkpoint is worth reporting).
+    persistent: bool
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every key and value, in key order."""
+        ...
+
+    def meta(self, name: str) -> bytes | None: ...
+
+    def write(self, writes: Mapping[bytes, bytes | None], meta: Mapping[str, bytes]) -> None:
+        """Apply ``writes`` (``None`` deletes) and set ``meta`` atomically."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class MemoryStore:
+    """A dict; lost with the process, so it is always restored from its changelog."""
+
+    persistent = False
+
+    def __init__(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+        self._meta: dict[str, bytes] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._data.get(key)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        return iter(sorted(self._data.items()))
+
+    def meta(self, name: str) -> bytes | None:
+        return self._meta.get(name)
+
+    def write(self, writes: Mapping[bytes, bytes | None], meta: Mapping[str, bytes]) -> None:
+        for key, value in writes.items():
+            if value is None:
+                self._data.pop(key, None)
+            else:
+                self._data[key] = value
+        self._meta.update(meta)
+
+    def close(self) -> None:
+        self._data.clear()
+
+
+class RocksDBStore:
+    """A RocksDB database in a directory (``rocksdict``, raw bytes mode); survives restarts.
+
+    Data and metadata go through one ``WriteBatch``, so a crash leaves either both or neither.
+    """
+
+    persistent = True
+
+    def __init__(self, path: str | Path) -> None:
+        from rocksdict import Options, Rdict
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = Rdict(str(self.path), Options(raw_mode=True))
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._db.get(_DATA + key)
+        return None if value is None else bytes(value)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        for key, value in self._db.items(from_key=_DATA):
+            raw = bytes(key)  # type: ignore[arg-type]  # raw mode: keys are bytes
+            if not raw.startswith(_DATA):
+                break
+            yield raw[1:], bytes(value)
+
+    def meta(self, name: str) -> bytes | None:
+        value = self._db.get(_META + name.encode())
+        return None if value is None else bytes(value)
+
+    def write(self, writes: Mapping[bytes, bytes | None], meta: Mapping[str, bytes]) -> None:
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        for key, value in writes.items():
+            if value is None:
+                batch.delete(_DATA + key)
+            else:
+                batch.put(_DATA + key, value)
+        for name, value in meta.items():
+            batch.put(_META + name.encode(), value)
+        self._db.write(batch)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def open_store(kind: StoreKind, path: Path) -> KeyValueStore:
+    """A store of ``kind``; ``path`` is where a persistent one lives."""
+    if kind == "memory":
+        return MemoryStore()
+    if kind == "rocksdb":
+        return RocksDBStore(path)
+    raise ValueError(f"unknown store kind {kind!r} (known: {', '.join(STORE_KINDS)})")
+
+
+def wipe_store(path: Path) -> None:
+    """Remove a persistent store's files (its state is worth nothing, e.g. it is corrupt)."""
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,96 @@
+"""One runtime process (``streamassign.runtime.App``) in its own OS process, for the tests.
+
+The application sums integer values per key: source topic ``--source``, store ``totals``
+(value ``b"<count>,<sum>"``), so the expected final table is computable from what was
+produced. Prints JSON lines: ``restore`` for every restore of an active task, ``status`` twice a
+second (tasks, processed and skipped counts), and on SIGTERM ``table`` per active task (its
+store content) before a clean stop. SIGKILL is a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+
+from streamassign import Subtopology, Topology
+from streamassign.runtime import App, Record, TaskContext
+
+
+class Totals:
+    async def process(self, ctx: TaskContext, record: Record) -> None:
+        table = ctx.store("totals")
+        key = record.key or b""
+        old = table.get(key)
+        count, total = map(int, old.split(b",")) if old else (0, 0)
+        table.put(key, b"%d,%d" % (count + 1, total + int(record.value or b"0")))
+
+
+def emit(**line: object) -> None:
+    print(json.dumps(line), flush=True)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bootstrap", required=True)
+    ap.add_argument("--app", required=True)
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--state-dir", required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--standbys", type=int, default=1)
+    ap.add_argument("--store", default="rocksdb")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    topology = Topology([Subtopology(0, [args.source], stores=["totals"])], name=args.app)
+    app = App(
+        topology,
+        {0: Totals},
+        bootstrap_servers=args.bootstrap,
+        state_dir=args.state_dir,
+        threads=args.threads,
+        num_standby_replicas=args.standbys,
+        store_kind=args.store,
+        commit_interval_ms=200,
+        consumer_config={
+            "session_timeout_ms": 3000,
+            "heartbeat_interval_ms": 500,
+            "metadata_max_age_ms": 1000,
+        },
+    )
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await app.start()
+    reported = 0
+    try:
+        while not stop.is_set() and not app._stopped.is_set():
+            for event in app.restore_events[reported:]:
+                emit(
+                    event="restore",
+                    task=str(event.task),
+                    source=event.source,
+                    records=event.records,
+                )
+            reported = len(app.restore_events)
+            emit(
+                event="status",
+                active=sorted(map(str, app.active_tasks)),
+                standby=sorted(map(str, app.standby_tasks)),
+                processed=app.processed,
+                skipped=app.skipped,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+        for task in sorted(app.active_tasks):
+            items = {k.decode(): v.decode() for k, v in app.table(task, "totals").items()}
+            emit(event="table", task=str(task), items=items)
+    finally:
+        await app.stop()
+    emit(event="stopped")
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
