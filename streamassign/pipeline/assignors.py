@@ -1,10 +1,10 @@
 """The assignors the pipeline compares: names, levels, and whether a peer is installed.
 
 Two levels. *Task* assignors place tasks (and standbys) on processes: the project's
-``StickyTaskAssignor`` and, as a peer, faust-streaming's ``CopartitionedAssignor``. *Consumer*
-assignors place source partitions on consumer threads, as a plain consumer group would: the
-project's ``streamassign.consumer`` assignors and aiokafka's built-ins. Both levels replay the same
-traces; rows say which level produced them.
+``StickyTaskAssignor`` and ``HighAvailabilityTaskAssignor`` and, as a peer, faust-streaming's
+``CopartitionedAssignor``. *Consumer* assignors place source partitions on consumer threads, as
+a plain consumer group would: the project's ``streamassign.consumer`` assignors and aiokafka's
+built-ins. Both levels replay the same traces; rows say which level produced them.
 
 Names are resolved on the driver, before Spark starts: an unknown name is an error; a peer whose
 package is missing is skipped with a note saying how to install it.
@@ -46,6 +46,12 @@ SPECS: Final[tuple[AssignorSpec, ...]] = (
         "task:sticky",
         "task",
         "streamassign.StickyTaskAssignor: capacity-proportional, minimal moves, standbys",
+    ),
+    AssignorSpec(
+        "task:ha",
+        "task",
+        "streamassign.HighAvailabilityTaskAssignor: actives move only onto caught-up state; "
+        "warmups and probing rebalances between events",
     ),
     AssignorSpec(
         "faust:copartitioned",

@@ -26,6 +26,7 @@ import attrs
 from .._balance import apportion, share_bounds
 from .._ids import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
+from ..ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
 from ..metrics import evaluate
 from ..sticky import StickyTaskAssignor
 from .assignors import spec
@@ -86,6 +87,18 @@ class SimulationJob:
     seed: int = 0
     standby_replicas: int = attrs.field(default=1, validator=_non_negative)
     acceptable_recovery_lag: int = attrs.field(default=10_000, validator=_non_negative)
+    #: ``task:ha`` only: warmups at once, time between probing rebalances, and how fast a new
+    #: replica (warmup or standby) restores its changelog, records per second.
+    max_warmup_replicas: int = attrs.field(default=2, validator=_positive)
+    probing_interval_s: float = 600.0
+    replica_restore_per_s: float = 10_000.0
+
+    def __attrs_post_init__(self) -> None:
+        if not self.probing_interval_s > 0 or not self.replica_restore_per_s > 0:
+            raise PipelineError(
+                "probing_interval_s and replica_restore_per_s must be > 0, got "
+                f"{self.probing_interval_s!r} and {self.replica_restore_per_s!r}"
+            )
 
     @property
     def rebalances(self) -> int:
@@ -129,6 +142,19 @@ COLUMNS: Final[tuple[tuple[str, str, bool, str], ...]] = (
     ("standby_restore_records", "long", True, "records newly placed standbys must copy"),
     ("assign_ms", "double", False, "wall time of the assignor call, milliseconds"),
     ("error", "string", True, "the assignor's exception, if it failed (trace stops there)"),
+    ("warmups", "int", True, "warmup replicas placed by this rebalance (task level)"),
+    (
+        "probing_rebalances",
+        "int",
+        True,
+        "task:ha probing rebalances after it, before the next event",
+    ),
+    (
+        "balanced_after_s",
+        "double",
+        True,
+        "seconds until actives are balanced; null: not before the next event",
+    ),
 )
 
 
@@ -168,6 +194,9 @@ class RebalanceRow:
     standby_restore_records: int | None
     assign_ms: float
     error: str | None = None
+    warmups: int | None = None
+    probing_rebalances: int | None = None
+    balanced_after_s: float | None = None
 
     def values(self) -> tuple[Any, ...]:
         """The row as a tuple in :data:`COLUMNS` order (what Spark receives)."""
@@ -474,6 +503,133 @@ class _TaskRunner:
             max_task_restore=largest,
             standby_restore_records=standby_records,
             assign_ms=seconds * 1e3,
+            warmups=sum(len(a.warmup) for a in result.values()),
+            probing_rebalances=0,
+            balanced_after_s=0.0 if metrics.active_balanced else None,
+        )
+
+
+class _HaRunner(_TaskRunner):
+    """``task:ha``: each event's rebalance, then the probing rebalances that follow it every
+    ``probing_interval_s`` until nothing is held back or the next event comes. New replicas
+    (warmups, standbys) restore at ``replica_restore_per_s``; a held-back active moves once
+    its target is caught up, restoring the small lag left. The event's row adds the probing
+    rebalances' restores and says how many there were and when actives were balanced."""
+
+    def __init__(self, ctx: _Context, name: str, collect: bool = False) -> None:
+        job = ctx.job
+        self.ha = HighAvailabilityTaskAssignor(
+            job.standby_replicas,
+            job.acceptable_recovery_lag,
+            job.max_warmup_replicas,
+            max(1, round(job.probing_interval_s * 1000)),
+        )
+        super().__init__(ctx, name, self._plan, collect)
+        self.now = 0.0
+        self.last: HighAvailabilityPlan | None = None
+        self.last_clients: list[ClientState] = []
+        #: (process id, task) -> (time placed, lag then) of replicas still restoring
+        self.restoring: dict[tuple[str, TaskId], tuple[float, int]] = {}
+
+    def _plan(
+        self,
+        step: Step,
+        layout: Layout,
+        tasks: list[TaskId],
+        clients: list[ClientState],
+        stateful: list[TaskId],
+    ) -> tuple[dict[str, ClientAssignment], float]:
+        start = time.perf_counter()
+        self.last = self.ha.plan(tasks, clients, stateful)
+        seconds = time.perf_counter() - start
+        self.last_clients = clients
+        return dict(self.last.assignment), seconds
+
+    def _lag(self, pid: str, task: TaskId) -> int:
+        placed = self.restoring.get((pid, task))
+        if placed is None:
+            return self.ctx.standby_lag
+        at, lag = placed
+        rate = self.ctx.job.replica_restore_per_s
+        return max(self.ctx.standby_lag, int(lag - rate * (self.now - at)))
+
+    def _running_state(
+        self, pid: str, threads: int, rack: str, held: ClientAssignment
+    ) -> ClientState:
+        replicas = held.standby | held.warmup
+        lags = {t: self._lag(pid, t) for t in replicas}
+        return _client_state(pid, threads, held.active, replicas, lags, rack)
+
+    def _track(self, stateful: frozenset[TaskId]) -> None:
+        """Start the restore clock of replicas placed where no caught-up state was."""
+        now, lag = self.now, self.ctx.standby_lag
+        restoring: dict[tuple[str, TaskId], tuple[float, int]] = {}
+        for c in self.last_clients:
+            a = self.assignment.get(c.process_id, _EMPTY)
+            for t in (a.standby | a.warmup) & stateful:
+                key = (c.process_id, t)
+                if key in self.restoring:
+                    if self._lag(*key) > lag:
+                        restoring[key] = self.restoring[key]
+                elif t in c.prev_active:
+                    continue
+                elif t in c.prev_standby:
+                    if c.lags.get(t, lag) > lag:  # back from an outage, behind
+                        restoring[key] = (now, c.lags[t])
+                else:
+                    restoring[key] = (now, self.ctx.end(t, now))
+        self.restoring = restoring
+
+    def step(self, step: Step, layout: Layout) -> RebalanceRow:
+        self.now = step.time_s
+        row = super().step(step, layout)
+        if row.error is not None or self.last is None:
+            return row
+        tasks, stateful_list, stateful = self.ctx.tasks(layout)
+        self._track(stateful)
+        steps = self.ctx.trace.steps
+        until = steps[step.index + 1].time_s if step.index + 1 < len(steps) else float("inf")
+        interval = self.ctx.job.probing_interval_s
+        bound = 2 * len(stateful_list) * (1 + self.replicas) + 1
+        records, restoring, largest, copies = (
+            row.records_to_restore,
+            row.restoring_tasks,
+            row.max_task_restore,
+            row.standby_restore_records or 0,
+        )
+        for c in self.last_clients:  # the base runner prices new standbys, not warmups
+            for t in self.assignment[c.process_id].warmup - c.prev_active:
+                copies += c.lags.get(t, self.ctx.end(t, self.now))
+        plan, rounds = self.last, 0
+        balanced = row.balanced_after_s if not plan.probing_rebalance_needed else None
+        while plan.probing_rebalance_needed and rounds < bound:
+            if self.now + interval >= until:
+                break
+            self.now += interval
+            rounds += 1
+            members = [(m.pid, m.threads, m.rack) for m in step.members]
+            clients = [self._running_state(*m, self.assignment[m[0]]) for m in members]
+            plan = self.ha.plan(tasks, clients, stateful_list)
+            for c in clients:
+                a = plan.assignment[c.process_id]
+                for t in (a.active - c.prev_active) & stateful:
+                    r = c.lags[t] if t in c.lags else self.ctx.end(t, self.now)
+                    if r:
+                        records, restoring, largest = records + r, restoring + 1, max(largest, r)
+                for t in (a.standby | a.warmup) - c.prev_standby - c.prev_active:
+                    copies += self.ctx.end(t, self.now) if t in stateful else 0
+            self.last_clients, self.assignment = clients, dict(plan.assignment)
+            self._track(stateful)
+            if not plan.probing_rebalance_needed:
+                balanced = self.now - step.time_s
+        return attrs.evolve(
+            row,
+            records_to_restore=records,
+            restoring_tasks=restoring,
+            max_task_restore=largest,
+            standby_restore_records=copies,
+            probing_rebalances=rounds,
+            balanced_after_s=balanced,
         )
 
 
@@ -779,6 +935,8 @@ def _make_runner(name: str, ctx: _Context, collect: bool = False) -> Runner:
     family, _, kind = name.partition(":")
     if name == "task:sticky":
         return _TaskRunner(ctx, name, _sticky_assign(ctx.job), collect)
+    if name == "task:ha":
+        return _HaRunner(ctx, name, collect)
     if name == "faust:copartitioned":
         return _TaskRunner(ctx, name, _faust_assign(ctx.job), collect)
     if family == "consumer":
