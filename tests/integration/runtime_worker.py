@@ -4,7 +4,8 @@ The application sums integer values per key: source topic ``--source``, store ``
 (value ``b"<count>,<sum>"``), so the expected final table is computable from what was
 produced. Prints JSON lines: ``restore`` for every restore of an active task, ``status`` twice a
 second (tasks, processed and skipped counts), and on SIGTERM ``table`` per active task (its
-store content) before a clean stop. SIGKILL is a crash.
+store content) before a clean stop. SIGUSR1 requests the shutdown of the whole application
+(every process then dumps its tables and stops). SIGKILL is a crash.
 """
 
 from __future__ import annotations
@@ -62,7 +63,14 @@ async def main() -> None:
         },
     )
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    pending = set()  # SIGUSR1: request the shutdown of the whole application
+
+    def request() -> None:
+        pending.add(asyncio.ensure_future(app.request_shutdown()))
+
+    loop.add_signal_handler(signal.SIGUSR1, request)
     await app.start()
     reported = 0
     try:
@@ -89,7 +97,7 @@ async def main() -> None:
             emit(event="table", task=str(task), items=items)
     finally:
         await app.stop()
-    emit(event="stopped")
+    emit(event="stopped", failure=repr(app.failure) if app.failure else None)
 
 
 if __name__ == "__main__":
