@@ -563,11 +563,14 @@ class App:
             if states:
                 self.restore_events.append(RestoreEvent(task_id, source, records, seconds))
                 self._checkpoint(task_id, states)
+            if not states:
+                log.info("consumer %d: task %s assigned (stateless)", consumer, task_id)
+                continue
             log.info(
                 "consumer %d: task %s assigned (state: %s, %d changelog records restored%s)",
                 consumer,
                 task_id,
-                source if states else "stateless",
+                source,
                 records,
                 f", {compensated} uncommitted writes of a crashed owner undone"
                 if compensated

@@ -1,0 +1,146 @@
+"""Orders joined with customers on the streamassign runtime (see README.md).
+
+    python -m examples.orders_join --bootstrap 127.0.0.1:9092
+
+Two application processes (two ``App``s, each with its own state directory and so its own
+process id, run in this one Python process for a one-command demo) share the join; the
+customer table has one standby.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from streamassign import Subtopology, Topology
+from streamassign.runtime import App, Record, TaskContext
+
+PARTITIONS = 4
+
+
+def join_topology(app: str, orders: str, customers: str, output: str) -> Topology:
+    """One subtopology reads both co-partitioned topics: task 0_p sees partition p of each."""
+    return Topology(
+        [Subtopology(0, [orders, customers], stores=["customers-table"], sink_topics=[output])],
+        copartition_groups=[[orders, customers]],
+        name=app,
+    )
+
+
+class EnrichOrders:
+    """Customers fill the table; an order is joined with its customer (same key, same task)."""
+
+    def __init__(self, customers_topic: str, output: str) -> None:
+        self.customers_topic = customers_topic
+        self.output = output
+
+    async def process(self, ctx: TaskContext, record: Record) -> None:
+        customers = ctx.store("customers-table")
+        key = record.key or b""
+        if record.topic == self.customers_topic:
+            customers.put(key, record.value)
+            return
+        order = json.loads(record.value or b"{}")
+        customer = customers.get(key)
+        order["customer"] = json.loads(customer) if customer else None
+        ctx.send(self.output, json.dumps(order).encode(), key=key)
+
+
+async def create_topics(bootstrap: str, topics: list[str]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics])
+    finally:
+        await admin.close()
+
+
+async def produce(
+    bootstrap: str, orders: str, customers: str, n_orders: int, n_customers: int
+) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=10)
+    await producer.start()
+    try:
+        for c in range(n_customers):
+            value = {"id": c, "name": f"customer {c}", "tier": ["gold", "silver"][c % 2]}
+            await producer.send(customers, json.dumps(value).encode(), key=b"c%d" % c)
+        await producer.flush()  # customers first, so the orders find them
+        for o in range(n_orders):
+            value = {"order": o, "amount": 10 + o % 90}
+            await producer.send(orders, json.dumps(value).encode(), key=b"c%d" % (o % n_customers))
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def read_back(bootstrap: str, topic: str, count: int, timeout: float) -> list[Any]:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    out: list[Any] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        while len(out) < count and loop.time() < deadline:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                out.extend(json.loads(r.value) for r in records)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description="Orders joined with customers (streamassign runtime)")
+    ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers (host:port)")
+    ap.add_argument("--orders", type=int, default=2000)
+    ap.add_argument("--customers", type=int, default=100)
+    ap.add_argument("--state-dir", default=None, help="default: a new temporary directory")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+
+    run = uuid.uuid4().hex[:6]  # fresh names per run: the demo can be repeated on one broker
+    orders, customers, output = f"orders-{run}", f"customers-{run}", f"orders-enriched-{run}"
+    topology = join_topology(f"orders-join-{run}", orders, customers, output)
+    await create_topics(args.bootstrap, [orders, customers, output])
+
+    state_root = Path(args.state_dir or tempfile.mkdtemp(prefix="orders-join-"))
+    apps = [
+        App(
+            topology,
+            {0: lambda: EnrichOrders(customers, output)},
+            bootstrap_servers=args.bootstrap,
+            state_dir=state_root / f"process-{i}",
+            num_standby_replicas=1,
+            consumer_config={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+        )
+        for i in range(2)
+    ]
+    for app in apps:
+        await app.start()
+    try:
+        await produce(args.bootstrap, orders, customers, args.orders, args.customers)
+        enriched = await read_back(args.bootstrap, output, args.orders, timeout=60)
+        for i, app in enumerate(apps):
+            print(
+                f"process {i}: active {sorted(map(str, app.active_tasks))}, "
+                f"standby {sorted(map(str, app.standby_tasks))}"
+            )
+    finally:
+        for app in apps:
+            await app.stop()
+    joined = sum(1 for e in enriched if e["customer"] is not None)
+    print(f"{len(enriched)} enriched orders in {output} ({joined} found their customer), e.g.:")
+    for e in enriched[:3]:
+        print("   ", json.dumps(e))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
