@@ -142,7 +142,7 @@ class _Holdback:
         self.stateful = stateful
         self.target = target
         self.previous = resolve_previous_owners(tasks, clients)
-        self.holders: dict[TaskId, list[str]] | None = None
+        self.ready: dict[TaskId, list[tuple[int, str]]] | None = None
 
     def lag(self, task: TaskId, pid: str) -> int | None:
         """Lag of ``pid`` on ``task``: 0 for its running owner, None when unknown."""
@@ -155,67 +155,84 @@ class _Holdback:
 
     def caught_up(self, task: TaskId) -> list[tuple[int, str]]:
         """(lag, process id) of the clients caught up on ``task``, in process id order."""
-        if self.holders is None:  # built once, and only when some target is not caught up
-            self.holders = {}
+        if self.ready is None:  # built once, and only when some target is not caught up
+            ready: dict[TaskId, list[tuple[int, str]]] = {}
             for pid, c in self.clients.items():
-                for t in c.prev_active | c.prev_standby | c.lags.keys():
-                    self.holders.setdefault(t, []).append(pid)
-        out = []
-        for pid in self.holders.get(task, ()):
-            lag = self.lag(task, pid)
-            if lag is not None and lag <= self.acceptable:
-                out.append((lag, pid))
-        return out
+                for t in c.prev_active:
+                    lag = 0 if self.previous.get(t) == pid else c.lags.get(t, 0)
+                    if lag <= self.acceptable:
+                        ready.setdefault(t, []).append((lag, pid))
+                for t, lag in c.lags.items():
+                    if lag <= self.acceptable and t not in c.prev_active:
+                        ready.setdefault(t, []).append((lag, pid))
+            self.ready = ready
+        return self.ready.get(task, [])
 
     def plan(self) -> HighAvailabilityPlan:
-        target = self.target
-        active = {pid: set(a.active) for pid, a in target.items()}
-        standby = {pid: set(a.standby) for pid, a in target.items()}
-        owner = {t: pid for pid, a in target.items() for t in a.active}
-        standbys_of: dict[TaskId, set[str]] = {}
-        for pid, a in target.items():
-            for t in a.standby:
-                standbys_of.setdefault(t, set()).add(pid)
-        caps = {pid: c.capacity for pid, c in self.clients.items()}
+        target, previous, stateful = self.target, self.previous, self.stateful
+        # Candidates: stateful actives the target gives to a client that did not run them.
+        moving = sorted(
+            (t, pid)
+            for pid, a in target.items()
+            for t in a.active
+            if previous.get(t) != pid and t in stateful
+        )
+        active: dict[str, set[TaskId]] = {}
+        standby: dict[str, set[TaskId]] = {}
+
+        def mine(pid: str) -> tuple[set[TaskId], set[TaskId]]:
+            """Mutable copies of a client's target sets, made on first change."""
+            if pid not in active:
+                active[pid] = set(target[pid].active)
+                standby[pid] = set(target[pid].standby)
+            return active[pid], standby[pid]
 
         held: dict[TaskId, str] = {}
         wants_warmup: list[tuple[int, int, TaskId, str]] = []
-        for t in self.tasks:
-            dest = owner[t]
-            if t not in self.stateful:
-                continue
+        for t, dest in moving:
             lag = self.lag(t, dest)
             if lag is not None and lag <= self.acceptable:
                 continue
             ready = self.caught_up(t)
             if not ready:
                 continue  # nobody is caught up: nothing to wait for
-            keepers = standbys_of.get(t, set())
-            prev = self.previous.get(t)
-            if prev is not None:
-                keeper = prev
-            else:
-                keeper = min(
-                    ready,
-                    key=lambda r: (r[1] not in keepers, len(active[r[1]]) / caps[r[1]], r[0], r[1]),
-                )[1]
-            active[dest].discard(t)
-            active[keeper].add(t)
+            keeper = previous.get(t)
+            if keeper is None:
+                keeper = min(ready, key=lambda r: self._keeper_rank(t, r, active))[1]
+            dest_active, dest_standby = mine(dest)
+            keeper_active, keeper_standby = mine(keeper)
+            dest_active.discard(t)
+            keeper_active.add(t)
             held[t] = dest
-            if keeper in keepers:  # swap roles: the target client keeps a standby meanwhile
-                standby[keeper].discard(t)
-                standby[dest].add(t)
+            if t in keeper_standby:  # swap roles: the target client keeps a standby meanwhile
+                keeper_standby.discard(t)
+                dest_standby.add(t)
             else:
                 has = self.clients[dest].has_state(t)
                 wants_warmup.append((0 if has else 1, _UNKNOWN if lag is None else lag, t, dest))
 
-        warmup: dict[str, set[TaskId]] = {pid: set() for pid in target}
+        warmup: dict[str, set[TaskId]] = {}
         for *_, t, dest in sorted(wants_warmup)[: self.budget]:
-            warmup[dest].add(t)
+            warmup.setdefault(dest, set()).add(t)
+        changed = active.keys() | warmup.keys()
         assignment = {
-            pid: ClientAssignment(
-                frozenset(active[pid]), frozenset(standby[pid]), frozenset(warmup[pid])
+            pid: a
+            if pid not in changed
+            else ClientAssignment(
+                frozenset(active.get(pid, a.active)),
+                frozenset(standby.get(pid, a.standby)),
+                frozenset(warmup.get(pid, ())),
             )
-            for pid in target
+            for pid, a in target.items()
         }
         return HighAvailabilityPlan(assignment, target, held)
+
+    def _keeper_rank(
+        self, task: TaskId, ready: tuple[int, str], active: Mapping[str, set[TaskId]]
+    ) -> tuple[bool, float, int, str]:
+        """Order of caught-up clients to keep ``task``: target standby holders (a role swap),
+        then the fewest actives per thread so far, the smallest lag, the process id."""
+        lag, pid = ready
+        a = self.target[pid]
+        count = len(active[pid]) if pid in active else len(a.active)
+        return (task not in a.standby, count / self.clients[pid].capacity, lag, pid)
