@@ -358,14 +358,19 @@ class _Run:
                 if target[ci] < actives[ci] + room[ci]:
                     heapq.heappush(heap, (target[ci] / caps[ci], ci))
         elif missing < 0:
-            # Actives at their ceiling pushed some clients above the floor: take standbys from
-            # the most loaded clients per thread that still have standbys to give; among equals,
-            # first from those whose target exceeds the previous standbys they could keep, so
-            # none has to drop one it holds.
+            # Actives at their ceiling pushed some clients above the floor: take standbys first
+            # from clients still above their floor after giving one, then from those whose
+            # target exceeds the previous standbys they could keep (so none has to drop one it
+            # holds), then from the most loaded per thread.
             prevs = [self._valid_prev_standbys(ci) for ci in range(len(clients))]
 
-            def entry(ci: int) -> tuple[float, bool, int]:
-                return (-target[ci] / caps[ci], prevs[ci] >= target[ci] - actives[ci], ci)
+            def entry(ci: int) -> tuple[bool, bool, float, int]:
+                return (
+                    target[ci] <= bounds[ci][0],
+                    prevs[ci] >= target[ci] - actives[ci],
+                    -target[ci] / caps[ci],
+                    ci,
+                )
 
             givers = [entry(ci) for ci in range(len(clients)) if target[ci] > actives[ci]]
             heapq.heapify(givers)
@@ -417,9 +422,46 @@ class _Run:
                 self._place_by_swap(slot, copies, skipped)
             for entry in skipped:
                 heapq.heappush(heap, entry)
+        self._return_dropped_standbys(copies)
         for slot, ci in enumerate(copies):
             if ci >= 0:
                 self.standby[ci].append(slot // r)
+
+    def _return_dropped_standbys(self, copies: list[int]) -> None:
+        """Give a client below its load floor back a previous standby it lost to a client that
+        never held it, when that client ends no further below its own floor than the first
+        was: the shortfall stays where it was, and no standby state is thrown away for it.
+        Targets are set per client, so when floors cannot all be met a tie may have cut the
+        wrong one; this repairs that after placement."""
+        r, clients, index, owner = self.replicas, self.clients, self.index, self.owner
+        caps = [c.capacity for c in clients]
+        load = [len(a) for a in self.active]
+        for ci in copies:
+            if ci >= 0:
+                load[ci] += 1
+        floors = [lo for lo, _ in share_bounds(sum(load), caps)]
+        for ci, c in enumerate(clients):
+            if load[ci] >= floors[ci] or not c.prev_standby:
+                continue
+            for t in sorted(c.prev_standby):
+                i = index.get(t)
+                if i is None or not self.stateful[i] or owner[i] == ci:
+                    continue
+                held = copies[i * r : (i + 1) * r]
+                if ci in held:
+                    continue
+                for k, d in enumerate(held):
+                    if (
+                        d >= 0
+                        and t not in clients[d].prev_standby
+                        and floors[d] - (load[d] - 1) <= floors[ci] - load[ci]
+                    ):
+                        copies[i * r + k] = ci
+                        load[ci] += 1
+                        load[d] -= 1
+                        break
+                if load[ci] >= floors[ci]:
+                    break
 
     def _place_by_swap(self, slot: int, copies: list[int], rooms: list[tuple[int, int]]) -> None:
         """Fill ``slot`` (a standby of task ``i``) when every client with room holds ``i``.

@@ -16,4 +16,11 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile("dev", max_examples=200, deadline=None)
+# A long random search for rare counterexamples: HYPOTHESIS_PROFILE=deep pytest tests/test_sticky.py
+settings.register_profile(
+    "deep",
+    max_examples=50_000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))

@@ -140,6 +140,64 @@ def test_orphans_go_to_standby_holders_with_room(inputs: Inputs) -> None:
 @given(assignment_inputs())
 def test_previous_standbys_stay_when_valid(inputs: Inputs) -> None:
     """A dropped standby was dropped for balance or because better-placed copies sufficed."""
+    assert_previous_standbys_stay(inputs)
+
+
+def _ids(text: str) -> list[TaskId]:
+    return [TaskId.parse(t) for t in text.split()]
+
+
+def _client(pid: str, cap: int, active: str, standby: str, lags: str = "") -> ClientState:
+    lag_map = {TaskId.parse(k): int(v) for k, v in (e.split("=") for e in lags.split())}
+    return ClientState(pid, cap, prev_active=_ids(active), prev_standby=_ids(standby), lags=lag_map)
+
+
+# Counterexamples a random search found (arbitrary overlapping histories): in both, more clients
+# were below their load floor than there were standby slots, and a tie cut one that held a
+# previous standby, which then went to a client that never held it.
+PREVIOUS_STANDBY_REGRESSIONS: list[Inputs] = [
+    (
+        [TaskId(s, p) for s, n in enumerate((4, 7, 10)) for p in range(n)],
+        [
+            _client("p0", 2, "0_0 0_1 1_0 2_0", "0_1 1_0 1_4", "0_0=5051 1_4=6194"),
+            _client("p1", 1, "0_0 2_4", "1_6 2_5 2_6"),
+            _client("p2", 4, "0_1 0_2 1_0 1_1 2_0 2_4 9_0", "", "0_0=5031 2_1=1539"),
+            _client("p3", 2, "0_2 0_3 1_3 1_5 2_1 2_2", "0_1 0_2 1_1 2_3", "1_2=4679"),
+            _client("p4", 4, "0_1 0_3 1_3 2_1 2_6 2_8", "0_0 0_1 1_1 9_0", "0_0=7252 1_3=1367"),
+            _client("p5", 1, "0_3 1_0 2_7 2_8", "0_1 0_2 1_0 2_7", "2_2=3887"),
+            _client("p6", 3, "2_8 0_99", "0_0 0_3 1_2 2_9 9_0", "2_1=5108"),
+        ],
+        2,
+        [TaskId(0, 0)],
+    ),
+    (
+        [TaskId(s, p) for s, n in enumerate((10, 3)) for p in range(n)],
+        [
+            _client("p0", 2, "0_0", "0_1 0_2 0_3 0_4 0_5 0_6 0_9 1_0 1_2", "1_1=6581"),
+            _client("p1", 4, "0_1 0_2 0_3 0_4 0_5 0_6 0_9 1_0 1_1 9_0", "", "0_7=1764"),
+            _client("p2", 1, "", "0_4 0_8 0_9", "0_0=9830"),
+            _client("p3", 4, "0_6 0_8 1_0", "0_0 0_5 0_6 0_8 0_9 1_0 1_1 9_0", "0_4=257"),
+            _client("p4", 3, "0_0 0_5", "0_2 0_4 0_9", "0_6=4409 0_0=8913 0_8=3809"),
+            _client("p5", 2, "0_1 0_7 0_8 0_99", ""),
+            _client("p6", 3, "0_0 0_2 0_4 0_6 9_0", "0_0 0_3 0_4 0_5 0_9", "0_6=9328 0_4=6927"),
+            _client("p7", 1, "", "0_1 0_2 0_3 0_8", "0_2=2504"),
+        ],
+        1,
+        [TaskId(0, 4), TaskId(0, 6)],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    PREVIOUS_STANDBY_REGRESSIONS,
+    ids=["reduce-above-floor-first", "repair-after-placement"],
+)
+def test_previous_standbys_stay_regressions(inputs: Inputs) -> None:
+    assert_previous_standbys_stay(inputs)
+
+
+def assert_previous_standbys_stay(inputs: Inputs) -> None:
     tasks, clients, replicas, _ = inputs
     result = run(inputs)
     stateful = stateful_of(inputs)
