@@ -1,0 +1,394 @@
+"""``PartitionAssignor`` for faust-streaming apps: ``faust.App(..., PartitionAssignor=
+"streamassign.faust:PartitionAssignor")``.
+
+It is both the aiokafka assignor of the worker's consumer (``name``, ``metadata``, ``assign``,
+``on_assignment``) and what the rest of Faust asks of ``app.assignor``: assigned actives and
+standbys (table recovery, rocksdb stores, the ``/stats`` views), ``is_active``/``is_standby`` and
+``group_for_topic`` (transactions), ``key_store``/``external_key_store`` and the table and topic
+metadata (``app.router`` and the ``/router`` web views). The leader's work is
+``streamassign.faust.leader.assign_faust``.
+
+Each worker keeps a small state directory ``<appdir>/streamassign`` (process id, its last
+assignment), opened when its consumer first joins. After a restart it reports the tasks it ran and
+the offsets its on-disk (rocksdb) tables hold, so it gets its partitions back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+from faust.types import TP
+from faust.types.assignor import HostToPartitionMap, PartitionAssignorT
+from yarl import URL
+
+from .._ids import TaskId
+from ..aiokafka._rejoin import Rejoiner
+from ..aiokafka._wire import encode_assignment
+from ..errors import ErrorCode
+from ..localstate import StateDirectory, StateDirectoryLockedError
+from ..protocol import (
+    LATEST_OFFSET,
+    LATEST_VERSION,
+    AssignmentInfo,
+    ProtocolError,
+    SubscriptionInfo,
+)
+from ..streams import MemberSubscription
+from .leader import CAPACITY_TAG, assign_faust
+
+__all__ = ["CAPACITY_ENV", "PROTOCOL_NAME", "PartitionAssignor"]
+
+log = logging.getLogger("streamassign.faust")
+
+PROTOCOL_NAME = "streamassign-faust"
+
+#: Environment variable giving this worker's capacity (weight); default: its consumer count (1).
+CAPACITY_ENV = "STREAMASSIGN_CAPACITY"
+
+_STATE_FILE = "faust-assignment.json"
+
+
+class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type: ignore[misc]
+    """Kafka Streams-style assignment for a Faust app (see the module docstring).
+
+    Subclass to declare co-partition groups (``copartition_groups``: only those topics are
+    co-partitioned; default: Faust's rule) or a fixed ``capacity``.
+    """
+
+    #: Topics that must be co-partitioned; empty: Faust's rule (equal count, same subscribers).
+    copartition_groups: ClassVar[Sequence[Sequence[str]]] = ()
+    #: This worker's weight; ``None``: ``$STREAMASSIGN_CAPACITY``, else its consumer count.
+    capacity: ClassVar[int | None] = None
+
+    def __init__(self, app: Any, replicas: int = 0) -> None:
+        self.app = app
+        self.replicas = replicas
+        self.rejoiner = Rejoiner()
+        self._nonce = itertools.count(1)
+        self._state: StateDirectory | None = None
+        self._process_id: uuid.UUID | None = None
+        self._restored: AssignmentInfo | None = None
+        self._assigned = False
+        self._apply(AssignmentInfo(), frozenset())
+        #: Milliseconds the last leader-side ``assign`` took on this worker, if it led.
+        self.last_assign_ms: float | None = None
+
+    # -- aiokafka assignor ---------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return PROTOCOL_NAME
+
+    @property
+    def version(self) -> int:
+        return LATEST_VERSION
+
+    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+        self._open_state()
+        restored = self._restored or AssignmentInfo()
+        current = self.info if self._assigned else AssignmentInfo()
+        sums = {t: LATEST_OFFSET for t in current.active}
+        held = current.standby | current.warmup | restored.active | restored.standby
+        dictionary = {**restored.topics, **current.topics}
+        for t in sorted(held - current.active):
+            topics = dictionary.get(t.subtopology, {})
+            offset = self._disk_offset_sum(t, topics)
+            if offset is None and t in current.standby | current.warmup:
+                offset = self._standby_offset_sum(t, topics)
+            if offset is not None:
+                sums[t] = offset
+        info = SubscriptionInfo(
+            self._process_id or uuid.uuid4(),
+            endpoint=str(self.app.conf.canonical_url),
+            offset_sums=sums,
+            previous_active=current.active if self._assigned else restored.active,
+            join_nonce=next(self._nonce),
+            client_tags={CAPACITY_TAG: str(c)} if (c := self._capacity()) else {},
+        )
+        return ConsumerProtocolMemberMetadata(0, sorted(topics), info.encode())
+
+    def assign(
+        self, cluster: Any, member_metadata: Mapping[str, ConsumerProtocolMemberMetadata]
+    ) -> dict[str, bytes]:
+        """Leader: decode every member, run ``assign_faust``, encode; never raises."""
+        started = time.perf_counter()
+        sensors = self.app.sensors
+        state = sensors.on_assignment_start(self)
+        try:
+            members = {}
+            for member, meta in member_metadata.items():
+                try:
+                    info: SubscriptionInfo | None = SubscriptionInfo.decode(meta.user_data or b"")
+                except ProtocolError as exc:
+                    log.warning("member %s: %s; treating it as having no history", member, exc)
+                    info = None
+                members[member] = MemberSubscription(meta.subscription, info)
+            counts = {}
+            for topic in sorted({t for m in members.values() for t in m.topics}):
+                partitions = cluster.partitions_for_topic(topic)
+                if partitions:
+                    counts[topic] = len(partitions)
+                else:
+                    log.warning("no metadata for subscribed topic %r (not created yet?)", topic)
+            result = assign_faust(
+                members,
+                counts,
+                num_standby_replicas=self.replicas,
+                changelog_topics=self._changelog_topics(counts),
+                global_changelog_topics=self._global_changelog_topics(),
+                copartition_groups=self.copartition_groups,
+            )
+            out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
+        except Exception as exc:
+            log.exception("assignment failed; sending ASSIGNMENT_ERROR to every member")
+            sensors.on_assignment_error(self, state, exc)
+            failed = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR, version=1).encode()
+            return {m: encode_assignment((), failed) for m in member_metadata}
+        sensors.on_assignment_completed(self, state)
+        self.last_assign_ms = (time.perf_counter() - started) * 1000
+        return out
+
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
+        """Member: take the tasks and host maps; a bad or failed assignment never raises — the
+        worker runs what Kafka assigned it and rejoins with backoff."""
+        kafka = frozenset(TP(t, p) for t, ps in assignment.assignment for p in ps)
+        try:
+            info = AssignmentInfo.decode(assignment.user_data or b"")
+        except ProtocolError as exc:
+            log.error("unreadable assignment (%s); treating it as an assignment error", exc)
+            info = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR)
+        self._bind_rejoiner()
+        if info.error_code != ErrorCode.NONE:
+            self._apply(AssignmentInfo(), kafka, fallback=True)
+            delay = self.rejoiner.failed()
+            log.error("the leader sent %s; rejoining in %.0f s", info.error_code.name, delay)
+            return
+        self.rejoiner.succeeded()
+        self._apply(info, kafka)
+        self._assigned = True
+        self._save()
+
+    # -- what Faust asks of app.assignor -------------------------------------------------------
+
+    def group_for_topic(self, topic: str) -> int:
+        return self._topic_groups[topic]
+
+    def assigned_actives(self) -> set[TP]:
+        return set(self._actives)
+
+    def assigned_standbys(self) -> set[TP]:
+        return set(self._standbys)
+
+    def is_active(self, tp: TP) -> bool:
+        return tp in self._actives
+
+    def is_standby(self, tp: TP) -> bool:
+        return tp in self._standbys
+
+    def key_store(self, topic: str, key: bytes) -> URL:
+        """URL of the worker whose active task holds ``key`` of the table with changelog
+        ``topic`` (``KeyError`` while unknown: the router answers 503)."""
+        if topic in self._global_changelog_topics():
+            return URL(str(self.app.conf.canonical_url))  # every worker holds a global table
+        return URL(self._tps_url[self.app.producer.key_partition(topic, key)])
+
+    def external_key_store(self, topic: str, key: bytes) -> URL:
+        return URL(self._external_tps_url[self.app.producer.key_partition(topic, key)])
+
+    def table_metadata(self, topic: str) -> HostToPartitionMap:
+        return {
+            host: {t: ps for t, ps in tps.items() if t == topic}
+            for host, tps in self._changelog_distribution.items()
+        }
+
+    def tables_metadata(self) -> HostToPartitionMap:
+        return self._changelog_distribution
+
+    def external_topics_metadata(self) -> HostToPartitionMap:
+        return self._external_topic_distribution
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _apply(self, info: AssignmentInfo, kafka: frozenset[TP], *, fallback: bool = False) -> None:
+        """Derive Faust's views (actives, standbys, groups, host maps) from ``info``."""
+        self.info = info
+        globals_ = self._global_changelog_topics()
+        from_tasks = frozenset(
+            TP(topic, t.partition)
+            for t in info.active
+            for topic, count in info.topics.get(t.subtopology, {}).items()
+            if t.partition < count
+        )
+        if fallback:
+            from_tasks = kafka
+        elif not from_tasks <= kafka:
+            log.warning(
+                "tasks name partitions Kafka did not assign (%s); keeping Kafka's",
+                sorted(from_tasks - kafka)[:5],
+            )
+            from_tasks &= kafka
+        full_copy = {tp for tp in kafka if tp.topic in globals_}
+        self._actives = from_tasks | full_copy
+        standbys = set(kafka - from_tasks)
+        for table in self._tables():
+            if table.is_global and (
+                table.synchronize_all_active_partitions or table.use_partitioner
+            ):
+                topic = table.changelog_topic.get_topic_name()
+                standbys.update(tp for tp in kafka if tp.topic == topic)
+        self._standbys = frozenset(standbys)
+        self._topic_groups = {
+            topic: sub for sub, topics in sorted(info.topics.items()) for topic in topics
+        }
+        changelogs = self._changelog_topics(self._topic_groups)
+        tables: dict[str, dict[str, set[int]]] = {}
+        external: dict[str, dict[str, set[int]]] = {}
+        self._tps_url: dict[TP, str] = {}
+        self._external_tps_url: dict[TP, str] = {}
+        for key, tps in sorted(info.partitions_by_host().items()):
+            url = key.split("#", 1)[0]
+            tables.setdefault(url, {})
+            external.setdefault(url, {})
+            for topic, p in tps:
+                kind, urls = (
+                    (tables, self._tps_url)
+                    if topic in changelogs
+                    else (external, self._external_tps_url)
+                )
+                kind[url].setdefault(topic, set()).add(p)
+                urls[TP(topic, p)] = url
+        self._changelog_distribution: HostToPartitionMap = _lists(tables)
+        self._external_topic_distribution: HostToPartitionMap = _lists(external)
+
+    def _tables(self) -> list[Any]:
+        return list(self.app.tables.values())
+
+    def _global_changelog_topics(self) -> frozenset[str]:
+        return frozenset(t.changelog_topic.get_topic_name() for t in self._tables() if t.is_global)
+
+    def _changelog_topics(self, topics: Iterable[str]) -> frozenset[str]:
+        """Changelogs of this app's tables, and topics named like one (a table another version
+        of the app has and this one does not yet)."""
+        own = set(self.app.tables.changelog_topics)
+        prefix = f"{self.app.conf.id}-"
+        own.update(t for t in topics if t.startswith(prefix) and t.endswith("-changelog"))
+        return frozenset(own)
+
+    def _capacity(self) -> int | None:
+        if self.capacity is not None:
+            return self.capacity
+        raw = os.environ.get(CAPACITY_ENV)
+        if not raw:
+            return None
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if value < 1:
+            log.warning("ignoring %s=%r: not a whole number >= 1", CAPACITY_ENV, raw)
+            return None
+        return value
+
+    def _open_state(self) -> None:
+        """Open ``<appdir>/streamassign`` once; without it (locked, unwritable) the worker runs
+        with a fresh process id and no stickiness across restarts (logged)."""
+        if self._process_id is not None:
+            return
+        path = Path(self.app.conf.appdir) / "streamassign"
+        try:
+            self._state = StateDirectory(path)
+        except (StateDirectoryLockedError, OSError) as exc:
+            log.warning(
+                "no state directory (%s); this worker will not be sticky across restarts", exc
+            )
+            self._process_id = uuid.uuid4()
+            return
+        self._process_id = self._state.process_id
+        self._restored = _read_state(self._state.path / _STATE_FILE)
+
+    def _save(self) -> None:
+        if self._state is None:
+            return
+        data = {
+            "active": sorted(str(t) for t in self.info.active),
+            "standby": sorted(str(t) for t in self.info.standby | self.info.warmup),
+            "topics": {str(s): dict(ts) for s, ts in sorted(self.info.topics.items())},
+        }
+        file = self._state.path / _STATE_FILE
+        tmp = file.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(data, sort_keys=True))
+            tmp.replace(file)
+        except OSError as exc:
+            log.warning("cannot save the assignment to %s: %s", file, exc)
+
+    def _disk_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
+        """Sum of the offsets this worker's on-disk tables persisted for ``task`` (rocksdb);
+        ``None`` when it has none (in-memory tables keep nothing across a restart)."""
+        found = []
+        for table in self._tables():
+            topic = table.changelog_topic.get_topic_name()
+            if table.is_global or task.partition >= topics.get(topic, 0):
+                continue
+            path_of = getattr(table.data, "partition_path", None)
+            if path_of is None or not Path(path_of(task.partition)).exists():
+                continue
+            try:
+                offset = table.persisted_offset(TP(topic, task.partition))
+            except Exception as exc:  # a locked or corrupt store is no state to report
+                log.debug("no persisted offset for %s[%d]: %s", topic, task.partition, exc)
+                continue
+            if offset is not None:
+                found.append(int(offset))
+        return sum(found) if found else None
+
+    def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int:
+        """Sum of the changelog offsets this running worker's standby replica of ``task`` has
+        applied (in memory or on disk); 0 before it applied any."""
+        offsets = getattr(getattr(self.app.tables, "recovery", None), "standby_offsets", {})
+        return sum(
+            int(offsets.get(TP(topic, task.partition)) or 0)
+            for topic in topics
+            if task.partition < topics[topic]
+        )
+
+    def _bind_rejoiner(self) -> None:
+        consumer = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
+        if consumer is not None:
+            self.rejoiner.bind(consumer)
+
+
+def _lists(hosts: Mapping[str, Mapping[str, set[int]]]) -> HostToPartitionMap:
+    return {
+        url: {topic: sorted(ps) for topic, ps in sorted(tps.items())}
+        for url, tps in sorted(hosts.items())
+    }
+
+
+def _read_state(file: Path) -> AssignmentInfo | None:
+    """The assignment saved before a restart; ``None`` when missing or unreadable."""
+    try:
+        data = json.loads(file.read_text())
+        return AssignmentInfo(
+            active=frozenset(TaskId.parse(t) for t in data["active"]),
+            standby=frozenset(TaskId.parse(t) for t in data["standby"]),
+            topics={int(s): {t: int(n) for t, n in ts.items()} for s, ts in data["topics"].items()},
+        )
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("ignoring unreadable %s: %s", file, exc)
+        return None

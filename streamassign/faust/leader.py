@@ -1,0 +1,277 @@
+"""The group leader's work for a Faust app, as a pure function (no Faust, no aiokafka).
+
+``assign_faust`` replaces what ``faust.assignor.PartitionAssignor`` does on the leader:
+
+* **Tasks.** Topics are grouped Faust-style (equal partition count and the same subscribers form
+  one co-partitioned group, ``streamassign.grouper.faust_style_topology``) unless the app
+  declares its co-partition groups; then only the declared groups are co-partitioned and every
+  other topic is a group of its own. Group ``g``'s task ``g_p`` owns partition ``p`` of each of
+  its topics. A group holding a changelog topic of a (non-global) table is stateful.
+* **Assignment.** The sticky task assignor with real capacities (each worker's consumer count,
+  or the weight it reports) and ``table_standby_replicas`` standbys, one run per set of members
+  that subscribe to the same groups (a member never gets a topic it does not subscribe to).
+* **History.** Each member's versioned ``SubscriptionInfo`` says what it runs, what table state
+  it has on disk (offset sums) and what it ran before a restart (from its state file), so a
+  restarted worker gets its partitions back; unreadable user data (an old Faust member, garbage)
+  is a member with no history, never an error.
+* **Host maps.** Keyed per process, so two workers announcing the same URL lose nothing.
+
+A member's partitions are the source and changelog partitions of its active tasks, the changelog
+partitions of its standby (and warmup) tasks, and every partition of the global tables'
+changelogs it subscribes to (Faust keeps a full copy of a global table on every worker).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from .._ids import TaskId, TopicPartition
+from ..assignment import ClientAssignment, ClientState
+from ..errors import ErrorCode, TopologyError
+from ..grouper import PartitionGrouper, _hashed_id, faust_style_topology
+from ..protocol import LATEST_OFFSET, LATEST_VERSION, AssignmentInfo
+from ..sticky import StickyTaskAssignor
+from ..streams import MemberAssignment, MemberSubscription, client_states, common_version
+from ..threads import distribute_to_threads
+from ..topology import Subtopology, Topology
+
+__all__ = ["CAPACITY_TAG", "assign_faust", "faust_topology", "host_key"]
+
+log = logging.getLogger("streamassign.faust")
+
+#: Client tag carrying a worker's configured capacity (weight); stripped before assignment.
+CAPACITY_TAG = "streamassign.capacity"
+
+
+def faust_topology(
+    subscriptions: Mapping[str, Iterable[str]],
+    partition_counts: Mapping[str, int],
+    copartition_groups: Sequence[Sequence[str]] = (),
+) -> Topology:
+    """The app's groups as a topology (one subtopology per co-partitioned group).
+
+    Without declared groups: Faust's rule (equal count and subscribers). With them: each declared
+    group is one subtopology and every other subscribed topic one of its own; ids are stable
+    hashes of (count, topics). Declared groups whose counts differ fall back to Faust's rule,
+    logged, rather than stopping the group.
+    """
+    if not copartition_groups:
+        return faust_style_topology(subscriptions, partition_counts)
+    subscribed = {t for topics in subscriptions.values() for t in topics if t in partition_counts}
+    groups: list[tuple[str, ...]] = []
+    seen: set[str] = set()
+    for declared in copartition_groups:
+        group = tuple(sorted(set(declared) & subscribed - seen))
+        if group:
+            groups.append(group)
+            seen.update(group)
+    groups.extend((t,) for t in sorted(subscribed - seen))
+    ids: set[int] = set()
+    subtopologies = []
+    for group in groups:
+        counts = {partition_counts[t] for t in group}
+        if len(counts) > 1:
+            log.error(
+                "declared co-partition group %s has unequal partition counts %s; "
+                "grouping Faust-style instead",
+                group,
+                sorted(counts),
+            )
+            return faust_style_topology(subscriptions, partition_counts)
+        sid = _hashed_id(counts.pop(), group)
+        while sid in ids:
+            sid += 1
+        ids.add(sid)
+        subtopologies.append(Subtopology(sid, group))
+    return Topology(subtopologies, [g for g in groups if len(g) > 1])
+
+
+def host_key(endpoint: str, process: str, duplicated: bool) -> str:
+    """Host map key of a process: its endpoint, or ``endpoint#process`` when another process
+    announces the same endpoint (Faust's URL-keyed maps would overwrite one of them)."""
+    return f"{endpoint}#{process}" if duplicated else endpoint
+
+
+def assign_faust(
+    members: Mapping[str, MemberSubscription],
+    partition_counts: Mapping[str, int],
+    *,
+    num_standby_replicas: int = 0,
+    changelog_topics: Iterable[str] = (),
+    global_changelog_topics: Iterable[str] = (),
+    copartition_groups: Sequence[Sequence[str]] = (),
+    leader_version: int = LATEST_VERSION,
+) -> dict[str, MemberAssignment]:
+    """Assignment of every member (see the module docstring). Never raises for bad members or
+    topics: unreadable members have no history, topics without metadata are left out (logged)."""
+    version = common_version(members, leader_version)
+    globals_ = frozenset(global_changelog_topics)
+    changelogs = frozenset(changelog_topics) - globals_
+    subscriptions = {m: s.topics for m, s in members.items()}
+    empty = AssignmentInfo(version=version, common_version=version)
+    result = {m: MemberAssignment((), empty) for m in members}
+    if not members:
+        return result
+    try:
+        topology = faust_topology(subscriptions, partition_counts, copartition_groups)
+        tasks = PartitionGrouper().group(topology, partition_counts)
+    except TopologyError as exc:
+        log.error("cannot group the subscribed topics: %s; assigning nothing", exc)
+        info = attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
+        return {m: MemberAssignment((), info) for m in members}
+
+    sub_topics = {s: topology.subtopology(s).source_topics for s in topology.subtopology_ids}
+    # Groups made only of global changelogs are no work to share: every subscriber gets them all.
+    assignable = {s for s, topics in sub_topics.items() if not set(topics) <= globals_}
+    stateful_subs = {s for s, topics in sub_topics.items() if changelogs & set(topics)}
+
+    clients, by_process, endpoints = client_states(members)
+    clients = _with_capacities(_return_restarted(clients, members, by_process))
+
+    # One sticky run per set of members eligible for the same groups.
+    runs: dict[frozenset[str], list[int]] = {}
+    for s in sorted(assignable):
+        eligible = frozenset(
+            m for m, topics in subscriptions.items() if set(sub_topics[s]) <= topics
+        )
+        if not eligible:
+            continue  # partition_counts name a topic nobody reads any more
+        runs.setdefault(eligible, []).append(s)
+    mismatched = sorted(m for m in members if not any(m in e for e in runs)) if runs else []
+    for m in mismatched:
+        log.warning("member %s subscribes to no assignable group (another app version?)", m)
+
+    per_member: dict[str, ClientAssignment] = {m: ClientAssignment() for m in members}
+    per_process: dict[str, ClientAssignment] = {}
+    assignor = StickyTaskAssignor(num_standby_replicas)
+    for eligible, subs in sorted(runs.items(), key=lambda kv: sorted(kv[1])):
+        wanted = set(subs)
+        run_tasks = [t for t in tasks if t.subtopology in wanted]
+        task_set = frozenset(run_tasks)
+        run_clients = [
+            _restrict(c, task_set)
+            for c in clients
+            if any(m in eligible for m in by_process[c.process_id])
+        ]
+        stateful = [t for t in run_tasks if t.subtopology in stateful_subs]
+        log.debug("sticky run over groups %s: %s", sorted(subs), run_clients)
+        for key, got in assignor.assign(run_tasks, run_clients, stateful).items():
+            per_process[key] = _union(per_process.get(key, ClientAssignment()), got)
+            threads = [m for m in by_process[key] if m in eligible]
+            previous = {
+                m: sub.previous_active & task_set
+                for m in threads
+                if (sub := members[m].info) is not None
+            }
+            for m, part in distribute_to_threads(got, threads, previous, stateful).items():
+                per_member[m] = _union(per_member[m], part)
+
+    active_by_host: dict[str, frozenset[TaskId]] = {}
+    standby_by_host: dict[str, frozenset[TaskId]] = {}
+    named = [e for e in endpoints.values() if e]
+    for key, got in sorted(per_process.items()):
+        endpoint = endpoints[key]
+        if endpoint:
+            hk = host_key(endpoint, key, named.count(endpoint) > 1)
+            active_by_host[hk] = got.active
+            standby_by_host[hk] = got.standby | got.warmup
+    dictionary = {s: {t: partition_counts[t] for t in sub_topics[s]} for s in sub_topics}
+
+    for m, got in per_member.items():
+        partitions = {tp for t in got.active for tp in tasks[t]}
+        partitions.update(
+            tp for t in got.standby | got.warmup for tp in tasks[t] if tp.topic in changelogs
+        )
+        for topic in sorted(globals_ & subscriptions[m]):
+            if topic in partition_counts:
+                partitions.update(TopicPartition(topic, p) for p in range(partition_counts[topic]))
+        result[m] = MemberAssignment(
+            tuple(sorted(partitions)),
+            AssignmentInfo(
+                active=got.active,
+                standby=got.standby,
+                warmup=got.warmup if version >= 2 else frozenset(),
+                active_by_host=active_by_host,
+                standby_by_host=standby_by_host,
+                topics=dictionary,
+                version=version,
+                common_version=version,
+            ),
+        )
+    return result
+
+
+def _union(a: ClientAssignment, b: ClientAssignment) -> ClientAssignment:
+    return ClientAssignment(a.active | b.active, a.standby | b.standby, a.warmup | b.warmup)
+
+
+def _restrict(client: ClientState, tasks: frozenset[TaskId]) -> ClientState:
+    """``client`` as one sticky run sees it: only that run's tasks."""
+    return attrs.evolve(
+        client,
+        prev_active=client.prev_active & tasks,
+        prev_standby=client.prev_standby & tasks,
+        lags={t: lag for t, lag in client.lags.items() if t in tasks},
+    )
+
+
+def _return_restarted(
+    clients: list[ClientState],
+    members: Mapping[str, MemberSubscription],
+    by_process: Mapping[str, Sequence[str]],
+) -> list[ClientState]:
+    """A restarted worker (it runs nothing yet) is the previous owner again of the tasks it ran
+    before it stopped and has no local state of (stateless tasks, in-memory tables); the worker
+    that took them over meanwhile becomes a warm holder. Tasks it reports on-disk state for
+    follow ``client_states``' rule instead (they return when that state is caught up).
+    """
+    home: dict[TaskId, str] = {}
+    for key in sorted(by_process):
+        infos = [i for m in by_process[key] if (i := members[m].info) is not None]
+        if not infos or any(LATEST_OFFSET in i.offset_sums.values() for i in infos):
+            continue
+        for info in infos:
+            for t in sorted(info.previous_active - info.offset_sums.keys()):
+                home.setdefault(t, key)
+    if not home:
+        return clients
+    out = []
+    for c in clients:
+        mine = {t for t, k in home.items() if k == c.process_id}
+        taken = {t for t in c.prev_active if t in home and home[t] != c.process_id}
+        out.append(
+            attrs.evolve(
+                c,
+                prev_active=(c.prev_active - taken) | mine,
+                prev_standby=(c.prev_standby | taken) - mine,
+                lags={
+                    **{t: lag for t, lag in c.lags.items() if t not in mine},
+                    **dict.fromkeys(taken, 0),
+                },
+            )
+        )
+    return out
+
+
+def _with_capacities(clients: list[ClientState]) -> list[ClientState]:
+    """Capacity = the weight a process reports (``CAPACITY_TAG``), else its consumer count."""
+    out = []
+    for c in clients:
+        tags = dict(c.tags)
+        raw = tags.pop(CAPACITY_TAG, None)
+        capacity = c.capacity
+        if raw is not None:
+            try:
+                capacity = int(raw)
+                if capacity < 1:
+                    raise ValueError(raw)
+            except ValueError:
+                log.warning(
+                    "process %s reports capacity %r; using %d", c.process_id, raw, c.capacity
+                )
+                capacity = c.capacity
+        out.append(attrs.evolve(c, capacity=capacity, tags=tags))
+    return out

@@ -1,0 +1,139 @@
+"""A Faust worker for the broker tests and the benchmark: counts records per key in a table.
+
+    python faust_worker.py --bootstrap HOST:PORT --app APP --topic TOPIC --partitions N
+        --datadir DIR --port PORT [--standbys 1] [--assignor ours|faust] [--log FILE]
+
+The agent adds each record's value (a JSON int, JSON-encoded str key) to ``counts[key]``, an
+in-memory table with a changelog. ``GET /count/<key>/`` answers from the worker that owns the
+key (Faust's router forwards the request), so reading through any worker exercises the
+assignor's host maps. The worker prints JSON lines on stdout:
+
+* ``{"event": "state", ...}`` whenever its assignment or rebalancing flag changes: actives and
+  standbys as ``[topic, partition]`` pairs, ``rebalancing``, and the records recovery applied so
+  far to active changelog partitions (``recovered``);
+* ``{"event": "rebalance", "start": t0, "end": t1}`` (wall clock) after every rebalance, as
+  Faust's sensors see it: from revocation until the streams resume after recovery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from typing import Any
+
+import faust
+from faust.sensors import Sensor
+
+ASSIGNORS = {
+    "ours": "streamassign.faust:PartitionAssignor",
+    "faust": "faust.assignor:PartitionAssignor",
+}
+
+
+def emit(**fields: Any) -> None:
+    print(json.dumps(fields, sort_keys=True), flush=True)
+
+
+class RebalanceClock(Sensor):  # type: ignore[misc]
+    """Reports every rebalance's start and end (Faust calls these on its sensors)."""
+
+    def on_rebalance_start(self, app: Any) -> dict[str, float]:
+        return {"start": time.time()}
+
+    def on_rebalance_end(self, app: Any, state: dict[str, float]) -> None:
+        emit(event="rebalance", start=state.get("start", time.time()), end=time.time())
+
+
+def build(args: argparse.Namespace) -> faust.App:
+    app = faust.App(
+        args.app,
+        broker=f"kafka://{args.bootstrap}",
+        datadir=args.datadir,
+        store="memory://",
+        PartitionAssignor=ASSIGNORS[args.assignor],
+        table_standby_replicas=args.standbys,
+        topic_partitions=args.partitions,
+        topic_replication_factor=1,
+        web_host="127.0.0.1",
+        web_bind="127.0.0.1",
+        web_port=args.port,
+        canonical_url=f"http://127.0.0.1:{args.port}",
+        broker_session_timeout=6.0,
+        broker_heartbeat_interval=1.0,
+        broker_commit_interval=0.5,
+        consumer_auto_offset_reset="earliest",
+        table_cleanup_interval=3600.0,
+    )
+    topic = app.topic(
+        args.topic,
+        key_type=str,
+        value_type=int,
+        partitions=args.partitions,
+        key_serializer="json",
+        value_serializer="json",
+    )
+    counts = app.Table("counts", default=int, key_type=str, value_type=int)
+    recovered = [0]
+
+    apply_batch = counts.apply_changelog_batch
+
+    def counted(batch: Any) -> None:
+        events = list(batch)
+        recovered[0] += sum(1 for e in events if app.assignor.is_active(e.message.tp))
+        apply_batch(events)
+
+    counts.apply_changelog_batch = counted  # type: ignore[method-assign]
+
+    @app.agent(topic)
+    async def count(stream: Any) -> None:
+        async for key, value in stream.items():
+            counts[key] += value
+
+    @app.page("/count/{key}/")
+    @app.table_route(table=counts, match_info="key")
+    async def get_count(web: Any, request: Any, key: str) -> Any:
+        return web.json({"key": key, "count": counts[key], "served_by": args.port})
+
+    last: list[Any] = [None]
+
+    @app.timer(0.25)
+    async def report() -> None:
+        assignor = app.assignor
+        state = {
+            "actives": sorted(assignor.assigned_actives()),
+            "standbys": sorted(assignor.assigned_standbys()),
+            "rebalancing": bool(app.rebalancing),
+            "recovered": recovered[0],
+        }
+        if state != last[0]:
+            last[0] = state
+            emit(event="state", at=time.time(), **state)
+
+    app.monitor  # noqa: B018 - create the monitor before adding our sensor next to it
+    app.sensors.add(RebalanceClock())
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--app", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--partitions", type=int, required=True)
+    parser.add_argument("--datadir", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--standbys", type=int, default=1)
+    parser.add_argument("--assignor", choices=sorted(ASSIGNORS), default="ours")
+    parser.add_argument("--log", default=None)
+    args = parser.parse_args()
+    app = build(args)
+    worker = faust.Worker(
+        app, loglevel=logging.INFO, logfile=args.log, redirect_stdouts=False, quiet=True
+    )
+    worker.execute_from_commandline()
+
+
+if __name__ == "__main__":
+    main()

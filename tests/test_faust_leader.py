@@ -1,0 +1,261 @@
+"""The Faust leader (``streamassign.faust.leader.assign_faust``) on its own: no Faust, no broker."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Mapping
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamassign import TaskId, TopicPartition
+from streamassign.errors import ErrorCode
+from streamassign.faust.leader import CAPACITY_TAG, assign_faust, faust_topology
+from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
+from streamassign.streams import MemberAssignment, MemberSubscription
+
+SRC, CL = "orders", "app-totals-changelog"
+COUNTS = {SRC: 6, CL: 6}
+TOPICS = frozenset(COUNTS)
+
+
+def member(
+    i: int,
+    topics: frozenset[str] = TOPICS,
+    *,
+    sums: Mapping[TaskId, int] | None = None,
+    previous: frozenset[TaskId] = frozenset(),
+    url: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> MemberSubscription:
+    info = SubscriptionInfo(
+        uuid.UUID(int=i + 1),
+        endpoint=url or f"http://w{i}:6066",
+        offset_sums=dict(sums or {}),
+        previous_active=previous,
+        client_tags=dict(tags or {}),
+    )
+    return MemberSubscription(topics, info)
+
+
+def run(
+    members: Mapping[str, MemberSubscription],
+    counts: Mapping[str, int] = COUNTS,
+    replicas: int = 1,
+    **kw: object,
+) -> dict[str, MemberAssignment]:
+    return assign_faust(members, counts, num_standby_replicas=replicas, changelog_topics={CL}, **kw)  # type: ignore[arg-type]
+
+
+def sources(result: Mapping[str, MemberAssignment], m: str, topic: str = SRC) -> set[int]:
+    return {tp.partition for tp in result[m].partitions if tp.topic == topic}
+
+
+def running(result: Mapping[str, MemberAssignment], m: str) -> dict[TaskId, int]:
+    """What member ``m`` reports next time: its actives as running, its standbys as state."""
+    info = result[m].info
+    return {**dict.fromkeys(info.standby, 100), **dict.fromkeys(info.active, LATEST_OFFSET)}
+
+
+def check_valid(
+    result: Mapping[str, MemberAssignment],
+    members: Mapping[str, MemberSubscription],
+    counts: Mapping[str, int],
+    replicas: int,
+) -> None:
+    """Each partition of every topic active on exactly one subscriber, changelog standbys on
+    other members, nothing a member does not subscribe to."""
+    actives: Counter[TopicPartition] = Counter()
+    standby: dict[TopicPartition, list[str]] = {}
+    for m, got in result.items():
+        assert {tp.topic for tp in got.partitions} <= members[m].topics
+        mine = {
+            TopicPartition(topic, t.partition)
+            for t in got.info.active
+            for topic, n in got.info.topics[t.subtopology].items()
+            if t.partition < n
+        }
+        actives.update(mine)
+        for tp in set(got.partitions) - mine:
+            assert tp.topic == CL, (m, tp)
+            standby.setdefault(tp, []).append(m)
+    subscribed = {t for s in members.values() for t in s.topics}
+    expected = {
+        TopicPartition(t, p) for t, n in counts.items() if t in subscribed for p in range(n)
+    }
+    assert set(actives) == expected
+    assert set(actives.values()) <= {1}
+    eligible = sum(1 for s in members.values() if s.topics >= TOPICS)
+    for p in range(counts.get(CL, 0)):
+        holders = standby.get(TopicPartition(CL, p), [])
+        assert len(holders) == len(set(holders)) == min(replicas, eligible - 1)
+
+
+@given(
+    n=st.integers(1, 6),
+    partitions=st.integers(1, 12),
+    replicas=st.integers(0, 2),
+    rounds=st.integers(1, 3),
+)
+def test_valid_balanced_and_sticky_over_rebalances(
+    n: int, partitions: int, replicas: int, rounds: int
+) -> None:
+    counts = {SRC: partitions, CL: partitions}
+    members = {f"m{i}": member(i) for i in range(n)}
+    result = run(members, counts, replicas)
+    for r in range(rounds):
+        check_valid(result, members, counts, replicas)
+        load = sorted(len(sources(result, m)) for m in members)
+        assert load[-1] - load[0] <= 1, load
+        assert run(members, counts, replicas) == result  # deterministic
+        # Next round: every member reports what it runs; one more member joins.
+        members = {
+            m: member(int(m[1:]), sums=running(result, m), previous=result[m].info.active)
+            for m in members
+        }
+        members[f"m{n + r}"] = member(n + r)
+        before = {m: sources(result, m) for m in members if m in result}
+        result = run(members, counts, replicas)
+        # A member keeps what it had, up to its new share (moves only to the newcomer).
+        quota = -(-partitions // len(members))
+        for m, had in before.items():
+            assert len(had & sources(result, m)) >= min(len(had), quota - 1), (had, result)
+
+
+def test_new_worker_gets_work_with_standbys_on() -> None:
+    members = {f"m{i}": member(i) for i in range(3)}
+    first = run(members)
+    members = {m: member(i, sums=running(first, m)) for i, m in enumerate(members)}
+    members["m3"] = member(3)
+    second = run(members)
+    assert len(sources(second, "m3")) >= 1
+    assert second["m3"].info.standby, "a newcomer also takes standbys"
+
+
+def test_garbage_and_old_faust_user_data_is_a_member_without_history() -> None:
+    members = {f"m{i}": member(i) for i in range(2)}
+    for m, data in (("old", b'{"assignment": {"actives": {}}}'), ("junk", b"\x00\x01")):
+        members[m] = MemberSubscription(TOPICS, None)
+        with pytest.raises(ValueError):
+            SubscriptionInfo.decode(data)
+    result = run(members)
+    check_valid(result, members, COUNTS, 1)
+    assert all(sources(result, m) for m in members)
+
+
+def test_restarted_worker_gets_its_in_memory_partitions_back() -> None:
+    members = {f"m{i}": member(i) for i in range(3)}
+    first = run(members)
+    lost = first["m2"].info.active
+    survivors = {m: member(i, sums=running(first, m)) for i, m in enumerate(("m0", "m1"))}
+    second = run(survivors)
+    assert {t for m in survivors for t in second[m].info.active} >= lost
+    # m2 restarts: in-memory state is gone; its state file says what it ran.
+    members = {m: member(i, sums=running(second, m)) for i, m in enumerate(("m0", "m1"))}
+    members["m2"] = member(2, previous=lost)
+    third = run(members)
+    assert third["m2"].info.active == lost
+
+
+def test_restarted_worker_with_disk_state_gets_its_partitions_back() -> None:
+    """rocksdb tables: the restarted worker reports the offsets it has on disk."""
+    members = {f"m{i}": member(i) for i in range(2)}
+    first = run(members, replicas=0)
+    ran = first["m1"].info.active
+    alone = run({"m0": members["m0"]}, replicas=0)
+    back = {
+        "m0": member(0, sums=running(alone, "m0")),
+        "m1": member(1, sums=dict.fromkeys(ran, 500), previous=ran),
+    }
+    assert run(back, replicas=0)["m1"].info.active == ran
+
+
+def test_capacity_weights() -> None:
+    members = {
+        "big": member(0, tags={CAPACITY_TAG: "2"}),
+        "small": member(1),
+        "bad": member(2, tags={CAPACITY_TAG: "lots"}),
+    }
+    counts = {SRC: 8, CL: 8}
+    result = run(members, counts, replicas=0)
+    assert [len(sources(result, m)) for m in ("big", "small", "bad")] == [4, 2, 2]
+
+
+def test_duplicate_urls_lose_nothing() -> None:
+    members = {f"m{i}": member(i, url="http://localhost:6066") for i in range(3)}
+    result = run(members)
+    info = result["m0"].info
+    assert len(info.active_by_host) == 3
+    hosts = info.partitions_by_host()
+    assert {tp for tps in hosts.values() for tp in tps if tp.topic == SRC} == {
+        TopicPartition(SRC, p) for p in range(6)
+    }
+    assert {key.split("#")[0] for key in hosts} == {"http://localhost:6066"}
+
+
+def test_topology_mismatch_assigns_what_it_can() -> None:
+    """A member of a newer app version reads one more topic: nobody crashes, each topic goes to
+    its subscribers only."""
+    newer = TOPICS | {"refunds"}
+    members = {"old": member(0), "new": member(1, newer)}
+    counts = {**COUNTS, "refunds": 6}
+    result = run(members, counts)
+    check_valid(result, members, counts, 1)
+    assert sources(result, "new", "refunds") == set(range(6))
+    assert sources(result, "old") and sources(result, "new")
+
+
+def test_missing_topic_metadata_is_left_out() -> None:
+    members = {"a": member(0, TOPICS | {"later"})}
+    result = run(members)
+    assert {tp.topic for tp in result["a"].partitions} == TOPICS
+    assert result["a"].info.error_code == ErrorCode.NONE
+
+
+def test_declared_copartition_groups() -> None:
+    subs = {"a": {SRC, CL, "clicks"}}
+    counts = {SRC: 6, CL: 6, "clicks": 6}
+    faust_style = faust_topology(subs, counts)
+    assert len(faust_style.subtopology_ids) == 1  # Faust: equal counts are co-partitioned
+    declared = faust_topology(subs, counts, [[SRC, CL]])
+    assert sorted(
+        sorted(declared.subtopology(s).source_topics) for s in declared.subtopology_ids
+    ) == [
+        sorted([CL, SRC]),
+        ["clicks"],
+    ]
+    assert faust_topology(subs, {**counts, CL: 3}, [[SRC, CL]]) == faust_topology(
+        subs, {**counts, CL: 3}
+    )  # unequal counts in a declared group: Faust's rule, logged
+    members = {f"m{i}": member(i, frozenset(subs["a"])) for i in range(2)}
+    result = assign_faust(members, counts, changelog_topics={CL}, copartition_groups=[[SRC, CL]])
+    assert all(sources(result, m, "clicks") for m in members)
+
+
+def test_global_table_changelog_goes_to_every_subscriber() -> None:
+    glob = "app-rates-changelog"
+    topics = TOPICS | {glob}
+    members = {f"m{i}": member(i, topics) for i in range(3)}
+    counts = {**COUNTS, glob: 4}
+    result = assign_faust(
+        members,
+        counts,
+        num_standby_replicas=1,
+        changelog_topics={CL, glob},
+        global_changelog_topics={glob},
+    )
+    for m in members:
+        assert sources(result, m, glob) == set(range(4))
+
+
+def test_stateless_app_is_balanced_without_standbys() -> None:
+    members = {f"m{i}": member(i, frozenset({SRC})) for i in range(4)}
+    result = assign_faust(members, {SRC: 10})
+    assert sorted(len(sources(result, m)) for m in members) == [2, 2, 3, 3]
+    assert all(not r.info.standby for r in result.values())
+
+
+def test_no_members() -> None:
+    assert assign_faust({}, COUNTS) == {}
