@@ -21,38 +21,11 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streamassign import Subtopology, Topology
-from streamassign.runtime import App, Record, TaskContext
+from streamassign.runtime import App
+
+from .join import EnrichOrders, join_topology
 
 PARTITIONS = 4
-
-
-def join_topology(app: str, orders: str, customers: str, output: str) -> Topology:
-    """One subtopology reads both co-partitioned topics: task 0_p sees partition p of each."""
-    return Topology(
-        [Subtopology(0, [orders, customers], stores=["customers-table"], sink_topics=[output])],
-        copartition_groups=[[orders, customers]],
-        name=app,
-    )
-
-
-class EnrichOrders:
-    """Customers fill the table; an order is joined with its customer (same key, same task)."""
-
-    def __init__(self, customers_topic: str, output: str) -> None:
-        self.customers_topic = customers_topic
-        self.output = output
-
-    async def process(self, ctx: TaskContext, record: Record) -> None:
-        customers = ctx.store("customers-table")
-        key = record.key or b""
-        if record.topic == self.customers_topic:
-            customers.put(key, record.value)
-            return
-        order = json.loads(record.value or b"{}")
-        customer = customers.get(key)
-        order["customer"] = json.loads(customer) if customer else None
-        ctx.send(self.output, json.dumps(order).encode(), key=key)
 
 
 async def create_topics(bootstrap: str, topics: list[str]) -> None:

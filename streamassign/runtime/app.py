@@ -27,6 +27,7 @@ from typing import Any, Literal, Protocol
 import attrs
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import KafkaError
 
 from .._ids import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
@@ -365,7 +366,10 @@ class App:
                 batch = await consumer.getmany(timeout_ms=100)
                 async with self._locks[index]:
                     if epoch != self._epochs[index]:
-                        continue  # a rebalance came between: not committed, read again later
+                        # A rebalance came between (the records may even be of the new
+                        # assignment): process nothing, read them again.
+                        self._rewind(consumer, batch.values())
+                        continue
                     if batch:
                         await self._process_batch(index, batch)
                     if time.monotonic() >= next_commit:
@@ -387,12 +391,7 @@ class App:
             task = self._actives.get(task_id)
             if task is None or task.consumer != index:  # not ours (yet): read them again later
                 log.warning("consumer %d: records of task %s it does not run", index, task_id)
-                for records in lists:
-                    first = records[0]
-                    with contextlib.suppress(Exception):
-                        consumer.seek(
-                            KafkaTopicPartition(first.topic, first.partition), first.offset
-                        )
+                self._rewind(consumer, lists)
                 continue
             # Co-partitioned partitions of one task: in timestamp order, as Kafka Streams.
             ordered: Iterable[Any] = (
@@ -400,6 +399,17 @@ class App:
             )
             for record in ordered:
                 await self._process(task, record)
+
+    @staticmethod
+    def _rewind(consumer: AIOKafkaConsumer, batches: Iterable[list[Any]]) -> None:
+        """Seek back to the first record of every partition in ``batches`` that is still
+        assigned, so records fetched but not processed are fetched again, never skipped."""
+        for records in batches:
+            if records:
+                first = records[0]
+                tp = KafkaTopicPartition(first.topic, first.partition)
+                with contextlib.suppress(Exception):  # no longer assigned: nothing to rewind
+                    consumer.seek(tp, first.offset)
 
     async def _process(self, task: _ActiveTask, record: Record) -> None:
         tp = TopicPartition(record.topic, record.partition)
@@ -478,10 +488,17 @@ class App:
             for tp, offset in task.offsets.items():
                 if task.committed.get(tp) != offset:
                     offsets[KafkaTopicPartition(*tp)] = offset
-        if offsets:
+        if not offsets:
+            return
+        try:
             await self.host.consumers[index].commit(offsets)
-            for task in tasks:
-                task.committed.update(task.offsets)
+        except KafkaError as exc:
+            # The group is rebalancing (or these partitions moved): the state is committed,
+            # so whoever reads these records again skips them in the stores.
+            log.warning("consumer %d: input offsets not committed (%r)", index, exc)
+            return
+        for task in tasks:
+            task.committed.update(task.offsets)
 
     async def _commit_safely(self, index: int) -> None:
         try:
