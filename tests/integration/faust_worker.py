@@ -2,11 +2,13 @@
 
     python faust_worker.py --bootstrap HOST:PORT --app APP --topic TOPIC --partitions N
         --datadir DIR --port PORT [--standbys 1] [--assignor ours|faust] [--log FILE]
+        [--stateless] [--scheme kafka|streamassign]
 
 The agent adds each record's value (a JSON int, JSON-encoded str key) to ``counts[key]``, an
 in-memory table with a changelog. ``GET /count/<key>/`` answers from the worker that owns the
 key (Faust's router forwards the request), so reading through any worker exercises the
-assignor's host maps. The worker prints JSON lines on stdout:
+assignor's host maps. ``--stateless`` drops the table (Faust then uses round robin unless the
+transport is ``streamassign://``). The worker prints JSON lines on stdout:
 
 * ``{"event": "state", ...}`` whenever its assignment or rebalancing flag changes: actives and
   standbys as ``[topic, partition]`` pairs, ``rebalancing``, and the records recovery applied so
@@ -49,7 +51,7 @@ class RebalanceClock(Sensor):  # type: ignore[misc]
 def build(args: argparse.Namespace) -> faust.App:
     app = faust.App(
         args.app,
-        broker=f"kafka://{args.bootstrap}",
+        broker=f"{args.scheme}://{args.bootstrap}",
         datadir=args.datadir,
         store="memory://",
         PartitionAssignor=ASSIGNORS[args.assignor],
@@ -74,28 +76,16 @@ def build(args: argparse.Namespace) -> faust.App:
         key_serializer="json",
         value_serializer="json",
     )
-    counts = app.Table("counts", default=int, key_type=str, value_type=int)
     recovered = [0]
+    if args.stateless:
 
-    apply_batch = counts.apply_changelog_batch
+        @app.agent(topic)
+        async def forward(stream: Any) -> None:
+            async for _event in stream:
+                pass
 
-    def counted(batch: Any) -> None:
-        events = list(batch)
-        recovered[0] += sum(1 for e in events if app.assignor.is_active(e.message.tp))
-        apply_batch(events)
-
-    counts.apply_changelog_batch = counted  # type: ignore[method-assign]
-
-    @app.agent(topic)
-    async def count(stream: Any) -> None:
-        async for key, value in stream.items():
-            counts[key] += value
-
-    @app.page("/count/{key}/")
-    @app.table_route(table=counts, match_info="key")
-    async def get_count(web: Any, request: Any, key: str) -> Any:
-        return web.json({"key": key, "count": counts[key], "served_by": args.port})
-
+    else:
+        _count_in_table(app, topic, recovered, args.port)
     last: list[Any] = [None]
 
     @app.timer(0.25)
@@ -116,6 +106,30 @@ def build(args: argparse.Namespace) -> faust.App:
     return app
 
 
+def _count_in_table(app: faust.App, topic: Any, recovered: list[int], port: int) -> None:
+    """The counting agent, its table and the ``/count/<key>/`` view."""
+    counts = app.Table("counts", default=int, key_type=str, value_type=int)
+
+    apply_batch = counts.apply_changelog_batch
+
+    def counted(batch: Any) -> None:
+        events = list(batch)
+        recovered[0] += sum(1 for e in events if app.assignor.is_active(e.message.tp))
+        apply_batch(events)
+
+    counts.apply_changelog_batch = counted  # type: ignore[method-assign]
+
+    @app.agent(topic)
+    async def count(stream: Any) -> None:
+        async for key, value in stream.items():
+            counts[key] += value
+
+    @app.page("/count/{key}/")
+    @app.table_route(table=counts, match_info="key")
+    async def get_count(web: Any, request: Any, key: str) -> Any:
+        return web.json({"key": key, "count": counts[key], "served_by": port})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bootstrap", required=True)
@@ -127,6 +141,8 @@ def main() -> None:
     parser.add_argument("--standbys", type=int, default=1)
     parser.add_argument("--assignor", choices=sorted(ASSIGNORS), default="ours")
     parser.add_argument("--log", default=None)
+    parser.add_argument("--stateless", action="store_true", help="no table: a plain agent")
+    parser.add_argument("--scheme", default="kafka", help="broker URL scheme (transport)")
     args = parser.parse_args()
     app = build(args)
     worker = faust.Worker(

@@ -1,0 +1,42 @@
+"""A Faust transport that uses the app's assignor also when the app has no tables.
+
+Faust's aiokafka driver hands the consumer ``app.assignor`` only when the app has changelog
+tables or ``table_standby_replicas > 0``; otherwise it silently uses aiokafka's round robin. With
+``broker="streamassign://host:9092"`` (this transport, registered under the ``faust.transports``
+entry point) the worker's consumer always uses ``app.assignor``. Everything else is Faust's
+aiokafka transport unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+__all__ = ["Transport"]
+
+log = logging.getLogger("streamassign.faust")
+
+
+class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        assignor = self.app.assignor
+        if self._assignor is not assignor:  # Faust picked round robin: the app has no tables
+            # aiokafka reads the strategy list when the consumer starts, which is after this.
+            self._assignor = assignor
+            consumer._partition_assignment_strategy = (assignor,)
+            log.info("stateless app: using %s instead of round robin", type(assignor).__name__)
+        return consumer
+
+
+class _Consumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> _ConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class Transport(faust_aiokafka.Transport):
+    """Faust's aiokafka transport whose consumer always uses ``app.assignor``."""
+
+    Consumer = _Consumer
