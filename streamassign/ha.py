@@ -11,21 +11,26 @@ there, and warms the state up first where it is not:
 2. **Caught up.** A client is caught up on a stateful task when it runs it (its resolved previous
    owner) or reports a lag within ``acceptable_recovery_lag``. A standby reported without a lag
    is not caught up: the leader cannot tell.
-3. **Hold back.** A stateful task whose target client is not caught up, while some present client
+3. **Swap.** A stateful task the target moves off its running owner onto state that is not
+   caught up stays, when the owner has another task (kept by the target) that the receiving
+   client is caught up on, or a stateless one: that task goes instead. Every client keeps its
+   target active and standby counts, and the moves stay as many, so the target keeps the sticky
+   balance and move guarantees; with stateless tasks to hand out, a scale-out needs no warmup.
+4. **Hold back.** A stateful task whose target client is not caught up, while some present client
    is, stays on a caught-up one: its previous owner if present, else a caught-up client that
    holds a target standby of it (the two swap roles: the target client gets the standby, so it
    warms up with no extra copy), else the least loaded caught-up client.
-4. **Warmups.** Where no role swap happened, the target client gets a warmup replica of the task,
+5. **Warmups.** Where no role swap happened, the target client gets a warmup replica of the task,
    at most ``max_warmup_replicas`` in the whole group; the budget goes first to clients that
    already have some state of the task (a warmup in progress keeps its slot), then to the
    smallest lag, then by task id.
-5. **Probing.** The plan says a probing rebalance is needed while any active is held back; at
+6. **Probing.** The plan says a probing rebalance is needed while any active is held back; at
    that rebalance caught-up warmups are warm holders, so the sticky target takes them over with
    (near) zero restore. Stateless tasks, and stateful ones no present client is caught up on,
    go straight to their target: there is nothing to wait for.
 
 While actives are held back the interim assignment can be unbalanced (a caught-up client runs
-more than its share); the assignment the rounds converge to is the sticky target, with all its
+more than its share); the assignment the rounds converge to is the target, with all the sticky
 balance and move guarantees.
 """
 
@@ -59,7 +64,8 @@ class HighAvailabilityPlan:
     """One rebalance of the high-availability assignor.
 
     ``assignment`` is what the clients run now (actives held back on caught-up clients, warmups
-    on their targets); ``target`` is the balanced sticky assignment the rounds converge to;
+    on their targets); ``target`` is the balanced assignment the rounds converge to (sticky,
+    with the swaps of step 3);
     ``held_back`` maps each active kept off its target to that target's process id.
     """
 
@@ -125,7 +131,7 @@ class HighAvailabilityTaskAssignor:
 
 
 class _Holdback:
-    """Step 3 and 4 of the module docstring over one sticky target."""
+    """Steps 2 to 5 of the module docstring over one sticky target."""
 
     def __init__(
         self,
@@ -168,28 +174,92 @@ class _Holdback:
             self.ready = ready
         return self.ready.get(task, [])
 
-    def plan(self) -> HighAvailabilityPlan:
-        target, previous, stateful = self.target, self.previous, self.stateful
-        # Candidates: stateful actives the target gives to a client that did not run them.
-        moving = sorted(
+    def ready_on(self, task: TaskId, pid: str) -> bool:
+        lag = self.lag(task, pid)
+        return lag is not None and lag <= self.acceptable
+
+    def moving(self) -> list[tuple[TaskId, str]]:
+        """Stateful actives the target gives to a client that did not run them, sorted."""
+        previous, stateful = self.previous, self.stateful
+        return sorted(
             (t, pid)
-            for pid, a in target.items()
+            for pid, a in self.target.items()
             for t in a.active
             if previous.get(t) != pid and t in stateful
         )
-        active: dict[str, set[TaskId]] = {}
-        standby: dict[str, set[TaskId]] = {}
 
-        def mine(pid: str) -> tuple[set[TaskId], set[TaskId]]:
-            """Mutable copies of a client's target sets, made on first change."""
-            if pid not in active:
-                active[pid] = set(target[pid].active)
-                standby[pid] = set(target[pid].standby)
-            return active[pid], standby[pid]
+    def swap(self) -> None:
+        """Step 3: a task the target moves onto state that is not caught up goes instead to a
+        client that is caught up on it (its running owner first), which hands the target client
+        in exchange a task that client is caught up on, a stateless one, or one nobody is
+        caught up on. Every client keeps its target active and standby counts, and moves do not
+        grow, so the target keeps its balance and move guarantees."""
+        previous = self.previous
+        sets = _Copies(self.target)
+        taken: set[TaskId] = set()
+        for t, dest in self.moving():
+            if t in taken or self.ready_on(t, dest):
+                continue
+            owner = previous.get(t)
+            homes = [owner] if owner is not None else []
+            homes += [pid for _, pid in sorted(self.caught_up(t)) if pid not in (owner, dest)]
+            for home in homes:
+                u = self._partner(t, dest, home, sets, taken)
+                if u is None:
+                    continue
+                home_active, home_standby = sets.of(home)
+                dest_active, dest_standby = sets.of(dest)
+                home_active.remove(u)
+                home_active.add(t)
+                dest_active.remove(t)
+                dest_active.add(u)
+                if t in home_standby:  # then dest held a standby of u: they trade standbys
+                    home_standby.remove(t)
+                    home_standby.add(u)
+                    dest_standby.remove(u)
+                    dest_standby.add(t)
+                taken.update((t, u))
+                break
+        self.target = sets.result()
 
+    def _partner(
+        self, t: TaskId, dest: str, home: str, sets: _Copies, taken: set[TaskId]
+    ) -> TaskId | None:
+        """A task the target gives ``home`` that can go to ``dest`` in exchange for ``t``: no
+        new wait, no extra move, and the standbys can trade places (None: there is none)."""
+        home_active, home_standby = sets.of(home)
+        dest_standby = sets.of(dest)[1]
+        paired = t in home_standby  # dest must then hold a standby of the partner
+        runs_t = self.previous.get(t) == home
+        best: tuple[int, TaskId] | None = None
+        for u in home_active:
+            if u in taken or u == t or (u in dest_standby) != paired:
+                continue
+            # From t's running owner, only a task it keeps (the move count stays); from another
+            # client, only a task moving there too (it moves either way).
+            if (self.previous.get(u) == home) != runs_t:
+                continue
+            if u not in self.stateful:
+                if paired:
+                    continue
+                rank = -1  # stateless: nothing to restore at all
+            elif self.ready_on(u, dest):
+                rank = 0
+            elif not runs_t and not self.caught_up(u):
+                rank = 1  # nobody is caught up on it: it restores wherever it goes
+            else:
+                continue
+            if best is None or (rank, u) < best:
+                best = (rank, u)
+        return None if best is None else best[1]
+
+    def plan(self) -> HighAvailabilityPlan:
+        self.swap()
+        target, previous = self.target, self.previous
+        sets = _Copies(target)
         held: dict[TaskId, str] = {}
         wants_warmup: list[tuple[int, int, TaskId, str]] = []
-        for t, dest in moving:
+        for t, dest in self.moving():
             lag = self.lag(t, dest)
             if lag is not None and lag <= self.acceptable:
                 continue
@@ -198,9 +268,9 @@ class _Holdback:
                 continue  # nobody is caught up: nothing to wait for
             keeper = previous.get(t)
             if keeper is None:
-                keeper = min(ready, key=lambda r: self._keeper_rank(t, r, active))[1]
-            dest_active, dest_standby = mine(dest)
-            keeper_active, keeper_standby = mine(keeper)
+                keeper = min(ready, key=lambda r: self._keeper_rank(t, r, sets.active))[1]
+            dest_active, dest_standby = sets.of(dest)
+            keeper_active, keeper_standby = sets.of(keeper)
             dest_active.discard(t)
             keeper_active.add(t)
             held[t] = dest
@@ -214,18 +284,7 @@ class _Holdback:
         warmup: dict[str, set[TaskId]] = {}
         for *_, t, dest in sorted(wants_warmup)[: self.budget]:
             warmup.setdefault(dest, set()).add(t)
-        changed = active.keys() | warmup.keys()
-        assignment = {
-            pid: a
-            if pid not in changed
-            else ClientAssignment(
-                frozenset(active.get(pid, a.active)),
-                frozenset(standby.get(pid, a.standby)),
-                frozenset(warmup.get(pid, ())),
-            )
-            for pid, a in target.items()
-        }
-        return HighAvailabilityPlan(assignment, target, held)
+        return HighAvailabilityPlan(sets.result(warmup), target, held)
 
     def _keeper_rank(
         self, task: TaskId, ready: tuple[int, str], active: Mapping[str, set[TaskId]]
@@ -236,3 +295,34 @@ class _Holdback:
         a = self.target[pid]
         count = len(active[pid]) if pid in active else len(a.active)
         return (task not in a.standby, count / self.clients[pid].capacity, lag, pid)
+
+
+class _Copies:
+    """Mutable copies of some clients' target sets, made on first change; the rest shared."""
+
+    def __init__(self, target: dict[str, ClientAssignment]) -> None:
+        self.target = target
+        self.active: dict[str, set[TaskId]] = {}
+        self.standby: dict[str, set[TaskId]] = {}
+
+    def of(self, pid: str) -> tuple[set[TaskId], set[TaskId]]:
+        if pid not in self.active:
+            self.active[pid] = set(self.target[pid].active)
+            self.standby[pid] = set(self.target[pid].standby)
+        return self.active[pid], self.standby[pid]
+
+    def result(
+        self, warmup: Mapping[str, set[TaskId]] | None = None
+    ) -> dict[str, ClientAssignment]:
+        warmup = warmup or {}
+        changed = self.active.keys() | warmup.keys()
+        return {
+            pid: a
+            if pid not in changed
+            else ClientAssignment(
+                frozenset(self.active.get(pid, a.active)),
+                frozenset(self.standby.get(pid, a.standby)),
+                frozenset(warmup.get(pid, ())),
+            )
+            for pid, a in self.target.items()
+        }

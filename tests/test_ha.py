@@ -18,7 +18,7 @@ from streamassign import (
 )
 from streamassign._balance import share_bounds
 from streamassign.ha import HighAvailabilityPlan
-from streamassign.metrics import violations
+from streamassign.metrics import evaluate, violations
 from streamassign.sticky import resolve_previous_owners
 
 from .strategies import assignment_inputs, fresh_clients, task_sets
@@ -167,14 +167,37 @@ def test_every_plan_is_valid_within_budget_and_moves_only_onto_caught_up_state(
 
 
 @given(assignment_inputs())
-def test_target_is_the_sticky_assignment_and_other_tasks_follow_it(inputs: Inputs) -> None:
+def test_target_keeps_the_sticky_counts_moves_and_loads(inputs: Inputs) -> None:
+    """The target is the sticky assignment up to swaps that keep every client's active and
+    standby counts and the number of moves; everything else in the plan follows it."""
     tasks, clients, replicas, stateful = inputs
     plan = assignor(replicas).plan(tasks, clients, stateful)
-    assert plan.target == StickyTaskAssignor(replicas, ACCEPTABLE).assign(tasks, clients, stateful)
+    sticky = StickyTaskAssignor(replicas, ACCEPTABLE).assign(tasks, clients, stateful)
+    assert violations(tasks, clients, plan.target, replicas, stateful) == []
+    for pid, a in sticky.items():
+        assert len(plan.target[pid].active) == len(a.active)
+        assert len(plan.target[pid].standby) == len(a.standby)
+        assert not plan.target[pid].warmup
+    ours = evaluate(tasks, clients, plan.target, replicas, stateful)
+    theirs = evaluate(tasks, clients, sticky, replicas, stateful)
+    assert ours.moves == theirs.moves and ours.active_balanced == theirs.active_balanced
     for pid, a in plan.assignment.items():
         moved_in = a.active - plan.target[pid].active
         assert all(t in plan.held_back for t in moved_in)
         assert all(plan.held_back[t] != pid for t in moved_in)
+
+
+def test_a_stateless_task_goes_instead_of_a_stateful_one_on_cold_state() -> None:
+    """b joins; the sticky target hands it stateful tasks of a. a keeps those and gives b its
+    stateless tasks instead: balanced at once, no warmup, no probing rebalance."""
+    stateful = [TaskId(0, p) for p in range(4)]
+    stateless = [TaskId(1, p) for p in range(4)]
+    a = ClientState("a", prev_active=stateful + stateless)
+    plan = assignor(0).plan(stateful + stateless, [a, ClientState("b")], stateful)
+    sticky = StickyTaskAssignor(0).assign(stateful + stateless, [a, ClientState("b")], stateful)
+    assert sticky["b"].active & set(stateful)  # what the plain sticky assignor would move
+    assert plan.assignment["b"].active == set(stateless)
+    assert plan.assignment == plan.target and not plan.probing_rebalance_needed
 
 
 @given(task_sets(), fresh_clients(), st.integers(0, 2), st.integers(0, 2 * ACCEPTABLE))
