@@ -90,3 +90,17 @@ def test_a_newer_assignment_replaces_the_scheduled_probe(tmp_path: Path) -> None
     asyncio.run(scenario())
     assert len(rejoins) == 1
     assert rejoins[0] - started >= 0.2
+
+
+def test_stopping_the_host_drops_a_pending_probe(tmp_path: Path) -> None:
+    host = ha_host(tmp_path)
+    assignor = host.assignors[0]
+
+    async def scenario() -> bool:
+        info = AssignmentInfo(next_rebalance_ms=int(time.time() * 1000) + 60_000)
+        assignor.on_assignment(ConsumerProtocolMemberAssignment(0, [], info.encode()))
+        probe = assignor._probe
+        await host.stop()
+        return probe is not None and probe.cancelled() and assignor._probe is None
+
+    assert asyncio.run(scenario())

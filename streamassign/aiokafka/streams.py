@@ -191,12 +191,16 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             self.rejoiner.after(0)
         self._schedule(info.next_rebalance_ms)
 
-    def _schedule(self, next_rebalance_ms: int) -> None:
-        """Rejoin when the leader asks: now, or at a time (a probing rebalance). A new
-        assignment replaces the time an older one set, so probes never pile up."""
+    def cancel_probe(self) -> None:
+        """Drop the scheduled probing rebalance, if any (a newer assignment, or shutdown)."""
         if self._probe is not None:
             self._probe.cancel()
             self._probe = None
+
+    def _schedule(self, next_rebalance_ms: int) -> None:
+        """Rejoin when the leader asks: now, or at a time (a probing rebalance). A new
+        assignment replaces the time an older one set, so probes never pile up."""
+        self.cancel_probe()
         if next_rebalance_ms == NOW:
             self.rejoiner.after(0)
         elif next_rebalance_ms != NEVER:
@@ -354,6 +358,8 @@ class ProcessHost:
         await asyncio.gather(*(c.start() for c in self.consumers))
 
     async def stop(self) -> None:
+        for assignor in self.assignors:
+            assignor.cancel_probe()
         await asyncio.gather(*(c.stop() for c in self.consumers), return_exceptions=True)
         self.consumers.clear()
         self.state.close()
