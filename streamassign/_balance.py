@@ -9,6 +9,7 @@ They carry the two ideas every balanced-and-sticky assignment here rests on:
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -70,12 +71,81 @@ def level_order(items: Sequence[Any], group: Callable[[Any], Any]) -> list[Any]:
     on; keeping a prefix of the result keeps a group-balanced subset (used to choose which of a
     client's previous tasks it keeps, so one subtopology is not piled on one client).
     """
+    groups = list(map(group, items))
+    if not groups or groups.count(groups[0]) == len(groups):
+        return list(items)  # one group: already in order
     rank: dict[Any, int] = {}
     keyed = []
-    for pos, item in enumerate(items):
-        g = group(item)
+    for pos, (item, g) in enumerate(zip(items, groups, strict=True)):
         r = rank.get(g, 0)
         rank[g] = r + 1
         keyed.append((r, pos, item))
     keyed.sort(key=lambda k: (k[0], k[1]))
     return [item for _, _, item in keyed]
+
+
+def standby_targets(
+    caps: Sequence[int],
+    actives: Sequence[int],
+    stateful_active: Sequence[int],
+    valid_prev: Sequence[int],
+    n_stateful: int,
+    replicas: int,
+) -> list[int]:
+    """Standbys per client, bringing each client's active+standby load to the floor or ceiling
+    of its capacity share as far as one copy per client allows (at most ``n_stateful -
+    stateful_active[c]`` standbys on client ``c``).
+
+    ``valid_prev[c]`` counts the previous standbys client ``c`` could keep; where the targets
+    need a tie broken, they favour keeping those, so a balanced layout is a fixed point.
+    """
+    n = len(caps)
+    room = [n_stateful - k for k in stateful_active]
+    total = sum(actives) + n_stateful * replicas
+    bounds = share_bounds(total, caps)
+    target = [min(max(lo, a), a + r) for (lo, _), a, r in zip(bounds, actives, room, strict=True)]
+    missing = total - sum(target)
+    if missing > 0:
+        # Spare ceilings go to the clients furthest above their floor now (the load they could
+        # keep); raise to the ceiling first, then beyond it only where one copy per client
+        # forces it (lowest load per thread first).
+        kept = [a + v for a, v in zip(actives, valid_prev, strict=True)]
+        order = sorted(
+            (ci for ci in range(n) if target[ci] < min(bounds[ci][1], actives[ci] + room[ci])),
+            key=lambda ci: (bounds[ci][0] - kept[ci], ci),
+        )
+        for ci in order[:missing]:
+            target[ci] += 1
+        missing -= min(missing, len(order))
+        heap = [
+            (target[ci] / caps[ci], ci) for ci in range(n) if target[ci] < actives[ci] + room[ci]
+        ]
+        heapq.heapify(heap)
+        while missing > 0:
+            _, ci = heapq.heappop(heap)
+            target[ci] += 1
+            missing -= 1
+            if target[ci] < actives[ci] + room[ci]:
+                heapq.heappush(heap, (target[ci] / caps[ci], ci))
+    elif missing < 0:
+        # Actives at their ceiling pushed some clients above the floor: take standbys first from
+        # clients still above their floor after giving one, then from those whose target exceeds
+        # the previous standbys they could keep (so none has to drop one it holds), then from the
+        # most loaded per thread.
+        def entry(ci: int) -> tuple[bool, bool, float, int]:
+            return (
+                target[ci] <= bounds[ci][0],
+                valid_prev[ci] >= target[ci] - actives[ci],
+                -target[ci] / caps[ci],
+                ci,
+            )
+
+        givers = [entry(ci) for ci in range(n) if target[ci] > actives[ci]]
+        heapq.heapify(givers)
+        while missing < 0:
+            *_, ci = heapq.heappop(givers)
+            target[ci] -= 1
+            missing += 1
+            if target[ci] > actives[ci]:
+                heapq.heappush(givers, entry(ci))
+    return [t - a for t, a in zip(target, actives, strict=True)]

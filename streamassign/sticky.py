@@ -32,8 +32,9 @@ from typing import Final
 
 import attrs
 
-from ._balance import apportion, deal, level_order, share_bounds
+from ._balance import apportion, deal, level_order, share_bounds, standby_targets
 from ._ids import TaskId
+from ._sticky_sets import assign_sets
 from .assignment import ClientAssignment, ClientState
 
 #: Lag used for a standby whose lag the client did not report: behind every known lag.
@@ -107,9 +108,22 @@ class StickyTaskAssignor:
         ``stateful=None`` treats every task as stateful. Raises ``ValueError`` for duplicate
         process ids, or for tasks with no client to run them.
         """
+        if not isinstance(tasks, (frozenset, set, list, tuple)):
+            tasks = list(tasks)
+        if stateful is not None and not isinstance(stateful, (frozenset, set, list, tuple)):
+            stateful = list(stateful)
+        ordered = sorted(clients, key=_process_id)
+        if all(a.process_id != b.process_id for a, b in pairwise(ordered)):
+            quick = assign_sets(tasks, ordered, stateful, self.num_standby_replicas)
+            if quick is not None:
+                return quick
         return _Run(
-            tasks, clients, stateful, self.num_standby_replicas, self.acceptable_recovery_lag
+            tasks, ordered, stateful, self.num_standby_replicas, self.acceptable_recovery_lag
         ).result()
+
+
+def _process_id(c: ClientState) -> str:
+    return c.process_id
 
 
 class _Run:
@@ -313,74 +327,18 @@ class _Run:
 
     def _standby_targets(self) -> list[int]:
         """Standbys per client: total load near its share, within what one copy allows."""
-        clients, replicas = self.clients, self.replicas
-        n_stateful = sum(self.stateful)
-        caps = [c.capacity for c in clients]
-        actives = [len(a) for a in self.active]
-        stateful_active = [0] * len(clients)
+        stateful_active = [0] * len(self.clients)
         for i, ci in enumerate(self.owner):
             if self.stateful[i]:
                 stateful_active[ci] += 1
-        room = [n_stateful - k for k in stateful_active]
-        total = len(self.tasks) + n_stateful * replicas
-        bounds = share_bounds(total, caps)
-        target = [
-            min(max(lo, a), a + r) for (lo, _), a, r in zip(bounds, actives, room, strict=True)
-        ]
-        missing = total - sum(target)
-        if missing > 0:
-            # Spare ceilings go to the clients furthest above their floor now (the load they
-            # could keep), so a balanced layout is a fixed point.
-            kept = [a + self._valid_prev_standbys(ci) for ci, a in enumerate(actives)]
-            # Raise to the ceiling first (clients with more previous standbys first), then beyond
-            # the ceiling only where one copy per client forces it (lowest load per thread first).
-            order = sorted(
-                (
-                    ci
-                    for ci in range(len(clients))
-                    if target[ci] < min(bounds[ci][1], actives[ci] + room[ci])
-                ),
-                key=lambda ci: (bounds[ci][0] - kept[ci], ci),
-            )
-            for ci in order[:missing]:
-                target[ci] += 1
-            missing -= min(missing, len(order))
-            heap = [
-                (target[ci] / caps[ci], ci)
-                for ci in range(len(clients))
-                if target[ci] < actives[ci] + room[ci]
-            ]
-            heapq.heapify(heap)
-            while missing > 0:
-                _, ci = heapq.heappop(heap)
-                target[ci] += 1
-                missing -= 1
-                if target[ci] < actives[ci] + room[ci]:
-                    heapq.heappush(heap, (target[ci] / caps[ci], ci))
-        elif missing < 0:
-            # Actives at their ceiling pushed some clients above the floor: take standbys first
-            # from clients still above their floor after giving one, then from those whose
-            # target exceeds the previous standbys they could keep (so none has to drop one it
-            # holds), then from the most loaded per thread.
-            prevs = [self._valid_prev_standbys(ci) for ci in range(len(clients))]
-
-            def entry(ci: int) -> tuple[bool, bool, float, int]:
-                return (
-                    target[ci] <= bounds[ci][0],
-                    prevs[ci] >= target[ci] - actives[ci],
-                    -target[ci] / caps[ci],
-                    ci,
-                )
-
-            givers = [entry(ci) for ci in range(len(clients)) if target[ci] > actives[ci]]
-            heapq.heapify(givers)
-            while missing < 0:
-                *_, ci = heapq.heappop(givers)
-                target[ci] -= 1
-                missing += 1
-                if target[ci] > actives[ci]:
-                    heapq.heappush(givers, entry(ci))
-        return [t - a for t, a in zip(target, actives, strict=True)]
+        return standby_targets(
+            [c.capacity for c in self.clients],
+            [len(a) for a in self.active],
+            stateful_active,
+            [self._valid_prev_standbys(ci) for ci in range(len(self.clients))],
+            sum(self.stateful),
+            self.replicas,
+        )
 
     def assign_standbys(self) -> None:
         if not self.replicas:

@@ -55,14 +55,15 @@ def assignment_inputs(
         old = StickyTaskAssignor(replicas).assign(old_tasks, old_clients, stateful)
         survivors = {c.process_id for c in old_clients}
         caps = {c.process_id: c.capacity for c in clients}
-        lags = draw(st.integers(0, 1000))
+        # None: no lags reported (Faust-style metadata: the assignor's incremental set path).
+        lags = draw(st.one_of(st.none(), st.integers(0, 1000)))
         clients = [
             ClientState(
                 pid,
                 capacity=caps.get(pid, c.capacity),
                 prev_active=old[pid].active,
                 prev_standby=old[pid].standby,
-                lags={t: lags for t in old[pid].standby},
+                lags={} if lags is None else {t: lags for t in old[pid].standby},
             )
             for c in old_clients
             if (pid := c.process_id) in survivors and draw(st.booleans())

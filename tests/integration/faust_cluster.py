@@ -47,6 +47,7 @@ class FaustCluster:
     ) -> None:
         self.bootstrap, self.app, self.topic, self.tmp = bootstrap, app, topic, tmp
         self.assignor, self.extra, self.partitions = assignor, list(extra), partitions
+        tmp.mkdir(parents=True, exist_ok=True)
         self.changelog = f"{app}-counts-changelog"
         self.procs: dict[str, JsonLinesProcess] = {}
         self.ports: dict[str, int] = {}

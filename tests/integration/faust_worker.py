@@ -2,13 +2,14 @@
 
     python faust_worker.py --bootstrap HOST:PORT --app APP --topic TOPIC --partitions N
         --datadir DIR --port PORT [--standbys 1] [--assignor ours|faust] [--log FILE]
-        [--stateless] [--scheme kafka|streamassign]
+        [--stateless] [--scheme kafka|streamassign] [--store memory://|rocksdb://]
 
-The agent adds each record's value (a JSON int, JSON-encoded str key) to ``counts[key]``, an
-in-memory table with a changelog. ``GET /count/<key>/`` answers from the worker that owns the
-key (Faust's router forwards the request), so reading through any worker exercises the
-assignor's host maps. ``--stateless`` drops the table (Faust then uses round robin unless the
-transport is ``streamassign://``). The worker prints JSON lines on stdout:
+The agent adds each record's value (a JSON int, JSON-encoded str key) to ``counts[key]``, a
+table with a changelog (in memory, or in RocksDB with ``--store rocksdb://``).
+``GET /count/<key>/`` answers from the worker that owns the key (Faust's router forwards the
+request), so reading through any worker exercises the assignor's host maps. ``--stateless``
+drops the table (Faust then uses round robin unless the transport is ``streamassign://``). The
+worker prints JSON lines on stdout:
 
 * ``{"event": "state", ...}`` whenever its assignment or rebalancing flag changes: actives and
   standbys as ``[topic, partition]`` pairs, ``rebalancing``, and the records recovery applied so
@@ -53,7 +54,7 @@ def build(args: argparse.Namespace) -> faust.App:
         args.app,
         broker=f"{args.scheme}://{args.bootstrap}",
         datadir=args.datadir,
-        store="memory://",
+        store=args.store,
         PartitionAssignor=ASSIGNORS[args.assignor],
         table_standby_replicas=args.standbys,
         topic_partitions=args.partitions,
@@ -143,6 +144,7 @@ def main() -> None:
     parser.add_argument("--log", default=None)
     parser.add_argument("--stateless", action="store_true", help="no table: a plain agent")
     parser.add_argument("--scheme", default="kafka", help="broker URL scheme (transport)")
+    parser.add_argument("--store", default="memory://", help="table store: memory:// or rocksdb://")
     args = parser.parse_args()
     app = build(args)
     worker = faust.Worker(

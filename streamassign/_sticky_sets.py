@@ -1,0 +1,326 @@
+"""The sticky task assignor's incremental path: the same rules, worked on task sets.
+
+Most rebalances start from a clean history — the assignor's own previous result with some
+clients gone or new — and move a few tasks. The general path (``sticky._Run``) still touches
+every task several times. This path works per client on the reported frozensets, so a client
+that keeps all it had costs a few set operations, and per-task Python work is spent only on the
+tasks that move: orphans of departed clients, tasks released by clients over quota, and standby
+copies that went missing.
+
+It applies the general path's rules in the same order with the same ties (quotas, which tasks a
+client over quota releases, warm takeovers and their one-step augmentation, dealing cold tasks,
+standby targets), and declines — returning ``None`` so the general path runs — whenever its
+input is not clean (lags, racks or tags, duplicate or stale claims, a task with more standbys
+than wanted) or its result would leave a client below its load floor or need a standby swap.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
+
+from ._balance import apportion, deal, level_order, share_bounds, standby_targets
+from ._ids import TaskId
+from .assignment import ClientAssignment, ClientState
+
+
+def _subtopology(t: TaskId) -> int:
+    return t.subtopology
+
+
+def _first(tasks: frozenset[TaskId], k: int) -> frozenset[TaskId]:
+    """The ``k`` first of ``tasks`` in task order (usually all but one or two)."""
+    if len(tasks) - k <= 2:
+        rest = set(tasks)
+        for _ in range(len(tasks) - k):
+            rest.remove(max(rest))
+        return frozenset(rest)
+    return frozenset(sorted(tasks)[:k])
+
+
+def _task_id(t: TaskId) -> TaskId:
+    return t if type(t) is TaskId else TaskId(*t)
+
+
+def assign_sets(
+    tasks: Iterable[TaskId],
+    clients: Sequence[ClientState],
+    stateful: Iterable[TaskId] | None,
+    num_standby_replicas: int,
+) -> dict[str, ClientAssignment] | None:
+    """The assignment of ``clients`` (sorted by process id, unique), or ``None`` to decline."""
+    all_tasks = tasks if type(tasks) is frozenset else frozenset(tasks)
+    if not clients:
+        return None
+    if stateful is None:
+        stateful_set = all_tasks
+    else:
+        wanted = frozenset(stateful)
+        stateful_set = frozenset(filter(wanted.__contains__, all_tasks))
+    m = len(clients)
+    r = min(num_standby_replicas, m - 1)
+    owned = 0
+    for c in clients:
+        a, p = c.prev_active, c.prev_standby
+        if c.lags or c.rack is not None or c.tags:
+            return None
+        if not a <= all_tasks or (p and (not a.isdisjoint(p) or (r and not p <= stateful_set))):
+            return None
+        owned += len(a)
+    owners = frozenset().union(*(c.prev_active for c in clients))
+    if len(owners) != owned:
+        return None  # duplicate claims: the general path resolves them
+
+    active, gave_up = _actives(all_tasks, clients, owners)
+    if r == 0:
+        return {
+            c.process_id: ClientAssignment(active=a) for c, a in zip(clients, active, strict=True)
+        }
+    standby = _standbys(all_tasks, stateful_set, clients, active, gave_up, r)
+    if standby is None:
+        return None
+    return {
+        c.process_id: ClientAssignment(active=a, standby=s)
+        for c, a, s in zip(clients, active, standby, strict=True)
+    }
+
+
+def _actives(
+    all_tasks: frozenset[TaskId], clients: Sequence[ClientState], owners: frozenset[TaskId]
+) -> tuple[list[frozenset[TaskId]], dict[TaskId, int]]:
+    """Active tasks per client, and the previous owner of each task that moved between two
+    present clients (it still holds the state: a good standby)."""
+    m = len(clients)
+    caps = [c.capacity for c in clients]
+    ran = [len(c.prev_active) for c in clients]
+    floors = [lo for lo, _ in share_bounds(len(all_tasks), caps)]
+    orphans = all_tasks - owners
+
+    # Ceilings: the move bound first, then the standby holders orphans would be matched to.
+    standbys = [c.prev_standby for c in clients]
+    holders = _holders(standbys, orphans, range(m))
+    matched = [0] * m
+    for _, t in sorted((len(h), t) for t, h in holders.items()):
+        matched[min(holders[t], key=lambda h: (matched[h], h))] += 1
+    quotas = apportion(
+        len(all_tasks), caps, priority=lambda ci: (floors[ci] - ran[ci], -matched[ci], ci)
+    )
+    room = [q - min(q, k) for q, k in zip(quotas, ran, strict=True)]
+    kept: list[frozenset[TaskId]] = [c.prev_active for c in clients]
+    released: list[TaskId] = []
+    gave_up: dict[TaskId, int] = {}
+    over = [ci for ci in range(m) if ran[ci] > quotas[ci]]
+    if over:
+        # Release first the tasks a standby holder with room could take over warm, the last
+        # such holder in client order first (the general path's rank order, reversed).
+        candidates = frozenset().union(*(clients[ci].prev_active for ci in over))
+        best: dict[TaskId, int] = {}
+        for h in range(m):
+            if room[h] > 0:
+                for t in clients[h].prev_standby & candidates:
+                    best.setdefault(t, h)
+        for ci in over:
+            mine = sorted(clients[ci].prev_active)
+            ordered = [t for t in mine if t not in best] + sorted(
+                (t for t in mine if t in best), key=best.__getitem__, reverse=True
+            )
+            keep = frozenset(level_order(ordered, group=_subtopology)[: quotas[ci]])
+            kept[ci] = keep
+            for t in mine:
+                if t not in keep:
+                    released.append(t)
+                    gave_up[t] = ci
+
+    pool = sorted(map(_task_id, orphans.union(released)))
+    took: dict[int, list[TaskId]] = {}
+    owner: dict[TaskId, int] = {}
+    with_room = [h for h in range(m) if room[h] > 0]
+    for t, hs in sorted(_holders(standbys, frozenset(pool), with_room).items()):
+        for h in hs:
+            if room[h] > 0:
+                owner[t] = h
+                room[h] -= 1
+                took.setdefault(h, []).append(t)
+                break
+    cold_warm = frozenset(t for t in pool if t not in owner)
+    if cold_warm:
+        _augment(standbys, cold_warm, owner, took, room)
+    cold = [t for t in pool if t not in owner]
+    for t, ci in zip(cold, deal(room), strict=True):
+        owner[t] = ci
+    added: dict[int, list[TaskId]] = {}
+    for t, ci in owner.items():
+        added.setdefault(ci, []).append(t)
+    active = [kept[ci].union(added[ci]) if ci in added else kept[ci] for ci in range(m)]
+    return active, gave_up
+
+
+def _holders(
+    sets: Sequence[frozenset[TaskId]], tasks: frozenset[TaskId], among: Iterable[int]
+) -> dict[TaskId, list[int]]:
+    """Clients (of ``among``, in client order) whose set holds each of ``tasks``."""
+    out: dict[TaskId, list[int]] = {}
+    if tasks:
+        for ci in among:
+            for t in sets[ci] & tasks:
+                out.setdefault(t, []).append(ci)
+    return out
+
+
+def _augment(
+    standbys: Sequence[frozenset[TaskId]],
+    cold: frozenset[TaskId],
+    owner: dict[TaskId, int],
+    took: dict[int, list[TaskId]],
+    room: list[int],
+) -> None:
+    """The general path's one-step augmenting paths for orphans left cold (see ``_Run``)."""
+    taken = frozenset(chain.from_iterable(took.values()))
+    warm = _holders(standbys, cold | taken, range(len(standbys)))
+    for t in sorted(cold):
+        for h in warm.get(t, ()):
+            for u in took.get(h, [])[:8]:
+                dest = next((x for x in warm.get(u, ()) if x != h and room[x] > 0), -1)
+                if dest >= 0:
+                    owner[u], room[dest] = dest, room[dest] - 1
+                    took[h].remove(u)
+                    took.setdefault(dest, []).append(u)
+                    owner[t] = h
+                    took[h].append(t)
+                    break
+            if t in owner:
+                break
+
+
+def _standbys(
+    all_tasks: frozenset[TaskId],
+    stateful_set: frozenset[TaskId],
+    clients: Sequence[ClientState],
+    active: list[frozenset[TaskId]],
+    gave_up: dict[TaskId, int],
+    r: int,
+) -> list[frozenset[TaskId]] | None:
+    """Standby tasks per client, or ``None`` where the general path's swap would be needed or
+    a client would end below its load floor."""
+    caps = [c.capacity for c in clients]
+    every_task_stateful = stateful_set is all_tasks
+    valid = [c.prev_standby - a for c, a in zip(clients, active, strict=True)]
+    targets = standby_targets(
+        caps,
+        [len(a) for a in active],
+        [len(a) if every_task_stateful else len(a & stateful_set) for a in active],
+        [len(v) for v in valid],
+        len(stateful_set),
+        r,
+    )
+    standby: list[frozenset[TaskId]] = []
+    room = []
+    for v, target in zip(valid, targets, strict=True):
+        if len(v) > target:
+            v = _first(v, target)
+        standby.append(v)
+        room.append(target - len(v))
+    if r == 1:
+        covered = frozenset().union(*standby)
+        if len(covered) != sum(map(len, standby)):
+            return None  # a task with more standbys than wanted
+        copies: Mapping[TaskId, int] = dict.fromkeys(covered, 1)
+        short = sorted(map(_task_id, stateful_set - covered))
+    else:
+        copies = Counter(chain.from_iterable(standby))
+        if copies and max(copies.values()) > r:
+            return None
+        short = sorted(_task_id(t) for t in stateful_set if copies.get(t, 0) < r)
+    if short:
+        short_set = frozenset(short)
+        owner = {t: ci for ci, a in enumerate(active) for t in a & short_set}
+        held = _holders(standby, short_set, range(len(clients)))
+        added: dict[int, list[TaskId]] = {}
+        # The rest go to the clients with most room left (entries re-checked lazily, as a
+        # previous owner's room may drop outside the heap).
+        heap = [(-left, ci) for ci, left in enumerate(room) if left > 0]
+        heapq.heapify(heap)
+        for t in short:
+            has = held.setdefault(t, [])
+            for _ in range(r - copies.get(t, 0)):
+                w = gave_up.get(t, -1)
+                if w >= 0 and room[w] > 0 and w not in has:
+                    ci = w
+                else:
+                    ci = _pop_room(heap, room, owner[t], has)
+                    if ci < 0:
+                        ci = _swap(t, active, standby, held, added, room)
+                        if ci < 0:
+                            return None  # forced beyond a ceiling: the general path's job
+                        has.append(ci)
+                        added.setdefault(ci, []).append(t)
+                        continue
+                room[ci] -= 1
+                has.append(ci)
+                added.setdefault(ci, []).append(t)
+        for ci, ts in added.items():
+            standby[ci] = standby[ci].union(ts)
+    load_floors = share_bounds(len(all_tasks) + len(stateful_set) * r, caps)
+    for a, s, (lo, _) in zip(active, standby, load_floors, strict=True):
+        if len(a) + len(s) < lo:
+            return None
+    return standby
+
+
+def _pop_room(heap: list[tuple[int, int]], room: list[int], owner: int, has: list[int]) -> int:
+    """The client with most room left that is neither ``owner`` nor in ``has`` (-1: none);
+    its entry goes back with one slot less."""
+    skipped = []
+    found = -1
+    while heap:
+        neg, ci = heapq.heappop(heap)
+        if -neg != room[ci]:  # stale: re-key
+            if room[ci] > 0:
+                heapq.heappush(heap, (-room[ci], ci))
+            continue
+        if ci == owner or ci in has:
+            skipped.append((neg, ci))
+            continue
+        found = ci
+        if room[ci] > 1:
+            heapq.heappush(heap, (neg + 1, ci))
+        break
+    for entry in skipped:
+        heapq.heappush(heap, entry)
+    return found
+
+
+def _swap(
+    t: TaskId,
+    active: Sequence[frozenset[TaskId]],
+    standby: list[frozenset[TaskId]],
+    held: dict[TaskId, list[int]],
+    added: dict[int, list[TaskId]],
+    room: list[int],
+) -> int:
+    """Make room for a copy of ``t`` when every client with room holds it: a client ``d``
+    without a copy hands one of its standbys ``u`` to a client ``c`` with room and no copy of
+    ``u``; ``t`` then goes to ``d`` (returned; -1 when no such pair). Loads stay on target.
+    Rare, so it may scan."""
+    m = len(room)
+    rooms = [c for c in range(m) if room[c] > 0]
+    for d in range(m):
+        if t in active[d] or d in held[t]:
+            continue
+        for u in sorted(standby[d].union(added.get(d, ()))):
+            u_has = held.get(u)
+            if u_has is None:
+                u_has = held[u] = [x for x in range(m) if u in standby[x]]
+            for c in rooms:
+                if u not in active[c] and c not in u_has:
+                    if u in standby[d]:
+                        standby[d] = standby[d] - {u}
+                    else:
+                        added[d].remove(u)
+                    added.setdefault(c, []).append(u)
+                    u_has[u_has.index(d)] = c
+                    room[c] -= 1
+                    return d
+    return -1
