@@ -84,10 +84,12 @@ class Worker:
     """One worker process of a runner; its output goes to a log file in ``work``."""
 
     def __init__(self, kind: str, names: Names, bootstrap: str, work: Path, tag: str) -> None:
-        log = (work / f"{names.app}-{tag}.log").open("w")
+        self.log_path = work / f"{names.app}-{tag}.log"
+        log = self.log_path.open("w")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         if kind == "faust":
-            argv = [sys.executable, str(HERE / "_runtime_faust.py"), "worker", "-l", "warning"]
+            faust = [str(HERE / "_runtime_faust.py"), "worker", "--without-web", "-l", "warn"]
+            argv = [sys.executable, *faust]
             env |= {
                 "BENCH_BOOTSTRAP": bootstrap,
                 "BENCH_APP": names.app,
@@ -107,6 +109,10 @@ class Worker:
                 "--output", names.output, "--state-dir", str(work / f"state-{tag}"),
             ]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def tail(self) -> str:
+        """The end of the worker's output (for errors)."""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-15:])
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -167,14 +173,19 @@ async def feed(bootstrap: str, names: Names, cfg: Config, seconds: float) -> int
     return sent
 
 
-async def output_timestamps(bootstrap: str, topic: str, count: int, timeout: float) -> list[int]:
-    """Timestamps (ms, set when the worker produced them) of the first ``count`` outputs."""
+async def output_timestamps(
+    bootstrap: str, topic: str, count: int, timeout: float, worker: Worker
+) -> list[int]:
+    """Timestamps (ms, set when the worker produced them) of the first ``count`` outputs;
+    gives up early when ``worker`` exits."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
     stamps: list[int] = []
     deadline = time.monotonic() + timeout
     try:
         while len(stamps) < count and time.monotonic() < deadline:
+            if worker.proc.poll() is not None:
+                break
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 stamps.extend(r.timestamp for r in records)
     finally:
@@ -189,11 +200,11 @@ async def throughput(kind: str, bootstrap: str, cfg: Config, work: Path) -> floa
     await produce(bootstrap, names, cfg, cfg.orders)
     worker = Worker(kind, names, bootstrap, work, "t")
     try:
-        stamps = await output_timestamps(bootstrap, names.output, cfg.orders, timeout=300)
+        stamps = await output_timestamps(bootstrap, names.output, cfg.orders, 300, worker)
     finally:
         worker.stop()
     if len(stamps) < cfg.orders:
-        raise RuntimeError(f"{kind}: only {len(stamps)} of {cfg.orders} outputs (see {work})")
+        raise RuntimeError(f"{kind}: {len(stamps)} of {cfg.orders} outputs:\n{worker.tail()}")
     return (len(stamps) - 1) / max((stamps[-1] - stamps[0]) / 1000, 1e-9)
 
 
@@ -222,13 +233,13 @@ async def downtime(kind: str, bootstrap: str, cfg: Config, work: Path) -> tuple[
         second.stop()
         sent = await flow
         ended = time.time() * 1000
-        stamps = await output_timestamps(bootstrap, names.output, sent, timeout=120)
+        stamps = await output_timestamps(bootstrap, names.output, sent, 120, first)
     finally:
         first.stop()
         if second is not None:
             second.stop()
     if len(stamps) < sent:
-        raise RuntimeError(f"{kind}: only {len(stamps)} of {sent} outputs (see {work})")
+        raise RuntimeError(f"{kind}: {len(stamps)} of {sent} outputs:\n{first.tail()}")
     steady_from = joined - cfg.warmup * 500  # the second half of the warm-up
     return (
         longest_gap(stamps, steady_from, joined),
@@ -260,7 +271,8 @@ async def run(
 
 def report(results: dict[str, dict[str, list[float]]], cfg: Config) -> list[Report]:
     labels = {kind: label for label, kind in RUNNERS.items()}
-    bare = statistics.median(results[labels["bare"]]["rate"]) if "bare" in labels else None
+    bare_run = results.get(labels["bare"])
+    bare = statistics.median(bare_run["rate"]) if bare_run else None
     faust = results.get(labels["faust"])
     faust_rate = statistics.median(faust["rate"]) if faust else None
     speed = Report(

@@ -349,9 +349,6 @@ class App:
         """Committed plus pending content of an active task's store (inspection, tests)."""
         return dict(self._actives[task].stores[store].items())
 
-    def standby_position(self, task: TaskId) -> dict[str, int]:
-        return {name: s.position for name, s in self._standbys.get(task, {}).items()}
-
     # -- processing ------------------------------------------------------------------------------
 
     async def _consume(self, index: int) -> None:
