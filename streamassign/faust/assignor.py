@@ -254,22 +254,22 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             topic: sub for sub, topics in sorted(info.topics.items()) for topic in topics
         }
         changelogs = self._changelog_topics(self._topic_groups)
+        # Built aside and swapped in whole: the web server reads these from another thread.
         tables: dict[str, dict[str, set[int]]] = {}
         external: dict[str, dict[str, set[int]]] = {}
-        self._tps_url: dict[TP, str] = {}
-        self._external_tps_url: dict[TP, str] = {}
+        tps_url: dict[TP, str] = {}
+        external_tps_url: dict[TP, str] = {}
         for key, tps in sorted(info.partitions_by_host().items()):
             url = key.split("#", 1)[0]
             tables.setdefault(url, {})
             external.setdefault(url, {})
             for topic, p in tps:
                 kind, urls = (
-                    (tables, self._tps_url)
-                    if topic in changelogs
-                    else (external, self._external_tps_url)
+                    (tables, tps_url) if topic in changelogs else (external, external_tps_url)
                 )
                 kind[url].setdefault(topic, set()).add(p)
                 urls[TP(topic, p)] = url
+        self._tps_url, self._external_tps_url = tps_url, external_tps_url
         self._changelog_distribution: HostToPartitionMap = _lists(tables)
         self._external_topic_distribution: HostToPartitionMap = _lists(external)
 

@@ -109,14 +109,15 @@ class FaustCluster:
                 return last
         raise AssertionError(f"no settled assignment within {TIMEOUT}s: {last}")
 
+    def get(self, via: str, path: str) -> Any:
+        """GET ``path`` of worker ``via``'s web server, as JSON."""
+        url = f"http://127.0.0.1:{self.ports[via]}{path}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
+
     def counts(self, via: str) -> dict[str, int]:
         """Every key's count, asked of worker ``via`` (Faust routes to the owner)."""
-        out = {}
-        for key in KEYS:
-            url = f"http://127.0.0.1:{self.ports[via]}/count/{key}/"
-            with urllib.request.urlopen(url, timeout=10) as response:
-                out[key] = json.loads(response.read())["count"]
-        return out
+        return {key: self.get(via, f"/count/{key}/")["count"] for key in KEYS}
 
     def wait_counts(self, via: str, expected: int) -> None:
         deadline = time.monotonic() + TIMEOUT

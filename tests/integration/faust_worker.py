@@ -102,6 +102,8 @@ def build(args: argparse.Namespace) -> faust.App:
             last[0] = state
             emit(event="state", at=time.time(), **state)
 
+    if not app.conf.debug:  # the /stats/ views (among them /stats/assignment/), as in debug
+        app.web.blueprints.add("/stats/", "faust.web.apps.stats:blueprint")
     app.monitor  # noqa: B018 - create the monitor before adding our sensor next to it
     app.sensors.add(RebalanceClock())
     return app

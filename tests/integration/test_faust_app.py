@@ -72,6 +72,15 @@ def test_faust_app_kill_restart_scale(cluster: FaustCluster, kafka_bootstrap: st
     cluster.start("w4")
     state = cluster.settle()
     assert all(s["source"] for s in state.values()), f"a worker got no active partition: {state}"
+    # Faust's web views read the assignor: /stats/assignment/ and the router's table map.
+    for name, s in state.items():
+        shown = cluster.get(name, "/stats/assignment/")["actives"][cluster.topic]
+        assert sorted(shown) == sorted(partitions(s["source"]))
+    routes = cluster.get("w3", "/router/")
+    assert sorted(p for r in routes.values() for p in r.get(cluster.changelog, [])) == list(
+        range(PARTITIONS)
+    )
+    assert len(routes) == 5
     asyncio.run(produce(kafka_bootstrap, cluster.topic, rounds=1))
     cluster.wait_counts("w4", 6)
     cluster.wait_counts("w0", 6)
