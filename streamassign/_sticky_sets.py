@@ -16,13 +16,13 @@ than wanted) or its result would leave a client below its load floor or need a s
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 
 from ._balance import apportion, deal, level_order, share_bounds, standby_targets
 from ._ids import TaskId
+from ._standby_queue import StandbyQueue
 from .assignment import ClientAssignment, ClientState
 
 
@@ -238,26 +238,22 @@ def _standbys(
         owner = {t: ci for ci, a in enumerate(active) for t in a & short_set}
         held = _holders(standby, short_set, range(len(clients)))
         added: dict[int, list[TaskId]] = {}
-        # The rest go to the clients with most room left (entries re-checked lazily, as a
-        # previous owner's room may drop outside the heap).
-        heap = [(-left, ci) for ci, left in enumerate(room) if left > 0]
-        heapq.heapify(heap)
+        # The rest through the standby queue, most room left first.
+        queue = StandbyQueue(room)
+        short.sort(key=lambda t: (owner[t], t))  # grouped by active client: spread
         for t in short:
             has = held.setdefault(t, [])
             for _ in range(r - copies.get(t, 0)):
                 w = gave_up.get(t, -1)
                 if w >= 0 and room[w] > 0 and w not in has:
                     ci = w
+                    room[ci] -= 1  # the queue re-checks its entry lazily
                 else:
-                    ci = _pop_room(heap, room, owner[t], has)
+                    ci = queue.pick(owner[t], has)
+                if ci < 0:
+                    ci = _swap(t, active, standby, held, added, room)
                     if ci < 0:
-                        ci = _swap(t, active, standby, held, added, room)
-                        if ci < 0:
-                            return None  # forced beyond a ceiling: the general path's job
-                        has.append(ci)
-                        added.setdefault(ci, []).append(t)
-                        continue
-                room[ci] -= 1
+                        return None  # forced beyond a ceiling: the general path's job
                 has.append(ci)
                 added.setdefault(ci, []).append(t)
         for ci, ts in added.items():
@@ -267,29 +263,6 @@ def _standbys(
         if len(a) + len(s) < lo:
             return None
     return standby
-
-
-def _pop_room(heap: list[tuple[int, int]], room: list[int], owner: int, has: list[int]) -> int:
-    """The client with most room left that is neither ``owner`` nor in ``has`` (-1: none);
-    its entry goes back with one slot less."""
-    skipped = []
-    found = -1
-    while heap:
-        neg, ci = heapq.heappop(heap)
-        if -neg != room[ci]:  # stale: re-key
-            if room[ci] > 0:
-                heapq.heappush(heap, (-room[ci], ci))
-            continue
-        if ci == owner or ci in has:
-            skipped.append((neg, ci))
-            continue
-        found = ci
-        if room[ci] > 1:
-            heapq.heappush(heap, (neg + 1, ci))
-        break
-    for entry in skipped:
-        heapq.heappush(heap, entry)
-    return found
 
 
 def _swap(

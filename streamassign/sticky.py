@@ -24,7 +24,6 @@ output whatever the order of the input collections.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from itertools import pairwise
@@ -34,9 +33,12 @@ import attrs
 
 from ._balance import apportion, deal, level_order, share_bounds, standby_targets
 from ._ids import TaskId
+from ._standby_queue import StandbyQueue
 from ._sticky_sets import assign_sets
 from .assignment import ClientAssignment, ClientState
 
+#: Standbys each rack-conflicting standby is weighed against for an exchange.
+_EXCHANGE_SCAN: Final = 2048
 #: Lag used for a standby whose lag the client did not report: behind every known lag.
 _UNKNOWN_LAG: Final = 1 << 62
 
@@ -44,6 +46,10 @@ _UNKNOWN_LAG: Final = 1 << 62
 def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+def _tag_keys(value: Iterable[str] | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(value)
 
 
 def _claims(
@@ -96,29 +102,41 @@ class StickyTaskAssignor:
     num_standby_replicas: int = attrs.field(default=0, validator=_non_negative)
     #: Lags up to this count as caught up: such holders rank equal (Kafka Streams' default).
     acceptable_recovery_lag: int = attrs.field(default=10_000, validator=_non_negative)
+    #: Client tag keys a standby's placement avoids sharing values of with the task's other
+    #: copies (KIP-708's ``rack.aware.assignment.tags``); ``None``: every key clients report.
+    rack_aware_tags: tuple[str, ...] | None = attrs.field(default=None, converter=_tag_keys)
 
     def assign(
         self,
         tasks: Iterable[TaskId],
         clients: Iterable[ClientState],
         stateful: Iterable[TaskId] | None = None,
+        task_racks: Mapping[TaskId, str] | None = None,
     ) -> dict[str, ClientAssignment]:
         """Assignment per process id, for every client given.
 
-        ``stateful=None`` treats every task as stateful. Raises ``ValueError`` for duplicate
-        process ids, or for tasks with no client to run them.
+        ``stateful=None`` treats every task as stateful. ``task_racks``, the rack of the
+        leaders of each task's partitions, makes tasks that need a new client prefer one in
+        that rack (cross-rack traffic, KIP-925) without changing how many any client gets.
+        Raises ``ValueError`` for duplicate process ids, or for tasks with no client.
         """
         if not isinstance(tasks, (frozenset, set, list, tuple)):
             tasks = list(tasks)
         if stateful is not None and not isinstance(stateful, (frozenset, set, list, tuple)):
             stateful = list(stateful)
         ordered = sorted(clients, key=_process_id)
-        if all(a.process_id != b.process_id for a, b in pairwise(ordered)):
+        if not task_racks and all(a.process_id != b.process_id for a, b in pairwise(ordered)):
             quick = assign_sets(tasks, ordered, stateful, self.num_standby_replicas)
             if quick is not None:
                 return quick
         return _Run(
-            tasks, ordered, stateful, self.num_standby_replicas, self.acceptable_recovery_lag
+            tasks,
+            ordered,
+            stateful,
+            self.num_standby_replicas,
+            self.acceptable_recovery_lag,
+            rack_aware_tags=self.rack_aware_tags,
+            task_racks=task_racks,
         ).result()
 
 
@@ -136,8 +154,12 @@ class _Run:
         stateful: Iterable[TaskId] | None,
         num_standby_replicas: int,
         acceptable_recovery_lag: int = 10_000,
+        rack_aware_tags: Sequence[str] | None = None,
+        task_racks: Mapping[TaskId, str] | None = None,
     ) -> None:
         self.acceptable_lag = acceptable_recovery_lag
+        self.rack_aware_tags = rack_aware_tags
+        self.task_racks = task_racks or {}
         self.tasks: list[TaskId] = sorted({t if type(t) is TaskId else TaskId(*t) for t in tasks})
         self.clients: list[ClientState] = sorted(clients, key=lambda c: c.process_id)
         for a, b in pairwise(self.clients):
@@ -280,6 +302,8 @@ class _Run:
         # Spread the rest in (subtopology, partition) order over the free room.
         for i, ci in zip(cold, deal(room), strict=True):
             owner[i] = ci
+        if self.task_racks:
+            self._match_racks(cold)
         for i, ci in enumerate(owner):
             self.active[ci].append(i)
         # A previous owner that gave its task up still holds its state: a fine standby.
@@ -288,6 +312,37 @@ class _Run:
                 found = warm.setdefault(i, [])
                 found.append(was)
                 found.sort(key=partial(self._rank, i))
+
+    def _match_racks(self, cold: list[int]) -> None:
+        """Swap clients between cold tasks so more of them run in the rack of their partitions'
+        leaders. Swaps keep every client's count; a swap happens only between a task off its
+        rack and one whose client is in that rack while the task itself is not."""
+        owner, clients, tasks = self.owner, self.clients, self.tasks
+        wants = [self.task_racks.get(tasks[i]) for i in cold]
+        # Per rack R: cold tasks of rack R running elsewhere, and cold tasks of another rack
+        # running on a client in R (their slot is what a task of R wants).
+        off: dict[str, list[int]] = {}
+        slots: dict[str, list[int]] = {}
+        for k, (i, want) in enumerate(zip(cold, wants, strict=True)):
+            here = clients[owner[i]].rack
+            if want is not None and want != here:
+                off.setdefault(want, []).append(k)
+            if here is not None and want != here:
+                slots.setdefault(here, []).append(k)
+        taken: set[int] = set()
+        for rack in sorted(off):
+            free = [k for k in slots.get(rack, ()) if k not in taken]
+            for a in off[rack]:
+                if a in taken:
+                    continue
+                while free and free[0] in taken:
+                    free.pop(0)
+                if not free:
+                    break
+                b = free.pop(0)
+                i, j = cold[a], cold[b]
+                owner[i], owner[j] = owner[j], owner[i]
+                taken.update((a, b))
 
     def _returning(self, i: int, ci: int, room: list[int], promised: list[int]) -> int:
         """A client other than ``ci`` that ran task ``i`` before, is caught up on it and has
@@ -362,24 +417,18 @@ class _Run:
                     room[ci] -= 1
             need.extend(range(k, (i + 1) * r))
 
-        # The rest to the clients with most room left, skipping those with a copy already.
-        heap = [(-left, ci) for ci, left in enumerate(room) if left > 0]
-        heapq.heapify(heap)
+        # The rest through the queue: rack and tag conflicts, spread, most room left.
+        queue = self._queue(room)
+        need.sort(key=lambda slot: owner[slot // r])  # grouped by active client: spread
         for slot in need:
             i = slot // r
-            held = copies[i * r : slot]
-            skipped = []
-            while heap and (heap[0][1] == owner[i] or heap[0][1] in held):
-                skipped.append(heapq.heappop(heap))
-            if heap:
-                neg, ci = heapq.heappop(heap)
+            ci = queue.pick(owner[i], copies[i * r : slot])
+            if ci >= 0:
                 copies[slot] = ci
-                if neg < -1:
-                    heapq.heappush(heap, (neg + 1, ci))
             else:
-                self._place_by_swap(slot, copies, skipped)
-            for entry in skipped:
-                heapq.heappush(heap, entry)
+                self._place_by_swap(slot, copies, room)
+        if queue.aware:
+            self._exchange_for_racks(need, copies, queue)
         self._return_dropped_standbys(copies)
         for slot, ci in enumerate(copies):
             if ci >= 0:
@@ -421,7 +470,7 @@ class _Run:
                 if load[ci] >= floors[ci]:
                     break
 
-    def _place_by_swap(self, slot: int, copies: list[int], rooms: list[tuple[int, int]]) -> None:
+    def _place_by_swap(self, slot: int, copies: list[int], room: list[int]) -> None:
         """Fill ``slot`` (a standby of task ``i``) when every client with room holds ``i``.
 
         Finds a client ``d`` without a copy of ``i`` and a standby ``u`` on ``d`` that a client
@@ -435,17 +484,16 @@ class _Run:
         def holds(task: int, ci: int) -> bool:
             return owner[task] == ci or ci in copies[task * r : (task + 1) * r]
 
+        rooms = [c for c in range(len(room)) if room[c] > 0]
         for d in range(len(self.clients)):
             if holds(i, d):
                 continue
             for u_slot in (s for s in range(len(copies)) if copies[s] == d):
                 u = u_slot // r
-                for k, (neg, c) in enumerate(rooms):
+                for c in rooms:
                     if not holds(u, c):
                         copies[u_slot], copies[slot] = c, d
-                        rooms[k] = (neg + 1, c)
-                        if neg == -1:
-                            del rooms[k]
+                        room[c] -= 1
                         return
         load = [len(a) for a in self.active]
         for ci in copies:
@@ -454,6 +502,48 @@ class _Run:
         caps = [c.capacity for c in self.clients]
         free = [d for d in range(len(self.clients)) if not holds(i, d)]
         copies[slot] = min(free, key=lambda d: ((load[d] + 1) / caps[d], d))
+
+    def _exchange_for_racks(
+        self, placed: list[int], copies: list[int], queue: StandbyQueue
+    ) -> None:
+        """Undo what greedy placement could not foresee: two standbys placed in this run swap
+        clients when that lowers their rack and tag conflicts (loads stay as they are). Copies
+        kept from before are not moved: warm state outweighs placement. Bounded work."""
+        r, owner = self.replicas, self.owner
+
+        def cost(slot: int, ci: int) -> int:
+            i = slot // r
+            group = [
+                owner[i],
+                *(x for k, x in enumerate(copies[i * r : (i + 1) * r]) if i * r + k != slot),
+            ]
+            return queue.conflicts(ci, group)
+
+        def holds(slot: int, ci: int) -> bool:
+            i = slot // r
+            return owner[i] == ci or ci in copies[i * r : (i + 1) * r]
+
+        for a in placed:
+            d = copies[a]
+            if d < 0 or cost(a, d) == 0:
+                continue
+            for b in placed[:_EXCHANGE_SCAN] if len(placed) > _EXCHANGE_SCAN else placed:
+                e = copies[b]
+                if e < 0 or e == d or b // r == a // r or holds(a, e) or holds(b, d):
+                    continue
+                if cost(a, e) + cost(b, d) < cost(a, d) + cost(b, e):
+                    copies[a], copies[b] = e, d
+                    break
+
+    def _queue(self, room: list[int]) -> StandbyQueue:
+        clients = self.clients
+        aware = any(c.rack is not None or c.tags for c in clients)
+        return StandbyQueue(
+            room,
+            [c.rack for c in clients] if aware else None,
+            [c.tags for c in clients] if aware else None,
+            self.rack_aware_tags,
+        )
 
     def _valid_prev_standbys(self, ci: int) -> int:
         """Previous standbys of client ``ci`` it could keep: stateful, not active there."""

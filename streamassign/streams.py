@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -168,6 +169,8 @@ def assign_streams(
     max_warmup_replicas: int = 2,
     probing_rebalance_interval_ms: int = 600_000,
     now_ms: int | None = None,
+    partition_racks: Mapping[TopicPartition, str] | None = None,
+    rack_aware_tags: Sequence[str] | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad topics or
     bad members: those become error codes or empty assignments, logged.
@@ -176,6 +179,9 @@ def assign_streams(
     and ``probing_rebalance_interval_ms``; ``now_ms`` (default: the wall clock) is the time the
     probing rebalance is counted from. Lags are exact only with ``end_offsets``; without them a
     copy's lag is its distance to the most advanced copy reported (running actives excluded).
+    ``partition_racks`` (the rack of each partition's leader) lets tasks that need a new client
+    prefer one in their partitions' rack; ``rack_aware_tags`` names the client tag keys standby
+    placement avoids sharing (``None``: all).
     """
     version = common_version(members, leader_version)
     if any(m.info and m.info.error_code == ErrorCode.SHUTDOWN_REQUESTED for m in members.values()):
@@ -230,8 +236,11 @@ def assign_streams(
                 probing_rebalance_interval_ms,
             )
     else:
-        assignor = StickyTaskAssignor(num_standby_replicas, acceptable_recovery_lag)
-        per_client = assignor.assign(tasks, clients, stateful)
+        assignor = StickyTaskAssignor(
+            num_standby_replicas, acceptable_recovery_lag, rack_aware_tags=rack_aware_tags
+        )
+        racks = task_racks(tasks, partition_racks) if partition_racks else None
+        per_client = assignor.assign(tasks, clients, stateful, task_racks=racks)
 
     active_by_host: dict[str, frozenset[TaskId]] = {}
     standby_by_host: dict[str, frozenset[TaskId]] = {}
@@ -289,3 +298,16 @@ def _check_repartition_topics(
     if wrong:
         listed = ", ".join(f"{t} has {a} partitions, needs {r}" for t, (a, r) in wrong.items())
         raise TopologyError(f"repartition topics with the wrong partition count: {listed}")
+
+
+def task_racks(
+    tasks: Mapping[TaskId, Iterable[TopicPartition]], partition_racks: Mapping[TopicPartition, str]
+) -> dict[TaskId, str]:
+    """The rack most of each task's partitions lead from (ties: the smallest name); tasks
+    whose partitions have no known rack are left out."""
+    out: dict[TaskId, str] = {}
+    for task, partitions in tasks.items():
+        counts = Counter(partition_racks[tp] for tp in partitions if tp in partition_racks)
+        if counts:
+            out[task] = min(counts, key=lambda rack: (-counts[rack], rack))
+    return out

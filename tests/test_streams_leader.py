@@ -204,3 +204,34 @@ def test_shutdown_request_reaches_every_member() -> None:
     members = {"a": member(1), "b": member(2, error_code=ErrorCode.SHUTDOWN_REQUESTED)}
     result = assign_streams(TOPOLOGY, COUNTS, members)
     assert {a.info.error_code for a in result.values()} == {ErrorCode.SHUTDOWN_REQUESTED}
+
+
+def test_partition_leader_racks_steer_new_tasks_and_tags_steer_standbys() -> None:
+    """Tasks go to a process in their partitions' leader rack; a standby avoids its active's
+    zone (KIP-925 / KIP-708 style hints carried in the subscription and the cluster)."""
+    members = {
+        f"p{p}": member(p + 1, rack=rack, client_tags={"zone": zone})
+        for p, (rack, zone) in enumerate([("east", "z1"), ("west", "z2")])
+    }
+    tasks = PartitionGrouper().group(TOPOLOGY, COUNTS)
+    # Without hints p0 would get the even partitions (dealt in turn): lead them from the west.
+    leaders = {tp: "west" if tp.partition % 2 == 0 else "east" for t in tasks for tp in tasks[t]}
+    result = assign_streams(
+        TOPOLOGY, COUNTS, members, num_standby_replicas=1, partition_racks=leaders
+    )
+    east, west = result["p0"].info.active, result["p1"].info.active
+    # p0 has room for 5 of the 9 tasks and 4 are led from the east: one must cross.
+    off_rack = [t for t in east if t.partition % 2 == 0] + [t for t in west if t.partition % 2]
+    assert len(off_rack) == 1
+    # Two zones, one standby: every standby sits in the other zone than its active.
+    assert result["p0"].info.standby <= west and result["p1"].info.standby <= east
+
+
+def test_task_racks_take_the_rack_most_partitions_lead_from() -> None:
+    from streamassign.streams import task_racks
+
+    t = TaskId(0, 0)
+    a, b, c = (TopicPartition(x, 0) for x in "abc")
+    assert task_racks({t: [a, b, c]}, {a: "r2", b: "r1", c: "r2"}) == {t: "r2"}
+    assert task_racks({t: [a, b]}, {a: "r2", b: "r1"}) == {t: "r1"}  # tie: smallest name
+    assert task_racks({t: [a]}, {}) == {}

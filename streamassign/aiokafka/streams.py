@@ -137,6 +137,8 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 self.host.topology,
                 counts,
                 subscriptions,
+                partition_racks=_leader_racks(cluster, counts),
+                rack_aware_tags=self.host.rack_aware_tags,
                 num_standby_replicas=self.host.num_standby_replicas,
                 leader_version=self.host.max_version,
                 end_offsets=self.host.end_offsets() if self.host.end_offsets else None,
@@ -212,6 +214,19 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 self.rejoiner.at(next_rebalance_ms)
 
 
+def _leader_racks(cluster: Any, counts: Mapping[str, int]) -> dict[TopicPartition, str]:
+    """The rack of each source partition's leader, where the broker reports one (KIP-925)."""
+    racks: dict[TopicPartition, str] = {}
+    for topic, n in counts.items():
+        for p in range(n):
+            tp = TopicPartition(topic, p)
+            leader = cluster.leader_for_partition(tp)
+            broker = cluster.broker_metadata(leader) if leader is not None else None
+            if broker is not None and broker.rack:
+                racks[tp] = broker.rack
+    return racks
+
+
 def _has_loop() -> bool:
     try:
         asyncio.get_running_loop()
@@ -268,6 +283,7 @@ class ProcessHost:
         max_warmup_replicas: int = 2,
         probing_rebalance_interval_ms: int = 600_000,
         end_offsets: Callable[[], Mapping[TaskId, int]] | None = None,
+        rack_aware_tags: Sequence[str] | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
@@ -283,6 +299,7 @@ class ProcessHost:
         self.max_warmup_replicas = max_warmup_replicas
         self.probing_rebalance_interval_ms = probing_rebalance_interval_ms
         self.end_offsets = end_offsets
+        self.rack_aware_tags = rack_aware_tags
         self.topology = topology
         self.application_id = application_id or topology.name
         if not self.application_id:

@@ -1,0 +1,161 @@
+"""Standby placement: rack- and tag-aware (KIP-708 / KIP-925 style), spread over clients, and
+rack-aware actives for cold tasks. Property-tested against the same inputs without the hints."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
+from streamassign.metrics import evaluate, violations
+
+from .strategies import assignment_inputs, fresh_clients, task_sets
+
+Inputs = tuple[list[TaskId], list[ClientState], int, "list[TaskId] | None"]
+RACKS = ["r0", "r1", "r2"]
+
+
+def with_places(clients: list[ClientState], racks: list[str | None], zones: list[str]) -> list:
+    return [
+        ClientState(
+            c.process_id,
+            c.capacity,
+            prev_active=c.prev_active,
+            prev_standby=c.prev_standby,
+            lags=c.lags,
+            rack=racks[k % len(racks)],
+            tags={"zone": zones[k % len(zones)]} if zones else {},
+        )
+        for k, c in enumerate(clients)
+    ]
+
+
+def conflicts(clients: list[ClientState], result: dict[str, ClientAssignment]) -> int:
+    """Standbys sharing a rack or a zone with their active or with another copy."""
+    by_pid = {c.process_id: c for c in clients}
+    holders: dict[TaskId, list[ClientState]] = {}
+    for pid, a in result.items():
+        for t in a.active | a.standby:
+            holders.setdefault(t, []).append(by_pid[pid])
+    n = 0
+    for group in holders.values():
+        for key in (lambda c: c.rack, lambda c: c.tags.get("zone")):
+            values = [key(c) for c in group if key(c) is not None]
+            n += len(values) - len(set(values))
+    return n
+
+
+@given(assignment_inputs(), st.integers(1, 3), st.integers(0, 3))
+def test_rack_and_tag_hints_keep_the_assignment_valid_and_balanced(
+    inputs: Inputs, n_racks: int, n_zones: int
+) -> None:
+    tasks, clients, replicas, stateful = inputs
+    placed = with_places(clients, [*RACKS[:n_racks]], [f"z{k}" for k in range(n_zones)])
+    result = StickyTaskAssignor(replicas).assign(tasks, placed, stateful)
+    plain = StickyTaskAssignor(replicas).assign(tasks, clients, stateful)
+    assert violations(tasks, placed, result, replicas, stateful) == []
+    got = evaluate(tasks, placed, result, replicas, stateful)
+    assert got.active_balanced
+    # Actives are placed as without hints: racks only steer where standbys go.
+    assert {p: a.active for p, a in result.items()} == {p: a.active for p, a in plain.items()}
+
+
+@given(task_sets(), st.integers(2, 8), st.integers(1, 2), st.integers(2, 3), st.booleans())
+def test_fresh_standbys_avoid_the_active_rack_when_racks_are_even(
+    tasks: list[TaskId], per_rack: int, replicas: int, n_racks: int, zones: bool
+) -> None:
+    """Equal clients spread evenly over more racks than copies: no standby shares a rack."""
+    clients = [ClientState(f"c{k:02d}") for k in range(per_rack * n_racks)]
+    racks: list[str | None] = [None] if zones else RACKS[:n_racks]
+    zone_names = RACKS[:n_racks] if zones else []
+    placed = with_places(clients, racks, zone_names)
+    replicas = min(replicas, n_racks - 1)
+    result = StickyTaskAssignor(replicas).assign(tasks, placed)
+    assert conflicts(placed, result) == 0
+
+
+@given(task_sets(), fresh_clients(), st.integers(1, 3), st.data())
+def test_rack_awareness_never_adds_conflicts(
+    tasks: list[TaskId], clients: list[ClientState], replicas: int, data: st.DataObject
+) -> None:
+    """Degrading gracefully: uneven racks and capacities never give more shared racks than
+    a placement that ignores racks."""
+    racks = data.draw(
+        st.lists(st.sampled_from(RACKS), min_size=len(clients), max_size=len(clients))
+    )
+    placed = [
+        ClientState(c.process_id, c.capacity, rack=rack)
+        for c, rack in zip(clients, racks, strict=True)
+    ]
+    aware = StickyTaskAssignor(replicas).assign(tasks, placed)
+    blind = StickyTaskAssignor(replicas).assign(tasks, clients)
+    assert conflicts(placed, aware) <= conflicts(placed, blind)
+
+
+@given(task_sets(), st.integers(3, 8))
+def test_fresh_standbys_of_one_client_spread_over_the_others(tasks: list[TaskId], n: int) -> None:
+    """When a client is lost, its tasks have warm copies on many survivors, not on one."""
+    clients = [ClientState(f"c{k}") for k in range(n)]
+    result = StickyTaskAssignor(1).assign(tasks, clients)
+    owner = {t: p for p, a in result.items() for t in a.active}
+    for pid, a in result.items():
+        backed = Counter(p for p, b in result.items() for t in b.standby if owner[t] == pid)
+        assert max(backed.values(), default=0) <= math.ceil(len(a.active) / (n - 1)) + 1, backed
+
+
+@given(task_sets(), st.integers(2, 8), st.integers(0, 1), st.data())
+def test_task_racks_steer_cold_tasks_without_changing_counts(
+    tasks: list[TaskId], n: int, replicas: int, data: st.DataObject
+) -> None:
+    clients = [ClientState(f"c{k}", capacity=1 + k % 2, rack=RACKS[k % 3]) for k in range(n)]
+    task_racks = {t: data.draw(st.sampled_from(RACKS)) for t in tasks}
+    steered = StickyTaskAssignor(replicas).assign(tasks, clients, task_racks=task_racks)
+    plain = StickyTaskAssignor(replicas).assign(tasks, clients)
+    rack = {c.process_id: c.rack for c in clients}
+
+    def cross(result: dict[str, ClientAssignment]) -> int:
+        return sum(task_racks[t] != rack[p] for p, a in result.items() for t in a.active)
+
+    assert {p: len(a.active) for p, a in steered.items()} == {
+        p: len(a.active) for p, a in plain.items()
+    }
+    assert cross(steered) <= cross(plain)
+    assert violations(tasks, clients, steered, replicas) == []
+
+
+def test_task_racks_put_each_task_in_its_rack_when_room_allows() -> None:
+    tasks = [TaskId(0, p) for p in range(6)]
+    clients = [ClientState("a", rack="east"), ClientState("b", rack="west")]
+    racks = {t: "east" if t.partition < 3 else "west" for t in tasks}
+    result = StickyTaskAssignor().assign(tasks, clients, task_racks=racks)
+    assert result["a"].active == frozenset(tasks[:3])
+    assert result["b"].active == frozenset(tasks[3:])
+
+
+def test_configured_tag_keys_limit_what_placement_avoids() -> None:
+    tasks = [TaskId(0, p) for p in range(8)]
+    clients = [
+        ClientState(pid, tags={"zone": zone, "cluster": cluster})
+        for pid, zone, cluster in (
+            ("a", "z1", "k1"),
+            ("b", "z1", "k2"),
+            ("c", "z2", "k1"),
+            ("d", "z2", "k2"),
+        )
+    ]
+    tags = {c.process_id: c.tags for c in clients}
+
+    def shared(keys: tuple[str, ...] | None, key: str) -> int:
+        result = StickyTaskAssignor(1, rack_aware_tags=keys).assign(tasks, clients)
+        owner = {t: p for p, a in result.items() for t in a.active}
+        return sum(
+            tags[owner[t]][key] == tags[p][key] for p, a in result.items() for t in a.standby
+        )
+
+    assert shared(("zone",), "zone") == 0
+    assert shared(("cluster",), "cluster") == 0
+    assert shared(None, "zone") == shared(None, "cluster") == 0  # both: a <-> d, b <-> c
+    assert shared((), "zone") + shared((), "cluster") > 0  # no keys: tags ignored
