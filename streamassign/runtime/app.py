@@ -76,11 +76,13 @@ class RestoreEvent:
 
     ``source``: ``standby`` (took over a standby of this process), ``kept`` (state kept in
     memory from a moment ago in this process), ``local`` (persistent store on disk), ``cold``
-    (nothing local: from the changelog's start).
+    (nothing local: from the changelog's start). ``start``: the changelog offsets the
+    restore started from, summed over the task's stores (0: from scratch).
     """
 
     task: TaskId
     source: str
+    start: int
     records: int
     seconds: float
 
@@ -559,6 +561,7 @@ class App:
             self._want_standby.discard(task_id)
             states, how = await self._take_states(task_id)
             new.append((task_id, states, _source_of(states, how)))
+        starts = {t: sum(s.position for s in states.values()) for t, states, _ in new}
         started = time.monotonic()
         counts = await self._restore([s for _, states, _ in new for s in states.values()])
         seconds = time.monotonic() - started
@@ -575,7 +578,9 @@ class App:
             self._actives[task_id] = task
             records = sum(counts.get(id(s), 0) for s in states.values())
             if states:
-                self.restore_events.append(RestoreEvent(task_id, source, records, seconds))
+                self.restore_events.append(
+                    RestoreEvent(task_id, source, starts[task_id], records, seconds)
+                )
                 self._checkpoint(task_id, states)
             if not states:
                 log.info("consumer %d: task %s assigned (stateless)", consumer, task_id)

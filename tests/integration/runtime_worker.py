@@ -80,6 +80,7 @@ async def main() -> None:
                     event="restore",
                     task=str(event.task),
                     source=event.source,
+                    start=event.start,
                     records=event.records,
                 )
             reported = len(app.restore_events)
