@@ -24,6 +24,7 @@ changelogs it subscribes to (Faust keeps a full copy of a global table on every 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -171,11 +172,11 @@ def assign_faust(
 
     active_by_host: dict[str, frozenset[TaskId]] = {}
     standby_by_host: dict[str, frozenset[TaskId]] = {}
-    named = [e for e in endpoints.values() if e]
+    named = Counter(e for e in endpoints.values() if e)
     for key, got in sorted(per_process.items()):
         endpoint = endpoints[key]
         if endpoint:
-            hk = host_key(endpoint, key, named.count(endpoint) > 1)
+            hk = host_key(endpoint, key, named[endpoint] > 1)
             active_by_host[hk] = got.active
             standby_by_host[hk] = got.standby | got.warmup
     dictionary = {s: {t: partition_counts[t] for t in sub_topics[s]} for s in sub_topics}
