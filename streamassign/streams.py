@@ -110,7 +110,9 @@ def client_states(
         for t, s in info.offset_sums.items():
             if s >= 0:
                 best[t] = max(best.get(t, 0), s)
-    top = end_offsets if end_offsets is not None else best
+    # A task missing from end_offsets (not fetched yet) is measured against the best copy, as
+    # without end offsets: a lag of 0 there would make any copy of it look caught up.
+    top = {**best, **end_offsets} if end_offsets is not None else best
 
     running: dict[str, set[TaskId]] = {}
     state: dict[str, dict[TaskId, int]] = {}

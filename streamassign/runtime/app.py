@@ -32,9 +32,11 @@ from aiokafka.errors import KafkaError
 from .._ids import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import ErrorCode, StreamAssignError
+from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
 from ._topics import ensure_internal_topics
 from .changelog import COMMIT_KEY, StoreState
+from .end_offsets import EndOffsetsCache, changelog_partitions
 from .stores import STORE_KINDS, StoreKind, open_store
 
 log = logging.getLogger("streamassign.runtime")
@@ -176,6 +178,11 @@ class App:
     ``topology``: a ``Topology`` or the path of a topology TOML file (its ``name`` is the
     application id); ``processors``: a processor factory per subtopology id. ``store_kind``:
     ``"rocksdb"`` (persistent, sticky across restarts) or ``"memory"``.
+
+    ``high_availability=True``: actives move only onto caught-up state; new owners first get
+    warmups (run like standbys) and take over at a probing rebalance every
+    ``probing_rebalance_interval_ms`` (see ``docs/ha.md``). The process then keeps every
+    stateful task's changelog end offsets cached (``end_offsets``) for exact lags when it leads.
     """
 
     def __init__(
@@ -194,6 +201,10 @@ class App:
         endpoint: str | None = None,
         consumer_config: Mapping[str, Any] | None = None,
         producer_config: Mapping[str, Any] | None = None,
+        high_availability: bool = False,
+        acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
+        max_warmup_replicas: int = 2,
+        probing_rebalance_interval_ms: int = 600_000,
     ) -> None:
         if not isinstance(topology, Topology):
             topology = Topology.load(Path(topology))
@@ -218,6 +229,8 @@ class App:
         # A new application reads its input from the start, as Kafka Streams does.
         self.consumer_config = {"auto_offset_reset": "earliest", **(consumer_config or {})}
         self.producer_config = dict(producer_config or {})
+        #: Changelog end offsets of every stateful task, for the leader's lags (HA only).
+        self.end_offsets: EndOffsetsCache | None = EndOffsetsCache() if high_availability else None
         self.host = ProcessHost(
             topology,
             bootstrap_servers=bootstrap_servers,
@@ -227,6 +240,11 @@ class App:
             num_standby_replicas=num_standby_replicas,
             listener=_Listener(self),
             consumer_config=self.consumer_config,
+            high_availability=high_availability,
+            acceptable_recovery_lag=acceptable_recovery_lag,
+            max_warmup_replicas=max_warmup_replicas,
+            probing_rebalance_interval_ms=probing_rebalance_interval_ms,
+            end_offsets=self.end_offsets,
         )
         self.bootstrap_servers = bootstrap_servers
         self.threads = threads
@@ -263,9 +281,12 @@ class App:
 
     async def start(self) -> None:
         """Create internal topics, start the producer, the restore consumers and the host."""
-        await ensure_internal_topics(
+        counts = await ensure_internal_topics(
             self.topology, self.bootstrap_servers, replication_factor=self.replication_factor
         )
+        if self.end_offsets is not None:  # known before the first rebalance
+            self.end_offsets.track(changelog_partitions(self.topology, counts))
+            await self.end_offsets.start(self.bootstrap_servers)
         if self.store_kind == "memory":  # checkpoints of a previous run describe nothing now
             for task in self.state.offset_sums():
                 self.state.delete_checkpoint(task)
@@ -328,6 +349,8 @@ class App:
         self._standbys.clear()
         self._parked.clear()
         await self.host.stop()
+        if self.end_offsets is not None:
+            await self.end_offsets.stop()
         clients = [c for c in (self._producer, self._restorer, self._standby_reader) if c]
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
         log.info("process %s stopped", self.host.process_id)
@@ -658,6 +681,8 @@ class App:
                 t for t, task in self._actives.items() if task.consumer == consumer
             )
             await self._commit_safely(consumer)
+        if self.end_offsets is not None:  # the leader's lags: as of this rebalance's commits
+            await self.end_offsets.refresh()
         if self._suspended[consumer]:
             log.info(
                 "consumer %d: rebalance; committed and suspended %d task(s)",
