@@ -1,0 +1,169 @@
+"""The changelog end-offsets cache the runtime gives the leader (no broker: a fetch function
+stands in for the consumer's ``end_offsets``; the broker test exercises the real one)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping, Sequence
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.protocol import SubscriptionInfo
+from streamassign.runtime.end_offsets import EndOffsetsCache, changelog_partitions
+from streamassign.streams import MemberSubscription, client_states
+
+TOPOLOGY = Topology(
+    [
+        Subtopology(0, ["orders"], stores=["totals", "counts"]),
+        Subtopology(1, ["clicks"]),  # stateless: no end offsets
+        Subtopology(2, ["users"], stores=["users"]),
+    ],
+    name="app",
+)
+COUNTS = {"app-totals-changelog": 3, "app-counts-changelog": 3, "app-users-changelog": 2}
+CHANGELOGS = changelog_partitions(TOPOLOGY, COUNTS)
+CHANGELOGS_PARTITIONS = sorted({p for ps in CHANGELOGS.values() for p in ps})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Broker:
+    """End offsets by partition; ``missing`` are not answered, ``fail`` raises."""
+
+    def __init__(self, ends: Mapping[TopicPartition, int]) -> None:
+        self.ends = dict(ends)
+        self.missing: set[TopicPartition] = set()
+        self.fail: Exception | None = None
+        self.delay = 0.0
+        self.calls = 0
+
+    async def fetch(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        self.calls += 1
+        await asyncio.sleep(self.delay)
+        if self.fail is not None:
+            raise self.fail
+        return {p: self.ends[p] for p in partitions if p not in self.missing}
+
+
+def ends(value: int) -> dict[TopicPartition, int]:
+    return {p: value + p.partition for p in CHANGELOGS_PARTITIONS}
+
+
+def test_every_stateful_task_owns_its_partition_of_each_changelog() -> None:
+    totals, counts, users = "app-totals-changelog", "app-counts-changelog", "app-users-changelog"
+    expected: dict[TaskId, tuple[TopicPartition, ...]] = {
+        TaskId(0, p): (TopicPartition(counts, p), TopicPartition(totals, p)) for p in range(3)
+    }
+    expected.update({TaskId(2, p): (TopicPartition(users, p),) for p in range(2)})
+    assert changelog_partitions(TOPOLOGY, COUNTS) == expected
+
+
+def test_sums_per_task_and_a_failed_refresh_keeps_the_last_values() -> None:
+    broker = Broker(ends(1000))
+    cache = EndOffsetsCache(broker.fetch)
+    cache.track(CHANGELOGS)
+    assert cache() == {}  # nothing fetched yet: the leader falls back to reported copies
+    assert asyncio.run(cache.refresh())
+    assert cache() == {
+        TaskId(0, 0): 2000,
+        TaskId(0, 1): 2002,
+        TaskId(0, 2): 2004,
+        TaskId(2, 0): 1000,
+        TaskId(2, 1): 1001,
+    }
+    broker.fail = ConnectionError("broker away")
+    assert not asyncio.run(cache.refresh())
+    assert cache()[TaskId(0, 0)] == 2000
+
+
+def test_a_task_with_an_unknown_partition_is_left_out_not_understated() -> None:
+    broker = Broker(ends(10))
+    broker.missing = {TopicPartition("app-counts-changelog", 1)}
+    cache = EndOffsetsCache(broker.fetch)
+    cache.track(CHANGELOGS)
+    asyncio.run(cache.refresh())
+    assert TaskId(0, 1) not in cache()
+    assert cache()[TaskId(0, 0)] == 20
+
+
+def test_values_older_than_max_age_are_not_reported() -> None:
+    clock, broker = Clock(), Broker(ends(5))
+    cache = EndOffsetsCache(broker.fetch, max_age=30, clock=clock)
+    cache.track(CHANGELOGS)
+    asyncio.run(cache.refresh())
+    clock.now += 30
+    assert len(cache()) == 5
+    clock.now += 1
+    assert cache() == {}
+    asyncio.run(cache.refresh())
+    assert len(cache()) == 5
+
+
+def test_a_slow_fetch_times_out_and_concurrent_refreshes_share_one_fetch() -> None:
+    broker = Broker(ends(7))
+    broker.delay = 0.05
+    cache = EndOffsetsCache(broker.fetch, timeout=1)
+    cache.track(CHANGELOGS)
+
+    async def three() -> list[bool]:
+        return list(await asyncio.gather(cache.refresh(), cache.refresh(), cache.refresh()))
+
+    assert asyncio.run(three()) == [True, True, True]
+    assert broker.calls == 1
+    broker.delay = 0.5
+    slow = EndOffsetsCache(broker.fetch, timeout=0.05)
+    slow.track(CHANGELOGS)
+    assert not asyncio.run(slow.refresh())
+    assert slow() == {}
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="> 0"):
+        EndOffsetsCache(interval=0)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(CHANGELOGS_PARTITIONS),
+        st.integers(0, 10**12),
+    )
+)
+def test_the_snapshot_is_the_sum_of_each_fully_known_task(
+    known: dict[TopicPartition, int],
+) -> None:
+    broker = Broker(known)
+    broker.missing = set(CHANGELOGS_PARTITIONS) - known.keys()
+    cache = EndOffsetsCache(broker.fetch)
+    cache.track(CHANGELOGS)
+    asyncio.run(cache.refresh())
+    expected = {
+        t: sum(known[p] for p in ps) for t, ps in CHANGELOGS.items() if all(p in known for p in ps)
+    }
+    assert cache() == expected
+
+
+def test_the_leader_measures_a_task_without_end_offsets_against_the_best_copy() -> None:
+    t0, t1 = TaskId(0, 0), TaskId(0, 1)
+    members = {
+        "a": MemberSubscription(
+            TOPOLOGY.source_topics,
+            SubscriptionInfo(uuid.UUID(int=1), offset_sums={t0: 100, t1: 100}),
+        ),
+        "b": MemberSubscription(
+            TOPOLOGY.source_topics, SubscriptionInfo(uuid.UUID(int=2), offset_sums={t1: 900})
+        ),
+    }
+    clients, _, _ = client_states(members, end_offsets={t0: 5000}, acceptable_recovery_lag=10)
+    lags = {c.process_id: dict(c.lags) for c in clients}
+    assert lags["00000000-0000-0000-0000-000000000001"] == {t0: 4900, t1: 800}
+    assert lags["00000000-0000-0000-0000-000000000002"] == {t1: 0}
