@@ -82,3 +82,20 @@ def test_state_directory_is_locked_to_one_process(tmp_path: Path) -> None:
         StateDirectory(tmp_path)
     first.close()
     StateDirectory(tmp_path).close()
+
+
+def test_leader_racks_come_from_the_cluster_metadata_and_never_fail_the_assignment() -> None:
+    from types import SimpleNamespace
+
+    from aiokafka.structs import BrokerMetadata
+
+    from streamassign import TopicPartition
+    from streamassign.aiokafka.streams import _leader_racks
+
+    brokers = {1: BrokerMetadata(1, "h1", 9092, "east"), 2: BrokerMetadata(2, "h2", 9092, None)}
+    cluster = SimpleNamespace(
+        leader_for_partition=lambda tp: 1 if tp.partition == 0 else 2,
+        broker_metadata=brokers.get,
+    )
+    assert _leader_racks(cluster, {"orders": 2}) == {TopicPartition("orders", 0): "east"}
+    assert _leader_racks(SimpleNamespace(), {"orders": 2}) == {}  # unreadable: no hint

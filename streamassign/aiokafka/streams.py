@@ -215,15 +215,20 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
 
 
 def _leader_racks(cluster: Any, counts: Mapping[str, int]) -> dict[TopicPartition, str]:
-    """The rack of each source partition's leader, where the broker reports one (KIP-925)."""
+    """The rack of each source partition's leader, where the broker reports one (KIP-925).
+    Only a hint: metadata it cannot read gives no racks rather than a failed assignment."""
     racks: dict[TopicPartition, str] = {}
-    for topic, n in counts.items():
-        for p in range(n):
-            tp = TopicPartition(topic, p)
-            leader = cluster.leader_for_partition(tp)
-            broker = cluster.broker_metadata(leader) if leader is not None else None
-            if broker is not None and broker.rack:
-                racks[tp] = broker.rack
+    try:
+        for topic, n in counts.items():
+            for p in range(n):
+                tp = TopicPartition(topic, p)
+                leader = cluster.leader_for_partition(tp)
+                broker = cluster.broker_metadata(leader) if leader is not None else None
+                if broker is not None and broker.rack:
+                    racks[tp] = broker.rack
+    except (AttributeError, KeyError, TypeError) as exc:
+        log.warning("no partition leader racks (%s); placing without them", exc)
+        return {}
     return racks
 
 
