@@ -52,7 +52,7 @@ class FaustCluster:
         self.procs: dict[str, JsonLinesProcess] = {}
         self.ports: dict[str, int] = {}
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, *extra: str) -> None:
         port = self.ports.setdefault(name, free_port())
         self.procs[name] = JsonLinesProcess(
             WORKER,
@@ -60,7 +60,7 @@ class FaustCluster:
                 "--bootstrap", self.bootstrap, "--app", self.app, "--topic", self.topic,
                 "--partitions", str(self.partitions), "--datadir", str(self.tmp / name),
                 "--port", str(port), "--assignor", self.assignor,
-                "--log", str(self.tmp / f"{name}.log"), *self.extra,
+                "--log", str(self.tmp / f"{name}.log"), *self.extra, *extra,
             ],
         )  # fmt: skip
 

@@ -3,6 +3,7 @@
     python faust_worker.py --bootstrap HOST:PORT --app APP --topic TOPIC --partitions N
         --datadir DIR --port PORT [--standbys 1] [--assignor ours|faust] [--log FILE]
         [--stateless] [--scheme kafka|streamassign] [--store memory://|rocksdb://]
+        [--extra-topic TOPIC]
 
 The agent adds each record's value (a JSON int, JSON-encoded str key) to ``counts[key]``, a
 table with a changelog (in memory, or in RocksDB with ``--store rocksdb://``).
@@ -78,6 +79,14 @@ def build(args: argparse.Namespace) -> faust.App:
         value_serializer="json",
     )
     recovered = [0]
+    if args.extra_topic:  # a newer version of the app: one more topic, one more table
+        seen = app.Table("seen", default=int, key_type=str, value_type=int)
+
+        @app.agent(app.topic(args.extra_topic, partitions=args.partitions))
+        async def extra(stream: Any) -> None:
+            async for key, _value in stream.items():
+                seen[str(key)] += 1
+
     if args.stateless:
 
         @app.agent(topic)
@@ -147,6 +156,7 @@ def main() -> None:
     parser.add_argument("--stateless", action="store_true", help="no table: a plain agent")
     parser.add_argument("--scheme", default="kafka", help="broker URL scheme (transport)")
     parser.add_argument("--store", default="memory://", help="table store: memory:// or rocksdb://")
+    parser.add_argument("--extra-topic", help="also read this topic into a table (a newer version)")
     args = parser.parse_args()
     app = build(args)
     worker = faust.Worker(

@@ -111,3 +111,40 @@ def test_stateless_app_uses_our_assignor_through_the_transport(
         assert sorted(len(s["source"]) for s in state.values()) == [3, 3]
     finally:
         c.close()
+
+
+def test_workers_of_two_app_versions_share_the_group(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+) -> None:
+    """A deploy in progress: the leader runs the old version; two workers of the new one read one
+    more topic into one more table. With Faust's assignor the new workers' coordinators die on
+    an assert (the leader does not know the new changelog, so it leaves out its standbys); ours
+    recognises the changelog by its name, gives each topic to its readers only, places the new
+    table's standbys, and every worker keeps running."""
+    topic = kafka_topic_factory(PARTITIONS, prefix="faust-v1")
+    refunds = kafka_topic_factory(PARTITIONS, prefix="faust-v2")
+    app = kafka_group_id_factory("faust-versions")
+    seen = f"{app}-seen-changelog"
+    c = FaustCluster(kafka_bootstrap, app, topic, tmp_path)
+    try:
+        c.start("old")
+        c.settle()
+        c.start("new1", "--extra-topic", refunds)
+        c.start("new2", "--extra-topic", refunds)
+        c.settle()
+        states = c.states()
+        assert all(proc.proc.poll() is None for proc in c.procs.values())
+        assert not [tp for tp in states["old"]["actives"] if tp[0] in (refunds, seen)]
+        new = [states[n] for n in ("new1", "new2")]
+        assert sorted(p for s in new for t, p in s["actives"] if t == refunds) == list(
+            range(PARTITIONS)
+        )
+        for s in new:  # the new table's standbys: on the other new worker
+            active = {p for t, p in s["actives"] if t == seen}
+            standby = {p for t, p in s["standbys"] if t == seen}
+            assert active | standby == set(range(PARTITIONS)) and not active & standby
+    finally:
+        c.close()
