@@ -3,9 +3,11 @@
 The application sums integer values per key: source topic ``--source``, store ``totals``
 (value ``b"<count>,<sum>"``), so the expected final table is computable from what was
 produced. Prints JSON lines: ``restore`` for every restore of an active task, ``status`` twice a
-second (tasks, processed and skipped counts), and on SIGTERM ``table`` per active task (its
-store content) before a clean stop. SIGUSR1 requests the shutdown of the whole application
-(every process then dumps its tables and stops). SIGKILL is a crash.
+second (tasks, processed and skipped counts, wall time ``t``), and on SIGTERM ``table`` per
+active task (its store content) before a clean stop. SIGUSR1 requests the shutdown of the whole
+application (every process then dumps its tables and stops). SIGKILL is a crash. ``--ha`` turns
+the high-availability assignor on (``--probing-ms``, ``--lag``, ``--warmups``); status lines
+also list the warmups (``warmup``, a subset of ``standby``) and the rebalances seen.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import logging
 import signal
 import sys
+import time
 
 from streamassign import Subtopology, Topology
 from streamassign.runtime import App, Record, TaskContext
@@ -44,6 +47,11 @@ async def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--standbys", type=int, default=1)
     ap.add_argument("--store", default="rocksdb")
+    ap.add_argument("--ha", action="store_true")
+    ap.add_argument("--probing-ms", type=int, default=600_000)
+    ap.add_argument("--lag", type=int, default=10_000)
+    ap.add_argument("--warmups", type=int, default=2)
+    ap.add_argument("--status-interval", type=float, default=0.5)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     topology = Topology([Subtopology(0, [args.source], stores=["totals"])], name=args.app)
@@ -56,6 +64,10 @@ async def main() -> None:
         num_standby_replicas=args.standbys,
         store_kind=args.store,
         commit_interval_ms=200,
+        high_availability=args.ha,
+        acceptable_recovery_lag=args.lag,
+        max_warmup_replicas=args.warmups,
+        probing_rebalance_interval_ms=args.probing_ms,
         consumer_config={
             "session_timeout_ms": 3000,
             "heartbeat_interval_ms": 500,
@@ -82,6 +94,8 @@ async def main() -> None:
                     source=event.source,
                     start=event.start,
                     records=event.records,
+                    seconds=event.seconds,
+                    t=time.time(),
                 )
             reported = len(app.restore_events)
             emit(
@@ -90,9 +104,14 @@ async def main() -> None:
                 standby=sorted(map(str, app.standby_tasks)),
                 processed=app.processed,
                 skipped=app.skipped,
+                warmup=sorted(
+                    str(t) for i in range(args.threads) for t in app.host.tasks(i).warmup
+                ),
+                rebalances=app.host.rebalances,
+                t=time.time(),
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.5)
+                await asyncio.wait_for(stop.wait(), args.status_interval)
         for task in sorted(app.active_tasks):
             items = {k.decode(): v.decode() for k, v in app.table(task, "totals").items()}
             emit(event="table", task=str(task), items=items)

@@ -50,12 +50,14 @@ def expected_table(total: int) -> dict[str, str]:
 
 
 class Feeder(threading.Thread):
-    """Produces records ``0 .. total-1`` in chunks (key ``key_of(i)``, value ``i % 100``)."""
+    """Produces records ``first .. total-1`` in chunks (key ``key_of(i)``, value ``i % 100``)."""
 
-    def __init__(self, bootstrap: str, topic: str, total: int, chunk: int, pause: float) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, total: int, chunk: int, pause: float, first: int = 0
+    ) -> None:
         super().__init__(daemon=True)
         self.bootstrap, self.topic = bootstrap, topic
-        self.total, self.chunk, self.pause = total, chunk, pause
+        self.total, self.chunk, self.pause, self.first = total, chunk, pause, first
         self.acked = 0
         self.error: BaseException | None = None
 
@@ -71,7 +73,7 @@ class Feeder(threading.Thread):
         )
         await producer.start()
         try:
-            for start in range(0, self.total, self.chunk):
+            for start in range(self.first, self.total, self.chunk):
                 futures = [
                     await producer.send(self.topic, str(i % 100).encode(), key=key_of(i).encode())
                     for i in range(start, min(start + self.chunk, self.total))
@@ -94,6 +96,8 @@ class Runtime:
     def __init__(self, bootstrap: str, app: str, source: str, tmp: Path) -> None:
         self.bootstrap, self.app, self.source, self.tmp = bootstrap, app, source, tmp
         self.procs: dict[str, JsonLinesProcess] = {}
+        #: More worker options, for every process started from now on.
+        self.args: list[str] = []
 
     def start(self, name: str, state: str | None = None) -> None:
         self.procs[name] = JsonLinesProcess(
@@ -103,6 +107,7 @@ class Runtime:
                 "--app", self.app,
                 "--source", self.source,
                 "--state-dir", str(self.tmp / (state or name)),
+                *self.args,
             ],
         )  # fmt: skip
 
