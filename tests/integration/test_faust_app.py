@@ -76,6 +76,10 @@ def test_faust_app_kill_restart_scale(cluster: FaustCluster, kafka_bootstrap: st
     for name, s in state.items():
         shown = cluster.get(name, "/stats/assignment/")["actives"][cluster.topic]
         assert sorted(shown) == sorted(partitions(s["source"]))
+    # Faust's leader election (@app.timer(on_leader=True)) rides on a one-partition topic.
+    leader_topic = f"{cluster.app}-__assignor-__leader"
+    leaders = [n for n, s in cluster.states().items() if [leader_topic, 0] in s["actives"]]
+    assert len(leaders) == 1, leaders
     routes = cluster.get("w3", "/router/")
     assert sorted(p for r in routes.values() for p in r.get(cluster.changelog, [])) == list(
         range(PARTITIONS)
