@@ -244,8 +244,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self._actives = from_tasks | full_copy
         standbys = set(kafka - from_tasks)
         for table in self._tables():
-            if table.is_global and (
-                table.synchronize_all_active_partitions or table.use_partitioner
+            if table.is_global and (  # attributes of newer faust-streaming releases
+                getattr(table, "synchronize_all_active_partitions", False)
+                or getattr(table, "use_partitioner", False)
             ):
                 topic = table.changelog_topic.get_topic_name()
                 standbys.update(tp for tp in kafka if tp.topic == topic)

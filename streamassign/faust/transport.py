@@ -20,8 +20,9 @@ log = logging.getLogger("streamassign.faust")
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
+    def _create_worker_consumer(self, *args: Any, **kwargs: Any) -> Any:
+        # (transport) in faust-streaming 0.15, (transport, loop) in older releases.
+        consumer = super()._create_worker_consumer(*args, **kwargs)
         assignor = self.app.assignor
         if self._assignor is not assignor:  # Faust picked round robin: the app has no tables
             # aiokafka reads the strategy list when the consumer starts, which is after this.
