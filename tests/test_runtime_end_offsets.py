@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.protocol import SubscriptionInfo
+from streamassign.runtime import App
 from streamassign.runtime.end_offsets import EndOffsetsCache, changelog_partitions
 from streamassign.streams import MemberSubscription, client_states
 
@@ -167,3 +169,36 @@ def test_the_leader_measures_a_task_without_end_offsets_against_the_best_copy() 
     lags = {c.process_id: dict(c.lags) for c in clients}
     assert lags["00000000-0000-0000-0000-000000000001"] == {t0: 4900, t1: 800}
     assert lags["00000000-0000-0000-0000-000000000002"] == {t1: 0}
+
+
+class Nothing:
+    async def process(self, ctx: object, record: object) -> None: ...
+
+
+def test_the_app_leads_with_the_cache_only_when_high_availability_is_on(tmp_path: Path) -> None:
+    on = App(
+        TOPOLOGY,
+        dict.fromkeys((0, 1, 2), Nothing),
+        bootstrap_servers="x:1",
+        state_dir=tmp_path / "on",
+        high_availability=True,
+        acceptable_recovery_lag=500,
+        probing_rebalance_interval_ms=3000,
+    )
+    assert isinstance(on.end_offsets, EndOffsetsCache)
+    assert on.host.end_offsets is on.end_offsets
+    assert (on.host.high_availability, on.host.acceptable_recovery_lag) == (True, 500)
+    assert on.host.probing_rebalance_interval_ms == 3000
+    off = App(
+        TOPOLOGY, dict.fromkeys((0, 1, 2), Nothing), bootstrap_servers="x:1", state_dir=tmp_path
+    )
+    assert off.end_offsets is None and off.host.end_offsets is None
+    with pytest.raises(ValueError, match="max_warmup_replicas"):
+        App(
+            TOPOLOGY,
+            dict.fromkeys((0, 1, 2), Nothing),
+            bootstrap_servers="x:1",
+            state_dir=tmp_path / "bad",
+            high_availability=True,
+            max_warmup_replicas=0,
+        )

@@ -51,6 +51,8 @@ class JoinOutcome:
     #: (its processing downtime), and the same for the flow before the join.
     downtime: float
     steady_gap: float
+    #: The changelog end offsets (summed per task) the newcomer last had cached (HA only).
+    end_offsets: dict[str, int] | None
     #: Tables dumped by the processes at the end equal the expected ones.
     exact: bool
 
@@ -123,6 +125,7 @@ def run_join(
         balanced_after=balanced_at - joined,
         downtime=_longest_gap(times, joined, balanced_at + 1.0),
         steady_gap=_longest_gap(times, joined - BEFORE_JOIN + 0.5, joined),
+        end_offsets=newcomer[-1]["ends"],
         exact=dumped == expected_table(total),
     )
 

@@ -7,7 +7,8 @@ second (tasks, processed and skipped counts, wall time ``t``), and on SIGTERM ``
 active task (its store content) before a clean stop. SIGUSR1 requests the shutdown of the whole
 application (every process then dumps its tables and stops). SIGKILL is a crash. ``--ha`` turns
 the high-availability assignor on (``--probing-ms``, ``--lag``, ``--warmups``); status lines
-also list the warmups (``warmup``, a subset of ``standby``) and the rebalances seen.
+also list the warmups (``warmup``, a subset of ``standby``), the rebalances seen and the
+changelog end offsets the process would lead with (``ends``, HA only).
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ async def main() -> None:
                     str(t) for i in range(args.threads) for t in app.host.tasks(i).warmup
                 ),
                 rebalances=app.host.rebalances,
+                ends={str(t): e for t, e in app.end_offsets().items()} if app.end_offsets else None,
                 t=time.time(),
             )
             with contextlib.suppress(TimeoutError):

@@ -52,13 +52,19 @@ def test_a_joining_process_warms_up_then_takes_over_with_almost_nothing_to_resto
     # HA: warmups of exactly the tasks it then took, before any active; then a probing
     # rebalance nobody asked for; each takeover restores the warmup's small tail only.
     assert ha.warmups_first == ha.moved
+    # The leader's lags: every process caches every task's changelog end offsets.
+    assert ha.end_offsets is not None and sticky.end_offsets is None
+    assert set(ha.end_offsets) == {f"0_{p}" for p in range(PARTITIONS)}
+    for task in ha.moved:
+        assert ha.end_offsets[task] >= ha.changelog_at_join[task]
     assert ha.rebalances >= 2
     for task, (source, records) in ha.restores.items():
         assert source == "standby", (task, source)
         assert records <= LAG, (task, records)
         assert records * 10 < ha.changelog_at_join[task]
 
-    # Sticky: the actives at once, each restored from the changelog's start.
+    # Sticky: the actives at once, each restored from the changelog's start (the changelogs stay
+    # within one segment here, so compaction has removed nothing a full restore would read).
     assert sticky.warmups_first == frozenset()
     for task, (source, records) in sticky.restores.items():
         assert source == "cold", (task, source)
