@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -175,12 +176,14 @@ class Nothing:
     async def process(self, ctx: object, record: object) -> None: ...
 
 
+def app(state_dir: Path, **options: Any) -> App:
+    processors = dict.fromkeys((0, 1, 2), Nothing)
+    return App(TOPOLOGY, processors, bootstrap_servers="x:1", state_dir=state_dir, **options)
+
+
 def test_the_app_leads_with_the_cache_only_when_high_availability_is_on(tmp_path: Path) -> None:
-    on = App(
-        TOPOLOGY,
-        dict.fromkeys((0, 1, 2), Nothing),
-        bootstrap_servers="x:1",
-        state_dir=tmp_path / "on",
+    on = app(
+        tmp_path / "on",
         high_availability=True,
         acceptable_recovery_lag=500,
         probing_rebalance_interval_ms=3000,
@@ -189,16 +192,7 @@ def test_the_app_leads_with_the_cache_only_when_high_availability_is_on(tmp_path
     assert on.host.end_offsets is on.end_offsets
     assert (on.host.high_availability, on.host.acceptable_recovery_lag) == (True, 500)
     assert on.host.probing_rebalance_interval_ms == 3000
-    off = App(
-        TOPOLOGY, dict.fromkeys((0, 1, 2), Nothing), bootstrap_servers="x:1", state_dir=tmp_path
-    )
+    off = app(tmp_path / "off")
     assert off.end_offsets is None and off.host.end_offsets is None
     with pytest.raises(ValueError, match="max_warmup_replicas"):
-        App(
-            TOPOLOGY,
-            dict.fromkeys((0, 1, 2), Nothing),
-            bootstrap_servers="x:1",
-            state_dir=tmp_path / "bad",
-            high_availability=True,
-            max_warmup_replicas=0,
-        )
+        app(tmp_path / "bad", high_availability=True, max_warmup_replicas=0)
