@@ -23,8 +23,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streamassign import TopicPartition
-from streamassign.runtime import MemoryStore, StoreState
+from streamassign import Subtopology, TopicPartition, Topology
+from streamassign.errors import MissingTopicsError
+from streamassign.runtime import InternalTopicError, MemoryStore, StoreState, ensure_internal_topics
 
 from .conftest import GroupIdFactory, TopicFactory
 from .procs import JsonLinesProcess
@@ -299,3 +300,49 @@ def test_rolling_restart_returns_tasks_without_full_restores(runtime: Runtime) -
         merged.update(tables(proc))
     runtime.procs.clear()
     assert merged == expected_table(total)
+
+
+def test_internal_topics_created_or_refused_with_a_typed_error(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory, kafka_group_id_factory: GroupIdFactory
+) -> None:
+    sentences = kafka_topic_factory(3, prefix="sentences")
+    app = kafka_group_id_factory("internal")
+    words = f"{app}-words"
+    topology = Topology(
+        [
+            Subtopology(0, [sentences], sink_topics=[words]),
+            Subtopology(1, [words], stores=["counts"]),
+        ],
+        repartition_topics={words: None},
+        name=app,
+    )
+    counts = asyncio.run(ensure_internal_topics(topology, kafka_bootstrap))
+    assert counts == {words: 3, f"{app}-counts-changelog": 3}
+
+    async def partitions() -> dict[str, int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            return {
+                t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(list(counts))
+            }
+        finally:
+            await admin.close()
+
+    assert asyncio.run(partitions()) == counts
+    assert asyncio.run(ensure_internal_topics(topology, kafka_bootstrap)) == counts  # idempotent
+
+    grown = kafka_topic_factory(5, prefix="sentences")  # the same app reading a wider topic
+    wider = Topology(
+        [
+            Subtopology(0, [grown], sink_topics=[words]),
+            Subtopology(1, [words], stores=["counts"]),
+        ],
+        repartition_topics={words: None},
+        name=app,
+    )
+    with pytest.raises(InternalTopicError, match="has 3, needs 5"):
+        asyncio.run(ensure_internal_topics(wider, kafka_bootstrap))
+    missing = Topology([Subtopology(0, [f"{app}-absent"])], name=app)
+    with pytest.raises(MissingTopicsError):
+        asyncio.run(ensure_internal_topics(missing, kafka_bootstrap))
