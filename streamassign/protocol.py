@@ -16,7 +16,8 @@ directory: thread stickiness, and which tasks a restarted process ran), a join n
 every join, so a rejoin with otherwise identical metadata still rebalances), an error code.
 Assignment: error code, next rebalance (``NEVER``, ``NOW`` or a wall-clock time in ms), the
 member's active and standby tasks, the topic dictionary and host maps (endpoint -> tasks, for
-actives and for standbys).
+actives and for standbys); the dictionary is sent whenever it is not empty, also without host
+maps (a section without hosts).
 
 Version 2 appends — subscription: rack, client tags. Assignment: warmup tasks.
 
@@ -338,7 +339,9 @@ class AssignmentInfo:
         w.sint(self.next_rebalance_ms)
         w.tasks(self.active)
         w.tasks(self.standby)
-        if self.active_by_host or self.standby_by_host:
+        if self.active_by_host or self.standby_by_host or self.topics:
+            # The dictionary travels even without host maps: members map their own tasks
+            # with it (same format: a section with no hosts reads as such in every version).
             section = zlib.compress(self._host_section(), 9)
             w.uint(len(section))
             w.buf += section

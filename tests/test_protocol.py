@@ -77,7 +77,7 @@ def assignments(draw: st.DrawFn) -> AssignmentInfo:
         warmup=draw(task_sets) if version >= 2 else frozenset(),
         active_by_host={h: frozenset(ts) for h, ts in active.items()},
         standby_by_host={h: frozenset(ts) for h, ts in standby.items()},
-        topics=topics if active or standby else {},
+        topics=topics,
         error_code=draw(codes),
         next_rebalance_ms=draw(st.integers(-1, 2**50)),
         version=version,
@@ -195,3 +195,15 @@ def test_unknown_error_code_from_a_newer_peer_is_still_an_error() -> None:
 def test_typed_errors_say_what_is_wrong(data: bytes, message: str) -> None:
     with pytest.raises(ProtocolError, match=message):
         SubscriptionInfo.decode(data)
+
+
+def test_the_topic_dictionary_travels_without_host_maps() -> None:
+    """Members without endpoints get no host maps, but still need the dictionary to turn their
+    own tasks into partitions."""
+    info = AssignmentInfo(
+        active=frozenset({TaskId(3, 1)}), topics={3: {"orders": 4, "app-t-changelog": 4}}
+    )
+    seen = AssignmentInfo.decode(info.encode())
+    assert seen.topics == info.topics
+    assert (seen.active_by_host, seen.standby_by_host) == ({}, {})
+    assert AssignmentInfo.decode(info.encode(), max_version=1).topics == info.topics
