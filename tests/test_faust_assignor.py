@@ -4,6 +4,7 @@ The broker test with worker processes is tests/integration/test_faust_app.py."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,12 @@ from aiokafka.coordinator.protocol import (
 )
 from faust.types import TP
 
+from streamassign import TaskId
+from streamassign.errors import ErrorCode
 from streamassign.faust import CAPACITY_ENV, PartitionAssignor
-from streamassign.faust.leader import CAPACITY_TAG
-from streamassign.protocol import SubscriptionInfo
+from streamassign.faust.leader import CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANGELOGS_TAG
+from streamassign.localstate import StateDirectory
+from streamassign.protocol import AssignmentInfo, SubscriptionInfo
 
 APP = "shop"
 SRC = "orders"
@@ -38,13 +42,19 @@ class Cluster:
         return set(range(n)) if n else None
 
 
-def make_app(datadir: Path, port: int) -> faust.App:
+def make_app(
+    datadir: Path,
+    port: int,
+    store: str = "memory://",
+    assignor: str | type[PartitionAssignor] = "streamassign.faust:PartitionAssignor",
+) -> faust.App:
     app = faust.App(
         APP,
         broker="kafka://localhost:1",
         datadir=str(datadir),
+        store=store,
         canonical_url=f"http://127.0.0.1:{port}",
-        PartitionAssignor="streamassign.faust:PartitionAssignor",
+        PartitionAssignor=assignor,
         table_standby_replicas=1,
         topic_partitions=6,
     )
@@ -90,36 +100,60 @@ def test_the_setting_picks_our_assignor(workers: dict[str, PartitionAssignor]) -
     assert assignor.name == "streamassign-faust"
 
 
-def test_round_trip_serves_tables_router_and_views(workers: dict[str, PartitionAssignor]) -> None:
+def url(i: int) -> str:
+    return f"http://127.0.0.1:{7000 + i}"
+
+
+def key_partition_by_first_byte(app: faust.App, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Faust's producer hashes keys with cluster metadata it only has when connected; here a
+    key's partition is its first byte (key_store's own work is what the tests check)."""
+    monkeypatch.setattr(app.producer, "key_partition", lambda topic, key: TP(topic, key[0]))
+
+
+def test_round_trip_serves_tables_router_and_views(
+    workers: dict[str, PartitionAssignor], monkeypatch: pytest.MonkeyPatch
+) -> None:
     result = rebalance(workers)
     actives = [tps(a.assigned_actives(), SRC) for a in workers.values()]
     assert sorted(p for ps in actives for p in ps) == list(range(6))
     assert all(len(ps) == 2 for ps in actives)
     for m, a in workers.items():
         kafka = {TP(t, p) for t, ps in result[m].assignment for p in ps}
-        assert a.assigned_actives() | a.assigned_standbys() == kafka
+        assert a.assigned_actives() <= kafka and a.assigned_standbys() <= kafka
+        # Only a global table's partitions are both (as Faust does: recovered, and followed).
+        assert {tp.topic for tp in a.assigned_actives() & a.assigned_standbys()} <= {GLOBAL_CL}
         # Changelog partitions follow their source partitions; standbys only of changelogs.
         assert tps(a.assigned_actives(), CL) == tps(a.assigned_actives(), SRC)
         assert {tp.topic for tp in a.assigned_standbys()} <= {CL, GLOBAL_CL}
-        assert not tps(a.assigned_standbys(), CL) & tps(a.assigned_actives(), CL)
         # A global table is kept whole on every worker.
         assert tps(a.assigned_actives(), GLOBAL_CL) == {0, 1}
-        for tp in a.assigned_actives():
-            assert a.is_active(tp) and not (a.is_standby(tp) and tp.topic == SRC)
         assert a.group_for_topic(SRC) == a.group_for_topic(CL)
-    # Every changelog partition has exactly one standby, elsewhere.
-    standbys = sorted(p for a in workers.values() for p in tps(a.assigned_standbys(), CL))
-    assert standbys == list(range(6))
+    # Every source and changelog partition is active on exactly one worker; every changelog
+    # partition is a standby on exactly one other worker; sources are never standbys.
+    for p in range(6):
+        assert sum(a.is_active(TP(SRC, p)) for a in workers.values()) == 1
+        active_on = [m for m, a in workers.items() if a.is_active(TP(CL, p))]
+        standby_on = [m for m, a in workers.items() if a.is_standby(TP(CL, p))]
+        assert len(active_on) == len(standby_on) == 1 and active_on != standby_on
+        assert not any(a.is_standby(TP(SRC, p)) for a in workers.values())
 
     a = workers["m1"]
     tables = a.tables_metadata()
-    assert set(tables) == {f"http://127.0.0.1:{7000 + i}" for i in range(3)}
+    assert set(tables) == {url(i) for i in range(3)}
     for i, w in enumerate(workers.values()):
-        assert set(tables[f"http://127.0.0.1:{7000 + i}"][CL]) == tps(w.assigned_actives(), CL)
+        assert set(tables[url(i)][CL]) == tps(w.assigned_actives(), CL)
     assert all(set(v) == {CL} for v in a.table_metadata(CL).values())
     external = a.external_topics_metadata()
     assert sorted(p for v in external.values() for p in v.get(SRC, [])) == list(range(6))
-    assert a._tps_url[TP(CL, 0)] in tables  # what key_store answers for a key of partition 0
+    # The router: a key's table partition (and topic partition) is served by its active worker.
+    key_partition_by_first_byte(a.app, monkeypatch)
+    owner = {
+        p: url(i) for i, w in enumerate(workers.values()) for p in tps(w.assigned_actives(), SRC)
+    }
+    for p in range(6):
+        assert str(a.key_store(CL, bytes([p]))) == owner[p]
+        assert str(a.external_key_store(SRC, bytes([p]))) == owner[p]
+    assert str(a.key_store(GLOBAL_CL, b"\x00")) == url(1)  # a global table: ask yourself
 
 
 def test_restart_reports_what_the_worker_ran(
@@ -167,9 +201,24 @@ def test_capacity_from_the_environment(
 ) -> None:
     monkeypatch.setenv(CAPACITY_ENV, "2")
     info = SubscriptionInfo.decode(workers["m0"].metadata({SRC}).user_data)
-    assert info.client_tags == {CAPACITY_TAG: "2"}
+    assert info.client_tags[CAPACITY_TAG] == "2"
     monkeypatch.setenv(CAPACITY_ENV, "0")
-    assert not SubscriptionInfo.decode(workers["m0"].metadata({SRC}).user_data).client_tags
+    info = SubscriptionInfo.decode(workers["m0"].metadata({SRC}).user_data)
+    assert CAPACITY_TAG not in info.client_tags
+
+
+@pytest.mark.parametrize(
+    ("capacity", "error"), [(0, ValueError), (-1, ValueError), ("2", TypeError)]
+)
+def test_a_bad_capacity_on_a_subclass_stops_the_app_at_start(
+    tmp_path: Path, capacity: object, error: type[Exception]
+) -> None:
+    class Bad(PartitionAssignor):
+        pass
+
+    Bad.capacity = capacity  # type: ignore[assignment]
+    with pytest.raises(error, match="capacity"):
+        _ = make_app(tmp_path, 7000, assignor=Bad).assignor
 
 
 def test_capacity_weights_the_share(workers: dict[str, PartitionAssignor]) -> None:
@@ -196,3 +245,179 @@ def test_a_stateless_app(tmp_path: Path) -> None:
     rebalance(assignors, counts={"clicks": 5})
     assert sorted(len(a.assigned_actives()) for a in assignors.values()) == [2, 3]
     assert all(not a.assigned_standbys() for a in assignors.values())
+
+
+def state_file(app: faust.App) -> Path:
+    return Path(app.conf.appdir) / "streamassign" / "faust-assignment.json"
+
+
+def reported(assignor: PartitionAssignor) -> SubscriptionInfo:
+    return SubscriptionInfo.decode(assignor.metadata(set(COUNTS)).user_data)
+
+
+def test_restart_reports_rocksdb_offsets_without_touching_faust_handles(tmp_path: Path) -> None:
+    """After a restart the worker reports the offsets its RocksDB table persisted, read through
+    private read-only handles: Faust's own store opens nothing (a handle the consumer thread
+    put there would leak, and hold RocksDB's lock)."""
+    first = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    before = first.assignor
+    rebalance({"m0": before}, counts={SRC: 6, CL: 6})
+    ran = before.info.active
+    store = first.tables["totals"].data
+    for t in ran:
+        store.set_persisted_offset(TP(CL, t.partition), 100 + t.partition)
+    for db in store._dbs.values():  # what Faust does when the worker stops
+        db.close()
+    store._dbs.clear()
+    asyncio.run(first.on_before_shutdown.send())  # releases the state directory
+
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    info = reported(app.assignor)
+    assert info.previous_active == ran
+    assert info.offset_sums == {t: 100 + t.partition for t in ran}
+    assert app.tables["totals"].data._dbs == {}
+    # While Faust's main thread has a database open (read-write), it is still read.
+    t = min(ran)
+    app.tables["totals"].data.set_persisted_offset(TP(CL, t.partition), 7)
+    assert reported(app.assignor).offset_sums[t] == 7
+    assert set(app.tables["totals"].data._dbs) == {t.partition}
+
+
+def test_the_state_directory_is_released_when_the_app_stops(tmp_path: Path) -> None:
+    app = make_app(tmp_path / "w0", 7000)
+    app.assignor.metadata({SRC})
+    asyncio.run(app.on_before_shutdown.send())
+    StateDirectory(Path(app.conf.appdir) / "streamassign").close()  # not locked any more
+
+
+def test_a_failed_assignment_keeps_history_and_groups(
+    workers: dict[str, PartitionAssignor],
+) -> None:
+    """A failed (or unreadable) assignment runs Kafka's partitions but forgets nothing: the next
+    join reports what the worker ran, and ``group_for_topic`` keeps answering."""
+    rebalance(workers)
+    a = workers["m0"]
+    ran, group = a.info.active, a.group_for_topic(SRC)
+    saved = state_file(a.app).read_text()
+    for user_data in (
+        AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR).encode(),
+        b"not ours",
+    ):
+        a.on_assignment(ConsumerProtocolMemberAssignment(0, [(SRC, [0, 1])], user_data))
+        assert a.assigned_actives() == {TP(SRC, 0), TP(SRC, 1)}
+        assert a.assigned_standbys() == set()
+        assert a.group_for_topic(SRC) == group
+        info = reported(a)
+        assert info.previous_active == ran
+        assert info.running == ran
+        assert state_file(a.app).read_text() == saved
+
+
+def test_an_assignment_without_its_topic_dictionary_is_an_error(
+    workers: dict[str, PartitionAssignor],
+) -> None:
+    """An older leader dropped the dictionary when no member had an endpoint: the member
+    cannot map its tasks, so it runs Kafka's partitions and rejoins (never runs nothing)."""
+    a = workers["m0"]
+    data = AssignmentInfo(active=frozenset({TaskId(0, 1)})).encode()
+    a.on_assignment(ConsumerProtocolMemberAssignment(0, [(SRC, [1])], data))
+    assert a.assigned_actives() == {TP(SRC, 1)}
+    assert a.rejoiner.failures == 1
+
+
+def test_an_unreadable_state_file_is_no_crash(tmp_path: Path) -> None:
+    first = make_app(tmp_path / "w0", 7000)
+    pid = reported(first.assignor).process_id
+    asyncio.run(first.on_before_shutdown.send())
+    state_file(first).mkdir()  # IsADirectoryError when read
+    app = make_app(tmp_path / "w0", 7000)
+    info = reported(app.assignor)
+    assert info.process_id == pid and not info.previous_active
+
+
+def test_metadata_never_raises(
+    workers: dict[str, PartitionAssignor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiokafka's coordinator dies on an exception from ``metadata``: any error joins the worker
+    without history instead (same process id)."""
+    rebalance(workers)
+    a = workers["m0"]
+    pid = a._process_id
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(a, "_standby_offset_sum", broken)
+    monkeypatch.setattr(a, "_disk_offset_sum", broken)
+    info = reported(a)
+    assert info.process_id == pid and not info.offset_sums
+
+
+def test_web_views_never_see_half_an_assignment(tmp_path: Path) -> None:
+    """The web server reads the views from another thread while a rebalance replaces them:
+    whatever it reads mid-rebalance is one whole assignment (here: read at the moment the
+    assignor looks at the app's tables, in the middle of building the new views)."""
+    seen: list[tuple[set[int], set[int]]] = []
+
+    class Watched(PartitionAssignor):
+        watching = False
+
+        def _tables(self) -> list[Any]:
+            if self.watching:
+                mine = self.tables_metadata().get(url(0), {})
+                seen.append((tps(self.assigned_actives(), CL), set(mine.get(CL, ()))))
+            return super()._tables()
+
+    watched = make_app(tmp_path / "w0", 7000, assignor=Watched).assignor
+    assert isinstance(watched, Watched)
+    watched.watching = True
+    others = {f"m{i}": make_app(tmp_path / f"w{i}", 7000 + i).assignor for i in (1, 2)}
+    rebalance({"m0": watched, **others})
+    rebalance({"m0": watched, "m1": others["m1"]})
+    assert seen and all(actives == routed for actives, routed in seen), seen
+
+
+def test_members_announce_changelogs_and_names_are_not_guessed(
+    workers: dict[str, PartitionAssignor],
+) -> None:
+    """A source topic named like a changelog is no table (no standbys); a table only another
+    app version has is stateful because its members announce its changelog."""
+    info = reported(workers["m0"])
+    assert info.client_tags[CHANGELOGS_TAG] == ",".join(sorted([CL, GLOBAL_CL]))
+    assert info.client_tags[GLOBAL_CHANGELOGS_TAG] == GLOBAL_CL
+    plain = f"{APP}-clicks-changelog"  # a source topic, 3 partitions: a group of its own
+    rebalance(workers, counts={**COUNTS, plain: 3})
+    assert not any(tps(a.assigned_standbys(), plain) for a in workers.values())
+    assert sorted(p for a in workers.values() for p in tps(a.assigned_actives(), plain)) == [
+        0,
+        1,
+        2,
+    ]
+
+
+def test_a_table_only_the_members_have_gets_standbys(tmp_path: Path) -> None:
+    """The leader runs an app version without the ``seen`` table; the members' version has it."""
+    seen = f"{APP}-seen-changelog"
+    leader = make_app(tmp_path / "old", 7000).assignor
+    news = {}
+    for i in (1, 2):
+        app = make_app(tmp_path / f"new{i}", 7000 + i)
+        app.Table("seen", default=int, partitions=3)
+        news[f"m{i}"] = app.assignor
+    counts = {**COUNTS, seen: 3}
+    metadata = {"m0": leader.metadata(set(COUNTS))}
+    metadata.update({m: a.metadata(set(counts)) for m, a in news.items()})
+    out = leader.assign(Cluster(counts), metadata)
+    for m, a in news.items():
+        a.on_assignment(ConsumerProtocolMemberAssignment.decode(out[m]))
+    for p in range(3):
+        assert [m for m, a in news.items() if a.is_standby(TP(seen, p))] != []
+        assert sum(a.is_active(TP(seen, p)) for a in news.values()) == 1
+
+
+def test_copartition_groups_must_be_lists_of_topics(tmp_path: Path) -> None:
+    class Flat(PartitionAssignor):
+        copartition_groups = (SRC, CL)  # a typo: one level short (a str is a sequence)
+
+    with pytest.raises(TypeError, match="copartition_groups"):
+        _ = make_app(tmp_path, 7000, assignor=Flat).assignor

@@ -12,9 +12,17 @@ from hypothesis import strategies as st
 
 from streamassign import TaskId, TopicPartition
 from streamassign.errors import ErrorCode
-from streamassign.faust.leader import CAPACITY_TAG, assign_faust, faust_topology
+from streamassign.faust.leader import (
+    CAPACITY_TAG,
+    CHANGELOGS_TAG,
+    GLOBAL_CHANGELOGS_TAG,
+    assign_faust,
+    decode_member,
+    faust_topology,
+)
 from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
 from streamassign.streams import MemberAssignment, MemberSubscription
+from streamassign.topology import Topology
 
 SRC, CL = "orders", "app-totals-changelog"
 COUNTS = {SRC: 6, CL: 6}
@@ -136,10 +144,16 @@ def test_new_worker_gets_work_with_standbys_on() -> None:
 
 def test_garbage_and_old_faust_user_data_is_a_member_without_history() -> None:
     members = {f"m{i}": member(i) for i in range(2)}
-    for m, data in (("old", b'{"assignment": {"actives": {}}}'), ("junk", b"\x00\x01")):
-        members[m] = MemberSubscription(TOPICS, None)
-        with pytest.raises(ValueError):
-            SubscriptionInfo.decode(data)
+    for m, data in (
+        ("old", b'{"assignment": {"actives": {}}, "url": "http://x"}'),
+        ("junk", b"\x00\x01"),
+        ("none", None),
+    ):
+        members[m] = decode_member(m, sorted(TOPICS), data)
+        assert members[m] == MemberSubscription(TOPICS, None)
+    good = member(5)
+    assert good.info is not None
+    assert decode_member("m5", TOPICS, good.info.encode()) == good
     result = run(members)
     check_valid(result, members, COUNTS, 1)
     assert all(sources(result, m) for m in members)
@@ -259,3 +273,49 @@ def test_stateless_app_is_balanced_without_standbys() -> None:
 
 def test_no_members() -> None:
     assert assign_faust({}, COUNTS) == {}
+
+
+def groups_of(topology: Topology) -> list[list[str]]:
+    return sorted(sorted(topology.subtopology(s).source_topics) for s in topology.subtopology_ids)
+
+
+def test_declared_groups_never_part_a_table_from_its_source() -> None:
+    """A changelog left out of the declared groups (or declared with changelogs only) would
+    drift apart from its source: Faust's rule instead (logged)."""
+    subs = {"a": {SRC, CL, "clicks"}}
+    counts = {SRC: 6, CL: 6, "clicks": 6}
+    faust_style = faust_topology(subs, counts)
+    for declared in ([[SRC, "clicks"]], [[SRC], [CL]], [[CL, "other-changelog"]]):
+        assert faust_topology(subs, counts, declared, {CL, "other-changelog"}) == faust_style
+    kept = faust_topology(subs, counts, [[SRC, CL]], {CL})
+    assert groups_of(kept) == sorted([["clicks"], sorted([CL, SRC])])
+    members = {f"m{i}": member(i, frozenset(subs["a"])) for i in range(2)}
+    result = assign_faust(members, counts, changelog_topics={CL}, copartition_groups=[[SRC]])
+    dictionary = result["m0"].info.topics
+    assert [set(ts) >= {SRC, CL} for ts in dictionary.values() if CL in ts] == [True]
+
+
+@pytest.mark.parametrize("groups", [[SRC, CL], SRC, [[SRC, 3]]])
+def test_copartition_groups_must_be_lists_of_topic_names(groups: object) -> None:
+    with pytest.raises(TypeError, match="copartition_groups"):
+        faust_topology({"a": TOPICS}, COUNTS, groups)  # type: ignore[arg-type]
+
+
+def test_members_announce_their_changelogs() -> None:
+    """The leader's app lacks a table (an older version): the members' announcement makes its
+    changelog stateful (standbys), and a global changelog goes whole to every subscriber."""
+    new_cl, glob = "app-seen-changelog", "app-rates-changelog"
+    topics = frozenset({SRC, new_cl, glob})
+    tags = {CHANGELOGS_TAG: f"{glob},{new_cl}", GLOBAL_CHANGELOGS_TAG: glob, "zone": "a"}
+    members = {f"m{i}": member(i, topics, tags=tags) for i in range(3)}
+    counts = {SRC: 6, new_cl: 6, glob: 2}
+    result = assign_faust(members, counts, num_standby_replicas=1)  # the leader knows nothing
+    for p in range(6):
+        holders = [m for m in members if p in sources(result, m, new_cl)]
+        assert len(holders) == 2  # the active and one standby
+    for m in members:
+        assert sources(result, m, glob) == {0, 1}
+    plain = assign_faust(
+        {m: member(i, topics) for i, m in enumerate(members)}, counts, num_standby_replicas=1
+    )
+    assert not any(r.info.standby for r in plain.values())  # no announcement: nothing stateful

@@ -15,6 +15,7 @@ the offsets its on-disk (rocksdb) tables hold, so it gets its partitions back.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import logging
@@ -25,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import attrs
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
@@ -46,8 +48,14 @@ from ..protocol import (
     ProtocolError,
     SubscriptionInfo,
 )
-from ..streams import MemberSubscription
-from .leader import CAPACITY_TAG, assign_faust
+from .leader import (
+    CAPACITY_TAG,
+    CHANGELOGS_TAG,
+    GLOBAL_CHANGELOGS_TAG,
+    assign_faust,
+    check_copartition_groups,
+    decode_member,
+)
 
 __all__ = ["CAPACITY_ENV", "PROTOCOL_NAME", "PartitionAssignor"]
 
@@ -60,12 +68,30 @@ CAPACITY_ENV = "STREAMASSIGN_CAPACITY"
 
 _STATE_FILE = "faust-assignment.json"
 
+#: Key under which Faust's RocksDB store keeps a partition's persisted changelog offset.
+_OFFSET_KEY = b"__faust\0offset__"
+
+
+@attrs.frozen
+class _View:
+    """Everything Faust's tables, router and web views read of the assignment, swapped in one
+    assignment (the web server reads it from another thread)."""
+
+    actives: frozenset[TP] = frozenset()
+    standbys: frozenset[TP] = frozenset()
+    topic_groups: Mapping[str, int] = attrs.field(factory=dict)
+    tps_url: Mapping[TP, str] = attrs.field(factory=dict)
+    external_tps_url: Mapping[TP, str] = attrs.field(factory=dict)
+    changelog_distribution: HostToPartitionMap = attrs.field(factory=dict)
+    external_topic_distribution: HostToPartitionMap = attrs.field(factory=dict)
+
 
 class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type: ignore[misc]
     """Kafka Streams-style assignment for a Faust app (see the module docstring).
 
     Subclass to declare co-partition groups (``copartition_groups``: only those topics are
-    co-partitioned; default: Faust's rule) or a fixed ``capacity``.
+    co-partitioned; default: Faust's rule) or a fixed ``capacity``. Both are checked when the
+    app creates its assignor (``TypeError``/``ValueError``), not at the first rebalance.
     """
 
     #: Topics that must be co-partitioned; empty: Faust's rule (equal count, same subscribers).
@@ -74,6 +100,13 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     capacity: ClassVar[int | None] = None
 
     def __init__(self, app: Any, replicas: int = 0) -> None:
+        check_copartition_groups(self.copartition_groups)
+        if self.capacity is not None and (
+            isinstance(self.capacity, bool) or not isinstance(self.capacity, int)
+        ):
+            raise TypeError(f"capacity must be an int or None, got {self.capacity!r}")
+        if self.capacity is not None and self.capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {self.capacity}")
         self.app = app
         self.replicas = replicas
         self.rejoiner = Rejoiner()
@@ -81,10 +114,14 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self._state: StateDirectory | None = None
         self._process_id: uuid.UUID | None = None
         self._restored: AssignmentInfo | None = None
+        #: The last assignment the leader sent without error: what this worker reports and
+        #: saves. A failed or unreadable assignment never replaces it.
+        self.info = AssignmentInfo()
         self._assigned = False
-        self._apply(AssignmentInfo(), frozenset())
+        self._view = _View()
         #: Milliseconds the last leader-side ``assign`` took on this worker, if it led.
         self.last_assign_ms: float | None = None
+        app.on_before_shutdown.connect(self._on_app_stop)
 
     # -- aiokafka assignor ---------------------------------------------------------------------
 
@@ -97,6 +134,18 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         return LATEST_VERSION
 
     def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+        """This worker's subscription; never raises (aiokafka's coordinator would die): on an
+        unexpected error it joins as a member without history (logged)."""
+        try:
+            data = self._subscription().encode()
+        except Exception:
+            log.exception("cannot describe this worker's state; joining without history")
+            if self._process_id is None:
+                self._process_id = uuid.uuid4()
+            data = SubscriptionInfo(self._process_id, join_nonce=next(self._nonce)).encode()
+        return ConsumerProtocolMemberMetadata(0, sorted(topics), data)
+
+    def _subscription(self) -> SubscriptionInfo:
         self._open_state()
         restored = self._restored or AssignmentInfo()
         current = self.info if self._assigned else AssignmentInfo()
@@ -110,32 +159,34 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 offset = self._standby_offset_sum(t, topics)
             if offset is not None:
                 sums[t] = offset
-        info = SubscriptionInfo(
+        tags = {
+            CHANGELOGS_TAG: ",".join(sorted(self._changelog_topics())),
+            GLOBAL_CHANGELOGS_TAG: ",".join(sorted(self._global_changelog_topics())),
+        }
+        if c := self._capacity():
+            tags[CAPACITY_TAG] = str(c)
+        return SubscriptionInfo(
             self._process_id or uuid.uuid4(),
             endpoint=str(self.app.conf.canonical_url),
             offset_sums=sums,
             previous_active=current.active if self._assigned else restored.active,
             join_nonce=next(self._nonce),
-            client_tags={CAPACITY_TAG: str(c)} if (c := self._capacity()) else {},
+            client_tags={k: v for k, v in tags.items() if v},
         )
-        return ConsumerProtocolMemberMetadata(0, sorted(topics), info.encode())
 
     def assign(
         self, cluster: Any, member_metadata: Mapping[str, ConsumerProtocolMemberMetadata]
     ) -> dict[str, bytes]:
-        """Leader: decode every member, run ``assign_faust``, encode; never raises."""
+        """Leader: decode every member, run ``assign_faust``, encode; never raises. An
+        unexpected error answers ``ASSIGNMENT_ERROR`` to every member (see ``on_assignment``)."""
         started = time.perf_counter()
         sensors = self.app.sensors
         state = sensors.on_assignment_start(self)
         try:
-            members = {}
-            for member, meta in member_metadata.items():
-                try:
-                    info: SubscriptionInfo | None = SubscriptionInfo.decode(meta.user_data or b"")
-                except ProtocolError as exc:
-                    log.warning("member %s: %s; treating it as having no history", member, exc)
-                    info = None
-                members[member] = MemberSubscription(meta.subscription, info)
+            members = {
+                member: decode_member(member, meta.subscription, meta.user_data)
+                for member, meta in member_metadata.items()
+            }
             counts = {}
             for topic in sorted({t for m in members.values() for t in m.topics}):
                 partitions = cluster.partitions_for_topic(topic)
@@ -147,7 +198,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 members,
                 counts,
                 num_standby_replicas=self.replicas,
-                changelog_topics=self._changelog_topics(counts),
+                changelog_topics=self._changelog_topics(),
                 global_changelog_topics=self._global_changelog_topics(),
                 copartition_groups=self.copartition_groups,
             )
@@ -163,7 +214,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
         """Member: take the tasks and host maps; a bad or failed assignment never raises — the
-        worker runs what Kafka assigned it and rejoins with backoff."""
+        worker runs what Kafka assigned it, keeps its last good assignment (what it reports and
+        saves) and its topic groups, and rejoins with backoff."""
         kafka = frozenset(TP(t, p) for t, ps in assignment.assignment for p in ps)
         try:
             info = AssignmentInfo.decode(assignment.user_data or b"")
@@ -171,60 +223,74 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             log.error("unreadable assignment (%s); treating it as an assignment error", exc)
             info = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR)
         self._bind_rejoiner()
+        if info.error_code == ErrorCode.NONE and (missing := _undescribed(info)):
+            log.error(
+                "the assignment names groups %s without their topics (an older leader?); "
+                "treating it as an assignment error",
+                missing,
+            )
+            info = attrs.evolve(info, error_code=ErrorCode.ASSIGNMENT_ERROR)
         if info.error_code != ErrorCode.NONE:
-            self._apply(AssignmentInfo(), kafka, fallback=True)
+            self._view = self._fallback_view(kafka)
             delay = self.rejoiner.failed()
             log.error("the leader sent %s; rejoining in %.0f s", info.error_code.name, delay)
             return
         self.rejoiner.succeeded()
-        self._apply(info, kafka)
+        self._view = self._build_view(info, kafka)
+        self.info = info
         self._assigned = True
+        self._restored = None  # superseded: the state file now holds this assignment
         self._save()
 
     # -- what Faust asks of app.assignor -------------------------------------------------------
+    # Each reads ``self._view`` once: a rebalance on the consumer thread swaps it whole.
 
     def group_for_topic(self, topic: str) -> int:
-        return self._topic_groups[topic]
+        return self._view.topic_groups[topic]
 
     def assigned_actives(self) -> set[TP]:
-        return set(self._actives)
+        return set(self._view.actives)
 
     def assigned_standbys(self) -> set[TP]:
-        return set(self._standbys)
+        return set(self._view.standbys)
 
     def is_active(self, tp: TP) -> bool:
-        return tp in self._actives
+        return tp in self._view.actives
 
     def is_standby(self, tp: TP) -> bool:
-        return tp in self._standbys
+        return tp in self._view.standbys
 
     def key_store(self, topic: str, key: bytes) -> URL:
         """URL of the worker whose active task holds ``key`` of the table with changelog
         ``topic`` (``KeyError`` while unknown: the router answers 503)."""
         if topic in self._global_changelog_topics():
             return URL(str(self.app.conf.canonical_url))  # every worker holds a global table
-        return URL(self._tps_url[self.app.producer.key_partition(topic, key)])
+        return URL(self._view.tps_url[self.app.producer.key_partition(topic, key)])
 
     def external_key_store(self, topic: str, key: bytes) -> URL:
-        return URL(self._external_tps_url[self.app.producer.key_partition(topic, key)])
+        return URL(self._view.external_tps_url[self.app.producer.key_partition(topic, key)])
 
     def table_metadata(self, topic: str) -> HostToPartitionMap:
         return {
             host: {t: ps for t, ps in tps.items() if t == topic}
-            for host, tps in self._changelog_distribution.items()
+            for host, tps in self._view.changelog_distribution.items()
         }
 
     def tables_metadata(self) -> HostToPartitionMap:
-        return self._changelog_distribution
+        return self._view.changelog_distribution
 
     def external_topics_metadata(self) -> HostToPartitionMap:
-        return self._external_topic_distribution
+        return self._view.external_topic_distribution
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _apply(self, info: AssignmentInfo, kafka: frozenset[TP], *, fallback: bool = False) -> None:
-        """Derive Faust's views (actives, standbys, groups, host maps) from ``info``."""
-        self.info = info
+    def _fallback_view(self, kafka: frozenset[TP]) -> _View:
+        """After a failed assignment: Kafka's partitions as actives, the last good topic groups
+        and host maps (better stale routes than none; the rejoin replaces them)."""
+        return attrs.evolve(self._view, actives=kafka, standbys=frozenset())
+
+    def _build_view(self, info: AssignmentInfo, kafka: frozenset[TP]) -> _View:
+        """Faust's views (actives, standbys, groups, host maps) of a good assignment."""
         globals_ = self._global_changelog_topics()
         from_tasks = frozenset(
             TP(topic, t.partition)
@@ -232,16 +298,13 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             for topic, count in info.topics.get(t.subtopology, {}).items()
             if t.partition < count
         )
-        if fallback:
-            from_tasks = kafka
-        elif not from_tasks <= kafka:
+        if not from_tasks <= kafka:
             log.warning(
                 "tasks name partitions Kafka did not assign (%s); keeping Kafka's",
                 sorted(from_tasks - kafka)[:5],
             )
             from_tasks &= kafka
         full_copy = {tp for tp in kafka if tp.topic in globals_}
-        self._actives = from_tasks | full_copy
         standbys = set(kafka - from_tasks)
         for table in self._tables():
             if table.is_global and (  # attributes of newer faust-streaming releases
@@ -250,12 +313,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             ):
                 topic = table.changelog_topic.get_topic_name()
                 standbys.update(tp for tp in kafka if tp.topic == topic)
-        self._standbys = frozenset(standbys)
-        self._topic_groups = {
-            topic: sub for sub, topics in sorted(info.topics.items()) for topic in topics
-        }
-        changelogs = self._changelog_topics(self._topic_groups)
-        # Built aside and swapped in whole: the web server reads these from another thread.
+        changelogs = self._changelog_topics()
         tables: dict[str, dict[str, set[int]]] = {}
         external: dict[str, dict[str, set[int]]] = {}
         tps_url: dict[TP, str] = {}
@@ -270,9 +328,17 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 )
                 kind[url].setdefault(topic, set()).add(p)
                 urls[TP(topic, p)] = url
-        self._tps_url, self._external_tps_url = tps_url, external_tps_url
-        self._changelog_distribution: HostToPartitionMap = _lists(tables)
-        self._external_topic_distribution: HostToPartitionMap = _lists(external)
+        return _View(
+            actives=from_tasks | full_copy,
+            standbys=frozenset(standbys),
+            topic_groups={
+                topic: sub for sub, topics in sorted(info.topics.items()) for topic in topics
+            },
+            tps_url=tps_url,
+            external_tps_url=external_tps_url,
+            changelog_distribution=_lists(tables),
+            external_topic_distribution=_lists(external),
+        )
 
     def _tables(self) -> list[Any]:
         return list(self.app.tables.values())
@@ -280,13 +346,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def _global_changelog_topics(self) -> frozenset[str]:
         return frozenset(t.changelog_topic.get_topic_name() for t in self._tables() if t.is_global)
 
-    def _changelog_topics(self, topics: Iterable[str]) -> frozenset[str]:
-        """Changelogs of this app's tables, and topics named like one (a table another version
-        of the app has and this one does not yet)."""
-        own = set(self.app.tables.changelog_topics)
-        prefix = f"{self.app.conf.id}-"
-        own.update(t for t in topics if t.startswith(prefix) and t.endswith("-changelog"))
-        return frozenset(own)
+    def _changelog_topics(self) -> frozenset[str]:
+        """Changelogs of this app's tables (global ones included)."""
+        return frozenset(self.app.tables.changelog_topics)
 
     def _capacity(self) -> int | None:
         if self.capacity is not None:
@@ -320,6 +382,12 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self._process_id = self._state.process_id
         self._restored = _read_state(self._state.path / _STATE_FILE)
 
+    def _on_app_stop(self, sender: Any = None, **kwargs: Any) -> None:
+        """Release the state directory's lock when the app stops (``on_before_shutdown``)."""
+        state, self._state = self._state, None
+        if state is not None:
+            state.close()
+
     def _save(self) -> None:
         if self._state is None:
             return
@@ -337,23 +405,16 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             log.warning("cannot save the assignment to %s: %s", file, exc)
 
     def _disk_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
-        """Sum of the offsets this worker's on-disk tables persisted for ``task`` (rocksdb);
+        """Sum of the offsets this worker's on-disk (RocksDB) tables persisted for ``task``;
         ``None`` when it has none (in-memory tables keep nothing across a restart)."""
         found = []
         for table in self._tables():
             topic = table.changelog_topic.get_topic_name()
             if table.is_global or task.partition >= topics.get(topic, 0):
                 continue
-            path_of = getattr(table.data, "partition_path", None)
-            if path_of is None or not Path(path_of(task.partition)).exists():
-                continue
-            try:
-                offset = table.persisted_offset(TP(topic, task.partition))
-            except Exception as exc:  # a locked or corrupt store is no state to report
-                log.debug("no persisted offset for %s[%d]: %s", topic, task.partition, exc)
-                continue
+            offset = _persisted_offset(table.data, task.partition)
             if offset is not None:
-                found.append(int(offset))
+                found.append(offset)
         return sum(found) if found else None
 
     def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int:
@@ -372,6 +433,49 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             self.rejoiner.bind(consumer)
 
 
+def _undescribed(info: AssignmentInfo) -> list[int]:
+    """Groups of the member's tasks missing from the topic dictionary (it cannot map them)."""
+    return sorted({t.subtopology for t in info.active | info.standby} - set(info.topics))
+
+
+def _persisted_offset(store: Any, partition: int) -> int | None:
+    """The changelog offset Faust's RocksDB ``store`` persisted for ``partition``, read through
+    a private read-only handle that is closed right away.
+
+    Never through the store's own ``persisted_offset``: that opens the database into the
+    store's handle cache from this (the consumer's) thread, where the main thread does not
+    expect it, and holds RocksDB's lock on partitions this worker may never get back. ``None``
+    for other stores, a partition with nothing on disk, or a database that cannot be read.
+    """
+    options = getattr(store, "rocksdb_options", None)
+    path_of = getattr(store, "partition_path", None)
+    if options is None or path_of is None:
+        return None  # not a RocksDB store: nothing survives a restart
+    path = Path(path_of(partition))
+    if not path.exists():
+        return None
+    key = getattr(store, "offset_key", _OFFSET_KEY)
+    try:
+        if getattr(options, "use_rocksdict", True):
+            rocksdict = importlib.import_module("rocksdict")
+            db = rocksdict.Rdict(
+                str(path),
+                options=rocksdict.Options(raw_mode=True),
+                access_type=rocksdict.AccessType.read_only(),
+            )
+            try:
+                raw = db.get(key)
+            finally:
+                db.close()
+        else:  # python-rocksdb (older faust-streaming); closed when collected
+            rocksdb = importlib.import_module("rocksdb")
+            raw = rocksdb.DB(str(path), rocksdb.Options(), read_only=True).get(key)
+        return None if raw is None else int(raw)
+    except Exception as exc:  # a corrupt or unreadable store is no state to report
+        log.debug("no persisted offset in %s: %s", path, exc)
+        return None
+
+
 def _lists(hosts: Mapping[str, Mapping[str, set[int]]]) -> HostToPartitionMap:
     return {
         url: {topic: sorted(ps) for topic, ps in sorted(tps.items())}
@@ -380,7 +484,8 @@ def _lists(hosts: Mapping[str, Mapping[str, set[int]]]) -> HostToPartitionMap:
 
 
 def _read_state(file: Path) -> AssignmentInfo | None:
-    """The assignment saved before a restart; ``None`` when missing or unreadable."""
+    """The assignment saved before a restart; ``None`` when missing or unreadable (any
+    ``OSError``: a directory in its place, no permission — logged, never raised)."""
     try:
         data = json.loads(file.read_text())
         return AssignmentInfo(
@@ -390,6 +495,6 @@ def _read_state(file: Path) -> AssignmentInfo | None:
         )
     except FileNotFoundError:
         return None
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         log.warning("ignoring unreadable %s: %s", file, exc)
         return None

@@ -5,15 +5,21 @@
 * **Tasks.** Topics are grouped Faust-style (equal partition count and the same subscribers form
   one co-partitioned group, ``streamassign.grouper.faust_style_topology``) unless the app
   declares its co-partition groups; then only the declared groups are co-partitioned and every
-  other topic is a group of its own. Group ``g``'s task ``g_p`` owns partition ``p`` of each of
-  its topics. A group holding a changelog topic of a (non-global) table is stateful.
+  other topic is a group of its own — unless a table's changelog is left out of the declared
+  groups (or sits in one without a source topic): then the declaration would part the table from
+  its source, so Faust's rule is used instead, logged. Group ``g``'s task ``g_p`` owns partition
+  ``p`` of each of its topics. A group holding a changelog topic of a (non-global) table is
+  stateful.
+* **Changelogs.** Each member announces its app's changelog and global-changelog topics (client
+  tags ``CHANGELOGS_TAG``, ``GLOBAL_CHANGELOGS_TAG``); the leader takes the union with its own,
+  so a table only a newer app version has is still stateful and its global tables still whole.
 * **Assignment.** The sticky task assignor with real capacities (each worker's consumer count,
   or the weight it reports) and ``table_standby_replicas`` standbys, one run per set of members
   that subscribe to the same groups (a member never gets a topic it does not subscribe to).
 * **History.** Each member's versioned ``SubscriptionInfo`` says what it runs, what table state
   it has on disk (offset sums) and what it ran before a restart (from its state file), so a
   restarted worker gets its partitions back; unreadable user data (an old Faust member, garbage)
-  is a member with no history, never an error.
+  is a member with no history, never an error (``decode_member``).
 * **Host maps.** Keyed per process, so two workers announcing the same URL lose nothing.
 
 A member's partitions are the source and changelog partitions of its active tasks, the changelog
@@ -26,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -33,42 +40,106 @@ from .._ids import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..errors import ErrorCode, TopologyError
 from ..grouper import PartitionGrouper, _hashed_id, faust_style_topology
-from ..protocol import LATEST_OFFSET, LATEST_VERSION, AssignmentInfo
+from ..protocol import (
+    LATEST_OFFSET,
+    LATEST_VERSION,
+    AssignmentInfo,
+    ProtocolError,
+    SubscriptionInfo,
+)
 from ..sticky import StickyTaskAssignor
 from ..streams import MemberAssignment, MemberSubscription, client_states, common_version
 from ..threads import distribute_to_threads
 from ..topology import Subtopology, Topology
 
-__all__ = ["CAPACITY_TAG", "assign_faust", "faust_topology", "host_key"]
+__all__ = [
+    "CAPACITY_TAG",
+    "CHANGELOGS_TAG",
+    "GLOBAL_CHANGELOGS_TAG",
+    "assign_faust",
+    "check_copartition_groups",
+    "decode_member",
+    "faust_topology",
+    "host_key",
+]
 
 log = logging.getLogger("streamassign.faust")
 
 #: Client tag carrying a worker's configured capacity (weight); stripped before assignment.
 CAPACITY_TAG = "streamassign.capacity"
+#: Client tags carrying a worker's changelog / global-changelog topics (comma-separated: Kafka
+#: topic names have no commas); stripped before assignment.
+CHANGELOGS_TAG = "streamassign.changelogs"
+GLOBAL_CHANGELOGS_TAG = "streamassign.global-changelogs"
+_OWN_TAGS = (CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANGELOGS_TAG)
+
+
+def decode_member(member: str, topics: Any, user_data: bytes | None) -> MemberSubscription:
+    """A member as the leader sees it; user data it cannot read (an old Faust member's JSON,
+    garbage) makes a member without history (logged), never an error."""
+    try:
+        info: SubscriptionInfo | None = SubscriptionInfo.decode(user_data or b"")
+    except ProtocolError as exc:
+        log.warning("member %s: %s; treating it as having no history", member, exc)
+        info = None
+    return MemberSubscription(topics, info)  # topics: aiokafka's list of names
+
+
+def check_copartition_groups(groups: object) -> tuple[tuple[str, ...], ...]:
+    """``groups`` as tuples; ``TypeError`` unless it is a list of lists of topic names (a flat
+    list of names would otherwise be read as groups of single characters)."""
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, Iterable):
+        raise TypeError(f"copartition_groups must be a list of lists of topics, not {groups!r}")
+    out = []
+    for group in groups:
+        if isinstance(group, (str, bytes)) or not isinstance(group, Iterable):
+            raise TypeError(
+                f"copartition_groups entry {group!r} is not a list of topics "
+                '(write [["a", "b"]], not ["a", "b"])'
+            )
+        topics = tuple(group)
+        if not all(isinstance(t, str) for t in topics):
+            raise TypeError(f"copartition_groups entry {group!r} holds a non-str topic")
+        out.append(topics)
+    return tuple(out)
 
 
 def faust_topology(
     subscriptions: Mapping[str, Iterable[str]],
     partition_counts: Mapping[str, int],
     copartition_groups: Sequence[Sequence[str]] = (),
+    changelog_topics: Iterable[str] = (),
 ) -> Topology:
     """The app's groups as a topology (one subtopology per co-partitioned group).
 
     Without declared groups: Faust's rule (equal count and subscribers). With them: each declared
     group is one subtopology and every other subscribed topic one of its own; ids are stable
-    hashes of (count, topics). Declared groups whose counts differ fall back to Faust's rule,
-    logged, rather than stopping the group.
+    hashes of (count, topics). Faust's rule is used instead, logged, rather than stopping the
+    group, when declared groups' counts differ or when a subscribed ``changelog_topics`` topic
+    (pass only non-global tables' changelogs) is in no declared group with a non-changelog topic:
+    such a table's partitions would drift apart from its source's. ``TypeError`` for groups that
+    are not lists of topic names.
     """
-    if not copartition_groups:
+    declared_groups = check_copartition_groups(copartition_groups)
+    if not declared_groups:
         return faust_style_topology(subscriptions, partition_counts)
     subscribed = {t for topics in subscriptions.values() for t in topics if t in partition_counts}
+    changelogs = frozenset(changelog_topics)
     groups: list[tuple[str, ...]] = []
     seen: set[str] = set()
-    for declared in copartition_groups:
+    for declared in declared_groups:
         group = tuple(sorted(set(declared) & subscribed - seen))
         if group:
             groups.append(group)
             seen.update(group)
+    anchored = {t for g in groups if set(g) - changelogs for t in g}
+    if stray := sorted(changelogs & subscribed - anchored):
+        log.error(
+            "changelogs %s are in no declared co-partition group with a source topic; "
+            "grouping Faust-style instead",
+            stray,
+        )
+        return faust_style_topology(subscriptions, partition_counts)
     groups.extend((t,) for t in sorted(subscribed - seen))
     ids: set[int] = set()
     subtopologies = []
@@ -109,15 +180,15 @@ def assign_faust(
     """Assignment of every member (see the module docstring). Never raises for bad members or
     topics: unreadable members have no history, topics without metadata are left out (logged)."""
     version = common_version(members, leader_version)
-    globals_ = frozenset(global_changelog_topics)
-    changelogs = frozenset(changelog_topics) - globals_
+    globals_ = frozenset(global_changelog_topics) | _announced(members, GLOBAL_CHANGELOGS_TAG)
+    changelogs = (frozenset(changelog_topics) | _announced(members, CHANGELOGS_TAG)) - globals_
     subscriptions = {m: s.topics for m, s in members.items()}
     empty = AssignmentInfo(version=version, common_version=version)
     result = {m: MemberAssignment((), empty) for m in members}
     if not members:
         return result
     try:
-        topology = faust_topology(subscriptions, partition_counts, copartition_groups)
+        topology = faust_topology(subscriptions, partition_counts, copartition_groups, changelogs)
         tasks = PartitionGrouper().group(topology, partition_counts)
     except TopologyError as exc:
         log.error("cannot group the subscribed topics: %s; assigning nothing", exc)
@@ -257,12 +328,24 @@ def _return_restarted(
     return out
 
 
+def _announced(members: Mapping[str, MemberSubscription], tag: str) -> frozenset[str]:
+    """Union of the topics members announce under ``tag``."""
+    return frozenset(
+        topic
+        for m in members.values()
+        if m.info is not None
+        for topic in m.info.client_tags.get(tag, "").split(",")
+        if topic
+    )
+
+
 def _with_capacities(clients: list[ClientState]) -> list[ClientState]:
-    """Capacity = the weight a process reports (``CAPACITY_TAG``), else its consumer count."""
+    """Capacity = the weight a process reports (``CAPACITY_TAG``), else its consumer count; the
+    adapter's own tags are removed (they are no placement tags)."""
     out = []
     for c in clients:
-        tags = dict(c.tags)
-        raw = tags.pop(CAPACITY_TAG, None)
+        tags = {k: v for k, v in c.tags.items() if k not in _OWN_TAGS}
+        raw = c.tags.get(CAPACITY_TAG)
         capacity = c.capacity
         if raw is not None:
             try:
