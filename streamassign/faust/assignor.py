@@ -9,8 +9,10 @@ metadata (``app.router`` and the ``/router`` web views). The leader's work is
 ``streamassign.faust.leader.assign_faust``.
 
 Each worker keeps a small state directory ``<appdir>/streamassign`` (process id, its last
-assignment), opened when its consumer first joins. After a restart it reports the tasks it ran and
-the offsets its on-disk (rocksdb) tables hold, so it gets its partitions back.
+assignment), opened when its consumer first joins and closed when the app stops. After a restart
+it reports the tasks it ran and the offsets its on-disk (RocksDB) tables persisted, so it gets its
+partitions back. Each subscription also announces the app's changelog topics, so a leader running
+another version of the app knows which topics are tables.
 """
 
 from __future__ import annotations

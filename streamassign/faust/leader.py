@@ -18,8 +18,8 @@
   that subscribe to the same groups (a member never gets a topic it does not subscribe to).
 * **History.** Each member's versioned ``SubscriptionInfo`` says what it runs, what table state
   it has on disk (offset sums) and what it ran before a restart (from its state file), so a
-  restarted worker gets its partitions back; unreadable user data (an old Faust member, garbage)
-  is a member with no history, never an error (``decode_member``).
+  restarted worker gets its partitions back; unreadable user data (garbage, a format this
+  version cannot read) is a member with no history, never an error (``decode_member``).
 * **Host maps.** Keyed per process, so two workers announcing the same URL lose nothing.
 
 A member's partitions are the source and changelog partitions of its active tasks, the changelog
@@ -75,8 +75,8 @@ _OWN_TAGS = (CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANGELOGS_TAG)
 
 
 def decode_member(member: str, topics: Any, user_data: bytes | None) -> MemberSubscription:
-    """A member as the leader sees it; user data it cannot read (an old Faust member's JSON,
-    garbage) makes a member without history (logged), never an error."""
+    """A member as the leader sees it; user data it cannot read (garbage, a format this version
+    cannot read) makes a member without history (logged), never an error."""
     try:
         info: SubscriptionInfo | None = SubscriptionInfo.decode(user_data or b"")
     except ProtocolError as exc:
