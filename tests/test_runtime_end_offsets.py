@@ -196,3 +196,20 @@ def test_the_app_leads_with_the_cache_only_when_high_availability_is_on(tmp_path
     assert off.end_offsets is None and off.host.end_offsets is None
     with pytest.raises(ValueError, match="max_warmup_replicas"):
         app(tmp_path / "bad", high_availability=True, max_warmup_replicas=0)
+
+
+def test_refresh_soon_returns_at_once_and_the_snapshot_follows() -> None:
+    broker = Broker(ends(3))
+    broker.delay = 0.05
+    cache = EndOffsetsCache(broker.fetch)
+    cache.track(CHANGELOGS)
+
+    async def scenario() -> tuple[dict[TaskId, int], dict[TaskId, int]]:
+        task = cache.refresh_soon()
+        before = cache()  # the rebalance goes on meanwhile
+        assert cache.refresh_soon() is task  # one fetch at a time
+        await task
+        return before, cache()
+
+    before, after = asyncio.run(scenario())
+    assert before == {} and len(after) == 5

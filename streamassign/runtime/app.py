@@ -682,7 +682,7 @@ class App:
             )
             await self._commit_safely(consumer)
         if self.end_offsets is not None:  # the leader's lags: as of this rebalance's commits
-            await self.end_offsets.refresh()
+            self.end_offsets.refresh_soon()
         if self._suspended[consumer]:
             log.info(
                 "consumer %d: rebalance; committed and suspended %d task(s)",

@@ -4,8 +4,8 @@ The high-availability assignor moves an active only onto a caught-up copy, and a
 the task's changelog end offset minus the offset sum the copy reports (see ``docs/ha.md``).
 Whichever process leads needs the end offsets of *every* stateful task, not only its own, and
 needs them inside aiokafka's synchronous ``assign``, where no I/O can be awaited. So a non-group
-consumer fetches them in the background (every few seconds, and right before each rebalance
-through ``refresh``), and the cache, called, returns the last snapshot without any I/O.
+consumer fetches them in the background (every few seconds, and as each rebalance starts
+through ``refresh_soon``), and the cache, called, returns the last snapshot without any I/O.
 
 Safe fallback: a task whose end offsets are unknown (not fetched yet, fetch failing, older than
 ``max_age``) is left out of the snapshot, and the leader then measures that task's copies
@@ -93,9 +93,15 @@ class EndOffsetsCache:
     async def refresh(self) -> bool:
         """Fetch every tracked partition's end offset now; False when the fetch failed or
         timed out (the previous values stay). Concurrent callers share one fetch."""
+        return await asyncio.shield(self.refresh_soon())
+
+    def refresh_soon(self) -> asyncio.Task[bool]:
+        """Start a refresh (or join the one running) without waiting for it: at a rebalance,
+        the leader's ``assign`` comes after every member rejoined, and a member that is slow to
+        rejoin (past the rebalance timeout) is dropped from the group."""
         if self._inflight is None or self._inflight.done():
             self._inflight = asyncio.create_task(self._refresh())
-        return await asyncio.shield(self._inflight)
+        return self._inflight
 
     async def _refresh(self) -> bool:
         if self.fetch is None or not self._tasks:
