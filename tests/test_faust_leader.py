@@ -319,3 +319,28 @@ def test_members_announce_their_changelogs() -> None:
         {m: member(i, topics) for i, m in enumerate(members)}, counts, num_standby_replicas=1
     )
     assert not any(r.info.standby for r in plain.values())  # no announcement: nothing stateful
+
+
+@given(
+    counts=st.dictionaries(
+        st.sampled_from(["a", "b", "c", "a-changelog", "b-changelog"]),
+        st.sampled_from([2, 4]),
+        min_size=1,
+    ),
+    declared=st.lists(
+        st.lists(st.sampled_from(["a", "b", "c", "a-changelog", "b-changelog"]), max_size=3),
+        max_size=3,
+    ),
+)
+def test_declared_groups_either_anchor_every_changelog_or_fall_back(
+    counts: dict[str, int], declared: list[list[str]]
+) -> None:
+    """Whatever is declared: every subscribed changelog shares its group with a source topic, or
+    the topology is exactly Faust's rule's."""
+    subs = {"m": set(counts)}
+    changelogs = {t for t in counts if t.endswith("-changelog")}
+    topology = faust_topology(subs, counts, declared, changelogs)
+    groups = [set(topology.subtopology(s).source_topics) for s in topology.subtopology_ids]
+    assert sorted(t for g in groups for t in g) == sorted(counts)  # every topic exactly once
+    anchored = all(g - changelogs for g in groups if g & changelogs)
+    assert anchored or topology == faust_topology(subs, counts)

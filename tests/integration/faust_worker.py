@@ -8,7 +8,9 @@
 The agent adds each record's value (a JSON int, JSON-encoded str key) to ``counts[key]``, a
 table with a changelog (in memory, or in RocksDB with ``--store rocksdb://``).
 ``GET /count/<key>/`` answers from the worker that owns the key (Faust's router forwards the
-request), so reading through any worker exercises the assignor's host maps. ``--stateless``
+request), so reading through any worker exercises the assignor's host maps; ``GET /owner/<key>/``
+is routed by the source topic (``@app.topic_route``) and says whether the answering worker runs
+the key's partition. ``--stateless``
 drops the table (Faust then uses round robin unless the transport is ``streamassign://``). The
 worker prints JSON lines on stdout:
 
@@ -140,6 +142,14 @@ def _count_in_table(app: faust.App, topic: Any, recovered: list[int], port: int)
     @app.table_route(table=counts, match_info="key")
     async def get_count(web: Any, request: Any, key: str) -> Any:
         return web.json({"key": key, "count": counts[key], "served_by": port})
+
+    @app.page("/owner/{key}/")
+    @app.topic_route(topic=topic, match_info="key")
+    async def get_owner(web: Any, request: Any, key: str) -> Any:
+        """Routed by the source topic (``external_key_store``): says whether the worker that
+        answers runs the key's partition."""
+        tp = app.producer.key_partition(topic.get_topic_name(), topic.prepare_key(key, None)[0])
+        return web.json({"key": key, "served_by": port, "active": app.assignor.is_active(tp)})
 
 
 def main() -> None:

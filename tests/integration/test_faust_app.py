@@ -85,6 +85,11 @@ def test_faust_app_kill_restart_scale(cluster: FaustCluster, kafka_bootstrap: st
         range(PARTITIONS)
     )
     assert len(routes) == 5
+    # @app.topic_route (external_key_store): each key answered by the worker running it.
+    owners = [cluster.get("w3", f"/owner/{key}/") for key in KEYS]
+    assert all(o["active"] for o in owners), owners
+    served = {o["served_by"] for o in owners}
+    assert len(served) > 1 and served <= {cluster.ports[n] for n in state}, owners
     asyncio.run(produce(kafka_bootstrap, cluster.topic, rounds=1))
     cluster.wait_counts("w4", 6)
     cluster.wait_counts("w0", 6)
@@ -125,9 +130,9 @@ def test_workers_of_two_app_versions_share_the_group(
 ) -> None:
     """A deploy in progress: the leader runs the old version; two workers of the new one read one
     more topic into one more table. With Faust's assignor the new workers' coordinators die on
-    an assert (the leader does not know the new changelog, so it leaves out its standbys); ours
-    recognises the changelog by its name, gives each topic to its readers only, places the new
-    table's standbys, and every worker keeps running."""
+    an assert (the leader does not know the new changelog, so it leaves out its standbys); with
+    ours the new workers announce their changelogs, the leader gives each topic to its readers
+    only, places the new table's standbys, and every worker keeps running."""
     topic = kafka_topic_factory(PARTITIONS, prefix="faust-v1")
     refunds = kafka_topic_factory(PARTITIONS, prefix="faust-v2")
     app = kafka_group_id_factory("faust-versions")
