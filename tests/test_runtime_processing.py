@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import KafkaTimeoutError
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
-from streamassign.runtime import App, MemoryStore, ProcessingError, StoreState, TaskContext
+from streamassign.runtime import (
+    COMMIT_KEY,
+    App,
+    MemoryStore,
+    ProcessingError,
+    StoreState,
+    TaskContext,
+)
 from streamassign.runtime.app import _ActiveTask
 
 TOPIC = "events"
@@ -117,3 +127,118 @@ def test_stop_policy_raises_and_does_not_move_the_offset(tmp_path: Path) -> None
         asyncio.run(run())
     assert task.context.store("totals").get(b"k") == b"5"  # the partial write was undone
     assert task.offsets == {TopicPartition(TOPIC, 0): 1}
+
+
+class Gated:
+    """Writes ``a``, awaits a gate (an awaited lookup, say), then writes ``b``."""
+
+    gate: asyncio.Event
+
+    async def process(self, ctx: TaskContext, record: Any) -> None:
+        table = ctx.store("totals")
+        table.put(b"a", b"1")
+        await self.gate.wait()
+        table.put(b"b", b"1")
+
+
+class Producer:
+    """A producer whose acks the test controls: a data write's future stays open until
+    ``ack`` (or ``fail``); markers are acknowledged at once with their changelog offset."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
+        self.open: list[asyncio.Future[Any]] = []
+
+    async def send(
+        self, topic: str, value: bytes | None, key: bytes | None = None, partition: Any = None
+    ) -> asyncio.Future[Any]:
+        self.sent.append((topic, key, value))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if key == COMMIT_KEY:
+            future.set_result(SimpleNamespace(offset=len(self.sent) - 1))
+        else:
+            self.open.append(future)
+        return future
+
+    def markers(self) -> int:
+        return sum(1 for _, key, _ in self.sent if key == COMMIT_KEY)
+
+
+class Committer:
+    def __init__(self) -> None:
+        self.commits: list[dict[Any, int]] = []
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        self.commits.append(offsets)
+
+
+def gated(tmp_path: Path) -> tuple[App, _ActiveTask, Producer, Committer]:
+    app, task, _ = make(tmp_path, "stop")
+    producer, committer = Producer(), Committer()
+    app._producer = producer  # type: ignore[assignment]
+    app.host.consumers.append(committer)  # type: ignore[arg-type]
+    task.processor = Gated()
+    Gated.gate = asyncio.Event()
+    app._actives[task.task_id] = task
+    return app, task, producer, committer
+
+
+def test_a_record_cancelled_halfway_is_never_committed(tmp_path: Path) -> None:
+    app, task, producer, committer = gated(tmp_path)
+    state = task.stores["totals"]
+
+    async def run() -> None:
+        Gated.gate.set()
+        await app._process(task, Rec(0, b"k", b"1"))  # a whole record: a=1, b=1
+        Gated.gate.clear()
+        half = asyncio.create_task(app._process(task, Rec(1, b"k", b"1")))
+        await asyncio.sleep(0.01)
+        half.cancel()  # as a stop() past its grace period does
+        with pytest.raises(asyncio.CancelledError):
+            await half
+        for future in producer.open:
+            future.set_result(None)
+        await app._commit(0)
+
+    asyncio.run(run())
+    assert task.torn
+    assert producer.markers() == 0  # no marker closes the half record (nor anything after it)
+    assert committer.commits == []
+    assert (state.pending, state.pending_applied) == ({}, {})
+    assert dict(state.store.items()) == {}
+
+
+def test_markers_wait_for_every_data_ack(tmp_path: Path) -> None:
+    app, task, producer, committer = gated(tmp_path)
+    Gated.gate.set()
+
+    async def run() -> None:
+        await app._process(task, Rec(0, b"k", b"1"))
+        commit = asyncio.create_task(app._commit(0))
+        await asyncio.sleep(0.01)
+        assert producer.markers() == 0  # the writes are not acknowledged yet
+        for future in producer.open:
+            future.set_result(None)
+        await commit
+
+    asyncio.run(run())
+    assert producer.markers() == 1
+    assert dict(task.stores["totals"].store.items()) == {b"a": b"1", b"b": b"1"}
+    assert committer.commits == [{KafkaTopicPartition(TOPIC, 0): 1}]
+
+
+def test_a_failed_data_write_commits_nothing(tmp_path: Path) -> None:
+    app, task, producer, committer = gated(tmp_path)
+    Gated.gate.set()
+
+    async def run() -> None:
+        await app._process(task, Rec(0, b"k", b"1"))
+        producer.open[0].set_result(None)
+        producer.open[1].set_exception(KafkaTimeoutError())
+        await app._commit(0)
+
+    with pytest.raises(KafkaTimeoutError):
+        asyncio.run(run())
+    assert producer.markers() == 0
+    assert committer.commits == []
+    assert dict(task.stores["totals"].store.items()) == {}

@@ -161,6 +161,9 @@ class _ActiveTask:
     current: Record | None = None
     processed: int = 0
     skipped: int = 0
+    #: Its uncommitted state was dropped (cancelled mid-record, failed commit): it must be
+    #: restored from its changelog before it processes or commits again.
+    torn: bool = False
 
     def __attrs_post_init__(self) -> None:
         self.context = TaskContext(self)
@@ -224,6 +227,8 @@ class App:
         self.processors = dict(processors)
         self.store_kind = store_kind
         self.commit_interval = commit_interval_ms / 1000
+        #: Seconds ``stop()`` lets each loop finish its current record before cancelling it.
+        self.stop_grace = 30.0
         self.processing_errors = processing_errors
         self.replication_factor = replication_factor
         # A new application reads its input from the start, as Kafka Streams does.
@@ -290,7 +295,13 @@ class App:
         if self.store_kind == "memory":  # checkpoints of a previous run describe nothing now
             for task in self.state.offset_sums():
                 self.state.delete_checkpoint(task)
-        producer_config = {"acks": "all", "linger_ms": 5, **self.producer_config}
+        # Idempotent: a retried send is neither duplicated nor reordered in the changelog.
+        producer_config = {
+            "acks": "all",
+            "linger_ms": 5,
+            "enable_idempotence": True,
+            **self.producer_config,
+        }
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap_servers, **producer_config
         )
@@ -332,12 +343,25 @@ class App:
     async def stop(self) -> None:
         """Commit (unless a failure stopped us), flush and checkpoint every store, close."""
         self._stopped.set()
-        for loop in self._loops:
-            loop.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        # Cooperative: each loop finishes the record it is on and exits. Only a loop stuck
+        # past the grace period is cancelled; its consumer then commits nothing (its tasks'
+        # uncommitted state is dropped, so the next owner recovers as after a crash).
+        cut: set[int] = set()
+        if self._loops:
+            _, stuck = await asyncio.wait(self._loops, timeout=self.stop_grace)
+            for loop in stuck:
+                loop.cancel()
+            await asyncio.gather(*self._loops, return_exceptions=True)
+            cut = {i for i, loop in enumerate(self._loops[: self.threads]) if loop in stuck}
         self._loops.clear()
         if self.failure is None and self.host.consumers:
             for i in range(self.threads):
+                if i in cut:
+                    log.warning("consumer %d did not stop in time; its tasks are not committed", i)
+                    for task in self._actives.values():
+                        if task.consumer == i:
+                            _tear(task)
+                    continue
                 async with self._locks[i]:
                     await self._commit_safely(i)
         for task in list(self._actives.values()):
@@ -445,13 +469,7 @@ class App:
         try:
             await task.processor.process(task.context, record)
         except Exception as exc:
-            for state, key, had, old in reversed(task.journal):  # undo this record's writes
-                if had:
-                    state.pending[key] = old
-                else:
-                    state.pending.pop(key, None)
-            task.journal.clear()
-            task.outbox.clear()
+            _undo(task)
             if self.processing_errors == "stop":
                 raise ProcessingError(
                     f"task {task.task_id}: processing {record.topic}-{record.partition}"
@@ -465,12 +483,20 @@ class App:
                 record.offset,
                 exc,
             )
+        except BaseException:  # cancelled (or interrupted) mid-record: commit none of it
+            _undo(task)
+            _tear(task)
+            raise
         finally:
             task.current = None
         task.journal.clear()
         for s in stores:
             s.mark_processed(record.topic, record.offset)
-        await self._send_outbox(task)
+        try:
+            await self._send_outbox(task)
+        except BaseException:  # part of the record's writes may be out: commit none of them
+            _tear(task)
+            raise
         task.offsets[tp] = record.offset + 1
         task.processed += 1
         self.processed += 1
@@ -483,10 +509,17 @@ class App:
         task.outbox.clear()
 
     async def _commit(self, index: int) -> None:
-        """Changelog markers, then local stores and checkpoints, then input offsets."""
+        """Data and output acks, then changelog markers and their acks, then local stores and
+        checkpoints, then input offsets. A failed write raises before any marker is produced,
+        so no marker ever closes writes the changelog may not hold."""
         producer = self._producer
         assert producer is not None
-        tasks = [t for t in self._actives.values() if t.consumer == index]
+        tasks = [t for t in self._actives.values() if t.consumer == index and not t.torn]
+        futures = [f for t in tasks for f in t.futures]
+        if futures:
+            await asyncio.gather(*futures)  # a failed write raises: nothing is committed
+        for task in tasks:
+            task.futures.clear()
         markers = []
         for task in tasks:
             for state in task.stores.values():
@@ -496,13 +529,17 @@ class App:
                         tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition
                     )
                     markers.append((state, future))
-        futures = [f for t in tasks for f in t.futures] + [f for _, f in markers]
-        if futures:
-            await asyncio.gather(*futures)  # a failed write raises: nothing is committed
-        for task in tasks:
-            task.futures.clear()
-        for state, future in markers:
-            await asyncio.to_thread(state.committed, future.result().offset)
+        if markers:
+            await asyncio.gather(*(f for _, f in markers))
+        if markers:
+            # Off the loop and not interrupted halfway: a cancel waits for the local writes.
+            done = [(state, future.result().offset) for state, future in markers]
+            writes = asyncio.ensure_future(asyncio.to_thread(_write_committed, done))
+            try:
+                await asyncio.shield(writes)
+            except asyncio.CancelledError:
+                await asyncio.wait([writes])
+                raise
         for task in tasks:
             self._checkpoint(task.task_id, task.stores)
         offsets = {}
@@ -779,6 +816,37 @@ class App:
                     for task, states in self._standbys.items():
                         self._checkpoint(task, states)
                     next_checkpoint = time.monotonic() + self.commit_interval
+
+
+def _write_committed(markers: Iterable[tuple[StoreState, int]]) -> None:
+    for state, offset in markers:
+        state.committed(offset)
+
+
+def _undo(task: _ActiveTask) -> None:
+    """Undo the writes of the record being processed (from the task's journal)."""
+    for state, key, had, old in reversed(task.journal):
+        if had:
+            state.pending[key] = old
+        else:
+            state.pending.pop(key, None)
+    task.journal.clear()
+    task.outbox.clear()
+
+
+def _tear(task: _ActiveTask) -> None:
+    """Drop everything of ``task`` not committed, as if its process had crashed: writes
+    already produced become an orphan tail that the next restore compensates, and the task
+    commits nothing until it is restored (``torn``)."""
+    task.torn = True
+    task.outbox.clear()
+    task.journal.clear()
+    task.futures.clear()
+    task.offsets = dict(task.committed)
+    for state in task.stores.values():
+        state.pending.clear()
+        state.pending_applied.clear()
+        state.drop_unclosed()
 
 
 def _timestamp(record: Record) -> int:
