@@ -160,6 +160,22 @@ def test_heir_commit_then_second_crash_does_not_double_count() -> None:
     assert dict(second.state.items()) == {b"a": b"2", b"b": b"1"}
 
 
+def test_a_failed_commit_kept_in_memory_and_restored_loses_nothing() -> None:
+    """A commit fails after the write went out (no marker); the same process keeps the
+    store and restores it: the uncommitted record is processed again, not taken as seen."""
+    log: Log = []
+    owner = Owner(log, StoreState.open("totals", CHANGELOG, MemoryStore()))
+    owner.process(0, b"a")
+    owner.commit()
+    owner.process(1, b"a")  # a=2 in the changelog, its marker failed
+    owner.restore()  # the same StoreState object, restored from its position
+    assert owner.state.pending_applied == {}
+    owner.process(1, b"a")  # the input offset was not committed: read again
+    owner.commit()
+    assert dict(owner.state.items()) == {b"a": b"2"}
+    assert owner.state.applied == {SOURCE: 1}
+
+
 def test_replayed_record_is_seen_only_after_processing() -> None:
     state = StoreState.open("totals", CHANGELOG, MemoryStore())
     assert not state.seen(SOURCE, 0)

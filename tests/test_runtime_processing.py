@@ -160,6 +160,9 @@ class Producer:
             self.open.append(future)
         return future
 
+    async def flush(self) -> None:
+        pass
+
     def markers(self) -> int:
         return sum(1 for _, key, _ in self.sent if key == COMMIT_KEY)
 
@@ -242,3 +245,32 @@ def test_a_failed_data_write_commits_nothing(tmp_path: Path) -> None:
     assert producer.markers() == 0
     assert committer.commits == []
     assert dict(task.stores["totals"].store.items()) == {}
+
+
+def test_a_commit_failing_at_a_rebalance_drops_state_and_restores_before_running(
+    tmp_path: Path,
+) -> None:
+    app, task, producer, committer = gated(tmp_path)
+    Gated.gate.set()
+
+    async def run() -> _ActiveTask:
+        await app._process(task, Rec(0, b"k", b"1"))
+        for future in producer.open:
+            future.set_exception(KafkaTimeoutError())
+        await app._rebalance_started(0)  # its commit fails: logged, not raised
+        assert task.torn and task.stores["totals"].pending_applied == {}
+        await app._rebalance_completed(0)  # the task stayed on consumer 0
+        again = app._actives[task.task_id]
+        assert again is not task and not again.torn
+        await app._process(again, Rec(0, b"k", b"1"))  # re-read: processed, not skipped
+        for future in producer.open[2:]:
+            future.set_result(None)
+        await app._commit(0)
+        return again
+
+    again = asyncio.run(run())
+    assert again.skipped == 0 and again.processed == 1
+    # A fresh processor from the factory (Adder) did the replay; counted once.
+    assert dict(again.stores["totals"].store.items()) == {b"k": b"1", b"k-copy": b"1"}
+    assert committer.commits == [{KafkaTopicPartition(TOPIC, 0): 1}]
+    assert [e.source for e in app.restore_events] == ["kept"]

@@ -435,7 +435,7 @@ class App:
             by_task.setdefault(self.topology.task_of(TopicPartition(*tp)), []).append(records)
         for task_id, lists in sorted(by_task.items()):
             task = self._actives.get(task_id)
-            if task is None or task.consumer != index:  # not ours (yet): read them again later
+            if task is None or task.consumer != index or task.torn:  # read them again later
                 log.warning("consumer %d: records of task %s it does not run", index, task_id)
                 self._rewind(consumer, lists)
                 continue
@@ -560,10 +560,21 @@ class App:
             task.committed.update(task.offsets)
 
     async def _commit_safely(self, index: int) -> None:
+        """Commit; on failure drop the consumer's uncommitted state as a crash would (its
+        writes may be in the changelog without a marker): each task is restored (and its
+        orphan writes compensated) before it runs again, and its input is re-read."""
         try:
             await self._commit(index)
-        except Exception as exc:  # the records are read again and skipped where applied
-            log.warning("consumer %d: commit failed (%r); uncommitted input is re-read", index, exc)
+        except Exception as exc:
+            log.warning(
+                "consumer %d: commit failed (%r); its tasks' uncommitted state is dropped, "
+                "restored from the changelog and the input re-read",
+                index,
+                exc,
+            )
+            for task in self._actives.values():
+                if task.consumer == index:
+                    _tear(task)
 
     def _checkpoint(self, task: TaskId, states: Mapping[str, StoreState]) -> None:
         offsets = {s.changelog: s.position for s in states.values()}
@@ -617,10 +628,20 @@ class App:
             if task is not None:
                 log.info("task %s moved from consumer %d to %d", task_id, task.consumer, consumer)
                 task.consumer = consumer
+                if task.torn:  # its state was dropped: restore it like a crashed owner's
+                    new.append((task_id, task.stores, "kept"))
                 continue
             self._want_standby.discard(task_id)
             states, how = await self._take_states(task_id)
             new.append((task_id, states, _source_of(states, how)))
+        await self._start_tasks(consumer, new)
+
+    async def _start_tasks(
+        self, consumer: int, new: Sequence[tuple[TaskId, dict[str, StoreState], str]]
+    ) -> None:
+        """Restore ``new`` tasks' stores to their changelog's end, undo orphan writes, run."""
+        if any(source == "kept" for _, _, source in new) and self._producer is not None:
+            await self._producer.flush()  # a torn task's writes in flight: in the changelog
         starts = {t: sum(s.position for s in states.values()) for t, states, _ in new}
         started = time.monotonic()
         counts = await self._restore([s for _, states, _ in new for s in states.values()])
@@ -730,6 +751,9 @@ class App:
     async def _rebalance_completed(self, consumer: int) -> None:
         self._rebalancing.discard(consumer)
         mine = frozenset(t for t, task in self._actives.items() if task.consumer == consumer)
+        torn = [(t, self._actives[t].stores, "kept") for t in sorted(mine) if self._actives[t].torn]
+        if torn:  # its commit failed and it stayed here: restore before it runs again
+            await self._start_tasks(consumer, torn)
         resumed = mine & self._suspended.pop(consumer, frozenset())
         if resumed:
             log.info(

@@ -151,6 +151,8 @@ class StoreState:
         pending write (see the module docstring); the caller produces them. Returns the keys."""
         orphans = sorted({key for key, _ in self.unclosed})
         self.unclosed.clear()
+        self.pending.clear()  # nothing uncommitted survives a restore: offsets re-read
+        self.pending_applied.clear()
         for key in orphans:
             self.pending[key] = self.store.get(key)
         return orphans
