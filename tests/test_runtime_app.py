@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from streamassign import Subtopology, Topology
+from streamassign import Subtopology, TaskId, Topology
 from streamassign.errors import CopartitioningError
 from streamassign.runtime import App, RuntimeConfigError, internal_topics
 
@@ -60,3 +61,70 @@ def test_topology_from_a_toml_file(tmp_path: Path) -> None:
     )
     assert app.topology.name == "orders-enricher"
     assert app.host.application_id == "orders-enricher"
+
+
+def standby_app(tmp_path: Path) -> App:
+    one = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
+    return App(
+        one,
+        {0: Nothing},
+        bootstrap_servers="x:1",
+        state_dir=tmp_path,
+        threads=2,
+        store_kind="memory",
+    )
+
+
+@pytest.mark.parametrize("adds_first", [True, False])
+def test_a_standby_moving_between_consumers_stays_in_any_callback_order(
+    tmp_path: Path, adds_first: bool
+) -> None:
+    """The leader moves a standby from consumer 1 to consumer 0 of this process; each
+    consumer reports its own change, in either order. The standby stays, with its stores."""
+    app = standby_app(tmp_path)
+    task = TaskId(0, 1)
+
+    async def run() -> None:
+        await app._add_standbys(1, frozenset({task}))
+        stores = app._standbys[task]
+        app._rebalancing |= {0, 1}
+        if adds_first:
+            await app._add_standbys(0, frozenset({task}))
+            await app._rebalance_completed(0)
+            await app._remove_standbys(1, frozenset({task}))
+        else:
+            await app._remove_standbys(1, frozenset({task}))
+            await app._add_standbys(0, frozenset({task}))
+            await app._rebalance_completed(0)
+        await app._rebalance_completed(1)
+        assert app._standbys.get(task) is stores  # the same open stores, not reopened
+        await app._remove_standbys(1, frozenset({task}))  # consumer 1 no longer owns it
+        assert app.standby_tasks == {task}
+        await app._remove_standbys(0, frozenset({task}))
+        assert app.standby_tasks == frozenset()
+
+    asyncio.run(run())
+
+
+class BrokenReader:
+    """A changelog reader whose fetch fails (say, the store write under it)."""
+
+    def assign(self, partitions: object) -> None: ...
+
+    def seek(self, partition: object, offset: int) -> None: ...
+
+    async def getmany(self, timeout_ms: int = 0) -> dict[object, list[object]]:
+        raise OSError("disk full")
+
+
+def test_a_failing_standby_reader_stops_the_app(tmp_path: Path) -> None:
+    app = standby_app(tmp_path)
+    app._standby_reader = BrokenReader()  # type: ignore[assignment]
+
+    async def run() -> None:
+        await app._add_standbys(0, frozenset({TaskId(0, 0)}))
+        await asyncio.wait_for(app._fail_on_error(app._standby_loop(), "the standby reader"), 5)
+
+    asyncio.run(run())
+    assert isinstance(app.failure, OSError)
+    assert app._stopped.is_set()

@@ -260,7 +260,11 @@ class App:
         self.failure: BaseException | None = None
         self._actives: dict[TaskId, _ActiveTask] = {}
         self._standbys: dict[TaskId, dict[str, StoreState]] = {}
-        self._want_standby: set[TaskId] = set()
+        #: The consumer each standby belongs to (a standby may move between consumers of
+        #: this process, and their callbacks run in any order).
+        self._standby_owner: dict[TaskId, int] = {}
+        #: Standbys of tasks still active here until their consumer revokes them, by consumer.
+        self._want_standby: dict[TaskId, int] = {}
         #: Stores of tasks that left an active or standby role during the current rebalance
         #: (with that role), so another consumer of this process can take them without restoring.
         self._parked: dict[TaskId, tuple[dict[str, StoreState], str]] = {}
@@ -323,8 +327,24 @@ class App:
             self.store_kind,
             self.host.num_standby_replicas,
         )
-        loops = [self._consume(i) for i in range(self.threads)] + [self._standby_loop()]
+        loops = [
+            self._fail_on_error(self._consume(i), f"consumer {i}") for i in range(self.threads)
+        ]
+        loops.append(self._fail_on_error(self._standby_loop(), "the standby reader"))
         self._loops = [asyncio.create_task(loop) for loop in loops]
+
+    async def _fail_on_error(self, loop: Awaitable[None], what: str) -> None:
+        """Run a loop; its failure stops the application (once, clearly), never silently
+        ends the loop while the rest goes on."""
+        try:
+            await loop
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("%s failed; stopping the application", what)
+            if self.failure is None:
+                self.failure = exc
+            self._stopped.set()
 
     async def wait(self) -> None:
         """Until ``stop()``, a requested shutdown or a failure."""
@@ -371,6 +391,7 @@ class App:
         for task_id, states in [*self._standbys.items(), *parked]:
             self._close_states(task_id, states)
         self._standbys.clear()
+        self._standby_owner.clear()
         self._parked.clear()
         await self.host.stop()
         if self.end_offsets is not None:
@@ -401,32 +422,25 @@ class App:
     # -- processing ------------------------------------------------------------------------------
 
     async def _consume(self, index: int) -> None:
-        try:
-            consumer = self.host.consumers[index]
-            next_commit = time.monotonic() + self.commit_interval
-            while not self._stopped.is_set():
-                if index in self._rebalancing:  # tasks change: fetch nothing meanwhile
-                    await asyncio.sleep(0.01)
+        consumer = self.host.consumers[index]
+        next_commit = time.monotonic() + self.commit_interval
+        while not self._stopped.is_set():
+            if index in self._rebalancing:  # tasks change: fetch nothing meanwhile
+                await asyncio.sleep(0.01)
+                continue
+            epoch = self._epochs[index]
+            batch = await consumer.getmany(timeout_ms=100)
+            async with self._locks[index]:
+                if epoch != self._epochs[index]:
+                    # A rebalance came between (the records may even be of the new
+                    # assignment): process nothing, read them again.
+                    self._rewind(consumer, batch.values())
                     continue
-                epoch = self._epochs[index]
-                batch = await consumer.getmany(timeout_ms=100)
-                async with self._locks[index]:
-                    if epoch != self._epochs[index]:
-                        # A rebalance came between (the records may even be of the new
-                        # assignment): process nothing, read them again.
-                        self._rewind(consumer, batch.values())
-                        continue
-                    if batch:
-                        await self._process_batch(index, batch)
-                    if time.monotonic() >= next_commit:
-                        await self._commit(index)
-                        next_commit = time.monotonic() + self.commit_interval
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.exception("consumer %d failed; stopping the application", index)
-            self.failure = exc
-            self._stopped.set()
+                if batch:
+                    await self._process_batch(index, batch)
+                if time.monotonic() >= next_commit:
+                    await self._commit(index)
+                    next_commit = time.monotonic() + self.commit_interval
 
     async def _process_batch(self, index: int, batch: Mapping[Any, list[Any]]) -> None:
         consumer = self.host.consumers[index]
@@ -603,6 +617,7 @@ class App:
         async with self._standby_lock:
             if task in self._standbys:
                 self._standby_dirty = True
+                self._standby_owner.pop(task, None)
                 return self._standbys.pop(task), "standby"
         return self._open_states(task), "open"
 
@@ -631,7 +646,7 @@ class App:
                 if task.torn:  # its state was dropped: restore it like a crashed owner's
                     new.append((task_id, task.stores, "kept"))
                 continue
-            self._want_standby.discard(task_id)
+            self._want_standby.pop(task_id, None)
             states, how = await self._take_states(task_id)
             new.append((task_id, states, _source_of(states, how)))
         await self._start_tasks(consumer, new)
@@ -684,8 +699,8 @@ class App:
                 continue  # already moved to another consumer of this process
             del self._actives[task_id]
             if task_id in self._want_standby:
-                self._want_standby.discard(task_id)
-                await self._add_standby_states(task_id, task.stores)
+                owner = self._want_standby.pop(task_id)
+                await self._add_standby_states(task_id, task.stores, owner)
                 log.info(
                     "consumer %d: task %s revoked; its stores stay here as a standby",
                     consumer,
@@ -702,12 +717,13 @@ class App:
             if not self.topology.subtopology(task_id.subtopology).stores:
                 continue
             if task_id in self._actives:  # still active on another consumer until it revokes
-                self._want_standby.add(task_id)
+                self._want_standby[task_id] = consumer
                 continue
-            if task_id in self._standbys:
+            if task_id in self._standbys:  # moves from another consumer of this process
+                self._standby_owner[task_id] = consumer
                 continue
             states, how = await self._take_states(task_id)
-            await self._add_standby_states(task_id, states)
+            await self._add_standby_states(task_id, states, consumer)
             log.info(
                 "consumer %d: standby %s added (state: %s, from changelog offset %s)",
                 consumer,
@@ -716,15 +732,22 @@ class App:
                 ",".join(str(s.position) for s in states.values()),
             )
 
-    async def _add_standby_states(self, task: TaskId, states: dict[str, StoreState]) -> None:
+    async def _add_standby_states(
+        self, task: TaskId, states: dict[str, StoreState], consumer: int
+    ) -> None:
         async with self._standby_lock:
             self._standbys[task] = states
+            self._standby_owner[task] = consumer
             self._standby_dirty = True
 
     async def _remove_standbys(self, consumer: int, tasks: frozenset[TaskId]) -> None:
         for task_id in sorted(tasks):
-            self._want_standby.discard(task_id)
+            if self._want_standby.get(task_id) == consumer:
+                del self._want_standby[task_id]
             async with self._standby_lock:
+                if self._standby_owner.get(task_id) != consumer:
+                    continue  # not (or no longer) this consumer's: another one holds it now
+                del self._standby_owner[task_id]
                 states = self._standbys.pop(task_id, None)
                 self._standby_dirty = True
             if states is not None:
