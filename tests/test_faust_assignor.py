@@ -283,6 +283,26 @@ def test_restart_reports_rocksdb_offsets_without_touching_faust_handles(tmp_path
     assert set(app.tables["totals"].data._dbs) == {t.partition}
 
 
+def test_a_running_standby_reports_what_recovery_applied(tmp_path: Path) -> None:
+    """A running standby's offsets come from Faust's recovery (fresher than the disk, and no
+    database opened); a standby recovery does not track yet falls back to the disk, then 0."""
+    apps = [make_app(tmp_path / f"w{i}", 7000 + i, store="rocksdb://") for i in range(2)]
+    workers = {f"m{i}": app.assignor for i, app in enumerate(apps)}
+    rebalance(workers, counts={SRC: 6, CL: 6})
+    a = workers["m0"]
+    tracked, on_disk, fresh = sorted(a.info.standby)
+    store = apps[0].tables["totals"].data
+    for t in (tracked, on_disk):
+        store.set_persisted_offset(TP(CL, t.partition), 7)
+    for db in store._dbs.values():
+        db.close()
+    store._dbs.clear()
+    apps[0].tables.recovery.standby_offsets[TP(CL, tracked.partition)] = 55
+    sums = reported(a).offset_sums
+    assert {t: sums[t] for t in (tracked, on_disk, fresh)} == {tracked: 55, on_disk: 7, fresh: 0}
+    assert store._dbs == {}
+
+
 def test_the_state_directory_is_released_when_the_app_stops(tmp_path: Path) -> None:
     app = make_app(tmp_path / "w0", 7000)
     app.assignor.metadata({SRC})

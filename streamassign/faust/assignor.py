@@ -154,11 +154,16 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         sums = {t: LATEST_OFFSET for t in current.active}
         held = current.standby | current.warmup | restored.active | restored.standby
         dictionary = {**restored.topics, **current.topics}
+        following = current.standby | current.warmup
         for t in sorted(held - current.active):
+            # A running standby's applied offsets (Faust's recovery starts them at the persisted
+            # ones) are fresher than the disk and cost no database open on this thread.
             topics = dictionary.get(t.subtopology, {})
-            offset = self._disk_offset_sum(t, topics)
-            if offset is None and t in current.standby | current.warmup:
-                offset = self._standby_offset_sum(t, topics)
+            offset = self._standby_offset_sum(t, topics) if t in following else None
+            if offset is None:
+                offset = self._disk_offset_sum(t, topics)
+            if offset is None and t in following:
+                offset = 0  # held, nothing applied yet
             if offset is not None:
                 sums[t] = offset
         tags = {
@@ -419,15 +424,17 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 found.append(offset)
         return sum(found) if found else None
 
-    def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int:
+    def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
         """Sum of the changelog offsets this running worker's standby replica of ``task`` has
-        applied (in memory or on disk); 0 before it applied any."""
+        applied, as Faust's recovery tracks them; ``None`` when it tracks none of them yet."""
         offsets = getattr(getattr(self.app.tables, "recovery", None), "standby_offsets", {})
-        return sum(
-            int(offsets.get(TP(topic, task.partition)) or 0)
+        known = [
+            int(offset)
             for topic in topics
             if task.partition < topics[topic]
-        )
+            and (offset := offsets.get(TP(topic, task.partition))) is not None
+        ]
+        return sum(known) if known else None
 
     def _bind_rejoiner(self) -> None:
         consumer = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
