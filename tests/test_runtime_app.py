@@ -128,3 +128,30 @@ def test_a_failing_standby_reader_stops_the_app(tmp_path: Path) -> None:
     asyncio.run(run())
     assert isinstance(app.failure, OSError)
     assert app._stopped.is_set()
+
+
+class Client:
+    stopped = False
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+def test_a_failed_start_is_cleaned_up_and_task_changes_after_stop_do_nothing(
+    tmp_path: Path,
+) -> None:
+    producer = Client()
+
+    class FailingStart(App):
+        async def start(self) -> None:
+            self._producer = producer  # type: ignore[assignment]  # started, then:
+            raise ConnectionError("broker unreachable")
+
+    one = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
+    app = FailingStart(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    with pytest.raises(ConnectionError):
+        asyncio.run(app.run())
+    assert producer.stopped
+    # A rebalance callback arriving while (or after) the app closes touches no store.
+    asyncio.run(app.host.listener.on_standby_added(0, frozenset({TaskId(0, 0)})))
+    assert app.standby_tasks == frozenset() and app.failure is None

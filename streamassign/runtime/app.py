@@ -20,7 +20,7 @@ import heapq
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -276,6 +276,11 @@ class App:
         self._standby_dirty = False
         self._restore_lock = asyncio.Lock()
         self._stopped = asyncio.Event()
+        #: Set by ``stop()`` once the loops have ended: task changes are no-ops from then on.
+        self._closing = False
+        self._changes = 0  # task changes (host callbacks) under way
+        self._changes_done = asyncio.Event()
+        self._changes_done.set()
         self._loops: list[asyncio.Task[None]] = []
         self._producer: AIOKafkaProducer | None = None
         self._restorer: AIOKafkaConsumer | None = None
@@ -351,9 +356,10 @@ class App:
         await self._stopped.wait()
 
     async def run(self) -> None:
-        """``start``, wait, ``stop``; re-raises what stopped the application, if anything."""
-        await self.start()
+        """``start``, wait, ``stop``; re-raises what stopped the application, if anything.
+        A failed start is cleaned up too (producer, consumers, stores)."""
         try:
+            await self.start()
             await self.wait()
         finally:
             await self.stop()
@@ -374,6 +380,8 @@ class App:
             await asyncio.gather(*self._loops, return_exceptions=True)
             cut = {i for i, loop in enumerate(self._loops[: self.threads]) if loop in stuck}
         self._loops.clear()
+        self._closing = True  # host callbacks from here on change nothing
+        await self._changes_done.wait()
         if self.failure is None and self.host.consumers:
             for i in range(self.threads):
                 if i in cut:
@@ -628,13 +636,19 @@ class App:
         for state in states.values():
             persistent = state.store.persistent
             state.drop_unclosed()
-        if persistent:
-            self._checkpoint(task, states)
-        else:
-            self.state.delete_checkpoint(task)
-            self._checkpointed.pop(task, None)
+        try:
+            if persistent:
+                self._checkpoint(task, states)
+            else:
+                self.state.delete_checkpoint(task)
+                self._checkpointed.pop(task, None)
+        except Exception:  # the stores still close below
+            log.exception("task %s: checkpoint on close failed", task)
         for state in states.values():
-            state.store.close()
+            try:
+                state.store.close()
+            except Exception:  # one store failing to close must not leak the others
+                log.exception("task %s: closing store %s failed", task, state.name)
 
     async def _assign(self, consumer: int, tasks: frozenset[TaskId]) -> None:
         new: list[tuple[TaskId, dict[str, StoreState], str]] = []
@@ -907,13 +921,22 @@ class _Listener(TaskListener):
     def __init__(self, app: App) -> None:
         self.app = app
 
-    async def _guard(self, change: Awaitable[None], what: str) -> None:
+    async def _guard(self, change: Coroutine[Any, Any, None], what: str) -> None:
+        """Run one change unless the app is closing (its stores may be closed by then);
+        ``stop()`` waits for the changes under way."""
+        app = self.app
+        if app._closing:
+            change.close()
+            log.info("%s skipped: the application is stopping", what)
+            return
+        app._changes += 1
+        app._changes_done.clear()
         try:
-            await change
-        except Exception as exc:
-            log.exception("%s failed; stopping the application", what)
-            self.app.failure = exc
-            self.app._stopped.set()
+            await app._fail_on_error(change, what)
+        finally:
+            app._changes -= 1
+            if not app._changes:
+                app._changes_done.set()
 
     async def on_active_assigned(self, consumer: int, tasks: frozenset[TaskId]) -> None:
         await self._guard(self.app._assign(consumer, tasks), "assigning tasks")
@@ -928,10 +951,10 @@ class _Listener(TaskListener):
         await self._guard(self.app._remove_standbys(consumer, tasks), "removing standbys")
 
     async def on_rebalance_started(self, consumer: int) -> None:
-        await self.app._rebalance_started(consumer)
+        await self._guard(self.app._rebalance_started(consumer), "starting a rebalance")
 
     async def on_rebalance_completed(self, consumer: int) -> None:
-        await self.app._rebalance_completed(consumer)
+        await self._guard(self.app._rebalance_completed(consumer), "completing a rebalance")
 
     async def on_error(self, consumer: int, code: ErrorCode) -> None:
         log.error("consumer %d: no tasks this round: the leader reported %s", consumer, code.name)
