@@ -155,3 +155,11 @@ def test_a_failed_start_is_cleaned_up_and_task_changes_after_stop_do_nothing(
     # A rebalance callback arriving while (or after) the app closes touches no store.
     asyncio.run(app.host.listener.on_standby_added(0, frozenset({TaskId(0, 0)})))
     assert app.standby_tasks == frozenset() and app.failure is None
+
+
+def test_a_subtopology_with_two_stores_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    two = Topology([Subtopology(0, ["events"], stores=["a", "b"])], name="app")
+    App(two, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    assert "subtopology 0 has 2 stores" in caplog.text

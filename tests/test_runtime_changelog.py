@@ -216,3 +216,10 @@ def test_rocksdb_store_survives_reopen(tmp_path: Path) -> None:
 def test_unknown_store_kind() -> None:
     with pytest.raises(ValueError, match="unknown store kind"):
         open_store("lmdb", Path("x"))  # type: ignore[arg-type]
+
+
+def test_a_key_that_is_not_bytes_is_refused() -> None:
+    state = StoreState.open("totals", CHANGELOG, MemoryStore())
+    with pytest.raises(TypeError, match="without key"):
+        state.put(None, b"1")  # type: ignore[arg-type]
+    assert state.pending == {}

@@ -223,6 +223,15 @@ class App:
             raise RuntimeConfigError("processing_errors must be 'stop' or 'skip'")
         if commit_interval_ms < 1:
             raise RuntimeConfigError(f"commit_interval_ms must be >= 1, got {commit_interval_ms}")
+        for sub in topology.subtopologies:
+            if len(sub.stores) > 1:
+                log.warning(
+                    "subtopology %d has %d stores: each store's changelog commits on its own, "
+                    "so a crash between their markers can leave them at different inputs "
+                    "(see Limits in docs/runtime.md)",
+                    sub.id,
+                    len(sub.stores),
+                )
         self.topology = topology
         self.processors = dict(processors)
         self.store_kind = store_kind
@@ -723,7 +732,10 @@ class App:
             else:
                 self._parked[task_id] = (task.stores, "kept")
                 log.info(
-                    "consumer %d: task %s revoked (it moved to another process)", consumer, task_id
+                    "consumer %d: task %s revoked (its stores stay open until the rebalance "
+                    "ends, for another consumer of this process that may take it)",
+                    consumer,
+                    task_id,
                 )
 
     async def _add_standbys(self, consumer: int, tasks: frozenset[TaskId]) -> None:

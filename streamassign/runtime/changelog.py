@@ -97,6 +97,10 @@ class StoreState:
         return iter(sorted(merged.items()))
 
     def put(self, key: bytes, value: bytes | None) -> None:
+        if not isinstance(key, bytes):
+            raise TypeError(
+                f"store keys are bytes, got {type(key).__name__} (a record without key?)"
+            )
         if key == COMMIT_KEY:
             raise ReservedKeyError(f"key {key!r} is reserved for commit markers")
         self.pending[key] = value
