@@ -26,6 +26,9 @@ app = faust.App(
     consumer_auto_offset_reset="earliest",
     broker_session_timeout=6.0,
     broker_heartbeat_interval=1.0,
+    # As our runtime: producer linger 5 ms, commit every second (Faust's defaults: 0 and 2.8 s).
+    producer_linger=0.005,
+    broker_commit_interval=1.0,
 )
 orders = app.topic(env["BENCH_ORDERS"], key_type=bytes, value_type=bytes, value_serializer="raw")
 customers = app.topic(

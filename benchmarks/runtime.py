@@ -33,6 +33,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from _common import Report, console, machine_info, write_section
@@ -59,11 +60,16 @@ class Config:
 FULL = Config(customers=1000, orders=50_000, rate=1000, warmup=8, phase=15, repeats=2)
 QUICK = Config(customers=200, orders=10_000, rate=500, warmup=5, phase=10, repeats=1)
 
+try:
+    FAUST = f"faust-streaming {version('faust-streaming')}"
+except PackageNotFoundError:  # the runner then fails clearly when it starts
+    FAUST = "faust-streaming (not installed)"
+
 RUNNERS = {
     "bare aiokafka loop (dict; no changelog, no state)": "bare",
     "streamassign runtime, memory store": "memory",
     "streamassign runtime, RocksDB store": "rocksdb",
-    "faust-streaming 0.11+, memory store": "faust",
+    f"{FAUST}, memory store": "faust",
 }
 
 
@@ -173,39 +179,57 @@ async def feed(bootstrap: str, names: Names, cfg: Config, seconds: float) -> int
     return sent
 
 
-async def output_timestamps(
+@dataclasses.dataclass
+class Output:
+    """What a runner produced: output timestamps (ms, set when the worker produced them,
+    sorted), distinct orders seen, and how many of those carry their customer (joined)."""
+
+    stamps: list[int]
+    orders: int
+    joined: int
+
+
+async def read_output(
     bootstrap: str, topic: str, count: int, timeout: float, worker: Worker
-) -> list[int]:
-    """Timestamps (ms, set when the worker produced them) of the first ``count`` outputs;
-    gives up early when ``worker`` exits."""
+) -> Output:
+    """The first ``count`` outputs (or fewer: gives up early when ``worker`` exits)."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
     stamps: list[int] = []
+    joined: dict[int, bool] = {}
     deadline = time.monotonic() + timeout
     try:
         while len(stamps) < count and time.monotonic() < deadline:
             if worker.proc.poll() is not None:
                 break
             for records in (await consumer.getmany(timeout_ms=500)).values():
-                stamps.extend(r.timestamp for r in records)
+                for r in records:
+                    stamps.append(r.timestamp)
+                    value = json.loads(r.value)
+                    order_id = value["order"]
+                    joined[order_id] = joined.get(order_id, False) or bool(value.get("customer"))
     finally:
         await consumer.stop()
-    return sorted(stamps)
+    return Output(sorted(stamps), len(joined), sum(joined.values()))
 
 
-async def throughput(kind: str, bootstrap: str, cfg: Config, work: Path) -> float:
-    """Output records per second of one worker over pre-produced input."""
+async def throughput(kind: str, bootstrap: str, cfg: Config, work: Path) -> tuple[float, int]:
+    """Output records per second of one worker over pre-produced input, and how many orders
+    came out joined with their customer (all of them, when the runner is correct: every
+    customer is produced before any order)."""
     names = Names.fresh(kind)
     await create_topics(bootstrap, names)
     await produce(bootstrap, names, cfg, cfg.orders)
     worker = Worker(kind, names, bootstrap, work, "t")
     try:
-        stamps = await output_timestamps(bootstrap, names.output, cfg.orders, 300, worker)
+        out = await read_output(bootstrap, names.output, cfg.orders, 300, worker)
     finally:
         worker.stop()
-    if len(stamps) < cfg.orders:
-        raise RuntimeError(f"{kind}: {len(stamps)} of {cfg.orders} outputs:\n{worker.tail()}")
-    return (len(stamps) - 1) / max((stamps[-1] - stamps[0]) / 1000, 1e-9)
+    stamps = out.stamps
+    if out.orders < cfg.orders:
+        raise RuntimeError(f"{kind}: {out.orders} of {cfg.orders} orders out:\n{worker.tail()}")
+    rate = (len(stamps) - 1) / max((stamps[-1] - stamps[0]) / 1000, 1e-9)
+    return rate, out.joined
 
 
 def longest_gap(stamps: Sequence[int], start_ms: float, end_ms: float) -> float:
@@ -233,13 +257,14 @@ async def downtime(kind: str, bootstrap: str, cfg: Config, work: Path) -> tuple[
         second.stop()
         sent = await flow
         ended = time.time() * 1000
-        stamps = await output_timestamps(bootstrap, names.output, sent, 120, first)
+        out = await read_output(bootstrap, names.output, sent, 120, first)
     finally:
         first.stop()
         if second is not None:
             second.stop()
-    if len(stamps) < sent:
-        raise RuntimeError(f"{kind}: {len(stamps)} of {sent} outputs:\n{first.tail()}")
+    stamps = out.stamps
+    if out.orders < sent:
+        raise RuntimeError(f"{kind}: {out.orders} of {sent} orders out:\n{first.tail()}")
     steady_from = joined - cfg.warmup * 500  # the second half of the warm-up
     return (
         longest_gap(stamps, steady_from, joined),
@@ -255,10 +280,14 @@ async def run(
     for label, kind in RUNNERS.items():
         if only and kind not in only:
             continue
-        got = results.setdefault(label, {"rate": [], "steady": [], "join": [], "leave": []})
+        got = results.setdefault(
+            label, {"rate": [], "joined": [], "steady": [], "join": [], "leave": []}
+        )
         for _ in range(cfg.repeats):
             console.print(f"[dim]{label}: throughput[/dim]")
-            got["rate"].append(await throughput(kind, bootstrap, cfg, work))
+            rate, joined = await throughput(kind, bootstrap, cfg, work)
+            got["rate"].append(rate)
+            got["joined"].append(joined)
             if kind == "bare":
                 continue  # a plain group: no state, nothing to compare for rebalances
             console.print(f"[dim]{label}: downtime[/dim]")
@@ -277,11 +306,13 @@ def report(results: dict[str, dict[str, list[float]]], cfg: Config) -> list[Repo
     faust_rate = statistics.median(faust["rate"]) if faust else None
     speed = Report(
         f"Throughput: {cfg.orders:,} orders joined with {cfg.customers:,} customers, one worker",
-        ["runner", "records/s", "µs per record", "overhead vs bare loop", "vs Faust"],
+        ["runner", "records/s", "µs per record", "overhead vs bare loop", "vs Faust", "joined"],
         notes=(
             "Median of "
             f"{cfg.repeats} run(s); rate over output timestamps (start-up excluded). "
-            "`vs Faust`: our records/s divided by Faust's (> 1: faster)."
+            "`vs Faust`: our records/s divided by Faust's (> 1: faster). `joined`: orders "
+            "that came out with their customer, fewest over the runs (every customer is "
+            "produced before any order, so a correct join gets all)."
         ),
     )
     for label, got in results.items():
@@ -295,6 +326,7 @@ def report(results: dict[str, dict[str, list[float]]], cfg: Config) -> list[Repo
             f"{1e6 / rate:.1f}",
             overhead,
             "-" if faust_rate is None else f"{rate / faust_rate:.2f}x",
+            f"{int(min(got['joined'])):,} of {cfg.orders:,}",
         )
     pause = Report(
         f"Downtime per rebalance: {cfg.rate:,} orders/s; a second worker joins, then leaves",
