@@ -79,7 +79,8 @@ class RestoreEvent:
     ``source``: ``standby`` (took over a standby of this process), ``kept`` (state kept in
     memory from a moment ago in this process), ``local`` (persistent store on disk), ``cold``
     (nothing local: from the changelog's start). ``start``: the changelog offsets the
-    restore started from, summed over the task's stores (0: from scratch).
+    restore started from, summed over the task's stores (0: from scratch). ``compensated``:
+    uncommitted writes of a crashed owner (or of a failed commit) undone.
     """
 
     task: TaskId
@@ -87,6 +88,7 @@ class RestoreEvent:
     start: int
     records: int
     seconds: float
+    compensated: int = 0
 
 
 class Table:
@@ -698,7 +700,7 @@ class App:
             records = sum(counts.get(id(s), 0) for s in states.values())
             if states:
                 self.restore_events.append(
-                    RestoreEvent(task_id, source, starts[task_id], records, seconds)
+                    RestoreEvent(task_id, source, starts[task_id], records, seconds, compensated)
                 )
                 self._checkpoint(task_id, states)
             if not states:

@@ -84,6 +84,12 @@ async def main() -> None:
         pending.add(asyncio.ensure_future(app.request_shutdown()))
 
     loop.add_signal_handler(signal.SIGUSR1, request)
+
+    def hold() -> None:  # SIGUSR2: process on, commit no more (a kill -9 then has a tail)
+        app.commit_interval = 3600.0
+        emit(event="holding", processed=app.processed, t=time.time())
+
+    loop.add_signal_handler(signal.SIGUSR2, hold)
     await app.start()
     reported = 0
     try:
@@ -95,6 +101,7 @@ async def main() -> None:
                     source=event.source,
                     start=event.start,
                     records=event.records,
+                    compensated=event.compensated,
                     seconds=event.seconds,
                     t=time.time(),
                 )
