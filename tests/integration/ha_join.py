@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamassign.runtime import COMMIT_KEY
 
@@ -82,6 +83,11 @@ def run_join(
         runtime.args += ["--ha", "--probing-ms", str(probing_ms), "--lag", str(acceptable_lag)]
         runtime.args += ["--warmups", str(warmups)]
     total = preload + int(rate * flow_seconds)
+    changelog = f"{app}-totals-changelog"
+    # Created here without compaction (the app accepts an existing changelog with the right
+    # partition count): compaction would drop superseded writes, whose timestamps measure the
+    # downtime, and make a full restore read fewer records than the end offsets say.
+    asyncio.run(create_topic(bootstrap, changelog, {"cleanup.policy": "delete"}))
     try:
         # The group forms before the backlog arrives: a process busy with a large batch when a
         # rebalance starts can miss the rebalance timeout, be dropped and run on as a zombie
@@ -96,7 +102,6 @@ def run_join(
         flow = Feeder(bootstrap, topic, total, chunk=chunk, pause=0.05, first=preload)
         flow.start()
         time.sleep(BEFORE_JOIN)
-        changelog = f"{app}-totals-changelog"
         at_join = asyncio.run(_end_offsets(bootstrap, changelog))
         joined = time.time()
         runtime.start("p3")
@@ -177,6 +182,16 @@ def _longest_gap(times: dict[int, list[float]], start: float, end: float) -> flo
         inside = [start, *(t for t in ts if start < t < end), end]
         gap = max(gap, *(b - a for a, b in itertools.pairwise(inside)))
     return gap
+
+
+async def create_topic(bootstrap: str, topic: str, config: dict[str, str] | None = None) -> None:
+    """A topic of ``PARTITIONS`` partitions (replication 1) with ``config``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, PARTITIONS, 1, topic_configs=config or {})])
+    finally:
+        await admin.close()
 
 
 async def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:

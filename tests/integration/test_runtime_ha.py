@@ -63,8 +63,7 @@ def test_a_joining_process_warms_up_then_takes_over_with_almost_nothing_to_resto
         assert records <= LAG, (task, records)
         assert records * 10 < ha.changelog_at_join[task]
 
-    # Sticky: the actives at once, each restored from the changelog's start (the changelogs stay
-    # within one segment here, so compaction has removed nothing a full restore would read).
+    # Sticky: the actives at once, each restored from the changelog's start (not compacted here).
     assert sticky.warmups_first == frozenset()
     for task, (source, records) in sticky.restores.items():
         assert source == "cold", (task, source)
