@@ -8,8 +8,8 @@ consumer fetches them in the background (every few seconds, and as each rebalanc
 through ``refresh_soon``), and the cache, called, returns the last snapshot without any I/O.
 
 Safe fallback: a task whose end offsets are unknown (not fetched yet, fetch failing, older than
-``max_age``) is left out of the snapshot, and the leader then measures that task's copies
-against the most advanced copy reported, as without end offsets at all.
+``max_age``) is left out of the snapshot, and the leader treats that task as it treats tasks
+without end offsets: never with a lag of 0 it cannot know.
 """
 
 from __future__ import annotations
