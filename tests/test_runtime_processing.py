@@ -36,20 +36,29 @@ class Recorder:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None, bytes | None]] = []
+        self.headers: list[Any] = []
 
     async def send(
-        self, topic: str, value: bytes | None, key: bytes | None = None, partition: Any = None
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        partition: Any = None,
+        headers: Any = None,
     ) -> asyncio.Future[None]:
         self.sent.append((topic, key, value))
+        self.headers.append(headers)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         future.set_result(None)
         return future
 
 
 class Rec:
-    def __init__(self, offset: int, key: bytes, value: bytes) -> None:
-        self.topic, self.partition, self.offset, self.timestamp = TOPIC, 0, offset, offset
-        self.key, self.value = key, value
+    def __init__(
+        self, offset: int, key: bytes, value: bytes, topic: str = TOPIC, headers: Any = ()
+    ) -> None:
+        self.topic, self.partition, self.offset, self.timestamp = topic, 0, offset, offset
+        self.key, self.value, self.headers = key, value, headers
 
 
 class Adder:
@@ -150,7 +159,12 @@ class Producer:
         self.open: list[asyncio.Future[Any]] = []
 
     async def send(
-        self, topic: str, value: bytes | None, key: bytes | None = None, partition: Any = None
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        partition: Any = None,
+        headers: Any = None,
     ) -> asyncio.Future[Any]:
         self.sent.append((topic, key, value))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -274,3 +288,57 @@ def test_a_commit_failing_at_a_rebalance_drops_state_and_restores_before_running
     assert dict(again.stores["totals"].store.items()) == {b"k": b"1", b"k-copy": b"1"}
     assert committer.commits == [{KafkaTopicPartition(TOPIC, 0): 1}]
     assert [e.source for e in app.restore_events] == ["kept"]
+
+
+class Split:
+    """Upstream of a repartition topic: one record per word."""
+
+    async def process(self, ctx: TaskContext, record: Any) -> None:
+        for word in record.value.split():
+            ctx.send("app-words", b"1", key=word)
+
+
+class CountWords:
+    async def process(self, ctx: TaskContext, record: Any) -> None:
+        counts = ctx.store("counts")
+        counts.put(record.key, str(int(counts.get(record.key) or b"0") + 1).encode())
+
+
+def test_a_replayed_upstream_record_is_counted_once_downstream(tmp_path: Path) -> None:
+    """The upstream task processes a sentence, crashes before committing its input, and its
+    heir processes it again: the words reach the repartition topic twice, at new offsets.
+    The downstream store applies each word once (upstream partition and position in the
+    headers), also when the first copy was cut after one word."""
+    topology = Topology(
+        [
+            Subtopology(0, ["sentences"], sink_topics=["app-words"]),
+            Subtopology(1, ["app-words"], stores=["counts"]),
+        ],
+        repartition_topics={"app-words": None},
+        name="app",
+    )
+    app = App(topology, {0: Split, 1: CountWords}, bootstrap_servers="x:1", state_dir=tmp_path)
+    recorder = Recorder()
+    app._producer = recorder  # type: ignore[assignment]
+    rep = frozenset(topology.repartition_topics)
+    state = StoreState.open("counts", TopicPartition("app-counts-changelog", 0), MemoryStore())
+    down = _ActiveTask(TaskId(1, 0), 0, {"counts": state}, CountWords(), repartition=rep)
+    sentence = Rec(7, b"s", b"to be or not to be", topic="sentences")
+
+    async def run() -> None:
+        for _ in range(2):  # the owner, then its heir after a crash
+            upstream = _ActiveTask(TaskId(0, 0), 0, {}, Split(), repartition=rep)
+            await app._process(upstream, sentence)
+        words = [
+            (k, h)
+            for (t, k, _), h in zip(recorder.sent, recorder.headers, strict=True)
+            if t == "app-words"
+        ]
+        copies = [words[0], *words]  # the first word even three times
+        for offset, (word, headers) in enumerate(copies):
+            await app._process(down, Rec(offset, word, b"1", topic="app-words", headers=headers))
+
+    asyncio.run(run())
+    counts = dict(state.items())
+    assert counts == {b"be": b"2", b"not": b"1", b"or": b"1", b"to": b"2"}
+    assert down.processed == 6 and down.skipped == 7

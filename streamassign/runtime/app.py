@@ -107,12 +107,13 @@ class Table:
     def put(self, key: bytes, value: bytes | None) -> None:
         """Write (``None`` deletes); goes to the changelog, committed with the task."""
         state = self._state
-        record = self._task.current
-        if record is not None and state.seen(record.topic, record.offset):
+        mark = self._task.mark
+        if mark is not None and state.seen(*mark):
             return  # this store already holds this record's effect (replay after a crash)
         self._task.journal.append((state, key, key in state.pending, state.pending.get(key)))
         state.put(key, value)
-        self._task.outbox.append((state.changelog.topic, state.changelog.partition, key, value))
+        cl = state.changelog
+        self._task.outbox.append((cl.topic, cl.partition, key, value, None))
 
     def delete(self, key: bytes) -> None:
         self.put(key, None)
@@ -143,8 +144,47 @@ class TaskContext:
         partition: int | None = None,
     ) -> None:
         """Produce to an output or repartition topic (partitioned by key when no partition is
-        given); acknowledged before the input offset is committed (at least once)."""
-        self._task.outbox.append((topic, partition, key, value))
+        given); acknowledged before the input offset is committed (at least once). A record
+        to a repartition topic carries where it comes from (input record and rank), so the
+        stores of the subtopology reading it apply a replayed copy only once."""
+        task = self._task
+        headers = None
+        if topic in task.repartition and task.current is not None:
+            headers = _upstream_headers(task.current, task.sends)
+            task.sends += 1
+        task.outbox.append((topic, partition, key, value, headers))
+
+
+#: One record to produce: topic, partition, key, value, headers.
+_Send = tuple[str, int | None, bytes | None, bytes | None, list[tuple[str, bytes]] | None]
+
+#: Headers of a repartition record: its upstream input partition, and its position there
+#: (input offset * _RANK_LIMIT + rank among the records that input record sent).
+UPSTREAM_HEADER = "streamassign.upstream"
+POSITION_HEADER = "streamassign.position"
+_RANK_LIMIT = 1 << 20
+
+
+def _upstream_headers(record: Record, rank: int) -> list[tuple[str, bytes]]:
+    if rank >= _RANK_LIMIT:
+        raise ValueError(f"one input record sent more than {_RANK_LIMIT} repartition records")
+    upstream = f"{record.topic}[{record.partition}]".encode()
+    position = str(record.offset * _RANK_LIMIT + rank).encode()
+    return [(UPSTREAM_HEADER, upstream), (POSITION_HEADER, position)]
+
+
+def _mark_of(record: Record) -> tuple[str, int]:
+    """The name and position under which the stores track ``record`` as applied: for a
+    repartition record, its upstream input partition and position (stable across upstream
+    replays, which give the same record a new offset); else its own topic and offset."""
+    headers = dict(getattr(record, "headers", None) or ())
+    upstream, position = headers.get(UPSTREAM_HEADER), headers.get(POSITION_HEADER)
+    if upstream is not None and position is not None:
+        try:
+            return upstream.decode(), int(position)
+        except ValueError:  # not ours: track it by its own offset
+            pass
+    return record.topic, record.offset
 
 
 @attrs.define(eq=False)
@@ -158,9 +198,15 @@ class _ActiveTask:
     offsets: dict[TopicPartition, int] = attrs.field(factory=dict)
     committed: dict[TopicPartition, int] = attrs.field(factory=dict)
     futures: list[asyncio.Future[Any]] = attrs.field(factory=list)
-    outbox: list[tuple[str, int | None, bytes | None, bytes | None]] = attrs.field(factory=list)
+    outbox: list[_Send] = attrs.field(factory=list)
     journal: list[tuple[StoreState, bytes, bool, bytes | None]] = attrs.field(factory=list)
     current: Record | None = None
+    #: What identifies the current record in the stores' applied offsets (see ``_mark_of``).
+    mark: tuple[str, int] | None = None
+    #: Repartition topics (their records carry upstream headers), and how many records the
+    #: current record has sent to them so far.
+    repartition: frozenset[str] = frozenset()
+    sends: int = 0
     processed: int = 0
     skipped: int = 0
     #: Its uncommitted state was dropped (cancelled mid-record, failed commit): it must be
@@ -235,6 +281,7 @@ class App:
                     len(sub.stores),
                 )
         self.topology = topology
+        self._repartition = frozenset(topology.repartition_topics)
         self.processors = dict(processors)
         self.store_kind = store_kind
         self.commit_interval = commit_interval_ms / 1000
@@ -493,12 +540,13 @@ class App:
     async def _process(self, task: _ActiveTask, record: Record) -> None:
         tp = TopicPartition(record.topic, record.partition)
         stores = task.stores.values()
-        if stores and all(s.seen(record.topic, record.offset) for s in stores):
+        mark = _mark_of(record)
+        if stores and all(s.seen(*mark) for s in stores):
             task.skipped += 1  # already in every store: a replay after a crash or rebalance
             self.skipped += 1
             task.offsets[tp] = record.offset + 1
             return
-        task.current = record
+        task.current, task.mark, task.sends = record, mark, 0
         try:
             await task.processor.process(task.context, record)
         except Exception as exc:
@@ -521,10 +569,10 @@ class App:
             _tear(task)
             raise
         finally:
-            task.current = None
+            task.current = task.mark = None
         task.journal.clear()
         for s in stores:
-            s.mark_processed(record.topic, record.offset)
+            s.mark_processed(*mark)
         try:
             await self._send_outbox(task)
         except BaseException:  # part of the record's writes may be out: commit none of them
@@ -537,8 +585,10 @@ class App:
     async def _send_outbox(self, task: _ActiveTask) -> None:
         producer = self._producer
         assert producer is not None
-        for topic, partition, key, value in task.outbox:
-            task.futures.append(await producer.send(topic, value, key=key, partition=partition))
+        for topic, partition, key, value, headers in task.outbox:
+            task.futures.append(
+                await producer.send(topic, value, key=key, partition=partition, headers=headers)
+            )
         task.outbox.clear()
 
     async def _commit(self, index: int) -> None:
@@ -687,14 +737,15 @@ class App:
         counts = await self._restore([s for _, states, _ in new for s in states.values()])
         seconds = time.monotonic() - started
         for task_id, states, source in new:
-            task = _ActiveTask(task_id, consumer, states, self.processors[task_id.subtopology]())
+            processor = self.processors[task_id.subtopology]()
+            task = _ActiveTask(task_id, consumer, states, processor, repartition=self._repartition)
             compensated = 0
             for state in states.values():
                 keys = state.compensate()
                 compensated += len(keys)
                 for key in keys:
                     cl = state.changelog
-                    task.outbox.append((cl.topic, cl.partition, key, state.pending[key]))
+                    task.outbox.append((cl.topic, cl.partition, key, state.pending[key], None))
             await self._send_outbox(task)
             self._actives[task_id] = task
             records = sum(counts.get(id(s), 0) for s in states.values())
