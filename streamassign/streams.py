@@ -81,12 +81,17 @@ def client_states(
     members: Mapping[str, MemberSubscription],
     end_offsets: Mapping[TaskId, int] | None = None,
     acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
+    *,
+    exact_lags: bool = False,
 ) -> tuple[list[ClientState], dict[str, list[str]], dict[str, str | None]]:
     """Clients by process id, the members of each, and each process's endpoint.
 
     A task reported with ``LATEST_OFFSET`` was running (a previous active); other reported
     tasks are local state (previous standbys) whose lag is ``end_offsets[t] - sum`` when end
-    offsets are known, else the distance to the best reported sum. A restarted process also
+    offsets are known, else the distance to the best reported sum. With ``exact_lags`` (the
+    high-availability assignor) a task without an end offset has no lag at all: its copies are
+    local state of unknown lag, never caught up, since running actives report no offset sum and
+    the best reported copy may be a warmup that has barely started. A restarted process also
     reports the actives it ran before it stopped: when its state of such a task is caught up
     (lag within ``acceptable_recovery_lag``), it is the task's previous owner again and the
     process that ran it meanwhile counts as a warm holder — so the assignor's move-minimal
@@ -112,21 +117,23 @@ def client_states(
                 best[t] = max(best.get(t, 0), s)
     # A task missing from end_offsets (not fetched yet) is measured against the best copy, as
     # without end offsets: a lag of 0 there would make any copy of it look caught up.
-    top = {**best, **end_offsets} if end_offsets is not None else best
+    ends = dict(end_offsets or {})
+    top = ends if exact_lags else {**best, **ends}
 
     running: dict[str, set[TaskId]] = {}
-    state: dict[str, dict[TaskId, int]] = {}
+    state: dict[str, dict[TaskId, int | None]] = {}  # None: lag unknown
     home: dict[TaskId, str] = {}  # task -> the restarted process it returns to
     for key, info in infos.items():
         running[key] = {t for t, s in info.offset_sums.items() if s == LATEST_OFFSET}
         state[key] = {
-            t: max(0, top.get(t, s) - s)
+            t: max(0, top[t] - s) if t in top else None
             for t, s in info.offset_sums.items()
             if s >= 0 and t not in running[key]
         }
         ran = {t for m in by_process[key] if (i := members[m].info) for t in i.previous_active}
         for t in sorted(ran - running[key]):
-            if state[key].get(t, acceptable_recovery_lag + 1) <= acceptable_recovery_lag:
+            lag = state[key].get(t)
+            if lag is not None and lag <= acceptable_recovery_lag:
                 home.setdefault(t, key)
     for key in running:
         for t in running[key] & home.keys():
@@ -149,7 +156,11 @@ def client_states(
                 capacity=len(ms),
                 prev_active=running[key] | returning,
                 prev_standby=state[key].keys() - returning,
-                lags={t: lag for t, lag in state[key].items() if t not in returning},
+                lags={
+                    t: lag
+                    for t, lag in state[key].items()
+                    if lag is not None and t not in returning
+                },
                 rack=info.rack,
                 tags=info.client_tags,
             )
@@ -180,7 +191,10 @@ def assign_streams(
     ``high_availability`` selects the high-availability assignor with ``max_warmup_replicas``
     and ``probing_rebalance_interval_ms``; ``now_ms`` (default: the wall clock) is the time the
     probing rebalance is counted from. Lags are exact only with ``end_offsets``; without them a
-    copy's lag is its distance to the most advanced copy reported (running actives excluded).
+    copy's lag is its distance to the most advanced copy reported (running actives excluded),
+    except with ``high_availability``: there a task without an end offset has copies of unknown
+    lag, which never take over from a running active (the active stays, the warmup stays, the
+    group probes again), so high availability needs ``end_offsets`` to move anything stateful.
     ``partition_racks`` (the rack of each partition's leader) lets tasks that need a new client
     prefer one in their partitions' rack; ``rack_aware_tags`` names the client tag keys standby
     placement avoids sharing (``None``: all).
@@ -215,7 +229,9 @@ def assign_streams(
     }
     if not compatible:
         return result
-    clients, by_process, endpoints = client_states(compatible, end_offsets, acceptable_recovery_lag)
+    clients, by_process, endpoints = client_states(
+        compatible, end_offsets, acceptable_recovery_lag, exact_lags=high_availability
+    )
     stateful = [t for t in tasks if t.subtopology in topology.stateful_subtopologies]
     next_rebalance = NEVER
     if high_availability:

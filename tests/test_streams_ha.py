@@ -8,7 +8,12 @@ import uuid
 
 from streamassign import PartitionGrouper, Subtopology, TaskId, Topology
 from streamassign.protocol import LATEST_OFFSET, NEVER, SubscriptionInfo
-from streamassign.streams import MemberAssignment, MemberSubscription, assign_streams
+from streamassign.streams import (
+    MemberAssignment,
+    MemberSubscription,
+    assign_streams,
+    client_states,
+)
 
 TOPOLOGY = Topology(
     [Subtopology(0, ["orders"], stores=["totals"]), Subtopology(1, ["clicks"])],
@@ -113,3 +118,48 @@ def test_the_default_probing_time_is_the_wall_clock_plus_the_interval() -> None:
     after = int(time.time() * 1000)
     assert before + 600_000 <= result["p2"].info.next_rebalance_ms <= after + 600_000
     assert TaskId(0, 0) in result["p1"].info.active
+
+
+def test_without_end_offsets_a_fresh_warmup_never_takes_over() -> None:
+    """Running actives report no offset sum, so a lone warmup is the most advanced copy: with
+    no (or a stale, partial) end offset its lag is unknown, not 0. The active stays, the warmup
+    stays, and the group probes again; once the end offset is known and reached, it moves."""
+    old = {"p1": member(1, offset_sums=dict.fromkeys(TASKS, LATEST_OFFSET))}
+    first = lead({**old, "p2": member(2)})
+    warm = first["p2"].info.warmup
+    assert warm
+    p1 = first["p1"].info
+    barely = member(2, offset_sums=dict.fromkeys(warm, 10))  # 10 of 5,000,000 restored
+    again = member(
+        1, offset_sums=dict.fromkeys(p1.active, LATEST_OFFSET), previous_active=p1.active
+    )
+    other = next(t for t in STATEFUL if t not in warm)
+    for ends in (None, {}, {other: END[other]}):
+        result = assign_streams(
+            TOPOLOGY,
+            COUNTS,
+            {"p1": again, "p2": barely},
+            end_offsets=ends,
+            high_availability=True,
+            probing_rebalance_interval_ms=INTERVAL,
+            now_ms=NOW,
+        )
+        assert not result["p2"].info.active & set(STATEFUL), ends
+        assert warm <= result["p1"].info.active
+        assert warm <= result["p2"].info.warmup  # keeps warming up
+        assert result["p2"].info.next_rebalance_ms == NOW + INTERVAL
+    done = member(2, offset_sums={t: END[t] for t in warm})
+    result = lead({"p1": again, "p2": done})
+    assert warm <= result["p2"].info.active
+
+
+def test_sticky_mode_still_measures_lags_against_the_best_copy() -> None:
+    copy = dict.fromkeys(STATEFUL[:1], 10)
+    members = {"p1": member(1, offset_sums=copy), "p2": member(2, offset_sums={STATEFUL[0]: 50})}
+    sticky, _, _ = client_states(members)
+    assert {c.process_id: dict(c.lags) for c in sticky} == {
+        str(uuid.UUID(int=1)): {STATEFUL[0]: 40},
+        str(uuid.UUID(int=2)): {STATEFUL[0]: 0},
+    }
+    exact, _, _ = client_states(members, exact_lags=True)
+    assert all(not c.lags and c.prev_standby == {STATEFUL[0]} for c in exact)

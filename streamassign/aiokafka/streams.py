@@ -264,7 +264,8 @@ class ProcessHost:
     targets (run them like standbys: they arrive through ``on_standby_added``), and members
     rejoin for a probing rebalance ``probing_rebalance_interval_ms`` later. ``end_offsets``
     (a callable giving each stateful task's summed changelog end offsets) makes lags exact;
-    without it a copy's lag is measured against the most advanced copy reported. Give every
+    without it a copy's lag is measured against the most advanced copy reported, and with high
+    availability a task without an end offset never moves to a warmup (lag unknown). Give every
     process the same settings: whichever leads decides.
     """
 
@@ -299,6 +300,11 @@ class ProcessHost:
             max_warmup_replicas,
             probing_rebalance_interval_ms,
         )
+        if high_availability and end_offsets is None:
+            log.warning(
+                "high_availability without end_offsets: lags are unknown, so no stateful "
+                "active ever moves to a warmup (pass end_offsets= to let warmups take over)"
+            )
         self.high_availability = high_availability
         self.acceptable_recovery_lag = acceptable_recovery_lag
         self.max_warmup_replicas = max_warmup_replicas
