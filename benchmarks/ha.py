@@ -11,7 +11,7 @@
    balanced, and the records replicas copied in the background.
 2. **Speed** — one plan at Kafka Streams' scale sizes after every 10th client is replaced, HA
    against sticky on the same input (HA runs the sticky assignor for its target, plus its own
-   pass).
+   pass), and scale outs onto empty clients (the worst case of HA's swap step).
 
 Run ``python benchmarks/ha.py [--quick] [--markdown docs/ha.md]``.
 """
@@ -243,6 +243,44 @@ def speed(sizes: Sequence[tuple[int, int]], repeats: int) -> Report:
     return report
 
 
+#: (name, tasks, clients running them all before, new clients), each old client owning an
+#: equal share; ``None`` old clients: one client runs everything, with capacity for a quarter.
+SCALE_OUTS = (
+    ("10k tasks, 2 -> 4 clients", 10_000, 2, 2),
+    ("10k tasks, 5 -> 10 clients", 10_000, 5, 5),
+    ("4k tasks, 1 big owner + 1000 new", 4_000, None, 1_000),
+)
+
+
+def scale_out(cases: Sequence[tuple[str, int, int | None, int]], repeats: int) -> Report:
+    """A scale out where nobody new has any state: the worst case of HA's swap step (every
+    stateful target move is onto cold state and looks for a partner to trade)."""
+    report = Report(
+        "Speed: scale out onto empty clients, all tasks stateful, no standbys",
+        ["event", "sticky", "ha (plan)", "ha / sticky", "held back"],
+        notes="Same input for both; HA includes the sticky target it starts from.",
+    )
+    for name, n_tasks, n_old, n_new in cases:
+        tasks = make_tasks(n_tasks, 4)
+        if n_old is None:
+            old = [ClientState("big", capacity=max(1, n_tasks // 4), prev_active=tasks)]
+        else:
+            share = -(-n_tasks // n_old)
+            old = [
+                ClientState(pid, prev_active=tasks[i * share : (i + 1) * share])
+                for i, pid in enumerate(member_ids(n_old, "p"))
+            ]
+        clients = old + states(member_ids(n_new, "n"))
+        same = partial(list, clients)
+        sticky = StickyTaskAssignor(0, ACCEPTABLE)
+        ha = HighAvailabilityTaskAssignor(0, ACCEPTABLE, WARMUPS)
+        ours = timed(partial(sticky.assign, tasks), same, repeats, min_total=0.2)
+        hat = timed(partial(ha.plan, tasks), same, repeats, min_total=0.2)
+        held = len(ha.plan(tasks, clients).held_back)
+        report.add(name, fmt_time(ours), fmt_time(hat), fmt_ratio(hat, ours), fmt_num(held))
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
@@ -254,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [(120, 12), (1000, 100)] if args.quick else [(120, 12), (1000, 100), (6000, 600)]
     reports = takeovers(24 if args.quick else 48)
     reports.append(speed(sizes, 3 if args.quick else 5))
+    reports.append(scale_out(SCALE_OUTS[-1:] if args.quick else SCALE_OUTS, 3))
     for r in reports:
         r.show()
     if args.markdown:

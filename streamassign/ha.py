@@ -36,6 +36,7 @@ balance and move guarantees.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -149,6 +150,7 @@ class _Holdback:
         self.target = target
         self.previous = resolve_previous_owners(tasks, clients)
         self.ready: dict[TaskId, list[tuple[int, str]]] | None = None
+        self.ready_by: dict[str, frozenset[TaskId]] | None = None
 
     def lag(self, task: TaskId, pid: str) -> int | None:
         """Lag of ``pid`` on ``task``: 0 for its running owner, None when unknown."""
@@ -197,6 +199,7 @@ class _Holdback:
         previous = self.previous
         sets = _Copies(self.target)
         taken: set[TaskId] = set()
+        pools = _Pools(self, taken)
         for t, dest in self.moving():
             if t in taken or self.ready_on(t, dest):
                 continue
@@ -204,7 +207,7 @@ class _Holdback:
             homes = [owner] if owner is not None else []
             homes += [pid for _, pid in sorted(self.caught_up(t)) if pid not in (owner, dest)]
             for home in homes:
-                u = self._partner(t, dest, home, sets, taken)
+                u = self._partner(t, dest, home, sets, pools)
                 if u is None:
                     continue
                 home_active, home_standby = sets.of(home)
@@ -222,36 +225,52 @@ class _Holdback:
                 break
         self.target = sets.result()
 
+    def caught_up_on(self, pid: str) -> frozenset[TaskId]:
+        """The tasks ``pid`` is caught up on (``ready_on``), built once per client."""
+        if self.ready_by is None:
+            ready_by: dict[str, set[TaskId]] = {}
+            for t, owner in self.previous.items():
+                ready_by.setdefault(owner, set()).add(t)
+            for p, c in self.clients.items():
+                mine = ready_by.setdefault(p, set())
+                mine.update(t for t in c.prev_active | c.lags.keys() if self.ready_on(t, p))
+            self.ready_by = {p: frozenset(ts) for p, ts in ready_by.items()}
+        return self.ready_by.get(pid, frozenset())
+
     def _partner(
-        self, t: TaskId, dest: str, home: str, sets: _Copies, taken: set[TaskId]
+        self, t: TaskId, dest: str, home: str, sets: _Copies, pools: _Pools
     ) -> TaskId | None:
         """A task the target gives ``home`` that can go to ``dest`` in exchange for ``t``: no
-        new wait, no extra move, and the standbys can trade places (None: there is none)."""
-        home_active, home_standby = sets.of(home)
+        new wait, no extra move, and the standbys can trade places (None: there is none).
+
+        From ``t``'s running owner only a task it keeps qualifies (the move count stays); from
+        another client only a task moving there too (it moves either way). In order: a
+        stateless one (nothing to restore), one ``dest`` is caught up on, one nobody is caught
+        up on (it restores wherever it goes; not from the owner); the smallest id in each. The
+        candidates come from indexes, so a rebalance costs about linear time, not tasks x
+        clients."""
         dest_standby = sets.of(dest)[1]
-        paired = t in home_standby  # dest must then hold a standby of the partner
-        runs_t = self.previous.get(t) == home
-        best: tuple[int, TaskId] | None = None
-        for u in home_active:
-            if u in taken or u == t or (u in dest_standby) != paired:
-                continue
-            # From t's running owner, only a task it keeps (the move count stays); from another
-            # client, only a task moving there too (it moves either way).
-            if (self.previous.get(u) == home) != runs_t:
-                continue
-            if u not in self.stateful:
-                if paired:
-                    continue
-                rank = -1  # stateless: nothing to restore at all
-            elif self.ready_on(u, dest):
-                rank = 0
-            elif not runs_t and not self.caught_up(u):
-                rank = 1  # nobody is caught up on it: it restores wherever it goes
-            else:
-                continue
-            if best is None or (rank, u) < best:
-                best = (rank, u)
-        return None if best is None else best[1]
+        paired = t in sets.of(home)[1]  # dest must then hold a standby of the partner
+        pool = pools.of(home, self.previous.get(t) == home)
+        if not paired:
+            u = pool.first(pool.stateless, dest_standby, False)
+            if u is not None:
+                return u
+        mine, ready = pool.stateful, self.caught_up_on(dest)
+        small, large = (mine, ready) if len(mine) <= len(ready) else (ready, mine)
+        best = None
+        for u in small:
+            if (
+                u in large
+                and u != t
+                and u not in pools.taken
+                and (u in dest_standby) == paired
+                and (best is None or u < best)
+            ):
+                best = u
+        if best is not None or pool.kept:
+            return best
+        return pool.first(pool.orphans, dest_standby, paired)
 
     def plan(self) -> HighAvailabilityPlan:
         self.swap()
@@ -295,6 +314,53 @@ class _Holdback:
         a = self.target[pid]
         count = len(active[pid]) if pid in active else len(a.active)
         return (task not in a.standby, count / self.clients[pid].capacity, lag, pid)
+
+
+class _Pool:
+    """The target actives of one client that may be handed away in a swap, split by kind;
+    ``stateless`` and ``orphans`` (stateful, nobody caught up) sorted by id."""
+
+    def __init__(self, kept: bool, stateless: list[TaskId], stateful: set[TaskId]) -> None:
+        self.kept = kept
+        self.stateless = stateless
+        self.stateful = stateful
+        self.orphans: list[TaskId] = []
+        self.taken: set[TaskId] = set()
+        self.start: dict[int, int] = {}
+
+    def first(self, ordered: list[TaskId], standby: set[TaskId], paired: bool) -> TaskId | None:
+        """The smallest task of ``ordered`` not taken yet that is in ``standby`` exactly when
+        ``paired``. Taken tasks at the front are dropped for good: repeated calls are cheap."""
+        i = self.start.get(id(ordered), 0)
+        while i < len(ordered) and ordered[i] in self.taken:
+            i += 1
+        self.start[id(ordered)] = i
+        for u in itertools.islice(ordered, i, None):
+            if u not in self.taken and (u in standby) == paired:
+                return u
+        return None
+
+
+class _Pools:
+    """Swap candidates by (client, whether it ran them), built on first use."""
+
+    def __init__(self, holdback: _Holdback, taken: set[TaskId]) -> None:
+        self.holdback = holdback
+        self.taken = taken
+        self.pools: dict[tuple[str, bool], _Pool] = {}
+
+    def of(self, pid: str, kept: bool) -> _Pool:
+        key = (pid, kept)
+        if key not in self.pools:
+            h = self.holdback
+            mine = [u for u in h.target[pid].active if (h.previous.get(u) == pid) == kept]
+            stateful = {u for u in mine if u in h.stateful}
+            pool = _Pool(kept, sorted(u for u in mine if u not in h.stateful), stateful)
+            if not kept:
+                pool.orphans = sorted(u for u in stateful if not h.caught_up(u))
+            pool.taken = self.taken
+            self.pools[key] = pool
+        return self.pools[key]
 
 
 class _Copies:
