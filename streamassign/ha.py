@@ -44,7 +44,7 @@ import attrs
 
 from ._ids import TaskId
 from .assignment import ClientAssignment, ClientState
-from .sticky import StickyTaskAssignor, resolve_previous_owners
+from .sticky import StickyTaskAssignor, _tag_keys, resolve_previous_owners
 
 __all__ = ["HighAvailabilityPlan", "HighAvailabilityTaskAssignor"]
 
@@ -101,33 +101,42 @@ class HighAvailabilityTaskAssignor:
     #: Warmup replicas allowed at once in the whole group (``max.warmup.replicas``).
     max_warmup_replicas: int = attrs.field(default=2, validator=_at_least(1))
     probing_rebalance_interval_ms: int = attrs.field(default=600_000, validator=_at_least(1))
+    #: Client tag keys standby placement avoids sharing (``StickyTaskAssignor``'s; ``None``: all).
+    rack_aware_tags: tuple[str, ...] | None = attrs.field(default=None, converter=_tag_keys)
 
     def assign(
         self,
         tasks: Iterable[TaskId],
         clients: Iterable[ClientState],
         stateful: Iterable[TaskId] | None = None,
+        task_racks: Mapping[TaskId, str] | None = None,
     ) -> dict[str, ClientAssignment]:
         """What every client runs now, keyed by process id (``plan(...).assignment``)."""
-        return dict(self.plan(tasks, clients, stateful).assignment)
+        return dict(self.plan(tasks, clients, stateful, task_racks).assignment)
 
     def plan(
         self,
         tasks: Iterable[TaskId],
         clients: Iterable[ClientState],
         stateful: Iterable[TaskId] | None = None,
+        task_racks: Mapping[TaskId, str] | None = None,
     ) -> HighAvailabilityPlan:
         """The interim assignment, its target, and the actives held back (module docstring).
 
-        ``stateful=None`` treats every task as stateful. Raises ``ValueError`` as
-        ``StickyTaskAssignor.assign`` does (duplicate process ids, tasks without clients).
+        ``stateful=None`` treats every task as stateful. ``task_racks`` (each task's partition
+        leaders' rack) and ``rack_aware_tags`` shape the sticky target as they shape
+        ``StickyTaskAssignor.assign``. Raises ``ValueError`` as that does (duplicate process
+        ids, tasks without clients).
         """
         task_list = sorted({t if type(t) is TaskId else TaskId(*t) for t in tasks})
         client_list = sorted(clients, key=lambda c: c.process_id)
         stateful_list = task_list if stateful is None else [TaskId(*t) for t in stateful]
-        target = StickyTaskAssignor(self.num_standby_replicas, self.acceptable_recovery_lag).assign(
-            task_list, client_list, stateful_list
+        sticky = StickyTaskAssignor(
+            self.num_standby_replicas,
+            self.acceptable_recovery_lag,
+            rack_aware_tags=self.rack_aware_tags,
         )
+        target = sticky.assign(task_list, client_list, stateful_list, task_racks=task_racks)
         return _Holdback(self, task_list, client_list, set(stateful_list), target).plan()
 
 

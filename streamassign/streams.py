@@ -234,30 +234,31 @@ def assign_streams(
     )
     stateful = [t for t in tasks if t.subtopology in topology.stateful_subtopologies]
     next_rebalance = NEVER
+    racks = task_racks(tasks, partition_racks) if partition_racks else None
     if high_availability:
         ha = HighAvailabilityTaskAssignor(
             num_standby_replicas,
             acceptable_recovery_lag,
             max_warmup_replicas,
             probing_rebalance_interval_ms,
+            rack_aware_tags=rack_aware_tags,
         )
-        plan = ha.plan(tasks, clients, stateful)
+        plan = ha.plan(tasks, clients, stateful, task_racks=racks)
         per_client = dict(plan.assignment)
         if plan.probing_rebalance_needed:
             start = int(time.time() * 1000) if now_ms is None else now_ms
-            next_rebalance = start + probing_rebalance_interval_ms
+            next_rebalance = start + ha.probing_rebalance_interval_ms
             log.info(
                 "%d actives held back on caught-up processes, %d warmups placed; "
                 "probing rebalance in %d ms",
                 len(plan.held_back),
                 plan.warmups,
-                probing_rebalance_interval_ms,
+                ha.probing_rebalance_interval_ms,
             )
     else:
         assignor = StickyTaskAssignor(
             num_standby_replicas, acceptable_recovery_lag, rack_aware_tags=rack_aware_tags
         )
-        racks = task_racks(tasks, partition_racks) if partition_racks else None
         per_client = assignor.assign(tasks, clients, stateful, task_racks=racks)
 
     active_by_host: dict[str, frozenset[TaskId]] = {}

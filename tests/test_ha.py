@@ -325,3 +325,25 @@ def test_bad_input_is_the_sticky_assignors_error() -> None:
     with pytest.raises(ValueError, match="no clients"):
         assignor(0).plan(T, [])
     assert assignor(0).plan([], []).assignment == {}
+
+
+@pytest.mark.parametrize("key", ["zone", "host"])
+def test_rack_aware_tags_and_task_racks_shape_the_target(key: str) -> None:
+    """The keys named in ``rack_aware_tags`` are the ones a standby avoids sharing with its
+    active; ``task_racks`` pull tasks to a client in their rack, as in the sticky assignor."""
+    tasks = [TaskId(0, p) for p in range(8)]
+    where = [("a", "z1", "x", "r1"), ("b", "z1", "y", "r1"), ("c", "z2", "x", "r2")]
+    clients = [
+        ClientState(p, rack=r, tags={"zone": z, "host": h})
+        for p, z, h, r in [*where, ("d", "z2", "y", "r2")]
+    ]
+    racks = {t: "r2" if t.partition < 4 else "r1" for t in tasks}
+    ha = HighAvailabilityTaskAssignor(1, ACCEPTABLE, rack_aware_tags=[key])
+    plan = ha.plan(tasks, clients, task_racks=racks)
+    assert plan.assignment == plan.target == ha.assign(tasks, clients, task_racks=racks)
+    tag = {c.process_id: c.tags[key] for c in clients}
+    rack = {c.process_id: c.rack for c in clients}
+    active = {t: pid for pid, a in plan.assignment.items() for t in a.active}
+    for pid, a in plan.assignment.items():
+        assert all(tag[active[t]] != tag[pid] for t in a.standby), (pid, a)
+    assert all(rack[pid] == racks[t] for t, pid in active.items())

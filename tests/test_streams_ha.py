@@ -163,3 +163,31 @@ def test_sticky_mode_still_measures_lags_against_the_best_copy() -> None:
     }
     exact, _, _ = client_states(members, exact_lags=True)
     assert all(not c.lags and c.prev_standby == {STATEFUL[0]} for c in exact)
+
+
+def test_partition_racks_and_rack_aware_tags_reach_the_high_availability_assignor() -> None:
+    """A fresh group has nothing to hold back: HA gives what sticky gives with the same rack
+    hints, and the hints change the assignment (they are not dropped on the HA path)."""
+    zones = [("east", "z1", "h1"), ("west", "z2", "h1"), ("east", "z1", "h2"), ("west", "z2", "h2")]
+    members = {
+        f"p{i}": member(i + 1, rack=rack, client_tags={"zone": z, "host": h})
+        for i, (rack, z, h) in enumerate(zones)
+    }
+    tasks = PartitionGrouper().group(TOPOLOGY, COUNTS)
+    leaders = {tp: "west" if tp.partition % 2 == 0 else "east" for t in tasks for tp in tasks[t]}
+
+    def tasks_of(high_availability: bool, **hints: object) -> dict[str, object]:
+        result = assign_streams(
+            TOPOLOGY,
+            COUNTS,
+            members,
+            num_standby_replicas=1,
+            end_offsets=END,
+            high_availability=high_availability,
+            **hints,  # type: ignore[arg-type]
+        )
+        return {m: (a.info.active, a.info.standby) for m, a in result.items()}
+
+    plain = tasks_of(True)
+    for hints in ({"partition_racks": leaders}, {"rack_aware_tags": ["zone"]}):
+        assert tasks_of(True, **hints) == tasks_of(False, **hints) != plain, hints
