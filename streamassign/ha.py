@@ -19,15 +19,18 @@ there, and warms the state up first where it is not:
 4. **Hold back.** A stateful task whose target client is not caught up, while some present client
    is, stays on a caught-up one: its previous owner if present, else a caught-up client that
    holds a target standby of it (the two swap roles: the target client gets the standby, so it
-   warms up with no extra copy), else the least loaded caught-up client.
+   warms up with no extra copy), else the least loaded caught-up client. When nobody is caught
+   up but some client's lag is more than ``acceptable_recovery_lag`` below the target client's
+   (unknown or no state counts as behind every known lag), the task goes to the least lagging
+   such client meanwhile (KAFKA-10086): it restores less than the target would.
 5. **Warmups.** Where no role swap happened, the target client gets a warmup replica of the task,
    at most ``max_warmup_replicas`` in the whole group; the budget goes first to clients that
    already have some state of the task (a warmup in progress keeps its slot), then to the
    smallest lag, then by task id.
 6. **Probing.** The plan says a probing rebalance is needed while any active is held back; at
    that rebalance caught-up warmups are warm holders, so the sticky target takes them over with
-   (near) zero restore. Stateless tasks, and stateful ones no present client is caught up on,
-   go straight to their target: there is nothing to wait for.
+   (near) zero restore. Stateless tasks, and stateful ones no present client is caught up on
+   or much closer to than the target, go straight to their target: nothing to wait for.
 
 While actives are held back the interim assignment can be unbalanced (a caught-up client runs
 more than its share); the assignment the rounds converge to is the target, with all the sticky
@@ -158,7 +161,7 @@ class _Holdback:
         self.stateful = stateful
         self.target = target
         self.previous = resolve_previous_owners(tasks, clients)
-        self.ready: dict[TaskId, list[tuple[int, str]]] | None = None
+        self.known: dict[TaskId, list[tuple[int, str]]] | None = None
         self.ready_by: dict[str, frozenset[TaskId]] | None = None
 
     def lag(self, task: TaskId, pid: str) -> int | None:
@@ -170,20 +173,24 @@ class _Holdback:
             return c.lags[task]
         return 0 if task in c.prev_active else None
 
-    def caught_up(self, task: TaskId) -> list[tuple[int, str]]:
-        """(lag, process id) of the clients caught up on ``task``, in process id order."""
-        if self.ready is None:  # built once, and only when some target is not caught up
-            ready: dict[TaskId, list[tuple[int, str]]] = {}
+    def holders(self, task: TaskId) -> list[tuple[int, str]]:
+        """(lag, process id) of the clients whose lag on ``task`` is known, in process id
+        order: its running owner (0), clients that ran it, clients that report a lag."""
+        if self.known is None:  # built once, and only when some target is not caught up
+            known: dict[TaskId, list[tuple[int, str]]] = {}
             for pid, c in self.clients.items():
                 for t in c.prev_active:
                     lag = 0 if self.previous.get(t) == pid else c.lags.get(t, 0)
-                    if lag <= self.acceptable:
-                        ready.setdefault(t, []).append((lag, pid))
+                    known.setdefault(t, []).append((lag, pid))
                 for t, lag in c.lags.items():
-                    if lag <= self.acceptable and t not in c.prev_active:
-                        ready.setdefault(t, []).append((lag, pid))
-            self.ready = ready
-        return self.ready.get(task, [])
+                    if t not in c.prev_active:
+                        known.setdefault(t, []).append((lag, pid))
+            self.known = known
+        return self.known.get(task, [])
+
+    def caught_up(self, task: TaskId) -> list[tuple[int, str]]:
+        """(lag, process id) of the clients caught up on ``task``, in process id order."""
+        return [r for r in self.holders(task) if r[0] <= self.acceptable]
 
     def ready_on(self, task: TaskId, pid: str) -> bool:
         lag = self.lag(task, pid)
@@ -293,10 +300,11 @@ class _Holdback:
                 continue
             ready = self.caught_up(t)
             if not ready:
-                continue  # nobody is caught up: nothing to wait for
-            keeper = previous.get(t)
-            if keeper is None:
+                keeper = self._closest(t, dest, lag)
+            elif (keeper := previous.get(t)) is None:
                 keeper = min(ready, key=lambda r: self._keeper_rank(t, r, sets.active))[1]
+            if keeper is None:
+                continue  # nobody is much closer than the target: nothing to wait for
             dest_active, dest_standby = sets.of(dest)
             keeper_active, keeper_standby = sets.of(keeper)
             dest_active.discard(t)
@@ -313,6 +321,18 @@ class _Holdback:
         for *_, t, dest in sorted(wants_warmup)[: self.budget]:
             warmup.setdefault(dest, set()).add(t)
         return HighAvailabilityPlan(sets.result(warmup), target, held)
+
+    def _closest(self, task: TaskId, dest: str, dest_lag: int | None) -> str | None:
+        """With nobody caught up on ``task`` (its owner is gone): the least lagging holder,
+        when it is more than an acceptable lag closer than ``dest`` (KAFKA-10086: it restores
+        less, and the target warms up meanwhile); None when there is no such holder."""
+        lags = [r for r in self.holders(task) if r[1] != dest]
+        if not lags:
+            return None
+        lag, pid = min(lags)
+        if dest_lag is not None and dest_lag - lag <= self.acceptable:
+            return None
+        return pid
 
     def _keeper_rank(
         self, task: TaskId, ready: tuple[int, str], active: Mapping[str, set[TaskId]]

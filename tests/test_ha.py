@@ -66,6 +66,12 @@ def check_round(
         any_ready = any(caught_up(c, t, prev) for c in clients)
         if now[t] != prev and any_ready:
             assert caught_up(by_pid[now[t]], t, prev), (t, prev, now[t])
+        elif now[t] != prev:  # nobody caught up: it runs where no copy is much closer
+            lags = {c.process_id: c.lags.get(t, 0 if t in c.prev_active else None) for c in clients}
+            known = [lag for lag in lags.values() if lag is not None]
+            here = lags[now[t]]
+            if known:
+                assert here is not None and here - min(known) <= ACCEPTABLE, (t, now[t], lags)
     off_target = {t for pid, a in result.items() for t in a.active - plan.target[pid].active}
     assert plan.probing_rebalance_needed == bool(off_target) == bool(plan.held_back)
 
@@ -347,3 +353,20 @@ def test_rack_aware_tags_and_task_racks_shape_the_target(key: str) -> None:
     for pid, a in plan.assignment.items():
         assert all(tag[active[t]] != tag[pid] for t in a.standby), (pid, a)
     assert all(rack[pid] == racks[t] for t, pid in active.items())
+
+
+def test_with_nobody_caught_up_the_least_lagging_holder_keeps_the_task_meanwhile() -> None:
+    """KAFKA-10086: a lost client's tasks go to the holder of a copy 20,000 behind rather than
+    to a client with nothing (which restores all); the target warms up and takes over later."""
+    tasks = [TaskId(0, p) for p in range(6)]
+    lost = tasks[:3]  # ran on a client that is gone; b holds standbys of them, 20,000 behind
+    b = ClientState("b", prev_active=tasks[3:], prev_standby=lost, lags=dict.fromkeys(lost, 20_000))
+    c = ClientState("c")
+    plan = HighAvailabilityTaskAssignor(1, 10_000).plan(tasks, [b, c])
+    assert plan.assignment["b"].active == set(tasks)
+    assert plan.held_back == dict.fromkeys(lost, "c")
+    assert set(lost) <= plan.assignment["c"].standby | plan.assignment["c"].warmup
+    # A copy only 5,000 closer than the target's is not worth the wait: straight to target.
+    near = ClientState("c", prev_standby=lost, lags=dict.fromkeys(lost, 25_000))
+    plan = HighAvailabilityTaskAssignor(1, 10_000).plan(tasks, [b, near])
+    assert not plan.held_back and plan.assignment == plan.target
