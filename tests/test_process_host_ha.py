@@ -57,6 +57,38 @@ def test_the_leader_holds_actives_back_and_sets_the_probing_time(tmp_path: Path)
         assert before + 60_000 <= info.next_rebalance_ms <= time.time() * 1000 + 60_000
 
 
+def test_a_failing_end_offsets_lookup_leaves_lags_unknown_instead_of_failing_the_group(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> dict[TaskId, int]:
+        raise ConnectionError("broker down")
+
+    host = ha_host(tmp_path, end_offsets=broken)
+    warm = dict.fromkeys(TASKS[:2], 10)  # a warmup 10 records in: lag unknown, not caught up
+    members = {
+        "old": ConsumerProtocolMemberMetadata(
+            0,
+            ["in"],
+            SubscriptionInfo(
+                uuid.UUID(int=1), offset_sums=dict.fromkeys(TASKS, LATEST_OFFSET)
+            ).encode(),
+        ),
+        "new": ConsumerProtocolMemberMetadata(
+            0, ["in"], SubscriptionInfo(uuid.UUID(int=2), offset_sums=warm).encode()
+        ),
+    }
+    cluster = SimpleNamespace(partitions_for_topic=lambda topic: set(range(4)))
+    out = host.assignors[0].assign(cluster, members)
+    infos = {
+        m: AssignmentInfo.decode(ConsumerProtocolMemberAssignment.decode(b).user_data)
+        for m, b in out.items()
+    }
+    assert {i.error_code for i in infos.values()} == {0}
+    assert infos["old"].active == set(TASKS) and not infos["new"].active
+    assert set(warm) <= infos["new"].warmup
+    assert "end_offsets failed" in caplog.text
+
+
 def test_bad_settings_fail_at_construction(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_warmup_replicas must be an int >= 1"):
         ha_host(tmp_path, max_warmup_replicas=0)

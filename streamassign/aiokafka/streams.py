@@ -141,7 +141,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 rack_aware_tags=self.host.rack_aware_tags,
                 num_standby_replicas=self.host.num_standby_replicas,
                 leader_version=self.host.max_version,
-                end_offsets=self.host.end_offsets() if self.host.end_offsets else None,
+                end_offsets=self._end_offsets(),
                 acceptable_recovery_lag=self.host.acceptable_recovery_lag,
                 high_availability=self.host.high_availability,
                 max_warmup_replicas=self.host.max_warmup_replicas,
@@ -155,6 +155,18 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         if _has_loop():
             self.last_assign_ms = (asyncio.get_running_loop().time() - started) * 1000
         return out
+
+    def _end_offsets(self) -> Mapping[TaskId, int] | None:
+        """The host's changelog end offsets; None (lags unknown: no stateful active moves onto
+        a warmup, see ``assign_streams``) when there is no callable or it fails, so a broken
+        lookup never fails the whole group's assignment."""
+        if self.host.end_offsets is None:
+            return None
+        try:
+            return self.host.end_offsets()
+        except Exception:
+            log.exception("end_offsets failed; assigning with unknown lags (no warmup takes over)")
+            return None
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
         try:
