@@ -7,9 +7,10 @@ lowest index) among those that share no rack and no tag value (KIP-708 / KIP-925
 When none avoids them all, the fewest conflicts wins among the first ``RACK_SCAN`` clients by
 room: placement degrades, the assignment stays valid.
 
-Callers hand it copies grouped by active client: with room taken in turn, consecutive copies
-of one client's tasks then land on different clients, so when a client is lost its tasks have
-warm copies on many survivors rather than all on one neighbour.
+Spread: callers hand it copies grouped by active client, so with room taken in turn consecutive
+copies of one client's tasks land on different clients; and a client already holding its fair
+share of one active client's standbys yields to the next few by room. When a client is lost,
+its tasks then have warm copies on many survivors rather than all on one neighbour.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 
+#: Candidates (by most room) examined for one not yet holding its fair share of the owner's.
+SPREAD = 4
 #: Candidates examined at most while looking for one without rack or tag conflicts.
 RACK_SCAN = 64
 
@@ -31,8 +34,14 @@ class StandbyQueue:
         racks: Sequence[str | None] | None = None,
         tags: Sequence[Mapping[str, str]] | None = None,
         tag_keys: Sequence[str] | None = None,
+        backups: Sequence[int] | None = None,
     ) -> None:
         self.room = room
+        # Spread: a client already holding its fair share of one active client's standbys
+        # (``backups[owner]`` copies over the other clients) yields to the next one by room.
+        others = max(1, len(room) - 1)
+        self._fair = [-(-b // others) for b in backups] if backups is not None else None
+        self._pairs: dict[tuple[int, int], int] = {}
         self._heap = [(-left, ci) for ci, left in enumerate(room) if left > 0]
         heapq.heapify(self._heap)
         self._racks = racks if racks is not None and len(set(racks) - {None}) > 1 else None
@@ -66,11 +75,12 @@ class StandbyQueue:
     def pick(self, owner: int, held: Sequence[int]) -> int:
         """The client for one more copy of a task active on ``owner`` and held by ``held``
         (-1: every client with room is ``owner`` or in ``held``); its room drops by one."""
-        room, heap = self.room, self._heap
+        room, heap, pairs = self.room, self._heap, self._pairs
         aware = self.aware
         group = [owner, *held] if aware else []
+        fair = self._fair[owner] if self._fair is not None else 0
         seen: list[tuple[int, int]] = []
-        best: tuple[int, int, int] | None = None
+        best: tuple[int, int, int, int] | None = None
         while heap:
             neg, ci = heapq.heappop(heap)
             if -neg != room[ci]:
@@ -81,17 +91,22 @@ class StandbyQueue:
             if ci == owner or ci in held:
                 continue
             conflicts = self.conflicts(ci, group) if aware else 0
-            if best is None or (conflicts, neg, ci) < best:
-                best = (conflicts, neg, ci)
-            if best[0] == 0 or len(seen) >= RACK_SCAN:
-                break  # the most room among those without conflicts, or the fewest found
+            crowded = pairs.get((owner, ci), 0) >= fair
+            if best is None or (conflicts, crowded, neg, ci) < best:
+                best = (conflicts, crowded, neg, ci)
+            if best[0] == 0 and (not best[1] or len(seen) >= SPREAD):
+                break  # most room, no conflict, not crowded (or looked far enough)
+            if len(seen) >= RACK_SCAN:
+                break  # the fewest conflicts found
         for entry in seen:
-            if best is None or entry[1] != best[2]:
+            if best is None or entry[1] != best[3]:
                 heapq.heappush(heap, entry)
         if best is None:
             return -1
-        ci = best[2]
+        ci = best[3]
         room[ci] -= 1
         if room[ci] > 0:
             heapq.heappush(heap, (-room[ci], ci))
+        if self._fair is not None:
+            pairs[(owner, ci)] = pairs.get((owner, ci), 0) + 1
         return ci

@@ -538,11 +538,16 @@ class _Run:
     def _queue(self, room: list[int]) -> StandbyQueue:
         clients = self.clients
         aware = any(c.rack is not None or c.tags for c in clients)
+        backups = [0] * len(clients)
+        for i, ci in enumerate(self.owner):
+            if self.stateful[i]:
+                backups[ci] += self.replicas
         return StandbyQueue(
             room,
             [c.rack for c in clients] if aware else None,
             [c.tags for c in clients] if aware else None,
             self.rack_aware_tags,
+            backups,
         )
 
     def _valid_prev_standbys(self, ci: int) -> int:
