@@ -344,6 +344,11 @@ class _TaskRunner:
         self.collect = collect
         #: per step, the takeovers (only when ``collect``; plan-standbys uses them)
         self.takeovers: list[list[Takeover]] = []
+        #: time of the rebalance being priced, seconds
+        self.now = 0.0
+        #: (process id, task) -> (time placed, lag then) of replicas still restoring; new
+        #: replicas restore at ``replica_restore_per_s`` for every task-level runner alike
+        self.restoring: dict[tuple[str, TaskId], tuple[float, int]] = {}
 
     def _snapshot(
         self, held: ClientAssignment, at: float, stateful: frozenset[TaskId]
@@ -356,21 +361,55 @@ class _TaskRunner:
         pos.update((t, end(t, at)) for t in held.active if t in stateful)
         return pos
 
+    def _lag(self, pid: str, task: TaskId) -> int:
+        """How far behind ``pid``'s replica of ``task`` is now: the standby lag once restored."""
+        placed = self.restoring.get((pid, task))
+        if placed is None:
+            return self.ctx.standby_lag
+        at, lag = placed
+        rate = self.ctx.job.replica_restore_per_s
+        return max(self.ctx.standby_lag, int(lag - rate * (self.now - at)))
+
     def _running_state(
         self, pid: str, threads: int, rack: str, held: ClientAssignment
     ) -> ClientState:
         cached = self.states.get(pid)
-        if cached is not None and cached[0] is held:
-            return cached[1]
         standby = held.standby | held.warmup
-        lags = dict.fromkeys(standby, self.ctx.standby_lag)
+        still = any((pid, t) in self.restoring for t in standby)
+        if cached is not None and cached[0] is held and not still:
+            return cached[1]
+        lags = {t: self._lag(pid, t) for t in standby}
         state = _client_state(pid, threads, held.active, standby, lags, rack)
-        self.states[pid] = (held, state)
+        if still:  # lags change with time: no reuse
+            self.states.pop(pid, None)
+        else:
+            self.states[pid] = (held, state)
         return state
+
+    def _track(self, clients: list[ClientState], stateful: frozenset[TaskId]) -> None:
+        """Start the restore clock of replicas placed where no caught-up state was, after
+        ``self.assignment`` became the result for ``clients``."""
+        now, lag = self.now, self.ctx.standby_lag
+        restoring: dict[tuple[str, TaskId], tuple[float, int]] = {}
+        for c in clients:
+            a = self.assignment.get(c.process_id, _EMPTY)
+            for t in (a.standby | a.warmup) & stateful:
+                key = (c.process_id, t)
+                if key in self.restoring:
+                    if self._lag(*key) > lag:
+                        restoring[key] = self.restoring[key]
+                elif t in c.prev_active:
+                    continue
+                elif t in c.prev_standby:
+                    if c.lags.get(t, lag) > lag:  # back from an outage, behind
+                        restoring[key] = (now, c.lags[t])
+                else:
+                    restoring[key] = (now, self.ctx.end(t, now))
+        self.restoring = restoring
 
     def step(self, step: Step, layout: Layout) -> RebalanceRow:
         ctx = self.ctx
-        now = step.time_s
+        now = self.now = step.time_s
         tasks, stateful_list, stateful = ctx.tasks(layout)
         before = self.assignment
         owner_before: dict[TaskId, str] = {}
@@ -451,8 +490,8 @@ class _TaskRunner:
                     if pos is not None:
                         x = pos.get(t)
                         r = size if x is None else max(0, size - x)
-                    elif t in c.prev_standby:
-                        r = min(lag, size)
+                    elif t in c.prev_standby:  # a replica, perhaps still restoring
+                        r = min(c.lags.get(t, lag), size)
                     else:
                         r = size
                     if r:
@@ -481,6 +520,7 @@ class _TaskRunner:
             pid: (old if (old := before.get(pid)) is not None and old == a else a)
             for pid, a in result.items()
         }
+        self._track(clients, stateful)
         return RebalanceRow(
             **base,
             standby_replicas=self.replicas,
@@ -525,11 +565,8 @@ class _HaRunner(_TaskRunner):
             max(1, round(job.probing_interval_s * 1000)),
         )
         super().__init__(ctx, name, self._plan, collect)
-        self.now = 0.0
         self.last: HighAvailabilityPlan | None = None
         self.last_clients: list[ClientState] = []
-        #: (process id, task) -> (time placed, lag then) of replicas still restoring
-        self.restoring: dict[tuple[str, TaskId], tuple[float, int]] = {}
 
     def _plan(
         self,
@@ -545,48 +582,11 @@ class _HaRunner(_TaskRunner):
         self.last_clients = clients
         return dict(self.last.assignment), seconds
 
-    def _lag(self, pid: str, task: TaskId) -> int:
-        placed = self.restoring.get((pid, task))
-        if placed is None:
-            return self.ctx.standby_lag
-        at, lag = placed
-        rate = self.ctx.job.replica_restore_per_s
-        return max(self.ctx.standby_lag, int(lag - rate * (self.now - at)))
-
-    def _running_state(
-        self, pid: str, threads: int, rack: str, held: ClientAssignment
-    ) -> ClientState:
-        replicas = held.standby | held.warmup
-        lags = {t: self._lag(pid, t) for t in replicas}
-        return _client_state(pid, threads, held.active, replicas, lags, rack)
-
-    def _track(self, stateful: frozenset[TaskId]) -> None:
-        """Start the restore clock of replicas placed where no caught-up state was."""
-        now, lag = self.now, self.ctx.standby_lag
-        restoring: dict[tuple[str, TaskId], tuple[float, int]] = {}
-        for c in self.last_clients:
-            a = self.assignment.get(c.process_id, _EMPTY)
-            for t in (a.standby | a.warmup) & stateful:
-                key = (c.process_id, t)
-                if key in self.restoring:
-                    if self._lag(*key) > lag:
-                        restoring[key] = self.restoring[key]
-                elif t in c.prev_active:
-                    continue
-                elif t in c.prev_standby:
-                    if c.lags.get(t, lag) > lag:  # back from an outage, behind
-                        restoring[key] = (now, c.lags[t])
-                else:
-                    restoring[key] = (now, self.ctx.end(t, now))
-        self.restoring = restoring
-
     def step(self, step: Step, layout: Layout) -> RebalanceRow:
-        self.now = step.time_s
         row = super().step(step, layout)
         if row.error is not None or self.last is None:
             return row
         tasks, stateful_list, stateful = self.ctx.tasks(layout)
-        self._track(stateful)
         steps = self.ctx.trace.steps
         until = steps[step.index + 1].time_s if step.index + 1 < len(steps) else float("inf")
         interval = self.ctx.job.probing_interval_s
@@ -613,13 +613,14 @@ class _HaRunner(_TaskRunner):
             for c in clients:
                 a = plan.assignment[c.process_id]
                 for t in (a.active - c.prev_active) & stateful:
-                    r = c.lags[t] if t in c.lags else self.ctx.end(t, self.now)
+                    size = self.ctx.end(t, self.now)
+                    r = min(c.lags[t], size) if t in c.lags else size
                     if r:
                         records, restoring, largest = records + r, restoring + 1, max(largest, r)
                 for t in (a.standby | a.warmup) - c.prev_standby - c.prev_active:
                     copies += self.ctx.end(t, self.now) if t in stateful else 0
             self.last_clients, self.assignment = clients, dict(plan.assignment)
-            self._track(stateful)
+            self._track(clients, stateful)
             if not plan.probing_rebalance_needed:
                 balanced = self.now - step.time_s
         return attrs.evolve(
@@ -739,7 +740,7 @@ class _ConsumerRunner:
 
     def step(self, step: Step, layout: Layout) -> RebalanceRow:
         ctx = self.ctx
-        now = step.time_s
+        now = self.now = step.time_s
         cl = self.layouts.get(layout.version)
         if cl is None:
             cl = self.layouts[layout.version] = _ConsumerLayout.of(layout)

@@ -3,6 +3,7 @@ model as ``task:sticky`` on the same traces."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from streamassign.pipeline import SimulationJob, Workload, generate_trace, simulate_scenario
@@ -85,6 +86,33 @@ def test_on_busy_traces_every_rebalance_is_valid_and_within_the_warmup_budget() 
                 assert row.probing_rebalances is not None
     assert restored["task:ha"] < restored["task:sticky"]
     assert generate_trace(BUSY, orders, 0).steps  # same traces for both assignors
+
+
+@pytest.mark.parametrize("assignor", ["task:sticky", "task:ha"])
+def test_a_takeover_by_a_replica_still_restoring_costs_what_it_has_left(assignor: str) -> None:
+    """Both runners share one restore model: b's new replicas of a's tasks restore at 100
+    records/s from 100 s; a crashes at 104 s, so each of a's tasks (2 under sticky, which gave
+    b the other 2 at once; all 4 under HA, which held them back) costs its ~700 records left
+    on b, not the 10 of a caught-up standby, nor the ~1100 of no state at all."""
+    workload = Workload.from_topology(ONE, {"in": 4})
+    trace = Trace(
+        0,
+        0,
+        0,
+        (
+            Step(0, 0.0, "initial", (A,), joined=("a",), layout=workload.initial_layout()),
+            Step(1, 100.0, "scale_out", (A, B), joined=("b",)),
+            Step(2, 104.0, "crash", (B,), crashed=("a",)),
+        ),
+    )
+    sim = attrs.evolve(job(workload), standby_replicas=1, assignors=(assignor,))
+    rows, _ = run_trace(sim, trace, assignor)
+    crash = rows[2]
+    n = {"task:sticky": 2, "task:ha": 4}[assignor]
+    assert crash.restoring_tasks == n
+    end = 1000 + 104  # changelog records at 104 s (1,000 + 1 a second)
+    left = end - 100 * 4  # 4 s of restoring at 100 records/s (from the size at 100 s)
+    assert n * (left - 10) <= crash.records_to_restore <= n * (left + 10)
 
 
 def test_bad_probing_settings_are_pipeline_errors() -> None:
