@@ -18,6 +18,7 @@ from aiokafka.coordinator.protocol import (
 
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import ProcessHost
+from streamassign.errors import ErrorCode
 from streamassign.protocol import LATEST_OFFSET, NEVER, AssignmentInfo, SubscriptionInfo
 
 TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s"])], name="app")
@@ -29,9 +30,7 @@ def ha_host(tmp_path: Path, **kw: Any) -> ProcessHost:
         TOPOLOGY,
         bootstrap_servers="127.0.0.1:1",
         state_dir=tmp_path,
-        high_availability=True,
-        probing_rebalance_interval_ms=60_000,
-        **kw,
+        **{"high_availability": True, "probing_rebalance_interval_ms": 60_000, **kw},
     )
 
 
@@ -94,20 +93,34 @@ def test_bad_settings_fail_at_construction(tmp_path: Path) -> None:
         ha_host(tmp_path, max_warmup_replicas=0)
 
 
-def test_a_newer_assignment_replaces_the_scheduled_probe(tmp_path: Path) -> None:
-    host = ha_host(tmp_path)
-    rejoins: list[float] = []
+class Consumer:
+    """What Rejoiner reaches: the coordinator's request_rejoin, recording when it was asked."""
 
-    class Consumer:  # what Rejoiner reaches: the coordinator's request_rejoin
-        _coordinator = SimpleNamespace(request_rejoin=lambda: rejoins.append(time.monotonic()))
+    def __init__(self) -> None:
+        self.rejoins: list[float] = []
+        self._coordinator = SimpleNamespace(
+            request_rejoin=lambda: self.rejoins.append(time.monotonic())
+        )
 
+
+def bound(tmp_path: Path, interval_ms: int = 1000) -> tuple[Any, Consumer, Any]:
+    """(host, consumer, deliver): deliver(next_rebalance_ms, error) hands consumer 0 an
+    assignment. A 1 s probing interval makes the minimum probe delay 0.1 s."""
+    host = ha_host(tmp_path, probing_rebalance_interval_ms=interval_ms)
     consumer = Consumer()
     assignor = host.assignors[0]
     assignor.rejoiner.bind(consumer)
 
-    def deliver(next_rebalance_ms: int) -> None:
-        info = AssignmentInfo(next_rebalance_ms=next_rebalance_ms)
+    def deliver(next_rebalance_ms: int, error: ErrorCode = ErrorCode.NONE) -> None:
+        info = AssignmentInfo(next_rebalance_ms=next_rebalance_ms, error_code=error)
         assignor.on_assignment(ConsumerProtocolMemberAssignment(0, [], info.encode()))
+
+    return host, consumer, deliver
+
+
+def test_a_newer_assignment_replaces_the_scheduled_probe(tmp_path: Path) -> None:
+    _, consumer, deliver = bound(tmp_path)
+    rejoins = consumer.rejoins
 
     async def scenario() -> None:
         now = int(time.time() * 1000)
@@ -136,3 +149,48 @@ def test_stopping_the_host_drops_a_pending_probe(tmp_path: Path) -> None:
         return probe is not None and probe.cancelled() and assignor._probe is None
 
     assert asyncio.run(scenario())
+
+
+def test_a_probe_time_already_passed_by_this_clock_waits_a_tenth_of_the_interval(
+    tmp_path: Path,
+) -> None:
+    """The leader's clock is behind this member's: the time it sends has passed here. The
+    member still waits (no rebalance right after every assignment)."""
+    _, consumer, deliver = bound(tmp_path, interval_ms=5_000)  # waits 0.5 s at least
+
+    async def scenario() -> tuple[list[float], list[float]]:
+        started = time.monotonic()
+        deliver(int(time.time() * 1000) - 60_000)
+        await asyncio.sleep(0.2)
+        early = list(consumer.rejoins)
+        await asyncio.sleep(1.0)
+        return early, [t - started for t in consumer.rejoins]
+
+    early, later = asyncio.run(scenario())
+    assert early == [] and len(later) == 1 and later[0] >= 0.49
+
+
+def test_an_error_drops_the_probe_and_stop_drops_the_retry(tmp_path: Path) -> None:
+    host, consumer, deliver = bound(tmp_path)
+    assignor = host.assignors[0]
+
+    async def scenario() -> list[float]:
+        deliver(int(time.time() * 1000) + 200)
+        probe = assignor._probe
+        deliver(NEVER, ErrorCode.ASSIGNMENT_ERROR)  # retry in 1 s instead of probing
+        assert probe is not None and probe.cancelled() and assignor._probe is None
+        retry = assignor.rejoiner._pending
+        await host.stop()
+        assert retry is not None and retry.cancelled()
+        await asyncio.sleep(0.4)
+        return consumer.rejoins
+
+    assert asyncio.run(scenario()) == []
+
+
+def test_without_an_event_loop_a_probe_that_cannot_be_scheduled_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    deliver = bound(tmp_path)[2]
+    deliver(int(time.time() * 1000) + 60_000)
+    assert "probing rebalance cannot be scheduled" in caplog.text

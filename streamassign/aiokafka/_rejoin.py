@@ -38,6 +38,8 @@ class Rejoiner:
         self._consumer: weakref.ref[Any] | None = None
         self._backoff = backoff
         self.failures = 0
+        #: The one delayed rejoin pending (a newer one replaces it; ``cancel`` drops it).
+        self._pending: asyncio.TimerHandle | None = None
 
     def bind(self, consumer: Any) -> None:
         self._consumer = weakref.ref(consumer)
@@ -51,10 +53,19 @@ class Rejoiner:
         if delay <= 0:
             return request_rejoin(consumer)
         try:
-            asyncio.get_running_loop().call_later(delay, request_rejoin, consumer)
+            loop = asyncio.get_running_loop()
         except RuntimeError:  # no running loop: nothing to schedule on
+            log.warning("no running event loop; cannot schedule a rebalance in %.1f s", delay)
             return False
+        self.cancel()
+        self._pending = loop.call_later(delay, request_rejoin, consumer)
         return True
+
+    def cancel(self) -> None:
+        """Drop the pending delayed rejoin, if any (shutdown)."""
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
 
     def at(self, epoch_ms: int) -> bool:
         """Rejoin at a wall-clock time (ms since the epoch)."""

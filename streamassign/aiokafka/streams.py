@@ -176,6 +176,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             info = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR)
         self.info = info
         if info.error_code != ErrorCode.NONE:
+            self.cancel_probe()  # the rejoin's backoff replaces the probing rebalance
             self.info = AssignmentInfo(version=info.version, common_version=info.common_version)
             if info.error_code == ErrorCode.SHUTDOWN_REQUESTED:
                 self.host.shutdown_requested = True
@@ -218,12 +219,18 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         if next_rebalance_ms == NOW:
             self.rejoiner.after(0)
         elif next_rebalance_ms != NEVER:
-            delay = max(0.0, next_rebalance_ms / 1000 - time.time())
+            delay = next_rebalance_ms / 1000 - time.time()
+            # The time is the leader's wall clock; a member whose clock runs ahead would see it
+            # passed after every assignment and rebalance in a loop: wait a tenth at least.
+            floor = self.host.probing_rebalance_interval_ms / 10_000
+            if delay < floor:
+                log.info("probing rebalance due in %.1f s by this clock; in %.1f s", delay, floor)
+                delay = floor
             if _has_loop():
                 loop = asyncio.get_running_loop()
                 self._probe = loop.call_later(delay, self.rejoiner.after, 0)
             else:
-                self.rejoiner.at(next_rebalance_ms)
+                log.warning("no running event loop; the probing rebalance cannot be scheduled")
 
 
 def _leader_racks(cluster: Any, counts: Mapping[str, int]) -> dict[TopicPartition, str]:
@@ -400,6 +407,7 @@ class ProcessHost:
     async def stop(self) -> None:
         for assignor in self.assignors:
             assignor.cancel_probe()
+            assignor.rejoiner.cancel()
         await asyncio.gather(*(c.stop() for c in self.consumers), return_exceptions=True)
         self.consumers.clear()
         self.state.close()
