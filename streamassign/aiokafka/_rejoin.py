@@ -38,8 +38,8 @@ class Rejoiner:
         self._consumer: weakref.ref[Any] | None = None
         self._backoff = backoff
         self.failures = 0
-        #: The one delayed rejoin pending (a newer one replaces it; ``cancel`` drops it).
-        self._pending: asyncio.TimerHandle | None = None
+        #: Delayed rejoins not run yet (``cancel`` drops them).
+        self._pending: set[asyncio.TimerHandle] = set()
 
     def bind(self, consumer: Any) -> None:
         self._consumer = weakref.ref(consumer)
@@ -57,15 +57,19 @@ class Rejoiner:
         except RuntimeError:  # no running loop: nothing to schedule on
             log.warning("no running event loop; cannot schedule a rebalance in %.1f s", delay)
             return False
-        self.cancel()
-        self._pending = loop.call_later(delay, request_rejoin, consumer)
+        def run() -> None:
+            self._pending.discard(handle)
+            request_rejoin(consumer)
+
+        handle = loop.call_later(delay, run)
+        self._pending.add(handle)
         return True
 
     def cancel(self) -> None:
-        """Drop the pending delayed rejoin, if any (shutdown)."""
-        if self._pending is not None:
-            self._pending.cancel()
-            self._pending = None
+        """Drop every delayed rejoin not run yet (shutdown)."""
+        for handle in self._pending:
+            handle.cancel()
+        self._pending.clear()
 
     def at(self, epoch_ms: int) -> bool:
         """Rejoin at a wall-clock time (ms since the epoch)."""
