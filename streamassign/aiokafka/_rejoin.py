@@ -57,6 +57,7 @@ class Rejoiner:
         except RuntimeError:  # no running loop: nothing to schedule on
             log.warning("no running event loop; cannot schedule a rebalance in %.1f s", delay)
             return False
+
         def run() -> None:
             self._pending.discard(handle)
             request_rejoin(consumer)
