@@ -222,6 +222,11 @@ def _standbys(
         len(stateful_set),
         r,
     )
+    # Placement fills every client exactly to its target, so loads are known now: decline
+    # before placing when one would end below its floor (the general path repairs that).
+    load_floors = share_bounds(len(all_tasks) + len(stateful_set) * r, caps)
+    if any(len(a) + t < lo for a, t, (lo, _) in zip(active, targets, load_floors, strict=True)):
+        return None
     standby: list[frozenset[TaskId]] = []
     room = []
     for v, target in zip(valid, targets, strict=True):
@@ -265,10 +270,6 @@ def _standbys(
                 added.setdefault(ci, []).append(t)
         for ci, ts in added.items():
             standby[ci] = standby[ci].union(ts)
-    load_floors = share_bounds(len(all_tasks) + len(stateful_set) * r, caps)
-    for a, s, (lo, _) in zip(active, standby, load_floors, strict=True):
-        if len(a) + len(s) < lo:
-            return None
     return standby
 
 

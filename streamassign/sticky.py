@@ -525,13 +525,14 @@ class _Run:
 
         for a in placed:
             d = copies[a]
-            if d < 0 or cost(a, d) == 0:
+            here = cost(a, d) if d >= 0 else 0
+            if here == 0:
                 continue
-            for b in placed[:_EXCHANGE_SCAN] if len(placed) > _EXCHANGE_SCAN else placed:
+            for b in placed[:_EXCHANGE_SCAN]:
                 e = copies[b]
                 if e < 0 or e == d or b // r == a // r or holds(a, e) or holds(b, d):
                     continue
-                if cost(a, e) + cost(b, d) < cost(a, d) + cost(b, e):
+                if cost(a, e) + cost(b, d) < here + cost(b, e):
                     copies[a], copies[b] = e, d
                     break
 
