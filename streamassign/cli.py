@@ -109,6 +109,50 @@ def _threads_of(
     return distribute_to_threads(assignment, names, stateful=stateful)
 
 
+# -- options of several commands: one definition each, so that help text and checks agree ----------
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: An input file that must exist (topology, clients, scenario model).
+_EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+_topology_argument = click.argument("topology_file", type=_EXISTING_FILE)
+
+
+def _shown(*decls: str, kind: Any, default: object, help: str) -> Callable[[_F], _F]:
+    """An option of type ``kind`` whose default ``--help`` shows."""
+    return click.option(*decls, type=kind, default=default, show_default=True, help=help)
+
+
+def _partitions_option(help: str) -> Callable[[_F], _F]:
+    return click.option("--partitions", "-p", multiple=True, metavar="TOPIC=N[,TOPIC=N]", help=help)
+
+
+def _json_option(instead_of: str) -> Callable[[_F], _F]:
+    return click.option(
+        "--json", "as_json", is_flag=True, help=f"Print JSON instead of {instead_of}."
+    )
+
+
+def _out_dir_option(help: str) -> Callable[[_F], _F]:
+    """``--out DIRECTORY`` (a local path) of the commands that write files there."""
+    return click.option(
+        "--out", type=click.Path(file_okay=False, path_type=Path), default=None, help=help
+    )
+
+
+def _acceptable_lag_option(help: str) -> Callable[[_F], _F]:
+    return _shown("--acceptable-lag", kind=click.IntRange(min=0), default=10_000, help=help)
+
+
+_master_option = click.option(
+    "--master",
+    default=None,
+    metavar="URL",
+    help="Spark master (default: spark-submit's, else local[*]).",
+)
+
+
 @click.group()
 @click.version_option(package_name="streamassign")
 def main() -> None:
@@ -116,36 +160,28 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("topology_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--partitions",
-    "-p",
-    multiple=True,
-    metavar="TOPIC=N[,TOPIC=N]",
-    help="Partition counts of external topics (override the file's [partitions] table).",
-)
+@_topology_argument
+@_partitions_option("Partition counts of external topics (override the file's [partitions] table).")
 @click.option(
     "--clients",
     "clients_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=_EXISTING_FILE,
     help="TOML file of [[client]] tables (process_id, capacity, prev_active, ...).",
 )
 @click.option("--num-clients", type=click.IntRange(min=1), help="Fresh clients (no history).")
-@click.option(
+@_shown(
     "--threads",
-    type=click.IntRange(min=1),
+    kind=click.IntRange(min=1),
     default=1,
-    show_default=True,
     help="Threads per fresh client (with --num-clients).",
 )
-@click.option(
+@_shown(
     "--standbys",
-    type=click.IntRange(min=0),
+    kind=click.IntRange(min=0),
     default=0,
-    show_default=True,
     help="num_standby_replicas for stateful tasks.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@_json_option("tables")
 def plan(
     topology_file: Path,
     partitions: tuple[str, ...],
@@ -296,7 +332,7 @@ _model_options = [
     click.option(
         "--model",
         "model_file",
-        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        type=_EXISTING_FILE,
         help="TOML file of scenario-model parameters (docs/pipeline.md).",
     ),
     click.option(
@@ -311,24 +347,10 @@ _model_options = [
         type=click.IntRange(min=0),
         help="Rebalances per trace (model).",
     ),
-    click.option(
-        "--partitions",
-        "-p",
-        multiple=True,
-        metavar="TOPIC=N[,TOPIC=N]",
-        help="Initial partition counts of external topics (override the file's table).",
-    ),
-    click.option("--seed", type=int, default=0, show_default=True, help="Base seed of the traces."),
-    click.option(
-        "--master",
-        default=None,
-        metavar="URL",
-        help="Spark master (default: spark-submit's, else local[*]).",
-    ),
+    _partitions_option("Initial partition counts of external topics (override the file's table)."),
+    _shown("--seed", kind=int, default=0, help="Base seed of the traces."),
+    _master_option,
 ]
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _with_options(options: Sequence[Callable[[Any], Any]]) -> Callable[[_F], _F]:
@@ -349,14 +371,8 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
 
 
 @main.command()
-@click.argument("topology_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--scenarios",
-    type=click.IntRange(min=1),
-    default=200,
-    show_default=True,
-    help="Churn traces to simulate.",
-)
+@_topology_argument
+@_shown("--scenarios", kind=click.IntRange(min=1), default=200, help="Churn traces to simulate.")
 @click.option(
     "--assignors",
     "assignor_names",
@@ -367,20 +383,13 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     help="Assignors or groups: task:sticky, faust:copartitioned, consumer:range, "
     "aiokafka:sticky, ...; groups default, all, task, consumer, aiokafka, peers.",
 )
-@click.option(
+@_shown(
     "--standbys",
-    type=click.IntRange(min=0),
+    kind=click.IntRange(min=0),
     default=1,
-    show_default=True,
     help="num_standby_replicas of the task assignors.",
 )
-@click.option(
-    "--acceptable-lag",
-    type=click.IntRange(min=0),
-    default=10_000,
-    show_default=True,
-    help="acceptable_recovery_lag of the task assignor (records).",
-)
+@_acceptable_lag_option("acceptable_recovery_lag of the task assignor (records).")
 @click.option(
     "--out",
     default=None,
@@ -509,18 +518,8 @@ def _render(session: Any, run_dir: str, out: Path | None) -> Path:
 
 @main.command()
 @click.argument("run_dir", metavar="DIR")
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where to write the report (default DIR/report).",
-)
-@click.option(
-    "--master",
-    default=None,
-    metavar="URL",
-    help="Spark master (default: spark-submit's, else local[*]).",
-)
+@_out_dir_option("Where to write the report (default DIR/report).")
+@_master_option
 def report(run_dir: str, out: Path | None, master: str | None) -> None:
     """Aggregate a simulation run in DIR with Spark; write an HTML report and CSV summaries."""
     _require("pyspark", "streamassign report")
@@ -555,70 +554,40 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 
 
 @main.command("plan-standbys")
-@click.argument("topology_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--scenarios",
-    type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help="Failure traces per candidate.",
+@_topology_argument
+@_shown(
+    "--scenarios", kind=click.IntRange(min=1), default=100, help="Failure traces per candidate."
 )
-@click.option(
-    "--standbys",
-    "standby_list",
-    default="0,1,2",
-    show_default=True,
-    help="num_standby_replicas candidates.",
+@_shown(
+    "--standbys", "standby_list", kind=str, default="0,1,2", help="num_standby_replicas candidates."
 )
-@click.option(
-    "--warmups",
-    "warmup_list",
-    default="0,2",
-    show_default=True,
-    help="Warmup-replica candidates (0: none).",
+@_shown(
+    "--warmups", "warmup_list", kind=str, default="0,2", help="Warmup-replica candidates (0: none)."
 )
-@click.option(
+@_shown(
     "--restore-rate",
-    type=float,
+    kind=float,
     default=20_000.0,
-    show_default=True,
     help="Records per second a restoring task reads.",
 )
-@click.option(
+@_shown(
     "--detection",
-    type=float,
+    kind=float,
     default=45.0,
-    show_default=True,
     help="Seconds before a crashed client's tasks move (session timeout).",
 )
-@click.option(
+@_shown(
     "--probing-interval",
-    type=float,
+    kind=float,
     default=600.0,
-    show_default=True,
     help="Seconds between probing rebalances that complete warmed-up moves.",
 )
-@click.option(
-    "--target",
-    type=float,
-    default=0.9999,
-    show_default=True,
-    help="Availability to reach (share of task-time up).",
+@_shown(
+    "--target", kind=float, default=0.9999, help="Availability to reach (share of task-time up)."
 )
-@click.option(
-    "--acceptable-lag",
-    type=click.IntRange(min=0),
-    default=10_000,
-    show_default=True,
-    help="Lag (records) at which a client counts as caught up.",
-)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Also write plan.csv and plan.json here.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_acceptable_lag_option("Lag (records) at which a client counts as caught up.")
+@_out_dir_option("Also write plan.csv and plan.json here.")
+@_json_option("a table")
 @_with_options(_model_options)
 def plan_standbys(
     topology_file: Path,
