@@ -208,6 +208,34 @@ SUMMARY_METRICS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
 )
 
 
+#: Summed columns of the CSV summaries: (column, name in the summary).
+_TOTALS: Final = (
+    ("moves", "moves_total"),
+    ("move_lower_bound", "bound_total"),
+    ("warm_takeovers", "warm_takeovers"),
+    ("cold_takeovers", "cold_takeovers"),
+    ("records_to_restore", "records_total"),
+    ("unassigned", "unassigned_total"),
+)
+
+
+def _mean(column: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.avg(column).alias(f"{column}_mean")
+
+
+def _sums(*columns: str) -> list[Any]:
+    """The sum of each column, under the column's name."""
+    from pyspark.sql import functions as F
+
+    return [F.sum(c).alias(c) for c in columns]
+
+
+def _collect(frame: Any) -> list[dict[str, Any]]:
+    return [r.asDict() for r in frame.collect()]
+
+
 def _summary_columns(frame: Any, keys: Sequence[str]) -> Any:
     """Per group of ``keys``: counts, rates, sums and the quantiles of :data:`SUMMARY_METRICS`."""
     from pyspark.sql import functions as F
@@ -215,19 +243,13 @@ def _summary_columns(frame: Any, keys: Sequence[str]) -> Any:
     ok = frame.where(F.col("error").isNull()).withColumn(
         "excess_moves", F.col("moves") - F.col("move_lower_bound")
     )
-    aggs = [
-        F.count(F.lit(1)).alias("rebalances"),
-        F.avg(F.col("active_balanced").cast("double")).alias("balanced_share"),
-        F.avg((F.col("moves") == F.col("move_lower_bound")).cast("double")).alias(
-            "optimal_moves_share"
-        ),
-        F.sum("moves").alias("moves_total"),
-        F.sum("move_lower_bound").alias("bound_total"),
-        F.sum("warm_takeovers").alias("warm_takeovers"),
-        F.sum("cold_takeovers").alias("cold_takeovers"),
-        F.sum("records_to_restore").alias("records_total"),
-        F.sum("unassigned").alias("unassigned_total"),
-    ]
+    fixed = {
+        "rebalances": F.count(F.lit(1)),
+        "balanced_share": F.avg(F.col("active_balanced").cast("double")),
+        "optimal_moves_share": F.avg((F.col("moves") == F.col("move_lower_bound")).cast("double")),
+        **{name: F.sum(column) for column, name in _TOTALS},
+    }
+    aggs = [expr.alias(name) for name, expr in fixed.items()]
     for column, stats in SUMMARY_METRICS:
         quantiles = [s for s in stats if s.startswith("p")]
         if quantiles:
@@ -235,26 +257,13 @@ def _summary_columns(frame: Any, keys: Sequence[str]) -> Any:
             aggs.append(F.percentile(F.col(column).cast("double"), levels).alias(f"{column}__q"))
         for s in stats:
             if s == "mean":
-                aggs.append(F.avg(column).alias(f"{column}_mean"))
+                aggs.append(_mean(column))
             elif s == "max":
                 aggs.append(F.max(column).cast("double").alias(f"{column}_max"))
             elif s == "min":
                 aggs.append(F.min(column).cast("double").alias(f"{column}_min"))
     grouped = ok.groupBy(*keys).agg(*aggs)
-    selected = [F.col(k) for k in keys] + [
-        F.col(c)
-        for c in (
-            "rebalances",
-            "balanced_share",
-            "optimal_moves_share",
-            "moves_total",
-            "bound_total",
-            "warm_takeovers",
-            "cold_takeovers",
-            "records_total",
-            "unassigned_total",
-        )
-    ]
+    selected = [F.col(c) for c in (*keys, *fixed)]
     for column, stats in SUMMARY_METRICS:
         quantiles = [s for s in stats if s.startswith("p")]
         for s in stats:
@@ -283,14 +292,19 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
         .groupBy("level", "assignor", "step")
         .agg(
             F.count(F.lit(1)).alias("rebalances"),
-            F.avg("clients").alias("clients_mean"),
-            F.avg("moves").alias("moves_mean"),
-            F.avg("move_lower_bound").alias("move_lower_bound_mean"),
-            F.avg("active_imbalance").alias("active_imbalance_mean"),
-            F.avg("load_imbalance").alias("load_imbalance_mean"),
-            F.avg("standby_coverage").alias("standby_coverage_mean"),
+            *(
+                _mean(c)
+                for c in (
+                    "clients",
+                    "moves",
+                    "move_lower_bound",
+                    "active_imbalance",
+                    "load_imbalance",
+                    "standby_coverage",
+                )
+            ),
             F.min("standby_coverage").alias("standby_coverage_min"),
-            F.avg("records_to_restore").alias("records_to_restore_mean"),
+            _mean("records_to_restore"),
         )
         .orderBy("level", "assignor", "step")
     )
@@ -300,17 +314,12 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
         .agg(F.count(F.lit(1)).alias("errors"), F.min("error").alias("example"))
         .orderBy("assignor")
     )
+    summaries = {"by_event": by_event, "by_assignor": by_assignor, "by_step": by_step}
     out = {
-        "by_event": [r.asDict() for r in by_event.collect()],
-        "by_assignor": [r.asDict() for r in by_assignor.collect()],
-        "by_step": [r.asDict() for r in by_step.collect()],
-        "errors": [r.asDict() for r in errors.collect()],
+        **{name: _collect(summary) for name, summary in summaries.items()},
+        "errors": _collect(errors),
         "manifest": read_manifest(spark, run_dir),
-        "columns": {
-            "by_event": by_event.columns,
-            "by_assignor": by_assignor.columns,
-            "by_step": by_step.columns,
-        },
+        "columns": {name: summary.columns for name, summary in summaries.items()},
     }
     frame.unpersist()
     return out
@@ -340,18 +349,18 @@ def run_plan(spark: Any, job: PlanJob) -> list[dict[str, Any]]:
     frame = spark.createDataFrame(rdd, schema=_schema(PLAN_COLUMNS), verifySchema=False)
     grouped = frame.groupBy("standbys", "warmups").agg(
         F.count(F.lit(1)).alias("traces"),
-        F.sum("horizon_s").alias("horizon_s"),
-        F.sum("task_seconds").alias("task_seconds"),
-        F.sum("unavailable_task_seconds").alias("unavailable_task_seconds"),
+        *_sums("horizon_s", "task_seconds", "unavailable_task_seconds"),
         F.percentile("worst_outage_s", [0.5, 0.99]).alias("worst_q"),
         F.max("worst_outage_s").alias("worst_outage_max_s"),
-        F.sum("restore_records").alias("restore_records"),
-        F.sum("standby_task_seconds").alias("standby_task_seconds"),
-        F.sum("standby_bootstrap_records").alias("standby_bootstrap_records"),
-        F.sum("warmup_task_seconds").alias("warmup_task_seconds"),
-        F.sum("deferred_moves").alias("deferred_moves"),
-        F.sum("convergence_s").alias("convergence_s"),
-        F.sum("planned_rebalances").alias("planned_rebalances"),
+        *_sums(
+            "restore_records",
+            "standby_task_seconds",
+            "standby_bootstrap_records",
+            "warmup_task_seconds",
+            "deferred_moves",
+            "convergence_s",
+            "planned_rebalances",
+        ),
     )
     rows = []
     for r in grouped.orderBy("standbys", "warmups").collect():
