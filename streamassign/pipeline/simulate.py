@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypedDict
 
 import attrs
 
@@ -260,6 +260,25 @@ class _Context:
         base, rate, born = self.changelog[task]
         return int(base + rate * (now - born))
 
+    def row_base(
+        self, step: Step, layout: Layout, assignor: str, level: str, clients: int, threads: int
+    ) -> dict[str, Any]:
+        """The columns of a row that describe the rebalance rather than the assignor's result."""
+        tasks, stateful, _ = self.tasks(layout)
+        return {
+            "scenario": self.trace.scenario,
+            "step": step.index,
+            "event": step.event,
+            "time_s": step.time_s,
+            "assignor": assignor,
+            "level": level,
+            "clients": clients,
+            "threads": threads,
+            "tasks": len(tasks),
+            "stateful_tasks": len(stateful),
+            "partitions": layout.partitions,
+        }
+
 
 Positions = dict[TaskId, int]
 
@@ -284,7 +303,36 @@ class Runner(Protocol):
     def step(self, step: Step, layout: Layout) -> RebalanceRow: ...
 
 
-# -- task-level metrics --------------------------------------------------------------------------
+# -- row columns shared by the runners -----------------------------------------------------------
+
+
+class _RestoreColumns(TypedDict):
+    records_to_restore: int
+    restoring_tasks: int
+    max_task_restore: int
+
+
+@attrs.define
+class _Restores:
+    """What the new active owners of one rebalance restore: records, tasks, the largest one."""
+
+    records: int = 0
+    tasks: int = 0
+    largest: int = 0
+
+    def add(self, records: int) -> None:
+        """Count one takeover that restores ``records`` (0: nothing to restore)."""
+        if records:
+            self.records += records
+            self.tasks += 1
+            self.largest = max(self.largest, records)
+
+    def columns(self) -> _RestoreColumns:
+        return {
+            "records_to_restore": self.records,
+            "restoring_tasks": self.tasks,
+            "max_task_restore": self.largest,
+        }
 
 
 def _error_row(
@@ -457,19 +505,7 @@ class _TaskRunner:
             else:
                 clients.append(ClientState(m.pid, m.threads, rack=m.rack))
 
-        base: dict[str, Any] = {
-            "scenario": ctx.trace.scenario,
-            "step": step.index,
-            "event": step.event,
-            "time_s": now,
-            "assignor": self.name,
-            "level": "task",
-            "clients": len(clients),
-            "threads": step.threads,
-            "tasks": len(tasks),
-            "stateful_tasks": len(stateful_list),
-            "partitions": layout.partitions,
-        }
+        base = ctx.row_base(step, layout, self.name, "task", len(clients), step.threads)
         try:
             result, seconds = self.assign(step, layout, tasks, clients, stateful_list)
         except Exception as exc:  # a peer's failure is a result to report, not a crash
@@ -478,7 +514,8 @@ class _TaskRunner:
 
         end = ctx.end
         lag = ctx.standby_lag
-        records = restoring = largest = standby_records = 0
+        restores = _Restores()
+        standby_records = 0
         takeovers: list[Takeover] = []
         for c in clients:
             a = result.get(c.process_id, _EMPTY)
@@ -494,10 +531,7 @@ class _TaskRunner:
                         r = min(c.lags.get(t, lag), size)
                     else:
                         r = size
-                    if r:
-                        records += r
-                        restoring += 1
-                        largest = max(largest, r)
+                    restores.add(r)
                 if self.collect:
                     prev = owner_before.get(t)
                     cause, outage = (
@@ -538,9 +572,7 @@ class _TaskRunner:
             cold_takeovers=metrics.cold_takeovers,
             unassigned=len(tasks) - len(frozenset().union(*(a.active for a in result.values()))),
             split_tasks=0,
-            records_to_restore=records,
-            restoring_tasks=restoring,
-            max_task_restore=largest,
+            **restores.columns(),
             standby_restore_records=standby_records,
             assign_ms=seconds * 1e3,
             warmups=sum(len(a.warmup) for a in result.values()),
@@ -591,12 +623,8 @@ class _HaRunner(_TaskRunner):
         until = steps[step.index + 1].time_s if step.index + 1 < len(steps) else float("inf")
         interval = self.ctx.job.probing_interval_s
         bound = 2 * len(stateful_list) * (1 + self.replicas) + 1
-        records, restoring, largest, copies = (
-            row.records_to_restore,
-            row.restoring_tasks,
-            row.max_task_restore,
-            row.standby_restore_records or 0,
-        )
+        restores = _Restores(row.records_to_restore, row.restoring_tasks, row.max_task_restore)
+        copies = row.standby_restore_records or 0
         for c in self.last_clients:  # the base runner prices new standbys, not warmups
             for t in self.assignment[c.process_id].warmup - c.prev_active:
                 copies += c.lags.get(t, self.ctx.end(t, self.now))
@@ -614,9 +642,7 @@ class _HaRunner(_TaskRunner):
                 a = plan.assignment[c.process_id]
                 for t in (a.active - c.prev_active) & stateful:
                     size = self.ctx.end(t, self.now)
-                    r = min(c.lags[t], size) if t in c.lags else size
-                    if r:
-                        records, restoring, largest = records + r, restoring + 1, max(largest, r)
+                    restores.add(min(c.lags[t], size) if t in c.lags else size)
                 for t in (a.standby | a.warmup) - c.prev_standby - c.prev_active:
                     copies += self.ctx.end(t, self.now) if t in stateful else 0
             self.last_clients, self.assignment = clients, dict(plan.assignment)
@@ -625,9 +651,7 @@ class _HaRunner(_TaskRunner):
                 balanced = self.now - step.time_s
         return attrs.evolve(
             row,
-            records_to_restore=records,
-            restoring_tasks=restoring,
-            max_task_restore=largest,
+            **restores.columns(),
             standby_restore_records=copies,
             probing_rebalances=rounds,
             balanced_after_s=balanced,
@@ -744,7 +768,6 @@ class _ConsumerRunner:
         cl = self.layouts.get(layout.version)
         if cl is None:
             cl = self.layouts[layout.version] = _ConsumerLayout.of(layout)
-        tasks, stateful_list, _ = ctx.tasks(layout)
         gone: set[str] = set()
         for pid in step.crashed:
             self.disk[pid] = self._snapshot(pid, now)
@@ -769,19 +792,7 @@ class _ConsumerRunner:
             for mid in _member_ids(m.pid, m.threads):
                 process_of[mid] = m.pid
                 history[mid] = None if fresh else self.owned.get(mid)
-        base: dict[str, Any] = {
-            "scenario": ctx.trace.scenario,
-            "step": step.index,
-            "event": step.event,
-            "time_s": now,
-            "assignor": self.name,
-            "level": "consumer",
-            "clients": len(step.members),
-            "threads": len(process_of),
-            "tasks": len(tasks),
-            "stateful_tasks": len(stateful_list),
-            "partitions": layout.partitions,
-        }
+        base = ctx.row_base(step, layout, self.name, "consumer", len(step.members), len(process_of))
         try:
             result, seconds = self.assign(cl.partitions_per_topic, cl.topics, history)
         except Exception as exc:
@@ -816,7 +827,8 @@ class _ConsumerRunner:
                 split.add(t)
 
         end = ctx.end
-        records = restoring = largest = warm = cold = 0
+        restores = _Restores()
+        warm = cold = 0
         host: dict[TaskId, str] = {}
         for tp, t in cl.anchor.items():
             mid_now = assigned.get(tp)
@@ -831,14 +843,10 @@ class _ConsumerRunner:
             size = end(t, now)
             if x is None:
                 cold += 1
-                r = size
+                restores.add(size)
             else:
                 warm += 1
-                r = max(0, size - x)
-            if r:
-                records += r
-                restoring += 1
-                largest = max(largest, r)
+                restores.add(max(0, size - x))
         self.host = host
         self.hosted = {}
         for t, pid in host.items():
@@ -866,9 +874,7 @@ class _ConsumerRunner:
             cold_takeovers=cold,
             unassigned=total - len(assigned),
             split_tasks=len(split),
-            records_to_restore=records,
-            restoring_tasks=restoring,
-            max_task_restore=largest,
+            **restores.columns(),
             standby_restore_records=None,
             assign_ms=seconds * 1e3,
         )
