@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -67,14 +67,25 @@ class PipelineError(StreamAssignError, ValueError):
 # -- the scenario model ----------------------------------------------------------------------------
 
 
-def _int_at_least(low: int) -> Any:
+#: An attrs validator of an int field.
+IntValidator = Callable[[object, "attrs.Attribute[int]", int], None]
+
+
+def int_at_least(low: int, context: str = "") -> IntValidator:
+    """An attrs validator: an integer (not a bool) ``>= low``, else a :class:`PipelineError`
+    naming the field after ``context``. Shared by the pipeline's jobs and models."""
+
     def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise PipelineError(
-                f"scenario model: {attribute.name} must be an integer >= {low}, got {value!r}"
+                f"{context}{attribute.name} must be an integer >= {low}, got {value!r}"
             )
 
     return check
+
+
+def _int_at_least(low: int) -> IntValidator:
+    return int_at_least(low, "scenario model: ")
 
 
 def _number_at_least(low: float) -> Any:

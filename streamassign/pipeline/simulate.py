@@ -30,7 +30,16 @@ from ..ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
 from ..metrics import evaluate
 from ..sticky import StickyTaskAssignor
 from .assignors import spec
-from .scenarios import Layout, PipelineError, ScenarioModel, Step, Trace, Workload, generate_trace
+from .scenarios import (
+    Layout,
+    PipelineError,
+    ScenarioModel,
+    Step,
+    Trace,
+    Workload,
+    generate_trace,
+    int_at_least,
+)
 
 __all__ = [
     "COLUMNS",
@@ -48,14 +57,8 @@ _NO_TASKS: Final[frozenset[TaskId]] = frozenset()
 # -- the job and the row ---------------------------------------------------------------------------
 
 
-def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise PipelineError(f"{attribute.name} must be an integer >= 1, got {value!r}")
-
-
-def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise PipelineError(f"{attribute.name} must be an integer >= 0, got {value!r}")
+_positive: Final = int_at_least(1)
+_non_negative: Final = int_at_least(0)
 
 
 def _names(value: Iterable[str]) -> tuple[str, ...]:

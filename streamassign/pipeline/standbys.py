@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import attrs
 
-from .scenarios import PipelineError, ScenarioModel, Workload, generate_trace
+from .scenarios import PipelineError, ScenarioModel, Workload, generate_trace, int_at_least
 from .simulate import SimulationJob, run_trace
 
 __all__ = [
@@ -95,9 +95,7 @@ def _check_candidates(
         )
 
 
-def _at_least_one(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise PipelineError(f"{attribute.name} must be an integer >= 1, got {value!r}")
+_at_least_one: Final = int_at_least(1)
 
 
 @attrs.frozen(kw_only=True)
