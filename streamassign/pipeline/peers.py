@@ -24,14 +24,14 @@ rounds or traces.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .._ids import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from .scenarios import Layout
 
-__all__ = ["AiokafkaPeer", "FaustPeer", "faust_groups"]
+__all__ = ["AiokafkaPeer", "FaustPeer", "by_topic", "faust_groups", "fresh_class"]
 
 
 def faust_groups(layout: Layout) -> list[tuple[int, tuple[int, ...]]]:
@@ -106,6 +106,21 @@ class FaustPeer:
         return result, elapsed
 
 
+def by_topic(partitions: Iterable[tuple[str, int]]) -> list[tuple[str, list[int]]]:
+    """``[(topic, [partition, ...])]`` sorted: the shape of an encoded member assignment, which
+    is how an aiokafka member's history reaches its assignor (``on_assignment``)."""
+    grouped: dict[str, list[int]] = {}
+    for topic, p in partitions:
+        grouped.setdefault(topic, []).append(p)
+    return [(t, sorted(ps)) for t, ps in sorted(grouped.items())]
+
+
+def fresh_class(base: type[Any]) -> type[Any]:
+    """A subclass of an aiokafka assignor with its own (default) class state: aiokafka's sticky
+    keeps a member's history in class attributes, so each member and round needs one."""
+    return type(f"Fresh{base.__name__}", (base,), {})
+
+
 class AiokafkaPeer:
     """One of aiokafka's built-in assignors, as aiokafka's group coordinator drives it."""
 
@@ -132,10 +147,6 @@ class AiokafkaPeer:
         self._member_assignment: Any = ConsumerProtocolMemberAssignment
         self._cluster: Any = None
         self._cluster_key: tuple[tuple[str, int], ...] = ()
-
-    def _fresh(self) -> Any:
-        """A subclass of the assignor with its own (default) class state."""
-        return type(f"Fresh{self._base.__name__}", (self._base,), {})
 
     def cluster(self, partitions_per_topic: Mapping[str, int]) -> Any:
         """aiokafka's ``ClusterMetadata`` knowing these topics (cached while they are the same).
@@ -165,16 +176,12 @@ class AiokafkaPeer:
         members = {}
         subscribed = sorted(topics)
         for member, held in owned.items():
-            assignor = self._fresh()
+            assignor = fresh_class(self._base)
             if held is not None:
-                grouped: dict[str, list[int]] = {}
-                for tp in held:
-                    grouped.setdefault(tp.topic, []).append(tp.partition)
-                parts = [(t, sorted(ps)) for t, ps in sorted(grouped.items())]
-                assignor.on_assignment(self._member_assignment(0, parts, b""))
+                assignor.on_assignment(self._member_assignment(0, by_topic(held), b""))
             meta = assignor.metadata(subscribed)
             members[member] = self._protocol.METADATA.decode(meta.encode())
-        leader = self._fresh()
+        leader = fresh_class(self._base)
         start = time.perf_counter()
         result = leader.assign(cluster, members)
         elapsed = time.perf_counter() - start
