@@ -141,6 +141,11 @@ def _out_dir_option(help: str) -> Callable[[_F], _F]:
     )
 
 
+def _standbys_option(default: int, help: str) -> Callable[[_F], _F]:
+    """``--standbys N``: num_standby_replicas of the assignor a command runs."""
+    return _shown("--standbys", kind=click.IntRange(min=0), default=default, help=help)
+
+
 def _acceptable_lag_option(help: str) -> Callable[[_F], _F]:
     return _shown("--acceptable-lag", kind=click.IntRange(min=0), default=10_000, help=help)
 
@@ -175,12 +180,7 @@ def main() -> None:
     default=1,
     help="Threads per fresh client (with --num-clients).",
 )
-@_shown(
-    "--standbys",
-    kind=click.IntRange(min=0),
-    default=0,
-    help="num_standby_replicas for stateful tasks.",
-)
+@_standbys_option(0, "num_standby_replicas for stateful tasks.")
 @_json_option("tables")
 def plan(
     topology_file: Path,
@@ -383,12 +383,7 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     help="Assignors or groups: task:sticky, faust:copartitioned, consumer:range, "
     "aiokafka:sticky, ...; groups default, all, task, consumer, aiokafka, peers.",
 )
-@_shown(
-    "--standbys",
-    kind=click.IntRange(min=0),
-    default=1,
-    help="num_standby_replicas of the task assignors.",
-)
+@_standbys_option(1, "num_standby_replicas of the task assignors.")
 @_acceptable_lag_option("acceptable_recovery_lag of the task assignor (records).")
 @click.option(
     "--out",
