@@ -16,6 +16,10 @@ from typing import Any
 
 def share_bounds(total: int, weights: Sequence[int]) -> list[tuple[int, int]]:
     """Floor and ceiling of each bin's exact share ``total * w / sum(weights)``."""
+    n = len(weights)
+    if n and weights.count(weights[0]) == n:  # equal weights (the common case): one share
+        lo, rem = divmod(total, n)
+        return [(lo, lo + 1 if rem else lo)] * n
     whole = sum(weights)
     out = []
     for w in weights:
@@ -33,17 +37,24 @@ def apportion(
     ``priority(bin)`` first (default: largest remainder, then bin order) — callers pass their
     stickiness preference here. Deterministic for a deterministic ``priority``.
     """
-    whole = sum(weights)
-    quotas: list[int] = []
-    fractional: list[int] = []
-    remainders: list[int] = []
-    for i, w in enumerate(weights):
-        lo, rem = divmod(total * w, whole)
-        quotas.append(lo)
-        remainders.append(rem)
-        if rem:
-            fractional.append(i)
-    extras = total - sum(quotas)
+    n = len(weights)
+    if n and weights.count(weights[0]) == n:  # equal weights: every bin the same share
+        lo, extras = divmod(total, n)
+        quotas = [lo] * n
+        fractional = list(range(n)) if extras else []
+        remainders = [extras] * n
+    else:
+        whole = sum(weights)
+        quotas = []
+        fractional = []
+        remainders = []
+        for i, w in enumerate(weights):
+            lo, rem = divmod(total * w, whole)
+            quotas.append(lo)
+            remainders.append(rem)
+            if rem:
+                fractional.append(i)
+        extras = total - sum(quotas)
     if extras:
         key = priority if priority is not None else (lambda i: (-remainders[i], i))
         fractional.sort(key=key)

@@ -16,8 +16,7 @@ than wanted) or its result would leave a client below its load floor or need a s
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import chain
 
 from ._balance import apportion, deal, level_order, share_bounds, standby_targets
@@ -234,34 +233,34 @@ def _standbys(
             v = _first(v, target)
         standby.append(v)
         room.append(target - len(v))
-    if r == 1:
-        covered = frozenset().union(*standby)
-        if len(covered) != sum(map(len, standby)):
-            return None  # a task with more standbys than wanted
-        copies: Mapping[TaskId, int] = dict.fromkeys(covered, 1)
-        short = sorted(map(_task_id, stateful_set - covered))
-    else:
-        copies = Counter(chain.from_iterable(standby))
-        if copies and max(copies.values()) > r:
-            return None
-        short = sorted(_task_id(t) for t in stateful_set if copies.get(t, 0) < r)
-    if short:
-        short_set = frozenset(short)
+    # levels[k]: the tasks with more than k standbys kept (set work, not per-task Python).
+    levels: list[frozenset[TaskId]] = [frozenset()] * (r + 1)
+    for v in standby:
+        if v:
+            for k in range(r, 0, -1):
+                levels[k] = levels[k] | (levels[k - 1] & v)
+            levels[0] = levels[0] | v
+    if levels[r]:
+        return None  # a task with more standbys than wanted
+    short_set = stateful_set - levels[r - 1]
+    if short_set:
         owner = {t: ci for ci, a in enumerate(active) for t in a & short_set}
         held = _holders(standby, short_set, range(len(clients)))
         added: dict[int, list[TaskId]] = {}
         # The rest through the standby queue, most room left first.
-        queue = StandbyQueue(room, backups=[r * len(a & stateful_set) for a in active])
-        short.sort(key=lambda t: (owner[t], t))  # grouped by active client: spread
-        for t in short:
+        backups = [r * (len(a) if every_task_stateful else len(a & stateful_set)) for a in active]
+        queue = StandbyQueue(room, backups=backups)
+        # Grouped by active client: spread.
+        for ci_owner, t in sorted([(owner[t], _task_id(t)) for t in short_set]):
             has = held.setdefault(t, [])
-            for _ in range(r - copies.get(t, 0)):
+            kept = 0 if t not in levels[0] else sum(t in levels[k] for k in range(r - 1))
+            for _ in range(r - kept):
                 w = gave_up.get(t, -1)
                 if w >= 0 and room[w] > 0 and w not in has:
                     ci = w
                     room[ci] -= 1  # the queue re-checks its entry lazily
                 else:
-                    ci = queue.pick(owner[t], has)
+                    ci = queue.pick(ci_owner, has)
                 if ci < 0:
                     ci = _swap(t, active, standby, held, added, room)
                     if ci < 0:
@@ -287,21 +286,33 @@ def _swap(
     Rare, so it may scan."""
     m = len(room)
     rooms = [c for c in range(m) if room[c] > 0]
+    # What each client with room could take: neither active there nor a copy there already.
+    blocked = [active[c] | standby[c] | frozenset(added.get(c, ())) for c in rooms]
     for d in range(m):
         if t in active[d] or d in held[t]:
             continue
-        for u in sorted(standby[d].union(added.get(d, ()))):
-            u_has = held.get(u)
-            if u_has is None:
-                u_has = held[u] = [x for x in range(m) if u in standby[x]]
-            for c in rooms:
-                if u not in active[c] and c not in u_has:
-                    if u in standby[d]:
-                        standby[d] = standby[d] - {u}
-                    else:
-                        added[d].remove(u)
-                    added.setdefault(c, []).append(u)
-                    u_has[u_has.index(d)] = c
-                    room[c] -= 1
-                    return d
+        mine = standby[d].union(added.get(d, ()))
+        # The first of d's standbys (in task order) some client with room can take, and the
+        # first such client.
+        best: tuple[TaskId, int] | None = None
+        for k, c in enumerate(rooms):
+            free = mine - blocked[k]
+            if free:
+                u = min(free)
+                if best is None or u < best[0]:
+                    best = (u, c)
+        if best is None:
+            continue
+        u, c = best
+        u_has = held.get(u)
+        if u_has is None:
+            u_has = held[u] = [x for x in range(m) if u in standby[x]]
+        if u in standby[d]:
+            standby[d] = standby[d] - {u}
+        else:
+            added[d].remove(u)
+        added.setdefault(c, []).append(u)
+        u_has[u_has.index(d)] = c
+        room[c] -= 1
+        return d
     return -1
