@@ -5,6 +5,9 @@ They carry the two ideas every balanced-and-sticky assignment here rests on:
   the floor or the ceiling of its exact share, the ceilings going to the bins that most want them;
 - *deal*: hand an ordered list of items to bins with free room so that any contiguous run of the
   list (e.g. one subtopology's tasks) is spread over the bins in proportion to their room.
+
+They run inside every rebalance, usually on small inputs and with cold caches; on CPython 3.11
+each comprehension and lambda is a code object of its own, so they are written as plain loops.
 """
 
 from __future__ import annotations
@@ -70,9 +73,15 @@ def deal(rooms: Sequence[int]) -> list[int]:
     bins roughly in proportion to their room (each bin's ``k``-th slot sits at ``(k + 1/2) /
     room`` of the way through). Ties go to the lower bin index, so the order is deterministic.
     """
-    slots = [((2 * k + 1) / (2 * room), b) for b, room in enumerate(rooms) for k in range(room)]
+    slots = []
+    for b, room in enumerate(rooms):
+        for k in range(room):
+            slots.append(((2 * k + 1) / (2 * room), b))
     slots.sort()
-    return [b for _, b in slots]
+    order = []
+    for _, b in slots:
+        order.append(b)
+    return order
 
 
 def level_order(items: Sequence[Any], group: Callable[[Any], Any]) -> list[Any]:
@@ -87,12 +96,20 @@ def level_order(items: Sequence[Any], group: Callable[[Any], Any]) -> list[Any]:
         return list(items)  # one group: already in order
     rank: dict[Any, int] = {}
     keyed = []
-    for pos, (item, g) in enumerate(zip(items, groups, strict=True)):
+    for pos, item in enumerate(items):
+        g = groups[pos]
         r = rank.get(g, 0)
         rank[g] = r + 1
         keyed.append((r, pos, item))
-    keyed.sort(key=lambda k: (k[0], k[1]))
-    return [item for _, _, item in keyed]
+    keyed.sort(key=_first_two)
+    out = []
+    for _, _, item in keyed:
+        out.append(item)
+    return out
+
+
+def _first_two(k: tuple[int, int, Any]) -> tuple[int, int]:
+    return k[0], k[1]
 
 
 def standby_targets(
@@ -111,52 +128,78 @@ def standby_targets(
     need a tie broken, they favour keeping those, so a balanced layout is a fixed point.
     """
     n = len(caps)
-    room = [n_stateful - k for k in stateful_active]
-    total = sum(actives) + n_stateful * replicas
+    total = n_stateful * replicas
+    for a in actives:
+        total += a
     bounds = share_bounds(total, caps)
-    target = [min(max(lo, a), a + r) for (lo, _), a, r in zip(bounds, actives, room, strict=True)]
-    missing = total - sum(target)
+    room: list[int] = []
+    target: list[int] = []
+    missing = total
+    for ci in range(n):
+        a, lo = actives[ci], bounds[ci][0]
+        most = a + n_stateful - stateful_active[ci]
+        room.append(most - a)
+        t = min(max(lo, a), most)
+        target.append(t)
+        missing -= t
     if missing > 0:
         # Spare ceilings go to the clients furthest above their floor now (the load they could
         # keep); raise to the ceiling first, then beyond it only where one copy per client
         # forces it (lowest load per thread first).
-        kept = [a + v for a, v in zip(actives, valid_prev, strict=True)]
-        order = sorted(
-            (ci for ci in range(n) if target[ci] < min(bounds[ci][1], actives[ci] + room[ci])),
-            key=lambda ci: (bounds[ci][0] - kept[ci], ci),
-        )
-        for ci in order[:missing]:
+        order = []
+        for ci in range(n):
+            if target[ci] < min(bounds[ci][1], actives[ci] + room[ci]):
+                order.append((bounds[ci][0] - actives[ci] - valid_prev[ci], ci))
+        order.sort()
+        for _, ci in order[:missing]:
             target[ci] += 1
         missing -= min(missing, len(order))
-        heap = [
-            (target[ci] / caps[ci], ci) for ci in range(n) if target[ci] < actives[ci] + room[ci]
-        ]
-        heapq.heapify(heap)
-        while missing > 0:
-            _, ci = heapq.heappop(heap)
-            target[ci] += 1
-            missing -= 1
-            if target[ci] < actives[ci] + room[ci]:
-                heapq.heappush(heap, (target[ci] / caps[ci], ci))
+        if missing > 0:
+            heap = []
+            for ci in range(n):
+                if target[ci] < actives[ci] + room[ci]:
+                    heap.append((target[ci] / caps[ci], ci))
+            heapq.heapify(heap)
+            while missing > 0:
+                _, ci = heapq.heappop(heap)
+                target[ci] += 1
+                missing -= 1
+                if target[ci] < actives[ci] + room[ci]:
+                    heapq.heappush(heap, (target[ci] / caps[ci], ci))
     elif missing < 0:
         # Actives at their ceiling pushed some clients above the floor: take standbys first from
         # clients still above their floor after giving one, then from those whose target exceeds
         # the previous standbys they could keep (so none has to drop one it holds), then from the
         # most loaded per thread.
-        def entry(ci: int) -> tuple[bool, bool, float, int]:
-            return (
-                target[ci] <= bounds[ci][0],
-                valid_prev[ci] >= target[ci] - actives[ci],
-                -target[ci] / caps[ci],
-                ci,
-            )
-
-        givers = [entry(ci) for ci in range(n) if target[ci] > actives[ci]]
+        givers = []
+        for ci in range(n):
+            if target[ci] > actives[ci]:
+                givers.append(_giver(ci, target, actives, bounds, valid_prev, caps))
         heapq.heapify(givers)
         while missing < 0:
             *_, ci = heapq.heappop(givers)
             target[ci] -= 1
             missing += 1
             if target[ci] > actives[ci]:
-                heapq.heappush(givers, entry(ci))
-    return [t - a for t, a in zip(target, actives, strict=True)]
+                heapq.heappush(givers, _giver(ci, target, actives, bounds, valid_prev, caps))
+    out = []
+    for ci in range(n):
+        out.append(target[ci] - actives[ci])
+    return out
+
+
+def _giver(
+    ci: int,
+    target: Sequence[int],
+    actives: Sequence[int],
+    bounds: Sequence[tuple[int, int]],
+    valid_prev: Sequence[int],
+    caps: Sequence[int],
+) -> tuple[bool, bool, float, int]:
+    """Heap entry of a client that may give up a standby (see ``standby_targets``)."""
+    return (
+        target[ci] <= bounds[ci][0],
+        valid_prev[ci] >= target[ci] - actives[ci],
+        -target[ci] / caps[ci],
+        ci,
+    )

@@ -40,19 +40,29 @@ class StandbyQueue:
         # Spread: a client already holding its fair share of one active client's standbys
         # (``backups[owner]`` copies over the other clients) yields to the next one by room.
         others = max(1, len(room) - 1)
-        self._fair = [-(-b // others) for b in backups] if backups is not None else None
+        self._fair: list[int] | None = None
+        if backups is not None:
+            self._fair = []
+            for b in backups:
+                self._fair.append(-(-b // others))
         self._pairs: dict[tuple[int, int], int] = {}
-        self._heap = [(-left, ci) for ci, left in enumerate(room) if left > 0]
+        self._heap = []
+        for ci, left in enumerate(room):
+            if left > 0:
+                self._heap.append((-left, ci))
         heapq.heapify(self._heap)
-        self._racks = racks if racks is not None and len(set(racks) - {None}) > 1 else None
-        keys = sorted({k for t in tags or () for k in t} if tag_keys is None else set(tag_keys))
-        self._tags = tags if tags is not None and keys else None
-        self._keys = keys
-
-    @property
-    def aware(self) -> bool:
-        """Whether racks or tags take part in placement."""
-        return self._racks is not None or self._tags is not None
+        self._racks = None
+        self._tags = None
+        self._keys: list[str] = []
+        if racks is not None and len(set(racks) - {None}) > 1:
+            self._racks = racks
+        if tags is not None:
+            keys = set(tag_keys) if tag_keys is not None else {k for t in tags for k in t}
+            if keys:
+                self._tags = tags
+                self._keys = sorted(keys)
+        #: Whether racks or tags take part in placement.
+        self.aware = self._racks is not None or self._tags is not None
 
     def conflicts(self, ci: int, group: Sequence[int]) -> int:
         """Rack and tag values client ``ci`` shares with the clients in ``group``."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import chain
+from operator import itemgetter
 
 from ._balance import apportion, deal, level_order, share_bounds, standby_targets
 from ._ids import TaskId
@@ -30,8 +31,8 @@ from .assignment import ClientAssignment, ClientState
 _BULK = 512
 
 
-def _subtopology(t: TaskId) -> int:
-    return t.subtopology
+#: A task's subtopology (``TaskId`` is a tuple: a C-level getter, not a Python call).
+_SUBTOPOLOGY = itemgetter(0)
 
 
 def _first(tasks: frozenset[TaskId], k: int) -> frozenset[TaskId]:
@@ -66,6 +67,7 @@ def assign_sets(
     m = len(clients)
     r = min(num_standby_replicas, m - 1)
     owned = 0
+    ran: list[frozenset[TaskId]] = []
     for c in clients:
         a, p = c.prev_active, c.prev_standby
         if c.lags or c.rack is not None or c.tags:
@@ -73,24 +75,25 @@ def assign_sets(
         if not a <= all_tasks or (p and (not a.isdisjoint(p) or (r and not p <= stateful_set))):
             return None
         owned += len(a)
-    owners = frozenset().union(*(c.prev_active for c in clients))
+        ran.append(a)
+    owners = frozenset().union(*ran)
     if len(owners) != owned:
         return None  # duplicate claims: the general path resolves them
     if len(all_tasks) > _BULK and 2 * owned < len(all_tasks):
         return None  # most tasks move: the general path's flat passes are faster
 
     active, gave_up = _actives(all_tasks, clients, owners)
+    out: dict[str, ClientAssignment] = {}
     if r == 0:
-        return {
-            c.process_id: ClientAssignment(active=a) for c, a in zip(clients, active, strict=True)
-        }
+        for c, a in zip(clients, active, strict=True):
+            out[c.process_id] = ClientAssignment(active=a)
+        return out
     standby = _standbys(all_tasks, stateful_set, clients, active, gave_up, r)
     if standby is None:
         return None
-    return {
-        c.process_id: ClientAssignment(active=a, standby=s)
-        for c, a, s in zip(clients, active, standby, strict=True)
-    }
+    for c, a, s in zip(clients, active, standby, strict=True):
+        out[c.process_id] = ClientAssignment(active=a, standby=s)
+    return out
 
 
 def _actives(
@@ -99,40 +102,64 @@ def _actives(
     """Active tasks per client, and the previous owner of each task that moved between two
     present clients (it still holds the state: a good standby)."""
     m = len(clients)
-    caps = [c.capacity for c in clients]
-    ran = [len(c.prev_active) for c in clients]
-    floors = [lo for lo, _ in share_bounds(len(all_tasks), caps)]
+    caps: list[int] = []
+    ran: list[int] = []
+    standbys: list[frozenset[TaskId]] = []
+    for c in clients:
+        caps.append(c.capacity)
+        ran.append(len(c.prev_active))
+        standbys.append(c.prev_standby)
+    bounds = share_bounds(len(all_tasks), caps)
     orphans = all_tasks - owners
 
-    # Ceilings: the move bound first, then the standby holders orphans would be matched to.
-    standbys = [c.prev_standby for c in clients]
-    holders = _holders(standbys, orphans, range(m))
+    # Ceilings: the move bound first, then the standby holders orphans would be matched to
+    # (each orphan counted for its holder with the fewest so far, the first in client order).
     matched = [0] * m
-    for _, t in sorted((len(h), t) for t, h in holders.items()):
-        matched[min(holders[t], key=lambda h: (matched[h], h))] += 1
-    quotas = apportion(
-        len(all_tasks), caps, priority=lambda ci: (floors[ci] - ran[ci], -matched[ci], ci)
-    )
-    room = [q - min(q, k) for q, k in zip(quotas, ran, strict=True)]
+    if orphans:
+        holders = _holders(standbys, orphans, range(m))
+        by_choice = []
+        for t, hs in holders.items():
+            by_choice.append((len(hs), t))
+        by_choice.sort()
+        for _, t in by_choice:
+            pick = -1
+            for h in holders[t]:
+                if pick < 0 or matched[h] < matched[pick]:
+                    pick = h
+            matched[pick] += 1
+    keys = []
+    for ci in range(m):
+        keys.append((bounds[ci][0] - ran[ci], -matched[ci], ci))
+    quotas = apportion(len(all_tasks), caps, priority=keys.__getitem__)
+    room: list[int] = []
+    over: list[int] = []
+    for ci in range(m):
+        q, k = quotas[ci], ran[ci]
+        room.append(q - k if k < q else 0)
+        if k > q:
+            over.append(ci)
     kept: list[frozenset[TaskId]] = [c.prev_active for c in clients]
     released: list[TaskId] = []
     gave_up: dict[TaskId, int] = {}
-    over = [ci for ci in range(m) if ran[ci] > quotas[ci]]
     if over:
         # Release first the tasks a standby holder with room could take over warm, the last
         # such holder in client order first (the general path's rank order, reversed).
-        candidates = frozenset().union(*(clients[ci].prev_active for ci in over))
+        candidates = frozenset().union(*[kept[ci] for ci in over])
         best: dict[TaskId, int] = {}
         for h in range(m):
             if room[h] > 0:
-                for t in clients[h].prev_standby & candidates:
+                for t in standbys[h] & candidates:
                     best.setdefault(t, h)
         for ci in over:
-            mine = sorted(clients[ci].prev_active)
-            ordered = [t for t in mine if t not in best] + sorted(
-                (t for t in mine if t in best), key=best.__getitem__, reverse=True
-            )
-            keep = frozenset(level_order(ordered, group=_subtopology)[: quotas[ci]])
+            mine = sorted(kept[ci])
+            ordered: list[TaskId] = []
+            warm_first: list[TaskId] = []
+            for t in mine:
+                (warm_first if t in best else ordered).append(t)
+            if warm_first:
+                warm_first.sort(key=best.__getitem__, reverse=True)
+                ordered += warm_first
+            keep = frozenset(level_order(ordered, group=_SUBTOPOLOGY)[: quotas[ci]])
             kept[ci] = keep
             for t in mine:
                 if t not in keep:
@@ -142,7 +169,10 @@ def _actives(
     pool = sorted(map(_task_id, orphans.union(released)))
     took: dict[int, list[TaskId]] = {}
     owner: dict[TaskId, int] = {}
-    with_room = [h for h in range(m) if room[h] > 0]
+    with_room: list[int] = []
+    for h in range(m):
+        if room[h] > 0:
+            with_room.append(h)
     for t, hs in sorted(_holders(standbys, frozenset(pool), with_room).items()):
         for h in hs:
             if room[h] > 0:
@@ -150,17 +180,22 @@ def _actives(
                 room[h] -= 1
                 took.setdefault(h, []).append(t)
                 break
-    cold_warm = frozenset(t for t in pool if t not in owner)
-    if cold_warm:
-        _augment(standbys, cold_warm, owner, took, room)
-    cold = [t for t in pool if t not in owner]
-    for t, ci in zip(cold, deal(room), strict=True):
-        owner[t] = ci
+    if len(owner) < len(pool):
+        left = frozenset(pool).difference(owner)
+        _augment(standbys, left, owner, took, room)
+    if len(owner) < len(pool):
+        cold: list[TaskId] = []
+        for t in pool:
+            if t not in owner:
+                cold.append(t)
+        for t, ci in zip(cold, deal(room), strict=True):
+            owner[t] = ci
     added: dict[int, list[TaskId]] = {}
     for t, ci in owner.items():
         added.setdefault(ci, []).append(t)
-    active = [kept[ci].union(added[ci]) if ci in added else kept[ci] for ci in range(m)]
-    return active, gave_up
+    for ci, ts in added.items():
+        kept[ci] = kept[ci].union(ts)
+    return kept, gave_up
 
 
 def _holders(
@@ -210,25 +245,30 @@ def _standbys(
 ) -> list[frozenset[TaskId]] | None:
     """Standby tasks per client, or ``None`` where the general path's swap would be needed or
     a client would end below its load floor."""
-    caps = [c.capacity for c in clients]
+    m = len(clients)
     every_task_stateful = stateful_set is all_tasks
-    valid = [c.prev_standby - a for c, a in zip(clients, active, strict=True)]
-    targets = standby_targets(
-        caps,
-        [len(a) for a in active],
-        [len(a) if every_task_stateful else len(a & stateful_set) for a in active],
-        [len(v) for v in valid],
-        len(stateful_set),
-        r,
-    )
+    caps: list[int] = []
+    n_active: list[int] = []
+    n_stateful_active: list[int] = []
+    valid: list[frozenset[TaskId]] = []
+    n_valid: list[int] = []
+    for c, a in zip(clients, active, strict=True):
+        caps.append(c.capacity)
+        n_active.append(len(a))
+        n_stateful_active.append(len(a) if every_task_stateful else len(a & stateful_set))
+        v = c.prev_standby - a if c.prev_standby else c.prev_standby
+        valid.append(v)
+        n_valid.append(len(v))
+    targets = standby_targets(caps, n_active, n_stateful_active, n_valid, len(stateful_set), r)
     # Placement fills every client exactly to its target, so loads are known now: decline
     # before placing when one would end below its floor (the general path repairs that).
     load_floors = share_bounds(len(all_tasks) + len(stateful_set) * r, caps)
-    if any(len(a) + t < lo for a, t, (lo, _) in zip(active, targets, load_floors, strict=True)):
-        return None
     standby: list[frozenset[TaskId]] = []
-    room = []
-    for v, target in zip(valid, targets, strict=True):
+    room: list[int] = []
+    for ci in range(m):
+        v, target = valid[ci], targets[ci]
+        if n_active[ci] + target < load_floors[ci][0]:
+            return None
         if len(v) > target:
             v = _first(v, target)
         standby.append(v)
@@ -244,16 +284,28 @@ def _standbys(
         return None  # a task with more standbys than wanted
     short_set = stateful_set - levels[r - 1]
     if short_set:
-        owner = {t: ci for ci, a in enumerate(active) for t in a & short_set}
-        held = _holders(standby, short_set, range(len(clients)))
+        owner: dict[TaskId, int] = {}
+        for ci in range(m):
+            for t in active[ci] & short_set:
+                owner[t] = ci
+        held = _holders(standby, short_set, range(m))
         added: dict[int, list[TaskId]] = {}
         # The rest through the standby queue, most room left first.
-        backups = [r * (len(a) if every_task_stateful else len(a & stateful_set)) for a in active]
+        backups: list[int] = []
+        for k in n_stateful_active:
+            backups.append(r * k)
         queue = StandbyQueue(room, backups=backups)
-        # Grouped by active client: spread.
-        for ci_owner, t in sorted([(owner[t], _task_id(t)) for t in short_set]):
+        order: list[tuple[int, TaskId]] = []
+        for t in short_set:
+            order.append((owner[t], _task_id(t)))
+        order.sort()  # grouped by active client: spread
+        for ci_owner, t in order:
             has = held.setdefault(t, [])
-            kept = 0 if t not in levels[0] else sum(t in levels[k] for k in range(r - 1))
+            kept = 0  # levels are nested: count the leading ones that hold t
+            for k in range(r - 1):
+                if t not in levels[k]:
+                    break
+                kept += 1
             for _ in range(r - kept):
                 w = gave_up.get(t, -1)
                 if w >= 0 and room[w] > 0 and w not in has:

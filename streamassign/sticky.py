@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from itertools import pairwise
+from operator import attrgetter
 from typing import Final
 
 import attrs
@@ -124,11 +125,17 @@ class StickyTaskAssignor:
             tasks = list(tasks)
         if stateful is not None and not isinstance(stateful, (frozenset, set, list, tuple)):
             stateful = list(stateful)
-        ordered = sorted(clients, key=_process_id)
-        if not task_racks and all(a.process_id != b.process_id for a, b in pairwise(ordered)):
-            quick = assign_sets(tasks, ordered, stateful, self.num_standby_replicas)
-            if quick is not None:
-                return quick
+        ordered = sorted(clients, key=_PROCESS_ID)
+        if not task_racks:
+            unique = True
+            for a, b in pairwise(ordered):
+                if a.process_id == b.process_id:
+                    unique = False
+                    break
+            if unique:
+                quick = assign_sets(tasks, ordered, stateful, self.num_standby_replicas)
+                if quick is not None:
+                    return quick
         return _Run(
             tasks,
             ordered,
@@ -140,8 +147,7 @@ class StickyTaskAssignor:
         ).result()
 
 
-def _process_id(c: ClientState) -> str:
-    return c.process_id
+_PROCESS_ID = attrgetter("process_id")
 
 
 class _Run:
