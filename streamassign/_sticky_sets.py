@@ -151,20 +151,20 @@ def _actives(
                 for t in standbys[h] & candidates:
                     best.setdefault(t, h)
         for ci in over:
-            mine = sorted(kept[ci])
-            ordered: list[TaskId] = []
-            warm_first: list[TaskId] = []
-            for t in mine:
-                (warm_first if t in best else ordered).append(t)
-            if warm_first:
+            ordered = sorted(kept[ci])
+            if not best.keys().isdisjoint(kept[ci]):
+                cold_first: list[TaskId] = []
+                warm_first: list[TaskId] = []
+                for t in ordered:
+                    (warm_first if t in best else cold_first).append(t)
                 warm_first.sort(key=best.__getitem__, reverse=True)
-                ordered += warm_first
-            keep = frozenset(level_order(ordered, group=_SUBTOPOLOGY)[: quotas[ci]])
-            kept[ci] = keep
-            for t in mine:
-                if t not in keep:
-                    released.append(t)
-                    gave_up[t] = ci
+                ordered = cold_first + warm_first
+            ordered = level_order(ordered, group=_SUBTOPOLOGY)
+            q = quotas[ci]
+            kept[ci] = frozenset(ordered[:q])
+            for t in ordered[q:]:
+                released.append(t)
+                gave_up[t] = ci
 
     pool = sorted(map(_task_id, orphans.union(released)))
     took: dict[int, list[TaskId]] = {}
@@ -263,14 +263,24 @@ def _standbys(
     # Placement fills every client exactly to its target, so loads are known now: decline
     # before placing when one would end below its floor (the general path repairs that).
     load_floors = share_bounds(len(all_tasks) + len(stateful_set) * r, caps)
+    # A client over its target keeps first the standbys of tasks active on the clients that
+    # will take new ones (those cannot go to their own active client), then in task order.
+    receivers_run: frozenset[TaskId] = frozenset()
+    for ci in range(m):
+        if n_active[ci] + targets[ci] < load_floors[ci][0]:
+            return None
+        if targets[ci] > n_valid[ci]:
+            receivers_run = receivers_run | active[ci]
     standby: list[frozenset[TaskId]] = []
     room: list[int] = []
     for ci in range(m):
         v, target = valid[ci], targets[ci]
-        if n_active[ci] + target < load_floors[ci][0]:
-            return None
         if len(v) > target:
-            v = _first(v, target)
+            first = v & receivers_run
+            if len(first) >= target:
+                v = _first(first, target)
+            else:
+                v = first | _first(v - first, target - len(first))
         standby.append(v)
         room.append(target - len(v))
     # levels[k]: the tasks with more than k standbys kept (set work, not per-task Python).
@@ -295,11 +305,14 @@ def _standbys(
         for k in n_stateful_active:
             backups.append(r * k)
         queue = StandbyQueue(room, backups=backups)
-        order: list[tuple[int, TaskId]] = []
+        # Grouped by active client (spread), the tasks of clients with standby room first: they
+        # cannot use that room, so they go while other clients still have theirs.
+        order: list[tuple[bool, int, TaskId]] = []
         for t in short_set:
-            order.append((owner[t], _task_id(t)))
-        order.sort()  # grouped by active client: spread
-        for ci_owner, t in order:
+            ci = owner[t]
+            order.append((room[ci] == 0, ci, _task_id(t)))
+        order.sort()
+        for _, ci_owner, t in order:
             has = held.setdefault(t, [])
             kept = 0  # levels are nested: count the leading ones that hold t
             for k in range(r - 1):

@@ -189,6 +189,8 @@ class _Run:
         self.standby: list[list[int]] = [[] for _ in self.clients]
         self.prev_owner, self.lost = _claims(self.index, self.clients)
         self.warm: dict[int, list[int]] = {}
+        #: ``_rank`` of (task, client) pairs, by ``task * clients + client``: fixed for a run.
+        self._ranks: dict[int, tuple[int, int, int, int, int]] = {}
 
     # -- local state ---------------------------------------------------------------------------
 
@@ -216,9 +218,27 @@ class _Run:
         # Holders were appended in client order; without lags, lost claims or a task both
         # active and standby on one client, that already is rank order (see ``_rank``).
         if lost or any(c.lags or c.prev_active & c.prev_standby for c in self.clients):
+            clients, tasks, ranks, m = self.clients, self.tasks, self._ranks, len(self.clients)
+            acceptable = self.acceptable_lag
             for i, found in holders.items():
                 if len(found) > 1:
-                    found.sort(key=partial(self._rank, i))
+                    t = tasks[i]
+                    keyed = []
+                    for ci in found:  # ``_rank``, inlined: this is the hot loop of a restart
+                        c = clients[ci]
+                        tier = 0 if t in c.prev_standby else 1
+                        lag = c.lags.get(t, _UNKNOWN_LAG if tier == 0 else 0)
+                        key = (
+                            tier,
+                            0 if lag <= acceptable else lag,
+                            0 if t in c.prev_active else 1,
+                            lag,
+                            ci,
+                        )
+                        ranks[i * m + ci] = key
+                        keyed.append(key)
+                    keyed.sort()  # ranks end with the client index: no ties
+                    found[:] = [k[-1] for k in keyed]
         return holders
 
     def _rank(self, i: int, ci: int) -> tuple[int, int, int, int, int]:
@@ -226,11 +246,15 @@ class _Run:
         caught-up ones (lag within the acceptable recovery lag count as equal), then one that
         ran the task (a restarted process whose claim lost to the interim owner), then by lag.
         """
-        c, t = self.clients[ci], self.tasks[i]
-        ran = 0 if t in c.prev_active else 1
-        tier = 0 if t in c.prev_standby else 1
-        lag = c.lags.get(t, _UNKNOWN_LAG if tier == 0 else 0)
-        return (tier, 0 if lag <= self.acceptable_lag else lag, ran, lag, ci)
+        key = i * len(self.clients) + ci
+        got = self._ranks.get(key)
+        if got is None:
+            c, t = self.clients[ci], self.tasks[i]
+            ran = 0 if t in c.prev_active else 1
+            tier = 0 if t in c.prev_standby else 1
+            lag = c.lags.get(t, _UNKNOWN_LAG if tier == 0 else 0)
+            got = self._ranks[key] = (tier, 0 if lag <= self.acceptable_lag else lag, ran, lag, ci)
+        return got
 
     # -- actives -------------------------------------------------------------------------------
 
@@ -253,7 +277,9 @@ class _Run:
         matched = [0] * len(self.clients)
         orphans = sorted((len(h), i) for i, h in warm.items() if self.prev_owner[i] < 0)
         for _, i in orphans:
-            matched[min(warm[i], key=lambda h: (matched[h], self._rank(i, h)))] += 1
+            # ``warm[i]`` is in rank order: the first holder with the fewest matches is the
+            # one with the least (matches, rank).
+            matched[min(warm[i], key=matched.__getitem__)] += 1
         quotas = apportion(
             len(tasks), caps, priority=lambda ci: (floors[ci] - len(prev[ci]), -matched[ci], ci)
         )
@@ -290,12 +316,14 @@ class _Run:
 
         # Warm takeovers: over all (task, holder) pairs, standby holders first, then the
         # smallest lag, so a contested client's room goes to what it is most caught up on.
-        pairs = sorted(
-            (*self._rank(i, h)[:4], i, h)
-            for i, ci in enumerate(owner)
-            if ci < 0
-            for h in warm.get(i, ())
-        )
+        rank = self._rank
+        pairs = []
+        for i, ci in enumerate(owner):
+            if ci < 0:
+                for h in warm.get(i, ()):
+                    k = rank(i, h)
+                    pairs.append((k[0], k[1], k[2], k[3], i, h))
+        pairs.sort()
         took: dict[int, list[int]] = {}  # client -> tasks it took over warm
         for *_, i, h in pairs:
             if owner[i] < 0 and room[h] > 0:
@@ -386,32 +414,45 @@ class _Run:
 
     # -- standbys ------------------------------------------------------------------------------
 
-    def _standby_targets(self) -> list[int]:
-        """Standbys per client: total load near its share, within what one copy allows."""
+    def _standby_targets(self) -> tuple[list[int], list[int]]:
+        """Standbys per client (total load near its share, within what one copy allows), and
+        how many previous standbys each could keep."""
         stateful_active = [0] * len(self.clients)
         for i, ci in enumerate(self.owner):
             if self.stateful[i]:
                 stateful_active[ci] += 1
-        return standby_targets(
+        valid = [self._valid_prev_standbys(ci) for ci in range(len(self.clients))]
+        targets = standby_targets(
             [c.capacity for c in self.clients],
             [len(a) for a in self.active],
             stateful_active,
-            [self._valid_prev_standbys(ci) for ci in range(len(self.clients))],
+            valid,
             sum(self.stateful),
             self.replicas,
         )
+        return targets, valid
 
     def assign_standbys(self) -> None:
         if not self.replicas:
             return
         r, owner = self.replicas, self.owner
-        room = self._standby_targets()
+        room, valid = self._standby_targets()
         # copies[i * r : (i + 1) * r] are the clients holding a standby of task i (-1: none yet).
         # One flat list: a set per task cost a third of the run in allocation and GC at 100k.
         copies = [-1] * (len(self.tasks) * r)
         need: list[int] = []
-        for i, stateful in enumerate(self.stateful):
-            if not stateful:
+        # Local state is kept first for the tasks active on clients that will take new
+        # standbys (those cannot go to their own active client), then in task order: a client
+        # over its target then drops copies that can go where the room is.
+        receiver = [t > v for t, v in zip(room, valid, strict=True)]
+        first = [i for i, ci in enumerate(owner) if receiver[ci]]
+        if first and len(first) < len(owner):
+            rest = [i for i, ci in enumerate(owner) if not receiver[ci]]
+            order: Iterable[int] = first + rest
+        else:
+            order = range(len(owner))
+        for i in order:
+            if not self.stateful[i]:
                 continue
             k = i * r
             for ci in self.warm.get(i, ()):
@@ -425,7 +466,9 @@ class _Run:
 
         # The rest through the queue: rack and tag conflicts, spread, most room left.
         queue = self._queue(room)
-        need.sort(key=lambda slot: owner[slot // r])  # grouped by active client: spread
+        # Grouped by active client (spread), those of clients with standby room first: they
+        # cannot use that room, so they go while other clients still have theirs.
+        need.sort(key=lambda slot: (room[owner[slot // r]] == 0, owner[slot // r]))
         for slot in need:
             i = slot // r
             ci = queue.pick(owner[i], copies[i * r : slot])
