@@ -265,12 +265,12 @@ def _standbys(
     load_floors = share_bounds(len(all_tasks) + len(stateful_set) * r, caps)
     # A client over its target keeps first the standbys of tasks active on the clients that
     # will take new ones (those cannot go to their own active client), then in task order.
-    receivers_run: frozenset[TaskId] = frozenset()
+    receivers_run: set[TaskId] = set()
     for ci in range(m):
         if n_active[ci] + targets[ci] < load_floors[ci][0]:
             return None
         if targets[ci] > n_valid[ci]:
-            receivers_run = receivers_run | active[ci]
+            receivers_run |= active[ci]
     standby: list[frozenset[TaskId]] = []
     room: list[int] = []
     for ci in range(m):
@@ -284,12 +284,14 @@ def _standbys(
         standby.append(v)
         room.append(target - len(v))
     # levels[k]: the tasks with more than k standbys kept (set work, not per-task Python).
-    levels: list[frozenset[TaskId]] = [frozenset()] * (r + 1)
+    levels: list[set[TaskId]] = []
+    for _ in range(r + 1):
+        levels.append(set())
     for v in standby:
         if v:
             for k in range(r, 0, -1):
-                levels[k] = levels[k] | (levels[k - 1] & v)
-            levels[0] = levels[0] | v
+                levels[k] |= levels[k - 1] & v  # in place: linear in v, not in the levels
+            levels[0] |= v
     if levels[r]:
         return None  # a task with more standbys than wanted
     short_set = stateful_set - levels[r - 1]
