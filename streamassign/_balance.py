@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import add, itemgetter, sub
 from typing import Any
+
+_FLOOR = itemgetter(0)
 
 
 def share_bounds(total: int, weights: Sequence[int]) -> list[tuple[int, int]]:
@@ -128,27 +132,20 @@ def standby_targets(
     need a tie broken, they favour keeping those, so a balanced layout is a fixed point.
     """
     n = len(caps)
-    total = n_stateful * replicas
-    for a in actives:
-        total += a
+    total = sum(actives) + n_stateful * replicas
     bounds = share_bounds(total, caps)
-    room: list[int] = []
-    target: list[int] = []
-    missing = total
-    for ci in range(n):
-        a, lo = actives[ci], bounds[ci][0]
-        most = a + n_stateful - stateful_active[ci]
-        room.append(most - a)
-        t = min(max(lo, a), most)
-        target.append(t)
-        missing -= t
+    # C-level passes over the clients (map/zip): this runs in every rebalance. ``most`` is
+    # the most a client can hold: a copy of every stateful task it does not run.
+    most = list(map(sub, map(add, actives, repeat(n_stateful)), stateful_active))
+    target = list(map(min, map(max, map(_FLOOR, bounds), actives), most))
+    missing = total - sum(target)
     if missing > 0:
         # Spare ceilings go to the clients furthest above their floor now (the load they could
         # keep); raise to the ceiling first, then beyond it only where one copy per client
         # forces it (lowest load per thread first).
         order = []
         for ci in range(n):
-            if target[ci] < min(bounds[ci][1], actives[ci] + room[ci]):
+            if target[ci] < min(bounds[ci][1], most[ci]):
                 order.append((bounds[ci][0] - actives[ci] - valid_prev[ci], ci))
         order.sort()
         for _, ci in order[:missing]:
@@ -157,14 +154,14 @@ def standby_targets(
         if missing > 0:
             heap = []
             for ci in range(n):
-                if target[ci] < actives[ci] + room[ci]:
+                if target[ci] < most[ci]:
                     heap.append((target[ci] / caps[ci], ci))
             heapq.heapify(heap)
             while missing > 0:
                 _, ci = heapq.heappop(heap)
                 target[ci] += 1
                 missing -= 1
-                if target[ci] < actives[ci] + room[ci]:
+                if target[ci] < most[ci]:
                     heapq.heappush(heap, (target[ci] / caps[ci], ci))
     elif missing < 0:
         # Actives at their ceiling pushed some clients above the floor: take standbys first from
@@ -182,10 +179,7 @@ def standby_targets(
             missing += 1
             if target[ci] > actives[ci]:
                 heapq.heappush(givers, _giver(ci, target, actives, bounds, valid_prev, caps))
-    out = []
-    for ci in range(n):
-        out.append(target[ci] - actives[ci])
-    return out
+    return list(map(sub, target, actives))
 
 
 def _giver(

@@ -17,8 +17,8 @@ than wanted) or its result would leave a client below its load floor or need a s
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import chain
-from operator import itemgetter
+from itertools import chain, compress, repeat
+from operator import add, attrgetter, gt, itemgetter, lt, mul, neg, sub
 
 from ._balance import apportion, deal, level_order, share_bounds, standby_targets
 from ._ids import TaskId
@@ -31,6 +31,11 @@ from .assignment import ClientAssignment, ClientState
 _BULK = 512
 
 
+_CAPACITY = attrgetter("capacity")
+_PREV_ACTIVE = attrgetter("prev_active")
+_PREV_STANDBY = attrgetter("prev_standby")
+_PROCESS_ID = attrgetter("process_id")
+_FLOOR = itemgetter(0)
 #: A task's subtopology (``TaskId`` is a tuple: a C-level getter, not a Python call).
 _SUBTOPOLOGY = itemgetter(0)
 
@@ -83,17 +88,12 @@ def assign_sets(
         return None  # most tasks move: the general path's flat passes are faster
 
     active, gave_up = _actives(all_tasks, clients, owners)
-    out: dict[str, ClientAssignment] = {}
     if r == 0:
-        for c, a in zip(clients, active, strict=True):
-            out[c.process_id] = ClientAssignment(active=a)
-        return out
+        return dict(zip(map(_PROCESS_ID, clients), map(ClientAssignment, active), strict=True))
     standby = _standbys(all_tasks, stateful_set, clients, active, gave_up, r)
     if standby is None:
         return None
-    for c, a, s in zip(clients, active, standby, strict=True):
-        out[c.process_id] = ClientAssignment(active=a, standby=s)
-    return out
+    return dict(zip(map(_PROCESS_ID, clients), map(ClientAssignment, active, standby), strict=True))
 
 
 def _actives(
@@ -102,13 +102,10 @@ def _actives(
     """Active tasks per client, and the previous owner of each task that moved between two
     present clients (it still holds the state: a good standby)."""
     m = len(clients)
-    caps: list[int] = []
-    ran: list[int] = []
-    standbys: list[frozenset[TaskId]] = []
-    for c in clients:
-        caps.append(c.capacity)
-        ran.append(len(c.prev_active))
-        standbys.append(c.prev_standby)
+    caps = list(map(_CAPACITY, clients))
+    kept = list(map(_PREV_ACTIVE, clients))
+    ran = list(map(len, kept))
+    standbys = list(map(_PREV_STANDBY, clients))
     bounds = share_bounds(len(all_tasks), caps)
     orphans = all_tasks - owners
 
@@ -127,18 +124,10 @@ def _actives(
                 if pick < 0 or matched[h] < matched[pick]:
                     pick = h
             matched[pick] += 1
-    keys = []
-    for ci in range(m):
-        keys.append((bounds[ci][0] - ran[ci], -matched[ci], ci))
+    keys = list(zip(map(sub, map(_FLOOR, bounds), ran), map(neg, matched), range(m), strict=True))
     quotas = apportion(len(all_tasks), caps, priority=keys.__getitem__)
-    room: list[int] = []
-    over: list[int] = []
-    for ci in range(m):
-        q, k = quotas[ci], ran[ci]
-        room.append(q - k if k < q else 0)
-        if k > q:
-            over.append(ci)
-    kept: list[frozenset[TaskId]] = [c.prev_active for c in clients]
+    room = list(map(sub, quotas, map(min, quotas, ran)))
+    over = list(compress(range(m), map(gt, ran, quotas)))
     released: list[TaskId] = []
     gave_up: dict[TaskId, int] = {}
     if over:
@@ -169,10 +158,7 @@ def _actives(
     pool = sorted(map(_task_id, orphans.union(released)))
     took: dict[int, list[TaskId]] = {}
     owner: dict[TaskId, int] = {}
-    with_room: list[int] = []
-    for h in range(m):
-        if room[h] > 0:
-            with_room.append(h)
+    with_room = list(compress(range(m), room))
     for t, hs in sorted(_holders(standbys, frozenset(pool), with_room).items()):
         for h in hs:
             if room[h] > 0:
@@ -246,43 +232,36 @@ def _standbys(
     """Standby tasks per client, or ``None`` where the general path's swap would be needed or
     a client would end below its load floor."""
     m = len(clients)
-    every_task_stateful = stateful_set is all_tasks
-    caps: list[int] = []
-    n_active: list[int] = []
-    n_stateful_active: list[int] = []
-    valid: list[frozenset[TaskId]] = []
-    n_valid: list[int] = []
-    for c, a in zip(clients, active, strict=True):
-        caps.append(c.capacity)
-        n_active.append(len(a))
-        n_stateful_active.append(len(a) if every_task_stateful else len(a & stateful_set))
-        v = c.prev_standby - a if c.prev_standby else c.prev_standby
-        valid.append(v)
-        n_valid.append(len(v))
+    caps = list(map(_CAPACITY, clients))
+    n_active = list(map(len, active))
+    if stateful_set is all_tasks:
+        n_stateful_active = n_active
+    else:
+        n_stateful_active = list(map(len, map(stateful_set.intersection, active)))
+    valid = list(map(sub, map(_PREV_STANDBY, clients), active))
+    n_valid = list(map(len, valid))
     targets = standby_targets(caps, n_active, n_stateful_active, n_valid, len(stateful_set), r)
     # Placement fills every client exactly to its target, so loads are known now: decline
     # before placing when one would end below its floor (the general path repairs that).
     load_floors = share_bounds(len(all_tasks) + len(stateful_set) * r, caps)
+    if any(map(lt, map(add, n_active, targets), map(_FLOOR, load_floors))):
+        return None
     # A client over its target keeps first the standbys of tasks active on the clients that
     # will take new ones (those cannot go to their own active client), then in task order.
     receivers_run: set[TaskId] = set()
-    for ci in range(m):
-        if n_active[ci] + targets[ci] < load_floors[ci][0]:
-            return None
-        if targets[ci] > n_valid[ci]:
-            receivers_run |= active[ci]
-    standby: list[frozenset[TaskId]] = []
-    room: list[int] = []
-    for ci in range(m):
+    for ci in compress(range(m), map(gt, targets, n_valid)):
+        receivers_run |= active[ci]
+    standby = valid  # trimmed in place below, where over target
+    room = list(map(sub, targets, n_valid))
+    for ci in compress(range(m), map(lt, room, repeat(0))):
         v, target = valid[ci], targets[ci]
-        if len(v) > target:
-            first = v & receivers_run
-            if len(first) >= target:
-                v = _first(first, target)
-            else:
-                v = first | _first(v - first, target - len(first))
-        standby.append(v)
-        room.append(target - len(v))
+        first = v & receivers_run
+        if len(first) >= target:
+            v = _first(first, target)
+        else:
+            v = first | _first(v - first, target - len(first))
+        standby[ci] = v
+        room[ci] = 0
     # levels[k]: the tasks with more than k standbys kept (set work, not per-task Python).
     levels: list[set[TaskId]] = []
     for _ in range(r + 1):
@@ -303,10 +282,7 @@ def _standbys(
         held = _holders(standby, short_set, range(m))
         added: dict[int, list[TaskId]] = {}
         # The rest through the standby queue, most room left first.
-        backups: list[int] = []
-        for k in n_stateful_active:
-            backups.append(r * k)
-        queue = StandbyQueue(room, backups=backups)
+        queue = StandbyQueue(room, backups=list(map(mul, n_stateful_active, repeat(r))))
         # Grouped by active client (spread), the tasks of clients with standby room first: they
         # cannot use that room, so they go while other clients still have theirs.
         order: list[tuple[bool, int, TaskId]] = []
