@@ -13,6 +13,7 @@ package is missing is skipped with a note saying how to install it.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Iterable
 from typing import Final
 
@@ -36,7 +37,13 @@ class AssignorSpec:
 
     def missing(self) -> str | None:
         """Why the assignor cannot run here (its package is not installed), or None."""
-        if self.module is None or importlib.util.find_spec(self.module) is not None:
+        if self.module is None or self.module in sys.modules:
+            return None  # imported already (faust then sets its __spec__ to None)
+        try:
+            found = importlib.util.find_spec(self.module)
+        except ValueError:  # a module that replaced itself in sys.modules: it is installed
+            return None
+        if found is not None:
             return None
         return f"{self.name} skipped: {self.module} is not installed ({self.install})"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Any
 
 import pytest
@@ -32,6 +33,8 @@ def test_missing_peers_are_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch) 
         return None if name in ("faust", "aiokafka") else real(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", without_peers)
+    for name in ("faust", "aiokafka"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     got = resolve(["default"])
     assert got.names == ("task:sticky", "consumer:range", "consumer:sticky")
     assert got.notes == (
@@ -41,3 +44,9 @@ def test_missing_peers_are_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch) 
     )
     with pytest.raises(PipelineError, match="no assignor left to run: faust:copartitioned"):
         resolve(["faust:copartitioned"])
+
+
+def test_peers_already_imported_count_as_installed() -> None:
+    """faust sets its ``__spec__`` to None once imported, and ``find_spec`` then raises."""
+    pytest.importorskip("faust")
+    assert resolve(["all"]).names == resolve(["all"]).names == GROUPS["all"]
