@@ -16,7 +16,9 @@ than wanted) or its result would leave a client below its load floor or need a s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from itertools import chain, compress, repeat
 from operator import add, attrgetter, gt, itemgetter, lt, mul, neg, sub
 
@@ -262,18 +264,10 @@ def _standbys(
             v = first | _first(v - first, target - len(first))
         standby[ci] = v
         room[ci] = 0
-    # levels[k]: the tasks with more than k standbys kept (set work, not per-task Python).
-    levels: list[set[TaskId]] = []
-    for _ in range(r + 1):
-        levels.append(set())
-    for v in standby:
-        if v:
-            for k in range(r, 0, -1):
-                levels[k] |= levels[k - 1] & v  # in place: linear in v, not in the levels
-            levels[0] |= v
-    if levels[r]:
+    kept_copies = _copy_counts(standby, r)
+    if kept_copies is None:
         return None  # a task with more standbys than wanted
-    short_set = stateful_set - levels[r - 1]
+    short_set = stateful_set - kept_copies.full
     if short_set:
         owner: dict[TaskId, int] = {}
         for ci in range(m):
@@ -292,12 +286,7 @@ def _standbys(
         order.sort()
         for _, ci_owner, t in order:
             has = held.setdefault(t, [])
-            kept = 0  # levels are nested: count the leading ones that hold t
-            for k in range(r - 1):
-                if t not in levels[k]:
-                    break
-                kept += 1
-            for _ in range(r - kept):
+            for _ in range(r - kept_copies.of(t)):
                 w = gave_up.get(t, -1)
                 if w >= 0 and room[w] > 0 and w not in has:
                     ci = w
@@ -313,6 +302,46 @@ def _standbys(
         for ci, ts in added.items():
             standby[ci] = standby[ci].union(ts)
     return standby
+
+
+class _Copies:
+    """How many standbys of each task are kept: ``full`` holds the tasks with all ``r``."""
+
+    def __init__(self, full: AbstractSet[TaskId], of: Callable[[TaskId], int]) -> None:
+        self.full = full
+        self.of = of
+
+
+def _copy_counts(standby: Sequence[frozenset[TaskId]], r: int) -> _Copies | None:
+    """Standby copies per task across ``standby`` (None: a task has more than ``r``).
+
+    For a few replicas, set levels (``levels[k]``: tasks with more than ``k`` copies), grown in
+    place per client: C set work, no per-task Python. For many, one C-level count.
+    """
+    if r > 3:
+        counts = Counter(chain.from_iterable(standby))
+        if counts and max(counts.values()) > r:
+            return None
+        full = {t for t, k in counts.items() if k == r}
+        return _Copies(full, lambda t: counts.get(t, 0))
+    levels: list[set[TaskId]] = []
+    for _ in range(r + 1):
+        levels.append(set())
+    for v in standby:
+        if v:
+            for k in range(r, 0, -1):
+                levels[k] |= levels[k - 1] & v  # in place: linear in v, not in the levels
+            levels[0] |= v
+    if levels[r]:
+        return None
+
+    def of(t: TaskId) -> int:
+        n = 0  # levels are nested: count the leading ones that hold t
+        while n < r - 1 and t in levels[n]:
+            n += 1
+        return n
+
+    return _Copies(levels[r - 1], of)
 
 
 def _swap(
