@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import chain, compress, repeat
-from operator import add, attrgetter, gt, itemgetter, lt, mul, neg, sub
+from operator import add, attrgetter, gt, is_not, itemgetter, lt, mul, neg, sub
 
 from ._balance import apportion, deal, level_order, share_bounds, standby_targets
 from ._ids import TaskId
@@ -37,6 +37,10 @@ _CAPACITY = attrgetter("capacity")
 _PREV_ACTIVE = attrgetter("prev_active")
 _PREV_STANDBY = attrgetter("prev_standby")
 _PROCESS_ID = attrgetter("process_id")
+_LAGS = attrgetter("lags")
+_TAGS = attrgetter("tags")
+_RACK = attrgetter("rack")
+_DISJOINT = frozenset.isdisjoint
 _FLOOR = itemgetter(0)
 #: A task's subtopology (``TaskId`` is a tuple: a C-level getter, not a Python call).
 _SUBTOPOLOGY = itemgetter(0)
@@ -73,16 +77,19 @@ def assign_sets(
         stateful_set = frozenset(filter(wanted.__contains__, all_tasks))
     m = len(clients)
     r = min(num_standby_replicas, m - 1)
-    owned = 0
-    ran: list[frozenset[TaskId]] = []
-    for c in clients:
-        a, p = c.prev_active, c.prev_standby
-        if c.lags or c.rack is not None or c.tags:
-            return None
-        if not a <= all_tasks or (p and (not a.isdisjoint(p) or (r and not p <= stateful_set))):
-            return None
-        owned += len(a)
-        ran.append(a)
+    # Clean input only (C-level passes over the clients): no lags, racks or tags; actives of
+    # known tasks; no task both active and standby on one client; standbys of stateful tasks.
+    if any(map(_LAGS, clients)) or any(map(_TAGS, clients)):
+        return None
+    if any(map(is_not, map(_RACK, clients), repeat(None))):
+        return None
+    ran = list(map(_PREV_ACTIVE, clients))
+    standbys = list(map(_PREV_STANDBY, clients))
+    if not all(map(all_tasks.issuperset, ran)) or not all(map(_DISJOINT, ran, standbys)):
+        return None
+    if r and not all(map(stateful_set.issuperset, standbys)):
+        return None
+    owned = sum(map(len, ran))
     owners = frozenset().union(*ran)
     if len(owners) != owned:
         return None  # duplicate claims: the general path resolves them
