@@ -87,8 +87,26 @@ class StandbyQueue:
         (-1: every client with room is ``owner`` or in ``held``); its room drops by one."""
         room, heap, pairs = self.room, self._heap, self._pairs
         aware = self.aware
-        group = [owner, *held] if aware else []
         fair = self._fair[owner] if self._fair is not None else 0
+        if not aware:
+            # The common case, short: the client with most room is free to take the copy.
+            while heap:
+                neg, ci = heap[0]
+                if -neg == room[ci]:
+                    if ci == owner or ci in held or pairs.get((owner, ci), 0) >= fair:
+                        break  # not that simple: the full search below
+                    room[ci] -= 1
+                    if room[ci] > 0:
+                        heapq.heapreplace(heap, (-room[ci], ci))
+                    else:
+                        heapq.heappop(heap)
+                    if self._fair is not None:
+                        pairs[(owner, ci)] = pairs.get((owner, ci), 0) + 1
+                    return ci
+                heapq.heappop(heap)  # stale entry
+                if room[ci] > 0:
+                    heapq.heappush(heap, (-room[ci], ci))
+        group = [owner, *held] if aware else []
         seen: list[tuple[int, int]] = []
         best: tuple[int, int, int, int] | None = None
         while heap:
