@@ -15,8 +15,9 @@ The algorithm (DESIGN §3), in order of precedence:
 5. **Standbys.** Every stateful task gets ``min(num_standby_replicas, clients - 1)`` standbys on
    clients without a copy of it. Targets bring each client's active+standby load to the floor or
    ceiling of its share (as far as one copy per client allows); previous standbys (then other
-   local state, lowest lag first) are kept; the rest go to the clients with most room left, with
-   a one-step swap when the only clients with room already hold the task.
+   local state, lowest lag first) are kept, those of tasks active on clients that take new
+   standbys first; the rest go to the clients with most room left, those tasks first again,
+   with a one-step swap when the only clients with room already hold the task.
 
 All decisions iterate in sorted order of task and process ids, so the same input gives the same
 output whatever the order of the input collections.
