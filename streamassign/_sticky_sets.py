@@ -282,10 +282,30 @@ def _standbys(
                 owner[t] = ci
         held = _holders(standby, short_set, range(m))
         added: dict[int, list[TaskId]] = {}
-        # The rest through the standby queue, most room left first.
+        need: dict[TaskId, int] = {}
+        returned: dict[int, set[TaskId]] = {}  # copies given back to a previous owner
+        for t in short_set:
+            need[t] = r - kept_copies.of(t)
+        # A previous owner that gave its task up holds its state: it takes a copy first, before
+        # the queue hands its room to other tasks (the general path's keep pass, same order).
+        if gave_up:
+            returning: list[tuple[bool, TaskId]] = []
+            for t in short_set.intersection(gave_up):
+                returning.append((t not in receivers_run, _task_id(t)))
+            returning.sort()
+            for _, t in returning:
+                w = gave_up[t]
+                has = held.setdefault(t, [])
+                if room[w] > 0 and w not in has:
+                    room[w] -= 1
+                    has.append(w)
+                    added.setdefault(w, []).append(t)
+                    returned.setdefault(w, set()).add(t)
+                    need[t] -= 1
+        # The rest through the standby queue, most room left first; grouped by active client
+        # (spread), the tasks of clients with standby room first: they cannot use that room,
+        # so they go while other clients still have theirs.
         queue = StandbyQueue(room, backups=list(map(mul, n_stateful_active, repeat(r))))
-        # Grouped by active client (spread), the tasks of clients with standby room first: they
-        # cannot use that room, so they go while other clients still have theirs.
         order: list[tuple[bool, int, TaskId]] = []
         for t in short_set:
             ci = owner[t]
@@ -293,15 +313,10 @@ def _standbys(
         order.sort()
         for _, ci_owner, t in order:
             has = held.setdefault(t, [])
-            for _ in range(r - kept_copies.of(t)):
-                w = gave_up.get(t, -1)
-                if w >= 0 and room[w] > 0 and w not in has:
-                    ci = w
-                    room[ci] -= 1  # the queue re-checks its entry lazily
-                else:
-                    ci = queue.pick(ci_owner, has)
+            for _ in range(need[t]):
+                ci = queue.pick(ci_owner, has)
                 if ci < 0:
-                    ci = _swap(t, active, standby, held, added, room)
+                    ci = _swap(t, active, standby, held, added, returned, room)
                     if ci < 0:
                         return None  # forced beyond a ceiling: the general path's job
                 has.append(ci)
@@ -357,41 +372,59 @@ def _swap(
     standby: list[frozenset[TaskId]],
     held: dict[TaskId, list[int]],
     added: dict[int, list[TaskId]],
+    returned: dict[int, set[TaskId]],
     room: list[int],
 ) -> int:
     """Make room for a copy of ``t`` when every client with room holds it: a client ``d``
     without a copy hands one of its standbys ``u`` to a client ``c`` with room and no copy of
     ``u``; ``t`` then goes to ``d`` (returned; -1 when no such pair). Loads stay on target.
-    Rare, so it may scan."""
+    Copies placed in this run are handed over before warm ones (kept from before, or given
+    back to a previous owner). Rare, so it may scan."""
     m = len(room)
     rooms = [c for c in range(m) if room[c] > 0]
     # What each client with room could take: neither active there nor a copy there already.
     blocked = [active[c] | standby[c] | frozenset(added.get(c, ())) for c in rooms]
-    for d in range(m):
-        if t in active[d] or d in held[t]:
-            continue
-        mine = standby[d].union(added.get(d, ()))
-        # The first of d's standbys (in task order) some client with room can take, and the
-        # first such client.
-        best: tuple[TaskId, int] | None = None
-        for k, c in enumerate(rooms):
-            free = mine - blocked[k]
-            if free:
-                u = min(free)
-                if best is None or u < best[0]:
-                    best = (u, c)
-        if best is None:
-            continue
-        u, c = best
-        u_has = held.get(u)
-        if u_has is None:
-            u_has = held[u] = [x for x in range(m) if u in standby[x]]
-        if u in standby[d]:
-            standby[d] = standby[d] - {u}
-        else:
-            added[d].remove(u)
-        added.setdefault(c, []).append(u)
-        u_has[u_has.index(d)] = c
-        room[c] -= 1
-        return d
+    # Hand over a copy placed in this run first: moving a warm one throws its state away.
+    for fresh in (True, False):
+        for d in range(m):
+            if t in active[d] or d in held[t]:
+                continue
+            warm = returned.get(d, set())
+            mine = frozenset(added.get(d, ())).difference(warm) if fresh else standby[d] | warm
+            # The first of these (in task order) some client with room can take, and the first
+            # such client.
+            best: tuple[TaskId, int] | None = None
+            for k, c in enumerate(rooms):
+                free = mine - blocked[k]
+                if free:
+                    u = min(free)
+                    if best is None or u < best[0]:
+                        best = (u, c)
+            if best is not None:
+                warm.discard(best[0])
+                return _hand_over(best[0], d, best[1], standby, held, added, room)
     return -1
+
+
+def _hand_over(
+    u: TaskId,
+    d: int,
+    c: int,
+    standby: list[frozenset[TaskId]],
+    held: dict[TaskId, list[int]],
+    added: dict[int, list[TaskId]],
+    room: list[int],
+) -> int:
+    """Move the standby of ``u`` from client ``d`` to client ``c`` (which has room); ``d``."""
+    m = len(room)
+    u_has = held.get(u)
+    if u_has is None:
+        u_has = held[u] = [x for x in range(m) if u in standby[x]]
+    if u in standby[d]:
+        standby[d] = standby[d] - {u}
+    else:
+        added[d].remove(u)
+    added.setdefault(c, []).append(u)
+    u_has[u_has.index(d)] = c
+    room[c] -= 1
+    return d

@@ -8,6 +8,7 @@ cases, or it would only cost time.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,6 +26,79 @@ Inputs = tuple[list[TaskId], list[ClientState], int, "list[TaskId] | None"]
 
 @given(assignment_inputs())
 def test_set_path_is_as_good_as_the_general_path(inputs: Inputs) -> None:
+    assert_as_good_as_the_general_path(inputs)
+
+
+def _ids(text: str) -> list[TaskId]:
+    return [TaskId.parse(t) for t in text.split()]
+
+
+def _client(pid: str, cap: int, active: str = "", standby: str = "") -> ClientState:
+    return ClientState(pid, cap, prev_active=_ids(active), prev_standby=_ids(standby))
+
+
+#: Found by a random search over chained rebalances (1 in ~3,400 inputs then): the set path kept
+#: fewer previous standbys than the general path. The first: the queue spent a previous owner's
+#: room before giving it back its task, and a swap then moved a kept copy. The second: a
+#: client over its target kept copies that a swap later had to move.
+SET_PATH_REGRESSIONS: list[Inputs] = [
+    (
+        _ids("0_0 0_1 1_0"),
+        [
+            _client("p0", 4, "", "0_1"),
+            _client("p1", 1, "0_1"),
+            _client("p2", 2, "1_0"),
+            _client("p3", 4),
+        ],
+        1,
+        None,
+    ),
+    (
+        _ids("0_0 0_1 0_2 0_3 0_4 0_5"),
+        [
+            _client("p0", 2, "0_2 0_4", "0_3"),
+            _client("p1", 4, "0_5"),
+            _client("p2", 1, "0_1", "0_3"),
+            _client("p3", 4),
+            _client("p4", 1, "", "0_0 0_2 0_5"),
+            _client("p5", 2, "0_0", "0_1 0_3 0_4"),
+            _client("p6", 1, "", "0_2"),
+        ],
+        3,
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize("inputs", SET_PATH_REGRESSIONS)
+def test_set_path_regressions(inputs: Inputs) -> None:
+    assert_as_good_as_the_general_path(inputs)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: two greedy standby placements differ; the general path gives a previous "
+    "owner its task back and drops another kept copy, the set path keeps that copy and must "
+    "swap two kept copies away later (about 1 in 10,000 random chained inputs)",
+)
+def test_set_path_known_gap_kept_standbys() -> None:
+    assert_as_good_as_the_general_path(
+        (
+            [TaskId(s, p) for s, n in [(0, 3), (1, 3), (2, 4), (3, 7)] for p in range(n)],
+            [
+                _client("p0", 1, "3_3", "3_2"),
+                _client("p1", 1, "", "3_1 3_5"),
+                _client("p2", 2, "0_0 1_0 2_0 3_0", "2_3 3_1 3_6"),
+                _client("p3", 4, "0_2 1_2 2_3 3_1 3_2 3_5", "0_1 2_1 2_2 3_0 3_3 3_6"),
+                _client("p4", 4),
+            ],
+            2,
+            _ids("0_1 2_1 2_2 2_3 3_0 3_1 3_2 3_3 3_5 3_6"),
+        )
+    )
+
+
+def assert_as_good_as_the_general_path(inputs: Inputs) -> None:
     tasks, clients, replicas, stateful = inputs
     ordered = sorted(clients, key=lambda c: c.process_id)
     quick = assign_sets(tasks, ordered, stateful, replicas)
