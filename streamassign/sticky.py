@@ -470,13 +470,15 @@ class _Run:
         # Grouped by active client (spread), those of clients with standby room first: they
         # cannot use that room, so they go while other clients still have theirs.
         need.sort(key=lambda slot: (room[owner[slot // r]] == 0, owner[slot // r]))
+        placed: set[int] = set()  # slots filled in this run (no warm state behind them)
         for slot in need:
             i = slot // r
             ci = queue.pick(owner[i], copies[i * r : slot])
             if ci >= 0:
                 copies[slot] = ci
             else:
-                self._place_by_swap(slot, copies, room)
+                self._place_by_swap(slot, copies, room, placed)
+            placed.add(slot)
         if queue.aware:
             self._exchange_for_racks(need, copies, queue)
         self._return_dropped_standbys(copies)
@@ -520,13 +522,17 @@ class _Run:
                 if load[ci] >= floors[ci]:
                     break
 
-    def _place_by_swap(self, slot: int, copies: list[int], room: list[int]) -> None:
+    def _place_by_swap(
+        self, slot: int, copies: list[int], room: list[int], placed: set[int]
+    ) -> None:
         """Fill ``slot`` (a standby of task ``i``) when every client with room holds ``i``.
 
         Finds a client ``d`` without a copy of ``i`` and a standby ``u`` on ``d`` that a client
         ``c`` with room can take: ``u`` moves ``d -> c`` and ``i`` goes to ``d``, keeping every
-        load on target. Without such a pair (forced by one copy per client), ``i`` goes to the
-        client without a copy that is least loaded per thread. Rare, so it may scan.
+        load on target. A copy placed in this run (in ``placed``) moves before one kept from
+        before: moving that throws its warm state away. Without such a pair (forced by one copy
+        per client), ``i`` goes to the client without a copy that is least loaded per thread.
+        Rare, so it may scan.
         """
         r, owner = self.replicas, self.owner
         i = slot // r
@@ -535,16 +541,20 @@ class _Run:
             return owner[task] == ci or ci in copies[task * r : (task + 1) * r]
 
         rooms = [c for c in range(len(room)) if room[c] > 0]
-        for d in range(len(self.clients)):
-            if holds(i, d):
-                continue
-            for u_slot in (s for s in range(len(copies)) if copies[s] == d):
-                u = u_slot // r
-                for c in rooms:
-                    if not holds(u, c):
-                        copies[u_slot], copies[slot] = c, d
-                        room[c] -= 1
-                        return
+        for fresh in (True, False):
+            for d in range(len(self.clients)):
+                if holds(i, d):
+                    continue
+                for u_slot in range(len(copies)):
+                    if copies[u_slot] != d or (u_slot in placed) != fresh:
+                        continue
+                    u = u_slot // r
+                    for c in rooms:
+                        if not holds(u, c):
+                            copies[u_slot], copies[slot] = c, d
+                            room[c] -= 1
+                            placed.add(u_slot)
+                            return
         load = [len(a) for a in self.active]
         for ci in copies:
             if ci >= 0:
