@@ -95,14 +95,8 @@ class StandbyQueue:
                 if -neg == room[ci]:
                     if ci == owner or ci in held or pairs.get((owner, ci), 0) >= fair:
                         break  # not that simple: the full search below
-                    room[ci] -= 1
-                    if room[ci] > 0:
-                        heapq.heapreplace(heap, (-room[ci], ci))
-                    else:
-                        heapq.heappop(heap)
-                    if self._fair is not None:
-                        pairs[(owner, ci)] = pairs.get((owner, ci), 0) + 1
-                    return ci
+                    heapq.heappop(heap)
+                    return self._take(ci, owner)
                 heapq.heappop(heap)  # stale entry
                 if room[ci] > 0:
                     heapq.heappush(heap, (-room[ci], ci))
@@ -131,10 +125,14 @@ class StandbyQueue:
                 heapq.heappush(heap, entry)
         if best is None:
             return -1
-        ci = best[3]
+        return self._take(best[3], owner)
+
+    def _take(self, ci: int, owner: int) -> int:
+        """Client ``ci`` (off the heap) takes a copy of a task active on ``owner``."""
+        room = self.room
         room[ci] -= 1
         if room[ci] > 0:
-            heapq.heappush(heap, (-room[ci], ci))
+            heapq.heappush(self._heap, (-room[ci], ci))
         if self._fair is not None:
-            pairs[(owner, ci)] = pairs.get((owner, ci), 0) + 1
+            self._pairs[(owner, ci)] = self._pairs.get((owner, ci), 0) + 1
         return ci

@@ -22,7 +22,9 @@ from collections.abc import Set as AbstractSet
 from itertools import chain, compress, repeat
 from operator import add, attrgetter, gt, is_not, itemgetter, lt, mul, neg, sub
 
-from ._balance import apportion, deal, level_order, share_bounds, standby_targets
+import attrs
+
+from ._balance import _FLOOR, apportion, deal, level_order, share_bounds, standby_targets
 from ._ids import TaskId
 from ._standby_queue import StandbyQueue
 from .assignment import ClientAssignment, ClientState
@@ -41,7 +43,6 @@ _LAGS = attrgetter("lags")
 _TAGS = attrgetter("tags")
 _RACK = attrgetter("rack")
 _DISJOINT = frozenset.isdisjoint
-_FLOOR = itemgetter(0)
 #: A task's subtopology (``TaskId`` is a tuple: a C-level getter, not a Python call).
 _SUBTOPOLOGY = itemgetter(0)
 
@@ -326,12 +327,12 @@ def _standbys(
     return standby
 
 
+@attrs.frozen
 class _Copies:
     """How many standbys of each task are kept: ``full`` holds the tasks with all ``r``."""
 
-    def __init__(self, full: AbstractSet[TaskId], of: Callable[[TaskId], int]) -> None:
-        self.full = full
-        self.of = of
+    full: AbstractSet[TaskId]
+    of: Callable[[TaskId], int]
 
 
 def _copy_counts(standby: Sequence[frozenset[TaskId]], r: int) -> _Copies | None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from itertools import pairwise
-from operator import attrgetter
 from typing import Final
 
 import attrs
@@ -36,7 +35,7 @@ import attrs
 from ._balance import apportion, deal, level_order, share_bounds, standby_targets
 from ._ids import TaskId
 from ._standby_queue import StandbyQueue
-from ._sticky_sets import assign_sets
+from ._sticky_sets import _PROCESS_ID, assign_sets
 from .assignment import ClientAssignment, ClientState
 
 #: Standbys each rack-conflicting standby is weighed against for an exchange.
@@ -148,9 +147,6 @@ class StickyTaskAssignor:
         ).result()
 
 
-_PROCESS_ID = attrgetter("process_id")
-
-
 class _Run:
     """State of one assignment; tasks and clients are referred to by index in sorted order."""
 
@@ -219,25 +215,10 @@ class _Run:
         # Holders were appended in client order; without lags, lost claims or a task both
         # active and standby on one client, that already is rank order (see ``_rank``).
         if lost or any(c.lags or c.prev_active & c.prev_standby for c in self.clients):
-            clients, tasks, ranks, m = self.clients, self.tasks, self._ranks, len(self.clients)
-            acceptable = self.acceptable_lag
+            rank = self._rank
             for i, found in holders.items():
                 if len(found) > 1:
-                    t = tasks[i]
-                    keyed = []
-                    for ci in found:  # ``_rank``, inlined: this is the hot loop of a restart
-                        c = clients[ci]
-                        tier = 0 if t in c.prev_standby else 1
-                        lag = c.lags.get(t, _UNKNOWN_LAG if tier == 0 else 0)
-                        key = (
-                            tier,
-                            0 if lag <= acceptable else lag,
-                            0 if t in c.prev_active else 1,
-                            lag,
-                            ci,
-                        )
-                        ranks[i * m + ci] = key
-                        keyed.append(key)
+                    keyed = [rank(i, ci) for ci in found]
                     keyed.sort()  # ranks end with the client index: no ties
                     found[:] = [k[-1] for k in keyed]
         return holders
