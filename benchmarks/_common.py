@@ -160,31 +160,85 @@ def timed(
     repeats: int,
     budget: float | None = None,
     min_total: float = 0.0,
+    cold: bool = True,
 ) -> Timed[Out]:
     """Time ``run(make_input())`` ``repeats`` times, or more until ``min_total`` seconds are
     spent (at most 100 runs: sub-millisecond runs need many); report the median.
 
-    Inputs are built off the clock (peers mutate theirs). A run still going at ``budget`` is
-    interrupted, and repeats stop once the runs so far used half of it: a peer that is too slow
-    or fails is a result to report, not a crash.
+    Inputs are built off the clock (peers mutate theirs). ``cold``: ``gc.collect()`` before
+    each run, which also flushes the CPU caches, as a rebalance finds them (it runs once, after
+    network I/O). Warm (``cold=False``): timeit's method, one untimed run first, then runs back
+    to back with the collector paused. A run still going at ``budget`` is interrupted, and
+    repeats stop once the runs so far used half of it: a peer that is too slow or fails is a
+    result to report, not a crash.
     """
     times: list[float] = []
     result: Out | None = None
-    while len(times) < repeats or (sum(times) < min_total and len(times) < 100):
-        arg = make_input()
-        gc.collect()
-        try:
-            with time_limit(budget):
-                start = time.perf_counter()
-                result = run(arg)
-                times.append(time.perf_counter() - start)
-        except BudgetExceeded:
-            return Timed(None, len(times), None, budget=budget)
-        except Exception as exc:
-            return Timed(None, len(times), None, error=f"{type(exc).__name__}: {exc}".strip(": "))
-        if budget is not None and 2 * sum(times) > budget:
-            break
-    return Timed(statistics.median(times), len(times), result)
+    skip = 0 if cold else 1  # the warm-up run
+    paused = not cold and gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        while len(times) < repeats + skip or (sum(times) < min_total and len(times) < 100):
+            arg = make_input()
+            if cold:
+                gc.collect()
+            try:
+                with time_limit(budget):
+                    start = time.perf_counter()
+                    result = run(arg)
+                    times.append(time.perf_counter() - start)
+            except BudgetExceeded:
+                return Timed(None, len(times), None, budget=budget)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}".strip(": ")
+                return Timed(None, len(times), None, error=error)
+            if budget is not None and 2 * sum(times) > budget:
+                break
+    finally:
+        if paused:
+            gc.enable()
+    kept = times[skip:] or times
+    return Timed(statistics.median(kept), len(kept), result)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one run executes. A cold run pays a cache miss for each distinct line of code and
+    built-in function it touches, so these, not the bytecode count, set its cost."""
+
+    lines: int  # distinct source lines executed
+    builtins: int  # distinct built-in (C) functions and methods called
+    bytecodes: int  # bytecodes executed
+
+
+def footprint(run: Callable[[In], object], arg: In) -> Footprint:
+    """Trace one ``run(arg)`` (``sys.settrace`` / ``sys.setprofile``; far slower than a run)."""
+    lines: set[tuple[object, int]] = set()
+    builtins: set[str] = set()
+    bytecodes = 0
+
+    def trace(frame: FrameType, event: str, _: object) -> object:
+        nonlocal bytecodes
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            bytecodes += 1
+        elif event == "line":
+            lines.add((frame.f_code, frame.f_lineno))
+        return trace
+
+    def profile(frame: FrameType, event: str, func: object) -> None:
+        if event == "c_call":
+            builtins.add(getattr(func, "__qualname__", repr(func)))
+
+    sys.setprofile(profile)
+    sys.settrace(trace)
+    try:
+        run(arg)
+    finally:
+        sys.settrace(None)
+        sys.setprofile(None)
+    return Footprint(len(lines), len(builtins), bytecodes)
 
 
 def peak_memory(run: Callable[[In], object], arg: In) -> int:
@@ -204,7 +258,9 @@ def peak_memory(run: Callable[[In], object], arg: In) -> int:
 
 
 def fmt_seconds(seconds: float) -> str:
-    """``0.42 ms``, ``12.3 ms``, ``1.25 s``."""
+    """``47 µs``, ``4.20 ms``, ``12.3 ms``, ``1.25 s``."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
     if seconds < 0.01:
         return f"{seconds * 1e3:.2f} ms"
     if seconds < 1:

@@ -35,6 +35,7 @@ from _common import (
     fmt_ratio,
     fmt_seconds,
     fmt_time,
+    footprint,
     machine_info,
     make_tasks,
     member_ids,
@@ -67,6 +68,7 @@ class Config:
     faust_budget: float
     faust_sizes: Sequence[tuple[int, int]]  # (partitions, workers)
     faust_standbys: Sequence[int]
+    footprint_partitions: int  # trace what runs (lines, built-ins) up to this many partitions
     scale_sizes: Sequence[tuple[int, int, int, int]]  # (tasks, clients, threads, standbys)
     memory_tasks: tuple[Sequence[int], int]  # (task counts, fixed clients)
     memory_clients: tuple[int, Sequence[int]]  # (fixed tasks, client counts)
@@ -78,6 +80,7 @@ FULL = Config(
     faust_budget=60.0,
     faust_sizes=[(12, 3), (64, 8), (256, 16), (1024, 64), (4096, 256)],
     faust_standbys=[1, 2],
+    footprint_partitions=64,
     scale_sizes=[
         (6000, 2, 1, 1),
         (1000, 1000, 1, 1),
@@ -96,6 +99,7 @@ QUICK = Config(
     faust_budget=2.0,
     faust_sizes=[(12, 3), (64, 8)],
     faust_standbys=[1, 2],
+    footprint_partitions=12,
     scale_sizes=[(600, 2, 1, 1), (100, 100, 1, 1), (100, 10, 1, 5), (100, 4, 100, 1)],
     memory_tasks=([1000, 2000, 4000], 20),
     memory_clients=(2000, [25, 50, 100]),
@@ -106,15 +110,25 @@ QUICK = Config(
 
 
 def run_ours(
-    cfg: Config, tasks: Sequence[TaskId], clients: Sequence[ClientState], replicas: int
+    cfg: Config,
+    tasks: Sequence[TaskId],
+    clients: Sequence[ClientState],
+    replicas: int,
+    cold: bool = True,
 ) -> Timed[Assignment]:
     """Time ``StickyTaskAssignor.assign`` (clients are immutable: one input serves every run)."""
     assignor = StickyTaskAssignor(replicas)
-    return timed(partial(assignor.assign, tasks), lambda: clients, cfg.repeats, None, cfg.min_total)
+    return timed(
+        partial(assignor.assign, tasks), lambda: clients, cfg.repeats, None, cfg.min_total, cold
+    )
 
 
 def run_faust(
-    cfg: Config, tasks: Sequence[TaskId], clients: Sequence[ClientState], replicas: int
+    cfg: Config,
+    tasks: Sequence[TaskId],
+    clients: Sequence[ClientState],
+    replicas: int,
+    cold: bool = True,
 ) -> Timed[Assignment]:
     """Time Faust's assignor on the same input, under the budget; its result converted to ours."""
     got = timed(
@@ -123,6 +137,7 @@ def run_faust(
         cfg.repeats,
         cfg.faust_budget,
         cfg.min_total,
+        cold,
     )
     if got.error:
         console.print(f"[yellow]Faust failed: {got.error}")
@@ -187,9 +202,26 @@ def faust_workload(cfg: Config) -> list[Report]:
     the same input. On "all restart" every worker reports an empty assignment to both; on
     "all restart, stores on disk" (the same restart) ours is also told the state stores still
     on disk, which Faust's metadata cannot carry, so no time ratio is given for it. Every step
-    is scored against what ran before.
+    is scored against what ran before. Each run is timed cold and warm; up to
+    ``footprint_partitions`` partitions, what each run executes is traced too.
     """
     reports = []
+    traced = Report(
+        "Code one assignment executes (Faust's workload)",
+        [
+            "P x M",
+            "standbys",
+            "step",
+            "distinct lines: ours / Faust",
+            "distinct built-ins: ours / Faust",
+            "bytecodes: ours / Faust",
+        ],
+        notes=(
+            "Traced with `sys.settrace`/`sys.setprofile` (one run each, same input as the "
+            "timed rows). A cold run pays a cache miss for each distinct line of code and "
+            "built-in function it touches; a warm run pays per bytecode."
+        ),
+    )
     for replicas in cfg.faust_standbys:
         report = Report(
             f"Faust's workload, {replicas} standby{'s' * (replicas > 1)} per partition",
@@ -199,13 +231,17 @@ def faust_workload(cfg: Config) -> list[Report]:
                 "ours",
                 "Faust",
                 "Faust / ours",
+                "warm: ours / Faust (Faust / ours)",
                 "balanced",
                 "load spread",
                 "moves (bound)",
                 "standby coverage",
                 "warm : cold takeovers",
             ],
-            notes="Quality cells read *ours / Faust*.",
+            notes=(
+                "Quality cells read *ours / Faust*. *ours*, *Faust*: cold runs (caches "
+                "flushed, as at a rebalance); *warm*: back-to-back runs."
+            ),
         )
         for partitions, workers in cfg.faust_sizes:
             tasks = make_tasks(partitions)
@@ -225,6 +261,8 @@ def faust_workload(cfg: Config) -> list[Report]:
                 told_ours = restarted_states(members, history) if step.disk else told_faust
                 ours = run_ours(cfg, tasks, told_ours, replicas)
                 peer = run_faust(cfg, tasks, told_faust, replicas)
+                warm_ours = run_ours(cfg, tasks, told_ours, replicas, cold=False)
+                warm_peer = run_faust(cfg, tasks, told_faust, replicas, cold=False)
                 q_ours = assess(tasks, truth, ours, replicas)
                 q_peer = assess(tasks, truth, peer, replicas)
                 assert ours.result is not None and q_ours is not None, ours.error
@@ -235,6 +273,8 @@ def faust_workload(cfg: Config) -> list[Report]:
                     fmt_time(ours),
                     fmt_time(peer),
                     "not the same input" if step.disk else fmt_ratio(peer, ours),
+                    f"{fmt_time(warm_ours)} / {fmt_time(warm_peer)} "
+                    f"({'—' if step.disk else fmt_ratio(warm_peer, warm_ours)})",
                     both(q_ours, q_peer, balanced_cell),
                     both(q_ours, q_peer, lambda q: fmt_num(q.metrics.load_imbalance)),
                     both(q_ours, q_peer, lambda q: str(q.metrics.moves))
@@ -246,9 +286,24 @@ def faust_workload(cfg: Config) -> list[Report]:
                         lambda q: f"{q.metrics.warm_takeovers}:{q.metrics.cold_takeovers}",
                     ),
                 )
+                if partitions <= cfg.footprint_partitions and not step.disk:
+                    mine = footprint(partial(StickyTaskAssignor(replicas).assign, tasks), told_ours)
+                    theirs = footprint(
+                        partial(faust_assign, num_partitions=len(tasks), replicas=replicas),
+                        faust_input(tasks, told_faust),
+                    )
+                    traced.add(
+                        f"{partitions} x {workers}",
+                        str(replicas),
+                        step.name,
+                        f"{mine.lines} / {theirs.lines}",
+                        f"{mine.builtins} / {theirs.builtins}",
+                        f"{mine.bytecodes:,} / {theirs.bytecodes:,}",
+                    )
         report.show()
         reports.append(report)
-    return reports
+    traced.show()
+    return [*reports, traced]
 
 
 # -- 2. Kafka Streams' scale --------------------------------------------------------------------
