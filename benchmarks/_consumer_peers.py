@@ -35,6 +35,7 @@ from aiokafka.coordinator.protocol import (
 from streamassign.aiokafka import GroupAssignor
 from streamassign.consumer import ConsumerAssignor
 from streamassign.consumer.userdata import AssignmentData
+from streamassign.pipeline.peers import by_topic, fresh_class
 
 #: Who holds what: member id -> its partitions as (topic, partition) tuples.
 Owned = Mapping[str, Sequence[tuple[str, int]]]
@@ -57,19 +58,6 @@ def cluster(partitions_per_topic: Mapping[str, int]) -> ClusterMetadata:
     meta = ClusterMetadata()
     meta._partitions = {t: dict.fromkeys(range(n)) for t, n in partitions_per_topic.items()}
     return meta
-
-
-def fresh_class(base: type[AbstractPartitionAssignor]) -> type[AbstractPartitionAssignor]:
-    """A subclass of ``base`` with its own (default) class state: one per run or member."""
-    return type(f"Fresh{base.__name__}", (base,), {})
-
-
-def by_topic(partitions: Sequence[tuple[str, int]]) -> list[tuple[str, list[int]]]:
-    """``[(topic, [partition, ...])]`` sorted, the shape of an encoded member assignment."""
-    grouped: dict[str, list[int]] = {}
-    for topic, p in partitions:
-        grouped.setdefault(topic, []).append(p)
-    return [(t, sorted(ps)) for t, ps in sorted(grouped.items())]
 
 
 def _wire(meta: ConsumerProtocolMemberMetadata) -> ConsumerProtocolMemberMetadata:

@@ -55,11 +55,9 @@ from _consumer_peers import (
     aiokafka_assign,
     aiokafka_members,
     aiokafka_round,
-    by_topic,
     cluster,
     decode,
     encode,
-    fresh_class,
 )
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
@@ -78,6 +76,7 @@ from streamassign.consumer import (
     WeightedAssignor,
 )
 from streamassign.consumer.userdata import MemberData
+from streamassign.pipeline.peers import by_topic, fresh_class
 
 SECTION = "consumer-benchmarks"
 HEADING = "## Performance"

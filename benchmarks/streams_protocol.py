@@ -53,7 +53,6 @@ from _common import (
     timed,
     write_section,
 )
-from _consumer_peers import by_topic
 from _streams_peers import WireSizes, Worker, faust_metadata, round_robin_consumer
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -64,6 +63,7 @@ from aiokafka.coordinator.protocol import (
 
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import ProcessHost, StreamsAssignor
+from streamassign.pipeline.peers import by_topic
 from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 from streamassign.streams import MemberAssignment, MemberSubscription, assign_streams
 
