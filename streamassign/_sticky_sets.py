@@ -43,6 +43,8 @@ _LAGS = attrgetter("lags")
 _TAGS = attrgetter("tags")
 _RACK = attrgetter("rack")
 _DISJOINT = frozenset.isdisjoint
+#: Average standby copies per client from which ``_copy_counts`` counts by set levels.
+_LEVELS_FROM = 8
 #: A task's subtopology (``TaskId`` is a tuple: a C-level getter, not a Python call).
 _SUBTOPOLOGY = itemgetter(0)
 
@@ -67,10 +69,11 @@ def assign_sets(
     stateful: Iterable[TaskId] | None,
     num_standby_replicas: int,
 ) -> dict[str, ClientAssignment] | None:
-    """The assignment of ``clients`` (sorted by process id, unique), or ``None`` to decline."""
+    """The assignment of ``clients`` (sorted by process id), or ``None`` to decline (the
+    general path then resolves, or rejects, what this path does not take)."""
     all_tasks = tasks if type(tasks) is frozenset else frozenset(tasks)
-    if not clients:
-        return None
+    if not clients or len(set(map(_PROCESS_ID, clients))) != len(clients):
+        return None  # no clients, or duplicate process ids: the general path raises
     if stateful is None:
         stateful_set = all_tasks
     else:
@@ -97,25 +100,29 @@ def assign_sets(
     if len(all_tasks) > _BULK and 2 * owned < len(all_tasks):
         return None  # most tasks move: the general path's flat passes are faster
 
-    active, gave_up = _actives(all_tasks, clients, owners)
+    caps = list(map(_CAPACITY, clients))
+    active, gave_up = _actives(all_tasks, caps, ran, standbys, owners)
     if r == 0:
         return dict(zip(map(_PROCESS_ID, clients), map(ClientAssignment, active), strict=True))
-    standby = _standbys(all_tasks, stateful_set, clients, active, gave_up, r)
+    standby = _standbys(all_tasks, stateful_set, caps, standbys, active, gave_up, r)
     if standby is None:
         return None
     return dict(zip(map(_PROCESS_ID, clients), map(ClientAssignment, active, standby), strict=True))
 
 
 def _actives(
-    all_tasks: frozenset[TaskId], clients: Sequence[ClientState], owners: frozenset[TaskId]
+    all_tasks: frozenset[TaskId],
+    caps: list[int],
+    prev_active: list[frozenset[TaskId]],
+    standbys: list[frozenset[TaskId]],
+    owners: frozenset[TaskId],
 ) -> tuple[list[frozenset[TaskId]], dict[TaskId, int]]:
-    """Active tasks per client, and the previous owner of each task that moved between two
-    present clients (it still holds the state: a good standby)."""
-    m = len(clients)
-    caps = list(map(_CAPACITY, clients))
-    kept = list(map(_PREV_ACTIVE, clients))
+    """Active tasks per client (given each client's capacity, previous actives and previous
+    standbys), and the previous owner of each task that moved between two present clients (it
+    still holds the state: a good standby)."""
+    m = len(caps)
+    kept = list(prev_active)  # trimmed in place below, where over quota
     ran = list(map(len, kept))
-    standbys = list(map(_PREV_STANDBY, clients))
     bounds = share_bounds(len(all_tasks), caps)
     orphans = all_tasks - owners
 
@@ -234,21 +241,22 @@ def _augment(
 def _standbys(
     all_tasks: frozenset[TaskId],
     stateful_set: frozenset[TaskId],
-    clients: Sequence[ClientState],
+    caps: list[int],
+    prev_standby: list[frozenset[TaskId]],
     active: list[frozenset[TaskId]],
     gave_up: dict[TaskId, int],
     r: int,
 ) -> list[frozenset[TaskId]] | None:
-    """Standby tasks per client, or ``None`` where the general path's swap would be needed or
-    a client would end below its load floor."""
-    m = len(clients)
-    caps = list(map(_CAPACITY, clients))
+    """Standby tasks per client (given each client's capacity and previous standbys), or
+    ``None`` where the general path's swap would be needed or a client would end below its
+    load floor."""
+    m = len(caps)
     n_active = list(map(len, active))
     if stateful_set is all_tasks:
         n_stateful_active = n_active
     else:
         n_stateful_active = list(map(len, map(stateful_set.intersection, active)))
-    valid = list(map(sub, map(_PREV_STANDBY, clients), active))
+    valid = list(map(sub, prev_standby, active))
     n_valid = list(map(len, valid))
     targets = standby_targets(caps, n_active, n_stateful_active, n_valid, len(stateful_set), r)
     # Placement fills every client exactly to its target, so loads are known now: decline
@@ -338,15 +346,17 @@ class _Copies:
 def _copy_counts(standby: Sequence[frozenset[TaskId]], r: int) -> _Copies | None:
     """Standby copies per task across ``standby`` (None: a task has more than ``r``).
 
-    For a few replicas, set levels (``levels[k]``: tasks with more than ``k`` copies), grown in
-    place per client: C set work, no per-task Python. For many, one C-level count.
+    For a few replicas over clients holding many copies each, set levels (``levels[k]``: tasks
+    with more than ``k`` copies), grown in place per client: C set work, no per-task Python.
+    For many replicas, or clients holding a few copies each (a Python step per client would
+    cost more than one per copy), one C-level count.
     """
-    if r > 3:
+    if r > 3 or sum(map(len, standby)) < _LEVELS_FROM * len(standby):
         counts = Counter(chain.from_iterable(standby))
         if counts and max(counts.values()) > r:
             return None
-        full = {t for t, k in counts.items() if k == r}
-        return _Copies(full, lambda t: counts.get(t, 0))
+        full = set(compress(counts, map(r.__eq__, counts.values())))
+        return _Copies(full, counts.__getitem__)  # a Counter gives 0 for a missing task
     levels: list[set[TaskId]] = []
     for _ in range(r + 1):
         levels.append(set())
