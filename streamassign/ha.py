@@ -16,6 +16,10 @@ there, and warms the state up first where it is not:
    client is caught up on, or a stateless one: that task goes instead. Every client keeps its
    target active and standby counts, and the moves stay as many, so the target keeps the sticky
    balance and move guarantees; with stateless tasks to hand out, a scale-out needs no warmup.
+   Then a caught-up copy the target still passes over (a warmup of the last round, when the
+   sticky assignor, recomputing from the interim history, handed a spare ceiling or the choice
+   of which task an owner releases elsewhere) gets its task through a chain of reassignments
+   of tasks that move onto no state anyway: moves stay as many, counts within floor and ceiling.
 4. **Hold back.** A stateful task whose target client is not caught up, while some present client
    is, stays on a caught-up one: its previous owner if present, else a caught-up client that
    holds a target standby of it (the two swap roles: the target client gets the standby, so it
@@ -39,12 +43,14 @@ balance and move guarantees.
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import attrs
 
+from ._balance import share_bounds
 from ._ids import TaskId
 from .assignment import ClientAssignment, ClientState
 from .sticky import StickyTaskAssignor, _tag_keys, resolve_previous_owners
@@ -176,6 +182,11 @@ class _Holdback:
     def holders(self, task: TaskId) -> list[tuple[int, str]]:
         """(lag, process id) of the clients whose lag on ``task`` is known, in process id
         order: its running owner (0), clients that ran it, clients that report a lag."""
+        known = self.known if self.known is not None else self.known_lags()
+        return known.get(task, [])
+
+    def known_lags(self) -> dict[TaskId, list[tuple[int, str]]]:
+        """``holders`` of every task anyone reports."""
         if self.known is None:  # built once, and only when some target is not caught up
             known: dict[TaskId, list[tuple[int, str]]] = {}
             for pid, c in self.clients.items():
@@ -186,7 +197,7 @@ class _Holdback:
                     if t not in c.prev_active:
                         known.setdefault(t, []).append((lag, pid))
             self.known = known
-        return self.known.get(task, [])
+        return self.known
 
     def caught_up(self, task: TaskId) -> list[tuple[int, str]]:
         """(lag, process id) of the clients caught up on ``task``, in process id order."""
@@ -288,8 +299,50 @@ class _Holdback:
             return best
         return pool.first(pool.orphans, dest_standby, paired)
 
+    def steer(self) -> None:
+        """Step 3, second part: put tasks on the caught-up copies the target passes over.
+
+        Where shares are uneven, the sticky assignor gives the spare ceilings, and picks which
+        of an over-quota owner's tasks it releases, by the counts clients ran, which every
+        probing round changes. So a round's target, recomputed from the interim history, can
+        pass over the copy the last round warmed up and send a cold client a task instead: the
+        warmup is spent again (a scale-out took 5 rounds where 3 do). The last round's target
+        is still balanced and move-minimal for the new history, so a target using every warm
+        copy exists. For each passed-over caught-up copy (task ``u`` on client ``p``, holding
+        no copy of it in the target), in task order, this looks for the shortest chain that
+        puts ``u`` on ``p``: ``p`` hands on an active it has no state of and does not own, the
+        receiver another, and so on, until the chain hands one to the client ``u`` came from;
+        once per chain the active may instead stay on a client with room below its ceilings,
+        the chain going on from a client with one to spare above its floors. When ``u`` came
+        from its running owner (one move more), one link must hand an active back to its
+        running owner (one move less). Nothing is handed to its owner otherwise or to a client
+        holding a standby of it, so moves stay as many, standbys stay put, every active and
+        load count stays within its floor and ceiling (or does not change), and no task leaves
+        state it is caught up on. Chains ignore ``task_racks``, as the swaps above do."""
+        if all(self.ready_on(t, dest) for t, dest in self.moving()):
+            return
+        target, previous, tasks = self.target, self.previous, set(self.tasks)
+        copies = sorted(
+            (t, self.lag(t, p), p)
+            for p in self.clients
+            for t in self.caught_up_on(p)
+            if previous.get(t) != p
+            and t in self.stateful
+            and t in tasks
+            and t not in target[p].active
+            and t not in target[p].standby
+        )
+        if not copies:
+            return
+        chains = _Chains(self)
+        for t, _, p in copies:
+            if chains.where[t] != p:  # an earlier chain may have put it there
+                chains.place(t, p)
+        self.target = chains.sets.result()
+
     def plan(self) -> HighAvailabilityPlan:
         self.swap()
+        self.steer()
         target, previous = self.target, self.previous
         sets = _Copies(target)
         held: dict[TaskId, str] = {}
@@ -343,6 +396,168 @@ class _Holdback:
         a = self.target[pid]
         count = len(active[pid]) if pid in active else len(a.active)
         return (task not in a.standby, count / self.clients[pid].capacity, lag, pid)
+
+
+#: A step of a chain: (client that must hand an active on, give-back owed, slack used).
+_State = tuple[str, bool, bool]
+#: How a chain search reached each state: (the state before, the active handed over; None:
+#: slack), None for the start.
+_Links = dict[_State, "tuple[_State, TaskId | None] | None"]
+
+
+class _Chains:
+    """The target's actives while ``_Holdback.steer`` moves them: where each task runs, every
+    client's active and load counts, and the floors and ceilings those stay within."""
+
+    def __init__(self, holdback: _Holdback) -> None:
+        self.holdback = holdback
+        target = holdback.target
+        self.sets = _Copies(target)
+        self.where = {t: pid for pid, a in target.items() for t in a.active}
+        pids = list(holdback.clients)
+        caps = [holdback.clients[p].capacity for p in pids]
+        copies = len(holdback.tasks) + sum(len(a.standby) for a in target.values())
+        self.bounds = dict(zip(pids, share_bounds(len(holdback.tasks), caps), strict=True))
+        self.load_bounds = dict(zip(pids, share_bounds(copies, caps), strict=True))
+        self.count = {p: len(a.active) for p, a in target.items()}
+        self.load = {p: len(a.active) + len(a.standby) for p, a in target.items()}
+        # Searches and movable tasks of the current target, dropped whenever a task moves.
+        self.searches: dict[tuple[str, bool], tuple[_Links, dict[str, _State]]] = {}
+        self.movables: dict[str, list[TaskId]] = {}
+        self.spare_list: list[str] | None = None
+
+    def room(self, pid: str) -> bool:
+        """Whether ``pid`` can take one more active within its active and load ceilings."""
+        return self.count[pid] < self.bounds[pid][1] and self.load[pid] < self.load_bounds[pid][1]
+
+    def spare(self, pid: str) -> bool:
+        """Whether ``pid`` can give one active away within its active and load floors."""
+        return self.count[pid] > self.bounds[pid][0] and self.load[pid] > self.load_bounds[pid][0]
+
+    def spares(self) -> list[str]:
+        """The clients with an active to spare, in process id order (cached until a move)."""
+        if self.spare_list is None:
+            self.spare_list = [p for p in self.holdback.clients if self.spare(p)]
+        return self.spare_list
+
+    def movable(self, pid: str) -> list[TaskId]:
+        """The actives ``pid`` may pass on, sorted: moved there (not its running owner) onto
+        no state of it, or stateless."""
+        if pid not in self.movables:
+            h = self.holdback
+            client = h.clients[pid]
+            active = self.sets.active.get(pid, h.target[pid].active)
+            self.movables[pid] = sorted(
+                v
+                for v in active
+                if h.previous.get(v) != pid and (v not in h.stateful or not client.has_state(v))
+            )
+        return self.movables[pid]
+
+    def place(self, task: TaskId, pid: str) -> bool:
+        """Put ``task`` on ``pid`` through the shortest chain (``_Holdback.steer``); False when
+        there is none. The chain closes when it hands an active to the client ``task`` came
+        from; once per chain it may instead end at a client with room (which keeps the
+        active) and go on from a client with one to spare (which hands one on without getting
+        one)."""
+        h = self.holdback
+        source = self.where[task]
+        owing = source == h.previous.get(task)  # one move more: a give-back must follow
+        if not owing and h.ready_on(task, source):
+            return False
+        links, ends = self.search(pid, owing)
+        end = ends.get(source)
+        if end is None:
+            return False
+        link = links[end]
+        while link is not None:
+            came_from, handed = link
+            if handed is not None:
+                self.move(handed, came_from[0], end[0])
+            end, link = came_from, links[came_from]
+        self.move(task, source, pid)
+        return True
+
+    def search(self, pid: str, owing: bool) -> tuple[_Links, dict[str, _State]]:
+        """Every state a chain starting at ``pid`` reaches, breadth first over clients in
+        process id order, and the first state owing nothing reached at each client: where the
+        shortest chain to it ends (cached until a task moves). A client may appear more than
+        once in a chain (owing and not, before and after the slack); each task moves at most
+        once."""
+        key = (pid, owing)
+        if key in self.searches:
+            return self.searches[key]
+        h = self.holdback
+        start: _State = (pid, owing, False)
+        links: _Links = {start: None}
+        unvisited: dict[tuple[bool, bool], list[str]] = {}
+        fanned: set[bool] = set()
+        queue = collections.deque([start])
+        while queue:
+            node = queue.popleft()
+            at, owing, slack = node
+            if not slack and owing not in fanned and self.room(at):
+                # the slack reaches every client with one to spare at once; owing, only those
+                # that can hand an active on (the others end nothing)
+                fanned.add(owing)
+                for b in self.spares():
+                    if (
+                        b != at
+                        and (b, owing, True) not in links
+                        and not (owing and not self.movable(b))
+                    ):
+                        links[b, owing, True] = (node, None)
+                        queue.append((b, owing, True))
+            if not self.movable(at):
+                continue
+            used: set[TaskId | None] = set()
+            link = links[node]
+            while link is not None:
+                used.add(link[1])
+                link = links[link[0]]
+            movable = [v for v in self.movable(at) if v not in used]
+            if not movable:
+                continue
+            if owing:
+                for v in movable:
+                    owner = h.previous.get(v)
+                    back: _State = (owner or "", False, slack)
+                    if owner is not None and back not in links and v not in h.target[owner].standby:
+                        links[back] = (node, v)
+                        queue.append(back)
+            left: list[str] = []
+            for b in unvisited.get((owing, slack), h.clients):
+                if (b, owing, slack) in links:
+                    continue
+                given = next(
+                    (v for v in movable if h.previous.get(v) != b and v not in h.target[b].standby),
+                    None,
+                )
+                if given is None:
+                    left.append(b)
+                else:
+                    links[b, owing, slack] = (node, given)
+                    queue.append((b, owing, slack))
+            unvisited[owing, slack] = left
+        ends: dict[str, _State] = {}
+        for state in links:
+            if not state[1]:
+                ends.setdefault(state[0], state)
+        self.searches[key] = (links, ends)
+        return links, ends
+
+    def move(self, task: TaskId, src: str, dest: str) -> None:
+        self.sets.of(src)[0].remove(task)
+        self.sets.of(dest)[0].add(task)
+        self.where[task] = dest
+        self.count[src] -= 1
+        self.load[src] -= 1
+        self.count[dest] += 1
+        self.load[dest] += 1
+        self.searches.clear()
+        self.spare_list = None
+        self.movables.pop(src, None)
+        self.movables.pop(dest, None)
 
 
 class _Pool:
