@@ -188,6 +188,8 @@ class _Run:
         self.warm: dict[int, list[int]] = {}
         #: ``_rank`` of (task, client) pairs, by ``task * clients + client``: fixed for a run.
         self._ranks: dict[int, tuple[int, int, int, int, int]] = {}
+        #: Whether ``warm`` lists were sorted by ``_rank`` (else every holder ranks the same).
+        self._ranked = False
 
     # -- local state ---------------------------------------------------------------------------
 
@@ -214,7 +216,10 @@ class _Run:
                 holders.setdefault(i, []).append(ci)
         # Holders were appended in client order; without lags, lost claims or a task both
         # active and standby on one client, that already is rank order (see ``_rank``).
-        if lost or any(c.lags or c.prev_active & c.prev_standby for c in self.clients):
+        self._ranked = bool(lost) or any(
+            c.lags or c.prev_active & c.prev_standby for c in self.clients
+        )
+        if self._ranked:
             rank = self._rank
             for i, found in holders.items():
                 if len(found) > 1:
@@ -222,6 +227,29 @@ class _Run:
                     keyed.sort()  # ranks end with the client index: no ties
                     found[:] = [k[-1] for k in keyed]
         return holders
+
+    def _claims(self, orphans: list[tuple[int, int]]) -> list[list[int]]:
+        """Per client that reports nothing as run, in task order, the orphans it alone ranks
+        best on and has at lag 0.
+
+        After a restart with stores on disk (every store reported with its lag), those are
+        the tasks the client ran: it keeps them like previous tasks. A client that reports
+        what it ran is not restarted: its caught-up standbys stay ordinary warm holders.
+        """
+        claims: list[list[int]] = [[] for _ in self.clients]
+        if not self._ranked:
+            return claims  # no lags: nobody has a task at lag 0
+        rank, warm, clients = self._rank, self.warm, self.clients
+        for i in sorted(i for _, i in orphans):
+            found = warm[i]
+            best = rank(i, found[0])
+            if (
+                best[3] == 0
+                and not clients[found[0]].prev_active
+                and (len(found) == 1 or rank(i, found[1])[:4] != best[:4])
+            ):
+                claims[found[0]].append(i)
+        return claims
 
     def _rank(self, i: int, ci: int) -> tuple[int, int, int, int, int]:
         """Order of clients holding state of task ``i``, best first: standby holders, then
@@ -262,10 +290,18 @@ class _Run:
             # ``warm[i]`` is in rank order: the first holder with the fewest matches is the
             # one with the least (matches, rank).
             matched[min(warm[i], key=matched.__getitem__)] += 1
-        quotas = apportion(
-            len(tasks), caps, priority=lambda ci: (floors[ci] - len(prev[ci]), -matched[ci], ci)
-        )
+        claims = self._claims(orphans)
+
+        # Claims count after previous tasks: they only order the clients whose previous tasks
+        # fit their floor (the same order as without claims when there are none).
+        def priority(ci: int) -> tuple[int, int, int, int]:
+            below = floors[ci] - len(prev[ci])
+            return min(0, below), below - len(claims[ci]), -matched[ci], ci
+
+        quotas = apportion(len(tasks), caps, priority=priority)
         room = [q - min(q, len(mine)) for q, mine in zip(quotas, prev, strict=True)]
+        # Room each client has beyond its claims: where a released task can still land warm.
+        spare = [r - min(r, len(mine)) for r, mine in zip(room, claims, strict=True)]
         promised = [0] * len(self.clients)
         for ci, mine in enumerate(prev):
             extra = len(mine) - quotas[ci]
@@ -281,20 +317,12 @@ class _Run:
                 if h >= 0 and len(back) < extra:
                     back.append(i)
                     promised[h] += 1
-
-            # Then keep a subtopology-balanced subset; release first the tasks another client
-            # with room holds warm state of, most caught-up holder first.
-            def best_elsewhere(i: int, ci: int = ci) -> tuple[int, ...] | None:
-                ranks = [self._rank(i, h) for h in warm.get(i, ()) if h != ci and room[h] > 0]
-                return min(ranks) if ranks else None
-
-            rest = [i for i in mine if i not in back]
-            best = {i: best_elsewhere(i) for i in rest}
-            ordered = [i for i in rest if best[i] is None] + sorted(
-                (i for i in rest if best[i] is not None), key=lambda i: best[i] or (), reverse=True
-            )
-            for i in level_order(ordered, group=lambda i: tasks[i].subtopology)[: quotas[ci]]:
-                owner[i] = ci
+            self._keep([i for i in mine if i not in back], ci, quotas[ci], spare)
+        # Then claims, like previous tasks, in the room left (a client's previous tasks first:
+        # dropping one of those is a move).
+        for ci, mine in enumerate(claims):
+            if mine:
+                room[ci] -= self._keep(mine, ci, room[ci] - promised[ci], spare)
 
         # Warm takeovers: over all (task, holder) pairs, standby holders first, then the
         # smallest lag, so a contested client's room goes to what it is most caught up on.
@@ -359,6 +387,29 @@ class _Run:
                 i, j = cold[a], cold[b]
                 owner[i], owner[j] = owner[j], owner[i]
                 taken.update((a, b))
+
+    def _keep(self, mine: list[int], ci: int, quota: int, spare: list[int]) -> int:
+        """Give client ``ci`` up to ``quota`` of the tasks ``mine`` (how many it got).
+
+        When they do not all fit it keeps a subtopology-balanced subset and releases first the
+        tasks another client with ``spare`` room holds warm state of, most caught-up holder
+        first: those can be taken over warm.
+        """
+        owner, warm, tasks = self.owner, self.warm, self.tasks
+        if len(mine) > quota:
+
+            def best_elsewhere(i: int) -> tuple[int, ...] | None:
+                ranks = [self._rank(i, h) for h in warm.get(i, ()) if h != ci and spare[h] > 0]
+                return min(ranks) if ranks else None
+
+            best = {i: best_elsewhere(i) for i in mine}
+            ordered = [i for i in mine if best[i] is None] + sorted(
+                (i for i in mine if best[i] is not None), key=lambda i: best[i] or (), reverse=True
+            )
+            mine = level_order(ordered, group=lambda i: tasks[i].subtopology)[:quota]
+        for i in mine:
+            owner[i] = ci
+        return len(mine)
 
     def _returning(self, i: int, ci: int, room: list[int], promised: list[int]) -> int:
         """A client other than ``ci`` that ran task ``i`` before, is caught up on it and has
