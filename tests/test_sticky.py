@@ -528,7 +528,8 @@ def test_restart_with_stores_on_disk_moves_only_what_the_true_history_forces(
 
     Holds when every task's previous owner is the one client that ranks best on it: it reports
     the task at lag 0 where other clients report it the same way (as a standby) at a larger
-    lag, or not as a standby at all. A task two clients report at lag 0 is ambiguous: see
+    lag, or not as a standby at all. Every task is stateful here: one without a store reports
+    no lag. A task two clients report at lag 0 is ambiguous: see
     ``test_restart_with_two_caught_up_copies_cannot_tell_the_owner``.
     """
     tasks, truth, told, replicas = inputs
