@@ -137,7 +137,11 @@ def standby_targets(
     # C-level passes over the clients (map/zip): this runs in every rebalance. ``most`` is
     # the most a client can hold: a copy of every stateful task it does not run.
     most = list(map(sub, map(add, actives, repeat(n_stateful)), stateful_active))
-    target = list(map(min, map(max, map(_FLOOR, bounds), actives), most))
+    floors = list(map(_FLOOR, bounds))
+    if n and max(actives) <= min(floors) and max(floors) <= min(most):
+        target = floors  # every floor already at or above the actives and reachable
+    else:
+        target = list(map(min, map(max, floors, actives), most))
     missing = total - sum(target)
     if missing > 0:
         # Spare ceilings go to the clients furthest above their floor now (the load they could

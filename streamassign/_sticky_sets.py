@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import chain, compress, repeat
-from operator import add, attrgetter, gt, is_not, itemgetter, lt, mul, neg, sub
+from operator import add, attrgetter, gt, is_not, itemgetter, lt, mul, neg, not_, sub
 
 import attrs
 
@@ -43,7 +43,9 @@ _LAGS = attrgetter("lags")
 _TAGS = attrgetter("tags")
 _RACK = attrgetter("rack")
 _DISJOINT = frozenset.isdisjoint
-#: Average standby copies per client from which ``_copy_counts`` counts by set levels.
+#: ``_copy_counts`` counts by set levels up to this many clients, or from this many copies per
+#: client on average; else with one C-level count.
+_FEW_CLIENTS = 64
 _LEVELS_FROM = 8
 #: A task's subtopology (``TaskId`` is a tuple: a C-level getter, not a Python call).
 _SUBTOPOLOGY = itemgetter(0)
@@ -141,9 +143,16 @@ def _actives(
                 if pick < 0 or matched[h] < matched[pick]:
                     pick = h
             matched[pick] += 1
-    keys = list(zip(map(sub, map(_FLOOR, bounds), ran), map(neg, matched), range(m), strict=True))
-    quotas = apportion(len(all_tasks), caps, priority=keys.__getitem__)
-    room = list(map(sub, quotas, map(min, quotas, ran)))
+    floors = list(map(_FLOOR, bounds))
+    if sum(floors) == len(all_tasks):
+        quotas = floors  # every share is whole: no ceilings to hand out
+    else:
+        keys = list(zip(map(sub, floors, ran), map(neg, matched), range(m), strict=True))
+        quotas = apportion(len(all_tasks), caps, priority=keys.__getitem__)
+    if max(ran) <= min(quotas):
+        room = list(map(sub, quotas, ran))  # nobody over quota
+    else:
+        room = list(map(sub, quotas, map(min, quotas, ran)))
     over = list(compress(range(m), map(gt, ran, quotas)))
     released: list[TaskId] = []
     gave_up: dict[TaskId, int] = {}
@@ -256,7 +265,10 @@ def _standbys(
         n_stateful_active = n_active
     else:
         n_stateful_active = list(map(len, map(stateful_set.intersection, active)))
-    valid = list(map(sub, prev_standby, active))
+    # Previous standbys minus new actives (new sets only where a client took over a standby).
+    valid = list(prev_standby)
+    for ci in compress(range(m), map(not_, map(_DISJOINT, prev_standby, active))):
+        valid[ci] = prev_standby[ci] - active[ci]
     n_valid = list(map(len, valid))
     targets = standby_targets(caps, n_active, n_stateful_active, n_valid, len(stateful_set), r)
     # Placement fills every client exactly to its target, so loads are known now: decline
@@ -346,12 +358,13 @@ class _Copies:
 def _copy_counts(standby: Sequence[frozenset[TaskId]], r: int) -> _Copies | None:
     """Standby copies per task across ``standby`` (None: a task has more than ``r``).
 
-    For a few replicas over clients holding many copies each, set levels (``levels[k]``: tasks
-    with more than ``k`` copies), grown in place per client: C set work, no per-task Python.
-    For many replicas, or clients holding a few copies each (a Python step per client would
-    cost more than one per copy), one C-level count.
+    For a few replicas over a few clients, or clients holding many copies each, set levels
+    (``levels[k]``: tasks with more than ``k`` copies), grown in place per client: C set work,
+    no per-task Python. For many replicas, or many clients holding a few copies each (a Python
+    step per client would cost more than one per copy), one C-level count.
     """
-    if r > 3 or sum(map(len, standby)) < _LEVELS_FROM * len(standby):
+    m = len(standby)
+    if r > 3 or (m > _FEW_CLIENTS and sum(map(len, standby)) < _LEVELS_FROM * m):
         counts = Counter(chain.from_iterable(standby))
         if counts and max(counts.values()) > r:
             return None

@@ -127,15 +127,9 @@ class StickyTaskAssignor:
             stateful = list(stateful)
         ordered = sorted(clients, key=_PROCESS_ID)
         if not task_racks:
-            unique = True
-            for a, b in pairwise(ordered):
-                if a.process_id == b.process_id:
-                    unique = False
-                    break
-            if unique:
-                quick = assign_sets(tasks, ordered, stateful, self.num_standby_replicas)
-                if quick is not None:
-                    return quick
+            quick = assign_sets(tasks, ordered, stateful, self.num_standby_replicas)
+            if quick is not None:
+                return quick
         return _Run(
             tasks,
             ordered,
