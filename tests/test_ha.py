@@ -180,7 +180,8 @@ def scale_out(
     return rounds, evaluate(tasks, history + new, plan.assignment, 0).moves
 
 
-@settings(max_examples=100)
+# A twentieth of the profile's examples: 100 in CI, 2,500 in the deep profile.
+@settings(max_examples=max(10, settings.default.max_examples // 20))
 @given(st.data(), task_sets(max_subtopologies=2, max_partitions=12), st.integers(1, 3))
 def test_a_scale_out_without_standbys_takes_one_round_per_warmup_budget(
     data: st.DataObject, tasks: list[TaskId], warmups: int
