@@ -75,7 +75,7 @@ class HighAvailabilityPlan:
 
     ``assignment`` is what the clients run now (actives held back on caught-up clients, warmups
     on their targets); ``target`` is the balanced assignment the rounds converge to (sticky,
-    with the swaps of step 3);
+    with the swaps and chains of step 3);
     ``held_back`` maps each active kept off its target to that target's process id.
     """
 
