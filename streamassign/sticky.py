@@ -223,25 +223,23 @@ class _Run:
         return holders
 
     def _claims(self, orphans: list[tuple[int, int]]) -> list[list[int]]:
-        """Per client that reports nothing as run, in task order, the orphans it alone ranks
-        best on and has at lag 0.
+        """Per client, in task order, the orphans it alone ranks best on and has at lag 0 —
+        only when no client reports anything as run (the whole group restarted).
 
         After a restart with stores on disk (every store reported with its lag), those are
-        the tasks the client ran: it keeps them like previous tasks. A client that reports
-        what it ran is not restarted: its caught-up standbys stay ordinary warm holders.
+        the tasks the client ran: it keeps them like previous tasks. While some client reports
+        what it ran, a client reporting nothing may just have run nothing (a survivor of a
+        crash with caught-up standbys): claims there would block the warm takeovers of other
+        orphans, so its standbys stay ordinary warm holders.
         """
         claims: list[list[int]] = [[] for _ in self.clients]
-        if not self._ranked:
-            return claims  # no lags: nobody has a task at lag 0
-        rank, warm, clients = self._rank, self.warm, self.clients
+        if not self._ranked or any(c.prev_active for c in self.clients):
+            return claims  # no lags (nobody has a task at lag 0), or not a whole-group restart
+        rank, warm = self._rank, self.warm
         for i in sorted(i for _, i in orphans):
             found = warm[i]
             best = rank(i, found[0])
-            if (
-                best[3] == 0
-                and not clients[found[0]].prev_active
-                and (len(found) == 1 or rank(i, found[1])[:4] != best[:4])
-            ):
+            if best[3] == 0 and (len(found) == 1 or rank(i, found[1])[:4] != best[:4]):
                 claims[found[0]].append(i)
         return claims
 

@@ -479,10 +479,10 @@ def restarts_with_stores_on_disk(
     draw: st.DrawFn,
 ) -> tuple[list[TaskId], list[ClientState], list[ClientState], int]:
     """(tasks, truth, told, standbys): clients that ran a history, some gone, some new, and
-    some (or all) restarted. ``truth`` reports the history as it was; in ``told`` a restarted
-    client reports nothing as run, only every store on disk as a standby with its lag (as
-    Kafka Streams does): 0 for what it ran, more for what it replicated. The history is the
-    assignor's own result or an arbitrary one (unbalanced, random standbys)."""
+    every survivor restarted (a redeploy). ``truth`` reports the history as it was; in ``told``
+    a restarted client reports nothing as run, only every store on disk as a standby with its
+    lag (as Kafka Streams does): 0 for what it ran, more for what it replicated. The history is
+    the assignor's own result or an arbitrary one (unbalanced, random standbys)."""
     tasks = draw(task_sets())
     replicas = draw(st.integers(0, 3))
     old = draw(fresh_clients())
@@ -509,12 +509,9 @@ def restarts_with_stores_on_disk(
         got = history[c.process_id]
         capacity = draw(st.integers(1, 4))
         truth.append(ClientState(c.process_id, capacity, got.active, got.standby))
-        if draw(st.integers(0, 3)):  # restarted
-            lags = {t: draw(st.integers(1, 20_000)) for t in got.standby}
-            lags |= dict.fromkeys(got.active, 0)
-            told.append(ClientState(c.process_id, capacity, prev_standby=lags, lags=lags))
-        else:
-            told.append(truth[-1])
+        lags = {t: draw(st.integers(1, 20_000)) for t in got.standby}
+        lags |= dict.fromkeys(got.active, 0)
+        told.append(ClientState(c.process_id, capacity, prev_standby=lags, lags=lags))
     joining = draw(st.integers(0 if truth else 1, 2))
     new = [ClientState(f"new{i}", draw(st.integers(1, 4))) for i in range(joining)]
     return tasks, truth + new, told + new, replicas
@@ -584,3 +581,20 @@ def test_restart_with_two_caught_up_copies_cannot_tell_the_owner() -> None:
     ]
     assert sorted(m.moves for m in moves) == [0, 1]
     assert all(m.move_lower_bound == 0 for m in moves)
+
+
+def test_a_crash_survivor_that_ran_nothing_does_not_claim_its_caught_up_standbys() -> None:
+    """Claims are for whole-group restarts. Here c0 still reports what it ran, so c3 (nothing
+    run, 0_0 at lag 0) is a crash survivor, not a restarted owner: every orphan goes warm
+    (c3 takes 1_0, c4 takes 0_1) instead of c3 keeping 0_0 and taking 0_1 cold."""
+    a, b, c = TaskId(0, 0), TaskId(0, 1), TaskId(1, 0)
+    told = [
+        ClientState("c0", 1, prev_active=[a]),
+        ClientState("c3", 2, prev_standby=[c, a], lags={c: 3, a: 0}),
+        ClientState("c4", 3, prev_standby=[c, b], lags={c: 0, b: 50_000}),
+        ClientState("n0", 1),
+    ]
+    result = StickyTaskAssignor(2).assign([a, b, c], told)
+    m = evaluate([a, b, c], told, result, 2)
+    assert m.cold_takeovers == 0
+    assert m.moves == m.move_lower_bound
