@@ -222,7 +222,7 @@ class _Run:
                     found[:] = [k[-1] for k in keyed]
         return holders
 
-    def _claims(self, orphans: list[tuple[int, int]]) -> list[list[int]]:
+    def _restart_claims(self, orphans: list[tuple[int, int]]) -> list[list[int]]:
         """Per client, in task order, the orphans it alone ranks best on and has at lag 0 —
         only when no client reports anything as run (the whole group restarted).
 
@@ -282,7 +282,7 @@ class _Run:
             # ``warm[i]`` is in rank order: the first holder with the fewest matches is the
             # one with the least (matches, rank).
             matched[min(warm[i], key=matched.__getitem__)] += 1
-        claims = self._claims(orphans)
+        claims = self._restart_claims(orphans)
 
         # Claims count after previous tasks: they only order the clients whose previous tasks
         # fit their floor (the same order as without claims when there are none).
