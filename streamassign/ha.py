@@ -182,8 +182,7 @@ class _Holdback:
     def holders(self, task: TaskId) -> list[tuple[int, str]]:
         """(lag, process id) of the clients whose lag on ``task`` is known, in process id
         order: its running owner (0), clients that ran it, clients that report a lag."""
-        known = self.known if self.known is not None else self.known_lags()
-        return known.get(task, [])
+        return self.known_lags().get(task, [])
 
     def known_lags(self) -> dict[TaskId, list[tuple[int, str]]]:
         """``holders`` of every task anyone reports."""
