@@ -36,6 +36,7 @@ from ._balance import apportion, deal, level_order, share_bounds, standby_target
 from ._ids import TaskId
 from ._standby_queue import StandbyQueue
 from ._sticky_sets import _PROCESS_ID, assign_sets
+from ._sticky_small import assign_small
 from .assignment import ClientAssignment, ClientState
 
 #: Standbys each rack-conflicting standby is weighed against for an exchange.
@@ -127,7 +128,9 @@ class StickyTaskAssignor:
             stateful = list(stateful)
         ordered = sorted(clients, key=_PROCESS_ID)
         if not task_racks:
-            quick = assign_sets(tasks, ordered, stateful, self.num_standby_replicas)
+            quick = assign_small(tasks, ordered, stateful, self.num_standby_replicas)
+            if quick is None:
+                quick = assign_sets(tasks, ordered, stateful, self.num_standby_replicas)
             if quick is not None:
                 return quick
         return _Run(

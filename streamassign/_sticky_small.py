@@ -1,0 +1,573 @@
+"""The sticky task assignor's small-input path: the set path's result, with less code run.
+
+A rebalance of a few dozen tasks finds the CPU caches cold (it runs once, after network I/O),
+and then costs what the code it touches costs to fetch, not what it computes: each distinct C
+function, type and code object is a fetch from memory (``docs/benchmarks.md`` measures this).
+The set path (``_sticky_sets``) is built for large groups where few tasks move — frozenset
+algebra, heaps, ``itertools`` and ``operator`` pipelines — which is many distinct C functions.
+This path computes the same assignment on task indices with plain loops over lists and a
+handful of module functions, so a small rebalance fetches little code.
+
+It returns exactly what ``_sticky_sets.assign_sets`` returns (a property test compares the two),
+and declines (``None``, the set path then runs) whenever the set path would decline or whenever
+it would need the set path's rarer steps beyond a one-step standby swap, or when the input is
+too large for per-task loops to pay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ._balance import deal, standby_targets
+from ._ids import TaskId
+from .assignment import ClientAssignment, ClientState
+
+#: Most tasks this path takes. Beyond this, the set path's per-client set work is cheaper: on
+#: Faust's churn chains this path is faster cold at 128 tasks and slower at 256
+#: (``docs/benchmarks.md``).
+SMALL = 128
+#: ``StandbyQueue.SPREAD``: candidates by room examined for one not holding its fair share.
+_SPREAD = 4
+
+
+def assign_small(
+    tasks: Iterable[TaskId],
+    clients: Sequence[ClientState],
+    stateful: Iterable[TaskId] | None,
+    num_standby_replicas: int,
+) -> dict[str, ClientAssignment] | None:
+    """The set path's assignment of ``clients`` (sorted by process id), or ``None`` to decline."""
+    m = len(clients)
+    tl = sorted(tasks)
+    n = len(tl)
+    if not m or n > SMALL:
+        return None
+    for t in tl:
+        if type(t) is not TaskId:
+            return None  # plain tuples: the set path converts them
+    pos = dict(zip(tl, range(n), strict=True))
+    if len(pos) != n:
+        return None  # a task given twice
+    r = min(num_standby_replicas, m - 1)
+    sf = [stateful is None] * n
+    n_sf = n
+    if stateful is not None:
+        n_sf = 0
+        for t in stateful:
+            i = pos.get(t)
+            if i is not None and not sf[i]:
+                sf[i] = True
+                n_sf += 1
+    # Previous owner and standby holders (in client order) of each task; clean input only.
+    prev = [-1] * n
+    hold: list[list[int] | None] = [None] * n
+    caps = [0] * m
+    ran = [0] * m
+    pid = None
+    for ci in range(m):
+        c = clients[ci]
+        if c.lags or c.tags or c.rack is not None or c.process_id == pid:
+            return None  # lags, racks, tags, or a process id twice (adjacent: sorted)
+        pid = c.process_id
+        caps[ci] = c.capacity
+        for t in c.prev_active:
+            i = pos.get(t)
+            if i is None or prev[i] >= 0:
+                return None  # stale or duplicate claims
+            prev[i] = ci
+        ran[ci] = len(c.prev_active)
+        for t in c.prev_standby:
+            i = pos.get(t)
+            if i is None:
+                if r:
+                    return None
+            elif prev[i] == ci or (r and not sf[i]):
+                return None
+            else:
+                h = hold[i]
+                if h is None:
+                    hold[i] = [ci]
+                else:
+                    h.append(ci)
+    owner, gave_up = _actives(tl, caps, ran, prev, hold)
+    # Which clients' actives changed (the others keep their reported set as it is).
+    moved = []
+    changed = [False] * m
+    for i in range(n):
+        if owner[i] != prev[i]:
+            moved.append(i)
+            changed[owner[i]] = True
+            if prev[i] >= 0:
+                changed[prev[i]] = True
+    act: list[list[int] | None] = [None] * m
+    for ci in range(m):
+        if changed[ci]:
+            act[ci] = []
+    for i in range(n):
+        a = act[owner[i]]
+        if a is not None:
+            a.append(i)
+    out: dict[str, ClientAssignment] = {}
+    if r:
+        n_active = ran[:]
+        for ci in range(m):
+            a = act[ci]
+            if a is not None:
+                n_active[ci] = len(a)
+        standby = _standbys(tl, caps, n_active, owner, moved, hold, gave_up, sf, n_sf, r)
+        if standby is None:
+            return None
+        for ci in range(m):
+            c = clients[ci]
+            a = act[ci]
+            b = standby[ci]
+            out[c.process_id] = ClientAssignment(
+                c.prev_active if a is None else _tasks(tl, a),
+                c.prev_standby if b is None else _tasks(tl, b),
+            )
+    else:
+        for ci in range(m):
+            c = clients[ci]
+            a = act[ci]
+            out[c.process_id] = ClientAssignment(c.prev_active if a is None else _tasks(tl, a))
+    return out
+
+
+def _tasks(tl: list[TaskId], got: list[int]) -> frozenset[TaskId]:
+    """The tasks at indices ``got``."""
+    out = []
+    for i in got:
+        out.append(tl[i])
+    return frozenset(out)
+
+
+def _actives(
+    tl: list[TaskId],
+    caps: list[int],
+    ran: list[int],
+    prev: list[int],
+    hold: list[list[int] | None],
+) -> tuple[list[int], dict[int, int]]:
+    """Owner of each task, and the previous owner of each task released by a client over its
+    quota (``_sticky_sets._actives``, step for step)."""
+    n, m = len(tl), len(caps)
+    # Ceilings: after the move bound, to the standby holders orphans would be matched to.
+    matched = [0] * m
+    by_choice = []
+    for i in range(n):
+        hs = hold[i]
+        if prev[i] < 0 and hs:
+            by_choice.append((len(hs), i))
+    by_choice.sort()
+    for _, i in by_choice:
+        pick = -1
+        for h in hold[i] or ():
+            if pick < 0 or matched[h] < matched[pick]:
+                pick = h
+        matched[pick] += 1
+    whole = sum(caps)
+    quotas = []
+    for w in caps:
+        quotas.append(n * w // whole)
+    extras = n - sum(quotas)
+    if extras:
+        fractional = []
+        for ci in range(m):
+            if n * caps[ci] % whole:
+                fractional.append((quotas[ci] - ran[ci], -matched[ci], ci))
+        fractional.sort()
+        for k in range(extras):
+            quotas[fractional[k][2]] += 1
+    room = [0] * m
+    over = []
+    for ci in range(m):
+        if ran[ci] > quotas[ci]:
+            over.append(ci)
+        else:
+            room[ci] = quotas[ci] - ran[ci]
+    owner = prev[:]
+    gave_up: dict[int, int] = {}
+    for ci in over:
+        # Release first the tasks a standby holder with room could take over warm (the last
+        # such holder first), each subtopology's in turn so the kept ones stay spread.
+        ordered = []
+        warm_first = []
+        for i in range(n):
+            if prev[i] == ci:
+                b = -1
+                for h in hold[i] or ():
+                    if room[h] > 0:
+                        b = h
+                        break
+                if b < 0:
+                    ordered.append(i)
+                else:
+                    warm_first.append((-b, i))
+        warm_first.sort()
+        for _, i in warm_first:
+            ordered.append(i)
+        first = tl[ordered[0]][0]
+        for i in ordered:
+            if tl[i][0] != first:
+                ordered = _level_order(tl, ordered)
+                break
+        for i in ordered[quotas[ci] :]:
+            owner[i] = -1
+            gave_up[i] = ci
+    # Warm takeovers in task order, then a one-step augmenting path, then dealt cold.
+    took: dict[int, list[int]] = {}
+    left = []
+    for i in range(n):
+        if owner[i] < 0:
+            for h in hold[i] or ():
+                if room[h] > 0:
+                    owner[i] = h
+                    room[h] -= 1
+                    if h in took:
+                        took[h].append(i)
+                    else:
+                        took[h] = [i]
+                    break
+            else:
+                left.append(i)
+    if left:
+        for t in left:
+            for h in hold[t] or ():
+                for u in took.get(h, [])[:8]:
+                    dest = -1
+                    for x in hold[u] or ():
+                        if x != h and room[x] > 0:
+                            dest = x
+                            break
+                    if dest >= 0:
+                        owner[u] = dest
+                        room[dest] -= 1
+                        took[h].remove(u)
+                        if dest in took:
+                            took[dest].append(u)
+                        else:
+                            took[dest] = [u]
+                        owner[t] = h
+                        took[h].append(t)
+                        break
+                if owner[t] >= 0:
+                    break
+        cold = []
+        for i in left:
+            if owner[i] < 0:
+                cold.append(i)
+        for i, ci in zip(cold, deal(room), strict=True):
+            owner[i] = ci
+    return owner, gave_up
+
+
+def _level_order(tl: list[TaskId], ordered: list[int]) -> list[int]:
+    """``_balance.level_order`` by subtopology, on task indices."""
+    rank: dict[int, int] = {}
+    keyed = []
+    for p in range(len(ordered)):
+        i = ordered[p]
+        g = tl[i][0]
+        k = rank.get(g, 0)
+        rank[g] = k + 1
+        keyed.append((k, p, i))
+    keyed.sort()
+    out = []
+    for _, _, i in keyed:
+        out.append(i)
+    return out
+
+
+def _standbys(
+    tl: list[TaskId],
+    caps: list[int],
+    n_active: list[int],
+    owner: list[int],
+    moved: list[int],
+    hold: list[list[int] | None],
+    gave_up: dict[int, int],
+    sf: list[bool],
+    n_sf: int,
+    r: int,
+) -> list[list[int] | None] | None:
+    """Standby task indices per client, ``None`` for a client that keeps what it reported
+    (``_sticky_sets._standbys``, step for step); ``None`` overall where the set path would
+    decline or need more than a one-step swap."""
+    n, m = len(tl), len(caps)
+    if n_sf == n:
+        n_sf_active = n_active
+    else:
+        n_sf_active = [0] * m
+        for i in range(n):
+            if sf[i]:
+                n_sf_active[owner[i]] += 1
+    # Previous standbys minus new actives: copies per task, and per client.
+    count = [0] * n
+    n_valid = [0] * m
+    for i in range(n):
+        h = hold[i]
+        if h is not None:
+            count[i] = len(h)
+            for ci in h:
+                n_valid[ci] += 1
+    took = [False] * m  # took over a task it held a standby of
+    for i in moved:
+        o = owner[i]
+        h = hold[i]
+        if h is not None and o in h:
+            count[i] -= 1
+            n_valid[o] -= 1
+            took[o] = True
+    targets = _targets(caps, n_active, n_sf_active, n_valid, n_sf, r)
+    whole = sum(caps)
+    total = n + n_sf * r
+    recv = [False] * m  # clients that take new standbys
+    trim = False
+    for ci in range(m):
+        if n_active[ci] + targets[ci] < total * caps[ci] // whole:
+            return None  # below its load floor: the general path repairs that
+        if targets[ci] > n_valid[ci]:
+            recv[ci] = True
+        elif targets[ci] < n_valid[ci]:
+            trim = True
+    kept: list[list[int] | None] = [None] * m
+    if trim or True in took:
+        for ci in range(m):
+            if took[ci] or targets[ci] < n_valid[ci]:
+                kept[ci] = []
+        for i in range(n):
+            for ci in hold[i] or ():
+                v = kept[ci]
+                if v is not None and owner[i] != ci:
+                    v.append(i)
+    room = [0] * m
+    dropped = set()
+    for ci in range(m):
+        target = targets[ci]
+        if n_valid[ci] <= target:
+            room[ci] = target - n_valid[ci]
+            continue
+        # Over target: keep first the copies of tasks active on receivers, then task order.
+        first = []
+        rest = []
+        for i in kept[ci] or ():
+            if recv[owner[i]]:
+                first.append(i)
+            else:
+                rest.append(i)
+        if len(first) < target:
+            keep = first + rest[: target - len(first)]
+            keep.sort()
+            drop = rest[target - len(first) :]
+        else:
+            keep = first[:target]
+            drop = first[target:] + rest
+        kept[ci] = keep
+        for i in drop:
+            count[i] -= 1
+            dropped.add(i * m + ci)
+    short = []
+    for i in range(n):
+        if count[i] > r:
+            return None  # more copies than wanted
+        if count[i] < r and sf[i]:
+            short.append(i)
+    if not short:
+        return kept
+    added: list[list[int]] = []
+    returned: list[list[int]] = []
+    for _ in range(m):
+        added.append([])
+        returned.append([])
+    held: dict[int, list[int]] = {}
+    need: dict[int, int] = {}
+    for i in short:
+        has = []
+        for ci in hold[i] or ():
+            if ci != owner[i] and i * m + ci not in dropped:
+                has.append(ci)
+        held[i] = has
+        need[i] = r - count[i]
+    # A previous owner that gave its task up holds its state: it takes a copy first.
+    if gave_up:
+        returning = []
+        for i in short:
+            if i in gave_up:
+                returning.append((not recv[owner[i]], i))
+        returning.sort()
+        for _, i in returning:
+            w = gave_up[i]
+            if room[w] > 0 and w not in held[i]:
+                room[w] -= 1
+                held[i].append(w)
+                added[w].append(i)
+                returned[w].append(i)
+                need[i] -= 1
+    # The rest through the standby queue (``StandbyQueue``, no racks or tags): the client with
+    # most room left, unless it already holds its fair share of this active client's copies.
+    fair = []
+    for k in n_sf_active:
+        fair.append(-(-k * r // max(1, m - 1)))
+    pairs: dict[int, int] = {}
+    order = []
+    for i in short:
+        o = owner[i]
+        order.append((room[o] == 0, o, i))
+    order.sort()
+    by_room = []  # clients with room, most room first, then client order
+    for ci in range(m):
+        if room[ci] > 0:
+            by_room.append((-room[ci], ci))
+    by_room.sort()
+    queue = []
+    for _, ci in by_room:
+        queue.append(ci)
+    for _, o, i in order:
+        has = held[i]
+        for _ in range(need[i]):
+            best = -1
+            seen = 0
+            for ci in queue:
+                seen += 1
+                if ci == o or ci in has:
+                    continue
+                if pairs.get(o * m + ci, 0) < fair[o]:
+                    best = ci
+                    break
+                if best < 0:
+                    best = ci
+                if seen >= _SPREAD:
+                    break
+            if best >= 0:
+                pairs[o * m + best] = pairs.get(o * m + best, 0) + 1
+                _lower(queue, room, best)
+            else:
+                best = _swap(i, owner, kept, hold, added, returned, held, room, queue)
+                if best < 0:
+                    return None  # forced beyond a ceiling: the general path's job
+            has.append(best)
+            added[best].append(i)
+    for ci in range(m):
+        if added[ci]:
+            v = kept[ci]
+            kept[ci] = _kept(kept, hold, ci) + added[ci]
+    return kept
+
+
+def _kept(kept: list[list[int] | None], hold: list[list[int] | None], ci: int) -> list[int]:
+    """The standbys client ``ci`` keeps, as a list (``None`` in ``kept``: all it reported)."""
+    v = kept[ci]
+    if v is None:
+        v = kept[ci] = []
+        for i in range(len(hold)):
+            if ci in (hold[i] or ()):
+                v.append(i)
+    return v
+
+
+def _targets(
+    caps: list[int],
+    n_active: list[int],
+    n_sf_active: list[int],
+    n_valid: list[int],
+    n_sf: int,
+    r: int,
+) -> list[int]:
+    """``_balance.standby_targets``; its common case inline (no heap, no ``operator`` maps)."""
+    m = len(caps)
+    whole = sum(caps)
+    total = n_sf * r
+    for a in n_active:
+        total += a
+    target = []
+    order = []
+    for ci in range(m):
+        lo, rem = divmod(total * caps[ci], whole)
+        hi = lo + 1 if rem else lo
+        most = n_active[ci] + n_sf - n_sf_active[ci]
+        t = n_active[ci] if n_active[ci] > lo else lo
+        if t > most:
+            t = most
+        target.append(t)
+        if t < hi and t < most:
+            order.append((lo - n_active[ci] - n_valid[ci], ci))
+    missing = total - sum(target)
+    if missing < 0 or missing > len(order):
+        return standby_targets(caps, n_active, n_sf_active, n_valid, n_sf, r)
+    if missing:
+        order.sort()
+        for k in range(missing):
+            target[order[k][1]] += 1
+    for ci in range(m):
+        target[ci] -= n_active[ci]
+    return target
+
+
+def _lower(queue: list[int], room: list[int], ci: int) -> None:
+    """One less room for ``ci``; ``queue`` stays in order (most room, then client order)."""
+    room[ci] -= 1
+    k = queue.index(ci)
+    if not room[ci]:
+        del queue[k]
+        return
+    while k + 1 < len(queue):
+        nxt = queue[k + 1]
+        if room[nxt] < room[ci] or (room[nxt] == room[ci] and nxt > ci):
+            break
+        queue[k] = nxt
+        k += 1
+    queue[k] = ci
+
+
+def _swap(
+    t: int,
+    owner: list[int],
+    kept: list[list[int] | None],
+    hold: list[list[int] | None],
+    added: list[list[int]],
+    returned: list[list[int]],
+    held: dict[int, list[int]],
+    room: list[int],
+    queue: list[int],
+) -> int:
+    """``_sticky_sets._swap`` on indices: a client ``d`` without a copy of ``t`` hands one of
+    its standbys ``u`` to a client with room and no copy of ``u`` (copies placed in this run
+    first), and takes ``t``; ``d``, or -1 when no such pair exists. Rare, so it may scan."""
+    m = len(room)
+    rooms = []
+    for c in range(m):
+        if room[c] > 0:
+            rooms.append(c)
+    for fresh in (True, False):
+        for d in range(m):
+            if owner[t] == d or d in held[t]:
+                continue
+            if fresh:
+                mine = []
+                for u in added[d]:
+                    if u not in returned[d]:
+                        mine.append(u)
+            else:
+                mine = _kept(kept, hold, d) + returned[d]
+            mine.sort()
+            for u in mine:
+                for c in rooms:
+                    if owner[u] != c and u not in added[c] and u not in _kept(kept, hold, c):
+                        if u in returned[d]:
+                            returned[d].remove(u)
+                        u_has = held.get(u)
+                        if u_has is None:
+                            u_has = []
+                            for x in range(m):
+                                if u in _kept(kept, hold, x):
+                                    u_has.append(x)
+                            held[u] = u_has
+                        if u in added[d]:
+                            added[d].remove(u)
+                        else:
+                            _kept(kept, hold, d).remove(u)
+                        added[c].append(u)
+                        u_has[u_has.index(d)] = c
+                        _lower(queue, room, c)
+                        return d
+    return -1
