@@ -449,7 +449,6 @@ def _standbys(
             added[best].append(i)
     for ci in range(m):
         if added[ci]:
-            v = kept[ci]
             kept[ci] = _kept(kept, hold, ci) + added[ci]
     return kept
 
