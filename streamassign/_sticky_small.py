@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ._balance import deal, standby_targets
+from ._balance import deal, level_order, standby_targets
 from ._ids import TaskId
 from .assignment import ClientAssignment, ClientState
 
@@ -206,10 +206,12 @@ def _actives(
         warm_first.sort()
         for _, i in warm_first:
             ordered.append(i)
+        # One subtopology (Faust's case) is already in order; the loop spares a cold run the
+        # ``map`` and key function ``level_order`` would touch to find that out.
         first = tl[ordered[0]][0]
         for i in ordered:
             if tl[i][0] != first:
-                ordered = _level_order(tl, ordered)
+                ordered = level_order(ordered, lambda i: tl[i][0])
                 break
         for i in ordered[quotas[ci] :]:
             owner[i] = -1
@@ -259,23 +261,6 @@ def _actives(
         for i, ci in zip(cold, deal(room), strict=True):
             owner[i] = ci
     return owner, gave_up
-
-
-def _level_order(tl: list[TaskId], ordered: list[int]) -> list[int]:
-    """``_balance.level_order`` by subtopology, on task indices."""
-    rank: dict[int, int] = {}
-    keyed = []
-    for p in range(len(ordered)):
-        i = ordered[p]
-        g = tl[i][0]
-        k = rank.get(g, 0)
-        rank[g] = k + 1
-        keyed.append((k, p, i))
-    keyed.sort()
-    out = []
-    for _, _, i in keyed:
-        out.append(i)
-    return out
 
 
 def _standbys(
