@@ -58,9 +58,12 @@ def assign_small(
             if i is not None and not sf[i]:
                 sf[i] = True
                 n_sf += 1
-    # Previous owner and standby holders (in client order) of each task; clean input only.
+    # Previous owner and standby holders (in client order) of each task, and each client's
+    # previous tasks and standbys (in set order); clean input only.
     prev = [-1] * n
     hold: list[list[int] | None] = [None] * n
+    mine: list[list[int]] = []
+    sbs: list[list[int]] = []
     caps = [0] * m
     ran = [0] * m
     pid = None
@@ -70,12 +73,16 @@ def assign_small(
             return None  # lags, racks, tags, or a process id twice (adjacent: sorted)
         pid = c.process_id
         caps[ci] = c.capacity
+        got = []
         for t in c.prev_active:
             i = pos.get(t)
             if i is None or prev[i] >= 0:
                 return None  # stale or duplicate claims
             prev[i] = ci
-        ran[ci] = len(c.prev_active)
+            got.append(i)
+        mine.append(got)
+        ran[ci] = len(got)
+        got = []
         for t in c.prev_standby:
             i = pos.get(t)
             if i is None:
@@ -84,21 +91,20 @@ def assign_small(
             elif prev[i] == ci or (r and not sf[i]):
                 return None
             else:
+                got.append(i)
                 h = hold[i]
                 if h is None:
                     hold[i] = [ci]
                 else:
                     h.append(ci)
-    owner, gave_up = _actives(tl, caps, ran, prev, hold)
+        sbs.append(got)
+    owner, gave_up, moved = _actives(tl, caps, ran, prev, hold, mine)
     # Which clients' actives changed (the others keep their reported set as it is).
-    moved = []
     changed = [False] * m
-    for i in range(n):
-        if owner[i] != prev[i]:
-            moved.append(i)
-            changed[owner[i]] = True
-            if prev[i] >= 0:
-                changed[prev[i]] = True
+    for i in moved:
+        changed[owner[i]] = True
+        if prev[i] >= 0:
+            changed[prev[i]] = True
     act: list[list[int] | None] = [None] * m
     for ci in range(m):
         if changed[ci]:
@@ -114,7 +120,7 @@ def assign_small(
             a = act[ci]
             if a is not None:
                 n_active[ci] = len(a)
-        standby = _standbys(tl, caps, n_active, owner, moved, hold, gave_up, sf, n_sf, r)
+        standby = _standbys(tl, caps, n_active, owner, moved, hold, sbs, gave_up, sf, n_sf, r)
         if standby is None:
             return None
         for ci in range(m):
@@ -147,16 +153,24 @@ def _actives(
     ran: list[int],
     prev: list[int],
     hold: list[list[int] | None],
-) -> tuple[list[int], dict[int, int]]:
-    """Owner of each task, and the previous owner of each task released by a client over its
-    quota (``_sticky_sets._actives``, step for step)."""
+    mine: list[list[int]],
+) -> tuple[list[int], dict[int, int], list[int]]:
+    """Owner of each task, the previous owner of each task released by a client over its
+    quota, and the tasks whose owner changed, in task order (``_sticky_sets._actives``, step
+    for step)."""
     n, m = len(tl), len(caps)
+    # Orphans: tasks no client ran (none when every task was running).
+    lost = []
+    if sum(ran) < n:
+        for i in range(n):
+            if prev[i] < 0:
+                lost.append(i)
     # Ceilings: after the move bound, to the standby holders orphans would be matched to.
     matched = [0] * m
     by_choice = []
-    for i in range(n):
+    for i in lost:
         hs = hold[i]
-        if prev[i] < 0 and hs:
+        if hs:
             by_choice.append((len(hs), i))
     by_choice.sort()
     for _, i in by_choice:
@@ -187,22 +201,22 @@ def _actives(
             room[ci] = quotas[ci] - ran[ci]
     owner = prev[:]
     gave_up: dict[int, int] = {}
+    free = lost  # tasks without an owner: orphans, then released ones
     for ci in over:
         # Release first the tasks a standby holder with room could take over warm (the last
         # such holder first), each subtopology's in turn so the kept ones stay spread.
         ordered = []
         warm_first = []
-        for i in range(n):
-            if prev[i] == ci:
-                b = -1
-                for h in hold[i] or ():
-                    if room[h] > 0:
-                        b = h
-                        break
-                if b < 0:
-                    ordered.append(i)
-                else:
-                    warm_first.append((-b, i))
+        for i in sorted(mine[ci]):
+            b = -1
+            for h in hold[i] or ():
+                if room[h] > 0:
+                    b = h
+                    break
+            if b < 0:
+                ordered.append(i)
+            else:
+                warm_first.append((-b, i))
         warm_first.sort()
         for _, i in warm_first:
             ordered.append(i)
@@ -216,22 +230,24 @@ def _actives(
         for i in ordered[quotas[ci] :]:
             owner[i] = -1
             gave_up[i] = ci
+            free.append(i)
     # Warm takeovers in task order, then a one-step augmenting path, then dealt cold.
+    if gave_up:
+        free.sort()
     took: dict[int, list[int]] = {}
     left = []
-    for i in range(n):
-        if owner[i] < 0:
-            for h in hold[i] or ():
-                if room[h] > 0:
-                    owner[i] = h
-                    room[h] -= 1
-                    if h in took:
-                        took[h].append(i)
-                    else:
-                        took[h] = [i]
-                    break
-            else:
-                left.append(i)
+    for i in free:
+        for h in hold[i] or ():
+            if room[h] > 0:
+                owner[i] = h
+                room[h] -= 1
+                if h in took:
+                    took[h].append(i)
+                else:
+                    took[h] = [i]
+                break
+        else:
+            left.append(i)
     if left:
         for t in left:
             for h in hold[t] or ():
@@ -260,7 +276,7 @@ def _actives(
                 cold.append(i)
         for i, ci in zip(cold, deal(room), strict=True):
             owner[i] = ci
-    return owner, gave_up
+    return owner, gave_up, free
 
 
 def _standbys(
@@ -270,6 +286,7 @@ def _standbys(
     owner: list[int],
     moved: list[int],
     hold: list[list[int] | None],
+    sbs: list[list[int]],
     gave_up: dict[int, int],
     sf: list[bool],
     n_sf: int,
@@ -288,13 +305,13 @@ def _standbys(
                 n_sf_active[owner[i]] += 1
     # Previous standbys minus new actives: copies per task, and per client.
     count = [0] * n
-    n_valid = [0] * m
     for i in range(n):
         h = hold[i]
         if h is not None:
             count[i] = len(h)
-            for ci in h:
-                n_valid[ci] += 1
+    n_valid = []
+    for v in sbs:
+        n_valid.append(len(v))
     took = [False] * m  # took over a task it held a standby of
     for i in moved:
         o = owner[i]
@@ -319,12 +336,12 @@ def _standbys(
     if trim or True in took:
         for ci in range(m):
             if took[ci] or targets[ci] < n_valid[ci]:
-                kept[ci] = []
-        for i in range(n):
-            for ci in hold[i] or ():
-                v = kept[ci]
-                if v is not None and owner[i] != ci:
-                    v.append(i)
+                v = []
+                for i in sbs[ci]:
+                    if owner[i] != ci:
+                        v.append(i)
+                v.sort()
+                kept[ci] = v
     room = [0] * m
     dropped = set()
     for ci in range(m):
@@ -427,25 +444,22 @@ def _standbys(
                 pairs[o * m + best] = pairs.get(o * m + best, 0) + 1
                 _lower(queue, room, best)
             else:
-                best = _swap(i, owner, kept, hold, added, returned, held, room, queue)
+                best = _swap(i, owner, kept, sbs, added, returned, held, room, queue)
                 if best < 0:
                     return None  # forced beyond a ceiling: the general path's job
             has.append(best)
             added[best].append(i)
     for ci in range(m):
         if added[ci]:
-            kept[ci] = _kept(kept, hold, ci) + added[ci]
+            kept[ci] = _kept(kept, sbs, ci) + added[ci]
     return kept
 
 
-def _kept(kept: list[list[int] | None], hold: list[list[int] | None], ci: int) -> list[int]:
+def _kept(kept: list[list[int] | None], sbs: list[list[int]], ci: int) -> list[int]:
     """The standbys client ``ci`` keeps, as a list (``None`` in ``kept``: all it reported)."""
     v = kept[ci]
     if v is None:
-        v = kept[ci] = []
-        for i in range(len(hold)):
-            if ci in (hold[i] or ()):
-                v.append(i)
+        v = kept[ci] = sorted(sbs[ci])
     return v
 
 
@@ -507,7 +521,7 @@ def _swap(
     t: int,
     owner: list[int],
     kept: list[list[int] | None],
-    hold: list[list[int] | None],
+    sbs: list[list[int]],
     added: list[list[int]],
     returned: list[list[int]],
     held: dict[int, list[int]],
@@ -532,24 +546,24 @@ def _swap(
                     if u not in returned[d]:
                         mine.append(u)
             else:
-                mine = _kept(kept, hold, d) + returned[d]
+                mine = _kept(kept, sbs, d) + returned[d]
             mine.sort()
             for u in mine:
                 for c in rooms:
-                    if owner[u] != c and u not in added[c] and u not in _kept(kept, hold, c):
+                    if owner[u] != c and u not in added[c] and u not in _kept(kept, sbs, c):
                         if u in returned[d]:
                             returned[d].remove(u)
                         u_has = held.get(u)
                         if u_has is None:
                             u_has = []
                             for x in range(m):
-                                if u in _kept(kept, hold, x):
+                                if u in _kept(kept, sbs, x):
                                     u_has.append(x)
                             held[u] = u_has
                         if u in added[d]:
                             added[d].remove(u)
                         else:
-                            _kept(kept, hold, d).remove(u)
+                            _kept(kept, sbs, d).remove(u)
                         added[c].append(u)
                         u_has[u_has.index(d)] = c
                         _lower(queue, room, c)
