@@ -12,6 +12,7 @@ import gc
 import os
 import platform
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -412,7 +413,7 @@ def write_reports(
     saying how they were made: the command (``python script`` and ``argv``, else the process's
     arguments), the date and machine from ``info`` (:func:`show_machine_info`), then the
     ``extra`` markdown lines."""
-    command = " ".join([f"python {script}", *(argv or sys.argv[1:])])
+    command = shlex.join(["python", script, *(argv or sys.argv[1:])])
     header = [
         heading,
         "",

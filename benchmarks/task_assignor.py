@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -182,6 +182,13 @@ class Step:
     disk: bool = False
 
 
+def members_after(step: Step, members: list[str], newcomers: Iterator[str]) -> list[str]:
+    """The group after ``step``: the middle member leaves, newcomers join at the end."""
+    for _ in range(step.leave):
+        members = members[: len(members) // 2] + members[len(members) // 2 + 1 :]
+    return members + [next(newcomers) for _ in range(step.join)]
+
+
 #: Each step starts from the previous step's result (see ``faust_workload``).
 CHAIN = [
     Step("fresh"),
@@ -250,9 +257,7 @@ def faust_workload(cfg: Config) -> list[Report]:
             history: Assignment = {}
             before: Assignment = {}
             for step in CHAIN:
-                for _ in range(step.leave):
-                    members = members[: len(members) // 2] + members[len(members) // 2 + 1 :]
-                members = members + [next(newcomers) for _ in range(step.join)]
+                members = members_after(step, members, newcomers)
                 if step.disk:
                     history = before  # the same restart, ours now told what is on disk
                 before = history
