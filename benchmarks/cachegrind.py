@@ -2,7 +2,7 @@
 
 A cold run of a few hundred microseconds is paid mostly in last-level cache misses (code and
 data fetched from memory), and its wall-clock time swings by 20% or more with whatever else the
-caches still hold. Valgrind's cache simulator counts instead, the same on every run: for one run
+caches still hold. Valgrind's cache simulator counts instead, within about 1% between runs: for one run
 of each assignor, after ``gc.collect()`` over a ~60 MB heap (as in ``task_assignor.py``), the
 instructions executed and the misses of a simulated 32 MiB, 16-way last-level cache (this
 machine's L3): instruction fetches, data reads and data writes. Inputs are the rows of
@@ -60,6 +60,11 @@ class Counts:
     def misses(self) -> int:
         return self.code_misses + self.read_misses + self.write_misses
 
+    def breakdown(self) -> str:
+        """``total (code + read + write)``, as the table shows misses."""
+        parts = (self.code_misses, self.read_misses, self.write_misses)
+        return f"{self.misses:,} ({' + '.join(f'{x:,}' for x in parts)})"
+
 
 def child(side: str, partitions: int, workers: int, replicas: int, step_name: str) -> None:
     """Inside Valgrind: replay the chain up to ``step_name``, then run ``side`` once, cold.
@@ -86,10 +91,12 @@ def child(side: str, partitions: int, workers: int, replicas: int, step_name: st
     heap = [[i, str(i)] for i in range(400_000)]  # what gc.collect() walks, evicting caches
     arg = faust_input(tasks, told)
 
-    def run(*_: object) -> object:
+    def run(_: int, __: int) -> int:
         if side == "ours":
-            return assignor.assign(tasks, told)
-        return faust_assign(arg, len(tasks), replicas)
+            assignor.assign(tasks, told)
+        else:
+            faust_assign(arg, len(tasks), replicas)
+        return 0
 
     gc.collect()
     functools.reduce(run, [0, 1])
@@ -136,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--steps",
         nargs="+",
-        default=["1 leaves", "2 join", "all rejoin"],
+        default=["2 join", "all rejoin"],
         help="chain steps (task_assignor.CHAIN), quoted",
     )
     parser.add_argument("--markdown", type=Path, help="write the results section into this file")
@@ -150,12 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("valgrind is not installed (apt install valgrind)")
 
     info = show_machine_info()
-    rows = [
-        (int(size.split("x")[0]), int(size.split("x")[1]), r, step)
-        for r in args.standbys
-        for size in args.sizes
-        for step in args.steps
-    ]
+    sizes = [tuple(map(int, size.split("x"))) for size in args.sizes]
+    rows = [(p, m, r, step) for r in args.standbys for p, m in sizes for step in args.steps]
     jobs = [(side, *row) for row in rows for side in ("ours", "faust")]
     with ThreadPoolExecutor(max_workers=2) as pool:
         counted = dict(zip(jobs, pool.map(lambda job: count(*job), jobs), strict=True))
@@ -178,17 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for p, m, r, step in rows:
         ours, peer = counted[("ours", p, m, r, step)], counted[("faust", p, m, r, step)]
-
-        def misses(c: Counts) -> str:
-            return f"{c.misses:,} ({c.code_misses:,} + {c.read_misses:,} + {c.write_misses:,})"
-
         report.add(
             f"{p} x {m}",
             str(r),
             step,
             f"{ours.instructions:,} / {peer.instructions:,}",
             ratio(peer.instructions, ours.instructions),
-            f"{misses(ours)} / {misses(peer)}",
+            f"{ours.breakdown()} / {peer.breakdown()}",
             ratio(peer.misses, ours.misses),
         )
     report.show()

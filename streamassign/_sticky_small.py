@@ -159,16 +159,17 @@ def _actives(
     quota, and the tasks whose owner changed, in task order (``_sticky_sets._actives``, step
     for step)."""
     n, m = len(tl), len(caps)
-    # Orphans: tasks no client ran (none when every task was running).
-    lost = []
+    # Tasks without an owner: first the orphans no client ran (none when every task was
+    # running); the tasks released by clients over their quota are added below.
+    free = []
     if sum(ran) < n:
         for i in range(n):
             if prev[i] < 0:
-                lost.append(i)
+                free.append(i)
     # Ceilings: after the move bound, to the standby holders orphans would be matched to.
     matched = [0] * m
     by_choice = []
-    for i in lost:
+    for i in free:
         hs = hold[i]
         if hs:
             by_choice.append((len(hs), i))
@@ -201,7 +202,6 @@ def _actives(
             room[ci] = quotas[ci] - ran[ci]
     owner = prev[:]
     gave_up: dict[int, int] = {}
-    free = lost  # tasks without an owner: orphans, then released ones
     for ci in over:
         # Release first the tasks a standby holder with room could take over warm (the last
         # such holder first), each subtopology's in turn so the kept ones stay spread.
@@ -541,14 +541,14 @@ def _swap(
             if owner[t] == d or d in held[t]:
                 continue
             if fresh:
-                mine = []
+                copies = []
                 for u in added[d]:
                     if u not in returned[d]:
-                        mine.append(u)
+                        copies.append(u)
             else:
-                mine = _kept(kept, sbs, d) + returned[d]
-            mine.sort()
-            for u in mine:
+                copies = _kept(kept, sbs, d) + returned[d]
+            copies.sort()
+            for u in copies:
                 for c in rooms:
                     if owner[u] != c and u not in added[c] and u not in _kept(kept, sbs, c):
                         if u in returned[d]:
