@@ -2,11 +2,12 @@
 
 A cold run of a few hundred microseconds is paid mostly in last-level cache misses (code and
 data fetched from memory), and its wall-clock time swings by 20% or more with whatever else the
-caches still hold. Valgrind's cache simulator counts instead, within about 1% between runs: for one run
-of each assignor, after ``gc.collect()`` over a ~60 MB heap (as in ``task_assignor.py``), the
-instructions executed and the misses of a simulated 32 MiB, 16-way last-level cache (this
-machine's L3): instruction fetches, data reads and data writes. Inputs are the rows of
-``task_assignor.py``'s Faust workload (the same churn chain, Faust's results as the history).
+caches still hold. Valgrind's cache simulator counts instead, within about 1% between runs:
+for one run of each assignor, after ``gc.collect()`` over a ~60 MB heap (as in
+``task_assignor.py``), the instructions executed and the misses of a simulated 32 MiB, 16-way
+last-level cache (this machine's L3): instruction fetches, data reads and data writes. Inputs
+are the rows of ``task_assignor.py``'s Faust workload (the same churn chain, Faust's results as
+the history).
 
 Run ``python benchmarks/cachegrind.py [--sizes 12x3 64x8] [--standbys 1 2] [--steps ...]
 [--markdown docs/benchmarks.md]``; it needs ``valgrind`` (``apt install valgrind``) and takes
