@@ -309,6 +309,7 @@ def _standbys(
             need[t] = r - kept_copies.of(t)
         # A previous owner that gave its task up holds its state: it takes a copy first, before
         # the queue hands its room to other tasks (the general path's keep pass, same order).
+        shut_out = False  # a previous owner left without room for its task's copy
         if gave_up:
             returning: list[tuple[bool, TaskId]] = []
             for t in short_set.intersection(gave_up):
@@ -323,6 +324,8 @@ def _standbys(
                     added.setdefault(w, []).append(t)
                     returned.setdefault(w, set()).add(t)
                     need[t] -= 1
+                elif w not in has:
+                    shut_out = True
         # The rest through the standby queue, most room left first; grouped by active client
         # (spread), the tasks of clients with standby room first: they cannot use that room,
         # so they go while other clients still have theirs.
@@ -337,9 +340,9 @@ def _standbys(
             for _ in range(need[t]):
                 ci = queue.pick(ci_owner, has)
                 if ci < 0:
-                    ci = _swap(t, active, standby, held, added, returned, room)
+                    ci = _swap(t, active, standby, held, added, returned, room, shut_out)
                     if ci < 0:
-                        return None  # forced beyond a ceiling: the general path's job
+                        return None  # forced beyond a ceiling, or a kept copy would move
                 has.append(ci)
                 added.setdefault(ci, []).append(t)
         for ci, ts in added.items():
@@ -398,12 +401,15 @@ def _swap(
     added: dict[int, list[TaskId]],
     returned: dict[int, set[TaskId]],
     room: list[int],
+    spare_kept: bool,
 ) -> int:
     """Make room for a copy of ``t`` when every client with room holds it: a client ``d``
     without a copy hands one of its standbys ``u`` to a client ``c`` with room and no copy of
     ``u``; ``t`` then goes to ``d`` (returned; -1 when no such pair). Loads stay on target.
     Copies placed in this run are handed over before warm ones (kept from before, or given
-    back to a previous owner). Rare, so it may scan."""
+    back to a previous owner); with ``spare_kept`` (a previous owner was left without room for
+    its task's copy), never one kept from before: the general path can keep more in place
+    there, so the caller declines instead. Rare, so it may scan."""
     m = len(room)
     rooms = [c for c in range(m) if room[c] > 0]
     # What each client with room could take: neither active there nor a copy there already.
@@ -414,7 +420,12 @@ def _swap(
             if t in active[d] or d in held[t]:
                 continue
             warm = returned.get(d, set())
-            mine = frozenset(added.get(d, ())).difference(warm) if fresh else standby[d] | warm
+            if fresh:
+                mine = frozenset(added.get(d, ())).difference(warm)
+            elif spare_kept:
+                mine = frozenset(warm)
+            else:
+                mine = standby[d] | warm
             # The first of these (in task order) some client with room can take, and the first
             # such client.
             best: tuple[TaskId, int] | None = None

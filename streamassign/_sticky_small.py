@@ -391,6 +391,7 @@ def _standbys(
         held[i] = has
         need[i] = r - count[i]
     # A previous owner that gave its task up holds its state: it takes a copy first.
+    shut_out = False  # a previous owner left without room for its task's copy
     if gave_up:
         returning = []
         for i in short:
@@ -405,6 +406,8 @@ def _standbys(
                 added[w].append(i)
                 returned[w].append(i)
                 need[i] -= 1
+            elif w not in held[i]:
+                shut_out = True
     # The rest through the standby queue (``StandbyQueue``, no racks or tags): the client with
     # most room left, unless it already holds its fair share of this active client's copies.
     fair = []
@@ -444,9 +447,9 @@ def _standbys(
                 pairs[o * m + best] = pairs.get(o * m + best, 0) + 1
                 _lower(queue, room, best)
             else:
-                best = _swap(i, owner, kept, sbs, added, returned, held, room, queue)
+                best = _swap(i, owner, kept, sbs, added, returned, held, room, queue, shut_out)
                 if best < 0:
-                    return None  # forced beyond a ceiling: the general path's job
+                    return None  # forced beyond a ceiling, or a kept copy would move
             has.append(best)
             added[best].append(i)
     for ci in range(m):
@@ -527,10 +530,12 @@ def _swap(
     held: dict[int, list[int]],
     room: list[int],
     queue: list[int],
+    spare_kept: bool,
 ) -> int:
     """``_sticky_sets._swap`` on indices: a client ``d`` without a copy of ``t`` hands one of
     its standbys ``u`` to a client with room and no copy of ``u`` (copies placed in this run
-    first), and takes ``t``; ``d``, or -1 when no such pair exists. Rare, so it may scan."""
+    first; with ``spare_kept``, never one kept from before), and takes ``t``; ``d``, or -1 when
+    no such pair exists. Rare, so it may scan."""
     m = len(room)
     rooms = []
     for c in range(m):
@@ -545,6 +550,8 @@ def _swap(
                 for u in added[d]:
                     if u not in returned[d]:
                         copies.append(u)
+            elif spare_kept:
+                copies = returned[d][:]
             else:
                 copies = _kept(kept, sbs, d) + returned[d]
             copies.sort()

@@ -8,6 +8,8 @@ cases, or it would only cost time.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
 from streamassign._balance import share_bounds
 from streamassign._sticky_sets import assign_sets
+from streamassign._sticky_small import assign_small
 from streamassign.metrics import evaluate, violations
 from streamassign.sticky import _Run
 
@@ -75,27 +78,26 @@ def test_set_path_regressions(inputs: Inputs) -> None:
     assert_as_good_as_the_general_path(inputs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: two greedy standby placements differ; the general path gives a previous "
-    "owner its task back and drops another kept copy, the set path keeps that copy and must "
-    "swap two kept copies away later (about 1 in 10,000 random chained inputs)",
-)
-def test_set_path_known_gap_kept_standbys() -> None:
-    assert_as_good_as_the_general_path(
-        (
-            [TaskId(s, p) for s, n in [(0, 3), (1, 3), (2, 4), (3, 7)] for p in range(n)],
-            [
-                _client("p0", 1, "3_3", "3_2"),
-                _client("p1", 1, "", "3_1 3_5"),
-                _client("p2", 2, "0_0 1_0 2_0 3_0", "2_3 3_1 3_6"),
-                _client("p3", 4, "0_2 1_2 2_3 3_1 3_2 3_5", "0_1 2_1 2_2 3_0 3_3 3_6"),
-                _client("p4", 4),
-            ],
-            2,
-            _ids("0_1 2_1 2_2 2_3 3_0 3_1 3_2 3_3 3_5 3_6"),
-        )
-    )
+def test_set_path_declines_rather_than_move_a_kept_copy() -> None:
+    """Found by a random search (about 1 in 10,000 chained inputs): p2 gives 3_0 up but has no
+    room to take its copy back, and the last copy to place can only go where a swap moves a
+    kept standby. The general path gives p2 its copy and drops one of p2's kept copies instead,
+    keeping one standby more in place; both fast paths decline and leave the input to it."""
+    tasks = [TaskId(s, p) for s, n in [(0, 3), (1, 3), (2, 4), (3, 7)] for p in range(n)]
+    clients = [
+        _client("p0", 1, "3_3", "3_2"),
+        _client("p1", 1, "", "3_1 3_5"),
+        _client("p2", 2, "0_0 1_0 2_0 3_0", "2_3 3_1 3_6"),
+        _client("p3", 4, "0_2 1_2 2_3 3_1 3_2 3_5", "0_1 2_1 2_2 3_0 3_3 3_6"),
+        _client("p4", 4),
+    ]
+    stateful = _ids("0_1 2_1 2_2 2_3 3_0 3_1 3_2 3_3 3_5 3_6")
+    assert assign_sets(tasks, clients, stateful, 2) is None
+    assert assign_small(tasks, clients, stateful, 2) is None
+    got = StickyTaskAssignor(2).assign(tasks, clients, stateful)
+    general = _Run(tasks, clients, stateful, 2).result(fast_path=False)
+    assert got == general
+    assert evaluate(tasks, clients, got, 2, stateful).standbys_kept == 11
 
 
 def assert_as_good_as_the_general_path(inputs: Inputs) -> None:
@@ -140,22 +142,46 @@ def test_set_path_answers_scale_out_and_in(
     tasks: list[TaskId], clients: list[ClientState], replicas: int, data: st.DataObject
 ) -> None:
     """A previous result with clients gone and new ones added is what it is for."""
-    first = StickyTaskAssignor(replicas).assign(tasks, clients)
     keep = data.draw(st.lists(st.sampled_from(range(len(clients))), min_size=1, unique=True))
-    stay = [clients[i] for i in sorted(keep)]
-    joined = [ClientState(f"new{i}", capacity=2) for i in range(data.draw(st.integers(0, 3)))]
-    history = fed_back(stay, first) + joined
-    ordered = sorted(history, key=lambda c: c.process_id)
-    quick = assign_sets(tasks, ordered, None, replicas)
-    general = _Run(tasks, ordered, None, replicas).result(fast_path=False)
+    joined = data.draw(st.integers(0, 3))
+    history = _scaled(tasks, clients, replicas, sorted(keep), joined)
+    quick = assign_sets(tasks, history, None, replicas)
     if quick is None:
-        # Declining is allowed only where one copy per client forces a load off its bounds.
-        assert not loads_within_bounds(tasks, ordered, general, replicas)
-        return
+        return  # how often: test_set_path_answers_nearly_every_scale_out_and_in
+    general = _Run(tasks, history, None, replicas).result(fast_path=False)
     assert (
         evaluate(tasks, history, quick, replicas).moves
         == evaluate(tasks, history, general, replicas).moves
     )
+
+
+def test_set_path_answers_nearly_every_scale_out_and_in() -> None:
+    """It declines where one copy per client forces a load off its bounds (the general path's
+    forced placements), and otherwise only in the rare case it leaves to the general path to
+    keep a standby more in place (``test_set_path_declines_rather_than_move_a_kept_copy``):
+    2 of 3,000 seeded scale-outs and scale-ins when this was written."""
+    rng = random.Random(2)
+    unforced = 0
+    for _ in range(3000):
+        tasks = [TaskId(s, p) for s in range(rng.randint(1, 3)) for p in range(rng.randint(1, 8))]
+        clients = [ClientState(f"c{i}", rng.randint(1, 4)) for i in range(rng.randint(1, 6))]
+        replicas = rng.randint(0, 2)
+        keep = sorted(rng.sample(range(len(clients)), rng.randint(1, len(clients))))
+        history = _scaled(tasks, clients, replicas, keep, rng.randint(0, 3))
+        if assign_sets(tasks, history, None, replicas) is None:
+            general = _Run(tasks, history, None, replicas).result(fast_path=False)
+            unforced += loads_within_bounds(tasks, history, general, replicas)
+    assert unforced <= 10
+
+
+def _scaled(
+    tasks: list[TaskId], clients: list[ClientState], replicas: int, keep: list[int], joined: int
+) -> list[ClientState]:
+    """Clients ``keep`` reporting their first assignment, and ``joined`` new ones (sorted)."""
+    first = StickyTaskAssignor(replicas).assign(tasks, clients)
+    stay = [clients[i] for i in keep]
+    new = [ClientState(f"new{i}", capacity=2) for i in range(joined)]
+    return sorted(fed_back(stay, first) + new, key=lambda c: c.process_id)
 
 
 def test_declines_what_it_does_not_handle() -> None:
