@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import chain, compress, repeat
-from operator import add, attrgetter, gt, is_not, itemgetter, lt, mul, neg, not_, sub
+from operator import add, attrgetter, ge, gt, is_not, itemgetter, lt, mul, neg, not_, sub
 
 import attrs
 
@@ -129,7 +129,8 @@ def _actives(
     orphans = all_tasks - owners
 
     # Ceilings: the move bound first, then the standby holders orphans would be matched to
-    # (each orphan counted for its holder with the fewest so far, the first in client order).
+    # (each orphan counted for the holder with the fewest so far that still has room for it
+    # below its ceiling, the first in client order) that lack the room for them at their floor.
     matched = [0] * m
     if orphans:
         holders = _holders(standbys, orphans, range(m))
@@ -140,14 +141,26 @@ def _actives(
         for _, t in by_choice:
             pick = -1
             for h in holders[t]:
-                if pick < 0 or matched[h] < matched[pick]:
+                fits = matched[h] < bounds[h][1] - ran[h]
+                if fits and (pick < 0 or matched[h] < matched[pick]):
                     pick = h
-            matched[pick] += 1
+            if pick >= 0:
+                matched[pick] += 1
     floors = list(map(_FLOOR, bounds))
     if sum(floors) == len(all_tasks):
         quotas = floors  # every share is whole: no ceilings to hand out
     else:
-        keys = list(zip(map(sub, floors, ran), map(neg, matched), range(m), strict=True))
+        below = list(map(sub, floors, ran))
+        keys = list(
+            zip(
+                map(min, below, repeat(0)),
+                map(ge, below, matched),
+                below,
+                map(neg, matched),
+                range(m),
+                strict=True,
+            )
+        )
         quotas = apportion(len(all_tasks), caps, priority=keys.__getitem__)
     if max(ran) <= min(quotas):
         room = list(map(sub, quotas, ran))  # nobody over quota

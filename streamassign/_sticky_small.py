@@ -166,7 +166,12 @@ def _actives(
         for i in range(n):
             if prev[i] < 0:
                 free.append(i)
-    # Ceilings: after the move bound, to the standby holders orphans would be matched to.
+    whole = sum(caps)
+    quotas = []
+    for w in caps:
+        quotas.append(n * w // whole)
+    # Ceilings: after the move bound, to the standby holders orphans would be matched to (as
+    # many as fit below their ceiling) that lack the room for them at their floor.
     matched = [0] * m
     by_choice = []
     for i in free:
@@ -177,22 +182,23 @@ def _actives(
     for _, i in by_choice:
         pick = -1
         for h in hold[i] or ():
-            if pick < 0 or matched[h] < matched[pick]:
+            fits = matched[h] < quotas[h] - ran[h] + (n * caps[h] % whole > 0)
+            if fits and (pick < 0 or matched[h] < matched[pick]):
                 pick = h
-        matched[pick] += 1
-    whole = sum(caps)
-    quotas = []
-    for w in caps:
-        quotas.append(n * w // whole)
+        if pick >= 0:
+            matched[pick] += 1
     extras = n - sum(quotas)
     if extras:
         fractional = []
         for ci in range(m):
             if n * caps[ci] % whole:
-                fractional.append((quotas[ci] - ran[ci], -matched[ci], ci))
+                below = quotas[ci] - ran[ci]
+                fractional.append(
+                    (below if below < 0 else 0, below >= matched[ci], below, -matched[ci], ci)
+                )
         fractional.sort()
         for k in range(extras):
-            quotas[fractional[k][2]] += 1
+            quotas[fractional[k][4]] += 1
     room = [0] * m
     over = []
     for ci in range(m):

@@ -274,24 +274,29 @@ class _Run:
     def assign_actives(self) -> None:
         caps = [c.capacity for c in self.clients]
         prev = self._previous_tasks()
-        floors = [lo for lo, _ in share_bounds(len(self.tasks), caps)]
+        bounds = share_bounds(len(self.tasks), caps)
+        floors = [lo for lo, _ in bounds]
         tasks, warm, owner = self.tasks, self.warm, self.owner
         # Ceilings go to the clients that ran most above their floor (the move bound), then to
-        # the warm holders a matching of orphaned tasks would use (each orphan counted for its
-        # holder with the fewest matches so far), so that orphans can be taken over warm.
+        # the clients whose claims and the orphans a matching would give them (each orphan
+        # counted for the warm holder with the fewest matches so far that still has room for it
+        # below its ceiling) do not fit their floor, so that orphans can be taken over warm.
         matched = [0] * len(self.clients)
         orphans = sorted((len(h), i) for i, h in warm.items() if self.prev_owner[i] < 0)
         for _, i in orphans:
             # ``warm[i]`` is in rank order: the first holder with the fewest matches is the
             # one with the least (matches, rank).
-            matched[min(warm[i], key=matched.__getitem__)] += 1
+            roomy = [h for h in warm[i] if matched[h] < bounds[h][1] - len(prev[h])]
+            if roomy:
+                matched[min(roomy, key=matched.__getitem__)] += 1
         claims = self._restart_claims(orphans)
 
         # Claims count after previous tasks: they only order the clients whose previous tasks
         # fit their floor (the same order as without claims when there are none).
-        def priority(ci: int) -> tuple[int, int, int, int]:
+        def priority(ci: int) -> tuple[int, bool, int, int, int]:
             below = floors[ci] - len(prev[ci])
-            return min(0, below), below - len(claims[ci]), -matched[ci], ci
+            spare = below - len(claims[ci])
+            return min(0, below), spare >= matched[ci], spare, -matched[ci], ci
 
         quotas = apportion(len(tasks), caps, priority=priority)
         room = [q - min(q, len(mine)) for q, mine in zip(quotas, prev, strict=True)]
