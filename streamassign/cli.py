@@ -26,7 +26,7 @@ from .grouper import PartitionGrouper
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
 from .threads import distribute_to_threads
-from .topology import load_topology_file
+from .topology import Topology, load_topology_file
 
 _CLIENT_KEYS = ("process_id", "capacity", "prev_active", "prev_standby", "lags", "rack", "tags")
 
@@ -75,6 +75,35 @@ def parse_partitions(values: Sequence[str]) -> dict[str, int]:
                 raise click.BadParameter(f"expected TOPIC=COUNT with COUNT >= 1, got {item!r}")
             counts[topic] = int(count)
     return counts
+
+
+def _check_partition_topics(topology: Topology, counts: Mapping[str, int]) -> None:
+    """Reject ``--partitions`` entries the topology takes no count for.
+
+    The grouper ignores counts of other topics (a live cluster reports every topic it has), but
+    here the topology is declared, so such an entry is a typo or the wrong file: the same rule
+    as the file's ``[partitions]`` table and ``simulate``'s ``--partitions``.
+    """
+    externals = topology.external_source_topics
+    unknown = sorted(set(counts) - externals)
+    if not unknown:
+        return
+    repartition = [t for t in unknown if t in topology.repartition_topics]
+    others = [t for t in unknown if t not in topology.repartition_topics]
+    name = topology.name or "the topology"
+    parts = []
+    if others:
+        parts.append(f"unknown topic(s) {', '.join(others)}")
+    if repartition:
+        parts.append(
+            f"repartition topic(s) {', '.join(repartition)} (their counts are fixed in the file "
+            "or computed)"
+        )
+    raise click.BadParameter(
+        f"{'; '.join(parts)}: {name} takes counts for its external source topics only: "
+        f"{', '.join(sorted(externals))}",
+        param_hint="'--partitions'",
+    )
 
 
 def _task_list(tasks: Sequence[TaskId], limit: int = 12) -> str:
@@ -194,9 +223,14 @@ def plan(
     """Group TOPOLOGY_FILE into tasks and assign them to clients."""
     if (clients_file is None) == (num_clients is None):
         raise click.UsageError("give exactly one of --clients FILE or --num-clients N")
+    overrides = parse_partitions(partitions)
     try:
         loaded = load_topology_file(topology_file)
-        counts = {**loaded.partitions, **parse_partitions(partitions)}
+    except (StreamAssignError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    _check_partition_topics(loaded.topology, overrides)
+    try:
+        counts = {**loaded.partitions, **overrides}
         tasks = PartitionGrouper().group(loaded.topology, counts)
         if clients_file is not None:
             clients = load_clients(clients_file)

@@ -13,6 +13,7 @@ from streamassign.cli import load_clients, main
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDERS = str(ROOT / "topology" / "orders-join.toml")
+CLICKSTREAM = str(ROOT / "topology" / "clickstream-repartition.toml")
 CLIENTS = str(ROOT / "examples" / "clients.toml")
 
 
@@ -43,6 +44,80 @@ def test_plan_tables_with_fresh_clients_and_partition_override() -> None:
     assert code == 0, out
     assert "Tasks of orders-enricher (10)" in out
     assert "moves / lower bound" in out
+
+
+def table_rows(out: str) -> list[list[str]]:
+    """The body rows of rich's tables in ``out``, as lists of stripped cell texts."""
+    return [
+        [c.strip() for c in line.strip().strip("│").split("│")]
+        for line in out.splitlines()
+        if line.lstrip().startswith("│")
+    ]
+
+
+def test_plan_tables_with_a_clients_file(tmp_path: Path) -> None:
+    clients = tmp_path / "clients.toml"
+    clients.write_text(
+        '[[client]]\nprocess_id = "alpha"\ncapacity = 1\n'
+        'prev_active = ["0_0", "1_0"]\nprev_standby = ["0_1"]\n\n'
+        '[[client]]\nprocess_id = "beta"\ncapacity = 2\n'
+        'prev_active = ["0_1", "1_1"]\nprev_standby = ["0_0"]\nlags = { "0_0" = 0 }\n'
+    )
+    # Wide and colourless whatever the terminal of the test run, so that rows are not wrapped.
+    result = CliRunner().invoke(
+        main,
+        [
+            "plan",
+            ORDERS,
+            "--clients",
+            str(clients),
+            "-p",
+            "orders=2,customers=2,returns=3",
+            "--standbys",
+            "1",
+        ],
+        env={"COLUMNS": "160", "FORCE_COLOR": None, "TTY_COMPATIBLE": None},
+    )
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "Tasks of orders-enricher (5)" in out
+    rows = table_rows(out)
+    assert ["0_0", "customers[0], orders[0]"] in rows
+    assert ["1_2", "returns[2]"] in rows
+    # One row per client id: threads, actives, standbys (count: ids), per-thread loads. Both keep
+    # their previous tasks; the new task 1_2 goes to beta, which has two threads.
+    assert ["alpha", "1", "2: 0_0, 1_0", "1: 0_1", "3"] in rows
+    assert ["beta", "2", "3: 0_1, 1_1, 1_2", "1: 0_0", "2/2"] in rows
+    metrics = {r[0]: r[1] for r in rows if len(r) == 2}
+    assert metrics["tasks / clients"] == "5 / 2"
+    assert metrics["actives balanced (floor/ceil of capacity share)"] == "yes"
+    assert metrics["moves / lower bound"] == "0 / 0"
+    assert metrics["standbys placed / required"] == "2 / 2"
+    assert metrics["previous standbys kept / dropped"] == "2 / 0"
+    assert metrics["takeovers warm / cold"] == "0 / 0"
+
+
+@pytest.mark.parametrize(
+    ("topology", "partitions", "named"),
+    [
+        (ORDERS, "nosuch=3", "unknown topic(s) nosuch:"),
+        (ORDERS, "orders=12,zz=1,customers=12,aa=2", "unknown topic(s) aa, zz:"),
+        (
+            CLICKSTREAM,
+            "clickstream-user-sessions-repartition=3",
+            "repartition topic(s) clickstream-user-sessions-repartition",
+        ),
+    ],
+)
+def test_plan_rejects_partitions_of_topics_the_topology_lacks(
+    topology: str, partitions: str, named: str
+) -> None:
+    code, out = plan(topology, "--num-clients", "2", "-p", partitions)
+    assert code == 2, out
+    assert "Invalid value for '--partitions'" in out
+    assert named in out
+    externals = "customers, orders, returns" if topology == ORDERS else "clicks, user-profiles"
+    assert f"external source topics only: {externals}" in out
 
 
 @pytest.mark.parametrize(
