@@ -60,7 +60,7 @@ def test_actives_within_floor_and_ceiling_of_capacity_share(inputs: Inputs) -> N
 
 @given(assignment_inputs())
 def test_total_load_balanced_where_one_copy_rule_allows(inputs: Inputs) -> None:
-    """A client above its load ceiling could not give a standby to one below its floor."""
+    """A client above its load ceiling could not give a standby to one below its ceiling."""
     tasks, clients, replicas, _ = inputs
     result = run(inputs)
     copies = min(replicas, len(clients) - 1)
@@ -73,7 +73,7 @@ def test_total_load_balanced_where_one_copy_rule_allows(inputs: Inputs) -> None:
         )
     )
     over = [p for p, a in result.items() if a.load > max(bounds[p][1], len(a.active))]
-    under = [p for p, a in result.items() if a.load < bounds[p][0]]
+    under = [p for p, a in result.items() if a.load < bounds[p][1]]
     for x in over:
         for y in under:
             held = result[y].active | result[y].standby
@@ -305,11 +305,14 @@ def test_deterministic_whatever_the_input_order(inputs: Inputs, rnd: random.Rand
             prev_active=rnd.sample(sorted(c.prev_active), len(c.prev_active)),
             prev_standby=rnd.sample(sorted(c.prev_standby), len(c.prev_standby)),
             lags=dict(rnd.sample(sorted(c.lags.items()), len(c.lags))),
+            rack=c.rack,
+            tags=dict(rnd.sample(sorted(c.tags.items()), len(c.tags))),
         )
         for c in rnd.sample(clients, len(clients))
     ]
     shuffled_tasks = rnd.sample(tasks, len(tasks))
-    got = StickyTaskAssignor(replicas).assign(shuffled_tasks, shuffled_clients, stateful)
+    shuffled_stateful = None if stateful is None else rnd.sample(stateful, len(stateful))
+    got = StickyTaskAssignor(replicas).assign(shuffled_tasks, shuffled_clients, shuffled_stateful)
     assert got == expected
 
 
