@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,20 +13,35 @@ from streamassign.threads import distribute_to_threads
 
 from .strategies import task_sets
 
+thread_ids = st.text("xyz", min_size=1, max_size=3)
+
 
 @st.composite
 def client_work(draw: st.DrawFn) -> tuple[ClientAssignment, list[str], set[TaskId]]:
     tasks = draw(task_sets())
     kinds = draw(st.lists(st.sampled_from("asw-"), min_size=len(tasks), max_size=len(tasks)))
     pick = lambda k: frozenset(t for t, kind in zip(tasks, kinds, strict=True) if kind == k)  # noqa: E731
-    threads = draw(
-        st.lists(st.text("xyz", min_size=1, max_size=3), min_size=1, max_size=6, unique=True)
-    )
+    threads = draw(st.lists(thread_ids, min_size=1, max_size=6, unique=True))
     stateful = set(draw(st.lists(st.sampled_from(tasks), unique=True)))
     return ClientAssignment(pick("a"), pick("s"), pick("w")), threads, stateful
 
 
+Rebalance = tuple[ClientAssignment, list[str], set[TaskId], dict[str, frozenset[TaskId]]]
+
+
+@st.composite
+def rebalances(draw: st.DrawFn) -> Rebalance:
+    """Client work plus what its threads (some gone since, some new) had after an earlier run."""
+    old_assignment, _, _ = draw(client_work())
+    assignment, threads, stateful = draw(client_work())
+    old_threads = draw(st.lists(st.sampled_from(threads) | thread_ids, min_size=1, unique=True))
+    previous = distribute_to_threads(old_assignment, old_threads, stateful=stateful)
+    prev = {th: a.active | a.standby | a.warmup for th, a in previous.items()}
+    return assignment, threads, stateful, prev
+
+
 def categories(a: ClientAssignment, stateful: set[TaskId]) -> list[frozenset[TaskId]]:
+    """Stateful actives, standbys and warmups, stateless actives: the order they are placed in."""
     return [a.active & stateful, a.standby | a.warmup, a.active - stateful]
 
 
@@ -36,6 +53,20 @@ def check_balanced(
     for k in range(3):
         counts = [len(categories(a, stateful)[k]) for a in out.values()]
         assert max(counts) - min(counts) <= 1, k
+
+
+def per_category(
+    assignment: ClientAssignment, stateful: set[TaskId], out: dict[str, ClientAssignment]
+) -> list[tuple[frozenset[TaskId], dict[str, frozenset[TaskId]], dict[str, int]]]:
+    """For each category in placement order: its tasks, each thread's share, its load before."""
+    so_far = dict.fromkeys(out, 0)
+    rows = []
+    for k, cat in enumerate(categories(assignment, stateful)):
+        got = {th: categories(a, stateful)[k] for th, a in out.items()}
+        rows.append((cat, got, dict(so_far)))
+        for th in out:
+            so_far[th] += len(got[th])
+    return rows
 
 
 @given(client_work())
@@ -61,46 +92,75 @@ def test_totals_and_categories_differ_by_at_most_one(
     )
 
 
-@given(client_work(), client_work(), st.data())
-def test_sticky_when_balance_allows(
-    before: tuple[ClientAssignment, list[str], set[TaskId]],
-    now: tuple[ClientAssignment, list[str], set[TaskId]],
-    data: st.DataObject,
-) -> None:
-    """A thread that lost a task the client still has in the same role is at its quota."""
-    old_assignment, _, _ = before
-    assignment, threads, stateful = now
-    old_threads = data.draw(st.lists(st.sampled_from(threads), min_size=1, unique=True))
-    previous = distribute_to_threads(old_assignment, old_threads, stateful=stateful)
-    prev = {th: a.active | a.standby | a.warmup for th, a in previous.items()}
+@given(rebalances())
+def test_load_carried_across_categories(work: Rebalance) -> None:
+    """A category's larger shares go to threads with no more tasks so far than the others."""
+    assignment, threads, stateful, prev = work
     out = distribute_to_threads(assignment, threads, prev, stateful)
     check_balanced(assignment, stateful, out)
-    base = [len(c) // len(threads) for c in categories(assignment, stateful)]
-    for th, had in prev.items():
-        mine = categories(out[th], stateful)
-        for k, cat in enumerate(categories(assignment, stateful)):
-            lost = (had & cat) - mine[k]
-            if lost:
-                assert len(mine[k]) >= base[k], (th, k, lost)
+    for k, (_, got, so_far) in enumerate(per_category(assignment, stateful, out)):
+        for th in threads:
+            for other in threads:
+                if len(got[other]) > len(got[th]):
+                    assert so_far[other] <= so_far[th], (k, other, th)
+
+
+def test_load_carried_in_placement_order() -> None:
+    """Stateful active to t1, standby to t2, so the stateless active goes to t1."""
+    a = ClientAssignment(
+        active=frozenset({TaskId(0, 0), TaskId(2, 0)}), standby=frozenset({TaskId(1, 0)})
+    )
+    out = distribute_to_threads(a, ["t1", "t2"], stateful=[TaskId(0, 0)])
+    assert out["t1"] == ClientAssignment(active=frozenset({TaskId(0, 0), TaskId(2, 0)}))
+    assert out["t2"] == ClientAssignment(standby=frozenset({TaskId(1, 0)}))
+
+
+@given(rebalances())
+def test_sticky_when_balance_allows(work: Rebalance) -> None:
+    """A thread that lost a previous task of a category got no new one there; any thread as
+    loaded so far that took a larger share of it had at least as many previous tasks in it."""
+    assignment, threads, stateful, prev = work
+    out = distribute_to_threads(assignment, threads, prev, stateful)
+    for k, (cat, got, so_far) in enumerate(per_category(assignment, stateful, out)):
+        had = {th: prev.get(th, frozenset()) & cat for th in threads}
+        for th in threads:
+            if had[th] <= got[th]:
+                continue
+            assert got[th] <= had[th], (k, th, got[th] - had[th])
+            for other in threads:
+                if len(got[other]) > len(got[th]) and so_far[other] == so_far[th]:
+                    assert len(had[other]) >= len(had[th]), (k, other, th)
     # Feeding the result back is a fixed point.
     again = {th: a.active | a.standby | a.warmup for th, a in out.items()}
     assert distribute_to_threads(assignment, threads, again, stateful) == out
 
 
-@given(task_sets(), st.integers(1, 6))
-def test_fresh_spreads_each_subtopology_over_threads(tasks: list[TaskId], k: int) -> None:
-    out = distribute_to_threads(
-        ClientAssignment(active=frozenset(tasks)), [f"t{i}" for i in range(k)]
-    )
-    for s in {t.subtopology for t in tasks}:
-        counts = [sum(t.subtopology == s for t in a.active) for a in out.values()]
-        assert max(counts) - min(counts) <= 1
+@given(rebalances())
+def test_kept_tasks_spread_over_subtopologies(work: Rebalance) -> None:
+    """A thread that dropped previous tasks of a subtopology (in a category) kept at most one
+    more of any other subtopology there than of that one."""
+    assignment, threads, stateful, prev = work
+    out = distribute_to_threads(assignment, threads, prev, stateful)
+    for k, (cat, got, _) in enumerate(per_category(assignment, stateful, out)):
+        for th in threads:
+            had = Counter(t.subtopology for t in prev.get(th, frozenset()) & cat)
+            kept = Counter(t.subtopology for t in got[th] & prev.get(th, frozenset()))
+            for s in had:
+                if kept[s] < had[s]:
+                    assert max(kept.values(), default=0) <= kept[s] + 1, (k, th, s)
 
 
-def test_load_carried_across_categories() -> None:
-    a = ClientAssignment(active=frozenset({TaskId(0, 0)}), standby=frozenset({TaskId(1, 0)}))
-    out = distribute_to_threads(a, ["t1", "t2"])
-    assert out["t1"].active == {TaskId(0, 0)} and out["t2"].standby == {TaskId(1, 0)}
+@given(client_work())
+def test_fresh_spreads_each_subtopology_over_threads(
+    work: tuple[ClientAssignment, list[str], set[TaskId]],
+) -> None:
+    """Without history, each category's tasks of a subtopology differ by at most one per thread."""
+    assignment, threads, stateful = work
+    out = distribute_to_threads(assignment, threads, stateful=stateful)
+    for k, (cat, got, _) in enumerate(per_category(assignment, stateful, out)):
+        for s in {t.subtopology for t in cat}:
+            counts = [sum(t.subtopology == s for t in g) for g in got.values()]
+            assert max(counts) - min(counts) <= 1, (k, s)
 
 
 def test_bad_thread_lists() -> None:
