@@ -35,6 +35,12 @@ def fed_back(clients: list[ClientState], result: dict[str, ClientAssignment]) ->
     ]
 
 
+def bounds_by_client(total: int, clients: list[ClientState]) -> dict[str, tuple[int, int]]:
+    """Floor and ceiling of each client's capacity share of ``total``, by process id."""
+    bounds = share_bounds(total, [c.capacity for c in clients])
+    return dict(zip((c.process_id for c in clients), bounds, strict=True))
+
+
 def stateful_of(inputs: Inputs) -> set[TaskId]:
     tasks, _, _, stateful = inputs
     return set(tasks) if stateful is None else set(stateful)
@@ -65,13 +71,7 @@ def test_total_load_balanced_where_one_copy_rule_allows(inputs: Inputs) -> None:
     result = run(inputs)
     copies = min(replicas, len(clients) - 1)
     total = len(tasks) + copies * len(stateful_of(inputs))
-    bounds = dict(
-        zip(
-            (c.process_id for c in clients),
-            share_bounds(total, [c.capacity for c in clients]),
-            strict=True,
-        )
-    )
+    bounds = bounds_by_client(total, clients)
     over = [p for p, a in result.items() if a.load > max(bounds[p][1], len(a.active))]
     under = [p for p, a in result.items() if a.load < bounds[p][1]]
     for x in over:
@@ -119,13 +119,7 @@ def cold_orphans_beside_roomy_holders(
     its floor while one of their standby holders stayed below its own ceiling: handing that
     ceiling to the holder instead would have taken the orphan over warm, at no cost in moves
     or balance. Each as (task, owner, holder)."""
-    bounds = dict(
-        zip(
-            [c.process_id for c in clients],
-            share_bounds(len(tasks), [c.capacity for c in clients]),
-            strict=True,
-        )
-    )
+    bounds = bounds_by_client(len(tasks), clients)
     claimed = {t for c in clients for t in c.prev_active}
     owner = {t: p for p, a in result.items() for t in a.active}
     found = []
@@ -268,13 +262,7 @@ def assert_previous_standbys_stay(inputs: Inputs) -> None:
     stateful = stateful_of(inputs)
     copies = min(replicas, len(clients) - 1)
     total = len(tasks) + copies * len(stateful)
-    bounds = dict(
-        zip(
-            (c.process_id for c in clients),
-            share_bounds(total, [c.capacity for c in clients]),
-            strict=True,
-        )
-    )
+    bounds = bounds_by_client(total, clients)
     holders_of = {t: {c.process_id for c in clients if t in c.prev_standby} for t in stateful}
     for c in clients:
         a = result[c.process_id]
