@@ -34,6 +34,20 @@ class TaskId(NamedTuple):
         return cls(int(head), int(tail))
 
 
+def as_task(value: TaskId | tuple[int, int] | list[int] | str) -> TaskId:
+    """``value`` as a ``TaskId``: a ``TaskId`` as is, a ``(subtopology, partition)`` pair, or
+    ``"s_p"`` text; ``TypeError`` naming anything else (``ValueError`` for malformed text)."""
+    if type(value) is TaskId:
+        return value
+    if isinstance(value, str):
+        return TaskId.parse(value)
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return TaskId(*value)
+    raise TypeError(
+        f"not a task id: {value!r} (expected TaskId, (subtopology, partition) or 's_p')"
+    )
+
+
 class TopicPartition(NamedTuple):
     """A topic partition; equal to (and interchangeable with) aiokafka's ``TopicPartition``."""
 

@@ -25,7 +25,7 @@ from operator import add, attrgetter, ge, gt, is_not, itemgetter, lt, mul, neg, 
 import attrs
 
 from ._balance import _FLOOR, apportion, deal, level_order, share_bounds, standby_targets
-from ._ids import TaskId
+from ._ids import TaskId, as_task
 from ._standby_queue import StandbyQueue
 from .assignment import ClientAssignment, ClientState
 
@@ -62,7 +62,7 @@ def _first(tasks: frozenset[TaskId], k: int) -> frozenset[TaskId]:
 
 
 def _task_id(t: TaskId) -> TaskId:
-    return t if type(t) is TaskId else TaskId(*t)
+    return t if type(t) is TaskId else as_task(t)
 
 
 def assign_sets(
@@ -360,7 +360,66 @@ def _standbys(
                 added.setdefault(ci, []).append(t)
         for ci, ts in added.items():
             standby[ci] = standby[ci].union(ts)
+        _return_dropped(prev_standby, active, standby, load_floors, added, gave_up)
     return standby
+
+
+def _return_dropped(
+    prev_standby: Sequence[frozenset[TaskId]],
+    active: Sequence[frozenset[TaskId]],
+    standby: list[frozenset[TaskId]],
+    bounds: Sequence[tuple[int, int]],
+    added: dict[int, list[TaskId]],
+    gave_up: dict[TaskId, int],
+) -> None:
+    """``_Run._return_dropped_standbys`` (no client is below its floor here): a client below
+    its load ceiling takes back a previous standby it dropped from a client that got a copy
+    without state of it and is above its load floor (the first such in client order), in
+    client order, then task order, until it reaches its ceiling; passes until one moves
+    nothing."""
+    load = list(map(add, map(len, active), map(len, standby)))
+    fresh: dict[TaskId, list[int]] = {}  # task -> clients holding a copy without its state
+    above = False
+    for d in sorted(added):
+        for t in added[d]:
+            if t not in prev_standby[d] and gave_up.get(t) != d:
+                fresh.setdefault(t, []).append(d)
+                above = above or load[d] > bounds[d][0]
+    if not above:
+        return  # the first copy back needs a holder above its floor
+    # What each client held before and dropped, of those tasks (fixed while copies go back).
+    lost: dict[int, list[TaskId]] = {}
+    for t, hs in _holders(prev_standby, frozenset(fresh), range(len(standby))).items():
+        for ci in hs:
+            if t not in standby[ci] and t not in active[ci]:
+                lost.setdefault(ci, []).append(t)
+    if not lost:
+        return
+    back = []
+    for ci in sorted(lost):
+        back.append((ci, sorted(lost[ci])))
+    again = True
+    while again:
+        again = False
+        for ci, ts in back:
+            ceiling = bounds[ci][1]
+            if load[ci] >= ceiling:
+                continue
+            for t in ts:
+                if t in standby[ci]:
+                    continue  # taken back in an earlier pass
+                holders = fresh[t]
+                for d in holders:
+                    if load[d] > bounds[d][0]:
+                        holders.remove(d)
+                        standby[d] = standby[d] - {t}
+                        standby[ci] = standby[ci] | {t}
+                        load[d] -= 1
+                        load[ci] += 1
+                        again = True
+                        break
+                if load[ci] >= ceiling:
+                    break
 
 
 @attrs.frozen

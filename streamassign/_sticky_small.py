@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ._balance import deal, level_order, standby_targets
-from ._ids import TaskId
+from ._ids import TaskId, as_task
 from .assignment import ClientAssignment, ClientState
 
 #: Most tasks this path takes. Beyond this, the set path's per-client set work is cheaper: on
@@ -38,13 +38,19 @@ def assign_small(
 ) -> dict[str, ClientAssignment] | None:
     """The set path's assignment of ``clients`` (sorted by process id), or ``None`` to decline."""
     m = len(clients)
-    tl = sorted(tasks)
+    try:
+        tl = sorted(tasks)
+    except TypeError:
+        for t in tasks:
+            as_task(t)  # a TypeError naming what is not a task id
+        raise
     n = len(tl)
     if not m or n > SMALL:
         return None
     for t in tl:
         if type(t) is not TaskId:
-            return None  # plain tuples: the set path converts them
+            as_task(t)  # likewise
+            return None  # plain pairs: the set path converts them
     pos = dict(zip(tl, range(n), strict=True))
     if len(pos) != n:
         return None  # a task given twice
@@ -461,6 +467,64 @@ def _standbys(
     for ci in range(m):
         if added[ci]:
             kept[ci] = _kept(kept, sbs, ci) + added[ci]
+    # ``_sticky_sets._return_dropped``: a client below its load ceiling takes back a previous
+    # standby it dropped from a client that got a copy without state of it, above its floor
+    # (none while every such holder is at its floor: the first copy back needs one above it).
+    load = []
+    for ci in range(m):
+        kc = kept[ci]
+        load.append(n_active[ci] + len(sbs[ci] if kc is None else kc))
+    fresh: dict[int, list[int]] = {}
+    above = False
+    for d in range(m):
+        if added[d]:
+            for i in added[d]:
+                if d not in (hold[i] or ()) and gave_up.get(i) != d:
+                    h = fresh.get(i)
+                    if h is None:
+                        fresh[i] = [d]
+                    else:
+                        h.append(d)
+                    if not above:
+                        above = load[d] > total * caps[d] // whole
+    if above:
+        # What each client held before and dropped, of those tasks (fixed while copies go back).
+        lost: dict[int, list[int]] = {}
+        for i in fresh:
+            for ci in hold[i] or ():
+                mine = kept[ci]
+                if mine is not None and owner[i] != ci and i not in mine:
+                    ts = lost.get(ci)
+                    if ts is None:
+                        lost[ci] = [i]
+                    else:
+                        ts.append(i)
+        if lost:
+            back = sorted(lost)
+            for ci in back:
+                lost[ci].sort()
+            again = True
+            while again:
+                again = False
+                for ci in back:
+                    if load[ci] * whole >= total * caps[ci]:
+                        continue  # at its ceiling
+                    mine = _kept(kept, sbs, ci)
+                    for i in lost[ci]:
+                        if i in mine:
+                            continue  # taken back in an earlier pass
+                        holders = fresh[i]
+                        for d in holders:
+                            if load[d] > total * caps[d] // whole:
+                                holders.remove(d)
+                                _kept(kept, sbs, d).remove(i)
+                                mine.append(i)
+                                load[d] -= 1
+                                load[ci] += 1
+                                again = True
+                                break
+                        if load[ci] * whole >= total * caps[ci]:
+                            break
     return kept
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from ._ids import TaskId
+from ._ids import TaskId, as_task
 
 
 def _task_set(value: Iterable[TaskId | str]) -> frozenset[TaskId]:
@@ -19,7 +19,7 @@ def _task_set(value: Iterable[TaskId | str]) -> frozenset[TaskId]:
     # is; checking types costs a fifth of rebuilding every id.
     if type(value) is frozenset and all(type(t) is TaskId for t in value):
         return value
-    return frozenset(TaskId.parse(t) if isinstance(t, str) else TaskId(*t) for t in value)
+    return frozenset(map(as_task, value))
 
 
 def _lag_map(value: Mapping[Any, int]) -> Mapping[TaskId, int]:
@@ -29,7 +29,7 @@ def _lag_map(value: Mapping[Any, int]) -> Mapping[TaskId, int]:
         return dict(value)  # already in converted form: a copy, so nothing aliases it
     out: dict[TaskId, int] = {}
     for task, lag in value.items():
-        tid = TaskId.parse(task) if isinstance(task, str) else TaskId(*task)
+        tid = as_task(task)
         if not isinstance(lag, int) or isinstance(lag, bool) or lag < 0:
             raise ValueError(f"lag of task {tid} must be an int >= 0, got {lag!r}")
         out[tid] = lag
@@ -38,6 +38,11 @@ def _lag_map(value: Mapping[Any, int]) -> Mapping[TaskId, int]:
 
 def _tag_map(value: Mapping[str, str]) -> dict[str, str]:
     return dict(value)
+
+
+def _text_id(instance: Any, attribute: Any, value: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"process_id must be a str (the member's process id), got {value!r}")
 
 
 def _positive_capacity(instance: Any, attribute: Any, value: int) -> None:
@@ -58,7 +63,7 @@ class ClientState:
     where it runs, for rack- and tag-aware standby placement.
     """
 
-    process_id: str
+    process_id: str = attrs.field(validator=_text_id)
     capacity: int = attrs.field(default=1, validator=_positive_capacity)
     prev_active: frozenset[TaskId] = attrs.field(default=frozenset(), converter=_task_set)
     prev_standby: frozenset[TaskId] = attrs.field(default=frozenset(), converter=_task_set)

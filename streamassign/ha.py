@@ -51,7 +51,7 @@ from typing import Any, Final
 import attrs
 
 from ._balance import share_bounds
-from ._ids import TaskId
+from ._ids import TaskId, as_task
 from .assignment import ClientAssignment, ClientState
 from .sticky import StickyTaskAssignor, _tag_keys, resolve_previous_owners
 
@@ -137,9 +137,9 @@ class HighAvailabilityTaskAssignor:
         ``StickyTaskAssignor.assign``. Raises ``ValueError`` as that does (duplicate process
         ids, tasks without clients).
         """
-        task_list = sorted({t if type(t) is TaskId else TaskId(*t) for t in tasks})
+        task_list = sorted({as_task(t) for t in tasks})
         client_list = sorted(clients, key=lambda c: c.process_id)
-        stateful_list = task_list if stateful is None else [TaskId(*t) for t in stateful]
+        stateful_list = task_list if stateful is None else [as_task(t) for t in stateful]
         sticky = StickyTaskAssignor(
             self.num_standby_replicas,
             self.acceptable_recovery_lag,

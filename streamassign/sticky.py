@@ -33,7 +33,7 @@ from typing import Final
 import attrs
 
 from ._balance import apportion, deal, level_order, share_bounds, standby_targets
-from ._ids import TaskId
+from ._ids import TaskId, as_task
 from ._standby_queue import StandbyQueue
 from ._sticky_sets import _PROCESS_ID, assign_sets
 from ._sticky_small import assign_small
@@ -120,12 +120,19 @@ class StickyTaskAssignor:
         ``stateful=None`` treats every task as stateful. ``task_racks``, the rack of the
         leaders of each task's partitions, makes tasks that need a new client prefer one in
         that rack (cross-rack traffic, KIP-925) without changing how many any client gets.
+        Tasks may also be given as ``"s_p"`` text or ``(subtopology, partition)`` pairs.
         Raises ``ValueError`` for duplicate process ids, or for tasks with no client.
         """
-        if not isinstance(tasks, (frozenset, set, list, tuple)):
-            tasks = list(tasks)
-        if stateful is not None and not isinstance(stateful, (frozenset, set, list, tuple)):
-            stateful = list(stateful)
+        # Other iterables, and "s_p" text (judged by one element), become TaskId lists.
+        if not isinstance(tasks, (frozenset, set, list, tuple)) or (
+            tasks and type(next(iter(tasks))) is str
+        ):
+            tasks = list(map(as_task, tasks))
+        if stateful is not None and (
+            not isinstance(stateful, (frozenset, set, list, tuple))
+            or (stateful and type(next(iter(stateful))) is str)
+        ):
+            stateful = list(map(as_task, stateful))
         ordered = sorted(clients, key=_PROCESS_ID)
         if not task_racks:
             quick = assign_small(tasks, ordered, stateful, self.num_standby_replicas)
@@ -160,7 +167,7 @@ class _Run:
         self.acceptable_lag = acceptable_recovery_lag
         self.rack_aware_tags = rack_aware_tags
         self.task_racks = task_racks or {}
-        self.tasks: list[TaskId] = sorted({t if type(t) is TaskId else TaskId(*t) for t in tasks})
+        self.tasks: list[TaskId] = sorted({as_task(t) for t in tasks})
         self.clients: list[ClientState] = sorted(clients, key=lambda c: c.process_id)
         for a, b in pairwise(self.clients):
             if a.process_id == b.process_id:
@@ -174,7 +181,7 @@ class _Run:
         else:
             self.stateful = [False] * n
             for t in stateful:
-                i = self.index.get(TaskId(*t))
+                i = self.index.get(as_task(t))
                 if i is not None:
                     self.stateful[i] = True
         self.replicas = min(num_standby_replicas, max(0, len(self.clients) - 1))
@@ -519,40 +526,47 @@ class _Run:
                 self.standby[ci].append(slot // r)
 
     def _return_dropped_standbys(self, copies: list[int]) -> None:
-        """Give a client below its load floor back a previous standby it lost to a client that
-        never held it, when that client ends no further below its own floor than the first
-        was: the shortfall stays where it was, and no standby state is thrown away for it.
-        Targets are set per client, so when floors cannot all be met a tie may have cut the
-        wrong one; this repairs that after placement."""
+        """Give a client a previous standby it lost to a client with no state of that task,
+        where balance allows: the holder stays at or above its load floor and the first client
+        below its ceiling, or (when floors cannot all be met) the holder ends no further below
+        its floor than the first was. Targets are set per client from counts, so a tie or the
+        one-copy rule can give the ceiling to the wrong client; this repairs that after
+        placement, and no standby state is thrown away for it. Passes in client order until
+        one moves nothing (each move keeps one more copy of state, so that ends)."""
         r, clients, index, owner = self.replicas, self.clients, self.index, self.owner
         caps = [c.capacity for c in clients]
         load = [len(a) for a in self.active]
         for ci in copies:
             if ci >= 0:
                 load[ci] += 1
-        floors = [lo for lo, _ in share_bounds(sum(load), caps)]
-        for ci, c in enumerate(clients):
-            if load[ci] >= floors[ci] or not c.prev_standby:
-                continue
-            for t in sorted(c.prev_standby):
-                i = index.get(t)
-                if i is None or not self.stateful[i] or owner[i] == ci:
+        bounds = share_bounds(sum(load), caps)
+        again = True  # a holder that gave a copy back may now take one back itself
+        while again:
+            again = False
+            for ci, c in enumerate(clients):
+                floor, ceiling = bounds[ci]
+                if load[ci] >= ceiling or not c.prev_standby:
                     continue
-                held = copies[i * r : (i + 1) * r]
-                if ci in held:
-                    continue
-                for k, d in enumerate(held):
-                    if (
-                        d >= 0
-                        and t not in clients[d].prev_standby
-                        and floors[d] - (load[d] - 1) <= floors[ci] - load[ci]
-                    ):
-                        copies[i * r + k] = ci
-                        load[ci] += 1
-                        load[d] -= 1
+                for t in sorted(c.prev_standby):
+                    i = index.get(t)
+                    if i is None or not self.stateful[i] or owner[i] == ci:
+                        continue
+                    held = copies[i * r : (i + 1) * r]
+                    if ci in held:
+                        continue
+                    for d, k in sorted(zip(held, range(r), strict=True)):  # client order
+                        if d < 0 or clients[d].has_state(t):
+                            continue
+                        if load[d] > bounds[d][0] or (
+                            load[ci] < floor and bounds[d][0] - (load[d] - 1) <= floor - load[ci]
+                        ):
+                            copies[i * r + k] = ci
+                            load[ci] += 1
+                            load[d] -= 1
+                            again = True
+                            break
+                    if load[ci] >= ceiling:
                         break
-                if load[ci] >= floors[ci]:
-                    break
 
     def _place_by_swap(
         self, slot: int, copies: list[int], room: list[int], placed: set[int]

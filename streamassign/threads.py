@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
 
 from ._balance import deal, level_order
-from ._ids import TaskId
+from ._ids import TaskId, as_task
 from .assignment import ClientAssignment
 
 
@@ -41,7 +41,7 @@ def distribute_to_threads(
     prev: dict[TaskId, int] = {}
     for th, name in reversed(list(enumerate(names))):
         for t in (previous or {}).get(name, ()):
-            prev[TaskId(*t)] = th
+            prev[as_task(t)] = th
 
     def is_stateful(t: TaskId) -> bool:
         return stateful_set is None or t in stateful_set
