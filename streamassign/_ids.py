@@ -7,6 +7,8 @@ slower in our measurement). They are immutable and ordered like a frozen attrs c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from operator import index
 from typing import NamedTuple
 
 
@@ -34,15 +36,19 @@ class TaskId(NamedTuple):
         return cls(int(head), int(tail))
 
 
-def as_task(value: TaskId | tuple[int, int] | list[int] | str) -> TaskId:
-    """``value`` as a ``TaskId``: a ``TaskId`` as is, a ``(subtopology, partition)`` pair, or
-    ``"s_p"`` text; ``TypeError`` naming anything else (``ValueError`` for malformed text)."""
+def as_task(value: TaskId | Sequence[int] | str) -> TaskId:
+    """``value`` as a ``TaskId``: a ``TaskId`` as is, ``"s_p"`` text, or any pair of integers
+    (a tuple, a list, a numpy row); ``TypeError`` naming anything else (``ValueError`` for
+    malformed text)."""
     if type(value) is TaskId:
         return value
     if isinstance(value, str):
         return TaskId.parse(value)
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        return TaskId(*value)
+    try:
+        subtopology, partition = value
+        return TaskId(index(subtopology), index(partition))
+    except (TypeError, ValueError):
+        pass
     raise TypeError(
         f"not a task id: {value!r} (expected TaskId, (subtopology, partition) or 's_p')"
     )

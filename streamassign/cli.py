@@ -58,6 +58,8 @@ def load_clients(path: str | Path) -> list[ClientState]:
             raise ValueError(f"{label}: unknown keys {bad}; allowed: {list(_CLIENT_KEYS)}")
         if "process_id" not in table:
             raise ValueError(f"{label}: process_id is required")
+        if type(table["process_id"]) is int:  # `process_id = 1` in TOML: read as text
+            table = {**table, "process_id": str(table["process_id"])}
         try:
             clients.append(ClientState(**table))
         except (TypeError, ValueError) as exc:

@@ -50,6 +50,9 @@ def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int)
         raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
 
 
+_ID_TYPES = (TaskId, tuple)  # task ids the fast paths take as they are
+
+
 def _tag_keys(value: Iterable[str] | None) -> tuple[str, ...] | None:
     return None if value is None else tuple(value)
 
@@ -123,14 +126,15 @@ class StickyTaskAssignor:
         Tasks may also be given as ``"s_p"`` text or ``(subtopology, partition)`` pairs.
         Raises ``ValueError`` for duplicate process ids, or for tasks with no client.
         """
-        # Other iterables, and "s_p" text (judged by one element), become TaskId lists.
+        # Other iterables, and collections of anything but TaskIds or tuples (text, lists:
+        # judged by one element), become TaskId lists.
         if not isinstance(tasks, (frozenset, set, list, tuple)) or (
-            tasks and type(next(iter(tasks))) is str
+            tasks and type(next(iter(tasks))) not in _ID_TYPES
         ):
             tasks = list(map(as_task, tasks))
         if stateful is not None and (
             not isinstance(stateful, (frozenset, set, list, tuple))
-            or (stateful and type(next(iter(stateful))) is str)
+            or (stateful and type(next(iter(stateful))) not in _ID_TYPES)
         ):
             stateful = list(map(as_task, stateful))
         ordered = sorted(clients, key=_PROCESS_ID)
@@ -520,20 +524,34 @@ class _Run:
             placed.add(slot)
         if queue.aware:
             self._exchange_for_racks(need, copies, queue)
-        self._return_dropped_standbys(copies)
+        self._return_dropped_standbys(copies, placed)
         for slot, ci in enumerate(copies):
             if ci >= 0:
                 self.standby[ci].append(slot // r)
 
-    def _return_dropped_standbys(self, copies: list[int]) -> None:
+    def _return_dropped_standbys(self, copies: list[int], placed: set[int]) -> None:
         """Give a client a previous standby it lost to a client with no state of that task,
         where balance allows: the holder stays at or above its load floor and the first client
         below its ceiling, or (when floors cannot all be met) the holder ends no further below
         its floor than the first was. Targets are set per client from counts, so a tie or the
         one-copy rule can give the ceiling to the wrong client; this repairs that after
         placement, and no standby state is thrown away for it. Passes in client order until
-        one moves nothing (each move keeps one more copy of state, so that ends)."""
-        r, clients, index, owner = self.replicas, self.clients, self.index, self.owner
+        one moves nothing (each move keeps one more copy of state, so that ends). Only copies
+        placed in this run (``placed``) can lack state, so only their tasks are looked at."""
+        r, clients, tasks, owner = self.replicas, self.clients, self.tasks, self.owner
+        # Per client, the tasks it held a standby of, lost, and now see on a client without
+        # state of them (in task order).
+        lost: dict[int, list[int]] = {}
+        for i in sorted({slot // r for slot in placed}):
+            t = tasks[i]
+            held = copies[i * r : (i + 1) * r]
+            if all(d < 0 or clients[d].has_state(t) for d in held):
+                continue
+            for ci in self.warm.get(i, ()):
+                if ci != owner[i] and ci not in held and t in clients[ci].prev_standby:
+                    lost.setdefault(ci, []).append(i)
+        if not lost:
+            return
         caps = [c.capacity for c in clients]
         load = [len(a) for a in self.active]
         for ci in copies:
@@ -543,17 +561,15 @@ class _Run:
         again = True  # a holder that gave a copy back may now take one back itself
         while again:
             again = False
-            for ci, c in enumerate(clients):
+            for ci in sorted(lost):
                 floor, ceiling = bounds[ci]
-                if load[ci] >= ceiling or not c.prev_standby:
+                if load[ci] >= ceiling:
                     continue
-                for t in sorted(c.prev_standby):
-                    i = index.get(t)
-                    if i is None or not self.stateful[i] or owner[i] == ci:
-                        continue
+                for i in lost[ci]:
+                    t = tasks[i]
                     held = copies[i * r : (i + 1) * r]
                     if ci in held:
-                        continue
+                        continue  # taken back in an earlier pass
                     for d, k in sorted(zip(held, range(r), strict=True)):  # client order
                         if d < 0 or clients[d].has_state(t):
                             continue

@@ -156,3 +156,9 @@ def test_clients_file(tmp_path: Path) -> None:
         load_clients(bad)
     code, out = plan(ORDERS, "--clients", str(bad))
     assert code != 0 and "capacity must be an int >= 1" in out
+    numbered = tmp_path / "numbered.toml"
+    numbered.write_text("[[client]]\nprocess_id = 7\n")
+    assert load_clients(numbered) == [ClientState("7")]
+    bad.write_text("[[client]]\nprocess_id = 1.5\n")
+    with pytest.raises(ValueError, match=r"client #1 \(1.5\): process_id must be a str"):
+        load_clients(bad)

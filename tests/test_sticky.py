@@ -530,12 +530,17 @@ def test_wrong_types_name_the_offender(make: object, message: str) -> None:
 
 
 def test_tasks_given_as_text_read_like_client_history() -> None:
-    """``"s_p"`` text is read for tasks and stateful tasks, as ``ClientState`` reads it."""
-    clients = [ClientState("a"), ClientState("b", prev_active=["0_1"], prev_standby=["0_0"])]
-    text = StickyTaskAssignor(1).assign(["0_0", "0_1"], clients, stateful=["0_1"])
-    ids = StickyTaskAssignor(1).assign([TaskId(0, 0), TaskId(0, 1)], clients, [TaskId(0, 1)])
-    assert text == ids
-    assert text["b"].active == {TaskId(0, 1)} and text["a"].standby == {TaskId(0, 1)}
+    """``"s_p"`` text and plain pairs are read for tasks and stateful tasks, as
+    ``ClientState`` reads them, on the fast paths (a clean history) and the general one."""
+    for b in (
+        ClientState("b", prev_active=["0_1"], prev_standby=["0_0"]),  # general: 0_0 stateless
+        ClientState("b", prev_active=["0_1"]),  # small path
+    ):
+        clients = [ClientState("a"), b]
+        ids = StickyTaskAssignor(1).assign([TaskId(0, 0), TaskId(0, 1)], clients, [TaskId(0, 1)])
+        assert ids["b"].active == {TaskId(0, 1)} and ids["a"].standby == {TaskId(0, 1)}
+        for tasks, stateful in ((["0_0", "0_1"], ["0_1"]), ([[0, 0], [0, 1]], [[0, 1]])):
+            assert StickyTaskAssignor(1).assign(tasks, clients, stateful) == ids
 
 
 @given(assignment_inputs())
