@@ -541,13 +541,20 @@ class _Run:
         r, clients, tasks, owner = self.replicas, self.clients, self.tasks, self.owner
         # Per client, the tasks it held a standby of, lost, and now see on a client without
         # state of them (in task order).
+        warm = self.warm
+        if not warm:
+            return  # no client has state of any task (a fresh group)
+        fresh = set()
+        for slot in placed:
+            if slot // r in warm:
+                fresh.add(slot // r)
         lost: dict[int, list[int]] = {}
-        for i in sorted({slot // r for slot in placed}):
+        for i in sorted(fresh):
             t = tasks[i]
             held = copies[i * r : (i + 1) * r]
             if all(d < 0 or clients[d].has_state(t) for d in held):
                 continue
-            for ci in self.warm.get(i, ()):
+            for ci in warm[i]:
                 if ci != owner[i] and ci not in held and t in clients[ci].prev_standby:
                     lost.setdefault(ci, []).append(i)
         if not lost:
