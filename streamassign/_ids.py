@@ -48,10 +48,9 @@ def as_task(value: TaskId | Sequence[int] | str) -> TaskId:
         subtopology, partition = value
         return TaskId(index(subtopology), index(partition))
     except (TypeError, ValueError):
-        pass
-    raise TypeError(
-        f"not a task id: {value!r} (expected TaskId, (subtopology, partition) or 's_p')"
-    )
+        raise TypeError(
+            f"not a task id: {value!r} (expected TaskId, (subtopology, partition) or 's_p')"
+        ) from None
 
 
 class TopicPartition(NamedTuple):

@@ -61,10 +61,6 @@ def _first(tasks: frozenset[TaskId], k: int) -> frozenset[TaskId]:
     return frozenset(sorted(tasks)[:k])
 
 
-def _task_id(t: TaskId) -> TaskId:
-    return t if type(t) is TaskId else as_task(t)
-
-
 def assign_sets(
     tasks: Iterable[TaskId],
     clients: Sequence[ClientState],
@@ -194,7 +190,7 @@ def _actives(
                 released.append(t)
                 gave_up[t] = ci
 
-    pool = sorted(map(_task_id, orphans.union(released)))
+    pool = sorted(map(as_task, orphans.union(released)))
     took: dict[int, list[TaskId]] = {}
     owner: dict[TaskId, int] = {}
     with_room = list(compress(range(m), room))
@@ -326,7 +322,7 @@ def _standbys(
         if gave_up:
             returning: list[tuple[bool, TaskId]] = []
             for t in short_set.intersection(gave_up):
-                returning.append((t not in receivers_run, _task_id(t)))
+                returning.append((t not in receivers_run, as_task(t)))
             returning.sort()
             for _, t in returning:
                 w = gave_up[t]
@@ -346,7 +342,7 @@ def _standbys(
         order: list[tuple[bool, int, TaskId]] = []
         for t in short_set:
             ci = owner[t]
-            order.append((room[ci] == 0, ci, _task_id(t)))
+            order.append((room[ci] == 0, ci, as_task(t)))
         order.sort()
         for _, ci_owner, t in order:
             has = held.setdefault(t, [])

@@ -467,65 +467,79 @@ def _standbys(
     for ci in range(m):
         if added[ci]:
             kept[ci] = _kept(kept, sbs, ci) + added[ci]
-    # ``_sticky_sets._return_dropped``: a client below its load ceiling takes back a previous
-    # standby it dropped from a client that got a copy without state of it, above its floor
-    # (none while every such holder is at its floor: the first copy back needs one above it).
+    _return_dropped(kept, sbs, added, hold, gave_up, owner, n_active, caps, total)
+    return kept
+
+
+def _return_dropped(
+    kept: list[list[int] | None],
+    sbs: list[list[int]],
+    added: list[list[int]],
+    hold: list[list[int] | None],
+    gave_up: dict[int, int],
+    owner: list[int],
+    n_active: list[int],
+    caps: list[int],
+    total: int,
+) -> None:
+    """``_sticky_sets._return_dropped`` on indices: a client below its load ceiling takes back
+    a previous standby it dropped from a client that got a copy without state of it, above its
+    floor; in passes until one moves nothing."""
+    m, whole = len(caps), sum(caps)
     load = []
     for ci in range(m):
         kc = kept[ci]
         load.append(n_active[ci] + len(sbs[ci] if kc is None else kc))
-    fresh: dict[int, list[int]] = {}
+    fresh: dict[int, list[int]] = {}  # task -> clients holding a copy without its state
     above = False
     for d in range(m):
-        if added[d]:
-            for i in added[d]:
-                if d not in (hold[i] or ()) and gave_up.get(i) != d:
-                    h = fresh.get(i)
-                    if h is None:
-                        fresh[i] = [d]
-                    else:
-                        h.append(d)
-                    if not above:
-                        above = load[d] > total * caps[d] // whole
-    if above:
-        # What each client held before and dropped, of those tasks (fixed while copies go back).
-        lost: dict[int, list[int]] = {}
-        for i in fresh:
-            for ci in hold[i] or ():
-                mine = kept[ci]
-                if mine is not None and owner[i] != ci and i not in mine:
-                    ts = lost.get(ci)
-                    if ts is None:
-                        lost[ci] = [i]
-                    else:
-                        ts.append(i)
-        if lost:
-            back = sorted(lost)
-            for ci in back:
-                lost[ci].sort()
-            again = True
-            while again:
-                again = False
-                for ci in back:
-                    if load[ci] * whole >= total * caps[ci]:
-                        continue  # at its ceiling
-                    mine = _kept(kept, sbs, ci)
-                    for i in lost[ci]:
-                        if i in mine:
-                            continue  # taken back in an earlier pass
-                        holders = fresh[i]
-                        for d in holders:
-                            if load[d] > total * caps[d] // whole:
-                                holders.remove(d)
-                                _kept(kept, sbs, d).remove(i)
-                                mine.append(i)
-                                load[d] -= 1
-                                load[ci] += 1
-                                again = True
-                                break
-                        if load[ci] * whole >= total * caps[ci]:
-                            break
-    return kept
+        for i in added[d]:
+            if d not in (hold[i] or ()) and gave_up.get(i) != d:
+                h = fresh.get(i)
+                if h is None:
+                    fresh[i] = [d]
+                else:
+                    h.append(d)
+                if not above:
+                    above = load[d] > total * caps[d] // whole
+    if not above:
+        return  # the first copy back needs a holder above its floor
+    # What each client held before and dropped, of those tasks (fixed while copies go back).
+    lost: dict[int, list[int]] = {}
+    for i in fresh:
+        for ci in hold[i] or ():
+            mine = kept[ci]
+            if mine is not None and owner[i] != ci and i not in mine:
+                ts = lost.get(ci)
+                if ts is None:
+                    lost[ci] = [i]
+                else:
+                    ts.append(i)
+    back = sorted(lost)
+    for ci in back:
+        lost[ci].sort()
+    again = True
+    while again:
+        again = False
+        for ci in back:
+            if load[ci] * whole >= total * caps[ci]:
+                continue  # at its ceiling
+            mine = _kept(kept, sbs, ci)
+            for i in lost[ci]:
+                if i in mine:
+                    continue  # taken back in an earlier pass
+                holders = fresh[i]
+                for d in holders:
+                    if load[d] > total * caps[d] // whole:
+                        holders.remove(d)
+                        _kept(kept, sbs, d).remove(i)
+                        mine.append(i)
+                        load[d] -= 1
+                        load[ci] += 1
+                        again = True
+                        break
+                if load[ci] * whole >= total * caps[ci]:
+                    break
 
 
 def _kept(kept: list[list[int] | None], sbs: list[list[int]], ci: int) -> list[int]:

@@ -25,7 +25,7 @@ output whatever the order of the input collections.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import partial
 from itertools import pairwise
 from typing import Final
@@ -51,6 +51,16 @@ def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int)
 
 
 _ID_TYPES = (TaskId, tuple)  # task ids the fast paths take as they are
+
+
+def _task_collection(items: Iterable[TaskId]) -> Collection[TaskId]:
+    """``items`` as is when it is a collection of TaskIds or tuples (judged by one element),
+    else a list of ``as_task`` of each: other iterables, "s_p" text, lists of pairs."""
+    if isinstance(items, (frozenset, set, list, tuple)) and (
+        not items or type(next(iter(items))) in _ID_TYPES
+    ):
+        return items
+    return list(map(as_task, items))
 
 
 def _tag_keys(value: Iterable[str] | None) -> tuple[str, ...] | None:
@@ -126,17 +136,9 @@ class StickyTaskAssignor:
         Tasks may also be given as ``"s_p"`` text or ``(subtopology, partition)`` pairs.
         Raises ``ValueError`` for duplicate process ids, or for tasks with no client.
         """
-        # Other iterables, and collections of anything but TaskIds or tuples (text, lists:
-        # judged by one element), become TaskId lists.
-        if not isinstance(tasks, (frozenset, set, list, tuple)) or (
-            tasks and type(next(iter(tasks))) not in _ID_TYPES
-        ):
-            tasks = list(map(as_task, tasks))
-        if stateful is not None and (
-            not isinstance(stateful, (frozenset, set, list, tuple))
-            or (stateful and type(next(iter(stateful))) not in _ID_TYPES)
-        ):
-            stateful = list(map(as_task, stateful))
+        tasks = _task_collection(tasks)
+        if stateful is not None:
+            stateful = _task_collection(stateful)
         ordered = sorted(clients, key=_PROCESS_ID)
         if not task_racks:
             quick = assign_small(tasks, ordered, stateful, self.num_standby_replicas)
