@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import math
 import os
 import platform
 import re
@@ -287,6 +288,8 @@ def fmt_ratio(peer: Timed[object], ours: Timed[object]) -> str:
         return f"> {peer.budget / ours.seconds:,.0f}x"
     assert peer.seconds is not None
     ratio = peer.seconds / ours.seconds
+    if ratio < 1:  # the peer was faster: two decimals, rounded down, so it never reads 1.0x
+        return f"{math.floor(ratio * 100) / 100:.2f}x"
     return f"{ratio:,.1f}x" if ratio < 100 else f"{ratio:,.0f}x"
 
 

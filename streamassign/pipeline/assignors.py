@@ -65,7 +65,7 @@ SPECS: Final[tuple[AssignorSpec, ...]] = (
         "task",
         "faust-streaming's CopartitionedAssignor, one per group of equal task counts",
         "faust",
-        "the bench extra: pip install -e '.[bench]'",
+        "pip install 'streamassign[faust]'",
     ),
     AssignorSpec("consumer:range", "consumer", "streamassign.consumer.RangeAssignor"),
     AssignorSpec("consumer:roundrobin", "consumer", "streamassign.consumer.RoundRobinAssignor"),

@@ -20,8 +20,9 @@ The availability model (``docs/pipeline.md`` has the long form), per task that c
   time, one batch per ``max(probing_interval_s, restore time)``.
 
 Note: ``StickyTaskAssignor`` computes the target assignment only; it places no warmups itself
-(that is the high-availability assignor's open issue). The warmup columns are what reaching the
-same target through warmups costs and buys under this model.
+(``streamassign.ha.HighAvailabilityTaskAssignor`` does, simulated as ``task:ha`` in the what-if
+scenarios). The warmup columns are what reaching the same target through warmups costs and buys
+under this model.
 
 Load: standbys replicate continuously (``standby_load``: standby replicas per task, averaged over
 time) and copy their changelog when placed (``bootstrap``); warmups replicate while they catch up

@@ -38,8 +38,7 @@ def test_missing_peers_are_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch) 
     got = resolve(["default"])
     assert got.names == ("task:sticky", "consumer:range", "consumer:sticky")
     assert got.notes == (
-        "faust:copartitioned skipped: faust is not installed "
-        "(the bench extra: pip install -e '.[bench]')",
+        "faust:copartitioned skipped: faust is not installed (pip install 'streamassign[faust]')",
         "aiokafka:sticky skipped: aiokafka is not installed (pip install 'streamassign[aiokafka]')",
     )
     with pytest.raises(PipelineError, match="no assignor left to run: faust:copartitioned"):
