@@ -17,6 +17,8 @@ the eligible member with the lowest load, then make improving moves until none i
 from member A to an eligible member B improves when ``(2 c_B + 1) / w_B < (2 c_A - 1) / w_A``,
 which with unit weights is KIP-54's "A has two or more partitions more than B". Each move lowers
 ``sum(c^2 / w)``, so the loop ends; partitions A got this round move before ones it owned.
+A last pass hands back partitions taken from members still in the group where that keeps
+``sum(c^2 / w)`` no higher and opens no improving move.
 """
 
 from __future__ import annotations
@@ -224,6 +226,54 @@ def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> l
             heapq.heappush(donors, (-threshold(a), a))
             heapq.heappush(donors, (-threshold(b), b))
             moved = True
+
+    # Needless moves: the greedy order can take a partition from a member still in the group
+    # that could have it back at no cost in balance (moving it back lowers or keeps
+    # sum(c^2 / w)). Hand each such partition back unless that opens an improving move: from
+    # its previous owner (now one heavier) or onto its taker (now one lighter).
+    holders: list[set[int]] = [set() for _ in problem.topics]
+    for m, by_topic in enumerate(held):
+        for t, pids in by_topic.items():
+            if pids:
+                holders[t].add(m)
+
+    def opens_a_move(a: int, b: int) -> bool:
+        if any(pids and key(lightest(t)) < threshold(a) for t, pids in held[a].items()):
+            return True
+        return any(
+            threshold(y) > key(b) for t in problem.subscribed[b] for y in holders[t] if y != b
+        )
+
+    # Passes until one hands nothing back: a hand-back changes loads, which can make an
+    # earlier candidate possible. Each one moves a partition home, so the passes end.
+    taken = [pid for pid, a in enumerate(prev) if a >= 0 and owner[pid] not in (a, -1)]
+    while taken:
+        left = []
+        for pid in taken:
+            a, b = prev[pid], owner[pid]
+            if key(a) > threshold(b):
+                left.append(pid)
+                continue
+            t = topic_of[pid]
+            owner[pid] = a
+            held[b][t].remove(pid)
+            held[a].setdefault(t, []).append(pid)
+            add(a, 1)
+            add(b, -1)
+            if opens_a_move(a, b):  # undo
+                owner[pid] = b
+                held[a][t].remove(pid)
+                held[b][t].append(pid)
+                add(a, -1)
+                add(b, 1)
+                left.append(pid)
+                continue
+            holders[t].add(a)
+            if not held[b][t]:
+                holders[t].discard(b)
+        if len(left) == len(taken):
+            break
+        taken = left
     return owner
 
 

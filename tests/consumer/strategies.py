@@ -333,6 +333,33 @@ def move_lower_bound(total: int, weights: Mapping[str, int], owned: Mapping[str,
     return sum(max(0, owned.get(m, 0) - q) for m, q in quota.items())
 
 
+def needless_moves(
+    counts: Mapping[str, int],
+    subs: Mapping[str, Subscription],
+    assignment: Assignment,
+    weights: Mapping[str, int] | None = None,
+) -> list[tuple[TopicPartition, str, str]]:
+    """Partitions taken from a member still in the group that could go back at no cost in
+    balance: moving one back from B to its previous owner A lowers or keeps sum(c^2 / w), i.e.
+    (2 c_A + 1) / w_A <= (2 c_B - 1) / w_B, and leaves no improving move (brute force). A
+    sticky assignor moves none of these, for any subscriptions. Each as (partition, previous
+    owner, owner now)."""
+    w = weights or dict.fromkeys(subs, 1)
+    load = {m: len(tps) for m, tps in assignment.items()}
+    now = owners(assignment)
+    out = []
+    for tp, a in sorted(resolved_previous(counts, subs).items()):
+        b = now.get(tp)
+        if a not in assignment or b is None or b == a:
+            continue
+        if (2 * load[a] + 1) * w[b] <= (2 * load[b] - 1) * w[a]:
+            back = {m: [x for x in tps if x != tp] for m, tps in assignment.items()}
+            back[a].append(tp)
+            if not improving_moves(counts, subs, back, weights):
+                out.append((tp, a, b))
+    return out
+
+
 def count_moves(previous: Mapping[TopicPartition, str], assignment: Assignment) -> int:
     """Partitions whose previous owner is still in the group but no longer has them."""
     now = owners(assignment)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from streamassign import TopicPartition
@@ -20,6 +20,7 @@ from .strategies import (
     count_moves,
     improving_moves,
     move_lower_bound,
+    needless_moves,
     owned_counts,
     owners,
     resolved_previous,
@@ -29,6 +30,23 @@ from .test_range_roundrobin import tps
 
 STICKY = StickyAssignor()
 SEEDS = st.integers(0, 2**32 - 1)
+#: Two topics, members subscribed to a and t1, a only, and t1 only (twice): see
+#: ``test_a_partition_goes_back_to_its_owner_when_that_costs_nothing``.
+NEEDLESS_MOVE = Case(
+    counts={"a": 4, "t1": 9},
+    subs={
+        "11": Subscription(
+            {"a", "t1"}, [("a", 3), ("t1", 4), ("t1", 1), ("t1", 2), ("t1", 8)], generation=4
+        ),
+        "A": Subscription({"a"}, [("t1", 3), ("t1", 6), ("t1", 7), ("t1", 5), ("a", 1)], 4),
+        "a": Subscription({"zz-deleted"}, [("t1", 0), ("a", 0), ("a", 2)], generation=4),
+        "a-10": Subscription({"t1"}),
+        "consumer-10-0b7e": Subscription({"t1"}),
+    },
+    weights=dict.fromkeys(("11", "A", "a", "a-10", "consumer-10-0b7e"), 1),
+    priorities=dict.fromkeys(("11", "A", "a", "a-10", "consumer-10-0b7e"), 0),
+    garbage=frozenset(),
+)
 
 
 def preserved(before: dict[str, list[TopicPartition]], after: dict) -> int:
@@ -101,6 +119,26 @@ def test_balanced_for_any_subscriptions_and_history(case: Case) -> None:
     loads = [len(v) for v in result.values()]
     if max(loads) - min(loads) > 1:
         assert improving_moves(case.counts, case.subs, result) == []
+
+
+@given(cases(user_data=False))
+@example(NEEDLESS_MOVE)
+def test_no_partition_could_go_back_at_no_cost_for_any_subscriptions(case: Case) -> None:
+    """Sticky for any subscriptions (cooperative sticky plans toward this same result): no
+    partition taken from a member still in the group could go back to it leaving the loads
+    no less fair and the result balanced."""
+    result = STICKY.assign(case.counts, case.subs)
+    assert needless_moves(case.counts, case.subs, result) == []
+
+
+def test_a_partition_goes_back_to_its_owner_when_that_costs_nothing() -> None:
+    """The hypothesis counterexample before the hand-back pass: "11" owned a-3 and four of
+    t1's partitions; the greedy fill and moves took a-3 to "A" (a only), which then ran 4
+    against 11's 3 though a-3 back on 11 is as balanced (4, 3, 3, 3) and moves one less."""
+    result = STICKY.assign(NEEDLESS_MOVE.counts, NEEDLESS_MOVE.subs)
+    assert TopicPartition("a", 3) in result["11"]
+    assert sorted(len(v) for v in result.values()) == [0, 3, 3, 3, 4]  # "a": no topic left
+    assert needless_moves(NEEDLESS_MOVE.counts, NEEDLESS_MOVE.subs, result) == []
 
 
 @given(cases(uniform=True, user_data=False))

@@ -15,6 +15,7 @@ from .strategies import (
     count_moves,
     improving_moves,
     move_lower_bound,
+    needless_moves,
     owned_counts,
     resolved_previous,
     time_limit,
@@ -113,6 +114,17 @@ def test_nonuniform_is_locally_balanced(case: Case) -> None:
         result = WEIGHTED.assign(case.counts, case.subs)
     check_contract(case.counts, case.subs, result)
     assert improving_moves(case.counts, case.subs, result, case.weights) == []
+
+
+@given(cases(uniform=False))
+def test_no_partition_could_go_back_at_no_cost(case: Case) -> None:
+    """Sticky with weights, for differing subscriptions (uniform ones have exact quotas and the
+    move bound, above): no partition taken from a member still in the group could go back
+    leaving sum(c^2 / w) no higher and the result balanced."""
+    assume(nonuniform(case))
+    with time_limit(5):
+        result = WEIGHTED.assign(case.counts, case.subs)
+    assert needless_moves(case.counts, case.subs, result, case.weights) == []
 
 
 def test_skipped_move_by_hand() -> None:
