@@ -53,6 +53,8 @@ def load_clients(path: str | Path) -> list[ClientState]:
     clients = []
     for n, table in enumerate(tables, 1):
         label = f"{where}: client #{n}"
+        if not isinstance(table, dict):
+            raise ValueError(f"{label}: expected a [[client]] table, got {table!r}")
         bad = sorted(set(table) - set(_CLIENT_KEYS))
         if bad:
             raise ValueError(f"{label}: unknown keys {bad}; allowed: {list(_CLIENT_KEYS)}")
@@ -136,8 +138,10 @@ def _metrics_rows(m: AssignmentMetrics) -> list[tuple[str, str]]:
 def _threads_of(
     client: ClientState, assignment: ClientAssignment, stateful: set[TaskId]
 ) -> dict[str, ClientAssignment]:
-    names = [f"{client.process_id}-{k}" for k in range(client.capacity)]
-    return distribute_to_threads(assignment, names, stateful=stateful)
+    # Threads past the client's task count stay idle: only that many are named, so a huge
+    # capacity (a typo in a clients file) costs nothing.
+    names = [f"{client.process_id}-{k}" for k in range(min(client.capacity, assignment.load))]
+    return distribute_to_threads(assignment, names or [f"{client.process_id}-0"], stateful=stateful)
 
 
 # -- options of several commands: one definition each, so that help text and checks agree ----------

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
 from streamassign._balance import share_bounds
 from streamassign.metrics import evaluate, move_lower_bound, violations
+from streamassign.sticky import resolve_previous_owners
 
 from .strategies import assignment_inputs, fresh_clients, task_sets
 
@@ -111,6 +112,49 @@ def test_lower_bound_holds_for_any_balanced_assignment(
     m = evaluate(tasks, with_history, result)
     assert m.active_balanced
     assert m.moves >= move_lower_bound(tasks, with_history)
+
+
+def reference_previous_owners(tasks: list[TaskId], clients: list[ClientState]) -> dict[TaskId, str]:
+    """Who ran each task before, written apart from the library (the metrics and the move
+    bound rely on ``resolve_previous_owners``, the assignor's own rule): among the clients
+    claiming it, the smallest reported lag (none reported: 0), then the smallest process id."""
+    best: dict[TaskId, tuple[int, str]] = {}
+    for c in clients:
+        for t in c.prev_active:
+            if t in tasks:
+                key = (c.lags.get(t, 0), c.process_id)
+                best[t] = min(best.get(t, key), key)
+    return {t: pid for t, (_, pid) in best.items()}
+
+
+@st.composite
+def contested_claims(draw: st.DrawFn) -> tuple[list[TaskId], list[ClientState]]:
+    """Clients that claim the same tasks as active, with small lags (ties are common)."""
+    tasks = draw(task_sets(max_subtopologies=2, max_partitions=4))
+    clients = [
+        ClientState(
+            c.process_id,
+            c.capacity,
+            prev_active=draw(st.lists(st.sampled_from(tasks), min_size=1)),
+            lags=draw(st.dictionaries(st.sampled_from(tasks), st.integers(0, 2))),
+        )
+        for c in draw(fresh_clients(max_clients=5))
+    ]
+    return tasks, clients
+
+
+@given(contested_claims(), st.integers(0, 2))
+def test_duplicate_claims_resolve_by_lag_then_process_id(
+    case: tuple[list[TaskId], list[ClientState]], replicas: int
+) -> None:
+    """The previous owner the metrics and the move bound count against is the reference one,
+    so the move properties above do not rest on the assignor's own rule alone."""
+    tasks, clients = case
+    reference = reference_previous_owners(tasks, clients)
+    assert resolve_previous_owners(tasks, clients) == reference
+    result = StickyTaskAssignor(replicas).assign(tasks, clients)
+    moved = sum(1 for t, pid in reference.items() if t not in result[pid].active)
+    assert evaluate(tasks, clients, result).moves == moved
 
 
 def cold_orphans_beside_roomy_holders(

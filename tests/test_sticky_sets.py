@@ -171,7 +171,7 @@ def test_set_path_answers_nearly_every_scale_out_and_in() -> None:
         if assign_sets(tasks, history, None, replicas) is None:
             general = _Run(tasks, history, None, replicas).result(fast_path=False)
             unforced += loads_within_bounds(tasks, history, general, replicas)
-    assert unforced <= 10
+    assert unforced <= 2  # exactly what was measured: a new decline shows here
 
 
 def _scaled(
