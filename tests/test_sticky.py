@@ -366,6 +366,52 @@ def test_deterministic_whatever_the_input_order(inputs: Inputs, rnd: random.Rand
     assert got == expected
 
 
+@given(assignment_inputs(), st.randoms(use_true_random=False), st.data())
+def test_deterministic_with_racks_tags_and_task_racks(
+    inputs: Inputs, rnd: random.Random, data: st.DataObject
+) -> None:
+    """Placement hints (client racks and tags, task racks, tag keys) take the general path;
+    its tie-breaks must not depend on the order of clients, tasks or tag dicts either."""
+    tasks, clients, replicas, stateful = inputs
+    racks = st.one_of(st.none(), st.sampled_from(["r1", "r2", "r3"]))
+    tags = st.dictionaries(st.sampled_from(["zone", "cluster"]), st.sampled_from(["x", "y"]))
+    placed = [
+        ClientState(
+            c.process_id,
+            c.capacity,
+            prev_active=c.prev_active,
+            prev_standby=c.prev_standby,
+            lags=c.lags,
+            rack=data.draw(racks),
+            tags=data.draw(tags),
+        )
+        for c in clients
+    ]
+    task_racks = data.draw(st.dictionaries(st.sampled_from(tasks), st.sampled_from(["r1", "r2"])))
+    keys = data.draw(st.one_of(st.none(), st.just(("zone",))))
+    assignor = StickyTaskAssignor(replicas, rack_aware_tags=keys)
+    expected = assignor.assign(tasks, placed, stateful, task_racks)
+    shuffled = [
+        ClientState(
+            c.process_id,
+            c.capacity,
+            prev_active=rnd.sample(sorted(c.prev_active), len(c.prev_active)),
+            prev_standby=rnd.sample(sorted(c.prev_standby), len(c.prev_standby)),
+            lags=dict(rnd.sample(sorted(c.lags.items()), len(c.lags))),
+            rack=c.rack,
+            tags=dict(rnd.sample(sorted(c.tags.items()), len(c.tags))),
+        )
+        for c in rnd.sample(placed, len(placed))
+    ]
+    got = assignor.assign(
+        rnd.sample(tasks, len(tasks)),
+        shuffled,
+        None if stateful is None else rnd.sample(stateful, len(stateful)),
+        dict(rnd.sample(sorted(task_racks.items()), len(task_racks))),
+    )
+    assert got == expected
+
+
 @given(assignment_inputs())
 def test_same_history_twice_moves_nothing(inputs: Inputs) -> None:
     """Feeding an assignment back as history is a fixed point: nothing moves, nothing drops."""
