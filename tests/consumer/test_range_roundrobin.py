@@ -4,6 +4,7 @@ examples where the KIP states their results."""
 from __future__ import annotations
 
 from hypothesis import given
+from hypothesis import strategies as st
 
 from streamassign import TopicPartition
 from streamassign.consumer import RangeAssignor, RoundRobinAssignor, Subscription
@@ -25,18 +26,41 @@ def test_range_matches_reference(case: Case) -> None:
     assert RangeAssignor().assign(case.counts, case.subs) == reference_range(case.counts, case.subs)
 
 
-@given(cases(user_data=False))
+@st.composite
+def copartitioned(draw: st.DrawFn) -> Case:
+    """A group of 2-4 topics of one partition count that the same members subscribe to (a
+    co-partitioned join's inputs), beside topics of other counts some members add."""
+    count = draw(st.integers(1, 8))
+    group = [f"join{i}" for i in range(draw(st.integers(2, 4)))]
+    others = {f"other{i}": n for i, n in enumerate(draw(st.lists(st.integers(0, 8), max_size=3)))}
+    members = [f"m{k}" for k in range(draw(st.integers(1, 6)))]
+    subs = {}
+    for m in members:
+        extra = draw(st.lists(st.sampled_from(sorted(others)), unique=True)) if others else []
+        subs[m] = Subscription({*group, *extra})
+    ones = dict.fromkeys(members, 1)
+    counts = {**dict.fromkeys(group, count), **others}
+    return Case(counts, subs, ones, dict.fromkeys(members, 0), frozenset())
+
+
+@given(st.one_of(cases(user_data=False), copartitioned()))
 def test_range_copartitions_equal_topics(case: Case) -> None:
     """Partition p of equally sized topics with the same subscribers lands on one member."""
     owner = owners(RangeAssignor().assign(case.counts, case.subs))
     subscribers = {
         t: frozenset(m for m, s in case.subs.items() if t in s.topics) for t in case.counts
     }
-    for t in case.counts:
-        for u in case.counts:
-            if t < u and case.counts[t] == case.counts[u] and subscribers[t] == subscribers[u]:
-                for p in range(case.counts[t]):
-                    assert owner.get(TopicPartition(t, p)) == owner.get(TopicPartition(u, p))
+    pairs = [
+        (t, u)
+        for t in case.counts
+        for u in case.counts
+        if t < u
+        and case.counts[t] == case.counts[u] > 0
+        and subscribers[t] == subscribers[u] != set()
+    ]
+    for t, u in pairs:
+        for p in range(case.counts[t]):
+            assert owner.get(TopicPartition(t, p)) == owner.get(TopicPartition(u, p))
 
 
 @given(cases(user_data=False))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from streamassign import TopicPartition
@@ -214,17 +214,19 @@ def test_kip341_stale_claims_lose(case: Case, seed: int) -> None:
     the stale claims (the minimum, for uniform subscriptions), and a current owner within its
     floor keeps everything it owned."""
     previous = resolved_previous(case.counts, case.subs)
-    if not previous:
-        return
+    assume(previous)  # someone owns something now, at generation >= 0
     current = max(s.generation for s in case.subs.values())
     zombies = [m for m, s in case.subs.items() if not s.owned_partitions]
     rnd = random.Random(seed)
     subs = dict(case.subs)
+    claims = 0
     for m in zombies:
         s = subs[m]
         mine = sorted(tp for tp in previous if tp.topic in s.topics)
-        stale = rnd.sample(mine, rnd.randint(0, len(mine)))
+        stale = rnd.sample(mine, rnd.randint(min(1, len(mine)), len(mine)))
+        claims += len(stale)
         subs[m] = Subscription(s.topics, stale, rnd.randint(-1, current - 1), s.rack)
+    assume(claims)  # at least one stale claim, or there is nothing to check
     assert resolved_previous(case.counts, subs) == previous  # the oracle agrees: stale loses
     baseline = STICKY.assign(case.counts, case.subs)
     result = STICKY.assign(case.counts, subs)
