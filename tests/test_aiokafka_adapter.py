@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
+import tracemalloc
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from aiokafka.coordinator.protocol import (
 from streamassign import TopicPartition
 from streamassign.aiokafka import GroupAssignor, validate
 from streamassign.aiokafka._rejoin import request_rejoin
+from streamassign.aiokafka.consumer import MAX_GENERATION
 from streamassign.consumer import (
     Assignment,
     RangeAssignor,
@@ -231,3 +234,54 @@ def test_rejoin_touch_point_on_a_real_consumer() -> None:
 
     assert asyncio.run(scenario()) is False
     assert request_rejoin(object()) is False
+
+
+def test_generation_at_the_int32_limit_stays_there() -> None:
+    """Reproducer of the audit: a claim at 2**31 - 1 made ``assign`` raise (generation + 1
+    does not fit the wire). The leader's generation now stops at the limit, still >= every
+    claim; a leader already there stays there too."""
+    claim = MemberData(owned_partitions=[("t", 0)], generation=MAX_GENERATION).encode()
+    leader = GroupAssignor.create("sticky")
+    meta = {"m1": ConsumerProtocolMemberMetadata(0, ["t"], claim), "m2": leader.metadata(["t"])}
+    for _ in range(2):
+        out = leader.assign(Cluster({"t": 3}), meta)
+        got = {m: decode(raw) for m, raw in out.items()}
+        assert {data.error_code for _, data in got.values()} == {ErrorCode.NONE}
+        assert {data.generation for _, data in got.values()} == {MAX_GENERATION}
+        assert TopicPartition("t", 0) in got["m1"][0]
+        assert sorted(tp for tps, _ in got.values() for tp in tps) == [
+            TopicPartition("t", p) for p in range(3)
+        ]
+        leader.on_assignment(ConsumerProtocolMemberAssignment.decode(out["m2"]))
+        meta["m2"] = leader.metadata(["t"])
+
+
+def test_failure_next_to_a_maximal_generation_still_sends_error_codes() -> None:
+    leader = GroupAssignor(Exploding())
+    claim = MemberData(generation=MAX_GENERATION).encode()
+    out = leader.assign(Cluster({"t": 3}), {"a": ConsumerProtocolMemberMetadata(0, ["t"], claim)})
+    assert decode(out["a"]) == ([], AssignmentData(error_code=ErrorCode.ASSIGNMENT_ERROR))
+
+
+@pytest.mark.parametrize(
+    ("name", "share"), [("sticky", 3), ("cooperative-sticky", 3), ("weighted", 4), ("failover", 6)]
+)
+def test_claims_beyond_the_cluster_cost_the_leader_nothing(name: str, share: int) -> None:
+    """43 bytes claim a million partitions of a 6-partition topic: the leader builds only the
+    6 that exist, once (the pure assignors read weight and priority without building any)."""
+    runs = struct.pack(">ih", 1, 1) + b"t" + struct.pack(">iii", 1, 0, 1_000_000)
+    data = MemberData(priority=1, weight=2).encode()[:-4] + runs
+    leader = GroupAssignor.create(name)
+    meta = {"a": ConsumerProtocolMemberMetadata(0, ["t"], data), "b": leader.metadata(["t"])}
+    tracemalloc.start()
+    try:
+        out = leader.assign(Cluster({"t": 6}), meta)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2_000_000  # building the claim took over 100 MB
+    assert leader.last_round is not None
+    assert leader.last_round.subscriptions["a"].owned_partitions == tuple(
+        TopicPartition("t", p) for p in range(6)
+    )
+    assert len(decode(out["a"])[0]) == share  # weight 2 and priority 1 were read

@@ -63,6 +63,18 @@ ASSIGNORS: dict[str, type[ConsumerAssignor]] = {
 }
 
 
+#: Generations are int32 on the wire. The leader's stops at the maximum rather than wrapping:
+#: it must compare >= every claim (KIP-341); from there on, claims tie and member ids decide.
+MAX_GENERATION = 2**31 - 1
+
+#: What every member gets when the leader fails: built once, so sending it cannot fail.
+_FAILED = encode_assignment((), AssignmentData(error_code=ErrorCode.ASSIGNMENT_ERROR).encode())
+
+
+def _next_generation(generation: int) -> int:
+    return min(generation + 1, MAX_GENERATION)
+
+
 class AssignmentValidationError(StreamAssignError):
     """An assignment that aiokafka would choke on (a bug in an assignor: never sent)."""
 
@@ -202,23 +214,26 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self, cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata]
     ) -> dict[str, bytes]:
         """Run the pure assignor; never raises (errors become an error code for everyone)."""
-        generation = self._generation + 1
+        generation = _next_generation(self._generation)
         counts: dict[str, int] = {}
         subscriptions: dict[str, Subscription] = {}
         try:
             for member, meta in members.items():
-                data = read_member_data(member, meta.user_data or b"")
                 subscriptions[member] = Subscription(
-                    meta.subscription,
-                    owned_partitions=data.owned_partitions,
-                    generation=data.generation,
-                    user_data=meta.user_data or b"",
+                    meta.subscription, user_data=meta.user_data or b""
                 )
-                generation = max(generation, data.generation + 1)
             for topic in sorted({t for s in subscriptions.values() for t in s.topics}):
                 partitions = cluster.partitions_for_topic(topic)
                 if partitions is not None:
                     counts[topic] = len(partitions)
+            for member, sub in subscriptions.items():
+                # Only claims on partitions that exist are built: the assignors drop the rest,
+                # and a member's runs cannot make the leader build more than the cluster has.
+                data = read_member_data(member, sub.user_data, partitions_per_topic=counts)
+                subscriptions[member] = attrs.evolve(
+                    sub, owned_partitions=data.owned_partitions, generation=data.generation
+                )
+                generation = max(generation, _next_generation(data.generation))
             plan = getattr(self.assignor, "plan", None)
             pending: Mapping[str, list[TopicPartition]] = {}
             if plan is not None:
@@ -242,8 +257,7 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         except Exception as exc:
             log.exception("assignment failed; sending ASSIGNMENT_ERROR to every member")
             self.last_round = LeaderRound(counts, subscriptions, {}, generation, False, repr(exc))
-            failed = AssignmentData(generation, ErrorCode.ASSIGNMENT_ERROR).encode()
-            return {m: encode_assignment((), failed) for m in members}
+            return dict.fromkeys(members, _FAILED)
 
     # -- state file -----------------------------------------------------------------------------
 

@@ -90,8 +90,9 @@ class FailoverAssignor:
         self, partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Subscription]
     ) -> Assignment:
         problem = prepare(partitions_per_topic, subscriptions)
+        # Parameters only: history is in owned_partitions, so runs are checked, never built.
         priority = [
-            read_member_data(m, s.user_data).priority
+            read_member_data(m, s.user_data, partitions_per_topic={}).priority
             for m, s in zip(problem.members, problem.subscriptions, strict=True)
         ]
         owner = [-1] * problem.partitions

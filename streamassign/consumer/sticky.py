@@ -339,8 +339,9 @@ class WeightedAssignor:
         self, partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Subscription]
     ) -> Assignment:
         problem = prepare(partitions_per_topic, subscriptions)
+        # Parameters only: history is in owned_partitions, so runs are checked, never built.
         weights = [
-            read_member_data(m, s.user_data).weight
+            read_member_data(m, s.user_data, partitions_per_topic={}).weight
             for m, s in zip(problem.members, problem.subscriptions, strict=True)
         ]
         return problem.output(assign_sticky(problem, weights))

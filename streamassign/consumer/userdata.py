@@ -15,15 +15,16 @@ where ``partitions`` is ``int32 topic_count, topic_count x { int16 name_length, 
 int32 run_count, run_count x { int32 first_partition, int32 length } }``.
 
 Owned partitions are run-length encoded per topic: a member owning partitions 0..499 of a topic
-costs 8 bytes for them, not 2000. Garbage or truncated bytes raise ``UserDataError``; callers
-treat such a member as having no history and default parameters (``read_member_data``).
+costs 8 bytes for them, not 2000. Garbage or truncated bytes, or runs adding up to more than
+``MAX_PARTITIONS``, raise ``UserDataError``; callers treat such a member as having no history
+and default parameters (``read_member_data``).
 """
 
 from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
@@ -47,9 +48,11 @@ class UserDataError(StreamAssignError, ValueError):
 
 _INT32 = (-(2**31), 2**31 - 1)
 
-#: Partitions one member's user data may list; more is garbage, not a member (a failover
-#: primary owning every partition of a 1M-partition group still fits).
-MAX_PARTITIONS = 1 << 24
+#: Owned partitions one decode may expand to, summed over all runs and checked before any is
+#: built: 8 bytes of runs can claim 2**31 partitions, so without a budget 43 bytes cost minutes
+#: and gigabytes. 2**20 (about 0.5 s and 100 MB to build) still fits a failover primary owning
+#: every partition of a 1M-partition group; more is garbage, not a member.
+MAX_PARTITIONS = 1 << 20
 
 
 def _int32(low: int = _INT32[0]) -> Callable[[object, attrs.Attribute[int], int], None]:
@@ -64,14 +67,21 @@ def _int32(low: int = _INT32[0]) -> Callable[[object, attrs.Attribute[int], int]
     return check
 
 
+class _Sorted(tuple[TopicPartition, ...]):
+    """Partitions the decoder built sorted, unique and in range: converted without a re-sort."""
+
+
 def _partitions(value: Iterable[tuple[str, int]]) -> tuple[TopicPartition, ...]:
     """Sorted, de-duplicated partitions; each must be in the int32 range and >= 0."""
+    if type(value) is _Sorted:
+        return tuple(value)
     out = sorted({TopicPartition(*tp) for tp in value})
     for tp in out:
         if not isinstance(tp.partition, int) or not 0 <= tp.partition <= _INT32[1]:
             raise ValueError(f"partition of {tp.topic!r} must be in [0, 2**31 - 1]: {tp.partition}")
-        if len(tp.topic.encode()) > 2**15 - 1:
-            raise ValueError(f"topic name too long for the wire: {tp.topic[:40]!r}...")
+    for topic in {tp.topic for tp in out}:
+        if len(topic.encode()) > 2**15 - 1:
+            raise ValueError(f"topic name too long for the wire: {topic[:40]!r}...")
     return tuple(out)
 
 
@@ -89,13 +99,35 @@ def _write_partitions(partitions: Iterable[TopicPartition]) -> bytes:
     return b"".join(parts)
 
 
-def _read_partitions(data: bytes, pos: int) -> tuple[list[TopicPartition], int]:
-    """The inverse of ``_write_partitions``, bounded: at most ``MAX_PARTITIONS``."""
+@attrs.frozen
+class _Runs:
+    """The partitions section as read and checked, before any partition is built."""
+
+    runs: list[tuple[str, int, int]]  # (topic, first, stop)
+    ordered: bool  # topics and runs strictly ascending (as _write_partitions writes them)
+
+    def build(self, keep: Mapping[str, int] | None = None) -> Iterable[TopicPartition]:
+        """The partitions; with ``keep`` (partition counts) only those that exist there."""
+        make = TopicPartition._make
+        out: list[TopicPartition] = []
+        for topic, first, stop in self.runs:
+            if keep is not None:
+                stop = min(stop, keep.get(topic, 0))
+            out.extend([make((topic, p)) for p in range(first, stop)])
+        return _Sorted(out) if self.ordered else out
+
+
+def _read_partitions(data: bytes, pos: int) -> tuple[_Runs, int]:
+    """The inverse of ``_write_partitions``, unexpanded; the runs may cover at most
+    ``MAX_PARTITIONS`` partitions in total."""
     (topics,) = _I32.unpack_from(data, pos)
     pos += 4
     if topics < 0 or topics > len(data) - pos:
         raise UserDataError(f"bad topic count {topics}")
-    out: list[TopicPartition] = []
+    runs: list[tuple[str, int, int]] = []
+    total = 0
+    ordered = True
+    last: tuple[str, int] | None = None  # (topic, last partition) of the previous run
     for _ in range(topics):
         (length,) = _I16.unpack_from(data, pos)
         pos += 2
@@ -103,19 +135,21 @@ def _read_partitions(data: bytes, pos: int) -> tuple[list[TopicPartition], int]:
             raise UserDataError("truncated topic name")
         topic = data[pos : pos + length].decode()
         pos += length
-        (runs,) = _I32.unpack_from(data, pos)
+        (count,) = _I32.unpack_from(data, pos)
         pos += 4
-        if runs < 0 or pos + runs * _RUN.size > len(data):
+        if count < 0 or pos + count * _RUN.size > len(data):
             raise UserDataError("truncated partition runs")
-        for _ in range(runs):
-            first, count = _RUN.unpack_from(data, pos)
-            pos += _RUN.size
-            if first < 0 or count < 1 or first + count - 1 > _INT32[1]:
-                raise UserDataError(f"bad partition run {first}+{count} of {topic!r}")
-            if len(out) + count > MAX_PARTITIONS:
+        for first, size in _RUN.iter_unpack(data[pos : pos + count * _RUN.size]):
+            if first < 0 or size < 1 or first + size - 1 > _INT32[1]:
+                raise UserDataError(f"bad partition run {first}+{size} of {topic!r}")
+            total += size
+            if total > MAX_PARTITIONS:
                 raise UserDataError(f"more than {MAX_PARTITIONS} partitions")
-            out.extend(TopicPartition(topic, p) for p in range(first, first + count))
-    return out, pos
+            ordered = ordered and (last is None or (topic, first) > last)
+            last = (topic, first + size - 1)
+            runs.append((topic, first, first + size))
+        pos += count * _RUN.size
+    return _Runs(runs, ordered), pos
 
 
 @attrs.frozen
@@ -143,8 +177,14 @@ class MemberData:
         return head + _write_partitions(self.owned_partitions)
 
     @classmethod
-    def decode(cls, data: bytes) -> MemberData:
-        """Read ``data``; ``UserDataError`` says what is wrong with it."""
+    def decode(
+        cls, data: bytes, *, partitions_per_topic: Mapping[str, int] | None = None
+    ) -> MemberData:
+        """Read ``data``; ``UserDataError`` says what is wrong with it.
+
+        With ``partitions_per_topic`` (the leader's metadata), owned partitions that do not
+        exist there are dropped unbuilt; ``{}`` reads the parameters only. Either way every
+        byte is checked, so what raises does not depend on it."""
         try:
             version, latest, generation, priority, weight, epoch = _HEAD.unpack_from(data)
             if version < 1:
@@ -154,7 +194,15 @@ class MemberData:
             owned, pos = _read_partitions(data, _HEAD.size)
             if version == VERSION and pos != len(data):
                 raise UserDataError(f"{len(data) - pos} unexpected trailing bytes")
-            return cls(priority, weight, owned, generation, epoch, version, latest)
+            return cls(
+                priority,
+                weight,
+                owned.build(partitions_per_topic),
+                generation,
+                epoch,
+                version,
+                latest,
+            )
         except UserDataError:
             raise
         except (struct.error, UnicodeDecodeError, ValueError) as exc:
@@ -173,12 +221,16 @@ def _runs(partitions: Iterable[int]) -> Iterable[tuple[int, int]]:
         yield first, prev - first + 1
 
 
-def read_member_data(member: str, data: bytes) -> MemberData:
-    """Decode ``data`` of ``member``; empty or unreadable bytes give defaults (logged)."""
+def read_member_data(
+    member: str, data: bytes, *, partitions_per_topic: Mapping[str, int] | None = None
+) -> MemberData:
+    """Decode ``data`` of ``member``; empty or unreadable bytes give defaults (logged).
+
+    ``partitions_per_topic``: as in ``MemberData.decode``."""
     if not data:
         return MemberData()
     try:
-        return MemberData.decode(data)
+        return MemberData.decode(data, partitions_per_topic=partitions_per_topic)
     except UserDataError as exc:
         log.warning("member %s: %s; treating it as having no history", member, exc)
         return MemberData()
@@ -228,4 +280,4 @@ class AssignmentData:
             error = ErrorCode(code)
         except ValueError:
             error = ErrorCode.ASSIGNMENT_ERROR  # a code from a newer leader: still an error
-        return cls(generation, error, bool(flags & 1), pending)
+        return cls(generation, error, bool(flags & 1), pending.build())

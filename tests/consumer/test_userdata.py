@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from streamassign import TopicPartition
 from streamassign.consumer import MemberData, UserDataError, read_member_data
+from streamassign.consumer.userdata import MAX_PARTITIONS
 
 from .strategies import GARBAGE_USER_DATA, patched
 
@@ -240,3 +242,86 @@ def test_negative_partition_does_not_swallow_valid_ones() -> None:
 def test_out_of_range_fields_are_rejected_with_value_error(fields: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         MemberData(**fields).encode()
+
+
+# ------------------------------------------------------------------------------ decode budget
+
+BOMB = """
+import resource, struct
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from streamassign.consumer.userdata import (
+    AssignmentData, MemberData, UserDataError, read_member_data,
+)
+runs = struct.pack(">ih", 1, 1) + b"t" + struct.pack(">iii", 1, 0, 1 << 24)  # t: 0..2**24-1
+member = struct.pack(">iiiiii", 1, 1, -1, 0, 1, 0) + runs  # 43 bytes
+assignment = struct.pack(">iiihb", 1, 1, 0, 0, 0) + runs
+for decode, data in [(MemberData.decode, member), (AssignmentData.decode, assignment)]:
+    try:
+        decode(data)
+    except UserDataError:
+        print("UserDataError")
+print(read_member_data("m", member) == MemberData())
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses resource limits")
+def test_43_bytes_claiming_2_24_partitions_are_rejected_before_any_is_built() -> None:
+    """Reproducer of the audit: this took 87 s and 3.4 GB. Now each decode raises at once,
+    and read_member_data falls back to the defaults."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(BOMB)],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            env=os.environ.copy(),
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("decode did not finish within 5 s")
+    assert out.stdout.split() == ["UserDataError", "UserDataError", "True"], out.stderr[-500:]
+
+
+def _with_runs(runs: dict[str, list[tuple[int, int]]]) -> bytes:
+    """MemberData(priority=5, weight=2) with hand-written runs (any order, any overlap)."""
+    data = MemberData(priority=5, weight=2).encode()[:-4] + struct.pack(">i", len(runs))
+    for topic, pairs in runs.items():
+        name = topic.encode()
+        data += struct.pack(">h", len(name)) + name + struct.pack(">i", len(pairs))
+        data += b"".join(struct.pack(">ii", first, length) for first, length in pairs)
+    return data
+
+
+def test_budget_is_the_total_over_all_runs_and_topics() -> None:
+    """Room for a failover primary owning every partition of a 1M-partition group (as the
+    docs promise); one partition more over several topics and runs is garbage."""
+    assert MAX_PARTITIONS >= 1_000_000
+    half = MAX_PARTITIONS // 2
+    fits = _with_runs({"a": [(0, half - 1), (half, 1)], "b": [(0, MAX_PARTITIONS - half)]})
+    assert MemberData.decode(fits, partitions_per_topic={}).weight == 2
+    over = _with_runs({"a": [(0, half), (half + 1, 1)], "b": [(0, MAX_PARTITIONS - half)]})
+    with pytest.raises(UserDataError, match="more than"):
+        MemberData.decode(over, partitions_per_topic={})
+    assert read_member_data("m", over, partitions_per_topic={}) == MemberData()
+
+
+def test_partitions_per_topic_builds_only_existing_partitions() -> None:
+    data = _with_runs({"t": [(0, 1000)], "u": [(0, 5)], "gone": [(0, 7)]})
+    kept = MemberData.decode(data, partitions_per_topic={"t": 3, "u": 0})
+    assert kept.owned_partitions == tuple(TopicPartition("t", p) for p in range(3))
+    assert (kept.priority, kept.weight) == (5, 2)
+    assert MemberData.decode(data, partitions_per_topic={}) == attrs.evolve(
+        kept, owned_partitions=()
+    )
+    assert len(MemberData.decode(data).owned_partitions) == 1012
+
+
+def test_runs_in_any_order_decode_sorted_and_unique() -> None:
+    """What this library writes is sorted and decoded without a re-sort; anything else (another
+    writer, overlapping runs) is still sorted and de-duplicated."""
+    data = _with_runs({"b": [(5, 2), (0, 3), (1, 2)], "a": [(0, 1)]})
+    owned = MemberData.decode(data).owned_partitions
+    assert owned == tuple(
+        TopicPartition(*tp) for tp in [("a", 0)] + [("b", p) for p in (0, 1, 2, 5, 6)]
+    )
+    canonical = MemberData.decode(MemberData(owned_partitions=owned).encode()).owned_partitions
+    assert canonical == owned and type(canonical) is tuple

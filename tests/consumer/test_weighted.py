@@ -157,3 +157,23 @@ PING_PONG = _weights_case({"A": 1, "B": 0}, {"a": ({"A"}, [], 3), "b": ({"A", "B
 def test_any_weights_terminate(case: Case) -> None:
     with time_limit(2):
         WEIGHTED.assign(case.counts, case.subs)
+
+
+def test_weights_are_read_without_building_owned_partitions() -> None:
+    """History comes from ``owned_partitions``: runs in the user data are checked (a claim on
+    2**20 partitions is valid) but never built, where they used to take over 100 MB."""
+    import struct
+    import tracemalloc
+
+    from streamassign.consumer.userdata import MAX_PARTITIONS
+
+    runs = struct.pack(">ih", 1, 1) + b"t" + struct.pack(">iii", 1, 0, MAX_PARTITIONS)
+    subs = {"a": Subscription({"t"}, user_data=weight(3)[:-4] + runs), "b": Subscription({"t"})}
+    tracemalloc.start()
+    try:
+        result = WEIGHTED.assign({"t": 4}, subs)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2_000_000
+    assert {m: len(v) for m, v in result.items()} == {"a": 3, "b": 1}
