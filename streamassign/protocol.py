@@ -22,7 +22,9 @@ maps (a section without hosts).
 Version 2 appends — subscription: rack, client tags. Assignment: warmup tasks.
 
 Garbage or truncated bytes raise ``ProtocolError``; the leader treats such a member as having
-no history.
+no history. Decoding is bounded by ``MAX_TASK_IDS``, so a few bytes of garbage cannot cost gigabytes
+or minutes; the writer refuses whatever the reader would refuse (a ``ValueError``), so a leader
+fails loudly instead of sending every member an assignment it cannot read.
 """
 
 from __future__ import annotations
@@ -48,8 +50,21 @@ LATEST_OFFSET = -2
 NEVER = -1
 NOW = 0
 
+#: Task ids one decode may produce, over all its task lists, offset sums and host maps (the
+#: topic names, endpoints and dictionary entries of a host section count as one each too, so no
+#: decode loops much past it). Run lengths and counts are charged before ids are made: without
+#: a total, 63 bytes decoded to 8.4M ids (1.2 GB). Far above any real group: Kafka Streams' own
+#: scale tests stop at 100k tasks, whose host maps with two standbys hold 300k ids.
+MAX_TASK_IDS = 1 << 20
+
+#: Bytes per ``MAX_TASK_IDS`` entry a compressed host section may inflate to. The leader writes
+#: 2-4 bytes per task (active host index, standby count) and 1-3 per standby; the rest leaves
+#: room for topic and endpoint names. Anything larger is a bomb, not a map.
+_SECTION_BYTES_PER_ENTRY = 16
+
 _HEAD = struct.Struct(">ii")
 _T = TypeVar("_T")
+_UINT_LIMIT = 1 << 64  # varints carry 64 bits (Kafka's varlong), zig-zag ones an int64
 
 
 class ProtocolError(StreamAssignError, ValueError):
@@ -60,22 +75,37 @@ class ProtocolError(StreamAssignError, ValueError):
 
 
 class _Writer:
-    __slots__ = ("buf",)
+    __slots__ = ("budget", "buf")
 
-    def __init__(self, version: int | None = None, latest: int = 0) -> None:
-        """A writer starting with the version header, or with nothing (``version=None``)."""
+    def __init__(
+        self, version: int | None = None, latest: int = 0, budget: int | None = None
+    ) -> None:
+        """A writer starting with the version header, or with nothing (``version=None``);
+        ``budget`` is what is left of ``MAX_TASK_IDS`` (all of it by default)."""
         self.buf = bytearray(_HEAD.pack(version, latest) if version is not None else b"")
+        self.budget = MAX_TASK_IDS if budget is None else budget
+
+    def take(self, n: int) -> None:
+        """Charge ``n`` entries as the reader will, refusing data it would refuse."""
+        if n > self.budget:
+            raise ValueError(
+                f"user data would hold more than MAX_TASK_IDS = {MAX_TASK_IDS} task ids and "
+                "entries, which readers refuse"
+            )
+        self.budget -= n
 
     def uint(self, n: int) -> None:
-        if n < 0:
-            raise ValueError(f"cannot encode negative {n} as unsigned")
+        if not 0 <= n < _UINT_LIMIT:
+            raise ValueError(f"cannot encode {n} as a 64-bit unsigned varint")
         while n >= 0x80:
             self.buf.append((n & 0x7F) | 0x80)
             n >>= 7
         self.buf.append(n)
 
     def sint(self, n: int) -> None:
-        self.uint((n << 1) ^ (n >> 63) if n < 0 else n << 1)
+        if not -(1 << 63) <= n < 1 << 63:
+            raise ValueError(f"cannot encode {n} as a signed 64-bit varint")
+        self.uint(~(n << 1) if n < 0 else n << 1)
 
     def string(self, s: str) -> None:
         data = s.encode()
@@ -95,7 +125,9 @@ class _Writer:
     def runs(self, partitions: Iterable[int]) -> None:
         """Sorted partitions as ``[run count] {gap from previous end, length - 1}``."""
         runs: list[tuple[int, int]] = []
-        for p in sorted(set(partitions)):
+        unique = sorted(set(partitions))
+        self.take(len(unique))
+        for p in unique:
             if runs and p == runs[-1][0] + runs[-1][1]:
                 runs[-1] = (runs[-1][0], runs[-1][1] + 1)
             else:
@@ -112,11 +144,24 @@ class _Writer:
 
 
 class _Reader:
-    __slots__ = ("data", "pos")
+    __slots__ = ("budget", "data", "pos")
 
-    def __init__(self, data: bytes, start: int = _HEAD.size) -> None:
+    def __init__(self, data: bytes, start: int = _HEAD.size, budget: int | None = None) -> None:
+        """A reader from ``start``; ``budget`` is what is left of ``MAX_TASK_IDS`` (all of it
+        by default)."""
         self.data = data
         self.pos = start
+        self.budget = MAX_TASK_IDS if budget is None else budget
+
+    def take(self, n: int) -> int:
+        """Charge ``n`` entries to this decode's budget before making them; returns ``n``."""
+        if n > self.budget:
+            raise ProtocolError(
+                f"more than MAX_TASK_IDS = {MAX_TASK_IDS} task ids and entries in one decode "
+                "(far more than any real group)"
+            )
+        self.budget -= n
+        return n
 
     def uint(self) -> int:
         n = shift = 0
@@ -131,8 +176,13 @@ class _Reader:
                 self.pos = pos
                 return n
             shift += 7
-            if shift > 63:
-                raise ProtocolError(f"varint too long at byte {self.pos}")
+            if shift == 63:  # the tenth byte holds the 64th bit, nothing else
+                if pos >= len(data):
+                    raise ProtocolError(f"truncated at byte {pos} of {len(data)}")
+                if data[pos] > 1:
+                    raise ProtocolError(f"varint too long (over 64 bits) at byte {self.pos}")
+                self.pos = pos + 1
+                return n | data[pos] << 63
 
     def sint(self) -> int:
         n = self.uint()
@@ -166,9 +216,7 @@ class _Reader:
         end = 0
         for _ in range(self.count()):
             first = end + self.uint()
-            length = self.uint() + 1
-            if length > 1 << 20:
-                raise ProtocolError(f"partition run of {length} is implausible")
+            length = self.take(self.uint() + 1)
             out.extend(range(first, first + length))
             end = first + length
         return out
@@ -235,6 +283,7 @@ class SubscriptionInfo:
         for t, offset in self.offset_sums.items():
             by_sub.setdefault(t.subtopology, []).append((t.partition, offset))
         w.uint(len(by_sub))
+        w.take(len(self.offset_sums))
         for sub in sorted(by_sub):
             entries = sorted(by_sub[sub])
             w.uint(sub)
@@ -273,7 +322,7 @@ class SubscriptionInfo:
         for _ in range(r.count()):
             sub = r.uint()
             p = 0
-            for _ in range(r.count()):
+            for _ in range(r.take(r.count())):
                 p += r.uint()
                 sums[TaskId(sub, p)] = r.sint()
         previous = r.tasks()
@@ -342,7 +391,7 @@ class AssignmentInfo:
         if self.active_by_host or self.standby_by_host or self.topics:
             # The dictionary travels even without host maps: members map their own tasks
             # with it (same format: a section with no hosts reads as such in every version).
-            section = zlib.compress(self._host_section(), 9)
+            section = zlib.compress(self._host_section(w), 9)
             w.uint(len(section))
             w.buf += section
         else:
@@ -351,25 +400,29 @@ class AssignmentInfo:
             w.tasks(self.warmup)
         return w.finish()
 
-    def _host_section(self) -> bytes:
+    def _host_section(self, parent: _Writer) -> bytes:
         """Dictionaries and host maps as owner vectors: per subtopology, per task, the active's
         host (index + 1, 0: none) and its standbys' hosts. The sticky assignor deals tasks
         round robin, so runs would degenerate; a vector costs one byte per task, and zlib
-        takes the rest (endpoint names repeat their shape)."""
-        w = _Writer()
+        takes the rest (endpoint names repeat their shape). Charged to ``parent``'s budget."""
+        w = _Writer(budget=parent.budget)
         names = sorted({name for topics in self.topics.values() for name in topics})
         index = {name: i for i, name in enumerate(names)}
+        w.take(len(names))
         w.uint(len(names))
         for name in names:
             w.string(name)
+        w.take(len(self.topics))
         w.uint(len(self.topics))
         for sub in sorted(self.topics):
             w.uint(sub)
+            w.take(len(self.topics[sub]))
             w.uint(len(self.topics[sub]))
             for name in sorted(self.topics[sub]):
                 w.uint(index[name])
                 w.uint(self.topics[sub][name])
         hosts = sorted(set(self.active_by_host) | set(self.standby_by_host))
+        w.take(len(hosts))
         w.uint(len(hosts))
         for host in hosts:
             w.string(host)
@@ -383,6 +436,8 @@ class AssignmentInfo:
             for t in self.standby_by_host.get(host, ()):
                 standby.setdefault(t, []).append(h)
         counts = _task_counts(self.topics)
+        w.take(sum(counts.values()))  # before looping over them: the count may be absurd
+        w.take(sum(map(len, standby.values())))
         outside = sorted(
             t for t in (*active, *standby) if t.partition >= counts.get(t.subtopology, 0)
         )
@@ -396,6 +451,12 @@ class AssignmentInfo:
                 w.uint(len(owners))
                 for h in owners:
                     w.uint(h)
+        parent.budget = w.budget
+        if len(w.buf) > _SECTION_BYTES_PER_ENTRY * MAX_TASK_IDS:
+            raise ValueError(
+                f"host section of {len(w.buf)} bytes: readers refuse more than "
+                f"{_SECTION_BYTES_PER_ENTRY} bytes per MAX_TASK_IDS entry"
+            )
         return w.finish()
 
     @classmethod
@@ -413,7 +474,9 @@ class AssignmentInfo:
         topics: dict[int, dict[str, int]] = {}
         maps: tuple[dict[str, frozenset[TaskId]], ...] = ({}, {})
         if size:
-            topics, maps = _read_host_section(_inflate(data[r.pos : r.pos + size]))
+            section = _Reader(_inflate(data[r.pos : r.pos + size]), start=0, budget=r.budget)
+            topics, maps = _read_host_section(section)
+            r.budget = section.budget
             r.pos += size
         warmup: frozenset[TaskId] = frozenset()
         read_version = min(version, max_version)
@@ -435,18 +498,17 @@ class AssignmentInfo:
         )
 
 
-_MAX_HOST_SECTION = 64 << 20  # bytes a compressed host section may expand to
-
-
 def _inflate(blob: bytes) -> bytes:
-    """zlib-decompress, refusing to expand past ``_MAX_HOST_SECTION`` (a bomb, not a map)."""
+    """zlib-decompress, refusing to expand past ``_SECTION_BYTES_PER_ENTRY * MAX_TASK_IDS``
+    bytes (a bomb, not a map)."""
+    limit = _SECTION_BYTES_PER_ENTRY * MAX_TASK_IDS
     inflater = zlib.decompressobj()
     try:
-        out = inflater.decompress(blob, _MAX_HOST_SECTION)
+        out = inflater.decompress(blob, limit + 1)  # room for the end marker at exactly limit
     except zlib.error as exc:
         raise ProtocolError(f"corrupt host map section: {exc}") from exc
-    if inflater.unconsumed_tail or not inflater.eof:
-        raise ProtocolError(f"host map section truncated or expands past {_MAX_HOST_SECTION} bytes")
+    if len(out) > limit or inflater.unconsumed_tail or not inflater.eof:
+        raise ProtocolError(f"host map section truncated or expands past {limit} bytes")
     return out
 
 
@@ -456,26 +518,29 @@ def _task_counts(topics: Mapping[int, Mapping[str, int]]) -> dict[int, int]:
 
 
 def _read_host_section(
-    section: bytes,
+    r: _Reader,
 ) -> tuple[dict[int, dict[str, int]], tuple[dict[str, frozenset[TaskId]], ...]]:
-    r = _Reader(section, start=0)
-    names = [r.string() for _ in range(r.count())]
+    """Topic dictionary and host maps from an inflated section, charging every name, entry,
+    task and standby to ``r``'s budget before reading it."""
+    names = [r.string() for _ in range(r.take(r.count()))]
     topics: dict[int, dict[str, int]] = {}
-    for _ in range(r.count()):
+    for _ in range(r.take(r.count())):
         sub = r.uint()
         entries = {}
-        for _ in range(r.count()):
+        for _ in range(r.take(r.count())):
             i = r.uint()
             if i >= len(names):
                 raise ProtocolError(f"topic index {i} outside the dictionary of {len(names)}")
             entries[names[i]] = r.uint()
         topics[sub] = entries
-    hosts = [r.string() for _ in range(r.count())]
+    hosts = [r.string() for _ in range(r.take(r.count()))]
     active: list[list[TaskId]] = [[] for _ in hosts]
     standby: list[list[TaskId]] = [[] for _ in hosts]
-    for sub, count in sorted(_task_counts(topics).items()):
-        if count > len(section):
-            raise ProtocolError(f"{count} tasks cannot fit in {len(section)} bytes")
+    counts = _task_counts(topics)
+    r.take(sum(counts.values()))
+    for sub, count in sorted(counts.items()):
+        if count > len(r.data):
+            raise ProtocolError(f"{count} tasks cannot fit in {len(r.data)} bytes")
         for p in range(count):
             h = r.uint()
             if h > len(hosts):
@@ -483,7 +548,7 @@ def _read_host_section(
             if h:
                 active[h - 1].append(TaskId(sub, p))
         for p in range(count):
-            for _ in range(r.count()):
+            for _ in range(r.take(r.count())):
                 h = r.uint()
                 if h >= len(hosts):
                     raise ProtocolError(f"host index {h} outside the dictionary of {len(hosts)}")

@@ -39,6 +39,10 @@ __all__ = [
 _LEGAL_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _MAX_TOPIC_LENGTH = 249
 
+#: Subtopology ids and partition counts stay in Kafka's int32 range (``< 2**31``), as Kafka
+#: Streams' task ids do: a larger id would pass the leader and fail every member's decode.
+_INT32_LIMIT = 1 << 31
+
 
 def _check_name(value: object, what: str) -> str:
     if not isinstance(value, str):
@@ -74,9 +78,18 @@ def _stores(value: Iterable[str]) -> tuple[str, ...]:
     return _name_tuple(value, "store")
 
 
+def _check_int(value: object, low: int, what: str, expected: str) -> int:
+    """``value`` if it is an int in ``[low, 2**31)``, else a ``TopologyError`` saying ``what``
+    must be ``expected`` (or below 2**31)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise TopologyError(f"{what} must be {expected}, got {value!r}")
+    if value >= _INT32_LIMIT:
+        raise TopologyError(f"{what} must be < 2**31 (Kafka's int32 range), got {value!r}")
+    return value
+
+
 def _subtopology_id(instance: Subtopology, attribute: Any, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise TopologyError(f"subtopology id must be an int >= 0, got {value!r}")
+    _check_int(value, 0, "subtopology id", "an int >= 0")
 
 
 def _non_empty_sources(instance: Subtopology, attribute: Any, value: tuple[str, ...]) -> None:
@@ -149,12 +162,12 @@ def _repartition_map(value: Mapping[str, int | None]) -> Mapping[str, int | None
     items: list[tuple[str, int | None]] = []
     for topic, count in value.items():
         _check_name(topic, "repartition topic name")
-        if count is not None and (
-            not isinstance(count, int) or isinstance(count, bool) or count < 1
-        ):
-            raise TopologyError(
-                f"repartition topic {topic!r}: partition count must be an int >= 1 or None "
-                f"(computed), got {count!r}"
+        if count is not None:
+            _check_int(
+                count,
+                1,
+                f"repartition topic {topic!r}: partition count",
+                "an int >= 1 or None (computed)",
             )
         items.append((topic, count))
     return _FrozenMap(items)
@@ -506,9 +519,8 @@ def _str_list(value: object, where: str) -> list[str]:
 
 
 def _positive_int(value: object, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise TopologyError(f"{where} must be an integer >= 1, got {value!r}")
-    return value
+    """A partition count: an int in ``[1, 2**31)``."""
+    return _check_int(value, 1, where, "an integer >= 1")
 
 
 def _parse_document(data: Mapping[str, Any], source: str) -> TopologyFile:
@@ -537,8 +549,7 @@ def _parse_document(data: Mapping[str, Any], source: str) -> TopologyFile:
             if required not in table:
                 raise TopologyError(f"{where}: missing required key {required!r}")
         sub_id = table["id"]
-        if not isinstance(sub_id, int) or isinstance(sub_id, bool) or sub_id < 0:
-            raise TopologyError(f"{where}: 'id' must be an integer >= 0, got {sub_id!r}")
+        _check_int(sub_id, 0, f"{where}: 'id'", "an integer >= 0")
         where = f"{source}: subtopology {sub_id}"
         try:
             subtopologies.append(

@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import tracemalloc
 import uuid
 import zlib
+from unittest import mock
 
 import attrs
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamassign import TaskId
+from streamassign import Subtopology, TaskId, Topology, protocol
 from streamassign.errors import ErrorCode
 from streamassign.protocol import (
     LATEST_OFFSET,
+    MAX_TASK_IDS,
     NOW,
     AssignmentInfo,
     ProtocolError,
     SubscriptionInfo,
+    _Reader,
+    _Writer,
     read_header,
 )
+from streamassign.streams import MemberSubscription, assign_streams
 
 task_ids = st.builds(TaskId, st.integers(0, 2000), st.integers(0, 5000))
 task_sets = st.frozensets(task_ids, max_size=40)
@@ -49,14 +55,14 @@ def subscriptions(draw: st.DrawFn) -> SubscriptionInfo:
 
 
 @st.composite
-def assignments(draw: st.DrawFn) -> AssignmentInfo:
+def assignments(draw: st.DrawFn, max_partitions: int = 300) -> AssignmentInfo:
     """Assignment data with host maps consistent with its topic dictionary, as the leader
     builds them: each task active on at most one host, standbys on others."""
     version = draw(st.sampled_from([1, 2]))
     topics = draw(
         st.dictionaries(
             st.integers(0, 50),
-            st.dictionaries(names, st.integers(1, 300), min_size=1, max_size=3),
+            st.dictionaries(names, st.integers(1, max_partitions), min_size=1, max_size=3),
             max_size=4,
         )
     )
@@ -207,3 +213,149 @@ def test_the_topic_dictionary_travels_without_host_maps() -> None:
     assert seen.topics == info.topics
     assert (seen.active_by_host, seen.standby_by_host) == ({}, {})
     assert AssignmentInfo.decode(info.encode(), max_version=1).topics == info.topics
+
+
+# -- limits: what one decode may cost, and nothing written that a reader refuses ---------------
+
+V1 = b"\x00\x00\x00\x01\x00\x00\x00\x01"  # version 1, latest supported 1
+
+
+def _subscription_with_runs(lengths: list[int]) -> bytes:
+    """A version-1 subscription whose previous actives are adjacent runs of these lengths."""
+    runs = b"".join(_varint(0) + _varint(n - 1) for n in lengths)
+    previous = _varint(1) + _varint(0) + _varint(len(lengths)) + runs  # one subtopology, 0
+    no_endpoint_no_sums = _varint(0) + _varint(0)
+    return V1 + uuid.UUID(int=1).bytes + no_endpoint_no_sums + previous + _varint(0) + _varint(0)
+
+
+def _assignment_with_section(section: bytes) -> bytes:
+    """A version-1 assignment without tasks, carrying ``section`` as its host section."""
+    blob = zlib.compress(section)
+    no_tasks = _varint(0) + _varint(0)
+    return V1 + _varint(0) + _varint(1) + no_tasks + _varint(len(blob)) + blob  # next: NEVER
+
+
+def _section_of_empty_slots(count: int) -> bytes:
+    """A host section whose dictionary says topic ``t`` has ``count`` tasks, none hosted."""
+    names = _varint(1) + _varint(1) + b"t"
+    dictionary = _varint(1) + _varint(0) + _varint(1) + _varint(0) + _varint(count)
+    return names + dictionary + _varint(0) + bytes(2 * count)  # no hosts; slots, standby counts
+
+
+def test_task_ids_past_the_budget_are_refused_before_they_are_made() -> None:
+    """Runs each within the old per-run cap but together past ``MAX_TASK_IDS`` (the audit made
+    8.4M ids, 1.2 GB, from 63 bytes): a ``ProtocolError`` naming the limit, before the ids
+    exist."""
+    small = SubscriptionInfo.decode(_subscription_with_runs([3, 4]))
+    assert small.previous_active == {TaskId(0, p) for p in range(7)}
+    data = _subscription_with_runs([1, MAX_TASK_IDS])
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match=f"MAX_TASK_IDS = {MAX_TASK_IDS}"):
+            SubscriptionInfo.decode(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_empty_task_slots_past_the_budget_are_refused() -> None:
+    """A small compressed section whose dictionary claims more tasks than ``MAX_TASK_IDS`` (the
+    audit's 58 KB inflated to 30M one-byte slots, 13 s of CPU) is refused before the slots are
+    read."""
+    few = AssignmentInfo.decode(_assignment_with_section(_section_of_empty_slots(5)))
+    assert (few.topics, few.active_by_host) == ({0: {"t": 5}}, {})
+    with pytest.raises(ProtocolError, match=f"MAX_TASK_IDS = {MAX_TASK_IDS}"):
+        AssignmentInfo.decode(_assignment_with_section(_section_of_empty_slots(MAX_TASK_IDS + 1)))
+
+
+def test_the_inflate_cap_is_16_bytes_per_budget_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(protocol, "MAX_TASK_IDS", 1000)
+    with pytest.raises(ProtocolError, match="expands past 16000 bytes"):
+        AssignmentInfo.decode(_assignment_with_section(bytes(16001)))
+    # 16000 zeros inflate and are read: empty dictionaries, then trailing bytes
+    with pytest.raises(ProtocolError, match="trailing bytes in the host map section"):
+        AssignmentInfo.decode(_assignment_with_section(bytes(16000)))
+
+
+@settings(max_examples=25)
+@given(subscriptions(), assignments(max_partitions=20), st.integers(0, 200))
+def test_the_writer_refuses_exactly_what_the_budget_refuses(
+    sub: SubscriptionInfo, asg: AssignmentInfo, limit: int
+) -> None:
+    """Under any budget, data the writer accepts decodes back, and data it refuses (a
+    ``ValueError``) is what a reader with that budget refuses."""
+    for info, decode in ((sub, SubscriptionInfo.decode), (asg, AssignmentInfo.decode)):
+        raw = info.encode()
+        with mock.patch.object(protocol, "MAX_TASK_IDS", limit):
+            try:
+                again = info.encode()
+            except ValueError as exc:
+                assert "MAX_TASK_IDS" in str(exc)
+                with pytest.raises(ProtocolError, match=r"MAX_TASK_IDS|expands past"):
+                    decode(raw)
+            else:
+                assert again == raw
+                assert decode(raw) == info
+
+
+@given(st.integers(0, 2**72))
+def test_the_writer_writes_exactly_the_varints_the_reader_reads(n: int) -> None:
+    w = _Writer()
+    if n >= 2**64:
+        with pytest.raises(ValueError, match="64-bit"):
+            w.uint(n)
+    else:
+        w.uint(n)
+        r = _Reader(w.finish(), start=0)
+        assert r.uint() == n
+        assert r.done()
+
+
+@given(st.integers(-(2**66), 2**66))
+def test_signed_varints_are_int64(n: int) -> None:
+    w = _Writer()
+    if not -(2**63) <= n < 2**63:
+        with pytest.raises(ValueError, match="signed 64-bit"):
+            w.sint(n)
+    else:
+        w.sint(n)
+        assert _Reader(w.finish(), start=0).sint() == n
+
+
+@pytest.mark.parametrize("last", [b"\x02", b"\x7f", b"\x80\x01"])
+def test_varints_over_64_bits_are_refused(last: bytes) -> None:
+    assert _Reader(b"\xff" * 9 + b"\x01", start=0).uint() == 2**64 - 1
+    with pytest.raises(ProtocolError, match="over 64 bits"):
+        _Reader(b"\xff" * 9 + last, start=0).uint()
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        AssignmentInfo(active=frozenset({TaskId(2**70, 0)})),
+        AssignmentInfo(standby=frozenset({TaskId(0, 2**70)})),
+        AssignmentInfo(topics={2**70: {"t": 1}}),
+        AssignmentInfo(topics={0: {"t": 2**70}}),
+        AssignmentInfo(next_rebalance_ms=2**63),
+    ],
+)
+def test_a_leader_refuses_to_write_what_members_cannot_read(info: AssignmentInfo) -> None:
+    """Subtopology ids, partitions and counts past 64 bits: a ``ValueError`` at the leader (its
+    log names the cause) instead of an assignment every member rejects forever."""
+    with pytest.raises(ValueError, match=r"64-bit|MAX_TASK_IDS"):
+        info.encode()
+
+
+def test_the_largest_subtopology_id_and_partition_travel() -> None:
+    """Kafka's int32 range, which ``Subtopology`` enforces, fits the wire with room to spare."""
+    top = 2**31 - 1
+    result = assign_streams(
+        Topology([Subtopology(top, ["a"])]),
+        {"a": 2},
+        {"m": MemberSubscription(["a"], SubscriptionInfo(uuid.UUID(int=1), endpoint="h:1"))},
+    )
+    seen = AssignmentInfo.decode(result["m"].info.encode())
+    assert seen.active == {TaskId(top, 0), TaskId(top, 1)}
+    far = AssignmentInfo(active=frozenset({TaskId(top, top)}))
+    assert AssignmentInfo.decode(far.encode()) == far

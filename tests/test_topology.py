@@ -130,6 +130,10 @@ def test_changelog_topics_follow_kafka_streams_naming() -> None:
         ),
         (lambda: Subtopology(0, []), "subtopology 0: source_topics must not be empty"),
         (lambda: Subtopology(-1, ["a"]), "subtopology id must be an int >= 0, got -1"),
+        (
+            lambda: Subtopology(2**70, ["a"]),
+            r"subtopology id must be < 2\*\*31 \(Kafka's int32 range\), got 1180591620717411303424",
+        ),
         (lambda: Subtopology(0, ["has space"]), "illegal topic 'has space'"),
         (lambda: Subtopology(0, ["a"], [".."]), "illegal store '..'"),
         (
@@ -170,6 +174,18 @@ def test_changelog_topics_follow_kafka_streams_naming() -> None:
 def test_invalid_topologies_are_rejected_with_a_clear_message(build: Any, message: str) -> None:
     with pytest.raises(TopologyError, match=message):
         build()
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(2**31, 2**100))
+def test_ids_and_partition_counts_stay_in_kafkas_int32_range(fits: int, too_big: int) -> None:
+    """Larger ids would pass the leader and fail every member's assignment decode."""
+    assert Subtopology(fits, ["a"]).id == fits
+    topology = Topology([Subtopology(0, ["a"])], repartition_topics={"a": max(fits, 1)})
+    assert topology.repartition_topics == {"a": max(fits, 1)}
+    with pytest.raises(TopologyError, match=r"subtopology id must be < 2\*\*31"):
+        Subtopology(too_big, ["a"])
+    with pytest.raises(TopologyError, match=r"'a': partition count must be < 2\*\*31"):
+        Topology([Subtopology(0, ["a"])], repartition_topics={"a": too_big})
 
 
 def test_type_errors_name_the_mistake() -> None:
@@ -374,6 +390,9 @@ def test_partitions_table_is_optional_and_name_defaults_to_empty(tmp_path: Path)
         ('name = "r"', 'name = "r"\npartitions = 0', r"\('r'\): 'partitions' must be an integer"),
         ('name = "r"', 'name = "r"\npartitions = "auto"', r"'partitions' must be an integer >= 1"),
         ("b = 3", "b = 0", r"\[partitions\] 'b' must be an integer >= 1, got 0"),
+        ("b = 3", "b = 2147483648", r"\[partitions\] 'b' must be < 2\*\*31"),
+        ('name = "r"', 'name = "r"\npartitions = 2147483648', r"'partitions' must be < 2\*\*31"),
+        ("id = 1", "id = 123456789012345678901234567890", r"#2: 'id' must be < 2\*\*31"),
         ("b = 3", "b = 3\nr = 3", r"\[partitions\] 'r' is a repartition topic"),
         ("b = 3", "b = 3\nzz = 3", r"\[partitions\] 'zz' is not a source topic"),
         ('[["a", "b"]]', '["a", "b"]', r"copartition_groups\[0\] must be a list of strings"),
