@@ -340,6 +340,12 @@ def _hashed_id(count: int, topics: tuple[str, ...]) -> int:
     return FAUST_HASHED_ID_BASE + int.from_bytes(digest, "big") % _HASHED_ID_SPAN
 
 
+def _next_hashed_id(sid: int) -> int:
+    """The id probed after ``sid`` on a collision: the next one, wrapping within the hashed
+    range so it stays below 2**31 (a subtopology id is an int32 on the wire)."""
+    return FAUST_HASHED_ID_BASE + (sid - FAUST_HASHED_ID_BASE + 1) % _HASHED_ID_SPAN
+
+
 def faust_style_topology(
     subscriptions: Mapping[str, Iterable[str]],
     partition_counts: Mapping[str, int],
@@ -408,7 +414,7 @@ def faust_style_topology(
     for n, group in sorted(hashed):
         sid = _hashed_id(n, group)
         while sid in taken:
-            sid = FAUST_HASHED_ID_BASE + (sid - FAUST_HASHED_ID_BASE + 1) % _HASHED_ID_SPAN
+            sid = _next_hashed_id(sid)
         taken.add(sid)
         ids[group] = sid
 

@@ -493,6 +493,8 @@ def load_topology_file(path: str | Path) -> TopologyFile:
             data = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise TopologyError(f"{path}: invalid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TopologyError(f"{path}: not UTF-8 text (TOML is UTF-8): {exc}") from exc
     return _parse_document(data, str(path))
 
 

@@ -344,3 +344,17 @@ def test_declared_groups_either_anchor_every_changelog_or_fall_back(
     assert sorted(t for g in groups for t in g) == sorted(counts)  # every topic exactly once
     anchored = all(g - changelogs for g in groups if g & changelogs)
     assert anchored or topology == faust_topology(subs, counts)
+
+
+def test_declared_group_ids_wrap_below_2_31_on_a_collision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Colliding hashed ids probe upward and wrap inside the hashed range: a collision at the
+    last id must not make an id past Kafka's int32 range (the topology refuses those)."""
+    import streamassign.faust.leader as leader
+    from streamassign.grouper import FAUST_HASHED_ID_BASE
+
+    monkeypatch.setattr(leader, "_hashed_id", lambda count, topics: 2**31 - 1)
+    topology = leader.faust_topology(
+        {"w": ["a", "b", "c"]}, {"a": 4, "b": 4, "c": 4}, copartition_groups=[["a", "b"]]
+    )
+    ids = sorted(s.id for s in topology.subtopologies)
+    assert ids == [FAUST_HASHED_ID_BASE, 2**31 - 1]

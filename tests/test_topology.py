@@ -413,6 +413,14 @@ def test_bad_files_are_rejected_naming_the_file_and_the_key(
     assert str(info.value).startswith(str(path))
 
 
+def test_a_file_that_is_not_utf8_is_a_topology_error(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(MINIMAL.replace('name = "app"', 'name = "caf\xe9"').encode("latin-1"))
+    with pytest.raises(TopologyError, match="not UTF-8") as info:
+        load_topology_file(path)
+    assert str(info.value).startswith(str(path))
+
+
 def test_duplicate_repartition_topic_is_rejected(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL + '\n[[repartition_topic]]\nname = "r"\npartitions = 2\n')
     with pytest.raises(TopologyError, match="repartition topic 'r' is declared twice"):

@@ -39,7 +39,7 @@ import attrs
 from .._ids import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..errors import ErrorCode, TopologyError
-from ..grouper import PartitionGrouper, _hashed_id, faust_style_topology
+from ..grouper import PartitionGrouper, _hashed_id, _next_hashed_id, faust_style_topology
 from ..protocol import (
     LATEST_OFFSET,
     LATEST_VERSION,
@@ -155,7 +155,7 @@ def faust_topology(
             return faust_style_topology(subscriptions, partition_counts)
         sid = _hashed_id(counts.pop(), group)
         while sid in ids:
-            sid += 1
+            sid = _next_hashed_id(sid)
         ids.add(sid)
         subtopologies.append(Subtopology(sid, group))
     return Topology(subtopologies, [g for g in groups if len(g) > 1])
