@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -344,11 +345,9 @@ def test_fresh_assignment_spreads_each_subtopology(tasks: list[TaskId], n: int, 
         assert max(counts) - min(counts) <= 1, (s, counts)
 
 
-@given(assignment_inputs(), st.randoms(use_true_random=False))
-def test_deterministic_whatever_the_input_order(inputs: Inputs, rnd: random.Random) -> None:
-    tasks, clients, replicas, stateful = inputs
-    expected = run(inputs)
-    shuffled_clients = [
+def shuffled(clients: list[ClientState], rnd: random.Random) -> list[ClientState]:
+    """The same clients in another order, each collection of each client in another order."""
+    return [
         ClientState(
             c.process_id,
             c.capacity,
@@ -360,6 +359,13 @@ def test_deterministic_whatever_the_input_order(inputs: Inputs, rnd: random.Rand
         )
         for c in rnd.sample(clients, len(clients))
     ]
+
+
+@given(assignment_inputs(), st.randoms(use_true_random=False))
+def test_deterministic_whatever_the_input_order(inputs: Inputs, rnd: random.Random) -> None:
+    tasks, clients, replicas, stateful = inputs
+    expected = run(inputs)
+    shuffled_clients = shuffled(clients, rnd)
     shuffled_tasks = rnd.sample(tasks, len(tasks))
     shuffled_stateful = None if stateful is None else rnd.sample(stateful, len(stateful))
     got = StickyTaskAssignor(replicas).assign(shuffled_tasks, shuffled_clients, shuffled_stateful)
@@ -375,37 +381,14 @@ def test_deterministic_with_racks_tags_and_task_racks(
     tasks, clients, replicas, stateful = inputs
     racks = st.one_of(st.none(), st.sampled_from(["r1", "r2", "r3"]))
     tags = st.dictionaries(st.sampled_from(["zone", "cluster"]), st.sampled_from(["x", "y"]))
-    placed = [
-        ClientState(
-            c.process_id,
-            c.capacity,
-            prev_active=c.prev_active,
-            prev_standby=c.prev_standby,
-            lags=c.lags,
-            rack=data.draw(racks),
-            tags=data.draw(tags),
-        )
-        for c in clients
-    ]
+    placed = [attrs.evolve(c, rack=data.draw(racks), tags=data.draw(tags)) for c in clients]
     task_racks = data.draw(st.dictionaries(st.sampled_from(tasks), st.sampled_from(["r1", "r2"])))
     keys = data.draw(st.one_of(st.none(), st.just(("zone",))))
     assignor = StickyTaskAssignor(replicas, rack_aware_tags=keys)
     expected = assignor.assign(tasks, placed, stateful, task_racks)
-    shuffled = [
-        ClientState(
-            c.process_id,
-            c.capacity,
-            prev_active=rnd.sample(sorted(c.prev_active), len(c.prev_active)),
-            prev_standby=rnd.sample(sorted(c.prev_standby), len(c.prev_standby)),
-            lags=dict(rnd.sample(sorted(c.lags.items()), len(c.lags))),
-            rack=c.rack,
-            tags=dict(rnd.sample(sorted(c.tags.items()), len(c.tags))),
-        )
-        for c in rnd.sample(placed, len(placed))
-    ]
     got = assignor.assign(
         rnd.sample(tasks, len(tasks)),
-        shuffled,
+        shuffled(placed, rnd),
         None if stateful is None else rnd.sample(stateful, len(stateful)),
         dict(rnd.sample(sorted(task_racks.items()), len(task_racks))),
     )
