@@ -140,8 +140,9 @@ def _threads_of(
 ) -> dict[str, ClientAssignment]:
     # Threads past the client's task count stay idle: only that many are named, so a huge
     # capacity (a typo in a clients file) costs nothing.
-    names = [f"{client.process_id}-{k}" for k in range(min(client.capacity, assignment.load))]
-    return distribute_to_threads(assignment, names or [f"{client.process_id}-0"], stateful=stateful)
+    count = max(1, min(client.capacity, assignment.load))
+    names = [f"{client.process_id}-{k}" for k in range(count)]
+    return distribute_to_threads(assignment, names, stateful=stateful)
 
 
 # -- options of several commands: one definition each, so that help text and checks agree ----------

@@ -452,7 +452,7 @@ class AssignmentInfo:
                 for h in owners:
                     w.uint(h)
         parent.budget = w.budget
-        if len(w.buf) > _SECTION_BYTES_PER_ENTRY * MAX_TASK_IDS:
+        if len(w.buf) > _section_limit():
             raise ValueError(
                 f"host section of {len(w.buf)} bytes: readers refuse more than "
                 f"{_SECTION_BYTES_PER_ENTRY} bytes per MAX_TASK_IDS entry"
@@ -498,10 +498,15 @@ class AssignmentInfo:
         )
 
 
+def _section_limit() -> int:
+    """Bytes an inflated host section may hold (read at call time: tests lower the budget)."""
+    return _SECTION_BYTES_PER_ENTRY * MAX_TASK_IDS
+
+
 def _inflate(blob: bytes) -> bytes:
-    """zlib-decompress, refusing to expand past ``_SECTION_BYTES_PER_ENTRY * MAX_TASK_IDS``
-    bytes (a bomb, not a map)."""
-    limit = _SECTION_BYTES_PER_ENTRY * MAX_TASK_IDS
+    """zlib-decompress, refusing to expand past ``_section_limit()`` bytes (a bomb, not a
+    map)."""
+    limit = _section_limit()
     inflater = zlib.decompressobj()
     try:
         out = inflater.decompress(blob, limit + 1)  # room for the end marker at exactly limit

@@ -546,12 +546,8 @@ class _Run:
         warm = self.warm
         if not warm:
             return  # no client has state of any task (a fresh group)
-        fresh = set()
-        for slot in placed:
-            if slot // r in warm:
-                fresh.add(slot // r)
         lost: dict[int, list[int]] = {}
-        for i in sorted(fresh):
+        for i in sorted({slot // r for slot in placed} & warm.keys()):
             t = tasks[i]
             held = copies[i * r : (i + 1) * r]
             if all(d < 0 or clients[d].has_state(t) for d in held):

@@ -237,6 +237,17 @@ def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> l
             if pids:
                 holders[t].add(m)
 
+    def move(pid: int, src: int, dst: int) -> None:
+        t = topic_of[pid]
+        owner[pid] = dst
+        held[src][t].remove(pid)
+        held[dst].setdefault(t, []).append(pid)
+        holders[t].add(dst)
+        if not held[src][t]:
+            holders[t].discard(src)
+        add(src, -1)
+        add(dst, 1)
+
     def opens_a_move(a: int, b: int) -> bool:
         if any(pids and key(lightest(t)) < threshold(a) for t, pids in held[a].items()):
             return True
@@ -254,23 +265,10 @@ def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> l
             if key(a) > threshold(b):
                 left.append(pid)
                 continue
-            t = topic_of[pid]
-            owner[pid] = a
-            held[b][t].remove(pid)
-            held[a].setdefault(t, []).append(pid)
-            add(a, 1)
-            add(b, -1)
-            if opens_a_move(a, b):  # undo
-                owner[pid] = b
-                held[a][t].remove(pid)
-                held[b][t].append(pid)
-                add(a, -1)
-                add(b, 1)
+            move(pid, b, a)
+            if opens_a_move(a, b):
+                move(pid, a, b)  # undo
                 left.append(pid)
-                continue
-            holders[t].add(a)
-            if not held[b][t]:
-                holders[t].discard(b)
         if len(left) == len(taken):
             break
         taken = left
