@@ -70,6 +70,9 @@ class Config:
     faust_standbys: Sequence[int]
     footprint_partitions: int  # trace what runs (lines, built-ins) up to this many partitions
     scale_sizes: Sequence[tuple[int, int, int, int]]  # (tasks, clients, threads, standbys)
+    #: (tasks, clients, threads, standbys, joining): a fully replicated group scaling out, where
+    #: most standbys need a swap to be placed (every old client holds every task).
+    scale_out_sizes: Sequence[tuple[int, int, int, int, int]]
     memory_tasks: tuple[Sequence[int], int]  # (task counts, fixed clients)
     memory_clients: tuple[int, Sequence[int]]  # (fixed tasks, client counts)
 
@@ -89,6 +92,7 @@ FULL = Config(
         (10000, 1000, 4, 2),
         (100000, 1000, 8, 1),
     ],
+    scale_out_sizes=[(8000, 5, 1, 4, 3)],
     memory_tasks=([10_000, 20_000, 40_000, 80_000], 100),
     memory_clients=(20_000, [250, 500, 1000, 2000]),
 )
@@ -101,6 +105,7 @@ QUICK = Config(
     faust_standbys=[1, 2],
     footprint_partitions=12,
     scale_sizes=[(600, 2, 1, 1), (100, 100, 1, 1), (100, 10, 1, 5), (100, 4, 100, 1)],
+    scale_out_sizes=[(800, 5, 1, 4, 3)],
     memory_tasks=([1000, 2000, 4000], 20),
     memory_clients=(2000, [25, 50, 100]),
 )
@@ -344,7 +349,8 @@ def thread_spread(split: ThreadAssignment) -> int:
 
 
 def scale_workload(cfg: Config) -> list[Report]:
-    """Kafka Streams' scale sizes: fresh, rerun on the first result, 10% of clients replaced."""
+    """Kafka Streams' scale sizes: fresh, rerun on the first result, 10% of clients replaced;
+    then the scale-out sizes: fresh, and clients joining."""
     report = Report(
         "Kafka Streams scale",
         [
@@ -365,11 +371,14 @@ def scale_workload(cfg: Config) -> list[Report]:
             "`StickyTaskAssignor.assign`; *thread split* is `distribute_to_threads` for every "
             "client (the rerun and churn rounds keep each thread's previous tasks). Faust sees "
             f"one group of as many partitions and ignores threads; runs are cut at "
-            f"{cfg.faust_budget:g} s."
+            f"{cfg.faust_budget:g} s. Rows with a *joined* round: a group where every client "
+            "holds every task (standbys = clients - 1) scales out, so most new standbys can "
+            "only be placed by swapping another copy out of the way."
         ),
     )
     slowest_ours = [0.0]
-    for n_tasks, n_clients, threads, replicas in cfg.scale_sizes:
+    sizes = [(*size, 0) for size in cfg.scale_sizes] + list(cfg.scale_out_sizes)
+    for n_tasks, n_clients, threads, replicas, joining in sizes:
         tasks = make_tasks(n_tasks, SUBTOPOLOGIES)
         members = member_ids(n_clients, "c")
         fresh = states(members, threads)
@@ -387,6 +396,14 @@ def scale_workload(cfg: Config) -> list[Report]:
                 first_split,
             ),
         ]
+        if joining:
+            rounds[1:] = [
+                (
+                    f"{joining} joined",
+                    states(members + member_ids(joining, "new"), threads, first.result),
+                    first_split,
+                )
+            ]
         for name, clients, previous_split in rounds:
             ours = first if name == "fresh" else run_ours(cfg, tasks, clients, replicas)
             assert ours.result is not None, ours.error

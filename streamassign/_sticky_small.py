@@ -16,10 +16,12 @@ too large for per-task loops to pay.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ._balance import deal, level_order, standby_targets
 from ._ids import TaskId, as_task
+from ._sticky_sets import _SWAPS
+from ._takeover import augment_takeovers
 from .assignment import ClientAssignment, ClientState
 
 #: Most tasks this path takes. Beyond this, the set path's per-client set work is cheaper: on
@@ -243,7 +245,7 @@ def _actives(
             owner[i] = -1
             gave_up[i] = ci
             free.append(i)
-    # Warm takeovers in task order, then a one-step augmenting path, then dealt cold.
+    # Warm takeovers in task order, then augmenting paths, then dealt cold.
     if gave_up:
         free.sort()
     took: dict[int, list[int]] = {}
@@ -261,34 +263,26 @@ def _actives(
         else:
             left.append(i)
     if left:
-        for t in left:
-            for h in hold[t] or ():
-                for u in took.get(h, [])[:8]:
-                    dest = -1
-                    for x in hold[u] or ():
-                        if x != h and room[x] > 0:
-                            dest = x
-                            break
-                    if dest >= 0:
-                        owner[u] = dest
-                        room[dest] -= 1
-                        took[h].remove(u)
-                        if dest in took:
-                            took[dest].append(u)
-                        else:
-                            took[dest] = [u]
-                        owner[t] = h
-                        took[h].append(t)
-                        break
-                if owner[t] >= 0:
-                    break
-        cold = []
+        cold = left
         for i in left:
-            if owner[i] < 0:
-                cold.append(i)
+            if hold[i]:
+                bounds = []
+                for w in caps:
+                    bounds.append((n * w // whole, -(-n * w // whole)))
+                cold = augment_takeovers(left, _holders(hold), owner, took, room, quotas, bounds)
+                break
         for i, ci in zip(cold, deal(room), strict=True):
             owner[i] = ci
     return owner, gave_up, free
+
+
+def _holders(hold: list[list[int] | None]) -> Callable[[int], Sequence[int]]:
+    """``hold`` as ``augment_takeovers`` reads it: every task's holders, none as empty."""
+
+    def of(i: int) -> Sequence[int]:
+        return hold[i] or ()
+
+    return of
 
 
 def _standbys(
@@ -439,6 +433,7 @@ def _standbys(
     queue = []
     for _, ci in by_room:
         queue.append(ci)
+    swaps = 0
     for _, o, i in order:
         has = held[i]
         for _ in range(need[i]):
@@ -459,6 +454,9 @@ def _standbys(
                 pairs[o * m + best] = pairs.get(o * m + best, 0) + 1
                 _lower(queue, room, best)
             else:
+                swaps += 1
+                if swaps > _SWAPS:
+                    return None  # the set path declines too
                 best = _swap(i, owner, kept, sbs, added, returned, held, room, queue, shut_out)
                 if best < 0:
                     return None  # forced beyond a ceiling, or a kept copy would move

@@ -9,7 +9,8 @@ The algorithm (DESIGN §3), in order of precedence:
    lower bound exactly. A client over quota releases tasks of its most crowded subtopologies
    first, and among those the ones another client holds warm state for.
 3. **Warm takeovers.** A task without a keeper goes to a client with room that holds a standby
-   of it, else to the one with the smallest lag.
+   of it, else to the one with the smallest lag; when all its holders are full, a chain of
+   this rebalance's takeovers shifts along holders to one with room (``_takeover``).
 4. **Spread.** The rest are dealt in ``(subtopology, partition)`` order over the clients' free
    room, evenly interleaved, so a subtopology is spread over clients.
 5. **Standbys.** Every stateful task gets ``min(num_standby_replicas, clients - 1)`` standbys on
@@ -25,6 +26,7 @@ output whatever the order of the input collections.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import partial
 from itertools import pairwise
@@ -37,6 +39,7 @@ from ._ids import TaskId, as_task
 from ._standby_queue import StandbyQueue
 from ._sticky_sets import _PROCESS_ID, assign_sets
 from ._sticky_small import assign_small
+from ._takeover import augment_takeovers
 from .assignment import ClientAssignment, ClientState
 
 #: Standbys each rack-conflicting standby is weighed against for an exchange.
@@ -353,8 +356,11 @@ class _Run:
                 owner[i] = h
                 room[h] -= 1
                 took.setdefault(h, []).append(i)
-        self._augment(room, took)
         cold = [i for i, ci in enumerate(owner) if ci < 0]
+        if not warm.keys().isdisjoint(cold):
+            cold = augment_takeovers(
+                cold, self._holders, owner, took, room, quotas, bounds, self._no_worse
+            )
 
         # Spread the rest in (subtopology, partition) order over the free room.
         for i, ci in zip(cold, deal(room), strict=True):
@@ -439,24 +445,14 @@ class _Run:
                 return h
         return -1
 
-    def _augment(self, room: list[int], took: dict[int, list[int]]) -> None:
-        """One-step augmenting paths for orphans left cold: if a full holder ``h`` of an orphan
-        took over a task ``u`` that another of ``u``'s warm holders has room for, ``u`` moves
-        there and the orphan goes to ``h``. Bounded work: a few candidates per holder."""
-        owner, warm = self.owner, self.warm
-        for i in [i for i, ci in enumerate(owner) if ci < 0 and i in warm]:
-            for h in warm[i]:
-                for u in took.get(h, [])[:8]:
-                    dest = next((x for x in warm[u] if x != h and room[x] > 0), -1)
-                    if dest >= 0:
-                        owner[u], room[dest] = dest, room[dest] - 1
-                        took[h].remove(u)
-                        took.setdefault(dest, []).append(u)
-                        owner[i] = h
-                        took[h].append(i)
-                        break
-                if owner[i] >= 0:
-                    break
+    def _holders(self, i: int) -> list[int]:
+        """Clients holding state of task ``i``, best first."""
+        return self.warm.get(i, [])
+
+    def _no_worse(self, u: int, a: int, x: int) -> bool:
+        """Whether task ``u``, taken over by ``a``, may go to holder ``x`` instead: ``x`` is as
+        good a holder (a standby holder if ``a`` is one, caught up if ``a`` is)."""
+        return self._rank(u, x)[:2] <= self._rank(u, a)[:2]
 
     # -- standbys ------------------------------------------------------------------------------
 
@@ -516,13 +512,18 @@ class _Run:
         # cannot use that room, so they go while other clients still have theirs.
         need.sort(key=lambda slot: (room[owner[slot // r]] == 0, owner[slot // r]))
         placed: set[int] = set()  # slots filled in this run (no warm state behind them)
+        swaps: _SwapIndex | None = None  # built at the first swap
         for slot in need:
             i = slot // r
             ci = queue.pick(owner[i], copies[i * r : slot])
             if ci >= 0:
                 copies[slot] = ci
+                if swaps is not None:
+                    swaps.add(slot, ci, True)
             else:
-                self._place_by_swap(slot, copies, room, placed)
+                if swaps is None:
+                    swaps = _SwapIndex(copies, placed, len(self.clients))
+                self._place_by_swap(slot, copies, room, placed, swaps)
             placed.add(slot)
         if queue.aware:
             self._exchange_for_racks(need, copies, queue)
@@ -590,7 +591,7 @@ class _Run:
                         break
 
     def _place_by_swap(
-        self, slot: int, copies: list[int], room: list[int], placed: set[int]
+        self, slot: int, copies: list[int], room: list[int], placed: set[int], swaps: _SwapIndex
     ) -> None:
         """Fill ``slot`` (a standby of task ``i``) when every client with room holds ``i``.
 
@@ -599,7 +600,8 @@ class _Run:
         load on target. A copy placed in this run (in ``placed``) moves before one kept from
         before: moving that throws its warm state away. Without such a pair (forced by one copy
         per client), ``i`` goes to the client without a copy that is least loaded per thread.
-        Rare, so it may scan.
+        The first such ``d``, then ``u``, then ``c``, in order; ``swaps`` finds them without
+        rescanning what failed before.
         """
         r, owner = self.replicas, self.owner
         i = slot // r
@@ -612,16 +614,26 @@ class _Run:
             for d in range(len(self.clients)):
                 if holds(i, d):
                     continue
-                for u_slot in range(len(copies)):
+                heap = swaps.heaps[d][fresh]
+                while heap:
+                    u_slot = heap[0]
                     if copies[u_slot] != d or (u_slot in placed) != fresh:
+                        heapq.heappop(heap)  # moved away (or placed again: on the other heap)
                         continue
                     u = u_slot // r
-                    for c in rooms:
-                        if not holds(u, c):
-                            copies[u_slot], copies[slot] = c, d
-                            room[c] -= 1
-                            placed.add(u_slot)
-                            return
+                    c = next((c for c in rooms if not holds(u, c)), -1)
+                    if c < 0:
+                        # Every client with room holds ``u``: rooms only fill and copies only
+                        # arrive there (``d`` has no room), so that stays true.
+                        heapq.heappop(heap)
+                        continue
+                    heapq.heappop(heap)
+                    copies[u_slot], copies[slot] = c, d
+                    room[c] -= 1
+                    placed.add(u_slot)
+                    swaps.add(u_slot, c, True)
+                    swaps.add(slot, d, True)
+                    return
         load = [len(a) for a in self.active]
         for ci in copies:
             if ci >= 0:
@@ -629,6 +641,7 @@ class _Run:
         caps = [c.capacity for c in self.clients]
         free = [d for d in range(len(self.clients)) if not holds(i, d)]
         copies[slot] = min(free, key=lambda d: ((load[d] + 1) / caps[d], d))
+        swaps.add(slot, copies[slot], True)
 
     def _exchange_for_racks(
         self, placed: list[int], copies: list[int], queue: StandbyQueue
@@ -741,3 +754,23 @@ class _Run:
             )
             for ci, c in enumerate(self.clients)
         }
+
+
+class _SwapIndex:
+    """Standby slots by client, kept ones and ones placed in this run apart, as min-heaps of
+    slot numbers (task order): where ``_Run._place_by_swap`` looks for a copy to hand over.
+    Entries go stale when a copy moves; readers drop those."""
+
+    def __init__(self, copies: list[int], placed: set[int], clients: int) -> None:
+        #: ``heaps[d][fresh]``: slots on client ``d``, placed in this run or not.
+        self.heaps: list[tuple[list[int], list[int]]] = [([], []) for _ in range(clients)]
+        for slot, ci in enumerate(copies):
+            if ci >= 0:
+                self.heaps[ci][slot in placed].append(slot)
+        for kept, fresh in self.heaps:
+            heapq.heapify(kept)
+            heapq.heapify(fresh)
+
+    def add(self, slot: int, ci: int, fresh: bool) -> None:
+        """Copy ``slot`` is now on client ``ci``."""
+        heapq.heappush(self.heaps[ci][fresh], slot)
