@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import attrs
 from _common import (
     Quality,
     Report,
@@ -73,6 +74,9 @@ class Config:
     #: (tasks, clients, threads, standbys, joining): a fully replicated group scaling out, where
     #: most standbys need a swap to be placed (every old client holds every task).
     scale_out_sizes: Sequence[tuple[int, int, int, int, int]]
+    #: (tasks, clients, threads, standbys) with clients spread over three racks and more copies
+    #: than racks: conflicts cannot all be avoided, rack-aware placement must not search in vain.
+    rack_sizes: Sequence[tuple[int, int, int, int]]
     memory_tasks: tuple[Sequence[int], int]  # (task counts, fixed clients)
     memory_clients: tuple[int, Sequence[int]]  # (fixed tasks, client counts)
 
@@ -93,6 +97,7 @@ FULL = Config(
         (100000, 1000, 8, 1),
     ],
     scale_out_sizes=[(8000, 5, 1, 4, 3)],
+    rack_sizes=[(5000, 60, 1, 3)],
     memory_tasks=([10_000, 20_000, 40_000, 80_000], 100),
     memory_clients=(20_000, [250, 500, 1000, 2000]),
 )
@@ -106,6 +111,7 @@ QUICK = Config(
     footprint_partitions=12,
     scale_sizes=[(600, 2, 1, 1), (100, 100, 1, 1), (100, 10, 1, 5), (100, 4, 100, 1)],
     scale_out_sizes=[(800, 5, 1, 4, 3)],
+    rack_sizes=[(500, 12, 1, 3)],
     memory_tasks=([1000, 2000, 4000], 20),
     memory_clients=(2000, [25, 50, 100]),
 )
@@ -348,6 +354,15 @@ def thread_spread(split: ThreadAssignment) -> int:
     )
 
 
+def _in_racks(clients: list[ClientState]) -> list[ClientState]:
+    """``clients`` spread over three racks, in turn by member id (stable across rounds)."""
+    return [attrs.evolve(c, rack=f"rack{int(c.process_id[-4:]) % 3}") for c in clients]
+
+
+def _as_is(clients: list[ClientState]) -> list[ClientState]:
+    return clients
+
+
 def scale_workload(cfg: Config) -> list[Report]:
     """Kafka Streams' scale sizes: fresh, rerun on the first result, 10% of clients replaced;
     then the scale-out sizes: fresh, and clients joining."""
@@ -373,15 +388,20 @@ def scale_workload(cfg: Config) -> list[Report]:
             f"one group of as many partitions and ignores threads; runs are cut at "
             f"{cfg.faust_budget:g} s. Rows with a *joined* round: a group where every client "
             "holds every task (standbys = clients - 1) scales out, so most new standbys can "
-            "only be placed by swapping another copy out of the way."
+            "only be placed by swapping another copy out of the way. Rows marked *3 racks*: "
+            "clients spread over three racks, more copies per task than racks; Faust ignores "
+            "racks, so no ratio."
         ),
     )
     slowest_ours = [0.0]
-    sizes = [(*size, 0) for size in cfg.scale_sizes] + list(cfg.scale_out_sizes)
-    for n_tasks, n_clients, threads, replicas, joining in sizes:
+    sizes = [(*size, 0, False) for size in cfg.scale_sizes]
+    sizes += [(*size, False) for size in cfg.scale_out_sizes]
+    sizes += [(*size, 0, True) for size in cfg.rack_sizes]
+    for n_tasks, n_clients, threads, replicas, joining, racks in sizes:
         tasks = make_tasks(n_tasks, SUBTOPOLOGIES)
         members = member_ids(n_clients, "c")
-        fresh = states(members, threads)
+        place = _in_racks if racks else _as_is
+        fresh = place(states(members, threads))
         first = run_ours(cfg, tasks, fresh, replicas)
         assert first.result is not None, first.error
         first_split = split_threads(thread_inputs(first.result, threads, {}))
@@ -389,10 +409,10 @@ def scale_workload(cfg: Config) -> list[Report]:
         kept = [m for m in members if m not in set(replaced)]
         rounds = [
             ("fresh", fresh, {}),
-            ("rerun", states(members, threads, first.result), first_split),
+            ("rerun", place(states(members, threads, first.result)), first_split),
             (
                 "10% replaced",
-                states(kept + member_ids(len(replaced), "new"), threads, first.result),
+                place(states(kept + member_ids(len(replaced), "new"), threads, first.result)),
                 first_split,
             ),
         ]
@@ -422,7 +442,8 @@ def scale_workload(cfg: Config) -> list[Report]:
             m = q_ours.metrics
             assert split.result is not None, split.error
             report.add(
-                f"{n_tasks} / {n_clients} / {threads} / {replicas}",
+                f"{n_tasks} / {n_clients} / {threads} / {replicas}"
+                + (", 3 racks" if racks else ""),
                 name,
                 fmt_time(ours),
                 fmt_time(split),
@@ -431,7 +452,7 @@ def scale_workload(cfg: Config) -> list[Report]:
                 balanced_cell(q_ours),
                 fmt_num(m.load_imbalance),
                 fmt_time(peer),
-                fmt_ratio(peer, ours),
+                "not the same input" if racks else fmt_ratio(peer, ours),
                 "—" if q_peer is None else f"{balanced_cell(q_peer)}, {q_peer.metrics.moves}",
             )
             console.print(

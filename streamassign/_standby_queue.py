@@ -61,6 +61,8 @@ class StandbyQueue:
             if keys:
                 self._tags = tags
                 self._keys = sorted(keys)
+        #: One client of each kind (``kinds``), built at the first rack-aware pick.
+        self._examples: list[int] | None = None
         #: Whether racks or tags take part in placement.
         self.aware = self._racks is not None or self._tags is not None
 
@@ -82,6 +84,33 @@ class StandbyQueue:
                     n += 1
         return n
 
+    def _least_conflicts(self, group: Sequence[int]) -> int:
+        """The fewest ``conflicts`` with ``group`` of any kind of client (0 when there are more
+        kinds than one scan looks at: then only a conflict-free client stops it early)."""
+        examples = self._examples
+        if examples is None:
+            examples = self._examples = []
+            seen: set[int] = set()
+            for ci, k in enumerate(self.kinds()):
+                if k not in seen:
+                    seen.add(k)
+                    examples.append(ci)
+        if len(examples) > RACK_SCAN:
+            return 0
+        return min(self.conflicts(ci, group) for ci in examples)
+
+    def kinds(self) -> list[int]:
+        """Per client, an id shared by the clients with equal rack and tag values (on the keys
+        placement weighs): they have the same ``conflicts`` with any group."""
+        ids: dict[tuple[str | None, tuple[str | None, ...]], int] = {}
+        out = []
+        racks, tags, keys = self._racks, self._tags, self._keys
+        for ci in range(len(self.room)):
+            rack = racks[ci] if racks is not None else None
+            values = tuple(tags[ci].get(k) for k in keys) if tags is not None else ()
+            out.append(ids.setdefault((rack, values), len(ids)))
+        return out
+
     def pick(self, owner: int, held: Sequence[int]) -> int:
         """The client for one more copy of a task active on ``owner`` and held by ``held``
         (-1: every client with room is ``owner`` or in ``held``); its room drops by one."""
@@ -101,6 +130,9 @@ class StandbyQueue:
                 if room[ci] > 0:
                     heapq.heappush(heap, (-room[ci], ci))
         group = [owner, *held] if aware else []
+        # Fewest conflicts any kind of client could have: once found, the most room wins as
+        # with none (the scan would not find fewer; more copies than racks land here).
+        least = self._least_conflicts(group) if aware else 0
         seen: list[tuple[int, int]] = []
         best: tuple[int, int, int, int] | None = None
         while heap:
@@ -116,8 +148,8 @@ class StandbyQueue:
             crowded = pairs.get((owner, ci), 0) >= fair
             if best is None or (conflicts, crowded, neg, ci) < best:
                 best = (conflicts, crowded, neg, ci)
-            if best[0] == 0 and (not best[1] or len(seen) >= SPREAD):
-                break  # most room, no conflict, not crowded (or looked far enough)
+            if best[0] == least and (not best[1] or len(seen) >= SPREAD):
+                break  # most room, fewest conflicts, not crowded (or looked far enough)
             if len(seen) >= RACK_SCAN:
                 break  # the fewest conflicts found
         for entry in seen:

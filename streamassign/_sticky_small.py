@@ -264,7 +264,7 @@ def _actives(
             left.append(i)
     if left:
         cold = left
-        for i in left:
+        for i in left if took or extras else ():
             if hold[i]:
                 bounds = []
                 for w in caps:

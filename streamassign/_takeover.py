@@ -41,8 +41,8 @@ def augment_takeovers(
     bounds: Sequence[tuple[int, int]],
     movable: Callable[[K, int, int], bool] | None = None,
 ) -> list[K]:
-    """Place what chains of takeovers can of the unplaced tasks ``left`` (in order); return the
-    rest, in order, to be dealt cold.
+    """Place what chains of takeovers can of the tasks ``left`` (in order), which the greedy
+    pass could not give to a holder (all full); return the rest, in order, to be dealt cold.
 
     ``holders(t)``: the clients holding state of ``t``, best first. ``took[c]``: the tasks client
     ``c`` took over warm in this rebalance (the only ones a chain may move). ``room[c]``: free
@@ -50,6 +50,9 @@ def augment_takeovers(
     ``u`` may go from ``a`` to ``x`` (default: to any holder). Updates ``owner``, ``took``,
     ``room`` and ``quotas`` in place. Deterministic: clients and tasks are tried in order.
     """
+    donors = _donors(room, quotas, bounds)
+    if not took and not donors:
+        return list(left)  # no chain to shift, and the holders are full: nothing can change
     # links[a][x]: tasks ``a`` took over that ``x`` holds too (and may take from ``a``).
     links: dict[int, dict[int, dict[K, None]]] = {}
 
@@ -68,7 +71,6 @@ def augment_takeovers(
     for a in sorted(took):
         for u in took[a]:
             link(u, a)
-    donors = _donors(room, quotas, bounds)
     dead: set[int] = set()
     cold: list[K] = []
     for t in left:

@@ -77,6 +77,24 @@ def test_fresh_standbys_avoid_the_active_rack_when_racks_are_even(
     assert conflicts(placed, result) == 0
 
 
+@given(task_sets(), st.integers(2, 6), st.integers(2, 3), st.integers(0, 1))
+def test_copies_cover_every_rack_when_they_outnumber_the_racks(
+    tasks: list[TaskId], per_rack: int, n_racks: int, beyond: int
+) -> None:
+    """More copies than racks (conflicts unavoidable): each task's copies still span every
+    rack, so losing a rack never loses a task's state."""
+    replicas = n_racks + beyond
+    clients = [ClientState(f"c{k:02d}") for k in range(per_rack * n_racks)]
+    placed = with_places(clients, RACKS[:n_racks], [])
+    rack = {c.process_id: c.rack for c in placed}
+    result = StickyTaskAssignor(replicas).assign(tasks, placed)
+    spans: dict[TaskId, set[str | None]] = {t: set() for t in tasks}
+    for pid, a in result.items():
+        for t in a.active | a.standby:
+            spans[t].add(rack[pid])
+    assert all(len(racks) == n_racks for racks in spans.values())
+
+
 @given(task_sets(), fresh_clients(), st.integers(1, 3), st.data())
 def test_rack_awareness_never_adds_conflicts(
     tasks: list[TaskId], clients: list[ClientState], replicas: int, data: st.DataObject

@@ -161,18 +161,19 @@ def test_duplicate_claims_resolve_by_lag_then_process_id(
 def cold_orphans_beside_roomy_holders(
     tasks: list[TaskId], clients: list[ClientState], result: dict[str, ClientAssignment]
 ) -> list[tuple[TaskId, str, str]]:
-    """Orphans (no present client ran them) taken over cold by a client given a ceiling above
-    its floor while one of their standby holders stayed below its own ceiling: handing that
-    ceiling to the holder instead would have taken the orphan over warm, at no cost in moves
-    or balance. Each as (task, owner, holder)."""
+    """Orphans (no present client ran them) taken over cold (by a client without local state
+    of them) by a client given a ceiling above its floor while one of their standby holders
+    stayed below its own ceiling: handing that ceiling to the holder instead would have taken
+    the orphan over warm, at no cost in moves or balance. Each as (task, owner, holder)."""
     bounds = bounds_by_client(len(tasks), clients)
     claimed = {t for c in clients for t in c.prev_active}
     owner = {t: p for p, a in result.items() for t in a.active}
+    by_id = {c.process_id: c for c in clients}
     found = []
     for t in tasks:
         holders = [c.process_id for c in clients if t in c.prev_standby]
         p = owner[t]
-        if t in claimed or not holders or p in holders:
+        if t in claimed or not holders or p in holders or t in by_id[p].lags:
             continue
         lo, hi = bounds[p]
         if len(result[p].active) == hi > lo:
