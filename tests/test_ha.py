@@ -22,6 +22,7 @@ from streamassign.metrics import evaluate, violations
 from streamassign.sticky import resolve_previous_owners
 
 from .strategies import assignment_inputs, fresh_clients, task_sets
+from .test_sticky import shuffled
 
 ACCEPTABLE = 100
 Inputs = tuple[list[TaskId], list[ClientState], int, "list[TaskId] | None"]
@@ -334,11 +335,10 @@ def test_a_balanced_caught_up_assignment_is_not_reshuffled(
 def test_deterministic_whatever_the_input_order(inputs: Inputs, rnd: random.Random) -> None:
     tasks, clients, replicas, stateful = inputs
     plan = assignor(replicas, 1).plan(tasks, clients, stateful)
-    shuffled_tasks, shuffled_clients = list(tasks), list(clients)
-    rnd.shuffle(shuffled_tasks)
-    rnd.shuffle(shuffled_clients)
     shuffled_stateful = None if stateful is None else rnd.sample(stateful, len(stateful))
-    again = assignor(replicas, 1).plan(shuffled_tasks, shuffled_clients, shuffled_stateful)
+    again = assignor(replicas, 1).plan(
+        rnd.sample(tasks, len(tasks)), shuffled(clients, rnd), shuffled_stateful
+    )
     assert again == plan
 
 
