@@ -454,9 +454,11 @@ class _Run:
         return self.warm.get(i, [])
 
     def _no_worse(self, u: int, a: int, x: int) -> bool:
-        """Whether task ``u``, taken over by ``a``, may go to holder ``x`` instead: ``x`` is as
-        good a holder (a standby holder if ``a`` is one, caught up if ``a`` is)."""
-        return self._rank(u, x)[:2] <= self._rank(u, a)[:2]
+        """Whether task ``u``, taken over by ``a``, may go to holder ``x`` instead: ``x`` ranks
+        at least as high (``_rank`` without the client index: standby holder, caught up, ran
+        it before, lag), so a chain never takes a task from a restarted process that ran it or
+        from a fresher copy."""
+        return self._rank(u, x)[:4] <= self._rank(u, a)[:4]
 
     # -- standbys ------------------------------------------------------------------------------
 
