@@ -61,8 +61,8 @@ class StandbyQueue:
             if keys:
                 self._tags = tags
                 self._keys = sorted(keys)
-        #: One client of each kind (``kinds``), built at the first rack-aware pick.
-        self._examples: list[int] | None = None
+        #: ``kinds()``, built at its first call (the first rack-aware pick or exchange).
+        self._kinds: tuple[list[int], list[int]] | None = None
         #: Whether racks or tags take part in placement.
         self.aware = self._racks is not None or self._tags is not None
 
@@ -87,29 +87,29 @@ class StandbyQueue:
     def _least_conflicts(self, group: Sequence[int]) -> int:
         """The fewest ``conflicts`` with ``group`` of any kind of client (0 when there are more
         kinds than one scan looks at: then only a conflict-free client stops it early)."""
-        examples = self._examples
-        if examples is None:
-            examples = self._examples = []
-            seen: set[int] = set()
-            for ci, k in enumerate(self.kinds()):
-                if k not in seen:
-                    seen.add(k)
-                    examples.append(ci)
+        examples = self.kinds()[1]
         if len(examples) > RACK_SCAN:
             return 0
         return min(self.conflicts(ci, group) for ci in examples)
 
-    def kinds(self) -> list[int]:
+    def kinds(self) -> tuple[list[int], list[int]]:
         """Per client, an id shared by the clients with equal rack and tag values (on the keys
-        placement weighs): they have the same ``conflicts`` with any group."""
-        ids: dict[tuple[str | None, tuple[str | None, ...]], int] = {}
-        out = []
-        racks, tags, keys = self._racks, self._tags, self._keys
-        for ci in range(len(self.room)):
-            rack = racks[ci] if racks is not None else None
-            values = tuple(tags[ci].get(k) for k in keys) if tags is not None else ()
-            out.append(ids.setdefault((rack, values), len(ids)))
-        return out
+        placement weighs: they have the same ``conflicts`` with any group), numbered in client
+        order; and the first client of each kind. Computed once."""
+        if self._kinds is None:
+            ids: dict[tuple[str | None, tuple[str | None, ...]], int] = {}
+            kind: list[int] = []
+            examples: list[int] = []
+            racks, tags, keys = self._racks, self._tags, self._keys
+            for ci in range(len(self.room)):
+                rack = racks[ci] if racks is not None else None
+                values = tuple(tags[ci].get(k) for k in keys) if tags is not None else ()
+                k = ids.setdefault((rack, values), len(ids))
+                if k == len(examples):
+                    examples.append(ci)
+                kind.append(k)
+            self._kinds = (kind, examples)
+        return self._kinds
 
     def pick(self, owner: int, held: Sequence[int]) -> int:
         """The client for one more copy of a task active on ``owner`` and held by ``held``

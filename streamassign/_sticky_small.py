@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from ._balance import deal, level_order, standby_targets
+from ._balance import deal, level_order, share_bounds, standby_targets
 from ._ids import TaskId, as_task
 from ._sticky_sets import _SWAPS
 from ._takeover import augment_takeovers
@@ -264,13 +264,14 @@ def _actives(
             left.append(i)
     if left:
         cold = left
-        for i in left if took or extras else ():
-            if hold[i]:
-                bounds = []
-                for w in caps:
-                    bounds.append((n * w // whole, -(-n * w // whole)))
-                cold = augment_takeovers(left, _holders(hold), owner, took, room, quotas, bounds)
-                break
+        if took or extras:  # else no chain can exist (``augment_takeovers``' own shortcut)
+            for i in left:
+                if hold[i]:
+                    bounds = share_bounds(n, caps)
+                    cold = augment_takeovers(
+                        left, _holders(hold), owner, took, room, quotas, bounds
+                    )
+                    break
         for i, ci in zip(cold, deal(room), strict=True):
             owner[i] = ci
     return owner, gave_up, free

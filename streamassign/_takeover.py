@@ -65,8 +65,10 @@ def augment_takeovers(
         out = links.get(a, {})
         for x in holders(u):
             found = out.get(x)
-            if found is not None and found.pop(u, 0) is None and not found:
-                del out[x]
+            if found is not None and u in found:
+                del found[u]
+                if not found:
+                    del out[x]
 
     for a in sorted(took):
         for u in took[a]:

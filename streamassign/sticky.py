@@ -525,7 +525,7 @@ class _Run:
             if ci >= 0:
                 copies[slot] = ci
                 if swaps is not None:
-                    swaps.add(slot, ci, True)
+                    swaps.add(slot, ci)
             else:
                 if swaps is None:
                     swaps = _SwapIndex(copies, placed, len(self.clients))
@@ -622,24 +622,22 @@ class _Run:
                     continue
                 heap = swaps.heaps[d][fresh]
                 while heap:
-                    u_slot = heap[0]
+                    # Taken off for good whatever happens: moved away (or placed again: then
+                    # on the other heap), handed over now, or held by every client with room
+                    # (rooms only fill and copies only arrive there, ``d`` has none: that
+                    # stays true).
+                    u_slot = heapq.heappop(heap)
                     if copies[u_slot] != d or (u_slot in placed) != fresh:
-                        heapq.heappop(heap)  # moved away (or placed again: on the other heap)
                         continue
                     u = u_slot // r
                     c = next((c for c in rooms if not holds(u, c)), -1)
-                    if c < 0:
-                        # Every client with room holds ``u``: rooms only fill and copies only
-                        # arrive there (``d`` has no room), so that stays true.
-                        heapq.heappop(heap)
-                        continue
-                    heapq.heappop(heap)
-                    copies[u_slot], copies[slot] = c, d
-                    room[c] -= 1
-                    placed.add(u_slot)
-                    swaps.add(u_slot, c, True)
-                    swaps.add(slot, d, True)
-                    return
+                    if c >= 0:
+                        copies[u_slot], copies[slot] = c, d
+                        room[c] -= 1
+                        placed.add(u_slot)
+                        swaps.add(u_slot, c)
+                        swaps.add(slot, d)
+                        return
         load = [len(a) for a in self.active]
         for ci in copies:
             if ci >= 0:
@@ -647,7 +645,7 @@ class _Run:
         caps = [c.capacity for c in self.clients]
         free = [d for d in range(len(self.clients)) if not holds(i, d)]
         copies[slot] = min(free, key=lambda d: ((load[d] + 1) / caps[d], d))
-        swaps.add(slot, copies[slot], True)
+        swaps.add(slot, copies[slot])
 
     def _exchange_for_racks(
         self, placed: list[int], copies: list[int], queue: StandbyQueue
@@ -675,10 +673,7 @@ class _Run:
             i = slot // r
             return owner[i] == ci or ci in copies[i * r : (i + 1) * r]
 
-        kind = queue.kinds()
-        examples: dict[int, int] = {}  # a client of each kind
-        for ci, k in enumerate(kind):
-            examples.setdefault(k, ci)
+        kind, examples = queue.kinds()
         budget = _EXCHANGE_BUDGET
         for a in placed:
             d = copies[a]
@@ -688,7 +683,7 @@ class _Run:
             here = queue.conflicts(d, mine)
             if here == 0:
                 continue
-            costs = [queue.conflicts(examples[k], mine) for k in range(len(examples))]
+            costs = [queue.conflicts(ci, mine) for ci in examples]  # by kind
             budget -= len(costs)
             if min(costs) >= here:
                 continue  # no client would do better for this copy
@@ -802,6 +797,6 @@ class _SwapIndex:
             heapq.heapify(kept)
             heapq.heapify(fresh)
 
-    def add(self, slot: int, ci: int, fresh: bool) -> None:
-        """Copy ``slot`` is now on client ``ci``."""
-        heapq.heappush(self.heaps[ci][fresh], slot)
+    def add(self, slot: int, ci: int) -> None:
+        """Copy ``slot``, placed in this run, is now on client ``ci``."""
+        heapq.heappush(self.heaps[ci][True], slot)
