@@ -6,6 +6,8 @@ their state could take them: each holder is full, but a chain of takeovers can s
 on to ``a2``, ...) to a client with room; or the chain ends at a holder whose share is
 fractional but got no ceiling while another client holds a ceiling it only fills cold. Moving
 that ceiling is free: both stay within floor and ceiling, and the donor kept everything it ran.
+A ceiling its holder fills with takeovers can move too: the chain then goes on from that holder,
+which passes one of its takeovers on as above.
 
 Only takeovers made in this rebalance move along a chain, never a task a client ran before, so
 the move count does not change. A breadth-first search over clients finds the shortest chain;
@@ -76,23 +78,33 @@ def augment_takeovers(
     dead: set[int] = set()
     cold: list[K] = []
     for t in left:
-        # Breadth first from t's holders, best first; parent[x] = (a, u): u goes from a to x.
-        parent: dict[int, tuple[int, K] | None] = {}
+        # Breadth first from t's holders, best first. parent[x] = (a, (u,)): u goes from a to
+        # x; parent[x] = (a, ()): x, holding a ceiling it fills, hands it to a and then has to
+        # pass one of its own takeovers on.
+        parent: dict[int, tuple[int, tuple[K, ...]] | None] = {}
         queue: list[int] = []
         for h in holders(t):
             if h not in dead and h not in parent:
                 parent[h] = None
                 queue.append(h)
         end = -1
+        ceilings = False  # whether the full ceiling holders are queued already
         for a in queue:  # grows while iterated
-            if room[a] > 0 or (quotas[a] < bounds[a][1] and any(d != a for d in donors)):
+            below = quotas[a] < bounds[a][1]
+            if room[a] > 0 or (below and any(d != a for d in donors)):
                 end = a
                 break
             out = links.get(a)
             if out:
                 for x in sorted(out):
                     if x not in parent and x not in dead:
-                        parent[x] = (a, min(out[x]))
+                        parent[x] = (a, (min(out[x]),))
+                        queue.append(x)
+            if below and not ceilings:
+                ceilings = True
+                for x, (lo, _) in enumerate(bounds):
+                    if quotas[x] > lo and took.get(x) and x not in parent and x not in dead:
+                        parent[x] = (a, ())
                         queue.append(x)
         if end < 0:
             dead.update(queue)
@@ -110,12 +122,17 @@ def augment_takeovers(
         x = end
         step = parent[x]
         while step is not None:
-            a, u = step
-            owner[u] = x
-            took[a].remove(u)
-            took.setdefault(x, []).append(u)
-            unlink(u, a)
-            link(u, x)
+            a, moved = step
+            if moved:
+                (u,) = moved
+                owner[u] = x
+                took[a].remove(u)
+                took.setdefault(x, []).append(u)
+                unlink(u, a)
+                link(u, x)
+            else:  # x's ceiling goes to a: both stay within floor and ceiling
+                quotas[x] -= 1
+                quotas[a] += 1
             x = a
             step = parent[x]
         owner[t] = x

@@ -355,11 +355,18 @@ class _Run:
                     pairs.append((k[0], k[1], k[2], k[3], i, h))
         pairs.sort()
         took: dict[int, list[int]] = {}  # client -> tasks it took over warm
-        for *_, i, h in pairs:
-            if owner[i] < 0 and room[h] > 0:
-                owner[i] = h
-                room[h] -= 1
-                took.setdefault(h, []).append(i)
+        later = len(pairs)
+        if self._ranked:
+            # Standby holders first, chains and moved ceilings included, before a holder with
+            # other local state takes anything: such a holder would fill a ceiling a standby
+            # holder of the same orphan could have had.
+            later = next((k for k, p in enumerate(pairs) if p[0]), later)
+        _take_warm(pairs[:later], owner, room, took)
+        if later < len(pairs):
+            waiting = sorted({p[4] for p in pairs[:later] if owner[p[4]] < 0})
+            if waiting:
+                augment_takeovers(waiting, self._standby_holders, owner, took, room, quotas, bounds)
+            _take_warm(pairs[later:], owner, room, took)
         cold = [i for i, ci in enumerate(owner) if ci < 0]
         if not warm.keys().isdisjoint(cold):
             cold = augment_takeovers(
@@ -452,6 +459,10 @@ class _Run:
     def _holders(self, i: int) -> list[int]:
         """Clients holding state of task ``i``, best first."""
         return self.warm.get(i, [])
+
+    def _standby_holders(self, i: int) -> list[int]:
+        """Clients holding a standby of task ``i``, best first (the first tier of ``_rank``)."""
+        return [h for h in self.warm.get(i, ()) if self._rank(i, h)[0] == 0]
 
     def _no_worse(self, u: int, a: int, x: int) -> bool:
         """Whether task ``u``, taken over by ``a``, may go to holder ``x`` instead: ``x`` ranks
@@ -800,3 +811,18 @@ class _SwapIndex:
     def add(self, slot: int, ci: int) -> None:
         """Copy ``slot``, placed in this run, is now on client ``ci``."""
         heapq.heappush(self.heaps[ci][True], slot)
+
+
+def _take_warm(
+    pairs: list[tuple[int, int, int, int, int, int]],
+    owner: list[int],
+    room: list[int],
+    took: dict[int, list[int]],
+) -> None:
+    """Greedy warm pass: each (rank..., task, holder) pair in order gives the task to the holder
+    while the task has no owner and the holder has room; ``took`` records the takeovers."""
+    for *_, i, h in pairs:
+        if owner[i] < 0 and room[h] > 0:
+            owner[i] = h
+            room[h] -= 1
+            took.setdefault(h, []).append(i)

@@ -158,22 +158,22 @@ def test_duplicate_claims_resolve_by_lag_then_process_id(
     assert evaluate(tasks, clients, result).moves == moved
 
 
-def cold_orphans_beside_roomy_holders(
+def orphans_passing_roomy_standby_holders(
     tasks: list[TaskId], clients: list[ClientState], result: dict[str, ClientAssignment]
 ) -> list[tuple[TaskId, str, str]]:
-    """Orphans (no present client ran them) taken over cold (by a client without local state
-    of them) by a client given a ceiling above its floor while one of their standby holders
-    stayed below its own ceiling: handing that ceiling to the holder instead would have taken
-    the orphan over warm, at no cost in moves or balance. Each as (task, owner, holder)."""
+    """Orphans (no present client ran them) taken by a client holding no standby of them (cold,
+    or warm from other local state such as a lag report) that got a ceiling above its floor,
+    while one of their standby holders stayed below its own ceiling: handing that ceiling to the
+    holder instead would have taken the orphan over from a standby, at no cost in moves or
+    balance. Each as (task, owner, holder)."""
     bounds = bounds_by_client(len(tasks), clients)
     claimed = {t for c in clients for t in c.prev_active}
     owner = {t: p for p, a in result.items() for t in a.active}
-    by_id = {c.process_id: c for c in clients}
     found = []
     for t in tasks:
         holders = [c.process_id for c in clients if t in c.prev_standby]
         p = owner[t]
-        if t in claimed or not holders or p in holders or t in by_id[p].lags:
+        if t in claimed or not holders or p in holders:
             continue
         lo, hi = bounds[p]
         if len(result[p].active) == hi > lo:
@@ -183,11 +183,11 @@ def cold_orphans_beside_roomy_holders(
 
 @given(assignment_inputs())
 def test_orphans_go_to_standby_holders_first(inputs: Inputs) -> None:
-    """No orphan is dealt cold to a client holding a ceiling while one of its standby holders
-    stays below its own ceiling: moving that ceiling to the holder would take it over warm at no
-    cost in moves or balance."""
+    """No orphan goes to a client without a standby of it (cold, or by a lag report) holding a
+    ceiling while one of its standby holders stays below its own ceiling: moving that ceiling
+    to the holder would take it over from the standby at no cost in moves or balance."""
     tasks, clients, _, _ = inputs
-    assert cold_orphans_beside_roomy_holders(tasks, clients, run(inputs)) == []
+    assert orphans_passing_roomy_standby_holders(tasks, clients, run(inputs)) == []
 
 
 @pytest.mark.parametrize("seed", [5, 6, 7, 8])
@@ -199,7 +199,7 @@ def test_orphans_go_to_standby_holders_first_on_chained_rebalances(seed: int) ->
     moving a ceiling a client fills only cold leave none (docs/assignor.md)."""
     for tasks, clients, replicas in chained_rebalances(seed=seed, count=2000):
         result = StickyTaskAssignor(replicas).assign(tasks, clients)
-        assert cold_orphans_beside_roomy_holders(tasks, clients, result) == []
+        assert orphans_passing_roomy_standby_holders(tasks, clients, result) == []
 
 
 def chained_rebalances(
@@ -244,6 +244,30 @@ def chained_rebalances(
             "aaa",
             {"0_2"},
         ),
+        (  # ab reports 0_2 at lag 0, but aa has a standby of it: the ceiling goes to aa
+            6,
+            0,
+            [
+                ClientState("a", 1),
+                ClientState("b", 1),
+                ClientState("aa", 2, prev_standby=["0_0", "0_1", "0_2"]),
+                ClientState("ab", 1, lags={"0_2": 0}),
+            ],
+            "aa",
+            {"0_0", "0_1", "0_2"},
+        ),
+        (  # aa can take 0_1 only with a's ceiling, and a only gives it up by handing 0_0 to b
+            2,
+            0,
+            [
+                ClientState("a", 1, prev_standby=["0_0"], lags={"0_1": 0}),
+                ClientState("b", 3, prev_standby=["0_0"]),
+                ClientState("aa", 1, prev_standby=["0_1"]),
+                ClientState("aaa", 1),
+            ],
+            "aa",
+            {"0_1"},
+        ),
     ],
 )
 def test_orphans_go_to_the_holder_that_can_take_them(
@@ -256,7 +280,7 @@ def test_orphans_go_to_the_holder_that_can_take_them(
     tasks = [TaskId(0, p) for p in range(partitions)]
     result = StickyTaskAssignor(replicas).assign(tasks, clients)
     assert {str(t) for t in result[warm_holder].active} >= orphans
-    assert cold_orphans_beside_roomy_holders(tasks, clients, result) == []
+    assert orphans_passing_roomy_standby_holders(tasks, clients, result) == []
 
 
 @given(assignment_inputs())
