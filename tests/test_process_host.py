@@ -10,10 +10,10 @@ import pytest
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import ProcessHost, TaskListener
 from streamassign.localstate import StateDirectory, StateDirectoryLockedError
-from streamassign.protocol import LATEST_OFFSET, AssignmentInfo
+from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 
 TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s"])], name="app")
-T0, T1 = TaskId(0, 0), TaskId(0, 1)
+T0, T1, T2 = TaskId(0, 0), TaskId(0, 1), TaskId(0, 2)
 
 
 class Recorder(TaskListener):
@@ -74,6 +74,38 @@ def test_restart_reports_previous_actives_until_the_first_assignment(tmp_path: P
     assert again.process_id == h.process_id
     assert again.restored_active(0) == {T0, T1}
     assert again.offset_sums() == {}  # nothing running yet, no checkpoints written
+
+
+def test_restored_claims_hold_until_every_consumer_is_assigned(tmp_path: Path) -> None:
+    """A rebalance that saw only consumer 0 of a restarted process gave it a one-thread share:
+    what it could not take back yet stays claimed (and saved) until consumer 1 joins too."""
+    first = ProcessHost(TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    first.assignors[0].info = AssignmentInfo(active=frozenset({T0, T2}))
+    first.assignors[1].info = AssignmentInfo(active=frozenset({T1}))
+    asyncio.run(first._assigned(0))
+    asyncio.run(first._assigned(1))
+    first.state.close()
+
+    h = ProcessHost(TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T2}))  # only consumer 0 joined
+    asyncio.run(h._assigned(0))
+    assert h.restored_active(0) == {T0, T2} and h.restored_active(1) == {T1}
+    claimed = SubscriptionInfo.decode(h.assignors[0].metadata(["in"]).user_data)
+    assert claimed.previous_active == {T0, T2}
+    h.state.close()
+    crashed = ProcessHost(TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    assert crashed.restored_active(0) == {T0, T2} and crashed.restored_active(1) == {T1}
+    h = crashed
+
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T0, T2}))  # both joined
+    h.assignors[1].info = AssignmentInfo(active=frozenset({T1}))
+    asyncio.run(h._assigned(0))
+    assert h.restored_active(1) == {T1}  # consumer 1 not assigned yet
+    asyncio.run(h._assigned(1))
+    assert h.restored_active(0) == frozenset() and h.restored_active(1) == frozenset()
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T2}))
+    claimed = SubscriptionInfo.decode(h.assignors[0].metadata(["in"]).user_data)
+    assert claimed.previous_active == {T2}  # settled: only what it runs
 
 
 def test_state_directory_is_locked_to_one_process(tmp_path: Path) -> None:

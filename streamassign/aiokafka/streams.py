@@ -103,7 +103,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             self.host.process_id,
             endpoint=self.host.endpoint,
             offset_sums=self.host.offset_sums(),
-            previous_active=self.info.active or self.host.restored_active(self.index),
+            previous_active=self.info.active | self.host.restored_active(self.index),
             join_nonce=next(self._nonce),
             error_code=self.host.requested_error,
             rack=self.host.rack,
@@ -354,6 +354,8 @@ class ProcessHost:
         self.consumers: list[AIOKafkaConsumer] = []
         self._known = [ClientAssignment() for _ in range(threads)]
         self._restored = self.state.read_assignment()
+        #: Consumers assigned since start: the restored claims hold until all of them are.
+        self._joined: set[int] = set()
         self.rebalances = 0
 
     # -- state the protocol reports --------------------------------------------------------------
@@ -368,7 +370,9 @@ class ProcessHost:
         return self._known[consumer]
 
     def restored_active(self, consumer: int) -> frozenset[TaskId]:
-        """What ``consumer`` ran before this process restarted (until its first assignment)."""
+        """What ``consumer`` ran before this process restarted, until every consumer of the
+        process has had an assignment: a rebalance that saw only some of them gave the process
+        a smaller share, and the tasks it could not take back then stay claimed for the next."""
         return self._restored.get(consumer, frozenset())
 
     def offset_sums(self) -> dict[TaskId, int]:
@@ -439,9 +443,15 @@ class ProcessHost:
         info = self.assignors[index].info
         now = ClientAssignment(info.active, info.standby, info.warmup)
         before, self._known[index] = self._known[index], now
-        if before.active != now.active or index in self._restored:
-            self._restored.pop(index, None)
-            actives = {i: a.active for i, a in enumerate(self._known)}
+        self._joined.add(index)
+        joined = bool(self._restored) and len(self._joined) == self.threads
+        if joined:
+            self._restored.clear()
+        if before.active != now.active or joined:
+            # Claims not yet settled are saved too: a crash now must not forget them.
+            actives = {
+                i: a.active | self._restored.get(i, frozenset()) for i, a in enumerate(self._known)
+            }
             try:
                 await asyncio.to_thread(self.state.write_assignment, actives)
             except OSError as exc:
