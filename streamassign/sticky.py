@@ -646,16 +646,14 @@ class _Run:
                         copies[u_slot], copies[slot] = c, d
                         room[c] -= 1
                         placed.add(u_slot)
-                        swaps.add(u_slot, c)
+                        swaps.add(u_slot, c, d)
                         swaps.add(slot, d)
                         return
-        load = [len(a) for a in self.active]
-        for ci in copies:
-            if ci >= 0:
-                load[ci] += 1
-        caps = [c.capacity for c in self.clients]
-        free = [d for d in range(len(self.clients)) if not holds(i, d)]
-        copies[slot] = min(free, key=lambda d: ((load[d] + 1) / caps[d], d))
+        active, count, clients = self.active, swaps.count, self.clients
+        free = [d for d in range(len(clients)) if not holds(i, d)]
+        copies[slot] = min(
+            free, key=lambda d: ((len(active[d]) + count[d] + 1) / clients[d].capacity, d)
+        )
         swaps.add(slot, copies[slot])
 
     def _exchange_for_racks(
@@ -801,16 +799,22 @@ class _SwapIndex:
     def __init__(self, copies: list[int], placed: set[int], clients: int) -> None:
         #: ``heaps[d][fresh]``: slots on client ``d``, placed in this run or not.
         self.heaps: list[tuple[list[int], list[int]]] = [([], []) for _ in range(clients)]
+        #: Standby copies on each client, kept current by ``add``: the fallback's loads.
+        self.count = [0] * clients
         for slot, ci in enumerate(copies):
             if ci >= 0:
                 self.heaps[ci][slot in placed].append(slot)
+                self.count[ci] += 1
         for kept, fresh in self.heaps:
             heapq.heapify(kept)
             heapq.heapify(fresh)
 
-    def add(self, slot: int, ci: int) -> None:
-        """Copy ``slot``, placed in this run, is now on client ``ci``."""
+    def add(self, slot: int, ci: int, was: int = -1) -> None:
+        """Copy ``slot``, placed in this run, is now on client ``ci`` (moved from ``was``)."""
         heapq.heappush(self.heaps[ci][True], slot)
+        self.count[ci] += 1
+        if was >= 0:
+            self.count[was] -= 1
 
 
 def _take_warm(

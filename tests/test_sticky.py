@@ -864,8 +864,8 @@ class _ScanningRun(_Run):
                             room[c] -= 1
                             placed.add(u_slot)
                             return
-        # No pair: the indexed search's own fallback (and its index kept current).
-        super()._place_by_swap(slot, copies, room, placed, _SwapIndex([], set(), len(room)))
+        # No pair: the indexed search's own fallback, with loads counted afresh.
+        super()._place_by_swap(slot, copies, room, placed, _SwapIndex(copies, placed, len(room)))
 
 
 @st.composite
@@ -892,6 +892,23 @@ def test_standby_swaps_found_by_the_index_are_the_first_a_scan_finds(
     ordered = sorted(clients, key=lambda c: c.process_id)
     got = _Run(tasks, ordered, None, replicas).result(fast_path=False)
     assert got == _ScanningRun(tasks, ordered, None, replicas).result(fast_path=False)
+
+
+def test_standby_without_a_swap_goes_to_the_least_loaded_client_per_thread() -> None:
+    """The fallback when no swap exists: only a0, which runs every task, has room. The copy of
+    task 2 goes to the client without one that is least loaded per thread (c2: 2 of 2 threads
+    against b1's 2 of 1), loads counted from the index the swaps keep current."""
+    tasks = [TaskId(0, p) for p in range(3)]
+    clients = [ClientState("a0", 1), ClientState("b1", 1), ClientState("c2", 2)]
+    run = _Run(tasks, clients, None, 1)
+    run.owner[:] = [0, 0, 0]
+    run.active[0][:] = [0, 1, 2]
+    copies, room, placed = [1, 2, -1], [1, 0, 0], {0, 1}
+    swaps = _SwapIndex(copies, placed, 3)
+    run._place_by_swap(2, copies, room, placed, swaps)
+    assert copies == [1, 2, 2]
+    assert swaps.count == [0, 1, 2]
+    assert room == [1, 0, 0]  # forced: no room used up
 
 
 def test_replicated_scale_outs_need_swaps() -> None:
