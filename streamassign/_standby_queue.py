@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 SPREAD = 4
 #: Candidates examined at most while looking for one without rack or tag conflicts.
 RACK_SCAN = 64
+#: Groups whose ``costs`` are remembered at once (a bound on memory; the memo then restarts).
+_MEMO = 1 << 14
 
 
 class StandbyQueue:
@@ -63,6 +65,8 @@ class StandbyQueue:
                 self._keys = sorted(keys)
         #: ``kinds()``, built at its first call (the first rack-aware pick or exchange).
         self._kinds: tuple[list[int], list[int]] | None = None
+        #: ``costs`` by the kinds in a group (only while there are at most ``RACK_SCAN`` kinds).
+        self._costs: dict[tuple[int, ...], list[int]] = {}
         #: Whether racks or tags take part in placement.
         self.aware = self._racks is not None or self._tags is not None
 
@@ -84,13 +88,20 @@ class StandbyQueue:
                     n += 1
         return n
 
-    def _least_conflicts(self, group: Sequence[int]) -> int:
-        """The fewest ``conflicts`` with ``group`` of any kind of client (0 when there are more
-        kinds than one scan looks at: then only a conflict-free client stops it early)."""
-        examples = self.kinds()[1]
+    def costs(self, group: Sequence[int]) -> list[int]:
+        """``conflicts`` with ``group`` of each kind of client, by ``kinds()`` id. They depend only
+        on which kinds the group holds, and groups repeat: with at most ``RACK_SCAN`` kinds
+        they are remembered per such set."""
+        kind, examples = self.kinds()
         if len(examples) > RACK_SCAN:
-            return 0
-        return min(self.conflicts(ci, group) for ci in examples)
+            return [self.conflicts(ci, group) for ci in examples]
+        key = tuple(sorted({kind[g] for g in group}))
+        got = self._costs.get(key)
+        if got is None:
+            if len(self._costs) >= _MEMO:
+                self._costs.clear()
+            got = self._costs[key] = [self.conflicts(ci, group) for ci in examples]
+        return got
 
     def kinds(self) -> tuple[list[int], list[int]]:
         """Per client, an id shared by the clients with equal rack and tag values (on the keys
@@ -131,8 +142,16 @@ class StandbyQueue:
                     heapq.heappush(heap, (-room[ci], ci))
         group = [owner, *held] if aware else []
         # Fewest conflicts any kind of client could have: once found, the most room wins as
-        # with none (the scan would not find fewer; more copies than racks land here).
-        least = self._least_conflicts(group) if aware else 0
+        # with none (the scan would not find fewer; more copies than racks land here). With
+        # more kinds than one scan looks at, only a conflict-free client stops it early.
+        costs: list[int] | None = None
+        least = 0
+        kind: list[int] = []
+        if aware:
+            kind, examples = self.kinds()
+            if len(examples) <= RACK_SCAN:
+                costs = self.costs(group)
+                least = min(costs)
         seen: list[tuple[int, int]] = []
         best: tuple[int, int, int, int] | None = None
         while heap:
@@ -144,7 +163,10 @@ class StandbyQueue:
             seen.append((neg, ci))
             if ci == owner or ci in held:
                 continue
-            conflicts = self.conflicts(ci, group) if aware else 0
+            if costs is not None:
+                conflicts = costs[kind[ci]]
+            else:
+                conflicts = self.conflicts(ci, group) if aware else 0
             crowded = pairs.get((owner, ci), 0) >= fair
             if best is None or (conflicts, crowded, neg, ci) < best:
                 best = (conflicts, crowded, neg, ci)

@@ -36,7 +36,7 @@ import attrs
 
 from ._balance import apportion, deal, level_order, share_bounds, standby_targets
 from ._ids import TaskId, as_task
-from ._standby_queue import StandbyQueue
+from ._standby_queue import RACK_SCAN, StandbyQueue
 from ._sticky_sets import _PROCESS_ID, assign_sets
 from ._sticky_small import assign_small
 from ._takeover import augment_takeovers
@@ -683,16 +683,19 @@ class _Run:
             return owner[i] == ci or ci in copies[i * r : (i + 1) * r]
 
         kind, examples = queue.kinds()
+        few = len(examples) <= RACK_SCAN  # the queue remembers costs by kind
         budget = _EXCHANGE_BUDGET
         for a in placed:
             d = copies[a]
             if d < 0:
                 continue
             mine = group(a)
-            here = queue.conflicts(d, mine)
+            costs = queue.costs(mine) if few else None
+            here = costs[kind[d]] if costs is not None else queue.conflicts(d, mine)
             if here == 0:
                 continue
-            costs = [queue.conflicts(ci, mine) for ci in examples]  # by kind
+            if costs is None:
+                costs = queue.costs(mine)
             budget -= len(costs)
             if min(costs) >= here:
                 continue  # no client would do better for this copy
@@ -707,7 +710,12 @@ class _Run:
                     continue
                 budget -= _EXCHANGE_COST
                 theirs = group(b)
-                if costs[kind[e]] + queue.conflicts(d, theirs) < here + queue.conflicts(e, theirs):
+                if few:
+                    by_kind = queue.costs(theirs)
+                    delta = by_kind[kind[d]] - by_kind[kind[e]]
+                else:
+                    delta = queue.conflicts(d, theirs) - queue.conflicts(e, theirs)
+                if costs[kind[e]] + delta < here:
                     copies[a], copies[b] = e, d
                     break
 
