@@ -282,18 +282,20 @@ class _Holdback:
             u = pool.first(pool.stateless, dest_standby, False)
             if u is not None:
                 return u
-        mine, ready = pool.stateful, self.caught_up_on(dest)
-        small, large = (mine, ready) if len(mine) <= len(ready) else (ready, mine)
-        best = None
-        for u in small:
-            if (
-                u in large
-                and u != t
-                and u not in pools.taken
-                and (u in dest_standby) == paired
-                and (best is None or u < best)
-            ):
-                best = u
+        split = pool.ready.get(dest)
+        if split is None:
+            # Sorted once per (home, dest): a task changes sets only in a swap that takes it,
+            # so whether ``dest`` holds a standby of it stays true for every untaken one. ``t``
+            # is never among them: it is ``dest``'s in the target, not ``home``'s.
+            mine, ready = pool.stateful, self.caught_up_on(dest)
+            small, large = (mine, ready) if len(mine) <= len(ready) else (ready, mine)
+            both = sorted(u for u in small if u in large)
+            split = (
+                [u for u in both if u not in dest_standby],
+                [u for u in both if u in dest_standby],
+            )
+            pool.ready[dest] = split
+        best = pool.first(split[paired], dest_standby, paired)
         if best is not None or pool.kept:
             return best
         return pool.first(pool.orphans, dest_standby, paired)
@@ -570,6 +572,8 @@ class _Pool:
         self.orphans: list[TaskId] = []
         self.taken: set[TaskId] = set()
         self.start: dict[int, int] = {}
+        #: Per client, the stateful tasks here it is caught up on: (no standby there, standby).
+        self.ready: dict[str, tuple[list[TaskId], list[TaskId]]] = {}
 
     def first(self, ordered: list[TaskId], standby: set[TaskId], paired: bool) -> TaskId | None:
         """The smallest task of ``ordered`` not taken yet that is in ``standby`` exactly when
