@@ -22,6 +22,14 @@ from rich.table import Table
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
 from .errors import StreamAssignError
+from .explain import (
+    ClientView,
+    Explanation,
+    explain,
+    load_saved,
+    views_from_assignment,
+    views_from_clients,
+)
 from .grouper import PartitionGrouper
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
@@ -217,6 +225,9 @@ def main() -> None:
     help="Threads per fresh client (with --num-clients).",
 )
 @_standbys_option(0, "num_standby_replicas for stateful tasks.")
+@click.option(
+    "--explain", "show_moves", is_flag=True, help="Also list every task that moved, and why."
+)
 @_json_option("tables")
 def plan(
     topology_file: Path,
@@ -225,6 +236,7 @@ def plan(
     num_clients: int | None,
     threads: int,
     standbys: int,
+    show_moves: bool,
     as_json: bool,
 ) -> None:
     """Group TOPOLOGY_FILE into tasks and assign them to clients."""
@@ -248,12 +260,45 @@ def plan(
         result = StickyTaskAssignor(standbys).assign(tasks, clients, stateful)
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    _warn_ignored_input(tasks, clients, standbys, len(stateful))
     metrics = evaluate(tasks, clients, result, standbys, stateful)
     per_thread = {c.process_id: _threads_of(c, result[c.process_id], stateful) for c in clients}
+    moves = explain(
+        views_from_clients(clients),
+        views_from_assignment(result, {c.process_id: c.capacity for c in clients}),
+        {c.process_id: c.lags for c in clients},
+    )
     if as_json:
-        click.echo(json.dumps(_as_json(tasks, result, per_thread, metrics), indent=2))
+        capacities = {c.process_id: c.capacity for c in clients}
+        data = _as_json(tasks, result, per_thread, metrics, capacities) | _moves_json(moves)
+        click.echo(json.dumps(data, indent=2))
     else:
         _print_tables(loaded.topology.name, tasks, clients, result, per_thread, metrics)
+        if show_moves:
+            _print_moves(Console(), moves)
+
+
+def _warn_ignored_input(
+    tasks: Mapping[TaskId, object],
+    clients: Sequence[ClientState],
+    standbys: int,
+    stateful_count: int,
+) -> None:
+    """One warning line for each kind of input ``plan`` takes but cannot use."""
+    for c in clients:
+        unknown = sorted((c.prev_active | c.prev_standby | c.lags.keys()) - tasks.keys())
+        if unknown:
+            click.echo(
+                f"warning: client {c.process_id!r} reports {len(unknown)} task(s) the topology "
+                f"does not have (ignored): {_task_list(unknown)}",
+                err=True,
+            )
+    if stateful_count and standbys > len(clients) - 1:
+        click.echo(
+            f"warning: --standbys {standbys} needs {standbys + 1} clients; with {len(clients)} "
+            f"each stateful task gets {max(0, len(clients) - 1)} standby(s)",
+            err=True,
+        )
 
 
 def _as_json(
@@ -261,18 +306,18 @@ def _as_json(
     result: Mapping[str, ClientAssignment],
     per_thread: Mapping[str, Mapping[str, ClientAssignment]],
     metrics: AssignmentMetrics,
+    capacities: Mapping[str, int],
 ) -> dict[str, Any]:
-    def ids(ts: frozenset[TaskId]) -> list[str]:
-        return [str(t) for t in sorted(ts)]
-
     return {
         "tasks": {str(t): sorted([tp.topic, tp.partition] for tp in p) for t, p in tasks.items()},
         "assignment": {
             pid: {
-                "active": ids(a.active),
-                "standby": ids(a.standby),
+                "capacity": capacities[pid],
+                "active": _ids(a.active),
+                "standby": _ids(a.standby),
+                "warmup": _ids(a.warmup),
                 "threads": {
-                    th: {"active": ids(x.active), "standby": ids(x.standby)}
+                    th: {"active": _ids(x.active), "standby": _ids(x.standby)}
                     for th, x in per_thread[pid].items()
                 },
             }
@@ -280,6 +325,44 @@ def _as_json(
         },
         "metrics": attrs.asdict(metrics) | {"standby_coverage": metrics.standby_coverage},
     }
+
+
+def _ids(tasks: frozenset[TaskId]) -> list[str]:
+    return [str(t) for t in sorted(tasks)]
+
+
+def _moves_json(moves: Explanation) -> dict[str, Any]:
+    return {
+        "moves": [
+            {
+                "task": str(m.task),
+                "from": m.source,
+                "to": m.destination,
+                "reason": str(m.reason),
+                "landing": str(m.landing),
+            }
+            for m in moves.actives
+        ],
+        "standby_moves": [
+            {"task": str(c.task), "from": c.source, "to": c.destination, "reason": str(c.reason)}
+            for c in moves.standbys
+        ],
+    }
+
+
+def _print_moves(console: Console, moves: Explanation) -> None:
+    table = Table(title=f"Active tasks that moved ({len(moves.actives)}; moves: {moves.moves})")
+    for col in ("task", "from", "to", "why", "state there"):
+        table.add_column(col)
+    for m in moves.actives:
+        table.add_row(str(m.task), m.source or "-", m.destination or "-", m.reason, m.landing)
+    console.print(table)
+    table = Table(title=f"Standbys that moved ({len(moves.standbys)})")
+    for col in ("task", "dropped by", "placed on", "why"):
+        table.add_column(col)
+    for copy in moves.standbys:
+        table.add_row(str(copy.task), copy.source or "-", copy.destination or "-", copy.reason)
+    console.print(table)
 
 
 def _print_tables(
@@ -319,6 +402,83 @@ def _print_tables(
     for row in _metrics_rows(metrics):
         table.add_row(*row)
     console.print(table)
+
+
+# -- saved assignments: explain and diff -----------------------------------------------------------
+
+#: A saved assignment larger than this is refused before parsing: 100k tasks over 1,000 clients
+#: take about 2 MB, so this is far past any real group and still cheap to read.
+_MAX_SAVED_BYTES = 64 * 1024 * 1024
+
+
+def _read_saved(path: Path) -> dict[str, ClientView]:
+    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it."""
+    try:
+        if path.stat().st_size > _MAX_SAVED_BYTES:
+            raise click.ClickException(f"{path}: larger than {_MAX_SAVED_BYTES} bytes")
+        data = json.loads(path.read_bytes())
+        return load_saved(data, str(path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise click.ClickException(f"{path}: cannot read a saved assignment: {reason}") from exc
+    except StreamAssignError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+_saved_arguments = [
+    click.argument("before", type=_EXISTING_FILE),
+    click.argument("after", type=_EXISTING_FILE),
+]
+
+
+@main.command(name="explain")
+@_saved_arguments[0]
+@_saved_arguments[1]
+@_json_option("tables")
+def explain_command(before: Path, after: Path, as_json: bool) -> None:
+    """Every task that moved from BEFORE to AFTER, and the rule that moved it.
+
+    Both are saved assignments (``plan --json`` output).
+    """
+    moves = explain(_read_saved(before), _read_saved(after))
+    if as_json:
+        click.echo(json.dumps(_moves_json(moves), indent=2))
+    else:
+        _print_moves(Console(), moves)
+
+
+@main.command()
+@_saved_arguments[0]
+@_saved_arguments[1]
+@_json_option("a table")
+def diff(before: Path, after: Path, as_json: bool) -> None:
+    """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
+    old, new = _read_saved(before), _read_saved(after)
+    rows = {}
+    for pid in sorted(old.keys() | new.keys()):
+        was = old[pid].assignment if pid in old else ClientAssignment()
+        now = new[pid].assignment if pid in new else ClientAssignment()
+        changes = {
+            f"{sign}{kind}": _ids(frozenset(getattr(a, kind)) - getattr(b, kind))
+            for kind in ("active", "standby", "warmup")
+            for sign, a, b in (("+", now, was), ("-", was, now))
+        }
+        if any(changes.values()) or (pid in old) != (pid in new):
+            status = "joined" if pid not in old else "left" if pid not in new else "changed"
+            rows[pid] = {"status": status, **changes}
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"{before.name} -> {after.name}: {len(rows)} client(s) changed")
+    for col in ("client", "status", "active", "standby", "warmup"):
+        table.add_column(col)
+    for pid, row in rows.items():
+        cells = [
+            " ".join([*(f"+{t}" for t in row[f"+{k}"]), *(f"-{t}" for t in row[f"-{k}"])]) or "="
+            for k in ("active", "standby", "warmup")
+        ]
+        table.add_row(pid, str(row["status"]), *cells)
+    Console().print(table)
 
 
 # -- the simulation pipeline (Spark) ---------------------------------------------------------------
