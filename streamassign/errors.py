@@ -79,3 +79,7 @@ class ErrorCode(enum.IntEnum):
 
 class AssignmentFileError(StreamAssignError, ValueError):
     """A saved assignment (``plan --json`` output given to ``explain`` / ``diff``) is unreadable."""
+
+
+class GroupDescribeError(StreamAssignError):
+    """A live group that cannot be described: broker unreachable, group missing, bad answer."""
