@@ -9,6 +9,7 @@ pipeline commands validate every input, then hand over to ``streamassign.pipelin
 from __future__ import annotations
 
 import json
+import logging
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -479,6 +480,251 @@ def diff(before: Path, after: Path, as_json: bool) -> None:
         ]
         table.add_row(pid, str(row["status"]), *cells)
     Console().print(table)
+
+
+# -- a live group: describe (and --watch) -----------------------------------------------------
+#
+# The Kafka-facing part is streamassign.aiokafka.describe (imported inside the command: aiokafka
+# is an extra); this block only parses options and renders.
+
+
+def _connection(bootstrap: str, timeout: float, security: Mapping[str, Any]) -> Any:
+    import importlib.util
+
+    if importlib.util.find_spec("aiokafka") is None:
+        raise click.ClickException(
+            "describe needs aiokafka, from the aiokafka extra: pip install 'streamassign[aiokafka]'"
+        )
+    from .aiokafka.describe import Connection
+
+    return Connection(bootstrap, timeout_s=timeout, **security)
+
+
+def _short_member(member_id: str) -> str:
+    """A member id fits a narrow column by its tail (aiokafka ids end in a UUID)."""
+    return member_id if len(member_id) <= 12 else "…" + member_id[-8:]
+
+
+def _short_process(pid: str) -> str:
+    """A process id as narrow columns show it: a UUID by its first 8 digits (as git shows a
+    hash), anything else (a Faust URL, a member id) by its tail."""
+    if len(pid) == 36 and pid.count("-") == 4:
+        return pid[:8]
+    return _short_member(pid)
+
+
+def _print_group(console: Console, view: Any, score: Any) -> None:
+    members = len(view.members)
+    processes = view.processes()
+    console.print(
+        f"[bold]{view.group}[/]: {view.state}, protocol {view.protocol or '-'} "
+        f"({view.family}), {members} member(s) in {len(processes)} process(es)"
+    )
+    table = Table(title="Processes")
+    for col in ("process", "cap", "active", "standby", "warmup"):
+        table.add_column(col, overflow="fold")
+    for pid, client in processes.items():
+        a = client.assignment
+        table.add_row(
+            pid,
+            str(client.capacity),
+            f"{len(a.active)}: {_task_list(sorted(a.active))}",
+            f"{len(a.standby)}: {_task_list(sorted(a.standby))}",
+            f"{len(a.warmup)}: {_task_list(sorted(a.warmup))}" if a.warmup else "-",
+        )
+    console.print(table)
+    table = Table(title="Members")
+    for col in ("member", "client@host", "process", "a+s+w", "versions", "error", "gen"):
+        table.add_column(col, overflow="fold", no_wrap=col not in ("client@host", "versions"))
+    for m in sorted(view.members, key=lambda m: (m.process, m.member_id)):
+        tasks = m.undecodable and "undecodable"
+        table.add_row(
+            _short_member(m.member_id),
+            f"{m.client_id}@{m.client_host.lstrip('/')}",
+            _short_process(m.process) if m.undecodable is None else "?",
+            tasks or f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}",
+            m.versions or "-",
+            "-" if m.error == "NONE" else m.error,
+            "-" if m.generation is None else str(m.generation),
+        )
+    console.print(table)
+    for m in view.members:
+        if m.undecodable is not None:
+            console.print(f"member {m.member_id}: undecodable: {m.undecodable}", markup=False)
+    owners: dict[TaskId, tuple[list[str], list[str]]] = {}
+    for pid, client in processes.items():
+        for kind, tasks in enumerate((client.assignment.active, client.assignment.standby)):
+            for t in tasks:
+                owners.setdefault(t, ([], []))[kind].append(_short_process(pid))
+    table = Table(title=f"Tasks ({len(view.tasks)})")
+    for col in ("task", "active on", "standbys on", "partitions"):
+        table.add_column(col, overflow="fold")
+    for t, parts in view.tasks.items():
+        active, standby = owners.get(t, ([], []))
+        table.add_row(
+            str(t), ", ".join(active) or "NONE", ", ".join(standby) or "-", _partition_list(parts)
+        )
+    console.print(table)
+    sums: dict[str, dict[TaskId, int]] = {}
+    for pid, group_members in view.members_by_process().items():
+        for m in group_members:  # every consumer of a process reports the same sums
+            sums.setdefault(pid, {}).update(m.offset_sums)
+    if any(sums.values()):
+        table = Table(title="Reported offset sums (checkpointed; running = active now)")
+        table.add_column("process", overflow="fold")
+        table.add_column("task=offset sum", overflow="fold")
+        for pid, by_task in sums.items():
+            text = ", ".join(
+                f"{t}={'running' if v == -2 else v}" for t, v in sorted(by_task.items())
+            )
+            table.add_row(_short_process(pid), text)
+        console.print(table)
+    _print_quality(console, score)
+
+
+def _print_quality(console: Console, score: Any) -> None:
+    m = score.metrics
+    table = Table(title="Quality of the current assignment")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("tasks / processes", f"{m.tasks} / {m.clients}")
+    for b in score.per_subtopology:
+        table.add_row(
+            f"subtopology {b.subtopology}: actives per process (of {b.tasks})",
+            f"{b.fewest}-{b.most} {'balanced' if b.balanced else 'UNBALANCED'}",
+        )
+    table.add_row("actives balanced in total", "yes" if m.active_balanced else "NO")
+    table.add_row("load imbalance (per thread, max - min)", f"{m.load_imbalance:.2f}")
+    table.add_row(
+        f"standbys placed / required ({score.num_standby_replicas} per stateful task)",
+        f"{m.standbys_placed} / {m.standbys_required}",
+    )
+    console.print(table)
+    for problem in score.problems[:20]:
+        console.print(f"[red]problem:[/] {problem}")
+    if len(score.problems) > 20:
+        console.print(f"[red]... and {len(score.problems) - 20} more problems[/]")
+
+
+async def _watch(
+    connection: Any, group: str, interval: float, standbys: int | None, as_json: bool
+) -> None:
+    from .aiokafka.describe import follow, quality, to_json
+
+    console = Console()
+    before: Mapping[str, ClientView] | None = None
+    async for view in follow(connection, group, interval):
+        if view.state != "Stable":
+            if as_json:
+                click.echo(json.dumps({"group": group, "state": view.state}))
+            else:
+                console.print(
+                    f"{group}: {view.state} (rebalancing; members' bytes come once stable)"
+                )
+            continue
+        score = quality(view, standbys)
+        after = view.processes()
+        moves = explain(before, after) if before is not None else None
+        before = after
+        if as_json:
+            data = to_json(view, score) | ({} if moves is None else _moves_json(moves))
+            click.echo(json.dumps(data))
+            continue
+        console.rule(f"{group} at {_now()}")
+        _print_group(console, view, score)
+        if moves is not None:
+            _print_moves(console, moves)
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).strftime("%H:%M:%S UTC")
+
+
+@main.command()
+@click.argument("group")
+@click.option("--bootstrap", "-b", required=True, metavar="HOST:PORT[,...]", help="Kafka brokers.")
+@click.option(
+    "--security-protocol",
+    type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
+    default="PLAINTEXT",
+    show_default=True,
+)
+@click.option(
+    "--sasl-mechanism",
+    type=click.Choice(["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]),
+    default="PLAIN",
+    show_default=True,
+)
+@click.option(
+    "--sasl-username", envvar="STREAMASSIGN_SASL_USERNAME", help="Or $STREAMASSIGN_SASL_USERNAME."
+)
+@click.option(
+    "--sasl-password", envvar="STREAMASSIGN_SASL_PASSWORD", help="Or $STREAMASSIGN_SASL_PASSWORD."
+)
+@click.option("--ssl-cafile", type=_EXISTING_FILE, help="CA certificates (PEM).")
+@click.option("--ssl-certfile", type=_EXISTING_FILE, help="Client certificate (PEM).")
+@click.option("--ssl-keyfile", type=_EXISTING_FILE, help="Client private key (PEM).")
+@click.option(
+    "--standbys",
+    type=click.IntRange(min=0),
+    default=None,
+    help="num_standby_replicas to score against (default: the most any task has).",
+)
+@_shown("--timeout", kind=click.FloatRange(min=0.1), default=10.0, help="Seconds per broker call.")
+@click.option(
+    "--watch", is_flag=True, help="Follow rebalances: print each new assignment and what moved."
+)
+@_shown(
+    "--interval",
+    kind=click.FloatRange(min=0.1),
+    default=1.0,
+    help="Seconds between polls (--watch).",
+)
+@_json_option("tables (with --watch: one JSON object per line)")
+def describe(
+    group: str,
+    bootstrap: str,
+    standbys: int | None,
+    timeout: float,
+    watch: bool,
+    interval: float,
+    as_json: bool,
+    **security: Any,
+) -> None:
+    """Who runs what in live GROUP: processes, members, tasks, offset sums and quality.
+
+    Decodes the streams protocol (ProcessHost, the Faust assignor), Faust's own assignor and
+    the consumer assignors. With --json the output's "assignment" table is a saved assignment
+    for `streamassign explain` / `diff`.
+    """
+    import asyncio
+
+    from .aiokafka.describe import fetch_group, quality, to_json
+    from .errors import GroupDescribeError
+
+    # aiokafka logs connection failures through logging's last-resort handler; the one-line
+    # error below says it all.
+    aiokafka_log = logging.getLogger("aiokafka")
+    if not aiokafka_log.handlers:
+        aiokafka_log.addHandler(logging.NullHandler())
+    options = {k: v if not isinstance(v, Path) else str(v) for k, v in security.items()}
+    connection = _connection(bootstrap, timeout, options)
+    try:
+        if watch:
+            asyncio.run(_watch(connection, group, interval, standbys, as_json))
+            return
+        view = asyncio.run(fetch_group(connection, group))
+    except GroupDescribeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        return
+    score = quality(view, standbys)
+    if as_json:
+        click.echo(json.dumps(to_json(view, score), indent=2))
+    else:
+        _print_group(Console(), view, score)
 
 
 # -- the simulation pipeline (Spark) ---------------------------------------------------------------
