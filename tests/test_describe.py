@@ -10,6 +10,7 @@ import uuid
 import zlib
 
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,6 +27,7 @@ from streamassign.aiokafka.describe import (
     to_json,
 )
 from streamassign.aiokafka.streams import PROTOCOL_NAME
+from streamassign.cli import main
 from streamassign.consumer.userdata import AssignmentData, MemberData
 from streamassign.errors import ErrorCode
 from streamassign.explain import Reason, explain, load_saved
@@ -277,3 +279,23 @@ def test_json_is_a_saved_assignment_that_explain_reads() -> None:
     moves = {m.task: m for m in explain(old, new).actives}
     assert set(moves) == {T("0_3"), T("1_1")}
     assert all(m.reason == Reason.CLIENT_GONE and m.source == str(P2) for m in moves.values())
+
+
+def test_unreachable_broker_is_one_line_and_a_failure() -> None:
+    result = CliRunner().invoke(
+        main, ["describe", "g", "-b", "127.0.0.1:1", "--timeout", "2"], catch_exceptions=False
+    )
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: cannot reach 127.0.0.1:1: ")
+    assert result.output.count("\n") == 1
+
+
+def test_python_m_streamassign_runs_the_cli() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "streamassign", "describe", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for option in ("--bootstrap", "--sasl-password", "--ssl-cafile", "--watch", "--json"):
+        assert option in out.stdout
