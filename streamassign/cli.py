@@ -513,9 +513,20 @@ def _short_process(pid: str) -> str:
     return _short_member(pid)
 
 
+def _state_note(state: str) -> str:
+    if state in ("PreparingRebalance", "CompletingRebalance"):
+        return f"{state} (rebalancing: members' assignments are shown once it is stable)"
+    if state == "Empty":
+        return "Empty (no members)"
+    return state
+
+
 def _print_group(console: Console, view: Any, score: Any) -> None:
     members = len(view.members)
     processes = view.processes()
+    if view.state != "Stable":
+        console.print(f"{view.group}: {_state_note(view.state)}, {members} member(s)", markup=False)
+        return
     console.print(
         f"[bold]{view.group}[/]: {view.state}, protocol {view.protocol or '-'} "
         f"({view.family}), {members} member(s) in {len(processes)} process(es)"
@@ -570,7 +581,7 @@ def _print_group(console: Console, view: Any, score: Any) -> None:
         for m in group_members:  # every consumer of a process reports the same sums
             sums.setdefault(pid, {}).update(m.offset_sums)
     if any(sums.values()):
-        table = Table(title="Reported offset sums (checkpointed; running = active now)")
+        table = Table(title="Offset sums reported at the last join (running: active then)")
         table.add_column("process", overflow="fold")
         table.add_column("task=offset sum", overflow="fold")
         for pid, by_task in sums.items():
@@ -599,6 +610,8 @@ def _print_quality(console: Console, score: Any) -> None:
         f"standbys placed / required ({score.num_standby_replicas} per stateful task)",
         f"{m.standbys_placed} / {m.standbys_required}",
     )
+    if score.standbys_on_active_rack is not None:
+        table.add_row("standbys on their active's rack", str(score.standbys_on_active_rack))
     console.print(table)
     for problem in score.problems[:20]:
         console.print(f"[red]problem:[/] {problem}")
@@ -618,9 +631,7 @@ async def _watch(
             if as_json:
                 click.echo(json.dumps({"group": group, "state": view.state}))
             else:
-                console.print(
-                    f"{group}: {view.state} (rebalancing; members' bytes come once stable)"
-                )
+                console.print(f"{_now()} {group}: {_state_note(view.state)}", markup=False)
             continue
         score = quality(view, standbys)
         after = view.processes()

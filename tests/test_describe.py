@@ -51,6 +51,7 @@ def streams_member(
     sums: dict[str, int] | None = None,
     version: int = 2,
     error: ErrorCode = ErrorCode.NONE,
+    rack: str | None = None,
 ) -> RawMember:
     act = frozenset(T(t) for t in active.split())
     sub = SubscriptionInfo(
@@ -58,6 +59,7 @@ def streams_member(
         endpoint=f"{process.int}:80",
         offset_sums={T(t): s for t, s in (sums or {}).items()},
         version=version,
+        rack=rack,
     )
     info = AssignmentInfo(
         act,
@@ -299,3 +301,24 @@ def test_python_m_streamassign_runs_the_cli() -> None:
     )
     for option in ("--bootstrap", "--sasl-password", "--ssl-cafile", "--watch", "--json"):
         assert option in out.stdout
+
+
+def test_rack_spread_counts_standbys_beside_their_active() -> None:
+    p3 = uuid.UUID(int=3)
+    raw = [
+        streams_member("m1", P1, "0_0 0_1", "0_2 0_3", rack="r1"),
+        streams_member("m2", P2, "0_2 0_3", "0_0", rack="r1"),
+        streams_member("m3", p3, "1_0 1_1", "0_1", rack="r2"),
+    ]
+    score = quality(describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw))
+    assert score.standbys_on_active_rack == 3  # 0_2, 0_3 and 0_0 share r1 with their active
+    plain = quality(describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group()))
+    assert plain.standbys_on_active_rack is None
+
+
+def test_members_without_metadata_name_no_process() -> None:
+    """A group that is not stable: DescribeGroups sends members without their bytes."""
+    raw = [RawMember("m1", "c", "h"), RawMember("m2", "c", "h")]
+    view = describe_bytes("g", "PreparingRebalance", "consumer", "", raw)
+    assert view.processes() == {} and len(view.members) == 2
+    assert to_json(view, quality(view))["assignment"] == {}

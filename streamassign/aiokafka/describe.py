@@ -160,9 +160,11 @@ class GroupView:
         return out
 
     def members_by_process(self) -> dict[str, list[MemberView]]:
+        """Decoded members with metadata, by process."""
         out: dict[str, list[MemberView]] = {}
         for m in sorted(self.members, key=lambda m: (m.process, m.member_id)):
-            if m.undecodable is None:
+            # Without metadata (the group is not stable) a member says nothing of its process.
+            if m.undecodable is None and m.topics:
                 out.setdefault(m.process, []).append(m)
         return out
 
@@ -369,6 +371,8 @@ class GroupQuality:
     num_standby_replicas: int
     stateful: frozenset[TaskId]
     problems: tuple[str, ...]
+    #: Standbys on the rack of their task's active (``None``: no process reports a rack).
+    standbys_on_active_rack: int | None = None
 
 
 def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQuality:
@@ -399,7 +403,29 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
         balanced = evaluate(own, clients, only).active_balanced if clients else not own
         balance.append(SubtopologyBalance(sub, len(own), min(counts), max(counts), balanced))
     problems = violations(tasks, clients, assignment, replicas, stateful)
-    return GroupQuality(metrics, tuple(balance), replicas, stateful, tuple(problems))
+    return GroupQuality(
+        metrics, tuple(balance), replicas, stateful, tuple(problems), _same_rack(view)
+    )
+
+
+def _same_rack(view: GroupView) -> int | None:
+    """Standbys sharing their active's rack (a rack loss takes both): the spread rule's score."""
+    racks = {
+        pid: rack
+        for pid, members in view.members_by_process().items()
+        for rack in [next((m.rack for m in members if m.rack), None)]
+        if rack is not None
+    }
+    if not racks:
+        return None
+    processes = view.processes()
+    active_rack = {t: racks.get(pid) for pid, v in processes.items() for t in v.assignment.active}
+    return sum(
+        1
+        for pid, v in processes.items()
+        for t in v.assignment.standby
+        if racks.get(pid) is not None and racks.get(pid) == active_rack.get(t)
+    )
 
 
 # -- JSON --------------------------------------------------------------------------------------
@@ -437,6 +463,7 @@ def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
             **attrs.asdict(score.metrics),
             "standby_coverage": score.metrics.standby_coverage,
             "num_standby_replicas": score.num_standby_replicas,
+            "standbys_on_active_rack": score.standbys_on_active_rack,
             "balanced_per_subtopology": {
                 str(b.subtopology): b.balanced for b in score.per_subtopology
             },
@@ -576,11 +603,19 @@ async def follow(
 ) -> AsyncIterator[GroupView]:
     """Poll ``group`` every ``interval_s`` and yield each view whose state or assignment
     differs from the last one yielded (the first view too). Members' bytes are only returned
-    for a stable group, so a rebalance shows as a state change, then the new assignment."""
+    for a stable group, so a rebalance shows as a state change, then the new assignment. A
+    failure after the first view is a view without members whose state says why."""
     last: tuple[str, dict[str, ClientView]] | None = None
     async with _Admin(connection) as admin:
         while True:
-            view = await admin.describe(group)
+            try:
+                view = await admin.describe(group)
+            except GroupDescribeError as exc:
+                if last is None:
+                    raise  # a wrong name or an unreachable group: say so at once
+                # The group went away (every member left) or its coordinator moved: a state
+                # to show, then keep following.
+                view = GroupView(group, f"unavailable: {exc}", "", "", Family.CONSUMER, (), {})
             key = (view.state, view.processes())
             if key != last:
                 last = key
