@@ -635,7 +635,7 @@ async def _watch(
             continue
         score = quality(view, standbys)
         after = view.processes()
-        moves = explain(before, after) if before is not None else None
+        moves = explain(before, after, view.local_state()) if before is not None else None
         before = after
         if as_json:
             data = to_json(view, score) | ({} if moves is None else _moves_json(moves))

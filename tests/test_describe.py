@@ -322,3 +322,11 @@ def test_members_without_metadata_name_no_process() -> None:
     view = describe_bytes("g", "PreparingRebalance", "consumer", "", raw)
     assert view.processes() == {} and len(view.members) == 2
     assert to_json(view, quality(view))["assignment"] == {}
+
+
+def test_cache_reuses_unchanged_members_and_forgets_departed_ones() -> None:
+    cache: dict[tuple[str, RawMember], object] = {}
+    raw = streams_group()
+    first = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw, cache)  # type: ignore[arg-type]
+    again = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw[:2], cache)  # type: ignore[arg-type]
+    assert again.members[0] is first.members[0] and len(cache) == 2
