@@ -21,6 +21,7 @@ from streamassign.aiokafka.describe import (
     FAUST_OWN_PROTOCOL_NAME,
     FAUST_PROTOCOL_NAME,
     Family,
+    MemberView,
     RawMember,
     describe_bytes,
     quality,
@@ -325,8 +326,8 @@ def test_members_without_metadata_name_no_process() -> None:
 
 
 def test_cache_reuses_unchanged_members_and_forgets_departed_ones() -> None:
-    cache: dict[tuple[str, RawMember], object] = {}
+    cache: dict[tuple[str, RawMember], MemberView] = {}
     raw = streams_group()
-    first = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw, cache)  # type: ignore[arg-type]
-    again = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw[:2], cache)  # type: ignore[arg-type]
+    first = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw, cache)
+    again = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw[:2], cache)
     assert again.members[0] is first.members[0] and len(cache) == 2
