@@ -510,6 +510,9 @@ def _short_process(pid: str) -> str:
     hash), anything else (a Faust URL, a member id) by its tail."""
     if len(pid) == 36 and pid.count("-") == 4:
         return pid[:8]
+    if "://" in pid:  # a Faust worker's URL: its host and port say which
+        host = pid.split("://", 1)[1].rstrip("/")
+        return host if len(host) <= 21 else "…" + host[-20:]
     return _short_member(pid)
 
 

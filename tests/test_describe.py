@@ -331,3 +331,14 @@ def test_cache_reuses_unchanged_members_and_forgets_departed_ones() -> None:
     first = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw, cache)
     again = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw[:2], cache)
     assert again.members[0] is first.members[0] and len(cache) == 2
+
+
+def test_faust_json_without_its_keys_or_nested_deeply_is_undecodable() -> None:
+    for data, reason in (
+        (b'{"assignment": {}}', "subscription: no 'url' in the JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "subscription: JSON nested too deeply"),
+        (b'"just a string"', "subscription: metadata is str, not a JSON object"),
+    ):
+        raw = RawMember("w", metadata=meta(["t"], data))
+        (m,) = describe_bytes("g", "Stable", "consumer", FAUST_OWN_PROTOCOL_NAME, [raw]).members
+        assert m.undecodable == reason

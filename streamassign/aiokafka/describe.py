@@ -39,6 +39,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
 )
+from aiokafka.errors import for_code
 
 from .._ids import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
@@ -221,7 +222,11 @@ def decode_member(protocol: str, raw: RawMember) -> MemberView:
             continue  # not assigned yet; or a consumer member without user data
         try:
             view = step(family, protocol, view, data)
-        except (ProtocolError, UserDataError, ValueError, TypeError, KeyError, zlib.error) as exc:
+        except KeyError as exc:
+            return attrs.evolve(view, undecodable=f"{what}: no {exc} in the JSON")
+        except RecursionError:
+            return attrs.evolve(view, undecodable=f"{what}: JSON nested too deeply")
+        except (ProtocolError, UserDataError, ValueError, TypeError, zlib.error) as exc:
             return attrs.evolve(view, undecodable=f"{what}: {exc}")
     return view
 
@@ -616,9 +621,8 @@ class _Admin:
         if entry["error_code"] == _GROUP_ID_NOT_FOUND or entry["state"] == "Dead":
             raise GroupDescribeError(f"group {group!r} does not exist")
         if entry["error_code"]:
-            raise GroupDescribeError(
-                f"cannot describe group {group!r}: error code {entry['error_code']}"
-            )
+            name = for_code(entry["error_code"]).__name__
+            raise GroupDescribeError(f"cannot describe group {group!r}: {name}")
         members = [
             RawMember(
                 m["member_id"],
