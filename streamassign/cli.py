@@ -567,9 +567,14 @@ def _print_group(console: Console, view: Any, score: Any) -> None:
             console.print(f"member {m.member_id}: undecodable: {m.undecodable}", markup=False)
     owners: dict[TaskId, tuple[list[str], list[str]]] = {}
     for pid, client in processes.items():
-        for kind, tasks in enumerate((client.assignment.active, client.assignment.standby)):
+        a, name = client.assignment, _short_process(pid)
+        for kind, tasks, label in (
+            (0, a.active, name),
+            (1, a.standby, name),
+            (1, a.warmup, f"{name} (warmup)"),
+        ):
             for t in tasks:
-                owners.setdefault(t, ([], []))[kind].append(_short_process(pid))
+                owners.setdefault(t, ([], []))[kind].append(label)
     table = Table(title=f"Tasks ({len(view.tasks)})")
     for col in ("task", "active on", "standbys on", "partitions"):
         table.add_column(col, overflow="fold")

@@ -342,3 +342,22 @@ def test_faust_json_without_its_keys_or_nested_deeply_is_undecodable() -> None:
         raw = RawMember("w", metadata=meta(["t"], data))
         (m,) = describe_bytes("g", "Stable", "consumer", FAUST_OWN_PROTOCOL_NAME, [raw]).members
         assert m.undecodable == reason
+
+
+def test_tables_fit_80_columns_and_name_undecodable_members() -> None:
+    from rich.console import Console
+
+    from streamassign.cli import _print_group
+
+    raw = [*streams_group(), RawMember("broken-member", "c", "h", b"\xff\x00garbage")]
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
+    console = Console(width=80, record=True)
+    _print_group(console, view, quality(view))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 80
+    assert "member broken-member: undecodable: subscription: not ConsumerProtocol" in text
+    assert "subtopology 0: actives per process (of 4)" in text
+    rebalancing = describe_bytes("orders", "PreparingRebalance", "consumer", "", [])
+    console = Console(width=80, record=True)
+    _print_group(console, rebalancing, quality(rebalancing))
+    assert "(rebalancing: members' assignments are shown" in console.export_text()
