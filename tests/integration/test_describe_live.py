@@ -275,3 +275,23 @@ def test_faust_app_described(
         assert not [p for p in quality(view).problems if "actives" in p]
     finally:
         cluster.close()
+
+
+def test_member_with_garbage_user_data_is_shown_undecodable(
+    join_app: tuple[App, set[TaskId]],  # noqa: F811 - the imported fixture
+    kafka_bootstrap: str,
+) -> None:
+    app, tasks = join_app
+    app.start("p1", 1)
+    app.start("bad", 1, "--garbage-user-data")
+    state = app.settle(tasks)
+    view = described(kafka_bootstrap, app.topology.name, members=2)
+    bad = next(iter(state["bad"].values()))
+    (broken,) = [m for m in view.members if m.undecodable is not None]
+    assert broken.undecodable is not None and broken.undecodable.startswith("subscription: ")
+    good = observed_processes({"p1": state["p1"]})
+    assert layout(view) == good  # the readable process as it reports itself
+    assert bad["process"] not in view.processes()
+    result = CliRunner().invoke(main, ["describe", app.topology.name, "-b", kafka_bootstrap])
+    assert result.exit_code == 0
+    assert "undecodable: subscription: " in " ".join(result.output.split())  # lines wrap
