@@ -9,6 +9,7 @@ pipeline commands validate every input, then hand over to ``streamassign.pipelin
 from __future__ import annotations
 
 import json
+import logging
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -22,6 +23,14 @@ from rich.table import Table
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
 from .errors import StreamAssignError
+from .explain import (
+    ClientView,
+    Explanation,
+    explain,
+    load_saved,
+    views_from_assignment,
+    views_from_clients,
+)
 from .grouper import PartitionGrouper
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
@@ -217,6 +226,9 @@ def main() -> None:
     help="Threads per fresh client (with --num-clients).",
 )
 @_standbys_option(0, "num_standby_replicas for stateful tasks.")
+@click.option(
+    "--explain", "show_moves", is_flag=True, help="Also list every task that moved, and why."
+)
 @_json_option("tables")
 def plan(
     topology_file: Path,
@@ -225,6 +237,7 @@ def plan(
     num_clients: int | None,
     threads: int,
     standbys: int,
+    show_moves: bool,
     as_json: bool,
 ) -> None:
     """Group TOPOLOGY_FILE into tasks and assign them to clients."""
@@ -248,12 +261,45 @@ def plan(
         result = StickyTaskAssignor(standbys).assign(tasks, clients, stateful)
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    _warn_ignored_input(tasks, clients, standbys, len(stateful))
     metrics = evaluate(tasks, clients, result, standbys, stateful)
     per_thread = {c.process_id: _threads_of(c, result[c.process_id], stateful) for c in clients}
+    moves = explain(
+        views_from_clients(clients),
+        views_from_assignment(result, {c.process_id: c.capacity for c in clients}),
+        {c.process_id: c.lags for c in clients},
+    )
     if as_json:
-        click.echo(json.dumps(_as_json(tasks, result, per_thread, metrics), indent=2))
+        capacities = {c.process_id: c.capacity for c in clients}
+        data = _as_json(tasks, result, per_thread, metrics, capacities) | _moves_json(moves)
+        click.echo(json.dumps(data, indent=2))
     else:
         _print_tables(loaded.topology.name, tasks, clients, result, per_thread, metrics)
+        if show_moves:
+            _print_moves(Console(), moves)
+
+
+def _warn_ignored_input(
+    tasks: Mapping[TaskId, object],
+    clients: Sequence[ClientState],
+    standbys: int,
+    stateful_count: int,
+) -> None:
+    """One warning line for each kind of input ``plan`` takes but cannot use."""
+    for c in clients:
+        unknown = sorted((c.prev_active | c.prev_standby | c.lags.keys()) - tasks.keys())
+        if unknown:
+            click.echo(
+                f"warning: client {c.process_id!r} reports {len(unknown)} task(s) the topology "
+                f"does not have (ignored): {_task_list(unknown)}",
+                err=True,
+            )
+    if stateful_count and standbys > len(clients) - 1:
+        click.echo(
+            f"warning: --standbys {standbys} needs {standbys + 1} clients; with {len(clients)} "
+            f"each stateful task gets {max(0, len(clients) - 1)} standby(s)",
+            err=True,
+        )
 
 
 def _as_json(
@@ -261,18 +307,18 @@ def _as_json(
     result: Mapping[str, ClientAssignment],
     per_thread: Mapping[str, Mapping[str, ClientAssignment]],
     metrics: AssignmentMetrics,
+    capacities: Mapping[str, int],
 ) -> dict[str, Any]:
-    def ids(ts: frozenset[TaskId]) -> list[str]:
-        return [str(t) for t in sorted(ts)]
-
     return {
         "tasks": {str(t): sorted([tp.topic, tp.partition] for tp in p) for t, p in tasks.items()},
         "assignment": {
             pid: {
-                "active": ids(a.active),
-                "standby": ids(a.standby),
+                "capacity": capacities[pid],
+                "active": _ids(a.active),
+                "standby": _ids(a.standby),
+                "warmup": _ids(a.warmup),
                 "threads": {
-                    th: {"active": ids(x.active), "standby": ids(x.standby)}
+                    th: {"active": _ids(x.active), "standby": _ids(x.standby)}
                     for th, x in per_thread[pid].items()
                 },
             }
@@ -280,6 +326,44 @@ def _as_json(
         },
         "metrics": attrs.asdict(metrics) | {"standby_coverage": metrics.standby_coverage},
     }
+
+
+def _ids(tasks: frozenset[TaskId]) -> list[str]:
+    return [str(t) for t in sorted(tasks)]
+
+
+def _moves_json(moves: Explanation) -> dict[str, Any]:
+    return {
+        "moves": [
+            {
+                "task": str(m.task),
+                "from": m.source,
+                "to": m.destination,
+                "reason": str(m.reason),
+                "landing": str(m.landing),
+            }
+            for m in moves.actives
+        ],
+        "standby_moves": [
+            {"task": str(c.task), "from": c.source, "to": c.destination, "reason": str(c.reason)}
+            for c in moves.standbys
+        ],
+    }
+
+
+def _print_moves(console: Console, moves: Explanation) -> None:
+    table = Table(title=f"Active tasks that moved ({len(moves.actives)}; moves: {moves.moves})")
+    for col in ("task", "from", "to", "why", "state there"):
+        table.add_column(col)
+    for m in moves.actives:
+        table.add_row(str(m.task), m.source or "-", m.destination or "-", m.reason, m.landing)
+    console.print(table)
+    table = Table(title=f"Standbys that moved ({len(moves.standbys)})")
+    for col in ("task", "dropped by", "placed on", "why"):
+        table.add_column(col)
+    for copy in moves.standbys:
+        table.add_row(str(copy.task), copy.source or "-", copy.destination or "-", copy.reason)
+    console.print(table)
 
 
 def _print_tables(
@@ -319,6 +403,347 @@ def _print_tables(
     for row in _metrics_rows(metrics):
         table.add_row(*row)
     console.print(table)
+
+
+# -- saved assignments: explain and diff -----------------------------------------------------------
+
+#: A saved assignment larger than this is refused before parsing: 100k tasks over 1,000 clients
+#: take about 2 MB, so this is far past any real group and still cheap to read.
+_MAX_SAVED_BYTES = 64 * 1024 * 1024
+
+
+def _read_saved(path: Path) -> dict[str, ClientView]:
+    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it."""
+    try:
+        if path.stat().st_size > _MAX_SAVED_BYTES:
+            raise click.ClickException(f"{path}: larger than {_MAX_SAVED_BYTES} bytes")
+        data = json.loads(path.read_bytes())
+        return load_saved(data, str(path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise click.ClickException(f"{path}: cannot read a saved assignment: {reason}") from exc
+    except StreamAssignError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+_saved_arguments = [
+    click.argument("before", type=_EXISTING_FILE),
+    click.argument("after", type=_EXISTING_FILE),
+]
+
+
+@main.command(name="explain")
+@_saved_arguments[0]
+@_saved_arguments[1]
+@_json_option("tables")
+def explain_command(before: Path, after: Path, as_json: bool) -> None:
+    """Every task that moved from BEFORE to AFTER, and the rule that moved it.
+
+    Both are saved assignments (``plan --json`` output).
+    """
+    moves = explain(_read_saved(before), _read_saved(after))
+    if as_json:
+        click.echo(json.dumps(_moves_json(moves), indent=2))
+    else:
+        _print_moves(Console(), moves)
+
+
+@main.command()
+@_saved_arguments[0]
+@_saved_arguments[1]
+@_json_option("a table")
+def diff(before: Path, after: Path, as_json: bool) -> None:
+    """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
+    old, new = _read_saved(before), _read_saved(after)
+    rows = {}
+    for pid in sorted(old.keys() | new.keys()):
+        was = old[pid].assignment if pid in old else ClientAssignment()
+        now = new[pid].assignment if pid in new else ClientAssignment()
+        changes = {
+            f"{sign}{kind}": _ids(frozenset(getattr(a, kind)) - getattr(b, kind))
+            for kind in ("active", "standby", "warmup")
+            for sign, a, b in (("+", now, was), ("-", was, now))
+        }
+        if any(changes.values()) or (pid in old) != (pid in new):
+            status = "joined" if pid not in old else "left" if pid not in new else "changed"
+            rows[pid] = {"status": status, **changes}
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"{before.name} -> {after.name}: {len(rows)} client(s) changed")
+    for col in ("client", "status", "active", "standby", "warmup"):
+        table.add_column(col)
+    for pid, row in rows.items():
+        cells = [
+            " ".join([*(f"+{t}" for t in row[f"+{k}"]), *(f"-{t}" for t in row[f"-{k}"])]) or "="
+            for k in ("active", "standby", "warmup")
+        ]
+        table.add_row(pid, str(row["status"]), *cells)
+    Console().print(table)
+
+
+# -- a live group: describe (and --watch) -----------------------------------------------------
+#
+# The Kafka-facing part is streamassign.aiokafka.describe (imported inside the command: aiokafka
+# is an extra); this block only parses options and renders.
+
+
+def _connection(bootstrap: str, timeout: float, security: Mapping[str, Any]) -> Any:
+    import importlib.util
+
+    if importlib.util.find_spec("aiokafka") is None:
+        raise click.ClickException(
+            "describe needs aiokafka, from the aiokafka extra: pip install 'streamassign[aiokafka]'"
+        )
+    from .aiokafka.describe import Connection
+
+    return Connection(bootstrap, timeout_s=timeout, **security)
+
+
+def _short_member(member_id: str) -> str:
+    """A member id fits a narrow column by its tail (aiokafka ids end in a UUID)."""
+    return member_id if len(member_id) <= 12 else "…" + member_id[-8:]
+
+
+def _short_process(pid: str) -> str:
+    """A process id as narrow columns show it: a UUID by its first 8 digits (as git shows a
+    hash), anything else (a Faust URL, a member id) by its tail."""
+    if len(pid) == 36 and pid.count("-") == 4:
+        return pid[:8]
+    if "://" in pid:  # a Faust worker's URL: its host and port say which
+        host = pid.split("://", 1)[1].rstrip("/")
+        return host if len(host) <= 21 else "…" + host[-20:]
+    return _short_member(pid)
+
+
+def _state_note(state: str) -> str:
+    if state in ("PreparingRebalance", "CompletingRebalance"):
+        return f"{state} (rebalancing: members' assignments are shown once it is stable)"
+    if state == "Empty":
+        return "Empty (no members)"
+    return state
+
+
+def _print_group(console: Console, view: Any, score: Any) -> None:
+    members = len(view.members)
+    processes = view.processes()
+    if view.state != "Stable":
+        console.print(f"{view.group}: {_state_note(view.state)}, {members} member(s)", markup=False)
+        return
+    console.print(
+        f"[bold]{view.group}[/]: {view.state}, protocol {view.protocol or '-'} "
+        f"({view.family}), {members} member(s) in {len(processes)} process(es)"
+    )
+    table = Table(title="Processes")
+    for col in ("process", "cap", "active", "standby", "warmup"):
+        table.add_column(col, overflow="fold")
+    for pid, client in processes.items():
+        a = client.assignment
+        table.add_row(
+            pid,
+            str(client.capacity),
+            f"{len(a.active)}: {_task_list(sorted(a.active))}",
+            f"{len(a.standby)}: {_task_list(sorted(a.standby))}",
+            f"{len(a.warmup)}: {_task_list(sorted(a.warmup))}" if a.warmup else "-",
+        )
+    console.print(table)
+    table = Table(title="Members")
+    for col in ("member", "client@host", "process", "a+s+w", "versions", "error", "gen"):
+        table.add_column(col, overflow="fold", no_wrap=col not in ("client@host", "versions"))
+    for m in sorted(view.members, key=lambda m: (m.process, m.member_id)):
+        tasks = m.undecodable and "undecodable"
+        table.add_row(
+            _short_member(m.member_id),
+            f"{m.client_id}@{m.client_host.lstrip('/')}",
+            _short_process(m.process) if m.undecodable is None else "?",
+            tasks or f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}",
+            m.versions or "-",
+            "-" if m.error == "NONE" else m.error,
+            "-" if m.generation is None else str(m.generation),
+        )
+    console.print(table)
+    for m in view.members:
+        if m.undecodable is not None:
+            console.print(f"member {m.member_id}: undecodable: {m.undecodable}", markup=False)
+    owners: dict[TaskId, tuple[list[str], list[str]]] = {}
+    for pid, client in processes.items():
+        a, name = client.assignment, _short_process(pid)
+        for kind, tasks, label in (
+            (0, a.active, name),
+            (1, a.standby, name),
+            (1, a.warmup, f"{name} (warmup)"),
+        ):
+            for t in tasks:
+                owners.setdefault(t, ([], []))[kind].append(label)
+    table = Table(title=f"Tasks ({len(view.tasks)})")
+    for col in ("task", "active on", "standbys on", "partitions"):
+        table.add_column(col, overflow="fold")
+    for t, parts in view.tasks.items():
+        active, standby = owners.get(t, ([], []))
+        table.add_row(
+            str(t), ", ".join(active) or "NONE", ", ".join(standby) or "-", _partition_list(parts)
+        )
+    console.print(table)
+    sums: dict[str, dict[TaskId, int]] = {}
+    for pid, group_members in view.members_by_process().items():
+        for m in group_members:  # every consumer of a process reports the same sums
+            sums.setdefault(pid, {}).update(m.offset_sums)
+    if any(sums.values()):
+        table = Table(title="Offset sums reported at the last join (running: active then)")
+        table.add_column("process", overflow="fold")
+        table.add_column("task=offset sum", overflow="fold")
+        for pid, by_task in sums.items():
+            text = ", ".join(
+                f"{t}={'running' if v == -2 else v}" for t, v in sorted(by_task.items())
+            )
+            table.add_row(_short_process(pid), text)
+        console.print(table)
+    _print_quality(console, score)
+
+
+def _print_quality(console: Console, score: Any) -> None:
+    m = score.metrics
+    table = Table(title="Quality of the current assignment")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("tasks / processes", f"{m.tasks} / {m.clients}")
+    for b in score.per_subtopology:
+        table.add_row(
+            f"subtopology {b.subtopology}: actives per process (of {b.tasks})",
+            f"{b.fewest}-{b.most} {'balanced' if b.balanced else 'UNBALANCED'}",
+        )
+    table.add_row("actives balanced in total", "yes" if m.active_balanced else "NO")
+    table.add_row("load imbalance (per thread, max - min)", f"{m.load_imbalance:.2f}")
+    table.add_row(
+        f"standbys placed / required ({score.num_standby_replicas} per stateful task)",
+        f"{m.standbys_placed} / {m.standbys_required}",
+    )
+    if score.standbys_on_active_rack is not None:
+        table.add_row("standbys on their active's rack", str(score.standbys_on_active_rack))
+    console.print(table)
+    for problem in score.problems[:20]:
+        console.print(f"[red]problem:[/] {problem}")
+    if len(score.problems) > 20:
+        console.print(f"[red]... and {len(score.problems) - 20} more problems[/]")
+
+
+async def _watch(
+    connection: Any, group: str, interval: float, standbys: int | None, as_json: bool
+) -> None:
+    from .aiokafka.describe import follow, quality, to_json
+
+    console = Console()
+    before: Mapping[str, ClientView] | None = None
+    async for view in follow(connection, group, interval):
+        if view.state != "Stable":
+            if as_json:
+                click.echo(json.dumps({"group": group, "state": view.state}))
+            else:
+                console.print(f"{_now()} {group}: {_state_note(view.state)}", markup=False)
+            continue
+        score = quality(view, standbys)
+        after = view.processes()
+        moves = explain(before, after, view.local_state()) if before is not None else None
+        before = after
+        if as_json:
+            data = to_json(view, score) | ({} if moves is None else _moves_json(moves))
+            click.echo(json.dumps(data))
+            continue
+        console.rule(f"{group} at {_now()}")
+        _print_group(console, view, score)
+        if moves is not None:
+            _print_moves(console, moves)
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).strftime("%H:%M:%S UTC")
+
+
+@main.command()
+@click.argument("group")
+@click.option("--bootstrap", "-b", required=True, metavar="HOST:PORT[,...]", help="Kafka brokers.")
+@click.option(
+    "--security-protocol",
+    type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
+    default="PLAINTEXT",
+    show_default=True,
+)
+@click.option(
+    "--sasl-mechanism",
+    type=click.Choice(["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]),
+    default="PLAIN",
+    show_default=True,
+)
+@click.option(
+    "--sasl-username", envvar="STREAMASSIGN_SASL_USERNAME", help="Or $STREAMASSIGN_SASL_USERNAME."
+)
+@click.option(
+    "--sasl-password", envvar="STREAMASSIGN_SASL_PASSWORD", help="Or $STREAMASSIGN_SASL_PASSWORD."
+)
+@click.option("--ssl-cafile", type=_EXISTING_FILE, help="CA certificates (PEM).")
+@click.option("--ssl-certfile", type=_EXISTING_FILE, help="Client certificate (PEM).")
+@click.option("--ssl-keyfile", type=_EXISTING_FILE, help="Client private key (PEM).")
+@click.option(
+    "--standbys",
+    type=click.IntRange(min=0),
+    default=None,
+    help="num_standby_replicas to score against (default: the most any task has).",
+)
+@_shown("--timeout", kind=click.FloatRange(min=0.1), default=10.0, help="Seconds per broker call.")
+@click.option(
+    "--watch", is_flag=True, help="Follow rebalances: print each new assignment and what moved."
+)
+@_shown(
+    "--interval",
+    kind=click.FloatRange(min=0.1),
+    default=1.0,
+    help="Seconds between polls (--watch).",
+)
+@_json_option("tables (with --watch: one JSON object per line)")
+def describe(
+    group: str,
+    bootstrap: str,
+    standbys: int | None,
+    timeout: float,
+    watch: bool,
+    interval: float,
+    as_json: bool,
+    **security: Any,
+) -> None:
+    """Who runs what in live GROUP: processes, members, tasks, offset sums and quality.
+
+    Decodes the streams protocol (ProcessHost, the Faust assignor), Faust's own assignor and
+    the consumer assignors. With --json the output's "assignment" table is a saved assignment
+    for `streamassign explain` / `diff`.
+    """
+    import asyncio
+
+    from .aiokafka.describe import fetch_group, quality, to_json
+    from .errors import GroupDescribeError
+
+    # aiokafka logs connection failures through logging's last-resort handler; the one-line
+    # error below says it all.
+    aiokafka_log = logging.getLogger("aiokafka")
+    if not aiokafka_log.handlers:
+        aiokafka_log.addHandler(logging.NullHandler())
+    options = {k: v if not isinstance(v, Path) else str(v) for k, v in security.items()}
+    connection = _connection(bootstrap, timeout, options)
+    try:
+        if watch:
+            asyncio.run(_watch(connection, group, interval, standbys, as_json))
+            return
+        view = asyncio.run(fetch_group(connection, group))
+    except GroupDescribeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        return
+    score = quality(view, standbys)
+    if as_json:
+        click.echo(json.dumps(to_json(view, score), indent=2))
+    else:
+        _print_group(Console(), view, score)
 
 
 # -- the simulation pipeline (Spark) ---------------------------------------------------------------

@@ -75,3 +75,11 @@ class ErrorCode(enum.IntEnum):
     INCOMPLETE_SOURCE_TOPIC_METADATA = 1
     ASSIGNMENT_ERROR = 2
     SHUTDOWN_REQUESTED = 3
+
+
+class AssignmentFileError(StreamAssignError, ValueError):
+    """A saved assignment (``plan --json`` output given to ``explain`` / ``diff``) is unreadable."""
+
+
+class GroupDescribeError(StreamAssignError):
+    """A live group that cannot be described: broker unreachable, group missing, bad answer."""

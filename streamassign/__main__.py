@@ -1,0 +1,5 @@
+"""``python -m streamassign``: the CLI (``streamassign`` without the console script)."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,676 @@
+"""Describe a live group: every member's subscription and assignment, decoded (``streamassign
+describe``).
+
+DescribeGroups returns, for a stable group, each member's metadata and assignment bytes of the
+protocol the coordinator chose. Both are Kafka's ConsumerProtocol (topics / partitions plus user
+data); the user data is what this module decodes, per protocol family:
+
+- **streams** — ``ProcessHost`` (``PROTOCOL_NAME``) and the Faust drop-in assignor
+  (``"streamassign-faust"``): ``SubscriptionInfo`` / ``AssignmentInfo``, every version.
+- **faust** — Faust's own assignor: JSON ``ClientMetadata`` (subscription) and zlib-compressed
+  JSON ``ClientMetadata`` (assignment); read as JSON, so Faust is never imported.
+- **consumer** — ``GroupAssignor`` (``"streamassign-<name>"``): ``MemberData`` /
+  ``AssignmentData``; any other protocol (aiokafka's ``range``, ``roundrobin``...) is read as
+  plain ConsumerProtocol, partitions only.
+
+Bytes that cannot be read make a member ``undecodable`` with the reason, never an exception.
+The decoding and the summaries are pure functions of bytes (``describe_bytes``); only
+``fetch_group`` and ``follow`` talk to a broker.
+
+Tasks: a streams task is ``subtopology_partition``; a Faust (own assignor) task is
+``topicgroup_partition`` with Faust's topic group numbers; for consumer groups, ``t_p`` is
+partition ``p`` of the ``t``-th subscribed topic in name order (``GroupView.tasks`` maps every
+task to its partitions). Generations: DescribeGroups does not return the group's generation;
+``MemberView.generation`` is the consumer assignors' own count from the assignment user data,
+``None`` for the other protocols.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import zlib
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+import attrs
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+from aiokafka.errors import for_code
+
+from .._ids import TaskId, TopicPartition
+from ..assignment import ClientAssignment, ClientState
+from ..consumer.userdata import AssignmentData, MemberData, UserDataError
+from ..errors import GroupDescribeError
+from ..explain import ClientView
+from ..metrics import AssignmentMetrics, evaluate, violations
+from ..protocol import LATEST_OFFSET, AssignmentInfo, ProtocolError, SubscriptionInfo
+from .consumer import ASSIGNORS
+from .streams import PROTOCOL_NAME
+
+#: ``streamassign.faust.PROTOCOL_NAME`` and ``streamassign.faust.leader.CAPACITY_TAG``, spelt
+#: out: importing ``streamassign.faust`` imports Faust, which describing a group must not need.
+#: A unit test pins them to the originals.
+FAUST_PROTOCOL_NAME = "streamassign-faust"
+FAUST_CAPACITY_TAG = "streamassign.capacity"
+#: Faust's own assignor (``faust.assignor.PartitionAssignor.name``).
+FAUST_OWN_PROTOCOL_NAME = "faust"
+
+#: Faust's assignment JSON is zlib-compressed; inflating more than this is a bomb, not a group.
+_MAX_INFLATED = 64 * 1024 * 1024
+
+
+class Family(enum.StrEnum):
+    """The protocol family a group's chosen assignor belongs to."""
+
+    STREAMS = "streams"
+    FAUST = "faust"
+    CONSUMER = "consumer"
+
+
+def family_of(protocol: str) -> Family:
+    if protocol in (PROTOCOL_NAME, FAUST_PROTOCOL_NAME):
+        return Family.STREAMS
+    if protocol == FAUST_OWN_PROTOCOL_NAME:
+        return Family.FAUST
+    return Family.CONSUMER
+
+
+def _has_member_data(protocol: str) -> bool:
+    """Whether the consumer protocol's user data is ``MemberData`` (a ``GroupAssignor``)."""
+    return protocol in {f"streamassign-{name}" for name in ASSIGNORS}
+
+
+@attrs.frozen
+class RawMember:
+    """One member as DescribeGroups returns it."""
+
+    member_id: str
+    client_id: str = ""
+    client_host: str = ""
+    metadata: bytes = b""
+    assignment: bytes = b""
+
+
+@attrs.frozen
+class MemberView:
+    """One member, decoded. ``process`` groups members: a streams process id, a Faust worker's
+    URL, else the member id. ``undecodable`` says why some bytes could not be read (what could
+    be read before that is kept)."""
+
+    member_id: str
+    client_id: str
+    client_host: str
+    process: str
+    topics: tuple[str, ...] = ()
+    partitions: tuple[TopicPartition, ...] = ()
+    active: frozenset[TaskId] = frozenset()
+    standby: frozenset[TaskId] = frozenset()
+    warmup: frozenset[TaskId] = frozenset()
+    #: Streams protocol: per task, ``LATEST_OFFSET`` (running) or the checkpointed changelog sum.
+    offset_sums: Mapping[TaskId, int] = attrs.field(factory=dict)
+    #: A weight the member declares (consumer ``weight``, Faust ``streamassign.capacity``).
+    capacity: int | None = None
+    endpoint: str | None = None
+    rack: str | None = None
+    #: ``"sub v2/2 asg v2/2"``: versions and latest supported / common versions of the user data.
+    versions: str = ""
+    error: str = "NONE"
+    generation: int | None = None
+    #: Streams protocol: per subtopology, its source topics and their partition counts.
+    topic_dictionary: Mapping[int, Mapping[str, int]] = attrs.field(factory=dict)
+    #: Faust's own assignor: topic -> topic group, from the assignment.
+    topic_groups: Mapping[str, int] = attrs.field(factory=dict)
+    undecodable: str | None = None
+
+    @property
+    def assignment(self) -> ClientAssignment:
+        return ClientAssignment(self.active, self.standby, self.warmup)
+
+
+@attrs.frozen
+class GroupView:
+    """A described group: its members decoded, and every known task with its partitions."""
+
+    group: str
+    state: str
+    protocol_type: str
+    protocol: str
+    family: Family
+    members: tuple[MemberView, ...]
+    tasks: Mapping[TaskId, frozenset[TopicPartition]]
+
+    def processes(self) -> dict[str, ClientView]:
+        """The assignment per process (``explain``'s input), undecodable members left out.
+        Capacity: the largest weight a member declares, else the process's member count."""
+        out: dict[str, ClientView] = {}
+        for pid, members in self.members_by_process().items():
+            declared = [m.capacity for m in members if m.capacity is not None]
+            a = [m.assignment for m in members]
+            out[pid] = ClientView(
+                max(declared) if declared else len(members),
+                ClientAssignment(
+                    frozenset().union(*(x.active for x in a)),
+                    frozenset().union(*(x.standby for x in a)),
+                    frozenset().union(*(x.warmup for x in a)),
+                ),
+            )
+        return out
+
+    def local_state(self) -> dict[str, dict[TaskId, int]]:
+        """Per process, the tasks it reported checkpointed state of when it joined (offset
+        sums other than ``LATEST_OFFSET``): ``explain``'s ``lags`` (warm or cold landings)."""
+        out: dict[str, dict[TaskId, int]] = {}
+        for pid, members in self.members_by_process().items():
+            for m in members:
+                held = {t: s for t, s in m.offset_sums.items() if s != LATEST_OFFSET}
+                out.setdefault(pid, {}).update(held)
+        return out
+
+    def members_by_process(self) -> dict[str, list[MemberView]]:
+        """Decoded members with metadata, by process."""
+        out: dict[str, list[MemberView]] = {}
+        for m in sorted(self.members, key=lambda m: (m.process, m.member_id)):
+            # Without metadata (the group is not stable) a member says nothing of its process.
+            if m.undecodable is None and m.topics:
+                out.setdefault(m.process, []).append(m)
+        return out
+
+
+# -- decoding one member ---------------------------------------------------------------------
+
+
+def _consumer_protocol(raw: RawMember) -> tuple[Any, Any]:
+    """The outer ConsumerProtocol structs (``None`` where the bytes are empty: a member not
+    yet assigned). aiokafka's struct decoder raises assorted exceptions on garbage."""
+    meta = asg = None
+    try:
+        if raw.metadata:
+            meta = ConsumerProtocolMemberMetadata.decode(raw.metadata)
+    except Exception as exc:  # untrusted bytes into a third-party decoder: any failure
+        raise GroupDescribeError(f"subscription: not ConsumerProtocol metadata ({exc!r})") from exc
+    try:
+        if raw.assignment:
+            asg = ConsumerProtocolMemberAssignment.decode(raw.assignment)
+    except Exception as exc:
+        raise GroupDescribeError(f"assignment: not ConsumerProtocol ({exc!r})") from exc
+    return meta, asg
+
+
+def decode_member(protocol: str, raw: RawMember) -> MemberView:
+    """``raw`` decoded as ``protocol`` speaks; never raises (see ``MemberView.undecodable``)."""
+    view = MemberView(raw.member_id, raw.client_id, raw.client_host, raw.member_id)
+    try:
+        meta, asg = _consumer_protocol(raw)
+    except GroupDescribeError as exc:
+        return attrs.evolve(view, undecodable=str(exc))
+    topics = tuple(sorted(meta.subscription)) if meta is not None else ()
+    partitions = tuple(sorted(TopicPartition(*tp) for tp in asg.partitions())) if asg else ()
+    view = attrs.evolve(view, topics=topics, partitions=partitions)
+    meta_data = (meta.user_data or b"") if meta is not None else b""
+    asg_data = (asg.user_data or b"") if asg is not None else b""
+    family = family_of(protocol)
+    steps = (
+        (_subscription, meta_data, "subscription"),
+        (_assignment, asg_data, "assignment"),
+    )
+    for step, data, what in steps:
+        if not data and (what == "assignment" or family == Family.CONSUMER):
+            continue  # not assigned yet; or a consumer member without user data
+        try:
+            view = step(family, protocol, view, data)
+        except KeyError as exc:
+            return attrs.evolve(view, undecodable=f"{what}: no {exc} in the JSON")
+        except RecursionError:
+            return attrs.evolve(view, undecodable=f"{what}: JSON nested too deeply")
+        except (ProtocolError, UserDataError, ValueError, TypeError, zlib.error) as exc:
+            return attrs.evolve(view, undecodable=f"{what}: {exc}")
+    return view
+
+
+def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) -> MemberView:
+    if family == Family.STREAMS:
+        info = SubscriptionInfo.decode(data)
+        capacity = info.client_tags.get(FAUST_CAPACITY_TAG)
+        return attrs.evolve(
+            view,
+            process=str(info.process_id),
+            offset_sums=dict(info.offset_sums),
+            capacity=int(capacity) if capacity and capacity.isdigit() else None,
+            endpoint=info.endpoint,
+            rack=info.rack,
+            versions=f"sub v{info.version}/{info.latest_supported_version}",
+            error=info.error_code.name,
+        )
+    if family == Family.FAUST:
+        url = _json_object(json.loads(data), "metadata")["url"]
+        if not isinstance(url, str):
+            raise TypeError(f"url is {type(url).__name__}, not a string")
+        return attrs.evolve(view, process=url, endpoint=url)
+    if not _has_member_data(protocol):
+        return view
+    member = MemberData.decode(data, partitions_per_topic={})
+    return attrs.evolve(
+        view,
+        capacity=member.weight,
+        versions=f"sub v{member.version}/{member.latest_supported_version}",
+    )
+
+
+def _assignment(family: Family, protocol: str, view: MemberView, data: bytes) -> MemberView:
+    prefix = f"{view.versions} " if view.versions else ""
+    if family == Family.STREAMS:
+        info = AssignmentInfo.decode(data)
+        error = info.error_code.name if view.error == "NONE" else view.error
+        return attrs.evolve(
+            view,
+            active=info.active,
+            standby=info.standby,
+            warmup=info.warmup,
+            topic_dictionary=info.topics,
+            versions=f"{prefix}asg v{info.version}/{info.common_version}",
+            error=error,
+        )
+    if family == Family.FAUST:
+        meta = _json_object(json.loads(_inflate(data)), "assignment")
+        groups = _json_object(meta.get("topic_groups") or {}, "topic_groups")
+        assignment = _json_object(meta["assignment"], "assignment")
+        topic_groups = {str(t): int(g) for t, g in groups.items()}
+        active, standby = (
+            frozenset(
+                TaskId(topic_groups[t], int(p))
+                for t, ps in _json_object(assignment[kind], kind).items()
+                if t in topic_groups
+                for p in ps
+            )
+            for kind in ("actives", "standbys")
+        )
+        return attrs.evolve(view, active=active, standby=standby - active, topic_groups=groups)
+    if not _has_member_data(protocol):
+        return view
+    data_ = AssignmentData.decode(data)
+    return attrs.evolve(view, error=data_.error_code.name, generation=data_.generation)
+
+
+def _json_object(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} is {type(value).__name__}, not a JSON object")
+    return value
+
+
+def _inflate(blob: bytes) -> bytes:
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(blob, _MAX_INFLATED)
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise ValueError(f"compressed JSON truncated or larger than {_MAX_INFLATED} bytes")
+    return out
+
+
+# -- the group ---------------------------------------------------------------------------------
+
+
+def describe_bytes(
+    group: str,
+    state: str,
+    protocol_type: str,
+    protocol: str,
+    members: Iterable[RawMember],
+    cache: dict[tuple[str, RawMember], MemberView] | None = None,
+) -> GroupView:
+    """The group as DescribeGroups returned it, every member decoded (pure, never raises).
+
+    ``cache`` keeps decoded members between calls (``follow``): between rebalances nothing
+    changes, and a streams assignment's host section costs about 2 ms per member to read
+    (600 tasks), so polling a 400-member group would decode for a second every second."""
+    family = family_of(protocol)
+    decoded = []
+    fresh: dict[tuple[str, RawMember], MemberView] = {}
+    for raw in members:
+        key = (protocol, raw)
+        view = cache.get(key) if cache is not None else None
+        fresh[key] = view if view is not None else decode_member(protocol, raw)
+        decoded.append(fresh[key])
+    if cache is not None:  # only this round's members: the cache never outgrows the group
+        cache.clear()
+        cache.update(fresh)
+    if family == Family.CONSUMER:
+        decoded, tasks = _consumer_tasks(decoded)
+    else:
+        tasks = _task_partitions(decoded)
+    return GroupView(group, state, protocol_type, protocol, family, tuple(decoded), tasks)
+
+
+def _consumer_tasks(
+    members: list[MemberView],
+) -> tuple[list[MemberView], dict[TaskId, frozenset[TopicPartition]]]:
+    """Consumer groups have partitions, not tasks: ``t_p`` is partition ``p`` of the ``t``-th
+    topic (name order) of all subscriptions and assignments."""
+    names = sorted(
+        {t for m in members for t in m.topics} | {tp.topic for m in members for tp in m.partitions}
+    )
+    index = {name: i for i, name in enumerate(names)}
+    out = []
+    tasks: dict[TaskId, frozenset[TopicPartition]] = {}
+    for m in members:
+        active = frozenset(TaskId(index[tp.topic], tp.partition) for tp in m.partitions)
+        for tp in m.partitions:
+            tasks[TaskId(index[tp.topic], tp.partition)] = frozenset((tp,))
+        out.append(attrs.evolve(m, active=active) if m.undecodable is None else m)
+    return out, dict(sorted(tasks.items()))
+
+
+def _task_partitions(members: Iterable[MemberView]) -> dict[TaskId, frozenset[TopicPartition]]:
+    """Every task the members' dictionaries (or assignments) name, with its source partitions:
+    the streams topic dictionary, or Faust's topic groups over the partitions assigned."""
+    parts: dict[TaskId, set[TopicPartition]] = {}
+    counts = {
+        (sub, topic, n)
+        for m in members
+        for sub, ts in m.topic_dictionary.items()
+        for topic, n in ts.items()
+    }
+    for sub, topic, count in sorted(counts):  # every member has the same dictionary: once each
+        for p in range(count):
+            parts.setdefault(TaskId(sub, p), set()).add(TopicPartition(topic, p))
+    for m in members:
+        for tp in m.partitions:
+            if tp.topic in m.topic_groups:
+                task = TaskId(m.topic_groups[tp.topic], tp.partition)
+                parts.setdefault(task, set()).add(tp)
+        for t in m.active | m.standby | m.warmup:
+            parts.setdefault(t, set())
+    return {t: frozenset(parts[t]) for t in sorted(parts)}
+
+
+# -- quality -----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SubtopologyBalance:
+    """Actives of one subtopology (consumer groups: one topic) per process."""
+
+    subtopology: int
+    tasks: int
+    fewest: int
+    most: int
+    balanced: bool
+
+
+@attrs.frozen
+class GroupQuality:
+    """The current assignment scored as ``plan`` scores one (``streamassign.metrics``). Without
+    history, moves and takeovers are not measured; ``problems`` lists validity violations."""
+
+    metrics: AssignmentMetrics
+    per_subtopology: tuple[SubtopologyBalance, ...]
+    num_standby_replicas: int
+    stateful: frozenset[TaskId]
+    problems: tuple[str, ...]
+    #: Standbys on the rack of their task's active (``None``: no process reports a rack).
+    standbys_on_active_rack: int | None = None
+
+
+def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQuality:
+    """Balance per subtopology and in total, standby coverage and validity of the current
+    assignment. Stateful tasks are the subtopologies with a standby, a warmup or a checkpoint
+    anywhere; ``num_standby_replicas`` defaults to the most standbys any task has."""
+    processes = view.processes()
+    clients = [ClientState(pid, v.capacity or 1) for pid, v in processes.items()]
+    assignment = {pid: v.assignment for pid, v in processes.items()}
+    tasks = set(view.tasks).union(*(a.active | a.standby | a.warmup for a in assignment.values()))
+    copies: dict[TaskId, int] = {}
+    for a in assignment.values():
+        for t in a.standby:
+            copies[t] = copies.get(t, 0) + 1
+    held = {t for m in view.members for t, s in m.offset_sums.items() if s != LATEST_OFFSET}
+    held |= {t for a in assignment.values() for t in a.standby | a.warmup}
+    stateful_subs = {t.subtopology for t in held}
+    stateful = frozenset(t for t in tasks if t.subtopology in stateful_subs)
+    replicas = (
+        max(copies.values(), default=0) if num_standby_replicas is None else num_standby_replicas
+    )
+    metrics = evaluate(tasks, clients, assignment, replicas, stateful)
+    balance = []
+    for sub in sorted({t.subtopology for t in tasks}):
+        own = {t for t in tasks if t.subtopology == sub}
+        counts = [len(a.active & own) for a in assignment.values()] or [0]
+        only = {pid: ClientAssignment(a.active & own) for pid, a in assignment.items()}
+        balanced = evaluate(own, clients, only).active_balanced if clients else not own
+        balance.append(SubtopologyBalance(sub, len(own), min(counts), max(counts), balanced))
+    problems = violations(tasks, clients, assignment, replicas, stateful)
+    return GroupQuality(
+        metrics, tuple(balance), replicas, stateful, tuple(problems), _same_rack(view)
+    )
+
+
+def _same_rack(view: GroupView) -> int | None:
+    """Standbys sharing their active's rack (a rack loss takes both): the spread rule's score."""
+    racks = {
+        pid: rack
+        for pid, members in view.members_by_process().items()
+        for rack in [next((m.rack for m in members if m.rack), None)]
+        if rack is not None
+    }
+    if not racks:
+        return None
+    processes = view.processes()
+    active_rack = {t: racks.get(pid) for pid, v in processes.items() for t in v.assignment.active}
+    return sum(
+        1
+        for pid, v in processes.items()
+        for t in v.assignment.standby
+        if racks.get(pid) is not None and racks.get(pid) == active_rack.get(t)
+    )
+
+
+# -- JSON --------------------------------------------------------------------------------------
+
+
+def _ids(tasks: Iterable[TaskId]) -> list[str]:
+    return [str(t) for t in sorted(tasks)]
+
+
+#: Metrics that compare with a previous assignment, which one description does not have.
+_HISTORY = frozenset(
+    {
+        "moves",
+        "move_lower_bound",
+        "standbys_kept",
+        "standbys_dropped",
+        "warm_takeovers",
+        "cold_takeovers",
+    }
+)
+
+
+def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
+    """The group for scripts; its ``assignment`` table is what ``explain``/``diff`` read."""
+    processes = view.processes()
+    by_process = view.members_by_process()
+    return {
+        "group": view.group,
+        "state": view.state,
+        "protocol_type": view.protocol_type,
+        "protocol": view.protocol,
+        "family": str(view.family),
+        "tasks": {
+            str(t): sorted([tp.topic, tp.partition] for tp in p) for t, p in view.tasks.items()
+        },
+        "assignment": {
+            pid: {
+                "capacity": v.capacity,
+                "active": _ids(v.assignment.active),
+                "standby": _ids(v.assignment.standby),
+                "warmup": _ids(v.assignment.warmup),
+                "members": [m.member_id for m in by_process[pid]],
+            }
+            for pid, v in processes.items()
+        },
+        "members": [_member_json(m) for m in view.members],
+        "quality": {
+            **{k: v for k, v in attrs.asdict(score.metrics).items() if k not in _HISTORY},
+            "standby_coverage": score.metrics.standby_coverage,
+            "num_standby_replicas": score.num_standby_replicas,
+            "standbys_on_active_rack": score.standbys_on_active_rack,
+            "balanced_per_subtopology": {
+                str(b.subtopology): b.balanced for b in score.per_subtopology
+            },
+            "problems": list(score.problems),
+        },
+    }
+
+
+def _member_json(m: MemberView) -> dict[str, Any]:
+    return {
+        "member_id": m.member_id,
+        "client_id": m.client_id,
+        "client_host": m.client_host,
+        "process": m.process if m.undecodable is None else None,
+        "topics": list(m.topics),
+        "partitions": [[tp.topic, tp.partition] for tp in m.partitions],
+        "active": _ids(m.active),
+        "standby": _ids(m.standby),
+        "warmup": _ids(m.warmup),
+        "offset_sums": {str(t): s for t, s in sorted(m.offset_sums.items())},
+        "capacity": m.capacity,
+        "endpoint": m.endpoint,
+        "rack": m.rack,
+        "versions": m.versions,
+        "error": m.error,
+        "generation": m.generation,
+        "undecodable": m.undecodable,
+    }
+
+
+# -- the broker --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Connection:
+    """How to reach the cluster: aiokafka's admin client settings."""
+
+    bootstrap: str
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: str | None = attrs.field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    timeout_s: float = 10.0
+
+    def admin_client(self) -> Any:
+        from aiokafka.admin import AIOKafkaAdminClient
+        from aiokafka.helpers import create_ssl_context
+
+        ssl_context = None
+        if "SSL" in self.security_protocol:
+            ssl_context = create_ssl_context(
+                cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
+            )
+        return AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap,
+            request_timeout_ms=int(self.timeout_s * 1000),
+            security_protocol=self.security_protocol,
+            ssl_context=ssl_context,
+            sasl_mechanism=self.sasl_mechanism,
+            sasl_plain_username=self.sasl_username,
+            sasl_plain_password=self.sasl_password,
+        )
+
+
+#: DescribeGroups error codes that mean "no such group" (Kafka answers an unknown group with
+#: state Dead and no error, or GROUP_ID_NOT_FOUND from v6).
+_GROUP_ID_NOT_FOUND = 69
+
+
+class _Admin:
+    """An admin client started within the connection's timeout; errors are one line."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.client: Any = None
+
+    async def __aenter__(self) -> _Admin:
+        self.client = self.connection.admin_client()
+        try:
+            await asyncio.wait_for(self.client.start(), self.connection.timeout_s)
+        except Exception as exc:
+            await self.client.close()
+            raise GroupDescribeError(
+                f"cannot reach {self.connection.bootstrap}: {_reason(exc)}"
+            ) from exc
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
+
+    async def describe(
+        self, group: str, cache: dict[tuple[str, RawMember], MemberView] | None = None
+    ) -> GroupView:
+        try:
+            (response,) = await asyncio.wait_for(
+                self.client.describe_consumer_groups([group]), self.connection.timeout_s
+            )
+        except Exception as exc:
+            raise GroupDescribeError(f"cannot describe group {group!r}: {_reason(exc)}") from exc
+        (entry,) = response.to_object()["groups"]
+        if entry["error_code"] == _GROUP_ID_NOT_FOUND or entry["state"] == "Dead":
+            raise GroupDescribeError(f"group {group!r} does not exist")
+        if entry["error_code"]:
+            name = for_code(entry["error_code"]).__name__
+            raise GroupDescribeError(f"cannot describe group {group!r}: {name}")
+        members = [
+            RawMember(
+                m["member_id"],
+                m["client_id"],
+                m["client_host"],
+                bytes(m["member_metadata"] or b""),
+                bytes(m["member_assignment"] or b""),
+            )
+            for m in entry["members"]
+        ]
+        return describe_bytes(
+            group, entry["state"], entry["protocol_type"], entry["protocol"], members, cache
+        )
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__
+
+
+async def fetch_group(connection: Connection, group: str) -> GroupView:
+    """Describe ``group`` once; ``GroupDescribeError`` (one line) if it cannot be."""
+    async with _Admin(connection) as admin:
+        return await admin.describe(group)
+
+
+async def follow(
+    connection: Connection, group: str, interval_s: float = 1.0
+) -> AsyncIterator[GroupView]:
+    """Poll ``group`` every ``interval_s`` and yield each view whose state or assignment
+    differs from the last one yielded (the first view too). Members' bytes are only returned
+    for a stable group, so a rebalance shows as a state change, then the new assignment. A
+    failure after the first view is a view without members whose state says why."""
+    last: tuple[str, dict[str, ClientView]] | None = None
+    cache: dict[tuple[str, RawMember], MemberView] = {}
+    async with _Admin(connection) as admin:
+        while True:
+            try:
+                view = await admin.describe(group, cache)
+            except GroupDescribeError as exc:
+                if last is None:
+                    raise  # a wrong name or an unreachable group: say so at once
+                # The group went away (every member left) or its coordinator moved: a state
+                # to show, then keep following.
+                view = GroupView(group, f"unavailable: {exc}", "", "", Family.CONSUMER, (), {})
+            key = (view.state, view.processes())
+            if key != last:
+                last = key
+                yield view
+            await asyncio.sleep(interval_s)

@@ -1,0 +1,267 @@
+"""What changed between two assignments, and why: ``streamassign explain``, ``diff`` and
+``plan --explain``.
+
+An operator's question after a rebalance is "which tasks moved, from where to where, and what
+rule moved them". The assignors do not log their reasons per task (that would cost time in every
+rebalance); the rules are simple enough to read back from the two assignments and the clients'
+capacities, which is what this module does. It is pure: the CLI feeds it saved JSON files or a
+``plan`` run.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from ._ids import TaskId
+from .assignment import ClientAssignment, ClientState
+from .errors import AssignmentFileError
+
+
+class Reason(enum.StrEnum):
+    """Why a task (or a standby) left the client that had it, or why it has a new place."""
+
+    #: No present client ran it before (first assignment, new partitions, or, in ``plan``, its
+    #: owner is not in the clients file).
+    NO_PREVIOUS_OWNER = "no previous owner"
+    #: The task is no longer in the topology (fewer partitions, or a stale claim).
+    TASK_REMOVED = "task removed"
+    #: Its previous owner (or standby holder) left the group.
+    CLIENT_GONE = "client gone"
+    #: The new owner held a warmup of it: a probing rebalance found the warmup caught up.
+    WARMUP_DONE = "warmup done"
+    #: The previous owner's capacity fell, so its quota did.
+    CAPACITY_CHANGE = "capacity change"
+    #: The previous owner was over its quota (a client joined, or tasks were added).
+    BALANCE_QUOTA = "balance quota"
+    #: A standby holder now runs the task as its active (a copy cannot sit beside its active).
+    BECAME_ACTIVE = "became active"
+    #: The previous active stays on as a standby of the task it gave up.
+    WAS_ACTIVE_HERE = "was active here"
+    #: The task had fewer standbys than required before (too few clients, or new).
+    MISSING_COPY = "missing copy"
+    #: A standby moved to even out standby load (or the standby count changed).
+    STANDBY_BALANCE = "standby balance"
+
+
+class Landing(enum.StrEnum):
+    """What the new owner of a moved active already had of its state."""
+
+    STANDBY = "standby"
+    WARMUP = "warmup"
+    LOCAL = "local state"
+    COLD = "cold"
+
+
+@attrs.frozen
+class ClientView:
+    """One client as a saved assignment shows it: its capacity (threads) and its tasks."""
+
+    capacity: int | None
+    assignment: ClientAssignment
+
+
+@attrs.frozen
+class ActiveMove:
+    """An active task that changed client (``source`` None: it had no previous owner)."""
+
+    task: TaskId
+    source: str | None
+    destination: str | None
+    reason: Reason
+    landing: Landing
+
+
+@attrs.frozen
+class StandbyMove:
+    """A standby copy dropped by ``source`` or placed on ``destination`` (one side may be None)."""
+
+    task: TaskId
+    source: str | None
+    destination: str | None
+    reason: Reason
+
+
+@attrs.frozen
+class Explanation:
+    """Every active and standby that moved from ``before`` to ``after``, in task order."""
+
+    actives: tuple[ActiveMove, ...]
+    standbys: tuple[StandbyMove, ...]
+
+    @property
+    def moves(self) -> int:
+        """Actives whose previous owner is still present but no longer runs them (DESIGN §3.3)."""
+        gone = (Reason.NO_PREVIOUS_OWNER, Reason.CLIENT_GONE, Reason.TASK_REMOVED)
+        return sum(1 for m in self.actives if m.reason not in gone)
+
+
+def _owners(view: Mapping[str, ClientView], kind: str) -> dict[TaskId, list[str]]:
+    out: dict[TaskId, list[str]] = {}
+    for pid in sorted(view):
+        for task in getattr(view[pid].assignment, kind):
+            out.setdefault(task, []).append(pid)
+    return out
+
+
+def _share_fell(
+    pid: str, before: Mapping[str, ClientView], after: Mapping[str, ClientView]
+) -> bool:
+    """Whether ``pid``'s own capacity went down (its share of the tasks fell with it)."""
+    old, new = before[pid].capacity, after[pid].capacity
+    return old is not None and new is not None and new < old
+
+
+def _active_reason(
+    task: TaskId,
+    source: str,
+    destination: str | None,
+    before: Mapping[str, ClientView],
+    after: Mapping[str, ClientView],
+) -> Reason:
+    if source not in after:
+        return Reason.CLIENT_GONE
+    if destination is not None and task in before.get(destination, _EMPTY).assignment.warmup:
+        return Reason.WARMUP_DONE
+    if _share_fell(source, before, after):
+        return Reason.CAPACITY_CHANGE
+    return Reason.BALANCE_QUOTA
+
+
+def _landing(
+    task: TaskId,
+    destination: str | None,
+    before: Mapping[str, ClientView],
+    lags: Mapping[str, Mapping[TaskId, int]],
+) -> Landing:
+    if destination is None:
+        return Landing.COLD
+    had = before.get(destination, _EMPTY).assignment
+    if task in had.standby:
+        return Landing.STANDBY
+    if task in had.warmup:
+        return Landing.WARMUP
+    if task in lags.get(destination, {}):
+        return Landing.LOCAL
+    return Landing.COLD
+
+
+_EMPTY = ClientView(None, ClientAssignment())
+
+
+def explain(
+    before: Mapping[str, ClientView],
+    after: Mapping[str, ClientView],
+    lags: Mapping[str, Mapping[TaskId, int]] | None = None,
+) -> Explanation:
+    """Every task whose active or standby placement differs between ``before`` and ``after``.
+
+    ``lags`` (per client: tasks it has local state of) tells a warm landing from a cold one when
+    the state is not a standby of ``before`` (e.g. a restarted process's checkpoints).
+    """
+    known_lags = lags or {}
+    old_active = {t: pids[0] for t, pids in _owners(before, "active").items()}
+    new_active = {t: pids[0] for t, pids in _owners(after, "active").items()}
+    actives = []
+    for task in sorted(old_active.keys() | new_active.keys()):
+        source, destination = old_active.get(task), new_active.get(task)
+        if source == destination:
+            continue
+        if source is None:
+            reason = Reason.NO_PREVIOUS_OWNER
+        elif destination is None:
+            reason = Reason.TASK_REMOVED
+        else:
+            reason = _active_reason(task, source, destination, before, after)
+        landing = _landing(task, destination, before, known_lags)
+        actives.append(ActiveMove(task, source, destination, reason, landing))
+    return Explanation(tuple(actives), _standby_moves(before, after, old_active, new_active))
+
+
+def _standby_moves(
+    before: Mapping[str, ClientView],
+    after: Mapping[str, ClientView],
+    old_active: Mapping[TaskId, str],
+    new_active: Mapping[TaskId, str],
+) -> tuple[StandbyMove, ...]:
+    old_copies, new_copies = _owners(before, "standby"), _owners(after, "standby")
+    moves = []
+    for task in sorted(old_copies.keys() | new_copies.keys()):
+        was, now = set(old_copies.get(task, ())), set(new_copies.get(task, ()))
+        for pid in sorted(was - now):
+            if pid not in after:
+                reason = Reason.CLIENT_GONE
+            elif task not in new_active:
+                reason = Reason.TASK_REMOVED
+            elif new_active.get(task) == pid:
+                reason = Reason.BECAME_ACTIVE
+            else:
+                reason = Reason.STANDBY_BALANCE
+            moves.append(StandbyMove(task, pid, None, reason))
+        for pid in sorted(now - was):
+            if task not in old_copies and task not in old_active:
+                reason = Reason.NO_PREVIOUS_OWNER
+            elif old_active.get(task) == pid:
+                reason = Reason.WAS_ACTIVE_HERE
+            elif any(p not in after for p in was):
+                reason = Reason.CLIENT_GONE
+            elif len(was) < len(now):
+                reason = Reason.MISSING_COPY
+            else:
+                reason = Reason.STANDBY_BALANCE
+            moves.append(StandbyMove(task, None, pid, reason))
+    return tuple(moves)
+
+
+def views_from_assignment(
+    assignment: Mapping[str, ClientAssignment], capacities: Mapping[str, int]
+) -> dict[str, ClientView]:
+    """Views of a freshly computed assignment (``plan``): capacities from the clients."""
+    return {pid: ClientView(capacities.get(pid), a) for pid, a in assignment.items()}
+
+
+def views_from_clients(clients: Iterable[ClientState]) -> dict[str, ClientView]:
+    """What clients report they ran and replicated, as the ``before`` side of a rebalance.
+
+    A report carries a client's capacity now, not the one it ran with, so ``before`` has no
+    capacity and a capacity change reads as a quota change.
+    """
+    return {
+        c.process_id: ClientView(None, ClientAssignment(c.prev_active, c.prev_standby))
+        for c in clients
+    }
+
+
+def load_saved(data: object, where: str) -> dict[str, ClientView]:
+    """Client views from a saved assignment (``plan --json``'s or ``explain --json``'s shape).
+
+    ``{"assignment": {process_id: {"active": [...], "standby": [...], "warmup": [...],
+    "capacity": N}}}``; ``warmup`` and ``capacity`` are optional. Anything else is an
+    ``AssignmentFileError`` naming the file and the key.
+    """
+    table = data.get("assignment") if isinstance(data, dict) else None
+    if not isinstance(table, dict):
+        raise AssignmentFileError(f"{where}: no 'assignment' table (expected plan --json output)")
+    return {
+        str(pid): _client_view(entry, f"{where}: client {pid!r}") for pid, entry in table.items()
+    }
+
+
+def _client_view(entry: object, label: str) -> ClientView:
+    if not isinstance(entry, dict):
+        raise AssignmentFileError(f"{label}: expected a table, got {type(entry).__name__}")
+    capacity = entry.get("capacity")
+    if capacity is not None and (type(capacity) is not int or capacity < 1):
+        raise AssignmentFileError(f"{label}: capacity must be an int >= 1, got {capacity!r}")
+    sets = []
+    for kind in ("active", "standby", "warmup"):
+        ids = entry.get(kind, [])
+        if not isinstance(ids, list) or not all(isinstance(t, str) for t in ids):
+            raise AssignmentFileError(f'{label}: {kind} must be a list of task ids like "0_3"')
+        try:
+            sets.append(frozenset(TaskId.parse(t) for t in ids))
+        except ValueError as exc:
+            raise AssignmentFileError(f"{label}: {kind}: {exc}") from exc
+    return ClientView(capacity, ClientAssignment(*sets))

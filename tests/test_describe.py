@@ -1,0 +1,363 @@
+"""`streamassign describe`'s decoding and summaries, on bytes built by each protocol's own encoders
+(no broker; the live groups are in tests/integration/test_describe_live.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+import zlib
+
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamassign import TaskId, TopicPartition
+from streamassign.aiokafka._wire import encode_assignment
+from streamassign.aiokafka.describe import (
+    FAUST_CAPACITY_TAG,
+    FAUST_OWN_PROTOCOL_NAME,
+    FAUST_PROTOCOL_NAME,
+    Family,
+    MemberView,
+    RawMember,
+    describe_bytes,
+    quality,
+    to_json,
+)
+from streamassign.aiokafka.streams import PROTOCOL_NAME
+from streamassign.cli import main
+from streamassign.consumer.userdata import AssignmentData, MemberData
+from streamassign.errors import ErrorCode
+from streamassign.explain import Reason, explain, load_saved
+from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
+
+T = TaskId.parse
+P1, P2 = uuid.UUID(int=1), uuid.UUID(int=2)
+TOPICS = {0: {"orders": 4, "customers": 4}, 1: {"returns": 2}}
+
+
+def meta(topics: list[str], user_data: bytes) -> bytes:
+    encoded: bytes = ConsumerProtocolMemberMetadata(0, topics, user_data).encode()
+    return encoded
+
+
+def streams_member(
+    member: str,
+    process: uuid.UUID,
+    active: str,
+    standby: str = "",
+    sums: dict[str, int] | None = None,
+    version: int = 2,
+    error: ErrorCode = ErrorCode.NONE,
+    rack: str | None = None,
+) -> RawMember:
+    act = frozenset(T(t) for t in active.split())
+    sub = SubscriptionInfo(
+        process,
+        endpoint=f"{process.int}:80",
+        offset_sums={T(t): s for t, s in (sums or {}).items()},
+        version=version,
+        rack=rack,
+    )
+    info = AssignmentInfo(
+        act,
+        frozenset(T(t) for t in standby.split()),
+        topics=TOPICS,
+        error_code=error,
+        version=version,
+        common_version=version,
+    )
+    partitions = [TopicPartition(tp, t.partition) for t in act for tp in TOPICS[t.subtopology]]
+    return RawMember(
+        member,
+        "client",
+        "/10.0.0.1",
+        meta(["customers", "orders", "returns"], sub.encode()),
+        encode_assignment(partitions, info.encode()),
+    )
+
+
+def streams_group() -> list[RawMember]:
+    return [
+        streams_member("m1", P1, "0_0 0_1 1_0", "0_3", {"0_3": 120, "0_0": LATEST_OFFSET}),
+        streams_member("m2", P1, "0_2"),
+        streams_member("m3", P2, "0_3 1_1", "0_0 0_1 0_2", version=1),
+    ]
+
+
+def test_streams_members_grouped_by_process_with_tasks_and_partitions() -> None:
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    assert view.family == Family.STREAMS
+    processes = view.processes()
+    assert set(processes) == {str(P1), str(P2)}
+    one = processes[str(P1)]
+    assert one.capacity == 2  # two consumers
+    assert one.assignment.active == {T("0_0"), T("0_1"), T("0_2"), T("1_0")}
+    assert one.assignment.standby == {T("0_3")}
+    assert view.tasks[T("0_3")] == {TopicPartition("orders", 3), TopicPartition("customers", 3)}
+    assert len(view.tasks) == 6
+    m1 = next(m for m in view.members if m.member_id == "m1")
+    assert m1.offset_sums == {T("0_3"): 120, T("0_0"): LATEST_OFFSET}
+    assert TopicPartition("returns", 0) in m1.partitions
+    assert m1.versions == "sub v2/2 asg v2/2" and m1.endpoint == "1:80"
+    m3 = next(m for m in view.members if m.member_id == "m3")
+    assert m3.versions == "sub v1/2 asg v1/1"
+    assert m3.generation is None  # the streams protocol does not carry one
+
+
+def test_quality_per_subtopology_and_standby_coverage() -> None:
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    score = quality(view)
+    assert score.num_standby_replicas == 1
+    assert score.stateful == {T(f"0_{p}") for p in range(4)}  # standbys only in subtopology 0
+    # P1 has 2 threads of 3: shares 8/3 (0_*: 4 tasks) and 2*2/3 of 1_*.
+    by_sub = {b.subtopology: b for b in score.per_subtopology}
+    assert by_sub[0].tasks == 4 and (by_sub[0].fewest, by_sub[0].most) == (1, 3)
+    assert by_sub[0].balanced and by_sub[1].balanced  # 3 <= ceil(8/3); 1_*: 1 and 1 of 2
+    assert score.metrics.standbys_placed == 4 and score.metrics.standby_coverage == 1.0
+    assert not score.problems  # every task active once, one standby each, on another process
+
+
+def test_imbalance_per_subtopology_behind_balanced_totals() -> None:
+    raw = [streams_member("m1", P1, "0_0 0_1 0_2 0_3"), streams_member("m2", P2, "1_0 1_1")]
+    score = quality(describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw))
+    assert [b.balanced for b in score.per_subtopology] == [False, False]
+    assert not score.metrics.active_balanced  # 4 vs 2 of 6 on equal capacities
+
+
+def test_missing_and_duplicated_actives_are_problems() -> None:
+    raw = [streams_member("m1", P1, "0_0 0_1"), streams_member("m2", P2, "0_1")]
+    score = quality(describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw))
+    text = "\n".join(score.problems)
+    assert "task 0_1 has 2 actives" in text and "task 0_2 has 0 actives" in text
+
+
+def test_error_codes_shown() -> None:
+    raw = [streams_member("m1", P1, "", error=ErrorCode.ASSIGNMENT_ERROR)]
+    (member,) = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw).members
+    assert member.error == "ASSIGNMENT_ERROR"
+
+
+def test_faust_with_our_assignor_reads_its_capacity_tag() -> None:
+    sub = SubscriptionInfo(P1, client_tags={FAUST_CAPACITY_TAG: "3", "streamassign.changelogs": ""})
+    info = AssignmentInfo(frozenset({T("0_0")}), topics={0: {"words": 1}})
+    raw = RawMember(
+        "w1", "faust", "h", meta(["words"], sub.encode()), encode_assignment([], info.encode())
+    )
+    view = describe_bytes("g", "Stable", "consumer", FAUST_PROTOCOL_NAME, [raw])
+    assert view.processes()[str(P1)].capacity == 3
+
+
+def test_protocol_names_match_the_faust_integration() -> None:
+    from streamassign.faust import PROTOCOL_NAME as FAUST_NAME
+    from streamassign.faust.leader import CAPACITY_TAG
+
+    assert (FAUST_PROTOCOL_NAME, FAUST_CAPACITY_TAG) == (FAUST_NAME, CAPACITY_TAG)
+
+
+def test_faust_metadata_is_decoded_without_importing_faust() -> None:
+    code = "import sys; import streamassign.aiokafka.describe as d; print('faust' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def faust_member(
+    member: str, url: str, actives: dict[str, list[int]], standbys: dict[str, list[int]]
+) -> RawMember:
+    from faust.assignor.client_assignment import ClientAssignment, ClientMetadata
+
+    groups = {"words": 0, "app-counts-changelog": 0}
+    sub = ClientMetadata(
+        assignment=ClientAssignment(actives={}, standbys={}), url=url, changelog_distribution={}
+    )
+    asg = ClientMetadata(
+        assignment=ClientAssignment(actives=actives, standbys=standbys),
+        url=url,
+        changelog_distribution={},
+        topic_groups=groups,
+    )
+    partitions = [TopicPartition(t, p) for t, ps in actives.items() for p in ps]
+    return RawMember(
+        member,
+        "faust",
+        "h",
+        meta(["app-counts-changelog", "words"], sub.dumps()),
+        encode_assignment(partitions, zlib.compress(asg.dumps())),
+    )
+
+
+def test_faust_own_assignor_json() -> None:
+    cl = "app-counts-changelog"
+    raw = [
+        faust_member("w1", "http://a:6066", {"words": [0, 1], cl: [0, 1]}, {cl: [2]}),
+        faust_member("w2", "http://b:6066", {"words": [2], cl: [2]}, {cl: [0, 1]}),
+    ]
+    view = describe_bytes("g", "Stable", "consumer", FAUST_OWN_PROTOCOL_NAME, raw)
+    assert view.family == Family.FAUST
+    a = view.processes()["http://a:6066"].assignment
+    assert a.active == {T("0_0"), T("0_1")} and a.standby == {T("0_2")}
+    assert view.tasks[T("0_2")] == {TopicPartition("words", 2), TopicPartition(cl, 2)}
+    assert not quality(view).problems
+
+
+def test_consumer_group_assignor_user_data() -> None:
+    def member(name: str, parts: list[int], weight: int) -> RawMember:
+        data = AssignmentData(generation=7).encode()
+        tps = [TopicPartition("b", p) for p in parts]
+        return RawMember(
+            name, "c", "h", meta(["a", "b"], MemberData(weight=weight).encode()),
+            encode_assignment(tps, data),
+        )  # fmt: skip
+
+    view = describe_bytes(
+        "g",
+        "Stable",
+        "consumer",
+        "streamassign-weighted",
+        [member("x", [0, 1], 2), member("y", [2], 1)],
+    )
+    assert view.family == Family.CONSUMER
+    assert view.tasks[T("1_2")] == {TopicPartition("b", 2)}  # topic "b" is the second subscribed
+    x = view.processes()["x"]
+    assert x.capacity == 2 and x.assignment.active == {T("1_0"), T("1_1")}
+    assert {m.generation for m in view.members} == {7}
+    assert quality(view).per_subtopology[0].balanced
+
+
+def test_plain_aiokafka_protocol_reads_partitions_only() -> None:
+    raw = RawMember(
+        "x", "c", "h", meta(["a"], b""), encode_assignment([TopicPartition("a", 0)], b"")
+    )
+    (member,) = describe_bytes("g", "Stable", "consumer", "roundrobin", [raw]).members
+    assert member.undecodable is None and member.active == {T("0_0")}
+
+
+def test_garbage_is_undecodable_never_an_exception() -> None:
+    good = streams_group()[0]
+    cases = {
+        "outer": RawMember("a", metadata=b"\xff\x00garbage"),
+        "user data": RawMember("b", metadata=meta(["x"], b"\xff\x00garbage")),
+        "assignment": RawMember("c", metadata=good.metadata, assignment=good.assignment[:-3]),
+    }
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, cases.values())
+    reasons = {m.member_id: m.undecodable for m in view.members}
+    assert all(reasons.values()), reasons
+    assert reasons["b"].startswith("subscription:") and reasons["c"].startswith("assignment:")
+    assert view.processes() == {}  # undecodable members hold no tasks
+    for protocol in (FAUST_OWN_PROTOCOL_NAME, "streamassign-sticky"):
+        (m,) = describe_bytes("g", "Stable", "consumer", protocol, [cases["user data"]]).members
+        assert m.undecodable and m.undecodable.startswith("subscription:")
+
+
+@given(
+    st.binary(max_size=64),
+    st.binary(max_size=64),
+    st.sampled_from([PROTOCOL_NAME, "faust", "streamassign-sticky", "range"]),
+)
+def test_any_bytes_decode_or_are_undecodable(
+    metadata: bytes, assignment: bytes, protocol: str
+) -> None:
+    for raw in (
+        RawMember("m", metadata=metadata, assignment=assignment),
+        RawMember("m", metadata=meta(["t"], metadata), assignment=assignment),
+    ):
+        view = describe_bytes("g", "Stable", "consumer", protocol, [raw])
+        quality(view)
+        json.dumps(to_json(view, quality(view)))
+
+
+def test_json_is_a_saved_assignment_that_explain_reads() -> None:
+    before = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    after_raw = [
+        streams_member("m1", P1, "0_0 0_1 0_2 1_0", "0_3"),
+        streams_member("m2", P1, "0_3 1_1", "0_0"),
+    ]  # P2 left
+    after = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, after_raw)
+    old = load_saved(json.loads(json.dumps(to_json(before, quality(before)))), "before")
+    new = load_saved(json.loads(json.dumps(to_json(after, quality(after)))), "after")
+    assert old == before.processes() and new == after.processes()
+    moves = {m.task: m for m in explain(old, new).actives}
+    assert set(moves) == {T("0_3"), T("1_1")}
+    assert all(m.reason == Reason.CLIENT_GONE and m.source == str(P2) for m in moves.values())
+
+
+def test_unreachable_broker_is_one_line_and_a_failure() -> None:
+    result = CliRunner().invoke(
+        main, ["describe", "g", "-b", "127.0.0.1:1", "--timeout", "2"], catch_exceptions=False
+    )
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: cannot reach 127.0.0.1:1: ")
+    assert result.output.count("\n") == 1
+
+
+def test_python_m_streamassign_runs_the_cli() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "streamassign", "describe", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for option in ("--bootstrap", "--sasl-password", "--ssl-cafile", "--watch", "--json"):
+        assert option in out.stdout
+
+
+def test_rack_spread_counts_standbys_beside_their_active() -> None:
+    p3 = uuid.UUID(int=3)
+    raw = [
+        streams_member("m1", P1, "0_0 0_1", "0_2 0_3", rack="r1"),
+        streams_member("m2", P2, "0_2 0_3", "0_0", rack="r1"),
+        streams_member("m3", p3, "1_0 1_1", "0_1", rack="r2"),
+    ]
+    score = quality(describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw))
+    assert score.standbys_on_active_rack == 3  # 0_2, 0_3 and 0_0 share r1 with their active
+    plain = quality(describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group()))
+    assert plain.standbys_on_active_rack is None
+
+
+def test_members_without_metadata_name_no_process() -> None:
+    """A group that is not stable: DescribeGroups sends members without their bytes."""
+    raw = [RawMember("m1", "c", "h"), RawMember("m2", "c", "h")]
+    view = describe_bytes("g", "PreparingRebalance", "consumer", "", raw)
+    assert view.processes() == {} and len(view.members) == 2
+    assert to_json(view, quality(view))["assignment"] == {}
+
+
+def test_cache_reuses_unchanged_members_and_forgets_departed_ones() -> None:
+    cache: dict[tuple[str, RawMember], MemberView] = {}
+    raw = streams_group()
+    first = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw, cache)
+    again = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw[:2], cache)
+    assert again.members[0] is first.members[0] and len(cache) == 2
+
+
+def test_faust_json_without_its_keys_or_nested_deeply_is_undecodable() -> None:
+    for data, reason in (
+        (b'{"assignment": {}}', "subscription: no 'url' in the JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "subscription: JSON nested too deeply"),
+        (b'"just a string"', "subscription: metadata is str, not a JSON object"),
+    ):
+        raw = RawMember("w", metadata=meta(["t"], data))
+        (m,) = describe_bytes("g", "Stable", "consumer", FAUST_OWN_PROTOCOL_NAME, [raw]).members
+        assert m.undecodable == reason
+
+
+def test_tables_fit_80_columns_and_name_undecodable_members() -> None:
+    from rich.console import Console
+
+    from streamassign.cli import _print_group
+
+    raw = [*streams_group(), RawMember("broken-member", "c", "h", b"\xff\x00garbage")]
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
+    console = Console(width=80, record=True)
+    _print_group(console, view, quality(view))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 80
+    assert "member broken-member: undecodable: subscription: not ConsumerProtocol" in text
+    assert "subtopology 0: actives per process (of 4)" in text
+    rebalancing = describe_bytes("orders", "PreparingRebalance", "consumer", "", [])
+    console = Console(width=80, record=True)
+    _print_group(console, rebalancing, quality(rebalancing))
+    assert "(rebalancing: members' assignments are shown" in console.export_text()

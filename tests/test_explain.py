@@ -1,0 +1,172 @@
+"""`streamassign explain` / `diff` / `plan --explain`: which tasks moved, from where, and why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+
+from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
+from streamassign.cli import main
+from streamassign.explain import (
+    ClientView,
+    Landing,
+    Reason,
+    explain,
+    views_from_assignment,
+    views_from_clients,
+)
+from streamassign.metrics import evaluate
+
+from .strategies import assignment_inputs
+
+ROOT = Path(__file__).resolve().parent.parent
+ORDERS = str(ROOT / "topology" / "orders-join.toml")
+CLIENTS = str(ROOT / "examples" / "clients.toml")
+WIDE = {"COLUMNS": "160", "FORCE_COLOR": None, "TTY_COMPATIBLE": None}
+
+
+def view(capacity: int | None, active: str = "", standby: str = "", warmup: str = "") -> ClientView:
+    def ids(text: str) -> frozenset[TaskId]:
+        return frozenset(TaskId.parse(t) for t in text.split())
+
+    return ClientView(capacity, ClientAssignment(ids(active), ids(standby), ids(warmup)))
+
+
+def test_each_rule_is_named() -> None:
+    before = {
+        "a": view(2, "0_0 0_1 0_2", "0_3"),
+        "b": view(2, "0_3 0_4", "0_0", warmup="0_1"),
+        "gone": view(1, "0_5", "0_2"),
+        "small": view(4, "1_0 1_1"),
+    }
+    after = {
+        "a": view(2, "0_2 0_5", "0_0 0_3"),
+        "b": view(2, "0_0 0_1 0_3", "0_2"),
+        "small": view(1, "1_0", "0_5"),
+        "new": view(1, "0_4 1_1 2_0"),
+    }
+    moves = {m.task: m for m in explain(before, after).actives}
+    assert moves[TaskId(0, 0)].reason == Reason.BALANCE_QUOTA
+    assert moves[TaskId(0, 0)].landing == Landing.STANDBY
+    assert moves[TaskId(0, 1)].reason == Reason.WARMUP_DONE
+    assert moves[TaskId(0, 1)].landing == Landing.WARMUP
+    assert (moves[TaskId(0, 5)].source, moves[TaskId(0, 5)].reason) == ("gone", Reason.CLIENT_GONE)
+    assert moves[TaskId(1, 1)].reason == Reason.CAPACITY_CHANGE  # small went from 4 threads to 1
+    assert moves[TaskId(0, 4)].landing == Landing.COLD
+    assert moves[TaskId(2, 0)].reason == Reason.NO_PREVIOUS_OWNER
+    assert TaskId(0, 2) not in moves and TaskId(1, 0) not in moves
+    copies = {(c.task, c.source, c.destination): c.reason for c in explain(before, after).standbys}
+    assert copies[(TaskId(0, 0), "b", None)] == Reason.BECAME_ACTIVE
+    assert copies[(TaskId(0, 0), None, "a")] == Reason.WAS_ACTIVE_HERE
+    assert copies[(TaskId(0, 2), "gone", None)] == Reason.CLIENT_GONE
+    assert copies[(TaskId(0, 2), None, "b")] == Reason.CLIENT_GONE
+
+
+@given(assignment_inputs())
+def test_moves_agree_with_the_metrics(
+    case: tuple[list[TaskId], list[ClientState], int, list[TaskId] | None],
+) -> None:
+    tasks, clients, replicas, stateful = case
+    if any(len(c.prev_active & d.prev_active) for c in clients for d in clients if c is not d):
+        return  # duplicate claims: the metrics resolve them as the assignor does, explain cannot
+    result = StickyTaskAssignor(replicas).assign(tasks, clients, stateful)
+    caps = {c.process_id: c.capacity for c in clients}
+    explained = explain(views_from_clients(clients), views_from_assignment(result, caps))
+    assert explained.moves == evaluate(tasks, clients, result, replicas, stateful).moves
+    # Every task whose active changed is listed once, with its new owner.
+    owner = {t: pid for pid, a in result.items() for t in a.active}
+    for move in explained.actives:
+        assert move.destination == owner.get(move.task)
+    assert len({m.task for m in explained.actives}) == len(explained.actives)
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), env=WIDE)
+    return result.exit_code, result.output
+
+
+def test_plan_json_lists_moves_and_explain_reads_it_back(tmp_path: Path) -> None:
+    code, out = run("plan", ORDERS, "--clients", CLIENTS, "--standbys", "1", "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    assert len(data["moves"]) == data["metrics"]["moves"] == 3
+    assert all(m["reason"] == "balance quota" and m["landing"] == "standby" for m in data["moves"])
+    assert data["assignment"]["p2"]["capacity"] == 4
+    after = tmp_path / "after.json"
+    after.write_text(out)
+    # The same rebalance as a saved "before": the clients file's history.
+    code, table = run("plan", ORDERS, "--clients", CLIENTS, "--standbys", "1", "--explain")
+    assert code == 0, table
+    assert "Active tasks that moved (3; moves: 3)" in table
+    code, diff = run("diff", str(after), str(after))
+    assert code == 0 and "0 client(s) changed" in diff
+
+
+def test_explain_and_diff_between_two_saved_plans(tmp_path: Path) -> None:
+    first, second = tmp_path / "three.json", tmp_path / "four.json"
+    code, out = run("plan", ORDERS, "--num-clients", "3", "--json")
+    first.write_text(out)
+    saved = json.loads(out)
+    # A fourth client joins: feed the first plan back as history.
+    clients = tmp_path / "clients.toml"
+    clients.write_text(
+        "".join(
+            f'[[client]]\nprocess_id = "{pid}"\nprev_active = {json.dumps(a["active"])}\n'
+            for pid, a in saved["assignment"].items()
+        )
+        + '[[client]]\nprocess_id = "client-9"\n'
+    )
+    code, out = run("plan", ORDERS, "--clients", str(clients), "--json")
+    assert code == 0, out
+    second.write_text(out)
+    code, out = run("explain", str(first), str(second), "--json")
+    assert code == 0, out
+    moves = json.loads(out)["moves"]
+    assert moves and all(m["to"] == "client-9" and m["reason"] == "balance quota" for m in moves)
+    code, out = run("diff", str(first), str(second), "--json")
+    assert code == 0, out
+    rows = json.loads(out)
+    assert rows["client-9"]["status"] == "joined"
+    assert sorted(rows["client-9"]["+active"]) == sorted(m["task"] for m in moves)
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        (b"\xff\xfe garbage", "cannot read a saved assignment"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"tasks": {}}', "no 'assignment' table"),
+        (b'{"assignment": {"p1": {"active": ["zero"]}}}', "not a task id"),
+        (b'{"assignment": {"p1": {"active": [1]}}}', "active must be a list of task ids"),
+        (b'{"assignment": {"p1": {"capacity": 0}}}', "capacity must be an int >= 1"),
+        (b'{"assignment": {"p1": 3}}', "client 'p1': expected a table"),
+    ],
+)
+def test_damaged_saved_files_give_one_line(tmp_path: Path, content: bytes, named: str) -> None:
+    bad, good = tmp_path / "bad.json", tmp_path / "good.json"
+    bad.write_bytes(content)
+    good.write_text('{"assignment": {}}')
+    for command in ("explain", "diff"):
+        code, out = run(command, str(good), str(bad))
+        assert code == 1, out
+        assert named in out and "Traceback" not in out
+        assert len(out.strip().splitlines()) == 1
+
+
+def test_plan_warns_about_input_it_ignores(tmp_path: Path) -> None:
+    clients = tmp_path / "clients.toml"
+    clients.write_text('[[client]]\nprocess_id = "a"\nprev_active = ["7_0", "0_99"]\n')
+    result = CliRunner().invoke(
+        main, ["plan", ORDERS, "--clients", str(clients), "--standbys", "2"], env=WIDE
+    )
+    assert result.exit_code == 0, result.output
+    assert "client 'a' reports 2 task(s) the topology does not have (ignored): 0_99, 7_0" in (
+        result.stderr
+    )
+    assert "--standbys 2 needs 3 clients; with 1 each stateful task gets 0 standby(s)" in (
+        result.stderr
+    )
