@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost
@@ -220,3 +223,48 @@ def test_a_failed_save_leaves_the_old_file_and_no_temporary(
     with pytest.raises(OSError, match="No space"):
         write_atomically(target, b"new")
     assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["f.json"]
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**64), max_value=2**64)
+    | st.floats()
+    | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+CHECKPOINT_LIKE = st.dictionaries(
+    st.sampled_from(["t", "u", ""]),
+    st.dictionaries(
+        st.sampled_from(["0", "1", "-1", "01", "x", "2147483648"]),
+        st.integers(min_value=-3, max_value=2**63) | st.floats() | st.booleans(),
+        max_size=3,
+    ),
+    max_size=2,
+)
+
+
+DOCUMENTS = st.one_of(
+    JSON.map(json.dumps),
+    CHECKPOINT_LIKE.map(json.dumps),
+    st.binary(max_size=40).map(lambda b: b.decode("latin-1")),
+)
+
+
+def test_any_checkpoint_content_gives_a_plausible_sum_or_none(tmp_path: Path) -> None:
+    state = StateDirectory(tmp_path)  # one for all examples: opening one fsyncs a process id
+    file = tmp_path / "tasks" / str(BAD) / "checkpoint"
+
+    @given(document=DOCUMENTS)
+    def check(document: str) -> None:
+        shutil.rmtree(tmp_path / "tasks")
+        checkpoint(document)(tmp_path)
+        sums = state.offset_sums()  # never raises
+        assert set(sums) <= {BAD} and all(0 <= s < 2**63 for s in sums.values())
+        assert file.exists() != bool(set_aside(file)), "kept if plausible, else set aside"
+        SubscriptionInfo(state.process_id, offset_sums=sums).encode()  # always encodable
+
+    check()
