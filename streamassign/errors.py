@@ -78,6 +78,12 @@ class ClientsFileError(StreamAssignError, ValueError):
     file, the client and the key."""
 
 
+class DamagedStateError(StreamAssignError, ValueError):
+    """Local state (a checkpoint, the last assignment, the process id) that cannot be read or is
+    implausible. Raised and handled inside ``StateDirectory``: the state is set aside and counts
+    as none, so users see a log line, not this error."""
+
+
 class ErrorCode(enum.IntEnum):
     """Why an assignment is empty, carried in assignment user data (so members log the cause
     and retry with backoff instead of crash-looping)."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ._ids import TaskId, TopicPartition
-from .errors import StreamAssignError
+from .errors import DamagedStateError, StreamAssignError
 from .files import is_temporary, write_atomically
 
 log = logging.getLogger("streamassign.localstate")
@@ -46,17 +46,12 @@ log = logging.getLogger("streamassign.localstate")
 MAX_STATE_FILE_BYTES = 16 << 20
 #: Task ids and partitions are Kafka int32s; larger ones on disk did not come from this library.
 _ID_LIMIT = 1 << 31
-#: Offset sums travel as int64s; ``LATEST_OFFSET`` (-2) and other negatives mean "running".
+#: Offset sums travel as int64s, and negative ones are sentinels (``LATEST_OFFSET`` = running).
 _OFFSET_LIMIT = 1 << 63
 
 
 class StateDirectoryLockedError(StreamAssignError):
     """Another live process holds the state directory."""
-
-
-class DamagedStateError(StreamAssignError, ValueError):
-    """Local state that cannot be read or is implausible (raised and handled inside
-    ``StateDirectory``: the state is set aside and counts as none)."""
 
 
 class StateDirectory:
