@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from ._ids import TaskId, as_task
+from .errors import InvalidClientError
 
 
 def _task_set(value: Iterable[TaskId | str]) -> frozenset[TaskId]:
@@ -19,7 +20,27 @@ def _task_set(value: Iterable[TaskId | str]) -> frozenset[TaskId]:
     # is; checking types costs a fifth of rebuilding every id.
     if type(value) is frozenset and all(type(t) is TaskId for t in value):
         return value
-    return frozenset(map(as_task, value))
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidClientError(f"expected a collection of task ids, got {value!r}")
+    try:
+        return frozenset(map(as_task, value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidClientError(str(exc)) from exc
+
+
+def _named_task_set(name: str, value: Iterable[TaskId | str]) -> frozenset[TaskId]:
+    try:
+        return _task_set(value)
+    except InvalidClientError as exc:
+        raise InvalidClientError(f"{name}: {exc}") from exc
+
+
+def _prev_active(value: Iterable[TaskId | str]) -> frozenset[TaskId]:
+    return _named_task_set("prev_active", value)
+
+
+def _prev_standby(value: Iterable[TaskId | str]) -> frozenset[TaskId]:
+    return _named_task_set("prev_standby", value)
 
 
 def _lag_map(value: Mapping[Any, int]) -> Mapping[TaskId, int]:
@@ -27,29 +48,50 @@ def _lag_map(value: Mapping[Any, int]) -> Mapping[TaskId, int]:
         type(t) is TaskId and type(lag) is int and lag >= 0 for t, lag in value.items()
     ):
         return dict(value)  # already in converted form: a copy, so nothing aliases it
+    if not isinstance(value, Mapping):
+        raise InvalidClientError(f"lags must be a mapping of task id -> int, got {value!r}")
     out: dict[TaskId, int] = {}
     for task, lag in value.items():
-        tid = as_task(task)
+        try:
+            tid = as_task(task)
+        except (TypeError, ValueError) as exc:
+            raise InvalidClientError(f"lags: {exc}") from exc
         if not isinstance(lag, int) or isinstance(lag, bool) or lag < 0:
-            raise ValueError(f"lag of task {tid} must be an int >= 0, got {lag!r}")
+            raise InvalidClientError(f"lags: lag of task {tid} must be an int >= 0, got {lag!r}")
         out[tid] = lag
     return out
 
 
 def _tag_map(value: Mapping[str, str]) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise InvalidClientError(f"tags must be a mapping of str -> str, got {value!r}")
+    for key, tag in value.items():
+        if not isinstance(key, str):
+            raise InvalidClientError(f"tags: keys must be str, got {key!r}")
+        if not isinstance(tag, str):
+            raise InvalidClientError(f"tags[{key!r}] must be a str, got {tag!r}")
     return dict(value)
 
 
 def _text_id(instance: Any, attribute: Any, value: str) -> None:
     if not isinstance(value, str):
-        raise TypeError(f"process_id must be a str (the member's process id), got {value!r}")
+        raise InvalidClientError(
+            f"process_id must be a str (the member's process id), got {value!r}"
+        )
 
 
 def _positive_capacity(instance: Any, attribute: Any, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(
+        raise InvalidClientError(
             f"client {instance.process_id!r}: capacity must be an int >= 1 (its thread count), "
             f"got {value!r}"
+        )
+
+
+def _rack(instance: Any, attribute: Any, value: str | None) -> None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidClientError(
+            f"client {instance.process_id!r}: rack must be a str or None, got {value!r}"
         )
 
 
@@ -60,15 +102,17 @@ class ClientState:
     ``capacity`` is its number of consumer threads. ``prev_active`` / ``prev_standby`` are the
     tasks it ran / kept replicas of before; ``lags`` holds, for tasks whose state it has on disk,
     how far behind the changelog end that state is (0 = caught up). ``rack`` and ``tags`` describe
-    where it runs, for rack- and tag-aware standby placement.
+    where it runs, for rack- and tag-aware standby placement. A field of the wrong type or value
+    (``rack`` not a str or None, ``tags`` not str -> str, ``lags`` not task id -> int >= 0, ...)
+    raises ``InvalidClientError`` naming the field and key.
     """
 
     process_id: str = attrs.field(validator=_text_id)
     capacity: int = attrs.field(default=1, validator=_positive_capacity)
-    prev_active: frozenset[TaskId] = attrs.field(default=frozenset(), converter=_task_set)
-    prev_standby: frozenset[TaskId] = attrs.field(default=frozenset(), converter=_task_set)
+    prev_active: frozenset[TaskId] = attrs.field(default=frozenset(), converter=_prev_active)
+    prev_standby: frozenset[TaskId] = attrs.field(default=frozenset(), converter=_prev_standby)
     lags: Mapping[TaskId, int] = attrs.field(factory=dict, converter=_lag_map)
-    rack: str | None = None
+    rack: str | None = attrs.field(default=None, validator=_rack)
     tags: Mapping[str, str] = attrs.field(factory=dict, converter=_tag_map)
 
     def has_state(self, task: TaskId) -> bool:

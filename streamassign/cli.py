@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,7 +21,7 @@ from rich.table import Table
 
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
-from .errors import StreamAssignError
+from .errors import ClientsFileError, StreamAssignError
 from .explain import (
     ClientView,
     Explanation,
@@ -31,6 +30,7 @@ from .explain import (
     views_from_assignment,
     views_from_clients,
 )
+from .files import load_toml
 from .grouper import PartitionGrouper
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
@@ -44,38 +44,39 @@ def load_clients(path: str | Path) -> list[ClientState]:
     """Read ``[[client]]`` tables from a TOML file into ``ClientState``s.
 
     Keys: ``process_id`` (required), ``capacity``, ``prev_active``, ``prev_standby`` (task ids
-    such as ``"0_3"``), ``lags`` (task id -> int), ``rack``, ``tags`` (table). Errors name the
-    file and the client.
+    such as ``"0_3"``), ``lags`` (table: task id -> int), ``rack`` (string), ``tags`` (table:
+    string -> string). Any problem raises ``ClientsFileError`` (a ``ValueError``) naming the file,
+    the client and the key.
     """
     where = str(path)
-    try:
-        with Path(path).open("rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"{where}: cannot read clients file: {exc}") from exc
+    data = load_toml(path, ClientsFileError, "clients file")
     unknown = sorted(set(data) - {"client"})
     if unknown:
-        raise ValueError(f"{where}: unknown top-level keys {unknown} (expected [[client]] tables)")
+        raise ClientsFileError(
+            f"{where}: unknown top-level keys {unknown} (expected [[client]] tables)"
+        )
     tables = data.get("client", [])
     if not isinstance(tables, list) or not tables:
-        raise ValueError(f"{where}: no [[client]] tables")
-    clients = []
-    for n, table in enumerate(tables, 1):
-        label = f"{where}: client #{n}"
-        if not isinstance(table, dict):
-            raise ValueError(f"{label}: expected a [[client]] table, got {table!r}")
-        bad = sorted(set(table) - set(_CLIENT_KEYS))
-        if bad:
-            raise ValueError(f"{label}: unknown keys {bad}; allowed: {list(_CLIENT_KEYS)}")
-        if "process_id" not in table:
-            raise ValueError(f"{label}: process_id is required")
-        if type(table["process_id"]) is int:  # `process_id = 1` in TOML: read as text
-            table = {**table, "process_id": str(table["process_id"])}
-        try:
-            clients.append(ClientState(**table))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{label} ({table['process_id']!r}): {exc}") from exc
-    return clients
+        raise ClientsFileError(f"{where}: no [[client]] tables")
+    return [_client(table, f"{where}: client #{n}") for n, table in enumerate(tables, 1)]
+
+
+def _client(table: object, label: str) -> ClientState:
+    """One ``[[client]]`` table as a ``ClientState``; ``ClientsFileError`` starting with
+    ``label`` (and the process id once known) otherwise."""
+    if not isinstance(table, dict):
+        raise ClientsFileError(f"{label}: expected a [[client]] table, got {table!r}")
+    bad = sorted(set(table) - set(_CLIENT_KEYS))
+    if bad:
+        raise ClientsFileError(f"{label}: unknown keys {bad}; allowed: {list(_CLIENT_KEYS)}")
+    if "process_id" not in table:
+        raise ClientsFileError(f"{label}: process_id is required")
+    if type(table["process_id"]) is int:  # `process_id = 1` in TOML: read as text
+        table = {**table, "process_id": str(table["process_id"])}
+    try:
+        return ClientState(**table)
+    except (TypeError, ValueError) as exc:
+        raise ClientsFileError(f"{label} ({table['process_id']!r}): {exc}") from exc
 
 
 def parse_partitions(values: Sequence[str]) -> dict[str, int]:

@@ -67,6 +67,23 @@ class RepartitionResolutionError(TopologyError):
         super().__init__(message)
 
 
+class InvalidClientError(StreamAssignError, ValueError, TypeError):
+    """A ``ClientState`` field has the wrong type or value; the message names the field (and the
+    offending key of ``lags`` / ``tags``). A ``ValueError`` and a ``TypeError``, so code catching
+    either (what plain Python raised here before) keeps working."""
+
+
+class ClientsFileError(StreamAssignError, ValueError):
+    """A clients TOML file cannot be read or holds an invalid client; the message names the
+    file, the client and the key."""
+
+
+class DamagedStateError(StreamAssignError, ValueError):
+    """Local state (a checkpoint, the last assignment, the process id) that cannot be read or is
+    implausible. Raised and handled inside ``StateDirectory``: the state is set aside and counts
+    as none, so users see a log line, not this error."""
+
+
 class ErrorCode(enum.IntEnum):
     """Why an assignment is empty, carried in assignment user data (so members log the cause
     and retry with backoff instead of crash-looping)."""

@@ -11,24 +11,43 @@ checkpointed changelog offsets; that is what makes restarts sticky. Same here:
                                             after a restart so the process gets them back
 
 A lock file keeps two processes from sharing one directory (they would report each other's
-state). Pure standard library; the runtime writes checkpoints, the protocol reads the sums.
+state). Every file is replaced atomically (``files.write_atomically``: unique temporary name,
+fsync, rename, directory fsync), so readers never see a torn file, whichever thread saves.
+
+Damaged state never keeps the process out of its group: a file or directory that cannot be read
+or holds something implausible (not JSON, nested too deep, offsets that are not integers in
+``[0, 2**63)`` or sum past it, a file where a task directory belongs, a directory where a file
+belongs, a task id out of range) counts as "no state" for its task. It is logged once and
+renamed to a ``<name>.damaged-<UTC time>`` sibling for inspection, never deleted. Pure standard
+library; the runtime writes checkpoints, the protocol reads the sums.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ._ids import TaskId, TopicPartition
-from .errors import StreamAssignError
+from .errors import DamagedStateError, StreamAssignError
+from .files import is_temporary, write_atomically
 
 log = logging.getLogger("streamassign.localstate")
+
+#: A checkpoint or assignment file larger than this is damaged, not state: a checkpoint holds
+#: one entry per changelog partition of a task, the assignment one task id per active task.
+MAX_STATE_FILE_BYTES = 16 << 20
+#: Task ids and partitions are Kafka int32s; larger ones on disk did not come from this library.
+_ID_LIMIT = 1 << 31
+#: Offset sums travel as int64s, and negative ones are sentinels (``LATEST_OFFSET`` = running).
+_OFFSET_LIMIT = 1 << 63
 
 
 class StateDirectoryLockedError(StreamAssignError):
@@ -40,7 +59,7 @@ class StateDirectory:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        (self.path / "tasks").mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(parents=True, exist_ok=True)
         self._lock: IO[bytes] | None = (self.path / ".lock").open("wb")
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -49,7 +68,74 @@ class StateDirectory:
             raise StateDirectoryLockedError(
                 f"state directory {self.path} is in use by another process"
             ) from exc
+        #: Damaged paths that could not be moved aside: logged once, then skipped quietly.
+        self._stuck: set[Path] = set()
+        self._remove_temporaries()
+        self._directory(self.path / "tasks")
         self.process_id = self._process_id()
+
+    # -- damaged state ---------------------------------------------------------------------------
+
+    def _set_aside(self, path: Path, reason: object) -> None:
+        """Rename damaged ``path`` to a ``.damaged-<time>`` sibling (kept for inspection, never
+        deleted), logging once; if even that fails, remember it and stay quiet about it."""
+        if path in self._stuck:
+            return
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = path.with_name(f"{path.name}.damaged-{stamp}")
+        n = 1
+        while aside.exists() or aside.is_symlink():  # os.rename would replace an earlier one
+            n += 1
+            aside = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+        try:
+            path.rename(aside)
+        except OSError as exc:
+            self._stuck.add(path)
+            log.warning(
+                "damaged local state %s (%s) counts as no state; cannot move it aside: %s",
+                path,
+                reason,
+                exc,
+            )
+            return
+        log.warning(
+            "damaged local state %s (%s) counts as no state; moved to %s", path, reason, aside.name
+        )
+
+    def _directory(self, path: Path) -> Path:
+        """``path`` as a directory, creating it; anything else in its place is set aside."""
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a file (or a dangling link) where the directory belongs
+            self._set_aside(path, "not a directory")
+            path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _read_json(self, file: Path) -> Any:
+        """``file``'s JSON content; ``FileNotFoundError`` when absent, ``DamagedStateError`` when
+        it cannot be read or parsed (NaN/Infinity and over-large numbers included)."""
+        try:
+            with file.open("rb") as fh:
+                raw = fh.read(MAX_STATE_FILE_BYTES + 1)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:  # a directory in its place, no permission, an I/O error
+            raise DamagedStateError(f"unreadable: {exc}") from exc
+        if len(raw) > MAX_STATE_FILE_BYTES:
+            raise DamagedStateError(f"larger than {MAX_STATE_FILE_BYTES} bytes")
+        try:
+            return json.loads(raw, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as exc:
+            raise DamagedStateError(f"not valid JSON: {exc!r}") from exc
+
+    def _remove_temporaries(self) -> None:
+        """Delete temporary files of saves interrupted by a crash (never a complete save)."""
+        for entry in self.path.iterdir():
+            if is_temporary(entry.name) and entry.is_file():
+                with contextlib.suppress(OSError):  # only litter: never worth failing over
+                    entry.unlink()
+
+    # -- process id ------------------------------------------------------------------------------
 
     def _process_id(self) -> uuid.UUID:
         file = self.path / "process.id"
@@ -57,81 +143,164 @@ class StateDirectory:
             return uuid.UUID(file.read_text().strip())
         except FileNotFoundError:
             pass
-        except ValueError:
-            log.warning("unreadable %s; starting as a new process", file)
+        except (OSError, ValueError) as exc:
+            self._set_aside(file, exc)
         pid = uuid.uuid4()
-        tmp = file.with_suffix(".tmp")
-        tmp.write_text(str(pid))
-        tmp.replace(file)
+        write_atomically(file, str(pid).encode())
         return pid
+
+    # -- checkpoints -----------------------------------------------------------------------------
 
     def task_dir(self, task: TaskId) -> Path:
         return self.path / "tasks" / str(task)
 
-    def write_checkpoint(self, task: TaskId, offsets: Mapping[TopicPartition, int]) -> None:
-        """Record the changelog offsets ``task``'s local state has reached (atomically)."""
+    def write_checkpoint(
+        self, task: TaskId, offsets: Mapping[TopicPartition, int], *, durable: bool = True
+    ) -> None:
+        """Record the changelog offsets ``task``'s local state has reached (atomically;
+        ``durable=False`` skips the fsyncs, for frequent checkpoints a crash may lose)."""
         data: dict[str, dict[str, int]] = {}
         for tp, offset in offsets.items():
             data.setdefault(tp.topic, {})[str(tp.partition)] = offset
-        directory = self.task_dir(task)
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / "checkpoint.tmp"
-        tmp.write_text(json.dumps(data, sort_keys=True))
-        tmp.replace(directory / "checkpoint")
+        file = self._directory(self.task_dir(task)) / "checkpoint"
+        if file.is_dir():
+            self._set_aside(file, "a directory where the checkpoint belongs")
+        write_atomically(file, json.dumps(data, sort_keys=True).encode(), durable=durable)
 
     def read_checkpoint(self, task: TaskId) -> dict[TopicPartition, int]:
-        """The checkpointed offsets of ``task`` (empty when none or unreadable)."""
-        file = self.task_dir(task) / "checkpoint"
+        """The checkpointed offsets of ``task``: empty when none, or when damaged (set aside)."""
+        directory = self.task_dir(task)
+        file = directory / "checkpoint"
         try:
-            data = json.loads(file.read_text())
-            return {
-                TopicPartition(topic, int(p)): int(offset)
-                for topic, parts in data.items()
-                for p, offset in parts.items()
-            }
+            return _checkpoint_offsets(self._read_json(file))
         except FileNotFoundError:
             return {}
-        except (ValueError, TypeError, AttributeError) as exc:
-            log.warning("ignoring unreadable checkpoint %s: %s", file, exc)
+        except DamagedStateError as exc:
+            if isinstance(exc.__cause__, NotADirectoryError):  # a file named like the task
+                self._set_aside(directory, "not a directory")
+            else:
+                self._set_aside(file, exc)
             return {}
 
     def delete_checkpoint(self, task: TaskId) -> None:
         """Forget ``task``'s checkpoint (its local state is gone, e.g. an in-memory store)."""
-        (self.task_dir(task) / "checkpoint").unlink(missing_ok=True)
+        file = self.task_dir(task) / "checkpoint"
+        try:
+            file.unlink(missing_ok=True)
+        except NotADirectoryError:
+            self._set_aside(self.task_dir(task), "not a directory")
+        except IsADirectoryError:
+            self._set_aside(file, "a directory where the checkpoint belongs")
 
     def offset_sums(self) -> dict[TaskId, int]:
         """Sum of checkpointed changelog offsets of every task with local state."""
+        root = self.path / "tasks"
+        try:
+            entries = sorted(root.iterdir())
+        except OSError as exc:  # removed, or replaced by a file, under a running process
+            if not isinstance(exc, FileNotFoundError):
+                self._set_aside(root, exc)
+            with contextlib.suppress(OSError):
+                self._directory(root)
+            return {}
         sums: dict[TaskId, int] = {}
-        for directory in sorted((self.path / "tasks").iterdir()):
-            try:
-                task = TaskId.parse(directory.name)
-            except ValueError:
+        for entry in entries:
+            task = _task_of(entry.name)
+            if task is None:
+                continue  # not a task directory (set-aside state, files of other tools)
+            if not _valid_task(task):
+                self._set_aside(entry, f"task id {task} out of range")
                 continue
             offsets = self.read_checkpoint(task)
             if offsets:
                 sums[task] = sum(offsets.values())
         return sums
 
+    # -- last assignment -------------------------------------------------------------------------
+
     def write_assignment(self, actives: Mapping[int, frozenset[TaskId]]) -> None:
-        """Remember each consumer's active tasks (atomically)."""
+        """Remember each consumer's active tasks (atomically and durably)."""
         data = {str(i): sorted(str(t) for t in tasks) for i, tasks in actives.items()}
-        tmp = self.path / "assignment.json.tmp"
-        tmp.write_text(json.dumps(data, sort_keys=True))
-        tmp.replace(self.path / "assignment.json")
+        file = self.path / "assignment.json"
+        if file.is_dir():
+            self._set_aside(file, "a directory where the file belongs")
+        write_atomically(file, json.dumps(data, sort_keys=True).encode())
 
     def read_assignment(self) -> dict[int, frozenset[TaskId]]:
-        """The active tasks each consumer ran before the process stopped (empty if unknown)."""
+        """The active tasks each consumer ran before the process stopped: empty if unknown, or
+        if the file is damaged (set aside)."""
         file = self.path / "assignment.json"
         try:
-            data = json.loads(file.read_text())
-            return {int(i): frozenset(TaskId.parse(t) for t in ts) for i, ts in data.items()}
+            return _assignment(self._read_json(file))
         except FileNotFoundError:
             return {}
-        except (ValueError, TypeError, AttributeError) as exc:
-            log.warning("ignoring unreadable %s: %s", file, exc)
+        except DamagedStateError as exc:
+            self._set_aside(file, exc)
             return {}
 
     def close(self) -> None:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not an offset")
+
+
+def _task_of(name: str) -> TaskId | None:
+    """The task a ``tasks/`` entry is named after, ``None`` unless named exactly ``"s_p"``."""
+    try:
+        task = TaskId.parse(name)
+    except ValueError:
+        return None
+    return task if str(task) == name else None
+
+
+def _valid_task(task: TaskId) -> bool:
+    return task.subtopology < _ID_LIMIT and task.partition < _ID_LIMIT
+
+
+def _is_index(text: str) -> bool:
+    """Whether ``text`` is an int32 >= 0 in plain ASCII digits (a partition, a consumer)."""
+    return text.isascii() and text.isdecimal() and len(text) <= 10 and int(text) < _ID_LIMIT
+
+
+def _is_int(value: object, limit: int) -> bool:
+    return type(value) is int and 0 <= value < limit
+
+
+def _checkpoint_offsets(data: Any) -> dict[TopicPartition, int]:
+    """Offsets of a checkpoint document; ``DamagedStateError`` for anything implausible."""
+    if not isinstance(data, dict):
+        raise DamagedStateError(f"expected an object of topics, got {type(data).__name__}")
+    offsets: dict[TopicPartition, int] = {}
+    for topic, parts in data.items():
+        if not topic or not isinstance(parts, dict):
+            raise DamagedStateError(f"topic {topic!r}: expected an object of partitions")
+        for part, offset in parts.items():
+            if not _is_index(part):
+                raise DamagedStateError(f"{topic}: partition {part!r} is not an int32 >= 0")
+            if not _is_int(offset, _OFFSET_LIMIT):
+                raise DamagedStateError(f"{topic}-{part}: offset {offset!r} not in [0, 2**63)")
+            offsets[TopicPartition(topic, int(part))] = offset
+    if sum(offsets.values()) >= _OFFSET_LIMIT:
+        raise DamagedStateError("offsets sum past 2**63 - 1 (an int64)")
+    return offsets
+
+
+def _assignment(data: Any) -> dict[int, frozenset[TaskId]]:
+    """Consumer index -> tasks of an assignment document; ``DamagedStateError`` otherwise."""
+    if not isinstance(data, dict):
+        raise DamagedStateError(f"expected an object of consumers, got {type(data).__name__}")
+    out: dict[int, frozenset[TaskId]] = {}
+    for index, names in data.items():
+        if not _is_index(index):
+            raise DamagedStateError(f"consumer {index!r} is not an index")
+        if not isinstance(names, list):
+            raise DamagedStateError(f"consumer {index}: expected a list of task ids")
+        tasks = [_task_of(n) if isinstance(n, str) else None for n in names]
+        if not all(t is not None and _valid_task(t) for t in tasks):
+            raise DamagedStateError(f"consumer {index}: not a list of task ids: {names!r:.200}")
+        out[int(index)] = frozenset(t for t in tasks if t is not None)
+    return out

@@ -16,7 +16,6 @@ co-partitioned because one task joins them).
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,6 +24,7 @@ import attrs
 
 from ._ids import TaskId, TopicPartition
 from .errors import TopologyError
+from .files import load_toml
 
 __all__ = [
     "Subtopology",
@@ -486,16 +486,11 @@ class TopologyFile(NamedTuple):
 
 
 def load_topology_file(path: str | Path) -> TopologyFile:
-    """Read a topology TOML file: the topology and its ``[partitions]`` defaults (may be empty)."""
-    path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise TopologyError(f"{path}: invalid TOML: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise TopologyError(f"{path}: not UTF-8 text (TOML is UTF-8): {exc}") from exc
-    return _parse_document(data, str(path))
+    """Read a topology TOML file: the topology and its ``[partitions]`` defaults (may be empty).
+
+    Every way the file can be bad (unreadable, not UTF-8, invalid TOML, nested too deep, larger
+    than ``MAX_TOML_BYTES``, wrong structure) raises ``TopologyError`` naming the file."""
+    return _parse_document(load_toml(path, TopologyError, "topology file"), str(path))
 
 
 def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from streamassign import ClientState, TaskId
 from streamassign.cli import load_clients, main
+from streamassign.errors import ClientsFileError
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDERS = str(ROOT / "topology" / "orders-join.toml")
@@ -162,3 +163,35 @@ def test_clients_file(tmp_path: Path) -> None:
     bad.write_text("[[client]]\nprocess_id = 1.5\n")
     with pytest.raises(ValueError, match=r"client #1 \(1.5\): process_id must be a str"):
         load_clients(bad)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("lags = 0", r"lags must be a mapping of task id -> int, got 0"),
+        ('lags = {"0_1" = -1}', "lags: lag of task 0_1 must be an int >= 0"),
+        ('lags = {"x" = 1}', r"lags: not a task id"),
+        ("tags = {zone = [1]}", r"tags\['zone'\] must be a str, got \[1\]"),
+        ("tags = 3", r"tags must be a mapping of str -> str"),
+        ("rack = 1", r"rack must be a str or None, got 1"),
+        ('prev_active = "0_1"', r"prev_active: expected a collection of task ids"),
+        ("prev_standby = [[0]]", r"prev_standby: "),
+        ("prev_active = " + "[" * 100_000 + "]" * 100_000, "nested too deep"),
+    ],
+)
+def test_bad_clients_files_give_a_typed_error_naming_the_key(
+    tmp_path: Path, body: str, message: str
+) -> None:
+    bad = tmp_path / "clients.toml"
+    bad.write_text(f'[[client]]\nprocess_id = "a"\n{body}\n')
+    with pytest.raises(ClientsFileError, match=message) as info:
+        load_clients(bad)
+    assert isinstance(info.value, ValueError)
+    assert str(info.value).startswith(str(bad))
+    code, out = plan(ORDERS, "--clients", str(bad))
+    assert code != 0 and "Traceback" not in out
+
+
+def test_a_directory_as_clients_file_is_a_typed_error(tmp_path: Path) -> None:
+    with pytest.raises(ClientsFileError, match="cannot read clients file"):
+        load_clients(tmp_path)

@@ -421,6 +421,35 @@ def test_a_file_that_is_not_utf8_is_a_topology_error(tmp_path: Path) -> None:
     assert str(info.value).startswith(str(path))
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deep"),
+        ("x = " + "{a = " * 100_000 + "1" + "}" * 100_000 + "\n", "nested too deep"),
+        (None, "cannot read topology file"),  # a directory where the file should be
+    ],
+)
+def test_unparsable_files_are_topology_errors(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    path = tmp_path / "topology.toml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    with pytest.raises(TopologyError, match=message) as info:
+        Topology.load(path)
+    assert str(info.value).startswith(str(path))
+
+
+def test_an_oversized_file_is_refused_before_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("streamassign.files.MAX_TOML_BYTES", len(MINIMAL) - 1)
+    with pytest.raises(TopologyError, match="larger than"):
+        load_topology_file(write(tmp_path, MINIMAL))
+
+
 def test_duplicate_repartition_topic_is_rejected(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL + '\n[[repartition_topic]]\nname = "r"\npartitions = 2\n')
     with pytest.raises(TopologyError, match="repartition topic 'r' is declared twice"):

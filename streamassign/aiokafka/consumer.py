@@ -47,6 +47,7 @@ from ..consumer import (
 )
 from ..consumer.userdata import AssignmentData, MemberData, UserDataError, read_member_data
 from ..errors import ErrorCode, StreamAssignError
+from ..files import write_atomically
 from ._rejoin import Rejoiner
 from ._wire import encode_assignment
 
@@ -275,9 +276,7 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         if self._state_file is None:
             return
         data = MemberData(owned_partitions=self._owned, generation=self._generation).encode()
-        tmp = self._state_file.with_suffix(self._state_file.suffix + ".tmp")
         try:
-            tmp.write_bytes(data)
-            tmp.replace(self._state_file)
+            write_atomically(self._state_file, data)
         except OSError as exc:
             log.warning("cannot save assignor state to %s: %s", self._state_file, exc)

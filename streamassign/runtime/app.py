@@ -624,7 +624,9 @@ class App:
                 await asyncio.wait([writes])
                 raise
         for task in tasks:
-            self._checkpoint(task.task_id, task.stores)
+            # Not fsync'd: every commit writes it, and one a crash loses is only older (the
+            # restore replays a little more); closing a task writes a durable one.
+            self._checkpoint(task.task_id, task.stores, durable=False)
         offsets = {}
         for task in tasks:
             for tp, offset in task.offsets.items():
@@ -659,11 +661,13 @@ class App:
                 if task.consumer == index:
                     _tear(task)
 
-    def _checkpoint(self, task: TaskId, states: Mapping[str, StoreState]) -> None:
+    def _checkpoint(
+        self, task: TaskId, states: Mapping[str, StoreState], *, durable: bool = True
+    ) -> None:
         offsets = {s.changelog: s.position for s in states.values()}
         if offsets and self._checkpointed.get(task) != offsets:
             try:
-                self.state.write_checkpoint(task, offsets)
+                self.state.write_checkpoint(task, offsets, durable=durable)
                 self._checkpointed[task] = offsets
             except OSError as exc:
                 log.warning("cannot checkpoint task %s: %s", task, exc)

@@ -1,0 +1,94 @@
+"""Local files the library writes and reads: atomic, durable saves and guarded TOML loads.
+
+``write_atomically`` is the one way the project replaces a file it owns (restart state,
+checkpoints, process ids, assignor state): readers see the old content or the new, never a torn
+mix, even with several threads saving the same file at once. ``load_toml`` reads a file a user
+wrote and turns every way it can fail (unreadable, not UTF-8, invalid, nested too deep for the
+parser, too large) into one typed error naming the file. Pure standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from .errors import StreamAssignError
+
+#: Larger TOML files are refused before parsing: a topology or clients file is a few KB, a
+#: generated clients file for thousands of processes a few MB.
+MAX_TOML_BYTES = 64 << 20
+
+
+def write_atomically(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data``: readers see the old file or the new, never a mix.
+
+    The data goes to a temporary file with a unique name in the same directory (so concurrent
+    writers never share one, and the rename stays on one file system), which is flushed to disk
+    and renamed over ``path`` with ``os.replace``; then the directory is synced so the rename
+    survives a crash. ``durable=False`` skips both syncs (atomic, not crash-durable). The file is
+    created with mode 0600 (``mkstemp``'s): state files are private to the process's user. On
+    failure the temporary file is removed and ``path`` is untouched; ``OSError`` propagates.
+    """
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        sync_directory(target.parent)
+
+
+def sync_directory(directory: str | os.PathLike[str]) -> None:
+    """Flush ``directory``'s entries (renames, creations) to disk; a no-op where file systems
+    cannot sync a directory."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is a temporary file ``write_atomically`` leaves behind when the process
+    dies between creating and renaming it (never a complete save; safe to delete)."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def load_toml(
+    path: str | os.PathLike[str], error: type[StreamAssignError], what: str
+) -> dict[str, Any]:
+    """The TOML document at ``path``; ``error("<path>: cannot read <what>: ...")`` for a file
+    that cannot be read, is larger than ``MAX_TOML_BYTES``, is not UTF-8, is invalid TOML or is
+    nested too deep for the parser."""
+    source = Path(path)
+    try:
+        with source.open("rb") as fh:
+            raw = fh.read(MAX_TOML_BYTES + 1)
+    except OSError as exc:
+        raise error(f"{source}: cannot read {what}: {exc}") from exc
+    if len(raw) > MAX_TOML_BYTES:
+        raise error(f"{source}: {what} larger than {MAX_TOML_BYTES} bytes; refused")
+    try:
+        return tomllib.loads(raw.decode())
+    except UnicodeDecodeError as exc:
+        raise error(f"{source}: {what} is not UTF-8 text (TOML is UTF-8): {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{source}: invalid TOML in {what}: {exc}") from exc
+    except RecursionError as exc:
+        raise error(f"{source}: {what} is nested too deep to parse") from exc
