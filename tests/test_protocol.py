@@ -359,3 +359,53 @@ def test_the_largest_subtopology_id_and_partition_travel() -> None:
     assert seen.active == {TaskId(top, 0), TaskId(top, 1)}
     far = AssignmentInfo(active=frozenset({TaskId(top, top)}))
     assert AssignmentInfo.decode(far.encode()) == far
+
+
+# -- the leader's bounds: claims clipped to tasks that exist, a lower limit per member ---------
+
+
+@given(subscriptions(), st.data())
+def test_a_clipped_decode_is_the_full_decode_filtered(
+    info: SubscriptionInfo, data: st.DataObject
+) -> None:
+    """With ``task_counts`` a decode keeps exactly the claims on tasks that exist; everything
+    else, and whether it raises, is unchanged."""
+    subs = sorted({t.subtopology for t in (*info.offset_sums, *info.previous_active)} | {0})
+    counts = data.draw(st.dictionaries(st.sampled_from(subs), st.integers(0, 5001)))
+    full = SubscriptionInfo.decode(info.encode())
+    clipped = SubscriptionInfo.decode(info.encode(), task_counts=counts)
+
+    def exists(t: TaskId) -> bool:
+        return t.partition < counts.get(t.subtopology, 0)
+
+    assert clipped.offset_sums == {t: s for t, s in full.offset_sums.items() if exists(t)}
+    assert clipped.previous_active == {t for t in full.previous_active if exists(t)}
+    same = attrs.evolve(clipped, offset_sums=full.offset_sums, previous_active=full.previous_active)
+    assert same == full
+
+
+def test_clipped_claims_are_never_made() -> None:
+    """``MAX_TASK_IDS`` previous actives of a 6-task subtopology: 6 task ids are made, in well
+    under a megabyte (the full decode makes 2**20, about 134 MB)."""
+    data = _subscription_with_runs([1, MAX_TASK_IDS - 1])
+    tracemalloc.start()
+    try:
+        info = SubscriptionInfo.decode(data, task_counts={0: 6})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.previous_active == {TaskId(0, p) for p in range(6)}
+    assert peak < 1 << 20
+
+
+def test_a_lower_limit_refuses_a_member_declaring_more() -> None:
+    """``max_task_ids`` counts what the bytes declare, clipped or not; it never raises the
+    ``MAX_TASK_IDS`` ceiling."""
+    data = _subscription_with_runs([600, 400])
+    assert len(SubscriptionInfo.decode(data, max_task_ids=1000).previous_active) == 1000
+    with pytest.raises(ProtocolError, match="more than the 999 task ids the leader allows"):
+        SubscriptionInfo.decode(data, task_counts={0: 6}, max_task_ids=999)
+    with pytest.raises(ProtocolError, match=f"MAX_TASK_IDS = {MAX_TASK_IDS}"):
+        SubscriptionInfo.decode(
+            _subscription_with_runs([MAX_TASK_IDS, 1]), max_task_ids=2 * MAX_TASK_IDS
+        )
