@@ -118,27 +118,32 @@ def decode_subscriptions(
     members: Mapping[str, tuple[Iterable[str], bytes]],
     max_version: int = LATEST_VERSION,
 ) -> dict[str, MemberSubscription]:
-    """The leader's view of ``members`` (member -> (topics, user data)): each decoded with its
-    claims clipped to the tasks of ``topology`` over ``partition_counts`` (nothing else is
-    made) and at most ``member_claim_limit`` entries declared. A member past the limit keeps
-    its identity (process id, endpoint, versions, error code) without history; unreadable
-    data gives a member without info. Either is logged once, with the reason."""
+    """The leader's view of ``members`` (member -> (topics, user data)), within the bounds of
+    ``bounded_claims`` from the start: each decoded with its claims clipped to the tasks of
+    ``topology`` over ``partition_counts`` (no other task is made) and at most
+    ``member_claim_limit`` entries declared, previous actives charged to the rebalance's pool
+    as they come. A member past a bound keeps its identity (process id, endpoint, versions,
+    error code) without history; unreadable data gives a member without info. Either is
+    logged once, with the reason."""
     try:
-        counts = task_counts(PartitionGrouper().group(topology, partition_counts))
+        tasks: Collection[TaskId] = PartitionGrouper().group(topology, partition_counts)
     except TopologyError:
-        counts = {}  # assign_streams reports the topology; no claim can matter then
-    limit = member_claim_limit(sum(counts.values()))
+        tasks = ()  # assign_streams reports the topology; no claim can matter then
+    counts = task_counts(tasks)
+    budget = _ClaimBudget(tasks)
     out: dict[str, MemberSubscription] = {}
     for member in sorted(members):
         topics, data = members[member]
         try:
             info: SubscriptionInfo | None = SubscriptionInfo.decode(
-                data, max_version, task_counts=counts, max_task_ids=limit
+                data, max_version, task_counts=counts, max_task_ids=budget.member_limit
             )
         except ProtocolError as exc:
             info = _identity_only(data, max_version)
             log.warning("member %s: %s; treating it as having no history", member, exc)
-        out[member] = MemberSubscription(topics, info)
+        sub = MemberSubscription(topics, info)
+        # Only members that can get tasks draw on the pool, as in assign_streams.
+        out[member] = budget.admit(member, sub) if topology.source_topics <= sub.topics else sub
     return out
 
 
@@ -154,39 +159,57 @@ def _identity_only(data: bytes, max_version: int) -> SubscriptionInfo | None:
 def bounded_claims(
     members: Mapping[str, MemberSubscription], tasks: Collection[TaskId]
 ) -> dict[str, MemberSubscription]:
-    """``members`` with their claims clipped to ``tasks`` and within the rebalance's limits,
+    """``members`` with their claims clipped to ``tasks`` and within the rebalance's bounds,
     checked in member order: a member declaring more than ``member_claim_limit`` entries, or
     whose previous actives overflow what is left of ``rebalance_claim_limit``, is treated as
     having no history (logged once). Claims on tasks that do not exist are dropped silently:
     a topology change leaves them behind."""
-    member_limit = member_claim_limit(len(tasks))
-    pool = rebalance_claim_limit(len(tasks))
-    out = {}
-    for member in sorted(members):
-        sub = members[member]
+    budget = _ClaimBudget(tasks)
+    return {m: budget.admit(m, members[m]) for m in sorted(members)}
+
+
+class _ClaimBudget:
+    """The bounds of one rebalance: what one member may declare, what is left of the pool."""
+
+    def __init__(self, tasks: Collection[TaskId]) -> None:
+        self.tasks = tasks
+        self.member_limit = member_claim_limit(len(tasks))
+        self.pool = rebalance_claim_limit(len(tasks))
+
+    def admit(self, member: str, sub: MemberSubscription) -> MemberSubscription:
+        """``sub`` clipped, or without history past a bound (logged)."""
         info = sub.info
         if info is None or not (info.offset_sums or info.previous_active):
-            out[member] = sub
-            continue
+            return sub
         declared = len(info.offset_sums) + len(info.previous_active)
-        previous = _existing(info.previous_active, tasks) if declared <= member_limit else None
-        if previous is None or len(previous) > pool:
+        if declared > self.member_limit:
             why = (
-                f"claims {declared} tasks, more than the {member_limit} the leader allows "
-                f"a member of a group of {len(tasks)} tasks"
-                if previous is None
-                else f"claims {len(previous)} previous actives, more than the {pool} left of "
-                f"the rebalance's {rebalance_claim_limit(len(tasks))}"
+                f"claims {declared} tasks, more than the {self.member_limit} the leader allows "
+                f"a member of a group of {len(self.tasks)} tasks"
             )
-            log.warning("member %s: %s; treating it as having no history", member, why)
-            info = attrs.evolve(info, offset_sums={}, previous_active=frozenset())
-        else:
-            pool -= len(previous)
-            sums = {t: s for t, s in info.offset_sums.items() if t in tasks}
-            if len(sums) < len(info.offset_sums) or len(previous) < len(info.previous_active):
-                info = attrs.evolve(info, offset_sums=sums, previous_active=previous)
-        out[member] = sub if info is sub.info else attrs.evolve(sub, info=info)
-    return out
+            return self._refuse(member, sub, info, why)
+        previous = _existing(info.previous_active, self.tasks)
+        if len(previous) > self.pool:
+            why = (
+                f"claims {len(previous)} previous actives, more than the {self.pool} left of "
+                f"the rebalance's {rebalance_claim_limit(len(self.tasks))}"
+            )
+            return self._refuse(member, sub, info, why)
+        self.pool -= len(previous)
+        sums = {t: s for t, s in info.offset_sums.items() if t in self.tasks}
+        if len(sums) == len(info.offset_sums) and len(previous) == len(info.previous_active):
+            return sub
+        return attrs.evolve(
+            sub, info=attrs.evolve(info, offset_sums=sums, previous_active=previous)
+        )
+
+    @staticmethod
+    def _refuse(
+        member: str, sub: MemberSubscription, info: SubscriptionInfo, why: str
+    ) -> MemberSubscription:
+        log.warning("member %s: %s; treating it as having no history", member, why)
+        bare = attrs.evolve(info, offset_sums={}, previous_active=frozenset())
+        return attrs.evolve(sub, info=bare)
 
 
 def _existing(claims: Collection[TaskId], tasks: Collection[TaskId]) -> frozenset[TaskId]:

@@ -246,6 +246,11 @@ def test_previous_actives_past_the_rebalance_pool_are_refused_in_member_order(
     refused = [r.getMessage().split()[1].rstrip(":") for r in caplog.records]
     assert refused == sorted(members)[fit:]
     assert all("rebalance" in r.getMessage() for r in caplog.records)
+    # The leader's decode charges the pool as it goes: the refused are never kept.
+    raw = {m: (TOPICS, s.info.encode()) for m, s in members.items() if s.info is not None}
+    decoded = decode_subscriptions(TOPOLOGY, COUNTS, raw)
+    kept = [m for m, s in decoded.items() if s.info is not None and s.info.previous_active]
+    assert kept == sorted(members)[:fit]
 
 
 def test_a_broken_topology_still_answers_every_member_with_its_error() -> None:
