@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from streamassign import Subtopology, TaskId, Topology, protocol
 from streamassign.errors import ErrorCode
 from streamassign.protocol import (
-    LATEST_OFFSET,
     MAX_TASK_IDS,
     NOW,
     AssignmentInfo,
@@ -28,67 +27,10 @@ from streamassign.protocol import (
 )
 from streamassign.streams import MemberSubscription, assign_streams
 
-task_ids = st.builds(TaskId, st.integers(0, 2000), st.integers(0, 5000))
-task_sets = st.frozensets(task_ids, max_size=40)
-names = st.text(min_size=1, max_size=12)
-codes = st.sampled_from(list(ErrorCode))
+from .strategies import assignment_infos as assignments
+from .strategies import subscription_infos as subscriptions
+
 HEADER = b"\x00\x00\x00\x01\x00\x00\x00\x02"  # version 1, latest supported 2
-
-
-@st.composite
-def subscriptions(draw: st.DrawFn) -> SubscriptionInfo:
-    version = draw(st.sampled_from([1, 2]))
-    return SubscriptionInfo(
-        uuid.UUID(int=draw(st.integers(0, 2**128 - 1))),
-        endpoint=draw(st.one_of(st.none(), names)),
-        offset_sums=draw(
-            st.dictionaries(task_ids, st.one_of(st.just(LATEST_OFFSET), st.integers(0, 2**62)))
-        ),
-        previous_active=draw(task_sets),
-        join_nonce=draw(st.integers(0, 2**31)),
-        error_code=draw(codes),
-        rack=draw(st.one_of(st.none(), names)) if version >= 2 else None,
-        client_tags=draw(st.dictionaries(names, names, max_size=3)) if version >= 2 else {},
-        version=version,
-        latest_supported_version=draw(st.integers(version, 5)),
-    )
-
-
-@st.composite
-def assignments(draw: st.DrawFn, max_partitions: int = 300) -> AssignmentInfo:
-    """Assignment data with host maps consistent with its topic dictionary, as the leader
-    builds them: each task active on at most one host, standbys on others."""
-    version = draw(st.sampled_from([1, 2]))
-    topics = draw(
-        st.dictionaries(
-            st.integers(0, 50),
-            st.dictionaries(names, st.integers(1, max_partitions), min_size=1, max_size=3),
-            max_size=4,
-        )
-    )
-    tasks = [TaskId(s, p) for s, ts in topics.items() for p in range(max(ts.values()))]
-    hosts = draw(st.lists(names, max_size=6, unique=True)) if tasks else []
-    active: dict[str, set[TaskId]] = {}
-    standby: dict[str, set[TaskId]] = {}
-    for t in tasks:
-        if hosts and draw(st.booleans()):
-            owner = draw(st.sampled_from(hosts))
-            active.setdefault(owner, set()).add(t)
-            for h in draw(st.lists(st.sampled_from(hosts), max_size=2, unique=True)):
-                if h != owner:
-                    standby.setdefault(h, set()).add(t)
-    return AssignmentInfo(
-        active=draw(task_sets),
-        standby=draw(task_sets),
-        warmup=draw(task_sets) if version >= 2 else frozenset(),
-        active_by_host={h: frozenset(ts) for h, ts in active.items()},
-        standby_by_host={h: frozenset(ts) for h, ts in standby.items()},
-        topics=topics,
-        error_code=draw(codes),
-        next_rebalance_ms=draw(st.integers(-1, 2**50)),
-        version=version,
-        common_version=version,
-    )
 
 
 @given(subscriptions())
