@@ -19,14 +19,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientState
 from .errors import ErrorCode, TopologyError
-from .grouper import PartitionGrouper, resolve_partition_counts
+from .grouper import PartitionGrouper, resolve_partition_counts, task_counts
 from .ha import HighAvailabilityTaskAssignor
 from .protocol import (
     LATEST_OFFSET,
@@ -103,15 +103,6 @@ def rebalance_claim_limit(task_count: int) -> int:
     return 4 * task_count + CLAIM_SLACK
 
 
-def task_counts(tasks: Iterable[TaskId]) -> dict[int, int]:
-    """Tasks per subtopology, as ``SubscriptionInfo.decode(task_counts=...)`` takes them (the
-    grouper makes partitions ``0..n-1`` of each subtopology)."""
-    counts: dict[int, int] = {}
-    for t in tasks:
-        counts[t.subtopology] = max(counts.get(t.subtopology, 0), t.partition + 1)
-    return counts
-
-
 def decode_subscriptions(
     topology: Topology,
     partition_counts: Mapping[str, int],
@@ -126,11 +117,10 @@ def decode_subscriptions(
     error code) without history; unreadable data gives a member without info. Either is
     logged once, with the reason."""
     try:
-        tasks: Collection[TaskId] = PartitionGrouper().group(topology, partition_counts)
+        counts = task_counts(topology, partition_counts)
     except TopologyError:
-        tasks = ()  # assign_streams reports the topology; no claim can matter then
-    counts = task_counts(tasks)
-    budget = _ClaimBudget(tasks)
+        counts = {}  # assign_streams reports the topology; no claim can matter then
+    budget = _ClaimBudget(_TaskSpace(counts))
     out: dict[str, MemberSubscription] = {}
     for member in sorted(members):
         topics, data = members[member]
@@ -166,6 +156,26 @@ def bounded_claims(
     a topology change leaves them behind."""
     budget = _ClaimBudget(tasks)
     return {m: budget.admit(m, members[m]) for m in sorted(members)}
+
+
+class _TaskSpace(Collection[TaskId]):
+    """Tasks ``s_p`` with ``p < counts[s]``, without making them (the grouper's tasks, known
+    before it runs)."""
+
+    def __init__(self, counts: Mapping[int, int]) -> None:
+        self.counts = counts
+        self.size = sum(counts.values())
+
+    def __contains__(self, task: object) -> bool:
+        return isinstance(task, TaskId) and 0 <= task.partition < self.counts.get(
+            task.subtopology, 0
+        )
+
+    def __iter__(self) -> Iterator[TaskId]:
+        return (TaskId(s, p) for s, n in self.counts.items() for p in range(n))
+
+    def __len__(self) -> int:
+        return self.size
 
 
 class _ClaimBudget:
