@@ -24,7 +24,10 @@ Version 2 appends — subscription: rack, client tags. Assignment: warmup tasks.
 Garbage or truncated bytes raise ``ProtocolError``; the leader treats such a member as having
 no history. Decoding is bounded by ``MAX_TASK_IDS``, so a few bytes of garbage cannot cost gigabytes
 or minutes; the writer refuses whatever the reader would refuse (a ``ValueError``), so a leader
-fails loudly instead of sending every member an assignment it cannot read.
+fails loudly instead of sending every member an assignment it cannot read. The leader decodes
+subscriptions tighter still (``task_counts``: claims on tasks that do not exist are never made;
+``max_task_ids``: a limit per member from the group's size), so that a rebalance, not just one
+decode, is bounded (``streamassign.streams.decode_subscriptions``).
 """
 
 from __future__ import annotations
