@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
 import pytest
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
@@ -190,13 +191,31 @@ def test_claims_on_tasks_that_do_not_exist_are_dropped_silently(
     assert not caplog.records
 
 
+def test_stale_local_state_of_an_old_topology_costs_no_history(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A state directory reports every task it ever checkpointed: 5,000 offset sums of a
+    subtopology long gone are paid for by their bytes, clipped, and no offence."""
+    group = second_round(processes=3, threads=1)
+    old = dict.fromkeys((TaskId(9, p) for p in range(5000)), 77)
+    raw = {
+        m: (TOPICS, attrs.evolve(i, offset_sums={**i.offset_sums, **old}).encode())
+        for m, i in group.items()
+    }
+    with caplog.at_level(logging.WARNING, logger="streamassign"):
+        decoded = decode_subscriptions(TOPOLOGY, COUNTS, raw)
+    assert decoded == {m: MemberSubscription(TOPICS, i) for m, i in group.items()}
+    assert not caplog.records
+
+
 def test_a_member_declaring_more_than_the_group_allows_has_no_history(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The limit is two claims per task plus ``CLAIM_SLACK``, counted before clipping, on the
-    decoded path and on the pure one alike; the member keeps its process and endpoint."""
+    """The limit is one previous active per task plus ``CLAIM_SLACK``, counted before
+    clipping, on the decoded path and on the pure one alike; the member keeps its process and
+    endpoint."""
     limit = member_claim_limit(TASKS)
-    assert limit == 2 * TASKS + CLAIM_SLACK
+    assert limit == TASKS + CLAIM_SLACK
     group = second_round(processes=3, threads=1)
     greedy = sorted(group)[0]
     info = group[greedy]

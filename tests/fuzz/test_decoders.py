@@ -64,7 +64,7 @@ def test_streams_subscription(
     with mock.patch.object(protocol, "MAX_TASK_IDS", BUDGET), bounded(_limit(data)):
         try:
             info = SubscriptionInfo.decode(
-                data, max_version, task_counts=counts, max_task_ids=max_ids
+                data, max_version, task_counts=counts, max_previous_active=max_ids
             )
         except ProtocolError:
             event("ProtocolError")
