@@ -24,7 +24,10 @@ Version 2 appends — subscription: rack, client tags. Assignment: warmup tasks.
 Garbage or truncated bytes raise ``ProtocolError``; the leader treats such a member as having
 no history. Decoding is bounded by ``MAX_TASK_IDS``, so a few bytes of garbage cannot cost gigabytes
 or minutes; the writer refuses whatever the reader would refuse (a ``ValueError``), so a leader
-fails loudly instead of sending every member an assignment it cannot read.
+fails loudly instead of sending every member an assignment it cannot read. The leader decodes
+subscriptions tighter still (``task_counts``: claims on tasks that do not exist are never made;
+``max_previous_active``: a limit per member from the group's size), so that a rebalance, not
+just one decode, is bounded (``streamassign.streams.decode_subscriptions``).
 """
 
 from __future__ import annotations
@@ -69,6 +72,11 @@ _UINT_LIMIT = 1 << 64  # varints carry 64 bits (Kafka's varlong), zig-zag ones a
 
 class ProtocolError(StreamAssignError, ValueError):
     """User data that cannot be decoded: garbage, truncated, or an unknown version."""
+
+
+class _RoomExceeded(Exception):
+    """A task set declares more than the reader's ``room`` (reported as a ``ProtocolError``
+    by the decode that set the room)."""
 
 
 # -- primitives ------------------------------------------------------------------------------
@@ -144,14 +152,16 @@ class _Writer:
 
 
 class _Reader:
-    __slots__ = ("budget", "data", "pos")
+    __slots__ = ("budget", "data", "pos", "room")
 
     def __init__(self, data: bytes, start: int = _HEAD.size, budget: int | None = None) -> None:
         """A reader from ``start``; ``budget`` is what is left of ``MAX_TASK_IDS`` (all of it
-        by default)."""
+        by default). ``room``, when set, is what task sets may still declare (a ``ProtocolError``
+        past it, before the tasks are made)."""
         self.data = data
         self.pos = start
         self.budget = MAX_TASK_IDS if budget is None else budget
+        self.room: int | None = None
 
     def take(self, n: int) -> int:
         """Charge ``n`` entries to this decode's budget before making them; returns ``n``."""
@@ -204,21 +214,30 @@ class _Reader:
         except UnicodeDecodeError as exc:
             raise ProtocolError(f"invalid UTF-8 string: {exc}") from exc
 
-    def tasks(self) -> frozenset[TaskId]:
+    def tasks(self, counts: Mapping[int, int] | None = None) -> frozenset[TaskId]:
+        """A task set; with ``counts`` (tasks per subtopology) only the tasks that exist there
+        are made, though every run is charged as declared."""
         out: list[TaskId] = []
         for _ in range(self.count()):
             sub = self.uint()
-            out.extend(TaskId(sub, p) for p in self.runs())
+            limit = None if counts is None else counts.get(sub, 0)
+            out.extend(TaskId(sub, p) for p in self.runs(limit))
         return frozenset(out)
 
-    def runs(self) -> list[int]:
+    def runs(self, limit: int | None = None) -> list[int]:
+        """Partitions of a run list, below ``limit`` only when given (runs ascend, so a run is
+        cut, never scanned)."""
         out: list[int] = []
         end = 0
         for _ in range(self.count()):
             first = end + self.uint()
             length = self.take(self.uint() + 1)
-            out.extend(range(first, first + length))
+            if self.room is not None:
+                if length > self.room:
+                    raise _RoomExceeded
+                self.room -= length
             end = first + length
+            out.extend(range(first, end if limit is None else min(end, limit)))
         return out
 
     def done(self) -> bool:
@@ -305,12 +324,36 @@ class SubscriptionInfo:
         return w.finish()
 
     @classmethod
-    def decode(cls, data: bytes, max_version: int = LATEST_VERSION) -> SubscriptionInfo:
-        """Read up to ``max_version`` (a newer member's extra fields are skipped)."""
-        return _decode(data, "subscription", lambda d: cls._decode(d, max_version))
+    def decode(
+        cls,
+        data: bytes,
+        max_version: int = LATEST_VERSION,
+        *,
+        task_counts: Mapping[int, int] | None = None,
+        max_previous_active: int | None = None,
+    ) -> SubscriptionInfo:
+        """Read up to ``max_version`` (a newer member's extra fields are skipped).
+
+        The leader's bounds: with ``task_counts`` (tasks per subtopology: task ``s_p`` exists
+        when ``p < task_counts[s]``) offset sums and previous actives of other tasks are
+        dropped unmade; past ``max_previous_active`` previous actives declared (counted
+        before clipping: the runs' lengths, the one field where a few bytes claim much), a
+        ``ProtocolError``. Every byte is read and every entry charged either way, so whether
+        a decode raises does not depend on ``task_counts``."""
+        return _decode(
+            data,
+            "subscription",
+            lambda d: cls._decode(d, max_version, task_counts, max_previous_active),
+        )
 
     @classmethod
-    def _decode(cls, data: bytes, max_version: int) -> SubscriptionInfo:
+    def _decode(
+        cls,
+        data: bytes,
+        max_version: int,
+        task_counts: Mapping[int, int] | None = None,
+        max_previous_active: int | None = None,
+    ) -> SubscriptionInfo:
         version, latest = read_header(data)
         r = _Reader(data)
         if len(data) < r.pos + 16:
@@ -322,10 +365,21 @@ class SubscriptionInfo:
         for _ in range(r.count()):
             sub = r.uint()
             p = 0
+            limit = None if task_counts is None else task_counts.get(sub, 0)
             for _ in range(r.take(r.count())):
                 p += r.uint()
-                sums[TaskId(sub, p)] = r.sint()
-        previous = r.tasks()
+                offset = r.sint()
+                if limit is None or p < limit:
+                    sums[TaskId(sub, p)] = offset
+        r.room = max_previous_active
+        try:
+            previous = r.tasks(task_counts)
+        except _RoomExceeded:
+            raise ProtocolError(
+                f"claims more than the {max_previous_active} previous active tasks the leader "
+                "allows one member of this group (one per task, plus slack)"
+            ) from None
+        r.room = None
         nonce = r.uint()
         error = _error_code(r.uint())
         rack, tags = None, {}

@@ -19,21 +19,23 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientState
 from .errors import ErrorCode, TopologyError
-from .grouper import PartitionGrouper, resolve_partition_counts
+from .grouper import PartitionGrouper, resolve_partition_counts, task_counts
 from .ha import HighAvailabilityTaskAssignor
 from .protocol import (
     LATEST_OFFSET,
     LATEST_VERSION,
+    MAX_TASK_IDS,
     MIN_VERSION,
     NEVER,
     AssignmentInfo,
+    ProtocolError,
     SubscriptionInfo,
 )
 from .sticky import StickyTaskAssignor
@@ -47,12 +49,20 @@ _INCOMPLETE = ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
 #: Kafka Streams' ``acceptable.recovery.lag`` default: state this close counts as caught up.
 ACCEPTABLE_RECOVERY_LAG = 10_000
 
+#: Previous actives on tasks that do not exist that a member may claim besides one per task
+#: (below): room for what a topology change or a deleted topic left behind.
+CLAIM_SLACK = 1024
+
+
+def _topic_names(topics: Iterable[str]) -> frozenset[str]:
+    return frozenset(topics)
+
 
 @attrs.frozen
 class MemberSubscription:
     """A member as the leader sees it: its topics, and its user data if it could be read."""
 
-    topics: frozenset[str] = attrs.field(converter=frozenset)
+    topics: frozenset[str] = attrs.field(converter=_topic_names)
     info: SubscriptionInfo | None = None
 
 
@@ -75,6 +85,150 @@ def _failed(
 ) -> dict[str, MemberAssignment]:
     info = AssignmentInfo(error_code=code, version=version, common_version=version)
     return {m: MemberAssignment((), info) for m in members}
+
+
+def member_claim_limit(task_count: int) -> int:
+    """Previous actives one member's subscription may declare (counted as written, before
+    clipping): one per task of the group plus ``CLAIM_SLACK``, at most ``MAX_TASK_IDS``. A
+    consumer ran each task once at most, so a real member never declares more; past it the
+    member is treated as having no history. Offset sums have no such limit: each costs at
+    least two bytes received (no amplification), and stale local state of an old topology is
+    reported forever, so it is only clipped."""
+    return min(MAX_TASK_IDS, task_count + CLAIM_SLACK)
+
+
+def rebalance_claim_limit(task_count: int) -> int:
+    """Previous actives (after clipping to tasks that exist) all members of one rebalance may
+    claim together: four per task plus ``CLAIM_SLACK``. Every task has one current owner and
+    at most one before a restart, so a real group stays near two per task; offset sums need no
+    such pool, each costs the leader at least two bytes received."""
+    return 4 * task_count + CLAIM_SLACK
+
+
+def decode_subscriptions(
+    topology: Topology,
+    partition_counts: Mapping[str, int],
+    members: Mapping[str, tuple[Iterable[str], bytes]],
+    max_version: int = LATEST_VERSION,
+) -> dict[str, MemberSubscription]:
+    """The leader's view of ``members`` (member -> (topics, user data)), within the bounds of
+    ``bounded_claims`` from the start: each decoded with its claims clipped to the tasks of
+    ``topology`` over ``partition_counts`` (no other task is made) and at most
+    ``member_claim_limit`` previous actives declared, those kept charged to the rebalance's
+    pool as they come. A member past a bound keeps its identity (process id, endpoint, versions,
+    error code) without history; unreadable data gives a member without info. Either is
+    logged once, with the reason."""
+    try:
+        counts = task_counts(topology, partition_counts)
+    except TopologyError:
+        counts = {}  # assign_streams reports the topology; no claim can matter then
+    budget = _ClaimBudget(_TaskSpace(counts))
+    out: dict[str, MemberSubscription] = {}
+    for member in sorted(members):
+        topics, data = members[member]
+        try:
+            info: SubscriptionInfo | None = SubscriptionInfo.decode(
+                data, max_version, task_counts=counts, max_previous_active=budget.member_limit
+            )
+        except ProtocolError as exc:
+            info = _identity_only(data, max_version)
+            log.warning("member %s: %s; treating it as having no history", member, exc)
+        sub = MemberSubscription(topics, info)
+        # Only members that can get tasks draw on the pool, as in assign_streams.
+        out[member] = budget.admit(member, sub) if topology.source_topics <= sub.topics else sub
+    return out
+
+
+def _identity_only(data: bytes, max_version: int) -> SubscriptionInfo | None:
+    """Everything but the history of a member whose claims are refused: nothing is made from
+    them (no task exists for the decode), and within ``MAX_TASK_IDS`` only the bytes cost."""
+    try:
+        return SubscriptionInfo.decode(data, max_version, task_counts={})
+    except ProtocolError:
+        return None
+
+
+def bounded_claims(
+    members: Mapping[str, MemberSubscription], tasks: Collection[TaskId]
+) -> dict[str, MemberSubscription]:
+    """``members`` with their claims clipped to ``tasks`` and within the rebalance's bounds,
+    checked in member order: a member claiming more than ``member_claim_limit`` previous
+    actives, or whose previous actives (clipped) overflow what is left of
+    ``rebalance_claim_limit``, is treated as having no history (logged once). Claims on tasks
+    that do not exist are dropped silently: a topology change leaves them behind."""
+    budget = _ClaimBudget(tasks)
+    return {m: budget.admit(m, members[m]) for m in sorted(members)}
+
+
+class _TaskSpace(Collection[TaskId]):
+    """Tasks ``s_p`` with ``p < counts[s]``, without making them (the grouper's tasks, known
+    before it runs)."""
+
+    def __init__(self, counts: Mapping[int, int]) -> None:
+        self.counts = counts
+        self.size = sum(counts.values())
+
+    def __contains__(self, task: object) -> bool:
+        return isinstance(task, TaskId) and 0 <= task.partition < self.counts.get(
+            task.subtopology, 0
+        )
+
+    def __iter__(self) -> Iterator[TaskId]:
+        return (TaskId(s, p) for s, n in self.counts.items() for p in range(n))
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class _ClaimBudget:
+    """The bounds of one rebalance: what one member may declare, what is left of the pool."""
+
+    def __init__(self, tasks: Collection[TaskId]) -> None:
+        self.tasks = tasks
+        self.member_limit = member_claim_limit(len(tasks))
+        self.pool = rebalance_claim_limit(len(tasks))
+
+    def admit(self, member: str, sub: MemberSubscription) -> MemberSubscription:
+        """``sub`` clipped, or without history past a bound (logged)."""
+        info = sub.info
+        if info is None or not (info.offset_sums or info.previous_active):
+            return sub
+        declared = len(info.previous_active)
+        if declared > self.member_limit:
+            why = (
+                f"claims {declared} previous active tasks, more than the {self.member_limit} "
+                f"the leader allows a member of a group of {len(self.tasks)} tasks"
+            )
+            return self._refuse(member, sub, info, why)
+        previous = _existing(info.previous_active, self.tasks)
+        if len(previous) > self.pool:
+            why = (
+                f"claims {len(previous)} previous actives, more than the {self.pool} left of "
+                f"the rebalance's {rebalance_claim_limit(len(self.tasks))}"
+            )
+            return self._refuse(member, sub, info, why)
+        self.pool -= len(previous)
+        sums = {t: s for t, s in info.offset_sums.items() if t in self.tasks}
+        if len(sums) == len(info.offset_sums) and len(previous) == len(info.previous_active):
+            return sub
+        return attrs.evolve(
+            sub, info=attrs.evolve(info, offset_sums=sums, previous_active=previous)
+        )
+
+    @staticmethod
+    def _refuse(
+        member: str, sub: MemberSubscription, info: SubscriptionInfo, why: str
+    ) -> MemberSubscription:
+        log.warning("member %s: %s; treating it as having no history", member, why)
+        bare = attrs.evolve(info, offset_sums={}, previous_active=frozenset())
+        return attrs.evolve(sub, info=bare)
+
+
+def _existing(claims: Collection[TaskId], tasks: Collection[TaskId]) -> frozenset[TaskId]:
+    """``claims`` that are ``tasks``, iterating the smaller of the two."""
+    if len(claims) <= len(tasks):
+        return frozenset(t for t in claims if t in tasks)
+    return frozenset(t for t in tasks if t in claims)
 
 
 def client_states(
@@ -229,6 +383,7 @@ def assign_streams(
     }
     if not compatible:
         return result
+    compatible = bounded_claims(compatible, tasks)
     clients, by_process, endpoints = client_states(
         compatible, end_offsets, acceptable_recovery_lag, exact_lags=high_availability
     )
