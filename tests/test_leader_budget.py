@@ -163,7 +163,9 @@ def test_eight_hostile_members_cost_less_than_a_clean_round_and_have_no_history(
 
     caplog.set_level(logging.CRITICAL, logger="streamassign")  # timing without log handling
     clean_time, attack_time = best_of(7, round_of(clean), round_of(attack))
-    assert attack_time < 3 * clean_time  # the benchmark measures under 1x; before: over 1000x
+    # A guard against the blow-up coming back (it cost over 1000x), loose enough for a loaded
+    # machine: the benchmark (benchmarks/hostile_members.py) measures the real ratio, under 1x.
+    assert attack_time < 20 * clean_time
     assert peak_of(round_of(attack)) < 2 * peak_of(round_of(clean))
 
 

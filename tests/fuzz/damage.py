@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import tracemalloc
 from collections.abc import Iterator
 from datetime import timedelta
@@ -13,11 +14,18 @@ from hypothesis import strategies as st
 #: Per-example deadlines: far above what an example takes (decoders well under 10 ms, leaders
 #: of these small groups tens of ms) so a loaded CI machine passes, far below a stall (the
 #: audit's hostile member cost the streams leader seconds).
+#: The normal suite (CI included) draws a few hundred examples per fuzz test, new ones on every
+#: commit; ``HYPOTHESIS_PROFILE=fuzz`` is the long local hunt (its profile's count applies).
+EXAMPLES = settings.default.max_examples
+if os.environ.get("HYPOTHESIS_PROFILE") != "fuzz":
+    EXAMPLES = min(EXAMPLES, 400)
 FUZZ = settings(
+    max_examples=EXAMPLES,
     deadline=timedelta(milliseconds=1000),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 FUZZ_LEADER = settings(
+    max_examples=EXAMPLES,
     deadline=timedelta(milliseconds=3000),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
