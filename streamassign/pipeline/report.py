@@ -244,6 +244,24 @@ def _rank_key(o: Outcome) -> tuple[float, float, float]:
     return (o.records_mean, o.moves_mean, -o.balanced_share)
 
 
+def _moves_reason(o: Outcome) -> str:
+    """The moves of ``o`` against the least a balanced assignment needs, in words."""
+    moves = f"It moves {o.moves_mean:.1f} {o.unit} per rebalance"
+    if o.moves_mean < o.bound_mean - 0.05:
+        how = (
+            f"fewer than the {o.bound_mean:.1f} that balancing at once would take: it defers "
+            "moves until the new owners are caught up"
+            if o.warmups
+            else f"fewer than the {o.bound_mean:.1f} that balancing would take: it stays "
+            "unbalanced instead"
+        )
+    elif o.moves_mean <= o.bound_mean + 0.05:
+        how = "about the least any balanced assignment needs"
+    else:
+        how = f"more than the {o.bound_mean:.1f} a balanced assignment needs"
+    return f"{moves}, {how}; it never splits a joined task."
+
+
 def recommend(found: Sequence[Outcome], restore_per_s: float) -> Recommendation:
     """Rule out assignors that break the topology (split joins, unowned units, failures), then
     pick the one restoring the fewest records per rebalance — restores are what keep tasks
@@ -276,10 +294,7 @@ def recommend(found: Sequence[Outcome], restore_per_s: float) -> Recommendation:
                 f"{_share(second.balanced_share)})"
             )
             reasons.append(f"{second.name} restores as little; {best.name} {edge}.")
-    reasons.append(
-        f"It moves {best.moves_mean:.1f} {best.unit} per rebalance (a balanced assignment needs "
-        f"at least {best.bound_mean:.1f}) and never splits a joined task."
-    )
+    reasons.append(_moves_reason(best))
     if best.warmups:
         reasons.append(
             f"The price: it balances later. It keeps tasks on caught-up state and warms up their "
@@ -615,7 +630,8 @@ _DETAIL: Final = (
     (
         "balanced_share",
         "balanced",
-        "share of rebalances after which every owner had its share of active units, within one",
+        "share of rebalances after which every owner held the floor or ceiling of its capacity "
+        "share of active units",
         "{:.0%}",
     ),
     (
