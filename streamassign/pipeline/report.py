@@ -241,7 +241,8 @@ class Recommendation:
 
 
 def _rank_key(o: Outcome) -> tuple[float, float, float]:
-    return (o.records_mean, o.moves_mean, -o.balanced_share)
+    # Moving less than the bound means staying unbalanced: balance before moves on a tie.
+    return (o.records_mean, -o.balanced_share, o.moves_mean)
 
 
 def _moves_reason(o: Outcome) -> str:
@@ -265,7 +266,7 @@ def _moves_reason(o: Outcome) -> str:
 def recommend(found: Sequence[Outcome], restore_per_s: float) -> Recommendation:
     """Rule out assignors that break the topology (split joins, unowned units, failures), then
     pick the one restoring the fewest records per rebalance — restores are what keep tasks
-    down —, ties to fewer moves, then more balance."""
+    down —, ties to more balance, then fewer moves."""
     ruled_out = tuple((o, *flaw) for o in found if (flaw := o.flaw()) is not None)
     fit = sorted((o for o in found if o.flaw() is None), key=_rank_key)
     ranked = (*fit, *sorted((o for o, _, _ in ruled_out), key=_rank_key))
@@ -277,8 +278,15 @@ def recommend(found: Sequence[Outcome], restore_per_s: float) -> Recommendation:
         f"(p99 {_records(best.records_p99)}): about {_duration(best.downtime_s)} of task "
         f"downtime per rebalance at {restore_per_s:,.0f} records/s per task, and the slowest "
         f"task is back within {_duration(best.longest_s)} in 99% of rebalances."
+        if best.records_p99 > 0
+        else "Its rebalances restore no changelog records (nothing stateful changed hands)."
     ]
-    if len(fit) > 1:
+    if len(fit) == 1:
+        reasons.append(
+            "It is the only assignor fit for this topology in this run; compare more with "
+            "--assignors (e.g. all)."
+        )
+    else:
         second = fit[1]
         if second.records_mean > 0 and best.records_mean < second.records_mean:
             ratio = second.records_mean / max(best.records_mean, 1.0)
@@ -288,10 +296,11 @@ def recommend(found: Sequence[Outcome], restore_per_s: float) -> Recommendation:
             )
         else:
             edge = (
-                f"moves fewer {best.unit} ({best.moves_mean:.1f} against {second.moves_mean:.1f})"
-                if best.moves_mean < second.moves_mean
-                else f"is balanced more often ({_share(best.balanced_share)} against "
+                f"is balanced more often ({_share(best.balanced_share)} against "
                 f"{_share(second.balanced_share)})"
+                if best.balanced_share > second.balanced_share
+                else f"moves fewer {best.unit} ({best.moves_mean:.1f} against "
+                f"{second.moves_mean:.1f})"
             )
             reasons.append(f"{second.name} restores as little; {best.name} {edge}.")
     reasons.append(_moves_reason(best))
@@ -538,23 +547,28 @@ def _figures(data: Mapping[str, Any]) -> tuple[list[Figure], list[str]]:
     """The page's figures, and sentences standing in for figures that would show nothing."""
     by_event, by_step = data["by_event"], data["by_step"]
     levels = [lvl for lvl in ("task", "consumer") if any(r["level"] == lvl for r in by_step)]
-    figures = [
-        Figure(
-            "restore",
-            "Records restored per rebalance, by event",
-            "Changelog records the new owners of stateful tasks must restore before the tasks run "
-            "again (mean per rebalance; black marks: p99). Log scale: no bar means nothing was "
-            "restored. Hover for the median and the moves.",
-            _by_event_bars(
-                by_event,
-                "records_to_restore_mean",
-                lambda r: r["records_to_restore_p99"],
-                "p99",
-                "records restored per rebalance (mean)",
-                log=True,
-            ),
+    notes = []
+    figures = []
+    if not any(r["records_to_restore_mean"] for r in by_event if r["event"] != "initial"):
+        notes.append("Restores are not plotted: no rebalance restored any changelog record.")
+    else:
+        figures.append(
+            Figure(
+                "restore",
+                "Records restored per rebalance, by event",
+                "Changelog records the new owners of stateful tasks must restore before the tasks "
+                "run again (mean per rebalance; black marks: p99). Log scale: no bar means nothing "
+                "was restored. Hover for the median and the moves.",
+                _by_event_bars(
+                    by_event,
+                    "records_to_restore_mean",
+                    lambda r: r["records_to_restore_p99"],
+                    "p99",
+                    "records restored per rebalance (mean)",
+                    log=True,
+                ),
+            )
         )
-    ]
     for level in levels:
         rows = [r for r in by_event if r["level"] == level]
         unit = "tasks" if level == "task" else "partitions"
@@ -579,7 +593,6 @@ def _figures(data: Mapping[str, Any]) -> tuple[list[Figure], list[str]]:
                 _over_steps(by_step, level, "active_imbalance_mean", f"max - min {unit}", ".2f"),
             )
         )
-    notes = []
     task_steps = [r for r in by_step if r["level"] == "task"]
     if task_steps and all(
         not _missing(r["standby_coverage_min"]) and r["standby_coverage_min"] >= 1.0

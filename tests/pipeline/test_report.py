@@ -169,3 +169,37 @@ def test_csv_files_keep_their_columns(tmp_path: Path) -> None:
     for name, key in CSV_FILES.items():
         header = (tmp_path / name).read_text().splitlines()[0].split(",")
         assert header == data["columns"][key]
+
+
+def only(data: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    kept = copy.deepcopy(data)
+    for key in ("by_event", "by_assignor", "by_step", "outcomes"):
+        kept[key] = [r for r in kept[key] if r["assignor"] in names]
+    return kept
+
+
+def test_one_level_or_one_assignor_still_renders_an_answer(tmp_path: Path) -> None:
+    data = only(load(), {"task:sticky"})
+    rec = recommend(outcomes(data), 10_000.0)
+    assert rec.best is not None and rec.best.name == "task:sticky"
+    assert any("only assignor fit" in r for r in rec.reasons)
+    assert any("about the least any balanced assignment needs" in r for r in rec.reasons)
+    text = render_report(data, tmp_path / "task").read_text()
+    assert 'id="fig-moves-task"' in text and 'id="fig-moves-consumer"' not in text
+    text = render_report(only(load(), {"consumer:range"}), tmp_path / "consumer").read_text()
+    assert 'id="fig-imbalance-consumer"' in text and 'id="fig-imbalance-task"' not in text
+
+
+def test_nothing_restored_is_said_not_plotted(tmp_path: Path) -> None:
+    data = only(load(), {"task:sticky", "consumer:range"})
+    for key in ("by_event", "by_assignor", "by_step"):
+        for row in data[key]:
+            for column in row:
+                if column.startswith(("records_to_restore", "max_task_restore")):
+                    row[column] = 0
+    rec = recommend(outcomes(data), 10_000.0)
+    # Equal restores: the balanced one wins, not the one moving less by staying unbalanced.
+    assert rec.best is not None and rec.best.name == "task:sticky"
+    assert "restore no changelog records" in rec.reasons[0]
+    text = render_report(data, tmp_path).read_text()
+    assert "Restores are not plotted" in text and 'id="fig-restore"' not in text
