@@ -788,6 +788,15 @@ _MANIFEST_KEYS: Final = (
 )
 
 
+def _plain(value: Any) -> str:
+    """A manifest value as a reader writes it: lists comma-separated, mappings as k=v."""
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={_plain(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(_plain(v) for v in value)
+    return str(value)
+
+
 def _run_summary(manifest: Mapping[str, Any], rebalances: int) -> str:
     model = manifest.get("model", {})
     parts = [f"{manifest.get('scenarios', '?')} simulated deployments"]
@@ -862,8 +871,8 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
         by_assignor=_detail_rows(data["by_assignor"], ("level",)),
         by_event=_detail_rows(data["by_event"], ("level", "event")),
         notes=notes,
-        manifest=[(k, manifest[k]) for k in _MANIFEST_KEYS if k in manifest],
-        model=manifest.get("model", {}),
+        manifest=[(k, _plain(manifest[k])) for k in _MANIFEST_KEYS if k in manifest],
+        model=_plain(manifest.get("model", {})),
         csv_files=list(CSV_FILES),
         plotlyjs=Markup(plotly.offline.get_plotlyjs()),
     )
