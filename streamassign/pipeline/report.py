@@ -790,8 +790,11 @@ _MANIFEST_KEYS: Final = (
 
 def _plain(value: Any) -> str:
     """A manifest value as a reader writes it: lists comma-separated, mappings as k=v."""
-    if isinstance(value, Mapping):
-        return ", ".join(f"{k}={_plain(v)}" for k, v in value.items())
+    if isinstance(value, Mapping):  # a list inside reads as threads=1,2,4
+        return ", ".join(
+            f"{k}={','.join(map(str, v)) if isinstance(v, list | tuple) else _plain(v)}"
+            for k, v in value.items()
+        )
     if isinstance(value, list | tuple):
         return ", ".join(_plain(v) for v in value)
     return str(value)
