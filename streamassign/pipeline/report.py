@@ -147,7 +147,6 @@ class Outcome:
     rebalances: int
     records_mean: float
     records_p99: float
-    records_total: float
     downtime_s: float
     longest_s: float
     moves_mean: float
@@ -157,7 +156,6 @@ class Outcome:
     split_share: float | None
     unassigned: int
     errors: int
-    cold_takeovers: int
     warmups: int | None
     probing_rebalances: int | None
     balanced_after_s: float | None
@@ -209,7 +207,6 @@ def outcomes(data: Mapping[str, Any]) -> list[Outcome]:
                 rebalances=n,
                 records_mean=float(row["records_to_restore_mean"] or 0.0),
                 records_p99=float(row["records_to_restore_p99"] or 0.0),
-                records_total=float(row["records_total"] or 0.0),
                 downtime_s=float(row["records_to_restore_mean"] or 0.0) / rate,
                 longest_s=float(row["max_task_restore_p99"] or 0.0) / rate,
                 moves_mean=float(row["moves_mean"] or 0.0),
@@ -219,7 +216,6 @@ def outcomes(data: Mapping[str, Any]) -> list[Outcome]:
                 split_share=more.get("split_share"),
                 unassigned=int(row["unassigned_total"] or 0),
                 errors=errors.get(row["assignor"], 0),
-                cold_takeovers=int(row["cold_takeovers"] or 0),
                 warmups=more.get("warmups_total") if task else None,
                 probing_rebalances=more.get("probing_rebalances_total") if task else None,
                 balanced_after_s=more.get("balanced_after_s_mean") if task else None,
