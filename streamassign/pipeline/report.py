@@ -729,8 +729,11 @@ _ANSWER_COLUMNS: Final = (
 )
 
 
-def _balance_time(seconds: float | None) -> str:
-    return "at once" if seconds == 0 else _duration(seconds)
+def _balance_time(o: Outcome) -> str:
+    """Mean time to balance over the rebalances that got there before the next event."""
+    if o.balanced_after_s != 0:
+        return _duration(o.balanced_after_s)
+    return "at once, if at all" if o.never_balanced else "at once"
 
 
 def _answer_rows(rec: Recommendation) -> list[tuple[str, list[Cell]]]:
@@ -753,7 +756,7 @@ def _answer_rows(rec: Recommendation) -> list[tuple[str, list[Cell]]]:
                     Cell(f"{o.split_mean:.1f}"),
                     Cell(_share(o.balanced_share)),
                     Cell(f"{o.warmups or 0:,}, {o.probing_rebalances or 0:,}" if task else "—"),
-                    Cell(_balance_time(o.balanced_after_s) if task else "—"),
+                    Cell(_balance_time(o) if task else "—"),
                     Cell(
                         f"{o.never_balanced} of {o.rebalances}"
                         if task and o.never_balanced is not None
