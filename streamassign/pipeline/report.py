@@ -259,6 +259,51 @@ def _moves_reason(o: Outcome) -> str:
     return f"{moves}, {how}; it never splits a joined task."
 
 
+def _restore_reason(best: Outcome, restore_per_s: float) -> str:
+    if best.records_p99 <= 0:
+        return "Its rebalances restore no changelog records (nothing stateful changed hands)."
+    return (
+        f"It restores {_records(best.records_mean)} changelog records per rebalance on average "
+        f"(p99 {_records(best.records_p99)}): about {_duration(best.downtime_s)} of task "
+        f"downtime per rebalance at {restore_per_s:,.0f} records/s per task, and the slowest "
+        f"task is back within {_duration(best.longest_s)} in 99% of rebalances."
+    )
+
+
+def _runner_up_reason(best: Outcome, second: Outcome | None) -> str:
+    if second is None:
+        return (
+            "It is the only assignor fit for this topology in this run; compare more with "
+            "--assignors (e.g. all)."
+        )
+    if second.records_mean > 0 and best.records_mean < second.records_mean:
+        ratio = second.records_mean / max(best.records_mean, 1.0)
+        return (
+            f"The next best, {second.name}, restores {_records(second.records_mean)} "
+            f"({ratio:,.1f}x as much; {_duration(second.downtime_s)} of downtime)."
+        )
+    edge = (
+        f"is balanced more often ({_share(best.balanced_share)} against "
+        f"{_share(second.balanced_share)})"
+        if best.balanced_share > second.balanced_share
+        else f"moves fewer {best.unit} ({best.moves_mean:.1f} against {second.moves_mean:.1f})"
+    )
+    return f"{second.name} restores as little; {best.name} {edge}."
+
+
+def _balance_reason(best: Outcome) -> str:
+    if not best.warmups:
+        return f"Its actives are balanced after {_share(best.balanced_share)} of rebalances."
+    return (
+        f"The price: it balances later. It keeps tasks on caught-up state and warms up their "
+        f"new owners first ({best.warmups:,} warmups and {best.probing_rebalances or 0:,} "
+        f"probing rebalances in all). Actives were balanced right after "
+        f"{_share(best.balanced_share)} of the events and {_duration(best.balanced_after_s)} "
+        f"after the event on average; {best.never_balanced or 0} of {best.rebalances} "
+        "rebalances were still unbalanced when the next event came."
+    )
+
+
 def recommend(found: Sequence[Outcome], restore_per_s: float) -> Recommendation:
     """Rule out assignors that break the topology (split joins, unowned units, failures), then
     pick the one restoring the fewest records per rebalance — restores are what keep tasks
@@ -269,52 +314,13 @@ def recommend(found: Sequence[Outcome], restore_per_s: float) -> Recommendation:
     if not fit:
         return Recommendation(None, (), ruled_out, ranked)
     best = fit[0]
-    reasons = [
-        f"It restores {_records(best.records_mean)} changelog records per rebalance on average "
-        f"(p99 {_records(best.records_p99)}): about {_duration(best.downtime_s)} of task "
-        f"downtime per rebalance at {restore_per_s:,.0f} records/s per task, and the slowest "
-        f"task is back within {_duration(best.longest_s)} in 99% of rebalances."
-        if best.records_p99 > 0
-        else "Its rebalances restore no changelog records (nothing stateful changed hands)."
-    ]
-    if len(fit) == 1:
-        reasons.append(
-            "It is the only assignor fit for this topology in this run; compare more with "
-            "--assignors (e.g. all)."
-        )
-    else:
-        second = fit[1]
-        if second.records_mean > 0 and best.records_mean < second.records_mean:
-            ratio = second.records_mean / max(best.records_mean, 1.0)
-            reasons.append(
-                f"The next best, {second.name}, restores {_records(second.records_mean)} "
-                f"({ratio:,.1f}x as much; {_duration(second.downtime_s)} of downtime)."
-            )
-        else:
-            edge = (
-                f"is balanced more often ({_share(best.balanced_share)} against "
-                f"{_share(second.balanced_share)})"
-                if best.balanced_share > second.balanced_share
-                else f"moves fewer {best.unit} ({best.moves_mean:.1f} against "
-                f"{second.moves_mean:.1f})"
-            )
-            reasons.append(f"{second.name} restores as little; {best.name} {edge}.")
-    reasons.append(_moves_reason(best))
-    if best.warmups:
-        reasons.append(
-            f"The price: it balances later. It keeps tasks on caught-up state and warms up their "
-            f"new owners first ({best.warmups:,} warmups and {best.probing_rebalances or 0:,} "
-            f"probing rebalances in all). Actives were balanced right after "
-            f"{_share(best.balanced_share)} of the events and "
-            f"{_duration(best.balanced_after_s)} after the event on average; "
-            f"{best.never_balanced or 0} of {best.rebalances} rebalances were still unbalanced "
-            "when the next event came."
-        )
-    else:
-        reasons.append(
-            f"Its actives are balanced after {_share(best.balanced_share)} of rebalances."
-        )
-    return Recommendation(best, tuple(reasons), ruled_out, ranked)
+    reasons = (
+        _restore_reason(best, restore_per_s),
+        _runner_up_reason(best, fit[1] if len(fit) > 1 else None),
+        _moves_reason(best),
+        _balance_reason(best),
+    )
+    return Recommendation(best, reasons, ruled_out, ranked)
 
 
 # -- figures ---------------------------------------------------------------------------------------
@@ -408,20 +414,25 @@ def _by_event_bars(
             hovertemplate=f"<b>{name}</b><br>%{{customdata[0]}}<br>{_BAR_HOVER}<extra></extra>",
         )
     if marks_x:
-        fig.add_scatter(
-            x=marks_x,
-            y=marks_y,
-            mode="markers",
-            name=mark_name,
-            marker={"symbol": "line-ew-open", "size": max(8, 60 * width), "color": "black"},
-            marker_line_width=3,
-            hovertemplate=f"{mark_name}: %{{y:,.2f}}<extra></extra>",
-            showlegend=True,
-        )
+        _add_marks(fig, marks_x, marks_y, mark_name, width)
     fig.update_xaxes(
         tickvals=list(range(len(events))), ticktext=[e.replace("_", " ") for e in events]
     )
     return _layout(fig, y_title, "event that caused the rebalance", log)
+
+
+def _add_marks(fig: Any, xs: list[float], ys: list[float], name: str, width: float) -> None:
+    """Black dashes as wide as the bars at ``xs``: one legend entry for all of them."""
+    fig.add_scatter(
+        x=xs,
+        y=ys,
+        mode="markers",
+        name=name,
+        marker={"symbol": "line-ew-open", "size": max(8, 60 * width), "color": "black"},
+        marker_line_width=3,
+        hovertemplate=f"{name}: %{{y:,.2f}}<extra></extra>",
+        showlegend=True,
+    )
 
 
 def _hover_values(row: Mapping[str, Any]) -> list[Any]:
@@ -539,84 +550,94 @@ class Figure:
     figure: Any
 
 
+def _restore_figure(by_event: Sequence[Mapping[str, Any]]) -> Figure | str:
+    """Records restored per event, or why there is nothing to plot."""
+    if not any(r["records_to_restore_mean"] for r in by_event if r["event"] != "initial"):
+        return "Restores are not plotted: no rebalance restored any changelog record."
+    return Figure(
+        "restore",
+        "Records restored per rebalance, by event",
+        "Changelog records the new owners of stateful tasks must restore before the tasks run "
+        "again (mean per rebalance; black marks: p99). Log scale: no bar means nothing was "
+        "restored. Hover for the median and the moves.",
+        _by_event_bars(
+            by_event,
+            "records_to_restore_mean",
+            lambda r: r["records_to_restore_p99"],
+            "p99",
+            "records restored per rebalance (mean)",
+            log=True,
+        ),
+    )
+
+
+def _moves_figure(by_event: Sequence[Mapping[str, Any]], level: str) -> Figure:
+    rows = [r for r in by_event if r["level"] == level]
+    unit = "tasks" if level == "task" else "partitions"
+    return Figure(
+        f"moves-{level}",
+        f"Moves against their lower bound ({level} level: {unit})",
+        f"Mean {unit} taken from an owner that is still in the group. Black marks: the least any "
+        "balanced assignment needs. A bar below its mark means the assignor left the group "
+        "unbalanced to move less.",
+        _by_event_bars(rows, "moves_mean", _bound, "lower bound", f"{unit} moved"),
+    )
+
+
+def _imbalance_figure(by_step: Sequence[Mapping[str, Any]], level: str) -> Figure:
+    unit = "tasks per thread" if level == "task" else "partitions per consumer"
+    return Figure(
+        f"imbalance-{level}",
+        f"Imbalance over the trace ({level} level)",
+        f"Most minus fewest active {unit}, mean over scenarios at each rebalance number; 0 or 1 "
+        "is as even as whole units allow on equal threads.",
+        _over_steps(by_step, level, "active_imbalance_mean", f"max - min {unit}", ".2f"),
+    )
+
+
+def _coverage_figure(by_step: Sequence[Mapping[str, Any]]) -> Figure | str | None:
+    """Standby coverage over the trace; a sentence when it is 100 % throughout (a flat line);
+    None without task-level rows."""
+    task_steps = [r for r in by_step if r["level"] == "task"]
+    if not task_steps:
+        return None
+    if all(
+        not _missing(r["standby_coverage_min"]) and r["standby_coverage_min"] >= 1.0
+        for r in task_steps
+    ):
+        return (
+            "Standby coverage is not plotted: every task assignor placed every required standby "
+            "in every rebalance (100 %)."
+        )
+    return Figure(
+        "coverage",
+        "Standby coverage over the trace (task level)",
+        "Standbys placed over those required (min(standbys, clients - 1) per stateful task), "
+        "mean over scenarios.",
+        _over_steps(by_step, "task", "standby_coverage_mean", "placed / required", ".1%"),
+    )
+
+
 def _figures(data: Mapping[str, Any]) -> tuple[list[Figure], list[str]]:
     """The page's figures, and sentences standing in for figures that would show nothing."""
     by_event, by_step = data["by_event"], data["by_step"]
     levels = [lvl for lvl in ("task", "consumer") if any(r["level"] == lvl for r in by_step)]
-    notes = []
-    figures = []
-    if not any(r["records_to_restore_mean"] for r in by_event if r["event"] != "initial"):
-        notes.append("Restores are not plotted: no rebalance restored any changelog record.")
-    else:
-        figures.append(
-            Figure(
-                "restore",
-                "Records restored per rebalance, by event",
-                "Changelog records the new owners of stateful tasks must restore before the tasks "
-                "run again (mean per rebalance; black marks: p99). Log scale: no bar means nothing "
-                "was restored. Hover for the median and the moves.",
-                _by_event_bars(
-                    by_event,
-                    "records_to_restore_mean",
-                    lambda r: r["records_to_restore_p99"],
-                    "p99",
-                    "records restored per rebalance (mean)",
-                    log=True,
-                ),
-            )
-        )
-    for level in levels:
-        rows = [r for r in by_event if r["level"] == level]
-        unit = "tasks" if level == "task" else "partitions"
-        figures.append(
-            Figure(
-                f"moves-{level}",
-                f"Moves against their lower bound ({level} level: {unit})",
-                f"Mean {unit} taken from an owner that is still in the group. Black marks: the "
-                "least any balanced assignment needs. A bar below its mark means the assignor "
-                "left the group unbalanced to move less.",
-                _by_event_bars(rows, "moves_mean", _bound, "lower bound", f"{unit} moved"),
-            )
-        )
-    for level in levels:
-        unit = "tasks per thread" if level == "task" else "partitions per consumer"
-        figures.append(
-            Figure(
-                f"imbalance-{level}",
-                f"Imbalance over the trace ({level} level)",
-                f"Most minus fewest active {unit}, mean over scenarios at each rebalance number; 0 "
-                "or 1 is as even as whole units allow on equal threads.",
-                _over_steps(by_step, level, "active_imbalance_mean", f"max - min {unit}", ".2f"),
-            )
-        )
-    task_steps = [r for r in by_step if r["level"] == "task"]
-    if task_steps and all(
-        not _missing(r["standby_coverage_min"]) and r["standby_coverage_min"] >= 1.0
-        for r in task_steps
-    ):
-        notes.append(
-            "Standby coverage is not plotted: every task assignor placed every required standby "
-            "in every rebalance (100 %)."
-        )
-    elif task_steps:
-        figures.append(
-            Figure(
-                "coverage",
-                "Standby coverage over the trace (task level)",
-                "Standbys placed over those required (min(standbys, clients - 1) per stateful "
-                "task), mean over scenarios.",
-                _over_steps(by_step, "task", "standby_coverage_mean", "placed / required", ".1%"),
-            )
-        )
-    figures.append(
-        Figure(
-            "assign-time",
-            "Assignment time",
-            "Wall time of one assignor call, p99 over rebalances (hover for p50 and max). "
-            "Measured on the executors, so compare assignors within one run only.",
-            _assign_time(data["by_assignor"]),
-        )
+    timing = Figure(
+        "assign-time",
+        "Assignment time",
+        "Wall time of one assignor call, p99 over rebalances (hover for p50 and max). Measured "
+        "on the executors, so compare assignors within one run only.",
+        _assign_time(data["by_assignor"]),
     )
+    made = [
+        _restore_figure(by_event),
+        *(_moves_figure(by_event, level) for level in levels),
+        *(_imbalance_figure(by_step, level) for level in levels),
+        _coverage_figure(by_step),
+        timing,
+    ]
+    figures = [m for m in made if isinstance(m, Figure)]
+    notes = [m for m in made if isinstance(m, str)]
     return figures, notes
 
 
@@ -826,9 +847,22 @@ def _churn(model: Mapping[str, Any]) -> str:
     return ", ".join(shown)
 
 
+def _template() -> Any:
+    """The page's Jinja2 template, autoescaping everything not marked safe."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return env.get_template(_TEMPLATE)
+
+
 def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
     """Write the CSV summaries and ``report.html`` into ``out_dir``; return the HTML path."""
-    import jinja2
     import plotly.offline
     from markupsafe import Markup
 
@@ -839,23 +873,18 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
         write_csv(out / name, data[key], columns[key])
 
     manifest: Mapping[str, Any] = data.get("manifest", {})
-    notes = list(manifest.get("notes", []))
-    for err in data.get("errors", []):
-        notes.append(
+    notes = [
+        *manifest.get("notes", []),
+        *(
             f"{err['assignor']}: {err['errors']} failed rebalance(s), e.g. {err['example']}"
-        )
+            for err in data.get("errors", [])
+        ),
+    ]
     rate = _restore_rate(manifest)
     found = outcomes(data)
     rec = recommend(found, rate)
     figures, figure_notes = _figures(data)
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(Path(__file__).parent),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    page = env.get_template(_TEMPLATE).render(
+    page = _template().render(
         topology=manifest.get("topology", "?"),
         run_summary=_run_summary(manifest, max((o.rebalances for o in found), default=0)),
         churn=_churn(manifest.get("model", {})),
