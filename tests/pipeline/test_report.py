@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streamassign.pipeline.assignors import SPECS
 from streamassign.pipeline.report import (
     CSV_FILES,
+    Outcome,
     assignor_colour,
     outcomes,
     recommend,
@@ -203,3 +206,40 @@ def test_nothing_restored_is_said_not_plotted(tmp_path: Path) -> None:
     assert "restore no changelog records" in rec.reasons[0]
     text = render_report(data, tmp_path).read_text()
     assert "Restores are not plotted" in text and 'id="fig-restore"' not in text
+
+
+outcome_values = st.builds(
+    Outcome,
+    name=st.sampled_from([s.name for s in SPECS]),
+    level=st.sampled_from(["task", "consumer"]),
+    rebalances=st.integers(1, 100),
+    records_mean=st.floats(0, 1e8),
+    records_p99=st.floats(0, 1e9),
+    downtime_s=st.floats(0, 1e4),
+    longest_s=st.floats(0, 1e4),
+    moves_mean=st.floats(0, 100),
+    bound_mean=st.floats(0, 100),
+    balanced_share=st.floats(0, 1),
+    split_mean=st.sampled_from([0.0, 0.5, 12.0]),
+    split_share=st.none() | st.floats(0, 1),
+    unassigned=st.sampled_from([0, 0, 3]),
+    errors=st.sampled_from([0, 0, 1]),
+    warmups=st.none() | st.integers(0, 50),
+    probing_rebalances=st.none() | st.integers(0, 50),
+    balanced_after_s=st.none() | st.floats(0, 1e4),
+    never_balanced=st.none() | st.integers(0, 100),
+)
+
+
+@given(st.lists(outcome_values, max_size=8, unique_by=lambda o: o.name))
+def test_the_pick_is_fit_and_restores_least(found: list[Outcome]) -> None:
+    rec = recommend(found, 10_000.0)
+    fit = [o for o in found if o.flaw() is None]
+    assert sorted(o.name for o in rec.ranked) == sorted(o.name for o in found)
+    assert {o.name for o, _, _ in rec.ruled_out} == {o.name for o in found} - {o.name for o in fit}
+    if not fit:
+        assert rec.best is None
+        return
+    assert rec.best is not None and rec.best.flaw() is None
+    assert rec.best.records_mean == min(o.records_mean for o in fit)
+    assert rec.ranked[0] is rec.best and len(rec.reasons) == 4
