@@ -8,6 +8,19 @@ PYTHON=${PYTHON:-python3}
 "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 # Apache Kafka 4.x for the integration tests, assembled from Maven Central (cached after once).
 "$PYTHON" scripts/kafka.py install
+# Headless Chromium for the report's browser test (tests/pipeline/test_report_browser.py), from
+# the distribution's packages (Playwright's own browser download is never used). Installed only
+# when missing and apt-get exists; elsewhere the test skips unless STREAMASSIGN_BROWSER is set.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null; } ||
+        echo "could not install chromium: the report's browser test will skip"
+fi
+if command -v chromium >/dev/null 2>&1; then
+    # The browser test must run, not skip, where the browser was provided.
+    export STREAMASSIGN_BROWSER="${STREAMASSIGN_BROWSER:-$(command -v chromium)}"
+fi
 
 echo "== ruff"
 "$PYTHON" -m ruff check .

@@ -895,7 +895,7 @@ def simulate(
 
     _require("pyspark", "streamassign simulate")
     if with_report:
-        _require("matplotlib", "the report")
+        _require("plotly", "the report")
     try:
         workload = _workload(topology_file, partitions)
         model = _model(model_file, params, steps)
@@ -985,7 +985,7 @@ def _render(session: Any, run_dir: str, out: Path | None) -> Path:
 def report(run_dir: str, out: Path | None, master: str | None) -> None:
     """Aggregate a simulation run in DIR with Spark; write an HTML report and CSV summaries."""
     _require("pyspark", "streamassign report")
-    _require("matplotlib", "streamassign report")
+    _require("plotly", "streamassign report")
     if not _is_remote(run_dir):
         local = Path(run_dir)
         if not (local / "rebalances").is_dir():

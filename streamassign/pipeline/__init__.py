@@ -11,7 +11,8 @@ Layers, from pure to Spark:
 - :mod:`~streamassign.pipeline.spark`: the Spark jobs (the only module importing ``pyspark``);
 - :mod:`~streamassign.pipeline.submit`: the ``spark-submit`` entry point.
 
-Importing this package imports neither Spark nor matplotlib. See ``docs/pipeline.md``.
+Importing this package imports neither Spark nor the report's plotly and jinja2. See
+``docs/pipeline.md``.
 """
 
 from .assignors import resolve

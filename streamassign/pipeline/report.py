@@ -1,25 +1,39 @@
-"""The simulation report: CSV summaries and one self-contained HTML page with plots.
+"""The simulation report: CSV summaries and one self-contained, interactive HTML page.
 
 Input is what ``spark.aggregate`` collects (plain dicts and lists: small, already aggregated), so
-rendering needs neither Spark nor the rows. Plots use matplotlib's object API on the Agg canvas
-(no pyplot, no global backend switch) and are embedded in the page as base64 PNGs: the HTML file
-can be mailed or attached to a ticket on its own.
+rendering needs neither Spark nor the rows. The page opens with the answer (which assignor to use
+for this topology and churn model, and why, in records restored, restore time, moves, split joins
+and balance), then interactive plotly figures (hover for numbers, click a legend entry to hide a
+series), then the detailed tables. plotly.js is embedded once, so the file works offline and can
+be mailed or attached to a ticket on its own. The page comes from the Jinja2 template
+``report.html.j2`` next to this module.
 """
 
 from __future__ import annotations
 
-import base64
 import csv
-import html
-import io
 import math
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from .scenarios import EVENTS
+import attrs
 
-__all__ = ["CSV_FILES", "render_report"]
+from .assignors import SPECS
+from .scenarios import EVENTS
+from .simulate import SimulationJob
+
+__all__ = [
+    "CSV_FILES",
+    "Outcome",
+    "Recommendation",
+    "assignor_colour",
+    "outcomes",
+    "recommend",
+    "render_report",
+    "write_csv",
+]
 
 #: The CSV files written next to the HTML page, and which aggregate each holds.
 CSV_FILES: Final = {
@@ -28,33 +42,83 @@ CSV_FILES: Final = {
     "by_step.csv": "by_step",
 }
 
-#: Columns of the HTML summary tables: (column, header, format).
-_TABLE: Final = (
-    ("rebalances", "rebalances", "{:.0f}"),
-    ("balanced_share", "balanced", "{:.1%}"),
-    ("optimal_moves_share", "moves = bound", "{:.1%}"),
-    ("moves_mean", "moves (mean)", "{:.2f}"),
-    ("excess_moves_mean", "excess moves (mean)", "{:.2f}"),
-    ("active_imbalance_mean", "active imbalance", "{:.2f}"),
-    ("load_imbalance_mean", "load imbalance", "{:.2f}"),
-    ("standby_coverage_mean", "standby coverage", "{:.1%}"),
-    ("warm_share", "warm takeovers", "{:.1%}"),
-    ("records_to_restore_p50", "restore p50", "{:,.0f}"),
-    ("records_to_restore_p99", "restore p99", "{:,.0f}"),
-    ("split_tasks_mean", "split tasks", "{:.2f}"),
-    ("assign_ms_p99", "assign p99 ms", "{:.2f}"),
+_TEMPLATE: Final = "report.html.j2"
+
+# -- colours ---------------------------------------------------------------------------------------
+
+#: One colour per assignor on every figure and table. The registry's assignors get the first
+#: colours in registry order (so a name keeps its colour whichever others a run compares); any
+#: other name gets one of the rest, picked by a stable hash of the name.
+_COLOURS: Final = (
+    "#1f77b4",  # task:sticky, blue
+    "#2ca02c",  # task:ha, green
+    "#ff7f0e",  # faust:copartitioned, orange
+    "#d62728",  # consumer:range, red
+    "#9467bd",  # consumer:roundrobin, purple
+    "#8c564b",  # consumer:sticky, brown
+    "#e377c2",  # consumer:cooperative-sticky, pink
+    "#7f7f7f",  # consumer:shuffled, grey
+    "#bcbd22",  # aiokafka:range, olive
+    "#17becf",  # aiokafka:roundrobin, cyan
+    "#393b79",  # aiokafka:sticky, navy
+    "#e7ba52",
+    "#637939",
+    "#ad494a",
+    "#a55194",
+    "#6baed6",
 )
+_REGISTRY: Final = tuple(s.name for s in SPECS)
+
+
+def assignor_colour(name: str) -> str:
+    """The colour of ``name`` in every figure and table of every report."""
+    if name in _REGISTRY:
+        return _COLOURS[_REGISTRY.index(name)]
+    spare = _COLOURS[len(_REGISTRY) :]
+    return spare[zlib.crc32(name.encode()) % len(spare)]
+
+
+# -- formatting ------------------------------------------------------------------------------------
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _fmt(value: Any, pattern: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    return "—" if _missing(value) else pattern.format(value)
+
+
+def _records(value: Any) -> str:
+    """A record count a reader takes in at a glance: 236 M, 34.1 k, 812."""
+    if _missing(value):
         return "—"
-    return pattern.format(value)
+    v = float(value)
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            shown = v / scale
+            return f"{shown:.0f} {unit}" if abs(shown) >= 100 else f"{shown:.1f} {unit}"
+    return f"{v:.0f}"
 
 
-def _warm_share(row: Mapping[str, Any]) -> float | None:
-    total = (row.get("warm_takeovers") or 0) + (row.get("cold_takeovers") or 0)
-    return None if not total else (row.get("warm_takeovers") or 0) / total
+def _duration(seconds: Any) -> str:
+    """``seconds`` as 0.4 s, 35 s, 4 min 10 s, 2 h 5 min."""
+    if _missing(seconds):
+        return "—"
+    s = float(seconds)
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 3600:
+        m, rest = divmod(round(s), 60)
+        return f"{m} min {rest} s" if rest else f"{m} min"
+    h, rest = divmod(round(s / 60), 60)
+    return f"{h} h {rest} min" if rest else f"{h} h"
+
+
+def _share(value: Any) -> str:
+    return _fmt(value, "{:.0%}")
 
 
 def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
@@ -66,32 +130,235 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[s
             writer.writerow(["" if row.get(c) is None else row.get(c) for c in columns])
 
 
-# -- plots -----------------------------------------------------------------------------------------
+# -- the answer ------------------------------------------------------------------------------------
 
 
-def _png(fig: Any) -> str:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+@attrs.frozen(kw_only=True)
+class Outcome:
+    """What one assignor did over every rebalance after the initial one, in a user's terms.
 
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    Restore times are records over ``restore_per_s`` (one task restores at that rate):
+    ``downtime_s`` is the task-seconds spent restoring per rebalance, ``longest_s`` the time
+    until the slowest task of a rebalance runs again (p99 over rebalances).
+    """
+
+    name: str
+    level: str
+    rebalances: int
+    records_mean: float
+    records_p99: float
+    downtime_s: float
+    longest_s: float
+    moves_mean: float
+    bound_mean: float
+    balanced_share: float
+    split_mean: float
+    split_share: float | None
+    unassigned: int
+    errors: int
+    warmups: int | None
+    probing_rebalances: int | None
+    balanced_after_s: float | None
+    never_balanced: int | None
+
+    @property
+    def unit(self) -> str:
+        return "tasks" if self.level == "task" else "partitions"
+
+    def flaw(self) -> tuple[str, str] | None:
+        """Why this assignor is wrong for the topology whatever its costs, as (kind, why): kind
+        ``splits`` (it breaks joins) or ``fails``; None if it is fit."""
+        if self.errors:
+            return "fails", f"failed {self.errors} rebalance(s) (see the run's notes)"
+        if self.unassigned:
+            return "fails", f"left {self.unassigned:,} {self.unit} without an owner"
+        if self.split_mean > 0:
+            balanced = "; balanced after every rebalance" if self.balanced_share >= 1.0 else ""
+            return "splits", (
+                f"{self.split_mean:.1f} joined tasks split per rebalance on average, in "
+                f"{_share(self.split_share)} of rebalances{balanced}"
+            )
+        return None
 
 
-def _figure(panels: int, height: float = 3.6) -> tuple[Any, list[Any]]:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.2 * panels, height))
-    axes = [fig.add_subplot(1, panels, i + 1) for i in range(panels)]
-    return fig, axes
-
-
-def _levels(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    return [lvl for lvl in ("task", "consumer") if any(r["level"] == lvl for r in rows)]
+def _restore_rate(manifest: Mapping[str, Any]) -> float:
+    rate = manifest.get("replica_restore_per_s")
+    if isinstance(rate, int | float) and rate > 0:
+        return float(rate)
+    default = attrs.fields(SimulationJob).replica_restore_per_s.default
+    assert isinstance(default, float)  # a plain default, not a factory
+    return default
 
 
-def _assignors(rows: Sequence[Mapping[str, Any]], level: str | None = None) -> list[str]:
-    return sorted({r["assignor"] for r in rows if level is None or r["level"] == level})
+def outcomes(data: Mapping[str, Any]) -> list[Outcome]:
+    """One :class:`Outcome` per (level, assignor) of ``data`` (``spark.aggregate``'s result)."""
+    rate = _restore_rate(data.get("manifest", {}))
+    extra = {(r["level"], r["assignor"]): r for r in data.get("outcomes", [])}
+    errors = {e["assignor"]: int(e["errors"]) for e in data.get("errors", [])}
+    result = []
+    for row in data["by_assignor"]:
+        more = extra.get((row["level"], row["assignor"]), {})
+        n = int(row["rebalances"] or 0)
+        task = row["level"] == "task"
+        result.append(
+            Outcome(
+                name=row["assignor"],
+                level=row["level"],
+                rebalances=n,
+                records_mean=float(row["records_to_restore_mean"] or 0.0),
+                records_p99=float(row["records_to_restore_p99"] or 0.0),
+                downtime_s=float(row["records_to_restore_mean"] or 0.0) / rate,
+                longest_s=float(row["max_task_restore_p99"] or 0.0) / rate,
+                moves_mean=float(row["moves_mean"] or 0.0),
+                bound_mean=float(row["bound_total"] or 0) / n if n else 0.0,
+                balanced_share=float(row["balanced_share"] or 0.0),
+                split_mean=float(row["split_tasks_mean"] or 0.0),
+                split_share=more.get("split_share"),
+                unassigned=int(row["unassigned_total"] or 0),
+                errors=errors.get(row["assignor"], 0),
+                warmups=more.get("warmups_total") if task else None,
+                probing_rebalances=more.get("probing_rebalances_total") if task else None,
+                balanced_after_s=more.get("balanced_after_s_mean") if task else None,
+                never_balanced=more.get("never_balanced") if task else None,
+            )
+        )
+    return result
+
+
+@attrs.frozen
+class Recommendation:
+    """The assignor to use, the reasons in numbers, and why others are ruled out."""
+
+    best: Outcome | None
+    reasons: tuple[str, ...]
+    #: (outcome, kind, why) per assignor unfit for the topology; kinds as in ``Outcome.flaw``.
+    ruled_out: tuple[tuple[Outcome, str, str], ...]
+    ranked: tuple[Outcome, ...]
+
+
+def _rank_key(o: Outcome) -> tuple[float, float, float]:
+    # Moving less than the bound means staying unbalanced: balance before moves on a tie.
+    return (o.records_mean, -o.balanced_share, o.moves_mean)
+
+
+def _moves_reason(o: Outcome) -> str:
+    """The moves of ``o`` against the least a balanced assignment needs, in words."""
+    moves = f"It moves {o.moves_mean:.1f} {o.unit} per rebalance"
+    if o.moves_mean < o.bound_mean - 0.05:
+        how = (
+            f"fewer than the {o.bound_mean:.1f} that balancing at once would take: it defers "
+            "moves until the new owners are caught up"
+            if o.warmups
+            else f"fewer than the {o.bound_mean:.1f} that balancing would take: it stays "
+            "unbalanced instead"
+        )
+    elif o.moves_mean <= o.bound_mean + 0.05:
+        how = "about the least any balanced assignment needs"
+    else:
+        how = f"more than the {o.bound_mean:.1f} a balanced assignment needs"
+    return f"{moves}, {how}; it never splits a joined task."
+
+
+def _restore_reason(best: Outcome, restore_per_s: float) -> str:
+    if best.records_p99 <= 0:
+        return "Its rebalances restore no changelog records (nothing stateful changed hands)."
+    return (
+        f"It restores {_records(best.records_mean)} changelog records per rebalance on average "
+        f"(p99 {_records(best.records_p99)}): about {_duration(best.downtime_s)} of task "
+        f"downtime per rebalance at {restore_per_s:,.0f} records/s per task, and the slowest "
+        f"task is back within {_duration(best.longest_s)} in 99% of rebalances."
+    )
+
+
+def _runner_up_reason(best: Outcome, second: Outcome | None) -> str:
+    if second is None:
+        return (
+            "It is the only assignor fit for this topology in this run; compare more with "
+            "--assignors (e.g. all)."
+        )
+    if second.records_mean > 0 and best.records_mean < second.records_mean:
+        ratio = second.records_mean / max(best.records_mean, 1.0)
+        return (
+            f"The next best, {second.name}, restores {_records(second.records_mean)} "
+            f"({ratio:,.1f}x as much; {_duration(second.downtime_s)} of downtime)."
+        )
+    edge = (
+        f"is balanced more often ({_share(best.balanced_share)} against "
+        f"{_share(second.balanced_share)})"
+        if best.balanced_share > second.balanced_share
+        else f"moves fewer {best.unit} ({best.moves_mean:.1f} against {second.moves_mean:.1f})"
+    )
+    return f"{second.name} restores as little; {best.name} {edge}."
+
+
+def _balance_reason(best: Outcome) -> str:
+    if not best.warmups:
+        return f"Its actives are balanced after {_share(best.balanced_share)} of rebalances."
+    return (
+        f"The price: it balances later. It keeps tasks on caught-up state and warms up their "
+        f"new owners first ({best.warmups:,} warmups and {best.probing_rebalances or 0:,} "
+        f"probing rebalances in all). Actives were balanced right after "
+        f"{_share(best.balanced_share)} of the events and {_duration(best.balanced_after_s)} "
+        f"after the event on average; {best.never_balanced or 0} of {best.rebalances} "
+        "rebalances were still unbalanced when the next event came."
+    )
+
+
+def recommend(found: Sequence[Outcome], restore_per_s: float) -> Recommendation:
+    """Rule out assignors that break the topology (split joins, unowned units, failures), then
+    pick the one restoring the fewest records per rebalance — restores are what keep tasks
+    down —, ties to more balance, then fewer moves."""
+    ruled_out = tuple((o, *flaw) for o in found if (flaw := o.flaw()) is not None)
+    fit = sorted((o for o in found if o.flaw() is None), key=_rank_key)
+    ranked = (*fit, *sorted((o for o, _, _ in ruled_out), key=_rank_key))
+    if not fit:
+        return Recommendation(None, (), ruled_out, ranked)
+    best = fit[0]
+    reasons = (
+        _restore_reason(best, restore_per_s),
+        _runner_up_reason(best, fit[1] if len(fit) > 1 else None),
+        _moves_reason(best),
+        _balance_reason(best),
+    )
+    return Recommendation(best, reasons, ruled_out, ranked)
+
+
+# -- figures ---------------------------------------------------------------------------------------
+
+#: Legends go under the plot, where they cover no data; the figure grows with its entries so
+#: that the plot keeps its height when the legend wraps on a narrow screen.
+_LEGEND: Final = {"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "left", "x": 0}
+_DASHES: Final = ("dash", "dot", "dashdot", "longdash")
+_SYMBOLS: Final = ("circle-open", "diamond-open", "square-open", "triangle-up-open")
+
+
+def _same_as(series: Sequence[tuple[str, Sequence[Any]]]) -> dict[str, str]:
+    """For each series identical to an earlier one, the earlier one's name."""
+    first: dict[tuple[Any, ...], str] = {}
+    same: dict[str, str] = {}
+    for name, values in series:
+        key = tuple(None if _missing(v) else round(float(v), 9) for v in values)
+        if key in first:
+            same[name] = first[key]
+        else:
+            first[key] = name
+    return same
+
+
+def _layout(fig: Any, y_title: str, x_title: str = "", log: bool = False) -> Any:
+    entries = sum(1 for t in fig.data if t.showlegend is not False)
+    fig.update_layout(
+        template="plotly_white",
+        height=380 + 18 * entries,
+        margin={"l": 60, "r": 20, "t": 20, "b": 20},
+        legend=_LEGEND,
+        hoverlabel={"namelength": -1},
+    )
+    fig.update_yaxes(title_text=y_title, automargin=True)
+    if log:  # powers of ten only: minor labels crowd the axis
+        fig.update_yaxes(type="log", dtick=1, tickformat="~s")
+    fig.update_xaxes(title_text=x_title, automargin=True)
+    return fig
 
 
 def _events(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -99,196 +366,506 @@ def _events(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return [e for e in EVENTS if e in seen and e != "initial"]
 
 
-def _grouped_bars(
-    ax: Any,
+def _by_event_bars(
     rows: Sequence[Mapping[str, Any]],
-    assignors: Sequence[str],
-    events: Sequence[str],
-    value: Any,
-    marker: Any = None,
-) -> None:
-    """Bars per event (x) and assignor (colour); ``marker`` draws a dash on each bar."""
-    width = 0.8 / max(1, len(assignors))
+    value: str,
+    mark: Callable[[Mapping[str, Any]], float | None],
+    mark_name: str,
+    y_title: str,
+    log: bool = False,
+) -> Any:
+    """Bars per event (x) and assignor (colour), placed by hand so that a mark (a lower bound,
+    a p99) sits on its own bar; identical assignors are named in the legend."""
+    import plotly.graph_objects as go
+
+    events = _events(rows)
+    names = sorted({r["assignor"] for r in rows}, key=_order)
     index = {(r["assignor"], r["event"]): r for r in rows}
-    for k, name in enumerate(assignors):
-        xs, ys, ms = [], [], []
+    same = _same_as([(n, [(index.get((n, e)) or {}).get(value) for e in events]) for n in names])
+    width = 0.8 / max(1, len(names))
+    fig = go.Figure()
+    marks_x: list[float] = []
+    marks_y: list[float] = []
+    for k, name in enumerate(names):
+        xs, ys, data = [], [], []
         for i, event in enumerate(events):
             row = index.get((name, event))
-            if row is None:
+            if row is None or _missing(row.get(value)):
                 continue
-            xs.append(i - 0.4 + width * (k + 0.5))
-            ys.append(value(row) or 0.0)
-            ms.append(None if marker is None else marker(row))
-        ax.bar(xs, ys, width=width * 0.95, label=name)
-        for x, m in zip(xs, ms, strict=True):
-            if m is not None:
-                ax.hlines(m, x - width / 2, x + width / 2, colors="black", linewidth=2)
-    ax.set_xticks(range(len(events)))
-    ax.set_xticklabels([e.replace("_", " ") for e in events], rotation=30, ha="right")
-
-
-def plot_moves_vs_bound(by_event: Sequence[Mapping[str, Any]]) -> str:
-    """Mean moves per event and assignor; black dashes: the mean lower bound."""
-    levels = _levels(by_event)
-    fig, axes = _figure(len(levels) or 1)
-    for ax, level in zip(axes, levels, strict=False):
-        rows = [r for r in by_event if r["level"] == level]
-        _grouped_bars(
-            ax,
-            rows,
-            _assignors(rows),
-            _events(rows),
-            lambda r: r["moves_mean"],
-            lambda r: r["bound_total"] / r["rebalances"] if r["rebalances"] else None,
+            x = i - 0.4 + width * (k + 0.5)
+            xs.append(x)
+            ys.append(row[value])
+            data.append([event.replace("_", " "), *_hover_values(row)])
+            y = mark(row)
+            if y is not None and not math.isnan(y):
+                marks_x.append(x)
+                marks_y.append(float(y))
+        label = f"{name} (same as {same[name]})" if name in same else name
+        fig.add_bar(
+            x=xs,
+            y=ys,
+            width=width * 0.92,
+            name=label,
+            marker={
+                "color": assignor_colour(name),
+                "pattern": {"shape": "/" if name in same else ""},
+            },
+            customdata=data,
+            hovertemplate=f"<b>{name}</b><br>%{{customdata[0]}}<br>{_BAR_HOVER}<extra></extra>",
         )
-        unit = "tasks" if level == "task" else "partitions"
-        ax.set_title(f"{level} level: mean moves ({unit}), dash = bound")
-        ax.set_ylabel(f"mean moves ({unit})")
-        ax.legend(fontsize=7)
-    return _png(fig)
-
-
-def plot_imbalance(by_step: Sequence[Mapping[str, Any]]) -> str:
-    """Mean active imbalance (per thread, max - min) by rebalance number."""
-    levels = _levels(by_step)
-    fig, axes = _figure(len(levels) or 1)
-    for ax, level in zip(axes, levels, strict=False):
-        for name in _assignors(by_step, level):
-            pts = sorted(
-                (r["step"], r["active_imbalance_mean"])
-                for r in by_step
-                if r["assignor"] == name and r["level"] == level
-            )
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, linewidth=1.4)
-        unit = "tasks per thread" if level == "task" else "partitions per consumer"
-        ax.set_title(f"{level} level: active imbalance over time")
-        ax.set_xlabel("rebalance (step)")
-        ax.set_ylabel(f"mean max - min ({unit})")
-        ax.legend(fontsize=7)
-    return _png(fig)
-
-
-def plot_restore(by_event: Sequence[Mapping[str, Any]]) -> str:
-    """Records to restore per rebalance: p50 bars with p99 dashes, per event and assignor."""
-    fig, axes = _figure(1, 4.0)
-    ax = axes[0]
-    _grouped_bars(
-        ax,
-        by_event,
-        _assignors(by_event),
-        _events(by_event),
-        lambda r: r["records_to_restore_p50"],
-        lambda r: r["records_to_restore_p99"],
+    if marks_x:
+        _add_marks(fig, marks_x, marks_y, mark_name, width)
+    fig.update_xaxes(
+        tickvals=list(range(len(events))), ticktext=[e.replace("_", " ") for e in events]
     )
-    ax.set_yscale("symlog", linthresh=1000)
-    ax.set_title("records to restore per rebalance: bars p50, dashes p99")
-    ax.set_ylabel("changelog records")
-    ax.legend(fontsize=7, ncol=2)
-    return _png(fig)
+    return _layout(fig, y_title, "event that caused the rebalance", log)
 
 
-def plot_coverage(by_step: Sequence[Mapping[str, Any]]) -> str:
-    """Standby coverage (placed / required) by rebalance number: mean and minimum."""
-    fig, axes = _figure(1)
-    ax = axes[0]
-    for name in _assignors(by_step, "task"):
-        pts = sorted(
-            (r["step"], r["standby_coverage_mean"], r["standby_coverage_min"])
-            for r in by_step
-            if r["assignor"] == name and r["level"] == "task"
-        )
-        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"{name} (mean)")
-        ax.plot(
-            [p[0] for p in pts],
-            [p[2] for p in pts],
-            linestyle="--",
-            color=line[0].get_color(),
-            linewidth=0.8,
-            label=f"{name} (min)",
-        )
-    ax.set_ylim(0, 1.05)
-    ax.set_title("standby coverage over time (task assignors)")
-    ax.set_xlabel("rebalance (step)")
-    ax.set_ylabel("standbys placed / required")
-    ax.legend(fontsize=7)
-    return _png(fig)
-
-
-def plot_assign_time(by_assignor: Sequence[Mapping[str, Any]]) -> str:
-    """Assignment wall time per assignor: p50 and p99."""
-    fig, axes = _figure(1)
-    ax = axes[0]
-    names = [r["assignor"] for r in by_assignor]
-    xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [r["assign_ms_p50"] or 0 for r in by_assignor], 0.4, label="p50")
-    ax.bar([x + 0.2 for x in xs], [r["assign_ms_p99"] or 0 for r in by_assignor], 0.4, label="p99")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(names, rotation=30, ha="right")
-    ax.set_yscale("log")
-    ax.set_ylabel("milliseconds")
-    ax.set_title("assignment time per rebalance")
-    ax.legend(fontsize=7)
-    return _png(fig)
-
-
-# -- HTML ------------------------------------------------------------------------------------------
-
-_STYLE: Final = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1300px; color: #222; }
-table { border-collapse: collapse; margin: 1em 0; font-size: 0.85em; }
-th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: right; }
-th { background: #f3f3f3; } td.l, th.l { text-align: left; }
-img { max-width: 100%; display: block; margin: 1em 0; }
-.note { background: #fff8e1; padding: 0.5em 1em; border-left: 4px solid #f0b400; }
-code { background: #f4f4f4; padding: 1px 4px; }
-"""
-
-
-def _table(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> str:
-    head = "".join(f'<th class="l">{k}</th>' for k in keys) + "".join(
-        f"<th>{html.escape(h)}</th>" for _, h, _ in _TABLE
+def _add_marks(fig: Any, xs: list[float], ys: list[float], name: str, width: float) -> None:
+    """Black dashes as wide as the bars at ``xs``: one legend entry for all of them."""
+    fig.add_scatter(
+        x=xs,
+        y=ys,
+        mode="markers",
+        name=name,
+        marker={"symbol": "line-ew-open", "size": max(8, 60 * width), "color": "black"},
+        marker_line_width=3,
+        hovertemplate=f"{name}: %{{y:,.2f}}<extra></extra>",
+        showlegend=True,
     )
-    body = []
+
+
+def _hover_values(row: Mapping[str, Any]) -> list[Any]:
+    """The customdata of a per-event bar, in the order ``_BAR_HOVER`` reads it (after the
+    event's name)."""
+    n = row["rebalances"] or 1
+    return [
+        row["rebalances"],
+        row["moves_mean"],
+        (row["bound_total"] or 0) / n,
+        _records(row["records_to_restore_mean"]),
+        _records(row["records_to_restore_p50"]),
+        _records(row["records_to_restore_p99"]),
+        row["split_tasks_mean"],
+    ]
+
+
+_BAR_HOVER: Final = (
+    "%{customdata[1]} rebalances<br>moves: %{customdata[2]:.2f} (bound %{customdata[3]:.2f})"
+    "<br>records restored: mean %{customdata[4]}, p50 %{customdata[5]}, p99 %{customdata[6]}"
+    "<br>joined tasks split: %{customdata[7]:.2f}"
+)
+
+
+def _bound(row: Mapping[str, Any]) -> float | None:
+    """The mean lower bound of the moves of a summary row."""
+    return None if not row["rebalances"] else float(row["bound_total"] or 0) / row["rebalances"]
+
+
+def _order(name: str) -> tuple[int, str]:
+    return (_REGISTRY.index(name) if name in _REGISTRY else len(_REGISTRY), name)
+
+
+def _over_steps(
+    rows: Sequence[Mapping[str, Any]], level: str, value: str, y_title: str, fmt: str
+) -> Any:
+    """One line per assignor of ``level`` over the rebalance number; an assignor identical to an
+    earlier one is drawn dashed with open markers and named 'same as' in the legend."""
+    import plotly.graph_objects as go
+
+    names = sorted({r["assignor"] for r in rows if r["level"] == level}, key=_order)
+    series = {
+        n: sorted((r["step"], r[value]) for r in rows if r["assignor"] == n and r["level"] == level)
+        for n in names
+    }
+    same = _same_as([(n, [v for _, v in pts]) for n, pts in series.items()])
+    fig = go.Figure()
+    repeats: dict[str, int] = {}
+    for name in names:
+        pts = series[name]
+        line: dict[str, Any] = {"color": assignor_colour(name), "width": 2}
+        marker: dict[str, Any] = {"size": 5}
+        label = name
+        if name in same:  # dashed, with open markers growing per repeat: rings around the first
+            k = repeats[same[name]] = repeats.get(same[name], -1) + 1
+            line |= {"dash": _DASHES[k % len(_DASHES)]}
+            marker = {"symbol": _SYMBOLS[k % len(_SYMBOLS)], "size": 9 + 4 * k}
+            label = f"{name} (same as {same[name]})"
+        fig.add_scatter(
+            x=[p[0] for p in pts],
+            y=[p[1] for p in pts],
+            mode="lines+markers",
+            name=label,
+            line=line,
+            marker=marker,
+            hovertemplate=f"{name}: %{{y:{fmt}}}<extra></extra>",
+        )
+    fig.update_layout(hovermode="x unified")
+    return _layout(fig, y_title, "rebalance number in the trace (0: initial assignment)")
+
+
+def _assign_time(by_assignor: Sequence[Mapping[str, Any]]) -> Any:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    rows = sorted(by_assignor, key=lambda r: _order(r["assignor"]), reverse=True)
     for row in rows:
-        full = {**row, "warm_share": _warm_share(row)}
-        cells = "".join(f'<td class="l">{html.escape(str(full[k]))}</td>' for k in keys)
-        cells += "".join(f"<td>{_fmt(full.get(c), f)}</td>" for c, _, f in _TABLE)
-        body.append(f"<tr>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
-
-
-def _manifest_html(manifest: Mapping[str, Any]) -> str:
-    if not manifest:
-        return "<p>No manifest found.</p>"
-    items = []
-    for key in (
-        "topology",
-        "topology_file",
-        "scenarios",
-        "seed",
-        "assignors",
-        "standby_replicas",
-        "acceptable_recovery_lag",
-        "rows",
-        "master",
-        "elapsed_s",
-        "streamassign",
-    ):
-        if key in manifest:
-            items.append(
-                f"<tr><th class='l'>{key}</th><td class='l'>"
-                f"{html.escape(str(manifest[key]))}</td></tr>"
-            )
-    model = manifest.get("model", {})
-    params = ", ".join(f"{k}={v}" for k, v in model.items())
-    items.append(
-        f"<tr><th class='l'>scenario model</th><td class='l'>{html.escape(params)}</td></tr>"
+        name = row["assignor"]
+        fig.add_bar(
+            y=[name],
+            x=[row["assign_ms_p99"] or 0.0],
+            orientation="h",
+            name=name,
+            marker_color=assignor_colour(name),
+            customdata=[[row["assign_ms_p50"] or 0.0, row["assign_ms_max"] or 0.0]],
+            hovertemplate=(
+                f"<b>{name}</b><br>p99 %{{x:.2f}} ms<br>p50 %{{customdata[0]:.2f}} ms"
+                "<br>max %{customdata[1]:.2f} ms<extra></extra>"
+            ),
+        )
+    fig.update_layout(
+        showlegend=False,
+        template="plotly_white",
+        height=120 + 28 * len(rows),
+        margin={"l": 20, "r": 20, "t": 10, "b": 20},
     )
-    return f"<table>{''.join(items)}</table>"
+    fig.update_yaxes(automargin=True)
+    fig.update_xaxes(
+        title_text="milliseconds per assignor call (p99)",
+        type="log",
+        dtick=1,
+        tickformat="~g",
+        automargin=True,
+    )
+    return fig
+
+
+@attrs.frozen
+class Figure:
+    """One figure of the page: anchor, heading, caption and the plotly figure."""
+
+    anchor: str
+    heading: str
+    caption: str
+    figure: Any
+
+
+def _restore_figure(by_event: Sequence[Mapping[str, Any]]) -> Figure | str:
+    """Records restored per event, or why there is nothing to plot."""
+    if not any(r["records_to_restore_mean"] for r in by_event if r["event"] != "initial"):
+        return "Restores are not plotted: no rebalance restored any changelog record."
+    return Figure(
+        "restore",
+        "Records restored per rebalance, by event",
+        "Changelog records the new owners of stateful tasks must restore before the tasks run "
+        "again (mean per rebalance; black marks: p99). Log scale: no bar means nothing was "
+        "restored. Hover for the median and the moves.",
+        _by_event_bars(
+            by_event,
+            "records_to_restore_mean",
+            lambda r: r["records_to_restore_p99"],
+            "p99",
+            "records restored per rebalance (mean)",
+            log=True,
+        ),
+    )
+
+
+def _moves_figure(by_event: Sequence[Mapping[str, Any]], level: str) -> Figure:
+    rows = [r for r in by_event if r["level"] == level]
+    unit = "tasks" if level == "task" else "partitions"
+    return Figure(
+        f"moves-{level}",
+        f"Moves against their lower bound ({level} level: {unit})",
+        f"Mean {unit} taken from an owner that is still in the group. Black marks: the least any "
+        "balanced assignment needs. A bar below its mark means the assignor left the group "
+        "unbalanced to move less.",
+        _by_event_bars(rows, "moves_mean", _bound, "lower bound", f"{unit} moved"),
+    )
+
+
+def _imbalance_figure(by_step: Sequence[Mapping[str, Any]], level: str) -> Figure:
+    unit = "tasks per thread" if level == "task" else "partitions per consumer"
+    return Figure(
+        f"imbalance-{level}",
+        f"Imbalance over the trace ({level} level)",
+        f"Most minus fewest active {unit}, mean over scenarios at each rebalance number; 0 or 1 "
+        "is as even as whole units allow on equal threads.",
+        _over_steps(by_step, level, "active_imbalance_mean", f"max - min {unit}", ".2f"),
+    )
+
+
+def _coverage_figure(by_step: Sequence[Mapping[str, Any]]) -> Figure | str | None:
+    """Standby coverage over the trace; a sentence when it is 100 % throughout (a flat line);
+    None without task-level rows."""
+    task_steps = [r for r in by_step if r["level"] == "task"]
+    if not task_steps:
+        return None
+    if all(
+        not _missing(r["standby_coverage_min"]) and r["standby_coverage_min"] >= 1.0
+        for r in task_steps
+    ):
+        return (
+            "Standby coverage is not plotted: every task assignor placed every required standby "
+            "in every rebalance (100 %)."
+        )
+    return Figure(
+        "coverage",
+        "Standby coverage over the trace (task level)",
+        "Standbys placed over those required (min(standbys, clients - 1) per stateful task), "
+        "mean over scenarios.",
+        _over_steps(by_step, "task", "standby_coverage_mean", "placed / required", ".1%"),
+    )
+
+
+def _figures(data: Mapping[str, Any]) -> tuple[list[Figure], list[str]]:
+    """The page's figures, and sentences standing in for figures that would show nothing."""
+    by_event, by_step = data["by_event"], data["by_step"]
+    levels = [lvl for lvl in ("task", "consumer") if any(r["level"] == lvl for r in by_step)]
+    timing = Figure(
+        "assign-time",
+        "Assignment time",
+        "Wall time of one assignor call, p99 over rebalances (hover for p50 and max). Measured "
+        "on the executors, so compare assignors within one run only.",
+        _assign_time(data["by_assignor"]),
+    )
+    made = [
+        _restore_figure(by_event),
+        *(_moves_figure(by_event, level) for level in levels),
+        *(_imbalance_figure(by_step, level) for level in levels),
+        _coverage_figure(by_step),
+        timing,
+    ]
+    figures = [m for m in made if isinstance(m, Figure)]
+    notes = [m for m in made if isinstance(m, str)]
+    return figures, notes
+
+
+def _figure_html(fig: Figure) -> str:
+    html: str = fig.figure.to_html(
+        full_html=False,
+        include_plotlyjs=False,
+        div_id=f"fig-{fig.anchor}",
+        default_width="100%",
+        config={"displaylogo": False, "responsive": True},
+    )
+    return html
+
+
+# -- tables ----------------------------------------------------------------------------------------
+
+#: Columns of the detailed tables: (column, header, explanation, format).
+_DETAIL: Final = (
+    ("rebalances", "rebalances", "rebalances after the initial one", "{:,.0f}"),
+    (
+        "balanced_share",
+        "balanced",
+        "share of rebalances after which every owner held the floor or ceiling of its capacity "
+        "share of active units",
+        "{:.0%}",
+    ),
+    (
+        "optimal_moves_share",
+        "moves = bound",
+        "share of rebalances moving exactly the least a balanced assignment needs",
+        "{:.0%}",
+    ),
+    ("moves_mean", "moves", "units taken from an owner still in the group, mean", "{:.2f}"),
+    (
+        "excess_moves_mean",
+        "moves - bound",
+        "moves above the least any balanced assignment needs, mean; negative when the assignor "
+        "left the group unbalanced, moving less than balancing would take",
+        "{:+.2f}",
+    ),
+    ("active_imbalance_mean", "imbalance", "most minus fewest active units per thread", "{:.2f}"),
+    (
+        "load_imbalance_mean",
+        "load imbalance",
+        "most minus fewest active and standby units per thread",
+        "{:.2f}",
+    ),
+    (
+        "standby_coverage_mean",
+        "standbys",
+        "standbys placed over required, mean (task level)",
+        "{:.0%}",
+    ),
+    ("warm_share", "warm", "stateful takeovers onto a client with local state", "{:.0%}"),
+    ("records_to_restore_p50", "restore p50", "records restored per rebalance, median", "{:,.0f}"),
+    ("records_to_restore_p99", "restore p99", "records restored per rebalance, p99", "{:,.0f}"),
+    (
+        "split_tasks_mean",
+        "split joins",
+        "tasks whose co-partitioned partitions went to different consumers, mean",
+        "{:.2f}",
+    ),
+    ("assign_ms_p99", "assign p99 ms", "assignor call wall time, p99", "{:.2f}"),
+)
+
+
+@attrs.frozen
+class Cell:
+    """One table cell: its text, an assignor's colour swatch, a second smaller line."""
+
+    text: str
+    colour: str | None = None
+    sub: str = ""
+
+
+def _warm_share(row: Mapping[str, Any]) -> float | None:
+    total = (row.get("warm_takeovers") or 0) + (row.get("cold_takeovers") or 0)
+    return None if not total else (row.get("warm_takeovers") or 0) / total
+
+
+def _detail_rows(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> list[list[Cell]]:
+    table = []
+
+    def key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+        event = row.get("event")
+        at = EVENTS.index(event) if event in EVENTS else len(EVENTS)
+        return (row["level"] != "task", _order(row["assignor"]), at)
+
+    for row in sorted(rows, key=key):
+        full = {**row, "warm_share": _warm_share(row)}
+        cells = [Cell(row["assignor"], assignor_colour(row["assignor"]))]
+        cells += [Cell(str(full[k]).replace("_", " ")) for k in keys if k != "assignor"]
+        cells += [Cell(_fmt(full.get(c), f)) for c, _, _, f in _DETAIL]
+        table.append(cells)
+    return table
+
+
+#: Columns of the answer table: (header, explanation).
+_ANSWER_COLUMNS: Final = (
+    ("assignor", ""),
+    ("records restored", "changelog records new owners restore per rebalance: mean, and p99"),
+    ("task downtime", "task-seconds spent restoring per rebalance, at the restore rate"),
+    ("slowest task back", "p99 time until the last restoring task of a rebalance runs again"),
+    ("moves", "units taken from an owner still in the group per rebalance; and the lower bound"),
+    ("split joins", "joined tasks whose partitions went to different consumers, per rebalance"),
+    ("balanced", "share of rebalances after which actives are balanced"),
+    ("warmups, probing", "warmup replicas placed, and probing rebalances run (task:ha)"),
+    ("time to balance", "mean time from the event until actives are balanced"),
+    ("unbalanced at next event", "rebalances not yet balanced when the next event came"),
+)
+
+
+def _balance_time(o: Outcome) -> str:
+    """Mean time to balance over the rebalances that got there before the next event."""
+    if o.balanced_after_s != 0:
+        return _duration(o.balanced_after_s)
+    return "at once, if at all" if o.never_balanced else "at once"
+
+
+def _answer_rows(rec: Recommendation) -> list[tuple[str, list[Cell]]]:
+    """(row class, cells) per assignor, best first; unfit ones last."""
+    kinds = {o.name: kind for o, kind, _ in rec.ruled_out}
+    rows = []
+    for o in rec.ranked:
+        task = o.level == "task"
+        verdict = "use" if o is rec.best else ("splits joins" if o.split_mean > 0 else "")
+        cls = "best" if o is rec.best else ("unfit" if o.name in kinds else "")
+        rows.append(
+            (
+                cls,
+                [
+                    Cell(o.name, assignor_colour(o.name), verdict),
+                    Cell(_records(o.records_mean), sub=f"p99 {_records(o.records_p99)}"),
+                    Cell(_duration(o.downtime_s)),
+                    Cell(_duration(o.longest_s)),
+                    Cell(f"{o.moves_mean:.1f} {o.unit}", sub=f"bound {o.bound_mean:.1f}"),
+                    Cell(f"{o.split_mean:.1f}"),
+                    Cell(_share(o.balanced_share)),
+                    Cell(f"{o.warmups or 0:,}, {o.probing_rebalances or 0:,}" if task else "—"),
+                    Cell(_balance_time(o) if task else "—"),
+                    Cell(
+                        f"{o.never_balanced} of {o.rebalances}"
+                        if task and o.never_balanced is not None
+                        else "—"
+                    ),
+                ],
+            )
+        )
+    return rows
+
+
+# -- the page --------------------------------------------------------------------------------------
+
+_MANIFEST_KEYS: Final = (
+    "topology",
+    "topology_file",
+    "partitions",
+    "scenarios",
+    "seed",
+    "assignors",
+    "standby_replicas",
+    "acceptable_recovery_lag",
+    "rows",
+    "master",
+    "elapsed_s",
+    "streamassign",
+    "created",
+)
+
+
+def _plain(value: Any) -> str:
+    """A manifest value as a reader writes it: lists comma-separated, mappings as k=v."""
+    if isinstance(value, Mapping):  # a list inside reads as threads=1,2,4
+        return ", ".join(
+            f"{k}={','.join(map(str, v)) if isinstance(v, list | tuple) else _plain(v)}"
+            for k, v in value.items()
+        )
+    if isinstance(value, list | tuple):
+        return ", ".join(_plain(v) for v in value)
+    return str(value)
+
+
+def _run_summary(manifest: Mapping[str, Any], rebalances: int) -> str:
+    model = manifest.get("model", {})
+    parts = [f"{manifest.get('scenarios', '?')} simulated deployments"]
+    if "steps" in model:
+        parts.append(f"up to {model['steps']} rebalances each")
+    parts.append(f"{rebalances:,} rebalances per assignor after the initial ones")
+    if "standby_replicas" in manifest:
+        parts.append(f"{manifest['standby_replicas']} standby replica(s)")
+    return ", ".join(parts)
+
+
+def _churn(model: Mapping[str, Any]) -> str:
+    """The churn model in one line: what happens how often."""
+    names = (
+        ("scale_out_per_hour", "scale-outs/h"),
+        ("scale_in_per_hour", "scale-ins/h"),
+        ("crash_per_client_hour", "crashes per client-hour"),
+        ("rolling_restart_per_hour", "rolling restarts/h"),
+        ("expansion_per_hour", "partition expansions/h"),
+        ("rack_loss_per_hour", "rack losses/h"),
+    )
+    shown = [f"{model[k]:g} {label}" for k, label in names if k in model]
+    if "min_clients" in model and "max_clients" in model:
+        shown.append(f"{model['min_clients']}-{model['max_clients']} clients")
+    return ", ".join(shown)
+
+
+def _template() -> Any:
+    """The page's Jinja2 template, autoescaping everything not marked safe."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return env.get_template(_TEMPLATE)
 
 
 def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
     """Write the CSV summaries and ``report.html`` into ``out_dir``; return the HTML path."""
+    import plotly.offline
+    from markupsafe import Markup
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     columns: Mapping[str, Sequence[str]] = data["columns"]
@@ -296,60 +873,40 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
         write_csv(out / name, data[key], columns[key])
 
     manifest: Mapping[str, Any] = data.get("manifest", {})
-    by_event, by_assignor, by_step = data["by_event"], data["by_assignor"], data["by_step"]
-    notes = list(manifest.get("notes", []))
-    for err in data.get("errors", []):
-        notes.append(
+    notes = [
+        *manifest.get("notes", []),
+        *(
             f"{err['assignor']}: {err['errors']} failed rebalance(s), e.g. {err['example']}"
-        )
-    plots = [
-        (
-            "Moves against their lower bound",
-            plot_moves_vs_bound(by_event),
-            "A move is a unit whose previous owner is still in the group but lost it; the bound is "
-            "the least any balanced assignment needs (DESIGN §3.3).",
-        ),
-        (
-            "Imbalance over time",
-            plot_imbalance(by_step),
-            "Max minus min active units per thread (task level) or per consumer (consumer level).",
-        ),
-        (
-            "Restore cost",
-            plot_restore(by_event),
-            "Changelog records the new owners must restore before their tasks run again.",
+            for err in data.get("errors", [])
         ),
     ]
-    if any(r["level"] == "task" for r in by_step):
-        plots.append(
-            (
-                "Standby coverage",
-                plot_coverage(by_step),
-                "Standbys placed over min(standbys, clients - 1) per stateful task.",
-            )
-        )
-    plots.append(("Assignment time", plot_assign_time(by_assignor), ""))
-    title = f"streamassign simulation: {manifest.get('topology', '')}"
-    parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
-        _manifest_html(manifest),
-    ]
-    if notes:
-        parts.append("<div class='note'>" + "<br>".join(html.escape(n) for n in notes) + "</div>")
-    parts += [
-        "<h2>Per assignor (all rebalances after the initial one)</h2>",
-        _table(by_assignor, ("level", "assignor")),
-    ]
-    for heading, png, caption in plots:
-        parts.append(f"<h2>{html.escape(heading)}</h2><p>{html.escape(caption)}</p>")
-        parts.append(f"<img alt='{html.escape(heading)}' src='data:image/png;base64,{png}'>")
-    parts += [
-        "<h2>Per assignor and event</h2>",
-        _table(by_event, ("level", "assignor", "event")),
-        "<p>CSV: " + ", ".join(f"<a href='{n}'>{n}</a>" for n in CSV_FILES) + ". Columns and "
-        "models: docs/pipeline.md.</p></body></html>",
-    ]
-    page = out / "report.html"
-    page.write_text("\n".join(parts), encoding="utf-8")
-    return page
+    rate = _restore_rate(manifest)
+    found = outcomes(data)
+    rec = recommend(found, rate)
+    figures, figure_notes = _figures(data)
+    page = _template().render(
+        topology=manifest.get("topology", "?"),
+        run_summary=_run_summary(manifest, max((o.rebalances for o in found), default=0)),
+        churn=_churn(manifest.get("model", {})),
+        rate=f"{rate:,.0f}",
+        rec=rec,
+        splitters=[(o, why) for o, kind, why in rec.ruled_out if kind == "splits"],
+        failures=[(o, why) for o, kind, why in rec.ruled_out if kind == "fails"],
+        colour=assignor_colour,
+        answer_columns=_ANSWER_COLUMNS,
+        answer_rows=_answer_rows(rec),
+        has_ha=any(o.warmups for o in found),
+        figures=[(f, Markup(_figure_html(f))) for f in figures],
+        figure_notes=figure_notes,
+        detail_columns=_DETAIL,
+        by_assignor=_detail_rows(data["by_assignor"], ("level",)),
+        by_event=_detail_rows(data["by_event"], ("level", "event")),
+        notes=notes,
+        manifest=[(k, _plain(manifest[k])) for k in _MANIFEST_KEYS if k in manifest],
+        model=_plain(manifest.get("model", {})),
+        csv_files=list(CSV_FILES),
+        plotlyjs=Markup(plotly.offline.get_plotlyjs()),
+    )
+    path = out / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path

@@ -274,11 +274,36 @@ def _summary_columns(frame: Any, keys: Sequence[str]) -> Any:
     return grouped.select(*selected).orderBy(*keys)
 
 
+def _outcomes(churn: Any) -> Any:
+    """Per (level, assignor), the report's answer section: what the HA assignor did between
+    events (warmups, probing rebalances, time to balance) and how often joins were split."""
+    from pyspark.sql import functions as F
+
+    ok = churn.where(F.col("error").isNull())
+    return (
+        ok.groupBy("level", "assignor")
+        .agg(
+            F.countDistinct("scenario").alias("scenarios"),
+            F.sum("warmups").alias("warmups_total"),
+            F.sum("probing_rebalances").alias("probing_rebalances_total"),
+            F.avg("balanced_after_s").alias("balanced_after_s_mean"),
+            F.max("balanced_after_s").alias("balanced_after_s_max"),
+            F.sum(F.col("balanced_after_s").isNull().cast("int")).alias("never_balanced"),
+            F.avg((F.col("split_tasks") > 0).cast("double")).alias("split_share"),
+            F.sum("standby_restore_records").alias("standby_restore_total"),
+        )
+        .orderBy("level", "assignor")
+    )
+
+
 def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
     """Everything the report shows, aggregated on Spark and collected as plain Python values.
 
     Keys: ``by_event`` and ``by_assignor`` (summary rows, dicts in column order), ``by_step``
-    (means per assignor and step), ``errors`` (per assignor: count and first message),
+    (means per assignor and step), ``outcomes`` (per assignor: warmups, probing rebalances, time
+    to balance — ``never_balanced`` counts rebalances not balanced before the next event —, the
+    share of rebalances splitting a joined task, standby copies), ``errors`` (per assignor:
+    count and first message),
     ``manifest``, ``columns`` (CSV column order of the summaries).
     """
     from pyspark.sql import functions as F
@@ -317,6 +342,7 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
     summaries = {"by_event": by_event, "by_assignor": by_assignor, "by_step": by_step}
     out = {
         **{name: _collect(summary) for name, summary in summaries.items()},
+        "outcomes": _collect(_outcomes(churn)),
         "errors": _collect(errors),
         "manifest": read_manifest(spark, run_dir),
         "columns": {name: summary.columns for name, summary in summaries.items()},

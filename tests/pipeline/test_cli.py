@@ -25,7 +25,7 @@ def invoke(*args: str) -> tuple[int, str]:
 
 
 def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("plotly")
     run = tmp_path / "run"
     code, out = invoke(
         "simulate",

@@ -1,0 +1,245 @@
+"""The report's answer, colours and page, rendered from aggregated data (no Spark, no browser).
+
+``report_data.json`` is what ``spark.aggregate`` returned for a small real run (every assignor on
+the orders join, the BUSY model); ``test_spark.py`` checks that ``aggregate`` still returns its
+keys. The browser checks are in ``test_report_browser.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamassign.pipeline.assignors import SPECS
+from streamassign.pipeline.report import (
+    CSV_FILES,
+    Outcome,
+    assignor_colour,
+    outcomes,
+    recommend,
+    render_report,
+)
+
+pytest.importorskip("plotly")
+pytest.importorskip("jinja2")
+
+DATA = Path(__file__).with_name("report_data.json")
+
+
+def load() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(DATA.read_text())
+    return data
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return render_report(load(), tmp_path_factory.mktemp("report")).read_text()
+
+
+def test_every_assignor_has_its_own_colour_in_every_run() -> None:
+    names = [s.name for s in SPECS]
+    colours = [assignor_colour(n) for n in names]
+    assert len(set(colours)) == len(names) > 10
+    # A name's colour does not depend on which others a run compares, or on the process.
+    assert assignor_colour("task:ha") == colours[names.index("task:ha")]
+    other = assignor_colour("my:custom")
+    assert other == assignor_colour("my:custom") and re.fullmatch(r"#[0-9a-f]{6}", other)
+    assert other not in colours
+
+
+def test_the_answer_rules_out_split_joins_and_picks_the_least_restoring() -> None:
+    data = load()
+    found = {o.name: o for o in outcomes(data)}
+    rec = recommend(list(found.values()), 10_000.0)
+    # On the orders join, every consumer-level assignor but range splits joined tasks.
+    splitters = {o.name for o, kind, _ in rec.ruled_out if kind == "splits"}
+    assert splitters == {n for n, o in found.items() if o.level == "consumer" and o.split_mean > 0}
+    assert "consumer:sticky" in splitters and "consumer:range" not in splitters
+    assert found["consumer:sticky"].balanced_share == 1.0  # balanced, yet ruled out
+    fit = [o for o in found.values() if o.name not in splitters]
+    assert rec.best is not None
+    assert rec.best.records_mean == min(o.records_mean for o in fit)
+    assert rec.best.name == "task:ha"
+    assert rec.best.records_mean < found["task:sticky"].records_mean
+    text = " ".join(rec.reasons)
+    assert "task:sticky" in text and "warmups" in text and "probing rebalances" in text
+    assert [o.name for o in rec.ranked][: len(fit)] == sorted(
+        (o.name for o in fit), key=lambda n: found[n].records_mean
+    )
+
+
+def test_no_fit_assignor_says_so(tmp_path: Path) -> None:
+    data = load()
+    data["by_assignor"] = [r for r in data["by_assignor"] if r["assignor"] == "consumer:sticky"]
+    rec = recommend(outcomes(data), 10_000.0)
+    assert rec.best is None and len(rec.ruled_out) == 1
+    text = render_report(data, tmp_path).read_text()
+    assert "No assignor compared here is fit for this topology" in text
+
+
+def test_failures_rule_an_assignor_out() -> None:
+    data = load()
+    data["errors"] = [{"assignor": "task:ha", "errors": 2, "example": "ValueError: boom"}]
+    rec = recommend(outcomes(data), 10_000.0)
+    assert rec.best is not None and rec.best.name != "task:ha"
+    assert any(o.name == "task:ha" and kind == "fails" for o, kind, _ in rec.ruled_out)
+
+
+def test_page_answers_first_and_explains_what_users_lack(page: str) -> None:
+    answer = page.index('id="answer"')
+    assert answer < page.index('id="figures"') < page.index('id="tables"')
+    assert "Use <span" in page and "<strong>task:ha</strong>" in page
+    for words in ("records restored", "task downtime", "split joins", "balanced", "probing"):
+        assert words in page
+    # HA's warmups, probing rounds and time to balance, in the answer table.
+    assert "warmups, probing" in page and "time to balance" in page
+    assert "DESIGN" not in page  # users do not have the design notes
+    assert "negative when the assignor left the group unbalanced" in page
+    assert "a note from the run" in page
+    for name in CSV_FILES:
+        assert f'href="{name}"' in page
+
+
+def test_plotly_is_embedded_once_and_nothing_is_fetched(page: str) -> None:
+    figures = len(re.findall(r'<div class="figure">', page))
+    assert figures >= 5
+    assert page.count("Plotly.newPlot(") == figures
+    assert len(re.findall(r"plotly\.js v\d", page)) == 1  # the library's banner, once
+    assert not re.search(r"<script[^>]+src=", page)
+    assert not re.search(r"<link[^>]+href=\"https?:", page)
+
+
+def figure_json(page: str, anchor: str) -> list[dict[str, Any]]:
+    """The traces of figure ``fig-<anchor>`` as plotly serialised them into the page."""
+    found = re.search(rf'Plotly\.newPlot\(\s*"fig-{re.escape(anchor)}",\s*', page)
+    assert found is not None, anchor
+    traces, _ = json.JSONDecoder().raw_decode(page, found.end())
+    assert isinstance(traces, list)
+    return traces
+
+
+def test_identical_series_are_named_and_drawn_apart(page: str) -> None:
+    lines = figure_json(page, "imbalance-consumer")
+    by_name = {t["name"].split(" (same as")[0]: t for t in lines}
+    same = [t for t in lines if "(same as " in t["name"]]
+    assert same, "the fixture has consumer assignors with identical imbalance"
+    for trace in same:
+        assert trace["line"].get("dash") in ("dash", "dot", "dashdot", "longdash")
+        assert trace["marker"]["symbol"].endswith("-open")
+        original = trace["name"].split("(same as ")[1].rstrip(")")
+        assert by_name[original]["y"] == trace["y"]
+    bars = figure_json(page, "moves-consumer")
+    hatched = [t for t in bars if t["type"] == "bar" and "(same as " in t["name"]]
+    assert hatched and all(t["marker"]["pattern"]["shape"] == "/" for t in hatched)
+
+
+def test_one_colour_per_assignor_on_every_figure(page: str) -> None:
+    seen = 0
+    for anchor in ("restore", "moves-task", "moves-consumer", "imbalance-task", "assign-time"):
+        for trace in figure_json(page, anchor):
+            name = trace["name"].split(" (same as")[0]
+            if name in ("p99", "lower bound"):
+                continue
+            colour = trace["marker"].get("color") or trace.get("line", {}).get("color")
+            assert colour == assignor_colour(name), (anchor, name)
+            seen += 1
+    assert seen > 20
+
+
+def test_standby_coverage_is_a_sentence_when_every_standby_was_placed(tmp_path: Path) -> None:
+    data = load()
+    assert all(r["standby_coverage_min"] == 1.0 for r in data["by_step"] if r["level"] == "task")
+    text = render_report(data, tmp_path / "full").read_text()
+    assert "every task assignor placed every required standby" in text
+    assert 'id="fig-coverage"' not in text
+    short = copy.deepcopy(data)
+    row = next(r for r in short["by_step"] if r["level"] == "task" and r["step"] == 3)
+    row["standby_coverage_mean"] = row["standby_coverage_min"] = 0.5
+    text = render_report(short, tmp_path / "short").read_text()
+    assert 'id="fig-coverage"' in text
+
+
+def test_csv_files_keep_their_columns(tmp_path: Path) -> None:
+    data = load()
+    render_report(data, tmp_path)
+    for name, key in CSV_FILES.items():
+        header = (tmp_path / name).read_text().splitlines()[0].split(",")
+        assert header == data["columns"][key]
+
+
+def only(data: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    kept = copy.deepcopy(data)
+    for key in ("by_event", "by_assignor", "by_step", "outcomes"):
+        kept[key] = [r for r in kept[key] if r["assignor"] in names]
+    return kept
+
+
+def test_one_level_or_one_assignor_still_renders_an_answer(tmp_path: Path) -> None:
+    data = only(load(), {"task:sticky"})
+    rec = recommend(outcomes(data), 10_000.0)
+    assert rec.best is not None and rec.best.name == "task:sticky"
+    assert any("only assignor fit" in r for r in rec.reasons)
+    assert any("about the least any balanced assignment needs" in r for r in rec.reasons)
+    text = render_report(data, tmp_path / "task").read_text()
+    assert 'id="fig-moves-task"' in text and 'id="fig-moves-consumer"' not in text
+    text = render_report(only(load(), {"consumer:range"}), tmp_path / "consumer").read_text()
+    assert 'id="fig-imbalance-consumer"' in text and 'id="fig-imbalance-task"' not in text
+
+
+def test_nothing_restored_is_said_not_plotted(tmp_path: Path) -> None:
+    data = only(load(), {"task:sticky", "consumer:range"})
+    for key in ("by_event", "by_assignor", "by_step"):
+        for row in data[key]:
+            for column in row:
+                if column.startswith(("records_to_restore", "max_task_restore")):
+                    row[column] = 0
+    rec = recommend(outcomes(data), 10_000.0)
+    # Equal restores: the balanced one wins, not the one moving less by staying unbalanced.
+    assert rec.best is not None and rec.best.name == "task:sticky"
+    assert "restore no changelog records" in rec.reasons[0]
+    text = render_report(data, tmp_path).read_text()
+    assert "Restores are not plotted" in text and 'id="fig-restore"' not in text
+
+
+outcome_values = st.builds(
+    Outcome,
+    name=st.sampled_from([s.name for s in SPECS]),
+    level=st.sampled_from(["task", "consumer"]),
+    rebalances=st.integers(1, 100),
+    records_mean=st.floats(0, 1e8),
+    records_p99=st.floats(0, 1e9),
+    downtime_s=st.floats(0, 1e4),
+    longest_s=st.floats(0, 1e4),
+    moves_mean=st.floats(0, 100),
+    bound_mean=st.floats(0, 100),
+    balanced_share=st.floats(0, 1),
+    split_mean=st.sampled_from([0.0, 0.5, 12.0]),
+    split_share=st.none() | st.floats(0, 1),
+    unassigned=st.sampled_from([0, 0, 3]),
+    errors=st.sampled_from([0, 0, 1]),
+    warmups=st.none() | st.integers(0, 50),
+    probing_rebalances=st.none() | st.integers(0, 50),
+    balanced_after_s=st.none() | st.floats(0, 1e4),
+    never_balanced=st.none() | st.integers(0, 100),
+)
+
+
+@given(st.lists(outcome_values, max_size=8, unique_by=lambda o: o.name))
+def test_the_pick_is_fit_and_restores_least(found: list[Outcome]) -> None:
+    rec = recommend(found, 10_000.0)
+    fit = [o for o in found if o.flaw() is None]
+    assert sorted(o.name for o in rec.ranked) == sorted(o.name for o in found)
+    assert {o.name for o, _, _ in rec.ruled_out} == {o.name for o in found} - {o.name for o in fit}
+    if not fit:
+        assert rec.best is None
+        return
+    assert rec.best is not None and rec.best.flaw() is None
+    assert rec.best.records_mean == min(o.records_mean for o in fit)
+    assert rec.ranked[0] is rec.best and len(rec.reasons) == 4
