@@ -14,8 +14,11 @@ PYTHON=${PYTHON:-python3}
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
     SUDO=""
     if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
-    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null; } ||
+    if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null; }; then
         echo "could not install chromium: the report's browser test will skip"
+        # CI runs every test: a browser that cannot be installed fails the run, never skips.
+        if [ -n "${CI:-}" ]; then exit 1; fi
+    fi
 fi
 if command -v chromium >/dev/null 2>&1; then
     # The browser test must run, not skip, where the browser was provided.
