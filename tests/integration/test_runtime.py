@@ -110,6 +110,7 @@ class Runtime:
                 "--state-dir", str(self.tmp / (state or name)),
                 *self.args,
             ],
+            log=self.tmp / f"{name}.log",
         )  # fmt: skip
 
     def events(self, name: str, kind: str) -> list[dict[str, Any]]:
