@@ -519,7 +519,10 @@ class App:
         for task_id, lists in sorted(by_task.items()):
             task = self._actives.get(task_id)
             if task is None or task.consumer != index or task.torn:  # read them again later
-                log.warning("consumer %d: records of task %s it does not run", index, task_id)
+                if task is not None and task.torn:
+                    log.debug("consumer %d: task %s waits for its restore", index, task_id)
+                else:
+                    log.warning("consumer %d: records of task %s it does not run", index, task_id)
                 self._rewind(consumer, lists)
                 continue
             # Co-partitioned partitions of one task: in timestamp order, as Kafka Streams.
@@ -1016,13 +1019,18 @@ class App:
             )
 
     async def _rebalance_completed(self, consumer: int) -> None:
-        self._rebalancing.discard(consumer)
         mine = frozenset(t for t, task in self._actives.items() if task.consumer == consumer)
         kept = mine & self._suspended.pop(consumer, frozenset())
-        await self._check_ends(consumer, kept)
-        torn = [(t, self._actives[t].stores, "kept") for t in sorted(mine) if self._actives[t].torn]
-        if torn:  # its state was dropped (or is stale) and it stayed here: restore it first
-            await self._start_tasks(consumer, torn)
+        # Before the consumer processes again (a write of its own would move an end).
+        try:
+            await self._check_ends(consumer, kept)
+            torn = [
+                (t, self._actives[t].stores, "kept") for t in sorted(mine) if self._actives[t].torn
+            ]
+            if torn:  # its state was dropped (or is stale) and it stayed here: restore it
+                await self._start_tasks(consumer, torn)
+        finally:
+            self._rebalancing.discard(consumer)
         resumed = kept - {t for t, _, _ in torn}
         if resumed:
             log.info(

@@ -26,6 +26,8 @@ class JsonLinesProcess:
         self.lines: list[dict[str, Any]] = []
         self.stamp = time.monotonic()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as files:
             stderr = files.enter_context(log.open("a")) if log is not None else subprocess.DEVNULL
             self.proc = subprocess.Popen(

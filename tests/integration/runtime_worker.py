@@ -9,9 +9,10 @@ application (every process then dumps its tables and stops). SIGKILL is a crash.
 the high-availability assignor on (``--probing-ms``, ``--lag``, ``--warmups``); status lines
 also list the warmups (``warmup``, a subset of ``standby``), the rebalances seen and the
 changelog end offsets the process would lead with (``ends``, HA only). ``--session-ms`` sets the
-consumer session timeout; ``--restore-delay-us`` makes every active restore last that much longer
-per changelog record read (an awaited sleep after it, so a small changelog restores as slowly as a
-large one: long enough for a short session timeout to evict the member mid-restore).
+consumer session timeout; ``--restore-delay-us`` makes every cold restore of active tasks (from
+offset 0) last that much longer per changelog record read (an awaited sleep after it): a small
+changelog restores cold as slowly as a large one would, long enough for a short session timeout
+to evict the member mid-restore, while restores of a tail stay as fast as they are.
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ class Totals:
 
 
 def slow_restores(app: App, seconds_per_record: float) -> None:
-    """Every active restore of ``app`` takes ``seconds_per_record`` longer per record read."""
+    """Every cold restore of ``app``'s actives takes ``seconds_per_record`` longer per record."""
     restore = app._restore
 
     async def slow(states: Any) -> dict[int, int]:
+        cold = {id(s) for s in states if s.position == 0}
         counts = await restore(states)
-        await asyncio.sleep(sum(counts.values()) * seconds_per_record)
+        await asyncio.sleep(sum(n for s, n in counts.items() if s in cold) * seconds_per_record)
         return counts
 
     app._restore = slow  # type: ignore[method-assign]
