@@ -771,8 +771,8 @@ class App:
         for _ in range(3):
             keys = await self._keys_written(tp, first, marker)
             log.warning(
-                "task %s: %d record(s) of another writer in %s[%d:%d] before this commit's "
-                "marker; writing this owner's value of their %d key(s) again",
+                "task %s: %d record(s) of another writer in %s[%d] (offsets %d to %d) before "
+                "this commit's marker; writing this owner's value of their %d key(s) again",
                 task.task_id,
                 marker - first,
                 tp.topic,
