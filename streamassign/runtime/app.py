@@ -347,6 +347,8 @@ class App:
         self._restorer: AIOKafkaConsumer | None = None
         self._standby_reader: AIOKafkaConsumer | None = None
         self._checkpointed: dict[TaskId, dict[TopicPartition, int]] = {}
+        #: Stores closing in a thread, by task (opened again only once closed).
+        self._store_closes: dict[TaskId, asyncio.Future[None]] = {}
 
     @property
     def state(self) -> Any:
@@ -453,15 +455,15 @@ class App:
                     continue
                 async with self._locks[i]:
                     await self._commit_safely(i)
-        for task in list(self._actives.values()):
-            self._close_states(task.task_id, task.stores)
+        closes = [self._close_states(t.task_id, t.stores) for t in self._actives.values()]
         self._actives.clear()
         parked = [(t, states) for t, (states, _) in self._parked.items()]
         for task_id, states in [*self._standbys.items(), *parked]:
-            self._close_states(task_id, states)
+            closes.append(self._close_states(task_id, states))
         self._standbys.clear()
         self._standby_owner.clear()
         self._parked.clear()
+        await asyncio.gather(*closes, *self._store_closes.values())
         await self.host.stop()
         if self.end_offsets is not None:
             await self.end_offsets.stop()
@@ -851,11 +853,16 @@ class App:
                 self._standby_dirty = True
                 self._standby_owner.pop(task, None)
                 return self._standbys.pop(task), "standby"
+        closing = self._store_closes.get(task)
+        if closing is not None:  # left a moment ago: its files are ours once closed
+            await asyncio.wait([closing])
         return self._open_states(task), "open"
 
-    def _close_states(self, task: TaskId, states: Mapping[str, StoreState]) -> None:
+    def _close_states(self, task: TaskId, states: Mapping[str, StoreState]) -> asyncio.Future[None]:
         """Close a task's stores; a persistent store keeps its checkpoint (sticky restarts),
-        an in-memory one loses it with its content."""
+        an in-memory one loses it with its content. The stores close in a thread (closing a
+        large RocksDB store takes seconds, which would stall heartbeats and every consumer);
+        opening the task's stores again waits for it (``_take_states``)."""
         persistent = False
         for state in states.values():
             persistent = state.store.persistent
@@ -868,11 +875,15 @@ class App:
                 self._checkpointed.pop(task, None)
         except Exception:  # the stores still close below
             log.exception("task %s: checkpoint on close failed", task)
-        for state in states.values():
-            try:
-                state.store.close()
-            except Exception:  # one store failing to close must not leak the others
-                log.exception("task %s: closing store %s failed", task, state.name)
+        closing = asyncio.ensure_future(asyncio.to_thread(_close_stores, task, [*states.values()]))
+        self._store_closes[task] = closing
+
+        def forget(done: asyncio.Future[None]) -> None:
+            if self._store_closes.get(task) is done:
+                del self._store_closes[task]
+
+        closing.add_done_callback(forget)
+        return closing
 
     async def _assign(self, consumer: int, tasks: frozenset[TaskId]) -> None:
         new: list[tuple[TaskId, dict[str, StoreState], str]] = []
@@ -1040,6 +1051,7 @@ class App:
                 ", ".join(map(str, sorted(resumed))),
             )
         if not self._rebalancing:  # every consumer has its new tasks: close what nobody took
+            # Not awaited: this callback holds up the member's rejoin (no heartbeats).
             for task_id, (states, _) in sorted(self._parked.items()):
                 self._close_states(task_id, states)
                 log.info("task %s closed (no longer on this process)", task_id)
@@ -1156,6 +1168,14 @@ class App:
                     for task, states in self._standbys.items():
                         self._checkpoint(task, states)
                     next_checkpoint = time.monotonic() + self.commit_interval
+
+
+def _close_stores(task: TaskId, states: Sequence[StoreState]) -> None:
+    for state in states:
+        try:
+            state.store.close()
+        except Exception:  # one store failing to close must not leak the others
+            log.exception("task %s: closing store %s failed", task, state.name)
 
 
 def _write_committed(markers: Iterable[tuple[StoreState, int]]) -> None:
