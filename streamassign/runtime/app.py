@@ -215,9 +215,12 @@ class _ActiveTask:
     #: Its uncommitted state was dropped (cancelled mid-record, failed commit): it must be
     #: restored from its changelog before it processes or commits again.
     torn: bool = False
+    #: Its stores by changelog partition (to count what each one's owner produced).
+    by_changelog: dict[TopicPartition, StoreState] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.context = TaskContext(self)
+        self.by_changelog = {s.changelog: s for s in self.stores.values()}
 
 
 def _source_of(states: Mapping[str, StoreState], how: str) -> str:
@@ -593,7 +596,7 @@ class App:
     async def _send_outbox(self, task: _ActiveTask) -> None:
         producer = self._producer
         assert producer is not None
-        changelogs = {s.changelog: s for s in task.stores.values()}
+        changelogs = task.by_changelog
         for topic, partition, key, value, headers in task.outbox:
             task.futures.append(
                 await producer.send(topic, value, key=key, partition=partition, headers=headers)
