@@ -691,16 +691,18 @@ class App:
                     markers.append((task, state, expected, future))
         if markers:
             await asyncio.gather(*(f for *_, f in markers))
-        done = []
-        for task, state, expected, future in markers:
+        done, failed = [], []
+        for task, state, expected, future in markers:  # every task's pending writes intact
             offset: int | None = future.result().offset
             if expected is not None and offset is not None and offset != expected:
                 offset = await self._reassert(task, state, expected, offset)
             if offset is None:
-                _tear(task)
-                self.host.request_rejoin(index)
+                failed.append(task)
             else:
                 done.append((task, state, offset))
+        for task in failed:
+            _tear(task)
+            self.host.request_rejoin(index)
         return done
 
     async def _sole_writer(self, index: int, dirty: Sequence[_ActiveTask]) -> bool:
