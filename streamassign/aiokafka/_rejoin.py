@@ -1,4 +1,5 @@
-"""The one place that touches aiokafka internals: asking the group coordinator to rejoin.
+"""The one place that touches aiokafka internals: asking the group coordinator to rejoin, and
+reading the member id and generation it holds.
 
 aiokafka (0.11-0.14) has no public way for a member to start a rebalance. Its
 ``GroupCoordinator.request_rejoin()`` does it, reached through ``consumer._coordinator`` — both
@@ -27,6 +28,18 @@ def request_rejoin(consumer: Any) -> bool:
         return False
     request()
     return True
+
+
+def membership(consumer: Any) -> tuple[str, int] | None:
+    """``consumer``'s member id and generation as its group coordinator holds them (aiokafka
+    resets them to ``("", -1)`` when the broker answers UnknownMemberId or IllegalGeneration);
+    None when they cannot be read."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    member_id = getattr(coordinator, "member_id", None)
+    generation = getattr(coordinator, "generation", None)
+    if not isinstance(member_id, str) or not isinstance(generation, int):
+        return None
+    return member_id, generation
 
 
 class Rejoiner:

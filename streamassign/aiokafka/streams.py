@@ -45,7 +45,7 @@ from ..protocol import (
 )
 from ..streams import ACCEPTABLE_RECOVERY_LAG, assign_streams, decode_subscriptions
 from ..topology import Topology
-from ._rejoin import Rejoiner
+from ._rejoin import Rejoiner, membership
 from ._wire import encode_assignment
 
 log = logging.getLogger("streamassign.aiokafka")
@@ -72,6 +72,13 @@ class TaskListener:
 
     async def on_rebalance_started(self, consumer: int) -> None:
         """aiokafka is about to revoke everything of ``consumer`` and rejoin (commit now)."""
+
+    async def on_membership_lost(self, consumer: int) -> None:
+        """``consumer`` dropped out of the group since its last assignment (the broker did not
+        know its member id or generation any more: its session or rebalance timeout expired),
+        so its tasks may have run elsewhere meanwhile. Heard before ``on_rebalance_started``
+        when aiokafka already knows, else at the next assignment, before its task callbacks;
+        its tasks are reported as usual (a task it gets back is neither revoked nor assigned)."""
 
     async def on_rebalance_completed(self, consumer: int) -> None:
         """``consumer``'s new assignment is in place, after its task callbacks."""
@@ -265,6 +272,8 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: object) -> None:
         """Eager revocation: no task change to report yet (see ``ProcessHost``)."""
+        if self.host.member_lost(self.index):
+            await self.host._notify(self.host.listener.on_membership_lost, self.index)
         await self.host._notify(self.host.listener.on_rebalance_started, self.index)
 
     async def on_partitions_assigned(self, assigned: object) -> None:
@@ -356,6 +365,8 @@ class ProcessHost:
         #: Consumers assigned since start: the restored claims hold until all of them are.
         self._joined: set[int] = set()
         self.rebalances = 0
+        #: Member id and generation of each consumer at its last assignment.
+        self._memberships: list[tuple[str, int] | None] = [None] * threads
 
     # -- state the protocol reports --------------------------------------------------------------
 
@@ -380,6 +391,18 @@ class ProcessHost:
         for t in self.running:
             sums[t] = LATEST_OFFSET
         return sums
+
+    def member_lost(self, consumer: int) -> bool:
+        """Whether ``consumer`` no longer has the member id and generation of its last
+        assignment (aiokafka reset them: the broker answered UnknownMemberId or
+        IllegalGeneration). Only meaningful between assignments, not during a rejoin."""
+        before = self._memberships[consumer]
+        now = membership(self.consumers[consumer]) if consumer < len(self.consumers) else None
+        return before is not None and now is not None and now != before
+
+    def request_rejoin(self, consumer: int) -> None:
+        """Start a rebalance from ``consumer`` (its tasks then go through the callbacks)."""
+        self.assignors[consumer].rejoiner.after(0)
 
     def host_for(self, partition: TopicPartition) -> str | None:
         """Endpoint of the process running ``partition``'s task (interactive queries)."""
@@ -434,11 +457,20 @@ class ProcessHost:
         is ever lost; the last assignment is saved off the event loop, only when it changed.
         """
         self.rebalances += 1
+        before_membership = self._memberships[index]
+        now_membership = membership(self.consumers[index]) if index < len(self.consumers) else None
+        self._memberships[index] = now_membership
         if self.shutdown_requested:
             await self._notify(self.listener.on_shutdown_requested)
             return
         if index in self.errors:
             await self._notify(self.listener.on_error, index, self.errors[index])
+        if (
+            before_membership is not None
+            and now_membership is not None
+            and now_membership[0] != before_membership[0]
+        ):  # a new member id: the old one was dropped from the group, unnoticed until now
+            await self._notify(self.listener.on_membership_lost, index)
         info = self.assignors[index].info
         now = ClientAssignment(info.active, info.standby, info.warmup)
         before, self._known[index] = self._known[index], now

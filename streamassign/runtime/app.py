@@ -43,6 +43,9 @@ log = logging.getLogger("streamassign.runtime")
 
 ErrorPolicy = Literal["stop", "skip"]
 
+#: Seconds a changelog end offset lookup may take (at commits and resumes).
+_ENDS_TIMEOUT = 5.0
+
 
 class RuntimeConfigError(StreamAssignError, ValueError):
     """The application is configured inconsistently (e.g. a subtopology without processor)."""
@@ -212,9 +215,12 @@ class _ActiveTask:
     #: Its uncommitted state was dropped (cancelled mid-record, failed commit): it must be
     #: restored from its changelog before it processes or commits again.
     torn: bool = False
+    #: Its stores by changelog partition (to count what each one's owner produced).
+    by_changelog: dict[TopicPartition, StoreState] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.context = TaskContext(self)
+        self.by_changelog = {s.changelog: s for s in self.stores.values()}
 
 
 def _source_of(states: Mapping[str, StoreState], how: str) -> str:
@@ -344,6 +350,8 @@ class App:
         self._restorer: AIOKafkaConsumer | None = None
         self._standby_reader: AIOKafkaConsumer | None = None
         self._checkpointed: dict[TaskId, dict[TopicPartition, int]] = {}
+        #: Stores closing in a thread, by task (opened again only once closed).
+        self._store_closes: dict[TaskId, asyncio.Future[None]] = {}
 
     @property
     def state(self) -> Any:
@@ -450,15 +458,15 @@ class App:
                     continue
                 async with self._locks[i]:
                     await self._commit_safely(i)
-        for task in list(self._actives.values()):
-            self._close_states(task.task_id, task.stores)
+        closes = [self._close_states(t.task_id, t.stores) for t in self._actives.values()]
         self._actives.clear()
         parked = [(t, states) for t, (states, _) in self._parked.items()]
         for task_id, states in [*self._standbys.items(), *parked]:
-            self._close_states(task_id, states)
+            closes.append(self._close_states(task_id, states))
         self._standbys.clear()
         self._standby_owner.clear()
         self._parked.clear()
+        await asyncio.gather(*closes, *self._store_closes.values())
         await self.host.stop()
         if self.end_offsets is not None:
             await self.end_offsets.stop()
@@ -516,7 +524,10 @@ class App:
         for task_id, lists in sorted(by_task.items()):
             task = self._actives.get(task_id)
             if task is None or task.consumer != index or task.torn:  # read them again later
-                log.warning("consumer %d: records of task %s it does not run", index, task_id)
+                if task is not None and task.torn:
+                    log.debug("consumer %d: task %s waits for its restore", index, task_id)
+                else:
+                    log.warning("consumer %d: records of task %s it does not run", index, task_id)
                 self._rewind(consumer, lists)
                 continue
             # Co-partitioned partitions of one task: in timestamp order, as Kafka Streams.
@@ -585,10 +596,16 @@ class App:
     async def _send_outbox(self, task: _ActiveTask) -> None:
         producer = self._producer
         assert producer is not None
+        changelogs = task.by_changelog
         for topic, partition, key, value, headers in task.outbox:
             task.futures.append(
                 await producer.send(topic, value, key=key, partition=partition, headers=headers)
             )
+            state = (
+                changelogs.get(TopicPartition(topic, partition)) if partition is not None else None
+            )
+            if state is not None:
+                state.produced()
         task.outbox.clear()
 
     async def _commit(self, index: int) -> None:
@@ -603,21 +620,16 @@ class App:
             await asyncio.gather(*futures)  # a failed write raises: nothing is committed
         for task in tasks:
             task.futures.clear()
-        markers = []
-        for task in tasks:
-            for state in task.stores.values():
-                if state.dirty:
-                    tp = state.changelog
-                    future = await producer.send(
-                        tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition
-                    )
-                    markers.append((state, future))
-        if markers:
-            await asyncio.gather(*(f for _, f in markers))
-        if markers:
+        dirty = [t for t in tasks if any(s.dirty for s in t.stores.values())]
+        if not await self._sole_writer(index, dirty):
+            return
+        tasks = [t for t in tasks if not t.torn]
+        done = await self._write_markers(index, tasks)
+        tasks = [t for t in tasks if not t.torn]
+        if done:
             # Off the loop and not interrupted halfway: a cancel waits for the local writes.
-            done = [(state, future.result().offset) for state, future in markers]
-            writes = asyncio.ensure_future(asyncio.to_thread(_write_committed, done))
+            committed = [(state, offset) for task, state, offset in done if not task.torn]
+            writes = asyncio.ensure_future(asyncio.to_thread(_write_committed, committed))
             try:
                 await asyncio.shield(writes)
             except asyncio.CancelledError:
@@ -661,6 +673,164 @@ class App:
                 if task.consumer == index:
                     _tear(task)
 
+    async def _write_markers(
+        self, index: int, tasks: Sequence[_ActiveTask]
+    ) -> list[tuple[_ActiveTask, StoreState, int]]:
+        """A marker per store with pending writes, acknowledged; each must land where its
+        owner's records end (``StoreState.end``). One that lands later closed another
+        writer's records too: ``_reassert`` writes ours after them, or the task is torn."""
+        producer = self._producer
+        assert producer is not None
+        markers = []
+        for task in tasks:
+            for state in task.stores.values():
+                if state.dirty:
+                    tp = state.changelog
+                    expected = state.end
+                    future = await producer.send(
+                        tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition
+                    )
+                    markers.append((task, state, expected, future))
+        if markers:
+            await asyncio.gather(*(f for *_, f in markers))
+        done, failed = [], []
+        for task, state, expected, future in markers:  # every task's pending writes intact
+            offset: int | None = future.result().offset
+            if expected is not None and offset is not None and offset != expected:
+                offset = await self._reassert(task, state, expected, offset)
+            if offset is None:
+                failed.append(task)
+            else:
+                done.append((task, state, offset))
+        for task in failed:
+            _tear(task)
+            self.host.request_rejoin(index)
+        return done
+
+    async def _sole_writer(self, index: int, dirty: Sequence[_ActiveTask]) -> bool:
+        """Whether ``index`` may write markers: it is still the member its tasks were
+        assigned to (else every task of it is torn: a zombie commits nothing), and nobody
+        else wrote the changelogs of ``dirty`` since it last read or wrote them (a task whose
+        changelog was written elsewhere is torn and the consumer rejoins, so the task is
+        restored or leaves). False also when the ends cannot be read (commit later)."""
+        if self._lost(index):
+            return False
+        checked = [s for t in dirty for s in t.stores.values() if s.end is not None]
+        if not checked or self._restorer is None:
+            return True
+        tps = [KafkaTopicPartition(*s.changelog) for s in checked]
+        try:
+            ends = await asyncio.wait_for(self._restorer.end_offsets(tps), _ENDS_TIMEOUT)
+        except (KafkaError, TimeoutError) as exc:
+            log.warning("consumer %d: changelog ends unknown (%r); committing later", index, exc)
+            return False
+        if self._lost(index):  # learnt while we waited
+            return False
+        foreign = False
+        for task in dirty:
+            stale = {
+                s.name: (ends[KafkaTopicPartition(*s.changelog)], s.end)
+                for s in task.stores.values()
+                if s.end is not None and ends[KafkaTopicPartition(*s.changelog)] != s.end
+            }
+            if stale:
+                log.warning(
+                    "consumer %d: task %s: its changelog was written by another writer "
+                    "(end, expected: %s); its uncommitted state is dropped, no marker written",
+                    index,
+                    task.task_id,
+                    stale,
+                )
+                _tear(task)
+                foreign = True
+        if foreign:
+            self.host.request_rejoin(index)
+        return True
+
+    def _lost(self, index: int) -> bool:
+        """``index`` lost its membership since its last assignment: tear its tasks."""
+        if not self.host.member_lost(index):
+            return False
+        self._tear_consumer(index, "left the group (evicted)")
+        return True
+
+    def _tear_consumer(self, index: int, why: str) -> None:
+        mine = [t for t in self._actives.values() if t.consumer == index and not t.torn]
+        for task in mine:
+            _tear(task)
+        if mine:
+            log.warning(
+                "consumer %d %s: the uncommitted state of %d task(s) is dropped and no "
+                "marker written; they are restored before they run here again",
+                index,
+                why,
+                len(mine),
+            )
+
+    async def _reassert(
+        self, task: _ActiveTask, state: StoreState, first: int, marker: int
+    ) -> int | None:
+        """Another writer's records landed in ``state``'s changelog at ``[first, marker)``,
+        between this owner's records and its marker, which closed them too. Write this
+        owner's value of every key they wrote again, then a marker after them, so that the
+        changelog ends at this owner's state; its offset, or None after three tries."""
+        producer = self._producer
+        assert producer is not None
+        tp = state.changelog
+        for _ in range(3):
+            keys = await self._keys_written(tp, first, marker)
+            log.warning(
+                "task %s: %d record(s) of another writer in %s[%d] (offsets %d to %d) before "
+                "this commit's marker; writing this owner's value of their %d key(s) again",
+                task.task_id,
+                marker - first,
+                tp.topic,
+                tp.partition,
+                first,
+                marker,
+                len(keys),
+            )
+            state.end = marker + 1
+            futures = []
+            for key in keys:
+                value = state.pending[key] if key in state.pending else state.store.get(key)
+                state.pending[key] = value
+                futures.append(
+                    await producer.send(tp.topic, value, key=key, partition=tp.partition)
+                )
+                state.produced()
+            expected = state.end
+            futures.append(
+                await producer.send(
+                    tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition
+                )
+            )
+            acks = await asyncio.gather(*futures)
+            first, marker = expected, acks[-1].offset
+            if marker == expected:
+                return marker
+        log.error("task %s: %s[%d] keeps being written by another writer", task.task_id, *tp)
+        return None
+
+    async def _keys_written(self, tp: TopicPartition, first: int, end: int) -> list[bytes]:
+        """Data keys of changelog partition ``tp`` at offsets ``[first, end)``."""
+        reader = self._restorer
+        assert reader is not None
+        ktp = KafkaTopicPartition(*tp)
+        keys: set[bytes] = set()
+        async with self._restore_lock:
+            reader.assign([ktp])
+            reader.seek(ktp, first)
+            while await reader.position(ktp) < end:
+                for records in (await reader.getmany(ktp, timeout_ms=200)).values():
+                    keys.update(
+                        r.key
+                        for r in records
+                        if r.offset < end and r.key is not None and r.key != COMMIT_KEY
+                    )
+            reader.assign([])
+        return sorted(keys)
+
     def _checkpoint(
         self, task: TaskId, states: Mapping[str, StoreState], *, durable: bool = True
     ) -> None:
@@ -692,11 +862,16 @@ class App:
                 self._standby_dirty = True
                 self._standby_owner.pop(task, None)
                 return self._standbys.pop(task), "standby"
+        closing = self._store_closes.get(task)
+        if closing is not None:  # left a moment ago: its files are ours once closed
+            await asyncio.wait([closing])
         return self._open_states(task), "open"
 
-    def _close_states(self, task: TaskId, states: Mapping[str, StoreState]) -> None:
+    def _close_states(self, task: TaskId, states: Mapping[str, StoreState]) -> asyncio.Future[None]:
         """Close a task's stores; a persistent store keeps its checkpoint (sticky restarts),
-        an in-memory one loses it with its content."""
+        an in-memory one loses it with its content. The stores close in a thread (closing a
+        large RocksDB store takes seconds, which would stall heartbeats and every consumer);
+        opening the task's stores again waits for it (``_take_states``)."""
         persistent = False
         for state in states.values():
             persistent = state.store.persistent
@@ -709,11 +884,15 @@ class App:
                 self._checkpointed.pop(task, None)
         except Exception:  # the stores still close below
             log.exception("task %s: checkpoint on close failed", task)
-        for state in states.values():
-            try:
-                state.store.close()
-            except Exception:  # one store failing to close must not leak the others
-                log.exception("task %s: closing store %s failed", task, state.name)
+        closing = asyncio.ensure_future(asyncio.to_thread(_close_stores, task, [*states.values()]))
+        self._store_closes[task] = closing
+
+        def forget(done: asyncio.Future[None]) -> None:
+            if self._store_closes.get(task) is done:
+                del self._store_closes[task]
+
+        closing.add_done_callback(forget)
+        return closing
 
     async def _assign(self, consumer: int, tasks: frozenset[TaskId]) -> None:
         new: list[tuple[TaskId, dict[str, StoreState], str]] = []
@@ -837,6 +1016,11 @@ class App:
                 self._parked[task_id] = (states, "standby")
                 log.info("consumer %d: standby %s removed", consumer, task_id)
 
+    async def _membership_lost(self, consumer: int) -> None:
+        async with self._locks[consumer]:
+            self._epochs[consumer] += 1  # a batch fetched as a zombie is not processed
+            self._tear_consumer(consumer, "was out of the group")
+
     async def _rebalance_started(self, consumer: int) -> None:
         self._rebalancing.add(consumer)
         async with self._locks[consumer]:
@@ -855,23 +1039,68 @@ class App:
             )
 
     async def _rebalance_completed(self, consumer: int) -> None:
-        self._rebalancing.discard(consumer)
         mine = frozenset(t for t, task in self._actives.items() if task.consumer == consumer)
-        torn = [(t, self._actives[t].stores, "kept") for t in sorted(mine) if self._actives[t].torn]
-        if torn:  # its commit failed and it stayed here: restore before it runs again
-            await self._start_tasks(consumer, torn)
-        resumed = mine & self._suspended.pop(consumer, frozenset())
+        kept = mine & self._suspended.pop(consumer, frozenset())
+        # Before the consumer processes again (a write of its own would move an end).
+        try:
+            await self._check_ends(consumer, kept)
+            torn = [
+                (t, self._actives[t].stores, "kept") for t in sorted(mine) if self._actives[t].torn
+            ]
+            if torn:  # its state was dropped (or is stale) and it stayed here: restore it
+                await self._start_tasks(consumer, torn)
+        finally:
+            self._rebalancing.discard(consumer)
+        resumed = kept - {t for t, _, _ in torn}
         if resumed:
             log.info(
-                "consumer %d: resumed %s (same consumer: no close, no restore)",
+                "consumer %d: resumed %s (same consumer, same member, changelogs at their "
+                "ends: no close, no restore)",
                 consumer,
                 ", ".join(map(str, sorted(resumed))),
             )
         if not self._rebalancing:  # every consumer has its new tasks: close what nobody took
+            # Not awaited: this callback holds up the member's rejoin (no heartbeats).
             for task_id, (states, _) in sorted(self._parked.items()):
                 self._close_states(task_id, states)
                 log.info("task %s closed (no longer on this process)", task_id)
             self._parked.clear()
+
+    async def _check_ends(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        """Tear every task of ``tasks`` whose changelog another writer wrote while it was
+        suspended here (its end is not where this owner's records end), so it is restored
+        rather than resumed; all of them when the ends cannot be read."""
+        states = [
+            s
+            for t in sorted(tasks)
+            if not self._actives[t].torn
+            for s in self._actives[t].stores.values()
+        ]
+        if not states or self._restorer is None:
+            return
+        tps = [KafkaTopicPartition(*s.changelog) for s in states]
+        try:
+            ends = await asyncio.wait_for(self._restorer.end_offsets(tps), _ENDS_TIMEOUT)
+        except (KafkaError, TimeoutError) as exc:
+            log.warning("consumer %d: changelog ends unknown (%r); restoring", consumer, exc)
+            ends = {}
+        for task_id in sorted(tasks):
+            task = self._actives[task_id]
+            stale = {
+                s.name: (ends.get(KafkaTopicPartition(*s.changelog)), s.end)
+                for s in task.stores.values()
+                if ends.get(KafkaTopicPartition(*s.changelog))
+                != (s.end if s.end is not None else s.position)
+            }
+            if stale and not task.torn:
+                log.warning(
+                    "consumer %d: task %s: changelog written elsewhere meanwhile (end, "
+                    "expected: %s); restoring it instead of resuming",
+                    consumer,
+                    task_id,
+                    stale,
+                )
+                _tear(task)
 
     # -- restores --------------------------------------------------------------------------------
 
@@ -912,6 +1141,8 @@ class App:
                     if await reader.position(tp) >= ends[tp]:
                         todo.discard(tp)
             reader.assign([])
+        for tp, state in by_tp.items():
+            state.end = ends[tp]  # the active's records land from here on
         return {id(s): s.restored - before[id(s)] for s in states}
 
     async def _standby_loop(self) -> None:
@@ -948,6 +1179,14 @@ class App:
                     next_checkpoint = time.monotonic() + self.commit_interval
 
 
+def _close_stores(task: TaskId, states: Sequence[StoreState]) -> None:
+    for state in states:
+        try:
+            state.store.close()
+        except Exception:  # one store failing to close must not leak the others
+            log.exception("task %s: closing store %s failed", task, state.name)
+
+
 def _write_committed(markers: Iterable[tuple[StoreState, int]]) -> None:
     for state, offset in markers:
         state.committed(offset)
@@ -977,6 +1216,7 @@ def _tear(task: _ActiveTask) -> None:
         state.pending.clear()
         state.pending_applied.clear()
         state.drop_unclosed()
+        state.end = None  # known again after its restore
 
 
 def _timestamp(record: Record) -> int:
@@ -1024,6 +1264,9 @@ class _Listener(TaskListener):
 
     async def on_rebalance_completed(self, consumer: int) -> None:
         await self._guard(self.app._rebalance_completed(consumer), "completing a rebalance")
+
+    async def on_membership_lost(self, consumer: int) -> None:
+        await self._guard(self.app._membership_lost(consumer), "dropping a zombie's state")
 
     async def on_error(self, consumer: int, code: ErrorCode) -> None:
         log.error("consumer %d: no tasks this round: the leader reported %s", consumer, code.name)

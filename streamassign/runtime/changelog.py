@@ -67,6 +67,10 @@ class StoreState:
     #: Active side: writes since the last commit, and the input offsets they cover.
     pending: dict[bytes, bytes | None] = attrs.field(factory=dict)
     pending_applied: dict[str, int] = attrs.field(factory=dict)
+    #: Active side: the changelog offset where this owner's next record lands if nobody else
+    #: writes the partition (None: unknown, nothing is checked). A restore sets it to the end
+    #: it read to; every record the owner produces moves it on by one.
+    end: int | None = None
     #: Restore side: data records read after the last marker, in changelog order.
     unclosed: list[tuple[bytes, bytes | None]] = attrs.field(factory=list)
     #: Changelog records read by restores (data and markers), over this object's life.
@@ -116,6 +120,11 @@ class StoreState:
     def dirty(self) -> bool:
         return bool(self.pending or self.pending_applied)
 
+    def produced(self) -> None:
+        """One more record of this owner went to the changelog."""
+        if self.end is not None:
+            self.end += 1
+
     def marker(self) -> bytes:
         """Value of the commit marker closing the pending writes."""
         return encode_marker({**self.applied, **self.pending_applied})
@@ -123,7 +132,7 @@ class StoreState:
     def committed(self, marker_offset: int) -> None:
         """The marker at ``marker_offset`` is acknowledged: write the pending state locally."""
         self.applied.update(self.pending_applied)
-        self.position = marker_offset + 1
+        self.position = self.end = marker_offset + 1
         self.store.write(self.pending, self._meta())
         self.pending.clear()
         self.pending_applied.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -19,18 +20,23 @@ ROOT = Path(__file__).resolve().parents[2]
 class JsonLinesProcess:
     """A Python script run in its own process; ``lines`` holds every JSON line it printed."""
 
-    def __init__(self, script: Path, args: list[str]) -> None:
+    def __init__(self, script: Path, args: list[str], log: Path | None = None) -> None:
+        """``log``: a file for the script's stderr (its logs), else they are dropped."""
         self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
         self.lines: list[dict[str, Any]] = []
         self.stamp = time.monotonic()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(script), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.ExitStack() as files:
+            stderr = files.enter_context(log.open("a")) if log is not None else subprocess.DEVNULL
+            self.proc = subprocess.Popen(
+                [sys.executable, str(script), *args],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env=env,
+            )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:

@@ -8,7 +8,11 @@ active task (its store content) before a clean stop. SIGUSR1 requests the shutdo
 application (every process then dumps its tables and stops). SIGKILL is a crash. ``--ha`` turns
 the high-availability assignor on (``--probing-ms``, ``--lag``, ``--warmups``); status lines
 also list the warmups (``warmup``, a subset of ``standby``), the rebalances seen and the
-changelog end offsets the process would lead with (``ends``, HA only).
+changelog end offsets the process would lead with (``ends``, HA only). ``--session-ms`` sets the
+consumer session timeout; ``--restore-delay-us`` makes every cold restore of active tasks (from
+offset 0) last that much longer per changelog record read (an awaited sleep after it): a small
+changelog restores cold as slowly as a large one would, long enough for a short session timeout
+to evict the member mid-restore, while restores of a tail stay as fast as they are.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import logging
 import signal
 import sys
 import time
+from typing import Any
 
 from streamassign import Subtopology, Topology
 from streamassign.runtime import App, Record, TaskContext
@@ -33,6 +38,19 @@ class Totals:
         old = table.get(key)
         count, total = map(int, old.split(b",")) if old else (0, 0)
         table.put(key, b"%d,%d" % (count + 1, total + int(record.value or b"0")))
+
+
+def slow_restores(app: App, seconds_per_record: float) -> None:
+    """Every cold restore of ``app``'s actives takes ``seconds_per_record`` longer per record."""
+    restore = app._restore
+
+    async def slow(states: Any) -> dict[int, int]:
+        cold = {id(s) for s in states if s.position == 0}
+        counts = await restore(states)
+        await asyncio.sleep(sum(n for s, n in counts.items() if s in cold) * seconds_per_record)
+        return counts
+
+    app._restore = slow  # type: ignore[method-assign]
 
 
 def emit(**line: object) -> None:
@@ -53,8 +71,12 @@ async def main() -> None:
     ap.add_argument("--lag", type=int, default=10_000)
     ap.add_argument("--warmups", type=int, default=2)
     ap.add_argument("--status-interval", type=float, default=0.5)
+    ap.add_argument("--session-ms", type=int, default=3000)
+    ap.add_argument("--restore-delay-us", type=int, default=0)
     args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+    )
     topology = Topology([Subtopology(0, [args.source], stores=["totals"])], name=args.app)
     app = App(
         topology,
@@ -70,11 +92,13 @@ async def main() -> None:
         max_warmup_replicas=args.warmups,
         probing_rebalance_interval_ms=args.probing_ms,
         consumer_config={
-            "session_timeout_ms": 3000,
-            "heartbeat_interval_ms": 500,
+            "session_timeout_ms": args.session_ms,
+            "heartbeat_interval_ms": min(500, args.session_ms // 3),
             "metadata_max_age_ms": 1000,
         },
     )
+    if args.restore_delay_us:
+        slow_restores(app, args.restore_delay_us / 1e6)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -108,6 +132,7 @@ async def main() -> None:
             reported = len(app.restore_events)
             emit(
                 event="status",
+                process=str(app.host.process_id),
                 active=sorted(map(str, app.active_tasks)),
                 standby=sorted(map(str, app.standby_tasks)),
                 processed=app.processed,

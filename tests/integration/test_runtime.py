@@ -110,6 +110,7 @@ class Runtime:
                 "--state-dir", str(self.tmp / (state or name)),
                 *self.args,
             ],
+            log=self.tmp / f"{name}.log",
         )  # fmt: skip
 
     def events(self, name: str, kind: str) -> list[dict[str, Any]]:
@@ -121,15 +122,22 @@ class Runtime:
         status = self.events(name, "status")
         return set(status[-1]["active"]) if status else set()
 
+    def joined(self, name: str) -> bool:
+        """Whether process ``name`` has had an assignment (its tasks are known)."""
+        status = self.events(name, "status")
+        return bool(status) and status[-1]["rebalances"] > 0
+
     def settle(self) -> dict[str, set[str]]:
-        """Wait until the live processes run every task exactly once, unchanged for SETTLE s."""
+        """Wait until the live processes, each after its first assignment, run every task
+        exactly once, unchanged for SETTLE s."""
         deadline = time.monotonic() + TIMEOUT
         stable_since, last = time.monotonic(), None
         while time.monotonic() < deadline:
             time.sleep(0.25)
             state = {n: self.actives(n) for n in self.procs}
             ran = sorted(t for ts in state.values() for t in ts)
-            if ran != sorted(TASKS) or state != last:
+            joined = all(self.joined(n) for n in self.procs)
+            if ran != sorted(TASKS) or state != last or not joined:
                 stable_since, last = time.monotonic(), state
             elif time.monotonic() - stable_since >= SETTLE:
                 return state

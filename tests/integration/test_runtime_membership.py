@@ -1,0 +1,209 @@
+"""Members that drop out of the group without dying (issue 21, section 1), on a real broker.
+
+A member that lost its membership must not resume stale state: it commits no marker once it is
+out, drops what it had not committed, and restores before it runs a task again unless it kept
+its membership throughout and its store is at the changelog's end. Both scenarios run the
+summing worker of ``test_runtime.py`` (two processes, one standby, a 3 s session timeout) and
+check exact tables: the tables the processes hold at the end, and what a cold replay of the
+changelog gives, each equal to the table computed from the input (at-least-once delivery must
+neither lose nor double an update). Commit markers of each changelog partition must never go
+backwards (a marker's applied input offsets are at least those of the markers before it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTopicPartition
+
+from streamassign import Subtopology, Topology
+from streamassign.runtime import COMMIT_KEY, ensure_internal_topics
+from streamassign.runtime.changelog import decode_marker, encode_marker
+
+from .conftest import GroupIdFactory, TopicFactory
+from .test_runtime import (
+    PARTITIONS,
+    TASKS,
+    TIMEOUT,
+    Feeder,
+    Runtime,
+    _read_changelog,
+    expected_table,
+    tables,
+    wait_caught_up,
+)
+
+
+@pytest.fixture
+def runtime(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+) -> Iterator[Runtime]:
+    source = kafka_topic_factory(PARTITIONS, prefix="events")
+    rt = Runtime(kafka_bootstrap, kafka_group_id_factory("membership"), source, tmp_path)
+    yield rt
+    for proc in rt.procs.values():  # a frozen process cannot die of SIGKILL until continued
+        if proc.proc.poll() is None:
+            proc.proc.send_signal(signal.SIGCONT)
+    rt.close()
+
+
+async def _backward_markers(bootstrap: str, topic: str) -> list[str]:
+    """Markers whose applied offset of some input topic is below an earlier marker's."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        highest: dict[int, dict[str, int]] = {p: {} for p in range(PARTITIONS)}
+        backward = []
+        todo = {tp for tp in tps if ends[tp] > 0}
+        while todo:
+            for tp, records in (await consumer.getmany(*todo, timeout_ms=500)).items():
+                for r in records:
+                    if r.key != COMMIT_KEY:
+                        continue
+                    seen = highest[tp.partition]
+                    for source, offset in decode_marker(r.value).items():
+                        if offset < seen.get(source, -1):
+                            backward.append(f"{tp.partition}@{r.offset}: {source} {offset}")
+                        seen[source] = max(offset, seen.get(source, -1))
+                if await consumer.position(tp) >= ends[tp]:
+                    todo.discard(tp)
+        return backward
+    finally:
+        await consumer.stop()
+
+
+def check_exact(runtime: Runtime, expected: dict[str, str]) -> None:
+    """Stop every process; their tables, a cold replay of the changelog and the markers."""
+    merged: dict[str, str] = {}
+    for name in list(runtime.procs):
+        merged.update(tables(runtime.stop(name)))
+    changelog = f"{runtime.app}-totals-changelog"
+    replay, _ = asyncio.run(_read_changelog(runtime.bootstrap, changelog))
+    backward = asyncio.run(_backward_markers(runtime.bootstrap, changelog))
+    short = {k: (merged.get(k), v) for k, v in expected.items() if merged.get(k) != v}
+    assert not short, f"{len(short)} keys differ (held, expected), e.g. {list(short.items())[:5]}"
+    assert merged == expected
+    assert replay == expected
+    assert not backward, f"commit markers went backwards: {backward[:10]}"
+
+
+def wait_for(what: str, condition: object, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+def test_frozen_member_drops_its_stale_state_when_it_wakes(runtime: Runtime) -> None:
+    """SIGSTOP past the session timeout, SIGCONT: the woken member is told it is unknown; it
+    must neither commit its old state nor resume it when it gets its tasks back."""
+    total = 60_000
+    runtime.args = ["--status-interval", "0.1"]
+    runtime.start("p1")
+    runtime.start("p2")
+    before = runtime.settle()
+    # The sticky assignor breaks the tie between the woken member's claim and the survivor's
+    # by process id: freeze the first, so it gets its own tasks back (the resume path).
+    victim = min(before, key=lambda n: runtime.events(n, "status")[-1]["process"])
+    survivor = next(n for n in before if n != victim)
+    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=500, pause=0.1)
+    feeder.start()
+    wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
+    frozen = runtime.procs[victim].proc
+    frozen.send_signal(signal.SIGSTOP)  # processing, with uncommitted writes, and frozen
+    wait_for("the survivor runs every task", lambda: runtime.actives(survivor) == TASKS)
+    took_over = runtime.events(survivor, "status")[-1]["processed"]
+    # The survivor writes the victim's changelogs for a while: the victim's state goes stale.
+    wait_for(
+        "the survivor processes 5,000 more records",
+        lambda: runtime.events(survivor, "status")[-1]["processed"] >= took_over + 5000,
+    )
+    woke = time.time()
+    frozen.send_signal(signal.SIGCONT)
+    after = runtime.settle()
+    assert after[victim] == before[victim], "the woken member did not get its tasks back"
+    feeder.finish()
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    restored = {e["task"] for e in runtime.events(victim, "restore") if e["t"] > woke}
+    check_exact(runtime, expected_table(total))
+    assert restored == before[victim]  # restored from its store's position, not resumed
+
+
+PRELOADED_PER_PARTITION = 4_000
+MARKER_EVERY = 1_000
+
+
+async def _preload_changelog(bootstrap: str, app: str, source: str) -> dict[str, str]:
+    """Distinct keys no input record writes, committed in the changelog before any process
+    starts (so every first restore is long); returns them as table entries."""
+    topology = Topology([Subtopology(0, [source], stores=["totals"])], name=app)
+    await ensure_internal_topics(topology, bootstrap)
+    changelog = topology.changelog_topic("totals")
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=512 * 1024
+    )
+    await producer.start()
+    preloaded: dict[str, str] = {}
+    try:
+        futures = []
+        for p in range(PARTITIONS):
+            for j in range(PRELOADED_PER_PARTITION):
+                key, value = f"pre{p}-{j}", f"1,{j % 100}"
+                preloaded[key] = value
+                futures.append(
+                    await producer.send(changelog, value.encode(), key=key.encode(), partition=p)
+                )
+                if (j + 1) % MARKER_EVERY == 0:
+                    futures.append(
+                        await producer.send(
+                            changelog, encode_marker({}), key=COMMIT_KEY, partition=p
+                        )
+                    )
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return preloaded
+
+
+def test_eviction_storm_of_two_cold_processes_loses_nothing(runtime: Runtime) -> None:
+    """Two cold processes started together while input flows, each restore (inside the
+    rebalance callback, no heartbeats) longer than the 3 s session timeout: members are
+    evicted mid-restore and process their old generation's tasks before they notice."""
+    total = 40_000
+    preloaded = asyncio.run(_preload_changelog(runtime.bootstrap, runtime.app, runtime.source))
+    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=500, pause=0.2)
+    feeder.start()
+    wait_for("the input flows", lambda: feeder.acked >= 2_000)
+    # 4,000 records per task at 300 µs each: 1.2 s a task, 7.2 s for all of them.
+    runtime.args = ["--status-interval", "0.1", "--restore-delay-us", "300"]
+    runtime.start("p1")
+    # p2 joins while p1 restores every task in the first generation: p1 is evicted, p2 gets
+    # every task and restores them, p1 finishes and processes them as a zombie, and so on.
+    p1_log = runtime.tmp / "p1.log"
+    wait_for("p1 joined", lambda: p1_log.exists() and "Joined group" in p1_log.read_text())
+    runtime.start("p2")
+    runtime.settle()
+    feeder.finish()
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    check_exact(runtime, {**expected_table(total), **preloaded})
+    # The runtime logs each membership loss it acts on (found by aiokafka or at a new member id).
+    evicted = sum(
+        "left the group (evicted)" in line or "was out of the group" in line
+        for name in ("p1", "p2")
+        for line in (runtime.tmp / f"{name}.log").read_text().splitlines()
+    )
+    assert evicted, "no member was evicted: the scenario did not run"

@@ -1,0 +1,250 @@
+"""A member that lost its membership, or a changelog written by someone else, without a broker.
+
+One in-memory log stands in for the producer and the restore consumer (a unit test of the
+commit and resume logic; ``tests/integration/test_runtime_membership.py`` runs the real
+scenarios). Checked: no marker while another writer's records sit after the owner's, a marker
+that lands after them is followed by the owner's values, a member the broker no longer knows
+commits nothing, a task resumes without restore only if its changelog ends where its owner's
+records end, and the host reports a lost membership.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from aiokafka import TopicPartition as KafkaTopicPartition
+
+from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.aiokafka import ProcessHost, TaskListener
+from streamassign.protocol import AssignmentInfo
+from streamassign.runtime import COMMIT_KEY, App, MemoryStore, StoreState
+from streamassign.runtime.app import _ActiveTask
+
+from .test_runtime_processing import Adder, Committer, Rec
+
+TASK = TaskId(0, 0)
+CHANGELOG = ("app-totals-changelog", 0)
+
+
+class Log:
+    """Partitions in memory, written through ``send`` (a producer whose records are
+    acknowledged at once) and read like a restore consumer."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[str, int], list[tuple[bytes | None, bytes | None]]] = defaultdict(
+            list
+        )
+        self.assigned: list[KafkaTopicPartition] = []
+        self.positions: dict[KafkaTopicPartition, int] = {}
+        #: Called after each end offset lookup (another writer strikes then).
+        self.after_ends: Any = None
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: Any = None,
+    ) -> asyncio.Future[Any]:
+        log = self.records[(topic, partition or 0)]
+        log.append((key, value))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(SimpleNamespace(offset=len(log) - 1))
+        return future
+
+    async def flush(self) -> None:
+        pass
+
+    def assign(self, tps: list[KafkaTopicPartition]) -> None:
+        self.assigned = list(tps)
+
+    def seek(self, tp: KafkaTopicPartition, offset: int) -> None:
+        self.positions[tp] = offset
+
+    async def position(self, tp: KafkaTopicPartition) -> int:
+        return self.positions[tp]
+
+    async def end_offsets(self, tps: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
+        ends = {tp: len(self.records[(tp.topic, tp.partition)]) for tp in tps}
+        if self.after_ends is not None:
+            self.after_ends()
+        return ends
+
+    async def getmany(self, *tps: KafkaTopicPartition, timeout_ms: int = 0) -> dict[Any, Any]:
+        out = {}
+        for tp in tps or self.assigned:
+            start = self.positions[tp]
+            new = self.records[(tp.topic, tp.partition)][start:]
+            out[tp] = [
+                SimpleNamespace(offset=start + i, key=k, value=v) for i, (k, v) in enumerate(new)
+            ]
+            self.positions[tp] = start + len(new)
+        return out
+
+    def markers(self) -> int:
+        return sum(1 for key, _ in self.records[CHANGELOG] if key == COMMIT_KEY)
+
+    def replay(self) -> dict[bytes, bytes]:
+        """The table a cold restore of the changelog gives."""
+        state = StoreState.open("totals", TopicPartition(*CHANGELOG), MemoryStore())
+        for offset, (key, value) in enumerate(self.records[CHANGELOG]):
+            state.restore(offset, key, value)
+        return dict(state.store.items())
+
+
+def make(tmp_path: Path) -> tuple[App, Log, Committer, list[int]]:
+    topology = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
+    app = App(
+        topology,
+        {0: Adder},
+        bootstrap_servers="unused:1",
+        state_dir=tmp_path,
+        store_kind="memory",
+    )
+    log = Log()
+    app._producer = log  # type: ignore[assignment]
+    app._restorer = log  # type: ignore[assignment]
+    committer = Committer()
+    app.host.consumers.append(committer)  # type: ignore[arg-type]
+    rejoins: list[int] = []
+    app.host.request_rejoin = rejoins.append  # type: ignore[method-assign]
+    return app, log, committer, rejoins
+
+
+async def start(app: App) -> _ActiveTask:
+    await app._start_tasks(0, [(TASK, app._open_states(TASK), "cold")])
+    return app._actives[TASK]
+
+
+def test_no_marker_when_another_writer_wrote_the_changelog(tmp_path: Path) -> None:
+    app, log, committer, rejoins = make(tmp_path)
+
+    async def run() -> _ActiveTask:
+        task = await start(app)
+        await app._process(task, Rec(0, b"k", b"5"))
+        log.records[CHANGELOG].append((b"k", b"99"))  # a zombie's write
+        await app._commit(0)
+        assert task.torn and log.markers() == 0 and committer.commits == []
+        assert rejoins == [0]
+        app._suspended[0] = frozenset({TASK})
+        await app._rebalance_completed(0)  # the task stayed here: restored, not resumed
+        again = app._actives[TASK]
+        assert again is not task and not again.torn
+        await app._process(again, Rec(0, b"k", b"5"))  # its input is read again
+        await app._commit(0)
+        return again
+
+    again = asyncio.run(run())
+    assert app.restore_events[-1].compensated == 2  # ours and the zombie's key undone
+    assert dict(again.stores["totals"].store.items()) == {b"k": b"5", b"k-copy": b"5"}
+    assert log.replay() == {b"k": b"5", b"k-copy": b"5"}
+
+
+def test_a_marker_landing_after_foreign_records_is_followed_by_the_owners_values(
+    tmp_path: Path,
+) -> None:
+    app, log, committer, rejoins = make(tmp_path)
+
+    def strike() -> None:  # between the owner's check and its marker
+        log.records[CHANGELOG].append((b"k", b"99"))
+        log.records[CHANGELOG].append((b"zombie-only", b"1"))
+        log.after_ends = None
+
+    async def run() -> _ActiveTask:
+        task = await start(app)
+        await app._process(task, Rec(0, b"k", b"5"))
+        log.after_ends = strike
+        await app._commit(0)
+        return task
+
+    task = asyncio.run(run())
+    state = task.stores["totals"]
+    assert not task.torn and rejoins == []
+    assert log.markers() == 2  # the one that closed the foreign records, and ours after them
+    assert log.replay() == {b"k": b"5", b"k-copy": b"5"}  # the zombie's writes undone
+    assert dict(state.store.items()) == log.replay()
+    assert state.position == state.end == len(log.records[CHANGELOG])
+    assert committer.commits == [{KafkaTopicPartition("events", 0): 1}]
+
+
+def test_a_member_the_broker_no_longer_knows_commits_nothing(tmp_path: Path) -> None:
+    app, log, committer, _ = make(tmp_path)
+    app.host._memberships[0] = ("member-1", 3)
+    committer._coordinator = SimpleNamespace(member_id="member-1", generation=3)  # type: ignore[attr-defined]
+
+    async def run() -> _ActiveTask:
+        task = await start(app)
+        await app._process(task, Rec(0, b"k", b"5"))
+        committer._coordinator.member_id, committer._coordinator.generation = "", -1  # type: ignore[attr-defined]
+        await app._rebalance_started(0)  # aiokafka reset the membership, then revokes
+        return task
+
+    task = asyncio.run(run())
+    assert task.torn and log.markers() == 0 and committer.commits == []
+    assert task.stores["totals"].pending == {}
+
+
+def test_a_task_resumes_without_restore_only_if_its_changelog_is_where_it_left_it(
+    tmp_path: Path,
+) -> None:
+    app, log, _, _ = make(tmp_path)
+
+    async def rebalance(foreign: bool) -> _ActiveTask:
+        task = app._actives[TASK]
+        await app._process(task, Rec(task.processed + 10 * foreign, b"k", b"1"))
+        await app._rebalance_started(0)
+        if foreign:  # another owner committed meanwhile
+            await log.send(CHANGELOG[0], b"7", key=b"k", partition=0)
+            await log.send(CHANGELOG[0], b'{"applied":{"events":50}}', key=COMMIT_KEY, partition=0)
+        app._rebalancing.add(0)
+        await app._rebalance_completed(0)
+        return app._actives[TASK]
+
+    async def run() -> tuple[_ActiveTask, _ActiveTask, _ActiveTask]:
+        first = await start(app)
+        return first, await rebalance(foreign=False), await rebalance(foreign=True)
+
+    first, kept, restored = asyncio.run(run())
+    assert kept is first  # resumed as it was
+    assert restored is not first  # restored: it holds the other owner's write
+    assert restored.stores["totals"].get(b"k") == b"7"
+    assert [e.source for e in app.restore_events] == ["cold", "kept"]
+    assert 0 not in app._rebalancing
+
+
+class Lost(TaskListener):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def on_membership_lost(self, consumer: int) -> None:
+        self.calls.append("lost")
+
+    async def on_active_assigned(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        self.calls.append("assigned")
+
+
+def test_the_host_reports_a_new_member_id_before_the_tasks(tmp_path: Path) -> None:
+    listener = Lost()
+    topology = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
+    host = ProcessHost(
+        topology, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, listener=listener
+    )
+    consumer = SimpleNamespace(_coordinator=SimpleNamespace(member_id="m1", generation=1))
+    host.consumers.append(consumer)  # type: ignore[arg-type]
+    host.assignors[0].info = AssignmentInfo(active=frozenset({TASK}))
+    asyncio.run(host._assigned(0))
+    assert not host.member_lost(0)
+    consumer._coordinator.generation = 2  # a rebalance it took part in: same member
+    asyncio.run(host._assigned(0))
+    consumer._coordinator.member_id, consumer._coordinator.generation = "", -1
+    assert host.member_lost(0)  # evicted, as aiokafka learnt from a heartbeat
+    consumer._coordinator.member_id, consumer._coordinator.generation = "m2", 5
+    host.assignors[0].info = AssignmentInfo(active=frozenset({TASK, TaskId(0, 1)}))
+    asyncio.run(host._assigned(0))
+    assert listener.calls == ["assigned", "lost", "assigned"]
+    assert not host.member_lost(0)
