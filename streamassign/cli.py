@@ -8,9 +8,10 @@ pipeline commands validate every input, then hand over to ``streamassign.pipelin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -186,6 +187,12 @@ def _acceptable_lag_option(help: str) -> Callable[[_F], _F]:
     return _shown("--acceptable-lag", kind=click.IntRange(min=0), default=10_000, help=help)
 
 
+_ship_code_option = click.option(
+    "--ship-code/--no-ship-code",
+    default=None,
+    help="Zip streamassign+attrs onto the executors (default: on for non-local masters).",
+)
+
 _master_option = click.option(
     "--master",
     default=None,
@@ -360,13 +367,64 @@ def _model(model_file: Path | None, params: Sequence[str], steps: int | None) ->
 
 
 def _is_remote(path: str) -> bool:
-    return "://" in path and not path.startswith("file:")
+    from .pipeline.runs import is_remote
+
+    return is_remote(path)
 
 
 def _run_dir(out: str | None, name: str) -> str:
+    """The run directory: a Hadoop URI as given, a local path (or ``file:`` URI) absolute."""
     if out is None:
         out = str(Path("streamassign-runs") / (name or "topology"))
-    return out if _is_remote(out) else str(Path(out).resolve())
+    if _is_remote(out):
+        return out.rstrip("/")
+    return str(Path(out.removeprefix("file://").removeprefix("file:")).resolve())
+
+
+def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
+    """A run is replaced only with ``--overwrite`` (and then only once the new one is done)."""
+    from .pipeline.runs import describe_existing
+
+    what = describe_existing(files, run_dir)
+    if what is not None and not overwrite:
+        raise click.ClickException(
+            f"{what}; pass --overwrite to replace it once the new run is complete, or --out "
+            "for another folder"
+        )
+
+
+def _spark_failure(exc: BaseException) -> str:
+    """One line out of a Spark/Py4J failure: the innermost Python or Java exception line."""
+    import re
+
+    text = str(exc)
+    python = re.findall(r"^(\w*(?:Error|Exception)\b.*)$", text, re.MULTILINE)
+    if python:
+        return str(python[-1]).strip()
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first[:300]
+
+
+@contextlib.contextmanager
+def _one_line_failures(doing: str, kept: str | None = None) -> Iterator[None]:
+    """Spark failures and Ctrl-C as one line (what failed, what was kept), not a trace."""
+    tail = f"; {kept}" if kept else ""
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo(f"interrupted while {doing}{tail}", err=True)
+        raise SystemExit(130) from None
+    except (click.ClickException, StreamAssignError, SystemExit):
+        raise
+    except Exception as exc:
+        if not _from_spark(exc):
+            raise
+        raise click.ClickException(f"{doing} failed: {_spark_failure(exc)}{tail}") from exc
+
+
+def _from_spark(exc: BaseException) -> bool:
+    module = type(exc).__module__
+    return module.startswith(("py4j", "pyspark")) or isinstance(exc, ConnectionError)
 
 
 _model_options = [
@@ -433,16 +491,17 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     help="Run directory (local or a Hadoop URI); default streamassign-runs/<topology>.",
 )
 @click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the run already in DIR (only once the new run is complete).",
+)
+@click.option(
     "--report/--no-report",
     "with_report",
     default=False,
     help="Also write the HTML report (DIR/report) from the same Spark session.",
 )
-@click.option(
-    "--ship-code/--no-ship-code",
-    default=None,
-    help="Zip streamassign+attrs onto the executors (default: on for non-local masters).",
-)
+@_ship_code_option
 @_with_options(_model_options)
 def simulate(
     topology_file: Path,
@@ -451,6 +510,7 @@ def simulate(
     standbys: int,
     acceptable_lag: int,
     out: str | None,
+    overwrite: bool,
     with_report: bool,
     ship_code: bool | None,
     model_file: Path | None,
@@ -460,11 +520,13 @@ def simulate(
     seed: int,
     master: str | None,
 ) -> None:
-    """Simulate churn traces of TOPOLOGY_FILE through assignors on Spark; write Parquet rows."""
-    import tempfile
-    import time
+    """Simulate churn traces of TOPOLOGY_FILE through assignors on Spark; write Parquet rows.
 
+    The run is written next to DIR and moved into place only when complete; a run already in
+    DIR is kept unless --overwrite is given (and then replaced only by a complete run).
+    """
     from .pipeline.assignors import resolve
+    from .pipeline.runs import LocalFiles, new_run_id
     from .pipeline.simulate import SimulationJob
 
     _require("pyspark", "streamassign simulate")
@@ -486,6 +548,8 @@ def simulate(
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     run_dir = _run_dir(out, workload.name)
+    if not _is_remote(run_dir):
+        _refuse_existing(LocalFiles(), run_dir, overwrite)
     for note in chosen.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(
@@ -494,21 +558,64 @@ def simulate(
     )
     from .pipeline import spark as sp
 
-    start = time.perf_counter()
-    with sp.spark_session(master) as session:
+    run_id = new_run_id()
+    kept = f"{run_dir} left as it was" if not overwrite else f"the run in {run_dir} kept"
+    with (
+        _one_line_failures("simulating", kept),
+        sp.spark_session(master, ship=ship_code) as session,
+    ):
         actual_master = session.sparkContext.master
-        if ship_code or (ship_code is None and not actual_master.startswith("local")):
-            sp.ship_code(session, Path(tempfile.mkdtemp(prefix="streamassign-code-")))
         manifest = _manifest(topology_file, job, chosen.notes, actual_master)
-        rows = sp.run_simulation(session, job, run_dir, manifest)
-        elapsed = time.perf_counter() - start
+        rows, elapsed = _write_run(session, job, run_dir, manifest, run_id, overwrite)
         click.echo(
-            f"{rows:,} rebalances in {elapsed:.1f} s ({rows / elapsed:,.0f}/s) on "
-            f"{actual_master}: {run_dir}/{sp.REBALANCES}"
+            f"{rows:,} rebalances in {elapsed:.1f} s ({rows / elapsed:,.0f}/s, session start-up "
+            f"excluded) on {actual_master}: run {run_id} in {run_dir}"
         )
+        page = None
         if with_report:
-            page = _render(session, run_dir, None)
-            click.echo(f"report: {page}")
+            with _one_line_failures("writing the report", f"run {run_id} is complete"):
+                page = _render(session, run_dir, None)
+    if page is not None:
+        click.echo(f"report: {page}")
+        click.echo(f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md")
+    else:
+        click.echo(f"next: streamassign report {run_dir}")
+
+
+def _write_run(
+    session: Any,
+    job: Any,
+    run_dir: str,
+    manifest: dict[str, Any],
+    run_id: str,
+    overwrite: bool,
+) -> tuple[int, float]:
+    """Simulate into a hidden sibling of ``run_dir``, then publish it there; on any failure
+    (Ctrl-C included) the sibling is deleted and ``run_dir`` is untouched. Returns the rows
+    written and the seconds taken (session start-up excluded)."""
+    import time
+
+    from .pipeline import spark as sp
+    from .pipeline.progress import run_tracked, stderr_console
+    from .pipeline.runs import files_for, publish, staging_path
+
+    files = files_for(run_dir, session)
+    if _is_remote(run_dir):
+        _refuse_existing(files, run_dir, overwrite)
+    staging = staging_path(run_dir, run_id)
+    start = time.perf_counter()
+    try:
+        rows = run_tracked(
+            session,
+            "simulating",
+            stderr_console(),
+            lambda: sp.run_simulation(session, job, staging, manifest, run_id),
+        )
+        publish(files, staging, run_dir, run_id)
+    except BaseException:
+        files.delete(staging)
+        raise
+    return rows, max(time.perf_counter() - start, 1e-9)
 
 
 def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) -> dict[str, Any]:
@@ -540,8 +647,12 @@ def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) 
 
 
 def _render(session: Any, run_dir: str, out: Path | None) -> Path:
+    """Aggregate on Spark and write the report into a hidden sibling of ``out`` (default
+    ``run_dir/report``), moved into place when complete: a failure keeps the old report."""
     from .pipeline import spark as sp
+    from .pipeline.progress import plain_step, run_tracked, stderr_console
     from .pipeline.report import render_report
+    from .pipeline.runs import LocalFiles, new_run_id, publish, staging_path
 
     if out is None:
         if _is_remote(run_dir):
@@ -549,7 +660,19 @@ def _render(session: Any, run_dir: str, out: Path | None) -> Path:
                 f"{run_dir} is not a local directory: give --out for the report"
             )
         out = Path(run_dir) / "report"
-    return render_report(sp.aggregate(session, run_dir), out)
+    out = out.resolve()
+    console = stderr_console()
+    data = run_tracked(session, "aggregating", console, lambda: sp.aggregate(session, run_dir))
+    files, report_id = LocalFiles(), new_run_id()
+    staging = staging_path(str(out), report_id)
+    try:
+        with plain_step("rendering the report", console):
+            render_report(data, staging)
+        publish(files, staging, str(out), report_id)
+    except BaseException:
+        files.delete(staging)
+        raise
+    return out / "report.html"
 
 
 @main.command()
@@ -558,23 +681,29 @@ def _render(session: Any, run_dir: str, out: Path | None) -> Path:
 @_master_option
 def report(run_dir: str, out: Path | None, master: str | None) -> None:
     """Aggregate a simulation run in DIR with Spark; write an HTML report and CSV summaries."""
+    from .pipeline.runs import LocalFiles, check_run, files_for
+
     _require("pyspark", "streamassign report")
     _require("matplotlib", "streamassign report")
-    if not _is_remote(run_dir):
-        local = Path(run_dir)
-        if not (local / "rebalances").is_dir():
-            raise click.ClickException(
-                f"{run_dir}: no simulation rows here (expected {local / 'rebalances'}; run "
-                "streamassign simulate first)"
-            )
-        run_dir = str(local.resolve())
+    run_dir = _run_dir(run_dir, "")
     if out is None and _is_remote(run_dir):
         raise click.ClickException(f"{run_dir} is not a local directory: give --out")
+    if not _is_remote(run_dir):
+        try:
+            check_run(LocalFiles(), run_dir)
+        except StreamAssignError as exc:
+            raise click.ClickException(str(exc)) from exc
     from .pipeline import spark as sp
 
-    with sp.spark_session(master) as session:
+    with _one_line_failures("writing the report"), sp.spark_session(master) as session:
+        if _is_remote(run_dir):
+            try:
+                check_run(files_for(run_dir, session), run_dir)
+            except StreamAssignError as exc:
+                raise click.ClickException(str(exc)) from exc
         page = _render(session, run_dir, out)
     click.echo(f"report: {page}")
+    click.echo(f"next: open {page.as_uri()} in a browser")
 
 
 def _int_list(value: str, option: str) -> tuple[int, ...]:
@@ -625,6 +754,7 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 @_out_dir_option("Also write plan.csv and plan.json here.")
 @_json_option("a table")
 @_with_options(_model_options)
+@_ship_code_option
 def plan_standbys(
     topology_file: Path,
     scenarios: int,
@@ -643,6 +773,7 @@ def plan_standbys(
     partitions: tuple[str, ...],
     seed: int,
     master: str | None,
+    ship_code: bool | None,
 ) -> None:
     """Recommend num_standby_replicas and warmups for TOPOLOGY_FILE under a failure model."""
     from .pipeline.standbys import AvailabilityModel, PlanJob, recommend, summarize
@@ -667,9 +798,18 @@ def plan_standbys(
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     from .pipeline import spark as sp
+    from .pipeline.progress import run_tracked, stderr_console
 
-    with sp.spark_session(master) as session:
-        totals = sp.run_plan(session, job)
+    with (
+        _one_line_failures("planning standbys"),
+        sp.spark_session(master, ship=ship_code) as session,
+    ):
+        totals = run_tracked(
+            session,
+            "evaluating standby candidates",
+            stderr_console(),
+            lambda: sp.run_plan(session, job),
+        )
     rows = summarize(totals, job.availability)
     best, why = recommend(rows, target)
     if out is not None:
@@ -714,3 +854,9 @@ def plan_standbys(
     console = Console()
     console.print(table)
     console.print(f"recommended: {why}")
+    if out is not None:
+        console.print(f"written: {out / 'plan.csv'}, {out / 'plan.json'}")
+    console.print(
+        f"next: streamassign simulate {topology_file} --standbys {best['standbys']} "
+        "--assignors task:sticky,task:ha --report  (the rebalances under this plan)"
+    )

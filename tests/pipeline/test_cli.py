@@ -45,8 +45,11 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
     assert code == 0, out
     assert "simulating 3 scenarios of orders-enricher x 2 assignors" in out
     assert f"report: {run / 'report' / 'report.html'}" in out
-    manifest = json.loads((run / "manifest").glob("part-*").__next__().read_text())
+    assert f"next: open {(run / 'report' / 'report.html').as_uri()}" in out
+    manifest = json.loads((run / "manifest" / "part-00000.json").read_text())
     assert manifest["assignors"] == ["task:sticky", "consumer:range"] and manifest["seed"] == 9
+    assert f"run {manifest['run_id']} in {run}" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging folder left
     code, out = invoke("report", str(run), "--out", str(tmp_path / "again"))
     assert code == 0, out
     assert (tmp_path / "again" / "report.html").is_file()
@@ -127,9 +130,53 @@ def test_bad_input_fails_before_spark_starts(
     assert started == []
 
 
-def test_report_on_a_directory_without_rows(tmp_path: Path) -> None:
+TINY = ("--scenarios", "1", "--steps", "2", "--assignors", "task:sticky")
+
+
+def test_a_failed_or_refused_run_keeps_the_old_one(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamassign.pipeline import spark as sp
+
+    run = tmp_path / "run"
+    code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(run))
+    assert code == 0, out
+    assert f"next: streamassign report {run}" in out
+    manifest = (run / "manifest" / "part-00000.json").read_text()
+    old_id = json.loads(manifest)["run_id"]
+
+    code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(run))
+    assert code != 0 and f"already holds a complete run ({old_id}); pass --overwrite" in out
+
+    def missing_module(*args: Any) -> Any:  # a task failing on the executors, as without faust
+        raise ModuleNotFoundError("No module named 'faust'")
+
+    monkeypatch.setattr(sp, "_simulate_partition", missing_module)
+    code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(run), "--overwrite")
+    assert code != 0
+    assert (
+        f"Error: simulating failed: ModuleNotFoundError: No module named 'faust'; the run in "
+        f"{run} kept"
+    ) in out
+    assert "Traceback" not in out
+    assert (run / "manifest" / "part-00000.json").read_text() == manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    monkeypatch.undo()
+
+    code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(run), "--overwrite")
+    assert code == 0, out
+    assert json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"] != old_id
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_report_on_an_incomplete_or_missing_run_says_so_in_one_line(tmp_path: Path) -> None:
+    code, out = invoke("report", str(tmp_path / "nowhere"))
+    assert code != 0 and "no such run directory" in out
+    (tmp_path / "rebalances").mkdir()
+    (tmp_path / "rebalances" / "part-0.parquet").write_bytes(b"")
     code, out = invoke("report", str(tmp_path))
-    assert code != 0 and "no simulation rows here" in out
+    assert code != 0 and "not a complete run (has rows but no manifest" in out
+    assert len(out.strip().splitlines()) == 1
 
 
 def test_bad_input_never_imports_spark(tmp_path: Path) -> None:
