@@ -23,11 +23,19 @@ from rich.table import Table
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
 from .errors import StreamAssignError
-from .grouper import PartitionGrouper
+from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
+
+#: Limits of ``plan`` and the pipeline (docs/pipeline.md): partitions per topic (Kafka's int32),
+#: tasks of one layout and clients of one group (past them one assignment takes seconds and
+#: memory grows with them; ``plan -p orders=2147483648`` would build 2**31 tasks).
+_MAX_PARTITIONS = 2**31 - 1
+_MAX_TASKS = 100_000
+_MAX_CLIENTS = 100_000
+_PARTITIONS = "'--partitions'"
 
 _CLIENT_KEYS = ("process_id", "capacity", "prev_active", "prev_standby", "lags", "rack", "tags")
 
@@ -77,7 +85,15 @@ def parse_partitions(values: Sequence[str]) -> dict[str, int]:
         for item in filter(None, (v.strip() for v in value.split(","))):
             topic, sep, count = item.rpartition("=")
             if not sep or not topic or not count.isdigit() or int(count) < 1:
-                raise click.BadParameter(f"expected TOPIC=COUNT with COUNT >= 1, got {item!r}")
+                raise click.BadParameter(
+                    f"expected TOPIC=COUNT with COUNT >= 1, got {item!r}", param_hint=_PARTITIONS
+                )
+            if int(count) > _MAX_PARTITIONS:
+                raise click.BadParameter(
+                    f"{item!r}: at most {_MAX_PARTITIONS:,} partitions (2**31 - 1: Kafka's "
+                    "partition numbers are 32-bit)",
+                    param_hint=_PARTITIONS,
+                )
             counts[topic] = int(count)
     return counts
 
@@ -109,6 +125,20 @@ def _check_partition_topics(topology: Topology, counts: Mapping[str, int]) -> No
         f"{', '.join(sorted(externals))}",
         param_hint="'--partitions'",
     )
+
+
+def _check_task_count(topology: Topology, counts: Mapping[str, int]) -> None:
+    """Refuse more than ``_MAX_TASKS`` tasks before the grouper builds them one by one."""
+    resolved = resolve_partition_counts(topology, counts)
+    tasks = sum(
+        max((resolved.get(t, 0) for t in sub.source_topics), default=0)
+        for sub in topology.subtopologies
+    )
+    if tasks > _MAX_TASKS:
+        raise click.ClickException(
+            f"{topology.name or 'the topology'} has {tasks:,} tasks with these partition counts: "
+            f"the limit is {_MAX_TASKS:,} (one assignment of 50,000 tasks takes about 3 s)"
+        )
 
 
 def _task_list(tasks: Sequence[TaskId], limit: int = 12) -> str:
@@ -243,11 +273,22 @@ def plan(
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _check_partition_topics(loaded.topology, overrides)
+    if num_clients is not None and num_clients > _MAX_CLIENTS:
+        raise click.BadParameter(
+            f"{num_clients:,} clients: the limit is {_MAX_CLIENTS:,} (an assignment to 100,000 "
+            "clients takes about 3 s)",
+            param_hint="'--num-clients'",
+        )
     try:
         counts = {**loaded.partitions, **overrides}
+        _check_task_count(loaded.topology, counts)
         tasks = PartitionGrouper().group(loaded.topology, counts)
         if clients_file is not None:
             clients = load_clients(clients_file)
+            if len(clients) > _MAX_CLIENTS:
+                raise click.ClickException(
+                    f"{clients_file}: {len(clients):,} clients, the limit is {_MAX_CLIENTS:,}"
+                )
         else:
             assert num_clients is not None
             clients = [ClientState(f"client-{k}", capacity=threads) for k in range(num_clients)]
@@ -463,6 +504,21 @@ def _with_options(options: Sequence[Callable[[Any], Any]]) -> Callable[[_F], _F]
     return wrap
 
 
+def _preflight(master: str | None, workload: Any = None, model: Any = None) -> None:
+    """What would otherwise fail inside or after the JVM start, as one line, before it:
+    sizes past the limits, a bad or unreachable master, no usable Java."""
+    from .pipeline import preflight
+
+    try:
+        if workload is not None:
+            preflight.check_size(workload, model)
+        preflight.check_master(master)
+        if preflight.jvm_will_start():
+            preflight.check_java()
+    except StreamAssignError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     from .pipeline.scenarios import Workload
 
@@ -550,6 +606,7 @@ def simulate(
     run_dir = _run_dir(out, workload.name)
     if not _is_remote(run_dir):
         _refuse_existing(LocalFiles(), run_dir, overwrite)
+    _preflight(master, workload, model)
     for note in chosen.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(
@@ -693,6 +750,7 @@ def report(run_dir: str, out: Path | None, master: str | None) -> None:
             check_run(LocalFiles(), run_dir)
         except StreamAssignError as exc:
             raise click.ClickException(str(exc)) from exc
+    _preflight(master)
     from .pipeline import spark as sp
 
     with _one_line_failures("writing the report"), sp.spark_session(master) as session:
@@ -797,6 +855,7 @@ def plan_standbys(
         )
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    _preflight(master, job.workload, job.model)
     from .pipeline import spark as sp
     from .pipeline.progress import run_tracked, stderr_console
 
