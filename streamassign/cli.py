@@ -434,6 +434,20 @@ def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
         )
 
 
+@contextlib.contextmanager
+def _session(master: str | None, ship: bool | None = False) -> Iterator[Any]:
+    """The command's Spark session (``spark.spark_session``), with a spinner while it starts:
+    a JVM start takes 10 s or more."""
+    from .pipeline import spark as sp
+    from .pipeline.progress import plain_step, stderr_console
+
+    with contextlib.ExitStack() as stack:
+        label = master or "local[*] unless spark-submit gave one"
+        with plain_step(f"starting Spark ({label})", stderr_console()):
+            session = stack.enter_context(sp.spark_session(master, ship=ship))
+        yield session
+
+
 def _spark_failure(exc: BaseException) -> str:
     """One line out of a Spark/Py4J failure: the innermost Python or Java exception line."""
     import re
@@ -613,13 +627,12 @@ def simulate(
         f"simulating {scenarios} scenarios of {workload.name} x {len(job.assignors)} assignors "
         f"({', '.join(job.assignors)}), up to {job.rebalances:,} rebalances"
     )
-    from .pipeline import spark as sp
 
     run_id = new_run_id()
     kept = f"{run_dir} left as it was" if not overwrite else f"the run in {run_dir} kept"
     with (
         _one_line_failures("simulating", kept),
-        sp.spark_session(master, ship=ship_code) as session,
+        _session(master, ship_code) as session,
     ):
         actual_master = session.sparkContext.master
         manifest = _manifest(topology_file, job, chosen.notes, actual_master)
@@ -662,11 +675,13 @@ def _write_run(
     staging = staging_path(run_dir, run_id)
     start = time.perf_counter()
     try:
+        made = session.sparkContext.accumulator(0)
         rows = run_tracked(
             session,
             "simulating",
             stderr_console(),
-            lambda: sp.run_simulation(session, job, staging, manifest, run_id),
+            lambda: sp.run_simulation(session, job, staging, manifest, run_id, made),
+            detail=lambda: f"{made.value:,} rebalances",
         )
         publish(files, staging, run_dir, run_id)
     except BaseException:
@@ -751,9 +766,8 @@ def report(run_dir: str, out: Path | None, master: str | None) -> None:
         except StreamAssignError as exc:
             raise click.ClickException(str(exc)) from exc
     _preflight(master)
-    from .pipeline import spark as sp
 
-    with _one_line_failures("writing the report"), sp.spark_session(master) as session:
+    with _one_line_failures("writing the report"), _session(master) as session:
         if _is_remote(run_dir):
             try:
                 check_run(files_for(run_dir, session), run_dir)
@@ -861,7 +875,7 @@ def plan_standbys(
 
     with (
         _one_line_failures("planning standbys"),
-        sp.spark_session(master, ship=ship_code) as session,
+        _session(master, ship_code) as session,
     ):
         totals = run_tracked(
             session,
@@ -913,9 +927,10 @@ def plan_standbys(
     console = Console()
     console.print(table)
     console.print(f"recommended: {why}")
+    # Plain lines (not rich's, which wrap at the log's width): paths and commands to copy.
     if out is not None:
-        console.print(f"written: {out / 'plan.csv'}, {out / 'plan.json'}")
-    console.print(
+        click.echo(f"written: {out / 'plan.csv'}, {out / 'plan.json'}")
+    click.echo(
         f"next: streamassign simulate {topology_file} --standbys {best['standbys']} "
         "--assignors task:sticky,task:ha --report  (the rebalances under this plan)"
     )

@@ -8,7 +8,8 @@ explicit schema. There is no driver-side loop over scenarios.
 
 Sessions: :func:`start_session` uses ``--master`` when given, the master of ``spark-submit`` when
 launched by it, else ``local[*]``; the UI and console progress are off, logging is at WARN, and
-local mode uses few shuffle partitions so that small jobs start fast.
+local mode uses few shuffle partitions so that small jobs start fast, and this interpreter for
+its Python workers (unless ``PYSPARK_PYTHON`` is set).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import atexit
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -107,6 +109,9 @@ def start_session(master: str | None = None, app_name: str = "streamassign") -> 
     local = (chosen or "").startswith("local")
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python workers run this interpreter (its venv and packages), not the first python3
+        # on the PATH, unless the user chose one. Read by the SparkContext at its start.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         cores = str(_local_cores(chosen or "local[*]"))
         builder = builder.config("spark.sql.shuffle.partitions", cores).config(
             "spark.default.parallelism", cores
@@ -179,16 +184,22 @@ def _slices(spark: Any, items: int) -> int:
 
 
 def run_simulation(
-    spark: Any, job: SimulationJob, out: str, manifest: dict[str, Any], run_id: str = "run"
+    spark: Any,
+    job: SimulationJob,
+    out: str,
+    manifest: dict[str, Any],
+    run_id: str = "run",
+    counter: Any = None,
 ) -> int:
     """Simulate every scenario of ``job`` on the executors; write ``out/rebalances`` (Parquet,
     partitioned by assignor, with ``run_id`` and ``seed`` columns) and then, last,
     ``out/manifest`` (one JSON line). ``out`` must not hold rows yet: callers write into a
-    fresh folder and publish it (``runs.publish``). Returns the number of rows written."""
+    fresh folder and publish it (``runs.publish``). ``counter``: a fresh int accumulator to
+    count rows in (progress can read it as tasks finish). Returns the number of rows written."""
     from pyspark.sql import functions as F
 
     sc = spark.sparkContext
-    counter = sc.accumulator(0)
+    counter = sc.accumulator(0) if counter is None else counter
     rdd = sc.parallelize(range(job.scenarios), _slices(spark, job.scenarios)).mapPartitions(
         partial(_simulate_partition, job, counter)
     )

@@ -72,9 +72,12 @@ def test_plan_standbys_prints_a_recommendation(spark: Any, tmp_path: Path) -> No
         str(tmp_path),
         "--param",
         "crash_per_client_hour=0.5",
+        "--ship-code",  # as on a cluster: the code bundle is added to the job
     )
     assert code == 0, out
     assert "recommended: " in out
+    assert "evaluating standby candidates" in out and "Spark tasks" in out
+    assert f"next: streamassign simulate {ORDERS} --standbys " in out
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert len(plan["candidates"]) == 4
     assert "num_standby_replicas=" in plan["why"]

@@ -224,3 +224,46 @@ def test_progress_shows_tasks_and_ctrl_c_cancels_the_jobs(spark: Any) -> None:
     # The running tasks were interrupted: the executors are free for the next job at once.
     assert sc.parallelize(range(4), 2).sum() == 6
     assert time.monotonic() - started < 18
+
+
+def test_local_mode_workers_run_this_interpreter(spark: Any) -> None:
+    """Not the first python3 on the PATH: a venv's packages are there without activating it."""
+    import sys
+
+    def executable(_: int) -> str:
+        import sys
+
+        return sys.executable
+
+    assert spark.sparkContext.parallelize([0], 1).map(executable).collect() == [sys.executable]
+
+
+def test_hadoop_files_publish_and_check_runs_like_local_ones(spark: Any, tmp_path: Path) -> None:
+    """The remote path (hdfs://, s3a://) through Hadoop's FileSystem, here on file:// URIs."""
+    from streamassign.pipeline import PipelineError
+    from streamassign.pipeline.runs import (
+        HadoopFiles,
+        check_run,
+        describe_existing,
+        publish,
+        write_manifest,
+    )
+
+    files = HadoopFiles(spark)
+    final = tmp_path.as_uri() + "/run"
+    for run_id in ("old", "new"):
+        staging = f"{tmp_path.as_uri()}/.run.partial-{run_id}"
+        part = tmp_path / f".run.partial-{run_id}" / "rebalances" / "assignor=x"
+        part.mkdir(parents=True)
+        (part / "part-0.parquet").write_bytes(b"PAR1")
+        with pytest.raises(PipelineError, match="has rows but no manifest"):
+            check_run(files, staging)
+        write_manifest(files, staging, {"run_id": run_id, "rows": 1})
+        publish(files, staging, final, run_id)
+        assert check_run(files, final)["run_id"] == run_id
+    assert describe_existing(files, final) == f"{final} already holds a complete run (new)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    manifest = tmp_path / "run" / "manifest"
+    assert [p.name for p in manifest.iterdir() if not p.name.endswith(".crc")] == [
+        "part-00000.json"
+    ]
