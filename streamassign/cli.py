@@ -424,10 +424,17 @@ def _run_dir(out: str | None, name: str) -> str:
 
 def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
     """A run is replaced only with ``--overwrite`` (and then only once the new one is done)."""
-    from .pipeline.runs import describe_existing
+    from .pipeline.runs import MANIFEST, MANIFEST_FILE, describe_existing, replaceable
 
     what = describe_existing(files, run_dir)
-    if what is not None and not overwrite:
+    if what is None:
+        return
+    if not replaceable(files, run_dir, f"{MANIFEST}/{MANIFEST_FILE}"):
+        raise click.ClickException(
+            f"{what} (no manifest): not replacing it, even with --overwrite; remove it yourself "
+            "or give another --out"
+        )
+    if not overwrite:
         raise click.ClickException(
             f"{what}; pass --overwrite to replace it once the new run is complete, or --out "
             "for another folder"
@@ -618,9 +625,9 @@ def simulate(
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     run_dir = _run_dir(out, workload.name)
+    _preflight(master, workload, model)
     if not _is_remote(run_dir):
         _refuse_existing(LocalFiles(), run_dir, overwrite)
-    _preflight(master, workload, model)
     for note in chosen.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(
@@ -724,7 +731,7 @@ def _render(session: Any, run_dir: str, out: Path | None) -> Path:
     from .pipeline import spark as sp
     from .pipeline.progress import plain_step, run_tracked, stderr_console
     from .pipeline.report import render_report
-    from .pipeline.runs import LocalFiles, new_run_id, publish, staging_path
+    from .pipeline.runs import LocalFiles, new_run_id, publish, replaceable, staging_path
 
     if out is None:
         if _is_remote(run_dir):
@@ -733,6 +740,11 @@ def _render(session: Any, run_dir: str, out: Path | None) -> Path:
             )
         out = Path(run_dir) / "report"
     out = out.resolve()
+    if not replaceable(LocalFiles(), str(out), "report.html"):
+        raise click.ClickException(
+            f"{out} exists and holds no report.html: not replacing it; give an empty or new "
+            "folder as --out"
+        )
     console = stderr_console()
     data = run_tracked(session, "aggregating", console, lambda: sp.aggregate(session, run_dir))
     files, report_id = LocalFiles(), new_run_id()

@@ -37,6 +37,7 @@ __all__ = [
     "is_remote",
     "new_run_id",
     "publish",
+    "replaceable",
     "staging_path",
     "write_manifest",
 ]
@@ -241,6 +242,15 @@ def describe_existing(files: Files, final: str) -> str | None:
         return f"{final} exists and is not a complete run"
     label = manifest.get("run_id") or manifest.get("created") or "an earlier run"
     return f"{final} already holds a complete run ({label})"
+
+
+def replaceable(files: Files, final: str, marker: str) -> bool:
+    """Whether ``--overwrite`` may replace ``final``: it is free, or it holds ``marker`` (a
+    run's manifest, a report's page). Anything else (a home directory given as ``--out`` by
+    mistake, a folder without a manifest) is never moved aside and deleted."""
+    if not files.exists(final) or files.is_empty_dir(final):
+        return True
+    return files.read_text(f"{final.rstrip('/')}/{marker}") is not None
 
 
 def publish(files: Files, staging: str, final: str, run_id: str) -> None:

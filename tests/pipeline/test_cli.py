@@ -172,6 +172,13 @@ def test_a_failed_or_refused_run_keeps_the_old_one(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
+def test_overwrite_never_replaces_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
+    (tmp_path / "mine.txt").write_text("precious")
+    code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(tmp_path), "--overwrite")
+    assert code != 0 and "not replacing it, even with --overwrite" in out
+    assert (tmp_path / "mine.txt").read_text() == "precious"
+
+
 def test_report_on_an_incomplete_or_missing_run_says_so_in_one_line(tmp_path: Path) -> None:
     code, out = invoke("report", str(tmp_path / "nowhere"))
     assert code != 0 and "no such run directory" in out

@@ -15,6 +15,7 @@ from streamassign.pipeline.runs import (
     describe_existing,
     new_run_id,
     publish,
+    replaceable,
     staging_path,
     write_manifest,
 )
@@ -103,3 +104,13 @@ def test_an_empty_folder_is_free_to_write(tmp_path: Path) -> None:
     assert describe_existing(LocalFiles(), str(tmp_path)) is None
     (tmp_path / "stray.txt").write_text("x")
     assert "is not a complete run" in (describe_existing(LocalFiles(), str(tmp_path)) or "")
+
+
+def test_only_runs_and_empty_folders_are_replaceable(tmp_path: Path) -> None:
+    marker = "manifest/part-00000.json"
+    assert replaceable(LocalFiles(), str(tmp_path / "new"), marker)
+    assert replaceable(LocalFiles(), str(tmp_path), marker)  # empty
+    (tmp_path / "notes.txt").write_text("mine")
+    assert not replaceable(LocalFiles(), str(tmp_path), marker)
+    make_run(tmp_path / "run", "r")
+    assert replaceable(LocalFiles(), str(tmp_path / "run"), marker)
