@@ -172,6 +172,22 @@ def test_a_failed_or_refused_run_keeps_the_old_one(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
+def test_ctrl_c_exits_130_in_one_line(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import streamassign.cli as cli
+
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_write_run", interrupted)
+    result = CliRunner().invoke(main, ["simulate", str(ORDERS), *TINY, "--out", str(tmp_path)])
+    assert result.exit_code == 130
+    assert (
+        result.output.splitlines()[-1] == f"interrupted while simulating; {tmp_path} left as it was"
+    )
+
+
 def test_overwrite_never_replaces_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
     (tmp_path / "mine.txt").write_text("precious")
     code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(tmp_path), "--overwrite")
