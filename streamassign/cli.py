@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -449,10 +450,14 @@ def _session(master: str | None, ship: bool | None = False) -> Iterator[Any]:
     from .pipeline.progress import plain_step, stderr_console
 
     with contextlib.ExitStack() as stack:
-        label = master or "local[*] unless spark-submit gave one"
+        label = master or ("spark-submit's master" if _under_spark_submit() else "local[*]")
         with plain_step(f"starting Spark ({label})", stderr_console()):
             session = stack.enter_context(sp.spark_session(master, ship=ship))
         yield session
+
+
+def _under_spark_submit() -> bool:
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 def _spark_failure(exc: BaseException) -> str:
@@ -461,8 +466,11 @@ def _spark_failure(exc: BaseException) -> str:
 
     text = str(exc)
     python = re.findall(r"^(\w*(?:Error|Exception)\b.*)$", text, re.MULTILINE)
-    if python:
-        return str(python[-1]).strip()
+    if python:  # the innermost Python error of a task (Python traces end with it)
+        return str(python[-1]).strip()[:300]
+    java = re.search(r"(?:\w+\.)+(\w*(?:Exception|Error)): (.*)", text)
+    if java:  # the outermost Java exception: its class and message
+        return f"{java.group(1)}: {java.group(2).strip()}"[:300]
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return first[:300]
 

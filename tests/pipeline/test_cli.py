@@ -248,3 +248,20 @@ def test_importing_the_pipeline_imports_neither_spark_nor_matplotlib() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "False False"
+
+
+def test_spark_failures_are_summed_up_in_one_line() -> None:
+    from streamassign.cli import _spark_failure
+
+    python = (
+        "An error occurred while calling o76.parquet.\n: org.apache.spark.SparkException: Job "
+        "aborted\nTraceback (most recent call last):\n  File x\nModuleNotFoundError: No module "
+        "named 'attrs'\n\tat org.apache.spark.api.python.BasePythonRunner"
+    )
+    assert _spark_failure(RuntimeError(python)) == "ModuleNotFoundError: No module named 'attrs'"
+    java = (
+        "An error occurred while calling o1.x.\n: java.lang.OutOfMemoryError: Java heap space\n"
+        "\tat org.apache.spark.Foo"
+    )
+    assert _spark_failure(RuntimeError(java)) == "OutOfMemoryError: Java heap space"
+    assert _spark_failure(RuntimeError("plain")) == "plain"
