@@ -30,12 +30,6 @@ from .sticky import StickyTaskAssignor
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
 
-#: Limits of ``plan`` and the pipeline (docs/pipeline.md): partitions per topic (Kafka's int32),
-#: tasks of one layout and clients of one group (past them one assignment takes seconds and
-#: memory grows with them; ``plan -p orders=2147483648`` would build 2**31 tasks).
-_MAX_PARTITIONS = 2**31 - 1
-_MAX_TASKS = 100_000
-_MAX_CLIENTS = 100_000
 _PARTITIONS = "'--partitions'"
 
 _CLIENT_KEYS = ("process_id", "capacity", "prev_active", "prev_standby", "lags", "rack", "tags")
@@ -80,7 +74,10 @@ def load_clients(path: str | Path) -> list[ClientState]:
 
 
 def parse_partitions(values: Sequence[str]) -> dict[str, int]:
-    """``["orders=12", "customers=12"]`` -> counts; a clear error for any other form."""
+    """``["orders=12", "customers=12"]`` -> counts; a clear error for any other form, or for a
+    count past Kafka's (``preflight.MAX_PARTITIONS``)."""
+    from .pipeline.preflight import MAX_PARTITIONS
+
     counts: dict[str, int] = {}
     for value in values:
         for item in filter(None, (v.strip() for v in value.split(","))):
@@ -89,9 +86,9 @@ def parse_partitions(values: Sequence[str]) -> dict[str, int]:
                 raise click.BadParameter(
                     f"expected TOPIC=COUNT with COUNT >= 1, got {item!r}", param_hint=_PARTITIONS
                 )
-            if int(count) > _MAX_PARTITIONS:
+            if int(count) > MAX_PARTITIONS:
                 raise click.BadParameter(
-                    f"{item!r}: at most {_MAX_PARTITIONS:,} partitions (2**31 - 1: Kafka's "
+                    f"{item!r}: at most {MAX_PARTITIONS:,} partitions (2**31 - 1: Kafka's "
                     "partition numbers are 32-bit)",
                     param_hint=_PARTITIONS,
                 )
@@ -129,16 +126,19 @@ def _check_partition_topics(topology: Topology, counts: Mapping[str, int]) -> No
 
 
 def _check_task_count(topology: Topology, counts: Mapping[str, int]) -> None:
-    """Refuse more than ``_MAX_TASKS`` tasks before the grouper builds them one by one."""
+    """Refuse more than ``preflight.MAX_TASKS`` tasks before the grouper builds them one by
+    one (``plan -p orders=2147483647`` would build 2**31 of them)."""
+    from .pipeline.preflight import MAX_TASKS
+
     resolved = resolve_partition_counts(topology, counts)
     tasks = sum(
         max((resolved.get(t, 0) for t in sub.source_topics), default=0)
         for sub in topology.subtopologies
     )
-    if tasks > _MAX_TASKS:
+    if tasks > MAX_TASKS:
         raise click.ClickException(
             f"{topology.name or 'the topology'} has {tasks:,} tasks with these partition counts: "
-            f"the limit is {_MAX_TASKS:,} (one assignment of 50,000 tasks takes about 3 s)"
+            f"the limit is {MAX_TASKS:,} (one assignment of 50,000 tasks takes about 3 s)"
         )
 
 
@@ -274,9 +274,11 @@ def plan(
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _check_partition_topics(loaded.topology, overrides)
-    if num_clients is not None and num_clients > _MAX_CLIENTS:
+    from .pipeline.preflight import MAX_CLIENTS
+
+    if num_clients is not None and num_clients > MAX_CLIENTS:
         raise click.BadParameter(
-            f"{num_clients:,} clients: the limit is {_MAX_CLIENTS:,} (an assignment to 100,000 "
+            f"{num_clients:,} clients: the limit is {MAX_CLIENTS:,} (an assignment to 100,000 "
             "clients takes about 3 s)",
             param_hint="'--num-clients'",
         )
@@ -286,9 +288,9 @@ def plan(
         tasks = PartitionGrouper().group(loaded.topology, counts)
         if clients_file is not None:
             clients = load_clients(clients_file)
-            if len(clients) > _MAX_CLIENTS:
+            if len(clients) > MAX_CLIENTS:
                 raise click.ClickException(
-                    f"{clients_file}: {len(clients):,} clients, the limit is {_MAX_CLIENTS:,}"
+                    f"{clients_file}: {len(clients):,} clients, the limit is {MAX_CLIENTS:,}"
                 )
         else:
             assert num_clients is not None
