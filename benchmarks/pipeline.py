@@ -95,6 +95,7 @@ def on_spark(
     master: str, jobs: list[SimulationJob], out: Path
 ) -> tuple[float, list[tuple[int, float]]]:
     """Session start seconds, then (rows, seconds) of each job, on a fresh session."""
+    out = Path(tempfile.mkdtemp(prefix="session-", dir=out))  # a run folder is written once
     start = time.perf_counter()
     session = sp.start_session(master, "streamassign-benchmark")
     started = time.perf_counter() - start

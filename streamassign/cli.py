@@ -8,9 +8,11 @@ pipeline commands validate every input, then hand over to ``streamassign.pipelin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,11 +33,13 @@ from .explain import (
     views_from_clients,
 )
 from .files import load_toml
-from .grouper import PartitionGrouper
+from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
+
+_PARTITIONS = "'--partitions'"
 
 _CLIENT_KEYS = ("process_id", "capacity", "prev_active", "prev_standby", "lags", "rack", "tags")
 
@@ -80,13 +84,24 @@ def _client(table: object, label: str) -> ClientState:
 
 
 def parse_partitions(values: Sequence[str]) -> dict[str, int]:
-    """``["orders=12", "customers=12"]`` -> counts; a clear error for any other form."""
+    """``["orders=12", "customers=12"]`` -> counts; a clear error for any other form, or for a
+    count past Kafka's (``preflight.MAX_PARTITIONS``)."""
+    from .pipeline.preflight import MAX_PARTITIONS
+
     counts: dict[str, int] = {}
     for value in values:
         for item in filter(None, (v.strip() for v in value.split(","))):
             topic, sep, count = item.rpartition("=")
             if not sep or not topic or not count.isdigit() or int(count) < 1:
-                raise click.BadParameter(f"expected TOPIC=COUNT with COUNT >= 1, got {item!r}")
+                raise click.BadParameter(
+                    f"expected TOPIC=COUNT with COUNT >= 1, got {item!r}", param_hint=_PARTITIONS
+                )
+            if int(count) > MAX_PARTITIONS:
+                raise click.BadParameter(
+                    f"{item!r}: at most {MAX_PARTITIONS:,} partitions (2**31 - 1: Kafka's "
+                    "partition numbers are 32-bit)",
+                    param_hint=_PARTITIONS,
+                )
             counts[topic] = int(count)
     return counts
 
@@ -118,6 +133,23 @@ def _check_partition_topics(topology: Topology, counts: Mapping[str, int]) -> No
         f"{', '.join(sorted(externals))}",
         param_hint="'--partitions'",
     )
+
+
+def _check_task_count(topology: Topology, counts: Mapping[str, int]) -> None:
+    """Refuse more than ``preflight.MAX_TASKS`` tasks before the grouper builds them one by
+    one (``plan -p orders=2147483647`` would build 2**31 of them)."""
+    from .pipeline.preflight import MAX_TASKS
+
+    resolved = resolve_partition_counts(topology, counts)
+    tasks = sum(
+        max((resolved.get(t, 0) for t in sub.source_topics), default=0)
+        for sub in topology.subtopologies
+    )
+    if tasks > MAX_TASKS:
+        raise click.ClickException(
+            f"{topology.name or 'the topology'} has {tasks:,} tasks with these partition counts: "
+            f"the limit is {MAX_TASKS:,} (one assignment of 50,000 tasks takes about 3 s)"
+        )
 
 
 def _task_list(tasks: Sequence[TaskId], limit: int = 12) -> str:
@@ -196,6 +228,12 @@ def _acceptable_lag_option(help: str) -> Callable[[_F], _F]:
     return _shown("--acceptable-lag", kind=click.IntRange(min=0), default=10_000, help=help)
 
 
+_ship_code_option = click.option(
+    "--ship-code/--no-ship-code",
+    default=None,
+    help="Zip streamassign+attrs onto the executors (default: on for non-local masters).",
+)
+
 _master_option = click.option(
     "--master",
     default=None,
@@ -250,11 +288,24 @@ def plan(
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _check_partition_topics(loaded.topology, overrides)
+    from .pipeline.preflight import MAX_CLIENTS
+
+    if num_clients is not None and num_clients > MAX_CLIENTS:
+        raise click.BadParameter(
+            f"{num_clients:,} clients: the limit is {MAX_CLIENTS:,} (an assignment to 100,000 "
+            "clients takes about 3 s)",
+            param_hint="'--num-clients'",
+        )
     try:
         counts = {**loaded.partitions, **overrides}
+        _check_task_count(loaded.topology, counts)
         tasks = PartitionGrouper().group(loaded.topology, counts)
         if clients_file is not None:
             clients = load_clients(clients_file)
+            if len(clients) > MAX_CLIENTS:
+                raise click.ClickException(
+                    f"{clients_file}: {len(clients):,} clients, the limit is {MAX_CLIENTS:,}"
+                )
         else:
             assert num_clients is not None
             clients = [ClientState(f"client-{k}", capacity=threads) for k in range(num_clients)]
@@ -786,13 +837,92 @@ def _model(model_file: Path | None, params: Sequence[str], steps: int | None) ->
 
 
 def _is_remote(path: str) -> bool:
-    return "://" in path and not path.startswith("file:")
+    from .pipeline.runs import is_remote
+
+    return is_remote(path)
 
 
 def _run_dir(out: str | None, name: str) -> str:
+    """The run directory: a Hadoop URI as given, a local path (or ``file:`` URI) absolute."""
     if out is None:
         out = str(Path("streamassign-runs") / (name or "topology"))
-    return out if _is_remote(out) else str(Path(out).resolve())
+    if _is_remote(out):
+        return out.rstrip("/")
+    return str(Path(out.removeprefix("file://").removeprefix("file:")).resolve())
+
+
+def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
+    """A run is replaced only with ``--overwrite`` (and then only once the new one is done)."""
+    from .pipeline.runs import MANIFEST, MANIFEST_FILE, describe_existing, replaceable
+
+    what = describe_existing(files, run_dir)
+    if what is None:
+        return
+    if not replaceable(files, run_dir, f"{MANIFEST}/{MANIFEST_FILE}"):
+        raise click.ClickException(
+            f"{what} (no manifest): not replacing it, even with --overwrite; remove it yourself "
+            "or give another --out"
+        )
+    if not overwrite:
+        raise click.ClickException(
+            f"{what}; pass --overwrite to replace it once the new run is complete, or --out "
+            "for another folder"
+        )
+
+
+@contextlib.contextmanager
+def _session(master: str | None, ship: bool | None = False) -> Iterator[Any]:
+    """The command's Spark session (``spark.spark_session``), with a spinner while it starts:
+    a JVM start takes 10 s or more."""
+    from .pipeline import spark as sp
+    from .pipeline.progress import plain_step, stderr_console
+
+    with contextlib.ExitStack() as stack:
+        label = master or ("spark-submit's master" if _under_spark_submit() else "local[*]")
+        with plain_step(f"starting Spark ({label})", stderr_console()):
+            session = stack.enter_context(sp.spark_session(master, ship=ship))
+        yield session
+
+
+def _under_spark_submit() -> bool:
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _spark_failure(exc: BaseException) -> str:
+    """One line out of a Spark/Py4J failure: the innermost Python or Java exception line."""
+    import re
+
+    text = str(exc)
+    python = re.findall(r"^(\w*(?:Error|Exception)\b.*)$", text, re.MULTILINE)
+    if python:  # the innermost Python error of a task (Python traces end with it)
+        return str(python[-1]).strip()[:300]
+    java = re.search(r"(?:\w+\.)+(\w*(?:Exception|Error)): (.*)", text)
+    if java:  # the outermost Java exception: its class and message
+        return f"{java.group(1)}: {java.group(2).strip()}"[:300]
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first[:300]
+
+
+@contextlib.contextmanager
+def _one_line_failures(doing: str, kept: str | None = None) -> Iterator[None]:
+    """Spark failures and Ctrl-C as one line (what failed, what was kept), not a trace."""
+    tail = f"; {kept}" if kept else ""
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo(f"interrupted while {doing}{tail}", err=True)
+        raise SystemExit(130) from None
+    except (click.ClickException, StreamAssignError, SystemExit):
+        raise
+    except Exception as exc:
+        if not _from_spark(exc):
+            raise
+        raise click.ClickException(f"{doing} failed: {_spark_failure(exc)}{tail}") from exc
+
+
+def _from_spark(exc: BaseException) -> bool:
+    module = type(exc).__module__
+    return module.startswith(("py4j", "pyspark")) or isinstance(exc, ConnectionError)
 
 
 _model_options = [
@@ -831,6 +961,21 @@ def _with_options(options: Sequence[Callable[[Any], Any]]) -> Callable[[_F], _F]
     return wrap
 
 
+def _preflight(master: str | None, workload: Any = None, model: Any = None) -> None:
+    """What would otherwise fail inside or after the JVM start, as one line, before it:
+    sizes past the limits, a bad or unreachable master, no usable Java."""
+    from .pipeline import preflight
+
+    try:
+        if workload is not None:
+            preflight.check_size(workload, model)
+        preflight.check_master(master)
+        if preflight.jvm_will_start():
+            preflight.check_java()
+    except StreamAssignError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     from .pipeline.scenarios import Workload
 
@@ -859,16 +1004,17 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     help="Run directory (local or a Hadoop URI); default streamassign-runs/<topology>.",
 )
 @click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the run already in DIR (only once the new run is complete).",
+)
+@click.option(
     "--report/--no-report",
     "with_report",
     default=False,
     help="Also write the HTML report (DIR/report) from the same Spark session.",
 )
-@click.option(
-    "--ship-code/--no-ship-code",
-    default=None,
-    help="Zip streamassign+attrs onto the executors (default: on for non-local masters).",
-)
+@_ship_code_option
 @_with_options(_model_options)
 def simulate(
     topology_file: Path,
@@ -877,6 +1023,7 @@ def simulate(
     standbys: int,
     acceptable_lag: int,
     out: str | None,
+    overwrite: bool,
     with_report: bool,
     ship_code: bool | None,
     model_file: Path | None,
@@ -886,11 +1033,13 @@ def simulate(
     seed: int,
     master: str | None,
 ) -> None:
-    """Simulate churn traces of TOPOLOGY_FILE through assignors on Spark; write Parquet rows."""
-    import tempfile
-    import time
+    """Simulate churn traces of TOPOLOGY_FILE through assignors on Spark; write Parquet rows.
 
+    The run is written next to DIR and moved into place only when complete; a run already in
+    DIR is kept unless --overwrite is given (and then replaced only by a complete run).
+    """
     from .pipeline.assignors import resolve
+    from .pipeline.runs import LocalFiles, new_run_id
     from .pipeline.simulate import SimulationJob
 
     _require("pyspark", "streamassign simulate")
@@ -912,29 +1061,76 @@ def simulate(
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     run_dir = _run_dir(out, workload.name)
+    _preflight(master, workload, model)
+    if not _is_remote(run_dir):
+        _refuse_existing(LocalFiles(), run_dir, overwrite)
     for note in chosen.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(
         f"simulating {scenarios} scenarios of {workload.name} x {len(job.assignors)} assignors "
         f"({', '.join(job.assignors)}), up to {job.rebalances:,} rebalances"
     )
-    from .pipeline import spark as sp
 
-    start = time.perf_counter()
-    with sp.spark_session(master) as session:
+    run_id = new_run_id()
+    kept = f"{run_dir} left as it was" if not overwrite else f"the run in {run_dir} kept"
+    with (
+        _one_line_failures("simulating", kept),
+        _session(master, ship_code) as session,
+    ):
         actual_master = session.sparkContext.master
-        if ship_code or (ship_code is None and not actual_master.startswith("local")):
-            sp.ship_code(session, Path(tempfile.mkdtemp(prefix="streamassign-code-")))
         manifest = _manifest(topology_file, job, chosen.notes, actual_master)
-        rows = sp.run_simulation(session, job, run_dir, manifest)
-        elapsed = time.perf_counter() - start
+        rows, elapsed = _write_run(session, job, run_dir, manifest, run_id, overwrite)
         click.echo(
-            f"{rows:,} rebalances in {elapsed:.1f} s ({rows / elapsed:,.0f}/s) on "
-            f"{actual_master}: {run_dir}/{sp.REBALANCES}"
+            f"{rows:,} rebalances in {elapsed:.1f} s ({rows / elapsed:,.0f}/s, session start-up "
+            f"excluded) on {actual_master}: run {run_id} in {run_dir}"
         )
+        page = None
         if with_report:
-            page = _render(session, run_dir, None)
-            click.echo(f"report: {page}")
+            with _one_line_failures("writing the report", f"run {run_id} is complete"):
+                page = _render(session, run_dir, None)
+    if page is not None:
+        click.echo(f"report: {page}")
+        click.echo(f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md")
+    else:
+        click.echo(f"next: streamassign report {run_dir}")
+
+
+def _write_run(
+    session: Any,
+    job: Any,
+    run_dir: str,
+    manifest: dict[str, Any],
+    run_id: str,
+    overwrite: bool,
+) -> tuple[int, float]:
+    """Simulate into a hidden sibling of ``run_dir``, then publish it there; on any failure
+    (Ctrl-C included) the sibling is deleted and ``run_dir`` is untouched. Returns the rows
+    written and the seconds taken (session start-up excluded)."""
+    import time
+
+    from .pipeline import spark as sp
+    from .pipeline.progress import run_tracked, stderr_console
+    from .pipeline.runs import files_for, publish, staging_path
+
+    files = files_for(run_dir, session)
+    if _is_remote(run_dir):
+        _refuse_existing(files, run_dir, overwrite)
+    staging = staging_path(run_dir, run_id)
+    start = time.perf_counter()
+    try:
+        made = session.sparkContext.accumulator(0)
+        rows = run_tracked(
+            session,
+            "simulating",
+            stderr_console(),
+            lambda: sp.run_simulation(session, job, staging, manifest, run_id, made),
+            detail=lambda: f"{made.value:,} rebalances",
+        )
+        publish(files, staging, run_dir, run_id)
+    except BaseException:
+        files.delete(staging)
+        raise
+    return rows, max(time.perf_counter() - start, 1e-9)
 
 
 def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) -> dict[str, Any]:
@@ -966,8 +1162,12 @@ def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) 
 
 
 def _render(session: Any, run_dir: str, out: Path | None) -> Path:
+    """Aggregate on Spark and write the report into a hidden sibling of ``out`` (default
+    ``run_dir/report``), moved into place when complete: a failure keeps the old report."""
     from .pipeline import spark as sp
+    from .pipeline.progress import plain_step, run_tracked, stderr_console
     from .pipeline.report import render_report
+    from .pipeline.runs import LocalFiles, new_run_id, publish, replaceable, staging_path
 
     if out is None:
         if _is_remote(run_dir):
@@ -975,7 +1175,24 @@ def _render(session: Any, run_dir: str, out: Path | None) -> Path:
                 f"{run_dir} is not a local directory: give --out for the report"
             )
         out = Path(run_dir) / "report"
-    return render_report(sp.aggregate(session, run_dir), out)
+    out = out.resolve()
+    if not replaceable(LocalFiles(), str(out), "report.html"):
+        raise click.ClickException(
+            f"{out} exists and holds no report.html: not replacing it; give an empty or new "
+            "folder as --out"
+        )
+    console = stderr_console()
+    data = run_tracked(session, "aggregating", console, lambda: sp.aggregate(session, run_dir))
+    files, report_id = LocalFiles(), new_run_id()
+    staging = staging_path(str(out), report_id)
+    try:
+        with plain_step("rendering the report", console):
+            render_report(data, staging)
+        publish(files, staging, str(out), report_id)
+    except BaseException:
+        files.delete(staging)
+        raise
+    return out / "report.html"
 
 
 @main.command()
@@ -984,23 +1201,29 @@ def _render(session: Any, run_dir: str, out: Path | None) -> Path:
 @_master_option
 def report(run_dir: str, out: Path | None, master: str | None) -> None:
     """Aggregate a simulation run in DIR with Spark; write an HTML report and CSV summaries."""
+    from .pipeline.runs import LocalFiles, check_run, files_for
+
     _require("pyspark", "streamassign report")
     _require("plotly", "streamassign report")
-    if not _is_remote(run_dir):
-        local = Path(run_dir)
-        if not (local / "rebalances").is_dir():
-            raise click.ClickException(
-                f"{run_dir}: no simulation rows here (expected {local / 'rebalances'}; run "
-                "streamassign simulate first)"
-            )
-        run_dir = str(local.resolve())
+    run_dir = _run_dir(run_dir, "")
     if out is None and _is_remote(run_dir):
         raise click.ClickException(f"{run_dir} is not a local directory: give --out")
-    from .pipeline import spark as sp
+    if not _is_remote(run_dir):
+        try:
+            check_run(LocalFiles(), run_dir)
+        except StreamAssignError as exc:
+            raise click.ClickException(str(exc)) from exc
+    _preflight(master)
 
-    with sp.spark_session(master) as session:
+    with _one_line_failures("writing the report"), _session(master) as session:
+        if _is_remote(run_dir):
+            try:
+                check_run(files_for(run_dir, session), run_dir)
+            except StreamAssignError as exc:
+                raise click.ClickException(str(exc)) from exc
         page = _render(session, run_dir, out)
     click.echo(f"report: {page}")
+    click.echo(f"next: open {page.as_uri()} in a browser")
 
 
 def _int_list(value: str, option: str) -> tuple[int, ...]:
@@ -1051,6 +1274,7 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 @_out_dir_option("Also write plan.csv and plan.json here.")
 @_json_option("a table")
 @_with_options(_model_options)
+@_ship_code_option
 def plan_standbys(
     topology_file: Path,
     scenarios: int,
@@ -1069,6 +1293,7 @@ def plan_standbys(
     partitions: tuple[str, ...],
     seed: int,
     master: str | None,
+    ship_code: bool | None,
 ) -> None:
     """Recommend num_standby_replicas and warmups for TOPOLOGY_FILE under a failure model."""
     from .pipeline.standbys import AvailabilityModel, PlanJob, recommend, summarize
@@ -1092,10 +1317,20 @@ def plan_standbys(
         )
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    _preflight(master, job.workload, job.model)
     from .pipeline import spark as sp
+    from .pipeline.progress import run_tracked, stderr_console
 
-    with sp.spark_session(master) as session:
-        totals = sp.run_plan(session, job)
+    with (
+        _one_line_failures("planning standbys"),
+        _session(master, ship_code) as session,
+    ):
+        totals = run_tracked(
+            session,
+            "evaluating standby candidates",
+            stderr_console(),
+            lambda: sp.run_plan(session, job),
+        )
     rows = summarize(totals, job.availability)
     best, why = recommend(rows, target)
     if out is not None:
@@ -1140,3 +1375,10 @@ def plan_standbys(
     console = Console()
     console.print(table)
     console.print(f"recommended: {why}")
+    # Plain lines (not rich's, which wrap at the log's width): paths and commands to copy.
+    if out is not None:
+        click.echo(f"written: {out / 'plan.csv'}, {out / 'plan.json'}")
+    click.echo(
+        f"next: streamassign simulate {topology_file} --standbys {best['standbys']} "
+        "--assignors task:sticky,task:ha --report  (the rebalances under this plan)"
+    )

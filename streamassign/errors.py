@@ -84,6 +84,11 @@ class DamagedStateError(StreamAssignError, ValueError):
     as none, so users see a log line, not this error."""
 
 
+class MissingExtraError(StreamAssignError, ImportError):
+    """A feature needs a package of an optional extra that is not installed; the message names
+    the extra (``pip install 'streamassign[EXTRA]'``)."""
+
+
 class ErrorCode(enum.IntEnum):
     """Why an assignment is empty, carried in assignment user data (so members log the cause
     and retry with backoff instead of crash-looping)."""

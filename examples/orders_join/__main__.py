@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from streamassign.errors import StreamAssignError
 from streamassign.runtime import App
 
 from .join import EnrichOrders, join_topology
@@ -70,7 +72,8 @@ async def read_back(bootstrap: str, topic: str, count: int, timeout: float) -> l
     return out
 
 
-async def main() -> None:
+async def main() -> int:
+    """Run the demo; the exit status is 1 if fewer orders came out than went in."""
     ap = argparse.ArgumentParser(description="Orders joined with customers (streamassign runtime)")
     ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers (host:port)")
     ap.add_argument("--orders", type=int, default=2000)
@@ -82,8 +85,6 @@ async def main() -> None:
     run = uuid.uuid4().hex[:6]  # fresh names per run: the demo can be repeated on one broker
     orders, customers, output = f"orders-{run}", f"customers-{run}", f"orders-enriched-{run}"
     topology = join_topology(f"orders-join-{run}", orders, customers, output)
-    await create_topics(args.bootstrap, [orders, customers, output])
-
     state_root = Path(args.state_dir or tempfile.mkdtemp(prefix="orders-join-"))
     apps = [
         App(
@@ -95,7 +96,8 @@ async def main() -> None:
             consumer_config={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
         )
         for i in range(2)
-    ]
+    ]  # before any topic exists: a missing extra fails here, naming it
+    await create_topics(args.bootstrap, [orders, customers, output])
     for app in apps:
         await app.start()
     try:
@@ -113,7 +115,14 @@ async def main() -> None:
     print(f"{len(enriched)} enriched orders in {output} ({joined} found their customer), e.g.:")
     for e in enriched[:3]:
         print("   ", json.dumps(e))
+    if len(enriched) < args.orders:
+        print(f"error: only {len(enriched)} of {args.orders} orders came out", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        sys.exit(asyncio.run(main()))
+    except StreamAssignError as exc:  # a configuration problem: one line, not a trace
+        sys.exit(f"error: {exc}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -20,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamassign import Subtopology, Topology
+from streamassign.errors import StreamAssignError
 from streamassign.runtime import App, Record, TaskContext
 
 WORDS = [
@@ -72,7 +74,8 @@ class Count:
         ctx.send(self.output, str(total).encode(), key=key)
 
 
-async def main() -> None:
+async def main() -> int:
+    """Run the demo; the exit status is 1 if the counts do not match what was produced."""
     ap = argparse.ArgumentParser(description="Word count with a repartition topic")
     ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers (host:port)")
     ap.add_argument("--sentences", type=int, default=1000)
@@ -85,6 +88,13 @@ async def main() -> None:
     sentences, output = f"sentences-{run}", f"word-counts-{run}"
     topology = word_count_topology(f"word-count-{run}", sentences, output)
     words = next(iter(topology.repartition_topics))
+    app = App(
+        topology,
+        {0: lambda: Split(words), 1: lambda: Count(output)},
+        bootstrap_servers=args.bootstrap,
+        state_dir=Path(args.state_dir or tempfile.mkdtemp(prefix="word-count-")),
+        threads=args.threads,
+    )  # before any topic exists: a missing extra fails here, naming it
     admin = AIOKafkaAdminClient(bootstrap_servers=args.bootstrap)
     await admin.start()
     try:
@@ -92,13 +102,6 @@ async def main() -> None:
     finally:
         await admin.close()
 
-    app = App(
-        topology,
-        {0: lambda: Split(words), 1: lambda: Count(output)},
-        bootstrap_servers=args.bootstrap,
-        state_dir=Path(args.state_dir or tempfile.mkdtemp(prefix="word-count-")),
-        threads=args.threads,
-    )
     await app.start()
     expected: dict[str, int] = {}
     producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, linger_ms=10)
@@ -132,7 +135,11 @@ async def main() -> None:
     for word, count in sorted(latest.items(), key=lambda kv: -kv[1]):
         print(f"{word:>8} {count}")
     print("counts match the sentences produced:", latest == expected)
+    return 0 if latest == expected else 1
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        sys.exit(asyncio.run(main()))
+    except StreamAssignError as exc:  # a configuration problem: one line, not a trace
+        sys.exit(f"error: {exc}")

@@ -9,6 +9,9 @@ Layers, from pure to Spark:
 - :mod:`~streamassign.pipeline.standbys`: the availability model behind ``plan-standbys``;
 - :mod:`~streamassign.pipeline.report`: the HTML/CSV report from aggregated rows;
 - :mod:`~streamassign.pipeline.spark`: the Spark jobs (the only module importing ``pyspark``);
+- :mod:`~streamassign.pipeline.runs`: run folders written aside and published whole;
+- :mod:`~streamassign.pipeline.preflight`: checks before a JVM starts (Java, master, sizes);
+- :mod:`~streamassign.pipeline.progress`: progress of Spark jobs on the terminal;
 - :mod:`~streamassign.pipeline.submit`: the ``spark-submit`` entry point.
 
 Importing this package imports neither Spark nor the report's plotly and jinja2. See

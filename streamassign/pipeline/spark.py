@@ -8,35 +8,47 @@ explicit schema. There is no driver-side loop over scenarios.
 
 Sessions: :func:`start_session` uses ``--master`` when given, the master of ``spark-submit`` when
 launched by it, else ``local[*]``; the UI and console progress are off, logging is at WARN, and
-local mode uses few shuffle partitions so that small jobs start fast.
+local mode uses few shuffle partitions so that small jobs start fast, and this interpreter for
+its Python workers (unless ``PYSPARK_PYTHON`` is set).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
+from .runs import MANIFEST, REBALANCES, files_for, write_manifest
 from .simulate import COLUMNS, SimulationJob, simulate_scenario
 from .standbys import PLAN_COLUMNS, PlanJob, evaluate_candidates
 
 __all__ = [
+    "RUN_COLUMNS",
     "aggregate",
     "read_manifest",
     "row_schema",
     "run_plan",
     "run_simulation",
+    "ship_code",
     "spark_session",
     "start_session",
+    "table_schema",
 ]
 
-#: Where the rows and the manifest go under a run directory.
-REBALANCES: Final = "rebalances"
-MANIFEST: Final = "manifest"
+#: Columns the stored table adds in front of :data:`COLUMNS`, so that runs appended into one
+#: table stay apart. The table is partitioned by ``assignor`` (Spark reads it back last).
+RUN_COLUMNS: Final[tuple[tuple[str, str, bool, str], ...]] = (
+    ("run_id", "string", False, "the run that wrote the row (its manifest's run_id)"),
+    ("seed", "long", False, "base seed of the run's traces"),
+)
 
 _LOG4J: Final = Path(__file__).with_name("log4j2.properties")
 
@@ -47,21 +59,40 @@ def _under_spark_submit() -> bool:
 
 
 @contextmanager
-def spark_session(master: str | None = None, app_name: str = "streamassign") -> Iterator[Any]:
+def spark_session(
+    master: str | None = None, app_name: str = "streamassign", ship: bool | None = False
+) -> Iterator[Any]:
     """A quiet SparkSession for one command, stopped afterwards if this call started it.
 
     An active session (tests, notebooks, ``spark-submit`` scripts that made one) is reused and
-    left running.
+    left running. ``ship``: :func:`ship_code` into a ``streamassign-code-*`` temporary folder
+    (``None``: when :func:`wants_shipped_code`); the folder is removed once the session that
+    serves it to the executors has stopped (for a reused session: at interpreter exit).
     """
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     session = active if active is not None else start_session(master, app_name)
+    bundle_dir = None
     try:
+        if wants_shipped_code(session, ship):
+            bundle_dir = tempfile.mkdtemp(prefix="streamassign-code-")
+            ship_code(session, bundle_dir)
         yield session
+    except BaseException:
+        if active is None:
+            # Stopping mid-job (Ctrl-C, a failure) makes running tasks log pages of expected
+            # errors; the command reports the cause in one line.
+            session.sparkContext.setLogLevel("OFF")
+        raise
     finally:
         if active is None:
             session.stop()
+        if bundle_dir is not None:
+            if active is None:
+                shutil.rmtree(bundle_dir, ignore_errors=True)
+            else:  # the running session's executors may still fetch it
+                atexit.register(shutil.rmtree, bundle_dir, ignore_errors=True)
 
 
 def start_session(master: str | None = None, app_name: str = "streamassign") -> Any:
@@ -78,6 +109,9 @@ def start_session(master: str | None = None, app_name: str = "streamassign") -> 
     local = (chosen or "").startswith("local")
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python workers run this interpreter (its venv and packages), not the first python3
+        # on the PATH, unless the user chose one. Read by the SparkContext at its start.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         cores = str(_local_cores(chosen or "local[*]"))
         builder = builder.config("spark.sql.shuffle.partitions", cores).config(
             "spark.default.parallelism", cores
@@ -113,6 +147,11 @@ def row_schema() -> Any:
     return _schema(COLUMNS)
 
 
+def table_schema() -> Any:
+    """The schema of a run's stored rows: :data:`RUN_COLUMNS`, then :data:`COLUMNS`."""
+    return _schema((*RUN_COLUMNS, *COLUMNS))
+
+
 def _schema(columns: Sequence[tuple[str, str, bool, str]]) -> Any:
     from pyspark.sql import types as T
 
@@ -144,39 +183,40 @@ def _slices(spark: Any, items: int) -> int:
     return max(1, min(items, cores * 4))
 
 
-def run_simulation(spark: Any, job: SimulationJob, out: str, manifest: dict[str, Any]) -> int:
-    """Simulate every scenario of ``job`` on the executors; write ``out/rebalances`` (Parquet)
-    and ``out/manifest`` (one JSON line). Returns the number of rows written."""
+def run_simulation(
+    spark: Any,
+    job: SimulationJob,
+    out: str,
+    manifest: dict[str, Any],
+    run_id: str = "run",
+    counter: Any = None,
+) -> int:
+    """Simulate every scenario of ``job`` on the executors; write ``out/rebalances`` (Parquet,
+    partitioned by assignor, with ``run_id`` and ``seed`` columns) and then, last,
+    ``out/manifest`` (one JSON line). ``out`` must not hold rows yet: callers write into a
+    fresh folder and publish it (``runs.publish``). ``counter``: a fresh int accumulator to
+    count rows in (progress can read it as tasks finish). Returns the number of rows written."""
+    from pyspark.sql import functions as F
+
     sc = spark.sparkContext
-    counter = sc.accumulator(0)
+    counter = sc.accumulator(0) if counter is None else counter
     rdd = sc.parallelize(range(job.scenarios), _slices(spark, job.scenarios)).mapPartitions(
         partial(_simulate_partition, job, counter)
     )
-    frame = spark.createDataFrame(rdd, schema=row_schema(), verifySchema=False)
-    frame.write.mode("overwrite").parquet(_join(out, REBALANCES))
+    frame = spark.createDataFrame(rdd, schema=row_schema(), verifySchema=False).select(
+        F.lit(run_id).alias("run_id"), F.lit(job.seed).cast("long").alias("seed"), "*"
+    )
+    frame.write.mode("errorifexists").partitionBy("assignor").parquet(_join(out, REBALANCES))
     # Counted as the rows were made (no second pass over the output); a task retried after a
     # failure would count twice, which only this message and the manifest would show.
     written = int(counter.value)
-    _write_manifest(spark, out, {**manifest, "rows": written})
+    full = {**manifest, "run_id": run_id, "rows": written}
+    write_manifest(files_for(out, spark), out, full)
     return written
 
 
 def _join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
-
-
-def _write_manifest(spark: Any, out: str, manifest: dict[str, Any]) -> None:
-    """One JSON line under ``out/manifest``: a plain file locally, through Spark elsewhere."""
-    text = json.dumps(manifest, sort_keys=True)
-    if "://" not in out or out.startswith("file:"):
-        folder = Path(out.removeprefix("file://").removeprefix("file:")) / MANIFEST
-        folder.mkdir(parents=True, exist_ok=True)
-        for old in folder.iterdir():
-            old.unlink()
-        (folder / "part-00000.json").write_text(text + "\n")
-        return
-    frame = spark.createDataFrame([(text,)], "value string").coalesce(1)
-    frame.write.mode("overwrite").text(_join(out, MANIFEST))
 
 
 def read_manifest(spark: Any, run_dir: str) -> dict[str, Any]:
@@ -404,6 +444,7 @@ def ship_code(spark: Any, workdir: str | Path) -> Path:
     """Zip the pure-Python packages the executors need (``streamassign`` and ``attrs``) and add
     the zip to the job (``SparkContext.addPyFile``), so that a cluster whose executors have only
     Python and pyspark runs the job. Returns the zip's path (under ``workdir``)."""
+    import secrets
     import zipfile
 
     import attr
@@ -411,7 +452,8 @@ def ship_code(spark: Any, workdir: str | Path) -> Path:
 
     import streamassign
 
-    target = Path(workdir) / "streamassign-pipeline-code.zip"
+    # A name of its own: Spark refuses a second file of the same name from another path.
+    target = Path(workdir) / f"streamassign-pipeline-code-{secrets.token_hex(4)}.zip"
     target.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
         for module in (streamassign, attr, attrs):
@@ -422,3 +464,10 @@ def ship_code(spark: Any, workdir: str | Path) -> Path:
                 zf.write(path, path.relative_to(root.parent).as_posix())
     spark.sparkContext.addPyFile(str(target))
     return target
+
+
+def wants_shipped_code(spark: Any, ship: bool | None) -> bool:
+    """``--ship-code`` as given, else on for every master but local mode."""
+    if ship is not None:
+        return ship
+    return not str(spark.sparkContext.master).startswith("local")

@@ -37,7 +37,7 @@ from ..topology import Topology
 from ._topics import ensure_internal_topics
 from .changelog import COMMIT_KEY, StoreState
 from .end_offsets import EndOffsetsCache, changelog_partitions
-from .stores import STORE_KINDS, StoreKind, open_store
+from .stores import STORE_KINDS, StoreKind, open_store, require_store_library
 
 log = logging.getLogger("streamassign.runtime")
 
@@ -263,6 +263,7 @@ class App:
         max_warmup_replicas: int = 2,
         probing_rebalance_interval_ms: int = 600_000,
     ) -> None:
+        require_store_library(store_kind)
         if not isinstance(topology, Topology):
             topology = Topology.load(Path(topology))
         ids = set(topology.subtopology_ids)

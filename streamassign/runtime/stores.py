@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal, Protocol
 
+from ..errors import MissingExtraError
+
 StoreKind = Literal["memory", "rocksdb"]
 STORE_KINDS: tuple[StoreKind, ...] = ("memory", "rocksdb")
 
@@ -117,6 +119,20 @@ class RocksDBStore:
 
     def close(self) -> None:
         self._db.close()
+
+
+def require_store_library(kind: str) -> None:
+    """Fail at once, naming the extra, if a ``rocksdb`` store's library is missing: opening
+    the store later fails inside every task and the application runs on without them."""
+    if kind != "rocksdb":
+        return
+    try:
+        import rocksdict  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtraError(
+            "store_kind='rocksdb' needs rocksdict, from the runtime extra: "
+            "pip install 'streamassign[runtime]' (or use store_kind='memory')"
+        ) from exc
 
 
 def open_store(kind: StoreKind, path: Path) -> KeyValueStore:

@@ -45,8 +45,11 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
     assert code == 0, out
     assert "simulating 3 scenarios of orders-enricher x 2 assignors" in out
     assert f"report: {run / 'report' / 'report.html'}" in out
-    manifest = json.loads((run / "manifest").glob("part-*").__next__().read_text())
+    assert f"next: open {(run / 'report' / 'report.html').as_uri()}" in out
+    manifest = json.loads((run / "manifest" / "part-00000.json").read_text())
     assert manifest["assignors"] == ["task:sticky", "consumer:range"] and manifest["seed"] == 9
+    assert f"run {manifest['run_id']} in {run}" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging folder left
     code, out = invoke("report", str(run), "--out", str(tmp_path / "again"))
     assert code == 0, out
     assert (tmp_path / "again" / "report.html").is_file()
@@ -69,9 +72,12 @@ def test_plan_standbys_prints_a_recommendation(spark: Any, tmp_path: Path) -> No
         str(tmp_path),
         "--param",
         "crash_per_client_hour=0.5",
+        "--ship-code",  # as on a cluster: the code bundle is added to the job
     )
     assert code == 0, out
     assert "recommended: " in out
+    assert "evaluating standby candidates" in out and "Spark tasks" in out
+    assert f"next: streamassign simulate {ORDERS} --standbys " in out
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert len(plan["candidates"]) == 4
     assert "num_standby_replicas=" in plan["why"]
@@ -127,9 +133,76 @@ def test_bad_input_fails_before_spark_starts(
     assert started == []
 
 
-def test_report_on_a_directory_without_rows(tmp_path: Path) -> None:
+TINY = ("--scenarios", "1", "--steps", "2", "--assignors", "task:sticky")
+
+
+def test_a_failed_or_refused_run_keeps_the_old_one(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamassign.pipeline import spark as sp
+
+    run = tmp_path / "run"
+    code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(run))
+    assert code == 0, out
+    assert f"next: streamassign report {run}" in out
+    manifest = (run / "manifest" / "part-00000.json").read_text()
+    old_id = json.loads(manifest)["run_id"]
+
+    code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(run))
+    assert code != 0 and f"already holds a complete run ({old_id}); pass --overwrite" in out
+
+    def missing_module(*args: Any) -> Any:  # a task failing on the executors, as without faust
+        raise ModuleNotFoundError("No module named 'faust'")
+
+    monkeypatch.setattr(sp, "_simulate_partition", missing_module)
+    code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(run), "--overwrite")
+    assert code != 0
+    assert (
+        f"Error: simulating failed: ModuleNotFoundError: No module named 'faust'; the run in "
+        f"{run} kept"
+    ) in out
+    assert "Traceback" not in out
+    assert (run / "manifest" / "part-00000.json").read_text() == manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    monkeypatch.undo()
+
+    code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(run), "--overwrite")
+    assert code == 0, out
+    assert json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"] != old_id
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_ctrl_c_exits_130_in_one_line(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import streamassign.cli as cli
+
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_write_run", interrupted)
+    result = CliRunner().invoke(main, ["simulate", str(ORDERS), *TINY, "--out", str(tmp_path)])
+    assert result.exit_code == 130
+    assert (
+        result.output.splitlines()[-1] == f"interrupted while simulating; {tmp_path} left as it was"
+    )
+
+
+def test_overwrite_never_replaces_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
+    (tmp_path / "mine.txt").write_text("precious")
+    code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(tmp_path), "--overwrite")
+    assert code != 0 and "not replacing it, even with --overwrite" in out
+    assert (tmp_path / "mine.txt").read_text() == "precious"
+
+
+def test_report_on_an_incomplete_or_missing_run_says_so_in_one_line(tmp_path: Path) -> None:
+    code, out = invoke("report", str(tmp_path / "nowhere"))
+    assert code != 0 and "no such run directory" in out
+    (tmp_path / "rebalances").mkdir()
+    (tmp_path / "rebalances" / "part-0.parquet").write_bytes(b"")
     code, out = invoke("report", str(tmp_path))
-    assert code != 0 and "no simulation rows here" in out
+    assert code != 0 and "not a complete run (has rows but no manifest" in out
+    assert len(out.strip().splitlines()) == 1
 
 
 def test_bad_input_never_imports_spark(tmp_path: Path) -> None:
@@ -141,7 +214,7 @@ def test_bad_input_never_imports_spark(tmp_path: Path) -> None:
         f"    main(['simulate', {str(ORDERS)!r}, '--param', 'scale_in_per_hour=-1'])\n"
         "except SystemExit as exit:\n"
         "    print('exit', exit.code)\n"
-        "print('pyspark' in sys.modules, 'matplotlib' in sys.modules)\n"
+        "print('pyspark' in sys.modules, 'plotly' in sys.modules)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
@@ -165,13 +238,30 @@ def test_submit_entry_point_runs_the_cli_as_a_script() -> None:
     assert bad.returncode == 1 and "unknown assignor 'nope'" in bad.stderr
 
 
-def test_importing_the_pipeline_imports_neither_spark_nor_matplotlib() -> None:
+def test_importing_the_pipeline_imports_neither_spark_nor_plotly() -> None:
     script = (
         "import sys, streamassign.pipeline, streamassign.pipeline.spark, "
         "streamassign.pipeline.report, streamassign.pipeline.standbys\n"
-        "print('pyspark' in sys.modules, 'matplotlib' in sys.modules)\n"
+        "print('pyspark' in sys.modules, 'plotly' in sys.modules)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "False False"
+
+
+def test_spark_failures_are_summed_up_in_one_line() -> None:
+    from streamassign.cli import _spark_failure
+
+    python = (
+        "An error occurred while calling o76.parquet.\n: org.apache.spark.SparkException: Job "
+        "aborted\nTraceback (most recent call last):\n  File x\nModuleNotFoundError: No module "
+        "named 'attrs'\n\tat org.apache.spark.api.python.BasePythonRunner"
+    )
+    assert _spark_failure(RuntimeError(python)) == "ModuleNotFoundError: No module named 'attrs'"
+    java = (
+        "An error occurred while calling o1.x.\n: java.lang.OutOfMemoryError: Java heap space\n"
+        "\tat org.apache.spark.Foo"
+    )
+    assert _spark_failure(RuntimeError(java)) == "OutOfMemoryError: Java heap space"
+    assert _spark_failure(RuntimeError("plain")) == "plain"

@@ -48,7 +48,8 @@ def run(spark: Any, orders: Workload, tmp_path_factory: pytest.TempPathFactory) 
         workload=orders, model=BUSY, assignors=ASSIGNORS, scenarios=6, seed=3, standby_replicas=1
     )
     path = tmp_path_factory.mktemp("sim") / "run"
-    written = run_simulation(spark, job, str(path), {"topology": orders.name, "notes": ["n1"]})
+    manifest = {"topology": orders.name, "notes": ["n1"]}
+    written = run_simulation(spark, job, str(path), manifest, run_id="r1")
     rows = [r for s in range(job.scenarios) for r in simulate_scenario(job, s)]
     assert written == len(rows)
     return Run(path, job, rows)
@@ -62,10 +63,20 @@ def test_parquet_rows_equal_the_pure_core_on_the_same_seeds(spark: Any, run: Run
     from streamassign.pipeline.simulate import COLUMNS
     from streamassign.pipeline.spark import row_schema
 
-    frame = spark.read.parquet(str(run.path / "rebalances"))
+    stored = spark.read.parquet(str(run.path / "rebalances"))
+    # run_id and seed first; the partition column (assignor) comes back last.
+    names = [f.name for f in stored.schema]
+    assert names[:2] == ["run_id", "seed"] and names[-1] == "assignor"
+    assert {r[0] for r in stored.select("run_id", "seed").distinct().collect()} == {"r1"}
+    assert {r[1] for r in stored.select("run_id", "seed").distinct().collect()} == {3}
+    partitions = {p.name for p in (run.path / "rebalances").iterdir() if p.is_dir()}
+    assert len(partitions) == len(ASSIGNORS) and "assignor=task%3Asticky" in partitions
+    frame = stored.select(*(c[0] for c in COLUMNS))
     assert [(f.name, f.dataType) for f in frame.schema] == [
         (f.name, f.dataType) for f in row_schema()
     ]
+    manifest = json.loads((run.path / "manifest" / "part-00000.json").read_text())
+    assert manifest["run_id"] == "r1" and manifest["rows"] == len(run.rows)
     timing = [c[0] for c in COLUMNS].index("assign_ms")
 
     def strip(values: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -186,3 +197,78 @@ def test_ship_code_zips_what_executors_need(spark: Any, orders: Workload, tmp_pa
     assert run_simulation(spark, job, str(tmp_path / "run"), {}) == sum(
         len(simulate_scenario(job, s)) for s in range(2)
     )
+
+
+def test_progress_shows_tasks_and_ctrl_c_cancels_the_jobs(spark: Any) -> None:
+    import io
+    import os
+    import signal
+    import threading
+    import time
+
+    from rich.console import Console
+
+    from streamassign.pipeline.progress import run_tracked
+
+    screen = io.StringIO()
+    console = Console(file=screen, width=120)
+    sc = spark.sparkContext
+    assert run_tracked(spark, "counting", console, lambda: sc.parallelize(range(10), 5).sum()) == 45
+    assert "counting" in screen.getvalue() and "5/5 Spark tasks (1 stage)" in screen.getvalue()
+
+    def slow(x: int) -> int:
+        time.sleep(20)
+        return x
+
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    started = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        run_tracked(spark, "sleeping", console, lambda: sc.parallelize(range(2), 2).map(slow).sum())
+    timer.cancel()
+    # The running tasks were interrupted: the executors are free for the next job at once.
+    assert sc.parallelize(range(4), 2).sum() == 6
+    assert time.monotonic() - started < 18
+
+
+def test_local_mode_workers_run_this_interpreter(spark: Any) -> None:
+    """Not the first python3 on the PATH: a venv's packages are there without activating it."""
+    import sys
+
+    def executable(_: int) -> str:
+        import sys
+
+        return sys.executable
+
+    assert spark.sparkContext.parallelize([0], 1).map(executable).collect() == [sys.executable]
+
+
+def test_hadoop_files_publish_and_check_runs_like_local_ones(spark: Any, tmp_path: Path) -> None:
+    """The remote path (hdfs://, s3a://) through Hadoop's FileSystem, here on file:// URIs."""
+    from streamassign.pipeline import PipelineError
+    from streamassign.pipeline.runs import (
+        HadoopFiles,
+        check_run,
+        describe_existing,
+        publish,
+        write_manifest,
+    )
+
+    files = HadoopFiles(spark)
+    final = tmp_path.as_uri() + "/run"
+    for run_id in ("old", "new"):
+        staging = f"{tmp_path.as_uri()}/.run.partial-{run_id}"
+        part = tmp_path / f".run.partial-{run_id}" / "rebalances" / "assignor=x"
+        part.mkdir(parents=True)
+        (part / "part-0.parquet").write_bytes(b"PAR1")
+        with pytest.raises(PipelineError, match="has rows but no manifest"):
+            check_run(files, staging)
+        write_manifest(files, staging, {"run_id": run_id, "rows": 1})
+        publish(files, staging, final, run_id)
+        assert check_run(files, final)["run_id"] == run_id
+    assert describe_existing(files, final) == f"{final} already holds a complete run (new)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    manifest = tmp_path / "run" / "manifest"
+    assert [p.name for p in manifest.iterdir() if not p.name.endswith(".crc")] == [
+        "part-00000.json"
+    ]

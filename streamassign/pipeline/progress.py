@@ -1,0 +1,167 @@
+"""Progress of the pipeline's commands on the terminal (rich), on stderr.
+
+:func:`run_tracked` shows a Spark action's tasks as they complete: the action runs in a
+worker thread, in a job group of its own, while the calling thread polls Spark's status tracker
+(jobs of the group, their stages, completed and total tasks) twice a second.
+:func:`plain_step` shows a step without Spark (a spinner and the elapsed time). Outside a
+terminal rich prints each finished bar once, so logs get one line per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar, cast
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+__all__ = ["plain_step", "run_tracked", "stderr_console"]
+
+_POLL_S = 0.5
+#: How long a cancelled action may take to stop after Ctrl-C.
+_CANCEL_WAIT_S = 30.0
+
+T = TypeVar("T")
+
+
+def stderr_console() -> Console:
+    """Where progress goes: stderr, so that stdout stays parseable (``--json``)."""
+    return Console(stderr=True)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("Spark tasks {task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def _tasks_of_group(tracker: Any, group: str) -> tuple[int, int, int]:
+    """(completed tasks, total tasks, stages seen) over every job of ``group``."""
+    done = total = stages = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in job.stageIds if job is not None else ():
+            stage = tracker.getStageInfo(stage_id)
+            if stage is None:  # not submitted yet, or skipped
+                continue
+            stages += 1
+            done += stage.numCompletedTasks
+            total += stage.numTasks
+    return done, total, stages
+
+
+def run_tracked(
+    spark: Any,
+    description: str,
+    console: Console,
+    action: Callable[[], T],
+    detail: Callable[[], str] | None = None,
+) -> T:
+    """Run ``action`` (Spark jobs) and show its tasks as one bar; ``detail`` adds text.
+
+    The action runs in a worker thread, in a job group of its own; this thread polls the status
+    tracker. Ctrl-C cancels the group's jobs, waits for the worker to stop, and raises
+    ``KeyboardInterrupt`` here: no Py4J call is interrupted halfway (pyspark's own handler
+    would cancel from inside the running call and print pages of Py4J errors). A second Ctrl-C
+    stops waiting.
+    """
+    sc = spark.sparkContext
+    group = f"streamassign-{secrets.token_hex(4)}"
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        # Interrupt running tasks on cancel: Ctrl-C should free the executors at once.
+        sc.setJobGroup(group, description, interruptOnCancel=True)
+        try:
+            outcome["value"] = action()
+        except BaseException as exc:  # handed to the calling thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=work, name=f"{group}-action", daemon=True)
+    with _progress(console) as bar, _interrupt_flag() as interrupted:
+        task = bar.add_task(description, total=None, detail="")
+        worker.start()
+        while worker.is_alive() and not interrupted.is_set():
+            worker.join(_POLL_S)
+            with contextlib.suppress(Exception):  # progress must never fail the job
+                _update(sc, group, bar, task, detail)
+        if interrupted.is_set():
+            # Cancelled tasks and writers log pages of expected errors: keep them off screen.
+            sc.setLogLevel("OFF")
+            sc.cancelJobGroup(group)
+            worker.join(_CANCEL_WAIT_S)
+            sc.setLogLevel("WARN")
+            raise KeyboardInterrupt
+        if "error" in outcome:
+            raise outcome["error"]
+        # Done: the final counts, every task done (skipped stages never complete).
+        _update(sc, group, bar, task, detail)
+        total = bar.tasks[0].total or 0
+        bar.update(task, completed=total, total=total)
+    return cast(T, outcome["value"])
+
+
+@contextmanager
+def _interrupt_flag() -> Iterator[threading.Event]:
+    """An event set by the first Ctrl-C (the second one raises at once), in the main thread;
+    elsewhere an event nobody sets."""
+    flag = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag.is_set():
+            raise KeyboardInterrupt
+        flag.set()
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield flag
+        return
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _update(
+    sc: Any, group: str, bar: Progress, task: TaskID, detail: Callable[[], str] | None
+) -> None:
+    done, total, stages = _tasks_of_group(sc.statusTracker(), group)
+    done = min(done, total)  # a retried task counts twice
+    text = f"({stages} stage{'s' if stages != 1 else ''})"
+    if detail is not None:
+        text += f", {detail()}"
+    bar.update(task, completed=done, total=total or None, detail=text)
+
+
+@contextmanager
+def plain_step(description: str, console: Console) -> Iterator[None]:
+    """A spinner and the elapsed time while the block runs."""
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task(description, total=1)
+        yield
+        bar.update(task, completed=1)

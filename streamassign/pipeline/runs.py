@@ -1,0 +1,303 @@
+"""Run directories: written aside, published whole, never destroyed by a failed run.
+
+A run is a directory holding ``rebalances/`` (Parquet) and ``manifest/`` (one JSON line). A
+simulation writes into a hidden sibling, ``.<name>.partial-<run id>``, with the manifest last,
+and only then moves it to ``<name>``: a reader sees a complete run or none. An existing run is
+replaced only when asked (``--overwrite``) and only once the new one is complete: it is first
+renamed aside (``.<name>.replaced-<run id>``), then the new run is renamed into place, then the
+old one is deleted, so a crash at any point leaves one complete run (at worst, under the
+``.replaced`` name). The same steps serve the report's folder.
+
+Local paths use ``os`` directly; other URIs (``hdfs://``, ``s3a://``) go through Hadoop's
+``FileSystem`` in the Spark JVM (:class:`HadoopFiles`). Renames are atomic on local disks and
+HDFS; object stores copy, so there a crash can leave a partial folder, never a half-replaced one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from .scenarios import PipelineError
+
+__all__ = [
+    "MANIFEST",
+    "REBALANCES",
+    "Files",
+    "HadoopFiles",
+    "LocalFiles",
+    "check_run",
+    "files_for",
+    "is_remote",
+    "new_run_id",
+    "publish",
+    "replaceable",
+    "staging_path",
+    "write_manifest",
+]
+
+#: Where the rows and the manifest go under a run directory.
+REBALANCES: Final = "rebalances"
+MANIFEST: Final = "manifest"
+#: The manifest's file name inside ``manifest/`` (what ``spark.read.text`` reads back).
+MANIFEST_FILE: Final = "part-00000.json"
+
+
+def is_remote(path: str) -> bool:
+    """A Hadoop URI other than ``file:`` (written through Spark, not ``os``)."""
+    return "://" in path and not path.startswith("file:")
+
+
+def new_run_id() -> str:
+    """Sortable by start time, unique across concurrent runs: ``20261126T121843Z-3f9a1c``."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def _split(path: str) -> tuple[str, str]:
+    """(parent, name) of a local path or URI, trailing slashes ignored."""
+    trimmed = path.rstrip("/")
+    parent, _, name = trimmed.rpartition("/")
+    return parent, name
+
+
+def staging_path(final: str, run_id: str, kind: str = "partial") -> str:
+    """The hidden sibling of ``final`` a run is written into (``kind``: partial, replaced)."""
+    parent, name = _split(final)
+    return f"{parent}/.{name}.{kind}-{run_id}"
+
+
+class Files(Protocol):
+    """The few file operations publishing needs, on a local disk or a Hadoop file system."""
+
+    def exists(self, path: str) -> bool: ...
+
+    def is_empty_dir(self, path: str) -> bool: ...
+
+    def rename(self, source: str, target: str) -> None: ...
+
+    def delete(self, path: str) -> None: ...
+
+    def read_text(self, path: str) -> str | None: ...
+
+    def has_files(self, path: str, suffix: str) -> bool: ...
+
+    def write_text(self, path: str, text: str) -> None:
+        """Write a new file whole or not at all (a reader never sees half of it)."""
+        ...
+
+
+class LocalFiles:
+    """:class:`Files` on the local disk."""
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def is_empty_dir(self, path: str) -> bool:
+        return os.path.isdir(path) and not os.listdir(path)
+
+    def rename(self, source: str, target: str) -> None:
+        os.replace(source, target)
+
+    def delete(self, path: str) -> None:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.lexists(path):
+            os.unlink(path)
+
+    def read_text(self, path: str) -> str | None:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def has_files(self, path: str, suffix: str) -> bool:
+        root = Path(path)
+        return root.is_dir() and any(p.name.endswith(suffix) for p in root.rglob("*"))
+
+    def write_text(self, path: str, text: str) -> None:
+        """To a unique hidden file in the same folder (Spark skips names starting with a dot),
+        flushed to disk, then renamed over ``path``; the rename is made durable too."""
+        folder = Path(path).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        _fsync_dir(folder)
+
+
+class HadoopFiles:
+    """:class:`Files` through Hadoop's ``FileSystem`` in a Spark session's JVM."""
+
+    def __init__(self, spark: Any) -> None:
+        self._jvm = spark.sparkContext._jvm
+        self._conf = spark.sparkContext._jsc.hadoopConfiguration()
+
+    def _fs(self, path: str) -> tuple[Any, Any]:
+        jpath = self._jvm.org.apache.hadoop.fs.Path(path)
+        return jpath.getFileSystem(self._conf), jpath
+
+    def exists(self, path: str) -> bool:
+        fs, jpath = self._fs(path)
+        return bool(fs.exists(jpath))
+
+    def is_empty_dir(self, path: str) -> bool:
+        fs, jpath = self._fs(path)
+        return bool(fs.getFileStatus(jpath).isDirectory()) and len(fs.listStatus(jpath)) == 0
+
+    def rename(self, source: str, target: str) -> None:
+        fs, jsource = self._fs(source)
+        if not fs.rename(jsource, self._fs(target)[1]):
+            raise PipelineError(f"cannot rename {source} to {target}")
+
+    def delete(self, path: str) -> None:
+        fs, jpath = self._fs(path)
+        fs.delete(jpath, True)
+
+    def read_text(self, path: str) -> str | None:
+        fs, jpath = self._fs(path)
+        if not fs.exists(jpath):
+            return None
+        stream = fs.open(jpath)
+        try:
+            reader = self._jvm.java.io.BufferedReader(
+                self._jvm.java.io.InputStreamReader(stream, "UTF-8")
+            )
+            line = reader.readLine()
+            return None if line is None else str(line)
+        finally:
+            stream.close()
+
+    def has_files(self, path: str, suffix: str) -> bool:
+        fs, jpath = self._fs(path)
+        if not fs.exists(jpath):
+            return False
+        found = fs.listFiles(jpath, True)
+        while found.hasNext():
+            if str(found.next().getPath().getName()).endswith(suffix):
+                return True
+        return False
+
+    def write_text(self, path: str, text: str) -> None:
+        parent, name = _split(path)
+        temporary = f"{parent}/.tmp-{secrets.token_hex(4)}-{name}"
+        fs, jtemp = self._fs(temporary)
+        stream = fs.create(jtemp, False)
+        try:
+            stream.write(bytearray(text.encode("utf-8")))
+            stream.hsync()
+        finally:
+            stream.close()
+        self.rename(temporary, path)
+
+
+def files_for(path: str, spark: Any = None) -> Files:
+    """Local files for local paths; Hadoop's (which needs ``spark``) for other URIs."""
+    if not is_remote(path):
+        return LocalFiles()
+    if spark is None:
+        raise PipelineError(f"{path}: a remote path needs a Spark session")
+    return HadoopFiles(spark)
+
+
+def write_manifest(files: Files, run_dir: str, manifest: dict[str, Any]) -> None:
+    """``run_dir/manifest/part-00000.json``: one JSON line, written whole or not at all."""
+    path = f"{run_dir.rstrip('/')}/{MANIFEST}/{MANIFEST_FILE}"
+    files.write_text(path, json.dumps(manifest, sort_keys=True) + "\n")
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def describe_existing(files: Files, final: str) -> str | None:
+    """Why ``final`` cannot simply be written (it holds something), or None if it is free."""
+    if not files.exists(final) or files.is_empty_dir(final):
+        return None
+    manifest = _manifest(files, final)
+    if manifest is None:
+        return f"{final} exists and is not a complete run"
+    label = manifest.get("run_id") or manifest.get("created") or "an earlier run"
+    return f"{final} already holds a complete run ({label})"
+
+
+def replaceable(files: Files, final: str, marker: str) -> bool:
+    """Whether ``--overwrite`` may replace ``final``: it is free, or it holds ``marker`` (a
+    run's manifest, a report's page). Anything else (a home directory given as ``--out`` by
+    mistake, a folder without a manifest) is never moved aside and deleted."""
+    if not files.exists(final) or files.is_empty_dir(final):
+        return True
+    return files.read_text(f"{final.rstrip('/')}/{marker}") is not None
+
+
+def publish(files: Files, staging: str, final: str, run_id: str) -> None:
+    """Move the complete ``staging`` folder to ``final``, replacing what is there only after
+    moving it aside, and deleting it only once the new one is in place."""
+    aside = None
+    if files.exists(final):
+        aside = staging_path(final, run_id, "replaced")
+        files.rename(final, aside)
+    try:
+        files.rename(staging, final)
+    except BaseException:
+        if aside is not None:
+            files.rename(aside, final)  # put the old run back
+        raise
+    if aside is not None:
+        files.delete(aside)
+
+
+def _manifest(files: Files, run_dir: str) -> dict[str, Any] | None:
+    text = files.read_text(f"{run_dir.rstrip('/')}/{MANIFEST}/{MANIFEST_FILE}")
+    if text is None:
+        return None
+    try:
+        loaded = json.loads(text)
+    except ValueError:
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def check_run(files: Files, run_dir: str) -> dict[str, Any]:
+    """The manifest of a complete run with rows; else a :class:`PipelineError` saying, in one
+    line, what is wrong and what to do."""
+    if not files.exists(run_dir):
+        raise PipelineError(f"{run_dir}: no such run directory (run streamassign simulate first)")
+    manifest = _manifest(files, run_dir)
+    has_rows = files.has_files(f"{run_dir.rstrip('/')}/{REBALANCES}", ".parquet")
+    if manifest is None:
+        what = "has rows but no manifest" if has_rows else "has no manifest and no rows"
+        raise PipelineError(
+            f"{run_dir}: not a complete run ({what}: the simulation that wrote it was "
+            "interrupted or failed, or this is not a run directory); run streamassign simulate "
+            "again"
+        )
+    if not has_rows or manifest.get("rows") == 0:
+        raise PipelineError(
+            f"{run_dir}: the run is empty (0 rebalances written); check its manifest "
+            f"({MANIFEST}/{MANIFEST_FILE}) and run streamassign simulate with more scenarios"
+        )
+    return manifest

@@ -1,0 +1,116 @@
+"""Run directories: published whole, an old run kept until a new one is complete, and one-line
+diagnoses of incomplete or empty runs (no Spark needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from streamassign.pipeline import PipelineError
+from streamassign.pipeline.runs import (
+    LocalFiles,
+    check_run,
+    describe_existing,
+    new_run_id,
+    publish,
+    replaceable,
+    staging_path,
+    write_manifest,
+)
+
+
+def make_run(path: Path, run_id: str, rows: int = 3) -> None:
+    part = path / "rebalances" / "assignor=task%3Asticky"
+    part.mkdir(parents=True)
+    if rows:
+        (part / "part-00000.snappy.parquet").write_bytes(b"PAR1")
+    write_manifest(LocalFiles(), str(path), {"run_id": run_id, "rows": rows})
+
+
+def test_run_ids_sort_by_time_and_differ() -> None:
+    first, second = new_run_id(), new_run_id()
+    assert first != second and len(first) == len("20261126T121843Z-3f9a1c")
+
+
+def test_manifest_is_written_whole_with_no_temporary_left(tmp_path: Path) -> None:
+    write_manifest(LocalFiles(), str(tmp_path), {"run_id": "a", "rows": 1})
+    write_manifest(LocalFiles(), str(tmp_path), {"run_id": "b", "rows": 2})
+    assert [p.name for p in (tmp_path / "manifest").iterdir()] == ["part-00000.json"]
+    assert json.loads((tmp_path / "manifest" / "part-00000.json").read_text())["run_id"] == "b"
+
+
+def test_publish_replaces_an_old_run_only_with_a_complete_one(tmp_path: Path) -> None:
+    final = tmp_path / "run"
+    make_run(final, "old")
+    said = describe_existing(LocalFiles(), str(final))
+    assert said == f"{final} already holds a complete run (old)"
+    staging = Path(staging_path(str(final), "new"))
+    assert staging.parent == tmp_path and staging.name == ".run.partial-new"
+    make_run(staging, "new")
+    publish(LocalFiles(), str(staging), str(final), "new")
+    assert check_run(LocalFiles(), str(final))["run_id"] == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing left aside
+
+
+def test_a_failed_publish_puts_the_old_run_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    final = tmp_path / "run"
+    make_run(final, "old")
+    files = LocalFiles()
+    real = files.rename
+    calls = []
+
+    def rename(source: str, target: str) -> None:
+        calls.append(target)
+        if len(calls) == 2:  # moving the new run into place fails
+            raise OSError("disk gone")
+        real(source, target)
+
+    monkeypatch.setattr(files, "rename", rename)
+    with pytest.raises(OSError):
+        publish(files, str(tmp_path / ".run.partial-new"), str(final), "new")
+    assert check_run(LocalFiles(), str(final))["run_id"] == "old"
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda p: None, "no such run directory"),
+        (lambda p: p.mkdir(), "not a complete run (has no manifest and no rows"),
+        (
+            lambda p: (
+                (p / "rebalances" / "x.parquet").parent.mkdir(parents=True)
+                or (p / "rebalances" / "x.parquet").write_bytes(b"")
+            ),
+            "not a complete run (has rows but no manifest",
+        ),
+        (lambda p: make_run(p, "r", rows=0), "the run is empty (0 rebalances written)"),
+    ],
+)
+def test_check_run_says_what_is_wrong_in_one_line(
+    tmp_path: Path, setup: object, message: str
+) -> None:
+    run = tmp_path / "run"
+    setup(run)  # type: ignore[operator]
+    with pytest.raises(PipelineError) as error:
+        check_run(LocalFiles(), str(run))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_empty_folder_is_free_to_write(tmp_path: Path) -> None:
+    assert describe_existing(LocalFiles(), str(tmp_path)) is None
+    (tmp_path / "stray.txt").write_text("x")
+    assert "is not a complete run" in (describe_existing(LocalFiles(), str(tmp_path)) or "")
+
+
+def test_only_runs_and_empty_folders_are_replaceable(tmp_path: Path) -> None:
+    marker = "manifest/part-00000.json"
+    assert replaceable(LocalFiles(), str(tmp_path / "new"), marker)
+    assert replaceable(LocalFiles(), str(tmp_path), marker)  # empty
+    (tmp_path / "notes.txt").write_text("mine")
+    assert not replaceable(LocalFiles(), str(tmp_path), marker)
+    make_run(tmp_path / "run", "r")
+    assert replaceable(LocalFiles(), str(tmp_path / "run"), marker)
