@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from ._ids import TaskId, as_task
+from .errors import AssignmentInputError, AssignmentTypeError
 
 
 def _task_set(value: Iterable[TaskId | str]) -> frozenset[TaskId]:
@@ -31,7 +32,7 @@ def _lag_map(value: Mapping[Any, int]) -> Mapping[TaskId, int]:
     for task, lag in value.items():
         tid = as_task(task)
         if not isinstance(lag, int) or isinstance(lag, bool) or lag < 0:
-            raise ValueError(f"lag of task {tid} must be an int >= 0, got {lag!r}")
+            raise AssignmentInputError(f"lag of task {tid} must be an int >= 0, got {lag!r}")
         out[tid] = lag
     return out
 
@@ -42,12 +43,14 @@ def _tag_map(value: Mapping[str, str]) -> dict[str, str]:
 
 def _text_id(instance: Any, attribute: Any, value: str) -> None:
     if not isinstance(value, str):
-        raise TypeError(f"process_id must be a str (the member's process id), got {value!r}")
+        raise AssignmentTypeError(
+            f"process_id must be a str (the member's process id), got {value!r}"
+        )
 
 
 def _positive_capacity(instance: Any, attribute: Any, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(
+        raise AssignmentInputError(
             f"client {instance.process_id!r}: capacity must be an int >= 1 (its thread count), "
             f"got {value!r}"
         )

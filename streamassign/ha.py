@@ -53,6 +53,7 @@ import attrs
 from ._balance import share_bounds
 from ._ids import TaskId, as_task
 from .assignment import ClientAssignment, ClientState
+from .errors import AssignmentInputError
 from .sticky import StickyTaskAssignor, _tag_keys, resolve_previous_owners
 
 __all__ = ["HighAvailabilityPlan", "HighAvailabilityTaskAssignor"]
@@ -64,7 +65,7 @@ _UNKNOWN: Final = 1 << 62
 def _at_least(low: int) -> Any:
     def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"{attribute.name} must be an int >= {low}, got {value!r}")
+            raise AssignmentInputError(f"{attribute.name} must be an int >= {low}, got {value!r}")
 
     return check
 
@@ -134,8 +135,8 @@ class HighAvailabilityTaskAssignor:
 
         ``stateful=None`` treats every task as stateful. ``task_racks`` (each task's partition
         leaders' rack) and ``rack_aware_tags`` shape the sticky target as they shape
-        ``StickyTaskAssignor.assign``. Raises ``ValueError`` as that does (duplicate process
-        ids, tasks without clients).
+        ``StickyTaskAssignor.assign``. Raises the ``AssignmentInputError``s that does
+        (duplicate process ids, tasks without clients).
         """
         task_list = sorted({as_task(t) for t in tasks})
         client_list = sorted(clients, key=lambda c: c.process_id)

@@ -38,9 +38,9 @@ from ._balance import apportion, deal, level_order, share_bounds, standby_target
 from ._ids import TaskId, as_task
 from ._standby_queue import RACK_SCAN, StandbyQueue
 from ._sticky_sets import _PROCESS_ID, assign_sets
-from ._sticky_small import assign_small
 from ._takeover import augment_takeovers
 from .assignment import ClientAssignment, ClientState
+from .errors import AssignmentInputError, DuplicateProcessIdError, NoClientsError
 
 #: Standbys each rack-conflicting standby is weighed against for an exchange.
 _EXCHANGE_SCAN: Final = 2048
@@ -54,7 +54,7 @@ _UNKNOWN_LAG: Final = 1 << 62
 
 def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+        raise AssignmentInputError(f"{attribute.name} must be an int >= 0, got {value!r}")
 
 
 _ID_TYPES = (TaskId, tuple)  # task ids the fast paths take as they are
@@ -141,16 +141,14 @@ class StickyTaskAssignor:
         leaders of each task's partitions, makes tasks that need a new client prefer one in
         that rack (cross-rack traffic, KIP-925) without changing how many any client gets.
         Tasks may also be given as ``"s_p"`` text or ``(subtopology, partition)`` pairs.
-        Raises ``ValueError`` for duplicate process ids, or for tasks with no client.
+        Raises ``DuplicateProcessIdError`` or ``NoClientsError`` (both ``ValueError``s).
         """
         tasks = _task_collection(tasks)
         if stateful is not None:
             stateful = _task_collection(stateful)
         ordered = sorted(clients, key=_PROCESS_ID)
         if not task_racks:
-            quick = assign_small(tasks, ordered, stateful, self.num_standby_replicas)
-            if quick is None:
-                quick = assign_sets(tasks, ordered, stateful, self.num_standby_replicas)
+            quick = assign_sets(tasks, ordered, stateful, self.num_standby_replicas)
             if quick is not None:
                 return quick
         return _Run(
@@ -184,9 +182,9 @@ class _Run:
         self.clients: list[ClientState] = sorted(clients, key=lambda c: c.process_id)
         for a, b in pairwise(self.clients):
             if a.process_id == b.process_id:
-                raise ValueError(f"duplicate process id among clients: {a.process_id!r}")
+                raise DuplicateProcessIdError(a.process_id)
         if self.tasks and not self.clients:
-            raise ValueError(f"no clients to run {len(self.tasks)} tasks")
+            raise NoClientsError(len(self.tasks))
         self.index: dict[TaskId, int] = {t: i for i, t in enumerate(self.tasks)}
         n = len(self.tasks)
         if stateful is None:

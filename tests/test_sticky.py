@@ -12,8 +12,18 @@ from hypothesis import strategies as st
 
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
 from streamassign._balance import share_bounds
+from streamassign.errors import (
+    AssignmentInputError,
+    AssignmentTypeError,
+    DuplicateProcessIdError,
+    NoClientsError,
+    StreamAssignError,
+    ThreadListError,
+)
+from streamassign.ha import HighAvailabilityTaskAssignor
 from streamassign.metrics import evaluate, move_lower_bound, violations
 from streamassign.sticky import _Run, _SwapIndex, resolve_previous_owners
+from streamassign.threads import distribute_to_threads
 
 from .strategies import assignment_inputs, fresh_clients, task_sets
 
@@ -632,6 +642,35 @@ def test_bad_input_names_the_offender(make: object, message: str) -> None:
 def test_wrong_types_name_the_offender(make: object, message: str) -> None:
     with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")):
         make()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda: StickyTaskAssignor(-1), AssignmentInputError),
+        (lambda: HighAvailabilityTaskAssignor(max_warmup_replicas=0), AssignmentInputError),
+        (lambda: ClientState("x", capacity=0), AssignmentInputError),
+        (lambda: ClientState("x", lags={"0_1": -4}), AssignmentInputError),
+        (lambda: ClientState(7), AssignmentTypeError),
+        (
+            lambda: StickyTaskAssignor().assign(
+                [TaskId(0, 0)], [ClientState("x"), ClientState("x")]
+            ),
+            DuplicateProcessIdError,
+        ),
+        (lambda: StickyTaskAssignor().assign([TaskId(0, 0)], []), NoClientsError),
+        (lambda: HighAvailabilityTaskAssignor().assign([TaskId(0, 0)], []), NoClientsError),
+        (lambda: distribute_to_threads(ClientAssignment(), []), ThreadListError),
+        (lambda: distribute_to_threads(ClientAssignment(), ["a", "a"]), ThreadListError),
+    ],
+)
+def test_errors_raised_on_purpose_are_typed(make: object, error: type[Exception]) -> None:
+    """Every error the assignors raise on purpose is a ``StreamAssignError`` of its own type
+    and still the built-in type callers caught before (``ValueError`` / ``TypeError``)."""
+    with pytest.raises(error) as raised:
+        make()  # type: ignore[operator]
+    assert isinstance(raised.value, StreamAssignError)
+    assert isinstance(raised.value, TypeError if error is AssignmentTypeError else ValueError)
 
 
 def test_tasks_given_as_text_read_like_client_history() -> None:

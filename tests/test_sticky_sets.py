@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
 from streamassign._balance import share_bounds
 from streamassign._sticky_sets import assign_sets
-from streamassign._sticky_small import assign_small
 from streamassign.metrics import evaluate, violations
 from streamassign.sticky import _Run
 
@@ -93,7 +92,6 @@ def test_set_path_declines_rather_than_move_a_kept_copy() -> None:
     ]
     stateful = _ids("0_1 2_1 2_2 2_3 3_0 3_1 3_2 3_3 3_5 3_6")
     assert assign_sets(tasks, clients, stateful, 2) is None
-    assert assign_small(tasks, clients, stateful, 2) is None
     got = StickyTaskAssignor(2).assign(tasks, clients, stateful)
     general = _Run(tasks, clients, stateful, 2).result(fast_path=False)
     assert got == general
