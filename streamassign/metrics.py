@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from ._balance import apportion, share_bounds
-from ._ids import TaskId
+from ._ids import TaskId, as_task
+from ._quotas import fewest_moves
 from .assignment import ClientAssignment, ClientState
 from .sticky import resolve_previous_owners
 
@@ -70,6 +71,31 @@ def move_lower_bound(tasks: Iterable[TaskId], clients: Iterable[ClientState]) ->
     floors = [lo for lo, _ in share_bounds(len(task_list), caps)]
     quotas = apportion(len(task_list), caps, priority=lambda i: (floors[i] - counts[i], i))
     return sum(max(0, k - q) for k, q in zip(counts, quotas, strict=True))
+
+
+def subtopology_move_lower_bound(tasks: Iterable[TaskId], clients: Iterable[ClientState]) -> int:
+    """The least moves of any assignment balanced per subtopology *and* in total (the default
+    target of the sticky assignor, docs/assignor.md).
+
+    With ``K[c][s]`` the tasks of subtopology ``s`` client ``c`` ran before (duplicate claims
+    resolved as the assignor does): ``sum K - max sum min(K[c][s], q[c][s])`` over the quota
+    matrices ``q`` whose entries are the floor or ceiling of ``tasks(s) * capacity(c) /
+    total_capacity``, whose columns sum to ``tasks(s)`` and whose rows to the floor or ceiling
+    of the client's total share. Computed exactly (a min-cost flow over clients x
+    subtopologies). At least ``move_lower_bound``, which balances totals only.
+    """
+    task_list = list(dict.fromkeys(map(as_task, tasks)))
+    client_list = sorted(clients, key=lambda c: c.process_id)
+    subtopologies = sorted({t.subtopology for t in task_list})
+    column = {s: k for k, s in enumerate(subtopologies)}
+    counts = [0] * len(subtopologies)
+    for t in task_list:
+        counts[column[t.subtopology]] += 1
+    row = {c.process_id: k for k, c in enumerate(client_list)}
+    kept = [[0] * len(subtopologies) for _ in client_list]
+    for t, pid in resolve_previous_owners(task_list, client_list).items():
+        kept[row[pid]][column[t.subtopology]] += 1
+    return fewest_moves(counts, [c.capacity for c in client_list], kept)
 
 
 def violations(
