@@ -30,14 +30,14 @@ import heapq
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import partial
 from itertools import pairwise
-from typing import Final
+from typing import Final, Literal
 
 import attrs
 
 from ._balance import apportion, deal, level_order, share_bounds, standby_targets
 from ._ids import TaskId, as_task
+from ._quotas import best_quotas, quota_bounds
 from ._standby_queue import RACK_SCAN, StandbyQueue
-from ._sticky_sets import _PROCESS_ID, assign_sets
 from ._takeover import augment_takeovers
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentInputError, DuplicateProcessIdError, NoClientsError
@@ -72,6 +72,19 @@ def _task_collection(items: Iterable[TaskId]) -> Collection[TaskId]:
 
 def _tag_keys(value: Iterable[str] | None) -> tuple[str, ...] | None:
     return None if value is None else tuple(value)
+
+
+#: What ``StickyTaskAssignor`` balances: every subtopology and the total (default), or the
+#: total only.
+Balance = Literal["subtopology", "total"]
+BALANCE_MODES: Final = ("subtopology", "total")
+
+
+def _balance_mode(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value not in BALANCE_MODES:
+        raise AssignmentInputError(
+            f"{attribute.name} must be one of {', '.join(BALANCE_MODES)}, got {value!r}"
+        )
 
 
 def _claims(
@@ -127,6 +140,11 @@ class StickyTaskAssignor:
     #: Client tag keys a standby's placement avoids sharing values of with the task's other
     #: copies (KIP-708's ``rack.aware.assignment.tags``); ``None``: every key clients report.
     rack_aware_tags: tuple[str, ...] | None = attrs.field(default=None, converter=_tag_keys)
+    #: ``"subtopology"``: every client's actives of each subtopology, and its total, within
+    #: floor and ceiling of its capacity share, with the fewest moves that allows.
+    #: ``"total"``: only the total (fewer moves when a group's history is uneven per
+    #: subtopology, e.g. each client ran a whole subtopology; docs/assignor.md).
+    balance: Balance = attrs.field(default="subtopology", validator=_balance_mode)
 
     def assign(
         self,
@@ -146,19 +164,15 @@ class StickyTaskAssignor:
         tasks = _task_collection(tasks)
         if stateful is not None:
             stateful = _task_collection(stateful)
-        ordered = sorted(clients, key=_PROCESS_ID)
-        if not task_racks:
-            quick = assign_sets(tasks, ordered, stateful, self.num_standby_replicas)
-            if quick is not None:
-                return quick
         return _Run(
             tasks,
-            ordered,
+            clients,
             stateful,
             self.num_standby_replicas,
             self.acceptable_recovery_lag,
             rack_aware_tags=self.rack_aware_tags,
             task_racks=task_racks,
+            by_subtopology=self.balance == "subtopology",
         ).result()
 
 
@@ -174,6 +188,7 @@ class _Run:
         acceptable_recovery_lag: int = 10_000,
         rack_aware_tags: Sequence[str] | None = None,
         task_racks: Mapping[TaskId, str] | None = None,
+        by_subtopology: bool = True,
     ) -> None:
         self.acceptable_lag = acceptable_recovery_lag
         self.rack_aware_tags = rack_aware_tags
@@ -187,6 +202,18 @@ class _Run:
             raise NoClientsError(len(self.tasks))
         self.index: dict[TaskId, int] = {t: i for i, t in enumerate(self.tasks)}
         n = len(self.tasks)
+        #: Column (subtopology number in sorted order) of each task, and tasks per column.
+        self.column: list[int] = []
+        self.column_sizes: list[int] = []
+        last = None
+        for t in self.tasks:
+            if t.subtopology != last:
+                last = t.subtopology
+                self.column_sizes.append(0)
+            self.column_sizes[-1] += 1
+            self.column.append(len(self.column_sizes) - 1)
+        # With one subtopology, balancing it is balancing the total.
+        self.by_subtopology = by_subtopology and len(self.column_sizes) > 1
         if stateful is None:
             self.stateful = [True] * n
         else:
@@ -290,6 +317,23 @@ class _Run:
         return prev
 
     def assign_actives(self) -> None:
+        if self.by_subtopology:
+            self._actives_per_subtopology()
+        else:
+            self._actives_by_total()
+        owner, warm = self.owner, self.warm
+        for i, ci in enumerate(owner):
+            self.active[ci].append(i)
+        # A previous owner that gave its task up still holds its state: a fine standby.
+        for i, (was, now) in enumerate(zip(self.prev_owner, owner, strict=True)):
+            if was >= 0 and was != now and was not in warm.get(i, ()):
+                found = warm.setdefault(i, [])
+                found.append(was)
+                found.sort(key=partial(self._rank, i))
+
+    def _actives_by_total(self) -> None:
+        """Quotas per client from its total share (``balance="total"``), then keep, take over
+        warm and deal."""
         caps = [c.capacity for c in self.clients]
         prev = self._previous_tasks()
         bounds = share_bounds(len(self.tasks), caps)
@@ -341,13 +385,24 @@ class _Run:
         for ci, mine in enumerate(claims):
             if mine:
                 room[ci] -= self._keep(mine, ci, room[ci] - promised[ci], spare)
+        self._place_orphans(range(len(tasks)), room, quotas, bounds)
 
+    def _place_orphans(
+        self,
+        scope: range,
+        room: list[int],
+        quotas: list[int],
+        bounds: Sequence[tuple[int, int]],
+    ) -> None:
+        """Give the tasks of ``scope`` nobody keeps to clients with ``room``: warm takeovers
+        first, then dealt in task order over the free room (``room`` is used up)."""
+        owner, warm = self.owner, self.warm
         # Warm takeovers: over all (task, holder) pairs, standby holders first, then the
         # smallest lag, so a contested client's room goes to what it is most caught up on.
         rank = self._rank
         pairs = []
-        for i, ci in enumerate(owner):
-            if ci < 0:
+        for i in scope:
+            if owner[i] < 0:
                 for h in warm.get(i, ()):
                     k = rank(i, h)
                     pairs.append((k[0], k[1], k[2], k[3], i, h))
@@ -365,7 +420,7 @@ class _Run:
             if waiting:
                 augment_takeovers(waiting, self._standby_holders, owner, took, room, quotas, bounds)
             _take_warm(pairs[later:], owner, room, took)
-        cold = [i for i, ci in enumerate(owner) if ci < 0]
+        cold = [i for i in scope if owner[i] < 0]
         if not warm.keys().isdisjoint(cold):
             cold = augment_takeovers(
                 cold, self._holders, owner, took, room, quotas, bounds, self._no_worse
@@ -376,14 +431,136 @@ class _Run:
             owner[i] = ci
         if self.task_racks:
             self._match_racks(cold)
+
+    def _actives_per_subtopology(self) -> None:
+        """Quotas per (client, subtopology) (``balance="subtopology"``): the admissible quota
+        matrix keeping the most previous tasks, then claims and warm takeovers (``_quotas``);
+        then each subtopology is kept, taken over warm and dealt on its own."""
+        caps = [c.capacity for c in self.clients]
+        sizes, column = self.column_sizes, self.column
+        cells, _ = quota_bounds(sizes, caps)
+        prev: list[list[list[int]]] = [[[] for _ in sizes] for _ in self.clients]  # per cell
+        for ci, mine in enumerate(self._previous_tasks()):
+            for i in mine:
+                prev[ci][column[i]].append(i)
+        warm = self.warm
+        # As in ``_actives_by_total``: each orphan counted for the warm holder with the fewest
+        # matches so far that has room for it below the ceiling of its cell.
+        matched = [[0] * len(sizes) for _ in self.clients]
+        orphans = sorted((len(h), i) for i, h in warm.items() if self.prev_owner[i] < 0)
+        for _, i in orphans:
+            col = column[i]
+            roomy = [h for h in warm[i] if matched[h][col] < cells[h][col][1] - len(prev[h][col])]
+            if roomy:
+                matched[min(roomy, key=lambda h: matched[h][col])][col] += 1
+        claims: list[list[list[int]]] = [[[] for _ in sizes] for _ in self.clients]
+        for ci, mine in enumerate(self._restart_claims(orphans)):
+            for i in mine:
+                claims[ci][column[i]].append(i)
+        quotas = best_quotas(sizes, caps, self._cell_gains(cells, prev, claims, matched))
+        start = 0
+        for col, size in enumerate(sizes):
+            scope = range(start, start + size)
+            start += size
+            self._keep_and_place(
+                scope,
+                [row[col] for row in quotas],
+                [row[col] for row in prev],
+                [row[col] for row in claims],
+            )
+        self._hand_orphans_to_standby_holders(cells, caps)
+
+    def _hand_orphans_to_standby_holders(
+        self, cells: list[list[tuple[int, int]]], caps: list[int]
+    ) -> None:
+        """An orphan placed on a client without a standby of it moves to a standby holder of
+        it when the quota matrix allows: the placing client above its floors (cell and total),
+        the holder below its ceilings. The cell ceiling moves with it, so every count stays
+        admissible, and no kept task moves. The gains that chose the matrix only estimate
+        where orphans can go warm; this makes sure no such hand-over is left."""
+        owner, column, prev_owner = self.owner, self.column, self.prev_owner
+        rows = share_bounds(len(self.tasks), caps)
+        counts = [[0] * len(self.column_sizes) for _ in caps]
+        totals = [0] * len(caps)
         for i, ci in enumerate(owner):
-            self.active[ci].append(i)
-        # A previous owner that gave its task up still holds its state: a fine standby.
-        for i, (was, now) in enumerate(zip(self.prev_owner, owner, strict=True)):
-            if was >= 0 and was != now and was not in warm.get(i, ()):
-                found = warm.setdefault(i, [])
-                found.append(was)
-                found.sort(key=partial(self._rank, i))
+            counts[ci][column[i]] += 1
+            totals[ci] += 1
+        # Orphans with a standby holder other than their client; each hand-over takes one
+        # off for good, and one may free room for an earlier one: passes until none moves.
+        waiting = [
+            i
+            for i, ci in enumerate(owner)
+            if prev_owner[i] < 0 and (found := self._standby_holders(i)) and ci not in found
+        ]
+        moved = True
+        while moved:
+            moved = False
+            for i in waiting:
+                ci, col = owner[i], column[i]
+                if counts[ci][col] <= cells[ci][col][0] or totals[ci] <= rows[ci][0]:
+                    continue
+                for h in self._standby_holders(i):
+                    if counts[h][col] < cells[h][col][1] and totals[h] < rows[h][1]:
+                        owner[i] = h
+                        counts[ci][col] -= 1
+                        totals[ci] -= 1
+                        counts[h][col] += 1
+                        totals[h] += 1
+                        moved = True
+                        break
+            waiting = [i for i in waiting if owner[i] not in self._standby_holders(i)]
+
+    @staticmethod
+    def _cell_gains(
+        cells: list[list[tuple[int, int]]],
+        prev: list[list[list[int]]],
+        claims: list[list[list[int]]],
+        matched: list[list[int]],
+    ) -> list[list[int]]:
+        """What a cell's ceiling is worth, in strict priority: a previous task kept (the move
+        bound), then a restart claim kept, then a matched orphan taken over warm."""
+        tier = len(cells) * len(cells[0]) + 1 if cells else 1
+        gains = []
+        for ci, row in enumerate(cells):
+            out = []
+            for col, (lo, _) in enumerate(row):
+                ran = len(prev[ci][col])
+                claimed = ran + len(claims[ci][col])
+                out.append(
+                    (ran > lo) * tier * tier
+                    + (claimed > lo) * tier
+                    + (claimed + matched[ci][col] > lo)
+                )
+            gains.append(out)
+        return gains
+
+    def _keep_and_place(
+        self, scope: range, quotas: list[int], prev: list[list[int]], claims: list[list[int]]
+    ) -> None:
+        """One subtopology's tasks (``scope``), with its column of the quota matrix: each client
+        keeps up to its quota of what it ran, then of its claims; the rest are placed."""
+        owner = self.owner
+        room = [q - min(q, len(mine)) for q, mine in zip(quotas, prev, strict=True)]
+        spare = [r - min(r, len(mine)) for r, mine in zip(room, claims, strict=True)]
+        promised = [0] * len(self.clients)
+        for ci, mine in enumerate(prev):
+            extra = len(mine) - quotas[ci]
+            if extra <= 0:
+                for i in mine:
+                    owner[i] = ci
+                continue
+            back: list[int] = []
+            for i in mine:
+                h = self._returning(i, ci, room, promised)
+                if h >= 0 and len(back) < extra:
+                    back.append(i)
+                    promised[h] += 1
+            self._keep([i for i in mine if i not in back], ci, quotas[ci], spare)
+        for ci, mine in enumerate(claims):
+            if mine:
+                room[ci] -= self._keep(mine, ci, room[ci] - promised[ci], spare)
+        # Quotas of a column are fixed by the matrix: a chain may not move a ceiling.
+        self._place_orphans(scope, room, list(quotas), [(q, q) for q in quotas])
 
     def _match_racks(self, cold: list[int]) -> None:
         """Swap clients between cold tasks so more of them run in the rack of their partitions'
@@ -775,9 +952,25 @@ class _Run:
                 return None
         if sum(len(c.prev_active) for c in clients) != n:
             return None  # stale claims
+        if self.by_subtopology and not self._balanced_per_subtopology(caps):
+            return None
         if any(copies[i] != (r if stateful[i] else 0) for i in range(n)):
             return None
         return {c.process_id: ClientAssignment(c.prev_active, c.prev_standby) for c in clients}
+
+    def _balanced_per_subtopology(self, caps: list[int]) -> bool:
+        """Whether every client's previous actives of each subtopology are within floor and
+        ceiling of its share (a balanced history is then kept as it is)."""
+        cells, _ = quota_bounds(self.column_sizes, caps)
+        counts = [[0] * len(self.column_sizes) for _ in caps]
+        column = self.column
+        for i, ci in enumerate(self.prev_owner):
+            counts[ci][column[i]] += 1
+        return all(
+            lo <= count <= hi
+            for row, bounds in zip(counts, cells, strict=True)
+            for count, (lo, hi) in zip(row, bounds, strict=True)
+        )
 
     def result(self, fast_path: bool = True) -> dict[str, ClientAssignment]:
         if fast_path:
