@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Iterator
 
 import attrs
@@ -419,6 +420,104 @@ def test_orphans_go_to_the_holder_that_can_take_them(
     result = StickyTaskAssignor(replicas).assign(tasks, clients)
     assert {str(t) for t in result[warm_holder].active} >= orphans
     assert orphans_passing_roomy_standby_holders(tasks, clients, result) == []
+
+
+def standby_exchanges_left(
+    tasks: list[TaskId], clients: list[ClientState], result: dict[str, ClientAssignment]
+) -> list[tuple[str, str, int, int]]:
+    """Exchanges that would still bring per-subtopology standby counts nearer their shares:
+    ``a`` hands a copy of subtopology ``s`` to ``b``, ``b`` one of ``s2`` to ``a`` (standby
+    counts, hence loads, unchanged), no count leaving its floor and ceiling, one outside them
+    coming nearer. Only copies that may move: on a client without state of the task, of a task
+    no previous standby holder lost, keeping the spread of one client's backups. As
+    (a, b, s, s2)."""
+    columns = sorted({t.subtopology for t in tasks})
+    counts = {
+        s: sum(len(a.standby & {t for t in tasks if t.subtopology == s}) for a in result.values())
+        for s in columns
+    }
+    caps = [c.capacity for c in clients]
+    bounds = {
+        s: dict(zip((c.process_id for c in clients), share_bounds(counts[s], caps), strict=True))
+        for s in columns
+    }
+    owner = {t: p for p, a in result.items() for t in a.active}
+    holders = {t: {p for p, a in result.items() if t in a.standby} for t in tasks}
+    by_pid = {c.process_id: c for c in clients}
+
+    def movable(pid: str, s: int) -> list[TaskId]:
+        c = by_pid[pid]
+        return [
+            t
+            for t in result[pid].standby
+            if t.subtopology == s
+            and not c.has_state(t)
+            and not any(
+                t in d.prev_standby and d.process_id not in holders[t] and owner[t] != d.process_id
+                for d in clients
+            )
+        ]
+
+    backed = Counter((owner[t], p) for p, a in result.items() for t in a.standby)
+    replicas = max((len(found) for found in holders.values()), default=0)
+
+    def may_go(t: TaskId, src: str, dst: str) -> bool:
+        """No copy of ``t`` on ``dst`` yet, and ``dst`` then backs up no more of ``t``'s active
+        client's tasks than one above an even spread, or than ``src`` did (rule 7's bound)."""
+        even = 1 - (-len(result[owner[t]].active) * replicas // max(1, len(clients) - 1))
+        spread = backed[owner[t], dst] < max(even, backed[owner[t], src])
+        return owner[t] != dst and dst not in holders[t] and spread
+
+    def count(pid: str, s: int) -> int:
+        return sum(1 for t in result[pid].standby if t.subtopology == s)
+
+    found = []
+    for a in result:
+        for b in result:
+            if a == b:
+                continue
+            for s in columns:
+                for s2 in columns:
+                    if s == s2:
+                        continue
+                    ok = (
+                        count(a, s) > bounds[s][a][0]
+                        and count(b, s) < bounds[s][b][1]
+                        and count(b, s2) > bounds[s2][b][0]
+                        and count(a, s2) < bounds[s2][a][1]
+                    )
+                    better = (
+                        count(a, s) > bounds[s][a][1]
+                        or count(b, s) < bounds[s][b][0]
+                        or count(b, s2) > bounds[s2][b][1]
+                        or count(a, s2) < bounds[s2][a][0]
+                    )
+                    if not (ok and better):
+                        continue
+                    give = [t for t in movable(a, s) if may_go(t, a, b)]
+                    back = [t for t in movable(b, s2) if may_go(t, b, a)]
+                    if give and back:
+                        found.append((a, b, s, s2))
+    return found
+
+
+@given(assignment_inputs())
+def test_standbys_of_each_subtopology_as_even_as_exchanges_allow(inputs: Inputs) -> None:
+    """Balanced per subtopology (the default), no exchange of two movable standbys between two
+    clients would bring their per-subtopology standby counts nearer their shares."""
+    tasks, clients, _, _ = inputs
+    assert standby_exchanges_left(tasks, clients, run(inputs)) == []
+
+
+def test_standbys_spread_over_subtopologies_in_a_fresh_group() -> None:
+    """Four equal processes, a 12-task and a 4-task subtopology, one standby each: every
+    process backs up 3 of the first and 1 of the second (the greedy placement alone put up to
+    4 of one subtopology's standbys on one process)."""
+    tasks = [TaskId(0, p) for p in range(12)] + [TaskId(1, p) for p in range(4)]
+    clients = [ClientState(f"p{i}") for i in range(4)]
+    result = StickyTaskAssignor(1).assign(tasks, clients)
+    for a in result.values():
+        assert sorted(t.subtopology for t in a.standby) == [0, 0, 0, 1]
 
 
 @given(assignment_inputs())
