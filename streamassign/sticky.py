@@ -49,6 +49,8 @@ _EXCHANGE_SCAN: Final = 2048
 #: partner weighed. Unbounded, 1,000 tasks with 4 standbys over 3 racks took 18 s.
 _EXCHANGE_BUDGET: Final = 1 << 18
 _EXCHANGE_COST: Final = 16
+#: Exchange tries the per-subtopology standby evening takes at most (0.1 s or so).
+_EVEN_BUDGET: Final = 1 << 16
 #: Lag used for a standby whose lag the client did not report: behind every known lag.
 _UNKNOWN_LAG: Final = 1 << 62
 
@@ -1007,8 +1009,8 @@ class _StandbyEvener:
     holding the task, and never to more rack or tag conflicts. A copy moves to a client only
     if it then backs up no more of the copy's active client's tasks than one above an even
     spread (``ceil(actives * standbys / (clients - 1)) + 1``) or than the client it leaves
-    did, so one client's tasks stay spread over many others (rule 7). ``_EXCHANGE_BUDGET``
-    tries at most (large inputs may stop short).
+    did, so one client's tasks stay spread over many others (rule 7). ``_EVEN_BUDGET`` tries
+    at most (large inputs may stop short).
     """
 
     def __init__(self, run: _Run, copies: list[int], placed: set[int], queue: StandbyQueue) -> None:
@@ -1027,18 +1029,23 @@ class _StandbyEvener:
         self.bounds = [[column_bounds[ci] for column_bounds in columns] for ci in range(len(caps))]
         #: Copies that may move, per (client, column), in slot order.
         self.movable: dict[tuple[int, int], list[int]] = {}
+        warm = run.warm  # every client with state of a task, other than its owner
         for slot in sorted(placed):
             ci, i = copies[slot], slot // r
-            if ci < 0 or clients[ci].has_state(tasks[i]):
+            if ci < 0:
                 continue
-            held = copies[i * r : (i + 1) * r]
-            lost = (
-                h
-                for h in run.warm.get(i, ())
-                if h not in held and h != run.owner[i] and tasks[i] in clients[h].prev_standby
-            )
-            if any(lost):
-                continue  # a previous standby holder lost this task
+            found = warm.get(i)
+            if found:
+                if ci in found:
+                    continue  # warm state here
+                held = copies[i * r : (i + 1) * r]
+                lost = (
+                    h
+                    for h in found
+                    if h not in held and h != run.owner[i] and tasks[i] in clients[h].prev_standby
+                )
+                if any(lost):
+                    continue  # a previous standby holder lost this task
             self.movable.setdefault((ci, column[i]), []).append(slot)
         #: Copies of each client's actives that each client holds: ``(active, holder)``.
         self.backed: collections.Counter[tuple[int, int]] = collections.Counter()
@@ -1049,7 +1056,7 @@ class _StandbyEvener:
         #: even spread (the bound rule 7 promises).
         others = max(1, len(clients) - 1)
         self.spread = [1 - (-len(mine) * r // others) for mine in run.active]
-        self.budget = _EXCHANGE_BUDGET
+        self.budget = _EVEN_BUDGET
 
     def run(self) -> None:
         count, bounds = self.count, self.bounds
