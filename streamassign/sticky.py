@@ -2,9 +2,13 @@
 
 The algorithm (DESIGN §3), in order of precedence:
 
-1. **Quotas.** Each client's active quota is the floor or ceiling of its capacity-proportional
-   share; the ceilings go to the clients that ran the most tasks above their floor. That choice
-   makes ``sum(max(0, K_c - q_c))`` minimal — the move lower bound.
+1. **Quotas.** Balanced per subtopology (``balance="subtopology"``, the default): a quota per
+   (client, subtopology), the floor or ceiling of its capacity-proportional share, with row
+   totals within floor and ceiling of the client's total share; ``_quotas.best_quotas`` picks
+   the matrix that keeps the most previous tasks (an exact min-cost flow), and each
+   subtopology then goes through steps 2-4 on its own. With ``balance="total"``: each client's
+   total quota is the floor or ceiling of its share; the ceilings go to the clients that ran
+   the most tasks above their floor. Either choice makes the moves minimal for its balance.
 2. **Stickiness.** Every client keeps ``min(K_c, q_c)`` of the tasks it ran, so moves equal the
    lower bound exactly. A client over quota releases tasks of its most crowded subtopologies
    first, and among those the ones another client holds warm state for.
@@ -18,7 +22,8 @@ The algorithm (DESIGN §3), in order of precedence:
    ceiling of its share (as far as one copy per client allows); previous standbys (then other
    local state, lowest lag first) are kept, those of tasks active on clients that take new
    standbys first; the rest go to the clients with most room left, those tasks first again,
-   with a one-step swap when the only clients with room already hold the task.
+   with a one-step swap when the only clients with room already hold the task. Balanced per
+   subtopology, exchanges of new standbys then even out each client's standbys per subtopology.
 
 All decisions iterate in sorted order of task and process ids, so the same input gives the same
 output whatever the order of the input collections.
@@ -341,7 +346,7 @@ class _Run:
         prev = self._previous_tasks()
         bounds = share_bounds(len(self.tasks), caps)
         floors = [lo for lo, _ in bounds]
-        tasks, warm, owner = self.tasks, self.warm, self.owner
+        tasks, warm = self.tasks, self.warm
         # Ceilings go to the clients that ran most above their floor (the move bound), then to
         # the clients whose claims and the orphans a matching would give them (each orphan
         # counted for the warm holder with the fewest matches so far that still has room for it
@@ -364,6 +369,15 @@ class _Run:
             return min(0, below), spare >= matched[ci], spare, -matched[ci], ci
 
         quotas = apportion(len(tasks), caps, priority=priority)
+        room = self._keep_previous(quotas, prev, claims)
+        self._place_orphans(range(len(tasks)), room, quotas, bounds)
+
+    def _keep_previous(
+        self, quotas: list[int], prev: list[list[int]], claims: list[list[int]]
+    ) -> list[int]:
+        """Each client keeps up to its quota of what it ran (``prev``), then of its claims;
+        returns the room each has left."""
+        owner = self.owner
         room = [q - min(q, len(mine)) for q, mine in zip(quotas, prev, strict=True)]
         # Room each client has beyond its claims: where a released task can still land warm.
         spare = [r - min(r, len(mine)) for r, mine in zip(room, claims, strict=True)]
@@ -388,7 +402,7 @@ class _Run:
         for ci, mine in enumerate(claims):
             if mine:
                 room[ci] -= self._keep(mine, ci, room[ci] - promised[ci], spare)
-        self._place_orphans(range(len(tasks)), room, quotas, bounds)
+        return room
 
     def _place_orphans(
         self,
@@ -542,26 +556,7 @@ class _Run:
     ) -> None:
         """One subtopology's tasks (``scope``), with its column of the quota matrix: each client
         keeps up to its quota of what it ran, then of its claims; the rest are placed."""
-        owner = self.owner
-        room = [q - min(q, len(mine)) for q, mine in zip(quotas, prev, strict=True)]
-        spare = [r - min(r, len(mine)) for r, mine in zip(room, claims, strict=True)]
-        promised = [0] * len(self.clients)
-        for ci, mine in enumerate(prev):
-            extra = len(mine) - quotas[ci]
-            if extra <= 0:
-                for i in mine:
-                    owner[i] = ci
-                continue
-            back: list[int] = []
-            for i in mine:
-                h = self._returning(i, ci, room, promised)
-                if h >= 0 and len(back) < extra:
-                    back.append(i)
-                    promised[h] += 1
-            self._keep([i for i in mine if i not in back], ci, quotas[ci], spare)
-        for ci, mine in enumerate(claims):
-            if mine:
-                room[ci] -= self._keep(mine, ci, room[ci] - promised[ci], spare)
+        room = self._keep_previous(quotas, prev, claims)
         # Quotas of a column are fixed by the matrix: a chain may not move a ceiling.
         self._place_orphans(scope, room, list(quotas), [(q, q) for q in quotas])
 
