@@ -67,7 +67,39 @@ class RepartitionResolutionError(TopologyError):
         super().__init__(message)
 
 
-class InvalidClientError(StreamAssignError, ValueError, TypeError):
+# -- assignor input (sticky, high-availability, thread split) -------------------------------------
+
+
+class AssignmentInputError(StreamAssignError, ValueError):
+    """Input the task assignors or the thread split cannot work with: an option or a client
+    field out of range (``capacity``, a lag, ``num_standby_replicas``)."""
+
+
+class AssignmentTypeError(StreamAssignError, TypeError):
+    """An assignor input of the wrong type (e.g. a process id that is not a ``str``)."""
+
+
+class DuplicateProcessIdError(AssignmentInputError):
+    """Two clients of one group report the same process id; ``process_id`` names it."""
+
+    def __init__(self, process_id: str) -> None:
+        self.process_id = process_id
+        super().__init__(f"duplicate process id among clients: {process_id!r}")
+
+
+class NoClientsError(AssignmentInputError):
+    """Tasks to assign but no client to run them; ``tasks`` is how many."""
+
+    def __init__(self, tasks: int) -> None:
+        self.tasks = tasks
+        super().__init__(f"no clients to run {tasks} tasks")
+
+
+class ThreadListError(AssignmentInputError):
+    """The thread list of one client is empty or names a thread twice."""
+
+
+class InvalidClientError(AssignmentInputError, AssignmentTypeError):
     """A ``ClientState`` field has the wrong type or value; the message names the field (and the
     offending key of ``lags`` / ``tags``). A ``ValueError`` and a ``TypeError``, so code catching
     either (what plain Python raised here before) keeps working."""

@@ -20,6 +20,9 @@ there, and warms the state up first where it is not:
    sticky assignor, recomputing from the interim history, handed a spare ceiling or the choice
    of which task an owner releases elsewhere) gets its task through a chain of reassignments
    of tasks that move onto no state anyway: moves stay as many, counts within floor and ceiling.
+   Balanced per subtopology (``balance="subtopology"``, the default), a swap partner and every
+   task a chain hands on belong to the subtopology of the task they make way for, and floors
+   and ceilings are counted per subtopology too: the target stays balanced per subtopology.
 4. **Hold back.** A stateful task whose target client is not caught up, while some present client
    is, stays on a caught-up one: its previous owner if present, else a caught-up client that
    holds a target standby of it (the two swap roles: the target client gets the standby, so it
@@ -53,7 +56,8 @@ import attrs
 from ._balance import share_bounds
 from ._ids import TaskId, as_task
 from .assignment import ClientAssignment, ClientState
-from .sticky import StickyTaskAssignor, _tag_keys, resolve_previous_owners
+from .errors import AssignmentInputError
+from .sticky import Balance, StickyTaskAssignor, _balance_mode, _tag_keys, resolve_previous_owners
 
 __all__ = ["HighAvailabilityPlan", "HighAvailabilityTaskAssignor"]
 
@@ -64,7 +68,7 @@ _UNKNOWN: Final = 1 << 62
 def _at_least(low: int) -> Any:
     def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"{attribute.name} must be an int >= {low}, got {value!r}")
+            raise AssignmentInputError(f"{attribute.name} must be an int >= {low}, got {value!r}")
 
     return check
 
@@ -112,6 +116,9 @@ class HighAvailabilityTaskAssignor:
     probing_rebalance_interval_ms: int = attrs.field(default=600_000, validator=_at_least(1))
     #: Client tag keys standby placement avoids sharing (``StickyTaskAssignor``'s; ``None``: all).
     rack_aware_tags: tuple[str, ...] | None = attrs.field(default=None, converter=_tag_keys)
+    #: The target's balance (``StickyTaskAssignor``'s option): ``"subtopology"`` (default)
+    #: or ``"total"``. Swaps and chains then keep every client's count of each subtopology.
+    balance: Balance = attrs.field(default="subtopology", validator=_balance_mode)
 
     def assign(
         self,
@@ -134,8 +141,8 @@ class HighAvailabilityTaskAssignor:
 
         ``stateful=None`` treats every task as stateful. ``task_racks`` (each task's partition
         leaders' rack) and ``rack_aware_tags`` shape the sticky target as they shape
-        ``StickyTaskAssignor.assign``. Raises ``ValueError`` as that does (duplicate process
-        ids, tasks without clients).
+        ``StickyTaskAssignor.assign``. Raises the ``AssignmentInputError``s that does
+        (duplicate process ids, tasks without clients).
         """
         task_list = sorted({as_task(t) for t in tasks})
         client_list = sorted(clients, key=lambda c: c.process_id)
@@ -144,6 +151,7 @@ class HighAvailabilityTaskAssignor:
             self.num_standby_replicas,
             self.acceptable_recovery_lag,
             rack_aware_tags=self.rack_aware_tags,
+            balance=self.balance,
         )
         target = sticky.assign(task_list, client_list, stateful_list, task_racks=task_racks)
         return _Holdback(self, task_list, client_list, set(stateful_list), target).plan()
@@ -166,6 +174,8 @@ class _Holdback:
         self.clients = {c.process_id: c for c in clients}
         self.stateful = stateful
         self.target = target
+        #: Whether swaps and chains keep every client's count of each subtopology.
+        self.by_subtopology = assignor.balance == "subtopology"
         self.previous = resolve_previous_owners(tasks, clients)
         self.known: dict[TaskId, list[tuple[int, str]]] | None = None
         self.ready_by: dict[str, frozenset[TaskId]] | None = None
@@ -278,6 +288,7 @@ class _Holdback:
         dest_standby = sets.of(dest)[1]
         paired = t in sets.of(home)[1]  # dest must then hold a standby of the partner
         pool = pools.of(home, self.previous.get(t) == home)
+        pool.subtopology = t.subtopology if self.by_subtopology else None
         if not paired:
             u = pool.first(pool.stateless, dest_standby, False)
             if u is not None:
@@ -422,28 +433,55 @@ class _Chains:
         self.load_bounds = dict(zip(pids, share_bounds(copies, caps), strict=True))
         self.count = {p: len(a.active) for p, a in target.items()}
         self.load = {p: len(a.active) + len(a.standby) for p, a in target.items()}
+        # Balanced per subtopology, a chain moves tasks of one subtopology only (the one being
+        # placed), and room and spare count that subtopology's floors and ceilings too.
+        self.subtopology: int | None = None
+        self.cell_bounds: dict[tuple[str, int], tuple[int, int]] = {}
+        self.cell_count: dict[tuple[str, int], int] = {}
+        if holdback.by_subtopology:
+            sizes = collections.Counter(t.subtopology for t in holdback.tasks)
+            for sub, size in sizes.items():
+                for p, bound in zip(pids, share_bounds(size, caps), strict=True):
+                    self.cell_bounds[p, sub] = bound
+                    self.cell_count[p, sub] = 0
+            for p, a in target.items():
+                for t in a.active:
+                    self.cell_count[p, t.subtopology] += 1
         # Searches and movable tasks of the current target, dropped whenever a task moves.
-        self.searches: dict[tuple[str, bool], tuple[_Links, dict[str, _State]]] = {}
+        self.searches: dict[tuple[str, bool, int | None], tuple[_Links, dict[str, _State]]] = {}
         self.movables: dict[str, list[TaskId]] = {}
         self.spare_list: list[str] | None = None
 
     def room(self, pid: str) -> bool:
         """Whether ``pid`` can take one more active within its active and load ceilings."""
+        sub = self.subtopology
+        if sub is not None and self.cell_count[pid, sub] >= self.cell_bounds[pid, sub][1]:
+            return False
         return self.count[pid] < self.bounds[pid][1] and self.load[pid] < self.load_bounds[pid][1]
 
     def spare(self, pid: str) -> bool:
         """Whether ``pid`` can give one active away within its active and load floors."""
+        sub = self.subtopology
+        if sub is not None and self.cell_count[pid, sub] <= self.cell_bounds[pid, sub][0]:
+            return False
         return self.count[pid] > self.bounds[pid][0] and self.load[pid] > self.load_bounds[pid][0]
 
     def spares(self) -> list[str]:
-        """The clients with an active to spare, in process id order (cached until a move)."""
+        """The clients with an active to spare, in process id order (cached until a move or
+        another subtopology)."""
         if self.spare_list is None:
             self.spare_list = [p for p in self.holdback.clients if self.spare(p)]
         return self.spare_list
 
     def movable(self, pid: str) -> list[TaskId]:
         """The actives ``pid`` may pass on, sorted: moved there (not its running owner) onto
-        no state of it, or stateless."""
+        no state of it, or stateless; of the subtopology being placed, if balanced per
+        subtopology."""
+        sub = self.subtopology
+        everything = self._movable(pid)
+        return everything if sub is None else [v for v in everything if v.subtopology == sub]
+
+    def _movable(self, pid: str) -> list[TaskId]:
         if pid not in self.movables:
             h = self.holdback
             client = h.clients[pid]
@@ -462,6 +500,9 @@ class _Chains:
         active) and go on from a client with one to spare (which hands one on without getting
         one)."""
         h = self.holdback
+        if h.by_subtopology and self.subtopology != task.subtopology:
+            self.subtopology = task.subtopology
+            self.spare_list = None
         source = self.where[task]
         owing = source == h.previous.get(task)  # one move more: a give-back must follow
         if not owing and h.ready_on(task, source):
@@ -485,7 +526,7 @@ class _Chains:
         shortest chain to it ends (cached until a task moves). A client may appear more than
         once in a chain (owing and not, before and after the slack); each task moves at most
         once."""
-        key = (pid, owing)
+        key = (pid, owing, self.subtopology)
         if key in self.searches:
             return self.searches[key]
         h = self.holdback
@@ -555,6 +596,9 @@ class _Chains:
         self.load[src] -= 1
         self.count[dest] += 1
         self.load[dest] += 1
+        if self.cell_count:
+            self.cell_count[src, task.subtopology] -= 1
+            self.cell_count[dest, task.subtopology] += 1
         self.searches.clear()
         self.spare_list = None
         self.movables.pop(src, None)
@@ -571,6 +615,8 @@ class _Pool:
         self.stateful = stateful
         self.orphans: list[TaskId] = []
         self.taken: set[TaskId] = set()
+        #: The subtopology partners must be of (balanced per subtopology), else None.
+        self.subtopology: int | None = None
         self.start: dict[int, int] = {}
         #: Per client, the stateful tasks here it is caught up on: (no standby there, standby).
         self.ready: dict[str, tuple[list[TaskId], list[TaskId]]] = {}
@@ -582,8 +628,13 @@ class _Pool:
         while i < len(ordered) and ordered[i] in self.taken:
             i += 1
         self.start[id(ordered)] = i
+        wanted = self.subtopology
         for u in itertools.islice(ordered, i, None):
-            if u not in self.taken and (u in standby) == paired:
+            if (
+                u not in self.taken
+                and (u in standby) == paired
+                and (wanted is None or u.subtopology == wanted)
+            ):
                 return u
         return None
 

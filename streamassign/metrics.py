@@ -12,9 +12,10 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from ._balance import apportion, share_bounds
-from ._ids import TaskId
+from ._ids import TaskId, as_task
+from ._quotas import fewest_moves
 from .assignment import ClientAssignment, ClientState
-from .sticky import resolve_previous_owners
+from .sticky import Balance, resolve_previous_owners
 
 
 @attrs.frozen
@@ -25,7 +26,9 @@ class AssignmentMetrics:
     clients: int
     #: Active tasks whose previous owner is still present but no longer runs them.
     moves: int
-    #: The least number of moves any balanced assignment needs (DESIGN §3.3).
+    #: The least number of moves any balanced assignment needs (DESIGN §3.3): balanced per
+    #: subtopology and in total (``subtopology_move_lower_bound``), or with
+    #: ``balance="total"`` in total only (``move_lower_bound``).
     move_lower_bound: int
     #: Every client's active count is the floor or ceiling of its capacity share.
     active_balanced: bool
@@ -41,6 +44,8 @@ class AssignmentMetrics:
     #: Stateful tasks that changed client (or lost theirs) landing where state already was / not.
     warm_takeovers: int
     cold_takeovers: int
+    #: Every client's actives of each subtopology are the floor or ceiling of its share of it.
+    subtopology_balanced: bool
 
     @property
     def standby_coverage(self) -> float:
@@ -70,6 +75,31 @@ def move_lower_bound(tasks: Iterable[TaskId], clients: Iterable[ClientState]) ->
     floors = [lo for lo, _ in share_bounds(len(task_list), caps)]
     quotas = apportion(len(task_list), caps, priority=lambda i: (floors[i] - counts[i], i))
     return sum(max(0, k - q) for k, q in zip(counts, quotas, strict=True))
+
+
+def subtopology_move_lower_bound(tasks: Iterable[TaskId], clients: Iterable[ClientState]) -> int:
+    """The least moves of any assignment balanced per subtopology *and* in total (the default
+    target of the sticky assignor, docs/assignor.md).
+
+    With ``K[c][s]`` the tasks of subtopology ``s`` client ``c`` ran before (duplicate claims
+    resolved as the assignor does): ``sum K - max sum min(K[c][s], q[c][s])`` over the quota
+    matrices ``q`` whose entries are the floor or ceiling of ``tasks(s) * capacity(c) /
+    total_capacity``, whose columns sum to ``tasks(s)`` and whose rows to the floor or ceiling
+    of the client's total share. Computed exactly (a min-cost flow over clients x
+    subtopologies). At least ``move_lower_bound``, which balances totals only.
+    """
+    task_list = list(dict.fromkeys(map(as_task, tasks)))
+    client_list = sorted(clients, key=lambda c: c.process_id)
+    subtopologies = sorted({t.subtopology for t in task_list})
+    column = {s: k for k, s in enumerate(subtopologies)}
+    counts = [0] * len(subtopologies)
+    for t in task_list:
+        counts[column[t.subtopology]] += 1
+    row = {c.process_id: k for k, c in enumerate(client_list)}
+    kept = [[0] * len(subtopologies) for _ in client_list]
+    for t, pid in resolve_previous_owners(task_list, client_list).items():
+        kept[row[pid]][column[t.subtopology]] += 1
+    return fewest_moves(counts, [c.capacity for c in client_list], kept)
 
 
 def violations(
@@ -120,8 +150,11 @@ def evaluate(
     assignment: Mapping[str, ClientAssignment],
     num_standby_replicas: int = 0,
     stateful: Iterable[TaskId] | None = None,
+    balance: Balance = "subtopology",
 ) -> AssignmentMetrics:
     """Score ``assignment`` of ``tasks`` to ``clients`` (whose history is the previous round).
+
+    ``balance`` says which move bound applies: the sticky assignor's option of that name.
 
     Computed with set operations per client, which the simulation pipeline needs at every
     rebalance; the task-by-task ``evaluate_per_task`` (the same numbers, property-tested) is the
@@ -135,9 +168,40 @@ def evaluate(
     fast = _evaluate_sets(
         task_list, client_list, assignment, num_standby_replicas, stateful_set, known
     )
-    if fast is not None:
-        return fast
-    return evaluate_per_task(task_list, client_list, assignment, num_standby_replicas, stateful)
+    if fast is None:
+        return evaluate_per_task(
+            task_list, client_list, assignment, num_standby_replicas, stateful, balance
+        )
+    return _with_subtopologies(fast, task_list, client_list, assignment, balance)
+
+
+def _with_subtopologies(
+    metrics: AssignmentMetrics,
+    tasks: list[TaskId],
+    clients: list[ClientState],
+    assignment: Mapping[str, ClientAssignment],
+    balance: Balance,
+) -> AssignmentMetrics:
+    """``metrics`` with the per-subtopology balance and, for that balance, its move bound."""
+    counts: dict[int, int] = {}
+    for t in tasks:
+        counts[t.subtopology] = counts.get(t.subtopology, 0) + 1
+    subtopologies = sorted(counts)
+    caps = [c.capacity for c in clients]
+    columns = [share_bounds(counts[s], caps) for s in subtopologies]
+    known = frozenset(tasks)
+    balanced = True
+    for ci, c in enumerate(clients):
+        mine: dict[int, int] = {}
+        for t in assignment.get(c.process_id, _EMPTY).active & known:
+            mine[t.subtopology] = mine.get(t.subtopology, 0) + 1
+        for s, column in zip(subtopologies, columns, strict=True):
+            lo, hi = column[ci]
+            balanced = balanced and lo <= mine.get(s, 0) <= hi
+    bound = metrics.move_lower_bound
+    if balance == "subtopology" and len(subtopologies) > 1:
+        bound = subtopology_move_lower_bound(tasks, clients)
+    return attrs.evolve(metrics, move_lower_bound=bound, subtopology_balanced=balanced)
 
 
 def evaluate_per_task(
@@ -146,6 +210,7 @@ def evaluate_per_task(
     assignment: Mapping[str, ClientAssignment],
     num_standby_replicas: int = 0,
     stateful: Iterable[TaskId] | None = None,
+    balance: Balance = "subtopology",
 ) -> AssignmentMetrics:
     """``evaluate`` the direct way, task by task: the reference the fast path is tested on."""
     task_list = list(dict.fromkeys(tasks))
@@ -183,7 +248,7 @@ def evaluate_per_task(
                 else:
                     dropped += 1
     wanted = min(num_standby_replicas, max(0, len(client_list) - 1))
-    return AssignmentMetrics(
+    metrics = AssignmentMetrics(
         tasks=len(task_list),
         clients=len(client_list),
         moves=moves,
@@ -197,7 +262,9 @@ def evaluate_per_task(
         standbys_dropped=dropped,
         warm_takeovers=warm,
         cold_takeovers=cold,
+        subtopology_balanced=True,
     )
+    return _with_subtopologies(metrics, task_list, client_list, assignment, balance)
 
 
 _EMPTY = ClientAssignment()
@@ -274,4 +341,5 @@ def _evaluate_sets(
         standbys_dropped=dropped,
         warm_takeovers=warm,
         cold_takeovers=cold,
+        subtopology_balanced=True,  # set by ``_with_subtopologies``
     )

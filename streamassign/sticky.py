@@ -2,9 +2,13 @@
 
 The algorithm (DESIGN §3), in order of precedence:
 
-1. **Quotas.** Each client's active quota is the floor or ceiling of its capacity-proportional
-   share; the ceilings go to the clients that ran the most tasks above their floor. That choice
-   makes ``sum(max(0, K_c - q_c))`` minimal — the move lower bound.
+1. **Quotas.** Balanced per subtopology (``balance="subtopology"``, the default): a quota per
+   (client, subtopology), the floor or ceiling of its capacity-proportional share, with row
+   totals within floor and ceiling of the client's total share; ``_quotas.best_quotas`` picks
+   the matrix that keeps the most previous tasks (an exact min-cost flow), and each
+   subtopology then goes through steps 2-4 on its own. With ``balance="total"``: each client's
+   total quota is the floor or ceiling of its share; the ceilings go to the clients that ran
+   the most tasks above their floor. Either choice makes the moves minimal for its balance.
 2. **Stickiness.** Every client keeps ``min(K_c, q_c)`` of the tasks it ran, so moves equal the
    lower bound exactly. A client over quota releases tasks of its most crowded subtopologies
    first, and among those the ones another client holds warm state for.
@@ -18,7 +22,8 @@ The algorithm (DESIGN §3), in order of precedence:
    ceiling of its share (as far as one copy per client allows); previous standbys (then other
    local state, lowest lag first) are kept, those of tasks active on clients that take new
    standbys first; the rest go to the clients with most room left, those tasks first again,
-   with a one-step swap when the only clients with room already hold the task.
+   with a one-step swap when the only clients with room already hold the task. Balanced per
+   subtopology, exchanges of new standbys then even out each client's standbys per subtopology.
 
 All decisions iterate in sorted order of task and process ids, so the same input gives the same
 output whatever the order of the input collections.
@@ -26,21 +31,22 @@ output whatever the order of the input collections.
 
 from __future__ import annotations
 
+import collections
 import heapq
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import partial
 from itertools import pairwise
-from typing import Final
+from typing import Final, Literal
 
 import attrs
 
 from ._balance import apportion, deal, level_order, share_bounds, standby_targets
 from ._ids import TaskId, as_task
+from ._quotas import best_quotas, quota_bounds
 from ._standby_queue import RACK_SCAN, StandbyQueue
-from ._sticky_sets import _PROCESS_ID, assign_sets
-from ._sticky_small import assign_small
 from ._takeover import augment_takeovers
 from .assignment import ClientAssignment, ClientState
+from .errors import AssignmentInputError, DuplicateProcessIdError, NoClientsError
 
 #: Standbys each rack-conflicting standby is weighed against for an exchange.
 _EXCHANGE_SCAN: Final = 2048
@@ -48,13 +54,15 @@ _EXCHANGE_SCAN: Final = 2048
 #: partner weighed. Unbounded, 1,000 tasks with 4 standbys over 3 racks took 18 s.
 _EXCHANGE_BUDGET: Final = 1 << 18
 _EXCHANGE_COST: Final = 16
+#: Exchange tries the per-subtopology standby evening takes at most (0.1 s or so).
+_EVEN_BUDGET: Final = 1 << 16
 #: Lag used for a standby whose lag the client did not report: behind every known lag.
 _UNKNOWN_LAG: Final = 1 << 62
 
 
 def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+        raise AssignmentInputError(f"{attribute.name} must be an int >= 0, got {value!r}")
 
 
 _ID_TYPES = (TaskId, tuple)  # task ids the fast paths take as they are
@@ -72,6 +80,19 @@ def _task_collection(items: Iterable[TaskId]) -> Collection[TaskId]:
 
 def _tag_keys(value: Iterable[str] | None) -> tuple[str, ...] | None:
     return None if value is None else tuple(value)
+
+
+#: What ``StickyTaskAssignor`` balances: every subtopology and the total (default), or the
+#: total only.
+Balance = Literal["subtopology", "total"]
+BALANCE_MODES: Final = ("subtopology", "total")
+
+
+def _balance_mode(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value not in BALANCE_MODES:
+        raise AssignmentInputError(
+            f"{attribute.name} must be one of {', '.join(BALANCE_MODES)}, got {value!r}"
+        )
 
 
 def _claims(
@@ -127,6 +148,11 @@ class StickyTaskAssignor:
     #: Client tag keys a standby's placement avoids sharing values of with the task's other
     #: copies (KIP-708's ``rack.aware.assignment.tags``); ``None``: every key clients report.
     rack_aware_tags: tuple[str, ...] | None = attrs.field(default=None, converter=_tag_keys)
+    #: ``"subtopology"``: every client's actives of each subtopology, and its total, within
+    #: floor and ceiling of its capacity share, with the fewest moves that allows.
+    #: ``"total"``: only the total (fewer moves when a group's history is uneven per
+    #: subtopology, e.g. each client ran a whole subtopology; docs/assignor.md).
+    balance: Balance = attrs.field(default="subtopology", validator=_balance_mode)
 
     def assign(
         self,
@@ -141,26 +167,20 @@ class StickyTaskAssignor:
         leaders of each task's partitions, makes tasks that need a new client prefer one in
         that rack (cross-rack traffic, KIP-925) without changing how many any client gets.
         Tasks may also be given as ``"s_p"`` text or ``(subtopology, partition)`` pairs.
-        Raises ``ValueError`` for duplicate process ids, or for tasks with no client.
+        Raises ``DuplicateProcessIdError`` or ``NoClientsError`` (both ``ValueError``s).
         """
         tasks = _task_collection(tasks)
         if stateful is not None:
             stateful = _task_collection(stateful)
-        ordered = sorted(clients, key=_PROCESS_ID)
-        if not task_racks:
-            quick = assign_small(tasks, ordered, stateful, self.num_standby_replicas)
-            if quick is None:
-                quick = assign_sets(tasks, ordered, stateful, self.num_standby_replicas)
-            if quick is not None:
-                return quick
         return _Run(
             tasks,
-            ordered,
+            clients,
             stateful,
             self.num_standby_replicas,
             self.acceptable_recovery_lag,
             rack_aware_tags=self.rack_aware_tags,
             task_racks=task_racks,
+            by_subtopology=self.balance == "subtopology",
         ).result()
 
 
@@ -176,6 +196,7 @@ class _Run:
         acceptable_recovery_lag: int = 10_000,
         rack_aware_tags: Sequence[str] | None = None,
         task_racks: Mapping[TaskId, str] | None = None,
+        by_subtopology: bool = True,
     ) -> None:
         self.acceptable_lag = acceptable_recovery_lag
         self.rack_aware_tags = rack_aware_tags
@@ -184,11 +205,23 @@ class _Run:
         self.clients: list[ClientState] = sorted(clients, key=lambda c: c.process_id)
         for a, b in pairwise(self.clients):
             if a.process_id == b.process_id:
-                raise ValueError(f"duplicate process id among clients: {a.process_id!r}")
+                raise DuplicateProcessIdError(a.process_id)
         if self.tasks and not self.clients:
-            raise ValueError(f"no clients to run {len(self.tasks)} tasks")
+            raise NoClientsError(len(self.tasks))
         self.index: dict[TaskId, int] = {t: i for i, t in enumerate(self.tasks)}
         n = len(self.tasks)
+        #: Column (subtopology number in sorted order) of each task, and tasks per column.
+        self.column: list[int] = []
+        self.column_sizes: list[int] = []
+        last = None
+        for t in self.tasks:
+            if t.subtopology != last:
+                last = t.subtopology
+                self.column_sizes.append(0)
+            self.column_sizes[-1] += 1
+            self.column.append(len(self.column_sizes) - 1)
+        # With one subtopology, balancing it is balancing the total.
+        self.by_subtopology = by_subtopology and len(self.column_sizes) > 1
         if stateful is None:
             self.stateful = [True] * n
         else:
@@ -292,11 +325,28 @@ class _Run:
         return prev
 
     def assign_actives(self) -> None:
+        if self.by_subtopology:
+            self._actives_per_subtopology()
+        else:
+            self._actives_by_total()
+        owner, warm = self.owner, self.warm
+        for i, ci in enumerate(owner):
+            self.active[ci].append(i)
+        # A previous owner that gave its task up still holds its state: a fine standby.
+        for i, (was, now) in enumerate(zip(self.prev_owner, owner, strict=True)):
+            if was >= 0 and was != now and was not in warm.get(i, ()):
+                found = warm.setdefault(i, [])
+                found.append(was)
+                found.sort(key=partial(self._rank, i))
+
+    def _actives_by_total(self) -> None:
+        """Quotas per client from its total share (``balance="total"``), then keep, take over
+        warm and deal."""
         caps = [c.capacity for c in self.clients]
         prev = self._previous_tasks()
         bounds = share_bounds(len(self.tasks), caps)
         floors = [lo for lo, _ in bounds]
-        tasks, warm, owner = self.tasks, self.warm, self.owner
+        tasks, warm = self.tasks, self.warm
         # Ceilings go to the clients that ran most above their floor (the move bound), then to
         # the clients whose claims and the orphans a matching would give them (each orphan
         # counted for the warm holder with the fewest matches so far that still has room for it
@@ -319,6 +369,15 @@ class _Run:
             return min(0, below), spare >= matched[ci], spare, -matched[ci], ci
 
         quotas = apportion(len(tasks), caps, priority=priority)
+        room = self._keep_previous(quotas, prev, claims)
+        self._place_orphans(range(len(tasks)), room, quotas, bounds)
+
+    def _keep_previous(
+        self, quotas: list[int], prev: list[list[int]], claims: list[list[int]]
+    ) -> list[int]:
+        """Each client keeps up to its quota of what it ran (``prev``), then of its claims;
+        returns the room each has left."""
+        owner = self.owner
         room = [q - min(q, len(mine)) for q, mine in zip(quotas, prev, strict=True)]
         # Room each client has beyond its claims: where a released task can still land warm.
         spare = [r - min(r, len(mine)) for r, mine in zip(room, claims, strict=True)]
@@ -343,13 +402,24 @@ class _Run:
         for ci, mine in enumerate(claims):
             if mine:
                 room[ci] -= self._keep(mine, ci, room[ci] - promised[ci], spare)
+        return room
 
+    def _place_orphans(
+        self,
+        scope: range,
+        room: list[int],
+        quotas: list[int],
+        bounds: Sequence[tuple[int, int]],
+    ) -> None:
+        """Give the tasks of ``scope`` nobody keeps to clients with ``room``: warm takeovers
+        first, then dealt in task order over the free room (``room`` is used up)."""
+        owner, warm = self.owner, self.warm
         # Warm takeovers: over all (task, holder) pairs, standby holders first, then the
         # smallest lag, so a contested client's room goes to what it is most caught up on.
         rank = self._rank
         pairs = []
-        for i, ci in enumerate(owner):
-            if ci < 0:
+        for i in scope:
+            if owner[i] < 0:
                 for h in warm.get(i, ()):
                     k = rank(i, h)
                     pairs.append((k[0], k[1], k[2], k[3], i, h))
@@ -367,7 +437,7 @@ class _Run:
             if waiting:
                 augment_takeovers(waiting, self._standby_holders, owner, took, room, quotas, bounds)
             _take_warm(pairs[later:], owner, room, took)
-        cold = [i for i, ci in enumerate(owner) if ci < 0]
+        cold = [i for i in scope if owner[i] < 0]
         if not warm.keys().isdisjoint(cold):
             cold = augment_takeovers(
                 cold, self._holders, owner, took, room, quotas, bounds, self._no_worse
@@ -378,14 +448,117 @@ class _Run:
             owner[i] = ci
         if self.task_racks:
             self._match_racks(cold)
+
+    def _actives_per_subtopology(self) -> None:
+        """Quotas per (client, subtopology) (``balance="subtopology"``): the admissible quota
+        matrix keeping the most previous tasks, then claims and warm takeovers (``_quotas``);
+        then each subtopology is kept, taken over warm and dealt on its own."""
+        caps = [c.capacity for c in self.clients]
+        sizes, column = self.column_sizes, self.column
+        cells, _ = quota_bounds(sizes, caps)
+        prev: list[list[list[int]]] = [[[] for _ in sizes] for _ in self.clients]  # per cell
+        for ci, mine in enumerate(self._previous_tasks()):
+            for i in mine:
+                prev[ci][column[i]].append(i)
+        warm = self.warm
+        # As in ``_actives_by_total``: each orphan counted for the warm holder with the fewest
+        # matches so far that has room for it below the ceiling of its cell.
+        matched = [[0] * len(sizes) for _ in self.clients]
+        orphans = sorted((len(h), i) for i, h in warm.items() if self.prev_owner[i] < 0)
+        for _, i in orphans:
+            col = column[i]
+            roomy = [h for h in warm[i] if matched[h][col] < cells[h][col][1] - len(prev[h][col])]
+            if roomy:
+                matched[min(roomy, key=lambda h: matched[h][col])][col] += 1
+        claims: list[list[list[int]]] = [[[] for _ in sizes] for _ in self.clients]
+        for ci, mine in enumerate(self._restart_claims(orphans)):
+            for i in mine:
+                claims[ci][column[i]].append(i)
+        quotas = best_quotas(sizes, caps, self._cell_gains(cells, prev, claims, matched))
+        start = 0
+        for col, size in enumerate(sizes):
+            scope = range(start, start + size)
+            start += size
+            self._keep_and_place(
+                scope,
+                [row[col] for row in quotas],
+                [row[col] for row in prev],
+                [row[col] for row in claims],
+            )
+        self._hand_orphans_to_standby_holders(cells, caps)
+
+    def _hand_orphans_to_standby_holders(
+        self, cells: list[list[tuple[int, int]]], caps: list[int]
+    ) -> None:
+        """An orphan placed on a client without a standby of it moves to a standby holder of
+        it when the quota matrix allows: the placing client above its floors (cell and total),
+        the holder below its ceilings. The cell ceiling moves with it, so every count stays
+        admissible, and no kept task moves. The gains that chose the matrix only estimate
+        where orphans can go warm; this makes sure no such hand-over is left."""
+        owner, column, prev_owner = self.owner, self.column, self.prev_owner
+        rows = share_bounds(len(self.tasks), caps)
+        counts = [[0] * len(self.column_sizes) for _ in caps]
+        totals = [0] * len(caps)
         for i, ci in enumerate(owner):
-            self.active[ci].append(i)
-        # A previous owner that gave its task up still holds its state: a fine standby.
-        for i, (was, now) in enumerate(zip(self.prev_owner, owner, strict=True)):
-            if was >= 0 and was != now and was not in warm.get(i, ()):
-                found = warm.setdefault(i, [])
-                found.append(was)
-                found.sort(key=partial(self._rank, i))
+            counts[ci][column[i]] += 1
+            totals[ci] += 1
+        # Orphans with a standby holder other than their client; each hand-over takes one
+        # off for good, and one may free room for an earlier one: passes until none moves.
+        waiting = [
+            i
+            for i, ci in enumerate(owner)
+            if prev_owner[i] < 0 and (found := self._standby_holders(i)) and ci not in found
+        ]
+        moved = True
+        while moved:
+            moved = False
+            for i in waiting:
+                ci, col = owner[i], column[i]
+                if counts[ci][col] <= cells[ci][col][0] or totals[ci] <= rows[ci][0]:
+                    continue
+                for h in self._standby_holders(i):
+                    if counts[h][col] < cells[h][col][1] and totals[h] < rows[h][1]:
+                        owner[i] = h
+                        counts[ci][col] -= 1
+                        totals[ci] -= 1
+                        counts[h][col] += 1
+                        totals[h] += 1
+                        moved = True
+                        break
+            waiting = [i for i in waiting if owner[i] not in self._standby_holders(i)]
+
+    @staticmethod
+    def _cell_gains(
+        cells: list[list[tuple[int, int]]],
+        prev: list[list[list[int]]],
+        claims: list[list[list[int]]],
+        matched: list[list[int]],
+    ) -> list[list[int]]:
+        """What a cell's ceiling is worth, in strict priority: a previous task kept (the move
+        bound), then a restart claim kept, then a matched orphan taken over warm."""
+        tier = len(cells) * len(cells[0]) + 1 if cells else 1
+        gains = []
+        for ci, row in enumerate(cells):
+            out = []
+            for col, (lo, _) in enumerate(row):
+                ran = len(prev[ci][col])
+                claimed = ran + len(claims[ci][col])
+                out.append(
+                    (ran > lo) * tier * tier
+                    + (claimed > lo) * tier
+                    + (claimed + matched[ci][col] > lo)
+                )
+            gains.append(out)
+        return gains
+
+    def _keep_and_place(
+        self, scope: range, quotas: list[int], prev: list[list[int]], claims: list[list[int]]
+    ) -> None:
+        """One subtopology's tasks (``scope``), with its column of the quota matrix: each client
+        keeps up to its quota of what it ran, then of its claims; the rest are placed."""
+        room = self._keep_previous(quotas, prev, claims)
+        # Quotas of a column are fixed by the matrix: a chain may not move a ceiling.
+        self._place_orphans(scope, room, list(quotas), [(q, q) for q in quotas])
 
     def _match_racks(self, cold: list[int]) -> None:
         """Swap clients between cold tasks so more of them run in the rack of their partitions'
@@ -545,6 +718,8 @@ class _Run:
         if queue.aware:
             self._exchange_for_racks(need, copies, queue)
         self._return_dropped_standbys(copies, placed)
+        if self.by_subtopology:
+            _StandbyEvener(self, copies, placed, queue).run()
         for slot, ci in enumerate(copies):
             if ci >= 0:
                 self.standby[ci].append(slot // r)
@@ -777,9 +952,25 @@ class _Run:
                 return None
         if sum(len(c.prev_active) for c in clients) != n:
             return None  # stale claims
+        if self.by_subtopology and not self._balanced_per_subtopology(caps):
+            return None
         if any(copies[i] != (r if stateful[i] else 0) for i in range(n)):
             return None
         return {c.process_id: ClientAssignment(c.prev_active, c.prev_standby) for c in clients}
+
+    def _balanced_per_subtopology(self, caps: list[int]) -> bool:
+        """Whether every client's previous actives of each subtopology are within floor and
+        ceiling of its share (a balanced history is then kept as it is)."""
+        cells, _ = quota_bounds(self.column_sizes, caps)
+        counts = [[0] * len(self.column_sizes) for _ in caps]
+        column = self.column
+        for i, ci in enumerate(self.prev_owner):
+            counts[ci][column[i]] += 1
+        return all(
+            lo <= count <= hi
+            for row, bounds in zip(counts, cells, strict=True)
+            for count, (lo, hi) in zip(row, bounds, strict=True)
+        )
 
     def result(self, fast_path: bool = True) -> dict[str, ClientAssignment]:
         if fast_path:
@@ -797,6 +988,159 @@ class _Run:
             )
             for ci, c in enumerate(self.clients)
         }
+
+
+class _StandbyEvener:
+    """Exchanges of standbys placed in this run between two clients that bring every client's
+    standbys of each subtopology nearer the floor or ceiling of its capacity share of that
+    subtopology's copies (as even as the one-copy rule and the load rule allow).
+
+    Client ``a`` hands a copy of subtopology ``s`` to ``b`` and ``b`` one of ``s2`` to ``a``:
+    both keep their standby counts (the load rule), no cell leaves its floor and ceiling and at
+    least one outside them comes nearer, so the total distance from the bounds falls with each
+    exchange and passes end. Only copies on a client without state of their task move (kept
+    and handed-back copies stay), and not those of a task some client held a standby of and
+    lost (``_return_dropped_standbys`` has weighed where those go); never onto a client
+    holding the task, and never to more rack or tag conflicts. A copy moves to a client only
+    if it then backs up no more of the copy's active client's tasks than one above an even
+    spread (``ceil(actives * standbys / (clients - 1)) + 1``) or than the client it leaves
+    did, so one client's tasks stay spread over many others (rule 7). ``_EVEN_BUDGET`` tries
+    at most (large inputs may stop short).
+    """
+
+    def __init__(self, run: _Run, copies: list[int], placed: set[int], queue: StandbyQueue) -> None:
+        self.state, self.copies, self.queue = run, copies, queue
+        r, column, clients, tasks = run.replicas, run.column, run.clients, run.tasks
+        n_col = len(run.column_sizes)
+        self.count = [[0] * n_col for _ in clients]
+        per_column = [0] * n_col
+        for slot, ci in enumerate(copies):
+            if ci >= 0:
+                per_column[column[slot // r]] += 1
+                self.count[ci][column[slot // r]] += 1
+        caps = [c.capacity for c in clients]
+        columns = [share_bounds(k, caps) for k in per_column]
+        #: Floor and ceiling of each client's standbys of each subtopology.
+        self.bounds = [[column_bounds[ci] for column_bounds in columns] for ci in range(len(caps))]
+        #: Copies that may move, per (client, column), in slot order.
+        self.movable: dict[tuple[int, int], list[int]] = {}
+        warm = run.warm  # every client with state of a task, other than its owner
+        for slot in sorted(placed):
+            ci, i = copies[slot], slot // r
+            if ci < 0:
+                continue
+            found = warm.get(i)
+            if found:
+                if ci in found:
+                    continue  # warm state here
+                held = copies[i * r : (i + 1) * r]
+                lost = (
+                    h
+                    for h in found
+                    if h not in held and h != run.owner[i] and tasks[i] in clients[h].prev_standby
+                )
+                if any(lost):
+                    continue  # a previous standby holder lost this task
+            self.movable.setdefault((ci, column[i]), []).append(slot)
+        #: Copies of each client's actives that each client holds: ``(active, holder)``.
+        self.backed: collections.Counter[tuple[int, int]] = collections.Counter()
+        for slot, ci in enumerate(copies):
+            if ci >= 0:
+                self.backed[run.owner[slot // r], ci] += 1
+        #: Per client, copies of its actives any one other client may hold: one more than an
+        #: even spread (the bound rule 7 promises).
+        others = max(1, len(clients) - 1)
+        self.spread = [1 - (-len(mine) * r // others) for mine in run.active]
+        self.budget = _EVEN_BUDGET
+
+    def run(self) -> None:
+        count, bounds = self.count, self.bounds
+        n_cli, n_col = len(count), len(count[0]) if count else 0
+        moved = True
+        while moved and self.budget > 0:
+            moved = False
+            for col in range(n_col):
+                for a in range(n_cli):
+                    lo, hi = bounds[a][col]
+                    if count[a][col] > hi:
+                        moved |= self._exchange_from(a, col)
+                    elif count[a][col] < lo:
+                        moved |= self._exchange_to(a, col)
+                    if self.budget <= 0:
+                        return
+
+    def _exchange_from(self, a: int, col: int) -> bool:
+        """``a`` is above its ceiling of ``col``: hand one to a client with room for it."""
+        for b in range(len(self.count)):
+            if b != a:
+                for col2 in range(len(self.count[0])):
+                    if col2 != col and self._try(a, b, col, col2):
+                        return True
+                    if self.budget <= 0:
+                        return False
+        return False
+
+    def _exchange_to(self, b: int, col: int) -> bool:
+        """``b`` is below its floor of ``col``: take one from a client above its floor."""
+        for a in range(len(self.count)):
+            if a != b:
+                for col2 in range(len(self.count[0])):
+                    if col2 != col and self._try(a, b, col, col2):
+                        return True
+                    if self.budget <= 0:
+                        return False
+        return False
+
+    def _try(self, a: int, b: int, col: int, col2: int) -> bool:
+        """Exchange a copy of ``col`` on ``a`` with one of ``col2`` on ``b`` when counts allow
+        (each cell stays within or comes nearer its bounds) and two such copies exist."""
+        self.budget -= 1
+        count, bounds = self.count, self.bounds
+        if not (
+            count[a][col] > bounds[a][col][0]
+            and count[b][col] < bounds[b][col][1]
+            and count[b][col2] > bounds[b][col2][0]
+            and count[a][col2] < bounds[a][col2][1]
+        ):
+            return False
+        give = self._pick(a, col, b)
+        if give < 0:
+            return False
+        back = self._pick(b, col2, a)
+        if back < 0:
+            return False
+        self._move(give, a, b, col)
+        self._move(back, b, a, col2)
+        return True
+
+    def _pick(self, src: int, col: int, dst: int) -> int:
+        """The first movable copy of ``col`` on ``src`` that ``dst`` may hold (-1: none)."""
+        state, copies, queue = self.state, self.copies, self.queue
+        r, owner = state.replicas, state.owner
+        for slot in self.movable.get((src, col), ()):
+            self.budget -= 1
+            i = slot // r
+            held = copies[i * r : (i + 1) * r]
+            if owner[i] == dst or dst in held:
+                continue
+            if self.backed[owner[i], dst] >= max(self.spread[owner[i]], self.backed[owner[i], src]):
+                continue  # would pile this client's backups up on ``dst``
+            if queue.aware:
+                others = [owner[i], *(x for k, x in enumerate(held) if i * r + k != slot)]
+                if queue.conflicts(dst, others) > queue.conflicts(src, others):
+                    continue
+            return slot
+        return -1
+
+    def _move(self, slot: int, src: int, dst: int, col: int) -> None:
+        active = self.state.owner[slot // self.state.replicas]
+        self.backed[active, src] -= 1
+        self.backed[active, dst] += 1
+        self.copies[slot] = dst
+        self.count[src][col] -= 1
+        self.count[dst][col] += 1
+        self.movable[src, col].remove(slot)
+        self.movable.setdefault((dst, col), []).append(slot)
 
 
 class _SwapIndex:

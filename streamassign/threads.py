@@ -16,6 +16,7 @@ from itertools import pairwise
 from ._balance import deal, level_order
 from ._ids import TaskId, as_task
 from .assignment import ClientAssignment
+from .errors import ThreadListError
 
 
 def distribute_to_threads(
@@ -28,14 +29,14 @@ def distribute_to_threads(
 
     ``previous`` maps a thread to the tasks (of any kind) it had; ``stateful=None`` treats every
     active as stateful. Returns an assignment for every thread, in sorted thread order. Raises
-    ``ValueError`` for an empty or duplicated thread list.
+    ``ThreadListError`` (a ``ValueError``) for an empty or duplicated thread list.
     """
     names = sorted(threads)
     if not names:
-        raise ValueError("a client needs at least one thread to run its tasks")
+        raise ThreadListError("a client needs at least one thread to run its tasks")
     if len(set(names)) != len(names):
         dup = next(a for a, b in pairwise(names) if a == b)
-        raise ValueError(f"duplicate thread id: {dup!r}")
+        raise ThreadListError(f"duplicate thread id: {dup!r}")
     stateful_set = None if stateful is None else set(stateful)
     # Where each task was before; a task claimed by two threads stays with the first in order.
     prev: dict[TaskId, int] = {}

@@ -1,18 +1,26 @@
-"""Shared test configuration: hypothesis profiles (CI runs thousands of cases per property)."""
+"""Shared test configuration: hypothesis profiles (CI runs thousands of cases per property).
+
+CI draws new examples on every commit, reproducibly: the seed is taken from the commit hash
+(``HYPOTHESIS_SEED`` overrides it, in any profile), printed in the session header, and
+hypothesis prints each failing example's reproduction blob. To rerun a CI failure locally:
+``HYPOTHESIS_SEED=<seed from the header> HYPOTHESIS_PROFILE=ci pytest tests/...``.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
+import subprocess
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
-# CI is deterministic (a fixed example sequence), so a landing never depends on which random
-# examples one run happened to draw; local runs stay random and keep exploring.
 settings.register_profile(
     "ci",
     max_examples=2000,
-    derandomize=True,
     deadline=None,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile("dev", max_examples=200, deadline=None)
@@ -21,6 +29,7 @@ settings.register_profile(
     "deep",
     max_examples=50_000,
     deadline=None,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 # Hunting with the fuzz tests (tests/fuzz: damaged bytes into decoders and leaders), each
@@ -29,6 +38,54 @@ settings.register_profile(
     "fuzz",
     max_examples=20_000,
     deadline=None,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+settings.load_profile(PROFILE)
+
+
+def _commit_seed() -> tuple[int, str]:
+    """The seed of this run and where it came from: ``HYPOTHESIS_SEED``, else the checked-out
+    commit (new examples per commit, the same ones on a rerun), else a random one."""
+    given = os.environ.get("HYPOTHESIS_SEED")
+    if given:
+        return int(given), "HYPOTHESIS_SEED"
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        return int(head[:12], 16), f"commit {head[:12]}"
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return secrets.randbits(48), "random (no git commit found)"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Seed hypothesis in CI (or when ``HYPOTHESIS_SEED`` is set) unless ``--hypothesis-seed``
+    was given; runs before hypothesis' own plugin reads that option."""
+    if config.getoption("hypothesis_seed", None) is not None:
+        return
+    if PROFILE == "ci" or os.environ.get("HYPOTHESIS_SEED"):
+        seed, source = _commit_seed()
+        config.option.hypothesis_seed = str(seed)
+        config.stash[_SEED_SOURCE] = f"{seed} ({source})"
+
+
+_SEED_SOURCE = pytest.StashKey[str]()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    seed = config.getoption("hypothesis_seed", None)
+    if seed is None:
+        return f"hypothesis profile {PROFILE}: random seed per test (set HYPOTHESIS_SEED to fix)"
+    source = config.stash.get(_SEED_SOURCE, f"{seed} (--hypothesis-seed)")
+    return (
+        f"hypothesis profile {PROFILE}: seed {source}; "
+        f"rerun with HYPOTHESIS_PROFILE={PROFILE} HYPOTHESIS_SEED={seed}"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
+import attrs
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -26,6 +27,21 @@ from .test_sticky import shuffled
 
 ACCEPTABLE = 100
 Inputs = tuple[list[TaskId], list[ClientState], int, "list[TaskId] | None"]
+
+
+def balanced_per_subtopology(
+    data: st.DataObject, tasks: list[TaskId], clients: list[ClientState]
+) -> list[ClientState]:
+    """A history balanced per subtopology and in total: the sticky assignment of a random
+    earlier history of the same clients (balanced whatever it came from)."""
+    earlier = [
+        ClientState(
+            c.process_id, c.capacity, data.draw(st.lists(st.sampled_from(tasks), unique=True))
+        )
+        for c in clients
+    ]
+    got = StickyTaskAssignor().assign(tasks, earlier)
+    return [ClientState(c.process_id, c.capacity, got[c.process_id].active) for c in clients]
 
 
 def assignor(replicas: int, warmups: int = 2) -> HighAvailabilityTaskAssignor:
@@ -158,6 +174,7 @@ def test_churn_converges_to_a_balanced_stable_assignment_within_the_bound(
         bounds = share_bounds(len(tasks), [c.capacity for c in last])
         for c, (lo, hi) in zip(last, bounds, strict=True):
             assert lo <= len(final[c.process_id].active) <= hi
+        assert evaluate(tasks, last, final).subtopology_balanced
         fed = next_round(last, final)
         again = assignor(replicas, warmups).plan(tasks, fed, stateful)
         assert not again.probing_rebalance_needed
@@ -240,7 +257,9 @@ def test_an_arbitrary_balanced_history_is_not_reshuffled(
     data: st.DataObject, tasks: list[TaskId], clients: list[ClientState], replicas: int
 ) -> None:
     """Any balanced assignment of the actives (not only one this assignor made) is its own
-    target: no active moves, nothing is held back."""
+    target: no active moves, nothing is held back. Balanced in total for ``balance="total"``;
+    for the default, per subtopology too (a history drawn balanced in total is rejected
+    unless it happens to be)."""
     bounds = share_bounds(len(tasks), [c.capacity for c in clients])
     counts = [lo for lo, _ in bounds]
     extra = [i for i, (lo, hi) in enumerate(bounds) if hi > lo]
@@ -251,7 +270,12 @@ def test_an_arbitrary_balanced_history_is_not_reshuffled(
     for c, n in zip(clients, counts, strict=True):
         history.append(ClientState(c.process_id, c.capacity, order[start : start + n]))
         start += n
-    plan = assignor(replicas).plan(tasks, history)
+    balance = data.draw(st.sampled_from(["subtopology", "total"]))
+    if balance == "subtopology":
+        by_history = {c.process_id: ClientAssignment(c.prev_active) for c in history}
+        if not evaluate(tasks, history, by_history).subtopology_balanced:
+            history = balanced_per_subtopology(data, tasks, clients)
+    plan = attrs.evolve(assignor(replicas), balance=balance).plan(tasks, history)
     assert not plan.probing_rebalance_needed
     assert {p: a.active for p, a in plan.assignment.items()} == {
         c.process_id: c.prev_active for c in history
@@ -291,6 +315,7 @@ def test_target_keeps_the_sticky_counts_moves_and_loads(inputs: Inputs) -> None:
     ours = evaluate(tasks, clients, plan.target, replicas, stateful)
     theirs = evaluate(tasks, clients, sticky, replicas, stateful)
     assert ours.moves == theirs.moves and ours.active_balanced == theirs.active_balanced
+    assert ours.subtopology_balanced == theirs.subtopology_balanced
     for pid, a in plan.assignment.items():
         moved_in = a.active - plan.target[pid].active
         assert all(t in plan.held_back for t in moved_in)
@@ -298,16 +323,27 @@ def test_target_keeps_the_sticky_counts_moves_and_loads(inputs: Inputs) -> None:
 
 
 def test_a_stateless_task_goes_instead_of_a_stateful_one_on_cold_state() -> None:
-    """b joins; the sticky target hands it stateful tasks of a. a keeps those and gives b its
-    stateless tasks instead: balanced at once, no warmup, no probing rebalance."""
+    """b joins; the sticky target hands it stateful tasks of a. Balancing totals only, a keeps
+    those and gives b its stateless tasks instead: balanced at once, no warmup, no probing
+    rebalance. Balanced per subtopology (the default) b must run two of each subtopology: it
+    gets two stateless tasks now and warms up two stateful ones, which a runs meanwhile."""
     stateful = [TaskId(0, p) for p in range(4)]
     stateless = [TaskId(1, p) for p in range(4)]
     a = ClientState("a", prev_active=stateful + stateless)
-    plan = assignor(0).plan(stateful + stateless, [a, ClientState("b")], stateful)
-    sticky = StickyTaskAssignor(0).assign(stateful + stateless, [a, ClientState("b")], stateful)
+    clients = [a, ClientState("b")]
+    total_only = attrs.evolve(assignor(0), balance="total")
+    plan = total_only.plan(stateful + stateless, clients, stateful)
+    sticky = StickyTaskAssignor(0, balance="total").assign(stateful + stateless, clients, stateful)
     assert sticky["b"].active & set(stateful)  # what the plain sticky assignor would move
     assert plan.assignment["b"].active == set(stateless)
     assert plan.assignment == plan.target and not plan.probing_rebalance_needed
+
+    plan = assignor(0).plan(stateful + stateless, clients, stateful)
+    got = plan.assignment["b"]
+    assert len(got.active) == 2 and got.active <= set(stateless)
+    assert len(got.warmup) == 2 and got.warmup <= set(stateful)
+    assert plan.target["b"].active == got.active | got.warmup
+    assert plan.probing_rebalance_needed
 
 
 @given(task_sets(), fresh_clients(), st.integers(0, 2), st.integers(0, 2 * ACCEPTABLE))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Iterator
 
 import attrs
@@ -12,17 +13,41 @@ from hypothesis import strategies as st
 
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
 from streamassign._balance import share_bounds
-from streamassign.metrics import evaluate, move_lower_bound, violations
-from streamassign.sticky import _Run, _SwapIndex, resolve_previous_owners
+from streamassign.errors import (
+    AssignmentInputError,
+    AssignmentTypeError,
+    DuplicateProcessIdError,
+    NoClientsError,
+    StreamAssignError,
+    ThreadListError,
+)
+from streamassign.ha import HighAvailabilityTaskAssignor
+from streamassign.metrics import (
+    evaluate,
+    move_lower_bound,
+    subtopology_move_lower_bound,
+    violations,
+)
+from streamassign.sticky import (
+    BALANCE_MODES,
+    Balance,
+    _Run,
+    _SwapIndex,
+    resolve_previous_owners,
+)
+from streamassign.threads import distribute_to_threads
 
 from .strategies import assignment_inputs, fresh_clients, task_sets
 
 Inputs = tuple[list[TaskId], list[ClientState], int, "list[TaskId] | None"]
 
 
-def run(inputs: Inputs) -> dict[str, ClientAssignment]:
+def run(inputs: Inputs, balance: Balance = "subtopology") -> dict[str, ClientAssignment]:
     tasks, clients, replicas, stateful = inputs
-    return StickyTaskAssignor(replicas).assign(tasks, clients, stateful)
+    return StickyTaskAssignor(replicas, balance=balance).assign(tasks, clients, stateful)
+
+
+balances = st.sampled_from(BALANCE_MODES)
 
 
 def fed_back(clients: list[ClientState], result: dict[str, ClientAssignment]) -> list[ClientState]:
@@ -49,22 +74,40 @@ def stateful_of(inputs: Inputs) -> set[TaskId]:
     return set(tasks) if stateful is None else set(stateful)
 
 
-@given(assignment_inputs())
-def test_valid(inputs: Inputs) -> None:
+@given(assignment_inputs(), balances)
+def test_valid(inputs: Inputs, balance: Balance) -> None:
     tasks, clients, replicas, stateful = inputs
-    result = run(inputs)
+    result = run(inputs, balance)
     assert violations(tasks, clients, result, replicas, stateful) == []
     assert list(result) == sorted(c.process_id for c in clients)
     assert all(not a.warmup for a in result.values())
 
 
-@given(assignment_inputs())
-def test_actives_within_floor_and_ceiling_of_capacity_share(inputs: Inputs) -> None:
+@given(assignment_inputs(), balances)
+def test_actives_within_floor_and_ceiling_of_capacity_share(
+    inputs: Inputs, balance: Balance
+) -> None:
     tasks, clients, _, _ = inputs
-    result = run(inputs)
+    result = run(inputs, balance)
     bounds = share_bounds(len(tasks), [c.capacity for c in clients])
     for c, (lo, hi) in zip(clients, bounds, strict=True):
         assert lo <= len(result[c.process_id].active) <= hi, c.process_id
+
+
+@given(assignment_inputs())
+def test_actives_of_every_subtopology_within_floor_and_ceiling_by_default(
+    inputs: Inputs,
+) -> None:
+    """The default balances each subtopology and the total at once."""
+    tasks, clients, _, _ = inputs
+    result = run(inputs)
+    for s in {t.subtopology for t in tasks}:
+        column = [t for t in tasks if t.subtopology == s]
+        bounds = share_bounds(len(column), [c.capacity for c in clients])
+        for c, (lo, hi) in zip(clients, bounds, strict=True):
+            mine = sum(1 for t in result[c.process_id].active if t.subtopology == s)
+            assert lo <= mine <= hi, (c.process_id, s)
+    assert evaluate(tasks, clients, result).subtopology_balanced
 
 
 @given(assignment_inputs())
@@ -83,11 +126,87 @@ def test_total_load_balanced_where_one_copy_rule_allows(inputs: Inputs) -> None:
             assert result[x].standby <= held, (x, y)
 
 
-@given(assignment_inputs())
-def test_moves_equal_the_lower_bound(inputs: Inputs) -> None:
+@given(assignment_inputs(), balances)
+def test_moves_equal_the_lower_bound(inputs: Inputs, balance: Balance) -> None:
+    """Exactly the least moves of any assignment balanced as asked: per subtopology (the
+    exact optimum over quota matrices, ``metrics.subtopology_move_lower_bound``) or in total."""
     tasks, clients, replicas, stateful = inputs
-    m = evaluate(tasks, clients, run(inputs), replicas, stateful)
+    m = evaluate(tasks, clients, run(inputs, balance), replicas, stateful, balance=balance)
     assert m.moves == m.move_lower_bound
+    bound = subtopology_move_lower_bound if balance == "subtopology" else move_lower_bound
+    assert m.move_lower_bound == bound(tasks, clients)
+
+
+@given(task_sets(), fresh_clients(), st.randoms(use_true_random=False))
+def test_per_subtopology_bound_holds_for_any_assignment_balanced_per_subtopology(
+    tasks: list[TaskId], clients: list[ClientState], rnd: random.Random
+) -> None:
+    """No assignment balanced per subtopology and in total moves fewer than the bound: random
+    admissible quota matrices (columns rounded at random until the rows are balanced too)
+    filled with random tasks."""
+    history = {c.process_id: rnd.sample(tasks, rnd.randint(0, len(tasks))) for c in clients}
+    with_history = [
+        ClientState(c.process_id, c.capacity, prev_active=history[c.process_id]) for c in clients
+    ]
+    caps = [c.capacity for c in clients]
+    rows = share_bounds(len(tasks), caps)
+    columns = sorted({t.subtopology for t in tasks})
+    for _ in range(50):
+        quotas = [[0] * len(columns) for _ in clients]
+        for k, s in enumerate(columns):
+            size = sum(1 for t in tasks if t.subtopology == s)
+            cells = share_bounds(size, caps)
+            extras = [ci for ci, (lo, hi) in enumerate(cells) if hi > lo]
+            chosen = set(rnd.sample(extras, size - sum(lo for lo, _ in cells)))
+            for ci, (lo, _) in enumerate(cells):
+                quotas[ci][k] = lo + (ci in chosen)
+        if all(lo <= sum(q) <= hi for q, (lo, hi) in zip(quotas, rows, strict=True)):
+            break
+    else:
+        return  # no balanced rounding drawn at random: the exhaustive tests cover the bound
+    result = {}
+    for k, s in enumerate(columns):
+        column = [t for t in tasks if t.subtopology == s]
+        rnd.shuffle(column)
+        start = 0
+        for ci, c in enumerate(clients):
+            mine = column[start : start + quotas[ci][k]]
+            start += quotas[ci][k]
+            old = result.get(c.process_id, ClientAssignment())
+            result[c.process_id] = ClientAssignment(active=old.active | frozenset(mine))
+    m = evaluate(tasks, with_history, result)
+    assert m.active_balanced and m.subtopology_balanced
+    assert m.moves >= m.move_lower_bound == subtopology_move_lower_bound(tasks, with_history)
+
+
+def test_newcomer_gets_its_share_of_every_subtopology() -> None:
+    """Issue 22's reproducer: one client ran all of subtopology 1 (12 tasks) and 2 (4 tasks),
+    an equal client joins. Balancing totals gave the newcomer 8 tasks of subtopology 1 and none
+    of 2; balanced per subtopology it gets 6 and 2, at the same 8 moves."""
+    tasks = [TaskId(1, p) for p in range(12)] + [TaskId(2, p) for p in range(4)]
+    clients = [ClientState("a", prev_active=tasks), ClientState("b")]
+    result = StickyTaskAssignor().assign(tasks, clients)
+    got = [sum(1 for t in result["b"].active if t.subtopology == s) for s in (1, 2)]
+    assert got == [6, 2]
+    m = evaluate(tasks, clients, result)
+    assert m.moves == m.move_lower_bound == 8
+    total_only = StickyTaskAssignor(balance="total").assign(tasks, clients)
+    assert evaluate(tasks, clients, total_only, balance="total").moves == 8
+
+
+def test_balance_total_keeps_whole_subtopologies_in_place() -> None:
+    """Each client ran a whole subtopology: ``balance="total"`` moves nothing, the default
+    moves half of each subtopology to balance them."""
+    tasks = [TaskId(s, p) for s in (0, 1) for p in range(4)]
+    clients = [
+        ClientState("a", prev_active=tasks[:4]),
+        ClientState("b", prev_active=tasks[4:]),
+    ]
+    total_only = StickyTaskAssignor(balance="total").assign(tasks, clients)
+    assert total_only["a"].active == set(tasks[:4])
+    default = StickyTaskAssignor().assign(tasks, clients)
+    assert [len(default[p].active & set(tasks[:4])) for p in "ab"] == [2, 2]
+    assert evaluate(tasks, clients, default).moves == 4
 
 
 @given(task_sets(), fresh_clients(), st.randoms(use_true_random=False))
@@ -165,8 +284,13 @@ def orphans_passing_roomy_standby_holders(
     or warm from other local state such as a lag report) that got a ceiling above its floor,
     while one of their standby holders stayed below its own ceiling: handing that ceiling to the
     holder instead would have taken the orphan over from a standby, at no cost in moves or
-    balance. Each as (task, owner, holder)."""
+    balance. Each as (task, owner, holder).
+
+    Balanced per subtopology (the default, with several subtopologies) the ceiling is that of
+    the orphan's subtopology, and handing it over must keep both totals balanced too: the
+    owner above its total floor, the holder below its total ceiling."""
     bounds = bounds_by_client(len(tasks), clients)
+    by_subtopology = len({t.subtopology for t in tasks}) > 1
     claimed = {t for c in clients for t in c.prev_active}
     owner = {t: p for p, a in result.items() for t in a.active}
     found = []
@@ -175,9 +299,24 @@ def orphans_passing_roomy_standby_holders(
         p = owner[t]
         if t in claimed or not holders or p in holders:
             continue
-        lo, hi = bounds[p]
-        if len(result[p].active) == hi > lo:
-            found += [(t, p, h) for h in holders if len(result[h].active) < bounds[h][1]]
+        if not by_subtopology:
+            lo, hi = bounds[p]
+            if len(result[p].active) == hi > lo:
+                found += [(t, p, h) for h in holders if len(result[h].active) < bounds[h][1]]
+            continue
+        column = [u for u in tasks if u.subtopology == t.subtopology]
+        cells = bounds_by_client(len(column), clients)
+
+        def of_column(pid: str, s: int = t.subtopology) -> int:
+            return sum(1 for u in result[pid].active if u.subtopology == s)
+
+        lo, hi = cells[p]
+        if of_column(p) == hi > lo and len(result[p].active) > bounds[p][0]:
+            found += [
+                (t, p, h)
+                for h in holders
+                if of_column(h) < cells[h][1] and len(result[h].active) < bounds[h][1]
+            ]
     return found
 
 
@@ -281,6 +420,104 @@ def test_orphans_go_to_the_holder_that_can_take_them(
     result = StickyTaskAssignor(replicas).assign(tasks, clients)
     assert {str(t) for t in result[warm_holder].active} >= orphans
     assert orphans_passing_roomy_standby_holders(tasks, clients, result) == []
+
+
+def standby_exchanges_left(
+    tasks: list[TaskId], clients: list[ClientState], result: dict[str, ClientAssignment]
+) -> list[tuple[str, str, int, int]]:
+    """Exchanges that would still bring per-subtopology standby counts nearer their shares:
+    ``a`` hands a copy of subtopology ``s`` to ``b``, ``b`` one of ``s2`` to ``a`` (standby
+    counts, hence loads, unchanged), no count leaving its floor and ceiling, one outside them
+    coming nearer. Only copies that may move: on a client without state of the task, of a task
+    no previous standby holder lost, keeping the spread of one client's backups. As
+    (a, b, s, s2)."""
+    columns = sorted({t.subtopology for t in tasks})
+    counts = {
+        s: sum(len(a.standby & {t for t in tasks if t.subtopology == s}) for a in result.values())
+        for s in columns
+    }
+    caps = [c.capacity for c in clients]
+    bounds = {
+        s: dict(zip((c.process_id for c in clients), share_bounds(counts[s], caps), strict=True))
+        for s in columns
+    }
+    owner = {t: p for p, a in result.items() for t in a.active}
+    holders = {t: {p for p, a in result.items() if t in a.standby} for t in tasks}
+    by_pid = {c.process_id: c for c in clients}
+
+    def movable(pid: str, s: int) -> list[TaskId]:
+        c = by_pid[pid]
+        return [
+            t
+            for t in result[pid].standby
+            if t.subtopology == s
+            and not c.has_state(t)
+            and not any(
+                t in d.prev_standby and d.process_id not in holders[t] and owner[t] != d.process_id
+                for d in clients
+            )
+        ]
+
+    backed = Counter((owner[t], p) for p, a in result.items() for t in a.standby)
+    replicas = max((len(found) for found in holders.values()), default=0)
+
+    def may_go(t: TaskId, src: str, dst: str) -> bool:
+        """No copy of ``t`` on ``dst`` yet, and ``dst`` then backs up no more of ``t``'s active
+        client's tasks than one above an even spread, or than ``src`` did (rule 7's bound)."""
+        even = 1 - (-len(result[owner[t]].active) * replicas // max(1, len(clients) - 1))
+        spread = backed[owner[t], dst] < max(even, backed[owner[t], src])
+        return owner[t] != dst and dst not in holders[t] and spread
+
+    def count(pid: str, s: int) -> int:
+        return sum(1 for t in result[pid].standby if t.subtopology == s)
+
+    found = []
+    for a in result:
+        for b in result:
+            if a == b:
+                continue
+            for s in columns:
+                for s2 in columns:
+                    if s == s2:
+                        continue
+                    ok = (
+                        count(a, s) > bounds[s][a][0]
+                        and count(b, s) < bounds[s][b][1]
+                        and count(b, s2) > bounds[s2][b][0]
+                        and count(a, s2) < bounds[s2][a][1]
+                    )
+                    better = (
+                        count(a, s) > bounds[s][a][1]
+                        or count(b, s) < bounds[s][b][0]
+                        or count(b, s2) > bounds[s2][b][1]
+                        or count(a, s2) < bounds[s2][a][0]
+                    )
+                    if not (ok and better):
+                        continue
+                    give = [t for t in movable(a, s) if may_go(t, a, b)]
+                    back = [t for t in movable(b, s2) if may_go(t, b, a)]
+                    if give and back:
+                        found.append((a, b, s, s2))
+    return found
+
+
+@given(assignment_inputs())
+def test_standbys_of_each_subtopology_as_even_as_exchanges_allow(inputs: Inputs) -> None:
+    """Balanced per subtopology (the default), no exchange of two movable standbys between two
+    clients would bring their per-subtopology standby counts nearer their shares."""
+    tasks, clients, _, _ = inputs
+    assert standby_exchanges_left(tasks, clients, run(inputs)) == []
+
+
+def test_standbys_spread_over_subtopologies_in_a_fresh_group() -> None:
+    """Four equal processes, a 12-task and a 4-task subtopology, one standby each: every
+    process backs up 3 of the first and 1 of the second (the greedy placement alone put up to
+    4 of one subtopology's standbys on one process)."""
+    tasks = [TaskId(0, p) for p in range(12)] + [TaskId(1, p) for p in range(4)]
+    clients = [ClientState(f"p{i}") for i in range(4)]
+    result = StickyTaskAssignor(1).assign(tasks, clients)
+    for a in result.values():
+        assert sorted(t.subtopology for t in a.standby) == [0, 0, 0, 1]
 
 
 @given(assignment_inputs())
@@ -427,13 +664,13 @@ def test_deterministic_with_racks_tags_and_task_racks(
     assert got == expected
 
 
-@given(assignment_inputs())
-def test_same_history_twice_moves_nothing(inputs: Inputs) -> None:
+@given(assignment_inputs(), balances)
+def test_same_history_twice_moves_nothing(inputs: Inputs, balance: Balance) -> None:
     """Feeding an assignment back as history is a fixed point: nothing moves, nothing drops."""
     tasks, clients, replicas, stateful = inputs
-    first = run(inputs)
+    first = run(inputs, balance)
     again = fed_back(clients, first)
-    second = StickyTaskAssignor(replicas).assign(tasks, again, stateful)
+    second = StickyTaskAssignor(replicas, balance=balance).assign(tasks, again, stateful)
     assert all(second[p].active == first[p].active for p in first)
     m = evaluate(tasks, again, second, replicas, stateful)
     assert m.moves == 0
@@ -549,8 +786,13 @@ def test_restarted_process_gets_its_tasks_back_before_spread_is_considered() -> 
             "b", prev_active=stateful, prev_standby=stateful, lags=dict.fromkeys(stateful, 40)
         ),
     ]
-    result = StickyTaskAssignor().assign([*stateful, *stateless], clients, stateful=stateful)
+    assignor = StickyTaskAssignor(balance="total")
+    result = assignor.assign([*stateful, *stateless], clients, stateful=stateful)
     assert result["b"].active >= set(stateful)
+    # Balanced per subtopology (the default) each gets one of the two: b one of its own back.
+    result = StickyTaskAssignor().assign([*stateful, *stateless], clients, stateful=stateful)
+    assert len(result["b"].active & set(stateful)) == 1
+    assert len(result["b"].active) == 3
 
 
 def test_orphan_prefers_standby_holder_then_smallest_lag() -> None:
@@ -634,6 +876,35 @@ def test_wrong_types_name_the_offender(make: object, message: str) -> None:
         make()  # type: ignore[operator]
 
 
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda: StickyTaskAssignor(-1), AssignmentInputError),
+        (lambda: HighAvailabilityTaskAssignor(max_warmup_replicas=0), AssignmentInputError),
+        (lambda: ClientState("x", capacity=0), AssignmentInputError),
+        (lambda: ClientState("x", lags={"0_1": -4}), AssignmentInputError),
+        (lambda: ClientState(7), AssignmentTypeError),
+        (
+            lambda: StickyTaskAssignor().assign(
+                [TaskId(0, 0)], [ClientState("x"), ClientState("x")]
+            ),
+            DuplicateProcessIdError,
+        ),
+        (lambda: StickyTaskAssignor().assign([TaskId(0, 0)], []), NoClientsError),
+        (lambda: HighAvailabilityTaskAssignor().assign([TaskId(0, 0)], []), NoClientsError),
+        (lambda: distribute_to_threads(ClientAssignment(), []), ThreadListError),
+        (lambda: distribute_to_threads(ClientAssignment(), ["a", "a"]), ThreadListError),
+    ],
+)
+def test_errors_raised_on_purpose_are_typed(make: object, error: type[Exception]) -> None:
+    """Every error the assignors raise on purpose is a ``StreamAssignError`` of its own type
+    and still the built-in type callers caught before (``ValueError`` / ``TypeError``)."""
+    with pytest.raises(error) as raised:
+        make()  # type: ignore[operator]
+    assert isinstance(raised.value, StreamAssignError)
+    assert isinstance(raised.value, TypeError if error is AssignmentTypeError else ValueError)
+
+
 def test_tasks_given_as_text_read_like_client_history() -> None:
     """``"s_p"`` text and plain pairs are read for tasks and stateful tasks, as
     ``ClientState`` reads them, on the fast paths (a clean history) and the general one."""
@@ -648,15 +919,20 @@ def test_tasks_given_as_text_read_like_client_history() -> None:
             assert StickyTaskAssignor(1).assign(tasks, clients, stateful) == ids
 
 
-@given(assignment_inputs())
-def test_fast_path_returns_what_the_full_algorithm_would(inputs: Inputs) -> None:
-    """A rebalance that changes nothing skips the work: same result as computing it."""
-    from streamassign.sticky import _Run
-
+@given(assignment_inputs(), balances, st.booleans())
+def test_fast_path_returns_what_the_full_algorithm_would(
+    inputs: Inputs, balance: Balance, other: bool
+) -> None:
+    """A rebalance that changes nothing skips the work: same result as computing it (the one
+    fast path left), also when the history was balanced the other way."""
     tasks, clients, replicas, stateful = inputs
-    again = fed_back(clients, run(inputs))
-    fast = _Run(tasks, again, stateful, replicas).result(fast_path=True)
-    slow = _Run(tasks, again, stateful, replicas).result(fast_path=False)
+    made_by = ("total" if balance == "subtopology" else "subtopology") if other else balance
+    again = fed_back(clients, run(inputs, made_by))
+    by_subtopology = balance == "subtopology"
+    fast = _Run(tasks, again, stateful, replicas, by_subtopology=by_subtopology).result()
+    slow = _Run(tasks, again, stateful, replicas, by_subtopology=by_subtopology).result(
+        fast_path=False
+    )
     assert fast == slow
 
 
@@ -767,8 +1043,8 @@ def test_restart_with_stores_on_disk_moves_only_what_the_true_history_forces(
     result = StickyTaskAssignor(replicas).assign(tasks, told)
     assert violations(tasks, told, result, replicas) == []
     m = evaluate(tasks, truth, result, replicas)
-    assert m.active_balanced
-    assert m.moves == m.move_lower_bound == move_lower_bound(tasks, truth)
+    assert m.active_balanced and m.subtopology_balanced
+    assert m.moves == m.move_lower_bound == subtopology_move_lower_bound(tasks, truth)
 
 
 def test_restart_with_stores_on_disk_gives_the_ceiling_to_the_client_that_ran_most() -> None:

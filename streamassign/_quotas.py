@@ -1,0 +1,236 @@
+"""Per-subtopology quotas: how many tasks of each subtopology each client runs.
+
+A *quota matrix* ``q[c][s]`` is admissible when every entry is the floor or ceiling of
+``tasks(s) * capacity(c) / total_capacity``, every column sums to ``tasks(s)`` and every row to
+the floor or ceiling of the client's share of all tasks. One always exists (rounding a
+two-dimensional table so that its entries, row sums and column sums stay within floor and
+ceiling of the exact ones is always possible).
+
+With ``kept[c][s]`` the tasks of ``s`` client ``c`` ran before, a client keeps ``min(kept, q)``
+of them, so the fewest moves are ``sum kept - max over admissible q of sum min(kept, q)``.
+Writing ``q = floor + extra`` with ``extra`` 0 or 1, ``min(kept, q) = min(kept, floor) + extra``
+exactly when ``kept > floor``: choosing the extras is a transportation problem (each
+subtopology hands out its ``tasks(s) - sum floors`` ceilings to clients, one per cell, each
+client takes between its row's lower and upper count), solved here exactly as a min-cost flow.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from ._balance import share_bounds
+
+
+def quota_bounds(
+    counts: Sequence[int], caps: Sequence[int]
+) -> tuple[list[list[tuple[int, int]]], list[tuple[int, int]]]:
+    """Floor and ceiling of every cell ``[client][subtopology]`` and of every row total."""
+    columns = [share_bounds(count, caps) for count in counts]
+    cells = [[column[ci] for column in columns] for ci in range(len(caps))]
+    return cells, share_bounds(sum(counts), caps)
+
+
+def best_quotas(
+    counts: Sequence[int], caps: Sequence[int], gains: Sequence[Sequence[int]]
+) -> list[list[int]]:
+    """The admissible quota matrix maximising the total gain of the ceilings it hands out.
+
+    ``counts[s]``: tasks of subtopology ``s``; ``caps[c]``: capacity of client ``c``;
+    ``gains[c][s] >= 0``: what giving cell ``(c, s)`` its ceiling (when that differs from its
+    floor) is worth. Exact (a min-cost flow); ties go the same way for the same input.
+    """
+    cells, rows = quota_bounds(counts, caps)
+    quotas = [[lo for lo, _ in row] for row in cells]
+    if not caps or not counts:
+        return quotas
+    # Flow network: source -> subtopology (its ceilings to hand out) -> client (one per
+    # fractional cell) -> sink. A client must take at least ``need`` ceilings (its row floor
+    # minus its cell floors): those run straight to the sink; up to ``optional`` more go
+    # through a shared node whose capacity is what is left. Every unit crosses exactly one
+    # cell arc, so cell cost ``top - gain`` makes the cheapest full flow the most gainful.
+    n_sub, n_cli = len(counts), len(caps)
+    source, optional_node, sink = 0, 1 + n_sub + n_cli, 2 + n_sub + n_cli
+    flow = _MinCostFlow(3 + n_sub + n_cli)
+    top = max((g for row in gains for g in row), default=0)
+    total = 0
+    for s, count in enumerate(counts):
+        extras = count - sum(row[s] for row in quotas)
+        total += extras
+        if extras:
+            flow.add(source, 1 + s, extras, 0)
+    cell_arcs: list[tuple[int, int, int]] = []
+    need_total = 0
+    for ci, row in enumerate(cells):
+        node = 1 + n_sub + ci
+        for s, (lo, hi) in enumerate(row):
+            if hi > lo:
+                cell_arcs.append((ci, s, flow.add(1 + s, node, 1, top - gains[ci][s])))
+        floor_sum = sum(quotas[ci])
+        need = rows[ci][0] - floor_sum
+        optional = rows[ci][1] - rows[ci][0]
+        need_total += need
+        if need:
+            flow.add(node, sink, need, 0)
+        if optional:
+            flow.add(node, optional_node, optional, 0)
+    if total > need_total:
+        flow.add(optional_node, sink, total - need_total, 0)
+    if flow.run(source, sink) != total:
+        raise AssertionError("no admissible quota matrix: matrix rounding guarantees one")
+    for ci, s, arc in cell_arcs:
+        if flow.capacity[arc] == 0:  # the cell's one unit was used: its ceiling
+            quotas[ci][s] += 1
+    return quotas
+
+
+def keep_gains(
+    counts: Sequence[int], caps: Sequence[int], kept: Sequence[Sequence[int]]
+) -> list[list[int]]:
+    """1 for the cells whose ceiling lets the client keep one more of its previous tasks."""
+    cells, _ = quota_bounds(counts, caps)
+    return [
+        [1 if k > lo else 0 for k, (lo, _) in zip(row, cell_row, strict=True)]
+        for row, cell_row in zip(kept, cells, strict=True)
+    ]
+
+
+def fewest_moves(counts: Sequence[int], caps: Sequence[int], kept: Sequence[Sequence[int]]) -> int:
+    """``sum kept - max over admissible q of sum min(kept, q)``: the moves any assignment
+    balanced per subtopology and in total needs (``kept[c][s] <= counts[s]`` summed over c)."""
+    quotas = best_quotas(counts, caps, keep_gains(counts, caps, kept))
+    return sum(
+        max(0, k - q)
+        for row, quota_row in zip(kept, quotas, strict=True)
+        for k, q in zip(row, quota_row, strict=True)
+    )
+
+
+class _MinCostFlow:
+    """Min-cost max-flow with non-negative arc costs (primal-dual: Dijkstra for potentials,
+    then blocking flows over the arcs of reduced cost 0). Arcs are stored in pairs: arc ``a``
+    and its residual ``a ^ 1``."""
+
+    def __init__(self, nodes: int) -> None:
+        self.out: list[list[int]] = [[] for _ in range(nodes)]
+        self.head: list[int] = []
+        self.capacity: list[int] = []
+        self.cost: list[int] = []
+
+    def add(self, tail: int, head: int, capacity: int, cost: int) -> int:
+        arc = len(self.head)
+        self.out[tail].append(arc)
+        self.out[head].append(arc + 1)
+        self.head += [head, tail]
+        self.capacity += [capacity, 0]
+        self.cost += [cost, -cost]
+        return arc
+
+    def run(self, source: int, sink: int) -> int:
+        """Push as much flow as possible from ``source`` to ``sink`` at least cost; the flow."""
+        potential = [0] * len(self.out)
+        pushed = 0
+        while True:
+            dist = self._distances(source, potential)
+            reach = dist[sink]
+            if reach is None:
+                return pushed
+            # Nodes beyond the sink's distance (or unreached) move by that distance: reduced
+            # costs stay non-negative and those on shortest paths become 0.
+            for node, d in enumerate(dist):
+                potential[node] += reach if d is None or d > reach else d
+            pushed += self._blocking_flows(source, sink, potential)
+
+    def _reduced(self, arc: int, tail: int, potential: list[int]) -> int:
+        return self.cost[arc] + potential[tail] - potential[self.head[arc]]
+
+    def _distances(self, source: int, potential: list[int]) -> list[int | None]:
+        dist: list[int | None] = [None] * len(self.out)
+        dist[source] = 0
+        heap = [(0, source)]
+        while heap:
+            d, node = heapq.heappop(heap)
+            if d != dist[node]:
+                continue
+            for arc in self.out[node]:
+                if self.capacity[arc] > 0:
+                    nd = d + self._reduced(arc, node, potential)
+                    head = self.head[arc]
+                    known = dist[head]
+                    if known is None or nd < known:
+                        dist[head] = nd
+                        heapq.heappush(heap, (nd, head))
+        return dist
+
+    def _blocking_flows(self, source: int, sink: int, potential: list[int]) -> int:
+        """Max flow over the residual arcs of reduced cost 0 (Dinic's levels and pointers)."""
+        pushed = 0
+        while True:
+            level = self._levels(source, potential)
+            if level[sink] < 0:
+                return pushed
+            pointer = [0] * len(self.out)
+            while True:
+                got = self._augment(source, sink, level, pointer, potential)
+                if not got:
+                    break
+                pushed += got
+
+    def _levels(self, source: int, potential: list[int]) -> list[int]:
+        level = [-1] * len(self.out)
+        level[source] = 0
+        frontier = [source]
+        while frontier:
+            following = []
+            for node in frontier:
+                for arc in self.out[node]:
+                    head = self.head[arc]
+                    if (
+                        level[head] < 0
+                        and self.capacity[arc] > 0
+                        and self._reduced(arc, node, potential) == 0
+                    ):
+                        level[head] = level[node] + 1
+                        following.append(head)
+            frontier = following
+        return level
+
+    def _augment(
+        self,
+        source: int,
+        sink: int,
+        level: list[int],
+        pointer: list[int],
+        potential: list[int],
+    ) -> int:
+        """One augmenting path along increasing levels (iterative DFS); its bottleneck."""
+        path: list[int] = []  # arcs from the source
+        node = source
+        while True:
+            if node == sink:
+                bottleneck = min(self.capacity[arc] for arc in path)
+                for arc in path:
+                    self.capacity[arc] -= bottleneck
+                    self.capacity[arc ^ 1] += bottleneck
+                return bottleneck
+            arcs = self.out[node]
+            while pointer[node] < len(arcs):
+                arc = arcs[pointer[node]]
+                head = self.head[arc]
+                if (
+                    self.capacity[arc] > 0
+                    and level[head] == level[node] + 1
+                    and self._reduced(arc, node, potential) == 0
+                ):
+                    break
+                pointer[node] += 1
+            else:
+                if node == source:
+                    return 0
+                level[node] = -1  # dead end: never entered again in this phase
+                arc = path.pop()
+                node = self.head[arc ^ 1]
+                pointer[node] += 1
+                continue
+            path.append(arc)
+            node = head
