@@ -20,7 +20,12 @@ from faust.types import TP
 from streamassign import TaskId
 from streamassign.errors import ErrorCode
 from streamassign.faust import CAPACITY_ENV, PartitionAssignor
-from streamassign.faust.leader import CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANGELOGS_TAG
+from streamassign.faust.leader import (
+    CAPACITY_TAG,
+    CHANGELOGS_TAG,
+    GLOBAL_CHANGELOGS_TAG,
+    MAX_CAPACITY,
+)
 from streamassign.localstate import StateDirectory
 from streamassign.protocol import AssignmentInfo, SubscriptionInfo
 
@@ -202,13 +207,15 @@ def test_capacity_from_the_environment(
     monkeypatch.setenv(CAPACITY_ENV, "2")
     info = SubscriptionInfo.decode(workers["m0"].metadata({SRC}).user_data)
     assert info.client_tags[CAPACITY_TAG] == "2"
-    monkeypatch.setenv(CAPACITY_ENV, "0")
-    info = SubscriptionInfo.decode(workers["m0"].metadata({SRC}).user_data)
-    assert CAPACITY_TAG not in info.client_tags
+    for bad in ("0", str(MAX_CAPACITY + 1)):
+        monkeypatch.setenv(CAPACITY_ENV, bad)
+        info = SubscriptionInfo.decode(workers["m0"].metadata({SRC}).user_data)
+        assert CAPACITY_TAG not in info.client_tags
 
 
 @pytest.mark.parametrize(
-    ("capacity", "error"), [(0, ValueError), (-1, ValueError), ("2", TypeError)]
+    ("capacity", "error"),
+    [(0, ValueError), (-1, ValueError), (MAX_CAPACITY + 1, ValueError), ("2", TypeError)],
 )
 def test_a_bad_capacity_on_a_subclass_stops_the_app_at_start(
     tmp_path: Path, capacity: object, error: type[Exception]

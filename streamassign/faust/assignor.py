@@ -54,9 +54,11 @@ from .leader import (
     CAPACITY_TAG,
     CHANGELOGS_TAG,
     GLOBAL_CHANGELOGS_TAG,
+    MAX_CAPACITY,
     assign_faust,
     check_copartition_groups,
     decode_member,
+    parse_capacity,
 )
 
 __all__ = ["CAPACITY_ENV", "PROTOCOL_NAME", "PartitionAssignor"]
@@ -107,8 +109,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             isinstance(self.capacity, bool) or not isinstance(self.capacity, int)
         ):
             raise TypeError(f"capacity must be an int or None, got {self.capacity!r}")
-        if self.capacity is not None and self.capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {self.capacity}")
+        if self.capacity is not None and not 1 <= self.capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity must be from 1 to {MAX_CAPACITY}, got {self.capacity}")
         self.app = app
         self.replicas = replicas
         self.rejoiner = Rejoiner()
@@ -121,6 +123,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self.info = AssignmentInfo()
         self._assigned = False
         self._view = _View()
+        #: What this worker's app subscribes to (its last ``metadata``): the leader's own topics.
+        self._own_topics: frozenset[str] | None = None
         #: Milliseconds the last leader-side ``assign`` took on this worker, if it led.
         self.last_assign_ms: float | None = None
         app.on_before_shutdown.connect(self._on_app_stop)
@@ -138,6 +142,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
         """This worker's subscription; never raises (aiokafka's coordinator would die): on an
         unexpected error it joins as a member without history (logged)."""
+        self._own_topics = frozenset(topics)
         try:
             data = self._subscription().encode()
         except Exception:
@@ -208,6 +213,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 changelog_topics=self._changelog_topics(),
                 global_changelog_topics=self._global_changelog_topics(),
                 copartition_groups=self.copartition_groups,
+                own_topics=self._own_topics,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
         except Exception as exc:
@@ -363,13 +369,11 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         raw = os.environ.get(CAPACITY_ENV)
         if not raw:
             return None
-        try:
-            value = int(raw)
-        except ValueError:
-            value = 0
-        if value < 1:
-            log.warning("ignoring %s=%r: not a whole number >= 1", CAPACITY_ENV, raw)
-            return None
+        value = parse_capacity(raw)
+        if value is None:
+            log.warning(
+                "ignoring %s=%r: not a whole number from 1 to %d", CAPACITY_ENV, raw, MAX_CAPACITY
+            )
         return value
 
     def _open_state(self) -> None:
