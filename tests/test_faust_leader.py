@@ -439,3 +439,29 @@ def test_capacity_up_to_the_maximum_is_a_weight() -> None:
     members = {"big": member(0, tags={CAPACITY_TAG: str(MAX_CAPACITY)}), "a": member(1)}
     result = run(members, {SRC: 17, CL: 17}, replicas=0)
     assert [len(sources(result, m)) for m in members] == [MAX_CAPACITY, 1]
+
+
+# -- topics the leader cannot size (issue 23 §1) -------------------------------------------------
+
+
+def incomplete(result: Mapping[str, MemberAssignment]) -> bool:
+    return all(
+        r.partitions == () and r.info.error_code == ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
+        for r in result.values()
+    )
+
+
+def test_a_table_or_internal_topic_without_metadata_holds_back_the_assignment() -> None:
+    """Without its changelog's (or repartition topic's) partition count a table's group cannot
+    be built: nothing is assigned and every member learns why, instead of the table being
+    left out silently (its agent crashed with PartitionsMismatch)."""
+    members = {f"m{i}": member(i) for i in range(3)}
+    assert incomplete(run(members, {SRC: 6}))  # the leader's own changelog
+    says = {CHANGELOGS_TAG: CL}
+    announced = {m: member(i, tags=says) for i, m in enumerate(members)}
+    assert incomplete(assign_faust(announced, {SRC: 6}, num_standby_replicas=1))
+    rekeyed = frozenset({SRC, "app-rekey-repartition"})
+    plain = {f"m{i}": member(i, rekeyed) for i in range(2)}
+    assert incomplete(assign_faust(plain, {SRC: 6}, required_topics={"app-rekey-repartition"}))
+    complete = run(members, COUNTS)
+    check_valid(complete, members, COUNTS, 1)

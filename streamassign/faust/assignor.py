@@ -50,6 +50,7 @@ from ..protocol import (
     ProtocolError,
     SubscriptionInfo,
 )
+from ._watch import MetadataWatch, unsized
 from .leader import (
     CAPACITY_TAG,
     CHANGELOGS_TAG,
@@ -114,6 +115,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self.app = app
         self.replicas = replicas
         self.rejoiner = Rejoiner()
+        #: Re-fetches metadata of subscribed topics this worker has none of (see ``_watch``).
+        self.metadata_watch = MetadataWatch()
         self._nonce = itertools.count(1)
         self._state: StateDirectory | None = None
         self._process_id: uuid.UUID | None = None
@@ -201,11 +204,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             }
             counts = {}
             for topic in sorted({t for m in members.values() for t in m.topics}):
-                partitions = cluster.partitions_for_topic(topic)
-                if partitions:
+                if partitions := cluster.partitions_for_topic(topic):
                     counts[topic] = len(partitions)
-                else:
-                    log.warning("no metadata for subscribed topic %r (not created yet?)", topic)
+            self._watch_missing({t for m in members.values() for t in m.topics} - counts.keys())
             result = assign_faust(
                 members,
                 counts,
@@ -214,6 +215,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 global_changelog_topics=self._global_changelog_topics(),
                 copartition_groups=self.copartition_groups,
                 own_topics=self._own_topics,
+                required_topics=self._internal_topics(),
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
         except Exception as exc:
@@ -246,9 +248,13 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         if info.error_code != ErrorCode.NONE:
             self._view = self._fallback_view(kafka)
             delay = self.rejoiner.failed()
-            log.error("the leader sent %s; rejoining in %.0f s", info.error_code.name, delay)
+            if info.error_code == ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA:
+                self._wait_for_topics(delay)
+            else:
+                log.error("the leader sent %s; rejoining in %.0f s", info.error_code.name, delay)
             return
         self.rejoiner.succeeded()
+        self.rejoiner.cancel()  # a retry still pending from a failed round is no longer needed
         self._view = self._build_view(info, kafka)
         self.info = info
         self._assigned = True
@@ -395,6 +401,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _on_app_stop(self, sender: Any = None, **kwargs: Any) -> None:
         """Release the state directory's lock when the app stops (``on_before_shutdown``)."""
+        self.metadata_watch.cancel()
+        self.rejoiner.cancel()
         state, self._state = self._state, None
         if state is not None:
             state.close()
@@ -441,9 +449,47 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         return sum(known) if known else None
 
     def _bind_rejoiner(self) -> None:
-        consumer = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
-        if consumer is not None:
+        if (consumer := self._consumer()) is not None:
             self.rejoiner.bind(consumer)
+
+    def _consumer(self) -> Any:
+        """The aiokafka consumer of this worker (on Faust's consumer thread), if started."""
+        return getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
+
+    def _internal_topics(self) -> frozenset[str]:
+        """Topics this app creates itself (table changelogs, repartition topics, the leader
+        topic): no group can be assigned right without them."""
+        topics = set(self._changelog_topics())
+        for channel in self.app.topics:  # Faust's conductor: every channel the app consumes
+            if getattr(channel, "internal", False):
+                topics.update(getattr(channel, "topics", ()))
+        return frozenset(topics)
+
+    def _watch_missing(self, topics: set[str]) -> None:
+        """Leader: keep re-fetching metadata of subscribed topics it cannot size; aiokafka
+        rejoins by itself once a refresh shows them (their partition count changes)."""
+        if (consumer := self._consumer()) is not None:
+            self.metadata_watch.watch(consumer, topics)
+
+    def _wait_for_topics(self, delay: float) -> None:
+        """Member told the leader cannot size every topic: say which of its own topics it has
+        no metadata for, and re-fetch them (it may lead the next round)."""
+        consumer = self._consumer()
+        missing = unsized(consumer, self._own_topics or ()) if consumer is not None else set()
+        if missing:
+            self.metadata_watch.watch(consumer, missing)
+            log.warning(
+                "waiting for topics %s to exist (no metadata yet); nothing assigned meanwhile, "
+                "rejoining in %.0f s or when they appear",
+                sorted(missing),
+                delay,
+            )
+        else:
+            log.warning(
+                "waiting for the group leader to see every subscribed topic (this worker sees "
+                "them all); nothing assigned meanwhile, rejoining in %.0f s",
+                delay,
+            )
 
 
 def _undescribed(info: AssignmentInfo) -> list[int]:

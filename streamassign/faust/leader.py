@@ -187,25 +187,42 @@ def assign_faust(
     copartition_groups: Sequence[Sequence[str]] = (),
     leader_version: int = LATEST_VERSION,
     own_topics: Iterable[str] | None = None,
+    required_topics: Iterable[str] = (),
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad members or
-    topics: unreadable members have no history, topics without metadata are left out (logged)."""
+    topics: unreadable members have no history. A subscribed table changelog or
+    ``required_topics`` topic (the app's own: repartition, leader topics) without metadata makes
+    ``INCOMPLETE_SOURCE_TOPIC_METADATA`` for every member, nothing assigned: its group cannot be
+    built without it. Other topics without metadata are left out (logged)."""
+    if not members:
+        return {}
     version = common_version(members, leader_version)
     changelogs, globals_ = trusted_tables(
         members, changelog_topics, global_changelog_topics, own_topics
     )
     subscriptions = {m: s.topics for m, s in members.items()}
     empty = AssignmentInfo(version=version, common_version=version)
-    result = {m: MemberAssignment((), empty) for m in members}
-    if not members:
-        return result
+    incomplete = {
+        m: MemberAssignment(
+            (), attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
+        )
+        for m in members
+    }
+    unsized = {t for topics in subscriptions.values() for t in topics} - partition_counts.keys()
+    if waiting := sorted(unsized & (changelogs | globals_ | frozenset(required_topics))):
+        log.warning(
+            "no metadata for %s (not created yet?): assigning nothing until they exist", waiting
+        )
+        return incomplete
+    if unsized:
+        log.warning("no metadata for subscribed topics %s (not created yet?)", sorted(unsized))
     try:
         topology = faust_topology(subscriptions, partition_counts, copartition_groups, changelogs)
         tasks = PartitionGrouper().group(topology, partition_counts)
     except TopologyError as exc:
         log.error("cannot group the subscribed topics: %s; assigning nothing", exc)
-        info = attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
-        return {m: MemberAssignment((), info) for m in members}
+        return incomplete
+    result = {m: MemberAssignment((), empty) for m in members}
 
     sub_topics = {s: topology.subtopology(s).source_topics for s in topology.subtopology_ids}
     # Groups made only of global changelogs are no work to share: every subscriber gets them all.
