@@ -144,18 +144,30 @@ class _Writer:
 
 
 class _Reader:
-    __slots__ = ("budget", "data", "pos")
+    __slots__ = ("budget", "data", "limit", "pos")
 
-    def __init__(self, data: bytes, start: int = _HEAD.size, budget: int | None = None) -> None:
-        """A reader from ``start``; ``budget`` is what is left of ``MAX_TASK_IDS`` (all of it
-        by default)."""
+    def __init__(
+        self,
+        data: bytes,
+        start: int = _HEAD.size,
+        budget: int | None = None,
+        limit: int | None = None,
+    ) -> None:
+        """A reader from ``start``; ``limit`` is what one decode may charge (``MAX_TASK_IDS``
+        by default, at most that), ``budget`` what is left of it (all of it by default)."""
         self.data = data
         self.pos = start
-        self.budget = MAX_TASK_IDS if budget is None else budget
+        self.limit = MAX_TASK_IDS if limit is None else min(limit, MAX_TASK_IDS)
+        self.budget = self.limit if budget is None else budget
 
     def take(self, n: int) -> int:
         """Charge ``n`` entries to this decode's budget before making them; returns ``n``."""
         if n > self.budget:
+            if self.limit < MAX_TASK_IDS:
+                raise ProtocolError(
+                    f"claims more than the {self.limit} task ids the leader allows one member "
+                    "of this group (two per task, plus slack)"
+                )
             raise ProtocolError(
                 f"more than MAX_TASK_IDS = {MAX_TASK_IDS} task ids and entries in one decode "
                 "(far more than any real group)"
@@ -204,21 +216,26 @@ class _Reader:
         except UnicodeDecodeError as exc:
             raise ProtocolError(f"invalid UTF-8 string: {exc}") from exc
 
-    def tasks(self) -> frozenset[TaskId]:
+    def tasks(self, counts: Mapping[int, int] | None = None) -> frozenset[TaskId]:
+        """A task set; with ``counts`` (tasks per subtopology) only the tasks that exist there
+        are made, though every run is charged as declared."""
         out: list[TaskId] = []
         for _ in range(self.count()):
             sub = self.uint()
-            out.extend(TaskId(sub, p) for p in self.runs())
+            limit = None if counts is None else counts.get(sub, 0)
+            out.extend(TaskId(sub, p) for p in self.runs(limit))
         return frozenset(out)
 
-    def runs(self) -> list[int]:
+    def runs(self, limit: int | None = None) -> list[int]:
+        """Partitions of a run list, below ``limit`` only when given (runs ascend, so a run is
+        cut, never scanned)."""
         out: list[int] = []
         end = 0
         for _ in range(self.count()):
             first = end + self.uint()
             length = self.take(self.uint() + 1)
-            out.extend(range(first, first + length))
             end = first + length
+            out.extend(range(first, end if limit is None else min(end, limit)))
         return out
 
     def done(self) -> bool:
@@ -305,14 +322,35 @@ class SubscriptionInfo:
         return w.finish()
 
     @classmethod
-    def decode(cls, data: bytes, max_version: int = LATEST_VERSION) -> SubscriptionInfo:
-        """Read up to ``max_version`` (a newer member's extra fields are skipped)."""
-        return _decode(data, "subscription", lambda d: cls._decode(d, max_version))
+    def decode(
+        cls,
+        data: bytes,
+        max_version: int = LATEST_VERSION,
+        *,
+        task_counts: Mapping[int, int] | None = None,
+        max_task_ids: int | None = None,
+    ) -> SubscriptionInfo:
+        """Read up to ``max_version`` (a newer member's extra fields are skipped).
+
+        The leader's bounds: with ``task_counts`` (tasks per subtopology: task ``s_p`` exists
+        when ``p < task_counts[s]``) offset sums and previous actives of other tasks are
+        dropped unmade; ``max_task_ids`` (at most ``MAX_TASK_IDS``) lowers what the data may
+        declare. Every byte is read and every entry charged either way, so whether a decode
+        raises depends on ``max_task_ids`` only."""
+        return _decode(
+            data, "subscription", lambda d: cls._decode(d, max_version, task_counts, max_task_ids)
+        )
 
     @classmethod
-    def _decode(cls, data: bytes, max_version: int) -> SubscriptionInfo:
+    def _decode(
+        cls,
+        data: bytes,
+        max_version: int,
+        task_counts: Mapping[int, int] | None = None,
+        max_task_ids: int | None = None,
+    ) -> SubscriptionInfo:
         version, latest = read_header(data)
-        r = _Reader(data)
+        r = _Reader(data, limit=max_task_ids)
         if len(data) < r.pos + 16:
             raise ProtocolError("truncated process id")
         process_id = uuid.UUID(bytes=data[r.pos : r.pos + 16])
@@ -322,10 +360,13 @@ class SubscriptionInfo:
         for _ in range(r.count()):
             sub = r.uint()
             p = 0
+            limit = None if task_counts is None else task_counts.get(sub, 0)
             for _ in range(r.take(r.count())):
                 p += r.uint()
-                sums[TaskId(sub, p)] = r.sint()
-        previous = r.tasks()
+                offset = r.sint()
+                if limit is None or p < limit:
+                    sums[TaskId(sub, p)] = offset
+        previous = r.tasks(task_counts)
         nonce = r.uint()
         error = _error_code(r.uint())
         rack, tags = None, {}

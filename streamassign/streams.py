@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -31,9 +31,11 @@ from .ha import HighAvailabilityTaskAssignor
 from .protocol import (
     LATEST_OFFSET,
     LATEST_VERSION,
+    MAX_TASK_IDS,
     MIN_VERSION,
     NEVER,
     AssignmentInfo,
+    ProtocolError,
     SubscriptionInfo,
 )
 from .sticky import StickyTaskAssignor
@@ -47,12 +49,20 @@ _INCOMPLETE = ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
 #: Kafka Streams' ``acceptable.recovery.lag`` default: state this close counts as caught up.
 ACCEPTABLE_RECOVERY_LAG = 10_000
 
+#: Claims on tasks that do not exist that a member may make besides its two per task (below):
+#: room for what a topology change or a deleted topic left behind.
+CLAIM_SLACK = 1024
+
+
+def _topic_names(topics: Iterable[str]) -> frozenset[str]:
+    return frozenset(topics)
+
 
 @attrs.frozen
 class MemberSubscription:
     """A member as the leader sees it: its topics, and its user data if it could be read."""
 
-    topics: frozenset[str] = attrs.field(converter=frozenset)
+    topics: frozenset[str] = attrs.field(converter=_topic_names)
     info: SubscriptionInfo | None = None
 
 
@@ -75,6 +85,138 @@ def _failed(
 ) -> dict[str, MemberAssignment]:
     info = AssignmentInfo(error_code=code, version=version, common_version=version)
     return {m: MemberAssignment((), info) for m in members}
+
+
+def member_claim_limit(task_count: int) -> int:
+    """Task entries one member's subscription may declare (offset sums and previous actives,
+    counted as written, before clipping): one of each per task of the group plus
+    ``CLAIM_SLACK``, at most ``MAX_TASK_IDS``. A real member never declares more; past it
+    the member is treated as having no history."""
+    return min(MAX_TASK_IDS, 2 * task_count + CLAIM_SLACK)
+
+
+def rebalance_claim_limit(task_count: int) -> int:
+    """Previous actives (after clipping to tasks that exist) all members of one rebalance may
+    claim together: four per task plus ``CLAIM_SLACK``. Every task has one current owner and
+    at most one before a restart, so a real group stays near two per task; offset sums need no
+    such pool, each costs the leader at least two bytes received."""
+    return 4 * task_count + CLAIM_SLACK
+
+
+def task_counts(tasks: Iterable[TaskId]) -> dict[int, int]:
+    """Tasks per subtopology, as ``SubscriptionInfo.decode(task_counts=...)`` takes them (the
+    grouper makes partitions ``0..n-1`` of each subtopology)."""
+    counts: dict[int, int] = {}
+    for t in tasks:
+        counts[t.subtopology] = max(counts.get(t.subtopology, 0), t.partition + 1)
+    return counts
+
+
+def decode_subscriptions(
+    topology: Topology,
+    partition_counts: Mapping[str, int],
+    members: Mapping[str, tuple[Iterable[str], bytes]],
+    max_version: int = LATEST_VERSION,
+) -> dict[str, MemberSubscription]:
+    """The leader's view of ``members`` (member -> (topics, user data)), within the bounds of
+    ``bounded_claims`` from the start: each decoded with its claims clipped to the tasks of
+    ``topology`` over ``partition_counts`` (no other task is made) and at most
+    ``member_claim_limit`` entries declared, previous actives charged to the rebalance's pool
+    as they come. A member past a bound keeps its identity (process id, endpoint, versions,
+    error code) without history; unreadable data gives a member without info. Either is
+    logged once, with the reason."""
+    try:
+        tasks: Collection[TaskId] = PartitionGrouper().group(topology, partition_counts)
+    except TopologyError:
+        tasks = ()  # assign_streams reports the topology; no claim can matter then
+    counts = task_counts(tasks)
+    budget = _ClaimBudget(tasks)
+    out: dict[str, MemberSubscription] = {}
+    for member in sorted(members):
+        topics, data = members[member]
+        try:
+            info: SubscriptionInfo | None = SubscriptionInfo.decode(
+                data, max_version, task_counts=counts, max_task_ids=budget.member_limit
+            )
+        except ProtocolError as exc:
+            info = _identity_only(data, max_version)
+            log.warning("member %s: %s; treating it as having no history", member, exc)
+        sub = MemberSubscription(topics, info)
+        # Only members that can get tasks draw on the pool, as in assign_streams.
+        out[member] = budget.admit(member, sub) if topology.source_topics <= sub.topics else sub
+    return out
+
+
+def _identity_only(data: bytes, max_version: int) -> SubscriptionInfo | None:
+    """Everything but the history of a member whose claims are refused: nothing is made from
+    them (no task exists for the decode), and within ``MAX_TASK_IDS`` only the bytes cost."""
+    try:
+        return SubscriptionInfo.decode(data, max_version, task_counts={})
+    except ProtocolError:
+        return None
+
+
+def bounded_claims(
+    members: Mapping[str, MemberSubscription], tasks: Collection[TaskId]
+) -> dict[str, MemberSubscription]:
+    """``members`` with their claims clipped to ``tasks`` and within the rebalance's bounds,
+    checked in member order: a member declaring more than ``member_claim_limit`` entries, or
+    whose previous actives overflow what is left of ``rebalance_claim_limit``, is treated as
+    having no history (logged once). Claims on tasks that do not exist are dropped silently:
+    a topology change leaves them behind."""
+    budget = _ClaimBudget(tasks)
+    return {m: budget.admit(m, members[m]) for m in sorted(members)}
+
+
+class _ClaimBudget:
+    """The bounds of one rebalance: what one member may declare, what is left of the pool."""
+
+    def __init__(self, tasks: Collection[TaskId]) -> None:
+        self.tasks = tasks
+        self.member_limit = member_claim_limit(len(tasks))
+        self.pool = rebalance_claim_limit(len(tasks))
+
+    def admit(self, member: str, sub: MemberSubscription) -> MemberSubscription:
+        """``sub`` clipped, or without history past a bound (logged)."""
+        info = sub.info
+        if info is None or not (info.offset_sums or info.previous_active):
+            return sub
+        declared = len(info.offset_sums) + len(info.previous_active)
+        if declared > self.member_limit:
+            why = (
+                f"claims {declared} tasks, more than the {self.member_limit} the leader allows "
+                f"a member of a group of {len(self.tasks)} tasks"
+            )
+            return self._refuse(member, sub, info, why)
+        previous = _existing(info.previous_active, self.tasks)
+        if len(previous) > self.pool:
+            why = (
+                f"claims {len(previous)} previous actives, more than the {self.pool} left of "
+                f"the rebalance's {rebalance_claim_limit(len(self.tasks))}"
+            )
+            return self._refuse(member, sub, info, why)
+        self.pool -= len(previous)
+        sums = {t: s for t, s in info.offset_sums.items() if t in self.tasks}
+        if len(sums) == len(info.offset_sums) and len(previous) == len(info.previous_active):
+            return sub
+        return attrs.evolve(
+            sub, info=attrs.evolve(info, offset_sums=sums, previous_active=previous)
+        )
+
+    @staticmethod
+    def _refuse(
+        member: str, sub: MemberSubscription, info: SubscriptionInfo, why: str
+    ) -> MemberSubscription:
+        log.warning("member %s: %s; treating it as having no history", member, why)
+        bare = attrs.evolve(info, offset_sums={}, previous_active=frozenset())
+        return attrs.evolve(sub, info=bare)
+
+
+def _existing(claims: Collection[TaskId], tasks: Collection[TaskId]) -> frozenset[TaskId]:
+    """``claims`` that are ``tasks``, iterating the smaller of the two."""
+    if len(claims) <= len(tasks):
+        return frozenset(t for t in claims if t in tasks)
+    return frozenset(t for t in tasks if t in claims)
 
 
 def client_states(
@@ -229,6 +371,7 @@ def assign_streams(
     }
     if not compatible:
         return result
+    compatible = bounded_claims(compatible, tasks)
     clients, by_process, endpoints = client_states(
         compatible, end_offsets, acceptable_recovery_lag, exact_lags=high_availability
     )

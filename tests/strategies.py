@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
 from streamassign import ClientState, StickyTaskAssignor, TaskId
+from streamassign.errors import ErrorCode
+from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 
 
 @st.composite
@@ -90,3 +93,69 @@ def assignment_inputs(
 
 def by_pid(clients: Sequence[ClientState]) -> dict[str, ClientState]:
     return {c.process_id: c for c in clients}
+
+
+# -- streams wire formats (valid user data: seeds for round trips and fuzzing) ---------------
+
+wire_task_ids = st.builds(TaskId, st.integers(0, 2000), st.integers(0, 5000))
+wire_task_sets = st.frozensets(wire_task_ids, max_size=40)
+wire_names = st.text(min_size=1, max_size=12)
+error_codes = st.sampled_from(list(ErrorCode))
+
+
+@st.composite
+def subscription_infos(draw: st.DrawFn) -> SubscriptionInfo:
+    version = draw(st.sampled_from([1, 2]))
+    return SubscriptionInfo(
+        uuid.UUID(int=draw(st.integers(0, 2**128 - 1))),
+        endpoint=draw(st.one_of(st.none(), wire_names)),
+        offset_sums=draw(
+            st.dictionaries(wire_task_ids, st.one_of(st.just(LATEST_OFFSET), st.integers(0, 2**62)))
+        ),
+        previous_active=draw(wire_task_sets),
+        join_nonce=draw(st.integers(0, 2**31)),
+        error_code=draw(error_codes),
+        rack=draw(st.one_of(st.none(), wire_names)) if version >= 2 else None,
+        client_tags=draw(st.dictionaries(wire_names, wire_names, max_size=3))
+        if version >= 2
+        else {},
+        version=version,
+        latest_supported_version=draw(st.integers(version, 5)),
+    )
+
+
+@st.composite
+def assignment_infos(draw: st.DrawFn, max_partitions: int = 300) -> AssignmentInfo:
+    """Assignment data with host maps consistent with its topic dictionary, as the leader
+    builds them: each task active on at most one host, standbys on others."""
+    version = draw(st.sampled_from([1, 2]))
+    topics = draw(
+        st.dictionaries(
+            st.integers(0, 50),
+            st.dictionaries(wire_names, st.integers(1, max_partitions), min_size=1, max_size=3),
+            max_size=4,
+        )
+    )
+    tasks = [TaskId(s, p) for s, ts in topics.items() for p in range(max(ts.values()))]
+    hosts = draw(st.lists(wire_names, max_size=6, unique=True)) if tasks else []
+    active: dict[str, set[TaskId]] = {}
+    standby: dict[str, set[TaskId]] = {}
+    for t in tasks:
+        if hosts and draw(st.booleans()):
+            owner = draw(st.sampled_from(hosts))
+            active.setdefault(owner, set()).add(t)
+            for h in draw(st.lists(st.sampled_from(hosts), max_size=2, unique=True)):
+                if h != owner:
+                    standby.setdefault(h, set()).add(t)
+    return AssignmentInfo(
+        active=draw(wire_task_sets),
+        standby=draw(wire_task_sets),
+        warmup=draw(wire_task_sets) if version >= 2 else frozenset(),
+        active_by_host={h: frozenset(ts) for h, ts in active.items()},
+        standby_by_host={h: frozenset(ts) for h, ts in standby.items()},
+        topics=topics,
+        error_code=draw(error_codes),
+        next_rebalance_ms=draw(st.integers(-1, 2**50)),
+        version=version,
+        common_version=version,
+    )

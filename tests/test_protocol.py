@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from streamassign import Subtopology, TaskId, Topology, protocol
 from streamassign.errors import ErrorCode
 from streamassign.protocol import (
-    LATEST_OFFSET,
     MAX_TASK_IDS,
     NOW,
     AssignmentInfo,
@@ -28,67 +27,10 @@ from streamassign.protocol import (
 )
 from streamassign.streams import MemberSubscription, assign_streams
 
-task_ids = st.builds(TaskId, st.integers(0, 2000), st.integers(0, 5000))
-task_sets = st.frozensets(task_ids, max_size=40)
-names = st.text(min_size=1, max_size=12)
-codes = st.sampled_from(list(ErrorCode))
+from .strategies import assignment_infos as assignments
+from .strategies import subscription_infos as subscriptions
+
 HEADER = b"\x00\x00\x00\x01\x00\x00\x00\x02"  # version 1, latest supported 2
-
-
-@st.composite
-def subscriptions(draw: st.DrawFn) -> SubscriptionInfo:
-    version = draw(st.sampled_from([1, 2]))
-    return SubscriptionInfo(
-        uuid.UUID(int=draw(st.integers(0, 2**128 - 1))),
-        endpoint=draw(st.one_of(st.none(), names)),
-        offset_sums=draw(
-            st.dictionaries(task_ids, st.one_of(st.just(LATEST_OFFSET), st.integers(0, 2**62)))
-        ),
-        previous_active=draw(task_sets),
-        join_nonce=draw(st.integers(0, 2**31)),
-        error_code=draw(codes),
-        rack=draw(st.one_of(st.none(), names)) if version >= 2 else None,
-        client_tags=draw(st.dictionaries(names, names, max_size=3)) if version >= 2 else {},
-        version=version,
-        latest_supported_version=draw(st.integers(version, 5)),
-    )
-
-
-@st.composite
-def assignments(draw: st.DrawFn, max_partitions: int = 300) -> AssignmentInfo:
-    """Assignment data with host maps consistent with its topic dictionary, as the leader
-    builds them: each task active on at most one host, standbys on others."""
-    version = draw(st.sampled_from([1, 2]))
-    topics = draw(
-        st.dictionaries(
-            st.integers(0, 50),
-            st.dictionaries(names, st.integers(1, max_partitions), min_size=1, max_size=3),
-            max_size=4,
-        )
-    )
-    tasks = [TaskId(s, p) for s, ts in topics.items() for p in range(max(ts.values()))]
-    hosts = draw(st.lists(names, max_size=6, unique=True)) if tasks else []
-    active: dict[str, set[TaskId]] = {}
-    standby: dict[str, set[TaskId]] = {}
-    for t in tasks:
-        if hosts and draw(st.booleans()):
-            owner = draw(st.sampled_from(hosts))
-            active.setdefault(owner, set()).add(t)
-            for h in draw(st.lists(st.sampled_from(hosts), max_size=2, unique=True)):
-                if h != owner:
-                    standby.setdefault(h, set()).add(t)
-    return AssignmentInfo(
-        active=draw(task_sets),
-        standby=draw(task_sets),
-        warmup=draw(task_sets) if version >= 2 else frozenset(),
-        active_by_host={h: frozenset(ts) for h, ts in active.items()},
-        standby_by_host={h: frozenset(ts) for h, ts in standby.items()},
-        topics=topics,
-        error_code=draw(codes),
-        next_rebalance_ms=draw(st.integers(-1, 2**50)),
-        version=version,
-        common_version=version,
-    )
 
 
 @given(subscriptions())
@@ -359,3 +301,53 @@ def test_the_largest_subtopology_id_and_partition_travel() -> None:
     assert seen.active == {TaskId(top, 0), TaskId(top, 1)}
     far = AssignmentInfo(active=frozenset({TaskId(top, top)}))
     assert AssignmentInfo.decode(far.encode()) == far
+
+
+# -- the leader's bounds: claims clipped to tasks that exist, a lower limit per member ---------
+
+
+@given(subscriptions(), st.data())
+def test_a_clipped_decode_is_the_full_decode_filtered(
+    info: SubscriptionInfo, data: st.DataObject
+) -> None:
+    """With ``task_counts`` a decode keeps exactly the claims on tasks that exist; everything
+    else, and whether it raises, is unchanged."""
+    subs = sorted({t.subtopology for t in (*info.offset_sums, *info.previous_active)} | {0})
+    counts = data.draw(st.dictionaries(st.sampled_from(subs), st.integers(0, 5001)))
+    full = SubscriptionInfo.decode(info.encode())
+    clipped = SubscriptionInfo.decode(info.encode(), task_counts=counts)
+
+    def exists(t: TaskId) -> bool:
+        return t.partition < counts.get(t.subtopology, 0)
+
+    assert clipped.offset_sums == {t: s for t, s in full.offset_sums.items() if exists(t)}
+    assert clipped.previous_active == {t for t in full.previous_active if exists(t)}
+    same = attrs.evolve(clipped, offset_sums=full.offset_sums, previous_active=full.previous_active)
+    assert same == full
+
+
+def test_clipped_claims_are_never_made() -> None:
+    """``MAX_TASK_IDS`` previous actives of a 6-task subtopology: 6 task ids are made, in well
+    under a megabyte (the full decode makes 2**20, about 134 MB)."""
+    data = _subscription_with_runs([1, MAX_TASK_IDS - 1])
+    tracemalloc.start()
+    try:
+        info = SubscriptionInfo.decode(data, task_counts={0: 6})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.previous_active == {TaskId(0, p) for p in range(6)}
+    assert peak < 1 << 20
+
+
+def test_a_lower_limit_refuses_a_member_declaring_more() -> None:
+    """``max_task_ids`` counts what the bytes declare, clipped or not; it never raises the
+    ``MAX_TASK_IDS`` ceiling."""
+    data = _subscription_with_runs([600, 400])
+    assert len(SubscriptionInfo.decode(data, max_task_ids=1000).previous_active) == 1000
+    with pytest.raises(ProtocolError, match="more than the 999 task ids the leader allows"):
+        SubscriptionInfo.decode(data, task_counts={0: 6}, max_task_ids=999)
+    with pytest.raises(ProtocolError, match=f"MAX_TASK_IDS = {MAX_TASK_IDS}"):
+        SubscriptionInfo.decode(
+            _subscription_with_runs([MAX_TASK_IDS, 1]), max_task_ids=2 * MAX_TASK_IDS
+        )

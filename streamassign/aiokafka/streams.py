@@ -43,7 +43,7 @@ from ..protocol import (
     ProtocolError,
     SubscriptionInfo,
 )
-from ..streams import ACCEPTABLE_RECOVERY_LAG, MemberSubscription, assign_streams
+from ..streams import ACCEPTABLE_RECOVERY_LAG, assign_streams, decode_subscriptions
 from ..topology import Topology
 from ._rejoin import Rejoiner
 from ._wire import encode_assignment
@@ -119,20 +119,19 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         """Leader: decode, run ``assign_streams``, encode; never raises."""
         started = asyncio.get_running_loop().time() if _has_loop() else 0.0
         try:
-            subscriptions = {}
-            for member, meta in members.items():
-                try:
-                    info = SubscriptionInfo.decode(meta.user_data or b"", self.host.max_version)
-                except ProtocolError as exc:
-                    log.warning("member %s: %s; treating it as having no history", member, exc)
-                    info = None
-                subscriptions[member] = MemberSubscription(meta.subscription, info)
-            topics = {t for s in subscriptions.values() for t in s.topics}
+            topics = {t for meta in members.values() for t in meta.subscription}
             counts = {}
             for topic in sorted(topics):
                 partitions = cluster.partitions_for_topic(topic)
                 if partitions:
                     counts[topic] = len(partitions)
+            # Decoded against the tasks that exist: claims on others are never made.
+            subscriptions = decode_subscriptions(
+                self.host.topology,
+                counts,
+                {m: (meta.subscription, meta.user_data or b"") for m, meta in members.items()},
+                self.host.max_version,
+            )
             result = assign_streams(
                 self.host.topology,
                 counts,

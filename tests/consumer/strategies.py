@@ -15,6 +15,7 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import attrs
 from hypothesis import strategies as st
 
 from streamassign import TopicPartition
@@ -442,3 +443,34 @@ def captured_warnings(name: str = "streamassign") -> Iterator[list[logging.LogRe
         yield records
     finally:
         logger.removeHandler(handler)
+
+
+# -- user data ---------------------------------------------------------------------------------
+
+INT32 = st.integers(-(2**31), 2**31 - 1)
+HAS_EPOCH = "join_epoch" in attrs.fields_dict(MemberData)
+
+
+@st.composite
+def partition_sets(draw: st.DrawFn) -> set[int]:
+    """Arbitrary sets: scattered, dense runs, and partitions near the int32 limit."""
+    out = set(draw(st.sets(st.integers(0, 100), max_size=20)))
+    for _ in range(draw(st.integers(0, 2))):
+        start = draw(st.integers(0, 2**31 - 50))
+        out.update(range(start, start + draw(st.integers(1, 40))))
+    if draw(st.booleans()):
+        out.add(2**31 - 1)
+    return out
+
+
+@st.composite
+def member_data(draw: st.DrawFn) -> MemberData:
+    owned = draw(st.dictionaries(st.text(max_size=8), partition_sets(), max_size=3))
+    extra = {"join_epoch": draw(INT32)} if HAS_EPOCH else {}
+    return MemberData(
+        priority=draw(INT32),
+        weight=draw(st.integers(1, 2**31 - 1)),
+        owned_partitions=[(t, p) for t, ps in owned.items() for p in ps],
+        generation=draw(INT32),
+        **extra,
+    )

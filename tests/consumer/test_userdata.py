@@ -18,36 +18,9 @@ from streamassign import TopicPartition
 from streamassign.consumer import MemberData, UserDataError, read_member_data
 from streamassign.consumer.userdata import MAX_PARTITIONS
 
-from .strategies import GARBAGE_USER_DATA, patched
+from .strategies import GARBAGE_USER_DATA, member_data, patched
 
-INT32 = st.integers(-(2**31), 2**31 - 1)
-HAS_EPOCH = "join_epoch" in attrs.fields_dict(MemberData)
 HEADER = len(MemberData().encode())  # fixed part; ends with int32 topic_count
-
-
-@st.composite
-def partition_sets(draw: st.DrawFn) -> set[int]:
-    """Arbitrary sets: scattered, dense runs, and partitions near the int32 limit."""
-    out = set(draw(st.sets(st.integers(0, 100), max_size=20)))
-    for _ in range(draw(st.integers(0, 2))):
-        start = draw(st.integers(0, 2**31 - 50))
-        out.update(range(start, start + draw(st.integers(1, 40))))
-    if draw(st.booleans()):
-        out.add(2**31 - 1)
-    return out
-
-
-@st.composite
-def member_data(draw: st.DrawFn) -> MemberData:
-    owned = draw(st.dictionaries(st.text(max_size=8), partition_sets(), max_size=3))
-    extra = {"join_epoch": draw(INT32)} if HAS_EPOCH else {}
-    return MemberData(
-        priority=draw(INT32),
-        weight=draw(st.integers(1, 2**31 - 1)),
-        owned_partitions=[(t, p) for t, ps in owned.items() for p in ps],
-        generation=draw(INT32),
-        **extra,
-    )
 
 
 def runs(partitions: set[int]) -> int:
