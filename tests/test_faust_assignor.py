@@ -5,7 +5,11 @@ The broker test with worker processes is tests/integration/test_faust_app.py."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import logging
+import time
+import tracemalloc
+import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +29,12 @@ from streamassign.faust.leader import (
     CHANGELOGS_TAG,
     GLOBAL_CHANGELOGS_TAG,
     MAX_CAPACITY,
+    assign_faust,
 )
+from streamassign.grouper import faust_style_topology
 from streamassign.localstate import StateDirectory
-from streamassign.protocol import AssignmentInfo, SubscriptionInfo
+from streamassign.protocol import LATEST_OFFSET, MAX_TASK_IDS, AssignmentInfo, SubscriptionInfo
+from streamassign.streams import MemberSubscription
 
 APP = "shop"
 SRC = "orders"
@@ -448,3 +455,99 @@ def test_copartition_groups_must_be_lists_of_topics(tmp_path: Path) -> None:
 
     with pytest.raises(TypeError, match="copartition_groups"):
         _ = make_app(tmp_path, 7000, assignor=Flat).assignor
+
+
+# -- hostile members (issue 25 §1) -----------------------------------------------------------
+
+
+def hostile(pid: int) -> bytes:
+    """37 bytes: a version-2 subscription of process ``pid`` claiming ``MAX_TASK_IDS``
+    previous actives (one run). Before the bounds one of them cost this leader 31 s / 277 MB."""
+    run = bytes([1, 0, 1, 0, 0xFF, 0xFF, 0x3F])  # 1 group: id 0, 1 run from 0, 2**20 long
+    assert MAX_TASK_IDS == 1 << 20
+    return (2).to_bytes(4, "big") * 2 + uuid.UUID(int=pid).bytes + b"\x00\x00" + run + bytes(4)
+
+
+def test_hostile_members_cost_what_a_clean_round_costs_and_have_no_history(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """8 of 12 members send 37 bytes claiming 2**20 previous actives each. The leader answers
+    every member exactly as if those 8 had sent the same identity without history, warns once
+    per hostile member, and costs about what a clean round of the group costs."""
+    apps = {f"m{i:02d}": make_app(tmp_path / f"w{i}", 7000 + i) for i in range(12)}
+    workers = {m: app.assignor for m, app in apps.items()}
+    rebalance(workers)  # a second round: members report what they run
+    leader = workers["m00"]
+    clean = {m: a.metadata(set(COUNTS)) for m, a in workers.items()}
+    targets = sorted(clean)[4:]
+
+    def replaced(data: Callable[[int], bytes]) -> dict[str, ConsumerProtocolMemberMetadata]:
+        return clean | {
+            m: ConsumerProtocolMemberMetadata(0, sorted(COUNTS), data(2000 + n))
+            for n, m in enumerate(targets)
+        }
+
+    attack = replaced(hostile)
+    no_history = replaced(lambda pid: SubscriptionInfo(uuid.UUID(int=pid)).encode())
+    with caplog.at_level(logging.WARNING, logger="streamassign"):
+        answers = leader.assign(Cluster(COUNTS), attack)
+    warned = [r.getMessage() for r in caplog.records if "no history" in r.getMessage()]
+    assert sorted(w.split()[1].rstrip(":") for w in warned) == targets
+    assert answers == leader.assign(Cluster(COUNTS), no_history)
+    decoded = [ConsumerProtocolMemberAssignment.decode(raw) for raw in answers.values()]
+    assert all(AssignmentInfo.decode(d.user_data).error_code == ErrorCode.NONE for d in decoded)
+    assert sorted(p for d in decoded for t, ps in d.assignment if t == SRC for p in ps) == list(
+        range(6)
+    )
+
+    caplog.set_level(logging.CRITICAL, logger="streamassign")  # timing without log handling
+    clean_time = best_of(5, lambda: leader.assign(Cluster(COUNTS), clean))
+    attack_time = best_of(5, lambda: leader.assign(Cluster(COUNTS), attack))
+    assert attack_time < 3 * clean_time  # measured about 1x; before: 31 s for one such member
+    assert peak_of(lambda: leader.assign(Cluster(COUNTS), attack)) < 2 * peak_of(
+        lambda: leader.assign(Cluster(COUNTS), clean)
+    )
+
+
+def test_decoded_claims_past_the_limits_are_no_history() -> None:
+    """``assign_faust`` itself bounds members decoded elsewhere: claims on tasks that do not
+    exist are dropped, and a member claiming far more tasks than a group of this size allows
+    is treated as having no history."""
+    (group,) = {
+        s for s in faust_style_topology({"a": set(COUNTS)}, COUNTS).subtopology_ids if s == 6
+    }
+    kw: dict[str, Any] = {
+        "changelog_topics": {CL, GLOBAL_CL},
+        "global_changelog_topics": {GLOBAL_CL},
+    }
+
+    def m0_gets(running: range) -> set[int]:
+        sums = {TaskId(group, p): LATEST_OFFSET for p in running}
+        infos = {
+            "m0": SubscriptionInfo(uuid.UUID(int=1), offset_sums=sums),
+            "m1": SubscriptionInfo(uuid.UUID(int=2)),
+        }
+        members = {m: MemberSubscription(set(COUNTS), i) for m, i in infos.items()}
+        return {t.partition for t in assign_faust(members, COUNTS, **kw)["m0"].info.active}
+
+    assert m0_gets(range(3, 6)) == {3, 4, 5}  # what it runs
+    assert m0_gets(range(3, 100)) == {3, 4, 5}  # clipped to tasks that exist
+    assert m0_gets(range(3, 50_000)) == m0_gets(range(0)) != {3, 4, 5}  # no history
+
+
+def best_of(runs: int, round_: Callable[[], object]) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        round_()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def peak_of(round_: Callable[[], object]) -> int:
+    tracemalloc.start()
+    try:
+        round_()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

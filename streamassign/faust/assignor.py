@@ -58,7 +58,7 @@ from .leader import (
     MAX_CAPACITY,
     assign_faust,
     check_copartition_groups,
-    decode_member,
+    decode_members,
     parse_capacity,
 )
 
@@ -198,15 +198,20 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         sensors = self.app.sensors
         state = sensors.on_assignment_start(self)
         try:
-            members = {
-                member: decode_member(member, meta.subscription, meta.user_data)
-                for member, meta in member_metadata.items()
-            }
+            subscribed = {t for meta in member_metadata.values() for t in meta.subscription}
             counts = {}
-            for topic in sorted({t for m in members.values() for t in m.topics}):
+            for topic in sorted(subscribed):
                 if partitions := cluster.partitions_for_topic(topic):
                     counts[topic] = len(partitions)
-            self._watch_missing({t for m in members.values() for t in m.topics} - counts.keys())
+            self._watch_missing(subscribed - counts.keys())
+            members = decode_members(
+                {m: (meta.subscription, meta.user_data) for m, meta in member_metadata.items()},
+                counts,
+                changelog_topics=self._changelog_topics(),
+                global_changelog_topics=self._global_changelog_topics(),
+                copartition_groups=self.copartition_groups,
+                own_topics=self._own_topics,
+            )
             result = assign_faust(
                 members,
                 counts,

@@ -51,7 +51,14 @@ from ..protocol import (
     SubscriptionInfo,
 )
 from ..sticky import StickyTaskAssignor
-from ..streams import MemberAssignment, MemberSubscription, client_states, common_version
+from ..streams import (
+    MemberAssignment,
+    MemberSubscription,
+    bounded_claims,
+    client_states,
+    common_version,
+    decode_subscriptions,
+)
 from ..threads import distribute_to_threads
 from ..topology import Subtopology, Topology
 
@@ -63,6 +70,7 @@ __all__ = [
     "assign_faust",
     "check_copartition_groups",
     "decode_member",
+    "decode_members",
     "faust_topology",
     "host_key",
     "parse_capacity",
@@ -93,6 +101,41 @@ def decode_member(member: str, topics: Any, user_data: bytes | None) -> MemberSu
         log.warning("member %s: %s; treating it as having no history", member, exc)
         info = None
     return MemberSubscription(topics, info)  # topics: aiokafka's list of names
+
+
+def decode_members(
+    metadata: Mapping[str, tuple[Iterable[str], bytes | None]],
+    partition_counts: Mapping[str, int],
+    *,
+    changelog_topics: Iterable[str] = (),
+    global_changelog_topics: Iterable[str] = (),
+    copartition_groups: Sequence[Sequence[str]] = (),
+    own_topics: Iterable[str] | None = None,
+) -> dict[str, MemberSubscription]:
+    """Every member (member -> (topics, user data)) as the leader sees it, with nothing built
+    from claims on tasks that do not exist: first each member's identity and tags (its claims
+    are read but none is made), which say what is a table and so how topics group into tasks;
+    then its claims, clipped to those tasks, and a member declaring more than
+    ``member_claim_limit`` of them has no history (``streams.decode_subscriptions``, logged).
+    So a 37-byte subscription claiming ``2**20`` tasks costs its bytes, not the tasks."""
+    identities = {}
+    for member, (topics, data) in metadata.items():
+        try:
+            info: SubscriptionInfo | None = SubscriptionInfo.decode(data or b"", task_counts={})
+        except ProtocolError:
+            info = None  # decode_subscriptions says why
+        identities[member] = MemberSubscription(topics, info)
+    changelogs, _ = trusted_tables(
+        identities, changelog_topics, global_changelog_topics, own_topics, report=False
+    )
+    subscriptions = {m: s.topics for m, s in identities.items()}
+    try:
+        topology = faust_topology(subscriptions, partition_counts, copartition_groups, changelogs)
+    except TopologyError:
+        return identities  # assign_faust reports it; no claim can matter then
+    return decode_subscriptions(
+        topology, partition_counts, {m: (t, d or b"") for m, (t, d) in metadata.items()}
+    )
 
 
 def check_copartition_groups(groups: object) -> tuple[tuple[str, ...], ...]:
@@ -223,6 +266,7 @@ def assign_faust(
         log.error("cannot group the subscribed topics: %s; assigning nothing", exc)
         return incomplete
     result = {m: MemberAssignment((), empty) for m in members}
+    members = bounded_claims(members, tasks)  # the rebalance's budget (logged per member)
 
     sub_topics = {s: topology.subtopology(s).source_topics for s in topology.subtopology_ids}
     # Groups made only of global changelogs are no work to share: every subscriber gets them all.
@@ -369,13 +413,16 @@ def trusted_tables(
     changelog_topics: Iterable[str] = (),
     global_changelog_topics: Iterable[str] = (),
     own_topics: Iterable[str] | None = None,
+    *,
+    report: bool = True,
 ) -> tuple[frozenset[str], frozenset[str]]:
     """``(changelogs, global changelogs)`` the leader acts on: its own app's, plus what members
     announce where the leader can check it. An announced topic counts only when the leader's
     app does not read it (``own_topics``; ``None``: unknown) and every member subscribing to it
     announces it the same way (so it is a table of another version of the app, and no single
     member can make everyone read a source topic whole, or place standbys of it); anything
-    else is logged and ignored. ``changelog_topics`` may include the global ones."""
+    else is ignored (logged unless ``report`` is false). ``changelog_topics`` may include the
+    global ones."""
     own_globals = frozenset(global_changelog_topics)
     own_changelogs = frozenset(changelog_topics) - own_globals
     own = frozenset(own_topics) if own_topics is not None else frozenset()
@@ -401,7 +448,7 @@ def trusted_tables(
             refused.setdefault("not every member reading them announces them so", []).append(topic)
         else:
             accepted[kind].add(topic)
-    for reason, topics in sorted(refused.items()):
+    for reason, topics in sorted(refused.items()) if report else ():
         log.warning("ignoring announced changelog topics %s: %s", topics, reason)
     globals_ = own_globals | accepted[GLOBAL_CHANGELOGS_TAG]
     return own_changelogs | accepted[CHANGELOGS_TAG], globals_
