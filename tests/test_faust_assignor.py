@@ -15,6 +15,7 @@ from typing import Any
 
 import faust
 import pytest
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
@@ -23,7 +24,7 @@ from faust.types import TP
 
 from streamassign import TaskId
 from streamassign.errors import ErrorCode
-from streamassign.faust import CAPACITY_ENV, PartitionAssignor
+from streamassign.faust import CAPACITY_ENV, PROTOCOL_NAME, PartitionAssignor
 from streamassign.faust.leader import (
     CAPACITY_TAG,
     CHANGELOGS_TAG,
@@ -551,3 +552,42 @@ def peak_of(round_: Callable[[], object]) -> int:
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+# -- rolling switch (issue 23 §3) --------------------------------------------------------------
+
+
+def test_a_worker_offers_fausts_own_assignor_second_and_serves_its_assignment(
+    workers: dict[str, PartitionAssignor], tmp_path: Path
+) -> None:
+    """While the group uses Faust's protocol (a member does not offer ours yet) Faust's tables
+    and views read Faust's own assignor's assignment; our next assignment takes over again."""
+    fallbacks = {m: a.fallback_assignors() for m, a in workers.items()}
+    assert all(
+        len(f) == 1 and f[0].name == "faust" and f[0] is workers[m].fallback_assignors()[0]
+        for m, f in fallbacks.items()
+    )
+    fausts = {m: f[0] for m, f in fallbacks.items()}
+    metadata = {m: f.metadata(set(COUNTS)) for m, f in fausts.items()}
+    answers = fausts["m0"].assign(Cluster(COUNTS), metadata)
+    for m, f in fausts.items():
+        f.on_assignment(answers[m])
+    for m, a in workers.items():
+        assert a.protocol_in_use == "faust"
+        assert a.assigned_actives() == fausts[m].assigned_actives()
+        assert a.assigned_standbys() == fausts[m].assigned_standbys()
+        assert a.tables_metadata() == fausts[m].tables_metadata()
+    assert sorted(p for a in workers.values() for p in tps(a.assigned_actives(), SRC)) == list(
+        range(6)
+    )
+    rebalance(workers)  # every member offers ours again: the group uses it
+    assert all(a.protocol_in_use == PROTOCOL_NAME for a in workers.values())
+    assert sorted(p for a in workers.values() for p in tps(a.assigned_actives(), SRC)) == list(
+        range(6)
+    )
+
+    stateless = faust.App(
+        "plain", broker="kafka://localhost:1", datadir=str(tmp_path / "plain"),
+        PartitionAssignor="streamassign.faust:PartitionAssignor", table_standby_replicas=0,
+    )  # fmt: skip
+    assert stateless.assignor.fallback_assignors() == (RoundRobinPartitionAssignor,)

@@ -30,10 +30,12 @@ from typing import Any, ClassVar
 
 import attrs
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
 )
+from faust.assignor import PartitionAssignor as FaustPartitionAssignor
 from faust.types import TP
 from faust.types.assignor import HostToPartitionMap, PartitionAssignorT
 from yarl import URL
@@ -126,6 +128,10 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self.info = AssignmentInfo()
         self._assigned = False
         self._view = _View()
+        #: Faust's own assignor, offered second (``fallback_assignors``), and set here while
+        #: the group uses it: Faust's tables and views then read its assignment.
+        self._fausts: FaustsOwnAssignor | None = None
+        self._fausts_in_use: FaustsOwnAssignor | None = None
         #: What this worker's app subscribes to (its last ``metadata``): the leader's own topics.
         self._own_topics: frozenset[str] | None = None
         #: Milliseconds the last leader-side ``assign`` took on this worker, if it led.
@@ -243,6 +249,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             log.error("unreadable assignment (%s); treating it as an assignment error", exc)
             info = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR)
         self._bind_rejoiner()
+        if self._fausts_in_use is not None:
+            log.warning("the group uses %s again (every member offers it)", PROTOCOL_NAME)
+            self._fausts_in_use = None
         if info.error_code == ErrorCode.NONE and (missing := _undescribed(info)):
             log.error(
                 "the assignment names groups %s without their topics (an older leader?); "
@@ -270,41 +279,88 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     # Each reads ``self._view`` once: a rebalance on the consumer thread swaps it whole.
 
     def group_for_topic(self, topic: str) -> int:
+        if (fausts := self._fausts_in_use) is not None:
+            return int(fausts.group_for_topic(topic))
         return self._view.topic_groups[topic]
 
     def assigned_actives(self) -> set[TP]:
+        if (fausts := self._fausts_in_use) is not None:
+            return set(fausts.assigned_actives())
         return set(self._view.actives)
 
     def assigned_standbys(self) -> set[TP]:
+        if (fausts := self._fausts_in_use) is not None:
+            return set(fausts.assigned_standbys())
         return set(self._view.standbys)
 
     def is_active(self, tp: TP) -> bool:
+        if (fausts := self._fausts_in_use) is not None:
+            return bool(fausts.is_active(tp))
         return tp in self._view.actives
 
     def is_standby(self, tp: TP) -> bool:
+        if (fausts := self._fausts_in_use) is not None:
+            return bool(fausts.is_standby(tp))
         return tp in self._view.standbys
 
     def key_store(self, topic: str, key: bytes) -> URL:
         """URL of the worker whose active task holds ``key`` of the table with changelog
         ``topic`` (``KeyError`` while unknown: the router answers 503)."""
+        if (fausts := self._fausts_in_use) is not None:
+            return URL(fausts.key_store(topic, key))
         if topic in self._global_changelog_topics():
             return URL(str(self.app.conf.canonical_url))  # every worker holds a global table
         return URL(self._view.tps_url[self.app.producer.key_partition(topic, key)])
 
     def external_key_store(self, topic: str, key: bytes) -> URL:
+        if (fausts := self._fausts_in_use) is not None:
+            return URL(fausts.external_key_store(topic, key))
         return URL(self._view.external_tps_url[self.app.producer.key_partition(topic, key)])
 
     def table_metadata(self, topic: str) -> HostToPartitionMap:
+        if (fausts := self._fausts_in_use) is not None:
+            return fausts.table_metadata(topic)
         return {
             host: {t: ps for t, ps in tps.items() if t == topic}
             for host, tps in self._view.changelog_distribution.items()
         }
 
     def tables_metadata(self) -> HostToPartitionMap:
+        if (fausts := self._fausts_in_use) is not None:
+            return fausts.tables_metadata()
         return self._view.changelog_distribution
 
     def external_topics_metadata(self) -> HostToPartitionMap:
+        if (fausts := self._fausts_in_use) is not None:
+            return fausts.external_topics_metadata()
         return self._view.external_topic_distribution
+
+    # -- a rolling switch from and to Faust's own assignor ---------------------------------
+
+    @property
+    def protocol_in_use(self) -> str:
+        """The group protocol of this worker's last assignment: ours, or Faust's own
+        (``faust``) while some member of the group does not offer ours."""
+        return FaustsOwnAssignor.NAME if self._fausts_in_use is not None else PROTOCOL_NAME
+
+    def fallback_assignors(self) -> tuple[Any, ...]:
+        """What this worker offers after ours (``streamassign://`` transport): the assignor
+        Faust itself would use (its own, or aiokafka's round robin for an app without tables),
+        so a worker can join a group still on it and the group moves to ours once every member
+        offers ours (Kafka picks the first protocol all members support)."""
+        if self.replicas > 0 or self.app.tables.changelog_topics:
+            if self._fausts is None:
+                self._fausts = FaustsOwnAssignor(self)
+            return (self._fausts,)
+        return (RoundRobinPartitionAssignor,)
+
+    def _on_fausts_assignment(self) -> None:
+        if self._fausts_in_use is None:
+            log.warning(
+                "the group uses Faust's own assignor: some member does not offer %s yet",
+                PROTOCOL_NAME,
+            )
+        self._fausts_in_use = self._fausts
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -495,6 +551,21 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 "them all); nothing assigned meanwhile, rejoining in %.0f s",
                 delay,
             )
+
+
+class FaustsOwnAssignor(FaustPartitionAssignor):
+    """Faust's own assignor (protocol ``faust``) as the second protocol a worker offers: it
+    assigns and serves exactly as in Faust, and tells ``owner`` when the group uses it."""
+
+    NAME = "faust"
+
+    def __init__(self, owner: PartitionAssignor) -> None:
+        super().__init__(owner.app, owner.replicas)
+        self._owner = owner
+
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
+        super().on_assignment(assignment)
+        self._owner._on_fausts_assignment()
 
 
 def _undescribed(info: AssignmentInfo) -> list[int]:

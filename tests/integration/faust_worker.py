@@ -18,8 +18,8 @@ drops the table (Faust then uses round robin unless the transport is ``streamass
 worker prints JSON lines on stdout:
 
 * ``{"event": "state", ...}`` whenever its assignment or rebalancing flag changes: actives and
-  standbys as ``[topic, partition]`` pairs, ``rebalancing``, and the records recovery applied so
-  far to active changelog partitions (``recovered``);
+  standbys as ``[topic, partition]`` pairs, ``rebalancing``, the records recovery applied so
+  far to active changelog partitions (``recovered``) and the group protocol in use;
 * ``{"event": "rebalance", "start": t0, "end": t1}`` (wall clock) after every rebalance, as
   Faust's sensors see it: from revocation until the streams resume after recovery.
 """
@@ -112,6 +112,7 @@ def build(args: argparse.Namespace) -> faust.App:
             "standbys": sorted(assignor.assigned_standbys()),
             "rebalancing": bool(app.rebalancing),
             "recovered": recovered[0],
+            "protocol": getattr(assignor, "protocol_in_use", "faust"),  # Faust's: always faust
         }
         if state != last[0]:
             last[0] = state
