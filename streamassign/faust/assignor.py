@@ -13,6 +13,10 @@ assignment), opened when its consumer first joins and closed when the app stops.
 it reports the tasks it ran and the offsets its on-disk (RocksDB) tables persisted, so it gets its
 partitions back. Each subscription also announces the app's changelog topics, so a leader running
 another version of the app knows which topics are tables.
+
+Through the ``streamassign://`` transport a worker also offers Faust's own assignor
+(``FaustsOwnAssignor``) as its second protocol, for a rolling switch; while the group uses it,
+Faust's tables and views read that assignor's assignment (``protocol_in_use``).
 """
 
 from __future__ import annotations
@@ -341,7 +345,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def protocol_in_use(self) -> str:
         """The group protocol of this worker's last assignment: ours, or Faust's own
         (``faust``) while some member of the group does not offer ours."""
-        return FaustsOwnAssignor.NAME if self._fausts_in_use is not None else PROTOCOL_NAME
+        return str(self._fausts_in_use.name) if self._fausts_in_use is not None else PROTOCOL_NAME
 
     def fallback_assignors(self) -> tuple[Any, ...]:
         """What this worker offers after ours (``streamassign://`` transport): the assignor
@@ -556,8 +560,6 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 class FaustsOwnAssignor(FaustPartitionAssignor):
     """Faust's own assignor (protocol ``faust``) as the second protocol a worker offers: it
     assigns and serves exactly as in Faust, and tells ``owner`` when the group uses it."""
-
-    NAME = "faust"
 
     def __init__(self, owner: PartitionAssignor) -> None:
         super().__init__(owner.app, owner.replicas)
