@@ -1,4 +1,5 @@
-"""``streamassign.faust._watch``: re-fetching metadata of topics a worker cannot size yet."""
+"""``streamassign.faust._watch``: re-fetching metadata of topics a worker cannot size yet, and
+taking the join errors aiokafka keeps for Faust."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from faust.types import TP
 
 from streamassign.errors import ErrorCode
 from streamassign.faust import PartitionAssignor
-from streamassign.faust._watch import MetadataWatch
+from streamassign.faust._watch import JoinErrors, MetadataWatch
 from streamassign.protocol import AssignmentInfo
 
 from .test_faust_assignor import CL, COUNTS, SRC, Cluster, make_app
@@ -113,3 +114,44 @@ def test_the_leader_without_a_changelog_assigns_nothing_and_watches_it(
     with caplog.at_level(logging.WARNING, "streamassign.faust"):
         asyncio.run(scenario())
     assert f"waiting for topics ['{CL}'] to exist" in caplog.text
+
+
+class Coordinator:
+    """aiokafka's coordinator as ``JoinErrors`` sees it: an error it keeps for its user."""
+
+    def __init__(self) -> None:
+        self.kept: Exception | None = None
+        self.looked = 0
+
+    def check_errors(self) -> None:
+        self.looked += 1
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            raise kept
+
+
+def test_a_kept_join_error_is_logged_and_taken_so_the_worker_joins_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from aiokafka.errors import InconsistentGroupProtocolError
+
+    async def scenario() -> None:
+        coordinator = Coordinator()
+        consumer = SimpleNamespace(_coordinator=coordinator)
+        errors = JoinErrors(first=0.01, longest=0.02)
+        errors.joining(consumer)
+        await until(lambda: coordinator.looked >= 2)  # nothing kept: it looks again
+        coordinator.kept = InconsistentGroupProtocolError()
+        await until(lambda: coordinator.kept is None)  # taken: aiokafka may join again
+        looked = coordinator.looked
+        await asyncio.sleep(0.05)
+        assert coordinator.looked == looked  # the next join attempt calls joining() again
+        errors.joining(consumer)
+        errors.joined()
+        await asyncio.sleep(0.05)
+        assert coordinator.looked == looked  # joined: nothing more to look at
+
+    with caplog.at_level(logging.ERROR, "streamassign.faust"):
+        asyncio.run(scenario())
+    assert "cannot join the group: InconsistentGroupProtocolError" in caplog.text
+    assert "streamassign://" in caplog.text

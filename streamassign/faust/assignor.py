@@ -56,7 +56,7 @@ from ..protocol import (
     ProtocolError,
     SubscriptionInfo,
 )
-from ._watch import MetadataWatch, unsized
+from ._watch import JoinErrors, MetadataWatch, unsized
 from .leader import (
     CAPACITY_TAG,
     CHANGELOGS_TAG,
@@ -123,6 +123,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self.rejoiner = Rejoiner()
         #: Re-fetches metadata of subscribed topics this worker has none of (see ``_watch``).
         self.metadata_watch = MetadataWatch()
+        #: Reports fatal join errors Faust never reads, so the worker joins again (``_watch``).
+        self.join_errors = JoinErrors()
         self._nonce = itertools.count(1)
         self._state: StateDirectory | None = None
         self._process_id: uuid.UUID | None = None
@@ -156,6 +158,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         """This worker's subscription; never raises (aiokafka's coordinator would die): on an
         unexpected error it joins as a member without history (logged)."""
         self._own_topics = frozenset(topics)
+        if (consumer := self._consumer()) is not None:
+            self.join_errors.joining(consumer)  # a join starts (see JoinErrors)
         try:
             data = self._subscription().encode()
         except Exception:
@@ -253,6 +257,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             log.error("unreadable assignment (%s); treating it as an assignment error", exc)
             info = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR)
         self._bind_rejoiner()
+        self.join_errors.joined()
         if self._fausts_in_use is not None:
             log.warning("the group uses %s again (every member offers it)", PROTOCOL_NAME)
             self._fausts_in_use = None
@@ -359,6 +364,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         return (RoundRobinPartitionAssignor,)
 
     def _on_fausts_assignment(self) -> None:
+        self.join_errors.joined()
         if self._fausts_in_use is None:
             log.warning(
                 "the group uses Faust's own assignor: some member does not offer %s yet",
@@ -467,6 +473,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def _on_app_stop(self, sender: Any = None, **kwargs: Any) -> None:
         """Release the state directory's lock when the app stops (``on_before_shutdown``)."""
         self.metadata_watch.cancel()
+        self.join_errors.cancel()
         self.rejoiner.cancel()
         state, self._state = self._state, None
         if state is not None:

@@ -331,3 +331,28 @@ def test_rolling_switch_from_fausts_assignor_to_ours_and_back(
     finally:
         stop.set()
         c.close()
+
+
+def test_a_worker_refused_by_the_group_says_so_and_joins_once_it_can(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+) -> None:
+    """A worker offering only our protocol (``kafka://``) in a group on Faust's assignor is
+    refused (``InconsistentGroupProtocolError``). It used to sit idle for good (Faust never
+    takes the error aiokafka keeps for it); now it logs why, keeps trying, and joins once the
+    old worker is gone."""
+    topic = kafka_topic_factory(PARTITIONS, prefix="faust-refused")
+    app = kafka_group_id_factory("faust-refused")
+    c = FaustCluster(kafka_bootstrap, app, topic, tmp_path, assignor="faust")
+    try:
+        c.start("old")
+        c.settle()
+        c.start("new", "--assignor", "ours")
+        wait_for_line(c.tmp / "new.log", "cannot join the group", time.monotonic() + 60)
+        c.procs.pop("old").stop()
+        state = c.settle()
+        assert state["new"]["source"] == {(topic, p) for p in range(PARTITIONS)}
+    finally:
+        c.close()
