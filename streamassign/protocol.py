@@ -24,7 +24,10 @@ Version 2 appends — subscription: rack, client tags. Assignment: warmup tasks.
 Garbage or truncated bytes raise ``ProtocolError``; the leader treats such a member as having
 no history. Decoding is bounded by ``MAX_TASK_IDS``, so a few bytes of garbage cannot cost gigabytes
 or minutes; the writer refuses whatever the reader would refuse (a ``ValueError``), so a leader
-fails loudly instead of sending every member an assignment it cannot read.
+fails loudly instead of sending every member an assignment it cannot read. The leader decodes
+subscriptions tighter still (``task_counts``: claims on tasks that do not exist are never made;
+``max_previous_active``: a limit per member from the group's size), so that a rebalance, not
+just one decode, is bounded (``streamassign.streams.decode_subscriptions``).
 """
 
 from __future__ import annotations
@@ -69,6 +72,11 @@ _UINT_LIMIT = 1 << 64  # varints carry 64 bits (Kafka's varlong), zig-zag ones a
 
 class ProtocolError(StreamAssignError, ValueError):
     """User data that cannot be decoded: garbage, truncated, or an unknown version."""
+
+
+class _RoomExceeded(Exception):
+    """A task set declares more than the reader's ``room`` (reported as a ``ProtocolError``
+    by the decode that set the room)."""
 
 
 # -- primitives ------------------------------------------------------------------------------
@@ -144,30 +152,20 @@ class _Writer:
 
 
 class _Reader:
-    __slots__ = ("budget", "data", "limit", "pos")
+    __slots__ = ("budget", "data", "pos", "room")
 
-    def __init__(
-        self,
-        data: bytes,
-        start: int = _HEAD.size,
-        budget: int | None = None,
-        limit: int | None = None,
-    ) -> None:
-        """A reader from ``start``; ``limit`` is what one decode may charge (``MAX_TASK_IDS``
-        by default, at most that), ``budget`` what is left of it (all of it by default)."""
+    def __init__(self, data: bytes, start: int = _HEAD.size, budget: int | None = None) -> None:
+        """A reader from ``start``; ``budget`` is what is left of ``MAX_TASK_IDS`` (all of it
+        by default). ``room``, when set, is what task sets may still declare (a ``ProtocolError``
+        past it, before the tasks are made)."""
         self.data = data
         self.pos = start
-        self.limit = MAX_TASK_IDS if limit is None else min(limit, MAX_TASK_IDS)
-        self.budget = self.limit if budget is None else budget
+        self.budget = MAX_TASK_IDS if budget is None else budget
+        self.room: int | None = None
 
     def take(self, n: int) -> int:
         """Charge ``n`` entries to this decode's budget before making them; returns ``n``."""
         if n > self.budget:
-            if self.limit < MAX_TASK_IDS:
-                raise ProtocolError(
-                    f"claims more than the {self.limit} task ids the leader allows one member "
-                    "of this group (two per task, plus slack)"
-                )
             raise ProtocolError(
                 f"more than MAX_TASK_IDS = {MAX_TASK_IDS} task ids and entries in one decode "
                 "(far more than any real group)"
@@ -234,6 +232,10 @@ class _Reader:
         for _ in range(self.count()):
             first = end + self.uint()
             length = self.take(self.uint() + 1)
+            if self.room is not None:
+                if length > self.room:
+                    raise _RoomExceeded
+                self.room -= length
             end = first + length
             out.extend(range(first, end if limit is None else min(end, limit)))
         return out
@@ -328,17 +330,20 @@ class SubscriptionInfo:
         max_version: int = LATEST_VERSION,
         *,
         task_counts: Mapping[int, int] | None = None,
-        max_task_ids: int | None = None,
+        max_previous_active: int | None = None,
     ) -> SubscriptionInfo:
         """Read up to ``max_version`` (a newer member's extra fields are skipped).
 
         The leader's bounds: with ``task_counts`` (tasks per subtopology: task ``s_p`` exists
         when ``p < task_counts[s]``) offset sums and previous actives of other tasks are
-        dropped unmade; ``max_task_ids`` (at most ``MAX_TASK_IDS``) lowers what the data may
-        declare. Every byte is read and every entry charged either way, so whether a decode
-        raises depends on ``max_task_ids`` only."""
+        dropped unmade; past ``max_previous_active`` previous actives declared (counted
+        before clipping: the runs' lengths, the one field where a few bytes claim much), a
+        ``ProtocolError``. Every byte is read and every entry charged either way, so whether
+        a decode raises does not depend on ``task_counts``."""
         return _decode(
-            data, "subscription", lambda d: cls._decode(d, max_version, task_counts, max_task_ids)
+            data,
+            "subscription",
+            lambda d: cls._decode(d, max_version, task_counts, max_previous_active),
         )
 
     @classmethod
@@ -347,10 +352,10 @@ class SubscriptionInfo:
         data: bytes,
         max_version: int,
         task_counts: Mapping[int, int] | None = None,
-        max_task_ids: int | None = None,
+        max_previous_active: int | None = None,
     ) -> SubscriptionInfo:
         version, latest = read_header(data)
-        r = _Reader(data, limit=max_task_ids)
+        r = _Reader(data)
         if len(data) < r.pos + 16:
             raise ProtocolError("truncated process id")
         process_id = uuid.UUID(bytes=data[r.pos : r.pos + 16])
@@ -366,7 +371,15 @@ class SubscriptionInfo:
                 offset = r.sint()
                 if limit is None or p < limit:
                     sums[TaskId(sub, p)] = offset
-        previous = r.tasks(task_counts)
+        r.room = max_previous_active
+        try:
+            previous = r.tasks(task_counts)
+        except _RoomExceeded:
+            raise ProtocolError(
+                f"claims more than the {max_previous_active} previous active tasks the leader "
+                "allows one member of this group (one per task, plus slack)"
+            ) from None
+        r.room = None
         nonce = r.uint()
         error = _error_code(r.uint())
         rack, tags = None, {}

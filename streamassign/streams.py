@@ -19,14 +19,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientState
 from .errors import ErrorCode, TopologyError
-from .grouper import PartitionGrouper, resolve_partition_counts
+from .grouper import PartitionGrouper, resolve_partition_counts, task_counts
 from .ha import HighAvailabilityTaskAssignor
 from .protocol import (
     LATEST_OFFSET,
@@ -49,8 +49,8 @@ _INCOMPLETE = ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
 #: Kafka Streams' ``acceptable.recovery.lag`` default: state this close counts as caught up.
 ACCEPTABLE_RECOVERY_LAG = 10_000
 
-#: Claims on tasks that do not exist that a member may make besides its two per task (below):
-#: room for what a topology change or a deleted topic left behind.
+#: Previous actives on tasks that do not exist that a member may claim besides one per task
+#: (below): room for what a topology change or a deleted topic left behind.
 CLAIM_SLACK = 1024
 
 
@@ -88,11 +88,13 @@ def _failed(
 
 
 def member_claim_limit(task_count: int) -> int:
-    """Task entries one member's subscription may declare (offset sums and previous actives,
-    counted as written, before clipping): one of each per task of the group plus
-    ``CLAIM_SLACK``, at most ``MAX_TASK_IDS``. A real member never declares more; past it
-    the member is treated as having no history."""
-    return min(MAX_TASK_IDS, 2 * task_count + CLAIM_SLACK)
+    """Previous actives one member's subscription may declare (counted as written, before
+    clipping): one per task of the group plus ``CLAIM_SLACK``, at most ``MAX_TASK_IDS``. A
+    consumer ran each task once at most, so a real member never declares more; past it the
+    member is treated as having no history. Offset sums have no such limit: each costs at
+    least two bytes received (no amplification), and stale local state of an old topology is
+    reported forever, so it is only clipped."""
+    return min(MAX_TASK_IDS, task_count + CLAIM_SLACK)
 
 
 def rebalance_claim_limit(task_count: int) -> int:
@@ -101,15 +103,6 @@ def rebalance_claim_limit(task_count: int) -> int:
     at most one before a restart, so a real group stays near two per task; offset sums need no
     such pool, each costs the leader at least two bytes received."""
     return 4 * task_count + CLAIM_SLACK
-
-
-def task_counts(tasks: Iterable[TaskId]) -> dict[int, int]:
-    """Tasks per subtopology, as ``SubscriptionInfo.decode(task_counts=...)`` takes them (the
-    grouper makes partitions ``0..n-1`` of each subtopology)."""
-    counts: dict[int, int] = {}
-    for t in tasks:
-        counts[t.subtopology] = max(counts.get(t.subtopology, 0), t.partition + 1)
-    return counts
 
 
 def decode_subscriptions(
@@ -121,22 +114,21 @@ def decode_subscriptions(
     """The leader's view of ``members`` (member -> (topics, user data)), within the bounds of
     ``bounded_claims`` from the start: each decoded with its claims clipped to the tasks of
     ``topology`` over ``partition_counts`` (no other task is made) and at most
-    ``member_claim_limit`` entries declared, previous actives charged to the rebalance's pool
-    as they come. A member past a bound keeps its identity (process id, endpoint, versions,
+    ``member_claim_limit`` previous actives declared, those kept charged to the rebalance's
+    pool as they come. A member past a bound keeps its identity (process id, endpoint, versions,
     error code) without history; unreadable data gives a member without info. Either is
     logged once, with the reason."""
     try:
-        tasks: Collection[TaskId] = PartitionGrouper().group(topology, partition_counts)
+        counts = task_counts(topology, partition_counts)
     except TopologyError:
-        tasks = ()  # assign_streams reports the topology; no claim can matter then
-    counts = task_counts(tasks)
-    budget = _ClaimBudget(tasks)
+        counts = {}  # assign_streams reports the topology; no claim can matter then
+    budget = _ClaimBudget(_TaskSpace(counts))
     out: dict[str, MemberSubscription] = {}
     for member in sorted(members):
         topics, data = members[member]
         try:
             info: SubscriptionInfo | None = SubscriptionInfo.decode(
-                data, max_version, task_counts=counts, max_task_ids=budget.member_limit
+                data, max_version, task_counts=counts, max_previous_active=budget.member_limit
             )
         except ProtocolError as exc:
             info = _identity_only(data, max_version)
@@ -160,12 +152,32 @@ def bounded_claims(
     members: Mapping[str, MemberSubscription], tasks: Collection[TaskId]
 ) -> dict[str, MemberSubscription]:
     """``members`` with their claims clipped to ``tasks`` and within the rebalance's bounds,
-    checked in member order: a member declaring more than ``member_claim_limit`` entries, or
-    whose previous actives overflow what is left of ``rebalance_claim_limit``, is treated as
-    having no history (logged once). Claims on tasks that do not exist are dropped silently:
-    a topology change leaves them behind."""
+    checked in member order: a member claiming more than ``member_claim_limit`` previous
+    actives, or whose previous actives (clipped) overflow what is left of
+    ``rebalance_claim_limit``, is treated as having no history (logged once). Claims on tasks
+    that do not exist are dropped silently: a topology change leaves them behind."""
     budget = _ClaimBudget(tasks)
     return {m: budget.admit(m, members[m]) for m in sorted(members)}
+
+
+class _TaskSpace(Collection[TaskId]):
+    """Tasks ``s_p`` with ``p < counts[s]``, without making them (the grouper's tasks, known
+    before it runs)."""
+
+    def __init__(self, counts: Mapping[int, int]) -> None:
+        self.counts = counts
+        self.size = sum(counts.values())
+
+    def __contains__(self, task: object) -> bool:
+        return isinstance(task, TaskId) and 0 <= task.partition < self.counts.get(
+            task.subtopology, 0
+        )
+
+    def __iter__(self) -> Iterator[TaskId]:
+        return (TaskId(s, p) for s, n in self.counts.items() for p in range(n))
+
+    def __len__(self) -> int:
+        return self.size
 
 
 class _ClaimBudget:
@@ -181,11 +193,11 @@ class _ClaimBudget:
         info = sub.info
         if info is None or not (info.offset_sums or info.previous_active):
             return sub
-        declared = len(info.offset_sums) + len(info.previous_active)
+        declared = len(info.previous_active)
         if declared > self.member_limit:
             why = (
-                f"claims {declared} tasks, more than the {self.member_limit} the leader allows "
-                f"a member of a group of {len(self.tasks)} tasks"
+                f"claims {declared} previous active tasks, more than the {self.member_limit} "
+                f"the leader allows a member of a group of {len(self.tasks)} tasks"
             )
             return self._refuse(member, sub, info, why)
         previous = _existing(info.previous_active, self.tasks)

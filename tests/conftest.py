@@ -23,4 +23,12 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+# Hunting with the fuzz tests (tests/fuzz: damaged bytes into decoders and leaders), each
+# example still under the deadline those tests set: HYPOTHESIS_PROFILE=fuzz pytest tests/fuzz
+settings.register_profile(
+    "fuzz",
+    max_examples=20_000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))

@@ -34,7 +34,7 @@ from streamassign.faust.leader import (
 )
 from streamassign.grouper import faust_style_topology
 from streamassign.localstate import StateDirectory
-from streamassign.protocol import LATEST_OFFSET, MAX_TASK_IDS, AssignmentInfo, SubscriptionInfo
+from streamassign.protocol import MAX_TASK_IDS, AssignmentInfo, SubscriptionInfo
 from streamassign.streams import MemberSubscription
 
 APP = "shop"
@@ -522,16 +522,18 @@ def test_decoded_claims_past_the_limits_are_no_history() -> None:
         "global_changelog_topics": {GLOBAL_CL},
     }
 
-    def m0_gets(running: range) -> set[int]:
-        sums = {TaskId(group, p): LATEST_OFFSET for p in running}
+    def m0_gets(ran: range) -> set[int]:
+        """What m0 gets after a restart in which it reports it ran ``ran`` (in-memory tables:
+        previous actives, no offset sums)."""
+        previous = frozenset(TaskId(group, p) for p in ran)
         infos = {
-            "m0": SubscriptionInfo(uuid.UUID(int=1), offset_sums=sums),
+            "m0": SubscriptionInfo(uuid.UUID(int=1), previous_active=previous),
             "m1": SubscriptionInfo(uuid.UUID(int=2)),
         }
         members = {m: MemberSubscription(set(COUNTS), i) for m, i in infos.items()}
         return {t.partition for t in assign_faust(members, COUNTS, **kw)["m0"].info.active}
 
-    assert m0_gets(range(3, 6)) == {3, 4, 5}  # what it runs
+    assert m0_gets(range(3, 6)) == {3, 4, 5}  # what it ran
     assert m0_gets(range(3, 100)) == {3, 4, 5}  # clipped to tasks that exist
     assert m0_gets(range(3, 50_000)) == m0_gets(range(0)) != {3, 4, 5}  # no history
 

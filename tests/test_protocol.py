@@ -340,14 +340,24 @@ def test_clipped_claims_are_never_made() -> None:
     assert peak < 1 << 20
 
 
-def test_a_lower_limit_refuses_a_member_declaring_more() -> None:
-    """``max_task_ids`` counts what the bytes declare, clipped or not; it never raises the
-    ``MAX_TASK_IDS`` ceiling."""
+def test_a_leader_limit_refuses_a_member_declaring_more_previous_actives() -> None:
+    """``max_previous_active`` counts what the runs declare, clipped or not, before any task is
+    made; offset sums do not count."""
     data = _subscription_with_runs([600, 400])
-    assert len(SubscriptionInfo.decode(data, max_task_ids=1000).previous_active) == 1000
-    with pytest.raises(ProtocolError, match="more than the 999 task ids the leader allows"):
-        SubscriptionInfo.decode(data, task_counts={0: 6}, max_task_ids=999)
-    with pytest.raises(ProtocolError, match=f"MAX_TASK_IDS = {MAX_TASK_IDS}"):
-        SubscriptionInfo.decode(
-            _subscription_with_runs([MAX_TASK_IDS, 1]), max_task_ids=2 * MAX_TASK_IDS
-        )
+    assert len(SubscriptionInfo.decode(data, max_previous_active=1000).previous_active) == 1000
+    with pytest.raises(ProtocolError, match="more than the 999 previous active tasks"):
+        SubscriptionInfo.decode(data, task_counts={0: 6}, max_previous_active=999)
+    sums = SubscriptionInfo(uuid.UUID(int=1), offset_sums=dict.fromkeys(map(_t, range(50)), 7))
+    assert len(SubscriptionInfo.decode(sums.encode(), max_previous_active=0).offset_sums) == 50
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match="previous active tasks the leader allows"):
+            SubscriptionInfo.decode(_subscription_with_runs([MAX_TASK_IDS]), max_previous_active=64)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def _t(p: int) -> TaskId:
+    return TaskId(0, p)

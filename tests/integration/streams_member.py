@@ -30,6 +30,7 @@ async def main() -> None:
     ap.add_argument("--endpoint", default=None)
     ap.add_argument("--max-version", type=int, default=None)
     ap.add_argument("--garbage-user-data", action="store_true")
+    ap.add_argument("--hostile-user-data", action="store_true")
     args = ap.parse_args()
     topology = Topology.load(args.topology)
 
@@ -76,6 +77,19 @@ async def main() -> None:
                 return meta
 
             assignor.metadata = garbage  # type: ignore[method-assign]
+
+    if args.hostile_user_data:  # 37 bytes claiming 2**20 previous actives (issue 25)
+        claims = b"\x01\x00\x01\x00\xff\xff\x3f"  # subtopology 0: one run of 2**20
+        hostile = (2).to_bytes(4, "big") * 2 + host.process_id.bytes + b"\x00\x00" + claims
+        for assignor in host.assignors:
+            real = assignor.metadata
+
+            def greedy(topics: object, real: object = real) -> object:
+                meta = real(topics)  # type: ignore[operator]
+                meta.user_data = hostile + b"\x00" * 4  # nonce, error, rack, tags
+                return meta
+
+            assignor.metadata = greedy  # type: ignore[method-assign]
 
     report = host._assigned
 

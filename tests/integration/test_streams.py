@@ -283,6 +283,23 @@ def test_garbage_member_and_two_protocol_versions(join_app: tuple[App, set[TaskI
     assert {line["common"] for cs in state.values() for line in cs.values()} == {2}
 
 
+def test_hostile_members_cost_the_leader_nothing(join_app: tuple[App, set[TaskId]]) -> None:
+    """4 consumers whose 37-byte subscriptions claim 2**20 previous actives each: before the
+    leader's claim bounds its assign ran for tens of seconds, past every session timeout, and
+    the group never settled (issue 25). Now they are one process without history."""
+    app, tasks = join_app
+    app.start("a", 2)
+    app.start("b", 2)
+    clean = app.settle(tasks)
+    check(app, clean)
+    app.start("hostile", 4, "--hostile-user-data")
+    state = app.settle(tasks)
+    check(app, state)
+    assert actives(state, "hostile")  # a member of the group, with its share
+    led = [line["assign_ms"] for cs in state.values() for line in cs.values()]
+    assert max(ms for ms in led if ms is not None) < TIMEOUT * 1000 / 10
+
+
 def test_copartition_mismatch_reported_then_recovered(
     app_factory: Any,
     kafka_bootstrap: str,
