@@ -593,3 +593,17 @@ def test_a_worker_offers_fausts_own_assignor_second_and_serves_its_assignment(
         PartitionAssignor="streamassign.faust:PartitionAssignor", table_standby_replicas=0,
     )  # fmt: skip
     assert stateless.assignor.fallback_assignors() == (RoundRobinPartitionAssignor,)
+
+
+def test_metadata_changes_only_when_a_rebalance_is_wanted(
+    workers: dict[str, PartitionAssignor],
+) -> None:
+    """A rejoin with changed metadata starts a rebalance: changed on every join, it made two
+    workers starting together rebalance each other for minutes. It changes after a failed
+    assignment only (the rejoin must then start one)."""
+    a = workers["m0"]
+    first = a.metadata(set(COUNTS)).user_data
+    assert a.metadata(set(COUNTS)).user_data == first
+    failed = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR).encode()
+    a.on_assignment(ConsumerProtocolMemberAssignment(0, [], failed))
+    assert a.metadata(set(COUNTS)).user_data != first

@@ -22,7 +22,6 @@ Faust's tables and views read that assignor's assignment (``protocol_in_use``).
 from __future__ import annotations
 
 import importlib
-import itertools
 import json
 import logging
 import os
@@ -125,7 +124,11 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self.metadata_watch = MetadataWatch()
         #: Reports fatal join errors Faust never reads, so the worker joins again (``_watch``).
         self.join_errors = JoinErrors()
-        self._nonce = itertools.count(1)
+        #: Changes only when this worker wants a rebalance (after a failed one): a rejoin with
+        #: the same metadata does not start one (a follower gets the current generation back),
+        #: and a nonce changed on every join made two workers starting together rebalance each
+        #: other for minutes ("Updating metadata for member ... during CompletingRebalance").
+        self._join_epoch = 1
         self._state: StateDirectory | None = None
         self._process_id: uuid.UUID | None = None
         self._restored: AssignmentInfo | None = None
@@ -166,7 +169,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             log.exception("cannot describe this worker's state; joining without history")
             if self._process_id is None:
                 self._process_id = uuid.uuid4()
-            data = SubscriptionInfo(self._process_id, join_nonce=next(self._nonce)).encode()
+            data = SubscriptionInfo(self._process_id, join_nonce=self._join_epoch).encode()
         return ConsumerProtocolMemberMetadata(0, sorted(topics), data)
 
     def _subscription(self) -> SubscriptionInfo:
@@ -199,7 +202,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             endpoint=str(self.app.conf.canonical_url),
             offset_sums=sums,
             previous_active=current.active if self._assigned else restored.active,
-            join_nonce=next(self._nonce),
+            join_nonce=self._join_epoch,
             client_tags={k: v for k, v in tags.items() if v},
         )
 
@@ -270,6 +273,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             info = attrs.evolve(info, error_code=ErrorCode.ASSIGNMENT_ERROR)
         if info.error_code != ErrorCode.NONE:
             self._view = self._fallback_view(kafka)
+            self._join_epoch += 1  # the rejoin must start a rebalance
             delay = self.rejoiner.failed()
             if info.error_code == ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA:
                 self._wait_for_topics(delay)
