@@ -5,12 +5,17 @@ The broker test with worker processes is tests/integration/test_faust_app.py."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import logging
+import time
+import tracemalloc
+import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import faust
 import pytest
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
@@ -19,10 +24,18 @@ from faust.types import TP
 
 from streamassign import TaskId
 from streamassign.errors import ErrorCode
-from streamassign.faust import CAPACITY_ENV, PartitionAssignor
-from streamassign.faust.leader import CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANGELOGS_TAG
+from streamassign.faust import CAPACITY_ENV, PROTOCOL_NAME, PartitionAssignor
+from streamassign.faust.leader import (
+    CAPACITY_TAG,
+    CHANGELOGS_TAG,
+    GLOBAL_CHANGELOGS_TAG,
+    MAX_CAPACITY,
+    assign_faust,
+)
+from streamassign.grouper import faust_style_topology
 from streamassign.localstate import StateDirectory
-from streamassign.protocol import AssignmentInfo, SubscriptionInfo
+from streamassign.protocol import MAX_TASK_IDS, AssignmentInfo, SubscriptionInfo
+from streamassign.streams import MemberSubscription
 
 APP = "shop"
 SRC = "orders"
@@ -202,13 +215,15 @@ def test_capacity_from_the_environment(
     monkeypatch.setenv(CAPACITY_ENV, "2")
     info = SubscriptionInfo.decode(workers["m0"].metadata({SRC}).user_data)
     assert info.client_tags[CAPACITY_TAG] == "2"
-    monkeypatch.setenv(CAPACITY_ENV, "0")
-    info = SubscriptionInfo.decode(workers["m0"].metadata({SRC}).user_data)
-    assert CAPACITY_TAG not in info.client_tags
+    for bad in ("0", str(MAX_CAPACITY + 1)):
+        monkeypatch.setenv(CAPACITY_ENV, bad)
+        info = SubscriptionInfo.decode(workers["m0"].metadata({SRC}).user_data)
+        assert CAPACITY_TAG not in info.client_tags
 
 
 @pytest.mark.parametrize(
-    ("capacity", "error"), [(0, ValueError), (-1, ValueError), ("2", TypeError)]
+    ("capacity", "error"),
+    [(0, ValueError), (-1, ValueError), (MAX_CAPACITY + 1, ValueError), ("2", TypeError)],
 )
 def test_a_bad_capacity_on_a_subclass_stops_the_app_at_start(
     tmp_path: Path, capacity: object, error: type[Exception]
@@ -441,3 +456,154 @@ def test_copartition_groups_must_be_lists_of_topics(tmp_path: Path) -> None:
 
     with pytest.raises(TypeError, match="copartition_groups"):
         _ = make_app(tmp_path, 7000, assignor=Flat).assignor
+
+
+# -- hostile members (issue 25 §1) -----------------------------------------------------------
+
+
+def hostile(pid: int) -> bytes:
+    """37 bytes: a version-2 subscription of process ``pid`` claiming ``MAX_TASK_IDS``
+    previous actives (one run). Before the bounds one of them cost this leader 31 s / 277 MB."""
+    run = bytes([1, 0, 1, 0, 0xFF, 0xFF, 0x3F])  # 1 group: id 0, 1 run from 0, 2**20 long
+    assert MAX_TASK_IDS == 1 << 20
+    return (2).to_bytes(4, "big") * 2 + uuid.UUID(int=pid).bytes + b"\x00\x00" + run + bytes(4)
+
+
+def test_hostile_members_cost_what_a_clean_round_costs_and_have_no_history(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """8 of 12 members send 37 bytes claiming 2**20 previous actives each. The leader answers
+    every member exactly as if those 8 had sent the same identity without history, warns once
+    per hostile member, and costs about what a clean round of the group costs."""
+    apps = {f"m{i:02d}": make_app(tmp_path / f"w{i}", 7000 + i) for i in range(12)}
+    workers = {m: app.assignor for m, app in apps.items()}
+    rebalance(workers)  # a second round: members report what they run
+    leader = workers["m00"]
+    clean = {m: a.metadata(set(COUNTS)) for m, a in workers.items()}
+    targets = sorted(clean)[4:]
+
+    def replaced(data: Callable[[int], bytes]) -> dict[str, ConsumerProtocolMemberMetadata]:
+        return clean | {
+            m: ConsumerProtocolMemberMetadata(0, sorted(COUNTS), data(2000 + n))
+            for n, m in enumerate(targets)
+        }
+
+    attack = replaced(hostile)
+    no_history = replaced(lambda pid: SubscriptionInfo(uuid.UUID(int=pid)).encode())
+    with caplog.at_level(logging.WARNING, logger="streamassign"):
+        answers = leader.assign(Cluster(COUNTS), attack)
+    warned = [r.getMessage() for r in caplog.records if "no history" in r.getMessage()]
+    assert sorted(w.split()[1].rstrip(":") for w in warned) == targets
+    assert answers == leader.assign(Cluster(COUNTS), no_history)
+    decoded = [ConsumerProtocolMemberAssignment.decode(raw) for raw in answers.values()]
+    assert all(AssignmentInfo.decode(d.user_data).error_code == ErrorCode.NONE for d in decoded)
+    assert sorted(p for d in decoded for t, ps in d.assignment if t == SRC for p in ps) == list(
+        range(6)
+    )
+
+    caplog.set_level(logging.CRITICAL, logger="streamassign")  # timing without log handling
+    clean_time = best_of(5, lambda: leader.assign(Cluster(COUNTS), clean))
+    attack_time = best_of(5, lambda: leader.assign(Cluster(COUNTS), attack))
+    assert attack_time < 3 * clean_time  # measured about 1x; before: 31 s for one such member
+    assert peak_of(lambda: leader.assign(Cluster(COUNTS), attack)) < 2 * peak_of(
+        lambda: leader.assign(Cluster(COUNTS), clean)
+    )
+
+
+def test_decoded_claims_past_the_limits_are_no_history() -> None:
+    """``assign_faust`` itself bounds members decoded elsewhere: claims on tasks that do not
+    exist are dropped, and a member claiming far more tasks than a group of this size allows
+    is treated as having no history."""
+    (group,) = {
+        s for s in faust_style_topology({"a": set(COUNTS)}, COUNTS).subtopology_ids if s == 6
+    }
+    kw: dict[str, Any] = {
+        "changelog_topics": {CL, GLOBAL_CL},
+        "global_changelog_topics": {GLOBAL_CL},
+    }
+
+    def m0_gets(ran: range) -> set[int]:
+        """What m0 gets after a restart in which it reports it ran ``ran`` (in-memory tables:
+        previous actives, no offset sums)."""
+        previous = frozenset(TaskId(group, p) for p in ran)
+        infos = {
+            "m0": SubscriptionInfo(uuid.UUID(int=1), previous_active=previous),
+            "m1": SubscriptionInfo(uuid.UUID(int=2)),
+        }
+        members = {m: MemberSubscription(set(COUNTS), i) for m, i in infos.items()}
+        return {t.partition for t in assign_faust(members, COUNTS, **kw)["m0"].info.active}
+
+    assert m0_gets(range(3, 6)) == {3, 4, 5}  # what it ran
+    assert m0_gets(range(3, 100)) == {3, 4, 5}  # clipped to tasks that exist
+    assert m0_gets(range(3, 50_000)) == m0_gets(range(0)) != {3, 4, 5}  # no history
+
+
+def best_of(runs: int, round_: Callable[[], object]) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        round_()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def peak_of(round_: Callable[[], object]) -> int:
+    tracemalloc.start()
+    try:
+        round_()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+# -- rolling switch (issue 23 §3) --------------------------------------------------------------
+
+
+def test_a_worker_offers_fausts_own_assignor_second_and_serves_its_assignment(
+    workers: dict[str, PartitionAssignor], tmp_path: Path
+) -> None:
+    """While the group uses Faust's protocol (a member does not offer ours yet) Faust's tables
+    and views read Faust's own assignor's assignment; our next assignment takes over again."""
+    fallbacks = {m: a.fallback_assignors() for m, a in workers.items()}
+    assert all(
+        len(f) == 1 and f[0].name == "faust" and f[0] is workers[m].fallback_assignors()[0]
+        for m, f in fallbacks.items()
+    )
+    fausts = {m: f[0] for m, f in fallbacks.items()}
+    metadata = {m: f.metadata(set(COUNTS)) for m, f in fausts.items()}
+    answers = fausts["m0"].assign(Cluster(COUNTS), metadata)
+    for m, f in fausts.items():
+        f.on_assignment(answers[m])
+    for m, a in workers.items():
+        assert a.protocol_in_use == "faust"
+        assert a.assigned_actives() == fausts[m].assigned_actives()
+        assert a.assigned_standbys() == fausts[m].assigned_standbys()
+        assert a.tables_metadata() == fausts[m].tables_metadata()
+    assert sorted(p for a in workers.values() for p in tps(a.assigned_actives(), SRC)) == list(
+        range(6)
+    )
+    rebalance(workers)  # every member offers ours again: the group uses it
+    assert all(a.protocol_in_use == PROTOCOL_NAME for a in workers.values())
+    assert sorted(p for a in workers.values() for p in tps(a.assigned_actives(), SRC)) == list(
+        range(6)
+    )
+
+    stateless = faust.App(
+        "plain", broker="kafka://localhost:1", datadir=str(tmp_path / "plain"),
+        PartitionAssignor="streamassign.faust:PartitionAssignor", table_standby_replicas=0,
+    )  # fmt: skip
+    assert stateless.assignor.fallback_assignors() == (RoundRobinPartitionAssignor,)
+
+
+def test_metadata_changes_only_when_a_rebalance_is_wanted(
+    workers: dict[str, PartitionAssignor],
+) -> None:
+    """A rejoin with changed metadata starts a rebalance: changed on every join, it made two
+    workers starting together rebalance each other for minutes. It changes after a failed
+    assignment only (the rejoin must then start one)."""
+    a = workers["m0"]
+    first = a.metadata(set(COUNTS)).user_data
+    assert a.metadata(set(COUNTS)).user_data == first
+    failed = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR).encode()
+    a.on_assignment(ConsumerProtocolMemberAssignment(0, [], failed))
+    assert a.metadata(set(COUNTS)).user_data != first

@@ -16,9 +16,11 @@ from streamassign.faust.leader import (
     CAPACITY_TAG,
     CHANGELOGS_TAG,
     GLOBAL_CHANGELOGS_TAG,
+    MAX_CAPACITY,
     assign_faust,
     decode_member,
     faust_topology,
+    trusted_tables,
 )
 from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
 from streamassign.streams import MemberAssignment, MemberSubscription
@@ -358,3 +360,108 @@ def test_declared_group_ids_wrap_below_2_31_on_a_collision(monkeypatch: pytest.M
     )
     ids = sorted(s.id for s in topology.subtopologies)
     assert ids == [FAUST_HASHED_ID_BASE, 2**31 - 1]
+
+
+# -- one member's metadata must not rewrite everyone's work (issue 23 §4) ----------------------
+
+
+def test_one_member_cannot_make_a_source_topic_global() -> None:
+    """A member announcing the source topic as a global changelog: ignored (logged), so the
+    source is still split, each partition active once, instead of read whole by everyone."""
+    hostile = {CHANGELOGS_TAG: SRC, GLOBAL_CHANGELOGS_TAG: SRC}
+    members = {"m0": member(0, tags=hostile), "m1": member(1), "m2": member(2)}
+    counts = {SRC: 12, CL: 12}
+    for own in (None, TOPICS):
+        result = run(members, counts, own_topics=own)
+        check_valid(result, members, counts, 1)
+        assert [len(sources(result, m)) for m in members] == [4, 4, 4]
+
+
+def test_the_leaders_own_app_decides_what_its_topics_are() -> None:
+    """Even when every member agrees, a topic the leader's app reads as a plain topic is no
+    table (the leader's app knows its tables), and its own global table stays global."""
+    glob = "app-rates-changelog"
+    topics = TOPICS | {glob}
+    hostile = {CHANGELOGS_TAG: f"{SRC},{glob}", GLOBAL_CHANGELOGS_TAG: SRC}
+    members = {f"m{i}": member(i, topics, tags=hostile) for i in range(3)}
+    counts = {SRC: 6, CL: 6, glob: 2}
+    result = assign_faust(
+        members,
+        counts,
+        num_standby_replicas=1,
+        changelog_topics={CL, glob},
+        global_changelog_topics={glob},
+        own_topics=topics,
+    )
+    assert sorted(p for m in members for p in sources(result, m)) == list(range(6))
+    assert all(sources(result, m, glob) == {0, 1} for m in members)
+
+
+def test_an_announced_changelog_of_a_source_topic_gets_no_standbys() -> None:
+    """A stateless app: one member calling the source topic a changelog would make the others
+    read it as standbys; ignored, nothing is stateful."""
+    topics = frozenset({SRC})
+    members = {
+        "m0": member(0, topics, tags={CHANGELOGS_TAG: SRC}),
+        "m1": member(1, topics),
+        "m2": member(2, topics),
+    }
+    result = assign_faust(members, {SRC: 6}, num_standby_replicas=1, own_topics=topics)
+    assert not any(r.info.standby for r in result.values())
+    assert sorted(len(r.partitions) for r in result.values()) == [2, 2, 2]
+
+
+def test_announcements_count_only_from_members_reading_the_topic() -> None:
+    """A topic only another app version reads is a table when all its readers say so; an
+    announcement from a member that does not read it, or that its co-readers contradict, is
+    ignored."""
+    new_cl = "app-seen-changelog"
+    new = TOPICS | {new_cl}
+    says = {CHANGELOGS_TAG: new_cl}
+    agreed = {"old": member(0), "n1": member(1, new, tags=says), "n2": member(2, new, tags=says)}
+    assert trusted_tables(agreed, {CL}, (), TOPICS) == ({CL, new_cl}, frozenset())
+    outsider = {**agreed, "n2": member(2, new), "old": member(0, tags=says)}
+    assert trusted_tables(outsider, {CL}, (), TOPICS) == ({CL}, frozenset())
+    split = {**agreed, "n2": member(2, new, tags={GLOBAL_CHANGELOGS_TAG: new_cl})}
+    assert trusted_tables(split, {CL}, (), TOPICS) == ({CL}, frozenset())
+
+
+@pytest.mark.parametrize("claimed", ["1000000000", str(MAX_CAPACITY + 1), "0", "-3", "1e3", ""])
+def test_capacity_claims_out_of_range_are_ignored(claimed: str) -> None:
+    """The capacity 1,000,000,000 a member reported took 11 of 12 partitions: anything outside
+    1..MAX_CAPACITY is ignored (logged) and the member counts as its consumer count."""
+    members = {"big": member(0, tags={CAPACITY_TAG: claimed}), "a": member(1), "b": member(2)}
+    result = run(members, {SRC: 12, CL: 12}, replicas=0)
+    assert [len(sources(result, m)) for m in members] == [4, 4, 4]
+
+
+def test_capacity_up_to_the_maximum_is_a_weight() -> None:
+    members = {"big": member(0, tags={CAPACITY_TAG: str(MAX_CAPACITY)}), "a": member(1)}
+    result = run(members, {SRC: 17, CL: 17}, replicas=0)
+    assert [len(sources(result, m)) for m in members] == [MAX_CAPACITY, 1]
+
+
+# -- topics the leader cannot size (issue 23 §1) -------------------------------------------------
+
+
+def incomplete(result: Mapping[str, MemberAssignment]) -> bool:
+    return all(
+        r.partitions == () and r.info.error_code == ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
+        for r in result.values()
+    )
+
+
+def test_a_table_or_internal_topic_without_metadata_holds_back_the_assignment() -> None:
+    """Without its changelog's (or repartition topic's) partition count a table's group cannot
+    be built: nothing is assigned and every member learns why, instead of the table being
+    left out silently (its agent crashed with PartitionsMismatch)."""
+    members = {f"m{i}": member(i) for i in range(3)}
+    assert incomplete(run(members, {SRC: 6}))  # the leader's own changelog
+    says = {CHANGELOGS_TAG: CL}
+    announced = {m: member(i, tags=says) for i, m in enumerate(members)}
+    assert incomplete(assign_faust(announced, {SRC: 6}, num_standby_replicas=1))
+    rekeyed = frozenset({SRC, "app-rekey-repartition"})
+    plain = {f"m{i}": member(i, rekeyed) for i in range(2)}
+    assert incomplete(assign_faust(plain, {SRC: 6}, required_topics={"app-rekey-repartition"}))
+    complete = run(members, COUNTS)
+    check_valid(complete, members, COUNTS, 1)

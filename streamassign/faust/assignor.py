@@ -13,12 +13,15 @@ assignment), opened when its consumer first joins and closed when the app stops.
 it reports the tasks it ran and the offsets its on-disk (RocksDB) tables persisted, so it gets its
 partitions back. Each subscription also announces the app's changelog topics, so a leader running
 another version of the app knows which topics are tables.
+
+Through the ``streamassign://`` transport a worker also offers Faust's own assignor
+(``FaustsOwnAssignor``) as its second protocol, for a rolling switch; while the group uses it,
+Faust's tables and views read that assignor's assignment (``protocol_in_use``).
 """
 
 from __future__ import annotations
 
 import importlib
-import itertools
 import json
 import logging
 import os
@@ -30,10 +33,12 @@ from typing import Any, ClassVar
 
 import attrs
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
 )
+from faust.assignor import PartitionAssignor as FaustPartitionAssignor
 from faust.types import TP
 from faust.types.assignor import HostToPartitionMap, PartitionAssignorT
 from yarl import URL
@@ -50,13 +55,16 @@ from ..protocol import (
     ProtocolError,
     SubscriptionInfo,
 )
+from ._watch import JoinErrors, MetadataWatch, unsized
 from .leader import (
     CAPACITY_TAG,
     CHANGELOGS_TAG,
     GLOBAL_CHANGELOGS_TAG,
+    MAX_CAPACITY,
     assign_faust,
     check_copartition_groups,
-    decode_member,
+    decode_members,
+    parse_capacity,
 )
 
 __all__ = ["CAPACITY_ENV", "PROTOCOL_NAME", "PartitionAssignor"]
@@ -107,12 +115,20 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             isinstance(self.capacity, bool) or not isinstance(self.capacity, int)
         ):
             raise TypeError(f"capacity must be an int or None, got {self.capacity!r}")
-        if self.capacity is not None and self.capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {self.capacity}")
+        if self.capacity is not None and not 1 <= self.capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity must be from 1 to {MAX_CAPACITY}, got {self.capacity}")
         self.app = app
         self.replicas = replicas
         self.rejoiner = Rejoiner()
-        self._nonce = itertools.count(1)
+        #: Re-fetches metadata of subscribed topics this worker has none of (see ``_watch``).
+        self.metadata_watch = MetadataWatch()
+        #: Reports fatal join errors Faust never reads, so the worker joins again (``_watch``).
+        self.join_errors = JoinErrors()
+        #: Changes only when this worker wants a rebalance (after a failed one): a rejoin with
+        #: the same metadata does not start one (a follower gets the current generation back),
+        #: and a nonce changed on every join made two workers starting together rebalance each
+        #: other for minutes ("Updating metadata for member ... during CompletingRebalance").
+        self._join_epoch = 1
         self._state: StateDirectory | None = None
         self._process_id: uuid.UUID | None = None
         self._restored: AssignmentInfo | None = None
@@ -121,6 +137,12 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self.info = AssignmentInfo()
         self._assigned = False
         self._view = _View()
+        #: Faust's own assignor, offered second (``fallback_assignors``), and set here while
+        #: the group uses it: Faust's tables and views then read its assignment.
+        self._fausts: FaustsOwnAssignor | None = None
+        self._fausts_in_use: FaustsOwnAssignor | None = None
+        #: What this worker's app subscribes to (its last ``metadata``): the leader's own topics.
+        self._own_topics: frozenset[str] | None = None
         #: Milliseconds the last leader-side ``assign`` took on this worker, if it led.
         self.last_assign_ms: float | None = None
         app.on_before_shutdown.connect(self._on_app_stop)
@@ -138,13 +160,16 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
         """This worker's subscription; never raises (aiokafka's coordinator would die): on an
         unexpected error it joins as a member without history (logged)."""
+        self._own_topics = frozenset(topics)
+        if (consumer := self._consumer()) is not None:
+            self.join_errors.joining(consumer)  # a join starts (see JoinErrors)
         try:
             data = self._subscription().encode()
         except Exception:
             log.exception("cannot describe this worker's state; joining without history")
             if self._process_id is None:
                 self._process_id = uuid.uuid4()
-            data = SubscriptionInfo(self._process_id, join_nonce=next(self._nonce)).encode()
+            data = SubscriptionInfo(self._process_id, join_nonce=self._join_epoch).encode()
         return ConsumerProtocolMemberMetadata(0, sorted(topics), data)
 
     def _subscription(self) -> SubscriptionInfo:
@@ -177,7 +202,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             endpoint=str(self.app.conf.canonical_url),
             offset_sums=sums,
             previous_active=current.active if self._assigned else restored.active,
-            join_nonce=next(self._nonce),
+            join_nonce=self._join_epoch,
             client_tags={k: v for k, v in tags.items() if v},
         )
 
@@ -190,17 +215,20 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         sensors = self.app.sensors
         state = sensors.on_assignment_start(self)
         try:
-            members = {
-                member: decode_member(member, meta.subscription, meta.user_data)
-                for member, meta in member_metadata.items()
-            }
+            subscribed = {t for meta in member_metadata.values() for t in meta.subscription}
             counts = {}
-            for topic in sorted({t for m in members.values() for t in m.topics}):
-                partitions = cluster.partitions_for_topic(topic)
-                if partitions:
+            for topic in sorted(subscribed):
+                if partitions := cluster.partitions_for_topic(topic):
                     counts[topic] = len(partitions)
-                else:
-                    log.warning("no metadata for subscribed topic %r (not created yet?)", topic)
+            self._watch_missing(subscribed - counts.keys())
+            members = decode_members(
+                {m: (meta.subscription, meta.user_data) for m, meta in member_metadata.items()},
+                counts,
+                changelog_topics=self._changelog_topics(),
+                global_changelog_topics=self._global_changelog_topics(),
+                copartition_groups=self.copartition_groups,
+                own_topics=self._own_topics,
+            )
             result = assign_faust(
                 members,
                 counts,
@@ -208,6 +236,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 changelog_topics=self._changelog_topics(),
                 global_changelog_topics=self._global_changelog_topics(),
                 copartition_groups=self.copartition_groups,
+                own_topics=self._own_topics,
+                required_topics=self._internal_topics(),
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
         except Exception as exc:
@@ -230,6 +260,10 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             log.error("unreadable assignment (%s); treating it as an assignment error", exc)
             info = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR)
         self._bind_rejoiner()
+        self.join_errors.joined()
+        if self._fausts_in_use is not None:
+            log.warning("the group uses %s again (every member offers it)", PROTOCOL_NAME)
+            self._fausts_in_use = None
         if info.error_code == ErrorCode.NONE and (missing := _undescribed(info)):
             log.error(
                 "the assignment names groups %s without their topics (an older leader?); "
@@ -239,10 +273,15 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             info = attrs.evolve(info, error_code=ErrorCode.ASSIGNMENT_ERROR)
         if info.error_code != ErrorCode.NONE:
             self._view = self._fallback_view(kafka)
+            self._join_epoch += 1  # the rejoin must start a rebalance
             delay = self.rejoiner.failed()
-            log.error("the leader sent %s; rejoining in %.0f s", info.error_code.name, delay)
+            if info.error_code == ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA:
+                self._wait_for_topics(delay)
+            else:
+                log.error("the leader sent %s; rejoining in %.0f s", info.error_code.name, delay)
             return
         self.rejoiner.succeeded()
+        self.rejoiner.cancel()  # a retry still pending from a failed round is no longer needed
         self._view = self._build_view(info, kafka)
         self.info = info
         self._assigned = True
@@ -253,41 +292,89 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     # Each reads ``self._view`` once: a rebalance on the consumer thread swaps it whole.
 
     def group_for_topic(self, topic: str) -> int:
+        if (fausts := self._fausts_in_use) is not None:
+            return int(fausts.group_for_topic(topic))
         return self._view.topic_groups[topic]
 
     def assigned_actives(self) -> set[TP]:
+        if (fausts := self._fausts_in_use) is not None:
+            return set(fausts.assigned_actives())
         return set(self._view.actives)
 
     def assigned_standbys(self) -> set[TP]:
+        if (fausts := self._fausts_in_use) is not None:
+            return set(fausts.assigned_standbys())
         return set(self._view.standbys)
 
     def is_active(self, tp: TP) -> bool:
+        if (fausts := self._fausts_in_use) is not None:
+            return bool(fausts.is_active(tp))
         return tp in self._view.actives
 
     def is_standby(self, tp: TP) -> bool:
+        if (fausts := self._fausts_in_use) is not None:
+            return bool(fausts.is_standby(tp))
         return tp in self._view.standbys
 
     def key_store(self, topic: str, key: bytes) -> URL:
         """URL of the worker whose active task holds ``key`` of the table with changelog
         ``topic`` (``KeyError`` while unknown: the router answers 503)."""
+        if (fausts := self._fausts_in_use) is not None:
+            return URL(fausts.key_store(topic, key))
         if topic in self._global_changelog_topics():
             return URL(str(self.app.conf.canonical_url))  # every worker holds a global table
         return URL(self._view.tps_url[self.app.producer.key_partition(topic, key)])
 
     def external_key_store(self, topic: str, key: bytes) -> URL:
+        if (fausts := self._fausts_in_use) is not None:
+            return URL(fausts.external_key_store(topic, key))
         return URL(self._view.external_tps_url[self.app.producer.key_partition(topic, key)])
 
     def table_metadata(self, topic: str) -> HostToPartitionMap:
+        if (fausts := self._fausts_in_use) is not None:
+            return fausts.table_metadata(topic)
         return {
             host: {t: ps for t, ps in tps.items() if t == topic}
             for host, tps in self._view.changelog_distribution.items()
         }
 
     def tables_metadata(self) -> HostToPartitionMap:
+        if (fausts := self._fausts_in_use) is not None:
+            return fausts.tables_metadata()
         return self._view.changelog_distribution
 
     def external_topics_metadata(self) -> HostToPartitionMap:
+        if (fausts := self._fausts_in_use) is not None:
+            return fausts.external_topics_metadata()
         return self._view.external_topic_distribution
+
+    # -- a rolling switch from and to Faust's own assignor ---------------------------------
+
+    @property
+    def protocol_in_use(self) -> str:
+        """The group protocol of this worker's last assignment: ours, or Faust's own
+        (``faust``) while some member of the group does not offer ours."""
+        return str(self._fausts_in_use.name) if self._fausts_in_use is not None else PROTOCOL_NAME
+
+    def fallback_assignors(self) -> tuple[Any, ...]:
+        """What this worker offers after ours (``streamassign://`` transport): the assignor
+        Faust itself would use (its own, or aiokafka's round robin for an app without tables),
+        so a worker can join a group still on it and the group moves to ours once every member
+        offers ours (Kafka picks the first protocol all members support)."""
+        if self.replicas > 0 or self.app.tables.changelog_topics:
+            if self._fausts is None:
+                self._fausts = FaustsOwnAssignor(self)
+            return (self._fausts,)
+        return (RoundRobinPartitionAssignor,)
+
+    def _on_fausts_assignment(self) -> None:
+        self.join_errors.joined()
+        if self._fausts_in_use is None:
+            log.warning(
+                "the group uses Faust's own assignor: some member does not offer %s yet",
+                PROTOCOL_NAME,
+            )
+        self._fausts_in_use = self._fausts
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -363,13 +450,11 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         raw = os.environ.get(CAPACITY_ENV)
         if not raw:
             return None
-        try:
-            value = int(raw)
-        except ValueError:
-            value = 0
-        if value < 1:
-            log.warning("ignoring %s=%r: not a whole number >= 1", CAPACITY_ENV, raw)
-            return None
+        value = parse_capacity(raw)
+        if value is None:
+            log.warning(
+                "ignoring %s=%r: not a whole number from 1 to %d", CAPACITY_ENV, raw, MAX_CAPACITY
+            )
         return value
 
     def _open_state(self) -> None:
@@ -391,6 +476,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _on_app_stop(self, sender: Any = None, **kwargs: Any) -> None:
         """Release the state directory's lock when the app stops (``on_before_shutdown``)."""
+        self.metadata_watch.cancel()
+        self.join_errors.cancel()
+        self.rejoiner.cancel()
         state, self._state = self._state, None
         if state is not None:
             state.close()
@@ -437,9 +525,60 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         return sum(known) if known else None
 
     def _bind_rejoiner(self) -> None:
-        consumer = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
-        if consumer is not None:
+        if (consumer := self._consumer()) is not None:
             self.rejoiner.bind(consumer)
+
+    def _consumer(self) -> Any:
+        """The aiokafka consumer of this worker (on Faust's consumer thread), if started."""
+        return getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
+
+    def _internal_topics(self) -> frozenset[str]:
+        """Topics this app creates itself (table changelogs, repartition topics, the leader
+        topic): no group can be assigned right without them."""
+        topics = set(self._changelog_topics())
+        for channel in self.app.topics:  # Faust's conductor: every channel the app consumes
+            if getattr(channel, "internal", False):
+                topics.update(getattr(channel, "topics", ()))
+        return frozenset(topics)
+
+    def _watch_missing(self, topics: set[str]) -> None:
+        """Leader: keep re-fetching metadata of subscribed topics it cannot size; aiokafka
+        rejoins by itself once a refresh shows them (their partition count changes)."""
+        if (consumer := self._consumer()) is not None:
+            self.metadata_watch.watch(consumer, topics)
+
+    def _wait_for_topics(self, delay: float) -> None:
+        """Member told the leader cannot size every topic: say which of its own topics it has
+        no metadata for, and re-fetch them (it may lead the next round)."""
+        consumer = self._consumer()
+        missing = unsized(consumer, self._own_topics or ()) if consumer is not None else set()
+        if missing:
+            self.metadata_watch.watch(consumer, missing)
+            log.warning(
+                "waiting for topics %s to exist (no metadata yet); nothing assigned meanwhile, "
+                "rejoining in %.0f s or when they appear",
+                sorted(missing),
+                delay,
+            )
+        else:
+            log.warning(
+                "waiting for the group leader to see every subscribed topic (this worker sees "
+                "them all); nothing assigned meanwhile, rejoining in %.0f s",
+                delay,
+            )
+
+
+class FaustsOwnAssignor(FaustPartitionAssignor):
+    """Faust's own assignor (protocol ``faust``) as the second protocol a worker offers: it
+    assigns and serves exactly as in Faust, and tells ``owner`` when the group uses it."""
+
+    def __init__(self, owner: PartitionAssignor) -> None:
+        super().__init__(owner.app, owner.replicas)
+        self._owner = owner
+
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
+        super().on_assignment(assignment)
+        self._owner._on_fausts_assignment()
 
 
 def _undescribed(info: AssignmentInfo) -> list[int]:

@@ -11,10 +11,13 @@
   ``p`` of each of its topics. A group holding a changelog topic of a (non-global) table is
   stateful.
 * **Changelogs.** Each member announces its app's changelog and global-changelog topics (client
-  tags ``CHANGELOGS_TAG``, ``GLOBAL_CHANGELOGS_TAG``); the leader takes the union with its own,
-  so a table only a newer app version has is still stateful and its global tables still whole.
+  tags ``CHANGELOGS_TAG``, ``GLOBAL_CHANGELOGS_TAG``); the leader's own app decides for the
+  topics it reads, and for the others it takes what every reader announces alike
+  (``trusted_tables``), so a table only a newer app version has is still stateful and its
+  global tables still whole, but no single member can turn a source topic into a table.
 * **Assignment.** The sticky task assignor with real capacities (each worker's consumer count,
-  or the weight it reports) and ``table_standby_replicas`` standbys, one run per set of members
+  or the weight it reports, 1 to ``MAX_CAPACITY``; other claims are ignored, logged) and
+  ``table_standby_replicas`` standbys, one run per set of members
   that subscribe to the same groups (a member never gets a topic it does not subscribe to).
 * **History.** Each member's versioned ``SubscriptionInfo`` says what it runs, what table state
   it has on disk (offset sums) and what it ran before a restart (from its state file), so a
@@ -48,7 +51,14 @@ from ..protocol import (
     SubscriptionInfo,
 )
 from ..sticky import StickyTaskAssignor
-from ..streams import MemberAssignment, MemberSubscription, client_states, common_version
+from ..streams import (
+    MemberAssignment,
+    MemberSubscription,
+    bounded_claims,
+    client_states,
+    common_version,
+    decode_subscriptions,
+)
 from ..threads import distribute_to_threads
 from ..topology import Subtopology, Topology
 
@@ -56,11 +66,15 @@ __all__ = [
     "CAPACITY_TAG",
     "CHANGELOGS_TAG",
     "GLOBAL_CHANGELOGS_TAG",
+    "MAX_CAPACITY",
     "assign_faust",
     "check_copartition_groups",
     "decode_member",
+    "decode_members",
     "faust_topology",
     "host_key",
+    "parse_capacity",
+    "trusted_tables",
 ]
 
 log = logging.getLogger("streamassign.faust")
@@ -73,6 +87,10 @@ CHANGELOGS_TAG = "streamassign.changelogs"
 GLOBAL_CHANGELOGS_TAG = "streamassign.global-changelogs"
 _OWN_TAGS = (CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANGELOGS_TAG)
 
+#: The largest capacity (weight) a worker may report: a Faust worker is one event loop, so a
+#: weight past this is no real machine; the leader ignores larger claims (logged).
+MAX_CAPACITY = 16
+
 
 def decode_member(member: str, topics: Any, user_data: bytes | None) -> MemberSubscription:
     """A member as the leader sees it; user data it cannot read (garbage, a format this version
@@ -83,6 +101,41 @@ def decode_member(member: str, topics: Any, user_data: bytes | None) -> MemberSu
         log.warning("member %s: %s; treating it as having no history", member, exc)
         info = None
     return MemberSubscription(topics, info)  # topics: aiokafka's list of names
+
+
+def decode_members(
+    metadata: Mapping[str, tuple[Iterable[str], bytes | None]],
+    partition_counts: Mapping[str, int],
+    *,
+    changelog_topics: Iterable[str] = (),
+    global_changelog_topics: Iterable[str] = (),
+    copartition_groups: Sequence[Sequence[str]] = (),
+    own_topics: Iterable[str] | None = None,
+) -> dict[str, MemberSubscription]:
+    """Every member (member -> (topics, user data)) as the leader sees it, with nothing built
+    from claims on tasks that do not exist: first each member's identity and tags (its claims
+    are read but none is made), which say what is a table and so how topics group into tasks;
+    then its claims, clipped to those tasks, and a member declaring more than
+    ``member_claim_limit`` of them has no history (``streams.decode_subscriptions``, logged).
+    So a 37-byte subscription claiming ``2**20`` tasks costs its bytes, not the tasks."""
+    identities = {}
+    for member, (topics, data) in metadata.items():
+        try:
+            info: SubscriptionInfo | None = SubscriptionInfo.decode(data or b"", task_counts={})
+        except ProtocolError:
+            info = None  # decode_subscriptions says why
+        identities[member] = MemberSubscription(topics, info)
+    changelogs, _ = trusted_tables(
+        identities, changelog_topics, global_changelog_topics, own_topics, report=False
+    )
+    subscriptions = {m: s.topics for m, s in identities.items()}
+    try:
+        topology = faust_topology(subscriptions, partition_counts, copartition_groups, changelogs)
+    except TopologyError:
+        return identities  # assign_faust reports it; no claim can matter then
+    return decode_subscriptions(
+        topology, partition_counts, {m: (t, d or b"") for m, (t, d) in metadata.items()}
+    )
 
 
 def check_copartition_groups(groups: object) -> tuple[tuple[str, ...], ...]:
@@ -176,24 +229,44 @@ def assign_faust(
     global_changelog_topics: Iterable[str] = (),
     copartition_groups: Sequence[Sequence[str]] = (),
     leader_version: int = LATEST_VERSION,
+    own_topics: Iterable[str] | None = None,
+    required_topics: Iterable[str] = (),
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad members or
-    topics: unreadable members have no history, topics without metadata are left out (logged)."""
+    topics: unreadable members have no history. A subscribed table changelog or
+    ``required_topics`` topic (the app's own: repartition, leader topics) without metadata makes
+    ``INCOMPLETE_SOURCE_TOPIC_METADATA`` for every member, nothing assigned: its group cannot be
+    built without it. Other topics without metadata are left out (logged)."""
+    if not members:
+        return {}
     version = common_version(members, leader_version)
-    globals_ = frozenset(global_changelog_topics) | _announced(members, GLOBAL_CHANGELOGS_TAG)
-    changelogs = (frozenset(changelog_topics) | _announced(members, CHANGELOGS_TAG)) - globals_
+    changelogs, globals_ = trusted_tables(
+        members, changelog_topics, global_changelog_topics, own_topics
+    )
     subscriptions = {m: s.topics for m, s in members.items()}
     empty = AssignmentInfo(version=version, common_version=version)
-    result = {m: MemberAssignment((), empty) for m in members}
-    if not members:
-        return result
+    incomplete = {
+        m: MemberAssignment(
+            (), attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
+        )
+        for m in members
+    }
+    unsized = {t for topics in subscriptions.values() for t in topics} - partition_counts.keys()
+    if waiting := sorted(unsized & (changelogs | globals_ | frozenset(required_topics))):
+        log.warning(
+            "no metadata for %s (not created yet?): assigning nothing until they exist", waiting
+        )
+        return incomplete
+    if unsized:
+        log.warning("no metadata for subscribed topics %s (not created yet?)", sorted(unsized))
     try:
         topology = faust_topology(subscriptions, partition_counts, copartition_groups, changelogs)
         tasks = PartitionGrouper().group(topology, partition_counts)
     except TopologyError as exc:
         log.error("cannot group the subscribed topics: %s; assigning nothing", exc)
-        info = attrs.evolve(empty, error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA)
-        return {m: MemberAssignment((), info) for m in members}
+        return incomplete
+    result = {m: MemberAssignment((), empty) for m in members}
+    members = bounded_claims(members, tasks)  # the rebalance's budget (logged per member)
 
     sub_topics = {s: topology.subtopology(s).source_topics for s in topology.subtopology_ids}
     # Groups made only of global changelogs are no work to share: every subscriber gets them all.
@@ -328,34 +401,89 @@ def _return_restarted(
     return out
 
 
-def _announced(members: Mapping[str, MemberSubscription], tag: str) -> frozenset[str]:
-    """Union of the topics members announce under ``tag``."""
-    return frozenset(
-        topic
-        for m in members.values()
-        if m.info is not None
-        for topic in m.info.client_tags.get(tag, "").split(",")
-        if topic
-    )
+def _announced(member: MemberSubscription, tag: str) -> frozenset[str]:
+    """The topics ``member`` announces under ``tag``."""
+    if member.info is None:
+        return frozenset()
+    return frozenset(t for t in member.info.client_tags.get(tag, "").split(",") if t)
+
+
+def trusted_tables(
+    members: Mapping[str, MemberSubscription],
+    changelog_topics: Iterable[str] = (),
+    global_changelog_topics: Iterable[str] = (),
+    own_topics: Iterable[str] | None = None,
+    *,
+    report: bool = True,
+) -> tuple[frozenset[str], frozenset[str]]:
+    """``(changelogs, global changelogs)`` the leader acts on: its own app's, plus what members
+    announce where the leader can check it. An announced topic counts only when the leader's
+    app does not read it (``own_topics``; ``None``: unknown) and every member subscribing to it
+    announces it the same way (so it is a table of another version of the app, and no single
+    member can make everyone read a source topic whole, or place standbys of it); anything
+    else is ignored (logged unless ``report`` is false). ``changelog_topics`` may include the
+    global ones."""
+    own_globals = frozenset(global_changelog_topics)
+    own_changelogs = frozenset(changelog_topics) - own_globals
+    own = frozenset(own_topics) if own_topics is not None else frozenset()
+    kinds = {
+        m: {
+            **dict.fromkeys(_announced(sub, CHANGELOGS_TAG), CHANGELOGS_TAG),
+            **dict.fromkeys(_announced(sub, GLOBAL_CHANGELOGS_TAG), GLOBAL_CHANGELOGS_TAG),
+        }
+        for m, sub in members.items()
+    }
+    accepted: dict[str, set[str]] = {CHANGELOGS_TAG: set(), GLOBAL_CHANGELOGS_TAG: set()}
+    refused: dict[str, list[str]] = {}
+    for topic in sorted({t for announced in kinds.values() for t in announced}):
+        if topic in own_changelogs or topic in own_globals:
+            continue  # the leader's own app decides
+        said = {kinds[m].get(topic) for m, sub in members.items() if topic in sub.topics}
+        if not said:
+            continue  # nobody reads it: nothing to decide
+        kind = said.pop() if len(said) == 1 else None
+        if topic in own:
+            refused.setdefault("the leader's app reads them as plain topics", []).append(topic)
+        elif kind is None:
+            refused.setdefault("not every member reading them announces them so", []).append(topic)
+        else:
+            accepted[kind].add(topic)
+    for reason, topics in sorted(refused.items()) if report else ():
+        log.warning("ignoring announced changelog topics %s: %s", topics, reason)
+    globals_ = own_globals | accepted[GLOBAL_CHANGELOGS_TAG]
+    return own_changelogs | accepted[CHANGELOGS_TAG], globals_
+
+
+def parse_capacity(raw: str) -> int | None:
+    """A reported capacity: a whole number from 1 to ``MAX_CAPACITY``, else ``None``."""
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if 1 <= value <= MAX_CAPACITY else None
 
 
 def _with_capacities(clients: list[ClientState]) -> list[ClientState]:
-    """Capacity = the weight a process reports (``CAPACITY_TAG``), else its consumer count; the
-    adapter's own tags are removed (they are no placement tags)."""
+    """Capacity = the weight a process reports (``CAPACITY_TAG``, 1 to ``MAX_CAPACITY``), else
+    its consumer count (anything else is logged and ignored: the leader cannot check a weight,
+    so one member must not claim nearly all the work); the adapter's own tags are removed
+    (they are no placement tags)."""
     out = []
     for c in clients:
         tags = {k: v for k, v in c.tags.items() if k not in _OWN_TAGS}
         raw = c.tags.get(CAPACITY_TAG)
         capacity = c.capacity
         if raw is not None:
-            try:
-                capacity = int(raw)
-                if capacity < 1:
-                    raise ValueError(raw)
-            except ValueError:
+            reported = parse_capacity(raw)
+            if reported is None:
                 log.warning(
-                    "process %s reports capacity %r; using %d", c.process_id, raw, c.capacity
+                    "process %s reports capacity %r (not a whole number from 1 to %d); using %d",
+                    c.process_id,
+                    raw[:40],
+                    MAX_CAPACITY,
+                    c.capacity,
                 )
-                capacity = c.capacity
+            else:
+                capacity = reported
         out.append(attrs.evolve(c, capacity=capacity, tags=tags))
     return out

@@ -3,8 +3,9 @@
 Faust's aiokafka driver hands the consumer ``app.assignor`` only when the app has changelog
 tables or ``table_standby_replicas > 0``; otherwise it silently uses aiokafka's round robin. With
 ``broker="streamassign://host:9092"`` (this transport, registered under the ``faust.transports``
-entry point) the worker's consumer always uses ``app.assignor``. Everything else is Faust's
-aiokafka transport unchanged.
+entry point) the worker's consumer always uses ``app.assignor`` first, and offers second what
+Faust would use (``PartitionAssignor.fallback_assignors``), so workers can be switched to or
+from Faust's assignor one at a time. Everything else is Faust's aiokafka transport unchanged.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(*args, **kwargs)
         assignor = self.app.assignor
         if self._assignor is not assignor:  # Faust picked round robin: the app has no tables
-            # aiokafka reads the strategy list when the consumer starts, which is after this.
-            self._assignor = assignor
-            consumer._partition_assignment_strategy = (assignor,)
             log.info("stateless app: using %s instead of round robin", type(assignor).__name__)
+            self._assignor = assignor
+        # Ours first, then what Faust would use (a rolling switch, see fallback_assignors).
+        # aiokafka reads the strategy list when the consumer starts, which is after this.
+        fallbacks = getattr(assignor, "fallback_assignors", lambda: ())()
+        consumer._partition_assignment_strategy = (assignor, *fallbacks)
         return consumer
 
 

@@ -132,6 +132,20 @@ class FaustCluster:
             time.sleep(0.5)
         raise AssertionError(f"counts via {via} never reached {expected}: {got}")
 
+    def wait_counts_at_least(self, via: str, expected: int) -> dict[str, int]:
+        """Every key's count once all are at least ``expected`` (at-least-once processing)."""
+        deadline = time.monotonic() + TIMEOUT
+        got: dict[str, int] | str = {}
+        while time.monotonic() < deadline:
+            try:
+                got = self.counts(via)
+            except OSError as exc:  # 503 while the owner is recovering, or a reset connection
+                got = repr(exc)
+            if isinstance(got, dict) and min(got.values()) >= expected:
+                return got
+            time.sleep(0.5)
+        raise AssertionError(f"counts via {via} never reached {expected}: {got}")
+
     def close(self) -> None:
         for proc in self.procs.values():
             proc.stop(signal.SIGKILL)

@@ -3,10 +3,13 @@
     python faust_worker.py --bootstrap HOST:PORT --app APP --topic TOPIC --partitions N
         --datadir DIR --port PORT [--standbys 1] [--assignor ours|faust] [--log FILE]
         [--stateless] [--scheme kafka|streamassign] [--store memory://|rocksdb://]
-        [--extra-topic TOPIC]
+        [--extra-topic TOPIC] [--repartition] [--no-declare]
 
 The agent adds each record's value (a JSON int, JSON-encoded str key) to ``counts[key]``, a
-table with a changelog (in memory, or in RocksDB with ``--store rocksdb://``).
+table with a changelog (in memory, or in RocksDB with ``--store rocksdb://``); with
+``--repartition`` the records pass first through a ``group_by`` repartition topic (same key).
+``--no-declare`` leaves creating the app's topics to the other workers (it subscribes to them
+at once, created or not: a cold start's race made certain).
 ``GET /count/<key>/`` answers from the worker that owns the key (Faust's router forwards the
 request), so reading through any worker exercises the assignor's host maps; ``GET /owner/<key>/``
 is routed by the source topic (``@app.topic_route``) and says whether the answering worker runs
@@ -15,8 +18,8 @@ drops the table (Faust then uses round robin unless the transport is ``streamass
 worker prints JSON lines on stdout:
 
 * ``{"event": "state", ...}`` whenever its assignment or rebalancing flag changes: actives and
-  standbys as ``[topic, partition]`` pairs, ``rebalancing``, and the records recovery applied so
-  far to active changelog partitions (``recovered``);
+  standbys as ``[topic, partition]`` pairs, ``rebalancing``, the records recovery applied so
+  far to active changelog partitions (``recovered``) and the group protocol in use;
 * ``{"event": "rebalance", "start": t0, "end": t1}`` (wall clock) after every rebalance, as
   Faust's sensors see it: from revocation until the streams resume after recovery.
 """
@@ -71,6 +74,7 @@ def build(args: argparse.Namespace) -> faust.App:
         broker_commit_interval=0.5,
         consumer_auto_offset_reset="earliest",
         table_cleanup_interval=3600.0,
+        topic_allow_declare=not args.no_declare,
     )
     topic = app.topic(
         args.topic,
@@ -97,7 +101,7 @@ def build(args: argparse.Namespace) -> faust.App:
                 pass
 
     else:
-        _count_in_table(app, topic, recovered, args.port)
+        _count_in_table(app, topic, recovered, args.port, args.repartition)
     last: list[Any] = [None]
 
     @app.timer(0.25)
@@ -108,6 +112,7 @@ def build(args: argparse.Namespace) -> faust.App:
             "standbys": sorted(assignor.assigned_standbys()),
             "rebalancing": bool(app.rebalancing),
             "recovered": recovered[0],
+            "protocol": getattr(assignor, "protocol_in_use", "faust"),  # Faust's: always faust
         }
         if state != last[0]:
             last[0] = state
@@ -120,7 +125,9 @@ def build(args: argparse.Namespace) -> faust.App:
     return app
 
 
-def _count_in_table(app: faust.App, topic: Any, recovered: list[int], port: int) -> None:
+def _count_in_table(
+    app: faust.App, topic: Any, recovered: list[int], port: int, repartition: bool
+) -> None:
     """The counting agent, its table and the ``/count/<key>/`` view."""
     counts = app.Table("counts", default=int, key_type=str, value_type=int)
 
@@ -135,6 +142,9 @@ def _count_in_table(app: faust.App, topic: Any, recovered: list[int], port: int)
 
     @app.agent(topic)
     async def count(stream: Any) -> None:
+        source = stream
+        if repartition:  # through a repartition topic Faust creates (same key, same partition)
+            stream = source.group_by(lambda _value: source.current_event.key, name="rekey")
         async for key, value in stream.items():
             counts[key] += value
 
@@ -167,6 +177,12 @@ def main() -> None:
     parser.add_argument("--scheme", default="kafka", help="broker URL scheme (transport)")
     parser.add_argument("--store", default="memory://", help="table store: memory:// or rocksdb://")
     parser.add_argument("--extra-topic", help="also read this topic into a table (a newer version)")
+    parser.add_argument(
+        "--repartition", action="store_true", help="count through a group_by repartition topic"
+    )
+    parser.add_argument(
+        "--no-declare", action="store_true", help="create no topics (other workers do)"
+    )
     args = parser.parse_args()
     app = build(args)
     worker = faust.Worker(

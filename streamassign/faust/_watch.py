@@ -1,0 +1,135 @@
+"""What a Faust worker's consumer needs that neither aiokafka nor Faust does: re-fetching
+metadata of subscribed topics it has none of (``MetadataWatch``), and taking the fatal join
+errors aiokafka keeps for its user (``JoinErrors``).
+
+aiokafka fetches metadata of its subscribed topics when the subscription changes and then only
+every ``metadata_max_age_ms`` (Faust: 5 minutes): a topic that did not exist yet at the
+subscription (Faust creates changelog, repartition and leader topics while the workers join)
+stays unknown that long, and a rejoin does not refresh it either (the topics did not change).
+So a worker that misses topics asks its client for fresh metadata with growing pauses until it
+has them all. On the group leader that is all a repair needs: aiokafka's leader rejoins by
+itself when a refresh changes the partition count of a subscribed topic (0 -> n).
+
+The client and coordinator are reached through ``consumer._client`` and
+``consumer._coordinator`` (aiokafka 0.11-0.14, like ``streamassign.aiokafka._rejoin``), and only
+with ``getattr`` guards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+log = logging.getLogger("streamassign.faust")
+
+
+def unsized(consumer: Any, topics: Iterable[str]) -> frozenset[str]:
+    """Those of ``topics`` the consumer's client has no partitions of (all when unknown)."""
+    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
+    if cluster is None:
+        return frozenset(topics)
+    return frozenset(t for t in topics if not cluster.partitions_for_topic(t))
+
+
+class MetadataWatch:
+    """Re-fetches metadata after ``first``, then doubling pauses up to ``longest`` seconds,
+    until the client knows every watched topic; ``watch`` replaces what is watched."""
+
+    def __init__(self, first: float = 0.5, longest: float = 10.0) -> None:
+        self._first, self._longest = first, longest
+        self._timer: asyncio.TimerHandle | None = None
+        self.topics: frozenset[str] = frozenset()
+
+    def watch(self, consumer: Any, topics: Iterable[str]) -> None:
+        """Watch ``topics`` (nothing: stop) on ``consumer``'s client; refreshes right away."""
+        self.cancel()
+        self.topics = frozenset(topics)
+        if self.topics:
+            self._refresh(consumer, self._first)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _refresh(self, consumer: Any, pause: float) -> None:
+        client: Any = getattr(consumer, "_client", None)
+        if getattr(client, "force_metadata_update", None) is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop to wait on (unit tests call the assignor directly)
+            return
+        for topic in sorted(self.topics):
+            client.add_topic(topic)  # tracked (a member may not subscribe to it yet)
+        client.force_metadata_update()
+        self._timer = loop.call_later(pause, self._check, consumer, pause)
+
+    def _check(self, consumer: Any, pause: float) -> None:
+        self._timer = None
+        missing = unsized(consumer, self.topics)
+        if not missing:
+            log.info("metadata of %s arrived", sorted(self.topics))
+            self.topics = frozenset()
+            return
+        self.topics = missing
+        log.debug("still no metadata for %s; asking again", sorted(missing))
+        self._refresh(consumer, min(pause * 2, self._longest))
+
+
+class JoinErrors:
+    """Takes a fatal join error aiokafka keeps for its user, logs it, and so lets it try again.
+
+    aiokafka hands such an error (``InconsistentGroupProtocolError``: the group's members use
+    another assignor; a group authorization failure) to whoever polls the consumer, and its
+    coordinator waits until someone takes it. Faust's fetcher reads records without polling, so
+    nobody did: the worker sat idle and alive, outside its group, for good. ``joining`` (at
+    each join attempt) schedules a look after a pause; ``joined`` (an assignment arrived)
+    cancels it. An error taken is logged and aiokafka joins again at once; the pause doubles
+    from ``first`` to ``longest`` seconds while joins fail.
+    """
+
+    def __init__(self, first: float = 1.0, longest: float = 30.0) -> None:
+        self._first, self._longest = first, longest
+        self._pause = first
+        self._timer: asyncio.TimerHandle | None = None
+
+    def joining(self, consumer: Any) -> None:
+        self.cancel()
+        coordinator = getattr(consumer, "_coordinator", None)
+        if getattr(coordinator, "check_errors", None) is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (unit tests call the assignor directly)
+            return
+        self._timer = loop.call_later(self._pause, self._check, coordinator)
+
+    def joined(self) -> None:
+        self.cancel()
+        self._pause = self._first
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self, coordinator: Any) -> None:
+        self._timer = None
+        try:
+            coordinator.check_errors()
+        except Exception as exc:  # anything aiokafka kept for its user is reported here
+            log.error(
+                "cannot join the group: %r%s; trying again",
+                exc,
+                " (its members use another assignor: start every worker with "
+                "broker='streamassign://...' to switch one at a time)"
+                if type(exc).__name__ == "InconsistentGroupProtocolError"
+                else "",
+            )
+            self._pause = min(self._pause * 2, self._longest)
+            return  # aiokafka joins again now, and calls joining() from metadata()
+        loop = asyncio.get_running_loop()  # still joining, nothing kept: look again later
+        self._timer = loop.call_later(self._pause, self._check, coordinator)

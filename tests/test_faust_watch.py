@@ -1,0 +1,157 @@
+"""``streamassign.faust._watch``: re-fetching metadata of topics a worker cannot size yet, and
+taking the join errors aiokafka keeps for Faust."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+from faust.types import TP
+
+from streamassign.errors import ErrorCode
+from streamassign.faust import PartitionAssignor
+from streamassign.faust._watch import JoinErrors, MetadataWatch
+from streamassign.protocol import AssignmentInfo
+
+from .test_faust_assignor import CL, COUNTS, SRC, Cluster, make_app
+
+
+class FakeClient:
+    """What the watch uses of aiokafka's client: its cluster metadata and a forced refresh."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+        self.cluster = Cluster(counts)
+        self.tracked: set[str] = set()
+        self.refreshes = 0
+
+    def add_topic(self, topic: str) -> None:
+        self.tracked.add(topic)
+
+    def force_metadata_update(self) -> None:
+        self.refreshes += 1
+
+
+class FakeConsumer:
+    """An aiokafka consumer as the assignor reaches it: its client and coordinator."""
+
+    def __init__(self, client: FakeClient) -> None:
+        self._client = client
+        self._coordinator = SimpleNamespace(request_rejoin=lambda: None)
+
+
+async def until(condition: object, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(0.005)
+
+
+def test_a_missing_topic_is_fetched_again_until_it_exists() -> None:
+    async def scenario() -> None:
+        client = FakeClient({SRC: 6})
+        watch = MetadataWatch(first=0.01, longest=0.02)
+        watch.watch(FakeConsumer(client), {CL})
+        assert client.tracked == {CL} and client.refreshes == 1  # at once
+        await until(lambda: client.refreshes >= 4)  # and again while it is missing
+        client.counts[CL] = 6
+        await until(lambda: not watch.topics)
+        done = client.refreshes
+        await asyncio.sleep(0.05)
+        assert client.refreshes == done  # stops once the client knows it
+
+    asyncio.run(scenario())
+
+
+def test_nothing_to_watch_and_no_client_are_no_error() -> None:
+    async def scenario() -> None:
+        watch = MetadataWatch(first=0.01)
+        watch.watch(SimpleNamespace(), {CL})  # no client: nothing to do
+        client = FakeClient({})
+        watch.watch(FakeConsumer(client), set())
+        await asyncio.sleep(0.03)
+        assert client.refreshes == 0
+
+    asyncio.run(scenario())
+
+
+def test_the_leader_without_a_changelog_assigns_nothing_and_watches_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Leader side: no partitions for anyone until the changelog is sized, the leader re-fetches
+    its metadata; member side: it says what it waits for and re-fetches its own."""
+
+    async def scenario() -> None:
+        workers = [make_app(tmp_path / f"w{i}", 7000 + i).assignor for i in range(2)]
+        assert all(isinstance(a, PartitionAssignor) for a in workers)
+        clients = [FakeClient({k: v for k, v in COUNTS.items() if k != CL}) for _ in workers]
+        consumers = [FakeConsumer(client) for client in clients]
+        for a, consumer in zip(workers, consumers, strict=True):
+            a._consumer = lambda consumer=consumer: consumer  # type: ignore[method-assign]
+        metadata = {f"m{i}": a.metadata(set(COUNTS)) for i, a in enumerate(workers)}
+        out = workers[0].assign(clients[0].cluster, metadata)
+        assert clients[0].refreshes == 1  # the leader asks for the changelog's metadata
+        for i, a in enumerate(workers):
+            got = ConsumerProtocolMemberAssignment.decode(out[f"m{i}"])
+            info = AssignmentInfo.decode(got.user_data)
+            assert info.error_code == ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
+            assert got.assignment == []
+            a.on_assignment(got)
+            assert a.assigned_actives() == set()
+            a.rejoiner.cancel()
+        assert clients[1].refreshes == 1 and workers[1].metadata_watch.topics == {CL}
+        for client in clients:
+            client.counts[CL] = 6
+        out = workers[0].assign(clients[0].cluster, metadata)
+        for i, a in enumerate(workers):
+            a.on_assignment(ConsumerProtocolMemberAssignment.decode(out[f"m{i}"]))
+        assert sum(len(a.assigned_actives() & {TP(CL, p) for p in range(6)}) for a in workers) == 6
+
+    with caplog.at_level(logging.WARNING, "streamassign.faust"):
+        asyncio.run(scenario())
+    assert f"waiting for topics ['{CL}'] to exist" in caplog.text
+
+
+class Coordinator:
+    """aiokafka's coordinator as ``JoinErrors`` sees it: an error it keeps for its user."""
+
+    def __init__(self) -> None:
+        self.kept: Exception | None = None
+        self.looked = 0
+
+    def check_errors(self) -> None:
+        self.looked += 1
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            raise kept
+
+
+def test_a_kept_join_error_is_logged_and_taken_so_the_worker_joins_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from aiokafka.errors import InconsistentGroupProtocolError
+
+    async def scenario() -> None:
+        coordinator = Coordinator()
+        consumer = SimpleNamespace(_coordinator=coordinator)
+        errors = JoinErrors(first=0.01, longest=0.02)
+        errors.joining(consumer)
+        await until(lambda: coordinator.looked >= 2)  # nothing kept: it looks again
+        coordinator.kept = InconsistentGroupProtocolError()
+        await until(lambda: coordinator.kept is None)  # taken: aiokafka may join again
+        looked = coordinator.looked
+        await asyncio.sleep(0.05)
+        assert coordinator.looked == looked  # the next join attempt calls joining() again
+        errors.joining(consumer)
+        errors.joined()
+        await asyncio.sleep(0.05)
+        assert coordinator.looked == looked  # joined: nothing more to look at
+
+    with caplog.at_level(logging.ERROR, "streamassign.faust"):
+        asyncio.run(scenario())
+    assert "cannot join the group: InconsistentGroupProtocolError" in caplog.text
+    assert "streamassign://" in caplog.text
