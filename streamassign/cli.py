@@ -167,7 +167,8 @@ def _partition_list(parts: frozenset[TopicPartition]) -> str:
 def _metrics_rows(m: AssignmentMetrics) -> list[tuple[str, str]]:
     return [
         ("tasks / clients", f"{m.tasks} / {m.clients}"),
-        ("actives balanced (floor/ceil of capacity share)", "yes" if m.active_balanced else "NO"),
+        ("actives balanced in total (floor/ceil of share)", "yes" if m.active_balanced else "NO"),
+        ("actives balanced per subtopology", "yes" if m.subtopology_balanced else "NO"),
         ("active imbalance (tasks per thread, max - min)", f"{m.active_imbalance:.2f}"),
         ("load imbalance (active+standby per thread)", f"{m.load_imbalance:.2f}"),
         ("moves / lower bound", f"{m.moves} / {m.move_lower_bound}"),
@@ -320,6 +321,7 @@ def plan(
         views_from_clients(clients),
         views_from_assignment(result, {c.process_id: c.capacity for c in clients}),
         {c.process_id: c.lags for c in clients},
+        stateful,
     )
     if as_json:
         capacities = {c.process_id: c.capacity for c in clients}

@@ -11,7 +11,7 @@ capacities, which is what this module does. It is pure: the CLI feeds it saved J
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import attrs
 
@@ -50,6 +50,8 @@ class Landing(enum.StrEnum):
     """What the new owner of a moved active already had of its state."""
 
     STANDBY = "standby"
+    #: A task without state: nothing to restore wherever it runs.
+    STATELESS = "no state needed"
     WARMUP = "warmup"
     LOCAL = "local state"
     COLD = "cold"
@@ -155,11 +157,13 @@ def explain(
     before: Mapping[str, ClientView],
     after: Mapping[str, ClientView],
     lags: Mapping[str, Mapping[TaskId, int]] | None = None,
+    stateful: Collection[TaskId] | None = None,
 ) -> Explanation:
     """Every task whose active or standby placement differs between ``before`` and ``after``.
 
     ``lags`` (per client: tasks it has local state of) tells a warm landing from a cold one when
-    the state is not a standby of ``before`` (e.g. a restarted process's checkpoints).
+    the state is not a standby of ``before`` (e.g. a restarted process's checkpoints);
+    ``stateful`` (None: every task) tells which tasks have state to land on at all.
     """
     known_lags = lags or {}
     old_active = {t: pids[0] for t, pids in _owners(before, "active").items()}
@@ -175,7 +179,10 @@ def explain(
             reason = Reason.TASK_REMOVED
         else:
             reason = _active_reason(task, source, destination, before, after)
-        landing = _landing(task, destination, before, known_lags)
+        if stateful is not None and task not in stateful:
+            landing = Landing.STATELESS
+        else:
+            landing = _landing(task, destination, before, known_lags)
         actives.append(ActiveMove(task, source, destination, reason, landing))
     return Explanation(tuple(actives), _standby_moves(before, after, old_active, new_active))
 

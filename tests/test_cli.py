@@ -91,7 +91,8 @@ def test_plan_tables_with_a_clients_file(tmp_path: Path) -> None:
     assert ["beta", "2", "3: 0_1, 1_1, 1_2", "1: 0_0", "2/2"] in rows
     metrics = {r[0]: r[1] for r in rows if len(r) == 2}
     assert metrics["tasks / clients"] == "5 / 2"
-    assert metrics["actives balanced (floor/ceil of capacity share)"] == "yes"
+    assert metrics["actives balanced in total (floor/ceil of share)"] == "yes"
+    assert metrics["actives balanced per subtopology"] == "yes"
     assert metrics["moves / lower bound"] == "0 / 0"
     assert metrics["standbys placed / required"] == "2 / 2"
     assert metrics["previous standbys kept / dropped"] == "2 / 0"
