@@ -31,7 +31,7 @@ class Reason(enum.StrEnum):
     #: Its previous owner (or standby holder) left the group.
     CLIENT_GONE = "client gone"
     #: The new owner held a warmup of it: a probing rebalance found the warmup caught up.
-    WARMUP_DONE = "warmup done"
+    WARMUP_DONE = "warmup done (probing)"
     #: The previous owner's capacity fell, so its quota did.
     CAPACITY_CHANGE = "capacity change"
     #: The previous owner was over its quota (a client joined, or tasks were added).
