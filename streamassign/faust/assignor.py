@@ -47,6 +47,7 @@ from .._ids import TaskId
 from ..aiokafka._rejoin import Rejoiner
 from ..aiokafka._wire import encode_assignment
 from ..errors import ErrorCode
+from ..files import write_atomically
 from ..localstate import StateDirectory, StateDirectoryLockedError
 from ..protocol import (
     LATEST_OFFSET,
@@ -492,10 +493,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             "topics": {str(s): dict(ts) for s, ts in sorted(self.info.topics.items())},
         }
         file = self._state.path / _STATE_FILE
-        tmp = file.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(data, sort_keys=True))
-            tmp.replace(file)
+        try:  # atomic: every consumer thread of a worker may save at once
+            write_atomically(file, json.dumps(data, sort_keys=True).encode())
         except OSError as exc:
             log.warning("cannot save the assignment to %s: %s", file, exc)
 

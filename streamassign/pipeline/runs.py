@@ -20,10 +20,10 @@ import json
 import os
 import secrets
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from ..files import write_atomically
 from .scenarios import PipelineError
 
 __all__ = [
@@ -122,21 +122,10 @@ class LocalFiles:
         return root.is_dir() and any(p.name.endswith(suffix) for p in root.rglob("*"))
 
     def write_text(self, path: str, text: str) -> None:
-        """To a unique hidden file in the same folder (Spark skips names starting with a dot),
-        flushed to disk, then renamed over ``path``; the rename is made durable too."""
-        folder = Path(path).parent
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        _fsync_dir(folder)
+        """Atomically and durably (``files.write_atomically``: a unique hidden temporary file in
+        the same folder, which Spark skips, fsynced and renamed over ``path``)."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, text.encode("utf-8"))
 
 
 class HadoopFiles:
@@ -217,20 +206,6 @@ def write_manifest(files: Files, run_dir: str, manifest: dict[str, Any]) -> None
     """``run_dir/manifest/part-00000.json``: one JSON line, written whole or not at all."""
     path = f"{run_dir.rstrip('/')}/{MANIFEST}/{MANIFEST_FILE}"
     files.write_text(path, json.dumps(manifest, sort_keys=True) + "\n")
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def describe_existing(files: Files, final: str) -> str | None:
