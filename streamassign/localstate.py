@@ -37,7 +37,7 @@ from typing import IO, Any
 
 from ._ids import TaskId, TopicPartition
 from .errors import DamagedStateError, StreamAssignError
-from .files import is_temporary, write_atomically
+from .files import is_temporary, read_bounded, write_atomically
 
 log = logging.getLogger("streamassign.localstate")
 
@@ -116,7 +116,7 @@ class StateDirectory:
         it cannot be read or parsed (NaN/Infinity and over-large numbers included)."""
         try:
             with file.open("rb") as fh:
-                raw = fh.read(MAX_STATE_FILE_BYTES + 1)
+                raw = read_bounded(fh, MAX_STATE_FILE_BYTES)
         except FileNotFoundError:
             raise
         except OSError as exc:  # a directory in its place, no permission, an I/O error
