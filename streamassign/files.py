@@ -15,13 +15,15 @@ import os
 import tempfile
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .errors import StreamAssignError
 
 #: Larger TOML files are refused before parsing: a topology or clients file is a few KB, a
 #: generated clients file for thousands of processes a few MB.
 MAX_TOML_BYTES = 64 << 20
+#: What ``read_bounded`` reads at a time.
+_READ_CHUNK = 64 << 10
 
 
 def write_atomically(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
@@ -70,6 +72,18 @@ def is_temporary(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
+def read_bounded(fh: BinaryIO, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of ``fh`` (more than ``limit`` says "too large"), allocating
+    about what the file holds: ``fh.read(limit + 1)`` allocates all of ``limit`` up front, so
+    each small file read that way would cost ``limit`` bytes of memory."""
+    chunks = []
+    left = limit + 1
+    while left > 0 and (chunk := fh.read(min(left, _READ_CHUNK))):
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def load_toml(
     path: str | os.PathLike[str], error: type[StreamAssignError], what: str
 ) -> dict[str, Any]:
@@ -79,7 +93,7 @@ def load_toml(
     source = Path(path)
     try:
         with source.open("rb") as fh:
-            raw = fh.read(MAX_TOML_BYTES + 1)
+            raw = read_bounded(fh, MAX_TOML_BYTES)
     except OSError as exc:
         raise error(f"{source}: cannot read {what}: {exc}") from exc
     if len(raw) > MAX_TOML_BYTES:

@@ -25,6 +25,7 @@ library; the runtime writes checkpoints, the protocol reads the sums.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -37,7 +38,7 @@ from typing import IO, Any
 
 from ._ids import TaskId, TopicPartition
 from .errors import DamagedStateError, StreamAssignError
-from .files import is_temporary, write_atomically
+from .files import is_temporary, read_bounded, write_atomically
 
 log = logging.getLogger("streamassign.localstate")
 
@@ -60,7 +61,9 @@ class StateDirectory:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock: IO[bytes] | None = (self.path / ".lock").open("wb")
+        #: Damaged paths that could not be moved aside: logged once, then skipped quietly.
+        self._stuck: set[Path] = set()
+        self._lock: IO[bytes] | None = self._lock_file()
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
@@ -68,11 +71,20 @@ class StateDirectory:
             raise StateDirectoryLockedError(
                 f"state directory {self.path} is in use by another process"
             ) from exc
-        #: Damaged paths that could not be moved aside: logged once, then skipped quietly.
-        self._stuck: set[Path] = set()
         self._remove_temporaries()
         self._directory(self.path / "tasks")
         self.process_id = self._process_id()
+
+    def _lock_file(self) -> IO[bytes]:
+        """The lock file, opened; a directory or a looping link in its place is set aside."""
+        file = self.path / ".lock"
+        try:
+            return file.open("wb")
+        except OSError as exc:
+            if not isinstance(exc, IsADirectoryError) and exc.errno != errno.ELOOP:
+                raise  # no permission, an I/O error: not damaged state, the operator's to fix
+            self._set_aside(file, exc)
+        return file.open("wb")
 
     # -- damaged state ---------------------------------------------------------------------------
 
@@ -116,7 +128,7 @@ class StateDirectory:
         it cannot be read or parsed (NaN/Infinity and over-large numbers included)."""
         try:
             with file.open("rb") as fh:
-                raw = fh.read(MAX_STATE_FILE_BYTES + 1)
+                raw = read_bounded(fh, MAX_STATE_FILE_BYTES)
         except FileNotFoundError:
             raise
         except OSError as exc:  # a directory in its place, no permission, an I/O error

@@ -557,9 +557,7 @@ def _parse_document(data: Mapping[str, Any], source: str) -> TopologyFile:
                     _str_list(table.get("sink_topics", []), f"{where}: 'sink_topics'"),
                 )
             )
-        except TopologyError:
-            raise
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError) as exc:  # TopologyError too: the message names the file
             raise TopologyError(f"{where}: {exc}") from exc
 
     repartition: dict[str, int | None] = {}

@@ -145,6 +145,17 @@ def test_a_file_where_the_tasks_directory_belongs_is_set_aside(tmp_path: Path) -
     assert state.offset_sums() == {GOOD: 1}
 
 
+@pytest.mark.parametrize("kind", ["directory", "looping link"])
+def test_a_lock_file_that_cannot_be_opened_is_set_aside(tmp_path: Path, kind: str) -> None:
+    lock = tmp_path / ".lock"
+    if kind == "directory":
+        (lock / "kept").mkdir(parents=True)
+    else:
+        lock.symlink_to(lock)
+    StateDirectory(tmp_path).close()
+    assert lock.is_file() and len(set_aside(lock)) == 1
+
+
 def test_state_that_cannot_be_moved_aside_is_skipped_and_logged_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

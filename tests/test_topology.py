@@ -401,6 +401,8 @@ def test_partitions_table_is_optional_and_name_defaults_to_empty(tmp_path: Path)
         ("[[repartition_topic]]", "[repartition_topic]", r"written \[\[repartition_topic\]\]"),
         ('sink_topics = ["r"]', 'sink_topics = ["r"]\nid = 2', "invalid TOML"),
         ('source_topics = ["r"]', 'source_topics = ["a"]', "source of only one subtopology"),
+        ('source_topics = ["r"]', 'source_topics = ["é"]', r"subtopology 1: illegal topic 'é'"),
+        ('source_topics = ["r"]', "source_topics = []", "subtopology 1: source_topics must not"),
     ],
 )
 def test_bad_files_are_rejected_naming_the_file_and_the_key(
