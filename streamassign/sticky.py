@@ -1071,24 +1071,23 @@ class _StandbyEvener:
 
     def _exchange_from(self, a: int, col: int) -> bool:
         """``a`` is above its ceiling of ``col``: hand one to a client with room for it."""
-        for b in range(len(self.count)):
-            if b != a:
-                for col2 in range(len(self.count[0])):
-                    if col2 != col and self._try(a, b, col, col2):
-                        return True
-                    if self.budget <= 0:
-                        return False
-        return False
+        return self._exchange(a, col, giving=True)
 
     def _exchange_to(self, b: int, col: int) -> bool:
         """``b`` is below its floor of ``col``: take one from a client above its floor."""
-        for a in range(len(self.count)):
-            if a != b:
-                for col2 in range(len(self.count[0])):
-                    if col2 != col and self._try(a, b, col, col2):
-                        return True
-                    if self.budget <= 0:
-                        return False
+        return self._exchange(b, col, giving=False)
+
+    def _exchange(self, client: int, col: int, giving: bool) -> bool:
+        """Try every other client as the partner of ``client`` for one exchange of ``col``."""
+        for other in range(len(self.count)):
+            if other == client:
+                continue
+            giver, taker = (client, other) if giving else (other, client)
+            for col2 in range(len(self.count[0])):
+                if col2 != col and self._try(giver, taker, col, col2):
+                    return True
+                if self.budget <= 0:
+                    return False
         return False
 
     def _try(self, a: int, b: int, col: int, col2: int) -> bool:

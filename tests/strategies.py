@@ -159,3 +159,14 @@ def assignment_infos(draw: st.DrawFn, max_partitions: int = 300) -> AssignmentIn
         version=version,
         common_version=version,
     )
+
+
+def varint(n: int) -> bytes:
+    """``n`` as an unsigned LEB128 varint (the streams protocol's integers), for building
+    damaged or hostile user data by hand."""
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)

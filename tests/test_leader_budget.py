@@ -37,6 +37,8 @@ from streamassign.streams import (
     rebalance_claim_limit,
 )
 
+from .strategies import varint
+
 TOPOLOGY = Topology(
     [Subtopology(0, ["orders", "customers"], stores=["joined"]), Subtopology(1, ["clicks"])],
     copartition_groups=[["orders", "customers"]],
@@ -51,19 +53,10 @@ CLUSTER = SimpleNamespace(
 )
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def hostile(pid: int) -> bytes:
     """37 bytes: a version-2 subscription of process ``pid`` claiming ``MAX_TASK_IDS`` previous
     actives of subtopology 0 (one run). Before the limits the leader built all of them."""
-    previous = _varint(1) + _varint(0) + _varint(1) + _varint(0) + _varint(MAX_TASK_IDS - 1)
+    previous = varint(1) + varint(0) + varint(1) + varint(0) + varint(MAX_TASK_IDS - 1)
     head = (2).to_bytes(4, "big") * 2 + uuid.UUID(int=pid).bytes
     return head + b"\x00\x00" + previous + b"\x00\x00" + b"\x00\x00"
 

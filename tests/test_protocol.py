@@ -29,6 +29,7 @@ from streamassign.streams import MemberSubscription, assign_streams
 
 from .strategies import assignment_infos as assignments
 from .strategies import subscription_infos as subscriptions
+from .strategies import varint
 
 HEADER = b"\x00\x00\x00\x01\x00\x00\x00\x02"  # version 1, latest supported 2
 
@@ -111,18 +112,9 @@ def test_a_decompression_bomb_is_refused() -> None:
     bomb = zlib.compress(b"\x00" * (80 << 20))
     data = AssignmentInfo(version=1, common_version=1).encode()[:-1]  # minus host length 0
     w = bytearray(data)
-    w += _varint(len(bomb)) + bomb
+    w += varint(len(bomb)) + bomb
     with pytest.raises(ProtocolError, match="expands past"):
         AssignmentInfo.decode(bytes(w))
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def test_unknown_error_code_from_a_newer_peer_is_still_an_error() -> None:
@@ -164,24 +156,24 @@ V1 = b"\x00\x00\x00\x01\x00\x00\x00\x01"  # version 1, latest supported 1
 
 def _subscription_with_runs(lengths: list[int]) -> bytes:
     """A version-1 subscription whose previous actives are adjacent runs of these lengths."""
-    runs = b"".join(_varint(0) + _varint(n - 1) for n in lengths)
-    previous = _varint(1) + _varint(0) + _varint(len(lengths)) + runs  # one subtopology, 0
-    no_endpoint_no_sums = _varint(0) + _varint(0)
-    return V1 + uuid.UUID(int=1).bytes + no_endpoint_no_sums + previous + _varint(0) + _varint(0)
+    runs = b"".join(varint(0) + varint(n - 1) for n in lengths)
+    previous = varint(1) + varint(0) + varint(len(lengths)) + runs  # one subtopology, 0
+    no_endpoint_no_sums = varint(0) + varint(0)
+    return V1 + uuid.UUID(int=1).bytes + no_endpoint_no_sums + previous + varint(0) + varint(0)
 
 
 def _assignment_with_section(section: bytes) -> bytes:
     """A version-1 assignment without tasks, carrying ``section`` as its host section."""
     blob = zlib.compress(section)
-    no_tasks = _varint(0) + _varint(0)
-    return V1 + _varint(0) + _varint(1) + no_tasks + _varint(len(blob)) + blob  # next: NEVER
+    no_tasks = varint(0) + varint(0)
+    return V1 + varint(0) + varint(1) + no_tasks + varint(len(blob)) + blob  # next: NEVER
 
 
 def _section_of_empty_slots(count: int) -> bytes:
     """A host section whose dictionary says topic ``t`` has ``count`` tasks, none hosted."""
-    names = _varint(1) + _varint(1) + b"t"
-    dictionary = _varint(1) + _varint(0) + _varint(1) + _varint(0) + _varint(count)
-    return names + dictionary + _varint(0) + bytes(2 * count)  # no hosts; slots, standby counts
+    names = varint(1) + varint(1) + b"t"
+    dictionary = varint(1) + varint(0) + varint(1) + varint(0) + varint(count)
+    return names + dictionary + varint(0) + bytes(2 * count)  # no hosts; slots, standby counts
 
 
 def test_task_ids_past_the_budget_are_refused_before_they_are_made() -> None:

@@ -11,6 +11,8 @@ from datetime import timedelta
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from ..strategies import varint
+
 #: Per-example deadlines: far above what an example takes (decoders well under 10 ms, leaders
 #: of these small groups tens of ms) so a loaded CI machine passes, far below a stall (the
 #: audit's hostile member cost the streams leader seconds).
@@ -37,15 +39,6 @@ EDGES = (0, 1, 127, 128, 2**20 - 1, 2**20, 2**20 + 1, 2**31 - 1, 2**31, 2**63 - 
 EDGE_BYTES = st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF, 0xFE])
 #: int32 values a version rewrite writes into a header.
 VERSIONS = st.sampled_from([-1, 0, 1, 2, 3, 2**31 - 1, -(2**31)])
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 @st.composite
