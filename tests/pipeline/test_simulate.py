@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Any
 
 import attrs
@@ -40,8 +41,9 @@ from streamassign.pipeline.simulate import (
 from .conftest import BUSY
 from .test_scenarios import WORKLOADS, models
 
-HAS_FAUST = importlib.util.find_spec("faust") is not None
-HAS_AIOKAFKA = importlib.util.find_spec("aiokafka") is not None
+# faust replaces itself in sys.modules without a __spec__ (find_spec then raises): look there first.
+HAS_FAUST = "faust" in sys.modules or importlib.util.find_spec("faust") is not None
+HAS_AIOKAFKA = "aiokafka" in sys.modules or importlib.util.find_spec("aiokafka") is not None
 
 
 def without_time(rows: list[RebalanceRow]) -> list[RebalanceRow]:

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ ASSIGNORS = (
     *(
         name
         for name, module in (("faust:copartitioned", "faust"), ("aiokafka:sticky", "aiokafka"))
-        if importlib.util.find_spec(module) is not None
+        # faust replaces itself in sys.modules without a __spec__: find_spec then raises
+        if module in sys.modules or importlib.util.find_spec(module) is not None
     ),
 )
 
