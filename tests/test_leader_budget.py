@@ -4,8 +4,6 @@ per member and a pool per rebalance, hostile members treated as having no histor
 from __future__ import annotations
 
 import logging
-import time
-import tracemalloc
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,6 +35,7 @@ from streamassign.streams import (
     rebalance_claim_limit,
 )
 
+from .measure import best_of, peak_of
 from .strategies import varint
 
 TOPOLOGY = Topology(
@@ -89,27 +88,6 @@ def second_round(processes: int = 12, threads: int = 2) -> dict[str, Subscriptio
         )
         for m, i in first_infos.items()
     }
-
-
-def best_of(runs: int, *rounds: Callable[[], object]) -> list[float]:
-    """Each round's best time over ``runs``, the rounds interleaved (a change in the machine's
-    load hits them alike)."""
-    best = [float("inf")] * len(rounds)
-    for _ in range(runs):
-        for i, round_ in enumerate(rounds):
-            start = time.perf_counter()
-            round_()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
-
-
-def peak_of(round_: Callable[[], object]) -> int:
-    tracemalloc.start()
-    try:
-        round_()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 def test_eight_hostile_members_cost_less_than_a_clean_round_and_have_no_history(
