@@ -405,8 +405,14 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _random_cluster_id() -> str:
-    """A Kafka cluster id: a URL-safe base64 UUID without padding (like ``kafka-storage``)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id: a URL-safe base64 UUID without padding (like ``kafka-storage``).
+
+    Never one starting with ``-`` (1 in 64 otherwise), which ``format -t`` would read as an
+    option and refuse; Kafka's own ``Uuid.randomUuid`` skips those for the same reason."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 def server_properties(

@@ -169,3 +169,13 @@ def test_consumer_group_round_robin_splits_partitions_3_3(
     assert first | second == set(range(PARTITIONS))
     assert received == assignments, "each member fetches exactly its assigned partitions"
     assert committed == [dict.fromkeys(a, 4) for a in assignments], "offset commit/fetch"
+
+
+def test_cluster_ids_never_look_like_an_option() -> None:
+    """``kafka-storage format -t <id>`` reads an id starting with ``-`` as an option and the
+    broker never starts (1 start in 64 before this was fixed)."""
+    from tests.integration.conftest import kafka_script
+
+    ids = [kafka_script()._random_cluster_id() for _ in range(2000)]
+    assert not [i for i in ids if i.startswith("-")]
+    assert len(set(ids)) == len(ids) and all(len(i) == 22 for i in ids)
