@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,54 @@ def test_restored_claims_hold_until_every_consumer_is_assigned(tmp_path: Path) -
     h.assignors[0].info = AssignmentInfo(active=frozenset({T2}))
     claimed = SubscriptionInfo.decode(h.assignors[0].metadata(["in"]).user_data)
     assert claimed.previous_active == {T2}  # settled: only what it runs
+
+
+def test_a_stopping_process_takes_no_new_tasks_and_claims_none(tmp_path: Path) -> None:
+    """While ``stop`` runs, consumers leave one by one and one still in the group can be handed
+    its siblings' tasks: it reports only what it gives up, and the restart claims only what
+    the process ran before it began stopping."""
+    rec = Recorder()
+    h = ProcessHost(
+        TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2, listener=rec
+    )
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T0}))
+    h.assignors[1].info = AssignmentInfo(active=frozenset({T1}))
+    asyncio.run(h._assigned(0))
+    asyncio.run(h._assigned(1))
+    asyncio.run(h.stop())  # no consumers started: only the flag and the state directory
+    h.assignors[1].info = AssignmentInfo(active=frozenset({T0, T2}))  # consumer 0 left first
+    asyncio.run(h._assigned(1))
+    assert rec.calls == [("assigned", {T0}), ("assigned", {T1}), ("revoked", {T1})]
+    assert h.tasks(1).active == frozenset()
+    again = host(tmp_path, Recorder())
+    assert again.restored_active(0) == {T0} and again.restored_active(1) == {T1}
+
+
+def test_concurrent_saves_leave_the_newest_assignment(tmp_path: Path) -> None:
+    """Both consumers of a process are assigned at once and save in threads: a slow first
+    save must not land after the second and leave a task the process handed back claimed."""
+    h = ProcessHost(TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T0, T2}))
+    h.assignors[1].info = AssignmentInfo(active=frozenset({T1}))
+    asyncio.run(h._assigned(0))
+    asyncio.run(h._assigned(1))
+    write, calls = h.state.write_assignment, []
+
+    def slow_first(actives: dict[int, frozenset[TaskId]]) -> None:
+        calls.append(actives)
+        if len(calls) == 1:
+            time.sleep(0.3)  # the thread of the first save is descheduled
+        write(actives)
+
+    h.state.write_assignment = slow_first  # type: ignore[method-assign]
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T0}))  # T2 handed back
+    h.assignors[1].info = AssignmentInfo(active=frozenset())  # T1 handed back
+
+    async def both() -> None:
+        await asyncio.gather(h._assigned(1), h._assigned(0))
+
+    asyncio.run(both())
+    assert h.state.read_assignment() == {0: {T0}, 1: frozenset()}
 
 
 def test_state_directory_is_locked_to_one_process(tmp_path: Path) -> None:

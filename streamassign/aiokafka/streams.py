@@ -367,6 +367,9 @@ class ProcessHost:
         self.rebalances = 0
         #: Member id and generation of each consumer at its last assignment.
         self._memberships: list[tuple[str, int] | None] = [None] * threads
+        #: Set by ``stop``: assignments that still arrive only take tasks away.
+        self._stopping = False
+        self._save_lock = asyncio.Lock()
 
     # -- state the protocol reports --------------------------------------------------------------
 
@@ -431,6 +434,7 @@ class ProcessHost:
         await asyncio.gather(*(c.start() for c in self.consumers))
 
     async def stop(self) -> None:
+        self._stopping = True
         for assignor in self.assignors:
             assignor.cancel_probe()
             assignor.rejoiner.cancel()
@@ -472,21 +476,24 @@ class ProcessHost:
         ):  # a new member id: the old one was dropped from the group, unnoticed until now
             await self._notify(self.listener.on_membership_lost, index)
         info = self.assignors[index].info
+        before = self._known[index]
         now = ClientAssignment(info.active, info.standby, info.warmup)
-        before, self._known[index] = self._known[index], now
+        if self._stopping:
+            # Consumers leave one by one, so one still in the group can be handed its
+            # siblings' tasks. It leaves in a moment: starting them would be wasted restores,
+            # and saving them would make the restarted process claim tasks it never ran.
+            now = ClientAssignment(
+                now.active & before.active,
+                now.standby & before.standby,
+                now.warmup & before.warmup,
+            )
+        self._known[index] = now
         self._joined.add(index)
         joined = bool(self._restored) and len(self._joined) == self.threads
         if joined:
             self._restored.clear()
-        if before.active != now.active or joined:
-            # Claims not yet settled are saved too: a crash now must not forget them.
-            actives = {
-                i: a.active | self._restored.get(i, frozenset()) for i, a in enumerate(self._known)
-            }
-            try:
-                await asyncio.to_thread(self.state.write_assignment, actives)
-            except OSError as exc:
-                log.warning("cannot save the assignment to %s: %s", self.state.path, exc)
+        if (before.active != now.active or joined) and not self._stopping:
+            await self._save_assignment()
         standby_before, standby_now = before.standby | before.warmup, now.standby | now.warmup
         for callback, tasks in (
             (self.listener.on_active_revoked, before.active - now.active),
@@ -497,6 +504,24 @@ class ProcessHost:
             if tasks:
                 await self._notify(callback, index, tasks)
         await self._notify(self.listener.on_rebalance_completed, index)
+
+    async def _save_assignment(self) -> None:
+        """Save every consumer's actives, and the claims not yet settled (a crash now must not
+        forget them), off the event loop.
+
+        Consumers of one process are assigned at nearly the same time. Each save reads the
+        newest state only once it holds the lock, so the last write is the newest: two saves
+        racing in threads once left an older one in place, and the restarted process then
+        claimed a task it had already handed back.
+        """
+        async with self._save_lock:
+            actives = {
+                i: a.active | self._restored.get(i, frozenset()) for i, a in enumerate(self._known)
+            }
+            try:
+                await asyncio.to_thread(self.state.write_assignment, actives)
+            except OSError as exc:
+                log.warning("cannot save the assignment to %s: %s", self.state.path, exc)
 
     async def _notify(self, callback: Any, *args: Any) -> None:
         try:
