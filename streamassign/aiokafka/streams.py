@@ -29,7 +29,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from .._ids import TaskId, TopicPartition
+from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment
 from ..errors import ErrorCode
 from ..ha import HighAvailabilityTaskAssignor
@@ -45,8 +45,8 @@ from ..protocol import (
 )
 from ..streams import ACCEPTABLE_RECOVERY_LAG, assign_streams, decode_subscriptions
 from ..topology import Topology
-from ._rejoin import Rejoiner, membership
-from ._wire import encode_assignment
+from .rejoin import Rejoiner, membership
+from .wire import encode_assignment
 
 log = logging.getLogger("streamassign.aiokafka")
 

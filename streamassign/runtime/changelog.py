@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 
 import attrs
 
-from .._ids import TopicPartition
+from .. import TopicPartition
 from .stores import KeyValueStore
 
 #: Key of commit markers; user keys may not use it.
