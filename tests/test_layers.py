@@ -105,7 +105,7 @@ def layer_violations(path: Path, text: str | None = None) -> list[str]:
         # ``from streamassign.x import y`` may name a submodule ``y``: judge its own layer.
         submodule = f"{target}.{name}" if name and (ROOT / PACKAGE / name).is_dir() else target
         target_layer = layer_of(submodule if target == PACKAGE else target)
-        if target_layer == importer_layer or (str(path.relative_to(ROOT)), target) in ALLOWED:
+        if target_layer == importer_layer or (path.relative_to(ROOT).as_posix(), target) in ALLOWED:
             continue
         if LAYER_RANK[target_layer] >= LAYER_RANK[importer_layer]:
             found.append(f"{where}: {importer_layer} imports {target} ({target_layer})")
