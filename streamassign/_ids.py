@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from operator import index
 from typing import NamedTuple
 
+from .errors import InvalidTaskIdError, TaskIdTypeError
+
 
 class TaskId(NamedTuple):
     """A unit of work: partition ``partition`` of every source topic of ``subtopology``.
@@ -29,17 +31,18 @@ class TaskId(NamedTuple):
 
     @classmethod
     def parse(cls, text: str) -> TaskId:
-        """Read ``"s_p"``; raise ``ValueError`` naming the text when it is not that form."""
+        """Read ``"s_p"``; ``InvalidTaskIdError`` (a ``ValueError``) naming the text when it is
+        not that form."""
         head, sep, tail = text.strip().partition("_")
         if not sep or not head.isdigit() or not tail.isdigit():
-            raise ValueError(f"not a task id (expected 's_p', e.g. '0_3'): {text!r}")
+            raise InvalidTaskIdError(f"not a task id (expected 's_p', e.g. '0_3'): {text!r}")
         return cls(int(head), int(tail))
 
 
 def as_task(value: TaskId | Sequence[int] | str) -> TaskId:
     """``value`` as a ``TaskId``: a ``TaskId`` as is, ``"s_p"`` text, or any pair of integers
-    (a tuple, a list, a numpy row); ``TypeError`` naming anything else (``ValueError`` for
-    malformed text)."""
+    (a tuple, a list, a numpy row); ``TaskIdTypeError`` (a ``TypeError``) naming anything else
+    (``InvalidTaskIdError``, a ``ValueError``, for malformed text)."""
     if type(value) is TaskId:
         return value
     if isinstance(value, str):
@@ -48,7 +51,7 @@ def as_task(value: TaskId | Sequence[int] | str) -> TaskId:
         subtopology, partition = value
         return TaskId(index(subtopology), index(partition))
     except (TypeError, ValueError):
-        raise TypeError(
+        raise TaskIdTypeError(
             f"not a task id: {value!r} (expected TaskId, (subtopology, partition) or 's_p')"
         ) from None
 

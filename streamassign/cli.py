@@ -21,7 +21,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ._ids import TaskId, TopicPartition
+from . import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
 from .errors import ClientsFileError, StreamAssignError
 from .explain import (

@@ -67,6 +67,18 @@ class RepartitionResolutionError(TopologyError):
         super().__init__(message)
 
 
+# -- identifiers -----------------------------------------------------------------------------------
+
+
+class InvalidTaskIdError(StreamAssignError, ValueError):
+    """Text that is not a task id (``"s_p"``, e.g. ``"0_3"``); the message quotes it."""
+
+
+class TaskIdTypeError(StreamAssignError, TypeError):
+    """A value that cannot be a task id: neither a ``TaskId``, ``"s_p"`` text, nor a pair of
+    integers; the message shows it."""
+
+
 # -- assignor input (sticky, high-availability, thread split) -------------------------------------
 
 
@@ -119,6 +131,17 @@ class DamagedStateError(StreamAssignError, ValueError):
 class MissingExtraError(StreamAssignError, ImportError):
     """A feature needs a package of an optional extra that is not installed; the message names
     the extra (``pip install 'streamassign[EXTRA]'``)."""
+
+
+# -- runtime (``streamassign.runtime``) -----------------------------------------------------------
+
+
+class StoreKeyTypeError(StreamAssignError, TypeError):
+    """A store key that is not ``bytes`` (often a record without a key written to a table)."""
+
+
+class ReservedKeyError(StreamAssignError, ValueError):
+    """A store key collides with the runtime's commit marker key (``runtime.COMMIT_KEY``)."""
 
 
 class ErrorCode(enum.IntEnum):

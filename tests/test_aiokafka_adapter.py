@@ -23,8 +23,8 @@ from aiokafka.coordinator.protocol import (
 
 from streamassign import TopicPartition
 from streamassign.aiokafka import GroupAssignor, validate
-from streamassign.aiokafka._rejoin import request_rejoin
 from streamassign.aiokafka.consumer import MAX_GENERATION
+from streamassign.aiokafka.rejoin import request_rejoin
 from streamassign.consumer import (
     Assignment,
     RangeAssignor,

@@ -15,7 +15,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamassign import TaskId, TopicPartition
-from streamassign.aiokafka._wire import encode_assignment
 from streamassign.aiokafka.describe import (
     FAUST_CAPACITY_TAG,
     FAUST_OWN_PROTOCOL_NAME,
@@ -28,6 +27,7 @@ from streamassign.aiokafka.describe import (
     to_json,
 )
 from streamassign.aiokafka.streams import PROTOCOL_NAME
+from streamassign.aiokafka.wire import encode_assignment
 from streamassign.cli import main
 from streamassign.consumer.userdata import AssignmentData, MemberData
 from streamassign.errors import ErrorCode

@@ -30,7 +30,7 @@ from streamassign.faust.leader import (
     MAX_CAPACITY,
     assign_faust,
 )
-from streamassign.grouper import faust_style_topology
+from streamassign.faust.topology import faust_style_topology
 from streamassign.localstate import StateDirectory
 from streamassign.protocol import MAX_TASK_IDS, AssignmentInfo, SubscriptionInfo
 from streamassign.streams import MemberSubscription

@@ -352,7 +352,7 @@ def test_declared_group_ids_wrap_below_2_31_on_a_collision(monkeypatch: pytest.M
     """Colliding hashed ids probe upward and wrap inside the hashed range: a collision at the
     last id must not make an id past Kafka's int32 range (the topology refuses those)."""
     import streamassign.faust.leader as leader
-    from streamassign.grouper import FAUST_HASHED_ID_BASE
+    from streamassign.faust.topology import FAUST_HASHED_ID_BASE
 
     monkeypatch.setattr(leader, "_hashed_id", lambda count, topics: 2**31 - 1)
     topology = leader.faust_topology(

@@ -4,6 +4,7 @@ reach ``assign_streams`` and the probing rebalance is scheduled once, replaced b
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +20,7 @@ from aiokafka.coordinator.protocol import (
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import ProcessHost
 from streamassign.errors import ErrorCode
-from streamassign.protocol import LATEST_OFFSET, NEVER, AssignmentInfo, SubscriptionInfo
+from streamassign.protocol import LATEST_OFFSET, NEVER, NOW, AssignmentInfo, SubscriptionInfo
 
 TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s"])], name="app")
 TASKS = [TaskId(0, p) for p in range(4)]
@@ -194,3 +195,38 @@ def test_without_an_event_loop_a_probe_that_cannot_be_scheduled_is_logged(
     deliver = bound(tmp_path)[2]
     deliver(int(time.time() * 1000) + 60_000)
     assert "probing rebalance cannot be scheduled" in caplog.text
+
+
+def test_the_join_nonce_changes_only_when_this_consumer_wants_a_rebalance(tmp_path: Path) -> None:
+    """A follower rejoining with unchanged metadata gets its generation back without a
+    rebalance; aiokafka rejoins so on its own (e.g. after a commit answered
+    RebalanceInProgress), and a nonce changed on every join turned each of those into a
+    rebalance of the whole group. It changes when this consumer asks for one: a probe, a
+    leader's NOW, a failed assignment, a version upgrade, ``request_rejoin``, shutdown."""
+    host, consumer, deliver = bound(tmp_path)
+    assignor = host.assignors[0]
+
+    def nonce() -> int:
+        return SubscriptionInfo.decode(assignor.metadata(["in"]).user_data).join_nonce
+
+    async def scenario() -> list[int]:
+        seen = [nonce(), nonce()]  # aiokafka's own rejoins: nothing changes
+        deliver(int(time.time() * 1000) + 150)  # a probe ...
+        seen.append(nonce())  # ... scheduled, not due: still unchanged
+        await asyncio.sleep(0.4)
+        seen.append(nonce())  # due: changed when it fired
+        deliver(NOW)
+        seen.append(nonce())
+        deliver(NEVER, ErrorCode.ASSIGNMENT_ERROR)
+        seen.append(nonce())
+        host.request_rejoin(0)
+        seen.append(nonce())
+        await host.request_shutdown()
+        seen.append(nonce())
+        await host.stop()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen[0] == seen[1] == seen[2]
+    assert all(later > earlier for earlier, later in itertools.pairwise(seen[2:]))
+    assert len(consumer.rejoins) >= 4  # probe, NOW, request_rejoin, shutdown

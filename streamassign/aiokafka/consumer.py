@@ -32,7 +32,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from .._ids import TopicPartition
+from .. import TopicPartition
 from ..consumer import (
     Assignment,
     ConsumerAssignor,
@@ -48,8 +48,8 @@ from ..consumer import (
 from ..consumer.userdata import AssignmentData, MemberData, UserDataError, read_member_data
 from ..errors import ErrorCode, StreamAssignError
 from ..files import write_atomically
-from ._rejoin import Rejoiner
-from ._wire import encode_assignment
+from .rejoin import Rejoiner
+from .wire import encode_assignment
 
 log = logging.getLogger("streamassign.aiokafka")
 

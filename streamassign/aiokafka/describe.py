@@ -41,7 +41,7 @@ from aiokafka.coordinator.protocol import (
 )
 from aiokafka.errors import for_code
 
-from .._ids import TaskId, TopicPartition
+from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..consumer.userdata import AssignmentData, MemberData, UserDataError
 from ..errors import GroupDescribeError

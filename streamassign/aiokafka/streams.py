@@ -14,7 +14,6 @@ the same consumer is neither revoked nor assigned; ``TaskListener`` hears only r
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import time
@@ -29,7 +28,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from .._ids import TaskId, TopicPartition
+from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment
 from ..errors import ErrorCode
 from ..ha import HighAvailabilityTaskAssignor
@@ -45,8 +44,8 @@ from ..protocol import (
 )
 from ..streams import ACCEPTABLE_RECOVERY_LAG, assign_streams, decode_subscriptions
 from ..topology import Topology
-from ._rejoin import Rejoiner, membership
-from ._wire import encode_assignment
+from .rejoin import Rejoiner, membership
+from .wire import encode_assignment
 
 log = logging.getLogger("streamassign.aiokafka")
 
@@ -91,7 +90,12 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self.host = host
         self.index = index
         self.rejoiner = Rejoiner()
-        self._nonce = itertools.count(1)
+        #: Changes only when this consumer wants a rebalance (``rejoin_now``, a failed
+        #: assignment): a follower rejoining with unchanged metadata gets the current generation
+        #: back without a rebalance, which is what aiokafka's own rejoins (e.g. after a commit
+        #: answered RebalanceInProgress) need; changed on every join, each of them rebalanced
+        #: the whole group (the Faust assignor's livelock, fixed the same way).
+        self._join_epoch = 1
         #: This consumer's last assignment (tasks, host maps, error code).
         self.info = AssignmentInfo()
         #: Protocol version this consumer currently sends (version probing may lower it).
@@ -111,7 +115,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             endpoint=self.host.endpoint,
             offset_sums=self.host.offset_sums(),
             previous_active=self.info.active | self.host.restored_active(self.index),
-            join_nonce=next(self._nonce),
+            join_nonce=self._join_epoch,
             error_code=self.host.requested_error,
             rack=self.host.rack,
             client_tags=self.host.client_tags,
@@ -187,6 +191,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             if info.error_code == ErrorCode.SHUTDOWN_REQUESTED:
                 self.host.shutdown_requested = True
                 return
+            self._join_epoch += 1  # the retry must start a rebalance
             delay = self.rejoiner.failed()
             log.error(
                 "consumer %d: the leader sent %s instead of tasks; rejoining in %.0f s",
@@ -209,8 +214,14 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         elif info.common_version > self.version:
             self.version = min(info.common_version, self.host.max_version)
             log.info("protocol version upgraded to %d; rejoining", self.version)
-            self.rejoiner.after(0)
+            self.rejoin_now()
         self._schedule(info.next_rebalance_ms)
+
+    def rejoin_now(self) -> bool:
+        """Start a rebalance from this consumer: a new join nonce, so that the rejoin starts
+        one even when this consumer is a follower. False when no consumer is bound."""
+        self._join_epoch += 1
+        return self.rejoiner.after(0)
 
     def cancel_probe(self) -> None:
         """Drop the scheduled probing rebalance, if any (a newer assignment, or shutdown)."""
@@ -223,7 +234,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         assignment replaces the time an older one set, so probes never pile up."""
         self.cancel_probe()
         if next_rebalance_ms == NOW:
-            self.rejoiner.after(0)
+            self.rejoin_now()
         elif next_rebalance_ms != NEVER:
             delay = next_rebalance_ms / 1000 - time.time()
             # The time is the leader's wall clock; a member whose clock runs ahead would see it
@@ -234,7 +245,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 delay = floor
             if _has_loop():
                 loop = asyncio.get_running_loop()
-                self._probe = loop.call_later(delay, self.rejoiner.after, 0)
+                self._probe = loop.call_later(delay, self.rejoin_now)
             else:
                 log.warning("no running event loop; the probing rebalance cannot be scheduled")
 
@@ -405,7 +416,7 @@ class ProcessHost:
 
     def request_rejoin(self, consumer: int) -> None:
         """Start a rebalance from ``consumer`` (its tasks then go through the callbacks)."""
-        self.assignors[consumer].rejoiner.after(0)
+        self.assignors[consumer].rejoin_now()
 
     def host_for(self, partition: TopicPartition) -> str | None:
         """Endpoint of the process running ``partition``'s task (interactive queries)."""
@@ -446,7 +457,7 @@ class ProcessHost:
         """Ask every process of the application to shut down (through the protocol)."""
         self.requested_error = ErrorCode.SHUTDOWN_REQUESTED
         for assignor in self.assignors:
-            assignor.rejoiner.after(0)
+            assignor.rejoin_now()
 
     async def poll(self, timeout_ms: int = 100) -> dict[int, dict[TopicPartition, list[Any]]]:
         """One fetch on every consumer: records by consumer index and partition. Keeps the

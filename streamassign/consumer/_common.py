@@ -15,7 +15,7 @@ from typing import Protocol
 
 import attrs
 
-from .._ids import TopicPartition
+from .. import TopicPartition
 
 log = logging.getLogger("streamassign.consumer")
 

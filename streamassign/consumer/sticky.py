@@ -30,8 +30,8 @@ from functools import partial
 
 import attrs
 
-from .._balance import apportion, share_bounds
-from .._ids import TopicPartition
+from .. import TopicPartition
+from ..shares import apportion, share_bounds
 from ._common import Assignment, Problem, Subscription, prepare
 from .userdata import read_member_data
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
-from .._ids import TopicPartition
+from .. import TopicPartition
 from ..errors import ErrorCode, StreamAssignError
 
 log = logging.getLogger("streamassign.consumer")

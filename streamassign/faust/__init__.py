@@ -8,5 +8,13 @@ it changes and how to configure capacities and co-partition groups.
 
 from .assignor import CAPACITY_ENV, PROTOCOL_NAME, PartitionAssignor
 from .leader import assign_faust, faust_topology
+from .topology import faust_style_topology
 
-__all__ = ["CAPACITY_ENV", "PROTOCOL_NAME", "PartitionAssignor", "assign_faust", "faust_topology"]
+__all__ = [
+    "CAPACITY_ENV",
+    "PROTOCOL_NAME",
+    "PartitionAssignor",
+    "assign_faust",
+    "faust_style_topology",
+    "faust_topology",
+]

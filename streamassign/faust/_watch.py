@@ -11,7 +11,7 @@ has them all. On the group leader that is all a repair needs: aiokafka's leader 
 itself when a refresh changes the partition count of a subscribed topic (0 -> n).
 
 The client and coordinator are reached through ``consumer._client`` and
-``consumer._coordinator`` (aiokafka 0.11-0.14, like ``streamassign.aiokafka._rejoin``), and only
+``consumer._coordinator`` (aiokafka 0.11-0.14, like ``streamassign.aiokafka.rejoin``), and only
 with ``getattr`` guards.
 """
 

@@ -43,9 +43,9 @@ from faust.types import TP
 from faust.types.assignor import HostToPartitionMap, PartitionAssignorT
 from yarl import URL
 
-from .._ids import TaskId
-from ..aiokafka._rejoin import Rejoiner
-from ..aiokafka._wire import encode_assignment
+from .. import TaskId
+from ..aiokafka.rejoin import Rejoiner
+from ..aiokafka.wire import encode_assignment
 from ..errors import ErrorCode
 from ..files import write_atomically
 from ..localstate import StateDirectory, StateDirectoryLockedError

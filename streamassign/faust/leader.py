@@ -3,7 +3,7 @@
 ``assign_faust`` replaces what ``faust.assignor.PartitionAssignor`` does on the leader:
 
 * **Tasks.** Topics are grouped Faust-style (equal partition count and the same subscribers form
-  one co-partitioned group, ``streamassign.grouper.faust_style_topology``) unless the app
+  one co-partitioned group, ``streamassign.faust.topology.faust_style_topology``) unless the app
   declares its co-partition groups; then only the declared groups are co-partitioned and every
   other topic is a group of its own — unless a table's changelog is left out of the declared
   groups (or sits in one without a source topic): then the declaration would part the table from
@@ -39,10 +39,10 @@ from typing import Any
 
 import attrs
 
-from .._ids import TaskId, TopicPartition
+from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..errors import ErrorCode, TopologyError
-from ..grouper import PartitionGrouper, _hashed_id, _next_hashed_id, faust_style_topology
+from ..grouper import PartitionGrouper
 from ..protocol import (
     LATEST_OFFSET,
     LATEST_VERSION,
@@ -61,6 +61,7 @@ from ..streams import (
 )
 from ..threads import distribute_to_threads
 from ..topology import Subtopology, Topology
+from .topology import _hashed_id, _next_hashed_id, faust_style_topology
 
 __all__ = [
     "CAPACITY_TAG",

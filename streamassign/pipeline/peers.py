@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .._ids import TaskId, TopicPartition
+from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from .scenarios import Layout
 

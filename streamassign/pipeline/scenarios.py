@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import attrs
 
-from .._ids import TaskId
+from .. import TaskId
 from ..errors import StreamAssignError, TopologyError
 from ..grouper import resolve_partition_counts
 from ..topology import Topology, load_topology_file

@@ -23,11 +23,11 @@ from typing import Any, Final, Protocol, TypedDict
 
 import attrs
 
-from .._balance import apportion, share_bounds
-from .._ids import TaskId, TopicPartition
+from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
 from ..metrics import evaluate
+from ..shares import apportion, share_bounds
 from ..sticky import StickyTaskAssignor
 from .assignors import spec
 from .scenarios import (

@@ -6,6 +6,7 @@ a restore consumer, and exact table state under at-least-once delivery. See
 ``docs/runtime.md``. ``stores`` and ``changelog`` are pure (no Kafka) and tested alone.
 """
 
+from ..errors import ReservedKeyError, StoreKeyTypeError
 from ._topics import InternalTopicError, ensure_internal_topics, internal_topics
 from .app import (
     App,
@@ -18,7 +19,7 @@ from .app import (
     Table,
     TaskContext,
 )
-from .changelog import COMMIT_KEY, ReservedKeyError, StoreState
+from .changelog import COMMIT_KEY, StoreState
 from .stores import KeyValueStore, MemoryStore, RocksDBStore, StoreKind, open_store
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "RestoreEvent",
     "RocksDBStore",
     "RuntimeConfigError",
+    "StoreKeyTypeError",
     "StoreKind",
     "StoreState",
     "Table",

@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import KafkaError
 
-from .._ids import TaskId, TopicPartition
+from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import ErrorCode, StreamAssignError
 from ..streams import ACCEPTABLE_RECOVERY_LAG

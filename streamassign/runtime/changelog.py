@@ -27,17 +27,14 @@ from collections.abc import Iterator, Mapping
 
 import attrs
 
-from .._ids import TopicPartition
+from .. import TopicPartition
+from ..errors import ReservedKeyError, StoreKeyTypeError
 from .stores import KeyValueStore
 
 #: Key of commit markers; user keys may not use it.
 COMMIT_KEY = b"\x00streamassign.commit"
 _POSITION = "position"
 _APPLIED = "applied"
-
-
-class ReservedKeyError(ValueError):
-    """A store key collides with the runtime's commit marker key."""
 
 
 def encode_marker(applied: Mapping[str, int]) -> bytes:
@@ -102,7 +99,7 @@ class StoreState:
 
     def put(self, key: bytes, value: bytes | None) -> None:
         if not isinstance(key, bytes):
-            raise TypeError(
+            raise StoreKeyTypeError(
                 f"store keys are bytes, got {type(key).__name__} (a record without key?)"
             )
         if key == COMMIT_KEY:

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
-from .._ids import TaskId, TopicPartition
+from .. import TaskId, TopicPartition
 from ..topology import Topology
 
 log = logging.getLogger("streamassign.runtime")

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
-from .._ids import TopicPartition
+from .. import TopicPartition
 
 
 def encode_assignment(partitions: Iterable[TopicPartition], user_data: bytes) -> bytes:
