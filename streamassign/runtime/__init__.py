@@ -2,7 +2,8 @@
 
 ``App`` runs a topology's processors over N consumers of one process, with per-task state
 stores (in memory or RocksDB) backed by changelog topics, standby replicas kept up to date by
-a restore consumer, and exact table state under at-least-once delivery. See
+a restore consumer, exact table state under at-least-once delivery, and interactive queries
+over the tables (``QueryServer``, ``QueryClient``). See
 ``docs/runtime.md``. ``stores`` and ``changelog`` are pure (no Kafka) and tested alone.
 """
 
@@ -19,6 +20,8 @@ from .app import (
     TaskContext,
 )
 from .changelog import COMMIT_KEY, ReservedKeyError, StoreState
+from .queries import Queries, Query, QueryResult, key_partition
+from .query_server import QueryClient, QueryServer
 from .stores import KeyValueStore, MemoryStore, RocksDBStore, StoreKind, open_store
 
 __all__ = [
@@ -30,6 +33,11 @@ __all__ = [
     "ProcessingError",
     "Processor",
     "ProcessorFactory",
+    "Queries",
+    "Query",
+    "QueryClient",
+    "QueryResult",
+    "QueryServer",
     "Record",
     "ReservedKeyError",
     "RestoreEvent",
@@ -41,5 +49,6 @@ __all__ = [
     "TaskContext",
     "ensure_internal_topics",
     "internal_topics",
+    "key_partition",
     "open_store",
 ]
