@@ -7,6 +7,8 @@ over the tables (``QueryServer``, ``QueryClient``). See
 ``docs/runtime.md``. ``stores`` and ``changelog`` are pure (no Kafka) and tested alone.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._topics import InternalTopicError, ensure_internal_topics, internal_topics
 from .app import (
     App,
@@ -21,7 +23,6 @@ from .app import (
 )
 from .changelog import COMMIT_KEY, ReservedKeyError, StoreState
 from .queries import Queries, Query, QueryResult, key_partition
-from .query_server import QueryClient, QueryServer
 from .stores import KeyValueStore, MemoryStore, RocksDBStore, StoreKind, open_store
 
 __all__ = [
@@ -52,3 +53,15 @@ __all__ = [
     "key_partition",
     "open_store",
 ]
+
+if TYPE_CHECKING:
+    from .query_server import QueryClient, QueryServer
+
+
+def __getattr__(name: str) -> Any:
+    """The HTTP side of queries, imported on first use (aiohttp takes a while to import)."""
+    if name in ("QueryClient", "QueryServer"):
+        from . import query_server
+
+        return getattr(query_server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
