@@ -402,3 +402,27 @@ def test_a_server_needs_an_endpoint(endpoint: str | None) -> None:
     app.host.endpoint = endpoint
     with pytest.raises(RuntimeConfigError, match="endpoint"):
         QueryServer(app)
+
+
+def test_standby_reads_without_a_broker_are_retryable_every_time() -> None:
+    """The end offset consumer cannot start: each standby read says so (503 lag_unknown),
+    and the next one tries a new consumer rather than waiting on the failed one."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    app = FakeApp(endpoint, info({"elsewhere:1": {TaskId(0, 2)}}, {endpoint: {TaskId(0, 2)}}))
+    app.bootstrap_servers = f"127.0.0.1:{free_port()}"  # nothing listens there
+    app.hold(TaskId(0, 2), "standby", {b"k": b"v"}, position=3)
+
+    async def scenario() -> list[QueryError]:
+        errors = []
+        async with QueryServer(app, forward_timeout=2.0), QueryClient(endpoint) as client:
+            for _ in range(2):
+                try:
+                    await client.get("totals", b"k", partition=2, local=True, max_lag=100)
+                except QueryError as exc:
+                    errors.append(exc)
+        return errors
+
+    errors = asyncio.run(scenario())
+    assert [(type(e), getattr(e, "code", None)) for e in errors] == [
+        (QueryUnavailableError, "lag_unknown")
+    ] * 2

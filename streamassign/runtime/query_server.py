@@ -15,6 +15,7 @@ its ``endpoint``, ``QueryClient`` asks any process of the application. The API i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -190,15 +191,22 @@ class QueryServer:
         return await fetch_query(self._session, endpoint, query, self.forward_timeout)
 
     async def _end_offset(self, changelog: TopicPartition) -> int:
+        started = self._consumer_started
+        if started is not None and started.done() and (started.cancelled() or started.exception()):
+            failed, self._consumer = self._consumer, None  # the broker was away: a new one
+            if failed is not None:
+                with contextlib.suppress(Exception):
+                    await failed.stop()
         if self._consumer is None:  # the first standby query: one consumer, shared
             self._consumer = AIOKafkaConsumer(
                 bootstrap_servers=self.app.bootstrap_servers, enable_auto_commit=False
             )
             self._consumer_started = asyncio.ensure_future(self._consumer.start())
-        assert self._consumer_started is not None
-        await asyncio.wait_for(asyncio.shield(self._consumer_started), self.forward_timeout)
+        consumer, started = self._consumer, self._consumer_started
+        assert started is not None
+        await asyncio.wait_for(asyncio.shield(started), self.forward_timeout)
         tp = KafkaTopicPartition(*changelog)
-        ends = await asyncio.wait_for(self._consumer.end_offsets([tp]), self.forward_timeout)
+        ends = await asyncio.wait_for(consumer.end_offsets([tp]), self.forward_timeout)
         return int(ends[tp])
 
     # -- handlers ---------------------------------------------------------------------------------
