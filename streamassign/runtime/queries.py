@@ -285,6 +285,7 @@ class Queries:
         query = attrs.evolve(query, partition=task.partition)
         info = self.app.host.host_info
         local = self.app.replica(task, query.table)
+        local_only = query.local_only or self.forward is None
         routes = plan_routes(
             task,
             here=self.app.host.endpoint,
@@ -292,7 +293,7 @@ class Queries:
             active_by_host=info.active_by_host,
             standby_by_host=info.standby_by_host,
             allow_standby=query.max_lag is not None,
-            local_only=query.local_only or self.forward is None,
+            local_only=local_only,
         )
         failures: list[QueryUnavailableError] = []
         for route in routes:
@@ -306,7 +307,7 @@ class Queries:
         if failures:
             reasons = "; ".join(e.message for e in failures)
             raise self._unavailable(failures[0].code, f"task {task}: {reasons}")
-        if query.local_only:
+        if local_only:
             raise self._unavailable("not_here", f"no copy of task {task} here can answer")
         if any(task in ts for ts in info.active_by_host.values()):  # here, by the host maps
             raise self._unavailable("not_ready", f"task {task} is being restored or moved here")
