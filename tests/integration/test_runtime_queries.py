@@ -46,23 +46,35 @@ def expected(total: int) -> dict[bytes, bytes]:
     return {k: b"%d,%d" % (n, s) for k, (n, s) in counts.items()}
 
 
-async def produce(bootstrap: str, topic: str, first: int, last: int, rate: float = 0) -> None:
-    """Records ``first .. last-1`` (key ``q<i % KEYS>``, value ``i % 100``); ``rate``: records
-    per second (0: at once)."""
+async def produce(
+    bootstrap: str,
+    topic: str,
+    first: int,
+    last: int,
+    rate: float = 0,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Records ``first .. last-1`` (key ``q<i % KEYS>``, value ``i % 100``), fewer if ``stop``
+    is set meanwhile; ``rate``: records per second (0: at once). Returns the end produced."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await producer.start()
+    end = first
     try:
         chunk = max(1, int(rate / 20)) if rate else last - first
         for start in range(first, last, chunk):
+            if stop is not None and stop.is_set():
+                break
+            end = min(start + chunk, last)
             futures = [
                 await producer.send(topic, b"%d" % (i % 100), key=b"q%d" % (i % KEYS))
-                for i in range(start, min(start + chunk, last))
+                for i in range(start, end)
             ]
             await asyncio.gather(*futures)
             if rate:
                 await asyncio.sleep(chunk / rate)
     finally:
         await producer.stop()
+    return end
 
 
 class Readers:
@@ -236,14 +248,18 @@ def test_standby_reads_carry_their_lag_and_are_flagged_stale(runtime: QueryRunti
     with_standby = {"p1": runtime.standbys("p1"), "p2": runtime.standbys("p2")}
     assert with_standby["p1"] == state["p2"] and with_standby["p2"] == state["p1"]
 
-    async def flow_and_read() -> tuple[list[tuple[QueryResult, QueryResult]], int, int]:
-        flowing = asyncio.create_task(produce(runtime.bootstrap, runtime.source, 0, 12_000, 2000))
+    async def flow_and_read() -> tuple[list[tuple[QueryResult, QueryResult]], int, int, int]:
+        # Records flow (2,000/s) until the reads below have seen what they look for (on a
+        # loaded machine a pass over the keys takes longer), at most 20 s.
+        enough = asyncio.Event()
+        flowing = asyncio.create_task(
+            produce(runtime.bootstrap, runtime.source, 0, 40_000, 2000, enough)
+        )
         pairs, refused, fresh = [], 0, 0
         async with QueryClient(ends["p1"]) as p1, QueryClient(ends["p2"]) as p2:
-            clients = {"p1": p1, "p2": p2}
             while not flowing.done():
                 for key in keys[:30]:
-                    for client in clients.values():
+                    for client in (p1, p2):
                         try:
                             bounded = await client.get(TABLE, key, local=True, max_lag=0)
                             assert not bounded.stale, bounded  # an active's lag: uncommitted
@@ -259,19 +275,22 @@ def test_standby_reads_carry_their_lag_and_are_flagged_stale(runtime: QueryRunti
                             continue  # the active is here, or the copy is moving
                         active = await client.get(TABLE, key, retry_for=DEADLINE)
                         pairs.append((standby, active))
-            await flowing
-        return pairs, refused, fresh
+                stale = sum(s.stale for s, _ in pairs)
+                if stale >= 10 and refused >= 3:
+                    enough.set()
+            produced = await flowing
+        return pairs, refused, fresh, produced
 
-    pairs, refused, fresh = asyncio.run(flow_and_read())
+    pairs, refused, fresh, produced = asyncio.run(flow_and_read())
     standby_reads = [s for s, _ in pairs if s.role == "standby"]
     stale = [s for s in standby_reads if s.stale]
     print(
         f"{len(pairs)} local reads, {len(standby_reads)} by standbys, {len(stale)} stale "
         f"(lag up to {max((s.lag for s in stale), default=0)}); standbys under max_lag=0: "
-        f"{refused} refused, {fresh} answered"
+        f"{refused} refused, {fresh} answered; {produced:,} records"
     )
     assert standby_reads and stale, "no stale standby read observed while records flowed"
-    final = expected(12_000)
+    final = expected(produced)
     ahead = 0
     for standby, active in pairs:
         assert standby.stale == (standby.role == "standby" and standby.lag > 0), standby
