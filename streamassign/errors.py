@@ -160,3 +160,51 @@ class AssignmentFileError(StreamAssignError, ValueError):
 
 class GroupDescribeError(StreamAssignError):
     """A live group that cannot be described: broker unreachable, group missing, bad answer."""
+
+
+# -- interactive queries (streamassign.runtime.queries) -------------------------------------------
+
+
+class QueryError(StreamAssignError):
+    """A table query that could not be answered. ``status`` is the HTTP status the query
+    server answers with, ``code`` a stable name for programs; ``retryable`` errors (503) may
+    succeed a moment later (a rebalance under way), and carry ``retry_after`` seconds."""
+
+    status = 500
+    code = "query_failed"
+    retryable = False
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class BadQueryError(QueryError, ValueError):
+    """A query the server cannot read: no key or two keys, bad hex, a negative partition or
+    ``max_lag``, a partition out of range."""
+
+    status = 400
+    code = "bad_request"
+
+
+class UnknownTableError(QueryError, LookupError):
+    """The application has no store of that name; the message lists the tables it has."""
+
+    status = 404
+    code = "unknown_table"
+
+
+class QueryUnavailableError(QueryError):
+    """No copy of the key's task can answer now (retryable): no owner known yet, the owner is
+    restoring or moving (a rebalance), its process is unreachable, or every standby allowed is
+    further behind than ``max_lag``. ``code`` says which of these it was."""
+
+    status = 503
+    retryable = True
+
+    def __init__(
+        self, message: str, *, code: str = "unavailable", retry_after: float = 1.0
+    ) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.code = code

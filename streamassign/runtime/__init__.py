@@ -2,9 +2,12 @@
 
 ``App`` runs a topology's processors over N consumers of one process, with per-task state
 stores (in memory or RocksDB) backed by changelog topics, standby replicas kept up to date by
-a restore consumer, and exact table state under at-least-once delivery. See
+a restore consumer, exact table state under at-least-once delivery, and interactive queries
+over the tables (``QueryServer``, ``QueryClient``). See
 ``docs/runtime.md``. ``stores`` and ``changelog`` are pure (no Kafka) and tested alone.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ReservedKeyError, StoreKeyTypeError
 from ._topics import InternalTopicError, ensure_internal_topics, internal_topics
@@ -20,6 +23,7 @@ from .app import (
     TaskContext,
 )
 from .changelog import COMMIT_KEY, StoreState
+from .queries import Queries, Query, QueryResult, key_partition
 from .stores import KeyValueStore, MemoryStore, RocksDBStore, StoreKind, open_store
 
 __all__ = [
@@ -31,6 +35,11 @@ __all__ = [
     "ProcessingError",
     "Processor",
     "ProcessorFactory",
+    "Queries",
+    "Query",
+    "QueryClient",
+    "QueryResult",
+    "QueryServer",
     "Record",
     "ReservedKeyError",
     "RestoreEvent",
@@ -43,5 +52,18 @@ __all__ = [
     "TaskContext",
     "ensure_internal_topics",
     "internal_topics",
+    "key_partition",
     "open_store",
 ]
+
+if TYPE_CHECKING:
+    from .query_server import QueryClient, QueryServer
+
+
+def __getattr__(name: str) -> Any:
+    """The HTTP side of queries, imported on first use (aiohttp takes a while to import)."""
+    if name in ("QueryClient", "QueryServer"):
+        from . import query_server
+
+        return getattr(query_server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -494,6 +494,19 @@ class App:
         """Committed plus pending content of an active task's store (inspection, tests)."""
         return dict(self._actives[task].stores[store].items())
 
+    def replica(
+        self, task: TaskId, store: str
+    ) -> tuple[Literal["active", "standby"], StoreState] | None:
+        """This process's copy of ``store`` of ``task`` for interactive queries
+        (``runtime/queries.py``): the active's (not while its state was dropped and awaits a
+        restore) or a standby's (warmups too), else None. It changes at every task change:
+        read it at once, with no ``await`` in between."""
+        active = self._actives.get(task)
+        if active is not None:
+            return None if active.torn else ("active", active.stores[store])
+        standby = self._standbys.get(task)
+        return None if standby is None else ("standby", standby[store])
+
     # -- processing ------------------------------------------------------------------------------
 
     async def _consume(self, index: int) -> None:

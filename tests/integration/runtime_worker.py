@@ -13,6 +13,7 @@ consumer session timeout; ``--restore-delay-us`` makes every cold restore of act
 offset 0) last that much longer per changelog record read (an awaited sleep after it): a small
 changelog restores cold as slowly as a large one would, long enough for a short session timeout
 to evict the member mid-restore, while restores of a tail stay as fast as they are.
+``--endpoint host:port`` serves interactive queries there (``QueryServer``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 from typing import Any
 
 from streamassign import Subtopology, Topology
-from streamassign.runtime import App, Record, TaskContext
+from streamassign.runtime import App, QueryServer, Record, TaskContext
 
 
 class Totals:
@@ -73,6 +74,7 @@ async def main() -> None:
     ap.add_argument("--status-interval", type=float, default=0.5)
     ap.add_argument("--session-ms", type=int, default=3000)
     ap.add_argument("--restore-delay-us", type=int, default=0)
+    ap.add_argument("--endpoint", default=None)
     args = ap.parse_args()
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
@@ -91,6 +93,7 @@ async def main() -> None:
         acceptable_recovery_lag=args.lag,
         max_warmup_replicas=args.warmups,
         probing_rebalance_interval_ms=args.probing_ms,
+        endpoint=args.endpoint,
         consumer_config={
             "session_timeout_ms": args.session_ms,
             "heartbeat_interval_ms": min(500, args.session_ms // 3),
@@ -114,6 +117,9 @@ async def main() -> None:
         emit(event="holding", processed=app.processed, t=time.time())
 
     loop.add_signal_handler(signal.SIGUSR2, hold)
+    queries = QueryServer(app) if args.endpoint else None
+    if queries is not None:  # up before the group's host maps name this process
+        await queries.start()
     await app.start()
     reported = 0
     try:
@@ -150,6 +156,8 @@ async def main() -> None:
             items = {k.decode(): v.decode() for k, v in app.table(task, "totals").items()}
             emit(event="table", task=str(task), items=items)
     finally:
+        if queries is not None:
+            await queries.stop()
         await app.stop()
     emit(event="stopped", failure=repr(app.failure) if app.failure else None)
 
