@@ -42,7 +42,7 @@ class Totals:
 
 def slow_restores(app: App, seconds_per_record: float) -> None:
     """Every cold restore of ``app``'s actives takes ``seconds_per_record`` longer per record."""
-    restore = app._restore
+    restore = app._restorer.restore
 
     async def slow(states: Any) -> dict[int, int]:
         cold = {id(s) for s in states if s.position == 0}
@@ -50,7 +50,7 @@ def slow_restores(app: App, seconds_per_record: float) -> None:
         await asyncio.sleep(sum(n for s, n in counts.items() if s in cold) * seconds_per_record)
         return counts
 
-    app._restore = slow  # type: ignore[method-assign]
+    app._restorer.restore = slow  # type: ignore[method-assign]
 
 
 def emit(**line: object) -> None:
