@@ -113,17 +113,21 @@ class BrokenReader:
 
     def seek(self, partition: object, offset: int) -> None: ...
 
-    async def getmany(self, timeout_ms: int = 0) -> dict[object, list[object]]:
+    async def getmany(
+        self, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[object, list[object]]:
         raise OSError("disk full")
 
 
 def test_a_failing_standby_reader_stops_the_app(tmp_path: Path) -> None:
     app = standby_app(tmp_path)
-    app._clients.standby_reader = BrokenReader()  # type: ignore[assignment]
+    app._clients.changelog_reader = BrokenReader()  # type: ignore[assignment]
 
     async def run() -> None:
         await app._add_standbys(0, frozenset({TaskId(0, 0)}))
-        await asyncio.wait_for(app._fail_on_error(app._standby_loop(), "the standby reader"), 5)
+        await asyncio.wait_for(
+            app._fail_on_error(app._state_updater_loop(), "the state updater"), 5
+        )
 
     asyncio.run(run())
     assert isinstance(app.failure, OSError)

@@ -67,6 +67,8 @@ class Log:
         self.positions[tp] = offset
 
     async def position(self, tp: KafkaTopicPartition) -> int:
+        if tp not in self.assigned:  # as aiokafka's IllegalStateError
+            raise AssertionError(f"{tp} is not assigned")
         return self.positions[tp]
 
     async def end_offsets(self, tps: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
@@ -75,11 +77,16 @@ class Log:
             self.after_ends()
         return ends
 
-    async def getmany(self, *tps: KafkaTopicPartition, timeout_ms: int = 0) -> dict[Any, Any]:
+    async def getmany(
+        self, *tps: KafkaTopicPartition, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[Any, Any]:
         out = {}
+        left = max_records if max_records is not None else float("inf")
         for tp in tps or self.assigned:
             start = self.positions[tp]
             new = self.records[(tp.topic, tp.partition)][start:]
+            new = new[: int(min(left, len(new)))]
+            left -= len(new)
             out[tp] = [
                 SimpleNamespace(offset=start + i, key=k, value=v) for i, (k, v) in enumerate(new)
             ]
@@ -109,6 +116,7 @@ def make(tmp_path: Path) -> tuple[App, Log, Committer, list[int]]:
     log = Log()
     app._clients.producer = log  # type: ignore[assignment]
     app._clients.restorer = log  # type: ignore[assignment]
+    app._clients.changelog_reader = log  # type: ignore[assignment]
     committer = Committer()
     app.host.consumers.append(committer)  # type: ignore[arg-type]
     rejoins: list[int] = []
@@ -118,6 +126,8 @@ def make(tmp_path: Path) -> tuple[App, Log, Committer, list[int]]:
 
 async def start(app: App) -> ActiveTask:
     await app._start_tasks(0, [(TASK, app._stores.open(TASK), "cold")])
+    assert app._actives[TASK].restoring  # its input paused until the state updater is done
+    await app._updater.settle()
     return app._actives[TASK]
 
 
@@ -133,6 +143,7 @@ def test_no_marker_when_another_writer_wrote_the_changelog(tmp_path: Path) -> No
         assert rejoins == [0]
         app._suspended[0] = frozenset({TASK})
         await app._rebalance_completed(0)  # the task stayed here: restored, not resumed
+        await app._updater.settle()
         again = app._actives[TASK]
         assert again is not task and not again.torn
         await app._processing.process(again, Rec(0, b"k", b"5"))  # its input is read again
@@ -203,6 +214,7 @@ def test_a_task_resumes_without_restore_only_if_its_changelog_is_where_it_left_i
             await log.send(CHANGELOG[0], b'{"applied":{"events":50}}', key=COMMIT_KEY, partition=0)
         app._rebalancing.add(0)
         await app._rebalance_completed(0)
+        await app._updater.settle()
         return app._actives[TASK]
 
     async def run() -> tuple[ActiveTask, ActiveTask, ActiveTask]:

@@ -169,7 +169,7 @@ class Producer:
         self.sent.append((topic, key, value))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if key == COMMIT_KEY:
-            future.set_result(SimpleNamespace(offset=len(self.sent) - 1))
+            future.set_result(SimpleNamespace(offset=self.count(topic) - 1))
         else:
             self.open.append(future)
         return future
@@ -179,6 +179,31 @@ class Producer:
 
     def markers(self) -> int:
         return sum(1 for _, key, _ in self.sent if key == COMMIT_KEY)
+
+    def count(self, topic: str) -> int:
+        """Records sent to ``topic`` (its partition 0's end offset)."""
+        return sum(1 for t, _, _ in self.sent if t == topic)
+
+
+class Unread:
+    """A changelog reader that finds each changelog ending after the records ``producer``
+    sent to it and reads none of them (the test's store restores nothing)."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.producer = producer
+
+    def assign(self, tps: list[Any]) -> None: ...
+
+    def seek(self, tp: Any, offset: int) -> None: ...
+
+    async def position(self, tp: Any) -> int:
+        return self.producer.count(tp.topic)
+
+    async def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        return {tp: self.producer.count(tp.topic) for tp in tps}
+
+    async def getmany(self, *tps: Any, timeout_ms: int = 0, max_records: Any = None) -> dict:  # type: ignore[type-arg]
+        return {}
 
 
 class Committer:
@@ -274,6 +299,8 @@ def test_a_commit_failing_at_a_rebalance_drops_state_and_restores_before_running
         await app._rebalance_started(0)  # its commit fails: logged, not raised
         assert task.torn and task.stores["totals"].pending_applied == {}
         await app._rebalance_completed(0)  # the task stayed on consumer 0
+        app._clients.changelog_reader = Unread(producer)  # type: ignore[assignment]
+        await app._updater.settle()
         again = app._actives[task.task_id]
         assert again is not task and not again.torn
         await app._processing.process(again, Rec(0, b"k", b"1"))  # re-read: processed, not skipped

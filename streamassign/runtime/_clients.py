@@ -10,7 +10,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 class Clients:
     #: Every changelog, output and repartition record, and the commit markers.
     producer: AIOKafkaProducer | None = None
-    #: Restores of actives, changelog end offsets and key lookups at commits (no group).
+    #: Changelog end offsets and key lookups at commits and resumes (no group).
     restorer: AIOKafkaConsumer | None = None
-    #: Reads the changelogs of standbys and warmups (no group).
-    standby_reader: AIOKafkaConsumer | None = None
+    #: The state updater's: changelogs of restoring actives, standbys and warmups (no group).
+    changelog_reader: AIOKafkaConsumer | None = None

@@ -3,19 +3,24 @@
 Built on ``ProcessHost`` (the protocol, stickiness reporting, per-task callbacks). ``App``
 wires the parts, each in its own module: ``tasks`` (a task and the processor's view of it),
 ``processing`` (records through processors), ``commits`` (commits and the membership checks),
-``restore`` (restores and changelog lookups), ``standbys`` (standby stores kept up to date) and
-``task_stores`` (opening, handing over and closing stores). ``changelog.py`` says how writes,
+``restore`` (the state updater, reading changelogs for restores, standbys and warmups; and
+changelog lookups), ``standbys`` (the standby stores) and ``task_stores`` (opening, handing
+over and closing stores). ``changelog.py`` says how writes,
 commits and restores keep table state exact under at-least-once delivery; ``docs/runtime.md``
 has the whole design.
 
 Concurrency: one asyncio loop. Each consumer has its own processing loop and lock; a rebalance
 takes the lock, commits, and bumps an epoch so a batch fetched before it is dropped (its offsets
-were not committed; the next owner reads it again).
+were not committed; the next owner reads it again). The rebalance callbacks only open or hand
+over stores: the state updater (``restore.py``, its own loop) restores a newly assigned task
+while its input partitions are paused, and hands it back (``_restored``, under its consumer's
+lock) to compensate orphan writes and resume its input.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -25,7 +30,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from .._ids import TaskId
+from .._ids import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import ErrorCode, StreamAssignError
 from ..streams import ACCEPTABLE_RECOVERY_LAG
@@ -36,7 +41,7 @@ from .changelog import StoreState
 from .commits import Commits
 from .end_offsets import EndOffsetsCache, changelog_partitions
 from .processing import ErrorPolicy, Processing, ProcessingError
-from .restore import Restorer
+from .restore import ChangelogLookups, Restoring, StateUpdater
 from .standbys import Standbys
 from .stores import STORE_KINDS, StoreKind, require_store_library
 from .task_stores import TaskStores
@@ -165,12 +170,15 @@ class App:
         self.failure: BaseException | None = None
         self._clients = Clients()
         self._actives: dict[TaskId, ActiveTask] = {}
-        self._standbys = Standbys(self._clients, self._checkpoint)
+        self._standbys = Standbys()
         self._stores = TaskStores(topology, store_kind, self.host.state, self._standbys)
-        self._restorer = Restorer(self._clients)
+        self._updater = StateUpdater(
+            self._clients, self._standbys, self._stores.checkpoint, self._restored
+        )
+        self._lookups = ChangelogLookups(self._clients)
         self._processing = Processing(topology, self._clients, self._actives, processing_errors)
         self._commits = Commits(
-            self.host, self._clients, self._actives, self._restorer, self._stores
+            self.host, self._clients, self._actives, self._lookups, self._stores
         )
         self._suspended: dict[int, frozenset[TaskId]] = {}
         self._rebalancing: set[int] = set()
@@ -234,11 +242,11 @@ class App:
         clients.restorer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **restore_config
         )
-        clients.standby_reader = AIOKafkaConsumer(
+        clients.changelog_reader = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **restore_config
         )
         await asyncio.gather(
-            clients.producer.start(), clients.restorer.start(), clients.standby_reader.start()
+            clients.producer.start(), clients.restorer.start(), clients.changelog_reader.start()
         )
         await self.host.start()
         log.info(
@@ -251,11 +259,11 @@ class App:
         loops = [
             self._fail_on_error(self._consume(i), f"consumer {i}") for i in range(self.threads)
         ]
-        loops.append(self._fail_on_error(self._standby_loop(), "the standby reader"))
+        loops.append(self._fail_on_error(self._state_updater_loop(), "the state updater"))
         self._loops = [asyncio.create_task(loop) for loop in loops]
 
-    def _standby_loop(self) -> Coroutine[Any, Any, None]:
-        return self._standbys.run(self._stopped, lambda: self.commit_interval)
+    def _state_updater_loop(self) -> Coroutine[Any, Any, None]:
+        return self._updater.run(self._stopped, lambda: self.commit_interval)
 
     async def _fail_on_error(self, loop: Awaitable[None], what: str) -> None:
         """Run a loop; its failure stops the application (once, clearly), never silently
@@ -321,7 +329,7 @@ class App:
         await self.host.stop()
         if self.end_offsets is not None:
             await self.end_offsets.stop()
-        started = (self._clients.producer, self._clients.restorer, self._clients.standby_reader)
+        started = (self._clients.producer, self._clients.restorer, self._clients.changelog_reader)
         clients = [c for c in started if c]
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
         log.info("process %s stopped", self.host.process_id)
@@ -336,6 +344,12 @@ class App:
     @property
     def active_tasks(self) -> frozenset[TaskId]:
         return frozenset(self._actives)
+
+    @property
+    def restoring_tasks(self) -> frozenset[TaskId]:
+        """Active tasks whose stores are being restored (their input paused): a subset of
+        ``active_tasks``."""
+        return frozenset(t for t, task in self._actives.items() if task.restoring or task.torn)
 
     @property
     def standby_tasks(self) -> frozenset[TaskId]:
@@ -357,6 +371,7 @@ class App:
                 await asyncio.sleep(0.01)
                 continue
             epoch = self._epochs[index]
+            self._pause_restoring(index)
             batch = await consumer.getmany(timeout_ms=100)
             async with self._locks[index]:
                 if epoch != self._epochs[index]:
@@ -369,9 +384,6 @@ class App:
                 if time.monotonic() >= next_commit:
                     await self._commits.commit(index)
                     next_commit = time.monotonic() + self.commit_interval
-
-    def _checkpoint(self, task: TaskId, states: Mapping[str, StoreState]) -> None:
-        self._stores.checkpoint(task, states)
 
     # -- task changes (called by the host) -------------------------------------------------------
 
@@ -393,45 +405,96 @@ class App:
     async def _start_tasks(
         self, consumer: int, new: Sequence[tuple[TaskId, dict[str, StoreState], str]]
     ) -> None:
-        """Restore ``new`` tasks' stores to their changelog's end, undo orphan writes, run."""
+        """Run ``new`` tasks: a stateless one at once, a stateful one once the state updater
+        has restored its stores (its input is paused until then: ``_restored``)."""
         producer = self._clients.producer
         if any(source == "kept" for _, _, source in new) and producer is not None:
             await producer.flush()  # a torn task's writes in flight: in the changelog
-        starts = {t: sum(s.position for s in states.values()) for t, states, _ in new}
-        started = time.monotonic()
-        counts = await self._restorer.restore([s for _, states, _ in new for s in states.values()])
-        seconds = time.monotonic() - started
         for task_id, states, source in new:
             processor = self.processors[task_id.subtopology]()
             task = ActiveTask(task_id, consumer, states, processor, repartition=self._repartition)
-            compensated = 0
-            for state in states.values():
-                keys = state.compensate()
-                compensated += len(keys)
-                for key in keys:
-                    cl = state.changelog
-                    task.outbox.append((cl.topic, cl.partition, key, state.pending[key], None))
-            await self._processing.send_outbox(task)
             self._actives[task_id] = task
-            records = sum(counts.get(id(s), 0) for s in states.values())
-            if states:
-                self.restore_events.append(
-                    RestoreEvent(task_id, source, starts[task_id], records, seconds, compensated)
-                )
-                self._stores.checkpoint(task_id, states)
             if not states:
+                self._updater.cancel(task_id)
                 log.info("consumer %d: task %s assigned (stateless)", consumer, task_id)
                 continue
+            self._updater.add(task, source)
             log.info(
-                "consumer %d: task %s assigned (state: %s, %d changelog records restored%s)",
+                "consumer %d: task %s assigned (state: %s, from changelog offset %s); "
+                "restoring, its input paused",
                 consumer,
                 task_id,
                 source,
-                records,
-                f", {compensated} uncommitted writes of a crashed owner undone"
-                if compensated
-                else "",
+                ",".join(str(s.position) for s in states.values()),
             )
+        self._pause_restoring(consumer)
+
+    async def _restored(self, entry: Restoring) -> bool:
+        """The state updater restored ``entry``: undo orphan writes, resume the task's input.
+        False: not now (its consumer is in a rebalance; asked again at the next step)."""
+        task = entry.task
+        if self._actives.get(task.task_id) is not task or not task.restoring or self._closing:
+            return True  # revoked, replaced or torn meanwhile: this restore is void
+        index = task.consumer
+        if index in self._rebalancing:
+            return False
+        async with self._locks[index]:
+            if task.consumer != index or index in self._rebalancing or not task.restoring:
+                return False
+            if self._commits.lost(index):  # tears it: restored again after the rebalance
+                return True
+            assert entry.ends is not None
+            compensated = 0
+            for state in task.stores.values():
+                state.end = entry.ends[state.changelog]  # the active's records land from here
+                keys = state.compensate()
+                compensated += len(keys)
+                cl = state.changelog
+                task.outbox.extend(
+                    (cl.topic, cl.partition, k, state.pending[k], None) for k in keys
+                )
+            await self._processing.send_outbox(task)
+            task.restoring = False
+            seconds = time.monotonic() - entry.started
+            event = RestoreEvent(
+                task.task_id, entry.source, entry.start, entry.records, seconds, compensated
+            )
+            self.restore_events.append(event)
+            self._stores.checkpoint(task.task_id, task.stores)
+            self._pause_restoring(index)
+        log.info(
+            "consumer %d: task %s restored (state: %s, %d changelog records in %.1f s%s); running",
+            index,
+            task.task_id,
+            entry.source,
+            event.records,
+            seconds,
+            f", {compensated} uncommitted writes of a crashed owner undone" if compensated else "",
+        )
+        return True
+
+    def _pause_restoring(self, index: int) -> None:
+        """Pause exactly the input partitions of ``index``'s tasks that cannot process now
+        (restoring, or torn until their restore); a new assignment resets pauses, so every
+        fetch of the consumer loop calls this again."""
+        if index >= len(self.host.consumers):
+            return
+        consumer = self.host.consumers[index]
+        try:
+            assigned = consumer.assignment()
+            paused = consumer.paused()
+        except Exception:  # no assignment (between generations): nothing to pause
+            return
+        hold = set()
+        for tp in assigned:
+            task = self._actives.get(self.topology.task_of(TopicPartition(*tp)))
+            if task is not None and task.consumer == index and (task.restoring or task.torn):
+                hold.add(tp)
+        with contextlib.suppress(Exception):  # a partition just unassigned
+            if hold - paused:
+                consumer.pause(*(hold - paused))
+            if paused - hold:
+                consumer.resume(*(paused - hold))
 
     async def _revoke(self, consumer: int, tasks: frozenset[TaskId]) -> None:
         for task_id in sorted(tasks):
@@ -439,6 +502,7 @@ class App:
             if task is None or task.consumer != consumer:
                 continue  # already moved to another consumer of this process
             del self._actives[task_id]
+            self._updater.cancel(task_id)  # its stores keep what they restored so far
             if task_id in self._standbys.wanted:
                 owner = self._standbys.wanted.pop(task_id)
                 await self._standbys.add(task_id, task.stores, owner)
@@ -518,7 +582,9 @@ class App:
                 await self._start_tasks(consumer, torn)
         finally:
             self._rebalancing.discard(consumer)
-        resumed = kept - {t for t, _, _ in torn}
+        self._pause_restoring(consumer)  # the new assignment has no pauses yet
+        restoring = {t for t in mine if self._actives[t].restoring}
+        resumed = kept - restoring
         if resumed:
             log.info(
                 "consumer %d: resumed %s (same consumer, same member, changelogs at their "

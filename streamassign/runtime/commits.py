@@ -20,7 +20,7 @@ from .._ids import TaskId
 from ..aiokafka.streams import ProcessHost
 from ._clients import Clients
 from .changelog import COMMIT_KEY, StoreState
-from .restore import Restorer
+from .restore import ChangelogLookups
 from .task_stores import TaskStores
 from .tasks import ActiveTask, tear
 
@@ -35,13 +35,13 @@ class Commits:
         host: ProcessHost,
         clients: Clients,
         actives: Mapping[TaskId, ActiveTask],
-        restorer: Restorer,
+        lookups: ChangelogLookups,
         stores: TaskStores,
     ) -> None:
         self.host = host
         self.clients = clients
         self.actives = actives
-        self.restorer = restorer
+        self.lookups = lookups
         self.stores = stores
 
     async def commit(self, index: int) -> None:
@@ -50,7 +50,11 @@ class Commits:
         so no marker ever closes writes the changelog may not hold."""
         producer = self.clients.producer
         assert producer is not None
-        tasks = [t for t in self.actives.values() if t.consumer == index and not t.torn]
+        tasks = [
+            t
+            for t in self.actives.values()
+            if t.consumer == index and not t.torn and not t.restoring
+        ]
         futures = [f for t in tasks for f in t.futures]
         if futures:
             await asyncio.gather(*futures)  # a failed write raises: nothing is committed
@@ -155,7 +159,7 @@ class Commits:
         if not checked or self.clients.restorer is None:
             return True
         try:
-            ends = await self.restorer.ends(checked)
+            ends = await self.lookups.ends(checked)
         except (KafkaError, TimeoutError) as exc:
             log.warning("consumer %d: changelog ends unknown (%r); committing later", index, exc)
             return False
@@ -213,7 +217,7 @@ class Commits:
         assert producer is not None
         tp = state.changelog
         for _ in range(3):
-            keys = await self.restorer.keys_written(tp, first, marker)
+            keys = await self.lookups.keys_written(tp, first, marker)
             log.warning(
                 "task %s: %d record(s) of another writer in %s[%d] (offsets %d to %d) before "
                 "this commit's marker; writing this owner's value of their %d key(s) again",
@@ -251,6 +255,7 @@ class Commits:
         """Tear every task of ``tasks`` whose changelog another writer wrote while it was
         suspended here (its end is not where this owner's records end), so it is restored
         rather than resumed; all of them when the ends cannot be read."""
+        tasks = frozenset(t for t in tasks if not self.actives[t].restoring)  # ends known later
         states = [
             s
             for t in sorted(tasks)
@@ -260,7 +265,7 @@ class Commits:
         if not states or self.clients.restorer is None:
             return
         try:
-            ends = await self.restorer.ends(states)
+            ends = await self.lookups.ends(states)
         except (KafkaError, TimeoutError) as exc:
             log.warning("consumer %d: changelog ends unknown (%r); restoring", consumer, exc)
             ends = {}

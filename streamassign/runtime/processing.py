@@ -56,8 +56,9 @@ class Processing:
             by_task.setdefault(self.topology.task_of(TopicPartition(*tp)), []).append(records)
         for task_id, lists in sorted(by_task.items()):
             task = self.actives.get(task_id)
-            if task is None or task.consumer != index or task.torn:  # read them again later
-                if task is not None and task.torn:
+            waits = task is not None and (task.torn or task.restoring)
+            if task is None or task.consumer != index or waits:  # read them again later
+                if waits:
                     log.debug("consumer %d: task %s waits for its restore", index, task_id)
                 else:
                     log.warning("consumer %d: records of task %s it does not run", index, task_id)

@@ -1,8 +1,8 @@
 """Standby (and warmup) stores of one process, kept up to date from their changelogs.
 
-One plain consumer (no group) reads the changelogs of every standby from its position
-(manual ``assign``) and applies committed writes; the stores are checkpointed every commit
-interval so the host reports how far they are. A standby may move between consumers of the
+The state updater (``restore.py``) reads the changelogs of every standby from its position
+and applies committed writes; the stores are checkpointed every commit interval so the host
+reports how far they are. A standby may move between consumers of the
 process (``owner``), and may be wanted by a consumer while another one still runs it as an
 active (``wanted``): their callbacks run in any order.
 """
@@ -10,32 +10,23 @@ active (``wanted``): their callbacks run in any order.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Mapping
-from typing import Any
-
-from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .._ids import TaskId
-from ._clients import Clients
 from .changelog import StoreState
-
-Checkpoint = Callable[[TaskId, Mapping[str, StoreState]], None]
 
 
 class Standbys:
-    """The standby stores of this process, by task, and the loop that reads their changelogs."""
+    """The standby stores of this process, by task."""
 
-    def __init__(self, clients: Clients, checkpoint: Checkpoint) -> None:
-        self.clients = clients
-        self.checkpoint = checkpoint
+    def __init__(self) -> None:
         self.states: dict[TaskId, dict[str, StoreState]] = {}
         #: The consumer each standby belongs to.
         self.owner: dict[TaskId, int] = {}
         #: Standbys of tasks still active here until their consumer revokes them, by consumer.
         self.wanted: dict[TaskId, int] = {}
         self.lock = asyncio.Lock()
-        #: The set of standbys changed: the reader reassigns (records in flight are dropped).
+        #: What the state updater reads changed (standbys or restores): it reassigns its
+        #: reader (records in flight are dropped). Guarded by ``lock``, as ``states``.
         self.dirty = False
 
     async def add(self, task: TaskId, states: dict[str, StoreState], consumer: int) -> None:
@@ -72,37 +63,3 @@ class Standbys:
         self.states.clear()
         self.owner.clear()
         return out
-
-    async def run(self, stopped: asyncio.Event, interval: Callable[[], float]) -> None:
-        """Read the standbys' changelogs until ``stopped``; checkpoint every ``interval()`` s."""
-        reader = self.clients.standby_reader
-        assert reader is not None
-        next_checkpoint = time.monotonic() + interval()
-        by_tp: dict[Any, StoreState] = {}
-        while not stopped.is_set():
-            if not by_tp and not self.dirty:
-                await asyncio.sleep(0.1)
-                continue
-            batch = await reader.getmany(timeout_ms=100) if by_tp else {}
-            async with self.lock:
-                if self.dirty:  # standbys changed: records in flight are dropped
-                    self.dirty = False
-                    by_tp = {
-                        KafkaTopicPartition(*s.changelog): s
-                        for states in self.states.values()
-                        for s in states.values()
-                    }
-                    reader.assign(list(by_tp))
-                    for tp, state in by_tp.items():
-                        state.drop_unclosed()
-                        reader.seek(tp, state.position)
-                    continue
-                for tp, records in batch.items():
-                    found = by_tp.get(tp)
-                    if found is not None:
-                        for r in records:
-                            found.restore(r.offset, r.key, r.value)
-                if time.monotonic() >= next_checkpoint:
-                    for task, states in self.states.items():
-                        self.checkpoint(task, states)
-                    next_checkpoint = time.monotonic() + interval()

@@ -177,6 +177,9 @@ class ActiveTask:
     #: Its uncommitted state was dropped (cancelled mid-record, failed commit): it must be
     #: restored from its changelog before it processes or commits again.
     torn: bool = False
+    #: Its stores are being restored (by the state updater, ``restore.py``): its input is
+    #: paused, it processes and commits nothing until they are at their changelog's end.
+    restoring: bool = False
     #: Its stores by changelog partition (to count what each one's owner produced).
     by_changelog: dict[TopicPartition, StoreState] = attrs.field(init=False)
 
@@ -207,6 +210,7 @@ def tear(task: ActiveTask) -> None:
     already produced become an orphan tail that the next restore compensates, and the task
     commits nothing until it is restored (``torn``)."""
     task.torn = True
+    task.restoring = False  # a restore under way is dropped; it starts over when it runs again
     task.outbox.clear()
     task.journal.clear()
     task.futures.clear()
