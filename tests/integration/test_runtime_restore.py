@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,7 +124,10 @@ def test_a_cold_restore_longer_than_the_session_timeout_evicts_nobody(runtime: R
     status = runtime.events("p1", "status")
     # Read before the stop: dumping millions of keys at SIGTERM blocks the loop for seconds.
     log = (runtime.tmp / "p1.log").read_text()
-    done = runtime.stop("p1")
+    done = runtime.procs.pop("p1")
+    done.proc.send_signal(signal.SIGTERM)
+    done.proc.wait(timeout=30 + RECORDS / 20_000)  # checks every preloaded key first
+    done.drain()
 
     # Restored in the loop: as long as the session timeout several times over, no eviction.
     large = [restores[f"0_{p}"] for p in LARGE]
