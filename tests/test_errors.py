@@ -68,7 +68,7 @@ NOT_YET_IN_ERRORS = {
     "streamassign.pipeline.scenarios.PipelineError",
     "streamassign.protocol.ProtocolError",
     "streamassign.runtime._topics.InternalTopicError",
-    "streamassign.runtime.app.ProcessingError",
+    "streamassign.runtime.processing.ProcessingError",
     "streamassign.runtime.app.RuntimeConfigError",
 }
 

@@ -86,7 +86,7 @@ def test_a_standby_moving_between_consumers_stays_in_any_callback_order(
 
     async def run() -> None:
         await app._add_standbys(1, frozenset({task}))
-        stores = app._standbys[task]
+        stores = app._standbys.states[task]
         app._rebalancing |= {0, 1}
         if adds_first:
             await app._add_standbys(0, frozenset({task}))
@@ -97,7 +97,7 @@ def test_a_standby_moving_between_consumers_stays_in_any_callback_order(
             await app._add_standbys(0, frozenset({task}))
             await app._rebalance_completed(0)
         await app._rebalance_completed(1)
-        assert app._standbys.get(task) is stores  # the same open stores, not reopened
+        assert app._standbys.states.get(task) is stores  # the same open stores, not reopened
         await app._remove_standbys(1, frozenset({task}))  # consumer 1 no longer owns it
         assert app.standby_tasks == {task}
         await app._remove_standbys(0, frozenset({task}))
@@ -113,17 +113,21 @@ class BrokenReader:
 
     def seek(self, partition: object, offset: int) -> None: ...
 
-    async def getmany(self, timeout_ms: int = 0) -> dict[object, list[object]]:
+    async def getmany(
+        self, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[object, list[object]]:
         raise OSError("disk full")
 
 
 def test_a_failing_standby_reader_stops_the_app(tmp_path: Path) -> None:
     app = standby_app(tmp_path)
-    app._standby_reader = BrokenReader()  # type: ignore[assignment]
+    app._clients.changelog_reader = BrokenReader()  # type: ignore[assignment]
 
     async def run() -> None:
         await app._add_standbys(0, frozenset({TaskId(0, 0)}))
-        await asyncio.wait_for(app._fail_on_error(app._standby_loop(), "the standby reader"), 5)
+        await asyncio.wait_for(
+            app._fail_on_error(app._state_updater_loop(), "the state updater"), 5
+        )
 
     asyncio.run(run())
     assert isinstance(app.failure, OSError)
@@ -144,7 +148,7 @@ def test_a_failed_start_is_cleaned_up_and_task_changes_after_stop_do_nothing(
 
     class FailingStart(App):
         async def start(self) -> None:
-            self._producer = producer  # type: ignore[assignment]  # started, then:
+            self._clients.producer = producer  # type: ignore[assignment]  # started, then:
             raise ConnectionError("broker unreachable")
 
     one = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")

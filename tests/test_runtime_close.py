@@ -36,7 +36,7 @@ def test_a_slow_close_runs_off_the_loop_and_a_reopen_waits_for_it(tmp_path: Path
     changelog = TopicPartition("app-totals-changelog", 0)
     states = {"totals": StoreState("totals", changelog, store)}
     opened_after_close: list[bool] = []
-    app._open_states = lambda task: opened_after_close.append(store.closed.is_set()) or {}  # type: ignore[method-assign,func-returns-value]
+    app._stores.open = lambda task: opened_after_close.append(store.closed.is_set()) or {}  # type: ignore[method-assign,func-returns-value]
 
     async def run() -> int:
         ticks = 0
@@ -48,8 +48,8 @@ def test_a_slow_close_runs_off_the_loop_and_a_reopen_waits_for_it(tmp_path: Path
                 await asyncio.sleep(0.01)
 
         ticker = asyncio.create_task(tick())
-        closing = app._close_states(TASK, states)
-        await app._take_states(TASK)  # the task comes back while its stores close
+        closing = app._stores.close(TASK, states)
+        await app._stores.take(TASK)  # the task comes back while its stores close
         await closing
         await ticker
         return ticks
@@ -57,4 +57,4 @@ def test_a_slow_close_runs_off_the_loop_and_a_reopen_waits_for_it(tmp_path: Path
     ticks = asyncio.run(run())
     assert ticks >= 10  # the loop ran on during the 0.5 s close
     assert opened_after_close == [True]
-    assert app._store_closes == {}
+    assert app._stores.closing == {}

@@ -22,7 +22,7 @@ from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost, TaskListener
 from streamassign.protocol import AssignmentInfo
 from streamassign.runtime import COMMIT_KEY, App, MemoryStore, StoreState
-from streamassign.runtime.app import _ActiveTask
+from streamassign.runtime.tasks import ActiveTask
 
 from .test_runtime_processing import Adder, Committer, Rec
 
@@ -67,6 +67,8 @@ class Log:
         self.positions[tp] = offset
 
     async def position(self, tp: KafkaTopicPartition) -> int:
+        if tp not in self.assigned:  # as aiokafka's IllegalStateError
+            raise AssertionError(f"{tp} is not assigned")
         return self.positions[tp]
 
     async def end_offsets(self, tps: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
@@ -75,11 +77,16 @@ class Log:
             self.after_ends()
         return ends
 
-    async def getmany(self, *tps: KafkaTopicPartition, timeout_ms: int = 0) -> dict[Any, Any]:
+    async def getmany(
+        self, *tps: KafkaTopicPartition, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[Any, Any]:
         out = {}
+        left = max_records if max_records is not None else float("inf")
         for tp in tps or self.assigned:
             start = self.positions[tp]
             new = self.records[(tp.topic, tp.partition)][start:]
+            new = new[: int(min(left, len(new)))]
+            left -= len(new)
             out[tp] = [
                 SimpleNamespace(offset=start + i, key=k, value=v) for i, (k, v) in enumerate(new)
             ]
@@ -107,8 +114,9 @@ def make(tmp_path: Path) -> tuple[App, Log, Committer, list[int]]:
         store_kind="memory",
     )
     log = Log()
-    app._producer = log  # type: ignore[assignment]
-    app._restorer = log  # type: ignore[assignment]
+    app._clients.producer = log  # type: ignore[assignment]
+    app._clients.restorer = log  # type: ignore[assignment]
+    app._clients.changelog_reader = log  # type: ignore[assignment]
     committer = Committer()
     app.host.consumers.append(committer)  # type: ignore[arg-type]
     rejoins: list[int] = []
@@ -116,27 +124,30 @@ def make(tmp_path: Path) -> tuple[App, Log, Committer, list[int]]:
     return app, log, committer, rejoins
 
 
-async def start(app: App) -> _ActiveTask:
-    await app._start_tasks(0, [(TASK, app._open_states(TASK), "cold")])
+async def start(app: App) -> ActiveTask:
+    await app._start_tasks(0, [(TASK, app._stores.open(TASK), "cold")])
+    assert app._actives[TASK].restoring  # its input paused until the state updater is done
+    await app._updater.settle()
     return app._actives[TASK]
 
 
 def test_no_marker_when_another_writer_wrote_the_changelog(tmp_path: Path) -> None:
     app, log, committer, rejoins = make(tmp_path)
 
-    async def run() -> _ActiveTask:
+    async def run() -> ActiveTask:
         task = await start(app)
-        await app._process(task, Rec(0, b"k", b"5"))
+        await app._processing.process(task, Rec(0, b"k", b"5"))
         log.records[CHANGELOG].append((b"k", b"99"))  # a zombie's write
-        await app._commit(0)
+        await app._commits.commit(0)
         assert task.torn and log.markers() == 0 and committer.commits == []
         assert rejoins == [0]
         app._suspended[0] = frozenset({TASK})
         await app._rebalance_completed(0)  # the task stayed here: restored, not resumed
+        await app._updater.settle()
         again = app._actives[TASK]
         assert again is not task and not again.torn
-        await app._process(again, Rec(0, b"k", b"5"))  # its input is read again
-        await app._commit(0)
+        await app._processing.process(again, Rec(0, b"k", b"5"))  # its input is read again
+        await app._commits.commit(0)
         return again
 
     again = asyncio.run(run())
@@ -155,11 +166,11 @@ def test_a_marker_landing_after_foreign_records_is_followed_by_the_owners_values
         log.records[CHANGELOG].append((b"zombie-only", b"1"))
         log.after_ends = None
 
-    async def run() -> _ActiveTask:
+    async def run() -> ActiveTask:
         task = await start(app)
-        await app._process(task, Rec(0, b"k", b"5"))
+        await app._processing.process(task, Rec(0, b"k", b"5"))
         log.after_ends = strike
-        await app._commit(0)
+        await app._commits.commit(0)
         return task
 
     task = asyncio.run(run())
@@ -177,9 +188,9 @@ def test_a_member_the_broker_no_longer_knows_commits_nothing(tmp_path: Path) -> 
     app.host._memberships[0] = ("member-1", 3)
     committer._coordinator = SimpleNamespace(member_id="member-1", generation=3)  # type: ignore[attr-defined]
 
-    async def run() -> _ActiveTask:
+    async def run() -> ActiveTask:
         task = await start(app)
-        await app._process(task, Rec(0, b"k", b"5"))
+        await app._processing.process(task, Rec(0, b"k", b"5"))
         committer._coordinator.member_id, committer._coordinator.generation = "", -1  # type: ignore[attr-defined]
         await app._rebalance_started(0)  # aiokafka reset the membership, then revokes
         return task
@@ -194,18 +205,19 @@ def test_a_task_resumes_without_restore_only_if_its_changelog_is_where_it_left_i
 ) -> None:
     app, log, _, _ = make(tmp_path)
 
-    async def rebalance(foreign: bool) -> _ActiveTask:
+    async def rebalance(foreign: bool) -> ActiveTask:
         task = app._actives[TASK]
-        await app._process(task, Rec(task.processed + 10 * foreign, b"k", b"1"))
+        await app._processing.process(task, Rec(task.processed + 10 * foreign, b"k", b"1"))
         await app._rebalance_started(0)
         if foreign:  # another owner committed meanwhile
             await log.send(CHANGELOG[0], b"7", key=b"k", partition=0)
             await log.send(CHANGELOG[0], b'{"applied":{"events":50}}', key=COMMIT_KEY, partition=0)
         app._rebalancing.add(0)
         await app._rebalance_completed(0)
+        await app._updater.settle()
         return app._actives[TASK]
 
-    async def run() -> tuple[_ActiveTask, _ActiveTask, _ActiveTask]:
+    async def run() -> tuple[ActiveTask, ActiveTask, ActiveTask]:
         first = await start(app)
         return first, await rebalance(foreign=False), await rebalance(foreign=True)
 

@@ -25,7 +25,7 @@ from streamassign.runtime import (
     StoreState,
     TaskContext,
 )
-from streamassign.runtime.app import _ActiveTask
+from streamassign.runtime.tasks import ActiveTask
 
 TOPIC = "events"
 CHANGELOG = TopicPartition("app-totals-changelog", 0)
@@ -74,7 +74,7 @@ class Adder:
         ctx.send("out", table.get(record.key), key=record.key)
 
 
-def make(tmp_path: Path, policy: str) -> tuple[App, _ActiveTask, Recorder]:
+def make(tmp_path: Path, policy: str) -> tuple[App, ActiveTask, Recorder]:
     topology = Topology([Subtopology(0, [TOPIC], stores=["totals"])], name="app")
     app = App(
         topology,
@@ -84,9 +84,9 @@ def make(tmp_path: Path, policy: str) -> tuple[App, _ActiveTask, Recorder]:
         processing_errors=policy,  # type: ignore[arg-type]
     )
     recorder = Recorder()
-    app._producer = recorder  # type: ignore[assignment]
+    app._clients.producer = recorder  # type: ignore[assignment]
     state = StoreState.open("totals", CHANGELOG, MemoryStore())
-    task = _ActiveTask(TaskId(0, 0), 0, {"totals": state}, Adder())
+    task = ActiveTask(TaskId(0, 0), 0, {"totals": state}, Adder())
     return app, task, recorder
 
 
@@ -95,11 +95,11 @@ def test_replayed_records_are_skipped_and_counted_once(tmp_path: Path) -> None:
 
     async def run() -> None:
         for offset, value in enumerate([b"1", b"2", b"3"]):
-            await app._process(task, Rec(offset, b"k", value))
+            await app._processing.process(task, Rec(offset, b"k", value))
         task.stores["totals"].committed(marker_offset=99)
         for offset, value in enumerate([b"1", b"2", b"3"]):  # the input read again
-            await app._process(task, Rec(offset, b"k", value))
-        await app._process(task, Rec(3, b"k", b"4"))
+            await app._processing.process(task, Rec(offset, b"k", value))
+        await app._processing.process(task, Rec(3, b"k", b"4"))
 
     asyncio.run(run())
     assert task.context.store("totals").get(b"k") == b"10"
@@ -114,9 +114,9 @@ def test_skip_policy_undoes_the_failed_records_writes(tmp_path: Path) -> None:
     app, task, recorder = make(tmp_path, "skip")
 
     async def run() -> None:
-        await app._process(task, Rec(0, b"k", b"5"))
-        await app._process(task, Rec(1, b"k", b"boom"))  # wrote k once, then raised
-        await app._process(task, Rec(2, b"k", b"1"))
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._processing.process(task, Rec(1, b"k", b"boom"))  # wrote k once, then raised
+        await app._processing.process(task, Rec(2, b"k", b"1"))
 
     asyncio.run(run())
     table = task.context.store("totals")
@@ -129,8 +129,8 @@ def test_stop_policy_raises_and_does_not_move_the_offset(tmp_path: Path) -> None
     app, task, _ = make(tmp_path, "stop")
 
     async def run() -> None:
-        await app._process(task, Rec(0, b"k", b"5"))
-        await app._process(task, Rec(1, b"k", b"boom"))
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._processing.process(task, Rec(1, b"k", b"boom"))
 
     with pytest.raises(ProcessingError, match="events-0@1"):
         asyncio.run(run())
@@ -169,7 +169,7 @@ class Producer:
         self.sent.append((topic, key, value))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if key == COMMIT_KEY:
-            future.set_result(SimpleNamespace(offset=len(self.sent) - 1))
+            future.set_result(SimpleNamespace(offset=self.count(topic) - 1))
         else:
             self.open.append(future)
         return future
@@ -180,6 +180,31 @@ class Producer:
     def markers(self) -> int:
         return sum(1 for _, key, _ in self.sent if key == COMMIT_KEY)
 
+    def count(self, topic: str) -> int:
+        """Records sent to ``topic`` (its partition 0's end offset)."""
+        return sum(1 for t, _, _ in self.sent if t == topic)
+
+
+class Unread:
+    """A changelog reader that finds each changelog ending after the records ``producer``
+    sent to it and reads none of them (the test's store restores nothing)."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.producer = producer
+
+    def assign(self, tps: list[Any]) -> None: ...
+
+    def seek(self, tp: Any, offset: int) -> None: ...
+
+    async def position(self, tp: Any) -> int:
+        return self.producer.count(tp.topic)
+
+    async def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        return {tp: self.producer.count(tp.topic) for tp in tps}
+
+    async def getmany(self, *tps: Any, timeout_ms: int = 0, max_records: Any = None) -> dict:  # type: ignore[type-arg]
+        return {}
+
 
 class Committer:
     def __init__(self) -> None:
@@ -189,10 +214,10 @@ class Committer:
         self.commits.append(offsets)
 
 
-def gated(tmp_path: Path) -> tuple[App, _ActiveTask, Producer, Committer]:
+def gated(tmp_path: Path) -> tuple[App, ActiveTask, Producer, Committer]:
     app, task, _ = make(tmp_path, "stop")
     producer, committer = Producer(), Committer()
-    app._producer = producer  # type: ignore[assignment]
+    app._clients.producer = producer  # type: ignore[assignment]
     app.host.consumers.append(committer)  # type: ignore[arg-type]
     task.processor = Gated()
     Gated.gate = asyncio.Event()
@@ -206,16 +231,16 @@ def test_a_record_cancelled_halfway_is_never_committed(tmp_path: Path) -> None:
 
     async def run() -> None:
         Gated.gate.set()
-        await app._process(task, Rec(0, b"k", b"1"))  # a whole record: a=1, b=1
+        await app._processing.process(task, Rec(0, b"k", b"1"))  # a whole record: a=1, b=1
         Gated.gate.clear()
-        half = asyncio.create_task(app._process(task, Rec(1, b"k", b"1")))
+        half = asyncio.create_task(app._processing.process(task, Rec(1, b"k", b"1")))
         await asyncio.sleep(0.01)
         half.cancel()  # as a stop() past its grace period does
         with pytest.raises(asyncio.CancelledError):
             await half
         for future in producer.open:
             future.set_result(None)
-        await app._commit(0)
+        await app._commits.commit(0)
 
     asyncio.run(run())
     assert task.torn
@@ -230,8 +255,8 @@ def test_markers_wait_for_every_data_ack(tmp_path: Path) -> None:
     Gated.gate.set()
 
     async def run() -> None:
-        await app._process(task, Rec(0, b"k", b"1"))
-        commit = asyncio.create_task(app._commit(0))
+        await app._processing.process(task, Rec(0, b"k", b"1"))
+        commit = asyncio.create_task(app._commits.commit(0))
         await asyncio.sleep(0.01)
         assert producer.markers() == 0  # the writes are not acknowledged yet
         for future in producer.open:
@@ -249,10 +274,10 @@ def test_a_failed_data_write_commits_nothing(tmp_path: Path) -> None:
     Gated.gate.set()
 
     async def run() -> None:
-        await app._process(task, Rec(0, b"k", b"1"))
+        await app._processing.process(task, Rec(0, b"k", b"1"))
         producer.open[0].set_result(None)
         producer.open[1].set_exception(KafkaTimeoutError())
-        await app._commit(0)
+        await app._commits.commit(0)
 
     with pytest.raises(KafkaTimeoutError):
         asyncio.run(run())
@@ -267,19 +292,21 @@ def test_a_commit_failing_at_a_rebalance_drops_state_and_restores_before_running
     app, task, producer, committer = gated(tmp_path)
     Gated.gate.set()
 
-    async def run() -> _ActiveTask:
-        await app._process(task, Rec(0, b"k", b"1"))
+    async def run() -> ActiveTask:
+        await app._processing.process(task, Rec(0, b"k", b"1"))
         for future in producer.open:
             future.set_exception(KafkaTimeoutError())
         await app._rebalance_started(0)  # its commit fails: logged, not raised
         assert task.torn and task.stores["totals"].pending_applied == {}
         await app._rebalance_completed(0)  # the task stayed on consumer 0
+        app._clients.changelog_reader = Unread(producer)  # type: ignore[assignment]
+        await app._updater.settle()
         again = app._actives[task.task_id]
         assert again is not task and not again.torn
-        await app._process(again, Rec(0, b"k", b"1"))  # re-read: processed, not skipped
+        await app._processing.process(again, Rec(0, b"k", b"1"))  # re-read: processed, not skipped
         for future in producer.open[2:]:
             future.set_result(None)
-        await app._commit(0)
+        await app._commits.commit(0)
         return again
 
     again = asyncio.run(run())
@@ -319,16 +346,16 @@ def test_a_replayed_upstream_record_is_counted_once_downstream(tmp_path: Path) -
     )
     app = App(topology, {0: Split, 1: CountWords}, bootstrap_servers="x:1", state_dir=tmp_path)
     recorder = Recorder()
-    app._producer = recorder  # type: ignore[assignment]
+    app._clients.producer = recorder  # type: ignore[assignment]
     rep = frozenset(topology.repartition_topics)
     state = StoreState.open("counts", TopicPartition("app-counts-changelog", 0), MemoryStore())
-    down = _ActiveTask(TaskId(1, 0), 0, {"counts": state}, CountWords(), repartition=rep)
+    down = ActiveTask(TaskId(1, 0), 0, {"counts": state}, CountWords(), repartition=rep)
     sentence = Rec(7, b"s", b"to be or not to be", topic="sentences")
 
     async def run() -> None:
         for _ in range(2):  # the owner, then its heir after a crash
-            upstream = _ActiveTask(TaskId(0, 0), 0, {}, Split(), repartition=rep)
-            await app._process(upstream, sentence)
+            upstream = ActiveTask(TaskId(0, 0), 0, {}, Split(), repartition=rep)
+            await app._processing.process(upstream, sentence)
         words = [
             (k, h)
             for (t, k, _), h in zip(recorder.sent, recorder.headers, strict=True)
@@ -336,7 +363,9 @@ def test_a_replayed_upstream_record_is_counted_once_downstream(tmp_path: Path) -
         ]
         copies = [words[0], *words]  # the first word even three times
         for offset, (word, headers) in enumerate(copies):
-            await app._process(down, Rec(offset, word, b"1", topic="app-words", headers=headers))
+            await app._processing.process(
+                down, Rec(offset, word, b"1", topic="app-words", headers=headers)
+            )
 
     asyncio.run(run())
     counts = dict(state.items())

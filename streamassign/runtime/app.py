@@ -1,232 +1,80 @@
 """The runtime application: a topology, a processor per subtopology, N consumers in one process.
 
-Built on ``ProcessHost`` (the protocol, stickiness reporting, per-task callbacks). Per task it
-keeps a processor instance and its stores (``StoreState``: a local store plus its changelog
-partition); see ``changelog.py`` for how writes, commits and restores keep table state exact
-under at-least-once delivery, and ``docs/runtime.md`` for the whole design.
+Built on ``ProcessHost`` (the protocol, stickiness reporting, per-task callbacks). ``App``
+wires the parts, each in its own module: ``tasks`` (a task and the processor's view of it),
+``processing`` (records through processors), ``commits`` (commits and the membership checks),
+``restore`` (the state updater, reading changelogs for restores, standbys and warmups; and
+changelog lookups), ``standbys`` (the standby stores) and ``task_stores`` (opening, handing
+over and closing stores). ``changelog.py`` says how writes,
+commits and restores keep table state exact under at-least-once delivery; ``docs/runtime.md``
+has the whole design.
 
 Concurrency: one asyncio loop. Each consumer has its own processing loop and lock; a rebalance
 takes the lock, commits, and bumps an epoch so a batch fetched before it is dropped (its offsets
-were not committed; the next owner reads it again). One plain consumer (no group) keeps standby
-stores up to date; another restores stores of newly assigned actives, from their position to
-the changelog's end.
+were not committed; the next owner reads it again). The rebalance callbacks only open or hand
+over stores: the state updater (``restore.py``, its own loop) restores a newly assigned task
+while its input partitions are paused, and hands it back (``_restored``, under its consumer's
+lock) to compensate orphan writes and resume its input.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-import attrs
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import KafkaError
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import ErrorCode, StreamAssignError
 from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
+from ._clients import Clients
 from ._topics import ensure_internal_topics
-from .changelog import COMMIT_KEY, StoreState
+from .changelog import StoreState
+from .commits import Commits
 from .end_offsets import EndOffsetsCache, changelog_partitions
-from .stores import STORE_KINDS, StoreKind, open_store, require_store_library
+from .processing import ErrorPolicy, Processing, ProcessingError
+from .restore import ChangelogLookups, Restoring, StateUpdater
+from .standbys import Standbys
+from .stores import STORE_KINDS, StoreKind, require_store_library
+from .task_stores import TaskStores
+from .tasks import (
+    ActiveTask,
+    Processor,
+    ProcessorFactory,
+    Record,
+    RestoreEvent,
+    Table,
+    TaskContext,
+    source_of,
+    tear,
+)
+
+__all__ = [
+    "App",
+    "ErrorPolicy",
+    "ProcessingError",
+    "Processor",
+    "ProcessorFactory",
+    "Record",
+    "RestoreEvent",
+    "RuntimeConfigError",
+    "Table",
+    "TaskContext",
+]
 
 log = logging.getLogger("streamassign.runtime")
-
-ErrorPolicy = Literal["stop", "skip"]
-
-#: Seconds a changelog end offset lookup may take (at commits and resumes).
-_ENDS_TIMEOUT = 5.0
 
 
 class RuntimeConfigError(StreamAssignError, ValueError):
     """The application is configured inconsistently (e.g. a subtopology without processor)."""
-
-
-class ProcessingError(StreamAssignError):
-    """A processor raised; the application stopped without committing the failed record."""
-
-
-class Record(Protocol):
-    """An input record (aiokafka's ``ConsumerRecord`` has these fields)."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-
-
-class Processor(Protocol):
-    """Processes the records of one task; one instance per task, made by a factory."""
-
-    async def process(self, ctx: TaskContext, record: Record) -> None: ...
-
-
-ProcessorFactory = Callable[[], Processor]
-
-
-@attrs.frozen
-class RestoreEvent:
-    """One restore of one task's stores, for logs, tests and benchmarks.
-
-    ``source``: ``standby`` (took over a standby of this process), ``kept`` (state kept in
-    memory from a moment ago in this process), ``local`` (persistent store on disk), ``cold``
-    (nothing local: from the changelog's start). ``start``: the changelog offsets the
-    restore started from, summed over the task's stores (0: from scratch). ``compensated``:
-    uncommitted writes of a crashed owner (or of a failed commit) undone.
-    """
-
-    task: TaskId
-    source: str
-    start: int
-    records: int
-    seconds: float
-    compensated: int = 0
-
-
-class Table:
-    """A processor's view of one store: reads see the task's own uncommitted writes."""
-
-    def __init__(self, task: _ActiveTask, state: StoreState) -> None:
-        self._task = task
-        self._state = state
-
-    def get(self, key: bytes) -> bytes | None:
-        return self._state.get(key)
-
-    def items(self) -> Iterable[tuple[bytes, bytes]]:
-        return self._state.items()
-
-    def put(self, key: bytes, value: bytes | None) -> None:
-        """Write (``None`` deletes); goes to the changelog, committed with the task."""
-        state = self._state
-        mark = self._task.mark
-        if mark is not None and state.seen(*mark):
-            return  # this store already holds this record's effect (replay after a crash)
-        self._task.journal.append((state, key, key in state.pending, state.pending.get(key)))
-        state.put(key, value)
-        cl = state.changelog
-        self._task.outbox.append((cl.topic, cl.partition, key, value, None))
-
-    def delete(self, key: bytes) -> None:
-        self.put(key, None)
-
-
-class TaskContext:
-    """What a processor sees of its task: its id, its stores, and ``send`` for output."""
-
-    def __init__(self, task: _ActiveTask) -> None:
-        self._task = task
-        self.task_id = task.task_id
-        self._tables = {name: Table(task, state) for name, state in task.stores.items()}
-
-    def store(self, name: str) -> Table:
-        try:
-            return self._tables[name]
-        except KeyError:
-            raise KeyError(
-                f"task {self.task_id} has no store {name!r} (its stores: {sorted(self._tables)})"
-            ) from None
-
-    def send(
-        self,
-        topic: str,
-        value: bytes | None,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-    ) -> None:
-        """Produce to an output or repartition topic (partitioned by key when no partition is
-        given); acknowledged before the input offset is committed (at least once). A record
-        to a repartition topic carries where it comes from (input record and rank), so the
-        stores of the subtopology reading it apply a replayed copy only once."""
-        task = self._task
-        headers = None
-        if topic in task.repartition and task.current is not None:
-            headers = _upstream_headers(task.current, task.sends)
-            task.sends += 1
-        task.outbox.append((topic, partition, key, value, headers))
-
-
-#: One record to produce: topic, partition, key, value, headers.
-_Send = tuple[str, int | None, bytes | None, bytes | None, list[tuple[str, bytes]] | None]
-
-#: Headers of a repartition record: its upstream input partition, and its position there
-#: (input offset * _RANK_LIMIT + rank among the records that input record sent).
-UPSTREAM_HEADER = "streamassign.upstream"
-POSITION_HEADER = "streamassign.position"
-_RANK_LIMIT = 1 << 20
-
-
-def _upstream_headers(record: Record, rank: int) -> list[tuple[str, bytes]]:
-    if rank >= _RANK_LIMIT:
-        raise ValueError(f"one input record sent more than {_RANK_LIMIT} repartition records")
-    upstream = f"{record.topic}[{record.partition}]".encode()
-    position = str(record.offset * _RANK_LIMIT + rank).encode()
-    return [(UPSTREAM_HEADER, upstream), (POSITION_HEADER, position)]
-
-
-def _mark_of(record: Record) -> tuple[str, int]:
-    """The name and position under which the stores track ``record`` as applied: for a
-    repartition record, its upstream input partition and position (stable across upstream
-    replays, which give the same record a new offset); else its own topic and offset."""
-    headers = dict(getattr(record, "headers", None) or ())
-    upstream, position = headers.get(UPSTREAM_HEADER), headers.get(POSITION_HEADER)
-    if upstream is not None and position is not None:
-        try:
-            return upstream.decode(), int(position)
-        except ValueError:  # not ours: track it by its own offset
-            pass
-    return record.topic, record.offset
-
-
-@attrs.define(eq=False)
-class _ActiveTask:
-    task_id: TaskId
-    consumer: int
-    stores: dict[str, StoreState]
-    processor: Processor
-    context: TaskContext = attrs.field(init=False)
-    #: Next input offset to commit, per source partition.
-    offsets: dict[TopicPartition, int] = attrs.field(factory=dict)
-    committed: dict[TopicPartition, int] = attrs.field(factory=dict)
-    futures: list[asyncio.Future[Any]] = attrs.field(factory=list)
-    outbox: list[_Send] = attrs.field(factory=list)
-    journal: list[tuple[StoreState, bytes, bool, bytes | None]] = attrs.field(factory=list)
-    current: Record | None = None
-    #: What identifies the current record in the stores' applied offsets (see ``_mark_of``).
-    mark: tuple[str, int] | None = None
-    #: Repartition topics (their records carry upstream headers), and how many records the
-    #: current record has sent to them so far.
-    repartition: frozenset[str] = frozenset()
-    sends: int = 0
-    processed: int = 0
-    skipped: int = 0
-    #: Its uncommitted state was dropped (cancelled mid-record, failed commit): it must be
-    #: restored from its changelog before it processes or commits again.
-    torn: bool = False
-    #: Its stores by changelog partition (to count what each one's owner produced).
-    by_changelog: dict[TopicPartition, StoreState] = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self.context = TaskContext(self)
-        self.by_changelog = {s.changelog: s for s in self.stores.values()}
-
-
-def _source_of(states: Mapping[str, StoreState], how: str) -> str:
-    if how == "open":
-        return "local" if any(s.position for s in states.values()) else "cold"
-    return how
 
 
 class App:
@@ -294,7 +142,6 @@ class App:
         self.commit_interval = commit_interval_ms / 1000
         #: Seconds ``stop()`` lets each loop finish its current record before cancelling it.
         self.stop_grace = 30.0
-        self.processing_errors = processing_errors
         self.replication_factor = replication_factor
         # A new application reads its input from the start, as Kafka Streams does.
         self.consumer_config = {"auto_offset_reset": "earliest", **(consumer_config or {})}
@@ -320,26 +167,23 @@ class App:
         self.threads = threads
         #: Every restore of active tasks, in order (tests and benchmarks read it).
         self.restore_events: list[RestoreEvent] = []
-        self.processed = 0
-        self.skipped = 0
         self.failure: BaseException | None = None
-        self._actives: dict[TaskId, _ActiveTask] = {}
-        self._standbys: dict[TaskId, dict[str, StoreState]] = {}
-        #: The consumer each standby belongs to (a standby may move between consumers of
-        #: this process, and their callbacks run in any order).
-        self._standby_owner: dict[TaskId, int] = {}
-        #: Standbys of tasks still active here until their consumer revokes them, by consumer.
-        self._want_standby: dict[TaskId, int] = {}
-        #: Stores of tasks that left an active or standby role during the current rebalance
-        #: (with that role), so another consumer of this process can take them without restoring.
-        self._parked: dict[TaskId, tuple[dict[str, StoreState], str]] = {}
+        self._clients = Clients()
+        self._actives: dict[TaskId, ActiveTask] = {}
+        self._standbys = Standbys()
+        self._stores = TaskStores(topology, store_kind, self.host.state, self._standbys)
+        self._updater = StateUpdater(
+            self._clients, self._standbys, self._stores.checkpoint, self._restored
+        )
+        self._lookups = ChangelogLookups(self._clients)
+        self._processing = Processing(topology, self._clients, self._actives, processing_errors)
+        self._commits = Commits(
+            self.host, self._clients, self._actives, self._lookups, self._stores
+        )
         self._suspended: dict[int, frozenset[TaskId]] = {}
         self._rebalancing: set[int] = set()
         self._locks = [asyncio.Lock() for _ in range(threads)]
         self._epochs = [0] * threads
-        self._standby_lock = asyncio.Lock()
-        self._standby_dirty = False
-        self._restore_lock = asyncio.Lock()
         self._stopped = asyncio.Event()
         #: Set by ``stop()`` once the loops have ended: task changes are no-ops from then on.
         self._closing = False
@@ -347,16 +191,28 @@ class App:
         self._changes_done = asyncio.Event()
         self._changes_done.set()
         self._loops: list[asyncio.Task[None]] = []
-        self._producer: AIOKafkaProducer | None = None
-        self._restorer: AIOKafkaConsumer | None = None
-        self._standby_reader: AIOKafkaConsumer | None = None
-        self._checkpointed: dict[TaskId, dict[TopicPartition, int]] = {}
-        #: Stores closing in a thread, by task (opened again only once closed).
-        self._store_closes: dict[TaskId, asyncio.Future[None]] = {}
 
     @property
     def state(self) -> Any:
         return self.host.state
+
+    @property
+    def processing_errors(self) -> ErrorPolicy:
+        return self._processing.errors
+
+    @processing_errors.setter
+    def processing_errors(self, policy: ErrorPolicy) -> None:
+        self._processing.errors = policy
+
+    @property
+    def processed(self) -> int:
+        """Records processed by this process's actives."""
+        return self._processing.processed
+
+    @property
+    def skipped(self) -> int:
+        """Records skipped as replays (already in every store of their task)."""
+        return self._processing.skipped
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -378,18 +234,19 @@ class App:
             "enable_idempotence": True,
             **self.producer_config,
         }
-        self._producer = AIOKafkaProducer(
+        clients = self._clients
+        clients.producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap_servers, **producer_config
         )
         restore_config = {"enable_auto_commit": False, "auto_offset_reset": "earliest"}
-        self._restorer = AIOKafkaConsumer(
+        clients.restorer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **restore_config
         )
-        self._standby_reader = AIOKafkaConsumer(
+        clients.changelog_reader = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **restore_config
         )
         await asyncio.gather(
-            self._producer.start(), self._restorer.start(), self._standby_reader.start()
+            clients.producer.start(), clients.restorer.start(), clients.changelog_reader.start()
         )
         await self.host.start()
         log.info(
@@ -402,8 +259,11 @@ class App:
         loops = [
             self._fail_on_error(self._consume(i), f"consumer {i}") for i in range(self.threads)
         ]
-        loops.append(self._fail_on_error(self._standby_loop(), "the standby reader"))
+        loops.append(self._fail_on_error(self._state_updater_loop(), "the state updater"))
         self._loops = [asyncio.create_task(loop) for loop in loops]
+
+    def _state_updater_loop(self) -> Coroutine[Any, Any, None]:
+        return self._updater.run(self._stopped, lambda: self.commit_interval)
 
     async def _fail_on_error(self, loop: Awaitable[None], what: str) -> None:
         """Run a loop; its failure stops the application (once, clearly), never silently
@@ -455,23 +315,22 @@ class App:
                     log.warning("consumer %d did not stop in time; its tasks are not committed", i)
                     for task in self._actives.values():
                         if task.consumer == i:
-                            _tear(task)
+                            tear(task)
                     continue
                 async with self._locks[i]:
-                    await self._commit_safely(i)
-        closes = [self._close_states(t.task_id, t.stores) for t in self._actives.values()]
+                    await self._commits.commit_safely(i)
+        closes = [self._stores.close(t.task_id, t.stores) for t in self._actives.values()]
         self._actives.clear()
-        parked = [(t, states) for t, (states, _) in self._parked.items()]
-        for task_id, states in [*self._standbys.items(), *parked]:
-            closes.append(self._close_states(task_id, states))
-        self._standbys.clear()
-        self._standby_owner.clear()
-        self._parked.clear()
-        await asyncio.gather(*closes, *self._store_closes.values())
+        parked = [(t, states) for t, (states, _) in self._stores.parked.items()]
+        for task_id, states in [*self._standbys.clear(), *parked]:
+            closes.append(self._stores.close(task_id, states))
+        self._stores.parked.clear()
+        await asyncio.gather(*closes, *self._stores.closing.values())
         await self.host.stop()
         if self.end_offsets is not None:
             await self.end_offsets.stop()
-        clients = [c for c in (self._producer, self._restorer, self._standby_reader) if c]
+        started = (self._clients.producer, self._clients.restorer, self._clients.changelog_reader)
+        clients = [c for c in started if c]
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
         log.info("process %s stopped", self.host.process_id)
 
@@ -487,8 +346,14 @@ class App:
         return frozenset(self._actives)
 
     @property
+    def restoring_tasks(self) -> frozenset[TaskId]:
+        """Active tasks whose stores are being restored (their input paused): a subset of
+        ``active_tasks``."""
+        return frozenset(t for t, task in self._actives.items() if task.restoring or task.torn)
+
+    @property
     def standby_tasks(self) -> frozenset[TaskId]:
-        return frozenset(self._standbys)
+        return frozenset(self._standbys.states)
 
     def table(self, task: TaskId, store: str) -> dict[bytes, bytes]:
         """Committed plus pending content of an active task's store (inspection, tests)."""
@@ -498,13 +363,13 @@ class App:
         self, task: TaskId, store: str
     ) -> tuple[Literal["active", "standby"], StoreState] | None:
         """This process's copy of ``store`` of ``task`` for interactive queries
-        (``runtime/queries.py``): the active's (not while its state was dropped and awaits a
-        restore) or a standby's (warmups too), else None. It changes at every task change:
-        read it at once, with no ``await`` in between."""
+        (``runtime/queries.py``): the active's (not while it restores, or while its state was
+        dropped and awaits a restore) or a standby's (warmups too), else None. It changes at
+        every task change: read it at once, with no ``await`` in between."""
         active = self._actives.get(task)
         if active is not None:
-            return None if active.torn else ("active", active.stores[store])
-        standby = self._standbys.get(task)
+            return None if active.torn or active.restoring else ("active", active.stores[store])
+        standby = self._standbys.states.get(task)
         return None if standby is None else ("standby", standby[store])
 
     # -- processing ------------------------------------------------------------------------------
@@ -517,396 +382,21 @@ class App:
                 await asyncio.sleep(0.01)
                 continue
             epoch = self._epochs[index]
+            self._pause_restoring(index)
             batch = await consumer.getmany(timeout_ms=100)
             async with self._locks[index]:
                 if epoch != self._epochs[index]:
                     # A rebalance came between (the records may even be of the new
                     # assignment): process nothing, read them again.
-                    self._rewind(consumer, batch.values())
+                    self._processing.rewind(consumer, batch.values())
                     continue
                 if batch:
-                    await self._process_batch(index, batch)
+                    await self._processing.process_batch(index, consumer, batch)
                 if time.monotonic() >= next_commit:
-                    await self._commit(index)
+                    await self._commits.commit(index)
                     next_commit = time.monotonic() + self.commit_interval
 
-    async def _process_batch(self, index: int, batch: Mapping[Any, list[Any]]) -> None:
-        consumer = self.host.consumers[index]
-        by_task: dict[TaskId, list[list[Any]]] = {}
-        for tp, records in batch.items():
-            by_task.setdefault(self.topology.task_of(TopicPartition(*tp)), []).append(records)
-        for task_id, lists in sorted(by_task.items()):
-            task = self._actives.get(task_id)
-            if task is None or task.consumer != index or task.torn:  # read them again later
-                if task is not None and task.torn:
-                    log.debug("consumer %d: task %s waits for its restore", index, task_id)
-                else:
-                    log.warning("consumer %d: records of task %s it does not run", index, task_id)
-                self._rewind(consumer, lists)
-                continue
-            # Co-partitioned partitions of one task: in timestamp order, as Kafka Streams.
-            ordered: Iterable[Any] = (
-                lists[0] if len(lists) == 1 else heapq.merge(*lists, key=_timestamp)
-            )
-            for record in ordered:
-                await self._process(task, record)
-
-    @staticmethod
-    def _rewind(consumer: AIOKafkaConsumer, batches: Iterable[list[Any]]) -> None:
-        """Seek back to the first record of every partition in ``batches`` that is still
-        assigned, so records fetched but not processed are fetched again, never skipped."""
-        for records in batches:
-            if records:
-                first = records[0]
-                tp = KafkaTopicPartition(first.topic, first.partition)
-                with contextlib.suppress(Exception):  # no longer assigned: nothing to rewind
-                    consumer.seek(tp, first.offset)
-
-    async def _process(self, task: _ActiveTask, record: Record) -> None:
-        tp = TopicPartition(record.topic, record.partition)
-        stores = task.stores.values()
-        mark = _mark_of(record)
-        if stores and all(s.seen(*mark) for s in stores):
-            task.skipped += 1  # already in every store: a replay after a crash or rebalance
-            self.skipped += 1
-            task.offsets[tp] = record.offset + 1
-            return
-        task.current, task.mark, task.sends = record, mark, 0
-        try:
-            await task.processor.process(task.context, record)
-        except Exception as exc:
-            _undo(task)
-            if self.processing_errors == "stop":
-                raise ProcessingError(
-                    f"task {task.task_id}: processing {record.topic}-{record.partition}"
-                    f"@{record.offset} failed: {exc!r}"
-                ) from exc
-            log.warning(
-                "task %s: skipped %s-%d@%d after the processor raised %r",
-                task.task_id,
-                record.topic,
-                record.partition,
-                record.offset,
-                exc,
-            )
-        except BaseException:  # cancelled (or interrupted) mid-record: commit none of it
-            _undo(task)
-            _tear(task)
-            raise
-        finally:
-            task.current = task.mark = None
-        task.journal.clear()
-        for s in stores:
-            s.mark_processed(*mark)
-        try:
-            await self._send_outbox(task)
-        except BaseException:  # part of the record's writes may be out: commit none of them
-            _tear(task)
-            raise
-        task.offsets[tp] = record.offset + 1
-        task.processed += 1
-        self.processed += 1
-
-    async def _send_outbox(self, task: _ActiveTask) -> None:
-        producer = self._producer
-        assert producer is not None
-        changelogs = task.by_changelog
-        for topic, partition, key, value, headers in task.outbox:
-            task.futures.append(
-                await producer.send(topic, value, key=key, partition=partition, headers=headers)
-            )
-            state = (
-                changelogs.get(TopicPartition(topic, partition)) if partition is not None else None
-            )
-            if state is not None:
-                state.produced()
-        task.outbox.clear()
-
-    async def _commit(self, index: int) -> None:
-        """Data and output acks, then changelog markers and their acks, then local stores and
-        checkpoints, then input offsets. A failed write raises before any marker is produced,
-        so no marker ever closes writes the changelog may not hold."""
-        producer = self._producer
-        assert producer is not None
-        tasks = [t for t in self._actives.values() if t.consumer == index and not t.torn]
-        futures = [f for t in tasks for f in t.futures]
-        if futures:
-            await asyncio.gather(*futures)  # a failed write raises: nothing is committed
-        for task in tasks:
-            task.futures.clear()
-        dirty = [t for t in tasks if any(s.dirty for s in t.stores.values())]
-        if not await self._sole_writer(index, dirty):
-            return
-        tasks = [t for t in tasks if not t.torn]
-        done = await self._write_markers(index, tasks)
-        tasks = [t for t in tasks if not t.torn]
-        if done:
-            # Off the loop and not interrupted halfway: a cancel waits for the local writes.
-            committed = [(state, offset) for task, state, offset in done if not task.torn]
-            writes = asyncio.ensure_future(asyncio.to_thread(_write_committed, committed))
-            try:
-                await asyncio.shield(writes)
-            except asyncio.CancelledError:
-                await asyncio.wait([writes])
-                raise
-        for task in tasks:
-            # Not fsync'd: every commit writes it, and one a crash loses is only older (the
-            # restore replays a little more); closing a task writes a durable one.
-            self._checkpoint(task.task_id, task.stores, durable=False)
-        offsets = {}
-        for task in tasks:
-            for tp, offset in task.offsets.items():
-                if task.committed.get(tp) != offset:
-                    offsets[KafkaTopicPartition(*tp)] = offset
-        if not offsets:
-            return
-        try:
-            await self.host.consumers[index].commit(offsets)
-        except KafkaError as exc:
-            # The group is rebalancing (or these partitions moved): the state is committed,
-            # so whoever reads these records again skips them in the stores.
-            log.warning("consumer %d: input offsets not committed (%r)", index, exc)
-            return
-        for task in tasks:
-            task.committed.update(task.offsets)
-
-    async def _commit_safely(self, index: int) -> None:
-        """Commit; on failure drop the consumer's uncommitted state as a crash would (its
-        writes may be in the changelog without a marker): each task is restored (and its
-        orphan writes compensated) before it runs again, and its input is re-read."""
-        try:
-            await self._commit(index)
-        except Exception as exc:
-            log.warning(
-                "consumer %d: commit failed (%r); its tasks' uncommitted state is dropped, "
-                "restored from the changelog and the input re-read",
-                index,
-                exc,
-            )
-            for task in self._actives.values():
-                if task.consumer == index:
-                    _tear(task)
-
-    async def _write_markers(
-        self, index: int, tasks: Sequence[_ActiveTask]
-    ) -> list[tuple[_ActiveTask, StoreState, int]]:
-        """A marker per store with pending writes, acknowledged; each must land where its
-        owner's records end (``StoreState.end``). One that lands later closed another
-        writer's records too: ``_reassert`` writes ours after them, or the task is torn."""
-        producer = self._producer
-        assert producer is not None
-        markers = []
-        for task in tasks:
-            for state in task.stores.values():
-                if state.dirty:
-                    tp = state.changelog
-                    expected = state.end
-                    future = await producer.send(
-                        tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition
-                    )
-                    markers.append((task, state, expected, future))
-        if markers:
-            await asyncio.gather(*(f for *_, f in markers))
-        done, failed = [], []
-        for task, state, expected, future in markers:  # every task's pending writes intact
-            offset: int | None = future.result().offset
-            if expected is not None and offset is not None and offset != expected:
-                offset = await self._reassert(task, state, expected, offset)
-            if offset is None:
-                failed.append(task)
-            else:
-                done.append((task, state, offset))
-        for task in failed:
-            _tear(task)
-            self.host.request_rejoin(index)
-        return done
-
-    async def _sole_writer(self, index: int, dirty: Sequence[_ActiveTask]) -> bool:
-        """Whether ``index`` may write markers: it is still the member its tasks were
-        assigned to (else every task of it is torn: a zombie commits nothing), and nobody
-        else wrote the changelogs of ``dirty`` since it last read or wrote them (a task whose
-        changelog was written elsewhere is torn and the consumer rejoins, so the task is
-        restored or leaves). False also when the ends cannot be read (commit later)."""
-        if self._lost(index):
-            return False
-        checked = [s for t in dirty for s in t.stores.values() if s.end is not None]
-        if not checked or self._restorer is None:
-            return True
-        tps = [KafkaTopicPartition(*s.changelog) for s in checked]
-        try:
-            ends = await asyncio.wait_for(self._restorer.end_offsets(tps), _ENDS_TIMEOUT)
-        except (KafkaError, TimeoutError) as exc:
-            log.warning("consumer %d: changelog ends unknown (%r); committing later", index, exc)
-            return False
-        if self._lost(index):  # learnt while we waited
-            return False
-        foreign = False
-        for task in dirty:
-            stale = {
-                s.name: (ends[KafkaTopicPartition(*s.changelog)], s.end)
-                for s in task.stores.values()
-                if s.end is not None and ends[KafkaTopicPartition(*s.changelog)] != s.end
-            }
-            if stale:
-                log.warning(
-                    "consumer %d: task %s: its changelog was written by another writer "
-                    "(end, expected: %s); its uncommitted state is dropped, no marker written",
-                    index,
-                    task.task_id,
-                    stale,
-                )
-                _tear(task)
-                foreign = True
-        if foreign:
-            self.host.request_rejoin(index)
-        return True
-
-    def _lost(self, index: int) -> bool:
-        """``index`` lost its membership since its last assignment: tear its tasks."""
-        if not self.host.member_lost(index):
-            return False
-        self._tear_consumer(index, "left the group (evicted)")
-        return True
-
-    def _tear_consumer(self, index: int, why: str) -> None:
-        mine = [t for t in self._actives.values() if t.consumer == index and not t.torn]
-        for task in mine:
-            _tear(task)
-        if mine:
-            log.warning(
-                "consumer %d %s: the uncommitted state of %d task(s) is dropped and no "
-                "marker written; they are restored before they run here again",
-                index,
-                why,
-                len(mine),
-            )
-
-    async def _reassert(
-        self, task: _ActiveTask, state: StoreState, first: int, marker: int
-    ) -> int | None:
-        """Another writer's records landed in ``state``'s changelog at ``[first, marker)``,
-        between this owner's records and its marker, which closed them too. Write this
-        owner's value of every key they wrote again, then a marker after them, so that the
-        changelog ends at this owner's state; its offset, or None after three tries."""
-        producer = self._producer
-        assert producer is not None
-        tp = state.changelog
-        for _ in range(3):
-            keys = await self._keys_written(tp, first, marker)
-            log.warning(
-                "task %s: %d record(s) of another writer in %s[%d] (offsets %d to %d) before "
-                "this commit's marker; writing this owner's value of their %d key(s) again",
-                task.task_id,
-                marker - first,
-                tp.topic,
-                tp.partition,
-                first,
-                marker,
-                len(keys),
-            )
-            state.end = marker + 1
-            futures = []
-            for key in keys:
-                value = state.pending[key] if key in state.pending else state.store.get(key)
-                state.pending[key] = value
-                futures.append(
-                    await producer.send(tp.topic, value, key=key, partition=tp.partition)
-                )
-                state.produced()
-            expected = state.end
-            futures.append(
-                await producer.send(
-                    tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition
-                )
-            )
-            acks = await asyncio.gather(*futures)
-            first, marker = expected, acks[-1].offset
-            if marker == expected:
-                return marker
-        log.error("task %s: %s[%d] keeps being written by another writer", task.task_id, *tp)
-        return None
-
-    async def _keys_written(self, tp: TopicPartition, first: int, end: int) -> list[bytes]:
-        """Data keys of changelog partition ``tp`` at offsets ``[first, end)``."""
-        reader = self._restorer
-        assert reader is not None
-        ktp = KafkaTopicPartition(*tp)
-        keys: set[bytes] = set()
-        async with self._restore_lock:
-            reader.assign([ktp])
-            reader.seek(ktp, first)
-            while await reader.position(ktp) < end:
-                for records in (await reader.getmany(ktp, timeout_ms=200)).values():
-                    keys.update(
-                        r.key
-                        for r in records
-                        if r.offset < end and r.key is not None and r.key != COMMIT_KEY
-                    )
-            reader.assign([])
-        return sorted(keys)
-
-    def _checkpoint(
-        self, task: TaskId, states: Mapping[str, StoreState], *, durable: bool = True
-    ) -> None:
-        offsets = {s.changelog: s.position for s in states.values()}
-        if offsets and self._checkpointed.get(task) != offsets:
-            try:
-                self.state.write_checkpoint(task, offsets, durable=durable)
-                self._checkpointed[task] = offsets
-            except OSError as exc:
-                log.warning("cannot checkpoint task %s: %s", task, exc)
-
     # -- task changes (called by the host) -------------------------------------------------------
-
-    def _open_states(self, task: TaskId) -> dict[str, StoreState]:
-        stores = self.topology.subtopology(task.subtopology).stores
-        states = {}
-        for name in stores:
-            changelog = TopicPartition(self.topology.changelog_topic(name), task.partition)
-            path = self.state.task_dir(task) / f"{name}.rocksdb"
-            states[name] = StoreState.open(name, changelog, open_store(self.store_kind, path))
-        return states
-
-    async def _take_states(self, task: TaskId) -> tuple[dict[str, StoreState], str]:
-        """The task's stores: kept from a moment ago, a standby's, or opened from disk."""
-        if task in self._parked:
-            return self._parked.pop(task)
-        async with self._standby_lock:
-            if task in self._standbys:
-                self._standby_dirty = True
-                self._standby_owner.pop(task, None)
-                return self._standbys.pop(task), "standby"
-        closing = self._store_closes.get(task)
-        if closing is not None:  # left a moment ago: its files are ours once closed
-            await asyncio.wait([closing])
-        return self._open_states(task), "open"
-
-    def _close_states(self, task: TaskId, states: Mapping[str, StoreState]) -> asyncio.Future[None]:
-        """Close a task's stores; a persistent store keeps its checkpoint (sticky restarts),
-        an in-memory one loses it with its content. The stores close in a thread (closing a
-        large RocksDB store takes seconds, which would stall heartbeats and every consumer);
-        opening the task's stores again waits for it (``_take_states``)."""
-        persistent = False
-        for state in states.values():
-            persistent = state.store.persistent
-            state.drop_unclosed()
-        try:
-            if persistent:
-                self._checkpoint(task, states)
-            else:
-                self.state.delete_checkpoint(task)
-                self._checkpointed.pop(task, None)
-        except Exception:  # the stores still close below
-            log.exception("task %s: checkpoint on close failed", task)
-        closing = asyncio.ensure_future(asyncio.to_thread(_close_stores, task, [*states.values()]))
-        self._store_closes[task] = closing
-
-        def forget(done: asyncio.Future[None]) -> None:
-            if self._store_closes.get(task) is done:
-                del self._store_closes[task]
-
-        closing.add_done_callback(forget)
-        return closing
 
     async def _assign(self, consumer: int, tasks: frozenset[TaskId]) -> None:
         new: list[tuple[TaskId, dict[str, StoreState], str]] = []
@@ -918,52 +408,104 @@ class App:
                 if task.torn:  # its state was dropped: restore it like a crashed owner's
                     new.append((task_id, task.stores, "kept"))
                 continue
-            self._want_standby.pop(task_id, None)
-            states, how = await self._take_states(task_id)
-            new.append((task_id, states, _source_of(states, how)))
+            self._standbys.wanted.pop(task_id, None)
+            states, how = await self._stores.take(task_id)
+            new.append((task_id, states, source_of(states, how)))
         await self._start_tasks(consumer, new)
 
     async def _start_tasks(
         self, consumer: int, new: Sequence[tuple[TaskId, dict[str, StoreState], str]]
     ) -> None:
-        """Restore ``new`` tasks' stores to their changelog's end, undo orphan writes, run."""
-        if any(source == "kept" for _, _, source in new) and self._producer is not None:
-            await self._producer.flush()  # a torn task's writes in flight: in the changelog
-        starts = {t: sum(s.position for s in states.values()) for t, states, _ in new}
-        started = time.monotonic()
-        counts = await self._restore([s for _, states, _ in new for s in states.values()])
-        seconds = time.monotonic() - started
+        """Run ``new`` tasks: a stateless one at once, a stateful one once the state updater
+        has restored its stores (its input is paused until then: ``_restored``)."""
+        producer = self._clients.producer
+        if any(source == "kept" for _, _, source in new) and producer is not None:
+            await producer.flush()  # a torn task's writes in flight: in the changelog
         for task_id, states, source in new:
             processor = self.processors[task_id.subtopology]()
-            task = _ActiveTask(task_id, consumer, states, processor, repartition=self._repartition)
-            compensated = 0
-            for state in states.values():
-                keys = state.compensate()
-                compensated += len(keys)
-                for key in keys:
-                    cl = state.changelog
-                    task.outbox.append((cl.topic, cl.partition, key, state.pending[key], None))
-            await self._send_outbox(task)
+            task = ActiveTask(task_id, consumer, states, processor, repartition=self._repartition)
             self._actives[task_id] = task
-            records = sum(counts.get(id(s), 0) for s in states.values())
-            if states:
-                self.restore_events.append(
-                    RestoreEvent(task_id, source, starts[task_id], records, seconds, compensated)
-                )
-                self._checkpoint(task_id, states)
             if not states:
+                self._updater.cancel(task_id)
                 log.info("consumer %d: task %s assigned (stateless)", consumer, task_id)
                 continue
+            self._updater.add(task, source)
             log.info(
-                "consumer %d: task %s assigned (state: %s, %d changelog records restored%s)",
+                "consumer %d: task %s assigned (state: %s, from changelog offset %s); "
+                "restoring, its input paused",
                 consumer,
                 task_id,
                 source,
-                records,
-                f", {compensated} uncommitted writes of a crashed owner undone"
-                if compensated
-                else "",
+                ",".join(str(s.position) for s in states.values()),
             )
+        self._pause_restoring(consumer)
+
+    async def _restored(self, entry: Restoring) -> bool:
+        """The state updater restored ``entry``: undo orphan writes, resume the task's input.
+        False: not now (its consumer is in a rebalance; asked again at the next step)."""
+        task = entry.task
+        if self._actives.get(task.task_id) is not task or not task.restoring or self._closing:
+            return True  # revoked, replaced or torn meanwhile: this restore is void
+        index = task.consumer
+        if index in self._rebalancing:
+            return False
+        async with self._locks[index]:
+            if task.consumer != index or index in self._rebalancing or not task.restoring:
+                return False
+            if self._commits.lost(index):  # tears it: restored again after the rebalance
+                return True
+            assert entry.ends is not None
+            compensated = 0
+            for state in task.stores.values():
+                state.end = entry.ends[state.changelog]  # the active's records land from here
+                keys = state.compensate()
+                compensated += len(keys)
+                cl = state.changelog
+                task.outbox.extend(
+                    (cl.topic, cl.partition, k, state.pending[k], None) for k in keys
+                )
+            await self._processing.send_outbox(task)
+            task.restoring = False
+            seconds = time.monotonic() - entry.started
+            event = RestoreEvent(
+                task.task_id, entry.source, entry.start, entry.records, seconds, compensated
+            )
+            self.restore_events.append(event)
+            self._stores.checkpoint(task.task_id, task.stores)
+            self._pause_restoring(index)
+        log.info(
+            "consumer %d: task %s restored (state: %s, %d changelog records in %.1f s%s); running",
+            index,
+            task.task_id,
+            entry.source,
+            event.records,
+            seconds,
+            f", {compensated} uncommitted writes of a crashed owner undone" if compensated else "",
+        )
+        return True
+
+    def _pause_restoring(self, index: int) -> None:
+        """Pause exactly the input partitions of ``index``'s tasks that cannot process now
+        (restoring, or torn until their restore); a new assignment resets pauses, so every
+        fetch of the consumer loop calls this again."""
+        if index >= len(self.host.consumers):
+            return
+        consumer = self.host.consumers[index]
+        try:
+            assigned = consumer.assignment()
+            paused = consumer.paused()
+        except Exception:  # no assignment (between generations): nothing to pause
+            return
+        hold = set()
+        for tp in assigned:
+            task = self._actives.get(self.topology.task_of(TopicPartition(*tp)))
+            if task is not None and task.consumer == index and (task.restoring or task.torn):
+                hold.add(tp)
+        with contextlib.suppress(Exception):  # a partition just unassigned
+            if hold - paused:
+                consumer.pause(*(hold - paused))
+            if paused - hold:
+                consumer.resume(*(paused - hold))
 
     async def _revoke(self, consumer: int, tasks: frozenset[TaskId]) -> None:
         for task_id in sorted(tasks):
@@ -971,16 +513,17 @@ class App:
             if task is None or task.consumer != consumer:
                 continue  # already moved to another consumer of this process
             del self._actives[task_id]
-            if task_id in self._want_standby:
-                owner = self._want_standby.pop(task_id)
-                await self._add_standby_states(task_id, task.stores, owner)
+            self._updater.cancel(task_id)  # its stores keep what they restored so far
+            if task_id in self._standbys.wanted:
+                owner = self._standbys.wanted.pop(task_id)
+                await self._standbys.add(task_id, task.stores, owner)
                 log.info(
                     "consumer %d: task %s revoked; its stores stay here as a standby",
                     consumer,
                     task_id,
                 )
             else:
-                self._parked[task_id] = (task.stores, "kept")
+                self._stores.parked[task_id] = (task.stores, "kept")
                 log.info(
                     "consumer %d: task %s revoked (its stores stay open until the rebalance "
                     "ends, for another consumer of this process that may take it)",
@@ -993,47 +536,32 @@ class App:
             if not self.topology.subtopology(task_id.subtopology).stores:
                 continue
             if task_id in self._actives:  # still active on another consumer until it revokes
-                self._want_standby[task_id] = consumer
+                self._standbys.wanted[task_id] = consumer
                 continue
-            if task_id in self._standbys:  # moves from another consumer of this process
-                self._standby_owner[task_id] = consumer
+            if task_id in self._standbys.states:  # moves from another consumer of this process
+                self._standbys.owner[task_id] = consumer
                 continue
-            states, how = await self._take_states(task_id)
-            await self._add_standby_states(task_id, states, consumer)
+            states, how = await self._stores.take(task_id)
+            await self._standbys.add(task_id, states, consumer)
             log.info(
                 "consumer %d: standby %s added (state: %s, from changelog offset %s)",
                 consumer,
                 task_id,
-                _source_of(states, how),
+                source_of(states, how),
                 ",".join(str(s.position) for s in states.values()),
             )
 
-    async def _add_standby_states(
-        self, task: TaskId, states: dict[str, StoreState], consumer: int
-    ) -> None:
-        async with self._standby_lock:
-            self._standbys[task] = states
-            self._standby_owner[task] = consumer
-            self._standby_dirty = True
-
     async def _remove_standbys(self, consumer: int, tasks: frozenset[TaskId]) -> None:
         for task_id in sorted(tasks):
-            if self._want_standby.get(task_id) == consumer:
-                del self._want_standby[task_id]
-            async with self._standby_lock:
-                if self._standby_owner.get(task_id) != consumer:
-                    continue  # not (or no longer) this consumer's: another one holds it now
-                del self._standby_owner[task_id]
-                states = self._standbys.pop(task_id, None)
-                self._standby_dirty = True
+            states = await self._standbys.remove(consumer, task_id)
             if states is not None:
-                self._parked[task_id] = (states, "standby")
+                self._stores.parked[task_id] = (states, "standby")
                 log.info("consumer %d: standby %s removed", consumer, task_id)
 
     async def _membership_lost(self, consumer: int) -> None:
         async with self._locks[consumer]:
             self._epochs[consumer] += 1  # a batch fetched as a zombie is not processed
-            self._tear_consumer(consumer, "was out of the group")
+            self._commits.tear_consumer(consumer, "was out of the group")
 
     async def _rebalance_started(self, consumer: int) -> None:
         self._rebalancing.add(consumer)
@@ -1042,7 +570,7 @@ class App:
             self._suspended[consumer] = frozenset(
                 t for t, task in self._actives.items() if task.consumer == consumer
             )
-            await self._commit_safely(consumer)
+            await self._commits.commit_safely(consumer)
         if self.end_offsets is not None:  # the leader's lags: as of this rebalance's commits
             self.end_offsets.refresh_soon()
         if self._suspended[consumer]:
@@ -1057,7 +585,7 @@ class App:
         kept = mine & self._suspended.pop(consumer, frozenset())
         # Before the consumer processes again (a write of its own would move an end).
         try:
-            await self._check_ends(consumer, kept)
+            await self._commits.check_ends(consumer, kept)
             torn = [
                 (t, self._actives[t].stores, "kept") for t in sorted(mine) if self._actives[t].torn
             ]
@@ -1065,7 +593,9 @@ class App:
                 await self._start_tasks(consumer, torn)
         finally:
             self._rebalancing.discard(consumer)
-        resumed = kept - {t for t, _, _ in torn}
+        self._pause_restoring(consumer)  # the new assignment has no pauses yet
+        restoring = {t for t in mine if self._actives[t].restoring}
+        resumed = kept - restoring
         if resumed:
             log.info(
                 "consumer %d: resumed %s (same consumer, same member, changelogs at their "
@@ -1075,166 +605,7 @@ class App:
             )
         if not self._rebalancing:  # every consumer has its new tasks: close what nobody took
             # Not awaited: this callback holds up the member's rejoin (no heartbeats).
-            for task_id, (states, _) in sorted(self._parked.items()):
-                self._close_states(task_id, states)
-                log.info("task %s closed (no longer on this process)", task_id)
-            self._parked.clear()
-
-    async def _check_ends(self, consumer: int, tasks: frozenset[TaskId]) -> None:
-        """Tear every task of ``tasks`` whose changelog another writer wrote while it was
-        suspended here (its end is not where this owner's records end), so it is restored
-        rather than resumed; all of them when the ends cannot be read."""
-        states = [
-            s
-            for t in sorted(tasks)
-            if not self._actives[t].torn
-            for s in self._actives[t].stores.values()
-        ]
-        if not states or self._restorer is None:
-            return
-        tps = [KafkaTopicPartition(*s.changelog) for s in states]
-        try:
-            ends = await asyncio.wait_for(self._restorer.end_offsets(tps), _ENDS_TIMEOUT)
-        except (KafkaError, TimeoutError) as exc:
-            log.warning("consumer %d: changelog ends unknown (%r); restoring", consumer, exc)
-            ends = {}
-        for task_id in sorted(tasks):
-            task = self._actives[task_id]
-            stale = {
-                s.name: (ends.get(KafkaTopicPartition(*s.changelog)), s.end)
-                for s in task.stores.values()
-                if ends.get(KafkaTopicPartition(*s.changelog))
-                != (s.end if s.end is not None else s.position)
-            }
-            if stale and not task.torn:
-                log.warning(
-                    "consumer %d: task %s: changelog written elsewhere meanwhile (end, "
-                    "expected: %s); restoring it instead of resuming",
-                    consumer,
-                    task_id,
-                    stale,
-                )
-                _tear(task)
-
-    # -- restores --------------------------------------------------------------------------------
-
-    async def _restore(self, states: Sequence[StoreState]) -> dict[int, int]:
-        """Bring ``states`` to their changelog's end; records read per state (by ``id``)."""
-        reader = self._restorer
-        if not states or reader is None:
-            return {}
-        before = {id(s): s.restored for s in states}
-        by_tp = {KafkaTopicPartition(*s.changelog): s for s in states}
-        async with self._restore_lock:
-            reader.assign(list(by_tp))
-            ends = await reader.end_offsets(list(by_tp))
-            todo = set()
-            for tp, state in by_tp.items():
-                state.drop_unclosed()
-                if state.position > ends[tp]:
-                    log.warning(
-                        "%s: local position %d is past the changelog end %d (topic recreated?); "
-                        "restoring from the start",
-                        tp,
-                        state.position,
-                        ends[tp],
-                    )
-                    state.store.write({k: None for k, _ in state.store.items()}, {})
-                    state.position, state.applied = 0, {}
-                reader.seek(tp, state.position)
-                if state.position < ends[tp]:
-                    todo.add(tp)
-            while todo:
-                batch = await reader.getmany(*todo, timeout_ms=200)
-                for tp, records in batch.items():
-                    state, end = by_tp[tp], ends[tp]
-                    for r in records:
-                        if r.offset < end:
-                            state.restore(r.offset, r.key, r.value)
-                for tp in list(todo):
-                    if await reader.position(tp) >= ends[tp]:
-                        todo.discard(tp)
-            reader.assign([])
-        for tp, state in by_tp.items():
-            state.end = ends[tp]  # the active's records land from here on
-        return {id(s): s.restored - before[id(s)] for s in states}
-
-    async def _standby_loop(self) -> None:
-        reader = self._standby_reader
-        assert reader is not None
-        next_checkpoint = time.monotonic() + self.commit_interval
-        by_tp: dict[Any, StoreState] = {}
-        while not self._stopped.is_set():
-            if not by_tp and not self._standby_dirty:
-                await asyncio.sleep(0.1)
-                continue
-            batch = await reader.getmany(timeout_ms=100) if by_tp else {}
-            async with self._standby_lock:
-                if self._standby_dirty:  # standbys changed: records in flight are dropped
-                    self._standby_dirty = False
-                    by_tp = {
-                        KafkaTopicPartition(*s.changelog): s
-                        for states in self._standbys.values()
-                        for s in states.values()
-                    }
-                    reader.assign(list(by_tp))
-                    for tp, state in by_tp.items():
-                        state.drop_unclosed()
-                        reader.seek(tp, state.position)
-                    continue
-                for tp, records in batch.items():
-                    found = by_tp.get(tp)
-                    if found is not None:
-                        for r in records:
-                            found.restore(r.offset, r.key, r.value)
-                if time.monotonic() >= next_checkpoint:
-                    for task, states in self._standbys.items():
-                        self._checkpoint(task, states)
-                    next_checkpoint = time.monotonic() + self.commit_interval
-
-
-def _close_stores(task: TaskId, states: Sequence[StoreState]) -> None:
-    for state in states:
-        try:
-            state.store.close()
-        except Exception:  # one store failing to close must not leak the others
-            log.exception("task %s: closing store %s failed", task, state.name)
-
-
-def _write_committed(markers: Iterable[tuple[StoreState, int]]) -> None:
-    for state, offset in markers:
-        state.committed(offset)
-
-
-def _undo(task: _ActiveTask) -> None:
-    """Undo the writes of the record being processed (from the task's journal)."""
-    for state, key, had, old in reversed(task.journal):
-        if had:
-            state.pending[key] = old
-        else:
-            state.pending.pop(key, None)
-    task.journal.clear()
-    task.outbox.clear()
-
-
-def _tear(task: _ActiveTask) -> None:
-    """Drop everything of ``task`` not committed, as if its process had crashed: writes
-    already produced become an orphan tail that the next restore compensates, and the task
-    commits nothing until it is restored (``torn``)."""
-    task.torn = True
-    task.outbox.clear()
-    task.journal.clear()
-    task.futures.clear()
-    task.offsets = dict(task.committed)
-    for state in task.stores.values():
-        state.pending.clear()
-        state.pending_applied.clear()
-        state.drop_unclosed()
-        state.end = None  # known again after its restore
-
-
-def _timestamp(record: Record) -> int:
-    return record.timestamp
+            self._stores.close_parked()
 
 
 class _Listener(TaskListener):

@@ -180,16 +180,18 @@ async def _preload_changelog(bootstrap: str, app: str, source: str) -> dict[str,
 
 
 def test_eviction_storm_of_two_cold_processes_loses_nothing(runtime: Runtime) -> None:
-    """Two cold processes started together while input flows, each restore (inside the
-    rebalance callback, no heartbeats) longer than the 3 s session timeout: members are
-    evicted mid-restore and process their old generation's tasks before they notice."""
+    """Two cold processes started together while input flows, each cold restore blocking
+    the event loop (no heartbeats, as restores inside the rebalance callback did before
+    issue 21 §2) longer than the 3 s session timeout: members are evicted mid-restore and
+    process their old generation's tasks before they notice."""
     total = 40_000
     preloaded = asyncio.run(_preload_changelog(runtime.bootstrap, runtime.app, runtime.source))
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=500, pause=0.2)
     feeder.start()
     wait_for("the input flows", lambda: feeder.acked >= 2_000)
-    # 4,000 records per task at 300 µs each: 1.2 s a task, 7.2 s for all of them.
-    runtime.args = ["--status-interval", "0.1", "--restore-delay-us", "300"]
+    # 4,000 records per task at 500 µs each, blocking: 2 s a task, 12 s for all six, in
+    # steps of up to 10,000 records (5 s without a heartbeat).
+    runtime.args = ["--status-interval", "0.1", "--restore-delay-us", "500"]
     runtime.start("p1")
     # p2 joins while p1 restores every task in the first generation: p1 is evicted, p2 gets
     # every task and restores them, p1 finishes and processes them as a zombie, and so on.

@@ -1,0 +1,294 @@
+"""Commits of active tasks, and the checks that keep a member that left the group from
+committing stale state (issue 21; see ``docs/runtime.md``, "Exact table state" and "Members
+that drop out of the group").
+
+A commit: data and output acks, then a commit marker per store with pending writes (only if
+this member still holds its membership and nobody else wrote the changelog since), then the
+local stores and checkpoints, then the input offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+
+from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import KafkaError
+
+from .. import TaskId
+from ..aiokafka.streams import ProcessHost
+from ._clients import Clients
+from .changelog import COMMIT_KEY, StoreState
+from .restore import ChangelogLookups
+from .task_stores import TaskStores
+from .tasks import ActiveTask, tear
+
+log = logging.getLogger("streamassign.runtime")
+
+
+class Commits:
+    """Commits the active tasks in ``actives``, consumer by consumer."""
+
+    def __init__(
+        self,
+        host: ProcessHost,
+        clients: Clients,
+        actives: Mapping[TaskId, ActiveTask],
+        lookups: ChangelogLookups,
+        stores: TaskStores,
+    ) -> None:
+        self.host = host
+        self.clients = clients
+        self.actives = actives
+        self.lookups = lookups
+        self.stores = stores
+
+    async def commit(self, index: int) -> None:
+        """Data and output acks, then changelog markers and their acks, then local stores and
+        checkpoints, then input offsets. A failed write raises before any marker is produced,
+        so no marker ever closes writes the changelog may not hold."""
+        producer = self.clients.producer
+        assert producer is not None
+        tasks = [
+            t
+            for t in self.actives.values()
+            if t.consumer == index and not t.torn and not t.restoring
+        ]
+        futures = [f for t in tasks for f in t.futures]
+        if futures:
+            await asyncio.gather(*futures)  # a failed write raises: nothing is committed
+        for task in tasks:
+            task.futures.clear()
+        dirty = [t for t in tasks if any(s.dirty for s in t.stores.values())]
+        if not await self.sole_writer(index, dirty):
+            return
+        tasks = [t for t in tasks if not t.torn]
+        done = await self.write_markers(index, tasks)
+        tasks = [t for t in tasks if not t.torn]
+        if done:
+            # Off the loop and not interrupted halfway: a cancel waits for the local writes.
+            committed = [(state, offset) for task, state, offset in done if not task.torn]
+            writes = asyncio.ensure_future(asyncio.to_thread(_write_committed, committed))
+            try:
+                await asyncio.shield(writes)
+            except asyncio.CancelledError:
+                await asyncio.wait([writes])
+                raise
+        for task in tasks:
+            # Not fsync'd: every commit writes it, and one a crash loses is only older (the
+            # restore replays a little more); closing a task writes a durable one.
+            self.stores.checkpoint(task.task_id, task.stores, durable=False)
+        offsets = {}
+        for task in tasks:
+            for tp, offset in task.offsets.items():
+                if task.committed.get(tp) != offset:
+                    offsets[KafkaTopicPartition(*tp)] = offset
+        if not offsets:
+            return
+        try:
+            await self.host.consumers[index].commit(offsets)
+        except KafkaError as exc:
+            # The group is rebalancing (or these partitions moved): the state is committed,
+            # so whoever reads these records again skips them in the stores.
+            log.warning("consumer %d: input offsets not committed (%r)", index, exc)
+            return
+        for task in tasks:
+            task.committed.update(task.offsets)
+
+    async def commit_safely(self, index: int) -> None:
+        """Commit; on failure drop the consumer's uncommitted state as a crash would (its
+        writes may be in the changelog without a marker): each task is restored (and its
+        orphan writes compensated) before it runs again, and its input is re-read."""
+        try:
+            await self.commit(index)
+        except Exception as exc:
+            log.warning(
+                "consumer %d: commit failed (%r); its tasks' uncommitted state is dropped, "
+                "restored from the changelog and the input re-read",
+                index,
+                exc,
+            )
+            for task in self.actives.values():
+                if task.consumer == index:
+                    tear(task)
+
+    async def write_markers(
+        self, index: int, tasks: Sequence[ActiveTask]
+    ) -> list[tuple[ActiveTask, StoreState, int]]:
+        """A marker per store with pending writes, acknowledged; each must land where its
+        owner's records end (``StoreState.end``). One that lands later closed another
+        writer's records too: ``reassert`` writes ours after them, or the task is torn."""
+        producer = self.clients.producer
+        assert producer is not None
+        markers = []
+        for task in tasks:
+            for state in task.stores.values():
+                if state.dirty:
+                    tp = state.changelog
+                    expected = state.end
+                    future = await producer.send(
+                        tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition
+                    )
+                    markers.append((task, state, expected, future))
+        if markers:
+            await asyncio.gather(*(f for *_, f in markers))
+        done, failed = [], []
+        for task, state, expected, future in markers:  # every task's pending writes intact
+            offset: int | None = future.result().offset
+            if expected is not None and offset is not None and offset != expected:
+                offset = await self.reassert(task, state, expected, offset)
+            if offset is None:
+                failed.append(task)
+            else:
+                done.append((task, state, offset))
+        for task in failed:
+            tear(task)
+            self.host.request_rejoin(index)
+        return done
+
+    async def sole_writer(self, index: int, dirty: Sequence[ActiveTask]) -> bool:
+        """Whether ``index`` may write markers: it is still the member its tasks were
+        assigned to (else every task of it is torn: a zombie commits nothing), and nobody
+        else wrote the changelogs of ``dirty`` since it last read or wrote them (a task whose
+        changelog was written elsewhere is torn and the consumer rejoins, so the task is
+        restored or leaves). False also when the ends cannot be read (commit later)."""
+        if self.lost(index):
+            return False
+        checked = [s for t in dirty for s in t.stores.values() if s.end is not None]
+        if not checked or self.clients.restorer is None:
+            return True
+        try:
+            ends = await self.lookups.ends(checked)
+        except (KafkaError, TimeoutError) as exc:
+            log.warning("consumer %d: changelog ends unknown (%r); committing later", index, exc)
+            return False
+        if self.lost(index):  # learnt while we waited
+            return False
+        foreign = False
+        for task in dirty:
+            stale = {
+                s.name: (ends[s.changelog], s.end)
+                for s in task.stores.values()
+                if s.end is not None and ends[s.changelog] != s.end
+            }
+            if stale:
+                log.warning(
+                    "consumer %d: task %s: its changelog was written by another writer "
+                    "(end, expected: %s); its uncommitted state is dropped, no marker written",
+                    index,
+                    task.task_id,
+                    stale,
+                )
+                tear(task)
+                foreign = True
+        if foreign:
+            self.host.request_rejoin(index)
+        return True
+
+    def lost(self, index: int) -> bool:
+        """``index`` lost its membership since its last assignment: tear its tasks."""
+        if not self.host.member_lost(index):
+            return False
+        self.tear_consumer(index, "left the group (evicted)")
+        return True
+
+    def tear_consumer(self, index: int, why: str) -> None:
+        mine = [t for t in self.actives.values() if t.consumer == index and not t.torn]
+        for task in mine:
+            tear(task)
+        if mine:
+            log.warning(
+                "consumer %d %s: the uncommitted state of %d task(s) is dropped and no "
+                "marker written; they are restored before they run here again",
+                index,
+                why,
+                len(mine),
+            )
+
+    async def reassert(
+        self, task: ActiveTask, state: StoreState, first: int, marker: int
+    ) -> int | None:
+        """Another writer's records landed in ``state``'s changelog at ``[first, marker)``,
+        between this owner's records and its marker, which closed them too. Write this
+        owner's value of every key they wrote again, then a marker after them, so that the
+        changelog ends at this owner's state; its offset, or None after three tries."""
+        producer = self.clients.producer
+        assert producer is not None
+        tp = state.changelog
+        for _ in range(3):
+            keys = await self.lookups.keys_written(tp, first, marker)
+            log.warning(
+                "task %s: %d record(s) of another writer in %s[%d] (offsets %d to %d) before "
+                "this commit's marker; writing this owner's value of their %d key(s) again",
+                task.task_id,
+                marker - first,
+                tp.topic,
+                tp.partition,
+                first,
+                marker,
+                len(keys),
+            )
+            state.end = marker + 1
+            futures = []
+            for key in keys:
+                value = state.pending[key] if key in state.pending else state.store.get(key)
+                state.pending[key] = value
+                futures.append(
+                    await producer.send(tp.topic, value, key=key, partition=tp.partition)
+                )
+                state.produced()
+            expected = state.end
+            futures.append(
+                await producer.send(
+                    tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition
+                )
+            )
+            acks = await asyncio.gather(*futures)
+            first, marker = expected, acks[-1].offset
+            if marker == expected:
+                return marker
+        log.error("task %s: %s[%d] keeps being written by another writer", task.task_id, *tp)
+        return None
+
+    async def check_ends(self, consumer: int, tasks: frozenset[TaskId]) -> None:
+        """Tear every task of ``tasks`` whose changelog another writer wrote while it was
+        suspended here (its end is not where this owner's records end), so it is restored
+        rather than resumed; all of them when the ends cannot be read."""
+        tasks = frozenset(t for t in tasks if not self.actives[t].restoring)  # ends known later
+        states = [
+            s
+            for t in sorted(tasks)
+            if not self.actives[t].torn
+            for s in self.actives[t].stores.values()
+        ]
+        if not states or self.clients.restorer is None:
+            return
+        try:
+            ends = await self.lookups.ends(states)
+        except (KafkaError, TimeoutError) as exc:
+            log.warning("consumer %d: changelog ends unknown (%r); restoring", consumer, exc)
+            ends = {}
+        for task_id in sorted(tasks):
+            task = self.actives[task_id]
+            stale = {
+                s.name: (ends.get(s.changelog), s.end)
+                for s in task.stores.values()
+                if ends.get(s.changelog) != (s.end if s.end is not None else s.position)
+            }
+            if stale and not task.torn:
+                log.warning(
+                    "consumer %d: task %s: changelog written elsewhere meanwhile (end, "
+                    "expected: %s); restoring it instead of resuming",
+                    consumer,
+                    task_id,
+                    stale,
+                )
+                tear(task)
+
+    # -- restores --------------------------------------------------------------------------------
+
+
+def _write_committed(markers: Iterable[tuple[StoreState, int]]) -> None:
+    for state, offset in markers:
+        state.committed(offset)

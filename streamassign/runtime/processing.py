@@ -1,0 +1,143 @@
+"""The per-record path of active tasks: a fetched batch grouped by task, each record through its
+task's processor, its writes and sends produced (see ``docs/runtime.md``, "Errors").
+
+Records of a task that cannot run them now (restoring, torn, not this consumer's) are rewound,
+so they are fetched again, never skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTopicPartition
+
+from .. import TaskId, TopicPartition
+from ..errors import StreamAssignError
+from ..topology import Topology
+from ._clients import Clients
+from .tasks import ActiveTask, Record, mark_of, tear, timestamp_of, undo
+
+log = logging.getLogger("streamassign.runtime")
+
+ErrorPolicy = Literal["stop", "skip"]
+
+
+class ProcessingError(StreamAssignError):
+    """A processor raised; the application stopped without committing the failed record."""
+
+
+class Processing:
+    """Runs records through the processors of the active tasks in ``actives``."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        clients: Clients,
+        actives: Mapping[TaskId, ActiveTask],
+        errors: ErrorPolicy,
+    ) -> None:
+        self.topology = topology
+        self.clients = clients
+        self.actives = actives
+        self.errors = errors
+        self.processed = 0
+        self.skipped = 0
+
+    async def process_batch(
+        self, index: int, consumer: AIOKafkaConsumer, batch: Mapping[Any, list[Any]]
+    ) -> None:
+        by_task: dict[TaskId, list[list[Any]]] = {}
+        for tp, records in batch.items():
+            by_task.setdefault(self.topology.task_of(TopicPartition(*tp)), []).append(records)
+        for task_id, lists in sorted(by_task.items()):
+            task = self.actives.get(task_id)
+            waits = task is not None and (task.torn or task.restoring)
+            if task is None or task.consumer != index or waits:  # read them again later
+                if waits:
+                    log.debug("consumer %d: task %s waits for its restore", index, task_id)
+                else:
+                    log.warning("consumer %d: records of task %s it does not run", index, task_id)
+                self.rewind(consumer, lists)
+                continue
+            # Co-partitioned partitions of one task: in timestamp order, as Kafka Streams.
+            ordered: Iterable[Any] = (
+                lists[0] if len(lists) == 1 else heapq.merge(*lists, key=timestamp_of)
+            )
+            for record in ordered:
+                await self.process(task, record)
+
+    @staticmethod
+    def rewind(consumer: AIOKafkaConsumer, batches: Iterable[list[Any]]) -> None:
+        """Seek back to the first record of every partition in ``batches`` that is still
+        assigned, so records fetched but not processed are fetched again, never skipped."""
+        for records in batches:
+            if records:
+                first = records[0]
+                tp = KafkaTopicPartition(first.topic, first.partition)
+                with contextlib.suppress(Exception):  # no longer assigned: nothing to rewind
+                    consumer.seek(tp, first.offset)
+
+    async def process(self, task: ActiveTask, record: Record) -> None:
+        tp = TopicPartition(record.topic, record.partition)
+        stores = task.stores.values()
+        mark = mark_of(record)
+        if stores and all(s.seen(*mark) for s in stores):
+            task.skipped += 1  # already in every store: a replay after a crash or rebalance
+            self.skipped += 1
+            task.offsets[tp] = record.offset + 1
+            return
+        task.current, task.mark, task.sends = record, mark, 0
+        try:
+            await task.processor.process(task.context, record)
+        except Exception as exc:
+            undo(task)
+            if self.errors == "stop":
+                raise ProcessingError(
+                    f"task {task.task_id}: processing {record.topic}-{record.partition}"
+                    f"@{record.offset} failed: {exc!r}"
+                ) from exc
+            log.warning(
+                "task %s: skipped %s-%d@%d after the processor raised %r",
+                task.task_id,
+                record.topic,
+                record.partition,
+                record.offset,
+                exc,
+            )
+        except BaseException:  # cancelled (or interrupted) mid-record: commit none of it
+            undo(task)
+            tear(task)
+            raise
+        finally:
+            task.current = task.mark = None
+        task.journal.clear()
+        for s in stores:
+            s.mark_processed(*mark)
+        try:
+            await self.send_outbox(task)
+        except BaseException:  # part of the record's writes may be out: commit none of them
+            tear(task)
+            raise
+        task.offsets[tp] = record.offset + 1
+        task.processed += 1
+        self.processed += 1
+
+    async def send_outbox(self, task: ActiveTask) -> None:
+        producer = self.clients.producer
+        assert producer is not None
+        changelogs = task.by_changelog
+        for topic, partition, key, value, headers in task.outbox:
+            task.futures.append(
+                await producer.send(topic, value, key=key, partition=partition, headers=headers)
+            )
+            state = (
+                changelogs.get(TopicPartition(topic, partition)) if partition is not None else None
+            )
+            if state is not None:
+                state.produced()
+        task.outbox.clear()

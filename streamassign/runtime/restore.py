@@ -1,0 +1,269 @@
+"""Reading changelogs: the state updater (restores of actives, standbys and warmups) and the
+lookups commits need (end offsets, the keys a range holds).
+
+**The state updater** (as Kafka Streams' of that name) is one loop with one plain consumer (no
+group) that reads the changelogs of every standby and warmup (continuously, from their
+positions) and of every active task being restored (from its position to the changelog's end
+as found when its restore starts). It reads in bounded steps (``max_records`` a fetch) and
+yields to the event loop between them, so a long restore never stalls heartbeats or the
+processing of tasks that are already running: their consumers go on while the restoring task's
+input partitions are paused. When a restoring task reaches its end it is handed to
+``on_restored`` (the app compensates orphan writes and resumes its input there).
+``StoreState`` applies only what a commit marker closed, so a store is a committed prefix of
+its changelog at every step.
+
+**Lookups** (``ChangelogLookups``) use a second plain consumer, one at a time (``lock``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import KafkaError
+
+from .. import TaskId, TopicPartition
+from ._clients import Clients
+from .changelog import COMMIT_KEY, StoreState
+from .standbys import Standbys
+from .tasks import ActiveTask
+
+log = logging.getLogger("streamassign.runtime")
+
+#: Seconds a changelog end offset lookup may take (at commits and resumes).
+ENDS_TIMEOUT = 5.0
+
+
+@attrs.define(eq=False)
+class Restoring:
+    """One active task whose stores the state updater brings to their changelogs' ends."""
+
+    task: ActiveTask
+    #: Where its state came from (``standby``, ``kept``, ``local``, ``cold``).
+    source: str
+    #: Changelog positions summed over its stores when the restore started.
+    start: int
+    started: float = attrs.field(factory=time.monotonic)
+    #: Records each store (by ``id``) had read before this restore.
+    before: dict[int, int] = attrs.field(factory=dict)
+    #: The changelog end offsets it restores to (read when its partitions are first fetched).
+    ends: dict[TopicPartition, int] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self.before = {id(s): s.restored for s in self.task.stores.values()}
+
+    @property
+    def records(self) -> int:
+        """Changelog records read by this restore so far (data and markers)."""
+        return sum(s.restored - self.before.get(id(s), 0) for s in self.task.stores.values())
+
+
+class StateUpdater:
+    """Reads the changelogs of standbys (``standbys``) and of restoring actives."""
+
+    def __init__(
+        self,
+        clients: Clients,
+        standbys: Standbys,
+        checkpoint: Callable[[TaskId, Mapping[str, StoreState]], None],
+        on_restored: Callable[[Restoring], Awaitable[bool]],
+        max_records: int = 10_000,
+    ) -> None:
+        self.clients = clients
+        self.standbys = standbys
+        self.checkpoint = checkpoint
+        #: Called with a restore that reached its ends; False: not now, ask again next step.
+        self.on_restored = on_restored
+        #: Records applied per step at most (the loop yields between steps).
+        self.max_records = max_records
+        self.restoring: dict[TaskId, Restoring] = {}
+        #: What each assigned changelog partition feeds: a store, and its restore (None: a
+        #: standby's store).
+        self._by_tp: dict[TopicPartition, tuple[StoreState, Restoring | None]] = {}
+        #: Next offset to apply per assigned partition (a reassignment goes on from there
+        #: for a partition that still feeds the same store, without reading anything again).
+        self._next: dict[TopicPartition, int] = {}
+        self._next_checkpoint = 0.0
+
+    def add(self, task: ActiveTask, source: str) -> Restoring:
+        """Restore ``task``'s stores (replacing a restore of the same task under way)."""
+        entry = Restoring(task, source, sum(s.position for s in task.stores.values()))
+        self.restoring[task.task_id] = entry
+        task.restoring = True
+        self.standbys.dirty = True
+        return entry
+
+    def cancel(self, task: TaskId) -> None:
+        """Stop restoring ``task`` (it left this consumer); its stores keep what they hold."""
+        entry = self.restoring.pop(task, None)
+        if entry is not None:
+            entry.task.restoring = False
+            self.standbys.dirty = True
+
+    async def run(self, stopped: asyncio.Event, interval: Callable[[], float]) -> None:
+        """Step until ``stopped``; checkpoint every ``interval()`` s."""
+        while not stopped.is_set():
+            if not self._by_tp and not self.standbys.dirty:
+                await asyncio.sleep(0.1)
+                continue
+            await self.step(interval())
+            await asyncio.sleep(0)  # whatever else is ready runs between two steps
+
+    async def settle(self) -> None:
+        """Step until no restore is under way (tests; the loop does this by itself)."""
+        while self.restoring or self.standbys.dirty:
+            await self.step(3600.0, timeout_ms=0)
+
+    async def step(self, interval: float, timeout_ms: int = 100) -> None:
+        """One fetch, applied; hand over the restores that reached their ends."""
+        reader = self.clients.changelog_reader
+        assert reader is not None
+        batch: dict[Any, list[Any]] = {}
+        if self._by_tp:
+            batch = await reader.getmany(timeout_ms=timeout_ms, max_records=self.max_records)
+        async with self.standbys.lock:
+            if self.standbys.dirty:  # standbys or restores changed: records in flight dropped
+                self.standbys.dirty = False
+                await self._reassign(reader)
+            else:
+                self._apply(batch)
+            done = [e for e in self.restoring.values() if await self._reached(reader, e)]
+            if time.monotonic() >= self._next_checkpoint:
+                for task, states in self.standbys.states.items():
+                    self.checkpoint(task, states)
+                for entry in self.restoring.values():
+                    self.checkpoint(entry.task.task_id, entry.task.stores)
+                self._next_checkpoint = time.monotonic() + interval
+        for entry in done:
+            if self.restoring.get(entry.task.task_id) is not entry:
+                continue  # cancelled or replaced meanwhile
+            if await self.on_restored(entry):
+                if self.restoring.get(entry.task.task_id) is entry:
+                    del self.restoring[entry.task.task_id]
+                self.standbys.dirty = True
+
+    async def _reassign(self, reader: Any) -> None:
+        """Read the changelogs of every standby and restore: a partition that feeds the same
+        store as before from where it was, any other from its store's position (records read
+        after its last marker are read again)."""
+        by_tp: dict[TopicPartition, tuple[StoreState, Restoring | None]] = {}
+        for states in self.standbys.states.values():
+            for state in states.values():
+                by_tp[state.changelog] = (state, None)
+        for restoring in self.restoring.values():
+            if not restoring.task.restoring:
+                continue  # torn meanwhile: its restore starts over when it runs again
+            for state in restoring.task.stores.values():
+                by_tp[state.changelog] = (state, restoring)
+        reader.assign([KafkaTopicPartition(*tp) for tp in by_tp])
+        new = [e for e in self.restoring.values() if e.ends is None]
+        if new:
+            tps = [KafkaTopicPartition(*s.changelog) for e in new for s in e.task.stores.values()]
+            try:
+                ends = await asyncio.wait_for(reader.end_offsets(tps), ENDS_TIMEOUT)
+            except (KafkaError, TimeoutError) as exc:
+                log.warning("changelog ends unknown (%r); restores start at the next step", exc)
+                self.standbys.dirty = True
+                return
+            for restore in new:
+                restore.ends = {
+                    s.changelog: ends[s.changelog] for s in restore.task.stores.values()
+                }
+        for tp, (state, owner) in by_tp.items():
+            if self._by_tp.get(tp) == (state, owner) and tp in self._next:
+                reader.seek(KafkaTopicPartition(*tp), self._next[tp])  # goes on where it was
+                continue
+            self._next.pop(tp, None)
+            state.drop_unclosed()
+            if owner is not None and owner.ends is not None:
+                _check_position(state, owner.ends[tp])
+            reader.seek(KafkaTopicPartition(*tp), state.position)
+        self._by_tp = by_tp
+        self._next = {tp: offset for tp, offset in self._next.items() if tp in by_tp}
+
+    def _apply(self, batch: Mapping[Any, list[Any]]) -> None:
+        for tp, records in batch.items():
+            found = self._by_tp.get(TopicPartition(*tp))
+            if found is None:
+                continue
+            state, entry = found
+            if entry is not None and not entry.task.restoring:
+                continue  # torn meanwhile (its unclosed records dropped): apply nothing more
+            end = entry.ends[state.changelog] if entry is not None and entry.ends else None
+            for r in records:
+                if end is not None and r.offset >= end:
+                    break  # past what this restore reads (its owner's records land there)
+                state.restore(r.offset, r.key, r.value)
+                self._next[state.changelog] = r.offset + 1
+
+    async def _reached(self, reader: Any, entry: Restoring) -> bool:
+        """Whether ``entry`` read its changelogs to their ends; True also for a restore made
+        void (its task torn: ``on_restored`` drops it)."""
+        if not entry.task.restoring:
+            return True
+        if entry.ends is None:
+            return False
+        for state in entry.task.stores.values():
+            end = entry.ends[state.changelog]
+            if state.position >= end:
+                continue
+            if self._by_tp.get(state.changelog, (None, None))[1] is not entry:
+                return False  # not read yet (reassigned at the next step)
+            if await reader.position(KafkaTopicPartition(*state.changelog)) < end:
+                return False
+        return True
+
+
+def _check_position(state: StoreState, end: int) -> None:
+    """A store past its changelog's end (the topic was recreated) restores from the start."""
+    if state.position > end:
+        log.warning(
+            "%s[%d]: local position %d is past the changelog end %d (topic recreated?); "
+            "restoring from the start",
+            *state.changelog,
+            state.position,
+            end,
+        )
+        state.store.write({k: None for k, _ in state.store.items()}, {})
+        state.position, state.applied = 0, {}
+
+
+class ChangelogLookups:
+    """End offsets and key lookups through ``clients.restorer``, one at a time."""
+
+    def __init__(self, clients: Clients) -> None:
+        self.clients = clients
+        self.lock = asyncio.Lock()
+
+    async def ends(self, states: Sequence[StoreState]) -> dict[TopicPartition, int]:
+        """Changelog end offsets of ``states`` (bounded by ``ENDS_TIMEOUT``; raises
+        ``KafkaError`` or ``TimeoutError``)."""
+        reader = self.clients.restorer
+        assert reader is not None
+        tps = [KafkaTopicPartition(*s.changelog) for s in states]
+        ends = await asyncio.wait_for(reader.end_offsets(tps), ENDS_TIMEOUT)
+        return {TopicPartition(*tp): end for tp, end in ends.items()}
+
+    async def keys_written(self, tp: TopicPartition, first: int, end: int) -> list[bytes]:
+        """Data keys of changelog partition ``tp`` at offsets ``[first, end)``."""
+        reader = self.clients.restorer
+        assert reader is not None
+        ktp = KafkaTopicPartition(*tp)
+        keys: set[bytes] = set()
+        async with self.lock:
+            reader.assign([ktp])
+            reader.seek(ktp, first)
+            while await reader.position(ktp) < end:
+                for records in (await reader.getmany(ktp, timeout_ms=200)).values():
+                    keys.update(
+                        r.key
+                        for r in records
+                        if r.offset < end and r.key is not None and r.key != COMMIT_KEY
+                    )
+            reader.assign([])
+        return sorted(keys)
