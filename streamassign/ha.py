@@ -154,7 +154,45 @@ class HighAvailabilityTaskAssignor:
             balance=self.balance,
         )
         target = sticky.assign(task_list, client_list, stateful_list, task_racks=task_racks)
-        return _Holdback(self, task_list, client_list, set(stateful_list), target).plan()
+        holdback = _Holdback(self, task_list, client_list, set(stateful_list), target)
+        holdback.swap()
+        holdback.steer()
+        if any(holdback.target[p].active != a.active for p, a in target.items()):
+            holdback.target = _standbys_for(holdback.target, sticky, holdback, task_racks)
+        return holdback.plan()
+
+
+def _standbys_for(
+    target: Mapping[str, ClientAssignment],
+    sticky: StickyTaskAssignor,
+    holdback: _Holdback,
+    task_racks: Mapping[TaskId, str] | None,
+) -> dict[str, ClientAssignment]:
+    """``target``'s actives with standbys the sticky assignor places for them.
+
+    Exchanges and chains (step 3) keep every client's counts, but the standbys the sticky
+    assignor placed were placed for the actives before them: a client can then sit above its
+    load ceiling holding a copy that one below its floor could now take (guarantee 3), or lose
+    a previous standby to a cold client (guarantee 6), and the next rebalance moves the copy.
+    So the sticky assignor runs once more on the same clients reporting the target's actives
+    as what they ran, their previous standbys and lags as they are, and what they ran before
+    and no longer run as local state at its lag (0 if none reported). That history is
+    balanced, so it keeps every active (a move-minimal assignment of it moves nothing), and
+    every standby guarantee holds for the actives the plan converges to.
+    """
+    history = []
+    for client in holdback.clients.values():
+        active = target[client.process_id].active
+        state = dict.fromkeys(client.prev_active - active, 0) | dict(client.lags)
+        history.append(
+            attrs.evolve(
+                client,
+                prev_active=active,
+                prev_standby=client.prev_standby - active,
+                lags={t: lag for t, lag in state.items() if t not in active},
+            )
+        )
+    return sticky.assign(holdback.tasks, history, holdback.stateful, task_racks=task_racks)
 
 
 class _Holdback:
@@ -353,8 +391,7 @@ class _Holdback:
         self.target = chains.sets.result()
 
     def plan(self) -> HighAvailabilityPlan:
-        self.swap()
-        self.steer()
+        """Steps 4 and 5 over the target step 3 made (``swap``, ``steer``, standbys)."""
         target, previous = self.target, self.previous
         sets = _Copies(target)
         held: dict[TaskId, str] = {}
@@ -428,11 +465,8 @@ class _Chains:
         self.where = {t: pid for pid, a in target.items() for t in a.active}
         pids = list(holdback.clients)
         caps = [holdback.clients[p].capacity for p in pids]
-        copies = len(holdback.tasks) + sum(len(a.standby) for a in target.values())
         self.bounds = dict(zip(pids, share_bounds(len(holdback.tasks), caps), strict=True))
-        self.load_bounds = dict(zip(pids, share_bounds(copies, caps), strict=True))
         self.count = {p: len(a.active) for p, a in target.items()}
-        self.load = {p: len(a.active) + len(a.standby) for p, a in target.items()}
         # Balanced per subtopology, a chain moves tasks of one subtopology only (the one being
         # placed), and room and spare count that subtopology's floors and ceilings too.
         self.subtopology: int | None = None
@@ -453,18 +487,19 @@ class _Chains:
         self.spare_list: list[str] | None = None
 
     def room(self, pid: str) -> bool:
-        """Whether ``pid`` can take one more active within its active and load ceilings."""
+        """Whether ``pid`` can take one more active within its active ceilings (standbys are
+        placed for the chains' result afterwards, so loads need no bound here)."""
         sub = self.subtopology
         if sub is not None and self.cell_count[pid, sub] >= self.cell_bounds[pid, sub][1]:
             return False
-        return self.count[pid] < self.bounds[pid][1] and self.load[pid] < self.load_bounds[pid][1]
+        return self.count[pid] < self.bounds[pid][1]
 
     def spare(self, pid: str) -> bool:
-        """Whether ``pid`` can give one active away within its active and load floors."""
+        """Whether ``pid`` can give one active away within its active floors."""
         sub = self.subtopology
         if sub is not None and self.cell_count[pid, sub] <= self.cell_bounds[pid, sub][0]:
             return False
-        return self.count[pid] > self.bounds[pid][0] and self.load[pid] > self.load_bounds[pid][0]
+        return self.count[pid] > self.bounds[pid][0]
 
     def spares(self) -> list[str]:
         """The clients with an active to spare, in process id order (cached until a move or
@@ -593,9 +628,7 @@ class _Chains:
         self.sets.of(dest)[0].add(task)
         self.where[task] = dest
         self.count[src] -= 1
-        self.load[src] -= 1
         self.count[dest] += 1
-        self.load[dest] += 1
         if self.cell_count:
             self.cell_count[src, task.subtopology] -= 1
             self.cell_count[dest, task.subtopology] += 1
