@@ -23,6 +23,8 @@ there, and warms the state up first where it is not:
    Balanced per subtopology (``balance="subtopology"``, the default), a swap partner and every
    task a chain hands on belong to the subtopology of the task they make way for, and floors
    and ceilings are counted per subtopology too: the target stays balanced per subtopology.
+   When these moved any active, the sticky assignor places the target's standbys again, for
+   its actives (``_standbys_for``): the target keeps every sticky standby guarantee.
 4. **Hold back.** A stateful task whose target client is not caught up, while some present client
    is, stays on a caught-up one: its previous owner if present, else a caught-up client that
    holds a target standby of it (the two swap roles: the target client gets the standby, so it
