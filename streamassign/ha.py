@@ -20,9 +20,10 @@ there, and warms the state up first where it is not:
    sticky assignor, recomputing from the interim history, handed a spare ceiling or the choice
    of which task an owner releases elsewhere) gets its task through a chain of reassignments
    of tasks that move onto no state anyway: moves stay as many, counts within floor and ceiling.
-   Balanced per subtopology (``balance="subtopology"``, the default), a swap partner and every
-   task a chain hands on belong to the subtopology of the task they make way for, and floors
-   and ceilings are counted per subtopology too: the target stays balanced per subtopology.
+   Balanced per subtopology (``balance="subtopology"``, the default), every task a chain hands
+   on belongs to the subtopology of the task it makes way for, a swap partner too unless all
+   four cells the swap changes stay within floor and ceiling, and floors and ceilings are
+   counted per subtopology: the target stays balanced per subtopology.
    When these moved any active, the sticky assignor places the target's standbys again, for
    its actives (``_standbys_for``): the target keeps every sticky standby guarantee.
 4. **Hold back.** A stateful task whose target client is not caught up, while some present client

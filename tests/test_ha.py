@@ -184,12 +184,7 @@ def test_churn_converges_to_a_balanced_stable_assignment_within_the_bound(
         fed = next_round(last, final)
         again = assignor(replicas, warmups).plan(tasks, fed, stateful)
         assert not again.probing_rebalance_needed
-        assert {p: a.active for p, a in again.assignment.items()} == {
-            p: a.active for p, a in final.items()
-        }
-        if again.assignment != final:  # rare: the sticky standby placement moves a standby
-            sticky = StickyTaskAssignor(replicas, ACCEPTABLE).assign(tasks, fed, stateful)
-            assert again.assignment == sticky
+        assert again.assignment == final  # a fixed point, standbys included
         clients = shake(data, last, plan, name)
 
 
@@ -505,8 +500,9 @@ def test_random_cluster_perturbations_converge(
 
 
 @pytest.mark.xfail(
-    reason="issue 22: about 1 in 60 perturbed clusters takes a round more than the bound: a "
-    "round's target is recomputed and can pass over the copy the last round warmed up",
+    reason="issue 22: about 1 in 1,000 perturbed clusters takes a round more than the bound: "
+    "a round's target, recomputed from the interim history, can pass over the copy the last "
+    "round warmed up where only a chain with two give-backs would reach it",
     strict=False,
 )
 # No shrinking: a counterexample is expected now and then, and shrinking one takes minutes.
