@@ -518,6 +518,62 @@ def test_random_cluster_perturbations_converge_within_the_warmup_bound(
     perturbed_cluster_rounds(data, tasks, replicas, tight=True)
 
 
+def caught_up_client(pid: str, capacity: int, runs: str, holds: str) -> ClientState:
+    """A client one probing round later: it runs ``runs`` and holds ``holds`` at lag 0."""
+    held = [TaskId.parse(t) for t in holds.split()]
+    return ClientState(
+        pid, capacity, [TaskId.parse(t) for t in runs.split()], held, dict.fromkeys(held, 0)
+    )
+
+
+@pytest.mark.parametrize(
+    ("partitions", "clients", "kept"),
+    [
+        # aa, which ran 0_1 and 0_5, left; c, holding both warm but full, ran them meanwhile
+        # while a and b warmed up as standbys (role swaps). The new target had c keep 0_5 and
+        # send 0_7 to b cold: a target standby of 0_5 on b hid b's caught-up copy from chains.
+        pytest.param(
+            [8],
+            [
+                caught_up_client("a", 3, "0_0 0_4", "0_1 0_2 0_6 0_7"),
+                caught_up_client("b", 3, "0_2 0_6", "0_0 0_3 0_4 0_5"),
+                caught_up_client("c", 2, "0_1 0_3 0_5 0_7", ""),
+            ],
+            {},
+            id="copy-under-a-target-standby",
+        ),
+        # n0 replaced a process that ran 0_2 and 1_2, and warmed 0_2 up; the new target had b
+        # keep 0_2 and send 1_3 to n0 cold: only an exchange across subtopologies keeps n0's
+        # warm 0_2 and both cells of both processes within floor and ceiling.
+        pytest.param(
+            [7, 5],
+            [
+                caught_up_client("b", 3, "0_0 0_2 0_5 1_0 1_3", "0_1 1_1 1_4"),
+                caught_up_client("c", 1, "0_3", "0_6 1_2"),
+                caught_up_client("d", 1, "0_4", "1_3"),
+                caught_up_client("e", 4, "0_1 0_6 1_1 1_2 1_4", "0_0 0_3 0_4 1_0"),
+                caught_up_client("n0", 1, "", "0_2 0_5"),
+            ],
+            {"n0": "0_2", "c": "1_2"},
+            id="exchange-across-subtopologies",
+        ),
+    ],
+)
+def test_a_still_valid_target_is_kept(
+    partitions: list[int], clients: list[ClientState], kept: dict[str, str]
+) -> None:
+    """Regression (the convergence property, issue 22): the round before placed role swaps
+    only; its target is still balanced and move-minimal and needs no warmup, so this round
+    converges to it instead of starting a new warmup (one probing round more)."""
+    tasks = [TaskId(s, p) for s, n in enumerate(partitions) for p in range(n)]
+    plan = assignor(1, warmups=1).plan(tasks, clients)
+    check_round(tasks, clients, 1, None, plan, warmups=1)  # every move onto caught-up state
+    assert not plan.probing_rebalance_needed
+    for pid, task in kept.items():
+        assert TaskId.parse(task) in plan.assignment[pid].active
+    assert_target_guarantees((tasks, clients, 1, None), plan)
+
+
 def test_a_stateless_task_goes_instead_of_a_stateful_one_on_cold_state() -> None:
     """b joins; the sticky target hands it stateful tasks of a. Balancing totals only, a keeps
     those and gives b its stateless tasks instead: balanced at once, no warmup, no probing
