@@ -20,9 +20,12 @@ there, and warms the state up first where it is not:
    sticky assignor, recomputing from the interim history, handed a spare ceiling or the choice
    of which task an owner releases elsewhere) gets its task through a chain of reassignments
    of tasks that move onto no state anyway: moves stay as many, counts within floor and ceiling.
-   Balanced per subtopology (``balance="subtopology"``, the default), a swap partner and every
-   task a chain hands on belong to the subtopology of the task they make way for, and floors
-   and ceilings are counted per subtopology too: the target stays balanced per subtopology.
+   Balanced per subtopology (``balance="subtopology"``, the default), every task a chain hands
+   on belongs to the subtopology of the task it makes way for, a swap partner too unless all
+   four cells the swap changes stay within floor and ceiling, and floors and ceilings are
+   counted per subtopology: the target stays balanced per subtopology.
+   When these moved any active, the sticky assignor places the target's standbys again, for
+   its actives (``_standbys_for``): the target keeps every sticky standby guarantee.
 4. **Hold back.** A stateful task whose target client is not caught up, while some present client
    is, stays on a caught-up one: its previous owner if present, else a caught-up client that
    holds a target standby of it (the two swap roles: the target client gets the standby, so it
@@ -48,7 +51,8 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any, Final
 
 import attrs
@@ -154,7 +158,45 @@ class HighAvailabilityTaskAssignor:
             balance=self.balance,
         )
         target = sticky.assign(task_list, client_list, stateful_list, task_racks=task_racks)
-        return _Holdback(self, task_list, client_list, set(stateful_list), target).plan()
+        holdback = _Holdback(self, task_list, client_list, set(stateful_list), target)
+        holdback.swap()
+        holdback.steer()
+        if any(holdback.target[p].active != a.active for p, a in target.items()):
+            holdback.target = _standbys_for(holdback.target, sticky, holdback, task_racks)
+        return holdback.plan()
+
+
+def _standbys_for(
+    target: Mapping[str, ClientAssignment],
+    sticky: StickyTaskAssignor,
+    holdback: _Holdback,
+    task_racks: Mapping[TaskId, str] | None,
+) -> dict[str, ClientAssignment]:
+    """``target``'s actives with standbys the sticky assignor places for them.
+
+    Exchanges and chains (step 3) keep every client's counts, but the standbys the sticky
+    assignor placed were placed for the actives before them: a client can then sit above its
+    load ceiling holding a copy that one below its floor could now take (guarantee 3), or lose
+    a previous standby to a cold client (guarantee 6), and the next rebalance moves the copy.
+    So the sticky assignor runs once more on the same clients reporting the target's actives
+    as what they ran, their previous standbys and lags as they are, and what they ran before
+    and no longer run as local state at its lag (0 if none reported). That history is
+    balanced, so it keeps every active (a move-minimal assignment of it moves nothing), and
+    every standby guarantee holds for the actives the plan converges to.
+    """
+    history = []
+    for client in holdback.clients.values():
+        active = target[client.process_id].active
+        state = dict.fromkeys(client.prev_active - active, 0) | dict(client.lags)
+        history.append(
+            attrs.evolve(
+                client,
+                prev_active=active,
+                prev_standby=client.prev_standby - active,
+                lags={t: lag for t, lag in state.items() if t not in active},
+            )
+        )
+    return sticky.assign(holdback.tasks, history, holdback.stateful, task_racks=task_racks)
 
 
 class _Holdback:
@@ -216,6 +258,23 @@ class _Holdback:
         lag = self.lag(task, pid)
         return lag is not None and lag <= self.acceptable
 
+    def cells(self) -> tuple[dict[tuple[str, int], tuple[int, int]], dict[tuple[str, int], int]]:
+        """Balanced per subtopology: floor and ceiling of every (client, subtopology) cell and
+        its count in the target; empty maps when balancing totals only."""
+        bounds: dict[tuple[str, int], tuple[int, int]] = {}
+        counts: dict[tuple[str, int], int] = {}
+        if self.by_subtopology:
+            caps = [c.capacity for c in self.clients.values()]
+            sizes = collections.Counter(t.subtopology for t in self.tasks)
+            for sub, size in sizes.items():
+                for p, bound in zip(self.clients, share_bounds(size, caps), strict=True):
+                    bounds[p, sub] = bound
+                    counts[p, sub] = 0
+            for p, a in self.target.items():
+                for t in a.active:
+                    counts[p, t.subtopology] += 1
+        return bounds, counts
+
     def moving(self) -> list[tuple[TaskId, str]]:
         """Stateful actives the target gives to a client that did not run them, sorted."""
         previous, stateful = self.previous, self.stateful
@@ -230,12 +289,15 @@ class _Holdback:
         """Step 3: a task the target moves onto state that is not caught up goes instead to a
         client that is caught up on it (its running owner first), which hands the target client
         in exchange a task that client is caught up on, a stateless one, or one nobody is
-        caught up on. Every client keeps its target active and standby counts, and moves do not
-        grow, so the target keeps its balance and move guarantees."""
+        caught up on. Every client keeps its target active count (per subtopology, every cell
+        stays within floor and ceiling), and moves do not grow, so the target keeps its balance
+        and move guarantees. Standbys are placed afterwards for the result (``_standbys_for``),
+        so they do not constrain the partner."""
         previous = self.previous
         sets = _Copies(self.target)
         taken: set[TaskId] = set()
         pools = _Pools(self, taken)
+        cells = _Cells(*self.cells())
         for t, dest in self.moving():
             if t in taken or self.ready_on(t, dest):
                 continue
@@ -243,20 +305,15 @@ class _Holdback:
             homes = [owner] if owner is not None else []
             homes += [pid for _, pid in sorted(self.caught_up(t)) if pid not in (owner, dest)]
             for home in homes:
-                u = self._partner(t, dest, home, sets, pools)
+                u = self._partner(t, dest, home, pools, partial(cells.fit, t, home, dest))
                 if u is None:
                     continue
-                home_active, home_standby = sets.of(home)
-                dest_active, dest_standby = sets.of(dest)
+                cells.exchange(t, home, dest, u)
+                home_active, dest_active = sets.of(home)[0], sets.of(dest)[0]
                 home_active.remove(u)
                 home_active.add(t)
                 dest_active.remove(t)
                 dest_active.add(u)
-                if t in home_standby:  # then dest held a standby of u: they trade standbys
-                    home_standby.remove(t)
-                    home_standby.add(u)
-                    dest_standby.remove(u)
-                    dest_standby.add(t)
                 taken.update((t, u))
                 break
         self.target = sets.result()
@@ -274,10 +331,10 @@ class _Holdback:
         return self.ready_by.get(pid, frozenset())
 
     def _partner(
-        self, t: TaskId, dest: str, home: str, sets: _Copies, pools: _Pools
+        self, t: TaskId, dest: str, home: str, pools: _Pools, fits: Callable[[TaskId], bool]
     ) -> TaskId | None:
-        """A task the target gives ``home`` that can go to ``dest`` in exchange for ``t``: no
-        new wait, no extra move, and the standbys can trade places (None: there is none).
+        """A task the target gives ``home`` that can go to ``dest`` in exchange for ``t`` with
+        no new wait and no extra move, and ``fits`` (per-subtopology cells); None: none.
 
         From ``t``'s running owner only a task it keeps qualifies (the move count stays); from
         another client only a task moving there too (it moves either way). In order: a
@@ -285,31 +342,20 @@ class _Holdback:
         up on (it restores wherever it goes; not from the owner); the smallest id in each. The
         candidates come from indexes, so a rebalance costs about linear time, not tasks x
         clients."""
-        dest_standby = sets.of(dest)[1]
-        paired = t in sets.of(home)[1]  # dest must then hold a standby of the partner
         pool = pools.of(home, self.previous.get(t) == home)
-        pool.subtopology = t.subtopology if self.by_subtopology else None
-        if not paired:
-            u = pool.first(pool.stateless, dest_standby, False)
-            if u is not None:
-                return u
-        split = pool.ready.get(dest)
-        if split is None:
-            # Sorted once per (home, dest): a task changes sets only in a swap that takes it,
-            # so whether ``dest`` holds a standby of it stays true for every untaken one. ``t``
-            # is never among them: it is ``dest``'s in the target, not ``home``'s.
-            mine, ready = pool.stateful, self.caught_up_on(dest)
-            small, large = (mine, ready) if len(mine) <= len(ready) else (ready, mine)
-            both = sorted(u for u in small if u in large)
-            split = (
-                [u for u in both if u not in dest_standby],
-                [u for u in both if u in dest_standby],
-            )
-            pool.ready[dest] = split
-        best = pool.first(split[paired], dest_standby, paired)
+        pool.fits = fits
+        u = pool.first(pool.stateless)
+        if u is not None:
+            return u
+        ready = pool.ready.get(dest)
+        if ready is None:  # sorted once per (home, dest); ``first`` skips the taken ones
+            mine, caught_up = pool.stateful, self.caught_up_on(dest)
+            small, large = (mine, caught_up) if len(mine) <= len(caught_up) else (caught_up, mine)
+            ready = pool.ready[dest] = sorted(u for u in small if u in large)
+        best = pool.first(ready)
         if best is not None or pool.kept:
             return best
-        return pool.first(pool.orphans, dest_standby, paired)
+        return pool.first(pool.orphans)
 
     def steer(self) -> None:
         """Step 3, second part: put tasks on the caught-up copies the target passes over.
@@ -320,17 +366,18 @@ class _Holdback:
         pass over the copy the last round warmed up and send a cold client a task instead: the
         warmup is spent again (a scale-out took 5 rounds where 3 do). The last round's target
         is still balanced and move-minimal for the new history, so a target using every warm
-        copy exists. For each passed-over caught-up copy (task ``u`` on client ``p``, holding
-        no copy of it in the target), in task order, this looks for the shortest chain that
+        copy exists. For each passed-over caught-up copy (task ``u`` on client ``p``, not active
+        there in the target; a target standby there is passed over too, since standbys are
+        placed again for the result), in task order, this looks for the shortest chain that
         puts ``u`` on ``p``: ``p`` hands on an active it has no state of and does not own, the
         receiver another, and so on, until the chain hands one to the client ``u`` came from;
         once per chain the active may instead stay on a client with room below its ceilings,
         the chain going on from a client with one to spare above its floors. When ``u`` came
         from its running owner (one move more), one link must hand an active back to its
         running owner (one move less). Nothing is handed to its owner otherwise or to a client
-        holding a standby of it, so moves stay as many, standbys stay put, every active and
-        load count stays within its floor and ceiling (or does not change), and no task leaves
-        state it is caught up on. Chains ignore ``task_racks``, as the swaps above do."""
+        holding a target standby of it, so moves stay as many, every active count stays within
+        its floor and ceiling (or does not change), and no task leaves state it is caught up
+        on. Chains ignore ``task_racks``, as the swaps above do."""
         if all(self.ready_on(t, dest) for t, dest in self.moving()):
             return
         target, previous, tasks = self.target, self.previous, set(self.tasks)
@@ -342,7 +389,6 @@ class _Holdback:
             and t in self.stateful
             and t in tasks
             and t not in target[p].active
-            and t not in target[p].standby
         )
         if not copies:
             return
@@ -353,8 +399,7 @@ class _Holdback:
         self.target = chains.sets.result()
 
     def plan(self) -> HighAvailabilityPlan:
-        self.swap()
-        self.steer()
+        """Steps 4 and 5 over the target step 3 made (``swap``, ``steer``, standbys)."""
         target, previous = self.target, self.previous
         sets = _Copies(target)
         held: dict[TaskId, str] = {}
@@ -428,43 +473,31 @@ class _Chains:
         self.where = {t: pid for pid, a in target.items() for t in a.active}
         pids = list(holdback.clients)
         caps = [holdback.clients[p].capacity for p in pids]
-        copies = len(holdback.tasks) + sum(len(a.standby) for a in target.values())
         self.bounds = dict(zip(pids, share_bounds(len(holdback.tasks), caps), strict=True))
-        self.load_bounds = dict(zip(pids, share_bounds(copies, caps), strict=True))
         self.count = {p: len(a.active) for p, a in target.items()}
-        self.load = {p: len(a.active) + len(a.standby) for p, a in target.items()}
         # Balanced per subtopology, a chain moves tasks of one subtopology only (the one being
         # placed), and room and spare count that subtopology's floors and ceilings too.
         self.subtopology: int | None = None
-        self.cell_bounds: dict[tuple[str, int], tuple[int, int]] = {}
-        self.cell_count: dict[tuple[str, int], int] = {}
-        if holdback.by_subtopology:
-            sizes = collections.Counter(t.subtopology for t in holdback.tasks)
-            for sub, size in sizes.items():
-                for p, bound in zip(pids, share_bounds(size, caps), strict=True):
-                    self.cell_bounds[p, sub] = bound
-                    self.cell_count[p, sub] = 0
-            for p, a in target.items():
-                for t in a.active:
-                    self.cell_count[p, t.subtopology] += 1
+        self.cell_bounds, self.cell_count = holdback.cells()
         # Searches and movable tasks of the current target, dropped whenever a task moves.
         self.searches: dict[tuple[str, bool, int | None], tuple[_Links, dict[str, _State]]] = {}
         self.movables: dict[str, list[TaskId]] = {}
         self.spare_list: list[str] | None = None
 
     def room(self, pid: str) -> bool:
-        """Whether ``pid`` can take one more active within its active and load ceilings."""
+        """Whether ``pid`` can take one more active within its active ceilings (standbys are
+        placed for the chains' result afterwards, so loads need no bound here)."""
         sub = self.subtopology
         if sub is not None and self.cell_count[pid, sub] >= self.cell_bounds[pid, sub][1]:
             return False
-        return self.count[pid] < self.bounds[pid][1] and self.load[pid] < self.load_bounds[pid][1]
+        return self.count[pid] < self.bounds[pid][1]
 
     def spare(self, pid: str) -> bool:
-        """Whether ``pid`` can give one active away within its active and load floors."""
+        """Whether ``pid`` can give one active away within its active floors."""
         sub = self.subtopology
         if sub is not None and self.cell_count[pid, sub] <= self.cell_bounds[pid, sub][0]:
             return False
-        return self.count[pid] > self.bounds[pid][0] and self.load[pid] > self.load_bounds[pid][0]
+        return self.count[pid] > self.bounds[pid][0]
 
     def spares(self) -> list[str]:
         """The clients with an active to spare, in process id order (cached until a move or
@@ -593,9 +626,7 @@ class _Chains:
         self.sets.of(dest)[0].add(task)
         self.where[task] = dest
         self.count[src] -= 1
-        self.load[src] -= 1
         self.count[dest] += 1
-        self.load[dest] += 1
         if self.cell_count:
             self.cell_count[src, task.subtopology] -= 1
             self.cell_count[dest, task.subtopology] += 1
@@ -603,6 +634,35 @@ class _Chains:
         self.spare_list = None
         self.movables.pop(src, None)
         self.movables.pop(dest, None)
+
+
+@attrs.define
+class _Cells:
+    """Balanced per subtopology: each (client, subtopology) cell's floor and ceiling and its
+    count, as swaps change them (empty when balancing totals only: every exchange fits)."""
+
+    bounds: dict[tuple[str, int], tuple[int, int]]
+    count: dict[tuple[str, int], int]
+
+    def fit(self, task: TaskId, home: str, dest: str, partner: TaskId) -> bool:
+        """Whether ``home`` taking ``task`` from ``dest`` for ``partner`` keeps all four cells
+        it changes within floor and ceiling (always, for one subtopology)."""
+        sub, other = task.subtopology, partner.subtopology
+        if not self.count or sub == other:
+            return True
+        count, bounds = self.count, self.bounds
+        return (
+            count[home, sub] < bounds[home, sub][1]
+            and count[home, other] > bounds[home, other][0]
+            and count[dest, other] < bounds[dest, other][1]
+            and count[dest, sub] > bounds[dest, sub][0]
+        )
+
+    def exchange(self, task: TaskId, home: str, dest: str, partner: TaskId) -> None:
+        if self.count:
+            for pid, gone, got in ((home, partner, task), (dest, task, partner)):
+                self.count[pid, gone.subtopology] -= 1
+                self.count[pid, got.subtopology] += 1
 
 
 class _Pool:
@@ -615,26 +675,22 @@ class _Pool:
         self.stateful = stateful
         self.orphans: list[TaskId] = []
         self.taken: set[TaskId] = set()
-        #: The subtopology partners must be of (balanced per subtopology), else None.
-        self.subtopology: int | None = None
+        #: Whether a task may be the partner sought (per-subtopology cells allow it).
+        self.fits: Callable[[TaskId], bool] = lambda u: True
         self.start: dict[int, int] = {}
-        #: Per client, the stateful tasks here it is caught up on: (no standby there, standby).
-        self.ready: dict[str, tuple[list[TaskId], list[TaskId]]] = {}
+        #: Per client, the stateful tasks here it is caught up on, sorted.
+        self.ready: dict[str, list[TaskId]] = {}
 
-    def first(self, ordered: list[TaskId], standby: set[TaskId], paired: bool) -> TaskId | None:
-        """The smallest task of ``ordered`` not taken yet that is in ``standby`` exactly when
-        ``paired``. Taken tasks at the front are dropped for good: repeated calls are cheap."""
+    def first(self, ordered: list[TaskId]) -> TaskId | None:
+        """The smallest task of ``ordered`` not taken yet that ``fits``. Taken tasks at the
+        front are dropped for good: repeated calls are cheap."""
         i = self.start.get(id(ordered), 0)
         while i < len(ordered) and ordered[i] in self.taken:
             i += 1
         self.start[id(ordered)] = i
-        wanted = self.subtopology
+        fits = self.fits
         for u in itertools.islice(ordered, i, None):
-            if (
-                u not in self.taken
-                and (u in standby) == paired
-                and (wanted is None or u.subtopology == wanted)
-            ):
+            if u not in self.taken and fits(u):
                 return u
         return None
 

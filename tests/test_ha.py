@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import attrs
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
 
 from streamassign import (
@@ -23,7 +23,13 @@ from streamassign.metrics import evaluate, violations
 from streamassign.sticky import resolve_previous_owners
 
 from .strategies import assignment_inputs, fresh_clients, task_sets
-from .test_sticky import shuffled
+from .test_sticky import (
+    assert_previous_standbys_stay,
+    load_rule_breaches,
+    orphans_passing_roomy_standby_holders,
+    shuffled,
+    standby_exchanges_left,
+)
 
 ACCEPTABLE = 100
 Inputs = tuple[list[TaskId], list[ClientState], int, "list[TaskId] | None"]
@@ -178,12 +184,7 @@ def test_churn_converges_to_a_balanced_stable_assignment_within_the_bound(
         fed = next_round(last, final)
         again = assignor(replicas, warmups).plan(tasks, fed, stateful)
         assert not again.probing_rebalance_needed
-        assert {p: a.active for p, a in again.assignment.items()} == {
-            p: a.active for p, a in final.items()
-        }
-        if again.assignment != final:  # rare: the sticky standby placement moves a standby
-            sticky = StickyTaskAssignor(replicas, ACCEPTABLE).assign(tasks, fed, stateful)
-            assert again.assignment == sticky
+        assert again.assignment == final  # a fixed point, standbys included
         clients = shake(data, last, plan, name)
 
 
@@ -294,24 +295,22 @@ def test_every_plan_is_valid_within_budget_and_moves_only_onto_caught_up_state(
 @given(assignment_inputs())
 def test_target_keeps_the_sticky_counts_moves_and_loads(inputs: Inputs) -> None:
     """The target is the sticky assignment up to exchanges and shifts that keep every client's
-    standby count, its active and load counts within their floor and ceiling (where the sticky
-    assignment's are), and the number of moves; everything else in the plan follows it."""
+    active count within its floor and ceiling (where the sticky assignment's is) and the number
+    of moves, with standbys placed for its actives (the sticky ones where no active moved;
+    the load rule is ``assert_target_guarantees``'); everything else in the plan follows it."""
     tasks, clients, replicas, stateful = inputs
     plan = assignor(replicas).plan(tasks, clients, stateful)
     sticky = StickyTaskAssignor(replicas, ACCEPTABLE).assign(tasks, clients, stateful)
     assert violations(tasks, clients, plan.target, replicas, stateful) == []
     caps = [c.capacity for c in clients]
-    standbys = sum(len(a.standby) for a in sticky.values())
     active_bounds = share_bounds(len(tasks), caps)
-    load_bounds = share_bounds(len(tasks) + standbys, caps)
-    for c, (lo, hi), (load_lo, load_hi) in zip(clients, active_bounds, load_bounds, strict=True):
+    for c, (lo, hi) in zip(clients, active_bounds, strict=True):
         ours, theirs = plan.target[c.process_id], sticky[c.process_id]
-        assert len(ours.standby) == len(theirs.standby)
         assert not ours.warmup
         if len(ours.active) != len(theirs.active):
             assert lo <= len(ours.active) <= hi
-        if load_lo <= len(theirs.active | theirs.standby) <= load_hi:
-            assert load_lo <= len(ours.active | ours.standby) <= load_hi
+    if all(plan.target[p].active == a.active for p, a in sticky.items()):
+        assert plan.target == sticky
     ours = evaluate(tasks, clients, plan.target, replicas, stateful)
     theirs = evaluate(tasks, clients, sticky, replicas, stateful)
     assert ours.moves == theirs.moves and ours.active_balanced == theirs.active_balanced
@@ -320,6 +319,259 @@ def test_target_keeps_the_sticky_counts_moves_and_loads(inputs: Inputs) -> None:
         moved_in = a.active - plan.target[pid].active
         assert all(t in plan.held_back for t in moved_in)
         assert all(plan.held_back[t] != pid for t in moved_in)
+
+
+def assert_target_guarantees(
+    inputs: Inputs, plan: HighAvailabilityPlan, balance: str = "subtopology"
+) -> None:
+    """The sticky guarantees docs/assignor.md gives the HA target (1-6, and 7's per-subtopology
+    standby evening), and the plan's assignment is the target when nothing is held back."""
+    tasks, clients, replicas, stateful = inputs
+    target = plan.target
+    assert violations(tasks, clients, target, replicas, stateful) == []  # 1
+    m = evaluate(tasks, clients, target, replicas, stateful, balance=balance)  # type: ignore[arg-type]
+    assert m.active_balanced  # 2
+    assert m.subtopology_balanced or balance == "total"
+    assert load_rule_breaches(inputs, target) == []  # 3
+    assert m.moves == m.move_lower_bound  # 4
+    # 5, with caught-up state first: an orphan may go to a client caught up on it rather
+    # than to a standby holder that is not (rule 3 of docs/ha.md)
+    owners = resolve_previous_owners(tasks, clients)
+    by_pid = {c.process_id: c for c in clients}
+    passed = [
+        (t, p, h)
+        for t, p, h in orphans_passing_roomy_standby_holders(tasks, clients, target)
+        if not caught_up(by_pid[p], t, owners.get(t)) or caught_up(by_pid[h], t, owners.get(t))
+    ]
+    assert passed == []
+    assert_previous_standbys_stay(inputs, target)  # 6
+    if balance == "subtopology":
+        assert standby_exchanges_left(tasks, clients, target) == []  # 7
+    if not plan.probing_rebalance_needed:
+        assert plan.assignment == target
+
+
+# A quarter of the profile's examples: 50 in dev, 500 in CI.
+@settings(max_examples=max(10, settings.default.max_examples // 4))
+@given(assignment_inputs(), st.integers(1, 3), st.sampled_from(["subtopology", "total"]))
+def test_every_target_keeps_the_sticky_guarantees(
+    inputs: Inputs, warmups: int, balance: str
+) -> None:
+    """Arbitrary histories (fresh, the assignor's own on other members, duplicate and stale
+    claims, random standbys and lags): the target, and a plan holding nothing back, meet
+    guarantees 1-7 of docs/assignor.md as the sticky assignor does."""
+    tasks, clients, replicas, stateful = inputs
+    ha = attrs.evolve(assignor(replicas, warmups), balance=balance)
+    assert_target_guarantees(inputs, ha.plan(tasks, clients, stateful), balance)
+
+
+def test_an_exchange_keeps_the_load_rule() -> None:
+    """Issue 22's shrunk counterexample (balancing totals): the exchange hands p006 the
+    stateless 4_8 for 6_23, which p001 runs. Standbys placed for the actives before the
+    exchange left p005 at load 3 (ceiling 2) holding 6_23 while p006 sat at 5 (floor 7) with
+    no copy of it, and the next rebalance moved that standby: not a fixed point."""
+    ids = TaskId.parse
+    tasks = [ids(t) for t in ("6_3", "6_4", "6_5", "6_22", "6_23", "4_8")]
+    stateful = [t for t in tasks if t.subtopology == 6]
+    clients = [
+        ClientState("p001", 1, prev_active=[ids("4_8"), ids("6_23")]),
+        ClientState(
+            "p005",
+            1,
+            prev_standby=[ids("6_22"), ids("6_23")],
+            lags={ids("6_22"): 639, ids("6_23"): 983},
+        ),
+        ClientState("p006", 4),
+    ]
+    ha = HighAvailabilityTaskAssignor(1, 1000, max_warmup_replicas=1, balance="total")
+    plan = ha.plan(tasks, clients, stateful)
+    assert not plan.probing_rebalance_needed
+    assert ids("6_23") in plan.assignment["p001"].active  # the exchange: no warmup needed
+    assert_target_guarantees((tasks, clients, 1, stateful), plan, "total")
+    fed = next_round(clients, plan.assignment)
+    assert ha.plan(tasks, fed, stateful).assignment == plan.assignment
+
+
+def warmups_wanted(plan: HighAvailabilityPlan) -> int:
+    """Held-back tasks that need a warmup: those whose target holds no standby of them (a role
+    swap warms the target up as a standby, without the budget)."""
+    return sum(1 for t, dest in plan.held_back.items() if t not in plan.assignment[dest].standby)
+
+
+@st.composite
+def cluster_events(draw: st.DrawFn, clients: list[ClientState], tasks: list[TaskId]) -> str:
+    """One of Kafka Streams' TaskAssignorConvergenceTest perturbations, as a name."""
+    kinds = ["add client", "add tasks", "lag change"]
+    if len(clients) > 1:
+        kinds += ["drop client", "replace client"]
+    if len(tasks) > 1:
+        kinds.append("drop tasks")
+    return draw(st.sampled_from(kinds))
+
+
+def perturb(
+    data: st.DataObject,
+    event_name: str,
+    tasks: list[TaskId],
+    stateful: list[TaskId],
+    clients: list[ClientState],
+    fresh_name: str,
+) -> tuple[list[TaskId], list[TaskId], list[ClientState]]:
+    """(tasks, stateful, clients) after ``event_name`` on a settled group."""
+    if event_name in ("drop client", "replace client"):
+        gone = data.draw(st.sampled_from(clients))
+        clients = [c for c in clients if c is not gone]
+    if event_name in ("add client", "replace client"):
+        clients = [*clients, ClientState(fresh_name, data.draw(st.integers(1, 4)))]
+    if event_name == "add tasks":
+        sub = data.draw(st.integers(0, 1 + max(t.subtopology for t in tasks)))
+        start = 1 + max((t.partition for t in tasks if t.subtopology == sub), default=-1)
+        new = [TaskId(sub, p) for p in range(start, start + data.draw(st.integers(1, 4)))]
+        same_kind = [t for t in tasks if t.subtopology == sub]
+        if (same_kind[0] in stateful) if same_kind else data.draw(st.booleans()):
+            stateful = stateful + new
+        tasks = sorted(tasks + new)
+    if event_name == "drop tasks":
+        dropped = set(
+            data.draw(st.lists(st.sampled_from(tasks), min_size=1, max_size=len(tasks) - 1))
+        )
+        tasks = [t for t in tasks if t not in dropped]
+        stateful = [t for t in stateful if t not in dropped]
+    if event_name == "lag change":
+        who = data.draw(st.sampled_from(clients))
+        lag = st.sampled_from([0, ACCEPTABLE, ACCEPTABLE + 1, 50_000])
+        lags = {t: data.draw(lag) for t in sorted(who.prev_standby)}
+        clients = [attrs.evolve(c, lags=lags) if c is who else c for c in clients]
+    return tasks, stateful, clients
+
+
+def perturbed_cluster_rounds(
+    data: st.DataObject, tasks: list[TaskId], replicas: int, tight: bool
+) -> None:
+    """Kafka Streams' TaskAssignorConvergenceTest, in hypothesis: a random cluster, then a
+    chain of perturbations (clients added, dropped or replaced, tasks added or dropped, a
+    client's standbys falling behind), each followed by probing rounds in which every replica
+    catches up. Every round keeps the per-round invariants and every target the sticky
+    guarantees; the converged assignment fed back changes nothing, standbys included. Rounds
+    to converge: ``ceil(tasks needing warmups / warmups) + 1`` when ``tight``, else the loose
+    bound of ``converge``."""
+    stateful = [t for t in tasks if data.draw(st.booleans(), label=f"stateful {t.subtopology}")]
+    stateful = [t for t in tasks if any(u.subtopology == t.subtopology for u in stateful)]
+    warmups = data.draw(st.integers(1, 3))
+    ha = assignor(replicas, warmups)
+    clients = data.draw(fresh_clients(max_clients=5))
+    events = data.draw(st.integers(1, 4))
+    for step in range(events + 1):
+        plan = ha.plan(tasks, clients, stateful)
+        if tight:
+            bound = -(-warmups_wanted(plan) // warmups) + 1
+        else:
+            bound = 2 * len(stateful) * (1 + min(replicas, len(clients) - 1))
+        rounds = 0
+        while True:
+            check_round(tasks, clients, replicas, stateful, plan, warmups)
+            assert_target_guarantees((tasks, clients, replicas, stateful), plan)
+            if not plan.probing_rebalance_needed:
+                break
+            rounds += 1
+            assert rounds <= bound, f"no convergence within {bound} probing rounds"
+            clients = next_round(clients, plan.assignment)
+            plan = ha.plan(tasks, clients, stateful)
+        event(f"probing rounds: {rounds} of at most {bound}")
+        settled = next_round(clients, plan.assignment)
+        again = ha.plan(tasks, settled, stateful)
+        assert again.assignment == plan.assignment and not again.probing_rebalance_needed
+        if step == events:
+            break
+        name = data.draw(cluster_events(settled, tasks))
+        event(name)
+        tasks, stateful, clients = perturb(data, name, tasks, stateful, settled, f"n{step}")
+
+
+# A tenth of the profile's examples: 20 in dev, 200 in CI, 5,000 in the deep profile.
+@settings(max_examples=max(10, settings.default.max_examples // 10))
+@given(st.data(), task_sets(max_subtopologies=3, max_partitions=8), st.integers(0, 2))
+def test_random_cluster_perturbations_converge(
+    data: st.DataObject, tasks: list[TaskId], replicas: int
+) -> None:
+    """Perturbed clusters converge (``perturbed_cluster_rounds``), every round and target
+    keeping its guarantees, to a fixed point."""
+    perturbed_cluster_rounds(data, tasks, replicas, tight=False)
+
+
+@pytest.mark.xfail(
+    reason="issue 22: about 1 in 1,000 perturbed clusters takes a round more than the bound: "
+    "a round's target, recomputed from the interim history, can pass over the copy the last "
+    "round warmed up where only a chain with two give-backs would reach it",
+    strict=False,
+)
+# No shrinking: a counterexample is expected now and then, and shrinking one takes minutes.
+@settings(
+    max_examples=max(10, settings.default.max_examples // 10),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+@given(st.data(), task_sets(max_subtopologies=3, max_partitions=8), st.integers(0, 2))
+def test_random_cluster_perturbations_converge_within_the_warmup_bound(
+    data: st.DataObject, tasks: list[TaskId], replicas: int
+) -> None:
+    """Rounds to converge at most ``ceil(tasks needing warmups / max_warmup_replicas) + 1``."""
+    perturbed_cluster_rounds(data, tasks, replicas, tight=True)
+
+
+def caught_up_client(pid: str, capacity: int, runs: str, holds: str) -> ClientState:
+    """A client one probing round later: it runs ``runs`` and holds ``holds`` at lag 0."""
+    held = [TaskId.parse(t) for t in holds.split()]
+    return ClientState(
+        pid, capacity, [TaskId.parse(t) for t in runs.split()], held, dict.fromkeys(held, 0)
+    )
+
+
+@pytest.mark.parametrize(
+    ("partitions", "clients", "kept"),
+    [
+        # aa, which ran 0_1 and 0_5, left; c, holding both warm but full, ran them meanwhile
+        # while a and b warmed up as standbys (role swaps). The new target had c keep 0_5 and
+        # send 0_7 to b cold: a target standby of 0_5 on b hid b's caught-up copy from chains.
+        pytest.param(
+            [8],
+            [
+                caught_up_client("a", 3, "0_0 0_4", "0_1 0_2 0_6 0_7"),
+                caught_up_client("b", 3, "0_2 0_6", "0_0 0_3 0_4 0_5"),
+                caught_up_client("c", 2, "0_1 0_3 0_5 0_7", ""),
+            ],
+            {},
+            id="copy-under-a-target-standby",
+        ),
+        # n0 replaced a process that ran 0_2 and 1_2, and warmed 0_2 up; the new target had b
+        # keep 0_2 and send 1_3 to n0 cold: only an exchange across subtopologies keeps n0's
+        # warm 0_2 and both cells of both processes within floor and ceiling.
+        pytest.param(
+            [7, 5],
+            [
+                caught_up_client("b", 3, "0_0 0_2 0_5 1_0 1_3", "0_1 1_1 1_4"),
+                caught_up_client("c", 1, "0_3", "0_6 1_2"),
+                caught_up_client("d", 1, "0_4", "1_3"),
+                caught_up_client("e", 4, "0_1 0_6 1_1 1_2 1_4", "0_0 0_3 0_4 1_0"),
+                caught_up_client("n0", 1, "", "0_2 0_5"),
+            ],
+            {"n0": "0_2", "c": "1_2"},
+            id="exchange-across-subtopologies",
+        ),
+    ],
+)
+def test_a_still_valid_target_is_kept(
+    partitions: list[int], clients: list[ClientState], kept: dict[str, str]
+) -> None:
+    """Regression (the convergence property, issue 22): the round before placed role swaps
+    only; its target is still balanced and move-minimal and needs no warmup, so this round
+    converges to it instead of starting a new warmup (one probing round more)."""
+    tasks = [TaskId(s, p) for s, n in enumerate(partitions) for p in range(n)]
+    plan = assignor(1, warmups=1).plan(tasks, clients)
+    check_round(tasks, clients, 1, None, plan, warmups=1)  # every move onto caught-up state
+    assert not plan.probing_rebalance_needed
+    for pid, task in kept.items():
+        assert TaskId.parse(task) in plan.assignment[pid].active
+    assert_target_guarantees((tasks, clients, 1, None), plan)
 
 
 def test_a_stateless_task_goes_instead_of_a_stateful_one_on_cold_state() -> None:
