@@ -126,6 +126,8 @@ def prepare(heap: str, log: Callable[[str], None]) -> JavaPeer | str:
         if proc.returncode != 0:
             lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "ERROR" in ln]
             return f"Maven failed to build the Kafka Streams driver: {(lines or ['?'])[0]}"
+        # build-classpath leaves an unchanged file as it was: its time marks this build.
+        CLASSPATH_FILE.touch()
     classpath = f"{MODULE / 'target' / 'classes'}:{CLASSPATH_FILE.read_text().strip()}"
     description = f"kafka-streams {_kafka_streams_version()} on {java_name}"
     return JavaPeer(java, classpath, description, heap)

@@ -520,7 +520,7 @@ def kafka_streams_workload(cfg: Config) -> list[Report]:
     if isinstance(peer, str):
         console.print(f"[yellow]Kafka Streams peer unavailable: {peer}")
     report = Report(
-        "Kafka Streams' StickyTaskAssignor, same inputs",
+        "Kafka Streams scale sizes: ours and Kafka Streams' StickyTaskAssignor",
         [
             "tasks / clients / threads / standbys",
             "round",
