@@ -7,7 +7,9 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collections;
+import java.util.Comparator;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -223,7 +225,7 @@ public final class KafkaStreamsStickyDriver {
             // As Kafka Streams describes a task: its source partition, and for a stateful task one
             // store with its changelog partition (the sticky assignor places standbys only for tasks
             // with a changelog).
-            final Set<TaskTopicPartition> partitions = new java.util.HashSet<>();
+            final Set<TaskTopicPartition> partitions = new HashSet<>();
             partitions.add(new BenchTopicPartition(new TopicPartition("source-" + id.subtopology(), id.partition()),
                 true, false, Optional.empty()));
             final Set<String> stores = stateful ? Set.of("store-" + id.subtopology()) : Set.of();
@@ -331,7 +333,7 @@ public final class KafkaStreamsStickyDriver {
         @Override
         public SortedSet<TaskId> prevTasksByLag(final String consumerClientId) {
             final SortedSet<TaskId> byLag = new TreeSet<>(
-                java.util.Comparator.comparingLong(this::lagFor).thenComparing(TaskId::compareTo));
+                Comparator.comparingLong(this::lagFor).thenComparing(TaskId::compareTo));
             byLag.addAll(lags.keySet());
             return byLag;
         }
