@@ -8,6 +8,9 @@
 2. **Kafka Streams' scale** — its scale-test sizes plus two larger ones: fresh, rerun with the
    first result as history, and 10% of clients replaced. Ours and its thread distribution are
    timed apart; Faust runs on the same input (one group, threads ignored) under a time budget.
+   **Kafka Streams' own assignor** (``--only kafka-streams``) — the same scale sizes and rounds
+   through Kafka Streams' ``StickyTaskAssignor`` (KIP-924 public API, in a JVM: see
+   ``_kafka_streams_peer``), on the same inputs, under a time budget.
 3. **Memory** — peak allocation of one assignment as tasks, then clients, grow: it must grow
    with tasks + clients, never with their product.
 
@@ -48,6 +51,7 @@ from _common import (
     write_reports,
 )
 from _faust_peer import faust_assign, faust_input, to_ours
+from _kafka_streams_peer import JavaRun, kafka_streams_assign, prepare
 
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
 from streamassign.threads import distribute_to_threads
@@ -67,6 +71,8 @@ class Config:
     repeats: int
     min_total: float  # keep repeating a measurement until this many seconds are spent
     faust_budget: float
+    kafka_streams_budget: float
+    java_heap: str  # the Kafka Streams JVM's -Xmx
     faust_sizes: Sequence[tuple[int, int]]  # (partitions, workers)
     faust_standbys: Sequence[int]
     footprint_partitions: int  # trace what runs (lines, built-ins) up to this many partitions
@@ -85,6 +91,8 @@ FULL = Config(
     repeats=5,
     min_total=0.2,
     faust_budget=60.0,
+    kafka_streams_budget=60.0,
+    java_heap="8g",
     faust_sizes=[(12, 3), (64, 8), (256, 16), (1024, 64), (4096, 256)],
     faust_standbys=[1, 2],
     footprint_partitions=64,
@@ -106,6 +114,8 @@ QUICK = Config(
     repeats=3,
     min_total=0.0,
     faust_budget=2.0,
+    kafka_streams_budget=2.0,
+    java_heap="2g",
     faust_sizes=[(12, 3), (64, 8)],
     faust_standbys=[1, 2],
     footprint_partitions=12,
@@ -363,6 +373,25 @@ def _as_is(clients: list[ClientState]) -> list[ClientState]:
     return clients
 
 
+def scale_rounds(
+    members: list[str],
+    threads: int,
+    first: Assignment,
+    place: Callable[[list[ClientState]], list[ClientState]] = _as_is,
+) -> list[tuple[str, list[ClientState], Assignment]]:
+    """The rounds of one scale size, each as (name, clients, history they report): fresh, rerun
+    with ``first`` (the fresh result) as history, and 10% of the clients (at least one) replaced
+    by newcomers."""
+    replaced = members[::10][: max(1, len(members) // 10)]
+    kept = [m for m in members if m not in set(replaced)]
+    newcomers = member_ids(len(replaced), "new")
+    return [
+        ("fresh", place(states(members, threads)), {}),
+        ("rerun", place(states(members, threads, first)), first),
+        ("10% replaced", place(states(kept + newcomers, threads, first)), first),
+    ]
+
+
 def scale_workload(cfg: Config) -> list[Report]:
     """Kafka Streams' scale sizes: fresh, rerun on the first result, 10% of clients replaced;
     then the scale-out sizes: fresh, and clients joining."""
@@ -405,16 +434,9 @@ def scale_workload(cfg: Config) -> list[Report]:
         first = run_ours(cfg, tasks, fresh, replicas)
         assert first.result is not None, first.error
         first_split = split_threads(thread_inputs(first.result, threads, {}))
-        replaced = members[::10][: max(1, n_clients // 10)]
-        kept = [m for m in members if m not in set(replaced)]
         rounds = [
-            ("fresh", fresh, {}),
-            ("rerun", place(states(members, threads, first.result)), first_split),
-            (
-                "10% replaced",
-                place(states(kept + member_ids(len(replaced), "new"), threads, first.result)),
-                first_split,
-            ),
+            (name, clients, first_split if history else {})
+            for name, clients, history in scale_rounds(members, threads, first.result, place)
         ]
         if joining:
             rounds[1:] = [
@@ -458,6 +480,120 @@ def scale_workload(cfg: Config) -> list[Report]:
             console.print(
                 f"  {n_tasks}/{n_clients}/{threads}/{replicas} {name}: ours "
                 f"{fmt_time(ours)}, Faust {fmt_time(peer)}"
+            )
+    slowest = max(slowest_ours)
+    report.notes += (
+        f" Slowest assignment of ours: {fmt_seconds(slowest)} "
+        f"(target under 1 s: {'met' if slowest < 1 else 'MISSED'})."
+    )
+    report.show()
+    return [report]
+
+
+# -- 2b. Kafka Streams' own StickyTaskAssignor ------------------------------------------------
+
+
+def _both_cells(ours: Quality, theirs: Quality | None, cell: Callable[[Quality], str]) -> str:
+    """``"ours / Kafka Streams"`` for one metric; ``—`` on the Kafka Streams side without result."""
+    return f"{cell(ours)} / {'—' if theirs is None else cell(theirs)}"
+
+
+def _kafka_streams_times(theirs: JavaRun, ours: Timed[Assignment]) -> list[str]:
+    """Kafka Streams' median, its ratio to ours, and its first run in a fresh JVM."""
+    first_run = "—" if theirs.first_run is None else fmt_seconds(theirs.first_run)
+    return [fmt_time(theirs.timed), fmt_ratio(theirs.timed, ours), first_run]
+
+
+def _kafka_streams_check(theirs: JavaRun | None) -> str:
+    """Kafka Streams' own verdict on its result, when it is not "valid" (``NONE``)."""
+    if theirs is None or theirs.validation in (None, "NONE"):
+        return ""
+    return f" (Kafka Streams' own check: {theirs.validation})"
+
+
+def kafka_streams_workload(cfg: Config) -> list[Report]:
+    """The Kafka Streams scale sizes through ours and Kafka Streams' own ``StickyTaskAssignor``
+    (KIP-924 public API, run in a JVM by ``_kafka_streams_peer``) on the same inputs: fresh,
+    rerun on our fresh result, 10% of clients replaced. Both results are checked for validity
+    and scored by ``streamassign.metrics.evaluate``."""
+    peer = prepare(cfg.java_heap, lambda line: console.print(f"  {line}"))
+    if isinstance(peer, str):
+        console.print(f"[yellow]Kafka Streams peer unavailable: {peer}")
+    report = Report(
+        "Kafka Streams scale sizes: ours and Kafka Streams' StickyTaskAssignor",
+        [
+            "tasks / clients / threads / standbys",
+            "round",
+            "ours",
+            "Kafka Streams",
+            "Kafka Streams / ours",
+            "Kafka Streams, first run",
+            "balanced",
+            "balanced per subtopology",
+            "moves (bound)",
+            "load spread",
+            "standby coverage",
+        ],
+        notes=(
+            f"Tasks over {SUBTOPOLOGIES} subtopologies, all stateful; cells with two values read "
+            "*ours / Kafka Streams*. *ours*: median `StickyTaskAssignor.assign`, as in the scale "
+            "table. *Kafka Streams*: `org.apache.kafka.streams.processor.assignment.assignors."
+            "StickyTaskAssignor.assign` (KIP-924), timed inside one JVM per row: the median of "
+            "the runs after the first, `System.gc()` before each, JVM start-up not timed; *first "
+            "run* is that JVM's first call (class loading, interpreted code, JIT), what a "
+            "freshly started group leader pays. Runs are cut at "
+            f"{cfg.kafka_streams_budget:g} s (`> budget`; the ratio is then a lower bound). "
+            "The rerun and 10%-replaced rounds report our fresh result as history to both. "
+            "Neither side's time includes splitting a client's tasks over its threads (Kafka "
+            "Streams does that after the task assignor)."
+            + (
+                f" Kafka Streams peer unavailable: {peer}."
+                if isinstance(peer, str)
+                else f" Kafka Streams peer: {peer.description}, `-Xmx{peer.heap}`."
+            )
+        ),
+    )
+    slowest_ours = [0.0]
+    for n_tasks, n_clients, threads, replicas in cfg.scale_sizes:
+        tasks = make_tasks(n_tasks, SUBTOPOLOGIES)
+        members = member_ids(n_clients, "c")
+        first = run_ours(cfg, tasks, states(members, threads), replicas)
+        assert first.result is not None, first.error
+        for name, clients, _ in scale_rounds(members, threads, first.result):
+            ours = first if name == "fresh" else run_ours(cfg, tasks, clients, replicas)
+            assert ours.result is not None, ours.error
+            slowest_ours.append(ours.seconds or 0.0)
+            q_ours = quality(tasks, clients, ours.result, replicas)
+            theirs: JavaRun | None = None
+            if not isinstance(peer, str):
+                theirs = kafka_streams_assign(
+                    peer,
+                    tasks,
+                    clients,
+                    replicas,
+                    cfg.repeats,
+                    cfg.kafka_streams_budget,
+                    cfg.min_total,
+                )
+            q_theirs = None if theirs is None else assess(tasks, clients, theirs.timed, replicas)
+            timing_cells = (
+                ["unavailable"] * 3 if theirs is None else _kafka_streams_times(theirs, ours)
+            )
+            report.add(
+                f"{n_tasks} / {n_clients} / {threads} / {replicas}",
+                name,
+                fmt_time(ours),
+                *timing_cells,
+                _both_cells(q_ours, q_theirs, balanced_cell) + _kafka_streams_check(theirs),
+                _both_cells(q_ours, q_theirs, lambda q: fmt_bool(q.metrics.subtopology_balanced)),
+                _both_cells(q_ours, q_theirs, lambda q: str(q.metrics.moves))
+                + f" (≥ {q_ours.metrics.move_lower_bound})",
+                _both_cells(q_ours, q_theirs, lambda q: fmt_num(q.metrics.load_imbalance)),
+                _both_cells(q_ours, q_theirs, lambda q: f"{q.metrics.standby_coverage:.0%}"),
+            )
+            console.print(
+                f"  {n_tasks}/{n_clients}/{threads}/{replicas} {name}: ours {fmt_time(ours)}, "
+                f"Kafka Streams {timing_cells[0]}"
             )
     slowest = max(slowest_ours)
     report.notes += (
@@ -514,8 +650,16 @@ def memory_workload(cfg: Config, replicas: int = 1) -> list[Report]:
 WORKLOADS: dict[str, Callable[[Config], list[Report]]] = {
     "faust": faust_workload,
     "scale": scale_workload,
+    "kafka-streams": kafka_streams_workload,
     "memory": memory_workload,
 }
+
+#: The markdown section (marker name, heading) each workload's tables go to.
+KAFKA_STREAMS_SECTION = (
+    "task-assignor-kafka-streams",
+    "## Kafka Streams' StickyTaskAssignor, same inputs",
+)
+SECTIONS = {"kafka-streams": KAFKA_STREAMS_SECTION}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -527,6 +671,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, help="runs per measurement (median reported)")
     parser.add_argument("--faust-budget", type=float, help="seconds before a Faust run is cut")
+    parser.add_argument(
+        "--kafka-streams-budget", type=float, help="seconds before a Kafka Streams run is cut"
+    )
+    parser.add_argument("--java-heap", help="-Xmx of the Kafka Streams JVM, e.g. 8g")
     args = parser.parse_args(argv)
 
     cfg = QUICK if args.quick else FULL
@@ -534,27 +682,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, repeats=args.repeats)
     if args.faust_budget:
         cfg = dataclasses.replace(cfg, faust_budget=args.faust_budget)
+    if args.kafka_streams_budget:
+        cfg = dataclasses.replace(cfg, kafka_streams_budget=args.kafka_streams_budget)
+    if args.java_heap:
+        cfg = dataclasses.replace(cfg, java_heap=args.java_heap)
     info = show_machine_info()
 
-    reports = [r for name in (args.only or WORKLOADS) for r in WORKLOADS[name](cfg)]
+    by_section: dict[tuple[str, str], list[Report]] = {}
+    for name in args.only or WORKLOADS:
+        section = SECTIONS.get(name, (SECTION, "## Results: task assignor"))
+        by_section.setdefault(section, []).extend(WORKLOADS[name](cfg))
 
     if args.markdown:
         timing = (
             f"- **timing**: median (`time.perf_counter`) of at least {cfg.repeats} runs"
             + (f", more until {cfg.min_total:g} s is spent (at most 100)" if cfg.min_total else "")
-            + f"; inputs built off the clock; Faust runs cut at {cfg.faust_budget:g} s"
+            + "; inputs built off the clock; "
         )
-        heading = "## Results: task assignor"
-        write_reports(
-            args.markdown,
-            SECTION,
-            heading,
-            reports,
-            info,
-            "benchmarks/task_assignor.py",
-            argv,
-            [timing],
-        )
+        for (section, heading), reports in by_section.items():
+            if section == KAFKA_STREAMS_SECTION[0]:
+                cut = f"Kafka Streams runs cut at {cfg.kafka_streams_budget:g} s"
+            else:
+                cut = f"Faust runs cut at {cfg.faust_budget:g} s"
+            write_reports(
+                args.markdown,
+                section,
+                heading,
+                reports,
+                info,
+                "benchmarks/task_assignor.py",
+                argv,
+                [timing + cut],
+            )
     return 0
 
 
