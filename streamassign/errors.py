@@ -67,6 +67,17 @@ class RepartitionResolutionError(TopologyError):
         super().__init__(message)
 
 
+class TopologyTypeError(TopologyError, TypeError):
+    """A topology field of the wrong type (a name that is not a ``str``, a single string where a
+    list of names belongs, a subtopology that is not a ``Subtopology``). A ``TopologyError`` and,
+    as plain Python raised here before, a ``TypeError``."""
+
+
+class NotInTopologyError(StreamAssignError, KeyError):
+    """A lookup on a ``Topology`` of a subtopology id, store or topic it does not have; the
+    message names the missing key (and the known ids). A ``KeyError``, as before."""
+
+
 # -- identifiers -----------------------------------------------------------------------------------
 
 
@@ -83,12 +94,14 @@ class TaskIdTypeError(StreamAssignError, TypeError):
 
 
 class AssignmentInputError(StreamAssignError, ValueError):
-    """Input the task assignors or the thread split cannot work with: an option or a client
-    field out of range (``capacity``, a lag, ``num_standby_replicas``)."""
+    """Input the task assignors, the thread split or the consumer partition assignors cannot
+    work with: an option or a client field out of range (``capacity``, a lag,
+    ``num_standby_replicas``, a partition count)."""
 
 
 class AssignmentTypeError(StreamAssignError, TypeError):
-    """An assignor input of the wrong type (e.g. a process id that is not a ``str``)."""
+    """An assignor input of the wrong type (e.g. a process id that is not a ``str``, one topic
+    name where a collection of names belongs)."""
 
 
 class DuplicateProcessIdError(AssignmentInputError):
@@ -131,6 +144,47 @@ class DamagedStateError(StreamAssignError, ValueError):
 class MissingExtraError(StreamAssignError, ImportError):
     """A feature needs a package of an optional extra that is not installed; the message names
     the extra (``pip install 'streamassign[EXTRA]'``)."""
+
+
+# -- wire formats (Kafka Streams and consumer user data) -------------------------------------------
+
+
+class ProtocolError(StreamAssignError, ValueError):
+    """User data that cannot be decoded: garbage, truncated, or an unknown version (Kafka
+    Streams' subscription and assignment info, Faust's JSON metadata)."""
+
+
+class UserDataError(StreamAssignError, ValueError):
+    """Subscription user data of the consumer protocol (``streamassign.consumer``) that cannot be
+    decoded (garbage, truncated, unknown version)."""
+
+
+class EncodeError(StreamAssignError, ValueError):
+    """A value that cannot be written into user data: outside the wire's integer range, more
+    entries than readers accept, or contradictory (a task active on two hosts)."""
+
+
+class AssignmentValidationError(StreamAssignError):
+    """An assignment that aiokafka would choke on (a bug in an assignor: never sent)."""
+
+
+# -- processes and pipelines -----------------------------------------------------------------------
+
+
+class ConfigError(StreamAssignError, ValueError):
+    """An option of a process host that cannot work (e.g. ``threads < 1``, no application id,
+    an unknown assignor name); the message names the option and the value."""
+
+
+class StateDirectoryLockedError(StreamAssignError):
+    """Another live process holds the state directory."""
+
+
+class PipelineError(StreamAssignError, ValueError):
+    """A pipeline input is unusable (model parameters, assignor names, topology, paths).
+
+    Raised on the driver before any Spark session starts; the message says what to change.
+    """
 
 
 # -- runtime (``streamassign.runtime``) -----------------------------------------------------------

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ._ids import TaskId, TopicPartition
-from .errors import DamagedStateError, StreamAssignError
+from .errors import DamagedStateError
+from .errors import StateDirectoryLockedError as StateDirectoryLockedError  # old home
 from .files import is_temporary, read_bounded, write_atomically
 
 log = logging.getLogger("streamassign.localstate")
@@ -49,10 +50,6 @@ MAX_STATE_FILE_BYTES = 16 << 20
 _ID_LIMIT = 1 << 31
 #: Offset sums travel as int64s, and negative ones are sentinels (``LATEST_OFFSET`` = running).
 _OFFSET_LIMIT = 1 << 63
-
-
-class StateDirectoryLockedError(StreamAssignError):
-    """Another live process holds the state directory."""
 
 
 class StateDirectory:
@@ -257,7 +254,7 @@ class StateDirectory:
 
 
 def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not an offset")
+    raise DamagedStateError(f"{name} is not an offset")
 
 
 def _task_of(name: str) -> TaskId | None:

@@ -41,7 +41,8 @@ from typing import TypeVar
 import attrs
 
 from ._ids import TaskId, TopicPartition
-from .errors import ErrorCode, StreamAssignError
+from .errors import EncodeError, ErrorCode
+from .errors import ProtocolError as ProtocolError  # its old home: still importable from here
 
 LATEST_VERSION = 2
 MIN_VERSION = 1
@@ -70,10 +71,6 @@ _T = TypeVar("_T")
 _UINT_LIMIT = 1 << 64  # varints carry 64 bits (Kafka's varlong), zig-zag ones an int64
 
 
-class ProtocolError(StreamAssignError, ValueError):
-    """User data that cannot be decoded: garbage, truncated, or an unknown version."""
-
-
 class _RoomExceeded(Exception):
     """A task set declares more than the reader's ``room`` (reported as a ``ProtocolError``
     by the decode that set the room)."""
@@ -96,7 +93,7 @@ class _Writer:
     def take(self, n: int) -> None:
         """Charge ``n`` entries as the reader will, refusing data it would refuse."""
         if n > self.budget:
-            raise ValueError(
+            raise EncodeError(
                 f"user data would hold more than MAX_TASK_IDS = {MAX_TASK_IDS} task ids and "
                 "entries, which readers refuse"
             )
@@ -104,7 +101,7 @@ class _Writer:
 
     def uint(self, n: int) -> None:
         if not 0 <= n < _UINT_LIMIT:
-            raise ValueError(f"cannot encode {n} as a 64-bit unsigned varint")
+            raise EncodeError(f"cannot encode {n} as a 64-bit unsigned varint")
         while n >= 0x80:
             self.buf.append((n & 0x7F) | 0x80)
             n >>= 7
@@ -112,7 +109,7 @@ class _Writer:
 
     def sint(self, n: int) -> None:
         if not -(1 << 63) <= n < 1 << 63:
-            raise ValueError(f"cannot encode {n} as a signed 64-bit varint")
+            raise EncodeError(f"cannot encode {n} as a signed 64-bit varint")
         self.uint(~(n << 1) if n < 0 else n << 1)
 
     def string(self, s: str) -> None:
@@ -485,7 +482,7 @@ class AssignmentInfo:
         for h, host in enumerate(hosts):
             for t in self.active_by_host.get(host, ()):
                 if t in active:
-                    raise ValueError(f"task {t} active on two hosts: {hosts[active[t]]}, {host}")
+                    raise EncodeError(f"task {t} active on two hosts: {hosts[active[t]]}, {host}")
                 active[t] = h
             for t in self.standby_by_host.get(host, ()):
                 standby.setdefault(t, []).append(h)
@@ -496,7 +493,7 @@ class AssignmentInfo:
             t for t in (*active, *standby) if t.partition >= counts.get(t.subtopology, 0)
         )
         if outside:
-            raise ValueError(f"host maps name tasks outside the topic dictionary: {outside[:5]}")
+            raise EncodeError(f"host maps name tasks outside the topic dictionary: {outside[:5]}")
         for sub in sorted(counts):
             for p in range(counts[sub]):
                 w.uint(active.get(TaskId(sub, p), -1) + 1)
@@ -507,7 +504,7 @@ class AssignmentInfo:
                     w.uint(h)
         parent.budget = w.budget
         if len(w.buf) > _section_limit():
-            raise ValueError(
+            raise EncodeError(
                 f"host section of {len(w.buf)} bytes: readers refuse more than "
                 f"{_SECTION_BYTES_PER_ENTRY} bytes per MAX_TASK_IDS entry"
             )

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import attrs
 
 from ._ids import TaskId, TopicPartition
-from .errors import TopologyError
+from .errors import NotInTopologyError, TopologyError, TopologyTypeError
 from .files import load_toml
 
 __all__ = [
@@ -46,7 +46,7 @@ _INT32_LIMIT = 1 << 31
 
 def _check_name(value: object, what: str) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__} {value!r}")
+        raise TopologyTypeError(f"{what} must be a str, got {type(value).__name__} {value!r}")
     if not _LEGAL_NAME.fullmatch(value) or value in (".", ".."):
         raise TopologyError(
             f"illegal {what} {value!r}: use 1-249 characters from [A-Za-z0-9._-] "
@@ -57,14 +57,14 @@ def _check_name(value: object, what: str) -> str:
 
 def _name_tuple(value: Iterable[str], what: str) -> tuple[str, ...]:
     if isinstance(value, (str, bytes)):
-        raise TypeError(
+        raise TopologyTypeError(
             f"{what}s must be an iterable of names, not a single {type(value).__name__} "
             f"{value!r} (write [{value!r}])"
         )
     try:
         items = list(value)
     except TypeError:
-        raise TypeError(
+        raise TopologyTypeError(
             f"{what}s must be an iterable of names, got {type(value).__name__} {value!r}"
         ) from None
     return tuple(sorted({_check_name(item, what) for item in items}))
@@ -155,7 +155,7 @@ class _FrozenMap(Mapping[str, "int | None"]):
 
 def _repartition_map(value: Mapping[str, int | None]) -> Mapping[str, int | None]:
     if not isinstance(value, Mapping):
-        raise TypeError(
+        raise TopologyTypeError(
             "repartition_topics must be a mapping of topic name to partition count "
             f"(None = computed), got {type(value).__name__}"
         )
@@ -175,7 +175,9 @@ def _repartition_map(value: Mapping[str, int | None]) -> Mapping[str, int | None
 
 def _groups(value: Iterable[Iterable[str]]) -> tuple[tuple[str, ...], ...]:
     if isinstance(value, (str, bytes)):
-        raise TypeError(f"copartition_groups must be an iterable of topic lists, got {value!r}")
+        raise TopologyTypeError(
+            f"copartition_groups must be an iterable of topic lists, got {value!r}"
+        )
     return tuple(sorted({_name_tuple(group, "topic") for group in value}))
 
 
@@ -183,7 +185,7 @@ def _subtopologies(value: Iterable[Subtopology]) -> tuple[Subtopology, ...]:
     items = list(value)
     for item in items:
         if not isinstance(item, Subtopology):
-            raise TypeError(f"subtopologies must be Subtopology instances, got {item!r}")
+            raise TopologyTypeError(f"subtopologies must be Subtopology instances, got {item!r}")
     return tuple(sorted(items, key=lambda s: s.id))
 
 
@@ -342,7 +344,7 @@ class Topology:
         try:
             return self._by_id[subtopology_id]
         except KeyError:
-            raise KeyError(
+            raise NotInTopologyError(
                 f"no subtopology {subtopology_id!r} (known: {sorted(self._by_id)})"
             ) from None
 
@@ -376,14 +378,14 @@ class Topology:
         try:
             return self._store_owner[store]
         except KeyError:
-            raise KeyError(f"{store!r} is not a store of the topology") from None
+            raise NotInTopologyError(f"{store!r} is not a store of the topology") from None
 
     def subtopology_of(self, topic: str) -> int:
         """Id of the subtopology that reads ``topic``; ``KeyError`` if no subtopology reads it."""
         try:
             return self._owner[topic]
         except KeyError:
-            raise KeyError(f"{topic!r} is not a source topic of the topology") from None
+            raise NotInTopologyError(f"{topic!r} is not a source topic of the topology") from None
 
     def task_of(self, partition: TopicPartition) -> TaskId:
         """The task that owns a source partition: ``TaskId(subtopology_of(topic), partition)``."""
@@ -392,7 +394,9 @@ class Topology:
     def writers(self, repartition_topic: str) -> tuple[int, ...]:
         """Ids of the subtopologies that write ``repartition_topic`` (possibly none)."""
         if repartition_topic not in self.repartition_topics:
-            raise KeyError(f"{repartition_topic!r} is not a repartition topic of the topology")
+            raise NotInTopologyError(
+                f"{repartition_topic!r} is not a repartition topic of the topology"
+            )
         return self._writers.get(repartition_topic, ())
 
     def copartition_group_of(self, topic: str) -> tuple[str, ...] | None:

@@ -45,8 +45,9 @@ from ..consumer import (
     Subscription,
     WeightedAssignor,
 )
-from ..consumer.userdata import AssignmentData, MemberData, UserDataError, read_member_data
-from ..errors import ErrorCode, StreamAssignError
+from ..consumer.userdata import AssignmentData, MemberData, read_member_data
+from ..errors import AssignmentValidationError as AssignmentValidationError  # old home
+from ..errors import ConfigError, ErrorCode, UserDataError
 from ..files import write_atomically
 from .rejoin import Rejoiner
 from .wire import encode_assignment
@@ -74,10 +75,6 @@ _FAILED = encode_assignment((), AssignmentData(error_code=ErrorCode.ASSIGNMENT_E
 
 def _next_generation(generation: int) -> int:
     return min(generation + 1, MAX_GENERATION)
-
-
-class AssignmentValidationError(StreamAssignError):
-    """An assignment that aiokafka would choke on (a bug in an assignor: never sent)."""
 
 
 @attrs.frozen
@@ -149,7 +146,7 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
     def create(cls, name: str, **options: Any) -> GroupAssignor:
         """``GroupAssignor.create("sticky")``; ``seed=`` goes to the shuffled assignor."""
         if name not in ASSIGNORS:
-            raise ValueError(f"unknown assignor {name!r}; choose from {sorted(ASSIGNORS)}")
+            raise ConfigError(f"unknown assignor {name!r}; choose from {sorted(ASSIGNORS)}")
         seed = options.pop("seed", None)
         pure = ASSIGNORS[name](seed=seed) if seed is not None else ASSIGNORS[name]()  # type: ignore[call-arg]
         return cls(pure, **options)

@@ -43,11 +43,11 @@ from aiokafka.errors import for_code
 
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
-from ..consumer.userdata import AssignmentData, MemberData, UserDataError
-from ..errors import GroupDescribeError
+from ..consumer.userdata import AssignmentData, MemberData
+from ..errors import GroupDescribeError, ProtocolError, UserDataError
 from ..explain import ClientView
 from ..metrics import AssignmentMetrics, evaluate, violations
-from ..protocol import LATEST_OFFSET, AssignmentInfo, ProtocolError, SubscriptionInfo
+from ..protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 from .consumer import ASSIGNORS
 from .streams import PROTOCOL_NAME
 
@@ -248,7 +248,7 @@ def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) 
     if family == Family.FAUST:
         url = _json_object(json.loads(data), "metadata")["url"]
         if not isinstance(url, str):
-            raise TypeError(f"url is {type(url).__name__}, not a string")
+            raise ProtocolError(f"url is {type(url).__name__}, not a string")
         return attrs.evolve(view, process=url, endpoint=url)
     if not _has_member_data(protocol):
         return view
@@ -297,7 +297,7 @@ def _assignment(family: Family, protocol: str, view: MemberView, data: bytes) ->
 
 def _json_object(value: object, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise TypeError(f"{what} is {type(value).__name__}, not a JSON object")
+        raise ProtocolError(f"{what} is {type(value).__name__}, not a JSON object")
     return value
 
 
@@ -305,7 +305,7 @@ def _inflate(blob: bytes) -> bytes:
     inflater = zlib.decompressobj()
     out = inflater.decompress(blob, _MAX_INFLATED)
     if inflater.unconsumed_tail or not inflater.eof:
-        raise ValueError(f"compressed JSON truncated or larger than {_MAX_INFLATED} bytes")
+        raise ProtocolError(f"compressed JSON truncated or larger than {_MAX_INFLATED} bytes")
     return out
 
 

@@ -30,7 +30,7 @@ from aiokafka.coordinator.protocol import (
 
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment
-from ..errors import ErrorCode
+from ..errors import ConfigError, ErrorCode
 from ..ha import HighAvailabilityTaskAssignor
 from ..localstate import StateDirectory
 from ..protocol import (
@@ -330,7 +330,7 @@ class ProcessHost:
         rack_aware_tags: Sequence[str] | None = None,
     ) -> None:
         if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
+            raise ConfigError(f"threads must be >= 1, got {threads}")
         # Checked here, not at the first rebalance this process leads.
         HighAvailabilityTaskAssignor(
             num_standby_replicas,
@@ -352,7 +352,7 @@ class ProcessHost:
         self.topology = topology
         self.application_id = application_id or topology.name
         if not self.application_id:
-            raise ValueError("an application id is needed (application_id= or a topology name)")
+            raise ConfigError("an application id is needed (application_id= or a topology name)")
         self.bootstrap_servers = bootstrap_servers
         self.state = StateDirectory(Path(state_dir))
         self.process_id = self.state.process_id

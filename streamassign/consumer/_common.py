@@ -16,6 +16,7 @@ from typing import Protocol
 import attrs
 
 from .. import TopicPartition
+from ..errors import AssignmentInputError, AssignmentTypeError
 
 log = logging.getLogger("streamassign.consumer")
 
@@ -24,7 +25,7 @@ Assignment = dict[str, list[TopicPartition]]
 
 def _topics(value: Iterable[str]) -> frozenset[str]:
     if isinstance(value, str):
-        raise TypeError(f"topics must be a collection of names, not the string {value!r}")
+        raise AssignmentTypeError(f"topics must be a collection of names, not the string {value!r}")
     return frozenset(value)
 
 
@@ -127,7 +128,9 @@ def prepare(
     """Validate and normalise; warn once about subscribed topics missing from the metadata."""
     for topic, count in partitions_per_topic.items():
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise ValueError(f"partition count of topic {topic!r} must be an int >= 0: {count!r}")
+            raise AssignmentInputError(
+                f"partition count of topic {topic!r} must be an int >= 0: {count!r}"
+            )
     members = tuple(sorted(subscriptions))
     wanted = set().union(*(s.topics for s in subscriptions.values())) if subscriptions else set()
     missing = sorted(wanted - set(partitions_per_topic))

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable, Mapping
 import attrs
 
 from .. import TopicPartition
-from ..errors import ErrorCode, StreamAssignError
+from ..errors import EncodeError, ErrorCode
+from ..errors import UserDataError as UserDataError  # its old home: still importable from here
 
 log = logging.getLogger("streamassign.consumer")
 
@@ -40,10 +41,6 @@ _HEAD = struct.Struct(">iiiiii")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _RUN = struct.Struct(">ii")
-
-
-class UserDataError(StreamAssignError, ValueError):
-    """Subscription user data that cannot be decoded (garbage, truncated, unknown version)."""
 
 
 _INT32 = (-(2**31), 2**31 - 1)
@@ -60,7 +57,7 @@ def _int32(low: int = _INT32[0]) -> Callable[[object, attrs.Attribute[int], int]
 
     def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= _INT32[1]:
-            raise ValueError(
+            raise EncodeError(
                 f"{attribute.name} must be an int in [{low}, 2**31 - 1], got {value!r}"
             )
 
@@ -78,10 +75,12 @@ def _partitions(value: Iterable[tuple[str, int]]) -> tuple[TopicPartition, ...]:
     out = sorted({TopicPartition(*tp) for tp in value})
     for tp in out:
         if not isinstance(tp.partition, int) or not 0 <= tp.partition <= _INT32[1]:
-            raise ValueError(f"partition of {tp.topic!r} must be in [0, 2**31 - 1]: {tp.partition}")
+            raise EncodeError(
+                f"partition of {tp.topic!r} must be in [0, 2**31 - 1]: {tp.partition}"
+            )
     for topic in {tp.topic for tp in out}:
         if len(topic.encode()) > 2**15 - 1:
-            raise ValueError(f"topic name too long for the wire: {topic[:40]!r}...")
+            raise EncodeError(f"topic name too long for the wire: {topic[:40]!r}...")
     return tuple(out)
 
 

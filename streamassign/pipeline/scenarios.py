@@ -24,7 +24,7 @@ from typing import Any, Final
 import attrs
 
 from .. import TaskId
-from ..errors import StreamAssignError, TopologyError
+from ..errors import PipelineError, StreamAssignError, TopologyError
 from ..grouper import resolve_partition_counts
 from ..topology import Topology, load_topology_file
 
@@ -55,13 +55,6 @@ EVENTS: Final = (
 )
 
 _HOUR: Final = 3600.0
-
-
-class PipelineError(StreamAssignError, ValueError):
-    """A pipeline input is unusable (model parameters, assignor names, topology, paths).
-
-    Raised on the driver before any Spark session starts; the message says what to change.
-    """
 
 
 # -- the scenario model ----------------------------------------------------------------------------
@@ -257,18 +250,18 @@ def _parse_value(name: str, default: object, raw: object) -> object:
     try:
         if isinstance(default, tuple):
             return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-        if isinstance(default, bool):
-            raise ValueError
-        if isinstance(default, int):
+        if isinstance(default, int) and not isinstance(default, bool):
             return int(text.replace("_", ""))
-        return float(text.replace("_", ""))
+        if not isinstance(default, bool):  # a flag is never given as text
+            return float(text.replace("_", ""))
     except ValueError:
-        kind = (
-            "a list of integers such as 1,2,4"
-            if isinstance(default, tuple)
-            else ("an integer" if isinstance(default, int) else "a number")
-        )
-        raise PipelineError(f"scenario model: {name} must be {kind}, got {raw!r}") from None
+        pass
+    kind = (
+        "a list of integers such as 1,2,4"
+        if isinstance(default, tuple)
+        else ("an integer" if isinstance(default, int) else "a number")
+    )
+    raise PipelineError(f"scenario model: {name} must be {kind}, got {raw!r}")
 
 
 # -- the workload: a topology and how its partition counts may grow --------------------------------
