@@ -176,6 +176,10 @@ class ConfigError(StreamAssignError, ValueError):
     an unknown assignor name); the message names the option and the value."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """An option of the wrong type (e.g. a capacity that is not an int)."""
+
+
 class StateDirectoryLockedError(StreamAssignError):
     """Another live process holds the state directory."""
 
@@ -262,3 +266,27 @@ class QueryUnavailableError(QueryError):
     ) -> None:
         super().__init__(message, retry_after=retry_after)
         self.code = code
+
+
+# -- the runtime (streamassign.runtime) ------------------------------------------------------------
+
+
+class RuntimeConfigError(ConfigError):
+    """The application is configured inconsistently (e.g. a subtopology without processor, an
+    unknown store kind, a timing that must be positive)."""
+
+
+class InternalTopicError(StreamAssignError):
+    """An internal topic cannot be created, or exists with another partition count."""
+
+
+class ProcessingError(StreamAssignError):
+    """A processor raised; the application stopped without committing the failed record."""
+
+
+class UnknownStoreError(StreamAssignError, KeyError):
+    """A processor asked its task for a store the topology does not give it."""
+
+
+class FanOutLimitError(StreamAssignError, ValueError):
+    """One input record sent more repartition records than their ordering headers can number."""

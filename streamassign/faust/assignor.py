@@ -46,7 +46,7 @@ from yarl import URL
 from .. import TaskId
 from ..aiokafka.rejoin import Rejoiner
 from ..aiokafka.wire import encode_assignment
-from ..errors import ErrorCode
+from ..errors import ConfigError, ConfigTypeError, ErrorCode
 from ..files import write_atomically
 from ..localstate import StateDirectory, StateDirectoryLockedError
 from ..protocol import (
@@ -115,9 +115,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         if self.capacity is not None and (
             isinstance(self.capacity, bool) or not isinstance(self.capacity, int)
         ):
-            raise TypeError(f"capacity must be an int or None, got {self.capacity!r}")
+            raise ConfigTypeError(f"capacity must be an int or None, got {self.capacity!r}")
         if self.capacity is not None and not 1 <= self.capacity <= MAX_CAPACITY:
-            raise ValueError(f"capacity must be from 1 to {MAX_CAPACITY}, got {self.capacity}")
+            raise ConfigError(f"capacity must be from 1 to {MAX_CAPACITY}, got {self.capacity}")
         self.app = app
         self.replicas = replicas
         self.rejoiner = Rejoiner()

@@ -41,7 +41,7 @@ import attrs
 
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
-from ..errors import ErrorCode, TopologyError
+from ..errors import ErrorCode, TopologyError, TopologyTypeError
 from ..grouper import PartitionGrouper
 from ..protocol import (
     LATEST_OFFSET,
@@ -140,20 +140,23 @@ def decode_members(
 
 
 def check_copartition_groups(groups: object) -> tuple[tuple[str, ...], ...]:
-    """``groups`` as tuples; ``TypeError`` unless it is a list of lists of topic names (a flat
-    list of names would otherwise be read as groups of single characters)."""
+    """``groups`` as tuples; ``TopologyTypeError`` (a ``TypeError``) unless it is a list of
+    lists of topic names (a flat list of names would otherwise be read as groups of single
+    characters)."""
     if isinstance(groups, (str, bytes)) or not isinstance(groups, Iterable):
-        raise TypeError(f"copartition_groups must be a list of lists of topics, not {groups!r}")
+        raise TopologyTypeError(
+            f"copartition_groups must be a list of lists of topics, not {groups!r}"
+        )
     out = []
     for group in groups:
         if isinstance(group, (str, bytes)) or not isinstance(group, Iterable):
-            raise TypeError(
+            raise TopologyTypeError(
                 f"copartition_groups entry {group!r} is not a list of topics "
                 '(write [["a", "b"]], not ["a", "b"])'
             )
         topics = tuple(group)
         if not all(isinstance(t, str) for t in topics):
-            raise TypeError(f"copartition_groups entry {group!r} holds a non-str topic")
+            raise TopologyTypeError(f"copartition_groups entry {group!r} holds a non-str topic")
         out.append(topics)
     return tuple(out)
 

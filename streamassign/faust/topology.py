@@ -11,7 +11,7 @@ import hashlib
 import logging
 from collections.abc import Iterable, Mapping
 
-from ..errors import TopologyError
+from ..errors import TopologyError, TopologyTypeError
 from ..grouper import checked_partition_counts
 from ..topology import Subtopology, Topology, changelog_topic_name
 
@@ -67,7 +67,9 @@ def faust_style_topology(
     subscribers: dict[str, set[str]] = {}
     for member, topics in subscriptions.items():
         if isinstance(topics, (str, bytes)):
-            raise TypeError(f"subscription of {member!r} must be a list of topics, not {topics!r}")
+            raise TopologyTypeError(
+                f"subscription of {member!r} must be a list of topics, not {topics!r}"
+            )
         for topic in topics:
             if topic not in changelogs:
                 subscribers.setdefault(topic, set()).add(member)

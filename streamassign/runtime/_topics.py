@@ -10,7 +10,8 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from ..errors import MissingTopicsError, StreamAssignError
+from ..errors import InternalTopicError as InternalTopicError
+from ..errors import MissingTopicsError
 from ..grouper import resolve_partition_counts, task_counts
 from ..topology import Topology
 
@@ -18,10 +19,6 @@ log = logging.getLogger("streamassign.runtime")
 
 _TOPIC_ALREADY_EXISTS = 36
 _READY_TIMEOUT = 30.0
-
-
-class InternalTopicError(StreamAssignError):
-    """An internal topic cannot be created, or exists with another partition count."""
 
 
 def internal_topics(topology: Topology, external_counts: Mapping[str, int]) -> dict[str, int]:

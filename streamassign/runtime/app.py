@@ -32,7 +32,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
-from ..errors import ErrorCode, StreamAssignError
+from ..errors import ErrorCode, RuntimeConfigError
 from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
 from ._clients import Clients
@@ -71,10 +71,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("streamassign.runtime")
-
-
-class RuntimeConfigError(StreamAssignError, ValueError):
-    """The application is configured inconsistently (e.g. a subtopology without processor)."""
 
 
 class App:

@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
+from ..errors import RuntimeConfigError
 from ..topology import Topology
 
 log = logging.getLogger("streamassign.runtime")
@@ -66,7 +67,7 @@ class EndOffsetsCache:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval <= 0 or timeout <= 0 or max_age <= 0:
-            raise ValueError("interval, timeout and max_age must be > 0")
+            raise RuntimeConfigError("interval, timeout and max_age must be > 0")
         self.fetch = fetch
         self.interval = interval
         self.timeout = timeout

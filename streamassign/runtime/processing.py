@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
-from ..errors import StreamAssignError
+from ..errors import ProcessingError as ProcessingError
 from ..topology import Topology
 from ._clients import Clients
 from .tasks import ActiveTask, Record, mark_of, tear, timestamp_of, undo
@@ -25,10 +25,6 @@ from .tasks import ActiveTask, Record, mark_of, tear, timestamp_of, undo
 log = logging.getLogger("streamassign.runtime")
 
 ErrorPolicy = Literal["stop", "skip"]
-
-
-class ProcessingError(StreamAssignError):
-    """A processor raised; the application stopped without committing the failed record."""
 
 
 class Processing:

@@ -185,7 +185,7 @@ class QueryResult:
             raw = data["value"]
             role = data["role"]
             if role not in ("active", "standby"):
-                raise ValueError(f"role {role!r}")
+                raise QueryError(f"unreadable query answer (role {role!r}): {dict(data)!r}")
             return cls(
                 table=str(data["table"]),
                 key=bytes.fromhex(data["key_hex"]),

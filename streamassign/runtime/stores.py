@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal, Protocol
 
-from ..errors import MissingExtraError
+from ..errors import MissingExtraError, RuntimeConfigError
 
 StoreKind = Literal["memory", "rocksdb"]
 STORE_KINDS: tuple[StoreKind, ...] = ("memory", "rocksdb")
@@ -141,7 +141,7 @@ def open_store(kind: StoreKind, path: Path) -> KeyValueStore:
         return MemoryStore()
     if kind == "rocksdb":
         return RocksDBStore(path)
-    raise ValueError(f"unknown store kind {kind!r} (known: {', '.join(STORE_KINDS)})")
+    raise RuntimeConfigError(f"unknown store kind {kind!r} (known: {', '.join(STORE_KINDS)})")
 
 
 def wipe_store(path: Path) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import attrs
 
 from .. import TaskId, TopicPartition
+from ..errors import FanOutLimitError, UnknownStoreError
 from .changelog import StoreState
 
 
@@ -96,7 +97,7 @@ class TaskContext:
         try:
             return self._tables[name]
         except KeyError:
-            raise KeyError(
+            raise UnknownStoreError(
                 f"task {self.task_id} has no store {name!r} (its stores: {sorted(self._tables)})"
             ) from None
 
@@ -132,7 +133,7 @@ _RANK_LIMIT = 1 << 20
 
 def _upstream_headers(record: Record, rank: int) -> list[tuple[str, bytes]]:
     if rank >= _RANK_LIMIT:
-        raise ValueError(f"one input record sent more than {_RANK_LIMIT} repartition records")
+        raise FanOutLimitError(f"one input record sent more than {_RANK_LIMIT} repartition records")
     upstream = f"{record.topic}[{record.partition}]".encode()
     position = str(record.offset * _RANK_LIMIT + rank).encode()
     return [(UPSTREAM_HEADER, upstream), (POSITION_HEADER, position)]
