@@ -465,3 +465,52 @@ def test_a_table_or_internal_topic_without_metadata_holds_back_the_assignment() 
     assert incomplete(assign_faust(plain, {SRC: 6}, required_topics={"app-rekey-repartition"}))
     complete = run(members, COUNTS)
     check_valid(complete, members, COUNTS, 1)
+
+
+SIDE, LEADER = "side-events", "app-__assignor-__leader"
+
+
+@given(
+    n=st.integers(1, 6),
+    table=st.integers(1, 13),
+    side=st.integers(1, 7),
+    capacities=st.lists(st.integers(1, 3), min_size=9, max_size=9),
+    rounds=st.integers(1, 3),
+)
+def test_every_topic_group_is_balanced_by_capacity(
+    n: int, table: int, side: int, capacities: list[int], rounds: int
+) -> None:
+    """Issue 23 §2: the table group (source + changelog), a stateless side topic with another
+    partition count and Faust's one-partition leader topic are separate groups, and each is
+    balanced on its own over the workers by capacity (floor/ceiling of a worker's share), after
+    every rebalance: a join, with every member's history. (Before, one sticky run balanced the
+    total, so 5 workers over 6 table partitions + the leader topic could leave one without a
+    table partition: the broker test's "a worker got no active partition".)"""
+    counts = {SRC: table, CL: table, SIDE: side + (side >= table), LEADER: 1}
+    topics = frozenset(counts)
+
+    def join(i: int, result: Mapping[str, MemberAssignment] | None = None) -> MemberSubscription:
+        m, tags = f"m{i}", {CAPACITY_TAG: str(capacities[i])}
+        if result is None or m not in result:
+            return member(i, topics, tags=tags)
+        got = result[m].info
+        return member(i, topics, sums=running(result, m), previous=got.active, tags=tags)
+
+    members = {f"m{i}": join(i) for i in range(n)}
+    result: Mapping[str, MemberAssignment] = {}
+    for r in range(rounds + 1):
+        if r:  # every member reports what it ran; one more joins
+            members = {m: join(int(m[1:]), result) for m in members}
+            members[f"m{n + r - 1}"] = join(n + r - 1)
+        result = run(members, counts)
+        total = sum(capacities[int(m[1:])] for m in members)
+        for topic in (SRC, SIDE, LEADER):
+            for m in members:
+                share = counts[topic] * capacities[int(m[1:])] / total
+                got = len(sources(result, m, topic))
+                assert int(share) <= got <= -(-counts[topic] * capacities[int(m[1:])] // total), (
+                    topic,
+                    m,
+                    got,
+                    share,
+                )

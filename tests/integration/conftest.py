@@ -16,6 +16,7 @@ import contextlib
 import importlib.util
 import os
 import re
+import subprocess
 import sys
 import time
 import uuid
@@ -27,6 +28,9 @@ from types import ModuleType
 import pytest
 
 BOOTSTRAP_ENV = "STREAMASSIGN_KAFKA_BOOTSTRAP"
+#: ``STREAMASSIGN_CPU_HOG=N``: N busy processes run beside the broker tests for the whole
+#: session (the loaded-machine mode of docs/testing.md; not part of the default CI run).
+CPU_HOG_ENV = "STREAMASSIGN_CPU_HOG"
 KAFKA_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kafka.py"
 TOPIC_READY_TIMEOUT = 30.0
 EXTERNAL_PROBE_TIMEOUT = 15.0
@@ -48,6 +52,39 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.kafka)
+
+
+def cpu_hog_count() -> int:
+    """``$STREAMASSIGN_CPU_HOG`` as a count of busy processes (0 when unset); anything but a
+    whole number from 0 to 64 fails the session with one line."""
+    raw = os.environ.get(CPU_HOG_ENV, "").strip() or "0"
+    if not raw.isdigit() or int(raw) > 64:
+        pytest.fail(f"{CPU_HOG_ENV}={raw!r}: expected a whole number from 0 to 64", pytrace=False)
+    return int(raw)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_hog() -> Iterator[int]:
+    """Runs ``$STREAMASSIGN_CPU_HOG`` busy Python processes (each spinning one core) for the
+    whole session, so the broker tests run on a loaded machine; stops them at the end."""
+    count = cpu_hog_count()
+    # Spins, and looks up now and then whether pytest is still its parent (a killed pytest
+    # must not leave hogs behind).
+    spin = (
+        "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
+        "    for _ in range(10**6): pass\n"
+    )
+    hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
+    try:
+        yield count
+    finally:
+        for hog in hogs:
+            hog.terminate()
+        for hog in hogs:
+            try:
+                hog.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                hog.kill()
 
 
 def kafka_script() -> ModuleType:

@@ -1,11 +1,15 @@
 """Faust worker processes of one app (``faust_worker.py``) for the broker tests and the
-benchmark: start, kill -9, wait for a settled assignment, read the table through the router."""
+benchmark: start, kill -9, wait for a settled assignment, read the table through the router,
+check each topic group's balance and the table's content exactly (at-least-once: duplicates are
+told apart from records, see ``faust_worker.py``)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -44,9 +48,16 @@ class FaustCluster:
         *extra: str,
         assignor: str = "ours",
         partitions: int = PARTITIONS,
+        side_topic: str | None = None,
+        keys: Sequence[str] = tuple(KEYS),
     ) -> None:
+        """``side_topic``: also read by a stateless agent (``settle`` then reports each
+        worker's actives of it as ``side``)."""
         self.bootstrap, self.app, self.topic, self.tmp = bootstrap, app, topic, tmp
         self.assignor, self.extra, self.partitions = assignor, list(extra), partitions
+        self.side_topic, self.keys = side_topic, list(keys)
+        if side_topic:
+            self.extra += ["--side-topic", side_topic]
         tmp.mkdir(parents=True, exist_ok=True)
         self.changelog = f"{app}-counts-changelog"
         self.procs: dict[str, JsonLinesProcess] = {}
@@ -81,8 +92,8 @@ class FaustCluster:
         self, standbys: int | None = 1, stateful: bool = True
     ) -> dict[str, dict[str, Pairs]]:
         """Wait until every worker is done rebalancing, quiet, and the assignment is complete
-        (``standbys=None``: whatever standbys there are); per worker, its source and changelog
-        actives and its changelog standbys."""
+        (``standbys=None``: whatever standbys there are); per worker, its source, changelog
+        and side-topic actives and its changelog standbys."""
         deadline = time.monotonic() + TIMEOUT
         last: Any = None
         while time.monotonic() < deadline:
@@ -99,6 +110,7 @@ class FaustCluster:
                         ("source", "actives", self.topic),
                         ("changelog", "actives", self.changelog),
                         ("standby", "standbys", self.changelog),
+                        ("side", "actives", self.side_topic),
                     )
                 }
                 for name, s in states.items()
@@ -115,25 +127,59 @@ class FaustCluster:
         with urllib.request.urlopen(url, timeout=10) as response:
             return json.loads(response.read())
 
-    def counts(self, via: str) -> dict[str, int]:
-        """Every key's count, asked of worker ``via`` (Faust routes to the owner)."""
-        return {key: self.get(via, f"/count/{key}/")["count"] for key in KEYS}
+    def seen(self, via: str) -> dict[str, dict[str, Any]]:
+        """Every key's entry, asked of worker ``via`` (Faust routes to the owner): the distinct
+        sequence numbers counted (``seqs``) and the records counted (``records``)."""
+        return {key: self.get(via, f"/count/{key}/") for key in self.keys}
 
-    def wait_counts(self, via: str, expected: int) -> None:
+    def counts(self, via: str) -> dict[str, int]:
+        """Every key's count of distinct records (duplicates of at-least-once excluded)."""
+        return {key: len(entry["seqs"]) for key, entry in self.seen(via).items()}
+
+    def wait_counts(self, via: str, expected: int) -> int:
+        """Until every key has counted exactly the records ``0 .. expected-1`` (each at least
+        once, nothing else); returns the duplicates counted (records processed twice)."""
         deadline = time.monotonic() + TIMEOUT
-        got: dict[str, int] | str = {}
+        got: Any = {}
         while time.monotonic() < deadline:
             try:
-                got = self.counts(via)
+                got, duplicates = tally(self.seen(via), expected)
             except OSError as exc:  # 503 while the owner is recovering, or a reset connection
                 got = repr(exc)
-            if got == dict.fromkeys(KEYS, expected):
-                return
+            if got == {}:
+                return duplicates
             time.sleep(0.5)
-        raise AssertionError(f"counts via {via} never reached {expected}: {got}")
+        raise AssertionError(
+            f"the table via {via} never held exactly 0..{expected - 1}; "
+            f"numbers missing or unexpected per key: {got}"
+        )
+
+    def final_table(self, via: str, expected: int) -> tuple[dict[str, list[int]], int]:
+        """The table once it is exact, or once every key has counted its last record
+        (``expected - 1``) and nothing changed for ``SETTLE`` seconds (what is missing then
+        is lost): per key the numbers missing or unexpected, and the records counted twice."""
+        deadline = time.monotonic() + TIMEOUT
+        last: Any = None
+        changed = time.monotonic()
+        while time.monotonic() < deadline:
+            try:
+                seen = self.seen(via)
+            except OSError:  # 503 while the owner is recovering, or a reset connection
+                time.sleep(0.5)
+                continue
+            if seen != last:
+                last, changed = seen, time.monotonic()
+            off, duplicates = tally(seen, expected)
+            if not off:
+                return off, duplicates
+            caught_up = all(expected - 1 in e["seqs"] for e in seen.values())
+            if caught_up and time.monotonic() - changed >= SETTLE:
+                return off, duplicates
+            time.sleep(0.5)
+        raise AssertionError(f"the table via {via} never counted record {expected - 1}: {last}")
 
     def wait_counts_at_least(self, via: str, expected: int) -> dict[str, int]:
-        """Every key's count once all are at least ``expected`` (at-least-once processing)."""
+        """Every key's distinct count once all hold at least ``0 .. expected-1``."""
         deadline = time.monotonic() + TIMEOUT
         got: dict[str, int] | str = {}
         while time.monotonic() < deadline:
@@ -174,16 +220,84 @@ def complete(
     return standbys is None or held == sorted(p for p in range(partitions) for _ in range(standbys))
 
 
+def tally(seen: dict[str, dict[str, Any]], expected: int) -> tuple[dict[str, list[int]], int]:
+    """Of a table read with ``FaustCluster.seen`` after ``expected`` records per key (numbers
+    ``0 .. expected-1``): per key the numbers missing (lost, or not processed yet) and any
+    other numbers counted; and the records counted twice (at-least-once)."""
+    want = set(range(expected))
+    off, duplicates = {}, 0
+    for key, entry in seen.items():
+        numbers = set(entry["seqs"])
+        duplicates += entry["records"] - len(numbers)
+        if numbers != want:
+            off[key] = sorted(want ^ numbers)
+    return off, duplicates
+
+
+def share_bounds(items: int, workers: int) -> tuple[int, int]:
+    """Floor and ceiling of an equal share of ``items`` over ``workers``."""
+    return items // workers, -(-items // workers)
+
+
+def unbalanced(state: dict[str, dict[str, Pairs]], kind: str, items: int) -> dict[str, int]:
+    """Workers whose count of ``kind`` (``source``, ``side``) is outside the floor/ceiling of
+    their equal share of ``items`` (every worker has capacity 1); empty when balanced."""
+    low, high = share_bounds(items, len(state))
+    counts = {name: len(s[kind]) for name, s in state.items()}
+    return {name: n for name, n in counts.items() if not low <= n <= high}
+
+
+class Feed:
+    """Rounds of one record per key (sequence number = round) sent while the test runs."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        pause: float = 0.2,
+        keys: Sequence[str] = tuple(KEYS),
+        first: int = 0,
+    ) -> None:
+        """``first``: the first round's sequence number (rounds sent before the feed)."""
+        self.bootstrap, self.topic, self.pause, self.keys = bootstrap, topic, pause, keys
+        self.sent = first
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            asyncio.run(produce(self.bootstrap, self.topic, 1, self.keys, start=self.sent))
+            self.sent += 1
+            self._stop.wait(self.pause)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> int:
+        """Stops after the round in flight; returns the rounds sent (``first`` included)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=TIMEOUT)
+        return self.sent
+
+
 async def produce(
-    bootstrap: str, topic: str, rounds: int, keys: Sequence[str] = tuple(KEYS)
+    bootstrap: str,
+    topic: str,
+    rounds: int,
+    keys: Sequence[str] = tuple(KEYS),
+    start: int = 0,
 ) -> None:
-    """``rounds`` records of value 1 per key (JSON keys, as Faust's table routing expects)."""
+    """``rounds`` records per key, valued with the key's sequence numbers ``start``,
+    ``start + 1``, ... (JSON keys, as Faust's table routing expects)."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await producer.start()
     try:
-        for _ in range(rounds):
+        for seq in range(start, start + rounds):
             for key in keys:
-                await producer.send(topic, value=b"1", key=json.dumps(key).encode())
+                await producer.send(
+                    topic, value=json.dumps(seq).encode(), key=json.dumps(key).encode()
+                )
         await producer.flush()
     finally:
         await producer.stop()

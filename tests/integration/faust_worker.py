@@ -3,19 +3,24 @@
     python faust_worker.py --bootstrap HOST:PORT --app APP --topic TOPIC --partitions N
         --datadir DIR --port PORT [--standbys 1] [--assignor ours|faust] [--log FILE]
         [--stateless] [--scheme kafka|streamassign] [--store memory://|rocksdb://]
-        [--extra-topic TOPIC] [--repartition] [--no-declare]
+        [--extra-topic TOPIC] [--side-topic TOPIC] [--repartition] [--no-declare]
 
-The agent adds each record's value (a JSON int, JSON-encoded str key) to ``counts[key]``, a
-table with a changelog (in memory, or in RocksDB with ``--store rocksdb://``); with
-``--repartition`` the records pass first through a ``group_by`` repartition topic (same key).
-``--no-declare`` leaves creating the app's topics to the other workers (it subscribes to them
-at once, created or not: a cold start's race made certain).
-``GET /count/<key>/`` answers from the worker that owns the key (Faust's router forwards the
-request), so reading through any worker exercises the assignor's host maps; ``GET /owner/<key>/``
-is routed by the source topic (``@app.topic_route``) and says whether the answering worker runs
-the key's partition. ``--stateless``
-drops the table (Faust then uses round robin unless the transport is ``streamassign://``). The
-worker prints JSON lines on stdout:
+Each record's value is the key's sequence number (a JSON int; JSON-encoded str key). The agent
+appends it to ``counts[key]``, the list of sequence numbers the key's records carried, in a
+table with a changelog (in memory, or in RocksDB with ``--store rocksdb://``). A record
+processed twice (at-least-once: a crash between the table update and the offset commit) shows
+as a repeated number, a lost one as a missing number, so the content is checked exactly: the
+distinct numbers must be ``0 .. n-1`` after ``n`` records per key. With ``--repartition``
+the records pass first through a ``group_by`` repartition topic (same key). ``--side-topic``
+adds a stateless agent reading another topic (its own topic group when its partition count
+differs from the source's). ``--no-declare`` leaves creating the app's topics to the other
+workers (it subscribes to them at once, created or not: a cold start's race made certain).
+``GET /count/<key>/`` (``{"seqs": distinct sorted numbers, "records": records counted}``)
+answers from the worker that owns the key (Faust's router forwards the request), so reading
+through any worker exercises the assignor's host maps; ``GET /owner/<key>/`` is routed by the
+source topic (``@app.topic_route``) and says whether the answering worker runs the key's
+partition. ``--stateless`` drops the table (Faust then uses round robin unless the transport
+is ``streamassign://``). The worker prints JSON lines on stdout:
 
 * ``{"event": "state", ...}`` whenever its assignment or rebalancing flag changes: actives and
   standbys as ``[topic, partition]`` pairs, ``rebalancing``, the records recovery applied so
@@ -93,6 +98,13 @@ def build(args: argparse.Namespace) -> faust.App:
             async for key, _value in stream.items():
                 seen[str(key)] += 1
 
+    if args.side_topic:  # a stateless side agent: its topic is a group of its own
+
+        @app.agent(app.topic(args.side_topic))
+        async def side(stream: Any) -> None:
+            async for _event in stream:
+                pass
+
     if args.stateless:
 
         @app.agent(topic)
@@ -129,7 +141,7 @@ def _count_in_table(
     app: faust.App, topic: Any, recovered: list[int], port: int, repartition: bool
 ) -> None:
     """The counting agent, its table and the ``/count/<key>/`` view."""
-    counts = app.Table("counts", default=int, key_type=str, value_type=int)
+    counts = app.Table("counts", default=list, key_type=str, value_type=None)  # JSON lists
 
     apply_batch = counts.apply_changelog_batch
 
@@ -146,12 +158,15 @@ def _count_in_table(
         if repartition:  # through a repartition topic Faust creates (same key, same partition)
             stream = source.group_by(lambda _value: source.current_event.key, name="rekey")
         async for key, value in stream.items():
-            counts[key] += value
+            counts[key] = [*counts[key], value]  # a new value: the table writes its changelog
 
     @app.page("/count/{key}/")
     @app.table_route(table=counts, match_info="key")
     async def get_count(web: Any, request: Any, key: str) -> Any:
-        return web.json({"key": key, "count": counts[key], "served_by": port})
+        seen = counts[key]
+        return web.json(
+            {"key": key, "seqs": sorted(set(seen)), "records": len(seen), "served_by": port}
+        )
 
     @app.page("/owner/{key}/")
     @app.topic_route(topic=topic, match_info="key")
@@ -177,6 +192,7 @@ def main() -> None:
     parser.add_argument("--scheme", default="kafka", help="broker URL scheme (transport)")
     parser.add_argument("--store", default="memory://", help="table store: memory:// or rocksdb://")
     parser.add_argument("--extra-topic", help="also read this topic into a table (a newer version)")
+    parser.add_argument("--side-topic", help="also read this topic in a stateless agent")
     parser.add_argument(
         "--repartition", action="store_true", help="count through a group_by repartition topic"
     )
