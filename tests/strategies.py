@@ -140,11 +140,14 @@ def assignment_infos(draw: st.DrawFn, max_partitions: int = 300) -> AssignmentIn
     hosts = draw(st.lists(wire_names, max_size=6, unique=True)) if tasks else []
     active: dict[str, set[TaskId]] = {}
     standby: dict[str, set[TaskId]] = {}
+    # Up to 1,200 tasks: one hypothesis draw per choice cost seconds per example, so the
+    # per-task choices come from one drawn random generator (seeded, reproducible).
+    rng = draw(st.randoms(use_true_random=False))
     for t in tasks:
-        if hosts and draw(st.booleans()):
-            owner = draw(st.sampled_from(hosts))
+        if hosts and rng.random() < 0.5:
+            owner = rng.choice(hosts)
             active.setdefault(owner, set()).add(t)
-            for h in draw(st.lists(st.sampled_from(hosts), max_size=2, unique=True)):
+            for h in rng.sample(hosts, rng.randint(0, min(2, len(hosts)))):
                 if h != owner:
                     standby.setdefault(h, set()).add(t)
     return AssignmentInfo(
