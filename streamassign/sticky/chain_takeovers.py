@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, MutableSequence, Sequence
 from typing import Protocol, TypeVar
 
-from ._ids import TaskId
+from .._ids import TaskId
 
 #: Tasks as the paths key them: indices in task order, or the task ids themselves.
 K = TypeVar("K", int, TaskId)

@@ -1,0 +1,166 @@
+"""Step 8 (placement): previous standbys and other local state kept first, the rest through the
+standby queue (rack/tag spread, most room), with a one-step swap when only holders have room;
+then steps 9-11."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from .even_standbys import _StandbyEvener
+from .exchange_for_racks import ExchangeForRacks
+from .pick_standby_clients import StandbyQueue
+
+
+class PlaceStandbys(ExchangeForRacks):
+    """Every stateful task's standbys."""
+
+    def assign_standbys(self) -> None:
+        if not self.replicas:
+            return
+        r, owner = self.replicas, self.owner
+        room, valid = self._standby_targets()
+        # copies[i * r : (i + 1) * r] are the clients holding a standby of task i (-1: none yet).
+        # One flat list: a set per task cost a third of the run in allocation and GC at 100k.
+        copies = [-1] * (len(self.tasks) * r)
+        need: list[int] = []
+        # Local state is kept first for the tasks active on clients that will take new
+        # standbys (those cannot go to their own active client), then in task order: a client
+        # over its target then drops copies that can go where the room is.
+        receiver = [t > v for t, v in zip(room, valid, strict=True)]
+        first = [i for i, ci in enumerate(owner) if receiver[ci]]
+        if first and len(first) < len(owner):
+            rest = [i for i, ci in enumerate(owner) if not receiver[ci]]
+            order: Iterable[int] = first + rest
+        else:
+            order = range(len(owner))
+        for i in order:
+            if not self.stateful[i]:
+                continue
+            k = i * r
+            for ci in self.warm.get(i, ()):
+                if k == (i + 1) * r:
+                    break
+                if room[ci] > 0 and ci != owner[i] and ci not in copies[i * r : k]:
+                    copies[k] = ci
+                    k += 1
+                    room[ci] -= 1
+            need.extend(range(k, (i + 1) * r))
+
+        # The rest through the queue: rack and tag conflicts, spread, most room left.
+        queue = self._queue(room)
+        # Grouped by active client (spread), those of clients with standby room first: they
+        # cannot use that room, so they go while other clients still have theirs.
+        need.sort(key=lambda slot: (room[owner[slot // r]] == 0, owner[slot // r]))
+        placed: set[int] = set()  # slots filled in this run (no warm state behind them)
+        swaps: _SwapIndex | None = None  # built at the first swap
+        for slot in need:
+            i = slot // r
+            ci = queue.pick(owner[i], copies[i * r : slot])
+            if ci >= 0:
+                copies[slot] = ci
+                if swaps is not None:
+                    swaps.add(slot, ci)
+            else:
+                if swaps is None:
+                    swaps = _SwapIndex(copies, placed, len(self.clients))
+                self._place_by_swap(slot, copies, room, placed, swaps)
+            placed.add(slot)
+        if queue.aware:
+            self._exchange_for_racks(need, copies, queue)
+        self._return_dropped_standbys(copies, placed)
+        if self.by_subtopology:
+            _StandbyEvener(self, copies, placed, queue).run()
+        for slot, ci in enumerate(copies):
+            if ci >= 0:
+                self.standby[ci].append(slot // r)
+
+    def _place_by_swap(
+        self, slot: int, copies: list[int], room: list[int], placed: set[int], swaps: _SwapIndex
+    ) -> None:
+        """Fill ``slot`` (a standby of task ``i``) when every client with room holds ``i``.
+
+        Finds a client ``d`` without a copy of ``i`` and a standby ``u`` on ``d`` that a client
+        ``c`` with room can take: ``u`` moves ``d -> c`` and ``i`` goes to ``d``, keeping every
+        load on target. A copy placed in this run (in ``placed``) moves before one kept from
+        before: moving that throws its warm state away. Without such a pair (forced by one copy
+        per client), ``i`` goes to the client without a copy that is least loaded per thread.
+        The first such ``d``, then ``u``, then ``c``, in order; ``swaps`` finds them without
+        rescanning what failed before.
+        """
+        r, owner = self.replicas, self.owner
+        i = slot // r
+
+        def holds(task: int, ci: int) -> bool:
+            return owner[task] == ci or ci in copies[task * r : (task + 1) * r]
+
+        rooms = [c for c in range(len(room)) if room[c] > 0]
+        for fresh in (True, False):
+            for d in range(len(self.clients)):
+                if holds(i, d):
+                    continue
+                heap = swaps.heaps[d][fresh]
+                while heap:
+                    # Taken off for good whatever happens: moved away (or placed again: then
+                    # on the other heap), handed over now, or held by every client with room
+                    # (rooms only fill and copies only arrive there, ``d`` has none: that
+                    # stays true).
+                    u_slot = heapq.heappop(heap)
+                    if copies[u_slot] != d or (u_slot in placed) != fresh:
+                        continue
+                    u = u_slot // r
+                    c = next((c for c in rooms if not holds(u, c)), -1)
+                    if c >= 0:
+                        copies[u_slot], copies[slot] = c, d
+                        room[c] -= 1
+                        placed.add(u_slot)
+                        swaps.add(u_slot, c, d)
+                        swaps.add(slot, d)
+                        return
+        active, count, clients = self.active, swaps.count, self.clients
+        free = [d for d in range(len(clients)) if not holds(i, d)]
+        copies[slot] = min(
+            free, key=lambda d: ((len(active[d]) + count[d] + 1) / clients[d].capacity, d)
+        )
+        swaps.add(slot, copies[slot])
+
+    def _queue(self, room: list[int]) -> StandbyQueue:
+        clients = self.clients
+        aware = any(c.rack is not None or c.tags for c in clients)
+        backups = [0] * len(clients)
+        for i, ci in enumerate(self.owner):
+            if self.stateful[i]:
+                backups[ci] += self.replicas
+        return StandbyQueue(
+            room,
+            [c.rack for c in clients] if aware else None,
+            [c.tags for c in clients] if aware else None,
+            self.rack_aware_tags,
+            backups,
+        )
+
+
+class _SwapIndex:
+    """Standby slots by client, kept ones and ones placed in this run apart, as min-heaps of
+    slot numbers (task order): where ``_Run._place_by_swap`` looks for a copy to hand over.
+    Entries go stale when a copy moves; readers drop those."""
+
+    def __init__(self, copies: list[int], placed: set[int], clients: int) -> None:
+        #: ``heaps[d][fresh]``: slots on client ``d``, placed in this run or not.
+        self.heaps: list[tuple[list[int], list[int]]] = [([], []) for _ in range(clients)]
+        #: Standby copies on each client, kept current by ``add``: the fallback's loads.
+        self.count = [0] * clients
+        for slot, ci in enumerate(copies):
+            if ci >= 0:
+                self.heaps[ci][slot in placed].append(slot)
+                self.count[ci] += 1
+        for kept, fresh in self.heaps:
+            heapq.heapify(kept)
+            heapq.heapify(fresh)
+
+    def add(self, slot: int, ci: int, was: int = -1) -> None:
+        """Copy ``slot``, placed in this run, is now on client ``ci`` (moved from ``was``)."""
+        heapq.heappush(self.heaps[ci][True], slot)
+        self.count[ci] += 1
+        if was >= 0:
+            self.count[was] -= 1

@@ -1,0 +1,74 @@
+"""The state one assignment works on: tasks, clients and subtopology columns by index in sorted
+order, previous owners, and the owner, actives and standbys being built."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
+from typing import Final
+
+from .._ids import TaskId, as_task
+from ..assignment import ClientState
+from ..errors import DuplicateProcessIdError, NoClientsError
+from .resolve_claims import _claims
+
+#: Lag used for a standby whose lag the client did not report: behind every known lag.
+_UNKNOWN_LAG: Final = 1 << 62
+
+
+class RunState:
+    """State of one assignment; tasks and clients are referred to by index in sorted order."""
+
+    def __init__(
+        self,
+        tasks: Iterable[TaskId],
+        clients: Iterable[ClientState],
+        stateful: Iterable[TaskId] | None,
+        num_standby_replicas: int,
+        acceptable_recovery_lag: int = 10_000,
+        rack_aware_tags: Sequence[str] | None = None,
+        task_racks: Mapping[TaskId, str] | None = None,
+        by_subtopology: bool = True,
+    ) -> None:
+        self.acceptable_lag = acceptable_recovery_lag
+        self.rack_aware_tags = rack_aware_tags
+        self.task_racks = task_racks or {}
+        self.tasks: list[TaskId] = sorted({as_task(t) for t in tasks})
+        self.clients: list[ClientState] = sorted(clients, key=lambda c: c.process_id)
+        for a, b in pairwise(self.clients):
+            if a.process_id == b.process_id:
+                raise DuplicateProcessIdError(a.process_id)
+        if self.tasks and not self.clients:
+            raise NoClientsError(len(self.tasks))
+        self.index: dict[TaskId, int] = {t: i for i, t in enumerate(self.tasks)}
+        n = len(self.tasks)
+        #: Column (subtopology number in sorted order) of each task, and tasks per column.
+        self.column: list[int] = []
+        self.column_sizes: list[int] = []
+        last = None
+        for t in self.tasks:
+            if t.subtopology != last:
+                last = t.subtopology
+                self.column_sizes.append(0)
+            self.column_sizes[-1] += 1
+            self.column.append(len(self.column_sizes) - 1)
+        # With one subtopology, balancing it is balancing the total.
+        self.by_subtopology = by_subtopology and len(self.column_sizes) > 1
+        if stateful is None:
+            self.stateful = [True] * n
+        else:
+            self.stateful = [False] * n
+            for t in stateful:
+                i = self.index.get(as_task(t))
+                if i is not None:
+                    self.stateful[i] = True
+        self.replicas = min(num_standby_replicas, max(0, len(self.clients) - 1))
+        self.owner = [-1] * n  # active client index of each task
+        self.active: list[list[int]] = [[] for _ in self.clients]
+        self.standby: list[list[int]] = [[] for _ in self.clients]
+        self.prev_owner, self.lost = _claims(self.index, self.clients)
+        self.warm: dict[int, list[int]] = {}
+        #: ``_rank`` of (task, client) pairs, by ``task * clients + client``: fixed for a run.
+        self._ranks: dict[int, tuple[int, int, int, int, int]] = {}
+        #: Whether ``warm`` lists were sorted by ``_rank`` (else every holder ranks the same).
+        self._ranked = False
