@@ -17,11 +17,11 @@ class AssignActives(BalanceSubtopologies):
         else:
             self._actives_by_total()
         owner, warm = self.owner, self.warm
-        for i, ci in enumerate(owner):
-            self.active[ci].append(i)
+        for task, client in enumerate(owner):
+            self.active[client].append(task)
         # A previous owner that gave its task up still holds its state: a fine standby.
-        for i, (was, now) in enumerate(zip(self.prev_owner, owner, strict=True)):
-            if was >= 0 and was != now and was not in warm.get(i, ()):
-                found = warm.setdefault(i, [])
+        for task, (was, now) in enumerate(zip(self.prev_owner, owner, strict=True)):
+            if was >= 0 and was != now and was not in warm.get(task, ()):
+                found = warm.setdefault(task, [])
                 found.append(was)
-                found.sort(key=partial(self._rank, i))
+                found.sort(key=partial(self._rank, task))

@@ -20,23 +20,29 @@ class BalanceSubtopologies(BalanceTotals):
         sizes, column = self.column_sizes, self.column
         cells, _ = quota_bounds(sizes, caps)
         prev: list[list[list[int]]] = [[[] for _ in sizes] for _ in self.clients]  # per cell
-        for ci, mine in enumerate(self._previous_tasks()):
-            for i in mine:
-                prev[ci][column[i]].append(i)
+        for client, mine in enumerate(self._previous_tasks()):
+            for task in mine:
+                prev[client][column[task]].append(task)
         warm = self.warm
         # As in ``_actives_by_total``: each orphan counted for the warm holder with the fewest
         # matches so far that has room for it below the ceiling of its cell.
         matched = [[0] * len(sizes) for _ in self.clients]
-        orphans = sorted((len(h), i) for i, h in warm.items() if self.prev_owner[i] < 0)
-        for _, i in orphans:
-            col = column[i]
-            roomy = [h for h in warm[i] if matched[h][col] < cells[h][col][1] - len(prev[h][col])]
+        orphans = sorted(
+            (len(holder), task) for task, holder in warm.items() if self.prev_owner[task] < 0
+        )
+        for _, task in orphans:
+            col = column[task]
+            roomy = [
+                holder
+                for holder in warm[task]
+                if matched[holder][col] < cells[holder][col][1] - len(prev[holder][col])
+            ]
             if roomy:
-                matched[min(roomy, key=lambda h: matched[h][col])][col] += 1
+                matched[min(roomy, key=lambda holder: matched[holder][col])][col] += 1
         claims: list[list[list[int]]] = [[[] for _ in sizes] for _ in self.clients]
-        for ci, mine in enumerate(self._restart_claims(orphans)):
-            for i in mine:
-                claims[ci][column[i]].append(i)
+        for client, mine in enumerate(self._restart_claims(orphans)):
+            for task in mine:
+                claims[client][column[task]].append(task)
         quotas = best_quotas(sizes, caps, self._cell_gains(cells, prev, claims, matched))
         start = 0
         for col, size in enumerate(sizes):
@@ -62,33 +68,41 @@ class BalanceSubtopologies(BalanceTotals):
         rows = share_bounds(len(self.tasks), caps)
         counts = [[0] * len(self.column_sizes) for _ in caps]
         totals = [0] * len(caps)
-        for i, ci in enumerate(owner):
-            counts[ci][column[i]] += 1
-            totals[ci] += 1
+        for task, client in enumerate(owner):
+            counts[client][column[task]] += 1
+            totals[client] += 1
         # Orphans with a standby holder other than their client; each hand-over takes one
         # off for good, and one may free room for an earlier one: passes until none moves.
         waiting = [
-            i
-            for i, ci in enumerate(owner)
-            if prev_owner[i] < 0 and (found := self._standby_holders(i)) and ci not in found
+            task
+            for task, client in enumerate(owner)
+            if prev_owner[task] < 0
+            and (found := self._standby_holders(task))
+            and client not in found
         ]
         moved = True
         while moved:
             moved = False
-            for i in waiting:
-                ci, col = owner[i], column[i]
-                if counts[ci][col] <= cells[ci][col][0] or totals[ci] <= rows[ci][0]:
+            for task in waiting:
+                client, col = owner[task], column[task]
+                if (
+                    counts[client][col] <= cells[client][col][0]
+                    or totals[client] <= rows[client][0]
+                ):
                     continue
-                for h in self._standby_holders(i):
-                    if counts[h][col] < cells[h][col][1] and totals[h] < rows[h][1]:
-                        owner[i] = h
-                        counts[ci][col] -= 1
-                        totals[ci] -= 1
-                        counts[h][col] += 1
-                        totals[h] += 1
+                for holder in self._standby_holders(task):
+                    if (
+                        counts[holder][col] < cells[holder][col][1]
+                        and totals[holder] < rows[holder][1]
+                    ):
+                        owner[task] = holder
+                        counts[client][col] -= 1
+                        totals[client] -= 1
+                        counts[holder][col] += 1
+                        totals[holder] += 1
                         moved = True
                         break
-            waiting = [i for i in waiting if owner[i] not in self._standby_holders(i)]
+            waiting = [task for task in waiting if owner[task] not in self._standby_holders(task)]
 
     @staticmethod
     def _cell_gains(
@@ -101,15 +115,15 @@ class BalanceSubtopologies(BalanceTotals):
         bound), then a restart claim kept, then a matched orphan taken over warm."""
         tier = len(cells) * len(cells[0]) + 1 if cells else 1
         gains = []
-        for ci, row in enumerate(cells):
+        for client, row in enumerate(cells):
             out = []
             for col, (lo, _) in enumerate(row):
-                ran = len(prev[ci][col])
-                claimed = ran + len(claims[ci][col])
+                ran = len(prev[client][col])
+                claimed = ran + len(claims[client][col])
                 out.append(
                     (ran > lo) * tier * tier
                     + (claimed > lo) * tier
-                    + (claimed + matched[ci][col] > lo)
+                    + (claimed + matched[client][col] > lo)
                 )
             gains.append(out)
         return gains

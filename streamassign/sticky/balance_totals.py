@@ -23,21 +23,27 @@ class BalanceTotals(PlaceOrphans):
         # counted for the warm holder with the fewest matches so far that still has room for it
         # below its ceiling) do not fit their floor, so that orphans can be taken over warm.
         matched = [0] * len(self.clients)
-        orphans = sorted((len(h), i) for i, h in warm.items() if self.prev_owner[i] < 0)
-        for _, i in orphans:
+        orphans = sorted(
+            (len(holder), task) for task, holder in warm.items() if self.prev_owner[task] < 0
+        )
+        for _, task in orphans:
             # ``warm[i]`` is in rank order: the first holder with the fewest matches is the
             # one with the least (matches, rank).
-            roomy = [h for h in warm[i] if matched[h] < bounds[h][1] - len(prev[h])]
+            roomy = [
+                holder
+                for holder in warm[task]
+                if matched[holder] < bounds[holder][1] - len(prev[holder])
+            ]
             if roomy:
                 matched[min(roomy, key=matched.__getitem__)] += 1
         claims = self._restart_claims(orphans)
 
         # Claims count after previous tasks: they only order the clients whose previous tasks
         # fit their floor (the same order as without claims when there are none).
-        def priority(ci: int) -> tuple[int, bool, int, int, int]:
-            below = floors[ci] - len(prev[ci])
-            spare = below - len(claims[ci])
-            return min(0, below), spare >= matched[ci], spare, -matched[ci], ci
+        def priority(client: int) -> tuple[int, bool, int, int, int]:
+            below = floors[client] - len(prev[client])
+            spare = below - len(claims[client])
+            return min(0, below), spare >= matched[client], spare, -matched[client], client
 
         quotas = apportion(len(tasks), caps, priority=priority)
         room = self._keep_previous(quotas, prev, claims)

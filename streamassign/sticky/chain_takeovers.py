@@ -46,98 +46,106 @@ def augment_takeovers(
     """Place what chains of takeovers can of the tasks ``left`` (in order), which the greedy
     pass could not give to a holder (all full); return the rest, in order, to be dealt cold.
 
-    ``holders(t)``: the clients holding state of ``t``, best first. ``took[c]``: the tasks client
-    ``c`` took over warm in this rebalance (the only ones a chain may move). ``room[c]``: free
-    slots under ``quotas[c]``, a floor or ceiling of ``bounds[c]``. ``movable(u, a, x)``: whether
-    ``u`` may go from ``a`` to ``x`` (default: to any holder). Updates ``owner``, ``took``,
-    ``room`` and ``quotas`` in place. Deterministic: clients and tasks are tried in order.
+    ``holders(task)``: the clients holding state of ``task``, best first. ``took[client]``: the
+    tasks ``client`` took over warm in this rebalance (the only ones a chain may move).
+    ``room[client]``: free slots under ``quotas[client]``, a floor or ceiling of
+    ``bounds[client]``. ``movable(task, giver, taker)``: whether ``task`` may go from ``giver``
+    to ``taker`` (default: to any holder). Updates ``owner``, ``took``, ``room`` and ``quotas``
+    in place. Deterministic: clients and tasks are tried in order.
     """
     donors = _donors(room, quotas, bounds)
     if not took and not donors:
         return list(left)  # no chain to shift, and the holders are full: nothing can change
-    # links[a][x]: tasks ``a`` took over that ``x`` holds too (and may take from ``a``).
+    # links[giver][taker]: tasks ``giver`` took over that ``taker`` holds too (and may take).
     links: dict[int, dict[int, dict[K, None]]] = {}
 
-    def link(u: K, a: int) -> None:
-        for x in holders(u):
-            if x != a and (movable is None or movable(u, a, x)):
-                links.setdefault(a, {}).setdefault(x, {})[u] = None
+    def link(passed: K, giver: int) -> None:
+        for taker in holders(passed):
+            if taker != giver and (movable is None or movable(passed, giver, taker)):
+                links.setdefault(giver, {}).setdefault(taker, {})[passed] = None
 
-    def unlink(u: K, a: int) -> None:
-        out = links.get(a, {})
-        for x in holders(u):
-            found = out.get(x)
-            if found is not None and u in found:
-                del found[u]
+    def unlink(passed: K, giver: int) -> None:
+        out = links.get(giver, {})
+        for taker in holders(passed):
+            found = out.get(taker)
+            if found is not None and passed in found:
+                del found[passed]
                 if not found:
-                    del out[x]
+                    del out[taker]
 
-    for a in sorted(took):
-        for u in took[a]:
-            link(u, a)
+    for giver in sorted(took):
+        for passed in took[giver]:
+            link(passed, giver)
     dead: set[int] = set()
     cold: list[K] = []
-    for t in left:
-        # Breadth first from t's holders, best first. parent[x] = (a, (u,)): u goes from a to
-        # x; parent[x] = (a, ()): x, holding a ceiling it fills, hands it to a and then has to
-        # pass one of its own takeovers on.
+    for task in left:
+        # Breadth first from the task's holders, best first. parent[taker] = (giver, (passed,)):
+        # ``passed`` goes from giver to taker; parent[taker] = (giver, ()): taker, holding a
+        # ceiling it fills, hands it to giver and then has to pass one of its own takeovers on.
         parent: dict[int, tuple[int, tuple[K, ...]] | None] = {}
         queue: list[int] = []
-        for h in holders(t):
-            if h not in dead and h not in parent:
-                parent[h] = None
-                queue.append(h)
+        for holder in holders(task):
+            if holder not in dead and holder not in parent:
+                parent[holder] = None
+                queue.append(holder)
         end = -1
         ceilings = False  # whether the full ceiling holders are queued already
-        for a in queue:  # grows while iterated
-            below = quotas[a] < bounds[a][1]
-            if room[a] > 0 or (below and any(d != a for d in donors)):
-                end = a
+        for giver in queue:  # grows while iterated
+            below = quotas[giver] < bounds[giver][1]
+            if room[giver] > 0 or (below and any(donor != giver for donor in donors)):
+                end = giver
                 break
-            out = links.get(a)
+            out = links.get(giver)
             if out:
-                for x in sorted(out):
-                    if x not in parent and x not in dead:
-                        parent[x] = (a, (min(out[x]),))
-                        queue.append(x)
+                for taker in sorted(out):
+                    if taker not in parent and taker not in dead:
+                        parent[taker] = (giver, (min(out[taker]),))
+                        queue.append(taker)
             if below and not ceilings:
                 ceilings = True
-                for x, (lo, _) in enumerate(bounds):
-                    if quotas[x] > lo and took.get(x) and x not in parent and x not in dead:
-                        parent[x] = (a, ())
-                        queue.append(x)
+                for taker, (lo, _) in enumerate(bounds):
+                    if (
+                        quotas[taker] > lo
+                        and took.get(taker)
+                        and taker not in parent
+                        and taker not in dead
+                    ):
+                        parent[taker] = (giver, ())
+                        queue.append(taker)
         if end < 0:
             dead.update(queue)
-            cold.append(t)
+            cold.append(task)
             continue
         dead.clear()
         if room[end] == 0:
             # The ceiling of the donor with the most room left moves to ``end``.
-            d = min((d for d in donors if d != end), key=lambda d: (-room[d], d))
-            quotas[d] -= 1
-            room[d] -= 1
+            donor = min(
+                (donor for donor in donors if donor != end), key=lambda donor: (-room[donor], donor)
+            )
+            quotas[donor] -= 1
+            room[donor] -= 1
             quotas[end] += 1
             room[end] += 1
         room[end] -= 1
-        x = end
-        step = parent[x]
+        taker = end
+        step = parent[taker]
         while step is not None:
-            a, moved = step
+            giver, moved = step
             if moved:
-                (u,) = moved
-                owner[u] = x
-                took[a].remove(u)
-                took.setdefault(x, []).append(u)
-                unlink(u, a)
-                link(u, x)
-            else:  # x's ceiling goes to a: both stay within floor and ceiling
-                quotas[x] -= 1
-                quotas[a] += 1
-            x = a
-            step = parent[x]
-        owner[t] = x
-        took.setdefault(x, []).append(t)
-        link(t, x)
+                (passed,) = moved
+                owner[passed] = taker
+                took[giver].remove(passed)
+                took.setdefault(taker, []).append(passed)
+                unlink(passed, giver)
+                link(passed, taker)
+            else:  # taker's ceiling goes to giver: both stay in bounds
+                quotas[taker] -= 1
+                quotas[giver] += 1
+            taker = giver
+            step = parent[taker]
+        owner[task] = taker
+        took.setdefault(taker, []).append(task)
+        link(task, taker)
         donors = _donors(room, quotas, bounds)
     return cold
 

@@ -40,39 +40,43 @@ class _StandbyEvener:
         n_col = len(run.column_sizes)
         self.count = [[0] * n_col for _ in clients]
         per_column = [0] * n_col
-        for slot, ci in enumerate(copies):
-            if ci >= 0:
+        for slot, client in enumerate(copies):
+            if client >= 0:
                 per_column[column[slot // r]] += 1
-                self.count[ci][column[slot // r]] += 1
+                self.count[client][column[slot // r]] += 1
         caps = [c.capacity for c in clients]
         columns = [share_bounds(k, caps) for k in per_column]
         #: Floor and ceiling of each client's standbys of each subtopology.
-        self.bounds = [[column_bounds[ci] for column_bounds in columns] for ci in range(len(caps))]
+        self.bounds = [
+            [column_bounds[client] for column_bounds in columns] for client in range(len(caps))
+        ]
         #: Copies that may move, per (client, column), in slot order.
         self.movable: dict[tuple[int, int], list[int]] = {}
         warm = run.warm  # every client with state of a task, other than its owner
         for slot in sorted(placed):
-            ci, i = copies[slot], slot // r
-            if ci < 0:
+            client, task = copies[slot], slot // r
+            if client < 0:
                 continue
-            found = warm.get(i)
+            found = warm.get(task)
             if found:
-                if ci in found:
+                if client in found:
                     continue  # warm state here
-                held = copies[i * r : (i + 1) * r]
+                held = copies[task * r : (task + 1) * r]
                 lost = (
-                    h
-                    for h in found
-                    if h not in held and h != run.owner[i] and tasks[i] in clients[h].prev_standby
+                    holder
+                    for holder in found
+                    if holder not in held
+                    and holder != run.owner[task]
+                    and tasks[task] in clients[holder].prev_standby
                 )
                 if any(lost):
                     continue  # a previous standby holder lost this task
-            self.movable.setdefault((ci, column[i]), []).append(slot)
+            self.movable.setdefault((client, column[task]), []).append(slot)
         #: Copies of each client's actives that each client holds: ``(active, holder)``.
         self.backed: collections.Counter[tuple[int, int]] = collections.Counter()
-        for slot, ci in enumerate(copies):
-            if ci >= 0:
-                self.backed[run.owner[slot // r], ci] += 1
+        for slot, client in enumerate(copies):
+            if client >= 0:
+                self.backed[run.owner[slot // r], client] += 1
         #: Per client, copies of its actives any one other client may hold: one more than an
         #: even spread (the bound rule 7 promises).
         others = max(1, len(clients) - 1)
@@ -86,22 +90,22 @@ class _StandbyEvener:
         while moved and self.budget > 0:
             moved = False
             for col in range(n_col):
-                for a in range(n_cli):
-                    lo, hi = bounds[a][col]
-                    if count[a][col] > hi:
-                        moved |= self._exchange_from(a, col)
-                    elif count[a][col] < lo:
-                        moved |= self._exchange_to(a, col)
+                for client in range(n_cli):
+                    lo, hi = bounds[client][col]
+                    if count[client][col] > hi:
+                        moved |= self._exchange_from(client, col)
+                    elif count[client][col] < lo:
+                        moved |= self._exchange_to(client, col)
                     if self.budget <= 0:
                         return
 
-    def _exchange_from(self, a: int, col: int) -> bool:
-        """``a`` is above its ceiling of ``col``: hand one to a client with room for it."""
-        return self._exchange(a, col, giving=True)
+    def _exchange_from(self, client: int, col: int) -> bool:
+        """``client`` is above its ceiling of ``col``: hand one to a client with room for it."""
+        return self._exchange(client, col, giving=True)
 
-    def _exchange_to(self, b: int, col: int) -> bool:
-        """``b`` is below its floor of ``col``: take one from a client above its floor."""
-        return self._exchange(b, col, giving=False)
+    def _exchange_to(self, client: int, col: int) -> bool:
+        """``client`` is below its floor of ``col``: take one from a client above its floor."""
+        return self._exchange(client, col, giving=False)
 
     def _exchange(self, client: int, col: int, giving: bool) -> bool:
         """Try every other client as the partner of ``client`` for one exchange of ``col``."""
@@ -116,26 +120,26 @@ class _StandbyEvener:
                     return False
         return False
 
-    def _try(self, a: int, b: int, col: int, col2: int) -> bool:
-        """Exchange a copy of ``col`` on ``a`` with one of ``col2`` on ``b`` when counts allow
-        (each cell stays within or comes nearer its bounds) and two such copies exist."""
+    def _try(self, giver: int, taker: int, col: int, col2: int) -> bool:
+        """Exchange a copy of ``col`` on ``giver`` with one of ``col2`` on ``taker`` when counts
+        allow (each cell stays within or comes nearer its bounds) and two such copies exist."""
         self.budget -= 1
         count, bounds = self.count, self.bounds
         if not (
-            count[a][col] > bounds[a][col][0]
-            and count[b][col] < bounds[b][col][1]
-            and count[b][col2] > bounds[b][col2][0]
-            and count[a][col2] < bounds[a][col2][1]
+            count[giver][col] > bounds[giver][col][0]
+            and count[taker][col] < bounds[taker][col][1]
+            and count[taker][col2] > bounds[taker][col2][0]
+            and count[giver][col2] < bounds[giver][col2][1]
         ):
             return False
-        give = self._pick(a, col, b)
+        give = self._pick(giver, col, taker)
         if give < 0:
             return False
-        back = self._pick(b, col2, a)
+        back = self._pick(taker, col2, giver)
         if back < 0:
             return False
-        self._move(give, a, b, col)
-        self._move(back, b, a, col2)
+        self._move(give, giver, taker, col)
+        self._move(back, taker, giver, col2)
         return True
 
     def _pick(self, src: int, col: int, dst: int) -> int:
@@ -144,14 +148,16 @@ class _StandbyEvener:
         r, owner = state.replicas, state.owner
         for slot in self.movable.get((src, col), ()):
             self.budget -= 1
-            i = slot // r
-            held = copies[i * r : (i + 1) * r]
-            if owner[i] == dst or dst in held:
+            task = slot // r
+            held = copies[task * r : (task + 1) * r]
+            if owner[task] == dst or dst in held:
                 continue
-            if self.backed[owner[i], dst] >= max(self.spread[owner[i]], self.backed[owner[i], src]):
+            if self.backed[owner[task], dst] >= max(
+                self.spread[owner[task]], self.backed[owner[task], src]
+            ):
                 continue  # would pile this client's backups up on ``dst``
             if queue.aware:
-                others = [owner[i], *(x for k, x in enumerate(held) if i * r + k != slot)]
+                others = [owner[task], *(x for k, x in enumerate(held) if task * r + k != slot)]
                 if queue.conflicts(dst, others) > queue.conflicts(src, others):
                     continue
             return slot

@@ -35,26 +35,34 @@ class ExchangeForRacks(ReturnDroppedStandbys):
         r, owner = self.replicas, self.owner
 
         def group(slot: int) -> list[int]:
-            i = slot // r
+            task = slot // r
             return [
-                owner[i],
-                *(x for k, x in enumerate(copies[i * r : (i + 1) * r]) if i * r + k != slot),
+                owner[task],
+                *(
+                    x
+                    for k, x in enumerate(copies[task * r : (task + 1) * r])
+                    if task * r + k != slot
+                ),
             ]
 
-        def holds(slot: int, ci: int) -> bool:
-            i = slot // r
-            return owner[i] == ci or ci in copies[i * r : (i + 1) * r]
+        def holds(slot: int, client: int) -> bool:
+            task = slot // r
+            return owner[task] == client or client in copies[task * r : (task + 1) * r]
 
         kind, examples = queue.kinds()
         few = len(examples) <= RACK_SCAN  # the queue remembers costs by kind
         budget = _EXCHANGE_BUDGET
-        for a in placed:
-            d = copies[a]
-            if d < 0:
+        for copy_slot in placed:
+            client_here = copies[copy_slot]
+            if client_here < 0:
                 continue
-            mine = group(a)
+            mine = group(copy_slot)
             costs = queue.costs(mine) if few else None
-            here = costs[kind[d]] if costs is not None else queue.conflicts(d, mine)
+            here = (
+                costs[kind[client_here]]
+                if costs is not None
+                else queue.conflicts(client_here, mine)
+            )
             if here == 0:
                 continue
             if costs is None:
@@ -62,22 +70,29 @@ class ExchangeForRacks(ReturnDroppedStandbys):
             budget -= len(costs)
             if min(costs) >= here:
                 continue  # no client would do better for this copy
-            for b in placed[:_EXCHANGE_SCAN]:
+            for partner_slot in placed[:_EXCHANGE_SCAN]:
                 budget -= 1
                 if budget < 0:
                     return
-                e = copies[b]
-                if e < 0 or e == d or costs[kind[e]] >= here or b // r == a // r:
+                client_there = copies[partner_slot]
+                if (
+                    client_there < 0
+                    or client_there == client_here
+                    or costs[kind[client_there]] >= here
+                    or partner_slot // r == copy_slot // r
+                ):
                     continue
-                if holds(a, e) or holds(b, d):
+                if holds(copy_slot, client_there) or holds(partner_slot, client_here):
                     continue
                 budget -= _EXCHANGE_COST
-                theirs = group(b)
+                theirs = group(partner_slot)
                 if few:
                     by_kind = queue.costs(theirs)
-                    delta = by_kind[kind[d]] - by_kind[kind[e]]
+                    delta = by_kind[kind[client_here]] - by_kind[kind[client_there]]
                 else:
-                    delta = queue.conflicts(d, theirs) - queue.conflicts(e, theirs)
-                if costs[kind[e]] + delta < here:
-                    copies[a], copies[b] = e, d
+                    delta = queue.conflicts(client_here, theirs) - queue.conflicts(
+                        client_there, theirs
+                    )
+                if costs[kind[client_there]] + delta < here:
+                    copies[copy_slot], copies[partner_slot] = client_there, client_here
                     break

@@ -13,9 +13,9 @@ class KeepPreviousTasks(RankWarmHolders):
     def _previous_tasks(self) -> list[list[int]]:
         """Tasks each client ran before, after resolving duplicate claims."""
         prev: list[list[int]] = [[] for _ in self.clients]
-        for i, ci in enumerate(self.prev_owner):
-            if ci >= 0:
-                prev[ci].append(i)
+        for task, client in enumerate(self.prev_owner):
+            if client >= 0:
+                prev[client].append(task)
         return prev
 
     def _keep_previous(
@@ -28,30 +28,30 @@ class KeepPreviousTasks(RankWarmHolders):
         # Room each client has beyond its claims: where a released task can still land warm.
         spare = [r - min(r, len(mine)) for r, mine in zip(room, claims, strict=True)]
         promised = [0] * len(self.clients)
-        for ci, mine in enumerate(prev):
-            extra = len(mine) - quotas[ci]
+        for client, mine in enumerate(prev):
+            extra = len(mine) - quotas[client]
             if extra <= 0:
-                for i in mine:
-                    owner[i] = ci
+                for task in mine:
+                    owner[task] = client
                 continue
             # First give back what a returning client ran before (a restarted process whose
             # claim lost to this interim owner), when it is caught up and has room for it.
             back: list[int] = []
-            for i in mine:
-                h = self._returning(i, ci, room, promised)
-                if h >= 0 and len(back) < extra:
-                    back.append(i)
-                    promised[h] += 1
-            self._keep([i for i in mine if i not in back], ci, quotas[ci], spare)
+            for task in mine:
+                holder = self._returning(task, client, room, promised)
+                if holder >= 0 and len(back) < extra:
+                    back.append(task)
+                    promised[holder] += 1
+            self._keep([task for task in mine if task not in back], client, quotas[client], spare)
         # Then claims, like previous tasks, in the room left (a client's previous tasks first:
         # dropping one of those is a move).
-        for ci, mine in enumerate(claims):
+        for client, mine in enumerate(claims):
             if mine:
-                room[ci] -= self._keep(mine, ci, room[ci] - promised[ci], spare)
+                room[client] -= self._keep(mine, client, room[client] - promised[client], spare)
         return room
 
-    def _keep(self, mine: list[int], ci: int, quota: int, spare: list[int]) -> int:
-        """Give client ``ci`` up to ``quota`` of the tasks ``mine`` (how many it got).
+    def _keep(self, mine: list[int], client: int, quota: int, spare: list[int]) -> int:
+        """Give client ``client`` up to ``quota`` of the tasks ``mine`` (how many it got).
 
         When they do not all fit it keeps a subtopology-balanced subset and releases first the
         tasks another client with ``spare`` room holds warm state of, most caught-up holder
@@ -60,15 +60,21 @@ class KeepPreviousTasks(RankWarmHolders):
         owner, warm, tasks = self.owner, self.warm, self.tasks
         if len(mine) > quota:
 
-            def best_elsewhere(i: int) -> tuple[int, ...] | None:
-                ranks = [self._rank(i, h) for h in warm.get(i, ()) if h != ci and spare[h] > 0]
+            def best_elsewhere(task: int) -> tuple[int, ...] | None:
+                ranks = [
+                    self._rank(task, holder)
+                    for holder in warm.get(task, ())
+                    if holder != client and spare[holder] > 0
+                ]
                 return min(ranks) if ranks else None
 
-            best = {i: best_elsewhere(i) for i in mine}
-            ordered = [i for i in mine if best[i] is None] + sorted(
-                (i for i in mine if best[i] is not None), key=lambda i: best[i] or (), reverse=True
+            best = {task: best_elsewhere(task) for task in mine}
+            ordered = [task for task in mine if best[task] is None] + sorted(
+                (task for task in mine if best[task] is not None),
+                key=lambda task: best[task] or (),
+                reverse=True,
             )
-            mine = level_order(ordered, group=lambda i: tasks[i].subtopology)[:quota]
-        for i in mine:
-            owner[i] = ci
+            mine = level_order(ordered, group=lambda task: tasks[task].subtopology)[:quota]
+        for task in mine:
+            owner[task] = client
         return len(mine)

@@ -20,35 +20,38 @@ class KeepStableHistory(PlaceStandbys):
         all it had. A cheap check, so a rebalance that changes nothing costs O(tasks) and
         reuses the reported sets as they are.
         """
-        clients, n, r = self.clients, len(self.tasks), self.replicas
-        if any(ci < 0 for ci in self.prev_owner) or self.lost:
+        clients, n_tasks, r = self.clients, len(self.tasks), self.replicas
+        if any(client < 0 for client in self.prev_owner) or self.lost:
             return None
-        caps = [c.capacity for c in clients]
-        active_bounds = share_bounds(n, caps)
+        caps = [state.capacity for state in clients]
+        active_bounds = share_bounds(n_tasks, caps)
         n_stateful = sum(self.stateful)
-        load_bounds = share_bounds(n + n_stateful * r, caps)
-        copies = [0] * n
+        load_bounds = share_bounds(n_tasks + n_stateful * r, caps)
+        copies = [0] * n_tasks
         index, stateful, owner = self.index, self.stateful, self.prev_owner
-        for ci, c in enumerate(clients):
-            if c.lags or len(c.prev_active) > active_bounds[ci][1]:
+        for client, state in enumerate(clients):
+            if state.lags or len(state.prev_active) > active_bounds[client][1]:
                 return None
-            if not active_bounds[ci][0] <= len(c.prev_active):
+            if not active_bounds[client][0] <= len(state.prev_active):
                 return None
-            for t in c.prev_standby:
-                i = index.get(t)
-                if i is None or not stateful[i] or owner[i] == ci or not r:
+            for t in state.prev_standby:
+                task = index.get(t)
+                if task is None or not stateful[task] or owner[task] == client or not r:
                     return None
-                copies[i] += 1
-            lo, hi = load_bounds[ci]
-            if not lo <= len(c.prev_active) + len(c.prev_standby) <= hi:
+                copies[task] += 1
+            lo, hi = load_bounds[client]
+            if not lo <= len(state.prev_active) + len(state.prev_standby) <= hi:
                 return None
-        if sum(len(c.prev_active) for c in clients) != n:
+        if sum(len(state.prev_active) for state in clients) != n_tasks:
             return None  # stale claims
         if self.by_subtopology and not self._balanced_per_subtopology(caps):
             return None
-        if any(copies[i] != (r if stateful[i] else 0) for i in range(n)):
+        if any(copies[task] != (r if stateful[task] else 0) for task in range(n_tasks)):
             return None
-        return {c.process_id: ClientAssignment(c.prev_active, c.prev_standby) for c in clients}
+        return {
+            state.process_id: ClientAssignment(state.prev_active, state.prev_standby)
+            for state in clients
+        }
 
     def _balanced_per_subtopology(self, caps: list[int]) -> bool:
         """Whether every client's previous actives of each subtopology are within floor and
@@ -56,8 +59,8 @@ class KeepStableHistory(PlaceStandbys):
         cells, _ = quota_bounds(self.column_sizes, caps)
         counts = [[0] * len(self.column_sizes) for _ in caps]
         column = self.column
-        for i, ci in enumerate(self.prev_owner):
-            counts[ci][column[i]] += 1
+        for task, client in enumerate(self.prev_owner):
+            counts[client][column[task]] += 1
         return all(
             lo <= count <= hi
             for row, bounds in zip(counts, cells, strict=True)

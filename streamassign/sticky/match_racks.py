@@ -14,13 +14,13 @@ class MatchRacks(KeepPreviousTasks):
         leaders. Swaps keep every client's count; a swap happens only between a task off its
         rack and one whose client is in that rack while the task itself is not."""
         owner, clients, tasks = self.owner, self.clients, self.tasks
-        wants = [self.task_racks.get(tasks[i]) for i in cold]
+        wants = [self.task_racks.get(tasks[task]) for task in cold]
         # Per rack R: cold tasks of rack R running elsewhere, and cold tasks of another rack
         # running on a client in R (their slot is what a task of R wants).
         off: dict[str, list[int]] = {}
         slots: dict[str, list[int]] = {}
-        for k, (i, want) in enumerate(zip(cold, wants, strict=True)):
-            here = clients[owner[i]].rack
+        for k, (task, want) in enumerate(zip(cold, wants, strict=True)):
+            here = clients[owner[task]].rack
             if want is not None and want != here:
                 off.setdefault(want, []).append(k)
             if here is not None and want != here:
@@ -28,14 +28,14 @@ class MatchRacks(KeepPreviousTasks):
         taken: set[int] = set()
         for rack in sorted(off):
             free = [k for k in slots.get(rack, ()) if k not in taken]
-            for a in off[rack]:
-                if a in taken:
+            for wanting in off[rack]:
+                if wanting in taken:
                     continue
                 while free and free[0] in taken:
                     free.pop(0)
                 if not free:
                     break
-                b = free.pop(0)
-                i, j = cold[a], cold[b]
-                owner[i], owner[j] = owner[j], owner[i]
-                taken.update((a, b))
+                freed = free.pop(0)
+                task, other_task = cold[wanting], cold[freed]
+                owner[task], owner[other_task] = owner[other_task], owner[task]
+                taken.update((wanting, freed))

@@ -27,11 +27,11 @@ class PlaceOrphans(MatchRacks):
         # smallest lag, so a contested client's room goes to what it is most caught up on.
         rank = self._rank
         pairs = []
-        for i in scope:
-            if owner[i] < 0:
-                for h in warm.get(i, ()):
-                    k = rank(i, h)
-                    pairs.append((k[0], k[1], k[2], k[3], i, h))
+        for task in scope:
+            if owner[task] < 0:
+                for holder in warm.get(task, ()):
+                    k = rank(task, holder)
+                    pairs.append((k[0], k[1], k[2], k[3], task, holder))
         pairs.sort()
         took: dict[int, list[int]] = {}  # client -> tasks it took over warm
         later = len(pairs)
@@ -46,15 +46,15 @@ class PlaceOrphans(MatchRacks):
             if waiting:
                 augment_takeovers(waiting, self._standby_holders, owner, took, room, quotas, bounds)
             _take_warm(pairs[later:], owner, room, took)
-        cold = [i for i in scope if owner[i] < 0]
+        cold = [task for task in scope if owner[task] < 0]
         if not warm.keys().isdisjoint(cold):
             cold = augment_takeovers(
                 cold, self._holders, owner, took, room, quotas, bounds, self._no_worse
             )
 
         # Spread the rest in (subtopology, partition) order over the free room.
-        for i, ci in zip(cold, deal(room), strict=True):
-            owner[i] = ci
+        for task, client in zip(cold, deal(room), strict=True):
+            owner[task] = client
         if self.task_racks:
             self._match_racks(cold)
 
@@ -67,8 +67,8 @@ def _take_warm(
 ) -> None:
     """Greedy warm pass: each (rank..., task, holder) pair in order gives the task to the holder
     while the task has no owner and the holder has room; ``took`` records the takeovers."""
-    for *_, i, h in pairs:
-        if owner[i] < 0 and room[h] > 0:
-            owner[i] = h
-            room[h] -= 1
-            took.setdefault(h, []).append(i)
+    for *_, task, holder in pairs:
+        if owner[task] < 0 and room[holder] > 0:
+            owner[task] = holder
+            room[holder] -= 1
+            took.setdefault(holder, []).append(task)

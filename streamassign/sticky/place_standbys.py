@@ -28,24 +28,28 @@ class PlaceStandbys(ExchangeForRacks):
         # standbys (those cannot go to their own active client), then in task order: a client
         # over its target then drops copies that can go where the room is.
         receiver = [t > v for t, v in zip(room, valid, strict=True)]
-        first = [i for i, ci in enumerate(owner) if receiver[ci]]
+        first = [task for task, client in enumerate(owner) if receiver[client]]
         if first and len(first) < len(owner):
-            rest = [i for i, ci in enumerate(owner) if not receiver[ci]]
+            rest = [task for task, client in enumerate(owner) if not receiver[client]]
             order: Iterable[int] = first + rest
         else:
             order = range(len(owner))
-        for i in order:
-            if not self.stateful[i]:
+        for task in order:
+            if not self.stateful[task]:
                 continue
-            k = i * r
-            for ci in self.warm.get(i, ()):
-                if k == (i + 1) * r:
+            k = task * r
+            for client in self.warm.get(task, ()):
+                if k == (task + 1) * r:
                     break
-                if room[ci] > 0 and ci != owner[i] and ci not in copies[i * r : k]:
-                    copies[k] = ci
+                if (
+                    room[client] > 0
+                    and client != owner[task]
+                    and client not in copies[task * r : k]
+                ):
+                    copies[k] = client
                     k += 1
-                    room[ci] -= 1
-            need.extend(range(k, (i + 1) * r))
+                    room[client] -= 1
+            need.extend(range(k, (task + 1) * r))
 
         # The rest through the queue: rack and tag conflicts, spread, most room left.
         queue = self._queue(room)
@@ -55,12 +59,12 @@ class PlaceStandbys(ExchangeForRacks):
         placed: set[int] = set()  # slots filled in this run (no warm state behind them)
         swaps: _SwapIndex | None = None  # built at the first swap
         for slot in need:
-            i = slot // r
-            ci = queue.pick(owner[i], copies[i * r : slot])
-            if ci >= 0:
-                copies[slot] = ci
+            task = slot // r
+            client = queue.pick(owner[task], copies[task * r : slot])
+            if client >= 0:
+                copies[slot] = client
                 if swaps is not None:
-                    swaps.add(slot, ci)
+                    swaps.add(slot, client)
             else:
                 if swaps is None:
                     swaps = _SwapIndex(copies, placed, len(self.clients))
@@ -71,56 +75,63 @@ class PlaceStandbys(ExchangeForRacks):
         self._return_dropped_standbys(copies, placed)
         if self.by_subtopology:
             _StandbyEvener(self, copies, placed, queue).run()
-        for slot, ci in enumerate(copies):
-            if ci >= 0:
-                self.standby[ci].append(slot // r)
+        for slot, client in enumerate(copies):
+            if client >= 0:
+                self.standby[client].append(slot // r)
 
     def _place_by_swap(
         self, slot: int, copies: list[int], room: list[int], placed: set[int], swaps: _SwapIndex
     ) -> None:
-        """Fill ``slot`` (a standby of task ``i``) when every client with room holds ``i``.
+        """Fill ``slot`` (a standby of ``needed``) when every client with room holds ``needed``.
 
-        Finds a client ``d`` without a copy of ``i`` and a standby ``u`` on ``d`` that a client
-        ``c`` with room can take: ``u`` moves ``d -> c`` and ``i`` goes to ``d``, keeping every
-        load on target. A copy placed in this run (in ``placed``) moves before one kept from
-        before: moving that throws its warm state away. Without such a pair (forced by one copy
-        per client), ``i`` goes to the client without a copy that is least loaded per thread.
-        The first such ``d``, then ``u``, then ``c``, in order; ``swaps`` finds them without
-        rescanning what failed before.
+        Finds a ``donor`` without a copy of ``needed`` and a standby ``moved_task`` on it that
+        a ``receiver`` with room can take: ``moved_task`` moves donor -> receiver and
+        ``needed`` goes to the donor, keeping every load on target. A copy placed in this run
+        (in ``placed``) moves before one kept from before: moving that throws its warm state
+        away. Without such a pair (forced by one copy per client), ``needed`` goes to the
+        client without a copy that is least loaded per thread. The first such donor, then
+        ``moved_task``, then receiver, in order; ``swaps`` finds them without rescanning what
+        failed before.
         """
         r, owner = self.replicas, self.owner
-        i = slot // r
+        needed = slot // r
 
-        def holds(task: int, ci: int) -> bool:
-            return owner[task] == ci or ci in copies[task * r : (task + 1) * r]
+        def holds(task: int, client: int) -> bool:
+            return owner[task] == client or client in copies[task * r : (task + 1) * r]
 
-        rooms = [c for c in range(len(room)) if room[c] > 0]
+        rooms = [receiver for receiver in range(len(room)) if room[receiver] > 0]
         for fresh in (True, False):
-            for d in range(len(self.clients)):
-                if holds(i, d):
+            for donor in range(len(self.clients)):
+                if holds(needed, donor):
                     continue
-                heap = swaps.heaps[d][fresh]
+                heap = swaps.heaps[donor][fresh]
                 while heap:
                     # Taken off for good whatever happens: moved away (or placed again: then
                     # on the other heap), handed over now, or held by every client with room
-                    # (rooms only fill and copies only arrive there, ``d`` has none: that
+                    # (rooms only fill and copies only arrive there, ``donor`` has none: that
                     # stays true).
-                    u_slot = heapq.heappop(heap)
-                    if copies[u_slot] != d or (u_slot in placed) != fresh:
+                    moved_slot = heapq.heappop(heap)
+                    if copies[moved_slot] != donor or (moved_slot in placed) != fresh:
                         continue
-                    u = u_slot // r
-                    c = next((c for c in rooms if not holds(u, c)), -1)
-                    if c >= 0:
-                        copies[u_slot], copies[slot] = c, d
-                        room[c] -= 1
-                        placed.add(u_slot)
-                        swaps.add(u_slot, c, d)
-                        swaps.add(slot, d)
+                    moved_task = moved_slot // r
+                    receiver = next(
+                        (receiver for receiver in rooms if not holds(moved_task, receiver)), -1
+                    )
+                    if receiver >= 0:
+                        copies[moved_slot], copies[slot] = receiver, donor
+                        room[receiver] -= 1
+                        placed.add(moved_slot)
+                        swaps.add(moved_slot, receiver, donor)
+                        swaps.add(slot, donor)
                         return
         active, count, clients = self.active, swaps.count, self.clients
-        free = [d for d in range(len(clients)) if not holds(i, d)]
+        free = [donor for donor in range(len(clients)) if not holds(needed, donor)]
         copies[slot] = min(
-            free, key=lambda d: ((len(active[d]) + count[d] + 1) / clients[d].capacity, d)
+            free,
+            key=lambda donor: (
+                (len(active[donor]) + count[donor] + 1) / clients[donor].capacity,
+                donor,
+            ),
         )
         swaps.add(slot, copies[slot])
 
@@ -128,9 +139,9 @@ class PlaceStandbys(ExchangeForRacks):
         clients = self.clients
         aware = any(c.rack is not None or c.tags for c in clients)
         backups = [0] * len(clients)
-        for i, ci in enumerate(self.owner):
-            if self.stateful[i]:
-                backups[ci] += self.replicas
+        for task, client in enumerate(self.owner):
+            if self.stateful[task]:
+                backups[client] += self.replicas
         return StandbyQueue(
             room,
             [c.rack for c in clients] if aware else None,
@@ -150,17 +161,17 @@ class _SwapIndex:
         self.heaps: list[tuple[list[int], list[int]]] = [([], []) for _ in range(clients)]
         #: Standby copies on each client, kept current by ``add``: the fallback's loads.
         self.count = [0] * clients
-        for slot, ci in enumerate(copies):
-            if ci >= 0:
-                self.heaps[ci][slot in placed].append(slot)
-                self.count[ci] += 1
+        for slot, client in enumerate(copies):
+            if client >= 0:
+                self.heaps[client][slot in placed].append(slot)
+                self.count[client] += 1
         for kept, fresh in self.heaps:
             heapq.heapify(kept)
             heapq.heapify(fresh)
 
-    def add(self, slot: int, ci: int, was: int = -1) -> None:
-        """Copy ``slot``, placed in this run, is now on client ``ci`` (moved from ``was``)."""
-        heapq.heappush(self.heaps[ci][True], slot)
-        self.count[ci] += 1
+    def add(self, slot: int, client: int, was: int = -1) -> None:
+        """Copy ``slot``, placed in this run, is now on client ``client`` (moved from ``was``)."""
+        heapq.heappush(self.heaps[client][True], slot)
+        self.count[client] += 1
         if was >= 0:
             self.count[was] -= 1

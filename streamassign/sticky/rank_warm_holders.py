@@ -17,29 +17,29 @@ class RankWarmHolders(RunState):
         """
         holders: dict[int, list[int]] = {}
         index = self.index
-        for ci, c in enumerate(self.clients):
-            for t in c.prev_standby:
-                i = index.get(t)
-                if i is not None:
-                    holders.setdefault(i, []).append(ci)
-            for t in c.lags:
-                if t not in c.prev_standby and t not in c.prev_active:
-                    i = index.get(t)
-                    if i is not None:
-                        holders.setdefault(i, []).append(ci)
-        for i, ci in lost:
-            if ci not in holders.get(i, ()):
-                holders.setdefault(i, []).append(ci)
+        for client, state in enumerate(self.clients):
+            for task_id in state.prev_standby:
+                task = index.get(task_id)
+                if task is not None:
+                    holders.setdefault(task, []).append(client)
+            for task_id in state.lags:
+                if task_id not in state.prev_standby and task_id not in state.prev_active:
+                    task = index.get(task_id)
+                    if task is not None:
+                        holders.setdefault(task, []).append(client)
+        for task, client in lost:
+            if client not in holders.get(task, ()):
+                holders.setdefault(task, []).append(client)
         # Holders were appended in client order; without lags, lost claims or a task both
         # active and standby on one client, that already is rank order (see ``_rank``).
         self._ranked = bool(lost) or any(
-            c.lags or c.prev_active & c.prev_standby for c in self.clients
+            state.lags or state.prev_active & state.prev_standby for state in self.clients
         )
         if self._ranked:
             rank = self._rank
-            for i, found in holders.items():
+            for task, found in holders.items():
                 if len(found) > 1:
-                    keyed = [rank(i, ci) for ci in found]
+                    keyed = [rank(task, client) for client in found]
                     keyed.sort()  # ranks end with the client index: no ties
                     found[:] = [k[-1] for k in keyed]
         return holders
@@ -58,54 +58,60 @@ class RankWarmHolders(RunState):
         if not self._ranked or any(c.prev_active for c in self.clients):
             return claims  # no lags (nobody has a task at lag 0), or not a whole-group restart
         rank, warm = self._rank, self.warm
-        for i in sorted(i for _, i in orphans):
-            found = warm[i]
-            best = rank(i, found[0])
-            if best[3] == 0 and (len(found) == 1 or rank(i, found[1])[:4] != best[:4]):
-                claims[found[0]].append(i)
+        for task in sorted(task for _, task in orphans):
+            holders = warm[task]
+            best = rank(task, holders[0])
+            if best[3] == 0 and (len(holders) == 1 or rank(task, holders[1])[:4] != best[:4]):
+                claims[holders[0]].append(task)
         return claims
 
-    def _rank(self, i: int, ci: int) -> tuple[int, int, int, int, int]:
-        """Order of clients holding state of task ``i``, best first: standby holders, then
+    def _rank(self, task: int, client: int) -> tuple[int, int, int, int, int]:
+        """Order of clients holding state of ``task``, best first: standby holders, then
         caught-up ones (lag within the acceptable recovery lag count as equal), then one that
         ran the task (a restarted process whose claim lost to the interim owner), then by lag.
         """
-        key = i * len(self.clients) + ci
+        key = task * len(self.clients) + client
         got = self._ranks.get(key)
         if got is None:
-            c, t = self.clients[ci], self.tasks[i]
-            ran = 0 if t in c.prev_active else 1
-            tier = 0 if t in c.prev_standby else 1
-            lag = c.lags.get(t, _UNKNOWN_LAG if tier == 0 else 0)
-            got = self._ranks[key] = (tier, 0 if lag <= self.acceptable_lag else lag, ran, lag, ci)
+            state, task_id = self.clients[client], self.tasks[task]
+            ran = 0 if task_id in state.prev_active else 1
+            tier = 0 if task_id in state.prev_standby else 1
+            lag = state.lags.get(task_id, _UNKNOWN_LAG if tier == 0 else 0)
+            got = self._ranks[key] = (
+                tier,
+                0 if lag <= self.acceptable_lag else lag,
+                ran,
+                lag,
+                client,
+            )
         return got
 
-    def _returning(self, i: int, ci: int, room: list[int], promised: list[int]) -> int:
-        """A client other than ``ci`` that ran task ``i`` before, is caught up on it and has
+    def _returning(self, task: int, owner: int, room: list[int], promised: list[int]) -> int:
+        """A client other than ``owner`` that ran ``task`` before, is caught up on it and has
         room not yet promised (-1: none)."""
-        t = self.tasks[i]
-        for h in self.warm.get(i, ()):
-            c = self.clients[h]
+        task_id = self.tasks[task]
+        for holder in self.warm.get(task, ()):
+            state = self.clients[holder]
             if (
-                h != ci
-                and t in c.prev_active
-                and c.lags.get(t, _UNKNOWN_LAG) <= self.acceptable_lag
-                and room[h] - promised[h] > 0
+                holder != owner
+                and task_id in state.prev_active
+                and state.lags.get(task_id, _UNKNOWN_LAG) <= self.acceptable_lag
+                and room[holder] - promised[holder] > 0
             ):
-                return h
+                return holder
         return -1
 
-    def _holders(self, i: int) -> list[int]:
-        """Clients holding state of task ``i``, best first."""
-        return self.warm.get(i, [])
+    def _holders(self, task: int) -> list[int]:
+        """Clients holding state of ``task``, best first."""
+        return self.warm.get(task, [])
 
-    def _standby_holders(self, i: int) -> list[int]:
-        """Clients holding a standby of task ``i``, best first (the first tier of ``_rank``)."""
-        return [h for h in self.warm.get(i, ()) if self._rank(i, h)[0] == 0]
+    def _standby_holders(self, task: int) -> list[int]:
+        """Clients holding a standby of ``task``, best first (the first tier of ``_rank``)."""
+        return [holder for holder in self.warm.get(task, ()) if self._rank(task, holder)[0] == 0]
 
-    def _no_worse(self, u: int, a: int, x: int) -> bool:
-        """Whether task ``u``, taken over by ``a``, may go to holder ``x`` instead: ``x`` ranks
-        at least as high (``_rank`` without the client index: standby holder, caught up, ran
+    def _no_worse(self, task: int, taker: int, holder: int) -> bool:
+        """Whether ``task``, taken over by ``taker``, may go to ``holder`` instead: ``holder``
+        ranks at least as high (``_rank`` without the client index: standby holder, caught up, ran
         it before, lag), so a chain never takes a task from a restarted process that ran it or
         from a fresher copy."""
-        return self._rank(u, x)[:4] <= self._rank(u, a)[:4]
+        return self._rank(task, holder)[:4] <= self._rank(task, taker)[:4]

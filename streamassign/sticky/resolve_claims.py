@@ -18,19 +18,19 @@ def _claims(
     """
     owner = [-1] * len(index)
     lost: list[tuple[int, int]] = []
-    for ci, c in enumerate(clients):
-        for t in c.prev_active:
-            i = index.get(t)
-            if i is None:
+    for client, state in enumerate(clients):
+        for task_id in state.prev_active:
+            task = index.get(task_id)
+            if task is None:
                 continue
-            j = owner[i]
-            if j < 0:
-                owner[i] = ci
-            elif c.lags.get(t, 0) < clients[j].lags.get(t, 0):
-                owner[i] = ci
-                lost.append((i, j))
+            rival = owner[task]
+            if rival < 0:
+                owner[task] = client
+            elif state.lags.get(task_id, 0) < clients[rival].lags.get(task_id, 0):
+                owner[task] = client
+                lost.append((task, rival))
             else:
-                lost.append((i, ci))
+                lost.append((task, client))
     return owner, lost
 
 
@@ -40,8 +40,10 @@ def resolve_previous_owners(
     """Previous active owner (process id) of each task that has one; duplicate claims resolved
     as the assignor resolves them: smallest lag, then smallest process id."""
     task_list = list(dict.fromkeys(tasks))
-    client_list = sorted(clients, key=lambda c: c.process_id)
-    owner, _ = _claims({t: i for i, t in enumerate(task_list)}, client_list)
+    client_list = sorted(clients, key=lambda state: state.process_id)
+    owner, _ = _claims({task_id: task for task, task_id in enumerate(task_list)}, client_list)
     return {
-        t: client_list[ci].process_id for t, ci in zip(task_list, owner, strict=True) if ci >= 0
+        task_id: client_list[client].process_id
+        for task_id, client in zip(task_list, owner, strict=True)
+        if client >= 0
     }

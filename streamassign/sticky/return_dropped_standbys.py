@@ -26,44 +26,49 @@ class ReturnDroppedStandbys(SetStandbyTargets):
         if not warm:
             return  # no client has state of any task (a fresh group)
         lost: dict[int, list[int]] = {}
-        for i in sorted({slot // r for slot in placed} & warm.keys()):
-            t = tasks[i]
-            held = copies[i * r : (i + 1) * r]
-            if all(d < 0 or clients[d].has_state(t) for d in held):
+        for task in sorted({slot // r for slot in placed} & warm.keys()):
+            task_id = tasks[task]
+            held = copies[task * r : (task + 1) * r]
+            if all(holder < 0 or clients[holder].has_state(task_id) for holder in held):
                 continue
-            for ci in warm[i]:
-                if ci != owner[i] and ci not in held and t in clients[ci].prev_standby:
-                    lost.setdefault(ci, []).append(i)
+            for client in warm[task]:
+                if (
+                    client != owner[task]
+                    and client not in held
+                    and task_id in clients[client].prev_standby
+                ):
+                    lost.setdefault(client, []).append(task)
         if not lost:
             return
         caps = [c.capacity for c in clients]
         load = [len(a) for a in self.active]
-        for ci in copies:
-            if ci >= 0:
-                load[ci] += 1
+        for client in copies:
+            if client >= 0:
+                load[client] += 1
         bounds = share_bounds(sum(load), caps)
         again = True  # a holder that gave a copy back may now take one back itself
         while again:
             again = False
-            for ci in sorted(lost):
-                floor, ceiling = bounds[ci]
-                if load[ci] >= ceiling:
+            for client in sorted(lost):
+                floor, ceiling = bounds[client]
+                if load[client] >= ceiling:
                     continue
-                for i in lost[ci]:
-                    t = tasks[i]
-                    held = copies[i * r : (i + 1) * r]
-                    if ci in held:
+                for task in lost[client]:
+                    task_id = tasks[task]
+                    held = copies[task * r : (task + 1) * r]
+                    if client in held:
                         continue  # taken back in an earlier pass
-                    for d, k in sorted(zip(held, range(r), strict=True)):  # client order
-                        if d < 0 or clients[d].has_state(t):
+                    for holder, k in sorted(zip(held, range(r), strict=True)):  # client order
+                        if holder < 0 or clients[holder].has_state(task_id):
                             continue
-                        if load[d] > bounds[d][0] or (
-                            load[ci] < floor and bounds[d][0] - (load[d] - 1) <= floor - load[ci]
+                        if load[holder] > bounds[holder][0] or (
+                            load[client] < floor
+                            and bounds[holder][0] - (load[holder] - 1) <= floor - load[client]
                         ):
-                            copies[i * r + k] = ci
-                            load[ci] += 1
-                            load[d] -= 1
+                            copies[task * r + k] = client
+                            load[client] += 1
+                            load[holder] -= 1
                             again = True
                             break
-                    if load[ci] >= ceiling:
+                    if load[client] >= ceiling:
                         break

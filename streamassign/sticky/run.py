@@ -19,9 +19,9 @@ class _Run(KeepStableHistory):
         self.assign_standbys()
         tasks = self.tasks
         return {
-            c.process_id: ClientAssignment(
-                active=frozenset([tasks[i] for i in self.active[ci]]),
-                standby=frozenset([tasks[i] for i in self.standby[ci]]),
+            state.process_id: ClientAssignment(
+                active=frozenset([tasks[task] for task in self.active[client]]),
+                standby=frozenset([tasks[task] for task in self.standby[client]]),
             )
-            for ci, c in enumerate(self.clients)
+            for client, state in enumerate(self.clients)
         }

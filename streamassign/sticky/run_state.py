@@ -33,37 +33,37 @@ class RunState:
         self.acceptable_lag = acceptable_recovery_lag
         self.rack_aware_tags = rack_aware_tags
         self.task_racks = task_racks or {}
-        self.tasks: list[TaskId] = sorted({as_task(t) for t in tasks})
+        self.tasks: list[TaskId] = sorted({as_task(task_id) for task_id in tasks})
         self.clients: list[ClientState] = sorted(clients, key=lambda c: c.process_id)
-        for a, b in pairwise(self.clients):
-            if a.process_id == b.process_id:
-                raise DuplicateProcessIdError(a.process_id)
+        for first, second in pairwise(self.clients):
+            if first.process_id == second.process_id:
+                raise DuplicateProcessIdError(first.process_id)
         if self.tasks and not self.clients:
             raise NoClientsError(len(self.tasks))
-        self.index: dict[TaskId, int] = {t: i for i, t in enumerate(self.tasks)}
-        n = len(self.tasks)
+        self.index: dict[TaskId, int] = {task_id: task for task, task_id in enumerate(self.tasks)}
+        n_tasks = len(self.tasks)
         #: Column (subtopology number in sorted order) of each task, and tasks per column.
         self.column: list[int] = []
         self.column_sizes: list[int] = []
         last = None
-        for t in self.tasks:
-            if t.subtopology != last:
-                last = t.subtopology
+        for task_id in self.tasks:
+            if task_id.subtopology != last:
+                last = task_id.subtopology
                 self.column_sizes.append(0)
             self.column_sizes[-1] += 1
             self.column.append(len(self.column_sizes) - 1)
         # With one subtopology, balancing it is balancing the total.
         self.by_subtopology = by_subtopology and len(self.column_sizes) > 1
         if stateful is None:
-            self.stateful = [True] * n
+            self.stateful = [True] * n_tasks
         else:
-            self.stateful = [False] * n
-            for t in stateful:
-                i = self.index.get(as_task(t))
-                if i is not None:
-                    self.stateful[i] = True
+            self.stateful = [False] * n_tasks
+            for task_id in stateful:
+                task = self.index.get(as_task(task_id))
+                if task is not None:
+                    self.stateful[task] = True
         self.replicas = min(num_standby_replicas, max(0, len(self.clients) - 1))
-        self.owner = [-1] * n  # active client index of each task
+        self.owner = [-1] * n_tasks  # active client index of each task
         self.active: list[list[int]] = [[] for _ in self.clients]
         self.standby: list[list[int]] = [[] for _ in self.clients]
         self.prev_owner, self.lost = _claims(self.index, self.clients)

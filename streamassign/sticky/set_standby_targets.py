@@ -29,14 +29,14 @@ def standby_targets(
     ``valid_prev[c]`` counts the previous standbys client ``c`` could keep; where the targets
     need a tie broken, they favour keeping those, so a balanced layout is a fixed point.
     """
-    n = len(caps)
+    clients = len(caps)
     total = sum(actives) + n_stateful * replicas
     bounds = share_bounds(total, caps)
     # C-level passes over the clients (map/zip): this runs in every rebalance. ``most`` is
     # the most a client can hold: a copy of every stateful task it does not run.
     most = list(map(sub, map(add, actives, repeat(n_stateful)), stateful_active))
     floors = list(map(_FLOOR, bounds))
-    if n and max(actives) <= min(floors) and max(floors) <= min(most):
+    if clients and max(actives) <= min(floors) and max(floors) <= min(most):
         target = floors  # every floor already at or above the actives and reachable
     else:
         target = list(map(min, map(max, floors, actives), most))
@@ -46,46 +46,46 @@ def standby_targets(
         # keep); raise to the ceiling first, then beyond it only where one copy per client
         # forces it (lowest load per thread first).
         order = []
-        for ci in range(n):
-            if target[ci] < min(bounds[ci][1], most[ci]):
-                order.append((bounds[ci][0] - actives[ci] - valid_prev[ci], ci))
+        for client in range(clients):
+            if target[client] < min(bounds[client][1], most[client]):
+                order.append((bounds[client][0] - actives[client] - valid_prev[client], client))
         order.sort()
-        for _, ci in order[:missing]:
-            target[ci] += 1
+        for _, client in order[:missing]:
+            target[client] += 1
         missing -= min(missing, len(order))
         if missing > 0:
             heap = []
-            for ci in range(n):
-                if target[ci] < most[ci]:
-                    heap.append((target[ci] / caps[ci], ci))
+            for client in range(clients):
+                if target[client] < most[client]:
+                    heap.append((target[client] / caps[client], client))
             heapq.heapify(heap)
             while missing > 0:
-                _, ci = heapq.heappop(heap)
-                target[ci] += 1
+                _, client = heapq.heappop(heap)
+                target[client] += 1
                 missing -= 1
-                if target[ci] < most[ci]:
-                    heapq.heappush(heap, (target[ci] / caps[ci], ci))
+                if target[client] < most[client]:
+                    heapq.heappush(heap, (target[client] / caps[client], client))
     elif missing < 0:
         # Actives at their ceiling pushed some clients above the floor: take standbys first from
         # clients still above their floor after giving one, then from those whose target exceeds
         # the previous standbys they could keep (so none has to drop one it holds), then from the
         # most loaded per thread.
         givers = []
-        for ci in range(n):
-            if target[ci] > actives[ci]:
-                givers.append(_giver(ci, target, actives, bounds, valid_prev, caps))
+        for client in range(clients):
+            if target[client] > actives[client]:
+                givers.append(_giver(client, target, actives, bounds, valid_prev, caps))
         heapq.heapify(givers)
         while missing < 0:
-            *_, ci = heapq.heappop(givers)
-            target[ci] -= 1
+            *_, client = heapq.heappop(givers)
+            target[client] -= 1
             missing += 1
-            if target[ci] > actives[ci]:
-                heapq.heappush(givers, _giver(ci, target, actives, bounds, valid_prev, caps))
+            if target[client] > actives[client]:
+                heapq.heappush(givers, _giver(client, target, actives, bounds, valid_prev, caps))
     return list(map(sub, target, actives))
 
 
 def _giver(
-    ci: int,
+    client: int,
     target: Sequence[int],
     actives: Sequence[int],
     bounds: Sequence[tuple[int, int]],
@@ -94,10 +94,10 @@ def _giver(
 ) -> tuple[bool, bool, float, int]:
     """Heap entry of a client that may give up a standby (see ``standby_targets``)."""
     return (
-        target[ci] <= bounds[ci][0],
-        valid_prev[ci] >= target[ci] - actives[ci],
-        -target[ci] / caps[ci],
-        ci,
+        target[client] <= bounds[client][0],
+        valid_prev[client] >= target[client] - actives[client],
+        -target[client] / caps[client],
+        client,
     )
 
 
@@ -108,10 +108,10 @@ class SetStandbyTargets(AssignActives):
         """Standbys per client (total load near its share, within what one copy allows), and
         how many previous standbys each could keep."""
         stateful_active = [0] * len(self.clients)
-        for i, ci in enumerate(self.owner):
-            if self.stateful[i]:
-                stateful_active[ci] += 1
-        valid = [self._valid_prev_standbys(ci) for ci in range(len(self.clients))]
+        for task, client in enumerate(self.owner):
+            if self.stateful[task]:
+                stateful_active[client] += 1
+        valid = [self._valid_prev_standbys(client) for client in range(len(self.clients))]
         targets = standby_targets(
             [c.capacity for c in self.clients],
             [len(a) for a in self.active],
@@ -122,12 +122,12 @@ class SetStandbyTargets(AssignActives):
         )
         return targets, valid
 
-    def _valid_prev_standbys(self, ci: int) -> int:
-        """Previous standbys of client ``ci`` it could keep: stateful, not active there."""
+    def _valid_prev_standbys(self, client: int) -> int:
+        """Previous standbys of client ``client`` it could keep: stateful, not active there."""
         index, owner, stateful = self.index, self.owner, self.stateful
-        n = 0
-        for t in self.clients[ci].prev_standby:
-            i = index.get(t)
-            if i is not None and stateful[i] and owner[i] != ci:
-                n += 1
-        return n
+        count = 0
+        for task_id in self.clients[client].prev_standby:
+            task = index.get(task_id)
+            if task is not None and stateful[task] and owner[task] != client:
+                count += 1
+        return count
