@@ -16,18 +16,35 @@ class PlaceStandbys(ExchangeForRacks):
     """Every stateful task's standbys."""
 
     def assign_standbys(self) -> None:
+        """Standbys of every stateful task: local state kept, the rest placed, then repaired
+        (racks, dropped previous standbys, per-subtopology evening)."""
         if not self.replicas:
             return
-        r, owner = self.replicas, self.owner
+        r = self.replicas
         room, valid = self._standby_targets()
         # copies[i * r : (i + 1) * r] are the clients holding a standby of task i (-1: none yet).
         # One flat list: a set per task cost a third of the run in allocation and GC at 100k.
         copies = [-1] * (len(self.tasks) * r)
+        need = self._keep_local_state(copies, room, valid)
+        queue, placed = self._place_through_queue(need, copies, room)
+        if queue.aware:
+            self._exchange_for_racks(need, copies, queue)
+        self._return_dropped_standbys(copies, placed)
+        if self.by_subtopology:
+            _StandbyEvener(self, copies, placed, queue).run()
+        for slot, client in enumerate(copies):
+            if client >= 0:
+                self.standby[client].append(slot // r)
+
+    def _keep_local_state(self, copies: list[int], room: list[int], valid: list[int]) -> list[int]:
+        """Standby slots filled with clients that hold local state of the task, best holder
+        first, within each client's ``room``; returns the slots still empty."""
+        r, owner = self.replicas, self.owner
         need: list[int] = []
         # Local state is kept first for the tasks active on clients that will take new
         # standbys (those cannot go to their own active client), then in task order: a client
         # over its target then drops copies that can go where the room is.
-        receiver = [t > v for t, v in zip(room, valid, strict=True)]
+        receiver = [target > keepable for target, keepable in zip(room, valid, strict=True)]
         first = [task for task, client in enumerate(owner) if receiver[client]]
         if first and len(first) < len(owner):
             rest = [task for task, client in enumerate(owner) if not receiver[client]]
@@ -50,7 +67,14 @@ class PlaceStandbys(ExchangeForRacks):
                     k += 1
                     room[client] -= 1
             need.extend(range(k, (task + 1) * r))
+        return need
 
+    def _place_through_queue(
+        self, need: list[int], copies: list[int], room: list[int]
+    ) -> tuple[StandbyQueue, set[int]]:
+        """Fill the ``need`` slots (sorted in place) through the standby queue, by swap when
+        only holders of the task have room; returns the queue and the slots filled."""
+        r, owner = self.replicas, self.owner
         # The rest through the queue: rack and tag conflicts, spread, most room left.
         queue = self._queue(room)
         # Grouped by active client (spread), those of clients with standby room first: they
@@ -70,14 +94,7 @@ class PlaceStandbys(ExchangeForRacks):
                     swaps = _SwapIndex(copies, placed, len(self.clients))
                 self._place_by_swap(slot, copies, room, placed, swaps)
             placed.add(slot)
-        if queue.aware:
-            self._exchange_for_racks(need, copies, queue)
-        self._return_dropped_standbys(copies, placed)
-        if self.by_subtopology:
-            _StandbyEvener(self, copies, placed, queue).run()
-        for slot, client in enumerate(copies):
-            if client >= 0:
-                self.standby[client].append(slot // r)
+        return queue, placed
 
     def _place_by_swap(
         self, slot: int, copies: list[int], room: list[int], placed: set[int], swaps: _SwapIndex

@@ -19,27 +19,10 @@ class ReturnDroppedStandbys(SetStandbyTargets):
         placement, and no standby state is thrown away for it. Passes in client order until
         one moves nothing (each move keeps one more copy of state, so that ends). Only copies
         placed in this run (``placed``) can lack state, so only their tasks are looked at."""
-        r, clients, tasks, owner = self.replicas, self.clients, self.tasks, self.owner
-        # Per client, the tasks it held a standby of, lost, and now see on a client without
-        # state of them (in task order).
-        warm = self.warm
-        if not warm:
-            return  # no client has state of any task (a fresh group)
-        lost: dict[int, list[int]] = {}
-        for task in sorted({slot // r for slot in placed} & warm.keys()):
-            task_id = tasks[task]
-            held = copies[task * r : (task + 1) * r]
-            if all(holder < 0 or clients[holder].has_state(task_id) for holder in held):
-                continue
-            for client in warm[task]:
-                if (
-                    client != owner[task]
-                    and client not in held
-                    and task_id in clients[client].prev_standby
-                ):
-                    lost.setdefault(client, []).append(task)
+        lost = self._lost_standbys(copies, placed)
         if not lost:
             return
+        r, clients, tasks = self.replicas, self.clients, self.tasks
         caps = [c.capacity for c in clients]
         load = [len(a) for a in self.active]
         for client in copies:
@@ -72,3 +55,25 @@ class ReturnDroppedStandbys(SetStandbyTargets):
                             break
                     if load[client] >= ceiling:
                         break
+
+    def _lost_standbys(self, copies: list[int], placed: set[int]) -> dict[int, list[int]]:
+        """Per client, the tasks it held a standby of, lost, and now sees on a client without
+        state of them (in task order)."""
+        r, clients, tasks, owner = self.replicas, self.clients, self.tasks, self.owner
+        warm = self.warm
+        if not warm:
+            return {}  # no client has state of any task (a fresh group)
+        lost: dict[int, list[int]] = {}
+        for task in sorted({slot // r for slot in placed} & warm.keys()):
+            task_id = tasks[task]
+            held = copies[task * r : (task + 1) * r]
+            if all(holder < 0 or clients[holder].has_state(task_id) for holder in held):
+                continue
+            for client in warm[task]:
+                if (
+                    client != owner[task]
+                    and client not in held
+                    and task_id in clients[client].prev_standby
+                ):
+                    lost.setdefault(client, []).append(task)
+        return lost
