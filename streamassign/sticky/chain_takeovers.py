@@ -18,7 +18,7 @@ is applied, so a pass costs about one search per applied chain plus one per dead
 from __future__ import annotations
 
 from collections.abc import Callable, MutableSequence, Sequence
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from .._ids import TaskId
 
@@ -53,49 +53,87 @@ def augment_takeovers(
     to ``taker`` (default: to any holder). Updates ``owner``, ``took``, ``room`` and ``quotas``
     in place. Deterministic: clients and tasks are tried in order.
     """
-    donors = _donors(room, quotas, bounds)
-    if not took and not donors:
+    if not took and not _donors(room, quotas, bounds):
         return list(left)  # no chain to shift, and the holders are full: nothing can change
-    # links[giver][taker]: tasks ``giver`` took over that ``taker`` holds too (and may take).
-    links: dict[int, dict[int, dict[K, None]]] = {}
+    chains = _Chains(holders, owner, took, room, quotas, bounds, movable)
+    cold: list[K] = []
+    for task in left:
+        end, parent = chains.search(task)
+        if end < 0:
+            cold.append(task)
+        else:
+            chains.apply(task, end, parent)
+    return cold
 
-    def link(passed: K, giver: int) -> None:
-        for taker in holders(passed):
+
+#: How a client was reached in a chain search: ``(giver, (passed,))``: ``passed`` goes from
+#: giver to this client; ``(giver, ())``: this client, holding a ceiling it fills, hands the
+#: ceiling to giver and then has to pass one of its own takeovers on; ``None``: a start.
+_Parent = tuple[int, tuple[K, ...]] | None
+
+
+class _Chains(Generic[K]):
+    """The state ``augment_takeovers`` keeps across tasks: which takeovers could pass where
+    (``links``), clients known not to lead to room (``dead``) and the current donors."""
+
+    def __init__(
+        self,
+        holders: Callable[[K], Sequence[int]],
+        owner: _Owners[K],
+        took: dict[int, list[K]],
+        room: MutableSequence[int],
+        quotas: MutableSequence[int],
+        bounds: Sequence[tuple[int, int]],
+        movable: Callable[[K, int, int], bool] | None,
+    ) -> None:
+        self.holders: Callable[[K], Sequence[int]] = holders
+        self.owner: _Owners[K] = owner
+        self.took: dict[int, list[K]] = took
+        self.room = room
+        self.quotas = quotas
+        self.bounds = bounds
+        self.movable: Callable[[K, int, int], bool] | None = movable
+        self.donors = _donors(room, quotas, bounds)
+        #: links[giver][taker]: tasks ``giver`` took over that ``taker`` holds too (and may take).
+        self.links: dict[int, dict[int, dict[K, None]]] = {}
+        #: Clients a failed search reached: none leads to room until the next chain is applied.
+        self.dead: set[int] = set()
+        for giver in sorted(took):
+            for passed in took[giver]:
+                self.link(passed, giver)
+
+    def link(self, passed: K, giver: int) -> None:
+        movable = self.movable
+        for taker in self.holders(passed):
             if taker != giver and (movable is None or movable(passed, giver, taker)):
-                links.setdefault(giver, {}).setdefault(taker, {})[passed] = None
+                self.links.setdefault(giver, {}).setdefault(taker, {})[passed] = None
 
-    def unlink(passed: K, giver: int) -> None:
-        out = links.get(giver, {})
-        for taker in holders(passed):
+    def unlink(self, passed: K, giver: int) -> None:
+        out = self.links.get(giver, {})
+        for taker in self.holders(passed):
             found = out.get(taker)
             if found is not None and passed in found:
                 del found[passed]
                 if not found:
                     del out[taker]
 
-    for giver in sorted(took):
-        for passed in took[giver]:
-            link(passed, giver)
-    dead: set[int] = set()
-    cold: list[K] = []
-    for task in left:
-        # Breadth first from the task's holders, best first. parent[taker] = (giver, (passed,)):
-        # ``passed`` goes from giver to taker; parent[taker] = (giver, ()): taker, holding a
-        # ceiling it fills, hands it to giver and then has to pass one of its own takeovers on.
-        parent: dict[int, tuple[int, tuple[K, ...]] | None] = {}
+    def search(self, task: K) -> tuple[int, dict[int, _Parent[K]]]:
+        """Breadth first from the task's holders, best first: the first client reached with
+        room (or a ceiling it can get from a donor), and how each client was reached; -1 when
+        none (every client reached is then marked dead)."""
+        quotas, bounds, room, dead, took = self.quotas, self.bounds, self.room, self.dead, self.took
+        parent: dict[int, _Parent[K]] = {}
         queue: list[int] = []
-        for holder in holders(task):
+        for holder in self.holders(task):
             if holder not in dead and holder not in parent:
                 parent[holder] = None
                 queue.append(holder)
-        end = -1
         ceilings = False  # whether the full ceiling holders are queued already
         for giver in queue:  # grows while iterated
             below = quotas[giver] < bounds[giver][1]
-            if room[giver] > 0 or (below and any(donor != giver for donor in donors)):
-                end = giver
-                break
-            out = links.get(giver)
+            if room[giver] > 0 or (below and any(donor != giver for donor in self.donors)):
+                return giver, parent
+            out = self.links.get(giver)
             if out:
                 for taker in sorted(out):
                     if taker not in parent and taker not in dead:
@@ -112,15 +150,19 @@ def augment_takeovers(
                     ):
                         parent[taker] = (giver, ())
                         queue.append(taker)
-        if end < 0:
-            dead.update(queue)
-            cold.append(task)
-            continue
-        dead.clear()
+        dead.update(queue)
+        return -1, parent
+
+    def apply(self, task: K, end: int, parent: dict[int, _Parent[K]]) -> None:
+        """Shift the chain found for ``task`` ending at ``end`` (which gets a donor's ceiling
+        first when it has no room) and give ``task`` to the chain's first client."""
+        quotas, room, took = self.quotas, self.room, self.took
+        self.dead.clear()
         if room[end] == 0:
             # The ceiling of the donor with the most room left moves to ``end``.
             donor = min(
-                (donor for donor in donors if donor != end), key=lambda donor: (-room[donor], donor)
+                (donor for donor in self.donors if donor != end),
+                key=lambda donor: (-room[donor], donor),
             )
             quotas[donor] -= 1
             room[donor] -= 1
@@ -133,21 +175,20 @@ def augment_takeovers(
             giver, moved = step
             if moved:
                 (passed,) = moved
-                owner[passed] = taker
+                self.owner[passed] = taker
                 took[giver].remove(passed)
                 took.setdefault(taker, []).append(passed)
-                unlink(passed, giver)
-                link(passed, taker)
+                self.unlink(passed, giver)
+                self.link(passed, taker)
             else:  # taker's ceiling goes to giver: both stay in bounds
                 quotas[taker] -= 1
                 quotas[giver] += 1
             taker = giver
             step = parent[taker]
-        owner[task] = taker
+        self.owner[task] = taker
         took.setdefault(taker, []).append(task)
-        link(task, taker)
-        donors = _donors(room, quotas, bounds)
-    return cold
+        self.link(task, taker)
+        self.donors = _donors(room, quotas, self.bounds)
 
 
 def _donors(
