@@ -32,23 +32,6 @@ class ExchangeForRacks(ReturnDroppedStandbys):
         ``_EXCHANGE_SCAN`` partners per copy and ``_EXCHANGE_BUDGET`` steps in all (large
         inputs may keep conflicts a longer search would remove).
         """
-        r, owner = self.replicas, self.owner
-
-        def group(slot: int) -> list[int]:
-            task = slot // r
-            return [
-                owner[task],
-                *(
-                    x
-                    for k, x in enumerate(copies[task * r : (task + 1) * r])
-                    if task * r + k != slot
-                ),
-            ]
-
-        def holds(slot: int, client: int) -> bool:
-            task = slot // r
-            return owner[task] == client or client in copies[task * r : (task + 1) * r]
-
         kind, examples = queue.kinds()
         few = len(examples) <= RACK_SCAN  # the queue remembers costs by kind
         budget = _EXCHANGE_BUDGET
@@ -56,7 +39,7 @@ class ExchangeForRacks(ReturnDroppedStandbys):
             client_here = copies[copy_slot]
             if client_here < 0:
                 continue
-            mine = group(copy_slot)
+            mine = self._other_holders(copies, copy_slot)
             costs = queue.costs(mine) if few else None
             here = (
                 costs[kind[client_here]]
@@ -70,29 +53,70 @@ class ExchangeForRacks(ReturnDroppedStandbys):
             budget -= len(costs)
             if min(costs) >= here:
                 continue  # no client would do better for this copy
-            for partner_slot in placed[:_EXCHANGE_SCAN]:
-                budget -= 1
-                if budget < 0:
-                    return
-                client_there = copies[partner_slot]
-                if (
-                    client_there < 0
-                    or client_there == client_here
-                    or costs[kind[client_there]] >= here
-                    or partner_slot // r == copy_slot // r
-                ):
-                    continue
-                if holds(copy_slot, client_there) or holds(partner_slot, client_here):
-                    continue
-                budget -= _EXCHANGE_COST
-                theirs = group(partner_slot)
-                if few:
-                    by_kind = queue.costs(theirs)
-                    delta = by_kind[kind[client_here]] - by_kind[kind[client_there]]
-                else:
-                    delta = queue.conflicts(client_here, theirs) - queue.conflicts(
-                        client_there, theirs
-                    )
-                if costs[kind[client_there]] + delta < here:
-                    copies[copy_slot], copies[partner_slot] = client_there, client_here
-                    break
+            budget = self._exchange_copy(copy_slot, here, costs, placed, copies, queue, budget)
+            if budget < 0:
+                return
+
+    def _exchange_copy(
+        self,
+        copy_slot: int,
+        here: int,
+        costs: list[int],
+        placed: list[int],
+        copies: list[int],
+        queue: StandbyQueue,
+        budget: int,
+    ) -> int:
+        """Swap the copy in ``copy_slot`` (``here`` conflicts where it is; ``costs`` by kind of
+        client) with the first partner that lowers the conflicts; returns the budget left
+        (below 0: the pass stops)."""
+        r = self.replicas
+        kind, examples = queue.kinds()
+        few = len(examples) <= RACK_SCAN
+        client_here = copies[copy_slot]
+        for partner_slot in placed[:_EXCHANGE_SCAN]:
+            budget -= 1
+            if budget < 0:
+                return budget
+            client_there = copies[partner_slot]
+            if (
+                client_there < 0
+                or client_there == client_here
+                or costs[kind[client_there]] >= here
+                or partner_slot // r == copy_slot // r
+            ):
+                continue
+            if self._holds(copies, copy_slot, client_there) or self._holds(
+                copies, partner_slot, client_here
+            ):
+                continue
+            budget -= _EXCHANGE_COST
+            theirs = self._other_holders(copies, partner_slot)
+            if few:
+                by_kind = queue.costs(theirs)
+                delta = by_kind[kind[client_here]] - by_kind[kind[client_there]]
+            else:
+                delta = queue.conflicts(client_here, theirs) - queue.conflicts(client_there, theirs)
+            if costs[kind[client_there]] + delta < here:
+                copies[copy_slot], copies[partner_slot] = client_there, client_here
+                break
+        return budget
+
+    def _other_holders(self, copies: list[int], slot: int) -> list[int]:
+        """The active client and the other standby holders of the task of ``slot``."""
+        r = self.replicas
+        task = slot // r
+        return [
+            self.owner[task],
+            *(
+                holder
+                for k, holder in enumerate(copies[task * r : (task + 1) * r])
+                if task * r + k != slot
+            ),
+        ]
+
+    def _holds(self, copies: list[int], slot: int, client: int) -> bool:
+        """Whether ``client`` runs or holds a copy of the task of ``slot``."""
+        r = self.replicas
+        task = slot // r
+        return self.owner[task] == client or client in copies[task * r : (task + 1) * r]
