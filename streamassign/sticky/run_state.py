@@ -43,25 +43,10 @@ class RunState:
         self.index: dict[TaskId, int] = {task_id: task for task, task_id in enumerate(self.tasks)}
         n_tasks = len(self.tasks)
         #: Column (subtopology number in sorted order) of each task, and tasks per column.
-        self.column: list[int] = []
-        self.column_sizes: list[int] = []
-        last = None
-        for task_id in self.tasks:
-            if task_id.subtopology != last:
-                last = task_id.subtopology
-                self.column_sizes.append(0)
-            self.column_sizes[-1] += 1
-            self.column.append(len(self.column_sizes) - 1)
+        self.column, self.column_sizes = _columns(self.tasks)
         # With one subtopology, balancing it is balancing the total.
         self.by_subtopology = by_subtopology and len(self.column_sizes) > 1
-        if stateful is None:
-            self.stateful = [True] * n_tasks
-        else:
-            self.stateful = [False] * n_tasks
-            for task_id in stateful:
-                task = self.index.get(as_task(task_id))
-                if task is not None:
-                    self.stateful[task] = True
+        self.stateful = self._stateful_flags(stateful)
         self.replicas = min(num_standby_replicas, max(0, len(self.clients) - 1))
         self.owner = [-1] * n_tasks  # active client index of each task
         self.active: list[list[int]] = [[] for _ in self.clients]
@@ -72,3 +57,29 @@ class RunState:
         self._ranks: dict[int, tuple[int, int, int, int, int]] = {}
         #: Whether ``warm`` lists were sorted by ``_rank`` (else every holder ranks the same).
         self._ranked = False
+
+    def _stateful_flags(self, stateful: Iterable[TaskId] | None) -> list[bool]:
+        """Whether each task is stateful (``None``: every task is)."""
+        if stateful is None:
+            return [True] * len(self.tasks)
+        flags = [False] * len(self.tasks)
+        for task_id in stateful:
+            task = self.index.get(as_task(task_id))
+            if task is not None:
+                flags[task] = True
+        return flags
+
+
+def _columns(tasks: list[TaskId]) -> tuple[list[int], list[int]]:
+    """Column (subtopology number in sorted order) of each of the sorted ``tasks``, and the
+    number of tasks in each column."""
+    column: list[int] = []
+    sizes: list[int] = []
+    last = None
+    for task_id in tasks:
+        if task_id.subtopology != last:
+            last = task_id.subtopology
+            sizes.append(0)
+        sizes[-1] += 1
+        column.append(len(sizes) - 1)
+    return column, sizes
