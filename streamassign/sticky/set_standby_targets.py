@@ -42,46 +42,69 @@ def standby_targets(
         target = list(map(min, map(max, floors, actives), most))
     missing = total - sum(target)
     if missing > 0:
-        # Spare ceilings go to the clients furthest above their floor now (the load they could
-        # keep); raise to the ceiling first, then beyond it only where one copy per client
-        # forces it (lowest load per thread first).
-        order = []
-        for client in range(clients):
-            if target[client] < min(bounds[client][1], most[client]):
-                order.append((bounds[client][0] - actives[client] - valid_prev[client], client))
-        order.sort()
-        for _, client in order[:missing]:
-            target[client] += 1
-        missing -= min(missing, len(order))
-        if missing > 0:
-            heap = []
-            for client in range(clients):
-                if target[client] < most[client]:
-                    heap.append((target[client] / caps[client], client))
-            heapq.heapify(heap)
-            while missing > 0:
-                _, client = heapq.heappop(heap)
-                target[client] += 1
-                missing -= 1
-                if target[client] < most[client]:
-                    heapq.heappush(heap, (target[client] / caps[client], client))
+        _raise_targets(target, missing, bounds, most, actives, valid_prev, caps)
     elif missing < 0:
-        # Actives at their ceiling pushed some clients above the floor: take standbys first from
-        # clients still above their floor after giving one, then from those whose target exceeds
-        # the previous standbys they could keep (so none has to drop one it holds), then from the
-        # most loaded per thread.
-        givers = []
-        for client in range(clients):
-            if target[client] > actives[client]:
-                givers.append(_giver(client, target, actives, bounds, valid_prev, caps))
-        heapq.heapify(givers)
-        while missing < 0:
-            *_, client = heapq.heappop(givers)
-            target[client] -= 1
-            missing += 1
-            if target[client] > actives[client]:
-                heapq.heappush(givers, _giver(client, target, actives, bounds, valid_prev, caps))
+        _lower_targets(target, -missing, bounds, actives, valid_prev, caps)
     return list(map(sub, target, actives))
+
+
+def _raise_targets(
+    target: list[int],
+    missing: int,
+    bounds: Sequence[tuple[int, int]],
+    most: Sequence[int],
+    actives: Sequence[int],
+    valid_prev: Sequence[int],
+    caps: Sequence[int],
+) -> None:
+    """Add ``missing`` to the load targets (in place). Spare ceilings go to the clients
+    furthest above their floor now (the load they could keep); raise to the ceiling first,
+    then beyond it only where one copy per client forces it (lowest load per thread first)."""
+    order = []
+    for client in range(len(caps)):
+        if target[client] < min(bounds[client][1], most[client]):
+            order.append((bounds[client][0] - actives[client] - valid_prev[client], client))
+    order.sort()
+    for _, client in order[:missing]:
+        target[client] += 1
+    missing -= min(missing, len(order))
+    if missing > 0:
+        heap = []
+        for client in range(len(caps)):
+            if target[client] < most[client]:
+                heap.append((target[client] / caps[client], client))
+        heapq.heapify(heap)
+        while missing > 0:
+            _, client = heapq.heappop(heap)
+            target[client] += 1
+            missing -= 1
+            if target[client] < most[client]:
+                heapq.heappush(heap, (target[client] / caps[client], client))
+
+
+def _lower_targets(
+    target: list[int],
+    surplus: int,
+    bounds: Sequence[tuple[int, int]],
+    actives: Sequence[int],
+    valid_prev: Sequence[int],
+    caps: Sequence[int],
+) -> None:
+    """Take ``surplus`` off the load targets (in place). Actives at their ceiling pushed some
+    clients above the floor: take standbys first from clients still above their floor after
+    giving one, then from those whose target exceeds the previous standbys they could keep
+    (so none has to drop one it holds), then from the most loaded per thread."""
+    givers = []
+    for client in range(len(caps)):
+        if target[client] > actives[client]:
+            givers.append(_giver(client, target, actives, bounds, valid_prev, caps))
+    heapq.heapify(givers)
+    while surplus > 0:
+        *_, client = heapq.heappop(givers)
+        target[client] -= 1
+        surplus -= 1
+        if target[client] > actives[client]:
+            heapq.heappush(givers, _giver(client, target, actives, bounds, valid_prev, caps))
 
 
 def _giver(
