@@ -57,10 +57,10 @@ from typing import Any, Final
 
 import attrs
 
-from ._balance import share_bounds
 from ._ids import TaskId, as_task
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentInputError
+from .shares import share_bounds
 from .sticky import Balance, StickyTaskAssignor, _balance_mode, _tag_keys, resolve_previous_owners
 
 __all__ = ["HighAvailabilityPlan", "HighAvailabilityTaskAssignor"]

@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from ._balance import apportion, share_bounds
 from ._ids import TaskId, as_task
-from ._quotas import fewest_moves
 from .assignment import ClientAssignment, ClientState
+from .shares import apportion, share_bounds
 from .sticky import Balance, resolve_previous_owners
+from .sticky.compute_quotas import fewest_moves
 
 
 @attrs.frozen

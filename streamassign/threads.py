@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
 
-from ._balance import deal, level_order
 from ._ids import TaskId, as_task
 from .assignment import ClientAssignment
 from .errors import ThreadListError
+from .sticky.deal_tasks import deal, level_order
 
 
 def distribute_to_threads(

@@ -17,9 +17,9 @@ from streamassign import (
     StickyTaskAssignor,
     TaskId,
 )
-from streamassign._balance import share_bounds
 from streamassign.ha import HighAvailabilityPlan
 from streamassign.metrics import evaluate, violations
+from streamassign.shares import share_bounds
 from streamassign.sticky import resolve_previous_owners
 
 from .strategies import assignment_inputs, fresh_clients, task_sets

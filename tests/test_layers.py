@@ -1,7 +1,8 @@
 """Architecture rules, checked on the source with ``ast`` (nothing is imported):
 
-- layers import downwards only: core (``streamassign/*.py``) < ``consumer`` < ``aiokafka`` <
-  ``faust``, ``runtime`` < ``pipeline`` < ``cli``; benchmarks and examples sit above them all;
+- layers import downwards only: core (``streamassign/*.py``, ``streamassign/sticky/``) <
+  ``consumer`` < ``aiokafka`` < ``faust``, ``runtime`` < ``pipeline`` < ``cli``; benchmarks and
+  examples sit above them all;
 - a layer imports only public names of the other layers: no module or name starting with ``_``
   from another layer (inside one layer anything goes);
 - the core is pure: it imports the standard library, ``attrs`` and itself, nothing else.
@@ -31,6 +32,8 @@ LAYER_RANK = {
     "outside": 6,  # benchmarks/ and examples/: users of the public API
 }
 CORE_THIRD_PARTY = {"attrs"}
+#: Sub-packages that are part of the core (one algorithm split into files, not a layer).
+CORE_PACKAGES = {"sticky"}
 #: Deliberate exceptions: a deprecated alias in the core that loads its moved name on use.
 ALLOWED = {("streamassign/grouper.py", "streamassign.faust")}
 
@@ -44,7 +47,7 @@ def layer_of(module: str) -> str:
         return "core"
     if parts[1] in ("cli", "__main__") or module == "streamassign.pipeline.submit":
         return "cli"  # entry points (``pipeline.submit`` runs the CLI under spark-submit)
-    if (ROOT / PACKAGE / parts[1]).is_dir():
+    if (ROOT / PACKAGE / parts[1]).is_dir() and parts[1] not in CORE_PACKAGES:
         return parts[1]
     return "core"
 

@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
-from streamassign._balance import share_bounds
 from streamassign.errors import (
     AssignmentInputError,
     AssignmentTypeError,
@@ -28,6 +27,7 @@ from streamassign.metrics import (
     subtopology_move_lower_bound,
     violations,
 )
+from streamassign.shares import share_bounds
 from streamassign.sticky import (
     BALANCE_MODES,
     Balance,

@@ -1,6 +1,6 @@
-"""The per-subtopology quota solver (``streamassign._quotas``) and the move bound it gives
-(``streamassign.metrics.subtopology_move_lower_bound``), against exhaustive enumeration of every
-admissible quota matrix on instances small enough to enumerate."""
+"""The per-subtopology quota solver (``streamassign.sticky.compute_quotas``) and the move
+bound it gives (``streamassign.metrics.subtopology_move_lower_bound``), against exhaustive
+enumeration of every admissible quota matrix on instances small enough to enumerate."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamassign import ClientState, TaskId
-from streamassign._balance import share_bounds
-from streamassign._quotas import best_quotas, fewest_moves, quota_bounds
 from streamassign.metrics import move_lower_bound, subtopology_move_lower_bound
+from streamassign.shares import share_bounds
+from streamassign.sticky.compute_quotas import best_quotas, fewest_moves, quota_bounds
 
 
 def admissible(counts: list[int], caps: list[int]) -> list[list[list[int]]]:

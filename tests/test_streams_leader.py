@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamassign import PartitionGrouper, Subtopology, TaskId, TopicPartition, Topology
-from streamassign._balance import share_bounds
 from streamassign.errors import ErrorCode
 from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
+from streamassign.shares import share_bounds
 from streamassign.streams import MemberSubscription, assign_streams, client_states
 
 TOPOLOGY = Topology(

@@ -19,7 +19,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 
 from streamassign import PartitionGrouper, TaskId, TopicPartition, Topology
-from streamassign._balance import share_bounds
+from streamassign.shares import share_bounds
 
 from .conftest import GroupIdFactory, TopicFactory
 from .procs import JsonLinesProcess

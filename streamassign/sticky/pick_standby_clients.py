@@ -70,23 +70,23 @@ class StandbyQueue:
         #: Whether racks or tags take part in placement.
         self.aware = self._racks is not None or self._tags is not None
 
-    def conflicts(self, ci: int, group: Sequence[int]) -> int:
-        """Rack and tag values client ``ci`` shares with the clients in ``group``."""
-        n = 0
+    def conflicts(self, client: int, group: Sequence[int]) -> int:
+        """Rack and tag values client ``client`` shares with the clients in ``group``."""
+        count = 0
         racks, tags = self._racks, self._tags
         if (
             racks is not None
-            and racks[ci] is not None
-            and any(racks[ci] == racks[g] for g in group)
+            and racks[client] is not None
+            and any(racks[client] == racks[g] for g in group)
         ):
-            n += 1
+            count += 1
         if tags is not None:
-            mine = tags[ci]
-            for k in self._keys:
-                v = mine.get(k)
-                if v is not None and any(tags[g].get(k) == v for g in group):
-                    n += 1
-        return n
+            mine = tags[client]
+            for key in self._keys:
+                value = mine.get(key)
+                if value is not None and any(tags[g].get(key) == value for g in group):
+                    count += 1
+        return count
 
     def costs(self, group: Sequence[int]) -> list[int]:
         """``conflicts`` with ``group`` of each kind of client, by ``kinds()`` id. They depend only
@@ -112,12 +112,12 @@ class StandbyQueue:
             kind: list[int] = []
             examples: list[int] = []
             racks, tags, keys = self._racks, self._tags, self._keys
-            for ci in range(len(self.room)):
-                rack = racks[ci] if racks is not None else None
-                values = tuple(tags[ci].get(k) for k in keys) if tags is not None else ()
+            for client in range(len(self.room)):
+                rack = racks[client] if racks is not None else None
+                values = tuple(tags[client].get(k) for k in keys) if tags is not None else ()
                 k = ids.setdefault((rack, values), len(ids))
                 if k == len(examples):
-                    examples.append(ci)
+                    examples.append(client)
                 kind.append(k)
             self._kinds = (kind, examples)
         return self._kinds
@@ -131,15 +131,15 @@ class StandbyQueue:
         if not aware:
             # The common case, short: the client with most room is free to take the copy.
             while heap:
-                neg, ci = heap[0]
-                if -neg == room[ci]:
-                    if ci == owner or ci in held or pairs.get((owner, ci), 0) >= fair:
+                neg, client = heap[0]
+                if -neg == room[client]:
+                    if client == owner or client in held or pairs.get((owner, client), 0) >= fair:
                         break  # not that simple: the full search below
                     heapq.heappop(heap)
-                    return self._take(ci, owner)
+                    return self._take(client, owner)
                 heapq.heappop(heap)  # stale entry
-                if room[ci] > 0:
-                    heapq.heappush(heap, (-room[ci], ci))
+                if room[client] > 0:
+                    heapq.heappush(heap, (-room[client], client))
         group = [owner, *held] if aware else []
         # Fewest conflicts any kind of client could have: once found, the most room wins as
         # with none (the scan would not find fewer; more copies than racks land here). With
@@ -155,21 +155,21 @@ class StandbyQueue:
         seen: list[tuple[int, int]] = []
         best: tuple[int, int, int, int] | None = None
         while heap:
-            neg, ci = heapq.heappop(heap)
-            if -neg != room[ci]:
-                if room[ci] > 0:
-                    heapq.heappush(heap, (-room[ci], ci))
+            neg, client = heapq.heappop(heap)
+            if -neg != room[client]:
+                if room[client] > 0:
+                    heapq.heappush(heap, (-room[client], client))
                 continue
-            seen.append((neg, ci))
-            if ci == owner or ci in held:
+            seen.append((neg, client))
+            if client == owner or client in held:
                 continue
             if costs is not None:
-                conflicts = costs[kind[ci]]
+                conflicts = costs[kind[client]]
             else:
-                conflicts = self.conflicts(ci, group) if aware else 0
-            crowded = pairs.get((owner, ci), 0) >= fair
-            if best is None or (conflicts, crowded, neg, ci) < best:
-                best = (conflicts, crowded, neg, ci)
+                conflicts = self.conflicts(client, group) if aware else 0
+            crowded = pairs.get((owner, client), 0) >= fair
+            if best is None or (conflicts, crowded, neg, client) < best:
+                best = (conflicts, crowded, neg, client)
             if best[0] == least and (not best[1] or len(seen) >= SPREAD):
                 break  # most room, fewest conflicts, not crowded (or looked far enough)
             if len(seen) >= RACK_SCAN:
@@ -181,12 +181,12 @@ class StandbyQueue:
             return -1
         return self._take(best[3], owner)
 
-    def _take(self, ci: int, owner: int) -> int:
-        """Client ``ci`` (off the heap) takes a copy of a task active on ``owner``."""
+    def _take(self, client: int, owner: int) -> int:
+        """Client ``client`` (off the heap) takes a copy of a task active on ``owner``."""
         room = self.room
-        room[ci] -= 1
-        if room[ci] > 0:
-            heapq.heappush(self._heap, (-room[ci], ci))
+        room[client] -= 1
+        if room[client] > 0:
+            heapq.heappush(self._heap, (-room[client], client))
         if self._fair is not None:
-            self._pairs[(owner, ci)] = self._pairs.get((owner, ci), 0) + 1
-        return ci
+            self._pairs[(owner, client)] = self._pairs.get((owner, client), 0) + 1
+        return client

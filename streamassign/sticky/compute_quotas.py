@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from ._balance import share_bounds
+from ..shares import share_bounds
 
 
 def quota_bounds(

@@ -1,0 +1,49 @@
+"""The sticky task assignor: active and standby tasks over clients, balanced and minimal-move.
+
+The algorithm (DESIGN §3), in order of precedence:
+
+1. **Quotas.** Balanced per subtopology (``balance="subtopology"``, the default): a quota per
+   (client, subtopology), the floor or ceiling of its capacity-proportional share, with row
+   totals within floor and ceiling of the client's total share; ``compute_quotas.best_quotas`` picks
+   the matrix that keeps the most previous tasks (an exact min-cost flow), and each
+   subtopology then goes through steps 2-4 on its own. With ``balance="total"``: each client's
+   total quota is the floor or ceiling of its share; the ceilings go to the clients that ran
+   the most tasks above their floor. Either choice makes the moves minimal for its balance.
+2. **Stickiness.** Every client keeps ``min(K_c, q_c)`` of the tasks it ran, so moves equal the
+   lower bound exactly. A client over quota releases tasks of its most crowded subtopologies
+   first, and among those the ones another client holds warm state for.
+3. **Warm takeovers.** A task without a keeper goes to a client with room that holds a standby
+   of it, else to the one with the smallest lag; when all its holders are full, a chain of
+   this rebalance's takeovers shifts along holders to one with room (``chain_takeovers``).
+4. **Spread.** The rest are dealt in ``(subtopology, partition)`` order over the clients' free
+   room, evenly interleaved, so a subtopology is spread over clients.
+5. **Standbys.** Every stateful task gets ``min(num_standby_replicas, clients - 1)`` standbys on
+   clients without a copy of it. Targets bring each client's active+standby load to the floor or
+   ceiling of its share (as far as one copy per client allows); previous standbys (then other
+   local state, lowest lag first) are kept, those of tasks active on clients that take new
+   standbys first; the rest go to the clients with most room left, those tasks first again,
+   with a one-step swap when the only clients with room already hold the task. Balanced per
+   subtopology, exchanges of new standbys then even out each client's standbys per subtopology.
+
+All decisions iterate in sorted order of task and process ids, so the same input gives the same
+output whatever the order of the input collections.
+
+Where each step lives (``docs/assignor.md``, "Where each step lives"): ``resolve_claims``,
+``rank_warm_holders``, ``compute_quotas``, ``balance_totals`` / ``balance_subtopologies``,
+``keep_previous_tasks``, ``place_orphans`` (with ``chain_takeovers`` and ``deal_tasks``),
+``match_racks``, ``set_standby_targets``, ``place_standbys`` (with ``pick_standby_clients``),
+``return_dropped_standbys``, ``exchange_for_racks``, ``even_standbys``; ``run_state`` holds the
+state they share, ``run`` runs them in order, ``assignor`` is the public entry point.
+"""
+
+# The private names are re-exported for ``ha`` (same layer) and the tests.
+from .assignor import BALANCE_MODES, Balance, StickyTaskAssignor
+from .assignor import _balance_mode as _balance_mode
+from .assignor import _tag_keys as _tag_keys
+from .assignor import _task_collection as _task_collection
+from .place_standbys import _SwapIndex as _SwapIndex
+from .resolve_claims import _claims as _claims
+from .resolve_claims import resolve_previous_owners
+from .run import _Run as _Run
+
+__all__ = ["BALANCE_MODES", "Balance", "StickyTaskAssignor", "resolve_previous_owners"]

@@ -1,0 +1,138 @@
+"""Step 2, ``balance="subtopology"`` (default): the quota matrix per (client, subtopology)
+keeping the most previous tasks (``compute_quotas``), then keep, take over and deal each
+subtopology on its own; orphans then move to standby holders where the matrix allows."""
+
+from __future__ import annotations
+
+from ..shares import share_bounds
+from .balance_totals import BalanceTotals
+from .compute_quotas import best_quotas, quota_bounds
+
+
+class BalanceSubtopologies(BalanceTotals):
+    """Actives balanced per subtopology and in total."""
+
+    def _actives_per_subtopology(self) -> None:
+        """Quotas per (client, subtopology) (``balance="subtopology"``): the admissible quota
+        matrix keeping the most previous tasks, then claims and warm takeovers (``compute_quotas``);
+        then each subtopology is kept, taken over warm and dealt on its own."""
+        caps = [c.capacity for c in self.clients]
+        sizes, column = self.column_sizes, self.column
+        cells, _ = quota_bounds(sizes, caps)
+        prev: list[list[list[int]]] = [[[] for _ in sizes] for _ in self.clients]  # per cell
+        for client, mine in enumerate(self._previous_tasks()):
+            for task in mine:
+                prev[client][column[task]].append(task)
+        warm = self.warm
+        # As in ``_actives_by_total``: each orphan counted for the warm holder with the fewest
+        # matches so far that has room for it below the ceiling of its cell.
+        matched = [[0] * len(sizes) for _ in self.clients]
+        orphans = sorted(
+            (len(holder), task) for task, holder in warm.items() if self.prev_owner[task] < 0
+        )
+        for _, task in orphans:
+            col = column[task]
+            roomy = [
+                holder
+                for holder in warm[task]
+                if matched[holder][col] < cells[holder][col][1] - len(prev[holder][col])
+            ]
+            if roomy:
+                matched[min(roomy, key=lambda holder: matched[holder][col])][col] += 1
+        claims: list[list[list[int]]] = [[[] for _ in sizes] for _ in self.clients]
+        for client, mine in enumerate(self._restart_claims(orphans)):
+            for task in mine:
+                claims[client][column[task]].append(task)
+        quotas = best_quotas(sizes, caps, self._cell_gains(cells, prev, claims, matched))
+        start = 0
+        for col, size in enumerate(sizes):
+            scope = range(start, start + size)
+            start += size
+            self._keep_and_place(
+                scope,
+                [row[col] for row in quotas],
+                [row[col] for row in prev],
+                [row[col] for row in claims],
+            )
+        self._hand_orphans_to_standby_holders(cells, caps)
+
+    def _hand_orphans_to_standby_holders(
+        self, cells: list[list[tuple[int, int]]], caps: list[int]
+    ) -> None:
+        """An orphan placed on a client without a standby of it moves to a standby holder of
+        it when the quota matrix allows: the placing client above its floors (cell and total),
+        the holder below its ceilings. The cell ceiling moves with it, so every count stays
+        admissible, and no kept task moves. The gains that chose the matrix only estimate
+        where orphans can go warm; this makes sure no such hand-over is left."""
+        owner, column, prev_owner = self.owner, self.column, self.prev_owner
+        rows = share_bounds(len(self.tasks), caps)
+        counts = [[0] * len(self.column_sizes) for _ in caps]
+        totals = [0] * len(caps)
+        for task, client in enumerate(owner):
+            counts[client][column[task]] += 1
+            totals[client] += 1
+        # Orphans with a standby holder other than their client; each hand-over takes one
+        # off for good, and one may free room for an earlier one: passes until none moves.
+        waiting = [
+            task
+            for task, client in enumerate(owner)
+            if prev_owner[task] < 0
+            and (found := self._standby_holders(task))
+            and client not in found
+        ]
+        moved = True
+        while moved:
+            moved = False
+            for task in waiting:
+                client, col = owner[task], column[task]
+                if (
+                    counts[client][col] <= cells[client][col][0]
+                    or totals[client] <= rows[client][0]
+                ):
+                    continue
+                for holder in self._standby_holders(task):
+                    if (
+                        counts[holder][col] < cells[holder][col][1]
+                        and totals[holder] < rows[holder][1]
+                    ):
+                        owner[task] = holder
+                        counts[client][col] -= 1
+                        totals[client] -= 1
+                        counts[holder][col] += 1
+                        totals[holder] += 1
+                        moved = True
+                        break
+            waiting = [task for task in waiting if owner[task] not in self._standby_holders(task)]
+
+    @staticmethod
+    def _cell_gains(
+        cells: list[list[tuple[int, int]]],
+        prev: list[list[list[int]]],
+        claims: list[list[list[int]]],
+        matched: list[list[int]],
+    ) -> list[list[int]]:
+        """What a cell's ceiling is worth, in strict priority: a previous task kept (the move
+        bound), then a restart claim kept, then a matched orphan taken over warm."""
+        tier = len(cells) * len(cells[0]) + 1 if cells else 1
+        gains = []
+        for client, row in enumerate(cells):
+            out = []
+            for col, (lo, _) in enumerate(row):
+                ran = len(prev[client][col])
+                claimed = ran + len(claims[client][col])
+                out.append(
+                    (ran > lo) * tier * tier
+                    + (claimed > lo) * tier
+                    + (claimed + matched[client][col] > lo)
+                )
+            gains.append(out)
+        return gains
+
+    def _keep_and_place(
+        self, scope: range, quotas: list[int], prev: list[list[int]], claims: list[list[int]]
+    ) -> None:
+        """One subtopology's tasks (``scope``), with its column of the quota matrix: each client
+        keeps up to its quota of what it ran, then of its claims; the rest are placed."""
+        room = self._keep_previous(quotas, prev, claims)
+        # Quotas of a column are fixed by the matrix: a chain may not move a ceiling.
+        self._place_orphans(scope, room, list(quotas), [(q, q) for q in quotas])

@@ -1,0 +1,174 @@
+"""Step 11 (evening, ``balance="subtopology"``): exchanges of standbys placed in this run that
+even out each client's standbys per subtopology."""
+
+from __future__ import annotations
+
+import collections
+from typing import Final
+
+from ..shares import share_bounds
+from .pick_standby_clients import StandbyQueue
+from .run_state import RunState
+
+#: Exchange tries the per-subtopology standby evening takes at most (0.1 s or so).
+_EVEN_BUDGET: Final = 1 << 16
+
+
+class _StandbyEvener:
+    """Exchanges of standbys placed in this run between two clients that bring every client's
+    standbys of each subtopology nearer the floor or ceiling of its capacity share of that
+    subtopology's copies (as even as the one-copy rule and the load rule allow).
+
+    Client ``a`` hands a copy of subtopology ``s`` to ``b`` and ``b`` one of ``s2`` to ``a``:
+    both keep their standby counts (the load rule), no cell leaves its floor and ceiling and at
+    least one outside them comes nearer, so the total distance from the bounds falls with each
+    exchange and passes end. Only copies on a client without state of their task move (kept
+    and handed-back copies stay), and not those of a task some client held a standby of and
+    lost (``_return_dropped_standbys`` has weighed where those go); never onto a client
+    holding the task, and never to more rack or tag conflicts. A copy moves to a client only
+    if it then backs up no more of the copy's active client's tasks than one above an even
+    spread (``ceil(actives * standbys / (clients - 1)) + 1``) or than the client it leaves
+    did, so one client's tasks stay spread over many others (rule 7). ``_EVEN_BUDGET`` tries
+    at most (large inputs may stop short).
+    """
+
+    def __init__(
+        self, run: RunState, copies: list[int], placed: set[int], queue: StandbyQueue
+    ) -> None:
+        self.state, self.copies, self.queue = run, copies, queue
+        r, column, clients, tasks = run.replicas, run.column, run.clients, run.tasks
+        n_col = len(run.column_sizes)
+        self.count = [[0] * n_col for _ in clients]
+        per_column = [0] * n_col
+        for slot, client in enumerate(copies):
+            if client >= 0:
+                per_column[column[slot // r]] += 1
+                self.count[client][column[slot // r]] += 1
+        caps = [c.capacity for c in clients]
+        columns = [share_bounds(k, caps) for k in per_column]
+        #: Floor and ceiling of each client's standbys of each subtopology.
+        self.bounds = [
+            [column_bounds[client] for column_bounds in columns] for client in range(len(caps))
+        ]
+        #: Copies that may move, per (client, column), in slot order.
+        self.movable: dict[tuple[int, int], list[int]] = {}
+        warm = run.warm  # every client with state of a task, other than its owner
+        for slot in sorted(placed):
+            client, task = copies[slot], slot // r
+            if client < 0:
+                continue
+            found = warm.get(task)
+            if found:
+                if client in found:
+                    continue  # warm state here
+                held = copies[task * r : (task + 1) * r]
+                lost = (
+                    holder
+                    for holder in found
+                    if holder not in held
+                    and holder != run.owner[task]
+                    and tasks[task] in clients[holder].prev_standby
+                )
+                if any(lost):
+                    continue  # a previous standby holder lost this task
+            self.movable.setdefault((client, column[task]), []).append(slot)
+        #: Copies of each client's actives that each client holds: ``(active, holder)``.
+        self.backed: collections.Counter[tuple[int, int]] = collections.Counter()
+        for slot, client in enumerate(copies):
+            if client >= 0:
+                self.backed[run.owner[slot // r], client] += 1
+        #: Per client, copies of its actives any one other client may hold: one more than an
+        #: even spread (the bound rule 7 promises).
+        others = max(1, len(clients) - 1)
+        self.spread = [1 - (-len(mine) * r // others) for mine in run.active]
+        self.budget = _EVEN_BUDGET
+
+    def run(self) -> None:
+        count, bounds = self.count, self.bounds
+        n_cli, n_col = len(count), len(count[0]) if count else 0
+        moved = True
+        while moved and self.budget > 0:
+            moved = False
+            for col in range(n_col):
+                for client in range(n_cli):
+                    lo, hi = bounds[client][col]
+                    if count[client][col] > hi:
+                        moved |= self._exchange_from(client, col)
+                    elif count[client][col] < lo:
+                        moved |= self._exchange_to(client, col)
+                    if self.budget <= 0:
+                        return
+
+    def _exchange_from(self, client: int, col: int) -> bool:
+        """``client`` is above its ceiling of ``col``: hand one to a client with room for it."""
+        return self._exchange(client, col, giving=True)
+
+    def _exchange_to(self, client: int, col: int) -> bool:
+        """``client`` is below its floor of ``col``: take one from a client above its floor."""
+        return self._exchange(client, col, giving=False)
+
+    def _exchange(self, client: int, col: int, giving: bool) -> bool:
+        """Try every other client as the partner of ``client`` for one exchange of ``col``."""
+        for other in range(len(self.count)):
+            if other == client:
+                continue
+            giver, taker = (client, other) if giving else (other, client)
+            for col2 in range(len(self.count[0])):
+                if col2 != col and self._try(giver, taker, col, col2):
+                    return True
+                if self.budget <= 0:
+                    return False
+        return False
+
+    def _try(self, giver: int, taker: int, col: int, col2: int) -> bool:
+        """Exchange a copy of ``col`` on ``giver`` with one of ``col2`` on ``taker`` when counts
+        allow (each cell stays within or comes nearer its bounds) and two such copies exist."""
+        self.budget -= 1
+        count, bounds = self.count, self.bounds
+        if not (
+            count[giver][col] > bounds[giver][col][0]
+            and count[taker][col] < bounds[taker][col][1]
+            and count[taker][col2] > bounds[taker][col2][0]
+            and count[giver][col2] < bounds[giver][col2][1]
+        ):
+            return False
+        give = self._pick(giver, col, taker)
+        if give < 0:
+            return False
+        back = self._pick(taker, col2, giver)
+        if back < 0:
+            return False
+        self._move(give, giver, taker, col)
+        self._move(back, taker, giver, col2)
+        return True
+
+    def _pick(self, src: int, col: int, dst: int) -> int:
+        """The first movable copy of ``col`` on ``src`` that ``dst`` may hold (-1: none)."""
+        state, copies, queue = self.state, self.copies, self.queue
+        r, owner = state.replicas, state.owner
+        for slot in self.movable.get((src, col), ()):
+            self.budget -= 1
+            task = slot // r
+            held = copies[task * r : (task + 1) * r]
+            if owner[task] == dst or dst in held:
+                continue
+            if self.backed[owner[task], dst] >= max(
+                self.spread[owner[task]], self.backed[owner[task], src]
+            ):
+                continue  # would pile this client's backups up on ``dst``
+            if queue.aware:
+                others = [owner[task], *(x for k, x in enumerate(held) if task * r + k != slot)]
+                if queue.conflicts(dst, others) > queue.conflicts(src, others):
+                    continue
+            return slot
+        return -1
+
+    def _move(self, slot: int, src: int, dst: int, col: int) -> None:
+        active = self.state.owner[slot // self.state.replicas]
+        self.backed[active, src] -= 1
+        self.backed[active, dst] += 1
+        self.copies[slot] = dst
+        self.count[src][col] -= 1
+        self.count[dst][col] += 1
+        self.movable[src, col].remove(slot)
+        self.movable.setdefault((dst, col), []).append(slot)

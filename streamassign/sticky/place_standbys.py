@@ -1,0 +1,194 @@
+"""Step 8 (placement): previous standbys and other local state kept first, the rest through the
+standby queue (rack/tag spread, most room), with a one-step swap when only holders have room;
+then steps 9-11."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from .even_standbys import _StandbyEvener
+from .exchange_for_racks import ExchangeForRacks
+from .pick_standby_clients import StandbyQueue
+
+
+class PlaceStandbys(ExchangeForRacks):
+    """Every stateful task's standbys."""
+
+    def assign_standbys(self) -> None:
+        """Standbys of every stateful task: local state kept, the rest placed, then repaired
+        (racks, dropped previous standbys, per-subtopology evening)."""
+        if not self.replicas:
+            return
+        r = self.replicas
+        room, valid = self._standby_targets()
+        # copies[i * r : (i + 1) * r] are the clients holding a standby of task i (-1: none yet).
+        # One flat list: a set per task cost a third of the run in allocation and GC at 100k.
+        copies = [-1] * (len(self.tasks) * r)
+        need = self._keep_local_state(copies, room, valid)
+        queue, placed = self._place_through_queue(need, copies, room)
+        if queue.aware:
+            self._exchange_for_racks(need, copies, queue)
+        self._return_dropped_standbys(copies, placed)
+        if self.by_subtopology:
+            _StandbyEvener(self, copies, placed, queue).run()
+        for slot, client in enumerate(copies):
+            if client >= 0:
+                self.standby[client].append(slot // r)
+
+    def _keep_local_state(self, copies: list[int], room: list[int], valid: list[int]) -> list[int]:
+        """Standby slots filled with clients that hold local state of the task, best holder
+        first, within each client's ``room``; returns the slots still empty."""
+        r, owner = self.replicas, self.owner
+        need: list[int] = []
+        # Local state is kept first for the tasks active on clients that will take new
+        # standbys (those cannot go to their own active client), then in task order: a client
+        # over its target then drops copies that can go where the room is.
+        receiver = [target > keepable for target, keepable in zip(room, valid, strict=True)]
+        first = [task for task, client in enumerate(owner) if receiver[client]]
+        if first and len(first) < len(owner):
+            rest = [task for task, client in enumerate(owner) if not receiver[client]]
+            order: Iterable[int] = first + rest
+        else:
+            order = range(len(owner))
+        for task in order:
+            if not self.stateful[task]:
+                continue
+            k = task * r
+            for client in self.warm.get(task, ()):
+                if k == (task + 1) * r:
+                    break
+                if (
+                    room[client] > 0
+                    and client != owner[task]
+                    and client not in copies[task * r : k]
+                ):
+                    copies[k] = client
+                    k += 1
+                    room[client] -= 1
+            need.extend(range(k, (task + 1) * r))
+        return need
+
+    def _place_through_queue(
+        self, need: list[int], copies: list[int], room: list[int]
+    ) -> tuple[StandbyQueue, set[int]]:
+        """Fill the ``need`` slots (sorted in place) through the standby queue, by swap when
+        only holders of the task have room; returns the queue and the slots filled."""
+        r, owner = self.replicas, self.owner
+        # The rest through the queue: rack and tag conflicts, spread, most room left.
+        queue = self._queue(room)
+        # Grouped by active client (spread), those of clients with standby room first: they
+        # cannot use that room, so they go while other clients still have theirs.
+        need.sort(key=lambda slot: (room[owner[slot // r]] == 0, owner[slot // r]))
+        placed: set[int] = set()  # slots filled in this run (no warm state behind them)
+        swaps: _SwapIndex | None = None  # built at the first swap
+        for slot in need:
+            task = slot // r
+            client = queue.pick(owner[task], copies[task * r : slot])
+            if client >= 0:
+                copies[slot] = client
+                if swaps is not None:
+                    swaps.add(slot, client)
+            else:
+                if swaps is None:
+                    swaps = _SwapIndex(copies, placed, len(self.clients))
+                self._place_by_swap(slot, copies, room, placed, swaps)
+            placed.add(slot)
+        return queue, placed
+
+    def _place_by_swap(
+        self, slot: int, copies: list[int], room: list[int], placed: set[int], swaps: _SwapIndex
+    ) -> None:
+        """Fill ``slot`` (a standby of ``needed``) when every client with room holds ``needed``.
+
+        Finds a ``donor`` without a copy of ``needed`` and a standby ``moved_task`` on it that
+        a ``receiver`` with room can take: ``moved_task`` moves donor -> receiver and
+        ``needed`` goes to the donor, keeping every load on target. A copy placed in this run
+        (in ``placed``) moves before one kept from before: moving that throws its warm state
+        away. Without such a pair (forced by one copy per client), ``needed`` goes to the
+        client without a copy that is least loaded per thread. The first such donor, then
+        ``moved_task``, then receiver, in order; ``swaps`` finds them without rescanning what
+        failed before.
+        """
+        r, owner = self.replicas, self.owner
+        needed = slot // r
+
+        def holds(task: int, client: int) -> bool:
+            return owner[task] == client or client in copies[task * r : (task + 1) * r]
+
+        rooms = [receiver for receiver in range(len(room)) if room[receiver] > 0]
+        for fresh in (True, False):
+            for donor in range(len(self.clients)):
+                if holds(needed, donor):
+                    continue
+                heap = swaps.heaps[donor][fresh]
+                while heap:
+                    # Taken off for good whatever happens: moved away (or placed again: then
+                    # on the other heap), handed over now, or held by every client with room
+                    # (rooms only fill and copies only arrive there, ``donor`` has none: that
+                    # stays true).
+                    moved_slot = heapq.heappop(heap)
+                    if copies[moved_slot] != donor or (moved_slot in placed) != fresh:
+                        continue
+                    moved_task = moved_slot // r
+                    receiver = next(
+                        (receiver for receiver in rooms if not holds(moved_task, receiver)), -1
+                    )
+                    if receiver >= 0:
+                        copies[moved_slot], copies[slot] = receiver, donor
+                        room[receiver] -= 1
+                        placed.add(moved_slot)
+                        swaps.add(moved_slot, receiver, donor)
+                        swaps.add(slot, donor)
+                        return
+        active, count, clients = self.active, swaps.count, self.clients
+        free = [donor for donor in range(len(clients)) if not holds(needed, donor)]
+        copies[slot] = min(
+            free,
+            key=lambda donor: (
+                (len(active[donor]) + count[donor] + 1) / clients[donor].capacity,
+                donor,
+            ),
+        )
+        swaps.add(slot, copies[slot])
+
+    def _queue(self, room: list[int]) -> StandbyQueue:
+        clients = self.clients
+        aware = any(c.rack is not None or c.tags for c in clients)
+        backups = [0] * len(clients)
+        for task, client in enumerate(self.owner):
+            if self.stateful[task]:
+                backups[client] += self.replicas
+        return StandbyQueue(
+            room,
+            [c.rack for c in clients] if aware else None,
+            [c.tags for c in clients] if aware else None,
+            self.rack_aware_tags,
+            backups,
+        )
+
+
+class _SwapIndex:
+    """Standby slots by client, kept ones and ones placed in this run apart, as min-heaps of
+    slot numbers (task order): where ``_Run._place_by_swap`` looks for a copy to hand over.
+    Entries go stale when a copy moves; readers drop those."""
+
+    def __init__(self, copies: list[int], placed: set[int], clients: int) -> None:
+        #: ``heaps[d][fresh]``: slots on client ``d``, placed in this run or not.
+        self.heaps: list[tuple[list[int], list[int]]] = [([], []) for _ in range(clients)]
+        #: Standby copies on each client, kept current by ``add``: the fallback's loads.
+        self.count = [0] * clients
+        for slot, client in enumerate(copies):
+            if client >= 0:
+                self.heaps[client][slot in placed].append(slot)
+                self.count[client] += 1
+        for kept, fresh in self.heaps:
+            heapq.heapify(kept)
+            heapq.heapify(fresh)
+
+    def add(self, slot: int, client: int, was: int = -1) -> None:
+        """Copy ``slot``, placed in this run, is now on client ``client`` (moved from ``was``)."""
+        heapq.heappush(self.heaps[client][True], slot)
+        self.count[client] += 1
+        if was >= 0:
+            self.count[was] -= 1
