@@ -240,6 +240,7 @@ SUMMARY_METRICS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("excess_moves", ("mean", "p99", "max")),
     ("active_imbalance", ("mean", "p90", "max")),
     ("load_imbalance", ("mean", "p90", "max")),
+    ("subtopology_imbalance", ("mean", "max")),
     ("standby_coverage", ("mean", "min")),
     ("records_to_restore", ("mean", "p50", "p90", "p99", "max")),
     ("max_task_restore", ("p50", "p99", "max")),
@@ -286,6 +287,7 @@ def _summary_columns(frame: Any, keys: Sequence[str]) -> Any:
     fixed = {
         "rebalances": F.count(F.lit(1)),
         "balanced_share": F.avg(F.col("active_balanced").cast("double")),
+        "subtopology_balanced_share": F.avg(F.col("subtopology_balanced").cast("double")),
         "optimal_moves_share": F.avg((F.col("moves") == F.col("move_lower_bound")).cast("double")),
         **{name: F.sum(column) for column, name in _TOTALS},
     }
