@@ -177,10 +177,11 @@ def _simulate_partition(
             yield row.values()
 
 
-def _slices(spark: Any, items: int) -> int:
-    """Partitions for ``items`` work items: several per core, so slow traces even out."""
-    cores = int(spark.sparkContext.defaultParallelism)
-    return max(1, min(items, cores * 4))
+def _slices(spark: Any, items: int, spark_tasks: int | None = None) -> int:
+    """Spark tasks (partitions) for ``items`` work items: ``spark_tasks`` if given, else several
+    per core so that slow traces even out; never more than the items."""
+    wanted = spark_tasks or int(spark.sparkContext.defaultParallelism) * 4
+    return max(1, min(items, wanted))
 
 
 def run_simulation(
@@ -190,17 +191,20 @@ def run_simulation(
     manifest: dict[str, Any],
     run_id: str = "run",
     counter: Any = None,
+    spark_tasks: int | None = None,
 ) -> int:
     """Simulate every scenario of ``job`` on the executors; write ``out/rebalances`` (Parquet,
     partitioned by assignor, with ``run_id`` and ``seed`` columns) and then, last,
     ``out/manifest`` (one JSON line). ``out`` must not hold rows yet: callers write into a
     fresh folder and publish it (``runs.publish``). ``counter``: a fresh int accumulator to
-    count rows in (progress can read it as tasks finish). Returns the number of rows written."""
+    count rows in (progress can read it as tasks finish). ``spark_tasks``: how many Spark tasks
+    share the scenarios (default 4 x the default parallelism). Returns the rows written."""
     from pyspark.sql import functions as F
 
     sc = spark.sparkContext
     counter = sc.accumulator(0) if counter is None else counter
-    rdd = sc.parallelize(range(job.scenarios), _slices(spark, job.scenarios)).mapPartitions(
+    slices = _slices(spark, job.scenarios, spark_tasks)
+    rdd = sc.parallelize(range(job.scenarios), slices).mapPartitions(
         partial(_simulate_partition, job, counter)
     )
     frame = spark.createDataFrame(rdd, schema=row_schema(), verifySchema=False).select(
@@ -402,18 +406,18 @@ def _plan_partition(job: PlanJob, items: Iterator[tuple[int, int]]) -> Iterator[
         yield from evaluate_candidates(job, scenario, standbys)
 
 
-def run_plan(spark: Any, job: PlanJob) -> list[dict[str, Any]]:
+def run_plan(spark: Any, job: PlanJob, spark_tasks: int | None = None) -> list[dict[str, Any]]:
     """Run every (scenario, standby candidate) on the executors and aggregate per candidate.
 
     Returns one dict per (standbys, warmups) candidate with the expected availability, outage
     quantiles and load (see ``standbys.summarize`` for the formulas), sorted by candidate.
+    ``spark_tasks`` as in :func:`run_simulation`.
     """
     from pyspark.sql import functions as F
 
     items = [(s, r) for s in range(job.scenarios) for r in job.standby_candidates]
-    rdd = spark.sparkContext.parallelize(items, _slices(spark, len(items))).mapPartitions(
-        partial(_plan_partition, job)
-    )
+    slices = _slices(spark, len(items), spark_tasks)
+    rdd = spark.sparkContext.parallelize(items, slices).mapPartitions(partial(_plan_partition, job))
     frame = spark.createDataFrame(rdd, schema=_schema(PLAN_COLUMNS), verifySchema=False)
     grouped = frame.groupBy("standbys", "warmups").agg(
         F.count(F.lit(1)).alias("traces"),

@@ -17,8 +17,8 @@ from streamassign import (
     StickyTaskAssignor,
     Subtopology,
     TaskId,
-    Topology,
     TopicPartition,
+    Topology,
 )
 from streamassign.metrics import evaluate, evaluate_per_task
 from streamassign.pipeline import (

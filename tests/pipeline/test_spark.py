@@ -274,3 +274,15 @@ def test_hadoop_files_publish_and_check_runs_like_local_ones(spark: Any, tmp_pat
     assert [p.name for p in manifest.iterdir() if not p.name.endswith(".crc")] == [
         "part-00000.json"
     ]
+
+
+def test_spark_tasks_default_to_four_per_core_and_never_exceed_the_items() -> None:
+    from types import SimpleNamespace
+
+    from streamassign.pipeline.spark import _slices
+
+    fake = SimpleNamespace(sparkContext=SimpleNamespace(defaultParallelism=2))
+    assert _slices(fake, 100) == 8
+    assert _slices(fake, 100, 30) == 30
+    assert _slices(fake, 5, 30) == 5 and _slices(fake, 5) == 5
+    assert _slices(fake, 0) == 1
