@@ -920,6 +920,11 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
             for err in data.get("errors", [])
         ),
     ]
+    if data.get("exact_percentiles") is False:
+        notes.append(
+            "Percentiles (p50, p90, p99) are approximate: this run has more rows than the "
+            "report computes exact ones for (percentile_approx, relative error 1/10,000)."
+        )
     rate = _restore_rate(manifest)
     found = outcomes(data)
     rec = recommend(found, rate)

@@ -253,6 +253,11 @@ SUMMARY_METRICS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
 )
 
 
+#: Runs of more rows than this get approximate percentiles (``percentile_approx``, relative
+#: error 1/10,000 of the value range): the exact ones keep every distinct value of a group in
+#: memory, which a 10M-row run cannot afford on the default driver memory (docs/pipeline.md).
+EXACT_PERCENTILE_ROWS: Final = 1_000_000
+
 #: Summed columns of the CSV summaries: (column, name in the summary).
 _TOTALS: Final = (
     ("moves", "moves_total"),
@@ -281,9 +286,12 @@ def _collect(frame: Any) -> list[dict[str, Any]]:
     return [r.asDict() for r in frame.collect()]
 
 
-def _summary_columns(frame: Any, keys: Sequence[str]) -> Any:
-    """Per group of ``keys``: counts, rates, sums and the quantiles of :data:`SUMMARY_METRICS`."""
+def _summary_columns(frame: Any, keys: Sequence[str], exact: bool = True) -> Any:
+    """Per group of ``keys``: counts, rates, sums and the quantiles of :data:`SUMMARY_METRICS`
+    (exact, or ``percentile_approx`` when not ``exact``)."""
     from pyspark.sql import functions as F
+
+    percentile = F.percentile if exact else F.percentile_approx
 
     ok = frame.where(F.col("error").isNull()).withColumn(
         "excess_moves", F.col("moves") - F.col("move_lower_bound")
@@ -300,7 +308,7 @@ def _summary_columns(frame: Any, keys: Sequence[str]) -> Any:
         quantiles = [s for s in stats if s.startswith("p")]
         if quantiles:
             levels = [int(s[1:]) / 100 for s in quantiles]
-            aggs.append(F.percentile(F.col(column).cast("double"), levels).alias(f"{column}__q"))
+            aggs.append(percentile(F.col(column).cast("double"), levels).alias(f"{column}__q"))
         for s in stats:
             if s == "mean":
                 aggs.append(_mean(column))
@@ -350,14 +358,22 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
     to balance — ``never_balanced`` counts rebalances not balanced before the next event —, the
     share of rebalances splitting a joined task, standby copies), ``errors`` (per assignor:
     count and first message),
-    ``manifest``, ``columns`` (CSV column order of the summaries).
+    ``manifest``, ``columns`` (CSV column order of the summaries), ``exact_percentiles``
+    (False past :data:`EXACT_PERCENTILE_ROWS` rows: approximate ones).
     """
     from pyspark.sql import functions as F
 
-    frame = spark.read.parquet(_join(run_dir, REBALANCES)).cache()
-    by_event = _summary_columns(frame, ["level", "assignor", "event"])
+    manifest = read_manifest(spark, run_dir)
+    frame = spark.read.parquet(_join(run_dir, REBALANCES))
+    rows = manifest.get("rows")
+    if not isinstance(rows, int):
+        rows = frame.count()
+    exact = rows <= EXACT_PERCENTILE_ROWS
+    # Caching pays for small runs (several passes, memory to spare); a large one is re-read.
+    frame = frame.cache() if exact else frame
+    by_event = _summary_columns(frame, ["level", "assignor", "event"], exact)
     churn = frame.where(F.col("event") != "initial")
-    by_assignor = _summary_columns(churn, ["level", "assignor"])
+    by_assignor = _summary_columns(churn, ["level", "assignor"], exact)
     by_step = (
         frame.where(F.col("error").isNull())
         .groupBy("level", "assignor", "step")
@@ -390,8 +406,9 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
         **{name: _collect(summary) for name, summary in summaries.items()},
         "outcomes": _collect(_outcomes(churn)),
         "errors": _collect(errors),
-        "manifest": read_manifest(spark, run_dir),
+        "manifest": manifest,
         "columns": {name: summary.columns for name, summary in summaries.items()},
+        "exact_percentiles": exact,
     }
     frame.unpersist()
     return out
