@@ -2,8 +2,8 @@
 
 Each adapter imports its framework when constructed (on an executor), keeps the per-member state
 the framework would keep between rebalances, and returns our value types so that the simulation
-scores every assignor the same way. The benchmarks' drivers (``benchmarks/_faust_peer.py``,
-``benchmarks/_consumer_peers.py``) follow the same rules; these are the reusable versions.
+scores every assignor the same way. The benchmarks drive Faust through :class:`FaustDriver`
+and aiokafka through the helpers here too: one driver per peer.
 
 Faust (``faust.assignor.PartitionAssignor._perform_assignment``): topics with equal partition
 counts and the same subscribers form one co-partitioned group, assigned by one
@@ -31,7 +31,15 @@ from .._ids import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from .scenarios import Layout
 
-__all__ = ["AiokafkaPeer", "FaustPeer", "by_topic", "faust_groups", "fresh_class"]
+__all__ = [
+    "SOURCE_TOPIC",
+    "AiokafkaPeer",
+    "FaustDriver",
+    "FaustPeer",
+    "by_topic",
+    "faust_groups",
+    "fresh_class",
+]
 
 
 def faust_groups(layout: Layout) -> list[tuple[int, tuple[int, ...]]]:
@@ -43,15 +51,74 @@ def faust_groups(layout: Layout) -> list[tuple[int, tuple[int, ...]]]:
     return [(n, tuple(subs)) for n, subs in sorted(groups.items())]
 
 
+#: The one topic of the single group that :meth:`FaustDriver.input_of` builds.
+SOURCE_TOPIC = "source"
+
+
+class FaustDriver:
+    """faust-streaming's ``CopartitionedAssignor``, run on one co-partitioned group as Faust's
+    ``PartitionAssignor._perform_assignment`` runs it; the benchmarks and :class:`FaustPeer`
+    both drive Faust through it. Faust is imported on construction."""
+
+    def __init__(self) -> None:
+        from faust.assignor.client_assignment import ClientAssignment as FaustClientAssignment
+        from faust.assignor.copartitioned_assignor import CopartitionedAssignor
+
+        self._client_assignment: Any = FaustClientAssignment
+        self._assignor_type: Any = CopartitionedAssignor
+
+    def decoded(self, actives: Iterable[int], standbys: Iterable[int], topic: str) -> Any:
+        """A worker's previous assignment of one group (partitions of ``topic``), as Faust
+        decodes it from the worker's metadata (``copartitioned_assignment``)."""
+        return self._client_assignment(
+            actives={topic: sorted(actives)}, standbys={topic: sorted(standbys)}
+        ).copartitioned_assignment({topic})
+
+    def assign(
+        self,
+        inputs: dict[str, Any],
+        num_partitions: int,
+        replicas: int,
+        topic: str = SOURCE_TOPIC,
+    ) -> Mapping[str, Any]:
+        """One run of Faust's assignor over one group (mutates and returns ``inputs``)."""
+        result: Mapping[str, Any] = self._assignor_type(
+            topics={topic}, cluster_asgn=inputs, num_partitions=num_partitions, replicas=replicas
+        ).get_assignment()
+        return result
+
+    def input_of(self, tasks: Sequence[TaskId], clients: Sequence[ClientState]) -> dict[str, Any]:
+        """Every worker's history when all ``tasks`` (sorted: task ``tasks[p]`` is partition
+        ``p``) form one group and each worker ran what its ``ClientState`` says."""
+        partition = {t: p for p, t in enumerate(tasks)}
+
+        def partitions(held: frozenset[TaskId]) -> list[int]:
+            return [partition[t] for t in held if t in partition]
+
+        return {
+            c.process_id: self.decoded(
+                partitions(c.prev_active), partitions(c.prev_standby), SOURCE_TOPIC
+            )
+            for c in clients
+        }
+
+    @staticmethod
+    def to_ours(tasks: Sequence[TaskId], result: Mapping[str, Any]) -> dict[str, ClientAssignment]:
+        """A one-group result of :meth:`input_of`'s tasks as our ``ClientAssignment``s."""
+        return {
+            pid: ClientAssignment(
+                active=frozenset(tasks[p] for p in got.actives),
+                standby=frozenset(tasks[p] for p in got.standbys),
+            )
+            for pid, got in result.items()
+        }
+
+
 class FaustPeer:
     """faust-streaming's ``CopartitionedAssignor`` with Faust's per-worker history."""
 
     def __init__(self) -> None:
-        from faust.assignor.client_assignment import CopartitionedAssignment
-        from faust.assignor.copartitioned_assignor import CopartitionedAssignor
-
-        self._assignment_type: Any = CopartitionedAssignment
-        self._assignor_type: Any = CopartitionedAssignor
+        self.faust = FaustDriver()
         #: worker -> subtopology -> (active partitions, standby partitions) it last received
         self.history: dict[str, dict[int, tuple[frozenset[int], frozenset[int]]]] = {}
 
@@ -81,15 +148,11 @@ class FaustPeer:
             inputs = {}
             for pid in pids:
                 held = history[pid]
-                act = next((set(held[s][0]) for s in subs if s in held and held[s][0]), set())
-                stb = next((set(held[s][1]) for s in subs if s in held and held[s][1]), set())
-                one = self._assignment_type(actives=act, standbys=stb, topics={topic})
-                one.validate()
-                inputs[pid] = one
+                act = next((held[s][0] for s in subs if s in held and held[s][0]), ())
+                stb = next((held[s][1] for s in subs if s in held and held[s][1]), ())
+                inputs[pid] = self.faust.decoded(act, stb, topic)
             start = time.perf_counter()
-            got = self._assignor_type(
-                topics={topic}, cluster_asgn=inputs, num_partitions=n, replicas=replicas
-            ).get_assignment()
+            got = self.faust.assign(inputs, n, replicas, topic)
             elapsed += time.perf_counter() - start
             for pid, one in got.items():
                 act_p = frozenset(one.actives)
