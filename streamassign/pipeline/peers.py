@@ -36,9 +36,12 @@ __all__ = [
     "AiokafkaPeer",
     "FaustDriver",
     "FaustPeer",
+    "aiokafka_cluster",
+    "aiokafka_member",
     "by_topic",
     "faust_groups",
     "fresh_class",
+    "wire",
 ]
 
 
@@ -184,19 +187,49 @@ def fresh_class(base: type[Any]) -> type[Any]:
     return type(f"Fresh{base.__name__}", (base,), {})
 
 
+def aiokafka_cluster(partitions_per_topic: Mapping[str, int]) -> Any:
+    """aiokafka's own ``ClusterMetadata`` knowing these topics (as after a metadata update).
+
+    The assignors only read partition ids (``partitions_for_topic``, ``topics()``), so the
+    per-partition metadata (leader, replicas) is left out.
+    """
+    from aiokafka.cluster import ClusterMetadata
+
+    meta = ClusterMetadata()
+    meta._partitions = {t: dict.fromkeys(range(n)) for t, n in partitions_per_topic.items()}
+    return meta
+
+
+def wire(meta: Any) -> Any:
+    """What a group leader reads of a member's JoinGroup metadata: encoded, then decoded."""
+    from aiokafka.coordinator.protocol import ConsumerProtocol
+
+    return ConsumerProtocol.METADATA.decode(meta.encode())
+
+
+def aiokafka_member(
+    base: type[Any], topics: Iterable[str], held: Sequence[tuple[str, int]] | None
+) -> Any:
+    """One member's JoinGroup metadata, as the leader decodes it, from a fresh subclass of
+    aiokafka's ``base`` assignor after it received ``held`` last round (None: a new or
+    restarted member, no history). Topics are subscribed sorted: identical subscriptions are
+    then identical lists, which aiokafka's sticky needs to recognise them."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+    assignor = fresh_class(base)
+    if held is not None:
+        assignor.on_assignment(ConsumerProtocolMemberAssignment(0, by_topic(held), b""))
+    return wire(assignor.metadata(sorted(topics)))
+
+
 class AiokafkaPeer:
     """One of aiokafka's built-in assignors, as aiokafka's group coordinator drives it."""
 
     def __init__(self, kind: str) -> None:
-        from aiokafka.cluster import ClusterMetadata
         from aiokafka.coordinator.assignors.range import RangePartitionAssignor
         from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
         from aiokafka.coordinator.assignors.sticky.sticky_assignor import (
             StickyPartitionAssignor,
-        )
-        from aiokafka.coordinator.protocol import (
-            ConsumerProtocol,
-            ConsumerProtocolMemberAssignment,
         )
 
         bases: dict[str, Any] = {
@@ -205,22 +238,14 @@ class AiokafkaPeer:
             "sticky": StickyPartitionAssignor,
         }
         self._base: Any = bases[kind]
-        self._cluster_type: Any = ClusterMetadata
-        self._protocol: Any = ConsumerProtocol
-        self._member_assignment: Any = ConsumerProtocolMemberAssignment
         self._cluster: Any = None
         self._cluster_key: tuple[tuple[str, int], ...] = ()
 
     def cluster(self, partitions_per_topic: Mapping[str, int]) -> Any:
-        """aiokafka's ``ClusterMetadata`` knowing these topics (cached while they are the same).
-
-        The assignors only read partition ids, so per-partition metadata is left out.
-        """
+        """:func:`aiokafka_cluster` of these topics, cached while they are the same."""
         key = tuple(sorted(partitions_per_topic.items()))
         if key != self._cluster_key:
-            meta = self._cluster_type()
-            meta._partitions = {t: dict.fromkeys(range(n)) for t, n in key}
-            self._cluster, self._cluster_key = meta, key
+            self._cluster, self._cluster_key = aiokafka_cluster(dict(key)), key
         return self._cluster
 
     def assign(
@@ -236,14 +261,9 @@ class AiokafkaPeer:
         leader reads it.
         """
         cluster = self.cluster(partitions_per_topic)
-        members = {}
-        subscribed = sorted(topics)
-        for member, held in owned.items():
-            assignor = fresh_class(self._base)
-            if held is not None:
-                assignor.on_assignment(self._member_assignment(0, by_topic(held), b""))
-            meta = assignor.metadata(subscribed)
-            members[member] = self._protocol.METADATA.decode(meta.encode())
+        members = {
+            member: aiokafka_member(self._base, topics, held) for member, held in owned.items()
+        }
         leader = fresh_class(self._base)
         start = time.perf_counter()
         result = leader.assign(cluster, members)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypedDict
 
 import attrs
 
@@ -322,6 +322,12 @@ class Runner(Protocol):
 # -- row columns shared by the runners -----------------------------------------------------------
 
 
+class _RestoreColumns(TypedDict):
+    records_to_restore: int
+    restoring_tasks: int
+    max_task_restore: int
+
+
 @attrs.define
 class _Restores:
     """What the new active owners of one rebalance restore: records, tasks, the largest one."""
@@ -337,7 +343,7 @@ class _Restores:
             self.tasks += 1
             self.largest = max(self.largest, records)
 
-    def columns(self) -> dict[str, int]:
+    def columns(self) -> _RestoreColumns:
         return {
             "records_to_restore": self.records,
             "restoring_tasks": self.tasks,
