@@ -308,3 +308,27 @@ def test_clickstream_expansion_changes_tasks_and_restores_nothing_for_new_ones(
     assert rows[i].tasks > rows[i - 1].tasks
     new = [t for t in takeovers[i] if t.cause == "new"]
     assert new and all(t.records == 0 for t in new)  # new partitions start empty
+
+
+@pytest.mark.skipif(not HAS_FAUST, reason="faust-streaming not installed (bench extra)")
+def test_the_benchmarks_faust_driver_keeps_what_each_worker_ran() -> None:
+    """``FaustDriver`` (the benchmarks' one-group mode): a valid assignment, and a worker's
+    history as its ``ClientState`` says it is what Faust keeps when nothing changed."""
+    from streamassign.metrics import violations
+    from streamassign.pipeline.peers import FaustDriver
+
+    faust = FaustDriver()
+    tasks = sorted(TaskId(s, p) for s in range(2) for p in range(6))
+    clients = [ClientState(f"w{k}") for k in range(3)]
+    first = faust.to_ours(tasks, faust.assign(faust.input_of(tasks, clients), len(tasks), 1))
+    assert violations(tasks, clients, first, 1) == []
+    again = [
+        ClientState(
+            c.process_id,
+            prev_active=first[c.process_id].active,
+            prev_standby=first[c.process_id].standby,
+        )
+        for c in clients
+    ]
+    second = faust.to_ours(tasks, faust.assign(faust.input_of(tasks, again), len(tasks), 1))
+    assert {p: a.active for p, a in second.items()} == {p: a.active for p, a in first.items()}
