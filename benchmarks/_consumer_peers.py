@@ -35,7 +35,7 @@ from aiokafka.coordinator.protocol import (
 from streamassign.aiokafka import GroupAssignor
 from streamassign.consumer import ConsumerAssignor
 from streamassign.consumer.userdata import AssignmentData
-from streamassign.pipeline.peers import by_topic, fresh_class
+from streamassign.pipeline.peers import aiokafka_cluster, aiokafka_member, by_topic, wire
 
 #: Who holds what: member id -> its partitions as (topic, partition) tuples.
 Owned = Mapping[str, Sequence[tuple[str, int]]]
@@ -49,21 +49,8 @@ AIOKAFKA: dict[str, type[AbstractPartitionAssignor]] = {
 }
 
 
-def cluster(partitions_per_topic: Mapping[str, int]) -> ClusterMetadata:
-    """aiokafka's own ``ClusterMetadata`` knowing these topics (as after a metadata update).
-
-    The assignors only read partition ids (``partitions_for_topic``, ``topics()``), so the
-    per-partition metadata (leader, replicas) is left out.
-    """
-    meta = ClusterMetadata()
-    meta._partitions = {t: dict.fromkeys(range(n)) for t, n in partitions_per_topic.items()}
-    return meta
-
-
-def _wire(meta: ConsumerProtocolMemberMetadata) -> ConsumerProtocolMemberMetadata:
-    """What the leader reads: the member's metadata encoded, then decoded."""
-    decoded: ConsumerProtocolMemberMetadata = ConsumerProtocol.METADATA.decode(meta.encode())
-    return decoded
+#: aiokafka's ``ClusterMetadata`` of these topics (the package's driver).
+cluster = aiokafka_cluster
 
 
 def aiokafka_members(
@@ -72,21 +59,12 @@ def aiokafka_members(
     history: Owned | None = None,
 ) -> Members:
     """Each member's JoinGroup metadata for aiokafka's ``base``, after it received its
-    ``history`` partitions in the previous round (none: a new member).
-
-    Members subscribe with their topics sorted: identical subscriptions are then identical
-    lists, which aiokafka's sticky needs to recognise them (real members pass a ``set``,
-    whose order differs between processes).
-    """
-    out = {}
-    for member, subscribed in topics.items():
-        assignor = fresh_class(base)
-        if history is not None and member in history:
-            assignor.on_assignment(
-                ConsumerProtocolMemberAssignment(0, by_topic(history[member]), b"")
-            )
-        out[member] = _wire(assignor.metadata(sorted(subscribed)))
-    return out
+    ``history`` partitions in the previous round (none: a new member); the package's
+    ``aiokafka_member`` for each, as the simulation pipeline drives aiokafka."""
+    return {
+        member: aiokafka_member(base, subscribed, None if history is None else history.get(member))
+        for member, subscribed in topics.items()
+    }
 
 
 AiokafkaArgs = tuple[type[AbstractPartitionAssignor], ClusterMetadata, Members]
@@ -124,7 +102,7 @@ def adapter_members(
         if history is not None and member in history:
             got = ConsumerProtocolMemberAssignment(0, by_topic(history[member]), assigned)
             assignor.on_assignment(got)
-        out[member] = _wire(assignor.metadata(set(subscribed)))
+        out[member] = wire(assignor.metadata(set(subscribed)))
     return out
 
 

@@ -36,8 +36,7 @@ from _common import (
     states,
     write_reports,
 )
-from _faust_peer import faust_assign, faust_input, to_ours
-from task_assignor import CHAIN, Assignment, members_after
+from task_assignor import CHAIN, Assignment, faust_assign, faust_input, members_after, to_ours
 
 from streamassign import StickyTaskAssignor
 

@@ -9,8 +9,13 @@
    2-core development machine).
 3. **README command** — ``streamassign simulate topology/orders-join.toml --report`` as a user
    runs it (a fresh process: session start, simulation, aggregation, plots), target under 2 min.
+4. **Large report** — ``streamassign report`` on a run of 10M synthetic rows (the row schema,
+   values drawn by Spark; 1.5M with ``--quick``), in a fresh process with the default driver
+   memory: wall time and the peak memory of the command's process tree (Python and the JVM).
+   Past ``spark.EXACT_PERCENTILE_ROWS`` the report uses approximate percentiles.
 
-Run ``python benchmarks/pipeline.py [--quick] [--markdown docs/pipeline.md]``.
+Run ``python benchmarks/pipeline.py [--quick] [--markdown docs/pipeline.md]``; only part 4:
+``--large-report-only``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from streamassign.pipeline import ScenarioModel, SimulationJob, Workload, simula
 from streamassign.pipeline import spark as sp
 
 SECTION = "pipeline-benchmark"
+LARGE_SECTION = "pipeline-large-report"
+LARGE_ROWS = 10_000_000
+LARGE_ROWS_QUICK = 1_500_000
 ROOT = Path(__file__).resolve().parent.parent
 _CLI = "import sys; from streamassign.cli import main; sys.exit(main())"
 
@@ -136,6 +144,142 @@ def readme_command(out: Path) -> tuple[float, str]:
     return time.perf_counter() - start, done.stdout.strip().splitlines()[-1]
 
 
+def synthetic_run(out: Path, rows: int) -> None:
+    """A complete run folder of ``rows`` synthetic rows in the row schema (11 assignors, 100
+    steps per scenario, values drawn by Spark), with its manifest; written by Spark itself."""
+    from pyspark.sql import functions as F
+
+    from streamassign.pipeline.assignors import SPECS
+    from streamassign.pipeline.runs import LocalFiles, write_manifest
+    from streamassign.pipeline.scenarios import EVENTS
+    from streamassign.pipeline.simulate import COLUMNS
+
+    names = [s.name for s in SPECS]
+    session = sp.start_session("local[2]", "streamassign-benchmark-synthetic")
+    try:
+        ids = session.range(rows)
+        assignor = F.element_at(
+            F.array(*map(F.lit, names)), (F.col("id") % len(names) + 1).cast("int")
+        )
+        rebalance = F.floor(F.col("id") / len(names))
+        made = {
+            "scenario": F.floor(rebalance / 100),
+            "step": rebalance % 100,
+            "event": F.when(rebalance % 100 == 0, F.lit("initial")).otherwise(
+                F.element_at(
+                    F.array(*map(F.lit, EVENTS[1:])),
+                    (rebalance % (len(EVENTS) - 1) + 1).cast("int"),
+                )
+            ),
+            "time_s": (rebalance % 100) * 60.0,
+            "assignor": assignor,
+            "level": F.when(
+                assignor.startswith("task") | assignor.startswith("faust"), "task"
+            ).otherwise("consumer"),
+            "error": F.lit(None),
+        }
+        columns = []
+        for k, (name, kind, _, _) in enumerate(COLUMNS):
+            value = made.get(name)
+            if value is None:
+                draw = F.rand(seed=k)
+                value = {
+                    "boolean": draw < 0.8,
+                    "double": draw * 100.0,
+                }.get(kind, F.floor(draw * F.lit(10 ** (1 + k % 7))))
+            columns.append(value.cast({"long": "bigint"}.get(kind, kind)).alias(name))
+        frame = ids.select(
+            F.lit("synthetic").alias("run_id"), F.lit(0).cast("bigint").alias("seed"), *columns
+        )
+        frame.write.partitionBy("assignor").parquet(str(out / "rebalances"))
+        manifest = {
+            "topology": "synthetic",
+            "rows": rows,
+            "assignors": names,
+            "scenarios": rows // 1100,
+        }
+        write_manifest(LocalFiles(), str(out), {**manifest, "run_id": "synthetic"})
+    finally:
+        session.stop()
+
+
+def _tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants now (Linux /proc)."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        pid = int(entry.name)
+        parents[pid] = int(fields.get("PPid", "0").strip() or 0)
+        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(rss.get(pid, 0) for pid in tree)
+
+
+def large_report(out: Path, rows: int) -> tuple[float, int, str]:
+    """Seconds, peak memory (bytes, process tree) and last output line of ``streamassign
+    report`` on a ``rows``-row synthetic run, in a fresh process with default settings."""
+    run = out / "large"
+    synthetic_run(run, rows)
+    installed = shutil.which("streamassign")
+    command = [installed] if installed else [sys.executable, "-c", _CLI]
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [*command, "report", str(run)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+    )
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, _tree_rss(proc.pid))
+        time.sleep(0.25)
+    seconds = time.perf_counter() - start
+    output = proc.stdout.read() if proc.stdout else ""
+    if proc.returncode != 0:
+        raise SystemExit(f"streamassign report failed ({proc.returncode}): {output}")
+    return seconds, peak, output.strip().splitlines()[0]
+
+
+def large_report_section(cfg_quick: bool, out: Path) -> Report:
+    rows = LARGE_ROWS_QUICK if cfg_quick else LARGE_ROWS
+    seconds, peak, first = large_report(out, rows)
+    console.print(
+        f"large report: {rows:,} rows in {seconds:.1f} s, peak {peak / 2**30:.2f} GiB: {first}"
+    )
+    report = Report(
+        "Large report",
+        ["rows", "percentiles", "time", "peak memory (process tree)"],
+        notes=(
+            "`streamassign report DIR` in a fresh process (session start included) on a "
+            "synthetic run: the row schema with values drawn by Spark, 11 assignors, 100 steps "
+            "per scenario; default driver memory (`local[*]`, no Spark settings). Peak memory is "
+            "the largest resident size of the command's process tree (Python and the JVM), "
+            f"sampled every 0.25 s. Past {sp.EXACT_PERCENTILE_ROWS:,} rows the percentiles are "
+            "approximate (`percentile_approx`)."
+        ),
+    )
+    exact = rows <= sp.EXACT_PERCENTILE_ROWS
+    report.add(
+        f"{rows:,}",
+        "exact" if exact else "approximate",
+        fmt_seconds(seconds),
+        f"{peak / 2**30:.2f} GiB",
+    )
+    return report
+
+
 def rate(rows: int, seconds: float) -> str:
     return f"{rows / seconds:,.0f}/s"
 
@@ -145,7 +289,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, a smoke check")
     parser.add_argument("--markdown", type=Path, help="write the results section into this file")
     parser.add_argument("--no-readme", action="store_true", help="skip part 3")
+    parser.add_argument("--large-report-only", action="store_true", help="run part 4 alone")
     args = parser.parse_args()
+    if args.large_report_only:
+        info = machine_info()
+        with tempfile.TemporaryDirectory(prefix="streamassign-bench-") as tmp:
+            large = large_report_section(args.quick, Path(tmp))
+        large.show()
+        if args.markdown:
+            write_large(args, info, large)
+        return
     cfg = QUICK if args.quick else FULL
     if args.no_readme:
         cfg = dataclasses.replace(cfg, readme=False)
@@ -214,7 +367,9 @@ def main() -> None:
             "✓" if seconds < 120 else "✗",
         )
         console.print(f"README command: {last}")
-    for report in (scaling, targets):
+    with tempfile.TemporaryDirectory(prefix="streamassign-bench-") as tmp:
+        large = large_report_section(args.quick, Path(tmp))
+    for report in (scaling, targets, large):
         report.show()
 
     if args.markdown:
@@ -228,7 +383,21 @@ def main() -> None:
         head += [f"- **{k}**: {v}" for k, v in info.items() if k not in ("date", "peers")]
         body = "\n".join(head) + "\n\n" + "\n".join(r.markdown() for r in (scaling, targets))
         write_section(args.markdown, SECTION, body)
+        write_large(args, info, large)
         console.print(f"wrote {args.markdown}")
+
+
+def write_large(args: argparse.Namespace, info: dict[str, str], large: Report) -> None:
+    """Part 4's section, apart from the others' so that either can be measured alone."""
+    head = [
+        "## Measured: large report",
+        "",
+        f"Generated by `python benchmarks/pipeline.py --large-report-only --markdown "
+        f"{args.markdown}`{' --quick' if args.quick else ''} on {info['date']}.",
+        "",
+    ]
+    head += [f"- **{k}**: {v}" for k, v in info.items() if k not in ("date", "peers")]
+    write_section(args.markdown, LARGE_SECTION, "\n".join(head) + "\n\n" + large.markdown())
 
 
 if __name__ == "__main__":

@@ -50,11 +50,18 @@ from _common import (
     timed,
     write_reports,
 )
-from _faust_peer import faust_assign, faust_input, to_ours
 from _kafka_streams_peer import JavaRun, kafka_streams_assign, prepare
 
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
+from streamassign.pipeline.peers import FaustDriver
 from streamassign.threads import distribute_to_threads
+
+try:
+    _FAUST = FaustDriver()
+except ImportError as exc:  # pragma: no cover - a setup problem, said plainly
+    raise SystemExit(f"{exc}: install the peers first: pip install -e '.[bench]'") from exc
+#: Faust driven as Faust drives it: all tasks one co-partitioned group (the package's driver).
+faust_input, faust_assign, to_ours = _FAUST.input_of, _FAUST.assign, FaustDriver.to_ours
 
 Assignment = dict[str, ClientAssignment]
 ThreadAssignment = dict[str, dict[str, ClientAssignment]]

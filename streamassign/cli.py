@@ -242,6 +242,15 @@ _master_option = click.option(
     help="Spark master (default: spark-submit's, else local[*]).",
 )
 
+_spark_tasks_option = click.option(
+    "--spark-tasks",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Spark tasks to split the work into (default: 4 x the default parallelism; at most "
+    "one per work item). For the report: partitions of the aggregation's shuffles.",
+)
+
 
 @click.group()
 @click.version_option(package_name="streamassign")
@@ -1017,6 +1026,7 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     help="Also write the HTML report (DIR/report) from the same Spark session.",
 )
 @_ship_code_option
+@_spark_tasks_option
 @_with_options(_model_options)
 def simulate(
     topology_file: Path,
@@ -1028,6 +1038,7 @@ def simulate(
     overwrite: bool,
     with_report: bool,
     ship_code: bool | None,
+    spark_tasks: int | None,
     model_file: Path | None,
     params: tuple[str, ...],
     steps: int | None,
@@ -1081,7 +1092,7 @@ def simulate(
     ):
         actual_master = session.sparkContext.master
         manifest = _manifest(topology_file, job, chosen.notes, actual_master)
-        rows, elapsed = _write_run(session, job, run_dir, manifest, run_id, overwrite)
+        rows, elapsed = _write_run(session, job, run_dir, manifest, run_id, overwrite, spark_tasks)
         click.echo(
             f"{rows:,} rebalances in {elapsed:.1f} s ({rows / elapsed:,.0f}/s, session start-up "
             f"excluded) on {actual_master}: run {run_id} in {run_dir}"
@@ -1089,7 +1100,7 @@ def simulate(
         page = None
         if with_report:
             with _one_line_failures("writing the report", f"run {run_id} is complete"):
-                page = _render(session, run_dir, None)
+                page = _render(session, run_dir, None, spark_tasks)
     if page is not None:
         click.echo(f"report: {page}")
         click.echo(f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md")
@@ -1104,6 +1115,7 @@ def _write_run(
     manifest: dict[str, Any],
     run_id: str,
     overwrite: bool,
+    spark_tasks: int | None = None,
 ) -> tuple[int, float]:
     """Simulate into a hidden sibling of ``run_dir``, then publish it there; on any failure
     (Ctrl-C included) the sibling is deleted and ``run_dir`` is untouched. Returns the rows
@@ -1125,7 +1137,7 @@ def _write_run(
             session,
             "simulating",
             stderr_console(),
-            lambda: sp.run_simulation(session, job, staging, manifest, run_id, made),
+            lambda: sp.run_simulation(session, job, staging, manifest, run_id, made, spark_tasks),
             detail=lambda: f"{made.value:,} rebalances",
         )
         publish(files, staging, run_dir, run_id)
@@ -1163,9 +1175,10 @@ def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) 
     }
 
 
-def _render(session: Any, run_dir: str, out: Path | None) -> Path:
+def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | None = None) -> Path:
     """Aggregate on Spark and write the report into a hidden sibling of ``out`` (default
-    ``run_dir/report``), moved into place when complete: a failure keeps the old report."""
+    ``run_dir/report``), moved into place when complete: a failure keeps the old report.
+    ``spark_tasks``: partitions of the aggregation's shuffles (default: the session's)."""
     from .pipeline import spark as sp
     from .pipeline.progress import plain_step, run_tracked, stderr_console
     from .pipeline.report import render_report
@@ -1184,6 +1197,8 @@ def _render(session: Any, run_dir: str, out: Path | None) -> Path:
             "folder as --out"
         )
     console = stderr_console()
+    if spark_tasks is not None:
+        session.conf.set("spark.sql.shuffle.partitions", str(spark_tasks))
     data = run_tracked(session, "aggregating", console, lambda: sp.aggregate(session, run_dir))
     files, report_id = LocalFiles(), new_run_id()
     staging = staging_path(str(out), report_id)
@@ -1201,7 +1216,8 @@ def _render(session: Any, run_dir: str, out: Path | None) -> Path:
 @click.argument("run_dir", metavar="DIR")
 @_out_dir_option("Where to write the report (default DIR/report).")
 @_master_option
-def report(run_dir: str, out: Path | None, master: str | None) -> None:
+@_spark_tasks_option
+def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int | None) -> None:
     """Aggregate a simulation run in DIR with Spark; write an HTML report and CSV summaries."""
     from .pipeline.runs import LocalFiles, check_run, files_for
 
@@ -1223,7 +1239,7 @@ def report(run_dir: str, out: Path | None, master: str | None) -> None:
                 check_run(files_for(run_dir, session), run_dir)
             except StreamAssignError as exc:
                 raise click.ClickException(str(exc)) from exc
-        page = _render(session, run_dir, out)
+        page = _render(session, run_dir, out, spark_tasks)
     click.echo(f"report: {page}")
     click.echo(f"next: open {page.as_uri()} in a browser")
 
@@ -1277,6 +1293,7 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 @_json_option("a table")
 @_with_options(_model_options)
 @_ship_code_option
+@_spark_tasks_option
 def plan_standbys(
     topology_file: Path,
     scenarios: int,
@@ -1296,6 +1313,7 @@ def plan_standbys(
     seed: int,
     master: str | None,
     ship_code: bool | None,
+    spark_tasks: int | None,
 ) -> None:
     """Recommend num_standby_replicas and warmups for TOPOLOGY_FILE under a failure model."""
     from .pipeline.standbys import AvailabilityModel, PlanJob, recommend, summarize
@@ -1331,7 +1349,7 @@ def plan_standbys(
             session,
             "evaluating standby candidates",
             stderr_console(),
-            lambda: sp.run_plan(session, job),
+            lambda: sp.run_plan(session, job, spark_tasks),
         )
     rows = summarize(totals, job.availability)
     best, why = recommend(rows, target)

@@ -46,6 +46,9 @@ class AssignmentMetrics:
     cold_takeovers: int
     #: Every client's actives of each subtopology are the floor or ceiling of its share of it.
     subtopology_balanced: bool
+    #: The largest spread, over subtopologies, of one subtopology's active tasks per thread
+    #: (max minus min over clients); 0.0 with a single subtopology balanced in total.
+    subtopology_imbalance: float = 0.0
 
     @property
     def standby_coverage(self) -> float:
@@ -56,6 +59,32 @@ class AssignmentMetrics:
     def excess_moves(self) -> int:
         """Moves above the lower bound (0 is optimal)."""
         return self.moves - self.move_lower_bound
+
+
+def share_balance(
+    total: int, counts: Sequence[int], capacities: Sequence[int]
+) -> tuple[bool, float]:
+    """Whether each client's ``counts`` (units of ``total`` it holds) is the floor or ceiling of
+    its capacity share of ``total``, and the spread of counts per capacity unit (max - min)."""
+    balanced = True
+    for (lo, hi), count in zip(share_bounds(total, capacities), counts, strict=True):
+        if not lo <= count <= hi:
+            balanced = False
+            break
+    if not counts:
+        return balanced, 0.0
+    per_unit = [count / cap for count, cap in zip(counts, capacities, strict=True)]
+    return balanced, max(per_unit) - min(per_unit)
+
+
+def quota_move_lower_bound(total: int, kept: Sequence[int], capacities: Sequence[int]) -> int:
+    """The least moves of any assignment of ``total`` units balanced in total, when client
+    ``c`` held ``kept[c]`` of them before: ``sum_c max(0, kept_c - q_c)`` with quotas whose
+    ceilings go to the largest ``kept_c - floor_c``. What ``move_lower_bound`` computes once
+    previous owners are resolved; the simulation pipeline also calls it for partitions."""
+    floors = [lo for lo, _ in share_bounds(total, capacities)]
+    quotas = apportion(total, capacities, priority=lambda i: (floors[i] - kept[i], i))
+    return sum(max(0, k - q) for k, q in zip(kept, quotas, strict=True))
 
 
 def move_lower_bound(tasks: Iterable[TaskId], clients: Iterable[ClientState]) -> int:
@@ -71,10 +100,7 @@ def move_lower_bound(tasks: Iterable[TaskId], clients: Iterable[ClientState]) ->
     for pid in owners.values():
         kept[pid] += 1
     counts = [kept[c.process_id] for c in client_list]
-    caps = [c.capacity for c in client_list]
-    floors = [lo for lo, _ in share_bounds(len(task_list), caps)]
-    quotas = apportion(len(task_list), caps, priority=lambda i: (floors[i] - counts[i], i))
-    return sum(max(0, k - q) for k, q in zip(counts, quotas, strict=True))
+    return quota_move_lower_bound(len(task_list), counts, [c.capacity for c in client_list])
 
 
 def subtopology_move_lower_bound(tasks: Iterable[TaskId], clients: Iterable[ClientState]) -> int:
@@ -182,26 +208,32 @@ def _with_subtopologies(
     assignment: Mapping[str, ClientAssignment],
     balance: Balance,
 ) -> AssignmentMetrics:
-    """``metrics`` with the per-subtopology balance and, for that balance, its move bound."""
-    counts: dict[int, int] = {}
+    """``metrics`` with the per-subtopology balance and spread and, for that balance, its move
+    bound."""
+    totals: dict[int, int] = {}
     for t in tasks:
-        counts[t.subtopology] = counts.get(t.subtopology, 0) + 1
-    subtopologies = sorted(counts)
-    caps = [c.capacity for c in clients]
-    columns = [share_bounds(counts[s], caps) for s in subtopologies]
+        totals[t.subtopology] = totals.get(t.subtopology, 0) + 1
+    held = {s: [0] * len(clients) for s in totals}
     known = frozenset(tasks)
-    balanced = True
     for ci, c in enumerate(clients):
-        mine: dict[int, int] = {}
-        for t in assignment.get(c.process_id, _EMPTY).active & known:
-            mine[t.subtopology] = mine.get(t.subtopology, 0) + 1
-        for s, column in zip(subtopologies, columns, strict=True):
-            lo, hi = column[ci]
-            balanced = balanced and lo <= mine.get(s, 0) <= hi
+        active = assignment.get(c.process_id, _EMPTY).active
+        for t in active if active <= known else active & known:
+            held[t.subtopology][ci] += 1
+    caps = [c.capacity for c in clients]
+    balanced, spread = True, 0.0
+    for s, total in totals.items():
+        ok, gap = share_balance(total, held[s], caps)
+        balanced = balanced and ok
+        spread = max(spread, gap)
     bound = metrics.move_lower_bound
-    if balance == "subtopology" and len(subtopologies) > 1:
+    if balance == "subtopology" and len(totals) > 1:
         bound = subtopology_move_lower_bound(tasks, clients)
-    return attrs.evolve(metrics, move_lower_bound=bound, subtopology_balanced=balanced)
+    return attrs.evolve(
+        metrics,
+        move_lower_bound=bound,
+        subtopology_balanced=balanced,
+        subtopology_imbalance=spread,
+    )
 
 
 def evaluate_per_task(
@@ -324,14 +356,12 @@ def _evaluate_sets(
         balanced = balanced and lo <= count <= hi
         per_thread.append(count / c.capacity)
         load.append(a.load / c.capacity)
-    floors = [lo for lo, _ in bounds]
-    quotas = apportion(n, caps, priority=lambda i: (floors[i] - counts[i], i))
     wanted = min(num_standby_replicas, max(0, len(clients) - 1))
     return AssignmentMetrics(
         tasks=n,
         clients=len(clients),
         moves=moves,
-        move_lower_bound=sum(max(0, k - q) for k, q in zip(counts, quotas, strict=True)),
+        move_lower_bound=quota_move_lower_bound(n, counts, caps),
         active_balanced=balanced,
         active_imbalance=(max(per_thread) - min(per_thread)) if per_thread else 0.0,
         load_imbalance=(max(load) - min(load)) if load else 0.0,

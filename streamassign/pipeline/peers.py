@@ -2,8 +2,8 @@
 
 Each adapter imports its framework when constructed (on an executor), keeps the per-member state
 the framework would keep between rebalances, and returns our value types so that the simulation
-scores every assignor the same way. The benchmarks' drivers (``benchmarks/_faust_peer.py``,
-``benchmarks/_consumer_peers.py``) follow the same rules; these are the reusable versions.
+scores every assignor the same way. The benchmarks drive Faust through :class:`FaustDriver`
+and aiokafka through the helpers here too: one driver per peer.
 
 Faust (``faust.assignor.PartitionAssignor._perform_assignment``): topics with equal partition
 counts and the same subscribers form one co-partitioned group, assigned by one
@@ -31,7 +31,18 @@ from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from .scenarios import Layout
 
-__all__ = ["AiokafkaPeer", "FaustPeer", "by_topic", "faust_groups", "fresh_class"]
+__all__ = [
+    "SOURCE_TOPIC",
+    "AiokafkaPeer",
+    "FaustDriver",
+    "FaustPeer",
+    "aiokafka_cluster",
+    "aiokafka_member",
+    "by_topic",
+    "faust_groups",
+    "fresh_class",
+    "wire",
+]
 
 
 def faust_groups(layout: Layout) -> list[tuple[int, tuple[int, ...]]]:
@@ -43,15 +54,74 @@ def faust_groups(layout: Layout) -> list[tuple[int, tuple[int, ...]]]:
     return [(n, tuple(subs)) for n, subs in sorted(groups.items())]
 
 
+#: The one topic of the single group that :meth:`FaustDriver.input_of` builds.
+SOURCE_TOPIC = "source"
+
+
+class FaustDriver:
+    """faust-streaming's ``CopartitionedAssignor``, run on one co-partitioned group as Faust's
+    ``PartitionAssignor._perform_assignment`` runs it; the benchmarks and :class:`FaustPeer`
+    both drive Faust through it. Faust is imported on construction."""
+
+    def __init__(self) -> None:
+        from faust.assignor.client_assignment import ClientAssignment as FaustClientAssignment
+        from faust.assignor.copartitioned_assignor import CopartitionedAssignor
+
+        self._client_assignment: Any = FaustClientAssignment
+        self._assignor_type: Any = CopartitionedAssignor
+
+    def decoded(self, actives: Iterable[int], standbys: Iterable[int], topic: str) -> Any:
+        """A worker's previous assignment of one group (partitions of ``topic``), as Faust
+        decodes it from the worker's metadata (``copartitioned_assignment``)."""
+        return self._client_assignment(
+            actives={topic: sorted(actives)}, standbys={topic: sorted(standbys)}
+        ).copartitioned_assignment({topic})
+
+    def assign(
+        self,
+        inputs: dict[str, Any],
+        num_partitions: int,
+        replicas: int,
+        topic: str = SOURCE_TOPIC,
+    ) -> Mapping[str, Any]:
+        """One run of Faust's assignor over one group (mutates and returns ``inputs``)."""
+        result: Mapping[str, Any] = self._assignor_type(
+            topics={topic}, cluster_asgn=inputs, num_partitions=num_partitions, replicas=replicas
+        ).get_assignment()
+        return result
+
+    def input_of(self, tasks: Sequence[TaskId], clients: Sequence[ClientState]) -> dict[str, Any]:
+        """Every worker's history when all ``tasks`` (sorted: task ``tasks[p]`` is partition
+        ``p``) form one group and each worker ran what its ``ClientState`` says."""
+        partition = {t: p for p, t in enumerate(tasks)}
+
+        def partitions(held: frozenset[TaskId]) -> list[int]:
+            return [partition[t] for t in held if t in partition]
+
+        return {
+            c.process_id: self.decoded(
+                partitions(c.prev_active), partitions(c.prev_standby), SOURCE_TOPIC
+            )
+            for c in clients
+        }
+
+    @staticmethod
+    def to_ours(tasks: Sequence[TaskId], result: Mapping[str, Any]) -> dict[str, ClientAssignment]:
+        """A one-group result of :meth:`input_of`'s tasks as our ``ClientAssignment``s."""
+        return {
+            pid: ClientAssignment(
+                active=frozenset(tasks[p] for p in got.actives),
+                standby=frozenset(tasks[p] for p in got.standbys),
+            )
+            for pid, got in result.items()
+        }
+
+
 class FaustPeer:
     """faust-streaming's ``CopartitionedAssignor`` with Faust's per-worker history."""
 
     def __init__(self) -> None:
-        from faust.assignor.client_assignment import CopartitionedAssignment
-        from faust.assignor.copartitioned_assignor import CopartitionedAssignor
-
-        self._assignment_type: Any = CopartitionedAssignment
-        self._assignor_type: Any = CopartitionedAssignor
+        self.faust = FaustDriver()
         #: worker -> subtopology -> (active partitions, standby partitions) it last received
         self.history: dict[str, dict[int, tuple[frozenset[int], frozenset[int]]]] = {}
 
@@ -81,15 +151,11 @@ class FaustPeer:
             inputs = {}
             for pid in pids:
                 held = history[pid]
-                act = next((set(held[s][0]) for s in subs if s in held and held[s][0]), set())
-                stb = next((set(held[s][1]) for s in subs if s in held and held[s][1]), set())
-                one = self._assignment_type(actives=act, standbys=stb, topics={topic})
-                one.validate()
-                inputs[pid] = one
+                act = next((held[s][0] for s in subs if s in held and held[s][0]), ())
+                stb = next((held[s][1] for s in subs if s in held and held[s][1]), ())
+                inputs[pid] = self.faust.decoded(act, stb, topic)
             start = time.perf_counter()
-            got = self._assignor_type(
-                topics={topic}, cluster_asgn=inputs, num_partitions=n, replicas=replicas
-            ).get_assignment()
+            got = self.faust.assign(inputs, n, replicas, topic)
             elapsed += time.perf_counter() - start
             for pid, one in got.items():
                 act_p = frozenset(one.actives)
@@ -121,19 +187,49 @@ def fresh_class(base: type[Any]) -> type[Any]:
     return type(f"Fresh{base.__name__}", (base,), {})
 
 
+def aiokafka_cluster(partitions_per_topic: Mapping[str, int]) -> Any:
+    """aiokafka's own ``ClusterMetadata`` knowing these topics (as after a metadata update).
+
+    The assignors only read partition ids (``partitions_for_topic``, ``topics()``), so the
+    per-partition metadata (leader, replicas) is left out.
+    """
+    from aiokafka.cluster import ClusterMetadata
+
+    meta = ClusterMetadata()
+    meta._partitions = {t: dict.fromkeys(range(n)) for t, n in partitions_per_topic.items()}
+    return meta
+
+
+def wire(meta: Any) -> Any:
+    """What a group leader reads of a member's JoinGroup metadata: encoded, then decoded."""
+    from aiokafka.coordinator.protocol import ConsumerProtocol
+
+    return ConsumerProtocol.METADATA.decode(meta.encode())
+
+
+def aiokafka_member(
+    base: type[Any], topics: Iterable[str], held: Sequence[tuple[str, int]] | None
+) -> Any:
+    """One member's JoinGroup metadata, as the leader decodes it, from a fresh subclass of
+    aiokafka's ``base`` assignor after it received ``held`` last round (None: a new or
+    restarted member, no history). Topics are subscribed sorted: identical subscriptions are
+    then identical lists, which aiokafka's sticky needs to recognise them."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+    assignor = fresh_class(base)
+    if held is not None:
+        assignor.on_assignment(ConsumerProtocolMemberAssignment(0, by_topic(held), b""))
+    return wire(assignor.metadata(sorted(topics)))
+
+
 class AiokafkaPeer:
     """One of aiokafka's built-in assignors, as aiokafka's group coordinator drives it."""
 
     def __init__(self, kind: str) -> None:
-        from aiokafka.cluster import ClusterMetadata
         from aiokafka.coordinator.assignors.range import RangePartitionAssignor
         from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
         from aiokafka.coordinator.assignors.sticky.sticky_assignor import (
             StickyPartitionAssignor,
-        )
-        from aiokafka.coordinator.protocol import (
-            ConsumerProtocol,
-            ConsumerProtocolMemberAssignment,
         )
 
         bases: dict[str, Any] = {
@@ -142,22 +238,14 @@ class AiokafkaPeer:
             "sticky": StickyPartitionAssignor,
         }
         self._base: Any = bases[kind]
-        self._cluster_type: Any = ClusterMetadata
-        self._protocol: Any = ConsumerProtocol
-        self._member_assignment: Any = ConsumerProtocolMemberAssignment
         self._cluster: Any = None
         self._cluster_key: tuple[tuple[str, int], ...] = ()
 
     def cluster(self, partitions_per_topic: Mapping[str, int]) -> Any:
-        """aiokafka's ``ClusterMetadata`` knowing these topics (cached while they are the same).
-
-        The assignors only read partition ids, so per-partition metadata is left out.
-        """
+        """:func:`aiokafka_cluster` of these topics, cached while they are the same."""
         key = tuple(sorted(partitions_per_topic.items()))
         if key != self._cluster_key:
-            meta = self._cluster_type()
-            meta._partitions = {t: dict.fromkeys(range(n)) for t, n in key}
-            self._cluster, self._cluster_key = meta, key
+            self._cluster, self._cluster_key = aiokafka_cluster(dict(key)), key
         return self._cluster
 
     def assign(
@@ -173,14 +261,9 @@ class AiokafkaPeer:
         leader reads it.
         """
         cluster = self.cluster(partitions_per_topic)
-        members = {}
-        subscribed = sorted(topics)
-        for member, held in owned.items():
-            assignor = fresh_class(self._base)
-            if held is not None:
-                assignor.on_assignment(self._member_assignment(0, by_topic(held), b""))
-            meta = assignor.metadata(subscribed)
-            members[member] = self._protocol.METADATA.decode(meta.encode())
+        members = {
+            member: aiokafka_member(self._base, topics, held) for member, held in owned.items()
+        }
         leader = fresh_class(self._base)
         start = time.perf_counter()
         result = leader.assign(cluster, members)

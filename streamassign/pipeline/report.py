@@ -152,6 +152,9 @@ class Outcome:
     moves_mean: float
     bound_mean: float
     balanced_share: float
+    #: share of rebalances balanced per subtopology, and the worst per-subtopology spread
+    subtopology_balanced_share: float
+    subtopology_imbalance_max: float
     split_mean: float
     split_share: float | None
     unassigned: int
@@ -212,6 +215,8 @@ def outcomes(data: Mapping[str, Any]) -> list[Outcome]:
                 moves_mean=float(row["moves_mean"] or 0.0),
                 bound_mean=float(row["bound_total"] or 0) / n if n else 0.0,
                 balanced_share=float(row["balanced_share"] or 0.0),
+                subtopology_balanced_share=float(row.get("subtopology_balanced_share") or 0.0),
+                subtopology_imbalance_max=float(row.get("subtopology_imbalance_max") or 0.0),
                 split_mean=float(row["split_tasks_mean"] or 0.0),
                 split_share=more.get("split_share"),
                 unassigned=int(row["unassigned_total"] or 0),
@@ -291,16 +296,29 @@ def _runner_up_reason(best: Outcome, second: Outcome | None) -> str:
     return f"{second.name} restores as little; {best.name} {edge}."
 
 
+def _subtopology_balance(o: Outcome) -> str:
+    """How evenly ``o`` spreads each subtopology (joins and stores live per subtopology)."""
+    return (
+        f"per subtopology after {_share(o.subtopology_balanced_share)} (at worst "
+        f"{o.subtopology_imbalance_max:g} more {o.unit} of one subtopology per thread on one "
+        "owner than on another)"
+    )
+
+
 def _balance_reason(best: Outcome) -> str:
     if not best.warmups:
-        return f"Its actives are balanced after {_share(best.balanced_share)} of rebalances."
+        return (
+            f"Its actives are balanced in total after {_share(best.balanced_share)} of "
+            f"rebalances, and {_subtopology_balance(best)}."
+        )
     return (
         f"The price: it balances later. It keeps tasks on caught-up state and warms up their "
         f"new owners first ({best.warmups:,} warmups and {best.probing_rebalances or 0:,} "
         f"probing rebalances in all). Actives were balanced right after "
         f"{_share(best.balanced_share)} of the events and {_duration(best.balanced_after_s)} "
         f"after the event on average; {best.never_balanced or 0} of {best.rebalances} "
-        "rebalances were still unbalanced when the next event came."
+        "rebalances were still unbalanced when the next event came. Right after the event, "
+        f"actives were balanced {_subtopology_balance(best)}."
     )
 
 
@@ -665,6 +683,21 @@ _DETAIL: Final = (
         "{:.0%}",
     ),
     (
+        "subtopology_balanced_share",
+        "balanced per subtopology",
+        "share of rebalances after which every owner held the floor or ceiling of its capacity "
+        "share of each subtopology's active units (consumer level: partitions of the "
+        "subtopology's topics)",
+        "{:.0%}",
+    ),
+    (
+        "subtopology_imbalance_max",
+        "worst subtopology spread",
+        "largest spread of one subtopology's active units per thread (most minus fewest) after "
+        "any rebalance",
+        "{:g}",
+    ),
+    (
         "optimal_moves_share",
         "moves = bound",
         "share of rebalances moving exactly the least a balanced assignment needs",
@@ -743,7 +776,11 @@ _ANSWER_COLUMNS: Final = (
     ("slowest task back", "p99 time until the last restoring task of a rebalance runs again"),
     ("moves", "units taken from an owner still in the group per rebalance; and the lower bound"),
     ("split joins", "joined tasks whose partitions went to different consumers, per rebalance"),
-    ("balanced", "share of rebalances after which actives are balanced"),
+    (
+        "balanced",
+        "share of rebalances after which actives are balanced in total; below it, per "
+        "subtopology (each subtopology's units spread evenly too)",
+    ),
     ("warmups, probing", "warmup replicas placed, and probing rebalances run (task:ha)"),
     ("time to balance", "mean time from the event until actives are balanced"),
     ("unbalanced at next event", "rebalances not yet balanced when the next event came"),
@@ -775,7 +812,10 @@ def _answer_rows(rec: Recommendation) -> list[tuple[str, list[Cell]]]:
                     Cell(_duration(o.longest_s)),
                     Cell(f"{o.moves_mean:.1f} {o.unit}", sub=f"bound {o.bound_mean:.1f}"),
                     Cell(f"{o.split_mean:.1f}"),
-                    Cell(_share(o.balanced_share)),
+                    Cell(
+                        _share(o.balanced_share),
+                        sub=f"per subtopology {_share(o.subtopology_balanced_share)}",
+                    ),
                     Cell(f"{o.warmups or 0:,}, {o.probing_rebalances or 0:,}" if task else "—"),
                     Cell(_balance_time(o) if task else "—"),
                     Cell(
@@ -880,6 +920,11 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
             for err in data.get("errors", [])
         ),
     ]
+    if data.get("exact_percentiles") is False:
+        notes.append(
+            "Percentiles (p50, p90, p99) are approximate: this run has more rows than the "
+            "report computes exact ones for (percentile_approx, relative error 1/10,000)."
+        )
     rate = _restore_rate(manifest)
     found = outcomes(data)
     rec = recommend(found, rate)

@@ -26,8 +26,7 @@ import attrs
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
-from ..metrics import evaluate
-from ..shares import apportion, share_bounds
+from ..metrics import AssignmentMetrics, evaluate, quota_move_lower_bound, share_balance
 from ..sticky import StickyTaskAssignor
 from .assignors import spec
 from .scenarios import (
@@ -130,6 +129,18 @@ COLUMNS: Final[tuple[tuple[str, str, bool, str], ...]] = (
     ("active_balanced", "boolean", False, "every owner within floor/ceiling of its share"),
     ("active_imbalance", "double", False, "max - min active units per thread"),
     ("load_imbalance", "double", False, "max - min active+standby units per thread"),
+    (
+        "subtopology_balanced",
+        "boolean",
+        False,
+        "every owner within floor/ceiling of its share of each subtopology's units",
+    ),
+    (
+        "subtopology_imbalance",
+        "double",
+        False,
+        "largest max - min active units per thread of one subtopology",
+    ),
     ("standbys_required", "int", True, "min(standbys, clients - 1) x stateful tasks"),
     ("standbys_placed", "int", True, "standbys of stateful tasks placed"),
     ("standby_coverage", "double", True, "placed / required (1.0 when none required)"),
@@ -182,6 +193,8 @@ class RebalanceRow:
     active_balanced: bool
     active_imbalance: float
     load_imbalance: float
+    subtopology_balanced: bool
+    subtopology_imbalance: float
     standbys_required: int | None
     standbys_placed: int | None
     standby_coverage: float | None
@@ -189,13 +202,13 @@ class RebalanceRow:
     standbys_dropped: int | None
     warm_takeovers: int
     cold_takeovers: int
-    unassigned: int
-    split_tasks: int
-    records_to_restore: int
-    restoring_tasks: int
-    max_task_restore: int
-    standby_restore_records: int | None
-    assign_ms: float
+    unassigned: int = 0
+    split_tasks: int = 0
+    records_to_restore: int = 0
+    restoring_tasks: int = 0
+    max_task_restore: int = 0
+    standby_restore_records: int | None = None
+    assign_ms: float = 0.0
     error: str | None = None
     warmups: int | None = None
     probing_rebalances: int | None = None
@@ -338,33 +351,69 @@ class _Restores:
         }
 
 
+#: The scores of a rebalance whose assignor failed: nothing moved, nothing balanced.
+_FAILED: Final = AssignmentMetrics(
+    tasks=0,
+    clients=0,
+    moves=0,
+    move_lower_bound=0,
+    active_balanced=False,
+    active_imbalance=0.0,
+    load_imbalance=0.0,
+    standbys_required=0,
+    standbys_placed=0,
+    standbys_kept=0,
+    standbys_dropped=0,
+    warm_takeovers=0,
+    cold_takeovers=0,
+    subtopology_balanced=False,
+)
+
+
+def _row(
+    base: dict[str, Any],
+    scores: AssignmentMetrics | None,
+    standby_replicas: int | None,
+    restores: _Restores,
+    **rest: Any,
+) -> RebalanceRow:
+    """The one way a row is built: the rebalance (``base``), the assignor's scores
+    (``streamassign.metrics``; None when it failed), its standby setting (None at consumer
+    level: no standby columns), what its takeovers restore, and the remaining columns."""
+    m = _FAILED if scores is None else scores
+    standbys = standby_replicas is not None and scores is not None
+    return RebalanceRow(
+        **base,
+        standby_replicas=standby_replicas,
+        moves=m.moves,
+        move_lower_bound=m.move_lower_bound,
+        active_balanced=m.active_balanced,
+        active_imbalance=m.active_imbalance,
+        load_imbalance=m.load_imbalance,
+        subtopology_balanced=m.subtopology_balanced,
+        subtopology_imbalance=m.subtopology_imbalance,
+        standbys_required=m.standbys_required if standbys else None,
+        standbys_placed=m.standbys_placed if standbys else None,
+        standby_coverage=m.standby_coverage if standbys else None,
+        standbys_kept=m.standbys_kept if standbys else None,
+        standbys_dropped=m.standbys_dropped if standbys else None,
+        warm_takeovers=m.warm_takeovers,
+        cold_takeovers=m.cold_takeovers,
+        **restores.columns(),
+        **rest,
+    )
+
+
 def _error_row(
     base: dict[str, Any], exc: BaseException, standby_replicas: int | None
 ) -> RebalanceRow:
     """A row saying the assignor failed at this step; the trace stops there for it."""
-    task_level = base["level"] == "task"
-    return RebalanceRow(
-        **base,
-        standby_replicas=standby_replicas,
-        moves=0,
-        move_lower_bound=0,
-        active_balanced=False,
-        active_imbalance=0.0,
-        load_imbalance=0.0,
-        standbys_required=None,
-        standbys_placed=None,
-        standby_coverage=None,
-        standbys_kept=None,
-        standbys_dropped=None,
-        warm_takeovers=0,
-        cold_takeovers=0,
-        unassigned=0,
-        split_tasks=0,
-        records_to_restore=0,
-        restoring_tasks=0,
-        max_task_restore=0,
-        standby_restore_records=0 if task_level else None,
-        assign_ms=0.0,
+    return _row(
+        base,
+        None,
+        standby_replicas,
+        _Restores(),
+        standby_restore_records=None if standby_replicas is None else 0,
         error=f"{type(exc).__name__}: {exc}"[:500],
     )
 
@@ -558,24 +607,12 @@ class _TaskRunner:
             for pid, a in result.items()
         }
         self._track(clients, stateful)
-        return RebalanceRow(
-            **base,
-            standby_replicas=self.replicas,
-            moves=metrics.moves,
-            move_lower_bound=metrics.move_lower_bound,
-            active_balanced=metrics.active_balanced,
-            active_imbalance=metrics.active_imbalance,
-            load_imbalance=metrics.load_imbalance,
-            standbys_required=metrics.standbys_required,
-            standbys_placed=metrics.standbys_placed,
-            standby_coverage=metrics.standby_coverage,
-            standbys_kept=metrics.standbys_kept,
-            standbys_dropped=metrics.standbys_dropped,
-            warm_takeovers=metrics.warm_takeovers,
-            cold_takeovers=metrics.cold_takeovers,
+        return _row(
+            base,
+            metrics,
+            self.replicas,
+            restores,
             unassigned=len(tasks) - len(frozenset().union(*(a.active for a in result.values()))),
-            split_tasks=0,
-            **restores.columns(),
             standby_restore_records=standby_records,
             assign_ms=seconds * 1e3,
             warmups=sum(len(a.warmup) for a in result.values()),
@@ -713,6 +750,8 @@ class _ConsumerLayout:
     partitions_per_topic: dict[str, int]
     topics: tuple[str, ...]
     task_of: dict[TopicPartition, TaskId]
+    #: subtopology -> its partitions (of every topic it reads)
+    partitions_of: dict[int, int]
     #: the partition that decides where a stateful task's state lives: its first topic's
     anchor: dict[TopicPartition, TaskId]
 
@@ -730,7 +769,10 @@ class _ConsumerLayout:
                     anchor[tp] = t
                     anchored.add(t)
         counts = {t: n for t, _, n in layout.topics}
-        return cls(counts, tuple(counts), task_of, anchor)
+        per_sub: dict[int, int] = {}
+        for _, sub, n in layout.topics:
+            per_sub[sub] = per_sub.get(sub, 0) + n
+        return cls(counts, tuple(counts), task_of, per_sub, anchor)
 
 
 def _member_ids(pid: str, threads: int) -> list[str]:
@@ -805,9 +847,11 @@ class _ConsumerRunner:
         total = layout.partitions
         counts: list[int] = []
         now_counts: list[int] = []
+        #: subtopology -> partitions of it each member (in ``members`` order) got
+        per_sub = {sub: [0] * len(members) for sub in cl.partitions_of}
         moves = 0
         assigned: dict[TopicPartition, str] = {}
-        for mid in members:
+        for k, mid in enumerate(members):
             got = result.get(mid, [])
             held = history[mid] or ()
             counts.append(len(held))
@@ -816,9 +860,9 @@ class _ConsumerRunner:
                 moves += len(held) - len(set(held).intersection(got))
             for tp in got:
                 assigned.setdefault(tp, mid)
-        bounds = share_bounds(total, [1] * len(members))
-        floors = [lo for lo, _ in bounds]
-        quotas = apportion(total, [1] * len(members), priority=lambda i: (floors[i] - counts[i], i))
+                t = cl.task_of.get(tp)
+                if t is not None:
+                    per_sub[t.subtopology][k] += 1
         first_member: dict[TaskId, str] = {}
         split: set[TaskId] = set()
         for tp, mid in assigned.items():
@@ -858,27 +902,36 @@ class _ConsumerRunner:
             mid: (old if (old := self.owned.get(mid)) is not None and old == got else got)
             for mid, got in result.items()
         }
-        return RebalanceRow(
-            **base,
-            standby_replicas=None,
+        ones = [1] * len(members)
+        balanced, spread = share_balance(total, now_counts, ones)
+        sub_balanced, sub_spread = True, 0.0
+        for sub, n in cl.partitions_of.items():
+            ok, gap = share_balance(n, per_sub[sub], ones)
+            sub_balanced, sub_spread = sub_balanced and ok, max(sub_spread, gap)
+        scores = AssignmentMetrics(
+            tasks=total,
+            clients=len(members),
             moves=moves,
-            move_lower_bound=sum(max(0, k - q) for k, q in zip(counts, quotas, strict=True)),
-            active_balanced=all(
-                lo <= c <= hi for (lo, hi), c in zip(bounds, now_counts, strict=True)
-            ),
-            active_imbalance=float(max(now_counts) - min(now_counts)) if now_counts else 0.0,
-            load_imbalance=float(max(now_counts) - min(now_counts)) if now_counts else 0.0,
-            standbys_required=None,
-            standbys_placed=None,
-            standby_coverage=None,
-            standbys_kept=None,
-            standbys_dropped=None,
+            move_lower_bound=quota_move_lower_bound(total, counts, ones),
+            active_balanced=balanced,
+            active_imbalance=spread,
+            load_imbalance=spread,  # no standbys at this level
+            standbys_required=0,
+            standbys_placed=0,
+            standbys_kept=0,
+            standbys_dropped=0,
             warm_takeovers=warm,
             cold_takeovers=cold,
+            subtopology_balanced=sub_balanced,
+            subtopology_imbalance=sub_spread,
+        )
+        return _row(
+            base,
+            scores,
+            None,
+            restores,
             unassigned=total - len(assigned),
             split_tasks=len(split),
-            **restores.columns(),
-            standby_restore_records=None,
             assign_ms=seconds * 1e3,
         )
 

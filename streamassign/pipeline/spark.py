@@ -177,10 +177,11 @@ def _simulate_partition(
             yield row.values()
 
 
-def _slices(spark: Any, items: int) -> int:
-    """Partitions for ``items`` work items: several per core, so slow traces even out."""
-    cores = int(spark.sparkContext.defaultParallelism)
-    return max(1, min(items, cores * 4))
+def _slices(spark: Any, items: int, spark_tasks: int | None = None) -> int:
+    """Spark tasks (partitions) for ``items`` work items: ``spark_tasks`` if given, else several
+    per core so that slow traces even out; never more than the items."""
+    wanted = spark_tasks or int(spark.sparkContext.defaultParallelism) * 4
+    return max(1, min(items, wanted))
 
 
 def run_simulation(
@@ -190,17 +191,20 @@ def run_simulation(
     manifest: dict[str, Any],
     run_id: str = "run",
     counter: Any = None,
+    spark_tasks: int | None = None,
 ) -> int:
     """Simulate every scenario of ``job`` on the executors; write ``out/rebalances`` (Parquet,
     partitioned by assignor, with ``run_id`` and ``seed`` columns) and then, last,
     ``out/manifest`` (one JSON line). ``out`` must not hold rows yet: callers write into a
     fresh folder and publish it (``runs.publish``). ``counter``: a fresh int accumulator to
-    count rows in (progress can read it as tasks finish). Returns the number of rows written."""
+    count rows in (progress can read it as tasks finish). ``spark_tasks``: how many Spark tasks
+    share the scenarios (default 4 x the default parallelism). Returns the rows written."""
     from pyspark.sql import functions as F
 
     sc = spark.sparkContext
     counter = sc.accumulator(0) if counter is None else counter
-    rdd = sc.parallelize(range(job.scenarios), _slices(spark, job.scenarios)).mapPartitions(
+    slices = _slices(spark, job.scenarios, spark_tasks)
+    rdd = sc.parallelize(range(job.scenarios), slices).mapPartitions(
         partial(_simulate_partition, job, counter)
     )
     frame = spark.createDataFrame(rdd, schema=row_schema(), verifySchema=False).select(
@@ -240,6 +244,7 @@ SUMMARY_METRICS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("excess_moves", ("mean", "p99", "max")),
     ("active_imbalance", ("mean", "p90", "max")),
     ("load_imbalance", ("mean", "p90", "max")),
+    ("subtopology_imbalance", ("mean", "max")),
     ("standby_coverage", ("mean", "min")),
     ("records_to_restore", ("mean", "p50", "p90", "p99", "max")),
     ("max_task_restore", ("p50", "p99", "max")),
@@ -247,6 +252,11 @@ SUMMARY_METRICS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("assign_ms", ("mean", "p50", "p99", "max")),
 )
 
+
+#: Runs of more rows than this get approximate percentiles (``percentile_approx``, relative
+#: error 1/10,000 of the value range): the exact ones keep every distinct value of a group in
+#: memory, which a 10M-row run cannot afford on the default driver memory (docs/pipeline.md).
+EXACT_PERCENTILE_ROWS: Final = 1_000_000
 
 #: Summed columns of the CSV summaries: (column, name in the summary).
 _TOTALS: Final = (
@@ -276,9 +286,12 @@ def _collect(frame: Any) -> list[dict[str, Any]]:
     return [r.asDict() for r in frame.collect()]
 
 
-def _summary_columns(frame: Any, keys: Sequence[str]) -> Any:
-    """Per group of ``keys``: counts, rates, sums and the quantiles of :data:`SUMMARY_METRICS`."""
+def _summary_columns(frame: Any, keys: Sequence[str], exact: bool = True) -> Any:
+    """Per group of ``keys``: counts, rates, sums and the quantiles of :data:`SUMMARY_METRICS`
+    (exact, or ``percentile_approx`` when not ``exact``)."""
     from pyspark.sql import functions as F
+
+    percentile = F.percentile if exact else F.percentile_approx
 
     ok = frame.where(F.col("error").isNull()).withColumn(
         "excess_moves", F.col("moves") - F.col("move_lower_bound")
@@ -286,6 +299,7 @@ def _summary_columns(frame: Any, keys: Sequence[str]) -> Any:
     fixed = {
         "rebalances": F.count(F.lit(1)),
         "balanced_share": F.avg(F.col("active_balanced").cast("double")),
+        "subtopology_balanced_share": F.avg(F.col("subtopology_balanced").cast("double")),
         "optimal_moves_share": F.avg((F.col("moves") == F.col("move_lower_bound")).cast("double")),
         **{name: F.sum(column) for column, name in _TOTALS},
     }
@@ -294,7 +308,7 @@ def _summary_columns(frame: Any, keys: Sequence[str]) -> Any:
         quantiles = [s for s in stats if s.startswith("p")]
         if quantiles:
             levels = [int(s[1:]) / 100 for s in quantiles]
-            aggs.append(F.percentile(F.col(column).cast("double"), levels).alias(f"{column}__q"))
+            aggs.append(percentile(F.col(column).cast("double"), levels).alias(f"{column}__q"))
         for s in stats:
             if s == "mean":
                 aggs.append(_mean(column))
@@ -344,14 +358,22 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
     to balance — ``never_balanced`` counts rebalances not balanced before the next event —, the
     share of rebalances splitting a joined task, standby copies), ``errors`` (per assignor:
     count and first message),
-    ``manifest``, ``columns`` (CSV column order of the summaries).
+    ``manifest``, ``columns`` (CSV column order of the summaries), ``exact_percentiles``
+    (False past :data:`EXACT_PERCENTILE_ROWS` rows: approximate ones).
     """
     from pyspark.sql import functions as F
 
-    frame = spark.read.parquet(_join(run_dir, REBALANCES)).cache()
-    by_event = _summary_columns(frame, ["level", "assignor", "event"])
+    manifest = read_manifest(spark, run_dir)
+    frame = spark.read.parquet(_join(run_dir, REBALANCES))
+    rows = manifest.get("rows")
+    if not isinstance(rows, int):
+        rows = frame.count()
+    exact = rows <= EXACT_PERCENTILE_ROWS
+    # Caching pays for small runs (several passes, memory to spare); a large one is re-read.
+    frame = frame.cache() if exact else frame
+    by_event = _summary_columns(frame, ["level", "assignor", "event"], exact)
     churn = frame.where(F.col("event") != "initial")
-    by_assignor = _summary_columns(churn, ["level", "assignor"])
+    by_assignor = _summary_columns(churn, ["level", "assignor"], exact)
     by_step = (
         frame.where(F.col("error").isNull())
         .groupBy("level", "assignor", "step")
@@ -384,8 +406,9 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
         **{name: _collect(summary) for name, summary in summaries.items()},
         "outcomes": _collect(_outcomes(churn)),
         "errors": _collect(errors),
-        "manifest": read_manifest(spark, run_dir),
+        "manifest": manifest,
         "columns": {name: summary.columns for name, summary in summaries.items()},
+        "exact_percentiles": exact,
     }
     frame.unpersist()
     return out
@@ -400,18 +423,18 @@ def _plan_partition(job: PlanJob, items: Iterator[tuple[int, int]]) -> Iterator[
         yield from evaluate_candidates(job, scenario, standbys)
 
 
-def run_plan(spark: Any, job: PlanJob) -> list[dict[str, Any]]:
+def run_plan(spark: Any, job: PlanJob, spark_tasks: int | None = None) -> list[dict[str, Any]]:
     """Run every (scenario, standby candidate) on the executors and aggregate per candidate.
 
     Returns one dict per (standbys, warmups) candidate with the expected availability, outage
     quantiles and load (see ``standbys.summarize`` for the formulas), sorted by candidate.
+    ``spark_tasks`` as in :func:`run_simulation`.
     """
     from pyspark.sql import functions as F
 
     items = [(s, r) for s in range(job.scenarios) for r in job.standby_candidates]
-    rdd = spark.sparkContext.parallelize(items, _slices(spark, len(items))).mapPartitions(
-        partial(_plan_partition, job)
-    )
+    slices = _slices(spark, len(items), spark_tasks)
+    rdd = spark.sparkContext.parallelize(items, slices).mapPartitions(partial(_plan_partition, job))
     frame = spark.createDataFrame(rdd, schema=_schema(PLAN_COLUMNS), verifySchema=False)
     grouped = frame.groupBy("standbys", "warmups").agg(
         F.count(F.lit(1)).alias("traces"),

@@ -98,7 +98,12 @@ def keep_gains(
 def fewest_moves(counts: Sequence[int], caps: Sequence[int], kept: Sequence[Sequence[int]]) -> int:
     """``sum kept - max over admissible q of sum min(kept, q)``: the moves any assignment
     balanced per subtopology and in total needs (``kept[c][s] <= counts[s]`` summed over c)."""
-    quotas = best_quotas(counts, caps, keep_gains(counts, caps, kept))
+    gains = keep_gains(counts, caps, kept)
+    if not any(map(any, gains)):
+        # Every client kept at most its floor of every subtopology (a crash, a scale-in): any
+        # admissible matrix lets all of them stay, no flow needed.
+        return 0
+    quotas = best_quotas(counts, caps, gains)
     return sum(
         max(0, k - q)
         for row, quota_row in zip(kept, quotas, strict=True)

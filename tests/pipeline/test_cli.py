@@ -41,8 +41,14 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
         "--out",
         str(run),
         "--report",
+        "--spark-tasks",
+        "2",
     )
     assert code == 0, out
+    # --spark-tasks: 2 tasks share the 3 scenarios, each writing one file per assignor.
+    for folder in (run / "rebalances").iterdir():
+        if folder.is_dir():
+            assert len(list(folder.glob("part-*.parquet"))) == 2, folder
     assert "simulating 3 scenarios of orders-enricher x 2 assignors" in out
     assert f"report: {run / 'report' / 'report.html'}" in out
     assert f"next: open {(run / 'report' / 'report.html').as_uri()}" in out
@@ -50,7 +56,7 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
     assert manifest["assignors"] == ["task:sticky", "consumer:range"] and manifest["seed"] == 9
     assert f"run {manifest['run_id']} in {run}" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging folder left
-    code, out = invoke("report", str(run), "--out", str(tmp_path / "again"))
+    code, out = invoke("report", str(run), "--out", str(tmp_path / "again"), "--spark-tasks", "3")
     assert code == 0, out
     assert (tmp_path / "again" / "report.html").is_file()
     assert spark.sparkContext._jsc is not None  # the CLI left the shared session running
@@ -73,6 +79,8 @@ def test_plan_standbys_prints_a_recommendation(spark: Any, tmp_path: Path) -> No
         "--param",
         "crash_per_client_hour=0.5",
         "--ship-code",  # as on a cluster: the code bundle is added to the job
+        "--spark-tasks",
+        "3",
     )
     assert code == 0, out
     assert "recommended: " in out

@@ -100,6 +100,11 @@ def test_page_answers_first_and_explains_what_users_lack(page: str) -> None:
         assert words in page
     # HA's warmups, probing rounds and time to balance, in the answer table.
     assert "warmups, probing" in page and "time to balance" in page
+    # Balance per subtopology: in the answer's reasons and table, and in the detail tables.
+    answer_section = page[answer : page.index('id="figures"')]
+    assert answer_section.count("per subtopology") >= 3
+    assert "balanced per subtopology" in page[page.index('id="tables"') :]
+    assert "worst subtopology spread" in page
     assert "DESIGN" not in page  # users do not have the design notes
     assert "negative when the assignor left the group unbalanced" in page
     assert "a note from the run" in page
@@ -220,6 +225,8 @@ outcome_values = st.builds(
     moves_mean=st.floats(0, 100),
     bound_mean=st.floats(0, 100),
     balanced_share=st.floats(0, 1),
+    subtopology_balanced_share=st.floats(0, 1),
+    subtopology_imbalance_max=st.floats(0, 10),
     split_mean=st.sampled_from([0.0, 0.5, 12.0]),
     split_share=st.none() | st.floats(0, 1),
     unassigned=st.sampled_from([0, 0, 3]),

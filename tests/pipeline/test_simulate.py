@@ -17,6 +17,7 @@ from streamassign import (
     StickyTaskAssignor,
     Subtopology,
     TaskId,
+    TopicPartition,
     Topology,
 )
 from streamassign.metrics import evaluate, evaluate_per_task
@@ -33,6 +34,7 @@ from streamassign.pipeline.assignors import GROUPS
 from streamassign.pipeline.scenarios import Layout, Member, Return, Step, Trace
 from streamassign.pipeline.simulate import (
     _client_state,
+    _ConsumerRunner,
     _Context,
     _TaskRunner,
     run_trace,
@@ -87,10 +89,44 @@ def test_fast_evaluate_equals_the_per_task_reference_on_every_simulated_rebalanc
         assert evaluate(tasks, clients, result, standbys, stateful) == expected
         assert (row.moves, row.move_lower_bound) == (expected.moves, expected.move_lower_bound)
         assert row.warm_takeovers == expected.warm_takeovers
+        assert row.subtopology_balanced == expected.subtopology_balanced
+        assert row.subtopology_imbalance == expected.subtopology_imbalance
         if assignor == "task:sticky":
             # DESIGN §3: valid, balanced, minimal moves, full standby coverage — every time.
             assert row.moves == row.move_lower_bound and row.active_balanced
+            assert row.subtopology_balanced and row.subtopology_imbalance <= 1.0
             assert row.standby_coverage == 1.0 and row.unassigned == 0
+
+
+def test_consumer_rows_score_each_subtopology_over_members(orders: Workload) -> None:
+    """Consumer level: a subtopology's units are its partitions, spread over members."""
+    job = SimulationJob(workload=orders, assignors=("consumer:range",))
+    trace = generate_trace(job.model, orders, 0)
+    ctx = _Context(job, trace)
+
+    def dealing(returns_to_one: bool) -> Any:
+        def assign(per_topic, topics, owned):  # type: ignore[no-untyped-def]
+            members = sorted(owned)
+            out: dict[str, list[TopicPartition]] = {m: [] for m in members}
+            dealt = 0  # orders and customers (subtopology 0) dealt as one sequence
+            for topic in topics:
+                for p in range(per_topic[topic]):
+                    if topic == "returns":
+                        m = members[0] if returns_to_one else members[p % len(members)]
+                    else:
+                        m, dealt = members[dealt % len(members)], dealt + 1
+                    out[m].append(TopicPartition(topic, p))
+            return out, 0.0
+
+        return assign
+
+    step, layout = trace.steps[0], ctx.layouts[0]
+    assert step.threads > 1
+    even = _ConsumerRunner(ctx, "even", dealing(False)).step(step, layout)
+    assert even.subtopology_balanced and even.subtopology_imbalance <= 1.0
+    # the 4 returns partitions all on one member: that subtopology's spread is 4 - 0
+    lopsided = _ConsumerRunner(ctx, "lopsided", dealing(True)).step(step, layout)
+    assert not lopsided.subtopology_balanced and lopsided.subtopology_imbalance == 4.0
 
 
 def test_evaluate_falls_back_to_the_reference_on_duplicate_claims() -> None:
@@ -272,3 +308,27 @@ def test_clickstream_expansion_changes_tasks_and_restores_nothing_for_new_ones(
     assert rows[i].tasks > rows[i - 1].tasks
     new = [t for t in takeovers[i] if t.cause == "new"]
     assert new and all(t.records == 0 for t in new)  # new partitions start empty
+
+
+@pytest.mark.skipif(not HAS_FAUST, reason="faust-streaming not installed (bench extra)")
+def test_the_benchmarks_faust_driver_keeps_what_each_worker_ran() -> None:
+    """``FaustDriver`` (the benchmarks' one-group mode): a valid assignment, and a worker's
+    history as its ``ClientState`` says it is what Faust keeps when nothing changed."""
+    from streamassign.metrics import violations
+    from streamassign.pipeline.peers import FaustDriver
+
+    faust = FaustDriver()
+    tasks = sorted(TaskId(s, p) for s in range(2) for p in range(6))
+    clients = [ClientState(f"w{k}") for k in range(3)]
+    first = faust.to_ours(tasks, faust.assign(faust.input_of(tasks, clients), len(tasks), 1))
+    assert violations(tasks, clients, first, 1) == []
+    again = [
+        ClientState(
+            c.process_id,
+            prev_active=first[c.process_id].active,
+            prev_standby=first[c.process_id].standby,
+        )
+        for c in clients
+    ]
+    second = faust.to_ours(tasks, faust.assign(faust.input_of(tasks, again), len(tasks), 1))
+    assert {p: a.active for p, a in second.items()} == {p: a.active for p, a in first.items()}

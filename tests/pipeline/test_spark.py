@@ -274,3 +274,36 @@ def test_hadoop_files_publish_and_check_runs_like_local_ones(spark: Any, tmp_pat
     assert [p.name for p in manifest.iterdir() if not p.name.endswith(".crc")] == [
         "part-00000.json"
     ]
+
+
+def test_spark_tasks_default_to_four_per_core_and_never_exceed_the_items() -> None:
+    from types import SimpleNamespace
+
+    from streamassign.pipeline.spark import _slices
+
+    fake = SimpleNamespace(sparkContext=SimpleNamespace(defaultParallelism=2))
+    assert _slices(fake, 100) == 8
+    assert _slices(fake, 100, 30) == 30
+    assert _slices(fake, 5, 30) == 5 and _slices(fake, 5) == 5
+    assert _slices(fake, 0) == 1
+
+
+def test_large_runs_get_approximate_percentiles(
+    spark: Any, run: Run, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from streamassign.pipeline import spark as sp
+    from streamassign.pipeline.report import render_report
+
+    exact = sp.aggregate(spark, str(run.path))
+    assert exact["exact_percentiles"] is True
+    monkeypatch.setattr(sp, "EXACT_PERCENTILE_ROWS", 10)
+    approx = sp.aggregate(spark, str(run.path))
+    assert approx["exact_percentiles"] is False
+    assert approx["columns"] == exact["columns"]
+    for mine, theirs in zip(approx["by_assignor"], exact["by_assignor"], strict=True):
+        assert mine["moves_mean"] == theirs["moves_mean"]  # only percentiles differ
+        # percentile_approx returns a value of the column; the exact one interpolates
+        assert mine["moves_p50"] is not None and mine["moves_p50"] >= 0
+        assert abs(mine["moves_p50"] - theirs["moves_p50"]) <= max(1.0, theirs["moves_p50"])
+    page = render_report(approx, tmp_path / "report").read_text()
+    assert "Percentiles (p50, p90, p99) are approximate" in page
