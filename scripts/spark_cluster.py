@@ -126,10 +126,8 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
             os.killpg(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
     for process in reversed(processes):
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # executors still in the group
         process.wait()
