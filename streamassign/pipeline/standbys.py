@@ -340,16 +340,22 @@ def _outage(row: Mapping[str, Any]) -> str:
 def knobs(row: Mapping[str, Any], job: PlanJob, target: float | None = None) -> list[str]:
     """What moves ``row``'s availability, as sentences: the outage's parts and, for each
     model knob, the value that alone would reach ``target`` (default: the next nine above the
-    row, e.g. 0.999 from 0.9969). Each part scales with its knob (restores with 1 / restore rate,
-    the rest linearly), the other parts held fixed: an estimate, not a new simulation."""
+    row, e.g. 0.999 from 0.9969), or, where it would not, the availability at its limit. Each
+    part scales with its knob (restores with 1 / restore rate, the rest linearly), the other
+    parts held fixed: an estimate, not a new simulation."""
     down = 1.0 - row["availability"]
     if down <= 0:
         return ["no outage under this model"]
     avail = job.availability
     knob_of = {
-        "restores": ("--restore-rate", avail.restore_rate, "records/s"),
-        "crash detection": ("--detection", avail.detection_s, "s"),
-        "restart downtime": ("--param restart_downtime_s", job.model.restart_downtime_s, "s"),
+        "restores": ("--restore-rate", avail.restore_rate, "records/s", "instant restores"),
+        "crash detection": ("--detection", avail.detection_s, "s", "instant crash detection"),
+        "restart downtime": (
+            "--param restart_downtime_s",
+            job.model.restart_downtime_s,
+            "s",
+            "instant restarts",
+        ),
     }
     parts = {name: down * row[share] for _, share, name in _PARTS}
     split = ", ".join(
@@ -364,12 +370,12 @@ def knobs(row: Mapping[str, Any], job: PlanJob, target: float | None = None) -> 
     allowed = 1.0 - goal
     moves, cannot = [], []
     for name, value in sorted(parts.items(), key=lambda kv: -kv[1]):
-        option, now, unit = knob_of[name]
+        option, now, unit, ideal = knob_of[name]
         rest = down - value
         if value <= 0:
             continue
         if rest >= allowed:
-            cannot.append(option)
+            cannot.append(f"{ideal} {1.0 - rest:.5f}")
             continue
         needed = (
             now * value / (allowed - rest) if name == "restores" else now * (allowed - rest) / value
@@ -379,10 +385,6 @@ def knobs(row: Mapping[str, Any], job: PlanJob, target: float | None = None) -> 
         moves.append(f"{verb} {option} from {now:,g} to {shown} {unit}")
     if moves:
         lines.append(f"to reach {goal:g}: " + ", or ".join(moves) + " (each alone)")
-    if len(cannot) == 1:
-        lines.append(f"{cannot[0]} alone cannot reach {goal:g}: the other parts cost more")
-    elif cannot:
-        lines.append(
-            f"neither {' nor '.join(cannot)} alone reaches {goal:g}: the other parts cost more"
-        )
+    if cannot:
+        lines.append(f"{goal:g} is out of reach of one knob alone: " + ", ".join(cannot))
     return lines
