@@ -1404,7 +1404,12 @@ def plan_standbys(
         )
     rows = summarize(totals, job.availability)
     best, why = recommend(rows, target, tolerance)
-    plan = {"candidates": rows, "recommended": dict(best), "why": why, "knobs": knobs(best, job)}
+    plan = {
+        "candidates": rows,
+        "recommended": dict(best),
+        "why": why,
+        "knobs": knobs(best, job, target),
+    }
     if out is not None:
         from .pipeline.report import write_csv
 
