@@ -9,7 +9,8 @@ Spark (``$SPARK_HOME/python/lib/pyspark.zip``, put on the executors' ``PYTHONPAT
 
 ``simulate``, ``report`` and ``plan-standbys`` run as a user runs them (one process each,
 ``--master spark://...``); their rows, summaries and candidates must equal those of the same
-jobs on the tests' local Spark session, timings aside. About a minute on an idle 2-core machine.
+jobs on the tests' local Spark session, timings aside. Eight JVM starts make most of its time
+(docs/testing.md has the measurements).
 """
 
 from __future__ import annotations
