@@ -1244,6 +1244,59 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
     click.echo(f"next: open {page.as_uri()} in a browser")
 
 
+#: plan-standbys' table: (header, row key, format). Short headers, two lines at most, so that
+#: the table fits an 80-column log; docs/pipeline.md defines each column.
+_PLAN_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("stand-\nbys", "standbys", "{}"),
+    ("warm-\nups", "warmups", "{}"),
+    ("avail-\nability", "availability", "{:.5f}"),
+    ("outage\ntask-s/d", "outage_per_day_s", "{:,.0f}"),
+    ("worst\np99 (s)", "worst_outage_p99_s", "{:,.0f}"),
+    ("standby\nload", "standby_load", "{:.2f}"),
+    ("boot-\nstrap/h", "bootstrap_per_hour", "records"),
+    ("warmup\nload", "warmup_load", "{:.4f}"),
+    ("move\ndelay s", "convergence_s", "{:,.0f}"),
+)
+
+
+def _short_count(value: float) -> str:
+    """12,345,678 -> '12.3M': record counts in a narrow column."""
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= limit:
+            return f"{value / limit:.1f}{suffix}"
+    return f"{value:.0f}"
+
+
+def _plan_table(rows: Sequence[Mapping[str, Any]], best: Mapping[str, Any], title: str) -> Table:
+    """The candidates, the recommended one marked with ``*``; fits 80 columns unabridged."""
+    from rich import box
+
+    # Columns apart by their divider and one space, no outer edge: 77 characters in all.
+    table = Table(
+        title=f"Standby plans: {title}",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 0, 0, 1),
+    )
+    cells = [
+        [
+            _short_count(r[key]) if fmt == "records" else fmt.format(r[key])
+            for _, key, fmt in _PLAN_COLUMNS
+        ]
+        for r in rows
+    ]
+    for line, r in zip(cells, rows, strict=True):
+        if r is best:
+            line[0] += " *"
+    for n, (header, _, _) in enumerate(_PLAN_COLUMNS):
+        # Explicit widths: rich would otherwise share the width out and cut the numbers.
+        width = max(*(len(h) for h in header.split("\n")), *(len(line[n]) for line in cells))
+        table.add_column(header, justify="right", no_wrap=True, width=width)
+    for line in cells:
+        table.add_row(*line)
+    return table
+
+
 def _int_list(value: str, option: str) -> tuple[int, ...]:
     try:
         items = tuple(int(v) for v in value.split(",") if v.strip())
@@ -1262,7 +1315,11 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
     "--scenarios", kind=click.IntRange(min=1), default=100, help="Failure traces per candidate."
 )
 @_shown(
-    "--standbys", "standby_list", kind=str, default="0,1,2", help="num_standby_replicas candidates."
+    "--standbys",
+    "standby_list",
+    kind=str,
+    default="0,1,2,3",
+    help="num_standby_replicas candidates.",
 )
 @_shown(
     "--warmups", "warmup_list", kind=str, default="0,2", help="Warmup-replica candidates (0: none)."
@@ -1285,8 +1342,18 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
     default=600.0,
     help="Seconds between probing rebalances that complete warmed-up moves.",
 )
+@click.option(
+    "--target",
+    type=float,
+    default=None,
+    help="Availability to reach (share of task-time up), e.g. 0.999. Default: the cheapest "
+    "candidate within --tolerance of the least outage of all candidates.",
+)
 @_shown(
-    "--target", kind=float, default=0.9999, help="Availability to reach (share of task-time up)."
+    "--tolerance",
+    kind=click.FloatRange(min=0),
+    default=0.25,
+    help="Without --target: how much more outage than the best candidate's is good enough.",
 )
 @_acceptable_lag_option("Lag (records) at which a client counts as caught up.")
 @_out_dir_option("Also write plan.csv and plan.json here.")
@@ -1302,7 +1369,8 @@ def plan_standbys(
     restore_rate: float,
     detection: float,
     probing_interval: float,
-    target: float,
+    target: float | None,
+    tolerance: float,
     acceptable_lag: int,
     out: Path | None,
     as_json: bool,
@@ -1316,7 +1384,7 @@ def plan_standbys(
     spark_tasks: int | None,
 ) -> None:
     """Recommend num_standby_replicas and warmups for TOPOLOGY_FILE under a failure model."""
-    from .pipeline.standbys import AvailabilityModel, PlanJob, recommend, summarize
+    from .pipeline.standbys import AvailabilityModel, PlanJob, knobs, recommend, summarize
 
     _require("pyspark", "streamassign plan-standbys")
     try:
@@ -1328,6 +1396,7 @@ def plan_standbys(
                 detection_s=detection,
                 probing_interval_s=probing_interval,
                 target=target,
+                tolerance=tolerance,
             ),
             scenarios=scenarios,
             seed=seed,
@@ -1352,49 +1421,27 @@ def plan_standbys(
             lambda: sp.run_plan(session, job, spark_tasks),
         )
     rows = summarize(totals, job.availability)
-    best, why = recommend(rows, target)
+    best, why = recommend(rows, target, tolerance)
+    plan = {
+        "candidates": rows,
+        "recommended": dict(best),
+        "why": why,
+        "knobs": knobs(best, job, target),
+    }
     if out is not None:
         from .pipeline.report import write_csv
 
         out.mkdir(parents=True, exist_ok=True)
         write_csv(out / "plan.csv", rows, list(rows[0]))
-        (out / "plan.json").write_text(
-            json.dumps({"candidates": rows, "recommended": dict(best), "why": why}, indent=2)
-        )
+        (out / "plan.json").write_text(json.dumps(plan, indent=2))
     if as_json:
-        click.echo(
-            json.dumps({"candidates": rows, "recommended": dict(best), "why": why}, indent=2)
-        )
+        click.echo(json.dumps(plan, indent=2))
         return
-    table = Table(title=f"Standby plans for {job.workload.name} ({scenarios} failure traces)")
-    for col in (
-        "standbys",
-        "warmups",
-        "availability",
-        "outage/day (task-s)",
-        "worst outage p99 (s)",
-        "standby load",
-        "bootstrap/h (records)",
-        "warmup load",
-        "move delay (s)",
-    ):
-        table.add_column(col, justify="right")
-    for r in rows:
-        mark = " *" if r is best else ""
-        table.add_row(
-            f"{r['standbys']}{mark}",
-            str(r["warmups"]),
-            f"{r['availability']:.6f}",
-            f"{r['outage_per_day_s']:,.1f}",
-            f"{r['worst_outage_p99_s']:,.1f}",
-            f"{r['standby_load']:.2f}",
-            f"{r['bootstrap_per_hour']:,.0f}",
-            f"{r['warmup_load']:.4f}",
-            f"{r['convergence_s']:,.0f}",
-        )
     console = Console()
-    console.print(table)
+    console.print(_plan_table(rows, best, f"{job.workload.name}, {scenarios} failure traces"))
     console.print(f"recommended: {why}")
+    for line in plan["knobs"]:
+        console.print(f"  {line}")
     # Plain lines (not rich's, which wrap at the log's width): paths and commands to copy.
     if out is not None:
         click.echo(f"written: {out / 'plan.csv'}, {out / 'plan.json'}")

@@ -438,7 +438,14 @@ def run_plan(spark: Any, job: PlanJob, spark_tasks: int | None = None) -> list[d
     frame = spark.createDataFrame(rdd, schema=_schema(PLAN_COLUMNS), verifySchema=False)
     grouped = frame.groupBy("standbys", "warmups").agg(
         F.count(F.lit(1)).alias("traces"),
-        *_sums("horizon_s", "task_seconds", "unavailable_task_seconds"),
+        *_sums(
+            "horizon_s",
+            "task_seconds",
+            "unavailable_task_seconds",
+            "restore_outage_s",
+            "detection_outage_s",
+            "restart_outage_s",
+        ),
         F.percentile("worst_outage_s", [0.5, 0.99]).alias("worst_q"),
         F.max("worst_outage_s").alias("worst_outage_max_s"),
         *_sums(

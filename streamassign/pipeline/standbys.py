@@ -43,12 +43,28 @@ from .simulate import SimulationJob, run_trace
 
 __all__ = [
     "PLAN_COLUMNS",
+    "TOLERANCE",
     "AvailabilityModel",
     "PlanJob",
     "evaluate_candidates",
+    "knobs",
     "recommend",
+    "required_availability",
     "summarize",
 ]
+
+#: Without a target, a candidate is good enough when its outage is at most this share above the
+#: least outage of all candidates: more replicas would buy less than that. 25 %: on the shipped
+#: topologies under the default model the step from 2 to 3 standbys buys about 10 % of the outage
+#: for another 0.5 standby replicas per task, from 1 to 2 about 20 %.
+TOLERANCE: Final = 0.25
+
+#: The outage's parts: (summed column, share in the summary, the knob that scales it).
+_PARTS: Final = (
+    ("restore_outage_s", "restore_share", "restores"),
+    ("detection_outage_s", "detection_share", "crash detection"),
+    ("restart_outage_s", "restart_share", "restart downtime"),
+)
 
 
 def _positive_number(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -79,8 +95,13 @@ class AvailabilityModel:
     detection_s: float = attrs.field(default=45.0, validator=_non_negative_number)
     #: Seconds between probing rebalances that move warmed-up tasks.
     probing_interval_s: float = attrs.field(default=600.0, validator=_non_negative_number)
-    #: The availability a recommendation must reach (share of task-time up).
-    target: float = attrs.field(default=0.9999, validator=_availability)
+    #: The availability a recommendation must reach (share of task-time up); ``None``: the
+    #: cheapest candidate within ``tolerance`` of the least outage (see :func:`recommend`).
+    target: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_availability)
+    )
+    #: Without a target: how much more outage than the best candidate's is good enough.
+    tolerance: float = attrs.field(default=TOLERANCE, validator=_non_negative_number)
 
 
 def _candidates(value: Sequence[int]) -> tuple[int, ...]:
@@ -109,7 +130,7 @@ class PlanJob:
     scenarios: int = attrs.field(default=50, validator=_at_least_one)
     seed: int = 0
     standby_candidates: tuple[int, ...] = attrs.field(
-        default=(0, 1, 2), converter=_candidates, validator=_check_candidates
+        default=(0, 1, 2, 3), converter=_candidates, validator=_check_candidates
     )
     warmup_candidates: tuple[int, ...] = attrs.field(
         default=(0, 2), converter=_candidates, validator=_check_candidates
@@ -136,6 +157,9 @@ PLAN_COLUMNS: Final[tuple[tuple[str, str, bool, str], ...]] = (
     ("horizon_s", "double", False, "simulated seconds from the first to the last rebalance"),
     ("task_seconds", "double", False, "sum over time of the number of tasks (the denominator)"),
     ("unavailable_task_seconds", "double", False, "sum of every task's outage"),
+    ("restore_outage_s", "double", False, "the part of the outage spent restoring state"),
+    ("detection_outage_s", "double", False, "the part spent before crashes were noticed"),
+    ("restart_outage_s", "double", False, "the part spent while restarting owners were down"),
     ("worst_outage_s", "double", False, "longest single task outage in the trace"),
     ("restore_records", "long", False, "records restored by new active owners"),
     ("standby_task_seconds", "double", False, "sum over time of placed standbys"),
@@ -164,7 +188,7 @@ def evaluate_candidates(job: PlanJob, scenario: int, standbys: int) -> list[tupl
     bootstrap = sum(r.standby_restore_records or 0 for r in rows[1:])
     out: list[tuple[Any, ...]] = []
     for warmups in job.warmup_candidates:
-        unavailable = worst = warmup_seconds = convergence = 0.0
+        restoring = detecting = restarting = worst = warmup_seconds = convergence = 0.0
         deferred = planned = 0
         for step_takeovers in takeovers[1:]:
             waiting: list[float] = []
@@ -173,13 +197,15 @@ def evaluate_candidates(job: PlanJob, scenario: int, standbys: int) -> list[tupl
                 if t.cause == "move" and warmups and t.records > job.acceptable_recovery_lag:
                     waiting.append(restore_s)
                     continue
-                outage = restore_s
+                waited = 0.0
                 if t.cause == "crash":
-                    outage += avail.detection_s
+                    waited = avail.detection_s
+                    detecting += waited
                 elif t.cause == "restart":
-                    outage += t.outage_s
-                unavailable += outage
-                worst = max(worst, outage)
+                    waited = t.outage_s
+                    restarting += waited
+                restoring += restore_s
+                worst = max(worst, restore_s + waited)
             if waiting:
                 planned += 1
                 deferred += len(waiting)
@@ -193,7 +219,10 @@ def evaluate_candidates(job: PlanJob, scenario: int, standbys: int) -> list[tupl
                 warmups,
                 horizon,
                 task_seconds,
-                unavailable,
+                restoring + detecting + restarting,
+                restoring,
+                detecting,
+                restarting,
                 worst,
                 restore,
                 standby_seconds,
@@ -213,22 +242,27 @@ def summarize(
     """Per candidate, from the summed columns: the numbers the table shows.
 
     ``availability`` = 1 - unavailable / task time; ``outage_per_day_s`` = task-seconds of outage
-    per simulated day; ``standby_load`` = standby replicas per task over time;
-    ``warmup_load`` = warmup replicas per task over time; ``bootstrap_per_hour`` = records new
-    standbys copy per hour; ``convergence_s`` = mean delay of a rebalance's deferred moves.
+    per simulated day; ``restore_share``, ``detection_share``, ``restart_share`` = the parts of
+    the outage spent restoring, before crashes were noticed and while restarting owners were
+    down; ``standby_load`` = standby replicas per task over time; ``warmup_load`` = warmup
+    replicas per task over time; ``bootstrap_per_hour`` = records new standbys copy per hour;
+    ``convergence_s`` = mean delay of a rebalance's deferred moves; ``meets_target``: whether
+    the candidate is good enough under :func:`recommend`'s rule.
     """
     out = []
     for t in totals:
         task_s = float(t["task_seconds"]) or 1.0
         horizon = float(t["horizon_s"]) or 1.0
         planned = int(t["planned_rebalances"])
+        down = float(t["unavailable_task_seconds"])
         out.append(
             {
                 "standbys": int(t["standbys"]),
                 "warmups": int(t["warmups"]),
                 "traces": int(t["traces"]),
-                "availability": 1.0 - float(t["unavailable_task_seconds"]) / task_s,
-                "outage_per_day_s": float(t["unavailable_task_seconds"]) / horizon * 86_400,
+                "availability": 1.0 - down / task_s,
+                "outage_per_day_s": down / horizon * 86_400,
+                **{share: float(t[part]) / down if down else 0.0 for part, share, _ in _PARTS},
                 "worst_outage_p50_s": float(t["worst_outage_p50_s"]),
                 "worst_outage_p99_s": float(t["worst_outage_p99_s"]),
                 "worst_outage_max_s": float(t["worst_outage_max_s"]),
@@ -238,38 +272,119 @@ def summarize(
                 "warmup_load": float(t["warmup_task_seconds"]) / task_s,
                 "deferred_moves": int(t["deferred_moves"]),
                 "convergence_s": float(t["convergence_s"]) / planned if planned else 0.0,
-                "meets_target": 1.0 - float(t["unavailable_task_seconds"]) / task_s
-                >= availability.target,
             }
         )
+    bar = required_availability(out, availability.target, availability.tolerance)
+    for row in out:
+        row["meets_target"] = row["availability"] >= bar
     return out
 
 
-def recommend(rows: Sequence[Mapping[str, Any]], target: float) -> tuple[Mapping[str, Any], str]:
-    """The cheapest candidate meeting ``target``: least standby + warmup load, then the
-    shortest convergence, then fewest replicas. If none meets it, the most available one.
-    Returns it with a sentence saying why."""
+def required_availability(
+    rows: Sequence[Mapping[str, Any]], target: float | None, tolerance: float = TOLERANCE
+) -> float:
+    """``target``, or without one the least outage of ``rows`` plus ``tolerance`` of it."""
+    if target is not None:
+        return target
+    least = min((1.0 - r["availability"] for r in rows), default=0.0)
+    return 1.0 - least * (1.0 + tolerance)
+
+
+def recommend(
+    rows: Sequence[Mapping[str, Any]], target: float | None = None, tolerance: float = TOLERANCE
+) -> tuple[Mapping[str, Any], str]:
+    """The cheapest candidate meeting ``target`` (without one: within ``tolerance`` of the
+    least outage of all candidates): least standby + warmup load, then the shortest convergence,
+    then fewest replicas. If none meets an explicit target, the most available one. Returns it
+    with a sentence saying why."""
     if not rows:
         raise PipelineError("no candidate was evaluated")
-    meeting = [r for r in rows if r["availability"] >= target]
-    if meeting:
-        best = min(
-            meeting,
-            key=lambda r: (
-                round(r["standby_load"] + r["warmup_load"], 6),
-                r["convergence_s"],
-                r["standbys"],
-                r["warmups"],
-            ),
-        )
+    bar = required_availability(rows, target, tolerance)
+    meeting = [r for r in rows if r["availability"] >= bar]
+    if not meeting:
+        best = max(rows, key=lambda r: (r["availability"], -r["standby_load"]))
         return best, (
-            f"num_standby_replicas={best['standbys']}, warmups={best['warmups']}: the least extra "
-            f"load ({best['standby_load']:.2f} standby replicas per task) that reaches "
-            f"{best['availability']:.6f} >= the target {target}"
+            f"no candidate reaches the target {target}; the most available is "
+            f"{_name(best)} at {best['availability']:.5f}"
         )
-    best = max(rows, key=lambda r: (r["availability"], -r["standby_load"]))
-    return best, (
-        f"no candidate reaches the target {target}; the most available is "
-        f"num_standby_replicas={best['standbys']}, warmups={best['warmups']} at "
-        f"{best['availability']:.6f} (try more standbys, a faster restore, or faster detection)"
+    best = min(
+        meeting,
+        key=lambda r: (
+            round(r["standby_load"] + r["warmup_load"], 6),
+            r["convergence_s"],
+            r["standbys"],
+            r["warmups"],
+        ),
     )
+    load = f"the least extra load ({best['standby_load']:.2f} standby replicas per task)"
+    if target is not None:
+        return best, f"{_name(best)}: {load} that reaches {best['availability']:.5f} >= {target}"
+    top = max(rows, key=lambda r: (r["availability"], -r["standby_load"]))
+    if top is best:
+        return best, f"{_name(best)}: the least outage of the candidates ({_outage(best)})"
+    return best, (
+        f"{_name(best)}: {load} within {tolerance:.0%} of the least outage of the candidates "
+        f"({_outage(best)}; the best, {_name(top)}, {_outage(top)} at "
+        f"{top['standby_load']:.2f} standby replicas per task)"
+    )
+
+
+def _name(row: Mapping[str, Any]) -> str:
+    return f"num_standby_replicas={row['standbys']}, warmups={row['warmups']}"
+
+
+def _outage(row: Mapping[str, Any]) -> str:
+    return f"availability {row['availability']:.5f}"
+
+
+def knobs(row: Mapping[str, Any], job: PlanJob, target: float | None = None) -> list[str]:
+    """What moves ``row``'s availability, as sentences: the outage's parts and, for each
+    model knob, the value that alone would reach ``target`` (default: the next nine above the
+    row, e.g. 0.999 from 0.9969), or, where it would not, the availability at its limit. Each
+    part scales with its knob (restores with 1 / restore rate, the rest linearly), the other
+    parts held fixed: an estimate, not a new simulation."""
+    down = 1.0 - row["availability"]
+    if down <= 0:
+        return ["no outage under this model"]
+    avail = job.availability
+    knob_of = {
+        "restores": ("--restore-rate", avail.restore_rate, "records/s", "instant restores"),
+        "crash detection": ("--detection", avail.detection_s, "s", "instant crash detection"),
+        "restart downtime": (
+            "--param restart_downtime_s",
+            job.model.restart_downtime_s,
+            "s",
+            "instant restarts",
+        ),
+    }
+    parts = {name: down * row[share] for _, share, name in _PARTS}
+    split = ", ".join(
+        f"{parts[name] / down:.0%} {name} ({knob_of[name][0]} {knob_of[name][1]:,g})"
+        for name in sorted(parts, key=lambda n: -parts[n])
+        if parts[name] > 0
+    )
+    lines = [f"outage of {_name(row)}: {split}"]
+    goal = target if target is not None else 1.0 - 10 ** (math.ceil(math.log10(down)) - 1)
+    if row["availability"] >= goal:
+        return lines
+    allowed = 1.0 - goal
+    moves, cannot = [], []
+    for name, value in sorted(parts.items(), key=lambda kv: -kv[1]):
+        option, now, unit, ideal = knob_of[name]
+        rest = down - value
+        if value <= 0:
+            continue
+        if rest >= allowed:
+            cannot.append(f"{ideal} {1.0 - rest:.5f}")
+            continue
+        needed = (
+            now * value / (allowed - rest) if name == "restores" else now * (allowed - rest) / value
+        )
+        verb = "raise" if name == "restores" else "lower"
+        shown = f"{needed:,.0f}" if needed >= 100 else f"{needed:.3g}"
+        moves.append(f"{verb} {option} from {now:,g} to {shown} {unit}")
+    if moves:
+        lines.append(f"to reach {goal:g}: " + ", or ".join(moves) + " (each alone)")
+    if cannot:
+        lines.append(f"{goal:g} is out of reach of one knob alone: " + ", ".join(cannot))
+    return lines

@@ -62,7 +62,10 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
     assert spark.sparkContext._jsc is not None  # the CLI left the shared session running
 
 
-def test_plan_standbys_prints_a_recommendation(spark: Any, tmp_path: Path) -> None:
+def test_plan_standbys_prints_a_recommendation(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")  # an 80-column log: nothing cut
     code, out = invoke(
         "plan-standbys",
         str(ORDERS),
@@ -83,12 +86,19 @@ def test_plan_standbys_prints_a_recommendation(spark: Any, tmp_path: Path) -> No
         "3",
     )
     assert code == 0, out
-    assert "recommended: " in out
+    assert "recommended: " in out and "…" not in out
+    table = out[out.index("Standby plans") : out.index("recommended: ")]
+    assert max(len(line) for line in table.splitlines()) <= 80
+    assert "outage of num_standby_replicas=" in out  # what the outage is made of
     assert "evaluating standby candidates" in out and "Spark tasks" in out
     assert f"next: streamassign simulate {ORDERS} --standbys " in out
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert len(plan["candidates"]) == 4
     assert "num_standby_replicas=" in plan["why"]
+    assert plan["knobs"][0].startswith("outage of ")
+    assert sum(
+        plan["recommended"][k] for k in ("restore_share", "detection_share", "restart_share")
+    ) == pytest.approx(1.0)
     assert (tmp_path / "plan.csv").read_text().startswith("standbys,warmups,traces,availability")
 
 

@@ -15,7 +15,13 @@ import attrs
 import pytest
 
 from streamassign.pipeline import RebalanceRow, SimulationJob, Workload, simulate_scenario
-from streamassign.pipeline.standbys import PlanJob, evaluate_candidates, recommend, summarize
+from streamassign.pipeline.standbys import (
+    PLAN_COLUMNS,
+    PlanJob,
+    evaluate_candidates,
+    recommend,
+    summarize,
+)
 
 from .conftest import BUSY
 
@@ -163,13 +169,21 @@ def test_plan_standbys_job_matches_the_pure_evaluation(spark: Any, orders: Workl
     )
     totals = run_plan(spark, job)
     assert [(t["standbys"], t["warmups"]) for t in totals] == [(0, 0), (0, 2), (1, 0), (1, 2)]
-    pure = [row for s in range(4) for r in (0, 1) for row in evaluate_candidates(job, s, r)]
+    names = [c[0] for c in PLAN_COLUMNS]
+    pure = [
+        dict(zip(names, row, strict=True))
+        for s in range(4)
+        for r in (0, 1)
+        for row in evaluate_candidates(job, s, r)
+    ]
     for t in totals:
-        mine = [p for p in pure if (p[1], p[2]) == (t["standbys"], t["warmups"])]
+        mine = [p for p in pure if (p["standbys"], p["warmups"]) == (t["standbys"], t["warmups"])]
         assert t["traces"] == 4
-        assert math.isclose(t["unavailable_task_seconds"], sum(p[5] for p in mine))
-        assert math.isclose(t["task_seconds"], sum(p[4] for p in mine))
-        assert t["worst_outage_max_s"] == max(p[6] for p in mine)
+        for column in ("unavailable_task_seconds", "task_seconds", "restore_outage_s"):
+            assert math.isclose(t[column], sum(p[column] for p in mine)), column
+        parts = ("restore_outage_s", "detection_outage_s", "restart_outage_s")
+        assert math.isclose(t["unavailable_task_seconds"], sum(t[c] for c in parts))
+        assert t["worst_outage_max_s"] == max(p["worst_outage_s"] for p in mine)
     table = summarize(totals, job.availability)
     by = {(r["standbys"], r["warmups"]): r for r in table}
     # Standbys turn crash restores of whole changelogs into standby catch-ups.

@@ -1,0 +1,106 @@
+"""plan-standbys' advice: the recommendation rule, what moves it, and a table for 80 columns."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from streamassign.cli import _plan_table
+from streamassign.pipeline import Workload
+from streamassign.pipeline.standbys import PlanJob, knobs, recommend
+
+
+def candidate(standbys: int, warmups: int, availability: float, **extra: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "standbys": standbys,
+        "warmups": warmups,
+        "availability": availability,
+        "outage_per_day_s": 14_025.4,
+        "worst_outage_p99_s": 2_087.3,
+        "standby_load": 0.75 * standbys,
+        "bootstrap_per_hour": 13_620_512.0 * standbys,
+        "warmup_load": 0.0004 * warmups,
+        "convergence_s": 1_093.0 if warmups else 0.0,
+        "restore_share": 0.6,
+        "detection_share": 0.1,
+        "restart_share": 0.3,
+    }
+    return row | extra
+
+
+#: Outage 0.0030, 0.0028, 0.0022, 0.0021: the third is within 25 % of the least, the second not.
+ROWS = [candidate(0, 0, 0.9970), candidate(1, 0, 0.9972), candidate(2, 2, 0.9978)]
+ROWS.append(candidate(3, 0, 0.9979))
+
+
+def test_without_a_target_the_cheapest_candidate_within_the_tolerance_wins() -> None:
+    best, why = recommend(ROWS)
+    assert (best["standbys"], best["warmups"]) == (2, 2)
+    assert "within 25% of the least outage" in why and "num_standby_replicas=3" in why
+    # The most available candidate, alone within reach: said so.
+    best, why = recommend(ROWS[:1])
+    assert best is ROWS[0] and "the least outage of the candidates" in why
+
+
+def test_an_explicit_target_is_met_cheaply_or_the_best_is_named() -> None:
+    best, why = recommend(ROWS, 0.9971)
+    assert best["standbys"] == 1 and ">= 0.9971" in why
+    best, why = recommend(ROWS, 0.9999)
+    assert best["standbys"] == 3 and why.startswith("no candidate reaches the target 0.9999")
+
+
+def test_knobs_split_the_outage_and_say_what_reaches_the_next_nine(orders: Workload) -> None:
+    job = PlanJob(workload=orders)  # restore rate 20,000/s, detection 45 s, restarts 60 s
+    row = candidate(2, 2, 0.998)  # outage 0.002: restores 0.0012, detection 0.0002, restarts 0.0006
+    split, reach, cannot = knobs(row, job)
+    assert split == (
+        "outage of num_standby_replicas=2, warmups=2: 60% restores (--restore-rate 20,000), "
+        "30% restart downtime (--param restart_downtime_s 60), 10% crash detection "
+        "(--detection 45)"
+    )
+    # 0.999 allows 0.001: restores must shrink from 0.0012 to 0.0002, six times faster.
+    assert (
+        reach
+        == "to reach 0.999: raise --restore-rate from 20,000 to 120,000 records/s (each alone)"
+    )
+    assert cannot == (
+        "0.999 is out of reach of one knob alone: instant restarts 0.99860, "
+        "instant crash detection 0.99820"
+    )
+    # An explicit target: the detection that reaches it, the rest held.
+    lines = knobs(row, job, target=0.9983)
+    assert lines[1] == (
+        "to reach 0.9983: raise --restore-rate from 20,000 to 26,667 records/s, or lower "
+        "--param restart_downtime_s from 60 to 30 s (each alone)"
+    )
+    assert lines[2] == "0.9983 is out of reach of one knob alone: instant crash detection 0.99820"
+    # A tolerance of 2 %: only the least outage itself.
+    assert recommend(ROWS, tolerance=0.02)[0]["standbys"] == 3
+    assert knobs(candidate(0, 0, 1.0), job) == ["no outage under this model"]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_table_fits_the_log_unabridged(width: int) -> None:
+    screen = io.StringIO()
+    Console(file=screen, width=width).print(
+        _plan_table(ROWS, ROWS[2], "orders-enricher, 100 traces")
+    )
+    lines = screen.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= width
+    text = screen.getvalue()
+    assert "…" not in text
+    for value in (
+        "0.99700",
+        "0.99720",
+        "0.99790",
+        "14,025",
+        "2,087",
+        "2.25",
+        "40.9M",
+        "1,093",
+        "2 *",
+    ):
+        assert value in text, value
