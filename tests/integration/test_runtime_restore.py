@@ -9,7 +9,9 @@ assignment in all), the tasks with small changelogs process their input while th
 restore, and the final tables are exact (the preloaded keys, checked in the process, and the
 table computed from the input).
 
-Size: ``STREAMASSIGN_RESTORE_RECORDS`` changelog records in all (default 600,000; the long mode
+Size: ``STREAMASSIGN_RESTORE_RECORDS`` changelog records in all (default 1,500,000, so that the
+restore outlasts the session timeout also on an idle machine, where restores run several times
+faster than the 56-106k records/s measured at load 20; the long mode
 ``STREAMASSIGN_RESTORE_RECORDS=3000000`` is issue 21's size), see docs/testing.md.
 """
 
@@ -41,7 +43,7 @@ from .test_runtime import (
     wait_caught_up,
 )
 
-RECORDS = int(os.environ.get("STREAMASSIGN_RESTORE_RECORDS", "600000"))
+RECORDS = int(os.environ.get("STREAMASSIGN_RESTORE_RECORDS", "1500000"))
 LARGE = (0, 1, 2)  # partitions (tasks 0_p) with large changelogs
 SMALL_RECORDS = 1_000  # records in each other changelog partition
 PREFIX = "pre"
@@ -129,13 +131,13 @@ def test_a_cold_restore_longer_than_the_session_timeout_evicts_nobody(runtime: R
     done.proc.wait(timeout=30 + RECORDS / 20_000)  # checks every preloaded key first
     done.drain()
 
-    # Restored in the loop: as long as the session timeout several times over, no eviction.
+    # Restored in the loop: longer than the session timeout (the point of the test), no eviction.
     large = [restores[f"0_{p}"] for p in LARGE]
     seconds = max(e["seconds"] for e in large)
     records = sum(e["records"] for e in restores.values())
     assert {e["source"] for e in restores.values()} == {"cold"}
     assert records >= RECORDS  # data and markers
-    assert seconds * 1000 > 2 * SESSION_MS, f"the restore took only {seconds:.1f} s"
+    assert seconds * 1000 > SESSION_MS, f"the restore took only {seconds:.1f} s: size it up"
     for sign in ("left the group (evicted)", "was out of the group", "Heartbeat session expired"):
         assert sign not in log
     assert max(s["rebalances"] for s in status) == 1, "the group rebalanced again"
