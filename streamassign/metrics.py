@@ -47,7 +47,7 @@ class AssignmentMetrics:
     #: Every client's actives of each subtopology are the floor or ceiling of its share of it.
     subtopology_balanced: bool
     #: The largest spread, over subtopologies, of one subtopology's active tasks per thread
-    #: (max minus min over clients); 0.0 with a single subtopology balanced in total.
+    #: (max minus min over clients); with a single subtopology, equal to ``active_imbalance``.
     subtopology_imbalance: float = 0.0
 
     @property

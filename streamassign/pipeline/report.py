@@ -300,7 +300,7 @@ def _subtopology_balance(o: Outcome) -> str:
     """How evenly ``o`` spreads each subtopology (joins and stores live per subtopology)."""
     return (
         f"per subtopology after {_share(o.subtopology_balanced_share)} (at worst "
-        f"{o.subtopology_imbalance_max:g} more {o.unit} of one subtopology per thread on one "
+        f"{o.subtopology_imbalance_max:g} more tasks of one subtopology per thread on one "
         "owner than on another)"
     )
 
@@ -589,6 +589,13 @@ def _restore_figure(by_event: Sequence[Mapping[str, Any]]) -> Figure | str:
     )
 
 
+#: What a balanced assignment means for each level's move bound (``move_lower_bound``).
+_BOUND_TARGET: Final = {
+    "task": "balanced per subtopology and in total",
+    "consumer": "with partitions balanced in total over consumers",
+}
+
+
 def _moves_figure(by_event: Sequence[Mapping[str, Any]], level: str) -> Figure:
     rows = [r for r in by_event if r["level"] == level]
     unit = "tasks" if level == "task" else "partitions"
@@ -596,8 +603,8 @@ def _moves_figure(by_event: Sequence[Mapping[str, Any]], level: str) -> Figure:
         f"moves-{level}",
         f"Moves against their lower bound ({level} level: {unit})",
         f"Mean {unit} taken from an owner that is still in the group. Black marks: the least any "
-        "balanced assignment needs. A bar below its mark means the assignor left the group "
-        "unbalanced to move less.",
+        f"assignment {_BOUND_TARGET[level]} needs. A bar below its mark means the assignor left "
+        "the group unbalanced to move less.",
         _by_event_bars(rows, "moves_mean", _bound, "lower bound", f"{unit} moved"),
     )
 
@@ -686,21 +693,24 @@ _DETAIL: Final = (
         "subtopology_balanced_share",
         "balanced per subtopology",
         "share of rebalances after which every owner held the floor or ceiling of its capacity "
-        "share of each subtopology's active units (consumer level: partitions of the "
-        "subtopology's topics)",
+        "share of each subtopology's active tasks (consumer level: a task counts for the "
+        "consumer holding its partition of the subtopology's first topic; split joins are "
+        "counted apart)",
         "{:.0%}",
     ),
     (
         "subtopology_imbalance_max",
         "worst subtopology spread",
-        "largest spread of one subtopology's active units per thread (most minus fewest) after "
+        "largest spread of one subtopology's active tasks per thread (most minus fewest) after "
         "any rebalance",
         "{:g}",
     ),
     (
         "optimal_moves_share",
         "moves = bound",
-        "share of rebalances moving exactly the least a balanced assignment needs",
+        "share of rebalances moving exactly the least a balanced assignment needs: at task "
+        f"level, an assignment {_BOUND_TARGET['task']}; at consumer level, one "
+        f"{_BOUND_TARGET['consumer']} (a weaker target: compare within a level only)",
         "{:.0%}",
     ),
     ("moves_mean", "moves", "units taken from an owner still in the group, mean", "{:.2f}"),
@@ -774,12 +784,17 @@ _ANSWER_COLUMNS: Final = (
     ("records restored", "changelog records new owners restore per rebalance: mean, and p99"),
     ("task downtime", "task-seconds spent restoring per rebalance, at the restore rate"),
     ("slowest task back", "p99 time until the last restoring task of a rebalance runs again"),
-    ("moves", "units taken from an owner still in the group per rebalance; and the lower bound"),
+    (
+        "moves",
+        "units taken from an owner still in the group per rebalance; and the least any balanced "
+        f"assignment needs (task level: {_BOUND_TARGET['task']}; consumer level: partitions "
+        "balanced in total)",
+    ),
     ("split joins", "joined tasks whose partitions went to different consumers, per rebalance"),
     (
         "balanced",
         "share of rebalances after which actives are balanced in total; below it, per "
-        "subtopology (each subtopology's units spread evenly too)",
+        "subtopology (each subtopology's tasks spread evenly too)",
     ),
     ("warmups, probing", "warmup replicas placed, and probing rebalances run (task:ha)"),
     ("time to balance", "mean time from the event until actives are balanced"),
@@ -923,7 +938,8 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
     if data.get("exact_percentiles") is False:
         notes.append(
             "Percentiles (p50, p90, p99) are approximate: this run has more rows than the "
-            "report computes exact ones for (percentile_approx, relative error 1/10,000)."
+            "report computes exact ones for (percentile_approx: each value's rank within "
+            "1/10,000 of the rows of the exact one)."
         )
     rate = _restore_rate(manifest)
     found = outcomes(data)
@@ -941,6 +957,7 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
         answer_columns=_ANSWER_COLUMNS,
         answer_rows=_answer_rows(rec),
         has_ha=any(o.warmups for o in found),
+        both_levels={o.level for o in found} >= {"task", "consumer"},
         figures=[(f, Markup(_figure_html(f))) for f in figures],
         figure_notes=figure_notes,
         detail_columns=_DETAIL,

@@ -125,7 +125,13 @@ COLUMNS: Final[tuple[tuple[str, str, bool, str], ...]] = (
     ("partitions", "int", False, "source partitions (what a consumer assignor assigns)"),
     ("standby_replicas", "int", True, "num_standby_replicas configured (task level)"),
     ("moves", "int", False, "units whose previous owner is still present but lost them"),
-    ("move_lower_bound", "int", False, "least moves any balanced assignment needs"),
+    (
+        "move_lower_bound",
+        "int",
+        False,
+        "least moves any balanced assignment needs; task level: balanced per subtopology and in"
+        " total, consumer level: partitions balanced in total over members",
+    ),
     ("active_balanced", "boolean", False, "every owner within floor/ceiling of its share"),
     ("active_imbalance", "double", False, "max - min active units per thread"),
     ("load_imbalance", "double", False, "max - min active+standby units per thread"),
@@ -133,13 +139,14 @@ COLUMNS: Final[tuple[tuple[str, str, bool, str], ...]] = (
         "subtopology_balanced",
         "boolean",
         False,
-        "every owner within floor/ceiling of its share of each subtopology's units",
+        "every owner within floor/ceiling of its share of each subtopology's tasks (consumer"
+        " level: a task counts for the member holding its first topic's partition)",
     ),
     (
         "subtopology_imbalance",
         "double",
         False,
-        "largest max - min active units per thread of one subtopology",
+        "largest max - min active tasks per thread of one subtopology (counted as above)",
     ),
     ("standbys_required", "int", True, "min(standbys, clients - 1) x stateful tasks"),
     ("standbys_placed", "int", True, "standbys of stateful tasks placed"),
@@ -750,29 +757,31 @@ class _ConsumerLayout:
     partitions_per_topic: dict[str, int]
     topics: tuple[str, ...]
     task_of: dict[TopicPartition, TaskId]
-    #: subtopology -> its partitions (of every topic it reads)
-    partitions_of: dict[int, int]
-    #: the partition that decides where a stateful task's state lives: its first topic's
+    #: subtopology -> its tasks
+    tasks_of: dict[int, int]
+    #: each task's anchor: its partition of the first topic (by name) that has one. The member
+    #: holding it counts the task in the per-subtopology balance.
+    first_of: dict[TopicPartition, TaskId]
+    #: the anchors of stateful tasks: where a task's state lives
     anchor: dict[TopicPartition, TaskId]
 
     @classmethod
     def of(cls, layout: Layout) -> _ConsumerLayout:
         task_of: dict[TopicPartition, TaskId] = {}
-        anchor: dict[TopicPartition, TaskId] = {}
+        first_of: dict[TopicPartition, TaskId] = {}
         anchored: set[TaskId] = set()
         for topic, sub, n in layout.topics:  # sorted by topic
             for p in range(n):
                 tp = TopicPartition(topic, p)
                 t = TaskId(sub, p)
                 task_of[tp] = t
-                if sub in layout.stateful_subtopologies and t not in anchored:
-                    anchor[tp] = t
+                if t not in anchored:
+                    first_of[tp] = t
                     anchored.add(t)
+        stateful = layout.stateful_subtopologies
+        anchor = {tp: t for tp, t in first_of.items() if t.subtopology in stateful}
         counts = {t: n for t, _, n in layout.topics}
-        per_sub: dict[int, int] = {}
-        for _, sub, n in layout.topics:
-            per_sub[sub] = per_sub.get(sub, 0) + n
-        return cls(counts, tuple(counts), task_of, per_sub, anchor)
+        return cls(counts, tuple(counts), task_of, dict(layout.task_counts), first_of, anchor)
 
 
 def _member_ids(pid: str, threads: int) -> list[str]:
@@ -782,9 +791,12 @@ def _member_ids(pid: str, threads: int) -> list[str]:
 class _ConsumerRunner:
     """A consumer-group assignor over one trace: every thread of a client is one member.
 
-    Scored per partition (moves, balance over members), plus what a topology needs that a plain
-    consumer group does not know: tasks whose co-partitioned partitions split over members, and
-    where each stateful task's state lives (with its first topic's partition: its *host*), priced
+    Scored per partition (moves, their bound, balance in total over members), plus what a
+    topology needs that a plain consumer group does not know: tasks whose co-partitioned
+    partitions split over members; balance per subtopology in tasks, a task counting for the
+    member holding its anchor (its first topic's partition), so that an assignor keeping joins
+    together is not penalised for the partitions its tasks bring along (splits are their own
+    column); and where each stateful task's state lives (with its anchor: its *host*), priced
     with the same restore model as the task assignors. No standbys at this level.
     """
 
@@ -847,8 +859,8 @@ class _ConsumerRunner:
         total = layout.partitions
         counts: list[int] = []
         now_counts: list[int] = []
-        #: subtopology -> partitions of it each member (in ``members`` order) got
-        per_sub = {sub: [0] * len(members) for sub in cl.partitions_of}
+        #: subtopology -> tasks of it whose anchor each member (in ``members`` order) got
+        per_sub = {sub: [0] * len(members) for sub in cl.tasks_of}
         moves = 0
         assigned: dict[TopicPartition, str] = {}
         for k, mid in enumerate(members):
@@ -860,7 +872,7 @@ class _ConsumerRunner:
                 moves += len(held) - len(set(held).intersection(got))
             for tp in got:
                 assigned.setdefault(tp, mid)
-                t = cl.task_of.get(tp)
+                t = cl.first_of.get(tp)
                 if t is not None:
                     per_sub[t.subtopology][k] += 1
         first_member: dict[TaskId, str] = {}
@@ -905,7 +917,7 @@ class _ConsumerRunner:
         ones = [1] * len(members)
         balanced, spread = share_balance(total, now_counts, ones)
         sub_balanced, sub_spread = True, 0.0
-        for sub, n in cl.partitions_of.items():
+        for sub, n in cl.tasks_of.items():
             ok, gap = share_balance(n, per_sub[sub], ones)
             sub_balanced, sub_spread = sub_balanced and ok, max(sub_spread, gap)
         scores = AssignmentMetrics(

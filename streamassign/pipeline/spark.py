@@ -253,9 +253,10 @@ SUMMARY_METRICS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
 )
 
 
-#: Runs of more rows than this get approximate percentiles (``percentile_approx``, relative
-#: error 1/10,000 of the value range): the exact ones keep every distinct value of a group in
-#: memory, which a 10M-row run cannot afford on the default driver memory (docs/pipeline.md).
+#: Runs of more rows than this get approximate percentiles (``percentile_approx`` at its default
+#: accuracy 10,000: the value returned has a rank within 1/10,000 of the group's rows of the
+#: exact one): the exact ones keep every distinct value of a group in memory, which a 10M-row
+#: run cannot afford on the default driver memory (docs/pipeline.md).
 EXACT_PERCENTILE_ROWS: Final = 1_000_000
 
 #: Summed columns of the CSV summaries: (column, name in the summary).

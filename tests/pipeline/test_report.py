@@ -112,6 +112,21 @@ def test_page_answers_first_and_explains_what_users_lack(page: str) -> None:
         assert f'href="{name}"' in page
 
 
+def test_page_says_the_levels_move_bounds_differ(page: str, tmp_path: Path) -> None:
+    """Task rows bound moves by balance per subtopology and in total, consumer rows by partitions
+    balanced in total: the page says which, and not to compare them across levels."""
+    answer = page[page.index('id="answer"') : page.index('id="figures"')]
+    assert "compare them within a level" in answer
+    glossary = page[page.index('class="glossary"') :]
+    assert "balanced per subtopology and in total" in glossary
+    assert "compare within a level only" in glossary
+    assert "partitions balanced in total over consumers" in page  # the consumer moves figure
+    data = load()
+    data["by_assignor"] = [r for r in data["by_assignor"] if r["level"] == "task"]
+    alone = render_report(data, tmp_path).read_text()
+    assert "compare them within a level" not in alone  # one level: nothing to compare
+
+
 def test_plotly_is_embedded_once_and_nothing_is_fetched(page: str) -> None:
     figures = len(re.findall(r'<div class="figure">', page))
     assert figures >= 5

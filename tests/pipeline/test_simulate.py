@@ -99,7 +99,8 @@ def test_fast_evaluate_equals_the_per_task_reference_on_every_simulated_rebalanc
 
 
 def test_consumer_rows_score_each_subtopology_over_members(orders: Workload) -> None:
-    """Consumer level: a subtopology's units are its partitions, spread over members."""
+    """Consumer level: a subtopology's units are its tasks, each counted for the member holding
+    its first topic's partition."""
     job = SimulationJob(workload=orders, assignors=("consumer:range",))
     trace = generate_trace(job.model, orders, 0)
     ctx = _Context(job, trace)
@@ -127,6 +128,53 @@ def test_consumer_rows_score_each_subtopology_over_members(orders: Workload) -> 
     # the 4 returns partitions all on one member: that subtopology's spread is 4 - 0
     lopsided = _ConsumerRunner(ctx, "lopsided", dealing(True)).step(step, layout)
     assert not lopsided.subtopology_balanced and lopsided.subtopology_imbalance == 4.0
+
+
+JOIN = Topology(
+    [Subtopology(0, ["left", "right"], stores=["joined"])],
+    copartition_groups=[["left", "right"]],
+    name="join",
+)
+
+
+@pytest.mark.parametrize(
+    ("assignor", "partitions", "split"),
+    [
+        # range keeps each task's two partitions together: partitions 6,6,4,4,4 are tasks
+        # 3,3,2,2,2 — balanced per subtopology though not in partitions
+        ("consumer:range", [6, 6, 4, 4, 4], 0),
+        # round robin balances partitions 5,5,5,5,4 by splitting every join; the anchors (its
+        # left partitions) still fall 3,3,2,2,2
+        ("consumer:roundrobin", [5, 5, 5, 5, 4], 12),
+    ],
+)
+def test_consumer_subtopology_balance_counts_tasks_not_partitions(
+    assignor: str, partitions: list[int], split: int
+) -> None:
+    """Two co-partitioned 12-partition topics over 5 members: the per-subtopology balance is
+    over the 12 tasks, so the assignor keeping joins together is not penalised for the
+    partitions its tasks bring along; splitting is the split_tasks column's to report."""
+    workload = Workload.from_topology(JOIN, {"left": 12, "right": 12})
+    members = tuple(Member(f"c{k}", 1, "rack-0") for k in range(5))
+    names = tuple(m.pid for m in members)
+    layout = workload.initial_layout()
+    trace = Trace(0, 0, 0, (Step(0, 0.0, "initial", members, joined=names, layout=layout),))
+    job = SimulationJob(workload=workload, assignors=(assignor,))
+    counts: list[int] = []
+    ctx = _Context(job, trace)
+    real = run_trace.__globals__["_make_runner"](assignor, ctx)
+
+    def recording(per_topic, topics, owned):  # type: ignore[no-untyped-def]
+        result, seconds = real.assign(per_topic, topics, owned)
+        counts.extend(sorted((len(got) for got in result.values()), reverse=True))
+        return result, seconds
+
+    row = _ConsumerRunner(ctx, assignor, recording).step(trace.steps[0], layout)
+    assert counts == partitions
+    assert row.active_balanced == (max(partitions) - min(partitions) <= 1)  # partitions
+    assert row.subtopology_balanced
+    assert row.subtopology_imbalance == 1.0  # 3 tasks on one member, 2 on another
+    assert row.split_tasks == split
 
 
 def test_evaluate_falls_back_to_the_reference_on_duplicate_claims() -> None:
