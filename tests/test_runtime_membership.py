@@ -61,7 +61,10 @@ class Log:
         pass
 
     def assign(self, tps: list[KafkaTopicPartition]) -> None:
+        """As aiokafka's: every partition starts without a position (even one assigned
+        before)."""
         self.assigned = list(tps)
+        self.positions = {}
 
     def seek(self, tp: KafkaTopicPartition, offset: int) -> None:
         self.positions[tp] = offset
@@ -69,6 +72,10 @@ class Log:
     async def position(self, tp: KafkaTopicPartition) -> int:
         if tp not in self.assigned:  # as aiokafka's IllegalStateError
             raise AssertionError(f"{tp} is not assigned")
+        while tp not in self.positions:  # aiokafka waits for a reset (a broker round trip)
+            await asyncio.sleep(0.01)
+            if tp in self.assigned:
+                self.positions.setdefault(tp, 0)  # auto_offset_reset="earliest"
         return self.positions[tp]
 
     async def end_offsets(self, tps: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
@@ -83,7 +90,7 @@ class Log:
         out = {}
         left = max_records if max_records is not None else float("inf")
         for tp in tps or self.assigned:
-            start = self.positions[tp]
+            start = self.positions.setdefault(tp, 0)  # auto_offset_reset="earliest"
             new = self.records[(tp.topic, tp.partition)][start:]
             new = new[: int(min(left, len(new)))]
             left -= len(new)

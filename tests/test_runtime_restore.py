@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from aiokafka import TopicPartition as KafkaTopicPartition
+
 from streamassign import TaskId, TopicPartition
 from streamassign.runtime import COMMIT_KEY, MemoryStore, StoreState
 from streamassign.runtime._clients import Clients
@@ -40,9 +42,27 @@ def task(partition: int) -> ActiveTask:
     return ActiveTask(TaskId(0, partition), 0, {"totals": state}, Adder())
 
 
+class GatedLog(Log):
+    """End offset lookups that wait for ``gate`` (a slow broker) and then fail if ``fail``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.asked = asyncio.Event()
+        self.fail = False
+
+    async def end_offsets(self, tps: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
+        self.asked.set()
+        await self.gate.wait()
+        if self.fail:
+            raise TimeoutError("broker slow")
+        return await super().end_offsets(tps)
+
+
 class Harness:
-    def __init__(self, max_records: int) -> None:
-        self.log = Log()
+    def __init__(self, max_records: int, log: Log | None = None) -> None:
+        self.log = log if log is not None else Log()
         self.standbys = Standbys()
         self.handed: list[Restoring] = []
         self.checkpoints = 0
@@ -157,3 +177,60 @@ def test_standbys_and_restores_share_the_reader() -> None:
     assert [e.task for e in h.handed] == [active]
     assert dict(standby.store.items()) == standby_table
     assert h.checkpoints > 0
+
+
+def test_a_failed_ends_lookup_leaves_the_reader_reading_and_a_cancel_breaks_nothing() -> None:
+    """A restore added while another runs, whose end offsets lookup fails: the reader goes on
+    with what it read (not reassigned without positions), and a restore cancelled while a
+    step awaits the broker does not break the step."""
+    log = GatedLog()
+    h = Harness(max_records=100, log=log)
+    first_table = fill(log, 0, 5_000, marker_every=700)
+    fill(log, 1, 10, marker_every=10)
+    first, second = task(0), task(1)
+
+    async def run() -> None:
+        h.updater.add(first, "cold")
+        for _ in range(2):
+            await h.updater.step(3600.0, timeout_ms=0)
+        log.fail = True
+        h.updater.add(second, "cold")  # its lookup fails: the next step tries again
+        stepping = asyncio.create_task(h.updater.step(3600.0, timeout_ms=0))
+        await asyncio.sleep(0.005)  # the step awaits the broker meanwhile, if at all
+        h.updater.cancel(second.task_id)  # revoked meanwhile
+        log.fail = False
+        await stepping
+        assert log.positions[KafkaTopicPartition(TOPIC, 0)] == 200  # read on from there
+        await h.updater.settle()
+
+    asyncio.run(run())
+    assert [e.task for e in h.handed] == [first]
+    assert dict(first.stores["totals"].store.items()) == first_table
+    assert h.handed[0].records == len(log.records[(TOPIC, 0)])  # nothing read twice
+
+
+def test_the_standbys_lock_is_free_while_ends_are_looked_up() -> None:
+    """Rebalance callbacks wait on ``standbys.lock`` and send no heartbeats meanwhile: a slow
+    lookup must not hold it. A change made meanwhile is planned again."""
+    log = GatedLog()
+    h = Harness(max_records=1_000, log=log)
+    fill(log, 0, 10, marker_every=10)
+    table = fill(log, 1, 10, marker_every=10)
+    first, second = task(0), task(1)
+
+    async def run() -> bool:
+        log.gate.clear()
+        h.updater.add(first, "cold")
+        stepping = asyncio.create_task(h.updater.step(3600.0, timeout_ms=0))
+        await log.asked.wait()
+        locked = h.standbys.lock.locked()
+        h.updater.cancel(first.task_id)  # revoked while the lookup waits
+        h.updater.add(second, "cold")
+        log.gate.set()
+        await stepping
+        await h.updater.settle()
+        return locked
+
+    assert asyncio.run(run()) is False
+    assert [e.task for e in h.handed] == [second]
+    assert dict(second.stores["totals"].store.items()) == table

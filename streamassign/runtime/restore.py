@@ -63,6 +63,16 @@ class Restoring:
         return sum(s.restored - self.before.get(id(s), 0) for s in self.task.stores.values())
 
 
+@attrs.frozen
+class _Plan:
+    """What the state updater's reader is to read (taken under ``standbys.lock``)."""
+
+    #: Each changelog partition to read: its store, and its restore (None: a standby's).
+    by_tp: dict[TopicPartition, tuple[StoreState, Restoring | None]]
+    #: The restores whose changelog ends are still to be looked up.
+    new: list[Restoring]
+
+
 class StateUpdater:
     """Reads the changelogs of standbys (``standbys``) and of restoring actives."""
 
@@ -120,25 +130,34 @@ class StateUpdater:
             await self.step(3600.0, timeout_ms=0)
 
     async def step(self, interval: float, timeout_ms: int = 100) -> None:
-        """One fetch, applied; hand over the restores that reached their ends."""
+        """One fetch, applied; hand over the restores that reached their ends.
+
+        Broker requests (end offsets, positions) run outside ``standbys.lock``: consumers'
+        rebalance callbacks wait on that lock, and they send no heartbeats meanwhile."""
         reader = self.clients.changelog_reader
         assert reader is not None
         batch: dict[Any, list[Any]] = {}
         if self._by_tp:
             batch = await reader.getmany(timeout_ms=timeout_ms, max_records=self.max_records)
+        plan: _Plan | None = None
         async with self.standbys.lock:
             if self.standbys.dirty:  # standbys or restores changed: records in flight dropped
                 self.standbys.dirty = False
-                await self._reassign(reader)
+                plan = self._plan()
             else:
                 self._apply(batch)
-            done = [e for e in self.restoring.values() if await self._reached(reader, e)]
+        ready = plan is None or await self._fetch_ends(reader, plan.new)
+        async with self.standbys.lock:
+            if plan is not None and ready and not self.standbys.dirty:
+                self._reassign(reader, plan.by_tp)  # else changed meanwhile: planned again
             if time.monotonic() >= self._next_checkpoint:
                 for task, states in self.standbys.states.items():
                     self.checkpoint(task, states)
                 for entry in self.restoring.values():
                     self.checkpoint(entry.task.task_id, entry.task.stores)
                 self._next_checkpoint = time.monotonic() + interval
+        # a snapshot: restores may be added or cancelled while a position is awaited
+        done = [e for e in list(self.restoring.values()) if await self._reached(reader, e)]
         for entry in done:
             if self.restoring.get(entry.task.task_id) is not entry:
                 continue  # cancelled or replaced meanwhile
@@ -147,10 +166,9 @@ class StateUpdater:
                     del self.restoring[entry.task.task_id]
                 self.standbys.dirty = True
 
-    async def _reassign(self, reader: Any) -> None:
-        """Read the changelogs of every standby and restore: a partition that feeds the same
-        store as before from where it was, any other from its store's position (records read
-        after its last marker are read again)."""
+    def _plan(self) -> _Plan:
+        """What the reader should read now: every standby's and restore's changelogs, and the
+        restores whose ends are still to be looked up."""
         by_tp: dict[TopicPartition, tuple[StoreState, Restoring | None]] = {}
         for states in self.standbys.states.values():
             for state in states.values():
@@ -160,20 +178,32 @@ class StateUpdater:
                 continue  # torn meanwhile: its restore starts over when it runs again
             for state in restoring.task.stores.values():
                 by_tp[state.changelog] = (state, restoring)
-        reader.assign([KafkaTopicPartition(*tp) for tp in by_tp])
         new = [e for e in self.restoring.values() if e.ends is None]
-        if new:
-            tps = [KafkaTopicPartition(*s.changelog) for e in new for s in e.task.stores.values()]
-            try:
-                ends = await asyncio.wait_for(reader.end_offsets(tps), ENDS_TIMEOUT)
-            except (KafkaError, TimeoutError) as exc:
-                log.warning("changelog ends unknown (%r); restores start at the next step", exc)
-                self.standbys.dirty = True
-                return
-            for restore in new:
-                restore.ends = {
-                    s.changelog: ends[s.changelog] for s in restore.task.stores.values()
-                }
+        return _Plan(by_tp, new)
+
+    async def _fetch_ends(self, reader: Any, new: list[Restoring]) -> bool:
+        """Look up the changelog ends of the restores in ``new``; False if that failed (the
+        reader is left as it was, and the next step plans again)."""
+        if not new:
+            return True
+        tps = [KafkaTopicPartition(*s.changelog) for e in new for s in e.task.stores.values()]
+        try:
+            ends = await asyncio.wait_for(reader.end_offsets(tps), ENDS_TIMEOUT)
+        except (KafkaError, TimeoutError) as exc:
+            log.warning("changelog ends unknown (%r); restores start at the next step", exc)
+            self.standbys.dirty = True
+            return False
+        for restore in new:
+            restore.ends = {s.changelog: ends[s.changelog] for s in restore.task.stores.values()}
+        return True
+
+    def _reassign(
+        self, reader: Any, by_tp: dict[TopicPartition, tuple[StoreState, Restoring | None]]
+    ) -> None:
+        """Read the changelogs of ``by_tp``: a partition that feeds the same store as before
+        from where it was, any other from its store's position (records read after its last
+        marker are read again). Every restore in it knows its ends."""
+        reader.assign([KafkaTopicPartition(*tp) for tp in by_tp])
         for tp, (state, owner) in by_tp.items():
             if self._by_tp.get(tp) == (state, owner) and tp in self._next:
                 reader.seek(KafkaTopicPartition(*tp), self._next[tp])  # goes on where it was
