@@ -130,6 +130,23 @@ def test_a_stopping_process_takes_no_new_tasks_and_claims_none(tmp_path: Path) -
     assert again.restored_active(0) == {T0} and again.restored_active(1) == {T1}
 
 
+def test_begin_stop_marks_the_process_stopping_before_stop(tmp_path: Path) -> None:
+    """``begin_stop`` alone (what ``App.stop`` calls before its grace period) already keeps
+    an assignment from handing the process new tasks or saving them as claims."""
+    rec = Recorder()
+    h = host(tmp_path, rec)
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T0}))
+    asyncio.run(h._assigned(0))
+    assert not h.stopping
+    h.begin_stop()
+    assert h.stopping
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T0, T1}))  # a sibling left
+    asyncio.run(h._assigned(0))
+    assert rec.calls == [("assigned", {T0})] and h.tasks(0).active == {T0}
+    h.state.close()
+    assert host(tmp_path, Recorder()).restored_active(0) == {T0}
+
+
 def test_concurrent_saves_leave_the_newest_assignment(tmp_path: Path) -> None:
     """Both consumers of a process are assigned at once and save in threads: a slow first
     save must not land after the second and leave a task the process handed back claimed."""

@@ -167,3 +167,22 @@ def test_a_subtopology_with_two_stores_is_warned_about(
     two = Topology([Subtopology(0, ["events"], stores=["a", "b"])], name="app")
     App(two, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
     assert "subtopology 0 has 2 stores" in caplog.text
+
+
+def test_stop_marks_the_host_stopping_before_the_grace_period(tmp_path: Path) -> None:
+    """A rebalance during ``App.stop``'s grace, commits and closes (other processes' consumers
+    leaving) must find the host stopping: it hands this process nothing new then."""
+    one = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
+    app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    seen: list[bool] = []
+
+    async def loop() -> None:  # a processing loop finishing the record it is on
+        await app._stopped.wait()
+        seen.append(app.host.stopping)
+
+    async def run() -> None:
+        app._loops = [asyncio.create_task(loop())]
+        await app.stop()
+
+    asyncio.run(run())
+    assert seen == [True]

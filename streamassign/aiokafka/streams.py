@@ -444,8 +444,19 @@ class ProcessHost:
             self.consumers.append(consumer)
         await asyncio.gather(*(c.start() for c in self.consumers))
 
-    async def stop(self) -> None:
+    def begin_stop(self) -> None:
+        """Mark the process as stopping (``stop`` does too): from now on an assignment only
+        takes tasks away, and is not saved as the restarted process's claim. Call it first
+        when stopping takes a while before ``stop`` (grace, commits, closing stores)."""
         self._stopping = True
+
+    @property
+    def stopping(self) -> bool:
+        """Whether ``begin_stop`` (or ``stop``) was called."""
+        return self._stopping
+
+    async def stop(self) -> None:
+        self.begin_stop()
         for assignor in self.assignors:
             assignor.cancel_probe()
             assignor.rejoiner.cancel()

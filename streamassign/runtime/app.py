@@ -291,6 +291,9 @@ class App:
 
     async def stop(self) -> None:
         """Commit (unless a failure stopped us), flush and checkpoint every store, close."""
+        # First: a rebalance during the grace, commits and closes below (consumers of other
+        # processes leaving) must not start tasks here, nor save them as restart claims.
+        self.host.begin_stop()
         self._stopped.set()
         # Cooperative: each loop finishes the record it is on and exits. Only a loop stuck
         # past the grace period is cancelled; its consumer then commits nothing (its tasks'
