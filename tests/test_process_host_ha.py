@@ -189,6 +189,23 @@ def test_an_error_drops_the_probe_and_stop_drops_the_retry(tmp_path: Path) -> No
     assert asyncio.run(scenario()) == []
 
 
+def test_a_good_assignment_drops_the_retry_an_error_scheduled(tmp_path: Path) -> None:
+    """An error schedules a rejoin with backoff; a good assignment arriving first (another
+    member's rebalance) makes it moot, as in the Faust assignor."""
+    host, consumer, deliver = bound(tmp_path)
+    rejoiner = host.assignors[0].rejoiner
+
+    async def scenario() -> None:
+        deliver(NEVER, ErrorCode.ASSIGNMENT_ERROR)  # retry in 1 s
+        retries = list(rejoiner._pending)
+        deliver(NEVER)
+        assert len(retries) == 1 and retries[0].cancelled()
+        assert not rejoiner._pending
+
+    asyncio.run(scenario())
+    assert consumer.rejoins == []
+
+
 def test_without_an_event_loop_a_probe_that_cannot_be_scheduled_is_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
