@@ -206,6 +206,28 @@ def test_a_good_assignment_drops_the_retry_an_error_scheduled(tmp_path: Path) ->
     assert consumer.rejoins == []
 
 
+def test_a_shutdown_requested_during_a_join_is_sent_with_the_next_one(tmp_path: Path) -> None:
+    """aiokafka drops a rejoin request made between JoinGroup and SyncGroup: the subscription
+    already sent did not carry the shutdown request, so the member rejoins once more (and only
+    once: a leader that ignores the request starts no rebalance loop)."""
+    host, consumer, deliver = bound(tmp_path)
+    assignor = host.assignors[0]
+
+    def sent() -> ErrorCode:
+        return SubscriptionInfo.decode(assignor.metadata(["in"]).user_data).error_code
+
+    assert sent() == ErrorCode.NONE  # the join under way
+    asyncio.run(host.request_shutdown())
+    consumer.rejoins.clear()  # what aiokafka discards at SyncGroup
+    deliver(NEVER)  # the leader did not see the request
+    assert len(consumer.rejoins) == 1
+    assert sent() == ErrorCode.SHUTDOWN_REQUESTED  # the rejoin carries it
+    deliver(NEVER)  # a leader that ignores it
+    assert len(consumer.rejoins) == 1
+    deliver(NEVER, ErrorCode.SHUTDOWN_REQUESTED)
+    assert host.shutdown_requested and len(consumer.rejoins) == 1
+
+
 def test_without_an_event_loop_a_probe_that_cannot_be_scheduled_is_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

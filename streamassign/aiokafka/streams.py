@@ -104,6 +104,8 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self.last_assign_ms: float | None = None
         #: The scheduled probing rebalance, replaced by every new assignment.
         self._probe: asyncio.TimerHandle | None = None
+        #: The error code the last subscription (``metadata``) carried to the leader.
+        self._sent_error = ErrorCode.NONE
 
     @property
     def name(self) -> str:
@@ -122,6 +124,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             version=self.version,
             latest_supported_version=self.host.max_version,
         )
+        self._sent_error = info.error_code
         return ConsumerProtocolMemberMetadata(0, sorted(topics), info.encode())
 
     def assign(
@@ -185,6 +188,15 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             log.error("unreadable assignment (%s); treating it as an assignment error", exc)
             info = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR)
         self.info = info
+        if (
+            self.host.requested_error == ErrorCode.SHUTDOWN_REQUESTED
+            and self._sent_error != ErrorCode.SHUTDOWN_REQUESTED
+            and info.error_code != ErrorCode.SHUTDOWN_REQUESTED
+        ):
+            # request_shutdown came while this join was under way: aiokafka dropped its rejoin
+            # request before SyncGroup, and this subscription did not carry it. Once more.
+            log.info("consumer %d: rejoining to send the shutdown request", self.index)
+            self.rejoin_now()
         if info.error_code != ErrorCode.NONE:
             self.cancel_probe()  # the rejoin's backoff replaces the probing rebalance
             self.info = AssignmentInfo(version=info.version, common_version=info.common_version)
