@@ -22,6 +22,7 @@ from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost, TaskListener
 from streamassign.protocol import AssignmentInfo
 from streamassign.runtime import COMMIT_KEY, App, MemoryStore, StoreState
+from streamassign.runtime.changelog import encode_marker
 from streamassign.runtime.tasks import ActiveTask
 
 from .test_runtime_processing import Adder, Committer, Rec
@@ -267,3 +268,43 @@ def test_the_host_reports_a_new_member_id_before_the_tasks(tmp_path: Path) -> No
     asyncio.run(host._assigned(0))
     assert listener.calls == ["assigned", "lost", "assigned"]
     assert not host.member_lost(0)
+
+
+def test_a_task_moved_between_consumers_is_checked_against_its_changelog(
+    tmp_path: Path,
+) -> None:
+    """With two consumers, a task moves from consumer 0 (out of the group without noticing,
+    its callbacks come later) to consumer 1 while another member wrote its changelog: it is
+    restored, not resumed on consumer 0's stale state."""
+    topology = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
+    app = App(
+        topology,
+        {0: Adder},
+        bootstrap_servers="unused:1",
+        state_dir=tmp_path,
+        store_kind="memory",
+        threads=2,
+    )
+    log = Log()
+    app._clients.producer = log  # type: ignore[assignment]
+    app._clients.restorer = log  # type: ignore[assignment]
+    app._clients.changelog_reader = log  # type: ignore[assignment]
+    app.host.consumers.extend([Committer(), Committer()])  # type: ignore[list-item]
+    app.host.request_rejoin = lambda consumer: None  # type: ignore[method-assign]
+
+    async def run() -> tuple[ActiveTask, ActiveTask]:
+        first = await start(app)
+        await app._processing.process(first, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)
+        log.records[CHANGELOG].append((b"k", b"1000"))  # the other member's write and commit
+        log.records[CHANGELOG].append((COMMIT_KEY, encode_marker({"events": 50})))
+        await app._rebalance_started(1)
+        await app._assign(1, frozenset({TASK}))  # consumer 1's callbacks first
+        await app._rebalance_completed(1)
+        await app._updater.settle()
+        return first, app._actives[TASK]
+
+    first, now = asyncio.run(run())
+    assert first.torn and now is not first and now.consumer == 1
+    assert now.stores["totals"].get(b"k") == b"1000"
+    assert [e.source for e in app.restore_events] == ["cold", "kept"]

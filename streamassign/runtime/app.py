@@ -582,9 +582,12 @@ class App:
     async def _rebalance_completed(self, consumer: int) -> None:
         mine = frozenset(t for t, task in self._actives.items() if task.consumer == consumer)
         kept = mine & self._suspended.pop(consumer, frozenset())
-        # Before the consumer processes again (a write of its own would move an end).
+        # Before the consumer processes again (a write of its own would move an end). Every
+        # running task of it, not only those it kept: one moved here from a sibling consumer
+        # (whose callbacks may come later) ran there, and that consumer may have been out of
+        # the group unnoticed while another member wrote the changelog.
         try:
-            await self._commits.check_ends(consumer, kept)
+            await self._commits.check_ends(consumer, mine)
             torn = [
                 (t, self._actives[t].stores, "kept") for t in sorted(mine) if self._actives[t].torn
             ]
