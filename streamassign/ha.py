@@ -24,6 +24,8 @@ there, and warms the state up first where it is not:
    on belongs to the subtopology of the task it makes way for, a swap partner too unless all
    four cells the swap changes stay within floor and ceiling, and floors and ceilings are
    counted per subtopology: the target stays balanced per subtopology.
+   Then an orphan they left cold above its client's floors goes to a standby holder of it
+   below its ceilings, as in the sticky assignment (``hand_orphans_over``, guarantee 5).
    When these moved any active, the sticky assignor places the target's standbys again, for
    its actives (``_standbys_for``): the target keeps every sticky standby guarantee.
 4. **Hold back.** A stateful task whose target client is not caught up, while some present client
