@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import attrs
 import pytest
-from hypothesis import Phase, event, given, seed, settings
+from hypothesis import HealthCheck, Phase, event, given, seed, settings
 from hypothesis import strategies as st
 
 from streamassign import (
@@ -574,7 +574,11 @@ def test_perturbed_clusters_past_the_warmup_bound_do_not_grow() -> None:
 
     @seed(OVER_BOUND_SEED)
     @settings(
-        max_examples=OVER_BOUND_EXAMPLES, database=None, phases=[Phase.generate], deadline=None
+        max_examples=OVER_BOUND_EXAMPLES,
+        database=None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(st.data(), task_sets(max_subtopologies=3, max_partitions=8), st.integers(0, 2))
     def fixed_set(data: st.DataObject, tasks: list[TaskId], replicas: int) -> None:
