@@ -24,6 +24,8 @@ there, and warms the state up first where it is not:
    on belongs to the subtopology of the task it makes way for, a swap partner too unless all
    four cells the swap changes stay within floor and ceiling, and floors and ceilings are
    counted per subtopology: the target stays balanced per subtopology.
+   Then an orphan they left cold above its client's floors goes to a standby holder of it
+   below its ceilings, as in the sticky assignment (``hand_orphans_over``, guarantee 5).
    When these moved any active, the sticky assignor places the target's standbys again, for
    its actives (``_standbys_for``): the target keeps every sticky standby guarantee.
 4. **Hold back.** A stateful task whose target client is not caught up, while some present client
@@ -162,6 +164,7 @@ class HighAvailabilityTaskAssignor:
         holdback.swap()
         holdback.steer()
         if any(holdback.target[p].active != a.active for p, a in target.items()):
+            holdback.hand_orphans_over()
             holdback.target = _standbys_for(holdback.target, sticky, holdback, task_racks)
         return holdback.plan()
 
@@ -396,6 +399,38 @@ class _Holdback:
         for t, _, p in copies:
             if chains.where[t] != p:  # an earlier chain may have put it there
                 chains.place(t, p)
+        self.target = chains.sets.result()
+
+    def hand_orphans_over(self) -> None:
+        """Guarantee 5 on the target swaps and chains made: an orphan (no present client ran
+        it) on a client holding no standby of it and above its active floors goes to a standby
+        holder of it below its ceilings, as the sticky assignor's last step does. Swaps and
+        chains keep every count but not which client fills its spare ceiling with the orphan
+        (a chain's slack end can leave a client at its ceiling holding one cold). Never off a
+        client caught up on it onto one that is not (caught-up state first, step 2). An orphan
+        moves wherever it goes and counts stay within floor and ceiling: moves and balance
+        hold. Passes until none moves, as one hand-over can make room for another."""
+        chains = _Chains(self)
+        holders: dict[TaskId, list[str]] = {}
+        for pid, client in self.clients.items():
+            for t in client.prev_standby:
+                holders.setdefault(t, []).append(pid)
+        waiting = sorted(t for t in holders if t in chains.where and t not in self.previous)
+        moved = True
+        while moved:
+            moved = False
+            for t in waiting:
+                pid = chains.where[t]
+                if self.by_subtopology:
+                    chains.subtopology = t.subtopology  # room and spare count its cells too
+                if pid in holders[t] or not chains.spare(pid):
+                    continue
+                keeps = self.ready_on(t, pid)
+                for h in holders[t]:
+                    if chains.room(h) and (self.ready_on(t, h) or not keeps):
+                        chains.move(t, pid, h)
+                        moved = True
+                        break
         self.target = chains.sets.result()
 
     def plan(self) -> HighAvailabilityPlan:

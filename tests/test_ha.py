@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import attrs
 import pytest
-from hypothesis import Phase, event, given, settings
+from hypothesis import HealthCheck, Phase, event, given, seed, settings
 from hypothesis import strategies as st
 
 from streamassign import (
@@ -365,6 +365,45 @@ def test_every_target_keeps_the_sticky_guarantees(
     assert_target_guarantees(inputs, ha.plan(tasks, clients, stateful), balance)
 
 
+def test_a_chain_leaves_no_orphan_cold_below_a_roomy_standby_holder() -> None:
+    """Regression (guarantee 5, shrunk from a random history): a chain puts 1_1 on c7, which
+    ran it too and is caught up (c1 won the claim), taking a give-back's spare task from c3.
+    That left c0 at its ceiling holding the orphan 0_3 with no state while c3, a standby
+    holder of it, had room again; the target now hands 0_3 to c3."""
+    ts = lambda names: [TaskId.parse(n) for n in names.split()]  # noqa: E731
+    tasks = ts("0_3 1_0 1_1 1_3 1_4 1_5 1_6 1_8 1_9 1_10 1_11")
+    stateful = ts("0_3 1_0 1_1 1_3")
+    clients = [
+        ClientState("c0", 1),
+        ClientState("c1", 2, prev_active=ts("1_1 1_5 1_10"), prev_standby=ts("0_3")),
+        ClientState("c3", 4, prev_standby=ts("0_3")),
+        ClientState("c4", 1, prev_standby=ts("1_3 1_5")),
+        ClientState("c7", 4, ts("1_1 1_6"), (), {TaskId(1, 8): 5000, TaskId(1, 11): 3992}),
+    ]
+    plan = assignor(2).plan(tasks, clients, stateful)
+    assert TaskId.parse("1_1") in plan.target["c7"].active  # the chain still serves the copy
+    assert TaskId.parse("0_3") in plan.target["c3"].active
+    assert_target_guarantees((tasks, clients, 2, stateful), plan)
+
+
+def test_an_exchange_leaves_no_orphan_cold_below_a_roomy_standby_holder() -> None:
+    """Regression (guarantee 5, shrunk from a random history, balancing totals): to keep 3_1
+    on its running owner c5, the exchange handed c3 the orphan 0_0 in return, which c5 holds
+    a standby of and c3 has no state of, though c5 still had room below its ceiling."""
+    ts = lambda names: [TaskId.parse(n) for n in names.split()]  # noqa: E731
+    tasks = ts("0_0 0_4 0_5 0_6 0_7 1_1 1_2 1_3 2_0 3_0 3_1 3_2 3_3 3_4 3_5 3_6")
+    clients = [
+        ClientState("c2", 2),
+        ClientState("c3", 1, prev_standby=ts("3_1 3_2")),
+        ClientState("c4", 1, prev_active=ts("0_7 1_2 3_1 3_3")),
+        ClientState("c5", 2, prev_active=ts("3_1"), prev_standby=ts("0_0")),
+    ]
+    ha = HighAvailabilityTaskAssignor(3, ACCEPTABLE, max_warmup_replicas=3, balance="total")
+    plan = ha.plan(tasks, clients)
+    assert {TaskId.parse("0_0"), TaskId.parse("3_1")} <= plan.target["c5"].active
+    assert_target_guarantees((tasks, clients, 3, None), plan, "total")
+
+
 def test_an_exchange_keeps_the_load_rule() -> None:
     """Issue 22's shrunk counterexample (balancing totals): the exchange hands p006 the
     stateless 4_8 for 6_23, which p001 runs. Standbys placed for the actives before the
@@ -445,39 +484,33 @@ def perturb(
     return tasks, stateful, clients
 
 
+#: A convergence of ``perturbed_cluster_rounds`` past the tight bound: what its first round
+#: planned from (tasks, clients, stateful, standby replicas, warmup budget).
+OverBound = tuple[list[TaskId], list[ClientState], list[TaskId], int, int]
+
+
 def perturbed_cluster_rounds(
-    data: st.DataObject, tasks: list[TaskId], replicas: int, tight: bool
-) -> None:
+    data: st.DataObject, tasks: list[TaskId], replicas: int
+) -> list[OverBound]:
     """Kafka Streams' TaskAssignorConvergenceTest, in hypothesis: a random cluster, then a
     chain of perturbations (clients added, dropped or replaced, tasks added or dropped, a
     client's standbys falling behind), each followed by probing rounds in which every replica
-    catches up. Every round keeps the per-round invariants and every target the sticky
-    guarantees; the converged assignment fed back changes nothing, standbys included. Rounds
-    to converge: ``ceil(tasks needing warmups / warmups) + 1`` when ``tight``, else the loose
-    bound of ``converge``."""
+    catches up (``converge_perturbed``); the converged assignment fed back changes nothing,
+    standbys included. Returns the convergences that took more rounds than the tight bound,
+    ``ceil(tasks needing warmups / warmups) + 1``."""
     stateful = [t for t in tasks if data.draw(st.booleans(), label=f"stateful {t.subtopology}")]
     stateful = [t for t in tasks if any(u.subtopology == t.subtopology for u in stateful)]
     warmups = data.draw(st.integers(1, 3))
     ha = assignor(replicas, warmups)
     clients = data.draw(fresh_clients(max_clients=5))
     events = data.draw(st.integers(1, 4))
+    over: list[OverBound] = []
     for step in range(events + 1):
-        plan = ha.plan(tasks, clients, stateful)
-        if tight:
-            bound = -(-warmups_wanted(plan) // warmups) + 1
-        else:
-            bound = 2 * len(stateful) * (1 + min(replicas, len(clients) - 1))
-        rounds = 0
-        while True:
-            check_round(tasks, clients, replicas, stateful, plan, warmups)
-            assert_target_guarantees((tasks, clients, replicas, stateful), plan)
-            if not plan.probing_rebalance_needed:
-                break
-            rounds += 1
-            assert rounds <= bound, f"no convergence within {bound} probing rounds"
-            clients = next_round(clients, plan.assignment)
-            plan = ha.plan(tasks, clients, stateful)
+        start: OverBound = (tasks, clients, stateful, replicas, warmups)
+        rounds, bound, clients, plan = converge_perturbed(ha, tasks, clients, replicas, stateful)
         event(f"probing rounds: {rounds} of at most {bound}")
+        if rounds > bound:
+            over.append(start)
         settled = next_round(clients, plan.assignment)
         again = ha.plan(tasks, settled, stateful)
         assert again.assignment == plan.assignment and not again.probing_rebalance_needed
@@ -486,6 +519,33 @@ def perturbed_cluster_rounds(
         name = data.draw(cluster_events(settled, tasks))
         event(name)
         tasks, stateful, clients = perturb(data, name, tasks, stateful, settled, f"n{step}")
+    return over
+
+
+def converge_perturbed(
+    ha: HighAvailabilityTaskAssignor,
+    tasks: list[TaskId],
+    clients: list[ClientState],
+    replicas: int,
+    stateful: list[TaskId],
+) -> tuple[int, int, list[ClientState], HighAvailabilityPlan]:
+    """Probing rounds until nothing is held back, every round keeping the per-round invariants
+    and every target the sticky guarantees, within the loose bound of ``converge``:
+    (rounds, the tight bound of the first round, last clients, last plan)."""
+    loose = 2 * len(stateful) * (1 + min(replicas, len(clients) - 1))
+    warmups = ha.max_warmup_replicas
+    plan = ha.plan(tasks, clients, stateful)
+    tight = -(-warmups_wanted(plan) // warmups) + 1
+    rounds = 0
+    while True:
+        check_round(tasks, clients, replicas, stateful, plan, warmups)
+        assert_target_guarantees((tasks, clients, replicas, stateful), plan)
+        if not plan.probing_rebalance_needed:
+            return rounds, tight, clients, plan
+        rounds += 1
+        assert rounds <= loose, f"no convergence within {loose} probing rounds"
+        clients = next_round(clients, plan.assignment)
+        plan = ha.plan(tasks, clients, stateful)
 
 
 # A tenth of the profile's examples: 20 in dev, 200 in CI, 5,000 in the deep profile.
@@ -496,26 +556,54 @@ def test_random_cluster_perturbations_converge(
 ) -> None:
     """Perturbed clusters converge (``perturbed_cluster_rounds``), every round and target
     keeping its guarantees, to a fixed point."""
-    perturbed_cluster_rounds(data, tasks, replicas, tight=False)
+    perturbed_cluster_rounds(data, tasks, replicas)
+
+
+#: The fixed set: OVER_BOUND_EXAMPLES examples drawn from OVER_BOUND_SEED, whatever the profile.
+OVER_BOUND_EXAMPLES = 1000
+OVER_BOUND_SEED = 22
+#: Convergences of that set past the tight bound, as measured (2026-11-26).
+OVER_BOUND_MEASURED = 3
+
+
+def test_perturbed_clusters_past_the_warmup_bound_do_not_grow() -> None:
+    """The tight bound of ``perturbed_cluster_rounds`` is not met in rare cases (docs/ha.md):
+    on a fixed seeded set of perturbed clusters, no more convergences exceed it than
+    measured. Fewer is progress: lower ``OVER_BOUND_MEASURED``."""
+    over: list[OverBound] = []
+
+    @seed(OVER_BOUND_SEED)
+    @settings(
+        max_examples=OVER_BOUND_EXAMPLES,
+        database=None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(st.data(), task_sets(max_subtopologies=3, max_partitions=8), st.integers(0, 2))
+    def fixed_set(data: st.DataObject, tasks: list[TaskId], replicas: int) -> None:
+        over.extend(perturbed_cluster_rounds(data, tasks, replicas))
+
+    fixed_set()
+    assert len(over) <= OVER_BOUND_MEASURED, over
 
 
 @pytest.mark.xfail(
-    reason="issue 22: about 1 in 1,000 perturbed clusters takes a round more than the bound: "
-    "a round's target, recomputed from the interim history, can pass over the copy the last "
-    "round warmed up where only a chain with two give-backs would reach it",
-    strict=False,
+    reason="issue 22: the tight warmup bound is not met yet in rare cases (docs/ha.md); "
+    "this one takes 2 probing rounds where the bound is 1",
+    strict=True,
 )
-# No shrinking: a counterexample is expected now and then, and shrinking one takes minutes.
-@settings(
-    max_examples=max(10, settings.default.max_examples // 10),
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-)
-@given(st.data(), task_sets(max_subtopologies=3, max_partitions=8), st.integers(0, 2))
-def test_random_cluster_perturbations_converge_within_the_warmup_bound(
-    data: st.DataObject, tasks: list[TaskId], replicas: int
-) -> None:
-    """Rounds to converge at most ``ceil(tasks needing warmups / max_warmup_replicas) + 1``."""
-    perturbed_cluster_rounds(data, tasks, replicas, tight=True)
+def test_a_known_convergence_past_the_warmup_bound() -> None:
+    """A counterexample of the tight bound from the seeded search: n0 joins; the first round
+    holds back only role swaps (bound: 1 probing round), yet convergence takes 2."""
+    tasks = [TaskId(0, p) for p in range(7)]
+    clients = [
+        caught_up_client("c", 4, "0_0 0_3 0_6", "0_1 0_2 0_4 0_5"),
+        caught_up_client("dgf", 2, "0_2 0_5", "0_6"),
+        ClientState("n0", 3),
+    ]
+    rounds, bound, _, _ = converge_perturbed(assignor(1, 1), tasks, clients, 1, tasks)
+    assert rounds <= bound
 
 
 def caught_up_client(pid: str, capacity: int, runs: str, holds: str) -> ClientState:
