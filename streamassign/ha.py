@@ -63,7 +63,13 @@ from ._ids import TaskId, as_task
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentInputError
 from .shares import share_bounds
-from .sticky import Balance, StickyTaskAssignor, _balance_mode, _tag_keys, resolve_previous_owners
+from .sticky import (
+    Balance,
+    StickyTaskAssignor,
+    balance_option,
+    resolve_previous_owners,
+    tag_keys_option,
+)
 
 __all__ = ["HighAvailabilityPlan", "HighAvailabilityTaskAssignor"]
 
@@ -121,10 +127,10 @@ class HighAvailabilityTaskAssignor:
     max_warmup_replicas: int = attrs.field(default=2, validator=_at_least(1))
     probing_rebalance_interval_ms: int = attrs.field(default=600_000, validator=_at_least(1))
     #: Client tag keys standby placement avoids sharing (``StickyTaskAssignor``'s; ``None``: all).
-    rack_aware_tags: tuple[str, ...] | None = attrs.field(default=None, converter=_tag_keys)
+    rack_aware_tags: tuple[str, ...] | None = attrs.field(default=None, converter=tag_keys_option)
     #: The target's balance (``StickyTaskAssignor``'s option): ``"subtopology"`` (default)
     #: or ``"total"``. Swaps and chains then keep every client's count of each subtopology.
-    balance: Balance = attrs.field(default="subtopology", validator=_balance_mode)
+    balance: Balance = attrs.field(default="subtopology", validator=balance_option)
 
     def assign(
         self,

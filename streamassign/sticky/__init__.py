@@ -38,12 +38,19 @@ state they share, ``run`` runs them in order, ``assignor`` is the public entry p
 
 # The private names are re-exported for ``ha`` (same layer) and the tests.
 from .assignor import BALANCE_MODES, Balance, StickyTaskAssignor
-from .assignor import _balance_mode as _balance_mode
-from .assignor import _tag_keys as _tag_keys
 from .assignor import _task_collection as _task_collection
+from .assignor import balance_option as balance_option
+from .assignor import tag_keys_option as tag_keys_option
 from .place_standbys import _SwapIndex as _SwapIndex
 from .resolve_claims import _claims as _claims
 from .resolve_claims import resolve_previous_owners
 from .run import _Run as _Run
 
-__all__ = ["BALANCE_MODES", "Balance", "StickyTaskAssignor", "resolve_previous_owners"]
+__all__ = [
+    "BALANCE_MODES",
+    "Balance",
+    "StickyTaskAssignor",
+    "balance_option",
+    "resolve_previous_owners",
+    "tag_keys_option",
+]

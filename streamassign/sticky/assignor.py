@@ -31,7 +31,9 @@ def _task_collection(items: Iterable[TaskId]) -> Collection[TaskId]:
     return list(map(as_task, items))
 
 
-def _tag_keys(value: Iterable[str] | None) -> tuple[str, ...] | None:
+def tag_keys_option(value: Iterable[str] | None) -> tuple[str, ...] | None:
+    """Converter of the ``rack_aware_tags`` option (shared with the HA assignor): a tuple, or
+    None for every tag key clients report."""
     return None if value is None else tuple(value)
 
 
@@ -41,7 +43,8 @@ Balance = Literal["subtopology", "total"]
 BALANCE_MODES: Final = ("subtopology", "total")
 
 
-def _balance_mode(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+def balance_option(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    """Validator of the ``balance`` option (shared with the HA assignor)."""
     if value not in BALANCE_MODES:
         raise AssignmentInputError(
             f"{attribute.name} must be one of {', '.join(BALANCE_MODES)}, got {value!r}"
@@ -61,12 +64,12 @@ class StickyTaskAssignor:
     acceptable_recovery_lag: int = attrs.field(default=10_000, validator=_non_negative)
     #: Client tag keys a standby's placement avoids sharing values of with the task's other
     #: copies (KIP-708's ``rack.aware.assignment.tags``); ``None``: every key clients report.
-    rack_aware_tags: tuple[str, ...] | None = attrs.field(default=None, converter=_tag_keys)
+    rack_aware_tags: tuple[str, ...] | None = attrs.field(default=None, converter=tag_keys_option)
     #: ``"subtopology"``: every client's actives of each subtopology, and its total, within
     #: floor and ceiling of its capacity share, with the fewest moves that allows.
     #: ``"total"``: only the total (fewer moves when a group's history is uneven per
     #: subtopology, e.g. each client ran a whole subtopology; docs/assignor.md).
-    balance: Balance = attrs.field(default="subtopology", validator=_balance_mode)
+    balance: Balance = attrs.field(default="subtopology", validator=balance_option)
 
     def assign(
         self,
