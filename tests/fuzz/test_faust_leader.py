@@ -112,6 +112,9 @@ def faust_leader() -> Iterator[PartitionAssignor]:
     with tempfile.TemporaryDirectory() as datadir:
         assignor = make_app(Path(datadir), 7000).assignor
         assert isinstance(assignor, PartitionAssignor)
+        # As aiokafka does before a leader assigns: its own subscription (the topics its app
+        # reads), which the leader checks members' table announcements against.
+        assignor.metadata(list(TOPICS))
         yield assignor
 
 
