@@ -188,7 +188,6 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             )
             return
         self._rejoiner.succeeded()
-        self._rejoiner.cancel()  # a retry an earlier error scheduled is not needed any more
         self._owned = tuple(TopicPartition(*tp) for tp in assignment.partitions())
         self._pending = data.pending
         self._generation = data.generation

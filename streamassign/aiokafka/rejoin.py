@@ -97,4 +97,7 @@ class Rejoiner:
         return delay
 
     def succeeded(self) -> None:
+        """A good rebalance: the backoff starts over, and a retry an earlier failure scheduled
+        is moot (it would only cost an eager revoke/assign cycle)."""
         self.failures = 0
+        self.cancel()

@@ -213,7 +213,6 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             )
             self.host.errors[self.index] = info.error_code
             return
-        self.rejoiner.cancel()  # a retry still pending after an error is moot now
         self.rejoiner.succeeded()
         self.host.errors.pop(self.index, None)
         self.host.host_info = info

@@ -282,7 +282,6 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 log.error("the leader sent %s; rejoining in %.0f s", info.error_code.name, delay)
             return
         self.rejoiner.succeeded()
-        self.rejoiner.cancel()  # a retry still pending from a failed round is no longer needed
         self._view = self._build_view(info, kafka)
         self.info = info
         self._assigned = True
