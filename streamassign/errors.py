@@ -202,6 +202,11 @@ class ReservedKeyError(StreamAssignError, ValueError):
     """A store key collides with the runtime's commit marker key (``runtime.COMMIT_KEY``)."""
 
 
+class StoreNotOpenError(StreamAssignError):
+    """A store of the runtime was used before its open (in a thread) finished, or its open
+    failed (the cause says why: e.g. a RocksDB directory that cannot be read)."""
+
+
 class ErrorCode(enum.IntEnum):
     """Why an assignment is empty, carried in assignment user data (so members log the cause
     and retry with backoff instead of crash-looping)."""

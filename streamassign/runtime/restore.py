@@ -30,7 +30,7 @@ from aiokafka.errors import KafkaError
 from .. import TaskId, TopicPartition
 from ._clients import Clients
 from .changelog import COMMIT_KEY, StoreState
-from .standbys import Standbys
+from .standbys import Standbys, check_open
 from .tasks import ActiveTask
 
 log = logging.getLogger("streamassign.runtime")
@@ -176,9 +176,11 @@ class StateUpdater:
         for restoring in self.restoring.values():
             if not restoring.task.restoring:
                 continue  # torn meanwhile: its restore starts over when it runs again
+            if not check_open(restoring.task.stores):
+                continue  # opening in a thread (``TaskStores.take``): planned once open
             for state in restoring.task.stores.values():
                 by_tp[state.changelog] = (state, restoring)
-        new = [e for e in self.restoring.values() if e.ends is None]
+        new = [e for e in self.restoring.values() if e.ends is None and check_open(e.task.stores)]
         return _Plan(by_tp, new)
 
     async def _fetch_ends(self, reader: Any, new: list[Restoring]) -> bool:
@@ -195,6 +197,7 @@ class StateUpdater:
             return False
         for restore in new:
             restore.ends = {s.changelog: ends[s.changelog] for s in restore.task.stores.values()}
+            restore.start = sum(s.position for s in restore.task.stores.values())  # now open
         return True
 
     def _reassign(

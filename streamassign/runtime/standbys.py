@@ -4,15 +4,46 @@ The state updater (``restore.py``) reads the changelogs of every standby from it
 and applies committed writes; the stores are checkpointed every commit interval so the host
 reports how far they are. A standby may move between consumers of the
 process (``owner``), and may be wanted by a consumer while another one still runs it as an
-active (``wanted``): their callbacks run in any order.
+active (``wanted``): their callbacks run in any order. A standby whose stores are still
+opening in a thread (``TaskStores.take``) waits in ``opening``: the state updater and queries
+see it in ``states`` once it is open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Mapping
 
 from .. import TaskId
+from ..errors import StoreNotOpenError
 from .changelog import StoreState
+from .stores import UnopenedStore
+
+log = logging.getLogger("streamassign.runtime")
+
+
+def is_open(states: Mapping[str, StoreState]) -> bool:
+    """Whether every store of a task is open (False while one opens in a thread, or when its
+    open failed)."""
+    return not any(isinstance(s.store, UnopenedStore) for s in states.values())
+
+
+def check_open(states: Mapping[str, StoreState]) -> bool:
+    """``is_open``, raising ``StoreNotOpenError`` if a store's open failed."""
+    for state in states.values():
+        if isinstance(state.store, UnopenedStore) and state.store.error is not None:
+            raise StoreNotOpenError(
+                f"store {state.name} ({state.changelog.topic}[{state.changelog.partition}]) "
+                f"cannot be opened: {state.store.error!r}"
+            ) from state.store.error
+    return is_open(states)
+
+
+def open_failed(states: Mapping[str, StoreState]) -> bool:
+    return any(
+        isinstance(s.store, UnopenedStore) and s.store.error is not None for s in states.values()
+    )
 
 
 class Standbys:
@@ -20,6 +51,8 @@ class Standbys:
 
     def __init__(self) -> None:
         self.states: dict[TaskId, dict[str, StoreState]] = {}
+        #: Standbys whose stores are still opening in a thread (moved to ``states`` once open).
+        self.opening: dict[TaskId, dict[str, StoreState]] = {}
         #: The consumer each standby belongs to.
         self.owner: dict[TaskId, int] = {}
         #: Standbys of tasks still active here until their consumer revokes them, by consumer.
@@ -31,13 +64,38 @@ class Standbys:
 
     async def add(self, task: TaskId, states: dict[str, StoreState], consumer: int) -> None:
         async with self.lock:
-            self.states[task] = states
+            if open_failed(states):  # ``opened`` came first: the standby is not kept
+                log.error("standby %s dropped: its stores cannot be opened", task)
+                return
+            if is_open(states):
+                self.states[task] = states
+                self.dirty = True
+            else:
+                self.opening[task] = states
             self.owner[task] = consumer
+
+    async def opened(self, task: TaskId, states: dict[str, StoreState]) -> None:
+        """``task``'s stores finished opening (or failed to): a standby waiting for them is
+        read from now on (or dropped, its open having failed: an active taking the task
+        later opens it again, and a failure then stops the application)."""
+        async with self.lock:
+            if self.opening.get(task) is not states:
+                return  # not a standby (an active's), or taken or removed meanwhile
+            del self.opening[task]
+            if open_failed(states):
+                self.owner.pop(task, None)
+                log.error("standby %s dropped: its stores cannot be opened", task)
+                return
+            self.states[task] = states
             self.dirty = True
 
     async def take(self, task: TaskId) -> dict[str, StoreState] | None:
-        """Remove ``task``'s standby and return its stores (to run it as an active here)."""
+        """Remove ``task``'s standby and return its stores (to run it as an active here);
+        they may still be opening."""
         async with self.lock:
+            if task in self.opening:
+                self.owner.pop(task, None)
+                return self.opening.pop(task)
             if task not in self.states:
                 return None
             self.dirty = True
@@ -53,13 +111,16 @@ class Standbys:
             if self.owner.get(task) != consumer:
                 return None
             del self.owner[task]
+            if task in self.opening:
+                return self.opening.pop(task)
             states = self.states.pop(task, None)
             self.dirty = True
         return states
 
     def clear(self) -> list[tuple[TaskId, dict[str, StoreState]]]:
         """Forget every standby (shutdown); returns them to close."""
-        out = list(self.states.items())
+        out = [*self.states.items(), *self.opening.items()]
         self.states.clear()
+        self.opening.clear()
         self.owner.clear()
         return out

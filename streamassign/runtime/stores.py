@@ -12,9 +12,9 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, NoReturn, Protocol
 
-from ..errors import MissingExtraError, RuntimeConfigError
+from ..errors import MissingExtraError, RuntimeConfigError, StoreNotOpenError
 
 StoreKind = Literal["memory", "rocksdb"]
 STORE_KINDS: tuple[StoreKind, ...] = ("memory", "rocksdb")
@@ -119,6 +119,38 @@ class RocksDBStore:
 
     def close(self) -> None:
         self._db.close()
+
+
+class UnopenedStore:
+    """Stands in for a store being opened in a thread (``TaskStores.take``): opening a large
+    RocksDB store takes seconds, which on the event loop would stall heartbeats. Its task is
+    restoring meanwhile (input paused), so nothing reads or writes it; the state updater
+    starts reading its changelog once the real store replaced it."""
+
+    def __init__(self, persistent: bool) -> None:
+        self.persistent = persistent
+        #: Why the open failed (None: still opening).
+        self.error: BaseException | None = None
+
+    def _refuse(self) -> NoReturn:
+        raise StoreNotOpenError(
+            "the store is not open yet" if self.error is None else f"opening failed: {self.error!r}"
+        ) from self.error
+
+    def get(self, key: bytes) -> bytes | None:
+        self._refuse()
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        self._refuse()
+
+    def meta(self, name: str) -> bytes | None:
+        self._refuse()
+
+    def write(self, writes: Mapping[bytes, bytes | None], meta: Mapping[str, bytes]) -> None:
+        self._refuse()
+
+    def close(self) -> None:
+        """Nothing to close (whoever closes the task waits for the real store first)."""
 
 
 def require_store_library(kind: str) -> None:
