@@ -17,7 +17,9 @@ restore of active tasks (from offset 0) last that much longer per changelog reco
 blocking the event loop as a restore inside the rebalance callback did (see ``slow_restores``),
 long enough for a short session timeout to evict the member mid-restore, while restores of a
 tail stay as fast as they are. ``--endpoint host:port`` serves interactive queries there
-(``QueryServer``).
+(``QueryServer``). ``--guarantee exactly_once`` runs the app with transactions; ``--output``
+makes every input record send one output record (its key; value
+``<partition>:<offset>:<count>,<sum>``, the input record and the total it made).
 """
 
 from __future__ import annotations
@@ -37,12 +39,18 @@ from streamassign.runtime import App, QueryServer, Record, TaskContext
 
 
 class Totals:
+    #: Topic to send one record per input record to (None: no output).
+    output: str | None = None
+
     async def process(self, ctx: TaskContext, record: Record) -> None:
         table = ctx.store("totals")
         key = record.key or b""
         old = table.get(key)
         count, total = map(int, old.split(b",")) if old else (0, 0)
-        table.put(key, b"%d,%d" % (count + 1, total + int(record.value or b"0")))
+        new = b"%d,%d" % (count + 1, total + int(record.value or b"0"))
+        table.put(key, new)
+        if self.output is not None:
+            ctx.send(self.output, b"%d:%d:%s" % (record.partition, record.offset, new), key=key)
 
 
 def slow_restores(app: App, seconds_per_record: float) -> None:
@@ -92,7 +100,10 @@ async def main() -> None:
     ap.add_argument("--restore-delay-us", type=int, default=0)
     ap.add_argument("--endpoint", default=None)
     ap.add_argument("--preloaded-prefix", default="")
+    ap.add_argument("--guarantee", default="at_least_once")
+    ap.add_argument("--output", default=None)
     args = ap.parse_args()
+    Totals.output = args.output
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
@@ -111,6 +122,7 @@ async def main() -> None:
         max_warmup_replicas=args.warmups,
         probing_rebalance_interval_ms=args.probing_ms,
         endpoint=args.endpoint,
+        processing_guarantee=args.guarantee,
         consumer_config={
             "session_timeout_ms": args.session_ms,
             "heartbeat_interval_ms": min(500, args.session_ms // 3),
