@@ -12,7 +12,7 @@ from .transactions import TaskProducers
 @attrs.define
 class Clients:
     #: Every changelog, output and repartition record, and the commit markers (at least
-    #: once; with exactly once, only what no task writes).
+    #: once; with exactly once each task writes with its own, ``task_producers``).
     producer: AIOKafkaProducer | None = None
     #: Changelog end offsets and key lookups at commits and resumes (no group).
     restorer: AIOKafkaConsumer | None = None

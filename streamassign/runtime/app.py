@@ -134,6 +134,11 @@ class App:
                 f"processing_guarantee must be one of {PROCESSING_GUARANTEES}, "
                 f"got {processing_guarantee!r}"
             )
+        if processing_guarantee == "exactly_once" and "transactional_id" in (producer_config or {}):
+            raise RuntimeConfigError(
+                "producer_config may not set transactional_id: with exactly_once each task's "
+                "producer has its own, derived from the application id and the task id"
+            )
         if commit_interval_ms < 1:
             raise RuntimeConfigError(f"commit_interval_ms must be >= 1, got {commit_interval_ms}")
         self.processing_guarantee = processing_guarantee
@@ -288,11 +293,12 @@ class App:
         )
         await self.host.start()
         log.info(
-            "process %s started: %d consumer(s), %s stores, %d standby replica(s)",
+            "process %s started: %d consumer(s), %s stores, %d standby replica(s), %s",
             self.host.process_id,
             self.threads,
             self.store_kind,
             self.host.num_standby_replicas,
+            self.processing_guarantee,
         )
         loops = [
             self._fail_on_error(self._consume(i), f"consumer {i}") for i in range(self.threads)
