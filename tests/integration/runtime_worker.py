@@ -20,6 +20,9 @@ tail stay as fast as they are. ``--endpoint host:port`` serves interactive queri
 (``QueryServer``). ``--guarantee exactly_once`` runs the app with transactions; ``--output``
 makes every input record send one output record (its key; value
 ``<partition>:<offset>:<count>,<sum>``, the input record and the total it made).
+``--join CUSTOMERS`` runs the orders/customers join of ``examples/orders_join`` instead
+(orders from ``--source``, enriched orders to ``--output``, tables of store
+``customers-table``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import sys
 import time
 from typing import Any
 
+from examples.orders_join.join import EnrichOrders, join_topology
 from streamassign import Subtopology, TopicPartition, Topology
 from streamassign.runtime import App, QueryServer, Record, TaskContext
 
@@ -102,15 +106,24 @@ async def main() -> None:
     ap.add_argument("--preloaded-prefix", default="")
     ap.add_argument("--guarantee", default="at_least_once")
     ap.add_argument("--output", default=None)
+    ap.add_argument("--join", default=None)
     args = ap.parse_args()
     Totals.output = args.output
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
     topology = Topology([Subtopology(0, [args.source], stores=["totals"])], name=args.app)
+    store, factory = "totals", Totals
+    if args.join:
+        topology = join_topology(args.app, args.source, args.join, args.output)
+        store = "customers-table"
+
+        def factory() -> EnrichOrders:
+            return EnrichOrders(args.join, args.output)
+
     app = App(
         topology,
-        {0: Totals},
+        {0: factory},
         bootstrap_servers=args.bootstrap,
         state_dir=args.state_dir,
         threads=args.threads,
@@ -183,7 +196,7 @@ async def main() -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), args.status_interval)
         for task in sorted(app.active_tasks - app.restoring_tasks):  # what it has restored
-            items = {k.decode(): v.decode() for k, v in app.table(task, "totals").items()}
+            items = {k.decode(): v.decode() for k, v in app.table(task, store).items()}
             if args.preloaded_prefix:  # checked here: millions of entries stay out of the pipe
                 preloaded = {k: v for k, v in items.items() if k.startswith(args.preloaded_prefix)}
                 wrong = [(k, v) for k, v in preloaded.items() if v != preloaded_value(k)]

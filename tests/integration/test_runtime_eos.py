@@ -11,6 +11,7 @@ cold replay of the changelog equal to the table computed from the input.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections import Counter
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .conftest import GroupIdFactory, TopicFactory
@@ -222,3 +223,105 @@ def test_frozen_member_writes_nothing_once_fenced(eos: tuple[Runtime, str]) -> N
         f"restored {sorted(restored)}; fenced: {log.count('transaction failed')} time(s), "
         f"membership loss noticed: {log.count('was out of the group') + log.count('evicted')}"
     )
+
+
+CUSTOMERS = 600
+
+
+class OrderFeeder(Feeder):
+    """Orders ``first .. total-1`` (key ``c<o % CUSTOMERS>``, value ``{"order": o}``)."""
+
+    async def _produce(self) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=20)
+        await producer.start()
+        try:
+            for start in range(self.first, self.total, self.chunk):
+                futures = [
+                    await producer.send(
+                        self.topic, json.dumps({"order": o}).encode(), key=customer_key(o)
+                    )
+                    for o in range(start, min(start + self.chunk, self.total))
+                ]
+                await asyncio.gather(*futures)
+                self.acked = min(start + self.chunk, self.total)
+                await asyncio.sleep(self.pause)
+        finally:
+            await producer.stop()
+
+
+def customer_key(order: int) -> bytes:
+    return b"c%d" % (order % CUSTOMERS)
+
+
+async def _produce_customers(bootstrap: str, topic: str) -> dict[str, str]:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+    await producer.start()
+    try:
+        customers = {
+            f"c{c}": json.dumps({"id": c, "name": f"customer {c}"}) for c in range(CUSTOMERS)
+        }
+        for key, value in customers.items():
+            await producer.send(topic, value.encode(), key=key.encode())
+        await producer.flush()
+        return customers
+    finally:
+        await producer.stop()
+
+
+def test_join_example_kill9_joins_every_order_once(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+) -> None:
+    """The orders/customers join of ``examples/orders_join`` under exactly once: a process
+    killed (with open transactions) while orders flow; every order comes out once, joined."""
+    orders = kafka_topic_factory(PARTITIONS, prefix="orders")
+    customers_topic = kafka_topic_factory(PARTITIONS, prefix="customers")
+    output = kafka_topic_factory(PARTITIONS, prefix="enriched")
+    runtime = Runtime(kafka_bootstrap, kafka_group_id_factory("eos-join"), orders, tmp_path)
+    runtime.args = [
+        *["--guarantee", "exactly_once", "--output", output, "--join", customers_topic],
+        *["--status-interval", "0.1"],
+    ]
+    total = 30_000
+    try:
+        customers = asyncio.run(_produce_customers(kafka_bootstrap, customers_topic))
+        runtime.start("p1")
+        runtime.start("p2")
+        before = runtime.settle()
+        wait_caught_up(kafka_bootstrap, runtime.app, customers_topic)
+        victim = max(sorted(before), key=lambda n: len(before[n]))
+        survivor = next(n for n in before if n != victim)
+        feeder = OrderFeeder(kafka_bootstrap, orders, total, chunk=1000, pause=0.1)
+        feeder.start()
+        wait_for("10,000 orders produced", lambda: feeder.acked >= 10_000)
+        runtime.procs[victim].proc.send_signal(signal.SIGUSR2)  # no more commits, then killed
+        held = time.time()
+
+        def processed_more() -> bool:
+            later = [e for e in runtime.events(victim, "status") if e["t"] > held + 0.25]
+            return len(later) >= 2 and later[-1]["processed"] > later[0]["processed"]
+
+        wait_for("the victim processes orders it will not commit", processed_more)
+        runtime.stop(victim, signal.SIGKILL)
+        assert runtime.settle()[survivor] == TASKS
+        feeder.finish()
+        wait_caught_up(kafka_bootstrap, runtime.app, orders)
+        table = tables(runtime.stop(survivor))
+        assert table == customers  # the customers table, exact
+        committed = asyncio.run(_read_topic(kafka_bootstrap, output, "read_committed"))
+        everything = asyncio.run(_read_topic(kafka_bootstrap, output, "read_uncommitted"))
+    finally:
+        runtime.close()
+    seen = Counter(json.loads(v)["order"] for v in committed)
+    assert [o for o, n in seen.items() if n > 1] == []
+    assert set(seen) == set(range(total))
+    unjoined = [
+        e
+        for e in map(json.loads, committed)
+        if e["customer"] != json.loads(customers[customer_key(e["order"]).decode()])
+    ]
+    assert unjoined == []
+    print(f"\n{len(everything) - len(committed)} enriched orders of aborted transactions hidden")
+    assert len(everything) > len(committed), "the kill left no open transaction"
