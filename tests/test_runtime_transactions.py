@@ -190,6 +190,15 @@ def test_configuration(tmp_path: Path) -> None:
             state_dir=tmp_path / "b",
             **common,
         )
+    with pytest.raises(RuntimeConfigError, match="transaction_timeout_ms"):
+        App(
+            topology,
+            {0: Count},
+            processing_guarantee="exactly_once",
+            commit_interval_ms=60_000,
+            state_dir=tmp_path / "e",
+            **common,
+        )
     eos = App(
         topology,
         {0: Count},

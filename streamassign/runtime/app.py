@@ -139,6 +139,13 @@ class App:
                 "producer_config may not set transactional_id: with exactly_once each task's "
                 "producer has its own, derived from the application id and the task id"
             )
+        txn_timeout = int((producer_config or {}).get("transaction_timeout_ms", 60_000))
+        if processing_guarantee == "exactly_once" and commit_interval_ms >= txn_timeout:
+            raise RuntimeConfigError(
+                f"commit_interval_ms ({commit_interval_ms}) must be below the producer's "
+                f"transaction_timeout_ms ({txn_timeout}): the broker aborts a transaction "
+                "open longer"
+            )
         if commit_interval_ms < 1:
             raise RuntimeConfigError(f"commit_interval_ms must be >= 1, got {commit_interval_ms}")
         self.processing_guarantee = processing_guarantee
