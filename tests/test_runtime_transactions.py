@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import ProducerFenced
+from aiokafka.errors import KafkaConnectionError, ProducerFenced
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.errors import RuntimeConfigError
@@ -212,3 +212,25 @@ def test_configuration(tmp_path: Path) -> None:
     assert alo.processing_guarantee == "at_least_once"
     assert "isolation_level" not in alo.consumer_config
     assert transactional_id("app", TaskId(0, 3)) == "app-0_3"
+
+
+def test_a_producer_that_does_not_start_leaves_its_task_waiting_and_rejoins(
+    tmp_path: Path,
+) -> None:
+    app, tasks, _, rejoins = make(tmp_path)
+    producers = app._clients.task_producers
+    assert producers is not None
+    app._actives.clear()
+
+    async def renew(task: TaskId) -> None:
+        if task == TaskId(0, 1):
+            raise KafkaConnectionError("the coordinator is away")
+        producers.producers[task] = TxnProducer()  # type: ignore[assignment]
+
+    producers.renew = renew  # type: ignore[method-assign]
+    new = [(t.task_id, t.stores, "cold") for t in tasks.values()]
+    asyncio.run(app._start_tasks(0, new))
+    started, waiting = app._actives[TaskId(0, 0)], app._actives[TaskId(0, 1)]
+    assert started.restoring and not started.torn
+    assert waiting.torn and not waiting.restoring  # started again after the rejoin
+    assert rejoins == [0]

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
@@ -477,12 +478,16 @@ class App:
         producer = self._clients.producer
         if any(source == "kept" for _, _, source in new) and producer is not None:
             await producer.flush()  # a torn task's writes in flight: in the changelog
+        failed: set[TaskId] = set()
         if self._clients.task_producers is not None:
-            await self._renew_producers(consumer, [task_id for task_id, _, _ in new])
+            failed = await self._renew_producers(consumer, [task_id for task_id, _, _ in new])
         for task_id, states, source in new:
             processor = self.processors[task_id.subtopology]()
             task = ActiveTask(task_id, consumer, states, processor, repartition=self._repartition)
             self._actives[task_id] = task
+            if task_id in failed:  # no producer: it waits (torn) and is started again
+                tear(task)
+                continue
             if not states:
                 self._updater.cancel(task_id)
                 log.info("consumer %d: task %s assigned (stateless)", consumer, task_id)
@@ -498,25 +503,51 @@ class App:
             )
         self._pause_restoring(consumer)
 
-    async def _renew_producers(self, consumer: int, tasks: Sequence[TaskId]) -> None:
+    async def _renew_producers(self, consumer: int, tasks: Sequence[TaskId]) -> set[TaskId]:
         """Exactly once: a new transactional producer per task, initialised before its
         restore looks up the changelog ends (so a fenced zombie's open transaction is aborted
         first and the restore reads to a stable end), then the task's input from its
-        committed offsets as they are after that (a zombie's last commit included)."""
+        committed offsets as they are after that (a zombie's last commit included).
+        Returns the tasks whose producer could not be started (the consumer rejoins, and
+        they are tried again when the new assignment starts them)."""
         producers = self._clients.task_producers
         assert producers is not None
-        await asyncio.gather(*(producers.renew(t) for t in tasks))
+        results = await asyncio.gather(*(producers.renew(t) for t in tasks), return_exceptions=True)
+        failed = set()
+        for task_id, result in zip(tasks, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):
+                log.warning(
+                    "consumer %d: task %s: its transactional producer did not start (%r); "
+                    "rejoining to try again",
+                    consumer,
+                    task_id,
+                    result,
+                )
+                failed.add(task_id)
+        if failed:
+            self.host.request_rejoin(consumer)
+        if consumer >= len(self.host.consumers):
+            return failed
         kafka_consumer = self.host.consumers[consumer]
         try:
             assigned = kafka_consumer.assignment()
         except Exception:  # no assignment (between generations): nothing to seek
-            return
+            return failed
         for tp in sorted(assigned):
             if self.topology.task_of(TopicPartition(*tp)) in tasks:
-                committed = await kafka_consumer.committed(tp)
+                try:
+                    committed = await kafka_consumer.committed(tp)
+                except KafkaError as exc:  # aiokafka's own lookup after the assignment stands
+                    log.warning(
+                        "consumer %d: committed offset of %s[%d] unknown (%r)", consumer, *tp, exc
+                    )
+                    continue
                 if committed is not None:
                     with contextlib.suppress(Exception):  # unassigned meanwhile
                         kafka_consumer.seek(tp, committed)
+        return failed
 
     def _transaction_failed(self, task: ActiveTask, exc: Exception) -> None:
         self._commits.transaction_failed(task.consumer, task, exc)
