@@ -4,8 +4,9 @@ Built on ``ProcessHost`` (the protocol, stickiness reporting, per-task callbacks
 wires the parts, each in its own module: ``tasks`` (a task and the processor's view of it),
 ``processing`` (records through processors), ``commits`` (commits and the membership checks),
 ``restore`` (the state updater, reading changelogs for restores, standbys and warmups; and
-changelog lookups), ``standbys`` (the standby stores) and ``task_stores`` (opening, handing
-over and closing stores). ``changelog.py`` says how writes,
+changelog lookups), ``standbys`` (the standby stores), ``task_stores`` (opening, handing
+over and closing stores) and ``transactions`` (exactly once: a transactional producer per
+task). ``changelog.py`` says how writes,
 commits and restores keep table state exact under at-least-once delivery; ``docs/runtime.md``
 has the whole design.
 
