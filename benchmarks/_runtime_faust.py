@@ -2,7 +2,8 @@
 
 Run as a Faust worker process: ``python benchmarks/_runtime_faust.py worker -l warning``,
 configured by environment variables (``BENCH_BOOTSTRAP``, ``BENCH_APP``, ``BENCH_ORDERS``,
-``BENCH_CUSTOMERS``, ``BENCH_OUTPUT``, ``BENCH_PARTITIONS``, ``BENCH_DATADIR``). The same work per
+``BENCH_CUSTOMERS``, ``BENCH_OUTPUT``, ``BENCH_PARTITIONS``, ``BENCH_DATADIR``,
+``BENCH_GUARANTEE``: ``at_least_once``, the default, or ``exactly_once``). The same work per
 record as our runtime's processor: the customer table in a Faust ``Table`` (memory store,
 changelog-backed), each order joined with its customer and sent to the output topic.
 """
@@ -29,6 +30,7 @@ app = faust.App(
     # As our runtime: producer linger 5 ms, commit every second (Faust's defaults: 0 and 2.8 s).
     producer_linger=0.005,
     broker_commit_interval=1.0,
+    processing_guarantee=env.get("BENCH_GUARANTEE", "at_least_once"),
 )
 orders = app.topic(env["BENCH_ORDERS"], key_type=bytes, value_type=bytes, value_serializer="raw")
 customers = app.topic(

@@ -34,6 +34,7 @@ async def runtime(args: argparse.Namespace, stop: asyncio.Event) -> None:
         state_dir=args.state_dir,
         store_kind=args.store,
         num_standby_replicas=args.standbys,
+        processing_guarantee=args.guarantee,
         consumer_config=CONSUMER,
     )
     await app.start()
@@ -98,6 +99,7 @@ async def main() -> None:
     ap.add_argument("--state-dir", required=True)
     ap.add_argument("--store", default="memory")
     ap.add_argument("--standbys", type=int, default=0)
+    ap.add_argument("--guarantee", default="at_least_once")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     stop = asyncio.Event()

@@ -6,15 +6,20 @@ side on the same broker in the same run, each worker in its own OS process.
    Rate = output records / (last - first output timestamp), so start-up and the first
    rebalance are not counted; per-record cost = 1 / rate. Runners: a bare aiokafka loop doing
    the same join with a dict (no changelog, no commit protocol: the floor), our runtime with
-   the in-memory store and with RocksDB, and Faust with its memory store (changelog-backed
-   table). Overhead = per-record cost minus the bare loop's.
+   the in-memory store and with RocksDB, each at least once (the default) and exactly once
+   (``processing_guarantee="exactly_once"``: a transaction per task and commit), and Faust
+   with its memory store (changelog-backed table). Overhead = per-record cost minus the bare
+   loop's. Outputs are read ``read_committed`` (the same as uncommitted for runners without
+   transactions).
 2. **Downtime per rebalance** — orders flow at a steady rate into one worker; a second worker
    process joins, later leaves (SIGTERM). Downtime = the longest interval without any output
    record (across the group) around each change; the steady-state longest interval is shown
    for reference.
 
-Run ``python benchmarks/runtime.py [--quick] [--markdown docs/runtime.md] [--bootstrap H:P]``;
-without ``--bootstrap`` a broker is started through ``scripts/kafka.py``.
+Run ``python benchmarks/runtime.py [--quick] [--markdown docs/runtime.md] [--bootstrap H:P]
+[--only KIND ...] [--section NAME]``; without ``--bootstrap`` a broker is started through
+``scripts/kafka.py``. The at-least-once vs exactly-once table of docs/runtime.md is
+``--only memory --only memory-eos --only rocksdb --only rocksdb-eos --section runtime-eos``.
 """
 
 from __future__ import annotations
@@ -69,7 +74,10 @@ RUNNERS = {
     "bare aiokafka loop (dict; no changelog, no state)": "bare",
     "streamassign runtime, memory store": "memory",
     "streamassign runtime, RocksDB store": "rocksdb",
+    "streamassign runtime, memory store, exactly once": "memory-eos",
+    "streamassign runtime, RocksDB store, exactly once": "rocksdb-eos",
     f"{FAUST}, memory store": "faust",
+    f"{FAUST}, memory store, exactly once": "faust-eos",
 }
 
 
@@ -93,7 +101,7 @@ class Worker:
         self.log_path = work / f"{names.app}-{tag}.log"
         log = self.log_path.open("w")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        if kind == "faust":
+        if kind.startswith("faust"):
             faust = [str(HERE / "_runtime_faust.py"), "worker", "--without-web", "-l", "warn"]
             argv = [sys.executable, *faust]
             env |= {
@@ -104,12 +112,14 @@ class Worker:
                 "BENCH_OUTPUT": names.output,
                 "BENCH_PARTITIONS": str(PARTITIONS),
                 "BENCH_DATADIR": str(work / f"faust-{tag}"),
+                "BENCH_GUARANTEE": "exactly_once" if kind.endswith("-eos") else "at_least_once",
             }
         else:
             argv = [
                 sys.executable, str(HERE / "_runtime_ours.py"),
                 "--kind", "bare" if kind == "bare" else "runtime",
-                "--store", "rocksdb" if kind == "rocksdb" else "memory",
+                "--store", "rocksdb" if kind.startswith("rocksdb") else "memory",
+                "--guarantee", "exactly_once" if kind.endswith("-eos") else "at_least_once",
                 "--bootstrap", bootstrap, "--app", names.app,
                 "--orders", names.orders, "--customers", names.customers,
                 "--output", names.output, "--state-dir", str(work / f"state-{tag}"),
@@ -194,7 +204,12 @@ async def read_output(
 ) -> Output:
     """Outputs until ``count`` distinct orders are out (duplicates of an at-least-once
     runner included), the timeout passes, or ``worker`` exits."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",  # what an exactly-once runner's readers see
+    )
     await consumer.start()
     stamps: list[int] = []
     joined: dict[int, bool] = {}
@@ -281,26 +296,27 @@ async def run(
     cfg: Config, bootstrap: str, work: Path, only: Sequence[str] | None = None
 ) -> dict[str, dict[str, list[float]]]:
     results: dict[str, dict[str, list[float]]] = {}
-    for label, kind in RUNNERS.items():
+    # Repeats outermost: each round runs every runner once, so load that drifts on a shared
+    # machine spreads over all runners rather than favouring the ones that ran last.
+    for _, (label, kind) in itertools.product(range(cfg.repeats), RUNNERS.items()):
         if only and kind not in only:
             continue
         got = results.setdefault(
             label,
             {"rate": [], "joined": [], "steady": [], "join": [], "leave": [], "missing": []},
         )
-        for _ in range(cfg.repeats):
-            console.print(f"[dim]{label}: throughput[/dim]")
-            rate, joined = await throughput(kind, bootstrap, cfg, work)
-            got["rate"].append(rate)
-            got["joined"].append(joined)
-            if kind == "bare":
-                continue  # a plain group: no state, nothing to compare for rebalances
-            console.print(f"[dim]{label}: downtime[/dim]")
-            steady, join, leave, missing = await downtime(kind, bootstrap, cfg, work)
-            got["missing"].append(missing)
-            got["steady"].append(steady)
-            got["join"].append(join)
-            got["leave"].append(leave)
+        console.print(f"[dim]{label}: throughput[/dim]")
+        rate, joined = await throughput(kind, bootstrap, cfg, work)
+        got["rate"].append(rate)
+        got["joined"].append(joined)
+        if kind == "bare":
+            continue  # a plain group: no state, nothing to compare for rebalances
+        console.print(f"[dim]{label}: downtime[/dim]")
+        steady, join, leave, missing = await downtime(kind, bootstrap, cfg, work)
+        got["missing"].append(missing)
+        got["steady"].append(steady)
+        got["join"].append(join)
+        got["leave"].append(leave)
     return results
 
 
@@ -378,6 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only", choices=sorted(RUNNERS.values()), action="append", help="run only these"
     )
+    parser.add_argument(
+        "--section", default=SECTION, help=f"section of --markdown to write (default {SECTION})"
+    )
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     if args.repeats:
@@ -393,8 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         body = "\n".join(f"- {k}: {v}" for k, v in info.items()) + "\n\n"
         body += "\n".join(r.markdown() for r in reports)
-        write_section(args.markdown, SECTION, body)
-        console.print(f"wrote section {SECTION!r} of {args.markdown}")
+        write_section(args.markdown, args.section, body)
+        console.print(f"wrote section {args.section!r} of {args.markdown}")
     return 0
 
 

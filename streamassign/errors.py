@@ -295,3 +295,9 @@ class UnknownStoreError(StreamAssignError, KeyError):
 
 class FanOutLimitError(StreamAssignError, ValueError):
     """One input record sent more repartition records than their ordering headers can number."""
+
+
+class TransactionFailedError(StreamAssignError):
+    """A task's transaction could not be begun or committed (its producer was fenced by a
+    newer owner of the task, or failed): the runtime aborts it and drops the task's
+    uncommitted state; the application goes on."""

@@ -58,7 +58,12 @@ async def produce(
 
 
 async def read_back(bootstrap: str, topic: str, count: int, timeout: float) -> list[Any]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",  # with exactly_once: committed transactions only
+    )
     await consumer.start()
     out: list[Any] = []
     loop = asyncio.get_running_loop()
@@ -79,6 +84,9 @@ async def main() -> int:
     ap.add_argument("--orders", type=int, default=2000)
     ap.add_argument("--customers", type=int, default=100)
     ap.add_argument("--state-dir", default=None, help="default: a new temporary directory")
+    ap.add_argument(
+        "--guarantee", choices=["at_least_once", "exactly_once"], default="at_least_once"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 
@@ -93,6 +101,7 @@ async def main() -> int:
             bootstrap_servers=args.bootstrap,
             state_dir=state_root / f"process-{i}",
             num_standby_replicas=1,
+            processing_guarantee=args.guarantee,
             consumer_config={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
         )
         for i in range(2)

@@ -2,8 +2,9 @@
 
 ``App`` runs a topology's processors over N consumers of one process, with per-task state
 stores (in memory or RocksDB) backed by changelog topics, standby replicas kept up to date by
-a restore consumer, exact table state under at-least-once delivery, and interactive queries
-over the tables (``QueryServer``, ``QueryClient``). See
+a restore consumer, exact table state under at-least-once delivery (or exactly-once
+processing: one Kafka transaction per task and commit), and interactive queries over the
+tables (``QueryServer``, ``QueryClient``). See
 ``docs/runtime.md``. ``stores`` and ``changelog`` are pure (no Kafka) and tested alone.
 """
 
@@ -14,6 +15,7 @@ from ._topics import InternalTopicError, ensure_internal_topics, internal_topics
 from .app import (
     App,
     ProcessingError,
+    ProcessingGuarantee,
     Processor,
     ProcessorFactory,
     Record,
@@ -33,6 +35,7 @@ __all__ = [
     "KeyValueStore",
     "MemoryStore",
     "ProcessingError",
+    "ProcessingGuarantee",
     "Processor",
     "ProcessorFactory",
     "Queries",

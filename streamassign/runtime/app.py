@@ -4,8 +4,9 @@ Built on ``ProcessHost`` (the protocol, stickiness reporting, per-task callbacks
 wires the parts, each in its own module: ``tasks`` (a task and the processor's view of it),
 ``processing`` (records through processors), ``commits`` (commits and the membership checks),
 ``restore`` (the state updater, reading changelogs for restores, standbys and warmups; and
-changelog lookups), ``standbys`` (the standby stores) and ``task_stores`` (opening, handing
-over and closing stores). ``changelog.py`` says how writes,
+changelog lookups), ``standbys`` (the standby stores), ``task_stores`` (opening, handing
+over and closing stores) and ``transactions`` (exactly once: a transactional producer per
+task). ``changelog.py`` says how writes,
 commits and restores keep table state exact under at-least-once delivery; ``docs/runtime.md``
 has the whole design.
 
@@ -29,10 +30,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
-from ..errors import ErrorCode, RuntimeConfigError
+from ..errors import ErrorCode, RuntimeConfigError, TransactionFailedError
 from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
 from ._clients import Clients
@@ -56,11 +58,19 @@ from .tasks import (
     source_of,
     tear,
 )
+from .transactions import TaskProducers
+
+#: ``at_least_once`` (the default): commit markers in the changelogs, exact tables, outputs
+#: at least once. ``exactly_once``: one transaction per task and commit (see
+#: ``transactions.py`` and docs/runtime.md).
+ProcessingGuarantee = Literal["at_least_once", "exactly_once"]
+PROCESSING_GUARANTEES: tuple[ProcessingGuarantee, ...] = ("at_least_once", "exactly_once")
 
 __all__ = [
     "App",
     "ErrorPolicy",
     "ProcessingError",
+    "ProcessingGuarantee",
     "Processor",
     "ProcessorFactory",
     "Record",
@@ -98,6 +108,7 @@ class App:
         store_kind: StoreKind = "rocksdb",
         commit_interval_ms: int = 1000,
         processing_errors: ErrorPolicy = "stop",
+        processing_guarantee: ProcessingGuarantee = "at_least_once",
         replication_factor: int = 1,
         endpoint: str | None = None,
         consumer_config: Mapping[str, Any] | None = None,
@@ -120,10 +131,29 @@ class App:
             raise RuntimeConfigError(f"store_kind must be one of {STORE_KINDS}, got {store_kind!r}")
         if processing_errors not in ("stop", "skip"):
             raise RuntimeConfigError("processing_errors must be 'stop' or 'skip'")
+        if processing_guarantee not in PROCESSING_GUARANTEES:
+            raise RuntimeConfigError(
+                f"processing_guarantee must be one of {PROCESSING_GUARANTEES}, "
+                f"got {processing_guarantee!r}"
+            )
+        if processing_guarantee == "exactly_once" and "transactional_id" in (producer_config or {}):
+            raise RuntimeConfigError(
+                "producer_config may not set transactional_id: with exactly_once each task's "
+                "producer has its own, derived from the application id and the task id"
+            )
+        txn_timeout = int((producer_config or {}).get("transaction_timeout_ms", 60_000))
+        if processing_guarantee == "exactly_once" and commit_interval_ms >= txn_timeout:
+            raise RuntimeConfigError(
+                f"commit_interval_ms ({commit_interval_ms}) must be below the producer's "
+                f"transaction_timeout_ms ({txn_timeout}): the broker aborts a transaction "
+                "open longer"
+            )
         if commit_interval_ms < 1:
             raise RuntimeConfigError(f"commit_interval_ms must be >= 1, got {commit_interval_ms}")
+        self.processing_guarantee = processing_guarantee
+        exactly_once = processing_guarantee == "exactly_once"
         for sub in topology.subtopologies:
-            if len(sub.stores) > 1:
+            if len(sub.stores) > 1 and not exactly_once:
                 log.warning(
                     "subtopology %d has %d stores: each store's changelog commits on its own, "
                     "so a crash between their markers can leave them at different inputs "
@@ -141,6 +171,8 @@ class App:
         self.replication_factor = replication_factor
         # A new application reads its input from the start, as Kafka Streams does.
         self.consumer_config = {"auto_offset_reset": "earliest", **(consumer_config or {})}
+        if exactly_once:  # only what committed transactions wrote (input, changelogs)
+            self.consumer_config["isolation_level"] = "read_committed"
         self.producer_config = dict(producer_config or {})
         #: Changelog end offsets of every stateful task, for the leader's lags (HA only).
         self.end_offsets: EndOffsetsCache | None = EndOffsetsCache() if high_availability else None
@@ -172,7 +204,13 @@ class App:
             self._clients, self._standbys, self._stores.checkpoint, self._restored
         )
         self._lookups = ChangelogLookups(self._clients)
-        self._processing = Processing(topology, self._clients, self._actives, processing_errors)
+        self._processing = Processing(
+            topology,
+            self._clients,
+            self._actives,
+            processing_errors,
+            self._transaction_failed if exactly_once else None,
+        )
         self._commits = Commits(
             self.host, self._clients, self._actives, self._lookups, self._stores
         )
@@ -191,6 +229,16 @@ class App:
     @property
     def state(self) -> Any:
         return self.host.state
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == "exactly_once"
+
+    @property
+    def isolation_level(self) -> str:
+        """What every consumer of the application reads: ``read_committed`` with exactly
+        once (aborted transactions skipped, up to the last stable offset)."""
+        return "read_committed" if self.exactly_once else "read_uncommitted"
 
     @property
     def processing_errors(self) -> ErrorPolicy:
@@ -234,7 +282,15 @@ class App:
         clients.producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap_servers, **producer_config
         )
-        restore_config = {"enable_auto_commit": False, "auto_offset_reset": "earliest"}
+        if self.exactly_once:  # each task's own transactional producer (fencing)
+            clients.task_producers = TaskProducers(
+                self.host.application_id, self.bootstrap_servers, producer_config
+            )
+        restore_config = {
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "isolation_level": self.isolation_level,
+        }
         clients.restorer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **restore_config
         )
@@ -246,11 +302,12 @@ class App:
         )
         await self.host.start()
         log.info(
-            "process %s started: %d consumer(s), %s stores, %d standby replica(s)",
+            "process %s started: %d consumer(s), %s stores, %d standby replica(s), %s",
             self.host.process_id,
             self.threads,
             self.store_kind,
             self.host.num_standby_replicas,
+            self.processing_guarantee,
         )
         loops = [
             self._fail_on_error(self._consume(i), f"consumer {i}") for i in range(self.threads)
@@ -318,6 +375,8 @@ class App:
                     continue
                 async with self._locks[i]:
                     await self._commits.commit_safely(i)
+        if self._clients.task_producers is not None:  # open transactions are aborted
+            await self._clients.task_producers.stop()
         closes = [self._stores.close(t.task_id, t.stores) for t in self._actives.values()]
         self._actives.clear()
         parked = [(t, states) for t, (states, _) in self._stores.parked.items()]
@@ -420,10 +479,16 @@ class App:
         producer = self._clients.producer
         if any(source == "kept" for _, _, source in new) and producer is not None:
             await producer.flush()  # a torn task's writes in flight: in the changelog
+        failed: set[TaskId] = set()
+        if self._clients.task_producers is not None:
+            failed = await self._renew_producers(consumer, [task_id for task_id, _, _ in new])
         for task_id, states, source in new:
             processor = self.processors[task_id.subtopology]()
             task = ActiveTask(task_id, consumer, states, processor, repartition=self._repartition)
             self._actives[task_id] = task
+            if task_id in failed:  # no producer: it waits (torn) and is started again
+                tear(task)
+                continue
             if not states:
                 self._updater.cancel(task_id)
                 log.info("consumer %d: task %s assigned (stateless)", consumer, task_id)
@@ -438,6 +503,55 @@ class App:
                 ",".join(str(s.position) for s in states.values()),
             )
         self._pause_restoring(consumer)
+
+    async def _renew_producers(self, consumer: int, tasks: Sequence[TaskId]) -> set[TaskId]:
+        """Exactly once: a new transactional producer per task, initialised before its
+        restore looks up the changelog ends (so a fenced zombie's open transaction is aborted
+        first and the restore reads to a stable end), then the task's input from its
+        committed offsets as they are after that (a zombie's last commit included).
+        Returns the tasks whose producer could not be started (the consumer rejoins, and
+        they are tried again when the new assignment starts them)."""
+        producers = self._clients.task_producers
+        assert producers is not None
+        results = await asyncio.gather(*(producers.renew(t) for t in tasks), return_exceptions=True)
+        failed = set()
+        for task_id, result in zip(tasks, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):
+                log.warning(
+                    "consumer %d: task %s: its transactional producer did not start (%r); "
+                    "rejoining to try again",
+                    consumer,
+                    task_id,
+                    result,
+                )
+                failed.add(task_id)
+        if failed:
+            self.host.request_rejoin(consumer)
+        if consumer >= len(self.host.consumers):
+            return failed
+        kafka_consumer = self.host.consumers[consumer]
+        try:
+            assigned = kafka_consumer.assignment()
+        except Exception:  # no assignment (between generations): nothing to seek
+            return failed
+        for tp in sorted(assigned):
+            if self.topology.task_of(TopicPartition(*tp)) in tasks:
+                try:
+                    committed = await kafka_consumer.committed(tp)
+                except KafkaError as exc:  # aiokafka's own lookup after the assignment stands
+                    log.warning(
+                        "consumer %d: committed offset of %s[%d] unknown (%r)", consumer, *tp, exc
+                    )
+                    continue
+                if committed is not None:
+                    with contextlib.suppress(Exception):  # unassigned meanwhile
+                        kafka_consumer.seek(tp, committed)
+        return failed
+
+    def _transaction_failed(self, task: ActiveTask, exc: Exception) -> None:
+        self._commits.transaction_failed(task.consumer, task, exc)
 
     async def _restored(self, entry: Restoring) -> bool:
         """The state updater restored ``entry``: undo orphan writes, resume the task's input.
@@ -456,14 +570,19 @@ class App:
             assert entry.ends is not None
             compensated = 0
             for state in task.stores.values():
-                state.end = entry.ends[state.changelog]  # the active's records land from here
+                if not self.exactly_once:  # (with transactions, fencing replaces end checks)
+                    state.end = entry.ends[state.changelog]  # the active's records land here
                 keys = state.compensate()
                 compensated += len(keys)
                 cl = state.changelog
                 task.outbox.extend(
                     (cl.topic, cl.partition, k, state.pending[k], None) for k in keys
                 )
-            await self._processing.send_outbox(task)
+            try:
+                await self._processing.send_outbox(task)
+            except TransactionFailedError as exc:  # exactly once, fenced: after a rejoin
+                self._transaction_failed(task, exc)
+                return True
             task.restoring = False
             seconds = time.monotonic() - entry.started
             event = RestoreEvent(
@@ -513,6 +632,8 @@ class App:
                 continue  # already moved to another consumer of this process
             del self._actives[task_id]
             self._updater.cancel(task_id)  # its stores keep what they restored so far
+            if self._clients.task_producers is not None:  # committed at the rebalance's start
+                self._clients.task_producers.close(task_id)
             if task_id in self._standbys.wanted:
                 owner = self._standbys.wanted.pop(task_id)
                 await self._standbys.add(task_id, task.stores, owner)
@@ -587,7 +708,8 @@ class App:
         # (whose callbacks may come later) ran there, and that consumer may have been out of
         # the group unnoticed while another member wrote the changelog.
         try:
-            await self._commits.check_ends(consumer, mine)
+            if not self.exactly_once:  # else fencing: a task written elsewhere fails to commit
+                await self._commits.check_ends(consumer, mine)
             torn = [
                 (t, self._actives[t].stores, "kept") for t in sorted(mine) if self._actives[t].torn
             ]

@@ -14,10 +14,11 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalOperation, KafkaError
 
 from .. import TaskId
 from ..aiokafka.streams import ProcessHost
+from ..errors import TransactionFailedError
 from ._clients import Clients
 from .changelog import COMMIT_KEY, StoreState
 from .restore import ChangelogLookups
@@ -48,6 +49,9 @@ class Commits:
         """Data and output acks, then changelog markers and their acks, then local stores and
         checkpoints, then input offsets. A failed write raises before any marker is produced,
         so no marker ever closes writes the changelog may not hold."""
+        if self.clients.task_producers is not None:
+            await self.commit_transactions(index)
+            return
         producer = self.clients.producer
         assert producer is not None
         tasks = [
@@ -95,6 +99,74 @@ class Commits:
             return
         for task in tasks:
             task.committed.update(task.offsets)
+
+    async def commit_transactions(self, index: int) -> None:
+        """Exactly once: each task of ``index`` commits its own transaction (its changelog
+        writes, a marker per dirty store, its outputs and its input offsets); a task whose
+        transaction fails is torn and restored after a rejoin, the others commit. A member
+        that lost its membership commits nothing (its transactions are aborted when its
+        tasks' producers are closed or renewed)."""
+        if self.lost(index):
+            return
+        tasks = [
+            t
+            for t in self.actives.values()
+            if t.consumer == index and not t.torn and not t.restoring
+        ]
+        await asyncio.gather(*(self._commit_transaction(index, t) for t in tasks))
+
+    async def _commit_transaction(self, index: int, task: ActiveTask) -> None:
+        producers = self.clients.task_producers
+        assert producers is not None
+        sent = {tp: o for tp, o in task.offsets.items() if task.committed.get(tp) != o}
+        offsets = {KafkaTopicPartition(*tp): o for tp, o in sent.items()}
+        dirty = [s for s in task.stores.values() if s.dirty]
+        if not offsets and not dirty and task.task_id not in producers.open:
+            return
+        try:
+            producer = await producers.sending(task.task_id)
+            if task.futures:
+                await asyncio.gather(*task.futures)
+            task.futures.clear()
+            markers = [
+                await producer.send(
+                    s.changelog.topic, s.marker(), key=COMMIT_KEY, partition=s.changelog.partition
+                )
+                for s in dirty
+            ]
+            acks = await asyncio.gather(*markers)
+            await producers.commit(task.task_id, offsets, self.host.application_id)
+        except (KafkaError, TransactionFailedError, IllegalOperation) as exc:
+            self.transaction_failed(index, task, exc)
+            return
+        writes = [(s, ack.offset) for s, ack in zip(dirty, acks, strict=True)]
+        local = asyncio.ensure_future(asyncio.to_thread(_write_committed, writes))
+        try:
+            await asyncio.shield(local)
+        except asyncio.CancelledError:
+            await asyncio.wait([local])
+            raise
+        for state in task.stores.values():
+            state.end = None  # a transaction marker follows our records: fencing checks
+        self.stores.checkpoint(task.task_id, task.stores, durable=False)
+        task.committed.update(sent)
+
+    def transaction_failed(self, index: int, task: ActiveTask, exc: Exception) -> None:
+        """Exactly once: ``task``'s transaction failed (fenced by a newer owner, or a write
+        failed): it is aborted, the task's uncommitted state dropped, and the consumer
+        rejoins; the task is restored with a new producer if the assignment gives it back."""
+        log.warning(
+            "consumer %d: task %s: transaction failed (%r); aborted, its uncommitted state "
+            "is dropped, restored before it runs again",
+            index,
+            task.task_id,
+            exc,
+        )
+        tear(task)
+        producers = self.clients.task_producers
+        if producers is not None:
+            producers.fail(task.task_id)
+        self.host.request_rejoin(index)
 
     async def commit_safely(self, index: int) -> None:
         """Commit; on failure drop the consumer's uncommitted state as a crash would (its

@@ -10,14 +10,16 @@ from __future__ import annotations
 import contextlib
 import heapq
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import IllegalOperation, ProducerFenced
 
 from .. import TaskId, TopicPartition
 from ..errors import ProcessingError as ProcessingError
+from ..errors import TransactionFailedError
 from ..topology import Topology
 from ._clients import Clients
 from .tasks import ActiveTask, Record, mark_of, tear, timestamp_of, undo
@@ -36,11 +38,15 @@ class Processing:
         clients: Clients,
         actives: Mapping[TaskId, ActiveTask],
         errors: ErrorPolicy,
+        transaction_failed: Callable[[ActiveTask, Exception], None] | None = None,
     ) -> None:
         self.topology = topology
         self.clients = clients
         self.actives = actives
         self.errors = errors
+        #: Exactly once: called (after the task is torn) when a task's transaction failed
+        #: (its producer fenced); the task waits for its restore, the loop goes on.
+        self.transaction_failed = transaction_failed
         self.processed = 0
         self.skipped = 0
 
@@ -65,6 +71,8 @@ class Processing:
                 lists[0] if len(lists) == 1 else heapq.merge(*lists, key=timestamp_of)
             )
             for record in ordered:
+                if task.torn:  # its transaction failed: it re-reads from its committed offsets
+                    break
                 await self.process(task, record)
 
     @staticmethod
@@ -116,6 +124,12 @@ class Processing:
             s.mark_processed(*mark)
         try:
             await self.send_outbox(task)
+        except TransactionFailedError as exc:  # exactly once: its transaction is lost
+            tear(task)
+            if self.transaction_failed is None:
+                raise
+            self.transaction_failed(task, exc)
+            return
         except BaseException:  # part of the record's writes may be out: commit none of them
             tear(task)
             raise
@@ -124,13 +138,20 @@ class Processing:
         self.processed += 1
 
     async def send_outbox(self, task: ActiveTask) -> None:
-        producer = self.clients.producer
-        assert producer is not None
+        """Produce the task's outbox (exactly once: in its transaction; a fenced or failed
+        producer raises ``TransactionFailedError``)."""
+        if not task.outbox:
+            return
+        producer = await self.clients.producer_for(task.task_id)
         changelogs = task.by_changelog
         for topic, partition, key, value, headers in task.outbox:
-            task.futures.append(
-                await producer.send(topic, value, key=key, partition=partition, headers=headers)
-            )
+            try:
+                sent = await producer.send(
+                    topic, value, key=key, partition=partition, headers=headers
+                )
+            except (ProducerFenced, IllegalOperation) as exc:  # only transactional ones do
+                raise TransactionFailedError(f"task {task.task_id}: {exc!r}") from exc
+            task.futures.append(sent)
             state = (
                 changelogs.get(TopicPartition(topic, partition)) if partition is not None else None
             )

@@ -199,7 +199,10 @@ class QueryServer:
                     await failed.stop()
         if self._consumer is None:  # the first standby query: one consumer, shared
             self._consumer = AIOKafkaConsumer(
-                bootstrap_servers=self.app.bootstrap_servers, enable_auto_commit=False
+                bootstrap_servers=self.app.bootstrap_servers,
+                enable_auto_commit=False,
+                # exactly once: the stable end (an open transaction is not "behind")
+                isolation_level=getattr(self.app, "isolation_level", "read_uncommitted"),
             )
             self._consumer_started = asyncio.ensure_future(self._consumer.start())
         consumer, started = self._consumer, self._consumer_started

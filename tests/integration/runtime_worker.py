@@ -17,7 +17,12 @@ restore of active tasks (from offset 0) last that much longer per changelog reco
 blocking the event loop as a restore inside the rebalance callback did (see ``slow_restores``),
 long enough for a short session timeout to evict the member mid-restore, while restores of a
 tail stay as fast as they are. ``--endpoint host:port`` serves interactive queries there
-(``QueryServer``).
+(``QueryServer``). ``--guarantee exactly_once`` runs the app with transactions; ``--output``
+makes every input record send one output record (its key; value
+``<partition>:<offset>:<count>,<sum>``, the input record and the total it made).
+``--join CUSTOMERS`` runs the orders/customers join of ``examples/orders_join`` instead
+(orders from ``--source``, enriched orders to ``--output``, tables of store
+``customers-table``).
 """
 
 from __future__ import annotations
@@ -32,17 +37,24 @@ import sys
 import time
 from typing import Any
 
+from examples.orders_join.join import EnrichOrders, join_topology
 from streamassign import Subtopology, TopicPartition, Topology
 from streamassign.runtime import App, QueryServer, Record, TaskContext
 
 
 class Totals:
+    #: Topic to send one record per input record to (None: no output).
+    output: str | None = None
+
     async def process(self, ctx: TaskContext, record: Record) -> None:
         table = ctx.store("totals")
         key = record.key or b""
         old = table.get(key)
         count, total = map(int, old.split(b",")) if old else (0, 0)
-        table.put(key, b"%d,%d" % (count + 1, total + int(record.value or b"0")))
+        new = b"%d,%d" % (count + 1, total + int(record.value or b"0"))
+        table.put(key, new)
+        if self.output is not None:
+            ctx.send(self.output, b"%d:%d:%s" % (record.partition, record.offset, new), key=key)
 
 
 def slow_restores(app: App, seconds_per_record: float) -> None:
@@ -92,14 +104,26 @@ async def main() -> None:
     ap.add_argument("--restore-delay-us", type=int, default=0)
     ap.add_argument("--endpoint", default=None)
     ap.add_argument("--preloaded-prefix", default="")
+    ap.add_argument("--guarantee", default="at_least_once")
+    ap.add_argument("--output", default=None)
+    ap.add_argument("--join", default=None)
     args = ap.parse_args()
+    Totals.output = args.output
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
     topology = Topology([Subtopology(0, [args.source], stores=["totals"])], name=args.app)
+    store, factory = "totals", Totals
+    if args.join:
+        topology = join_topology(args.app, args.source, args.join, args.output)
+        store = "customers-table"
+
+        def factory() -> EnrichOrders:
+            return EnrichOrders(args.join, args.output)
+
     app = App(
         topology,
-        {0: Totals},
+        {0: factory},
         bootstrap_servers=args.bootstrap,
         state_dir=args.state_dir,
         threads=args.threads,
@@ -111,6 +135,7 @@ async def main() -> None:
         max_warmup_replicas=args.warmups,
         probing_rebalance_interval_ms=args.probing_ms,
         endpoint=args.endpoint,
+        processing_guarantee=args.guarantee,
         consumer_config={
             "session_timeout_ms": args.session_ms,
             "heartbeat_interval_ms": min(500, args.session_ms // 3),
@@ -171,7 +196,7 @@ async def main() -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), args.status_interval)
         for task in sorted(app.active_tasks - app.restoring_tasks):  # what it has restored
-            items = {k.decode(): v.decode() for k, v in app.table(task, "totals").items()}
+            items = {k.decode(): v.decode() for k, v in app.table(task, store).items()}
             if args.preloaded_prefix:  # checked here: millions of entries stay out of the pipe
                 preloaded = {k: v for k, v in items.items() if k.startswith(args.preloaded_prefix)}
                 wrong = [(k, v) for k, v in preloaded.items() if v != preloaded_value(k)]

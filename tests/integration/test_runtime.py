@@ -188,9 +188,13 @@ def wait_caught_up(bootstrap: str, group: str, topic: str) -> None:
     raise AssertionError(f"the application did not catch up within {TIMEOUT}s (lag {lag})")
 
 
-async def _read_changelog(bootstrap: str, topic: str) -> tuple[dict[str, str], dict[int, int]]:
+async def _read_changelog(
+    bootstrap: str, topic: str, isolation_level: str = "read_uncommitted"
+) -> tuple[dict[str, str], dict[int, int]]:
     """The table a cold restore of every partition gives, and each partition's end offset."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", isolation_level=isolation_level
+    )
     await consumer.start()
     try:
         tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]

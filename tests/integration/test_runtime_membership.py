@@ -56,9 +56,13 @@ def runtime(
     rt.close()
 
 
-async def _backward_markers(bootstrap: str, topic: str) -> list[str]:
+async def _backward_markers(
+    bootstrap: str, topic: str, isolation_level: str = "read_uncommitted"
+) -> list[str]:
     """Markers whose applied offset of some input topic is below an earlier marker's."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", isolation_level=isolation_level
+    )
     await consumer.start()
     try:
         tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]

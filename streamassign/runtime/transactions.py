@@ -1,0 +1,131 @@
+"""One transactional producer per active task, for ``processing_guarantee="exactly_once"``.
+
+Why per task (Kafka Streams' EOS "alpha", Faust's design): aiokafka 0.14 sends
+``TxnOffsetCommit`` v0, which carries no member id and no generation, so the group coordinator
+cannot fence a zombie by its group metadata (KIP-447, EOS v2). What fences it is the
+transactional id: the task's id is derived from the application id and the task id, so the
+task's next owner, initialising its producer (``renew``), bumps the producer epoch, aborts the
+zombie's open transaction and makes every later write or commit of the zombie fail
+(``ProducerFenced``). A producer that failed once is never used again: the task is torn and
+gets a new producer only when an assignment gives it back (``renew`` from a rebalance
+callback), so a zombie never fences the task's real owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTopicPartition
+
+from .. import TaskId
+from ..errors import TransactionFailedError
+
+log = logging.getLogger("streamassign.runtime")
+
+#: Seconds closing a task's producer may take (abort, stop) before it is left to the broker.
+CLOSE_TIMEOUT = 10.0
+
+
+def transactional_id(application_id: str, task: TaskId) -> str:
+    """The transactional id of ``task``'s producer: the same on every process."""
+    return f"{application_id}-{task}"
+
+
+class TaskProducers:
+    """The transactional producer of each active task of this process, and its transaction."""
+
+    def __init__(self, application_id: str, bootstrap_servers: str, config: Mapping[str, Any]):
+        self.application_id = application_id
+        self.bootstrap_servers = bootstrap_servers
+        self.config = dict(config)
+        self.producers: dict[TaskId, AIOKafkaProducer] = {}
+        #: Tasks with a transaction begun and not committed or aborted yet.
+        self.open: set[TaskId] = set()
+        #: Producers closing in the background (``stop`` waits for them).
+        self.closing: set[asyncio.Future[None]] = set()
+
+    async def renew(self, task: TaskId) -> None:
+        """A new producer for ``task``, initialised: from here on every earlier producer of
+        the task (here or on a zombie) is fenced and its open transaction aborted. Call only
+        when an assignment gave the task to this process."""
+        self.close(task)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers,
+            transactional_id=transactional_id(self.application_id, task),
+            **self.config,
+        )
+        try:
+            await producer.start()  # InitProducerId: fences, waits for the old transaction
+        except BaseException:
+            self._close_later(producer, False)
+            raise
+        self.producers[task] = producer
+
+    async def sending(self, task: TaskId) -> AIOKafkaProducer:
+        """``task``'s producer, in a transaction (begun now if none is open)."""
+        producer = self.producers.get(task)
+        if producer is None:
+            raise TransactionFailedError(f"task {task} has no producer (it failed before)")
+        if task not in self.open:
+            try:
+                await producer.begin_transaction()
+            except Exception as exc:
+                raise TransactionFailedError(f"task {task}: begin failed: {exc!r}") from exc
+            self.open.add(task)
+        return producer
+
+    async def commit(
+        self, task: TaskId, offsets: Mapping[KafkaTopicPartition, int], group_id: str
+    ) -> None:
+        """Add ``offsets`` (input offsets of ``group_id``) to ``task``'s transaction and commit
+        it; raises ``TransactionFailedError`` (then call ``fail``)."""
+        producer = await self.sending(task)
+        try:
+            if offsets:
+                await producer.send_offsets_to_transaction(dict(offsets), group_id)
+            await producer.commit_transaction()
+        except Exception as exc:
+            raise TransactionFailedError(f"task {task}: commit failed: {exc!r}") from exc
+        self.open.discard(task)
+
+    def fail(self, task: TaskId) -> None:
+        """``task``'s transaction failed: its producer is closed (its open transaction is
+        aborted, or is by the task's next owner) and not replaced until ``renew``."""
+        self.close(task)
+
+    def close(self, task: TaskId) -> None:
+        """Close ``task``'s producer in the background, aborting its open transaction."""
+        producer = self.producers.pop(task, None)
+        was_open = task in self.open
+        self.open.discard(task)
+        if producer is not None:
+            self._close_later(producer, was_open)
+
+    def _close_later(self, producer: AIOKafkaProducer, abort: bool) -> None:
+        closing = asyncio.ensure_future(_close(producer, abort))
+        self.closing.add(closing)
+        closing.add_done_callback(self.closing.discard)
+
+    async def stop(self) -> None:
+        """Close every producer (aborting open transactions) and wait for them."""
+        for task in list(self.producers):
+            self.close(task)
+        if self.closing:
+            await asyncio.gather(*self.closing, return_exceptions=True)
+
+
+async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
+    """Abort (best effort: a fenced producer cannot) and stop, bounded by ``CLOSE_TIMEOUT``."""
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT):
+            if abort:
+                with contextlib.suppress(Exception):
+                    await producer.abort_transaction()
+            await producer.stop()
+    except Exception as exc:  # the broker aborts it at the next owner's init or its timeout
+        log.warning("a task's producer did not close cleanly (%r)", exc)

@@ -1,0 +1,335 @@
+"""``processing_guarantee="exactly_once"`` on a real broker (issue 21 §3 and §4).
+
+The summing worker of ``test_runtime.py`` with ``--guarantee exactly_once --output``: every
+input record makes one output record naming it (``<partition>:<offset>:<count>,<sum>``).
+Outputs and changelogs are read with ``read_committed`` and must hold every input record's
+effect exactly once: each input offset in exactly one output, each key's counts 1, 2, ..., n
+(so the output agrees with the table that made it), the tables the last process holds and a
+cold replay of the changelog equal to the table computed from the input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTopicPartition
+
+from .conftest import GroupIdFactory, TopicFactory
+from .test_runtime import (
+    PARTITIONS,
+    TASKS,
+    Feeder,
+    Runtime,
+    _read_changelog,
+    expected_table,
+    tables,
+    wait_caught_up,
+)
+from .test_runtime_membership import _backward_markers, wait_for
+
+
+@pytest.fixture
+def eos(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+) -> Iterator[tuple[Runtime, str]]:
+    source = kafka_topic_factory(PARTITIONS, prefix="events")
+    output = kafka_topic_factory(PARTITIONS, prefix="totals-out")
+    rt = Runtime(kafka_bootstrap, kafka_group_id_factory("eos"), source, tmp_path)
+    rt.args = ["--guarantee", "exactly_once", "--output", output, "--status-interval", "0.1"]
+    yield rt, output
+    for proc in rt.procs.values():  # a frozen process cannot die of SIGKILL until continued
+        if proc.proc.poll() is None:
+            proc.proc.send_signal(signal.SIGCONT)
+    rt.close()
+
+
+async def _read_topic(bootstrap: str, topic: str, isolation_level: str) -> list[bytes]:
+    """Every value of ``topic`` (all partitions) up to its end as ``isolation_level`` sees it."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", isolation_level=isolation_level
+    )
+    await consumer.start()
+    try:
+        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        values: list[bytes] = []
+        todo = {tp for tp in tps if ends[tp] > 0}
+        while todo:
+            for records in (await consumer.getmany(*todo, timeout_ms=500)).values():
+                values.extend(r.value for r in records)
+            todo = {tp for tp in todo if await consumer.position(tp) < ends[tp]}
+        return values
+    finally:
+        await consumer.stop()
+
+
+async def _input_offsets(bootstrap: str, topic: str) -> set[tuple[int, int]]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
+        ends = await consumer.end_offsets(tps)
+        return {(tp.partition, o) for tp in tps for o in range(ends[tp])}
+    finally:
+        await consumer.stop()
+
+
+def check_outputs_exactly_once(runtime: Runtime, output: str) -> int:
+    """Committed outputs hold every input record exactly once and every key's counts
+    1..n; returns how many output records aborted transactions left in the topic."""
+    bootstrap = runtime.bootstrap
+    committed = asyncio.run(_read_topic(bootstrap, output, "read_committed"))
+    everything = asyncio.run(_read_topic(bootstrap, output, "read_uncommitted"))
+    inputs = asyncio.run(_input_offsets(bootstrap, runtime.source))
+    seen: Counter[tuple[int, int]] = Counter()
+    for value in committed:
+        partition, offset, _ = value.decode().split(":")
+        seen[(int(partition), int(offset))] += 1
+    twice = [k for k, n in seen.items() if n > 1]
+    missing = inputs - set(seen)
+    assert not twice, f"{len(twice)} input records output more than once, e.g. {twice[:5]}"
+    assert not missing, f"{len(missing)} input records never output, e.g. {sorted(missing)[:5]}"
+    assert set(seen) == inputs
+    return len(everything) - len(committed)
+
+
+async def _counts_by_key(bootstrap: str, topic: str) -> dict[bytes, list[int]]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", isolation_level="read_committed"
+    )
+    await consumer.start()
+    try:
+        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        out: dict[bytes, list[int]] = {}
+        todo = {tp for tp in tps if ends[tp] > 0}
+        while todo:
+            for records in (await consumer.getmany(*todo, timeout_ms=500)).values():
+                for r in records:
+                    count = int(r.value.decode().split(":")[2].split(",")[0])
+                    out.setdefault(r.key, []).append(count)
+            todo = {tp for tp in todo if await consumer.position(tp) < ends[tp]}
+        return out
+    finally:
+        await consumer.stop()
+
+
+def check_exact(runtime: Runtime, output: str, total: int) -> int:
+    """Stop every process but the last, which then runs every task; its tables, a
+    read_committed replay of the changelog and the outputs must be exact. Returns the
+    aborted output records."""
+    expected = expected_table(total)
+    *first, last = list(runtime.procs)
+    for name in first:
+        runtime.stop(name)
+    wait_for("the last process runs every task", lambda: runtime.actives(last) == TASKS)
+    held = tables(runtime.stop(last))
+    short = {k: (held.get(k), v) for k, v in expected.items() if held.get(k) != v}
+    assert not short, f"{len(short)} keys differ (held, expected), e.g. {list(short.items())[:5]}"
+    assert held == expected
+    changelog = f"{runtime.app}-totals-changelog"
+    replay, _ = asyncio.run(_read_changelog(runtime.bootstrap, changelog, "read_committed"))
+    assert replay == expected
+    backward = asyncio.run(_backward_markers(runtime.bootstrap, changelog, "read_committed"))
+    assert not backward, f"commit markers went backwards: {backward[:10]}"
+    aborted = check_outputs_exactly_once(runtime, output)
+    counts = asyncio.run(_counts_by_key(runtime.bootstrap, output))
+    wrong = {k: c for k, c in counts.items() if sorted(c) != list(range(1, len(c) + 1))}
+    assert not wrong, f"{len(wrong)} keys with counts not 1..n, e.g. {list(wrong)[:3]}"
+    assert {k.decode(): len(c) for k, c in counts.items()} == {
+        k: int(v.split(",")[0]) for k, v in expected.items()
+    }
+    return aborted
+
+
+def test_kill9_while_records_flow_outputs_every_record_once(eos: tuple[Runtime, str]) -> None:
+    runtime, output = eos
+    total = 100_000
+    runtime.start("p1")
+    runtime.start("p2")
+    before = runtime.settle()
+    victim = max(sorted(before), key=lambda n: len(before[n]))
+    survivor = next(n for n in before if n != victim)
+    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=5000, pause=0.2)
+    feeder.start()
+    wait_for("30,000 records produced", lambda: feeder.acked >= 30_000)
+    # A crash with a transaction open: the victim stops committing, processes a little more
+    # (its outputs and changelog writes go out in the open transactions), then dies.
+    runtime.procs[victim].proc.send_signal(signal.SIGUSR2)
+    held = time.time()
+
+    def processed_more() -> bool:
+        later = [e for e in runtime.events(victim, "status") if e["t"] > held + 0.25]
+        return len(later) >= 2 and later[-1]["processed"] > later[0]["processed"]
+
+    wait_for("the victim processes records it will not commit", processed_more)
+    runtime.stop(victim, signal.SIGKILL)
+    state = runtime.settle()
+    assert state[survivor] == TASKS
+    feeder.finish()
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    takeovers = {e["task"] for e in runtime.events(survivor, "restore") if e["source"] == "standby"}
+    assert takeovers >= before[victim]
+    aborted = check_exact(runtime, output, total)
+    print(f"\n{aborted} output records of aborted transactions hidden by read_committed")
+    assert aborted > 0, "the kill left no open transaction: the crash path did not run"
+
+
+def test_frozen_member_writes_nothing_once_fenced(eos: tuple[Runtime, str]) -> None:
+    """SIGSTOP past the session timeout while records flow, SIGCONT once the survivor has
+    taken over: the woken member's producers are fenced (the survivor initialised their
+    transactional ids), so nothing it writes reaches read_committed readers."""
+    runtime, output = eos
+    total = 60_000
+    runtime.start("p1")
+    runtime.start("p2")
+    before = runtime.settle()
+    victim = min(before, key=lambda n: runtime.events(n, "status")[-1]["process"])
+    survivor = next(n for n in before if n != victim)
+    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=500, pause=0.1)
+    feeder.start()
+    wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
+    frozen = runtime.procs[victim].proc
+    frozen.send_signal(signal.SIGSTOP)  # processing, a transaction open, and frozen
+    wait_for("the survivor runs every task", lambda: runtime.actives(survivor) == TASKS)
+    took_over = runtime.events(survivor, "status")[-1]["processed"]
+    wait_for(
+        "the survivor processes 5,000 more records",
+        lambda: runtime.events(survivor, "status")[-1]["processed"] >= took_over + 5000,
+    )
+    woke = time.time()
+    frozen.send_signal(signal.SIGCONT)
+    after = runtime.settle()
+    # (the sticky assignor breaks the tie by process id: the frozen one gets its tasks back)
+    assert after[victim] == before[victim], "the woken member did not get its tasks back"
+    feeder.finish()
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    restored = {e["task"] for e in runtime.events(victim, "restore") if e["t"] > woke}
+    log = (runtime.tmp / f"{victim}.log").read_text()
+    aborted = check_exact(runtime, output, total)
+    fenced = log.count("transaction failed")
+    noticed = log.count("was out of the group") + log.count("left the group (evicted)")
+    print(
+        f"\n{aborted} output records of aborted transactions hidden; the woken member "
+        f"restored {sorted(restored)}; fenced: {fenced} time(s), membership loss noticed: "
+        f"{noticed} time(s)"
+    )
+    # It found out one way or the other (a fenced transaction, or aiokafka's reset member
+    # id) and restored what it got back: the zombie path ran.
+    assert fenced + noticed > 0
+    assert restored == before[victim]  # restored with new producers, never resumed
+
+
+CUSTOMERS = 600
+
+
+class OrderFeeder(Feeder):
+    """Orders ``first .. total-1`` (key ``c<o % CUSTOMERS>``, value ``{"order": o}``)."""
+
+    async def _produce(self) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=20)
+        await producer.start()
+        try:
+            for start in range(self.first, self.total, self.chunk):
+                futures = [
+                    await producer.send(
+                        self.topic, json.dumps({"order": o}).encode(), key=customer_key(o)
+                    )
+                    for o in range(start, min(start + self.chunk, self.total))
+                ]
+                await asyncio.gather(*futures)
+                self.acked = min(start + self.chunk, self.total)
+                await asyncio.sleep(self.pause)
+        finally:
+            await producer.stop()
+
+
+def customer_key(order: int) -> bytes:
+    return b"c%d" % (order % CUSTOMERS)
+
+
+async def _produce_customers(bootstrap: str, topic: str) -> dict[str, str]:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+    await producer.start()
+    try:
+        customers = {
+            f"c{c}": json.dumps({"id": c, "name": f"customer {c}"}) for c in range(CUSTOMERS)
+        }
+        for key, value in customers.items():
+            await producer.send(topic, value.encode(), key=key.encode())
+        await producer.flush()
+        return customers
+    finally:
+        await producer.stop()
+
+
+def test_join_example_kill9_joins_every_order_once(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+) -> None:
+    """The orders/customers join of ``examples/orders_join`` under exactly once: a process
+    killed (with open transactions) while orders flow; every order comes out once, joined."""
+    orders = kafka_topic_factory(PARTITIONS, prefix="orders")
+    customers_topic = kafka_topic_factory(PARTITIONS, prefix="customers")
+    output = kafka_topic_factory(PARTITIONS, prefix="enriched")
+    runtime = Runtime(kafka_bootstrap, kafka_group_id_factory("eos-join"), orders, tmp_path)
+    runtime.args = [
+        *["--guarantee", "exactly_once", "--output", output, "--join", customers_topic],
+        *["--status-interval", "0.1"],
+    ]
+    total = 30_000
+    try:
+        customers = asyncio.run(_produce_customers(kafka_bootstrap, customers_topic))
+        runtime.start("p1")
+        runtime.start("p2")
+        before = runtime.settle()
+        wait_caught_up(kafka_bootstrap, runtime.app, customers_topic)
+        victim = max(sorted(before), key=lambda n: len(before[n]))
+        survivor = next(n for n in before if n != victim)
+        feeder = OrderFeeder(kafka_bootstrap, orders, total, chunk=1000, pause=0.1)
+        feeder.start()
+        wait_for("10,000 orders produced", lambda: feeder.acked >= 10_000)
+        runtime.procs[victim].proc.send_signal(signal.SIGUSR2)  # no more commits, then killed
+        held = time.time()
+
+        def processed_more() -> bool:
+            later = [e for e in runtime.events(victim, "status") if e["t"] > held + 0.25]
+            return len(later) >= 2 and later[-1]["processed"] > later[0]["processed"]
+
+        wait_for("the victim processes orders it will not commit", processed_more)
+        runtime.stop(victim, signal.SIGKILL)
+        assert runtime.settle()[survivor] == TASKS
+        feeder.finish()
+        wait_caught_up(kafka_bootstrap, runtime.app, orders)
+        table = tables(runtime.stop(survivor))
+        assert table == customers  # the customers table, exact
+        committed = asyncio.run(_read_topic(kafka_bootstrap, output, "read_committed"))
+        everything = asyncio.run(_read_topic(kafka_bootstrap, output, "read_uncommitted"))
+    finally:
+        runtime.close()
+    seen = Counter(json.loads(v)["order"] for v in committed)
+    assert [o for o, n in seen.items() if n > 1] == []
+    assert set(seen) == set(range(total))
+    unjoined = [
+        e
+        for e in map(json.loads, committed)
+        if e["customer"] != json.loads(customers[customer_key(e["order"]).decode()])
+    ]
+    assert unjoined == []
+    print(f"\n{len(everything) - len(committed)} enriched orders of aborted transactions hidden")
+    assert len(everything) > len(committed), "the kill left no open transaction"

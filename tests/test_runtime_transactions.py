@@ -1,0 +1,236 @@
+"""``processing_guarantee="exactly_once"`` without a broker: a task's writes, marker and input
+offsets go into its own transaction; a fenced producer tears only its task (nothing of the
+transaction reaches the local store, the consumer rejoins, the loop goes on); configuration.
+
+The producers are fakes recording what a transactional producer would be asked; the broker
+tests in ``tests/integration/test_runtime_eos.py`` run the real thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import KafkaConnectionError, ProducerFenced
+
+from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.errors import RuntimeConfigError
+from streamassign.runtime import COMMIT_KEY, App, MemoryStore, StoreState, TaskContext
+from streamassign.runtime.tasks import ActiveTask
+from streamassign.runtime.transactions import TaskProducers, transactional_id
+
+TOPIC = "events"
+
+
+class Ack:
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+class TxnProducer:
+    """Records a transactional producer's calls; ``fenced`` makes every call fail as a
+    producer whose transactional id a newer owner initialised."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
+        self.calls: list[str] = []
+        self.offsets: list[dict[Any, int]] = []
+        self.fenced = False
+
+    def _check(self) -> None:
+        if self.fenced:
+            raise ProducerFenced()
+
+    async def begin_transaction(self) -> None:
+        self._check()
+        self.calls.append("begin")
+
+    async def send(
+        self, topic: str, value: bytes | None, key: bytes | None = None, **_: Any
+    ) -> asyncio.Future[Ack]:
+        self._check()
+        self.sent.append((topic, key, value))
+        future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        future.set_result(Ack(len(self.sent) - 1))
+        return future
+
+    async def send_offsets_to_transaction(self, offsets: dict[Any, int], group: str) -> None:
+        self._check()
+        self.offsets.append(offsets)
+
+    async def commit_transaction(self) -> None:
+        self._check()
+        self.calls.append("commit")
+
+    async def abort_transaction(self) -> None:
+        self.calls.append("abort")
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+
+
+class Count:
+    async def process(self, ctx: TaskContext, record: Any) -> None:
+        counts = ctx.store("counts")
+        total = int(counts.get(record.key) or b"0") + 1
+        counts.put(record.key, str(total).encode())
+        ctx.send("out", str(total).encode(), key=record.key)
+
+
+class Rec:
+    def __init__(self, partition: int, offset: int, key: bytes) -> None:
+        self.topic, self.partition, self.offset, self.timestamp = TOPIC, partition, offset, offset
+        self.key, self.value, self.headers = key, b"", ()
+
+
+def make(tmp_path: Path) -> tuple[App, dict[int, ActiveTask], dict[int, TxnProducer], list[int]]:
+    """An exactly-once app with two tasks on consumer 0, each with its fake producer;
+    returns the consumers asked to rejoin too."""
+    topology = Topology([Subtopology(0, [TOPIC], stores=["counts"])], name="app")
+    app = App(
+        topology,
+        {0: Count},
+        bootstrap_servers="unused:1",
+        state_dir=tmp_path,
+        store_kind="memory",
+        processing_guarantee="exactly_once",
+    )
+    producers = TaskProducers("app", "unused:1", {})
+    app._clients.task_producers = producers
+    rejoins: list[int] = []
+    app.host.request_rejoin = rejoins.append  # type: ignore[method-assign]
+    tasks, fakes = {}, {}
+    for p in (0, 1):
+        changelog = TopicPartition("app-counts-changelog", p)
+        state = StoreState.open("counts", changelog, MemoryStore())
+        task = ActiveTask(TaskId(0, p), 0, {"counts": state}, Count())
+        app._actives[task.task_id] = task
+        fakes[p] = TxnProducer()
+        producers.producers[task.task_id] = fakes[p]  # type: ignore[assignment]
+        tasks[p] = task
+    return app, tasks, fakes, rejoins
+
+
+def test_a_commit_is_one_transaction_per_task_with_its_marker_and_offsets(tmp_path: Path) -> None:
+    app, tasks, fakes, rejoins = make(tmp_path)
+
+    async def run() -> None:
+        for offset in range(3):
+            await app._processing.process(tasks[0], Rec(0, offset, b"k"))
+        await app._processing.process(tasks[1], Rec(1, 0, b"j"))
+        await app._commits.commit(0)
+
+    asyncio.run(run())
+    for p, (records, key) in {0: (3, b"k"), 1: (1, b"j")}.items():
+        fake = fakes[p]
+        assert fake.calls == ["begin", "commit"]
+        assert [t for t, _, _ in fake.sent] == [
+            *["app-counts-changelog", "out"] * records,
+            "app-counts-changelog",
+        ]
+        assert fake.sent[-1][1] == COMMIT_KEY  # the marker, inside the transaction
+        assert fake.offsets == [{KafkaTopicPartition(TOPIC, p): records}]
+        state = tasks[p].stores["counts"]
+        assert dict(state.store.items()) == {key: str(records).encode()}
+        assert state.position == len(fake.sent) and state.end is None
+    assert rejoins == []
+
+
+def test_a_fenced_commit_tears_only_its_task_and_rejoins(tmp_path: Path) -> None:
+    app, tasks, fakes, rejoins = make(tmp_path)
+
+    async def run() -> None:
+        await app._processing.process(tasks[0], Rec(0, 0, b"k"))
+        await app._processing.process(tasks[1], Rec(1, 0, b"j"))
+        fakes[0].fenced = True  # a newer owner of task 0_0 initialised its producer
+        await app._commits.commit(0)
+        await asyncio.gather(*app._clients.task_producers.closing)  # type: ignore[union-attr]
+
+    asyncio.run(run())
+    assert tasks[0].torn and dict(tasks[0].stores["counts"].store.items()) == {}
+    assert tasks[0].offsets == {}  # its input is read again from the committed offsets
+    assert TaskId(0, 0) not in app._clients.task_producers.producers  # type: ignore[union-attr]
+    assert "stop" in fakes[0].calls  # closed (off the loop's path), never used again
+    assert not tasks[1].torn and dict(tasks[1].stores["counts"].store.items()) == {b"j": b"1"}
+    assert rejoins == [0]
+
+
+def test_a_send_on_a_fenced_producer_tears_the_task_and_the_batch_goes_on(tmp_path: Path) -> None:
+    app, tasks, fakes, rejoins = make(tmp_path)
+    fakes[0].fenced = True
+    batch = {
+        KafkaTopicPartition(TOPIC, 0): [Rec(0, 0, b"k"), Rec(0, 1, b"k")],
+        KafkaTopicPartition(TOPIC, 1): [Rec(1, 0, b"j")],
+    }
+
+    class Consumer:
+        def seek(self, *_: Any) -> None:
+            pass
+
+    asyncio.run(app._processing.process_batch(0, Consumer(), batch))  # type: ignore[arg-type]
+    assert tasks[0].torn and tasks[0].processed == 0
+    assert tasks[1].processed == 1 and not tasks[1].torn
+    assert rejoins == [0]
+
+
+def test_configuration(tmp_path: Path) -> None:
+    topology = Topology([Subtopology(0, [TOPIC], stores=["counts"])], name="app")
+    common: dict[str, Any] = {"bootstrap_servers": "unused:1"}
+    with pytest.raises(RuntimeConfigError, match="processing_guarantee"):
+        App(topology, {0: Count}, processing_guarantee="twice", state_dir=tmp_path / "a", **common)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeConfigError, match="transactional_id"):
+        App(
+            topology,
+            {0: Count},
+            processing_guarantee="exactly_once",
+            producer_config={"transactional_id": "mine"},
+            state_dir=tmp_path / "b",
+            **common,
+        )
+    with pytest.raises(RuntimeConfigError, match="transaction_timeout_ms"):
+        App(
+            topology,
+            {0: Count},
+            processing_guarantee="exactly_once",
+            commit_interval_ms=60_000,
+            state_dir=tmp_path / "e",
+            **common,
+        )
+    eos = App(
+        topology,
+        {0: Count},
+        processing_guarantee="exactly_once",
+        state_dir=tmp_path / "c",
+        **common,
+    )
+    assert eos.consumer_config["isolation_level"] == "read_committed"
+    assert eos.isolation_level == "read_committed"
+    alo = App(topology, {0: Count}, state_dir=tmp_path / "d", **common)
+    assert alo.processing_guarantee == "at_least_once"
+    assert "isolation_level" not in alo.consumer_config
+    assert transactional_id("app", TaskId(0, 3)) == "app-0_3"
+
+
+def test_a_producer_that_does_not_start_leaves_its_task_waiting_and_rejoins(
+    tmp_path: Path,
+) -> None:
+    app, tasks, _, rejoins = make(tmp_path)
+    producers = app._clients.task_producers
+    assert producers is not None
+    app._actives.clear()
+
+    async def renew(task: TaskId) -> None:
+        if task == TaskId(0, 1):
+            raise KafkaConnectionError("the coordinator is away")
+        producers.producers[task] = TxnProducer()  # type: ignore[assignment]
+
+    producers.renew = renew  # type: ignore[method-assign]
+    new = [(t.task_id, t.stores, "cold") for t in tasks.values()]
+    asyncio.run(app._start_tasks(0, new))
+    started, waiting = app._actives[TaskId(0, 0)], app._actives[TaskId(0, 1)]
+    assert started.restoring and not started.torn
+    assert waiting.torn and not waiting.restoring  # started again after the rejoin
+    assert rejoins == [0]
