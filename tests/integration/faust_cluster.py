@@ -18,6 +18,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from .faust_worker import DROPPED_ON_RESUME
 from .procs import JsonLinesProcess
 
 WORKER = Path(__file__).with_name("faust_worker.py")
@@ -62,9 +63,11 @@ class FaustCluster:
         self.changelog = f"{app}-counts-changelog"
         self.procs: dict[str, JsonLinesProcess] = {}
         self.ports: dict[str, int] = {}
+        self.started: set[str] = set()
 
     def start(self, name: str, *extra: str) -> None:
         port = self.ports.setdefault(name, free_port())
+        self.started.add(name)
         self.procs[name] = JsonLinesProcess(
             WORKER,
             [
@@ -96,13 +99,19 @@ class FaustCluster:
         and side-topic actives and its changelog standbys."""
         deadline = time.monotonic() + TIMEOUT
         last: Any = None
+        waiting = "nothing checked yet"
         while time.monotonic() < deadline:
             time.sleep(0.25)
             states = self.states()
-            if len(states) != len(self.procs) or any(s["rebalancing"] for s in states.values()):
+            silent = sorted(set(self.procs) - set(states))
+            rebalancing = sorted(name for name, s in states.items() if s["rebalancing"])
+            if silent or rebalancing:
+                waiting = f"no state from {silent}, rebalancing: {rebalancing}"
                 continue
             if any(p.quiet_for() < SETTLE for p in self.procs.values()):
+                waiting = "a worker's state still changing"
                 continue
+            waiting = "assignment incomplete"
             last = {
                 name: {
                     kind: frozenset((t, p) for t, p in s[key] if t == topic)
@@ -119,7 +128,9 @@ class FaustCluster:
             wanted = None if standbys is None else min(standbys, len(states) - 1)
             if complete(last, self.topic, self.partitions, changelog, wanted):
                 return last
-        raise AssertionError(f"no settled assignment within {TIMEOUT}s: {last}")
+        raise AssertionError(
+            f"no settled assignment within {TIMEOUT}s ({waiting}): {last}\n{self.report()}"
+        )
 
     def get(self, via: str, path: str) -> Any:
         """GET ``path`` of worker ``via``'s web server, as JSON."""
@@ -191,6 +202,31 @@ class FaustCluster:
                 return got
             time.sleep(0.5)
         raise AssertionError(f"counts via {via} never reached {expected}: {got}")
+
+    def dropped_on_resume(self) -> list[str]:
+        """The log lines of records Faust's flow control dropped unprocessed when it resumed
+        after a rebalance (``faust_worker.audit_flow_control_resume``), from every worker."""
+        return [
+            f"{log.stem}: {line}"
+            for log in sorted(self.tmp.glob("*.log"))
+            for line in log.read_text(errors="replace").splitlines()
+            if DROPPED_ON_RESUME in line
+        ]
+
+    def report(self, lines: int = 60) -> str:
+        """For a failure message: each worker started (running or not), its exit code, last
+        state, and the end of its log file (which the test's ``tmp_path`` keeps)."""
+        out = []
+        for name in sorted(self.started):
+            proc = self.procs.get(name)
+            code = "stopped by the test" if proc is None else proc.proc.poll()
+            code = "running" if code is None else code
+            state = proc.lines[-1] if proc is not None and proc.lines else None
+            log = self.tmp / f"{name}.log"
+            tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
+            out.append(f"--- {name}: exit code {code}, last line {state}, log {log}:")
+            out.extend(tail)
+        return "\n".join(out)
 
     def close(self) -> None:
         for proc in self.procs.values():
