@@ -4,6 +4,7 @@
         --datadir DIR --port PORT [--standbys 1] [--assignor ours|faust] [--log FILE]
         [--stateless] [--scheme kafka|streamassign] [--store memory://|rocksdb://]
         [--extra-topic TOPIC] [--side-topic TOPIC] [--repartition] [--no-declare] [--switch]
+        [--start-when FILE]
 
 Each record's value is the key's sequence number (a JSON int; JSON-encoded str key). The agent
 appends it to ``counts[key]``, the list of sequence numbers the key's records carried, in a
@@ -288,6 +289,9 @@ def main() -> None:
     parser.add_argument(
         "--switch", action="store_true", help="STREAMASSIGN_FAUST_SWITCH=1: offer Faust's second"
     )
+    parser.add_argument(
+        "--start-when", metavar="FILE", help="import and build, then start once FILE exists"
+    )
     args = parser.parse_args()
     if args.switch:
         os.environ["STREAMASSIGN_FAUST_SWITCH"] = "1"
@@ -295,6 +299,12 @@ def main() -> None:
     worker = faust.Worker(
         app, loglevel=logging.INFO, logfile=args.log, redirect_stdouts=False, quiet=True
     )
+    if args.start_when:  # a restart prepared while the old process still runs
+        deadline = time.monotonic() + 120
+        while not os.path.exists(args.start_when):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{args.start_when} never appeared")
+            time.sleep(0.05)
     worker.execute_from_commandline()
 
 

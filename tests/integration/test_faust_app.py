@@ -357,17 +357,22 @@ def test_rolling_switch_from_fausts_assignor_to_ours_and_back(
             time.sleep(0.1)
         raise AssertionError(f"{name} got no work within {TIMEOUT} s: {c.states()}\n{c.report()}")
 
+    phases = ((ours, "streamassign-faust"), (fausts, "faust"))
+    plan = [(name, args) for args, _ in phases for name in names]  # every restart, in order
     try:
         for name in names:
             c.start(name)
-        c.settle()
-        print(f"fleet settled after {time.monotonic() - started:.1f} s")
         feed.start()
-        before = c.wait_counts_at_least("w0", 1)
-        for args, final in ((ours, "streamassign-faust"), (fausts, "faust")):
+        c.prepare(plan[0][0], *plan[0][1])  # each next process imports while the test waits
+        before = c.wait_counts_at_least("w0", 1)  # the fleet counts
+        print(f"fleet counting after {time.monotonic() - started:.1f} s")
+        step = 0
+        for args, final in phases:
             for name in names:
-                c.procs[name].stop()  # graceful: SIGTERM
-                c.start(name, *args)
+                c.restart(name)  # graceful: SIGTERM; its next process was prepared
+                step += 1
+                if step < len(plan):
+                    c.prepare(plan[step][0], *plan[step][1])
                 joined(name)
             c.settle()  # complete, standbys included
             assert {s["protocol"] for s in c.states().values()} == {final}, args
