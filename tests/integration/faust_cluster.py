@@ -101,14 +101,16 @@ class FaustCluster:
     def restart(self, name: str, *extra: str) -> None:
         """Stop ``name`` gracefully (SIGTERM) and start its next process (``prepare``d, else
         spawned now with ``extra``) once the old one has left the group (its log says so: by
-        then it has committed, flushed its producer and released its state directory),
-        without waiting for the old one's exit (~1 s more)."""
+        then it has committed, flushed its producer and released its state directory) and the
+        others have finished the rebalance that started, without waiting for the old one's
+        exit (~1 s more)."""
         if name not in self.prepared:
             self.prepare(name, *extra)
         new, go = self.prepared.pop(name)
         old = self.procs.pop(name)
         log = self.tmp / f"{name}.log"
         left = log.read_text(errors="replace").count(LEFT_GROUP) if log.exists() else 0
+        seen = {n: len(self._rebalances(p)) for n, p in self.procs.items()}
         old.proc.send_signal(signal.SIGTERM)
         self.retired.append(old)
         deadline = time.monotonic() + TIMEOUT
@@ -117,8 +119,19 @@ class FaustCluster:
                 break  # gone without saying so (it had not joined): nothing to wait for
             assert time.monotonic() < deadline, f"{name} never left the group\n{self.report()}"
             time.sleep(0.05)
+        # The others finish the rebalance its leaving started before the new one joins: a
+        # join during their recovery interrupts it, where Faust 0.15.3 can crash or stall.
+        while any(len(self._rebalances(p)) == seen[n] for n, p in self.procs.items()):
+            assert time.monotonic() < deadline, f"no rebalance after {name} left\n{self.report()}"
+            time.sleep(0.05)
         go.touch()
         self.procs[name] = new
+
+    @staticmethod
+    def _rebalances(proc: JsonLinesProcess) -> list[dict[str, Any]]:
+        """The rebalances ``proc`` finished (its streams resumed after recovery)."""
+        proc.drain()
+        return [line for line in proc.lines if line["event"] == "rebalance"]
 
     def states(self) -> dict[str, dict[str, Any]]:
         """Each live worker's last reported state."""
