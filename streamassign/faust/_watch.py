@@ -125,7 +125,8 @@ class JoinErrors:
                 "cannot join the group: %r%s; trying again",
                 exc,
                 " (its members use another assignor: start every worker with "
-                "broker='streamassign://...' to switch one at a time)"
+                "broker='streamassign://...' and STREAMASSIGN_FAUST_SWITCH=1 to switch one at a "
+                "time)"
                 if type(exc).__name__ == "InconsistentGroupProtocolError"
                 else "",
             )

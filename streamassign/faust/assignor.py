@@ -21,6 +21,7 @@ Faust's tables and views read that assignor's assignment (``protocol_in_use``).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import logging
@@ -171,6 +172,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             if self._process_id is None:
                 self._process_id = uuid.uuid4()
             data = SubscriptionInfo(self._process_id, join_nonce=self._join_epoch).encode()
+        log.debug("joining with a subscription of %d bytes, sha1 %s", len(data), _digest(data))
         return ConsumerProtocolMemberMetadata(0, sorted(topics), data)
 
     def _subscription(self) -> SubscriptionInfo:
@@ -577,6 +579,11 @@ class FaustsOwnAssignor(FaustPartitionAssignor):
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
         super().on_assignment(assignment)
         self._owner._on_fausts_assignment()
+
+
+def _digest(data: bytes) -> str:
+    """A short fingerprint of user data for the logs (what changed between two joins)."""
+    return hashlib.sha1(data).hexdigest()[:10]
 
 
 def _undescribed(info: AssignmentInfo) -> list[int]:

@@ -18,12 +18,15 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from .faust_worker import DROPPED_ON_RESUME
 from .procs import JsonLinesProcess
 
 WORKER = Path(__file__).with_name("faust_worker.py")
 PARTITIONS = 6
 KEYS = [f"k{i:02d}" for i in range(24)]
 SETTLE = 3.0
+#: What aiokafka logs when a worker leaves its group (graceful stop).
+LEFT_GROUP = "LeaveGroup request succeeded"
 TIMEOUT = 90.0
 
 Pairs = frozenset[tuple[str, int]]
@@ -62,10 +65,20 @@ class FaustCluster:
         self.changelog = f"{app}-counts-changelog"
         self.procs: dict[str, JsonLinesProcess] = {}
         self.ports: dict[str, int] = {}
+        self.started: set[str] = set()
+        #: Processes stopped by ``restart`` (killed by ``close`` if still exiting).
+        self.retired: list[JsonLinesProcess] = []
+        self.restarts = 0
+        #: Next processes spawned by ``prepare``, each with the file that starts it.
+        self.prepared: dict[str, tuple[JsonLinesProcess, Path]] = {}
 
     def start(self, name: str, *extra: str) -> None:
+        self.procs[name] = self._spawn(name, *extra)
+
+    def _spawn(self, name: str, *extra: str) -> JsonLinesProcess:
         port = self.ports.setdefault(name, free_port())
-        self.procs[name] = JsonLinesProcess(
+        self.started.add(name)
+        return JsonLinesProcess(
             WORKER,
             [
                 "--bootstrap", self.bootstrap, "--app", self.app, "--topic", self.topic,
@@ -77,6 +90,48 @@ class FaustCluster:
 
     def kill(self, name: str) -> None:
         self.procs.pop(name).stop(signal.SIGKILL)
+
+    def prepare(self, name: str, *extra: str) -> None:
+        """Spawn ``name``'s next process with ``extra`` (it imports and builds its app, then
+        waits): ``restart`` starts it, so the import runs while the test waits on the group."""
+        self.restarts += 1
+        go = self.tmp / f"{name}.start{self.restarts}"
+        self.prepared[name] = (self._spawn(name, *extra, "--start-when", str(go)), go)
+
+    def restart(self, name: str, *extra: str) -> None:
+        """Stop ``name`` gracefully (SIGTERM) and start its next process (``prepare``d, else
+        spawned now with ``extra``) once the old one has left the group (its log says so: by
+        then it has committed, flushed its producer and released its state directory) and the
+        others have finished the rebalance that started, without waiting for the old one's
+        exit (~1 s more)."""
+        if name not in self.prepared:
+            self.prepare(name, *extra)
+        new, go = self.prepared.pop(name)
+        old = self.procs.pop(name)
+        log = self.tmp / f"{name}.log"
+        left = log.read_text(errors="replace").count(LEFT_GROUP) if log.exists() else 0
+        seen = {n: len(self._rebalances(p)) for n, p in self.procs.items()}
+        old.proc.send_signal(signal.SIGTERM)
+        self.retired.append(old)
+        deadline = time.monotonic() + TIMEOUT
+        while log.read_text(errors="replace").count(LEFT_GROUP) == left:
+            if old.proc.poll() is not None:
+                break  # gone without saying so (it had not joined): nothing to wait for
+            assert time.monotonic() < deadline, f"{name} never left the group\n{self.report()}"
+            time.sleep(0.05)
+        # The others finish the rebalance its leaving started before the new one joins: a
+        # join during their recovery interrupts it, where Faust 0.15.3 can crash or stall.
+        while any(len(self._rebalances(p)) == seen[n] for n, p in self.procs.items()):
+            assert time.monotonic() < deadline, f"no rebalance after {name} left\n{self.report()}"
+            time.sleep(0.05)
+        go.touch()
+        self.procs[name] = new
+
+    @staticmethod
+    def _rebalances(proc: JsonLinesProcess) -> list[dict[str, Any]]:
+        """The rebalances ``proc`` finished (its streams resumed after recovery)."""
+        proc.drain()
+        return [line for line in proc.lines if line["event"] == "rebalance"]
 
     def states(self) -> dict[str, dict[str, Any]]:
         """Each live worker's last reported state."""
@@ -96,13 +151,19 @@ class FaustCluster:
         and side-topic actives and its changelog standbys."""
         deadline = time.monotonic() + TIMEOUT
         last: Any = None
+        waiting = "nothing checked yet"
         while time.monotonic() < deadline:
             time.sleep(0.25)
             states = self.states()
-            if len(states) != len(self.procs) or any(s["rebalancing"] for s in states.values()):
+            silent = sorted(set(self.procs) - set(states))
+            rebalancing = sorted(name for name, s in states.items() if s["rebalancing"])
+            if silent or rebalancing:
+                waiting = f"no state from {silent}, rebalancing: {rebalancing}"
                 continue
             if any(p.quiet_for() < SETTLE for p in self.procs.values()):
+                waiting = "a worker's state still changing"
                 continue
+            waiting = "assignment incomplete"
             last = {
                 name: {
                     kind: frozenset((t, p) for t, p in s[key] if t == topic)
@@ -119,7 +180,9 @@ class FaustCluster:
             wanted = None if standbys is None else min(standbys, len(states) - 1)
             if complete(last, self.topic, self.partitions, changelog, wanted):
                 return last
-        raise AssertionError(f"no settled assignment within {TIMEOUT}s: {last}")
+        raise AssertionError(
+            f"no settled assignment within {TIMEOUT}s ({waiting}): {last}\n{self.report()}"
+        )
 
     def get(self, via: str, path: str) -> Any:
         """GET ``path`` of worker ``via``'s web server, as JSON."""
@@ -192,8 +255,34 @@ class FaustCluster:
             time.sleep(0.5)
         raise AssertionError(f"counts via {via} never reached {expected}: {got}")
 
+    def dropped_on_resume(self) -> list[str]:
+        """The log lines of records Faust's flow control dropped unprocessed when it resumed
+        after a rebalance (``faust_worker.audit_flow_control_resume``), from every worker."""
+        return [
+            f"{log.stem}: {line}"
+            for log in sorted(self.tmp.glob("*.log"))
+            for line in log.read_text(errors="replace").splitlines()
+            if DROPPED_ON_RESUME in line
+        ]
+
+    def report(self, lines: int = 60) -> str:
+        """For a failure message: each worker started (running or not), its exit code, last
+        state, and the end of its log file (which the test's ``tmp_path`` keeps)."""
+        out = []
+        for name in sorted(self.started):
+            proc = self.procs.get(name)
+            code = "stopped by the test" if proc is None else proc.proc.poll()
+            code = "running" if code is None else code
+            state = proc.lines[-1] if proc is not None and proc.lines else None
+            log = self.tmp / f"{name}.log"
+            tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
+            out.append(f"--- {name}: exit code {code}, last line {state}, log {log}:")
+            out.extend(tail)
+        return "\n".join(out)
+
     def close(self) -> None:
-        for proc in self.procs.values():
+        prepared = [proc for proc, _ in self.prepared.values()]
+        for proc in [*self.procs.values(), *self.retired, *prepared]:
             proc.stop(signal.SIGKILL)
 
 

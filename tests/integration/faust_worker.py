@@ -3,7 +3,8 @@
     python faust_worker.py --bootstrap HOST:PORT --app APP --topic TOPIC --partitions N
         --datadir DIR --port PORT [--standbys 1] [--assignor ours|faust] [--log FILE]
         [--stateless] [--scheme kafka|streamassign] [--store memory://|rocksdb://]
-        [--extra-topic TOPIC] [--side-topic TOPIC] [--repartition] [--no-declare]
+        [--extra-topic TOPIC] [--side-topic TOPIC] [--repartition] [--no-declare] [--switch]
+        [--start-when FILE]
 
 Each record's value is the key's sequence number (a JSON int; JSON-encoded str key). The agent
 appends it to ``counts[key]``, the list of sequence numbers the key's records carried, in a
@@ -27,6 +28,13 @@ is ``streamassign://``). The worker prints JSON lines on stdout:
   far to active changelog partitions (``recovered``) and the group protocol in use;
 * ``{"event": "rebalance", "start": t0, "end": t1}`` (wall clock) after every rebalance, as
   Faust's sensors see it: from revocation until the streams resume after recovery.
+
+Its log (``--log``) carries audit lines (``AUDIT ...``) to trace a lost record: every source
+offset committed, every source record acked without reaching the agent, every source record
+Faust's flow control dropped unprocessed when it resumed after a rebalance
+(``DROPPED_ON_RESUME``, which the tests assert never happens on ``streamassign://``), and with
+``FAUST_WORKER_LOG_RECORDS=1`` every record the counting agent processed (partition@offset
+key=number).
 """
 
 from __future__ import annotations
@@ -34,11 +42,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
 from typing import Any
 
 import faust
-from faust.sensors import Sensor
+from faust.sensors import Monitor, Sensor
+
+log = logging.getLogger("faust_worker")
+#: ``FAUST_WORKER_LOG_RECORDS=1``: log every record the counting agent processes (diagnosis).
+LOG_RECORDS = bool(os.environ.get("FAUST_WORKER_LOG_RECORDS"))
 
 ASSIGNORS = {
     "ours": "streamassign.faust:PartitionAssignor",
@@ -58,6 +71,74 @@ class RebalanceClock(Sensor):  # type: ignore[misc]
 
     def on_rebalance_end(self, app: Any, state: dict[str, float]) -> None:
         emit(event="rebalance", start=state.get("start", time.time()), end=time.time())
+
+
+class AckAudit(Sensor):  # type: ignore[misc]
+    """Logs every event a stream acked without handing it to the agent (Faust acks an event it
+    skips: one taken from a queue while flow control is suspended, or one fetched in an older
+    consumer generation), the evidence for records lost around rebalances."""
+
+    def __init__(self, app: faust.App, topics: set[str]) -> None:
+        super().__init__()
+        self.app, self.topics = app, topics
+        self.handed: set[tuple[Any, int, int]] = set()
+
+    def on_stream_event_in(self, tp: Any, offset: int, stream: Any, event: Any) -> None:
+        if tp.topic in self.topics:
+            self.handed.add((tp, offset, id(stream)))
+
+    def on_stream_event_out(
+        self, tp: Any, offset: int, stream: Any, event: Any, state: Any = None
+    ) -> None:
+        if tp.topic in self.topics and (tp, offset, id(stream)) not in self.handed:
+            message = event.message
+            log.warning(
+                "AUDIT acked unprocessed %s[%d]@%d: message generation %s, app generation %s,"
+                " flow control active %s",
+                tp.topic, tp.partition, offset, message.generation_id,
+                self.app.consumer_generation_id, self.app.flow_control.is_active(),
+            )  # fmt: skip
+        self.handed.discard((tp, offset, id(stream)))
+
+
+def commit_log(topic: str) -> type[Monitor]:
+    """Faust's monitor, also logging every offset of ``topic`` the consumer commits."""
+
+    class CommitLog(Monitor):  # type: ignore[misc]
+        def on_tp_commit(self, tp_offsets: Any) -> None:
+            super().on_tp_commit(tp_offsets)
+            mine = {f"{tp.partition}": off for tp, off in tp_offsets.items() if tp.topic == topic}
+            if mine:
+                log.info("AUDIT committed %s", mine)
+
+    return CommitLog
+
+
+#: The log line of a record thrown away unprocessed when flow control resumed (see below).
+DROPPED_ON_RESUME = "AUDIT resuming flow control dropped unprocessed records"
+
+
+def audit_flow_control_resume(app: faust.App, topic: str) -> None:
+    """Logs the source records Faust's flow control throws out of the agents' queues when it
+    resumes after a rebalance's recovery (``FlowControlEvent.resume`` empties every queue).
+    Records there were fetched after Faust resumed the source partitions and before that
+    resume: they are dropped unprocessed, and the next commit can pass them (docs/faust.md,
+    "Exactness"). Test instrumentation: wraps the app's instance."""
+    flow_control = app.flow_control
+    resume = flow_control.resume
+
+    def audited_resume() -> None:
+        dropped = sorted(
+            (item.message.partition, item.message.offset)
+            for queue in list(flow_control._queues)
+            for item in list(getattr(queue, "_queue", ()))
+            if getattr(getattr(item, "message", None), "topic", None) == topic
+        )
+        if dropped:
+            log.warning("%s (partition, offset): %s", DROPPED_ON_RESUME, dropped[:20])
+        resume()
+
+    flow_control.resume = audited_resume
 
 
 def build(args: argparse.Namespace) -> faust.App:
@@ -80,6 +161,7 @@ def build(args: argparse.Namespace) -> faust.App:
         consumer_auto_offset_reset="earliest",
         table_cleanup_interval=3600.0,
         topic_allow_declare=not args.no_declare,
+        Monitor=commit_log(args.topic),
     )
     topic = app.topic(
         args.topic,
@@ -134,6 +216,8 @@ def build(args: argparse.Namespace) -> faust.App:
         app.web.blueprints.add("/stats/", "faust.web.apps.stats:blueprint")
     app.monitor  # noqa: B018 - create the monitor before adding our sensor next to it
     app.sensors.add(RebalanceClock())
+    app.sensors.add(AckAudit(app, {args.topic}))
+    audit_flow_control_resume(app, args.topic)
     return app
 
 
@@ -159,6 +243,9 @@ def _count_in_table(
             stream = source.group_by(lambda _value: source.current_event.key, name="rekey")
         async for key, value in stream.items():
             counts[key] = [*counts[key], value]  # a new value: the table writes its changelog
+            if LOG_RECORDS:
+                m = source.current_event.message
+                log.info("AUDIT processed %d@%d %s=%s", m.partition, m.offset, key, value)
 
     @app.page("/count/{key}/")
     @app.table_route(table=counts, match_info="key")
@@ -199,11 +286,25 @@ def main() -> None:
     parser.add_argument(
         "--no-declare", action="store_true", help="create no topics (other workers do)"
     )
+    parser.add_argument(
+        "--switch", action="store_true", help="STREAMASSIGN_FAUST_SWITCH=1: offer Faust's second"
+    )
+    parser.add_argument(
+        "--start-when", metavar="FILE", help="import and build, then start once FILE exists"
+    )
     args = parser.parse_args()
+    if args.switch:
+        os.environ["STREAMASSIGN_FAUST_SWITCH"] = "1"
     app = build(args)
     worker = faust.Worker(
         app, loglevel=logging.INFO, logfile=args.log, redirect_stdouts=False, quiet=True
     )
+    if args.start_when:  # a restart prepared while the old process still runs
+        deadline = time.monotonic() + 120
+        while not os.path.exists(args.start_when):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{args.start_when} never appeared")
+            time.sleep(0.05)
     worker.execute_from_commandline()
 
 
