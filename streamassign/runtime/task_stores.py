@@ -180,26 +180,30 @@ class TaskStores:
     async def _open_in_thread(
         self, task: TaskId, opening: Opening, closing: asyncio.Future[None] | None
     ) -> None:
-        failure: Exception | None = None
+        opened: dict[str, StoreState] = {}
         try:
             if closing is not None:  # left a moment ago: its files are ours once closed
                 await asyncio.wait([closing])
-            opened = await self._open_retrying(task, opening)
+            try:
+                opened = await self._open_retrying(task, opening)
+            except Exception as exc:  # raised (and logged) where the stores are used
+                log.debug("task %s: opening its stores failed (%r)", task, exc)
+                _mark_failed(opening.states, exc)
+            async with self.standbys.lock:  # the state updater reads positions under it
+                for name, real in opened.items():
+                    state = opening.states[name]
+                    state.store, state.position, state.applied = (
+                        real.store,
+                        real.position,
+                        real.applied,
+                    )
+                opened = {}  # handed over: whoever holds the task's stores closes them
+                self.standbys.dirty = True  # a restore waiting for these stores plans again
         except asyncio.CancelledError:
             _mark_failed(opening.states, StoreNotOpenError("the open was cancelled"))
+            if opened:  # opened, not handed over yet
+                self._in_thread(_close_in_thread, task, _stores_of(opened))
             raise
-        except Exception as exc:  # raised (and logged) where the stores are used (``check_open``)
-            log.debug("task %s: opening its stores failed (%r)", task, exc)
-            failure, opened = exc, {}
-        async with self.standbys.lock:  # the state updater reads positions under it
-            if failure is not None:
-                _mark_failed(opening.states, failure)
-            for name, state in opening.states.items():
-                if name in opened:
-                    real = opened[name]
-                    state.store, state.position = real.store, real.position
-                    state.applied = real.applied
-            self.standbys.dirty = True  # a restore waiting for these stores plans again
         await self.standbys.opened(task, opening.states)
 
     async def _open_retrying(self, task: TaskId, opening: Opening) -> dict[str, StoreState]:
