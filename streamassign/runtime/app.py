@@ -46,7 +46,7 @@ from .processing import ErrorPolicy, Processing, ProcessingError
 from .restore import ChangelogLookups, Restoring, StateUpdater
 from .standbys import Standbys
 from .stores import STORE_KINDS, StoreKind, require_store_library
-from .task_stores import TaskStores
+from .task_stores import TaskStores, start_of
 from .tasks import (
     ActiveTask,
     Processor,
@@ -384,6 +384,7 @@ class App:
             closes.append(self._stores.close(task_id, states))
         self._stores.parked.clear()
         await asyncio.gather(*closes, *self._stores.closing.values())
+        self._stores.shutdown()
         await self.host.stop()
         if self.end_offsets is not None:
             await self.end_offsets.stop()
@@ -412,6 +413,11 @@ class App:
     @property
     def standby_tasks(self) -> frozenset[TaskId]:
         return frozenset(self._standbys.states)
+
+    @property
+    def failing_standbys(self) -> dict[TaskId, BaseException]:
+        """Standbys (warmups too) whose stores failed to open, tried again with a backoff."""
+        return self._stores.failing
 
     def table(self, task: TaskId, store: str) -> dict[bytes, bytes]:
         """Committed plus pending content of an active task's store (inspection, tests)."""
@@ -500,7 +506,7 @@ class App:
                 consumer,
                 task_id,
                 source,
-                ",".join(str(s.position) for s in states.values()),
+                start_of(states),
             )
         self._pause_restoring(consumer)
 
@@ -661,14 +667,14 @@ class App:
             if task_id in self._standbys.states:  # moves from another consumer of this process
                 self._standbys.owner[task_id] = consumer
                 continue
-            states, how = await self._stores.take(task_id)
+            states, how = await self._stores.take(task_id, standby=True)
             await self._standbys.add(task_id, states, consumer)
             log.info(
                 "consumer %d: standby %s added (state: %s, from changelog offset %s)",
                 consumer,
                 task_id,
                 source_of(states, how),
-                ",".join(str(s.position) for s in states.values()),
+                start_of(states),
             )
 
     async def _remove_standbys(self, consumer: int, tasks: frozenset[TaskId]) -> None:

@@ -31,7 +31,7 @@ from .. import TaskId, TopicPartition
 from ._clients import Clients
 from .changelog import COMMIT_KEY, StoreState
 from .standbys import Standbys, check_open
-from .tasks import ActiveTask
+from .tasks import ActiveTask, source_of
 
 log = logging.getLogger("streamassign.runtime")
 
@@ -198,6 +198,8 @@ class StateUpdater:
         for restore in new:
             restore.ends = {s.changelog: ends[s.changelog] for s in restore.task.stores.values()}
             restore.start = sum(s.position for s in restore.task.stores.values())  # now open
+            if restore.source in ("local", "cold"):  # the checkpoint's guess until open
+                restore.source = source_of(restore.task.stores, "open")
         return True
 
     def _reassign(

@@ -5,8 +5,8 @@ and applies committed writes; the stores are checkpointed every commit interval 
 reports how far they are. A standby may move between consumers of the
 process (``owner``), and may be wanted by a consumer while another one still runs it as an
 active (``wanted``): their callbacks run in any order. A standby whose stores are still
-opening in a thread (``TaskStores.take``) waits in ``opening``: the state updater and queries
-see it in ``states`` once it is open.
+opening in a thread (``TaskStores.take``) waits in ``opening`` (also while its open is tried
+again after a failure): the state updater and queries see it in ``states`` once it is open.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ class Standbys:
 
     async def add(self, task: TaskId, states: dict[str, StoreState], consumer: int) -> None:
         async with self.lock:
-            if open_failed(states):  # ``opened`` came first: the standby is not kept
-                log.error("standby %s dropped: its stores cannot be opened", task)
+            if open_failed(states):  # an active's open failed (that stops the application)
+                log.warning("standby %s not kept: its stores failed to open", task)
                 return
             if is_open(states):
                 self.states[task] = states
@@ -75,17 +75,12 @@ class Standbys:
             self.owner[task] = consumer
 
     async def opened(self, task: TaskId, states: dict[str, StoreState]) -> None:
-        """``task``'s stores finished opening (or failed to): a standby waiting for them is
-        read from now on (or dropped, its open having failed: an active taking the task
-        later opens it again, and a failure then stops the application)."""
+        """``task``'s stores finished opening: a standby waiting for them is read from now
+        on. (A standby's failed open is tried again, by ``TaskStores``, until it opens.)"""
         async with self.lock:
-            if self.opening.get(task) is not states:
+            if self.opening.get(task) is not states or not is_open(states):
                 return  # not a standby (an active's), or taken or removed meanwhile
             del self.opening[task]
-            if open_failed(states):
-                self.owner.pop(task, None)
-                log.error("standby %s dropped: its stores cannot be opened", task)
-                return
             self.states[task] = states
             self.dirty = True
 

@@ -2,30 +2,63 @@
 
 A task's stores come from one of three places (``take``): kept from a moment ago (the task
 left a role during the current rebalance: ``parked``), a standby of this process, or disk.
-Opening and closing persistent stores run in threads: opening or closing a large RocksDB store
-takes seconds (a flush, a WAL replay), which on the event loop would stall heartbeats and every
-consumer. No rebalance callback waits for them either: ``take`` hands out the task's stores at
-once, each a placeholder (``UnopenedStore``) until its thread has opened it (after the task's
-earlier close, if one is under way). The task is restoring meanwhile, its input paused, and the
-state updater starts reading its changelog once its stores are open (``check_open``); a
-standby's stores are read once open (``Standbys.opened``).
+Opening and closing persistent stores run in threads of their own (``STORE_THREADS``):
+opening or closing a large RocksDB store takes seconds (a flush, a WAL replay), which on the
+event loop would stall heartbeats and every consumer, and in asyncio's default executor would
+hold up the commits' local writes. No rebalance callback waits for them either: ``take``
+hands out the task's stores at once, each a placeholder (``UnopenedStore``) until its thread
+has opened it (after the task's earlier close, if one is under way). The task is restoring
+meanwhile, its input paused, and the state updater starts reading its changelog once its
+stores are open (``check_open``); a standby's stores are read once open (``Standbys.opened``).
+
+An active's failed open stops the application (``check_open`` raises). A standby's is tried
+again with a bounded backoff (``retry_delays``): nothing else would (the host announces a
+standby once), and a standby never opened never catches up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import threading
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+import attrs
 
 from .. import TaskId, TopicPartition
+from ..errors import StoreNotOpenError
 from ..localstate import StateDirectory
 from ..topology import Topology
 from .changelog import StoreState
-from .standbys import Standbys, is_open
+from .standbys import Standbys, is_open, open_failed
 from .stores import KeyValueStore, StoreKind, UnopenedStore, open_store
 
 log = logging.getLogger("streamassign.runtime")
+
+#: Threads opening and closing stores, per process (more would only contend for the disk).
+STORE_THREADS = 4
+
+
+@attrs.define(eq=False)
+class Opening:
+    """The open under way of one task's stores (``TaskStores.opening``)."""
+
+    #: The stores handed out (placeholders until open).
+    states: dict[str, StoreState]
+    #: Whether a failed open is tried again: while the stores are a standby's (or parked).
+    retry: bool
+    task: asyncio.Task[None] | None = None
+    #: Waiting between two attempts (nothing is open then).
+    waiting: bool = False
+    #: Why the last attempt failed (None: none failed yet, or the stores are open).
+    error: BaseException | None = None
+    #: Cuts a wait between attempts short (an active took the stores: it tries at once).
+    wake: asyncio.Event = attrs.field(factory=asyncio.Event)
 
 
 class TaskStores:
@@ -42,85 +75,189 @@ class TaskStores:
         self.open_store: Callable[[StoreKind, Path], KeyValueStore] = open_store
         #: Whether stores open in a thread (all but in-memory ones, which are a dict).
         self.open_in_thread = store_kind != "memory"
+        #: Seconds between two attempts to open a standby's stores: the first, the longest.
+        self.retry_delays = (1.0, 30.0)
         #: Stores of tasks that left an active or standby role during the current rebalance
         #: (with that role), so another consumer of this process can take them without restoring.
         self.parked: dict[TaskId, tuple[dict[str, StoreState], str]] = {}
         #: Stores closing in a thread, by task (opened again only once closed).
         self.closing: dict[TaskId, asyncio.Future[None]] = {}
-        #: Stores opening in a thread, by task: the stores handed out, and the open.
-        self.opening: dict[TaskId, tuple[dict[str, StoreState], asyncio.Task[None]]] = {}
+        #: Stores opening in a thread, by task.
+        self.opening: dict[TaskId, Opening] = {}
         self._checkpointed: dict[TaskId, dict[TopicPartition, int]] = {}
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def failing(self) -> dict[TaskId, BaseException]:
+        """Tasks whose stores failed to open and are tried again (standbys), with why."""
+        return {t: o.error for t, o in self.opening.items() if o.error is not None}
+
+    def _in_thread(self, work: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Run ``work`` in a store thread (started on first use, ended by ``shutdown``)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(STORE_THREADS, "streamassign-stores")
+        return asyncio.get_running_loop().run_in_executor(self._executor, work, *args)
+
+    def shutdown(self) -> None:
+        """End the store threads once idle (``App.stop``, after every close)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
 
     def open(self, task: TaskId) -> dict[str, StoreState]:
-        """The task's stores, opened in the calling thread."""
-        states = {}
-        for name, changelog in self._changelogs(task).items():
-            path = self.state.task_dir(task) / f"{name}.rocksdb"
-            states[name] = StoreState.open(name, changelog, self.open_store(self.store_kind, path))
+        """The task's stores, opened in the calling thread. If one fails, those already open
+        are closed before the error is raised (a RocksDB store holds its directory's lock
+        until closed: the next open would fail on it)."""
+        states: dict[str, StoreState] = {}
+        stores: list[tuple[str, KeyValueStore]] = []
+        try:
+            for name, changelog in self._changelogs(task).items():
+                path = self.state.task_dir(task) / f"{name}.rocksdb"
+                stores.append((name, self.open_store(self.store_kind, path)))
+                states[name] = StoreState.open(name, changelog, stores[-1][1])
+        except BaseException:
+            _close_in_thread(task, stores)
+            raise
         return states
 
     def _changelogs(self, task: TaskId) -> dict[str, TopicPartition]:
         stores = self.topology.subtopology(task.subtopology).stores
         return {n: TopicPartition(self.topology.changelog_topic(n), task.partition) for n in stores}
 
-    async def take(self, task: TaskId) -> tuple[dict[str, StoreState], str]:
-        """The task's stores: kept from a moment ago, a standby's, or from disk (returned at
-        once, opening in a thread: see the module docstring)."""
+    async def take(
+        self, task: TaskId, *, standby: bool = False
+    ) -> tuple[dict[str, StoreState], str]:
+        """The task's stores, for an active (or a ``standby``): kept from a moment ago, a
+        standby's, or from disk (returned at once, opening in a thread: see the module
+        docstring). A stateless task's are returned at once."""
         if task in self.parked:
-            return self.parked.pop(task)
-        standby = await self.standbys.take(task)
-        if standby is not None:
-            return standby, "standby"
-        if not self.open_in_thread:
+            states, how = self.parked.pop(task)
+            if not open_failed(states):
+                return self._for_role(task, states, standby), how
+            self.close(task, states)  # an active's failed open: opened again below
+        else:
+            found = await self.standbys.take(task)
+            if found is not None:
+                return self._for_role(task, found, standby), "standby"
+        if not self.open_in_thread or not self._changelogs(task):
             return self.open(task), "open"
-        return self._open_later(task), "open"
+        return self._open_later(task, standby), "open"
 
-    def _open_later(self, task: TaskId) -> dict[str, StoreState]:
+    def _for_role(
+        self, task: TaskId, states: dict[str, StoreState], standby: bool
+    ) -> dict[str, StoreState]:
+        """``states`` go to a new role: a failed open of a standby's is tried again, an
+        active's stops the application (and it tries again at once, not after a wait)."""
+        opening = self.opening.get(task)
+        if opening is not None and opening.states is states:
+            opening.retry = standby
+            if not standby:
+                opening.wake.set()
+        return states
+
+    def _open_later(self, task: TaskId, standby: bool) -> dict[str, StoreState]:
         """Placeholders for ``task``'s stores, replaced by the real ones in a thread. Their
-        positions are the checkpoint's until then (what the logs and ``source_of`` report)."""
+        positions are the checkpoint's until then (what ``source_of`` reports until the
+        state updater knows better)."""
         checkpoint = self.state.read_checkpoint(task)
         states = {
             name: StoreState(name, changelog, UnopenedStore(True), checkpoint.get(changelog, 0))
             for name, changelog in self._changelogs(task).items()
         }
+        opening = Opening(states, retry=standby)
         # The close under way now (not one requested later, which waits for this open).
         closing = self.closing.get(task)
-        opening = asyncio.create_task(self._open_in_thread(task, states, closing))
-        self.opening[task] = (states, opening)
+        opening.task = asyncio.create_task(self._open_in_thread(task, opening, closing))
+        self.opening[task] = opening
 
         def forget(done: asyncio.Task[None]) -> None:
-            if self.opening.get(task, (None, None))[1] is done:
+            if task in self.opening and self.opening[task].task is done:
                 del self.opening[task]
 
-        opening.add_done_callback(forget)
+        opening.task.add_done_callback(forget)
         return states
 
     async def _open_in_thread(
-        self, task: TaskId, states: dict[str, StoreState], closing: asyncio.Future[None] | None
+        self, task: TaskId, opening: Opening, closing: asyncio.Future[None] | None
     ) -> None:
-        if closing is not None:  # left a moment ago: its files are ours once closed
-            await asyncio.wait([closing])
         opened: dict[str, StoreState] = {}
-        failure: Exception | None = None
         try:
-            opened = await asyncio.to_thread(self.open, task)
-        except Exception as exc:  # raised where the stores are used (``check_open``)
-            log.exception("task %s: opening its stores failed", task)
-            failure = exc
-        async with self.standbys.lock:  # the state updater reads positions under it
-            for name, state in states.items():
-                real = opened.get(name)
-                if real is None:
-                    assert isinstance(state.store, UnopenedStore)
-                    state.store.error = failure
-                else:
+            if closing is not None:  # left a moment ago: its files are ours once closed
+                await asyncio.wait([closing])
+            try:
+                opened = await self._open_retrying(task, opening)
+            except Exception as exc:  # raised (and logged) where the stores are used
+                log.debug("task %s: opening its stores failed (%r)", task, exc)
+                _mark_failed(opening.states, exc)
+            async with self.standbys.lock:  # the state updater reads positions under it
+                for name, real in opened.items():
+                    state = opening.states[name]
                     state.store, state.position, state.applied = (
                         real.store,
                         real.position,
                         real.applied,
                     )
-            self.standbys.dirty = True  # a restore waiting for these stores plans again
-        await self.standbys.opened(task, states)
+                opened = {}  # handed over: whoever holds the task's stores closes them
+                self.standbys.dirty = True  # a restore waiting for these stores plans again
+        except asyncio.CancelledError:
+            _mark_failed(opening.states, StoreNotOpenError("the open was cancelled"))
+            if opened:  # opened, not handed over yet
+                self._in_thread(_close_in_thread, task, _stores_of(opened))
+            raise
+        await self.standbys.opened(task, opening.states)
+
+    async def _open_retrying(self, task: TaskId, opening: Opening) -> dict[str, StoreState]:
+        """Open ``task``'s stores; while they are a standby's, again after each failure."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                opened = await self._attempt(task)
+            except Exception as exc:
+                # The failed attempt's frames keep its stores (closed by now) and locals.
+                traceback.clear_frames(exc.__traceback__)
+                if not (opening.retry or self.standbys.opening.get(task) is opening.states):
+                    raise
+                opening.error = exc
+                await self._wait_to_retry(task, opening, attempt)
+                continue
+            if attempt > 1:
+                log.info("task %s: its stores opened at attempt %d", task, attempt)
+            opening.error = None
+            return opened
+
+    async def _wait_to_retry(self, task: TaskId, opening: Opening, attempt: int) -> None:
+        first, longest = self.retry_delays
+        delay = min(first * 2 ** (attempt - 1), longest)
+        if attempt == 1:  # logged once: the next attempts go on quietly (``failing``)
+            log.error(
+                "standby %s: opening its stores failed; trying again (every %g s at most)",
+                task,
+                longest,
+                exc_info=opening.error,
+            )
+        else:
+            log.debug("standby %s: attempt %d to open its stores failed", task, attempt)
+        opening.wake.clear()
+        opening.waiting = True
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(opening.wake.wait(), delay)
+        finally:
+            opening.waiting = False
+
+    async def _attempt(self, task: TaskId) -> dict[str, StoreState]:
+        """One open of ``task``'s stores in a store thread. Cancelled while the thread opens,
+        the thread closes what it opened (nobody would)."""
+        handover = _Handover()
+        try:
+            opened: dict[str, StoreState] = await self._in_thread(handover.run, self.open, task)
+        except asyncio.CancelledError:
+            delivered = handover.abandon()
+            if delivered:  # the thread returned them just before the cancel
+                self._in_thread(_close_in_thread, task, _stores_of(delivered))
+            raise
+        return opened
 
     def checkpoint(
         self, task: TaskId, states: Mapping[str, StoreState], *, durable: bool = True
@@ -141,8 +278,12 @@ class TaskStores:
         open (if under way) is done; opening the task's stores again waits for it."""
         opening = self.opening.get(task)
         opened = None
-        if opening is not None and opening[0] is states and not opening[1].done():
-            opened = opening[1]
+        if opening is not None and opening.states is states and opening.task is not None:
+            opened = None if opening.task.done() else opening.task
+        if opened is not None and opening is not None:
+            opening.retry = False
+            if opening.waiting:  # between two attempts: nothing to wait for
+                opened.cancel()
         persistent = False
         for state in states.values():
             persistent = state.store.persistent
@@ -155,7 +296,7 @@ class TaskStores:
                 self.checkpoint(task, states)
         except Exception:  # the stores still close below
             log.exception("task %s: checkpoint on close failed", task)
-        closing = asyncio.ensure_future(_close_stores(task, [*states.values()], opened))
+        closing = asyncio.ensure_future(self._close_stores(task, [*states.values()], opened))
         self.closing[task] = closing
 
         def forget(done: asyncio.Future[None]) -> None:
@@ -174,18 +315,65 @@ class TaskStores:
         self.parked.clear()
         return closes
 
+    async def _close_stores(
+        self, task: TaskId, states: Iterable[StoreState], opened: asyncio.Task[None] | None
+    ) -> None:
+        if opened is not None:  # close the real stores, not their placeholders
+            await asyncio.wait([opened])
+        await self._in_thread(_close_in_thread, task, _stores_of(states))
 
-async def _close_stores(
-    task: TaskId, states: Sequence[StoreState], opened: asyncio.Task[None] | None
-) -> None:
-    if opened is not None:  # close the real stores, not their placeholders
-        await asyncio.wait([opened])
-    await asyncio.to_thread(_close_in_thread, task, states)
+
+class _Handover:
+    """Hands the stores a thread opened to the event loop, or, if the loop gave up waiting
+    for them (cancelled), has the thread close them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._delivered: dict[str, StoreState] | None = None
+
+    def run(
+        self, open_stores: Callable[[TaskId], dict[str, StoreState]], task: TaskId
+    ) -> dict[str, StoreState]:
+        states = open_stores(task)
+        with self._lock:
+            if not self._abandoned:
+                self._delivered = states
+                return states
+        _close_in_thread(task, _stores_of(states))
+        return {}
+
+    def abandon(self) -> dict[str, StoreState] | None:
+        """Nobody takes the stores any more: those delivered already (for the caller to
+        close); the thread closes any it opens from now on."""
+        with self._lock:
+            self._abandoned = True
+            return self._delivered
 
 
-def _close_in_thread(task: TaskId, states: Sequence[StoreState]) -> None:
-    for state in states:
+def start_of(states: Mapping[str, StoreState]) -> str:
+    """The changelog offsets ``states`` start from, for logs (a checkpoint's, while opening:
+    the state updater logs the real ones once open)."""
+    offsets = ",".join(str(s.position) for s in states.values())
+    return offsets if is_open(states) else f"{offsets} per its checkpoint; its stores opening"
+
+
+def _mark_failed(states: Mapping[str, StoreState], error: BaseException) -> None:
+    for state in states.values():
+        if isinstance(state.store, UnopenedStore):
+            state.store.error = error
+
+
+def _stores_of(
+    states: Iterable[StoreState] | Mapping[str, StoreState],
+) -> list[tuple[str, KeyValueStore]]:
+    items = states.values() if isinstance(states, Mapping) else states
+    return [(s.name, s.store) for s in items]
+
+
+def _close_in_thread(task: TaskId, stores: Iterable[tuple[str, KeyValueStore]]) -> None:
+    for name, store in stores:
         try:
-            state.store.close()
+            store.close()
         except Exception:  # one store failing to close must not leak the others
-            log.exception("task %s: closing store %s failed", task, state.name)
+            log.exception("task %s: closing store %s failed", task, name)
