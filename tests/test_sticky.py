@@ -28,13 +28,9 @@ from streamassign.metrics import (
     violations,
 )
 from streamassign.shares import share_bounds
-from streamassign.sticky import (
-    BALANCE_MODES,
-    Balance,
-    _Run,
-    _SwapIndex,
-    resolve_previous_owners,
-)
+from streamassign.sticky import BALANCE_MODES, Balance, resolve_previous_owners
+from streamassign.sticky.place_standbys import _SwapIndex
+from streamassign.sticky.run import _Run
 from streamassign.threads import distribute_to_threads
 
 from .strategies import assignment_inputs, fresh_clients, task_sets
