@@ -56,7 +56,9 @@ class StandbyQueue:
         self._racks = None
         self._tags = None
         self._keys: list[str] = []
-        if racks is not None and len(set(racks) - {None}) > 1:
+        # Racks matter unless every client is in the same one (or none reports one). One known
+        # rack beside clients without one still counts: two clients in it share a rack.
+        if racks is not None and len(set(racks)) > 1:
             self._racks = racks
         if tags is not None:
             keys = set(tag_keys) if tag_keys is not None else {k for t in tags for k in t}
