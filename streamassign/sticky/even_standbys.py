@@ -36,15 +36,8 @@ class _StandbyEvener:
         self, run: RunState, copies: list[int], placed: set[int], queue: StandbyQueue
     ) -> None:
         self.state, self.copies, self.queue = run, copies, queue
-        r, column, clients, tasks = run.replicas, run.column, run.clients, run.tasks
-        n_col = len(run.column_sizes)
-        self.count = [[0] * n_col for _ in clients]
-        per_column = [0] * n_col
-        for slot, client in enumerate(copies):
-            if client >= 0:
-                per_column[column[slot // r]] += 1
-                self.count[client][column[slot // r]] += 1
-        caps = [c.capacity for c in clients]
+        per_column = self._count_copies()
+        caps = [c.capacity for c in run.clients]
         columns = [share_bounds(k, caps) for k in per_column]
         #: Floor and ceiling of each client's standbys of each subtopology.
         self.bounds = [
@@ -52,36 +45,53 @@ class _StandbyEvener:
         ]
         #: Copies that may move, per (client, column), in slot order.
         self.movable: dict[tuple[int, int], list[int]] = {}
-        warm = run.warm  # every client with state of a task, other than its owner
         for slot in sorted(placed):
-            client, task = copies[slot], slot // r
-            if client < 0:
-                continue
-            found = warm.get(task)
-            if found:
-                if client in found:
-                    continue  # warm state here
-                held = copies[task * r : (task + 1) * r]
-                lost = (
-                    holder
-                    for holder in found
-                    if holder not in held
-                    and holder != run.owner[task]
-                    and tasks[task] in clients[holder].prev_standby
-                )
-                if any(lost):
-                    continue  # a previous standby holder lost this task
-            self.movable.setdefault((client, column[task]), []).append(slot)
+            if copies[slot] >= 0 and self._may_move(slot):
+                cell = (copies[slot], run.column[slot // run.replicas])
+                self.movable.setdefault(cell, []).append(slot)
         #: Copies of each client's actives that each client holds: ``(active, holder)``.
         self.backed: collections.Counter[tuple[int, int]] = collections.Counter()
         for slot, client in enumerate(copies):
             if client >= 0:
-                self.backed[run.owner[slot // r], client] += 1
+                self.backed[run.owner[slot // run.replicas], client] += 1
         #: Per client, copies of its actives any one other client may hold: one more than an
         #: even spread (the bound rule 7 promises).
-        others = max(1, len(clients) - 1)
-        self.spread = [1 - (-len(mine) * r // others) for mine in run.active]
+        others = max(1, len(run.clients) - 1)
+        self.spread = [1 - (-len(mine) * run.replicas // others) for mine in run.active]
         self.budget = _EVEN_BUDGET
+
+    def _count_copies(self) -> list[int]:
+        """Set ``count`` (each client's copies per column); returns the copies per column."""
+        run = self.state
+        r, column = run.replicas, run.column
+        n_col = len(run.column_sizes)
+        #: Standby copies of each client per column (subtopology).
+        self.count = [[0] * n_col for _ in run.clients]
+        per_column = [0] * n_col
+        for slot, client in enumerate(self.copies):
+            if client >= 0:
+                per_column[column[slot // r]] += 1
+                self.count[client][column[slot // r]] += 1
+        return per_column
+
+    def _may_move(self, slot: int) -> bool:
+        """Whether the copy in ``slot`` (placed in this run) may move: its client has no state
+        of the task, and no previous standby holder of the task lost it."""
+        run, copies = self.state, self.copies
+        r, task, client = run.replicas, slot // run.replicas, copies[slot]
+        found = run.warm.get(task)  # every client with state of the task, other than its owner
+        if not found:
+            return True
+        if client in found:
+            return False  # warm state here
+        held = copies[task * r : (task + 1) * r]
+        task_id, clients = run.tasks[task], run.clients
+        return not any(
+            holder not in held
+            and holder != run.owner[task]
+            and task_id in clients[holder].prev_standby
+            for holder in found
+        )
 
     def run(self) -> None:
         count, bounds = self.count, self.bounds

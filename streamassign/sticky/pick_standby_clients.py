@@ -127,33 +127,37 @@ class StandbyQueue:
     def pick(self, owner: int, held: Sequence[int]) -> int:
         """The client for one more copy of a task active on ``owner`` and held by ``held``
         (-1: every client with room is ``owner`` or in ``held``); its room drops by one."""
-        room, heap, pairs = self.room, self._heap, self._pairs
-        aware = self.aware
         fair = self._fair[owner] if self._fair is not None else 0
-        if not aware:
-            # The common case, short: the client with most room is free to take the copy.
-            while heap:
-                neg, client = heap[0]
-                if -neg == room[client]:
-                    if client == owner or client in held or pairs.get((owner, client), 0) >= fair:
-                        break  # not that simple: the full search below
-                    heapq.heappop(heap)
-                    return self._take(client, owner)
-                heapq.heappop(heap)  # stale entry
-                if room[client] > 0:
-                    heapq.heappush(heap, (-room[client], client))
-        group = [owner, *held] if aware else []
-        # Fewest conflicts any kind of client could have: once found, the most room wins as
-        # with none (the scan would not find fewer; more copies than racks land here). With
-        # more kinds than one scan looks at, only a conflict-free client stops it early.
-        costs: list[int] | None = None
-        least = 0
-        kind: list[int] = []
-        if aware:
-            kind, examples = self.kinds()
-            if len(examples) <= RACK_SCAN:
-                costs = self.costs(group)
-                least = min(costs)
+        if not self.aware:
+            client = self._most_room_if_free(owner, held, fair)
+            if client >= 0:
+                return self._take(client, owner)
+        client = self._fewest_conflicts_then_most_room(owner, held, fair)
+        return -1 if client < 0 else self._take(client, owner)
+
+    def _most_room_if_free(self, owner: int, held: Sequence[int], fair: int) -> int:
+        """The common case, short: the client with most room, taken off the heap, when it is
+        free to take the copy (-1: not that simple, the full search decides)."""
+        room, heap, pairs = self.room, self._heap, self._pairs
+        while heap:
+            neg, client = heap[0]
+            if -neg == room[client]:
+                if client == owner or client in held or pairs.get((owner, client), 0) >= fair:
+                    return -1
+                heapq.heappop(heap)
+                return client
+            heapq.heappop(heap)  # stale entry
+            if room[client] > 0:
+                heapq.heappush(heap, (-room[client], client))
+        return -1
+
+    def _fewest_conflicts_then_most_room(self, owner: int, held: Sequence[int], fair: int) -> int:
+        """Among clients by most room: fewest rack and tag conflicts, then not yet holding its
+        fair share of ``owner``'s copies, then most room (-1: none may take the copy). The
+        client found is off the heap; the others looked at go back."""
+        room, heap, pairs = self.room, self._heap, self._pairs
+        group = [owner, *held] if self.aware else []
+        costs, least, kind = self._conflict_costs(group)
         seen: list[tuple[int, int]] = []
         best: tuple[int, int, int, int] | None = None
         while heap:
@@ -168,7 +172,7 @@ class StandbyQueue:
             if costs is not None:
                 conflicts = costs[kind[client]]
             else:
-                conflicts = self.conflicts(client, group) if aware else 0
+                conflicts = self.conflicts(client, group) if self.aware else 0
             crowded = pairs.get((owner, client), 0) >= fair
             if best is None or (conflicts, crowded, neg, client) < best:
                 best = (conflicts, crowded, neg, client)
@@ -179,9 +183,21 @@ class StandbyQueue:
         for entry in seen:
             if best is None or entry[1] != best[3]:
                 heapq.heappush(heap, entry)
-        if best is None:
-            return -1
-        return self._take(best[3], owner)
+        return -1 if best is None else best[3]
+
+    def _conflict_costs(self, group: list[int]) -> tuple[list[int] | None, int, list[int]]:
+        """Conflicts with ``group`` by kind of client, the fewest any kind could have, and each
+        client's kind (``None``, 0, ``[]`` when not weighed by kind). Once a client with the
+        fewest is found, the most room wins as with none (the scan would not find fewer; more
+        copies than racks land here). With more kinds than one scan looks at, only a
+        conflict-free client stops the scan early."""
+        if not self.aware:
+            return None, 0, []
+        kind, examples = self.kinds()
+        if len(examples) > RACK_SCAN:
+            return None, 0, kind
+        costs = self.costs(group)
+        return costs, min(costs), kind
 
     def _take(self, client: int, owner: int) -> int:
         """Client ``client`` (off the heap) takes a copy of a task active on ``owner``."""

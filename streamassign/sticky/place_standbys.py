@@ -110,16 +110,23 @@ class PlaceStandbys(ExchangeForRacks):
         ``moved_task``, then receiver, in order; ``swaps`` finds them without rescanning what
         failed before.
         """
-        r, owner = self.replicas, self.owner
-        needed = slot // r
+        if not self._swap_into_slot(slot, copies, room, placed, swaps):
+            self._place_on_least_loaded(slot, copies, swaps)
 
-        def holds(task: int, client: int) -> bool:
-            return owner[task] == client or client in copies[task * r : (task + 1) * r]
+    def _runs_or_holds(self, copies: list[int], task: int, client: int) -> bool:
+        """Whether ``client`` runs ``task`` or holds a standby of it."""
+        r = self.replicas
+        return self.owner[task] == client or client in copies[task * r : (task + 1) * r]
 
+    def _swap_into_slot(
+        self, slot: int, copies: list[int], room: list[int], placed: set[int], swaps: _SwapIndex
+    ) -> bool:
+        """The swap of ``_place_by_swap``, fresh copies first; whether one was found."""
+        needed, holds = slot // self.replicas, self._runs_or_holds
         rooms = [receiver for receiver in range(len(room)) if room[receiver] > 0]
         for fresh in (True, False):
             for donor in range(len(self.clients)):
-                if holds(needed, donor):
+                if holds(copies, needed, donor):
                     continue
                 heap = swaps.heaps[donor][fresh]
                 while heap:
@@ -130,9 +137,9 @@ class PlaceStandbys(ExchangeForRacks):
                     moved_slot = heapq.heappop(heap)
                     if copies[moved_slot] != donor or (moved_slot in placed) != fresh:
                         continue
-                    moved_task = moved_slot // r
+                    moved_task = moved_slot // self.replicas
                     receiver = next(
-                        (receiver for receiver in rooms if not holds(moved_task, receiver)), -1
+                        (taker for taker in rooms if not holds(copies, moved_task, taker)), -1
                     )
                     if receiver >= 0:
                         copies[moved_slot], copies[slot] = receiver, donor
@@ -140,9 +147,16 @@ class PlaceStandbys(ExchangeForRacks):
                         placed.add(moved_slot)
                         swaps.add(moved_slot, receiver, donor)
                         swaps.add(slot, donor)
-                        return
+                        return True
+        return False
+
+    def _place_on_least_loaded(self, slot: int, copies: list[int], swaps: _SwapIndex) -> None:
+        """No swap exists (one copy per client forces it): ``slot`` goes to the client without
+        a copy of its task that is least loaded per thread."""
+        needed = slot // self.replicas
         active, count, clients = self.active, swaps.count, self.clients
-        free = [donor for donor in range(len(clients)) if not holds(needed, donor)]
+        holds = self._runs_or_holds
+        free = [donor for donor in range(len(clients)) if not holds(copies, needed, donor)]
         copies[slot] = min(
             free,
             key=lambda donor: (
