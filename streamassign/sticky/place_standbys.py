@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 
+from ..shares import share_bounds
 from .even_standbys import _StandbyEvener
 from .exchange_for_racks import ExchangeForRacks
 from .pick_standby_clients import StandbyQueue
@@ -51,6 +52,10 @@ class PlaceStandbys(ExchangeForRacks):
             order: Iterable[int] = first + rest
         else:
             order = range(len(owner))
+        if self.by_subtopology and any(map(int.__lt__, room, valid)):
+            # A client keeps what its room allows in this order: interleaved over the
+            # subtopologies, what it drops (and others take) is spread over them too.
+            order = self._interleaved(receiver)
         for task in order:
             if not self.stateful[task]:
                 continue
@@ -69,6 +74,22 @@ class PlaceStandbys(ExchangeForRacks):
             need.extend(range(k, (task + 1) * r))
         return need
 
+    def _interleaved(self, receiver: list[bool]) -> list[int]:
+        """Every task, those active on a ``receiver`` first, each subtopology's tasks spread
+        evenly through each part (by position in the subtopology relative to its size)."""
+        starts = [0]
+        for size in self.column_sizes:
+            starts.append(starts[-1] + size)
+        column, sizes, owner = self.column, self.column_sizes, self.owner
+        return sorted(
+            range(len(owner)),
+            key=lambda task: (
+                not receiver[owner[task]],
+                (2 * (task - starts[column[task]]) + 1) / (2 * sizes[column[task]]),
+                column[task],
+            ),
+        )
+
     def _place_through_queue(
         self, need: list[int], copies: list[int], room: list[int]
     ) -> tuple[StandbyQueue, set[int]]:
@@ -79,12 +100,31 @@ class PlaceStandbys(ExchangeForRacks):
         queue = self._queue(room)
         # Grouped by active client (spread), those of clients with standby room first: they
         # cannot use that room, so they go while other clients still have theirs.
-        need.sort(key=lambda slot: (room[owner[slot // r]] == 0, owner[slot // r]))
+        if self.by_subtopology:
+            # One subtopology after another, so clients taken in turn by room get an even
+            # share of each (grouped by active client only, every active client's copies come
+            # in task order, and a client could get all its copies of one subtopology).
+            # Each subtopology starts at another active client (a quarter of the way round
+            # with four): taken in turn, clients would otherwise meet each active client's
+            # copies of every subtopology at the same point of the round and hold its fair
+            # share of them after the first (crowded, a longer search).
+            queue.balance_columns(*self._standbys_per_column(copies))
+            column, n_clients = self.column, len(self.clients)
+            step = -(-n_clients // len(self.column_sizes))
+            need.sort(
+                key=lambda slot: (
+                    room[owner[slot // r]] == 0,
+                    column[slot // r],
+                    (owner[slot // r] - step * column[slot // r]) % n_clients,
+                )
+            )
+        else:
+            need.sort(key=lambda slot: (room[owner[slot // r]] == 0, owner[slot // r]))
         placed: set[int] = set()  # slots filled in this run (no warm state behind them)
         swaps: _SwapIndex | None = None  # built at the first swap
         for slot in need:
             task = slot // r
-            client = queue.pick(owner[task], copies[task * r : slot])
+            client = queue.pick(owner[task], copies[task * r : slot], self.column[task])
             if client >= 0:
                 copies[slot] = client
                 if swaps is not None:
@@ -165,6 +205,23 @@ class PlaceStandbys(ExchangeForRacks):
             ),
         )
         swaps.add(slot, copies[slot])
+
+    def _standbys_per_column(self, copies: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+        """Standbys each client holds of each column (subtopology) so far, and the ceiling of
+        its capacity share of that column's standbys (``even_standbys``' bounds)."""
+        r, column, n_col = self.replicas, self.column, len(self.column_sizes)
+        counts = [[0] * n_col for _ in self.clients]
+        for slot, client in enumerate(copies):
+            if client >= 0:
+                counts[client][column[slot // r]] += 1
+        per_column = [0] * n_col
+        for task, stateful in enumerate(self.stateful):
+            if stateful:
+                per_column[column[task]] += r
+        caps = [c.capacity for c in self.clients]
+        shares = [share_bounds(copies_of_column, caps) for copies_of_column in per_column]
+        ceilings = [[share[client][1] for share in shares] for client in range(len(caps))]
+        return counts, ceilings
 
     def _queue(self, room: list[int]) -> StandbyQueue:
         clients = self.clients
