@@ -76,19 +76,17 @@ class PlaceStandbys(ExchangeForRacks):
 
     def _interleaved(self, receiver: list[bool]) -> list[int]:
         """Every task, those active on a ``receiver`` first, each subtopology's tasks spread
-        evenly through each part (by position in the subtopology relative to its size)."""
-        starts = [0]
+        evenly through each part (by position in the subtopology relative to its size; ties
+        in subtopology order, as the sort is stable)."""
+        position: list[float] = []
         for size in self.column_sizes:
-            starts.append(starts[-1] + size)
-        column, sizes, owner = self.column, self.column_sizes, self.owner
-        return sorted(
-            range(len(owner)),
-            key=lambda task: (
-                not receiver[owner[task]],
-                (2 * (task - starts[column[task]]) + 1) / (2 * sizes[column[task]]),
-                column[task],
-            ),
-        )
+            position.extend((2 * index + 1) / (2 * size) for index in range(size))
+        owner = self.owner
+        first = [task for task in range(len(owner)) if receiver[owner[task]]]
+        rest = [task for task in range(len(owner)) if not receiver[owner[task]]]
+        first.sort(key=position.__getitem__)
+        rest.sort(key=position.__getitem__)
+        return first + rest
 
     def _place_through_queue(
         self, need: list[int], copies: list[int], room: list[int]
