@@ -383,8 +383,10 @@ class _Holdback:
         once per chain the active may instead stay on a client with room below its ceilings,
         the chain going on from a client with one to spare above its floors. When ``u`` came
         from its running owner (one move more), one link must hand an active back to its
-        running owner (one move less). Nothing is handed to its owner otherwise or to a client
-        holding a target standby of it, so moves stay as many, every active count stays within
+        running owner (one move less), even when the target gave it that task's standby (a
+        previous owner keeps what it gives up as a standby; standbys are placed again for the
+        result). Nothing is handed to its owner otherwise or to a client holding a target
+        standby of it, so moves stay as many, every active count stays within
         its floor and ceiling (or does not change), and no task leaves state it is caught up
         on. Chains ignore ``task_racks``, as the swaps above do."""
         if all(self.ready_on(t, dest) for t, dest in self.moving()):
@@ -662,12 +664,15 @@ class _Chains:
         links: _Links,
         queue: collections.deque[_State],
     ) -> None:
-        """Owing, a chain may hand a task back to its running owner (then owing nothing)."""
+        """Owing, a chain may hand a task back to its running owner (then owing nothing),
+        whether or not the target gave the owner that task's standby: requiring none made
+        the chain that restores the last round's target impossible (the owner that gave a
+        task up keeps it as a standby), and convergence took a round more."""
         h, slack = self.holdback, node[2]
         for task in movable:
             owner = h.previous.get(task)
             back: _State = (owner or "", False, slack)
-            if owner is not None and back not in links and task not in h.target[owner].standby:
+            if owner is not None and back not in links:
                 links[back] = (node, task)
                 queue.append(back)
 
