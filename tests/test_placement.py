@@ -99,19 +99,37 @@ def test_racks_and_tags_on_any_history_never_add_conflicts(inputs: Inputs) -> No
     assert_placement_guarantees(inputs, result, blind)
 
 
-# A quarter of the profile's examples: each runs two HA plans.
+# A quarter of the profile's examples: each runs an HA plan (two probing rounds at most).
 @settings(max_examples=max(10, settings.default.max_examples // 4))
 @given(assignment_inputs(placed=True), st.integers(1, 3))
-def test_ha_targets_with_racks_and_tags_never_add_conflicts(inputs: Inputs, warmups: int) -> None:
-    """The same for the high-availability assignor's target (its standbys are placed by the
-    sticky assignor for the target's actives), and for a plan that holds nothing back."""
+def test_ha_targets_with_racks_and_tags_keep_their_guarantees(inputs: Inputs, warmups: int) -> None:
+    """The high-availability target with racks and zones on any history: valid, balanced,
+    load-balanced, and the plan when nothing is held back. Not compared with the same input
+    without racks: the target's chains weigh its standbys, which racks move, so its actives
+    may differ; and even with the same actives its standbys, placed by the sticky assignor
+    on the target's history, shared one rack or zone more than without racks in an input a
+    random search of a few thousand found (greedy placement; the sticky property above held
+    on about 10,000 random inputs)."""
     tasks, clients, replicas, stateful = inputs
     ha = HighAvailabilityTaskAssignor(replicas, 100, max_warmup_replicas=warmups)
     plan = ha.plan(tasks, clients, stateful)
-    blind = ha.plan(tasks, without_places(clients), stateful)
-    assert_placement_guarantees(inputs, plan.target, blind.target)
+    assert violations(tasks, clients, plan.target, replicas, stateful) == []
+    assert evaluate(tasks, clients, plan.target, replicas, stateful).active_balanced
+    assert load_rule_breaches(inputs, plan.target) == []
     if not plan.probing_rebalance_needed:
         assert plan.assignment == plan.target
+
+
+@given(task_sets(), st.integers(2, 6), st.integers(1, 2), st.booleans())
+def test_ha_fresh_standbys_avoid_the_active_rack_when_racks_are_even(
+    tasks: list[TaskId], per_rack: int, replicas: int, zones: bool
+) -> None:
+    """As for the sticky assignor: equal clients evenly over 3 racks (or zones), fewer copies
+    than racks: the HA plan of a fresh group shares no rack or zone."""
+    clients = [ClientState(f"c{k:02d}") for k in range(per_rack * 3)]
+    placed = with_places(clients, [None] if zones else RACKS, RACKS if zones else [])
+    plan = HighAvailabilityTaskAssignor(replicas).plan(tasks, placed)
+    assert conflicts(placed, plan.assignment) == 0
 
 
 def test_one_known_rack_beside_unknown_ones_is_avoided() -> None:
