@@ -383,8 +383,10 @@ class _Holdback:
         once per chain the active may instead stay on a client with room below its ceilings,
         the chain going on from a client with one to spare above its floors. When ``u`` came
         from its running owner (one move more), one link must hand an active back to its
-        running owner (one move less). Nothing is handed to its owner otherwise or to a client
-        holding a target standby of it, so moves stay as many, every active count stays within
+        running owner (one move less), even when the target gave it that task's standby (a
+        previous owner keeps what it gives up as a standby; standbys are placed again for the
+        result). Nothing is handed to its owner otherwise or to a client holding a target
+        standby of it, so moves stay as many, every active count stays within
         its floor and ceiling (or does not change), and no task leaves state it is caught up
         on. Chains ignore ``task_racks``, as the swaps above do."""
         if all(self.ready_on(t, dest) for t, dest in self.moving()):
@@ -603,7 +605,6 @@ class _Chains:
         key = (pid, owing, self.subtopology)
         if key in self.searches:
             return self.searches[key]
-        h = self.holdback
         start: _State = (pid, owing, False)
         links: _Links = {start: None}
         unvisited: dict[tuple[bool, bool], list[str]] = {}
@@ -613,54 +614,99 @@ class _Chains:
             node = queue.popleft()
             at, owing, slack = node
             if not slack and owing not in fanned and self.room(at):
-                # the slack reaches every client with one to spare at once; owing, only those
-                # that can hand an active on (the others end nothing)
                 fanned.add(owing)
-                for b in self.spares():
-                    if (
-                        b != at
-                        and (b, owing, True) not in links
-                        and not (owing and not self.movable(b))
-                    ):
-                        links[b, owing, True] = (node, None)
-                        queue.append((b, owing, True))
+                self._link_spares(node, links, queue)
             if not self.movable(at):
                 continue
-            used: set[TaskId | None] = set()
-            link = links[node]
-            while link is not None:
-                used.add(link[1])
-                link = links[link[0]]
+            used = self._moved_on_chain(node, links)
             movable = [v for v in self.movable(at) if v not in used]
             if not movable:
                 continue
             if owing:
-                for v in movable:
-                    owner = h.previous.get(v)
-                    back: _State = (owner or "", False, slack)
-                    if owner is not None and back not in links and v not in h.target[owner].standby:
-                        links[back] = (node, v)
-                        queue.append(back)
-            left: list[str] = []
-            for b in unvisited.get((owing, slack), h.clients):
-                if (b, owing, slack) in links:
-                    continue
-                given = next(
-                    (v for v in movable if h.previous.get(v) != b and v not in h.target[b].standby),
-                    None,
-                )
-                if given is None:
-                    left.append(b)
-                else:
-                    links[b, owing, slack] = (node, given)
-                    queue.append((b, owing, slack))
-            unvisited[owing, slack] = left
+                self._link_back_to_owners(node, movable, links, queue)
+            unreached = unvisited.get((owing, slack))
+            candidates = self.holdback.clients if unreached is None else unreached
+            unvisited[owing, slack] = self._link_takers(node, movable, candidates, links, queue)
         ends: dict[str, _State] = {}
         for state in links:
             if not state[1]:
                 ends.setdefault(state[0], state)
         self.searches[key] = (links, ends)
         return links, ends
+
+    def _link_spares(self, node: _State, links: _Links, queue: collections.deque[_State]) -> None:
+        """The slack reaches every client with one to spare at once; owing, only those that
+        can hand an active on (the others end nothing)."""
+        at, owing, _ = node
+        for spare in self.spares():
+            if (
+                spare != at
+                and (spare, owing, True) not in links
+                and not (owing and not self.movable(spare))
+            ):
+                links[spare, owing, True] = (node, None)
+                queue.append((spare, owing, True))
+
+    @staticmethod
+    def _moved_on_chain(node: _State, links: _Links) -> set[TaskId | None]:
+        """The tasks the chain ending at ``node`` moves already (each moves at most once)."""
+        used: set[TaskId | None] = set()
+        link = links[node]
+        while link is not None:
+            used.add(link[1])
+            link = links[link[0]]
+        return used
+
+    def _link_back_to_owners(
+        self,
+        node: _State,
+        movable: list[TaskId],
+        links: _Links,
+        queue: collections.deque[_State],
+    ) -> None:
+        """Owing, a chain may hand a task back to its running owner (then owing nothing),
+        whether or not the target gave the owner that task's standby: requiring none made
+        the chain that restores the last round's target impossible (the owner that gave a
+        task up keeps it as a standby), and convergence took a round more."""
+        h, slack = self.holdback, node[2]
+        for task in movable:
+            owner = h.previous.get(task)
+            back: _State = (owner or "", False, slack)
+            if owner is not None and back not in links:
+                links[back] = (node, task)
+                queue.append(back)
+
+    def _link_takers(
+        self,
+        node: _State,
+        movable: list[TaskId],
+        candidates: Iterable[str],
+        links: _Links,
+        queue: collections.deque[_State],
+    ) -> list[str]:
+        """Link every client of ``candidates`` not reached yet in this state that can take one
+        of ``movable`` (not its running owner, no standby of it there); returns those left
+        unreached, the candidates of the next node in the same state."""
+        h = self.holdback
+        _, owing, slack = node
+        left: list[str] = []
+        for taker in candidates:
+            if (taker, owing, slack) in links:
+                continue
+            given = next(
+                (
+                    task
+                    for task in movable
+                    if h.previous.get(task) != taker and task not in h.target[taker].standby
+                ),
+                None,
+            )
+            if given is None:
+                left.append(taker)
+            else:
+                links[taker, owing, slack] = (node, given)
+                queue.append((taker, owing, slack))
+        return left
 
     def move(self, task: TaskId, src: str, dest: str) -> None:
         self.sets.of(src)[0].remove(task)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+import attrs
 from hypothesis import strategies as st
 
 from streamassign import ClientState, StickyTaskAssignor, TaskId
@@ -37,15 +38,29 @@ def fresh_clients(
     return [ClientState(pid, capacity=draw(st.integers(1, max_capacity))) for pid in pids]
 
 
+#: Racks and zone tag values ``placements`` draws from: few, so clients share them.
+RACKS = ("r0", "r1", "r2")
+ZONES = ("z0", "z1")
+
+
+@st.composite
+def placements(draw: st.DrawFn, clients: Sequence[ClientState]) -> list[ClientState]:
+    """``clients`` with a rack (or none) and a ``zone`` tag (or none) each, history kept."""
+    racks = st.one_of(st.none(), st.sampled_from(RACKS))
+    zones = st.dictionaries(st.just("zone"), st.sampled_from(ZONES), max_size=1)
+    return [attrs.evolve(c, rack=draw(racks), tags=draw(zones)) for c in clients]
+
+
 @st.composite
 def assignment_inputs(
-    draw: st.DrawFn,
+    draw: st.DrawFn, placed: bool = False
 ) -> tuple[list[TaskId], list[ClientState], int, list[TaskId] | None]:
     """(tasks, clients with history, standbys, stateful) over the kinds of history we meet.
 
     History is one of: none; the assignor's own previous result on another membership (the
     realistic case: scale out/in, crash); or arbitrary claims (duplicates, stale tasks, random
-    standbys and lags) as a zombie or a buggy peer would report.
+    standbys and lags) as a zombie or a buggy peer would report. ``placed=True`` also gives
+    the clients racks and zone tags (``placements``); by default they have none.
     """
     tasks = draw(task_sets())
     replicas = draw(st.integers(0, 3))
@@ -88,6 +103,8 @@ def assignment_inputs(
             )
             for c in clients
         ]
+    if placed:
+        clients = draw(placements(clients))
     return tasks, clients, replicas, stateful
 
 

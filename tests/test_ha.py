@@ -562,8 +562,9 @@ def test_random_cluster_perturbations_converge(
 #: The fixed set: OVER_BOUND_EXAMPLES examples drawn from OVER_BOUND_SEED, whatever the profile.
 OVER_BOUND_EXAMPLES = 1000
 OVER_BOUND_SEED = 22
-#: Convergences of that set past the tight bound, as measured (2026-11-26).
-OVER_BOUND_MEASURED = 3
+#: Convergences of that set past the tight bound, as measured (2026-11-26; 3 before the
+#: per-subtopology standby placement and the hand-backs to owners holding a target standby).
+OVER_BOUND_MEASURED = 0
 
 
 def test_perturbed_clusters_past_the_warmup_bound_do_not_grow() -> None:
@@ -588,14 +589,12 @@ def test_perturbed_clusters_past_the_warmup_bound_do_not_grow() -> None:
     assert len(over) <= OVER_BOUND_MEASURED, over
 
 
-@pytest.mark.xfail(
-    reason="issue 22: the tight warmup bound is not met yet in rare cases (docs/ha.md); "
-    "this one takes 2 probing rounds where the bound is 1",
-    strict=True,
-)
-def test_a_known_convergence_past_the_warmup_bound() -> None:
-    """A counterexample of the tight bound from the seeded search: n0 joins; the first round
-    holds back only role swaps (bound: 1 probing round), yet convergence takes 2."""
+def test_a_former_convergence_past_the_warmup_bound_now_meets_it() -> None:
+    """Regression, a counterexample of the tight bound from the seeded search: n0 joins; the
+    first round holds back only role swaps (bound: 1 probing round), yet convergence took 2.
+    The second round's target moved 0_5 from dgf to n0 cold instead of keeping the first
+    round's target: the chain restoring it hands 0_5 back to dgf, which the target gave
+    0_5's standby, and hand-backs to such an owner were refused."""
     tasks = [TaskId(0, p) for p in range(7)]
     clients = [
         caught_up_client("c", 4, "0_0 0_3 0_6", "0_1 0_2 0_4 0_5"),

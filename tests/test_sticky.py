@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import attrs
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
@@ -28,13 +28,9 @@ from streamassign.metrics import (
     violations,
 )
 from streamassign.shares import share_bounds
-from streamassign.sticky import (
-    BALANCE_MODES,
-    Balance,
-    _Run,
-    _SwapIndex,
-    resolve_previous_owners,
-)
+from streamassign.sticky import BALANCE_MODES, Balance, resolve_previous_owners
+from streamassign.sticky.place_standbys import _SwapIndex
+from streamassign.sticky.run import _Run
 from streamassign.threads import distribute_to_threads
 
 from .strategies import assignment_inputs, fresh_clients, task_sets
@@ -436,8 +432,8 @@ def standby_exchanges_left(
 ) -> list[tuple[str, str, int, int]]:
     """Exchanges that would still bring per-subtopology standby counts nearer their shares:
     ``a`` hands a copy of subtopology ``s`` to ``b``, ``b`` one of ``s2`` to ``a`` (standby
-    counts, hence loads, unchanged), no count leaving its floor and ceiling, one outside them
-    coming nearer. Only copies that may move: on a client without state of the task, of a task
+    counts, hence loads, unchanged), the four counts' total distance outside their floors and
+    ceilings falling. Only copies that may move: on a client without state of the task, of a task
     no previous standby holder lost, keeping the spread of one client's backups. As
     (a, b, s, s2)."""
     columns = sorted({t.subtopology for t in tasks})
@@ -480,6 +476,11 @@ def standby_exchanges_left(
     def count(pid: str, s: int) -> int:
         return sum(1 for t in result[pid].standby if t.subtopology == s)
 
+    def distance(pid: str, s: int, value: int) -> int:
+        """How far ``value`` lies outside the floor and ceiling of ``pid``'s share of ``s``."""
+        lo, hi = bounds[s][pid]
+        return max(lo - value, value - hi, 0)
+
     found = []
     for a in result:
         for b in result:
@@ -489,19 +490,13 @@ def standby_exchanges_left(
                 for s2 in columns:
                     if s == s2:
                         continue
-                    ok = (
-                        count(a, s) > bounds[s][a][0]
-                        and count(b, s) < bounds[s][b][1]
-                        and count(b, s2) > bounds[s2][b][0]
-                        and count(a, s2) < bounds[s2][a][1]
+                    moves = ((a, s, -1), (b, s, 1), (b, s2, -1), (a, s2, 1))
+                    change = sum(
+                        distance(pid, col, count(pid, col) + step)
+                        - distance(pid, col, count(pid, col))
+                        for pid, col, step in moves
                     )
-                    better = (
-                        count(a, s) > bounds[s][a][1]
-                        or count(b, s) < bounds[s][b][0]
-                        or count(b, s2) > bounds[s2][b][1]
-                        or count(a, s2) < bounds[s2][a][0]
-                    )
-                    if not (ok and better):
+                    if change >= 0:
                         continue
                     give = [t for t in movable(a, s) if may_go(t, a, b)]
                     back = [t for t in movable(b, s2) if may_go(t, b, a)]
@@ -513,9 +508,25 @@ def standby_exchanges_left(
 @given(assignment_inputs())
 def test_standbys_of_each_subtopology_as_even_as_exchanges_allow(inputs: Inputs) -> None:
     """Balanced per subtopology (the default), no exchange of two movable standbys between two
-    clients would bring their per-subtopology standby counts nearer their shares."""
+    clients would bring their per-subtopology standby counts nearer their shares (in total)."""
     tasks, clients, _, _ = inputs
     assert standby_exchanges_left(tasks, clients, run(inputs)) == []
+
+
+@given(task_sets(max_partitions=30), st.integers(2, 8), st.integers(1, 3))
+def test_fresh_equal_clients_hold_each_subtopologys_standbys_within_one_of_their_share(
+    tasks: list[TaskId], n_clients: int, replicas: int
+) -> None:
+    """A fresh group of equal clients, every task stateful, several subtopologies: every
+    client's standbys of each subtopology are within one of the floor and ceiling of its
+    share of that subtopology's standbys (docs/assignor.md, rule 7)."""
+    assume(len({t.subtopology for t in tasks}) > 1)
+    clients = [ClientState(f"c{k}") for k in range(n_clients)]
+    result = StickyTaskAssignor(replicas).assign(tasks, clients)
+    for s in {t.subtopology for t in tasks}:
+        counts = [sum(t.subtopology == s for t in a.standby) for a in result.values()]
+        for count, (lo, hi) in zip(counts, share_bounds(sum(counts), [1] * n_clients), strict=True):
+            assert lo - 1 <= count <= hi + 1, (s, counts)
 
 
 def test_standbys_spread_over_subtopologies_in_a_fresh_group() -> None:

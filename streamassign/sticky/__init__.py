@@ -36,15 +36,9 @@ Where each step lives (``docs/assignor.md``, "Where each step lives"): ``resolve
 state they share, ``run`` runs them in order, ``assignor`` is the public entry point.
 """
 
-# The private names are re-exported for ``ha`` (same layer) and the tests.
-from .assignor import BALANCE_MODES, Balance, StickyTaskAssignor
-from .assignor import _task_collection as _task_collection
-from .assignor import balance_option as balance_option
-from .assignor import tag_keys_option as tag_keys_option
-from .place_standbys import _SwapIndex as _SwapIndex
-from .resolve_claims import _claims as _claims
+# Public names only; tests that drive one step import it from its defining submodule.
+from .assignor import BALANCE_MODES, Balance, StickyTaskAssignor, balance_option, tag_keys_option
 from .resolve_claims import resolve_previous_owners
-from .run import _Run as _Run
 
 __all__ = [
     "BALANCE_MODES",

@@ -64,45 +64,62 @@ class BalanceSubtopologies(BalanceTotals):
         the holder below its ceilings. The cell ceiling moves with it, so every count stays
         admissible, and no kept task moves. The gains that chose the matrix only estimate
         where orphans can go warm; this makes sure no such hand-over is left."""
-        owner, column, prev_owner = self.owner, self.column, self.prev_owner
         rows = share_bounds(len(self.tasks), caps)
-        counts = [[0] * len(self.column_sizes) for _ in caps]
-        totals = [0] * len(caps)
-        for task, client in enumerate(owner):
-            counts[client][column[task]] += 1
-            totals[client] += 1
+        counts, totals = self._active_counts(len(caps))
         # Orphans with a standby holder other than their client; each hand-over takes one
         # off for good, and one may free room for an earlier one: passes until none moves.
-        waiting = [
-            task
-            for task, client in enumerate(owner)
-            if prev_owner[task] < 0
-            and (found := self._standby_holders(task))
-            and client not in found
-        ]
+        waiting = self._orphans_beside_standby_holders()
         moved = True
         while moved:
             moved = False
             for task in waiting:
-                client, col = owner[task], column[task]
-                if (
-                    counts[client][col] <= cells[client][col][0]
-                    or totals[client] <= rows[client][0]
-                ):
-                    continue
-                for holder in self._standby_holders(task):
-                    if (
-                        counts[holder][col] < cells[holder][col][1]
-                        and totals[holder] < rows[holder][1]
-                    ):
-                        owner[task] = holder
-                        counts[client][col] -= 1
-                        totals[client] -= 1
-                        counts[holder][col] += 1
-                        totals[holder] += 1
-                        moved = True
-                        break
+                moved = self._hand_over_orphan(task, counts, totals, cells, rows) or moved
+            owner = self.owner
             waiting = [task for task in waiting if owner[task] not in self._standby_holders(task)]
+
+    def _active_counts(self, n_clients: int) -> tuple[list[list[int]], list[int]]:
+        """Actives of each client per subtopology, and in total."""
+        counts = [[0] * len(self.column_sizes) for _ in range(n_clients)]
+        totals = [0] * n_clients
+        column = self.column
+        for task, client in enumerate(self.owner):
+            counts[client][column[task]] += 1
+            totals[client] += 1
+        return counts, totals
+
+    def _orphans_beside_standby_holders(self) -> list[int]:
+        """Orphans placed on a client that holds no standby of them while some client does."""
+        prev_owner = self.prev_owner
+        return [
+            task
+            for task, client in enumerate(self.owner)
+            if prev_owner[task] < 0
+            and (found := self._standby_holders(task))
+            and client not in found
+        ]
+
+    def _hand_over_orphan(
+        self,
+        task: int,
+        counts: list[list[int]],
+        totals: list[int],
+        cells: list[list[tuple[int, int]]],
+        rows: list[tuple[int, int]],
+    ) -> bool:
+        """Move orphan ``task`` to its first standby holder below its cell and total ceilings,
+        when its client is above both floors; whether it moved (``counts`` kept current)."""
+        client, col = self.owner[task], self.column[task]
+        if counts[client][col] <= cells[client][col][0] or totals[client] <= rows[client][0]:
+            return False
+        for holder in self._standby_holders(task):
+            if counts[holder][col] < cells[holder][col][1] and totals[holder] < rows[holder][1]:
+                self.owner[task] = holder
+                counts[client][col] -= 1
+                totals[client] -= 1
+                counts[holder][col] += 1
+                totals[holder] += 1
+                return True
+        return False
 
     @staticmethod
     def _cell_gains(

@@ -44,21 +44,45 @@ def best_quotas(
     quotas = [[lo for lo, _ in row] for row in cells]
     if not caps or not counts:
         return quotas
-    # Flow network: source -> subtopology (its ceilings to hand out) -> client (one per
-    # fractional cell) -> sink. A client must take at least ``need`` ceilings (its row floor
-    # minus its cell floors): those run straight to the sink; up to ``optional`` more go
-    # through a shared node whose capacity is what is left. Every unit crosses exactly one
-    # cell arc, so cell cost ``top - gain`` makes the cheapest full flow the most gainful.
-    n_sub, n_cli = len(counts), len(caps)
-    source, optional_node, sink = 0, 1 + n_sub + n_cli, 2 + n_sub + n_cli
+    flow, cell_arcs, total = _ceiling_network(counts, cells, rows, quotas, gains)
+    if flow.run(_SOURCE, len(flow.out) - 1) != total:
+        raise AssertionError("no admissible quota matrix: matrix rounding guarantees one")
+    for ci, s, arc in cell_arcs:
+        if flow.capacity[arc] == 0:  # the cell's one unit was used: its ceiling
+            quotas[ci][s] += 1
+    return quotas
+
+
+#: Node of the flow network the ceilings start from (the sink is its last node).
+_SOURCE = 0
+
+
+def _ceiling_network(
+    counts: Sequence[int],
+    cells: list[list[tuple[int, int]]],
+    rows: list[tuple[int, int]],
+    floors: list[list[int]],
+    gains: Sequence[Sequence[int]],
+) -> tuple[_MinCostFlow, list[tuple[int, int, int]], int]:
+    """The flow network handing out the ceilings, its cell arcs ``(client, subtopology, arc)``
+    and the ceilings to hand out in all.
+
+    Source -> subtopology (its ceilings to hand out) -> client (one per fractional cell) ->
+    sink. A client must take at least ``need`` ceilings (its row floor minus its cell floors):
+    those run straight to the sink; up to ``optional`` more go through a shared node whose
+    capacity is what is left. Every unit crosses exactly one cell arc, so cell cost
+    ``top - gain`` makes the cheapest full flow the most gainful.
+    """
+    n_sub, n_cli = len(counts), len(cells)
+    optional_node, sink = 1 + n_sub + n_cli, 2 + n_sub + n_cli
     flow = _MinCostFlow(3 + n_sub + n_cli)
     top = max((g for row in gains for g in row), default=0)
     total = 0
     for s, count in enumerate(counts):
-        extras = count - sum(row[s] for row in quotas)
+        extras = count - sum(row[s] for row in floors)
         total += extras
         if extras:
-            flow.add(source, 1 + s, extras, 0)
+            flow.add(_SOURCE, 1 + s, extras, 0)
     cell_arcs: list[tuple[int, int, int]] = []
     need_total = 0
     for ci, row in enumerate(cells):
@@ -66,8 +90,7 @@ def best_quotas(
         for s, (lo, hi) in enumerate(row):
             if hi > lo:
                 cell_arcs.append((ci, s, flow.add(1 + s, node, 1, top - gains[ci][s])))
-        floor_sum = sum(quotas[ci])
-        need = rows[ci][0] - floor_sum
+        need = rows[ci][0] - sum(floors[ci])
         optional = rows[ci][1] - rows[ci][0]
         need_total += need
         if need:
@@ -76,12 +99,7 @@ def best_quotas(
             flow.add(node, optional_node, optional, 0)
     if total > need_total:
         flow.add(optional_node, sink, total - need_total, 0)
-    if flow.run(source, sink) != total:
-        raise AssertionError("no admissible quota matrix: matrix rounding guarantees one")
-    for ci, s, arc in cell_arcs:
-        if flow.capacity[arc] == 0:  # the cell's one unit was used: its ceiling
-            quotas[ci][s] += 1
-    return quotas
+    return flow, cell_arcs, total
 
 
 def keep_gains(

@@ -4,6 +4,7 @@ even out each client's standbys per subtopology."""
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterator
 from typing import Final
 
 from ..shares import share_bounds
@@ -20,15 +21,18 @@ class _StandbyEvener:
     subtopology's copies (as even as the one-copy rule and the load rule allow).
 
     Client ``a`` hands a copy of subtopology ``s`` to ``b`` and ``b`` one of ``s2`` to ``a``:
-    both keep their standby counts (the load rule), no cell leaves its floor and ceiling and at
-    least one outside them comes nearer, so the total distance from the bounds falls with each
-    exchange and passes end. Only copies on a client without state of their task move (kept
+    both keep their standby counts (the load rule), and the four counts' total distance from
+    their floors and ceilings falls, so passes end (one count may step out of its bounds when
+    two others come nearer: the way round when no pair of clients can even both cells, e.g.
+    three clients each off in two subtopologies). Clients with a count outside its bounds are
+    tried as partners first. Only copies on a client without state of their task move (kept
     and handed-back copies stay), and not those of a task some client held a standby of and
     lost (``_return_dropped_standbys`` has weighed where those go); never onto a client
     holding the task, and never to more rack or tag conflicts. A copy moves to a client only
     if it then backs up no more of the copy's active client's tasks than one above an even
     spread (``ceil(actives * standbys / (clients - 1)) + 1``) or than the client it leaves
-    did, so one client's tasks stay spread over many others (rule 7). ``_EVEN_BUDGET`` tries
+    did (weighed with the exchange's other copy already moved), so one client's tasks stay
+    spread over many others (rule 7). ``_EVEN_BUDGET`` tries
     at most (large inputs may stop short).
     """
 
@@ -36,52 +40,67 @@ class _StandbyEvener:
         self, run: RunState, copies: list[int], placed: set[int], queue: StandbyQueue
     ) -> None:
         self.state, self.copies, self.queue = run, copies, queue
-        r, column, clients, tasks = run.replicas, run.column, run.clients, run.tasks
-        n_col = len(run.column_sizes)
-        self.count = [[0] * n_col for _ in clients]
-        per_column = [0] * n_col
-        for slot, client in enumerate(copies):
-            if client >= 0:
-                per_column[column[slot // r]] += 1
-                self.count[client][column[slot // r]] += 1
-        caps = [c.capacity for c in clients]
+        per_column = self._count_copies()
+        caps = [c.capacity for c in run.clients]
         columns = [share_bounds(k, caps) for k in per_column]
         #: Floor and ceiling of each client's standbys of each subtopology.
         self.bounds = [
             [column_bounds[client] for column_bounds in columns] for client in range(len(caps))
         ]
+        #: Clients with a count outside its bounds, per column (kept current by ``_move``).
+        self.outside: list[set[int]] = [set() for _ in run.column_sizes]
+        for client, row in enumerate(self.count):
+            for col in range(len(row)):
+                self._note_bounds(client, col)
         #: Copies that may move, per (client, column), in slot order.
         self.movable: dict[tuple[int, int], list[int]] = {}
-        warm = run.warm  # every client with state of a task, other than its owner
         for slot in sorted(placed):
-            client, task = copies[slot], slot // r
-            if client < 0:
-                continue
-            found = warm.get(task)
-            if found:
-                if client in found:
-                    continue  # warm state here
-                held = copies[task * r : (task + 1) * r]
-                lost = (
-                    holder
-                    for holder in found
-                    if holder not in held
-                    and holder != run.owner[task]
-                    and tasks[task] in clients[holder].prev_standby
-                )
-                if any(lost):
-                    continue  # a previous standby holder lost this task
-            self.movable.setdefault((client, column[task]), []).append(slot)
+            if copies[slot] >= 0 and self._may_move(slot):
+                cell = (copies[slot], run.column[slot // run.replicas])
+                self.movable.setdefault(cell, []).append(slot)
         #: Copies of each client's actives that each client holds: ``(active, holder)``.
         self.backed: collections.Counter[tuple[int, int]] = collections.Counter()
         for slot, client in enumerate(copies):
             if client >= 0:
-                self.backed[run.owner[slot // r], client] += 1
+                self.backed[run.owner[slot // run.replicas], client] += 1
         #: Per client, copies of its actives any one other client may hold: one more than an
         #: even spread (the bound rule 7 promises).
-        others = max(1, len(clients) - 1)
-        self.spread = [1 - (-len(mine) * r // others) for mine in run.active]
+        others = max(1, len(run.clients) - 1)
+        self.spread = [1 - (-len(mine) * run.replicas // others) for mine in run.active]
         self.budget = _EVEN_BUDGET
+
+    def _count_copies(self) -> list[int]:
+        """Set ``count`` (each client's copies per column); returns the copies per column."""
+        run = self.state
+        r, column = run.replicas, run.column
+        n_col = len(run.column_sizes)
+        #: Standby copies of each client per column (subtopology).
+        self.count = [[0] * n_col for _ in run.clients]
+        per_column = [0] * n_col
+        for slot, client in enumerate(self.copies):
+            if client >= 0:
+                per_column[column[slot // r]] += 1
+                self.count[client][column[slot // r]] += 1
+        return per_column
+
+    def _may_move(self, slot: int) -> bool:
+        """Whether the copy in ``slot`` (placed in this run) may move: its client has no state
+        of the task, and no previous standby holder of the task lost it."""
+        run, copies = self.state, self.copies
+        r, task, client = run.replicas, slot // run.replicas, copies[slot]
+        found = run.warm.get(task)  # every client with state of the task, other than its owner
+        if not found:
+            return True
+        if client in found:
+            return False  # warm state here
+        held = copies[task * r : (task + 1) * r]
+        task_id, clients = run.tasks[task], run.clients
+        return not any(
+            holder not in held
+            and holder != run.owner[task]
+            and task_id in clients[holder].prev_standby
+            for holder in found
+        )
 
     def run(self) -> None:
         count, bounds = self.count, self.bounds
@@ -108,10 +127,8 @@ class _StandbyEvener:
         return self._exchange(client, col, giving=False)
 
     def _exchange(self, client: int, col: int, giving: bool) -> bool:
-        """Try every other client as the partner of ``client`` for one exchange of ``col``."""
-        for other in range(len(self.count)):
-            if other == client:
-                continue
+        """Try the other clients as the partner of ``client`` for one exchange of ``col``."""
+        for other in self._partners(client):
             giver, taker = (client, other) if giving else (other, client)
             for col2 in range(len(self.count[0])):
                 if col2 != col and self._try(giver, taker, col, col2):
@@ -120,27 +137,64 @@ class _StandbyEvener:
                     return False
         return False
 
+    def _partners(self, client: int) -> Iterator[int]:
+        """The clients other than ``client``: first those with a count outside its bounds (an
+        exchange with one can bring two counts nearer at once), then the rest in order."""
+        first = sorted(set().union(*self.outside) - {client})
+        yield from first
+        skip = {client, *first}
+        yield from (other for other in range(len(self.count)) if other not in skip)
+
     def _try(self, giver: int, taker: int, col: int, col2: int) -> bool:
-        """Exchange a copy of ``col`` on ``giver`` with one of ``col2`` on ``taker`` when counts
-        allow (each cell stays within or comes nearer its bounds) and two such copies exist."""
+        """Exchange a copy of ``col`` on ``giver`` with one of ``col2`` on ``taker`` when that
+        lowers the counts' total distance outside their bounds and two such copies exist."""
         self.budget -= 1
-        count, bounds = self.count, self.bounds
-        if not (
-            count[giver][col] > bounds[giver][col][0]
-            and count[taker][col] < bounds[taker][col][1]
-            and count[taker][col2] > bounds[taker][col2][0]
-            and count[giver][col2] < bounds[giver][col2][1]
-        ):
+        if self._distance_change(giver, taker, col, col2) >= 0:
             return False
         give = self._pick(giver, col, taker)
         if give < 0:
             return False
+        # The copy going back is weighed with ``give`` already moved: when both back up the
+        # same active client, the exchange leaves its spread as it was.
+        active = self.state.owner[give // self.state.replicas]
+        self.backed[active, giver] -= 1
+        self.backed[active, taker] += 1
         back = self._pick(taker, col2, giver)
+        self.backed[active, giver] += 1
+        self.backed[active, taker] -= 1
         if back < 0:
             return False
         self._move(give, giver, taker, col)
         self._move(back, taker, giver, col2)
         return True
+
+    def _distance_change(self, giver: int, taker: int, col: int, col2: int) -> int:
+        """How the total distance of the four counts outside their bounds changes when
+        ``giver`` hands a copy of ``col`` to ``taker`` for one of ``col2``."""
+        change = 0
+        for client, column, step in (
+            (giver, col, -1),
+            (taker, col, 1),
+            (taker, col2, -1),
+            (giver, col2, 1),
+        ):
+            now = self.count[client][column]
+            change += self._distance(client, column, now + step) - self._distance(
+                client, column, now
+            )
+        return change
+
+    def _distance(self, client: int, col: int, value: int) -> int:
+        """How far ``value`` lies outside the bounds of ``client``'s count of ``col``."""
+        lo, hi = self.bounds[client][col]
+        return max(lo - value, value - hi, 0)
+
+    def _note_bounds(self, client: int, col: int) -> None:
+        """Keep ``outside`` current for the count of ``client`` in ``col``."""
+        if self._distance(client, col, self.count[client][col]):
+            self.outside[col].add(client)
+        else:
+            self.outside[col].discard(client)
 
     def _pick(self, src: int, col: int, dst: int) -> int:
         """The first movable copy of ``col`` on ``src`` that ``dst`` may hold (-1: none)."""
@@ -170,5 +224,7 @@ class _StandbyEvener:
         self.copies[slot] = dst
         self.count[src][col] -= 1
         self.count[dst][col] += 1
+        self._note_bounds(src, col)
+        self._note_bounds(dst, col)
         self.movable[src, col].remove(slot)
         self.movable.setdefault((dst, col), []).append(slot)

@@ -56,7 +56,9 @@ class StandbyQueue:
         self._racks = None
         self._tags = None
         self._keys: list[str] = []
-        if racks is not None and len(set(racks) - {None}) > 1:
+        # Racks matter unless every client is in the same one (or none reports one). One known
+        # rack beside clients without one still counts: two clients in it share a rack.
+        if racks is not None and len(set(racks)) > 1:
             self._racks = racks
         if tags is not None:
             keys = set(tag_keys) if tag_keys is not None else {k for t in tags for k in t}
@@ -69,6 +71,23 @@ class StandbyQueue:
         self._costs: dict[tuple[int, ...], list[int]] = {}
         #: Whether racks or tags take part in placement.
         self.aware = self._racks is not None or self._tags is not None
+        #: Per client and column (subtopology), copies it holds and the most it should hold;
+        #: empty unless ``balance_columns`` was called.
+        self._column_counts: list[list[int]] = []
+        self._column_ceilings: list[list[int]] = []
+
+    def balance_columns(self, counts: list[list[int]], ceilings: list[list[int]]) -> None:
+        """Spread each client's copies over the columns: a client already holding
+        ``ceilings[client][column]`` copies of a column yields to the next ones by room, as a
+        crowded one does. Without this, clients taken in turn by room meet the copies of each
+        active client in the same order, and a client can get all its copies from one column.
+        ``counts`` (copies held now) is kept current by ``pick`` (not by swaps outside it:
+        this steers placement only, ``even_standbys`` then evens out what is left)."""
+        self._column_counts, self._column_ceilings = counts, ceilings
+
+    def _column_full(self, client: int, column: int) -> bool:
+        counts = self._column_counts
+        return bool(counts) and counts[client][column] >= self._column_ceilings[client][column]
 
     def conflicts(self, client: int, group: Sequence[int]) -> int:
         """Rack and tag values client ``client`` shares with the clients in ``group``."""
@@ -122,38 +141,51 @@ class StandbyQueue:
             self._kinds = (kind, examples)
         return self._kinds
 
-    def pick(self, owner: int, held: Sequence[int]) -> int:
-        """The client for one more copy of a task active on ``owner`` and held by ``held``
-        (-1: every client with room is ``owner`` or in ``held``); its room drops by one."""
-        room, heap, pairs = self.room, self._heap, self._pairs
-        aware = self.aware
+    def pick(self, owner: int, held: Sequence[int], column: int = 0) -> int:
+        """The client for one more copy, of ``column``, of a task active on ``owner`` and held
+        by ``held`` (-1: every client with room is ``owner`` or in ``held``); its room drops by
+        one."""
         fair = self._fair[owner] if self._fair is not None else 0
-        if not aware:
-            # The common case, short: the client with most room is free to take the copy.
-            while heap:
-                neg, client = heap[0]
-                if -neg == room[client]:
-                    if client == owner or client in held or pairs.get((owner, client), 0) >= fair:
-                        break  # not that simple: the full search below
-                    heapq.heappop(heap)
-                    return self._take(client, owner)
-                heapq.heappop(heap)  # stale entry
-                if room[client] > 0:
-                    heapq.heappush(heap, (-room[client], client))
-        group = [owner, *held] if aware else []
-        # Fewest conflicts any kind of client could have: once found, the most room wins as
-        # with none (the scan would not find fewer; more copies than racks land here). With
-        # more kinds than one scan looks at, only a conflict-free client stops it early.
-        costs: list[int] | None = None
-        least = 0
-        kind: list[int] = []
-        if aware:
-            kind, examples = self.kinds()
-            if len(examples) <= RACK_SCAN:
-                costs = self.costs(group)
-                least = min(costs)
+        if not self.aware:
+            client = self._most_room_if_free(owner, held, fair, column)
+            if client >= 0:
+                return self._take(client, owner, column)
+        client = self._fewest_conflicts_then_most_room(owner, held, fair, column)
+        return -1 if client < 0 else self._take(client, owner, column)
+
+    def _most_room_if_free(self, owner: int, held: Sequence[int], fair: int, column: int) -> int:
+        """The common case, short: the client with most room, taken off the heap, when it is
+        free to take the copy (-1: not that simple, the full search decides)."""
+        room, heap, pairs = self.room, self._heap, self._pairs
+        while heap:
+            neg, client = heap[0]
+            if -neg == room[client]:
+                if (
+                    client == owner
+                    or client in held
+                    or pairs.get((owner, client), 0) >= fair
+                    or self._column_full(client, column)
+                ):
+                    return -1
+                heapq.heappop(heap)
+                return client
+            heapq.heappop(heap)  # stale entry
+            if room[client] > 0:
+                heapq.heappush(heap, (-room[client], client))
+        return -1
+
+    def _fewest_conflicts_then_most_room(
+        self, owner: int, held: Sequence[int], fair: int, column: int
+    ) -> int:
+        """Among clients by most room: fewest rack and tag conflicts, then not yet holding its
+        fair share of ``owner``'s copies nor its most of ``column``, then most room (-1: none
+        may take the copy). The client found is off the heap; the others looked at go back."""
+        room, heap, pairs = self.room, self._heap, self._pairs
+        group = [owner, *held] if self.aware else []
+        costs, least, kind = self._conflict_costs(group)
         seen: list[tuple[int, int]] = []
-        best: tuple[int, int, int, int] | None = None
+        looked = 0  # clients looked at that may take the copy
+        best: tuple[int, bool, bool, int, int] | None = None
         while heap:
             neg, client = heapq.heappop(heap)
             if -neg != room[client]:
@@ -163,28 +195,45 @@ class StandbyQueue:
             seen.append((neg, client))
             if client == owner or client in held:
                 continue
+            looked += 1
             if costs is not None:
                 conflicts = costs[kind[client]]
             else:
-                conflicts = self.conflicts(client, group) if aware else 0
+                conflicts = self.conflicts(client, group) if self.aware else 0
             crowded = pairs.get((owner, client), 0) >= fair
-            if best is None or (conflicts, crowded, neg, client) < best:
-                best = (conflicts, crowded, neg, client)
-            if best[0] == least and (not best[1] or len(seen) >= SPREAD):
-                break  # most room, fewest conflicts, not crowded (or looked far enough)
+            full = self._column_full(client, column)
+            if best is None or (conflicts, crowded, full, neg, client) < best:
+                best = (conflicts, crowded, full, neg, client)
+            if best[0] == least and (not (best[1] or best[2]) or looked >= SPREAD):
+                break  # most room, fewest conflicts, not crowded nor full (or looked enough)
             if len(seen) >= RACK_SCAN:
                 break  # the fewest conflicts found
         for entry in seen:
-            if best is None or entry[1] != best[3]:
+            if best is None or entry[1] != best[4]:
                 heapq.heappush(heap, entry)
-        if best is None:
-            return -1
-        return self._take(best[3], owner)
+        return -1 if best is None else best[4]
 
-    def _take(self, client: int, owner: int) -> int:
-        """Client ``client`` (off the heap) takes a copy of a task active on ``owner``."""
+    def _conflict_costs(self, group: list[int]) -> tuple[list[int] | None, int, list[int]]:
+        """Conflicts with ``group`` by kind of client, the fewest any kind could have, and each
+        client's kind (``None``, 0, ``[]`` when not weighed by kind). Once a client with the
+        fewest is found, the most room wins as with none (the scan would not find fewer; more
+        copies than racks land here). With more kinds than one scan looks at, only a
+        conflict-free client stops the scan early."""
+        if not self.aware:
+            return None, 0, []
+        kind, examples = self.kinds()
+        if len(examples) > RACK_SCAN:
+            return None, 0, kind
+        costs = self.costs(group)
+        return costs, min(costs), kind
+
+    def _take(self, client: int, owner: int, column: int) -> int:
+        """Client ``client`` (off the heap) takes a copy of ``column`` of a task active on
+        ``owner``."""
         room = self.room
         room[client] -= 1
+        if self._column_counts:
+            self._column_counts[client][column] += 1
         if room[client] > 0:
             heapq.heappush(self._heap, (-room[client], client))
         if self._fair is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 
+from ..shares import share_bounds
 from .even_standbys import _StandbyEvener
 from .exchange_for_racks import ExchangeForRacks
 from .pick_standby_clients import StandbyQueue
@@ -51,6 +52,10 @@ class PlaceStandbys(ExchangeForRacks):
             order: Iterable[int] = first + rest
         else:
             order = range(len(owner))
+        if self.by_subtopology and any(map(int.__lt__, room, valid)):
+            # A client keeps what its room allows in this order: interleaved over the
+            # subtopologies, what it drops (and others take) is spread over them too.
+            order = self._interleaved(receiver)
         for task in order:
             if not self.stateful[task]:
                 continue
@@ -69,6 +74,20 @@ class PlaceStandbys(ExchangeForRacks):
             need.extend(range(k, (task + 1) * r))
         return need
 
+    def _interleaved(self, receiver: list[bool]) -> list[int]:
+        """Every task, those active on a ``receiver`` first, each subtopology's tasks spread
+        evenly through each part (by position in the subtopology relative to its size; ties
+        in subtopology order, as the sort is stable)."""
+        position: list[float] = []
+        for size in self.column_sizes:
+            position.extend((2 * index + 1) / (2 * size) for index in range(size))
+        owner = self.owner
+        first = [task for task in range(len(owner)) if receiver[owner[task]]]
+        rest = [task for task in range(len(owner)) if not receiver[owner[task]]]
+        first.sort(key=position.__getitem__)
+        rest.sort(key=position.__getitem__)
+        return first + rest
+
     def _place_through_queue(
         self, need: list[int], copies: list[int], room: list[int]
     ) -> tuple[StandbyQueue, set[int]]:
@@ -79,12 +98,31 @@ class PlaceStandbys(ExchangeForRacks):
         queue = self._queue(room)
         # Grouped by active client (spread), those of clients with standby room first: they
         # cannot use that room, so they go while other clients still have theirs.
-        need.sort(key=lambda slot: (room[owner[slot // r]] == 0, owner[slot // r]))
+        if self.by_subtopology:
+            # One subtopology after another, so clients taken in turn by room get an even
+            # share of each (grouped by active client only, every active client's copies come
+            # in task order, and a client could get all its copies of one subtopology).
+            # Each subtopology starts at another active client (a quarter of the way round
+            # with four): taken in turn, clients would otherwise meet each active client's
+            # copies of every subtopology at the same point of the round and hold its fair
+            # share of them after the first (crowded, a longer search).
+            queue.balance_columns(*self._standbys_per_column(copies))
+            column, n_clients = self.column, len(self.clients)
+            step = -(-n_clients // len(self.column_sizes))
+            need.sort(
+                key=lambda slot: (
+                    room[owner[slot // r]] == 0,
+                    column[slot // r],
+                    (owner[slot // r] - step * column[slot // r]) % n_clients,
+                )
+            )
+        else:
+            need.sort(key=lambda slot: (room[owner[slot // r]] == 0, owner[slot // r]))
         placed: set[int] = set()  # slots filled in this run (no warm state behind them)
         swaps: _SwapIndex | None = None  # built at the first swap
         for slot in need:
             task = slot // r
-            client = queue.pick(owner[task], copies[task * r : slot])
+            client = queue.pick(owner[task], copies[task * r : slot], self.column[task])
             if client >= 0:
                 copies[slot] = client
                 if swaps is not None:
@@ -110,16 +148,23 @@ class PlaceStandbys(ExchangeForRacks):
         ``moved_task``, then receiver, in order; ``swaps`` finds them without rescanning what
         failed before.
         """
-        r, owner = self.replicas, self.owner
-        needed = slot // r
+        if not self._swap_into_slot(slot, copies, room, placed, swaps):
+            self._place_on_least_loaded(slot, copies, swaps)
 
-        def holds(task: int, client: int) -> bool:
-            return owner[task] == client or client in copies[task * r : (task + 1) * r]
+    def _runs_or_holds(self, copies: list[int], task: int, client: int) -> bool:
+        """Whether ``client`` runs ``task`` or holds a standby of it."""
+        r = self.replicas
+        return self.owner[task] == client or client in copies[task * r : (task + 1) * r]
 
+    def _swap_into_slot(
+        self, slot: int, copies: list[int], room: list[int], placed: set[int], swaps: _SwapIndex
+    ) -> bool:
+        """The swap of ``_place_by_swap``, fresh copies first; whether one was found."""
+        needed, holds = slot // self.replicas, self._runs_or_holds
         rooms = [receiver for receiver in range(len(room)) if room[receiver] > 0]
         for fresh in (True, False):
             for donor in range(len(self.clients)):
-                if holds(needed, donor):
+                if holds(copies, needed, donor):
                     continue
                 heap = swaps.heaps[donor][fresh]
                 while heap:
@@ -130,9 +175,9 @@ class PlaceStandbys(ExchangeForRacks):
                     moved_slot = heapq.heappop(heap)
                     if copies[moved_slot] != donor or (moved_slot in placed) != fresh:
                         continue
-                    moved_task = moved_slot // r
+                    moved_task = moved_slot // self.replicas
                     receiver = next(
-                        (receiver for receiver in rooms if not holds(moved_task, receiver)), -1
+                        (taker for taker in rooms if not holds(copies, moved_task, taker)), -1
                     )
                     if receiver >= 0:
                         copies[moved_slot], copies[slot] = receiver, donor
@@ -140,9 +185,16 @@ class PlaceStandbys(ExchangeForRacks):
                         placed.add(moved_slot)
                         swaps.add(moved_slot, receiver, donor)
                         swaps.add(slot, donor)
-                        return
+                        return True
+        return False
+
+    def _place_on_least_loaded(self, slot: int, copies: list[int], swaps: _SwapIndex) -> None:
+        """No swap exists (one copy per client forces it): ``slot`` goes to the client without
+        a copy of its task that is least loaded per thread."""
+        needed = slot // self.replicas
         active, count, clients = self.active, swaps.count, self.clients
-        free = [donor for donor in range(len(clients)) if not holds(needed, donor)]
+        holds = self._runs_or_holds
+        free = [donor for donor in range(len(clients)) if not holds(copies, needed, donor)]
         copies[slot] = min(
             free,
             key=lambda donor: (
@@ -151,6 +203,23 @@ class PlaceStandbys(ExchangeForRacks):
             ),
         )
         swaps.add(slot, copies[slot])
+
+    def _standbys_per_column(self, copies: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+        """Standbys each client holds of each column (subtopology) so far, and the ceiling of
+        its capacity share of that column's standbys (``even_standbys``' bounds)."""
+        r, column, n_col = self.replicas, self.column, len(self.column_sizes)
+        counts = [[0] * n_col for _ in self.clients]
+        for slot, client in enumerate(copies):
+            if client >= 0:
+                counts[client][column[slot // r]] += 1
+        per_column = [0] * n_col
+        for task, stateful in enumerate(self.stateful):
+            if stateful:
+                per_column[column[task]] += r
+        caps = [c.capacity for c in self.clients]
+        shares = [share_bounds(copies_of_column, caps) for copies_of_column in per_column]
+        ceilings = [[share[client][1] for share in shares] for client in range(len(caps))]
+        return counts, ceilings
 
     def _queue(self, room: list[int]) -> StandbyQueue:
         clients = self.clients
