@@ -34,7 +34,7 @@ from aiokafka.errors import KafkaError
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
-from ..errors import ErrorCode, RuntimeConfigError, TransactionFailedError
+from ..errors import ErrorCode, ProducerStartError, RuntimeConfigError, TransactionFailedError
 from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
 from ._clients import Clients
@@ -509,14 +509,16 @@ class App:
         restore looks up the changelog ends (so a fenced zombie's open transaction is aborted
         first and the restore reads to a stable end), then the task's input from its
         committed offsets as they are after that (a zombie's last commit included).
-        Returns the tasks whose producer could not be started (the consumer rejoins, and
-        they are tried again when the new assignment starts them)."""
+        Returns the tasks whose producer could not be started for a reason a rejoin may
+        cure (they are tried again when the new assignment starts them); one that cannot
+        start (``ProducerStartError``: retried until its start timeout) stops the
+        application."""
         producers = self._clients.task_producers
         assert producers is not None
         results = await asyncio.gather(*(producers.renew(t) for t in tasks), return_exceptions=True)
         failed = set()
         for task_id, result in zip(tasks, results, strict=True):
-            if isinstance(result, asyncio.CancelledError):
+            if isinstance(result, ProducerStartError | asyncio.CancelledError):
                 raise result
             if isinstance(result, BaseException):
                 log.warning(
