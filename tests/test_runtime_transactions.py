@@ -356,3 +356,37 @@ def test_a_producer_that_cannot_start_stops_with_one_error(
     with pytest.raises(ProducerStartError):
         asyncio.run(app._start_tasks(0, [(task, {}, "cold")]))
     assert rejoins == []
+
+
+def test_running_tasks_are_positioned_at_their_last_committed_offsets_after_a_rebalance(
+    tmp_path: Path,
+) -> None:
+    """aiokafka's OffsetFetch after a rebalance may return the offset from before a
+    transaction whose markers are still being written: a task kept (or moved here from a
+    sibling consumer) would process again what it committed."""
+    app, tasks, _, _ = make(tmp_path)
+
+    class Consumer:
+        def __init__(self) -> None:
+            self.seeks: list[tuple[KafkaTopicPartition, int]] = []
+
+        def assignment(self) -> set[KafkaTopicPartition]:
+            return {KafkaTopicPartition(TOPIC, 0), KafkaTopicPartition(TOPIC, 1)}
+
+        def paused(self) -> set[KafkaTopicPartition]:
+            return set()
+
+        def seek(self, tp: KafkaTopicPartition, offset: int) -> None:
+            self.seeks.append((tp, offset))
+
+    consumer = Consumer()
+    app.host.consumers = [consumer]  # type: ignore[list-item]
+
+    async def run() -> None:
+        for offset in range(3):
+            await app._processing.process(tasks[0], Rec(0, offset, b"k"))
+        await app._commits.commit(0)  # task 0_1 committed nothing
+        await app._rebalance_completed(0)
+
+    asyncio.run(run())
+    assert consumer.seeks == [(KafkaTopicPartition(TOPIC, 0), 3)]

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
@@ -279,12 +279,13 @@ class App:
             **self.producer_config,
         }
         clients = self._clients
-        clients.producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap_servers, **producer_config
-        )
-        if self.exactly_once:  # each task's own transactional producer (fencing)
+        if self.exactly_once:  # each task's own transactional producer (fencing), no other
             clients.task_producers = TaskProducers(
                 self.host.application_id, self.bootstrap_servers, producer_config
+            )
+        else:
+            clients.producer = AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap_servers, **producer_config
             )
         restore_config = {
             "enable_auto_commit": False,
@@ -297,9 +298,10 @@ class App:
         clients.changelog_reader = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **restore_config
         )
-        await asyncio.gather(
-            clients.producer.start(), clients.restorer.start(), clients.changelog_reader.start()
-        )
+        starts = [clients.restorer.start(), clients.changelog_reader.start()]
+        if clients.producer is not None:
+            starts.append(clients.producer.start())
+        await asyncio.gather(*starts)
         await self.host.start()
         log.info(
             "process %s started: %d consumer(s), %s stores, %d standby replica(s), %s",
@@ -531,26 +533,51 @@ class App:
                 failed.add(task_id)
         if failed:
             self.host.request_rejoin(consumer)
-        if consumer >= len(self.host.consumers):
+        assigned = self._assigned(consumer)
+        mine = sorted(tp for tp in assigned if self.topology.task_of(TopicPartition(*tp)) in tasks)
+        if not mine:
             return failed
         kafka_consumer = self.host.consumers[consumer]
-        try:
-            assigned = kafka_consumer.assignment()
-        except Exception:  # no assignment (between generations): nothing to seek
-            return failed
-        for tp in sorted(assigned):
-            if self.topology.task_of(TopicPartition(*tp)) in tasks:
-                try:
-                    committed = await kafka_consumer.committed(tp)
-                except KafkaError as exc:  # aiokafka's own lookup after the assignment stands
-                    log.warning(
-                        "consumer %d: committed offset of %s[%d] unknown (%r)", consumer, *tp, exc
-                    )
-                    continue
-                if committed is not None:
-                    with contextlib.suppress(Exception):  # unassigned meanwhile
-                        kafka_consumer.seek(tp, committed)
+        # Concurrently (aiokafka has one OffsetFetch per call): this holds up the rebalance.
+        lookups = await asyncio.gather(
+            *(kafka_consumer.committed(tp) for tp in mine), return_exceptions=True
+        )
+        for tp, committed in zip(mine, lookups, strict=True):
+            if isinstance(committed, asyncio.CancelledError):
+                raise committed
+            if isinstance(committed, BaseException):  # aiokafka's own lookup stands
+                log.warning(
+                    "consumer %d: committed offset of %s[%d] unknown (%r)", consumer, *tp, committed
+                )
+            elif committed is not None:
+                with contextlib.suppress(Exception):  # unassigned meanwhile
+                    kafka_consumer.seek(tp, committed)
         return failed
+
+    def _assigned(self, consumer: int) -> set[KafkaTopicPartition]:
+        """``consumer``'s assigned partitions; none between generations."""
+        if consumer >= len(self.host.consumers):
+            return set()
+        try:
+            return set(self.host.consumers[consumer].assignment())
+        except Exception:  # no assignment (between generations)
+            return set()
+
+    def _seek_committed(self, consumer: int) -> None:
+        """Exactly once: position the input of ``consumer``'s running tasks at the offsets
+        this process committed in their last transactions. After a rebalance aiokafka reads
+        positions with an OffsetFetch that does not ask for stable offsets, so it can return
+        the offset from before a transaction whose markers are still being written (a kept
+        task, or one moved here from a sibling consumer, would process again what it
+        committed: a stateless task would emit its outputs twice)."""
+        for tp in sorted(self._assigned(consumer)):
+            task = self._actives.get(self.topology.task_of(TopicPartition(*tp)))
+            if task is None or task.consumer != consumer or task.torn:
+                continue
+            offset = task.committed.get(TopicPartition(*tp))
+            if offset is not None:
+                with contextlib.suppress(Exception):  # unassigned meanwhile
+                    self.host.consumers[consumer].seek(tp, offset)
 
     def _transaction_failed(self, task: ActiveTask, exc: Exception) -> None:
         self._commits.transaction_failed(task.consumer, task, exc)
@@ -717,6 +744,8 @@ class App:
             ]
             if torn:  # its state was dropped (or is stale) and it stayed here: restore it
                 await self._start_tasks(consumer, torn)
+            if self.exactly_once:
+                self._seek_committed(consumer)
         finally:
             self._rebalancing.discard(consumer)
         self._pause_restoring(consumer)  # the new assignment has no pauses yet
