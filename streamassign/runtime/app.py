@@ -432,6 +432,21 @@ class App:
         standby = self._standbys.states.get(task)
         return None if standby is None else ("standby", standby[store])
 
+    async def changelog_read_position(self, changelog: TopicPartition) -> int | None:
+        """Exactly once: how far the state updater has read ``changelog`` (past transaction
+        markers, which a store's position never counts); None when it does not read it, or
+        in at-least-once (nothing to skip)."""
+        reader = self._clients.changelog_reader
+        if not self.exactly_once or reader is None:
+            return None
+        tp = KafkaTopicPartition(*changelog)
+        try:
+            if tp not in reader.assignment():
+                return None
+            return int(await asyncio.wait_for(reader.position(tp), 1.0))
+        except Exception:  # unassigned meanwhile, or no position yet: the lag stands
+            return None
+
     # -- processing ------------------------------------------------------------------------------
 
     async def _consume(self, index: int) -> None:
