@@ -390,3 +390,22 @@ def test_running_tasks_are_positioned_at_their_last_committed_offsets_after_a_re
 
     asyncio.run(run())
     assert consumer.seeks == [(KafkaTopicPartition(TOPIC, 0), 3)]
+
+
+def test_a_batch_past_the_commit_deadline_is_cut_and_the_rest_read_again(tmp_path: Path) -> None:
+    """Exactly once, a batch slower than the transaction timeout must still get through: past
+    its commit deadline the loop stops processing, rewinds the rest and commits."""
+    app, tasks, _, _ = make(tmp_path)
+    seeks: list[tuple[KafkaTopicPartition, int]] = []
+
+    class Consumer:
+        def seek(self, tp: KafkaTopicPartition, offset: int) -> None:
+            seeks.append((tp, offset))
+
+    batch = {
+        KafkaTopicPartition(TOPIC, 0): [Rec(0, 5, b"k"), Rec(0, 6, b"k"), Rec(0, 7, b"k")],
+        KafkaTopicPartition(TOPIC, 1): [Rec(1, 0, b"j")],
+    }
+    asyncio.run(app._processing.process_batch(0, Consumer(), batch, deadline=0.0))  # type: ignore[arg-type]
+    assert tasks[0].processed == 1 and tasks[1].processed == 0  # at least one record
+    assert seeks == [(KafkaTopicPartition(TOPIC, 0), 6), (KafkaTopicPartition(TOPIC, 1), 0)]

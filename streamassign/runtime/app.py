@@ -466,7 +466,10 @@ class App:
                     self._processing.rewind(consumer, batch.values())
                     continue
                 if batch:
-                    await self._processing.process_batch(index, consumer, batch)
+                    # Exactly once, a commit is due at its interval even within a batch: the
+                    # transaction must end before the producer's transaction timeout.
+                    deadline = next_commit if self.exactly_once else None
+                    await self._processing.process_batch(index, consumer, batch, deadline)
                 if time.monotonic() >= next_commit:
                     await self._commits.commit(index)
                     next_commit = time.monotonic() + self.commit_interval
