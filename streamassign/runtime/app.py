@@ -151,6 +151,8 @@ class App:
         if commit_interval_ms < 1:
             raise RuntimeConfigError(f"commit_interval_ms must be >= 1, got {commit_interval_ms}")
         self.processing_guarantee = processing_guarantee
+        #: Seconds a transaction may stay open before the broker aborts it (exactly once).
+        self.transaction_timeout = txn_timeout / 1000
         exactly_once = processing_guarantee == "exactly_once"
         for sub in topology.subtopologies:
             if len(sub.stores) > 1 and not exactly_once:
@@ -451,7 +453,8 @@ class App:
 
     async def _consume(self, index: int) -> None:
         consumer = self.host.consumers[index]
-        next_commit = time.monotonic() + self.commit_interval
+        committed_at = time.monotonic()
+        next_commit = committed_at + self.commit_interval
         while not self._stopped.is_set():
             if index in self._rebalancing:  # tasks change: fetch nothing meanwhile
                 await asyncio.sleep(0.01)
@@ -466,13 +469,19 @@ class App:
                     self._processing.rewind(consumer, batch.values())
                     continue
                 if batch:
-                    # Exactly once, a commit is due at its interval even within a batch: the
-                    # transaction must end before the producer's transaction timeout.
-                    deadline = next_commit if self.exactly_once else None
+                    # Exactly once, a batch slower than half the transaction timeout is cut
+                    # (the rest read again after the commit): the transaction must end
+                    # before the broker aborts it. Not sooner: a cut batch is fetched again.
+                    deadline = (
+                        max(next_commit, committed_at + self.transaction_timeout / 2)
+                        if self.exactly_once
+                        else None
+                    )
                     await self._processing.process_batch(index, consumer, batch, deadline)
                 if time.monotonic() >= next_commit:
                     await self._commits.commit(index)
-                    next_commit = time.monotonic() + self.commit_interval
+                    committed_at = time.monotonic()
+                    next_commit = committed_at + self.commit_interval
 
     # -- task changes (called by the host) -------------------------------------------------------
 
