@@ -301,3 +301,15 @@ class TransactionFailedError(StreamAssignError):
     """A task's transaction could not be begun or committed (its producer was fenced by a
     newer owner of the task, or failed): the runtime aborts it and drops the task's
     uncommitted state; the application goes on."""
+
+
+class OutputWriteError(StreamAssignError):
+    """Exactly once: a task's transaction failed for a reason a new producer does not cure
+    (a record the broker rejects: too large, keyless to a compacted topic, an authorization
+    failure): the transaction is aborted and the application stops, as at least once does."""
+
+
+class ProducerStartError(StreamAssignError):
+    """Exactly once: a task's transactional producer cannot start (a configuration the
+    broker rejects, a missing authorization, or no transaction coordinator within the start
+    timeout): the application stops rather than rejoining forever."""

@@ -52,9 +52,14 @@ class FakeApp:
         self.bootstrap_servers = "unused:1"
         self.host = SimpleNamespace(endpoint=endpoint, host_info=info)
         self.copies: dict[TaskId, tuple[Role, StoreState]] = {}
+        #: How far the state updater read each changelog (exactly once), if known.
+        self.read_positions: dict[TopicPartition, int] = {}
 
     def replica(self, task: TaskId, store: str) -> tuple[Role, StoreState] | None:
         return self.copies.get(task)
+
+    async def changelog_read_position(self, changelog: TopicPartition) -> int | None:
+        return self.read_positions.get(changelog)
 
     def hold(
         self,
@@ -275,6 +280,25 @@ def test_a_standby_within_max_lag_answers_here_and_is_flagged_stale() -> None:
     a.hold(TaskId(0, 2), "standby", {key: b"7"}, position=9)
     result = run(engine, Query("totals", key, max_lag=0))
     assert (result.value, result.role, result.lag, result.stale) == (b"7", "standby", 0, False)
+
+
+def test_exactly_once_a_caught_up_standby_skips_the_transaction_marker() -> None:
+    """Exactly once, the changelog ends with the transaction marker after the last commit
+    marker: the standby's position stops one short of the end, its reader does not."""
+    tp = TopicPartition(CHANGELOG, 2)
+    a, b, forward = pair({tp: 10})
+    key = key_in(2)
+    b.hold(TaskId(0, 2), "active", {key: b"7"}, position=9, end=9)
+    a.hold(TaskId(0, 2), "standby", {key: b"7"}, position=9)
+    engine = forward.engines["a:1"]
+    result = run(engine, Query("totals", key, max_lag=0))
+    assert result.role == "active"  # not known to be caught up: lag 1
+    a.read_positions[tp] = 10
+    result = run(engine, Query("totals", key, max_lag=0))
+    assert (result.value, result.role, result.lag, result.stale) == (b"7", "standby", 0, False)
+    a.copies[TaskId(0, 2)][1].unclosed.append((key, b"8"))  # a transaction under way
+    result = run(engine, Query("totals", key, max_lag=0))
+    assert result.role == "active"
 
 
 def test_a_remote_standby_answers_when_the_active_cannot() -> None:

@@ -14,11 +14,17 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import KafkaConnectionError, ProducerFenced
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    InvalidTransactionTimeout,
+    KafkaConnectionError,
+    ProducerFenced,
+    UnknownError,
+)
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
-from streamassign.errors import RuntimeConfigError
-from streamassign.runtime import COMMIT_KEY, App, MemoryStore, StoreState, TaskContext
+from streamassign.errors import OutputWriteError, ProducerStartError, RuntimeConfigError
+from streamassign.runtime import COMMIT_KEY, App, MemoryStore, StoreState, TaskContext, transactions
 from streamassign.runtime.tasks import ActiveTask
 from streamassign.runtime.transactions import TaskProducers, transactional_id
 
@@ -234,3 +240,172 @@ def test_a_producer_that_does_not_start_leaves_its_task_waiting_and_rejoins(
     assert started.restoring and not started.torn
     assert waiting.torn and not waiting.restoring  # started again after the rejoin
     assert rejoins == [0]
+
+
+def fail_sends(fake: TxnProducer, exc: Exception) -> None:
+    """Every later send of ``fake`` is acknowledged with ``exc`` (a broker's rejection)."""
+
+    async def send(topic: str, value: bytes | None, key: bytes | None = None, **_: Any) -> Any:
+        future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        future.set_exception(exc)
+        return future
+
+    fake.send = send  # type: ignore[method-assign]
+
+
+def test_a_rejected_write_aborts_and_stops_instead_of_rejoining_forever(tmp_path: Path) -> None:
+    """A record the broker rejects (here: a keyless record to a compacted topic, which the
+    broker answers with an unknown error) would fail again after any number of rejoins."""
+    app, tasks, fakes, rejoins = make(tmp_path)
+    fail_sends(fakes[0], UnknownError())
+
+    async def run() -> None:
+        await app._processing.process(tasks[0], Rec(0, 0, b"k"))
+        await app._processing.process(tasks[1], Rec(1, 0, b"j"))
+        with pytest.raises(OutputWriteError, match="task 0_0"):
+            await app._commits.commit_safely(0)
+        await asyncio.gather(*app._clients.task_producers.closing)  # type: ignore[union-attr]
+
+    asyncio.run(run())
+    assert rejoins == []
+    assert tasks[0].torn and "abort" in fakes[0].calls  # its transaction is aborted
+    assert dict(tasks[1].stores["counts"].store.items()) == {b"j": b"1"}  # the other committed
+
+
+def test_a_transaction_state_error_tears_and_rejoins(tmp_path: Path) -> None:
+    app, tasks, fakes, rejoins = make(tmp_path)
+    fail_sends(fakes[0], InvalidProducerEpoch())  # e.g. aborted by the broker at its timeout
+
+    async def run() -> None:
+        await app._processing.process(tasks[0], Rec(0, 0, b"k"))
+        await app._commits.commit(0)
+
+    asyncio.run(run())
+    assert tasks[0].torn and rejoins == [0]
+
+
+def test_no_task_is_torn_while_another_still_commits(tmp_path: Path) -> None:
+    """One task's commit fails unexpectedly while another's is still under way: that one
+    ends (its store written with the state its marker closes) before anything is torn, so no
+    store's position passes writes it never applied."""
+    app, tasks, fakes, _ = make(tmp_path)
+    fail_sends(fakes[0], RuntimeError("unexpected"))
+    slow = fakes[1].commit_transaction
+
+    async def commit_later() -> None:
+        await asyncio.sleep(0.05)
+        await slow()
+
+    fakes[1].commit_transaction = commit_later  # type: ignore[method-assign]
+
+    async def run() -> None:
+        await app._processing.process(tasks[0], Rec(0, 0, b"k"))
+        await app._processing.process(tasks[1], Rec(1, 0, b"j"))
+        with pytest.raises(OutputWriteError):
+            await app._commits.commit_safely(0)
+        await asyncio.sleep(0.1)  # anything still running would have finished by now
+
+    asyncio.run(run())
+    state = tasks[1].stores["counts"]
+    assert state.position == len(fakes[1].sent)
+    assert dict(state.store.items()) == {b"j": b"1"}
+
+
+def test_a_producer_that_cannot_start_stops_with_one_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transactions, "START_BACKOFF", 0.01)
+    starts: list[TaskId] = []
+
+    def producers_failing(*errors: Exception | None, timeout: float = 5.0) -> TaskProducers:
+        producers = TaskProducers("app", "unused:1", {}, start_timeout=timeout)
+        outcomes = list(errors)
+
+        async def start(task: TaskId) -> Any:
+            starts.append(task)
+            error = outcomes.pop(0) if outcomes else None
+            if error is not None:
+                raise error
+            if not outcomes and errors and errors[-1] is not None:
+                await asyncio.Event().wait()  # the coordinator never answers
+            return TxnProducer()
+
+        producers._start = start  # type: ignore[method-assign]
+        return producers
+
+    task = TaskId(0, 0)
+    # Rejected by the broker (above transaction.max.timeout.ms): not tried again.
+    with pytest.raises(ProducerStartError, match="InvalidTransactionTimeout"):
+        asyncio.run(producers_failing(InvalidTransactionTimeout()).renew(task))
+    assert len(starts) == 1
+    # A retriable error, then a start: the producer is there.
+    producers = producers_failing(KafkaConnectionError(), None)
+    asyncio.run(producers.renew(task))
+    assert task in producers.producers and len(starts) == 3
+    # No coordinator ever (aiokafka retries COORDINATOR_NOT_AVAILABLE forever): bounded.
+    with pytest.raises(ProducerStartError, match=r"transaction\.state\.log\.replication\.factor"):
+        asyncio.run(producers_failing(KafkaConnectionError(), timeout=0.2).renew(task))
+    # A configuration aiokafka refuses: one error, no retries.
+    bad = TaskProducers("app", "unused:1", {"acks": 0})
+    with pytest.raises(ProducerStartError, match="acks"):
+        asyncio.run(bad.renew(task))
+    # The application stops on it (raised out of the assignment, not a rejoin).
+    app, _, _, rejoins = make(tmp_path)
+    app._actives.clear()
+    app._clients.task_producers = producers_failing(InvalidTransactionTimeout())
+    with pytest.raises(ProducerStartError):
+        asyncio.run(app._start_tasks(0, [(task, {}, "cold")]))
+    assert rejoins == []
+
+
+def test_running_tasks_are_positioned_at_their_last_committed_offsets_after_a_rebalance(
+    tmp_path: Path,
+) -> None:
+    """aiokafka's OffsetFetch after a rebalance may return the offset from before a
+    transaction whose markers are still being written: a task kept (or moved here from a
+    sibling consumer) would process again what it committed."""
+    app, tasks, _, _ = make(tmp_path)
+
+    class Consumer:
+        def __init__(self) -> None:
+            self.seeks: list[tuple[KafkaTopicPartition, int]] = []
+
+        def assignment(self) -> set[KafkaTopicPartition]:
+            return {KafkaTopicPartition(TOPIC, 0), KafkaTopicPartition(TOPIC, 1)}
+
+        def paused(self) -> set[KafkaTopicPartition]:
+            return set()
+
+        def seek(self, tp: KafkaTopicPartition, offset: int) -> None:
+            self.seeks.append((tp, offset))
+
+    consumer = Consumer()
+    app.host.consumers = [consumer]  # type: ignore[list-item]
+
+    async def run() -> None:
+        for offset in range(3):
+            await app._processing.process(tasks[0], Rec(0, offset, b"k"))
+        await app._commits.commit(0)  # task 0_1 committed nothing
+        await app._rebalance_completed(0)
+
+    asyncio.run(run())
+    assert consumer.seeks == [(KafkaTopicPartition(TOPIC, 0), 3)]
+
+
+def test_a_batch_past_the_commit_deadline_is_cut_and_the_rest_read_again(tmp_path: Path) -> None:
+    """Exactly once, a batch slower than the transaction timeout must still get through: past
+    its commit deadline the loop stops processing, rewinds the rest and commits."""
+    app, tasks, _, _ = make(tmp_path)
+    seeks: list[tuple[KafkaTopicPartition, int]] = []
+
+    class Consumer:
+        def seek(self, tp: KafkaTopicPartition, offset: int) -> None:
+            seeks.append((tp, offset))
+
+    batch = {
+        KafkaTopicPartition(TOPIC, 0): [Rec(0, 5, b"k"), Rec(0, 6, b"k"), Rec(0, 7, b"k")],
+        KafkaTopicPartition(TOPIC, 1): [Rec(1, 0, b"j")],
+    }
+    asyncio.run(app._processing.process_batch(0, Consumer(), batch, deadline=0.0))  # type: ignore[arg-type]
+    assert tasks[0].processed == 1 and tasks[1].processed == 0  # at least one record
+    assert seeks == [(KafkaTopicPartition(TOPIC, 0), 6), (KafkaTopicPartition(TOPIC, 1), 0)]

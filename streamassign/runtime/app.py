@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
-from ..errors import ErrorCode, RuntimeConfigError, TransactionFailedError
+from ..errors import ErrorCode, ProducerStartError, RuntimeConfigError, TransactionFailedError
 from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
 from ._clients import Clients
@@ -151,6 +151,8 @@ class App:
         if commit_interval_ms < 1:
             raise RuntimeConfigError(f"commit_interval_ms must be >= 1, got {commit_interval_ms}")
         self.processing_guarantee = processing_guarantee
+        #: Seconds a transaction may stay open before the broker aborts it (exactly once).
+        self.transaction_timeout = txn_timeout / 1000
         exactly_once = processing_guarantee == "exactly_once"
         for sub in topology.subtopologies:
             if len(sub.stores) > 1 and not exactly_once:
@@ -279,12 +281,13 @@ class App:
             **self.producer_config,
         }
         clients = self._clients
-        clients.producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap_servers, **producer_config
-        )
-        if self.exactly_once:  # each task's own transactional producer (fencing)
+        if self.exactly_once:  # each task's own transactional producer (fencing), no other
             clients.task_producers = TaskProducers(
                 self.host.application_id, self.bootstrap_servers, producer_config
+            )
+        else:
+            clients.producer = AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap_servers, **producer_config
             )
         restore_config = {
             "enable_auto_commit": False,
@@ -297,9 +300,10 @@ class App:
         clients.changelog_reader = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **restore_config
         )
-        await asyncio.gather(
-            clients.producer.start(), clients.restorer.start(), clients.changelog_reader.start()
-        )
+        starts = [clients.restorer.start(), clients.changelog_reader.start()]
+        if clients.producer is not None:
+            starts.append(clients.producer.start())
+        await asyncio.gather(*starts)
         await self.host.start()
         log.info(
             "process %s started: %d consumer(s), %s stores, %d standby replica(s), %s",
@@ -436,11 +440,27 @@ class App:
         standby = self._standbys.states.get(task)
         return None if standby is None else ("standby", standby[store])
 
+    async def changelog_read_position(self, changelog: TopicPartition) -> int | None:
+        """Exactly once: how far the state updater has read ``changelog`` (past transaction
+        markers, which a store's position never counts); None when it does not read it, or
+        in at-least-once (nothing to skip)."""
+        reader = self._clients.changelog_reader
+        if not self.exactly_once or reader is None:
+            return None
+        tp = KafkaTopicPartition(*changelog)
+        try:
+            if tp not in reader.assignment():
+                return None
+            return int(await asyncio.wait_for(reader.position(tp), 1.0))
+        except Exception:  # unassigned meanwhile, or no position yet: the lag stands
+            return None
+
     # -- processing ------------------------------------------------------------------------------
 
     async def _consume(self, index: int) -> None:
         consumer = self.host.consumers[index]
-        next_commit = time.monotonic() + self.commit_interval
+        committed_at = time.monotonic()
+        next_commit = committed_at + self.commit_interval
         while not self._stopped.is_set():
             if index in self._rebalancing:  # tasks change: fetch nothing meanwhile
                 await asyncio.sleep(0.01)
@@ -455,10 +475,19 @@ class App:
                     self._processing.rewind(consumer, batch.values())
                     continue
                 if batch:
-                    await self._processing.process_batch(index, consumer, batch)
+                    # Exactly once, a batch slower than half the transaction timeout is cut
+                    # (the rest read again after the commit): the transaction must end
+                    # before the broker aborts it. Not sooner: a cut batch is fetched again.
+                    deadline = (
+                        max(next_commit, committed_at + self.transaction_timeout / 2)
+                        if self.exactly_once
+                        else None
+                    )
+                    await self._processing.process_batch(index, consumer, batch, deadline)
                 if time.monotonic() >= next_commit:
                     await self._commits.commit(index)
-                    next_commit = time.monotonic() + self.commit_interval
+                    committed_at = time.monotonic()
+                    next_commit = committed_at + self.commit_interval
 
     # -- task changes (called by the host) -------------------------------------------------------
 
@@ -515,14 +544,16 @@ class App:
         restore looks up the changelog ends (so a fenced zombie's open transaction is aborted
         first and the restore reads to a stable end), then the task's input from its
         committed offsets as they are after that (a zombie's last commit included).
-        Returns the tasks whose producer could not be started (the consumer rejoins, and
-        they are tried again when the new assignment starts them)."""
+        Returns the tasks whose producer could not be started for a reason a rejoin may
+        cure (they are tried again when the new assignment starts them); one that cannot
+        start (``ProducerStartError``: retried until its start timeout) stops the
+        application."""
         producers = self._clients.task_producers
         assert producers is not None
         results = await asyncio.gather(*(producers.renew(t) for t in tasks), return_exceptions=True)
         failed = set()
         for task_id, result in zip(tasks, results, strict=True):
-            if isinstance(result, asyncio.CancelledError):
+            if isinstance(result, ProducerStartError | asyncio.CancelledError):
                 raise result
             if isinstance(result, BaseException):
                 log.warning(
@@ -535,26 +566,51 @@ class App:
                 failed.add(task_id)
         if failed:
             self.host.request_rejoin(consumer)
-        if consumer >= len(self.host.consumers):
+        assigned = self._assigned(consumer)
+        mine = sorted(tp for tp in assigned if self.topology.task_of(TopicPartition(*tp)) in tasks)
+        if not mine:
             return failed
         kafka_consumer = self.host.consumers[consumer]
-        try:
-            assigned = kafka_consumer.assignment()
-        except Exception:  # no assignment (between generations): nothing to seek
-            return failed
-        for tp in sorted(assigned):
-            if self.topology.task_of(TopicPartition(*tp)) in tasks:
-                try:
-                    committed = await kafka_consumer.committed(tp)
-                except KafkaError as exc:  # aiokafka's own lookup after the assignment stands
-                    log.warning(
-                        "consumer %d: committed offset of %s[%d] unknown (%r)", consumer, *tp, exc
-                    )
-                    continue
-                if committed is not None:
-                    with contextlib.suppress(Exception):  # unassigned meanwhile
-                        kafka_consumer.seek(tp, committed)
+        # Concurrently (aiokafka has one OffsetFetch per call): this holds up the rebalance.
+        lookups = await asyncio.gather(
+            *(kafka_consumer.committed(tp) for tp in mine), return_exceptions=True
+        )
+        for tp, committed in zip(mine, lookups, strict=True):
+            if isinstance(committed, asyncio.CancelledError):
+                raise committed
+            if isinstance(committed, BaseException):  # aiokafka's own lookup stands
+                log.warning(
+                    "consumer %d: committed offset of %s[%d] unknown (%r)", consumer, *tp, committed
+                )
+            elif committed is not None:
+                with contextlib.suppress(Exception):  # unassigned meanwhile
+                    kafka_consumer.seek(tp, committed)
         return failed
+
+    def _assigned(self, consumer: int) -> set[KafkaTopicPartition]:
+        """``consumer``'s assigned partitions; none between generations."""
+        if consumer >= len(self.host.consumers):
+            return set()
+        try:
+            return set(self.host.consumers[consumer].assignment())
+        except Exception:  # no assignment (between generations)
+            return set()
+
+    def _seek_committed(self, consumer: int) -> None:
+        """Exactly once: position the input of ``consumer``'s running tasks at the offsets
+        this process committed in their last transactions. After a rebalance aiokafka reads
+        positions with an OffsetFetch that does not ask for stable offsets, so it can return
+        the offset from before a transaction whose markers are still being written (a kept
+        task, or one moved here from a sibling consumer, would process again what it
+        committed: a stateless task would emit its outputs twice)."""
+        for tp in sorted(self._assigned(consumer)):
+            task = self._actives.get(self.topology.task_of(TopicPartition(*tp)))
+            if task is None or task.consumer != consumer or task.torn:
+                continue
+            offset = task.committed.get(TopicPartition(*tp))
+            if offset is not None:
+                with contextlib.suppress(Exception):  # unassigned meanwhile
+                    self.host.consumers[consumer].seek(tp, offset)
 
     def _transaction_failed(self, task: ActiveTask, exc: Exception) -> None:
         self._commits.transaction_failed(task.consumer, task, exc)
@@ -721,6 +777,8 @@ class App:
             ]
             if torn:  # its state was dropped (or is stale) and it stayed here: restore it
                 await self._start_tasks(consumer, torn)
+            if self.exactly_once:
+                self._seek_committed(consumer)
         finally:
             self._rebalancing.discard(consumer)
         self._pause_restoring(consumer)  # the new assignment has no pauses yet

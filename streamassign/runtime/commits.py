@@ -14,16 +14,17 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import IllegalOperation, KafkaError
+from aiokafka.errors import KafkaError
 
 from .. import TaskId
 from ..aiokafka.streams import ProcessHost
-from ..errors import TransactionFailedError
+from ..errors import OutputWriteError
 from ._clients import Clients
 from .changelog import COMMIT_KEY, StoreState
 from .restore import ChangelogLookups
 from .task_stores import TaskStores
 from .tasks import ActiveTask, tear
+from .transactions import rejoin_cures
 
 log = logging.getLogger("streamassign.runtime")
 
@@ -105,7 +106,9 @@ class Commits:
         writes, a marker per dirty store, its outputs and its input offsets); a task whose
         transaction fails is torn and restored after a rejoin, the others commit. A member
         that lost its membership commits nothing (its transactions are aborted when its
-        tasks' producers are closed or renewed)."""
+        tasks' producers are closed or renewed). Every task's commit ends before an error
+        of one is raised (``OutputWriteError``: the application stops): none is torn while
+        another still writes its stores."""
         if self.lost(index):
             return
         tasks = [
@@ -113,7 +116,15 @@ class Commits:
             for t in self.actives.values()
             if t.consumer == index and not t.torn and not t.restoring
         ]
-        await asyncio.gather(*(self._commit_transaction(index, t) for t in tasks))
+        results = await asyncio.gather(
+            *(self._commit_transaction(index, t) for t in tasks), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for error in errors:
+            if not isinstance(error, Exception):  # cancelled, interrupted
+                raise error
+        if errors:
+            raise errors[0]
 
     async def _commit_transaction(self, index: int, task: ActiveTask) -> None:
         producers = self.clients.task_producers
@@ -136,8 +147,17 @@ class Commits:
             ]
             acks = await asyncio.gather(*markers)
             await producers.commit(task.task_id, offsets, self.host.application_id)
-        except (KafkaError, TransactionFailedError, IllegalOperation) as exc:
-            self.transaction_failed(index, task, exc)
+        except Exception as exc:
+            if rejoin_cures(exc):
+                self.transaction_failed(index, task, exc)
+                return
+            tear(task)
+            producers.fail(task.task_id)  # aborts the transaction
+            raise OutputWriteError(
+                f"task {task.task_id}: its transaction cannot be written ({exc!r}); aborted, "
+                "stopping (retrying would fail the same way)"
+            ) from exc
+        if task.torn:  # while it committed (the consumer left the group): restored later
             return
         writes = [(s, ack.offset) for s, ack in zip(dirty, acks, strict=True)]
         local = asyncio.ensure_future(asyncio.to_thread(_write_committed, writes))
@@ -174,6 +194,8 @@ class Commits:
         orphan writes compensated) before it runs again, and its input is re-read."""
         try:
             await self.commit(index)
+        except OutputWriteError:  # the same writes would fail again: stop
+            raise
         except Exception as exc:
             log.warning(
                 "consumer %d: commit failed (%r); its tasks' uncommitted state is dropped, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -51,11 +52,19 @@ class Processing:
         self.skipped = 0
 
     async def process_batch(
-        self, index: int, consumer: AIOKafkaConsumer, batch: Mapping[Any, list[Any]]
+        self,
+        index: int,
+        consumer: AIOKafkaConsumer,
+        batch: Mapping[Any, list[Any]],
+        deadline: float | None = None,
     ) -> None:
+        """Process ``batch``; past ``deadline`` (``time.monotonic()``, after at least one
+        record) the rest is rewound, read again after the commit the caller makes now: a
+        batch slower than the transaction timeout still gets through (exactly once)."""
         by_task: dict[TaskId, list[list[Any]]] = {}
         for tp, records in batch.items():
             by_task.setdefault(self.topology.task_of(TopicPartition(*tp)), []).append(records)
+        started = False
         for task_id, lists in sorted(by_task.items()):
             task = self.actives.get(task_id)
             waits = task is not None and (task.torn or task.restoring)
@@ -73,7 +82,30 @@ class Processing:
             for record in ordered:
                 if task.torn:  # its transaction failed: it re-reads from its committed offsets
                     break
+                if started and deadline is not None and time.monotonic() >= deadline:
+                    self._rewind_unprocessed(consumer, task, by_task)
+                    return
+                started = True
                 await self.process(task, record)
+
+    def _rewind_unprocessed(
+        self,
+        consumer: AIOKafkaConsumer,
+        task: ActiveTask,
+        by_task: Mapping[TaskId, list[list[Any]]],
+    ) -> None:
+        """Past the deadline in ``task``: rewind its records not processed yet, and every
+        record of the tasks after it."""
+        for records in by_task[task.task_id]:
+            if records:
+                first = records[0]
+                tp = TopicPartition(first.topic, first.partition)
+                offset = max(first.offset, task.offsets.get(tp, first.offset))
+                with contextlib.suppress(Exception):  # no longer assigned: nothing to rewind
+                    consumer.seek(KafkaTopicPartition(*tp), offset)
+        for task_id, lists in sorted(by_task.items()):
+            if task_id > task.task_id:
+                self.rewind(consumer, lists)
 
     @staticmethod
     def rewind(consumer: AIOKafkaConsumer, batches: Iterable[list[Any]]) -> None:

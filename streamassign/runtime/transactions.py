@@ -21,14 +21,65 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import (
+    ConcurrentTransactions,
+    IllegalOperation,
+    InvalidProducerEpoch,
+    InvalidProducerIdMapping,
+    InvalidTxnState,
+    KafkaError,
+    KafkaTimeoutError,
+    OutOfOrderSequenceNumber,
+    ProducerFenced,
+)
 
 from .. import TaskId
-from ..errors import TransactionFailedError
+from ..errors import ProducerStartError, TransactionFailedError
 
 log = logging.getLogger("streamassign.runtime")
 
 #: Seconds closing a task's producer may take (abort, stop) before it is left to the broker.
 CLOSE_TIMEOUT = 10.0
+
+#: Seconds a task's producer may take to start (find its transaction coordinator, initialise
+#: its producer id), retries included. aiokafka retries COORDINATOR_NOT_AVAILABLE forever,
+#: and this runs inside a rebalance callback: unbounded, the rebalance and ``stop()`` hang.
+START_TIMEOUT = 60.0
+
+#: Seconds between two tries to start a producer after a retriable error.
+START_BACKOFF = 1.0
+
+#: A transaction failing with one of these is cured by a new producer after a rejoin: it was
+#: fenced by a newer owner, or is in a state only a new producer leaves (the broker aborted
+#: it at its timeout, or aiokafka refuses an operation in the transaction's state), or
+#: timed out.
+_FENCING = (
+    ProducerFenced,
+    InvalidProducerEpoch,
+    InvalidTxnState,
+    InvalidProducerIdMapping,
+    ConcurrentTransactions,
+    OutOfOrderSequenceNumber,
+    IllegalOperation,
+    KafkaTimeoutError,
+)
+
+
+def rejoin_cures(exc: BaseException) -> bool:
+    """Whether a failed transaction is retried (task torn, restored with a new producer after
+    a rejoin) rather than stopping the application: fencing and transaction-state errors,
+    retriable ones and timeouts, and a task without producer (failed before). A record the
+    broker rejects (too large, keyless to a compacted topic, not authorised) fails again."""
+    if isinstance(exc, TransactionFailedError) and exc.__cause__ is None:
+        return True
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, _FENCING):
+            return True
+        if isinstance(cause, KafkaError) and cause.retriable:
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def transactional_id(application_id: str, task: TaskId) -> str:
@@ -39,10 +90,17 @@ def transactional_id(application_id: str, task: TaskId) -> str:
 class TaskProducers:
     """The transactional producer of each active task of this process, and its transaction."""
 
-    def __init__(self, application_id: str, bootstrap_servers: str, config: Mapping[str, Any]):
+    def __init__(
+        self,
+        application_id: str,
+        bootstrap_servers: str,
+        config: Mapping[str, Any],
+        start_timeout: float = START_TIMEOUT,
+    ):
         self.application_id = application_id
         self.bootstrap_servers = bootstrap_servers
         self.config = dict(config)
+        self.start_timeout = start_timeout
         self.producers: dict[TaskId, AIOKafkaProducer] = {}
         #: Tasks with a transaction begun and not committed or aborted yet.
         self.open: set[TaskId] = set()
@@ -52,8 +110,33 @@ class TaskProducers:
     async def renew(self, task: TaskId) -> None:
         """A new producer for ``task``, initialised: from here on every earlier producer of
         the task (here or on a zombie) is fenced and its open transaction aborted. Call only
-        when an assignment gave the task to this process."""
+        when an assignment gave the task to this process. Retriable errors are tried again
+        until ``start_timeout``; raises ``ProducerStartError`` (the application stops)."""
         self.close(task)
+        try:
+            async with asyncio.timeout(self.start_timeout):
+                while True:
+                    try:
+                        self.producers[task] = await self._start(task)
+                        return
+                    except KafkaError as exc:
+                        if not exc.retriable:
+                            raise
+                        log.warning("task %s: producer start failed (%r); retrying", task, exc)
+                    await asyncio.sleep(START_BACKOFF)
+        except TimeoutError as exc:
+            raise ProducerStartError(
+                f"task {task}: its transactional producer did not start within "
+                f"{self.start_timeout:g} s (no transaction coordinator: is the broker's "
+                "transaction.state.log.replication.factor (default 3) above its number of "
+                "brokers, or transaction.state.log.min.isr not met?)"
+            ) from exc
+        except Exception as exc:  # a bad configuration, a rejected id or timeout
+            raise ProducerStartError(
+                f"task {task}: its transactional producer cannot start: {exc!r}"
+            ) from exc
+
+    async def _start(self, task: TaskId) -> AIOKafkaProducer:
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap_servers,
             transactional_id=transactional_id(self.application_id, task),
@@ -64,7 +147,7 @@ class TaskProducers:
         except BaseException:
             self._close_later(producer, False)
             raise
-        self.producers[task] = producer
+        return producer
 
     async def sending(self, task: TaskId) -> AIOKafkaProducer:
         """``task``'s producer, in a transaction (begun now if none is open)."""

@@ -22,6 +22,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
+from streamassign import TaskId
+from streamassign.errors import ProducerStartError
+from streamassign.runtime.transactions import TaskProducers, rejoin_cures
+
 from .conftest import GroupIdFactory, TopicFactory
 from .test_runtime import (
     PARTITIONS,
@@ -333,3 +337,56 @@ def test_join_example_kill9_joins_every_order_once(
     assert unjoined == []
     print(f"\n{len(everything) - len(committed)} enriched orders of aborted transactions hidden")
     assert len(everything) > len(committed), "the kill left no open transaction"
+
+
+def test_a_renewed_producer_fences_the_previous_one(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory
+) -> None:
+    """Two owners of one task's transactional id: the second's init (``renew``) aborts the
+    first's open transaction and fences it; its later sends or commit fail with a fencing
+    error (a rejoin cures it) and nothing it wrote is visible ``read_committed``. A record the
+    broker rejects (keyless, to a compacted topic) is not taken for fencing."""
+    topic = kafka_topic_factory(PARTITIONS, prefix="fenced")
+    compacted = kafka_topic_factory(1, prefix="compacted", config={"cleanup.policy": "compact"})
+    app_id = f"fence-{topic}"
+    task = TaskId(0, 0)
+
+    async def run() -> None:
+        zombie = TaskProducers(app_id, kafka_bootstrap, {})
+        owner = TaskProducers(app_id, kafka_bootstrap, {})
+        try:
+            await zombie.renew(task)
+            sending = await zombie.sending(task)
+            await (await sending.send(topic, b"zombie-1", partition=0))
+            await owner.renew(task)
+            with pytest.raises(Exception) as fenced:
+                await (await sending.send(topic, b"zombie-2", partition=0))
+                await zombie.commit(task, {}, app_id)
+            assert rejoin_cures(fenced.value), repr(fenced.value)
+            producer = await owner.sending(task)
+            await (await producer.send(topic, b"owner", partition=0))
+            await owner.commit(task, {}, app_id)
+            assert await _read_topic(kafka_bootstrap, topic, "read_committed") == [b"owner"]
+            producer = await owner.sending(task)
+            with pytest.raises(Exception) as rejected:
+                await (await producer.send(compacted, b"no key", partition=0))
+            assert not rejoin_cures(rejected.value), repr(rejected.value)
+        finally:
+            await asyncio.gather(zombie.stop(), owner.stop())
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_a_transaction_timeout_the_broker_rejects_stops_at_once(kafka_bootstrap: str) -> None:
+    """``transaction_timeout_ms`` above the broker's ``transaction.max.timeout.ms`` (15 min
+    by default): one ``ProducerStartError``, no retries."""
+
+    async def run() -> None:
+        producers = TaskProducers("too-long", kafka_bootstrap, {"transaction_timeout_ms": 10**6})
+        try:
+            with pytest.raises(ProducerStartError, match="InvalidTransactionTimeout"):
+                await producers.renew(TaskId(0, 0))
+        finally:
+            await producers.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
