@@ -4,7 +4,10 @@ and that it fetches no stream partition before Faust has emptied the agents' que
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,44 +18,145 @@ from faust.types import TP  # noqa: E402
 from streamassign.faust.transport import SWITCH_ENV  # noqa: E402
 
 SOURCE = TP("orders", 0)
+CHANGELOG = TP("orders-app-totals-changelog", 0)
 
 
-def table_app(tmp_path: Path) -> faust.App:
+def table_app(tmp_path: Path, **settings: Any) -> faust.App:
     app = faust.App(
         "orders-app",
         broker="streamassign://localhost:1",
         datadir=str(tmp_path),
         PartitionAssignor="streamassign.faust:PartitionAssignor",
+        **settings,
     )
     app.Table("totals", default=int)
     return app
+
+
+def assigned(app: faust.App, tps: set[TP]) -> Any:
+    """The consumer of ``app`` as after a rebalance that assigned ``tps``: all paused, the
+    rebalance under way (Faust's revoke listener calls ``app.on_rebalance_start()``)."""
+    consumer = app.consumer
+    consumer.assignment = lambda: set(tps)  # the aiokafka consumer is not started
+    app.on_rebalance_start()
+    consumer.stop_flow()
+    consumer.pause_partitions(tps)
+    return consumer
 
 
 def test_a_stream_partition_resumes_only_with_the_flow(tmp_path: Path) -> None:
     """Faust resumes the stream partitions, seeks them, empties the agents' queues and resumes
     the flow, in that order: records fetched before the queues are emptied would be dropped
     unprocessed (docs/faust.md, "Exactness"). Changelog partitions resume at once."""
-    app = table_app(tmp_path)
-    consumer = app.consumer
-    changelog = TP("orders-app-totals-changelog", 0)
-    consumer.pause_partitions({changelog, SOURCE})
+    consumer = assigned(table_app(tmp_path), {CHANGELOG, SOURCE})
     assert consumer._get_active_partitions() == set()
 
-    consumer.resume_partitions({changelog, SOURCE})
-    assert consumer._get_active_partitions() == {changelog}  # the source is held
+    consumer.resume_partitions({CHANGELOG, SOURCE})
+    assert consumer._get_active_partitions() == {CHANGELOG}  # the source is held
 
     consumer.resume_flow()  # Faust calls this right after emptying the queues
-    assert consumer._get_active_partitions() == {changelog, SOURCE}
+    assert consumer._get_active_partitions() == {CHANGELOG, SOURCE}
 
 
 def test_a_pause_cancels_a_held_resume(tmp_path: Path) -> None:
     """A rebalance that revokes a held partition before the flow resumes: it stays paused."""
-    consumer = table_app(tmp_path).consumer
-    consumer.pause_partitions({SOURCE})
+    consumer = assigned(table_app(tmp_path), {SOURCE})
     consumer.resume_partitions({SOURCE})
     consumer.pause_partitions({SOURCE})
     consumer.resume_flow()
     assert SOURCE not in consumer._get_active_partitions()
+
+
+def test_the_flow_resumes_only_held_partitions_still_assigned(tmp_path: Path) -> None:
+    """A partition held, then taken away by the next assignment: not resumed (not fetched)."""
+    consumer = assigned(table_app(tmp_path), {SOURCE})
+    gone = TP("orders", 1)
+    consumer.resume_partitions({SOURCE, gone})
+    consumer.resume_flow()
+    assert consumer._get_active_partitions() == {SOURCE}
+
+
+def test_outside_a_rebalance_a_resume_takes_effect_at_once(tmp_path: Path) -> None:
+    """An app pausing and resuming a source partition itself (the public ``ConsumerT`` API)
+    gets it back at once, not at the next rebalance's ``resume_flow()``."""
+    app = table_app(tmp_path)
+    consumer = assigned(app, {CHANGELOG, SOURCE})
+    consumer.resume_partitions({CHANGELOG, SOURCE})
+    consumer.resume_flow()
+    app.on_rebalance_end()
+
+    consumer.pause_partitions({SOURCE})
+    assert consumer._get_active_partitions() == {CHANGELOG}
+    consumer.resume_partitions({SOURCE})
+    assert consumer._get_active_partitions() == {CHANGELOG, SOURCE}
+
+
+def test_faust_s_recovery_seeks_before_the_source_is_fetched(tmp_path: Path) -> None:
+    """Faust's own ``Recovery.on_recovery_completed`` (0.15), the broker calls stubbed: during
+    its seek only changelog partitions are fetched, the source once the flow resumes. Without
+    the hold the source is fetched during the seek, and what arrives then is dropped when flow
+    control resumes (the broker tests catch that only when the timing hits it)."""
+    fetched_during_seek: list[set[TP]] = []
+
+    async def recover() -> faust.App:
+        app = table_app(tmp_path)  # on this event loop, as Faust's services expect
+        consumer = assigned(app, {CHANGELOG, SOURCE})
+        app.consumer_generation_id = 5
+
+        async def perform_seek() -> None:
+            fetched_during_seek.append(set(consumer._get_active_partitions()))
+
+        async def no_fetcher() -> None:
+            pass
+
+        consumer.perform_seek = perform_seek
+        app._fetcher.maybe_start = no_fetcher
+        # Recovery read the changelogs first, with the flow resumed (the window's cause).
+        consumer.resume_partitions({CHANGELOG})
+        consumer.resume_flow()
+        await app.tables.recovery.on_recovery_completed(generation_id=5)
+        return app
+
+    app = asyncio.run(recover())
+    assert fetched_during_seek == [{CHANGELOG}]
+    assert app.consumer._get_active_partitions() == {CHANGELOG, SOURCE}
+    assert not app.rebalancing
+
+
+def test_partitions_held_too_long_are_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Faust's recovery can stop between its resume and ``resume_flow()`` (a post-recovery seek
+    that times out ends its recovery task): the held partitions are then paused for good, so
+    the worker says so after ``broker_request_timeout``, once per period, until they resume."""
+    app = table_app(tmp_path, broker_request_timeout=0.05)
+    consumer = assigned(app, {SOURCE})
+
+    async def hold_without_flow() -> None:
+        consumer.resume_partitions({SOURCE})
+        deadline = time.monotonic() + 30
+        while "still paused" not in caplog.text:
+            assert time.monotonic() < deadline, "no warning about the held partitions"
+            await asyncio.sleep(0.01)
+        consumer.resume_flow()
+        assert consumer._hold_watch is None  # released: no more warnings
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(hold_without_flow())
+    assert "TP(topic='orders', partition=0)" in caplog.text
+    assert consumer._get_active_partitions() == {SOURCE}
+
+
+def test_a_released_hold_stops_its_watch(tmp_path: Path) -> None:
+    consumer = assigned(table_app(tmp_path), {SOURCE})
+
+    async def hold_and_release() -> None:
+        consumer.resume_partitions({SOURCE})
+        assert consumer._hold_watch is not None
+        consumer.pause_partitions({SOURCE})  # revoked before the flow resumed
+        assert consumer._hold_watch is None
+
+    asyncio.run(hold_and_release())
 
 
 @pytest.mark.parametrize(("switch", "offered"), [(None, ["streamassign-faust"]), ("1", None)])

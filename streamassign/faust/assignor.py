@@ -172,7 +172,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             if self._process_id is None:
                 self._process_id = uuid.uuid4()
             data = SubscriptionInfo(self._process_id, join_nonce=self._join_epoch).encode()
-        log.debug("joining with a subscription of %d bytes, sha1 %s", len(data), _digest(data))
+        if log.isEnabledFor(logging.DEBUG):  # a hash per join only when someone reads it
+            log.debug("joining with a subscription of %d bytes, sha1 %s", len(data), _digest(data))
         return ConsumerProtocolMemberMetadata(0, sorted(topics), data)
 
     def _subscription(self) -> SubscriptionInfo:
