@@ -7,6 +7,7 @@ and the CLI as reports, and by the simulation pipeline as per-rebalance rows.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -116,16 +117,26 @@ def subtopology_move_lower_bound(tasks: Iterable[TaskId], clients: Iterable[Clie
     """
     task_list = list(dict.fromkeys(map(as_task, tasks)))
     client_list = sorted(clients, key=lambda c: c.process_id)
-    subtopologies = sorted({t.subtopology for t in task_list})
-    column = {s: k for k, s in enumerate(subtopologies)}
-    counts = [0] * len(subtopologies)
-    for t in task_list:
-        counts[column[t.subtopology]] += 1
+    totals = Counter(t.subtopology for t in task_list)
     row = {c.process_id: k for k, c in enumerate(client_list)}
-    kept = [[0] * len(subtopologies) for _ in client_list]
+    owned: list[list[TaskId]] = [[] for _ in client_list]
     for t, pid in resolve_previous_owners(task_list, client_list).items():
-        kept[row[pid]][column[t.subtopology]] += 1
-    return fewest_moves(counts, [c.capacity for c in client_list], kept)
+        owned[row[pid]].append(t)
+    return _fewest_moves(totals, client_list, owned)
+
+
+def _fewest_moves(
+    totals: Mapping[int, int], clients: Sequence[ClientState], owned: Sequence[Iterable[TaskId]]
+) -> int:
+    """``subtopology_move_lower_bound`` once previous owners are resolved: ``owned[c]`` are the
+    existing tasks client ``c`` ran before, ``totals`` the existing tasks per subtopology."""
+    column = {s: k for k, s in enumerate(sorted(totals))}
+    kept = [[0] * len(column) for _ in clients]
+    for row, mine in zip(kept, owned, strict=True):
+        for t in mine:
+            row[column[t.subtopology]] += 1
+    counts = [totals[s] for s in sorted(totals)]
+    return fewest_moves(counts, [c.capacity for c in clients], kept)
 
 
 def violations(
@@ -198,7 +209,8 @@ def evaluate(
         return evaluate_per_task(
             task_list, client_list, assignment, num_standby_replicas, stateful, balance
         )
-    return _with_subtopologies(fast, task_list, client_list, assignment, balance)
+    metrics, owned = fast
+    return _with_subtopologies(metrics, task_list, client_list, assignment, balance, owned)
 
 
 def _with_subtopologies(
@@ -207,12 +219,13 @@ def _with_subtopologies(
     clients: list[ClientState],
     assignment: Mapping[str, ClientAssignment],
     balance: Balance,
+    owned: Sequence[frozenset[TaskId]] | None = None,
 ) -> AssignmentMetrics:
     """``metrics`` with the per-subtopology balance and spread and, for that balance, its move
-    bound."""
-    totals: dict[int, int] = {}
-    for t in tasks:
-        totals[t.subtopology] = totals.get(t.subtopology, 0) + 1
+    bound. ``owned[c]``: the existing tasks client ``c`` ran before, when claims did not overlap
+    (the fast path); then the bound's min-cost flow is skipped when the assignment itself
+    proves the bound (``_meets_total_bound``)."""
+    totals = Counter(t.subtopology for t in tasks)
     held = {s: [0] * len(clients) for s in totals}
     known = frozenset(tasks)
     for ci, c in enumerate(clients):
@@ -227,12 +240,40 @@ def _with_subtopologies(
         spread = max(spread, gap)
     bound = metrics.move_lower_bound
     if balance == "subtopology" and len(totals) > 1:
-        bound = subtopology_move_lower_bound(tasks, clients)
+        if owned is None:
+            bound = subtopology_move_lower_bound(tasks, clients)
+        elif not (balanced and _meets_total_bound(metrics, totals, held, caps)):
+            bound = _fewest_moves(totals, clients, owned)
     return attrs.evolve(
         metrics,
         move_lower_bound=bound,
         subtopology_balanced=balanced,
         subtopology_imbalance=spread,
+    )
+
+
+def _meets_total_bound(
+    metrics: AssignmentMetrics,
+    totals: Mapping[int, int],
+    held: Mapping[int, Sequence[int]],
+    caps: Sequence[int],
+) -> bool:
+    """Whether the assignment, balanced per subtopology, makes exactly the total-only bound of
+    moves and its counts ``held[s][c]`` form an admissible quota matrix (each subtopology fully
+    counted, each client's sum the floor or ceiling of its share of all tasks).
+
+    Then the per-subtopology bound equals the moves, with no flow to run: it is at least the
+    total-only bound (it balances more), and at most the moves of any assignment whose counts
+    are admissible (a client keeps at most ``min(kept, held)`` of each subtopology).
+    """
+    if metrics.moves != metrics.move_lower_bound:
+        return False
+    if any(sum(held[s]) != total for s, total in totals.items()):
+        return False
+    rows = [sum(counts) for counts in zip(*held.values(), strict=True)]
+    return all(
+        lo <= count <= hi
+        for (lo, hi), count in zip(share_bounds(metrics.tasks, caps), rows, strict=True)
     )
 
 
@@ -309,10 +350,11 @@ def _evaluate_sets(
     num_standby_replicas: int,
     stateful: frozenset[TaskId],
     known: frozenset[TaskId],
-) -> AssignmentMetrics | None:
+) -> tuple[AssignmentMetrics, list[frozenset[TaskId]]] | None:
     """``evaluate`` with set operations per client (previous owners resolved once, sets compared
-    in C); ``None`` when ``evaluate_per_task`` must decide: duplicate previous claims (a
-    zombie) or a result naming a client not in ``clients`` (sorted by process id)."""
+    in C), and the existing tasks each client ran before; ``None`` when ``evaluate_per_task``
+    must decide: duplicate previous claims (a zombie) or a result naming a client not in
+    ``clients`` (sorted by process id)."""
     n = len(tasks)
     all_stateful = len(stateful) == n
     if not result.keys() <= {c.process_id for c in clients}:
@@ -357,7 +399,7 @@ def _evaluate_sets(
         per_thread.append(count / c.capacity)
         load.append(a.load / c.capacity)
     wanted = min(num_standby_replicas, max(0, len(clients) - 1))
-    return AssignmentMetrics(
+    metrics = AssignmentMetrics(
         tasks=n,
         clients=len(clients),
         moves=moves,
@@ -373,3 +415,4 @@ def _evaluate_sets(
         cold_takeovers=cold,
         subtopology_balanced=True,  # set by ``_with_subtopologies``
     )
+    return metrics, owned

@@ -453,9 +453,10 @@ class _TaskRunner:
         self.takeovers: list[list[Takeover]] = []
         #: time of the rebalance being priced, seconds
         self.now = 0.0
-        #: (process id, task) -> (time placed, lag then) of replicas still restoring; new
-        #: replicas restore at ``replica_restore_per_s`` for every task-level runner alike
-        self.restoring: dict[tuple[str, TaskId], tuple[float, int]] = {}
+        #: process id -> task -> (time placed, lag then) of its replicas still restoring (no
+        #: entry for a client with none); new replicas restore at ``replica_restore_per_s``
+        #: for every task-level runner alike
+        self.restoring: dict[str, dict[TaskId, tuple[float, int]]] = {}
 
     def _snapshot(
         self, held: ClientAssignment, at: float, stateful: frozenset[TaskId]
@@ -468,11 +469,9 @@ class _TaskRunner:
         pos.update((t, end(t, at)) for t in held.active if t in stateful)
         return pos
 
-    def _lag(self, pid: str, task: TaskId) -> int:
-        """How far behind ``pid``'s replica of ``task`` is now: the standby lag once restored."""
-        placed = self.restoring.get((pid, task))
-        if placed is None:
-            return self.ctx.standby_lag
+    def _lag(self, placed: tuple[float, int]) -> int:
+        """How far behind a replica placed at ``(time, lag then)`` is now: the standby lag once
+        restored."""
         at, lag = placed
         rate = self.ctx.job.replica_restore_per_s
         return max(self.ctx.standby_lag, int(lag - rate * (self.now - at)))
@@ -481,15 +480,16 @@ class _TaskRunner:
         self, pid: str, threads: int, rack: str, held: ClientAssignment
     ) -> ClientState:
         cached = self.states.get(pid)
-        standby = held.standby | held.warmup
-        still = any((pid, t) in self.restoring for t in standby)
-        if cached is not None and cached[0] is held and not still:
+        restoring = self.restoring.get(pid)
+        if cached is not None and cached[0] is held and not restoring:
             return cached[1]
-        lags = {t: self._lag(pid, t) for t in standby}
-        state = _client_state(pid, threads, held.active, standby, lags, rack)
-        if still:  # lags change with time: no reuse
+        standby = held.standby | held.warmup
+        lags = dict.fromkeys(standby, self.ctx.standby_lag)
+        if restoring:  # lags change with time: no reuse
+            lags.update((t, self._lag(placed)) for t, placed in restoring.items() if t in lags)
             self.states.pop(pid, None)
-        else:
+        state = _client_state(pid, threads, held.active, standby, lags, rack)
+        if not restoring:
             self.states[pid] = (held, state)
         return state
 
@@ -497,21 +497,25 @@ class _TaskRunner:
         """Start the restore clock of replicas placed where no caught-up state was, after
         ``self.assignment`` became the result for ``clients``."""
         now, lag = self.now, self.ctx.standby_lag
-        restoring: dict[tuple[str, TaskId], tuple[float, int]] = {}
+        restoring: dict[str, dict[TaskId, tuple[float, int]]] = {}
         for c in clients:
             a = self.assignment.get(c.process_id, _EMPTY)
+            before = self.restoring.get(c.process_id, {})
+            mine: dict[TaskId, tuple[float, int]] = {}
             for t in (a.standby | a.warmup) & stateful:
-                key = (c.process_id, t)
-                if key in self.restoring:
-                    if self._lag(*key) > lag:
-                        restoring[key] = self.restoring[key]
+                placed = before.get(t)
+                if placed is not None:
+                    if self._lag(placed) > lag:
+                        mine[t] = placed
                 elif t in c.prev_active:
                     continue
                 elif t in c.prev_standby:
                     if c.lags.get(t, lag) > lag:  # back from an outage, behind
-                        restoring[key] = (now, c.lags[t])
+                        mine[t] = (now, c.lags[t])
                 else:
-                    restoring[key] = (now, self.ctx.end(t, now))
+                    mine[t] = (now, self.ctx.end(t, now))
+            if mine:
+                restoring[c.process_id] = mine
         self.restoring = restoring
 
     def step(self, step: Step, layout: Layout) -> RebalanceRow:

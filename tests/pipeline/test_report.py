@@ -1,8 +1,8 @@
 """The report's answer, colours and page, rendered from aggregated data (no Spark, no browser).
 
-``report_data.json`` is what ``spark.aggregate`` returned for a small real run (every assignor on
-the orders join, the BUSY model); ``test_spark.py`` checks that ``aggregate`` still returns its
-keys. The browser checks are in ``test_report_browser.py``.
+``report_data.json`` is what ``spark.aggregate`` returns for a small real run (every assignor on
+the orders join, the BUSY model; made by ``report_data.py``); ``test_spark.py`` aggregates that
+run again and compares. The browser checks are in ``test_report_browser.py``.
 """
 
 from __future__ import annotations
