@@ -529,6 +529,21 @@ def test_fresh_equal_clients_hold_each_subtopologys_standbys_within_one_of_their
             assert lo - 1 <= count <= hi + 1, (s, counts)
 
 
+def test_fresh_subtopology_standbys_within_one_of_their_share_regression() -> None:
+    """Regression for the property above: a fresh group of 4 equal clients, 5 subtopologies of
+    57, 39, 30, 28 and 48 tasks, one standby each. The greedy placement before per-subtopology
+    standby placement gave the last subtopology's 48 standbys as 12, 10, 12, 14 (share 12):
+    two over the ceiling."""
+    sizes = [57, 39, 30, 28, 48]
+    tasks = [TaskId(s, p) for s, n in enumerate(sizes) for p in range(n)]
+    clients = [ClientState(f"c{k}") for k in range(4)]
+    result = StickyTaskAssignor(1).assign(tasks, clients)
+    for s in range(len(sizes)):
+        counts = [sum(t.subtopology == s for t in a.standby) for a in result.values()]
+        for count, (lo, hi) in zip(counts, share_bounds(sum(counts), [1] * 4), strict=True):
+            assert lo - 1 <= count <= hi + 1, (s, counts)
+
+
 def test_standbys_spread_over_subtopologies_in_a_fresh_group() -> None:
     """Four equal processes, a 12-task and a 4-task subtopology, one standby each: every
     process backs up 3 of the first and 1 of the second (the greedy placement alone put up to

@@ -34,6 +34,14 @@ Where each step lives (``docs/assignor.md``, "Where each step lives"): ``resolve
 ``match_racks``, ``set_standby_targets``, ``place_standbys`` (with ``pick_standby_clients``),
 ``return_dropped_standbys``, ``exchange_for_racks``, ``even_standbys``; ``run_state`` holds the
 state they share, ``run`` runs them in order, ``assignor`` is the public entry point.
+
+Public names: ``StickyTaskAssignor``; ``Balance`` and ``BALANCE_MODES`` (the ``balance``
+choices); ``resolve_previous_owners`` (step 2's claim resolution, also used by the HA
+assignor); and the two option helpers every assignor with these options shares (the HA
+assignor uses them), so the options behave the same everywhere: ``balance_option``, the attrs
+validator of ``balance`` (an ``AssignmentInputError`` naming the choices for any other value),
+and ``tag_keys_option``, the attrs converter of ``rack_aware_tags`` (any iterable of tag keys to
+a tuple; ``None`` stays ``None``: every tag key clients report).
 """
 
 # Public names only; tests that drive one step import it from its defining submodule.

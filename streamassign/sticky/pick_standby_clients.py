@@ -186,6 +186,10 @@ class StandbyQueue:
         seen: list[tuple[int, int]] = []
         looked = 0  # clients looked at that may take the copy
         best: tuple[int, bool, bool, int, int] | None = None
+        # Clients come off the heap by (most room, lowest index), so once the best is neither
+        # crowded nor full, a later one with as many conflicts cannot beat it: skip its checks
+        # (the same result; with one rack beside unknown ones, most clients looked at are so).
+        settled = False
         while heap:
             neg, client = heapq.heappop(heap)
             if -neg != room[client]:
@@ -200,11 +204,13 @@ class StandbyQueue:
                 conflicts = costs[kind[client]]
             else:
                 conflicts = self.conflicts(client, group) if self.aware else 0
-            crowded = pairs.get((owner, client), 0) >= fair
-            full = self._column_full(client, column)
-            if best is None or (conflicts, crowded, full, neg, client) < best:
-                best = (conflicts, crowded, full, neg, client)
-            if best[0] == least and (not (best[1] or best[2]) or looked >= SPREAD):
+            if best is None or conflicts < best[0] or (conflicts == best[0] and not settled):
+                crowded = pairs.get((owner, client), 0) >= fair
+                full = self._column_full(client, column)
+                if best is None or (conflicts, crowded, full, neg, client) < best:
+                    best = (conflicts, crowded, full, neg, client)
+                    settled = not (crowded or full)
+            if best[0] == least and (settled or looked >= SPREAD):
                 break  # most room, fewest conflicts, not crowded nor full (or looked enough)
             if len(seen) >= RACK_SCAN:
                 break  # the fewest conflicts found
