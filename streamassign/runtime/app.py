@@ -177,7 +177,9 @@ class App:
             self.consumer_config["isolation_level"] = "read_committed"
         self.producer_config = dict(producer_config or {})
         #: Changelog end offsets of every stateful task, for the leader's lags (HA only).
-        self.end_offsets: EndOffsetsCache | None = EndOffsetsCache() if high_availability else None
+        self.end_offsets: EndOffsetsCache | None = (
+            EndOffsetsCache(committed=exactly_once) if high_availability else None
+        )
         self.host = ProcessHost(
             topology,
             bootstrap_servers=bootstrap_servers,
