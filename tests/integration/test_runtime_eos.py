@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -390,3 +391,39 @@ def test_a_transaction_timeout_the_broker_rejects_stops_at_once(kafka_bootstrap:
             await producers.stop()
 
     asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_a_joining_process_warms_up_and_takes_over_at_lag_0(eos: tuple[Runtime, str]) -> None:
+    """High availability with exactly once: a process joins while records flow, gets
+    warmups, and takes tasks over once they are caught up, with ``acceptable_recovery_lag``
+    0: a caught-up copy's lag must be 0 although each changelog ends with a transaction
+    marker its store position never counts."""
+    runtime, output = eos
+    runtime.args += ["--standbys", "0", "--ha", "--lag", "0", "--probing-ms", "1500"]
+    total = 30_000
+    runtime.start("p1")
+    runtime.start("p2")
+    runtime.settle()
+    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=1000, pause=0.05)
+    feeder.start()
+    wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
+    runtime.start("p3")
+    wait_for("the newcomer has warmups", lambda: bool(_last_status(runtime, "p3")["warmup"]))
+    feeder.finish()  # no more writes: the warmups can reach lag 0 exactly
+    wait_for("the newcomer runs two tasks", lambda: len(runtime.actives("p3")) == 2)
+    after = runtime.settle()
+    moved = after["p3"]
+    statuses = runtime.events("p3", "status")
+    warmed = {t for s in statuses if not s["active"] for t in s["warmup"]}
+    assert moved <= warmed  # warmups first, never the actives at once
+    restores = {e["task"]: e for e in runtime.events("p3", "restore") if e["task"] in moved}
+    assert set(restores) == moved
+    for task, event in restores.items():
+        assert (event["source"], event["records"]) == ("standby", 0), (task, event)
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    check_exact(runtime, output, total)
+
+
+def _last_status(runtime: Runtime, name: str) -> dict[str, Any]:
+    statuses = runtime.events(name, "status")
+    return statuses[-1] if statuses else {"warmup": [], "active": []}
