@@ -291,10 +291,13 @@ class App:
             clients.producer = AIOKafkaProducer(
                 bootstrap_servers=self.bootstrap_servers, **producer_config
             )
+        # Changelogs are read read_committed in both modes: at least once writes no
+        # transactions (so nothing changes), but a changelog an exactly-once run wrote may hold
+        # aborted commits, store markers included, which a restore must not apply.
         restore_config = {
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",
-            "isolation_level": self.isolation_level,
+            "isolation_level": "read_committed",
         }
         clients.restorer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **restore_config
