@@ -240,8 +240,9 @@ class App:
 
     @property
     def isolation_level(self) -> str:
-        """What every consumer of the application reads: ``read_committed`` with exactly
-        once (aborted transactions skipped, up to the last stable offset)."""
+        """What the input consumers and the query server read: ``read_committed`` with
+        exactly once (aborted transactions skipped, up to the last stable offset). Changelog
+        readers read ``read_committed`` in both modes (see ``start``)."""
         return "read_committed" if self.exactly_once else "read_uncommitted"
 
     @property
