@@ -7,16 +7,23 @@ import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+from aiokafka import TopicPartition as KafkaTopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.protocol import SubscriptionInfo
 from streamassign.runtime import App
-from streamassign.runtime.end_offsets import EndOffsetsCache, changelog_partitions
+from streamassign.runtime.end_offsets import (
+    COMMITTED_TAIL,
+    EndOffsetsCache,
+    changelog_partitions,
+    committed_ends_fetch,
+)
 from streamassign.streams import MemberSubscription, client_states
 
 TOPOLOGY = Topology(
@@ -192,6 +199,9 @@ def test_the_app_leads_with_the_cache_only_when_high_availability_is_on(tmp_path
     assert on.host.end_offsets is on.end_offsets
     assert (on.host.high_availability, on.host.acceptable_recovery_lag) == (True, 500)
     assert on.host.probing_rebalance_interval_ms == 3000
+    assert not on.end_offsets.committed
+    eos = app(tmp_path / "eos", high_availability=True, processing_guarantee="exactly_once")
+    assert eos.end_offsets is not None and eos.end_offsets.committed
     off = app(tmp_path / "off")
     assert off.end_offsets is None and off.host.end_offsets is None
     with pytest.raises(ValueError, match="max_warmup_replicas"):
@@ -213,3 +223,66 @@ def test_refresh_soon_returns_at_once_and_the_snapshot_follows() -> None:
 
     before, after = asyncio.run(scenario())
     assert before == {} and len(after) == 5
+
+
+class CommittedLog:
+    """A ``read_committed`` consumer over changelogs given as their committed records'
+    offsets and their last stable offsets (the gaps are transaction markers and aborted
+    records, which a ``read_committed`` fetch skips). Hands out two records per fetch."""
+
+    def __init__(self, logs: Mapping[TopicPartition, tuple[list[int], int]]) -> None:
+        self.logs = {KafkaTopicPartition(*p): log for p, log in logs.items()}
+        self.positions: dict[KafkaTopicPartition, int] = {}
+
+    async def end_offsets(self, tps: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
+        return {tp: self.logs[tp][1] for tp in tps}
+
+    def assign(self, tps: list[KafkaTopicPartition]) -> None:
+        self.positions = dict.fromkeys(tps, 0)
+
+    def seek(self, tp: KafkaTopicPartition, offset: int) -> None:
+        self.positions[tp] = offset
+
+    async def position(self, tp: KafkaTopicPartition) -> int:
+        return self.positions[tp]
+
+    async def getmany(self, *tps: KafkaTopicPartition, timeout_ms: int) -> dict[Any, list[Any]]:
+        out = {}
+        for tp in tps:
+            offsets, stable = self.logs[tp]
+            ahead = [o for o in offsets if o >= self.positions[tp]][:2]
+            # past the returned records, or past the markers up to the stable offset
+            self.positions[tp] = ahead[-1] + 1 if ahead else stable
+            out[tp] = [SimpleNamespace(offset=o) for o in ahead]
+        return out
+
+
+def test_exactly_once_a_caught_up_copy_has_lag_0_not_1_per_transaction_marker() -> None:
+    """A copy's store position is one past the last committed record (its commit marker);
+    the transaction marker after it and aborted records are nobody's lag."""
+    totals, counts = TopicPartition("t", 0), TopicPartition("c", 0)
+    aborted_tail, empty = TopicPartition("a", 0), TopicPartition("e", 0)
+    long_abort = TopicPartition("l", 0)
+    log = CommittedLog(
+        {
+            totals: ([0, 1, 2, 4, 5], 7),  # 3 and 6: transaction markers
+            counts: ([0, 1], 3),
+            aborted_tail: ([0, 1], 8),  # 2: marker; 3..6 aborted, 7 their abort marker
+            empty: ([], 0),
+            long_abort: ([0], COMMITTED_TAIL + 5),  # nothing committed in the tail read
+        }
+    )
+    fetch = committed_ends_fetch(cast(Any, log))
+    found = asyncio.run(fetch([totals, counts, aborted_tail, empty, long_abort]))
+    assert found == {
+        totals: 6,
+        counts: 2,
+        aborted_tail: 2,
+        empty: 0,
+        long_abort: COMMITTED_TAIL + 5,  # the safe side: the lag overstated, never understated
+    }
+    cache = EndOffsetsCache(fetch, committed=True)
+    cache.track({TaskId(0, 0): (totals, counts)})
+    asyncio.run(cache.refresh())
+    # the position sum a caught-up copy reports (8), not the stable offsets' (10)
+    assert cache() == {TaskId(0, 0): 8}

@@ -177,7 +177,9 @@ class App:
             self.consumer_config["isolation_level"] = "read_committed"
         self.producer_config = dict(producer_config or {})
         #: Changelog end offsets of every stateful task, for the leader's lags (HA only).
-        self.end_offsets: EndOffsetsCache | None = EndOffsetsCache() if high_availability else None
+        self.end_offsets: EndOffsetsCache | None = (
+            EndOffsetsCache(committed=exactly_once) if high_availability else None
+        )
         self.host = ProcessHost(
             topology,
             bootstrap_servers=bootstrap_servers,
@@ -238,8 +240,9 @@ class App:
 
     @property
     def isolation_level(self) -> str:
-        """What every consumer of the application reads: ``read_committed`` with exactly
-        once (aborted transactions skipped, up to the last stable offset)."""
+        """What the input consumers and the query server read: ``read_committed`` with
+        exactly once (aborted transactions skipped, up to the last stable offset). Changelog
+        readers read ``read_committed`` in both modes (see ``start``)."""
         return "read_committed" if self.exactly_once else "read_uncommitted"
 
     @property
@@ -289,10 +292,13 @@ class App:
             clients.producer = AIOKafkaProducer(
                 bootstrap_servers=self.bootstrap_servers, **producer_config
             )
+        # Changelogs are read read_committed in both modes: at least once writes no
+        # transactions (so nothing changes), but a changelog an exactly-once run wrote may hold
+        # aborted commits, store markers included, which a restore must not apply.
         restore_config = {
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",
-            "isolation_level": self.isolation_level,
+            "isolation_level": "read_committed",
         }
         clients.restorer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **restore_config

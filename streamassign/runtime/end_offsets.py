@@ -7,6 +7,13 @@ needs them inside aiokafka's synchronous ``assign``, where no I/O can be awaited
 consumer fetches them in the background (every few seconds, and as each rebalance starts
 through ``refresh_soon``), and the cache, called, returns the last snapshot without any I/O.
 
+Exactly once (``committed=True``), a changelog ends with a transaction marker (and may end with
+aborted records), which no store position counts: a caught-up copy's position is one past the
+last *committed* record. So the cache reports that instead of the log end: it reads each
+partition's last few records ``read_committed`` up to the last stable offset (one fetch per
+refresh); when the tail holds no committed record (a long aborted transaction at the end) it
+reports the last stable offset, overstating the lag rather than understating it.
+
 Safe fallback: a task whose end offsets are unknown (not fetched yet, fetch failing, older than
 ``max_age``) is left out of the snapshot, and the leader treats that task as it treats tasks
 without end offsets: never with a lag of 0 it cannot know.
@@ -54,7 +61,8 @@ class EndOffsetsCache:
 
     ``fetch`` reads end offsets (``start`` makes one on a plain consumer when none is given);
     ``interval``: seconds between background refreshes; ``timeout``: the longest a refresh
-    may take; ``max_age``: seconds after which a task's value is no longer reported.
+    may take; ``max_age``: seconds after which a task's value is no longer reported;
+    ``committed``: report where committed records end (exactly once, see the module doc).
     """
 
     def __init__(
@@ -65,6 +73,7 @@ class EndOffsetsCache:
         timeout: float = 5.0,
         max_age: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        committed: bool = False,
     ) -> None:
         if interval <= 0 or timeout <= 0 or max_age <= 0:
             raise RuntimeConfigError("interval, timeout and max_age must be > 0")
@@ -72,6 +81,7 @@ class EndOffsetsCache:
         self.interval = interval
         self.timeout = timeout
         self.max_age = max_age
+        self.committed = committed
         self._clock = clock
         self._tasks: dict[TaskId, tuple[TopicPartition, ...]] = {}
         #: Last known end offset of each partition, and when it was fetched.
@@ -132,10 +142,13 @@ class EndOffsetsCache:
         """Fetch once (so the first rebalance already has them), then every ``interval``."""
         if self.fetch is None:
             self._consumer = AIOKafkaConsumer(
-                bootstrap_servers=bootstrap_servers, enable_auto_commit=False
+                bootstrap_servers=bootstrap_servers,
+                enable_auto_commit=False,
+                isolation_level="read_committed" if self.committed else "read_uncommitted",
             )
             await self._consumer.start()
-            self.fetch = _consumer_fetch(self._consumer)
+            fetch = committed_ends_fetch if self.committed else _consumer_fetch
+            self.fetch = fetch(self._consumer)
         await self.refresh()
         self._loop = asyncio.create_task(self._run())
 
@@ -160,5 +173,33 @@ def _consumer_fetch(consumer: AIOKafkaConsumer) -> Fetch:
     async def fetch(partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         ends = await consumer.end_offsets([KafkaTopicPartition(*p) for p in partitions])
         return {TopicPartition(tp.topic, tp.partition): int(o) for tp, o in ends.items()}
+
+    return fetch
+
+
+#: How many offsets before the last stable offset ``committed_ends_fetch`` reads: a commit's
+#: tail is its store markers, then one transaction marker.
+COMMITTED_TAIL = 16
+
+
+def committed_ends_fetch(consumer: AIOKafkaConsumer) -> Fetch:
+    """Exactly once: one past the last committed record of each partition (what a caught-up
+    copy's store position is), read on ``consumer`` (``read_committed``, no group)."""
+
+    async def fetch(partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        tps = [KafkaTopicPartition(*p) for p in partitions]
+        stable = {tp: int(o) for tp, o in (await consumer.end_offsets(tps)).items()}
+        ends = dict(stable)  # the fallback: a tail without committed records
+        todo = {tp for tp, end in stable.items() if end > 0}
+        consumer.assign(sorted(todo))
+        for tp in todo:
+            consumer.seek(tp, max(0, stable[tp] - COMMITTED_TAIL))
+        while todo:
+            for tp, records in (await consumer.getmany(*todo, timeout_ms=200)).items():
+                offsets = [r.offset for r in records if r.offset < stable[tp]]
+                if offsets:
+                    ends[tp] = max(offsets) + 1
+            todo = {tp for tp in todo if await consumer.position(tp) < stable[tp]}
+        return {TopicPartition(tp.topic, tp.partition): end for tp, end in ends.items()}
 
     return fetch

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -24,6 +25,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from streamassign import TaskId
 from streamassign.errors import ProducerStartError
+from streamassign.runtime.changelog import COMMIT_KEY, encode_marker
 from streamassign.runtime.transactions import TaskProducers, rejoin_cures
 
 from .conftest import GroupIdFactory, TopicFactory
@@ -34,6 +36,7 @@ from .test_runtime import (
     Runtime,
     _read_changelog,
     expected_table,
+    key_of,
     tables,
     wait_caught_up,
 )
@@ -390,3 +393,130 @@ def test_a_transaction_timeout_the_broker_rejects_stops_at_once(kafka_bootstrap:
             await producers.stop()
 
     asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_a_joining_process_warms_up_and_takes_over_at_lag_0(eos: tuple[Runtime, str]) -> None:
+    """High availability with exactly once: a process joins while records flow, gets
+    warmups, and takes tasks over once they are caught up, with ``acceptable_recovery_lag``
+    0: a caught-up copy's lag must be 0 although each changelog ends with a transaction
+    marker its store position never counts."""
+    runtime, output = eos
+    runtime.args += ["--standbys", "0", "--ha", "--lag", "0", "--probing-ms", "1500"]
+    total = 30_000
+    runtime.start("p1")
+    runtime.start("p2")
+    runtime.settle()
+    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=1000, pause=0.05)
+    feeder.start()
+    wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
+    runtime.start("p3")
+    wait_for("the newcomer has warmups", lambda: bool(_last_status(runtime, "p3")["warmup"]))
+    feeder.finish()  # no more writes: the warmups can reach lag 0 exactly
+    wait_for("the newcomer runs two tasks", lambda: len(runtime.actives("p3")) == 2)
+    after = runtime.settle()
+    moved = after["p3"]
+    statuses = runtime.events("p3", "status")
+    warmed = {t for s in statuses if not s["active"] for t in s["warmup"]}
+    assert moved <= warmed  # warmups first, never the actives at once
+    restores = {e["task"]: e for e in runtime.events("p3", "restore") if e["task"] in moved}
+    assert set(restores) == moved
+    for task, event in restores.items():
+        assert (event["source"], event["records"]) == ("standby", 0), (task, event)
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    check_exact(runtime, output, total)
+
+
+def _last_status(runtime: Runtime, name: str) -> dict[str, Any]:
+    statuses = runtime.events(name, "status")
+    return statuses[-1] if statuses else {"warmup": [], "active": []}
+
+
+def test_switching_modes_with_every_process_stopped_keeps_state_exact(
+    eos: tuple[Runtime, str],
+) -> None:
+    """at_least_once, then exactly_once, then at_least_once again, every process stopped
+    (SIGTERM) between two modes and restarted with the other: each restart resumes from the
+    local stores and the changelog written in the other mode, and the tables, the changelog
+    (replayed read_committed) and the outputs (every input, at least once) stay exact. An
+    aborted commit left in the changelog by exactly once is never applied by at least once."""
+    runtime, output = eos
+    base = ["--output", output, "--status-interval", "0.1"]
+    fed = 0
+    for guarantee in ("at_least_once", "exactly_once", "at_least_once"):
+        runtime.args = [*base, "--guarantee", guarantee]
+        runtime.start("p1")
+        runtime.start("p2")
+        runtime.settle()
+        feeder = Feeder(runtime.bootstrap, runtime.source, fed + 10_000, 1000, 0.02, first=fed)
+        feeder.start()
+        feeder.finish()
+        fed = feeder.total
+        wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+        if guarantee == "at_least_once" and fed > 10_000:
+            break  # the last phase: check_exact below stops the processes
+        for name in list(runtime.procs):
+            runtime.stop(name)
+        if guarantee == "exactly_once":  # what a crash between a commit's markers and its end
+            changelog = f"{runtime.app}-totals-changelog"
+            asyncio.run(_abort_a_commit(runtime.bootstrap, changelog, key_of(0).encode()))
+    expected = expected_table(fed)
+    runtime.stop("p1")
+    wait_for("p2 runs every task", lambda: runtime.actives("p2") == TASKS)
+    assert tables(runtime.stop("p2")) == expected
+    changelog = f"{runtime.app}-totals-changelog"
+    replay, _ = asyncio.run(_read_changelog(runtime.bootstrap, changelog, "read_committed"))
+    assert replay == expected
+    outputs = asyncio.run(_read_topic(runtime.bootstrap, output, "read_committed"))
+    seen = {tuple(map(int, v.decode().split(":")[:2])) for v in outputs}
+    assert seen == asyncio.run(_input_offsets(runtime.bootstrap, runtime.source))
+
+
+async def _abort_a_commit(bootstrap: str, changelog: str, key: bytes) -> None:
+    """A commit's changelog write and its store marker in a transaction then aborted (as a
+    crash between the markers' acks and ``EndTxn`` leaves them, once the task's next
+    producer initialises): no restore, in either mode, may apply them."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id="switch-test")
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        sent = await producer.send_and_wait(changelog, b"1000000,1000000", key=key)
+        marker = encode_marker({})
+        await producer.send_and_wait(changelog, marker, key=COMMIT_KEY, partition=sent.partition)
+        await producer.abort_transaction()
+    finally:
+        await producer.stop()
+
+
+def test_a_rolling_switch_between_modes_keeps_state_exact(eos: tuple[Runtime, str]) -> None:
+    """exactly_once to at_least_once and back, one process at a time while records flow
+    (the group runs both modes meanwhile): the tables and the changelog stay exact and
+    every input reaches the outputs (at least once: the roll is not exactly once)."""
+    runtime, output = eos
+    base = ["--output", output, "--status-interval", "0.1"]
+    total = 40_000
+    runtime.start("p1")
+    runtime.start("p2")
+    runtime.settle()
+    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=250, pause=0.1)
+    feeder.start()
+    flowing = []  # records produced at each restart
+    for guarantee in ("at_least_once", "exactly_once"):
+        for name in ("p1", "p2"):
+            flowing.append(feeder.acked)
+            runtime.stop(name)
+            runtime.args = [*base, "--guarantee", guarantee]
+            runtime.start(name)
+            runtime.settle()
+    feeder.finish()
+    print(f"\nrecords produced at each restart: {flowing} of {total}")
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    expected = expected_table(total)
+    runtime.stop("p1")
+    wait_for("p2 runs every task", lambda: runtime.actives("p2") == TASKS)
+    assert tables(runtime.stop("p2")) == expected
+    changelog = f"{runtime.app}-totals-changelog"
+    replay, _ = asyncio.run(_read_changelog(runtime.bootstrap, changelog, "read_committed"))
+    assert replay == expected
+    outputs = asyncio.run(_read_topic(runtime.bootstrap, output, "read_committed"))
+    seen = {tuple(map(int, v.decode().split(":")[:2])) for v in outputs}
+    assert seen == asyncio.run(_input_offsets(runtime.bootstrap, runtime.source))
