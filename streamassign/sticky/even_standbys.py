@@ -127,11 +127,36 @@ class _StandbyEvener:
         return self._exchange(client, col, giving=False)
 
     def _exchange(self, client: int, col: int, giving: bool) -> bool:
-        """Try the other clients as the partner of ``client`` for one exchange of ``col``."""
+        """Try the other clients as the partner of ``client`` for one exchange of ``col``.
+
+        Each (partner, ``col2``) is one try of the budget. The distance change is summed from
+        each count's step (counts change only when an exchange is made, which ends the call),
+        and tries that cannot succeed are charged without running the picks: a giver without
+        movable copies of ``col`` fails every try at no further cost.
+        """
+        n_col = len(self.count[0])
+        tries = n_col - 1  # per partner: every column but ``col``
+        step = 1 if giving else -1  # the step of the partner's count of ``col``
+        if giving and not self.movable.get((client, col)):
+            self.budget -= tries * (len(self.count) - 1)
+            return False
+        mine_col = self._step(client, col, -step)
+        mine = [self._step(client, col2, step) for col2 in range(n_col)]
         for other in self._partners(client):
+            if not giving and not self.movable.get((other, col)):
+                self.budget -= tries  # nothing to give: every try fails at the first pick
+                if self.budget <= 0:
+                    return False
+                continue
+            near = mine_col + self._step(other, col, step)
             giver, taker = (client, other) if giving else (other, client)
-            for col2 in range(len(self.count[0])):
-                if col2 != col and self._try(giver, taker, col, col2):
+            for col2 in range(n_col):
+                if col2 == col:
+                    continue
+                self.budget -= 1
+                if near + mine[col2] + self._step(other, col2, -step) < 0 and self._try(
+                    giver, taker, col, col2
+                ):
                     return True
                 if self.budget <= 0:
                     return False
@@ -146,11 +171,8 @@ class _StandbyEvener:
         yield from (other for other in range(len(self.count)) if other not in skip)
 
     def _try(self, giver: int, taker: int, col: int, col2: int) -> bool:
-        """Exchange a copy of ``col`` on ``giver`` with one of ``col2`` on ``taker`` when that
-        lowers the counts' total distance outside their bounds and two such copies exist."""
-        self.budget -= 1
-        if self._distance_change(giver, taker, col, col2) >= 0:
-            return False
+        """Exchange a copy of ``col`` on ``giver`` with one of ``col2`` on ``taker`` when two
+        such copies exist (``_exchange`` has checked that the exchange lowers the distance)."""
         give = self._pick(giver, col, taker)
         if give < 0:
             return False
@@ -168,21 +190,14 @@ class _StandbyEvener:
         self._move(back, taker, giver, col2)
         return True
 
-    def _distance_change(self, giver: int, taker: int, col: int, col2: int) -> int:
-        """How the total distance of the four counts outside their bounds changes when
-        ``giver`` hands a copy of ``col`` to ``taker`` for one of ``col2``."""
-        change = 0
-        for client, column, step in (
-            (giver, col, -1),
-            (taker, col, 1),
-            (taker, col2, -1),
-            (giver, col2, 1),
-        ):
-            now = self.count[client][column]
-            change += self._distance(client, column, now + step) - self._distance(
-                client, column, now
-            )
-        return change
+    def _step(self, client: int, col: int, step: int) -> int:
+        """How the distance of ``client``'s count of ``col`` outside its bounds changes when the
+        count moves by ``step`` (1 or -1): -1 nearer, 0 within, 1 further out."""
+        value = self.count[client][col]
+        lo, hi = self.bounds[client][col]
+        if step > 0:
+            return 1 if value >= hi else -1 if value < lo else 0
+        return -1 if value > hi else 1 if value <= lo else 0
 
     def _distance(self, client: int, col: int, value: int) -> int:
         """How far ``value`` lies outside the bounds of ``client``'s count of ``col``."""
