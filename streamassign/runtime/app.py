@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
@@ -286,9 +286,7 @@ class App:
                 self.host.application_id, self.bootstrap_servers, producer_config
             )
         else:
-            clients.producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap_servers, **producer_config
-            )
+            clients.shared_producer(self.bootstrap_servers, producer_config)
         restore_config = {
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",
