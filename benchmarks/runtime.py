@@ -297,8 +297,10 @@ async def run(
 ) -> dict[str, dict[str, list[float]]]:
     results: dict[str, dict[str, list[float]]] = {}
     # Repeats outermost: each round runs every runner once, so load that drifts on a shared
-    # machine spreads over all runners rather than favouring the ones that ran last.
-    for _, (label, kind) in itertools.product(range(cfg.repeats), RUNNERS.items()):
+    # machine spreads over all runners rather than favouring the ones that ran last; every
+    # other round runs them in reverse, so no runner always goes first (a colder broker).
+    rounds = [list(RUNNERS.items())[:: -1 if i % 2 else 1] for i in range(cfg.repeats)]
+    for label, kind in itertools.chain.from_iterable(rounds):
         if only and kind not in only:
             continue
         got = results.setdefault(

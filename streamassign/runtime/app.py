@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
@@ -289,9 +289,7 @@ class App:
                 self.host.application_id, self.bootstrap_servers, producer_config
             )
         else:
-            clients.producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap_servers, **producer_config
-            )
+            clients.shared_producer(self.bootstrap_servers, producer_config)
         # Changelogs are read read_committed in both modes: at least once writes no
         # transactions (so nothing changes), but a changelog an exactly-once run wrote may hold
         # aborted commits, store markers included, which a restore must not apply.

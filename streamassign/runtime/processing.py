@@ -7,6 +7,7 @@ so they are fetched again, never skipped.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import heapq
 import logging
@@ -28,6 +29,12 @@ from .tasks import ActiveTask, Record, mark_of, tear, timestamp_of, undo
 log = logging.getLogger("streamassign.runtime")
 
 ErrorPolicy = Literal["stop", "skip"]
+
+#: Records processed between two yields to the event loop. A processor that awaits nothing
+#: and sends that do not fill a producer batch never yield: without this, a large fetch
+#: (tens of thousands of records) would run as one step, its writes sent only after it and
+#: heartbeats, status and queries held meanwhile.
+YIELD_EVERY = 200
 
 
 class Processing:
@@ -65,6 +72,7 @@ class Processing:
         for tp, records in batch.items():
             by_task.setdefault(self.topology.task_of(TopicPartition(*tp)), []).append(records)
         started = False
+        done = 0
         for task_id, lists in sorted(by_task.items()):
             task = self.actives.get(task_id)
             waits = task is not None and (task.torn or task.restoring)
@@ -87,6 +95,9 @@ class Processing:
                     return
                 started = True
                 await self.process(task, record)
+                done += 1
+                if done % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
 
     def _rewind_unprocessed(
         self,
