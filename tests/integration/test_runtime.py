@@ -188,6 +188,16 @@ def wait_caught_up(bootstrap: str, group: str, topic: str) -> None:
     raise AssertionError(f"the application did not catch up within {TIMEOUT}s (lag {lag})")
 
 
+async def _changelog_ends(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
+        return {tp.partition: end for tp, end in (await consumer.end_offsets(tps)).items()}
+    finally:
+        await consumer.stop()
+
+
 async def _read_changelog(
     bootstrap: str, topic: str, isolation_level: str = "read_uncommitted"
 ) -> tuple[dict[str, str], dict[int, int]]:
@@ -246,11 +256,19 @@ def test_kill9_while_records_flow_loses_nothing_and_standby_restores_little(
     # (its last scheduled commit comes within 0.2 s), processes a little more, then dies.
     runtime.procs[victim].proc.send_signal(signal.SIGUSR2)
     held = time.time()
-    while time.monotonic() < deadline:
-        later = [e for e in runtime.events(victim, "status") if e["t"] > held + 0.25]
-        if len(later) >= 2 and later[-1]["processed"] > later[0]["processed"]:
-            break
+    changelog = f"{runtime.app}-totals-changelog"
+    victims = {int(t.split("_")[1]) for t in before[victim]}
+    while len([e for e in runtime.events(victim, "status") if e["t"] > held + 0.25]) < 2:
+        assert time.monotonic() < deadline, "the victim reported no status after the hold"
         time.sleep(0.02)
+    # Its last commit (and marker) is behind us; the kill must wait until writes it will never
+    # commit reached its changelogs, or the crash path has nothing to undo (seen under load).
+    committed_ends = asyncio.run(_changelog_ends(runtime.bootstrap, changelog))
+    while time.monotonic() < deadline:
+        ends = asyncio.run(_changelog_ends(runtime.bootstrap, changelog))
+        if any(ends[p] > committed_ends[p] for p in victims):
+            break
+        time.sleep(0.05)
     runtime.stop(victim, signal.SIGKILL)
     state = runtime.settle()
     assert state[survivor] == TASKS
