@@ -186,3 +186,57 @@ def test_stop_marks_the_host_stopping_before_the_grace_period(tmp_path: Path) ->
 
     asyncio.run(run())
     assert seen == [True]
+
+
+class _Started(Exception):
+    """Raised by a recording consumer's start: the test has what it needs."""
+
+
+def test_tls_and_sasl_settings_reach_every_client_of_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A secured cluster: the admin client, the restore and changelog readers and the
+    high-availability end-offset consumer connect with the group's TLS/SASL settings (before,
+    they got ``bootstrap_servers`` only and could not reach such a cluster)."""
+    import streamassign.runtime.app as app_module
+    import streamassign.runtime.end_offsets as end_offsets_module
+
+    made: list[dict[str, object]] = []
+    admins: list[object] = []
+
+    class RecordingConsumer:
+        def __init__(self, **config: object) -> None:
+            made.append(config)
+
+        async def start(self) -> None:
+            raise _Started
+
+    async def no_topics_to_create(
+        *args: object, admin_config: object, **kw: object
+    ) -> dict[str, int]:
+        admins.append(admin_config)
+        return {"app-words": 6, "app-counts-changelog": 6, "app-customers-changelog": 3}
+
+    monkeypatch.setattr(app_module, "AIOKafkaConsumer", RecordingConsumer)
+    monkeypatch.setattr(end_offsets_module, "AIOKafkaConsumer", RecordingConsumer)
+    monkeypatch.setattr(app_module, "ensure_internal_topics", no_topics_to_create)
+    secured = {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "max_poll_records": 5}
+    for high_availability in (True, False):
+        app = App(
+            topology(),
+            {0: Nothing, 1: Nothing, 2: Nothing},
+            bootstrap_servers="x:1",
+            state_dir=tmp_path / str(high_availability),
+            store_kind="memory",
+            processing_guarantee="exactly_once",  # no shared producer to start
+            consumer_config=secured,
+            high_availability=high_availability,
+        )
+        with pytest.raises(_Started):
+            asyncio.run(app.start())
+    connection = {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN"}
+    assert admins == [connection, connection]
+    assert len(made) == 3  # the end-offset consumer (HA), then the two readers
+    for config in made:
+        assert {k: config[k] for k in connection} == connection
+        assert "max_poll_records" not in config  # the group's settings stay the group's

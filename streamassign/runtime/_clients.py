@@ -21,6 +21,26 @@ from .transactions import TaskProducers
 #: default 1 MiB ``message.max.bytes``) and grows only as records arrive.
 SHARED_BATCH_BYTES = 256 * 1024
 
+#: The settings of ``consumer_config`` that say how to reach the cluster (TLS, SASL). The
+#: process's own clients (admin, restore and changelog readers, end-offset and query
+#: consumers) need them as much as the group's consumers do; nothing else of the group's
+#: configuration applies to them.
+CONNECTION_KEYS = (
+    "security_protocol",
+    "ssl_context",
+    "sasl_mechanism",
+    "sasl_plain_username",
+    "sasl_plain_password",
+    "sasl_kerberos_service_name",
+    "sasl_kerberos_domain_name",
+    "sasl_oauth_token_provider",
+)
+
+
+def connection_settings(consumer_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The connection settings of ``consumer_config`` (see ``CONNECTION_KEYS``)."""
+    return {k: v for k, v in consumer_config.items() if k in CONNECTION_KEYS}
+
 
 @attrs.define
 class Clients:

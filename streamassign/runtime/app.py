@@ -37,7 +37,7 @@ from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import ErrorCode, ProducerStartError, RuntimeConfigError, TransactionFailedError
 from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
-from ._clients import Clients
+from ._clients import Clients, connection_settings
 from ._topics import ensure_internal_topics
 from .changelog import StoreState
 from .commits import Commits
@@ -176,6 +176,8 @@ class App:
         if exactly_once:  # only what committed transactions wrote (input, changelogs)
             self.consumer_config["isolation_level"] = "read_committed"
         self.producer_config = dict(producer_config or {})
+        #: TLS/SASL settings of ``consumer_config``, for the process's other clients.
+        self.connection_config = connection_settings(self.consumer_config)
         #: Changelog end offsets of every stateful task, for the leader's lags (HA only).
         self.end_offsets: EndOffsetsCache | None = (
             EndOffsetsCache(committed=exactly_once) if high_availability else None
@@ -268,11 +270,14 @@ class App:
     async def start(self) -> None:
         """Create internal topics, start the producer, the restore consumers and the host."""
         counts = await ensure_internal_topics(
-            self.topology, self.bootstrap_servers, replication_factor=self.replication_factor
+            self.topology,
+            self.bootstrap_servers,
+            replication_factor=self.replication_factor,
+            admin_config=self.connection_config,
         )
         if self.end_offsets is not None:  # known before the first rebalance
             self.end_offsets.track(changelog_partitions(self.topology, counts))
-            await self.end_offsets.start(self.bootstrap_servers)
+            await self.end_offsets.start(self.bootstrap_servers, self.connection_config)
         if self.store_kind == "memory":  # checkpoints of a previous run describe nothing now
             for task in self.state.offset_sums():
                 self.state.delete_checkpoint(task)
@@ -297,6 +302,7 @@ class App:
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",
             "isolation_level": "read_committed",
+            **self.connection_config,
         }
         clients.restorer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers, **restore_config

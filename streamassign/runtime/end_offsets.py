@@ -26,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
@@ -138,13 +139,17 @@ class EndOffsetsCache:
                 snapshot[task] = (sum(e for e, _ in found), min(at for _, at in found))
         self._snapshot = snapshot
 
-    async def start(self, bootstrap_servers: str) -> None:
-        """Fetch once (so the first rebalance already has them), then every ``interval``."""
+    async def start(
+        self, bootstrap_servers: str, connection: Mapping[str, Any] | None = None
+    ) -> None:
+        """Fetch once (so the first rebalance already has them), then every ``interval``;
+        ``connection``: TLS/SASL settings of the consumer that fetches them."""
         if self.fetch is None:
             self._consumer = AIOKafkaConsumer(
                 bootstrap_servers=bootstrap_servers,
                 enable_auto_commit=False,
                 isolation_level="read_committed" if self.committed else "read_uncommitted",
+                **dict(connection or {}),
             )
             await self._consumer.start()
             fetch = committed_ends_fetch if self.committed else _consumer_fetch

@@ -203,6 +203,7 @@ class QueryServer:
                 enable_auto_commit=False,
                 # exactly once: the stable end (an open transaction is not "behind")
                 isolation_level=getattr(self.app, "isolation_level", "read_uncommitted"),
+                **getattr(self.app, "connection_config", {}),
             )
             self._consumer_started = asyncio.ensure_future(self._consumer.start())
         consumer, started = self._consumer, self._consumer_started
