@@ -24,7 +24,16 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamassign.runtime import COMMIT_KEY
 
-from .test_runtime import PARTITIONS, TASKS, Feeder, Runtime, expected_table, tables, wait_caught_up
+from .test_runtime import (
+    PARTITIONS,
+    TASKS,
+    Feeder,
+    Runtime,
+    changelog_ends,
+    expected_table,
+    tables,
+    wait_caught_up,
+)
 
 #: How long the flow goes on before the newcomer starts (the steady reference).
 BEFORE_JOIN = 2.0
@@ -102,7 +111,7 @@ def run_join(
         flow = Feeder(bootstrap, topic, total, chunk=chunk, pause=0.05, first=preload)
         flow.start()
         time.sleep(BEFORE_JOIN)
-        at_join = asyncio.run(_end_offsets(bootstrap, changelog))
+        at_join = asyncio.run(changelog_ends(bootstrap, changelog))
         joined = time.time()
         runtime.start("p3")
         balanced_at = _wait_balanced(runtime)
@@ -192,16 +201,6 @@ async def create_topic(bootstrap: str, topic: str, config: dict[str, str] | None
         await admin.create_topics([NewTopic(topic, PARTITIONS, 1, topic_configs=config or {})])
     finally:
         await admin.close()
-
-
-async def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-    await consumer.start()
-    try:
-        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
-        return {tp.partition: end for tp, end in (await consumer.end_offsets(tps)).items()}
-    finally:
-        await consumer.stop()
 
 
 async def _write_times(bootstrap: str, topic: str, partitions: list[int]) -> dict[int, list[float]]:
