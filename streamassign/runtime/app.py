@@ -34,7 +34,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
-from ..errors import ErrorCode, ProducerStartError, RuntimeConfigError, TransactionFailedError
+from ..errors import ErrorCode, RuntimeConfigError, TransactionFailedError
 from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
 from ._clients import Clients, connection_settings
@@ -554,32 +554,19 @@ class App:
         restore looks up the changelog ends (so a fenced zombie's open transaction is aborted
         first and the restore reads to a stable end), then the task's input from its
         committed offsets as they are after that (a zombie's last commit included).
-        Returns the tasks whose producer could not be started for a reason a rejoin may
-        cure (they are tried again when the new assignment starts them); one that cannot
-        start (``ProducerStartError``: retried until its start timeout) stops the
-        application."""
+        A producer that cannot start (``ProducerStartError``: ``TaskProducers.renew``
+        retries retriable errors until its start timeout and wraps every other) stops the
+        application. Returns no task (kept for the caller's signature)."""
         producers = self._clients.task_producers
         assert producers is not None
         results = await asyncio.gather(*(producers.renew(t) for t in tasks), return_exceptions=True)
-        failed = set()
-        for task_id, result in zip(tasks, results, strict=True):
-            if isinstance(result, ProducerStartError | asyncio.CancelledError):
-                raise result
+        for result in results:
             if isinstance(result, BaseException):
-                log.warning(
-                    "consumer %d: task %s: its transactional producer did not start (%r); "
-                    "rejoining to try again",
-                    consumer,
-                    task_id,
-                    result,
-                )
-                failed.add(task_id)
-        if failed:
-            self.host.request_rejoin(consumer)
+                raise result
         assigned = self._assigned(consumer)
         mine = sorted(tp for tp in assigned if self.topology.task_of(TopicPartition(*tp)) in tasks)
         if not mine:
-            return failed
+            return set()
         kafka_consumer = self.host.consumers[consumer]
         # Concurrently (aiokafka has one OffsetFetch per call): this holds up the rebalance.
         lookups = await asyncio.gather(
@@ -595,7 +582,7 @@ class App:
             elif committed is not None:
                 with contextlib.suppress(Exception):  # unassigned meanwhile
                     kafka_consumer.seek(tp, committed)
-        return failed
+        return set()
 
     def _assigned(self, consumer: int) -> set[KafkaTopicPartition]:
         """``consumer``'s assigned partitions; none between generations."""
