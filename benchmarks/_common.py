@@ -8,6 +8,7 @@ same process, and their tables are published in ``docs/benchmarks.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import importlib.util
@@ -40,6 +41,7 @@ from streamassign.metrics import AssignmentMetrics, evaluate, violations
 In = TypeVar("In")
 Out = TypeVar("Out")
 Out_co = TypeVar("Out_co", covariant=True)
+Cfg = TypeVar("Cfg")
 
 ROOT = Path(__file__).resolve().parents[1]
 KAFKA_SCRIPT = ROOT / "scripts" / "kafka.py"
@@ -474,6 +476,15 @@ def arguments(
     if repeats is not None:
         parser.add_argument("--repeats", type=int, help=repeats)
     return parser
+
+
+def chosen(args: argparse.Namespace, quick: Cfg, full: Cfg) -> Cfg:
+    """The configuration (a dataclass with ``repeats``) that ``--quick`` picks, with the
+    ``--repeats`` given."""
+    cfg = quick if args.quick else full
+    if getattr(args, "repeats", None):
+        cfg = dataclasses.replace(cfg, repeats=args.repeats)  # type: ignore[type-var]
+    return cfg
 
 
 def _kafka_script() -> ModuleType:

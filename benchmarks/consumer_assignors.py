@@ -17,7 +17,6 @@ Run ``python benchmarks/consumer_assignors.py [--quick] [--markdown docs/consume
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import math
@@ -35,6 +34,7 @@ from typing import TypeVar
 from _common import (
     Report,
     Timed,
+    chosen,
     console,
     fmt_bool,
     fmt_bytes,
@@ -1085,9 +1085,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, help="runs per small measurement (median)")
     args = parser.parse_args(argv)
 
-    cfg = QUICK if args.quick else FULL
-    if args.repeats:
-        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    cfg = chosen(args, QUICK, FULL)
     info = machine_info()
     info["peers"] = f"aiokafka {metadata.version('aiokafka')}"
     for key, value in info.items():

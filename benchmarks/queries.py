@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from _common import Report, arguments, console, machine_info, on_broker, publish
+from _common import Report, arguments, chosen, console, machine_info, on_broker, publish
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -195,9 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         __doc__, SECTION, quick="small sizes, one run", repeats="runs (each with new processes)"
     )
     args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    if args.repeats:
-        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    cfg = chosen(args, QUICK, FULL)
     info = machine_info()
     with on_broker(args.bootstrap, info) as (bootstrap, tmp):
         out = run(cfg, bootstrap, tmp)

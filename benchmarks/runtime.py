@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from _common import Report, arguments, console, machine_info, on_broker, publish
+from _common import Report, arguments, chosen, console, machine_info, on_broker, publish
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -392,9 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only", choices=sorted(RUNNERS.values()), action="append", help="run only these"
     )
     args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    if args.repeats:
-        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    cfg = chosen(args, QUICK, FULL)
     info = machine_info()
     with on_broker(args.bootstrap, info) as (bootstrap, tmp):
         results = asyncio.run(run(cfg, bootstrap, tmp, args.only))

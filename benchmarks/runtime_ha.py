@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from _common import Report, arguments, console, machine_info, on_broker, publish
+from _common import Report, arguments, chosen, console, machine_info, on_broker, publish
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -131,9 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         __doc__, SECTION, quick="small sizes, one run each", repeats="runs of each assignor"
     )
     args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    if args.repeats:
-        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    cfg = chosen(args, QUICK, FULL)
     info = machine_info()
     with on_broker(args.bootstrap, info) as (bootstrap, tmp):
         runs = measure(cfg, bootstrap, tmp)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import statistics
@@ -43,6 +42,7 @@ from _common import (
     Report,
     Timed,
     arguments,
+    chosen,
     console,
     fmt_bytes,
     fmt_seconds,
@@ -818,9 +818,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only", choices=["metadata", "latency"], action="append", help="run only these"
     )
     args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    if args.repeats:
-        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    cfg = chosen(args, QUICK, FULL)
     only = args.only or ["metadata", "latency"]
     logging.getLogger("aiokafka").setLevel(logging.ERROR)  # rebalance chatter
 
