@@ -63,7 +63,7 @@ from aiokafka.coordinator.protocol import (
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import ProcessHost, StreamsAssignor
 from streamassign.pipeline.peers import by_topic
-from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
+from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo, _Writer
 from streamassign.streams import MemberAssignment, MemberSubscription, assign_streams
 
 SECTION = "streams-protocol"
@@ -190,7 +190,9 @@ def assignment_parts(info: AssignmentInfo) -> list[tuple[str, int]]:
     """Bytes of each part of one encoded assignment, and the total."""
     full = len(info.encode())
     bare = len(attrs.evolve(info, active_by_host={}, standby_by_host={}, topics={}).encode())
-    raw = len(info._host_section()) if info.active_by_host or info.standby_by_host else 0
+    # (a fresh writer: the section charges its entries to the budget of the one it goes in)
+    hosts = info.active_by_host or info.standby_by_host
+    raw = len(info._host_section(_Writer())) if hosts else 0
     return [
         ("header, codes, own active + standby tasks", bare),
         ("host section, zlib (topic and endpoint dictionaries, owner vectors)", full - bare),
@@ -844,12 +846,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def write_markdown(
     path: Path,
-    section: str,
+    name: str,
     argv: Sequence[str] | None,
     info: Mapping[str, str],
     sections: Sequence[Section],
 ) -> None:
-    """Write the results into ``section`` of ``path`` (adding its heading if absent)."""
+    """Write the results into section ``name`` of ``path`` (adding its heading if absent)."""
     command = " ".join(["python benchmarks/streams_protocol.py", *(argv or sys.argv[1:])])
     settings = ", ".join(f"{k}={v}" for k, v in CONSUMER_CONFIG.items())
     lines = [
@@ -870,10 +872,10 @@ def write_markdown(
         lines += [r.markdown() for r in section.reports]
         lines += ["**Reading.**", "", *(f"- {line}" for line in section.reading), ""]
     text = path.read_text() if path.exists() else ""
-    if f"<!-- {section}:begin -->" not in text:
+    if f"<!-- {name}:begin -->" not in text:
         path.write_text(text.rstrip() + f"\n\n{HEADING}\n")
-    write_section(path, section, "\n".join(lines))
-    console.print(f"wrote section {section!r} of {path}")
+    write_section(path, name, "\n".join(lines))
+    console.print(f"wrote section {name!r} of {path}")
 
 
 if __name__ == "__main__":
