@@ -385,11 +385,11 @@ def machine_info() -> dict[str, str]:
     }
 
 
-def write_section(path: Path, name: str, body: str) -> None:
+def write_section(path: Path, name: str, body: str, under: str = "") -> None:
     """Put ``body`` between ``<!-- name:begin -->`` and ``<!-- name:end -->`` in ``path``.
 
-    Replaces the section when the markers exist, else appends it, so the file can hold other
-    hand-written or generated sections.
+    Replaces the section when the markers exist, else appends it (after the heading ``under``,
+    if given), so the file can hold other hand-written or generated sections.
     """
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     section = f"{begin}\n{body.rstrip()}\n{end}"
@@ -398,7 +398,9 @@ def write_section(path: Path, name: str, body: str) -> None:
     if pattern.search(text):
         text = pattern.sub(lambda _: section, text, count=1)
     else:
-        text = (text.rstrip() + "\n\n" if text.strip() else "") + section + "\n"
+        for part in (under, section):
+            if part:
+                text = (text.rstrip() + "\n\n" if text.strip() else "") + part + "\n"
     path.write_text(text)
 
 
@@ -414,15 +416,17 @@ def write_reports(
     path: Path,
     section: str,
     heading: str,
-    reports: Iterable[Report],
+    reports: Iterable[Report | str],
     info: Mapping[str, str],
     script: str,
     argv: Sequence[str] | None,
     extra: Sequence[str] = (),
+    under: str = "",
 ) -> None:
-    """Write ``reports`` as section ``section`` of ``path``, under ``heading`` (none when
-    empty) and a header saying how they were made: the command (``python script`` and
-    ``argv``, else the process's arguments), the date and machine from ``info``
+    """Write ``reports`` (markdown text between them as strings) as section ``section`` of
+    ``path`` (a new one after the heading ``under``), under ``heading`` (none when empty)
+    and a header saying how they were made: the command (``python script`` and ``argv``,
+    else the process's arguments), the date and machine from ``info``
     (:func:`show_machine_info`), then the ``extra`` markdown lines."""
     command = shlex.join(["python", script, *_portable(argv or sys.argv[1:])])
     header = [
@@ -433,8 +437,9 @@ def write_reports(
         *extra,
         "",
     ]
-    body = "\n".join(header) + "\n" + "\n".join(r.markdown() for r in reports)
-    write_section(path, section, body)
+    parts = (r if isinstance(r, str) else r.markdown() for r in reports)
+    body = "\n".join(header) + "\n" + "\n".join(parts)
+    write_section(path, section, body, under)
     console.print(f"wrote section {section!r} of {path}")
 
 
