@@ -3,7 +3,8 @@
 ``--kind runtime`` runs ``streamassign.runtime.App`` with the example's processor
 (``examples/orders_join/join.py``); ``--kind bare`` does the same join in a plain aiokafka
 consumer-group loop with a dict (no changelog, no standbys, no restore: the floor the runtime's
-overhead is measured against). Runs until SIGTERM.
+overhead is measured against; like the others it reads the customers of its assignment up to
+their end before any order). Runs until SIGTERM.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from examples.orders_join.join import EnrichOrders, join_topology
 from streamassign.runtime import App
@@ -47,16 +49,45 @@ async def runtime(args: argparse.Namespace, stop: asyncio.Event) -> None:
         await app.stop()
 
 
+class CustomersFirst(ConsumerRebalanceListener):
+    """Holds the assigned orders back until the assigned customers are read up to the end
+    offsets they had when the assignment came: a join must see a customer before the orders
+    that need it (every customer is produced before any order), and one ``getmany`` over both
+    topics would often fetch an order first."""
+
+    def __init__(self, consumer: AIOKafkaConsumer, customers: str) -> None:
+        self.consumer = consumer
+        self.customers = customers
+        self.ends: dict[TopicPartition, int] = {}  # customers partitions not read up to here
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        assigned = list(assigned)
+        self.consumer.pause(*(tp for tp in assigned if tp.topic != self.customers))
+        customers = [tp for tp in assigned if tp.topic == self.customers]
+        self.ends = dict(await self.consumer.end_offsets(customers))
+
+    async def release(self) -> None:
+        """Resume the orders once every customers partition reached its end offset."""
+        for tp, end in list(self.ends.items()):
+            if await self.consumer.position(tp) >= end:
+                del self.ends[tp]
+        if not self.ends:  # (nothing is paused after that: a no-op)
+            self.consumer.resume(*self.consumer.paused())
+
+
 async def bare(args: argparse.Namespace, stop: asyncio.Event) -> None:
     consumer = AIOKafkaConsumer(
-        args.orders,
-        args.customers,
         bootstrap_servers=args.bootstrap,
         group_id=args.app,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         **CONSUMER,
     )
+    customers_first = CustomersFirst(consumer, args.customers)
+    consumer.subscribe([args.orders, args.customers], listener=customers_first)
     producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, acks="all", linger_ms=5)
     await producer.start()
     await consumer.start()
@@ -78,6 +109,7 @@ async def bare(args: argparse.Namespace, stop: asyncio.Event) -> None:
                     futures.append(
                         await producer.send(args.output, json.dumps(order).encode(), key=r.key)
                     )
+            await customers_first.release()
             if loop.time() >= next_commit:
                 await asyncio.gather(*futures)
                 futures.clear()

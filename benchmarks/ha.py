@@ -18,24 +18,23 @@ Run ``python benchmarks/ha.py [--quick] [--markdown docs/ha.md]``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 from _common import (
     Report,
+    arguments,
     fmt_num,
     fmt_ratio,
     fmt_time,
     make_tasks,
     member_ids,
+    publish,
     show_machine_info,
     states,
     timed,
-    write_reports,
 )
 
 from streamassign import (
@@ -281,20 +280,14 @@ def scale_out(cases: Sequence[tuple[str, int, int | None, int]], repeats: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    parser.add_argument("--markdown", type=Path, help="write the tables into this file")
+    parser = arguments(__doc__, SECTION, quick="small sizes, few repeats", broker=False)
     args = parser.parse_args(argv)
     info = show_machine_info()
     sizes = [(120, 12), (1000, 100)] if args.quick else [(120, 12), (1000, 100), (6000, 600)]
     reports = takeovers(24 if args.quick else 48)
     reports.append(speed(sizes, 3 if args.quick else 5))
     reports.append(scale_out(SCALE_OUTS[-1:] if args.quick else SCALE_OUTS, 3))
-    for r in reports:
-        r.show()
-    if args.markdown:
-        heading = "## Measured: HA vs sticky"
-        write_reports(args.markdown, SECTION, heading, reports, info, "benchmarks/ha.py", argv)
+    publish(reports, args, info, "benchmarks/ha.py", argv, "## Measured: HA vs sticky")
     return 0
 
 

@@ -24,7 +24,6 @@ Run ``python benchmarks/runtime.py [--quick] [--markdown docs/runtime.md] [--boo
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import itertools
@@ -34,17 +33,15 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from _common import Report, console, machine_info, write_section
+from _common import Report, arguments, chosen, console, machine_info, on_broker, publish
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from streams_protocol import kafka_broker
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -388,34 +385,18 @@ def report(results: dict[str, dict[str, list[float]]], cfg: Config) -> list[Repo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, one run each")
-    parser.add_argument("--markdown", type=Path, help="write the results section into this file")
-    parser.add_argument("--bootstrap", help="use this Kafka broker instead of starting one")
-    parser.add_argument("--repeats", type=int, help="runs of each measurement")
+    parser = arguments(
+        __doc__, SECTION, quick="small sizes, one run each", repeats="runs of each measurement"
+    )
     parser.add_argument(
         "--only", choices=sorted(RUNNERS.values()), action="append", help="run only these"
     )
-    parser.add_argument(
-        "--section", default=SECTION, help=f"section of --markdown to write (default {SECTION})"
-    )
     args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    if args.repeats:
-        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    cfg = chosen(args, QUICK, FULL)
     info = machine_info()
-    with kafka_broker(args.bootstrap) as (bootstrap, broker), tempfile.TemporaryDirectory() as tmp:
-        results = asyncio.run(run(cfg, bootstrap, Path(tmp), args.only))
-    info["broker"] = broker
-    info["load average at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    reports = report(results, cfg)
-    for r in reports:
-        r.show()
-    if args.markdown:
-        body = "\n".join(f"- {k}: {v}" for k, v in info.items()) + "\n\n"
-        body += "\n".join(r.markdown() for r in reports)
-        write_section(args.markdown, args.section, body)
-        console.print(f"wrote section {args.section!r} of {args.markdown}")
+    with on_broker(args.bootstrap, info) as (bootstrap, tmp):
+        results = asyncio.run(run(cfg, bootstrap, tmp, args.only))
+    publish(report(results, cfg), args, info, "benchmarks/runtime.py", argv)
     return 0
 
 

@@ -22,11 +22,8 @@ Run ``python benchmarks/streams_protocol.py [--quick] [--markdown docs/benchmark
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import dataclasses
-import importlib.util
 import logging
 import random
 import statistics
@@ -35,23 +32,25 @@ import tempfile
 import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import attrs
 from _common import (
     Report,
     Timed,
+    arguments,
+    chosen,
     console,
     fmt_bytes,
     fmt_seconds,
     fmt_time,
+    kafka_broker,
     machine_info,
     timed,
-    write_section,
+    write_reports,
 )
 from _streams_peers import WireSizes, Worker, faust_metadata, round_robin_consumer
 from aiokafka import AIOKafkaConsumer
@@ -69,7 +68,6 @@ from streamassign.streams import MemberAssignment, MemberSubscription, assign_st
 
 SECTION = "streams-protocol"
 HEADING = "## Streams protocol"
-KAFKA_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kafka.py"
 
 #: Consumer settings of both groups in the latency benchmark (a local broker: short timeouts).
 CONSUMER_CONFIG = {
@@ -188,11 +186,25 @@ def _user_data(subscription: MemberSubscription) -> bytes:
     return subscription.info.encode()
 
 
+def host_section_size(encoded: bytes) -> int:
+    """Bytes of the host section of an encoded assignment before zlib: the one zlib stream in
+    it (level 9: it starts with 78 DA; a false start fails its checksum)."""
+    start = encoded.find(b"\x78\xda")
+    while start >= 0:
+        stream = zlib.decompressobj()
+        with contextlib.suppress(zlib.error):
+            raw = stream.decompress(encoded[start:])
+            if stream.eof:
+                return len(raw)
+        start = encoded.find(b"\x78\xda", start + 1)
+    return 0
+
+
 def assignment_parts(info: AssignmentInfo) -> list[tuple[str, int]]:
     """Bytes of each part of one encoded assignment, and the total."""
     full = len(info.encode())
     bare = len(attrs.evolve(info, active_by_host={}, standby_by_host={}, topics={}).encode())
-    raw = len(info._host_section()) if info.active_by_host or info.standby_by_host else 0
+    raw = host_section_size(info.encode()) if info.active_by_host or info.standby_by_host else 0
     return [
         ("header, codes, own active + standby tasks", bare),
         ("host section, zlib (topic and endpoint dictionaries, owner vectors)", full - bare),
@@ -812,51 +824,15 @@ def latency_section(cfg: Config, runs: LatencyRuns, where: str) -> Section:
 # -- main ------------------------------------------------------------------------------------------
 
 
-def _kafka_script() -> ModuleType:
-    """scripts/kafka.py (not a package), imported under a private name."""
-    name = "_streamassign_kafka_script"
-    spec = importlib.util.spec_from_file_location(name, KAFKA_SCRIPT)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {KAFKA_SCRIPT}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-@contextlib.contextmanager
-def kafka_broker(bootstrap: str | None) -> Iterator[tuple[str, str]]:
-    """``(bootstrap, description)``: the given broker, or one started for this run."""
-    if bootstrap:
-        yield bootstrap, f"Broker at `{bootstrap}` (given with --bootstrap)"
-        return
-    kafka = _kafka_script()
-    broker = kafka.start_broker(die_with_parent=True)
-    try:
-        yield (
-            broker.bootstrap,
-            (
-                f"Kafka {kafka.default_version()} single-node KRaft broker started by "
-                "`scripts/kafka.py` (group.initial.rebalance.delay.ms=0)"
-            ),
-        )
-    finally:
-        broker.stop()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, one latency run")
-    parser.add_argument("--markdown", type=Path, help="write the results section into this file")
-    parser.add_argument("--bootstrap", help="use this Kafka broker instead of starting one")
+    parser = arguments(
+        __doc__, SECTION, quick="small sizes, one latency run", repeats="latency runs of each group"
+    )
     parser.add_argument(
         "--only", choices=["metadata", "latency"], action="append", help="run only these"
     )
-    parser.add_argument("--repeats", type=int, help="latency runs of each group")
     args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    if args.repeats:
-        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    cfg = chosen(args, QUICK, FULL)
     only = args.only or ["metadata", "latency"]
     logging.getLogger("aiokafka").setLevel(logging.ERROR)  # rebalance chatter
 
@@ -876,38 +852,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in section.reading:
             console.print(f"- {line}")
     if args.markdown:
-        write_markdown(args.markdown, argv, info, sections)
+        write_markdown(args.markdown, args.section, argv, info, sections)
     return 0
 
 
 def write_markdown(
-    path: Path, argv: Sequence[str] | None, info: Mapping[str, str], sections: Sequence[Section]
+    path: Path,
+    name: str,
+    argv: Sequence[str] | None,
+    info: Mapping[str, str],
+    sections: Sequence[Section],
 ) -> None:
-    """Write the results into their section of ``path`` (adding its heading if absent)."""
-    command = " ".join(["python benchmarks/streams_protocol.py", *(argv or sys.argv[1:])])
+    """Write the results into section ``name`` of ``path`` (adding its heading if absent)."""
     settings = ", ".join(f"{k}={v}" for k, v in CONSUMER_CONFIG.items())
-    lines = [
+    how = (
         "Run `python benchmarks/streams_protocol.py [--quick] [--markdown docs/benchmarks.md] "
         "[--bootstrap HOST:PORT] [--only metadata|latency] [--repeats N]`. Without "
         "`--bootstrap` it starts a Kafka broker through `scripts/kafka.py` (Java 17+ and "
         "Maven, see docs/testing.md) and stops it afterwards; `--quick` is a smoke run with "
         "small groups and one latency run. What is measured is described in the docstring of "
-        "`benchmarks/streams_protocol.py`.",
-        "",
-        f"Generated by `{command}` on {info['date']}.",
-        "",
-        *(f"- **{key}**: {value}" for key, value in info.items() if key != "date"),
-        f"- **consumer settings (latency)**: {settings}, enable_auto_commit=False",
-        "",
-    ]
+        "`benchmarks/streams_protocol.py`."
+    )
+    parts: list[Report | str] = []
     for section in sections:
-        lines += [r.markdown() for r in section.reports]
-        lines += ["**Reading.**", "", *(f"- {line}" for line in section.reading), ""]
-    text = path.read_text() if path.exists() else ""
-    if f"<!-- {SECTION}:begin -->" not in text:
-        path.write_text(text.rstrip() + f"\n\n{HEADING}\n")
-    write_section(path, SECTION, "\n".join(lines))
-    console.print(f"wrote section {SECTION!r} of {path}")
+        parts += section.reports
+        parts.append("\n".join(["**Reading.**", "", *(f"- {line}" for line in section.reading)]))
+    extra = [f"- **consumer settings (latency)**: {settings}, enable_auto_commit=False"]
+    script = "benchmarks/streams_protocol.py"
+    write_reports(path, name, how, parts, info, script, argv, extra, under=HEADING)
 
 
 if __name__ == "__main__":

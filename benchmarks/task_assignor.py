@@ -32,6 +32,7 @@ from _common import (
     Quality,
     Report,
     Timed,
+    chosen,
     console,
     fmt_bool,
     fmt_bytes,
@@ -684,9 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--java-heap", help="-Xmx of the Kafka Streams JVM, e.g. 8g")
     args = parser.parse_args(argv)
 
-    cfg = QUICK if args.quick else FULL
-    if args.repeats:
-        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    cfg = chosen(args, QUICK, FULL)
     if args.faust_budget:
         cfg = dataclasses.replace(cfg, faust_budget=args.faust_budget)
     if args.kafka_streams_budget:

@@ -220,28 +220,6 @@ def test_configuration(tmp_path: Path) -> None:
     assert transactional_id("app", TaskId(0, 3)) == "app-0_3"
 
 
-def test_a_producer_that_does_not_start_leaves_its_task_waiting_and_rejoins(
-    tmp_path: Path,
-) -> None:
-    app, tasks, _, rejoins = make(tmp_path)
-    producers = app._clients.task_producers
-    assert producers is not None
-    app._actives.clear()
-
-    async def renew(task: TaskId) -> None:
-        if task == TaskId(0, 1):
-            raise KafkaConnectionError("the coordinator is away")
-        producers.producers[task] = TxnProducer()  # type: ignore[assignment]
-
-    producers.renew = renew  # type: ignore[method-assign]
-    new = [(t.task_id, t.stores, "cold") for t in tasks.values()]
-    asyncio.run(app._start_tasks(0, new))
-    started, waiting = app._actives[TaskId(0, 0)], app._actives[TaskId(0, 1)]
-    assert started.restoring and not started.torn
-    assert waiting.torn and not waiting.restoring  # started again after the rejoin
-    assert rejoins == [0]
-
-
 def fail_sends(fake: TxnProducer, exc: Exception) -> None:
     """Every later send of ``fake`` is acknowledged with ``exc`` (a broker's rejection)."""
 

@@ -34,7 +34,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
-from ..errors import ErrorCode, ProducerStartError, RuntimeConfigError, TransactionFailedError
+from ..errors import ErrorCode, RuntimeConfigError, TransactionFailedError
 from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
 from ._clients import Clients, connection_settings
@@ -524,16 +524,12 @@ class App:
         producer = self._clients.producer
         if any(source == "kept" for _, _, source in new) and producer is not None:
             await producer.flush()  # a torn task's writes in flight: in the changelog
-        failed: set[TaskId] = set()
         if self._clients.task_producers is not None:
-            failed = await self._renew_producers(consumer, [task_id for task_id, _, _ in new])
+            await self._renew_producers(consumer, [task_id for task_id, _, _ in new])
         for task_id, states, source in new:
             processor = self.processors[task_id.subtopology]()
             task = ActiveTask(task_id, consumer, states, processor, repartition=self._repartition)
             self._actives[task_id] = task
-            if task_id in failed:  # no producer: it waits (torn) and is started again
-                tear(task)
-                continue
             if not states:
                 self._updater.cancel(task_id)
                 log.info("consumer %d: task %s assigned (stateless)", consumer, task_id)
@@ -549,37 +545,24 @@ class App:
             )
         self._pause_restoring(consumer)
 
-    async def _renew_producers(self, consumer: int, tasks: Sequence[TaskId]) -> set[TaskId]:
+    async def _renew_producers(self, consumer: int, tasks: Sequence[TaskId]) -> None:
         """Exactly once: a new transactional producer per task, initialised before its
         restore looks up the changelog ends (so a fenced zombie's open transaction is aborted
         first and the restore reads to a stable end), then the task's input from its
         committed offsets as they are after that (a zombie's last commit included).
-        Returns the tasks whose producer could not be started for a reason a rejoin may
-        cure (they are tried again when the new assignment starts them); one that cannot
-        start (``ProducerStartError``: retried until its start timeout) stops the
+        A producer that cannot start (``ProducerStartError``: ``TaskProducers.renew``
+        retries retriable errors until its start timeout and wraps every other) stops the
         application."""
         producers = self._clients.task_producers
         assert producers is not None
         results = await asyncio.gather(*(producers.renew(t) for t in tasks), return_exceptions=True)
-        failed = set()
-        for task_id, result in zip(tasks, results, strict=True):
-            if isinstance(result, ProducerStartError | asyncio.CancelledError):
-                raise result
+        for result in results:
             if isinstance(result, BaseException):
-                log.warning(
-                    "consumer %d: task %s: its transactional producer did not start (%r); "
-                    "rejoining to try again",
-                    consumer,
-                    task_id,
-                    result,
-                )
-                failed.add(task_id)
-        if failed:
-            self.host.request_rejoin(consumer)
+                raise result
         assigned = self._assigned(consumer)
         mine = sorted(tp for tp in assigned if self.topology.task_of(TopicPartition(*tp)) in tasks)
         if not mine:
-            return failed
+            return
         kafka_consumer = self.host.consumers[consumer]
         # Concurrently (aiokafka has one OffsetFetch per call): this holds up the rebalance.
         lookups = await asyncio.gather(
@@ -595,7 +578,6 @@ class App:
             elif committed is not None:
                 with contextlib.suppress(Exception):  # unassigned meanwhile
                     kafka_consumer.seek(tp, committed)
-        return failed
 
     def _assigned(self, consumer: int) -> set[KafkaTopicPartition]:
         """``consumer``'s assigned partitions; none between generations."""

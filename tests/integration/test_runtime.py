@@ -14,12 +14,12 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -151,6 +151,8 @@ class Runtime:
 
     def close(self) -> None:
         for proc in self.procs.values():
+            if proc.proc.poll() is None:  # a frozen one (SIGSTOP) is continued first
+                proc.proc.send_signal(signal.SIGCONT)
             proc.stop(signal.SIGKILL)
 
 
@@ -198,10 +200,14 @@ async def changelog_ends(bootstrap: str, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
-async def _read_changelog(
-    bootstrap: str, topic: str, isolation_level: str = "read_uncommitted"
-) -> tuple[dict[str, str], dict[int, int]]:
-    """The table a cold restore of every partition gives, and each partition's end offset."""
+async def _read_records(
+    bootstrap: str,
+    topic: str,
+    take: Callable[[KafkaTopicPartition, ConsumerRecord[bytes, bytes]], None],
+    isolation_level: str = "read_uncommitted",
+) -> dict[int, int]:
+    """Hand every record of ``topic`` (all partitions) up to its end, as ``isolation_level``
+    sees it, to ``take``; returns each partition's end offset."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, auto_offset_reset="earliest", isolation_level=isolation_level
     )
@@ -210,18 +216,39 @@ async def _read_changelog(
         tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
-        states = {tp: StoreState.open("totals", TopicPartition(*tp), MemoryStore()) for tp in tps}
         todo = {tp for tp in tps if ends[tp] > 0}
         while todo:
             for tp, records in (await consumer.getmany(*todo, timeout_ms=500)).items():
                 for r in records:
-                    states[tp].restore(r.offset, r.key, r.value)
-                if await consumer.position(tp) >= ends[tp]:
-                    todo.discard(tp)
-        table = {k.decode(): v.decode() for s in states.values() for k, v in s.store.items()}
-        return table, {tp.partition: ends[tp] for tp in tps}
+                    take(tp, r)
+            todo = {tp for tp in todo if await consumer.position(tp) < ends[tp]}
+        return {tp.partition: ends[tp] for tp in tps}
     finally:
         await consumer.stop()
+
+
+async def _read_changelog(
+    bootstrap: str, topic: str, isolation_level: str = "read_uncommitted"
+) -> tuple[dict[str, str], dict[int, int]]:
+    """The table a cold restore of every partition gives, and each partition's end offset."""
+    states = {
+        p: StoreState.open("totals", TopicPartition(topic, p), MemoryStore())
+        for p in range(PARTITIONS)
+    }
+
+    def restore(tp: KafkaTopicPartition, r: ConsumerRecord[bytes, bytes]) -> None:
+        states[tp.partition].restore(r.offset, r.key, r.value)
+
+    ends = await _read_records(bootstrap, topic, restore, isolation_level)
+    table = {k.decode(): v.decode() for s in states.values() for k, v in s.store.items()}
+    return table, ends
+
+
+async def _read_topic(bootstrap: str, topic: str, isolation_level: str) -> list[bytes]:
+    """Every value of ``topic`` (all partitions) up to its end as ``isolation_level`` sees it."""
+    values: list[bytes] = []
+    await _read_records(bootstrap, topic, lambda _, r: values.append(r.value), isolation_level)
+    return values
 
 
 @pytest.fixture

@@ -35,12 +35,13 @@ from .test_runtime import (
     Feeder,
     Runtime,
     _read_changelog,
+    _read_topic,
     expected_table,
     key_of,
     tables,
     wait_caught_up,
 )
-from .test_runtime_membership import _backward_markers, wait_for
+from .test_runtime_membership import _backward_markers, freeze_and_wake, wait_for
 
 
 @pytest.fixture
@@ -55,31 +56,7 @@ def eos(
     rt = Runtime(kafka_bootstrap, kafka_group_id_factory("eos"), source, tmp_path)
     rt.args = ["--guarantee", "exactly_once", "--output", output, "--status-interval", "0.1"]
     yield rt, output
-    for proc in rt.procs.values():  # a frozen process cannot die of SIGKILL until continued
-        if proc.proc.poll() is None:
-            proc.proc.send_signal(signal.SIGCONT)
     rt.close()
-
-
-async def _read_topic(bootstrap: str, topic: str, isolation_level: str) -> list[bytes]:
-    """Every value of ``topic`` (all partitions) up to its end as ``isolation_level`` sees it."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, auto_offset_reset="earliest", isolation_level=isolation_level
-    )
-    await consumer.start()
-    try:
-        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        values: list[bytes] = []
-        todo = {tp for tp in tps if ends[tp] > 0}
-        while todo:
-            for records in (await consumer.getmany(*todo, timeout_ms=500)).values():
-                values.extend(r.value for r in records)
-            todo = {tp for tp in todo if await consumer.position(tp) < ends[tp]}
-        return values
-    finally:
-        await consumer.stop()
 
 
 async def _input_offsets(bootstrap: str, topic: str) -> set[tuple[int, int]]:
@@ -201,30 +178,12 @@ def test_frozen_member_writes_nothing_once_fenced(eos: tuple[Runtime, str]) -> N
     transactional ids), so nothing it writes reaches read_committed readers."""
     runtime, output = eos
     total = 60_000
-    runtime.start("p1")
-    runtime.start("p2")
-    before = runtime.settle()
-    victim = min(before, key=lambda n: runtime.events(n, "status")[-1]["process"])
-    survivor = next(n for n in before if n != victim)
-    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=500, pause=0.1)
-    feeder.start()
-    wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
-    frozen = runtime.procs[victim].proc
-    frozen.send_signal(signal.SIGSTOP)  # processing, a transaction open, and frozen
-    wait_for("the survivor runs every task", lambda: runtime.actives(survivor) == TASKS)
-    took_over = runtime.events(survivor, "status")[-1]["processed"]
-    wait_for(
-        "the survivor processes 5,000 more records",
-        lambda: runtime.events(survivor, "status")[-1]["processed"] >= took_over + 5000,
-    )
-    woke = time.time()
-    frozen.send_signal(signal.SIGCONT)
-    after = runtime.settle()
-    # (the sticky assignor breaks the tie by process id: the frozen one gets its tasks back)
-    assert after[victim] == before[victim], "the woken member did not get its tasks back"
-    feeder.finish()
+    frozen = freeze_and_wake(runtime, total)  # a transaction open when frozen
+    victim, before = frozen.victim, frozen.before
+    assert frozen.after[victim] == before[victim], "the woken member did not get its tasks back"
+    frozen.feeder.finish()
     wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
-    restored = {e["task"] for e in runtime.events(victim, "restore") if e["t"] > woke}
+    restored = {e["task"] for e in runtime.events(victim, "restore") if e["t"] > frozen.woke}
     log = (runtime.tmp / f"{victim}.log").read_text()
     aborted = check_exact(runtime, output, total)
     fenced = log.count("transaction failed")

@@ -16,10 +16,11 @@ import asyncio
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, ConsumerRecord
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from streamassign import Subtopology, Topology
@@ -34,6 +35,7 @@ from .test_runtime import (
     Feeder,
     Runtime,
     _read_changelog,
+    _read_records,
     expected_table,
     tables,
     wait_caught_up,
@@ -50,9 +52,6 @@ def runtime(
     source = kafka_topic_factory(PARTITIONS, prefix="events")
     rt = Runtime(kafka_bootstrap, kafka_group_id_factory("membership"), source, tmp_path)
     yield rt
-    for proc in rt.procs.values():  # a frozen process cannot die of SIGKILL until continued
-        if proc.proc.poll() is None:
-            proc.proc.send_signal(signal.SIGCONT)
     rt.close()
 
 
@@ -60,32 +59,20 @@ async def _backward_markers(
     bootstrap: str, topic: str, isolation_level: str = "read_uncommitted"
 ) -> list[str]:
     """Markers whose applied offset of some input topic is below an earlier marker's."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, auto_offset_reset="earliest", isolation_level=isolation_level
-    )
-    await consumer.start()
-    try:
-        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        highest: dict[int, dict[str, int]] = {p: {} for p in range(PARTITIONS)}
-        backward = []
-        todo = {tp for tp in tps if ends[tp] > 0}
-        while todo:
-            for tp, records in (await consumer.getmany(*todo, timeout_ms=500)).items():
-                for r in records:
-                    if r.key != COMMIT_KEY:
-                        continue
-                    seen = highest[tp.partition]
-                    for source, offset in decode_marker(r.value).items():
-                        if offset < seen.get(source, -1):
-                            backward.append(f"{tp.partition}@{r.offset}: {source} {offset}")
-                        seen[source] = max(offset, seen.get(source, -1))
-                if await consumer.position(tp) >= ends[tp]:
-                    todo.discard(tp)
-        return backward
-    finally:
-        await consumer.stop()
+    highest: dict[int, dict[str, int]] = {p: {} for p in range(PARTITIONS)}
+    backward = []
+
+    def check(tp: KafkaTopicPartition, r: ConsumerRecord[bytes, bytes]) -> None:
+        if r.key != COMMIT_KEY:
+            return
+        seen = highest[tp.partition]
+        for source, offset in decode_marker(r.value).items():
+            if offset < seen.get(source, -1):
+                backward.append(f"{tp.partition}@{r.offset}: {source} {offset}")
+            seen[source] = max(offset, seen.get(source, -1))
+
+    await _read_records(bootstrap, topic, check, isolation_level)
+    return backward
 
 
 def check_exact(runtime: Runtime, expected: dict[str, str]) -> None:
@@ -112,6 +99,45 @@ def check_exact(runtime: Runtime, expected: dict[str, str]) -> None:
     assert not backward, f"commit markers went backwards: {backward[:10]}"
 
 
+@dataclass(frozen=True)
+class Frozen:
+    """What :func:`freeze_and_wake` did: ``victim`` was frozen and woken at ``woke``
+    (``time.time()``); the assignments before and after; ``feeder`` still producing."""
+
+    victim: str
+    before: dict[str, set[str]]
+    after: dict[str, set[str]]
+    feeder: Feeder
+    woke: float
+
+
+def freeze_and_wake(runtime: Runtime, total: int) -> Frozen:
+    """Start two processes; while ``total`` records flow, freeze one (SIGSTOP) past the session
+    timeout until the survivor runs every task and has processed 5,000 more records (writing
+    the victim's changelogs: its state goes stale), then wake it (SIGCONT) and wait until the
+    group settles. The sticky assignor breaks the tie between the woken member's claim and the
+    survivor's by process id: the first is frozen, so it gets its own tasks back."""
+    runtime.start("p1")
+    runtime.start("p2")
+    before = runtime.settle()
+    victim = min(before, key=lambda n: runtime.events(n, "status")[-1]["process"])
+    survivor = next(n for n in before if n != victim)
+    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=500, pause=0.1)
+    feeder.start()
+    wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
+    frozen = runtime.procs[victim].proc
+    frozen.send_signal(signal.SIGSTOP)  # processing, with uncommitted writes, and frozen
+    wait_for("the survivor runs every task", lambda: runtime.actives(survivor) == TASKS)
+    took_over = runtime.events(survivor, "status")[-1]["processed"]
+    wait_for(
+        "the survivor processes 5,000 more records",
+        lambda: runtime.events(survivor, "status")[-1]["processed"] >= took_over + 5000,
+    )
+    woke = time.time()
+    frozen.send_signal(signal.SIGCONT)
+    return Frozen(victim, before, runtime.settle(), feeder, woke)
+
+
 def wait_for(what: str, condition: object, timeout: float = TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -126,32 +152,12 @@ def test_frozen_member_drops_its_stale_state_when_it_wakes(runtime: Runtime) -> 
     must neither commit its old state nor resume it when it gets its tasks back."""
     total = 60_000
     runtime.args = ["--status-interval", "0.1"]
-    runtime.start("p1")
-    runtime.start("p2")
-    before = runtime.settle()
-    # The sticky assignor breaks the tie between the woken member's claim and the survivor's
-    # by process id: freeze the first, so it gets its own tasks back (the resume path).
-    victim = min(before, key=lambda n: runtime.events(n, "status")[-1]["process"])
-    survivor = next(n for n in before if n != victim)
-    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=500, pause=0.1)
-    feeder.start()
-    wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
-    frozen = runtime.procs[victim].proc
-    frozen.send_signal(signal.SIGSTOP)  # processing, with uncommitted writes, and frozen
-    wait_for("the survivor runs every task", lambda: runtime.actives(survivor) == TASKS)
-    took_over = runtime.events(survivor, "status")[-1]["processed"]
-    # The survivor writes the victim's changelogs for a while: the victim's state goes stale.
-    wait_for(
-        "the survivor processes 5,000 more records",
-        lambda: runtime.events(survivor, "status")[-1]["processed"] >= took_over + 5000,
-    )
-    woke = time.time()
-    frozen.send_signal(signal.SIGCONT)
-    after = runtime.settle()
-    assert after[victim] == before[victim], "the woken member did not get its tasks back"
-    feeder.finish()
+    frozen = freeze_and_wake(runtime, total)
+    victim, before = frozen.victim, frozen.before
+    assert frozen.after[victim] == before[victim], "the woken member did not get its tasks back"
+    frozen.feeder.finish()
     wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
-    restored = {e["task"] for e in runtime.events(victim, "restore") if e["t"] > woke}
+    restored = {e["task"] for e in runtime.events(victim, "restore") if e["t"] > frozen.woke}
     check_exact(runtime, expected_table(total))
     assert restored == before[victim]  # restored from its store's position, not resumed
 
