@@ -171,10 +171,21 @@ class App:
         #: Seconds ``stop()`` lets each loop finish its current record before cancelling it.
         self.stop_grace = 30.0
         self.replication_factor = replication_factor
-        # A new application reads its input from the start, as Kafka Streams does.
-        self.consumer_config = {"auto_offset_reset": "earliest", **(consumer_config or {})}
-        if exactly_once:  # only what committed transactions wrote (input, changelogs)
-            self.consumer_config["isolation_level"] = "read_committed"
+        # A new application reads its input from the start, as Kafka Streams does. In both
+        # modes only what committed transactions wrote: an upstream transactional producer's
+        # aborted records (or an exactly-once run's aborted repartition records) are never
+        # processed. On a topic without transactions this reads exactly what
+        # read_uncommitted would (the last stable offset is the high watermark).
+        self.consumer_config = {
+            "auto_offset_reset": "earliest",
+            "isolation_level": "read_committed",
+            **(consumer_config or {}),
+        }
+        if exactly_once and self.consumer_config["isolation_level"] != "read_committed":
+            raise RuntimeConfigError(
+                "exactly_once reads isolation_level='read_committed' only, got "
+                f"{self.consumer_config['isolation_level']!r} in consumer_config"
+            )
         self.producer_config = dict(producer_config or {})
         #: TLS/SASL settings of ``consumer_config``, for the process's other clients.
         self.connection_config = connection_settings(self.consumer_config)
@@ -242,10 +253,11 @@ class App:
 
     @property
     def isolation_level(self) -> str:
-        """What the input consumers and the query server read: ``read_committed`` with
-        exactly once (aborted transactions skipped, up to the last stable offset). Changelog
-        readers read ``read_committed`` in both modes (see ``start``)."""
-        return "read_committed" if self.exactly_once else "read_uncommitted"
+        """What the input consumers and the query server read: ``read_committed`` (aborted
+        transactions skipped, up to the last stable offset) unless ``consumer_config`` sets
+        ``read_uncommitted`` (at least once only). Changelog readers read ``read_committed``
+        always (see ``start``)."""
+        return str(self.consumer_config["isolation_level"])
 
     @property
     def processing_errors(self) -> ErrorPolicy:
