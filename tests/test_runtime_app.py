@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,13 @@ import pytest
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.errors import CopartitioningError
 from streamassign.runtime import App, RuntimeConfigError, internal_topics
+from streamassign.runtime._clients import (
+    BATCH_HEADROOM,
+    SHARED_BATCH_BYTES,
+    batch_ceiling,
+    capped_batches,
+)
+from streamassign.runtime._topics import written_topics
 
 
 class Nothing:
@@ -219,7 +227,13 @@ def test_tls_and_sasl_settings_reach_every_client_of_the_process(
 
     monkeypatch.setattr(app_module, "AIOKafkaConsumer", RecordingConsumer)
     monkeypatch.setattr(end_offsets_module, "AIOKafkaConsumer", RecordingConsumer)
+
+    async def no_limits(*args: object, admin_config: object, **kw: object) -> dict[str, int]:
+        admins.append(admin_config)
+        return {}
+
     monkeypatch.setattr(app_module, "ensure_internal_topics", no_topics_to_create)
+    monkeypatch.setattr(app_module, "max_message_bytes", no_limits)
     secured = {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "max_poll_records": 5}
     for high_availability in (True, False):
         app = App(
@@ -235,8 +249,38 @@ def test_tls_and_sasl_settings_reach_every_client_of_the_process(
         with pytest.raises(_Started):
             asyncio.run(app.start())
     connection = {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN"}
-    assert admins == [connection, connection]
+    assert admins == [connection] * 3  # internal topics twice, limits (not HA: no _Started yet)
     assert len(made) == 3  # the end-offset consumer (HA), then the two readers
     for config in made:
         assert {k: config[k] for k in connection} == connection
         assert "max_poll_records" not in config  # the group's settings stay the group's
+
+
+def test_producer_batches_are_capped_below_the_smallest_topic_limit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A full batch after a backlog must fit every topic written: the default batch size is
+    capped below the smallest ``max.message.bytes`` (with headroom), a configured one too,
+    with one warning naming the topic and its limit."""
+    limits = {"out": 65_536, "app-counts-changelog": 1_048_588, "wide": 2_000_000}
+    with caplog.at_level(logging.WARNING, "streamassign.runtime"):
+        capped = capped_batches({"acks": "all"}, limits, SHARED_BATCH_BYTES)
+        assert capped == {"acks": "all", "max_batch_size": batch_ceiling(65_536)}
+        assert not caplog.records  # our default: capped silently
+        assert batch_ceiling(65_536) == 65_536 - BATCH_HEADROOM
+        assert capped_batches({}, {}, SHARED_BATCH_BYTES)["max_batch_size"] == SHARED_BATCH_BYTES
+        small = capped_batches({"max_batch_size": 4096}, limits, SHARED_BATCH_BYTES)
+        assert small["max_batch_size"] == 4096 and not caplog.records
+        big = capped_batches({"max_batch_size": 1 << 20}, limits, SHARED_BATCH_BYTES)
+    assert big["max_batch_size"] == batch_ceiling(65_536)
+    (warning,) = caplog.records
+    assert "'out'" in warning.getMessage() and "max.message.bytes=65536" in warning.getMessage()
+    assert batch_ceiling(1000) == 500  # a tiny limit keeps half of it
+
+
+def test_written_topics_are_changelogs_repartition_and_sink_topics() -> None:
+    assert written_topics(topology()) == [
+        "app-counts-changelog",
+        "app-customers-changelog",
+        "app-words",
+    ]

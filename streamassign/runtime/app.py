@@ -34,11 +34,23 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
-from ..errors import ErrorCode, ProducerStartError, RuntimeConfigError, TransactionFailedError
+from ..errors import (
+    ErrorCode,
+    OutputWriteError,
+    ProducerStartError,
+    RuntimeConfigError,
+    TransactionFailedError,
+)
 from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
-from ._clients import Clients, connection_settings
-from ._topics import ensure_internal_topics
+from ._clients import (
+    AIOKAFKA_BATCH_BYTES,
+    SHARED_BATCH_BYTES,
+    Clients,
+    capped_batches,
+    connection_settings,
+)
+from ._topics import ensure_internal_topics, max_message_bytes, written_topics
 from .changelog import StoreState
 from .commits import Commits
 from .end_offsets import EndOffsetsCache, changelog_partitions
@@ -293,14 +305,18 @@ class App:
         if self.store_kind == "memory":  # checkpoints of a previous run describe nothing now
             for task in self.state.offset_sums():
                 self.state.delete_checkpoint(task)
-        # Idempotent: a retried send is neither duplicated nor reordered in the changelog.
-        producer_config = {
-            "acks": "all",
-            "linger_ms": 5,
-            "enable_idempotence": True,
-            **self.producer_config,
-        }
         clients = self._clients
+        clients.limits = await max_message_bytes(
+            self.bootstrap_servers,
+            written_topics(self.topology),
+            admin_config=self.connection_config,
+        )
+        # Idempotent: a retried send is neither duplicated nor reordered in the changelog.
+        producer_config = capped_batches(
+            {"acks": "all", "linger_ms": 5, "enable_idempotence": True, **self.producer_config},
+            clients.limits,
+            AIOKAFKA_BATCH_BYTES if self.exactly_once else SHARED_BATCH_BYTES,
+        )
         if self.exactly_once:  # each task's own transactional producer (fencing), no other
             clients.task_producers = TaskProducers(
                 self.host.application_id, self.bootstrap_servers, producer_config
@@ -352,7 +368,10 @@ class App:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("%s failed; stopping the application", what)
+            if isinstance(exc, OutputWriteError):  # says what and why: no traceback
+                log.error("%s failed; stopping the application: %s", what, exc)
+            else:
+                log.exception("%s failed; stopping the application", what)
             if self.failure is None:
                 self.failure = exc
             self._stopped.set()

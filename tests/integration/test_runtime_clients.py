@@ -10,17 +10,20 @@ one ``OutputWriteError`` naming topic, size and limit.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from streamassign import Subtopology, Topology
-from streamassign.runtime import App, Record, TaskContext
+from streamassign.errors import OutputWriteError
+from streamassign.runtime import App, ProcessingError, Record, TaskContext
 
 from .conftest import GroupIdFactory, TopicFactory
 
@@ -48,8 +51,14 @@ class Counts:
             ctx.send(self.output, value.ljust(self.pad, b"."), key=key)
 
 
-def make_app(bootstrap: str, group: str, source: str, tmp: Path, **options: Any) -> App:
-    topology = Topology([Subtopology(0, [source], stores=["counts"])], name=group)
+def make_app(
+    bootstrap: str, group: str, source: str, tmp: Path, declare: bool = True, **options: Any
+) -> App:
+    """The counting app; ``declare``: name ``Counts.output`` as a sink topic."""
+    sinks = [Counts.output] if Counts.output and declare else []
+    topology = Topology(
+        [Subtopology(0, [source], stores=["counts"], sink_topics=sinks)], name=group
+    )
     return App(
         topology,
         {0: Counts},
@@ -165,3 +174,96 @@ def test_at_least_once_never_counts_an_upstream_aborted_transaction(
         assert sum(counts.values()) == 2000 + len(lasts)
 
     asyncio.run(run_app(app, scenario))
+
+
+#: ``max.message.bytes`` of the output topics below: a quarter of the shared producer's
+#: default batch size (256 KiB).
+SMALL_LIMIT = 65_536
+
+
+def test_a_backlog_to_a_topic_with_a_small_max_message_bytes_goes_through(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+) -> None:
+    """24,000 records already in the input, each sending a 100-byte output to a topic that
+    takes at most 64 KiB a batch: processed with no error (batches capped at start), every
+    input offset output exactly once, the table exact."""
+    total = 24_000
+    source = kafka_topic_factory(PARTITIONS, prefix="backlog")
+    output = kafka_topic_factory(
+        PARTITIONS, prefix="small-out", config={"max.message.bytes": str(SMALL_LIMIT)}
+    )
+    keys = [b"k%d" % (i % 100) for i in range(total)]
+    asyncio.run(produce(kafka_bootstrap, source, keys))
+    Counts.output, Counts.pad = output, 100
+    app = make_app(kafka_bootstrap, kafka_group_id_factory("backlog"), source, tmp_path)
+
+    async def scenario() -> None:
+        await until("the backlog processed", lambda: app.processed >= total, app)
+        await until("committed", lambda: sum(table(app).values()) == total, app)
+
+    try:
+        asyncio.run(run_app(app, scenario))
+    finally:
+        Counts.output, Counts.pad = None, 0
+    assert app.failure is None, app.failure
+    outputs = asyncio.run(read_topic(kafka_bootstrap, output))
+    seen = Counter(r.value.split(b".")[0] for r in outputs)
+    assert len(seen) == total and max(seen.values()) == 1
+
+
+@pytest.mark.parametrize(
+    ("declared", "guarantee"),
+    [(True, "at_least_once"), (False, "at_least_once"), (True, "exactly_once")],
+    ids=["declared", "undeclared", "declared-eos"],
+)
+def test_a_record_larger_than_its_topics_limit_stops_with_one_line(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    declared: bool,
+    guarantee: str,
+) -> None:
+    """An input record whose output is 100,000 bytes, to a topic taking 64 KiB: the app
+    stops once, with one ``OutputWriteError`` log line (no traceback). Declared as a sink
+    topic, the record is refused before it is sent, the error naming topic, size and limit;
+    not declared, the broker refuses it and the commit stops the app (at least once)."""
+    source = kafka_topic_factory(PARTITIONS, prefix="big-in")
+    output = kafka_topic_factory(
+        PARTITIONS, prefix="big-out", config={"max.message.bytes": str(SMALL_LIMIT)}
+    )
+    asyncio.run(produce(kafka_bootstrap, source, [b"a", b"b", b"c"]))
+    asyncio.run(produce(kafka_bootstrap, source, [b"big"], value=b"big"))
+    Counts.output, Counts.big_size = output, 100_000
+    group = kafka_group_id_factory("big")
+    app = make_app(
+        kafka_bootstrap, group, source, tmp_path, declare=declared, processing_guarantee=guarantee
+    )
+
+    async def run() -> None:
+        async with asyncio.timeout(DEADLINE):
+            await app.run()
+
+    try:
+        with (
+            caplog.at_level(logging.INFO, "streamassign.runtime"),
+            pytest.raises(ProcessingError) as stopped,
+        ):
+            asyncio.run(run())
+    finally:
+        Counts.output, Counts.big_size = None, 0
+    failure = stopped.value.__cause__
+    assert isinstance(failure, OutputWriteError), failure
+    if declared:
+        assert f"topic {output!r}" in str(failure) and "max.message.bytes (65536)" in str(failure)
+        size = int(str(failure).split("a record of ")[1].split(" bytes")[0])
+        assert 100_000 < size < 100_200
+    else:
+        assert "MessageSizeTooLargeError" in str(failure)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is None, errors
+    assert str(failure) in errors[0].getMessage()
