@@ -6,6 +6,7 @@ import asyncio
 import logging
 from pathlib import Path
 
+import attrs
 import pytest
 
 from streamassign import Subtopology, TaskId, Topology
@@ -18,6 +19,7 @@ from streamassign.runtime._clients import (
     capped_batches,
 )
 from streamassign.runtime._topics import written_topics
+from streamassign.runtime.settings import Settings
 
 
 class Nothing:
@@ -284,3 +286,42 @@ def test_written_topics_are_changelogs_repartition_and_sink_topics() -> None:
         "app-customers-changelog",
         "app-words",
     ]
+
+
+def test_settings_are_checked_once_and_app_keeps_its_attributes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Settings`` checks and derives; ``App`` exposes what it did before."""
+    processors = {0: Nothing, 1: Nothing, 2: Nothing}
+    settings = Settings(
+        topology=topology(),
+        store_kind="memory",
+        processors=processors,
+        processing_errors="skip",
+        processing_guarantee="exactly_once",
+        producer_config={"transaction_timeout_ms": 30_000},
+        commit_interval_ms=500,
+        consumer_config=None,
+    )
+    assert settings.transaction_timeout_ms == 30_000 and settings.exactly_once
+    assert settings.consumer_config == {
+        "auto_offset_reset": "earliest",
+        "isolation_level": "read_committed",
+    }
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        settings.commit_interval_ms = 1  # type: ignore[misc]
+    with caplog.at_level(logging.WARNING, "streamassign.runtime"):
+        app = App(
+            topology(),
+            processors,
+            bootstrap_servers="x:1",
+            state_dir=tmp_path,
+            store_kind="memory",
+            commit_interval_ms=500,
+            consumer_config={"max_poll_records": 7},
+        )
+    assert not caplog.records  # one store per subtopology: nothing to warn about
+    assert (app.commit_interval, app.transaction_timeout) == (0.5, 60.0)
+    assert app.consumer_config["max_poll_records"] == 7
+    assert app.producer_config == {} and app.processors == processors
+    assert app.store_kind == "memory" and app.processing_errors == "stop"
