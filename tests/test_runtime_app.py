@@ -10,11 +10,12 @@ import attrs
 import pytest
 
 from streamassign import Subtopology, TaskId, Topology
-from streamassign.errors import CopartitioningError
+from streamassign.errors import CopartitioningError, OutputWriteError
 from streamassign.runtime import App, RuntimeConfigError, internal_topics
 from streamassign.runtime._clients import (
     BATCH_HEADROOM,
     SHARED_BATCH_BYTES,
+    Clients,
     batch_ceiling,
     capped_batches,
 )
@@ -325,3 +326,28 @@ def test_settings_are_checked_once_and_app_keeps_its_attributes(
     assert app.consumer_config["max_poll_records"] == 7
     assert app.producer_config == {} and app.processors == processors
     assert app.store_kind == "memory" and app.processing_errors == "stop"
+
+
+def test_a_record_too_large_for_its_topic_is_refused_before_it_is_sent() -> None:
+    """``Clients.producer_for`` checks each record against its topic's limit: one too large
+    even in a batch of its own raises ``OutputWriteError`` naming task, topic, size and
+    limit, and is not sent; topics without a known limit are not checked."""
+    sent: list[tuple[str, int]] = []
+
+    class Producer:
+        async def send(self, topic: str, value: bytes, **kw: object) -> None:
+            sent.append((topic, len(value)))
+
+    async def scenario() -> None:
+        clients = Clients(producer=Producer(), limits={"out": 10_000})  # type: ignore[arg-type]
+        producer = await clients.producer_for(TaskId(0, 1))
+        assert await clients.producer_for(TaskId(0, 1)) is producer  # one per task
+        await producer.send("out", b"x" * (10_000 - 200), key=b"k")  # fits with its header
+        await producer.send("elsewhere", b"x" * 50_000)  # limit unknown: the broker decides
+        with pytest.raises(OutputWriteError) as refused:
+            await producer.send("out", b"x" * 10_000, key=b"k")
+        assert str(refused.value).startswith("task 0_1: a record of 10088 bytes to topic 'out'")
+        assert "max.message.bytes (10000)" in str(refused.value)
+
+    asyncio.run(scenario())
+    assert sent == [("out", 9_800), ("elsewhere", 50_000)]

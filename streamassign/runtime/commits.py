@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
 from .. import TaskId
 from ..aiokafka.streams import ProcessHost
@@ -399,7 +399,13 @@ async def _acks(index: int, futures: Sequence[asyncio.Future[Any]]) -> None:
     except KafkaError as exc:
         if rejoin_cures(exc):
             raise
+        hint = ""
+        if isinstance(exc, MessageSizeTooLargeError):  # to a topic the topology does not name
+            hint = (
+                " (larger than a topic's max.message.bytes: list the topics processors send "
+                "to as sink_topics, so batches are capped below their limits at start)"
+            )
         raise OutputWriteError(
-            f"consumer {index}: the broker refused a write ({exc!r}); nothing committed, "
-            "stopping (it would be refused again)"
+            f"consumer {index}: the broker refused a write ({exc!r}){hint}; nothing "
+            "committed, stopping (it would be refused again)"
         ) from exc

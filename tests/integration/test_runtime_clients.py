@@ -263,7 +263,7 @@ def test_a_record_larger_than_its_topics_limit_stops_with_one_line(
         size = int(str(failure).split("a record of ")[1].split(" bytes")[0])
         assert 100_000 < size < 100_200
     else:
-        assert "MessageSizeTooLargeError" in str(failure)
+        assert "MessageSizeTooLargeError" in str(failure) and "sink_topics" in str(failure)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and errors[0].exc_info is None, errors
     assert str(failure) in errors[0].getMessage()
