@@ -328,10 +328,13 @@ def test_settings_are_checked_once_and_app_keeps_its_attributes(
     assert app.store_kind == "memory" and app.processing_errors == "stop"
 
 
-def test_a_record_too_large_for_its_topic_is_refused_before_it_is_sent() -> None:
+def test_a_record_too_large_for_its_topic_is_refused_before_it_is_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """``Clients.producer_for`` checks each record against its topic's limit: one too large
     even in a batch of its own raises ``OutputWriteError`` naming task, topic, size and
-    limit, and is not sent; topics without a known limit are not checked."""
+    limit, and is not sent; a topic without a known limit is not checked, and warned about
+    once (list it in sink_topics)."""
     sent: list[tuple[str, int]] = []
 
     class Producer:
@@ -343,11 +346,15 @@ def test_a_record_too_large_for_its_topic_is_refused_before_it_is_sent() -> None
         producer = await clients.producer_for(TaskId(0, 1))
         assert await clients.producer_for(TaskId(0, 1)) is producer  # one per task
         await producer.send("out", b"x" * (10_000 - 200), key=b"k")  # fits with its header
-        await producer.send("elsewhere", b"x" * 50_000)  # limit unknown: the broker decides
+        with caplog.at_level(logging.WARNING, "streamassign.runtime"):
+            for _ in range(2):  # limit unknown: the broker decides; one warning
+                await producer.send("elsewhere", b"x" * 25_000)
+        (warning,) = caplog.records
+        assert "'elsewhere'" in warning.getMessage() and "sink_topics" in warning.getMessage()
         with pytest.raises(OutputWriteError) as refused:
             await producer.send("out", b"x" * 10_000, key=b"k")
         assert str(refused.value).startswith("task 0_1: a record of 10088 bytes to topic 'out'")
         assert "max.message.bytes (10000)" in str(refused.value)
 
     asyncio.run(scenario())
-    assert sent == [("out", 9_800), ("elsewhere", 50_000)]
+    assert sent == [("out", 9_800), ("elsewhere", 25_000), ("elsewhere", 25_000)]

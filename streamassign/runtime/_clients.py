@@ -93,11 +93,13 @@ class CheckedProducer:
     """``producer`` for ``task``'s sends: a record its topic cannot take (larger than its
     ``max.message.bytes`` in ``limits``, even in a batch of its own) is refused before it is
     sent, with an ``OutputWriteError`` naming topic, size and limit (the application stops:
-    the record would be refused again after every restart)."""
+    the record would be refused again after every restart). A topic not in ``limits`` (not
+    named by the topology) gets one warning, added to ``unnamed``."""
 
     producer: AIOKafkaProducer
     task: TaskId
     limits: Mapping[str, int]
+    unnamed: set[str]
 
     def send(
         self,
@@ -111,7 +113,17 @@ class CheckedProducer:
         coroutine itself: one frame less on the per-record path."""
         limit = self.limits.get(topic)
         payload = (len(value) if value else 0) + (len(key) if key else 0)
-        if limit is not None and payload > limit - BATCH_HEADROOM:  # else it surely fits
+        if limit is None:
+            if self.limits and topic not in self.unnamed:  # (no limits: the lookup failed)
+                self.unnamed.add(topic)
+                log.warning(
+                    "task %s sends to topic %r, which the topology does not list in "
+                    "sink_topics: its max.message.bytes is not known, so batches are not "
+                    "capped below it and a backlog can fill one it refuses",
+                    self.task,
+                    topic,
+                )
+        elif payload > limit - BATCH_HEADROOM:  # else it surely fits
             # An upper bound of the batch holding this record alone, as aiokafka estimates
             # it against max_request_size (header, record overhead, key, value, headers:
             # the runtime's own, two short ones on repartition records).
@@ -143,6 +155,8 @@ class Clients:
     limits: Mapping[str, int] = attrs.field(factory=dict)
     #: Each task's ``CheckedProducer``, made again when its producer changes.
     _checked: dict[TaskId, CheckedProducer] = attrs.field(factory=dict, init=False)
+    #: Topics sent to that are not in ``limits`` (warned about once).
+    _unnamed: set[str] = attrs.field(factory=set, init=False)
 
     def shared_producer(self, bootstrap_servers: str, config: Mapping[str, Any]) -> None:
         """At least once: create the process's one producer (``config`` wins over the
@@ -162,5 +176,6 @@ class Clients:
             producer = self.producer
         checked = self._checked.get(task)
         if checked is None or checked.producer is not producer or checked.limits is not self.limits:
-            checked = self._checked[task] = CheckedProducer(producer, task, self.limits)
+            checked = CheckedProducer(producer, task, self.limits, self._unnamed)
+            self._checked[task] = checked
         return checked
