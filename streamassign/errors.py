@@ -304,9 +304,10 @@ class TransactionFailedError(StreamAssignError):
 
 
 class OutputWriteError(StreamAssignError):
-    """Exactly once: a task's transaction failed for a reason a new producer does not cure
-    (a record the broker rejects: too large, keyless to a compacted topic, an authorization
-    failure): the transaction is aborted and the application stops, as at least once does."""
+    """A write the broker refuses for good (a record larger than its topic's
+    ``max.message.bytes``, keyless to a compacted topic, an authorization failure): the
+    application stops, since a retry or restart would be refused again. Exactly once, the
+    task's transaction is aborted; a record known to be too large is never sent."""
 
 
 class ProducerStartError(StreamAssignError):

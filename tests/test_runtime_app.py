@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
+import attrs
 import pytest
 
 from streamassign import Subtopology, TaskId, Topology
-from streamassign.errors import CopartitioningError
+from streamassign.errors import CopartitioningError, OutputWriteError
 from streamassign.runtime import App, RuntimeConfigError, internal_topics
+from streamassign.runtime._clients import (
+    BATCH_HEADROOM,
+    SHARED_BATCH_BYTES,
+    Clients,
+    batch_ceiling,
+    capped_batches,
+)
+from streamassign.runtime._topics import written_topics
+from streamassign.runtime.settings import Settings
 
 
 class Nothing:
@@ -219,7 +230,13 @@ def test_tls_and_sasl_settings_reach_every_client_of_the_process(
 
     monkeypatch.setattr(app_module, "AIOKafkaConsumer", RecordingConsumer)
     monkeypatch.setattr(end_offsets_module, "AIOKafkaConsumer", RecordingConsumer)
+
+    async def no_limits(*args: object, admin_config: object, **kw: object) -> dict[str, int]:
+        admins.append(admin_config)
+        return {}
+
     monkeypatch.setattr(app_module, "ensure_internal_topics", no_topics_to_create)
+    monkeypatch.setattr(app_module, "max_message_bytes", no_limits)
     secured = {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "max_poll_records": 5}
     for high_availability in (True, False):
         app = App(
@@ -235,8 +252,109 @@ def test_tls_and_sasl_settings_reach_every_client_of_the_process(
         with pytest.raises(_Started):
             asyncio.run(app.start())
     connection = {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN"}
-    assert admins == [connection, connection]
+    assert admins == [connection] * 3  # internal topics twice, limits (not HA: no _Started yet)
     assert len(made) == 3  # the end-offset consumer (HA), then the two readers
     for config in made:
         assert {k: config[k] for k in connection} == connection
         assert "max_poll_records" not in config  # the group's settings stay the group's
+
+
+def test_producer_batches_are_capped_below_the_smallest_topic_limit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A full batch after a backlog must fit every topic written: the default batch size is
+    capped below the smallest ``max.message.bytes`` (with headroom), a configured one too,
+    with one warning naming the topic and its limit."""
+    limits = {"out": 65_536, "app-counts-changelog": 1_048_588, "wide": 2_000_000}
+    with caplog.at_level(logging.WARNING, "streamassign.runtime"):
+        capped = capped_batches({"acks": "all"}, limits, SHARED_BATCH_BYTES)
+        assert capped == {"acks": "all", "max_batch_size": batch_ceiling(65_536)}
+        assert not caplog.records  # our default: capped silently
+        assert batch_ceiling(65_536) == 65_536 - BATCH_HEADROOM
+        assert capped_batches({}, {}, SHARED_BATCH_BYTES)["max_batch_size"] == SHARED_BATCH_BYTES
+        small = capped_batches({"max_batch_size": 4096}, limits, SHARED_BATCH_BYTES)
+        assert small["max_batch_size"] == 4096 and not caplog.records
+        big = capped_batches({"max_batch_size": 1 << 20}, limits, SHARED_BATCH_BYTES)
+    assert big["max_batch_size"] == batch_ceiling(65_536)
+    (warning,) = caplog.records
+    assert "'out'" in warning.getMessage() and "max.message.bytes=65536" in warning.getMessage()
+    assert batch_ceiling(1000) == 500  # a tiny limit keeps half of it
+
+
+def test_written_topics_are_changelogs_repartition_and_sink_topics() -> None:
+    assert written_topics(topology()) == [
+        "app-counts-changelog",
+        "app-customers-changelog",
+        "app-words",
+    ]
+
+
+def test_settings_are_checked_once_and_app_keeps_its_attributes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Settings`` checks and derives; ``App`` exposes what it did before."""
+    processors = {0: Nothing, 1: Nothing, 2: Nothing}
+    settings = Settings(
+        topology=topology(),
+        store_kind="memory",
+        processors=processors,
+        processing_errors="skip",
+        processing_guarantee="exactly_once",
+        producer_config={"transaction_timeout_ms": 30_000},
+        commit_interval_ms=500,
+        consumer_config=None,
+    )
+    assert settings.transaction_timeout_ms == 30_000 and settings.exactly_once
+    assert settings.consumer_config == {
+        "auto_offset_reset": "earliest",
+        "isolation_level": "read_committed",
+    }
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        settings.commit_interval_ms = 1  # type: ignore[misc]
+    with caplog.at_level(logging.WARNING, "streamassign.runtime"):
+        app = App(
+            topology(),
+            processors,
+            bootstrap_servers="x:1",
+            state_dir=tmp_path,
+            store_kind="memory",
+            commit_interval_ms=500,
+            consumer_config={"max_poll_records": 7},
+        )
+    assert not caplog.records  # one store per subtopology: nothing to warn about
+    assert (app.commit_interval, app.transaction_timeout) == (0.5, 60.0)
+    assert app.consumer_config["max_poll_records"] == 7
+    assert app.producer_config == {} and app.processors == processors
+    assert app.store_kind == "memory" and app.processing_errors == "stop"
+
+
+def test_a_record_too_large_for_its_topic_is_refused_before_it_is_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``Clients.producer_for`` checks each record against its topic's limit: one too large
+    even in a batch of its own raises ``OutputWriteError`` naming task, topic, size and
+    limit, and is not sent; a topic without a known limit is not checked, and warned about
+    once (list it in sink_topics)."""
+    sent: list[tuple[str, int]] = []
+
+    class Producer:
+        async def send(self, topic: str, value: bytes, **kw: object) -> None:
+            sent.append((topic, len(value)))
+
+    async def scenario() -> None:
+        clients = Clients(producer=Producer(), limits={"out": 10_000})  # type: ignore[arg-type]
+        producer = await clients.producer_for(TaskId(0, 1))
+        assert await clients.producer_for(TaskId(0, 1)) is producer  # one per task
+        await producer.send("out", b"x" * (10_000 - 200), key=b"k")  # fits with its header
+        with caplog.at_level(logging.WARNING, "streamassign.runtime"):
+            for _ in range(2):  # limit unknown: the broker decides; one warning
+                await producer.send("elsewhere", b"x" * 25_000)
+        (warning,) = caplog.records
+        assert "'elsewhere'" in warning.getMessage() and "sink_topics" in warning.getMessage()
+        with pytest.raises(OutputWriteError) as refused:
+            await producer.send("out", b"x" * 10_000, key=b"k")
+        assert str(refused.value).startswith("task 0_1: a record of 10088 bytes to topic 'out'")
+        assert "max.message.bytes (10000)" in str(refused.value)
+
+    asyncio.run(scenario())
+    assert sent == [("out", 9_800), ("elsewhere", 25_000), ("elsewhere", 25_000)]

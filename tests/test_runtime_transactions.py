@@ -216,7 +216,20 @@ def test_configuration(tmp_path: Path) -> None:
     assert eos.isolation_level == "read_committed"
     alo = App(topology, {0: Count}, state_dir=tmp_path / "d", **common)
     assert alo.processing_guarantee == "at_least_once"
-    assert "isolation_level" not in alo.consumer_config
+    # read_committed in both modes: aborted records of a transactional upstream never count
+    assert alo.consumer_config["isolation_level"] == alo.isolation_level == "read_committed"
+    dirty = {"isolation_level": "read_uncommitted"}
+    alo = App(topology, {0: Count}, state_dir=tmp_path / "f", consumer_config=dirty, **common)
+    assert alo.isolation_level == "read_uncommitted"  # asked for explicitly: kept
+    with pytest.raises(RuntimeConfigError, match="read_committed"):
+        App(
+            topology,
+            {0: Count},
+            processing_guarantee="exactly_once",
+            consumer_config=dirty,
+            state_dir=tmp_path / "g",
+            **common,
+        )
     assert transactional_id("app", TaskId(0, 3)) == "app-0_3"
 
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import logging
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import attrs
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.structs import RecordMetadata
 
 from .. import TaskId
+from ..errors import OutputWriteError
 from .transactions import TaskProducers
+
+log = logging.getLogger("streamassign.runtime")
 
 #: The shared producer's ``max_batch_size`` (aiokafka's default: 16 KiB), unless the
 #: application's ``producer_config`` sets one. aiokafka keeps one open batch per partition
@@ -17,9 +24,17 @@ from .transactions import TaskProducers
 #: per-record path) until the request before it is acknowledged. Every task of the process
 #: writes through this producer, so with 16 KiB the join benchmark's worker stalled every
 #: ~100 output records for a broker round trip (a third of its wall time under load); a
-#: batch fills far less often now. A batch is at most this large (under the broker's
-#: default 1 MiB ``message.max.bytes``) and grows only as records arrive.
+#: batch fills far less often now. A batch is at most this large and grows only as records
+#: arrive; ``capped_batches`` keeps it below the ``max.message.bytes`` of the topics written.
 SHARED_BATCH_BYTES = 256 * 1024
+
+#: aiokafka's ``max_batch_size`` (the exactly-once task producers keep it unless capped).
+AIOKAFKA_BATCH_BYTES = 16 * 1024
+
+#: Bytes a batch stays below the smallest ``max.message.bytes`` of the topics written. A
+#: batch's size counts its header, so the limit itself would do for an uncompressed batch;
+#: the headroom is for compression, which can grow an incompressible batch a little.
+BATCH_HEADROOM = 1024
 
 #: The settings of ``consumer_config`` that say how to reach the cluster (TLS, SASL). The
 #: process's own clients (admin, restore and changelog readers, end-offset and query
@@ -42,6 +57,89 @@ def connection_settings(consumer_config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in consumer_config.items() if k in CONNECTION_KEYS}
 
 
+def batch_ceiling(limit: int) -> int:
+    """The largest batch a producer may build for a topic of ``max.message.bytes`` ``limit``."""
+    return max(limit - BATCH_HEADROOM, limit // 2)
+
+
+def capped_batches(
+    config: Mapping[str, Any], limits: Mapping[str, int], default: int
+) -> dict[str, Any]:
+    """``config`` (a producer's) with ``max_batch_size`` (``default`` unless ``config`` sets
+    one) capped below the smallest of ``limits`` (``max.message.bytes`` by topic): a full
+    batch after a backlog would otherwise be refused by that topic, the application would
+    stop, and stop again after every restart. A configured size above it: one warning."""
+    capped = {**config, "max_batch_size": int(config.get("max_batch_size", default))}
+    if not limits:
+        return capped
+    topic = min(limits, key=lambda t: (limits[t], t))
+    ceiling = batch_ceiling(limits[topic])
+    if capped["max_batch_size"] > ceiling:
+        if "max_batch_size" in config:
+            log.warning(
+                "producer_config max_batch_size=%d is more than topic %r takes "
+                "(max.message.bytes=%d): batches are capped at %d bytes",
+                capped["max_batch_size"],
+                topic,
+                limits[topic],
+                ceiling,
+            )
+        capped["max_batch_size"] = ceiling
+    return capped
+
+
+@attrs.frozen
+class CheckedProducer:
+    """``producer`` for ``task``'s sends: a record its topic cannot take (larger than its
+    ``max.message.bytes`` in ``limits``, even in a batch of its own) is refused before it is
+    sent, with an ``OutputWriteError`` naming topic, size and limit (the application stops:
+    the record would be refused again after every restart). A topic not in ``limits`` (not
+    named by the topology) gets one warning, added to ``unnamed``."""
+
+    producer: AIOKafkaProducer
+    task: TaskId
+    limits: Mapping[str, int]
+    unnamed: set[str]
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Awaitable[asyncio.Future[RecordMetadata]]:
+        """The producer's ``send`` (await it), or ``OutputWriteError`` at once. Not a
+        coroutine itself: one frame less on the per-record path."""
+        limit = self.limits.get(topic)
+        payload = (len(value) if value else 0) + (len(key) if key else 0)
+        if limit is None:
+            if self.limits and topic not in self.unnamed:  # (no limits: the lookup failed)
+                self.unnamed.add(topic)
+                log.warning(
+                    "task %s sends to topic %r, which the topology does not list in "
+                    "sink_topics: its max.message.bytes is not known, so batches are not "
+                    "capped below it and a backlog can fill one it refuses",
+                    self.task,
+                    topic,
+                )
+        elif payload > limit - BATCH_HEADROOM:  # else it surely fits
+            # An upper bound of the batch holding this record alone, as aiokafka estimates
+            # it against max_request_size (header, record overhead, key, value, headers:
+            # the runtime's own, two short ones on repartition records).
+            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers or [])
+            if size > limit:
+                raise OutputWriteError(
+                    f"task {self.task}: a record of {size} bytes to topic {topic!r} is larger "
+                    f"than its max.message.bytes ({limit}): not sent, stopping (it would be "
+                    "refused again)"
+                )
+        sending: Awaitable[asyncio.Future[RecordMetadata]] = self.producer.send(
+            topic, value, key=key, partition=partition, headers=headers
+        )
+        return sending
+
+
 @attrs.define
 class Clients:
     #: Every changelog, output and repartition record, and the commit markers (at least
@@ -53,6 +151,12 @@ class Clients:
     changelog_reader: AIOKafkaConsumer | None = None
     #: Exactly once: each active task's transactional producer (None: at least once).
     task_producers: TaskProducers | None = None
+    #: ``max.message.bytes`` of the topics the topology names as written (``App.start``).
+    limits: Mapping[str, int] = attrs.field(factory=dict)
+    #: Each task's ``CheckedProducer``, made again when its producer changes.
+    _checked: dict[TaskId, CheckedProducer] = attrs.field(factory=dict, init=False)
+    #: Topics sent to that are not in ``limits`` (warned about once).
+    _unnamed: set[str] = attrs.field(factory=set, init=False)
 
     def shared_producer(self, bootstrap_servers: str, config: Mapping[str, Any]) -> None:
         """At least once: create the process's one producer (``config`` wins over the
@@ -62,10 +166,16 @@ class Clients:
             **{"max_batch_size": SHARED_BATCH_BYTES, **config},
         )
 
-    async def producer_for(self, task: TaskId) -> AIOKafkaProducer:
+    async def producer_for(self, task: TaskId) -> CheckedProducer:
         """The producer ``task`` writes with: the shared one, or (exactly once) its own, in
         a transaction (raises ``TransactionFailedError`` when that producer failed)."""
         if self.task_producers is not None:
-            return await self.task_producers.sending(task)
-        assert self.producer is not None
-        return self.producer
+            producer = await self.task_producers.sending(task)
+        else:
+            assert self.producer is not None
+            producer = self.producer
+        checked = self._checked.get(task)
+        if checked is None or checked.producer is not producer or checked.limits is not self.limits:
+            checked = CheckedProducer(producer, task, self.limits, self._unnamed)
+            self._checked[task] = checked
+        return checked

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from ..errors import InternalTopicError as InternalTopicError
 from ..errors import MissingTopicsError
@@ -18,6 +20,7 @@ from ..topology import Topology
 log = logging.getLogger("streamassign.runtime")
 
 _TOPIC_ALREADY_EXISTS = 36
+_UNKNOWN_TOPIC = 3
 _READY_TIMEOUT = 30.0
 
 
@@ -111,3 +114,78 @@ async def _wait_for_leaders(admin: Any, counts: Mapping[str, int]) -> None:
         if time.monotonic() >= deadline:
             raise InternalTopicError(f"internal topics have no leaders after creation: {counts}")
         await asyncio.sleep(0.05)
+
+
+def written_topics(topology: Topology) -> list[str]:
+    """The topics the application writes that the topology names: changelogs, repartition
+    topics and the declared sink topics (a processor may send to others too)."""
+    topics = set(topology.repartition_topics)
+    for sub in topology.subtopologies:
+        topics.update(topology.changelog_topics(sub.id))
+        topics.update(sub.sink_topics)
+    return sorted(topics)
+
+
+async def max_message_bytes(
+    bootstrap_servers: str,
+    topics: list[str],
+    *,
+    admin_config: Mapping[str, Any] | None = None,
+) -> dict[str, int]:
+    """Each topic's ``max.message.bytes`` (the largest record batch it takes), the broker's
+    default for a topic not created yet. Empty (no limits known, logged) when the lookup
+    fails, e.g. without the right to describe configs: the producers then keep their batch
+    sizes, as before these limits were read."""
+    if not topics:
+        return {}
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **dict(admin_config or {}))
+    try:
+        await admin.start()
+        limits, missing = await _topic_limits(admin, topics)
+        if missing:
+            default = await _broker_limit(admin)
+            limits.update(dict.fromkeys(missing, default))
+        return limits
+    except Exception as exc:
+        log.warning(
+            "max.message.bytes of the topics written not known (%r): producer batch sizes "
+            "not capped",
+            exc,
+        )
+        return {}
+    finally:
+        with contextlib.suppress(Exception):  # not started, or the connection is gone
+            await admin.close()
+
+
+async def _topic_limits(admin: Any, topics: list[str]) -> tuple[dict[str, int], list[str]]:
+    """``max.message.bytes`` of the existing ``topics``, and the topics that do not exist."""
+    wanted = {"max.message.bytes": None}
+    resources = [ConfigResource(ConfigResourceType.TOPIC, t, wanted) for t in topics]
+    limits: dict[str, int] = {}
+    missing: list[str] = []
+    for response in await admin.describe_configs(resources):
+        for resource in response.to_object()["resources"]:
+            name, code = resource["resource_name"], resource["error_code"]
+            if code == _UNKNOWN_TOPIC:
+                missing.append(name)
+            elif code != 0:
+                raise InternalTopicError(f"describing the configs of {name!r}: error {code}")
+            for entry in resource["config_entries"]:
+                if entry["config_names"] == "max.message.bytes":
+                    limits[name] = int(entry["config_value"])
+    return limits, missing
+
+
+async def _broker_limit(admin: Any) -> int:
+    """The broker's ``message.max.bytes``: what a topic created without a setting takes."""
+    cluster = await admin.describe_cluster()
+    broker = str(cluster["brokers"][0]["node_id"])
+    wanted = {"message.max.bytes": None}
+    resource = ConfigResource(ConfigResourceType.BROKER, broker, wanted)
+    for response in await admin.describe_configs([resource]):
+        for found in response.to_object()["resources"]:
+            for entry in found["config_entries"]:
+                if entry["config_names"] == "message.max.bytes":
+                    return int(entry["config_value"])
+    raise InternalTopicError(f"broker {broker} reports no message.max.bytes")

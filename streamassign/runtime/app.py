@@ -1,14 +1,14 @@
 """The runtime application: a topology, a processor per subtopology, N consumers in one process.
 
 Built on ``ProcessHost`` (the protocol, stickiness reporting, per-task callbacks). ``App``
-wires the parts, each in its own module: ``tasks`` (a task and the processor's view of it),
-``processing`` (records through processors), ``commits`` (commits and the membership checks),
-``restore`` (the state updater, reading changelogs for restores, standbys and warmups; and
-changelog lookups), ``standbys`` (the standby stores), ``task_stores`` (opening, handing
-over and closing stores) and ``transactions`` (exactly once: a transactional producer per
-task). ``changelog.py`` says how writes,
-commits and restores keep table state exact under at-least-once delivery; ``docs/runtime.md``
-has the whole design.
+wires the parts from its arguments, checked by ``settings``; each part is in its own module:
+``tasks`` (a task and the processor's view of it), ``processing`` (records through
+processors), ``commits`` (commits and the membership checks), ``restore`` (the state
+updater, reading changelogs for restores, standbys and warmups; and changelog lookups),
+``standbys`` (the standby stores), ``task_stores`` (opening, handing over and closing
+stores) and ``transactions`` (exactly once: a transactional producer per task).
+``changelog.py`` says how writes, commits and restores keep table state exact under
+at-least-once delivery; ``docs/runtime.md`` has the whole design.
 
 Concurrency: one asyncio loop. Each consumer has its own processing loop and lock; a rebalance
 takes the lock, commits, and bumps an epoch so a batch fetched before it is dropped (its offsets
@@ -26,7 +26,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Coroutine, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer
@@ -34,18 +33,26 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
-from ..errors import ErrorCode, RuntimeConfigError, TransactionFailedError
+from ..errors import ErrorCode, OutputWriteError, RuntimeConfigError, TransactionFailedError
 from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
-from ._clients import Clients, connection_settings
-from ._topics import ensure_internal_topics
+from ._clients import (
+    AIOKAFKA_BATCH_BYTES,
+    SHARED_BATCH_BYTES,
+    Clients,
+    capped_batches,
+    connection_settings,
+)
+from ._topics import ensure_internal_topics, max_message_bytes, written_topics
 from .changelog import StoreState
 from .commits import Commits
 from .end_offsets import EndOffsetsCache, changelog_partitions
 from .processing import ErrorPolicy, Processing, ProcessingError
 from .restore import ChangelogLookups, Restoring, StateUpdater
+from .settings import PROCESSING_GUARANTEES as PROCESSING_GUARANTEES
+from .settings import ProcessingGuarantee, Settings
 from .standbys import Standbys
-from .stores import STORE_KINDS, StoreKind, require_store_library
+from .stores import StoreKind
 from .task_stores import TaskStores, start_of
 from .tasks import (
     ActiveTask,
@@ -59,12 +66,6 @@ from .tasks import (
     tear,
 )
 from .transactions import TaskProducers
-
-#: ``at_least_once`` (the default): commit markers in the changelogs, exact tables, outputs
-#: at least once. ``exactly_once``: one transaction per task and commit (see
-#: ``transactions.py`` and docs/runtime.md).
-ProcessingGuarantee = Literal["at_least_once", "exactly_once"]
-PROCESSING_GUARANTEES: tuple[ProcessingGuarantee, ...] = ("at_least_once", "exactly_once")
 
 __all__ = [
     "App",
@@ -118,72 +119,36 @@ class App:
         max_warmup_replicas: int = 2,
         probing_rebalance_interval_ms: int = 600_000,
     ) -> None:
-        require_store_library(store_kind)
-        if not isinstance(topology, Topology):
-            topology = Topology.load(Path(topology))
-        ids = set(topology.subtopology_ids)
-        if set(processors) != ids:
-            raise RuntimeConfigError(
-                f"processors are needed for exactly the subtopologies {sorted(ids)}, "
-                f"got {sorted(processors)}"
-            )
-        if store_kind not in STORE_KINDS:
-            raise RuntimeConfigError(f"store_kind must be one of {STORE_KINDS}, got {store_kind!r}")
-        if processing_errors not in ("stop", "skip"):
-            raise RuntimeConfigError("processing_errors must be 'stop' or 'skip'")
-        if processing_guarantee not in PROCESSING_GUARANTEES:
-            raise RuntimeConfigError(
-                f"processing_guarantee must be one of {PROCESSING_GUARANTEES}, "
-                f"got {processing_guarantee!r}"
-            )
-        if processing_guarantee == "exactly_once" and "transactional_id" in (producer_config or {}):
-            raise RuntimeConfigError(
-                "producer_config may not set transactional_id: with exactly_once each task's "
-                "producer has its own, derived from the application id and the task id"
-            )
-        txn_timeout = int((producer_config or {}).get("transaction_timeout_ms", 60_000))
-        if processing_guarantee == "exactly_once" and commit_interval_ms >= txn_timeout:
-            raise RuntimeConfigError(
-                f"commit_interval_ms ({commit_interval_ms}) must be below the producer's "
-                f"transaction_timeout_ms ({txn_timeout}): the broker aborts a transaction "
-                "open longer"
-            )
-        if commit_interval_ms < 1:
-            raise RuntimeConfigError(f"commit_interval_ms must be >= 1, got {commit_interval_ms}")
-        self.processing_guarantee = processing_guarantee
+        settings = Settings(
+            topology=topology,
+            store_kind=store_kind,
+            processors=processors,
+            processing_errors=processing_errors,
+            processing_guarantee=processing_guarantee,
+            producer_config=producer_config,
+            commit_interval_ms=commit_interval_ms,
+            consumer_config=consumer_config,
+        )
+        self.processing_guarantee = settings.processing_guarantee
         #: Seconds a transaction may stay open before the broker aborts it (exactly once).
-        self.transaction_timeout = txn_timeout / 1000
-        exactly_once = processing_guarantee == "exactly_once"
-        for sub in topology.subtopologies:
-            if len(sub.stores) > 1 and not exactly_once:
-                log.warning(
-                    "subtopology %d has %d stores: each store's changelog commits on its own, "
-                    "so a crash between their markers can leave them at different inputs "
-                    "(see Limits in docs/runtime.md)",
-                    sub.id,
-                    len(sub.stores),
-                )
-        self.topology = topology
-        self._repartition = frozenset(topology.repartition_topics)
-        self.processors = dict(processors)
-        self.store_kind = store_kind
-        self.commit_interval = commit_interval_ms / 1000
+        self.transaction_timeout = settings.transaction_timeout_ms / 1000
+        self.topology = settings.topology
+        self.processors = dict(settings.processors)
+        self.store_kind = settings.store_kind
+        self.commit_interval = settings.commit_interval_ms / 1000
         #: Seconds ``stop()`` lets each loop finish its current record before cancelling it.
         self.stop_grace = 30.0
         self.replication_factor = replication_factor
-        # A new application reads its input from the start, as Kafka Streams does.
-        self.consumer_config = {"auto_offset_reset": "earliest", **(consumer_config or {})}
-        if exactly_once:  # only what committed transactions wrote (input, changelogs)
-            self.consumer_config["isolation_level"] = "read_committed"
-        self.producer_config = dict(producer_config or {})
+        self.consumer_config = dict(settings.consumer_config)
+        self.producer_config = dict(settings.producer_config)
         #: TLS/SASL settings of ``consumer_config``, for the process's other clients.
         self.connection_config = connection_settings(self.consumer_config)
         #: Changelog end offsets of every stateful task, for the leader's lags (HA only).
         self.end_offsets: EndOffsetsCache | None = (
-            EndOffsetsCache(committed=exactly_once) if high_availability else None
+            EndOffsetsCache(committed=self.exactly_once) if high_availability else None
         )
         self.host = ProcessHost(
-            topology,
+            self.topology,
             bootstrap_servers=bootstrap_servers,
             state_dir=state_dir,
             threads=threads,
@@ -202,28 +167,33 @@ class App:
         #: Every restore of active tasks, in order (tests and benchmarks read it).
         self.restore_events: list[RestoreEvent] = []
         self.failure: BaseException | None = None
+        self._wire(settings.processing_errors)
+
+    def _wire(self, processing_errors: ErrorPolicy) -> None:
+        """The parts (see the module docstring) and what the loops share."""
         self._clients = Clients()
         self._actives: dict[TaskId, ActiveTask] = {}
         self._standbys = Standbys()
-        self._stores = TaskStores(topology, store_kind, self.host.state, self._standbys)
+        self._stores = TaskStores(self.topology, self.store_kind, self.host.state, self._standbys)
         self._updater = StateUpdater(
             self._clients, self._standbys, self._stores.checkpoint, self._restored
         )
         self._lookups = ChangelogLookups(self._clients)
         self._processing = Processing(
-            topology,
+            self.topology,
             self._clients,
             self._actives,
             processing_errors,
-            self._transaction_failed if exactly_once else None,
+            self._transaction_failed if self.exactly_once else None,
         )
         self._commits = Commits(
             self.host, self._clients, self._actives, self._lookups, self._stores
         )
+        self._repartition = frozenset(self.topology.repartition_topics)
         self._suspended: dict[int, frozenset[TaskId]] = {}
         self._rebalancing: set[int] = set()
-        self._locks = [asyncio.Lock() for _ in range(threads)]
-        self._epochs = [0] * threads
+        self._locks = [asyncio.Lock() for _ in range(self.threads)]
+        self._epochs = [0] * self.threads
         self._stopped = asyncio.Event()
         #: Set by ``stop()`` once the loops have ended: task changes are no-ops from then on.
         self._closing = False
@@ -242,10 +212,11 @@ class App:
 
     @property
     def isolation_level(self) -> str:
-        """What the input consumers and the query server read: ``read_committed`` with
-        exactly once (aborted transactions skipped, up to the last stable offset). Changelog
-        readers read ``read_committed`` in both modes (see ``start``)."""
-        return "read_committed" if self.exactly_once else "read_uncommitted"
+        """What the input consumers and the query server read: ``read_committed`` (aborted
+        transactions skipped, up to the last stable offset) unless ``consumer_config`` sets
+        ``read_uncommitted`` (at least once only). Changelog readers read ``read_committed``
+        always (see ``start``)."""
+        return str(self.consumer_config["isolation_level"])
 
     @property
     def processing_errors(self) -> ErrorPolicy:
@@ -281,14 +252,18 @@ class App:
         if self.store_kind == "memory":  # checkpoints of a previous run describe nothing now
             for task in self.state.offset_sums():
                 self.state.delete_checkpoint(task)
-        # Idempotent: a retried send is neither duplicated nor reordered in the changelog.
-        producer_config = {
-            "acks": "all",
-            "linger_ms": 5,
-            "enable_idempotence": True,
-            **self.producer_config,
-        }
         clients = self._clients
+        clients.limits = await max_message_bytes(
+            self.bootstrap_servers,
+            written_topics(self.topology),
+            admin_config=self.connection_config,
+        )
+        # Idempotent: a retried send is neither duplicated nor reordered in the changelog.
+        producer_config = capped_batches(
+            {"acks": "all", "linger_ms": 5, "enable_idempotence": True, **self.producer_config},
+            clients.limits,
+            AIOKAFKA_BATCH_BYTES if self.exactly_once else SHARED_BATCH_BYTES,
+        )
         if self.exactly_once:  # each task's own transactional producer (fencing), no other
             clients.task_producers = TaskProducers(
                 self.host.application_id, self.bootstrap_servers, producer_config
@@ -340,7 +315,10 @@ class App:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("%s failed; stopping the application", what)
+            if isinstance(exc, OutputWriteError):  # says what and why: no traceback
+                log.error("%s failed; stopping the application: %s", what, exc)
+            else:
+                log.exception("%s failed; stopping the application", what)
             if self.failure is None:
                 self.failure = exc
             self._stopped.set()

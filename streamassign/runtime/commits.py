@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
 from .. import TaskId
 from ..aiokafka.streams import ProcessHost
@@ -62,7 +63,7 @@ class Commits:
         ]
         futures = [f for t in tasks for f in t.futures]
         if futures:
-            await asyncio.gather(*futures)  # a failed write raises: nothing is committed
+            await _acks(index, futures)  # a failed write raises: nothing is committed
         for task in tasks:
             task.futures.clear()
         dirty = [t for t in tasks if any(s.dirty for s in t.stores.values())]
@@ -386,3 +387,25 @@ class Commits:
 def _write_committed(markers: Iterable[tuple[StoreState, int]]) -> None:
     for state, offset in markers:
         state.committed(offset)
+
+
+async def _acks(index: int, futures: Sequence[asyncio.Future[Any]]) -> None:
+    """Wait for the acks of ``futures`` (writes of consumer ``index``'s tasks). A write the
+    broker refused for good (a record or batch larger than its topic's
+    ``max.message.bytes``, not authorised, keyless to a compacted topic) raises
+    ``OutputWriteError``: the application stops rather than restoring and refusing again."""
+    try:
+        await asyncio.gather(*futures)
+    except KafkaError as exc:
+        if rejoin_cures(exc):
+            raise
+        hint = ""
+        if isinstance(exc, MessageSizeTooLargeError):  # to a topic the topology does not name
+            hint = (
+                " (larger than a topic's max.message.bytes: list the topics processors send "
+                "to as sink_topics, so batches are capped below their limits at start)"
+            )
+        raise OutputWriteError(
+            f"consumer {index}: the broker refused a write ({exc!r}){hint}; nothing "
+            "committed, stopping (it would be refused again)"
+        ) from exc

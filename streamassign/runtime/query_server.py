@@ -201,8 +201,9 @@ class QueryServer:
             self._consumer = AIOKafkaConsumer(
                 bootstrap_servers=self.app.bootstrap_servers,
                 enable_auto_commit=False,
-                # exactly once: the stable end (an open transaction is not "behind")
-                isolation_level=getattr(self.app, "isolation_level", "read_uncommitted"),
+                # The stable end, as standbys read changelogs (an open transaction of an
+                # exactly-once run is not "behind"; without transactions it is the end).
+                isolation_level="read_committed",
                 **getattr(self.app, "connection_config", {}),
             )
             self._consumer_started = asyncio.ensure_future(self._consumer.start())

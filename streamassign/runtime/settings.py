@@ -1,0 +1,148 @@
+"""The settings of a runtime application, checked once where they come in (``App`` only wires
+its parts from them). A bad value raises ``RuntimeConfigError`` with one line."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+from ..errors import RuntimeConfigError
+from ..topology import Topology
+from .processing import ErrorPolicy
+from .stores import STORE_KINDS, StoreKind, require_store_library
+from .tasks import ProcessorFactory
+
+#: ``at_least_once`` (the default): commit markers in the changelogs, exact tables, outputs
+#: at least once. ``exactly_once``: one transaction per task and commit (see
+#: ``transactions.py`` and docs/runtime.md).
+ProcessingGuarantee = Literal["at_least_once", "exactly_once"]
+PROCESSING_GUARANTEES: tuple[ProcessingGuarantee, ...] = ("at_least_once", "exactly_once")
+ERROR_POLICIES: tuple[ErrorPolicy, ...] = ("stop", "skip")
+
+log = logging.getLogger("streamassign.runtime")
+
+#: aiokafka's ``transaction_timeout_ms``, unless ``producer_config`` sets one.
+TRANSACTION_TIMEOUT_MS = 60_000
+
+
+def _topology(value: Topology | str | os.PathLike[str]) -> Topology:
+    return value if isinstance(value, Topology) else Topology.load(Path(value))
+
+
+# (No module-level name ``_config`` here: attrs' generated ``__init__`` reads a global of
+# that name.)
+def _mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    return dict(value or {})
+
+
+def _processor_map(value: Mapping[int, ProcessorFactory]) -> dict[int, ProcessorFactory]:
+    return dict(value)
+
+
+def _consumer_config(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    # A new application reads its input from the start, as Kafka Streams does. In both modes
+    # only what committed transactions wrote: an upstream transactional producer's aborted
+    # records (or an exactly-once run's aborted repartition records) are never processed. On
+    # a topic without transactions this reads exactly what read_uncommitted would (the last
+    # stable offset is the high watermark).
+    return {"auto_offset_reset": "earliest", "isolation_level": "read_committed", **(value or {})}
+
+
+def _store_kind(settings: Settings, attribute: Any, kind: str) -> None:
+    require_store_library(kind)
+    if kind not in STORE_KINDS:
+        raise RuntimeConfigError(f"store_kind must be one of {STORE_KINDS}, got {kind!r}")
+
+
+def _processors(settings: Settings, attribute: Any, processors: Mapping[int, Any]) -> None:
+    ids = set(settings.topology.subtopology_ids)
+    if set(processors) != ids:
+        raise RuntimeConfigError(
+            f"processors are needed for exactly the subtopologies {sorted(ids)}, "
+            f"got {sorted(processors)}"
+        )
+
+
+def _error_policy(settings: Settings, attribute: Any, policy: str) -> None:
+    if policy not in ERROR_POLICIES:
+        raise RuntimeConfigError("processing_errors must be 'stop' or 'skip'")
+
+
+def _guarantee(settings: Settings, attribute: Any, guarantee: str) -> None:
+    if guarantee not in PROCESSING_GUARANTEES:
+        raise RuntimeConfigError(
+            f"processing_guarantee must be one of {PROCESSING_GUARANTEES}, got {guarantee!r}"
+        )
+
+
+def _producer_config(settings: Settings, attribute: Any, config: Mapping[str, Any]) -> None:
+    if settings.exactly_once and "transactional_id" in config:
+        raise RuntimeConfigError(
+            "producer_config may not set transactional_id: with exactly_once each task's "
+            "producer has its own, derived from the application id and the task id"
+        )
+
+
+def _commit_interval(settings: Settings, attribute: Any, interval_ms: int) -> None:
+    timeout_ms = settings.transaction_timeout_ms
+    if settings.exactly_once and interval_ms >= timeout_ms:
+        raise RuntimeConfigError(
+            f"commit_interval_ms ({interval_ms}) must be below the producer's "
+            f"transaction_timeout_ms ({timeout_ms}): the broker aborts a transaction "
+            "open longer"
+        )
+    if interval_ms < 1:
+        raise RuntimeConfigError(f"commit_interval_ms must be >= 1, got {interval_ms}")
+
+
+def _isolation(settings: Settings, attribute: Any, config: Mapping[str, Any]) -> None:
+    if settings.exactly_once and config["isolation_level"] != "read_committed":
+        raise RuntimeConfigError(
+            "exactly_once reads isolation_level='read_committed' only, got "
+            f"{config['isolation_level']!r} in consumer_config"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """What ``App`` checks of its arguments (validators run in this order, after every
+    field is set), and what follows from them."""
+
+    topology: Topology = attrs.field(converter=_topology)
+    store_kind: StoreKind = attrs.field(validator=_store_kind)
+    processors: Mapping[int, ProcessorFactory] = attrs.field(
+        converter=_processor_map, validator=_processors
+    )
+    processing_errors: ErrorPolicy = attrs.field(validator=_error_policy)
+    processing_guarantee: ProcessingGuarantee = attrs.field(validator=_guarantee)
+    producer_config: Mapping[str, Any] = attrs.field(converter=_mapping, validator=_producer_config)
+    commit_interval_ms: int = attrs.field(validator=_commit_interval)
+    consumer_config: Mapping[str, Any] = attrs.field(
+        converter=_consumer_config, validator=_isolation
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.exactly_once:
+            return
+        for sub in self.topology.subtopologies:
+            if len(sub.stores) > 1:
+                log.warning(
+                    "subtopology %d has %d stores: each store's changelog commits on its own, "
+                    "so a crash between their markers can leave them at different inputs "
+                    "(see Limits in docs/runtime.md)",
+                    sub.id,
+                    len(sub.stores),
+                )
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == "exactly_once"
+
+    @property
+    def transaction_timeout_ms(self) -> int:
+        return int(self.producer_config.get("transaction_timeout_ms", TRANSACTION_TIMEOUT_MS))

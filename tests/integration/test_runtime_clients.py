@@ -1,0 +1,279 @@
+"""The runtime's Kafka clients on a real broker, one ``App`` in the test's process.
+
+Checked: an at-least-once application reads its input ``read_committed`` (an upstream
+transactional producer's aborted records are never counted); a backlog written to an output
+topic whose ``max.message.bytes`` is below the shared producer's batch size goes through
+(batches capped at start), and a record larger than that limit stops the application with
+one ``OutputWriteError`` naming topic, size and limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTopicPartition
+
+from streamassign import Subtopology, Topology
+from streamassign.errors import OutputWriteError
+from streamassign.runtime import App, ProcessingError, Record, TaskContext
+
+from .conftest import GroupIdFactory, TopicFactory
+
+PARTITIONS = 2
+DEADLINE = 60.0
+
+
+class Counts:
+    """Counts records per key in store ``counts``; with ``output`` set, sends one record per
+    input record there (``<partition>:<offset>`` padded to ``pad`` bytes; a value ``big``
+    sends ``big_size`` bytes instead)."""
+
+    output: str | None = None
+    pad = 0
+    big_size = 0
+
+    async def process(self, ctx: TaskContext, record: Record) -> None:
+        table = ctx.store("counts")
+        key = record.key or b""
+        table.put(key, b"%d" % (int(table.get(key) or b"0") + 1))
+        if self.output is not None:
+            value = b"%d:%d" % (record.partition, record.offset)
+            if record.value == b"big":
+                value = value.ljust(self.big_size, b"x")
+            ctx.send(self.output, value.ljust(self.pad, b"."), key=key)
+
+
+def make_app(
+    bootstrap: str, group: str, source: str, tmp: Path, declare: bool = True, **options: Any
+) -> App:
+    """The counting app; ``declare``: name ``Counts.output`` as a sink topic."""
+    sinks = [Counts.output] if Counts.output and declare else []
+    topology = Topology(
+        [Subtopology(0, [source], stores=["counts"], sink_topics=sinks)], name=group
+    )
+    return App(
+        topology,
+        {0: Counts},
+        bootstrap_servers=bootstrap,
+        state_dir=tmp,
+        store_kind="memory",
+        commit_interval_ms=200,
+        **options,
+    )
+
+
+def table(app: App) -> dict[bytes, int]:
+    out: Counter[bytes] = Counter()
+    for task in app.active_tasks:
+        for key, value in app.table(task, "counts").items():
+            out[key] += int(value)
+    return dict(out)
+
+
+async def until(what: str, condition: Callable[[], bool], app: App) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        assert app.failure is None, app.failure
+        assert time.monotonic() < deadline, f"not within {DEADLINE:g} s: {what}"
+        await asyncio.sleep(0.1)
+
+
+async def run_app(app: App, scenario: Callable[[], Awaitable[None]]) -> None:
+    await app.start()
+    try:
+        await scenario()
+    finally:
+        await app.stop()
+
+
+async def read_topic(bootstrap: str, topic: str) -> list[Any]:
+    """Every record of ``topic`` up to its end, ``read_committed``."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", isolation_level="read_committed"
+    )
+    await consumer.start()
+    try:
+        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        out: list[Any] = []
+        todo = {tp for tp in tps if ends[tp] > 0}
+        while todo:
+            for records in (await consumer.getmany(*todo, timeout_ms=500)).values():
+                out.extend(records)
+            todo = {tp for tp in todo if await consumer.position(tp) < ends[tp]}
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def produce(
+    bootstrap: str, topic: str, keys: list[bytes], partitioned: bool = False, value: bytes = b"1"
+) -> None:
+    """One record per key; ``partitioned``: the i-th to partition i."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=256 * 1024
+    )
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(topic, value, key=key, partition=i if partitioned else None)
+            for i, key in enumerate(keys)
+        ]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def transactions(bootstrap: str, topic: str, aborted: int, committed: int) -> None:
+    """An upstream transactional producer: ``aborted`` records (keys ``a<i>``) in a
+    transaction it aborts, then ``committed`` (keys ``c<i>``) in one it commits."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"{topic}-up")
+    await producer.start()
+    try:
+        for prefix, count, commit in ((b"a", aborted, False), (b"c", committed, True)):
+            await producer.begin_transaction()
+            futures = [await producer.send(topic, b"1", key=b"%s%d" % (prefix, i % 50))
+                       for i in range(count)]  # fmt: skip
+            await asyncio.gather(*futures)
+            await (producer.commit_transaction() if commit else producer.abort_transaction())
+    finally:
+        await producer.stop()
+
+
+def test_at_least_once_never_counts_an_upstream_aborted_transaction(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+) -> None:
+    """An upstream transactional producer writes 3,000 records and aborts, then 2,000 and
+    commits; a plain producer then writes one record to each partition. The at-least-once
+    app (default consumer settings) counts the 2,000 and the last ones, none of the aborted."""
+    source = kafka_topic_factory(PARTITIONS, prefix="upstream")
+    app = make_app(kafka_bootstrap, kafka_group_id_factory("rc"), source, tmp_path)
+    assert app.isolation_level == "read_committed"
+
+    async def scenario() -> None:
+        await transactions(kafka_bootstrap, source, aborted=3000, committed=2000)
+        # One to each partition: once both are counted, everything before them is.
+        lasts = [b"last%d" % p for p in range(PARTITIONS)]
+        await produce(kafka_bootstrap, source, lasts, partitioned=True)
+        await until("the last records counted", lambda: set(lasts) <= set(table(app)), app)
+        counts = table(app)
+        assert not [k for k in counts if k.startswith(b"a")], "aborted records were counted"
+        assert sum(v for k, v in counts.items() if k.startswith(b"c")) == 2000
+        assert sum(counts.values()) == 2000 + len(lasts)
+
+    asyncio.run(run_app(app, scenario))
+
+
+#: ``max.message.bytes`` of the output topics below: a quarter of the shared producer's
+#: default batch size (256 KiB).
+SMALL_LIMIT = 65_536
+
+
+@pytest.mark.parametrize(
+    ("guarantee", "limit"),
+    [("at_least_once", SMALL_LIMIT), ("exactly_once", 8192)],
+    ids=["at-least-once", "exactly-once"],
+)
+def test_a_backlog_to_a_topic_with_a_small_max_message_bytes_goes_through(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+    guarantee: str,
+    limit: int,
+) -> None:
+    """24,000 records already in the input, each sending a 100-byte output to a topic whose
+    ``max.message.bytes`` is below the producer's batch size (at least once: 64 KiB against
+    the shared producer's 256 KiB; exactly once: 8 KiB against a task producer's 16 KiB):
+    processed with no error (batches capped at start), every input offset output exactly
+    once, the table exact."""
+    total = 24_000
+    source = kafka_topic_factory(PARTITIONS, prefix="backlog")
+    output = kafka_topic_factory(
+        PARTITIONS, prefix="small-out", config={"max.message.bytes": str(limit)}
+    )
+    keys = [b"k%d" % (i % 100) for i in range(total)]
+    asyncio.run(produce(kafka_bootstrap, source, keys))
+    Counts.output, Counts.pad = output, 100
+    group = kafka_group_id_factory("backlog")
+    app = make_app(kafka_bootstrap, group, source, tmp_path, processing_guarantee=guarantee)
+
+    async def scenario() -> None:
+        await until("the backlog processed", lambda: app.processed >= total, app)
+        await until("committed", lambda: sum(table(app).values()) == total, app)
+
+    try:
+        asyncio.run(run_app(app, scenario))
+    finally:
+        Counts.output, Counts.pad = None, 0
+    assert app.failure is None, app.failure
+    outputs = asyncio.run(read_topic(kafka_bootstrap, output))
+    seen = Counter(r.value.split(b".")[0] for r in outputs)
+    assert len(seen) == total and max(seen.values()) == 1
+
+
+@pytest.mark.parametrize(
+    ("declared", "guarantee"),
+    [(True, "at_least_once"), (False, "at_least_once"), (True, "exactly_once")],
+    ids=["declared", "undeclared", "declared-eos"],
+)
+def test_a_record_larger_than_its_topics_limit_stops_with_one_line(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    declared: bool,
+    guarantee: str,
+) -> None:
+    """An input record whose output is 100,000 bytes, to a topic taking 64 KiB: the app
+    stops once, with one ``OutputWriteError`` log line (no traceback). Declared as a sink
+    topic, the record is refused before it is sent, the error naming topic, size and limit;
+    not declared, the broker refuses it and the commit stops the app (at least once)."""
+    source = kafka_topic_factory(PARTITIONS, prefix="big-in")
+    output = kafka_topic_factory(
+        PARTITIONS, prefix="big-out", config={"max.message.bytes": str(SMALL_LIMIT)}
+    )
+    asyncio.run(produce(kafka_bootstrap, source, [b"a", b"b", b"c"]))
+    asyncio.run(produce(kafka_bootstrap, source, [b"big"], value=b"big"))
+    Counts.output, Counts.big_size = output, 100_000
+    group = kafka_group_id_factory("big")
+    app = make_app(
+        kafka_bootstrap, group, source, tmp_path, declare=declared, processing_guarantee=guarantee
+    )
+
+    async def run() -> None:
+        async with asyncio.timeout(DEADLINE):
+            await app.run()
+
+    try:
+        with (
+            caplog.at_level(logging.INFO, "streamassign.runtime"),
+            pytest.raises(ProcessingError) as stopped,
+        ):
+            asyncio.run(run())
+    finally:
+        Counts.output, Counts.big_size = None, 0
+    failure = stopped.value.__cause__
+    assert isinstance(failure, OutputWriteError), failure
+    if declared:
+        assert f"topic {output!r}" in str(failure) and "max.message.bytes (65536)" in str(failure)
+        size = int(str(failure).split("a record of ")[1].split(" bytes")[0])
+        assert 100_000 < size < 100_200
+    else:
+        assert "MessageSizeTooLargeError" in str(failure) and "sink_topics" in str(failure)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is None, errors
+    assert str(failure) in errors[0].getMessage()
