@@ -1119,21 +1119,13 @@ def simulate(
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _run_simulation(
-        job,
-        chosen.notes,
-        topology_file,
-        out,
-        master,
-        ship_code,
-        overwrite,
-        spark_tasks,
-        with_report,
+        job, chosen, topology_file, out, master, ship_code, overwrite, spark_tasks, with_report
     )
 
 
 def _run_simulation(
     job: Any,
-    notes: Sequence[str],
+    chosen: Any,
     topology_file: Path,
     out: str | None,
     master: str | None,
@@ -1142,10 +1134,11 @@ def _run_simulation(
     spark_tasks: int | None,
     with_report: bool,
 ) -> None:
-    """Check and announce ``job``, run it on Spark into its run directory (from ``out``), write
-    the report with ``with_report``, and say what to do next."""
+    """Check and announce ``job`` (``chosen``: its resolved assignors), run it on Spark into its
+    run directory (from ``out``), write the report with ``with_report``, say what comes next."""
     from .pipeline.runs import LocalFiles, new_run_id
 
+    notes = chosen.notes
     workload, model = job.workload, job.model
     run_dir = _run_dir(out, workload.name)
     _preflight(master, workload, model)
@@ -1484,10 +1477,7 @@ def plan_standbys(
     plan, best = _standby_plan(totals, job, target, tolerance)
     if out is not None:
         _write_plan(out, plan["candidates"], plan)
-    if as_json:
-        click.echo(json.dumps(plan, indent=2))
-        return
-    _print_plan(plan, best, f"{job.workload.name}, {scenarios} failure traces", out, topology_file)
+    _print_plan(plan, best, job, out, topology_file, as_json)
 
 
 def _standby_plan(
@@ -1540,12 +1530,17 @@ def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) 
 def _print_plan(
     plan: Mapping[str, Any],
     best: Mapping[str, Any],
-    title: str,
+    job: Any,
     out: Path | None,
     topology_file: Path,
+    as_json: bool,
 ) -> None:
-    """The candidates' table (``best`` marked), the recommendation with its knobs, and what to
-    run next."""
+    """The plan as JSON, or the candidates' table (``best`` marked), the recommendation with
+    its knobs, and what to run next."""
+    if as_json:
+        click.echo(json.dumps(plan, indent=2))
+        return
+    title = f"{job.workload.name}, {job.scenarios} failure traces"
     console = Console()
     console.print(_plan_table(plan["candidates"], best, title))
     console.print(f"recommended: {plan['why']}")
