@@ -310,20 +310,44 @@ def plan(
         counts = {**loaded.partitions, **overrides}
         _check_task_count(loaded.topology, counts)
         tasks = PartitionGrouper().group(loaded.topology, counts)
-        if clients_file is not None:
-            clients = load_clients(clients_file)
-            if len(clients) > MAX_CLIENTS:
-                raise click.ClickException(
-                    f"{clients_file}: {len(clients):,} clients, the limit is {MAX_CLIENTS:,}"
-                )
-        else:
-            assert num_clients is not None
-            clients = [ClientState(f"client-{k}", capacity=threads) for k in range(num_clients)]
+        clients = _plan_clients(clients_file, num_clients, threads, MAX_CLIENTS)
         stateful = {t for t in tasks if t.subtopology in loaded.topology.stateful_subtopologies}
         result = StickyTaskAssignor(standbys).assign(tasks, clients, stateful)
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _warn_ignored_input(tasks, clients, standbys, len(stateful))
+    _show_plan(
+        loaded.topology.name, tasks, clients, result, standbys, stateful, show_moves, as_json
+    )
+
+
+def _plan_clients(
+    clients_file: Path | None, num_clients: int | None, threads: int, max_clients: int
+) -> list[ClientState]:
+    """The clients of ``plan``: read from ``clients_file`` (at most ``max_clients``), or
+    ``num_clients`` fresh ones with ``threads`` each."""
+    if clients_file is not None:
+        clients = load_clients(clients_file)
+        if len(clients) > max_clients:
+            raise click.ClickException(
+                f"{clients_file}: {len(clients):,} clients, the limit is {max_clients:,}"
+            )
+        return clients
+    assert num_clients is not None
+    return [ClientState(f"client-{k}", capacity=threads) for k in range(num_clients)]
+
+
+def _show_plan(
+    name: str,
+    tasks: Mapping[TaskId, frozenset[TopicPartition]],
+    clients: Sequence[ClientState],
+    result: Mapping[str, ClientAssignment],
+    standbys: int,
+    stateful: set[TaskId],
+    show_moves: bool,
+    as_json: bool,
+) -> None:
+    """Print ``plan``'s result: tables (and the moves with ``show_moves``), or JSON."""
     metrics = evaluate(tasks, clients, result, standbys, stateful)
     per_thread = {c.process_id: _threads_of(c, result[c.process_id], stateful) for c in clients}
     moves = explain(
@@ -337,7 +361,7 @@ def plan(
         data = _as_json(tasks, result, per_thread, metrics, capacities) | _moves_json(moves)
         click.echo(json.dumps(data, indent=2))
     else:
-        _print_tables(loaded.topology.name, tasks, clients, result, per_thread, metrics)
+        _print_tables(name, tasks, clients, result, per_thread, metrics)
         if show_moves:
             _print_moves(Console(), moves)
 
@@ -597,6 +621,15 @@ def _print_group(console: Console, view: Any, score: Any) -> None:
         f"[bold]{view.group}[/]: {view.state}, protocol {view.protocol or '-'} "
         f"({view.family}), {members} member(s) in {len(processes)} process(es)"
     )
+    _print_processes(console, processes)
+    _print_members(console, view.members)
+    _print_tasks(console, view.tasks, processes)
+    _print_offset_sums(console, view.members_by_process())
+    _print_quality(console, score)
+
+
+def _print_processes(console: Console, processes: Mapping[str, Any]) -> None:
+    """Each process's capacity and tasks."""
     table = Table(title="Processes")
     for col in ("process", "cap", "active", "standby", "warmup"):
         table.add_column(col, overflow="fold")
@@ -610,10 +643,14 @@ def _print_group(console: Console, view: Any, score: Any) -> None:
             f"{len(a.warmup)}: {_task_list(sorted(a.warmup))}" if a.warmup else "-",
         )
     console.print(table)
+
+
+def _print_members(console: Console, members: Sequence[Any]) -> None:
+    """Each member (consumer): its client, process, task counts, versions, error, generation."""
     table = Table(title="Members")
     for col in ("member", "client@host", "process", "a+s+w", "versions", "error", "gen"):
         table.add_column(col, overflow="fold", no_wrap=col not in ("client@host", "versions"))
-    for m in sorted(view.members, key=lambda m: (m.process, m.member_id)):
+    for m in sorted(members, key=lambda m: (m.process, m.member_id)):
         tasks = m.undecodable and "undecodable"
         table.add_row(
             _short_member(m.member_id),
@@ -625,9 +662,15 @@ def _print_group(console: Console, view: Any, score: Any) -> None:
             "-" if m.generation is None else str(m.generation),
         )
     console.print(table)
-    for m in view.members:
+    for m in members:
         if m.undecodable is not None:
             console.print(f"member {m.member_id}: undecodable: {m.undecodable}", markup=False)
+
+
+def _print_tasks(
+    console: Console, view_tasks: Mapping[TaskId, Any], processes: Mapping[str, Any]
+) -> None:
+    """Each task's active and standby processes, and its partitions."""
     owners: dict[TaskId, tuple[list[str], list[str]]] = {}
     for pid, client in processes.items():
         a, name = client.assignment, _short_process(pid)
@@ -638,17 +681,21 @@ def _print_group(console: Console, view: Any, score: Any) -> None:
         ):
             for t in tasks:
                 owners.setdefault(t, ([], []))[kind].append(label)
-    table = Table(title=f"Tasks ({len(view.tasks)})")
+    table = Table(title=f"Tasks ({len(view_tasks)})")
     for col in ("task", "active on", "standbys on", "partitions"):
         table.add_column(col, overflow="fold")
-    for t, parts in view.tasks.items():
+    for t, parts in view_tasks.items():
         active, standby = owners.get(t, ([], []))
         table.add_row(
             str(t), ", ".join(active) or "NONE", ", ".join(standby) or "-", _partition_list(parts)
         )
     console.print(table)
+
+
+def _print_offset_sums(console: Console, by_process: Mapping[str, Sequence[Any]]) -> None:
+    """The offset sums each process reported at the last join (when any did)."""
     sums: dict[str, dict[TaskId, int]] = {}
-    for pid, group_members in view.members_by_process().items():
+    for pid, group_members in by_process.items():
         for m in group_members:  # every consumer of a process reports the same sums
             sums.setdefault(pid, {}).update(m.offset_sums)
     if any(sums.values()):
@@ -661,7 +708,6 @@ def _print_group(console: Console, view: Any, score: Any) -> None:
             )
             table.add_row(_short_process(pid), text)
         console.print(table)
-    _print_quality(console, score)
 
 
 def _print_quality(console: Console, score: Any) -> None:
@@ -1052,7 +1098,6 @@ def simulate(
     DIR is kept unless --overwrite is given (and then replaced only by a complete run).
     """
     from .pipeline.assignors import resolve
-    from .pipeline.runs import LocalFiles, new_run_id
     from .pipeline.simulate import SimulationJob
 
     _require("pyspark", "streamassign simulate")
@@ -1073,14 +1118,36 @@ def simulate(
         )
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    _run_simulation(
+        job, chosen, topology_file, out, master, ship_code, overwrite, spark_tasks, with_report
+    )
+
+
+def _run_simulation(
+    job: Any,
+    chosen: Any,
+    topology_file: Path,
+    out: str | None,
+    master: str | None,
+    ship_code: bool | None,
+    overwrite: bool,
+    spark_tasks: int | None,
+    with_report: bool,
+) -> None:
+    """Check and announce ``job`` (``chosen``: its resolved assignors), run it on Spark into its
+    run directory (from ``out``), write the report with ``with_report``, say what comes next."""
+    from .pipeline.runs import LocalFiles, new_run_id
+
+    notes = chosen.notes
+    workload, model = job.workload, job.model
     run_dir = _run_dir(out, workload.name)
     _preflight(master, workload, model)
     if not _is_remote(run_dir):
         _refuse_existing(LocalFiles(), run_dir, overwrite)
-    for note in chosen.notes:
+    for note in notes:
         click.echo(f"note: {note}", err=True)
     click.echo(
-        f"simulating {scenarios} scenarios of {workload.name} x {len(job.assignors)} assignors "
+        f"simulating {job.scenarios} scenarios of {workload.name} x {len(job.assignors)} assignors "
         f"({', '.join(job.assignors)}), up to {job.rebalances:,} rebalances"
     )
 
@@ -1091,7 +1158,7 @@ def simulate(
         _session(master, ship_code) as session,
     ):
         actual_master = session.sparkContext.master
-        manifest = _manifest(topology_file, job, chosen.notes, actual_master)
+        manifest = _manifest(topology_file, job, notes, actual_master)
         rows, elapsed = _write_run(session, job, run_dir, manifest, run_id, overwrite, spark_tasks)
         click.echo(
             f"{rows:,} rebalances in {elapsed:.1f} s ({rows / elapsed:,.0f}/s, session start-up "
@@ -1384,7 +1451,7 @@ def plan_standbys(
     spark_tasks: int | None,
 ) -> None:
     """Recommend num_standby_replicas and warmups for TOPOLOGY_FILE under a failure model."""
-    from .pipeline.standbys import AvailabilityModel, PlanJob, knobs, recommend, summarize
+    from .pipeline.standbys import AvailabilityModel, PlanJob
 
     _require("pyspark", "streamassign plan-standbys")
     try:
@@ -1406,20 +1473,20 @@ def plan_standbys(
         )
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    _preflight(master, job.workload, job.model)
-    from .pipeline import spark as sp
-    from .pipeline.progress import run_tracked, stderr_console
+    totals = _evaluate_standby_candidates(master, ship_code, job, spark_tasks)
+    plan, best = _standby_plan(totals, job, target, tolerance)
+    if out is not None:
+        _write_plan(out, plan["candidates"], plan)
+    _print_plan(plan, best, job, out, topology_file, as_json)
 
-    with (
-        _one_line_failures("planning standbys"),
-        _session(master, ship_code) as session,
-    ):
-        totals = run_tracked(
-            session,
-            "evaluating standby candidates",
-            stderr_console(),
-            lambda: sp.run_plan(session, job, spark_tasks),
-        )
+
+def _standby_plan(
+    totals: Any, job: Any, target: float | None, tolerance: float
+) -> tuple[dict[str, Any], Mapping[str, Any]]:
+    """The plan (the candidates' summaries, the recommended one, why, and the knobs that move
+    it) and the recommended row itself (one of the candidates)."""
+    from .pipeline.standbys import knobs, recommend, summarize
+
     rows = summarize(totals, job.availability)
     best, why = recommend(rows, target, tolerance)
     plan = {
@@ -1428,18 +1495,55 @@ def plan_standbys(
         "why": why,
         "knobs": knobs(best, job, target),
     }
-    if out is not None:
-        from .pipeline.report import write_csv
+    return plan, best
 
-        out.mkdir(parents=True, exist_ok=True)
-        write_csv(out / "plan.csv", rows, list(rows[0]))
-        (out / "plan.json").write_text(json.dumps(plan, indent=2))
+
+def _evaluate_standby_candidates(
+    master: str | None, ship_code: bool | None, job: Any, spark_tasks: int | None
+) -> Any:
+    """The summed outage columns of every candidate, evaluated on Spark."""
+    _preflight(master, job.workload, job.model)
+    from .pipeline import spark as sp
+    from .pipeline.progress import run_tracked, stderr_console
+
+    with (
+        _one_line_failures("planning standbys"),
+        _session(master, ship_code) as session,
+    ):
+        return run_tracked(
+            session,
+            "evaluating standby candidates",
+            stderr_console(),
+            lambda: sp.run_plan(session, job, spark_tasks),
+        )
+
+
+def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) -> None:
+    """plan.csv (the candidates) and plan.json (everything) in ``out``."""
+    from .pipeline.report import write_csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "plan.csv", rows, list(rows[0]))
+    (out / "plan.json").write_text(json.dumps(plan, indent=2))
+
+
+def _print_plan(
+    plan: Mapping[str, Any],
+    best: Mapping[str, Any],
+    job: Any,
+    out: Path | None,
+    topology_file: Path,
+    as_json: bool,
+) -> None:
+    """The plan as JSON, or the candidates' table (``best`` marked), the recommendation with
+    its knobs, and what to run next."""
     if as_json:
         click.echo(json.dumps(plan, indent=2))
         return
+    title = f"{job.workload.name}, {job.scenarios} failure traces"
     console = Console()
-    console.print(_plan_table(rows, best, f"{job.workload.name}, {scenarios} failure traces"))
-    console.print(f"recommended: {why}")
+    console.print(_plan_table(plan["candidates"], best, title))
+    console.print(f"recommended: {plan['why']}")
     for line in plan["knobs"]:
         console.print(f"  {line}")
     # Plain lines (not rich's, which wrap at the log's width): paths and commands to copy.

@@ -89,67 +89,97 @@ def resolve_partition_counts(
     for topic, fixed in repartition.items():
         if fixed is not None:
             counts[topic] = fixed
+    deps, failed_groups = _count_dependencies(topology, counts)
+    unresolved = _resolve_nodes(deps, counts)
+    for group, reason in failed_groups:
+        raise _copartitioning_error(repartition, group, reason, counts)
+    if unresolved:
+        raise _resolution_error(deps, unresolved)
+    return {t: counts[t] for t in sorted(topology.source_topics)}
 
-    # Every computed repartition topic, and every all-computed co-partition group, is a node whose
-    # value is the max over its dependencies (topics whose counts feed it).
-    def writer_sources(topic: str) -> set[str]:
-        return {
-            src
-            for sub_id in topology.writers(topic)
-            for src in topology.subtopology(sub_id).source_topics
-        }
 
+def _count_dependencies(
+    topology: Topology, counts: dict[str, int]
+) -> tuple[dict[str, tuple[str, ...]], list[tuple[tuple[str, ...], str]]]:
+    """The dependency graph of computed counts, and the co-partition groups that cannot be made
+    equal (with why); sets in ``counts`` the counts co-partition groups force.
+
+    Every computed repartition topic, and every all-computed co-partition group, is a node whose
+    value is the max over its dependencies (topics whose counts feed it).
+    """
+    repartition = topology.repartition_topics
     deps: dict[str, tuple[str, ...]] = {}
     failed_groups: list[tuple[tuple[str, ...], str]] = []
     grouped: set[str] = set()
     for group in topology.copartition_groups:
-        ext = [t for t in group if t not in repartition]
-        fixed_members = [t for t in group if t in repartition and repartition[t] is not None]
         computed = [t for t in group if t in repartition and repartition[t] is None]
-        ext_counts = {counts[t] for t in ext}
-        fixed_counts = {counts[t] for t in fixed_members}
-        reason = ""
-        if len(ext_counts) > 1:
-            reason = "external topics have different partition counts"
-        elif ext_counts and fixed_counts - ext_counts:
-            reason = (
-                "fixed repartition topic counts must equal the external topics' count "
-                f"{next(iter(ext_counts))}"
-            )
-        elif len(fixed_counts) > 1:
-            reason = "fixed repartition topics have different partition counts"
+        forced, reason = _forced_group_count(repartition, group, counts)
         if reason:
             failed_groups.append((group, reason))
             continue  # its computed members are resolved on their own, for the error message
         grouped.update(computed)
-        forced = ext_counts or fixed_counts
         if forced:
             n = next(iter(forced))
             for topic in computed:
                 counts[topic] = n
         elif computed:
             node = _group_node(group)
-            deps[node] = tuple(sorted(set().union(*(writer_sources(t) for t in computed))))
+            sources = (_writer_sources(topology, t) for t in computed)
+            deps[node] = tuple(sorted(set().union(*sources)))
             for topic in computed:
                 deps[topic] = (node,)
     for topic, fixed in repartition.items():
         if fixed is None and topic not in grouped:
-            deps[topic] = tuple(sorted(writer_sources(topic)))
+            deps[topic] = tuple(sorted(_writer_sources(topology, topic)))
+    return deps, failed_groups
 
-    unresolved = _resolve_nodes(deps, counts)
 
-    for group, reason in failed_groups:
-        computed = [t for t in group if t in repartition and repartition[t] is None]
-        known = [t for t in computed if t in counts]
-        unknown = [t for t in computed if t not in counts]
-        if known:
-            reason += f"; {', '.join(known)} computed, shown with the count it would have alone"
-        if unknown:
-            reason += f"; computed count unknown for {', '.join(unknown)}"
-        raise CopartitioningError({t: counts[t] for t in group if t in counts}, reason)
-    if unresolved:
-        raise _resolution_error(deps, unresolved)
-    return {t: counts[t] for t in sorted(topology.source_topics)}
+def _writer_sources(topology: Topology, topic: str) -> set[str]:
+    """Source topics of the subtopologies that write ``topic``."""
+    return {
+        src
+        for sub_id in topology.writers(topic)
+        for src in topology.subtopology(sub_id).source_topics
+    }
+
+
+def _forced_group_count(
+    repartition: Mapping[str, int | None], group: tuple[str, ...], counts: Mapping[str, int]
+) -> tuple[set[int], str]:
+    """The count a co-partition group's external or fixed members force (empty: none), and why
+    the group cannot be made equal ("": it can)."""
+    ext = [t for t in group if t not in repartition]
+    fixed_members = [t for t in group if t in repartition and repartition[t] is not None]
+    ext_counts = {counts[t] for t in ext}
+    fixed_counts = {counts[t] for t in fixed_members}
+    reason = ""
+    if len(ext_counts) > 1:
+        reason = "external topics have different partition counts"
+    elif ext_counts and fixed_counts - ext_counts:
+        reason = (
+            "fixed repartition topic counts must equal the external topics' count "
+            f"{next(iter(ext_counts))}"
+        )
+    elif len(fixed_counts) > 1:
+        reason = "fixed repartition topics have different partition counts"
+    return ext_counts or fixed_counts, reason
+
+
+def _copartitioning_error(
+    repartition: Mapping[str, int | None],
+    group: tuple[str, ...],
+    reason: str,
+    counts: Mapping[str, int],
+) -> CopartitioningError:
+    """The error for a group that cannot be made equal, naming what its computed members have."""
+    computed = [t for t in group if t in repartition and repartition[t] is None]
+    known = [t for t in computed if t in counts]
+    unknown = [t for t in computed if t not in counts]
+    if known:
+        reason += f"; {', '.join(known)} computed, shown with the count it would have alone"
+    if unknown:
+        reason += f"; computed count unknown for {', '.join(unknown)}"
+    return CopartitioningError({t: counts[t] for t in group if t in counts}, reason)
 
 
 def _resolve_nodes(deps: Mapping[str, tuple[str, ...]], values: dict[str, int]) -> set[str]:

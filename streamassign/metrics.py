@@ -290,20 +290,9 @@ def evaluate_per_task(
     client_list = sorted(clients, key=lambda c: c.process_id)
     stateful_set = set(task_list) if stateful is None else set(stateful) & set(task_list)
     empty = ClientAssignment()
-    by_pid = {c.process_id: c for c in client_list}
-    owner_now = {t: pid for pid, a in assignment.items() for t in a.active}
-
     previous = resolve_previous_owners(task_list, client_list)
     moves = sum(1 for t, pid in previous.items() if t not in assignment.get(pid, empty).active)
-    warm = cold = 0
-    for t in stateful_set:
-        now = owner_now.get(t)
-        if now is None or previous.get(t) == now:
-            continue
-        if now in by_pid and by_pid[now].has_state(t):
-            warm += 1
-        else:
-            cold += 1
+    warm, cold = _count_takeovers(stateful_set, client_list, assignment, previous)
 
     caps = [c.capacity for c in client_list]
     got = [assignment.get(c.process_id, empty) for c in client_list]
@@ -311,15 +300,7 @@ def evaluate_per_task(
     balanced = all(lo <= len(a.active) <= hi for (lo, hi), a in zip(bounds, got, strict=True))
     per_thread = [len(a.active) / cap for a, cap in zip(got, caps, strict=True)]
     load = [a.load / cap for a, cap in zip(got, caps, strict=True)]
-
-    kept = dropped = 0
-    for c, a in zip(client_list, got, strict=True):
-        for t in c.prev_standby:
-            if t in stateful_set and t not in a.active:
-                if t in a.standby:
-                    kept += 1
-                else:
-                    dropped += 1
+    kept, dropped = _count_standbys_kept(client_list, got, stateful_set)
     wanted = min(num_standby_replicas, max(0, len(client_list) - 1))
     metrics = AssignmentMetrics(
         tasks=len(task_list),
@@ -340,6 +321,43 @@ def evaluate_per_task(
     return _with_subtopologies(metrics, task_list, client_list, assignment, balance)
 
 
+def _count_takeovers(
+    stateful: set[TaskId],
+    clients: Sequence[ClientState],
+    assignment: Mapping[str, ClientAssignment],
+    previous: Mapping[TaskId, str],
+) -> tuple[int, int]:
+    """Stateful tasks that changed owner onto a client with local state of them (warm), and
+    onto one without (cold)."""
+    by_pid = {c.process_id: c for c in clients}
+    owner_now = {t: pid for pid, a in assignment.items() for t in a.active}
+    warm = cold = 0
+    for t in stateful:
+        now = owner_now.get(t)
+        if now is None or previous.get(t) == now:
+            continue
+        if now in by_pid and by_pid[now].has_state(t):
+            warm += 1
+        else:
+            cold += 1
+    return warm, cold
+
+
+def _count_standbys_kept(
+    clients: Sequence[ClientState], got: Sequence[ClientAssignment], stateful: set[TaskId]
+) -> tuple[int, int]:
+    """Previous standbys of stateful tasks (not now active there) kept as standbys, and dropped."""
+    kept = dropped = 0
+    for c, a in zip(clients, got, strict=True):
+        for t in c.prev_standby:
+            if t in stateful and t not in a.active:
+                if t in a.standby:
+                    kept += 1
+                else:
+                    dropped += 1
+    return kept, dropped
+
+
 _EMPTY = ClientAssignment()
 
 
@@ -356,7 +374,6 @@ def _evaluate_sets(
     must decide: duplicate previous claims (a zombie) or a result naming a client not in
     ``clients`` (sorted by process id)."""
     n = len(tasks)
-    all_stateful = len(stateful) == n
     if not result.keys() <= {c.process_id for c in clients}:
         return None
     counts: list[int] = []
@@ -368,51 +385,73 @@ def _evaluate_sets(
     claimed = sum(counts)
     if claimed and len(frozenset().union(*owned)) < claimed:
         return None
-    moves = warm = cold = kept = dropped = placed = 0
     caps = [c.capacity for c in clients]
-    bounds = share_bounds(n, caps)
-    balanced = True
-    per_thread: list[float] = []
-    load: list[float] = []
-    for c, mine, (lo, hi) in zip(clients, owned, bounds, strict=True):
-        a = result.get(c.process_id, _EMPTY)
+    tally = _Tally(stateful, all_stateful=len(stateful) == n)
+    for c, mine, bounds in zip(clients, owned, share_bounds(n, caps), strict=True):
+        tally.add(c, mine, bounds, result.get(c.process_id, _EMPTY))
+    wanted = min(num_standby_replicas, max(0, len(clients) - 1))
+    per_thread, load = tally.per_thread, tally.load
+    metrics = AssignmentMetrics(
+        tasks=n,
+        clients=len(clients),
+        moves=tally.moves,
+        move_lower_bound=quota_move_lower_bound(n, counts, caps),
+        active_balanced=tally.balanced,
+        active_imbalance=(max(per_thread) - min(per_thread)) if per_thread else 0.0,
+        load_imbalance=(max(load) - min(load)) if load else 0.0,
+        standbys_required=wanted * len(stateful),
+        standbys_placed=tally.placed,
+        standbys_kept=tally.kept,
+        standbys_dropped=tally.dropped,
+        warm_takeovers=tally.warm,
+        cold_takeovers=tally.cold,
+        subtopology_balanced=True,  # set by ``_with_subtopologies``
+    )
+    return metrics, owned
+
+
+@attrs.define
+class _Tally:
+    """``_evaluate_sets``'s running sums over the clients, one ``add`` per client."""
+
+    stateful: frozenset[TaskId]
+    all_stateful: bool
+    moves: int = 0
+    warm: int = 0
+    cold: int = 0
+    kept: int = 0
+    dropped: int = 0
+    placed: int = 0
+    balanced: bool = True
+    per_thread: list[float] = attrs.Factory(list)
+    load: list[float] = attrs.Factory(list)
+
+    def add(
+        self, c: ClientState, mine: frozenset[TaskId], bounds: tuple[int, int], a: ClientAssignment
+    ) -> None:
+        """Count client ``c``, which ran ``mine`` before and gets ``a`` now (``bounds``: the
+        floor and ceiling of its active count)."""
+        stateful, all_stateful = self.stateful, self.all_stateful
         active = a.active
-        moves += len(mine) - len(mine & active)
+        self.moves += len(mine) - len(mine & active)
         gained = active - mine
         if not all_stateful:
             gained &= stateful
         for t in gained:
             if t in c.prev_active or t in c.prev_standby or t in c.lags:
-                warm += 1
+                self.warm += 1
             else:
-                cold += 1
+                self.cold += 1
         if c.prev_standby:
             ps = c.prev_standby - active
             if not all_stateful:
                 ps &= stateful
             k = len(ps & a.standby)
-            kept += k
-            dropped += len(ps) - k
-        placed += len(a.standby) if all_stateful else len(a.standby & stateful)
+            self.kept += k
+            self.dropped += len(ps) - k
+        self.placed += len(a.standby) if all_stateful else len(a.standby & stateful)
         count = len(active)
-        balanced = balanced and lo <= count <= hi
-        per_thread.append(count / c.capacity)
-        load.append(a.load / c.capacity)
-    wanted = min(num_standby_replicas, max(0, len(clients) - 1))
-    metrics = AssignmentMetrics(
-        tasks=n,
-        clients=len(clients),
-        moves=moves,
-        move_lower_bound=quota_move_lower_bound(n, counts, caps),
-        active_balanced=balanced,
-        active_imbalance=(max(per_thread) - min(per_thread)) if per_thread else 0.0,
-        load_imbalance=(max(load) - min(load)) if load else 0.0,
-        standbys_required=wanted * len(stateful),
-        standbys_placed=placed,
-        standbys_kept=kept,
-        standbys_dropped=dropped,
-        warm_takeovers=warm,
-        cold_takeovers=cold,
-        subtopology_balanced=True,  # set by ``_with_subtopologies``
-    )
-    return metrics, owned
+        lo, hi = bounds
+        self.balanced = self.balanced and lo <= count <= hi
+        self.per_thread.append(count / c.capacity)
+        self.load.append(a.load / c.capacity)

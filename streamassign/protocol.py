@@ -35,7 +35,7 @@ from __future__ import annotations
 import struct
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import attrs
@@ -457,6 +457,24 @@ class AssignmentInfo:
         round robin, so runs would degenerate; a vector costs one byte per task, and zlib
         takes the rest (endpoint names repeat their shape). Charged to ``parent``'s budget."""
         w = _Writer(budget=parent.budget)
+        self._write_topic_dictionary(w)
+        hosts = sorted(set(self.active_by_host) | set(self.standby_by_host))
+        w.take(len(hosts))
+        w.uint(len(hosts))
+        for host in hosts:
+            w.string(host)
+        active, standby = self._host_indices(hosts)
+        self._write_owner_vectors(w, active, standby)
+        parent.budget = w.budget
+        if len(w.buf) > _section_limit():
+            raise EncodeError(
+                f"host section of {len(w.buf)} bytes: readers refuse more than "
+                f"{_SECTION_BYTES_PER_ENTRY} bytes per MAX_TASK_IDS entry"
+            )
+        return w.finish()
+
+    def _write_topic_dictionary(self, w: _Writer) -> None:
+        """Topic names, then each subtopology's source topics as (name index, partition count)."""
         names = sorted({name for topics in self.topics.values() for name in topics})
         index = {name: i for i, name in enumerate(names)}
         w.take(len(names))
@@ -472,11 +490,11 @@ class AssignmentInfo:
             for name in sorted(self.topics[sub]):
                 w.uint(index[name])
                 w.uint(self.topics[sub][name])
-        hosts = sorted(set(self.active_by_host) | set(self.standby_by_host))
-        w.take(len(hosts))
-        w.uint(len(hosts))
-        for host in hosts:
-            w.string(host)
+
+    def _host_indices(
+        self, hosts: Sequence[str]
+    ) -> tuple[dict[TaskId, int], dict[TaskId, list[int]]]:
+        """Each task's active host and standby hosts, as indices into ``hosts``."""
         active: dict[TaskId, int] = {}
         standby: dict[TaskId, list[int]] = {}
         for h, host in enumerate(hosts):
@@ -486,6 +504,12 @@ class AssignmentInfo:
                 active[t] = h
             for t in self.standby_by_host.get(host, ()):
                 standby.setdefault(t, []).append(h)
+        return active, standby
+
+    def _write_owner_vectors(
+        self, w: _Writer, active: Mapping[TaskId, int], standby: Mapping[TaskId, list[int]]
+    ) -> None:
+        """Per subtopology of the dictionary, every task's active host, then its standby hosts."""
         counts = _task_counts(self.topics)
         w.take(sum(counts.values()))  # before looping over them: the count may be absurd
         w.take(sum(map(len, standby.values())))
@@ -502,13 +526,6 @@ class AssignmentInfo:
                 w.uint(len(owners))
                 for h in owners:
                     w.uint(h)
-        parent.budget = w.budget
-        if len(w.buf) > _section_limit():
-            raise EncodeError(
-                f"host section of {len(w.buf)} bytes: readers refuse more than "
-                f"{_SECTION_BYTES_PER_ENTRY} bytes per MAX_TASK_IDS entry"
-            )
-        return w.finish()
 
     @classmethod
     def decode(cls, data: bytes, max_version: int = LATEST_VERSION) -> AssignmentInfo:

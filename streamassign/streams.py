@@ -24,7 +24,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 import attrs
 
 from ._ids import TaskId, TopicPartition
-from .assignment import ClientState
+from .assignment import ClientAssignment, ClientState
 from .errors import ErrorCode, TopologyError
 from .grouper import PartitionGrouper, resolve_partition_counts, task_counts
 from .ha import HighAvailabilityTaskAssignor
@@ -252,49 +252,24 @@ def client_states(
     stickiness hands the task back. A member whose user data was unreadable is a process of
     its own with no history.
     """
-    by_process: dict[str, list[str]] = {}
-    infos: dict[str, SubscriptionInfo] = {}
-    for member in sorted(members):
-        info = members[member].info
-        key = str(info.process_id) if info is not None else f"member:{member}"
-        by_process.setdefault(key, []).append(member)
-        if info is not None:
-            infos.setdefault(key, info)
-            # The process's consumers report the same process state; merge to be safe.
-            if info is not infos[key]:
-                merged = {**infos[key].offset_sums, **info.offset_sums}
-                infos[key] = attrs.evolve(infos[key], offset_sums=merged)
-    best: dict[TaskId, int] = {}
-    for info in infos.values():
-        for t, s in info.offset_sums.items():
-            if s >= 0:
-                best[t] = max(best.get(t, 0), s)
-    # A task missing from end_offsets (not fetched yet) is measured against the best copy, as
-    # without end offsets: a lag of 0 there would make any copy of it look caught up.
-    ends = dict(end_offsets or {})
-    top = ends if exact_lags else {**best, **ends}
+    by_process, infos = _group_by_process(members)
+    top = _lag_reference(infos, end_offsets, exact_lags)
+    running, state, home = _measure_local_state(
+        members, by_process, infos, top, acceptable_recovery_lag
+    )
+    clients, endpoints = _build_clients(by_process, infos, running, state, home)
+    return clients, by_process, endpoints
 
-    running: dict[str, set[TaskId]] = {}
-    state: dict[str, dict[TaskId, int | None]] = {}  # None: lag unknown
-    home: dict[TaskId, str] = {}  # task -> the restarted process it returns to
-    for key, info in infos.items():
-        running[key] = {t for t, s in info.offset_sums.items() if s == LATEST_OFFSET}
-        state[key] = {
-            t: max(0, top[t] - s) if t in top else None
-            for t, s in info.offset_sums.items()
-            if s >= 0 and t not in running[key]
-        }
-        ran = {t for m in by_process[key] if (i := members[m].info) for t in i.previous_active}
-        for t in sorted(ran - running[key]):
-            lag = state[key].get(t)
-            if lag is not None and lag <= acceptable_recovery_lag:
-                home.setdefault(t, key)
-    for key in running:
-        for t in running[key] & home.keys():
-            if home[t] != key:  # ran it meanwhile: a warm holder, caught up
-                running[key].discard(t)
-                state[key][t] = 0
 
+def _build_clients(
+    by_process: Mapping[str, list[str]],
+    infos: Mapping[str, SubscriptionInfo],
+    running: Mapping[str, set[TaskId]],
+    state: Mapping[str, dict[TaskId, int | None]],
+    home: Mapping[TaskId, str],
+) -> tuple[list[ClientState], dict[str, str | None]]:
+    """One client state per process (a returning task is a previous active of the process it
+    returns to), and each process's endpoint."""
     clients = []
     endpoints: dict[str, str | None] = {}
     for key, ms in by_process.items():
@@ -320,7 +295,75 @@ def client_states(
             )
         )
         endpoints[key] = info.endpoint
-    return clients, by_process, endpoints
+    return clients, endpoints
+
+
+def _group_by_process(
+    members: Mapping[str, MemberSubscription],
+) -> tuple[dict[str, list[str]], dict[str, SubscriptionInfo]]:
+    """Members by process key, and each process's subscription info (offset sums merged)."""
+    by_process: dict[str, list[str]] = {}
+    infos: dict[str, SubscriptionInfo] = {}
+    for member in sorted(members):
+        info = members[member].info
+        key = str(info.process_id) if info is not None else f"member:{member}"
+        by_process.setdefault(key, []).append(member)
+        if info is not None:
+            infos.setdefault(key, info)
+            # The process's consumers report the same process state; merge to be safe.
+            if info is not infos[key]:
+                merged = {**infos[key].offset_sums, **info.offset_sums}
+                infos[key] = attrs.evolve(infos[key], offset_sums=merged)
+    return by_process, infos
+
+
+def _lag_reference(
+    infos: Mapping[str, SubscriptionInfo],
+    end_offsets: Mapping[TaskId, int] | None,
+    exact_lags: bool,
+) -> dict[TaskId, int]:
+    """The offset each task's lag is measured against."""
+    best: dict[TaskId, int] = {}
+    for info in infos.values():
+        for t, s in info.offset_sums.items():
+            if s >= 0:
+                best[t] = max(best.get(t, 0), s)
+    # A task missing from end_offsets (not fetched yet) is measured against the best copy, as
+    # without end offsets: a lag of 0 there would make any copy of it look caught up.
+    ends = dict(end_offsets or {})
+    return ends if exact_lags else {**best, **ends}
+
+
+def _measure_local_state(
+    members: Mapping[str, MemberSubscription],
+    by_process: Mapping[str, list[str]],
+    infos: Mapping[str, SubscriptionInfo],
+    top: Mapping[TaskId, int],
+    acceptable_recovery_lag: int,
+) -> tuple[dict[str, set[TaskId]], dict[str, dict[TaskId, int | None]], dict[TaskId, str]]:
+    """Per process: the tasks it runs and the lag of its other local state (None: unknown);
+    and the restarted process each caught-up task returns to."""
+    running: dict[str, set[TaskId]] = {}
+    state: dict[str, dict[TaskId, int | None]] = {}  # None: lag unknown
+    home: dict[TaskId, str] = {}  # task -> the restarted process it returns to
+    for key, info in infos.items():
+        running[key] = {t for t, s in info.offset_sums.items() if s == LATEST_OFFSET}
+        state[key] = {
+            t: max(0, top[t] - s) if t in top else None
+            for t, s in info.offset_sums.items()
+            if s >= 0 and t not in running[key]
+        }
+        ran = {t for m in by_process[key] if (i := members[m].info) for t in i.previous_active}
+        for t in sorted(ran - running[key]):
+            lag = state[key].get(t)
+            if lag is not None and lag <= acceptable_recovery_lag:
+                home.setdefault(t, key)
+    for key in running:
+        for t in running[key] & home.keys():
+            if home[t] != key:  # ran it meanwhile: a warm holder, caught up
+                running[key].discard(t)
+                state[key][t] = 0
+    return running, state, home
 
 
 def assign_streams(
@@ -354,10 +397,110 @@ def assign_streams(
     placement avoids sharing (``None``: all).
     """
     version = common_version(members, leader_version)
+    if _shutdown_requested(members):
+        return _failed(members, ErrorCode.SHUTDOWN_REQUESTED, version)
+    compatible = _compatible_members(topology, members)
+    grouped = _group_tasks(topology, partition_counts)
+    if grouped is None:
+        return _failed(members, _INCOMPLETE, version)
+    result = _unassigned(members, version)
+    if not compatible:
+        return result
+    compatible = bounded_claims(compatible, grouped[0])
+    assignor = _task_assignor(
+        high_availability,
+        num_standby_replicas,
+        acceptable_recovery_lag,
+        max_warmup_replicas,
+        probing_rebalance_interval_ms,
+        rack_aware_tags,
+    )
+    return _assign_compatible(
+        topology,
+        grouped,
+        compatible,
+        assignor,
+        result,
+        version,
+        end_offsets,
+        partition_racks,
+        now_ms,
+    )
+
+
+def _shutdown_requested(members: Mapping[str, MemberSubscription]) -> bool:
+    """Whether a member asks the whole application to shut down (logged)."""
     if any(m.info and m.info.error_code == ErrorCode.SHUTDOWN_REQUESTED for m in members.values()):
         log.warning("a member requested shutdown of the application; telling every member")
-        return _failed(members, ErrorCode.SHUTDOWN_REQUESTED, version)
+        return True
+    return False
 
+
+def _group_tasks(
+    topology: Topology, partition_counts: Mapping[str, int]
+) -> tuple[dict[TaskId, frozenset[TopicPartition]], dict[str, int]] | None:
+    """Tasks with their partitions, and every topic's partition count (None: logged, the
+    topics cannot be assigned yet)."""
+    try:
+        tasks = PartitionGrouper().group(topology, partition_counts)
+        counts = resolve_partition_counts(topology, partition_counts)
+        _check_repartition_topics(topology, counts, partition_counts)
+    except TopologyError as exc:
+        log.error(
+            "cannot assign tasks: %s; every member gets INCOMPLETE_SOURCE_TOPIC_METADATA", exc
+        )
+        return None
+    return tasks, counts
+
+
+def _unassigned(
+    members: Mapping[str, MemberSubscription], version: int
+) -> dict[str, MemberAssignment]:
+    """Every member with no tasks and no error."""
+    return {
+        m: MemberAssignment((), AssignmentInfo(version=version, common_version=version))
+        for m in members
+    }
+
+
+def _assign_compatible(
+    topology: Topology,
+    grouped: tuple[dict[TaskId, frozenset[TopicPartition]], dict[str, int]],
+    compatible: Mapping[str, MemberSubscription],
+    assignor: HighAvailabilityTaskAssignor | StickyTaskAssignor,
+    result: dict[str, MemberAssignment],
+    version: int,
+    end_offsets: Mapping[TaskId, int] | None,
+    partition_racks: Mapping[TopicPartition, str] | None,
+    now_ms: int | None,
+) -> dict[str, MemberAssignment]:
+    """``result`` with the tasks assigned over the compatible members (claims bounded)."""
+    tasks, counts = grouped
+    high_availability = isinstance(assignor, HighAvailabilityTaskAssignor)
+    clients, by_process, endpoints = client_states(
+        compatible, end_offsets, assignor.acceptable_recovery_lag, exact_lags=high_availability
+    )
+    stateful = [t for t in tasks if t.subtopology in topology.stateful_subtopologies]
+    racks = task_racks(tasks, partition_racks) if partition_racks else None
+    per_client, next_rebalance = _assign_clients(assignor, tasks, clients, stateful, racks, now_ms)
+    hosts = _HostMaps.of(per_client, endpoints, topology, counts)
+    for key, member_ids in by_process.items():
+        threads = _split_to_threads(
+            per_client[key], member_ids, compatible, tasks, stateful, hosts, version
+        )
+        result.update(threads)
+    if next_rebalance != NEVER:  # every member, so whoever leads next still probes
+        result = {
+            m: attrs.evolve(a, info=attrs.evolve(a.info, next_rebalance_ms=next_rebalance))
+            for m, a in result.items()
+        }
+    return result
+
+
+def _compatible_members(
+    topology: Topology, members: Mapping[str, MemberSubscription]
+) -> dict[str, MemberSubscription]:
+    """Members subscribed to every source topic; the others are logged (they get no tasks)."""
     needed = topology.source_topics
     compatible = {m: s for m, s in members.items() if needed <= s.topics}
     for member in sorted(set(members) - set(compatible)):
@@ -367,95 +510,135 @@ def assign_streams(
             member,
             ", ".join(missing),
         )
-    try:
-        tasks = PartitionGrouper().group(topology, partition_counts)
-        counts = resolve_partition_counts(topology, partition_counts)
-        _check_repartition_topics(topology, counts, partition_counts)
-    except TopologyError as exc:
-        log.error(
-            "cannot assign tasks: %s; every member gets INCOMPLETE_SOURCE_TOPIC_METADATA", exc
-        )
-        return _failed(members, _INCOMPLETE, version)
+    return compatible
 
-    result = {
-        m: MemberAssignment((), AssignmentInfo(version=version, common_version=version))
-        for m in members
-    }
-    if not compatible:
-        return result
-    compatible = bounded_claims(compatible, tasks)
-    clients, by_process, endpoints = client_states(
-        compatible, end_offsets, acceptable_recovery_lag, exact_lags=high_availability
-    )
-    stateful = [t for t in tasks if t.subtopology in topology.stateful_subtopologies]
-    next_rebalance = NEVER
-    racks = task_racks(tasks, partition_racks) if partition_racks else None
+
+def _task_assignor(
+    high_availability: bool,
+    num_standby_replicas: int,
+    acceptable_recovery_lag: int,
+    max_warmup_replicas: int,
+    probing_rebalance_interval_ms: int,
+    rack_aware_tags: Sequence[str] | None,
+) -> HighAvailabilityTaskAssignor | StickyTaskAssignor:
+    """The task assignor the options select (their validation errors included)."""
     if high_availability:
-        ha = HighAvailabilityTaskAssignor(
+        return HighAvailabilityTaskAssignor(
             num_standby_replicas,
             acceptable_recovery_lag,
             max_warmup_replicas,
             probing_rebalance_interval_ms,
             rack_aware_tags=rack_aware_tags,
         )
-        plan = ha.plan(tasks, clients, stateful, task_racks=racks)
-        per_client = dict(plan.assignment)
-        if plan.probing_rebalance_needed:
-            start = int(time.time() * 1000) if now_ms is None else now_ms
-            next_rebalance = start + ha.probing_rebalance_interval_ms
-            log.info(
-                "%d actives held back on caught-up processes, %d warmups placed; "
-                "probing rebalance in %d ms",
-                len(plan.held_back),
-                plan.warmups,
-                ha.probing_rebalance_interval_ms,
-            )
-    else:
-        assignor = StickyTaskAssignor(
-            num_standby_replicas, acceptable_recovery_lag, rack_aware_tags=rack_aware_tags
+    return StickyTaskAssignor(
+        num_standby_replicas, acceptable_recovery_lag, rack_aware_tags=rack_aware_tags
+    )
+
+
+def _assign_clients(
+    assignor: HighAvailabilityTaskAssignor | StickyTaskAssignor,
+    tasks: Mapping[TaskId, frozenset[TopicPartition]],
+    clients: list[ClientState],
+    stateful: list[TaskId],
+    racks: Mapping[TaskId, str] | None,
+    now_ms: int | None,
+) -> tuple[dict[str, ClientAssignment], int]:
+    """Each client's tasks, and when the group should probe again (NEVER: no need)."""
+    if isinstance(assignor, HighAvailabilityTaskAssignor):
+        return _plan_high_availability(assignor, tasks, clients, stateful, racks, now_ms)
+    return assignor.assign(tasks, clients, stateful, task_racks=racks), NEVER
+
+
+def _plan_high_availability(
+    ha: HighAvailabilityTaskAssignor,
+    tasks: Mapping[TaskId, frozenset[TopicPartition]],
+    clients: list[ClientState],
+    stateful: list[TaskId],
+    racks: Mapping[TaskId, str] | None,
+    now_ms: int | None,
+) -> tuple[dict[str, ClientAssignment], int]:
+    """The high-availability assignment per client, and when to probe again (NEVER: no need)."""
+    plan = ha.plan(tasks, clients, stateful, task_racks=racks)
+    per_client = dict(plan.assignment)
+    next_rebalance = NEVER
+    if plan.probing_rebalance_needed:
+        start = int(time.time() * 1000) if now_ms is None else now_ms
+        next_rebalance = start + ha.probing_rebalance_interval_ms
+        log.info(
+            "%d actives held back on caught-up processes, %d warmups placed; "
+            "probing rebalance in %d ms",
+            len(plan.held_back),
+            plan.warmups,
+            ha.probing_rebalance_interval_ms,
         )
-        per_client = assignor.assign(tasks, clients, stateful, task_racks=racks)
+    return per_client, next_rebalance
 
-    active_by_host: dict[str, frozenset[TaskId]] = {}
-    standby_by_host: dict[str, frozenset[TaskId]] = {}
-    for key, assigned in per_client.items():
-        endpoint = endpoints[key]
-        if endpoint:
-            active_by_host[endpoint] = active_by_host.get(endpoint, frozenset()) | assigned.active
-            standby_by_host[endpoint] = (
-                standby_by_host.get(endpoint, frozenset()) | assigned.standby | assigned.warmup
-            )
-    topics: dict[int, dict[str, int]] = {}
-    if active_by_host:  # the dictionary only serves the host maps
-        for s in topology.subtopology_ids:
-            topics[s] = {t: counts[t] for t in topology.subtopology(s).source_topics}
 
-    for key, member_ids in by_process.items():
-        infos = {m: compatible[m].info for m in member_ids}
-        previous = {m: info.previous_active for m, info in infos.items() if info is not None}
-        split = distribute_to_threads(per_client[key], member_ids, previous, stateful)
-        for m, part in split.items():
-            partitions = tuple(sorted(tp for t in part.active for tp in tasks[t]))
-            result[m] = MemberAssignment(
-                partitions,
-                AssignmentInfo(
-                    active=part.active,
-                    # Version 1 has no warmups: such a member runs them as standbys, which
-                    # reports their progress all the same.
-                    standby=part.standby if version >= 2 else part.standby | part.warmup,
-                    warmup=part.warmup if version >= 2 else frozenset(),
-                    active_by_host=active_by_host,
-                    standby_by_host=standby_by_host,
-                    topics=topics,
-                    version=version,
-                    common_version=version,
-                ),
-            )
-    if next_rebalance != NEVER:  # every member, so whoever leads next still probes
-        result = {
-            m: attrs.evolve(a, info=attrs.evolve(a.info, next_rebalance_ms=next_rebalance))
-            for m, a in result.items()
-        }
+@attrs.frozen
+class _HostMaps:
+    """What every member's assignment tells about the group: tasks by endpoint, and the source
+    topic counts of each subtopology (only when some endpoint is known)."""
+
+    active_by_host: dict[str, frozenset[TaskId]]
+    standby_by_host: dict[str, frozenset[TaskId]]
+    topics: dict[int, dict[str, int]]
+
+    @classmethod
+    def of(
+        cls,
+        per_client: Mapping[str, ClientAssignment],
+        endpoints: Mapping[str, str | None],
+        topology: Topology,
+        counts: Mapping[str, int],
+    ) -> _HostMaps:
+        active_by_host: dict[str, frozenset[TaskId]] = {}
+        standby_by_host: dict[str, frozenset[TaskId]] = {}
+        for key, assigned in per_client.items():
+            endpoint = endpoints[key]
+            if endpoint:
+                active = active_by_host.get(endpoint, frozenset()) | assigned.active
+                active_by_host[endpoint] = active
+                standby_by_host[endpoint] = (
+                    standby_by_host.get(endpoint, frozenset()) | assigned.standby | assigned.warmup
+                )
+        topics: dict[int, dict[str, int]] = {}
+        if active_by_host:  # the dictionary only serves the host maps
+            for s in topology.subtopology_ids:
+                topics[s] = {t: counts[t] for t in topology.subtopology(s).source_topics}
+        return cls(active_by_host, standby_by_host, topics)
+
+
+def _split_to_threads(
+    assigned: ClientAssignment,
+    member_ids: list[str],
+    compatible: Mapping[str, MemberSubscription],
+    tasks: Mapping[TaskId, frozenset[TopicPartition]],
+    stateful: list[TaskId],
+    hosts: _HostMaps,
+    version: int,
+) -> dict[str, MemberAssignment]:
+    """One client's tasks split over its members (threads), as their assignments."""
+    infos = {m: compatible[m].info for m in member_ids}
+    previous = {m: info.previous_active for m, info in infos.items() if info is not None}
+    split = distribute_to_threads(assigned, member_ids, previous, stateful)
+    result = {}
+    for m, part in split.items():
+        partitions = tuple(sorted(tp for t in part.active for tp in tasks[t]))
+        result[m] = MemberAssignment(
+            partitions,
+            AssignmentInfo(
+                active=part.active,
+                # Version 1 has no warmups: such a member runs them as standbys, which
+                # reports their progress all the same.
+                standby=part.standby if version >= 2 else part.standby | part.warmup,
+                warmup=part.warmup if version >= 2 else frozenset(),
+                active_by_host=hosts.active_by_host,
+                standby_by_host=hosts.standby_by_host,
+                topics=hosts.topics,
+                version=version,
+                common_version=version,
+            ),
+        )
     return result
 
 

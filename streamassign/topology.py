@@ -223,6 +223,76 @@ def _join(names: Iterable[object]) -> str:
     return ", ".join(repr(n) for n in names)
 
 
+def _index_by_id(subtopologies: Iterable[Subtopology]) -> dict[int, Subtopology]:
+    """Subtopologies by id; ``TopologyError`` naming every id used twice."""
+    by_id: dict[int, Subtopology] = {}
+    duplicates: set[int] = set()
+    for sub in subtopologies:
+        if sub.id in by_id:
+            duplicates.add(sub.id)
+        by_id[sub.id] = sub
+    if duplicates:
+        raise TopologyError("duplicate subtopology ids: " + ", ".join(map(str, sorted(duplicates))))
+    return by_id
+
+
+def _check_single_owners(
+    owners: Mapping[str, list[int]], store_owners: Mapping[str, list[int]]
+) -> None:
+    """A source topic, and a store, belongs to one subtopology only."""
+    shared = {t: ids for t, ids in owners.items() if len(ids) > 1}
+    if shared:
+        listed = "; ".join(
+            f"{t!r} in subtopologies {', '.join(map(str, ids))}"
+            for t, ids in sorted(shared.items())
+        )
+        raise TopologyError(
+            "a topic may be the source of only one subtopology (as in Kafka Streams; merge "
+            f"subtopologies that read the same topic): {listed}"
+        )
+    shared_stores = {s: ids for s, ids in store_owners.items() if len(ids) > 1}
+    if shared_stores:
+        listed = "; ".join(
+            f"{s!r} in subtopologies {', '.join(map(str, ids))}"
+            for s, ids in sorted(shared_stores.items())
+        )
+        raise TopologyError(f"a store may belong to only one subtopology: {listed}")
+
+
+def _checked_copartition_groups(
+    groups: tuple[tuple[str, ...], ...], owners: Mapping[str, list[int]]
+) -> tuple[tuple[str, ...], ...]:
+    """``groups`` merged; each must name source topics read by one subtopology."""
+    for group in groups:
+        unknown = [t for t in group if t not in owners]
+        if unknown:
+            raise TopologyError(
+                f"co-partition group [{_join(group)}] names topics that are not source "
+                f"topics of any subtopology: {_join(unknown)}"
+            )
+    merged = _merge_groups(groups)
+    for group in merged:
+        readers = {t: owners[t][0] for t in group}
+        if len(set(readers.values())) > 1:
+            listed = ", ".join(f"{t!r} (subtopology {s})" for t, s in readers.items())
+            raise TopologyError(
+                "co-partitioned topics must be read by one subtopology (the one that joins "
+                f"them): {listed}"
+            )
+    return merged
+
+
+def _check_changelog_names(name: str, stores: Iterable[str]) -> None:
+    """Every store's changelog topic name fits Kafka's limit."""
+    for store in stores:
+        topic = changelog_topic_name(name, store)
+        if len(topic) > _MAX_TOPIC_LENGTH:
+            raise TopologyError(
+                f"changelog topic of store {store!r} would be {len(topic)} characters "
+                f"long (Kafka allows {_MAX_TOPIC_LENGTH}): {topic!r}"
+            )
+
+
 @attrs.frozen
 class Topology:
     """An application's subtopologies, co-partition groups and repartition topics.
@@ -257,17 +327,7 @@ class Topology:
     )
 
     def __attrs_post_init__(self) -> None:
-        by_id: dict[int, Subtopology] = {}
-        duplicates: set[int] = set()
-        for sub in self.subtopologies:
-            if sub.id in by_id:
-                duplicates.add(sub.id)
-            by_id[sub.id] = sub
-        if duplicates:
-            raise TopologyError(
-                "duplicate subtopology ids: " + ", ".join(map(str, sorted(duplicates)))
-            )
-
+        by_id = _index_by_id(self.subtopologies)
         owners: dict[str, list[int]] = {}
         store_owners: dict[str, list[int]] = {}
         for sub in self.subtopologies:
@@ -275,58 +335,17 @@ class Topology:
                 owners.setdefault(topic, []).append(sub.id)
             for store in sub.stores:
                 store_owners.setdefault(store, []).append(sub.id)
-        shared = {t: ids for t, ids in owners.items() if len(ids) > 1}
-        if shared:
-            listed = "; ".join(
-                f"{t!r} in subtopologies {', '.join(map(str, ids))}"
-                for t, ids in sorted(shared.items())
-            )
-            raise TopologyError(
-                "a topic may be the source of only one subtopology (as in Kafka Streams; merge "
-                f"subtopologies that read the same topic): {listed}"
-            )
-        shared_stores = {s: ids for s, ids in store_owners.items() if len(ids) > 1}
-        if shared_stores:
-            listed = "; ".join(
-                f"{s!r} in subtopologies {', '.join(map(str, ids))}"
-                for s, ids in sorted(shared_stores.items())
-            )
-            raise TopologyError(f"a store may belong to only one subtopology: {listed}")
-
+        _check_single_owners(owners, store_owners)
         unread = sorted(t for t in self.repartition_topics if t not in owners)
         if unread:
             raise TopologyError(
                 f"repartition topics not read by any subtopology (not a source topic): "
                 f"{_join(unread)}"
             )
-
-        for group in self.copartition_groups:
-            unknown = [t for t in group if t not in owners]
-            if unknown:
-                raise TopologyError(
-                    f"co-partition group [{_join(group)}] names topics that are not source "
-                    f"topics of any subtopology: {_join(unknown)}"
-                )
-        merged = _merge_groups(self.copartition_groups)
-        for group in merged:
-            readers = {t: owners[t][0] for t in group}
-            if len(set(readers.values())) > 1:
-                listed = ", ".join(f"{t!r} (subtopology {s})" for t, s in readers.items())
-                raise TopologyError(
-                    "co-partitioned topics must be read by one subtopology (the one that joins "
-                    f"them): {listed}"
-                )
+        merged = _checked_copartition_groups(self.copartition_groups, owners)
         object.__setattr__(self, "copartition_groups", merged)
-
         if self.name:
-            for store in store_owners:
-                topic = changelog_topic_name(self.name, store)
-                if len(topic) > _MAX_TOPIC_LENGTH:
-                    raise TopologyError(
-                        f"changelog topic of store {store!r} would be {len(topic)} characters "
-                        f"long (Kafka allows {_MAX_TOPIC_LENGTH}): {topic!r}"
-                    )
-
+            _check_changelog_names(self.name, store_owners)
         writers: dict[str, list[int]] = {}
         for sub in self.subtopologies:
             for topic in sub.sink_topics:
@@ -528,11 +547,9 @@ def _parse_document(data: Mapping[str, Any], source: str) -> TopologyFile:
     if not isinstance(data, Mapping):
         raise TopologyError(f"{source}: a topology document must be a table, got {data!r}")
     _check_keys(data, _TOP_KEYS, f"{source}: top level")
-
     name = data.get("name", "")
     if not isinstance(name, str):
         raise TopologyError(f"{source}: 'name' must be a string, got {name!r}")
-
     groups_value = data.get("copartition_groups", [])
     if not isinstance(groups_value, list):
         raise TopologyError(
@@ -541,7 +558,17 @@ def _parse_document(data: Mapping[str, Any], source: str) -> TopologyFile:
     groups = [
         _str_list(g, f"{source}: copartition_groups[{i}]") for i, g in enumerate(groups_value)
     ]
+    subtopologies = _parse_subtopologies(data, source)
+    repartition = _parse_repartition_topics(data, source)
+    try:
+        topology = Topology(subtopologies, groups, repartition, name)
+    except (TypeError, ValueError) as exc:
+        raise TopologyError(f"{source}: {exc}") from exc
+    return TopologyFile(topology, _parse_partitions(data, source, topology))
 
+
+def _parse_subtopologies(data: Mapping[str, Any], source: str) -> list[Subtopology]:
+    """The document's ``[[subtopology]]`` tables."""
     subtopologies: list[Subtopology] = []
     for i, table in enumerate(_tables(data, "subtopology", source), start=1):
         where = f"{source}: [[subtopology]] #{i}"
@@ -563,7 +590,11 @@ def _parse_document(data: Mapping[str, Any], source: str) -> TopologyFile:
             )
         except (TypeError, ValueError) as exc:  # TopologyError too: the message names the file
             raise TopologyError(f"{where}: {exc}") from exc
+    return subtopologies
 
+
+def _parse_repartition_topics(data: Mapping[str, Any], source: str) -> dict[str, int | None]:
+    """The document's ``[[repartition_topic]]`` tables: name -> fixed count (None: computed)."""
     repartition: dict[str, int | None] = {}
     for i, table in enumerate(_tables(data, "repartition_topic", source), start=1):
         where = f"{source}: [[repartition_topic]] #{i}"
@@ -579,12 +610,11 @@ def _parse_document(data: Mapping[str, Any], source: str) -> TopologyFile:
         repartition[topic] = (
             None if count is None else _positive_int(count, f"{where} ({topic!r}): 'partitions'")
         )
+    return repartition
 
-    try:
-        topology = Topology(subtopologies, groups, repartition, name)
-    except (TypeError, ValueError) as exc:
-        raise TopologyError(f"{source}: {exc}") from exc
 
+def _parse_partitions(data: Mapping[str, Any], source: str, topology: Topology) -> dict[str, int]:
+    """The document's ``[partitions]`` table: counts of external source topics."""
     partitions_value = data.get("partitions", {})
     if not isinstance(partitions_value, Mapping):
         raise TopologyError(
@@ -602,4 +632,4 @@ def _parse_document(data: Mapping[str, Any], source: str) -> TopologyFile:
         if topic not in externals:
             raise TopologyError(f"{where} is not a source topic of any subtopology")
         partitions[topic] = _positive_int(count, where)
-    return TopologyFile(topology, partitions)
+    return partitions

@@ -343,6 +343,43 @@ class ProcessHost:
     ) -> None:
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
+        self._set_leader_options(
+            num_standby_replicas,
+            high_availability,
+            acceptable_recovery_lag,
+            max_warmup_replicas,
+            probing_rebalance_interval_ms,
+            end_offsets,
+            rack_aware_tags,
+        )
+        self.topology = topology
+        self.application_id = application_id or topology.name
+        if not self.application_id:
+            raise ConfigError("an application id is needed (application_id= or a topology name)")
+        self.bootstrap_servers = bootstrap_servers
+        self.state = StateDirectory(Path(state_dir))
+        self.process_id = self.state.process_id
+        self.threads = threads
+        self.endpoint = endpoint
+        self.num_standby_replicas = num_standby_replicas
+        self.rack = rack
+        self.client_tags = dict(client_tags or {})
+        self.listener = listener or TaskListener()
+        self.consumer_config = dict(consumer_config or {})
+        self.max_version = max_version
+        self._init_group_state(threads)
+
+    def _set_leader_options(
+        self,
+        num_standby_replicas: int,
+        high_availability: bool,
+        acceptable_recovery_lag: int,
+        max_warmup_replicas: int,
+        probing_rebalance_interval_ms: int,
+        end_offsets: Callable[[], Mapping[TaskId, int]] | None,
+        rack_aware_tags: Sequence[str] | None,
+    ) -> None:
+        """Check and keep the options this process assigns with when it leads."""
         # Checked here, not at the first rebalance this process leads.
         HighAvailabilityTaskAssignor(
             num_standby_replicas,
@@ -361,21 +398,10 @@ class ProcessHost:
         self.probing_rebalance_interval_ms = probing_rebalance_interval_ms
         self.end_offsets = end_offsets
         self.rack_aware_tags = rack_aware_tags
-        self.topology = topology
-        self.application_id = application_id or topology.name
-        if not self.application_id:
-            raise ConfigError("an application id is needed (application_id= or a topology name)")
-        self.bootstrap_servers = bootstrap_servers
-        self.state = StateDirectory(Path(state_dir))
-        self.process_id = self.state.process_id
-        self.threads = threads
-        self.endpoint = endpoint
-        self.num_standby_replicas = num_standby_replicas
-        self.rack = rack
-        self.client_tags = dict(client_tags or {})
-        self.listener = listener or TaskListener()
-        self.consumer_config = dict(consumer_config or {})
-        self.max_version = max_version
+
+    def _init_group_state(self, threads: int) -> None:
+        """What the process tracks of the group: errors, host maps, its consumers' assignments
+        (the restored ones from the state directory until every consumer is assigned)."""
         self.requested_error = ErrorCode.NONE
         self.shutdown_requested = False
         self.errors: dict[int, ErrorCode] = {}

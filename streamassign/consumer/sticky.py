@@ -122,157 +122,201 @@ Key = int | Fraction
 
 def _general(problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> list[int]:
     """Keep valid claims, fill by lowest load, then improving moves until balanced (KIP-54)."""
-    members = len(problem.members)
-    owner = list(prev)
-    count = [0] * members
-    for m in owner:
-        if m >= 0:
-            count[m] += 1
-    topic_of = problem.topic_of()
+    balancer = _GreedyBalancer(problem, prev, weights)
+    balancer.fill_unowned()
+    balancer.make_improving_moves()
+    balancer.hand_back_needless_moves()
+    return balancer.owner
 
-    unit = all(w == 1 for w in weights)
 
-    def key(m: int) -> Key:
+class _GreedyBalancer:
+    """The general path's working state: owners, per-member counts and exact load keys.
+
+    Members with identical subscriptions share a heap keyed by load; a topic's candidates are
+    the heaps of the groups subscribed to it (few groups in practice, however many members).
+    """
+
+    def __init__(self, problem: Problem, prev: Sequence[int], weights: Sequence[int]) -> None:
+        self.problem = problem
+        self.prev = prev
+        self.weights = weights
+        self.unit = all(w == 1 for w in weights)
+        self.owner = list(prev)
+        self.count = [0] * len(problem.members)
+        for m in self.owner:
+            if m >= 0:
+                self.count[m] += 1
+        self.topic_of = problem.topic_of()
+        self.group_of = [0] * len(problem.members)
+        self.heaps: list[list[tuple[Key, int]]] = []
+        self.groups_of_topic: list[list[int]] = [[] for _ in problem.topics]
+        self._group_by_subscription()
+        self.held: list[dict[int, list[int]]] = []  # per member: topic -> partitions held
+        self.holders: list[set[int]] = []  # per topic: members holding some of it
+
+    def _group_by_subscription(self) -> None:
+        """One load heap per distinct subscription, in order of its first member."""
+        by_subscription: dict[frozenset[int], list[int]] = {}
+        for m, subs in enumerate(self.problem.subscribed):
+            by_subscription.setdefault(subs, []).append(m)
+        groups = sorted(by_subscription.items(), key=lambda g: g[1][0])
+        for gi, (subs, ms) in enumerate(groups):
+            for m in ms:
+                self.group_of[m] = gi
+            self.heaps.append(sorted((self.key(m), m) for m in ms))
+            for t in subs:
+                self.groups_of_topic[t].append(gi)
+
+    def key(self, m: int) -> Key:
         """Load key, exact: a move from a to b improves exactly when key(b) < threshold(a).
 
         ``2c + 1`` with unit weights, else the exact rational ``(2c + 1) / w``: with float keys
         a move and its reverse could both look like improvements (weights 3 and 3 already do
         it) and the loop would never end.
         """
-        return 2 * count[m] + 1 if unit else Fraction(2 * count[m] + 1, weights[m])
+        c = self.count[m]
+        return 2 * c + 1 if self.unit else Fraction(2 * c + 1, self.weights[m])
 
-    def threshold(m: int) -> Key:
+    def threshold(self, m: int) -> Key:
         """A member whose key is below this could take a partition from ``m``."""
-        return 2 * count[m] - 1 if unit else Fraction(2 * count[m] - 1, weights[m])
+        c = self.count[m]
+        return 2 * c - 1 if self.unit else Fraction(2 * c - 1, self.weights[m])
 
-    # Members with identical subscriptions share a heap keyed by load; a topic's candidates are
-    # the heaps of the groups subscribed to it (few groups in practice, however many members).
-    by_subscription: dict[frozenset[int], list[int]] = {}
-    for m, subs in enumerate(problem.subscribed):
-        by_subscription.setdefault(subs, []).append(m)
-    groups = sorted(by_subscription.items(), key=lambda g: g[1][0])
-    group_of = [0] * members
-    heaps: list[list[tuple[Key, int]]] = []
-    groups_of_topic: list[list[int]] = [[] for _ in problem.topics]
-    for gi, (subs, ms) in enumerate(groups):
-        for m in ms:
-            group_of[m] = gi
-        heaps.append(sorted((key(m), m) for m in ms))
-        for t in subs:
-            groups_of_topic[t].append(gi)
-
-    def top(gi: int) -> tuple[Key, int] | None:
+    def top(self, gi: int) -> tuple[Key, int] | None:
         """The group's lightest member, dropping stale heap entries."""
-        heap = heaps[gi]
-        while heap and heap[0][0] != key(heap[0][1]):
+        heap = self.heaps[gi]
+        while heap and heap[0][0] != self.key(heap[0][1]):
             heapq.heappop(heap)
         return heap[0] if heap else None
 
-    def lightest(t: int) -> int:
+    def lightest(self, t: int) -> int:
         """Eligible member for topic ``t`` with the lowest load key (-1: none)."""
-        best = min(filter(None, (top(gi) for gi in groups_of_topic[t])), default=None)
+        best = min(filter(None, (self.top(gi) for gi in self.groups_of_topic[t])), default=None)
         return -1 if best is None else best[1]
 
-    def add(m: int, delta: int) -> None:
-        count[m] += delta
-        heapq.heappush(heaps[group_of[m]], (key(m), m))
+    def add(self, m: int, delta: int) -> None:
+        self.count[m] += delta
+        heapq.heappush(self.heaps[self.group_of[m]], (self.key(m), m))
 
-    for pid, m in enumerate(owner):
-        if m < 0:
-            best = lightest(topic_of[pid])
-            if best >= 0:
-                owner[pid] = best
-                add(best, 1)
+    def fill_unowned(self) -> None:
+        """Give each unowned partition to its lightest eligible member."""
+        for pid, m in enumerate(self.owner):
+            if m < 0:
+                best = self.lightest(self.topic_of[pid])
+                if best >= 0:
+                    self.owner[pid] = best
+                    self.add(best, 1)
 
-    # Improving moves, most loaded members first, until a full pass makes none.
-    held: list[dict[int, list[int]]] = [{} for _ in range(members)]
-    for pid, m in enumerate(owner):
-        if m >= 0:
-            held[m].setdefault(topic_of[pid], []).append(pid)
-    for m, by_topic in enumerate(held):  # partitions new to m this round move first (pop)
-        for pids in by_topic.values():
-            pids.sort(key=partial(_kept_last, prev, m))
-    # One move at a time, always from the currently heaviest member that can give (draining
-    # one member to the bottom first would make others refill it: needless moves). Members
-    # that cannot give are set aside until the next pass; a pass without moves ends it.
-    moved = True
-    while moved:
+    def make_improving_moves(self) -> None:
+        """Improving moves, most loaded members first, until a full pass makes none."""
+        self.held = [{} for _ in self.problem.members]
+        for pid, m in enumerate(self.owner):
+            if m >= 0:
+                self.held[m].setdefault(self.topic_of[pid], []).append(pid)
+        for m, by_topic in enumerate(self.held):  # partitions new to m this round move first
+            for pids in by_topic.values():
+                pids.sort(key=partial(_kept_last, self.prev, m))
+        while self._improving_pass():
+            pass
+
+    def _improving_pass(self) -> bool:
+        """One pass of moves; whether it made any.
+
+        One move at a time, always from the currently heaviest member that can give (draining
+        one member to the bottom first would make others refill it: needless moves). Members
+        that cannot give are set aside until the next pass.
+        """
         moved = False
-        donors = [(-threshold(m), m) for m in range(members)]
+        donors = [(-self.threshold(m), m) for m in range(len(self.problem.members))]
         heapq.heapify(donors)
         while donors:
             neg, a = heapq.heappop(donors)
-            if neg != -threshold(a):
+            if neg != -self.threshold(a):
                 continue  # stale entry
-            floor = min(filter(None, (top(gi) for gi in range(len(heaps)))), default=None)
-            if floor is None or floor[0] >= threshold(a):
+            floor = min(filter(None, (self.top(gi) for gi in range(len(self.heaps)))), default=None)
+            if floor is None or floor[0] >= self.threshold(a):
                 break  # nobody can take from a, nor from anyone lighter
-            pick = next(
-                (
-                    (t, b)
-                    for t, pids in held[a].items()
-                    if pids and (b := lightest(t)) >= 0 and key(b) < threshold(a)
-                ),
-                None,
-            )
+            pick = self._pick_taker(a)
             if pick is None:
                 continue
             t, b = pick
-            pid = held[a][t].pop()
-            owner[pid] = b
-            held[b].setdefault(t, []).append(pid)
-            add(a, -1)
-            add(b, 1)
-            heapq.heappush(donors, (-threshold(a), a))
-            heapq.heappush(donors, (-threshold(b), b))
+            pid = self.held[a][t].pop()
+            self.owner[pid] = b
+            self.held[b].setdefault(t, []).append(pid)
+            self.add(a, -1)
+            self.add(b, 1)
+            heapq.heappush(donors, (-self.threshold(a), a))
+            heapq.heappush(donors, (-self.threshold(b), b))
             moved = True
+        return moved
 
-    # Needless moves: the greedy order can take a partition from a member still in the group
-    # that could have it back at no cost in balance (moving it back lowers or keeps
-    # sum(c^2 / w)). Hand each such partition back unless that opens an improving move: from
-    # its previous owner (now one heavier) or onto its taker (now one lighter).
-    holders: list[set[int]] = [set() for _ in problem.topics]
-    for m, by_topic in enumerate(held):
-        for t, pids in by_topic.items():
-            if pids:
-                holders[t].add(m)
-
-    def move(pid: int, src: int, dst: int) -> None:
-        t = topic_of[pid]
-        owner[pid] = dst
-        held[src][t].remove(pid)
-        held[dst].setdefault(t, []).append(pid)
-        holders[t].add(dst)
-        if not held[src][t]:
-            holders[t].discard(src)
-        add(src, -1)
-        add(dst, 1)
-
-    def opens_a_move(a: int, b: int) -> bool:
-        if any(pids and key(lightest(t)) < threshold(a) for t, pids in held[a].items()):
-            return True
-        return any(
-            threshold(y) > key(b) for t in problem.subscribed[b] for y in holders[t] if y != b
+    def _pick_taker(self, a: int) -> tuple[int, int] | None:
+        """The first (topic, member) where that member could improve by taking from ``a``."""
+        threshold = self.threshold(a)
+        return next(
+            (
+                (t, b)
+                for t, pids in self.held[a].items()
+                if pids and (b := self.lightest(t)) >= 0 and self.key(b) < threshold
+            ),
+            None,
         )
 
-    # Passes until one hands nothing back: a hand-back changes loads, which can make an
-    # earlier candidate possible. Each one moves a partition home, so the passes end.
-    taken = [pid for pid, a in enumerate(prev) if a >= 0 and owner[pid] not in (a, -1)]
-    while taken:
-        left = []
-        for pid in taken:
-            a, b = prev[pid], owner[pid]
-            if key(a) > threshold(b):
-                left.append(pid)
-                continue
-            move(pid, b, a)
-            if opens_a_move(a, b):
-                move(pid, a, b)  # undo
-                left.append(pid)
-        if len(left) == len(taken):
-            break
-        taken = left
-    return owner
+    def hand_back_needless_moves(self) -> None:
+        """Undo needless moves: the greedy order can take a partition from a member still in
+        the group that could have it back at no cost in balance (moving it back lowers or keeps
+        sum(c^2 / w)). Hand each such partition back unless that opens an improving move: from
+        its previous owner (now one heavier) or onto its taker (now one lighter).
+
+        Passes until one hands nothing back: a hand-back changes loads, which can make an
+        earlier candidate possible. Each one moves a partition home, so the passes end.
+        """
+        self.holders = [set() for _ in self.problem.topics]
+        for m, by_topic in enumerate(self.held):
+            for t, pids in by_topic.items():
+                if pids:
+                    self.holders[t].add(m)
+        prev, owner = self.prev, self.owner
+        taken = [pid for pid, a in enumerate(prev) if a >= 0 and owner[pid] not in (a, -1)]
+        while taken:
+            left = []
+            for pid in taken:
+                a, b = prev[pid], owner[pid]
+                if self.key(a) > self.threshold(b):
+                    left.append(pid)
+                    continue
+                self._move(pid, b, a)
+                if self._opens_a_move(a, b):
+                    self._move(pid, a, b)  # undo
+                    left.append(pid)
+            if len(left) == len(taken):
+                break
+            taken = left
+
+    def _move(self, pid: int, src: int, dst: int) -> None:
+        t = self.topic_of[pid]
+        self.owner[pid] = dst
+        self.held[src][t].remove(pid)
+        self.held[dst].setdefault(t, []).append(pid)
+        self.holders[t].add(dst)
+        if not self.held[src][t]:
+            self.holders[t].discard(src)
+        self.add(src, -1)
+        self.add(dst, 1)
+
+    def _opens_a_move(self, a: int, b: int) -> bool:
+        """Whether ``a`` could now give to someone, or someone could now give to ``b``."""
+        if any(
+            pids and self.key(self.lightest(t)) < self.threshold(a)
+            for t, pids in self.held[a].items()
+        ):
+            return True
+        return any(
+            self.threshold(y) > self.key(b)
+            for t in self.problem.subscribed[b]
+            for y in self.holders[t]
+            if y != b
+        )
 
 
 def _kept_last(prev: Sequence[int], m: int, pid: int) -> tuple[bool, int]:

@@ -198,6 +198,17 @@ def faust_topology(
         )
         return faust_style_topology(subscriptions, partition_counts)
     groups.extend((t,) for t in sorted(subscribed - seen))
+    subtopologies = _hashed_subtopologies(groups, partition_counts)
+    if subtopologies is None:
+        return faust_style_topology(subscriptions, partition_counts)
+    return Topology(subtopologies, [g for g in groups if len(g) > 1])
+
+
+def _hashed_subtopologies(
+    groups: Sequence[tuple[str, ...]], partition_counts: Mapping[str, int]
+) -> list[Subtopology] | None:
+    """One subtopology per group, with a stable hashed id; None (logged) when a group's
+    partition counts differ."""
     ids: set[int] = set()
     subtopologies = []
     for group in groups:
@@ -209,13 +220,13 @@ def faust_topology(
                 group,
                 sorted(counts),
             )
-            return faust_style_topology(subscriptions, partition_counts)
+            return None
         sid = _hashed_id(counts.pop(), group)
         while sid in ids:
             sid = _next_hashed_id(sid)
         ids.add(sid)
         subtopologies.append(Subtopology(sid, group))
-    return Topology(subtopologies, [g for g in groups if len(g) > 1])
+    return subtopologies
 
 
 def host_key(endpoint: str, process: str, duplicated: bool) -> str:
@@ -255,14 +266,9 @@ def assign_faust(
         )
         for m in members
     }
-    unsized = {t for topics in subscriptions.values() for t in topics} - partition_counts.keys()
-    if waiting := sorted(unsized & (changelogs | globals_ | frozenset(required_topics))):
-        log.warning(
-            "no metadata for %s (not created yet?): assigning nothing until they exist", waiting
-        )
+    required = changelogs | globals_ | frozenset(required_topics)
+    if _waiting_for_metadata(subscriptions, partition_counts, required):
         return incomplete
-    if unsized:
-        log.warning("no metadata for subscribed topics %s (not created yet?)", sorted(unsized))
     try:
         topology = faust_topology(subscriptions, partition_counts, copartition_groups, changelogs)
         tasks = PartitionGrouper().group(topology, partition_counts)
@@ -271,53 +277,174 @@ def assign_faust(
         return incomplete
     result = {m: MemberAssignment((), empty) for m in members}
     members = bounded_claims(members, tasks)  # the rebalance's budget (logged per member)
+    plan = _FaustRuns.plan(topology, tasks, members, changelogs, globals_, partition_counts)
+    per_member, per_process = plan.assign(StickyTaskAssignor(num_standby_replicas))
+    result.update(plan.member_assignments(per_member, per_process, version))
+    return result
 
-    sub_topics = {s: topology.subtopology(s).source_topics for s in topology.subtopology_ids}
-    # Groups made only of global changelogs are no work to share: every subscriber gets them all.
-    assignable = {s for s, topics in sub_topics.items() if not set(topics) <= globals_}
-    stateful_subs = {s for s, topics in sub_topics.items() if changelogs & set(topics)}
 
-    clients, by_process, endpoints = client_states(members)
-    clients = _with_capacities(_return_restarted(clients, members, by_process))
+def _waiting_for_metadata(
+    subscriptions: Mapping[str, frozenset[str]],
+    partition_counts: Mapping[str, int],
+    required: frozenset[str],
+) -> bool:
+    """Whether a ``required`` subscribed topic has no metadata yet (logged, as are other
+    subscribed topics without metadata, which are left out)."""
+    unsized = {t for topics in subscriptions.values() for t in topics} - partition_counts.keys()
+    if waiting := sorted(unsized & required):
+        log.warning(
+            "no metadata for %s (not created yet?): assigning nothing until they exist", waiting
+        )
+        return True
+    if unsized:
+        log.warning("no metadata for subscribed topics %s (not created yet?)", sorted(unsized))
+    return False
 
-    # One sticky run per set of members eligible for the same groups.
+
+@attrs.frozen
+class _FaustRuns:
+    """The sticky runs of one assignment: one per set of members eligible for the same groups
+    (subtopologies), over clients by process."""
+
+    tasks: Mapping[TaskId, frozenset[TopicPartition]]
+    members: Mapping[str, MemberSubscription]
+    sub_topics: dict[int, tuple[str, ...]]
+    stateful_subs: set[int]
+    changelogs: frozenset[str]
+    globals_: frozenset[str]
+    partition_counts: Mapping[str, int]
+    clients: list[ClientState]
+    by_process: dict[str, list[str]]
+    endpoints: dict[str, str | None]
+    runs: dict[frozenset[str], list[int]]
+
+    @classmethod
+    def plan(
+        cls,
+        topology: Topology,
+        tasks: Mapping[TaskId, frozenset[TopicPartition]],
+        members: Mapping[str, MemberSubscription],
+        changelogs: frozenset[str],
+        globals_: frozenset[str],
+        partition_counts: Mapping[str, int],
+    ) -> _FaustRuns:
+        sub_topics = {s: topology.subtopology(s).source_topics for s in topology.subtopology_ids}
+        # Groups made only of global changelogs are no work to share: every subscriber gets them
+        # all.
+        assignable = {s for s, topics in sub_topics.items() if not set(topics) <= globals_}
+        stateful_subs = {s for s, topics in sub_topics.items() if changelogs & set(topics)}
+        clients, by_process, endpoints = client_states(members)
+        clients = _with_capacities(_return_restarted(clients, members, by_process))
+        runs = _group_runs(members, sub_topics, assignable)
+        return cls(
+            tasks,
+            members,
+            sub_topics,
+            stateful_subs,
+            changelogs,
+            globals_,
+            partition_counts,
+            clients,
+            by_process,
+            endpoints,
+            runs,
+        )
+
+    def member_assignments(
+        self,
+        per_member: Mapping[str, ClientAssignment],
+        per_process: Mapping[str, ClientAssignment],
+        version: int,
+    ) -> dict[str, MemberAssignment]:
+        """Each member's assignment: its partitions, tasks, the host maps and the dictionary."""
+        active_by_host, standby_by_host = _faust_host_maps(per_process, self.endpoints)
+        counts = self.partition_counts
+        dictionary = {s: {t: counts[t] for t in topics} for s, topics in self.sub_topics.items()}
+        result = {}
+        for m, got in per_member.items():
+            subscribed_globals = self.globals_ & self.members[m].topics
+            partitions = _member_partitions(
+                got, self.tasks, self.changelogs, subscribed_globals, counts
+            )
+            result[m] = MemberAssignment(
+                tuple(sorted(partitions)),
+                AssignmentInfo(
+                    active=got.active,
+                    standby=got.standby,
+                    warmup=got.warmup if version >= 2 else frozenset(),
+                    active_by_host=active_by_host,
+                    standby_by_host=standby_by_host,
+                    topics=dictionary,
+                    version=version,
+                    common_version=version,
+                ),
+            )
+        return result
+
+    def assign(
+        self, assignor: StickyTaskAssignor
+    ) -> tuple[dict[str, ClientAssignment], dict[str, ClientAssignment]]:
+        """Each member's and each process's tasks, over all runs."""
+        per_member: dict[str, ClientAssignment] = {m: ClientAssignment() for m in self.members}
+        per_process: dict[str, ClientAssignment] = {}
+        for eligible, subs in sorted(self.runs.items(), key=lambda kv: sorted(kv[1])):
+            self._assign_run(assignor, eligible, subs, per_member, per_process)
+        return per_member, per_process
+
+    def _assign_run(
+        self,
+        assignor: StickyTaskAssignor,
+        eligible: frozenset[str],
+        subs: list[int],
+        per_member: dict[str, ClientAssignment],
+        per_process: dict[str, ClientAssignment],
+    ) -> None:
+        """One sticky run over the groups ``subs``, added to ``per_member`` and ``per_process``."""
+        wanted = set(subs)
+        run_tasks = [t for t in self.tasks if t.subtopology in wanted]
+        task_set = frozenset(run_tasks)
+        run_clients = [
+            _restrict(c, task_set)
+            for c in self.clients
+            if any(m in eligible for m in self.by_process[c.process_id])
+        ]
+        stateful = [t for t in run_tasks if t.subtopology in self.stateful_subs]
+        log.debug("sticky run over groups %s: %s", sorted(subs), run_clients)
+        for key, got in assignor.assign(run_tasks, run_clients, stateful).items():
+            per_process[key] = _union(per_process.get(key, ClientAssignment()), got)
+            threads = [m for m in self.by_process[key] if m in eligible]
+            previous = {
+                m: sub.previous_active & task_set
+                for m in threads
+                if (sub := self.members[m].info) is not None
+            }
+            for m, part in distribute_to_threads(got, threads, previous, stateful).items():
+                per_member[m] = _union(per_member[m], part)
+
+
+def _group_runs(
+    members: Mapping[str, MemberSubscription],
+    sub_topics: Mapping[int, tuple[str, ...]],
+    assignable: set[int],
+) -> dict[frozenset[str], list[int]]:
+    """Assignable groups by the set of members eligible for them (one sticky run each); logs
+    members eligible for none."""
     runs: dict[frozenset[str], list[int]] = {}
     for s in sorted(assignable):
-        eligible = frozenset(
-            m for m, topics in subscriptions.items() if set(sub_topics[s]) <= topics
-        )
+        eligible = frozenset(m for m, sub in members.items() if set(sub_topics[s]) <= sub.topics)
         if not eligible:
             continue  # partition_counts name a topic nobody reads any more
         runs.setdefault(eligible, []).append(s)
     mismatched = sorted(m for m in members if not any(m in e for e in runs)) if runs else []
     for m in mismatched:
         log.warning("member %s subscribes to no assignable group (another app version?)", m)
+    return runs
 
-    per_member: dict[str, ClientAssignment] = {m: ClientAssignment() for m in members}
-    per_process: dict[str, ClientAssignment] = {}
-    assignor = StickyTaskAssignor(num_standby_replicas)
-    for eligible, subs in sorted(runs.items(), key=lambda kv: sorted(kv[1])):
-        wanted = set(subs)
-        run_tasks = [t for t in tasks if t.subtopology in wanted]
-        task_set = frozenset(run_tasks)
-        run_clients = [
-            _restrict(c, task_set)
-            for c in clients
-            if any(m in eligible for m in by_process[c.process_id])
-        ]
-        stateful = [t for t in run_tasks if t.subtopology in stateful_subs]
-        log.debug("sticky run over groups %s: %s", sorted(subs), run_clients)
-        for key, got in assignor.assign(run_tasks, run_clients, stateful).items():
-            per_process[key] = _union(per_process.get(key, ClientAssignment()), got)
-            threads = [m for m in by_process[key] if m in eligible]
-            previous = {
-                m: sub.previous_active & task_set
-                for m in threads
-                if (sub := members[m].info) is not None
-            }
-            for m, part in distribute_to_threads(got, threads, previous, stateful).items():
-                per_member[m] = _union(per_member[m], part)
 
+def _faust_host_maps(
+    per_process: Mapping[str, ClientAssignment], endpoints: Mapping[str, str | None]
+) -> tuple[dict[str, frozenset[TaskId]], dict[str, frozenset[TaskId]]]:
+    """Active and standby tasks by host key (``host_key``), for processes with an endpoint."""
     active_by_host: dict[str, frozenset[TaskId]] = {}
     standby_by_host: dict[str, frozenset[TaskId]] = {}
     named = Counter(e for e in endpoints.values() if e)
@@ -327,30 +454,26 @@ def assign_faust(
             hk = host_key(endpoint, key, named[endpoint] > 1)
             active_by_host[hk] = got.active
             standby_by_host[hk] = got.standby | got.warmup
-    dictionary = {s: {t: partition_counts[t] for t in sub_topics[s]} for s in sub_topics}
+    return active_by_host, standby_by_host
 
-    for m, got in per_member.items():
-        partitions = {tp for t in got.active for tp in tasks[t]}
-        partitions.update(
-            tp for t in got.standby | got.warmup for tp in tasks[t] if tp.topic in changelogs
-        )
-        for topic in sorted(globals_ & subscriptions[m]):
-            if topic in partition_counts:
-                partitions.update(TopicPartition(topic, p) for p in range(partition_counts[topic]))
-        result[m] = MemberAssignment(
-            tuple(sorted(partitions)),
-            AssignmentInfo(
-                active=got.active,
-                standby=got.standby,
-                warmup=got.warmup if version >= 2 else frozenset(),
-                active_by_host=active_by_host,
-                standby_by_host=standby_by_host,
-                topics=dictionary,
-                version=version,
-                common_version=version,
-            ),
-        )
-    return result
+
+def _member_partitions(
+    got: ClientAssignment,
+    tasks: Mapping[TaskId, frozenset[TopicPartition]],
+    changelogs: frozenset[str],
+    subscribed_globals: frozenset[str],
+    partition_counts: Mapping[str, int],
+) -> set[TopicPartition]:
+    """A member's partitions: its actives' sources, its standbys' and warmups' changelogs, and
+    every partition of the global changelogs it subscribes to."""
+    partitions = {tp for t in got.active for tp in tasks[t]}
+    partitions.update(
+        tp for t in got.standby | got.warmup for tp in tasks[t] if tp.topic in changelogs
+    )
+    for topic in sorted(subscribed_globals):
+        if topic in partition_counts:
+            partitions.update(TopicPartition(topic, p) for p in range(partition_counts[topic]))
+    return partitions
 
 
 def _union(a: ClientAssignment, b: ClientAssignment) -> ClientAssignment:

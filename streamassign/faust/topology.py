@@ -63,7 +63,20 @@ def faust_style_topology(
     if stores and not name:
         raise TopologyError("faust_style_topology: stores need the application name (name=...)")
     changelogs = {changelog_topic_name(name, store) for store in stores}
+    subscribers = _subscribers_by_topic(subscriptions, changelogs)
+    counts = _sized_counts(subscribers, partition_counts)
+    ids = _subtopology_ids(counts, subscribers)
+    group_stores = _stores_by_group(stores, ids, subscribers)
+    subtopologies = [
+        Subtopology(sid, group, group_stores.get(group, ())) for group, sid in ids.items()
+    ]
+    return Topology(subtopologies, [g for g in ids if len(g) > 1], name=name)
 
+
+def _subscribers_by_topic(
+    subscriptions: Mapping[str, Iterable[str]], changelogs: set[str]
+) -> dict[str, set[str]]:
+    """The members subscribing to each topic, store changelogs left out."""
     subscribers: dict[str, set[str]] = {}
     for member, topics in subscriptions.items():
         if isinstance(topics, (str, bytes)):
@@ -73,7 +86,13 @@ def faust_style_topology(
         for topic in topics:
             if topic not in changelogs:
                 subscribers.setdefault(topic, set()).add(member)
+    return subscribers
 
+
+def _sized_counts(
+    subscribers: Mapping[str, set[str]], partition_counts: Mapping[str, int]
+) -> dict[str, int]:
+    """Partition counts of the subscribed topics that have one (the others logged)."""
     missing = sorted(t for t in subscribers if t not in partition_counts)
     if missing:
         logger.warning(
@@ -90,14 +109,19 @@ def faust_style_topology(
             f"faust_style_topology: partition counts of {FAUST_HASHED_ID_BASE} or more would "
             f"collide with hashed subtopology ids: {', '.join(too_large)}"
         )
+    return counts
 
+
+def _subtopology_ids(
+    counts: Mapping[str, int], subscribers: Mapping[str, set[str]]
+) -> dict[tuple[str, ...], int]:
+    """Groups (topics of one count and one set of subscribers) with their stable ids."""
     by_key: dict[tuple[int, frozenset[str]], list[str]] = {}
     for topic, n in counts.items():
         by_key.setdefault((n, frozenset(subscribers[topic])), []).append(topic)
     by_count: dict[int, list[tuple[str, ...]]] = {}
     for (n, _members), topics in by_key.items():
         by_count.setdefault(n, []).append(tuple(sorted(topics)))
-
     ids: dict[tuple[str, ...], int] = {}
     hashed: list[tuple[int, tuple[str, ...]]] = []
     for n, groups in by_count.items():
@@ -111,7 +135,15 @@ def faust_style_topology(
             sid = _next_hashed_id(sid)
         taken.add(sid)
         ids[group] = sid
+    return ids
 
+
+def _stores_by_group(
+    stores: Mapping[str, str],
+    ids: Mapping[tuple[str, ...], int],
+    subscribers: Mapping[str, set[str]],
+) -> dict[tuple[str, ...], list[str]]:
+    """The stores of each group: those fed by one of its topics."""
     owner = {topic: group for group in ids for topic in group}
     group_stores: dict[tuple[str, ...], list[str]] = {}
     for store, topic in sorted(stores.items()):
@@ -128,7 +160,4 @@ def faust_style_topology(
                 f"faust_style_topology: store {store!r} is fed by {topic!r}, which no member "
                 "subscribes to"
             )
-    subtopologies = [
-        Subtopology(sid, group, group_stores.get(group, ())) for group, sid in ids.items()
-    ]
-    return Topology(subtopologies, [g for g in ids if len(g) > 1], name=name)
+    return group_stores

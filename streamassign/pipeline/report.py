@@ -418,25 +418,39 @@ def _by_event_bars(
             if y is not None and not math.isnan(y):
                 marks_x.append(x)
                 marks_y.append(float(y))
-        label = f"{name} (same as {same[name]})" if name in same else name
-        fig.add_bar(
-            x=xs,
-            y=ys,
-            width=width * 0.92,
-            name=label,
-            marker={
-                "color": assignor_colour(name),
-                "pattern": {"shape": "/" if name in same else ""},
-            },
-            customdata=data,
-            hovertemplate=f"<b>{name}</b><br>%{{customdata[0]}}<br>{_BAR_HOVER}<extra></extra>",
-        )
+        _add_assignor_bars(fig, name, same.get(name), xs, ys, data, width)
     if marks_x:
         _add_marks(fig, marks_x, marks_y, mark_name, width)
     fig.update_xaxes(
         tickvals=list(range(len(events))), ticktext=[e.replace("_", " ") for e in events]
     )
     return _layout(fig, y_title, "event that caused the rebalance", log)
+
+
+def _add_assignor_bars(
+    fig: Any,
+    name: str,
+    same_as: str | None,
+    xs: list[float],
+    ys: list[Any],
+    data: list[list[Any]],
+    width: float,
+) -> None:
+    """One assignor's bars (hatched, and named so in the legend, when another assignor gave
+    identical values: ``same_as``)."""
+    label = f"{name} (same as {same_as})" if same_as is not None else name
+    fig.add_bar(
+        x=xs,
+        y=ys,
+        width=width * 0.92,
+        name=label,
+        marker={
+            "color": assignor_colour(name),
+            "pattern": {"shape": "/" if same_as is not None else ""},
+        },
+        customdata=data,
+        hovertemplate=f"<b>{name}</b><br>%{{customdata[0]}}<br>{_BAR_HOVER}<extra></extra>",
+    )
 
 
 def _add_marks(fig: Any, xs: list[float], ys: list[float], name: str, width: float) -> None:
@@ -928,19 +942,7 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
         write_csv(out / name, data[key], columns[key])
 
     manifest: Mapping[str, Any] = data.get("manifest", {})
-    notes = [
-        *manifest.get("notes", []),
-        *(
-            f"{err['assignor']}: {err['errors']} failed rebalance(s), e.g. {err['example']}"
-            for err in data.get("errors", [])
-        ),
-    ]
-    if data.get("exact_percentiles") is False:
-        notes.append(
-            "Percentiles (p50, p90, p99) are approximate: this run has more rows than the "
-            "report computes exact ones for (percentile_approx: each value's rank within "
-            "1/10,000 of the rows of the exact one)."
-        )
+    notes = _report_notes(data, manifest)
     rate = _restore_rate(manifest)
     found = outcomes(data)
     rec = recommend(found, rate)
@@ -972,3 +974,21 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
     path = out / "report.html"
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def _report_notes(data: Mapping[str, Any], manifest: Mapping[str, Any]) -> list[str]:
+    """The report's notes: the run's own, failed rebalances, approximate percentiles."""
+    notes = [
+        *manifest.get("notes", []),
+        *(
+            f"{err['assignor']}: {err['errors']} failed rebalance(s), e.g. {err['example']}"
+            for err in data.get("errors", [])
+        ),
+    ]
+    if data.get("exact_percentiles") is False:
+        notes.append(
+            "Percentiles (p50, p90, p99) are approximate: this run has more rows than the "
+            "report computes exact ones for (percentile_approx: each value's rank within "
+            "1/10,000 of the rows of the exact one)."
+        )
+    return notes

@@ -517,50 +517,17 @@ def generate_trace(model: ScenarioModel, workload: Workload, scenario: int, seed
     """
     rng = random.Random(trace_seed(seed, scenario))
     state_seed = rng.getrandbits(63)
-    fleet = _Fleet(model, rng)
-    for _ in range(rng.randint(model.min_initial_clients, model.max_initial_clients)):
-        member = fleet.new_member()
-        fleet.present[member.pid] = member
-    layout = workload.initial_layout()
-    counts = dict(workload.counts)
-    initial = dict(workload.counts)
-    layouts: dict[tuple[tuple[str, int], ...], Layout] = {layout.counts: layout}
-    steps = [Step(0, 0.0, "initial", fleet.members(), joined=tuple(fleet.present), layout=layout)]
-
-    # Scheduled events: (time, sequence, kind, pids, down_since).
-    pending: list[tuple[float, int, str, tuple[str, ...], float]] = []
-    sequence = 0
-    restarting: set[str] = set()  # clients a rolling restart has yet to restart
-    now = 0.0
-
-    def expansions() -> list[tuple[str, ...]]:
-        ok = []
-        for unit in workload.units:
-            grown = {t: counts[t] * model.expansion_factor for t in unit}
-            if any(n > initial[t] * model.expansion_limit for t, n in grown.items()):
-                continue
-            try:
-                resolve_partition_counts(workload.topology, {**counts, **grown})
-            except (StreamAssignError, ValueError):
-                continue
-            ok.append(unit)
-        return ok
-
-    expandable = expansions()
-    while len(steps) <= model.steps:
-        possible = _possible_rates(model, fleet, bool(restarting), expandable)
+    trace = _TraceBuilder(model, workload, rng)
+    while len(trace.steps) <= model.steps:
+        possible = _possible_rates(model, trace.fleet, bool(trace.restarting), trace.expandable)
         total = sum(r for _, r in possible)
-        random_at = now + rng.expovariate(total / _HOUR) if total > 0 else math.inf
-        if pending and pending[0][0] <= random_at:
-            at, _, kind, pids, down_since = heapq.heappop(pending)
-            now = at
-            step = _scheduled(fleet, kind, pids, down_since, restarting, rng, len(steps), now)
-            if step is not None:
-                steps.append(step)
+        random_at = trace.now + rng.expovariate(total / _HOUR) if total > 0 else math.inf
+        if trace.pending and trace.pending[0][0] <= random_at:
+            trace.fire_scheduled()
             continue
         if total <= 0:
             break  # nothing can happen any more
-        now = random_at
+        trace.now = random_at
         pick = rng.uniform(0, total)
         event = possible[-1][0]
         for name, rate in possible:
@@ -568,59 +535,140 @@ def generate_trace(model: ScenarioModel, workload: Workload, scenario: int, seed
                 event = name
                 break
             pick -= rate
-        index = len(steps)
+        trace.fire_random(event)
+    return Trace(scenario, seed, state_seed, tuple(trace.steps))
+
+
+class _TraceBuilder:
+    """``generate_trace``'s state: the fleet, the topic counts, the steps so far and the
+    scheduled events; one method per kind of event (each draws from ``rng`` in a fixed order,
+    so a trace is deterministic)."""
+
+    def __init__(self, model: ScenarioModel, workload: Workload, rng: random.Random) -> None:
+        self.model, self.workload, self.rng = model, workload, rng
+        self.fleet = fleet = _Fleet(model, rng)
+        for _ in range(rng.randint(model.min_initial_clients, model.max_initial_clients)):
+            member = fleet.new_member()
+            fleet.present[member.pid] = member
+        layout = workload.initial_layout()
+        self.counts = dict(workload.counts)
+        self.initial = dict(workload.counts)
+        self.layouts: dict[tuple[tuple[str, int], ...], Layout] = {layout.counts: layout}
+        self.steps = [
+            Step(0, 0.0, "initial", fleet.members(), joined=tuple(fleet.present), layout=layout)
+        ]
+        # Scheduled events: (time, sequence, kind, pids, down_since).
+        self.pending: list[tuple[float, int, str, tuple[str, ...], float]] = []
+        self.sequence = 0
+        self.restarting: set[str] = set()  # clients a rolling restart has yet to restart
+        self.now = 0.0
+        self.expandable = self.expansions()
+
+    def expansions(self) -> list[tuple[str, ...]]:
+        """The units of topics whose counts can still grow (within the limit, resolvable)."""
+        model, counts = self.model, self.counts
+        ok = []
+        for unit in self.workload.units:
+            grown = {t: counts[t] * model.expansion_factor for t in unit}
+            if any(n > self.initial[t] * model.expansion_limit for t, n in grown.items()):
+                continue
+            try:
+                resolve_partition_counts(self.workload.topology, {**counts, **grown})
+            except (StreamAssignError, ValueError):
+                continue
+            ok.append(unit)
+        return ok
+
+    def fire_scheduled(self) -> None:
+        """The next scheduled event (a recovery, a rolling restart's next client)."""
+        at, _, kind, pids, down_since = heapq.heappop(self.pending)
+        self.now = at
+        step = _scheduled(
+            self.fleet, kind, pids, down_since, self.restarting, self.rng, len(self.steps), at
+        )
+        if step is not None:
+            self.steps.append(step)
+
+    def _schedule(self, at: float, kind: str, pids: tuple[str, ...], down_since: float) -> None:
+        self.sequence += 1
+        heapq.heappush(self.pending, (at, self.sequence, kind, pids, down_since))
+
+    def fire_random(self, event: str) -> None:
+        """A random event at ``now``."""
         if event == "scale_out":
-            room = model.max_clients - len(fleet.present) - len(fleet.down)
-            added = [
-                fleet.new_member() for _ in range(min(room, rng.randint(1, model.max_scale_step)))
-            ]
-            for m in added:
-                fleet.present[m.pid] = m
-            steps.append(
-                Step(index, now, event, fleet.members(), joined=tuple(m.pid for m in added))
-            )
+            self._scale_out()
         elif event == "scale_in":
-            k = min(len(fleet.present) - model.min_clients, rng.randint(1, model.max_scale_step))
-            gone = sorted(rng.sample(sorted(fleet.present), k))
-            for pid in gone:
-                del fleet.present[pid]
-                restarting.discard(pid)
-            steps.append(Step(index, now, event, fleet.members(), left=tuple(gone)))
+            self._scale_in()
         elif event in ("crash", "rack_loss"):
-            if event == "crash":
-                gone = [rng.choice(sorted(fleet.present))]
-                downtime = model.crash_downtime_s
-            else:
-                racks = sorted({m.rack for m in fleet.present.values()})
-                rack = rng.choice(racks)
-                gone = sorted(p for p, m in fleet.present.items() if m.rack == rack)
-                downtime = model.rack_downtime_s
-            for pid in gone:
-                fleet.down[pid] = fleet.present.pop(pid)
-                restarting.discard(pid)
-            sequence += 1
-            heapq.heappush(pending, (now + downtime, sequence, "recover", tuple(gone), now))
-            steps.append(Step(index, now, event, fleet.members(), crashed=tuple(gone)))
+            self._crash(event)
         elif event == "rolling_restart":
-            order = sorted(fleet.present)
-            restarting.update(order)
-            gap = max(model.restart_downtime_s, 1.0)
-            for k, pid in enumerate(order, start=1):
-                sequence += 1
-                at = now + k * gap
-                heapq.heappush(
-                    pending, (at, sequence, "restart", (pid,), at - model.restart_downtime_s)
-                )
+            self._rolling_restart()
         else:  # partition_expansion
-            unit = rng.choice(expandable)
-            for t in unit:
-                counts[t] *= model.expansion_factor
-            key = tuple(sorted(counts.items()))
-            layout = layouts.get(key) or workload.layout(counts, len(layouts))
-            layouts[key] = layout
-            expandable = expansions()
-            steps.append(Step(index, now, event, fleet.members(), layout=layout))
-    return Trace(scenario, seed, state_seed, tuple(steps))
+            self._expand()
+
+    def _scale_out(self) -> None:
+        model, fleet, rng = self.model, self.fleet, self.rng
+        room = model.max_clients - len(fleet.present) - len(fleet.down)
+        added = [fleet.new_member() for _ in range(min(room, rng.randint(1, model.max_scale_step)))]
+        for m in added:
+            fleet.present[m.pid] = m
+        joined = tuple(m.pid for m in added)
+        self.steps.append(
+            Step(len(self.steps), self.now, "scale_out", fleet.members(), joined=joined)
+        )
+
+    def _scale_in(self) -> None:
+        model, fleet, rng = self.model, self.fleet, self.rng
+        k = min(len(fleet.present) - model.min_clients, rng.randint(1, model.max_scale_step))
+        gone = sorted(rng.sample(sorted(fleet.present), k))
+        for pid in gone:
+            del fleet.present[pid]
+            self.restarting.discard(pid)
+        left = tuple(gone)
+        self.steps.append(Step(len(self.steps), self.now, "scale_in", fleet.members(), left=left))
+
+    def _crash(self, event: str) -> None:
+        """A crash of one client, or of a whole rack; each recovers after its downtime."""
+        model, fleet, rng = self.model, self.fleet, self.rng
+        if event == "crash":
+            gone = [rng.choice(sorted(fleet.present))]
+            downtime = model.crash_downtime_s
+        else:
+            racks = sorted({m.rack for m in fleet.present.values()})
+            rack = rng.choice(racks)
+            gone = sorted(p for p, m in fleet.present.items() if m.rack == rack)
+            downtime = model.rack_downtime_s
+        for pid in gone:
+            fleet.down[pid] = fleet.present.pop(pid)
+            self.restarting.discard(pid)
+        now = self.now
+        self._schedule(now + downtime, "recover", tuple(gone), now)
+        crashed = tuple(gone)
+        self.steps.append(Step(len(self.steps), now, event, fleet.members(), crashed=crashed))
+
+    def _rolling_restart(self) -> None:
+        """Schedule a restart of every present client, one after the other."""
+        model = self.model
+        order = sorted(self.fleet.present)
+        self.restarting.update(order)
+        gap = max(model.restart_downtime_s, 1.0)
+        for k, pid in enumerate(order, start=1):
+            at = self.now + k * gap
+            self._schedule(at, "restart", (pid,), at - model.restart_downtime_s)
+
+    def _expand(self) -> None:
+        """Multiply the partition counts of one expandable unit of topics."""
+        unit = self.rng.choice(self.expandable)
+        for t in unit:
+            self.counts[t] *= self.model.expansion_factor
+        key = tuple(sorted(self.counts.items()))
+        layout = self.layouts.get(key) or self.workload.layout(self.counts, len(self.layouts))
+        self.layouts[key] = layout
+        self.expandable = self.expansions()
+        members = self.fleet.members()
+        self.steps.append(
+            Step(len(self.steps), self.now, "partition_expansion", members, layout=layout)
+        )
 
 
 def _scheduled(

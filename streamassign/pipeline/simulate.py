@@ -520,95 +520,28 @@ class _TaskRunner:
 
     def step(self, step: Step, layout: Layout) -> RebalanceRow:
         ctx = self.ctx
-        now = self.now = step.time_s
+        self.now = step.time_s
         tasks, stateful_list, stateful = ctx.tasks(layout)
         before = self.assignment
         owner_before: dict[TaskId, str] = {}
-        causes: dict[str, tuple[str, float]] = {}
         if self.collect:
             owner_before = {t: pid for pid, a in before.items() for t in a.active}
-        for pid in step.crashed:
-            held = before.pop(pid, None)
-            self.states.pop(pid, None)
-            if held is not None:
-                self.disk[pid] = self._snapshot(held, now, stateful)
-            causes[pid] = ("crash", 0.0)
-        for pid in step.left:
-            before.pop(pid, None)
-            self.states.pop(pid, None)
-            self.disk.pop(pid, None)
-            causes[pid] = ("leave", 0.0)
-        returning: dict[str, Positions] = {}
-        for back in step.returning:
-            held = before.pop(back.pid, None)
-            self.states.pop(back.pid, None)
-            if held is not None:  # a restart in place: state as it was when it went down
-                disk = self._snapshot(held, back.down_since_s, stateful)
-                causes[back.pid] = ("restart", now - back.down_since_s)
-            else:
-                disk = self.disk.pop(back.pid, {})
-            returning[back.pid] = disk if back.disk_kept else {}
-
-        clients: list[ClientState] = []
-        for m in step.members:
-            pos = returning.get(m.pid)
-            held = before.get(m.pid)
-            if pos is not None:
-                clients.append(
-                    ClientState(
-                        m.pid,
-                        m.threads,
-                        prev_standby=pos.keys(),
-                        lags={t: max(0, ctx.end(t, now) - x) for t, x in pos.items()},
-                        rack=m.rack,
-                    )
-                )
-            elif held is not None:
-                clients.append(self._running_state(m.pid, m.threads, m.rack, held))
-            else:
-                clients.append(ClientState(m.pid, m.threads, rack=m.rack))
-
+        causes, returning = self._remove_departed(step, before, stateful)
+        clients = self._client_states(step, before, returning)
         base = ctx.row_base(step, layout, self.name, "task", len(clients), step.threads)
         try:
             result, seconds = self.assign(step, layout, tasks, clients, stateful_list)
         except Exception as exc:  # a peer's failure is a result to report, not a crash
             return _error_row(base, exc, self.replicas)
         metrics = evaluate(tasks, clients, result, self.replicas, stateful)
-
-        end = ctx.end
-        lag = ctx.standby_lag
         restores = _Restores()
         standby_records = 0
         takeovers: list[Takeover] = []
         for c in clients:
             a = result.get(c.process_id, _EMPTY)
             pos = returning.get(c.process_id)
-            for t in a.active - c.prev_active:
-                r = 0
-                if t in stateful:
-                    size = end(t, now)
-                    if pos is not None:
-                        x = pos.get(t)
-                        r = size if x is None else max(0, size - x)
-                    elif t in c.prev_standby:  # a replica, perhaps still restoring
-                        r = min(c.lags.get(t, lag), size)
-                    else:
-                        r = size
-                    restores.add(r)
-                if self.collect:
-                    prev = owner_before.get(t)
-                    cause, outage = (
-                        ("new", 0.0) if prev is None else causes.get(prev, ("move", 0.0))
-                    )
-                    takeovers.append(Takeover(t, cause, r, outage, t in stateful))
-            if pos is not None:
-                for t in a.standby:
-                    x = pos.get(t)
-                    size = end(t, now)
-                    standby_records += size if x is None else max(0, size - x)
-            elif a is not before.get(c.process_id):
-                for t in a.standby - c.prev_standby - c.prev_active:
-                    standby_records += end(t, now)
+            self._count_takeovers(c, a, pos, stateful, owner_before, causes, restores, takeovers)
+            standby_records += self._standby_records(c, a, pos, before)
         if self.collect:
             self.takeovers.append(takeovers)
 
@@ -630,6 +563,116 @@ class _TaskRunner:
             probing_rebalances=0,
             balanced_after_s=0.0 if metrics.active_balanced else None,
         )
+
+    def _remove_departed(
+        self, step: Step, before: dict[str, ClientAssignment], stateful: frozenset[TaskId]
+    ) -> tuple[dict[str, tuple[str, float]], dict[str, Positions]]:
+        """Take crashed, leaving and returning processes out of ``before``: why each one's
+        tasks move (cause, outage seconds), and the local state each returning one has."""
+        now = self.now
+        causes: dict[str, tuple[str, float]] = {}
+        for pid in step.crashed:
+            held = before.pop(pid, None)
+            self.states.pop(pid, None)
+            if held is not None:
+                self.disk[pid] = self._snapshot(held, now, stateful)
+            causes[pid] = ("crash", 0.0)
+        for pid in step.left:
+            before.pop(pid, None)
+            self.states.pop(pid, None)
+            self.disk.pop(pid, None)
+            causes[pid] = ("leave", 0.0)
+        returning: dict[str, Positions] = {}
+        for back in step.returning:
+            held = before.pop(back.pid, None)
+            self.states.pop(back.pid, None)
+            if held is not None:  # a restart in place: state as it was when it went down
+                disk = self._snapshot(held, back.down_since_s, stateful)
+                causes[back.pid] = ("restart", now - back.down_since_s)
+            else:
+                disk = self.disk.pop(back.pid, {})
+            returning[back.pid] = disk if back.disk_kept else {}
+        return causes, returning
+
+    def _client_states(
+        self,
+        step: Step,
+        before: Mapping[str, ClientAssignment],
+        returning: Mapping[str, Positions],
+    ) -> list[ClientState]:
+        """Every member as the assignor sees it: returning with its local state, running with
+        what it ran, or new."""
+        ctx, now = self.ctx, self.now
+        clients: list[ClientState] = []
+        for m in step.members:
+            pos = returning.get(m.pid)
+            held = before.get(m.pid)
+            if pos is not None:
+                clients.append(
+                    ClientState(
+                        m.pid,
+                        m.threads,
+                        prev_standby=pos.keys(),
+                        lags={t: max(0, ctx.end(t, now) - x) for t, x in pos.items()},
+                        rack=m.rack,
+                    )
+                )
+            elif held is not None:
+                clients.append(self._running_state(m.pid, m.threads, m.rack, held))
+            else:
+                clients.append(ClientState(m.pid, m.threads, rack=m.rack))
+        return clients
+
+    def _count_takeovers(
+        self,
+        c: ClientState,
+        a: ClientAssignment,
+        pos: Positions | None,
+        stateful: frozenset[TaskId],
+        owner_before: Mapping[TaskId, str],
+        causes: Mapping[str, tuple[str, float]],
+        restores: _Restores,
+        takeovers: list[Takeover],
+    ) -> None:
+        """Add the records each new active of ``c`` restores (``pos``: its local state when it
+        returns) to ``restores``, and, when collecting, its takeovers."""
+        end, lag, now = self.ctx.end, self.ctx.standby_lag, self.now
+        for t in a.active - c.prev_active:
+            r = 0
+            if t in stateful:
+                size = end(t, now)
+                if pos is not None:
+                    x = pos.get(t)
+                    r = size if x is None else max(0, size - x)
+                elif t in c.prev_standby:  # a replica, perhaps still restoring
+                    r = min(c.lags.get(t, lag), size)
+                else:
+                    r = size
+                restores.add(r)
+            if self.collect:
+                prev = owner_before.get(t)
+                cause, outage = ("new", 0.0) if prev is None else causes.get(prev, ("move", 0.0))
+                takeovers.append(Takeover(t, cause, r, outage, t in stateful))
+
+    def _standby_records(
+        self,
+        c: ClientState,
+        a: ClientAssignment,
+        pos: Positions | None,
+        before: Mapping[str, ClientAssignment],
+    ) -> int:
+        """Records ``c``'s new standbys copy (all its standbys when it returns)."""
+        end, now = self.ctx.end, self.now
+        records = 0
+        if pos is not None:
+            for t in a.standby:
+                x = pos.get(t)
+                size = end(t, now)
+                records += size if x is None else max(0, size - x)
+        elif a is not before.get(c.process_id):
+            for t in a.standby - c.prev_standby - c.prev_active:
+                records += end(t, now)
+        return records
 
 
 class _HaRunner(_TaskRunner):
@@ -825,13 +868,48 @@ class _ConsumerRunner:
 
     def step(self, step: Step, layout: Layout) -> RebalanceRow:
         ctx = self.ctx
-        now = self.now = step.time_s
+        self.now = step.time_s
         cl = self.layouts.get(layout.version)
         if cl is None:
             cl = self.layouts[layout.version] = _ConsumerLayout.of(layout)
+        returning = self._remove_departed(step)
+        process_of: dict[str, str] = {}
+        history: dict[str, Sequence[TopicPartition] | None] = {}
+        for m in step.members:
+            fresh = m.pid in returning
+            for mid in _member_ids(m.pid, m.threads):
+                process_of[mid] = m.pid
+                history[mid] = None if fresh else self.owned.get(mid)
+        base = ctx.row_base(step, layout, self.name, "consumer", len(step.members), len(process_of))
+        try:
+            result, seconds = self.assign(cl.partitions_per_topic, cl.topics, history)
+        except Exception as exc:
+            return _error_row(base, exc, None)
+        members = sorted(process_of)
+        spread = _PartitionSpread.of(members, result, history, cl)
+        restores, warm, cold = self._move_state(cl, spread.assigned, process_of, returning)
+        self.owned = {
+            mid: (old if (old := self.owned.get(mid)) is not None and old == got else got)
+            for mid, got in result.items()
+        }
+        total = layout.partitions
+        scores = _consumer_scores(total, len(members), spread, cl.tasks_of, warm, cold)
+        return _row(
+            base,
+            scores,
+            None,
+            restores,
+            unassigned=total - len(spread.assigned),
+            split_tasks=len(_split_tasks(spread.assigned, cl)),
+            assign_ms=seconds * 1e3,
+        )
+
+    def _remove_departed(self, step: Step) -> dict[str, Positions]:
+        """Forget the state crashed, leaving and returning processes hosted (kept on disk for
+        crashes); the local state each returning one has."""
         gone: set[str] = set()
         for pid in step.crashed:
-            self.disk[pid] = self._snapshot(pid, now)
+            self.disk[pid] = self._snapshot(pid, self.now)
             gone.add(pid)
         for pid in step.left:
             self.disk.pop(pid, None)
@@ -846,50 +924,18 @@ class _ConsumerRunner:
             gone.add(back.pid)
         for pid in gone:
             self._forget(pid)
-        process_of: dict[str, str] = {}
-        history: dict[str, Sequence[TopicPartition] | None] = {}
-        for m in step.members:
-            fresh = m.pid in returning
-            for mid in _member_ids(m.pid, m.threads):
-                process_of[mid] = m.pid
-                history[mid] = None if fresh else self.owned.get(mid)
-        base = ctx.row_base(step, layout, self.name, "consumer", len(step.members), len(process_of))
-        try:
-            result, seconds = self.assign(cl.partitions_per_topic, cl.topics, history)
-        except Exception as exc:
-            return _error_row(base, exc, None)
+        return returning
 
-        members = sorted(process_of)
-        total = layout.partitions
-        counts: list[int] = []
-        now_counts: list[int] = []
-        #: subtopology -> tasks of it whose anchor each member (in ``members`` order) got
-        per_sub = {sub: [0] * len(members) for sub in cl.tasks_of}
-        moves = 0
-        assigned: dict[TopicPartition, str] = {}
-        for k, mid in enumerate(members):
-            got = result.get(mid, [])
-            held = history[mid] or ()
-            counts.append(len(held))
-            now_counts.append(len(got))
-            if held:
-                moves += len(held) - len(set(held).intersection(got))
-            for tp in got:
-                assigned.setdefault(tp, mid)
-                t = cl.first_of.get(tp)
-                if t is not None:
-                    per_sub[t.subtopology][k] += 1
-        first_member: dict[TaskId, str] = {}
-        split: set[TaskId] = set()
-        for tp, mid in assigned.items():
-            t = cl.task_of.get(tp)
-            if t is None:
-                continue
-            seen = first_member.setdefault(t, mid)
-            if seen != mid:
-                split.add(t)
-
-        end = ctx.end
+    def _move_state(
+        self,
+        cl: _ConsumerLayout,
+        assigned: Mapping[TopicPartition, str],
+        process_of: Mapping[str, str],
+        returning: Mapping[str, Positions],
+    ) -> tuple[_Restores, int, int]:
+        """Move each stateful task's state host to the process of its anchor's member: the
+        records restored, and the warm and cold takeovers."""
+        end, now = self.ctx.end, self.now
         restores = _Restores()
         warm = cold = 0
         host: dict[TaskId, str] = {}
@@ -914,42 +960,95 @@ class _ConsumerRunner:
         self.hosted = {}
         for t, pid in host.items():
             self.hosted.setdefault(pid, set()).add(t)
-        self.owned = {
-            mid: (old if (old := self.owned.get(mid)) is not None and old == got else got)
-            for mid, got in result.items()
-        }
-        ones = [1] * len(members)
-        balanced, spread = share_balance(total, now_counts, ones)
-        sub_balanced, sub_spread = True, 0.0
-        for sub, n in cl.tasks_of.items():
-            ok, gap = share_balance(n, per_sub[sub], ones)
-            sub_balanced, sub_spread = sub_balanced and ok, max(sub_spread, gap)
-        scores = AssignmentMetrics(
-            tasks=total,
-            clients=len(members),
-            moves=moves,
-            move_lower_bound=quota_move_lower_bound(total, counts, ones),
-            active_balanced=balanced,
-            active_imbalance=spread,
-            load_imbalance=spread,  # no standbys at this level
-            standbys_required=0,
-            standbys_placed=0,
-            standbys_kept=0,
-            standbys_dropped=0,
-            warm_takeovers=warm,
-            cold_takeovers=cold,
-            subtopology_balanced=sub_balanced,
-            subtopology_imbalance=sub_spread,
-        )
-        return _row(
-            base,
-            scores,
-            None,
-            restores,
-            unassigned=total - len(assigned),
-            split_tasks=len(split),
-            assign_ms=seconds * 1e3,
-        )
+        return restores, warm, cold
+
+
+@attrs.frozen
+class _PartitionSpread:
+    """How a consumer assignment spreads partitions over members (sorted): each one's count
+    before and now, its anchors per subtopology, the moves, and each partition's member."""
+
+    counts: list[int]
+    now_counts: list[int]
+    #: subtopology -> tasks of it whose anchor each member (in ``members`` order) got
+    per_sub: dict[int, list[int]]
+    moves: int
+    assigned: dict[TopicPartition, str]
+
+    @classmethod
+    def of(
+        cls,
+        members: Sequence[str],
+        result: Mapping[str, Sequence[TopicPartition]],
+        history: Mapping[str, Sequence[TopicPartition] | None],
+        cl: _ConsumerLayout,
+    ) -> _PartitionSpread:
+        counts: list[int] = []
+        now_counts: list[int] = []
+        per_sub = {sub: [0] * len(members) for sub in cl.tasks_of}
+        moves = 0
+        assigned: dict[TopicPartition, str] = {}
+        for k, mid in enumerate(members):
+            got = result.get(mid, [])
+            held = history[mid] or ()
+            counts.append(len(held))
+            now_counts.append(len(got))
+            if held:
+                moves += len(held) - len(set(held).intersection(got))
+            for tp in got:
+                assigned.setdefault(tp, mid)
+                t = cl.first_of.get(tp)
+                if t is not None:
+                    per_sub[t.subtopology][k] += 1
+        return cls(counts, now_counts, per_sub, moves, assigned)
+
+
+def _consumer_scores(
+    total: int,
+    members: int,
+    spread: _PartitionSpread,
+    tasks_of: Mapping[int, int],
+    warm: int,
+    cold: int,
+) -> AssignmentMetrics:
+    """A consumer assignment's scores: balance in partitions and per subtopology in anchors."""
+    ones = [1] * members
+    balanced, imbalance = share_balance(total, spread.now_counts, ones)
+    sub_balanced, sub_spread = True, 0.0
+    for sub, n in tasks_of.items():
+        ok, gap = share_balance(n, spread.per_sub[sub], ones)
+        sub_balanced, sub_spread = sub_balanced and ok, max(sub_spread, gap)
+    return AssignmentMetrics(
+        tasks=total,
+        clients=members,
+        moves=spread.moves,
+        move_lower_bound=quota_move_lower_bound(total, spread.counts, ones),
+        active_balanced=balanced,
+        active_imbalance=imbalance,
+        load_imbalance=imbalance,  # no standbys at this level
+        standbys_required=0,
+        standbys_placed=0,
+        standbys_kept=0,
+        standbys_dropped=0,
+        warm_takeovers=warm,
+        cold_takeovers=cold,
+        subtopology_balanced=sub_balanced,
+        subtopology_imbalance=sub_spread,
+    )
+
+
+def _split_tasks(assigned: Mapping[TopicPartition, str], cl: _ConsumerLayout) -> set[TaskId]:
+    """Tasks whose partitions went to more than one member."""
+    first_member: dict[TaskId, str] = {}
+    split: set[TaskId] = set()
+    for tp, mid in assigned.items():
+        t = cl.task_of.get(tp)
+        if t is None:
+            continue
+        seen = first_member.setdefault(t, mid)
+        if seen != mid:
+            split.add(t)
+    return split
 
 
 def _ours_consumer(kind: str) -> ConsumerAssign:

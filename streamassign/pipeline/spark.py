@@ -375,7 +375,26 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
     by_event = _summary_columns(frame, ["level", "assignor", "event"], exact)
     churn = frame.where(F.col("event") != "initial")
     by_assignor = _summary_columns(churn, ["level", "assignor"], exact)
-    by_step = (
+    by_step = _by_step(frame)
+    errors = _errors(frame)
+    summaries = {"by_event": by_event, "by_assignor": by_assignor, "by_step": by_step}
+    out = {
+        **{name: _collect(summary) for name, summary in summaries.items()},
+        "outcomes": _collect(_outcomes(churn)),
+        "errors": _collect(errors),
+        "manifest": manifest,
+        "columns": {name: summary.columns for name, summary in summaries.items()},
+        "exact_percentiles": exact,
+    }
+    frame.unpersist()
+    return out
+
+
+def _by_step(frame: Any) -> Any:
+    """Means per assignor and step, over rebalances without an error."""
+    from pyspark.sql import functions as F
+
+    return (
         frame.where(F.col("error").isNull())
         .groupBy("level", "assignor", "step")
         .agg(
@@ -396,23 +415,18 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
         )
         .orderBy("level", "assignor", "step")
     )
-    errors = (
+
+
+def _errors(frame: Any) -> Any:
+    """Per assignor: the count of failed rebalances and the first message."""
+    from pyspark.sql import functions as F
+
+    return (
         frame.where(F.col("error").isNotNull())
         .groupBy("assignor")
         .agg(F.count(F.lit(1)).alias("errors"), F.min("error").alias("example"))
         .orderBy("assignor")
     )
-    summaries = {"by_event": by_event, "by_assignor": by_assignor, "by_step": by_step}
-    out = {
-        **{name: _collect(summary) for name, summary in summaries.items()},
-        "outcomes": _collect(_outcomes(churn)),
-        "errors": _collect(errors),
-        "manifest": manifest,
-        "columns": {name: summary.columns for name, summary in summaries.items()},
-        "exact_percentiles": exact,
-    }
-    frame.unpersist()
-    return out
 
 
 # -- plan-standbys ---------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from typing import Any, Final
 import attrs
 
 from .scenarios import PipelineError, ScenarioModel, Workload, generate_trace, int_at_least
-from .simulate import SimulationJob, run_trace
+from .simulate import SimulationJob, Takeover, run_trace
 
 __all__ = [
     "PLAN_COLUMNS",
@@ -177,8 +177,6 @@ def evaluate_candidates(job: PlanJob, scenario: int, standbys: int) -> list[tupl
     sim = job.simulation(standbys)
     trace = generate_trace(job.model, job.workload, scenario, job.seed)
     rows, takeovers = run_trace(sim, trace, "task:sticky", collect=True)
-    avail = job.availability
-    rate = avail.restore_rate
     times = [r.time_s for r in rows]
     spans = [b - a for a, b in itertools.pairwise(times)] + [0.0]
     horizon = times[-1] - times[0]
@@ -188,30 +186,7 @@ def evaluate_candidates(job: PlanJob, scenario: int, standbys: int) -> list[tupl
     bootstrap = sum(r.standby_restore_records or 0 for r in rows[1:])
     out: list[tuple[Any, ...]] = []
     for warmups in job.warmup_candidates:
-        restoring = detecting = restarting = worst = warmup_seconds = convergence = 0.0
-        deferred = planned = 0
-        for step_takeovers in takeovers[1:]:
-            waiting: list[float] = []
-            for t in step_takeovers:
-                restore_s = t.records / rate
-                if t.cause == "move" and warmups and t.records > job.acceptable_recovery_lag:
-                    waiting.append(restore_s)
-                    continue
-                waited = 0.0
-                if t.cause == "crash":
-                    waited = avail.detection_s
-                    detecting += waited
-                elif t.cause == "restart":
-                    waited = t.outage_s
-                    restarting += waited
-                restoring += restore_s
-                worst = max(worst, restore_s + waited)
-            if waiting:
-                planned += 1
-                deferred += len(waiting)
-                warmup_seconds += sum(waiting)
-                batches = math.ceil(len(waiting) / warmups)
-                convergence += batches * max(avail.probing_interval_s, max(waiting))
+        outage = _CandidateOutage.of(takeovers[1:], warmups, job)
         out.append(
             (
                 scenario,
@@ -219,21 +194,70 @@ def evaluate_candidates(job: PlanJob, scenario: int, standbys: int) -> list[tupl
                 warmups,
                 horizon,
                 task_seconds,
-                restoring + detecting + restarting,
-                restoring,
-                detecting,
-                restarting,
-                worst,
+                outage.restoring + outage.detecting + outage.restarting,
+                outage.restoring,
+                outage.detecting,
+                outage.restarting,
+                outage.worst,
                 restore,
                 standby_seconds,
                 bootstrap,
-                warmup_seconds,
-                deferred,
-                convergence,
-                planned,
+                outage.warmup_seconds,
+                outage.deferred,
+                outage.convergence,
+                outage.planned,
             )
         )
     return out
+
+
+@attrs.define
+class _CandidateOutage:
+    """One warmup candidate's outage over a trace's rebalances: seconds restoring, before
+    crashes were noticed and while owners restarted, the worst single outage, and the moves a
+    warmup deferred (with their catch-up and convergence times)."""
+
+    restoring: float = 0.0
+    detecting: float = 0.0
+    restarting: float = 0.0
+    worst: float = 0.0
+    warmup_seconds: float = 0.0
+    convergence: float = 0.0
+    deferred: int = 0
+    planned: int = 0
+
+    @classmethod
+    def of(
+        cls, steps: Sequence[Sequence[Takeover]], warmups: int, job: PlanJob
+    ) -> _CandidateOutage:
+        outage = cls()
+        for step_takeovers in steps:
+            outage._add_step(step_takeovers, warmups, job)
+        return outage
+
+    def _add_step(self, step_takeovers: Sequence[Takeover], warmups: int, job: PlanJob) -> None:
+        avail = job.availability
+        waiting: list[float] = []
+        for t in step_takeovers:
+            restore_s = t.records / avail.restore_rate
+            if t.cause == "move" and warmups and t.records > job.acceptable_recovery_lag:
+                waiting.append(restore_s)
+                continue
+            waited = 0.0
+            if t.cause == "crash":
+                waited = avail.detection_s
+                self.detecting += waited
+            elif t.cause == "restart":
+                waited = t.outage_s
+                self.restarting += waited
+            self.restoring += restore_s
+            self.worst = max(self.worst, restore_s + waited)
+        if waiting:
+            self.planned += 1
+            self.deferred += len(waiting)
+            self.warmup_seconds += sum(waiting)
+            batches = math.ceil(len(waiting) / warmups)
+            self.convergence += batches * max(avail.probing_interval_s, max(waiting))
 
 
 def summarize(
@@ -367,7 +391,22 @@ def knobs(row: Mapping[str, Any], job: PlanJob, target: float | None = None) -> 
     goal = target if target is not None else 1.0 - 10 ** (math.ceil(math.log10(down)) - 1)
     if row["availability"] >= goal:
         return lines
-    allowed = 1.0 - goal
+    moves, cannot = _knob_moves(parts, knob_of, down, 1.0 - goal)
+    if moves:
+        lines.append(f"to reach {goal:g}: " + ", or ".join(moves) + " (each alone)")
+    if cannot:
+        lines.append(f"{goal:g} is out of reach of one knob alone: " + ", ".join(cannot))
+    return lines
+
+
+def _knob_moves(
+    parts: Mapping[str, float],
+    knob_of: Mapping[str, tuple[str, float, str, str]],
+    down: float,
+    allowed: float,
+) -> tuple[list[str], list[str]]:
+    """For each outage part, largest first: the knob value that alone brings the outage
+    ``down`` within ``allowed`` (a move), or the availability at its ideal (it cannot)."""
     moves, cannot = [], []
     for name, value in sorted(parts.items(), key=lambda kv: -kv[1]):
         option, now, unit, ideal = knob_of[name]
@@ -383,8 +422,4 @@ def knobs(row: Mapping[str, Any], job: PlanJob, target: float | None = None) -> 
         verb = "raise" if name == "restores" else "lower"
         shown = f"{needed:,.0f}" if needed >= 100 else f"{needed:.3g}"
         moves.append(f"{verb} {option} from {now:,g} to {shown} {unit}")
-    if moves:
-        lines.append(f"to reach {goal:g}: " + ", or ".join(moves) + " (each alone)")
-    if cannot:
-        lines.append(f"{goal:g} is out of reach of one knob alone: " + ", ".join(cannot))
-    return lines
+    return moves, cannot
