@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -162,6 +163,70 @@ def check_exact(runtime: Runtime, output: str, total: int) -> int:
     return aborted
 
 
+async def _ends(bootstrap: str, topic: str, isolation_level: str) -> dict[int, int]:
+    """Each partition's end offset as ``isolation_level`` sees it: the high watermark
+    (``read_uncommitted``) or the last stable offset (``read_committed``: the first offset
+    of the oldest open transaction, if any)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
+    await consumer.start()
+    try:
+        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
+        return {tp.partition: end for tp, end in (await consumer.end_offsets(tps)).items()}
+    finally:
+        await consumer.stop()
+
+
+def open_transactions(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
+    """The partitions of ``topic`` with an open transaction: last stable offset below the
+    high watermark (both returned). The high watermarks are read first: records written in
+    between (not transactional) would look like a transaction the other way round."""
+    high = asyncio.run(_ends(bootstrap, topic, "read_uncommitted"))
+    stable = asyncio.run(_ends(bootstrap, topic, "read_committed"))
+    return {p: (stable[p], high[p]) for p in high if stable[p] < high[p]}
+
+
+def hold_until_open_transaction(
+    runtime: Runtime, name: str, topic: str, partitions: set[int]
+) -> set[int]:
+    """Make process ``name`` stop committing (SIGUSR2) and wait, on the broker, until it has
+    written to one of ``partitions`` of ``topic`` (partitions only its tasks write) since no
+    commit of it could be under way: those records are in transactions it never commits, so
+    a kill leaves them open. Returns the partitions in that state."""
+    runtime.procs[name].proc.send_signal(signal.SIGUSR2)
+    wait_for(f"{name} stops committing", lambda: bool(runtime.events(name, "holding")))
+    held = asyncio.run(_ends(runtime.bootstrap, topic, "read_uncommitted"))
+    grown: set[int] = set()
+
+    def wrote_more() -> bool:
+        ends = asyncio.run(_ends(runtime.bootstrap, topic, "read_uncommitted"))
+        grown.update(p for p in partitions if ends[p] > held[p])
+        return bool(grown)
+
+    wait_for(f"{name} writes to {topic} after its last commit", wrote_more)
+    still_open = open_transactions(runtime.bootstrap, topic)
+    assert all(p in still_open and still_open[p][0] <= held[p] for p in grown), (
+        f"records written after the last commit are not in an open transaction: {still_open}"
+    )
+    return grown
+
+
+def check_exact_at_least_once(runtime: Runtime, output: str, total: int) -> None:
+    """Stop every process but ``p2``, which then runs every task: its tables and a
+    read_committed replay of the changelog equal the table computed from the input, and the
+    committed outputs hold every input record (at least once)."""
+    expected = expected_table(total)
+    for name in [n for n in runtime.procs if n != "p2"]:
+        runtime.stop(name)
+    wait_for("p2 runs every task", lambda: runtime.actives("p2") == TASKS)
+    assert tables(runtime.stop("p2")) == expected
+    changelog = f"{runtime.app}-totals-changelog"
+    replay, _ = asyncio.run(_read_changelog(runtime.bootstrap, changelog, "read_committed"))
+    assert replay == expected
+    outputs = asyncio.run(_read_topic(runtime.bootstrap, output, "read_committed"))
+    seen = {tuple(map(int, v.decode().split(":")[:2])) for v in outputs}
+    assert seen == asyncio.run(_input_offsets(runtime.bootstrap, runtime.source))
+
+
 def test_kill9_while_records_flow_outputs_every_record_once(eos: tuple[Runtime, str]) -> None:
     runtime, output = eos
     total = 100_000
@@ -173,16 +238,10 @@ def test_kill9_while_records_flow_outputs_every_record_once(eos: tuple[Runtime, 
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=5000, pause=0.2)
     feeder.start()
     wait_for("30,000 records produced", lambda: feeder.acked >= 30_000)
-    # A crash with a transaction open: the victim stops committing, processes a little more
+    # A crash with a transaction open: the victim stops committing, writes a little more
     # (its outputs and changelog writes go out in the open transactions), then dies.
-    runtime.procs[victim].proc.send_signal(signal.SIGUSR2)
-    held = time.time()
-
-    def processed_more() -> bool:
-        later = [e for e in runtime.events(victim, "status") if e["t"] > held + 0.25]
-        return len(later) >= 2 and later[-1]["processed"] > later[0]["processed"]
-
-    wait_for("the victim processes records it will not commit", processed_more)
+    mine = {int(t.split("_")[1]) for t in before[victim]}
+    hold_until_open_transaction(runtime, victim, f"{runtime.app}-totals-changelog", mine)
     runtime.stop(victim, signal.SIGKILL)
     state = runtime.settle()
     assert state[survivor] == TASKS
@@ -311,14 +370,11 @@ def test_join_example_kill9_joins_every_order_once(
         feeder = OrderFeeder(kafka_bootstrap, orders, total, chunk=1000, pause=0.1)
         feeder.start()
         wait_for("10,000 orders produced", lambda: feeder.acked >= 10_000)
-        runtime.procs[victim].proc.send_signal(signal.SIGUSR2)  # no more commits, then killed
-        held = time.time()
-
-        def processed_more() -> bool:
-            later = [e for e in runtime.events(victim, "status") if e["t"] > held + 0.25]
-            return len(later) >= 2 and later[-1]["processed"] > later[0]["processed"]
-
-        wait_for("the victim processes orders it will not commit", processed_more)
+        # No more commits, then killed with open transactions. Output partition p is written
+        # by task 0_p only (orders and enriched orders are keyed by customer, and partitioned
+        # alike), so the victim's open transactions show there.
+        mine = {int(t.split("_")[1]) for t in before[victim]}
+        hold_until_open_transaction(runtime, victim, output, mine)
         runtime.stop(victim, signal.SIGKILL)
         assert runtime.settle()[survivor] == TASKS
         feeder.finish()
@@ -459,16 +515,7 @@ def test_switching_modes_with_every_process_stopped_keeps_state_exact(
         if guarantee == "exactly_once":  # what a crash between a commit's markers and its end
             changelog = f"{runtime.app}-totals-changelog"
             asyncio.run(_abort_a_commit(runtime.bootstrap, changelog, key_of(0).encode()))
-    expected = expected_table(fed)
-    runtime.stop("p1")
-    wait_for("p2 runs every task", lambda: runtime.actives("p2") == TASKS)
-    assert tables(runtime.stop("p2")) == expected
-    changelog = f"{runtime.app}-totals-changelog"
-    replay, _ = asyncio.run(_read_changelog(runtime.bootstrap, changelog, "read_committed"))
-    assert replay == expected
-    outputs = asyncio.run(_read_topic(runtime.bootstrap, output, "read_committed"))
-    seen = {tuple(map(int, v.decode().split(":")[:2])) for v in outputs}
-    assert seen == asyncio.run(_input_offsets(runtime.bootstrap, runtime.source))
+    check_exact_at_least_once(runtime, output, fed)
 
 
 async def _abort_a_commit(bootstrap: str, changelog: str, key: bytes) -> None:
@@ -510,13 +557,95 @@ def test_a_rolling_switch_between_modes_keeps_state_exact(eos: tuple[Runtime, st
     feeder.finish()
     print(f"\nrecords produced at each restart: {flowing} of {total}")
     wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
-    expected = expected_table(total)
-    runtime.stop("p1")
-    wait_for("p2 runs every task", lambda: runtime.actives("p2") == TASKS)
-    assert tables(runtime.stop("p2")) == expected
+    check_exact_at_least_once(runtime, output, total)
+
+
+class Flow(Feeder):
+    """Records ``first``, ``first + 1``, ... as ``Feeder`` makes them, until ``finish``
+    (then ``total`` is one past the last)."""
+
+    def __init__(self, bootstrap: str, topic: str, chunk: int, pause: float) -> None:
+        super().__init__(bootstrap, topic, 0, chunk, pause)
+        self.acked = 0
+        self.stopping = threading.Event()
+
+    async def _produce(self) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=20)
+        await producer.start()
+        try:
+            while not self.stopping.is_set():
+                start = self.acked
+                futures = [
+                    await producer.send(self.topic, str(i % 100).encode(), key=key_of(i).encode())
+                    for i in range(start, start + self.chunk)
+                ]
+                await asyncio.gather(*futures)
+                self.acked = start + self.chunk
+                await asyncio.sleep(self.pause)
+        finally:
+            await producer.stop()
+            self.total = self.acked
+
+    def finish(self) -> None:
+        self.stopping.set()
+        super().finish()
+
+
+def _rebalances(runtime: Runtime) -> dict[str, int]:
+    """Rebalances each live process has seen (from its last status line)."""
+    return {n: runtime.events(n, "status")[-1]["rebalances"] for n in runtime.procs}
+
+
+def _processed(runtime: Runtime) -> int:
+    return sum(runtime.events(n, "status")[-1]["processed"] for n in runtime.procs)
+
+
+def test_switching_to_at_least_once_right_after_an_exactly_once_crash(
+    eos: tuple[Runtime, str],
+) -> None:
+    """exactly_once while records flow; one process killed (kill -9) with open transactions,
+    the other stopped; both restarted at once in at_least_once. The crashed owner's open
+    transactions hold its changelogs' last stable offsets back (until the broker's
+    transaction timeout, 60 s): each task that meets one initialises and closes a producer
+    with its transactional id before its restore, which aborts them. Without that, every
+    commit of those tasks failed its end check and the group rebalanced every commit
+    interval. Asserted: few rebalances, none once settled over many commit intervals, exact
+    tables and changelog, every input in the outputs (at least once)."""
+    runtime, output = eos
+    base = ["--output", output, "--status-interval", "0.1"]
     changelog = f"{runtime.app}-totals-changelog"
-    replay, _ = asyncio.run(_read_changelog(runtime.bootstrap, changelog, "read_committed"))
-    assert replay == expected
-    outputs = asyncio.run(_read_topic(runtime.bootstrap, output, "read_committed"))
-    seen = {tuple(map(int, v.decode().split(":")[:2])) for v in outputs}
-    assert seen == asyncio.run(_input_offsets(runtime.bootstrap, runtime.source))
+    runtime.start("p1")
+    runtime.start("p2")
+    before = runtime.settle()
+    victim = max(sorted(before), key=lambda n: len(before[n]))
+    survivor = next(n for n in before if n != victim)
+    mine = {int(t.split("_")[1]) for t in before[victim]}
+    flow = Flow(runtime.bootstrap, runtime.source, chunk=200, pause=0.1)
+    flow.start()
+    wait_for("5,000 records produced", lambda: flow.acked >= 5000)
+    hold_until_open_transaction(runtime, victim, changelog, mine)
+    runtime.stop(victim, signal.SIGKILL)
+    runtime.stop(survivor)  # before its session timeout gives it the victim's tasks
+    left_open = open_transactions(runtime.bootstrap, changelog)
+    assert set(left_open) & mine, f"no open transaction left at the switch: {left_open}"
+    runtime.args = [*base, "--guarantee", "at_least_once"]
+    runtime.start("p1")
+    runtime.start("p2")
+    runtime.settle()
+    settled = _rebalances(runtime)
+    processed = _processed(runtime)
+    # Records flowing and committed every 0.2 s: 5,000 more records are many commits.
+    wait_for("5,000 more records processed", lambda: _processed(runtime) >= processed + 5000)
+    after = _rebalances(runtime)
+    logs = "".join((runtime.tmp / f"{n}.log").read_text() for n in runtime.procs)
+    print(
+        f"\nopen transactions at the switch: {left_open}; rebalances seen at settling "
+        f"{settled}, {after} after 5,000 more records"
+    )
+    assert after == settled, "rebalances go on after the restart settled"
+    assert sum(after.values()) <= 6, f"a rebalance storm after the restart: {after}"
+    assert "open transactions aborted" in logs
+    assert not open_transactions(runtime.bootstrap, changelog)
+    flow.finish()
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    check_exact_at_least_once(runtime, output, flow.total)
