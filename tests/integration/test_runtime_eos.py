@@ -185,13 +185,14 @@ def open_transactions(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
     return {p: (stable[p], high[p]) for p in high if stable[p] < high[p]}
 
 
-def hold_until_open_transaction(
+def hold_until_uncommitted(
     runtime: Runtime, name: str, topic: str, partitions: set[int]
-) -> set[int]:
+) -> tuple[dict[int, int], set[int]]:
     """Make process ``name`` stop committing (SIGUSR2) and wait, on the broker, until it has
     written to one of ``partitions`` of ``topic`` (partitions only its tasks write) since no
-    commit of it could be under way: those records are in transactions it never commits, so
-    a kill leaves them open. Returns the partitions in that state."""
+    commit of it could be under way: what it wrote there is never committed, so a kill
+    leaves it behind. Returns the ends when it stopped committing, and the partitions it
+    wrote since."""
     runtime.procs[name].proc.send_signal(signal.SIGUSR2)
     wait_for(f"{name} stops committing", lambda: bool(runtime.events(name, "holding")))
     held = asyncio.run(_ends(runtime.bootstrap, topic, "read_uncommitted"))
@@ -203,6 +204,16 @@ def hold_until_open_transaction(
         return bool(grown)
 
     wait_for(f"{name} writes to {topic} after its last commit", wrote_more)
+    return held, grown
+
+
+def hold_until_open_transaction(
+    runtime: Runtime, name: str, topic: str, partitions: set[int]
+) -> set[int]:
+    """``hold_until_uncommitted`` for an exactly-once process: its records written since are
+    in transactions it never commits, so a kill leaves them open (asserted on the broker:
+    the last stable offset is held back). Returns the partitions in that state."""
+    held, grown = hold_until_uncommitted(runtime, name, topic, partitions)
     still_open = open_transactions(runtime.bootstrap, topic)
     assert all(p in still_open and still_open[p][0] <= held[p] for p in grown), (
         f"records written after the last commit are not in an open transaction: {still_open}"
@@ -210,10 +221,13 @@ def hold_until_open_transaction(
     return grown
 
 
-def check_exact_at_least_once(runtime: Runtime, output: str, total: int) -> None:
+def check_exact_at_least_once(
+    runtime: Runtime, output: str, total: int
+) -> Counter[tuple[int, int]]:
     """Stop every process but ``p2``, which then runs every task: its tables and a
     read_committed replay of the changelog equal the table computed from the input, and the
-    committed outputs hold every input record (at least once)."""
+    committed outputs hold every input record (at least once). Returns how many committed
+    outputs each input record (partition, offset) has."""
     expected = expected_table(total)
     for name in [n for n in runtime.procs if n != "p2"]:
         runtime.stop(name)
@@ -223,8 +237,12 @@ def check_exact_at_least_once(runtime: Runtime, output: str, total: int) -> None
     replay, _ = asyncio.run(_read_changelog(runtime.bootstrap, changelog, "read_committed"))
     assert replay == expected
     outputs = asyncio.run(_read_topic(runtime.bootstrap, output, "read_committed"))
-    seen = {tuple(map(int, v.decode().split(":")[:2])) for v in outputs}
-    assert seen == asyncio.run(_input_offsets(runtime.bootstrap, runtime.source))
+    seen: Counter[tuple[int, int]] = Counter()
+    for value in outputs:
+        partition, offset, _ = value.decode().split(":")
+        seen[(int(partition), int(offset))] += 1
+    assert set(seen) == asyncio.run(_input_offsets(runtime.bootstrap, runtime.source))
+    return seen
 
 
 def test_kill9_while_records_flow_outputs_every_record_once(eos: tuple[Runtime, str]) -> None:
@@ -649,3 +667,61 @@ def test_switching_to_at_least_once_right_after_an_exactly_once_crash(
     flow.finish()
     wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
     check_exact_at_least_once(runtime, output, flow.total)
+
+
+def test_a_crash_in_each_mode_during_a_rolling_switch_keeps_state_exact(
+    eos: tuple[Runtime, str],
+) -> None:
+    """at_least_once to exactly_once, one process at a time while records flow, each of the
+    two processes killed (kill -9) mid-roll: first p1, just switched to exactly once, with
+    open transactions (p2, still at least once, takes its tasks over and aborts them), then
+    p2, still at least once, with an uncommitted tail (p1, exactly once again, takes its
+    tasks over and undoes the tail); p2 comes back in exactly once.
+
+    Asserted: tables and the changelog's read_committed replay exact; every input record in
+    the committed outputs at least once (at-least-once tasks send outputs outside
+    transactions, and the at-least-once crash makes duplicates); and every input record
+    produced after the last at-least-once process died in exactly one committed output, as
+    from then on only exactly-once tasks (fenced, transactional) process records."""
+    runtime, output = eos
+    base = ["--output", output, "--status-interval", "0.1"]
+    changelog = f"{runtime.app}-totals-changelog"
+    runtime.args = [*base, "--guarantee", "at_least_once"]
+    runtime.start("p1")
+    runtime.start("p2")
+    flow = Flow(runtime.bootstrap, runtime.source, chunk=200, pause=0.1)
+    flow.start()
+    wait_for("both processes run tasks", lambda: all(map(runtime.actives, ("p1", "p2"))))
+    runtime.stop("p1")
+    runtime.args = [*base, "--guarantee", "exactly_once"]
+    runtime.start("p1")
+    p1_tasks = runtime.settle()["p1"]
+    hold_until_open_transaction(runtime, "p1", changelog, {int(t[2:]) for t in p1_tasks})
+    runtime.stop("p1", signal.SIGKILL)
+    wait_for("p2 runs every task", lambda: runtime.actives("p2") == TASKS)
+    assert "open transactions aborted" in (runtime.tmp / "p2.log").read_text()
+    runtime.start("p1")
+    p2_tasks = runtime.settle()["p2"]
+    hold_until_uncommitted(runtime, "p2", changelog, {int(t[2:]) for t in p2_tasks})
+    runtime.stop("p2", signal.SIGKILL)
+    # From here on no at-least-once process is left: whatever comes later in the input is
+    # processed by exactly-once tasks only.
+    no_alos = asyncio.run(_ends(runtime.bootstrap, runtime.source, "read_uncommitted"))
+    wait_for("p1 runs every task", lambda: runtime.actives("p1") == TASKS)
+    runtime.start("p2")
+    later = sum(no_alos.values()) + 3000
+    wait_for("3,000 more records produced", lambda: flow.acked >= later)
+    flow.finish()
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    undone = [e for e in runtime.events("p1", "restore") if e["task"] in p2_tasks]
+    seen = check_exact_at_least_once(runtime, output, flow.total)
+    twice = sorted(k for k, n in seen.items() if n > 1)
+    after = [k for k, n in seen.items() if k[1] >= no_alos[k[0]]]
+    print(
+        f"\n{flow.total} records; {len(twice)} output twice or more (at least once), "
+        f"{len(after)} produced after the last at-least-once process died; p1 undid "
+        f"{sum(e['compensated'] for e in undone)} writes of p2's uncommitted tail"
+    )
+    assert after, "no record came after the roll"
+    assert [k for k in after if seen[k] != 1] == []
+    assert sum(e["compensated"] for e in undone) > 0, "p2's crash left nothing to undo"
