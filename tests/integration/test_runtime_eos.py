@@ -24,10 +24,15 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
-from streamassign import TaskId
+from streamassign import TaskId, TopicPartition
 from streamassign.errors import ProducerStartError
 from streamassign.runtime.changelog import COMMIT_KEY, encode_marker
-from streamassign.runtime.transactions import TaskProducers, rejoin_cures
+from streamassign.runtime.transactions import (
+    OrphanTransactions,
+    TaskProducers,
+    rejoin_cures,
+    transactional_id,
+)
 
 from .conftest import GroupIdFactory, TopicFactory
 from .test_runtime import (
@@ -450,6 +455,60 @@ def test_a_renewed_producer_fences_the_previous_one(
             assert not rejoin_cures(rejected.value), repr(rejected.value)
         finally:
             await asyncio.gather(zombie.stop(), owner.stop())
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_at_least_once_aborts_only_open_transactions_of_the_tasks_it_starts(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory
+) -> None:
+    """``OrphanTransactions``: a transaction left open under task 0_0's transactional id in
+    its changelog partition is aborted (its records hidden, the last stable offset at the high
+    watermark again) and its producer fenced; a task whose partition holds only plain writes
+    gets no producer; a producer that cannot start is logged, not raised."""
+    changelog = kafka_topic_factory(PARTITIONS, prefix="orphans")
+    app_id = f"orphans-{changelog}"
+    crashed, plain = TaskId(0, 0), TaskId(0, 1)
+
+    async def run() -> None:
+        stable = AIOKafkaConsumer(
+            bootstrap_servers=kafka_bootstrap, isolation_level="read_committed"
+        )
+        zombie = AIOKafkaProducer(
+            bootstrap_servers=kafka_bootstrap, transactional_id=transactional_id(app_id, crashed)
+        )
+        writer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        orphans = OrphanTransactions(app_id, kafka_bootstrap, {}, {})
+        refused = OrphanTransactions(app_id, kafka_bootstrap, {"transaction_timeout_ms": 10**6}, {})
+        await asyncio.gather(stable.start(), zombie.start(), writer.start())
+        try:
+            await zombie.begin_transaction()
+            await zombie.send_and_wait(changelog, b"uncommitted", key=b"k", partition=0)
+            await writer.send_and_wait(changelog, b"plain", key=b"k", partition=1)
+            tasks = {
+                crashed: [TopicPartition(changelog, 0)],
+                plain: [TopicPartition(changelog, 1)],
+            }
+            assert await refused.abort(stable, tasks) == set()  # logged; the restore goes on
+            assert await orphans.abort(stable, tasks) == {crashed}
+            assert await _ends(kafka_bootstrap, changelog, "read_committed") == await _ends(
+                kafka_bootstrap, changelog, "read_uncommitted"
+            )
+            assert await _read_topic(kafka_bootstrap, changelog, "read_committed") == [b"plain"]
+            with pytest.raises(Exception) as fenced:
+                await zombie.send_and_wait(changelog, b"later", key=b"k", partition=0)
+                await zombie.commit_transaction()
+            assert rejoin_cures(fenced.value), repr(fenced.value)
+            assert await orphans.abort(stable, tasks) == set()  # nothing open any more
+        finally:
+            await asyncio.gather(
+                orphans.stop(),
+                refused.stop(),
+                stable.stop(),
+                writer.stop(),
+                zombie.stop(),
+                return_exceptions=True,
+            )
 
     asyncio.run(asyncio.wait_for(run(), 60))
 
