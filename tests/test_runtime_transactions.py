@@ -400,3 +400,51 @@ def test_a_batch_past_the_commit_deadline_is_cut_and_the_rest_read_again(tmp_pat
     asyncio.run(app._processing.process_batch(0, Consumer(), batch, deadline=0.0))  # type: ignore[arg-type]
     assert tasks[0].processed == 1 and tasks[1].processed == 0  # at least one record
     assert seeks == [(KafkaTopicPartition(TOPIC, 0), 6), (KafkaTopicPartition(TOPIC, 1), 0)]
+
+
+class Ends:
+    """A consumer's ``end_offsets``: ``ends`` per partition, each call logged as ``name``
+    in ``calls``; ``error`` fails the call."""
+
+    def __init__(self, name: str, ends: dict[int, int], calls: list[str]) -> None:
+        self.name, self.ends, self.calls = name, ends, calls
+        self.error: Exception | None = None
+
+    async def end_offsets(self, tps: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
+        self.calls.append(self.name)
+        if self.error is not None:
+            raise self.error
+        return {tp: self.ends[tp.partition] for tp in tps}
+
+    async def stop(self) -> None:
+        pass
+
+
+def test_at_least_once_inits_a_producer_only_for_tasks_with_an_open_transaction() -> None:
+    """``OrphanTransactions``: high watermarks read before last stable offsets (a plain write
+    in between must not look like a transaction); a producer initialised (and closed) for
+    each task whose changelog has its last stable offset below the high watermark, none for
+    the others; a failed check is logged and gives no task (the restore goes on)."""
+    calls: list[str] = []
+    highwater = Ends("high watermarks", {0: 10, 1: 7, 2: 5}, calls)
+    stable = Ends("last stable offsets", {0: 4, 1: 7, 2: 6}, calls)  # 2: written in between
+    orphans = transactions.OrphanTransactions("app", "unused:1", {}, {})
+    orphans._highwater = highwater  # type: ignore[assignment]
+    started: list[TaskId] = []
+
+    async def renew(task: TaskId) -> None:
+        started.append(task)
+
+    orphans.producers.renew = renew  # type: ignore[method-assign]
+    changelogs = {TaskId(0, p): [TopicPartition("cl", p)] for p in range(3)}
+
+    async def run() -> None:
+        assert await orphans.abort(stable, changelogs) == {TaskId(0, 0)}  # type: ignore[arg-type]
+        assert calls == ["high watermarks", "last stable offsets"]
+        assert started == [TaskId(0, 0)]
+        stable.error = KafkaConnectionError()
+        assert await orphans.abort(stable, changelogs) == set()  # type: ignore[arg-type]
+        assert started == [TaskId(0, 0)]
+        await orphans.stop()
+
+    asyncio.run(run())

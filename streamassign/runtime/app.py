@@ -65,7 +65,7 @@ from .tasks import (
     source_of,
     tear,
 )
-from .transactions import TaskProducers
+from .transactions import OrphanTransactions, TaskProducers
 
 __all__ = [
     "App",
@@ -201,6 +201,8 @@ class App:
         self._changes_done = asyncio.Event()
         self._changes_done.set()
         self._loops: list[asyncio.Task[None]] = []
+        #: At least once: aborts what a crashed exactly-once owner left open (``start``).
+        self._orphans: OrphanTransactions | None = None
 
     @property
     def state(self) -> Any:
@@ -270,6 +272,12 @@ class App:
             )
         else:
             clients.shared_producer(self.bootstrap_servers, producer_config)
+            self._orphans = OrphanTransactions(
+                self.host.application_id,
+                self.bootstrap_servers,
+                producer_config,
+                self.connection_config,
+            )
         # Changelogs are read read_committed in both modes: at least once writes no
         # transactions (so nothing changes), but a changelog an exactly-once run wrote may hold
         # aborted commits, store markers included, which a restore must not apply.
@@ -369,6 +377,8 @@ class App:
                     await self._commits.commit_safely(i)
         if self._clients.task_producers is not None:  # open transactions are aborted
             await self._clients.task_producers.stop()
+        if self._orphans is not None:
+            await self._orphans.stop()
         closes = [self._stores.close(t.task_id, t.stores) for t in self._actives.values()]
         self._actives.clear()
         parked = [(t, states) for t, (states, _) in self._stores.parked.items()]
@@ -504,6 +514,11 @@ class App:
             await producer.flush()  # a torn task's writes in flight: in the changelog
         if self._clients.task_producers is not None:
             await self._renew_producers(consumer, [task_id for task_id, _, _ in new])
+        elif self._orphans is not None and self._clients.restorer is not None:
+            # Before the restores look up their ends: a crashed exactly-once owner's open
+            # transaction would hold them back (see ``OrphanTransactions``).
+            changelogs = {t: [s.changelog for s in states.values()] for t, states, _ in new}
+            await self._orphans.abort(self._clients.restorer, changelogs)
         for task_id, states, source in new:
             processor = self.processors[task_id.subtopology]()
             task = ActiveTask(task_id, consumer, states, processor, repartition=self._repartition)

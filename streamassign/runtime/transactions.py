@@ -9,6 +9,9 @@ zombie's open transaction and makes every later write or commit of the zombie fa
 (``ProducerFenced``). A producer that failed once is never used again: the task is torn and
 gets a new producer only when an assignment gives it back (``renew`` from a rebalance
 callback), so a zombie never fences the task's real owner.
+
+At least once, ``OrphanTransactions`` does the same init for a task whose changelog holds an
+open transaction when it starts (an exactly-once owner crashed just before a switch of modes).
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import (
     ConcurrentTransactions,
@@ -33,7 +36,7 @@ from aiokafka.errors import (
     ProducerFenced,
 )
 
-from .. import TaskId
+from .. import TaskId, TopicPartition
 from ..errors import ProducerStartError, TransactionFailedError
 
 log = logging.getLogger("streamassign.runtime")
@@ -48,6 +51,11 @@ START_TIMEOUT = 60.0
 
 #: Seconds between two tries to start a producer after a retriable error.
 START_BACKOFF = 1.0
+
+#: At least once: seconds the check for open transactions (``ListOffsets``) and the producer
+#: inits that abort them may take each (in a rebalance callback). Past it the task's
+#: restore goes on without them.
+ORPHANS_TIMEOUT = 10.0
 
 #: A transaction failing with one of these is cured by a new producer after a rejoin: it was
 #: fenced by a newer owner, or is in a state only a new producer leaves (the broker aborted
@@ -212,3 +220,117 @@ async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
             await producer.stop()
     except Exception as exc:  # the broker aborts it at the next owner's init or its timeout
         log.warning("a task's producer did not close cleanly (%r)", exc)
+
+
+class OrphanTransactions:
+    """At least once: the transactions an exactly-once owner of a task left open when it
+    crashed (the application was switched to at least once right after).
+
+    Until the broker aborts such a transaction (``transaction_timeout_ms``), it holds the
+    changelog partition's last stable offset back: the task's restore, which reads
+    ``read_committed``, stops there, while its at-least-once writes land past the open
+    transaction, so each commit's end check fails and the consumer rejoins, every commit
+    interval, group-wide. ``abort`` does what an exactly-once owner does when a task starts:
+    it initialises a producer with the task's transactional id (``renew``), which fences the
+    crashed owner and aborts its transaction, and closes it. Only for tasks whose changelogs
+    have a last stable offset below their high watermark: the cost is otherwise two
+    ``ListOffsets`` requests per rebalance that starts stateful tasks.
+    """
+
+    def __init__(
+        self,
+        application_id: str,
+        bootstrap_servers: str,
+        producer_config: Mapping[str, Any],
+        connection_config: Mapping[str, Any],
+        timeout: float = ORPHANS_TIMEOUT,
+    ):
+        self.producers = TaskProducers(
+            application_id, bootstrap_servers, producer_config, start_timeout=timeout
+        )
+        self.bootstrap_servers = bootstrap_servers
+        self.connection_config = dict(connection_config)
+        self.timeout = timeout
+        #: Reads high watermarks (``read_uncommitted``); started at the first check.
+        self._highwater: AIOKafkaConsumer | None = None
+
+    async def abort(
+        self, stable: AIOKafkaConsumer, changelogs: Mapping[TaskId, Sequence[TopicPartition]]
+    ) -> set[TaskId]:
+        """Abort the open transactions in the changelogs of the tasks of ``changelogs`` (their
+        changelog partitions); ``stable`` reads ``read_committed`` (last stable offsets).
+        Returns the tasks whose producer was initialised. A failure is logged, not raised:
+        the restore then reads to the last stable offset, as without this step, and the
+        broker aborts the transaction at its timeout."""
+        try:
+            tasks = await asyncio.wait_for(self._open(stable, changelogs), self.timeout)
+        except Exception as exc:  # a KafkaError, a timeout: the broker aborts it in time
+            log.warning("open transactions in changelogs not checked (%r)", exc)
+            return set()
+        results = await asyncio.gather(
+            *(self.producers.renew(t) for t in tasks), return_exceptions=True
+        )
+        await self.producers.stop()
+        aborted = set()
+        for task, result in zip(tasks, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):
+                log.warning(
+                    "task %s: the open transaction in its changelog was not aborted (%r); "
+                    "its restore stops before it until the broker aborts it",
+                    task,
+                    result,
+                )
+            else:
+                aborted.add(task)
+        if aborted:
+            log.info(
+                "tasks %s: an earlier exactly-once owner's open transactions aborted "
+                "(transactional producers initialised and closed)",
+                ", ".join(map(str, sorted(aborted))),
+            )
+        return aborted
+
+    async def _open(
+        self, stable: AIOKafkaConsumer, changelogs: Mapping[TaskId, Sequence[TopicPartition]]
+    ) -> list[TaskId]:
+        """The tasks with a changelog partition whose last stable offset is below its high
+        watermark (an open transaction, or one whose markers are still being written)."""
+        tps = sorted({KafkaTopicPartition(*tp) for tps in changelogs.values() for tp in tps})
+        if not tps:
+            return []
+        if self._highwater is None:
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap_servers,
+                enable_auto_commit=False,
+                isolation_level="read_uncommitted",
+                **self.connection_config,
+            )
+            try:
+                await consumer.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+                raise
+            self._highwater = consumer
+        # The high watermarks first: a last stable offset read after them and still below one
+        # is held back by a transaction open since before (at least once writes move both
+        # ends alike; read the other way round, a write in between looks like a transaction).
+        hw = await self._highwater.end_offsets(tps)
+        lso = await stable.end_offsets(tps)
+        return [
+            task
+            for task, partitions in sorted(changelogs.items())
+            if any(lso[tp] < hw[tp] for tp in map(_kafka, partitions))
+        ]
+
+    async def stop(self) -> None:
+        await self.producers.stop()
+        if self._highwater is not None:
+            await self._highwater.stop()
+            self._highwater = None
+
+
+def _kafka(tp: TopicPartition) -> KafkaTopicPartition:
+    return KafkaTopicPartition(*tp)

@@ -6,7 +6,9 @@ produced. Prints JSON lines: ``restore`` for every restore of an active task, ``
 second (running actives as ``active``, actives still ``restoring``, processed and skipped
 counts, wall time ``t``), and on SIGTERM ``table`` per running active task (its store
 content) before a clean stop. SIGUSR1 requests the shutdown of the whole
-application (every process then dumps its tables and stops). SIGKILL is a crash. With
+application (every process then dumps its tables and stops). SIGUSR2 stops every commit and
+prints ``holding`` once none is under way (what the process writes from then on is never
+committed: a kill -9 then leaves a tail, or open transactions). SIGKILL is a crash. With
 ``--preloaded-prefix`` the keys of a preloaded changelog (``preloaded_value``) are checked in
 the process and only counted (``preloaded``: count and wrong values) in place of their
 items. ``--ha`` turns the high-availability assignor on (``--probing-ms``, ``--lag``,
@@ -154,9 +156,18 @@ async def main() -> None:
 
     loop.add_signal_handler(signal.SIGUSR1, request)
 
-    def hold() -> None:  # SIGUSR2: process on, commit no more (a kill -9 then has a tail)
-        app.commit_interval = 3600.0
+    async def no_commit(index: int) -> None:
+        pass
+
+    async def held() -> None:  # every consumer's lock taken once: no commit under way
+        for lock in app._locks:
+            async with lock:
+                pass
         emit(event="holding", processed=app.processed, t=time.time())
+
+    def hold() -> None:  # SIGUSR2: process on, commit no more (a kill -9 then has a tail)
+        app._commits.commit = no_commit  # type: ignore[method-assign]
+        pending.add(asyncio.ensure_future(held()))
 
     loop.add_signal_handler(signal.SIGUSR2, hold)
     queries = QueryServer(app) if args.endpoint else None

@@ -280,7 +280,7 @@ def test_kill9_while_records_flow_loses_nothing_and_standby_restores_little(
     while feeder.acked < 30_000 and time.monotonic() < deadline:
         time.sleep(0.05)
     # A crash in the middle of the flow, with uncommitted work: the victim stops committing
-    # (its last scheduled commit comes within 0.2 s), processes a little more, then dies.
+    # (SIGUSR2 turns its commits off), processes a little more, then dies.
     runtime.procs[victim].proc.send_signal(signal.SIGUSR2)
     held = time.time()
     changelog = f"{runtime.app}-totals-changelog"
