@@ -14,7 +14,6 @@ import asyncio
 import json
 import signal
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
