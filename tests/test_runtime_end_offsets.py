@@ -15,6 +15,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
+import streamassign.runtime.end_offsets as end_offsets_module
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.protocol import SubscriptionInfo
 from streamassign.runtime import App
@@ -419,3 +420,35 @@ def test_the_end_is_one_past_the_last_committed_marker_as_the_log_grows(
         asyncio.run(fetch([tp], found))
         markers = [o for o, key in records.items() if key == COMMIT]
         assert found == {tp: max(markers) + 1 if markers else 0}
+
+
+class LeaderlessLog(CommittedLog):
+    """A partition without a leader: a ``ListOffsets`` call that includes it never answers
+    (aiokafka retries it until its request timeout)."""
+
+    def __init__(self, logs: Mapping[TopicPartition, Any], stuck: TopicPartition) -> None:
+        super().__init__(logs)
+        self.stuck = KafkaTopicPartition(*stuck)
+
+    async def end_offsets(self, tps: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
+        if self.stuck in tps:
+            await asyncio.sleep(3600)
+        return await super().end_offsets(tps)
+
+
+def test_a_partition_without_a_leader_costs_only_its_own_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(end_offsets_module, "LIST_TIMEOUT", 0.05)
+    good, stuck = TopicPartition("g", 0), TopicPartition("s", 0)
+    log = LeaderlessLog({good: (committed([3]), 5), stuck: (committed([0]), 2)}, stuck)
+    cache = EndOffsetsCache(committed_ends_fetch(cast(Any, log)), timeout=1, committed=True)
+    cache.track({TaskId(0, 0): (good,), TaskId(0, 1): (stuck,)})
+
+    async def scenario() -> set[asyncio.Task[Any]]:
+        assert not await cache.refresh()  # the stuck partition's single call never answered
+        return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
+
+    left = asyncio.run(scenario())
+    assert cache() == {TaskId(0, 0): 4}
+    assert not left  # the single calls are cancelled, not left running

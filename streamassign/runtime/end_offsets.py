@@ -9,7 +9,9 @@ through ``refresh_soon``), and the cache, called, returns the last snapshot with
 
 A refresh is bounded (``timeout``) and per partition: the fetch records each partition's end as
 soon as it knows it, and at the deadline (or on an error) the cache keeps what was recorded;
-every other partition keeps its previous value (until ``max_age``).
+every other partition keeps its previous value (until ``max_age``). The end offsets come from
+one ``ListOffsets`` call, or, when a partition without a leader holds it, one call a partition
+(``list_offsets``).
 
 Exactly once (``committed=True``), a changelog ends with a transaction marker (and may end with
 aborted records), which no store position counts: a caught-up copy's position is one past the
@@ -37,6 +39,7 @@ from typing import Any
 import attrs
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import KafkaError
 
 from .. import TaskId, TopicPartition
 from ..errors import RuntimeConfigError
@@ -112,9 +115,9 @@ class EndOffsetsCache:
         return {t: total for t, (total, at) in self._snapshot.items() if at >= oldest}
 
     async def refresh(self) -> bool:
-        """Fetch every tracked partition's end offset now; False when the fetch failed or
-        timed out (the partitions it recorded before are updated, the others keep their
-        previous values). Concurrent callers share one fetch."""
+        """Fetch every tracked partition's end offset now; False when some partition got
+        none (the fetch failed, timed out or left it out): the partitions it recorded are
+        updated, the others keep their previous values. Concurrent callers share one fetch."""
         return await asyncio.shield(self.refresh_soon())
 
     def refresh_soon(self) -> asyncio.Task[bool]:
@@ -146,7 +149,7 @@ class EndOffsetsCache:
             if p in found:
                 self._known[p] = (int(found[p]), now)
         self._rebuild()
-        return complete
+        return complete and found.keys() >= set(partitions)
 
     def _rebuild(self) -> None:
         snapshot = {}
@@ -192,12 +195,46 @@ class EndOffsetsCache:
             self._consumer = None
 
 
+#: Seconds the one ``ListOffsets`` call for every partition may take before each partition is
+#: asked on its own (one without a leader holds the whole call: aiokafka retries it), and then
+#: the most those single calls may take.
+LIST_TIMEOUT = 2.0
+
+
+async def list_offsets(
+    consumer: AIOKafkaConsumer, tps: Sequence[KafkaTopicPartition]
+) -> dict[KafkaTopicPartition, int]:
+    """End offsets (last stable offsets ``read_committed``) of ``tps``: one call for all, or,
+    when that does not answer within ``LIST_TIMEOUT``, one call each, keeping those that
+    answered within ``LIST_TIMEOUT`` more (none: the first error is raised)."""
+    try:
+        ends = await asyncio.wait_for(consumer.end_offsets(list(tps)), LIST_TIMEOUT)
+        return {tp: int(o) for tp, o in ends.items()}
+    except (KafkaError, TimeoutError) as exc:
+        if len(tps) <= 1:
+            raise
+        log.info("end offsets of %d partitions not listed at once (%r); one by one", len(tps), exc)
+    calls = [asyncio.ensure_future(consumer.end_offsets([tp])) for tp in tps]
+    try:
+        done, _ = await asyncio.wait(calls, timeout=LIST_TIMEOUT)
+    finally:  # also when the refresh's deadline cancels us: nothing left running
+        for call in calls:
+            call.cancel()
+    found = {
+        tp: int(o) for call in done if call.exception() is None for tp, o in call.result().items()
+    }
+    if not found:
+        errors = [call.exception() for call in done if call.exception() is not None]
+        raise errors[0] if errors else TimeoutError("no end offset listed")
+    return found
+
+
 def _consumer_fetch(consumer: AIOKafkaConsumer) -> Fetch:
     async def fetch(
         partitions: Sequence[TopicPartition], found: MutableMapping[TopicPartition, int]
     ) -> None:
-        ends = await consumer.end_offsets([KafkaTopicPartition(*p) for p in partitions])
-        found.update({TopicPartition(tp.topic, tp.partition): int(o) for tp, o in ends.items()})
+        ends = await list_offsets(consumer, [KafkaTopicPartition(*p) for p in partitions])
+        found.update({TopicPartition(tp.topic, tp.partition): o for tp, o in ends.items()})
 
     return fetch
 
@@ -256,7 +293,7 @@ class _CommittedEnds:
         self, partitions: Sequence[TopicPartition], found: MutableMapping[TopicPartition, int]
     ) -> None:
         tps = [KafkaTopicPartition(*p) for p in partitions]
-        stable = {tp: int(o) for tp, o in (await self.consumer.end_offsets(tps)).items()}
+        stable = await list_offsets(self.consumer, tps)
         scans = {}
         for tp, offset in stable.items():
             scan = self._scan_for(tp, offset)
