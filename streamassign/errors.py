@@ -285,6 +285,11 @@ class InternalTopicError(StreamAssignError):
     """An internal topic cannot be created, or exists with another partition count."""
 
 
+class ChangelogReadTimeoutError(StreamAssignError, TimeoutError):
+    """A changelog range the runtime must read (the keys another writer wrote before a
+    commit marker) was not read within its deadline (the broker slow or away)."""
+
+
 class ProcessingError(StreamAssignError):
     """A processor raised; the application stopped without committing the failed record."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -15,6 +15,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
+import streamassign.runtime.end_offsets as end_offsets_module
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.protocol import SubscriptionInfo
 from streamassign.runtime import App
@@ -57,12 +58,14 @@ class Broker:
         self.delay = 0.0
         self.calls = 0
 
-    async def fetch(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+    async def fetch(
+        self, partitions: Sequence[TopicPartition], found: MutableMapping[TopicPartition, int]
+    ) -> None:
         self.calls += 1
         await asyncio.sleep(self.delay)
         if self.fail is not None:
             raise self.fail
-        return {p: self.ends[p] for p in partitions if p not in self.missing}
+        found.update({p: self.ends[p] for p in partitions if p not in self.missing})
 
 
 def ends(value: int) -> dict[TopicPartition, int]:
@@ -225,64 +228,227 @@ def test_refresh_soon_returns_at_once_and_the_snapshot_follows() -> None:
     assert before == {} and len(after) == 5
 
 
-class CommittedLog:
-    """A ``read_committed`` consumer over changelogs given as their committed records'
-    offsets and their last stable offsets (the gaps are transaction markers and aborted
-    records, which a ``read_committed`` fetch skips). Hands out two records per fetch."""
+def test_a_refresh_cut_by_its_deadline_keeps_what_it_found_and_the_rest_stays() -> None:
+    """Per partition: what the fetch recorded before the deadline is used; a partition it
+    did not reach keeps its previous value (a slow partition no longer costs every lag)."""
+    slow = TopicPartition("app-users-changelog", 1)
+    state = {"ends": ends(100), "hang": False}
 
-    def __init__(self, logs: Mapping[TopicPartition, tuple[list[int], int]]) -> None:
-        self.logs = {KafkaTopicPartition(*p): log for p, log in logs.items()}
+    async def fetch(
+        partitions: Sequence[TopicPartition], found: MutableMapping[TopicPartition, int]
+    ) -> None:
+        for p in partitions:
+            if p == slow and state["hang"]:
+                await asyncio.sleep(10)
+            found[p] = cast(dict[TopicPartition, int], state["ends"])[p]
+
+    cache = EndOffsetsCache(fetch, timeout=0.05)
+    cache.track(CHANGELOGS)
+    assert asyncio.run(cache.refresh())
+    assert cache()[TaskId(2, 1)] == 101
+    state.update(ends=ends(500), hang=True)
+    assert not asyncio.run(cache.refresh())
+    assert cache()[TaskId(0, 0)] == 1000  # refreshed
+    assert cache()[TaskId(2, 0)] == 500  # refreshed
+    assert cache()[TaskId(2, 1)] == 101  # not reached: its previous value
+
+
+COMMIT = b"\x00streamassign.commit"
+
+
+class CommittedLog:
+    """A ``read_committed`` consumer (no group) over changelogs given as their committed
+    records (offset: key; the gaps are transaction markers and aborted records, which a
+    ``read_committed`` fetch skips) and their last stable offsets. Hands out ``per_fetch``
+    records a fetch and counts what it read; records only what ``assign``, ``pause`` and
+    ``seek`` leave readable."""
+
+    def __init__(self, logs: Mapping[TopicPartition, tuple[Mapping[int, bytes], int]]) -> None:
+        self.logs = {KafkaTopicPartition(*p): (dict(r), s) for p, (r, s) in logs.items()}
         self.positions: dict[KafkaTopicPartition, int] = {}
+        self.paused: set[KafkaTopicPartition] = set()
+        self.per_fetch = 2
+        self.delay = 0.0
+        self.fetched = 0
+
+    def set(self, tp: TopicPartition, records: Mapping[int, bytes], stable: int) -> None:
+        self.logs[KafkaTopicPartition(*tp)] = (dict(records), stable)
 
     async def end_offsets(self, tps: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
         return {tp: self.logs[tp][1] for tp in tps}
 
     def assign(self, tps: list[KafkaTopicPartition]) -> None:
         self.positions = dict.fromkeys(tps, 0)
+        self.paused = set()
+
+    def pause(self, tp: KafkaTopicPartition) -> None:
+        assert tp in self.positions
+        self.paused.add(tp)
 
     def seek(self, tp: KafkaTopicPartition, offset: int) -> None:
+        assert tp in self.positions
         self.positions[tp] = offset
 
     async def position(self, tp: KafkaTopicPartition) -> int:
         return self.positions[tp]
 
     async def getmany(self, *tps: KafkaTopicPartition, timeout_ms: int) -> dict[Any, list[Any]]:
+        await asyncio.sleep(self.delay)
         out = {}
         for tp in tps:
-            offsets, stable = self.logs[tp]
-            ahead = [o for o in offsets if o >= self.positions[tp]][:2]
+            assert tp in self.positions and tp not in self.paused
+            records, stable = self.logs[tp]
+            ahead = sorted(o for o in records if self.positions[tp] <= o < stable)
+            ahead = ahead[: self.per_fetch]
+            self.fetched += len(ahead)
             # past the returned records, or past the markers up to the stable offset
             self.positions[tp] = ahead[-1] + 1 if ahead else stable
-            out[tp] = [SimpleNamespace(offset=o) for o in ahead]
+            out[tp] = [SimpleNamespace(offset=o, key=records[o]) for o in ahead]
         return out
 
 
+def committed(markers: Sequence[int], data: Sequence[int] = ()) -> dict[int, bytes]:
+    return {**dict.fromkeys(data, b"k"), **dict.fromkeys(markers, COMMIT)}
+
+
 def test_exactly_once_a_caught_up_copy_has_lag_0_not_1_per_transaction_marker() -> None:
-    """A copy's store position is one past the last committed record (its commit marker);
-    the transaction marker after it and aborted records are nobody's lag."""
+    """A copy's store position is one past the last committed commit marker; the
+    transaction marker after it, aborted records and orphan data records (at least once
+    crashed between its writes and their marker) are nobody's lag."""
     totals, counts = TopicPartition("t", 0), TopicPartition("c", 0)
     aborted_tail, empty = TopicPartition("a", 0), TopicPartition("e", 0)
-    long_abort = TopicPartition("l", 0)
+    long_abort, all_aborted = TopicPartition("l", 0), TopicPartition("x", 0)
+    orphans = TopicPartition("o", 0)
     log = CommittedLog(
         {
-            totals: ([0, 1, 2, 4, 5], 7),  # 3 and 6: transaction markers
-            counts: ([0, 1], 3),
-            aborted_tail: ([0, 1], 8),  # 2: marker; 3..6 aborted, 7 their abort marker
-            empty: ([], 0),
-            long_abort: ([0], COMMITTED_TAIL + 5),  # nothing committed in the tail read
+            totals: (committed([2, 5], data=[0, 1, 4]), 7),  # 3 and 6: transaction markers
+            counts: (committed([1], data=[0]), 3),
+            aborted_tail: (committed([1], data=[0]), 8),  # 2: marker; 3..6 aborted, 7 abort
+            empty: ({}, 0),
+            long_abort: (committed([3], data=[0, 1, 2]), 5 + 40 * COMMITTED_TAIL),
+            all_aborted: ({}, 3 * COMMITTED_TAIL),  # a copy never applied anything
+            orphans: (committed([1], data=[0, 2, 3]), 4),
         }
     )
     fetch = committed_ends_fetch(cast(Any, log))
-    found = asyncio.run(fetch([totals, counts, aborted_tail, empty, long_abort]))
+    found: dict[TopicPartition, int] = {}
+    asyncio.run(
+        fetch([totals, counts, aborted_tail, empty, long_abort, all_aborted, orphans], found)
+    )
     assert found == {
         totals: 6,
         counts: 2,
         aborted_tail: 2,
         empty: 0,
-        long_abort: COMMITTED_TAIL + 5,  # the safe side: the lag overstated, never understated
+        long_abort: 4,  # found by reading backwards in growing windows
+        all_aborted: 0,
+        orphans: 2,
     }
+    assert log.positions == {}  # unassigned: no fetch goes on in the background
     cache = EndOffsetsCache(fetch, committed=True)
     cache.track({TaskId(0, 0): (totals, counts)})
     asyncio.run(cache.refresh())
     # the position sum a caught-up copy reports (8), not the stable offsets' (10)
     assert cache() == {TaskId(0, 0): 8}
+
+
+def test_an_idle_partition_is_not_read_again_and_a_new_tail_only_down_to_the_last_one() -> None:
+    tp = TopicPartition("t", 0)
+    log = CommittedLog({tp: (committed([9], data=range(9)), 10 + 100)})  # 100 aborted
+    fetch = committed_ends_fetch(cast(Any, log))
+    found: dict[TopicPartition, int] = {}
+    asyncio.run(fetch([tp], found))
+    assert found == {tp: 10}
+    read = log.fetched
+    asyncio.run(fetch([tp], found))  # idle: the same stable offset
+    assert found == {tp: 10} and log.fetched == read
+    # 200 more aborted offsets: read down to 110 only, nothing committed: still 10
+    log.set(tp, committed([9], data=range(9)), 310)
+    asyncio.run(fetch([tp], found))
+    assert found == {tp: 10} and log.fetched == read
+    # a new commit; the end moves
+    log.set(tp, committed([9, 400], data=[*range(9), 399]), 402)
+    asyncio.run(fetch([tp], found))
+    assert found == {tp: 401}
+    # the topic recreated (shorter): searched from scratch
+    log.set(tp, committed([0]), 2)
+    asyncio.run(fetch([tp], found))
+    assert found == {tp: 1}
+
+
+def test_a_search_cut_by_the_deadline_goes_on_at_the_next_refresh() -> None:
+    """A long aborted tail on a slow broker: each refresh reads on from where the last one
+    stopped, so the end is found even if no single refresh could read that far."""
+    tp, quick = TopicPartition("t", 0), TopicPartition("q", 0)
+    aborted = 100_000  # 13 windows, one fetch each
+    log = CommittedLog({tp: (committed([0]), 1 + aborted), quick: (committed([0]), 2)})
+    log.delay = 0.03
+    cache = EndOffsetsCache(committed_ends_fetch(cast(Any, log)), timeout=0.2, committed=True)
+    cache.track({TaskId(0, 0): (tp,), TaskId(0, 1): (quick,)})
+    refreshes = 1
+    assert not asyncio.run(cache.refresh())
+    assert cache() == {TaskId(0, 1): 1}  # the quick partition is used at once
+    assert log.positions == {}  # cancelled: unassigned all the same
+    while TaskId(0, 0) not in cache():
+        asyncio.run(cache.refresh())
+        refreshes += 1
+        assert refreshes < 200
+    assert cache()[TaskId(0, 0)] == 1
+    assert refreshes > 1
+
+
+@given(
+    st.lists(st.sampled_from(["marker", "data", "aborted"]), max_size=300),
+    st.lists(st.integers(0, 300), max_size=4),
+)
+def test_the_end_is_one_past_the_last_committed_marker_as_the_log_grows(
+    kinds: list[str], cuts: list[int]
+) -> None:
+    """Whatever the tail and however the log grew between refreshes, the end is what a
+    caught-up copy's position is."""
+    tp = TopicPartition("t", 0)
+    log = CommittedLog({tp: ({}, 0)})
+    fetch = committed_ends_fetch(cast(Any, log))
+    found: dict[TopicPartition, int] = {}
+    for stable in [*sorted(c for c in cuts if c <= len(kinds)), len(kinds)]:
+        records = {
+            o: COMMIT if k == "marker" else b"k"
+            for o, k in enumerate(kinds[:stable])
+            if k != "aborted"
+        }
+        log.set(tp, records, stable)
+        asyncio.run(fetch([tp], found))
+        markers = [o for o, key in records.items() if key == COMMIT]
+        assert found == {tp: max(markers) + 1 if markers else 0}
+
+
+class LeaderlessLog(CommittedLog):
+    """A partition without a leader: a ``ListOffsets`` call that includes it never answers
+    (aiokafka retries it until its request timeout)."""
+
+    def __init__(self, logs: Mapping[TopicPartition, Any], stuck: TopicPartition) -> None:
+        super().__init__(logs)
+        self.stuck = KafkaTopicPartition(*stuck)
+
+    async def end_offsets(self, tps: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
+        if self.stuck in tps:
+            await asyncio.sleep(3600)
+        return await super().end_offsets(tps)
+
+
+def test_a_partition_without_a_leader_costs_only_its_own_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(end_offsets_module, "LIST_TIMEOUT", 0.05)
+    good, stuck = TopicPartition("g", 0), TopicPartition("s", 0)
+    log = LeaderlessLog({good: (committed([3]), 5), stuck: (committed([0]), 2)}, stuck)
+    cache = EndOffsetsCache(committed_ends_fetch(cast(Any, log)), timeout=1, committed=True)
+    cache.track({TaskId(0, 0): (good,), TaskId(0, 1): (stuck,)})
+
+    async def scenario() -> set[asyncio.Task[Any]]:
+        assert not await cache.refresh()  # the stuck partition's single call never answered
+        return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
+
+    left = asyncio.run(scenario())
+    assert cache() == {TaskId(0, 0): 4}
+    assert not left  # the single calls are cancelled, not left running

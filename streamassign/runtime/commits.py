@@ -17,9 +17,9 @@ from typing import Any
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
-from .. import TaskId
+from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost
-from ..errors import OutputWriteError
+from ..errors import ChangelogReadTimeoutError, OutputWriteError
 from ._clients import Clients
 from .changelog import COMMIT_KEY, StoreState
 from .restore import ChangelogLookups
@@ -28,6 +28,10 @@ from .tasks import ActiveTask, tear
 from .transactions import rejoin_cures
 
 log = logging.getLogger("streamassign.runtime")
+
+#: Seconds ``Commits.reassert`` goes on reading the keys another writer wrote before its
+#: marker while the changelog cannot be read in time (the task is torn after that).
+REASSERT_PATIENCE = 120.0
 
 
 class Commits:
@@ -312,7 +316,9 @@ class Commits:
         assert producer is not None
         tp = state.changelog
         for _ in range(3):
-            keys = await self.lookups.keys_written(tp, first, marker)
+            keys = await self.keys_written(task, tp, first, marker)
+            if keys is None:
+                return None
             log.warning(
                 "task %s: %d record(s) of another writer in %s[%d] (offsets %d to %d) before "
                 "this commit's marker; writing this owner's value of their %d key(s) again",
@@ -345,6 +351,25 @@ class Commits:
                 return marker
         log.error("task %s: %s[%d] keeps being written by another writer", task.task_id, *tp)
         return None
+
+    async def keys_written(
+        self, task: ActiveTask, tp: TopicPartition, first: int, end: int
+    ) -> list[bytes] | None:
+        """The keys ``reassert`` must write again. A changelog not read in time is read again
+        (each try bounded), while the member keeps its membership and the task, and for at
+        most ``REASSERT_PATIENCE`` seconds: tearing the task at once would drop this owner's
+        values of those keys, which only the reassertion puts back after the other writer's.
+        None when giving up (the task is torn by the caller or already was)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REASSERT_PATIENCE
+        while True:
+            try:
+                return await self.lookups.keys_written(tp, first, end)
+            except ChangelogReadTimeoutError as exc:
+                if self.lost(task.consumer) or task.torn or loop.time() >= deadline:
+                    log.error("task %s: %s; giving up, the task is torn", task.task_id, exc)
+                    return None
+                log.warning("task %s: %s; reading them again", task.task_id, exc)
 
     async def check_ends(self, consumer: int, tasks: frozenset[TaskId]) -> None:
         """Tear every task of ``tasks`` whose changelog another writer wrote while it was

@@ -7,12 +7,20 @@ needs them inside aiokafka's synchronous ``assign``, where no I/O can be awaited
 consumer fetches them in the background (every few seconds, and as each rebalance starts
 through ``refresh_soon``), and the cache, called, returns the last snapshot without any I/O.
 
+A refresh is bounded (``timeout``) and per partition: the fetch records each partition's end as
+soon as it knows it, and at the deadline (or on an error) the cache keeps what was recorded;
+every other partition keeps its previous value (until ``max_age``). The end offsets come from
+one ``ListOffsets`` call, or, when a partition without a leader holds it, one call a partition
+(``list_offsets``).
+
 Exactly once (``committed=True``), a changelog ends with a transaction marker (and may end with
 aborted records), which no store position counts: a caught-up copy's position is one past the
-last *committed* record. So the cache reports that instead of the log end: it reads each
-partition's last few records ``read_committed`` up to the last stable offset (one fetch per
-refresh); when the tail holds no committed record (a long aborted transaction at the end) it
-reports the last stable offset, overstating the lag rather than understating it.
+last *committed* commit marker (``changelog.COMMIT_KEY``). So the cache reports that instead of
+the log end (``committed_ends_fetch``): it reads each partition ``read_committed`` backwards
+from the last stable offset in growing windows (16 offsets, then 32, 64, ...) until a window
+holds a committed marker, or down to where the previous refresh found one, or to offset 0. A
+partition whose last stable offset has not moved since is not read at all, and a search cut by
+the deadline goes on from where it stopped at the next refresh.
 
 Safe fallback: a task whose end offsets are unknown (not fetched yet, fetch failing, older than
 ``max_age``) is left out of the snapshot, and the leader treats that task as it treats tasks
@@ -25,20 +33,24 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
+import attrs
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import KafkaError
 
 from .. import TaskId, TopicPartition
 from ..errors import RuntimeConfigError
 from ..topology import Topology
+from .changelog import COMMIT_KEY
 
 log = logging.getLogger("streamassign.runtime")
 
-#: Fetches the end offsets of changelog partitions (unknown ones may be left out).
-Fetch = Callable[[Sequence[TopicPartition]], Awaitable[Mapping[TopicPartition, int]]]
+#: Fetches the end offsets of changelog partitions, recording each in the mapping it is given
+#: as soon as it is known (unknown ones may be left out); cancelled at the cache's deadline.
+Fetch = Callable[[Sequence[TopicPartition], MutableMapping[TopicPartition, int]], Awaitable[None]]
 
 
 def changelog_partitions(
@@ -103,8 +115,9 @@ class EndOffsetsCache:
         return {t: total for t, (total, at) in self._snapshot.items() if at >= oldest}
 
     async def refresh(self) -> bool:
-        """Fetch every tracked partition's end offset now; False when the fetch failed or
-        timed out (the previous values stay). Concurrent callers share one fetch."""
+        """Fetch every tracked partition's end offset now; False when some partition got
+        none (the fetch failed, timed out or left it out): the partitions it recorded are
+        updated, the others keep their previous values. Concurrent callers share one fetch."""
         return await asyncio.shield(self.refresh_soon())
 
     def refresh_soon(self) -> asyncio.Task[bool]:
@@ -119,17 +132,24 @@ class EndOffsetsCache:
         if self.fetch is None or not self._tasks:
             return False
         partitions = sorted({p for ps in self._tasks.values() for p in ps})
+        found: dict[TopicPartition, int] = {}
+        complete = True
         try:
-            ends = await asyncio.wait_for(self.fetch(partitions), self.timeout)
-        except Exception as exc:  # the broker is away: keep the last values, retry later
-            log.warning("changelog end offsets not refreshed (%r)", exc)
-            return False
+            await asyncio.wait_for(self.fetch(partitions, found), self.timeout)
+        except Exception as exc:  # the broker is away or slow: keep the last values, retry later
+            log.warning(
+                "changelog end offsets of %d of %d partition(s) not refreshed (%r)",
+                len(set(partitions) - found.keys()),
+                len(partitions),
+                exc,
+            )
+            complete = False
         now = self._clock()
         for p in partitions:
-            if p in ends:
-                self._known[p] = (int(ends[p]), now)
+            if p in found:
+                self._known[p] = (int(found[p]), now)
         self._rebuild()
-        return True
+        return complete and found.keys() >= set(partitions)
 
     def _rebuild(self) -> None:
         snapshot = {}
@@ -149,6 +169,7 @@ class EndOffsetsCache:
                 bootstrap_servers=bootstrap_servers,
                 enable_auto_commit=False,
                 isolation_level="read_committed" if self.committed else "read_uncommitted",
+                auto_offset_reset="earliest",  # a window below a compacted log start reads on
                 **dict(connection or {}),
             )
             await self._consumer.start()
@@ -174,37 +195,167 @@ class EndOffsetsCache:
             self._consumer = None
 
 
+#: Seconds the one ``ListOffsets`` call for every partition may take before each partition is
+#: asked on its own (one without a leader holds the whole call: aiokafka retries it), and then
+#: the most those single calls may take.
+LIST_TIMEOUT = 2.0
+
+
+async def list_offsets(
+    consumer: AIOKafkaConsumer, tps: Sequence[KafkaTopicPartition]
+) -> dict[KafkaTopicPartition, int]:
+    """End offsets (last stable offsets ``read_committed``) of ``tps``: one call for all, or,
+    when that does not answer within ``LIST_TIMEOUT``, one call each, keeping those that
+    answered within ``LIST_TIMEOUT`` more (none: the first error is raised)."""
+    try:
+        ends = await asyncio.wait_for(consumer.end_offsets(list(tps)), LIST_TIMEOUT)
+        return {tp: int(o) for tp, o in ends.items()}
+    except (KafkaError, TimeoutError) as exc:
+        if len(tps) <= 1:
+            raise
+        log.info("end offsets of %d partitions not listed at once (%r); one by one", len(tps), exc)
+    calls = [asyncio.ensure_future(consumer.end_offsets([tp])) for tp in tps]
+    try:
+        done, _ = await asyncio.wait(calls, timeout=LIST_TIMEOUT)
+    finally:  # also when the refresh's deadline cancels us: nothing left running
+        for call in calls:
+            call.cancel()
+    found = {
+        tp: int(o) for call in done if call.exception() is None for tp, o in call.result().items()
+    }
+    if not found:
+        errors = [call.exception() for call in done if call.exception() is not None]
+        raise errors[0] if errors else TimeoutError("no end offset listed")
+    return found
+
+
 def _consumer_fetch(consumer: AIOKafkaConsumer) -> Fetch:
-    async def fetch(partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
-        ends = await consumer.end_offsets([KafkaTopicPartition(*p) for p in partitions])
-        return {TopicPartition(tp.topic, tp.partition): int(o) for tp, o in ends.items()}
+    async def fetch(
+        partitions: Sequence[TopicPartition], found: MutableMapping[TopicPartition, int]
+    ) -> None:
+        ends = await list_offsets(consumer, [KafkaTopicPartition(*p) for p in partitions])
+        found.update({TopicPartition(tp.topic, tp.partition): o for tp, o in ends.items()})
 
     return fetch
 
 
-#: How many offsets before the last stable offset ``committed_ends_fetch`` reads: a commit's
-#: tail is its store markers, then one transaction marker.
+#: How many offsets below the last stable offset ``committed_ends_fetch`` reads first (a
+#: commit's tail is its store markers, then one transaction marker); each next window below
+#: is twice as long as the one before.
 COMMITTED_TAIL = 16
 
 
-def committed_ends_fetch(consumer: AIOKafkaConsumer) -> Fetch:
-    """Exactly once: one past the last committed record of each partition (what a caught-up
-    copy's store position is), read on ``consumer`` (``read_committed``, no group)."""
+@attrs.define
+class _Scan:
+    """The backward search for one partition's last committed marker below ``stable``."""
 
-    async def fetch(partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+    #: The partition's last stable offset when the search started.
+    stable: int
+    #: No committed marker needs to be looked for below ``floor``; the end is ``below`` when
+    #: none is found in ``[floor, stable)`` (what an earlier search found, or 0).
+    floor: int
+    below: int
+    #: The window being read, ``[lo, hi)``; every offset in ``[hi, stable)`` holds no
+    #: committed marker.
+    lo: int = 0
+    hi: int = 0
+    #: Offset of the highest committed marker read in the window.
+    last: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self.hi = self.stable
+        self.lo = max(self.floor, self.stable - COMMITTED_TAIL)
+
+    def widen(self) -> bool:
+        """Move to the next window below, twice as long; False at the floor."""
+        if self.lo <= self.floor:
+            return False
+        size = 2 * (self.hi - self.lo)
+        self.hi, self.lo = self.lo, max(self.floor, self.lo - size)
+        return True
+
+    @property
+    def end(self) -> int:
+        return self.last + 1 if self.last is not None else self.below
+
+
+class _CommittedEnds:
+    """``committed_ends_fetch``'s state: what earlier fetches found, per partition."""
+
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self.consumer = consumer
+        #: Per partition: (last stable offset, one past the last committed marker below it).
+        self.known: dict[KafkaTopicPartition, tuple[int, int]] = {}
+        #: Searches a deadline cut, to go on with while the stable offset stays.
+        self.unfinished: dict[KafkaTopicPartition, _Scan] = {}
+
+    async def __call__(
+        self, partitions: Sequence[TopicPartition], found: MutableMapping[TopicPartition, int]
+    ) -> None:
         tps = [KafkaTopicPartition(*p) for p in partitions]
-        stable = {tp: int(o) for tp, o in (await consumer.end_offsets(tps)).items()}
-        ends = dict(stable)  # the fallback: a tail without committed records
-        todo = {tp for tp, end in stable.items() if end > 0}
-        consumer.assign(sorted(todo))
-        for tp in todo:
-            consumer.seek(tp, max(0, stable[tp] - COMMITTED_TAIL))
-        while todo:
-            for tp, records in (await consumer.getmany(*todo, timeout_ms=200)).items():
-                offsets = [r.offset for r in records if r.offset < stable[tp]]
-                if offsets:
-                    ends[tp] = max(offsets) + 1
-            todo = {tp for tp in todo if await consumer.position(tp) < stable[tp]}
-        return {TopicPartition(tp.topic, tp.partition): end for tp, end in ends.items()}
+        stable = await list_offsets(self.consumer, tps)
+        scans = {}
+        for tp, offset in stable.items():
+            scan = self._scan_for(tp, offset)
+            if scan.lo < scan.hi:
+                scans[tp] = scan
+            else:  # nothing to read: the last stable offset did not move
+                self._found(tp, scan, found)
+        if scans:
+            await self._read(scans, found)
 
-    return fetch
+    def _scan_for(self, tp: KafkaTopicPartition, stable: int) -> _Scan:
+        cut = self.unfinished.pop(tp, None)
+        if cut is not None and cut.stable == stable:
+            return cut
+        before, end = self.known.get(tp, (0, 0))
+        if before > stable:  # the partition was recreated or truncated: search it all
+            before, end = 0, 0
+        return _Scan(stable, before, end)
+
+    def _found(
+        self, tp: KafkaTopicPartition, scan: _Scan, found: MutableMapping[TopicPartition, int]
+    ) -> None:
+        self.known[tp] = (scan.stable, scan.end)
+        found[TopicPartition(tp.topic, tp.partition)] = scan.end
+
+    async def _read(
+        self, scans: dict[KafkaTopicPartition, _Scan], found: MutableMapping[TopicPartition, int]
+    ) -> None:
+        """Read every window of ``scans`` at once; a partition done is paused, and at the end
+        (or when cancelled) the consumer is unassigned, so nothing is fetched in between."""
+        consumer = self.consumer
+        reading = set(scans)
+        consumer.assign(sorted(reading))
+        try:
+            for tp, scan in scans.items():
+                consumer.seek(tp, scan.lo)
+            while reading:
+                batch = await consumer.getmany(*reading, timeout_ms=200)
+                for tp, records in batch.items():
+                    scan = scans[tp]
+                    for r in records:
+                        if scan.lo <= r.offset < scan.hi and r.key == COMMIT_KEY:
+                            scan.last = r.offset
+                for tp in sorted(reading):
+                    scan = scans[tp]
+                    if await consumer.position(tp) < scan.hi:
+                        continue
+                    if scan.last is None and scan.widen():
+                        consumer.seek(tp, scan.lo)
+                        continue
+                    reading.discard(tp)
+                    consumer.pause(tp)
+                    self._found(tp, scan, found)
+        finally:
+            for tp in reading:  # cut by the deadline: go on from here next time
+                if scans[tp].last is None:
+                    self.unfinished[tp] = scans[tp]
+            consumer.assign([])
+
+
+def committed_ends_fetch(consumer: AIOKafkaConsumer) -> Fetch:
+    """Exactly once: one past the last committed commit marker of each partition (what a
+    caught-up copy's store position is), read on ``consumer`` (``read_committed``, no group,
+    ``auto_offset_reset="earliest"``; see the module doc)."""
+    return _CommittedEnds(consumer)

@@ -28,6 +28,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import KafkaError
 
 from .. import TaskId, TopicPartition
+from ..errors import ChangelogReadTimeoutError
 from ._clients import Clients
 from .changelog import COMMIT_KEY, StoreState
 from .standbys import Standbys, check_open
@@ -37,6 +38,8 @@ log = logging.getLogger("streamassign.runtime")
 
 #: Seconds a changelog end offset lookup may take (at commits and resumes).
 ENDS_TIMEOUT = 5.0
+#: Seconds ``ChangelogLookups.keys_written`` may take, waiting for the reader included.
+KEYS_TIMEOUT = 10.0
 
 
 @attrs.define(eq=False)
@@ -284,21 +287,33 @@ class ChangelogLookups:
         ends = await asyncio.wait_for(reader.end_offsets(tps), ENDS_TIMEOUT)
         return {TopicPartition(*tp): end for tp, end in ends.items()}
 
-    async def keys_written(self, tp: TopicPartition, first: int, end: int) -> list[bytes]:
-        """Data keys of changelog partition ``tp`` at offsets ``[first, end)``."""
+    async def keys_written(
+        self, tp: TopicPartition, first: int, end: int, timeout: float = KEYS_TIMEOUT
+    ) -> list[bytes]:
+        """Data keys of changelog partition ``tp`` at offsets ``[first, end)``; raises
+        ``ChangelogReadTimeoutError`` when they are not read within ``timeout`` seconds
+        (the reader is left unassigned either way)."""
         reader = self.clients.restorer
         assert reader is not None
         ktp = KafkaTopicPartition(*tp)
         keys: set[bytes] = set()
-        async with self.lock:
-            reader.assign([ktp])
-            reader.seek(ktp, first)
-            while await reader.position(ktp) < end:
-                for records in (await reader.getmany(ktp, timeout_ms=200)).values():
-                    keys.update(
-                        r.key
-                        for r in records
-                        if r.offset < end and r.key is not None and r.key != COMMIT_KEY
-                    )
-            reader.assign([])
+        try:
+            async with asyncio.timeout(timeout), self.lock:
+                reader.assign([ktp])
+                try:
+                    reader.seek(ktp, first)
+                    while await reader.position(ktp) < end:
+                        for records in (await reader.getmany(ktp, timeout_ms=200)).values():
+                            keys.update(
+                                r.key
+                                for r in records
+                                if r.offset < end and r.key is not None and r.key != COMMIT_KEY
+                            )
+                finally:
+                    reader.assign([])
+        except TimeoutError as exc:
+            raise ChangelogReadTimeoutError(
+                f"{tp.topic}[{tp.partition}]: offsets {first} to {end} not read within "
+                f"{timeout:g} s"
+            ) from exc
         return sorted(keys)
