@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -493,11 +494,18 @@ class App:
                         if self.exactly_once
                         else None
                     )
-                    await self._processing.process_batch(index, consumer, batch, deadline)
+                    # Stops at once when a rebalance starts here (its commit waits for this
+                    # lock) or a task moves to a sibling consumer (see ``process_batch``).
+                    current = functools.partial(self._still_current, index, epoch)
+                    await self._processing.process_batch(index, consumer, batch, deadline, current)
                 if time.monotonic() >= next_commit:
                     await self._commits.commit(index)
                     committed_at = time.monotonic()
                     next_commit = committed_at + self.commit_interval
+
+    def _still_current(self, index: int, epoch: int) -> bool:
+        """Consumer ``index`` is still at ``epoch`` and not rebalancing."""
+        return self._epochs[index] == epoch and index not in self._rebalancing
 
     # -- task changes (called by the host) -------------------------------------------------------
 
