@@ -781,6 +781,16 @@ class App:
             )
 
     async def _rebalance_completed(self, consumer: int) -> None:
+        # Tasks the host says ``consumer`` kept but that a sibling consumer took meanwhile
+        # (``consumer`` was out of the group, say stuck in a batch, and got them back): the
+        # host's view of ``consumer`` did not change, so no assignment callback came.
+        back = frozenset(
+            t
+            for t in self.host.tasks(consumer).active
+            if (task := self._actives.get(t)) is None or task.consumer != consumer
+        )
+        if back:
+            await self._assign(consumer, back)
         mine = frozenset(t for t, task in self._actives.items() if task.consumer == consumer)
         kept = mine & self._suspended.pop(consumer, frozenset())
         # Before the consumer processes again (a write of its own would move an end). Every
