@@ -17,6 +17,7 @@ from typing import Any
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.assignment import ClientAssignment
 from streamassign.runtime import App, MemoryStore, StoreState, TaskContext
 from streamassign.runtime.processing import YIELD_EVERY
 from streamassign.runtime.tasks import ActiveTask
@@ -200,3 +201,18 @@ def test_a_rebalance_starting_mid_batch_stops_it_and_commits_what_was_processed(
     assert task.processed == YIELD_EVERY and outputs(recorder) == list(range(YIELD_EVERY))
     assert consumers[0].seeks == [(INPUT, YIELD_EVERY)]
     assert consumers[0].commits == [{INPUT: YIELD_EVERY}]
+
+
+def test_a_consumer_given_back_a_task_its_sibling_took_runs_it_again(tmp_path: Path) -> None:
+    """Consumer 1 left the group stuck in a batch; consumer 0 took its task 0_0; at the next
+    generation 0_0 is consumer 1's again. The host's view of consumer 1 never changed (0_0
+    before and after), so no assignment callback comes: completing the rebalance moves it."""
+    app, task, _, _ = make(tmp_path)
+    app.host._known[1] = ClientAssignment(active=frozenset({TASK}))  # what the group gave it
+
+    async def run() -> None:
+        await app._rebalance_started(1)
+        await app._rebalance_completed(1)
+
+    asyncio.run(run())
+    assert app._actives[TASK] is task and task.consumer == 1
