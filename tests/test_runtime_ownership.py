@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -51,11 +52,13 @@ class Recorder:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None, bytes | None]] = []
+        self.ends: Counter[str] = Counter()
 
     async def send(
         self, topic: str, value: bytes | None, key: bytes | None = None, **_: Any
     ) -> asyncio.Future[Any]:
-        offset = sum(1 for t, _, _ in self.sent if t == topic)
+        offset = self.ends[topic]
+        self.ends[topic] += 1
         self.sent.append((topic, key, value))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.set_result(SimpleNamespace(offset=offset))
