@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -481,11 +482,18 @@ class App:
                         if self.exactly_once
                         else None
                     )
-                    await self._processing.process_batch(index, consumer, batch, deadline)
+                    # Stops at once when a rebalance starts here (its commit waits for this
+                    # lock) or a task moves to a sibling consumer (see ``process_batch``).
+                    current = functools.partial(self._still_current, index, epoch)
+                    await self._processing.process_batch(index, consumer, batch, deadline, current)
                 if time.monotonic() >= next_commit:
                     await self._commits.commit(index)
                     committed_at = time.monotonic()
                     next_commit = committed_at + self.commit_interval
+
+    def _still_current(self, index: int, epoch: int) -> bool:
+        """Consumer ``index`` is still at ``epoch`` and not rebalancing."""
+        return self._epochs[index] == epoch and index not in self._rebalancing
 
     # -- task changes (called by the host) -------------------------------------------------------
 
@@ -748,6 +756,16 @@ class App:
             )
 
     async def _rebalance_completed(self, consumer: int) -> None:
+        # Tasks the host says ``consumer`` kept but that a sibling consumer took meanwhile
+        # (``consumer`` was out of the group, say stuck in a batch, and got them back): the
+        # host's view of ``consumer`` did not change, so no assignment callback came.
+        back = frozenset(
+            t
+            for t in self.host.tasks(consumer).active
+            if (task := self._actives.get(t)) is None or task.consumer != consumer
+        )
+        if back:
+            await self._assign(consumer, back)
         mine = frozenset(t for t, task in self._actives.items() if task.consumer == consumer)
         kept = mine & self._suspended.pop(consumer, frozenset())
         # Before the consumer processes again (a write of its own would move an end). Every

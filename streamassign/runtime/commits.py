@@ -63,7 +63,7 @@ class Commits:
         tasks = [
             t
             for t in self.actives.values()
-            if t.consumer == index and not t.torn and not t.restoring
+            if t.consumer == index and not t.torn and not t.restoring and t.running is None
         ]
         futures = [f for t in tasks for f in t.futures]
         if futures:
@@ -119,7 +119,7 @@ class Commits:
         tasks = [
             t
             for t in self.actives.values()
-            if t.consumer == index and not t.torn and not t.restoring
+            if t.consumer == index and not t.torn and not t.restoring and t.running is None
         ]
         results = await asyncio.gather(
             *(self._commit_transaction(index, t) for t in tasks), return_exceptions=True

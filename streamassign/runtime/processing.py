@@ -64,10 +64,17 @@ class Processing:
         consumer: AIOKafkaConsumer,
         batch: Mapping[Any, list[Any]],
         deadline: float | None = None,
+        current: Callable[[], bool] | None = None,
     ) -> None:
         """Process ``batch``; past ``deadline`` (``time.monotonic()``, after at least one
         record) the rest is rewound, read again after the commit the caller makes now: a
-        batch slower than the transaction timeout still gets through (exactly once)."""
+        batch slower than the transaction timeout still gets through (exactly once).
+
+        Before every record, consumer ``index`` must still own the record's task (see
+        ``owns``) and ``current()`` hold (the caller's consumer is still at the generation
+        it fetched the batch in, and not rebalancing). If not, the batch stops there: the
+        rest is neither applied nor sent, and rewound (a task that moved is read by its new
+        owner from where this process's copy of it got to; see ``process``)."""
         by_task: dict[TaskId, list[list[Any]]] = {}
         for tp, records in batch.items():
             by_task.setdefault(self.topology.task_of(TopicPartition(*tp)), []).append(records)
@@ -75,10 +82,16 @@ class Processing:
         done = 0
         for task_id, lists in sorted(by_task.items()):
             task = self.actives.get(task_id)
-            waits = task is not None and (task.torn or task.restoring)
+            # Restoring, or a record of it still running on a sibling consumer it moved from.
+            waits = task is not None and (task.torn or task.restoring or task.running is not None)
             if task is None or task.consumer != index or waits:  # read them again later
                 if waits:
-                    log.debug("consumer %d: task %s waits for its restore", index, task_id)
+                    log.debug(
+                        "consumer %d: task %s waits (its restore, or its record running on "
+                        "the consumer it moved from)",
+                        index,
+                        task_id,
+                    )
                 else:
                     log.warning("consumer %d: records of task %s it does not run", index, task_id)
                 self.rewind(consumer, lists)
@@ -90,14 +103,36 @@ class Processing:
             for record in ordered:
                 if task.torn:  # its transaction failed: it re-reads from its committed offsets
                     break
+                if not (self.owns(index, task) and (current is None or current())):
+                    log.warning(
+                        "consumer %d: task %s moved or its consumer is rebalancing: the rest "
+                        "of its batch is dropped, not sent",
+                        index,
+                        task_id,
+                    )
+                    self._rewind_unprocessed(consumer, task, by_task)
+                    return
                 if started and deadline is not None and time.monotonic() >= deadline:
                     self._rewind_unprocessed(consumer, task, by_task)
                     return
                 started = True
-                await self.process(task, record)
+                task.running = index
+                try:
+                    went_through = await self.process(task, record, owner=index)
+                finally:
+                    task.running = None
+                if not went_through:  # moved while it ran: checked again just above
+                    continue
                 done += 1
                 if done % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
+
+    def owns(self, index: int, task: ActiveTask) -> bool:
+        """Whether consumer ``index`` still runs ``task``: the task is still this process's
+        active (not revoked, not replaced by a restored copy) and still on ``index`` (with
+        several consumers per process, a rebalance can move it to a sibling consumer while
+        ``index`` is inside a long batch: ``index`` then must not process it any more)."""
+        return self.actives.get(task.task_id) is task and task.consumer == index
 
     def _rewind_unprocessed(
         self,
@@ -129,20 +164,29 @@ class Processing:
                 with contextlib.suppress(Exception):  # no longer assigned: nothing to rewind
                     consumer.seek(tp, first.offset)
 
-    async def process(self, task: ActiveTask, record: Record) -> None:
+    async def process(self, task: ActiveTask, record: Record, owner: int | None = None) -> bool:
+        """Process one record of ``task``. False: the task moved away from consumer
+        ``owner`` while its processor ran; the record's writes are undone, nothing of it is
+        sent, and its new owner processes it."""
         tp = TopicPartition(record.topic, record.partition)
         stores = task.stores.values()
         mark = mark_of(record)
-        if stores and all(s.seen(*mark) for s in stores):
-            task.skipped += 1  # already in every store: a replay after a crash or rebalance
+        done = task.offsets.get(tp)
+        # Below its offset: this task already processed it (not committed yet), on a sibling
+        # consumer it moved from, or before a commit of its input offsets failed.
+        already = done is not None and record.offset < done
+        if already or (stores and all(s.seen(*mark) for s in stores)):
+            task.skipped += 1  # a replay after a crash, a rebalance or a move
             self.skipped += 1
-            task.offsets[tp] = record.offset + 1
-            return
+            task.offsets[tp] = max(record.offset + 1, done or 0)
+            return True
         task.current, task.mark, task.sends = record, mark, 0
         try:
             await task.processor.process(task.context, record)
         except Exception as exc:
             undo(task)
+            if owner is not None and not self.owns(owner, task):
+                return False  # its new owner processes it (and meets the error, if any)
             if self.errors == "stop":
                 raise ProcessingError(
                     f"task {task.task_id}: processing {record.topic}-{record.partition}"
@@ -162,6 +206,9 @@ class Processing:
             raise
         finally:
             task.current = task.mark = None
+        if owner is not None and not self.owns(owner, task):
+            undo(task)  # moved meanwhile: the record is neither applied nor sent here
+            return False
         task.journal.clear()
         for s in stores:
             s.mark_processed(*mark)
@@ -172,13 +219,14 @@ class Processing:
             if self.transaction_failed is None:
                 raise
             self.transaction_failed(task, exc)
-            return
+            return True
         except BaseException:  # part of the record's writes may be out: commit none of them
             tear(task)
             raise
         task.offsets[tp] = record.offset + 1
         task.processed += 1
         self.processed += 1
+        return True
 
     async def send_outbox(self, task: ActiveTask) -> None:
         """Produce the task's outbox (exactly once: in its transaction; a fenced or failed

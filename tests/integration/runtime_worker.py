@@ -24,7 +24,10 @@ makes every input record send one output record (its key; value
 ``<partition>:<offset>:<count>,<sum>``, the input record and the total it made).
 ``--join CUSTOMERS`` runs the orders/customers join of ``examples/orders_join`` instead
 (orders from ``--source``, enriched orders to ``--output``, tables of store
-``customers-table``).
+``customers-table``). ``--stall P:O:S`` makes the processor await on input record P@O (the
+first time) until its task moved to another consumer, at most S seconds (``stall`` and
+``stalled`` lines); ``--max-poll-ms`` sets the consumers' ``max_poll_interval_ms`` (a consumer
+that calls no ``getmany`` for that long leaves the group).
 """
 
 from __future__ import annotations
@@ -37,18 +40,29 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from examples.orders_join.join import EnrichOrders, join_topology
-from streamassign import Subtopology, TopicPartition, Topology
+from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.runtime import App, QueryServer, Record, TaskContext
 
 
 class Totals:
     #: Topic to send one record per input record to (None: no output).
     output: str | None = None
+    #: ``--stall``: (partition, offset, longest wait): the first time that input record is
+    #: processed, its processor awaits (a slow lookup, say) until its task moved to another
+    #: consumer (``moved``), at most the longest wait.
+    stall: tuple[int, int, float] | None = None
+    moved: Callable[[TaskId, int], bool] | None = None
+    owner: Callable[[TaskId], int | None] | None = None
 
     async def process(self, ctx: TaskContext, record: Record) -> None:
+        stall = Totals.stall
+        if stall is not None and (record.partition, record.offset) == stall[:2]:
+            Totals.stall = None
+            await self._stall(ctx.task_id, stall[2])
         table = ctx.store("totals")
         key = record.key or b""
         old = table.get(key)
@@ -57,6 +71,16 @@ class Totals:
         table.put(key, new)
         if self.output is not None:
             ctx.send(self.output, b"%d:%d:%s" % (record.partition, record.offset, new), key=key)
+
+    async def _stall(self, task: TaskId, longest: float) -> None:
+        assert Totals.moved is not None and Totals.owner is not None
+        consumer = Totals.owner(task)
+        assert consumer is not None
+        emit(event="stall", task=str(task), consumer=consumer, t=time.time())
+        deadline = time.monotonic() + longest
+        while not Totals.moved(task, consumer) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        emit(event="stalled", task=str(task), moved=Totals.moved(task, consumer), t=time.time())
 
 
 def slow_restores(app: App, seconds_per_record: float) -> None:
@@ -109,8 +133,13 @@ async def main() -> None:
     ap.add_argument("--guarantee", default="at_least_once")
     ap.add_argument("--output", default=None)
     ap.add_argument("--join", default=None)
+    ap.add_argument("--stall", default=None, help="PARTITION:OFFSET:SECONDS (see Totals)")
+    ap.add_argument("--max-poll-ms", type=int, default=None)
     args = ap.parse_args()
     Totals.output = args.output
+    if args.stall:
+        partition, offset, seconds = args.stall.split(":")
+        Totals.stall = (int(partition), int(offset), float(seconds))
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
@@ -142,8 +171,16 @@ async def main() -> None:
             "session_timeout_ms": args.session_ms,
             "heartbeat_interval_ms": min(500, args.session_ms // 3),
             "metadata_max_age_ms": 1000,
+            **({"max_poll_interval_ms": args.max_poll_ms} if args.max_poll_ms else {}),
         },
     )
+
+    def owner(task: TaskId) -> int | None:
+        active = app._actives.get(task)
+        return None if active is None else active.consumer
+
+    Totals.owner = owner
+    Totals.moved = lambda task, consumer: owner(task) != consumer
     if args.restore_delay_us:
         slow_restores(app, args.restore_delay_us / 1e6)
     stop = asyncio.Event()

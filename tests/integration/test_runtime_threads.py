@@ -1,0 +1,123 @@
+"""Exactly once with several consumers per process (``threads=2``) on a real broker (issue 21).
+
+The summing worker of ``test_runtime.py`` with ``--guarantee exactly_once --output`` (see
+``test_runtime_eos.py``): outputs read ``read_committed`` must hold every input record once,
+and the tables must be exact. Inside one process the consumers share each task's transactional
+producer, so when a task moves between two of them no broker fencing tells the old one to stop:
+the runtime's ownership check does (``Processing.process_batch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTopicPartition
+
+from .conftest import GroupIdFactory, TopicFactory
+from .test_runtime import PARTITIONS, TASKS, Feeder, Runtime, wait_caught_up
+from .test_runtime_eos import check_exact
+from .test_runtime_membership import wait_for
+
+
+@pytest.fixture
+def threads(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+) -> Iterator[tuple[Runtime, str]]:
+    source = kafka_topic_factory(PARTITIONS, prefix="events")
+    output = kafka_topic_factory(PARTITIONS, prefix="totals-out")
+    rt = Runtime(kafka_bootstrap, kafka_group_id_factory("threads"), source, tmp_path)
+    rt.args = [
+        "--guarantee", "exactly_once",
+        "--output", output,
+        "--threads", "2",
+        "--status-interval", "0.1",
+    ]  # fmt: skip
+    yield rt, output
+    rt.close()
+
+
+async def _stable_and_ends(bootstrap: str, topic: str, partitions: list[int]) -> dict[int, Any]:
+    """Each partition's last stable offset and end offset."""
+    tps = [KafkaTopicPartition(topic, p) for p in partitions]
+    looks = []
+    for isolation_level in ("read_committed", "read_uncommitted"):
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
+        await consumer.start()
+        try:
+            looks.append(await consumer.end_offsets(tps))
+        finally:
+            await consumer.stop()
+    return {tp.partition: (looks[0][tp], looks[1][tp]) for tp in tps}
+
+
+def test_kill9_with_two_consumers_per_process_outputs_every_record_once(
+    threads: tuple[Runtime, str],
+) -> None:
+    runtime, output = threads
+    total = 30_000
+    runtime.start("p1")
+    runtime.start("p2")
+    before = runtime.settle()
+    victim = max(sorted(before), key=lambda n: len(before[n]))
+    survivor = next(n for n in before if n != victim)
+    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=2000, pause=0.1)
+    feeder.start()
+    wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
+    # A crash with transactions open: the victim stops committing, processes a little more,
+    # then dies; its tasks move to the survivor's two consumers while records flow.
+    runtime.procs[victim].proc.send_signal(signal.SIGUSR2)
+    changelog = f"{runtime.app}-totals-changelog"
+    partitions = sorted(int(t.split("_")[1]) for t in before[victim])
+    tails: list[dict[int, tuple[int, int]]] = []
+
+    def left_open() -> bool:
+        """A transaction of the victim's stays open across two looks 0.3 s apart (its last
+        stable offset unchanged, records after it): it will never commit."""
+        tails.append(asyncio.run(_stable_and_ends(runtime.bootstrap, changelog, partitions)))
+        if len(tails) < 2:
+            return False
+        time.sleep(0.3)
+        now = asyncio.run(_stable_and_ends(runtime.bootstrap, changelog, partitions))
+        return any(now[p][0] == tails[-1][p][0] < now[p][1] for p in partitions)
+
+    wait_for("the victim processes records it will not commit", left_open)
+    runtime.stop(victim, signal.SIGKILL)
+    assert runtime.settle()[survivor] == TASKS
+    feeder.finish()
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    aborted = check_exact(runtime, output, total)
+    assert aborted > 0, "the kill left no open transaction: the crash path did not run"
+
+
+def test_a_task_moved_to_a_sibling_consumer_mid_record_is_processed_once(
+    threads: tuple[Runtime, str],
+) -> None:
+    """One process, two consumers. The processor of task 0_0 awaits on one record of a large
+    batch longer than ``max_poll_interval_ms``: its consumer leaves the group, the sibling
+    consumer takes every task, task 0_0 included, while the first is still inside its batch.
+    The first then drops the record and the rest of its batch; the sibling processes them."""
+    runtime, output = threads
+    total = 20_000
+    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=5000, pause=0.0)
+    feeder.start()
+    feeder.finish()  # a backlog: the first fetch is a large batch
+    runtime.args += ["--stall", "0:100:40", "--max-poll-ms", "3000"]
+    runtime.start("p1")
+    wait_for("the stall began", lambda: runtime.events("p1", "stall"))
+    wait_for("the stall ended", lambda: runtime.events("p1", "stalled"))
+    (stalled,) = runtime.events("p1", "stalled")
+    assert stalled["moved"], "task 0_0 did not move to the sibling consumer during the stall"
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    check_exact(runtime, output, total)
+    log = (runtime.tmp / "p1.log").read_text()
+    assert "the rest of its batch is dropped" in log

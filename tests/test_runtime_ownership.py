@@ -1,0 +1,221 @@
+"""A task that moves between two consumers of one process while the first is inside a long batch
+(``threads >= 2``, issue 21): the first stops at once, sends and commits nothing more for it,
+and the new owner goes on from where this process's copy of the task got to, so every record is
+applied and sent once. Without a broker: the producer and the consumers are fakes (the broker
+test is ``tests/integration/test_runtime_threads.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from aiokafka import TopicPartition as KafkaTopicPartition
+
+from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.assignment import ClientAssignment
+from streamassign.runtime import App, MemoryStore, StoreState, TaskContext
+from streamassign.runtime.processing import YIELD_EVERY
+from streamassign.runtime.tasks import ActiveTask
+from tests.test_runtime_processing import TOPIC, Committer, Rec
+
+TASK = TaskId(0, 0)
+CHANGELOG = TopicPartition("app-counts-changelog", 0)
+INPUT = KafkaTopicPartition(TOPIC, 0)
+
+
+class Count:
+    """Counts records per key and sends every record's offset to ``out``; awaits ``gate``
+    (when set) before its writes on the record at offset ``stall_at``."""
+
+    gate: asyncio.Event | None = None
+    stalled = False
+    stall_at = -1
+
+    async def process(self, ctx: TaskContext, record: Any) -> None:
+        if record.offset == self.stall_at and self.gate is not None:
+            Count.stalled = True
+            await self.gate.wait()
+        counts = ctx.store("counts")
+        counts.put(record.key, str(int(counts.get(record.key) or b"0") + 1).encode())
+        ctx.send("out", str(record.offset).encode(), key=record.key)
+
+
+class Recorder:
+    """Stands in for the producer: records what is sent, acknowledges it at once at its
+    offset in its topic."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes | None]] = []
+        self.ends: Counter[str] = Counter()
+
+    async def send(
+        self, topic: str, value: bytes | None, key: bytes | None = None, **_: Any
+    ) -> asyncio.Future[Any]:
+        offset = self.ends[topic]
+        self.ends[topic] += 1
+        self.sent.append((topic, key, value))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(SimpleNamespace(offset=offset))
+        return future
+
+
+class Consumer(Committer):
+    """An input consumer: records seeks and commits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seeks: list[tuple[KafkaTopicPartition, int]] = []
+
+    def seek(self, tp: KafkaTopicPartition, offset: int) -> None:
+        self.seeks.append((tp, offset))
+
+
+def make(tmp_path: Path) -> tuple[App, ActiveTask, Recorder, list[Consumer]]:
+    """An app with two consumers; task 0_0 runs on consumer 0."""
+    topology = Topology([Subtopology(0, [TOPIC], stores=["counts"])], name="app")
+    app = App(topology, {0: Count}, bootstrap_servers="unused:1", state_dir=tmp_path, threads=2)
+    recorder = Recorder()
+    app._clients.producer = recorder  # type: ignore[assignment]
+    consumers = [Consumer(), Consumer()]
+    app.host.consumers.extend(consumers)  # type: ignore[arg-type]
+    state = StoreState.open("counts", CHANGELOG, MemoryStore())
+    task = ActiveTask(TASK, 0, {"counts": state}, Count())
+    app._actives[TASK] = task
+    return app, task, recorder, consumers
+
+
+def batch(first: int, last: int) -> dict[KafkaTopicPartition, list[Rec]]:
+    return {INPUT: [Rec(offset, b"k%d" % (offset % 3), b"1") for offset in range(first, last)]}
+
+
+def outputs(recorder: Recorder) -> list[int]:
+    return [int(v or b"") for t, _, v in recorder.sent if t == "out"]
+
+
+async def batch_of(app: App, index: int, records: dict[Any, list[Rec]]) -> None:
+    """One batch of consumer ``index``, as its loop runs it."""
+    current = functools.partial(app._still_current, index, app._epochs[index])
+    consumer = app.host.consumers[index]
+    await app._processing.process_batch(index, consumer, records, current=current)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
+def test_a_task_moved_mid_batch_is_dropped_there_and_its_new_owner_goes_on(
+    tmp_path: Path,
+) -> None:
+    app, task, recorder, consumers = make(tmp_path)
+
+    async def move_at_the_first_yield() -> None:
+        await until(lambda: task.processed > 0)
+        await app._assign(1, frozenset({TASK}))  # the rebalance gave it to the sibling
+
+    async def run() -> None:
+        mover = asyncio.create_task(move_at_the_first_yield())
+        await batch_of(app, 0, batch(0, 1000))
+        await mover
+        assert task.consumer == 1 and task.processed == YIELD_EVERY
+        assert outputs(recorder) == list(range(YIELD_EVERY))  # nothing sent after the move
+        assert consumers[0].seeks == [(INPUT, YIELD_EVERY)]  # the rest is read again
+        await app._commits.commit(0)  # consumer 0 commits nothing of a task it lost
+        assert consumers[0].commits == []
+        # Consumer 1 reads from the committed offset (0): what consumer 0 processed of the
+        # task is skipped, the rest processed once, and consumer 1 commits all of it.
+        await batch_of(app, 1, batch(0, 1000))
+        await app._commits.commit(1)
+
+    asyncio.run(run())
+    assert outputs(recorder) == list(range(1000))
+    assert task.processed == 1000 and task.skipped == YIELD_EVERY
+    counts = dict(task.stores["counts"].store.items())
+    assert counts == {b"k0": b"334", b"k1": b"333", b"k2": b"333"}
+    assert consumers[1].commits == [{INPUT: 1000}]
+    assert consumers[0].commits == []
+
+
+def test_a_record_running_when_its_task_moves_is_undone_and_run_by_the_new_owner(
+    tmp_path: Path,
+) -> None:
+    """The processor awaits on one record (a lookup, say) past the rebalance timeout; the
+    task moves meanwhile. The sibling neither processes nor commits the task while that record
+    runs; the record's writes are then undone, nothing of it sent, and the sibling runs it."""
+    app, task, recorder, consumers = make(tmp_path)
+    Count.stall_at = 5
+
+    async def run() -> None:
+        Count.gate = asyncio.Event()
+        stalled = asyncio.create_task(batch_of(app, 0, batch(0, 10)))
+        await until(lambda: Count.stalled)
+        assert task.processed == 5  # inside the record at offset 5
+        await app._assign(1, frozenset({TASK}))
+        # The record still runs on consumer 0: consumer 1 reads the task's records again later.
+        await asyncio.wait_for(batch_of(app, 1, batch(0, 10)), 5)
+        assert consumers[1].seeks == [(INPUT, 0)] and task.processed == 5
+        await app._commits.commit(1)
+        assert consumers[1].commits == []  # no commit of a task inside a sibling's record
+        Count.gate.set()
+        await stalled
+        assert task.processed == 5 and outputs(recorder) == list(range(5))
+        assert task.stores["counts"].get(b"k2") == b"1"  # offset 5's write undone (k2: 2, 5)
+        await app._commits.commit(0)
+        assert consumers[0].commits == []
+        await batch_of(app, 1, batch(0, 10))
+        await app._commits.commit(1)
+
+    try:
+        asyncio.run(run())
+    finally:
+        Count.gate, Count.stall_at, Count.stalled = None, -1, False
+    assert outputs(recorder) == list(range(10))
+    assert dict(task.stores["counts"].store.items()) == {b"k0": b"4", b"k1": b"3", b"k2": b"3"}
+    assert consumers[1].commits == [{INPUT: 10}]
+
+
+def test_a_rebalance_starting_mid_batch_stops_it_and_commits_what_was_processed(
+    tmp_path: Path,
+) -> None:
+    """The rebalance's commit waits for the batch (the consumer's lock): the batch stops at its
+    next record, so the member rejoins within the rebalance timeout and keeps its tasks."""
+    app, task, recorder, consumers = make(tmp_path)
+
+    async def rebalance_at_the_first_yield() -> None:
+        await until(lambda: task.processed > 0)
+        await app._rebalance_started(0)
+
+    async def run() -> None:
+        rebalance = asyncio.create_task(rebalance_at_the_first_yield())
+        async with app._locks[0]:  # as the consumer loop holds it around a batch
+            await batch_of(app, 0, batch(0, 1000))
+        await rebalance
+
+    asyncio.run(run())
+    assert task.processed == YIELD_EVERY and outputs(recorder) == list(range(YIELD_EVERY))
+    assert consumers[0].seeks == [(INPUT, YIELD_EVERY)]
+    assert consumers[0].commits == [{INPUT: YIELD_EVERY}]
+
+
+def test_a_consumer_given_back_a_task_its_sibling_took_runs_it_again(tmp_path: Path) -> None:
+    """Consumer 1 left the group stuck in a batch; consumer 0 took its task 0_0; at the next
+    generation 0_0 is consumer 1's again. The host's view of consumer 1 never changed (0_0
+    before and after), so no assignment callback comes: completing the rebalance moves it."""
+    app, task, _, _ = make(tmp_path)
+    app.host._known[1] = ClientAssignment(active=frozenset({TASK}))  # what the group gave it
+
+    async def run() -> None:
+        await app._rebalance_started(1)
+        await app._rebalance_completed(1)
+
+    asyncio.run(run())
+    assert app._actives[TASK] is task and task.consumer == 1
