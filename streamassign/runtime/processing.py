@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
+import attrs
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import IllegalOperation, ProducerFenced
@@ -35,6 +36,19 @@ ErrorPolicy = Literal["stop", "skip"]
 #: (tens of thousands of records) would run as one step, its writes sent only after it and
 #: heartbeats, status and queries held meanwhile.
 YIELD_EVERY = 200
+
+
+@attrs.define
+class _Progress:
+    """How far one batch got: whether a record ran (the deadline cuts only after one) and
+    how many went through (for the yields)."""
+
+    deadline: float | None
+    started: bool = False
+    done: int = 0
+
+    def past_deadline(self) -> bool:
+        return self.started and self.deadline is not None and time.monotonic() >= self.deadline
 
 
 class Processing:
@@ -78,54 +92,79 @@ class Processing:
         by_task: dict[TaskId, list[list[Any]]] = {}
         for tp, records in batch.items():
             by_task.setdefault(self.topology.task_of(TopicPartition(*tp)), []).append(records)
-        started = False
-        done = 0
+        progress = _Progress(deadline)
         for task_id, lists in sorted(by_task.items()):
             task = self.actives.get(task_id)
-            # Restoring, or a record of it still running on a sibling consumer it moved from.
-            waits = task is not None and (task.torn or task.restoring or task.running is not None)
-            if task is None or task.consumer != index or waits:  # read them again later
-                if waits:
-                    log.debug(
-                        "consumer %d: task %s waits (its restore, or its record running on "
-                        "the consumer it moved from)",
-                        index,
-                        task_id,
-                    )
-                else:
+            if task is None or not self._runs_here(index, task_id, task):
+                if task is None:
                     log.warning("consumer %d: records of task %s it does not run", index, task_id)
-                self.rewind(consumer, lists)
+                self.rewind(consumer, lists)  # read them again later
                 continue
-            # Co-partitioned partitions of one task: in timestamp order, as Kafka Streams.
-            ordered: Iterable[Any] = (
-                lists[0] if len(lists) == 1 else heapq.merge(*lists, key=timestamp_of)
+            batch_goes_on = await self._process_task_records(
+                index, consumer, task, by_task, current, progress
             )
-            for record in ordered:
-                if task.torn:  # its transaction failed: it re-reads from its committed offsets
-                    break
-                if not (self.owns(index, task) and (current is None or current())):
-                    log.warning(
-                        "consumer %d: task %s moved or its consumer is rebalancing: the rest "
-                        "of its batch is dropped, not sent",
-                        index,
-                        task_id,
-                    )
-                    self._rewind_unprocessed(consumer, task, by_task)
-                    return
-                if started and deadline is not None and time.monotonic() >= deadline:
-                    self._rewind_unprocessed(consumer, task, by_task)
-                    return
-                started = True
-                task.running = index
-                try:
-                    went_through = await self.process(task, record, owner=index)
-                finally:
-                    task.running = None
-                if not went_through:  # moved while it ran: checked again just above
-                    continue
-                done += 1
-                if done % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
+            if not batch_goes_on:
+                return
+
+    def _runs_here(self, index: int, task_id: TaskId, task: ActiveTask) -> bool:
+        """Whether consumer ``index`` can run ``task``'s records now: not restoring, not torn,
+        no record of it still running on a sibling consumer it moved from, on ``index``."""
+        if task.torn or task.restoring or task.running is not None:
+            log.debug(
+                "consumer %d: task %s waits (its restore, or its record running on "
+                "the consumer it moved from)",
+                index,
+                task_id,
+            )
+            return False
+        if task.consumer != index:
+            log.warning("consumer %d: records of task %s it does not run", index, task_id)
+            return False
+        return True
+
+    async def _process_task_records(
+        self,
+        index: int,
+        consumer: AIOKafkaConsumer,
+        task: ActiveTask,
+        by_task: Mapping[TaskId, list[list[Any]]],
+        current: Callable[[], bool] | None,
+        progress: _Progress,
+    ) -> bool:
+        """``task``'s records of the batch; False when the batch stops here (the task moved,
+        the consumer is rebalancing, or the deadline passed: the rest is rewound)."""
+        lists = by_task[task.task_id]
+        # Co-partitioned partitions of one task: in timestamp order, as Kafka Streams.
+        ordered: Iterable[Any] = (
+            lists[0] if len(lists) == 1 else heapq.merge(*lists, key=timestamp_of)
+        )
+        for record in ordered:
+            if task.torn:  # its transaction failed: it re-reads from its committed offsets
+                return True
+            if not (self.owns(index, task) and (current is None or current())):
+                log.warning(
+                    "consumer %d: task %s moved or its consumer is rebalancing: the rest "
+                    "of its batch is dropped, not sent",
+                    index,
+                    task.task_id,
+                )
+                self._rewind_unprocessed(consumer, task, by_task)
+                return False
+            if progress.past_deadline():
+                self._rewind_unprocessed(consumer, task, by_task)
+                return False
+            progress.started = True
+            task.running = index
+            try:
+                went_through = await self.process(task, record, owner=index)
+            finally:
+                task.running = None
+            if not went_through:  # moved while it ran: checked again just above
+                continue
+            progress.done += 1
+            if progress.done % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+        return True
 
     def owns(self, index: int, task: ActiveTask) -> bool:
         """Whether consumer ``index`` still runs ``task``: the task is still this process's
@@ -171,14 +210,7 @@ class Processing:
         tp = TopicPartition(record.topic, record.partition)
         stores = task.stores.values()
         mark = mark_of(record)
-        done = task.offsets.get(tp)
-        # Below its offset: this task already processed it (not committed yet), on a sibling
-        # consumer it moved from, or before a commit of its input offsets failed.
-        already = done is not None and record.offset < done
-        if already or (stores and all(s.seen(*mark) for s in stores)):
-            task.skipped += 1  # a replay after a crash, a rebalance or a move
-            self.skipped += 1
-            task.offsets[tp] = max(record.offset + 1, done or 0)
+        if self._skip_if_processed(task, tp, record.offset, mark):
             return True
         task.current, task.mark, task.sends = record, mark, 0
         try:
@@ -187,19 +219,7 @@ class Processing:
             undo(task)
             if owner is not None and not self.owns(owner, task):
                 return False  # its new owner processes it (and meets the error, if any)
-            if self.errors == "stop":
-                raise ProcessingError(
-                    f"task {task.task_id}: processing {record.topic}-{record.partition}"
-                    f"@{record.offset} failed: {exc!r}"
-                ) from exc
-            log.warning(
-                "task %s: skipped %s-%d@%d after the processor raised %r",
-                task.task_id,
-                record.topic,
-                record.partition,
-                record.offset,
-                exc,
-            )
+            self._processor_failed(task, record, exc)
         except BaseException:  # cancelled (or interrupted) mid-record: commit none of it
             undo(task)
             tear(task)
@@ -227,6 +247,40 @@ class Processing:
         task.processed += 1
         self.processed += 1
         return True
+
+    def _skip_if_processed(
+        self, task: ActiveTask, tp: TopicPartition, offset: int, mark: tuple[str, int]
+    ) -> bool:
+        """Whether ``task`` already processed the record at ``offset`` (then counted as
+        skipped): below the task's offset (processed, not committed yet, on a sibling
+        consumer it moved from or before a commit of its input offsets failed), or marked
+        seen by every store (a replay after a crash, a rebalance or a move)."""
+        done = task.offsets.get(tp)
+        stores = task.stores.values()
+        already = done is not None and offset < done
+        if not (already or (stores and all(s.seen(*mark) for s in stores))):
+            return False
+        task.skipped += 1
+        self.skipped += 1
+        task.offsets[tp] = max(offset + 1, done or 0)
+        return True
+
+    def _processor_failed(self, task: ActiveTask, record: Record, exc: Exception) -> None:
+        """The processor raised on ``record``: stop (``ProcessingError``) or skip it, as the
+        error policy says."""
+        if self.errors == "stop":
+            raise ProcessingError(
+                f"task {task.task_id}: processing {record.topic}-{record.partition}"
+                f"@{record.offset} failed: {exc!r}"
+            ) from exc
+        log.warning(
+            "task %s: skipped %s-%d@%d after the processor raised %r",
+            task.task_id,
+            record.topic,
+            record.partition,
+            record.offset,
+            exc,
+        )
 
     async def send_outbox(self, task: ActiveTask) -> None:
         """Produce the task's outbox (exactly once: in its transaction; a fenced or failed
