@@ -70,13 +70,14 @@ class RunState:
         return flags
 
 
-def _task_ids(items: Iterable[TaskId]) -> set[TaskId]:
-    """The distinct ``as_task`` of ``items``; the types are checked in C first, so ids that
-    already are ``TaskId``s (what the callers pass) are taken as they are."""
+def _task_ids(items: Iterable[TaskId]) -> Collection[TaskId]:
+    """The distinct ``as_task`` of ``items``, in their first order (sorting ids given sorted
+    then takes one pass); the types are checked in C first, so ids that already are
+    ``TaskId``s (what the callers pass) are taken as they are."""
     given = items if isinstance(items, Collection) else list(items)
     if set(map(type, given)) <= {TaskId}:
-        return set(given)
-    return {as_task(task_id) for task_id in given}
+        return dict.fromkeys(given).keys()
+    return dict.fromkeys(map(as_task, given)).keys()
 
 
 def _columns(tasks: list[TaskId]) -> tuple[list[int], list[int]]:
