@@ -27,11 +27,13 @@ def share_bounds(total: int, weights: Sequence[int]) -> list[tuple[int, int]]:
         lo, rem = divmod(total, n)
         return [(lo, lo + 1 if rem else lo)] * n
     whole = sum(weights)
-    out = []
-    for w in weights:
+    # Bins of equal weight share one pair: computed once per distinct weight (a few thread
+    # counts), then looked up for every bin in C.
+    by_weight = {}
+    for w in set(weights):
         lo, rem = divmod(total * w, whole)
-        out.append((lo, lo + 1 if rem else lo))
-    return out
+        by_weight[w] = (lo, lo + 1 if rem else lo)
+    return list(map(by_weight.__getitem__, weights))
 
 
 def apportion(

@@ -164,21 +164,21 @@ class _MinCostFlow:
                 potential[node] += reach if d is None or d > reach else d
             pushed += self._blocking_flows(source, sink, potential)
 
-    def _reduced(self, arc: int, tail: int, potential: list[int]) -> int:
-        return self.cost[arc] + potential[tail] - potential[self.head[arc]]
-
     def _distances(self, source: int, potential: list[int]) -> list[int | None]:
-        dist: list[int | None] = [None] * len(self.out)
+        # Reduced cost of an arc: cost + potential[tail] - potential[head] (written out in
+        # the loops of this class with the lists held locally: they run every rebalance).
+        out, capacity, heads, cost = self.out, self.capacity, self.head, self.cost
+        dist: list[int | None] = [None] * len(out)
         dist[source] = 0
         heap = [(0, source)]
         while heap:
             d, node = heapq.heappop(heap)
             if d != dist[node]:
                 continue
-            for arc in self.out[node]:
-                if self.capacity[arc] > 0:
-                    nd = d + self._reduced(arc, node, potential)
-                    head = self.head[arc]
+            for arc in out[node]:
+                if capacity[arc] > 0:
+                    head = heads[arc]
+                    nd = d + cost[arc] + potential[node] - potential[head]
                     known = dist[head]
                     if known is None or nd < known:
                         dist[head] = nd
@@ -200,18 +200,19 @@ class _MinCostFlow:
                 pushed += got
 
     def _levels(self, source: int, potential: list[int]) -> list[int]:
-        level = [-1] * len(self.out)
+        out, capacity, heads, cost = self.out, self.capacity, self.head, self.cost
+        level = [-1] * len(out)
         level[source] = 0
         frontier = [source]
         while frontier:
             following = []
             for node in frontier:
-                for arc in self.out[node]:
-                    head = self.head[arc]
+                for arc in out[node]:
+                    head = heads[arc]
                     if (
                         level[head] < 0
-                        and self.capacity[arc] > 0
-                        and self._reduced(arc, node, potential) == 0
+                        and capacity[arc] > 0
+                        and cost[arc] + potential[node] - potential[head] == 0
                     ):
                         level[head] = level[node] + 1
                         following.append(head)
@@ -227,23 +228,24 @@ class _MinCostFlow:
         potential: list[int],
     ) -> int:
         """One augmenting path along increasing levels (iterative DFS); its bottleneck."""
+        out, capacity, heads, cost = self.out, self.capacity, self.head, self.cost
         path: list[int] = []  # arcs from the source
         node = source
         while True:
             if node == sink:
-                bottleneck = min(self.capacity[arc] for arc in path)
+                bottleneck = min(map(capacity.__getitem__, path))
                 for arc in path:
-                    self.capacity[arc] -= bottleneck
-                    self.capacity[arc ^ 1] += bottleneck
+                    capacity[arc] -= bottleneck
+                    capacity[arc ^ 1] += bottleneck
                 return bottleneck
-            arcs = self.out[node]
+            arcs = out[node]
             while pointer[node] < len(arcs):
                 arc = arcs[pointer[node]]
-                head = self.head[arc]
+                head = heads[arc]
                 if (
-                    self.capacity[arc] > 0
+                    capacity[arc] > 0
                     and level[head] == level[node] + 1
-                    and self._reduced(arc, node, potential) == 0
+                    and cost[arc] + potential[node] - potential[head] == 0
                 ):
                     break
                 pointer[node] += 1
@@ -252,7 +254,7 @@ class _MinCostFlow:
                     return 0
                 level[node] = -1  # dead end: never entered again in this phase
                 arc = path.pop()
-                node = self.head[arc ^ 1]
+                node = heads[arc ^ 1]
                 pointer[node] += 1
                 continue
             path.append(arc)

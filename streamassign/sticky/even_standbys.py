@@ -3,7 +3,6 @@ even out each client's standbys per subtopology."""
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterator
 from typing import Final
 
@@ -49,20 +48,23 @@ class _StandbyEvener:
         ]
         #: Clients with a count outside its bounds, per column (kept current by ``_move``).
         self.outside: list[set[int]] = [set() for _ in run.column_sizes]
-        for client, row in enumerate(self.count):
-            for col in range(len(row)):
-                self._note_bounds(client, col)
+        for col, (outside, column_bounds) in enumerate(zip(self.outside, columns, strict=True)):
+            for client, (lo, hi) in enumerate(column_bounds):
+                if not lo <= self.count[client][col] <= hi:
+                    outside.add(client)
         #: Copies that may move, per (client, column), in slot order.
         self.movable: dict[tuple[int, int], list[int]] = {}
         for slot in sorted(placed):
             if copies[slot] >= 0 and self._may_move(slot):
                 cell = (copies[slot], run.column[slot // run.replicas])
                 self.movable.setdefault(cell, []).append(slot)
-        #: Copies of each client's actives that each client holds: ``(active, holder)``.
-        self.backed: collections.Counter[tuple[int, int]] = collections.Counter()
+        #: Copies of each client's actives that each client holds, at ``active * clients +
+        #: holder`` (a flat list: read at every pick).
+        n_clients, r, owner = len(run.clients), run.replicas, run.owner
+        backed = self.backed = [0] * (n_clients * n_clients)
         for slot, client in enumerate(copies):
             if client >= 0:
-                self.backed[run.owner[slot // run.replicas], client] += 1
+                backed[owner[slot // r] * n_clients + client] += 1
         #: Per client, copies of its actives any one other client may hold: one more than an
         #: even spread (the bound rule 7 promises).
         others = max(1, len(run.clients) - 1)
@@ -75,12 +77,13 @@ class _StandbyEvener:
         r, column = run.replicas, run.column
         n_col = len(run.column_sizes)
         #: Standby copies of each client per column (subtopology).
-        self.count = [[0] * n_col for _ in run.clients]
+        count = self.count = [[0] * n_col for _ in run.clients]
         per_column = [0] * n_col
         for slot, client in enumerate(self.copies):
             if client >= 0:
-                per_column[column[slot // r]] += 1
-                self.count[client][column[slot // r]] += 1
+                col = column[slot // r]
+                per_column[col] += 1
+                count[client][col] += 1
         return per_column
 
     def _may_move(self, slot: int) -> bool:
@@ -134,27 +137,27 @@ class _StandbyEvener:
         and tries that cannot succeed are charged without running the picks: a giver without
         movable copies of ``col`` fails every try at no further cost.
         """
-        n_col = len(self.count[0])
+        count, movable, step_of = self.count, self.movable, self._step
+        n_col = len(count[0])
         tries = n_col - 1  # per partner: every column but ``col``
         step = 1 if giving else -1  # the step of the partner's count of ``col``
-        if giving and not self.movable.get((client, col)):
-            self.budget -= tries * (len(self.count) - 1)
+        if giving and not movable.get((client, col)):
+            self.budget -= tries * (len(count) - 1)
             return False
-        mine_col = self._step(client, col, -step)
-        mine = [self._step(client, col2, step) for col2 in range(n_col)]
+        mine_col = step_of(client, col, -step)
+        mine = [step_of(client, col2, step) for col2 in range(n_col)]
+        others_cols = [col2 for col2 in range(n_col) if col2 != col]
         for other in self._partners(client):
-            if not giving and not self.movable.get((other, col)):
+            if not giving and not movable.get((other, col)):
                 self.budget -= tries  # nothing to give: every try fails at the first pick
                 if self.budget <= 0:
                     return False
                 continue
-            near = mine_col + self._step(other, col, step)
+            near = mine_col + step_of(other, col, step)
             giver, taker = (client, other) if giving else (other, client)
-            for col2 in range(n_col):
-                if col2 == col:
-                    continue
+            for col2 in others_cols:
                 self.budget -= 1
-                if near + mine[col2] + self._step(other, col2, -step) < 0 and self._try(
+                if near + mine[col2] + step_of(other, col2, -step) < 0 and self._try(
                     giver, taker, col, col2
                 ):
                     return True
@@ -178,12 +181,12 @@ class _StandbyEvener:
             return False
         # The copy going back is weighed with ``give`` already moved: when both back up the
         # same active client, the exchange leaves its spread as it was.
-        active = self.state.owner[give // self.state.replicas]
-        self.backed[active, giver] -= 1
-        self.backed[active, taker] += 1
+        row = self.state.owner[give // self.state.replicas] * len(self.count)
+        self.backed[row + giver] -= 1
+        self.backed[row + taker] += 1
         back = self._pick(taker, col2, giver)
-        self.backed[active, giver] += 1
-        self.backed[active, taker] -= 1
+        self.backed[row + giver] += 1
+        self.backed[row + taker] -= 1
         if back < 0:
             return False
         self._move(give, giver, taker, col)
@@ -214,16 +217,15 @@ class _StandbyEvener:
     def _pick(self, src: int, col: int, dst: int) -> int:
         """The first movable copy of ``col`` on ``src`` that ``dst`` may hold (-1: none)."""
         state, copies, queue = self.state, self.copies, self.queue
-        r, owner = state.replicas, state.owner
+        r, owner, backed, n_clients = state.replicas, state.owner, self.backed, len(self.count)
         for slot in self.movable.get((src, col), ()):
             self.budget -= 1
             task = slot // r
             held = copies[task * r : (task + 1) * r]
             if owner[task] == dst or dst in held:
                 continue
-            if self.backed[owner[task], dst] >= max(
-                self.spread[owner[task]], self.backed[owner[task], src]
-            ):
+            row = owner[task] * n_clients
+            if backed[row + dst] >= max(self.spread[owner[task]], backed[row + src]):
                 continue  # would pile this client's backups up on ``dst``
             if queue.aware:
                 others = [owner[task], *(x for k, x in enumerate(held) if task * r + k != slot)]
@@ -233,9 +235,9 @@ class _StandbyEvener:
         return -1
 
     def _move(self, slot: int, src: int, dst: int, col: int) -> None:
-        active = self.state.owner[slot // self.state.replicas]
-        self.backed[active, src] -= 1
-        self.backed[active, dst] += 1
+        row = self.state.owner[slot // self.state.replicas] * len(self.count)
+        self.backed[row + src] -= 1
+        self.backed[row + dst] += 1
         self.copies[slot] = dst
         self.count[src][col] -= 1
         self.count[dst][col] += 1

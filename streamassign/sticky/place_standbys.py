@@ -56,22 +56,25 @@ class PlaceStandbys(ExchangeForRacks):
             # A client keeps what its room allows in this order: interleaved over the
             # subtopologies, what it drops (and others take) is spread over them too.
             order = self._interleaved(receiver)
+        warm, stateful = self.warm, self.stateful
         for task in order:
-            if not self.stateful[task]:
+            if not stateful[task]:
                 continue
-            k = task * r
-            for client in self.warm.get(task, ()):
-                if k == (task + 1) * r:
+            first_slot = k = task * r
+            end = first_slot + r
+            for client in warm.get(task, ()):
+                if k == end:
                     break
                 if (
                     room[client] > 0
                     and client != owner[task]
-                    and client not in copies[task * r : k]
+                    and client not in copies[first_slot:k]
                 ):
                     copies[k] = client
                     k += 1
                     room[client] -= 1
-            need.extend(range(k, (task + 1) * r))
+            if k < end:
+                need.extend(range(k, end))
         return need
 
     def _interleaved(self, receiver: list[bool]) -> list[int]:

@@ -17,11 +17,11 @@ class _Run(KeepStableHistory):
         self.warm = self._warm_holders(self.lost)
         self.assign_actives()
         self.assign_standbys()
-        tasks = self.tasks
+        task_id = self.tasks.__getitem__
         return {
             state.process_id: ClientAssignment(
-                active=frozenset([tasks[task] for task in self.active[client]]),
-                standby=frozenset([tasks[task] for task in self.standby[client]]),
+                active=frozenset(map(task_id, self.active[client])),
+                standby=frozenset(map(task_id, self.standby[client])),
             )
             for client, state in enumerate(self.clients)
         }

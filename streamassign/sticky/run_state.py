@@ -3,8 +3,9 @@ order, previous owners, and the owner, actives and standbys being built."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from itertools import pairwise
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from itertools import groupby, pairwise
+from operator import itemgetter
 from typing import Final
 
 from .._ids import TaskId, as_task
@@ -33,14 +34,14 @@ class RunState:
         self.acceptable_lag = acceptable_recovery_lag
         self.rack_aware_tags = rack_aware_tags
         self.task_racks = task_racks or {}
-        self.tasks: list[TaskId] = sorted({as_task(task_id) for task_id in tasks})
+        self.tasks: list[TaskId] = sorted(_task_ids(tasks))
         self.clients: list[ClientState] = sorted(clients, key=lambda c: c.process_id)
         for first, second in pairwise(self.clients):
             if first.process_id == second.process_id:
                 raise DuplicateProcessIdError(first.process_id)
         if self.tasks and not self.clients:
             raise NoClientsError(len(self.tasks))
-        self.index: dict[TaskId, int] = {task_id: task for task, task_id in enumerate(self.tasks)}
+        self.index: dict[TaskId, int] = dict(zip(self.tasks, range(len(self.tasks)), strict=True))
         n_tasks = len(self.tasks)
         #: Column (subtopology number in sorted order) of each task, and tasks per column.
         self.column, self.column_sizes = _columns(self.tasks)
@@ -63,23 +64,27 @@ class RunState:
         if stateful is None:
             return [True] * len(self.tasks)
         flags = [False] * len(self.tasks)
-        for task_id in stateful:
-            task = self.index.get(as_task(task_id))
+        for task in map(self.index.get, _task_ids(stateful)):
             if task is not None:
                 flags[task] = True
         return flags
 
 
+def _task_ids(items: Iterable[TaskId]) -> Collection[TaskId]:
+    """The distinct ``as_task`` of ``items``, in their first order (sorting ids given sorted
+    then takes one pass); the types are checked in C first, so ids that already are
+    ``TaskId``s (what the callers pass) are taken as they are."""
+    given = items if isinstance(items, Collection) else list(items)
+    if set(map(type, given)) <= {TaskId}:
+        return dict.fromkeys(given).keys()
+    return dict.fromkeys(map(as_task, given)).keys()
+
+
 def _columns(tasks: list[TaskId]) -> tuple[list[int], list[int]]:
     """Column (subtopology number in sorted order) of each of the sorted ``tasks``, and the
     number of tasks in each column."""
+    sizes = [len(list(run)) for _, run in groupby(map(itemgetter(0), tasks))]
     column: list[int] = []
-    sizes: list[int] = []
-    last = None
-    for task_id in tasks:
-        if task_id.subtopology != last:
-            last = task_id.subtopology
-            sizes.append(0)
-        sizes[-1] += 1
-        column.append(len(sizes) - 1)
+    for col, size in enumerate(sizes):
+        column += [col] * size
     return column, sizes
