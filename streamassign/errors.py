@@ -315,6 +315,12 @@ class OutputWriteError(StreamAssignError):
     task's transaction is aborted; a record known to be too large is never sent."""
 
 
+class ReassertionFailedError(OutputWriteError):
+    """At least once: another writer's records landed before an owner's commit marker (which
+    closed them too), and the owner could not write its pending values again after them; the
+    application stops rather than let a restore apply the other writer's values over them."""
+
+
 class ProducerStartError(StreamAssignError):
     """Exactly once: a task's transactional producer cannot start (a configuration the
     broker rejects, a missing authorization, or no transaction coordinator within the start

@@ -186,12 +186,12 @@ class App:
             processing_errors,
             self._transaction_failed if self.exactly_once else None,
         )
+        self._rebalancing: set[int] = set()
         self._commits = Commits(
-            self.host, self._clients, self._actives, self._lookups, self._stores
+            self.host, self._clients, self._actives, self._lookups, self._stores, self._rebalancing
         )
         self._repartition = frozenset(self.topology.repartition_topics)
         self._suspended: dict[int, frozenset[TaskId]] = {}
-        self._rebalancing: set[int] = set()
         self._locks = [asyncio.Lock() for _ in range(self.threads)]
         self._epochs = [0] * self.threads
         self._stopped = asyncio.Event()
