@@ -315,6 +315,11 @@ class OutputWriteError(StreamAssignError):
     task's transaction is aborted; a record known to be too large is never sent."""
 
 
+class TopicConfigError(StreamAssignError):
+    """A topic's or broker's configuration (e.g. ``max.message.bytes``) that cannot be read
+    or has no value; the message names the topic or broker."""
+
+
 class ReassertionFailedError(OutputWriteError):
     """At least once: another writer's records landed before an owner's commit marker (which
     closed them too), and the owner could not write its pending values again after them; the

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from aiokafka.errors import KafkaConnectionError
 
 from streamassign import TaskId, TopicPartition
@@ -199,6 +198,7 @@ def test_a_rebalancing_consumer_reads_the_keys_once(tmp_path: Path) -> None:
         await app._processing.process(task, Rec(0, b"k", b"5"))
         strike_after_the_check(log)
         await app._rebalance_started(0)
+        assert rejoins == [0]
         return task
 
     task = asyncio.run(run())

@@ -266,6 +266,7 @@ class App:
             clients.limits,
             AIOKAFKA_BATCH_BYTES if self.exactly_once else SHARED_BATCH_BYTES,
         )
+        clients.compressed = producer_config.get("compression_type") is not None
         if self.exactly_once:  # each task's own transactional producer (fencing), no other
             clients.task_producers = TaskProducers(
                 self.host.application_id, self.bootstrap_servers, producer_config
