@@ -315,6 +315,11 @@ class OutputWriteError(StreamAssignError):
     task's transaction is aborted; a record known to be too large is never sent."""
 
 
+class EndOffsetsTimeoutError(StreamAssignError, TimeoutError):
+    """No end offset of the partitions asked for was listed in time (each partition asked on
+    its own after the call for all of them did not answer)."""
+
+
 class TopicConfigError(StreamAssignError):
     """A topic's or broker's configuration (e.g. ``max.message.bytes``) that cannot be read
     or has no value; the message names the topic or broker."""
