@@ -15,7 +15,16 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import KafkaError, MessageSizeTooLargeError
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    InvalidTopicError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    PolicyViolationError,
+    RecordListTooLargeError,
+    TopicAuthorizationFailedError,
+    UnsupportedForMessageFormatError,
+)
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost
@@ -459,16 +468,31 @@ def _write_committed(markers: Iterable[tuple[StoreState, int]]) -> None:
         state.committed(offset)
 
 
+#: Refusals a retry meets again (the same record, topic and rights): they stop the app.
+#: Anything else (a broker or replica away, an unknown error, a corrupt transfer, an
+#: unknown producer id) tears the consumer's tasks, which are restored and retried. A
+#: keyless record to a compacted topic is refused as INVALID_RECORD, which aiokafka reports
+#: as ``UnknownError``: retried (store keys are never empty; an output topic's may be).
+PERMANENT_REFUSALS: tuple[type[KafkaError], ...] = (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    TopicAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    InvalidTopicError,
+    PolicyViolationError,
+    UnsupportedForMessageFormatError,
+)
+
+
 async def _acks(index: int, futures: Sequence[asyncio.Future[Any]]) -> None:
     """Wait for the acks of ``futures`` (writes of consumer ``index``'s tasks). A write the
-    broker refused for good (a record or batch larger than its topic's
-    ``max.message.bytes``, not authorised, keyless to a compacted topic) raises
-    ``OutputWriteError``: the application stops rather than restoring and refusing again."""
+    broker refused for good (``PERMANENT_REFUSALS``: a record or batch larger than its
+    topic's ``max.message.bytes``, not authorised, an invalid topic) raises
+    ``OutputWriteError``: the application stops rather than restoring and refusing again.
+    Any other error is raised as it is (the commit's tasks are torn and retried)."""
     try:
         await asyncio.gather(*futures)
-    except KafkaError as exc:
-        if rejoin_cures(exc):
-            raise
+    except PERMANENT_REFUSALS as exc:
         hint = ""
         if isinstance(exc, MessageSizeTooLargeError):  # to a topic the topology does not name
             hint = (
