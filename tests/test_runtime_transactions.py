@@ -195,15 +195,25 @@ def test_configuration(tmp_path: Path) -> None:
     common: dict[str, Any] = {"bootstrap_servers": "unused:1"}
     with pytest.raises(RuntimeConfigError, match="processing_guarantee"):
         App(topology, {0: Count}, processing_guarantee="twice", state_dir=tmp_path / "a", **common)  # type: ignore[arg-type]
-    with pytest.raises(RuntimeConfigError, match="transactional_id"):
-        App(
-            topology,
-            {0: Count},
-            processing_guarantee="exactly_once",
-            producer_config={"transactional_id": "mine"},
-            state_dir=tmp_path / "b",
-            **common,
-        )
+    for guarantee in ("exactly_once", "at_least_once"):  # a shared one would break both
+        with pytest.raises(RuntimeConfigError, match="transactional_id"):
+            App(
+                topology,
+                {0: Count},
+                processing_guarantee=guarantee,  # type: ignore[arg-type]
+                producer_config={"transactional_id": "mine"},
+                state_dir=tmp_path / "b",
+                **common,
+            )
+    for timeout in ("60s", None, 0):  # one line, not a ValueError deep in int()
+        with pytest.raises(RuntimeConfigError, match="transaction_timeout_ms must be an int"):
+            App(
+                topology,
+                {0: Count},
+                producer_config={"transaction_timeout_ms": timeout},
+                state_dir=tmp_path / "g",
+                **common,
+            )
     with pytest.raises(RuntimeConfigError, match="transaction_timeout_ms"):
         App(
             topology,
