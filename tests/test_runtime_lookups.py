@@ -204,3 +204,24 @@ def test_a_rebalancing_consumer_reads_the_keys_once(tmp_path: Path) -> None:
     task = asyncio.run(run())
     assert slow.calls == 1 and task.torn
     assert log.replay() == {b"k": b"5", b"k-copy": b"5"}
+
+
+def test_a_member_that_lost_its_membership_writes_nothing_again(tmp_path: Path) -> None:
+    """Out of the group while the keys could not be read: the other writer is the task's new
+    owner, so the zombie's pending values are not written after its records."""
+    app, log, _, _ = make(tmp_path)
+    slow = SlowReads(app._commits.lookups.keys_written, failures=10**6)
+    app._commits.lookups.keys_written = slow  # type: ignore[method-assign]
+    app.host.member_lost = lambda index: slow.calls > 0  # type: ignore[method-assign]
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        strike_after_the_check(log)
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    assert slow.calls == 1 and task.torn
+    assert log.replay()[b"k"] == b"99"  # the new owner's value, nothing written after it
+    assert log.markers() == 1  # the commit's own, no second one

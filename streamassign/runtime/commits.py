@@ -381,9 +381,13 @@ class Commits:
         known: write every pending value of ``state`` again after them, so the restore that
         follows (the caller tears the task) applies none of the other writer's values over
         this owner's updates since its last commit. A key only the other writer wrote keeps
-        its value. Raises ``ReassertionFailedError`` (the application stops) when that
-        write fails: tearing the task then would lose those updates silently."""
+        its value. Nothing is written by a member that lost its membership (or a torn task):
+        the other writer is then the task's new owner. Raises ``ReassertionFailedError``
+        (the application stops) when that write fails: tearing the task then would lose
+        those updates silently."""
         tp = state.changelog
+        if task.torn or self.lost(task.consumer):  # a zombie's values must not follow
+            return
         try:
             await self.write_again(state, list(state.pending), marker)
         except Exception as exc:
