@@ -315,6 +315,22 @@ class OutputWriteError(StreamAssignError):
     task's transaction is aborted; a record known to be too large is never sent."""
 
 
+class EndOffsetsTimeoutError(StreamAssignError, TimeoutError):
+    """No end offset of the partitions asked for was listed in time (each partition asked on
+    its own after the call for all of them did not answer)."""
+
+
+class TopicConfigError(StreamAssignError):
+    """A topic's or broker's configuration (e.g. ``max.message.bytes``) that cannot be read
+    or has no value; the message names the topic or broker."""
+
+
+class ReassertionFailedError(OutputWriteError):
+    """At least once: another writer's records landed before an owner's commit marker (which
+    closed them too), and the owner could not write its pending values again after them; the
+    application stops rather than let a restore apply the other writer's values over them."""
+
+
 class ProducerStartError(StreamAssignError):
     """Exactly once: a task's transactional producer cannot start (a configuration the
     broker rejects, a missing authorization, or no transaction coordinator within the start

@@ -19,7 +19,7 @@ from streamassign.runtime._clients import (
     batch_ceiling,
     capped_batches,
 )
-from streamassign.runtime._topics import written_topics
+from streamassign.runtime._topics import _topic_limits, written_topics
 from streamassign.runtime.settings import Settings
 
 
@@ -358,3 +358,47 @@ def test_a_record_too_large_for_its_topic_is_refused_before_it_is_sent(
 
     asyncio.run(scenario())
     assert sent == [("out", 9_800), ("elsewhere", 25_000), ("elsewhere", 25_000)]
+
+
+def test_a_compressing_producer_leaves_the_size_check_to_the_broker() -> None:
+    """The broker applies ``max.message.bytes`` to the compressed batch: a 100,000-byte
+    record that compresses well is taken by a 64 KiB topic, so it is sent, not refused."""
+    sent: list[int] = []
+
+    class Producer:
+        async def send(self, topic: str, value: bytes, **kw: object) -> None:
+            sent.append(len(value))
+
+    async def scenario() -> None:
+        clients = Clients(producer=Producer(), limits={"out": 65_536}, compressed=True)  # type: ignore[arg-type]
+        producer = await clients.producer_for(TaskId(0, 1))
+        await producer.send("out", b"x" * 100_000, key=b"k")
+
+    asyncio.run(scenario())
+    assert sent == [100_000]
+
+
+def test_one_topics_describe_error_keeps_the_other_limits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A topic whose config cannot be described (error 29, not authorised) is left out with
+    one warning; the other topic's limit is kept (before, every limit was dropped)."""
+
+    def resource(name: str, code: int, limit: int) -> dict[str, object]:
+        entries = [{"config_names": "max.message.bytes", "config_value": str(limit)}]
+        shown = entries if not code else []
+        return {"resource_name": name, "error_code": code, "config_entries": shown}
+
+    class Response:
+        def to_object(self) -> dict[str, object]:
+            return {"resources": [resource("ok", 0, 65_536), resource("secret", 29, 0)]}
+
+    class Admin:
+        async def describe_configs(self, resources: object) -> list[Response]:
+            return [Response()]
+
+    with caplog.at_level(logging.WARNING, "streamassign.runtime"):
+        limits, missing = asyncio.run(_topic_limits(Admin(), ["ok", "secret"]))
+    assert (limits, missing) == ({"ok": 65_536}, [])
+    (warning,) = caplog.records
+    assert "'secret'" in warning.getMessage()

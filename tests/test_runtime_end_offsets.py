@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import streamassign.runtime.end_offsets as end_offsets_module
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.errors import EndOffsetsTimeoutError
 from streamassign.protocol import SubscriptionInfo
 from streamassign.runtime import App
 from streamassign.runtime.end_offsets import (
@@ -452,3 +453,19 @@ def test_a_partition_without_a_leader_costs_only_its_own_end(
     left = asyncio.run(scenario())
     assert cache() == {TaskId(0, 0): 4}
     assert not left  # the single calls are cancelled, not left running
+
+
+def test_no_end_offset_listed_in_time_is_a_typed_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every call hangs (no leader anywhere): a ``StreamAssignError`` that callers catching
+    ``TimeoutError`` still catch."""
+    monkeypatch.setattr(end_offsets_module, "LIST_TIMEOUT", 0.02)
+
+    class Hanging:
+        async def end_offsets(self, tps: object) -> dict[object, int]:
+            await asyncio.Event().wait()
+            return {}
+
+    tps = [KafkaTopicPartition("cl", p) for p in range(2)]
+    with pytest.raises(EndOffsetsTimeoutError, match="no end offset of 2 partitions") as raised:
+        asyncio.run(end_offsets_module.list_offsets(Hanging(), tps))  # type: ignore[arg-type]
+    assert isinstance(raised.value, TimeoutError)

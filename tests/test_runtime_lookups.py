@@ -9,9 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaConnectionError
 
-from streamassign import TopicPartition
-from streamassign.errors import ChangelogReadTimeoutError, StreamAssignError
+from streamassign import TaskId, TopicPartition
+from streamassign.errors import (
+    ChangelogReadTimeoutError,
+    OutputWriteError,
+    ReassertionFailedError,
+    StreamAssignError,
+)
 from streamassign.runtime import commits as commits_module
 from streamassign.runtime.tasks import ActiveTask
 
@@ -51,13 +57,16 @@ def test_keys_are_read_within_the_deadline_or_a_typed_error_says_which(
 
 
 class SlowReads:
-    """Wraps ``keys_written``: the first ``failures`` calls time out."""
+    """Wraps ``keys_written``: the first ``failures`` calls time out (after ``delay`` s)."""
 
-    def __init__(self, real: Any, failures: int) -> None:
-        self.real, self.failures, self.calls = real, failures, 0
+    def __init__(self, real: Any, failures: int, delay: float = 0.0) -> None:
+        self.real, self.failures, self.calls, self.delay = real, failures, 0, delay
+        self.partitions: list[int] = []  # of each call
 
     async def __call__(self, tp: TopicPartition, first: int, end: int) -> list[bytes]:
         self.calls += 1
+        self.partitions.append(tp.partition)
+        await asyncio.sleep(self.delay)
         if self.calls <= self.failures:
             raise ChangelogReadTimeoutError(f"{tp.topic}[{tp.partition}]: slow")
         result: list[bytes] = await self.real(tp, first, end)
@@ -113,3 +122,106 @@ def test_a_changelog_unreadable_past_the_patience_tears_the_task_and_rejoins(
     assert slow.calls == 1  # bounded: no endless loop
     assert task.torn and rejoins == [0]
     assert committer.commits == []  # its input is read again after the restore
+    # Its pending value was written again after the other writer's, so the restore
+    # applies the owner's update, not the one its first marker closed.
+    assert log.replay() == {b"k": b"5", b"k-copy": b"5"}
+
+
+def test_a_failed_rewrite_after_giving_up_stops_the_application(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tearing the task then would let the restore apply the other writer's value of ``k``
+    (closed by the owner's marker): a typed error stops the application instead."""
+    monkeypatch.setattr(commits_module, "REASSERT_PATIENCE", 0.0)
+    app, log, _, _ = make(tmp_path)
+    app._commits.lookups.keys_written = SlowReads(  # type: ignore[method-assign]
+        app._commits.lookups.keys_written, failures=10**6
+    )
+    real_send = log.send
+
+    async def refusing_after_the_marker(*args: Any, **kwargs: Any) -> Any:
+        if log.markers() >= 1:  # the commit's marker is written: the broker goes away
+            raise KafkaConnectionError("gone")
+        return await real_send(*args, **kwargs)
+
+    async def run() -> None:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        strike_after_the_check(log)
+        log.send = refusing_after_the_marker  # type: ignore[method-assign]
+        await app._commits.commit_safely(0)
+
+    with pytest.raises(ReassertionFailedError, match=r"pending value\(s\) could not be written"):
+        asyncio.run(run())
+    assert issubclass(ReassertionFailedError, OutputWriteError)
+
+
+def test_one_patience_per_commit_shared_by_every_reassertion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two tasks whose changelogs another writer struck, reads timing out: the first
+    reassertion uses up the commit's patience, the second tries once (before, each had its
+    own, so the commit, holding the consumer's lock, took twice as long)."""
+    monkeypatch.setattr(commits_module, "REASSERT_PATIENCE", 0.3)
+    app, log, _, _ = make(tmp_path)
+    slow = SlowReads(app._commits.lookups.keys_written, failures=10**6, delay=0.1)
+    app._commits.lookups.keys_written = slow  # type: ignore[method-assign]
+    tasks = [TaskId(0, 0), TaskId(0, 1)]
+
+    async def run() -> None:
+        await app._start_tasks(0, [(t, app._stores.open(t), "cold") for t in tasks])
+        await app._updater.settle()
+        for task_id in tasks:
+            await app._processing.process(app._actives[task_id], Rec(task_id.partition, b"k", b"5"))
+
+        def strike() -> None:
+            for task_id in tasks:
+                log.records[("app-totals-changelog", task_id.partition)].append((b"k", b"99"))
+            log.after_ends = None
+
+        log.after_ends = strike
+        await app._commits.commit(0)
+
+    asyncio.run(run())
+    assert slow.partitions.count(0) >= 1 and slow.partitions.count(1) == 1
+    assert all(app._actives[t].torn for t in tasks)
+
+
+def test_a_rebalancing_consumer_reads_the_keys_once(tmp_path: Path) -> None:
+    """Inside ``on_rebalance_started`` the whole group waits for this commit: one try."""
+    app, log, _, rejoins = make(tmp_path)
+    slow = SlowReads(app._commits.lookups.keys_written, failures=10**6)
+    app._commits.lookups.keys_written = slow  # type: ignore[method-assign]
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        strike_after_the_check(log)
+        await app._rebalance_started(0)
+        assert rejoins == [0]
+        return task
+
+    task = asyncio.run(run())
+    assert slow.calls == 1 and task.torn
+    assert log.replay() == {b"k": b"5", b"k-copy": b"5"}
+
+
+def test_a_member_that_lost_its_membership_writes_nothing_again(tmp_path: Path) -> None:
+    """Out of the group while the keys could not be read: the other writer is the task's new
+    owner, so the zombie's pending values are not written after its records."""
+    app, log, _, _ = make(tmp_path)
+    slow = SlowReads(app._commits.lookups.keys_written, failures=10**6)
+    app._commits.lookups.keys_written = slow  # type: ignore[method-assign]
+    app.host.member_lost = lambda index: slow.calls > 0  # type: ignore[method-assign]
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        strike_after_the_check(log)
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    assert slow.calls == 1 and task.torn
+    assert log.replay()[b"k"] == b"99"  # the new owner's value, nothing written after it
+    assert log.markers() == 1  # the commit's own, no second one

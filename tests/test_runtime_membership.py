@@ -16,10 +16,19 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import (
+    BrokerNotAvailableError,
+    MessageSizeTooLargeError,
+    NotEnoughReplicasError,
+    TopicAuthorizationFailedError,
+    UnknownError,
+)
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost, TaskListener
+from streamassign.errors import OutputWriteError
 from streamassign.protocol import AssignmentInfo
 from streamassign.runtime import COMMIT_KEY, App, MemoryStore, StoreState
 from streamassign.runtime.changelog import encode_marker
@@ -308,3 +317,37 @@ def test_a_task_moved_between_consumers_is_checked_against_its_changelog(
     assert first.torn and now is not first and now.consumer == 1
     assert now.stores["totals"].get(b"k") == b"1000"
     assert [e.source for e in app.restore_events] == ["cold", "kept"]
+
+
+@pytest.mark.parametrize(
+    ("error", "stops"),
+    [
+        (UnknownError, False),
+        (BrokerNotAvailableError, False),
+        (NotEnoughReplicasError, False),
+        (MessageSizeTooLargeError, True),
+        (TopicAuthorizationFailedError, True),
+    ],
+)
+def test_only_a_permanent_refusal_of_a_write_stops_the_app(
+    tmp_path: Path, error: type[Exception], stops: bool
+) -> None:
+    """A write the broker refuses for good stops the app (``OutputWriteError``); any other
+    failed write tears the consumer's tasks, which are restored and retried."""
+    app, log, committer, _ = make(tmp_path)
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        failed.set_exception(error())
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        task.futures.append(failed)
+        await app._commits.commit_safely(0)
+        return task
+
+    if stops:
+        with pytest.raises(OutputWriteError, match="refused a write"):
+            asyncio.run(run())
+    else:
+        task = asyncio.run(run())
+        assert task.torn and log.markers() == 0 and committer.commits == []

@@ -24,7 +24,15 @@ from aiokafka.errors import (
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.errors import OutputWriteError, ProducerStartError, RuntimeConfigError
-from streamassign.runtime import COMMIT_KEY, App, MemoryStore, StoreState, TaskContext, transactions
+from streamassign.runtime import (
+    COMMIT_KEY,
+    App,
+    MemoryStore,
+    StoreState,
+    TaskContext,
+    end_offsets,
+    transactions,
+)
 from streamassign.runtime.tasks import ActiveTask
 from streamassign.runtime.transactions import TaskProducers, transactional_id
 
@@ -187,15 +195,25 @@ def test_configuration(tmp_path: Path) -> None:
     common: dict[str, Any] = {"bootstrap_servers": "unused:1"}
     with pytest.raises(RuntimeConfigError, match="processing_guarantee"):
         App(topology, {0: Count}, processing_guarantee="twice", state_dir=tmp_path / "a", **common)  # type: ignore[arg-type]
-    with pytest.raises(RuntimeConfigError, match="transactional_id"):
-        App(
-            topology,
-            {0: Count},
-            processing_guarantee="exactly_once",
-            producer_config={"transactional_id": "mine"},
-            state_dir=tmp_path / "b",
-            **common,
-        )
+    for guarantee in ("exactly_once", "at_least_once"):  # a shared one would break both
+        with pytest.raises(RuntimeConfigError, match="transactional_id"):
+            App(
+                topology,
+                {0: Count},
+                processing_guarantee=guarantee,  # type: ignore[arg-type]
+                producer_config={"transactional_id": "mine"},
+                state_dir=tmp_path / "b",
+                **common,
+            )
+    for timeout in ("60s", None, 0):  # one line, not a ValueError deep in int()
+        with pytest.raises(RuntimeConfigError, match="transaction_timeout_ms must be an int"):
+            App(
+                topology,
+                {0: Count},
+                producer_config={"transaction_timeout_ms": timeout},
+                state_dir=tmp_path / "g",
+                **common,
+            )
     with pytest.raises(RuntimeConfigError, match="transaction_timeout_ms"):
         App(
             topology,
@@ -448,3 +466,147 @@ def test_at_least_once_inits_a_producer_only_for_tasks_with_an_open_transaction(
         await orphans.stop()
 
     asyncio.run(run())
+
+
+def test_two_consumers_first_checks_start_one_high_watermark_consumer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With threads >= 2 two consumers start tasks at once: one high-watermark consumer is
+    made and stopped (before, each made one and the first was never stopped)."""
+    made: list[object] = []
+    stopped: list[object] = []
+
+    class HighWaters:  # as ``OrphanTransactions`` makes it (``AIOKafkaConsumer``)
+        def __init__(self, **config: Any) -> None:
+            made.append(self)
+
+        async def start(self) -> None:
+            await asyncio.sleep(0.02)  # a broker round trip: the second check starts meanwhile
+
+        async def stop(self) -> None:
+            stopped.append(self)
+
+        async def end_offsets(
+            self, tps: list[KafkaTopicPartition]
+        ) -> dict[KafkaTopicPartition, int]:
+            return {tp: 5 for tp in tps}
+
+    monkeypatch.setattr(transactions, "AIOKafkaConsumer", HighWaters)
+    orphans = transactions.OrphanTransactions("app", "unused:1", {}, {})
+    stable = Ends("last stable offsets", {0: 5, 1: 5}, [])
+
+    async def run() -> None:
+        await asyncio.gather(
+            orphans.abort(stable, {TaskId(0, 0): [TopicPartition("cl", 0)]}),  # type: ignore[arg-type]
+            orphans.abort(stable, {TaskId(0, 1): [TopicPartition("cl", 1)]}),  # type: ignore[arg-type]
+        )
+        await orphans.stop()
+
+    asyncio.run(run())
+    assert len(made) == 1 and stopped == made
+
+
+class Leaderless(Ends):
+    """A call naming partition 1 (no leader) never answers, as aiokafka retries it."""
+
+    async def end_offsets(self, tps: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
+        if any(tp.partition == 1 for tp in tps):
+            await asyncio.Event().wait()
+        return await super().end_offsets(tps)
+
+
+def test_a_leaderless_partition_costs_the_list_fallback_not_the_whole_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One partition without a leader: the others are still checked, each partition asked
+    on its own (``end_offsets.list_offsets``), within two list timeouts, not the check's
+    whole bound; the leaderless one is not checked."""
+    monkeypatch.setattr(end_offsets, "LIST_TIMEOUT", 0.05)
+    calls: list[str] = []
+    orphans = transactions.OrphanTransactions("app", "unused:1", {}, {}, timeout=30.0)
+    orphans._highwater = Leaderless("hw", {0: 10, 1: 10, 2: 10}, calls)  # type: ignore[assignment]
+    stable = Leaderless("lso", {0: 4, 1: 4, 2: 10}, calls)
+    started: list[TaskId] = []
+
+    async def renew(task: TaskId) -> None:
+        started.append(task)
+
+    orphans.producers.renew = renew  # type: ignore[method-assign]
+    changelogs = {TaskId(0, p): [TopicPartition("cl", p)] for p in range(3)}
+
+    async def run() -> set[TaskId]:
+        async with asyncio.timeout(5):
+            return await orphans.abort(stable, changelogs)  # type: ignore[arg-type]
+
+    assert asyncio.run(run()) == {TaskId(0, 0)} and started == [TaskId(0, 0)]
+
+
+def test_a_hanging_check_is_given_up_at_its_bound_and_a_cancel_closes_the_producers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The check's bound (``timeout``, 10 s by default) ends a check that hangs: logged, no
+    task (the restore goes on). An abort cancelled while the producers initialise still
+    closes them."""
+    hanging = Leaderless("hw", {1: 10}, [])
+    orphans = transactions.OrphanTransactions("app", "unused:1", {}, {}, timeout=0.1)
+    orphans._highwater = hanging  # type: ignore[assignment]
+    closed: list[str] = []
+
+    async def close() -> None:
+        closed.append("stopped")
+
+    async def renew(task: TaskId) -> None:
+        await asyncio.Event().wait()
+
+    orphans.producers.stop = close  # type: ignore[method-assign]
+    orphans.producers.renew = renew  # type: ignore[method-assign]
+
+    async def run() -> None:
+        with caplog.at_level("WARNING", "streamassign.runtime"):
+            changelogs = {TaskId(0, 1): [TopicPartition("cl", 1)]}
+            assert await orphans.abort(hanging, changelogs) == set()  # type: ignore[arg-type]
+        assert "not checked" in caplog.records[-1].getMessage()
+        orphans._highwater = Ends("hw", {0: 10}, [])  # type: ignore[assignment]
+        stable = Ends("lso", {0: 4}, [])
+        aborting = asyncio.ensure_future(
+            orphans.abort(stable, {TaskId(0, 0): [TopicPartition("cl", 0)]})  # type: ignore[arg-type]
+        )
+        await asyncio.sleep(0.05)
+        aborting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await aborting
+
+    asyncio.run(asyncio.wait_for(run(), 5))
+    assert closed == ["stopped"]
+
+
+def test_at_least_once_aborts_orphan_transactions_before_the_restore_starts(
+    tmp_path: Path,
+) -> None:
+    """The restore reads its end ``read_committed``: an open transaction must be aborted
+    before the state updater takes the task, or the restore stops short of it."""
+    from .test_runtime_membership import TASK, make
+
+    app, _, _, _ = make(tmp_path)
+    order: list[str] = []
+
+    class Orphans:
+        async def abort(self, stable: Any, changelogs: Any) -> set[TaskId]:
+            order.append(f"abort {sorted(changelogs)}")
+            return set()
+
+    app._orphans = Orphans()  # type: ignore[assignment]
+    add = app._updater.add
+
+    def adding(task: ActiveTask, source: str) -> Any:
+        order.append(f"restore {task.task_id}")
+        return add(task, source)
+
+    app._updater.add = adding  # type: ignore[method-assign]
+
+    async def run() -> None:
+        await app._start_tasks(0, [(TASK, app._stores.open(TASK), "cold")])
+        await app._updater.settle()
+
+    asyncio.run(run())
+    assert order == [f"abort {[TASK]}", f"restore {TASK}"]

@@ -94,12 +94,15 @@ class CheckedProducer:
     ``max.message.bytes`` in ``limits``, even in a batch of its own) is refused before it is
     sent, with an ``OutputWriteError`` naming topic, size and limit (the application stops:
     the record would be refused again after every restart). A topic not in ``limits`` (not
-    named by the topology) gets one warning, added to ``unnamed``."""
+    named by the topology) gets one warning, added to ``unnamed``. ``compressed`` (the
+    producer compresses): no size check, the broker applies the limit to the compressed
+    batch (its refusal stops the application at the commit, with one line too)."""
 
     producer: AIOKafkaProducer
     task: TaskId
     limits: Mapping[str, int]
     unnamed: set[str]
+    compressed: bool = False
 
     def send(
         self,
@@ -123,7 +126,7 @@ class CheckedProducer:
                     self.task,
                     topic,
                 )
-        elif payload > limit - BATCH_HEADROOM:  # else it surely fits
+        elif payload > limit - BATCH_HEADROOM and not self.compressed:  # else it surely fits
             # An upper bound of the batch holding this record alone, as aiokafka estimates
             # it against max_request_size (header, record overhead, key, value, headers:
             # the runtime's own, two short ones on repartition records).
@@ -153,6 +156,8 @@ class Clients:
     task_producers: TaskProducers | None = None
     #: ``max.message.bytes`` of the topics the topology names as written (``App.start``).
     limits: Mapping[str, int] = attrs.field(factory=dict)
+    #: The producers compress (``compression_type``): records are not size-checked.
+    compressed: bool = False
     #: Each task's ``CheckedProducer``, made again when its producer changes.
     _checked: dict[TaskId, CheckedProducer] = attrs.field(factory=dict, init=False)
     #: Topics sent to that are not in ``limits`` (warned about once).
@@ -176,6 +181,6 @@ class Clients:
             producer = self.producer
         checked = self._checked.get(task)
         if checked is None or checked.producer is not producer or checked.limits is not self.limits:
-            checked = CheckedProducer(producer, task, self.limits, self._unnamed)
+            checked = CheckedProducer(producer, task, self.limits, self._unnamed, self.compressed)
             self._checked[task] = checked
         return checked

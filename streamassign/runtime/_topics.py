@@ -13,7 +13,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from ..errors import InternalTopicError as InternalTopicError
-from ..errors import MissingTopicsError
+from ..errors import MissingTopicsError, TopicConfigError
 from ..grouper import resolve_partition_counts, task_counts
 from ..topology import Topology
 
@@ -133,9 +133,11 @@ async def max_message_bytes(
     admin_config: Mapping[str, Any] | None = None,
 ) -> dict[str, int]:
     """Each topic's ``max.message.bytes`` (the largest record batch it takes), the broker's
-    default for a topic not created yet. Empty (no limits known, logged) when the lookup
-    fails, e.g. without the right to describe configs: the producers then keep their batch
-    sizes, as before these limits were read."""
+    default (``message.max.bytes`` of the first broker described: brokers of a cluster
+    normally share it) for a topic not created yet. A topic whose limit cannot be read is
+    left out (logged), the others kept. Empty (logged) when the lookup fails as a whole,
+    e.g. without the right to describe configs: the producers then keep their batch sizes,
+    as before these limits were read."""
     if not topics:
         return {}
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **dict(admin_config or {}))
@@ -143,8 +145,17 @@ async def max_message_bytes(
         await admin.start()
         limits, missing = await _topic_limits(admin, topics)
         if missing:
-            default = await _broker_limit(admin)
-            limits.update(dict.fromkeys(missing, default))
+            try:
+                default = await _broker_limit(admin)
+            except Exception as exc:
+                log.warning(
+                    "the broker's message.max.bytes not known (%r): batches not capped for "
+                    "topics not created yet (%s)",
+                    exc,
+                    ", ".join(missing),
+                )
+            else:
+                limits.update(dict.fromkeys(missing, default))
         return limits
     except Exception as exc:
         log.warning(
@@ -169,8 +180,14 @@ async def _topic_limits(admin: Any, topics: list[str]) -> tuple[dict[str, int], 
             name, code = resource["resource_name"], resource["error_code"]
             if code == _UNKNOWN_TOPIC:
                 missing.append(name)
-            elif code != 0:
-                raise InternalTopicError(f"describing the configs of {name!r}: error {code}")
+            elif code != 0:  # the others' limits are still worth having
+                log.warning(
+                    "max.message.bytes of topic %r not known (describe error %d): batches "
+                    "not capped for it",
+                    name,
+                    code,
+                )
+                continue
             for entry in resource["config_entries"]:
                 if entry["config_names"] == "max.message.bytes":
                     limits[name] = int(entry["config_value"])
@@ -188,4 +205,4 @@ async def _broker_limit(admin: Any) -> int:
             for entry in found["config_entries"]:
                 if entry["config_names"] == "message.max.bytes":
                     return int(entry["config_value"])
-    raise InternalTopicError(f"broker {broker} reports no message.max.bytes")
+    raise TopicConfigError(f"broker {broker} reports no message.max.bytes")

@@ -187,12 +187,12 @@ class App:
             processing_errors,
             self._transaction_failed if self.exactly_once else None,
         )
+        self._rebalancing: set[int] = set()
         self._commits = Commits(
-            self.host, self._clients, self._actives, self._lookups, self._stores
+            self.host, self._clients, self._actives, self._lookups, self._stores, self._rebalancing
         )
         self._repartition = frozenset(self.topology.repartition_topics)
         self._suspended: dict[int, frozenset[TaskId]] = {}
-        self._rebalancing: set[int] = set()
         self._locks = [asyncio.Lock() for _ in range(self.threads)]
         self._epochs = [0] * self.threads
         self._stopped = asyncio.Event()
@@ -255,6 +255,27 @@ class App:
         if self.store_kind == "memory":  # checkpoints of a previous run describe nothing now
             for task in self.state.offset_sums():
                 self.state.delete_checkpoint(task)
+        await self._make_producers()
+        await self._start_clients()
+        await self.host.start()
+        log.info(
+            "process %s started: %d consumer(s), %s stores, %d standby replica(s), %s",
+            self.host.process_id,
+            self.threads,
+            self.store_kind,
+            self.host.num_standby_replicas,
+            self.processing_guarantee,
+        )
+        loops = [
+            self._fail_on_error(self._consume(i), f"consumer {i}") for i in range(self.threads)
+        ]
+        loops.append(self._fail_on_error(self._state_updater_loop(), "the state updater"))
+        self._loops = [asyncio.create_task(loop) for loop in loops]
+
+    async def _make_producers(self) -> None:
+        """The producers' configuration (batches capped below the written topics' limits)
+        and the producers: the shared one (at least once, not started yet, with the orphan
+        transaction check) or the task producers (exactly once, started per task)."""
         clients = self._clients
         clients.limits = await max_message_bytes(
             self.bootstrap_servers,
@@ -267,6 +288,7 @@ class App:
             clients.limits,
             AIOKAFKA_BATCH_BYTES if self.exactly_once else SHARED_BATCH_BYTES,
         )
+        clients.compressed = producer_config.get("compression_type") is not None
         if self.exactly_once:  # each task's own transactional producer (fencing), no other
             clients.task_producers = TaskProducers(
                 self.host.application_id, self.bootstrap_servers, producer_config
@@ -279,6 +301,10 @@ class App:
                 producer_config,
                 self.connection_config,
             )
+
+    async def _start_clients(self) -> None:
+        """Start the restore and changelog readers and the shared producer, if any."""
+        clients = self._clients
         # Changelogs are read read_committed in both modes: at least once writes no
         # transactions (so nothing changes), but a changelog an exactly-once run wrote may hold
         # aborted commits, store markers included, which a restore must not apply.
@@ -298,20 +324,6 @@ class App:
         if clients.producer is not None:
             starts.append(clients.producer.start())
         await asyncio.gather(*starts)
-        await self.host.start()
-        log.info(
-            "process %s started: %d consumer(s), %s stores, %d standby replica(s), %s",
-            self.host.process_id,
-            self.threads,
-            self.store_kind,
-            self.host.num_standby_replicas,
-            self.processing_guarantee,
-        )
-        loops = [
-            self._fail_on_error(self._consume(i), f"consumer {i}") for i in range(self.threads)
-        ]
-        loops.append(self._fail_on_error(self._state_updater_loop(), "the state updater"))
-        self._loops = [asyncio.create_task(loop) for loop in loops]
 
     def _state_updater_loop(self) -> Coroutine[Any, Any, None]:
         return self._updater.run(self._stopped, lambda: self.commit_interval)

@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import KafkaError, MessageSizeTooLargeError
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    InvalidTopicError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    PolicyViolationError,
+    RecordListTooLargeError,
+    TopicAuthorizationFailedError,
+    UnsupportedForMessageFormatError,
+)
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost
-from ..errors import ChangelogReadTimeoutError, OutputWriteError
+from ..errors import ChangelogReadTimeoutError, OutputWriteError, ReassertionFailedError
 from ._clients import Clients
 from .changelog import COMMIT_KEY, StoreState
 from .restore import ChangelogLookups
@@ -29,8 +38,10 @@ from .transactions import rejoin_cures
 
 log = logging.getLogger("streamassign.runtime")
 
-#: Seconds ``Commits.reassert`` goes on reading the keys another writer wrote before its
-#: marker while the changelog cannot be read in time (the task is torn after that).
+#: Seconds one commit goes on reading the keys other writers wrote before its markers while
+#: a changelog cannot be read in time (shared by every reassertion of that commit; a
+#: consumer that is rebalancing tries once). After that the owner writes its pending values
+#: again, so none is lost, and the task is torn and restored.
 REASSERT_PATIENCE = 120.0
 
 
@@ -44,12 +55,15 @@ class Commits:
         actives: Mapping[TaskId, ActiveTask],
         lookups: ChangelogLookups,
         stores: TaskStores,
+        rebalancing: Set[int] = frozenset(),
     ) -> None:
         self.host = host
         self.clients = clients
         self.actives = actives
         self.lookups = lookups
         self.stores = stores
+        #: Consumers whose rebalance has started (the app's set): their group waits.
+        self.rebalancing = rebalancing
 
     async def commit(self, index: int) -> None:
         """Data and output acks, then changelog markers and their acks, then local stores and
@@ -233,10 +247,11 @@ class Commits:
         if markers:
             await asyncio.gather(*(f for *_, f in markers))
         done, failed = [], []
+        deadline = asyncio.get_running_loop().time() + REASSERT_PATIENCE  # the whole commit's
         for task, state, expected, future in markers:  # every task's pending writes intact
             offset: int | None = future.result().offset
             if expected is not None and offset is not None and offset != expected:
-                offset = await self.reassert(task, state, expected, offset)
+                offset = await self.reassert(task, state, expected, offset, deadline)
             if offset is None:
                 failed.append(task)
             else:
@@ -306,18 +321,19 @@ class Commits:
             )
 
     async def reassert(
-        self, task: ActiveTask, state: StoreState, first: int, marker: int
+        self, task: ActiveTask, state: StoreState, first: int, marker: int, deadline: float
     ) -> int | None:
         """Another writer's records landed in ``state``'s changelog at ``[first, marker)``,
         between this owner's records and its marker, which closed them too. Write this
         owner's value of every key they wrote again, then a marker after them, so that the
-        changelog ends at this owner's state; its offset, or None after three tries."""
-        producer = self.clients.producer
-        assert producer is not None
+        changelog ends at this owner's state; its offset, or None after three tries or when
+        their keys cannot be read by ``deadline`` (the loop's clock): then the task is torn
+        by the caller, after ``give_up`` wrote its pending values again."""
         tp = state.changelog
         for _ in range(3):
-            keys = await self.keys_written(task, tp, first, marker)
+            keys = await self.keys_written(task, tp, first, marker, deadline)
             if keys is None:
+                await self.give_up(task, state, marker)
                 return None
             log.warning(
                 "task %s: %d record(s) of another writer in %s[%d] (offsets %d to %d) before "
@@ -330,44 +346,86 @@ class Commits:
                 marker,
                 len(keys),
             )
-            state.end = marker + 1
-            futures = []
-            for key in keys:
-                value = state.pending[key] if key in state.pending else state.store.get(key)
-                state.pending[key] = value
-                futures.append(
-                    await producer.send(tp.topic, value, key=key, partition=tp.partition)
-                )
-                state.produced()
-            expected = state.end
-            futures.append(
-                await producer.send(
-                    tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition
-                )
-            )
-            acks = await asyncio.gather(*futures)
-            first, marker = expected, acks[-1].offset
+            expected, marker = await self.write_again(state, keys, marker)
+            first = expected
             if marker == expected:
                 return marker
         log.error("task %s: %s[%d] keeps being written by another writer", task.task_id, *tp)
+        await self.give_up(task, state, marker)
         return None
 
+    async def write_again(
+        self, state: StoreState, keys: Iterable[bytes], after: int
+    ) -> tuple[int, int]:
+        """Write this owner's value of ``keys`` to ``state``'s changelog again after offset
+        ``after``, then a marker: where that marker should land, and where it landed."""
+        producer = self.clients.producer
+        assert producer is not None
+        tp = state.changelog
+        state.end = after + 1
+        futures = []
+        for key in keys:
+            value = state.pending[key] if key in state.pending else state.store.get(key)
+            state.pending[key] = value
+            futures.append(await producer.send(tp.topic, value, key=key, partition=tp.partition))
+            state.produced()
+        expected = state.end
+        futures.append(
+            await producer.send(tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition)
+        )
+        acks = await asyncio.gather(*futures)
+        return expected, acks[-1].offset
+
+    async def give_up(self, task: ActiveTask, state: StoreState, marker: int) -> None:
+        """The keys another writer's records (closed by this owner's marker) wrote are not
+        known: write every pending value of ``state`` again after them, so the restore that
+        follows (the caller tears the task) applies none of the other writer's values over
+        this owner's updates since its last commit. A key only the other writer wrote keeps
+        its value. Nothing is written by a member that lost its membership (or a torn task):
+        the other writer is then the task's new owner. Raises ``ReassertionFailedError``
+        (the application stops) when that write fails: tearing the task then would lose
+        those updates silently."""
+        tp = state.changelog
+        if task.torn or self.lost(task.consumer):  # a zombie's values must not follow
+            return
+        try:
+            await self.write_again(state, list(state.pending), marker)
+        except Exception as exc:
+            raise ReassertionFailedError(
+                f"task {task.task_id}: another writer's records in {tp.topic}[{tp.partition}] "
+                f"were closed by this owner's marker, and its {len(state.pending)} pending "
+                f"value(s) could not be written again after them ({exc!r}): stopping, a "
+                "restore would apply the other writer's values over them"
+            ) from exc
+        log.error(
+            "task %s: %s[%d]: the keys of another writer's records closed by this owner's "
+            "marker are unknown; its %d pending value(s) written again after them, the task "
+            "is restored (a key only the other writer wrote keeps that writer's value)",
+            task.task_id,
+            tp.topic,
+            tp.partition,
+            len(state.pending),
+        )
+
     async def keys_written(
-        self, task: ActiveTask, tp: TopicPartition, first: int, end: int
+        self, task: ActiveTask, tp: TopicPartition, first: int, end: int, deadline: float
     ) -> list[bytes] | None:
         """The keys ``reassert`` must write again. A changelog not read in time is read again
-        (each try bounded), while the member keeps its membership and the task, and for at
-        most ``REASSERT_PATIENCE`` seconds: tearing the task at once would drop this owner's
-        values of those keys, which only the reassertion puts back after the other writer's.
-        None when giving up (the task is torn by the caller or already was)."""
+        (each try bounded), while the member keeps its membership and the task, until
+        ``deadline`` (the commit's, see ``REASSERT_PATIENCE``), and only once while the
+        consumer is rebalancing (its whole group waits for this commit). None when giving up."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + REASSERT_PATIENCE
         while True:
             try:
                 return await self.lookups.keys_written(tp, first, end)
             except ChangelogReadTimeoutError as exc:
-                if self.lost(task.consumer) or task.torn or loop.time() >= deadline:
-                    log.error("task %s: %s; giving up, the task is torn", task.task_id, exc)
+                if (
+                    self.lost(task.consumer)
+                    or task.torn
+                    or task.consumer in self.rebalancing
+                    or loop.time() >= deadline
+                ):
+                    log.error("task %s: %s; giving up", task.task_id, exc)
                     return None
                 log.warning("task %s: %s; reading them again", task.task_id, exc)
 
@@ -414,16 +472,31 @@ def _write_committed(markers: Iterable[tuple[StoreState, int]]) -> None:
         state.committed(offset)
 
 
+#: Refusals a retry meets again (the same record, topic and rights): they stop the app.
+#: Anything else (a broker or replica away, an unknown error, a corrupt transfer, an
+#: unknown producer id) tears the consumer's tasks, which are restored and retried. A
+#: keyless record to a compacted topic is refused as INVALID_RECORD, which aiokafka reports
+#: as ``UnknownError``: retried (store keys are never empty; an output topic's may be).
+PERMANENT_REFUSALS: tuple[type[KafkaError], ...] = (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    TopicAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    InvalidTopicError,
+    PolicyViolationError,
+    UnsupportedForMessageFormatError,
+)
+
+
 async def _acks(index: int, futures: Sequence[asyncio.Future[Any]]) -> None:
     """Wait for the acks of ``futures`` (writes of consumer ``index``'s tasks). A write the
-    broker refused for good (a record or batch larger than its topic's
-    ``max.message.bytes``, not authorised, keyless to a compacted topic) raises
-    ``OutputWriteError``: the application stops rather than restoring and refusing again."""
+    broker refused for good (``PERMANENT_REFUSALS``: a record or batch larger than its
+    topic's ``max.message.bytes``, not authorised, an invalid topic) raises
+    ``OutputWriteError``: the application stops rather than restoring and refusing again.
+    Any other error is raised as it is (the commit's tasks are torn and retried)."""
     try:
         await asyncio.gather(*futures)
-    except KafkaError as exc:
-        if rejoin_cures(exc):
-            raise
+    except PERMANENT_REFUSALS as exc:
         hint = ""
         if isinstance(exc, MessageSizeTooLargeError):  # to a topic the topology does not name
             hint = (

@@ -42,7 +42,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import KafkaError
 
 from .. import TaskId, TopicPartition
-from ..errors import RuntimeConfigError
+from ..errors import EndOffsetsTimeoutError, RuntimeConfigError
 from ..topology import Topology
 from .changelog import COMMIT_KEY
 
@@ -225,7 +225,13 @@ async def list_offsets(
     }
     if not found:
         errors = [call.exception() for call in done if call.exception() is not None]
-        raise errors[0] if errors else TimeoutError("no end offset listed")
+        raise (
+            errors[0]
+            if errors
+            else EndOffsetsTimeoutError(
+                f"no end offset of {len(tps)} partitions listed within {LIST_TIMEOUT:g} s"
+            )
+        )
     return found
 
 

@@ -81,10 +81,17 @@ def _guarantee(settings: Settings, attribute: Any, guarantee: str) -> None:
 
 
 def _producer_config(settings: Settings, attribute: Any, config: Mapping[str, Any]) -> None:
-    if settings.exactly_once and "transactional_id" in config:
+    if "transactional_id" in config:
         raise RuntimeConfigError(
             "producer_config may not set transactional_id: with exactly_once each task's "
-            "producer has its own, derived from the application id and the task id"
+            "producer has its own, derived from the application id and the task id; at least "
+            "once the shared producer writes no transactions (and the producers aborting an "
+            "exactly-once run's open transactions derive theirs the same way)"
+        )
+    timeout = config.get("transaction_timeout_ms", TRANSACTION_TIMEOUT_MS)
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        raise RuntimeConfigError(
+            f"producer_config transaction_timeout_ms must be an int >= 1, got {timeout!r}"
         )
 
 

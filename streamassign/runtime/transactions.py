@@ -38,6 +38,7 @@ from aiokafka.errors import (
 
 from .. import TaskId, TopicPartition
 from ..errors import ProducerStartError, TransactionFailedError
+from .end_offsets import list_offsets
 
 log = logging.getLogger("streamassign.runtime")
 
@@ -234,7 +235,11 @@ class OrphanTransactions:
     it initialises a producer with the task's transactional id (``renew``), which fences the
     crashed owner and aborts its transaction, and closes it. Only for tasks whose changelogs
     have a last stable offset below their high watermark: the cost is otherwise two
-    ``ListOffsets`` requests per rebalance that starts stateful tasks.
+    ``ListOffsets`` requests per rebalance that starts stateful tasks (each falling back to
+    one per partition, see ``end_offsets.list_offsets``, so a leaderless partition costs
+    seconds, not the whole ``timeout``). Only changelog partitions are checked: an open
+    transaction of a stateless task, or one holding only output writes, is not aborted here
+    (its readers ``read_committed`` wait for the broker's ``transaction_timeout_ms``).
     """
 
     def __init__(
@@ -251,8 +256,10 @@ class OrphanTransactions:
         self.bootstrap_servers = bootstrap_servers
         self.connection_config = dict(connection_config)
         self.timeout = timeout
-        #: Reads high watermarks (``read_uncommitted``); started at the first check.
+        #: Reads high watermarks (``read_uncommitted``); started at the first check, once
+        #: (``_starting``: two consumers' first checks may run at once).
         self._highwater: AIOKafkaConsumer | None = None
+        self._starting = asyncio.Lock()
 
     async def abort(
         self, stable: AIOKafkaConsumer, changelogs: Mapping[TaskId, Sequence[TopicPartition]]
@@ -267,10 +274,12 @@ class OrphanTransactions:
         except Exception as exc:  # a KafkaError, a timeout: the broker aborts it in time
             log.warning("open transactions in changelogs not checked (%r)", exc)
             return set()
-        results = await asyncio.gather(
-            *(self.producers.renew(t) for t in tasks), return_exceptions=True
-        )
-        await self.producers.stop()
+        try:
+            results = await asyncio.gather(
+                *(self.producers.renew(t) for t in tasks), return_exceptions=True
+            )
+        finally:  # also when cancelled: no producer left open
+            await self.producers.stop()
         aborted = set()
         for task, result in zip(tasks, results, strict=True):
             if isinstance(result, asyncio.CancelledError):
@@ -300,30 +309,36 @@ class OrphanTransactions:
         tps = sorted({KafkaTopicPartition(*tp) for tps in changelogs.values() for tp in tps})
         if not tps:
             return []
-        if self._highwater is None:
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=self.bootstrap_servers,
-                enable_auto_commit=False,
-                isolation_level="read_uncommitted",
-                **self.connection_config,
-            )
-            try:
-                await consumer.start()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await consumer.stop()
-                raise
-            self._highwater = consumer
+        highwater = await self._highwater_consumer()
         # The high watermarks first: a last stable offset read after them and still below one
         # is held back by a transaction open since before (at least once writes move both
         # ends alike; read the other way round, a write in between looks like a transaction).
-        hw = await self._highwater.end_offsets(tps)
-        lso = await stable.end_offsets(tps)
+        # A partition either lookup misses (no leader) is not checked.
+        hw = await list_offsets(highwater, tps)
+        lso = await list_offsets(stable, tps)
         return [
             task
             for task, partitions in sorted(changelogs.items())
-            if any(lso[tp] < hw[tp] for tp in map(_kafka, partitions))
+            if any(tp in hw and tp in lso and lso[tp] < hw[tp] for tp in map(_kafka, partitions))
         ]
+
+    async def _highwater_consumer(self) -> AIOKafkaConsumer:
+        async with self._starting:
+            if self._highwater is None:
+                consumer = AIOKafkaConsumer(
+                    bootstrap_servers=self.bootstrap_servers,
+                    enable_auto_commit=False,
+                    isolation_level="read_uncommitted",
+                    **self.connection_config,
+                )
+                try:
+                    await consumer.start()
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await consumer.stop()
+                    raise
+                self._highwater = consumer
+            return self._highwater
 
     async def stop(self) -> None:
         await self.producers.stop()

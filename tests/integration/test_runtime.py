@@ -205,19 +205,23 @@ async def _read_records(
     topic: str,
     take: Callable[[KafkaTopicPartition, ConsumerRecord[bytes, bytes]], None],
     isolation_level: str = "read_uncommitted",
+    partitions: int = PARTITIONS,
 ) -> dict[int, int]:
-    """Hand every record of ``topic`` (all partitions) up to its end, as ``isolation_level``
-    sees it, to ``take``; returns each partition's end offset."""
+    """Hand every record of ``topic`` (its ``partitions``) up to its end, as
+    ``isolation_level`` sees it, to ``take``, within ``TIMEOUT`` s; returns each
+    partition's end offset."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, auto_offset_reset="earliest", isolation_level=isolation_level
     )
     await consumer.start()
     try:
-        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
+        tps = [KafkaTopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
         todo = {tp for tp in tps if ends[tp] > 0}
+        deadline = time.monotonic() + TIMEOUT
         while todo:
+            assert time.monotonic() < deadline, f"{topic} not read to its end in {TIMEOUT:g} s"
             for tp, records in (await consumer.getmany(*todo, timeout_ms=500)).items():
                 for r in records:
                     take(tp, r)
@@ -244,10 +248,15 @@ async def _read_changelog(
     return table, ends
 
 
-async def _read_topic(bootstrap: str, topic: str, isolation_level: str) -> list[bytes]:
-    """Every value of ``topic`` (all partitions) up to its end as ``isolation_level`` sees it."""
+async def _read_topic(
+    bootstrap: str, topic: str, isolation_level: str, partitions: int = PARTITIONS
+) -> list[bytes]:
+    """Every value of ``topic`` (its ``partitions``) up to its end as ``isolation_level``
+    sees it."""
     values: list[bytes] = []
-    await _read_records(bootstrap, topic, lambda _, r: values.append(r.value), isolation_level)
+    await _read_records(
+        bootstrap, topic, lambda _, r: values.append(r.value), isolation_level, partitions
+    )
     return values
 
 

@@ -4,7 +4,8 @@ Checked: an at-least-once application reads its input ``read_committed`` (an ups
 transactional producer's aborted records are never counted); a backlog written to an output
 topic whose ``max.message.bytes`` is below the shared producer's batch size goes through
 (batches capped at start), and a record larger than that limit stops the application with
-one ``OutputWriteError`` naming topic, size and limit.
+one ``OutputWriteError`` naming topic, size and limit, unless the producers compress it
+below the limit (then it goes through).
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka import AIOKafkaProducer
 
 from streamassign import Subtopology, Topology
 from streamassign.errors import OutputWriteError
 from streamassign.runtime import App, ProcessingError, Record, TaskContext
 
 from .conftest import GroupIdFactory, TopicFactory
+from .test_runtime import _read_topic
 
 PARTITIONS = 2
 DEADLINE = 60.0
@@ -92,27 +93,6 @@ async def run_app(app: App, scenario: Callable[[], Awaitable[None]]) -> None:
         await scenario()
     finally:
         await app.stop()
-
-
-async def read_topic(bootstrap: str, topic: str) -> list[Any]:
-    """Every record of ``topic`` up to its end, ``read_committed``."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, auto_offset_reset="earliest", isolation_level="read_committed"
-    )
-    await consumer.start()
-    try:
-        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        out: list[Any] = []
-        todo = {tp for tp in tps if ends[tp] > 0}
-        while todo:
-            for records in (await consumer.getmany(*todo, timeout_ms=500)).values():
-                out.extend(records)
-            todo = {tp for tp in todo if await consumer.position(tp) < ends[tp]}
-        return out
-    finally:
-        await consumer.stop()
 
 
 async def produce(
@@ -219,8 +199,8 @@ def test_a_backlog_to_a_topic_with_a_small_max_message_bytes_goes_through(
     finally:
         Counts.output, Counts.pad = None, 0
     assert app.failure is None, app.failure
-    outputs = asyncio.run(read_topic(kafka_bootstrap, output))
-    seen = Counter(r.value.split(b".")[0] for r in outputs)
+    outputs = asyncio.run(_read_topic(kafka_bootstrap, output, "read_committed", PARTITIONS))
+    seen = Counter(value.split(b".")[0] for value in outputs)
     assert len(seen) == total and max(seen.values()) == 1
 
 
@@ -277,3 +257,39 @@ def test_a_record_larger_than_its_topics_limit_stops_with_one_line(
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and errors[0].exc_info is None, errors
     assert str(failure) in errors[0].getMessage()
+
+
+def test_a_large_record_that_compresses_below_the_limit_goes_through(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+) -> None:
+    """With ``compression_type="gzip"`` a 100,000-byte output (mostly one repeated byte) to
+    a declared 64 KiB topic is sent: the broker applies the limit to the compressed batch,
+    so the runtime does not refuse it before (it did, and stopped the app)."""
+    source = kafka_topic_factory(PARTITIONS, prefix="gz-in")
+    output = kafka_topic_factory(
+        PARTITIONS, prefix="gz-out", config={"max.message.bytes": str(SMALL_LIMIT)}
+    )
+    asyncio.run(produce(kafka_bootstrap, source, [b"a", b"b"]))
+    asyncio.run(produce(kafka_bootstrap, source, [b"big"], value=b"big"))
+    Counts.output, Counts.big_size = output, 100_000
+    app = make_app(
+        kafka_bootstrap,
+        kafka_group_id_factory("gz"),
+        source,
+        tmp_path,
+        producer_config={"compression_type": "gzip"},
+    )
+
+    async def scenario() -> None:
+        await until("committed", lambda: sum(table(app).values()) == 3, app)
+
+    try:
+        asyncio.run(run_app(app, scenario))
+    finally:
+        Counts.output, Counts.big_size = None, 0
+    assert app.failure is None, app.failure
+    outputs = asyncio.run(_read_topic(kafka_bootstrap, output, "read_committed", PARTITIONS))
+    assert sorted(map(len, outputs))[-1] == 100_000 and len(outputs) == 3
