@@ -286,16 +286,22 @@ def test_kill9_while_records_flow_loses_nothing_and_standby_restores_little(
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=5000, pause=0.2)
     feeder.start()
     deadline = time.monotonic() + TIMEOUT
-    while feeder.acked < 30_000 and time.monotonic() < deadline:
+
+    def victim_processed() -> int:
+        statuses = runtime.events(victim, "status")
+        return statuses[-1]["processed"] if statuses else 0
+
+    # The victim has committed work behind it (on a loaded machine the flow can run far ahead
+    # of the processing), so the standby has something to have kept up with.
+    while (feeder.acked < 30_000 or victim_processed() < 10_000) and time.monotonic() < deadline:
         time.sleep(0.05)
     # A crash in the middle of the flow, with uncommitted work: the victim stops committing
     # (SIGUSR2 turns its commits off), processes a little more, then dies.
     runtime.procs[victim].proc.send_signal(signal.SIGUSR2)
-    held = time.time()
     changelog = f"{runtime.app}-totals-changelog"
     victims = {int(t.split("_")[1]) for t in before[victim]}
-    while len([e for e in runtime.events(victim, "status") if e["t"] > held + 0.25]) < 2:
-        assert time.monotonic() < deadline, "the victim reported no status after the hold"
+    while not runtime.events(victim, "holding"):
+        assert time.monotonic() < deadline, "the victim did not stop committing"
         time.sleep(0.02)
     # Its last commit (and marker) is behind us; the kill must wait until writes it will never
     # commit reached its changelogs, or the crash path has nothing to undo (seen under load).
@@ -345,7 +351,14 @@ def test_kill9_while_records_flow_loses_nothing_and_standby_restores_little(
         f"have read {at_takeover} then ({cold_restored} at the end); {compensated} writes "
         f"compensated, {skipped} records skipped"
     )
-    assert standby_restored * 2 < at_takeover
+    # Warm: the standby had kept up with what the victim committed (at least half of the
+    # changelog as it stood when commits stopped), so it read a tail, not the history. (Not
+    # "half of everything at the takeover": under load the victim can write more uncommitted
+    # records between the hold and the kill than it had committed.)
+    committed_then = sum(committed_ends[p] for p in victims)
+    assert at_takeover - standby_restored >= committed_then // 2, (
+        f"standbys were at {at_takeover - standby_restored} of {committed_then} committed"
+    )
     done = runtime.stop("cold")
     assert tables(done) == expected_table(total)
 
