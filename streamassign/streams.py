@@ -383,7 +383,8 @@ def assign_streams(
     rack_aware_tags: Sequence[str] | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad topics or
-    bad members: those become error codes or empty assignments, logged.
+    bad members: those become error codes or empty assignments, logged. An option out of range
+    raises ``AssignmentInputError``, before any member's lag is compared with it.
 
     ``high_availability`` selects the high-availability assignor with ``max_warmup_replicas``
     and ``probing_rebalance_interval_ms``; ``now_ms`` (default: the wall clock) is the time the
@@ -403,10 +404,9 @@ def assign_streams(
     grouped = _group_tasks(topology, partition_counts)
     if grouped is None:
         return _failed(members, _INCOMPLETE, version)
-    result = _unassigned(members, version)
     if not compatible:
-        return result
-    compatible = bounded_claims(compatible, grouped[0])
+        return _unassigned(members, version)
+    compatible = bounded_claims(compatible, grouped.tasks)
     assignor = _task_assignor(
         high_availability,
         num_standby_replicas,
@@ -420,7 +420,7 @@ def assign_streams(
         grouped,
         compatible,
         assignor,
-        result,
+        members,
         version,
         end_offsets,
         partition_racks,
@@ -436,9 +436,15 @@ def _shutdown_requested(members: Mapping[str, MemberSubscription]) -> bool:
     return False
 
 
-def _group_tasks(
-    topology: Topology, partition_counts: Mapping[str, int]
-) -> tuple[dict[TaskId, frozenset[TopicPartition]], dict[str, int]] | None:
+@attrs.frozen
+class _GroupedTasks:
+    """The tasks of a topology over the current topics."""
+
+    tasks: dict[TaskId, frozenset[TopicPartition]]  # task -> its partitions
+    partition_counts: dict[str, int]  # every topic's, repartition topics' resolved
+
+
+def _group_tasks(topology: Topology, partition_counts: Mapping[str, int]) -> _GroupedTasks | None:
     """Tasks with their partitions, and every topic's partition count (None: logged, the
     topics cannot be assigned yet)."""
     try:
@@ -450,7 +456,7 @@ def _group_tasks(
             "cannot assign tasks: %s; every member gets INCOMPLETE_SOURCE_TOPIC_METADATA", exc
         )
         return None
-    return tasks, counts
+    return _GroupedTasks(tasks, counts)
 
 
 def _unassigned(
@@ -465,17 +471,18 @@ def _unassigned(
 
 def _assign_compatible(
     topology: Topology,
-    grouped: tuple[dict[TaskId, frozenset[TopicPartition]], dict[str, int]],
+    grouped: _GroupedTasks,
     compatible: Mapping[str, MemberSubscription],
     assignor: HighAvailabilityTaskAssignor | StickyTaskAssignor,
-    result: dict[str, MemberAssignment],
+    members: Mapping[str, MemberSubscription],
     version: int,
     end_offsets: Mapping[TaskId, int] | None,
     partition_racks: Mapping[TopicPartition, str] | None,
     now_ms: int | None,
 ) -> dict[str, MemberAssignment]:
-    """``result`` with the tasks assigned over the compatible members (claims bounded)."""
-    tasks, counts = grouped
+    """Every member's assignment (a new dict): the tasks spread over the compatible members
+    (claims bounded), the other members with none."""
+    tasks = grouped.tasks
     high_availability = isinstance(assignor, HighAvailabilityTaskAssignor)
     clients, by_process, endpoints = client_states(
         compatible, end_offsets, assignor.acceptable_recovery_lag, exact_lags=high_availability
@@ -483,18 +490,19 @@ def _assign_compatible(
     stateful = [t for t in tasks if t.subtopology in topology.stateful_subtopologies]
     racks = task_racks(tasks, partition_racks) if partition_racks else None
     per_client, next_rebalance = _assign_clients(assignor, tasks, clients, stateful, racks, now_ms)
-    hosts = _HostMaps.of(per_client, endpoints, topology, counts)
+    hosts = _HostMaps.of(per_client, endpoints, topology, grouped.partition_counts)
+    result = _unassigned(members, version)
     for key, member_ids in by_process.items():
         threads = _split_to_threads(
             per_client[key], member_ids, compatible, tasks, stateful, hosts, version
         )
         result.update(threads)
-    if next_rebalance != NEVER:  # every member, so whoever leads next still probes
-        result = {
-            m: attrs.evolve(a, info=attrs.evolve(a.info, next_rebalance_ms=next_rebalance))
-            for m, a in result.items()
-        }
-    return result
+    if next_rebalance == NEVER:
+        return result
+    return {  # every member, so whoever leads next still probes
+        m: attrs.evolve(a, info=attrs.evolve(a.info, next_rebalance_ms=next_rebalance))
+        for m, a in result.items()
+    }
 
 
 def _compatible_members(

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamassign import PartitionGrouper, Subtopology, TaskId, TopicPartition, Topology
-from streamassign.errors import ErrorCode
+from streamassign.errors import AssignmentInputError, ErrorCode
 from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
 from streamassign.shares import share_bounds
 from streamassign.streams import MemberSubscription, assign_streams, client_states
@@ -115,6 +115,31 @@ def test_a_restarted_process_far_behind_does_not_take_its_tasks_back() -> None:
     }
     clients, _, _ = client_states(members)
     assert clients[1].prev_active == mine and clients[0].prev_active == frozenset()
+
+
+@pytest.mark.parametrize("high_availability", [False, True])
+@pytest.mark.parametrize("lag", ["10", None, 1.5, -1])
+def test_a_bad_recovery_lag_is_a_typed_error_before_lags_are_compared(
+    lag: object, high_availability: bool
+) -> None:
+    """A member with local state makes the lags be compared with the option: the option is
+    checked first, so a string is one clear error, not a TypeError from a comparison."""
+    t = TaskId(0, 0)
+    topology = Topology([Subtopology(0, ["a"], stores=["s"])], name="app")
+    members = {
+        "c1": MemberSubscription(
+            {"a"},
+            SubscriptionInfo(uuid.UUID(int=1), offset_sums={t: 5}, previous_active=frozenset({t})),
+        )
+    }
+    with pytest.raises(AssignmentInputError, match="acceptable_recovery_lag must be an int >= 0"):
+        assign_streams(
+            topology,
+            {"a": 1},
+            members,
+            acceptable_recovery_lag=lag,  # type: ignore[arg-type]
+            high_availability=high_availability,
+        )
 
 
 def test_consumers_keep_their_tasks_within_a_process() -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from functools import partial
 
 import attrs
 
@@ -151,8 +150,12 @@ class _GreedyBalancer:
         self.heaps: list[list[tuple[Key, int]]] = []
         self.groups_of_topic: list[list[int]] = [[] for _ in problem.topics]
         self._group_by_subscription()
-        self.held: list[dict[int, list[int]]] = []  # per member: topic -> partitions held
-        self.holders: list[set[int]] = []  # per topic: members holding some of it
+        # Per member: topic -> partitions held, the ones held before first (popped last).
+        self.held: list[dict[int, list[int]]] = [{} for _ in problem.members]
+        self.holders: list[set[int]] = [set() for _ in problem.topics]  # per topic: members
+        for pid, m in enumerate(self.owner):  # only previous owners yet: in pid order
+            if m >= 0:
+                self._hold(pid, self.topic_of[pid], m)
 
     def _group_by_subscription(self) -> None:
         """One load heap per distinct subscription, in order of its first member."""
@@ -198,24 +201,33 @@ class _GreedyBalancer:
         self.count[m] += delta
         heapq.heappush(self.heaps[self.group_of[m]], (self.key(m), m))
 
+    def _hold(self, pid: int, t: int, m: int) -> None:
+        """``m`` now holds ``pid`` (of topic ``t``): owner, held and holders (not counts)."""
+        self.owner[pid] = m
+        self.held[m].setdefault(t, []).append(pid)
+        self.holders[t].add(m)
+
     def fill_unowned(self) -> None:
-        """Give each unowned partition to its lightest eligible member."""
+        """Give each unowned partition to its lightest eligible member.
+
+        In pid order, so each member's partitions of a topic stay held-before first, then by
+        pid: the order ``make_improving_moves`` gives them away in (the last first). A member's
+        topics go back in topic order: the order moves try them in.
+        """
+        gained: set[int] = set()
         for pid, m in enumerate(self.owner):
             if m < 0:
-                best = self.lightest(self.topic_of[pid])
+                t = self.topic_of[pid]
+                best = self.lightest(t)
                 if best >= 0:
-                    self.owner[pid] = best
+                    self._hold(pid, t, best)
                     self.add(best, 1)
+                    gained.add(best)
+        for m in gained:
+            self.held[m] = dict(sorted(self.held[m].items()))
 
     def make_improving_moves(self) -> None:
         """Improving moves, most loaded members first, until a full pass makes none."""
-        self.held = [{} for _ in self.problem.members]
-        for pid, m in enumerate(self.owner):
-            if m >= 0:
-                self.held[m].setdefault(self.topic_of[pid], []).append(pid)
-        for m, by_topic in enumerate(self.held):  # partitions new to m this round move first
-            for pids in by_topic.values():
-                pids.sort(key=partial(_kept_last, self.prev, m))
         while self._improving_pass():
             pass
 
@@ -240,11 +252,7 @@ class _GreedyBalancer:
             if pick is None:
                 continue
             t, b = pick
-            pid = self.held[a][t].pop()
-            self.owner[pid] = b
-            self.held[b].setdefault(t, []).append(pid)
-            self.add(a, -1)
-            self.add(b, 1)
+            self._hand_over(self.held[a][t].pop(), t, a, b)
             heapq.heappush(donors, (-self.threshold(a), a))
             heapq.heappush(donors, (-self.threshold(b), b))
             moved = True
@@ -271,11 +279,6 @@ class _GreedyBalancer:
         Passes until one hands nothing back: a hand-back changes loads, which can make an
         earlier candidate possible. Each one moves a partition home, so the passes end.
         """
-        self.holders = [set() for _ in self.problem.topics]
-        for m, by_topic in enumerate(self.held):
-            for t, pids in by_topic.items():
-                if pids:
-                    self.holders[t].add(m)
         prev, owner = self.prev, self.owner
         taken = [pid for pid, a in enumerate(prev) if a >= 0 and owner[pid] not in (a, -1)]
         while taken:
@@ -295,10 +298,12 @@ class _GreedyBalancer:
 
     def _move(self, pid: int, src: int, dst: int) -> None:
         t = self.topic_of[pid]
-        self.owner[pid] = dst
         self.held[src][t].remove(pid)
-        self.held[dst].setdefault(t, []).append(pid)
-        self.holders[t].add(dst)
+        self._hand_over(pid, t, src, dst)
+
+    def _hand_over(self, pid: int, t: int, src: int, dst: int) -> None:
+        """Give ``pid`` (of topic ``t``, already out of ``held[src]``) from ``src`` to ``dst``."""
+        self._hold(pid, t, dst)
         if not self.held[src][t]:
             self.holders[t].discard(src)
         self.add(src, -1)
@@ -317,11 +322,6 @@ class _GreedyBalancer:
             for y in self.holders[t]
             if y != b
         )
-
-
-def _kept_last(prev: Sequence[int], m: int, pid: int) -> tuple[bool, int]:
-    """Sort key putting partitions ``m`` owned before first (popped last)."""
-    return (prev[pid] != m, pid)
 
 
 def assign_sticky(problem: Problem, weights: Sequence[int] | None = None) -> list[int]:

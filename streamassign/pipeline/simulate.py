@@ -540,7 +540,9 @@ class _TaskRunner:
         for c in clients:
             a = result.get(c.process_id, _EMPTY)
             pos = returning.get(c.process_id)
-            self._count_takeovers(c, a, pos, stateful, owner_before, causes, restores, takeovers)
+            self._add_restores_and_takeovers(
+                c, a, pos, stateful, owner_before, causes, restores, takeovers
+            )
             standby_records += self._standby_records(c, a, pos, before)
         if self.collect:
             self.takeovers.append(takeovers)
@@ -623,7 +625,7 @@ class _TaskRunner:
                 clients.append(ClientState(m.pid, m.threads, rack=m.rack))
         return clients
 
-    def _count_takeovers(
+    def _add_restores_and_takeovers(
         self,
         c: ClientState,
         a: ClientAssignment,
@@ -968,7 +970,8 @@ class _PartitionSpread:
     """How a consumer assignment spreads partitions over members (sorted): each one's count
     before and now, its anchors per subtopology, the moves, and each partition's member."""
 
-    counts: list[int]
+    #: partitions each member (in ``members`` order) held before, and holds now
+    held_counts: list[int]
     now_counts: list[int]
     #: subtopology -> tasks of it whose anchor each member (in ``members`` order) got
     per_sub: dict[int, list[int]]
@@ -983,7 +986,7 @@ class _PartitionSpread:
         history: Mapping[str, Sequence[TopicPartition] | None],
         cl: _ConsumerLayout,
     ) -> _PartitionSpread:
-        counts: list[int] = []
+        held_counts: list[int] = []
         now_counts: list[int] = []
         per_sub = {sub: [0] * len(members) for sub in cl.tasks_of}
         moves = 0
@@ -991,7 +994,7 @@ class _PartitionSpread:
         for k, mid in enumerate(members):
             got = result.get(mid, [])
             held = history[mid] or ()
-            counts.append(len(held))
+            held_counts.append(len(held))
             now_counts.append(len(got))
             if held:
                 moves += len(held) - len(set(held).intersection(got))
@@ -1000,19 +1003,19 @@ class _PartitionSpread:
                 t = cl.first_of.get(tp)
                 if t is not None:
                     per_sub[t.subtopology][k] += 1
-        return cls(counts, now_counts, per_sub, moves, assigned)
+        return cls(held_counts, now_counts, per_sub, moves, assigned)
 
 
 def _consumer_scores(
     total: int,
-    members: int,
+    n_members: int,
     spread: _PartitionSpread,
     tasks_of: Mapping[int, int],
     warm: int,
     cold: int,
 ) -> AssignmentMetrics:
     """A consumer assignment's scores: balance in partitions and per subtopology in anchors."""
-    ones = [1] * members
+    ones = [1] * n_members
     balanced, imbalance = share_balance(total, spread.now_counts, ones)
     sub_balanced, sub_spread = True, 0.0
     for sub, n in tasks_of.items():
@@ -1020,9 +1023,9 @@ def _consumer_scores(
         sub_balanced, sub_spread = sub_balanced and ok, max(sub_spread, gap)
     return AssignmentMetrics(
         tasks=total,
-        clients=members,
+        clients=n_members,
         moves=spread.moves,
-        move_lower_bound=quota_move_lower_bound(total, spread.counts, ones),
+        move_lower_bound=quota_move_lower_bound(total, spread.held_counts, ones),
         active_balanced=balanced,
         active_imbalance=imbalance,
         load_imbalance=imbalance,  # no standbys at this level

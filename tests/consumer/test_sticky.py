@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from streamassign import TopicPartition
 from streamassign.consumer import StickyAssignor, Subscription
+from streamassign.consumer._common import prepare
+from streamassign.consumer.sticky import _GreedyBalancer, resolve_owned
 
 from .strategies import (
     Case,
@@ -129,6 +131,31 @@ def test_no_partition_could_go_back_at_no_cost_for_any_subscriptions(case: Case)
     no less fair and the result balanced."""
     result = STICKY.assign(case.counts, case.subs)
     assert needless_moves(case.counts, case.subs, result) == []
+
+
+@given(
+    cases(user_data=False),
+    st.permutations(["fill_unowned", "make_improving_moves", "hand_back_needless_moves"]),
+)
+def test_greedy_steps_run_in_any_order_on_state_built_up_front(
+    case: Case, steps: list[str]
+) -> None:
+    """The general path's steps read only state its balancer builds at once (each member's
+    partitions per topic, each topic's holders) and keep it in step with the owners."""
+    problem = prepare(case.counts, case.subs)
+    balancer = _GreedyBalancer(problem, resolve_owned(problem)[0], [1] * len(problem.members))
+    for step in steps:
+        getattr(balancer, step)()
+    owner = balancer.owner
+    held = {
+        pid: m for m, by_topic in enumerate(balancer.held) for ps in by_topic.values() for pid in ps
+    }
+    assert held == {pid: m for pid, m in enumerate(owner) if m >= 0}
+    assert balancer.count == [owner.count(m) for m in range(len(problem.members))]
+    assert balancer.holders == [
+        {m for m, by_topic in enumerate(balancer.held) if by_topic.get(t)}
+        for t in range(len(problem.topics))
+    ]
 
 
 def test_a_partition_goes_back_to_its_owner_when_that_costs_nothing() -> None:
