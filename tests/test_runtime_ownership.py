@@ -219,3 +219,25 @@ def test_a_consumer_given_back_a_task_its_sibling_took_runs_it_again(tmp_path: P
 
     asyncio.run(run())
     assert app._actives[TASK] is task and task.consumer == 1
+
+
+def test_a_consumer_out_of_the_group_stops_its_batch_at_the_next_record(tmp_path: Path) -> None:
+    """The host reports the membership lost (stuck past ``max_poll_interval_ms``) before any
+    rebalance callback, while the batch holds the consumer's lock: the batch stops at its next
+    record (a zombie's), not at its end, and the rest is read again."""
+    app, task, recorder, consumers = make(tmp_path)
+
+    async def lost_at_the_first_yield() -> None:
+        await until(lambda: task.processed > 0)
+        await app._membership_lost(0)
+
+    async def run() -> None:
+        lost = asyncio.create_task(lost_at_the_first_yield())
+        async with app._locks[0]:  # as the consumer loop holds it around a batch
+            await batch_of(app, 0, batch(0, 1000))
+        await lost
+
+    asyncio.run(run())
+    assert task.processed == YIELD_EVERY and outputs(recorder) == list(range(YIELD_EVERY))
+    assert consumers[0].seeks == [(INPUT, YIELD_EVERY)]
+    assert task.torn  # torn by the membership loss: restored before it runs again

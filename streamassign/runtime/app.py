@@ -746,8 +746,12 @@ class App:
                 log.info("consumer %d: standby %s removed", consumer, task_id)
 
     async def _membership_lost(self, consumer: int) -> None:
+        # Before the lock: a consumer stuck in a batch past max_poll_interval holds it, and
+        # the new epoch stops that batch at its next record (``_still_current``), not at its
+        # end. A batch fetched as a zombie is not processed either.
+        self._epochs[consumer] += 1
         async with self._locks[consumer]:
-            self._epochs[consumer] += 1  # a batch fetched as a zombie is not processed
+            self._epochs[consumer] += 1  # also one fetched while this waited for the lock
             self._commits.tear_consumer(consumer, "was out of the group")
 
     async def _rebalance_started(self, consumer: int) -> None:
