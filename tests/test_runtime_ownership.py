@@ -71,9 +71,22 @@ class Consumer(Committer):
     def __init__(self) -> None:
         super().__init__()
         self.seeks: list[tuple[KafkaTopicPartition, int]] = []
+        self.paused_tps: set[KafkaTopicPartition] = set()
 
     def seek(self, tp: KafkaTopicPartition, offset: int) -> None:
         self.seeks.append((tp, offset))
+
+    def assignment(self) -> set[KafkaTopicPartition]:
+        return {INPUT}
+
+    def paused(self) -> set[KafkaTopicPartition]:
+        return set(self.paused_tps)
+
+    def pause(self, *tps: KafkaTopicPartition) -> None:
+        self.paused_tps.update(tps)
+
+    def resume(self, *tps: KafkaTopicPartition) -> None:
+        self.paused_tps.difference_update(tps)
 
 
 def make(tmp_path: Path) -> tuple[App, ActiveTask, Recorder, list[Consumer]]:
@@ -163,12 +176,16 @@ def test_a_record_running_when_its_task_moves_is_undone_and_run_by_the_new_owner
         # The record still runs on consumer 0: consumer 1 reads the task's records again later.
         await asyncio.wait_for(batch_of(app, 1, batch(0, 10)), 5)
         assert consumers[1].seeks == [(INPUT, 0)] and task.processed == 5
+        app._pause_restoring(1)  # as consumer 1's loop does before every fetch
+        assert consumers[1].paused_tps == {INPUT}  # not fetched and rewound on every loop
         await app._commits.commit(1)
         assert consumers[1].commits == []  # no commit of a task inside a sibling's record
         Count.gate.set()
         await stalled
         assert task.processed == 5 and outputs(recorder) == list(range(5))
         assert task.stores["counts"].get(b"k2") == b"1"  # offset 5's write undone (k2: 2, 5)
+        app._pause_restoring(1)
+        assert consumers[1].paused_tps == set()  # fetched again
         await app._commits.commit(0)
         assert consumers[0].commits == []
         await batch_of(app, 1, batch(0, 10))

@@ -671,8 +671,9 @@ class App:
 
     def _pause_restoring(self, index: int) -> None:
         """Pause exactly the input partitions of ``index``'s tasks that cannot process now
-        (restoring, or torn until their restore); a new assignment resets pauses, so every
-        fetch of the consumer loop calls this again."""
+        (restoring, torn until their restore, or with a record still running on the sibling
+        consumer they moved from: else ``index`` would fetch and rewind them on every loop);
+        a new assignment resets pauses, so every fetch of the consumer loop calls this again."""
         if index >= len(self.host.consumers):
             return
         consumer = self.host.consumers[index]
@@ -684,7 +685,11 @@ class App:
         hold = set()
         for tp in assigned:
             task = self._actives.get(self.topology.task_of(TopicPartition(*tp)))
-            if task is not None and task.consumer == index and (task.restoring or task.torn):
+            if (
+                task is not None
+                and task.consumer == index
+                and (task.restoring or task.torn or task.running not in (None, index))
+            ):
                 hold.add(tp)
         with contextlib.suppress(Exception):  # a partition just unassigned
             if hold - paused:
