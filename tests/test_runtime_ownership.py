@@ -8,6 +8,7 @@ test is ``tests/integration/test_runtime_threads.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections import Counter
 from collections.abc import Callable
@@ -258,3 +259,31 @@ def test_a_consumer_out_of_the_group_stops_its_batch_at_the_next_record(tmp_path
     assert task.processed == YIELD_EVERY and outputs(recorder) == list(range(YIELD_EVERY))
     assert consumers[0].seeks == [(INPUT, YIELD_EVERY)]
     assert task.torn  # torn by the membership loss: restored before it runs again
+
+
+def test_a_record_cancelled_after_its_task_moved_leaves_the_new_owner_s_task_whole(
+    tmp_path: Path,
+) -> None:
+    """The old consumer's loop is cancelled (a stop past its grace period) inside a record
+    whose task moved to the sibling: the record is undone, the task is not torn (its new
+    owner's uncommitted progress stays)."""
+    app, task, recorder, _ = make(tmp_path)
+    Count.stall_at = 5
+
+    async def run() -> None:
+        Count.gate = asyncio.Event()
+        stalled = asyncio.create_task(batch_of(app, 0, batch(0, 10)))
+        await until(lambda: Count.stalled)
+        await app._assign(1, frozenset({TASK}))
+        stalled.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stalled
+
+    try:
+        asyncio.run(run())
+    finally:
+        Count.gate, Count.stall_at, Count.stalled = None, -1, False
+    assert not task.torn and task.consumer == 1 and task.running is None
+    assert task.processed == 5 and task.offsets == {TopicPartition(TOPIC, 0): 5}
+    assert task.stores["counts"].get(b"k2") == b"1"  # offset 5's write undone
+    assert outputs(recorder) == list(range(5))
