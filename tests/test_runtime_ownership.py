@@ -287,3 +287,37 @@ def test_a_record_cancelled_after_its_task_moved_leaves_the_new_owner_s_task_who
     assert task.processed == 5 and task.offsets == {TopicPartition(TOPIC, 0): 5}
     assert task.stores["counts"].get(b"k2") == b"1"  # offset 5's write undone
     assert outputs(recorder) == list(range(5))
+
+
+def test_a_task_moved_during_its_commit_waits_for_the_commit_on_the_sibling(
+    tmp_path: Path,
+) -> None:
+    """A commit slower than ``max_poll_interval_ms`` (an acknowledgement that takes long): the
+    task moves to the sibling meanwhile, which neither processes nor commits it (its input
+    paused) until the commit ends."""
+    app, task, recorder, consumers = make(tmp_path)
+
+    async def run() -> None:
+        await batch_of(app, 0, batch(0, 5))
+        ack: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        task.futures.append(ack)  # a write not acknowledged yet
+        committing = asyncio.create_task(app._commits.commit(0))
+        await until(lambda: task.running == 0)
+        await app._assign(1, frozenset({TASK}))
+        app._pause_restoring(1)
+        assert consumers[1].paused_tps == {INPUT}
+        await batch_of(app, 1, batch(5, 10))  # fetched before the pause: read again later
+        await app._commits.commit(1)
+        assert task.processed == 5 and consumers[1].seeks == [(INPUT, 5)]
+        assert consumers[1].commits == []
+        ack.set_result(SimpleNamespace(offset=0))
+        await committing
+        assert task.running is None
+        app._pause_restoring(1)
+        assert consumers[1].paused_tps == set()
+        await batch_of(app, 1, batch(5, 10))
+        await app._commits.commit(1)
+
+    asyncio.run(run())
+    assert outputs(recorder) == list(range(10)) and task.processed == 10
+    assert consumers[1].commits[-1] == {INPUT: 10}

@@ -181,8 +181,9 @@ class ActiveTask:
     #: Its stores are being restored (by the state updater, ``restore.py``): its input is
     #: paused, it processes and commits nothing until they are at their changelog's end.
     restoring: bool = False
-    #: The consumer whose loop is inside one of its records right now (its processor may
-    #: await). A sibling consumer it moved to neither processes nor commits it meanwhile.
+    #: The consumer whose loop is inside one of its records (its processor may await) or
+    #: its commit right now. A sibling consumer it moved to neither processes nor commits it
+    #: meanwhile (its input is paused there).
     running: int | None = None
     #: Its stores by changelog partition (to count what each one's owner produced).
     by_changelog: dict[TopicPartition, StoreState] = attrs.field(init=False)
