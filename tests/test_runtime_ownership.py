@@ -20,6 +20,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.assignment import ClientAssignment
+from streamassign.errors import TaskMovedError
 from streamassign.runtime import App, MemoryStore, StoreState, TaskContext
 from streamassign.runtime.processing import YIELD_EVERY
 from streamassign.runtime.tasks import ActiveTask
@@ -321,3 +322,48 @@ def test_a_task_moved_during_its_commit_waits_for_the_commit_on_the_sibling(
     asyncio.run(run())
     assert outputs(recorder) == list(range(10)) and task.processed == 10
     assert consumers[1].commits[-1] == {INPUT: 10}
+
+
+class WriteAwaitWrite:
+    """Writes, awaits ``gate`` on the record at offset ``Count.stall_at``, writes again."""
+
+    def __init__(self) -> None:
+        self.refused: list[Exception] = []
+
+    async def process(self, ctx: TaskContext, record: Any) -> None:
+        counts = ctx.store("counts")
+        counts.put(b"before", str(record.offset).encode())
+        if record.offset == Count.stall_at and Count.gate is not None:
+            Count.stalled = True
+            await Count.gate.wait()
+        try:
+            counts.put(b"after", str(record.offset).encode())
+        except TaskMovedError as exc:
+            self.refused.append(exc)
+            raise
+
+
+def test_a_write_after_the_task_moved_is_refused_and_the_record_undone(tmp_path: Path) -> None:
+    """The processor wrote, awaited, and writes again once its task moved to the sibling: the
+    store (the new owner's now) refuses the write, the record is undone, nothing sent."""
+    app, task, recorder, _ = make(tmp_path)
+    processor = task.processor = WriteAwaitWrite()
+    Count.stall_at = 3
+
+    async def run() -> None:
+        Count.gate = asyncio.Event()
+        stalled = asyncio.create_task(batch_of(app, 0, batch(0, 10)))
+        await until(lambda: Count.stalled)
+        await app._assign(1, frozenset({TASK}))
+        Count.gate.set()
+        await stalled
+
+    try:
+        asyncio.run(run())
+    finally:
+        Count.gate, Count.stall_at, Count.stalled = None, -1, False
+    assert len(processor.refused) == 1
+    state = task.stores["counts"]
+    assert state.get(b"before") == b"2" and state.get(b"after") == b"2"  # offset 3 undone
+    assert task.processed == 3 and not task.torn and task.running is None
+    assert [k for t, k, _ in recorder.sent if t == CHANGELOG.topic] == [b"before", b"after"] * 3

@@ -542,6 +542,9 @@ class App:
         for task_id, states, source in new:
             processor = self.processors[task_id.subtopology]()
             task = ActiveTask(task_id, consumer, states, processor, repartition=self._repartition)
+            replaced = self._actives.get(task_id)
+            if replaced is not None:  # a torn task restored as a new copy
+                replaced.released = True
             self._actives[task_id] = task
             if not states:
                 self._updater.cancel(task_id)
@@ -703,6 +706,7 @@ class App:
             if task is None or task.consumer != consumer:
                 continue  # already moved to another consumer of this process
             del self._actives[task_id]
+            task.released = True  # a record of it still running writes none of its stores
             self._updater.cancel(task_id)  # its stores keep what they restored so far
             if self._clients.task_producers is not None:  # committed at the rebalance's start
                 self._clients.task_producers.close(task_id)
