@@ -240,6 +240,38 @@ def test_a_consumer_given_back_a_task_its_sibling_took_runs_it_again(tmp_path: P
     assert app._actives[TASK] is task and task.consumer == 1
 
 
+def test_a_task_given_back_stops_the_sibling_and_is_read_from_its_committed_offsets(
+    tmp_path: Path,
+) -> None:
+    """Exactly once, as above, while consumer 0 (the sibling that took the task) is inside a
+    record of it: consumer 1 gets it back positioned at the offsets this process committed,
+    and consumer 0's batch stops there (the record undone, the rest rewound)."""
+    app, task, recorder, consumers = make(tmp_path)
+    app.processing_guarantee = "exactly_once"  # the seek to the committed offsets
+    app.host._known[1] = ClientAssignment(active=frozenset({TASK}))
+    Count.stall_at = 5
+
+    async def run() -> None:
+        Count.gate = asyncio.Event()
+        task.committed = {TopicPartition(TOPIC, 0): 3}  # its last transaction's offsets
+        stalled = asyncio.create_task(batch_of(app, 0, batch(0, 10)))
+        await until(lambda: Count.stalled)
+        await app._rebalance_started(1)
+        await app._rebalance_completed(1)
+        assert task.consumer == 1 and consumers[1].seeks == [(INPUT, 3)]
+        assert consumers[1].paused_tps == {INPUT}  # until consumer 0's record returns
+        Count.gate.set()
+        await stalled
+
+    try:
+        asyncio.run(run())
+    finally:
+        Count.gate, Count.stall_at, Count.stalled = None, -1, False
+    assert task.processed == 5 and outputs(recorder) == list(range(5))
+    assert consumers[0].seeks == [(INPUT, 5)]  # the rest of consumer 0's batch read again
+    assert task.running is None and not task.torn
+
+
 def test_a_consumer_out_of_the_group_stops_its_batch_at_the_next_record(tmp_path: Path) -> None:
     """The host reports the membership lost (stuck past ``max_poll_interval_ms``) before any
     rebalance callback, while the batch holds the consumer's lock: the batch stops at its next
