@@ -298,6 +298,13 @@ class UnknownStoreError(StreamAssignError, KeyError):
     """A processor asked its task for a store the topology does not give it."""
 
 
+class TaskMovedError(StreamAssignError):
+    """A processor wrote to a store of its task after the task moved away from the consumer
+    running the record (to a sibling consumer, or revoked) while the processor awaited: the
+    stores are another owner's now. Raised to the processor; the record is undone there and
+    run by the task's new owner."""
+
+
 class FanOutLimitError(StreamAssignError, ValueError):
     """One input record sent more repartition records than their ordering headers can number."""
 

@@ -8,6 +8,7 @@ test is ``tests/integration/test_runtime_threads.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections import Counter
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.assignment import ClientAssignment
+from streamassign.errors import TaskMovedError
 from streamassign.runtime import App, MemoryStore, StoreState, TaskContext
 from streamassign.runtime.processing import YIELD_EVERY
 from streamassign.runtime.tasks import ActiveTask
@@ -71,9 +73,22 @@ class Consumer(Committer):
     def __init__(self) -> None:
         super().__init__()
         self.seeks: list[tuple[KafkaTopicPartition, int]] = []
+        self.paused_tps: set[KafkaTopicPartition] = set()
 
     def seek(self, tp: KafkaTopicPartition, offset: int) -> None:
         self.seeks.append((tp, offset))
+
+    def assignment(self) -> set[KafkaTopicPartition]:
+        return {INPUT}
+
+    def paused(self) -> set[KafkaTopicPartition]:
+        return set(self.paused_tps)
+
+    def pause(self, *tps: KafkaTopicPartition) -> None:
+        self.paused_tps.update(tps)
+
+    def resume(self, *tps: KafkaTopicPartition) -> None:
+        self.paused_tps.difference_update(tps)
 
 
 def make(tmp_path: Path) -> tuple[App, ActiveTask, Recorder, list[Consumer]]:
@@ -163,12 +178,16 @@ def test_a_record_running_when_its_task_moves_is_undone_and_run_by_the_new_owner
         # The record still runs on consumer 0: consumer 1 reads the task's records again later.
         await asyncio.wait_for(batch_of(app, 1, batch(0, 10)), 5)
         assert consumers[1].seeks == [(INPUT, 0)] and task.processed == 5
+        app._pause_restoring(1)  # as consumer 1's loop does before every fetch
+        assert consumers[1].paused_tps == {INPUT}  # not fetched and rewound on every loop
         await app._commits.commit(1)
         assert consumers[1].commits == []  # no commit of a task inside a sibling's record
         Count.gate.set()
         await stalled
         assert task.processed == 5 and outputs(recorder) == list(range(5))
         assert task.stores["counts"].get(b"k2") == b"1"  # offset 5's write undone (k2: 2, 5)
+        app._pause_restoring(1)
+        assert consumers[1].paused_tps == set()  # fetched again
         await app._commits.commit(0)
         assert consumers[0].commits == []
         await batch_of(app, 1, batch(0, 10))
@@ -219,3 +238,164 @@ def test_a_consumer_given_back_a_task_its_sibling_took_runs_it_again(tmp_path: P
 
     asyncio.run(run())
     assert app._actives[TASK] is task and task.consumer == 1
+
+
+def test_a_task_given_back_stops_the_sibling_and_is_read_from_its_committed_offsets(
+    tmp_path: Path,
+) -> None:
+    """Exactly once, as above, while consumer 0 (the sibling that took the task) is inside a
+    record of it: consumer 1 gets it back positioned at the offsets this process committed,
+    and consumer 0's batch stops there (the record undone, the rest rewound)."""
+    app, task, recorder, consumers = make(tmp_path)
+    app.processing_guarantee = "exactly_once"  # the seek to the committed offsets
+    app.host._known[1] = ClientAssignment(active=frozenset({TASK}))
+    Count.stall_at = 5
+
+    async def run() -> None:
+        Count.gate = asyncio.Event()
+        task.committed = {TopicPartition(TOPIC, 0): 3}  # its last transaction's offsets
+        stalled = asyncio.create_task(batch_of(app, 0, batch(0, 10)))
+        await until(lambda: Count.stalled)
+        await app._rebalance_started(1)
+        await app._rebalance_completed(1)
+        assert task.consumer == 1 and consumers[1].seeks == [(INPUT, 3)]
+        assert consumers[1].paused_tps == {INPUT}  # until consumer 0's record returns
+        Count.gate.set()
+        await stalled
+
+    try:
+        asyncio.run(run())
+    finally:
+        Count.gate, Count.stall_at, Count.stalled = None, -1, False
+    assert task.processed == 5 and outputs(recorder) == list(range(5))
+    assert consumers[0].seeks == [(INPUT, 5)]  # the rest of consumer 0's batch read again
+    assert task.running is None and not task.torn
+
+
+def test_a_consumer_out_of_the_group_stops_its_batch_at_the_next_record(tmp_path: Path) -> None:
+    """The host reports the membership lost (stuck past ``max_poll_interval_ms``) before any
+    rebalance callback, while the batch holds the consumer's lock: the batch stops at its next
+    record (a zombie's), not at its end, and the rest is read again."""
+    app, task, recorder, consumers = make(tmp_path)
+
+    async def lost_at_the_first_yield() -> None:
+        await until(lambda: task.processed > 0)
+        await app._membership_lost(0)
+
+    async def run() -> None:
+        lost = asyncio.create_task(lost_at_the_first_yield())
+        async with app._locks[0]:  # as the consumer loop holds it around a batch
+            await batch_of(app, 0, batch(0, 1000))
+        await lost
+
+    asyncio.run(run())
+    assert task.processed == YIELD_EVERY and outputs(recorder) == list(range(YIELD_EVERY))
+    assert consumers[0].seeks == [(INPUT, YIELD_EVERY)]
+    assert task.torn  # torn by the membership loss: restored before it runs again
+
+
+def test_a_record_cancelled_after_its_task_moved_leaves_the_new_owner_s_task_whole(
+    tmp_path: Path,
+) -> None:
+    """The old consumer's loop is cancelled (a stop past its grace period) inside a record
+    whose task moved to the sibling: the record is undone, the task is not torn (its new
+    owner's uncommitted progress stays)."""
+    app, task, recorder, _ = make(tmp_path)
+    Count.stall_at = 5
+
+    async def run() -> None:
+        Count.gate = asyncio.Event()
+        stalled = asyncio.create_task(batch_of(app, 0, batch(0, 10)))
+        await until(lambda: Count.stalled)
+        await app._assign(1, frozenset({TASK}))
+        stalled.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stalled
+
+    try:
+        asyncio.run(run())
+    finally:
+        Count.gate, Count.stall_at, Count.stalled = None, -1, False
+    assert not task.torn and task.consumer == 1 and task.running is None
+    assert task.processed == 5 and task.offsets == {TopicPartition(TOPIC, 0): 5}
+    assert task.stores["counts"].get(b"k2") == b"1"  # offset 5's write undone
+    assert outputs(recorder) == list(range(5))
+
+
+def test_a_task_moved_during_its_commit_waits_for_the_commit_on_the_sibling(
+    tmp_path: Path,
+) -> None:
+    """A commit slower than ``max_poll_interval_ms`` (an acknowledgement that takes long): the
+    task moves to the sibling meanwhile, which neither processes nor commits it (its input
+    paused) until the commit ends."""
+    app, task, recorder, consumers = make(tmp_path)
+
+    async def run() -> None:
+        await batch_of(app, 0, batch(0, 5))
+        ack: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        task.futures.append(ack)  # a write not acknowledged yet
+        committing = asyncio.create_task(app._commits.commit(0))
+        await until(lambda: task.running == 0)
+        await app._assign(1, frozenset({TASK}))
+        app._pause_restoring(1)
+        assert consumers[1].paused_tps == {INPUT}
+        await batch_of(app, 1, batch(5, 10))  # fetched before the pause: read again later
+        await app._commits.commit(1)
+        assert task.processed == 5 and consumers[1].seeks == [(INPUT, 5)]
+        assert consumers[1].commits == []
+        ack.set_result(SimpleNamespace(offset=0))
+        await committing
+        assert task.running is None
+        app._pause_restoring(1)
+        assert consumers[1].paused_tps == set()
+        await batch_of(app, 1, batch(5, 10))
+        await app._commits.commit(1)
+
+    asyncio.run(run())
+    assert outputs(recorder) == list(range(10)) and task.processed == 10
+    assert consumers[1].commits[-1] == {INPUT: 10}
+
+
+class WriteAwaitWrite:
+    """Writes, awaits ``gate`` on the record at offset ``Count.stall_at``, writes again."""
+
+    def __init__(self) -> None:
+        self.refused: list[Exception] = []
+
+    async def process(self, ctx: TaskContext, record: Any) -> None:
+        counts = ctx.store("counts")
+        counts.put(b"before", str(record.offset).encode())
+        if record.offset == Count.stall_at and Count.gate is not None:
+            Count.stalled = True
+            await Count.gate.wait()
+        try:
+            counts.put(b"after", str(record.offset).encode())
+        except TaskMovedError as exc:
+            self.refused.append(exc)
+            raise
+
+
+def test_a_write_after_the_task_moved_is_refused_and_the_record_undone(tmp_path: Path) -> None:
+    """The processor wrote, awaited, and writes again once its task moved to the sibling: the
+    store (the new owner's now) refuses the write, the record is undone, nothing sent."""
+    app, task, recorder, _ = make(tmp_path)
+    processor = task.processor = WriteAwaitWrite()
+    Count.stall_at = 3
+
+    async def run() -> None:
+        Count.gate = asyncio.Event()
+        stalled = asyncio.create_task(batch_of(app, 0, batch(0, 10)))
+        await until(lambda: Count.stalled)
+        await app._assign(1, frozenset({TASK}))
+        Count.gate.set()
+        await stalled
+
+    try:
+        asyncio.run(run())
+    finally:
+        Count.gate, Count.stall_at, Count.stalled = None, -1, False
+    assert len(processor.refused) == 1
+    state = task.stores["counts"]
+    assert state.get(b"before") == b"2" and state.get(b"after") == b"2"  # offset 3 undone
+    assert task.processed == 3 and not task.torn and task.running is None
+    assert [k for t, k, _ in recorder.sent if t == CHANGELOG.topic] == [b"before", b"after"] * 3

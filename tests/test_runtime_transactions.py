@@ -153,6 +153,31 @@ def test_a_commit_is_one_transaction_per_task_with_its_marker_and_offsets(tmp_pa
     assert rejoins == []
 
 
+def test_a_task_with_a_record_running_on_a_sibling_consumer_is_not_committed(
+    tmp_path: Path,
+) -> None:
+    """Task 0_0 moved to consumer 0 while a record of it still runs on consumer 1 (its
+    processor awaiting): consumer 0's commit leaves it out (its transaction stays open, its
+    stores uncommitted) and commits the other task; once the record returned, it commits."""
+    app, tasks, fakes, _ = make(tmp_path)
+
+    async def run() -> None:
+        await app._processing.process(tasks[0], Rec(0, 0, b"k"))
+        await app._processing.process(tasks[1], Rec(1, 0, b"j"))
+        tasks[0].running = 1
+        await app._commits.commit(0)
+        assert fakes[0].calls == ["begin"] and fakes[0].offsets == []
+        assert dict(tasks[0].stores["counts"].store.items()) == {}
+        assert fakes[1].calls == ["begin", "commit"]
+        tasks[0].running = None
+        await app._commits.commit(0)
+
+    asyncio.run(run())
+    assert fakes[0].calls == ["begin", "commit"]
+    assert fakes[0].offsets == [{KafkaTopicPartition(TOPIC, 0): 1}]
+    assert dict(tasks[0].stores["counts"].store.items()) == {b"k": b"1"}
+
+
 def test_a_fenced_commit_tears_only_its_task_and_rejoins(tmp_path: Path) -> None:
     app, tasks, fakes, rejoins = make(tmp_path)
 

@@ -542,6 +542,9 @@ class App:
         for task_id, states, source in new:
             processor = self.processors[task_id.subtopology]()
             task = ActiveTask(task_id, consumer, states, processor, repartition=self._repartition)
+            replaced = self._actives.get(task_id)
+            if replaced is not None:  # a torn task restored as a new copy
+                replaced.released = True
             self._actives[task_id] = task
             if not states:
                 self._updater.cancel(task_id)
@@ -671,8 +674,9 @@ class App:
 
     def _pause_restoring(self, index: int) -> None:
         """Pause exactly the input partitions of ``index``'s tasks that cannot process now
-        (restoring, or torn until their restore); a new assignment resets pauses, so every
-        fetch of the consumer loop calls this again."""
+        (restoring, torn until their restore, or with a record still running on the sibling
+        consumer they moved from: else ``index`` would fetch and rewind them on every loop);
+        a new assignment resets pauses, so every fetch of the consumer loop calls this again."""
         if index >= len(self.host.consumers):
             return
         consumer = self.host.consumers[index]
@@ -684,7 +688,11 @@ class App:
         hold = set()
         for tp in assigned:
             task = self._actives.get(self.topology.task_of(TopicPartition(*tp)))
-            if task is not None and task.consumer == index and (task.restoring or task.torn):
+            if (
+                task is not None
+                and task.consumer == index
+                and (task.restoring or task.torn or task.running not in (None, index))
+            ):
                 hold.add(tp)
         with contextlib.suppress(Exception):  # a partition just unassigned
             if hold - paused:
@@ -698,6 +706,7 @@ class App:
             if task is None or task.consumer != consumer:
                 continue  # already moved to another consumer of this process
             del self._actives[task_id]
+            task.released = True  # a record of it still running writes none of its stores
             self._updater.cancel(task_id)  # its stores keep what they restored so far
             if self._clients.task_producers is not None:  # committed at the rebalance's start
                 self._clients.task_producers.close(task_id)
@@ -746,8 +755,12 @@ class App:
                 log.info("consumer %d: standby %s removed", consumer, task_id)
 
     async def _membership_lost(self, consumer: int) -> None:
+        # Before the lock: a consumer stuck in a batch past max_poll_interval holds it, and
+        # the new epoch stops that batch at its next record (``_still_current``), not at its
+        # end. A batch fetched as a zombie is not processed either.
+        self._epochs[consumer] += 1
         async with self._locks[consumer]:
-            self._epochs[consumer] += 1  # a batch fetched as a zombie is not processed
+            self._epochs[consumer] += 1  # also one fetched while this waited for the lock
             self._commits.tear_consumer(consumer, "was out of the group")
 
     async def _rebalance_started(self, consumer: int) -> None:

@@ -10,8 +10,9 @@ local stores and checkpoints, then the input offsets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any
 
 from aiokafka import TopicPartition as KafkaTopicPartition
@@ -72,13 +73,22 @@ class Commits:
         if self.clients.task_producers is not None:
             await self.commit_transactions(index)
             return
-        producer = self.clients.producer
-        assert producer is not None
-        tasks = [
+        tasks = self.committable(index)
+        with busy(tasks, index):
+            await self._commit_tasks(index, tasks)
+
+    def committable(self, index: int) -> list[ActiveTask]:
+        """``index``'s tasks that can commit now: not torn, not restoring, no record of
+        theirs running (on a sibling consumer they moved from), no commit of theirs under way."""
+        return [
             t
             for t in self.actives.values()
             if t.consumer == index and not t.torn and not t.restoring and t.running is None
         ]
+
+    async def _commit_tasks(self, index: int, tasks: list[ActiveTask]) -> None:
+        producer = self.clients.producer
+        assert producer is not None
         futures = [f for t in tasks for f in t.futures]
         if futures:
             await _acks(index, futures)  # a failed write raises: nothing is committed
@@ -130,14 +140,11 @@ class Commits:
         another still writes its stores."""
         if self.lost(index):
             return
-        tasks = [
-            t
-            for t in self.actives.values()
-            if t.consumer == index and not t.torn and not t.restoring and t.running is None
-        ]
-        results = await asyncio.gather(
-            *(self._commit_transaction(index, t) for t in tasks), return_exceptions=True
-        )
+        tasks = self.committable(index)
+        with busy(tasks, index):
+            results = await asyncio.gather(
+                *(self._commit_transaction(index, t) for t in tasks), return_exceptions=True
+            )
         errors = [r for r in results if isinstance(r, BaseException)]
         for error in errors:
             if not isinstance(error, Exception):  # cancelled, interrupted
@@ -470,6 +477,22 @@ class Commits:
 def _write_committed(markers: Iterable[tuple[StoreState, int]]) -> None:
     for state, offset in markers:
         state.committed(offset)
+
+
+@contextlib.contextmanager
+def busy(tasks: Iterable[ActiveTask], index: int) -> Iterator[None]:
+    """Mark ``tasks`` as running on consumer ``index`` while it commits them: one that moves
+    to a sibling consumer meanwhile (a commit outlasting ``max_poll_interval_ms``) is neither
+    processed nor committed there until this commit ends."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.running = index
+    try:
+        yield
+    finally:
+        for task in tasks:
+            if task.running == index:
+                task.running = None
 
 
 #: Refusals a retry meets again (the same record, topic and rights): they stop the app.

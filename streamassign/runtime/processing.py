@@ -222,7 +222,8 @@ class Processing:
             self._processor_failed(task, record, exc)
         except BaseException:  # cancelled (or interrupted) mid-record: commit none of it
             undo(task)
-            tear(task)
+            if owner is None or self.owns(owner, task):  # else its new owner's, untouched
+                tear(task)
             raise
         finally:
             task.current = task.mark = None

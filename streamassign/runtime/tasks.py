@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import attrs
 
 from .. import TaskId, TopicPartition
-from ..errors import FanOutLimitError, UnknownStoreError
+from ..errors import FanOutLimitError, TaskMovedError, UnknownStoreError
 from .changelog import StoreState
 
 
@@ -73,6 +73,7 @@ class Table:
     def put(self, key: bytes, value: bytes | None) -> None:
         """Write (``None`` deletes); goes to the changelog, committed with the task."""
         state = self._state
+        refuse_if_moved(self._task)
         mark = self._task.mark
         if mark is not None and state.seen(*mark):
             return  # this store already holds this record's effect (replay after a crash)
@@ -181,15 +182,30 @@ class ActiveTask:
     #: Its stores are being restored (by the state updater, ``restore.py``): its input is
     #: paused, it processes and commits nothing until they are at their changelog's end.
     restoring: bool = False
-    #: The consumer whose loop is inside one of its records right now (its processor may
-    #: await). A sibling consumer it moved to neither processes nor commits it meanwhile.
+    #: The consumer whose loop is inside one of its records (its processor may await) or
+    #: its commit right now. A sibling consumer it moved to neither processes nor commits it
+    #: meanwhile (its input is paused there).
     running: int | None = None
+    #: No longer this process's active (revoked, or replaced by a restored copy): its
+    #: stores may be another task's or a standby's now.
+    released: bool = False
     #: Its stores by changelog partition (to count what each one's owner produced).
     by_changelog: dict[TopicPartition, StoreState] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.context = TaskContext(self)
         self.by_changelog = {s.changelog: s for s in self.stores.values()}
+
+
+def refuse_if_moved(task: ActiveTask) -> None:
+    """Raise ``TaskMovedError`` when the consumer running ``task``'s current record no longer
+    owns the task (it moved to a sibling consumer or was revoked while the processor
+    awaited): a write now would land in stores another owner has."""
+    if task.running is not None and (task.released or task.running != task.consumer):
+        raise TaskMovedError(
+            f"task {task.task_id} moved away from consumer {task.running} while its record "
+            "ran: the write is refused, the record undone (the task's new owner runs it)"
+        )
 
 
 def source_of(states: Mapping[str, StoreState], how: str) -> str:

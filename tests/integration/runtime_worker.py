@@ -53,16 +53,20 @@ class Totals:
     output: str | None = None
     #: ``--stall``: (partition, offset, longest wait): the first time that input record is
     #: processed, its processor awaits (a slow lookup, say) until its task moved to another
-    #: consumer (``moved``), at most the longest wait.
+    #: consumer (``moved``) and the consumer it moved to has finished a batch since with the
+    #: record's partition in it or paused (``sibling_batches``), at most the longest wait.
     stall: tuple[int, int, float] | None = None
     moved: Callable[[TaskId, int], bool] | None = None
     owner: Callable[[TaskId], int | None] | None = None
+    #: (consumer, partition) being stalled on, and the batches of its siblings since the move.
+    stalled_on: tuple[int, int] | None = None
+    sibling_batches = 0
 
     async def process(self, ctx: TaskContext, record: Record) -> None:
         stall = Totals.stall
         if stall is not None and (record.partition, record.offset) == stall[:2]:
             Totals.stall = None
-            await self._stall(ctx.task_id, stall[2])
+            await self._stall(ctx.task_id, record.partition, stall[2])
         table = ctx.store("totals")
         key = record.key or b""
         old = table.get(key)
@@ -72,15 +76,48 @@ class Totals:
         if self.output is not None:
             ctx.send(self.output, b"%d:%d:%s" % (record.partition, record.offset, new), key=key)
 
-    async def _stall(self, task: TaskId, longest: float) -> None:
+    async def _stall(self, task: TaskId, partition: int, longest: float) -> None:
         assert Totals.moved is not None and Totals.owner is not None
         consumer = Totals.owner(task)
         assert consumer is not None
         emit(event="stall", task=str(task), consumer=consumer, t=time.time())
+        assert Totals.stall is None
+        Totals.stalled_on = (consumer, partition)
         deadline = time.monotonic() + longest
-        while not Totals.moved(task, consumer) and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (
+            Totals.moved(task, consumer) and Totals.sibling_batches > 0
+        ):
             await asyncio.sleep(0.05)
-        emit(event="stalled", task=str(task), moved=Totals.moved(task, consumer), t=time.time())
+        Totals.stalled_on = None
+        emit(
+            event="stalled",
+            task=str(task),
+            moved=Totals.moved(task, consumer),
+            sibling_batches=Totals.sibling_batches,
+            t=time.time(),
+        )
+
+
+def watch_siblings(app: App, task: TaskId) -> None:
+    """Count in ``Totals.sibling_batches`` the batches a consumer finishes, once ``task`` moved
+    to it from the stalled consumer, with the stalled partition in them or paused: the
+    chances the sibling had to process the stalled record while it was stalled."""
+    process_batch = app._processing.process_batch
+
+    async def counting(index: int, consumer: Any, batch: Any, *args: Any) -> None:
+        on = Totals.stalled_on
+        assert Totals.moved is not None
+        chance = (
+            on is not None
+            and index != on[0]
+            and Totals.moved(task, on[0])
+            and any(tp.partition == on[1] for tp in [*batch, *consumer.paused()])
+        )
+        await process_batch(index, consumer, batch, *args)
+        if chance:
+            Totals.sibling_batches += 1
+
+    app._processing.process_batch = counting  # type: ignore[method-assign]
 
 
 def slow_restores(app: App, seconds_per_record: float) -> None:
@@ -181,6 +218,8 @@ async def main() -> None:
 
     Totals.owner = owner
     Totals.moved = lambda task, consumer: owner(task) != consumer
+    if Totals.stall is not None:  # the only subtopology: task 0_P reads partition P
+        watch_siblings(app, TaskId(0, Totals.stall[0]))
     if args.restore_delay_us:
         slow_restores(app, args.restore_delay_us / 1e6)
     stop = asyncio.Event()
