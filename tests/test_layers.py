@@ -151,11 +151,11 @@ def test_the_checker_catches_what_it_should() -> None:
 #: "Functions fit on a screen": no function of the package is longer than this many lines (from
 #: its ``def`` line to its last line, decorators excluded, docstring included).
 MAX_FUNCTION_LINES = 60
-#: Functions still longer, by (path, qualified name): to be split, never added to.
+#: Functions still longer, by (path, qualified name): to be split, never added to. ``App.__init__``
+#: is its 20-parameter public signature and the wiring of its parts (validation is in
+#: ``runtime/settings.py``).
 LONG_FUNCTIONS = {
     ("streamassign/runtime/app.py", "App.__init__"),
-    ("streamassign/runtime/commits.py", "Commits.commit"),
-    ("streamassign/runtime/_topics.py", "ensure_internal_topics"),
 }
 
 
@@ -195,15 +195,15 @@ def test_functions_fit_on_a_screen() -> None:
     assert long_functions() == {}
 
 
-def test_the_long_function_allowlist_names_real_functions() -> None:
-    """A renamed or removed function leaves no stale entry (one still over the limit or not:
-    other branches shorten them)."""
-    missing = [
+def test_the_long_function_allowlist_names_only_functions_still_too_long() -> None:
+    """A renamed, removed or shortened function leaves no stale entry."""
+    stale = [
         (path, name)
         for path, name in sorted(LONG_FUNCTIONS)
-        if not (ROOT / path).exists() or name not in function_lengths(ROOT / path)
+        if not (ROOT / path).exists()
+        or function_lengths(ROOT / path).get(name, 0) <= MAX_FUNCTION_LINES
     ]
-    assert missing == []
+    assert stale == []
 
 
 def test_function_lengths_count_methods_and_nested_functions() -> None:
