@@ -115,7 +115,6 @@ class CheckedProducer:
         """The producer's ``send`` (await it), or ``OutputWriteError`` at once. Not a
         coroutine itself: one frame less on the per-record path."""
         limit = self.limits.get(topic)
-        payload = (len(value) if value else 0) + (len(key) if key else 0)
         if limit is None:
             if self.limits and topic not in self.unnamed:  # (no limits: the lookup failed)
                 self.unnamed.add(topic)
@@ -126,7 +125,7 @@ class CheckedProducer:
                     self.task,
                     topic,
                 )
-        elif payload > limit - BATCH_HEADROOM and not self.compressed:  # else it surely fits
+        elif not self.compressed and _payload(key, value) > limit - BATCH_HEADROOM:  # else it fits
             # An upper bound of the batch holding this record alone, as aiokafka estimates
             # it against max_request_size (header, record overhead, key, value, headers:
             # the runtime's own, two short ones on repartition records).
@@ -141,6 +140,10 @@ class CheckedProducer:
             topic, value, key=key, partition=partition, headers=headers
         )
         return sending
+
+
+def _payload(key: bytes | None, value: bytes | None) -> int:
+    return (len(value) if value else 0) + (len(key) if key else 0)
 
 
 @attrs.define
@@ -164,12 +167,9 @@ class Clients:
     _unnamed: set[str] = attrs.field(factory=set, init=False)
 
     def shared_producer(self, bootstrap_servers: str, config: Mapping[str, Any]) -> None:
-        """At least once: create the process's one producer (``config`` wins over the
-        defaults here; started by ``App.start``)."""
-        self.producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap_servers,
-            **{"max_batch_size": SHARED_BATCH_BYTES, **config},
-        )
+        """At least once: create the process's one producer (started by ``App.start``);
+        ``config`` comes from ``capped_batches``, which sets its ``max_batch_size``."""
+        self.producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, **config)
 
     async def producer_for(self, task: TaskId) -> CheckedProducer:
         """The producer ``task`` writes with: the shared one, or (exactly once) its own, in

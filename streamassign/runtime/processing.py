@@ -95,9 +95,7 @@ class Processing:
         progress = _Progress(deadline)
         for task_id, lists in sorted(by_task.items()):
             task = self.actives.get(task_id)
-            if task is None or not self._runs_here(index, task_id, task):
-                if task is None:
-                    log.warning("consumer %d: records of task %s it does not run", index, task_id)
+            if not self._runs_here(index, task_id, task) or task is None:  # (None: for mypy)
                 self.rewind(consumer, lists)  # read them again later
                 continue
             batch_goes_on = await self._process_task_records(
@@ -106,10 +104,11 @@ class Processing:
             if not batch_goes_on:
                 return
 
-    def _runs_here(self, index: int, task_id: TaskId, task: ActiveTask) -> bool:
-        """Whether consumer ``index`` can run ``task``'s records now: not restoring, not torn,
-        no record of it still running on a sibling consumer it moved from, on ``index``."""
-        if task.torn or task.restoring or task.running is not None:
+    def _runs_here(self, index: int, task_id: TaskId, task: ActiveTask | None) -> bool:
+        """Whether consumer ``index`` can run ``task``'s records now: an active of this
+        process, not restoring, not torn, no record of it still running on a sibling consumer
+        it moved from, on ``index``."""
+        if task is not None and (task.torn or task.restoring or task.running is not None):
             log.debug(
                 "consumer %d: task %s waits (its restore, or its record running on "
                 "the consumer it moved from)",
@@ -117,7 +116,7 @@ class Processing:
                 task_id,
             )
             return False
-        if task.consumer != index:
+        if task is None or task.consumer != index:
             log.warning("consumer %d: records of task %s it does not run", index, task_id)
             return False
         return True
