@@ -130,12 +130,13 @@ def _fewest_moves(
 ) -> int:
     """``subtopology_move_lower_bound`` once previous owners are resolved: ``owned[c]`` are the
     existing tasks client ``c`` ran before, ``totals`` the existing tasks per subtopology."""
-    column = {s: k for k, s in enumerate(sorted(totals))}
+    subtopologies = sorted(totals)
+    column = {s: k for k, s in enumerate(subtopologies)}
     kept = [[0] * len(column) for _ in clients]
     for row, mine in zip(kept, owned, strict=True):
         for t in mine:
             row[column[t.subtopology]] += 1
-    counts = [totals[s] for s in sorted(totals)]
+    counts = [totals[s] for s in subtopologies]
     return fewest_moves(counts, [c.capacity for c in clients], kept)
 
 

@@ -240,23 +240,22 @@ def _check_single_owners(
     owners: Mapping[str, list[int]], store_owners: Mapping[str, list[int]]
 ) -> None:
     """A source topic, and a store, belongs to one subtopology only."""
-    shared = {t: ids for t, ids in owners.items() if len(ids) > 1}
-    if shared:
-        listed = "; ".join(
-            f"{t!r} in subtopologies {', '.join(map(str, ids))}"
-            for t, ids in sorted(shared.items())
-        )
+    if listed := _listed_shared(owners):
         raise TopologyError(
             "a topic may be the source of only one subtopology (as in Kafka Streams; merge "
             f"subtopologies that read the same topic): {listed}"
         )
-    shared_stores = {s: ids for s, ids in store_owners.items() if len(ids) > 1}
-    if shared_stores:
-        listed = "; ".join(
-            f"{s!r} in subtopologies {', '.join(map(str, ids))}"
-            for s, ids in sorted(shared_stores.items())
-        )
+    if listed := _listed_shared(store_owners):
         raise TopologyError(f"a store may belong to only one subtopology: {listed}")
+
+
+def _listed_shared(owners: Mapping[str, list[int]]) -> str:
+    """The names owned by more than one subtopology, with their owners ("": none)."""
+    return "; ".join(
+        f"{name!r} in subtopologies {', '.join(map(str, ids))}"
+        for name, ids in sorted(owners.items())
+        if len(ids) > 1
+    )
 
 
 def _checked_copartition_groups(

@@ -202,17 +202,13 @@ class _StandbyEvener:
             return 1 if value >= hi else -1 if value < lo else 0
         return -1 if value > hi else 1 if value <= lo else 0
 
-    def _distance(self, client: int, col: int, value: int) -> int:
-        """How far ``value`` lies outside the bounds of ``client``'s count of ``col``."""
-        lo, hi = self.bounds[client][col]
-        return max(lo - value, value - hi, 0)
-
     def _note_bounds(self, client: int, col: int) -> None:
         """Keep ``outside`` current for the count of ``client`` in ``col``."""
-        if self._distance(client, col, self.count[client][col]):
-            self.outside[col].add(client)
-        else:
+        lo, hi = self.bounds[client][col]
+        if lo <= self.count[client][col] <= hi:
             self.outside[col].discard(client)
+        else:
+            self.outside[col].add(client)
 
     def _pick(self, src: int, col: int, dst: int) -> int:
         """The first movable copy of ``col`` on ``src`` that ``dst`` may hold (-1: none)."""
