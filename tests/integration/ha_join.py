@@ -29,9 +29,9 @@ from .test_runtime import (
     TASKS,
     Feeder,
     Runtime,
-    changelog_ends,
     expected_table,
     tables,
+    topic_ends,
     wait_caught_up,
 )
 
@@ -111,7 +111,7 @@ def run_join(
         flow = Feeder(bootstrap, topic, total, chunk=chunk, pause=0.05, first=preload)
         flow.start()
         time.sleep(BEFORE_JOIN)
-        at_join = asyncio.run(changelog_ends(bootstrap, changelog))
+        at_join = asyncio.run(topic_ends(bootstrap, changelog))
         joined = time.time()
         runtime.start("p3")
         balanced_at = _wait_balanced(runtime)

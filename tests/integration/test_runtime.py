@@ -190,8 +190,13 @@ def wait_caught_up(bootstrap: str, group: str, topic: str) -> None:
     raise AssertionError(f"the application did not catch up within {TIMEOUT}s (lag {lag})")
 
 
-async def changelog_ends(bootstrap: str, topic: str) -> dict[int, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+async def topic_ends(
+    bootstrap: str, topic: str, isolation_level: str = "read_uncommitted"
+) -> dict[int, int]:
+    """Each partition's end offset as ``isolation_level`` sees it: the high watermark
+    (``read_uncommitted``) or the last stable offset (``read_committed``: the first offset
+    of the oldest open transaction, if any)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
     await consumer.start()
     try:
         tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
@@ -305,9 +310,9 @@ def test_kill9_while_records_flow_loses_nothing_and_standby_restores_little(
         time.sleep(0.02)
     # Its last commit (and marker) is behind us; the kill must wait until writes it will never
     # commit reached its changelogs, or the crash path has nothing to undo (seen under load).
-    committed_ends = asyncio.run(changelog_ends(runtime.bootstrap, changelog))
+    committed_ends = asyncio.run(topic_ends(runtime.bootstrap, changelog))
     while time.monotonic() < deadline:
-        ends = asyncio.run(changelog_ends(runtime.bootstrap, changelog))
+        ends = asyncio.run(topic_ends(runtime.bootstrap, changelog))
         if any(ends[p] > committed_ends[p] for p in victims):
             break
         time.sleep(0.05)

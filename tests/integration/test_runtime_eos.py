@@ -44,6 +44,7 @@ from .test_runtime import (
     expected_table,
     key_of,
     tables,
+    topic_ends,
     wait_caught_up,
 )
 from .test_runtime_membership import _backward_markers, freeze_and_wake, wait_for
@@ -144,26 +145,20 @@ def check_exact(runtime: Runtime, output: str, total: int) -> int:
     return aborted
 
 
-async def _ends(bootstrap: str, topic: str, isolation_level: str) -> dict[int, int]:
-    """Each partition's end offset as ``isolation_level`` sees it: the high watermark
-    (``read_uncommitted``) or the last stable offset (``read_committed``: the first offset
-    of the oldest open transaction, if any)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
-    await consumer.start()
-    try:
-        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
-        return {tp.partition: end for tp, end in (await consumer.end_offsets(tps)).items()}
-    finally:
-        await consumer.stop()
+def stable_and_high(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
+    """Each partition's last stable offset and high watermark. The high watermarks are read
+    first: records written in between (not transactional) would look like a transaction the
+    other way round."""
+    high = asyncio.run(topic_ends(bootstrap, topic, "read_uncommitted"))
+    stable = asyncio.run(topic_ends(bootstrap, topic, "read_committed"))
+    return {p: (stable[p], high[p]) for p in high}
 
 
 def open_transactions(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
     """The partitions of ``topic`` with an open transaction: last stable offset below the
-    high watermark (both returned). The high watermarks are read first: records written in
-    between (not transactional) would look like a transaction the other way round."""
-    high = asyncio.run(_ends(bootstrap, topic, "read_uncommitted"))
-    stable = asyncio.run(_ends(bootstrap, topic, "read_committed"))
-    return {p: (stable[p], high[p]) for p in high if stable[p] < high[p]}
+    high watermark (both returned)."""
+    ends = stable_and_high(bootstrap, topic)
+    return {p: (stable, high) for p, (stable, high) in ends.items() if stable < high}
 
 
 def hold_until_uncommitted(
@@ -176,11 +171,11 @@ def hold_until_uncommitted(
     wrote since."""
     runtime.procs[name].proc.send_signal(signal.SIGUSR2)
     wait_for(f"{name} stops committing", lambda: bool(runtime.events(name, "holding")))
-    held = asyncio.run(_ends(runtime.bootstrap, topic, "read_uncommitted"))
+    held = asyncio.run(topic_ends(runtime.bootstrap, topic, "read_uncommitted"))
     grown: set[int] = set()
 
     def wrote_more() -> bool:
-        ends = asyncio.run(_ends(runtime.bootstrap, topic, "read_uncommitted"))
+        ends = asyncio.run(topic_ends(runtime.bootstrap, topic, "read_uncommitted"))
         grown.update(p for p in partitions if ends[p] > held[p])
         return bool(grown)
 
@@ -449,9 +444,8 @@ def test_at_least_once_aborts_only_open_transactions_of_the_tasks_it_starts(
             }
             assert await refused.abort(stable, tasks) == set()  # logged; the restore goes on
             assert await orphans.abort(stable, tasks) == {crashed}
-            assert await _ends(kafka_bootstrap, changelog, "read_committed") == await _ends(
-                kafka_bootstrap, changelog, "read_uncommitted"
-            )
+            stable_ends = await topic_ends(kafka_bootstrap, changelog, "read_committed")
+            assert stable_ends == await topic_ends(kafka_bootstrap, changelog, "read_uncommitted")
             assert await _read_topic(kafka_bootstrap, changelog, "read_committed") == [b"plain"]
             with pytest.raises(Exception) as fenced:
                 await zombie.send_and_wait(changelog, b"later", key=b"k", partition=0)
@@ -725,7 +719,7 @@ def test_a_crash_in_each_mode_during_a_rolling_switch_keeps_state_exact(
     runtime.stop("p2", signal.SIGKILL)
     # From here on no at-least-once process is left: whatever comes later in the input is
     # processed by exactly-once tasks only.
-    no_alos = asyncio.run(_ends(runtime.bootstrap, runtime.source, "read_uncommitted"))
+    no_alos = asyncio.run(topic_ends(runtime.bootstrap, runtime.source, "read_uncommitted"))
     wait_for("p1 runs every task", lambda: runtime.actives("p1") == TASKS)
     runtime.start("p2")
     later = sum(no_alos.values()) + 3000

@@ -9,20 +9,16 @@ the runtime's ownership check does (``Processing.process_batch``).
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
-from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .conftest import GroupIdFactory, TopicFactory
 from .test_runtime import PARTITIONS, TASKS, Feeder, Runtime, wait_caught_up
-from .test_runtime_eos import check_exact
+from .test_runtime_eos import check_exact, stable_and_high
 from .test_runtime_membership import wait_for
 
 
@@ -46,20 +42,6 @@ def threads(
     rt.close()
 
 
-async def _stable_and_ends(bootstrap: str, topic: str, partitions: list[int]) -> dict[int, Any]:
-    """Each partition's last stable offset and end offset."""
-    tps = [KafkaTopicPartition(topic, p) for p in partitions]
-    looks = []
-    for isolation_level in ("read_committed", "read_uncommitted"):
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
-        await consumer.start()
-        try:
-            looks.append(await consumer.end_offsets(tps))
-        finally:
-            await consumer.stop()
-    return {tp.partition: (looks[0][tp], looks[1][tp]) for tp in tps}
-
-
 def test_kill9_with_two_consumers_per_process_outputs_every_record_once(
     threads: tuple[Runtime, str],
 ) -> None:
@@ -78,17 +60,14 @@ def test_kill9_with_two_consumers_per_process_outputs_every_record_once(
     runtime.procs[victim].proc.send_signal(signal.SIGUSR2)
     changelog = f"{runtime.app}-totals-changelog"
     partitions = sorted(int(t.split("_")[1]) for t in before[victim])
-    tails: list[dict[int, tuple[int, int]]] = []
 
     def left_open() -> bool:
         """A transaction of the victim's stays open across two looks 0.3 s apart (its last
         stable offset unchanged, records after it): it will never commit."""
-        tails.append(asyncio.run(_stable_and_ends(runtime.bootstrap, changelog, partitions)))
-        if len(tails) < 2:
-            return False
+        before = stable_and_high(runtime.bootstrap, changelog)
         time.sleep(0.3)
-        now = asyncio.run(_stable_and_ends(runtime.bootstrap, changelog, partitions))
-        return any(now[p][0] == tails[-1][p][0] < now[p][1] for p in partitions)
+        now = stable_and_high(runtime.bootstrap, changelog)
+        return any(now[p][0] == before[p][0] < now[p][1] for p in partitions)
 
     wait_for("the victim processes records it will not commit", left_open)
     runtime.stop(victim, signal.SIGKILL)
