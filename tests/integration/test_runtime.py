@@ -113,6 +113,12 @@ class Runtime:
             log=self.tmp / f"{name}.log",
         )  # fmt: skip
 
+    def start_two(self) -> dict[str, set[str]]:
+        """Start ``p1`` and ``p2``; returns the tasks each runs once settled."""
+        self.start("p1")
+        self.start("p2")
+        return self.settle()
+
     def events(self, name: str, kind: str) -> list[dict[str, Any]]:
         proc = self.procs[name]
         proc.drain()
@@ -188,6 +194,12 @@ def wait_caught_up(bootstrap: str, group: str, topic: str) -> None:
             return
         time.sleep(0.5)
     raise AssertionError(f"the application did not catch up within {TIMEOUT}s (lag {lag})")
+
+
+def busiest(tasks: dict[str, set[str]]) -> tuple[str, str]:
+    """Of two processes, the one running the most tasks (a kill's victim), then the other."""
+    victim = max(sorted(tasks), key=lambda n: len(tasks[n]))
+    return victim, next(n for n in tasks if n != victim)
 
 
 async def topic_ends(
@@ -283,11 +295,8 @@ def test_kill9_while_records_flow_loses_nothing_and_standby_restores_little(
 ) -> None:
     total = 100_000
     runtime.args = ["--status-interval", "0.1"]
-    runtime.start("p1")
-    runtime.start("p2")
-    before = runtime.settle()
-    victim = max(sorted(before), key=lambda n: len(before[n]))
-    survivor = next(n for n in before if n != victim)
+    before = runtime.start_two()
+    victim, survivor = busiest(before)
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=5000, pause=0.2)
     feeder.start()
     deadline = time.monotonic() + TIMEOUT

@@ -41,6 +41,7 @@ from .test_runtime import (
     Runtime,
     _read_changelog,
     _read_topic,
+    busiest,
     expected_table,
     key_of,
     tables,
@@ -224,11 +225,8 @@ def check_exact_at_least_once(
 def test_kill9_while_records_flow_outputs_every_record_once(eos: tuple[Runtime, str]) -> None:
     runtime, output = eos
     total = 100_000
-    runtime.start("p1")
-    runtime.start("p2")
-    before = runtime.settle()
-    victim = max(sorted(before), key=lambda n: len(before[n]))
-    survivor = next(n for n in before if n != victim)
+    before = runtime.start_two()
+    victim, survivor = busiest(before)
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=5000, pause=0.2)
     feeder.start()
     wait_for("30,000 records produced", lambda: feeder.acked >= 30_000)
@@ -337,12 +335,9 @@ def test_join_example_kill9_joins_every_order_once(
     total = 30_000
     try:
         customers = asyncio.run(_produce_customers(kafka_bootstrap, customers_topic))
-        runtime.start("p1")
-        runtime.start("p2")
-        before = runtime.settle()
+        before = runtime.start_two()
         wait_caught_up(kafka_bootstrap, runtime.app, customers_topic)
-        victim = max(sorted(before), key=lambda n: len(before[n]))
-        survivor = next(n for n in before if n != victim)
+        victim, survivor = busiest(before)
         feeder = OrderFeeder(kafka_bootstrap, orders, total, chunk=1000, pause=0.1)
         feeder.start()
         wait_for("10,000 orders produced", lambda: feeder.acked >= 10_000)
@@ -488,9 +483,7 @@ def test_a_joining_process_warms_up_and_takes_over_at_lag_0(eos: tuple[Runtime, 
     runtime, output = eos
     runtime.args += ["--standbys", "0", "--ha", "--lag", "0", "--probing-ms", "1500"]
     total = 30_000
-    runtime.start("p1")
-    runtime.start("p2")
-    runtime.settle()
+    runtime.start_two()
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=1000, pause=0.05)
     feeder.start()
     wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
@@ -529,9 +522,7 @@ def test_switching_modes_with_every_process_stopped_keeps_state_exact(
     fed = 0
     for guarantee in ("at_least_once", "exactly_once", "at_least_once"):
         runtime.args = [*base, "--guarantee", guarantee]
-        runtime.start("p1")
-        runtime.start("p2")
-        runtime.settle()
+        runtime.start_two()
         feeder = Feeder(runtime.bootstrap, runtime.source, fed + 10_000, 1000, 0.02, first=fed)
         feeder.start()
         feeder.finish()
@@ -570,9 +561,7 @@ def test_a_rolling_switch_between_modes_keeps_state_exact(eos: tuple[Runtime, st
     runtime, output = eos
     base = ["--output", output, "--status-interval", "0.1"]
     total = 40_000
-    runtime.start("p1")
-    runtime.start("p2")
-    runtime.settle()
+    runtime.start_two()
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=250, pause=0.1)
     feeder.start()
     flowing = []  # records produced at each restart
@@ -643,11 +632,8 @@ def test_switching_to_at_least_once_right_after_an_exactly_once_crash(
     runtime, output = eos
     base = ["--output", output, "--status-interval", "0.1"]
     changelog = f"{runtime.app}-totals-changelog"
-    runtime.start("p1")
-    runtime.start("p2")
-    before = runtime.settle()
-    victim = max(sorted(before), key=lambda n: len(before[n]))
-    survivor = next(n for n in before if n != victim)
+    before = runtime.start_two()
+    victim, survivor = busiest(before)
     mine = {int(t.split("_")[1]) for t in before[victim]}
     flow = Flow(runtime.bootstrap, runtime.source, chunk=200, pause=0.1)
     flow.start()
@@ -660,9 +646,7 @@ def test_switching_to_at_least_once_right_after_an_exactly_once_crash(
     left_open = open_transactions(runtime.bootstrap, changelog)
     assert set(left_open) & mine, f"no open transaction left at the switch: {left_open}"
     runtime.args = [*base, "--guarantee", "at_least_once"]
-    runtime.start("p1")
-    runtime.start("p2")
-    runtime.settle()
+    runtime.start_two()
     settled = _rebalances(runtime)
     processed = _processed(runtime)
     # Records flowing and committed every 0.2 s: 5,000 more records are many commits.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import GroupIdFactory, TopicFactory
-from .test_runtime import PARTITIONS, TASKS, Feeder, Runtime, wait_caught_up
+from .test_runtime import PARTITIONS, TASKS, Feeder, Runtime, busiest, wait_caught_up
 from .test_runtime_eos import check_exact, stable_and_high
 from .test_runtime_membership import wait_for
 
@@ -47,11 +47,8 @@ def test_kill9_with_two_consumers_per_process_outputs_every_record_once(
 ) -> None:
     runtime, output = threads
     total = 30_000
-    runtime.start("p1")
-    runtime.start("p2")
-    before = runtime.settle()
-    victim = max(sorted(before), key=lambda n: len(before[n]))
-    survivor = next(n for n in before if n != victim)
+    before = runtime.start_two()
+    victim, survivor = busiest(before)
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=2000, pause=0.1)
     feeder.start()
     wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
