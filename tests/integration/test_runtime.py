@@ -217,6 +217,37 @@ async def topic_ends(
         await consumer.stop()
 
 
+class TopicEnds:
+    """``topic_ends`` looked at again and again through one consumer (a wait loop would
+    otherwise start a consumer for every poll); a context manager."""
+
+    def __init__(self, bootstrap: str, topic: str, isolation_level: str = "read_uncommitted"):
+        self._runner = asyncio.Runner()
+        self._tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
+
+        async def started() -> AIOKafkaConsumer:
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=bootstrap, isolation_level=isolation_level
+            )
+            await consumer.start()
+            return consumer
+
+        self._consumer = self._runner.run(started())
+
+    def look(self) -> dict[int, int]:
+        ends = self._runner.run(self._consumer.end_offsets(self._tps))
+        return {tp.partition: end for tp, end in ends.items()}
+
+    def __enter__(self) -> TopicEnds:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        try:
+            self._runner.run(self._consumer.stop())
+        finally:
+            self._runner.close()
+
+
 async def _read_records(
     bootstrap: str,
     topic: str,
@@ -319,12 +350,13 @@ def test_kill9_while_records_flow_loses_nothing_and_standby_restores_little(
         time.sleep(0.02)
     # Its last commit (and marker) is behind us; the kill must wait until writes it will never
     # commit reached its changelogs, or the crash path has nothing to undo (seen under load).
-    committed_ends = asyncio.run(topic_ends(runtime.bootstrap, changelog))
-    while time.monotonic() < deadline:
-        ends = asyncio.run(topic_ends(runtime.bootstrap, changelog))
-        if any(ends[p] > committed_ends[p] for p in victims):
-            break
-        time.sleep(0.05)
+    with TopicEnds(runtime.bootstrap, changelog) as changelog_ends:
+        committed_ends = changelog_ends.look()
+        while time.monotonic() < deadline:
+            ends = changelog_ends.look()
+            if any(ends[p] > committed_ends[p] for p in victims):
+                break
+            time.sleep(0.05)
     runtime.stop(victim, signal.SIGKILL)
     state = runtime.settle()
     assert state[survivor] == TASKS

@@ -39,6 +39,7 @@ from .test_runtime import (
     TASKS,
     Feeder,
     Runtime,
+    TopicEnds,
     _read_changelog,
     _read_topic,
     busiest,
@@ -172,15 +173,16 @@ def hold_until_uncommitted(
     wrote since."""
     runtime.procs[name].proc.send_signal(signal.SIGUSR2)
     wait_for(f"{name} stops committing", lambda: bool(runtime.events(name, "holding")))
-    held = asyncio.run(topic_ends(runtime.bootstrap, topic, "read_uncommitted"))
     grown: set[int] = set()
+    with TopicEnds(runtime.bootstrap, topic) as topic_ends_now:
+        held = topic_ends_now.look()
 
-    def wrote_more() -> bool:
-        ends = asyncio.run(topic_ends(runtime.bootstrap, topic, "read_uncommitted"))
-        grown.update(p for p in partitions if ends[p] > held[p])
-        return bool(grown)
+        def wrote_more() -> bool:
+            ends = topic_ends_now.look()
+            grown.update(p for p in partitions if ends[p] > held[p])
+            return bool(grown)
 
-    wait_for(f"{name} writes to {topic} after its last commit", wrote_more)
+        wait_for(f"{name} writes to {topic} after its last commit", wrote_more)
     return held, grown
 
 
