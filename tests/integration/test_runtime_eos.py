@@ -59,10 +59,21 @@ def eos(
     kafka_group_id_factory: GroupIdFactory,
     tmp_path: Path,
 ) -> Iterator[tuple[Runtime, str]]:
-    source = kafka_topic_factory(PARTITIONS, prefix="events")
-    output = kafka_topic_factory(PARTITIONS, prefix="totals-out")
-    rt = Runtime(kafka_bootstrap, kafka_group_id_factory("eos"), source, tmp_path)
+    yield from eos_runtime(
+        kafka_bootstrap, kafka_topic_factory, kafka_group_id_factory("eos"), tmp_path
+    )
+
+
+def eos_runtime(
+    bootstrap: str, topic_factory: TopicFactory, group: str, tmp_path: Path, *args: str
+) -> Iterator[tuple[Runtime, str]]:
+    """The exactly-once summing worker's runtime (more worker options ``args``) and its
+    output topic, closed after."""
+    source = topic_factory(PARTITIONS, prefix="events")
+    output = topic_factory(PARTITIONS, prefix="totals-out")
+    rt = Runtime(bootstrap, group, source, tmp_path)
     rt.args = ["--guarantee", "exactly_once", "--output", output, "--status-interval", "0.1"]
+    rt.args += args
     yield rt, output
     rt.close()
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from .conftest import GroupIdFactory, TopicFactory
-from .test_runtime import PARTITIONS, TASKS, Feeder, Runtime, busiest, wait_caught_up
-from .test_runtime_eos import check_exact, stable_and_high
+from .test_runtime import TASKS, Feeder, Runtime, busiest, wait_caught_up
+from .test_runtime_eos import check_exact, eos_runtime, stable_and_high
 from .test_runtime_membership import wait_for
 
 
@@ -29,17 +29,8 @@ def threads(
     kafka_group_id_factory: GroupIdFactory,
     tmp_path: Path,
 ) -> Iterator[tuple[Runtime, str]]:
-    source = kafka_topic_factory(PARTITIONS, prefix="events")
-    output = kafka_topic_factory(PARTITIONS, prefix="totals-out")
-    rt = Runtime(kafka_bootstrap, kafka_group_id_factory("threads"), source, tmp_path)
-    rt.args = [
-        "--guarantee", "exactly_once",
-        "--output", output,
-        "--threads", "2",
-        "--status-interval", "0.1",
-    ]  # fmt: skip
-    yield rt, output
-    rt.close()
+    group = kafka_group_id_factory("threads")
+    yield from eos_runtime(kafka_bootstrap, kafka_topic_factory, group, tmp_path, "--threads", "2")
 
 
 def test_kill9_with_two_consumers_per_process_outputs_every_record_once(
