@@ -158,13 +158,39 @@ def check_exact(runtime: Runtime, output: str, total: int) -> int:
     return aborted
 
 
+class StableAndHigh:
+    """Each partition's last stable offset and high watermark, looked at again and again
+    through two consumers kept open; a context manager."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._high = TopicEnds(bootstrap, topic, "read_uncommitted")
+        try:
+            self._stable = TopicEnds(bootstrap, topic, "read_committed")
+        except BaseException:
+            self._high.__exit__()
+            raise
+
+    def look(self) -> dict[int, tuple[int, int]]:
+        """The high watermarks are read first: records written in between (not
+        transactional) would look like a transaction the other way round."""
+        high = self._high.look()
+        stable = self._stable.look()
+        return {p: (stable[p], high[p]) for p in high}
+
+    def __enter__(self) -> StableAndHigh:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        try:
+            self._stable.__exit__()
+        finally:
+            self._high.__exit__()
+
+
 def stable_and_high(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
-    """Each partition's last stable offset and high watermark. The high watermarks are read
-    first: records written in between (not transactional) would look like a transaction the
-    other way round."""
-    high = asyncio.run(topic_ends(bootstrap, topic, "read_uncommitted"))
-    stable = asyncio.run(topic_ends(bootstrap, topic, "read_committed"))
-    return {p: (stable[p], high[p]) for p in high}
+    """One look of ``StableAndHigh``."""
+    with StableAndHigh(bootstrap, topic) as ends:
+        return ends.look()
 
 
 def open_transactions(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:

@@ -18,7 +18,7 @@ import pytest
 
 from .conftest import GroupIdFactory, TopicFactory
 from .test_runtime import TASKS, Feeder, Runtime, busiest, wait_caught_up
-from .test_runtime_eos import check_exact, eos_runtime, stable_and_high
+from .test_runtime_eos import StableAndHigh, check_exact, eos_runtime
 from .test_runtime_membership import wait_for
 
 
@@ -48,16 +48,17 @@ def test_kill9_with_two_consumers_per_process_outputs_every_record_once(
     runtime.procs[victim].proc.send_signal(signal.SIGUSR2)
     changelog = f"{runtime.app}-totals-changelog"
     partitions = sorted(int(t.split("_")[1]) for t in before[victim])
+    with StableAndHigh(runtime.bootstrap, changelog) as changelog_ends:
 
-    def left_open() -> bool:
-        """A transaction of the victim's stays open across two looks 0.3 s apart (its last
-        stable offset unchanged, records after it): it will never commit."""
-        before = stable_and_high(runtime.bootstrap, changelog)
-        time.sleep(0.3)
-        now = stable_and_high(runtime.bootstrap, changelog)
-        return any(now[p][0] == before[p][0] < now[p][1] for p in partitions)
+        def left_open() -> bool:
+            """A transaction of the victim's stays open across two looks 0.3 s apart (its
+            last stable offset unchanged, records after it): it will never commit."""
+            before = changelog_ends.look()
+            time.sleep(0.3)
+            now = changelog_ends.look()
+            return any(now[p][0] == before[p][0] < now[p][1] for p in partitions)
 
-    wait_for("the victim processes records it will not commit", left_open)
+        wait_for("the victim processes records it will not commit", left_open)
     runtime.stop(victim, signal.SIGKILL)
     assert runtime.settle()[survivor] == TASKS
     feeder.finish()
