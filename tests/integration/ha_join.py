@@ -101,9 +101,7 @@ def run_join(
         # The group forms before the backlog arrives: a process busy with a large batch when a
         # rebalance starts can miss the rebalance timeout, be dropped and run on as a zombie
         # (docs/runtime.md), which is not what this scenario measures.
-        runtime.start("p1")
-        runtime.start("p2")
-        runtime.settle()
+        runtime.start_two()
         load = Feeder(bootstrap, topic, preload, chunk=10_000, pause=0)
         load.run()
         wait_caught_up(bootstrap, app, topic)
