@@ -18,6 +18,7 @@ from streamassign.errors import (
     ReassertionFailedError,
     StreamAssignError,
 )
+from streamassign.runtime import App
 from streamassign.runtime import commits as commits_module
 from streamassign.runtime.tasks import ActiveTask
 
@@ -81,23 +82,37 @@ def strike_after_the_check(log: Log) -> None:
     log.after_ends = strike
 
 
+def read_slowly(app: App, failures: int, delay: float = 0.0) -> SlowReads:
+    """The app's changelog key lookups, the first ``failures`` timing out."""
+    slow = SlowReads(app._commits.lookups.keys_written, failures, delay)
+    app._commits.lookups.keys_written = slow  # type: ignore[method-assign]
+    return slow
+
+
+async def struck(app: App, log: Log) -> ActiveTask:
+    """Task 0_0 started with a pending value of ``k``, which another writer will strike
+    between the owner's check and its marker."""
+    task = await start(app)
+    await app._processing.process(task, Rec(0, b"k", b"5"))
+    strike_after_the_check(log)
+    return task
+
+
+async def struck_and_committed(app: App, log: Log) -> ActiveTask:
+    task = await struck(app, log)
+    await app._commits.commit(0)
+    return task
+
+
 def test_a_slow_changelog_is_read_again_and_the_owners_values_still_follow(
     tmp_path: Path,
 ) -> None:
     """Giving up at the first timeout would tear the task and restore the other writer's
     value of ``k`` (closed by the owner's marker): an update lost. It reads again instead."""
     app, log, _, rejoins = make(tmp_path)
-    slow = SlowReads(app._commits.lookups.keys_written, failures=2)
-    app._commits.lookups.keys_written = slow  # type: ignore[method-assign]
+    slow = read_slowly(app, failures=2)
 
-    async def run() -> ActiveTask:
-        task = await start(app)
-        await app._processing.process(task, Rec(0, b"k", b"5"))
-        strike_after_the_check(log)
-        await app._commits.commit(0)
-        return task
-
-    task = asyncio.run(run())
+    task = asyncio.run(struck_and_committed(app, log))
     assert slow.calls == 3 and not task.torn and rejoins == []
     assert log.replay() == {b"k": b"5", b"k-copy": b"5"}
     assert dict(task.stores["totals"].store.items()) == log.replay()
@@ -108,17 +123,9 @@ def test_a_changelog_unreadable_past_the_patience_tears_the_task_and_rejoins(
 ) -> None:
     monkeypatch.setattr(commits_module, "REASSERT_PATIENCE", 0.0)
     app, log, committer, rejoins = make(tmp_path)
-    slow = SlowReads(app._commits.lookups.keys_written, failures=10**6)
-    app._commits.lookups.keys_written = slow  # type: ignore[method-assign]
+    slow = read_slowly(app, failures=10**6)
 
-    async def run() -> ActiveTask:
-        task = await start(app)
-        await app._processing.process(task, Rec(0, b"k", b"5"))
-        strike_after_the_check(log)
-        await app._commits.commit(0)
-        return task
-
-    task = asyncio.run(run())
+    task = asyncio.run(struck_and_committed(app, log))
     assert slow.calls == 1  # bounded: no endless loop
     assert task.torn and rejoins == [0]
     assert committer.commits == []  # its input is read again after the restore
@@ -134,9 +141,7 @@ def test_a_failed_rewrite_after_giving_up_stops_the_application(
     (closed by the owner's marker): a typed error stops the application instead."""
     monkeypatch.setattr(commits_module, "REASSERT_PATIENCE", 0.0)
     app, log, _, _ = make(tmp_path)
-    app._commits.lookups.keys_written = SlowReads(  # type: ignore[method-assign]
-        app._commits.lookups.keys_written, failures=10**6
-    )
+    read_slowly(app, failures=10**6)
     real_send = log.send
 
     async def refusing_after_the_marker(*args: Any, **kwargs: Any) -> Any:
@@ -145,9 +150,7 @@ def test_a_failed_rewrite_after_giving_up_stops_the_application(
         return await real_send(*args, **kwargs)
 
     async def run() -> None:
-        task = await start(app)
-        await app._processing.process(task, Rec(0, b"k", b"5"))
-        strike_after_the_check(log)
+        await struck(app, log)
         log.send = refusing_after_the_marker  # type: ignore[method-assign]
         await app._commits.commit_safely(0)
 
@@ -164,8 +167,7 @@ def test_one_patience_per_commit_shared_by_every_reassertion(
     own, so the commit, holding the consumer's lock, took twice as long)."""
     monkeypatch.setattr(commits_module, "REASSERT_PATIENCE", 0.3)
     app, log, _, _ = make(tmp_path)
-    slow = SlowReads(app._commits.lookups.keys_written, failures=10**6, delay=0.1)
-    app._commits.lookups.keys_written = slow  # type: ignore[method-assign]
+    slow = read_slowly(app, failures=10**6, delay=0.1)
     tasks = [TaskId(0, 0), TaskId(0, 1)]
 
     async def run() -> None:
@@ -190,13 +192,10 @@ def test_one_patience_per_commit_shared_by_every_reassertion(
 def test_a_rebalancing_consumer_reads_the_keys_once(tmp_path: Path) -> None:
     """Inside ``on_rebalance_started`` the whole group waits for this commit: one try."""
     app, log, _, rejoins = make(tmp_path)
-    slow = SlowReads(app._commits.lookups.keys_written, failures=10**6)
-    app._commits.lookups.keys_written = slow  # type: ignore[method-assign]
+    slow = read_slowly(app, failures=10**6)
 
     async def run() -> ActiveTask:
-        task = await start(app)
-        await app._processing.process(task, Rec(0, b"k", b"5"))
-        strike_after_the_check(log)
+        task = await struck(app, log)
         await app._rebalance_started(0)
         assert rejoins == [0]
         return task
@@ -210,18 +209,10 @@ def test_a_member_that_lost_its_membership_writes_nothing_again(tmp_path: Path) 
     """Out of the group while the keys could not be read: the other writer is the task's new
     owner, so the zombie's pending values are not written after its records."""
     app, log, _, _ = make(tmp_path)
-    slow = SlowReads(app._commits.lookups.keys_written, failures=10**6)
-    app._commits.lookups.keys_written = slow  # type: ignore[method-assign]
+    slow = read_slowly(app, failures=10**6)
     app.host.member_lost = lambda index: slow.calls > 0  # type: ignore[method-assign]
 
-    async def run() -> ActiveTask:
-        task = await start(app)
-        await app._processing.process(task, Rec(0, b"k", b"5"))
-        strike_after_the_check(log)
-        await app._commits.commit(0)
-        return task
-
-    task = asyncio.run(run())
+    task = asyncio.run(struck_and_committed(app, log))
     assert slow.calls == 1 and task.torn
     assert log.replay()[b"k"] == b"99"  # the new owner's value, nothing written after it
     assert log.markers() == 1  # the commit's own, no second one

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import functools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -128,6 +128,42 @@ async def until(condition: Callable[[], bool]) -> None:
     raise AssertionError("the condition never held")
 
 
+@contextlib.contextmanager
+def stalling_at(offset: int) -> Iterator[None]:
+    """Processors await ``Count.gate`` on the record at ``offset``; the class state is reset
+    after (it outlives the test)."""
+    Count.stall_at = offset
+    try:
+        yield
+    finally:
+        Count.gate, Count.stall_at, Count.stalled = None, -1, False
+
+
+async def stalled_batch(app: App, records: dict[Any, list[Rec]]) -> asyncio.Task[None]:
+    """Consumer 0's batch of ``records``, started and awaiting inside its record at
+    ``Count.stall_at`` until ``Count.gate`` is set."""
+    Count.gate = asyncio.Event()
+    stalled = asyncio.create_task(batch_of(app, 0, records))
+    await until(lambda: Count.stalled)
+    return stalled
+
+
+async def batch_interrupted_at_its_first_yield(
+    app: App, task: ActiveTask, interrupt: Callable[[int], Awaitable[None]]
+) -> None:
+    """A long batch of consumer 0 under its lock (as the consumer loop holds it around a
+    batch); ``interrupt(0)`` runs once the batch first yields."""
+
+    async def at_the_first_yield() -> None:
+        await until(lambda: task.processed > 0)
+        await interrupt(0)
+
+    interrupting = asyncio.create_task(at_the_first_yield())
+    async with app._locks[0]:
+        await batch_of(app, 0, batch(0, 1000))
+    await interrupting
+
+
 def test_a_task_moved_mid_batch_is_dropped_there_and_its_new_owner_goes_on(
     tmp_path: Path,
 ) -> None:
@@ -167,12 +203,9 @@ def test_a_record_running_when_its_task_moves_is_undone_and_run_by_the_new_owner
     task moves meanwhile. The sibling neither processes nor commits the task while that record
     runs; the record's writes are then undone, nothing of it sent, and the sibling runs it."""
     app, task, recorder, consumers = make(tmp_path)
-    Count.stall_at = 5
 
     async def run() -> None:
-        Count.gate = asyncio.Event()
-        stalled = asyncio.create_task(batch_of(app, 0, batch(0, 10)))
-        await until(lambda: Count.stalled)
+        stalled = await stalled_batch(app, batch(0, 10))
         assert task.processed == 5  # inside the record at offset 5
         await app._assign(1, frozenset({TASK}))
         # The record still runs on consumer 0: consumer 1 reads the task's records again later.
@@ -193,10 +226,8 @@ def test_a_record_running_when_its_task_moves_is_undone_and_run_by_the_new_owner
         await batch_of(app, 1, batch(0, 10))
         await app._commits.commit(1)
 
-    try:
+    with stalling_at(5):
         asyncio.run(run())
-    finally:
-        Count.gate, Count.stall_at, Count.stalled = None, -1, False
     assert outputs(recorder) == list(range(10))
     assert dict(task.stores["counts"].store.items()) == {b"k0": b"4", b"k1": b"3", b"k2": b"3"}
     assert consumers[1].commits == [{INPUT: 10}]
@@ -209,17 +240,7 @@ def test_a_rebalance_starting_mid_batch_stops_it_and_commits_what_was_processed(
     next record, so the member rejoins within the rebalance timeout and keeps its tasks."""
     app, task, recorder, consumers = make(tmp_path)
 
-    async def rebalance_at_the_first_yield() -> None:
-        await until(lambda: task.processed > 0)
-        await app._rebalance_started(0)
-
-    async def run() -> None:
-        rebalance = asyncio.create_task(rebalance_at_the_first_yield())
-        async with app._locks[0]:  # as the consumer loop holds it around a batch
-            await batch_of(app, 0, batch(0, 1000))
-        await rebalance
-
-    asyncio.run(run())
+    asyncio.run(batch_interrupted_at_its_first_yield(app, task, app._rebalance_started))
     assert task.processed == YIELD_EVERY and outputs(recorder) == list(range(YIELD_EVERY))
     assert consumers[0].seeks == [(INPUT, YIELD_EVERY)]
     assert consumers[0].commits == [{INPUT: YIELD_EVERY}]
@@ -249,13 +270,10 @@ def test_a_task_given_back_stops_the_sibling_and_is_read_from_its_committed_offs
     app, task, recorder, consumers = make(tmp_path)
     app.processing_guarantee = "exactly_once"  # the seek to the committed offsets
     app.host._known[1] = ClientAssignment(active=frozenset({TASK}))
-    Count.stall_at = 5
 
     async def run() -> None:
-        Count.gate = asyncio.Event()
         task.committed = {TopicPartition(TOPIC, 0): 3}  # its last transaction's offsets
-        stalled = asyncio.create_task(batch_of(app, 0, batch(0, 10)))
-        await until(lambda: Count.stalled)
+        stalled = await stalled_batch(app, batch(0, 10))
         await app._rebalance_started(1)
         await app._rebalance_completed(1)
         assert task.consumer == 1 and consumers[1].seeks == [(INPUT, 3)]
@@ -263,10 +281,8 @@ def test_a_task_given_back_stops_the_sibling_and_is_read_from_its_committed_offs
         Count.gate.set()
         await stalled
 
-    try:
+    with stalling_at(5):
         asyncio.run(run())
-    finally:
-        Count.gate, Count.stall_at, Count.stalled = None, -1, False
     assert task.processed == 5 and outputs(recorder) == list(range(5))
     assert consumers[0].seeks == [(INPUT, 5)]  # the rest of consumer 0's batch read again
     assert task.running is None and not task.torn
@@ -278,17 +294,7 @@ def test_a_consumer_out_of_the_group_stops_its_batch_at_the_next_record(tmp_path
     record (a zombie's), not at its end, and the rest is read again."""
     app, task, recorder, consumers = make(tmp_path)
 
-    async def lost_at_the_first_yield() -> None:
-        await until(lambda: task.processed > 0)
-        await app._membership_lost(0)
-
-    async def run() -> None:
-        lost = asyncio.create_task(lost_at_the_first_yield())
-        async with app._locks[0]:  # as the consumer loop holds it around a batch
-            await batch_of(app, 0, batch(0, 1000))
-        await lost
-
-    asyncio.run(run())
+    asyncio.run(batch_interrupted_at_its_first_yield(app, task, app._membership_lost))
     assert task.processed == YIELD_EVERY and outputs(recorder) == list(range(YIELD_EVERY))
     assert consumers[0].seeks == [(INPUT, YIELD_EVERY)]
     assert task.torn  # torn by the membership loss: restored before it runs again
@@ -301,21 +307,16 @@ def test_a_record_cancelled_after_its_task_moved_leaves_the_new_owner_s_task_who
     whose task moved to the sibling: the record is undone, the task is not torn (its new
     owner's uncommitted progress stays)."""
     app, task, recorder, _ = make(tmp_path)
-    Count.stall_at = 5
 
     async def run() -> None:
-        Count.gate = asyncio.Event()
-        stalled = asyncio.create_task(batch_of(app, 0, batch(0, 10)))
-        await until(lambda: Count.stalled)
+        stalled = await stalled_batch(app, batch(0, 10))
         await app._assign(1, frozenset({TASK}))
         stalled.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await stalled
 
-    try:
+    with stalling_at(5):
         asyncio.run(run())
-    finally:
-        Count.gate, Count.stall_at, Count.stalled = None, -1, False
     assert not task.torn and task.consumer == 1 and task.running is None
     assert task.processed == 5 and task.offsets == {TopicPartition(TOPIC, 0): 5}
     assert task.stores["counts"].get(b"k2") == b"1"  # offset 5's write undone
@@ -380,20 +381,15 @@ def test_a_write_after_the_task_moved_is_refused_and_the_record_undone(tmp_path:
     store (the new owner's now) refuses the write, the record is undone, nothing sent."""
     app, task, recorder, _ = make(tmp_path)
     processor = task.processor = WriteAwaitWrite()
-    Count.stall_at = 3
 
     async def run() -> None:
-        Count.gate = asyncio.Event()
-        stalled = asyncio.create_task(batch_of(app, 0, batch(0, 10)))
-        await until(lambda: Count.stalled)
+        stalled = await stalled_batch(app, batch(0, 10))
         await app._assign(1, frozenset({TASK}))
         Count.gate.set()
         await stalled
 
-    try:
+    with stalling_at(3):
         asyncio.run(run())
-    finally:
-        Count.gate, Count.stall_at, Count.stalled = None, -1, False
     assert len(processor.refused) == 1
     state = task.stores["counts"]
     assert state.get(b"before") == b"2" and state.get(b"after") == b"2"  # offset 3 undone

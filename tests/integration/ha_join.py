@@ -29,9 +29,9 @@ from .test_runtime import (
     TASKS,
     Feeder,
     Runtime,
-    changelog_ends,
     expected_table,
     tables,
+    topic_ends,
     wait_caught_up,
 )
 
@@ -101,9 +101,7 @@ def run_join(
         # The group forms before the backlog arrives: a process busy with a large batch when a
         # rebalance starts can miss the rebalance timeout, be dropped and run on as a zombie
         # (docs/runtime.md), which is not what this scenario measures.
-        runtime.start("p1")
-        runtime.start("p2")
-        runtime.settle()
+        runtime.start_two()
         load = Feeder(bootstrap, topic, preload, chunk=10_000, pause=0)
         load.run()
         wait_caught_up(bootstrap, app, topic)
@@ -111,7 +109,7 @@ def run_join(
         flow = Feeder(bootstrap, topic, total, chunk=chunk, pause=0.05, first=preload)
         flow.start()
         time.sleep(BEFORE_JOIN)
-        at_join = asyncio.run(changelog_ends(bootstrap, changelog))
+        at_join = asyncio.run(topic_ends(bootstrap, changelog))
         joined = time.time()
         runtime.start("p3")
         balanced_at = _wait_balanced(runtime)

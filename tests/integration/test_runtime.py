@@ -113,6 +113,12 @@ class Runtime:
             log=self.tmp / f"{name}.log",
         )  # fmt: skip
 
+    def start_two(self) -> dict[str, set[str]]:
+        """Start ``p1`` and ``p2``; returns the tasks each runs once settled."""
+        self.start("p1")
+        self.start("p2")
+        return self.settle()
+
     def events(self, name: str, kind: str) -> list[dict[str, Any]]:
         proc = self.procs[name]
         proc.drain()
@@ -190,14 +196,56 @@ def wait_caught_up(bootstrap: str, group: str, topic: str) -> None:
     raise AssertionError(f"the application did not catch up within {TIMEOUT}s (lag {lag})")
 
 
-async def changelog_ends(bootstrap: str, topic: str) -> dict[int, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+def busiest(tasks: dict[str, set[str]]) -> tuple[str, str]:
+    """Of two processes, the one running the most tasks (a kill's victim), then the other."""
+    victim = max(sorted(tasks), key=lambda n: len(tasks[n]))
+    return victim, next(n for n in tasks if n != victim)
+
+
+async def topic_ends(
+    bootstrap: str, topic: str, isolation_level: str = "read_uncommitted"
+) -> dict[int, int]:
+    """Each partition's end offset as ``isolation_level`` sees it: the high watermark
+    (``read_uncommitted``) or the last stable offset (``read_committed``: the first offset
+    of the oldest open transaction, if any)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
     await consumer.start()
     try:
         tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
         return {tp.partition: end for tp, end in (await consumer.end_offsets(tps)).items()}
     finally:
         await consumer.stop()
+
+
+class TopicEnds:
+    """``topic_ends`` looked at again and again through one consumer (a wait loop would
+    otherwise start a consumer for every poll); a context manager."""
+
+    def __init__(self, bootstrap: str, topic: str, isolation_level: str = "read_uncommitted"):
+        self._runner = asyncio.Runner()
+        self._tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
+
+        async def started() -> AIOKafkaConsumer:
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=bootstrap, isolation_level=isolation_level
+            )
+            await consumer.start()
+            return consumer
+
+        self._consumer = self._runner.run(started())
+
+    def look(self) -> dict[int, int]:
+        ends = self._runner.run(self._consumer.end_offsets(self._tps))
+        return {tp.partition: end for tp, end in ends.items()}
+
+    def __enter__(self) -> TopicEnds:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        try:
+            self._runner.run(self._consumer.stop())
+        finally:
+            self._runner.close()
 
 
 async def _read_records(
@@ -278,11 +326,8 @@ def test_kill9_while_records_flow_loses_nothing_and_standby_restores_little(
 ) -> None:
     total = 100_000
     runtime.args = ["--status-interval", "0.1"]
-    runtime.start("p1")
-    runtime.start("p2")
-    before = runtime.settle()
-    victim = max(sorted(before), key=lambda n: len(before[n]))
-    survivor = next(n for n in before if n != victim)
+    before = runtime.start_two()
+    victim, survivor = busiest(before)
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=5000, pause=0.2)
     feeder.start()
     deadline = time.monotonic() + TIMEOUT
@@ -305,12 +350,13 @@ def test_kill9_while_records_flow_loses_nothing_and_standby_restores_little(
         time.sleep(0.02)
     # Its last commit (and marker) is behind us; the kill must wait until writes it will never
     # commit reached its changelogs, or the crash path has nothing to undo (seen under load).
-    committed_ends = asyncio.run(changelog_ends(runtime.bootstrap, changelog))
-    while time.monotonic() < deadline:
-        ends = asyncio.run(changelog_ends(runtime.bootstrap, changelog))
-        if any(ends[p] > committed_ends[p] for p in victims):
-            break
-        time.sleep(0.05)
+    with TopicEnds(runtime.bootstrap, changelog) as changelog_ends:
+        committed_ends = changelog_ends.look()
+        while time.monotonic() < deadline:
+            ends = changelog_ends.look()
+            if any(ends[p] > committed_ends[p] for p in victims):
+                break
+            time.sleep(0.05)
     runtime.stop(victim, signal.SIGKILL)
     state = runtime.settle()
     assert state[survivor] == TASKS

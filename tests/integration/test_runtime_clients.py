@@ -11,10 +11,11 @@ below the limit (then it goes through).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,17 @@ class Counts:
             if record.value == b"big":
                 value = value.ljust(self.big_size, b"x")
             ctx.send(self.output, value.ljust(self.pad, b"."), key=key)
+
+
+@contextlib.contextmanager
+def counts_sending_to(output: str, pad: int = 0, big_size: int = 0) -> Iterator[None]:
+    """``Counts`` sends to ``output`` (see ``Counts``); the class state is reset after (it
+    outlives the test)."""
+    Counts.output, Counts.pad, Counts.big_size = output, pad, big_size
+    try:
+        yield
+    finally:
+        Counts.output, Counts.pad, Counts.big_size = None, 0, 0
 
 
 def make_app(
@@ -161,6 +173,20 @@ def test_at_least_once_never_counts_an_upstream_aborted_transaction(
 SMALL_LIMIT = 65_536
 
 
+def big_record_topics(
+    bootstrap: str, topic_factory: TopicFactory, prefix: str, keys: list[bytes]
+) -> tuple[str, str]:
+    """An input holding one record per key, then one (value ``big``) whose output is large,
+    and an output topic taking ``SMALL_LIMIT`` bytes."""
+    source = topic_factory(PARTITIONS, prefix=f"{prefix}-in")
+    output = topic_factory(
+        PARTITIONS, prefix=f"{prefix}-out", config={"max.message.bytes": str(SMALL_LIMIT)}
+    )
+    asyncio.run(produce(bootstrap, source, keys))
+    asyncio.run(produce(bootstrap, source, [b"big"], value=b"big"))
+    return source, output
+
+
 @pytest.mark.parametrize(
     ("guarantee", "limit"),
     [("at_least_once", SMALL_LIMIT), ("exactly_once", 8192)],
@@ -186,18 +212,15 @@ def test_a_backlog_to_a_topic_with_a_small_max_message_bytes_goes_through(
     )
     keys = [b"k%d" % (i % 100) for i in range(total)]
     asyncio.run(produce(kafka_bootstrap, source, keys))
-    Counts.output, Counts.pad = output, 100
     group = kafka_group_id_factory("backlog")
-    app = make_app(kafka_bootstrap, group, source, tmp_path, processing_guarantee=guarantee)
 
     async def scenario() -> None:
         await until("the backlog processed", lambda: app.processed >= total, app)
         await until("committed", lambda: sum(table(app).values()) == total, app)
 
-    try:
+    with counts_sending_to(output, pad=100):
+        app = make_app(kafka_bootstrap, group, source, tmp_path, processing_guarantee=guarantee)
         asyncio.run(run_app(app, scenario))
-    finally:
-        Counts.output, Counts.pad = None, 0
     assert app.failure is None, app.failure
     outputs = asyncio.run(_read_topic(kafka_bootstrap, output, "read_committed", PARTITIONS))
     seen = Counter(value.split(b".")[0] for value in outputs)
@@ -222,30 +245,29 @@ def test_a_record_larger_than_its_topics_limit_stops_with_one_line(
     stops once, with one ``OutputWriteError`` log line (no traceback). Declared as a sink
     topic, the record is refused before it is sent, the error naming topic, size and limit;
     not declared, the broker refuses it and the commit stops the app (at least once)."""
-    source = kafka_topic_factory(PARTITIONS, prefix="big-in")
-    output = kafka_topic_factory(
-        PARTITIONS, prefix="big-out", config={"max.message.bytes": str(SMALL_LIMIT)}
+    source, output = big_record_topics(
+        kafka_bootstrap, kafka_topic_factory, "big", [b"a", b"b", b"c"]
     )
-    asyncio.run(produce(kafka_bootstrap, source, [b"a", b"b", b"c"]))
-    asyncio.run(produce(kafka_bootstrap, source, [b"big"], value=b"big"))
-    Counts.output, Counts.big_size = output, 100_000
     group = kafka_group_id_factory("big")
-    app = make_app(
-        kafka_bootstrap, group, source, tmp_path, declare=declared, processing_guarantee=guarantee
-    )
 
     async def run() -> None:
         async with asyncio.timeout(DEADLINE):
             await app.run()
 
-    try:
+    with counts_sending_to(output, big_size=100_000):
+        app = make_app(
+            kafka_bootstrap,
+            group,
+            source,
+            tmp_path,
+            declare=declared,
+            processing_guarantee=guarantee,
+        )
         with (
             caplog.at_level(logging.INFO, "streamassign.runtime"),
             pytest.raises(ProcessingError) as stopped,
         ):
             asyncio.run(run())
-    finally:
-        Counts.output, Counts.big_size = None, 0
     failure = stopped.value.__cause__
     assert isinstance(failure, OutputWriteError), failure
     if declared:
@@ -268,28 +290,20 @@ def test_a_large_record_that_compresses_below_the_limit_goes_through(
     """With ``compression_type="gzip"`` a 100,000-byte output (mostly one repeated byte) to
     a declared 64 KiB topic is sent: the broker applies the limit to the compressed batch,
     so the runtime does not refuse it before (it did, and stopped the app)."""
-    source = kafka_topic_factory(PARTITIONS, prefix="gz-in")
-    output = kafka_topic_factory(
-        PARTITIONS, prefix="gz-out", config={"max.message.bytes": str(SMALL_LIMIT)}
-    )
-    asyncio.run(produce(kafka_bootstrap, source, [b"a", b"b"]))
-    asyncio.run(produce(kafka_bootstrap, source, [b"big"], value=b"big"))
-    Counts.output, Counts.big_size = output, 100_000
-    app = make_app(
-        kafka_bootstrap,
-        kafka_group_id_factory("gz"),
-        source,
-        tmp_path,
-        producer_config={"compression_type": "gzip"},
-    )
+    source, output = big_record_topics(kafka_bootstrap, kafka_topic_factory, "gz", [b"a", b"b"])
 
     async def scenario() -> None:
         await until("committed", lambda: sum(table(app).values()) == 3, app)
 
-    try:
+    with counts_sending_to(output, big_size=100_000):
+        app = make_app(
+            kafka_bootstrap,
+            kafka_group_id_factory("gz"),
+            source,
+            tmp_path,
+            producer_config={"compression_type": "gzip"},
+        )
         asyncio.run(run_app(app, scenario))
-    finally:
-        Counts.output, Counts.big_size = None, 0
     assert app.failure is None, app.failure
     outputs = asyncio.run(_read_topic(kafka_bootstrap, output, "read_committed", PARTITIONS))
     assert sorted(map(len, outputs))[-1] == 100_000 and len(outputs) == 3

@@ -39,11 +39,14 @@ from .test_runtime import (
     TASKS,
     Feeder,
     Runtime,
+    TopicEnds,
     _read_changelog,
     _read_topic,
+    busiest,
     expected_table,
     key_of,
     tables,
+    topic_ends,
     wait_caught_up,
 )
 from .test_runtime_membership import _backward_markers, freeze_and_wake, wait_for
@@ -56,10 +59,21 @@ def eos(
     kafka_group_id_factory: GroupIdFactory,
     tmp_path: Path,
 ) -> Iterator[tuple[Runtime, str]]:
-    source = kafka_topic_factory(PARTITIONS, prefix="events")
-    output = kafka_topic_factory(PARTITIONS, prefix="totals-out")
-    rt = Runtime(kafka_bootstrap, kafka_group_id_factory("eos"), source, tmp_path)
+    yield from eos_runtime(
+        kafka_bootstrap, kafka_topic_factory, kafka_group_id_factory("eos"), tmp_path
+    )
+
+
+def eos_runtime(
+    bootstrap: str, topic_factory: TopicFactory, group: str, tmp_path: Path, *args: str
+) -> Iterator[tuple[Runtime, str]]:
+    """The exactly-once summing worker's runtime (more worker options ``args``) and its
+    output topic, closed after."""
+    source = topic_factory(PARTITIONS, prefix="events")
+    output = topic_factory(PARTITIONS, prefix="totals-out")
+    rt = Runtime(bootstrap, group, source, tmp_path)
     rt.args = ["--guarantee", "exactly_once", "--output", output, "--status-interval", "0.1"]
+    rt.args += args
     yield rt, output
     rt.close()
 
@@ -144,26 +158,46 @@ def check_exact(runtime: Runtime, output: str, total: int) -> int:
     return aborted
 
 
-async def _ends(bootstrap: str, topic: str, isolation_level: str) -> dict[int, int]:
-    """Each partition's end offset as ``isolation_level`` sees it: the high watermark
-    (``read_uncommitted``) or the last stable offset (``read_committed``: the first offset
-    of the oldest open transaction, if any)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
-    await consumer.start()
-    try:
-        tps = [KafkaTopicPartition(topic, p) for p in range(PARTITIONS)]
-        return {tp.partition: end for tp, end in (await consumer.end_offsets(tps)).items()}
-    finally:
-        await consumer.stop()
+class StableAndHigh:
+    """Each partition's last stable offset and high watermark, looked at again and again
+    through two consumers kept open; a context manager."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._high = TopicEnds(bootstrap, topic, "read_uncommitted")
+        try:
+            self._stable = TopicEnds(bootstrap, topic, "read_committed")
+        except BaseException:
+            self._high.__exit__()
+            raise
+
+    def look(self) -> dict[int, tuple[int, int]]:
+        """The high watermarks are read first: records written in between (not
+        transactional) would look like a transaction the other way round."""
+        high = self._high.look()
+        stable = self._stable.look()
+        return {p: (stable[p], high[p]) for p in high}
+
+    def __enter__(self) -> StableAndHigh:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        try:
+            self._stable.__exit__()
+        finally:
+            self._high.__exit__()
+
+
+def stable_and_high(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
+    """One look of ``StableAndHigh``."""
+    with StableAndHigh(bootstrap, topic) as ends:
+        return ends.look()
 
 
 def open_transactions(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
     """The partitions of ``topic`` with an open transaction: last stable offset below the
-    high watermark (both returned). The high watermarks are read first: records written in
-    between (not transactional) would look like a transaction the other way round."""
-    high = asyncio.run(_ends(bootstrap, topic, "read_uncommitted"))
-    stable = asyncio.run(_ends(bootstrap, topic, "read_committed"))
-    return {p: (stable[p], high[p]) for p in high if stable[p] < high[p]}
+    high watermark (both returned)."""
+    ends = stable_and_high(bootstrap, topic)
+    return {p: (stable, high) for p, (stable, high) in ends.items() if stable < high}
 
 
 def hold_until_uncommitted(
@@ -176,15 +210,16 @@ def hold_until_uncommitted(
     wrote since."""
     runtime.procs[name].proc.send_signal(signal.SIGUSR2)
     wait_for(f"{name} stops committing", lambda: bool(runtime.events(name, "holding")))
-    held = asyncio.run(_ends(runtime.bootstrap, topic, "read_uncommitted"))
     grown: set[int] = set()
+    with TopicEnds(runtime.bootstrap, topic) as topic_ends_now:
+        held = topic_ends_now.look()
 
-    def wrote_more() -> bool:
-        ends = asyncio.run(_ends(runtime.bootstrap, topic, "read_uncommitted"))
-        grown.update(p for p in partitions if ends[p] > held[p])
-        return bool(grown)
+        def wrote_more() -> bool:
+            ends = topic_ends_now.look()
+            grown.update(p for p in partitions if ends[p] > held[p])
+            return bool(grown)
 
-    wait_for(f"{name} writes to {topic} after its last commit", wrote_more)
+        wait_for(f"{name} writes to {topic} after its last commit", wrote_more)
     return held, grown
 
 
@@ -229,11 +264,8 @@ def check_exact_at_least_once(
 def test_kill9_while_records_flow_outputs_every_record_once(eos: tuple[Runtime, str]) -> None:
     runtime, output = eos
     total = 100_000
-    runtime.start("p1")
-    runtime.start("p2")
-    before = runtime.settle()
-    victim = max(sorted(before), key=lambda n: len(before[n]))
-    survivor = next(n for n in before if n != victim)
+    before = runtime.start_two()
+    victim, survivor = busiest(before)
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=5000, pause=0.2)
     feeder.start()
     wait_for("30,000 records produced", lambda: feeder.acked >= 30_000)
@@ -342,12 +374,9 @@ def test_join_example_kill9_joins_every_order_once(
     total = 30_000
     try:
         customers = asyncio.run(_produce_customers(kafka_bootstrap, customers_topic))
-        runtime.start("p1")
-        runtime.start("p2")
-        before = runtime.settle()
+        before = runtime.start_two()
         wait_caught_up(kafka_bootstrap, runtime.app, customers_topic)
-        victim = max(sorted(before), key=lambda n: len(before[n]))
-        survivor = next(n for n in before if n != victim)
+        victim, survivor = busiest(before)
         feeder = OrderFeeder(kafka_bootstrap, orders, total, chunk=1000, pause=0.1)
         feeder.start()
         wait_for("10,000 orders produced", lambda: feeder.acked >= 10_000)
@@ -449,9 +478,8 @@ def test_at_least_once_aborts_only_open_transactions_of_the_tasks_it_starts(
             }
             assert await refused.abort(stable, tasks) == set()  # logged; the restore goes on
             assert await orphans.abort(stable, tasks) == {crashed}
-            assert await _ends(kafka_bootstrap, changelog, "read_committed") == await _ends(
-                kafka_bootstrap, changelog, "read_uncommitted"
-            )
+            stable_ends = await topic_ends(kafka_bootstrap, changelog, "read_committed")
+            assert stable_ends == await topic_ends(kafka_bootstrap, changelog, "read_uncommitted")
             assert await _read_topic(kafka_bootstrap, changelog, "read_committed") == [b"plain"]
             with pytest.raises(Exception) as fenced:
                 await zombie.send_and_wait(changelog, b"later", key=b"k", partition=0)
@@ -494,9 +522,7 @@ def test_a_joining_process_warms_up_and_takes_over_at_lag_0(eos: tuple[Runtime, 
     runtime, output = eos
     runtime.args += ["--standbys", "0", "--ha", "--lag", "0", "--probing-ms", "1500"]
     total = 30_000
-    runtime.start("p1")
-    runtime.start("p2")
-    runtime.settle()
+    runtime.start_two()
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=1000, pause=0.05)
     feeder.start()
     wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
@@ -535,9 +561,7 @@ def test_switching_modes_with_every_process_stopped_keeps_state_exact(
     fed = 0
     for guarantee in ("at_least_once", "exactly_once", "at_least_once"):
         runtime.args = [*base, "--guarantee", guarantee]
-        runtime.start("p1")
-        runtime.start("p2")
-        runtime.settle()
+        runtime.start_two()
         feeder = Feeder(runtime.bootstrap, runtime.source, fed + 10_000, 1000, 0.02, first=fed)
         feeder.start()
         feeder.finish()
@@ -576,9 +600,7 @@ def test_a_rolling_switch_between_modes_keeps_state_exact(eos: tuple[Runtime, st
     runtime, output = eos
     base = ["--output", output, "--status-interval", "0.1"]
     total = 40_000
-    runtime.start("p1")
-    runtime.start("p2")
-    runtime.settle()
+    runtime.start_two()
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=250, pause=0.1)
     feeder.start()
     flowing = []  # records produced at each restart
@@ -649,11 +671,8 @@ def test_switching_to_at_least_once_right_after_an_exactly_once_crash(
     runtime, output = eos
     base = ["--output", output, "--status-interval", "0.1"]
     changelog = f"{runtime.app}-totals-changelog"
-    runtime.start("p1")
-    runtime.start("p2")
-    before = runtime.settle()
-    victim = max(sorted(before), key=lambda n: len(before[n]))
-    survivor = next(n for n in before if n != victim)
+    before = runtime.start_two()
+    victim, survivor = busiest(before)
     mine = {int(t.split("_")[1]) for t in before[victim]}
     flow = Flow(runtime.bootstrap, runtime.source, chunk=200, pause=0.1)
     flow.start()
@@ -666,9 +685,7 @@ def test_switching_to_at_least_once_right_after_an_exactly_once_crash(
     left_open = open_transactions(runtime.bootstrap, changelog)
     assert set(left_open) & mine, f"no open transaction left at the switch: {left_open}"
     runtime.args = [*base, "--guarantee", "at_least_once"]
-    runtime.start("p1")
-    runtime.start("p2")
-    runtime.settle()
+    runtime.start_two()
     settled = _rebalances(runtime)
     processed = _processed(runtime)
     # Records flowing and committed every 0.2 s: 5,000 more records are many commits.
@@ -725,7 +742,7 @@ def test_a_crash_in_each_mode_during_a_rolling_switch_keeps_state_exact(
     runtime.stop("p2", signal.SIGKILL)
     # From here on no at-least-once process is left: whatever comes later in the input is
     # processed by exactly-once tasks only.
-    no_alos = asyncio.run(_ends(runtime.bootstrap, runtime.source, "read_uncommitted"))
+    no_alos = asyncio.run(topic_ends(runtime.bootstrap, runtime.source, "read_uncommitted"))
     wait_for("p1 runs every task", lambda: runtime.actives("p1") == TASKS)
     runtime.start("p2")
     later = sum(no_alos.values()) + 3000

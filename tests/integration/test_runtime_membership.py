@@ -117,9 +117,7 @@ def freeze_and_wake(runtime: Runtime, total: int) -> Frozen:
     the victim's changelogs: its state goes stale), then wake it (SIGCONT) and wait until the
     group settles. The sticky assignor breaks the tie between the woken member's claim and the
     survivor's by process id: the first is frozen, so it gets its own tasks back."""
-    runtime.start("p1")
-    runtime.start("p2")
-    before = runtime.settle()
+    before = runtime.start_two()
     victim = min(before, key=lambda n: runtime.events(n, "status")[-1]["process"])
     survivor = next(n for n in before if n != victim)
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=500, pause=0.1)

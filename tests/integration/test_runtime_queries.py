@@ -202,9 +202,7 @@ def test_every_key_readable_from_every_process_during_and_after_rebalances(
     total = 6000
     asyncio.run(produce(runtime.bootstrap, runtime.source, 0, total))
     want = expected(total)
-    runtime.start("p1")
-    runtime.start("p2")
-    runtime.settle()
+    runtime.start_two()
     wait_exact(runtime.endpoints["p1"], want)
     ends = runtime.endpoints
     with Readers([ends["p1"], ends["p2"]], want) as readers:
@@ -239,9 +237,7 @@ def test_every_key_readable_from_every_process_during_and_after_rebalances(
 
 
 def test_standby_reads_carry_their_lag_and_are_flagged_stale(runtime: QueryRuntime) -> None:
-    runtime.start("p1")
-    runtime.start("p2")
-    state = runtime.settle()
+    state = runtime.start_two()
     ends = runtime.endpoints
     # A key of every task, read through the process that holds its standby.
     keys = [b"q%d" % i for i in range(KEYS)]

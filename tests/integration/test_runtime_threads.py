@@ -9,20 +9,16 @@ the runtime's ownership check does (``Processing.process_batch``).
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
-from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .conftest import GroupIdFactory, TopicFactory
-from .test_runtime import PARTITIONS, TASKS, Feeder, Runtime, wait_caught_up
-from .test_runtime_eos import check_exact
+from .test_runtime import TASKS, Feeder, Runtime, busiest, wait_caught_up
+from .test_runtime_eos import StableAndHigh, check_exact, eos_runtime
 from .test_runtime_membership import wait_for
 
 
@@ -33,31 +29,8 @@ def threads(
     kafka_group_id_factory: GroupIdFactory,
     tmp_path: Path,
 ) -> Iterator[tuple[Runtime, str]]:
-    source = kafka_topic_factory(PARTITIONS, prefix="events")
-    output = kafka_topic_factory(PARTITIONS, prefix="totals-out")
-    rt = Runtime(kafka_bootstrap, kafka_group_id_factory("threads"), source, tmp_path)
-    rt.args = [
-        "--guarantee", "exactly_once",
-        "--output", output,
-        "--threads", "2",
-        "--status-interval", "0.1",
-    ]  # fmt: skip
-    yield rt, output
-    rt.close()
-
-
-async def _stable_and_ends(bootstrap: str, topic: str, partitions: list[int]) -> dict[int, Any]:
-    """Each partition's last stable offset and end offset."""
-    tps = [KafkaTopicPartition(topic, p) for p in partitions]
-    looks = []
-    for isolation_level in ("read_committed", "read_uncommitted"):
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
-        await consumer.start()
-        try:
-            looks.append(await consumer.end_offsets(tps))
-        finally:
-            await consumer.stop()
-    return {tp.partition: (looks[0][tp], looks[1][tp]) for tp in tps}
+    group = kafka_group_id_factory("threads")
+    yield from eos_runtime(kafka_bootstrap, kafka_topic_factory, group, tmp_path, "--threads", "2")
 
 
 def test_kill9_with_two_consumers_per_process_outputs_every_record_once(
@@ -65,11 +38,8 @@ def test_kill9_with_two_consumers_per_process_outputs_every_record_once(
 ) -> None:
     runtime, output = threads
     total = 30_000
-    runtime.start("p1")
-    runtime.start("p2")
-    before = runtime.settle()
-    victim = max(sorted(before), key=lambda n: len(before[n]))
-    survivor = next(n for n in before if n != victim)
+    before = runtime.start_two()
+    victim, survivor = busiest(before)
     feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=2000, pause=0.1)
     feeder.start()
     wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
@@ -78,19 +48,17 @@ def test_kill9_with_two_consumers_per_process_outputs_every_record_once(
     runtime.procs[victim].proc.send_signal(signal.SIGUSR2)
     changelog = f"{runtime.app}-totals-changelog"
     partitions = sorted(int(t.split("_")[1]) for t in before[victim])
-    tails: list[dict[int, tuple[int, int]]] = []
+    with StableAndHigh(runtime.bootstrap, changelog) as changelog_ends:
 
-    def left_open() -> bool:
-        """A transaction of the victim's stays open across two looks 0.3 s apart (its last
-        stable offset unchanged, records after it): it will never commit."""
-        tails.append(asyncio.run(_stable_and_ends(runtime.bootstrap, changelog, partitions)))
-        if len(tails) < 2:
-            return False
-        time.sleep(0.3)
-        now = asyncio.run(_stable_and_ends(runtime.bootstrap, changelog, partitions))
-        return any(now[p][0] == tails[-1][p][0] < now[p][1] for p in partitions)
+        def left_open() -> bool:
+            """A transaction of the victim's stays open across two looks 0.3 s apart (its
+            last stable offset unchanged, records after it): it will never commit."""
+            before = changelog_ends.look()
+            time.sleep(0.3)
+            now = changelog_ends.look()
+            return any(now[p][0] == before[p][0] < now[p][1] for p in partitions)
 
-    wait_for("the victim processes records it will not commit", left_open)
+        wait_for("the victim processes records it will not commit", left_open)
     runtime.stop(victim, signal.SIGKILL)
     assert runtime.settle()[survivor] == TASKS
     feeder.finish()
