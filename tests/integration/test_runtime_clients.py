@@ -276,7 +276,13 @@ def test_a_record_larger_than_its_topics_limit_stops_with_one_line(
         assert 100_000 < size < 100_200
     else:
         assert "MessageSizeTooLargeError" in str(failure) and "sink_topics" in str(failure)
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    # The app's own lines: aiokafka logs a transient GroupCoordinatorNotAvailableError at
+    # ERROR while a just-started broker elects its group coordinator (seen running alone).
+    errors = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and r.name.startswith("streamassign")
+    ]
     assert len(errors) == 1 and errors[0].exc_info is None, errors
     assert str(failure) in errors[0].getMessage()
 
