@@ -587,6 +587,97 @@ def _connection(bootstrap: str, timeout: float, security: Mapping[str, Any]) -> 
     return Connection(bootstrap, timeout_s=timeout, **security)
 
 
+#: The environment variables ``describe`` reads the SASL credentials from (click's envvar).
+_SASL_ENV = {
+    "sasl_username": "STREAMASSIGN_SASL_USERNAME",
+    "sasl_password": "STREAMASSIGN_SASL_PASSWORD",
+}
+
+
+def _option_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _check_security(ctx: click.Context, security: Mapping[str, Any]) -> None:
+    """Refuse security options that cannot work together, before any client is built: SASL
+    without its credentials, ``--ssl-*`` or ``--sasl-*`` options the protocol would ignore
+    (a user who passes a CA file expects TLS), certificate files that are not PEM."""
+    protocol = security["security_protocol"]
+    sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
+    given = [
+        field
+        for field, value in security.items()
+        if value is not None
+        and ctx.get_parameter_source(field) is click.ParameterSource.COMMANDLINE
+    ]
+    ignored = [f for f in given if (f.startswith("ssl_") and not tls)]
+    ignored += [f for f in given if f.startswith("sasl_") and not sasl]
+    if ignored:
+        ssl_option = ignored[0].startswith("ssl_")
+        wanted = "SSL or SASL_SSL" if ssl_option else "SASL_PLAINTEXT or SASL_SSL"
+        raise click.UsageError(
+            f"{_option_name(ignored[0])} needs --security-protocol {wanted} (it is {protocol}: "
+            "the option would be ignored)"
+        )
+    for field, env in _SASL_ENV.items():
+        if sasl and security[field] is None:
+            raise click.UsageError(
+                f"--security-protocol {protocol} needs {_option_name(field)} (or ${env})"
+            )
+    if tls:
+        _check_pem_files(security["ssl_cafile"], security["ssl_certfile"], security["ssl_keyfile"])
+
+
+def _check_pem_files(cafile: str | None, certfile: str | None, keyfile: str | None) -> None:
+    """Load the TLS files as the client will (``ssl`` and OpenSSL): one line naming the option
+    and the file that cannot be used, instead of OpenSSL's ``PEM lib``."""
+    import ssl
+
+    def no_password() -> bytes:  # an encrypted key: refuse, never prompt on the terminal
+        raise click.BadParameter(
+            f"{keyfile or certfile}: the private key is encrypted; give an unencrypted key",
+            param_hint="'--ssl-keyfile'" if keyfile else "'--ssl-certfile'",
+        )
+
+    if keyfile is not None and certfile is None:
+        raise click.UsageError("--ssl-keyfile needs --ssl-certfile (the client certificate)")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    for option, path in (("--ssl-cafile", cafile), ("--ssl-certfile", certfile)):
+        if path is None:
+            continue
+        try:
+            context.load_verify_locations(cafile=path)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise click.BadParameter(
+                f"{path}: not a PEM certificate file{_ssl_reason(exc)}", param_hint=f"'{option}'"
+            ) from None
+    if certfile is None:
+        return
+    try:
+        context.load_cert_chain(certfile, keyfile, password=no_password)
+    except (ssl.SSLError, OSError) as exc:
+        if keyfile is None:
+            raise click.BadParameter(
+                f"{certfile}: holds no private key matching its certificate{_ssl_reason(exc)}; "
+                "give the key with --ssl-keyfile",
+                param_hint="'--ssl-certfile'",
+            ) from None
+        raise click.BadParameter(
+            f"{keyfile}: not the PEM private key of the certificate in {certfile}"
+            f"{_ssl_reason(exc)}",
+            param_hint="'--ssl-keyfile'",
+        ) from None
+
+
+def _ssl_reason(exc: Exception) -> str:
+    """OpenSSL's short reason (``NO_CERTIFICATE_OR_CRL_FOUND``) in parentheses, if it gave
+    one (``PEM lib`` errors give none)."""
+    import ssl
+
+    reason = exc.reason if isinstance(exc, ssl.SSLError) else str(exc)
+    return f" ({reason})" if reason else ""
+
+
 def _short_member(member_id: str) -> str:
     """A member id fits a narrow column by its tail (aiokafka ids end in a UUID)."""
     return member_id if len(member_id) <= 12 else "…" + member_id[-8:]
@@ -838,6 +929,7 @@ def describe(
     if not aiokafka_log.handlers:
         aiokafka_log.addHandler(logging.NullHandler())
     options = {k: v if not isinstance(v, Path) else str(v) for k, v in security.items()}
+    _check_security(click.get_current_context(), options)
     connection = _connection(bootstrap, timeout, options)
     try:
         if watch:
