@@ -306,8 +306,14 @@ def plan(
             "clients takes about 3 s)",
             param_hint="'--num-clients'",
         )
+    from .pipeline.scenarios import Workload
+
     try:
         counts = {**loaded.partitions, **overrides}
+        # The pipeline's checks of a topology and its counts (no count for a topic, no task at
+        # all), so that plan refuses what simulate refuses, in the same words.
+        name = loaded.topology.name or topology_file.stem
+        Workload.from_topology(loaded.topology, counts, name, str(topology_file))
         _check_task_count(loaded.topology, counts)
         tasks = PartitionGrouper().group(loaded.topology, counts)
         clients = _plan_clients(clients_file, num_clients, threads, MAX_CLIENTS)

@@ -137,6 +137,28 @@ def test_plan_bad_input_fails_with_a_message(args: list[str], message: str) -> N
     assert message in out
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('name = "x"\n', "topology x has no tasks (no subtopology)"),
+        ("", "topology empty has no tasks (no subtopology)"),
+        (
+            'name = "x"\n[[subtopology]]\nid = 0\nsource_topics = ["a"]\n',
+            "topology x: no partition count for external topics a (add them to the file's "
+            "[partitions] table or pass --partitions TOPIC=N)",
+        ),
+    ],
+)
+def test_plan_refuses_a_topology_without_tasks_as_simulate_does(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "empty.toml"
+    path.write_text(content)
+    code, out = plan(str(path), "--num-clients", "2")
+    assert code == 1
+    assert out == f"Error: {path}: {message}\n"
+
+
 def test_clients_file(tmp_path: Path) -> None:
     clients = load_clients(CLIENTS)
     assert [c.process_id for c in clients] == ["p1", "p2", "p3"]
