@@ -1097,7 +1097,7 @@ _model_options = [
     click.option(
         "--steps",
         type=click.IntRange(min=0),
-        help="Rebalances per trace (model).",
+        help="Rebalances per trace after the initial assignment (model; at least 1).",
     ),
     _partitions_option("Initial partition counts of external topics (override the file's table)."),
     _shown("--seed", kind=int, default=0, help="Base seed of the traces."),
@@ -1196,7 +1196,7 @@ def simulate(
     DIR is kept unless --overwrite is given (and then replaced only by a complete run).
     """
     from .pipeline.assignors import resolve
-    from .pipeline.simulate import SimulationJob
+    from .pipeline.simulate import SimulationJob, require_rebalances
 
     _require("pyspark", "streamassign simulate")
     if with_report:
@@ -1204,6 +1204,7 @@ def simulate(
     try:
         workload = _workload(topology_file, partitions)
         model = _model(model_file, params, steps)
+        require_rebalances(model, "simulate compares the assignors")
         chosen = resolve(assignor_names)
         job = SimulationJob(
             workload=workload,
@@ -1549,13 +1550,16 @@ def plan_standbys(
     spark_tasks: int | None,
 ) -> None:
     """Recommend num_standby_replicas and warmups for TOPOLOGY_FILE under a failure model."""
+    from .pipeline.simulate import require_rebalances
     from .pipeline.standbys import AvailabilityModel, PlanJob
 
     _require("pyspark", "streamassign plan-standbys")
     try:
+        model = _model(model_file, params, steps)
+        require_rebalances(model, "plan-standbys measures the outage")
         job = PlanJob(
             workload=_workload(topology_file, partitions),
-            model=_model(model_file, params, steps),
+            model=model,
             availability=AvailabilityModel(
                 restore_rate=restore_rate,
                 detection_s=detection,

@@ -657,8 +657,19 @@ def _coverage_figure(by_step: Sequence[Mapping[str, Any]]) -> Figure | str | Non
     )
 
 
+#: What the page says instead of an answer, figures and the ranking when a run holds no
+#: rebalance after the initial assignments (every trace ended at step 0).
+NO_REBALANCES: Final = (
+    "This run has no rebalances after the initial assignments (every trace ended at step 0: "
+    "steps = 0, or no event was possible under the churn model), so there is nothing to "
+    "compare the assignors on. Simulate again with --steps N (N >= 1) and an event rate > 0."
+)
+
+
 def _figures(data: Mapping[str, Any]) -> tuple[list[Figure], list[str]]:
     """The page's figures, and sentences standing in for figures that would show nothing."""
+    if not data["by_assignor"]:  # no rebalance after the initial ones: every figure empty
+        return [], ["No figures: this run has no rebalances after the initial assignments."]
     by_event, by_step = data["by_event"], data["by_step"]
     levels = [lvl for lvl in ("task", "consumer") if any(r["level"] == lvl for r in by_step)]
     timing = Figure(
@@ -953,6 +964,7 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
         churn=_churn(manifest.get("model", {})),
         rate=f"{rate:,.0f}",
         rec=rec,
+        no_rebalances=NO_REBALANCES if not found else "",
         splitters=[(o, why) for o, kind, why in rec.ruled_out if kind == "splits"],
         failures=[(o, why) for o, kind, why in rec.ruled_out if kind == "fails"],
         colour=assignor_colour,

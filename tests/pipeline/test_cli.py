@@ -119,6 +119,14 @@ def test_plan_standbys_prints_a_recommendation(
         (["simulate", str(ORDERS), "--param", "steps"], "expected NAME=VALUE"),
         (["simulate", str(ORDERS), "--scenarios", "0"], "0 is not in the range x>=1"),
         (["simulate", str(ORDERS), "--standbys", "-1"], "-1 is not in the range x>=0"),
+        (
+            ["simulate", str(ORDERS), "--steps", "0"],
+            "steps = 0: simulate compares the assignors over the rebalances after the initial",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--param", "steps=0"],
+            "steps = 0: plan-standbys measures the outage over the rebalances after the initial",
+        ),
         (["plan-standbys", str(ORDERS), "--standbys", "0,x"], "expected integers such as 0,1,2"),
         (["plan-standbys", str(ORDERS), "--target", "1.5"], "target must be in (0, 1)"),
         (
