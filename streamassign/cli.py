@@ -25,8 +25,10 @@ from . import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
 from .errors import ClientsFileError, StreamAssignError
 from .explain import (
+    ClaimConflicts,
     ClientView,
     Explanation,
+    claim_conflicts,
     explain,
     load_saved,
     views_from_assignment,
@@ -387,12 +389,47 @@ def _warn_ignored_input(
                 f"does not have (ignored): {_task_list(unknown)}",
                 err=True,
             )
+    views = views_from_clients(clients)
+    _warn_conflicts(claim_conflicts(views, {c.process_id: c.lags for c in clients}), "")
     if stateful_count and standbys > len(clients) - 1:
         click.echo(
             f"warning: --standbys {standbys} needs {standbys + 1} clients; with {len(clients)} "
             f"each stateful task gets {max(0, len(clients) - 1)} standby(s)",
             err=True,
         )
+
+
+def _warn_conflicts(conflicts: ClaimConflicts, where: str) -> None:
+    """One warning line (on stderr) per kind of claim no assignment can hold, naming the tasks
+    and clients and saying how they are read; ``where`` (a file) starts each line."""
+    prefix = f"warning: {where}: " if where else "warning: "
+    duplicates = conflicts.duplicate_actives
+    if duplicates:
+        listed = "; ".join(
+            f"{task} on {', '.join(claimants)} ({kept} kept)"
+            for task, claimants, kept in duplicates[:12]
+        )
+        more = f"; … (+{len(duplicates) - 12})" if len(duplicates) > 12 else ""
+        click.echo(
+            f"{prefix}{_count(len(duplicates), 'task')} active on several clients: {listed}{more}; "
+            "each is taken as run by the claimant the sticky assignor keeps (smallest lag, then "
+            "process id), the others as holding its state",
+            err=True,
+        )
+    both = conflicts.active_and_standby
+    if both:
+        listed = ", ".join(f"{task} on {pid}" for task, pid in both[:12])
+        more = f", … (+{len(both) - 12})" if len(both) > 12 else ""
+        click.echo(
+            f"{prefix}{_count(len(both), 'task')} both active and standby on one client: "
+            f"{listed}{more}; counted as active there",
+            err=True,
+        )
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 task``, ``2 tasks``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _as_json(
@@ -506,12 +543,15 @@ _MAX_SAVED_BYTES = 64 * 1024 * 1024
 
 
 def _read_saved(path: Path) -> dict[str, ClientView]:
-    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it."""
+    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it;
+    a warning line per kind of claim in it that no assignment can hold."""
     try:
         if path.stat().st_size > _MAX_SAVED_BYTES:
             raise click.ClickException(f"{path}: larger than {_MAX_SAVED_BYTES} bytes")
         data = json.loads(path.read_bytes())
-        return load_saved(data, str(path))
+        views = load_saved(data, str(path))
+        _warn_conflicts(claim_conflicts(views), str(path))
+        return views
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise click.ClickException(f"{path}: cannot read a saved assignment: {reason}") from exc
