@@ -64,7 +64,16 @@ def load_clients(path: str | Path) -> list[ClientState]:
     tables = data.get("client", [])
     if not isinstance(tables, list) or not tables:
         raise ClientsFileError(f"{where}: no [[client]] tables")
-    return [_client(table, f"{where}: client #{n}") for n, table in enumerate(tables, 1)]
+    clients = [_client(table, f"{where}: client #{n}") for n, table in enumerate(tables, 1)]
+    first: dict[str, int] = {}
+    for n, client in enumerate(clients, 1):
+        earlier = first.setdefault(client.process_id, n)
+        if earlier != n:
+            raise ClientsFileError(
+                f"{where}: clients #{earlier} and #{n} have the same process_id "
+                f"{client.process_id!r} (each process of a group has its own)"
+            )
+    return clients
 
 
 def _client(table: object, label: str) -> ClientState:
@@ -82,7 +91,9 @@ def _client(table: object, label: str) -> ClientState:
     try:
         return ClientState(**table)
     except (TypeError, ValueError) as exc:
-        raise ClientsFileError(f"{label} ({table['process_id']!r}): {exc}") from exc
+        pid = table["process_id"]
+        reason = str(exc).removeprefix(f"client {pid!r}: ")  # named in the label already
+        raise ClientsFileError(f"{label} ({pid!r}): {reason}") from exc
 
 
 def parse_partitions(values: Sequence[str]) -> dict[str, int]:

@@ -176,7 +176,7 @@ def test_clients_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"client #1: unknown keys \['threads'\]"):
         load_clients(bad)
     bad.write_text('[[client]]\nprocess_id = "a"\ncapacity = 0\n')
-    with pytest.raises(ValueError, match="capacity must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"client #1 \('a'\): capacity must be an int >= 1"):
         load_clients(bad)
     code, out = plan(ORDERS, "--clients", str(bad))
     assert code != 0 and "capacity must be an int >= 1" in out
@@ -213,6 +213,19 @@ def test_bad_clients_files_give_a_typed_error_naming_the_key(
     assert str(info.value).startswith(str(bad))
     code, out = plan(ORDERS, "--clients", str(bad))
     assert code != 0 and "Traceback" not in out
+
+
+def test_a_process_id_twice_in_a_clients_file_names_the_file_and_both_clients(
+    tmp_path: Path,
+) -> None:
+    clients = tmp_path / "clients.toml"
+    clients.write_text('[[client]]\nprocess_id = "p1"\n[[client]]\nprocess_id = "p1"\n')
+    code, out = plan(ORDERS, "--clients", str(clients))
+    assert code == 1
+    assert out == (
+        f"Error: {clients}: clients #1 and #2 have the same process_id 'p1' (each process of a "
+        "group has its own)\n"
+    )
 
 
 def test_a_directory_as_clients_file_is_a_typed_error(tmp_path: Path) -> None:
