@@ -1461,6 +1461,10 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
     click.echo(f"next: open {page.as_uri()} in a browser")
 
 
+#: plan-standbys' exit status when no candidate reaches an explicit --target (the plan is
+#: printed and written all the same); 1 and 2 are click's errors and usage errors.
+TARGET_MISSED_EXIT = 3
+
 #: plan-standbys' table: (header, row key, format). Short headers, two lines at most, so that
 #: the table fits an 80-column log; docs/pipeline.md defines each column.
 _PLAN_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -1631,6 +1635,12 @@ def plan_standbys(
     if out is not None:
         _write_plan(out, plan["candidates"], plan)
     _print_plan(plan, best, job, out, topology_file, as_json)
+    if target is not None and best["availability"] < target:
+        click.echo(
+            f"note: no candidate reaches --target {target:g}: exit status {TARGET_MISSED_EXIT}",
+            err=True,
+        )
+        raise SystemExit(TARGET_MISSED_EXIT)
 
 
 def _standby_plan(

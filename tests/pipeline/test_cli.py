@@ -159,6 +159,37 @@ def test_bad_input_fails_before_spark_starts(
     assert started == []
 
 
+@pytest.mark.parametrize(("target", "status"), [("0.99", 0), ("0.999", 3), (None, 0)])
+def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str | None, status: int
+) -> None:
+    """The plan is printed and written either way; the status tells a script the outcome."""
+    pytest.importorskip("pyspark")
+    from streamassign import cli
+    from streamassign.pipeline.standbys import recommend
+
+    rows = [
+        {"standbys": s, "warmups": 0, "availability": a, "standby_load": s, "warmup_load": 0.0}
+        | {"convergence_s": 0.0}
+        for s, a in ((0, 0.98), (1, 0.995))
+    ]
+
+    def plan_of(totals: Any, job: Any, goal: float | None, tolerance: float) -> Any:
+        best, why = recommend(rows, goal, tolerance)
+        return {"candidates": rows, "recommended": dict(best), "why": why, "knobs": []}, best
+
+    monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: None)
+    monkeypatch.setattr(cli, "_standby_plan", plan_of)
+    args = ["plan-standbys", str(ORDERS), "--json", *(["--target", target] if target else [])]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == status, result.output
+    assert json.loads(result.stdout)["recommended"]["standbys"] == 1
+    if status:
+        assert result.stderr == "note: no candidate reaches --target 0.999: exit status 3\n"
+    else:
+        assert result.stderr == ""
+
+
 TINY = ("--scenarios", "1", "--steps", "2", "--assignors", "task:sticky")
 
 
