@@ -583,7 +583,7 @@ _saved_arguments = [
 def explain_command(before: Path, after: Path, as_json: bool) -> None:
     """Every task that moved from BEFORE to AFTER, and the rule that moved it.
 
-    Both are saved assignments (``plan --json`` output).
+    Both are saved assignments ('plan --json' or 'describe --json' output).
     """
     moves = explain(_read_saved(before), _read_saved(after))
     if as_json:

@@ -231,3 +231,11 @@ def test_a_process_id_twice_in_a_clients_file_names_the_file_and_both_clients(
 def test_a_directory_as_clients_file_is_a_typed_error(tmp_path: Path) -> None:
     with pytest.raises(ClientsFileError, match="cannot read clients file"):
         load_clients(tmp_path)
+
+
+def test_help_texts_show_no_rst_markup() -> None:
+    """Docstrings of commands are --help text: no ``double backticks`` there."""
+    for command in sorted(main.commands):
+        result = CliRunner().invoke(main, [command, "--help"])
+        assert result.exit_code == 0, result.output
+        assert "``" not in result.output, f"{command} --help: {result.output}"
