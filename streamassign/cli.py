@@ -37,6 +37,7 @@ from .explain import (
 from .files import load_toml
 from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
+from .pipeline.report import counted
 from .sticky import StickyTaskAssignor
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
@@ -115,6 +116,10 @@ def parse_partitions(values: Sequence[str]) -> dict[str, int]:
                     "partition numbers are 32-bit)",
                     param_hint=_PARTITIONS,
                 )
+            if counts.get(topic, int(count)) != int(count):
+                raise click.BadParameter(
+                    f"{topic} given twice, as {counts[topic]} and {count}", param_hint=_PARTITIONS
+                )
             counts[topic] = int(count)
     return counts
 
@@ -168,6 +173,11 @@ def _check_task_count(topology: Topology, counts: Mapping[str, int]) -> None:
 def _task_list(tasks: Sequence[TaskId], limit: int = 12) -> str:
     shown = ", ".join(str(t) for t in tasks[:limit])
     return shown + (f", … (+{len(tasks) - limit})" if len(tasks) > limit else "")
+
+
+def _tasks_cell(tasks: frozenset[TaskId]) -> str:
+    """A table cell of tasks: ``3: 0_1, 0_4, 1_2``, or ``0`` for none."""
+    return f"{len(tasks)}: {_task_list(sorted(tasks))}" if tasks else "0"
 
 
 def _partition_list(parts: frozenset[TopicPartition]) -> str:
@@ -305,6 +315,11 @@ def plan(
     """Group TOPOLOGY_FILE into tasks and assign them to clients."""
     if (clients_file is None) == (num_clients is None):
         raise click.UsageError("give exactly one of --clients FILE or --num-clients N")
+    if clients_file is not None and _given("threads"):
+        raise click.UsageError(
+            "--threads is for --num-clients; with --clients each client's capacity in the file "
+            "is its thread count"
+        )
     overrides = parse_partitions(partitions)
     try:
         loaded = load_topology_file(topology_file)
@@ -422,9 +437,9 @@ def _warn_conflicts(conflicts: ClaimConflicts, where: str) -> None:
         )
         more = f"; … (+{len(duplicates) - 12})" if len(duplicates) > 12 else ""
         click.echo(
-            f"{prefix}{_count(len(duplicates), 'task')} active on several clients: {listed}{more}; "
-            "each is taken as run by the claimant the sticky assignor keeps (smallest lag, then "
-            "process id), the others as holding its state",
+            f"{prefix}{counted(len(duplicates), 'task')} active on several clients: "
+            f"{listed}{more}; each is taken as run by the claimant the sticky assignor keeps "
+            "(smallest lag, then process id), the others as holding its state",
             err=True,
         )
     both = conflicts.active_and_standby
@@ -432,15 +447,10 @@ def _warn_conflicts(conflicts: ClaimConflicts, where: str) -> None:
         listed = ", ".join(f"{task} on {pid}" for task, pid in both[:12])
         more = f", … (+{len(both) - 12})" if len(both) > 12 else ""
         click.echo(
-            f"{prefix}{_count(len(both), 'task')} both active and standby on one client: "
+            f"{prefix}{counted(len(both), 'task')} both active and standby on one client: "
             f"{listed}{more}; counted as active there",
             err=True,
         )
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 task``, ``2 tasks``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _as_json(
@@ -532,8 +542,8 @@ def _print_tables(
         table.add_row(
             c.process_id,
             str(c.capacity),
-            f"{len(a.active)}: {_task_list(sorted(a.active))}",
-            f"{len(a.standby)}: {_task_list(sorted(a.standby))}",
+            _tasks_cell(a.active),
+            _tasks_cell(a.standby),
             split,
         )
     console.print(table)
@@ -651,22 +661,24 @@ _SASL_ENV = {
 }
 
 
+def _given(param: str) -> bool:
+    """Whether the current command's ``param`` was given on the command line (not a default
+    or an environment variable)."""
+    source = click.get_current_context().get_parameter_source(param)
+    return source is click.ParameterSource.COMMANDLINE
+
+
 def _option_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _check_security(ctx: click.Context, security: Mapping[str, Any]) -> None:
+def _check_security(security: Mapping[str, Any]) -> None:
     """Refuse security options that cannot work together, before any client is built: SASL
     without its credentials, ``--ssl-*`` or ``--sasl-*`` options the protocol would ignore
     (a user who passes a CA file expects TLS), certificate files that are not PEM."""
     protocol = security["security_protocol"]
     sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
-    given = [
-        field
-        for field, value in security.items()
-        if value is not None
-        and ctx.get_parameter_source(field) is click.ParameterSource.COMMANDLINE
-    ]
+    given = [field for field, value in security.items() if value is not None and _given(field)]
     ignored = [f for f in given if (f.startswith("ssl_") and not tls)]
     ignored += [f for f in given if f.startswith("sasl_") and not sasl]
     if ignored:
@@ -786,9 +798,9 @@ def _print_processes(console: Console, processes: Mapping[str, Any]) -> None:
         table.add_row(
             pid,
             str(client.capacity),
-            f"{len(a.active)}: {_task_list(sorted(a.active))}",
-            f"{len(a.standby)}: {_task_list(sorted(a.standby))}",
-            f"{len(a.warmup)}: {_task_list(sorted(a.warmup))}" if a.warmup else "-",
+            _tasks_cell(a.active),
+            _tasks_cell(a.standby),
+            _tasks_cell(a.warmup) if a.warmup else "-",
         )
     console.print(table)
 
@@ -986,7 +998,7 @@ def describe(
     if not aiokafka_log.handlers:
         aiokafka_log.addHandler(logging.NullHandler())
     options = {k: v if not isinstance(v, Path) else str(v) for k, v in security.items()}
-    _check_security(click.get_current_context(), options)
+    _check_security(options)
     connection = _connection(bootstrap, timeout, options)
     try:
         if watch:
@@ -1297,7 +1309,8 @@ def _run_simulation(
     for note in notes:
         click.echo(f"note: {note}", err=True)
     click.echo(
-        f"simulating {job.scenarios} scenarios of {workload.name} x {len(job.assignors)} assignors "
+        f"simulating {counted(job.scenarios, 'scenario')} of {workload.name} x "
+        f"{counted(len(job.assignors), 'assignor')} "
         f"({', '.join(job.assignors)}), up to {job.rebalances:,} rebalances"
     )
 
@@ -1311,8 +1324,8 @@ def _run_simulation(
         manifest = _manifest(topology_file, job, notes, actual_master)
         rows, elapsed = _write_run(session, job, run_dir, manifest, run_id, overwrite, spark_tasks)
         click.echo(
-            f"{rows:,} rebalances in {elapsed:.1f} s ({rows / elapsed:,.0f}/s, session start-up "
-            f"excluded) on {actual_master}: run {run_id} in {run_dir}"
+            f"{counted(rows, 'rebalance')} in {elapsed:.1f} s ({rows / elapsed:,.0f}/s, session "
+            f"start-up excluded) on {actual_master}: run {run_id} in {run_dir}"
         )
         page = None
         if with_report:
@@ -1608,6 +1621,10 @@ def plan_standbys(
     from .pipeline.simulate import require_rebalances
     from .pipeline.standbys import AvailabilityModel, PlanJob
 
+    if target is not None and _given("tolerance"):
+        raise click.UsageError(
+            "give --target or --tolerance, not both: --tolerance applies without a target only"
+        )
     _require("pyspark", "streamassign plan-standbys")
     try:
         model = _model(model_file, params, steps)

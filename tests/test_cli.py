@@ -129,6 +129,8 @@ def test_plan_rejects_partitions_of_topics_the_topology_lacks(
         (["-p", "orders=x", "--num-clients", "2"], "expected TOPIC=COUNT"),
         (["--num-clients", "2", "--clients", CLIENTS], "exactly one of --clients"),
         ([], "exactly one of --clients"),
+        (["--clients", CLIENTS, "--threads", "4"], "--threads is for --num-clients"),
+        (["-p", "orders=6,orders=8", "--num-clients", "2"], "orders given twice, as 6 and 8"),
     ],
 )
 def test_plan_bad_input_fails_with_a_message(args: list[str], message: str) -> None:
@@ -157,6 +159,26 @@ def test_plan_refuses_a_topology_without_tasks_as_simulate_does(
     code, out = plan(str(path), "--num-clients", "2")
     assert code == 1
     assert out == f"Error: {path}: {message}\n"
+
+
+def test_the_same_count_twice_and_a_byte_order_mark_are_fine(tmp_path: Path) -> None:
+    code, out = plan(ORDERS, "--num-clients", "2", "-p", "orders=6,customers=6", "-p", "orders=6")
+    assert code == 0, out
+    # Windows editors start UTF-8 files with a byte-order mark; TOML has none: it is skipped.
+    marked = tmp_path / "bom.toml"
+    marked.write_bytes(b"\xef\xbb\xbf" + Path(ORDERS).read_bytes())
+    code, out = plan(str(marked), "--num-clients", "2")
+    assert code == 0, out
+    assert "Tasks of orders-enricher (16)" in out
+
+
+def test_an_empty_standby_cell_is_a_plain_zero() -> None:
+    result = CliRunner().invoke(
+        main, ["plan", ORDERS, "--num-clients", "2"], env={"COLUMNS": "160", "FORCE_COLOR": None}
+    )
+    assert result.exit_code == 0, result.output
+    rows = [r for r in table_rows(result.output) if r[0].startswith("client-")]
+    assert len(rows) == 2 and all(r[3] == "0" for r in rows)
 
 
 def test_clients_file(tmp_path: Path) -> None:

@@ -81,6 +81,11 @@ def assignor_colour(name: str) -> str:
 # -- formatting ------------------------------------------------------------------------------------
 
 
+def counted(n: float, noun: str, plural: str = "") -> str:
+    """``1 task``, ``2 tasks``, ``1.5 tasks`` (``plural``: when not ``noun + "s"``)."""
+    return f"{n:,g} {noun if n == 1 else plural or noun + 's'}"
+
+
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
@@ -300,7 +305,7 @@ def _subtopology_balance(o: Outcome) -> str:
     """How evenly ``o`` spreads each subtopology (joins and stores live per subtopology)."""
     return (
         f"per subtopology after {_share(o.subtopology_balanced_share)} (at worst "
-        f"{o.subtopology_imbalance_max:g} more tasks of one subtopology per thread on one "
+        f"{counted(o.subtopology_imbalance_max, 'more task')} of one subtopology per thread on one "
         "owner than on another)"
     )
 
@@ -902,12 +907,14 @@ def _plain(value: Any) -> str:
 
 def _run_summary(manifest: Mapping[str, Any], rebalances: int) -> str:
     model = manifest.get("model", {})
-    parts = [f"{manifest.get('scenarios', '?')} simulated deployments"]
+    scenarios = manifest.get("scenarios")
+    deployments = "simulated deployment"
+    parts = [counted(scenarios, deployments) if isinstance(scenarios, int) else f"? {deployments}s"]
     if "steps" in model:
         parts.append(f"up to {model['steps']} rebalances each")
     parts.append(f"{rebalances:,} rebalances per assignor after the initial ones")
     if "standby_replicas" in manifest:
-        parts.append(f"{manifest['standby_replicas']} standby replica(s)")
+        parts.append(counted(manifest["standby_replicas"], "standby replica"))
     return ", ".join(parts)
 
 

@@ -130,6 +130,15 @@ def test_plan_standbys_prints_a_recommendation(
         (["plan-standbys", str(ORDERS), "--standbys", "0,x"], "expected integers such as 0,1,2"),
         (["plan-standbys", str(ORDERS), "--target", "1.5"], "target must be in (0, 1)"),
         (
+            ["plan-standbys", str(ORDERS), "--target", "0.99", "--tolerance", "0.1"],
+            "give --target or --tolerance, not both",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--probing-interval", "0"],
+            "probing_interval_s must be a number > 0",
+        ),
+        (["simulate", str(ORDERS), "-p", "orders=6,orders=8"], "orders given twice, as 6 and 8"),
+        (
             ["plan-standbys", str(ORDERS), "--restore-rate", "0"],
             "restore_rate must be a number > 0",
         ),

@@ -22,6 +22,7 @@ from streamassign.pipeline.report import (
     CSV_FILES,
     Outcome,
     assignor_colour,
+    counted,
     outcomes,
     recommend,
     render_report,
@@ -96,6 +97,19 @@ def test_a_run_without_rebalances_says_so_and_picks_nothing(tmp_path: Path) -> N
     assert 'id="answer-table"' not in text and 'id="by-assignor"' not in text
     assert 'class="figure"' not in text
     assert "0 rebalances per assignor after the initial ones" in text
+
+
+def test_counts_of_one_are_singular(tmp_path: Path) -> None:
+    assert [counted(n, "task") for n in (0, 1, 1.5, 2)] == [
+        "0 tasks",
+        "1 task",
+        "1.5 tasks",
+        "2 tasks",
+    ]
+    data = load()
+    data["manifest"] |= {"scenarios": 1, "standby_replicas": 1}
+    text = render_report(data, tmp_path).read_text()
+    assert "1 simulated deployment," in text and "1 standby replica." in text
 
 
 def test_failures_rule_an_assignor_out() -> None:
