@@ -384,11 +384,13 @@ def _show_plan(
     """Print ``plan``'s result: tables (and the moves with ``show_moves``), or JSON."""
     metrics = evaluate(tasks, clients, result, standbys, stateful)
     per_thread = {c.process_id: _threads_of(c, result[c.process_id], stateful) for c in clients}
+    lags = {c.process_id: c.lags for c in clients}
     moves = explain(
         views_from_clients(clients),
         views_from_assignment(result, {c.process_id: c.capacity for c in clients}),
-        {c.process_id: c.lags for c in clients},
+        lags,
         stateful,
+        claim_lags=lags,  # real lags: duplicate claims resolved as the assignor resolved them
     )
     if as_json:
         capacities = {c.process_id: c.capacity for c in clients}

@@ -122,8 +122,8 @@ class ClaimConflicts:
 def claim_conflicts(
     view: Mapping[str, ClientView], lags: Mapping[str, Mapping[TaskId, int]] | None = None
 ) -> ClaimConflicts:
-    """The claims of ``view`` no assignment can hold, and how they are read (``lags``: per
-    client, as reported; they decide which duplicate claim is kept)."""
+    """The claims of ``view`` no assignment can hold, and how they are read (``lags``: the
+    clients' ``ClientState.lags`` when known; they decide which duplicate claim is kept)."""
     owners = _resolved_owners(view, lags or {})
     duplicates = [
         (task, claimants, kept)
@@ -221,15 +221,21 @@ def explain(
     after: Mapping[str, ClientView],
     lags: Mapping[str, Mapping[TaskId, int]] | None = None,
     stateful: Collection[TaskId] | None = None,
+    *,
+    claim_lags: Mapping[str, Mapping[TaskId, int]] | None = None,
 ) -> Explanation:
     """Every task whose active or standby placement differs between ``before`` and ``after``.
 
     ``lags`` (per client: tasks it has local state of) tells a warm landing from a cold one when
     the state is not a standby of ``before`` (e.g. a restarted process's checkpoints);
     ``stateful`` (None: every task) tells which tasks have state to land on at all.
+    ``claim_lags`` (the clients' ``ClientState.lags``, when known) decide which of several
+    active claims in ``before`` is the previous owner, as in the assignor; without them, the
+    smallest process id (see :func:`claim_conflicts`).
     """
     known_lags = lags or {}
-    old_owners, new_owners = _resolved_owners(before, known_lags), _resolved_owners(after, {})
+    old_owners = _resolved_owners(before, claim_lags or {})
+    new_owners = _resolved_owners(after, {})
     old_active = {t: kept for t, (_, kept) in old_owners.items()}
     new_active = {t: kept for t, (_, kept) in new_owners.items()}
     actives = []

@@ -255,7 +255,7 @@ def test_a_task_never_moves_to_a_client_that_claimed_it_as_active(
     tasks, clients, standbys, stateful = inputs
     result = StickyTaskAssignor(standbys).assign(tasks, clients, stateful)
     before, lags = views_from_clients(clients), {c.process_id: c.lags for c in clients}
-    moves = explain(before, views_from_assignment(result, {}), lags)
+    moves = explain(before, views_from_assignment(result, {}), lags, claim_lags=lags)
     kept = {task: holder for task, _, holder in claim_conflicts(before, lags).duplicate_actives}
     for move in moves.actives:
         if move.destination is not None:
