@@ -1654,6 +1654,11 @@ def plan_standbys(
     if out is not None:
         _write_plan(out, plan["candidates"], plan)
     _print_plan(plan, best, job, out, topology_file, as_json)
+    _exit_if_missed(target, best)
+
+
+def _exit_if_missed(target: float | None, best: Mapping[str, Any]) -> None:
+    """Exit with :data:`TARGET_MISSED_EXIT` (and a note) when ``best`` misses ``target``."""
     if target is not None and best["availability"] < target:
         click.echo(
             f"note: no candidate reaches --target {target:g}: exit status {TARGET_MISSED_EXIT}",
