@@ -25,8 +25,10 @@ from . import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
 from .errors import ClientsFileError, StreamAssignError
 from .explain import (
+    ClaimConflicts,
     ClientView,
     Explanation,
+    claim_conflicts,
     explain,
     load_saved,
     views_from_assignment,
@@ -35,6 +37,7 @@ from .explain import (
 from .files import load_toml
 from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
+from .pipeline.report import counted
 from .sticky import StickyTaskAssignor
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
@@ -62,7 +65,16 @@ def load_clients(path: str | Path) -> list[ClientState]:
     tables = data.get("client", [])
     if not isinstance(tables, list) or not tables:
         raise ClientsFileError(f"{where}: no [[client]] tables")
-    return [_client(table, f"{where}: client #{n}") for n, table in enumerate(tables, 1)]
+    clients = [_client(table, f"{where}: client #{n}") for n, table in enumerate(tables, 1)]
+    first: dict[str, int] = {}
+    for n, client in enumerate(clients, 1):
+        earlier = first.setdefault(client.process_id, n)
+        if earlier != n:
+            raise ClientsFileError(
+                f"{where}: clients #{earlier} and #{n} have the same process_id "
+                f"{client.process_id!r} (each process of a group has its own)"
+            )
+    return clients
 
 
 def _client(table: object, label: str) -> ClientState:
@@ -80,7 +92,9 @@ def _client(table: object, label: str) -> ClientState:
     try:
         return ClientState(**table)
     except (TypeError, ValueError) as exc:
-        raise ClientsFileError(f"{label} ({table['process_id']!r}): {exc}") from exc
+        pid = table["process_id"]
+        reason = str(exc).removeprefix(f"client {pid!r}: ")  # named in the label already
+        raise ClientsFileError(f"{label} ({pid!r}): {reason}") from exc
 
 
 def parse_partitions(values: Sequence[str]) -> dict[str, int]:
@@ -101,6 +115,10 @@ def parse_partitions(values: Sequence[str]) -> dict[str, int]:
                     f"{item!r}: at most {MAX_PARTITIONS:,} partitions (2**31 - 1: Kafka's "
                     "partition numbers are 32-bit)",
                     param_hint=_PARTITIONS,
+                )
+            if counts.get(topic, int(count)) != int(count):
+                raise click.BadParameter(
+                    f"{topic} given twice, as {counts[topic]} and {count}", param_hint=_PARTITIONS
                 )
             counts[topic] = int(count)
     return counts
@@ -155,6 +173,11 @@ def _check_task_count(topology: Topology, counts: Mapping[str, int]) -> None:
 def _task_list(tasks: Sequence[TaskId], limit: int = 12) -> str:
     shown = ", ".join(str(t) for t in tasks[:limit])
     return shown + (f", … (+{len(tasks) - limit})" if len(tasks) > limit else "")
+
+
+def _tasks_cell(tasks: frozenset[TaskId]) -> str:
+    """A table cell of tasks: ``3: 0_1, 0_4, 1_2``, or ``0`` for none."""
+    return f"{len(tasks)}: {_task_list(sorted(tasks))}" if tasks else "0"
 
 
 def _partition_list(parts: frozenset[TopicPartition]) -> str:
@@ -292,6 +315,11 @@ def plan(
     """Group TOPOLOGY_FILE into tasks and assign them to clients."""
     if (clients_file is None) == (num_clients is None):
         raise click.UsageError("give exactly one of --clients FILE or --num-clients N")
+    if clients_file is not None and _given("threads"):
+        raise click.UsageError(
+            "--threads is for --num-clients; with --clients each client's capacity in the file "
+            "is its thread count"
+        )
     overrides = parse_partitions(partitions)
     try:
         loaded = load_topology_file(topology_file)
@@ -306,8 +334,14 @@ def plan(
             "clients takes about 3 s)",
             param_hint="'--num-clients'",
         )
+    from .pipeline.scenarios import Workload
+
     try:
         counts = {**loaded.partitions, **overrides}
+        # The pipeline's checks of a topology and its counts (no count for a topic, no task at
+        # all), so that plan refuses what simulate refuses, in the same words.
+        name = loaded.topology.name or topology_file.stem
+        Workload.from_topology(loaded.topology, counts, name, str(topology_file))
         _check_task_count(loaded.topology, counts)
         tasks = PartitionGrouper().group(loaded.topology, counts)
         clients = _plan_clients(clients_file, num_clients, threads, MAX_CLIENTS)
@@ -350,11 +384,13 @@ def _show_plan(
     """Print ``plan``'s result: tables (and the moves with ``show_moves``), or JSON."""
     metrics = evaluate(tasks, clients, result, standbys, stateful)
     per_thread = {c.process_id: _threads_of(c, result[c.process_id], stateful) for c in clients}
+    lags = {c.process_id: c.lags for c in clients}
     moves = explain(
         views_from_clients(clients),
         views_from_assignment(result, {c.process_id: c.capacity for c in clients}),
-        {c.process_id: c.lags for c in clients},
+        lags,
         stateful,
+        claim_lags=lags,  # real lags: duplicate claims resolved as the assignor resolved them
     )
     if as_json:
         capacities = {c.process_id: c.capacity for c in clients}
@@ -381,10 +417,40 @@ def _warn_ignored_input(
                 f"does not have (ignored): {_task_list(unknown)}",
                 err=True,
             )
+    views = views_from_clients(clients)
+    _warn_conflicts(claim_conflicts(views, {c.process_id: c.lags for c in clients}), "")
     if stateful_count and standbys > len(clients) - 1:
         click.echo(
             f"warning: --standbys {standbys} needs {standbys + 1} clients; with {len(clients)} "
             f"each stateful task gets {max(0, len(clients) - 1)} standby(s)",
+            err=True,
+        )
+
+
+def _warn_conflicts(conflicts: ClaimConflicts, where: str) -> None:
+    """One warning line (on stderr) per kind of claim no assignment can hold, naming the tasks
+    and clients and saying how they are read; ``where`` (a file) starts each line."""
+    prefix = f"warning: {where}: " if where else "warning: "
+    duplicates = conflicts.duplicate_actives
+    if duplicates:
+        listed = "; ".join(
+            f"{task} on {', '.join(claimants)} ({kept} kept)"
+            for task, claimants, kept in duplicates[:12]
+        )
+        more = f"; … (+{len(duplicates) - 12})" if len(duplicates) > 12 else ""
+        click.echo(
+            f"{prefix}{counted(len(duplicates), 'task')} active on several clients: "
+            f"{listed}{more}; each is taken as run by the claimant the sticky assignor keeps "
+            "(smallest lag, then process id), the others as holding its state",
+            err=True,
+        )
+    both = conflicts.active_and_standby
+    if both:
+        listed = ", ".join(f"{task} on {pid}" for task, pid in both[:12])
+        more = f", … (+{len(both) - 12})" if len(both) > 12 else ""
+        click.echo(
+            f"{prefix}{counted(len(both), 'task')} both active and standby on one client: "
+            f"{listed}{more}; counted as active there",
             err=True,
         )
 
@@ -478,8 +544,8 @@ def _print_tables(
         table.add_row(
             c.process_id,
             str(c.capacity),
-            f"{len(a.active)}: {_task_list(sorted(a.active))}",
-            f"{len(a.standby)}: {_task_list(sorted(a.standby))}",
+            _tasks_cell(a.active),
+            _tasks_cell(a.standby),
             split,
         )
     console.print(table)
@@ -500,12 +566,15 @@ _MAX_SAVED_BYTES = 64 * 1024 * 1024
 
 
 def _read_saved(path: Path) -> dict[str, ClientView]:
-    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it."""
+    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it;
+    a warning line per kind of claim in it that no assignment can hold."""
     try:
         if path.stat().st_size > _MAX_SAVED_BYTES:
             raise click.ClickException(f"{path}: larger than {_MAX_SAVED_BYTES} bytes")
         data = json.loads(path.read_bytes())
-        return load_saved(data, str(path))
+        views = load_saved(data, str(path))
+        _warn_conflicts(claim_conflicts(views), str(path))
+        return views
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise click.ClickException(f"{path}: cannot read a saved assignment: {reason}") from exc
@@ -526,7 +595,7 @@ _saved_arguments = [
 def explain_command(before: Path, after: Path, as_json: bool) -> None:
     """Every task that moved from BEFORE to AFTER, and the rule that moved it.
 
-    Both are saved assignments (``plan --json`` output).
+    Both are saved assignments ('plan --json' or 'describe --json' output).
     """
     moves = explain(_read_saved(before), _read_saved(after))
     if as_json:
@@ -587,6 +656,99 @@ def _connection(bootstrap: str, timeout: float, security: Mapping[str, Any]) -> 
     return Connection(bootstrap, timeout_s=timeout, **security)
 
 
+#: The environment variables ``describe`` reads the SASL credentials from (click's envvar).
+_SASL_ENV = {
+    "sasl_username": "STREAMASSIGN_SASL_USERNAME",
+    "sasl_password": "STREAMASSIGN_SASL_PASSWORD",
+}
+
+
+def _given(param: str) -> bool:
+    """Whether the current command's ``param`` was given on the command line (not a default
+    or an environment variable)."""
+    source = click.get_current_context().get_parameter_source(param)
+    return source is click.ParameterSource.COMMANDLINE
+
+
+def _option_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _check_security(security: Mapping[str, Any]) -> None:
+    """Refuse security options that cannot work together, before any client is built: SASL
+    without its credentials, ``--ssl-*`` or ``--sasl-*`` options the protocol would ignore
+    (a user who passes a CA file expects TLS), certificate files that are not PEM."""
+    protocol = security["security_protocol"]
+    sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
+    given = [field for field, value in security.items() if value is not None and _given(field)]
+    ignored = [f for f in given if (f.startswith("ssl_") and not tls)]
+    ignored += [f for f in given if f.startswith("sasl_") and not sasl]
+    if ignored:
+        ssl_option = ignored[0].startswith("ssl_")
+        wanted = "SSL or SASL_SSL" if ssl_option else "SASL_PLAINTEXT or SASL_SSL"
+        raise click.UsageError(
+            f"{_option_name(ignored[0])} needs --security-protocol {wanted} (it is {protocol}: "
+            "the option would be ignored)"
+        )
+    for field, env in _SASL_ENV.items():
+        if sasl and security[field] is None:
+            raise click.UsageError(
+                f"--security-protocol {protocol} needs {_option_name(field)} (or ${env})"
+            )
+    if tls:
+        _check_pem_files(security["ssl_cafile"], security["ssl_certfile"], security["ssl_keyfile"])
+
+
+def _check_pem_files(cafile: str | None, certfile: str | None, keyfile: str | None) -> None:
+    """Load the TLS files as the client will (``ssl`` and OpenSSL): one line naming the option
+    and the file that cannot be used, instead of OpenSSL's ``PEM lib``."""
+    import ssl
+
+    def no_password() -> bytes:  # an encrypted key: refuse, never prompt on the terminal
+        raise click.BadParameter(
+            f"{keyfile or certfile}: the private key is encrypted; give an unencrypted key",
+            param_hint="'--ssl-keyfile'" if keyfile else "'--ssl-certfile'",
+        )
+
+    if keyfile is not None and certfile is None:
+        raise click.UsageError("--ssl-keyfile needs --ssl-certfile (the client certificate)")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    for option, path in (("--ssl-cafile", cafile), ("--ssl-certfile", certfile)):
+        if path is None:
+            continue
+        try:
+            context.load_verify_locations(cafile=path)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise click.BadParameter(
+                f"{path}: not a PEM certificate file{_ssl_reason(exc)}", param_hint=f"'{option}'"
+            ) from None
+    if certfile is None:
+        return
+    try:
+        context.load_cert_chain(certfile, keyfile, password=no_password)
+    except (ssl.SSLError, OSError) as exc:
+        if keyfile is None:
+            raise click.BadParameter(
+                f"{certfile}: holds no private key matching its certificate{_ssl_reason(exc)}; "
+                "give the key with --ssl-keyfile",
+                param_hint="'--ssl-certfile'",
+            ) from None
+        raise click.BadParameter(
+            f"{keyfile}: not the PEM private key of the certificate in {certfile}"
+            f"{_ssl_reason(exc)}",
+            param_hint="'--ssl-keyfile'",
+        ) from None
+
+
+def _ssl_reason(exc: Exception) -> str:
+    """OpenSSL's short reason (``NO_CERTIFICATE_OR_CRL_FOUND``) in parentheses, if it gave
+    one (``PEM lib`` errors give none)."""
+    import ssl
+
+    reason = exc.reason if isinstance(exc, ssl.SSLError) else str(exc)
+    return f" ({reason})" if reason else ""
+
+
 def _short_member(member_id: str) -> str:
     """A member id fits a narrow column by its tail (aiokafka ids end in a UUID)."""
     return member_id if len(member_id) <= 12 else "…" + member_id[-8:]
@@ -638,9 +800,9 @@ def _print_processes(console: Console, processes: Mapping[str, Any]) -> None:
         table.add_row(
             pid,
             str(client.capacity),
-            f"{len(a.active)}: {_task_list(sorted(a.active))}",
-            f"{len(a.standby)}: {_task_list(sorted(a.standby))}",
-            f"{len(a.warmup)}: {_task_list(sorted(a.warmup))}" if a.warmup else "-",
+            _tasks_cell(a.active),
+            _tasks_cell(a.standby),
+            _tasks_cell(a.warmup) if a.warmup else "-",
         )
     console.print(table)
 
@@ -838,6 +1000,7 @@ def describe(
     if not aiokafka_log.handlers:
         aiokafka_log.addHandler(logging.NullHandler())
     options = {k: v if not isinstance(v, Path) else str(v) for k, v in security.items()}
+    _check_security(options)
     connection = _connection(bootstrap, timeout, options)
     try:
         if watch:
@@ -999,7 +1162,7 @@ _model_options = [
     click.option(
         "--steps",
         type=click.IntRange(min=0),
-        help="Rebalances per trace (model).",
+        help="Rebalances per trace after the initial assignment (model; at least 1).",
     ),
     _partitions_option("Initial partition counts of external topics (override the file's table)."),
     _shown("--seed", kind=int, default=0, help="Base seed of the traces."),
@@ -1098,7 +1261,7 @@ def simulate(
     DIR is kept unless --overwrite is given (and then replaced only by a complete run).
     """
     from .pipeline.assignors import resolve
-    from .pipeline.simulate import SimulationJob
+    from .pipeline.simulate import SimulationJob, require_rebalances
 
     _require("pyspark", "streamassign simulate")
     if with_report:
@@ -1106,6 +1269,7 @@ def simulate(
     try:
         workload = _workload(topology_file, partitions)
         model = _model(model_file, params, steps)
+        require_rebalances(model, "simulate compares the assignors")
         chosen = resolve(assignor_names)
         job = SimulationJob(
             workload=workload,
@@ -1147,7 +1311,8 @@ def _run_simulation(
     for note in notes:
         click.echo(f"note: {note}", err=True)
     click.echo(
-        f"simulating {job.scenarios} scenarios of {workload.name} x {len(job.assignors)} assignors "
+        f"simulating {counted(job.scenarios, 'scenario')} of {workload.name} x "
+        f"{counted(len(job.assignors), 'assignor')} "
         f"({', '.join(job.assignors)}), up to {job.rebalances:,} rebalances"
     )
 
@@ -1161,8 +1326,8 @@ def _run_simulation(
         manifest = _manifest(topology_file, job, notes, actual_master)
         rows, elapsed = _write_run(session, job, run_dir, manifest, run_id, overwrite, spark_tasks)
         click.echo(
-            f"{rows:,} rebalances in {elapsed:.1f} s ({rows / elapsed:,.0f}/s, session start-up "
-            f"excluded) on {actual_master}: run {run_id} in {run_dir}"
+            f"{counted(rows, 'rebalance')} in {elapsed:.1f} s ({rows / elapsed:,.0f}/s, session "
+            f"start-up excluded) on {actual_master}: run {run_id} in {run_dir}"
         )
         page = None
         if with_report:
@@ -1311,6 +1476,10 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
     click.echo(f"next: open {page.as_uri()} in a browser")
 
 
+#: plan-standbys' exit status when no candidate reaches an explicit --target (the plan is
+#: printed and written all the same); 1 and 2 are click's errors and usage errors.
+TARGET_MISSED_EXIT = 3
+
 #: plan-standbys' table: (header, row key, format). Short headers, two lines at most, so that
 #: the table fits an 80-column log; docs/pipeline.md defines each column.
 _PLAN_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -1451,13 +1620,20 @@ def plan_standbys(
     spark_tasks: int | None,
 ) -> None:
     """Recommend num_standby_replicas and warmups for TOPOLOGY_FILE under a failure model."""
+    from .pipeline.simulate import require_rebalances
     from .pipeline.standbys import AvailabilityModel, PlanJob
 
+    if target is not None and _given("tolerance"):
+        raise click.UsageError(
+            "give --target or --tolerance, not both: --tolerance applies without a target only"
+        )
     _require("pyspark", "streamassign plan-standbys")
     try:
+        model = _model(model_file, params, steps)
+        require_rebalances(model, "plan-standbys measures the outage")
         job = PlanJob(
             workload=_workload(topology_file, partitions),
-            model=_model(model_file, params, steps),
+            model=model,
             availability=AvailabilityModel(
                 restore_rate=restore_rate,
                 detection_s=detection,
@@ -1478,6 +1654,17 @@ def plan_standbys(
     if out is not None:
         _write_plan(out, plan["candidates"], plan)
     _print_plan(plan, best, job, out, topology_file, as_json)
+    _exit_if_missed(target, best)
+
+
+def _exit_if_missed(target: float | None, best: Mapping[str, Any]) -> None:
+    """Exit with :data:`TARGET_MISSED_EXIT` (and a note) when ``best`` misses ``target``."""
+    if target is not None and best["availability"] < target:
+        click.echo(
+            f"note: no candidate reaches --target {target:g}: exit status {TARGET_MISSED_EXIT}",
+            err=True,
+        )
+        raise SystemExit(TARGET_MISSED_EXIT)
 
 
 def _standby_plan(

@@ -18,6 +18,7 @@ import attrs
 from ._ids import TaskId
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentFileError
+from .sticky import resolve_previous_owners
 
 
 class Reason(enum.StrEnum):
@@ -100,11 +101,73 @@ class Explanation:
         return sum(1 for m in self.actives if m.reason not in gone)
 
 
+@attrs.frozen
+class ClaimConflicts:
+    """Claims no assignment can hold, in clients' reports or a saved assignment.
+
+    ``duplicate_actives``: ``(task, claimants, kept)`` for each task active on several clients;
+    ``kept`` is the claimant taken as its owner by the sticky assignor's rule
+    (``streamassign.sticky.resolve_previous_owners``: smallest lag, then smallest process id),
+    the others count as holding its state. ``active_and_standby``: ``(task, client)`` for each
+    task both active and standby on one client, counted as active there. Both in task order.
+    """
+
+    duplicate_actives: tuple[tuple[TaskId, tuple[str, ...], str], ...] = ()
+    active_and_standby: tuple[tuple[TaskId, str], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.duplicate_actives or self.active_and_standby)
+
+
+def claim_conflicts(
+    view: Mapping[str, ClientView], lags: Mapping[str, Mapping[TaskId, int]] | None = None
+) -> ClaimConflicts:
+    """The claims of ``view`` no assignment can hold, and how they are read (``lags``: the
+    clients' ``ClientState.lags`` when known; they decide which duplicate claim is kept)."""
+    owners = _resolved_owners(view, lags or {})
+    duplicates = [
+        (task, claimants, kept)
+        for task, (claimants, kept) in sorted(owners.items())
+        if len(claimants) > 1
+    ]
+    both = sorted(
+        (task, pid)
+        for pid, client in view.items()
+        for task in client.assignment.active & client.assignment.standby
+    )
+    return ClaimConflicts(tuple(duplicates), tuple(both))
+
+
+def _resolved_owners(
+    view: Mapping[str, ClientView], lags: Mapping[str, Mapping[TaskId, int]]
+) -> dict[TaskId, tuple[tuple[str, ...], str]]:
+    """Per task active in ``view``: its claimants (process id order) and the one kept, by the
+    sticky assignor's own rule when there are several."""
+    claims = _owners(view, "active")
+    contested = {task: pids for task, pids in claims.items() if len(pids) > 1}
+    kept: dict[TaskId, str] = {}
+    if contested:
+        claimants = sorted({pid for pids in contested.values() for pid in pids})
+        states = [
+            ClientState(
+                pid,
+                prev_active=view[pid].assignment.active & contested.keys(),
+                lags={t: n for t, n in lags.get(pid, {}).items() if t in contested},
+            )
+            for pid in claimants
+        ]
+        kept = resolve_previous_owners(contested, states)
+    return {task: (tuple(pids), kept.get(task, pids[0])) for task, pids in claims.items()}
+
+
 def _owners(view: Mapping[str, ClientView], kind: str) -> dict[TaskId, list[str]]:
     out: dict[TaskId, list[str]] = {}
     for pid in sorted(view):
-        for task in getattr(view[pid].assignment, kind):
-            out.setdefault(task, []).append(pid)
+        assignment = view[pid].assignment
+        for task in getattr(assignment, kind):
+            # A standby beside its own active on one client counts as the active only.
+            if kind == "active" or task not in assignment.active:
+                out.setdefault(task, []).append(pid)
     return out
 
 
@@ -158,20 +221,29 @@ def explain(
     after: Mapping[str, ClientView],
     lags: Mapping[str, Mapping[TaskId, int]] | None = None,
     stateful: Collection[TaskId] | None = None,
+    *,
+    claim_lags: Mapping[str, Mapping[TaskId, int]] | None = None,
 ) -> Explanation:
     """Every task whose active or standby placement differs between ``before`` and ``after``.
 
     ``lags`` (per client: tasks it has local state of) tells a warm landing from a cold one when
     the state is not a standby of ``before`` (e.g. a restarted process's checkpoints);
     ``stateful`` (None: every task) tells which tasks have state to land on at all.
+    ``claim_lags`` (the clients' ``ClientState.lags``, when known) decide which of several
+    active claims in ``before`` is the previous owner, as in the assignor; without them, the
+    smallest process id (see :func:`claim_conflicts`).
     """
     known_lags = lags or {}
-    old_active = {t: pids[0] for t, pids in _owners(before, "active").items()}
-    new_active = {t: pids[0] for t, pids in _owners(after, "active").items()}
+    old_owners = _resolved_owners(before, claim_lags or {})
+    new_owners = _resolved_owners(after, {})
+    old_active = {t: kept for t, (_, kept) in old_owners.items()}
+    new_active = {t: kept for t, (_, kept) in new_owners.items()}
     actives = []
     for task in sorted(old_active.keys() | new_active.keys()):
         source, destination = old_active.get(task), new_active.get(task)
-        if source == destination:
+        # Not a move while a client that claimed it as active before still runs it (claims
+        # of several clients are conflicts: ``claim_conflicts`` reports them).
+        if set(old_owners.get(task, ((), ""))[0]) & set(new_owners.get(task, ((), ""))[0]):
             continue
         if source is None:
             reason = Reason.NO_PREVIOUS_OWNER

@@ -89,7 +89,8 @@ def load_toml(
 ) -> dict[str, Any]:
     """The TOML document at ``path``; ``error("<path>: cannot read <what>: ...")`` for a file
     that cannot be read, is larger than ``MAX_TOML_BYTES``, is not UTF-8, is invalid TOML or is
-    nested too deep for the parser."""
+    nested too deep for the parser. A UTF-8 byte-order mark (Windows editors write one) is
+    skipped: TOML has none, and tomllib would report an invalid statement at line 1."""
     source = Path(path)
     try:
         with source.open("rb") as fh:
@@ -99,7 +100,7 @@ def load_toml(
     if len(raw) > MAX_TOML_BYTES:
         raise error(f"{source}: {what} larger than {MAX_TOML_BYTES} bytes; refused")
     try:
-        return tomllib.loads(raw.decode())
+        return tomllib.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError as exc:
         raise error(f"{source}: {what} is not UTF-8 text (TOML is UTF-8): {exc}") from exc
     except tomllib.TOMLDecodeError as exc:

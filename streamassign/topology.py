@@ -578,15 +578,12 @@ def _parse_subtopologies(data: Mapping[str, Any], source: str) -> list[Subtopolo
         sub_id = table["id"]
         _check_int(sub_id, 0, f"{where}: 'id'", "an integer >= 0")
         where = f"{source}: subtopology {sub_id}"
+        # Outside the try: these errors already start with ``where``.
+        sources = _str_list(table["source_topics"], f"{where}: 'source_topics'")
+        stores = _str_list(table.get("stores", []), f"{where}: 'stores'")
+        sinks = _str_list(table.get("sink_topics", []), f"{where}: 'sink_topics'")
         try:
-            subtopologies.append(
-                Subtopology(
-                    sub_id,
-                    _str_list(table["source_topics"], f"{where}: 'source_topics'"),
-                    _str_list(table.get("stores", []), f"{where}: 'stores'"),
-                    _str_list(table.get("sink_topics", []), f"{where}: 'sink_topics'"),
-                )
-            )
+            subtopologies.append(Subtopology(sub_id, sources, stores, sinks))
         except (TypeError, ValueError) as exc:  # TopologyError too: the message names the file
             raise TopologyError(f"{where}: {exc}") from exc
     return subtopologies

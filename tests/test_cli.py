@@ -129,12 +129,56 @@ def test_plan_rejects_partitions_of_topics_the_topology_lacks(
         (["-p", "orders=x", "--num-clients", "2"], "expected TOPIC=COUNT"),
         (["--num-clients", "2", "--clients", CLIENTS], "exactly one of --clients"),
         ([], "exactly one of --clients"),
+        (["--clients", CLIENTS, "--threads", "4"], "--threads is for --num-clients"),
+        (["-p", "orders=6,orders=8", "--num-clients", "2"], "orders given twice, as 6 and 8"),
     ],
 )
 def test_plan_bad_input_fails_with_a_message(args: list[str], message: str) -> None:
     code, out = plan(ORDERS, *args)
     assert code != 0
     assert message in out
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('name = "x"\n', "topology x has no tasks (no subtopology)"),
+        ("", "topology empty has no tasks (no subtopology)"),
+        (
+            'name = "x"\n[[subtopology]]\nid = 0\nsource_topics = ["a"]\n',
+            "topology x: no partition count for external topics a (add them to the file's "
+            "[partitions] table or pass --partitions TOPIC=N)",
+        ),
+    ],
+)
+def test_plan_refuses_a_topology_without_tasks_as_simulate_does(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "empty.toml"
+    path.write_text(content)
+    code, out = plan(str(path), "--num-clients", "2")
+    assert code == 1
+    assert out == f"Error: {path}: {message}\n"
+
+
+def test_the_same_count_twice_and_a_byte_order_mark_are_fine(tmp_path: Path) -> None:
+    code, out = plan(ORDERS, "--num-clients", "2", "-p", "orders=6,customers=6", "-p", "orders=6")
+    assert code == 0, out
+    # Windows editors start UTF-8 files with a byte-order mark; TOML has none: it is skipped.
+    marked = tmp_path / "bom.toml"
+    marked.write_bytes(b"\xef\xbb\xbf" + Path(ORDERS).read_bytes())
+    code, out = plan(str(marked), "--num-clients", "2")
+    assert code == 0, out
+    assert "Tasks of orders-enricher (16)" in out
+
+
+def test_an_empty_standby_cell_is_a_plain_zero() -> None:
+    result = CliRunner().invoke(
+        main, ["plan", ORDERS, "--num-clients", "2"], env={"COLUMNS": "160", "FORCE_COLOR": None}
+    )
+    assert result.exit_code == 0, result.output
+    rows = [r for r in table_rows(result.output) if r[0].startswith("client-")]
+    assert len(rows) == 2 and all(r[3] == "0" for r in rows)
 
 
 def test_clients_file(tmp_path: Path) -> None:
@@ -154,7 +198,7 @@ def test_clients_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"client #1: unknown keys \['threads'\]"):
         load_clients(bad)
     bad.write_text('[[client]]\nprocess_id = "a"\ncapacity = 0\n')
-    with pytest.raises(ValueError, match="capacity must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"client #1 \('a'\): capacity must be an int >= 1"):
         load_clients(bad)
     code, out = plan(ORDERS, "--clients", str(bad))
     assert code != 0 and "capacity must be an int >= 1" in out
@@ -193,6 +237,27 @@ def test_bad_clients_files_give_a_typed_error_naming_the_key(
     assert code != 0 and "Traceback" not in out
 
 
+def test_a_process_id_twice_in_a_clients_file_names_the_file_and_both_clients(
+    tmp_path: Path,
+) -> None:
+    clients = tmp_path / "clients.toml"
+    clients.write_text('[[client]]\nprocess_id = "p1"\n[[client]]\nprocess_id = "p1"\n')
+    code, out = plan(ORDERS, "--clients", str(clients))
+    assert code == 1
+    assert out == (
+        f"Error: {clients}: clients #1 and #2 have the same process_id 'p1' (each process of a "
+        "group has its own)\n"
+    )
+
+
 def test_a_directory_as_clients_file_is_a_typed_error(tmp_path: Path) -> None:
     with pytest.raises(ClientsFileError, match="cannot read clients file"):
         load_clients(tmp_path)
+
+
+def test_help_texts_show_no_rst_markup() -> None:
+    """Docstrings of commands are --help text: no ``double backticks`` there."""
+    for command in sorted(main.commands):
+        result = CliRunner().invoke(main, [command, "--help"])
+        assert result.exit_code == 0, result.output
+        assert "``" not in result.output, f"{command} --help: {result.output}"

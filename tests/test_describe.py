@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import uuid
 import zlib
+from pathlib import Path
 
+import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from click.testing import CliRunner
 from hypothesis import given
@@ -19,10 +22,12 @@ from streamassign.aiokafka.describe import (
     FAUST_CAPACITY_TAG,
     FAUST_OWN_PROTOCOL_NAME,
     FAUST_PROTOCOL_NAME,
+    Connection,
     Family,
     MemberView,
     RawMember,
     describe_bytes,
+    fetch_group,
     quality,
     to_json,
 )
@@ -30,7 +35,7 @@ from streamassign.aiokafka.streams import PROTOCOL_NAME
 from streamassign.aiokafka.wire import encode_assignment
 from streamassign.cli import main
 from streamassign.consumer.userdata import AssignmentData, MemberData
-from streamassign.errors import ErrorCode
+from streamassign.errors import ErrorCode, GroupDescribeError
 from streamassign.explain import Reason, explain, load_saved
 from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 
@@ -291,6 +296,146 @@ def test_unreachable_broker_is_one_line_and_a_failure() -> None:
     assert result.exit_code == 1
     assert result.output.startswith("Error: cannot reach 127.0.0.1:1: ")
     assert result.output.count("\n") == 1
+
+
+#: A self-signed test certificate and its key (EC P-256, valid to 2126): for the checks of
+#: describe's TLS options, which load them as the client would. Not a secret.
+TEST_CERT = """-----BEGIN CERTIFICATE-----
+MIIBkDCCATWgAwIBAgIULVz5WZzCInVFvNSOGZQH4qfl2PowCgYIKoZIzj0EAwIw
+HDEaMBgGA1UEAwwRc3RyZWFtYXNzaWduLXRlc3QwIBcNMjYxMTI3MDEzNzM4WhgP
+MjEyNjExMDMwMTM3MzhaMBwxGjAYBgNVBAMMEXN0cmVhbWFzc2lnbi10ZXN0MFkw
+EwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEcqh3laGpJHymr4xMaFzERPV5QPRUEGUG
+4fHuRrjYdJ48Lj0eE+G+Lfx7FOp1BB8qMNRM5LOcvLH0/3Iyh5ZZzaNTMFEwHQYD
+VR0OBBYEFB91vAJ2vE3z4zFtS6k6sCWDYZkxMB8GA1UdIwQYMBaAFB91vAJ2vE3z
+4zFtS6k6sCWDYZkxMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDSQAwRgIh
+AMPw7Y/+kLbcVGDZIgRMOuAN/6IzJBiAjlTN861LEu+LAiEAtS2oJYrjmB1/ruF1
+UK6KQRnLNalZ92wFgfdvnhjpC7c=
+-----END CERTIFICATE-----
+"""
+TEST_KEY = """-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgeQtzEsNrs5zGTnIk
+G7KDV1HFE6aCvpgnnU63G4A2zdyhRANCAARyqHeVoakkfKavjExoXMRE9XlA9FQQ
+ZQbh8e5GuNh0njwuPR4T4b4t/HsU6nUEHyow1Ezks5y8sfT/cjKHllnN
+-----END PRIVATE KEY-----
+"""
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> dict[str, str]:
+    files = {"cert": TEST_CERT, "key": TEST_KEY, "both": TEST_CERT + TEST_KEY, "text": "hello\n"}
+    for name, text in files.items():
+        (tmp_path / f"{name}.pem").write_text(text)
+    return {name: str(tmp_path / f"{name}.pem") for name in files}
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (
+            ["--security-protocol", "SASL_SSL"],
+            {},
+            "--security-protocol SASL_SSL needs --sasl-username (or $STREAMASSIGN_SASL_USERNAME)",
+        ),
+        (
+            ["--security-protocol", "SASL_PLAINTEXT", "--sasl-username", "u"],
+            {},
+            "needs --sasl-password (or $STREAMASSIGN_SASL_PASSWORD)",
+        ),
+        (
+            ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-512"],
+            {"STREAMASSIGN_SASL_USERNAME": "u"},
+            "needs --sasl-password",
+        ),
+        (
+            ["--security-protocol", "SSL", "--ssl-cafile", "{text}"],
+            {},
+            "'--ssl-cafile': {text}: not a PEM certificate file (NO_CERTIFICATE_OR_CRL_FOUND)",
+        ),
+        (
+            ["--security-protocol", "SASL_SSL", "--ssl-certfile", "{text}"],
+            {"STREAMASSIGN_SASL_USERNAME": "u", "STREAMASSIGN_SASL_PASSWORD": "p"},
+            "'--ssl-certfile': {text}: not a PEM certificate file",
+        ),
+        (
+            ["--security-protocol", "SSL", "--ssl-certfile", "{cert}"],
+            {},
+            "{cert}: holds no private key matching its certificate; give the key with "
+            "--ssl-keyfile",
+        ),
+        (
+            ["--security-protocol", "SSL", "--ssl-certfile", "{cert}", "--ssl-keyfile", "{text}"],
+            {},
+            "'--ssl-keyfile': {text}: not the PEM private key of the certificate in {cert}",
+        ),
+        (
+            ["--security-protocol", "SSL", "--ssl-keyfile", "{key}"],
+            {},
+            "--ssl-keyfile needs --ssl-certfile",
+        ),
+        (
+            ["--ssl-cafile", "{cert}"],
+            {},
+            "--ssl-cafile needs --security-protocol SSL or SASL_SSL (it is PLAINTEXT",
+        ),
+        (
+            ["--security-protocol", "SASL_PLAINTEXT", "--ssl-cafile", "{cert}"],
+            {"STREAMASSIGN_SASL_USERNAME": "u", "STREAMASSIGN_SASL_PASSWORD": "p"},
+            "--ssl-cafile needs --security-protocol SSL or SASL_SSL (it is SASL_PLAINTEXT",
+        ),
+        (
+            ["--security-protocol", "SSL", "--sasl-username", "u"],
+            {},
+            "--sasl-username needs --security-protocol SASL_PLAINTEXT or SASL_SSL (it is SSL",
+        ),
+    ],
+)
+def test_security_mistakes_are_one_error_line_before_any_connection(
+    tls_files: dict[str, str], args: list[str], env: dict[str, str], message: str
+) -> None:
+    args = [a.format(**tls_files) for a in args]
+    result = CliRunner().invoke(
+        main,
+        ["describe", "g", "-b", "127.0.0.1:1", "--timeout", "2", *args],
+        env={"STREAMASSIGN_SASL_USERNAME": None, "STREAMASSIGN_SASL_PASSWORD": None, **env},
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and message.format(**tls_files) in errors[0], result.output
+    assert "cannot reach" not in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--security-protocol", "SSL", "--ssl-cafile", "{cert}"],
+        ["--security-protocol", "SSL", "--ssl-certfile", "{both}"],
+        ["--security-protocol", "SSL", "--ssl-certfile", "{cert}", "--ssl-keyfile", "{key}"],
+        ["--security-protocol", "SASL_PLAINTEXT"],  # credentials from the environment
+        [],  # the environment's SASL credentials do not matter without SASL
+    ],
+)
+def test_usable_security_options_go_on_to_the_broker(
+    tls_files: dict[str, str], args: list[str]
+) -> None:
+    result = CliRunner().invoke(
+        main,
+        ["describe", "g", "-b", "127.0.0.1:1", "--timeout", "2"]
+        + [a.format(**tls_files) for a in args],
+        env={"STREAMASSIGN_SASL_USERNAME": "u", "STREAMASSIGN_SASL_PASSWORD": "p"},
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: cannot reach 127.0.0.1:1: ")
+    assert result.output.count("\n") == 1
+
+
+def test_a_client_aiokafka_refuses_is_one_line_not_a_trace() -> None:
+    """Library use skips the CLI's checks: aiokafka's own refusal becomes GroupDescribeError."""
+    connection = Connection("127.0.0.1:1", security_protocol="SASL_SSL", timeout_s=1)
+    refused = r"cannot set up a client for 127\.0\.0\.1:1: .*PLAIN"
+    with pytest.raises(GroupDescribeError, match=refused):
+        asyncio.run(fetch_group(connection, "g"))
 
 
 def test_python_m_streamassign_runs_the_cli() -> None:

@@ -15,6 +15,7 @@ from streamassign.explain import (
     ClientView,
     Landing,
     Reason,
+    claim_conflicts,
     explain,
     views_from_assignment,
     views_from_clients,
@@ -72,7 +73,9 @@ def test_moves_agree_with_the_metrics(
 ) -> None:
     tasks, clients, replicas, stateful = case
     if any(len(c.prev_active & d.prev_active) for c in clients for d in clients if c is not d):
-        return  # duplicate claims: the metrics resolve them as the assignor does, explain cannot
+        # Duplicate claims: a task left on a claimant the assignor did not keep is a move for
+        # the metrics (the kept owner lost it) and none for explain (it stays where it ran).
+        return
     result = StickyTaskAssignor(replicas).assign(tasks, clients, stateful)
     caps = {c.process_id: c.capacity for c in clients}
     explained = explain(views_from_clients(clients), views_from_assignment(result, caps))
@@ -176,3 +179,86 @@ def test_plan_warns_about_input_it_ignores(tmp_path: Path) -> None:
     assert "--standbys 2 needs 3 clients; with 1 each stateful task gets 0 standby(s)" in (
         result.stderr
     )
+
+
+DUPLICATE = "1 task active on several clients: 0_1 on p1, p2 ({kept} kept)"
+BOTH = "1 task both active and standby on one client: 0_1 on p1; counted as active there"
+
+
+def saved(path: Path, assignment: dict[str, dict[str, list[str]]]) -> str:
+    path.write_text(json.dumps({"assignment": assignment}))
+    return str(path)
+
+
+def test_explain_and_diff_warn_about_conflicting_claims_and_never_move_a_task_in_place(
+    tmp_path: Path,
+) -> None:
+    both = {"p1": {"active": ["0_1"]}, "p2": {"active": ["0_1"]}}
+    before = saved(tmp_path / "before.json", both)
+    stayed = saved(tmp_path / "stayed.json", {"p1": {"active": []}, "p2": {"active": ["0_1"]}})
+    moved = saved(tmp_path / "moved.json", {"p1": {}, "p2": {}, "p3": {"active": ["0_1"]}})
+    for command in ("explain", "diff"):
+        result = CliRunner().invoke(main, [command, before, stayed, "--json"], env=WIDE)
+        assert result.exit_code == 0, result.output
+        warnings = result.stderr.splitlines()
+        assert warnings == [
+            f"warning: {before}: {DUPLICATE.format(kept='p1')}; each is taken as run by the "
+            "claimant the sticky assignor keeps (smallest lag, then process id), the others "
+            "as holding its state"
+        ]
+    # p2 ran 0_1 before (a duplicate claim), and runs it after: not a move.
+    result = CliRunner().invoke(main, ["explain", before, stayed, "--json"], env=WIDE)
+    assert json.loads(result.stdout)["moves"] == []
+    # It moves away from both: from the claimant kept, p1.
+    result = CliRunner().invoke(main, ["explain", before, moved, "--json"], env=WIDE)
+    assert [(m["task"], m["from"], m["to"]) for m in json.loads(result.stdout)["moves"]] == [
+        ("0_1", "p1", "p3")
+    ]
+    # A standby beside its own active counts as the active only: no "became active" standby.
+    odd = saved(tmp_path / "odd.json", {"p1": {"active": ["0_1"], "standby": ["0_1"]}})
+    plain = saved(tmp_path / "plain.json", {"p1": {"active": ["0_1"]}})
+    result = CliRunner().invoke(main, ["explain", odd, plain, "--json"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"moves": [], "standby_moves": []}
+    assert result.stderr == f"warning: {odd}: {BOTH}\n"
+
+
+def test_plan_warns_about_conflicting_claims_and_keeps_them_as_the_assignor_does(
+    tmp_path: Path,
+) -> None:
+    clients = tmp_path / "clients.toml"
+    clients.write_text(
+        '[[client]]\nprocess_id = "p1"\nprev_active = ["0_1"]\nprev_standby = ["0_1"]\n'
+        'lags = {"0_1" = 50}\n'
+        '[[client]]\nprocess_id = "p2"\nprev_active = ["0_1"]\nlags = {"0_1" = 0}\n'
+    )
+    args = ["plan", ORDERS, "--clients", str(clients), "-p", "orders=2,customers=2,returns=1"]
+    result = CliRunner().invoke(main, [*args, "--json"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    # p2 reports the smaller lag: the assignor keeps 0_1 there, and the warning says so.
+    assert result.stderr.splitlines() == [
+        f"warning: {DUPLICATE.format(kept='p2')}; each is taken as run by the claimant the "
+        "sticky assignor keeps (smallest lag, then process id), the others as holding its state",
+        f"warning: {BOTH}",
+    ]
+    data = json.loads(result.stdout)
+    assert "0_1" in data["assignment"]["p2"]["active"]
+    assert "0_1" not in [m["task"] for m in data["moves"]]
+
+
+@given(assignment_inputs())
+def test_a_task_never_moves_to_a_client_that_claimed_it_as_active(
+    inputs: tuple[list[TaskId], list[ClientState], int, list[TaskId] | None],
+) -> None:
+    """Whatever the clients report (duplicate claims included), a listed move lands on a
+    client that did not run the task before, and comes from the claimant the assignor kept."""
+    tasks, clients, standbys, stateful = inputs
+    result = StickyTaskAssignor(standbys).assign(tasks, clients, stateful)
+    before, lags = views_from_clients(clients), {c.process_id: c.lags for c in clients}
+    moves = explain(before, views_from_assignment(result, {}), lags, claim_lags=lags)
+    kept = {task: holder for task, _, holder in claim_conflicts(before, lags).duplicate_actives}
+    for move in moves.actives:
+        if move.destination is not None:
+            assert move.task not in before[move.destination].assignment.active
+        if move.task in kept:
+            assert move.source == kept[move.task]

@@ -386,6 +386,7 @@ def test_partitions_table_is_optional_and_name_defaults_to_empty(tmp_path: Path)
         ("id = 1\n", "", r"\[\[subtopology\]\] #2: missing required key 'id'"),
         ('source_topics = ["r"]', "", "#2: missing required key 'source_topics'"),
         ('source_topics = ["r"]', 'source_topics = "r"', r"subtopology 1: 'source_topics' must be"),
+        ('stores = ["s"]', 'stores = "s"', r"subtopology 0: 'stores' must be a list of strings"),
         ("id = 1", 'id = "1"', r"'id' must be an integer >= 0, got '1'"),
         ('name = "r"', 'name = "r"\npartitions = 0', r"\('r'\): 'partitions' must be an integer"),
         ('name = "r"', 'name = "r"\npartitions = "auto"', r"'partitions' must be an integer >= 1"),
@@ -413,6 +414,7 @@ def test_bad_files_are_rejected_naming_the_file_and_the_key(
     with pytest.raises(TopologyError, match=message) as info:
         load_topology_file(path)
     assert str(info.value).startswith(str(path))
+    assert str(info.value).count(str(path)) == 1, "the file is named once"
 
 
 def test_a_file_that_is_not_utf8_is_a_topology_error(tmp_path: Path) -> None:

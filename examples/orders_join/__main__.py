@@ -20,23 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streamassign.errors import StreamAssignError
 from streamassign.runtime import App
 
+from ..demo import create_topics, run
 from .join import EnrichOrders, join_topology
 
 PARTITIONS = 4
-
-
-async def create_topics(bootstrap: str, topics: list[str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics])
-    finally:
-        await admin.close()
 
 
 async def produce(
@@ -106,7 +96,12 @@ async def main() -> int:
         )
         for i in range(2)
     ]  # before any topic exists: a missing extra fails here, naming it
-    await create_topics(args.bootstrap, [orders, customers, output])
+    try:
+        await create_topics(args.bootstrap, dict.fromkeys([orders, customers, output], PARTITIONS))
+    except BaseException:
+        for app in apps:  # never started: this releases their state directories
+            await app.stop()
+        raise
     for app in apps:
         await app.start()
     try:
@@ -131,7 +126,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(asyncio.run(main()))
-    except StreamAssignError as exc:  # a configuration problem: one line, not a trace
-        sys.exit(f"error: {exc}")
+    run(main)

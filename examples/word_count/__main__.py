@@ -12,17 +12,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import sys
 import tempfile
 import uuid
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streamassign import Subtopology, Topology
-from streamassign.errors import StreamAssignError
 from streamassign.runtime import App, Record, TaskContext
+
+from ..demo import create_topics, run
 
 WORDS = [
     "the",
@@ -95,12 +94,11 @@ async def main() -> int:
         state_dir=Path(args.state_dir or tempfile.mkdtemp(prefix="word-count-")),
         threads=args.threads,
     )  # before any topic exists: a missing extra fails here, naming it
-    admin = AIOKafkaAdminClient(bootstrap_servers=args.bootstrap)
-    await admin.start()
     try:
-        await admin.create_topics([NewTopic(sentences, 4, 1), NewTopic(output, 4, 1)])
-    finally:
-        await admin.close()
+        await create_topics(args.bootstrap, {sentences: 4, output: 4})
+    except BaseException:
+        await app.stop()  # never started: this releases its state directory
+        raise
 
     await app.start()
     expected: dict[str, int] = {}
@@ -139,7 +137,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(asyncio.run(main()))
-    except StreamAssignError as exc:  # a configuration problem: one line, not a trace
-        sys.exit(f"error: {exc}")
+    run(main)

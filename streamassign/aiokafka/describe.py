@@ -595,7 +595,14 @@ class _Admin:
         self.client: Any = None
 
     async def __aenter__(self) -> _Admin:
-        self.client = self.connection.admin_client()
+        try:
+            # Inside the try: aiokafka checks the security settings here (SASL without
+            # credentials, a CA file that holds no certificate), plain ValueError / SSLError.
+            self.client = self.connection.admin_client()
+        except Exception as exc:
+            raise GroupDescribeError(
+                f"cannot set up a client for {self.connection.bootstrap}: {_reason(exc)}"
+            ) from exc
         try:
             await asyncio.wait_for(self.client.start(), self.connection.timeout_s)
         except Exception as exc:

@@ -81,6 +81,11 @@ def assignor_colour(name: str) -> str:
 # -- formatting ------------------------------------------------------------------------------------
 
 
+def counted(n: float, noun: str, plural: str = "") -> str:
+    """``1 task``, ``2 tasks``, ``1.5 tasks`` (``plural``: when not ``noun + "s"``)."""
+    return f"{n:,g} {noun if n == 1 else plural or noun + 's'}"
+
+
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
@@ -300,7 +305,7 @@ def _subtopology_balance(o: Outcome) -> str:
     """How evenly ``o`` spreads each subtopology (joins and stores live per subtopology)."""
     return (
         f"per subtopology after {_share(o.subtopology_balanced_share)} (at worst "
-        f"{o.subtopology_imbalance_max:g} more tasks of one subtopology per thread on one "
+        f"{counted(o.subtopology_imbalance_max, 'more task')} of one subtopology per thread on one "
         "owner than on another)"
     )
 
@@ -657,8 +662,19 @@ def _coverage_figure(by_step: Sequence[Mapping[str, Any]]) -> Figure | str | Non
     )
 
 
+#: What the page says instead of an answer, figures and the ranking when a run holds no
+#: rebalance after the initial assignments (every trace ended at step 0).
+NO_REBALANCES: Final = (
+    "This run has no rebalances after the initial assignments (every trace ended at step 0: "
+    "steps = 0, or no event was possible under the churn model), so there is nothing to "
+    "compare the assignors on. Simulate again with --steps N (N >= 1) and an event rate > 0."
+)
+
+
 def _figures(data: Mapping[str, Any]) -> tuple[list[Figure], list[str]]:
     """The page's figures, and sentences standing in for figures that would show nothing."""
+    if not data["by_assignor"]:  # no rebalance after the initial ones: every figure empty
+        return [], ["No figures: this run has no rebalances after the initial assignments."]
     by_event, by_step = data["by_event"], data["by_step"]
     levels = [lvl for lvl in ("task", "consumer") if any(r["level"] == lvl for r in by_step)]
     timing = Figure(
@@ -891,12 +907,14 @@ def _plain(value: Any) -> str:
 
 def _run_summary(manifest: Mapping[str, Any], rebalances: int) -> str:
     model = manifest.get("model", {})
-    parts = [f"{manifest.get('scenarios', '?')} simulated deployments"]
+    scenarios = manifest.get("scenarios")
+    deployments = "simulated deployment"
+    parts = [counted(scenarios, deployments) if isinstance(scenarios, int) else f"? {deployments}s"]
     if "steps" in model:
         parts.append(f"up to {model['steps']} rebalances each")
     parts.append(f"{rebalances:,} rebalances per assignor after the initial ones")
     if "standby_replicas" in manifest:
-        parts.append(f"{manifest['standby_replicas']} standby replica(s)")
+        parts.append(counted(manifest["standby_replicas"], "standby replica"))
     return ", ".join(parts)
 
 
@@ -953,6 +971,7 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
         churn=_churn(manifest.get("model", {})),
         rate=f"{rate:,.0f}",
         rec=rec,
+        no_rebalances=NO_REBALANCES if not found else "",
         splitters=[(o, why) for o, kind, why in rec.ruled_out if kind == "splits"],
         failures=[(o, why) for o, kind, why in rec.ruled_out if kind == "fails"],
         colour=assignor_colour,

@@ -316,16 +316,18 @@ class Workload:
 
     @classmethod
     def from_topology(
-        cls, topology: Topology, counts: Mapping[str, int], name: str = ""
+        cls, topology: Topology, counts: Mapping[str, int], name: str = "", source: str = ""
     ) -> Workload:
-        """Validate that ``counts`` group ``topology`` into at least one task."""
+        """Validate that ``counts`` group ``topology`` into at least one task (``plan`` checks
+        its input with this too). Errors start with ``source`` (a file name) when given."""
+        where = f"{source}: " if source else ""
         externals = sorted(topology.external_source_topics)
         missing = [t for t in externals if t not in counts]
         if missing:
             raise PipelineError(
-                f"topology {name or topology.name or '?'}: no partition count for external "
-                f"topics {', '.join(missing)} (add them to the file's [partitions] table or pass "
-                "--partitions TOPIC=N)"
+                f"{where}topology {name or topology.name or '?'}: no partition count for "
+                f"external topics {', '.join(missing)} (add them to the file's [partitions] "
+                "table or pass --partitions TOPIC=N)"
             )
         initial = tuple((t, counts[t]) for t in externals)
         grouped: set[str] = set()
@@ -340,9 +342,13 @@ class Workload:
         try:
             layout = workload.layout(dict(initial), 0)
         except (StreamAssignError, ValueError) as exc:
-            raise PipelineError(f"topology {workload.name or '?'} fails grouping: {exc}") from exc
+            raise PipelineError(
+                f"{where}topology {workload.name or '?'} fails grouping: {exc}"
+            ) from exc
         if not layout.task_counts or not any(n for _, n in layout.task_counts):
-            raise PipelineError(f"topology {workload.name or '?'} has no tasks")
+            raise PipelineError(
+                f"{where}topology {workload.name or '?'} has no tasks (no subtopology)"
+            )
         return workload
 
     @classmethod
@@ -361,7 +367,8 @@ class Workload:
                 f"{path}: --partitions names topics that are not external source topics of the "
                 f"topology: {', '.join(unknown)}"
             )
-        return cls.from_topology(loaded.topology, counts, loaded.topology.name or Path(path).stem)
+        name = loaded.topology.name or Path(path).stem
+        return cls.from_topology(loaded.topology, counts, name, str(path))
 
     def layout(self, counts: Mapping[str, int], version: int) -> Layout:
         """Tasks and partitions for these external counts (raises like the grouper)."""

@@ -60,6 +60,17 @@ _positive: Final = int_at_least(1)
 _non_negative: Final = int_at_least(0)
 
 
+def require_rebalances(model: ScenarioModel, what: str) -> None:
+    """Refuse ``steps = 0`` where ``what`` (a sentence's subject: what a command measures) is
+    measured over the rebalances after the initial assignment, and there would be none. The
+    commands call it; a job itself may hold initial assignments only (tests do)."""
+    if model.steps == 0:
+        raise PipelineError(
+            f"steps = 0: {what} over the rebalances after the initial assignment, and there "
+            "would be none; give --steps N (or --param steps=N) with N >= 1"
+        )
+
+
 def _names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 

@@ -94,7 +94,7 @@ class AvailabilityModel:
     #: Seconds before a crashed client's tasks are reassigned (the session timeout).
     detection_s: float = attrs.field(default=45.0, validator=_non_negative_number)
     #: Seconds between probing rebalances that move warmed-up tasks.
-    probing_interval_s: float = attrs.field(default=600.0, validator=_non_negative_number)
+    probing_interval_s: float = attrs.field(default=600.0, validator=_positive_number)
     #: The availability a recommendation must reach (share of task-time up); ``None``: the
     #: cheapest candidate within ``tolerance`` of the least outage (see :func:`recommend`).
     target: float | None = attrs.field(
@@ -361,10 +361,20 @@ def _outage(row: Mapping[str, Any]) -> str:
     return f"availability {row['availability']:.5f}"
 
 
+#: How far ``knobs`` may turn one knob: restores at most this many times faster, detection and
+#: restart downtime down to this fraction of their value. Past it a value is no plan (a restart
+#: in 16 ms, a restore rate no disk gives): the knob counts as unable to reach the target.
+KNOB_RANGE: Final = 10.0
+#: The shortest crash detection ``knobs`` suggests: brokers' default
+#: ``group.min.session.timeout.ms``, the least session timeout they accept.
+MIN_DETECTION_S: Final = 6.0
+
+
 def knobs(row: Mapping[str, Any], job: PlanJob, target: float | None = None) -> list[str]:
     """What moves ``row``'s availability, as sentences: the outage's parts and, for each
     model knob, the value that alone would reach ``target`` (default: the next nine above the
-    row, e.g. 0.999 from 0.9969), or, where it would not, the availability at its limit. Each
+    row, e.g. 0.999 from 0.9969) within the knob's limit (:data:`KNOB_RANGE`,
+    :data:`MIN_DETECTION_S`), or, where it would not, the availability at that limit. Each
     part scales with its knob (restores with 1 / restore rate, the rest linearly), the other
     parts held fixed: an estimate, not a new simulation."""
     down = 1.0 - row["availability"]
@@ -372,14 +382,9 @@ def knobs(row: Mapping[str, Any], job: PlanJob, target: float | None = None) -> 
         return ["no outage under this model"]
     avail = job.availability
     knob_of = {
-        "restores": ("--restore-rate", avail.restore_rate, "records/s", "instant restores"),
-        "crash detection": ("--detection", avail.detection_s, "s", "instant crash detection"),
-        "restart downtime": (
-            "--param restart_downtime_s",
-            job.model.restart_downtime_s,
-            "s",
-            "instant restarts",
-        ),
+        "restores": ("--restore-rate", avail.restore_rate, "records/s"),
+        "crash detection": ("--detection", avail.detection_s, "s"),
+        "restart downtime": ("--param restart_downtime_s", job.model.restart_downtime_s, "s"),
     }
     parts = {name: down * row[share] for _, share, name in _PARTS}
     split = ", ".join(
@@ -393,33 +398,48 @@ def knobs(row: Mapping[str, Any], job: PlanJob, target: float | None = None) -> 
         return lines
     moves, cannot = _knob_moves(parts, knob_of, down, 1.0 - goal)
     if moves:
-        lines.append(f"to reach {goal:g}: " + ", or ".join(moves) + " (each alone)")
+        each = " (each alone)" if len(moves) > 1 else ""
+        lines.append(f"to reach {goal:g}: " + ", or ".join(moves) + each)
     if cannot:
-        lines.append(f"{goal:g} is out of reach of one knob alone: " + ", ".join(cannot))
+        which = "the other knobs" if moves else "any one knob"
+        lines.append(
+            f"{goal:g} is out of reach of {which} alone; at their limits: " + ", ".join(cannot)
+        )
     return lines
+
+
+def _knob_limit(name: str, now: float) -> float:
+    """The furthest ``knobs`` turns a knob now at ``now`` (never back past ``now``)."""
+    if name == "restores":
+        return now * KNOB_RANGE
+    floor = MIN_DETECTION_S if name == "crash detection" else 0.0
+    return min(now, max(now / KNOB_RANGE, floor))
 
 
 def _knob_moves(
     parts: Mapping[str, float],
-    knob_of: Mapping[str, tuple[str, float, str, str]],
+    knob_of: Mapping[str, tuple[str, float, str]],
     down: float,
     allowed: float,
 ) -> tuple[list[str], list[str]]:
-    """For each outage part, largest first: the knob value that alone brings the outage
-    ``down`` within ``allowed`` (a move), or the availability at its ideal (it cannot)."""
+    """For each outage part, largest first: the knob value within its limit that alone brings
+    the outage ``down`` within ``allowed`` (a move), or the availability at the limit."""
     moves, cannot = [], []
     for name, value in sorted(parts.items(), key=lambda kv: -kv[1]):
-        option, now, unit, ideal = knob_of[name]
-        rest = down - value
+        option, now, unit = knob_of[name]
         if value <= 0:
             continue
-        if rest >= allowed:
-            cannot.append(f"{ideal} {1.0 - rest:.5f}")
+        rest, limit = down - value, _knob_limit(name, now)
+        restores = name == "restores"
+        at_limit = rest + (value * now / limit if restores else value * limit / now)
+        if at_limit > allowed:
+            cannot.append(f"{option} {_knob_value(limit)} {unit} gives {1.0 - at_limit:.5f}")
             continue
-        needed = (
-            now * value / (allowed - rest) if name == "restores" else now * (allowed - rest) / value
-        )
-        verb = "raise" if name == "restores" else "lower"
-        shown = f"{needed:,.0f}" if needed >= 100 else f"{needed:.3g}"
-        moves.append(f"{verb} {option} from {now:,g} to {shown} {unit}")
+        needed = now * value / (allowed - rest) if restores else now * (allowed - rest) / value
+        verb = "raise" if restores else "lower"
+        moves.append(f"{verb} {option} from {now:,g} to {_knob_value(needed)} {unit}")
     return moves, cannot
+
+
+def _knob_value(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"

@@ -119,8 +119,25 @@ def test_plan_standbys_prints_a_recommendation(
         (["simulate", str(ORDERS), "--param", "steps"], "expected NAME=VALUE"),
         (["simulate", str(ORDERS), "--scenarios", "0"], "0 is not in the range x>=1"),
         (["simulate", str(ORDERS), "--standbys", "-1"], "-1 is not in the range x>=0"),
+        (
+            ["simulate", str(ORDERS), "--steps", "0"],
+            "steps = 0: simulate compares the assignors over the rebalances after the initial",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--param", "steps=0"],
+            "steps = 0: plan-standbys measures the outage over the rebalances after the initial",
+        ),
         (["plan-standbys", str(ORDERS), "--standbys", "0,x"], "expected integers such as 0,1,2"),
         (["plan-standbys", str(ORDERS), "--target", "1.5"], "target must be in (0, 1)"),
+        (
+            ["plan-standbys", str(ORDERS), "--target", "0.99", "--tolerance", "0.1"],
+            "give --target or --tolerance, not both",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--probing-interval", "0"],
+            "probing_interval_s must be a number > 0",
+        ),
+        (["simulate", str(ORDERS), "-p", "orders=6,orders=8"], "orders given twice, as 6 and 8"),
         (
             ["plan-standbys", str(ORDERS), "--restore-rate", "0"],
             "restore_rate must be a number > 0",
@@ -149,6 +166,37 @@ def test_bad_input_fails_before_spark_starts(
     assert code != 0
     assert message in out, out
     assert started == []
+
+
+@pytest.mark.parametrize(("target", "status"), [("0.99", 0), ("0.999", 3), (None, 0)])
+def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str | None, status: int
+) -> None:
+    """The plan is printed and written either way; the status tells a script the outcome."""
+    pytest.importorskip("pyspark")
+    from streamassign import cli
+    from streamassign.pipeline.standbys import recommend
+
+    rows = [
+        {"standbys": s, "warmups": 0, "availability": a, "standby_load": s, "warmup_load": 0.0}
+        | {"convergence_s": 0.0}
+        for s, a in ((0, 0.98), (1, 0.995))
+    ]
+
+    def plan_of(totals: Any, job: Any, goal: float | None, tolerance: float) -> Any:
+        best, why = recommend(rows, goal, tolerance)
+        return {"candidates": rows, "recommended": dict(best), "why": why, "knobs": []}, best
+
+    monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: None)
+    monkeypatch.setattr(cli, "_standby_plan", plan_of)
+    args = ["plan-standbys", str(ORDERS), "--json", *(["--target", target] if target else [])]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == status, result.output
+    assert json.loads(result.stdout)["recommended"]["standbys"] == 1
+    if status:
+        assert result.stderr == "note: no candidate reaches --target 0.999: exit status 3\n"
+    else:
+        assert result.stderr == ""
 
 
 TINY = ("--scenarios", "1", "--steps", "2", "--assignors", "task:sticky")

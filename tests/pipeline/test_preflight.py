@@ -1,5 +1,5 @@
-"""Checks before a JVM starts: Java, master URLs, size limits, and the examples' extras. Each
-failure is one line; none of these tests starts Spark."""
+"""Checks before a JVM starts: Java, master URLs, size limits; and the examples' one-line errors (a
+missing extra, no broker). Each failure is one line; none of these tests starts Spark."""
 
 from __future__ import annotations
 
@@ -159,3 +159,22 @@ def test_examples_without_rocksdict_name_the_extra(example: str) -> None:
         "error: store_kind='rocksdb' needs rocksdict, from the runtime extra: "
         "pip install 'streamassign[runtime]' (or use store_kind='memory')"
     )
+
+
+@pytest.mark.parametrize("example", ["examples.orders_join", "examples.word_count"])
+def test_examples_without_a_broker_end_in_one_error_line(example: str) -> None:
+    """Nothing listens on port 1: the topic creation fails, the admin client and the apps are
+    closed (no unclosed-resource warning in development mode), and the last line says so."""
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-m", example, "--bootstrap", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr and "ResourceWarning" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: cannot reach Kafka (KafkaConnectionError: Unable to bootstrap")
+    assert last.endswith("is a broker running at --bootstrap?")

@@ -22,6 +22,7 @@ from streamassign.pipeline.report import (
     CSV_FILES,
     Outcome,
     assignor_colour,
+    counted,
     outcomes,
     recommend,
     render_report,
@@ -82,6 +83,33 @@ def test_no_fit_assignor_says_so(tmp_path: Path) -> None:
     assert rec.best is None and len(rec.ruled_out) == 1
     text = render_report(data, tmp_path).read_text()
     assert "No assignor compared here is fit for this topology" in text
+
+
+def test_a_run_without_rebalances_says_so_and_picks_nothing(tmp_path: Path) -> None:
+    """Every trace ended at step 0 (no event possible): no verdict, no empty charts."""
+    data = load()
+    data["by_assignor"], data["outcomes"] = [], []
+    data["by_event"] = [r for r in data["by_event"] if r["event"] == "initial"]
+    data["by_step"] = [r for r in data["by_step"] if r["step"] == 0]
+    text = render_report(data, tmp_path).read_text()
+    assert "Nothing to compare" in text and "no rebalances after the initial assignments" in text
+    assert "fit for this topology" not in text and "Use <span" not in text
+    assert 'id="answer-table"' not in text and 'id="by-assignor"' not in text
+    assert 'class="figure"' not in text
+    assert "0 rebalances per assignor after the initial ones" in text
+
+
+def test_counts_of_one_are_singular(tmp_path: Path) -> None:
+    assert [counted(n, "task") for n in (0, 1, 1.5, 2)] == [
+        "0 tasks",
+        "1 task",
+        "1.5 tasks",
+        "2 tasks",
+    ]
+    data = load()
+    data["manifest"] |= {"scenarios": 1, "standby_replicas": 1}
+    text = render_report(data, tmp_path).read_text()
+    assert "1 simulated deployment," in text and "1 standby replica." in text
 
 
 def test_failures_rule_an_assignor_out() -> None:

@@ -241,8 +241,13 @@ def test_workloads_fail_early_on_bad_topologies(tmp_path: Path) -> None:
         Workload.from_file(ORDERS, {"nope": 3})
     bare = tmp_path / "bare.toml"
     bare.write_text('[[subtopology]]\nid = 0\nsource_topics = ["a"]\n')
-    with pytest.raises(PipelineError, match="no partition count for external topics a"):
+    missing = r"bare\.toml: topology bare: no partition count for external topics a"
+    with pytest.raises(PipelineError, match=missing):
         Workload.from_file(bare)
+    named = tmp_path / "named.toml"
+    named.write_text('name = "x"\n')
+    with pytest.raises(PipelineError, match=r"named\.toml: topology x has no tasks"):
+        Workload.from_file(named)
     broken = tmp_path / "broken.toml"
     broken.write_text("[[subtopology]]\nid = 0\n")
     with pytest.raises(PipelineError, match="missing required key 'source_topics'"):

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from streamassign.cli import _plan_table
 from streamassign.pipeline import Workload
-from streamassign.pipeline.standbys import PlanJob, knobs, recommend
+from streamassign.pipeline.standbys import AvailabilityModel, PlanJob, knobs, recommend
 
 
 def candidate(standbys: int, warmups: int, availability: float, **extra: Any) -> dict[str, Any]:
@@ -61,14 +61,14 @@ def test_knobs_split_the_outage_and_say_what_reaches_the_next_nine(orders: Workl
         "30% restart downtime (--param restart_downtime_s 60), 10% crash detection "
         "(--detection 45)"
     )
-    # 0.999 allows 0.001: restores must shrink from 0.0012 to 0.0002, six times faster.
-    assert (
-        reach
-        == "to reach 0.999: raise --restore-rate from 20,000 to 120,000 records/s (each alone)"
-    )
+    # 0.999 allows 0.001: restores must shrink from 0.0012 to 0.0002, six times faster. One
+    # knob: no "(each alone)".
+    assert reach == "to reach 0.999: raise --restore-rate from 20,000 to 120,000 records/s"
+    # The others at their limits: a tenth of the restart downtime, detection at the brokers'
+    # least session timeout (6 s, not 4.5 s).
     assert cannot == (
-        "0.999 is out of reach of one knob alone: instant restarts 0.99860, "
-        "instant crash detection 0.99820"
+        "0.999 is out of reach of the other knobs alone; at their limits: --param "
+        "restart_downtime_s 6 s gives 0.99854, --detection 6 s gives 0.99817"
     )
     # An explicit target: the detection that reaches it, the rest held.
     lines = knobs(row, job, target=0.9983)
@@ -76,10 +76,30 @@ def test_knobs_split_the_outage_and_say_what_reaches_the_next_nine(orders: Workl
         "to reach 0.9983: raise --restore-rate from 20,000 to 26,667 records/s, or lower "
         "--param restart_downtime_s from 60 to 30 s (each alone)"
     )
-    assert lines[2] == "0.9983 is out of reach of one knob alone: instant crash detection 0.99820"
+    assert lines[2] == (
+        "0.9983 is out of reach of the other knobs alone; at their limits: --detection 6 s "
+        "gives 0.99817"
+    )
     # A tolerance of 2 %: only the least outage itself.
     assert recommend(ROWS, tolerance=0.02)[0]["standbys"] == 3
     assert knobs(candidate(0, 0, 1.0), job) == ["no outage under this model"]
+
+
+def test_knob_values_past_their_limits_are_never_suggested(orders: Workload) -> None:
+    """Under the default model the restarts dominate: reaching 0.999 would take a restart in
+    17 ms. No line suggests it; both lines agree that no knob alone gets there."""
+    job = PlanJob(workload=orders)
+    row = candidate(2, 2, 0.9969, restore_share=0.3, detection_share=0.18, restart_share=0.52)
+    lines = knobs(row, job)
+    assert len(lines) == 2 and not any(line.startswith("to reach") for line in lines)
+    assert lines[1] == (
+        "0.999 is out of reach of any one knob alone; at their limits: --param "
+        "restart_downtime_s 6 s gives 0.99835, --restore-rate 200,000 records/s gives 0.99774, "
+        "--detection 6 s gives 0.99738"
+    )
+    # A knob already at its limit stays there: detection 6 s is not lowered further.
+    fast = PlanJob(workload=orders, availability=AvailabilityModel(detection_s=6.0))
+    assert "--detection 6 s gives" in knobs(row, fast)[1]
 
 
 @pytest.mark.parametrize("width", [80, 120])
