@@ -92,11 +92,20 @@ def check_exact(runtime: Runtime, expected: dict[str, str]) -> None:
     changelog = f"{runtime.app}-totals-changelog"
     replay, _ = asyncio.run(_read_changelog(runtime.bootstrap, changelog))
     backward = asyncio.run(_backward_markers(runtime.bootstrap, changelog))
-    short = {k: (merged.get(k), v) for k, v in expected.items() if merged.get(k) != v}
-    assert not short, f"{len(short)} keys differ (held, expected), e.g. {list(short.items())[:5]}"
-    assert merged == expected
-    assert replay == expected
+    assert merged == expected, f"the last process's tables: {differences(merged, expected)}"
+    assert replay == expected, f"a cold replay of the changelog: {differences(replay, expected)}"
     assert not backward, f"commit markers went backwards: {backward[:10]}"
+
+
+def differences(table: dict[str, str], expected: dict[str, str]) -> str:
+    """What ``table`` holds unlike ``expected``, in a line: keys with another value (or
+    none), and keys ``expected`` does not have."""
+    wrong = {k: (table.get(k), v) for k, v in expected.items() if table.get(k) != v}
+    extra = sorted(table.keys() - expected.keys())
+    return (
+        f"{len(wrong)} keys differ (held, expected), e.g. {list(wrong.items())[:5]}; "
+        f"{len(extra)} keys not expected, e.g. {extra[:5]}"
+    )
 
 
 @dataclass(frozen=True)
@@ -152,12 +161,22 @@ def test_frozen_member_drops_its_stale_state_when_it_wakes(runtime: Runtime) -> 
     runtime.args = ["--status-interval", "0.1"]
     frozen = freeze_and_wake(runtime, total)
     victim, before = frozen.victim, frozen.before
-    assert frozen.after[victim] == before[victim], "the woken member did not get its tasks back"
+    assert frozen.after[victim] == before[victim], (
+        f"the woken member {victim} did not get its tasks back: before {before}, "
+        f"after {frozen.after}"
+    )
     frozen.feeder.finish()
     wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
-    restored = {e["task"] for e in runtime.events(victim, "restore") if e["t"] > frozen.woke}
+    restores = [e for e in runtime.events(victim, "restore") if e["t"] > frozen.woke]
+    restored = {e["task"] for e in restores}
+    seen = [(e["task"], e["source"], e["start"], e["records"]) for e in restores]
     check_exact(runtime, expected_table(total))
-    assert restored == before[victim]  # restored from its store's position, not resumed
+    # Restored from its store's position, not resumed.
+    assert restored == before[victim], (
+        f"{victim} restored {sorted(restored)} after it woke, not exactly its tasks "
+        f"{sorted(before[victim])} (one of them not restored was resumed with stale state); "
+        f"its restores then (task, source, start, records): {seen}"
+    )
 
 
 PRELOADED_PER_PARTITION = 4_000
