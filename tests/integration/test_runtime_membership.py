@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from streamassign import Subtopology, Topology
 from streamassign.runtime import COMMIT_KEY, ensure_internal_topics
@@ -38,6 +39,7 @@ from .test_runtime import (
     _read_records,
     expected_table,
     tables,
+    topic_ends,
     wait_caught_up,
 )
 
@@ -120,12 +122,14 @@ class Frozen:
     woke: float
 
 
-def freeze_and_wake(runtime: Runtime, total: int) -> Frozen:
+def freeze_and_wake(runtime: Runtime, total: int, before_markers: bool = False) -> Frozen:
     """Start two processes; while ``total`` records flow, freeze one (SIGSTOP) past the session
     timeout until the survivor runs every task and has processed 5,000 more records (writing
     the victim's changelogs: its state goes stale), then wake it (SIGCONT) and wait until the
     group settles. The sticky assignor breaks the tie between the woken member's claim and the
-    survivor's by process id: the first is frozen, so it gets its own tasks back."""
+    survivor's by process id: the first is frozen, so it gets its own tasks back.
+    ``before_markers``: the victim freezes itself in a commit, after its changelog end check
+    passed and before it sends its markers (the worker's SIGHUP)."""
     before = runtime.start_two()
     victim = min(before, key=lambda n: runtime.events(n, "status")[-1]["process"])
     survivor = next(n for n in before if n != victim)
@@ -133,16 +137,41 @@ def freeze_and_wake(runtime: Runtime, total: int) -> Frozen:
     feeder.start()
     wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
     frozen = runtime.procs[victim].proc
-    frozen.send_signal(signal.SIGSTOP)  # processing, with uncommitted writes, and frozen
+    if before_markers:
+        frozen.send_signal(signal.SIGHUP)
+        wait_for("the victim froze before its markers", lambda: runtime.events(victim, "freezing"))
+        frozen_at = asyncio.run(topic_ends(runtime.bootstrap, runtime.source))
+    else:
+        frozen.send_signal(signal.SIGSTOP)  # processing, with uncommitted writes, and frozen
     wait_for("the survivor runs every task", lambda: runtime.actives(survivor) == TASKS)
     took_over = runtime.events(survivor, "status")[-1]["processed"]
     wait_for(
         "the survivor processes 5,000 more records",
         lambda: runtime.events(survivor, "status")[-1]["processed"] >= took_over + 5000,
     )
+    if before_markers:  # its input positions pass every record the victim can have applied
+        wait_for(
+            "the survivor commits input offsets past the victim's",
+            lambda: all(
+                committed.get(p, -1) >= end
+                for committed in [asyncio.run(_committed(runtime.bootstrap, runtime.app))]
+                for p, end in frozen_at.items()
+            ),
+        )
     woke = time.time()
     frozen.send_signal(signal.SIGCONT)
     return Frozen(victim, before, runtime.settle(), feeder, woke)
+
+
+async def _committed(bootstrap: str, group: str) -> dict[int, int]:
+    """The input offsets ``group`` committed, by partition (one source topic)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+        return {tp.partition: meta.offset for tp, meta in offsets.items()}
+    finally:
+        await admin.close()
 
 
 def wait_for(what: str, condition: object, timeout: float = TIMEOUT) -> None:
@@ -177,6 +206,29 @@ def test_frozen_member_drops_its_stale_state_when_it_wakes(runtime: Runtime) -> 
         f"{sorted(before[victim])} (one of them not restored was resumed with stale state); "
         f"its restores then (task, source, start, records): {seen}"
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="at least once, a zombie woken between its commit's end check and its markers "
+    "closes the new owner's records with its stale marker and writes its stale values again "
+    "(Commits.reassert); updates the new owner committed input offsets for are lost",
+)
+def test_member_frozen_before_its_markers_closes_no_writes_of_the_new_owner(
+    runtime: Runtime,
+) -> None:
+    """The freeze at the worst moment: the victim's commit checked that its changelogs end
+    where its records do, then the process stopped before its markers went out, until the
+    survivor ran its tasks and committed input offsets past every record the victim can have
+    applied. Woken, it sends its markers after the survivor's records (a marker closes
+    whatever precedes it), and neither its stale values nor its applied offsets may become
+    the table."""
+    total = 40_000
+    runtime.args = ["--status-interval", "0.1"]
+    frozen = freeze_and_wake(runtime, total, before_markers=True)
+    frozen.feeder.finish()
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    check_exact(runtime, expected_table(total))
 
 
 PRELOADED_PER_PARTITION = 4_000
