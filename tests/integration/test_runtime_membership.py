@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,9 +77,13 @@ async def _backward_markers(
     return backward
 
 
-def check_exact(runtime: Runtime, expected: dict[str, str]) -> None:
+def check_exact(
+    runtime: Runtime, expected: dict[str, str], zombie_partitions: Set[int] = frozenset()
+) -> None:
     """Stop the processes one by one; the last one's tables once it runs every task, a cold
-    replay of the changelog and the markers.
+    replay of the changelog and the markers. ``zombie_partitions``: changelog partitions where
+    a woken zombie's marker, sent before it learnt it was out, may go backwards (one each; a
+    restore keeps the highest applied offsets, and the owner writes its state after it).
 
     Live tables come from the last process alone: one stopped earlier may dump state it no
     longer owns (evicted with its event loop blocked, it has not heard so yet: a zombie, whose
@@ -96,7 +100,11 @@ def check_exact(runtime: Runtime, expected: dict[str, str]) -> None:
     backward = asyncio.run(_backward_markers(runtime.bootstrap, changelog))
     assert merged == expected, f"the last process's tables: {differences(merged, expected)}"
     assert replay == expected, f"a cold replay of the changelog: {differences(replay, expected)}"
-    assert not backward, f"commit markers went backwards: {backward[:10]}"
+    partitions = [int(b.split("@")[0]) for b in backward]
+    zombies = [p for p in partitions if p in zombie_partitions]
+    assert len(zombies) == len(set(zombies)) == len(partitions), (
+        f"commit markers went backwards: {backward[:10]}"
+    )
 
 
 def differences(table: dict[str, str], expected: dict[str, str]) -> str:
@@ -208,12 +216,6 @@ def test_frozen_member_drops_its_stale_state_when_it_wakes(runtime: Runtime) -> 
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="at least once, a zombie woken between its commit's end check and its markers "
-    "closes the new owner's records with its stale marker and writes its stale values again "
-    "(Commits.reassert); updates the new owner committed input offsets for are lost",
-)
 def test_member_frozen_before_its_markers_closes_no_writes_of_the_new_owner(
     runtime: Runtime,
 ) -> None:
@@ -228,7 +230,10 @@ def test_member_frozen_before_its_markers_closes_no_writes_of_the_new_owner(
     frozen = freeze_and_wake(runtime, total, before_markers=True)
     frozen.feeder.finish()
     wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
-    check_exact(runtime, expected_table(total))
+    # Its markers (one per task it froze committing) are sent as it wakes, before the broker
+    # refuses it: they go backwards, the tables may not.
+    victims = {int(task.split("_")[1]) for task in frozen.before[frozen.victim]}
+    check_exact(runtime, expected_table(total), zombie_partitions=victims)
 
 
 PRELOADED_PER_PARTITION = 4_000
