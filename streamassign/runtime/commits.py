@@ -425,9 +425,9 @@ class Commits:
             if not keys:  # only markers: ours, the last, closed them with our offsets
                 return marker
             log.warning(
-                "task %s: another writer's records in %s[%d] between offsets %d and %d, "
-                "before this commit's marker; writing this owner's value of the %d key(s) "
-                "written there again",
+                "task %s: %s[%d] offsets %d to %d (since this owner's last marker, up to "
+                "this commit's) hold another writer's records; writing this owner's value of "
+                "the %d key(s) written there again",
                 task.task_id,
                 tp.topic,
                 tp.partition,
