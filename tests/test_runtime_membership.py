@@ -2,10 +2,11 @@
 
 One in-memory log stands in for the producer and the restore consumer (a unit test of the
 commit and resume logic; ``tests/integration/test_runtime_membership.py`` runs the real
-scenarios). Checked: no marker while another writer's records sit after the owner's, a marker
-that lands after them is followed by the owner's values, a member the broker no longer knows
-commits nothing, a task resumes without restore only if its changelog ends where its owner's
-records end, and the host reports a lost membership.
+scenarios). Checked: no marker while another writer's records sit after the owner's (unless
+the broker confirms the owner: then its values follow them), a marker that lands after them is
+followed by the owner's values unless the broker refuses the member, a member the broker no
+longer knows commits nothing, a task resumes without restore only if its changelog ends where
+its owner's records end, and the host reports a lost membership.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import (
     BrokerNotAvailableError,
+    CommitFailedError,
     MessageSizeTooLargeError,
     NotEnoughReplicasError,
     TopicAuthorizationFailedError,
@@ -198,6 +200,104 @@ def test_a_marker_landing_after_foreign_records_is_followed_by_the_owners_values
     assert dict(state.store.items()) == log.replay()
     assert state.position == state.end == len(log.records[CHANGELOG])
     assert committer.commits == [{KafkaTopicPartition("events", 0): 1}]
+
+
+class Fence(Committer):
+    """A consumer whose offset commits the group coordinator refuses once ``refuse`` is set
+    (an evicted member, a stale generation)."""
+
+    refuse = False
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        if self.refuse:
+            raise CommitFailedError("the group has already rebalanced")
+        await super().commit(offsets)
+
+
+def fenced(tmp_path: Path) -> tuple[App, Log, Fence, list[int]]:
+    app, log, _, rejoins = make(tmp_path)
+    fence = Fence()
+    app.host.consumers[0] = fence  # type: ignore[call-overload]
+    return app, log, fence, rejoins
+
+
+def applied(log: Log) -> dict[str, int]:
+    """The applied offsets a cold restore of the changelog ends with."""
+    state = StoreState.open("totals", TopicPartition(*CHANGELOG), MemoryStore())
+    for offset, (key, value) in enumerate(log.records[CHANGELOG]):
+        state.restore(offset, key, value)
+    return state.applied
+
+
+def test_a_zombie_whose_marker_lands_late_is_refused_and_writes_nothing_more(
+    tmp_path: Path,
+) -> None:
+    """Frozen after its end check, the member's marker lands after the new owner's records:
+    the broker refuses its fence (an offset commit it made already), so its stale values are
+    not written again and its tasks are torn."""
+    app, log, fence, rejoins = fenced(tmp_path)
+
+    def new_owner() -> None:  # between the zombie's check and its marker
+        log.records[CHANGELOG].append((b"k", b"7"))
+        log.records[CHANGELOG].append((COMMIT_KEY, encode_marker({"events": 9})))
+        log.after_ends = None
+        fence.refuse = True
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)
+        await app._processing.process(task, Rec(1, b"k", b"5"))
+        log.after_ends = new_owner
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    records = log.records[CHANGELOG]
+    # Its records (k, k-copy), the new owner's two, its marker, and nothing after it.
+    assert records[-1][0] == COMMIT_KEY and records[-2] == (
+        COMMIT_KEY,
+        encode_marker({"events": 9}),
+    )
+    assert len(records) == 3 + 2 + 2 + 1  # first commit: 2 writes + marker
+    assert task.torn and rejoins == [0]
+    assert fence.commits == [{KafkaTopicPartition("events", 0): 1}]  # the input not committed
+    assert task.stores["totals"].pending == {}
+
+
+@pytest.mark.parametrize("accepted", [True, False])
+def test_an_owner_finding_a_zombie_s_records_after_its_own_writes_its_state_after_them(
+    tmp_path: Path, accepted: bool
+) -> None:
+    """A zombie's stale write and marker (older applied offsets) after the owner's
+    uncommitted records: the owner the broker confirms keeps the task and writes its values
+    and its marker after them, so a restore ends at its state and its applied offsets (no
+    input applied twice); refused, it writes nothing and its tasks are torn."""
+    app, log, fence, rejoins = fenced(tmp_path)
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)
+        await app._processing.process(task, Rec(1, b"k", b"5"))  # k = 10, not committed
+        log.records[CHANGELOG].append((b"k", b"5"))  # the zombie's stale value
+        log.records[CHANGELOG].append((COMMIT_KEY, encode_marker({"events": 0})))
+        fence.refuse = not accepted
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    offsets = [{KafkaTopicPartition("events", 0): o} for o in (1, 1, 2)]
+    if not accepted:
+        assert task.torn and rejoins == [0] and log.markers() == 2  # its first, the zombie's
+        assert fence.commits == offsets[:1]
+        return
+    state = task.stores["totals"]
+    assert not task.torn and rejoins == []
+    assert log.replay() == {b"k": b"10", b"k-copy": b"10"} == dict(state.store.items())
+    assert applied(log) == {"events": 1}  # a restore skips both inputs
+    assert state.position == state.end == len(log.records[CHANGELOG])
+    assert fence.commits == offsets  # the fence commits again what was committed
 
 
 def test_a_member_the_broker_no_longer_knows_commits_nothing(tmp_path: Path) -> None:

@@ -68,6 +68,11 @@ class StoreState:
     #: writes the partition (None: unknown, nothing is checked). A restore sets it to the end
     #: it read to; every record the owner produces moves it on by one.
     end: int | None = None
+    #: Active side: another writer's records follow this owner's own since its last marker,
+    #: and the broker confirmed this owner still holds the task (``Commits.sole_writer``): the
+    #: next commit writes a marker even without pending writes, then this owner's value of
+    #: every key written since its last marker again after them.
+    overwritten: bool = False
     #: Restore side: data records read after the last marker, in changelog order.
     unclosed: list[tuple[bytes, bytes | None]] = attrs.field(factory=list)
     #: Changelog records read by restores (data and markers), over this object's life.
@@ -115,7 +120,7 @@ class StoreState:
 
     @property
     def dirty(self) -> bool:
-        return bool(self.pending or self.pending_applied)
+        return bool(self.pending or self.pending_applied or self.overwritten)
 
     def produced(self) -> None:
         """One more record of this owner went to the changelog."""
@@ -130,6 +135,7 @@ class StoreState:
         """The marker at ``marker_offset`` is acknowledged: write the pending state locally."""
         self.applied.update(self.pending_applied)
         self.position = self.end = marker_offset + 1
+        self.overwritten = False
         self.store.write(self.pending, self._meta())
         self.pending.clear()
         self.pending_applied.clear()

@@ -5,6 +5,13 @@ that drop out of the group").
 A commit: data and output acks, then a commit marker per store with pending writes (only if
 this member still holds its membership and nobody else wrote the changelog since), then the
 local stores and checkpoints, then the input offsets.
+
+At least once, a member that stopped (a pause, a stalled VM) after its end check and before
+its markers went out sends them when it wakes, after the records of the task's new owner. So
+only a member the broker still accepts writes over another writer's records: before it does,
+it commits again input offsets it committed already (``confirmed``, the *membership fence*),
+which the group coordinator refuses for an evicted member or a stale generation. This costs
+one round trip, and only when another writer's records were found.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import (
     ClusterAuthorizationFailedError,
+    CommitFailedError,
     InvalidTopicError,
     KafkaError,
     MessageSizeTooLargeError,
@@ -44,6 +52,10 @@ log = logging.getLogger("streamassign.runtime")
 #: consumer that is rebalancing tries once). After that the owner writes its pending values
 #: again, so none is lost, and the task is torn and restored.
 REASSERT_PATIENCE = 120.0
+
+#: Seconds the membership fence waits for the group coordinator (aiokafka retries retriable
+#: errors until then); no answer in time confirms nothing either way.
+FENCE_TIMEOUT = 15.0
 
 
 class Commits:
@@ -238,7 +250,9 @@ class Commits:
     ) -> list[tuple[ActiveTask, StoreState, int]]:
         """A marker per store with pending writes, acknowledged; each must land where its
         owner's records end (``StoreState.end``). One that lands later closed another
-        writer's records too: ``reassert`` writes ours after them, or the task is torn."""
+        writer's records too: a member the broker still accepts (``confirmed``) writes its
+        values after them (``reassert``), else its task is torn; one the broker refuses
+        writes nothing more (its tasks are torn)."""
         producer = self.clients.producer
         assert producer is not None
         markers = []
@@ -253,12 +267,18 @@ class Commits:
                     markers.append((task, state, expected, future))
         if markers:
             await asyncio.gather(*(f for *_, f in markers))
+        landed = [(t, s, e, f.result().offset) for t, s, e, f in markers]
+        late = [s for _, s, e, o in landed if e is not None and o is not None and o != e]
+        # A member whose marker closed another writer's records may be the zombie: it asks
+        # the broker first (once a commit; not again for stores sole_writer checked).
+        if any(not s.overwritten for s in late) and await self.confirmed(index) is False:
+            return []  # a zombie: its tasks are torn, it rejoins
         done, failed = [], []
         deadline = asyncio.get_running_loop().time() + REASSERT_PATIENCE  # the whole commit's
-        for task, state, expected, future in markers:  # every task's pending writes intact
-            offset: int | None = future.result().offset
-            if expected is not None and offset is not None and offset != expected:
-                offset = await self.reassert(task, state, expected, offset, deadline)
+        for task, state, _, offset in landed:  # every task's pending writes intact
+            if state in late:
+                assert offset is not None
+                offset = await self.reassert(task, state, offset, deadline)
             if offset is None:
                 failed.append(task)
             else:
@@ -270,10 +290,12 @@ class Commits:
 
     async def sole_writer(self, index: int, dirty: Sequence[ActiveTask]) -> bool:
         """Whether ``index`` may write markers: it is still the member its tasks were
-        assigned to (else every task of it is torn: a zombie commits nothing), and nobody
-        else wrote the changelogs of ``dirty`` since it last read or wrote them (a task whose
-        changelog was written elsewhere is torn and the consumer rejoins, so the task is
-        restored or leaves). False also when the ends cannot be read (commit later)."""
+        assigned to (else every task of it is torn: a zombie commits nothing). A task whose
+        changelog another writer extended since this owner last read or wrote it is kept
+        if the broker confirms this member (``confirmed``): its commit writes this owner's
+        values after those records (``StoreState.overwritten``). Otherwise such a task is
+        torn and the consumer rejoins (the task is restored or leaves); refused, every task
+        of the consumer is torn. False also when the ends cannot be read (commit later)."""
         if self.lost(index):
             return False
         checked = [s for t in dirty for s in t.stores.values() if s.end is not None]
@@ -286,7 +308,7 @@ class Commits:
             return False
         if self.lost(index):  # learnt while we waited
             return False
-        foreign = False
+        foreign = {}
         for task in dirty:
             stale = {
                 s.name: (ends[s.changelog], s.end)
@@ -294,17 +316,73 @@ class Commits:
                 if s.end is not None and ends[s.changelog] != s.end
             }
             if stale:
-                log.warning(
-                    "consumer %d: task %s: its changelog was written by another writer "
-                    "(end, expected: %s); its uncommitted state is dropped, no marker written",
-                    index,
-                    task.task_id,
-                    stale,
-                )
-                tear(task)
-                foreign = True
-        if foreign:
+                foreign[task] = stale
+        if not foreign:
+            return True
+        # Only records after ours can be written over; a changelog that ends before our
+        # records (truncated) is restored from.
+        ahead = all(end > mine for stale in foreign.values() for end, mine in stale.values())
+        confirmed = await self.confirmed(index) if ahead else None
+        if confirmed is False:
+            return False
+        for task, stale in foreign.items():
+            self.written_elsewhere(index, task, stale, confirmed is True)
+        if not confirmed:
             self.host.request_rejoin(index)
+        return True
+
+    def written_elsewhere(
+        self, index: int, task: ActiveTask, stale: Mapping[str, tuple[int, int]], keep: bool
+    ) -> None:
+        """Another writer extended the changelogs of ``task``'s stores in ``stale`` (name:
+        end, expected end): ``keep`` (the broker confirmed this member) marks them for
+        ``reassert``, else the task is torn."""
+        if keep:
+            log.warning(
+                "consumer %d: task %s: its changelog was written by another writer (end, "
+                "expected: %s) while the broker still accepts this member; this owner's "
+                "values are written again after those records",
+                index,
+                task.task_id,
+                stale,
+            )
+            for state in task.stores.values():
+                state.overwritten = state.overwritten or state.name in stale
+            return
+        log.warning(
+            "consumer %d: task %s: its changelog was written by another writer "
+            "(end, expected: %s); its uncommitted state is dropped, no marker written",
+            index,
+            task.task_id,
+            stale,
+        )
+        tear(task)
+
+    async def confirmed(self, index: int) -> bool | None:
+        """The membership fence: whether the group coordinator still accepts ``index`` as a
+        member of its current generation, asked by committing again the input offsets its
+        tasks committed already (the group's offsets do not change). Accepted: no other
+        member can own its tasks before that generation ends. Refused (``CommitFailedError``:
+        unknown member, stale generation, a rebalance completing): False, every task of
+        ``index`` is torn and it rejoins. None when nothing is known: no committed offset
+        to commit again (a member's first commit), or no answer within ``FENCE_TIMEOUT``."""
+        offsets = {
+            KafkaTopicPartition(*tp): offset
+            for task in self.actives.values()
+            if task.consumer == index
+            for tp, offset in task.committed.items()
+        }
+        if not offsets:
+            return None
+        try:
+            await asyncio.wait_for(self.host.consumers[index].commit(offsets), FENCE_TIMEOUT)
+        except CommitFailedError as exc:
+            self.tear_consumer(index, f"is refused by the broker ({exc!r})")
+            self.host.request_rejoin(index)
+            return False
+        except (KafkaError, TimeoutError) as exc:
+            log.warning("consumer %d: membership not confirmed (%r)", index, exc)
+            return None
         return True
 
     def lost(self, index: int) -> bool:
@@ -328,35 +406,39 @@ class Commits:
             )
 
     async def reassert(
-        self, task: ActiveTask, state: StoreState, first: int, marker: int, deadline: float
+        self, task: ActiveTask, state: StoreState, marker: int, deadline: float
     ) -> int | None:
-        """Another writer's records landed in ``state``'s changelog at ``[first, marker)``,
-        between this owner's records and its marker, which closed them too. Write this
-        owner's value of every key they wrote again, then a marker after them, so that the
-        changelog ends at this owner's state; its offset, or None after three tries or when
-        their keys cannot be read by ``deadline`` (the loop's clock): then the task is torn
-        by the caller, after ``give_up`` wrote its pending values again."""
+        """Another writer's records landed in ``state``'s changelog after this owner's last
+        marker and before its marker at ``marker``, which closed them too. Write this owner's
+        value of every key written since its last marker again (another writer's records can
+        sit between this owner's), then a marker after them, so that the changelog ends at
+        this owner's state; its offset, or None after three tries or when their keys cannot
+        be read by ``deadline`` (the loop's clock): then the task is torn by the caller, after
+        ``give_up`` wrote its pending values again."""
         tp = state.changelog
+        first = state.position
         for _ in range(3):
             keys = await self.keys_written(task, tp, first, marker, deadline)
             if keys is None:
                 await self.give_up(task, state, marker)
                 return None
+            if not keys:  # only markers: ours, the last, closed them with our offsets
+                return marker
             log.warning(
-                "task %s: %d record(s) of another writer in %s[%d] (offsets %d to %d) before "
-                "this commit's marker; writing this owner's value of their %d key(s) again",
+                "task %s: %s[%d] offsets %d to %d (since this owner's last marker, up to "
+                "this commit's) hold another writer's records; writing this owner's value of "
+                "the %d key(s) written there again",
                 task.task_id,
-                marker - first,
                 tp.topic,
                 tp.partition,
                 first,
                 marker,
                 len(keys),
             )
-            expected, marker = await self.write_again(state, keys, marker)
-            first = expected
-            if marker == expected:
-                return marker
+            expected, landed = await self.write_again(state, keys, marker)
+            if landed == expected:
+                return landed
+            first, marker = marker + 1, landed
         log.error("task %s: %s[%d] keeps being written by another writer", task.task_id, *tp)
         await self.give_up(task, state, marker)
         return None
@@ -389,11 +471,14 @@ class Commits:
         follows (the caller tears the task) applies none of the other writer's values over
         this owner's updates since its last commit. A key only the other writer wrote keeps
         its value. Nothing is written by a member that lost its membership (or a torn task):
-        the other writer is then the task's new owner. Raises ``ReassertionFailedError``
-        (the application stops) when that write fails: tearing the task then would lose
-        those updates silently."""
+        the other writer is then the task's new owner; the broker is asked (``confirmed``),
+        as it may have been out for the whole ``REASSERT_PATIENCE``. Raises
+        ``ReassertionFailedError`` (the application stops) when that write fails: tearing the
+        task then would lose those updates silently."""
         tp = state.changelog
         if task.torn or self.lost(task.consumer):  # a zombie's values must not follow
+            return
+        if await self.confirmed(task.consumer) is False:  # it tore the task
             return
         try:
             await self.write_again(state, list(state.pending), marker)

@@ -8,7 +8,10 @@ counts, wall time ``t``), and on SIGTERM ``table`` per running active task (its 
 content) before a clean stop. SIGUSR1 requests the shutdown of the whole
 application (every process then dumps its tables and stops). SIGUSR2 stops every commit and
 prints ``holding`` once none is under way (what the process writes from then on is never
-committed: a kill -9 then leaves a tail, or open transactions). SIGKILL is a crash. With
+committed: a kill -9 then leaves a tail, or open transactions). SIGHUP arms a freeze: the next
+commit with writes, once its changelog end check has passed, prints ``freezing`` and stops the
+process (SIGSTOP to itself) before it sends its markers; SIGCONT goes on from there (see
+``freeze_before_markers``). SIGKILL is a crash. With
 ``--preloaded-prefix`` the keys of a preloaded changelog (``preloaded_value``) are checked in
 the process and only counted (``preloaded``: count and wrong values) in place of their
 items. ``--ha`` turns the high-availability assignor on (``--probing-ms``, ``--lag``,
@@ -37,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -138,6 +142,30 @@ def slow_restores(app: App, seconds_per_record: float) -> None:
         time.sleep(cold * seconds_per_record)
 
     updater._apply = slow  # type: ignore[method-assign]
+
+
+def freeze_before_markers(app: App) -> Callable[[], None]:
+    """A freeze at the worst moment for a zombie's markers: the returned function arms it;
+    the next commit with writes stops the process (SIGSTOP to itself) after its changelog end
+    check passed and before its markers are sent, so woken (SIGCONT) it sends them at once."""
+    commits = app._commits
+    write_markers = commits.write_markers
+    armed = False
+
+    async def freezing(index: int, tasks: Any) -> Any:
+        nonlocal armed
+        if armed and any(s.dirty for t in tasks for s in t.stores.values()):
+            armed = False
+            emit(event="freezing", consumer=index, t=time.time())
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return await write_markers(index, tasks)
+
+    def arm() -> None:
+        nonlocal armed
+        armed = True
+
+    commits.write_markers = freezing  # type: ignore[method-assign]
+    return arm
 
 
 def preloaded_value(key: str) -> str:
@@ -246,6 +274,7 @@ async def main() -> None:
         pending.add(asyncio.ensure_future(held()))
 
     loop.add_signal_handler(signal.SIGUSR2, hold)
+    loop.add_signal_handler(signal.SIGHUP, freeze_before_markers(app))
     queries = QueryServer(app) if args.endpoint else None
     if queries is not None:  # up before the group's host maps name this process
         await queries.start()

@@ -87,8 +87,10 @@ class Feeder(threading.Thread):
 
     def finish(self) -> None:
         self.join(TIMEOUT)
-        assert self.error is None, self.error
-        assert self.acked == self.total
+        assert self.error is None, f"producing to {self.topic} failed: {self.error!r}"
+        assert self.acked == self.total, (
+            f"{self.acked} of {self.total} records acked within {TIMEOUT:g} s of finish()"
+        )
 
 
 class Runtime:

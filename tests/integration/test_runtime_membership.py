@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from streamassign import Subtopology, Topology
 from streamassign.runtime import COMMIT_KEY, ensure_internal_topics
@@ -38,6 +39,7 @@ from .test_runtime import (
     _read_records,
     expected_table,
     tables,
+    topic_ends,
     wait_caught_up,
 )
 
@@ -75,9 +77,13 @@ async def _backward_markers(
     return backward
 
 
-def check_exact(runtime: Runtime, expected: dict[str, str]) -> None:
+def check_exact(
+    runtime: Runtime, expected: dict[str, str], zombie_partitions: Set[int] = frozenset()
+) -> None:
     """Stop the processes one by one; the last one's tables once it runs every task, a cold
-    replay of the changelog and the markers.
+    replay of the changelog and the markers. ``zombie_partitions``: changelog partitions where
+    a woken zombie's marker, sent before it learnt it was out, may go backwards (one each; a
+    restore keeps the highest applied offsets, and the owner writes its state after it).
 
     Live tables come from the last process alone: one stopped earlier may dump state it no
     longer owns (evicted with its event loop blocked, it has not heard so yet: a zombie, whose
@@ -92,11 +98,24 @@ def check_exact(runtime: Runtime, expected: dict[str, str]) -> None:
     changelog = f"{runtime.app}-totals-changelog"
     replay, _ = asyncio.run(_read_changelog(runtime.bootstrap, changelog))
     backward = asyncio.run(_backward_markers(runtime.bootstrap, changelog))
-    short = {k: (merged.get(k), v) for k, v in expected.items() if merged.get(k) != v}
-    assert not short, f"{len(short)} keys differ (held, expected), e.g. {list(short.items())[:5]}"
-    assert merged == expected
-    assert replay == expected
-    assert not backward, f"commit markers went backwards: {backward[:10]}"
+    assert merged == expected, f"the last process's tables: {differences(merged, expected)}"
+    assert replay == expected, f"a cold replay of the changelog: {differences(replay, expected)}"
+    partitions = [int(b.split("@")[0]) for b in backward]
+    zombies = [p for p in partitions if p in zombie_partitions]
+    assert len(zombies) == len(set(zombies)) == len(partitions), (
+        f"commit markers went backwards: {backward[:10]}"
+    )
+
+
+def differences(table: dict[str, str], expected: dict[str, str]) -> str:
+    """What ``table`` holds unlike ``expected``, in a line: keys with another value (or
+    none), and keys ``expected`` does not have."""
+    wrong = {k: (table.get(k), v) for k, v in expected.items() if table.get(k) != v}
+    extra = sorted(table.keys() - expected.keys())
+    return (
+        f"{len(wrong)} keys differ (held, expected), e.g. {list(wrong.items())[:5]}; "
+        f"{len(extra)} keys not expected, e.g. {extra[:5]}"
+    )
 
 
 @dataclass(frozen=True)
@@ -111,12 +130,14 @@ class Frozen:
     woke: float
 
 
-def freeze_and_wake(runtime: Runtime, total: int) -> Frozen:
+def freeze_and_wake(runtime: Runtime, total: int, before_markers: bool = False) -> Frozen:
     """Start two processes; while ``total`` records flow, freeze one (SIGSTOP) past the session
     timeout until the survivor runs every task and has processed 5,000 more records (writing
     the victim's changelogs: its state goes stale), then wake it (SIGCONT) and wait until the
     group settles. The sticky assignor breaks the tie between the woken member's claim and the
-    survivor's by process id: the first is frozen, so it gets its own tasks back."""
+    survivor's by process id: the first is frozen, so it gets its own tasks back.
+    ``before_markers``: the victim freezes itself in a commit, after its changelog end check
+    passed and before it sends its markers (the worker's SIGHUP)."""
     before = runtime.start_two()
     victim = min(before, key=lambda n: runtime.events(n, "status")[-1]["process"])
     survivor = next(n for n in before if n != victim)
@@ -124,16 +145,41 @@ def freeze_and_wake(runtime: Runtime, total: int) -> Frozen:
     feeder.start()
     wait_for("10,000 records produced", lambda: feeder.acked >= 10_000)
     frozen = runtime.procs[victim].proc
-    frozen.send_signal(signal.SIGSTOP)  # processing, with uncommitted writes, and frozen
+    if before_markers:
+        frozen.send_signal(signal.SIGHUP)
+        wait_for("the victim froze before its markers", lambda: runtime.events(victim, "freezing"))
+        frozen_at = asyncio.run(topic_ends(runtime.bootstrap, runtime.source))
+    else:
+        frozen.send_signal(signal.SIGSTOP)  # processing, with uncommitted writes, and frozen
     wait_for("the survivor runs every task", lambda: runtime.actives(survivor) == TASKS)
     took_over = runtime.events(survivor, "status")[-1]["processed"]
     wait_for(
         "the survivor processes 5,000 more records",
         lambda: runtime.events(survivor, "status")[-1]["processed"] >= took_over + 5000,
     )
+    if before_markers:  # its input positions pass every record the victim can have applied
+        wait_for(
+            "the survivor commits input offsets past the victim's",
+            lambda: all(
+                committed.get(p, -1) >= end
+                for committed in [asyncio.run(_committed(runtime.bootstrap, runtime.app))]
+                for p, end in frozen_at.items()
+            ),
+        )
     woke = time.time()
     frozen.send_signal(signal.SIGCONT)
     return Frozen(victim, before, runtime.settle(), feeder, woke)
+
+
+async def _committed(bootstrap: str, group: str) -> dict[int, int]:
+    """The input offsets ``group`` committed, by partition (one source topic)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+        return {tp.partition: meta.offset for tp, meta in offsets.items()}
+    finally:
+        await admin.close()
 
 
 def wait_for(what: str, condition: object, timeout: float = TIMEOUT) -> None:
@@ -152,12 +198,42 @@ def test_frozen_member_drops_its_stale_state_when_it_wakes(runtime: Runtime) -> 
     runtime.args = ["--status-interval", "0.1"]
     frozen = freeze_and_wake(runtime, total)
     victim, before = frozen.victim, frozen.before
-    assert frozen.after[victim] == before[victim], "the woken member did not get its tasks back"
+    assert frozen.after[victim] == before[victim], (
+        f"the woken member {victim} did not get its tasks back: before {before}, "
+        f"after {frozen.after}"
+    )
     frozen.feeder.finish()
     wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
-    restored = {e["task"] for e in runtime.events(victim, "restore") if e["t"] > frozen.woke}
+    restores = [e for e in runtime.events(victim, "restore") if e["t"] > frozen.woke]
+    restored = {e["task"] for e in restores}
+    seen = [(e["task"], e["source"], e["start"], e["records"]) for e in restores]
     check_exact(runtime, expected_table(total))
-    assert restored == before[victim]  # restored from its store's position, not resumed
+    # Restored from its store's position, not resumed.
+    assert restored == before[victim], (
+        f"{victim} restored {sorted(restored)} after it woke, not exactly its tasks "
+        f"{sorted(before[victim])} (one of them not restored was resumed with stale state); "
+        f"its restores then (task, source, start, records): {seen}"
+    )
+
+
+def test_member_frozen_before_its_markers_closes_no_writes_of_the_new_owner(
+    runtime: Runtime,
+) -> None:
+    """The freeze at the worst moment: the victim's commit checked that its changelogs end
+    where its records do, then the process stopped before its markers went out, until the
+    survivor ran its tasks and committed input offsets past every record the victim can have
+    applied. Woken, it sends its markers after the survivor's records (a marker closes
+    whatever precedes it), and neither its stale values nor its applied offsets may become
+    the table."""
+    total = 40_000
+    runtime.args = ["--status-interval", "0.1"]
+    frozen = freeze_and_wake(runtime, total, before_markers=True)
+    frozen.feeder.finish()
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    # Its markers (one per task it froze committing) are sent as it wakes, before the broker
+    # refuses it: they go backwards, the tables may not.
+    victims = {int(task.split("_")[1]) for task in frozen.before[frozen.victim]}
+    check_exact(runtime, expected_table(total), zombie_partitions=victims)
 
 
 PRELOADED_PER_PARTITION = 4_000
