@@ -59,12 +59,15 @@ class _StandbyEvener:
                 cell = (copies[slot], run.column[slot // run.replicas])
                 self.movable.setdefault(cell, []).append(slot)
         #: Copies of each client's actives that each client holds, at ``active * clients +
-        #: holder`` (a flat list: read at every pick).
+        #: holder``, only the pairs with copies (a dict: a flat list over every pair is
+        #: clients squared, a megabyte to fill at 1,000 clients with one task each).
         n_clients, r, owner = len(run.clients), run.replicas, run.owner
-        backed = self.backed = [0] * (n_clients * n_clients)
+        backed: dict[int, int] = {}
         for slot, client in enumerate(copies):
             if client >= 0:
-                backed[owner[slot // r] * n_clients + client] += 1
+                pair = owner[slot // r] * n_clients + client
+                backed[pair] = backed.get(pair, 0) + 1
+        self.backed = backed
         #: Per client, copies of its actives any one other client may hold: one more than an
         #: even spread (the bound rule 7 promises).
         others = max(1, len(run.clients) - 1)
@@ -182,11 +185,11 @@ class _StandbyEvener:
         # The copy going back is weighed with ``give`` already moved: when both back up the
         # same active client, the exchange leaves its spread as it was.
         row = self.state.owner[give // self.state.replicas] * len(self.count)
-        self.backed[row + giver] -= 1
-        self.backed[row + taker] += 1
+        self._back_up(row + giver, -1)
+        self._back_up(row + taker, 1)
         back = self._pick(taker, col2, giver)
-        self.backed[row + giver] += 1
-        self.backed[row + taker] -= 1
+        self._back_up(row + giver, 1)
+        self._back_up(row + taker, -1)
         if back < 0:
             return False
         self._move(give, giver, taker, col)
@@ -221,7 +224,7 @@ class _StandbyEvener:
             if owner[task] == dst or dst in held:
                 continue
             row = owner[task] * n_clients
-            if backed[row + dst] >= max(self.spread[owner[task]], backed[row + src]):
+            if backed.get(row + dst, 0) >= max(self.spread[owner[task]], backed.get(row + src, 0)):
                 continue  # would pile this client's backups up on ``dst``
             if queue.aware:
                 others = [owner[task], *(x for k, x in enumerate(held) if task * r + k != slot)]
@@ -230,10 +233,14 @@ class _StandbyEvener:
             return slot
         return -1
 
+    def _back_up(self, pair: int, change: int) -> None:
+        """Change the copies held for ``pair`` (``active * clients + holder``) by ``change``."""
+        self.backed[pair] = self.backed.get(pair, 0) + change
+
     def _move(self, slot: int, src: int, dst: int, col: int) -> None:
         row = self.state.owner[slot // self.state.replicas] * len(self.count)
-        self.backed[row + src] -= 1
-        self.backed[row + dst] += 1
+        self._back_up(row + src, -1)
+        self._back_up(row + dst, 1)
         self.copies[slot] = dst
         self.count[src][col] -= 1
         self.count[dst][col] += 1
