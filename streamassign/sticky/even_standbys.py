@@ -42,16 +42,21 @@ class _StandbyEvener:
         per_column = self._count_copies()
         caps = [c.capacity for c in run.clients]
         columns = [share_bounds(k, caps) for k in per_column]
-        #: Floor and ceiling of each client's standbys of each subtopology.
-        self.bounds = [
-            [column_bounds[client] for column_bounds in columns] for client in range(len(caps))
-        ]
+        #: Floor and ceiling of each client's standbys of each subtopology (transposed in C:
+        #: one row per client).
+        self.bounds = list(zip(*columns, strict=True))
         #: Clients with a count outside its bounds, per column (kept current by ``_move``).
-        self.outside: list[set[int]] = [set() for _ in run.column_sizes]
-        for col, (outside, column_bounds) in enumerate(zip(self.outside, columns, strict=True)):
-            for client, (lo, hi) in enumerate(column_bounds):
-                if not lo <= self.count[client][col] <= hi:
-                    outside.add(client)
+        self.outside: list[set[int]] = []
+        for col, column_bounds in enumerate(columns):
+            self.outside.append(
+                {
+                    client
+                    for client, ((lo, hi), counts) in enumerate(
+                        zip(column_bounds, self.count, strict=True)
+                    )
+                    if not lo <= counts[col] <= hi
+                }
+            )
         #: Copies that may move, per (client, column), in slot order.
         self.movable: dict[tuple[int, int], list[int]] = {}
         for slot in sorted(placed):
