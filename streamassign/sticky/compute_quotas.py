@@ -220,10 +220,11 @@ class _MinCostFlow:
             d, node = heapq.heappop(heap)
             if d != dist[node]:
                 continue
+            base = d + potential[node]
             for arc in out[node]:
                 if capacity[arc] > 0:
                     head = heads[arc]
-                    nd = d + cost[arc] + potential[node] - potential[head]
+                    nd = base + cost[arc] - potential[head]
                     known = dist[head]
                     if known is None or nd < known:
                         dist[head] = nd
@@ -247,15 +248,13 @@ class _MinCostFlow:
         while frontier:
             following = []
             for node in frontier:
+                next_level, base = level[node] + 1, potential[node]
                 for arc in out[node]:
-                    head = heads[arc]
-                    if (
-                        level[head] < 0
-                        and capacity[arc] > 0
-                        and cost[arc] + potential[node] - potential[head] == 0
-                    ):
-                        level[head] = level[node] + 1
-                        following.append(head)
+                    if capacity[arc] > 0:
+                        head = heads[arc]
+                        if level[head] < 0 and cost[arc] + base == potential[head]:
+                            level[head] = next_level
+                            following.append(head)
             frontier = following
         return level
 
@@ -281,17 +280,17 @@ class _MinCostFlow:
                 node = heads[path[-1]] if path else source
                 continue
             arcs = out[node]
-            while pointer[node] < len(arcs):
-                arc = arcs[pointer[node]]
-                head = heads[arc]
-                if (
-                    capacity[arc] > 0
-                    and level[head] == level[node] + 1
-                    and cost[arc] + potential[node] - potential[head] == 0
-                ):
-                    break
-                pointer[node] += 1
-            else:
+            next_level, base = level[node] + 1, potential[node]
+            at = pointer[node]
+            while at < len(arcs):
+                arc = arcs[at]
+                if capacity[arc] > 0:
+                    head = heads[arc]
+                    if level[head] == next_level and cost[arc] + base == potential[head]:
+                        break
+                at += 1
+            pointer[node] = at
+            if at == len(arcs):
                 if node == source:
                     return pushed
                 level[node] = -1  # dead end: never entered again in this phase
