@@ -172,7 +172,7 @@ def _by_column(
 ) -> list[list[Sequence[int]]]:
     """Per column, per client, the tasks of the ``(task, client)`` pairs (client -1: none), in
     the order given. Empty cells share one empty tuple: with one task per client nearly every
-    cell is empty, and a list per cell was a tenth of such a run."""
+    cell is empty, and a list per cell meant thousands of small lists per run."""
     found: list[dict[int, list[int]]] = [{} for _ in range(n_columns)]
     for task, client in owned:
         if client >= 0:

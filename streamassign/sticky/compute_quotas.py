@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from itertools import chain, repeat
-from operator import itemgetter, neg
+from operator import itemgetter
 
 from ..shares import share_bounds
+
+#: The floor of a ``(floor, ceiling)`` pair.
+_FLOOR = itemgetter(0)
 
 
 def quota_bounds(
@@ -29,7 +31,9 @@ def quota_bounds(
 ) -> tuple[list[list[tuple[int, int]]], list[tuple[int, int]]]:
     """Floor and ceiling of every cell ``[client][subtopology]`` and of every row total."""
     columns = [share_bounds(count, caps) for count in counts]
-    cells = [[column[ci] for column in columns] for ci in range(len(caps))]
+    # Transposed in C: a nested comprehension calls a function per client, which adds up
+    # with many small clients.
+    cells = list(map(list, zip(*columns, strict=True))) if counts else [[] for _ in caps]
     return cells, share_bounds(sum(counts), caps)
 
 
@@ -47,7 +51,7 @@ def best_quotas(
     Exact (a min-cost flow); ties go the same way for the same input.
     """
     cells, rows = quota_bounds(counts, caps) if bounds is None else bounds
-    quotas = [[lo for lo, _ in row] for row in cells]
+    quotas = [list(map(_FLOOR, row)) for row in cells]
     if not caps or not counts:
         return quotas
     flow, cell_arcs, total = _ceiling_network(counts, cells, rows, quotas, gains)
@@ -78,49 +82,31 @@ def _ceiling_network(
     those run straight to the sink; up to ``optional`` more go through a shared node whose
     capacity is what is left. Every unit crosses exactly one cell arc, so cell cost
     ``top - gain`` makes the cheapest full flow the most gainful.
-
-    The arcs are added in bulk, a subtopology's cells at a time, then every need, then every
-    optional arc (with one task per client, building arc by arc was a tenth of a run). The
-    search only follows each node's arcs in the order they were added, and that order is
-    the same as client by client: a client's cells by subtopology, its need, its optional.
     """
     n_sub, n_cli = len(counts), len(cells)
     optional_node, sink = 1 + n_sub + n_cli, 2 + n_sub + n_cli
     flow = _MinCostFlow(3 + n_sub + n_cli)
-    top = max(map(max, gains))
+    top = max((g for row in gains for g in row), default=0)
     total = 0
     for s, count in enumerate(counts):
-        extras = count - sum(map(itemgetter(s), floors))
+        extras = count - sum(row[s] for row in floors)
         total += extras
         if extras:
             flow.add(_SOURCE, 1 + s, extras, 0)
     cell_arcs: list[tuple[int, int, int]] = []
-    for s in range(n_sub):
-        column, column_gains = map(itemgetter(s), cells), list(map(itemgetter(s), gains))
-        fractional = [ci for ci, (lo, hi) in enumerate(column) if hi > lo]
-        arcs = flow.add_many(
-            [1 + s] * len(fractional),
-            [1 + n_sub + ci for ci in fractional],
-            [1] * len(fractional),
-            [top - column_gains[ci] for ci in fractional],
-        )
-        cell_arcs += zip(fractional, repeat(s), arcs)
-    needs = [lo - sum(row) for (lo, _), row in zip(rows, floors, strict=True)]
-    needing = [ci for ci, need in enumerate(needs) if need]
-    flow.add_many(
-        [1 + n_sub + ci for ci in needing],
-        [sink] * len(needing),
-        [needs[ci] for ci in needing],
-        [0] * len(needing),
-    )
-    optional = [ci for ci, (lo, hi) in enumerate(rows) if hi > lo]
-    flow.add_many(
-        [1 + n_sub + ci for ci in optional],
-        [optional_node] * len(optional),
-        [rows[ci][1] - rows[ci][0] for ci in optional],
-        [0] * len(optional),
-    )
-    need_total = sum(needs)
+    need_total = 0
+    for ci, row in enumerate(cells):
+        node = 1 + n_sub + ci
+        for s, (lo, hi) in enumerate(row):
+            if hi > lo:
+                cell_arcs.append((ci, s, flow.add(1 + s, node, 1, top - gains[ci][s])))
+        need = rows[ci][0] - sum(floors[ci])
+        optional = rows[ci][1] - rows[ci][0]
+        need_total += need
+        if need:
+            flow.add(node, sink, need, 0)
+        if optional:
+            flow.add(node, optional_node, optional, 0)
     if total > need_total:
         flow.add(optional_node, sink, total - need_total, 0)
     return flow, cell_arcs, total
@@ -165,34 +151,13 @@ class _MinCostFlow:
         self.cost: list[int] = []
 
     def add(self, tail: int, head: int, capacity: int, cost: int) -> int:
-        heads = self.head
-        arc = len(heads)
+        arc = len(self.head)
         self.out[tail].append(arc)
         self.out[head].append(arc + 1)
-        heads += (head, tail)
-        self.capacity += (capacity, 0)
-        self.cost += (cost, -cost)
+        self.head += [head, tail]
+        self.capacity += [capacity, 0]
+        self.cost += [cost, -cost]
         return arc
-
-    def add_many(
-        self,
-        tails: Sequence[int],
-        heads: Sequence[int],
-        capacities: Sequence[int],
-        costs: Sequence[int],
-    ) -> range:
-        """``add`` for every ``k``: arc ``tails[k] -> heads[k]``, in order; their numbers.
-        Only the adjacency lists take a Python step per arc."""
-        first = len(self.head)
-        arcs = range(first, first + 2 * len(tails), 2)
-        out = self.out
-        for arc, tail, head in zip(arcs, tails, heads, strict=True):
-            out[tail].append(arc)
-            out[head].append(arc + 1)
-        self.head += chain.from_iterable(zip(heads, tails, strict=True))
-        self.capacity += chain.from_iterable(zip(capacities, repeat(0), strict=False))
-        self.cost += chain.from_iterable(zip(costs, map(neg, costs), strict=True))
-        return arcs
 
     def run(self, source: int, sink: int) -> int:
         """Push as much flow as possible from ``source`` to ``sink`` at least cost; the flow."""

@@ -65,7 +65,7 @@ class _StandbyEvener:
                 self.movable.setdefault(cell, []).append(slot)
         #: Copies of each client's actives that each client holds, at ``active * clients +
         #: holder``, only the pairs with copies (a dict: a flat list over every pair is
-        #: clients squared, a megabyte to fill at 1,000 clients with one task each).
+        #: clients squared, a million entries to fill at 1,000 clients).
         n_clients, r, owner = len(run.clients), run.replicas, run.owner
         backed: dict[int, int] = {}
         for slot, client in enumerate(copies):
