@@ -5,6 +5,7 @@ subtopology on its own; orphans then move to standby holders where the matrix al
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import compress
 from operator import itemgetter
 
 from ..shares import share_bounds
@@ -131,23 +132,32 @@ class BalanceSubtopologies(BalanceTotals):
     ) -> list[list[int]]:
         """What a cell's ceiling is worth, in strict priority: a previous task kept (the move
         bound), then a restart claim kept, then a matched orphan taken over warm. Read per
-        subtopology, returned per client (``gains[client][subtopology]``)."""
+        subtopology, returned per client (``gains[client][subtopology]``). A cell whose
+        client ran, claimed and matched nothing there is worth 0 (floors are never
+        negative), so only the other cells are visited: with one task per client, most are
+        empty."""
         n_clients = len(column_bounds[0]) if column_bounds else 0
         tier = n_clients * len(column_bounds) + 1
-        by_column = []
-        for bounds, ran_col, claims_col, matched_col in zip(
-            column_bounds, prev, claims, matched, strict=True
+        gains = [[0] * len(column_bounds) for _ in range(n_clients)]
+        everyone = range(n_clients)
+        for col, (bounds, ran_col, claims_col, matched_col) in enumerate(
+            zip(column_bounds, prev, claims, matched, strict=True)
         ):
-            gains = []
-            for (lo, _), ran, kept_claims, orphans in zip(
-                bounds, map(len, ran_col), map(len, claims_col), matched_col, strict=True
-            ):
-                claimed = ran + kept_claims
-                gains.append(
-                    (ran > lo) * tier * tier + (claimed > lo) * tier + (claimed + orphans > lo)
+            holding = {
+                *compress(everyone, ran_col),
+                *compress(everyone, claims_col),
+                *compress(everyone, matched_col),
+            }
+            for client in holding:
+                lo = bounds[client][0]
+                ran = len(ran_col[client])
+                claimed = ran + len(claims_col[client])
+                gains[client][col] = (
+                    (ran > lo) * tier * tier
+                    + (claimed > lo) * tier
+                    + (claimed + matched_col[client] > lo)
                 )
-            by_column.append(gains)
-        return [list(row) for row in zip(*by_column, strict=True)] if by_column else []
+        return gains
 
     def _keep_and_place(
         self,
