@@ -66,11 +66,13 @@ class BalanceSubtopologies(BalanceTotals):
         the holder below its ceilings. The cell ceiling moves with it, so every count stays
         admissible, and no kept task moves. The gains that chose the matrix only estimate
         where orphans can go warm; this makes sure no such hand-over is left."""
-        rows = share_bounds(len(self.tasks), caps)
-        counts, totals = self._active_counts(len(caps))
         # Orphans with a standby holder other than their client; each hand-over takes one
         # off for good, and one may free room for an earlier one: passes until none moves.
         waiting = self._orphans_beside_standby_holders()
+        if not waiting:
+            return  # the common case: no counts needed
+        rows = share_bounds(len(self.tasks), caps)
+        counts, totals = self._active_counts(len(caps))
         moved = True
         while moved:
             moved = False
@@ -91,11 +93,14 @@ class BalanceSubtopologies(BalanceTotals):
 
     def _orphans_beside_standby_holders(self) -> list[int]:
         """Orphans placed on a client that holds no standby of them while some client does."""
-        prev_owner = self.prev_owner
+        prev_owner, warm = self.prev_owner, self.warm
+        # ``task in warm`` first: most orphans have no holder at all (a fresh group), and the
+        # holder list is then known to be empty without building it.
         return [
             task
             for task, client in enumerate(self.owner)
             if prev_owner[task] < 0
+            and task in warm
             and (found := self._standby_holders(task))
             and client not in found
         ]
@@ -170,7 +175,7 @@ class BalanceSubtopologies(BalanceTotals):
         keeps up to its quota of what it ran, then of its claims; the rest are placed."""
         room = self._keep_previous(quotas, prev, claims)
         # Quotas of a column are fixed by the matrix: a chain may not move a ceiling.
-        self._place_orphans(scope, room, list(quotas), [(q, q) for q in quotas])
+        self._place_orphans(scope, room, list(quotas), list(zip(quotas, quotas, strict=True)))
 
 
 #: The tasks of a cell without any (shared: cells are only read).
