@@ -4,6 +4,7 @@ subtopology) spreads in proportion to their room; and choosing a subtopology-bal
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import compress
 from typing import Any
 
 
@@ -15,7 +16,8 @@ def deal(rooms: Sequence[int]) -> list[int]:
     room`` of the way through). Ties go to the lower bin index, so the order is deterministic.
     """
     slots = []
-    for b, room in enumerate(rooms):
+    for b in compress(range(len(rooms)), rooms):  # the bins with room (often few)
+        room = rooms[b]
         for k in range(room):
             slots.append(((2 * k + 1) / (2 * room), b))
     slots.sort()

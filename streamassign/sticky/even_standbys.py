@@ -42,16 +42,21 @@ class _StandbyEvener:
         per_column = self._count_copies()
         caps = [c.capacity for c in run.clients]
         columns = [share_bounds(k, caps) for k in per_column]
-        #: Floor and ceiling of each client's standbys of each subtopology.
-        self.bounds = [
-            [column_bounds[client] for column_bounds in columns] for client in range(len(caps))
-        ]
+        #: Floor and ceiling of each client's standbys of each subtopology (transposed in C:
+        #: one row per client).
+        self.bounds = list(zip(*columns, strict=True))
         #: Clients with a count outside its bounds, per column (kept current by ``_move``).
-        self.outside: list[set[int]] = [set() for _ in run.column_sizes]
-        for col, (outside, column_bounds) in enumerate(zip(self.outside, columns, strict=True)):
-            for client, (lo, hi) in enumerate(column_bounds):
-                if not lo <= self.count[client][col] <= hi:
-                    outside.add(client)
+        self.outside: list[set[int]] = []
+        for col, column_bounds in enumerate(columns):
+            self.outside.append(
+                {
+                    client
+                    for client, ((lo, hi), counts) in enumerate(
+                        zip(column_bounds, self.count, strict=True)
+                    )
+                    if not lo <= counts[col] <= hi
+                }
+            )
         #: Copies that may move, per (client, column), in slot order.
         self.movable: dict[tuple[int, int], list[int]] = {}
         for slot in sorted(placed):
@@ -59,12 +64,15 @@ class _StandbyEvener:
                 cell = (copies[slot], run.column[slot // run.replicas])
                 self.movable.setdefault(cell, []).append(slot)
         #: Copies of each client's actives that each client holds, at ``active * clients +
-        #: holder`` (a flat list: read at every pick).
+        #: holder``, only the pairs with copies (a dict: a flat list over every pair is
+        #: clients squared, a million entries to fill at 1,000 clients).
         n_clients, r, owner = len(run.clients), run.replicas, run.owner
-        backed = self.backed = [0] * (n_clients * n_clients)
+        backed: dict[int, int] = {}
         for slot, client in enumerate(copies):
             if client >= 0:
-                backed[owner[slot // r] * n_clients + client] += 1
+                pair = owner[slot // r] * n_clients + client
+                backed[pair] = backed.get(pair, 0) + 1
+        self.backed = backed
         #: Per client, copies of its actives any one other client may hold: one more than an
         #: even spread (the bound rule 7 promises).
         others = max(1, len(run.clients) - 1)
@@ -182,11 +190,11 @@ class _StandbyEvener:
         # The copy going back is weighed with ``give`` already moved: when both back up the
         # same active client, the exchange leaves its spread as it was.
         row = self.state.owner[give // self.state.replicas] * len(self.count)
-        self.backed[row + giver] -= 1
-        self.backed[row + taker] += 1
+        self._back_up(row + giver, -1)
+        self._back_up(row + taker, 1)
         back = self._pick(taker, col2, giver)
-        self.backed[row + giver] += 1
-        self.backed[row + taker] -= 1
+        self._back_up(row + giver, 1)
+        self._back_up(row + taker, -1)
         if back < 0:
             return False
         self._move(give, giver, taker, col)
@@ -221,7 +229,7 @@ class _StandbyEvener:
             if owner[task] == dst or dst in held:
                 continue
             row = owner[task] * n_clients
-            if backed[row + dst] >= max(self.spread[owner[task]], backed[row + src]):
+            if backed.get(row + dst, 0) >= max(self.spread[owner[task]], backed.get(row + src, 0)):
                 continue  # would pile this client's backups up on ``dst``
             if queue.aware:
                 others = [owner[task], *(x for k, x in enumerate(held) if task * r + k != slot)]
@@ -230,10 +238,14 @@ class _StandbyEvener:
             return slot
         return -1
 
+    def _back_up(self, pair: int, change: int) -> None:
+        """Change the copies held for ``pair`` (``active * clients + holder``) by ``change``."""
+        self.backed[pair] = self.backed.get(pair, 0) + change
+
     def _move(self, slot: int, src: int, dst: int, col: int) -> None:
         row = self.state.owner[slot // self.state.replicas] * len(self.count)
-        self.backed[row + src] -= 1
-        self.backed[row + dst] += 1
+        self._back_up(row + src, -1)
+        self._back_up(row + dst, 1)
         self.copies[slot] = dst
         self.count[src][col] -= 1
         self.count[dst][col] += 1

@@ -3,6 +3,10 @@ claims; a client over quota releases first what another client holds warm."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import sub
+
 from .deal_tasks import level_order
 from .rank_warm_holders import RankWarmHolders
 
@@ -19,16 +23,19 @@ class KeepPreviousTasks(RankWarmHolders):
         return prev
 
     def _keep_previous(
-        self, quotas: list[int], prev: list[list[int]], claims: list[list[int]]
+        self, quotas: list[int], prev: Sequence[Sequence[int]], claims: Sequence[Sequence[int]]
     ) -> list[int]:
         """Each client keeps up to its quota of what it ran (``prev``), then of its claims;
         returns the room each has left."""
         owner = self.owner
-        room = [q - min(q, len(mine)) for q, mine in zip(quotas, prev, strict=True)]
+        # Per client, in C (this runs per client and subtopology, and most hold nothing):
+        # room is the quota less what it ran, at least 0.
+        room = list(map(max, repeat(0), map(sub, quotas, map(len, prev))))
         # Room each client has beyond its claims: where a released task can still land warm.
-        spare = [r - min(r, len(mine)) for r, mine in zip(room, claims, strict=True)]
+        spare = list(map(max, repeat(0), map(sub, room, map(len, claims))))
         promised = [0] * len(self.clients)
-        for client, mine in enumerate(prev):
+        for client in compress(range(len(prev)), prev):  # the clients that ran some
+            mine = prev[client]
             extra = len(mine) - quotas[client]
             if extra <= 0:
                 for task in mine:
@@ -45,12 +52,13 @@ class KeepPreviousTasks(RankWarmHolders):
             self._keep([task for task in mine if task not in back], client, quotas[client], spare)
         # Then claims, like previous tasks, in the room left (a client's previous tasks first:
         # dropping one of those is a move).
-        for client, mine in enumerate(claims):
-            if mine:
-                room[client] -= self._keep(mine, client, room[client] - promised[client], spare)
+        for client in compress(range(len(claims)), claims):
+            room[client] -= self._keep(
+                claims[client], client, room[client] - promised[client], spare
+            )
         return room
 
-    def _keep(self, mine: list[int], client: int, quota: int, spare: list[int]) -> int:
+    def _keep(self, mine: Sequence[int], client: int, quota: int, spare: list[int]) -> int:
         """Give client ``client`` up to ``quota`` of the tasks ``mine`` (how many it got).
 
         When they do not all fit it keeps a subtopology-balanced subset and releases first the

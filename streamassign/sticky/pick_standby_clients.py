@@ -74,9 +74,9 @@ class StandbyQueue:
         #: Per client and column (subtopology), copies it holds and the most it should hold;
         #: empty unless ``balance_columns`` was called.
         self._column_counts: list[list[int]] = []
-        self._column_ceilings: list[list[int]] = []
+        self._column_ceilings: Sequence[Sequence[int]] = []
 
-    def balance_columns(self, counts: list[list[int]], ceilings: list[list[int]]) -> None:
+    def balance_columns(self, counts: list[list[int]], ceilings: Sequence[Sequence[int]]) -> None:
         """Spread each client's copies over the columns: a client already holding
         ``ceilings[client][column]`` copies of a column yields to the next ones by room, as a
         crowded one does. Without this, clients taken in turn by room meet the copies of each

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
+from operator import itemgetter
 
 from ..shares import share_bounds
 from .even_standbys import _StandbyEvener
@@ -207,7 +208,9 @@ class PlaceStandbys(ExchangeForRacks):
         )
         swaps.add(slot, copies[slot])
 
-    def _standbys_per_column(self, copies: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+    def _standbys_per_column(
+        self, copies: list[int]
+    ) -> tuple[list[list[int]], list[tuple[int, ...]]]:
         """Standbys each client holds of each column (subtopology) so far, and the ceiling of
         its capacity share of that column's standbys (``even_standbys``' bounds)."""
         r, column, n_col = self.replicas, self.column, len(self.column_sizes)
@@ -221,7 +224,9 @@ class PlaceStandbys(ExchangeForRacks):
                 per_column[column[task]] += r
         caps = [c.capacity for c in self.clients]
         shares = [share_bounds(copies_of_column, caps) for copies_of_column in per_column]
-        ceilings = [[share[client][1] for share in shares] for client in range(len(caps))]
+        # One row per client, transposed in C (a Python step per cell adds up at 1,000
+        # clients with one task each).
+        ceilings = list(zip(*(list(map(itemgetter(1), share)) for share in shares), strict=True))
         return counts, ceilings
 
     def _queue(self, room: list[int]) -> StandbyQueue:
