@@ -37,8 +37,8 @@ from .explain import (
 from .files import load_toml
 from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
-from .pipeline.report import counted
 from .sticky import StickyTaskAssignor
+from .text import counted
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
 
@@ -413,8 +413,8 @@ def _warn_ignored_input(
         unknown = sorted((c.prev_active | c.prev_standby | c.lags.keys()) - tasks.keys())
         if unknown:
             click.echo(
-                f"warning: client {c.process_id!r} reports {len(unknown)} task(s) the topology "
-                f"does not have (ignored): {_task_list(unknown)}",
+                f"warning: client {c.process_id!r} reports {counted(len(unknown), 'task')} the "
+                f"topology does not have (ignored): {_task_list(unknown)}",
                 err=True,
             )
     views = views_from_clients(clients)
@@ -422,7 +422,7 @@ def _warn_ignored_input(
     if stateful_count and standbys > len(clients) - 1:
         click.echo(
             f"warning: --standbys {standbys} needs {standbys + 1} clients; with {len(clients)} "
-            f"each stateful task gets {max(0, len(clients) - 1)} standby(s)",
+            f"each stateful task gets {counted(max(0, len(clients) - 1), 'standby')}",
             err=True,
         )
 

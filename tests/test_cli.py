@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -261,3 +263,15 @@ def test_help_texts_show_no_rst_markup() -> None:
         result = CliRunner().invoke(main, [command, "--help"])
         assert result.exit_code == 0, result.output
         assert "``" not in result.output, f"{command} --help: {result.output}"
+
+
+def test_the_cli_loads_no_pipeline_module_when_it_starts() -> None:
+    # The pipeline package (and its report module) costs ~40 ms to import: only its commands
+    # load it.
+    code = (
+        "import sys, streamassign.cli; "
+        "print([m for m in sys.modules if m.startswith('streamassign.pipeline')])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

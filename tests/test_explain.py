@@ -195,10 +195,10 @@ def test_plan_warns_about_input_it_ignores(tmp_path: Path) -> None:
         main, ["plan", ORDERS, "--clients", str(clients), "--standbys", "2"], env=WIDE
     )
     assert result.exit_code == 0, result.output
-    assert "client 'a' reports 2 task(s) the topology does not have (ignored): 0_99, 7_0" in (
+    assert "client 'a' reports 2 tasks the topology does not have (ignored): 0_99, 7_0" in (
         result.stderr
     )
-    assert "--standbys 2 needs 3 clients; with 1 each stateful task gets 0 standby(s)" in (
+    assert "--standbys 2 needs 3 clients; with 1 each stateful task gets 0 standbys" in (
         result.stderr
     )
 
