@@ -170,9 +170,10 @@ def _check_task_count(topology: Topology, counts: Mapping[str, int]) -> None:
         )
 
 
-def _task_list(tasks: Sequence[TaskId], limit: int = 12) -> str:
-    shown = ", ".join(str(t) for t in tasks[:limit])
-    return shown + (f", … (+{len(tasks) - limit})" if len(tasks) > limit else "")
+def _task_list(tasks: Sequence[object], limit: int = 12, separator: str = ", ") -> str:
+    """The first ``limit`` items, then how many more: ``0_1, 0_2, … (+3)``."""
+    shown = separator.join(str(t) for t in tasks[:limit])
+    return shown + (f"{separator}… (+{len(tasks) - limit})" if len(tasks) > limit else "")
 
 
 def _tasks_cell(tasks: frozenset[TaskId]) -> str:
@@ -417,8 +418,17 @@ def _warn_ignored_input(
                 f"topology does not have (ignored): {_task_list(unknown)}",
                 err=True,
             )
-    views = views_from_clients(clients)
-    _warn_conflicts(claim_conflicts(views, {c.process_id: c.lags for c in clients}), "")
+    conflicts = claim_conflicts(
+        views_from_clients(clients), {c.process_id: c.lags for c in clients}
+    )
+    # Claims of tasks outside the topology are ignored (the warning above): no conflict.
+    _warn_conflicts(
+        ClaimConflicts(
+            tuple(d for d in conflicts.duplicate_actives if d[0] in tasks),
+            tuple(b for b in conflicts.active_and_standby if b[0] in tasks),
+        ),
+        "",
+    )
     if stateful_count and standbys > len(clients) - 1:
         click.echo(
             f"warning: --standbys {standbys} needs {standbys + 1} clients; with {len(clients)} "
@@ -433,24 +443,22 @@ def _warn_conflicts(conflicts: ClaimConflicts, where: str) -> None:
     prefix = f"warning: {where}: " if where else "warning: "
     duplicates = conflicts.duplicate_actives
     if duplicates:
-        listed = "; ".join(
-            f"{task} on {', '.join(claimants)} ({kept} kept)"
-            for task, claimants, kept in duplicates[:12]
+        listed = _task_list(
+            [f"{task} on {', '.join(pids)} ({kept} kept)" for task, pids, kept in duplicates],
+            separator="; ",
         )
-        more = f"; … (+{len(duplicates) - 12})" if len(duplicates) > 12 else ""
         click.echo(
             f"{prefix}{counted(len(duplicates), 'task')} active on several clients: "
-            f"{listed}{more}; each is taken as run by the claimant the sticky assignor keeps "
+            f"{listed}; each is taken as run by the claimant the sticky assignor keeps "
             "(smallest lag, then process id), the others as holding its state",
             err=True,
         )
     both = conflicts.active_and_standby
     if both:
-        listed = ", ".join(f"{task} on {pid}" for task, pid in both[:12])
-        more = f", … (+{len(both) - 12})" if len(both) > 12 else ""
+        listed = _task_list([f"{task} on {pid}" for task, pid in both])
         click.echo(
             f"{prefix}{counted(len(both), 'task')} both active and standby on one client: "
-            f"{listed}{more}; counted as active there",
+            f"{listed}; counted as active there",
             err=True,
         )
 

@@ -203,6 +203,32 @@ def test_plan_warns_about_input_it_ignores(tmp_path: Path) -> None:
     )
 
 
+def test_plan_warns_of_no_conflict_over_a_task_outside_the_topology(tmp_path: Path) -> None:
+    clients = tmp_path / "clients.toml"
+    client = '[[client]]\nprocess_id = "{}"\nprev_active = ["9_0"]\n'
+    clients.write_text(client.format("p1") + client.format("p2"))
+    result = CliRunner().invoke(main, ["plan", ORDERS, "--clients", str(clients)], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        f"warning: client '{pid}' reports 1 task the topology does not have (ignored): 9_0"
+        for pid in ("p1", "p2")
+    ]
+
+
+def test_conflict_warnings_list_twelve_tasks_then_how_many_more(tmp_path: Path) -> None:
+    clients = tmp_path / "clients.toml"
+    claims = json.dumps([f"0_{p}" for p in range(12)] + ["1_0"])
+    client = '[[client]]\nprocess_id = "{}"\nprev_active = {}\nprev_standby = {}\n'
+    clients.write_text(client.format("p1", claims, claims) + client.format("p2", claims, "[]"))
+    result = CliRunner().invoke(main, ["plan", ORDERS, "--clients", str(clients)], env=WIDE)
+    assert result.exit_code == 0, result.output
+    duplicates, both = result.stderr.splitlines()
+    assert duplicates.startswith("warning: 13 tasks active on several clients: 0_0 on p1, p2")
+    assert "; 0_11 on p1, p2 (p1 kept); … (+1); each is taken" in duplicates
+    assert both.startswith("warning: 13 tasks both active and standby on one client: 0_0 on p1")
+    assert ", 0_11 on p1, … (+1); counted as active there" in both
+
+
 DUPLICATE = "1 task active on several clients: 0_1 on p1, p2 ({kept} kept)"
 BOTH = "1 task both active and standby on one client: 0_1 on p1; counted as active there"
 
