@@ -1590,8 +1590,9 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
     "--target",
     type=float,
     default=None,
-    help="Availability to reach (share of task-time up), e.g. 0.999. Default: the cheapest "
-    "candidate within --tolerance of the least outage of all candidates.",
+    help="Availability to reach (share of task-time up), e.g. 0.999; exit status 3 (the plan "
+    "still printed) when no candidate reaches it. Default: the cheapest candidate within "
+    "--tolerance of the least outage of all candidates.",
 )
 @_shown(
     "--tolerance",
@@ -1662,12 +1663,13 @@ def plan_standbys(
     if out is not None:
         _write_plan(out, plan["candidates"], plan)
     _print_plan(plan, best, job, out, topology_file, as_json)
-    _exit_if_missed(target, best)
+    _exit_if_missed(target, plan)
 
 
-def _exit_if_missed(target: float | None, best: Mapping[str, Any]) -> None:
-    """Exit with :data:`TARGET_MISSED_EXIT` (and a note) when ``best`` misses ``target``."""
-    if target is not None and best["availability"] < target:
+def _exit_if_missed(target: float | None, plan: Mapping[str, Any]) -> None:
+    """Exit with :data:`TARGET_MISSED_EXIT` (and a note) when the plan's recommendation
+    misses ``target`` (``recommend`` said so)."""
+    if not plan["target_reached"]:
         click.echo(
             f"note: no candidate reaches --target {target:g}: exit status {TARGET_MISSED_EXIT}",
             err=True,
@@ -1683,11 +1685,12 @@ def _standby_plan(
     from .pipeline.standbys import knobs, recommend, summarize
 
     rows = summarize(totals, job.availability)
-    best, why = recommend(rows, target, tolerance)
+    best, why, reached = recommend(rows, target, tolerance)
     plan = {
         "candidates": rows,
         "recommended": dict(best),
         "why": why,
+        "target_reached": reached,
         "knobs": knobs(best, job, target),
     }
     return plan, best

@@ -275,3 +275,11 @@ def test_the_cli_loads_no_pipeline_module_when_it_starts() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_plan_standbys_help_gives_the_exit_status_of_a_missed_target() -> None:
+    result = CliRunner().invoke(main, ["plan-standbys", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "exit status 3 (the plan still printed) when no candidate reaches it" in " ".join(
+        result.output.split()
+    )

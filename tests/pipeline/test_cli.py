@@ -184,8 +184,9 @@ def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
     ]
 
     def plan_of(totals: Any, job: Any, goal: float | None, tolerance: float) -> Any:
-        best, why = recommend(rows, goal, tolerance)
-        return {"candidates": rows, "recommended": dict(best), "why": why, "knobs": []}, best
+        best, why, reached = recommend(rows, goal, tolerance)
+        plan = {"candidates": rows, "recommended": dict(best), "why": why, "knobs": []}
+        return plan | {"target_reached": reached}, best
 
     monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: None)
     monkeypatch.setattr(cli, "_standby_plan", plan_of)
