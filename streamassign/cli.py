@@ -1169,7 +1169,7 @@ _model_options = [
     ),
     click.option(
         "--steps",
-        type=click.IntRange(min=0),
+        type=click.IntRange(min=1),
         help="Rebalances per trace after the initial assignment (model; at least 1).",
     ),
     _partitions_option("Initial partition counts of external topics (override the file's table)."),
@@ -1570,25 +1570,25 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 )
 @_shown(
     "--restore-rate",
-    kind=float,
+    kind=click.FloatRange(min=0, min_open=True),
     default=20_000.0,
     help="Records per second a restoring task reads.",
 )
 @_shown(
     "--detection",
-    kind=float,
+    kind=click.FloatRange(min=0),
     default=45.0,
     help="Seconds before a crashed client's tasks move (session timeout).",
 )
 @_shown(
     "--probing-interval",
-    kind=float,
+    kind=click.FloatRange(min=0, min_open=True),
     default=600.0,
     help="Seconds between probing rebalances that complete warmed-up moves.",
 )
 @click.option(
     "--target",
-    type=float,
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
     default=None,
     help="Availability to reach (share of task-time up), e.g. 0.999; exit status 3 (the plan "
     "still printed) when no candidate reaches it. Default: the cheapest candidate within "

@@ -283,3 +283,23 @@ def test_plan_standbys_help_gives_the_exit_status_of_a_missed_target() -> None:
     assert "exit status 3 (the plan still printed) when no candidate reaches it" in " ".join(
         result.output.split()
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["simulate", "--steps", "0"], "'--steps': 0 is not in the range x>=1"),
+        (["plan-standbys", "--steps", "0"], "'--steps': 0 is not in the range x>=1"),
+        (["plan-standbys", "--probing-interval", "0"], "'--probing-interval': 0.0 is not in"),
+        (["plan-standbys", "--restore-rate", "0"], "'--restore-rate': 0.0 is not in"),
+        (["plan-standbys", "--detection", "-1"], "'--detection': -1.0 is not in the range"),
+        (["plan-standbys", "--target", "1"], "'--target': 1.0 is not in the range 0<x<1"),
+    ],
+)
+def test_pipeline_numbers_out_of_range_are_usage_errors_naming_the_option(
+    args: list[str], message: str
+) -> None:
+    command, *options = args
+    result = CliRunner().invoke(main, [command, ORDERS, *options])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
