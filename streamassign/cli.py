@@ -685,10 +685,16 @@ def _option_name(field: str) -> str:
 def _check_security(security: Mapping[str, Any]) -> None:
     """Refuse security options that cannot work together, before any client is built: SASL
     without its credentials, ``--ssl-*`` or ``--sasl-*`` options the protocol would ignore
-    (a user who passes a CA file expects TLS), certificate files that are not PEM."""
+    (a user who passes a CA file expects TLS; restating a default is no conflict), certificate files that are not PEM."""
     protocol = security["security_protocol"]
     sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
-    given = [field for field, value in security.items() if value is not None and _given(field)]
+    # Restating a default (--sasl-mechanism PLAIN) changes nothing: only other values are refused.
+    defaults = {p.name: p.default for p in click.get_current_context().command.params}
+    given = [
+        field
+        for field, value in security.items()
+        if value is not None and _given(field) and value != defaults.get(field)
+    ]
     ignored = [f for f in given if (f.startswith("ssl_") and not tls)]
     ignored += [f for f in given if f.startswith("sasl_") and not sasl]
     if ignored:

@@ -325,7 +325,9 @@ def load_saved(data: object, where: str) -> dict[str, ClientView]:
     """
     table = data.get("assignment") if isinstance(data, dict) else None
     if not isinstance(table, dict):
-        raise AssignmentFileError(f"{where}: no 'assignment' table (expected plan --json output)")
+        raise AssignmentFileError(
+            f"{where}: no 'assignment' table (expected plan --json or describe --json output)"
+        )
     return {
         str(pid): _client_view(entry, f"{where}: client {pid!r}") for pid, entry in table.items()
     }

@@ -170,7 +170,10 @@ def test_explain_and_diff_between_two_saved_plans(tmp_path: Path) -> None:
     [
         (b"\xff\xfe garbage", "cannot read a saved assignment"),
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-        (b'{"tasks": {}}', "no 'assignment' table"),
+        (
+            b'{"tasks": {}}',
+            "no 'assignment' table (expected plan --json or describe --json output)",
+        ),
         (b'{"assignment": {"p1": {"active": ["zero"]}}}', "not a task id"),
         (b'{"assignment": {"p1": {"active": [1]}}}', "active must be a list of task ids"),
         (b'{"assignment": {"p1": {"capacity": 0}}}', "capacity must be an int >= 1"),
