@@ -685,7 +685,8 @@ def _option_name(field: str) -> str:
 def _check_security(security: Mapping[str, Any]) -> None:
     """Refuse security options that cannot work together, before any client is built: SASL
     without its credentials, ``--ssl-*`` or ``--sasl-*`` options the protocol would ignore
-    (a user who passes a CA file expects TLS; restating a default is no conflict), certificate files that are not PEM."""
+    (a user who passes a CA file expects TLS; restating a default is no conflict), certificate
+    files that are not PEM."""
     protocol = security["security_protocol"]
     sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
     # Restating a default (--sasl-mechanism PLAIN) changes nothing: only other values are refused.
