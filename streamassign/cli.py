@@ -37,8 +37,8 @@ from .explain import (
 from .files import load_toml
 from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
-from .pipeline.report import counted
 from .sticky import StickyTaskAssignor
+from .text import counted
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
 
@@ -170,9 +170,10 @@ def _check_task_count(topology: Topology, counts: Mapping[str, int]) -> None:
         )
 
 
-def _task_list(tasks: Sequence[TaskId], limit: int = 12) -> str:
-    shown = ", ".join(str(t) for t in tasks[:limit])
-    return shown + (f", … (+{len(tasks) - limit})" if len(tasks) > limit else "")
+def _task_list(tasks: Sequence[object], limit: int = 12, separator: str = ", ") -> str:
+    """The first ``limit`` items, then how many more: ``0_1, 0_2, … (+3)``."""
+    shown = separator.join(str(t) for t in tasks[:limit])
+    return shown + (f"{separator}… (+{len(tasks) - limit})" if len(tasks) > limit else "")
 
 
 def _tasks_cell(tasks: frozenset[TaskId]) -> str:
@@ -413,16 +414,25 @@ def _warn_ignored_input(
         unknown = sorted((c.prev_active | c.prev_standby | c.lags.keys()) - tasks.keys())
         if unknown:
             click.echo(
-                f"warning: client {c.process_id!r} reports {len(unknown)} task(s) the topology "
-                f"does not have (ignored): {_task_list(unknown)}",
+                f"warning: client {c.process_id!r} reports {counted(len(unknown), 'task')} the "
+                f"topology does not have (ignored): {_task_list(unknown)}",
                 err=True,
             )
-    views = views_from_clients(clients)
-    _warn_conflicts(claim_conflicts(views, {c.process_id: c.lags for c in clients}), "")
+    conflicts = claim_conflicts(
+        views_from_clients(clients), {c.process_id: c.lags for c in clients}
+    )
+    # Claims of tasks outside the topology are ignored (the warning above): no conflict.
+    _warn_conflicts(
+        ClaimConflicts(
+            tuple(d for d in conflicts.duplicate_actives if d[0] in tasks),
+            tuple(b for b in conflicts.active_and_standby if b[0] in tasks),
+        ),
+        "",
+    )
     if stateful_count and standbys > len(clients) - 1:
         click.echo(
             f"warning: --standbys {standbys} needs {standbys + 1} clients; with {len(clients)} "
-            f"each stateful task gets {max(0, len(clients) - 1)} standby(s)",
+            f"each stateful task gets {counted(max(0, len(clients) - 1), 'standby')}",
             err=True,
         )
 
@@ -433,24 +443,22 @@ def _warn_conflicts(conflicts: ClaimConflicts, where: str) -> None:
     prefix = f"warning: {where}: " if where else "warning: "
     duplicates = conflicts.duplicate_actives
     if duplicates:
-        listed = "; ".join(
-            f"{task} on {', '.join(claimants)} ({kept} kept)"
-            for task, claimants, kept in duplicates[:12]
+        listed = _task_list(
+            [f"{task} on {', '.join(pids)} ({kept} kept)" for task, pids, kept in duplicates],
+            separator="; ",
         )
-        more = f"; … (+{len(duplicates) - 12})" if len(duplicates) > 12 else ""
         click.echo(
             f"{prefix}{counted(len(duplicates), 'task')} active on several clients: "
-            f"{listed}{more}; each is taken as run by the claimant the sticky assignor keeps "
+            f"{listed}; each is taken as run by the claimant the sticky assignor keeps "
             "(smallest lag, then process id), the others as holding its state",
             err=True,
         )
     both = conflicts.active_and_standby
     if both:
-        listed = ", ".join(f"{task} on {pid}" for task, pid in both[:12])
-        more = f", … (+{len(both) - 12})" if len(both) > 12 else ""
+        listed = _task_list([f"{task} on {pid}" for task, pid in both])
         click.echo(
             f"{prefix}{counted(len(both), 'task')} both active and standby on one client: "
-            f"{listed}{more}; counted as active there",
+            f"{listed}; counted as active there",
             err=True,
         )
 
@@ -677,10 +685,17 @@ def _option_name(field: str) -> str:
 def _check_security(security: Mapping[str, Any]) -> None:
     """Refuse security options that cannot work together, before any client is built: SASL
     without its credentials, ``--ssl-*`` or ``--sasl-*`` options the protocol would ignore
-    (a user who passes a CA file expects TLS), certificate files that are not PEM."""
+    (a user who passes a CA file expects TLS; restating a default is no conflict), certificate
+    files that are not PEM."""
     protocol = security["security_protocol"]
     sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
-    given = [field for field, value in security.items() if value is not None and _given(field)]
+    # Restating a default (--sasl-mechanism PLAIN) changes nothing: only other values are refused.
+    defaults = {p.name: p.default for p in click.get_current_context().command.params}
+    given = [
+        field
+        for field, value in security.items()
+        if value is not None and _given(field) and value != defaults.get(field)
+    ]
     ignored = [f for f in given if (f.startswith("ssl_") and not tls)]
     ignored += [f for f in given if f.startswith("sasl_") and not sasl]
     if ignored:
@@ -1161,7 +1176,7 @@ _model_options = [
     ),
     click.option(
         "--steps",
-        type=click.IntRange(min=0),
+        type=click.IntRange(min=1),
         help="Rebalances per trace after the initial assignment (model; at least 1).",
     ),
     _partitions_option("Initial partition counts of external topics (override the file's table)."),
@@ -1562,28 +1577,29 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 )
 @_shown(
     "--restore-rate",
-    kind=float,
+    kind=click.FloatRange(min=0, min_open=True),
     default=20_000.0,
     help="Records per second a restoring task reads.",
 )
 @_shown(
     "--detection",
-    kind=float,
+    kind=click.FloatRange(min=0),
     default=45.0,
     help="Seconds before a crashed client's tasks move (session timeout).",
 )
 @_shown(
     "--probing-interval",
-    kind=float,
+    kind=click.FloatRange(min=0, min_open=True),
     default=600.0,
     help="Seconds between probing rebalances that complete warmed-up moves.",
 )
 @click.option(
     "--target",
-    type=float,
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
     default=None,
-    help="Availability to reach (share of task-time up), e.g. 0.999. Default: the cheapest "
-    "candidate within --tolerance of the least outage of all candidates.",
+    help="Availability to reach (share of task-time up), e.g. 0.999; exit status 3 (the plan "
+    "still printed) when no candidate reaches it. Default: the cheapest candidate within "
+    "--tolerance of the least outage of all candidates.",
 )
 @_shown(
     "--tolerance",
@@ -1654,12 +1670,13 @@ def plan_standbys(
     if out is not None:
         _write_plan(out, plan["candidates"], plan)
     _print_plan(plan, best, job, out, topology_file, as_json)
-    _exit_if_missed(target, best)
+    _exit_if_missed(target, plan)
 
 
-def _exit_if_missed(target: float | None, best: Mapping[str, Any]) -> None:
-    """Exit with :data:`TARGET_MISSED_EXIT` (and a note) when ``best`` misses ``target``."""
-    if target is not None and best["availability"] < target:
+def _exit_if_missed(target: float | None, plan: Mapping[str, Any]) -> None:
+    """Exit with :data:`TARGET_MISSED_EXIT` (and a note) when the plan's recommendation
+    misses ``target`` (``recommend`` said so)."""
+    if not plan["target_reached"]:
         click.echo(
             f"note: no candidate reaches --target {target:g}: exit status {TARGET_MISSED_EXIT}",
             err=True,
@@ -1675,11 +1692,12 @@ def _standby_plan(
     from .pipeline.standbys import knobs, recommend, summarize
 
     rows = summarize(totals, job.availability)
-    best, why = recommend(rows, target, tolerance)
+    best, why, reached = recommend(rows, target, tolerance)
     plan = {
         "candidates": rows,
         "recommended": dict(best),
         "why": why,
+        "target_reached": reached,
         "knobs": knobs(best, job, target),
     }
     return plan, best

@@ -204,6 +204,9 @@ def _landing(
     if destination is None:
         return Landing.COLD
     had = before.get(destination, _EMPTY).assignment
+    if task in had.active:
+        # A claimant the assignor did not keep (a duplicate claim) holds the task's state.
+        return Landing.LOCAL
     if task in had.standby:
         return Landing.STANDBY
     if task in had.warmup:
@@ -241,9 +244,9 @@ def explain(
     actives = []
     for task in sorted(old_active.keys() | new_active.keys()):
         source, destination = old_active.get(task), new_active.get(task)
-        # Not a move while a client that claimed it as active before still runs it (claims
-        # of several clients are conflicts: ``claim_conflicts`` reports them).
-        if set(old_owners.get(task, ((), ""))[0]) & set(new_owners.get(task, ((), ""))[0]):
+        # A task claimed by several clients counts as run by the kept claimant, as in the
+        # metrics: moving it to another claimant is a (warm) move, not a stay.
+        if source == destination:
             continue
         if source is None:
             reason = Reason.NO_PREVIOUS_OWNER
@@ -322,7 +325,9 @@ def load_saved(data: object, where: str) -> dict[str, ClientView]:
     """
     table = data.get("assignment") if isinstance(data, dict) else None
     if not isinstance(table, dict):
-        raise AssignmentFileError(f"{where}: no 'assignment' table (expected plan --json output)")
+        raise AssignmentFileError(
+            f"{where}: no 'assignment' table (expected plan --json or describe --json output)"
+        )
     return {
         str(pid): _client_view(entry, f"{where}: client {pid!r}") for pid, entry in table.items()
     }

@@ -585,7 +585,8 @@ def _parse_subtopologies(data: Mapping[str, Any], source: str) -> list[Subtopolo
         try:
             subtopologies.append(Subtopology(sub_id, sources, stores, sinks))
         except (TypeError, ValueError) as exc:  # TopologyError too: the message names the file
-            raise TopologyError(f"{where}: {exc}") from exc
+            reason = str(exc).removeprefix(f"subtopology {sub_id}: ")  # ``where`` names it
+            raise TopologyError(f"{where}: {reason}") from exc
     return subtopologies
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -261,3 +263,43 @@ def test_help_texts_show_no_rst_markup() -> None:
         result = CliRunner().invoke(main, [command, "--help"])
         assert result.exit_code == 0, result.output
         assert "``" not in result.output, f"{command} --help: {result.output}"
+
+
+def test_the_cli_loads_no_pipeline_module_when_it_starts() -> None:
+    # The pipeline package (and its report module) costs ~40 ms to import: only its commands
+    # load it.
+    code = (
+        "import sys, streamassign.cli; "
+        "print([m for m in sys.modules if m.startswith('streamassign.pipeline')])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_plan_standbys_help_gives_the_exit_status_of_a_missed_target() -> None:
+    result = CliRunner().invoke(main, ["plan-standbys", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "exit status 3 (the plan still printed) when no candidate reaches it" in " ".join(
+        result.output.split()
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["simulate", "--steps", "0"], "'--steps': 0 is not in the range x>=1"),
+        (["plan-standbys", "--steps", "0"], "'--steps': 0 is not in the range x>=1"),
+        (["plan-standbys", "--probing-interval", "0"], "'--probing-interval': 0.0 is not in"),
+        (["plan-standbys", "--restore-rate", "0"], "'--restore-rate': 0.0 is not in"),
+        (["plan-standbys", "--detection", "-1"], "'--detection': -1.0 is not in the range"),
+        (["plan-standbys", "--target", "1"], "'--target': 1.0 is not in the range 0<x<1"),
+    ],
+)
+def test_pipeline_numbers_out_of_range_are_usage_errors_naming_the_option(
+    args: list[str], message: str
+) -> None:
+    command, *options = args
+    result = CliRunner().invoke(main, [command, ORDERS, *options])
+    assert result.exit_code == 2, result.output
+    assert message in result.output

@@ -383,6 +383,11 @@ def tls_files(tmp_path: Path) -> dict[str, str]:
             "--ssl-cafile needs --security-protocol SSL or SASL_SSL (it is SASL_PLAINTEXT",
         ),
         (
+            ["--sasl-mechanism", "SCRAM-SHA-256"],
+            {},
+            "--sasl-mechanism needs --security-protocol SASL_PLAINTEXT or SASL_SSL (it is PLAIN",
+        ),
+        (
             ["--security-protocol", "SSL", "--sasl-username", "u"],
             {},
             "--sasl-username needs --security-protocol SASL_PLAINTEXT or SASL_SSL (it is SSL",
@@ -413,6 +418,7 @@ def test_security_mistakes_are_one_error_line_before_any_connection(
         ["--security-protocol", "SSL", "--ssl-certfile", "{cert}", "--ssl-keyfile", "{key}"],
         ["--security-protocol", "SASL_PLAINTEXT"],  # credentials from the environment
         [],  # the environment's SASL credentials do not matter without SASL
+        ["--sasl-mechanism", "PLAIN"],  # restating a default changes nothing: no conflict
     ],
 )
 def test_usable_security_options_go_on_to_the_broker(

@@ -68,23 +68,45 @@ def test_each_rule_is_named() -> None:
 
 
 @given(assignment_inputs())
-def test_moves_agree_with_the_metrics(
+def test_moves_and_landings_agree_with_the_metrics(
     case: tuple[list[TaskId], list[ClientState], int, list[TaskId] | None],
 ) -> None:
+    # Duplicate claims included: both take the claimant the assignor keeps as the owner, so a
+    # task moved from it to another claimant is one (warm) move for both.
     tasks, clients, replicas, stateful = case
-    if any(len(c.prev_active & d.prev_active) for c in clients for d in clients if c is not d):
-        # Duplicate claims: a task left on a claimant the assignor did not keep is a move for
-        # the metrics (the kept owner lost it) and none for explain (it stays where it ran).
-        return
     result = StickyTaskAssignor(replicas).assign(tasks, clients, stateful)
     caps = {c.process_id: c.capacity for c in clients}
-    explained = explain(views_from_clients(clients), views_from_assignment(result, caps))
-    assert explained.moves == evaluate(tasks, clients, result, replicas, stateful).moves
+    lags = {c.process_id: c.lags for c in clients}
+    explained = explain(
+        views_from_clients(clients),
+        views_from_assignment(result, caps),
+        lags,
+        stateful,
+        claim_lags=lags,
+    )
+    metrics = evaluate(tasks, clients, result, replicas, stateful)
+    assert explained.moves == metrics.moves
+    landed = [m.landing for m in explained.actives if m.destination is not None]
+    warm = (Landing.STANDBY, Landing.WARMUP, Landing.LOCAL)
+    assert sum(landing in warm for landing in landed) == metrics.warm_takeovers
+    assert landed.count(Landing.COLD) == metrics.cold_takeovers
     # Every task whose active changed is listed once, with its new owner.
     owner = {t: pid for pid, a in result.items() for t in a.active}
     for move in explained.actives:
         assert move.destination == owner.get(move.task)
     assert len({m.task for m in explained.actives}) == len(explained.actives)
+
+
+def test_a_task_moved_off_the_kept_claimant_is_a_warm_move() -> None:
+    # p1 and p2 both claim 0_0; p1 (smallest process id) is kept, so 0_0 on p2 is a move.
+    before = {"p1": view(None, "0_0 0_1"), "p2": view(None, "0_0")}
+    after = {"p1": view(1, "0_1"), "p2": view(1, "0_0")}
+    (move,) = explain(before, after).actives
+    assert (move.task, move.source, move.destination) == (TaskId(0, 0), "p1", "p2")
+    assert move.landing == Landing.LOCAL
+    assert explain(before, after).moves == 1
+    # Left on the kept claimant: no move.
+    assert explain(before, {"p1": view(1, "0_0 0_1"), "p2": view(1)}).actives == ()
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -148,7 +170,10 @@ def test_explain_and_diff_between_two_saved_plans(tmp_path: Path) -> None:
     [
         (b"\xff\xfe garbage", "cannot read a saved assignment"),
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-        (b'{"tasks": {}}', "no 'assignment' table"),
+        (
+            b'{"tasks": {}}',
+            "no 'assignment' table (expected plan --json or describe --json output)",
+        ),
         (b'{"assignment": {"p1": {"active": ["zero"]}}}', "not a task id"),
         (b'{"assignment": {"p1": {"active": [1]}}}', "active must be a list of task ids"),
         (b'{"assignment": {"p1": {"capacity": 0}}}', "capacity must be an int >= 1"),
@@ -173,12 +198,38 @@ def test_plan_warns_about_input_it_ignores(tmp_path: Path) -> None:
         main, ["plan", ORDERS, "--clients", str(clients), "--standbys", "2"], env=WIDE
     )
     assert result.exit_code == 0, result.output
-    assert "client 'a' reports 2 task(s) the topology does not have (ignored): 0_99, 7_0" in (
+    assert "client 'a' reports 2 tasks the topology does not have (ignored): 0_99, 7_0" in (
         result.stderr
     )
-    assert "--standbys 2 needs 3 clients; with 1 each stateful task gets 0 standby(s)" in (
+    assert "--standbys 2 needs 3 clients; with 1 each stateful task gets 0 standbys" in (
         result.stderr
     )
+
+
+def test_plan_warns_of_no_conflict_over_a_task_outside_the_topology(tmp_path: Path) -> None:
+    clients = tmp_path / "clients.toml"
+    client = '[[client]]\nprocess_id = "{}"\nprev_active = ["9_0"]\n'
+    clients.write_text(client.format("p1") + client.format("p2"))
+    result = CliRunner().invoke(main, ["plan", ORDERS, "--clients", str(clients)], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        f"warning: client '{pid}' reports 1 task the topology does not have (ignored): 9_0"
+        for pid in ("p1", "p2")
+    ]
+
+
+def test_conflict_warnings_list_twelve_tasks_then_how_many_more(tmp_path: Path) -> None:
+    clients = tmp_path / "clients.toml"
+    claims = json.dumps([f"0_{p}" for p in range(12)] + ["1_0"])
+    client = '[[client]]\nprocess_id = "{}"\nprev_active = {}\nprev_standby = {}\n'
+    clients.write_text(client.format("p1", claims, claims) + client.format("p2", claims, "[]"))
+    result = CliRunner().invoke(main, ["plan", ORDERS, "--clients", str(clients)], env=WIDE)
+    assert result.exit_code == 0, result.output
+    duplicates, both = result.stderr.splitlines()
+    assert duplicates.startswith("warning: 13 tasks active on several clients: 0_0 on p1, p2")
+    assert "; 0_11 on p1, p2 (p1 kept); … (+1); each is taken" in duplicates
+    assert both.startswith("warning: 13 tasks both active and standby on one client: 0_0 on p1")
+    assert ", 0_11 on p1, … (+1); counted as active there" in both
 
 
 DUPLICATE = "1 task active on several clients: 0_1 on p1, p2 ({kept} kept)"
@@ -190,7 +241,7 @@ def saved(path: Path, assignment: dict[str, dict[str, list[str]]]) -> str:
     return str(path)
 
 
-def test_explain_and_diff_warn_about_conflicting_claims_and_never_move_a_task_in_place(
+def test_explain_and_diff_warn_about_conflicting_claims(
     tmp_path: Path,
 ) -> None:
     both = {"p1": {"active": ["0_1"]}, "p2": {"active": ["0_1"]}}
@@ -206,9 +257,12 @@ def test_explain_and_diff_warn_about_conflicting_claims_and_never_move_a_task_in
             "claimant the sticky assignor keeps (smallest lag, then process id), the others "
             "as holding its state"
         ]
-    # p2 ran 0_1 before (a duplicate claim), and runs it after: not a move.
+    # p2 ran 0_1 before too, and runs it after: a move off the kept claimant p1, as the
+    # metrics count it, landing where its state is.
     result = CliRunner().invoke(main, ["explain", before, stayed, "--json"], env=WIDE)
-    assert json.loads(result.stdout)["moves"] == []
+    assert [
+        (m["task"], m["from"], m["to"], m["landing"]) for m in json.loads(result.stdout)["moves"]
+    ] == [("0_1", "p1", "p2", "local state")]
     # It moves away from both: from the claimant kept, p1.
     result = CliRunner().invoke(main, ["explain", before, moved, "--json"], env=WIDE)
     assert [(m["task"], m["from"], m["to"]) for m in json.loads(result.stdout)["moves"]] == [
@@ -247,18 +301,20 @@ def test_plan_warns_about_conflicting_claims_and_keeps_them_as_the_assignor_does
 
 
 @given(assignment_inputs())
-def test_a_task_never_moves_to_a_client_that_claimed_it_as_active(
+def test_a_move_comes_from_the_kept_claimant_and_lands_warm_on_another(
     inputs: tuple[list[TaskId], list[ClientState], int, list[TaskId] | None],
 ) -> None:
-    """Whatever the clients report (duplicate claims included), a listed move lands on a
-    client that did not run the task before, and comes from the claimant the assignor kept."""
+    """Whatever the clients report (duplicate claims included), a listed move comes from the
+    claimant the assignor kept, never lands where it came from, and lands on local state when
+    its new owner was another claimant."""
     tasks, clients, standbys, stateful = inputs
     result = StickyTaskAssignor(standbys).assign(tasks, clients, stateful)
     before, lags = views_from_clients(clients), {c.process_id: c.lags for c in clients}
     moves = explain(before, views_from_assignment(result, {}), lags, claim_lags=lags)
     kept = {task: holder for task, _, holder in claim_conflicts(before, lags).duplicate_actives}
     for move in moves.actives:
-        if move.destination is not None:
-            assert move.task not in before[move.destination].assignment.active
+        assert move.source != move.destination
         if move.task in kept:
             assert move.source == kept[move.task]
+        if move.destination is not None and move.task in before[move.destination].assignment.active:
+            assert move.landing == Landing.LOCAL

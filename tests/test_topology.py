@@ -415,6 +415,7 @@ def test_bad_files_are_rejected_naming_the_file_and_the_key(
         load_topology_file(path)
     assert str(info.value).startswith(str(path))
     assert str(info.value).count(str(path)) == 1, "the file is named once"
+    assert str(info.value).count("subtopology ") <= 1, "the subtopology is named once"
 
 
 def test_a_file_that_is_not_utf8_is_a_topology_error(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 import attrs
 
+from ..text import counted
 from .assignors import SPECS
 from .scenarios import EVENTS
 from .simulate import SimulationJob
@@ -79,11 +80,6 @@ def assignor_colour(name: str) -> str:
 
 
 # -- formatting ------------------------------------------------------------------------------------
-
-
-def counted(n: float, noun: str, plural: str = "") -> str:
-    """``1 task``, ``2 tasks``, ``1.5 tasks`` (``plural``: when not ``noun + "s"``)."""
-    return f"{n:,g} {noun if n == 1 else plural or noun + 's'}"
 
 
 def _missing(value: Any) -> bool:

@@ -25,6 +25,7 @@ import attrs
 
 from .. import TaskId
 from ..errors import PipelineError, StreamAssignError, TopologyError
+from ..files import load_toml
 from ..grouper import resolve_partition_counts
 from ..topology import Topology, load_topology_file
 
@@ -225,13 +226,7 @@ class ScenarioModel:
     @classmethod
     def load(cls, path: str | Path, params: Mapping[str, object] | None = None) -> ScenarioModel:
         """A model from a TOML file of ``parameter = value`` lines, then ``params`` on top."""
-        import tomllib
-
-        try:
-            with Path(path).open("rb") as fh:
-                data = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise PipelineError(f"{path}: cannot read the scenario model: {exc}") from exc
+        data = load_toml(path, PipelineError, "scenario model")
         try:
             return cls().evolve({**data, **(params or {})})
         except PipelineError as exc:

@@ -316,21 +316,22 @@ def required_availability(
 
 def recommend(
     rows: Sequence[Mapping[str, Any]], target: float | None = None, tolerance: float = TOLERANCE
-) -> tuple[Mapping[str, Any], str]:
+) -> tuple[Mapping[str, Any], str, bool]:
     """The cheapest candidate meeting ``target`` (without one: within ``tolerance`` of the
     least outage of all candidates): least standby + warmup load, then the shortest convergence,
     then fewest replicas. If none meets an explicit target, the most available one. Returns it
-    with a sentence saying why."""
+    with a sentence saying why, and whether it meets the bar (False only for a missed target)."""
     if not rows:
         raise PipelineError("no candidate was evaluated")
     bar = required_availability(rows, target, tolerance)
     meeting = [r for r in rows if r["availability"] >= bar]
     if not meeting:
         best = max(rows, key=lambda r: (r["availability"], -r["standby_load"]))
-        return best, (
+        why = (
             f"no candidate reaches the target {target}; the most available is "
             f"{_name(best)} at {best['availability']:.5f}"
         )
+        return best, why, False
     best = min(
         meeting,
         key=lambda r: (
@@ -342,15 +343,20 @@ def recommend(
     )
     load = f"the least extra load ({best['standby_load']:.2f} standby replicas per task)"
     if target is not None:
-        return best, f"{_name(best)}: {load} that reaches {best['availability']:.5f} >= {target}"
+        return (
+            best,
+            f"{_name(best)}: {load} that reaches {best['availability']:.5f} >= {target}",
+            True,
+        )
     top = max(rows, key=lambda r: (r["availability"], -r["standby_load"]))
     if top is best:
-        return best, f"{_name(best)}: the least outage of the candidates ({_outage(best)})"
-    return best, (
+        return best, f"{_name(best)}: the least outage of the candidates ({_outage(best)})", True
+    why = (
         f"{_name(best)}: {load} within {tolerance:.0%} of the least outage of the candidates "
         f"({_outage(best)}; the best, {_name(top)}, {_outage(top)} at "
         f"{top['standby_load']:.2f} standby replicas per task)"
     )
+    return best, why, True
 
 
 def _name(row: Mapping[str, Any]) -> str:

@@ -120,7 +120,7 @@ def test_plan_standbys_prints_a_recommendation(
         (["simulate", str(ORDERS), "--scenarios", "0"], "0 is not in the range x>=1"),
         (["simulate", str(ORDERS), "--standbys", "-1"], "-1 is not in the range x>=0"),
         (
-            ["simulate", str(ORDERS), "--steps", "0"],
+            ["simulate", str(ORDERS), "--param", "steps=0"],
             "steps = 0: simulate compares the assignors over the rebalances after the initial",
         ),
         (
@@ -128,19 +128,19 @@ def test_plan_standbys_prints_a_recommendation(
             "steps = 0: plan-standbys measures the outage over the rebalances after the initial",
         ),
         (["plan-standbys", str(ORDERS), "--standbys", "0,x"], "expected integers such as 0,1,2"),
-        (["plan-standbys", str(ORDERS), "--target", "1.5"], "target must be in (0, 1)"),
+        (["plan-standbys", str(ORDERS), "--target", "1.5"], "1.5 is not in the range 0<x<1"),
         (
             ["plan-standbys", str(ORDERS), "--target", "0.99", "--tolerance", "0.1"],
             "give --target or --tolerance, not both",
         ),
         (
             ["plan-standbys", str(ORDERS), "--probing-interval", "0"],
-            "probing_interval_s must be a number > 0",
+            "'--probing-interval': 0.0 is not in the range x>0",
         ),
         (["simulate", str(ORDERS), "-p", "orders=6,orders=8"], "orders given twice, as 6 and 8"),
         (
             ["plan-standbys", str(ORDERS), "--restore-rate", "0"],
-            "restore_rate must be a number > 0",
+            "'--restore-rate': 0.0 is not in the range x>0",
         ),
         (
             ["plan-standbys", str(ORDERS), "--param", "disk_loss_probability=2"],
@@ -184,8 +184,9 @@ def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
     ]
 
     def plan_of(totals: Any, job: Any, goal: float | None, tolerance: float) -> Any:
-        best, why = recommend(rows, goal, tolerance)
-        return {"candidates": rows, "recommended": dict(best), "why": why, "knobs": []}, best
+        best, why, reached = recommend(rows, goal, tolerance)
+        plan = {"candidates": rows, "recommended": dict(best), "why": why, "knobs": []}
+        return plan | {"target_reached": reached}, best
 
     monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: None)
     monkeypatch.setattr(cli, "_standby_plan", plan_of)

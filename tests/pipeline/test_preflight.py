@@ -137,6 +137,13 @@ def test_no_java_fails_before_spark(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert not (tmp_path / "run").exists()
 
 
+def python(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` run from the repository root (where ``examples`` imports from)."""
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT
+    )
+
+
 @pytest.mark.parametrize("example", ["examples.orders_join", "examples.word_count"])
 def test_examples_without_rocksdict_name_the_extra(example: str) -> None:
     """The App is built before any topic exists, so no broker is needed to see this."""
@@ -146,14 +153,7 @@ def test_examples_without_rocksdict_name_the_extra(example: str) -> None:
         f"sys.argv = ['{example}', '--bootstrap', '127.0.0.1:9']\n"
         f"runpy.run_module('{example}', run_name='__main__')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-    )
+    done = python("-c", script)
     assert done.returncode == 1
     assert done.stderr.strip() == (
         "error: store_kind='rocksdb' needs rocksdict, from the runtime extra: "
@@ -165,14 +165,7 @@ def test_examples_without_rocksdict_name_the_extra(example: str) -> None:
 def test_examples_without_a_broker_end_in_one_error_line(example: str) -> None:
     """Nothing listens on port 1: the topic creation fails, the admin client and the apps are
     closed (no unclosed-resource warning in development mode), and the last line says so."""
-    done = subprocess.run(
-        [sys.executable, "-X", "dev", "-m", example, "--bootstrap", "127.0.0.1:1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-    )
+    done = python("-X", "dev", "-m", example, "--bootstrap", "127.0.0.1:1")
     assert done.returncode == 1
     assert "Traceback" not in done.stderr and "ResourceWarning" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]

@@ -22,11 +22,11 @@ from streamassign.pipeline.report import (
     CSV_FILES,
     Outcome,
     assignor_colour,
-    counted,
     outcomes,
     recommend,
     render_report,
 )
+from streamassign.text import counted
 
 pytest.importorskip("plotly")
 pytest.importorskip("jinja2")
@@ -100,11 +100,13 @@ def test_a_run_without_rebalances_says_so_and_picks_nothing(tmp_path: Path) -> N
 
 
 def test_counts_of_one_are_singular(tmp_path: Path) -> None:
-    assert [counted(n, "task") for n in (0, 1, 1.5, 2)] == [
+    assert [counted(n, "task") for n in (0, 1, 1.5, 2, 1_234_567, 2_000_000.0)] == [
         "0 tasks",
         "1 task",
         "1.5 tasks",
         "2 tasks",
+        "1,234,567 tasks",
+        "2,000,000 tasks",
     ]
     data = load()
     data["manifest"] |= {"scenarios": 1, "standby_replicas": 1}

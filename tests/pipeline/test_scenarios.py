@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from streamassign.files import MAX_TOML_BYTES
 from streamassign.pipeline import PipelineError, ScenarioModel, Workload, generate_trace
 from streamassign.pipeline.scenarios import EVENTS, Trace
 
@@ -232,6 +233,17 @@ def test_evolve_parses_strings_and_rejects_unknown_names(tmp_path: Path) -> None
     path.write_text("racks = 0\n")
     with pytest.raises(PipelineError, match=r"model.toml: scenario model: racks"):
         ScenarioModel.load(path)
+    # Read as every TOML input: a byte-order mark skipped, bad bytes and size named with the file.
+    path.write_bytes(b"\xef\xbb\xbfsteps = 4\n")
+    assert ScenarioModel.load(path).steps == 4
+    path.write_bytes(b"steps = 4 # \xff\n")
+    with pytest.raises(PipelineError, match=r"model.toml: scenario model is not UTF-8"):
+        ScenarioModel.load(path)
+    path.write_bytes(b"#" * (MAX_TOML_BYTES + 1))
+    with pytest.raises(PipelineError, match=r"model.toml: scenario model larger than"):
+        ScenarioModel.load(path)
+    with pytest.raises(PipelineError, match=r"missing.toml: cannot read scenario model"):
+        ScenarioModel.load(tmp_path / "missing.toml")
 
 
 def test_workloads_fail_early_on_bad_topologies(tmp_path: Path) -> None:

@@ -196,11 +196,11 @@ def test_plan_standbys_job_matches_the_pure_evaluation(spark: Any, orders: Workl
     assert by[1, 0]["standby_load"] > 0 == by[0, 0]["standby_load"]
     # Warmups never make things worse under the model; they only defer planned moves.
     assert by[0, 2]["availability"] >= by[0, 0]["availability"]
-    best, why = recommend(table, 0.5)
+    best, why, _ = recommend(table, 0.5)
     assert (best["standbys"], best["warmups"]) == (0, 0) and "least extra load" in why
     # A target above every candidate's availability: the most available one, said so.
     top = max(r["availability"] for r in table)
-    best, why = recommend(table, top + 1e-9)
+    best, why, _ = recommend(table, top + 1e-9)
     assert "no candidate reaches" in why
     assert best["availability"] == top
 

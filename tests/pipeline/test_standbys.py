@@ -37,19 +37,20 @@ ROWS.append(candidate(3, 0, 0.9979))
 
 
 def test_without_a_target_the_cheapest_candidate_within_the_tolerance_wins() -> None:
-    best, why = recommend(ROWS)
-    assert (best["standbys"], best["warmups"]) == (2, 2)
+    best, why, reached = recommend(ROWS)
+    assert (best["standbys"], best["warmups"]) == (2, 2) and reached
     assert "within 25% of the least outage" in why and "num_standby_replicas=3" in why
     # The most available candidate, alone within reach: said so.
-    best, why = recommend(ROWS[:1])
+    best, why, _ = recommend(ROWS[:1])
     assert best is ROWS[0] and "the least outage of the candidates" in why
 
 
 def test_an_explicit_target_is_met_cheaply_or_the_best_is_named() -> None:
-    best, why = recommend(ROWS, 0.9971)
-    assert best["standbys"] == 1 and ">= 0.9971" in why
-    best, why = recommend(ROWS, 0.9999)
+    best, why, reached = recommend(ROWS, 0.9971)
+    assert best["standbys"] == 1 and ">= 0.9971" in why and reached
+    best, why, reached = recommend(ROWS, 0.9999)
     assert best["standbys"] == 3 and why.startswith("no candidate reaches the target 0.9999")
+    assert not reached  # plan-standbys exits with status 3 on this
 
 
 def test_knobs_split_the_outage_and_say_what_reaches_the_next_nine(orders: Workload) -> None:

@@ -1,0 +1,12 @@
+"""Wording shared by the CLI and the pipeline's messages and reports (no imports: loading it
+costs nothing at CLI start)."""
+
+from __future__ import annotations
+
+
+def counted(n: float, noun: str, plural: str = "") -> str:
+    """``1 task``, ``2 tasks``, ``1.5 tasks``, ``1,234,567 tasks`` (``plural``: when not
+    ``noun + "s"``)."""
+    whole = isinstance(n, int) or float(n).is_integer()
+    amount = f"{int(n):,}" if whole else f"{n:,g}"
+    return f"{amount} {noun if n == 1 else plural or noun + 's'}"
