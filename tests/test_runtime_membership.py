@@ -451,3 +451,42 @@ def test_only_a_permanent_refusal_of_a_write_stops_the_app(
     else:
         task = asyncio.run(run())
         assert task.torn and log.markers() == 0 and committer.commits == []
+
+
+def test_a_zombie_whose_membership_was_reset_is_not_confirmed(tmp_path: Path) -> None:
+    """aiokafka reset the zombie's membership as it woke (a heartbeat answered
+    UnknownMemberId: generation -1, member ''); a group with no members accepts an offset
+    commit of generation -1, so the accepted fence proves nothing: it must write no stale
+    value after the new owner's records."""
+    app, log, fence, rejoins = fenced(tmp_path)
+    app.host._memberships[0] = ("member-1", 3)
+    fence._coordinator = SimpleNamespace(member_id="member-1", generation=3)  # type: ignore[attr-defined]
+    new_marker = (COMMIT_KEY, encode_marker({"events": 9}))
+
+    def new_owner() -> None:  # between the zombie's check and its marker
+        log.records[CHANGELOG].extend([(b"k", b"7"), new_marker])
+        log.after_ends = None
+        send = log.send
+
+        async def then_reset(topic: str, value: Any, key: Any = None, **kw: Any) -> Any:
+            future = await send(topic, value, key=key, **kw)
+            if key == COMMIT_KEY:  # its marker is out; then the heartbeat resets it
+                fence._coordinator.member_id, fence._coordinator.generation = "", -1  # type: ignore[attr-defined]
+            return future
+
+        log.send = then_reset  # type: ignore[method-assign]
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)
+        await app._processing.process(task, Rec(1, b"k", b"5"))
+        log.after_ends = new_owner
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    records = log.records[CHANGELOG]
+    assert [r[0] for r in records[records.index(new_marker) + 1 :]] == [COMMIT_KEY]
+    assert task.torn and task.stores["totals"].pending == {}
+    assert fence.commits == [{KafkaTopicPartition("events", 0): 1}]  # no fence, no input

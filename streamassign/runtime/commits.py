@@ -372,6 +372,14 @@ class Commits:
             if task.consumer == index
             for tp, offset in task.committed.items()
         }
+        # aiokafka sends the member id and generation it holds when it builds the request;
+        # one it reset (a heartbeat answered UnknownMemberId) commits as a "simple consumer"
+        # (generation -1), which a group with no members accepts. So an answer proves the
+        # membership only if the member and generation are still those of the assignment,
+        # before and after (no new generation can start meanwhile: a rebalance's revoke
+        # callback waits for this consumer's lock, which a commit holds).
+        if self.lost(index):
+            return False
         if not offsets:
             return None
         try:
@@ -383,7 +391,7 @@ class Commits:
         except (KafkaError, TimeoutError) as exc:
             log.warning("consumer %d: membership not confirmed (%r)", index, exc)
             return None
-        return True
+        return not self.lost(index)
 
     def lost(self, index: int) -> bool:
         """``index`` lost its membership since its last assignment: tear its tasks."""
