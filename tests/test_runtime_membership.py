@@ -522,6 +522,9 @@ def test_a_new_owner_fences_with_the_group_s_offset_before_its_first_commit(
     assert log.replay() == {b"k": b"10", b"k-copy": b"10"} == dict(state.store.items())
     assert applied(log) == {"events": 1}
     assert fence.commits == [zombie_commit, zombie_commit, {KafkaTopicPartition("events", 0): 2}]
+    # Only a marker of the other writer's: every key's last value is the owner's already,
+    # nothing is written again (its own marker, the last, closes them with its offsets).
+    assert len(log.records[CHANGELOG]) == 3 + 2 + 1 + 1
 
 
 def test_a_member_the_broker_does_not_answer_writes_nothing_over_another_writer(
@@ -558,3 +561,25 @@ def test_a_member_the_broker_does_not_answer_writes_nothing_over_another_writer(
     records = log.records[CHANGELOG]
     assert [r[0] for r in records[records.index(new_marker) + 1 :]] == [COMMIT_KEY]
     assert task.torn and rejoins == [0] and len(tries) >= 2  # tried again before giving up
+
+
+def test_a_confirmed_owner_writes_over_records_between_its_own(tmp_path: Path) -> None:
+    """Another writer's records between the owner's uncommitted ones (not only after them):
+    the confirmed owner's commit leaves a changelog whose replay is its state."""
+    app, log, _, rejoins = fenced(tmp_path)
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)  # committed offsets exist: the fence can be asked
+        await app._processing.process(task, Rec(1, b"k", b"5"))  # k = 10
+        log.records[CHANGELOG].extend([(b"k", b"1"), (b"j", b"3")])  # a zombie's stale k, j
+        await app._processing.process(task, Rec(2, b"m", b"4"))  # the owner's m after them
+        log.records[CHANGELOG].append((b"m-copy", b"0"))
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    assert not task.torn and rejoins == []
+    assert log.replay() == dict(task.stores["totals"].store.items())
+    assert applied(log) == {"events": 2}

@@ -456,19 +456,22 @@ class Commits:
     ) -> int | None:
         """Another writer's records landed in ``state``'s changelog after this owner's last
         marker and before its marker at ``marker``, which closed them too. Write this owner's
-        value of every key written since its last marker again (another writer's records can
-        sit between this owner's), then a marker after them, so that the changelog ends at
-        this owner's state; its offset, or None after three tries or when their keys cannot
-        be read by ``deadline`` (the loop's clock): then the task is torn by the caller, after
-        ``give_up`` wrote its pending values again."""
+        value of every key written since its last marker (another writer's records can sit
+        between this owner's) whose last value there is not this owner's, then a marker after
+        them, so that the changelog ends at this owner's state; its offset, or None after
+        three tries or when their keys cannot be read by ``deadline`` (the loop's clock): then
+        the task is torn by the caller, after ``give_up`` wrote its pending values again."""
         tp = state.changelog
         first = state.position
         for _ in range(3):
-            keys = await self.keys_written(task, tp, first, marker, deadline)
-            if keys is None:
+            written = await self.keys_written(task, tp, first, marker, deadline)
+            if written is None:
                 await self.give_up(task, state, marker, deadline)
                 return None
-            if not keys:  # only markers: ours, the last, closed them with our offsets
+            # A key whose last value there is this owner's needs nothing (often all: the
+            # other writer's records were only a marker); ours, the last, closes them.
+            keys = sorted(k for k, v in written.items() if v != owners_value(state, k))
+            if not keys:
                 return marker
             log.warning(
                 "task %s: %s[%d] offsets %d to %d (since this owner's last marker, up to "
@@ -500,8 +503,7 @@ class Commits:
         state.end = after + 1
         futures = []
         for key in keys:
-            value = state.pending[key] if key in state.pending else state.store.get(key)
-            state.pending[key] = value
+            state.pending[key] = value = owners_value(state, key)
             futures.append(await producer.send(tp.topic, value, key=key, partition=tp.partition))
             state.produced()
         expected = state.end
@@ -549,11 +551,12 @@ class Commits:
 
     async def keys_written(
         self, task: ActiveTask, tp: TopicPartition, first: int, end: int, deadline: float
-    ) -> list[bytes] | None:
-        """The keys ``reassert`` must write again. A changelog not read in time is read again
-        (each try bounded), while the member keeps its membership and the task, until
-        ``deadline`` (the commit's, see ``REASSERT_PATIENCE``), and only once while the
-        consumer is rebalancing (its whole group waits for this commit). None when giving up."""
+    ) -> dict[bytes, bytes | None] | None:
+        """The keys ``reassert`` may write again, each with its last value there. A changelog
+        not read in time is read again (each try bounded), while the member keeps its
+        membership and the task, until ``deadline`` (the commit's, see ``REASSERT_PATIENCE``),
+        and only once while the consumer is rebalancing (its whole group waits for this
+        commit). None when giving up."""
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -605,6 +608,11 @@ class Commits:
                 tear(task)
 
     # -- restores --------------------------------------------------------------------------------
+
+
+def owners_value(state: StoreState, key: bytes) -> bytes | None:
+    """``key``'s value in this owner's view of ``state``: uncommitted, else committed."""
+    return state.pending[key] if key in state.pending else state.store.get(key)
 
 
 def _write_committed(markers: Iterable[tuple[StoreState, int]]) -> None:
