@@ -339,7 +339,8 @@ class Commits:
         # records (truncated) is restored from.
         ahead = all(end > mine for stale in foreign.values() for end, mine in stale.values())
         deadline = asyncio.get_running_loop().time() + REASSERT_PATIENCE
-        membership = await self.fence(index, list(foreign), deadline) if ahead else None
+        unproven = Membership.UNPROVEN  # a truncated changelog: restored from
+        membership = await self.fence(index, list(foreign), deadline) if ahead else unproven
         if membership is Membership.LOST:
             return False
         for task, stale in foreign.items():
