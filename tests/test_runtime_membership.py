@@ -300,6 +300,11 @@ def test_an_owner_finding_a_zombie_s_records_after_its_own_writes_its_state_afte
     assert applied(log) == {"events": 1}  # a restore skips both inputs
     assert state.position == state.end == len(log.records[CHANGELOG])
     assert fence.commits == offsets  # the fence commits again what was committed
+    # Its value of k (the only key whose last value was not its own), then one marker: no
+    # marker of its own between the zombie's records and its values (a crash there would
+    # restore the zombie's k).
+    assert log.records[CHANGELOG][-2:] == [(b"k", b"10"), (COMMIT_KEY, encode_marker(applied(log)))]
+    assert log.markers() == 3  # its first commit's, the zombie's, this commit's
 
 
 def test_a_member_the_broker_no_longer_knows_commits_nothing(tmp_path: Path) -> None:

@@ -270,6 +270,11 @@ class Commits:
         (``reassert``), else (three tries, keys unknown) its task is torn."""
         producer = self.clients.producer
         assert producer is not None
+        deadline = asyncio.get_running_loop().time() + REASSERT_PATIENCE  # the whole commit's
+        for task in tasks:
+            for state in task.stores.values():
+                if state.overwritten is not None:
+                    await self.write_over(task, state, state.overwritten, deadline)
         markers = []
         for task in tasks:
             for state in task.stores.values():
@@ -284,10 +289,9 @@ class Commits:
             await asyncio.gather(*(f for *_, f in markers))
         landed = [(t, s, e, f.result().offset) for t, s, e, f in markers]
         late = [s for _, s, e, o in landed if e is not None and o is not None and o != e]
-        deadline = asyncio.get_running_loop().time() + REASSERT_PATIENCE  # the whole commit's
         # A member whose marker closed another writer's records may be the zombie: it asks
         # the broker first (once a commit; not again for stores sole_writer checked).
-        unchecked = [t for t, s, *_ in landed if s in late and not s.overwritten]
+        unchecked = [t for t, s, *_ in landed if s in late and s.overwritten is None]
         if unchecked and await self.fence(index, unchecked, deadline) is Membership.LOST:
             return []  # a zombie (or no answer): its tasks are torn, it rejoins
         done, failed = [], []
@@ -365,7 +369,8 @@ class Commits:
                 stale,
             )
             for state in task.stores.values():
-                state.overwritten = state.overwritten or state.name in stale
+                if state.name in stale:
+                    state.overwritten = stale[state.name][0]
             return
         log.warning(
             "consumer %d: task %s: its changelog was written by another writer "
@@ -493,6 +498,36 @@ class Commits:
         await self.give_up(task, state, marker, deadline)
         return None
 
+    async def write_over(
+        self, task: ActiveTask, state: StoreState, end: int, deadline: float
+    ) -> None:
+        """``sole_writer`` found another writer's records after this owner's, up to ``end``,
+        and the broker confirmed this owner: write its value of every key whose last value
+        there is not its own before its marker, so one marker closes both (a crash between
+        two markers would restore the other writer's values). Keys not read in time: the
+        marker lands late and ``reassert`` tries again."""
+        written = await self.keys_written(task, state.changelog, state.position, end, deadline)
+        if written is None:
+            return
+        state.end = end
+        keys = sorted(k for k, v in written.items() if v != owners_value(state, k))
+        await asyncio.gather(*await self.send_values(state, keys))  # a failure: no marker
+
+    async def send_values(
+        self, state: StoreState, keys: Iterable[bytes]
+    ) -> list[asyncio.Future[Any]]:
+        """Send this owner's value of ``keys`` to ``state``'s changelog (after ``state.end``,
+        which each moves on); their acks."""
+        producer = self.clients.producer
+        assert producer is not None
+        tp = state.changelog
+        futures = []
+        for key in keys:
+            state.pending[key] = value = owners_value(state, key)
+            futures.append(await producer.send(tp.topic, value, key=key, partition=tp.partition))
+            state.produced()
+        return futures
+
     async def write_again(
         self, state: StoreState, keys: Iterable[bytes], after: int
     ) -> tuple[int, int]:
@@ -502,11 +537,7 @@ class Commits:
         assert producer is not None
         tp = state.changelog
         state.end = after + 1
-        futures = []
-        for key in keys:
-            state.pending[key] = value = owners_value(state, key)
-            futures.append(await producer.send(tp.topic, value, key=key, partition=tp.partition))
-            state.produced()
+        futures = await self.send_values(state, keys)
         expected = state.end
         futures.append(
             await producer.send(tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition)
