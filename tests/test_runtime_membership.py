@@ -24,6 +24,7 @@ from aiokafka.errors import (
     CommitFailedError,
     MessageSizeTooLargeError,
     NotEnoughReplicasError,
+    RequestTimedOutError,
     TopicAuthorizationFailedError,
     UnknownError,
 )
@@ -33,6 +34,7 @@ from streamassign.aiokafka import ProcessHost, TaskListener
 from streamassign.errors import OutputWriteError
 from streamassign.protocol import AssignmentInfo
 from streamassign.runtime import COMMIT_KEY, App, MemoryStore, StoreState
+from streamassign.runtime import commits as commits_module
 from streamassign.runtime.changelog import encode_marker
 from streamassign.runtime.tasks import ActiveTask
 
@@ -298,6 +300,11 @@ def test_an_owner_finding_a_zombie_s_records_after_its_own_writes_its_state_afte
     assert applied(log) == {"events": 1}  # a restore skips both inputs
     assert state.position == state.end == len(log.records[CHANGELOG])
     assert fence.commits == offsets  # the fence commits again what was committed
+    # Its value of k (the only key whose last value was not its own), then one marker: no
+    # marker of its own between the zombie's records and its values (a crash there would
+    # restore the zombie's k).
+    assert log.records[CHANGELOG][-2:] == [(b"k", b"10"), (COMMIT_KEY, encode_marker(applied(log)))]
+    assert log.markers() == 3  # its first commit's, the zombie's, this commit's
 
 
 def test_a_member_the_broker_no_longer_knows_commits_nothing(tmp_path: Path) -> None:
@@ -451,3 +458,133 @@ def test_only_a_permanent_refusal_of_a_write_stops_the_app(
     else:
         task = asyncio.run(run())
         assert task.torn and log.markers() == 0 and committer.commits == []
+
+
+def test_a_zombie_whose_membership_was_reset_is_not_confirmed(tmp_path: Path) -> None:
+    """aiokafka reset the zombie's membership as it woke (a heartbeat answered
+    UnknownMemberId: generation -1, member ''); a group with no members accepts an offset
+    commit of generation -1, so the accepted fence proves nothing: it must write no stale
+    value after the new owner's records."""
+    app, log, fence, _ = fenced(tmp_path)
+    app.host._memberships[0] = ("member-1", 3)
+    fence._coordinator = SimpleNamespace(member_id="member-1", generation=3)  # type: ignore[attr-defined]
+    new_marker = (COMMIT_KEY, encode_marker({"events": 9}))
+
+    def new_owner() -> None:  # between the zombie's check and its marker
+        log.records[CHANGELOG].extend([(b"k", b"7"), new_marker])
+        log.after_ends = None
+        send = log.send
+
+        async def then_reset(topic: str, value: Any, key: Any = None, **kw: Any) -> Any:
+            future = await send(topic, value, key=key, **kw)
+            if key == COMMIT_KEY:  # its marker is out; then the heartbeat resets it
+                fence._coordinator.member_id, fence._coordinator.generation = "", -1  # type: ignore[attr-defined]
+            return future
+
+        log.send = then_reset  # type: ignore[method-assign]
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)
+        await app._processing.process(task, Rec(1, b"k", b"5"))
+        log.after_ends = new_owner
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    records = log.records[CHANGELOG]
+    assert [r[0] for r in records[records.index(new_marker) + 1 :]] == [COMMIT_KEY]
+    assert task.torn and task.stores["totals"].pending == {}
+    assert fence.commits == [{KafkaTopicPartition("events", 0): 1}]  # no fence, no input
+
+
+def test_a_new_owner_fences_with_the_group_s_offset_before_its_first_commit(
+    tmp_path: Path,
+) -> None:
+    """The survivor took the task over (its restore: the zombie's k=5 at input 0, whose
+    offset the zombie committed) and has committed nothing yet; the zombie's late marker
+    closes the survivor's uncommitted k=10 (input 1) with applied {events: 0}. The fence
+    commits the group's offset again (looked up): confirmed, the owner keeps the task and
+    writes its values after that marker, so input 1 is counted once."""
+    app, log, fence, rejoins = fenced(tmp_path)
+    zombie_commit = {KafkaTopicPartition("events", 0): 1}
+    fence.commits.append(zombie_commit)
+    zombie_marker = (COMMIT_KEY, encode_marker({"events": 0}))
+    log.records[CHANGELOG].extend([(b"k", b"5"), (b"k-copy", b"5"), zombie_marker])
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        assert task.stores["totals"].get(b"k") == b"5"
+        await app._processing.process(task, Rec(1, b"k", b"5"))  # k = 10, uncommitted
+        log.records[CHANGELOG].append(zombie_marker)  # the zombie's, sent as it wakes
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    state = task.stores["totals"]
+    assert not task.torn and rejoins == []
+    assert log.replay() == {b"k": b"10", b"k-copy": b"10"} == dict(state.store.items())
+    assert applied(log) == {"events": 1}
+    assert fence.commits == [zombie_commit, zombie_commit, {KafkaTopicPartition("events", 0): 2}]
+    # Only a marker of the other writer's: every key's last value is the owner's already,
+    # nothing is written again (its own marker, the last, closes them with its offsets).
+    assert len(log.records[CHANGELOG]) == 3 + 2 + 1 + 1
+
+
+def test_a_member_the_broker_does_not_answer_writes_nothing_over_another_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No answer to the fence (a partitioned member, the classic zombie) until the commit's
+    patience runs out: the member writes nothing after the other writer's records, its
+    tasks are torn and it rejoins (the owner's next commit writes its values after them)."""
+    monkeypatch.setattr(commits_module, "REASSERT_PATIENCE", 0.2)
+    monkeypatch.setattr(commits_module, "FENCE_BACKOFF", 0.05)
+    app, log, fence, rejoins = fenced(tmp_path)
+    tries = []
+    new_marker = (COMMIT_KEY, encode_marker({"events": 9}))
+
+    async def unanswered(offsets: dict[Any, int]) -> None:
+        tries.append(offsets)
+        raise RequestTimedOutError()
+
+    def new_owner() -> None:
+        log.records[CHANGELOG].extend([(b"k", b"7"), new_marker])
+        log.after_ends = None
+        fence.commit = unanswered  # type: ignore[method-assign]
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)
+        await app._processing.process(task, Rec(1, b"k", b"5"))
+        log.after_ends = new_owner
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    records = log.records[CHANGELOG]
+    assert [r[0] for r in records[records.index(new_marker) + 1 :]] == [COMMIT_KEY]
+    assert task.torn and rejoins == [0] and len(tries) >= 2  # tried again before giving up
+
+
+def test_a_confirmed_owner_writes_over_records_between_its_own(tmp_path: Path) -> None:
+    """Another writer's records between the owner's uncommitted ones (not only after them):
+    the confirmed owner's commit leaves a changelog whose replay is its state."""
+    app, log, _, rejoins = fenced(tmp_path)
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)  # committed offsets exist: the fence can be asked
+        await app._processing.process(task, Rec(1, b"k", b"5"))  # k = 10
+        log.records[CHANGELOG].extend([(b"k", b"1"), (b"j", b"3")])  # a zombie's stale k, j
+        await app._processing.process(task, Rec(2, b"m", b"4"))  # the owner's m after them
+        log.records[CHANGELOG].append((b"m-copy", b"0"))
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    assert not task.torn and rejoins == []
+    assert log.replay() == dict(task.stores["totals"].store.items())
+    assert applied(log) == {"events": 2}

@@ -213,6 +213,11 @@ class Committer:
     async def commit(self, offsets: dict[Any, int]) -> None:
         self.commits.append(offsets)
 
+    async def committed(self, tp: Any) -> int | None:
+        """The group's committed offset of ``tp`` (None: none)."""
+        offsets = [c[tp] for c in self.commits if tp in c]
+        return offsets[-1] if offsets else None
+
 
 def gated(tmp_path: Path) -> tuple[App, ActiveTask, Producer, Committer]:
     app, task, _ = make(tmp_path, "stop")

@@ -69,10 +69,10 @@ class StoreState:
     #: it read to; every record the owner produces moves it on by one.
     end: int | None = None
     #: Active side: another writer's records follow this owner's own since its last marker,
-    #: and the broker confirmed this owner still holds the task (``Commits.sole_writer``): the
-    #: next commit writes a marker even without pending writes, then this owner's value of
-    #: every key written since its last marker again after them.
-    overwritten: bool = False
+    #: up to this end offset, and the broker confirmed this owner still holds the task
+    #: (``Commits.sole_writer``): the next commit writes this owner's value of every key
+    #: written there again after them (whose last value is not its own), then a marker.
+    overwritten: int | None = None
     #: Restore side: data records read after the last marker, in changelog order.
     unclosed: list[tuple[bytes, bytes | None]] = attrs.field(factory=list)
     #: Changelog records read by restores (data and markers), over this object's life.
@@ -120,7 +120,7 @@ class StoreState:
 
     @property
     def dirty(self) -> bool:
-        return bool(self.pending or self.pending_applied or self.overwritten)
+        return bool(self.pending or self.pending_applied or self.overwritten is not None)
 
     def produced(self) -> None:
         """One more record of this owner went to the changelog."""
@@ -135,7 +135,7 @@ class StoreState:
         """The marker at ``marker_offset`` is acknowledged: write the pending state locally."""
         self.applied.update(self.pending_applied)
         self.position = self.end = marker_offset + 1
-        self.overwritten = False
+        self.overwritten = None
         self.store.write(self.pending, self._meta())
         self.pending.clear()
         self.pending_applied.clear()

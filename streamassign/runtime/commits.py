@@ -9,15 +9,16 @@ local stores and checkpoints, then the input offsets.
 At least once, a member that stopped (a pause, a stalled VM) after its end check and before
 its markers went out sends them when it wakes, after the records of the task's new owner. So
 only a member the broker still accepts writes over another writer's records: before it does,
-it commits again input offsets it committed already (``confirmed``, the *membership fence*),
-which the group coordinator refuses for an evicted member or a stale generation. This costs
-one round trip, and only when another writer's records were found.
+it commits again input offsets the group holds (``fence``, the *membership fence*), which
+the group coordinator refuses for an evicted member or a stale generation. This costs one
+round trip, and only when another writer's records were found.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any
@@ -56,6 +57,20 @@ REASSERT_PATIENCE = 120.0
 #: Seconds the membership fence waits for the group coordinator (aiokafka retries retriable
 #: errors until then); no answer in time confirms nothing either way.
 FENCE_TIMEOUT = 15.0
+
+#: Seconds between two tries of the membership fence that got no answer.
+FENCE_BACKOFF = 1.0
+
+
+class Membership(enum.Enum):
+    """What the membership fence (``Commits.fence``) learnt of a member."""
+
+    #: The broker accepted it in the generation its tasks were assigned in.
+    HELD = "held"
+    #: Refused, reset by aiokafka, or no answer in time: its tasks are torn, it rejoins.
+    LOST = "lost"
+    #: Nothing to commit again: the group holds no input offset of its tasks.
+    UNPROVEN = "unproven"
 
 
 class Commits:
@@ -250,11 +265,16 @@ class Commits:
     ) -> list[tuple[ActiveTask, StoreState, int]]:
         """A marker per store with pending writes, acknowledged; each must land where its
         owner's records end (``StoreState.end``). One that lands later closed another
-        writer's records too: a member the broker still accepts (``confirmed``) writes its
-        values after them (``reassert``), else its task is torn; one the broker refuses
-        writes nothing more (its tasks are torn)."""
+        writer's records too: unless the membership fence (``fence``) finds the member lost
+        (then it writes nothing more, its tasks are torn), it writes its values after them
+        (``reassert``), else (three tries, keys unknown) its task is torn."""
         producer = self.clients.producer
         assert producer is not None
+        deadline = asyncio.get_running_loop().time() + REASSERT_PATIENCE  # the whole commit's
+        for task in tasks:
+            for state in task.stores.values():
+                if state.overwritten is not None:
+                    await self.write_over(task, state, state.overwritten, deadline)
         markers = []
         for task in tasks:
             for state in task.stores.values():
@@ -271,10 +291,10 @@ class Commits:
         late = [s for _, s, e, o in landed if e is not None and o is not None and o != e]
         # A member whose marker closed another writer's records may be the zombie: it asks
         # the broker first (once a commit; not again for stores sole_writer checked).
-        if any(not s.overwritten for s in late) and await self.confirmed(index) is False:
-            return []  # a zombie: its tasks are torn, it rejoins
+        unchecked = [t for t, s, *_ in landed if s in late and s.overwritten is None]
+        if unchecked and await self.fence(index, unchecked, deadline) is Membership.LOST:
+            return []  # a zombie (or no answer): its tasks are torn, it rejoins
         done, failed = [], []
-        deadline = asyncio.get_running_loop().time() + REASSERT_PATIENCE  # the whole commit's
         for task, state, _, offset in landed:  # every task's pending writes intact
             if state in late:
                 assert offset is not None
@@ -292,7 +312,7 @@ class Commits:
         """Whether ``index`` may write markers: it is still the member its tasks were
         assigned to (else every task of it is torn: a zombie commits nothing). A task whose
         changelog another writer extended since this owner last read or wrote it is kept
-        if the broker confirms this member (``confirmed``): its commit writes this owner's
+        if the broker confirms this member (``fence``): its commit writes this owner's
         values after those records (``StoreState.overwritten``). Otherwise such a task is
         torn and the consumer rejoins (the task is restored or leaves); refused, every task
         of the consumer is torn. False also when the ends cannot be read (commit later)."""
@@ -322,12 +342,14 @@ class Commits:
         # Only records after ours can be written over; a changelog that ends before our
         # records (truncated) is restored from.
         ahead = all(end > mine for stale in foreign.values() for end, mine in stale.values())
-        confirmed = await self.confirmed(index) if ahead else None
-        if confirmed is False:
+        deadline = asyncio.get_running_loop().time() + REASSERT_PATIENCE
+        unproven = Membership.UNPROVEN  # a truncated changelog: restored from
+        membership = await self.fence(index, list(foreign), deadline) if ahead else unproven
+        if membership is Membership.LOST:
             return False
         for task, stale in foreign.items():
-            self.written_elsewhere(index, task, stale, confirmed is True)
-        if not confirmed:
+            self.written_elsewhere(index, task, stale, membership is Membership.HELD)
+        if membership is not Membership.HELD:
             self.host.request_rejoin(index)
         return True
 
@@ -347,7 +369,8 @@ class Commits:
                 stale,
             )
             for state in task.stores.values():
-                state.overwritten = state.overwritten or state.name in stale
+                if state.name in stale:
+                    state.overwritten = stale[state.name][0]
             return
         log.warning(
             "consumer %d: task %s: its changelog was written by another writer "
@@ -358,32 +381,61 @@ class Commits:
         )
         tear(task)
 
-    async def confirmed(self, index: int) -> bool | None:
-        """The membership fence: whether the group coordinator still accepts ``index`` as a
-        member of its current generation, asked by committing again the input offsets its
-        tasks committed already (the group's offsets do not change). Accepted: no other
-        member can own its tasks before that generation ends. Refused (``CommitFailedError``:
-        unknown member, stale generation, a rebalance completing): False, every task of
-        ``index`` is torn and it rejoins. None when nothing is known: no committed offset
-        to commit again (a member's first commit), or no answer within ``FENCE_TIMEOUT``."""
-        offsets = {
-            KafkaTopicPartition(*tp): offset
-            for task in self.actives.values()
-            if task.consumer == index
-            for tp, offset in task.committed.items()
-        }
-        if not offsets:
-            return None
-        try:
-            await asyncio.wait_for(self.host.consumers[index].commit(offsets), FENCE_TIMEOUT)
-        except CommitFailedError as exc:
-            self.tear_consumer(index, f"is refused by the broker ({exc!r})")
-            self.host.request_rejoin(index)
-            return False
-        except (KafkaError, TimeoutError) as exc:
-            log.warning("consumer %d: membership not confirmed (%r)", index, exc)
-            return None
-        return True
+    async def fence(self, index: int, tasks: Sequence[ActiveTask], deadline: float) -> Membership:
+        """The membership fence: whether the group coordinator still accepts ``index`` as the
+        member its ``tasks`` were assigned to, asked by committing again input offsets the
+        group holds for them (the group's offsets do not change). ``HELD``: no other member
+        can own them before that generation ends. ``LOST``: refused (``CommitFailedError``:
+        unknown member, stale generation, a rebalance completing), reset by aiokafka, or no
+        answer by ``deadline`` (the loop's clock; tried again until then): every task of
+        ``index`` is torn and it rejoins. ``UNPROVEN``: the group holds no offset of theirs."""
+        # aiokafka sends the member id and generation it holds when it builds the request;
+        # one it reset (a heartbeat answered UnknownMemberId) commits as a "simple consumer"
+        # (generation -1), which a group with no members accepts. So an answer proves the
+        # membership only if the member and generation are still those of the assignment,
+        # before and after (no new generation can start meanwhile: a rebalance's revoke
+        # callback waits for this consumer's lock, which a commit holds).
+        loop = asyncio.get_running_loop()
+        while not self.lost(index):
+            try:
+                offsets = await self.fence_offsets(index, tasks)
+                if not offsets:
+                    return Membership.UNPROVEN
+                await asyncio.wait_for(self.host.consumers[index].commit(offsets), FENCE_TIMEOUT)
+            except CommitFailedError as exc:
+                self.tear_consumer(index, f"is refused by the broker ({exc!r})")
+                self.host.request_rejoin(index)
+                return Membership.LOST
+            except (KafkaError, TimeoutError) as exc:
+                if loop.time() + FENCE_BACKOFF < deadline:
+                    log.warning("consumer %d: membership not confirmed yet (%r)", index, exc)
+                    await asyncio.sleep(FENCE_BACKOFF)
+                    continue
+                # No answer for that long: its heartbeats go unanswered too, so the group
+                # has most likely evicted it, and a zombie must write nothing.
+                self.tear_consumer(index, f"gets no answer from the broker ({exc!r})")
+                self.host.request_rejoin(index)
+                return Membership.LOST
+            if not self.lost(index):
+                return Membership.HELD
+        return Membership.LOST
+
+    async def fence_offsets(
+        self, index: int, tasks: Sequence[ActiveTask]
+    ) -> dict[KafkaTopicPartition, int]:
+        """Input offsets the group holds for ``tasks``: those this member committed, else
+        (its first commit since it took them over) the first one the group holds of their
+        partitions, looked up (only then: an OffsetFetch a partition). Empty: none."""
+        mine = {KafkaTopicPartition(*tp): o for t in tasks for tp, o in t.committed.items()}
+        if mine:
+            return mine
+        consumer = self.host.consumers[index]
+        for tp in sorted({tp for t in tasks for tp in t.offsets}):
+            kafka_tp = KafkaTopicPartition(*tp)
+            offset = await asyncio.wait_for(consumer.committed(kafka_tp), FENCE_TIMEOUT)
+            if offset is not None:
+                return {kafka_tp: offset}
+        return {}
 
     def lost(self, index: int) -> bool:
         """``index`` lost its membership since its last assignment: tear its tasks."""
@@ -410,19 +462,22 @@ class Commits:
     ) -> int | None:
         """Another writer's records landed in ``state``'s changelog after this owner's last
         marker and before its marker at ``marker``, which closed them too. Write this owner's
-        value of every key written since its last marker again (another writer's records can
-        sit between this owner's), then a marker after them, so that the changelog ends at
-        this owner's state; its offset, or None after three tries or when their keys cannot
-        be read by ``deadline`` (the loop's clock): then the task is torn by the caller, after
-        ``give_up`` wrote its pending values again."""
+        value of every key written since its last marker (another writer's records can sit
+        between this owner's) whose last value there is not this owner's, then a marker after
+        them, so that the changelog ends at this owner's state; its offset, or None after
+        three tries or when their keys cannot be read by ``deadline`` (the loop's clock): then
+        the task is torn by the caller, after ``give_up`` wrote its pending values again."""
         tp = state.changelog
         first = state.position
         for _ in range(3):
-            keys = await self.keys_written(task, tp, first, marker, deadline)
-            if keys is None:
-                await self.give_up(task, state, marker)
+            written = await self.keys_written(task, tp, first, marker, deadline)
+            if written is None:
+                await self.give_up(task, state, marker, deadline)
                 return None
-            if not keys:  # only markers: ours, the last, closed them with our offsets
+            # A key whose last value there is this owner's needs nothing (often all: the
+            # other writer's records were only a marker); ours, the last, closes them.
+            keys = sorted(k for k, v in written.items() if v != owners_value(state, k))
+            if not keys:
                 return marker
             log.warning(
                 "task %s: %s[%d] offsets %d to %d (since this owner's last marker, up to "
@@ -440,8 +495,38 @@ class Commits:
                 return landed
             first, marker = marker + 1, landed
         log.error("task %s: %s[%d] keeps being written by another writer", task.task_id, *tp)
-        await self.give_up(task, state, marker)
+        await self.give_up(task, state, marker, deadline)
         return None
+
+    async def write_over(
+        self, task: ActiveTask, state: StoreState, end: int, deadline: float
+    ) -> None:
+        """``sole_writer`` found another writer's records after this owner's, up to ``end``,
+        and the broker confirmed this owner: write its value of every key whose last value
+        there is not its own before its marker, so one marker closes both (a crash between
+        two markers would restore the other writer's values). Keys not read in time: the
+        marker lands late and ``reassert`` tries again."""
+        written = await self.keys_written(task, state.changelog, state.position, end, deadline)
+        if written is None:
+            return
+        state.end = end
+        keys = sorted(k for k, v in written.items() if v != owners_value(state, k))
+        await asyncio.gather(*await self.send_values(state, keys))  # a failure: no marker
+
+    async def send_values(
+        self, state: StoreState, keys: Iterable[bytes]
+    ) -> list[asyncio.Future[Any]]:
+        """Send this owner's value of ``keys`` to ``state``'s changelog (after ``state.end``,
+        which each moves on); their acks."""
+        producer = self.clients.producer
+        assert producer is not None
+        tp = state.changelog
+        futures = []
+        for key in keys:
+            state.pending[key] = value = owners_value(state, key)
+            futures.append(await producer.send(tp.topic, value, key=key, partition=tp.partition))
+            state.produced()
+        return futures
 
     async def write_again(
         self, state: StoreState, keys: Iterable[bytes], after: int
@@ -452,12 +537,7 @@ class Commits:
         assert producer is not None
         tp = state.changelog
         state.end = after + 1
-        futures = []
-        for key in keys:
-            value = state.pending[key] if key in state.pending else state.store.get(key)
-            state.pending[key] = value
-            futures.append(await producer.send(tp.topic, value, key=key, partition=tp.partition))
-            state.produced()
+        futures = await self.send_values(state, keys)
         expected = state.end
         futures.append(
             await producer.send(tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition)
@@ -465,21 +545,23 @@ class Commits:
         acks = await asyncio.gather(*futures)
         return expected, acks[-1].offset
 
-    async def give_up(self, task: ActiveTask, state: StoreState, marker: int) -> None:
+    async def give_up(
+        self, task: ActiveTask, state: StoreState, marker: int, deadline: float
+    ) -> None:
         """The keys another writer's records (closed by this owner's marker) wrote are not
         known: write every pending value of ``state`` again after them, so the restore that
         follows (the caller tears the task) applies none of the other writer's values over
         this owner's updates since its last commit. A key only the other writer wrote keeps
         its value. Nothing is written by a member that lost its membership (or a torn task):
-        the other writer is then the task's new owner; the broker is asked (``confirmed``),
-        as it may have been out for the whole ``REASSERT_PATIENCE``. Raises
+        the other writer is then the task's new owner; the broker is asked (``fence``), as
+        it may have been out for the whole ``REASSERT_PATIENCE``. Raises
         ``ReassertionFailedError`` (the application stops) when that write fails: tearing the
         task then would lose those updates silently."""
         tp = state.changelog
-        if task.torn or self.lost(task.consumer):  # a zombie's values must not follow
+        if task.torn:
             return
-        if await self.confirmed(task.consumer) is False:  # it tore the task
-            return
+        if await self.fence(task.consumer, [task], deadline) is Membership.LOST:
+            return  # a zombie's values must not follow (the task is torn)
         try:
             await self.write_again(state, list(state.pending), marker)
         except Exception as exc:
@@ -501,11 +583,12 @@ class Commits:
 
     async def keys_written(
         self, task: ActiveTask, tp: TopicPartition, first: int, end: int, deadline: float
-    ) -> list[bytes] | None:
-        """The keys ``reassert`` must write again. A changelog not read in time is read again
-        (each try bounded), while the member keeps its membership and the task, until
-        ``deadline`` (the commit's, see ``REASSERT_PATIENCE``), and only once while the
-        consumer is rebalancing (its whole group waits for this commit). None when giving up."""
+    ) -> dict[bytes, bytes | None] | None:
+        """The keys ``reassert`` may write again, each with its last value there. A changelog
+        not read in time is read again (each try bounded), while the member keeps its
+        membership and the task, until ``deadline`` (the commit's, see ``REASSERT_PATIENCE``),
+        and only once while the consumer is rebalancing (its whole group waits for this
+        commit). None when giving up."""
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -557,6 +640,11 @@ class Commits:
                 tear(task)
 
     # -- restores --------------------------------------------------------------------------------
+
+
+def owners_value(state: StoreState, key: bytes) -> bytes | None:
+    """``key``'s value in this owner's view of ``state``: uncommitted, else committed."""
+    return state.pending[key] if key in state.pending else state.store.get(key)
 
 
 def _write_committed(markers: Iterable[tuple[StoreState, int]]) -> None:

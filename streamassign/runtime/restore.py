@@ -289,14 +289,15 @@ class ChangelogLookups:
 
     async def keys_written(
         self, tp: TopicPartition, first: int, end: int, timeout: float = KEYS_TIMEOUT
-    ) -> list[bytes]:
-        """Data keys of changelog partition ``tp`` at offsets ``[first, end)``; raises
+    ) -> dict[bytes, bytes | None]:
+        """Data keys of changelog partition ``tp`` at offsets ``[first, end)``, each with the
+        last value written there (what a restore gives it); raises
         ``ChangelogReadTimeoutError`` when they are not read within ``timeout`` seconds
         (the reader is left unassigned either way)."""
         reader = self.clients.restorer
         assert reader is not None
         ktp = KafkaTopicPartition(*tp)
-        keys: set[bytes] = set()
+        keys: dict[bytes, bytes | None] = {}
         try:
             async with asyncio.timeout(timeout), self.lock:
                 reader.assign([ktp])
@@ -305,7 +306,7 @@ class ChangelogLookups:
                     while await reader.position(ktp) < end:
                         for records in (await reader.getmany(ktp, timeout_ms=200)).values():
                             keys.update(
-                                r.key
+                                (r.key, r.value)
                                 for r in records
                                 if r.offset < end and r.key is not None and r.key != COMMIT_KEY
                             )
@@ -316,4 +317,4 @@ class ChangelogLookups:
                 f"{tp.topic}[{tp.partition}]: offsets {first} to {end} not read within "
                 f"{timeout:g} s"
             ) from exc
-        return sorted(keys)
+        return keys

@@ -240,7 +240,7 @@ def tear(task: ActiveTask) -> None:
         state.pending_applied.clear()
         state.drop_unclosed()
         state.end = None  # known again after its restore
-        state.overwritten = False
+        state.overwritten = None
 
 
 def timestamp_of(record: Record) -> int:
