@@ -588,3 +588,33 @@ def test_a_confirmed_owner_writes_over_records_between_its_own(tmp_path: Path) -
     assert not task.torn and rejoins == []
     assert log.replay() == dict(task.stores["totals"].store.items())
     assert applied(log) == {"events": 2}
+
+
+def test_a_zombie_marker_ahead_of_the_owner_does_not_outlast_the_owner_s_marker(
+    tmp_path: Path,
+) -> None:
+    """A frozen member processed input past the group's committed offset; its late marker
+    carries applied offsets ahead of the owner's. The owner's later marker replaces them in
+    any restore (another process, a standby, a cold replay), so no input is skipped."""
+    app, log, _, _ = fenced(tmp_path)
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)  # group offset 1, applied 0
+        await app._processing.process(task, Rec(1, b"k", b"5"))  # k = 10, not committed
+        log.records[CHANGELOG].append((COMMIT_KEY, encode_marker({"events": 5})))  # zombie's
+        await app._commits.commit(0)  # confirmed: keeps the task, k = 10, applied 1
+        # the task moves to another process, which restores it from the changelog
+        other, _, _, _ = make(tmp_path / "other")
+        other._clients.producer = other._clients.restorer = log  # type: ignore[assignment]
+        other._clients.changelog_reader = log  # type: ignore[assignment]
+        again = await start(other)
+        for offset in (2, 3):  # input from the group's committed offset (2)
+            await other._processing.process(again, Rec(offset, b"k", b"5"))
+        await other._commits.commit(0)
+        return again
+
+    again = asyncio.run(run())
+    assert dict(again.stores["totals"].store.items())[b"k"] == b"20"  # 4 records of 5
+    assert applied(log) == {"events": 3}
