@@ -31,7 +31,7 @@ from aiokafka.errors import (
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost, TaskListener
-from streamassign.errors import OutputWriteError
+from streamassign.errors import ChangelogReadTimeoutError, OutputWriteError
 from streamassign.protocol import AssignmentInfo
 from streamassign.runtime import COMMIT_KEY, App, MemoryStore, StoreState
 from streamassign.runtime import commits as commits_module
@@ -618,3 +618,74 @@ def test_a_zombie_marker_ahead_of_the_owner_does_not_outlast_the_owner_s_marker(
     again = asyncio.run(run())
     assert dict(again.stores["totals"].store.items())[b"k"] == b"20"  # 4 records of 5
     assert applied(log) == {"events": 3}
+
+
+class TwoStores:
+    """Adds each record's value to its key in both stores of the task."""
+
+    async def process(self, ctx: Any, record: Any) -> None:
+        for name in ("totals", "other"):
+            table = ctx.store(name)
+            table.put(
+                record.key, str(int(table.get(record.key) or b"0") + int(record.value)).encode()
+            )
+
+
+def test_a_member_found_lost_at_one_store_writes_nothing_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both changelogs of a task get another writer's records after the end check; the keys
+    of the first cannot be read in time and the fence that follows is refused: the member
+    writes neither its values nor a marker to the second store's changelog (only its
+    marker already on its way lands)."""
+    monkeypatch.setattr(commits_module, "REASSERT_PATIENCE", 0.3)
+    monkeypatch.setattr(commits_module, "FENCE_BACKOFF", 0.05)
+    topology = Topology([Subtopology(0, ["events"], stores=["totals", "other"])], name="app")
+    app = App(
+        topology,
+        {0: TwoStores},
+        bootstrap_servers="unused:1",
+        state_dir=tmp_path,
+        store_kind="memory",
+    )
+    log = Log()
+    app._clients.producer = app._clients.restorer = log  # type: ignore[assignment]
+    app._clients.changelog_reader = log  # type: ignore[assignment]
+    fence = Fence()
+    app.host.consumers.append(fence)  # type: ignore[arg-type]
+    rejoins: list[int] = []
+    app.host.request_rejoin = rejoins.append  # type: ignore[method-assign]
+    changelogs = [("app-totals-changelog", 0), ("app-other-changelog", 0)]
+    new_marker = (COMMIT_KEY, encode_marker({"events": 9}))
+
+    def new_owner() -> None:
+        for changelog in changelogs:
+            log.records[changelog].extend([(b"k", b"99"), new_marker])
+        log.after_ends = None
+
+    read_keys = app._commits.lookups.keys_written
+
+    async def keys_written(tp: TopicPartition, first: int, end: int) -> Any:
+        first_store = next(iter(app._actives[TASK].stores.values()))
+        if tp == first_store.changelog:  # evicted while its keys could not be read
+            fence.refuse = True
+            await asyncio.sleep(0.05)
+            raise ChangelogReadTimeoutError("slow")
+        return await read_keys(tp, first, end)
+
+    app._commits.lookups.keys_written = keys_written  # type: ignore[method-assign]
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)
+        await app._processing.process(task, Rec(1, b"k", b"5"))
+        log.after_ends = new_owner
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    assert task.torn and rejoins
+    for changelog in changelogs:
+        records = log.records[changelog]
+        assert [r[0] for r in records[records.index(new_marker) + 1 :]] == [COMMIT_KEY]

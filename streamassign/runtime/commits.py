@@ -267,14 +267,18 @@ class Commits:
         owner's records end (``StoreState.end``). One that lands later closed another
         writer's records too: unless the membership fence (``fence``) finds the member lost
         (then it writes nothing more, its tasks are torn), it writes its values after them
-        (``reassert``), else (three tries, keys unknown) its task is torn."""
+        (``reassert``), else (three tries, keys unknown) its task is torn. Once any fence
+        finds the member lost, nothing more is written for any of its tasks."""
         producer = self.clients.producer
         assert producer is not None
         deadline = asyncio.get_running_loop().time() + REASSERT_PATIENCE  # the whole commit's
         for task in tasks:
             for state in task.stores.values():
-                if state.overwritten is not None:
+                if state.overwritten is not None and not self.stopped(task):
                     await self.write_over(task, state, state.overwritten, deadline)
+        if self.lost(index):  # a fence of write_over refused it: a zombie writes no marker
+            return []
+        tasks = [t for t in tasks if not t.torn]
         markers = []
         for task in tasks:
             for state in task.stores.values():
@@ -296,6 +300,10 @@ class Commits:
             return []  # a zombie (or no answer): its tasks are torn, it rejoins
         done, failed = [], []
         for task, state, _, offset in landed:  # every task's pending writes intact
+            if self.lost(index):  # a fence of give_up refused it: nothing more is written
+                return []
+            if task.torn:
+                continue
             if state in late:
                 assert offset is not None
                 offset = await self.reassert(task, state, offset, deadline)
@@ -437,6 +445,10 @@ class Commits:
                 return {kafka_tp: offset}
         return {}
 
+    def stopped(self, task: ActiveTask) -> bool:
+        """Whether nothing more may be written for ``task``: torn, or its member lost."""
+        return task.torn or self.lost(task.consumer)
+
     def lost(self, index: int) -> bool:
         """``index`` lost its membership since its last assignment: tear its tasks."""
         if not self.host.member_lost(index):
@@ -479,6 +491,8 @@ class Commits:
             keys = sorted(k for k, v in written.items() if v != owners_value(state, k))
             if not keys:
                 return marker
+            if self.stopped(task):  # lost while the keys were read: a zombie writes nothing
+                return None
             log.warning(
                 "task %s: %s[%d] offsets %d to %d (since this owner's last marker, up to "
                 "this commit's) hold another writer's records; writing this owner's value of "
@@ -507,7 +521,7 @@ class Commits:
         two markers would restore the other writer's values). Keys not read in time: the
         marker lands late and ``reassert`` tries again."""
         written = await self.keys_written(task, state.changelog, state.position, end, deadline)
-        if written is None:
+        if written is None or self.stopped(task):
             return
         state.end = end
         keys = sorted(k for k, v in written.items() if v != owners_value(state, k))
