@@ -289,7 +289,7 @@ def test_an_owner_finding_a_zombie_s_records_after_its_own_writes_its_state_afte
         return task
 
     task = asyncio.run(run())
-    offsets = [{KafkaTopicPartition("events", 0): o} for o in (1, 1, 2)]
+    offsets = [{KafkaTopicPartition("events", 0): o} for o in (1, 1, 1, 2)]
     if not accepted:
         assert task.torn and rejoins == [0] and log.markers() == 2  # its first, the zombie's
         assert fence.commits == offsets[:1]
@@ -299,7 +299,8 @@ def test_an_owner_finding_a_zombie_s_records_after_its_own_writes_its_state_afte
     assert log.replay() == {b"k": b"10", b"k-copy": b"10"} == dict(state.store.items())
     assert applied(log) == {"events": 1}  # a restore skips both inputs
     assert state.position == state.end == len(log.records[CHANGELOG])
-    assert fence.commits == offsets  # the fence commits again what was committed
+    # the fence commits again what was committed: at the end check and before writing over
+    assert fence.commits == offsets
     # Its value of k (the only key whose last value was not its own), then one marker: no
     # marker of its own between the zombie's records and its values (a crash there would
     # restore the zombie's k).
@@ -689,3 +690,31 @@ def test_a_member_found_lost_at_one_store_writes_nothing_for_the_next(
     for changelog in changelogs:
         records = log.records[changelog]
         assert [r[0] for r in records[records.index(new_marker) + 1 :]] == [COMMIT_KEY]
+
+
+def test_a_member_evicted_while_it_reads_the_keys_to_write_over_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The broker confirmed the owner at the end check, then evicts it while it reads the
+    keys of the other writer's records: asked again before writing, it is refused and writes
+    neither values nor a marker."""
+    app, log, fence, rejoins = fenced(tmp_path)
+    read_keys = app._commits.lookups.keys_written
+
+    async def evicted_meanwhile(tp: TopicPartition, first: int, end: int) -> Any:
+        fence.refuse = True
+        return await read_keys(tp, first, end)
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)
+        await app._processing.process(task, Rec(1, b"k", b"5"))  # k = 10
+        log.records[CHANGELOG].extend([(b"k", b"7"), (COMMIT_KEY, encode_marker({"events": 9}))])
+        app._commits.lookups.keys_written = evicted_meanwhile  # type: ignore[method-assign]
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    assert task.torn and rejoins == [0]
+    assert log.records[CHANGELOG][-1] == (COMMIT_KEY, encode_marker({"events": 9}))
