@@ -223,3 +223,21 @@ def test_a_key_that_is_not_bytes_is_refused() -> None:
     with pytest.raises(TypeError, match="without key"):
         state.put(None, b"1")  # type: ignore[arg-type]
     assert state.pending == {}
+
+
+def test_a_restore_takes_the_last_marker_s_applied_offsets_not_the_highest() -> None:
+    """A zombie's late marker may run ahead of the owner's; the owner's later marker must
+    win (a higher applied offset skips input, a lower one only repeats it). An unreadable
+    marker closes its writes and changes no applied offset; topics a marker omits keep theirs."""
+    state = StoreState.open("s", TopicPartition("c", 0), MemoryStore())
+    records = [
+        (b"k", b"1"),
+        (COMMIT_KEY, encode_marker({"a": 5, "b": 2})),
+        (COMMIT_KEY, encode_marker({"a": 1})),
+        (b"j", b"2"),
+        (COMMIT_KEY, b"not json"),
+    ]
+    for offset, (key, value) in enumerate(records):
+        state.restore(offset, key, value)
+    assert state.applied == {"a": 1, "b": 2}
+    assert dict(state.store.items()) == {b"k": b"1", b"j": b"2"} and state.position == 5

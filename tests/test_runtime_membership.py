@@ -31,7 +31,7 @@ from aiokafka.errors import (
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost, TaskListener
-from streamassign.errors import OutputWriteError
+from streamassign.errors import ChangelogReadTimeoutError, OutputWriteError
 from streamassign.protocol import AssignmentInfo
 from streamassign.runtime import COMMIT_KEY, App, MemoryStore, StoreState
 from streamassign.runtime import commits as commits_module
@@ -289,7 +289,7 @@ def test_an_owner_finding_a_zombie_s_records_after_its_own_writes_its_state_afte
         return task
 
     task = asyncio.run(run())
-    offsets = [{KafkaTopicPartition("events", 0): o} for o in (1, 1, 2)]
+    offsets = [{KafkaTopicPartition("events", 0): o} for o in (1, 1, 1, 2)]
     if not accepted:
         assert task.torn and rejoins == [0] and log.markers() == 2  # its first, the zombie's
         assert fence.commits == offsets[:1]
@@ -299,7 +299,8 @@ def test_an_owner_finding_a_zombie_s_records_after_its_own_writes_its_state_afte
     assert log.replay() == {b"k": b"10", b"k-copy": b"10"} == dict(state.store.items())
     assert applied(log) == {"events": 1}  # a restore skips both inputs
     assert state.position == state.end == len(log.records[CHANGELOG])
-    assert fence.commits == offsets  # the fence commits again what was committed
+    # the fence commits again what was committed: at the end check and before writing over
+    assert fence.commits == offsets
     # Its value of k (the only key whose last value was not its own), then one marker: no
     # marker of its own between the zombie's records and its values (a crash there would
     # restore the zombie's k).
@@ -588,3 +589,132 @@ def test_a_confirmed_owner_writes_over_records_between_its_own(tmp_path: Path) -
     assert not task.torn and rejoins == []
     assert log.replay() == dict(task.stores["totals"].store.items())
     assert applied(log) == {"events": 2}
+
+
+def test_a_zombie_marker_ahead_of_the_owner_does_not_outlast_the_owner_s_marker(
+    tmp_path: Path,
+) -> None:
+    """A frozen member processed input past the group's committed offset; its late marker
+    carries applied offsets ahead of the owner's. The owner's later marker replaces them in
+    any restore (another process, a standby, a cold replay), so no input is skipped."""
+    app, log, _, _ = fenced(tmp_path)
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)  # group offset 1, applied 0
+        await app._processing.process(task, Rec(1, b"k", b"5"))  # k = 10, not committed
+        log.records[CHANGELOG].append((COMMIT_KEY, encode_marker({"events": 5})))  # zombie's
+        await app._commits.commit(0)  # confirmed: keeps the task, k = 10, applied 1
+        # the task moves to another process, which restores it from the changelog
+        other, _, _, _ = make(tmp_path / "other")
+        other._clients.producer = other._clients.restorer = log  # type: ignore[assignment]
+        other._clients.changelog_reader = log  # type: ignore[assignment]
+        again = await start(other)
+        for offset in (2, 3):  # input from the group's committed offset (2)
+            await other._processing.process(again, Rec(offset, b"k", b"5"))
+        await other._commits.commit(0)
+        return again
+
+    again = asyncio.run(run())
+    assert dict(again.stores["totals"].store.items())[b"k"] == b"20"  # 4 records of 5
+    assert applied(log) == {"events": 3}
+
+
+class TwoStores:
+    """Adds each record's value to its key in both stores of the task."""
+
+    async def process(self, ctx: Any, record: Any) -> None:
+        for name in ("totals", "other"):
+            table = ctx.store(name)
+            table.put(
+                record.key, str(int(table.get(record.key) or b"0") + int(record.value)).encode()
+            )
+
+
+def test_a_member_found_lost_at_one_store_writes_nothing_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both changelogs of a task get another writer's records after the end check; the keys
+    of the first cannot be read in time and the fence that follows is refused: the member
+    writes neither its values nor a marker to the second store's changelog (only its
+    marker already on its way lands)."""
+    monkeypatch.setattr(commits_module, "REASSERT_PATIENCE", 0.3)
+    monkeypatch.setattr(commits_module, "FENCE_BACKOFF", 0.05)
+    topology = Topology([Subtopology(0, ["events"], stores=["totals", "other"])], name="app")
+    app = App(
+        topology,
+        {0: TwoStores},
+        bootstrap_servers="unused:1",
+        state_dir=tmp_path,
+        store_kind="memory",
+    )
+    log = Log()
+    app._clients.producer = app._clients.restorer = log  # type: ignore[assignment]
+    app._clients.changelog_reader = log  # type: ignore[assignment]
+    fence = Fence()
+    app.host.consumers.append(fence)  # type: ignore[arg-type]
+    rejoins: list[int] = []
+    app.host.request_rejoin = rejoins.append  # type: ignore[method-assign]
+    changelogs = [("app-totals-changelog", 0), ("app-other-changelog", 0)]
+    new_marker = (COMMIT_KEY, encode_marker({"events": 9}))
+
+    def new_owner() -> None:
+        for changelog in changelogs:
+            log.records[changelog].extend([(b"k", b"99"), new_marker])
+        log.after_ends = None
+
+    read_keys = app._commits.lookups.keys_written
+
+    async def keys_written(tp: TopicPartition, first: int, end: int) -> Any:
+        first_store = next(iter(app._actives[TASK].stores.values()))
+        if tp == first_store.changelog:  # evicted while its keys could not be read
+            fence.refuse = True
+            await asyncio.sleep(0.05)
+            raise ChangelogReadTimeoutError("slow")
+        return await read_keys(tp, first, end)
+
+    app._commits.lookups.keys_written = keys_written  # type: ignore[method-assign]
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)
+        await app._processing.process(task, Rec(1, b"k", b"5"))
+        log.after_ends = new_owner
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    assert task.torn and rejoins
+    for changelog in changelogs:
+        records = log.records[changelog]
+        assert [r[0] for r in records[records.index(new_marker) + 1 :]] == [COMMIT_KEY]
+
+
+def test_a_member_evicted_while_it_reads_the_keys_to_write_over_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The broker confirmed the owner at the end check, then evicts it while it reads the
+    keys of the other writer's records: asked again before writing, it is refused and writes
+    neither values nor a marker."""
+    app, log, fence, rejoins = fenced(tmp_path)
+    read_keys = app._commits.lookups.keys_written
+
+    async def evicted_meanwhile(tp: TopicPartition, first: int, end: int) -> Any:
+        fence.refuse = True
+        return await read_keys(tp, first, end)
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)
+        await app._processing.process(task, Rec(1, b"k", b"5"))  # k = 10
+        log.records[CHANGELOG].extend([(b"k", b"7"), (COMMIT_KEY, encode_marker({"events": 9}))])
+        app._commits.lookups.keys_written = evicted_meanwhile  # type: ignore[method-assign]
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    assert task.torn and rejoins == [0]
+    assert log.records[CHANGELOG][-1] == (COMMIT_KEY, encode_marker({"events": 9}))

@@ -16,6 +16,12 @@ after that, so:
 - a replayed input record whose offset is at most the applied offset of every store of its
   task is skipped, so table state is exact under at-least-once delivery.
 
+A restore takes each marker's applied offsets as they are (per topic the marker names), not
+the highest seen: the last marker wins, as after compaction (which keeps only the last marker).
+A zombie's late marker may carry offsets ahead of what the owner processed; the owner's next
+marker replaces them. A lower applied offset only makes input be read twice (at-least-once
+allows it: the input position comes from the group's committed offsets); a higher one skips it.
+
 Log compaction may drop old markers; the writes before them are then closed by a later marker,
 which is just as correct (they were committed).
 """
@@ -150,8 +156,9 @@ class StoreState:
         self.restored += 1
         if key == COMMIT_KEY:
             writes: dict[bytes, bytes | None] = dict(self.unclosed)
-            for topic, applied in decode_marker(value).items():
-                self.applied[topic] = max(applied, self.applied.get(topic, -1))
+            # The last marker's offsets replace the earlier ones (not the max): a zombie's late
+            # marker may run ahead of the owner's, and the owner's later marker must win.
+            self.applied.update(decode_marker(value))
             self.position = offset + 1
             self.store.write(writes, self._meta())
             self.unclosed.clear()

@@ -48,10 +48,13 @@ from .transactions import rejoin_cures
 
 log = logging.getLogger("streamassign.runtime")
 
-#: Seconds one commit goes on reading the keys other writers wrote before its markers while
-#: a changelog cannot be read in time (shared by every reassertion of that commit; a
-#: consumer that is rebalancing tries once). After that the owner writes its pending values
-#: again, so none is lost, and the task is torn and restored.
+#: Seconds one commit (from its end check on: one deadline, shared by its fences and every
+#: reassertion) goes on reading the keys other writers wrote before its markers while a
+#: changelog cannot be read in time (a consumer that is rebalancing tries once). After that
+#: the owner writes its pending values again, so none is lost, and the task is torn and
+#: restored. Also the fence's no-answer limit: a member the broker has not answered by then
+#: is taken for evicted (so this assumes ``session_timeout_ms`` below it; the default is
+#: 45 s).
 REASSERT_PATIENCE = 120.0
 
 #: Seconds the membership fence waits for the group coordinator (aiokafka retries retriable
@@ -122,10 +125,13 @@ class Commits:
         for task in tasks:
             task.futures.clear()
         dirty = [t for t in tasks if any(s.dirty for s in t.stores.values())]
-        if not await self.sole_writer(index, dirty):
+        # One deadline for the whole commit (its fences and key reads), so a commit stays
+        # within REASSERT_PATIENCE of waiting, not one per step.
+        deadline = asyncio.get_running_loop().time() + REASSERT_PATIENCE
+        if not await self.sole_writer(index, dirty, deadline):
             return
         tasks = [t for t in tasks if not t.torn]
-        done = await self.write_markers(index, tasks)
+        done = await self.write_markers(index, tasks, deadline)
         tasks = [t for t in tasks if not t.torn]
         if done:
             # Off the loop and not interrupted halfway: a cancel waits for the local writes.
@@ -261,20 +267,23 @@ class Commits:
                     tear(task)
 
     async def write_markers(
-        self, index: int, tasks: Sequence[ActiveTask]
+        self, index: int, tasks: Sequence[ActiveTask], deadline: float
     ) -> list[tuple[ActiveTask, StoreState, int]]:
         """A marker per store with pending writes, acknowledged; each must land where its
         owner's records end (``StoreState.end``). One that lands later closed another
         writer's records too: unless the membership fence (``fence``) finds the member lost
         (then it writes nothing more, its tasks are torn), it writes its values after them
-        (``reassert``), else (three tries, keys unknown) its task is torn."""
+        (``reassert``), else (three tries, keys unknown) its task is torn. Once any fence
+        finds the member lost, nothing more is written for any of its tasks."""
         producer = self.clients.producer
         assert producer is not None
-        deadline = asyncio.get_running_loop().time() + REASSERT_PATIENCE  # the whole commit's
         for task in tasks:
             for state in task.stores.values():
-                if state.overwritten is not None:
+                if state.overwritten is not None and not self.stopped(task):
                     await self.write_over(task, state, state.overwritten, deadline)
+        if self.lost(index):  # a fence of write_over refused it: a zombie writes no marker
+            return []
+        tasks = [t for t in tasks if not t.torn]
         markers = []
         for task in tasks:
             for state in task.stores.values():
@@ -296,6 +305,10 @@ class Commits:
             return []  # a zombie (or no answer): its tasks are torn, it rejoins
         done, failed = [], []
         for task, state, _, offset in landed:  # every task's pending writes intact
+            if self.lost(index):  # a fence of give_up refused it: nothing more is written
+                return []
+            if task.torn:
+                continue
             if state in late:
                 assert offset is not None
                 offset = await self.reassert(task, state, offset, deadline)
@@ -308,7 +321,7 @@ class Commits:
             self.host.request_rejoin(index)
         return done
 
-    async def sole_writer(self, index: int, dirty: Sequence[ActiveTask]) -> bool:
+    async def sole_writer(self, index: int, dirty: Sequence[ActiveTask], deadline: float) -> bool:
         """Whether ``index`` may write markers: it is still the member its tasks were
         assigned to (else every task of it is torn: a zombie commits nothing). A task whose
         changelog another writer extended since this owner last read or wrote it is kept
@@ -342,7 +355,6 @@ class Commits:
         # Only records after ours can be written over; a changelog that ends before our
         # records (truncated) is restored from.
         ahead = all(end > mine for stale in foreign.values() for end, mine in stale.values())
-        deadline = asyncio.get_running_loop().time() + REASSERT_PATIENCE
         unproven = Membership.UNPROVEN  # a truncated changelog: restored from
         membership = await self.fence(index, list(foreign), deadline) if ahead else unproven
         if membership is Membership.LOST:
@@ -358,12 +370,13 @@ class Commits:
     ) -> None:
         """Another writer extended the changelogs of ``task``'s stores in ``stale`` (name:
         end, expected end): ``keep`` (the broker confirmed this member) marks them for
-        ``reassert``, else the task is torn."""
+        ``write_over`` (``StoreState.overwritten``), else the task is torn."""
         if keep:
             log.warning(
                 "consumer %d: task %s: its changelog was written by another writer (end, "
                 "expected: %s) while the broker still accepts this member; this owner's "
-                "values are written again after those records",
+                "value of each key whose last value there is not its own is written after "
+                "them, before its marker",
                 index,
                 task.task_id,
                 stale,
@@ -437,6 +450,10 @@ class Commits:
                 return {kafka_tp: offset}
         return {}
 
+    def stopped(self, task: ActiveTask) -> bool:
+        """Whether nothing more may be written for ``task``: torn, or its member lost."""
+        return task.torn or self.lost(task.consumer)
+
     def lost(self, index: int) -> bool:
         """``index`` lost its membership since its last assignment: tear its tasks."""
         if not self.host.member_lost(index):
@@ -479,6 +496,8 @@ class Commits:
             keys = sorted(k for k, v in written.items() if v != owners_value(state, k))
             if not keys:
                 return marker
+            if self.stopped(task):  # lost while the keys were read: a zombie writes nothing
+                return None
             log.warning(
                 "task %s: %s[%d] offsets %d to %d (since this owner's last marker, up to "
                 "this commit's) hold another writer's records; writing this owner's value of "
@@ -504,13 +523,18 @@ class Commits:
         """``sole_writer`` found another writer's records after this owner's, up to ``end``,
         and the broker confirmed this owner: write its value of every key whose last value
         there is not its own before its marker, so one marker closes both (a crash between
-        two markers would restore the other writer's values). Keys not read in time: the
-        marker lands late and ``reassert`` tries again."""
+        two markers would restore the other writer's values). The broker is asked once more
+        (``fence``) after the keys are read, before they are written. Keys not read in time:
+        the marker lands late and ``reassert`` tries again."""
         written = await self.keys_written(task, state.changelog, state.position, end, deadline)
-        if written is None:
+        if written is None or self.stopped(task):
             return
-        state.end = end
         keys = sorted(k for k, v in written.items() if v != owners_value(state, k))
+        # Reading the keys can take up to the commit's deadline: the member may have been
+        # evicted meanwhile, so the broker is asked again right before writing.
+        if keys and await self.fence(task.consumer, [task], deadline) is not Membership.HELD:
+            return  # lost: nothing is written; unproven: the marker lands late (reassert)
+        state.end = end
         await asyncio.gather(*await self.send_values(state, keys))  # a failure: no marker
 
     async def send_values(

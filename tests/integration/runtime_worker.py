@@ -152,13 +152,13 @@ def freeze_before_markers(app: App) -> Callable[[], None]:
     write_markers = commits.write_markers
     armed = False
 
-    async def freezing(index: int, tasks: Any) -> Any:
+    async def freezing(index: int, tasks: Any, *rest: Any) -> Any:
         nonlocal armed
         if armed and any(s.dirty for t in tasks for s in t.stores.values()):
             armed = False
             emit(event="freezing", consumer=index, t=time.time())
             os.kill(os.getpid(), signal.SIGSTOP)
-        return await write_markers(index, tasks)
+        return await write_markers(index, tasks, *rest)
 
     def arm() -> None:
         nonlocal armed
