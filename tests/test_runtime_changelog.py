@@ -241,3 +241,22 @@ def test_a_restore_takes_the_last_marker_s_applied_offsets_not_the_highest() -> 
         state.restore(offset, key, value)
     assert state.applied == {"a": 1, "b": 2}
     assert dict(state.store.items()) == {b"k": b"1", b"j": b"2"} and state.position == 5
+
+
+def test_a_replay_after_a_commit_that_reached_one_store_applies_its_input_once() -> None:
+    """A task's commit reached store ``a`` (its marker says input 100 applied) and not store
+    ``b`` (50): the replay of 51..100 re-reads input ``a`` holds. ``a``'s applied offset must
+    not go back with it, or its next marker (and a restore of it) would apply 71..100 again."""
+    a = StoreState("a", TopicPartition("cl-a", 0), MemoryStore())
+    b = StoreState("b", TopicPartition("cl-b", 0), MemoryStore())
+    a.restore(0, b"k", b"1")
+    a.restore(1, COMMIT_KEY, encode_marker({"in": 100}))
+    b.restore(0, COMMIT_KEY, encode_marker({"in": 50}))
+    for offset in range(51, 71):  # as Processing does: skip only what every store holds
+        if not all(s.seen("in", offset) for s in (a, b)):
+            for state in (a, b):
+                state.mark_processed("in", offset)
+    assert decode_marker(a.marker()) == {"in": 100} and decode_marker(b.marker()) == {"in": 70}
+    assert not a.dirty
+    b.committed(1)
+    assert a.seen("in", 100) and not b.seen("in", 71)

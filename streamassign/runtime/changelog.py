@@ -19,8 +19,10 @@ after that, so:
 A restore takes each marker's applied offsets as they are (per topic the marker names), not
 the highest seen: the last marker wins, as after compaction (which keeps only the last marker).
 A zombie's late marker may carry offsets ahead of what the owner processed; the owner's next
-marker replaces them. A lower applied offset only makes input be read twice (at-least-once
-allows it: the input position comes from the group's committed offsets); a higher one skips it.
+marker replaces them. A lower applied offset makes the store apply input it already holds
+again (counted twice) and a higher one skips input: an owner's own markers never go back (a
+store's applied offset only grows, also while a replay re-reads input it holds), so only a
+zombie's late marker, in the window docs/runtime.md lists, can do either.
 
 Log compaction may drop old markers; the writes before them are then closed by a later marker,
 which is just as correct (they were committed).
@@ -122,7 +124,11 @@ class StoreState:
         return offset <= max(self.pending_applied.get(topic, -1), self.applied.get(topic, -1))
 
     def mark_processed(self, topic: str, offset: int) -> None:
-        self.pending_applied[topic] = max(offset, self.pending_applied.get(topic, -1))
+        # A replay after a commit that reached only some of a task's stores re-reads input
+        # this store already holds: its applied offset must not go back (its next marker
+        # would then make it, and a restore of it, apply that input again).
+        if offset > self.applied.get(topic, -1):
+            self.pending_applied[topic] = max(offset, self.pending_applied.get(topic, -1))
 
     @property
     def dirty(self) -> bool:
