@@ -718,3 +718,37 @@ def test_a_member_evicted_while_it_reads_the_keys_to_write_over_writes_nothing(
     task = asyncio.run(run())
     assert task.torn and rejoins == [0]
     assert log.records[CHANGELOG][-1] == (COMMIT_KEY, encode_marker({"events": 9}))
+
+
+def test_a_member_evicted_while_it_reads_the_keys_after_a_late_marker_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The broker confirmed the member when its marker landed after another writer's
+    records, then evicts it while it reads their keys: asked again before writing its
+    values over them, it is refused and writes nothing after its marker."""
+    app, log, fence, rejoins = fenced(tmp_path)
+    read_keys = app._commits.lookups.keys_written
+
+    async def evicted_meanwhile(tp: TopicPartition, first: int, end: int) -> Any:
+        fence.refuse = True
+        return await read_keys(tp, first, end)
+
+    def new_owner() -> None:  # between this member's end check and its marker
+        log.records[CHANGELOG].extend([(b"k", b"7"), (COMMIT_KEY, encode_marker({"events": 9}))])
+        log.after_ends = None
+        app._commits.lookups.keys_written = evicted_meanwhile  # type: ignore[method-assign]
+
+    async def run() -> ActiveTask:
+        task = await start(app)
+        await app._processing.process(task, Rec(0, b"k", b"5"))
+        await app._commits.commit(0)
+        await app._processing.process(task, Rec(1, b"k", b"5"))  # k = 10
+        log.after_ends = new_owner
+        await app._commits.commit(0)
+        return task
+
+    task = asyncio.run(run())
+    records = log.records[CHANGELOG]
+    late = records.index((COMMIT_KEY, encode_marker({"events": 9}))) + 1
+    assert [key for key, _ in records[late:]] == [COMMIT_KEY]  # its own marker, no values
+    assert task.torn and set(rejoins) == {0}

@@ -496,7 +496,10 @@ class Commits:
             keys = sorted(k for k, v in written.items() if v != owners_value(state, k))
             if not keys:
                 return marker
-            if self.stopped(task):  # lost while the keys were read: a zombie writes nothing
+            # Asked again: the keys can take up to the commit's patience to read, long
+            # enough for the group to evict this member and a new owner to write meanwhile.
+            fenced = await self.fence(task.consumer, [task], deadline)
+            if fenced is Membership.LOST or self.stopped(task):  # a zombie writes nothing
                 return None
             log.warning(
                 "task %s: %s[%d] offsets %d to %d (since this owner's last marker, up to "
