@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -125,11 +126,13 @@ class Log:
         return dict(state.store.items())
 
 
-def make(tmp_path: Path) -> tuple[App, Log, Committer, list[int]]:
-    topology = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
+def make(
+    tmp_path: Path, stores: tuple[str, ...] = ("totals",), processor: Any = None
+) -> tuple[App, Log, Committer, list[int]]:
+    topology = Topology([Subtopology(0, ["events"], stores=list(stores))], name="app")
     app = App(
         topology,
-        {0: Adder},
+        {0: processor or Adder},
         bootstrap_servers="unused:1",
         state_dir=tmp_path,
         store_kind="memory",
@@ -150,6 +153,18 @@ async def start(app: App) -> ActiveTask:
     assert app._actives[TASK].restoring  # its input paused until the state updater is done
     await app._updater.settle()
     return app._actives[TASK]
+
+
+async def commit_twice(app: App, log: Log, between: Callable[[], None]) -> ActiveTask:
+    """The task commits k = 5, then processes k = 10 and commits again; ``between`` runs after
+    that commit's changelog end check (another writer's records land there)."""
+    task = await start(app)
+    await app._processing.process(task, Rec(0, b"k", b"5"))
+    await app._commits.commit(0)
+    await app._processing.process(task, Rec(1, b"k", b"5"))
+    log.after_ends = between
+    await app._commits.commit(0)
+    return task
 
 
 def test_no_marker_when_another_writer_wrote_the_changelog(tmp_path: Path) -> None:
@@ -216,8 +231,10 @@ class Fence(Committer):
         await super().commit(offsets)
 
 
-def fenced(tmp_path: Path) -> tuple[App, Log, Fence, list[int]]:
-    app, log, _, rejoins = make(tmp_path)
+def fenced(
+    tmp_path: Path, stores: tuple[str, ...] = ("totals",), processor: Any = None
+) -> tuple[App, Log, Fence, list[int]]:
+    app, log, _, rejoins = make(tmp_path, stores, processor)
     fence = Fence()
     app.host.consumers[0] = fence  # type: ignore[call-overload]
     return app, log, fence, rejoins
@@ -245,16 +262,7 @@ def test_a_zombie_whose_marker_lands_late_is_refused_and_writes_nothing_more(
         log.after_ends = None
         fence.refuse = True
 
-    async def run() -> ActiveTask:
-        task = await start(app)
-        await app._processing.process(task, Rec(0, b"k", b"5"))
-        await app._commits.commit(0)
-        await app._processing.process(task, Rec(1, b"k", b"5"))
-        log.after_ends = new_owner
-        await app._commits.commit(0)
-        return task
-
-    task = asyncio.run(run())
+    task = asyncio.run(commit_twice(app, log, new_owner))
     records = log.records[CHANGELOG]
     # Its records (k, k-copy), the new owner's two, its marker, and nothing after it.
     assert records[-1][0] == COMMIT_KEY and records[-2] == (
@@ -484,16 +492,7 @@ def test_a_zombie_whose_membership_was_reset_is_not_confirmed(tmp_path: Path) ->
 
         log.send = then_reset  # type: ignore[method-assign]
 
-    async def run() -> ActiveTask:
-        task = await start(app)
-        await app._processing.process(task, Rec(0, b"k", b"5"))
-        await app._commits.commit(0)
-        await app._processing.process(task, Rec(1, b"k", b"5"))
-        log.after_ends = new_owner
-        await app._commits.commit(0)
-        return task
-
-    task = asyncio.run(run())
+    task = asyncio.run(commit_twice(app, log, new_owner))
     records = log.records[CHANGELOG]
     assert [r[0] for r in records[records.index(new_marker) + 1 :]] == [COMMIT_KEY]
     assert task.torn and task.stores["totals"].pending == {}
@@ -554,16 +553,7 @@ def test_a_member_the_broker_does_not_answer_writes_nothing_over_another_writer(
         log.after_ends = None
         fence.commit = unanswered  # type: ignore[method-assign]
 
-    async def run() -> ActiveTask:
-        task = await start(app)
-        await app._processing.process(task, Rec(0, b"k", b"5"))
-        await app._commits.commit(0)
-        await app._processing.process(task, Rec(1, b"k", b"5"))
-        log.after_ends = new_owner
-        await app._commits.commit(0)
-        return task
-
-    task = asyncio.run(run())
+    task = asyncio.run(commit_twice(app, log, new_owner))
     records = log.records[CHANGELOG]
     assert [r[0] for r in records[records.index(new_marker) + 1 :]] == [COMMIT_KEY]
     assert task.torn and rejoins == [0] and len(tries) >= 2  # tried again before giving up
@@ -641,21 +631,7 @@ def test_a_member_found_lost_at_one_store_writes_nothing_for_the_next(
     marker already on its way lands)."""
     monkeypatch.setattr(commits_module, "REASSERT_PATIENCE", 0.3)
     monkeypatch.setattr(commits_module, "FENCE_BACKOFF", 0.05)
-    topology = Topology([Subtopology(0, ["events"], stores=["totals", "other"])], name="app")
-    app = App(
-        topology,
-        {0: TwoStores},
-        bootstrap_servers="unused:1",
-        state_dir=tmp_path,
-        store_kind="memory",
-    )
-    log = Log()
-    app._clients.producer = app._clients.restorer = log  # type: ignore[assignment]
-    app._clients.changelog_reader = log  # type: ignore[assignment]
-    fence = Fence()
-    app.host.consumers.append(fence)  # type: ignore[arg-type]
-    rejoins: list[int] = []
-    app.host.request_rejoin = rejoins.append  # type: ignore[method-assign]
+    app, log, fence, rejoins = fenced(tmp_path, ("totals", "other"), TwoStores)
     changelogs = [("app-totals-changelog", 0), ("app-other-changelog", 0)]
     new_marker = (COMMIT_KEY, encode_marker({"events": 9}))
 
@@ -676,16 +652,7 @@ def test_a_member_found_lost_at_one_store_writes_nothing_for_the_next(
 
     app._commits.lookups.keys_written = keys_written  # type: ignore[method-assign]
 
-    async def run() -> ActiveTask:
-        task = await start(app)
-        await app._processing.process(task, Rec(0, b"k", b"5"))
-        await app._commits.commit(0)
-        await app._processing.process(task, Rec(1, b"k", b"5"))
-        log.after_ends = new_owner
-        await app._commits.commit(0)
-        return task
-
-    task = asyncio.run(run())
+    task = asyncio.run(commit_twice(app, log, new_owner))
     assert task.torn and rejoins
     for changelog in changelogs:
         records = log.records[changelog]
@@ -738,16 +705,7 @@ def test_a_member_evicted_while_it_reads_the_keys_after_a_late_marker_writes_not
         log.after_ends = None
         app._commits.lookups.keys_written = evicted_meanwhile  # type: ignore[method-assign]
 
-    async def run() -> ActiveTask:
-        task = await start(app)
-        await app._processing.process(task, Rec(0, b"k", b"5"))
-        await app._commits.commit(0)
-        await app._processing.process(task, Rec(1, b"k", b"5"))  # k = 10
-        log.after_ends = new_owner
-        await app._commits.commit(0)
-        return task
-
-    task = asyncio.run(run())
+    task = asyncio.run(commit_twice(app, log, new_owner))
     records = log.records[CHANGELOG]
     late = records.index((COMMIT_KEY, encode_marker({"events": 9}))) + 1
     assert [key for key, _ in records[late:]] == [COMMIT_KEY]  # its own marker, no values
