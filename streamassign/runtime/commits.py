@@ -416,9 +416,7 @@ class Commits:
                     return Membership.UNPROVEN
                 await asyncio.wait_for(self.host.consumers[index].commit(offsets), FENCE_TIMEOUT)
             except CommitFailedError as exc:
-                self.tear_consumer(index, f"is refused by the broker ({exc!r})")
-                self.host.request_rejoin(index)
-                return Membership.LOST
+                return self.drop_membership(index, f"is refused by the broker ({exc!r})")
             except (KafkaError, TimeoutError) as exc:
                 if loop.time() + FENCE_BACKOFF < deadline:
                     log.warning("consumer %d: membership not confirmed yet (%r)", index, exc)
@@ -426,11 +424,15 @@ class Commits:
                     continue
                 # No answer for that long: its heartbeats go unanswered too, so the group
                 # has most likely evicted it, and a zombie must write nothing.
-                self.tear_consumer(index, f"gets no answer from the broker ({exc!r})")
-                self.host.request_rejoin(index)
-                return Membership.LOST
+                return self.drop_membership(index, f"gets no answer from the broker ({exc!r})")
             if not self.lost(index):
                 return Membership.HELD
+        return Membership.LOST
+
+    def drop_membership(self, index: int, why: str) -> Membership:
+        """The fence found ``index`` out of the group: tear its tasks and rejoin."""
+        self.tear_consumer(index, why)
+        self.host.request_rejoin(index)
         return Membership.LOST
 
     async def fence_offsets(
