@@ -31,6 +31,18 @@ def admissible(counts: list[int], caps: list[int]) -> list[list[list[int]]]:
     return found
 
 
+def gain_of(
+    matrix: list[list[int]], counts: list[int], caps: list[int], gains: list[list[int]]
+) -> int:
+    """What the ceilings ``matrix`` hands out are worth under ``gains``."""
+    cells, _ = quota_bounds(counts, caps)
+    return sum(
+        gains[ci][s] * (matrix[ci][s] - cells[ci][s][0])
+        for ci in range(len(caps))
+        for s in range(len(counts))
+    )
+
+
 @st.composite
 def instances(draw: st.DrawFn) -> tuple[list[int], list[int], list[list[int]]]:
     """Task counts per subtopology, capacities, and previous tasks per cell (column sums at
@@ -81,17 +93,44 @@ def test_best_quotas_is_admissible_and_optimal_for_any_gains(
     quotas = best_quotas(counts, caps, gains)
     matrices = admissible(counts, caps)
     assert quotas in matrices
-    cells, _ = quota_bounds(counts, caps)
-
-    def value(m: list[list[int]]) -> int:
-        return sum(
-            gains[ci][s] * (m[ci][s] - cells[ci][s][0])
-            for ci in range(len(caps))
-            for s in range(len(counts))
-        )
-
-    assert value(quotas) == max(map(value, matrices))
+    assert gain_of(quotas, counts, caps, gains) == max(
+        gain_of(m, counts, caps, gains) for m in matrices
+    )
     assert best_quotas(counts, caps, gains) == quotas  # deterministic
+
+
+@st.composite
+def alike_instances(draw: st.DrawFn) -> tuple[list[int], list[int], list[list[int]]]:
+    """Counts, capacities and gains where many clients look the same to the flow (capacity 1
+    or 2, gains 0 or 1): the solver groups them and deals each group's ceilings."""
+    n_cli = draw(st.integers(2, 6))
+    n_sub = draw(st.integers(1, 12 // n_cli))
+    counts = draw(st.lists(st.integers(0, 9), min_size=n_sub, max_size=n_sub))
+    caps = draw(st.lists(st.integers(1, 2), min_size=n_cli, max_size=n_cli))
+    gains = draw(
+        st.lists(
+            st.lists(st.integers(0, 1), min_size=n_sub, max_size=n_sub),
+            min_size=n_cli,
+            max_size=n_cli,
+        )
+    )
+    return counts, caps, gains
+
+
+@settings(max_examples=300)
+@given(alike_instances())
+def test_alike_clients_share_their_ceilings_admissibly_and_optimally(
+    instance: tuple[list[int], list[int], list[list[int]]],
+) -> None:
+    """Clients the flow cannot tell apart share one node; dealing its ceilings back to them
+    must give an admissible matrix of the same optimal gain."""
+    counts, caps, gains = instance
+    quotas = best_quotas(counts, caps, gains)
+    matrices = admissible(counts, caps)
+    assert quotas in matrices
+    assert gain_of(quotas, counts, caps, gains) == max(
+        gain_of(m, counts, caps, gains) for m in matrices
+    )
 
 
 def test_newcomer_gets_its_share_of_every_subtopology() -> None:

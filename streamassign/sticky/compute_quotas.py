@@ -12,6 +12,8 @@ Writing ``q = floor + extra`` with ``extra`` 0 or 1, ``min(kept, q) = min(kept, 
 exactly when ``kept > floor``: choosing the extras is a transportation problem (each
 subtopology hands out its ``tasks(s) - sum floors`` ceilings to clients, one per cell, each
 client takes between its row's lower and upper count), solved here exactly as a min-cost flow.
+Clients the flow cannot tell apart (same fractional cells, gains and row counts) share one node,
+so a fleet of equal workers costs a network of a few nodes, not one per worker.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from operator import itemgetter
+
+from attrs import frozen
 
 from ..shares import share_bounds
 
@@ -54,13 +58,63 @@ def best_quotas(
     quotas = [list(map(_FLOOR, row)) for row in cells]
     if not caps or not counts:
         return quotas
-    flow, cell_arcs, total = _ceiling_network(counts, cells, rows, quotas, gains)
-    if flow.run(_SOURCE, len(flow.out) - 1) != total:
+    groups = _alike_clients(cells, rows, quotas, gains)
+    extras = [count - sum(row[s] for row in quotas) for s, count in enumerate(counts)]
+    flow, group_arcs = _ceiling_network(extras, groups)
+    if flow.run(_SOURCE, len(flow.out) - 1) != sum(extras):
         raise AssertionError("no admissible quota matrix: matrix rounding guarantees one")
-    for ci, s, arc in cell_arcs:
-        if flow.capacity[arc] == 0:  # the cell's one unit was used: its ceiling
-            quotas[ci][s] += 1
+    for group, arcs in zip(groups, group_arcs, strict=True):
+        handed = [(s, len(group.members) - flow.capacity[arc]) for s, arc in arcs]
+        _deal_ceilings(quotas, group.members, handed)
     return quotas
+
+
+@frozen
+class _Alike:
+    """Clients the flow cannot tell apart: the same fractional cells with the same gains
+    (``cells``: subtopology, gain), and the same ``need`` and ``optional`` ceilings."""
+
+    cells: tuple[tuple[int, int], ...]
+    need: int
+    optional: int
+    members: list[int]
+
+
+def _alike_clients(
+    cells: list[list[tuple[int, int]]],
+    rows: list[tuple[int, int]],
+    floors: list[list[int]],
+    gains: Sequence[Sequence[int]],
+) -> list[_Alike]:
+    """Clients grouped by what the flow sees of them, in order of their first member.
+
+    Equal clients are the common case (a fleet of equal workers, most of them with nothing
+    to keep): the network gets a node per group, not per client, and one arc per group and
+    subtopology. That loses nothing: however many ceilings of each subtopology a group takes
+    (at most one per member each), ``_deal_ceilings`` splits them so that each member takes
+    at most one per cell and the group's average rounded down or up in all, within the row
+    bounds the members share, and every member's ceiling is worth the same.
+    """
+    grouped: dict[tuple[tuple[tuple[int, int], ...], int, int], list[int]] = {}
+    for client, row in enumerate(cells):
+        gain_row = gains[client]
+        key = tuple((s, gain_row[s]) for s, (lo, hi) in enumerate(row) if hi > lo)
+        need = rows[client][0] - sum(floors[client])
+        grouped.setdefault((key, need, rows[client][1] - rows[client][0]), []).append(client)
+    return [_Alike(*key, members) for key, members in grouped.items()]
+
+
+def _deal_ceilings(
+    quotas: list[list[int]], members: list[int], handed: list[tuple[int, int]]
+) -> None:
+    """A group's ceilings (``handed``: subtopology, how many) dealt to its members in turn,
+    continuing where the last subtopology stopped: no member takes two of one subtopology
+    (none hands a group more than it has members), and counts differ by one at most."""
+    turn = 0
+    for s, how_many in handed:
+        for _ in range(how_many):
+            quotas[members[turn % len(members)]][s] += 1
+            turn += 1
 
 
 #: Node of the flow network the ceilings start from (the sink is its last node).
@@ -68,48 +122,37 @@ _SOURCE = 0
 
 
 def _ceiling_network(
-    counts: Sequence[int],
-    cells: list[list[tuple[int, int]]],
-    rows: list[tuple[int, int]],
-    floors: list[list[int]],
-    gains: Sequence[Sequence[int]],
-) -> tuple[_MinCostFlow, list[tuple[int, int, int]], int]:
-    """The flow network handing out the ceilings, its cell arcs ``(client, subtopology, arc)``
-    and the ceilings to hand out in all.
+    extras: list[int], groups: list[_Alike]
+) -> tuple[_MinCostFlow, list[list[tuple[int, int]]]]:
+    """The flow network handing out the ceilings (``extras[s]``: how many subtopology ``s``
+    hands out), and each group's cell arcs ``(subtopology, arc)``.
 
-    Source -> subtopology (its ceilings to hand out) -> client (one per fractional cell) ->
-    sink. A client must take at least ``need`` ceilings (its row floor minus its cell floors):
-    those run straight to the sink; up to ``optional`` more go through a shared node whose
-    capacity is what is left. Every unit crosses exactly one cell arc, so cell cost
-    ``top - gain`` makes the cheapest full flow the most gainful.
+    Source -> subtopology -> group (one ceiling per member and fractional cell) -> sink. A
+    client must take at least ``need`` ceilings (its row floor minus its cell floors): those
+    run straight to the sink; up to ``optional`` more go through a shared node whose capacity
+    is what is left. Every unit crosses exactly one cell arc, so cell cost ``top - gain``
+    makes the cheapest full flow the most gainful.
     """
-    n_sub, n_cli = len(counts), len(cells)
-    optional_node, sink = 1 + n_sub + n_cli, 2 + n_sub + n_cli
-    flow = _MinCostFlow(3 + n_sub + n_cli)
-    top = max((g for row in gains for g in row), default=0)
-    total = 0
-    for s, count in enumerate(counts):
-        extras = count - sum(row[s] for row in floors)
-        total += extras
-        if extras:
-            flow.add(_SOURCE, 1 + s, extras, 0)
-    cell_arcs: list[tuple[int, int, int]] = []
+    n_sub = len(extras)
+    optional_node, sink = 1 + n_sub + len(groups), 2 + n_sub + len(groups)
+    flow = _MinCostFlow(3 + n_sub + len(groups))
+    top = max((gain for group in groups for _, gain in group.cells), default=0)
+    for s, handed_out in enumerate(extras):
+        if handed_out:
+            flow.add(_SOURCE, 1 + s, handed_out, 0)
+    group_arcs: list[list[tuple[int, int]]] = []
     need_total = 0
-    for ci, row in enumerate(cells):
-        node = 1 + n_sub + ci
-        for s, (lo, hi) in enumerate(row):
-            if hi > lo:
-                cell_arcs.append((ci, s, flow.add(1 + s, node, 1, top - gains[ci][s])))
-        need = rows[ci][0] - sum(floors[ci])
-        optional = rows[ci][1] - rows[ci][0]
-        need_total += need
-        if need:
-            flow.add(node, sink, need, 0)
-        if optional:
-            flow.add(node, optional_node, optional, 0)
-    if total > need_total:
-        flow.add(optional_node, sink, total - need_total, 0)
-    return flow, cell_arcs, total
+    for index, group in enumerate(groups):
+        node, size = 1 + n_sub + index, len(group.members)
+        group_arcs.append([(s, flow.add(1 + s, node, size, top - gain)) for s, gain in group.cells])
+        need_total += group.need * size
+        if group.need:
+            flow.add(node, sink, group.need * size, 0)
+        if group.optional:
+            flow.add(node, optional_node, group.optional * size, 0)
+    if sum(extras) > need_total:
+        flow.add(optional_node, sink, sum(extras) - need_total, 0)
+    return flow, group_arcs
 
 
 def keep_gains(
