@@ -70,14 +70,14 @@ def best_quotas(
 
 
 @frozen
-class _Alike:
+class _ClientGroup:
     """Clients the flow cannot tell apart: the same fractional cells with the same gains
-    (``cells``: subtopology, gain), and the same ``need`` and ``optional`` ceilings."""
+    (``gain_cells``: subtopology, gain), and the same ``need`` and ``optional`` ceilings."""
 
-    cells: tuple[tuple[int, int], ...]
+    gain_cells: tuple[tuple[int, int], ...]
     need: int
     optional: int
-    members: list[int]
+    members: tuple[int, ...]
 
 
 def _alike_clients(
@@ -85,7 +85,7 @@ def _alike_clients(
     rows: list[tuple[int, int]],
     floors: list[list[int]],
     gains: Sequence[Sequence[int]],
-) -> list[_Alike]:
+) -> list[_ClientGroup]:
     """Clients grouped by what the flow sees of them, in order of their first member.
 
     Equal clients are the common case (a fleet of equal workers, most of them with nothing
@@ -101,11 +101,11 @@ def _alike_clients(
         key = tuple((s, gain_row[s]) for s, (lo, hi) in enumerate(row) if hi > lo)
         need = rows[client][0] - sum(floors[client])
         grouped.setdefault((key, need, rows[client][1] - rows[client][0]), []).append(client)
-    return [_Alike(*key, members) for key, members in grouped.items()]
+    return [_ClientGroup(*key, tuple(members)) for key, members in grouped.items()]
 
 
 def _deal_ceilings(
-    quotas: list[list[int]], members: list[int], handed: list[tuple[int, int]]
+    quotas: list[list[int]], members: tuple[int, ...], handed: list[tuple[int, int]]
 ) -> None:
     """A group's ceilings (``handed``: subtopology, how many) dealt to its members in turn,
     continuing where the last subtopology stopped: no member takes two of one subtopology
@@ -122,21 +122,22 @@ _SOURCE = 0
 
 
 def _ceiling_network(
-    extras: list[int], groups: list[_Alike]
+    extras: list[int], groups: list[_ClientGroup]
 ) -> tuple[_MinCostFlow, list[list[tuple[int, int]]]]:
     """The flow network handing out the ceilings (``extras[s]``: how many subtopology ``s``
     hands out), and each group's cell arcs ``(subtopology, arc)``.
 
-    Source -> subtopology -> group (one ceiling per member and fractional cell) -> sink. A
-    client must take at least ``need`` ceilings (its row floor minus its cell floors): those
+    Source -> subtopology -> group (one ceiling per member and fractional cell) -> sink. Each
+    member must take at least ``need`` ceilings (its row floor minus its cell floors): those
     run straight to the sink; up to ``optional`` more go through a shared node whose capacity
     is what is left. Every unit crosses exactly one cell arc, so cell cost ``top - gain``
-    makes the cheapest full flow the most gainful.
+    makes the cheapest full flow the most gainful (``top``: the largest gain of a fractional
+    cell; only fractional cells have arcs, and a shift common to all of them changes nothing).
     """
     n_sub = len(extras)
     optional_node, sink = 1 + n_sub + len(groups), 2 + n_sub + len(groups)
     flow = _MinCostFlow(3 + n_sub + len(groups))
-    top = max((gain for group in groups for _, gain in group.cells), default=0)
+    top = max((gain for group in groups for _, gain in group.gain_cells), default=0)
     for s, handed_out in enumerate(extras):
         if handed_out:
             flow.add(_SOURCE, 1 + s, handed_out, 0)
@@ -144,14 +145,16 @@ def _ceiling_network(
     need_total = 0
     for index, group in enumerate(groups):
         node, size = 1 + n_sub + index, len(group.members)
-        group_arcs.append([(s, flow.add(1 + s, node, size, top - gain)) for s, gain in group.cells])
+        group_arcs.append(
+            [(s, flow.add(1 + s, node, size, top - gain)) for s, gain in group.gain_cells]
+        )
         need_total += group.need * size
         if group.need:
             flow.add(node, sink, group.need * size, 0)
         if group.optional:
             flow.add(node, optional_node, group.optional * size, 0)
-    if sum(extras) > need_total:
-        flow.add(optional_node, sink, sum(extras) - need_total, 0)
+    if (beyond_need := sum(extras) - need_total) > 0:
+        flow.add(optional_node, sink, beyond_need, 0)
     return flow, group_arcs
 
 
