@@ -62,6 +62,7 @@ import attrs
 from ._ids import TaskId, as_task
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentInputError
+from .metrics import evaluate, load_rule_breaches, violations
 from .shares import share_bounds
 from .sticky import (
     Balance,
@@ -148,6 +149,8 @@ class HighAvailabilityTaskAssignor:
         clients: Iterable[ClientState],
         stateful: Iterable[TaskId] | None = None,
         task_racks: Mapping[TaskId, str] | None = None,
+        *,
+        previous_target: Mapping[str, ClientAssignment] | None = None,
     ) -> HighAvailabilityPlan:
         """The interim assignment, its target, and the actives held back (module docstring).
 
@@ -155,10 +158,19 @@ class HighAvailabilityTaskAssignor:
         leaders' rack) and ``rack_aware_tags`` shape the sticky target as they shape
         ``StickyTaskAssignor.assign``. Raises the ``AssignmentInputError``s that does
         (duplicate process ids, tasks without clients).
+
+        ``previous_target``: the ``target`` of the last plan this leader made (step 0 of the
+        module docstring). It is this round's target, as it is, when it is still one for this
+        input and needs no warmup (``_still_valid``); otherwise it is ignored, and the plan
+        is the one made without it.
         """
         task_list = sorted({as_task(t) for t in tasks})
         client_list = sorted(clients, key=lambda c: c.process_id)
         stateful_list = task_list if stateful is None else [as_task(t) for t in stateful]
+        if previous_target is not None:
+            carried = self._carry(previous_target, task_list, client_list, stateful_list)
+            if carried is not None:
+                return carried
         sticky = StickyTaskAssignor(
             self.num_standby_replicas,
             self.acceptable_recovery_lag,
@@ -173,6 +185,44 @@ class HighAvailabilityTaskAssignor:
             holdback.hand_orphans_over()
             holdback.target = _standbys_for(holdback.target, sticky, holdback, task_racks)
         return holdback.plan()
+
+    def _carry(
+        self,
+        previous_target: Mapping[str, ClientAssignment],
+        tasks: list[TaskId],
+        clients: list[ClientState],
+        stateful: list[TaskId],
+    ) -> HighAvailabilityPlan | None:
+        """The plan whose target is ``previous_target``, when that is still valid (for the
+        same process ids, none twice); None otherwise."""
+        carried = _Holdback(self, tasks, clients, set(stateful), {})
+        carried.target = {p: previous_target[p] for p in carried.clients if p in previous_target}
+        same_clients = len(carried.target) == len(previous_target) == len(clients)
+        if not same_clients or not self._still_valid(carried):
+            return None
+        return carried.plan()
+
+    def _still_valid(self, carried: _Holdback) -> bool:
+        """Whether ``carried.target`` (the last target, one per client) can be this round's as
+        it is: valid for this input (every task one active, exactly the standbys wanted, none
+        beside its active nor of a stateless task, no warmup), balanced in total and, unless
+        ``balance="total"``, per subtopology by today's capacities, the load rule kept
+        (guarantee 3), and every stateful active caught up where it is (step 2): adopting it
+        holds nothing back and places no warmup."""
+        target, tasks, stateful = carried.target, carried.tasks, carried.stateful
+        clients, replicas = list(carried.clients.values()), self.num_standby_replicas
+        if any(a.warmup for a in target.values()):
+            return False
+        if violations(tasks, clients, target, replicas, stateful):
+            return False
+        quality = evaluate(tasks, clients, target, replicas, stateful, balance=self.balance)
+        if not quality.active_balanced:
+            return False
+        if self.balance == "subtopology" and not quality.subtopology_balanced:
+            return False
+        if load_rule_breaches(tasks, clients, target, replicas, stateful):
+            return False
+        return all(carried.ready_on(t, pid) for t, pid in carried.moving())
 
 
 def _standbys_for(
