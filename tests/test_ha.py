@@ -893,3 +893,203 @@ def test_with_nobody_caught_up_the_least_lagging_holder_keeps_the_task_meanwhile
     near = ClientState("c", prev_standby=lost, lags=dict.fromkeys(lost, 25_000))
     plan = HighAvailabilityTaskAssignor(1, 10_000).plan(tasks, [b, near])
     assert not plan.held_back and plan.assignment == plan.target
+
+
+# -- the leader's last target (previous_target) ------------------------------------------------
+
+
+def joined(replicas: int) -> tuple[HighAvailabilityPlan, list[ClientState]]:
+    """a and b run three tasks each and c joins: round 0's plan (c warms up two tasks, by
+    warmups or role swaps) and the history one probing round later, where its target is
+    still valid and needs no warmup."""
+    clients = [
+        ClientState("a", prev_active=T[:3]),
+        ClientState("b", prev_active=T[3:]),
+        ClientState("c"),
+    ]
+    first = assignor(replicas).plan(T, clients)
+    assert first.probing_rebalance_needed
+    return first, next_round(clients, first.assignment)
+
+
+def changed(
+    target: Mapping[str, ClientAssignment], pid: str, **sets: set[TaskId]
+) -> dict[str, ClientAssignment]:
+    """``target`` with ``pid``'s sets replaced as given."""
+    fields = {name: frozenset(tasks) for name, tasks in sets.items()}
+    return {**target, pid: attrs.evolve(target[pid], **fields)}
+
+
+def assert_ignored(
+    ha: HighAvailabilityTaskAssignor,
+    tasks: list[TaskId],
+    clients: list[ClientState],
+    previous: Mapping[str, ClientAssignment],
+) -> None:
+    """The plan given ``previous`` is the plan made without it, which is not ``previous``
+    adopted (an adopted target is the assignment, nothing held back)."""
+    plan = ha.plan(tasks, clients, previous_target=previous)
+    assert plan == ha.plan(tasks, clients)
+    assert plan.assignment != previous
+
+
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_the_last_target_still_valid_is_kept(replicas: int) -> None:
+    first, history = joined(replicas)
+    plan = assignor(replicas).plan(T, history, previous_target=first.target)
+    assert plan.target == plan.assignment == first.target
+    assert not plan.probing_rebalance_needed and not plan.warmups
+
+
+def test_the_last_target_is_ignored_when_the_processes_changed() -> None:
+    first, history = joined(1)
+    assert_ignored(assignor(1), T, [*history, ClientState("d")], first.target)
+    assert_ignored(assignor(1), T, history[:2], first.target)
+
+
+def test_the_last_target_is_ignored_when_the_tasks_changed() -> None:
+    first, history = joined(0)
+    assert_ignored(assignor(0), T[:-1], history, first.target)
+    assert_ignored(assignor(0), [*T, TaskId(0, 6)], history, first.target)
+
+
+def test_the_last_target_is_ignored_when_it_needs_a_warmup() -> None:
+    """Offered again before the warmups caught up (or to a new leader's round 0)."""
+    first, history = joined(0)
+    before = [
+        ClientState(c.process_id, prev_active=first.assignment[c.process_id].active)
+        for c in history
+    ]
+    assert_ignored(assignor(0), T, before, first.target)
+
+
+def test_the_last_target_is_ignored_when_unbalanced() -> None:
+    """b runs 0_5 (caught up), but three actives are above its ceiling of two."""
+    first, history = joined(0)
+    previous = changed(changed(first.target, "c", active={TaskId(0, 2)}), "b", active=set(T[3:]))
+    assert not evaluate(T, history, previous).active_balanced
+    assert_ignored(assignor(0), T, history, previous)
+
+
+def test_the_last_target_is_ignored_with_wrong_standbys() -> None:
+    first, history = joined(1)
+    a = first.target["a"]
+    missing = changed(first.target, "a", standby=set(a.standby) - {min(a.standby)})
+    beside = changed(first.target, "a", standby=set(a.standby | a.active))
+    two_copies = changed(first.target, "c", standby=set(first.target["c"].standby | a.standby))
+    for previous in (missing, beside, two_copies):
+        assert_ignored(assignor(1), T, history, previous)
+    assert_ignored(assignor(0), T, history, first.target)  # standbys where none are wanted
+
+
+def test_the_last_target_is_ignored_when_it_breaks_the_load_rule() -> None:
+    """A standby moved from c to a: every task still has one, actives are balanced, but a sits
+    above its load ceiling with a copy c (below its ceiling, without that task) could take."""
+    first, history = joined(1)
+    target = first.target
+    moved = min(target["c"].standby - target["a"].standby - target["a"].active)
+    previous = changed(
+        changed(target, "c", standby=set(target["c"].standby) - {moved}),
+        "a",
+        standby=set(target["a"].standby) | {moved},
+    )
+    assert violations(T, history, previous, 1) == []
+    assert load_rule_breaches((T, history, 1, None), previous) != []
+    assert_ignored(assignor(1), T, history, previous)
+
+
+def test_the_last_target_is_ignored_when_it_holds_warmups() -> None:
+    """Round 0's assignment (warmups, held-back actives) is not a target."""
+    first, history = joined(0)
+    assert first.warmups
+    assert_ignored(assignor(0), T, history, first.assignment)
+
+
+def test_the_last_target_keeps_the_balance_option() -> None:
+    """a ran subtopology 0, b subtopology 1: balanced in total, not per subtopology. Offered
+    as the last target it is kept balancing totals only, not per subtopology (the default)."""
+    tasks = [TaskId(s, p) for s in (0, 1) for p in (0, 1)]
+    clients = [ClientState("a", prev_active=tasks[:2]), ClientState("b", prev_active=tasks[2:])]
+    previous = {c.process_id: ClientAssignment(c.prev_active) for c in clients}
+    assert_ignored(assignor(0), tasks, clients, previous)
+    by_total = attrs.evolve(assignor(0), balance="total")
+    assert by_total.plan(tasks, clients, previous_target=previous).assignment == previous
+
+
+def test_the_last_target_does_not_hide_bad_input() -> None:
+    first, history = joined(0)
+    with pytest.raises(ValueError, match="duplicate process id"):
+        assignor(0).plan(T, [*history, history[0]], previous_target=first.target)
+    with pytest.raises(ValueError, match="no clients"):
+        assignor(0).plan(T, [], previous_target={})
+
+
+def still_valid(inputs: Inputs, previous: Mapping[str, ClientAssignment]) -> bool:
+    """The oracle of a last target a plan adopts: for the same processes, valid with no
+    warmup, balanced per subtopology and in total, keeping the load rule, every stateful
+    active caught up where it is."""
+    tasks, clients, replicas, stateful = inputs
+    if sorted(previous) != sorted(c.process_id for c in clients):
+        return False
+    if any(a.warmup for a in previous.values()):
+        return False
+    if violations(tasks, clients, previous, replicas, stateful):
+        return False
+    m = evaluate(tasks, clients, previous, replicas, stateful)
+    if not (m.active_balanced and m.subtopology_balanced) or load_rule_breaches(inputs, previous):
+        return False
+    owners = resolve_previous_owners(tasks, clients)
+    by_pid = {c.process_id: c for c in clients}
+    stateful_set = set(tasks if stateful is None else stateful)
+    return all(
+        caught_up(by_pid[pid], t, owners.get(t))
+        for pid, a in previous.items()
+        for t in a.active & stateful_set
+    )
+
+
+@st.composite
+def altered(draw: st.DrawFn, target: Mapping[str, ClientAssignment]) -> dict[str, ClientAssignment]:
+    """``target`` as it is, without one client, or with one active or standby moved."""
+    kind = draw(st.sampled_from(["as it is", "client dropped", "active", "standby"]))
+    pids = sorted(target)
+    if kind == "client dropped":
+        gone = draw(st.sampled_from(pids))
+        return {p: a for p, a in target.items() if p != gone}
+    src, dest = draw(st.sampled_from(pids)), draw(st.sampled_from(pids))
+    there = sorted(getattr(target[src], kind)) if kind != "as it is" else []
+    if not there or src == dest:
+        return dict(target)
+    t = draw(st.sampled_from(there))
+    left = changed(target, src, **{kind: set(getattr(target[src], kind)) - {t}})
+    return changed(left, dest, **{kind: set(getattr(target[dest], kind)) | {t}})
+
+
+@given(assignment_inputs(), st.integers(1, 3), st.data())
+def test_a_last_target_is_adopted_whole_when_still_valid_or_else_ignored(
+    inputs: Inputs, warmups: int, data: st.DataObject
+) -> None:
+    """Any last target (the target of a plan on arbitrary inputs, as it is or altered),
+    offered in the same round or one probing round later: the plan keeps every per-round
+    rule; it is that target, nothing held back, when the target is still valid and needs
+    no warmup (``still_valid``), else the plan made without it. Adopted as it was computed
+    a round before, it keeps the target guarantees, its moves the least from that round's
+    history."""
+    tasks, clients, replicas, stateful = inputs
+    ha = assignor(replicas, warmups)
+    first = ha.plan(tasks, clients, stateful)
+    later = data.draw(st.booleans(), label="one probing round later")
+    history = next_round(clients, first.assignment) if later else clients
+    previous = data.draw(altered(first.target))
+    plan = ha.plan(tasks, history, stateful, previous_target=previous)
+    check_round(tasks, history, replicas, stateful, plan, warmups)
+    now = (tasks, history, replicas, stateful)
+    valid = still_valid(now, previous)
+    event("adopted" if valid else "ignored")
+    if valid:
+        assert plan.assignment == plan.target == previous
+        assert not plan.probing_rebalance_needed
+        if later and previous == first.target:
+            assert_target_guarantees(now, plan, computed_from=clients)
+    else:
+        assert plan == ha.plan(tasks, history, stateful)
