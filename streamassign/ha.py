@@ -43,6 +43,15 @@ there, and warms the state up first where it is not:
    that rebalance caught-up warmups are warm holders, so the sticky target takes them over with
    (near) zero restore. Stateless tasks, and stateful ones no present client is caught up on
    or much closer to than the target, go straight to their target: nothing to wait for.
+7. **Carry** (``plan(..., previous_target=...)``). A leader that stays across probing rounds
+   may offer the target of its last plan. From the interim history (held-back tasks now run
+   on their keepers) that target is no longer move-minimal, so step 1 can pick another one,
+   which needs new warmups. So when the plan of steps 1 to 6 holds actives back, the last
+   target is this round's target instead, as it is and with nothing held back, if it is
+   still valid for this input and needs no warmup
+   (``HighAvailabilityTaskAssignor._still_valid``). A plan that holds nothing back is kept:
+   it moves the least, and a balanced group is still never reshuffled, even by a stale
+   last target.
 
 While actives are held back the interim assignment can be unbalanced (a caught-up client runs
 more than its share); the assignment the rounds converge to is the target, with all the sticky
@@ -159,18 +168,28 @@ class HighAvailabilityTaskAssignor:
         ``StickyTaskAssignor.assign``. Raises the ``AssignmentInputError``s that does
         (duplicate process ids, tasks without clients).
 
-        ``previous_target``: the ``target`` of the last plan this leader made (step 0 of the
-        module docstring). It is this round's target, as it is, when it is still one for this
-        input and needs no warmup (``_still_valid``); otherwise it is ignored, and the plan
-        is the one made without it.
+        ``previous_target``: the ``target`` of the last plan this leader made (step 7 of the
+        module docstring). When the plan made without it holds actives back, it is this
+        round's target, as it is, if it is still one for this input and needs no warmup
+        (``_still_valid``); otherwise it is ignored.
         """
         task_list = sorted({as_task(t) for t in tasks})
         client_list = sorted(clients, key=lambda c: c.process_id)
         stateful_list = task_list if stateful is None else [as_task(t) for t in stateful]
-        if previous_target is not None:
-            carried = self._carry(previous_target, task_list, client_list, stateful_list)
-            if carried is not None:
-                return carried
+        fresh = self._plan_afresh(task_list, client_list, stateful_list, task_racks)
+        if previous_target is None or not fresh.probing_rebalance_needed:
+            return fresh
+        carried = self._carry(previous_target, task_list, client_list, stateful_list)
+        return fresh if carried is None else carried
+
+    def _plan_afresh(
+        self,
+        task_list: list[TaskId],
+        client_list: list[ClientState],
+        stateful_list: list[TaskId],
+        task_racks: Mapping[TaskId, str] | None,
+    ) -> HighAvailabilityPlan:
+        """Steps 1 to 6 of the module docstring: the plan made from this input alone."""
         sticky = StickyTaskAssignor(
             self.num_standby_replicas,
             self.acceptable_recovery_lag,
