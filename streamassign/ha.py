@@ -212,8 +212,8 @@ class HighAvailabilityTaskAssignor:
         clients: list[ClientState],
         stateful: list[TaskId],
     ) -> HighAvailabilityPlan | None:
-        """The plan whose target is ``previous_target``, when that is still valid (for the
-        same process ids, none twice); None otherwise."""
+        """The plan whose target is ``previous_target``, when that is still valid for these
+        (sorted) inputs, for the same process ids; None otherwise."""
         carried = _Holdback(self, tasks, clients, set(stateful), {})
         carried.target = {p: previous_target[p] for p in carried.clients if p in previous_target}
         same_clients = len(carried.target) == len(previous_target) == len(clients)

@@ -202,13 +202,8 @@ def load_rule_breaches(
     ceiling = {c.process_id: hi for c, (_, hi) in zip(client_list, bounds, strict=True)}
     loads = {p: assignment.get(p, _EMPTY) for p in ceiling}
     over = [p for p, a in loads.items() if a.load > max(ceiling[p], len(a.active))]
-    under = [p for p, a in loads.items() if a.load < ceiling[p]]
-    return [
-        (x, y)
-        for x in over
-        for y in under
-        if not loads[x].standby <= loads[y].active | loads[y].standby
-    ]
+    copies_held = {p: a.active | a.standby for p, a in loads.items() if a.load < ceiling[p]}
+    return [(x, y) for x in over for y, held in copies_held.items() if not loads[x].standby <= held]
 
 
 def evaluate(

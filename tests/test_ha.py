@@ -575,22 +575,25 @@ def test_random_cluster_perturbations_converge(
     data: st.DataObject, tasks: list[TaskId], replicas: int
 ) -> None:
     """Perturbed clusters converge (``perturbed_cluster_rounds``), every round and target
-    keeping its guarantees, to a fixed point."""
-    perturbed_cluster_rounds(data, tasks, replicas)
+    keeping its guarantees, to a fixed point, within the tight bound when the leader stays."""
+    assert perturbed_cluster_rounds(data, tasks, replicas) == []
 
 
 #: The fixed set: OVER_BOUND_EXAMPLES examples drawn from OVER_BOUND_SEED, whatever the profile.
 OVER_BOUND_EXAMPLES = 1000
 OVER_BOUND_SEED = 22
-#: Convergences of that set past the tight bound, as measured (2026-11-26; 3 before the
-#: per-subtopology standby placement and the hand-backs to owners holding a target standby).
-OVER_BOUND_MEASURED = 0
+#: Convergences of that set past the tight bound when every round's leader plans afresh, as
+#: measured (2026-11-26; 3 before the per-subtopology standby placement and the hand-backs to
+#: owners holding a target standby). A leader that stays meets the bound in every one.
+OVER_BOUND_NEW_LEADERS = 0
 
 
-def test_perturbed_clusters_past_the_warmup_bound_do_not_grow() -> None:
-    """The tight bound of ``perturbed_cluster_rounds`` is not met in rare cases (docs/ha.md):
-    on a fixed seeded set of perturbed clusters, no more convergences exceed it than
-    measured. Fewer is progress: lower ``OVER_BOUND_MEASURED``."""
+@pytest.mark.parametrize("carry", [True, False], ids=["leader-stays", "new-leaders"])
+def test_perturbed_clusters_within_the_warmup_bound(carry: bool) -> None:
+    """The tight bound of ``perturbed_cluster_rounds`` on a fixed seeded set of perturbed
+    clusters: met in every one when the leader stays and carries its last target; when
+    every round's leader plans afresh it is not met in rare cases (docs/ha.md), and no more
+    than measured (fewer is progress: lower ``OVER_BOUND_NEW_LEADERS``)."""
     over: list[OverBound] = []
 
     @seed(OVER_BOUND_SEED)
@@ -603,10 +606,10 @@ def test_perturbed_clusters_past_the_warmup_bound_do_not_grow() -> None:
     )
     @given(st.data(), task_sets(max_subtopologies=3, max_partitions=8), st.integers(0, 2))
     def fixed_set(data: st.DataObject, tasks: list[TaskId], replicas: int) -> None:
-        over.extend(perturbed_cluster_rounds(data, tasks, replicas))
+        over.extend(perturbed_cluster_rounds(data, tasks, replicas, carry))
 
     fixed_set()
-    assert len(over) <= OVER_BOUND_MEASURED, over
+    assert len(over) <= (0 if carry else OVER_BOUND_NEW_LEADERS), over
 
 
 def test_a_former_convergence_past_the_warmup_bound_now_meets_it() -> None:
