@@ -232,6 +232,9 @@ class HighAvailabilityTaskAssignor:
         clients, replicas = list(carried.clients.values()), self.num_standby_replicas
         if any(a.warmup for a in target.values()):
             return False
+        # The cheapest check first, and the usual reason to refuse: a target still warming up.
+        if not all(carried.ready_on(t, pid) for t, pid in carried.moving()):
+            return False
         if violations(tasks, clients, target, replicas, stateful):
             return False
         quality = evaluate(tasks, clients, target, replicas, stateful, balance=self.balance)
@@ -239,9 +242,7 @@ class HighAvailabilityTaskAssignor:
             return False
         if self.balance == "subtopology" and not quality.subtopology_balanced:
             return False
-        if load_rule_breaches(tasks, clients, target, replicas, stateful):
-            return False
-        return all(carried.ready_on(t, pid) for t, pid in carried.moving())
+        return not load_rule_breaches(tasks, clients, target, replicas, stateful)
 
 
 def _standbys_for(
