@@ -1087,6 +1087,8 @@ def altered(draw: st.DrawFn, target: Mapping[str, ClientAssignment]) -> dict[str
     return changed(left, dest, **{kind: set(getattr(target[dest], kind)) | {t}})
 
 
+# A quarter of the profile's examples: 50 in dev, 500 in CI.
+@settings(max_examples=max(10, settings.default.max_examples // 4))
 @given(assignment_inputs(), st.integers(1, 3), st.data())
 def test_a_last_target_never_breaks_a_per_round_rule(
     inputs: Inputs, warmups: int, data: st.DataObject
@@ -1114,6 +1116,8 @@ def test_a_last_target_never_breaks_a_per_round_rule(
         assert plan == fresh
 
 
+# A quarter of the profile's examples: 50 in dev, 500 in CI.
+@settings(max_examples=max(10, settings.default.max_examples // 4))
 @given(assignment_inputs(), st.data(), st.sampled_from(["subtopology", "total"]))
 def test_a_last_target_is_carried_exactly_when_still_valid(
     inputs: Inputs, data: st.DataObject, balance: str
