@@ -43,6 +43,15 @@ there, and warms the state up first where it is not:
    that rebalance caught-up warmups are warm holders, so the sticky target takes them over with
    (near) zero restore. Stateless tasks, and stateful ones no present client is caught up on
    or much closer to than the target, go straight to their target: nothing to wait for.
+7. **Carry** (``plan(..., previous_target=...)``). A leader that stays across probing rounds
+   may offer the target of its last plan. From the interim history (held-back tasks now run
+   on their keepers) that target is no longer move-minimal, so step 1 can pick another one,
+   which needs new warmups. So when the plan of steps 1 to 6 holds actives back, the last
+   target is this round's target instead, as it is and with nothing held back, if it is
+   still valid for this input and needs no warmup
+   (``HighAvailabilityTaskAssignor._still_valid``). A plan that holds nothing back is kept:
+   it moves the least, and a balanced group is still never reshuffled, even by a stale
+   last target.
 
 While actives are held back the interim assignment can be unbalanced (a caught-up client runs
 more than its share); the assignment the rounds converge to is the target, with all the sticky
@@ -62,6 +71,7 @@ import attrs
 from ._ids import TaskId, as_task
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentInputError
+from .metrics import evaluate, load_rule_breaches, violations
 from .shares import share_bounds
 from .sticky import (
     Balance,
@@ -148,6 +158,8 @@ class HighAvailabilityTaskAssignor:
         clients: Iterable[ClientState],
         stateful: Iterable[TaskId] | None = None,
         task_racks: Mapping[TaskId, str] | None = None,
+        *,
+        previous_target: Mapping[str, ClientAssignment] | None = None,
     ) -> HighAvailabilityPlan:
         """The interim assignment, its target, and the actives held back (module docstring).
 
@@ -155,10 +167,29 @@ class HighAvailabilityTaskAssignor:
         leaders' rack) and ``rack_aware_tags`` shape the sticky target as they shape
         ``StickyTaskAssignor.assign``. Raises the ``AssignmentInputError``s that does
         (duplicate process ids, tasks without clients).
+
+        ``previous_target``: the ``target`` of the last plan this leader made (step 7 of the
+        module docstring). When the plan made without it holds actives back, it is this
+        round's target, as it is, if it is still one for this input and needs no warmup
+        (``_still_valid``); otherwise it is ignored.
         """
         task_list = sorted({as_task(t) for t in tasks})
         client_list = sorted(clients, key=lambda c: c.process_id)
         stateful_list = task_list if stateful is None else [as_task(t) for t in stateful]
+        fresh = self._plan_afresh(task_list, client_list, stateful_list, task_racks)
+        if previous_target is None or not fresh.probing_rebalance_needed:
+            return fresh
+        carried = self._carry(previous_target, task_list, client_list, stateful_list)
+        return fresh if carried is None else carried
+
+    def _plan_afresh(
+        self,
+        task_list: list[TaskId],
+        client_list: list[ClientState],
+        stateful_list: list[TaskId],
+        task_racks: Mapping[TaskId, str] | None,
+    ) -> HighAvailabilityPlan:
+        """Steps 1 to 6 of the module docstring: the plan made from this input alone."""
         sticky = StickyTaskAssignor(
             self.num_standby_replicas,
             self.acceptable_recovery_lag,
@@ -173,6 +204,45 @@ class HighAvailabilityTaskAssignor:
             holdback.hand_orphans_over()
             holdback.target = _standbys_for(holdback.target, sticky, holdback, task_racks)
         return holdback.plan()
+
+    def _carry(
+        self,
+        previous_target: Mapping[str, ClientAssignment],
+        tasks: list[TaskId],
+        clients: list[ClientState],
+        stateful: list[TaskId],
+    ) -> HighAvailabilityPlan | None:
+        """The plan whose target is ``previous_target``, when that is still valid for these
+        (sorted) inputs, for the same process ids; None otherwise."""
+        carried = _Holdback(self, tasks, clients, set(stateful), {})
+        carried.target = {p: previous_target[p] for p in carried.clients if p in previous_target}
+        same_clients = len(carried.target) == len(previous_target) == len(clients)
+        if not same_clients or not self._still_valid(carried):
+            return None
+        return carried.plan()
+
+    def _still_valid(self, carried: _Holdback) -> bool:
+        """Whether ``carried.target`` (the last target, one per client) can be this round's as
+        it is: valid for this input (every task one active, exactly the standbys wanted, none
+        beside its active nor of a stateless task, no warmup), balanced in total and, unless
+        ``balance="total"``, per subtopology by today's capacities, the load rule kept
+        (guarantee 3), and every stateful active caught up where it is (step 2): adopting it
+        holds nothing back and places no warmup."""
+        target, tasks, stateful = carried.target, carried.tasks, carried.stateful
+        clients, replicas = list(carried.clients.values()), self.num_standby_replicas
+        if any(a.warmup for a in target.values()):
+            return False
+        # The cheapest check first, and the usual reason to refuse: a target still warming up.
+        if not all(carried.ready_on(t, pid) for t, pid in carried.moving()):
+            return False
+        if violations(tasks, clients, target, replicas, stateful):
+            return False
+        quality = evaluate(tasks, clients, target, replicas, stateful, balance=self.balance)
+        if not quality.active_balanced:
+            return False
+        if self.balance == "subtopology" and not quality.subtopology_balanced:
+            return False
+        return not load_rule_breaches(tasks, clients, target, replicas, stateful)
 
 
 def _standbys_for(

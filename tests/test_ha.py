@@ -322,10 +322,17 @@ def test_target_keeps_the_sticky_counts_moves_and_loads(inputs: Inputs) -> None:
 
 
 def assert_target_guarantees(
-    inputs: Inputs, plan: HighAvailabilityPlan, balance: str = "subtopology"
+    inputs: Inputs,
+    plan: HighAvailabilityPlan,
+    balance: str = "subtopology",
+    computed_from: list[ClientState] | None = None,
 ) -> None:
     """The sticky guarantees docs/assignor.md gives the HA target (1-6, and 7's per-subtopology
-    standby evening), and the plan's assignment is the target when nothing is held back."""
+    standby evening), and the plan's assignment is the target when nothing is held back.
+
+    ``computed_from``: the history of the round that computed a target the leader carried
+    over (``previous_target``); its moves are the least from that history, not necessarily
+    from this one (rule 0 of docs/ha.md). Every other guarantee holds from this one."""
     tasks, clients, replicas, stateful = inputs
     target = plan.target
     assert violations(tasks, clients, target, replicas, stateful) == []  # 1
@@ -333,6 +340,8 @@ def assert_target_guarantees(
     assert m.active_balanced  # 2
     assert m.subtopology_balanced or balance == "total"
     assert load_rule_breaches(inputs, target) == []  # 3
+    if computed_from is not None:
+        m = evaluate(tasks, computed_from, target, replicas, stateful, balance=balance)  # type: ignore[arg-type]
     assert m.moves == m.move_lower_bound  # 4
     # 5, with caught-up state first: an orphan may go to a client caught up on it rather
     # than to a standby holder that is not (rule 3 of docs/ha.md)
@@ -490,14 +499,16 @@ OverBound = tuple[list[TaskId], list[ClientState], list[TaskId], int, int]
 
 
 def perturbed_cluster_rounds(
-    data: st.DataObject, tasks: list[TaskId], replicas: int
+    data: st.DataObject, tasks: list[TaskId], replicas: int, carry: bool = True
 ) -> list[OverBound]:
     """Kafka Streams' TaskAssignorConvergenceTest, in hypothesis: a random cluster, then a
     chain of perturbations (clients added, dropped or replaced, tasks added or dropped, a
     client's standbys falling behind), each followed by probing rounds in which every replica
     catches up (``converge_perturbed``); the converged assignment fed back changes nothing,
-    standbys included. Returns the convergences that took more rounds than the tight bound,
-    ``ceil(tasks needing warmups / warmups) + 1``."""
+    standbys included, whether the leader stays (it carries its last target over) or not.
+    Returns the convergences that took more rounds than the tight bound,
+    ``ceil(tasks needing warmups / warmups) + 1``. ``carry``: whether the probing rounds of
+    ``converge_perturbed`` pass the last target on (a leader that stays)."""
     stateful = [t for t in tasks if data.draw(st.booleans(), label=f"stateful {t.subtopology}")]
     stateful = [t for t in tasks if any(u.subtopology == t.subtopology for u in stateful)]
     warmups = data.draw(st.integers(1, 3))
@@ -507,13 +518,16 @@ def perturbed_cluster_rounds(
     over: list[OverBound] = []
     for step in range(events + 1):
         start: OverBound = (tasks, clients, stateful, replicas, warmups)
-        rounds, bound, clients, plan = converge_perturbed(ha, tasks, clients, replicas, stateful)
+        rounds, bound, clients, plan = converge_perturbed(
+            ha, tasks, clients, replicas, stateful, carry
+        )
         event(f"probing rounds: {rounds} of at most {bound}")
         if rounds > bound:
             over.append(start)
         settled = next_round(clients, plan.assignment)
-        again = ha.plan(tasks, settled, stateful)
-        assert again.assignment == plan.assignment and not again.probing_rebalance_needed
+        for last_target in (None, plan.target):  # a new leader, the same leader
+            again = ha.plan(tasks, settled, stateful, previous_target=last_target)
+            assert again.assignment == plan.assignment and not again.probing_rebalance_needed
         if step == events:
             break
         name = data.draw(cluster_events(settled, tasks))
@@ -528,24 +542,30 @@ def converge_perturbed(
     clients: list[ClientState],
     replicas: int,
     stateful: list[TaskId],
+    carry: bool = True,
 ) -> tuple[int, int, list[ClientState], HighAvailabilityPlan]:
     """Probing rounds until nothing is held back, every round keeping the per-round invariants
     and every target the sticky guarantees, within the loose bound of ``converge``:
-    (rounds, the tight bound of the first round, last clients, last plan)."""
+    (rounds, the tight bound of the first round, last clients, last plan). ``carry``: the
+    leader stays and passes each plan's target to the next (``previous_target``)."""
     loose = 2 * len(stateful) * (1 + min(replicas, len(clients) - 1))
     warmups = ha.max_warmup_replicas
     plan = ha.plan(tasks, clients, stateful)
     tight = -(-warmups_wanted(plan) // warmups) + 1
     rounds = 0
+    computed_from = None  # the history of a carried target
     while True:
         check_round(tasks, clients, replicas, stateful, plan, warmups)
-        assert_target_guarantees((tasks, clients, replicas, stateful), plan)
+        inputs = (tasks, clients, replicas, stateful)
+        assert_target_guarantees(inputs, plan, computed_from=computed_from)
         if not plan.probing_rebalance_needed:
             return rounds, tight, clients, plan
         rounds += 1
         assert rounds <= loose, f"no convergence within {loose} probing rounds"
+        last_clients, last_target = clients, plan.target if carry else None
         clients = next_round(clients, plan.assignment)
-        plan = ha.plan(tasks, clients, stateful)
+        plan = ha.plan(tasks, clients, stateful, previous_target=last_target)
+        computed_from = (computed_from or last_clients) if plan.target == last_target else None
 
 
 # A tenth of the profile's examples: 20 in dev, 200 in CI, 5,000 in the deep profile.
@@ -555,22 +575,25 @@ def test_random_cluster_perturbations_converge(
     data: st.DataObject, tasks: list[TaskId], replicas: int
 ) -> None:
     """Perturbed clusters converge (``perturbed_cluster_rounds``), every round and target
-    keeping its guarantees, to a fixed point."""
-    perturbed_cluster_rounds(data, tasks, replicas)
+    keeping its guarantees, to a fixed point, within the tight bound when the leader stays."""
+    assert perturbed_cluster_rounds(data, tasks, replicas) == []
 
 
 #: The fixed set: OVER_BOUND_EXAMPLES examples drawn from OVER_BOUND_SEED, whatever the profile.
 OVER_BOUND_EXAMPLES = 1000
 OVER_BOUND_SEED = 22
-#: Convergences of that set past the tight bound, as measured (2026-11-26; 3 before the
-#: per-subtopology standby placement and the hand-backs to owners holding a target standby).
-OVER_BOUND_MEASURED = 0
+#: Convergences of that set past the tight bound when every round's leader plans afresh, as
+#: measured (2026-11-26; 3 before the per-subtopology standby placement and the hand-backs to
+#: owners holding a target standby). A leader that stays meets the bound in every one.
+OVER_BOUND_NEW_LEADERS = 0
 
 
-def test_perturbed_clusters_past_the_warmup_bound_do_not_grow() -> None:
-    """The tight bound of ``perturbed_cluster_rounds`` is not met in rare cases (docs/ha.md):
-    on a fixed seeded set of perturbed clusters, no more convergences exceed it than
-    measured. Fewer is progress: lower ``OVER_BOUND_MEASURED``."""
+@pytest.mark.parametrize("carry", [True, False], ids=["leader-stays", "new-leaders"])
+def test_perturbed_clusters_within_the_warmup_bound(carry: bool) -> None:
+    """The tight bound of ``perturbed_cluster_rounds`` on a fixed seeded set of perturbed
+    clusters: met in every one when the leader stays and carries its last target; when
+    every round's leader plans afresh it is not met in rare cases (docs/ha.md), and no more
+    than measured (fewer is progress: lower ``OVER_BOUND_NEW_LEADERS``)."""
     over: list[OverBound] = []
 
     @seed(OVER_BOUND_SEED)
@@ -583,10 +606,10 @@ def test_perturbed_clusters_past_the_warmup_bound_do_not_grow() -> None:
     )
     @given(st.data(), task_sets(max_subtopologies=3, max_partitions=8), st.integers(0, 2))
     def fixed_set(data: st.DataObject, tasks: list[TaskId], replicas: int) -> None:
-        over.extend(perturbed_cluster_rounds(data, tasks, replicas))
+        over.extend(perturbed_cluster_rounds(data, tasks, replicas, carry))
 
     fixed_set()
-    assert len(over) <= OVER_BOUND_MEASURED, over
+    assert len(over) <= (0 if carry else OVER_BOUND_NEW_LEADERS), over
 
 
 def test_a_former_convergence_past_the_warmup_bound_now_meets_it() -> None:
@@ -605,15 +628,26 @@ def test_a_former_convergence_past_the_warmup_bound_now_meets_it() -> None:
     assert rounds <= bound
 
 
-@pytest.mark.xfail(strict=True, reason="known: tight bound vs move-minimal targets (docs/ha.md)")
-def test_an_orphan_held_back_in_a_role_swap_costs_a_round_past_the_tight_bound() -> None:
-    """Shrunk counterexample of the tight bound (seed 11 search): the orphans 0_4 and 2_4 go
-    cold to d and c, so round 0 holds them back on their standby holders c and b in role
-    swaps (no warmup: bound 1). c and b then run them: from round 1's history the round-0
-    target moves 2 tasks where a balanced assignment moving 1 exists (0_6 from b to d, onto
-    no state), so every move-minimal target needs a warmup and convergence takes 2 rounds."""
+def test_an_orphan_held_back_in_a_role_swap_meets_the_tight_bound_when_the_leader_stays() -> None:
+    """Shrunk counterexample of the tight bound (seed 11 search), a strict expected failure
+    before leaders carried their last target: the orphans 0_4 and 2_4 go cold to d and c, so
+    round 0 holds them back on their standby holders c and b in role swaps (no warmup: bound
+    1). c and b then run them: from round 1's history the round-0 target moves 2 tasks where
+    a balanced assignment moving 1 exists (0_6 from b to d, onto no state), so every
+    move-minimal target needs a warmup. The leader that stays passes the round-0 target on,
+    still valid and needing no warmup: 1 round. A new leader recomputes: 2 rounds, the one
+    round more documented for a leader change."""
+    tasks, clients = orphans_held_back_in_role_swaps()
+    rounds, bound, _, last = converge_perturbed(assignor(1, 1), tasks, clients, 1, tasks)
+    assert (rounds, bound) == (1, 1)
+    assert last.target == assignor(1, 1).plan(tasks, clients).target  # round 0's, carried
+    new_leader = converge_perturbed(assignor(1, 1), tasks, clients, 1, tasks, carry=False)
+    assert new_leader[:2] == (2, 1)
+
+
+def orphans_held_back_in_role_swaps() -> tuple[list[TaskId], list[ClientState]]:
+    """Tasks and clients of the shrunk counterexample of the tight bound (seed 11 search)."""
     ts = "0_0 0_1 0_2 0_3 0_4 0_5 0_6 1_0 1_1 2_0 2_1 2_2 2_3 2_4"
-    tasks = [TaskId.parse(t) for t in ts.split()]
     clients = [
         caught_up_client("a", 2, "0_2 1_0", "0_6 1_1"),
         caught_up_client("aa", 4, "0_0 0_5 1_1 2_1", "0_1 0_2 2_0"),
@@ -621,8 +655,7 @@ def test_an_orphan_held_back_in_a_role_swap_costs_a_round_past_the_tight_bound()
         caught_up_client("c", 3, "0_3 2_0", "0_4 0_5 2_2"),
         caught_up_client("d", 2, "2_3", "0_0 2_1"),
     ]
-    rounds, bound, _, _ = converge_perturbed(assignor(1, 1), tasks, clients, 1, tasks)
-    assert rounds <= bound
+    return [TaskId.parse(t) for t in ts.split()], clients
 
 
 def caught_up_client(pid: str, capacity: int, runs: str, holds: str) -> ClientState:
@@ -868,3 +901,249 @@ def test_with_nobody_caught_up_the_least_lagging_holder_keeps_the_task_meanwhile
     near = ClientState("c", prev_standby=lost, lags=dict.fromkeys(lost, 25_000))
     plan = HighAvailabilityTaskAssignor(1, 10_000).plan(tasks, [b, near])
     assert not plan.held_back and plan.assignment == plan.target
+
+
+# -- the leader's last target (previous_target) ------------------------------------------------
+
+
+def role_swap_rounds() -> tuple[list[TaskId], list[ClientState], HighAvailabilityPlan]:
+    """The tasks, round 1's history and round 0's plan of the orphans held back in role swaps
+    (``test_an_orphan_held_back_in_a_role_swap_meets_the_tight_bound_when_the_leader_stays``):
+    made afresh, round 1 holds 0_6 back for a warmup; round 0's target needs none."""
+    tasks, clients = orphans_held_back_in_role_swaps()
+    first = assignor(1, 1).plan(tasks, clients)
+    return tasks, next_round(clients, first.assignment), first
+
+
+def changed(
+    target: Mapping[str, ClientAssignment], pid: str, **sets: set[TaskId]
+) -> dict[str, ClientAssignment]:
+    """``target`` with ``pid``'s sets replaced as given."""
+    fields = {name: frozenset(tasks) for name, tasks in sets.items()}
+    return {**target, pid: attrs.evolve(target[pid], **fields)}
+
+
+def moved(
+    target: Mapping[str, ClientAssignment], kind: str, task: str, src: str, dest: str
+) -> dict[str, ClientAssignment]:
+    """``target`` with the ``kind`` ("active" or "standby") of ``task`` moved from ``src`` to
+    ``dest``."""
+    t = TaskId.parse(task)
+    left = changed(target, src, **{kind: set(getattr(target[src], kind)) - {t}})
+    return changed(left, dest, **{kind: set(getattr(target[dest], kind)) | {t}})
+
+
+def assert_ignored(
+    ha: HighAvailabilityTaskAssignor,
+    tasks: list[TaskId],
+    clients: list[ClientState],
+    previous: Mapping[str, ClientAssignment],
+) -> None:
+    """The plan made without ``previous`` holds actives back (so ``previous`` could count),
+    and the plan given ``previous`` is that plan."""
+    fresh = ha.plan(tasks, clients)
+    assert fresh.probing_rebalance_needed
+    assert ha.plan(tasks, clients, previous_target=previous) == fresh
+
+
+def test_the_last_target_still_valid_is_kept_when_a_plan_afresh_would_hold_back() -> None:
+    tasks, history, first = role_swap_rounds()
+    assert assignor(1, 1).plan(tasks, history).held_back == {TaskId(0, 6): "d"}
+    plan = assignor(1, 1).plan(tasks, history, previous_target=first.target)
+    assert plan.target == plan.assignment == first.target
+    assert not plan.probing_rebalance_needed and not plan.warmups
+
+
+def test_a_plan_afresh_holding_nothing_back_is_kept() -> None:
+    """A balanced group is never reshuffled, even by a valid last target that needs no warmup
+    (a stale one: this leader led some rounds ago)."""
+    tasks, history, first = role_swap_rounds()
+    settled = next_round(history, first.target)  # converged to round 0's target
+    # aa and d swap 2_1 and 2_3, each holding the other's as a standby
+    stale = moved(moved(first.target, "active", "2_1", "aa", "d"), "active", "2_3", "d", "aa")
+    stale = moved(moved(stale, "standby", "2_1", "d", "aa"), "standby", "2_3", "aa", "d")
+    assert still_valid((tasks, settled, 1, None), stale)
+    plan = assignor(1, 1).plan(tasks, settled, previous_target=stale)
+    assert plan.assignment == first.target
+
+
+def test_the_last_target_is_ignored_when_the_processes_changed() -> None:
+    tasks, history, first = role_swap_rounds()
+    assert_ignored(assignor(1, 1), tasks, [*history, ClientState("e")], first.target)
+    assert_ignored(assignor(1, 1), tasks, history[1:], first.target)
+
+
+def test_the_last_target_is_ignored_when_the_tasks_changed() -> None:
+    tasks, history, first = role_swap_rounds()
+    assert_ignored(assignor(1, 1), [t for t in tasks if t != TaskId(1, 0)], history, first.target)
+
+
+def test_the_last_target_is_ignored_when_it_needs_a_warmup() -> None:
+    """Offered in the round that made it (the warmups or role swaps not caught up yet)."""
+    tasks, clients = orphans_held_back_in_role_swaps()
+    first = assignor(1, 1).plan(tasks, clients)
+    assert_ignored(assignor(1, 1), tasks, clients, first.target)
+
+
+def test_the_last_target_is_ignored_when_unbalanced() -> None:
+    """a takes 0_6 over from b (a role swap: a holds it caught up), every task keeps one
+    standby, loads stay within their shares, but a runs three actives, above its ceiling."""
+    tasks, history, first = role_swap_rounds()
+    previous = moved(moved(first.target, "active", "0_6", "b", "a"), "standby", "0_6", "a", "b")
+    assert violations(tasks, history, previous, 1) == []
+    assert load_rule_breaches((tasks, history, 1, None), previous) == []
+    assert not evaluate(tasks, history, previous, 1).active_balanced
+    assert_ignored(assignor(1, 1), tasks, history, previous)
+
+
+def test_the_last_target_is_ignored_with_wrong_standbys() -> None:
+    tasks, history, first = role_swap_rounds()
+    target = first.target
+    missing = changed(target, "a", standby=set(target["a"].standby) - {TaskId(0, 6)})
+    beside = moved(target, "standby", "0_6", "a", "b")  # b runs 0_6
+    twice = changed(target, "d", standby=set(target["d"].standby) | {TaskId(0, 6)})
+    for previous in (missing, beside, twice):
+        assert_ignored(assignor(1, 1), tasks, history, previous)
+    assert_ignored(assignor(0, 1), tasks, history, target)  # standbys where none are wanted
+
+
+def test_the_last_target_is_ignored_when_it_breaks_the_load_rule() -> None:
+    """d's standby of 0_0 moved to c: every task still has one, actives are balanced, but c
+    sits above its load ceiling with a copy of 0_5 that d (below its ceiling) could take."""
+    tasks, history, first = role_swap_rounds()
+    previous = moved(first.target, "standby", "0_0", "d", "c")
+    assert violations(tasks, history, previous, 1) == []
+    assert load_rule_breaches((tasks, history, 1, None), previous) == [("c", "d")]
+    assert_ignored(assignor(1, 1), tasks, history, previous)
+
+
+def test_the_last_target_is_ignored_when_it_holds_warmups() -> None:
+    """A plan's assignment, warmups and all, is not a target."""
+    tasks, history, first = role_swap_rounds()
+    previous = changed(first.target, "d", warmup={TaskId(0, 6)})
+    assert_ignored(assignor(1, 1), tasks, history, previous)
+
+
+def test_the_last_target_keeps_the_balance_option() -> None:
+    """a ran subtopology 0, b subtopology 1: balanced in total, not per subtopology, so the
+    default balance holds tasks back for warmups and ignores that assignment as the last
+    target."""
+    tasks = [TaskId(s, p) for s in (0, 1) for p in (0, 1)]
+    clients = [ClientState("a", prev_active=tasks[:2]), ClientState("b", prev_active=tasks[2:])]
+    previous = {c.process_id: ClientAssignment(c.prev_active) for c in clients}
+    assert_ignored(assignor(0), tasks, clients, previous)
+
+
+def test_the_last_target_does_not_hide_bad_input() -> None:
+    tasks, history, first = role_swap_rounds()
+    with pytest.raises(ValueError, match="duplicate process id"):
+        assignor(1).plan(tasks, [*history, history[0]], previous_target=first.target)
+    with pytest.raises(ValueError, match="no clients"):
+        assignor(1).plan(tasks, [], previous_target={})
+
+
+def still_valid(
+    inputs: Inputs, previous: Mapping[str, ClientAssignment], balance: str = "subtopology"
+) -> bool:
+    """The oracle of a last target a plan adopts: for the same processes, valid with no
+    warmup, balanced in total and (unless ``balance="total"``) per subtopology, keeping the
+    load rule, every stateful active caught up where it is."""
+    tasks, clients, replicas, stateful = inputs
+    if sorted(previous) != sorted(c.process_id for c in clients):
+        return False
+    if any(a.warmup for a in previous.values()):
+        return False
+    if violations(tasks, clients, previous, replicas, stateful):
+        return False
+    m = evaluate(tasks, clients, previous, replicas, stateful)
+    if not m.active_balanced or not (m.subtopology_balanced or balance == "total"):
+        return False
+    if load_rule_breaches(inputs, previous):
+        return False
+    owners = resolve_previous_owners(tasks, clients)
+    by_pid = {c.process_id: c for c in clients}
+    stateful_set = set(tasks if stateful is None else stateful)
+    return all(
+        caught_up(by_pid[pid], t, owners.get(t))
+        for pid, a in previous.items()
+        for t in a.active & stateful_set
+    )
+
+
+@st.composite
+def altered(draw: st.DrawFn, target: Mapping[str, ClientAssignment]) -> dict[str, ClientAssignment]:
+    """``target`` as it is, without one client, or with one active or standby moved."""
+    kind = draw(st.sampled_from(["as it is", "client dropped", "active", "standby"]))
+    pids = sorted(target)
+    if kind == "client dropped":
+        gone = draw(st.sampled_from(pids))
+        return {p: a for p, a in target.items() if p != gone}
+    src, dest = draw(st.sampled_from(pids)), draw(st.sampled_from(pids))
+    there = sorted(getattr(target[src], kind)) if kind != "as it is" else []
+    if not there or src == dest:
+        return dict(target)
+    t = draw(st.sampled_from(there))
+    left = changed(target, src, **{kind: set(getattr(target[src], kind)) - {t}})
+    return changed(left, dest, **{kind: set(getattr(target[dest], kind)) | {t}})
+
+
+# A quarter of the profile's examples: 50 in dev, 500 in CI.
+@settings(max_examples=max(10, settings.default.max_examples // 4))
+@given(assignment_inputs(), st.integers(1, 3), st.data())
+def test_a_last_target_never_breaks_a_per_round_rule(
+    inputs: Inputs, warmups: int, data: st.DataObject
+) -> None:
+    """Any last target (the target of a plan on arbitrary inputs, as it is or altered),
+    offered in the same round or one probing round later: the plan keeps every per-round
+    rule, and it is the plan made without it unless that plan holds actives back and the
+    last target is still valid (``still_valid``): then it is that target, nothing held
+    back."""
+    tasks, clients, replicas, stateful = inputs
+    ha = assignor(replicas, warmups)
+    first = ha.plan(tasks, clients, stateful)
+    later = data.draw(st.booleans(), label="one probing round later")
+    history = next_round(clients, first.assignment) if later else clients
+    previous = data.draw(altered(first.target))
+    plan = ha.plan(tasks, history, stateful, previous_target=previous)
+    check_round(tasks, history, replicas, stateful, plan, warmups)
+    fresh = ha.plan(tasks, history, stateful)
+    if fresh.probing_rebalance_needed and still_valid(
+        (tasks, history, replicas, stateful), previous
+    ):
+        assert plan.assignment == plan.target == previous
+        assert not plan.probing_rebalance_needed
+    else:
+        assert plan == fresh
+
+
+# A quarter of the profile's examples: 50 in dev, 500 in CI.
+@settings(max_examples=max(10, settings.default.max_examples // 4))
+@given(assignment_inputs(), st.data(), st.sampled_from(["subtopology", "total"]))
+def test_a_last_target_is_carried_exactly_when_still_valid(
+    inputs: Inputs, data: st.DataObject, balance: str
+) -> None:
+    """The step ``plan`` takes when its own plan holds actives back (``_carry``; driven
+    directly, as random inputs rarely reach it through ``plan``): the last target becomes
+    the plan, whole, nothing held back, when ``still_valid`` says so, else nothing. Carried
+    one probing round on, it keeps the target guarantees, its moves the least from the
+    history of the round that made it."""
+    tasks, clients, replicas, stateful = inputs
+    ha = attrs.evolve(assignor(replicas, 1), balance=balance)
+    first = ha.plan(tasks, clients, stateful)
+    later = data.draw(st.booleans(), label="one probing round later")
+    history = next_round(clients, first.assignment) if later else clients
+    previous = data.draw(altered(first.target))
+    task_list, stateful_list = sorted(set(tasks)), tasks if stateful is None else stateful
+    by_pid = sorted(history, key=lambda c: c.process_id)
+    carried = ha._carry(previous, task_list, by_pid, stateful_list)
+    now = (tasks, history, replicas, stateful)
+    valid = still_valid(now, previous, balance)
+    event("carried" if valid else "ignored")
+    if not valid:
+        assert carried is None
+        return
+    assert carried is not None
+    assert carried.assignment == carried.target == previous
+    check_round(tasks, history, replicas, stateful, carried, 1)
+    if later and previous == first.target:
+        assert_target_guarantees(now, carried, balance, computed_from=clients)
