@@ -690,7 +690,8 @@ class _TaskRunner:
 
 class _HaRunner(_TaskRunner):
     """``task:ha``: each event's rebalance, then the probing rebalances that follow it every
-    ``probing_interval_s`` until nothing is held back or the next event comes. New replicas
+    ``probing_interval_s`` until nothing is held back or the next event comes. The leader
+    stays: each plan is offered the last one's target (``previous_target``). New replicas
     (warmups, standbys) restore at ``replica_restore_per_s``; a held-back active moves once
     its target is caught up, restoring the small lag left. The event's row adds the probing
     rebalances' restores and says how many there were and when actives were balanced."""
@@ -716,7 +717,8 @@ class _HaRunner(_TaskRunner):
         stateful: list[TaskId],
     ) -> tuple[dict[str, ClientAssignment], float]:
         start = time.perf_counter()
-        self.last = self.ha.plan(tasks, clients, stateful)
+        last_target = None if self.last is None else self.last.target
+        self.last = self.ha.plan(tasks, clients, stateful, previous_target=last_target)
         seconds = time.perf_counter() - start
         self.last_clients = clients
         return dict(self.last.assignment), seconds
@@ -744,7 +746,7 @@ class _HaRunner(_TaskRunner):
             rounds += 1
             members = [(m.pid, m.threads, m.rack) for m in step.members]
             clients = [self._running_state(*m, self.assignment[m[0]]) for m in members]
-            plan = self.ha.plan(tasks, clients, stateful_list)
+            plan = self.ha.plan(tasks, clients, stateful_list, previous_target=plan.target)
             for c in clients:
                 a = plan.assignment[c.process_id]
                 for t in (a.active - c.prev_active) & stateful:
@@ -752,7 +754,7 @@ class _HaRunner(_TaskRunner):
                     restores.add(min(c.lags[t], size) if t in c.lags else size)
                 for t in (a.standby | a.warmup) - c.prev_standby - c.prev_active:
                     copies += self.ctx.end(t, self.now) if t in stateful else 0
-            self.last_clients, self.assignment = clients, dict(plan.assignment)
+            self.last, self.last_clients, self.assignment = plan, clients, dict(plan.assignment)
             self._track(clients, stateful)
             if not plan.probing_rebalance_needed:
                 balanced = self.now - step.time_s
