@@ -11,7 +11,10 @@ co-partitioning) into an error code for every member instead of an exception.
 With ``high_availability=True`` the high-availability assignor (``streamassign.ha``) replaces the
 sticky one: actives move only onto caught-up state, warmups go to their targets, and while any
 active is held back every member's ``next_rebalance_ms`` is set to now plus the probing interval,
-so the group rebalances again once the warmups had time to catch up.
+so the group rebalances again once the warmups had time to catch up. A leader that keeps a
+``ProbingMemory`` across its rebalances offers the target of its last plan to the next one
+(``HighAvailabilityTaskAssignor.plan(..., previous_target=...)``), but only when the members
+report exactly the actives that plan gave them: a probing round right after it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
 from .errors import ErrorCode, TopologyError
 from .grouper import PartitionGrouper, resolve_partition_counts, task_counts
-from .ha import HighAvailabilityTaskAssignor
+from .ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
 from .protocol import (
     LATEST_OFFSET,
     LATEST_VERSION,
@@ -64,6 +67,42 @@ class MemberSubscription:
 
     topics: frozenset[str] = attrs.field(converter=_topic_names)
     info: SubscriptionInfo | None = None
+
+
+@attrs.define
+class ProbingMemory:
+    """What a group leader keeps of its last high-availability plan, across its rebalances:
+    the actives it assigned (per process id) and its target. Owned by the leader process (one
+    per process, shared by its consumers) and passed to every ``assign_streams`` it runs.
+
+    ``assign_streams`` offers the target to the next plan only when the members run exactly
+    the actives that plan assigned (a probing round right after it), then remembers the new
+    plan. An assignment made by the sticky assignor forgets it; a memory that cannot be used
+    (changed by hand) is logged and the round planned afresh. A leader without one (or a new
+    leader) plans afresh, which can take a probing round more (docs/ha.md)."""
+
+    #: The actives the last plan assigned, per process id (empty: nothing remembered).
+    actives: dict[str, frozenset[TaskId]] = attrs.field(factory=dict)
+    #: The last plan's target (``HighAvailabilityPlan.target``); None: nothing remembered.
+    target: dict[str, ClientAssignment] | None = None
+
+    def offer(self, clients: Iterable[ClientState]) -> dict[str, ClientAssignment] | None:
+        """The remembered target, when the clients run exactly the actives the last plan
+        assigned them (the same process ids): a probing round right after that plan. None
+        otherwise: a leader that led long ago, a member gone or restarted, a task moved."""
+        running = {c.process_id: frozenset(c.prev_active) for c in clients}
+        if self.target is None or running != self.actives:
+            return None
+        return self.target
+
+    def remember(self, plan: HighAvailabilityPlan) -> None:
+        """Keep what ``plan`` assigned and its target, in place of what was kept."""
+        self.actives = {pid: frozenset(a.active) for pid, a in plan.assignment.items()}
+        self.target = dict(plan.target)
+
+    def forget(self) -> None:
+        """Keep nothing: the next plan is made afresh."""
+        self.actives, self.target = {}, None
 
 
 @attrs.frozen
@@ -381,6 +420,7 @@ def assign_streams(
     now_ms: int | None = None,
     partition_racks: Mapping[TopicPartition, str] | None = None,
     rack_aware_tags: Sequence[str] | None = None,
+    probing_memory: ProbingMemory | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad topics or
     bad members: those become error codes or empty assignments, logged. An option out of range
@@ -395,7 +435,7 @@ def assign_streams(
     group probes again), so high availability needs ``end_offsets`` to move anything stateful.
     ``partition_racks`` (the rack of each partition's leader) lets tasks that need a new client
     prefer one in their partitions' rack; ``rack_aware_tags`` names the client tag keys standby
-    placement avoids sharing (``None``: all).
+    placement avoids sharing (``None``: all). ``probing_memory``: see ``ProbingMemory``.
     """
     version = common_version(members, leader_version)
     if _shutdown_requested(members):
@@ -422,9 +462,7 @@ def assign_streams(
         assignor,
         members,
         version,
-        end_offsets,
-        partition_racks,
-        now_ms,
+        _RoundInputs(end_offsets, partition_racks, now_ms, probing_memory),
     )
 
 
@@ -459,6 +497,16 @@ def _group_tasks(topology: Topology, partition_counts: Mapping[str, int]) -> _Gr
     return _GroupedTasks(tasks, counts)
 
 
+@attrs.frozen
+class _RoundInputs:
+    """What the leader is given besides the members and the options (``assign_streams``)."""
+
+    end_offsets: Mapping[TaskId, int] | None
+    partition_racks: Mapping[TopicPartition, str] | None
+    now_ms: int | None
+    probing_memory: ProbingMemory | None
+
+
 def _unassigned(
     members: Mapping[str, MemberSubscription], version: int
 ) -> dict[str, MemberAssignment]:
@@ -476,20 +524,23 @@ def _assign_compatible(
     assignor: HighAvailabilityTaskAssignor | StickyTaskAssignor,
     members: Mapping[str, MemberSubscription],
     version: int,
-    end_offsets: Mapping[TaskId, int] | None,
-    partition_racks: Mapping[TopicPartition, str] | None,
-    now_ms: int | None,
+    given: _RoundInputs,
 ) -> dict[str, MemberAssignment]:
     """Every member's assignment (a new dict): the tasks spread over the compatible members
     (claims bounded), the other members with none."""
     tasks = grouped.tasks
     high_availability = isinstance(assignor, HighAvailabilityTaskAssignor)
     clients, by_process, endpoints = client_states(
-        compatible, end_offsets, assignor.acceptable_recovery_lag, exact_lags=high_availability
+        compatible,
+        given.end_offsets,
+        assignor.acceptable_recovery_lag,
+        exact_lags=high_availability,
     )
     stateful = [t for t in tasks if t.subtopology in topology.stateful_subtopologies]
-    racks = task_racks(tasks, partition_racks) if partition_racks else None
-    per_client, next_rebalance = _assign_clients(assignor, tasks, clients, stateful, racks, now_ms)
+    racks = task_racks(tasks, given.partition_racks) if given.partition_racks else None
+    per_client, next_rebalance = _assign_clients(
+        assignor, tasks, clients, stateful, racks, given.now_ms, given.probing_memory
+    )
     hosts = _HostMaps.of(per_client, endpoints, topology, grouped.partition_counts)
     result = _unassigned(members, version)
     for key, member_ids in by_process.items():
@@ -550,10 +601,15 @@ def _assign_clients(
     stateful: list[TaskId],
     racks: Mapping[TaskId, str] | None,
     now_ms: int | None,
+    probing_memory: ProbingMemory | None,
 ) -> tuple[dict[str, ClientAssignment], int]:
     """Each client's tasks, and when the group should probe again (NEVER: no need)."""
     if isinstance(assignor, HighAvailabilityTaskAssignor):
-        return _plan_high_availability(assignor, tasks, clients, stateful, racks, now_ms)
+        return _plan_high_availability(
+            assignor, tasks, clients, stateful, racks, now_ms, probing_memory
+        )
+    if probing_memory is not None:  # this assignment, not the remembered one, is the last
+        probing_memory.forget()
     return assignor.assign(tasks, clients, stateful, task_racks=racks), NEVER
 
 
@@ -564,9 +620,10 @@ def _plan_high_availability(
     stateful: list[TaskId],
     racks: Mapping[TaskId, str] | None,
     now_ms: int | None,
+    probing_memory: ProbingMemory | None,
 ) -> tuple[dict[str, ClientAssignment], int]:
     """The high-availability assignment per client, and when to probe again (NEVER: no need)."""
-    plan = ha.plan(tasks, clients, stateful, task_racks=racks)
+    plan = _plan_with_memory(ha, tasks, clients, stateful, racks, probing_memory)
     per_client = dict(plan.assignment)
     next_rebalance = NEVER
     if plan.probing_rebalance_needed:
@@ -580,6 +637,30 @@ def _plan_high_availability(
             ha.probing_rebalance_interval_ms,
         )
     return per_client, next_rebalance
+
+
+def _plan_with_memory(
+    ha: HighAvailabilityTaskAssignor,
+    tasks: Mapping[TaskId, frozenset[TopicPartition]],
+    clients: list[ClientState],
+    stateful: list[TaskId],
+    racks: Mapping[TaskId, str] | None,
+    memory: ProbingMemory | None,
+) -> HighAvailabilityPlan:
+    """The plan, offered the remembered target when ``memory`` has one for these clients; the
+    plan is remembered in its place."""
+    plan = None
+    try:
+        offered = memory.offer(clients) if memory is not None else None
+        if offered is not None:
+            plan = ha.plan(tasks, clients, stateful, task_racks=racks, previous_target=offered)
+    except Exception:  # a memory changed by hand: not worth failing the group over
+        log.exception("the remembered target could not be used; planning afresh")
+    if plan is None:
+        plan = ha.plan(tasks, clients, stateful, task_racks=racks)
+    if memory is not None:
+        memory.remember(plan)
+    return plan
 
 
 @attrs.frozen

@@ -21,14 +21,17 @@ from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import ProcessHost
 from streamassign.errors import ErrorCode
 from streamassign.protocol import LATEST_OFFSET, NEVER, NOW, AssignmentInfo, SubscriptionInfo
+from streamassign.streams import MemberAssignment, MemberSubscription
+
+from . import test_streams_probing_memory as swap
 
 TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s"])], name="app")
 TASKS = [TaskId(0, p) for p in range(4)]
 
 
-def ha_host(tmp_path: Path, **kw: Any) -> ProcessHost:
+def ha_host(tmp_path: Path, topology: Topology = TOPOLOGY, **kw: Any) -> ProcessHost:
     return ProcessHost(
-        TOPOLOGY,
+        topology,
         bootstrap_servers="127.0.0.1:1",
         state_dir=tmp_path,
         **{"high_availability": True, "probing_rebalance_interval_ms": 60_000, **kw},
@@ -269,3 +272,44 @@ def test_the_join_nonce_changes_only_when_this_consumer_wants_a_rebalance(tmp_pa
     assert seen[0] == seen[1] == seen[2]
     assert all(later > earlier for earlier, later in itertools.pairwise(seen[2:]))
     assert len(consumer.rejoins) >= 4  # probe, NOW, request_rejoin, shutdown
+
+
+def test_the_probing_memory_is_the_processs_whichever_consumer_leads(tmp_path: Path) -> None:
+    """Consumer 0 leads round 0 of the role-swap counterexample, consumer 1 leads the probing
+    round: the host's memory offers round 0's target and the group converges in 1 round. A
+    leader of another process (no memory of round 0) plans afresh and probes once more."""
+
+    def leads(
+        host: ProcessHost, consumer: int, members: dict[str, MemberSubscription]
+    ) -> dict[str, MemberAssignment]:
+        metadata = {
+            m: ConsumerProtocolMemberMetadata(0, sorted(s.topics), s.info.encode())
+            for m, s in members.items()
+            if s.info is not None
+        }
+        cluster = SimpleNamespace(partitions_for_topic=lambda topic: set(range(swap.COUNTS[topic])))
+        out = host.assignors[consumer].assign(cluster, metadata)
+        return {
+            m: MemberAssignment(
+                (), AssignmentInfo.decode(ConsumerProtocolMemberAssignment.decode(b).user_data)
+            )
+            for m, b in out.items()
+        }
+
+    def host(path: Path) -> ProcessHost:
+        return ha_host(
+            path,
+            swap.TOPOLOGY,
+            threads=2,
+            num_standby_replicas=1,
+            max_warmup_replicas=1,
+            end_offsets=lambda: swap.END,
+        )
+
+    leader = host(tmp_path / "leader")
+    first = leads(leader, 0, swap.first_members())
+    assert swap.probing(first) and leader.probing_memory.target is not None
+    members = swap.next_members(first, swap.first_members())
+    assert not swap.probing(leads(leader, 1, members))
+    other = host(tmp_path / "other")
+    assert swap.probing(leads(other, 0, members))

@@ -42,7 +42,12 @@ from ..protocol import (
     ProtocolError,
     SubscriptionInfo,
 )
-from ..streams import ACCEPTABLE_RECOVERY_LAG, assign_streams, decode_subscriptions
+from ..streams import (
+    ACCEPTABLE_RECOVERY_LAG,
+    ProbingMemory,
+    assign_streams,
+    decode_subscriptions,
+)
 from ..topology import Topology
 from .rejoin import Rejoiner, membership
 from .wire import encode_assignment
@@ -159,6 +164,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 high_availability=self.host.high_availability,
                 max_warmup_replicas=self.host.max_warmup_replicas,
                 probing_rebalance_interval_ms=self.host.probing_rebalance_interval_ms,
+                probing_memory=self.host.probing_memory,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
         except Exception:
@@ -407,6 +413,9 @@ class ProcessHost:
         self.errors: dict[int, ErrorCode] = {}
         #: The latest good assignment user data of any consumer: the group's host maps.
         self.host_info = AssignmentInfo()
+        #: The last high-availability plan this process made as leader, whichever of its
+        #: consumers led: its target is offered to the next plan in a probing round.
+        self.probing_memory = ProbingMemory()
         self.assignors = [StreamsAssignor(self, i) for i in range(threads)]
         self.consumers: list[AIOKafkaConsumer] = []
         self._known = [ClientAssignment() for _ in range(threads)]
