@@ -71,7 +71,7 @@ import attrs
 from ._ids import TaskId, as_task
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentInputError
-from .metrics import evaluate, load_rule_breaches, violations
+from .metrics import evaluate, violations
 from .shares import share_bounds
 from .sticky import (
     Balance,
@@ -179,7 +179,7 @@ class HighAvailabilityTaskAssignor:
         fresh = self._plan_afresh(task_list, client_list, stateful_list, task_racks)
         if previous_target is None or not fresh.probing_rebalance_needed:
             return fresh
-        carried = self._carry(previous_target, task_list, client_list, stateful_list)
+        carried = self._carry(previous_target, task_list, client_list, stateful_list, task_racks)
         return fresh if carried is None else carried
 
     def _plan_afresh(
@@ -190,12 +190,7 @@ class HighAvailabilityTaskAssignor:
         task_racks: Mapping[TaskId, str] | None,
     ) -> HighAvailabilityPlan:
         """Steps 1 to 6 of the module docstring: the plan made from this input alone."""
-        sticky = StickyTaskAssignor(
-            self.num_standby_replicas,
-            self.acceptable_recovery_lag,
-            rack_aware_tags=self.rack_aware_tags,
-            balance=self.balance,
-        )
+        sticky = self._sticky()
         target = sticky.assign(task_list, client_list, stateful_list, task_racks=task_racks)
         holdback = _Holdback(self, task_list, client_list, set(stateful_list), target)
         holdback.swap()
@@ -205,29 +200,39 @@ class HighAvailabilityTaskAssignor:
             holdback.target = _standbys_for(holdback.target, sticky, holdback, task_racks)
         return holdback.plan()
 
+    def _sticky(self) -> StickyTaskAssignor:
+        """The sticky assignor of this one's options (step 1's target)."""
+        return StickyTaskAssignor(
+            self.num_standby_replicas,
+            self.acceptable_recovery_lag,
+            rack_aware_tags=self.rack_aware_tags,
+            balance=self.balance,
+        )
+
     def _carry(
         self,
         previous_target: Mapping[str, ClientAssignment],
         tasks: list[TaskId],
         clients: list[ClientState],
         stateful: list[TaskId],
+        task_racks: Mapping[TaskId, str] | None,
     ) -> HighAvailabilityPlan | None:
         """The plan whose target is ``previous_target``, when that is still valid for these
         (sorted) inputs, for the same process ids; None otherwise."""
         carried = _Holdback(self, tasks, clients, set(stateful), {})
         carried.target = {p: previous_target[p] for p in carried.clients if p in previous_target}
         same_clients = len(carried.target) == len(previous_target) == len(clients)
-        if not same_clients or not self._still_valid(carried):
+        if not same_clients or not self._still_valid(carried, task_racks):
             return None
         return carried.plan()
 
-    def _still_valid(self, carried: _Holdback) -> bool:
+    def _still_valid(self, carried: _Holdback, task_racks: Mapping[TaskId, str] | None) -> bool:
         """Whether ``carried.target`` (the last target, one per client) can be this round's as
         it is: valid for this input (every task one active, exactly the standbys wanted, none
         beside its active nor of a stateless task, no warmup), balanced in total and, unless
-        ``balance="total"``, per subtopology by today's capacities, the load rule kept
-        (guarantee 3), and every stateful active caught up where it is (step 2): adopting it
-        holds nothing back and places no warmup."""
+        ``balance="total"``, per subtopology by today's capacities, every stateful active
+        caught up where it is (step 2), and a fixed point (``_keeps_itself``): adopting it
+        holds nothing back, places no warmup, and the next rebalance changes nothing."""
         target, tasks, stateful = carried.target, carried.tasks, carried.stateful
         clients, replicas = list(carried.clients.values()), self.num_standby_replicas
         if any(a.warmup for a in target.values()):
@@ -242,7 +247,30 @@ class HighAvailabilityTaskAssignor:
             return False
         if self.balance == "subtopology" and not quality.subtopology_balanced:
             return False
-        return not load_rule_breaches(tasks, clients, target, replicas, stateful)
+        return self._keeps_itself(carried, task_racks)
+
+    def _keeps_itself(self, carried: _Holdback, task_racks: Mapping[TaskId, str] | None) -> bool:
+        """Whether the sticky assignor, told that every client ran and holds what the target
+        gives it, returns the target unchanged, standbys included. Checking the load rule's
+        pairs alone let a target with a client below its load floor through (nobody above a
+        ceiling), and the rebalance after it moved a standby; this is the rule itself. A
+        clean, balanced history takes the sticky assignor's O(tasks) shortcut."""
+        history = [
+            attrs.evolve(
+                client,
+                prev_active=carried.target[pid].active,
+                prev_standby=carried.target[pid].standby,
+                lags={},
+            )
+            for pid, client in carried.clients.items()
+        ]
+        again = self._sticky().assign(
+            carried.tasks, history, carried.stateful, task_racks=task_racks
+        )
+        return all(
+            (again[pid].active, again[pid].standby) == (kept.active, kept.standby)
+            for pid, kept in carried.target.items()
+        )
 
 
 def _standbys_for(

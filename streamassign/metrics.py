@@ -189,10 +189,13 @@ def load_rule_breaches(
     num_standby_replicas: int = 0,
     stateful: Iterable[TaskId] | None = None,
 ) -> list[tuple[str, str]]:
-    """Every way ``assignment`` breaks the load rule (guarantee 3 of docs/assignor.md): pairs
-    ``(x, y)`` with ``x`` above the ceiling of its share of all copies (and of its actives'
-    count), ``y`` below its own ceiling and lacking a copy of some standby ``x`` holds (the
-    copy could go to ``y``); empty when the rule holds."""
+    """Every way ``assignment`` breaks the above-ceiling form of the load rule (guarantee 3
+    of docs/assignor.md): pairs ``(x, y)`` with ``x`` above the ceiling of its share of all
+    copies (and of its actives' count), ``y`` below its own ceiling and lacking a copy of
+    some standby ``x`` holds (the copy could go to ``y``). Empty does not prove the whole
+    rule: a client can still sit below its floor while nobody is above a ceiling (the
+    sticky assignor would hand it a standby); ``HighAvailabilityTaskAssignor`` checks a
+    carried target by the fixed point instead."""
     task_set = set(tasks)
     client_list = list(clients)
     stateful_set = task_set if stateful is None else set(stateful) & task_set

@@ -332,7 +332,7 @@ def assert_target_guarantees(
 
     ``computed_from``: the history of the round that computed a target the leader carried
     over (``previous_target``); its moves are the least from that history, not necessarily
-    from this one (rule 0 of docs/ha.md). Every other guarantee holds from this one."""
+    from this one (rule 8 of docs/ha.md). Every other guarantee holds from this one."""
     tasks, clients, replicas, stateful = inputs
     target = plan.target
     assert violations(tasks, clients, target, replicas, stateful) == []  # 1
@@ -1017,6 +1017,29 @@ def test_the_last_target_is_ignored_when_it_breaks_the_load_rule() -> None:
     assert_ignored(assignor(1, 1), tasks, history, previous)
 
 
+def test_the_last_target_is_ignored_with_a_client_below_its_load_floor() -> None:
+    """Review finding: e holds nothing (load floor 1) while a, b and c sit at their ceilings
+    of 2, so no pair breaks the load rule's above-ceiling form, yet the next rebalance hands
+    e a standby: not a fixed point, so not carried."""
+    t = TaskId.parse
+    tasks = [t("0_0"), t("0_1"), t("0_2")]
+    history = [
+        ClientState("a", prev_active=[t("0_0"), t("0_1")]),
+        ClientState("b", prev_active=[t("0_2")], prev_standby=[t("0_1")], lags={t("0_1"): 0}),
+        ClientState("c", prev_standby=[t("0_2")], lags={t("0_2"): 0}),
+        ClientState("e"),
+    ]
+    previous = {
+        "a": ClientAssignment({t("0_0")}, {t("0_2")}),
+        "b": ClientAssignment({t("0_1")}, {t("0_0")}),
+        "c": ClientAssignment({t("0_2")}, {t("0_1")}),
+        "e": ClientAssignment(),
+    }
+    assert load_rule_breaches((tasks, history, 1, None), previous) == []
+    assert not planned_again_unchanged((tasks, history, 1, None), previous)
+    assert_ignored(assignor(1, 1), tasks, history, previous)
+
+
 def test_the_last_target_is_ignored_when_it_holds_warmups() -> None:
     """A plan's assignment, warmups and all, is not a target."""
     tasks, history, first = role_swap_rounds()
@@ -1046,8 +1069,8 @@ def still_valid(
     inputs: Inputs, previous: Mapping[str, ClientAssignment], balance: str = "subtopology"
 ) -> bool:
     """The oracle of a last target a plan adopts: for the same processes, valid with no
-    warmup, balanced in total and (unless ``balance="total"``) per subtopology, keeping the
-    load rule, every stateful active caught up where it is."""
+    warmup, balanced in total and (unless ``balance="total"``) per subtopology, a fixed point
+    (``planned_again_unchanged``), every stateful active caught up where it is."""
     tasks, clients, replicas, stateful = inputs
     if sorted(previous) != sorted(c.process_id for c in clients):
         return False
@@ -1058,7 +1081,7 @@ def still_valid(
     m = evaluate(tasks, clients, previous, replicas, stateful)
     if not m.active_balanced or not (m.subtopology_balanced or balance == "total"):
         return False
-    if load_rule_breaches(inputs, previous):
+    if not planned_again_unchanged(inputs, previous, balance):
         return False
     owners = resolve_previous_owners(tasks, clients)
     by_pid = {c.process_id: c for c in clients}
@@ -1068,6 +1091,18 @@ def still_valid(
         for pid, a in previous.items()
         for t in a.active & stateful_set
     )
+
+
+def planned_again_unchanged(
+    inputs: Inputs, assignment: Mapping[str, ClientAssignment], balance: str = "subtopology"
+) -> bool:
+    """Whether ``assignment``, run and fed back with every copy caught up, is planned again
+    unchanged, standbys included, with nothing held back: what the convergence properties
+    ask of a converged assignment."""
+    tasks, clients, replicas, stateful = inputs
+    ha = attrs.evolve(assignor(replicas, 1), balance=balance)
+    again = ha.plan(tasks, next_round(clients, assignment), stateful)
+    return again.assignment == assignment and not again.probing_rebalance_needed
 
 
 @st.composite
@@ -1135,7 +1170,7 @@ def test_a_last_target_is_carried_exactly_when_still_valid(
     previous = data.draw(altered(first.target))
     task_list, stateful_list = sorted(set(tasks)), tasks if stateful is None else stateful
     by_pid = sorted(history, key=lambda c: c.process_id)
-    carried = ha._carry(previous, task_list, by_pid, stateful_list)
+    carried = ha._carry(previous, task_list, by_pid, stateful_list, None)
     now = (tasks, history, replicas, stateful)
     valid = still_valid(now, previous, balance)
     event("carried" if valid else "ignored")

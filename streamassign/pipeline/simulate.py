@@ -28,6 +28,7 @@ from ..assignment import ClientAssignment, ClientState
 from ..ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
 from ..metrics import AssignmentMetrics, evaluate, quota_move_lower_bound, share_balance
 from ..sticky import StickyTaskAssignor
+from ..streams import ProbingMemory
 from .assignors import spec
 from .scenarios import (
     Layout,
@@ -691,7 +692,7 @@ class _TaskRunner:
 class _HaRunner(_TaskRunner):
     """``task:ha``: each event's rebalance, then the probing rebalances that follow it every
     ``probing_interval_s`` until nothing is held back or the next event comes. The leader
-    stays: each plan is offered the last one's target (``previous_target``). New replicas
+    stays: its ``ProbingMemory`` offers each plan the last one's target. New replicas
     (warmups, standbys) restore at ``replica_restore_per_s``; a held-back active moves once
     its target is caught up, restoring the small lag left. The event's row adds the probing
     rebalances' restores and says how many there were and when actives were balanced."""
@@ -705,6 +706,8 @@ class _HaRunner(_TaskRunner):
             max(1, round(job.probing_interval_s * 1000)),
         )
         super().__init__(ctx, name, self._plan, collect)
+        #: The simulated leader's memory of its last plan (it never changes leader).
+        self.memory = ProbingMemory()
         self.last: HighAvailabilityPlan | None = None
         self.last_clients: list[ClientState] = []
 
@@ -717,11 +720,19 @@ class _HaRunner(_TaskRunner):
         stateful: list[TaskId],
     ) -> tuple[dict[str, ClientAssignment], float]:
         start = time.perf_counter()
-        last_target = None if self.last is None else self.last.target
-        self.last = self.ha.plan(tasks, clients, stateful, previous_target=last_target)
+        self.last = self._plan_remembered(tasks, clients, stateful)
         seconds = time.perf_counter() - start
         self.last_clients = clients
         return dict(self.last.assignment), seconds
+
+    def _plan_remembered(
+        self, tasks: list[TaskId], clients: list[ClientState], stateful: list[TaskId]
+    ) -> HighAvailabilityPlan:
+        """The plan, offered the last one's target as a leader's ``ProbingMemory`` offers it
+        (only when the clients run exactly what that plan assigned); remembered in its place."""
+        plan = self.ha.plan(tasks, clients, stateful, previous_target=self.memory.offer(clients))
+        self.memory.remember(plan)
+        return plan
 
     def step(self, step: Step, layout: Layout) -> RebalanceRow:
         row = super().step(step, layout)
@@ -746,7 +757,7 @@ class _HaRunner(_TaskRunner):
             rounds += 1
             members = [(m.pid, m.threads, m.rack) for m in step.members]
             clients = [self._running_state(*m, self.assignment[m[0]]) for m in members]
-            plan = self.ha.plan(tasks, clients, stateful_list, previous_target=plan.target)
+            plan = self._plan_remembered(tasks, clients, stateful_list)
             for c in clients:
                 a = plan.assignment[c.process_id]
                 for t in (a.active - c.prev_active) & stateful:
