@@ -70,7 +70,7 @@ import attrs
 
 from ._ids import TaskId, as_task
 from .assignment import ClientAssignment, ClientState
-from .errors import AssignmentInputError
+from .errors import AssignmentInputError, AssignmentTypeError
 from .metrics import evaluate, violations
 from .shares import share_bounds
 from .sticky import (
@@ -219,6 +219,10 @@ class HighAvailabilityTaskAssignor:
     ) -> HighAvailabilityPlan | None:
         """The plan whose target is ``previous_target``, when that is still valid for these
         (sorted) inputs, for the same process ids; None otherwise."""
+        if not all(isinstance(kept, ClientAssignment) for kept in previous_target.values()):
+            raise AssignmentTypeError(
+                "previous_target maps process ids to ClientAssignment values (a plan's target)"
+            )
         carried = _Holdback(self, tasks, clients, set(stateful), {})
         carried.target = {p: previous_target[p] for p in carried.clients if p in previous_target}
         same_clients = len(carried.target) == len(previous_target) == len(clients)

@@ -17,6 +17,7 @@ from streamassign import (
     StickyTaskAssignor,
     TaskId,
 )
+from streamassign.errors import AssignmentTypeError
 from streamassign.ha import HighAvailabilityPlan
 from streamassign.metrics import evaluate, violations
 from streamassign.shares import share_bounds
@@ -1063,6 +1064,9 @@ def test_the_last_target_does_not_hide_bad_input() -> None:
         assignor(1).plan(tasks, [*history, history[0]], previous_target=first.target)
     with pytest.raises(ValueError, match="no clients"):
         assignor(1).plan(tasks, [], previous_target={})
+    not_a_target = {pid: None for pid in first.target}
+    with pytest.raises(AssignmentTypeError, match="previous_target maps process ids"):
+        assignor(1, 1).plan(tasks, history, previous_target=not_a_target)
 
 
 def still_valid(
