@@ -47,11 +47,12 @@ there, and warms the state up first where it is not:
    may offer the target of its last plan. From the interim history (held-back tasks now run
    on their keepers) that target is no longer move-minimal, so step 1 can pick another one,
    which needs new warmups. So when the plan of steps 1 to 6 holds actives back, the last
-   target is this round's target instead, as it is and with nothing held back, if it is
-   still valid for this input and needs no warmup
-   (``HighAvailabilityTaskAssignor._still_valid``). A plan that holds nothing back is kept:
-   it moves the least, and a balanced group is still never reshuffled, even by a stale
-   last target.
+   target is this round's target instead, as it is and with nothing held back, if it needs
+   no warmup and is a fixed point of the sticky assignor for this input (so valid and
+   balanced; ``HighAvailabilityTaskAssignor._still_valid``). A plan that holds nothing back
+   is kept: it moves the least, and a balanced group is never reshuffled. The plan cannot
+   tell a stale target: offer only the last plan's, in the round right after it
+   (``streamassign.streams.ProbingMemory`` does).
 
 While actives are held back the interim assignment can be unbalanced (a caught-up client runs
 more than its share); the assignment the rounds converge to is the target, with all the sticky
@@ -71,7 +72,6 @@ import attrs
 from ._ids import TaskId, as_task
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentInputError, AssignmentTypeError
-from .metrics import evaluate, violations
 from .shares import share_bounds
 from .sticky import (
     Balance,
@@ -232,24 +232,15 @@ class HighAvailabilityTaskAssignor:
 
     def _still_valid(self, carried: _Holdback, task_racks: Mapping[TaskId, str] | None) -> bool:
         """Whether ``carried.target`` (the last target, one per client) can be this round's as
-        it is: valid for this input (every task one active, exactly the standbys wanted, none
-        beside its active nor of a stateless task, no warmup), balanced in total and, unless
-        ``balance="total"``, per subtopology by today's capacities, every stateful active
-        caught up where it is (step 2), and a fixed point (``_keeps_itself``): adopting it
-        holds nothing back, places no warmup, and the next rebalance changes nothing."""
-        target, tasks, stateful = carried.target, carried.tasks, carried.stateful
-        clients, replicas = list(carried.clients.values()), self.num_standby_replicas
-        if any(a.warmup for a in target.values()):
+        it is: no warmup in it, every stateful active caught up where it is (step 2), and a
+        fixed point (``_keeps_itself``). The sticky assignor returns only valid assignments
+        balanced per subtopology (unless ``balance="total"``) and in total by today's
+        capacities, keeping the load rule, so a fixed point is all that: adopting it holds
+        nothing back, places no warmup, and the next rebalance changes nothing."""
+        if any(a.warmup for a in carried.target.values()):
             return False
         # The cheapest check first, and the usual reason to refuse: a target still warming up.
         if not all(carried.ready_on(t, pid) for t, pid in carried.moving()):
-            return False
-        if violations(tasks, clients, target, replicas, stateful):
-            return False
-        quality = evaluate(tasks, clients, target, replicas, stateful, balance=self.balance)
-        if not quality.active_balanced:
-            return False
-        if self.balance == "subtopology" and not quality.subtopology_balanced:
             return False
         return self._keeps_itself(carried, task_racks)
 
