@@ -274,42 +274,68 @@ def test_the_join_nonce_changes_only_when_this_consumer_wants_a_rebalance(tmp_pa
     assert len(consumer.rejoins) >= 4  # probe, NOW, request_rejoin, shutdown
 
 
+def leads(
+    host: ProcessHost, consumer: int, members: dict[str, MemberSubscription]
+) -> dict[str, MemberAssignment]:
+    """``host``'s consumer ``consumer`` leads a rebalance of ``members`` (the role-swap
+    counterexample's topology): what each member is sent."""
+    metadata = {
+        m: ConsumerProtocolMemberMetadata(0, sorted(s.topics), s.info.encode())
+        for m, s in members.items()
+        if s.info is not None
+    }
+    cluster = SimpleNamespace(partitions_for_topic=lambda topic: set(range(swap.COUNTS[topic])))
+    out = host.assignors[consumer].assign(cluster, metadata)
+    return {
+        m: MemberAssignment(
+            (), AssignmentInfo.decode(ConsumerProtocolMemberAssignment.decode(b).user_data)
+        )
+        for m, b in out.items()
+    }
+
+
+def swap_host(path: Path) -> ProcessHost:
+    """A high-availability host of two consumers for the role-swap counterexample."""
+    return ha_host(
+        path,
+        swap.TOPOLOGY,
+        threads=2,
+        num_standby_replicas=1,
+        max_warmup_replicas=1,
+        end_offsets=lambda: swap.END,
+    )
+
+
 def test_the_probing_memory_is_the_processs_whichever_consumer_leads(tmp_path: Path) -> None:
     """Consumer 0 leads round 0 of the role-swap counterexample, consumer 1 leads the probing
     round: the host's memory offers round 0's target and the group converges in 1 round. A
     leader of another process (no memory of round 0) plans afresh and probes once more."""
-
-    def leads(
-        host: ProcessHost, consumer: int, members: dict[str, MemberSubscription]
-    ) -> dict[str, MemberAssignment]:
-        metadata = {
-            m: ConsumerProtocolMemberMetadata(0, sorted(s.topics), s.info.encode())
-            for m, s in members.items()
-            if s.info is not None
-        }
-        cluster = SimpleNamespace(partitions_for_topic=lambda topic: set(range(swap.COUNTS[topic])))
-        out = host.assignors[consumer].assign(cluster, metadata)
-        return {
-            m: MemberAssignment(
-                (), AssignmentInfo.decode(ConsumerProtocolMemberAssignment.decode(b).user_data)
-            )
-            for m, b in out.items()
-        }
-
-    def host(path: Path) -> ProcessHost:
-        return ha_host(
-            path,
-            swap.TOPOLOGY,
-            threads=2,
-            num_standby_replicas=1,
-            max_warmup_replicas=1,
-            end_offsets=lambda: swap.END,
-        )
-
-    leader = host(tmp_path / "leader")
+    leader = swap_host(tmp_path / "leader")
     first = leads(leader, 0, swap.first_members())
     assert swap.probing(first) and leader.probing_memory.target is not None
     members = swap.next_members(first, swap.first_members())
     assert not swap.probing(leads(leader, 1, members))
-    other = host(tmp_path / "other")
+    other = swap_host(tmp_path / "other")
     assert swap.probing(leads(other, 0, members))
+
+
+def test_an_assignment_another_process_led_makes_the_memory_forget(tmp_path: Path) -> None:
+    """Review finding: another leader's round that moves no active (only standbys) left the
+    memory looking current to the members' actives, so a stale target could be offered when
+    this process led again. An assignment of a generation this process did not lead now
+    empties it; one of the generation it led (to any of its consumers) keeps it."""
+    host = swap_host(tmp_path)
+    coordinators = [
+        SimpleNamespace(member_id=f"m{i}", generation=5, request_rejoin=lambda: None)
+        for i in range(2)
+    ]
+    host.consumers = [SimpleNamespace(_coordinator=c) for c in coordinators]  # type: ignore[misc]
+    leads(host, 0, swap.first_members())
+    assert host.led_generation == 5 and host.probing_memory.target is not None
+    nothing = ConsumerProtocolMemberAssignment(0, [], AssignmentInfo().encode())
+    host.assignors[1].on_assignment(nothing)  # generation 5, led by consumer 0
+    assert host.probing_memory.target is not None
+    for coordinator in coordinators:
+        coordinator.generation = 6  # another process led generation 6
+    host.assignors[1].on_assignment(nothing)
+    assert host.probing_memory.target is None and host.probing_memory.actives == {}

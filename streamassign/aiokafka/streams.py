@@ -167,6 +167,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 probing_memory=self.host.probing_memory,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
+            self.host.led_generation = self._generation()
         except Exception:
             log.exception("streams assignment failed; sending ASSIGNMENT_ERROR to every member")
             failed = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR, version=1).encode()
@@ -187,7 +188,18 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             log.exception("end_offsets failed; assigning with unknown lags (no warmup takes over)")
             return None
 
+    def _generation(self) -> int | None:
+        """The generation this consumer's coordinator holds (aiokafka sets it from the
+        JoinGroup answer, before the leader assigns and before the assignment arrives)."""
+        consumers = self.host.consumers
+        now = membership(consumers[self.index]) if self.index < len(consumers) else None
+        return None if now is None else now[1]
+
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
+        if self.host.led_generation is None or self._generation() != self.host.led_generation:
+            # Another process led this generation: its plan, not the remembered one, is the
+            # last, even when it moved no active (only standbys or warmups).
+            self.host.probing_memory.forget()
         try:
             info = AssignmentInfo.decode(assignment.user_data or b"", self.host.max_version)
         except ProtocolError as exc:
@@ -416,6 +428,9 @@ class ProcessHost:
         #: The last high-availability plan this process made as leader, whichever of its
         #: consumers led: its target is offered to the next plan in a probing round.
         self.probing_memory = ProbingMemory()
+        #: The generation this process last led (None: none, or unknown), so that an
+        #: assignment another process computed makes ``probing_memory`` forget.
+        self.led_generation: int | None = None
         self.assignors = [StreamsAssignor(self, i) for i in range(threads)]
         self.consumers: list[AIOKafkaConsumer] = []
         self._known = [ClientAssignment() for _ in range(threads)]
