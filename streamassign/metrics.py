@@ -182,33 +182,6 @@ def violations(
     return problems
 
 
-def load_rule_breaches(
-    tasks: Iterable[TaskId],
-    clients: Iterable[ClientState],
-    assignment: Mapping[str, ClientAssignment],
-    num_standby_replicas: int = 0,
-    stateful: Iterable[TaskId] | None = None,
-) -> list[tuple[str, str]]:
-    """Every way ``assignment`` breaks the above-ceiling form of the load rule (guarantee 3
-    of docs/assignor.md): pairs ``(x, y)`` with ``x`` above the ceiling of its share of all
-    copies (and of its actives' count), ``y`` below its own ceiling and lacking a copy of
-    some standby ``x`` holds (the copy could go to ``y``). Empty does not prove the whole
-    rule: a client can still sit below its floor while nobody is above a ceiling (the
-    sticky assignor would hand it a standby); ``HighAvailabilityTaskAssignor`` checks a
-    carried target by the fixed point instead."""
-    task_set = set(tasks)
-    client_list = list(clients)
-    stateful_set = task_set if stateful is None else set(stateful) & task_set
-    copies = min(num_standby_replicas, max(0, len(client_list) - 1))
-    total = len(task_set) + copies * len(stateful_set)
-    bounds = share_bounds(total, [c.capacity for c in client_list])
-    ceiling = {c.process_id: hi for c, (_, hi) in zip(client_list, bounds, strict=True)}
-    loads = {p: assignment.get(p, _EMPTY) for p in ceiling}
-    over = [p for p, a in loads.items() if a.load > max(ceiling[p], len(a.active))]
-    copies_held = {p: a.active | a.standby for p, a in loads.items() if a.load < ceiling[p]}
-    return [(x, y) for x in over for y, held in copies_held.items() if not loads[x].standby <= held]
-
-
 def evaluate(
     tasks: Iterable[TaskId],
     clients: Iterable[ClientState],

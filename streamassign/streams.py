@@ -95,6 +95,30 @@ class ProbingMemory:
             return None
         return self.target
 
+    def plan(
+        self,
+        ha: HighAvailabilityTaskAssignor,
+        tasks: Iterable[TaskId],
+        clients: Iterable[ClientState],
+        stateful: Iterable[TaskId] | None = None,
+        task_racks: Mapping[TaskId, str] | None = None,
+    ) -> HighAvailabilityPlan:
+        """``ha``'s plan of this input, offered the remembered target (``offer``), then
+        remembered in its place. A remembered target the plan cannot use (changed by hand) is
+        logged and the round planned afresh: not worth failing the group over."""
+        clients = list(clients)
+        offered = self.offer(clients)
+        plan = None
+        if offered is not None:
+            try:
+                plan = ha.plan(tasks, clients, stateful, task_racks, previous_target=offered)
+            except Exception:
+                log.exception("the remembered target could not be used; planning afresh")
+        if plan is None:
+            plan = ha.plan(tasks, clients, stateful, task_racks)
+        self.remember(plan)
+        return plan
+
     def remember(self, plan: HighAvailabilityPlan) -> None:
         """Keep what ``plan`` assigned and its target, in place of what was kept."""
         self.actives = {pid: frozenset(a.active) for pid, a in plan.assignment.items()}
@@ -623,7 +647,10 @@ def _plan_high_availability(
     probing_memory: ProbingMemory | None,
 ) -> tuple[dict[str, ClientAssignment], int]:
     """The high-availability assignment per client, and when to probe again (NEVER: no need)."""
-    plan = _plan_with_memory(ha, tasks, clients, stateful, racks, probing_memory)
+    if probing_memory is None:
+        plan = ha.plan(tasks, clients, stateful, task_racks=racks)
+    else:
+        plan = probing_memory.plan(ha, tasks, clients, stateful, racks)
     per_client = dict(plan.assignment)
     next_rebalance = NEVER
     if plan.probing_rebalance_needed:
@@ -637,30 +664,6 @@ def _plan_high_availability(
             ha.probing_rebalance_interval_ms,
         )
     return per_client, next_rebalance
-
-
-def _plan_with_memory(
-    ha: HighAvailabilityTaskAssignor,
-    tasks: Mapping[TaskId, frozenset[TopicPartition]],
-    clients: list[ClientState],
-    stateful: list[TaskId],
-    racks: Mapping[TaskId, str] | None,
-    memory: ProbingMemory | None,
-) -> HighAvailabilityPlan:
-    """The plan, offered the remembered target when ``memory`` has one for these clients; the
-    plan is remembered in its place."""
-    plan = None
-    try:
-        offered = memory.offer(clients) if memory is not None else None
-        if offered is not None:
-            plan = ha.plan(tasks, clients, stateful, task_racks=racks, previous_target=offered)
-    except Exception:  # a memory changed by hand: not worth failing the group over
-        log.exception("the remembered target could not be used; planning afresh")
-    if plan is None:
-        plan = ha.plan(tasks, clients, stateful, task_racks=racks)
-    if memory is not None:
-        memory.remember(plan)
-    return plan
 
 
 @attrs.frozen

@@ -191,8 +191,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
     def _generation(self) -> int | None:
         """The generation this consumer's coordinator holds (aiokafka sets it from the
         JoinGroup answer, before the leader assigns and before the assignment arrives)."""
-        consumers = self.host.consumers
-        now = membership(consumers[self.index]) if self.index < len(consumers) else None
+        now = self.host.membership(self.index)
         return None if now is None else now[1]
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
@@ -468,12 +467,17 @@ class ProcessHost:
             sums[t] = LATEST_OFFSET
         return sums
 
+    def membership(self, consumer: int) -> tuple[str, int] | None:
+        """``consumer``'s member id and generation as aiokafka holds them; None before it
+        exists or when they cannot be read."""
+        return membership(self.consumers[consumer]) if consumer < len(self.consumers) else None
+
     def member_lost(self, consumer: int) -> bool:
         """Whether ``consumer`` no longer has the member id and generation of its last
         assignment (aiokafka reset them: the broker answered UnknownMemberId or
         IllegalGeneration). Only meaningful between assignments, not during a rejoin."""
         before = self._memberships[consumer]
-        now = membership(self.consumers[consumer]) if consumer < len(self.consumers) else None
+        now = self.membership(consumer)
         return before is not None and now is not None and now != before
 
     def request_rejoin(self, consumer: int) -> None:
@@ -546,7 +550,7 @@ class ProcessHost:
         """
         self.rebalances += 1
         before_membership = self._memberships[index]
-        now_membership = membership(self.consumers[index]) if index < len(self.consumers) else None
+        now_membership = self.membership(index)
         self._memberships[index] = now_membership
         if self.shutdown_requested:
             await self._notify(self.listener.on_shutdown_requested)

@@ -720,19 +720,10 @@ class _HaRunner(_TaskRunner):
         stateful: list[TaskId],
     ) -> tuple[dict[str, ClientAssignment], float]:
         start = time.perf_counter()
-        self.last = self._plan_remembered(tasks, clients, stateful)
+        self.last = self.memory.plan(self.ha, tasks, clients, stateful)
         seconds = time.perf_counter() - start
         self.last_clients = clients
         return dict(self.last.assignment), seconds
-
-    def _plan_remembered(
-        self, tasks: list[TaskId], clients: list[ClientState], stateful: list[TaskId]
-    ) -> HighAvailabilityPlan:
-        """The plan, offered the last one's target as a leader's ``ProbingMemory`` offers it
-        (only when the clients run exactly what that plan assigned); remembered in its place."""
-        plan = self.ha.plan(tasks, clients, stateful, previous_target=self.memory.offer(clients))
-        self.memory.remember(plan)
-        return plan
 
     def step(self, step: Step, layout: Layout) -> RebalanceRow:
         row = super().step(step, layout)
@@ -757,7 +748,7 @@ class _HaRunner(_TaskRunner):
             rounds += 1
             members = [(m.pid, m.threads, m.rack) for m in step.members]
             clients = [self._running_state(*m, self.assignment[m[0]]) for m in members]
-            plan = self._plan_remembered(tasks, clients, stateful_list)
+            plan = self.memory.plan(self.ha, tasks, clients, stateful_list)
             for c in clients:
                 a = plan.assignment[c.process_id]
                 for t in (a.active - c.prev_active) & stateful:
