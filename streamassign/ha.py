@@ -43,16 +43,16 @@ there, and warms the state up first where it is not:
    that rebalance caught-up warmups are warm holders, so the sticky target takes them over with
    (near) zero restore. Stateless tasks, and stateful ones no present client is caught up on
    or much closer to than the target, go straight to their target: nothing to wait for.
-7. **Carry** (``plan(..., previous_target=...)``). A leader that stays across probing rounds
-   may offer the target of its last plan. From the interim history (held-back tasks now run
-   on their keepers) that target is no longer move-minimal, so step 1 can pick another one,
-   which needs new warmups. So when the plan of steps 1 to 6 holds actives back, the last
-   target is this round's target instead, as it is and with nothing held back, if it needs
-   no warmup and is a fixed point of the sticky assignor for this input (so valid and
-   balanced; ``HighAvailabilityTaskAssignor._still_valid``). A plan that holds nothing back
-   is kept: it moves the least, and a balanced group is never reshuffled. The plan cannot
-   tell a stale target: offer only the last plan's, in the round right after it
-   (``streamassign.streams.ProbingMemory`` does).
+7. **Carry** (``plan(..., last_plan=...)``). A leader that stays across probing rounds may
+   offer its last plan. From the interim history (held-back tasks now run on their keepers)
+   that plan's target is no longer move-minimal, so step 1 can pick another one, which needs
+   new warmups. So when the plan of steps 1 to 6 holds actives back, and the clients run
+   exactly the actives the last plan assigned (the probing round right after it: a target
+   from rounds ago could move far more than the least), the last target is this round's
+   target instead, as it is and with nothing held back, if it needs no warmup and is a
+   fixed point of the sticky assignor for this input (so valid and balanced;
+   ``HighAvailabilityTaskAssignor._still_valid``). A plan that holds nothing back is kept:
+   it moves the least, and a balanced group is never reshuffled.
 
 While actives are held back the interim assignment can be unbalanced (a caught-up client runs
 more than its share); the assignment the rounds converge to is the target, with all the sticky
@@ -159,7 +159,7 @@ class HighAvailabilityTaskAssignor:
         stateful: Iterable[TaskId] | None = None,
         task_racks: Mapping[TaskId, str] | None = None,
         *,
-        previous_target: Mapping[str, ClientAssignment] | None = None,
+        last_plan: HighAvailabilityPlan | None = None,
     ) -> HighAvailabilityPlan:
         """The interim assignment, its target, and the actives held back (module docstring).
 
@@ -168,18 +168,20 @@ class HighAvailabilityTaskAssignor:
         ``StickyTaskAssignor.assign``. Raises the ``AssignmentInputError``s that does
         (duplicate process ids, tasks without clients).
 
-        ``previous_target``: the ``target`` of the last plan this leader made (step 7 of the
-        module docstring). When the plan made without it holds actives back, it is this
-        round's target, as it is, if it is still one for this input and needs no warmup
-        (``_still_valid``); otherwise it is ignored.
+        ``last_plan``: the last plan this leader made (step 7 of the module docstring). When
+        the plan made without it holds actives back and the clients run exactly the actives
+        it assigned, its target is this round's, as it is, if it is still one for this input
+        and needs no warmup (``_still_valid``); otherwise it is ignored.
         """
+        if last_plan is not None:
+            _check_last_plan(last_plan)
         task_list = sorted({as_task(t) for t in tasks})
         client_list = sorted(clients, key=lambda c: c.process_id)
         stateful_list = task_list if stateful is None else [as_task(t) for t in stateful]
         fresh = self._plan_afresh(task_list, client_list, stateful_list, task_racks)
-        if previous_target is None or not fresh.probing_rebalance_needed:
+        if last_plan is None or not fresh.probing_rebalance_needed:
             return fresh
-        carried = self._carry(previous_target, task_list, client_list, stateful_list, task_racks)
+        carried = self._carry(last_plan, task_list, client_list, stateful_list, task_racks)
         return fresh if carried is None else carried
 
     def _plan_afresh(
@@ -211,21 +213,21 @@ class HighAvailabilityTaskAssignor:
 
     def _carry(
         self,
-        previous_target: Mapping[str, ClientAssignment],
+        last_plan: HighAvailabilityPlan,
         tasks: list[TaskId],
         clients: list[ClientState],
         stateful: list[TaskId],
         task_racks: Mapping[TaskId, str] | None,
     ) -> HighAvailabilityPlan | None:
-        """The plan whose target is ``previous_target``, when that is still valid for these
-        (sorted) inputs, for the same process ids; None otherwise."""
-        if not all(isinstance(kept, ClientAssignment) for kept in previous_target.values()):
-            raise AssignmentTypeError(
-                "previous_target maps process ids to ClientAssignment values (a plan's target)"
-            )
+        """The plan whose target is ``last_plan``'s, when the (sorted) clients run exactly the
+        actives ``last_plan`` assigned and that target is still valid for these inputs; None
+        otherwise."""
+        running = {c.process_id: frozenset(c.prev_active) for c in clients}
+        if running != {pid: kept.active for pid, kept in last_plan.assignment.items()}:
+            return None  # not the round right after it: a member changed, a task moved
         carried = _Holdback(self, tasks, clients, set(stateful), {})
-        carried.target = {p: previous_target[p] for p in carried.clients if p in previous_target}
-        same_clients = len(carried.target) == len(previous_target) == len(clients)
+        carried.target = {p: last_plan.target[p] for p in carried.clients if p in last_plan.target}
+        same_clients = len(carried.target) == len(last_plan.target) == len(clients)
         if not same_clients or not self._still_valid(carried, task_racks):
             return None
         return carried.plan()
@@ -265,6 +267,18 @@ class HighAvailabilityTaskAssignor:
         return all(
             (again[pid].active, again[pid].standby) == (kept.active, kept.standby)
             for pid, kept in carried.target.items()
+        )
+
+
+def _check_last_plan(last_plan: object) -> None:
+    """``last_plan`` is a plan (its assignment and target keep their types), else a typed
+    error: a caller's bug, never a reason to plan differently."""
+    if not isinstance(last_plan, HighAvailabilityPlan) or not all(
+        isinstance(kept, ClientAssignment)
+        for kept in (*last_plan.assignment.values(), *last_plan.target.values())
+    ):
+        raise AssignmentTypeError(
+            "last_plan is a HighAvailabilityPlan mapping process ids to ClientAssignment values"
         )
 
 

@@ -12,9 +12,10 @@ With ``high_availability=True`` the high-availability assignor (``streamassign.h
 sticky one: actives move only onto caught-up state, warmups go to their targets, and while any
 active is held back every member's ``next_rebalance_ms`` is set to now plus the probing interval,
 so the group rebalances again once the warmups had time to catch up. A leader that keeps a
-``ProbingMemory`` across its rebalances offers the target of its last plan to the next one
-(``HighAvailabilityTaskAssignor.plan(..., previous_target=...)``), but only when the members
-report exactly the actives that plan gave them: a probing round right after it.
+``ProbingMemory`` across its rebalances offers its last plan to the next one
+(``HighAvailabilityTaskAssignor.plan(..., last_plan=...)``), whose target is carried over only
+when the members report exactly the actives that plan gave them: a probing round right after
+it.
 """
 
 from __future__ import annotations
@@ -71,29 +72,19 @@ class MemberSubscription:
 
 @attrs.define
 class ProbingMemory:
-    """What a group leader keeps of its last high-availability plan, across its rebalances:
-    the actives it assigned (per process id) and its target. Owned by the leader process (one
-    per process, shared by its consumers) and passed to every ``assign_streams`` it runs.
+    """What a group leader keeps of its last high-availability plan, across its rebalances.
+    Owned by the leader process (one per process, shared by its consumers) and passed to every
+    ``assign_streams`` it runs.
 
-    ``assign_streams`` offers the target to the next plan only when the members run exactly
-    the actives that plan assigned (a probing round right after it), then remembers the new
-    plan. An assignment made by the sticky assignor forgets it; a memory that cannot be used
-    (changed by hand) is logged and the round planned afresh. A leader without one (or a new
-    leader) plans afresh, which can take a probing round more (docs/ha.md)."""
+    ``assign_streams`` offers that plan to the next one (``HighAvailabilityTaskAssignor.plan``
+    carries its target over only in the probing round right after it: the members run exactly
+    the actives it assigned), then remembers the new plan. An assignment made by the sticky
+    assignor forgets it; a memory that cannot be used (changed by hand) is logged and the round
+    planned afresh. A leader without one (or a new leader) plans afresh, which can take a
+    probing round more (docs/ha.md)."""
 
-    #: The actives the last plan assigned, per process id (empty: nothing remembered).
-    actives: dict[str, frozenset[TaskId]] = attrs.field(factory=dict)
-    #: The last plan's target (``HighAvailabilityPlan.target``); None: nothing remembered.
-    target: dict[str, ClientAssignment] | None = None
-
-    def offer(self, clients: Iterable[ClientState]) -> dict[str, ClientAssignment] | None:
-        """The remembered target, when the clients run exactly the actives the last plan
-        assigned them (the same process ids): a probing round right after that plan. None
-        otherwise: a leader that led long ago, a member gone or restarted, a task moved."""
-        running = {c.process_id: frozenset(c.prev_active) for c in clients}
-        if self.target is None or running != self.actives:
-            return None
-        return self.target
+    #: The last plan this leader made (None: nothing remembered).
+    last: HighAvailabilityPlan | None = None
 
     def plan(
         self,
@@ -103,30 +94,24 @@ class ProbingMemory:
         stateful: Iterable[TaskId] | None = None,
         task_racks: Mapping[TaskId, str] | None = None,
     ) -> HighAvailabilityPlan:
-        """``ha``'s plan of this input, offered the remembered target (``offer``), then
-        remembered in its place. A remembered target the plan cannot use (changed by hand) is
-        logged and the round planned afresh: not worth failing the group over."""
+        """``ha``'s plan of this input, offered the remembered plan, then remembered in its
+        place. A remembered plan the assignor cannot use (changed by hand) is logged and the
+        round planned afresh: not worth failing the group over."""
         clients = list(clients)
-        offered = self.offer(clients)
         plan = None
-        if offered is not None:
+        if self.last is not None:
             try:
-                plan = ha.plan(tasks, clients, stateful, task_racks, previous_target=offered)
+                plan = ha.plan(tasks, clients, stateful, task_racks, last_plan=self.last)
             except Exception:
-                log.exception("the remembered target could not be used; planning afresh")
+                log.exception("the remembered plan could not be used; planning afresh")
         if plan is None:
             plan = ha.plan(tasks, clients, stateful, task_racks)
-        self.remember(plan)
+        self.last = plan
         return plan
-
-    def remember(self, plan: HighAvailabilityPlan) -> None:
-        """Keep what ``plan`` assigned and its target, in place of what was kept."""
-        self.actives = {pid: frozenset(a.active) for pid, a in plan.assignment.items()}
-        self.target = dict(plan.target)
 
     def forget(self) -> None:
         """Keep nothing: the next plan is made afresh."""
-        self.actives, self.target = {}, None
+        self.last = None
 
 
 @attrs.frozen

@@ -332,7 +332,7 @@ def assert_target_guarantees(
     standby evening), and the plan's assignment is the target when nothing is held back.
 
     ``computed_from``: the history of the round that computed a target the leader carried
-    over (``previous_target``); its moves are the least from that history, not necessarily
+    over (``last_plan``); its moves are the least from that history, not necessarily
     from this one (rule 8 of docs/ha.md). Every other guarantee holds from this one."""
     tasks, clients, replicas, stateful = inputs
     target = plan.target
@@ -526,8 +526,8 @@ def perturbed_cluster_rounds(
         if rounds > bound:
             over.append(start)
         settled = next_round(clients, plan.assignment)
-        for last_target in (None, plan.target):  # a new leader, the same leader
-            again = ha.plan(tasks, settled, stateful, previous_target=last_target)
+        for last_plan in (None, plan):  # a new leader, the same leader
+            again = ha.plan(tasks, settled, stateful, last_plan=last_plan)
             assert again.assignment == plan.assignment and not again.probing_rebalance_needed
         if step == events:
             break
@@ -548,7 +548,7 @@ def converge_perturbed(
     """Probing rounds until nothing is held back, every round keeping the per-round invariants
     and every target the sticky guarantees, within the loose bound of ``converge``:
     (rounds, the tight bound of the first round, last clients, last plan). ``carry``: the
-    leader stays and passes each plan's target to the next (``previous_target``)."""
+    leader stays and passes each plan to the next (``last_plan``)."""
     loose = 2 * len(stateful) * (1 + min(replicas, len(clients) - 1))
     warmups = ha.max_warmup_replicas
     plan = ha.plan(tasks, clients, stateful)
@@ -563,10 +563,11 @@ def converge_perturbed(
             return rounds, tight, clients, plan
         rounds += 1
         assert rounds <= loose, f"no convergence within {loose} probing rounds"
-        last_clients, last_target = clients, plan.target if carry else None
+        last_clients, last_plan = clients, plan if carry else None
         clients = next_round(clients, plan.assignment)
-        plan = ha.plan(tasks, clients, stateful, previous_target=last_target)
-        computed_from = (computed_from or last_clients) if plan.target == last_target else None
+        plan = ha.plan(tasks, clients, stateful, last_plan=last_plan)
+        carried = last_plan is not None and plan.target == last_plan.target
+        computed_from = (computed_from or last_clients) if carried else None
 
 
 # A tenth of the profile's examples: 20 in dev, 200 in CI, 5,000 in the deep profile.
@@ -904,7 +905,7 @@ def test_with_nobody_caught_up_the_least_lagging_holder_keeps_the_task_meanwhile
     assert not plan.held_back and plan.assignment == plan.target
 
 
-# -- the leader's last target (previous_target) ------------------------------------------------
+# -- the leader's last plan (last_plan) ---------------------------------------------------------
 
 
 def role_swap_rounds() -> tuple[list[TaskId], list[ClientState], HighAvailabilityPlan]:
@@ -934,23 +935,35 @@ def moved(
     return changed(left, dest, **{kind: set(getattr(target[dest], kind)) | {t}})
 
 
+def planned(
+    clients: list[ClientState], target: Mapping[str, ClientAssignment]
+) -> HighAvailabilityPlan:
+    """A last plan of ``target`` that assigned the ``clients`` exactly the actives they now
+    run (the round right after it), so only ``target`` itself decides whether it is carried."""
+    running = {c.process_id: ClientAssignment(c.prev_active) for c in clients}
+    return HighAvailabilityPlan(running, target, {})
+
+
 def assert_ignored(
     ha: HighAvailabilityTaskAssignor,
     tasks: list[TaskId],
     clients: list[ClientState],
-    previous: Mapping[str, ClientAssignment],
+    previous: Mapping[str, ClientAssignment] | HighAvailabilityPlan,
 ) -> None:
     """The plan made without ``previous`` holds actives back (so ``previous`` could count),
-    and the plan given ``previous`` is that plan."""
+    and the plan given ``previous`` (a last plan, or a target: see ``planned``) is that
+    plan."""
     fresh = ha.plan(tasks, clients)
     assert fresh.probing_rebalance_needed
-    assert ha.plan(tasks, clients, previous_target=previous) == fresh
+    if not isinstance(previous, HighAvailabilityPlan):
+        previous = planned(clients, previous)
+    assert ha.plan(tasks, clients, last_plan=previous) == fresh
 
 
 def test_the_last_target_still_valid_is_kept_when_a_plan_afresh_would_hold_back() -> None:
     tasks, history, first = role_swap_rounds()
     assert assignor(1, 1).plan(tasks, history).held_back == {TaskId(0, 6): "d"}
-    plan = assignor(1, 1).plan(tasks, history, previous_target=first.target)
+    plan = assignor(1, 1).plan(tasks, history, last_plan=first)
     assert plan.target == plan.assignment == first.target
     assert not plan.probing_rebalance_needed and not plan.warmups
 
@@ -964,8 +977,19 @@ def test_a_plan_afresh_holding_nothing_back_is_kept() -> None:
     stale = moved(moved(first.target, "active", "2_1", "aa", "d"), "active", "2_3", "d", "aa")
     stale = moved(moved(stale, "standby", "2_1", "d", "aa"), "standby", "2_3", "aa", "d")
     assert still_valid((tasks, settled, 1, None), stale)
-    plan = assignor(1, 1).plan(tasks, settled, previous_target=stale)
+    plan = assignor(1, 1).plan(tasks, settled, last_plan=planned(settled, stale))
     assert plan.assignment == first.target
+
+
+def test_the_last_target_is_ignored_out_of_the_round_right_after_its_plan() -> None:
+    """A review found a still-valid target from rounds ago adopted with 8 moves of 9 tasks
+    where 1 was the bound: the plan carries a target over only when the clients run exactly
+    the actives its plan assigned."""
+    tasks, history, first = role_swap_rounds()
+    assert first.assignment != first.target  # so a plan that assigned the target is another
+    assert_ignored(assignor(1, 1), tasks, history, attrs.evolve(first, assignment=first.target))
+    idle = {**first.assignment, "a": ClientAssignment()}  # a ran something since
+    assert_ignored(assignor(1, 1), tasks, history, attrs.evolve(first, assignment=idle))
 
 
 def test_the_last_target_is_ignored_when_the_processes_changed() -> None:
@@ -1061,12 +1085,13 @@ def test_the_last_target_keeps_the_balance_option() -> None:
 def test_the_last_target_does_not_hide_bad_input() -> None:
     tasks, history, first = role_swap_rounds()
     with pytest.raises(ValueError, match="duplicate process id"):
-        assignor(1).plan(tasks, [*history, history[0]], previous_target=first.target)
+        assignor(1).plan(tasks, [*history, history[0]], last_plan=first)
     with pytest.raises(ValueError, match="no clients"):
-        assignor(1).plan(tasks, [], previous_target={})
+        assignor(1).plan(tasks, [], last_plan=HighAvailabilityPlan({}, {}, {}))
     not_a_target = {pid: None for pid in first.target}
-    with pytest.raises(AssignmentTypeError, match="previous_target maps process ids"):
-        assignor(1, 1).plan(tasks, history, previous_target=not_a_target)
+    for not_a_plan in (first.target, attrs.evolve(first, target=not_a_target)):
+        with pytest.raises(AssignmentTypeError, match="last_plan is a HighAvailabilityPlan"):
+            assignor(1, 1).plan(tasks, history, last_plan=not_a_plan)  # type: ignore[arg-type]
 
 
 def still_valid(
@@ -1132,22 +1157,26 @@ def altered(draw: st.DrawFn, target: Mapping[str, ClientAssignment]) -> dict[str
 def test_a_last_target_never_breaks_a_per_round_rule(
     inputs: Inputs, warmups: int, data: st.DataObject
 ) -> None:
-    """Any last target (the target of a plan on arbitrary inputs, as it is or altered),
-    offered in the same round or one probing round later: the plan keeps every per-round
-    rule, and it is the plan made without it unless that plan holds actives back and the
-    last target is still valid (``still_valid``): then it is that target, nothing held
-    back."""
+    """Any last plan (a plan on arbitrary inputs, its target as it is or altered), offered
+    in the same round or one probing round later: the plan keeps every per-round rule, and
+    it is the plan made without it unless that plan holds actives back, the clients run
+    exactly the actives the last plan assigned and its target is still valid
+    (``still_valid``): then it is that target, nothing held back."""
     tasks, clients, replicas, stateful = inputs
     ha = assignor(replicas, warmups)
     first = ha.plan(tasks, clients, stateful)
     later = data.draw(st.booleans(), label="one probing round later")
     history = next_round(clients, first.assignment) if later else clients
     previous = data.draw(altered(first.target))
-    plan = ha.plan(tasks, history, stateful, previous_target=previous)
+    plan = ha.plan(tasks, history, stateful, last_plan=attrs.evolve(first, target=previous))
     check_round(tasks, history, replicas, stateful, plan, warmups)
     fresh = ha.plan(tasks, history, stateful)
-    if fresh.probing_rebalance_needed and still_valid(
-        (tasks, history, replicas, stateful), previous
+    running = {c.process_id: ClientAssignment(c.prev_active) for c in history}
+    right_after = running == {p: ClientAssignment(a.active) for p, a in first.assignment.items()}
+    if (
+        fresh.probing_rebalance_needed
+        and right_after
+        and still_valid((tasks, history, replicas, stateful), previous)
     ):
         assert plan.assignment == plan.target == previous
         assert not plan.probing_rebalance_needed
@@ -1174,7 +1203,8 @@ def test_a_last_target_is_carried_exactly_when_still_valid(
     previous = data.draw(altered(first.target))
     task_list, stateful_list = sorted(set(tasks)), tasks if stateful is None else stateful
     by_pid = sorted(history, key=lambda c: c.process_id)
-    carried = ha._carry(previous, task_list, by_pid, stateful_list, None)
+    last = planned(history, previous)  # the round right after it, whatever it assigned
+    carried = ha._carry(last, task_list, by_pid, stateful_list, None)
     now = (tasks, history, replicas, stateful)
     valid = still_valid(now, previous, balance)
     event("carried" if valid else "ignored")

@@ -312,7 +312,7 @@ def test_the_probing_memory_is_the_processs_whichever_consumer_leads(tmp_path: P
     leader of another process (no memory of round 0) plans afresh and probes once more."""
     leader = swap_host(tmp_path / "leader")
     first = leads(leader, 0, swap.first_members())
-    assert swap.probing(first) and leader.probing_memory.target is not None
+    assert swap.probing(first) and leader.probing_memory.last is not None
     members = swap.next_members(first, swap.first_members())
     assert not swap.probing(leads(leader, 1, members))
     other = swap_host(tmp_path / "other")
@@ -331,11 +331,11 @@ def test_an_assignment_another_process_led_makes_the_memory_forget(tmp_path: Pat
     ]
     host.consumers = [SimpleNamespace(_coordinator=c) for c in coordinators]  # type: ignore[misc]
     leads(host, 0, swap.first_members())
-    assert host.led_generation == 5 and host.probing_memory.target is not None
+    assert host.led_generation == 5 and host.probing_memory.last is not None
     nothing = ConsumerProtocolMemberAssignment(0, [], AssignmentInfo().encode())
     host.assignors[1].on_assignment(nothing)  # generation 5, led by consumer 0
-    assert host.probing_memory.target is not None
+    assert host.probing_memory.last is not None
     for coordinator in coordinators:
         coordinator.generation = 6  # another process led generation 6
     host.assignors[1].on_assignment(nothing)
-    assert host.probing_memory.target is None and host.probing_memory.actives == {}
+    assert host.probing_memory.last is None

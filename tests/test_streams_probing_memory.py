@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -131,19 +132,19 @@ def test_a_leader_that_stays_meets_the_tight_bound_afresh_takes_a_round_more() -
     assert probing_rounds(None) == 2
 
 
-def test_the_memory_keeps_the_last_plans_actives_and_target() -> None:
+def test_the_memory_keeps_the_last_plan() -> None:
     memory = ProbingMemory()
     result = lead(first_members(), memory)
-    assert memory.target is not None
+    assert memory.last is not None
     active = {
         str(uuid.UUID(int=pid)): frozenset().union(
             *(a.info.active for m, a in result.items() if m.startswith(f"{name}-"))
         )
         for name, (pid, *_) in PROCESSES.items()
     }
-    assert memory.actives == active
-    assert set(memory.target) == set(active)
-    assert {p: a.active for p, a in memory.target.items()} != active  # actives held back
+    assert {p: a.active for p, a in memory.last.assignment.items()} == active
+    assert set(memory.last.target) == set(active)
+    assert {p: a.active for p, a in memory.last.target.items()} != active  # actives held back
 
 
 def round_zero() -> tuple[dict[str, MemberSubscription], ProbingMemory]:
@@ -164,18 +165,20 @@ def test_a_stale_memory_is_not_offered() -> None:
     long ago, a plan another leader changed since, a process gone or new) plans afresh: the
     result is the one without memory, and the new plan is remembered in its place."""
     members, memory = round_zero()
+    assert memory.last is not None
     afresh = lead(members, None)
-    pid, actives = next(iter(memory.actives.items()))
-    stale_actives = [
-        {**memory.actives, pid: actives - {min(actives)}},
-        {**memory.actives, pid: actives | {TaskId(2, 4)}},
-        {p: a for p, a in memory.actives.items() if p != pid},
-        {**memory.actives, str(uuid.UUID(int=99)): frozenset()},
+    assigned = dict(memory.last.assignment)
+    pid, kept = next(iter(assigned.items()))
+    stale_assignments = [
+        {**assigned, pid: attrs.evolve(kept, active=kept.active - {min(kept.active)})},
+        {**assigned, pid: attrs.evolve(kept, active=kept.active | {TaskId(2, 4)})},
+        {p: a for p, a in assigned.items() if p != pid},
+        {**assigned, str(uuid.UUID(int=99)): ClientAssignment()},
     ]
-    for remembered in stale_actives:
-        stale = ProbingMemory(remembered, memory.target)
+    for remembered in stale_assignments:
+        stale = ProbingMemory(attrs.evolve(memory.last, assignment=remembered))
         assert lead(members, stale) == afresh
-        assert stale.actives != remembered and stale.target != memory.target
+        assert stale.last is not None and stale.last.assignment != remembered
 
 
 def test_a_restarted_process_gets_no_carried_target() -> None:
@@ -203,13 +206,15 @@ def test_a_memory_that_cannot_be_used_never_fails_the_group(
     (an unknown task) or logged (not an assignment at all), planned afresh, and replaced by
     the new plan."""
     members, memory = round_zero()
+    assert memory.last is not None
     afresh = lead(members, None)
-    unknown = {p: ClientAssignment(active=frozenset({TaskId(9, 9)})) for p in memory.actives}
-    for target in (unknown, dict.fromkeys(memory.actives, "not an assignment")):
-        broken = ProbingMemory(dict(memory.actives), target)  # type: ignore[arg-type]
+    pids = memory.last.assignment
+    unknown = {p: ClientAssignment(active=frozenset({TaskId(9, 9)})) for p in pids}
+    for target in (unknown, dict.fromkeys(pids, "not an assignment")):
+        broken = ProbingMemory(attrs.evolve(memory.last, target=target))
         assert lead(members, broken) == afresh
-        assert broken.target is not None and broken.target != target
-    assert "the remembered target could not be used; planning afresh" in caplog.text
+        assert broken.last is not None and broken.last.target != target
+    assert "the remembered plan could not be used; planning afresh" in caplog.text
 
 
 def rounds_until_settled(
