@@ -5,6 +5,7 @@ and never that of a task it holds in any role. No broker: the task changes are d
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -111,6 +112,29 @@ def test_the_cleanup_loop_deletes_in_the_background_and_stops_with_the_app(
 
     asyncio.run(run())
     assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == ["0_1"]
+
+
+def test_stop_does_not_wait_for_a_delete_under_way(tmp_path: Path) -> None:
+    """A large store being deleted in its thread must not hold up the final commits and the
+    group leave: ``stop`` leaves the delete to finish in its thread."""
+    app = app_with_state(tmp_path, state_cleanup_delay_ms=50)
+    deleting, release = threading.Event(), threading.Event()
+
+    def slow_delete() -> int:
+        deleting.set()
+        release.wait(30)
+        return 0
+
+    app.host.state.delete_set_aside = slow_delete  # type: ignore[method-assign]
+
+    async def run() -> None:
+        cleaning = app._cleaning = asyncio.create_task(cleanup_of(app).run(app._stopped))
+        assert await asyncio.to_thread(deleting.wait, 10)
+        await asyncio.wait_for(app.stop(), 10)
+        assert cleaning.done() and app._cleaning is None  # while the delete still runs
+        release.set()
+
+    asyncio.run(run())
 
 
 def test_none_keeps_the_state_for_good(tmp_path: Path) -> None:

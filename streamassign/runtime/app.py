@@ -216,6 +216,7 @@ class App:
             if cleanup_delay_ms is None
             else StateCleanup(self.host.state, cleanup_delay_ms, self._held_tasks, self._stores)
         )
+        self._cleaning: asyncio.Task[None] | None = None
 
     @property
     def state(self) -> Any:
@@ -282,9 +283,9 @@ class App:
             self._fail_on_error(self._consume(i), f"consumer {i}") for i in range(self.threads)
         ]
         loops.append(self._fail_on_error(self._state_updater_loop(), "the state updater"))
-        if self._cleanup is not None:  # (fails never: a failed check is logged and retried)
-            loops.append(self._cleanup.run(self._stopped))
         self._loops = [asyncio.create_task(loop) for loop in loops]
+        if self._cleanup is not None:  # (fails never: a failed check is logged and retried)
+            self._cleaning = asyncio.create_task(self._cleanup.run(self._stopped))
 
     async def _make_producers(self) -> None:
         """The producers' configuration (batches capped below the written topics' limits)
@@ -379,6 +380,10 @@ class App:
         # processes leaving) must not start tasks here, nor save them as restart claims.
         self.host.begin_stop()
         self._stopped.set()
+        if self._cleaning is not None:  # a delete under way finishes in its thread, unawaited:
+            self._cleaning.cancel()  # it must not hold up the commits and leaving the group
+            await asyncio.gather(self._cleaning, return_exceptions=True)
+            self._cleaning = None
         # Cooperative: each loop finishes the record it is on and exits. Only a loop stuck
         # past the grace period is cancelled; its consumer then commits nothing (its tasks'
         # uncommitted state is dropped, so the next owner recovers as after a crash).

@@ -49,7 +49,9 @@ class StateCleanup:
         # the state its first rebalances may hand back to it; and a monotonic clock is immune
         # to wall-clock steps and to directories copied or restored with old times.
         self.started = time.monotonic()
-        #: When a check last saw each task held (a task assigned but never opened has no close).
+        #: When a check last saw each task held: a task assigned but never opened has no
+        #: close, so it counts as let go then (up to half a delay early; its directory was
+        #: not used meanwhile).
         self._seen_held: dict[TaskId, float] = {}
 
     @property
