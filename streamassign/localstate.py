@@ -72,6 +72,8 @@ class StateDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
         #: Damaged paths that could not be moved aside: logged once, then skipped quietly.
         self._stuck: set[Path] = set()
+        #: Task state that could not be removed or deleted: logged once, then tried quietly.
+        self._undeletable: set[Path] = set()
         self._lock: IO[bytes] | None = self._lock_file()
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -259,7 +261,7 @@ class StateDirectory:
         caller can check the task is unused and rename it in one step) for ``delete_set_aside``.
         Only for a task whose stores are closed: an open store would go on writing into the
         renamed directory. Returns the new path; None when there is no directory, or when it
-        cannot be renamed (logged)."""
+        cannot be renamed (logged once)."""
         directory = self.task_dir(task)
         aside = directory.with_name(f"{directory.name}{_REMOVED}{uuid.uuid4().hex[:12]}")
         try:
@@ -267,14 +269,15 @@ class StateDirectory:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            log.warning("cannot remove the local state of task %s (%s): %s", task, directory, exc)
+            self._cannot_delete(directory, f"cannot remove the local state of task {task}", exc)
             return None
+        self._undeletable.discard(directory)
         return aside
 
     def delete_set_aside(self) -> int:
         """Delete every directory ``set_aside_task`` renamed (those left by a crash mid-delete
         too); returns how many. Blocking, and slow for large stores: call it in a thread, one
-        call at a time. One that cannot be deleted is logged and left for the next call."""
+        call at a time. One that cannot be deleted is logged (once) and left for the next call."""
         try:
             entries = [e for e in (self.path / "tasks").iterdir() if _is_removed(e.name)]
         except OSError:
@@ -290,10 +293,17 @@ class StateDirectory:
             except FileNotFoundError:
                 continue
             except OSError as exc:
-                log.warning("cannot delete %s (the state of a task no longer held): %s", entry, exc)
+                self._cannot_delete(entry, "cannot delete the state of a task no longer held", exc)
                 continue
+            self._undeletable.discard(entry)
             deleted += 1
         return deleted
+
+    def _cannot_delete(self, path: Path, what: str, exc: OSError) -> None:
+        """Log a failed removal or delete once per path (each later call tries it again)."""
+        if path not in self._undeletable:
+            self._undeletable.add(path)
+            log.warning("%s (%s): %s; trying again at each cleanup", what, path, exc)
 
     # -- last assignment -------------------------------------------------------------------------
 

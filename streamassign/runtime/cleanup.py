@@ -28,10 +28,15 @@ from .task_stores import TaskStores
 
 log = logging.getLogger("streamassign.runtime")
 
+#: Seconds between two checks at least, however short the delay: a check lists the task
+#: directories and hops to a thread, not worth doing in a busy loop.
+MIN_CHECK_INTERVAL = 0.1
+
 
 class StateCleanup:
     """Removes the state of tasks not held for ``delay_ms``, checking every half of it (so a
-    task's state goes between 1 and 1.5 delays after the process last held it)."""
+    task's state goes between 1 and 1.5 delays after the process last held it; not more often
+    than every ``MIN_CHECK_INTERVAL``)."""
 
     def __init__(
         self,
@@ -99,7 +104,7 @@ class StateCleanup:
         await self._delete()  # what a crash left set aside, mid-delete
         while not stopped.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopped.wait(), self.delay / 2)
+                await asyncio.wait_for(stopped.wait(), max(self.delay / 2, MIN_CHECK_INTERVAL))
             if stopped.is_set():
                 return
             if self._check():  # (also what an earlier delete could not delete)
