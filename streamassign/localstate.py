@@ -62,6 +62,8 @@ _ID_LIMIT = 1 << 31
 _OFFSET_LIMIT = 1 << 63
 #: Marks a task directory set aside to be deleted (``<s_p>.removed-<hex>``).
 _REMOVED = ".removed-"
+#: Marks damaged state set aside for inspection (``<name>.damaged-<UTC time>``).
+_DAMAGED = ".damaged-"
 
 
 class StateDirectory:
@@ -105,11 +107,11 @@ class StateDirectory:
         if path in self._stuck:
             return
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        aside = path.with_name(f"{path.name}.damaged-{stamp}")
+        aside = path.with_name(f"{path.name}{_DAMAGED}{stamp}")
         n = 1
         while aside.exists() or aside.is_symlink():  # os.rename would replace an earlier one
             n += 1
-            aside = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+            aside = path.with_name(f"{path.name}{_DAMAGED}{stamp}-{n}")
         try:
             path.rename(aside)
         except OSError as exc:
@@ -289,6 +291,7 @@ class StateDirectory:
                 if entry.is_symlink() or not entry.is_dir():
                     entry.unlink()
                 else:
+                    _keep_damaged(entry)
                     shutil.rmtree(entry)
             except FileNotFoundError:
                 continue
@@ -338,6 +341,18 @@ def _is_removed(name: str) -> bool:
     state set aside for inspection: ``<name>.damaged-...`` is never deleted)."""
     task, marker, token = name.partition(_REMOVED)
     return bool(marker) and _task_of(task) is not None and token.isalnum() and token.isascii()
+
+
+def _keep_damaged(removed: Path) -> None:
+    """Move damaged state set aside inside a removed task directory (a ``checkpoint.damaged-...``)
+    out of it, to ``tasks/<s_p>.<name>``: damaged state is kept for inspection, always."""
+    task = removed.name.partition(_REMOVED)[0]
+    for inner in removed.iterdir():
+        if _DAMAGED in inner.name:
+            kept = removed.with_name(f"{task}.{inner.name}")
+            if kept.exists() or kept.is_symlink():  # os.rename would replace it
+                kept = kept.with_name(f"{kept.name}-{uuid.uuid4().hex[:6]}")
+            inner.rename(kept)
 
 
 def _no_constant(name: str) -> Any:

@@ -330,6 +330,8 @@ def test_deleting_leaves_damaged_and_foreign_entries_alone(tmp_path: Path) -> No
     # Left by a crash mid-delete: a file, a partly deleted directory, a link.
     (tasks / "0_3.removed-0123456789ab").write_text("x")
     (tasks / "0_4.removed-0123456789ab" / "s.rocksdb").mkdir(parents=True)
+    damaged_inside = tasks / "0_4.removed-0123456789ab" / "checkpoint.damaged-20260101T000000Z"
+    damaged_inside.write_text("{")  # set aside by ``read_checkpoint``: kept, moved out
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (outside / "data").write_text("not ours")
@@ -337,7 +339,9 @@ def test_deleting_leaves_damaged_and_foreign_entries_alone(tmp_path: Path) -> No
     assert state.local_tasks() == {TaskId(0, 5)}  # a task directory, wherever it lives
     assert state.set_aside_task(TaskId(0, 5)) is not None
     assert state.delete_set_aside() == 3
-    assert sorted(p.name for p in tasks.iterdir()) == sorted([*kept, "0_2", f"{1 << 31}_0"])
+    moved = "0_4.checkpoint.damaged-20260101T000000Z"
+    assert sorted(p.name for p in tasks.iterdir()) == sorted([*kept, "0_2", f"{1 << 31}_0", moved])
+    assert (tasks / moved).read_text() == "{"
     assert (outside / "data").read_text() == "not ours"  # a link is removed, never followed
 
 
