@@ -49,8 +49,8 @@ class StateCleanup:
         self.delay_ms = delay_ms
         self.held = held
         self.stores = stores
-        # Tasks found on disk count as released at start, not at their directory's mtime (as
-        # Kafka Streams does): a process back after a long downtime keeps, for one more delay,
+        # Tasks found on disk count as released at start, not (as in Kafka Streams) at their
+        # directory's mtime: a process back after a long downtime keeps, for one more delay,
         # the state its first rebalances may hand back to it; and a monotonic clock is immune
         # to wall-clock steps and to directories copied or restored with old times.
         self.started = time.monotonic()
