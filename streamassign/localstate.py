@@ -10,6 +10,8 @@ checkpointed changelog offsets; that is what makes restarts sticky. Same here:
                                             active tasks each consumer ran last, reported
                                             after a restart so the process gets them back
 
+    <state_dir>/tasks/<s_p>.removed-<hex>   a task's state being deleted (``set_aside_task``)
+
 A lock file keeps two processes from sharing one directory (they would report each other's
 state). Every file is replaced atomically (``files.write_atomically``: unique temporary name,
 fsync, rename, directory fsync), so readers never see a torn file, whichever thread saves.
@@ -20,6 +22,13 @@ or holds something implausible (not JSON, nested too deep, offsets that are not 
 belongs, a task id out of range) counts as "no state" for its task. It is logged once and
 renamed to a ``<name>.damaged-<UTC time>`` sibling for inspection, never deleted. Pure standard
 library; the runtime writes checkpoints, the protocol reads the sums.
+
+The state of a task the process no longer holds is deleted in two steps (Kafka Streams'
+``state.cleanup.delay.ms``; the owner of the stores decides which tasks and when):
+``set_aside_task`` renames its directory at once, so from then on it is nobody's state (not
+reported, and an open of the task starts a new directory), and ``delete_set_aside`` deletes
+what was set aside, which can take seconds for a large RocksDB store (call it off the event
+loop).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Mapping
@@ -50,6 +60,10 @@ MAX_STATE_FILE_BYTES = 16 << 20
 _ID_LIMIT = 1 << 31
 #: Offset sums travel as int64s, and negative ones are sentinels (``LATEST_OFFSET`` = running).
 _OFFSET_LIMIT = 1 << 63
+#: Marks a task directory set aside to be deleted (``<s_p>.removed-<hex>``).
+_REMOVED = ".removed-"
+#: Marks damaged state set aside for inspection (``<name>.damaged-<UTC time>``).
+_DAMAGED = ".damaged-"
 
 
 class StateDirectory:
@@ -60,6 +74,8 @@ class StateDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
         #: Damaged paths that could not be moved aside: logged once, then skipped quietly.
         self._stuck: set[Path] = set()
+        #: Task state that could not be removed or deleted: logged once, then tried quietly.
+        self._undeletable: set[Path] = set()
         self._lock: IO[bytes] | None = self._lock_file()
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -91,11 +107,11 @@ class StateDirectory:
         if path in self._stuck:
             return
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        aside = path.with_name(f"{path.name}.damaged-{stamp}")
+        aside = path.with_name(f"{path.name}{_DAMAGED}{stamp}")
         n = 1
         while aside.exists() or aside.is_symlink():  # os.rename would replace an earlier one
             n += 1
-            aside = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+            aside = path.with_name(f"{path.name}{_DAMAGED}{stamp}-{n}")
         try:
             path.rename(aside)
         except OSError as exc:
@@ -225,6 +241,73 @@ class StateDirectory:
                 sums[task] = sum(offsets.values())
         return sums
 
+    # -- deleting the state of tasks no longer held ----------------------------------------------
+
+    def local_tasks(self) -> set[TaskId]:
+        """Tasks with a directory under ``tasks/``, with or without a checkpoint (state whose
+        checkpoint was never written takes disk space too)."""
+        try:
+            entries = list((self.path / "tasks").iterdir())
+        except OSError:  # gone or replaced under a running process: ``offset_sums`` mends it
+            return set()
+        tasks = set()
+        for entry in entries:
+            task = _task_of(entry.name)
+            # Out of range ids are damaged state (kept for inspection), not a task's.
+            if task is not None and _valid_task(task) and entry.is_dir():
+                tasks.add(task)
+        return tasks
+
+    def set_aside_task(self, task: TaskId) -> Path | None:
+        """Rename ``task``'s directory to ``<s_p>.removed-<hex>`` (one rename: quick, so the
+        caller can check the task is unused and rename it in one step) for ``delete_set_aside``.
+        Only for a task whose stores are closed: an open store would go on writing into the
+        renamed directory. Returns the new path; None when there is no directory, or when it
+        cannot be renamed (logged once)."""
+        directory = self.task_dir(task)
+        aside = directory.with_name(f"{directory.name}{_REMOVED}{uuid.uuid4().hex[:12]}")
+        try:
+            directory.rename(aside)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._cannot_delete(directory, f"cannot remove the local state of task {task}", exc)
+            return None
+        self._undeletable.discard(directory)
+        return aside
+
+    def delete_set_aside(self) -> int:
+        """Delete every directory ``set_aside_task`` renamed (those left by a crash mid-delete
+        too); returns how many. Blocking, and slow for large stores: call it in a thread, one
+        call at a time. One that cannot be deleted is logged (once) and left for the next call."""
+        try:
+            entries = [e for e in (self.path / "tasks").iterdir() if _is_removed(e.name)]
+        except OSError:
+            return 0
+        deleted = 0
+        for entry in entries:
+            try:
+                # A link is removed, not followed: what it points to was never ours to delete.
+                if entry.is_symlink() or not entry.is_dir():
+                    entry.unlink()
+                else:
+                    _keep_damaged(entry)
+                    shutil.rmtree(entry)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                self._cannot_delete(entry, "cannot delete the state of a task no longer held", exc)
+                continue
+            self._undeletable.discard(entry)
+            deleted += 1
+        return deleted
+
+    def _cannot_delete(self, path: Path, what: str, exc: OSError) -> None:
+        """Log a failed removal or delete once per path (each later call tries it again)."""
+        if path not in self._undeletable:
+            self._undeletable.add(path)
+            log.warning("%s (%s): %s; trying again at each cleanup", what, path, exc)
+
     # -- last assignment -------------------------------------------------------------------------
 
     def write_assignment(self, actives: Mapping[int, frozenset[TaskId]]) -> None:
@@ -251,6 +334,25 @@ class StateDirectory:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+
+def _is_removed(name: str) -> bool:
+    """Whether a ``tasks/`` entry is a task directory ``set_aside_task`` renamed (not damaged
+    state set aside for inspection: ``<name>.damaged-...`` is never deleted)."""
+    task, marker, token = name.partition(_REMOVED)
+    return bool(marker) and _task_of(task) is not None and token.isalnum() and token.isascii()
+
+
+def _keep_damaged(removed: Path) -> None:
+    """Move damaged state set aside inside a removed task directory (a ``checkpoint.damaged-...``)
+    out of it, to ``tasks/<s_p>.<name>``: damaged state is kept for inspection, always."""
+    task = removed.name.partition(_REMOVED)[0]
+    for inner in removed.iterdir():
+        if _DAMAGED in inner.name:
+            kept = removed.with_name(f"{task}.{inner.name}")
+            if kept.exists() or kept.is_symlink():  # os.rename would replace it
+                kept = kept.with_name(f"{kept.name}-{uuid.uuid4().hex[:6]}")
+            inner.rename(kept)
 
 
 def _no_constant(name: str) -> Any:

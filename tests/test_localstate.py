@@ -279,3 +279,100 @@ def test_any_checkpoint_content_gives_a_plausible_sum_or_none(tmp_path: Path) ->
         SubscriptionInfo(state.process_id, offset_sums=sums).encode()  # always encodable
 
     check()
+
+
+# -- deleting the state of tasks no longer held -----------------------------------------------
+
+
+def store_files(state: StateDirectory, task: TaskId, offset: int) -> None:
+    """A task's state as the runtime leaves it: a store directory with files, a checkpoint."""
+    store = state.task_dir(task) / "totals.rocksdb"
+    store.mkdir(parents=True)
+    (store / "000001.sst").write_bytes(b"x" * 1000)
+    state.write_checkpoint(task, {TopicPartition("t", task.partition): offset})
+
+
+def test_a_set_aside_task_is_no_state_at_once_and_deleted_later(tmp_path: Path) -> None:
+    state = StateDirectory(tmp_path)
+    held, gone = TaskId(0, 0), TaskId(0, 1)
+    store_files(state, held, 5)
+    store_files(state, gone, 7)
+    assert state.local_tasks() == {held, gone}
+    aside = state.set_aside_task(gone)
+    assert aside is not None and aside.name.startswith("0_1.removed-")
+    # Reported nowhere from the rename on, before the (slow) delete runs.
+    assert state.offset_sums() == {held: 5} and state.local_tasks() == {held}
+    assert state.read_checkpoint(gone) == {}
+    store_files(state, gone, 9)  # the task opens again meanwhile: a new directory of its own
+    assert state.delete_set_aside() == 1
+    assert not aside.exists()
+    assert state.offset_sums() == {held: 5, gone: 9}
+    assert (state.task_dir(held) / "totals.rocksdb" / "000001.sst").is_file()  # untouched
+    assert state.set_aside_task(TaskId(3, 3)) is None  # no directory: nothing to do
+    assert state.delete_set_aside() == 0
+
+
+def test_deleting_leaves_damaged_and_foreign_entries_alone(tmp_path: Path) -> None:
+    state = StateDirectory(tmp_path)
+    tasks = tmp_path / "tasks"
+    kept = {
+        "0_1.damaged-20260101T000000Z": "state set aside for inspection",
+        "0_1.removed-abc.damaged-20260101T000000Z": "a damaged entry of a removed one",
+        "x.removed-abc": "not named after a task",
+        "0_1.removed-": "no token",
+        "notes.txt": "a user's file",
+    }
+    for name, text in kept.items():
+        (tasks / name).write_text(text)
+    (tasks / "0_2").write_text("a file where a task directory belongs")
+    (tasks / f"{1 << 31}_0").mkdir()  # a task id out of range: damaged, not a task
+    assert state.local_tasks() == set()
+    # Left by a crash mid-delete: a file, a partly deleted directory, a link.
+    (tasks / "0_3.removed-0123456789ab").write_text("x")
+    (tasks / "0_4.removed-0123456789ab" / "s.rocksdb").mkdir(parents=True)
+    damaged_inside = tasks / "0_4.removed-0123456789ab" / "checkpoint.damaged-20260101T000000Z"
+    damaged_inside.write_text("{")  # set aside by ``read_checkpoint``: kept, moved out
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "data").write_text("not ours")
+    (tasks / "0_5").symlink_to(outside)
+    assert state.local_tasks() == {TaskId(0, 5)}  # a task directory, wherever it lives
+    assert state.set_aside_task(TaskId(0, 5)) is not None
+    assert state.delete_set_aside() == 3
+    moved = "0_4.checkpoint.damaged-20260101T000000Z"
+    assert sorted(p.name for p in tasks.iterdir()) == sorted([*kept, "0_2", f"{1 << 31}_0", moved])
+    assert (tasks / moved).read_text() == "{"
+    assert (outside / "data").read_text() == "not ours"  # a link is removed, never followed
+
+
+def test_state_that_cannot_be_removed_or_deleted_stays_and_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = StateDirectory(tmp_path)
+    task = TaskId(0, 1)
+    store_files(state, task, 7)
+
+    def refuse(*args: object, **kw: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    with caplog.at_level(logging.WARNING, "streamassign.localstate"):
+        with monkeypatch.context() as patched:
+            patched.setattr(Path, "rename", refuse)
+            assert state.set_aside_task(task) is None
+            assert state.set_aside_task(task) is None  # tried again, logged once
+        assert state.offset_sums() == {task: 7}  # still the task's state
+        assert state.set_aside_task(task) is not None
+        with monkeypatch.context() as patched:
+            patched.setattr(shutil, "rmtree", refuse)
+            assert state.delete_set_aside() == 0
+            assert state.delete_set_aside() == 0
+        assert state.offset_sums() == {}
+    aside = next((tmp_path / "tasks").iterdir())
+    assert [r.getMessage() for r in caplog.records] == [
+        f"cannot remove the local state of task 0_1 ({state.task_dir(task)}): "
+        "[Errno 13] Permission denied; trying again at each cleanup",
+        f"cannot delete the state of a task no longer held ({aside}): "
+        "[Errno 13] Permission denied; trying again at each cleanup",
+    ]
+    assert state.delete_set_aside() == 1  # the next call deletes it
+    assert list((tmp_path / "tasks").iterdir()) == []

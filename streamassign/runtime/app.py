@@ -46,12 +46,13 @@ from ._clients import (
 )
 from ._topics import ensure_internal_topics, max_message_bytes, written_topics
 from .changelog import StoreState
+from .cleanup import StateCleanup
 from .commits import Commits
 from .end_offsets import EndOffsetsCache, changelog_partitions
 from .processing import ErrorPolicy, Processing, ProcessingError
 from .restore import ChangelogLookups, Restoring, StateUpdater
 from .settings import PROCESSING_GUARANTEES as PROCESSING_GUARANTEES
-from .settings import ProcessingGuarantee, Settings
+from .settings import STATE_CLEANUP_DELAY_MS, ProcessingGuarantee, Settings
 from .standbys import Standbys
 from .stores import StoreKind
 from .task_stores import TaskStores, start_of
@@ -96,6 +97,9 @@ class App:
     warmups (run like standbys) and take over at a probing rebalance every
     ``probing_rebalance_interval_ms`` (see ``docs/ha.md``). The process then keeps every
     stateful task's changelog end offsets cached (``end_offsets``) for exact lags when it leads.
+
+    ``state_cleanup_delay_ms`` (Kafka Streams' ``state.cleanup.delay.ms``): the local state of
+    a task this process has not held for that long is deleted (``cleanup.py``); None keeps it.
     """
 
     def __init__(
@@ -119,6 +123,7 @@ class App:
         acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
         max_warmup_replicas: int = 2,
         probing_rebalance_interval_ms: int = 600_000,
+        state_cleanup_delay_ms: int | None = STATE_CLEANUP_DELAY_MS,
     ) -> None:
         settings = Settings(
             topology=topology,
@@ -129,6 +134,7 @@ class App:
             producer_config=producer_config,
             commit_interval_ms=commit_interval_ms,
             consumer_config=consumer_config,
+            state_cleanup_delay_ms=state_cleanup_delay_ms,
         )
         self.processing_guarantee = settings.processing_guarantee
         #: Seconds a transaction may stay open before the broker aborts it (exactly once).
@@ -168,9 +174,9 @@ class App:
         #: Every restore of active tasks, in order (tests and benchmarks read it).
         self.restore_events: list[RestoreEvent] = []
         self.failure: BaseException | None = None
-        self._wire(settings.processing_errors)
+        self._wire(settings.processing_errors, settings.state_cleanup_delay_ms)
 
-    def _wire(self, processing_errors: ErrorPolicy) -> None:
+    def _wire(self, processing_errors: ErrorPolicy, cleanup_delay_ms: int | None) -> None:
         """The parts (see the module docstring) and what the loops share."""
         self._clients = Clients()
         self._actives: dict[TaskId, ActiveTask] = {}
@@ -204,6 +210,13 @@ class App:
         self._loops: list[asyncio.Task[None]] = []
         #: At least once: aborts what a crashed exactly-once owner left open (``start``).
         self._orphans: OrphanTransactions | None = None
+        #: Deletes the local state of tasks no longer held (None: kept for good).
+        self._cleanup = (
+            None
+            if cleanup_delay_ms is None
+            else StateCleanup(self.host.state, cleanup_delay_ms, self._held_tasks, self._stores)
+        )
+        self._cleaning: asyncio.Task[None] | None = None
 
     @property
     def state(self) -> Any:
@@ -271,6 +284,8 @@ class App:
         ]
         loops.append(self._fail_on_error(self._state_updater_loop(), "the state updater"))
         self._loops = [asyncio.create_task(loop) for loop in loops]
+        if self._cleanup is not None:  # (fails never: a failed check is logged and retried)
+            self._cleaning = asyncio.create_task(self._cleanup.run(self._stopped))
 
     async def _make_producers(self) -> None:
         """The producers' configuration (batches capped below the written topics' limits)
@@ -365,6 +380,10 @@ class App:
         # processes leaving) must not start tasks here, nor save them as restart claims.
         self.host.begin_stop()
         self._stopped.set()
+        if self._cleaning is not None:  # a delete under way finishes in its thread, unawaited:
+            self._cleaning.cancel()  # it must not hold up the commits and leaving the group
+            await asyncio.gather(self._cleaning, return_exceptions=True)
+            self._cleaning = None
         # Cooperative: each loop finishes the record it is on and exits. Only a loop stuck
         # past the grace period is cancelled; its consumer then commits nothing (its tasks'
         # uncommitted state is dropped, so the next owner recovers as after a crash).
@@ -465,6 +484,23 @@ class App:
             return int(await asyncio.wait_for(reader.position(tp), 1.0))
         except Exception:  # unassigned meanwhile, or no position yet: the lag stands
             return None
+
+    def _held_tasks(self) -> frozenset[TaskId] | None:
+        """Every task whose local state this process uses or may open in a moment: active on
+        any consumer (restoring or torn too), standby or warmup (opening too, or wanted once
+        revoked), parked, opening or closing, assigned but not opened yet, or claimed back
+        after a restart. None while task changes are under way: a callback moves a task
+        between these across an ``await`` (in none of them meanwhile)."""
+        if self._changes or self._rebalancing or self._closing:
+            return None
+        standbys, stores = self._standbys, self._stores
+        held = {*self._actives, *standbys.states, *standbys.opening, *standbys.owner}
+        held |= {*standbys.wanted, *stores.parked, *stores.opening, *stores.closing}
+        for i in range(self.threads):
+            assigned = self.host.tasks(i)
+            held |= assigned.active | assigned.standby | assigned.warmup
+            held |= self.host.restored_active(i)
+        return frozenset(held)
 
     # -- processing ------------------------------------------------------------------------------
 

@@ -28,6 +28,8 @@ log = logging.getLogger("streamassign.runtime")
 
 #: aiokafka's ``transaction_timeout_ms``, unless ``producer_config`` sets one.
 TRANSACTION_TIMEOUT_MS = 60_000
+#: Kafka Streams' default ``state.cleanup.delay.ms`` (10 minutes).
+STATE_CLEANUP_DELAY_MS = 600_000
 
 
 def _topology(value: Topology | str | os.PathLike[str]) -> Topology:
@@ -107,6 +109,16 @@ def _commit_interval(settings: Settings, attribute: Any, interval_ms: int) -> No
         raise RuntimeConfigError(f"commit_interval_ms must be >= 1, got {interval_ms}")
 
 
+def _cleanup_delay(settings: Settings, attribute: Any, delay_ms: int | None) -> None:
+    if delay_ms is None:
+        return
+    if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 1:
+        raise RuntimeConfigError(
+            "state_cleanup_delay_ms must be an int >= 1 (milliseconds), or None to keep the "
+            f"state of tasks no longer held for good, got {delay_ms!r}"
+        )
+
+
 def _isolation(settings: Settings, attribute: Any, config: Mapping[str, Any]) -> None:
     if settings.exactly_once and config["isolation_level"] != "read_committed":
         raise RuntimeConfigError(
@@ -131,6 +143,11 @@ class Settings:
     commit_interval_ms: int = attrs.field(validator=_commit_interval)
     consumer_config: Mapping[str, Any] = attrs.field(
         converter=_consumer_config, validator=_isolation
+    )
+    #: Kafka Streams' ``state.cleanup.delay.ms``: the local state of a task this process has
+    #: not held for that long is deleted (``cleanup.py``); None keeps it for good.
+    state_cleanup_delay_ms: int | None = attrs.field(
+        default=STATE_CLEANUP_DELAY_MS, validator=_cleanup_delay
     )
 
     def __attrs_post_init__(self) -> None:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -84,6 +85,9 @@ class TaskStores:
         self.closing: dict[TaskId, asyncio.Future[None]] = {}
         #: Stores opening in a thread, by task.
         self.opening: dict[TaskId, Opening] = {}
+        #: When each task's stores last finished closing (``time.monotonic()``): the task's
+        #: local state is unused since then, unless it was opened again.
+        self.closed_at: dict[TaskId, float] = {}
         self._checkpointed: dict[TaskId, dict[TopicPartition, int]] = {}
         self._executor: ThreadPoolExecutor | None = None
 
@@ -300,11 +304,18 @@ class TaskStores:
         self.closing[task] = closing
 
         def forget(done: asyncio.Future[None]) -> None:
+            self.closed_at[task] = time.monotonic()
             if self.closing.get(task) is done:
                 del self.closing[task]
 
         closing.add_done_callback(forget)
         return closing
+
+    def removed(self, task: TaskId) -> None:
+        """``task``'s local state was deleted: what this remembers of it is void (a checkpoint
+        equal to the last one written must be written again, into the new directory)."""
+        self._checkpointed.pop(task, None)
+        self.closed_at.pop(task, None)
 
     def close_parked(self) -> list[asyncio.Future[None]]:
         """Close what no consumer of this process took in the rebalance that just ended."""

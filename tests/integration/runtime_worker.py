@@ -30,7 +30,9 @@ makes every input record send one output record (its key; value
 ``customers-table``). ``--stall P:O:S`` makes the processor await on input record P@O (the
 first time) until its task moved to another consumer, at most S seconds (``stall`` and
 ``stalled`` lines); ``--max-poll-ms`` sets the consumers' ``max_poll_interval_ms`` (a consumer
-that calls no ``getmany`` for that long leaves the group).
+that calls no ``getmany`` for that long leaves the group). ``--cleanup-ms`` sets
+``state_cleanup_delay_ms``; status lines then also list the tasks the process reports local
+state of (``local``: its offset sums).
 """
 
 from __future__ import annotations
@@ -200,6 +202,7 @@ async def main() -> None:
     ap.add_argument("--join", default=None)
     ap.add_argument("--stall", default=None, help="PARTITION:OFFSET:SECONDS (see Totals)")
     ap.add_argument("--max-poll-ms", type=int, default=None)
+    ap.add_argument("--cleanup-ms", type=int, default=None)
     args = ap.parse_args()
     Totals.output = args.output
     if args.stall:
@@ -232,6 +235,7 @@ async def main() -> None:
         probing_rebalance_interval_ms=args.probing_ms,
         endpoint=args.endpoint,
         processing_guarantee=args.guarantee,
+        **({"state_cleanup_delay_ms": args.cleanup_ms} if args.cleanup_ms else {}),
         consumer_config={
             "session_timeout_ms": args.session_ms,
             "heartbeat_interval_ms": min(500, args.session_ms // 3),
@@ -307,6 +311,7 @@ async def main() -> None:
                 ),
                 rebalances=app.host.rebalances,
                 ends={str(t): e for t, e in app.end_offsets().items()} if app.end_offsets else None,
+                local=sorted(map(str, app.host.offset_sums())) if args.cleanup_ms else None,
                 t=time.time(),
             )
             with contextlib.suppress(TimeoutError):

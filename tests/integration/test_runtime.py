@@ -4,8 +4,8 @@ The application (``runtime_worker.py``) sums values per key into a RocksDB-backe
 one standby, so the exact final table is computable from what was produced. Checked here:
 ``kill -9`` while 100k records flow loses nothing and counts nothing twice, the standby takes
 over restoring far fewer records than a cold restore (both measured), a rolling restart gives
-every process its tasks back without full restores, and a requested shutdown stops every
-process.
+every process its tasks back without full restores, a requested shutdown stops every
+process, and the state of tasks a process no longer holds is deleted after the cleanup delay.
 """
 
 from __future__ import annotations
@@ -447,6 +447,64 @@ def test_rolling_restart_returns_tasks_without_full_restores(runtime: Runtime) -
         merged.update(tables(proc))
     runtime.procs.clear()
     assert merged == expected_table(total)
+
+
+def task_dirs(runtime: Runtime, name: str) -> dict[str, int]:
+    """The entries of process ``name``'s ``tasks/`` directory, with their inode numbers."""
+    return {e.name: e.stat().st_ino for e in (runtime.tmp / name / "tasks").iterdir()}
+
+
+def held(status: dict[str, Any]) -> set[str]:
+    """Every task a process has stores of (active, restoring or standby), per its status."""
+    return {*status["active"], *status["restoring"], *status["standby"]}
+
+
+def test_state_of_tasks_that_moved_away_is_deleted_after_the_delay(runtime: Runtime) -> None:
+    """A third process joins two that each hold every task (3 actives, 3 standbys): once the
+    (short) cleanup delay has passed, each of the two has the directories of exactly the tasks
+    it still holds (the others deleted, and gone from its offset sums; those it kept untouched),
+    while records flow throughout and the tables stay exact."""
+    total = 20_000
+    runtime.args = ["--status-interval", "0.1", "--cleanup-ms", "1500"]
+    runtime.start_two()
+    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=500, pause=0.2)
+    feeder.start()
+    deadline = time.monotonic() + TIMEOUT
+
+    def status(name: str) -> dict[str, Any]:
+        return runtime.events(name, "status")[-1]
+
+    while any(held(status(n)) != TASKS for n in ("p1", "p2")):  # every standby open
+        assert time.monotonic() < deadline, {n: status(n) for n in ("p1", "p2")}
+        time.sleep(0.1)
+    before = {n: task_dirs(runtime, n) for n in ("p1", "p2")}
+    assert all(set(dirs) == TASKS for dirs in before.values())
+    runtime.start("p3")
+    runtime.settle()
+
+    def cleaned(name: str) -> bool:
+        """Its directories (none set aside) are those of the tasks it holds, fewer than all,
+        and its offset sums report exactly those."""
+        now, dirs = status(name), set(task_dirs(runtime, name))
+        return dirs == held(now) == set(now["local"]) and dirs < TASKS
+
+    for name in ("p1", "p2"):
+        while not cleaned(name):
+            assert time.monotonic() < deadline, (name, task_dirs(runtime, name), status(name))
+            time.sleep(0.1)
+        after = task_dirs(runtime, name)
+        # Those it held throughout: the very same directories (never renamed nor recreated).
+        assert after == {t: before[name][t] for t in after}
+        assert all((runtime.tmp / name / "tasks" / t / "totals.rocksdb").is_dir() for t in after)
+        logged = (runtime.tmp / f"{name}.log").read_text()
+        for task in TASKS - set(after):
+            assert f"task {task}: local state removed" in logged
+    feeder.finish()
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    merged: dict[str, str] = {}
+    for name in ("p1", "p2", "p3"):
+        merged.update(tables(runtime.stop(name)))
+    assert merged == expected_table(total)  # nothing lost, nothing counted twice
 
 
 def test_internal_topics_created_or_refused_with_a_typed_error(
