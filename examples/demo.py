@@ -3,6 +3,7 @@ which cannot go on with one line on stderr (not a trace)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 from collections.abc import Callable, Coroutine, Mapping
@@ -23,6 +24,22 @@ async def create_topics(bootstrap: str, partitions: Mapping[str, int]) -> None:
         await admin.create_topics([NewTopic(t, n, 1) for t, n in partitions.items()])
     finally:
         await admin.close()
+
+
+def count(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least`` (a count of customers of 0 would
+    divide by zero; a negative count of orders would quietly produce none)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is below {least}")
+        return value
+
+    return parse
 
 
 def run(main: Callable[[], Coroutine[Any, Any, int]]) -> NoReturn:

@@ -19,12 +19,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+try:  # without the runtime extra: one line naming what is missing, not a trace
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from streamassign.runtime import App
+    from streamassign.runtime import App
 
-from ..demo import create_topics, run
-from .join import EnrichOrders, join_topology
+    from ..demo import count, create_topics, run
+    from .join import EnrichOrders, join_topology
+except ModuleNotFoundError as exc:
+    sys.exit(f"error: {exc.name} is not installed: pip install 'streamassign[runtime]'")
 
 PARTITIONS = 4
 
@@ -71,8 +74,8 @@ async def main() -> int:
     """Run the demo; the exit status is 1 if fewer orders came out than went in."""
     ap = argparse.ArgumentParser(description="Orders joined with customers (streamassign runtime)")
     ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers (host:port)")
-    ap.add_argument("--orders", type=int, default=2000)
-    ap.add_argument("--customers", type=int, default=100)
+    ap.add_argument("--orders", type=count(1), default=2000)
+    ap.add_argument("--customers", type=count(1), default=100)
     ap.add_argument("--state-dir", default=None, help="default: a new temporary directory")
     ap.add_argument(
         "--guarantee", choices=["at_least_once", "exactly_once"], default="at_least_once"

@@ -12,16 +12,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 import tempfile
 import uuid
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
 from streamassign import Subtopology, Topology
-from streamassign.runtime import App, Record, TaskContext
 
-from ..demo import create_topics, run
+try:  # without the runtime extra: one line naming what is missing, not a trace
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    from streamassign.runtime import App, Record, TaskContext
+
+    from ..demo import count, create_topics, run
+except ModuleNotFoundError as exc:
+    sys.exit(f"error: {exc.name} is not installed: pip install 'streamassign[runtime]'")
 
 WORDS = [
     "the",
@@ -77,7 +82,7 @@ async def main() -> int:
     """Run the demo; the exit status is 1 if the counts do not match what was produced."""
     ap = argparse.ArgumentParser(description="Word count with a repartition topic")
     ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers (host:port)")
-    ap.add_argument("--sentences", type=int, default=1000)
+    ap.add_argument("--sentences", type=count(1), default=1000)
     ap.add_argument("--threads", type=int, default=2, help="consumers in this process")
     ap.add_argument("--state-dir", default=None, help="default: a new temporary directory")
     args = ap.parse_args()
@@ -130,8 +135,8 @@ async def main() -> int:
     finally:
         await consumer.stop()
         await app.stop()
-    for word, count in sorted(latest.items(), key=lambda kv: -kv[1]):
-        print(f"{word:>8} {count}")
+    for word, seen in sorted(latest.items(), key=lambda kv: -kv[1]):
+        print(f"{word:>8} {seen}")
     print("counts match the sentences produced:", latest == expected)
     return 0 if latest == expected else 1
 
