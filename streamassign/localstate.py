@@ -10,7 +10,7 @@ checkpointed changelog offsets; that is what makes restarts sticky. Same here:
                                             active tasks each consumer ran last, reported
                                             after a restart so the process gets them back
 
-    <state_dir>/tasks/<s_p>.removed-<hex>   a task's state being deleted (``set_aside_task``)
+    <state_dir>/tasks/<s_p>.removed-<hex>   a task's state being deleted (``retire_task``)
 
 A lock file keeps two processes from sharing one directory (they would report each other's
 state). Every file is replaced atomically (``files.write_atomically``: unique temporary name,
@@ -25,9 +25,9 @@ library; the runtime writes checkpoints, the protocol reads the sums.
 
 The state of a task the process no longer holds is deleted in two steps (Kafka Streams'
 ``state.cleanup.delay.ms``; the owner of the stores decides which tasks and when):
-``set_aside_task`` renames its directory at once, so from then on it is nobody's state (not
-reported, and an open of the task starts a new directory), and ``delete_set_aside`` deletes
-what was set aside, which can take seconds for a large RocksDB store (call it off the event
+``retire_task`` renames its directory at once, so from then on it is nobody's state (not
+reported, and an open of the task starts a new directory), and ``delete_retired`` deletes
+what was retired, which can take seconds for a large RocksDB store (call it off the event
 loop).
 """
 
@@ -60,7 +60,7 @@ MAX_STATE_FILE_BYTES = 16 << 20
 _ID_LIMIT = 1 << 31
 #: Offset sums travel as int64s, and negative ones are sentinels (``LATEST_OFFSET`` = running).
 _OFFSET_LIMIT = 1 << 63
-#: Marks a task directory set aside to be deleted (``<s_p>.removed-<hex>``).
+#: Marks a retired task directory, to be deleted (``<s_p>.removed-<hex>``).
 _REMOVED = ".removed-"
 #: Marks damaged state set aside for inspection (``<name>.damaged-<UTC time>``).
 _DAMAGED = ".damaged-"
@@ -258,9 +258,9 @@ class StateDirectory:
                 tasks.add(task)
         return tasks
 
-    def set_aside_task(self, task: TaskId) -> Path | None:
+    def retire_task(self, task: TaskId) -> Path | None:
         """Rename ``task``'s directory to ``<s_p>.removed-<hex>`` (one rename: quick, so the
-        caller can check the task is unused and rename it in one step) for ``delete_set_aside``.
+        caller can check the task is unused and rename it in one step) for ``delete_retired``.
         Only for a task whose stores are closed: an open store would go on writing into the
         renamed directory. Returns the new path; None when there is no directory, or when it
         cannot be renamed (logged once)."""
@@ -276,8 +276,8 @@ class StateDirectory:
         self._undeletable.discard(directory)
         return aside
 
-    def delete_set_aside(self) -> int:
-        """Delete every directory ``set_aside_task`` renamed (those left by a crash mid-delete
+    def delete_retired(self) -> int:
+        """Delete every directory ``retire_task`` renamed (those left by a crash mid-delete
         too); returns how many. Blocking, and slow for large stores: call it in a thread, one
         call at a time. One that cannot be deleted is logged (once) and left for the next call."""
         try:
@@ -337,7 +337,7 @@ class StateDirectory:
 
 
 def _is_removed(name: str) -> bool:
-    """Whether a ``tasks/`` entry is a task directory ``set_aside_task`` renamed (not damaged
+    """Whether a ``tasks/`` entry is a task directory ``retire_task`` renamed (not damaged
     state set aside for inspection: ``<name>.damaged-...`` is never deleted)."""
     task, marker, token = name.partition(_REMOVED)
     return bool(marker) and _task_of(task) is not None and token.isalnum() and token.isascii()

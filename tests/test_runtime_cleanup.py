@@ -61,10 +61,10 @@ def test_only_state_not_held_for_the_delay_is_removed(tmp_path: Path) -> None:
         now = time.monotonic()
         cleanup.started = now - DELAY_MS / 1000  # on disk at start, a delay ago
         app._changes = 1  # a task change under way: what is held is unknown
-        assert cleanup.set_aside(now) is None
+        assert cleanup.retire(now) is None
         app._changes = 0
-        assert cleanup.set_aside(now - 0.01) == []  # not a whole delay yet
-        assert cleanup.set_aside(now) == [T[0], T[5]]
+        assert cleanup.retire(now - 0.01) == []  # not a whole delay yet
+        assert cleanup.retire(now) == [T[0], T[5]]
         assert set(state.offset_sums()) == {T[1], T[2], T[3], T[4]}
         assert set(app.host.offset_sums()) == {T[1], T[2], T[3], T[4]}
 
@@ -73,20 +73,20 @@ def test_only_state_not_held_for_the_delay_is_removed(tmp_path: Path) -> None:
         await asyncio.gather(*app._stores.close_parked())
         closed = app._stores.closed_at[T[1]]
         assert closed >= now and app._stores.closed_at[T[2]] >= now
-        assert cleanup.set_aside(closed + 0.99 * DELAY_MS / 1000) == []
+        assert cleanup.retire(closed + 0.99 * DELAY_MS / 1000) == []
         last = max(app._stores.closed_at.values()) + DELAY_MS / 1000
-        assert cleanup.set_aside(last) == [T[1], T[2]]
+        assert cleanup.retire(last) == [T[1], T[2]]
         assert T[1] not in app._stores.closed_at  # forgotten with the state
 
         # A task last seen held at a check counts from that check (it has no close).
         app.host._known[0] = ClientAssignment()  # T[3] unassigned before it ever opened
-        assert cleanup.set_aside(last + 0.5) == []  # T[4] still claimed: seen held then
+        assert cleanup.retire(last + 0.5) == []  # T[4] still claimed: seen held then
         app.host._restored = {}
-        assert cleanup.set_aside(last + 0.99 * DELAY_MS / 1000) == []
-        assert cleanup.set_aside(last + DELAY_MS / 1000) == [T[3]]
-        assert cleanup.set_aside(last + 0.5 + 0.99 * DELAY_MS / 1000) == []
-        assert cleanup.set_aside(last + 0.5 + DELAY_MS / 1000) == [T[4]]
-        assert state.local_tasks() == set() and state.delete_set_aside() == 6
+        assert cleanup.retire(last + 0.99 * DELAY_MS / 1000) == []
+        assert cleanup.retire(last + DELAY_MS / 1000) == [T[3]]
+        assert cleanup.retire(last + 0.5 + 0.99 * DELAY_MS / 1000) == []
+        assert cleanup.retire(last + 0.5 + DELAY_MS / 1000) == [T[4]]
+        assert state.local_tasks() == set() and state.delete_retired() == 6
         assert list((tmp_path / "tasks").iterdir()) == []
         app._stores.shutdown()
 
@@ -125,7 +125,7 @@ def test_stop_does_not_wait_for_a_delete_under_way(tmp_path: Path) -> None:
         release.wait(30)
         return 0
 
-    app.host.state.delete_set_aside = slow_delete  # type: ignore[method-assign]
+    app.host.state.delete_retired = slow_delete  # type: ignore[method-assign]
 
     async def run() -> None:
         cleaning = app._cleaning = asyncio.create_task(cleanup_of(app).run(app._stopped))

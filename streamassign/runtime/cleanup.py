@@ -7,9 +7,9 @@ leftover is reported in the subscription as local state (of ever-growing lag). A
 also warm state for a task that comes back soon, so it is kept until the process has not held
 the task for ``delay`` seconds.
 
-The application says what it holds (``held``; None while it cannot tell, with task changes
+The application says what it holds (``held_tasks``; None while it cannot tell, with task changes
 under way). A check runs in one step of the event loop: it reads what is held and renames
-(``StateDirectory.set_aside_task``) the directory of every other task released long enough,
+(``StateDirectory.retire_task``) the directory of every other task released long enough,
 so no task can open in between; the renamed directories are then deleted in a thread (a large
 RocksDB store takes seconds) while processing goes on.
 """
@@ -42,12 +42,12 @@ class StateCleanup:
         self,
         state: StateDirectory,
         delay_ms: int,
-        held: Callable[[], frozenset[TaskId] | None],
+        held_tasks: Callable[[], frozenset[TaskId] | None],
         stores: TaskStores,
     ) -> None:
         self.state = state
         self.delay_ms = delay_ms
-        self.held = held
+        self.held_tasks = held_tasks
         self.stores = stores
         # Tasks found on disk count as released at start, not (as in Kafka Streams) at their
         # directory's mtime: a process back after a long downtime keeps, for one more delay,
@@ -71,11 +71,11 @@ class StateCleanup:
             self.stores.closed_at.get(task, self.started),
         )
 
-    def set_aside(self, now: float) -> list[TaskId] | None:
+    def retire(self, now: float) -> list[TaskId] | None:
         """Rename the directory of every task not held and released at least ``delay`` before
         ``now``: synchronous, so what is held cannot change meanwhile. Returns those tasks;
         None when the application cannot tell what it holds now."""
-        held = self.held()
+        held = self.held_tasks()
         if held is None:
             return None
         for task in held:
@@ -83,10 +83,10 @@ class StateCleanup:
         removed = []
         for task in sorted(self.state.local_tasks() - held):
             idle = now - self.released_at(task)
-            if idle < self.delay or self.state.set_aside_task(task) is None:
+            if idle < self.delay or self.state.retire_task(task) is None:
                 continue
             removed.append(task)
-            self.stores.removed(task)
+            self.stores.forget_removed(task)
             self._seen_held.pop(task, None)
             log.info(
                 "task %s: local state removed (not held here for %.1f s; "
@@ -101,7 +101,7 @@ class StateCleanup:
         """Check every half delay until ``stopped``. Never fails: a check that fails is
         logged and the next one tries again (the state stays on disk meanwhile)."""
         self.started = time.monotonic()
-        await self._delete()  # what a crash left set aside, mid-delete
+        await self._delete()  # what a crash left retired, mid-delete
         while not stopped.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopped.wait(), max(self.delay / 2, MIN_CHECK_INTERVAL))
@@ -113,13 +113,13 @@ class StateCleanup:
     def _check(self) -> bool:
         """One check; whether it ran (False: not now, or it failed)."""
         try:
-            return self.set_aside(time.monotonic()) is not None
+            return self.retire(time.monotonic()) is not None
         except Exception:  # a bug here must not stop processing
             log.exception("checking for local state to remove failed; trying again later")
             return False
 
     async def _delete(self) -> None:
         try:
-            await asyncio.to_thread(self.state.delete_set_aside)
-        except Exception:  # (``delete_set_aside`` logs what it cannot delete)
+            await asyncio.to_thread(self.state.delete_retired)
+        except Exception:  # (``delete_retired`` logs what it cannot delete)
             log.exception("deleting removed local state failed; trying again later")
