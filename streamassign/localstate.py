@@ -49,7 +49,7 @@ from typing import IO, Any
 from ._ids import TaskId, TopicPartition
 from .errors import DamagedStateError
 from .errors import StateDirectoryLockedError as StateDirectoryLockedError  # old home
-from .files import is_temporary, read_bounded, write_atomically
+from .files import is_temporary, read_bounded, sync_directory, write_atomically
 
 log = logging.getLogger("streamassign.localstate")
 
@@ -76,6 +76,8 @@ class StateDirectory:
         self._stuck: set[Path] = set()
         #: Task state that could not be removed or deleted: logged once, then tried quietly.
         self._undeletable: set[Path] = set()
+        #: Whether the last ``delete_retired`` left a retired directory it could not delete.
+        self.retired_left = False
         self._lock: IO[bytes] | None = self._lock_file()
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -279,10 +281,22 @@ class StateDirectory:
     def delete_retired(self) -> int:
         """Delete every directory ``retire_task`` renamed (those left by a crash mid-delete
         too); returns how many. Blocking, and slow for large stores: call it in a thread, one
-        call at a time. One that cannot be deleted is logged (once) and left for the next call."""
+        call at a time. One that cannot be deleted is logged (once) and left for the next call
+        (``retired_left`` says whether there is one)."""
+        self.retired_left = False
         try:
             entries = [e for e in (self.path / "tasks").iterdir() if _is_removed(e.name)]
         except OSError:
+            return 0
+        if not entries:
+            return 0
+        try:
+            # The renames reach the disk before any unlink: after a power loss mid-delete a
+            # task's directory is retired or whole, never half deleted under its own name.
+            sync_directory(self.path / "tasks")
+        except OSError as exc:
+            self.retired_left = True
+            self._cannot_delete(self.path / "tasks", "cannot sync the retired task state", exc)
             return 0
         deleted = 0
         for entry in entries:
@@ -297,6 +311,7 @@ class StateDirectory:
                 continue
             except OSError as exc:
                 self._cannot_delete(entry, "cannot delete the state of a task no longer held", exc)
+                self.retired_left = True
                 continue
             self._undeletable.discard(entry)
             deleted += 1

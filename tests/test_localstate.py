@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign import Subtopology, TaskId, TopicPartition, Topology, localstate
 from streamassign.aiokafka import ProcessHost
 from streamassign.files import write_atomically
 from streamassign.localstate import StateDirectory
@@ -365,7 +365,7 @@ def test_state_that_cannot_be_removed_or_deleted_stays_and_is_logged(
         with monkeypatch.context() as patched:
             patched.setattr(shutil, "rmtree", refuse)
             assert state.delete_retired() == 0
-            assert state.delete_retired() == 0
+            assert state.delete_retired() == 0 and state.retired_left
         assert state.offset_sums() == {}
     aside = next((tmp_path / "tasks").iterdir())
     assert [r.getMessage() for r in caplog.records] == [
@@ -375,4 +375,30 @@ def test_state_that_cannot_be_removed_or_deleted_stays_and_is_logged(
         "[Errno 13] Permission denied; trying again at each cleanup",
     ]
     assert state.delete_retired() == 1  # the next call deletes it
-    assert list((tmp_path / "tasks").iterdir()) == []
+    assert list((tmp_path / "tasks").iterdir()) == [] and not state.retired_left
+
+
+def test_the_renames_reach_the_disk_before_any_delete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power loss mid-delete must not keep the unlinks and lose the rename (a half-deleted
+    store under the task's own name, opened and reported as the task's state)."""
+    state = StateDirectory(tmp_path)
+    store_files(state, TaskId(0, 1), 7)
+    store_files(state, TaskId(0, 2), 7)
+    steps: list[str] = []
+    real_rmtree = shutil.rmtree
+
+    def sync(directory: Path) -> None:
+        steps.append(f"sync {Path(directory).name}")
+
+    def rmtree(path: Path) -> None:
+        steps.append(f"delete {Path(path).name.partition('.')[0]}")
+        real_rmtree(path)
+
+    monkeypatch.setattr(localstate, "sync_directory", sync)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert state.delete_retired() == 0 and steps == []  # nothing retired: no sync
+    assert state.retire_task(TaskId(0, 1)) and state.retire_task(TaskId(0, 2))
+    assert state.delete_retired() == 2
+    assert steps[0] == "sync tasks" and sorted(steps[1:]) == ["delete 0_1", "delete 0_2"]
