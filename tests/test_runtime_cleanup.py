@@ -6,19 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import shutil
 import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.assignment import ClientAssignment
 from streamassign.localstate import StateDirectory
 from streamassign.runtime import App, RuntimeConfigError
+from streamassign.runtime.app import _Listener
 from streamassign.runtime.cleanup import StateCleanup
 
 TOPOLOGY = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
@@ -288,3 +294,202 @@ def test_the_process_exits_without_waiting_for_a_delete_under_way(tmp_path: Path
     )
     assert done.returncode == 0 and done.stdout == "returned\n", done.stderr
     assert time.monotonic() - started < 60  # the delete would take 120 s
+
+
+# -- never the state of a held task --------------------------------------------------------------
+
+#: Every part of what the app holds, each putting one task into it the way the app does
+#: (only the keys count).
+HELD_PARTS: dict[str, Callable[[App, TaskId], None]] = {
+    "active": lambda app, t: app._actives.__setitem__(t, object()),
+    "standby open": lambda app, t: app._standbys.states.__setitem__(t, {}),
+    "standby opening": lambda app, t: app._standbys.opening.__setitem__(t, {}),
+    "standby owner": lambda app, t: app._standbys.owner.__setitem__(t, 1),
+    "standby wanted": lambda app, t: app._standbys.wanted.__setitem__(t, 1),
+    "parked": lambda app, t: app._stores.parked.__setitem__(t, ({}, "kept")),
+    "stores opening": lambda app, t: app._stores.opening.__setitem__(t, object()),
+    "stores closing": lambda app, t: app._stores.closing.__setitem__(t, object()),
+    "assigned active": lambda app, t: app.host._known.__setitem__(
+        1, ClientAssignment(active=frozenset({t}))
+    ),
+    "assigned standby": lambda app, t: app.host._known.__setitem__(
+        1, ClientAssignment(standby=frozenset({t}))
+    ),
+    "assigned warmup": lambda app, t: app.host._known.__setitem__(
+        1, ClientAssignment(warmup=frozenset({t}))
+    ),
+    "claimed after a restart": lambda app, t: setattr(app.host, "_restored", {1: frozenset({t})}),
+}
+
+
+@pytest.mark.parametrize("part", HELD_PARTS)
+def test_each_part_of_what_is_held_alone_keeps_its_task_state(tmp_path: Path, part: str) -> None:
+    app = app_with_state(tmp_path)
+    cleanup = cleanup_of(app)
+    HELD_PARTS[part](app, T[2])
+    assert cleanup.retire(cleanup.started + DELAY_MS / 1000) == [t for t in T if t != T[2]]
+    assert app.host.state.local_tasks() == {T[2]}
+    assert app.host.state.read_checkpoint(T[2])  # whole
+    app._stores.shutdown()
+
+
+@pytest.mark.parametrize("under_way", ["rebalance", "task change", "stop"])
+def test_no_check_while_what_is_held_may_change(tmp_path: Path, under_way: str) -> None:
+    """A rebalance moves tasks between the parts of what is held across awaits (in none of
+    them meanwhile), as do the host's callbacks and the closes of ``stop``."""
+    app = app_with_state(tmp_path)
+    cleanup = cleanup_of(app)
+    if under_way == "rebalance":
+        app._rebalancing.add(1)
+    elif under_way == "task change":
+        app._changes = 1
+    else:
+        app._closing = True
+    assert cleanup.retire(cleanup.started + 10 * DELAY_MS / 1000) is None
+    assert app.host.state.local_tasks() == set(T)
+    app._stores.shutdown()
+
+
+class WatchedStore:
+    """A persistent store that notes a violation whenever its directory is gone while it is
+    open (checked at each write, at close and at the end, in the thread that uses it)."""
+
+    persistent = True
+
+    def __init__(self, path: Path, rng: random.Random, violations: list[str]) -> None:
+        time.sleep(rng.random() * 0.004)  # opens take a while, in the store threads
+        path.mkdir(parents=True, exist_ok=True)
+        self.marker = path / "marker"
+        self.token = uuid.uuid4().hex
+        self.marker.write_text(self.token)
+        self.rng, self.violations = rng, violations
+
+    def check(self, when: str) -> None:
+        try:
+            intact = self.marker.read_text() == self.token
+        except OSError:
+            intact = False
+        if not intact:
+            self.violations.append(f"{when}: {self.marker} gone while its store is open")
+
+    def get(self, key: bytes) -> None:
+        return None
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        return iter(())
+
+    def meta(self, name: str) -> None:
+        return None
+
+    def write(self, writes: object, meta: object) -> None:
+        self.check("write")
+
+    def close(self) -> None:
+        time.sleep(self.rng.random() * 0.004)
+        self.check("close")
+
+
+async def _no_broker(*args: object, **kw: object) -> None:
+    return None
+
+
+async def interleave(tmp_path: Path, seed: int) -> tuple[list[str], int]:
+    """Rebalances of two consumers applied at random times, through the app's listener in the
+    order the host calls it, against a cleanup with a 1 ms delay checking every few ms.
+    Returns the violations and how many checks retired something."""
+    rng = random.Random(seed)
+    violations: list[str] = []
+    app = App(
+        Topology([Subtopology(0, ["events"], stores=["totals", "counts"])], name="app"),
+        {0: Nothing},
+        bootstrap_servers="x:1",
+        state_dir=tmp_path,
+        threads=2,
+        store_kind="rocksdb",
+        num_standby_replicas=1,
+        state_cleanup_delay_ms=1,
+    )
+    app._stores.open_store = lambda kind, path: WatchedStore(
+        path, random.Random(rng.random()), violations
+    )
+    app._commits.commit_safely = _no_broker  # type: ignore[method-assign]
+    app._commits.check_ends = _no_broker  # type: ignore[method-assign]
+    listener, host, cleanup = _Listener(app), app.host, cleanup_of(app)
+    checking = asyncio.Event()
+    retired = 0
+
+    async def check_often() -> None:
+        nonlocal retired
+        while not checking.is_set():
+            if cleanup._check():
+                retired += 1
+                await cleanup._delete()
+            await asyncio.sleep(rng.random() * 0.002)
+
+    async def rebalance(consumer: int, now: ClientAssignment) -> None:
+        await listener.on_rebalance_started(consumer)
+        await asyncio.sleep(rng.random() * 0.005)
+        before, host._known[consumer] = host._known[consumer], now
+        await asyncio.sleep(0)
+        for callback, tasks in (
+            (listener.on_active_revoked, before.active - now.active),
+            (listener.on_standby_removed, before.standby - now.standby),
+            (listener.on_active_assigned, now.active - before.active),
+            (listener.on_standby_added, now.standby - before.standby),
+        ):
+            if tasks:
+                await callback(consumer, tasks)
+        await listener.on_rebalance_completed(consumer)
+
+    checks = asyncio.create_task(check_often())
+    for _ in range(12):
+        plan: dict[int, tuple[set[TaskId], set[TaskId]]] = {0: (set(), set()), 1: (set(), set())}
+        for task in T[:5]:
+            active, standby = rng.sample([0, 1, None, None], 2)  # None: another process
+            if active is not None:
+                plan[active][0].add(task)
+            if standby is not None and standby != active:
+                plan[standby][1].add(task)
+        consumers = [c for c in (0, 1) if rng.random() < 0.8] or [0]
+        await asyncio.sleep(rng.random() * 0.01)
+        await asyncio.gather(
+            *(
+                rebalance(c, ClientAssignment(frozenset(plan[c][0]), frozenset(plan[c][1])))
+                for c in consumers
+            )
+        )
+        await asyncio.sleep(rng.random() * 0.02)
+    await asyncio.sleep(0.02)
+    for task_id, task in app._actives.items():
+        for state in task.stores.values():
+            if isinstance(state.store, WatchedStore):
+                state.store.check(f"end, active {task_id}")
+    for task_id, states in app._standbys.states.items():
+        for state in states.values():
+            if isinstance(state.store, WatchedStore):
+                state.store.check(f"end, standby {task_id}")
+    checking.set()
+    await checks
+    app._stopped.set()
+    closes = [app._stores.close(t.task_id, t.stores) for t in app._actives.values()]
+    closes += [app._stores.close(t, s) for t, s in app._standbys.clear()]
+    closes += [app._stores.close(t, s) for t, (s, _) in app._stores.parked.items()]
+    await asyncio.gather(*closes, *app._stores.closing.values())
+    app._stores.shutdown()
+    host.state.close()
+    return violations, retired
+
+
+@settings(
+    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_interleavings_never_delete_the_state_of_an_open_store(
+    tmp_path_factory: pytest.TempPathFactory, seed: int
+) -> None:
+    """Stores open and close in threads with random latency while rebalances come and go;
+    a check in between must never retire a directory whose store is (or is about to be)
+    open. Each example takes about half a second."""
+    violations, retired = asyncio.run(interleave(tmp_path_factory.mktemp("state"), seed))
+    assert violations == []
+    assert retired > 0  # the cleanup had work to do
