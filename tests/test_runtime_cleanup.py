@@ -431,11 +431,12 @@ async def interleave(tmp_path: Path, seed: int) -> tuple[list[str], int]:
         await asyncio.sleep(rng.random() * 0.005)
         before, host._known[consumer] = host._known[consumer], now
         await asyncio.sleep(0)
-        for callback, tasks in (
+        standby_before, standby_now = before.standby | before.warmup, now.standby | now.warmup
+        for callback, tasks in (  # (``ProcessHost._assigned``'s order)
             (listener.on_active_revoked, before.active - now.active),
-            (listener.on_standby_removed, before.standby - now.standby),
+            (listener.on_standby_removed, standby_before - standby_now),
             (listener.on_active_assigned, now.active - before.active),
-            (listener.on_standby_added, now.standby - before.standby),
+            (listener.on_standby_added, standby_now - standby_before),
         ):
             if tasks:
                 await callback(consumer, tasks)
@@ -443,20 +444,16 @@ async def interleave(tmp_path: Path, seed: int) -> tuple[list[str], int]:
 
     checks = asyncio.create_task(check_often())
     for _ in range(12):
-        plan: dict[int, tuple[set[TaskId], set[TaskId]]] = {0: (set(), set()), 1: (set(), set())}
+        plan = {c: [set[TaskId](), set[TaskId](), set[TaskId]()] for c in (0, 1)}
         for task in T[:5]:
-            active, standby = rng.sample([0, 1, None, None], 2)  # None: another process
-            if active is not None:
-                plan[active][0].add(task)
-            if standby is not None and standby != active:
-                plan[standby][1].add(task)
+            # Active, standby and warmup consumer; None: another process.
+            for role, consumer in enumerate(rng.sample([0, 1, None, None, None], 3)):
+                if consumer is not None and not any(task in r for r in plan[consumer]):
+                    plan[consumer][role].add(task)
         consumers = [c for c in (0, 1) if rng.random() < 0.8] or [0]
         await asyncio.sleep(rng.random() * 0.01)
         await asyncio.gather(
-            *(
-                rebalance(c, ClientAssignment(frozenset(plan[c][0]), frozenset(plan[c][1])))
-                for c in consumers
-            )
+            *(rebalance(c, ClientAssignment(*map(frozenset, plan[c]))) for c in consumers)
         )
         await asyncio.sleep(rng.random() * 0.02)
     await asyncio.sleep(0.02)
