@@ -10,7 +10,7 @@ checkpointed changelog offsets; that is what makes restarts sticky. Same here:
                                             active tasks each consumer ran last, reported
                                             after a restart so the process gets them back
 
-    <state_dir>/tasks/<s_p>.removed-<hex>   a task's state being deleted (``set_aside_task``)
+    <state_dir>/tasks/<s_p>.removed-<hex>   a task's state being deleted (``retire_task``)
 
 A lock file keeps two processes from sharing one directory (they would report each other's
 state). Every file is replaced atomically (``files.write_atomically``: unique temporary name,
@@ -25,9 +25,9 @@ library; the runtime writes checkpoints, the protocol reads the sums.
 
 The state of a task the process no longer holds is deleted in two steps (Kafka Streams'
 ``state.cleanup.delay.ms``; the owner of the stores decides which tasks and when):
-``set_aside_task`` renames its directory at once, so from then on it is nobody's state (not
-reported, and an open of the task starts a new directory), and ``delete_set_aside`` deletes
-what was set aside, which can take seconds for a large RocksDB store (call it off the event
+``retire_task`` renames its directory at once, so from then on it is nobody's state (not
+reported, and an open of the task starts a new directory), and ``delete_retired`` deletes
+what was retired, which can take seconds for a large RocksDB store (call it off the event
 loop).
 """
 
@@ -49,7 +49,7 @@ from typing import IO, Any
 from ._ids import TaskId, TopicPartition
 from .errors import DamagedStateError
 from .errors import StateDirectoryLockedError as StateDirectoryLockedError  # old home
-from .files import is_temporary, read_bounded, write_atomically
+from .files import is_temporary, read_bounded, sync_directory, write_atomically
 
 log = logging.getLogger("streamassign.localstate")
 
@@ -60,7 +60,7 @@ MAX_STATE_FILE_BYTES = 16 << 20
 _ID_LIMIT = 1 << 31
 #: Offset sums travel as int64s, and negative ones are sentinels (``LATEST_OFFSET`` = running).
 _OFFSET_LIMIT = 1 << 63
-#: Marks a task directory set aside to be deleted (``<s_p>.removed-<hex>``).
+#: Marks a retired task directory, to be deleted (``<s_p>.removed-<hex>``).
 _REMOVED = ".removed-"
 #: Marks damaged state set aside for inspection (``<name>.damaged-<UTC time>``).
 _DAMAGED = ".damaged-"
@@ -76,6 +76,8 @@ class StateDirectory:
         self._stuck: set[Path] = set()
         #: Task state that could not be removed or deleted: logged once, then tried quietly.
         self._undeletable: set[Path] = set()
+        #: Whether the last ``delete_retired`` left a retired directory it could not delete.
+        self.retired_left = False
         self._lock: IO[bytes] | None = self._lock_file()
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -258,9 +260,9 @@ class StateDirectory:
                 tasks.add(task)
         return tasks
 
-    def set_aside_task(self, task: TaskId) -> Path | None:
+    def retire_task(self, task: TaskId) -> Path | None:
         """Rename ``task``'s directory to ``<s_p>.removed-<hex>`` (one rename: quick, so the
-        caller can check the task is unused and rename it in one step) for ``delete_set_aside``.
+        caller can check the task is unused and rename it in one step) for ``delete_retired``.
         Only for a task whose stores are closed: an open store would go on writing into the
         renamed directory. Returns the new path; None when there is no directory, or when it
         cannot be renamed (logged once)."""
@@ -276,13 +278,25 @@ class StateDirectory:
         self._undeletable.discard(directory)
         return aside
 
-    def delete_set_aside(self) -> int:
-        """Delete every directory ``set_aside_task`` renamed (those left by a crash mid-delete
+    def delete_retired(self) -> int:
+        """Delete every directory ``retire_task`` renamed (those left by a crash mid-delete
         too); returns how many. Blocking, and slow for large stores: call it in a thread, one
-        call at a time. One that cannot be deleted is logged (once) and left for the next call."""
+        call at a time. One that cannot be deleted is logged (once) and left for the next call
+        (``retired_left`` says whether there is one)."""
+        self.retired_left = False
         try:
             entries = [e for e in (self.path / "tasks").iterdir() if _is_removed(e.name)]
         except OSError:
+            return 0
+        if not entries:
+            return 0
+        try:
+            # The renames reach the disk before any unlink: after a power loss mid-delete a
+            # task's directory is retired or whole, never half deleted under its own name.
+            sync_directory(self.path / "tasks")
+        except OSError as exc:
+            self.retired_left = True
+            self._cannot_delete(self.path / "tasks", "cannot sync the retired task state", exc)
             return 0
         deleted = 0
         for entry in entries:
@@ -297,6 +311,7 @@ class StateDirectory:
                 continue
             except OSError as exc:
                 self._cannot_delete(entry, "cannot delete the state of a task no longer held", exc)
+                self.retired_left = True
                 continue
             self._undeletable.discard(entry)
             deleted += 1
@@ -337,7 +352,7 @@ class StateDirectory:
 
 
 def _is_removed(name: str) -> bool:
-    """Whether a ``tasks/`` entry is a task directory ``set_aside_task`` renamed (not damaged
+    """Whether a ``tasks/`` entry is a task directory ``retire_task`` renamed (not damaged
     state set aside for inspection: ``<name>.damaged-...`` is never deleted)."""
     task, marker, token = name.partition(_REMOVED)
     return bool(marker) and _task_of(task) is not None and token.isalnum() and token.isascii()

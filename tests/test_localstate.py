@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign import Subtopology, TaskId, TopicPartition, Topology, localstate
 from streamassign.aiokafka import ProcessHost
 from streamassign.files import write_atomically
 from streamassign.localstate import StateDirectory
@@ -292,24 +292,24 @@ def store_files(state: StateDirectory, task: TaskId, offset: int) -> None:
     state.write_checkpoint(task, {TopicPartition("t", task.partition): offset})
 
 
-def test_a_set_aside_task_is_no_state_at_once_and_deleted_later(tmp_path: Path) -> None:
+def test_a_retired_task_is_no_state_at_once_and_deleted_later(tmp_path: Path) -> None:
     state = StateDirectory(tmp_path)
     held, gone = TaskId(0, 0), TaskId(0, 1)
     store_files(state, held, 5)
     store_files(state, gone, 7)
     assert state.local_tasks() == {held, gone}
-    aside = state.set_aside_task(gone)
+    aside = state.retire_task(gone)
     assert aside is not None and aside.name.startswith("0_1.removed-")
     # Reported nowhere from the rename on, before the (slow) delete runs.
     assert state.offset_sums() == {held: 5} and state.local_tasks() == {held}
     assert state.read_checkpoint(gone) == {}
     store_files(state, gone, 9)  # the task opens again meanwhile: a new directory of its own
-    assert state.delete_set_aside() == 1
+    assert state.delete_retired() == 1
     assert not aside.exists()
     assert state.offset_sums() == {held: 5, gone: 9}
     assert (state.task_dir(held) / "totals.rocksdb" / "000001.sst").is_file()  # untouched
-    assert state.set_aside_task(TaskId(3, 3)) is None  # no directory: nothing to do
-    assert state.delete_set_aside() == 0
+    assert state.retire_task(TaskId(3, 3)) is None  # no directory: nothing to do
+    assert state.delete_retired() == 0
 
 
 def test_deleting_leaves_damaged_and_foreign_entries_alone(tmp_path: Path) -> None:
@@ -337,8 +337,8 @@ def test_deleting_leaves_damaged_and_foreign_entries_alone(tmp_path: Path) -> No
     (outside / "data").write_text("not ours")
     (tasks / "0_5").symlink_to(outside)
     assert state.local_tasks() == {TaskId(0, 5)}  # a task directory, wherever it lives
-    assert state.set_aside_task(TaskId(0, 5)) is not None
-    assert state.delete_set_aside() == 3
+    assert state.retire_task(TaskId(0, 5)) is not None
+    assert state.delete_retired() == 3
     moved = "0_4.checkpoint.damaged-20260101T000000Z"
     assert sorted(p.name for p in tasks.iterdir()) == sorted([*kept, "0_2", f"{1 << 31}_0", moved])
     assert (tasks / moved).read_text() == "{"
@@ -358,14 +358,14 @@ def test_state_that_cannot_be_removed_or_deleted_stays_and_is_logged(
     with caplog.at_level(logging.WARNING, "streamassign.localstate"):
         with monkeypatch.context() as patched:
             patched.setattr(Path, "rename", refuse)
-            assert state.set_aside_task(task) is None
-            assert state.set_aside_task(task) is None  # tried again, logged once
+            assert state.retire_task(task) is None
+            assert state.retire_task(task) is None  # tried again, logged once
         assert state.offset_sums() == {task: 7}  # still the task's state
-        assert state.set_aside_task(task) is not None
+        assert state.retire_task(task) is not None
         with monkeypatch.context() as patched:
             patched.setattr(shutil, "rmtree", refuse)
-            assert state.delete_set_aside() == 0
-            assert state.delete_set_aside() == 0
+            assert state.delete_retired() == 0
+            assert state.delete_retired() == 0 and state.retired_left
         assert state.offset_sums() == {}
     aside = next((tmp_path / "tasks").iterdir())
     assert [r.getMessage() for r in caplog.records] == [
@@ -374,5 +374,31 @@ def test_state_that_cannot_be_removed_or_deleted_stays_and_is_logged(
         f"cannot delete the state of a task no longer held ({aside}): "
         "[Errno 13] Permission denied; trying again at each cleanup",
     ]
-    assert state.delete_set_aside() == 1  # the next call deletes it
-    assert list((tmp_path / "tasks").iterdir()) == []
+    assert state.delete_retired() == 1  # the next call deletes it
+    assert list((tmp_path / "tasks").iterdir()) == [] and not state.retired_left
+
+
+def test_the_renames_reach_the_disk_before_any_delete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power loss mid-delete must not keep the unlinks and lose the rename (a half-deleted
+    store under the task's own name, opened and reported as the task's state)."""
+    state = StateDirectory(tmp_path)
+    store_files(state, TaskId(0, 1), 7)
+    store_files(state, TaskId(0, 2), 7)
+    steps: list[str] = []
+    real_rmtree = shutil.rmtree
+
+    def sync(directory: Path) -> None:
+        steps.append(f"sync {Path(directory).name}")
+
+    def rmtree(path: Path) -> None:
+        steps.append(f"delete {Path(path).name.partition('.')[0]}")
+        real_rmtree(path)
+
+    monkeypatch.setattr(localstate, "sync_directory", sync)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert state.delete_retired() == 0 and steps == []  # nothing retired: no sync
+    assert state.retire_task(TaskId(0, 1)) and state.retire_task(TaskId(0, 2))
+    assert state.delete_retired() == 2
+    assert steps[0] == "sync tasks" and sorted(steps[1:]) == ["delete 0_1", "delete 0_2"]

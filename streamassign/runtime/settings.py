@@ -30,6 +30,9 @@ log = logging.getLogger("streamassign.runtime")
 TRANSACTION_TIMEOUT_MS = 60_000
 #: Kafka Streams' default ``state.cleanup.delay.ms`` (10 minutes).
 STATE_CLEANUP_DELAY_MS = 600_000
+#: The longest ``state_cleanup_delay_ms`` (Kafka's, a Java long): longer ones overflow the
+#: seconds arithmetic of the cleanup.
+MAX_STATE_CLEANUP_DELAY_MS = 2**63 - 1
 
 
 def _topology(value: Topology | str | os.PathLike[str]) -> Topology:
@@ -112,10 +115,11 @@ def _commit_interval(settings: Settings, attribute: Any, interval_ms: int) -> No
 def _cleanup_delay(settings: Settings, attribute: Any, delay_ms: int | None) -> None:
     if delay_ms is None:
         return
-    if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 1:
+    is_int = isinstance(delay_ms, int) and not isinstance(delay_ms, bool)
+    if not is_int or not 1 <= delay_ms <= MAX_STATE_CLEANUP_DELAY_MS:
         raise RuntimeConfigError(
-            "state_cleanup_delay_ms must be an int >= 1 (milliseconds), or None to keep the "
-            f"state of tasks no longer held for good, got {delay_ms!r}"
+            "state_cleanup_delay_ms must be an int >= 1 and <= 2**63 - 1 (milliseconds), or "
+            f"None to keep the state of tasks no longer held for good, got {delay_ms!r}"
         )
 
 

@@ -311,7 +311,7 @@ class TaskStores:
         closing.add_done_callback(forget)
         return closing
 
-    def removed(self, task: TaskId) -> None:
+    def forget_removed(self, task: TaskId) -> None:
         """``task``'s local state was deleted: what this remembers of it is void (a checkpoint
         equal to the last one written must be written again, into the new directory)."""
         self._checkpointed.pop(task, None)
