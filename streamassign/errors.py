@@ -180,7 +180,12 @@ class ConfigTypeError(ConfigError, TypeError):
     """An option of the wrong type (e.g. a capacity that is not an int)."""
 
 
-class StateDirectoryLockedError(StreamAssignError):
+class StateDirectoryError(StreamAssignError):
+    """The state directory cannot be created or opened (a file in its place, no permission, an
+    I/O error): the operator's to fix, so it is not set aside like damaged state."""
+
+
+class StateDirectoryLockedError(StateDirectoryError):
     """Another live process holds the state directory."""
 
 

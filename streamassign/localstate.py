@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ._ids import TaskId, TopicPartition
-from .errors import DamagedStateError
+from .errors import DamagedStateError, StateDirectoryError
 from .errors import StateDirectoryLockedError as StateDirectoryLockedError  # old home
 from .files import is_temporary, read_bounded, sync_directory, write_atomically
 
@@ -71,24 +71,31 @@ class StateDirectory:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
         #: Damaged paths that could not be moved aside: logged once, then skipped quietly.
         self._stuck: set[Path] = set()
         #: Task state that could not be removed or deleted: logged once, then tried quietly.
         self._undeletable: set[Path] = set()
         #: Whether the last ``delete_retired`` left a retired directory it could not delete.
         self.retired_left = False
-        self._lock: IO[bytes] | None = self._lock_file()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock: IO[bytes] | None = self._lock_file()
+        except OSError as exc:
+            raise _unusable(self.path, exc) from exc
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
-            self._lock.close()
+            self.close()
             raise StateDirectoryLockedError(
                 f"state directory {self.path} is in use by another process"
             ) from exc
-        self._remove_temporaries()
-        self._directory(self.path / "tasks")
-        self.process_id = self._process_id()
+        try:
+            self._remove_temporaries()
+            self._directory(self.path / "tasks")
+            self.process_id = self._process_id()
+        except OSError as exc:
+            self.close()
+            raise _unusable(self.path, exc) from exc
 
     def _lock_file(self) -> IO[bytes]:
         """The lock file, opened; a directory or a looping link in its place is set aside."""
@@ -349,6 +356,15 @@ class StateDirectory:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+
+def _unusable(path: Path, exc: OSError) -> StateDirectoryError:
+    """The one-line error for a state directory the process cannot use."""
+    reason = "it exists and is not a directory" if isinstance(exc, FileExistsError) else None
+    return StateDirectoryError(
+        f"state directory {path} cannot be used: {reason or exc.strerror or exc}"
+        + (f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else "")
+    )
 
 
 def _is_removed(name: str) -> bool:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology, localstate
 from streamassign.aiokafka import ProcessHost
+from streamassign.errors import StateDirectoryError
 from streamassign.files import write_atomically
 from streamassign.localstate import StateDirectory
 from streamassign.protocol import SubscriptionInfo
@@ -402,3 +403,22 @@ def test_the_renames_reach_the_disk_before_any_delete(
     assert state.retire_task(TaskId(0, 1)) and state.retire_task(TaskId(0, 2))
     assert state.delete_retired() == 2
     assert steps[0] == "sync tasks" and sorted(steps[1:]) == ["delete 0_1", "delete 0_2"]
+
+
+@pytest.mark.parametrize(
+    ("where", "reason"),
+    [
+        ("file", "it exists and is not a directory"),
+        ("file/below", "Not a directory"),
+    ],
+)
+def test_a_state_directory_that_cannot_be_used_is_one_typed_line(
+    tmp_path: Path, where: str, reason: str
+) -> None:
+    """A file where the directory belongs, or below a file: the operator's to fix, named in
+    one line (an audit got a raw FileExistsError trace from the examples' --state-dir)."""
+    (tmp_path / "file").write_text("not a state directory")
+    with pytest.raises(StateDirectoryError) as caught:
+        StateDirectory(tmp_path / where)
+    assert str(caught.value) == f"state directory {tmp_path / where} cannot be used: {reason}"
+    assert (tmp_path / "file").read_text() == "not a state directory"  # nothing set aside

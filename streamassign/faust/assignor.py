@@ -47,9 +47,9 @@ from yarl import URL
 from .. import TaskId
 from ..aiokafka.rejoin import Rejoiner
 from ..aiokafka.wire import encode_assignment
-from ..errors import ConfigError, ConfigTypeError, ErrorCode
+from ..errors import ConfigError, ConfigTypeError, ErrorCode, StateDirectoryError
 from ..files import write_atomically
-from ..localstate import StateDirectory, StateDirectoryLockedError
+from ..localstate import StateDirectory
 from ..protocol import (
     LATEST_OFFSET,
     LATEST_VERSION,
@@ -468,7 +468,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         path = Path(self.app.conf.appdir) / "streamassign"
         try:
             self._state = StateDirectory(path)
-        except (StateDirectoryLockedError, OSError) as exc:
+        except (StateDirectoryError, OSError) as exc:
             log.warning(
                 "no state directory (%s); this worker will not be sticky across restarts", exc
             )
