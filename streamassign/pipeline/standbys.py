@@ -38,7 +38,16 @@ from typing import Any, Final
 
 import attrs
 
-from .scenarios import PipelineError, ScenarioModel, Workload, generate_trace, int_at_least
+from .scenarios import (
+    MAX_REPLICAS,
+    MAX_SCENARIOS,
+    PipelineError,
+    ScenarioModel,
+    Workload,
+    generate_trace,
+    int_at_least,
+    seed_in_range,
+)
 from .simulate import SimulationJob, Takeover, run_trace
 
 __all__ = [
@@ -115,9 +124,11 @@ def _check_candidates(
         raise PipelineError(
             f"{attribute.name} must be a non-empty list of integers >= 0, got {list(value)!r}"
         )
-
-
-_at_least_one: Final = int_at_least(1)
+    if value[-1] > MAX_REPLICAS:  # sorted by the converter
+        raise PipelineError(
+            f"{attribute.name}: at most {MAX_REPLICAS:,} replicas (clients and tasks are at "
+            f"most 100,000 each, so more could never be placed), got {value[-1]:,}"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -127,8 +138,8 @@ class PlanJob:
     workload: Workload
     model: ScenarioModel = attrs.field(factory=ScenarioModel)
     availability: AvailabilityModel = attrs.field(factory=AvailabilityModel)
-    scenarios: int = attrs.field(default=50, validator=_at_least_one)
-    seed: int = 0
+    scenarios: int = attrs.field(default=50, validator=int_at_least(1, high=MAX_SCENARIOS))
+    seed: int = attrs.field(default=0, validator=seed_in_range)
     standby_candidates: tuple[int, ...] = attrs.field(
         default=(0, 1, 2, 3), converter=_candidates, validator=_check_candidates
     )

@@ -138,6 +138,41 @@ def test_plan_standbys_prints_a_recommendation(
             "'--probing-interval': 0.0 is not in the range x>0",
         ),
         (["simulate", str(ORDERS), "-p", "orders=6,orders=8"], "orders given twice, as 6 and 8"),
+        # Past 32 bits a count would wrap in its Spark int column; past the limits a run
+        # cannot finish (or, for scenarios, overflows Python's range in parallelize).
+        (
+            ["plan-standbys", str(ORDERS), "--standbys", "1,99999999999"],
+            "standby_candidates: at most 100,000 replicas",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--warmups", "4294967298"],
+            "warmup_candidates: at most 100,000 replicas",
+        ),
+        (
+            ["simulate", str(ORDERS), "--standbys", "4294967297"],
+            "standby_replicas must be at most 100,000, got 4,294,967,297",
+        ),
+        (
+            ["simulate", str(ORDERS), "--scenarios", "99999999999999999999"],
+            "scenarios must be at most 1,000,000",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--scenarios", "1000001"],
+            "scenarios must be at most 1,000,000",
+        ),
+        (["simulate", str(ORDERS), "--steps", "99999999999"], "steps must be at most 100,000"),
+        (
+            ["plan-standbys", str(ORDERS), "--param", "steps=100001"],
+            "steps must be at most 100,000",
+        ),
+        (
+            ["simulate", str(ORDERS), "--seed", "99999999999999999999"],
+            "seed must be an integer from -2**63 to 2**63 - 1",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--seed", "-9223372036854775809"],
+            "seed must be an integer from -2**63 to 2**63 - 1",
+        ),
         (
             ["plan-standbys", str(ORDERS), "--restore-rate", "0"],
             "'--restore-rate': 0.0 is not in the range x>0",
@@ -165,6 +200,7 @@ def test_bad_input_fails_before_spark_starts(
     code, out = invoke(*args)
     assert code != 0
     assert message in out, out
+    assert "Traceback" not in out
     assert started == []
 
 
