@@ -34,7 +34,7 @@ from .explain import (
     views_from_assignment,
     views_from_clients,
 )
-from .files import load_toml
+from .files import load_toml, write_atomically
 from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
@@ -1429,7 +1429,7 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     from .pipeline import spark as sp
     from .pipeline.progress import plain_step, run_tracked, stderr_console
     from .pipeline.report import render_report
-    from .pipeline.runs import LocalFiles, new_run_id, publish, replaceable, staging_path
+    from .pipeline.runs import LocalFiles, new_run_id, publish, staging_path
 
     if out is None:
         if _is_remote(run_dir):
@@ -1438,11 +1438,7 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
             )
         out = Path(run_dir) / "report"
     out = out.resolve()
-    if not replaceable(LocalFiles(), str(out), "report.html"):
-        raise click.ClickException(
-            f"{out} exists and holds no report.html: not replacing it; give an empty or new "
-            "folder as --out"
-        )
+    _check_report_out(out)
     console = stderr_console()
     if spark_tasks is not None:
         session.conf.set("spark.sql.shuffle.partitions", str(spark_tasks))
@@ -1457,6 +1453,20 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
         files.delete(staging)
         raise
     return out / "report.html"
+
+
+def _check_report_out(out: Path) -> None:
+    """The report goes to a hidden sibling of ``out``, then replaces ``out``: refuse a folder
+    that is not an earlier report, or a parent the sibling cannot be written in."""
+    from .pipeline.runs import LocalFiles, replaceable
+
+    out = out.resolve()
+    if not replaceable(LocalFiles(), str(out), "report.html"):
+        raise click.ClickException(
+            f"{out} exists and holds no report.html: not replacing it; give an empty or new "
+            "folder as --out"
+        )
+    _check_out_folder(out.parent)
 
 
 @main.command()
@@ -1478,6 +1488,7 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
             check_run(LocalFiles(), run_dir)
         except StreamAssignError as exc:
             raise click.ClickException(str(exc)) from exc
+    _check_report_out(out or Path(run_dir) / "report")
     _preflight(master)
 
     with _one_line_failures("writing the report"), _session(master) as session:
@@ -1665,11 +1676,13 @@ def plan_standbys(
         )
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if out is not None:
+        _check_out_folder(out, _PLAN_FILES)
     totals = _evaluate_standby_candidates(master, ship_code, job, spark_tasks)
     plan, best = _standby_plan(totals, job, target, tolerance)
-    if out is not None:
-        _write_plan(out, plan["candidates"], plan)
     _print_plan(plan, best, job, out, topology_file, as_json)
+    if out is not None:  # after printing: a failed write loses nothing the run found
+        _write_plan(out, plan["candidates"], plan)
     _exit_if_missed(target, plan)
 
 
@@ -1723,13 +1736,62 @@ def _evaluate_standby_candidates(
         )
 
 
-def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) -> None:
-    """plan.csv (the candidates) and plan.json (everything) in ``out``."""
-    from .pipeline.report import write_csv
+#: What ``plan-standbys --out`` writes.
+_PLAN_FILES = ("plan.csv", "plan.json")
 
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "plan.csv", rows, list(rows[0]))
-    (out / "plan.json").write_text(json.dumps(plan, indent=2))
+
+def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) -> None:
+    """plan.csv (the candidates) and plan.json (everything) in ``out``, each replaced
+    atomically (a reader sees the old file or the new, never a torn one); a failure is one
+    line (the plan was printed before)."""
+    from .pipeline.report import csv_text
+
+    contents = {
+        "plan.csv": csv_text(rows, list(rows[0])).encode(),
+        "plan.json": json.dumps(plan, indent=2).encode(),
+    }
+    written: list[str] = []
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, data in contents.items():
+            write_atomically(out / name, data)
+            written.append(name)
+    except OSError as exc:
+        done = f" ({', '.join(written)} written)" if written else ""
+        raise click.ClickException(
+            f"cannot write the plan to {out}: {exc.strerror or exc}{done}; the plan is printed "
+            "above"
+        ) from exc
+
+
+def _check_out_folder(out: Path, names: Sequence[str] = ()) -> None:
+    """Refuse, before Spark starts, an ``--out`` the results could not be written to: not a
+    folder, one of ``names`` there a folder, or no writable folder to create it in. The check
+    writes (and removes) a temporary file: permission bits say nothing for root or read-only
+    mounts."""
+    import tempfile
+
+    out = out.resolve()
+    if out.exists() and not out.is_dir():
+        raise click.ClickException(f"--out {out}: exists and is not a folder")
+    for name in names:
+        if (out / name).is_dir():
+            raise click.ClickException(
+                f"--out {out}: {out / name} is a folder, where a file goes; remove it or "
+                "give another --out"
+            )
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise click.ClickException(f"--out {out}: {existing} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise click.ClickException(
+            f"--out {out}: cannot write in {existing}: {exc.strerror or exc}"
+        ) from exc
 
 
 def _print_plan(

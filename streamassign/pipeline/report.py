@@ -12,6 +12,7 @@ be mailed or attached to a ticket on its own. The page comes from the Jinja2 tem
 from __future__ import annotations
 
 import csv
+import io
 import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +31,7 @@ __all__ = [
     "Outcome",
     "Recommendation",
     "assignor_colour",
+    "csv_text",
     "outcomes",
     "recommend",
     "render_report",
@@ -125,10 +127,17 @@ def _share(value: Any) -> str:
 def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
     """``rows`` as CSV with a header, in ``columns`` order (None written as empty)."""
     with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow(["" if row.get(c) is None else row.get(c) for c in columns])
+        fh.write(csv_text(rows, columns))
+
+
+def csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """What :func:`write_csv` writes, as a string."""
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow(["" if row.get(c) is None else row.get(c) for c in columns])
+    return text.getvalue()
 
 
 # -- the answer ------------------------------------------------------------------------------------
