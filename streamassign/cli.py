@@ -1006,6 +1006,7 @@ def describe(
     """
     import asyncio
 
+    _require("aiokafka", "streamassign describe", "aiokafka")
     from .aiokafka.describe import fetch_group, quality, to_json
     from .errors import GroupDescribeError
 
@@ -1040,12 +1041,14 @@ def describe(
 # streamassign.pipeline.spark, inside the commands.
 
 
-def _require(module: str, what: str) -> None:
+def _require(module: str, what: str, extra: str = "spark") -> None:
+    """One line naming the extra to install when ``module`` is missing, not an ImportError's
+    trace from deep inside the command."""
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
         raise click.ClickException(
-            f"{what} needs {module}, from the spark extra: pip install -e '.[spark]'"
+            f"{what} needs {module}, from the {extra} extra: pip install 'streamassign[{extra}]'"
         )
 
 
