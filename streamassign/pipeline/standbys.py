@@ -79,13 +79,13 @@ _PARTS: Final = (
 def _positive_number(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or value <= 0:
-        raise PipelineError(f"{attribute.name} must be a number > 0, got {value!r}")
+        raise PipelineError(f"{attribute.name} must be a finite number > 0, got {value!r}")
 
 
 def _non_negative_number(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or value < 0:
-        raise PipelineError(f"{attribute.name} must be a number >= 0, got {value!r}")
+        raise PipelineError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
 
 
 def _availability(instance: object, attribute: attrs.Attribute[float], value: float) -> None:

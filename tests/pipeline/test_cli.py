@@ -138,6 +138,14 @@ def test_plan_standbys_prints_a_recommendation(
             "'--probing-interval': 0.0 is not in the range x>0",
         ),
         (["simulate", str(ORDERS), "-p", "orders=6,orders=8"], "orders given twice, as 6 and 8"),
+        (
+            ["plan-standbys", str(ORDERS), "--restore-rate", "inf"],
+            "restore_rate must be a finite number > 0, got inf",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--detection", "inf"],
+            "detection_s must be a finite number >= 0, got inf",
+        ),
         # Past 32 bits a count would wrap in its Spark int column; past the limits a run
         # cannot finish (or, for scenarios, overflows Python's range in parallelize).
         (
