@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -276,7 +277,36 @@ _spark_tasks_option = click.option(
 )
 
 
-@click.group()
+def _quiet_stdout() -> None:
+    """Send what is left for stdout to /dev/null: its reader is gone (``| head``), and the
+    interpreter's last flush would otherwise fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+class _Stdout(Console):
+    """rich's console on stdout; a reader that stopped reading (``| head -1``) ends the command
+    quietly with status 0, as it does for ``click.echo`` (rich's own exits 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        _quiet_stdout()
+        raise SystemExit(0)
+
+
+class _Commands(click.Group):
+    """The command group: a closed stdout ends a command quietly, status 0 (click's exits 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _quiet_stdout()
+            raise SystemExit(0) from None
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="streamassign")
 def main() -> None:
     """Task and partition assignment for Python stream processors."""
@@ -400,7 +430,7 @@ def _show_plan(
     else:
         _print_tables(name, tasks, clients, result, per_thread, metrics)
         if show_moves:
-            _print_moves(Console(), moves)
+            _print_moves(_Stdout(), moves)
 
 
 def _warn_ignored_input(
@@ -535,7 +565,7 @@ def _print_tables(
     per_thread: Mapping[str, Mapping[str, ClientAssignment]],
     metrics: AssignmentMetrics,
 ) -> None:
-    console = Console()
+    console = _Stdout()
     table = Table(title=f"Tasks of {name or 'the topology'} ({len(tasks)})")
     table.add_column("task")
     table.add_column("source partitions")
@@ -609,7 +639,7 @@ def explain_command(before: Path, after: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(_moves_json(moves), indent=2))
     else:
-        _print_moves(Console(), moves)
+        _print_moves(_Stdout(), moves)
 
 
 @main.command()
@@ -643,7 +673,7 @@ def diff(before: Path, after: Path, as_json: bool) -> None:
             for k in ("active", "standby", "warmup")
         ]
         table.add_row(pid, str(row["status"]), *cells)
-    Console().print(table)
+    _Stdout().print(table)
 
 
 # -- a live group: describe (and --watch) -----------------------------------------------------
@@ -918,7 +948,7 @@ async def _watch(
 ) -> None:
     from .aiokafka.describe import follow, quality, to_json
 
-    console = Console()
+    console = _Stdout()
     before: Mapping[str, ClientView] | None = None
     async for view in follow(connection, group, interval):
         if view.state != "Stable":
@@ -1031,7 +1061,7 @@ def describe(
     if as_json:
         click.echo(json.dumps(to_json(view, score), indent=2))
     else:
-        _print_group(Console(), view, score)
+        _print_group(_Stdout(), view, score)
 
 
 # -- the simulation pipeline (Spark) ---------------------------------------------------------------
@@ -1811,7 +1841,7 @@ def _print_plan(
         click.echo(json.dumps(plan, indent=2))
         return
     title = f"{job.workload.name}, {job.scenarios} failure traces"
-    console = Console()
+    console = _Stdout()
     console.print(_plan_table(plan["candidates"], best, title))
     console.print(f"recommended: {plan['why']}")
     for line in plan["knobs"]:

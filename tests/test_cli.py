@@ -329,3 +329,27 @@ def test_a_missing_extra_is_one_line_naming_it() -> None:
         "'streamassign[spark]'",
         "exit 1",
     ]
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_closed_stdout_ends_the_command_quietly(as_json: bool) -> None:
+    """``streamassign plan ... | head -1``: the reader is gone before the output is; the
+    command stops with status 0 and nothing on stderr, tables and JSON alike."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write: every write fails
+    args = [ORDERS, "--clients", CLIENTS, *(["--json"] if as_json else [])]
+    script = f"import sys\nfrom streamassign.cli import main\nmain(['plan', *{args!r}])\n"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (0, "")
