@@ -543,18 +543,26 @@ def _moves_json(moves: Explanation) -> dict[str, Any]:
 
 
 def _print_moves(console: Console, moves: Explanation) -> None:
-    table = Table(title=f"Active tasks that moved ({len(moves.actives)}; moves: {moves.moves})")
-    for col in ("task", "from", "to", "why", "state there"):
-        table.add_column(col)
-    for m in moves.actives:
-        table.add_row(str(m.task), m.source or "-", m.destination or "-", m.reason, m.landing)
-    console.print(table)
-    table = Table(title=f"Standbys that moved ({len(moves.standbys)})")
-    for col in ("task", "dropped by", "placed on", "why"):
-        table.add_column(col)
-    for copy in moves.standbys:
-        table.add_row(str(copy.task), copy.source or "-", copy.destination or "-", copy.reason)
-    console.print(table)
+    """A table of the actives that moved and one of the standbys; one line for either kind
+    when none moved (an empty bordered table reads as missing data)."""
+    if moves.actives:
+        table = Table(title=f"Active tasks that moved ({len(moves.actives)}; moves: {moves.moves})")
+        for col in ("task", "from", "to", "why", "state there"):
+            table.add_column(col)
+        for m in moves.actives:
+            table.add_row(str(m.task), m.source or "-", m.destination or "-", m.reason, m.landing)
+        console.print(table)
+    else:
+        console.print("no active task moved")
+    if moves.standbys:
+        table = Table(title=f"Standbys that moved ({len(moves.standbys)})")
+        for col in ("task", "dropped by", "placed on", "why"):
+            table.add_column(col)
+        for copy in moves.standbys:
+            table.add_row(str(copy.task), copy.source or "-", copy.destination or "-", copy.reason)
+        console.print(table)
+    else:
+        console.print("no standby moved")
 
 
 def _print_tables(
