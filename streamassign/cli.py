@@ -272,8 +272,9 @@ _spark_tasks_option = click.option(
     type=click.IntRange(min=1),
     default=None,
     metavar="N",
-    help="Spark tasks to split the work into (default: 4 x the default parallelism; at most "
-    "one per work item). For the report: partitions of the aggregation's shuffles.",
+    help="Spark tasks to split the work into (default: 4 x the default parallelism, or one "
+    "per 100 work items if more; at most one per work item). For the report: partitions of "
+    "the aggregation's shuffles.",
 )
 
 
@@ -1426,7 +1427,9 @@ def _write_run(
             "simulating",
             stderr_console(),
             lambda: sp.run_simulation(session, job, staging, manifest, run_id, made, spark_tasks),
-            detail=lambda: f"{made.value:,} rebalances",
+            # Spark hands accumulator updates over only as a task finishes: say so, or a
+            # count at 0 for minutes reads as a hang.
+            detail=lambda: f"{made.value:,} rebalances (counted as tasks finish)",
         )
         publish(files, staging, run_dir, run_id)
     except BaseException:
