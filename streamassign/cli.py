@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,7 +35,7 @@ from .explain import (
     views_from_assignment,
     views_from_clients,
 )
-from .files import load_toml
+from .files import load_toml, write_atomically
 from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
@@ -271,12 +272,42 @@ _spark_tasks_option = click.option(
     type=click.IntRange(min=1),
     default=None,
     metavar="N",
-    help="Spark tasks to split the work into (default: 4 x the default parallelism; at most "
-    "one per work item). For the report: partitions of the aggregation's shuffles.",
+    help="Spark tasks to split the work into (default: 4 x the default parallelism, or one "
+    "per 100 work items if more; at most one per work item). For the report: partitions of "
+    "the aggregation's shuffles.",
 )
 
 
-@click.group()
+def _quiet_stdout() -> None:
+    """Send what is left for stdout to /dev/null: its reader is gone (``| head``), and the
+    interpreter's last flush would otherwise fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+class _Stdout(Console):
+    """rich's console on stdout; a reader that stopped reading (``| head -1``) ends the command
+    quietly with status 0, as it does for ``click.echo`` (rich's own exits 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        _quiet_stdout()
+        raise SystemExit(0)
+
+
+class _Commands(click.Group):
+    """The command group: a closed stdout ends a command quietly, status 0 (click's exits 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _quiet_stdout()
+            raise SystemExit(0) from None
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="streamassign")
 def main() -> None:
     """Task and partition assignment for Python stream processors."""
@@ -400,7 +431,7 @@ def _show_plan(
     else:
         _print_tables(name, tasks, clients, result, per_thread, metrics)
         if show_moves:
-            _print_moves(Console(), moves)
+            _print_moves(_Stdout(), moves)
 
 
 def _warn_ignored_input(
@@ -513,18 +544,26 @@ def _moves_json(moves: Explanation) -> dict[str, Any]:
 
 
 def _print_moves(console: Console, moves: Explanation) -> None:
-    table = Table(title=f"Active tasks that moved ({len(moves.actives)}; moves: {moves.moves})")
-    for col in ("task", "from", "to", "why", "state there"):
-        table.add_column(col)
-    for m in moves.actives:
-        table.add_row(str(m.task), m.source or "-", m.destination or "-", m.reason, m.landing)
-    console.print(table)
-    table = Table(title=f"Standbys that moved ({len(moves.standbys)})")
-    for col in ("task", "dropped by", "placed on", "why"):
-        table.add_column(col)
-    for copy in moves.standbys:
-        table.add_row(str(copy.task), copy.source or "-", copy.destination or "-", copy.reason)
-    console.print(table)
+    """A table of the actives that moved and one of the standbys; one line for either kind
+    when none moved (an empty bordered table reads as missing data)."""
+    if moves.actives:
+        table = Table(title=f"Active tasks that moved ({len(moves.actives)}; moves: {moves.moves})")
+        for col in ("task", "from", "to", "why", "state there"):
+            table.add_column(col)
+        for m in moves.actives:
+            table.add_row(str(m.task), m.source or "-", m.destination or "-", m.reason, m.landing)
+        console.print(table)
+    else:
+        console.print("no active task moved")
+    if moves.standbys:
+        table = Table(title=f"Standbys that moved ({len(moves.standbys)})")
+        for col in ("task", "dropped by", "placed on", "why"):
+            table.add_column(col)
+        for copy in moves.standbys:
+            table.add_row(str(copy.task), copy.source or "-", copy.destination or "-", copy.reason)
+        console.print(table)
+    else:
+        console.print("no standby moved")
 
 
 def _print_tables(
@@ -535,7 +574,7 @@ def _print_tables(
     per_thread: Mapping[str, Mapping[str, ClientAssignment]],
     metrics: AssignmentMetrics,
 ) -> None:
-    console = Console()
+    console = _Stdout()
     table = Table(title=f"Tasks of {name or 'the topology'} ({len(tasks)})")
     table.add_column("task")
     table.add_column("source partitions")
@@ -609,7 +648,7 @@ def explain_command(before: Path, after: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(_moves_json(moves), indent=2))
     else:
-        _print_moves(Console(), moves)
+        _print_moves(_Stdout(), moves)
 
 
 @main.command()
@@ -643,7 +682,7 @@ def diff(before: Path, after: Path, as_json: bool) -> None:
             for k in ("active", "standby", "warmup")
         ]
         table.add_row(pid, str(row["status"]), *cells)
-    Console().print(table)
+    _Stdout().print(table)
 
 
 # -- a live group: describe (and --watch) -----------------------------------------------------
@@ -918,7 +957,7 @@ async def _watch(
 ) -> None:
     from .aiokafka.describe import follow, quality, to_json
 
-    console = Console()
+    console = _Stdout()
     before: Mapping[str, ClientView] | None = None
     async for view in follow(connection, group, interval):
         if view.state != "Stable":
@@ -1006,6 +1045,7 @@ def describe(
     """
     import asyncio
 
+    _require("aiokafka", "streamassign describe", "aiokafka")
     from .aiokafka.describe import fetch_group, quality, to_json
     from .errors import GroupDescribeError
 
@@ -1030,7 +1070,7 @@ def describe(
     if as_json:
         click.echo(json.dumps(to_json(view, score), indent=2))
     else:
-        _print_group(Console(), view, score)
+        _print_group(_Stdout(), view, score)
 
 
 # -- the simulation pipeline (Spark) ---------------------------------------------------------------
@@ -1040,12 +1080,14 @@ def describe(
 # streamassign.pipeline.spark, inside the commands.
 
 
-def _require(module: str, what: str) -> None:
+def _require(module: str, what: str, extra: str = "spark") -> None:
+    """One line naming the extra to install when ``module`` is missing, not an ImportError's
+    trace from deep inside the command."""
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
         raise click.ClickException(
-            f"{what} needs {module}, from the spark extra: pip install -e '.[spark]'"
+            f"{what} needs {module}, from the {extra} extra: pip install 'streamassign[{extra}]'"
         )
 
 
@@ -1385,7 +1427,9 @@ def _write_run(
             "simulating",
             stderr_console(),
             lambda: sp.run_simulation(session, job, staging, manifest, run_id, made, spark_tasks),
-            detail=lambda: f"{made.value:,} rebalances",
+            # Spark hands accumulator updates over only as a task finishes: say so, or a
+            # count at 0 for minutes reads as a hang.
+            detail=lambda: f"{made.value:,} rebalances (counted as tasks finish)",
         )
         publish(files, staging, run_dir, run_id)
     except BaseException:
@@ -1429,7 +1473,7 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     from .pipeline import spark as sp
     from .pipeline.progress import plain_step, run_tracked, stderr_console
     from .pipeline.report import render_report
-    from .pipeline.runs import LocalFiles, new_run_id, publish, replaceable, staging_path
+    from .pipeline.runs import LocalFiles, new_run_id, publish, staging_path
 
     if out is None:
         if _is_remote(run_dir):
@@ -1438,11 +1482,7 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
             )
         out = Path(run_dir) / "report"
     out = out.resolve()
-    if not replaceable(LocalFiles(), str(out), "report.html"):
-        raise click.ClickException(
-            f"{out} exists and holds no report.html: not replacing it; give an empty or new "
-            "folder as --out"
-        )
+    _check_report_out(out)
     console = stderr_console()
     if spark_tasks is not None:
         session.conf.set("spark.sql.shuffle.partitions", str(spark_tasks))
@@ -1457,6 +1497,20 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
         files.delete(staging)
         raise
     return out / "report.html"
+
+
+def _check_report_out(out: Path) -> None:
+    """The report goes to a hidden sibling of ``out``, then replaces ``out``: refuse a folder
+    that is not an earlier report, or a parent the sibling cannot be written in."""
+    from .pipeline.runs import LocalFiles, replaceable
+
+    out = out.resolve()
+    if not replaceable(LocalFiles(), str(out), "report.html"):
+        raise click.ClickException(
+            f"{out} exists and holds no report.html: not replacing it; give an empty or new "
+            "folder as --out"
+        )
+    _check_out_folder(out.parent)
 
 
 @main.command()
@@ -1478,6 +1532,7 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
             check_run(LocalFiles(), run_dir)
         except StreamAssignError as exc:
             raise click.ClickException(str(exc)) from exc
+    _check_report_out(out or Path(run_dir) / "report")
     _preflight(master)
 
     with _one_line_failures("writing the report"), _session(master) as session:
@@ -1665,11 +1720,13 @@ def plan_standbys(
         )
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if out is not None:
+        _check_out_folder(out, _PLAN_FILES)
     totals = _evaluate_standby_candidates(master, ship_code, job, spark_tasks)
     plan, best = _standby_plan(totals, job, target, tolerance)
-    if out is not None:
-        _write_plan(out, plan["candidates"], plan)
     _print_plan(plan, best, job, out, topology_file, as_json)
+    if out is not None:  # after printing: a failed write loses nothing the run found
+        _write_plan(out, plan["candidates"], plan)
     _exit_if_missed(target, plan)
 
 
@@ -1723,13 +1780,62 @@ def _evaluate_standby_candidates(
         )
 
 
-def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) -> None:
-    """plan.csv (the candidates) and plan.json (everything) in ``out``."""
-    from .pipeline.report import write_csv
+#: What ``plan-standbys --out`` writes.
+_PLAN_FILES = ("plan.csv", "plan.json")
 
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "plan.csv", rows, list(rows[0]))
-    (out / "plan.json").write_text(json.dumps(plan, indent=2))
+
+def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) -> None:
+    """plan.csv (the candidates) and plan.json (everything) in ``out``, each replaced
+    atomically (a reader sees the old file or the new, never a torn one); a failure is one
+    line (the plan was printed before)."""
+    from .pipeline.report import csv_text
+
+    contents = {
+        "plan.csv": csv_text(rows, list(rows[0])).encode(),
+        "plan.json": json.dumps(plan, indent=2).encode(),
+    }
+    written: list[str] = []
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, data in contents.items():
+            write_atomically(out / name, data)
+            written.append(name)
+    except OSError as exc:
+        done = f" ({', '.join(written)} written)" if written else ""
+        raise click.ClickException(
+            f"cannot write the plan to {out}: {exc.strerror or exc}{done}; the plan is printed "
+            "above"
+        ) from exc
+
+
+def _check_out_folder(out: Path, names: Sequence[str] = ()) -> None:
+    """Refuse, before Spark starts, an ``--out`` the results could not be written to: not a
+    folder, one of ``names`` there a folder, or no writable folder to create it in. The check
+    writes (and removes) a temporary file: permission bits say nothing for root or read-only
+    mounts."""
+    import tempfile
+
+    out = out.resolve()
+    if out.exists() and not out.is_dir():
+        raise click.ClickException(f"--out {out}: exists and is not a folder")
+    for name in names:
+        if (out / name).is_dir():
+            raise click.ClickException(
+                f"--out {out}: {out / name} is a folder, where a file goes; remove it or "
+                "give another --out"
+            )
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise click.ClickException(f"--out {out}: {existing} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise click.ClickException(
+            f"--out {out}: cannot write in {existing}: {exc.strerror or exc}"
+        ) from exc
 
 
 def _print_plan(
@@ -1746,7 +1852,7 @@ def _print_plan(
         click.echo(json.dumps(plan, indent=2))
         return
     title = f"{job.workload.name}, {job.scenarios} failure traces"
-    console = Console()
+    console = _Stdout()
     console.print(_plan_table(plan["candidates"], best, title))
     console.print(f"recommended: {plan['why']}")
     for line in plan["knobs"]:

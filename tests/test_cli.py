@@ -303,3 +303,53 @@ def test_pipeline_numbers_out_of_range_are_usage_errors_naming_the_option(
     result = CliRunner().invoke(main, [command, ORDERS, *options])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_a_missing_extra_is_one_line_naming_it() -> None:
+    """Without aiokafka (or pyspark) installed, as in a fresh environment: the command names
+    the extra to install instead of an ImportError's trace."""
+    script = (
+        "import sys\n"
+        "sys.modules['aiokafka'] = sys.modules['pyspark'] = None  # as if not installed\n"
+        "from streamassign.cli import main\n"
+        f"for args in (['describe', 'g', '-b', '127.0.0.1:1'], ['simulate', {ORDERS!r}]):\n"
+        "    try:\n"
+        "        main(args)\n"
+        "    except SystemExit as exit:\n"
+        "        print('exit', exit.code, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stderr.splitlines() == [
+        "Error: streamassign describe needs aiokafka, from the aiokafka extra: pip install "
+        "'streamassign[aiokafka]'",
+        "exit 1",
+        "Error: streamassign simulate needs pyspark, from the spark extra: pip install "
+        "'streamassign[spark]'",
+        "exit 1",
+    ]
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_closed_stdout_ends_the_command_quietly(as_json: bool) -> None:
+    """``streamassign plan ... | head -1``: the reader is gone before the output is; the
+    command stops with status 0 and nothing on stderr, tables and JSON alike."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write: every write fails
+    args = [ORDERS, "--clients", CLIENTS, *(["--json"] if as_json else [])]
+    script = f"import sys\nfrom streamassign.cli import main\nmain(['plan', *{args!r}])\n"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (0, "")

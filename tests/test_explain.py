@@ -137,6 +137,15 @@ def test_plan_json_lists_moves_and_explain_reads_it_back(tmp_path: Path) -> None
     assert code == 0 and "0 client(s) changed" in diff
 
 
+def test_explain_says_in_one_line_when_nothing_moved(tmp_path: Path) -> None:
+    saved = tmp_path / "plan.json"
+    code, out = run("plan", ORDERS, "--num-clients", "3", "--standbys", "1", "--json")
+    saved.write_text(out)
+    code, out = run("explain", str(saved), str(saved))
+    assert code == 0, out
+    assert out.splitlines() == ["no active task moved", "no standby moved"]
+
+
 def test_explain_and_diff_between_two_saved_plans(tmp_path: Path) -> None:
     first, second = tmp_path / "three.json", tmp_path / "four.json"
     code, out = run("plan", ORDERS, "--num-clients", "3", "--json")

@@ -261,14 +261,27 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
     line, what is wrong and what to do."""
     if not files.exists(run_dir):
         raise PipelineError(f"{run_dir}: no such run directory (run streamassign simulate first)")
+    manifest_path = f"{run_dir.rstrip('/')}/{MANIFEST}/{MANIFEST_FILE}"
     manifest = _manifest(files, run_dir)
-    has_rows = files.has_files(f"{run_dir.rstrip('/')}/{REBALANCES}", ".parquet")
+    rows_dir = f"{run_dir.rstrip('/')}/{REBALANCES}"
+    has_rows = files.has_files(rows_dir, ".parquet")
+    if manifest is None and files.read_text(manifest_path) is not None:
+        raise PipelineError(
+            f"{run_dir}: the manifest {MANIFEST}/{MANIFEST_FILE} is unreadable (not one JSON "
+            "object: damaged or edited); run streamassign simulate again"
+        )
     if manifest is None:
         what = "has rows but no manifest" if has_rows else "has no manifest and no rows"
         raise PipelineError(
             f"{run_dir}: not a complete run ({what}: the simulation that wrote it was "
             "interrupted or failed, or this is not a run directory); run streamassign simulate "
             "again"
+        )
+    if manifest.get("rows") != 0 and not files.exists(rows_dir):
+        raise PipelineError(
+            f"{run_dir}: the rows folder {REBALANCES}/ is missing (the manifest says "
+            f"{manifest.get('rows', '?')} rows were written: deleted or moved?); run "
+            "streamassign simulate again"
         )
     if not has_rows or manifest.get("rows") == 0:
         raise PipelineError(

@@ -31,6 +31,10 @@ from ..topology import Topology, load_topology_file
 
 __all__ = [
     "EVENTS",
+    "MAX_REPLICAS",
+    "MAX_SCENARIOS",
+    "MAX_STEPS",
+    "SEED_RANGE",
     "Layout",
     "Member",
     "PipelineError",
@@ -65,17 +69,47 @@ _HOUR: Final = 3600.0
 IntValidator = Callable[[object, "attrs.Attribute[int]", int], None]
 
 
-def int_at_least(low: int, context: str = "") -> IntValidator:
-    """An attrs validator: an integer (not a bool) ``>= low``, else a :class:`PipelineError`
-    naming the field after ``context``. Shared by the pipeline's jobs and models."""
+#: Traces of one run (``--scenarios``): a million traces of 30 steps are 31 M rebalances per
+#: assignor, about 16 hours at the 550 rebalances/s two cores made (docs/pipeline.md).
+MAX_SCENARIOS: Final = 1_000_000
+#: Rebalances of one trace (``steps``): a trace is generated and simulated on one core, where
+#: 100,000 steps take about 6 minutes per assignor (294 rebalances/s on ``local[1]``,
+#: docs/pipeline.md); the ``step`` column is a 32-bit int.
+MAX_STEPS: Final = 100_000
+#: Standby and warmup replicas (``--standbys``, ``--warmups``): a task has at most one replica
+#: per other client, and clients are at most 100,000 (``preflight.MAX_CLIENTS``); the columns
+#: holding them are 32-bit ints, which larger values would wrap.
+MAX_REPLICAS: Final = 100_000
+#: ``--seed`` is stored in a 64-bit ``seed`` column.
+SEED_RANGE: Final = (-(2**63), 2**63 - 1)
+
+
+def int_at_least(low: int, context: str = "", high: int | None = None) -> IntValidator:
+    """An attrs validator: an integer (not a bool) ``>= low`` (and ``<= high`` if given), else a
+    :class:`PipelineError` naming the field after ``context``. Shared by the pipeline's jobs
+    and models."""
 
     def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise PipelineError(
                 f"{context}{attribute.name} must be an integer >= {low}, got {value!r}"
             )
+        if high is not None and value > high:
+            raise PipelineError(
+                f"{context}{attribute.name} must be at most {high:,}, got {value:,}"
+            )
 
     return check
+
+
+def seed_in_range(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    """An attrs validator: an integer in :data:`SEED_RANGE` (a 64-bit ``seed`` column)."""
+    low, high = SEED_RANGE
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise PipelineError(
+            f"{attribute.name} must be an integer from -2**63 to 2**63 - 1 (it is stored as a "
+            f"64-bit number), got {value!r}"
+        )
 
 
 def _int_at_least(low: int) -> IntValidator:
@@ -130,7 +164,7 @@ class ScenarioModel:
 
     #: Rebalances per trace after the initial assignment (a trace may end earlier when no event
     #: is possible, e.g. every rate is for an event the fleet bounds forbid).
-    steps: int = attrs.field(default=30, validator=_int_at_least(0))
+    steps: int = attrs.field(default=30, validator=int_at_least(0, "scenario model: ", MAX_STEPS))
     #: Initial fleet size, uniform in [min_initial_clients, max_initial_clients].
     min_initial_clients: int = attrs.field(default=3, validator=_int_at_least(1))
     max_initial_clients: int = attrs.field(default=6, validator=_int_at_least(1))

@@ -31,6 +31,8 @@ from ..sticky import StickyTaskAssignor
 from ..streams import ProbingMemory
 from .assignors import spec
 from .scenarios import (
+    MAX_REPLICAS,
+    MAX_SCENARIOS,
     Layout,
     PipelineError,
     ScenarioModel,
@@ -39,6 +41,7 @@ from .scenarios import (
     Workload,
     generate_trace,
     int_at_least,
+    seed_in_range,
 )
 
 __all__ = [
@@ -57,7 +60,6 @@ _NO_TASKS: Final[frozenset[TaskId]] = frozenset()
 # -- the job and the row ---------------------------------------------------------------------------
 
 
-_positive: Final = int_at_least(1)
 _non_negative: Final = int_at_least(0)
 
 
@@ -97,13 +99,13 @@ class SimulationJob:
     workload: Workload
     model: ScenarioModel = attrs.field(factory=ScenarioModel)
     assignors: tuple[str, ...] = attrs.field(converter=_names, validator=_known_assignors)
-    scenarios: int = attrs.field(default=100, validator=_positive)
-    seed: int = 0
-    standby_replicas: int = attrs.field(default=1, validator=_non_negative)
+    scenarios: int = attrs.field(default=100, validator=int_at_least(1, high=MAX_SCENARIOS))
+    seed: int = attrs.field(default=0, validator=seed_in_range)
+    standby_replicas: int = attrs.field(default=1, validator=int_at_least(0, high=MAX_REPLICAS))
     acceptable_recovery_lag: int = attrs.field(default=10_000, validator=_non_negative)
     #: ``task:ha`` only: warmups at once, time between probing rebalances, and how fast a new
     #: replica (warmup or standby) restores its changelog, records per second.
-    max_warmup_replicas: int = attrs.field(default=2, validator=_positive)
+    max_warmup_replicas: int = attrs.field(default=2, validator=int_at_least(1, high=MAX_REPLICAS))
     probing_interval_s: float = 600.0
     replica_restore_per_s: float = 10_000.0
 

@@ -177,10 +177,17 @@ def _simulate_partition(
             yield row.values()
 
 
+#: At most this many work items (traces) per Spark task by default: progress (tasks done, rows
+#: counted) moves only as a task finishes, so a large run gets more, shorter tasks.
+ITEMS_PER_TASK: Final = 100
+
+
 def _slices(spark: Any, items: int, spark_tasks: int | None = None) -> int:
     """Spark tasks (partitions) for ``items`` work items: ``spark_tasks`` if given, else several
-    per core so that slow traces even out; never more than the items."""
-    wanted = spark_tasks or int(spark.sparkContext.defaultParallelism) * 4
+    per core so that slow traces even out, and enough that no task holds more than
+    :data:`ITEMS_PER_TASK` items; never more than the items."""
+    per_core = int(spark.sparkContext.defaultParallelism) * 4
+    wanted = spark_tasks or max(per_core, -(-items // ITEMS_PER_TASK))
     return max(1, min(items, wanted))
 
 

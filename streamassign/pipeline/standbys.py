@@ -38,7 +38,16 @@ from typing import Any, Final
 
 import attrs
 
-from .scenarios import PipelineError, ScenarioModel, Workload, generate_trace, int_at_least
+from .scenarios import (
+    MAX_REPLICAS,
+    MAX_SCENARIOS,
+    PipelineError,
+    ScenarioModel,
+    Workload,
+    generate_trace,
+    int_at_least,
+    seed_in_range,
+)
 from .simulate import SimulationJob, Takeover, run_trace
 
 __all__ = [
@@ -70,13 +79,13 @@ _PARTS: Final = (
 def _positive_number(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or value <= 0:
-        raise PipelineError(f"{attribute.name} must be a number > 0, got {value!r}")
+        raise PipelineError(f"{attribute.name} must be a finite number > 0, got {value!r}")
 
 
 def _non_negative_number(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or value < 0:
-        raise PipelineError(f"{attribute.name} must be a number >= 0, got {value!r}")
+        raise PipelineError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
 
 
 def _availability(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -115,9 +124,11 @@ def _check_candidates(
         raise PipelineError(
             f"{attribute.name} must be a non-empty list of integers >= 0, got {list(value)!r}"
         )
-
-
-_at_least_one: Final = int_at_least(1)
+    if value[-1] > MAX_REPLICAS:  # sorted by the converter
+        raise PipelineError(
+            f"{attribute.name}: at most {MAX_REPLICAS:,} replicas (clients and tasks are at "
+            f"most 100,000 each, so more could never be placed), got {value[-1]:,}"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -127,8 +138,8 @@ class PlanJob:
     workload: Workload
     model: ScenarioModel = attrs.field(factory=ScenarioModel)
     availability: AvailabilityModel = attrs.field(factory=AvailabilityModel)
-    scenarios: int = attrs.field(default=50, validator=_at_least_one)
-    seed: int = 0
+    scenarios: int = attrs.field(default=50, validator=int_at_least(1, high=MAX_SCENARIOS))
+    seed: int = attrs.field(default=0, validator=seed_in_range)
     standby_candidates: tuple[int, ...] = attrs.field(
         default=(0, 1, 2, 3), converter=_candidates, validator=_check_candidates
     )

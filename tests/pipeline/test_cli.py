@@ -139,6 +139,49 @@ def test_plan_standbys_prints_a_recommendation(
         ),
         (["simulate", str(ORDERS), "-p", "orders=6,orders=8"], "orders given twice, as 6 and 8"),
         (
+            ["plan-standbys", str(ORDERS), "--restore-rate", "inf"],
+            "restore_rate must be a finite number > 0, got inf",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--detection", "inf"],
+            "detection_s must be a finite number >= 0, got inf",
+        ),
+        # Past 32 bits a count would wrap in its Spark int column; past the limits a run
+        # cannot finish (or, for scenarios, overflows Python's range in parallelize).
+        (
+            ["plan-standbys", str(ORDERS), "--standbys", "1,99999999999"],
+            "standby_candidates: at most 100,000 replicas",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--warmups", "4294967298"],
+            "warmup_candidates: at most 100,000 replicas",
+        ),
+        (
+            ["simulate", str(ORDERS), "--standbys", "4294967297"],
+            "standby_replicas must be at most 100,000, got 4,294,967,297",
+        ),
+        (
+            ["simulate", str(ORDERS), "--scenarios", "99999999999999999999"],
+            "scenarios must be at most 1,000,000",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--scenarios", "1000001"],
+            "scenarios must be at most 1,000,000",
+        ),
+        (["simulate", str(ORDERS), "--steps", "99999999999"], "steps must be at most 100,000"),
+        (
+            ["plan-standbys", str(ORDERS), "--param", "steps=100001"],
+            "steps must be at most 100,000",
+        ),
+        (
+            ["simulate", str(ORDERS), "--seed", "99999999999999999999"],
+            "seed must be an integer from -2**63 to 2**63 - 1",
+        ),
+        (
+            ["plan-standbys", str(ORDERS), "--seed", "-9223372036854775809"],
+            "seed must be an integer from -2**63 to 2**63 - 1",
+        ),
+        (
             ["plan-standbys", str(ORDERS), "--restore-rate", "0"],
             "'--restore-rate': 0.0 is not in the range x>0",
         ),
@@ -165,6 +208,7 @@ def test_bad_input_fails_before_spark_starts(
     code, out = invoke(*args)
     assert code != 0
     assert message in out, out
+    assert "Traceback" not in out
     assert started == []
 
 
@@ -198,6 +242,70 @@ def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
         assert result.stderr == "note: no candidate reaches --target 0.999: exit status 3\n"
     else:
         assert result.stderr == ""
+
+
+def _fake_plan(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Stand-ins for the Spark evaluation and the plan: returns the list the evaluation
+    appends to when it runs."""
+    from streamassign import cli
+
+    ran: list[str] = []
+    rows = [{"standbys": 1, "warmups": 0, "availability": 0.999, "standby_load": 1.0}]
+    rows[0] |= {"warmup_load": 0.0, "convergence_s": 0.0, "outage_per_day_s": 1.0}
+    rows[0] |= {"worst_outage_p99_s": 1.0, "bootstrap_per_hour": 1.0}
+    plan = {"candidates": rows, "recommended": rows[0], "why": "cheapest", "knobs": []}
+    monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: ran.append("spark"))
+    monkeypatch.setattr(cli, "_standby_plan", lambda *a: (plan | {"target_reached": True}, rows[0]))
+    return ran
+
+
+def test_plan_standbys_refuses_an_unwritable_out_before_spark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ran = _fake_plan(monkeypatch)
+    (tmp_path / "plan.json").mkdir()
+    code, out = invoke("plan-standbys", str(ORDERS), "--out", str(tmp_path))
+    assert code == 1 and ran == []
+    assert out == (
+        f"Error: --out {tmp_path}: {tmp_path / 'plan.json'} is a folder, where a file goes; "
+        "remove it or give another --out\n"
+    )
+    assert not (tmp_path / "plan.csv").exists()
+    (tmp_path / "file").write_text("")
+    code, out = invoke("plan-standbys", str(ORDERS), "--out", str(tmp_path / "file" / "sub"))
+    assert code == 1 and ran == [] and f"{tmp_path / 'file'} is not a folder" in out
+
+
+def test_plan_standbys_prints_the_plan_before_writing_it_atomically(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from streamassign import cli
+
+    _fake_plan(monkeypatch)
+    out_dir = tmp_path / "new" / "plans"
+    code, out = invoke("plan-standbys", str(ORDERS), "--out", str(out_dir))
+    assert code == 0, out
+    assert f"written: {out_dir / 'plan.csv'}" in out
+    assert json.loads((out_dir / "plan.json").read_text())["why"] == "cheapest"
+    csv_before = (out_dir / "plan.csv").read_text()
+    assert csv_before.startswith("standbys,warmups,availability")
+
+    real_write = cli.write_atomically
+
+    def full_disk(path: Any, data: bytes, **kw: Any) -> None:
+        if Path(path).name == "plan.json":
+            raise OSError(28, "No space left on device")
+        real_write(path, data, **kw)
+
+    monkeypatch.setattr(cli, "write_atomically", full_disk)
+    result = CliRunner().invoke(main, ["plan-standbys", str(ORDERS), "--out", str(out_dir)])
+    assert result.exit_code == 1
+    assert "recommended: cheapest" in result.stdout  # printed first: nothing the run found lost
+    assert result.stderr == (
+        f"Error: cannot write the plan to {out_dir}: No space left on device (plan.csv "
+        "written); the plan is printed above\n"
+    )
+    assert sorted(p.name for p in out_dir.iterdir()) == ["plan.csv", "plan.json"]  # no temp
 
 
 TINY = ("--scenarios", "1", "--steps", "2", "--assignors", "task:sticky")
@@ -260,6 +368,33 @@ def test_overwrite_never_replaces_a_folder_that_is_not_a_run(tmp_path: Path) -> 
     code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(tmp_path), "--overwrite")
     assert code != 0 and "not replacing it, even with --overwrite" in out
     assert (tmp_path / "mine.txt").read_text() == "precious"
+
+
+def test_report_refuses_an_out_folder_that_is_not_a_report_before_spark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("pyspark")
+    pytest.importorskip("plotly")
+    from streamassign import cli
+
+    run = tmp_path / "run"
+    (run / "manifest").mkdir(parents=True)
+    (run / "manifest" / "part-00000.json").write_text('{"rows": 31}')
+    (run / "rebalances" / "assignor=x").mkdir(parents=True)
+    (run / "rebalances" / "assignor=x" / "part-0.parquet").write_bytes(b"")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("precious")
+
+    def no_spark(*a: Any) -> Any:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(cli, "_session", no_spark)
+    code, out = invoke("report", str(run), "--out", str(tmp_path / "mine"))
+    assert code == 1
+    assert out == (
+        f"Error: {tmp_path / 'mine'} exists and holds no report.html: not replacing it; give an "
+        "empty or new folder as --out\n"
+    )
 
 
 def test_report_on_an_incomplete_or_missing_run_says_so_in_one_line(tmp_path: Path) -> None:

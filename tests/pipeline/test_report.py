@@ -295,3 +295,24 @@ def test_the_pick_is_fit_and_restores_least(found: list[Outcome]) -> None:
     assert rec.best is not None and rec.best.flaw() is None
     assert rec.best.records_mean == min(o.records_mean for o in fit)
     assert rec.ranked[0] is rec.best and len(rec.reasons) == 4
+
+
+@pytest.mark.parametrize(
+    ("p99s", "axis"),
+    [((1.96, 14.2, 2.5), "linear"), ((0.09, 3.46), "linear"), ((0.1, 14.2), "log")],
+)
+def test_assignment_time_is_linear_unless_it_spans_two_decades(
+    p99s: tuple[float, ...], axis: str
+) -> None:
+    """Bars on a log axis misstate ratios (1.96 ms drawn at 1/20 of 14.2 ms): linear, with
+    each p99 written on its bar, unless the slowest is over 100 times the fastest."""
+    from streamassign.pipeline.report import _assign_time
+
+    rows = [
+        {"assignor": name, "assign_ms_p99": p99, "assign_ms_p50": p99 / 2, "assign_ms_max": p99}
+        for name, p99 in zip(("task:sticky", "task:ha", "consumer:range"), p99s, strict=False)
+    ]
+    fig = _assign_time(rows)
+    assert fig.layout.xaxis.type == axis
+    assert sorted(bar.text[0] for bar in fig.data) == sorted(f"{p:.2f} ms" for p in p99s)
+    assert ("logarithmic" in fig.layout.xaxis.title.text) == (axis == "log")

@@ -4,6 +4,7 @@ diagnoses of incomplete or empty runs (no Spark needed)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,14 @@ def test_a_failed_publish_puts_the_old_run_back(
             "not a complete run (has rows but no manifest",
         ),
         (lambda p: make_run(p, "r", rows=0), "the run is empty (0 rebalances written)"),
+        (
+            lambda p: make_run(p, "r", rows=31000) or shutil.rmtree(p / "rebalances"),
+            "the rows folder rebalances/ is missing (the manifest says 31000 rows were written",
+        ),
+        (
+            lambda p: make_run(p, "r") or (p / "manifest" / "part-00000.json").write_text("{x"),
+            "the manifest manifest/part-00000.json is unreadable (not one JSON object",
+        ),
     ],
 )
 def test_check_run_says_what_is_wrong_in_one_line(

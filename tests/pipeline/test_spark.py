@@ -305,6 +305,8 @@ def test_spark_tasks_default_to_four_per_core_and_never_exceed_the_items() -> No
     assert _slices(fake, 100, 30) == 30
     assert _slices(fake, 5, 30) == 5 and _slices(fake, 5) == 5
     assert _slices(fake, 0) == 1
+    # Large runs: at most 100 traces per task, so progress moves more often.
+    assert _slices(fake, 3000) == 30 and _slices(fake, 3000, 4) == 4
 
 
 def test_large_runs_get_approximate_percentiles(
