@@ -59,6 +59,10 @@ def jvm_will_start() -> bool:
     return sql.SparkSession.getActiveSession() is None
 
 
+#: How long ``java -version`` may take: a JVM answers in well under a second, even cold.
+JAVA_VERSION_TIMEOUT_S = 20.0
+
+
 def check_java(environ: Mapping[str, str] | None = None) -> str:
     """The ``java`` Spark would run (``$JAVA_HOME/bin/java``, else ``java`` on the PATH), if
     it is there and at least Java :data:`JAVA_MIN`; returns its path."""
@@ -89,13 +93,29 @@ def check_java(environ: Mapping[str, str] | None = None) -> str:
 
 
 def _java_release(java: str) -> int | None:
-    """The feature release of ``java`` (8, 11, 17, ...), or None if it cannot be told."""
+    """The feature release of ``java`` (8, 11, 17, ...), or None if its answer does not say;
+    a ``java`` that cannot run, fails or hangs is an error here, as Spark could not start it
+    either (it would fail later with a launcher error, or hang)."""
     try:
         done = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=20, check=False
+            [java, "-version"],
+            capture_output=True,
+            text=True,
+            timeout=JAVA_VERSION_TIMEOUT_S,
+            check=False,
         )
-    except (OSError, subprocess.SubprocessError):
-        return None
+    except subprocess.TimeoutExpired:
+        raise PipelineError(
+            f"{java} -version did not answer within {JAVA_VERSION_TIMEOUT_S:g} s: Spark could not "
+            "start it (fix the Java installation, or point JAVA_HOME at a working one)"
+        ) from None
+    except OSError as exc:
+        raise PipelineError(f"{java} cannot run ({exc.strerror or exc}): Spark needs it") from None
+    if done.returncode != 0:
+        raise PipelineError(
+            f"{java} -version exited {done.returncode}: Spark could not start it (fix the Java "
+            "installation, or point JAVA_HOME at a working one)"
+        )
     match = re.search(r'version "(\d+)(?:\.(\d+))?', done.stderr + done.stdout)
     if match is None:
         return None

@@ -41,6 +41,27 @@ def test_java_is_found_on_the_path_or_in_java_home(tmp_path: Path) -> None:
         preflight.check_java({"JAVA_HOME": str(tmp_path / "jdk8")})
 
 
+@pytest.mark.parametrize(
+    ("script", "message"),
+    [
+        ("echo 'Error: could not create the JVM' >&2; exit 1", "-version exited 1: Spark could"),
+        ("exec sleep 30", "-version did not answer within 0.5 s: Spark could not start it"),
+    ],
+)
+def test_a_java_that_fails_or_hangs_fails_before_spark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, script: str, message: str
+) -> None:
+    """A new-user audit found a java exiting 1 passing the check (Spark then failed with a
+    launcher error) and one that hangs hanging the whole command."""
+    java = tmp_path / "bin" / "java"
+    java.parent.mkdir()
+    java.write_text(f"#!/bin/sh\n{script}\n")
+    java.chmod(0o755)
+    monkeypatch.setattr(preflight, "JAVA_VERSION_TIMEOUT_S", 0.5)
+    with pytest.raises(PipelineError, match=message):
+        preflight.check_java({"JAVA_HOME": str(tmp_path)})
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
