@@ -180,9 +180,10 @@ class ConfigTypeError(ConfigError, TypeError):
     """An option of the wrong type (e.g. a capacity that is not an int)."""
 
 
-class StateDirectoryError(StreamAssignError):
+class StateDirectoryError(StreamAssignError, OSError):
     """The state directory cannot be created or opened (a file in its place, no permission, an
-    I/O error): the operator's to fix, so it is not set aside like damaged state."""
+    I/O error): the operator's to fix, so it is not set aside like damaged state. An
+    ``OSError`` too, as the error it replaces was."""
 
 
 class StateDirectoryLockedError(StateDirectoryError):

@@ -223,7 +223,8 @@ class HighAvailabilityTaskAssignor:
         actives ``last_plan`` assigned and that target is still valid for these inputs; None
         otherwise."""
         running = {c.process_id: frozenset(c.prev_active) for c in clients}
-        if running != {pid: kept.active for pid, kept in last_plan.assignment.items()}:
+        assigned = {pid: frozenset(kept.active) for pid, kept in last_plan.assignment.items()}
+        if running != assigned:
             return None  # not the round right after it: a member changed, a task moved
         carried = _Holdback(self, tasks, clients, set(stateful), {})
         carried.target = {p: last_plan.target[p] for p in carried.clients if p in last_plan.target}
@@ -273,9 +274,14 @@ class HighAvailabilityTaskAssignor:
 def _check_last_plan(last_plan: object) -> None:
     """``last_plan`` is a plan (its assignment and target keep their types), else a typed
     error: a caller's bug, never a reason to plan differently."""
-    if not isinstance(last_plan, HighAvailabilityPlan) or not all(
-        isinstance(kept, ClientAssignment)
-        for kept in (*last_plan.assignment.values(), *last_plan.target.values())
+    if not (
+        isinstance(last_plan, HighAvailabilityPlan)
+        and isinstance(last_plan.assignment, Mapping)
+        and isinstance(last_plan.target, Mapping)
+        and all(
+            isinstance(kept, ClientAssignment)
+            for kept in (*last_plan.assignment.values(), *last_plan.target.values())
+        )
     ):
         raise AssignmentTypeError(
             "last_plan is a HighAvailabilityPlan mapping process ids to ClientAssignment values"

@@ -89,13 +89,18 @@ class StateDirectory:
             raise StateDirectoryLockedError(
                 f"state directory {self.path} is in use by another process"
             ) from exc
+        except OSError as exc:  # no locks on this filesystem (ENOLCK on some NFS mounts)
+            self.close()
+            raise _unusable(self.path, exc) from exc
         try:
             self._remove_temporaries()
             self._directory(self.path / "tasks")
             self.process_id = self._process_id()
-        except OSError as exc:
+        except BaseException as exc:  # a half-opened directory keeps no lock
             self.close()
-            raise _unusable(self.path, exc) from exc
+            if isinstance(exc, OSError):
+                raise _unusable(self.path, exc) from exc
+            raise
 
     def _lock_file(self) -> IO[bytes]:
         """The lock file, opened; a directory or a looping link in its place is set aside."""

@@ -29,7 +29,7 @@ import attrs
 
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
-from .errors import ErrorCode, TopologyError
+from .errors import AssignmentInputError, ErrorCode, TopologyError
 from .grouper import PartitionGrouper, resolve_partition_counts, task_counts
 from .ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
 from .protocol import (
@@ -102,6 +102,8 @@ class ProbingMemory:
         if self.last is not None:
             try:
                 plan = ha.plan(tasks, clients, stateful, task_racks, last_plan=self.last)
+            except AssignmentInputError:
+                raise  # this round's input: planning afresh would fail the same way
             except Exception:
                 log.exception("the remembered plan could not be used; planning afresh")
         if plan is None:

@@ -966,6 +966,10 @@ def test_the_last_target_still_valid_is_kept_when_a_plan_afresh_would_hold_back(
     plan = assignor(1, 1).plan(tasks, history, last_plan=first)
     assert plan.target == plan.assignment == first.target
     assert not plan.probing_rebalance_needed and not plan.warmups
+    # A plan built by hand with other collections of the same actives counts the same.
+    listed = {p: attrs.evolve(a, active=sorted(a.active)) for p, a in first.assignment.items()}
+    by_hand = attrs.evolve(first, assignment=listed)
+    assert assignor(1, 1).plan(tasks, history, last_plan=by_hand) == plan
 
 
 def test_a_plan_afresh_holding_nothing_back_is_kept() -> None:
@@ -1089,7 +1093,13 @@ def test_the_last_target_does_not_hide_bad_input() -> None:
     with pytest.raises(ValueError, match="no clients"):
         assignor(1).plan(tasks, [], last_plan=HighAvailabilityPlan({}, {}, {}))
     not_a_target = {pid: None for pid in first.target}
-    for not_a_plan in (first.target, attrs.evolve(first, target=not_a_target)):
+    not_plans = (
+        first.target,
+        attrs.evolve(first, target=not_a_target),
+        HighAvailabilityPlan(None, None, None),  # type: ignore[arg-type]
+        attrs.evolve(first, assignment=list(first.assignment.values())),
+    )
+    for not_a_plan in not_plans:
         with pytest.raises(AssignmentTypeError, match="last_plan is a HighAvailabilityPlan"):
             assignor(1, 1).plan(tasks, history, last_plan=not_a_plan)  # type: ignore[arg-type]
 

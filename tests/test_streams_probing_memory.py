@@ -1,5 +1,6 @@
-"""The streams leader's ``ProbingMemory``: a leader that stays offers its last target to the
-next probing round, and only then (the members run exactly what its last plan assigned)."""
+"""The streams leader's ``ProbingMemory``: a leader that stays offers its last plan to the next
+probing round, whose target is carried over only then (the members run exactly what that plan
+assigned)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamassign import ClientAssignment, Subtopology, TaskId, Topology
+from streamassign import (
+    ClientAssignment,
+    ClientState,
+    HighAvailabilityTaskAssignor,
+    Subtopology,
+    TaskId,
+    Topology,
+)
+from streamassign.errors import DuplicateProcessIdError
 from streamassign.protocol import LATEST_OFFSET, NEVER, SubscriptionInfo
 from streamassign.streams import (
     MemberAssignment,
@@ -215,6 +224,18 @@ def test_a_memory_that_cannot_be_used_never_fails_the_group(
         assert lead(members, broken) == afresh
         assert broken.last is not None and broken.last.target != target
     assert "the remembered plan could not be used; planning afresh" in caplog.text
+
+
+def test_bad_input_with_a_memory_is_the_inputs_error_not_the_memorys(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An error of this round's input is raised as it is, not logged first as a memory that
+    could not be used (planning afresh would fail the same way)."""
+    _, memory = round_zero()
+    twice = [ClientState("p"), ClientState("p")]
+    with pytest.raises(DuplicateProcessIdError):
+        memory.plan(HighAvailabilityTaskAssignor(1), [TaskId(0, 0)], twice)
+    assert "could not be used" not in caplog.text
 
 
 def rounds_until_settled(

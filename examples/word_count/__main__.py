@@ -83,7 +83,7 @@ async def main() -> int:
     ap = argparse.ArgumentParser(description="Word count with a repartition topic")
     ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers (host:port)")
     ap.add_argument("--sentences", type=count(1), default=1000)
-    ap.add_argument("--threads", type=int, default=2, help="consumers in this process")
+    ap.add_argument("--threads", type=count(1), default=2, help="consumers in this process")
     ap.add_argument("--state-dir", default=None, help="default: a new temporary directory")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")

@@ -694,7 +694,7 @@ class _TaskRunner:
 class _HaRunner(_TaskRunner):
     """``task:ha``: each event's rebalance, then the probing rebalances that follow it every
     ``probing_interval_s`` until nothing is held back or the next event comes. The leader
-    stays: its ``ProbingMemory`` offers each plan the last one's target. New replicas
+    stays: its ``ProbingMemory`` offers each plan the last one (ha.md rule 8). New replicas
     (warmups, standbys) restore at ``replica_restore_per_s``; a held-back active moves once
     its target is caught up, restoring the small lag left. The event's row adds the probing
     rebalances' restores and says how many there were and when actives were balanced."""
