@@ -9,13 +9,14 @@ pipeline commands validate every input, then hand over to ``streamassign.pipelin
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import attrs
 import click
@@ -286,25 +287,63 @@ def _quiet_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
+class _ReaderGone(io.TextIOBase):
+    """``sys.stdout`` while a command runs: once its reader is gone (``| head -1``, ``| grep
+    -q``), what is left goes nowhere and the command goes on as if it had been read, so files
+    it writes are written and its exit status is its own (a broken pipe used to end commands
+    early: ``plan-standbys --out`` wrote nothing and a missed ``--target`` exited 0)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._gone = True
+                _quiet_stdout()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._gone = True
+                _quiet_stdout()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._stream.encoding
+
+
 class _Stdout(Console):
-    """rich's console on stdout; a reader that stopped reading (``| head -1``) ends the command
-    quietly with status 0, as it does for ``click.echo`` (rich's own exits 1)."""
+    """rich's console on stdout (``_ReaderGone`` makes a closed stdout quiet; rich's own
+    handling would exit 1)."""
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
         _quiet_stdout()
-        raise SystemExit(0)
 
 
 class _Commands(click.Group):
-    """The command group: a closed stdout ends a command quietly, status 0 (click's exits 1)."""
+    """The command group: a closed stdout does not end a command (``_ReaderGone``)."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        stdout = sys.stdout
+        sys.stdout = _ReaderGone(stdout)
         try:
-            return super().invoke(ctx)
-        except BrokenPipeError:
-            _quiet_stdout()
-            raise SystemExit(0) from None
+            return super().main(*args, **kwargs)
+        finally:
+            sys.stdout = stdout
 
 
 @click.group(cls=_Commands)
@@ -672,6 +711,9 @@ def diff(before: Path, after: Path, as_json: bool) -> None:
             rows[pid] = {"status": status, **changes}
     if as_json:
         click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"{before.name} -> {after.name}: no client changed")
         return
     table = Table(title=f"{before.name} -> {after.name}: {len(rows)} client(s) changed")
     for col in ("client", "status", "active", "standby", "warmup"):
@@ -1798,7 +1840,7 @@ def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) 
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name, data in contents.items():
-            write_atomically(out / name, data)
+            write_atomically(out / name, data, mode=0o644)  # a result to share, not state
             written.append(name)
     except OSError as exc:
         done = f" ({', '.join(written)} written)" if written else ""

@@ -26,20 +26,25 @@ MAX_TOML_BYTES = 64 << 20
 _READ_CHUNK = 64 << 10
 
 
-def write_atomically(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
+def write_atomically(
+    path: str | os.PathLike[str], data: bytes, *, durable: bool = True, mode: int = 0o600
+) -> None:
     """Replace ``path`` with ``data``: readers see the old file or the new, never a mix.
 
     The data goes to a temporary file with a unique name in the same directory (so concurrent
     writers never share one, and the rename stays on one file system), which is flushed to disk
     and renamed over ``path`` with ``os.replace``; then the directory is synced so the rename
-    survives a crash. ``durable=False`` skips both syncs (atomic, not crash-durable). The file is
-    created with mode 0600 (``mkstemp``'s): state files are private to the process's user. On
+    survives a crash. ``durable=False`` skips both syncs (atomic, not crash-durable). The file
+    gets ``mode``: by default 0600 (``mkstemp``'s), state files being private to the process's
+    user; results meant for others (a plan to share) pass e.g. 0o644. On
     failure the temporary file is removed and ``path`` is untouched; ``OSError`` propagates.
     """
     target = Path(path)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
+            if mode != 0o600:
+                os.fchmod(fh.fileno(), mode)
             fh.write(data)
             if durable:
                 fh.flush()

@@ -331,18 +331,15 @@ def test_a_missing_extra_is_one_line_naming_it() -> None:
     ]
 
 
-@pytest.mark.parametrize("as_json", [False, True])
-def test_a_closed_stdout_ends_the_command_quietly(as_json: bool) -> None:
-    """``streamassign plan ... | head -1``: the reader is gone before the output is; the
-    command stops with status 0 and nothing on stderr, tables and JSON alike."""
+def with_closed_stdout(script: str) -> subprocess.CompletedProcess[str]:
+    """``python -c script`` whose stdout's reader is gone before the first write (``| head``
+    that already exited): every write to stdout fails."""
     import os
 
     read_end, write_end = os.pipe()
-    os.close(read_end)  # the reader is gone before the first write: every write fails
-    args = [ORDERS, "--clients", CLIENTS, *(["--json"] if as_json else [])]
-    script = f"import sys\nfrom streamassign.cli import main\nmain(['plan', *{args!r}])\n"
+    os.close(read_end)
     try:
-        done = subprocess.run(
+        return subprocess.run(
             [sys.executable, "-c", script],
             stdout=write_end,
             stderr=subprocess.PIPE,
@@ -352,4 +349,48 @@ def test_a_closed_stdout_ends_the_command_quietly(as_json: bool) -> None:
         )
     finally:
         os.close(write_end)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_closed_stdout_ends_the_command_quietly(as_json: bool) -> None:
+    """``streamassign plan ... | head -1``: the reader is gone before the output is; the
+    command finishes with status 0 and nothing on stderr, tables and JSON alike."""
+    args = [ORDERS, "--clients", CLIENTS, *(["--json"] if as_json else [])]
+    done = with_closed_stdout(f"from streamassign.cli import main\nmain(['plan', *{args!r}])\n")
     assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_a_closed_stdout_still_writes_the_plan_and_keeps_the_exit_status(tmp_path: Path) -> None:
+    """A review found ``plan-standbys --out DIR --target T | head -1`` exiting 0 with no files
+    after the whole Spark run: the broken pipe ended the command at its first output. The
+    evaluation is stubbed (no Spark): a plan that misses its target."""
+    row = {
+        "standbys": 1,
+        "warmups": 0,
+        "availability": 0.9,
+        "standby_load": 1.0,
+        "warmup_load": 0.0,
+        "convergence_s": 0.0,
+        "outage_per_day_s": 1.0,
+        "worst_outage_p99_s": 1.0,
+        "bootstrap_per_hour": 1.0,
+    }
+    plan = {
+        "candidates": [row],
+        "recommended": row,
+        "why": "-",
+        "knobs": [],
+        "target_reached": False,
+    }
+    script = (
+        "from streamassign import cli\n"
+        "cli._evaluate_standby_candidates = lambda *a: None\n"
+        f"cli._standby_plan = lambda *a: ({plan!r}, {row!r})\n"
+        f"cli.main(['plan-standbys', {ORDERS!r}, '--out', {str(tmp_path)!r}, '--target', '0.99'])\n"
+    )
+    done = with_closed_stdout(script)
+    assert done.returncode == 3, done.stderr
+    assert "note: no candidate reaches --target 0.99" in done.stderr
+    for name in ("plan.csv", "plan.json"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644  # a result to share
+    assert json.loads((tmp_path / "plan.json").read_text())["target_reached"] is False

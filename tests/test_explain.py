@@ -134,7 +134,7 @@ def test_plan_json_lists_moves_and_explain_reads_it_back(tmp_path: Path) -> None
     assert code == 0, table
     assert "Active tasks that moved (3; moves: 3)" in table
     code, diff = run("diff", str(after), str(after))
-    assert code == 0 and "0 client(s) changed" in diff
+    assert code == 0 and "after.json -> after.json: no client changed" in diff
 
 
 def test_explain_says_in_one_line_when_nothing_moved(tmp_path: Path) -> None:

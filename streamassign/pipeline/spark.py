@@ -185,9 +185,10 @@ ITEMS_PER_TASK: Final = 100
 def _slices(spark: Any, items: int, spark_tasks: int | None = None) -> int:
     """Spark tasks (partitions) for ``items`` work items: ``spark_tasks`` if given, else several
     per core so that slow traces even out, and enough that no task holds more than
-    :data:`ITEMS_PER_TASK` items; never more than the items."""
-    per_core = int(spark.sparkContext.defaultParallelism) * 4
-    wanted = spark_tasks or max(per_core, -(-items // ITEMS_PER_TASK))
+    :data:`ITEMS_PER_TASK` items, up to 64 per core (each task writes a Parquet file per
+    assignor: a million traces would otherwise be 50,000 files); never more than the items."""
+    cores = int(spark.sparkContext.defaultParallelism)
+    wanted = spark_tasks or min(64 * cores, max(4 * cores, -(-items // ITEMS_PER_TASK)))
     return max(1, min(items, wanted))
 
 
@@ -205,7 +206,7 @@ def run_simulation(
     ``out/manifest`` (one JSON line). ``out`` must not hold rows yet: callers write into a
     fresh folder and publish it (``runs.publish``). ``counter``: a fresh int accumulator to
     count rows in (progress can read it as tasks finish). ``spark_tasks``: how many Spark tasks
-    share the scenarios (default 4 x the default parallelism). Returns the rows written."""
+    share the scenarios (default: ``_slices``). Returns the rows written."""
     from pyspark.sql import functions as F
 
     sc = spark.sparkContext
