@@ -224,9 +224,32 @@ _EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 _topology_argument = click.argument("topology_file", type=_EXISTING_FILE)
 
 
-def _shown(*decls: str, kind: Any, default: object, help: str) -> Callable[[_F], _F]:
+def _shown(
+    *decls: str, kind: Any, default: object, help: str, callback: Any = None
+) -> Callable[[_F], _F]:
     """An option of type ``kind`` whose default ``--help`` shows."""
-    return click.option(*decls, type=kind, default=default, show_default=True, help=help)
+    return click.option(
+        *decls, type=kind, default=default, show_default=True, help=help, callback=callback
+    )
+
+
+def _pipeline_limit(name: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback: the value (or each of a list) within the pipeline's limit ``name``
+    (``pipeline.scenarios.MAX_*``, or ``SEED_RANGE``), checked while parsing, so the error names
+    the option and exits 2 like any bad option; the pipeline is imported only then."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        from .pipeline import scenarios
+
+        limit = getattr(scenarios, name)
+        low, high = limit if isinstance(limit, tuple) else (None, limit)
+        for item in value if isinstance(value, tuple) else () if value is None else (value,):
+            if item > high or (low is not None and item < low):
+                span = f"at most {high:,}" if low is None else f"within {low:,} to {high:,}"
+                raise click.BadParameter(f"{span}, got {item:,}")
+        return value
+
+    return check
 
 
 def _partitions_option(help: str) -> Callable[[_F], _F]:
@@ -248,7 +271,13 @@ def _out_dir_option(help: str) -> Callable[[_F], _F]:
 
 def _standbys_option(default: int, help: str) -> Callable[[_F], _F]:
     """``--standbys N``: num_standby_replicas of the assignor a command runs."""
-    return _shown("--standbys", kind=click.IntRange(min=0), default=default, help=help)
+    return _shown(
+        "--standbys",
+        kind=click.IntRange(min=0),
+        default=default,
+        help=help,
+        callback=_pipeline_limit("MAX_REPLICAS"),
+    )
 
 
 def _acceptable_lag_option(help: str) -> Callable[[_F], _F]:
@@ -1261,10 +1290,17 @@ _model_options = [
     click.option(
         "--steps",
         type=click.IntRange(min=1),
+        callback=_pipeline_limit("MAX_STEPS"),
         help="Rebalances per trace after the initial assignment (model; at least 1).",
     ),
     _partitions_option("Initial partition counts of external topics (override the file's table)."),
-    _shown("--seed", kind=int, default=0, help="Base seed of the traces."),
+    _shown(
+        "--seed",
+        kind=int,
+        default=0,
+        help="Base seed of the traces.",
+        callback=_pipeline_limit("SEED_RANGE"),
+    ),
     _master_option,
 ]
 
@@ -1303,7 +1339,13 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
 
 @main.command()
 @_topology_argument
-@_shown("--scenarios", kind=click.IntRange(min=1), default=200, help="Churn traces to simulate.")
+@_shown(
+    "--scenarios",
+    kind=click.IntRange(min=1),
+    default=200,
+    help="Churn traces to simulate.",
+    callback=_pipeline_limit("MAX_SCENARIOS"),
+)
 @click.option(
     "--assignors",
     "assignor_names",
@@ -1654,13 +1696,23 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
         ) from None
     if not items or min(items) < 0:
         raise click.BadParameter(f"expected integers >= 0, got {value!r}", param_hint=option)
+    from .pipeline.scenarios import MAX_REPLICAS
+
+    if max(items) > MAX_REPLICAS:
+        raise click.BadParameter(
+            f"at most {MAX_REPLICAS:,} each, got {max(items):,}", param_hint=option
+        )
     return items
 
 
 @main.command("plan-standbys")
 @_topology_argument
 @_shown(
-    "--scenarios", kind=click.IntRange(min=1), default=100, help="Failure traces per candidate."
+    "--scenarios",
+    kind=click.IntRange(min=1),
+    default=100,
+    help="Failure traces per candidate.",
+    callback=_pipeline_limit("MAX_SCENARIOS"),
 )
 @_shown(
     "--standbys",
