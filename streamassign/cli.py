@@ -1449,6 +1449,8 @@ def _run_simulation(
     _preflight(master, workload, model)
     if not _is_remote(run_dir):
         _refuse_existing(LocalFiles(), run_dir, overwrite)
+        # The run is written beside it, then renamed into place: its folder must take it.
+        _check_out_folder(Path(run_dir).parent, given=Path(run_dir))
     for note in notes:
         click.echo(f"note: {note}", err=True)
     click.echo(
@@ -1588,13 +1590,13 @@ def _check_report_out(out: Path) -> None:
     that is not an earlier report, or a parent the sibling cannot be written in."""
     from .pipeline.runs import LocalFiles, replaceable
 
-    out = out.resolve()
+    given, out = out, out.resolve()
     if not replaceable(LocalFiles(), str(out), "report.html"):
         raise click.ClickException(
             f"{out} exists and holds no report.html: not replacing it; give an empty or new "
             "folder as --out"
         )
-    _check_out_folder(out.parent)
+    _check_out_folder(out.parent, given=given)
 
 
 @main.command()
@@ -1902,33 +1904,35 @@ def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) 
         ) from exc
 
 
-def _check_out_folder(out: Path, names: Sequence[str] = ()) -> None:
+def _check_out_folder(out: Path, names: Sequence[str] = (), given: Path | None = None) -> None:
     """Refuse, before Spark starts, an ``--out`` the results could not be written to: not a
     folder, one of ``names`` there a folder, or no writable folder to create it in. The check
     writes (and removes) a temporary file: permission bits say nothing for root or read-only
-    mounts."""
+    mounts. ``given``: the ``--out`` the user gave, when ``out`` is where it is written from
+    (its parent), so the message names what the user typed."""
     import tempfile
 
+    shown = f"--out {given or out}"
     out = out.resolve()
     if out.exists() and not out.is_dir():
-        raise click.ClickException(f"--out {out}: exists and is not a folder")
+        raise click.ClickException(f"{shown}: {out} exists and is not a folder")
     for name in names:
         if (out / name).is_dir():
             raise click.ClickException(
-                f"--out {out}: {out / name} is a folder, where a file goes; remove it or "
-                "give another --out"
+                f"{shown}: {out / name} is a folder, where a file goes; remove it or give "
+                "another --out"
             )
     existing = out
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise click.ClickException(f"--out {out}: {existing} is not a folder")
+        raise click.ClickException(f"{shown}: {existing} is not a folder")
     try:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as exc:
         raise click.ClickException(
-            f"--out {out}: cannot write in {existing}: {exc.strerror or exc}"
+            f"{shown}: cannot write in {existing}: {exc.strerror or exc}"
         ) from exc
 
 

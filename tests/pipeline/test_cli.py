@@ -276,6 +276,28 @@ def test_plan_standbys_refuses_an_unwritable_out_before_spark(
     assert code == 1 and ran == [] and f"{tmp_path / 'file'} is not a folder" in out
 
 
+def test_simulate_refuses_an_out_it_cannot_write_before_spark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A review found ``simulate --out FILE/x`` failing only after Spark started (a Hadoop
+    ParentNotDirectoryException 18 s in)."""
+    pytest.importorskip("pyspark")
+    from streamassign.pipeline import spark as sp
+
+    def no_spark(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a SparkSession was requested")
+
+    monkeypatch.setattr(sp, "spark_session", no_spark)
+    monkeypatch.setattr(sp, "start_session", no_spark)
+    (tmp_path / "file").write_text("")
+    under_a_file = tmp_path / "file" / "x"
+    code, out = invoke("simulate", str(ORDERS), "--scenarios", "1", "--out", str(under_a_file))
+    assert (code, out) == (
+        1,
+        f"Error: --out {under_a_file}: {tmp_path / 'file'} exists and is not a folder\n",
+    )
+
+
 def test_plan_standbys_prints_the_plan_before_writing_it_atomically(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
