@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
@@ -239,17 +239,24 @@ def _pipeline_limit(name: str) -> Callable[[click.Context, click.Parameter, Any]
     the option and exits 2 like any bad option; the pipeline is imported only then."""
 
     def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        from .pipeline import scenarios
-
-        limit = getattr(scenarios, name)
-        low, high = limit if isinstance(limit, tuple) else (None, limit)
-        for item in value if isinstance(value, tuple) else () if value is None else (value,):
-            if item > high or (low is not None and item < low):
-                span = f"at most {high:,}" if low is None else f"within {low:,} to {high:,}"
-                raise click.BadParameter(f"{span}, got {item:,}")
+        _check_limit(name, () if value is None else (value,))
         return value
 
     return check
+
+
+def _check_limit(name: str, values: Iterable[int], option: str | None = None) -> None:
+    """Each of ``values`` within the pipeline's limit ``name`` (see ``_pipeline_limit``);
+    ``option`` names a list option (``--standbys 0,1,2``), whose error says "each"."""
+    from .pipeline import scenarios
+
+    limit = getattr(scenarios, name)
+    low, high = limit if isinstance(limit, tuple) else (None, limit)
+    for item in values:
+        if item > high or (low is not None and item < low):
+            span = f"at most {high:,}" if low is None else f"within {low:,} to {high:,}"
+            each = " each" if option else ""
+            raise click.BadParameter(f"{span}{each}, got {item:,}", param_hint=option)
 
 
 def _partitions_option(help: str) -> Callable[[_F], _F]:
@@ -266,6 +273,17 @@ def _out_dir_option(help: str) -> Callable[[_F], _F]:
     """``--out DIRECTORY`` (a local path) of the commands that write files there."""
     return click.option(
         "--out", type=click.Path(file_okay=False, path_type=Path), default=None, help=help
+    )
+
+
+def _scenarios_option(default: int, help: str) -> Callable[[_F], _F]:
+    """``--scenarios N``: the traces a pipeline command runs (at most the pipeline's limit)."""
+    return _shown(
+        "--scenarios",
+        kind=click.IntRange(min=1),
+        default=default,
+        help=help,
+        callback=_pipeline_limit("MAX_SCENARIOS"),
     )
 
 
@@ -1339,13 +1357,7 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
 
 @main.command()
 @_topology_argument
-@_shown(
-    "--scenarios",
-    kind=click.IntRange(min=1),
-    default=200,
-    help="Churn traces to simulate.",
-    callback=_pipeline_limit("MAX_SCENARIOS"),
-)
+@_scenarios_option(200, "Churn traces to simulate.")
 @click.option(
     "--assignors",
     "assignor_names",
@@ -1698,24 +1710,13 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
         ) from None
     if not items or min(items) < 0:
         raise click.BadParameter(f"expected integers >= 0, got {value!r}", param_hint=option)
-    from .pipeline.scenarios import MAX_REPLICAS
-
-    if max(items) > MAX_REPLICAS:
-        raise click.BadParameter(
-            f"at most {MAX_REPLICAS:,} each, got {max(items):,}", param_hint=option
-        )
+    _check_limit("MAX_REPLICAS", items, option)
     return items
 
 
 @main.command("plan-standbys")
 @_topology_argument
-@_shown(
-    "--scenarios",
-    kind=click.IntRange(min=1),
-    default=100,
-    help="Failure traces per candidate.",
-    callback=_pipeline_limit("MAX_SCENARIOS"),
-)
+@_scenarios_option(100, "Failure traces per candidate.")
 @_shown(
     "--standbys",
     "standby_list",
