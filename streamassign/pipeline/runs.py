@@ -204,8 +204,7 @@ def files_for(path: str, spark: Any = None) -> Files:
 
 def write_manifest(files: Files, run_dir: str, manifest: dict[str, Any]) -> None:
     """``run_dir/manifest/part-00000.json``: one JSON line, written whole or not at all."""
-    path = f"{run_dir.rstrip('/')}/{MANIFEST}/{MANIFEST_FILE}"
-    files.write_text(path, json.dumps(manifest, sort_keys=True) + "\n")
+    files.write_text(_manifest_path(run_dir), json.dumps(manifest, sort_keys=True) + "\n")
 
 
 def describe_existing(files: Files, final: str) -> str | None:
@@ -245,8 +244,12 @@ def publish(files: Files, staging: str, final: str, run_id: str) -> None:
         files.delete(aside)
 
 
-def _manifest(files: Files, run_dir: str) -> dict[str, Any] | None:
-    text = files.read_text(f"{run_dir.rstrip('/')}/{MANIFEST}/{MANIFEST_FILE}")
+def _manifest_path(run_dir: str) -> str:
+    return f"{run_dir.rstrip('/')}/{MANIFEST}/{MANIFEST_FILE}"
+
+
+def _parse_manifest(text: str | None) -> dict[str, Any] | None:
+    """A manifest's JSON object, or None when there is no text or it is not one JSON object."""
     if text is None:
         return None
     try:
@@ -256,16 +259,21 @@ def _manifest(files: Files, run_dir: str) -> dict[str, Any] | None:
     return loaded if isinstance(loaded, dict) else None
 
 
+def _manifest(files: Files, run_dir: str) -> dict[str, Any] | None:
+    return _parse_manifest(files.read_text(_manifest_path(run_dir)))
+
+
 def check_run(files: Files, run_dir: str) -> dict[str, Any]:
     """The manifest of a complete run with rows; else a :class:`PipelineError` saying, in one
-    line, what is wrong and what to do."""
+    line, what is wrong and what to do: no run, an incomplete one, a damaged one (rows the
+    manifest counts are gone), or an empty one (it wrote no rows)."""
     if not files.exists(run_dir):
         raise PipelineError(f"{run_dir}: no such run directory (run streamassign simulate first)")
-    manifest_path = f"{run_dir.rstrip('/')}/{MANIFEST}/{MANIFEST_FILE}"
-    manifest = _manifest(files, run_dir)
+    text = files.read_text(_manifest_path(run_dir))  # read once: it could change in between
+    manifest = _parse_manifest(text)
     rows_dir = f"{run_dir.rstrip('/')}/{REBALANCES}"
     has_rows = files.has_files(rows_dir, ".parquet")
-    if manifest is None and files.read_text(manifest_path) is not None:
+    if manifest is None and text is not None:
         raise PipelineError(
             f"{run_dir}: the manifest {MANIFEST}/{MANIFEST_FILE} is unreadable (not one JSON "
             "object: damaged or edited); run streamassign simulate again"
@@ -277,15 +285,17 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
             "interrupted or failed, or this is not a run directory); run streamassign simulate "
             "again"
         )
-    if manifest.get("rows") != 0 and not files.exists(rows_dir):
-        raise PipelineError(
-            f"{run_dir}: the rows folder {REBALANCES}/ is missing (the manifest says "
-            f"{manifest.get('rows', '?')} rows were written: deleted or moved?); run "
-            "streamassign simulate again"
-        )
-    if not has_rows or manifest.get("rows") == 0:
+    rows = manifest.get("rows")
+    if rows == 0:
         raise PipelineError(
             f"{run_dir}: the run is empty (0 rebalances written); check its manifest "
             f"({MANIFEST}/{MANIFEST_FILE}) and run streamassign simulate with more scenarios"
+        )
+    if not has_rows:
+        missing = "is missing" if not files.exists(rows_dir) else "holds no Parquet files"
+        counted = f"{rows:,}" if isinstance(rows, int) else "some"
+        raise PipelineError(
+            f"{run_dir}: damaged run: {REBALANCES}/ {missing}, but the manifest says {counted} "
+            "rows were written (deleted or moved?); run streamassign simulate again"
         )
     return manifest

@@ -91,7 +91,16 @@ def test_a_failed_publish_puts_the_old_run_back(
         (lambda p: make_run(p, "r", rows=0), "the run is empty (0 rebalances written)"),
         (
             lambda p: make_run(p, "r", rows=31000) or shutil.rmtree(p / "rebalances"),
-            "the rows folder rebalances/ is missing (the manifest says 31000 rows were written",
+            "damaged run: rebalances/ is missing, but the manifest says 31,000 rows were written",
+        ),
+        (
+            # The review's case: the Parquet files deleted, the folders and manifest kept.
+            lambda p: (
+                make_run(p, "r", rows=31000)
+                or [f.unlink() for f in (p / "rebalances").rglob("*.parquet")]
+            ),
+            "damaged run: rebalances/ holds no Parquet files, but the manifest says 31,000 rows "
+            "were written",
         ),
         (
             lambda p: make_run(p, "r") or (p / "manifest" / "part-00000.json").write_text("{x"),
@@ -123,3 +132,37 @@ def test_only_runs_and_empty_folders_are_replaceable(tmp_path: Path) -> None:
     assert not replaceable(LocalFiles(), str(tmp_path), marker)
     make_run(tmp_path / "run", "r")
     assert replaceable(LocalFiles(), str(tmp_path / "run"), marker)
+
+
+class CountingFiles(LocalFiles):
+    """Local files that count the reads."""
+
+    def __init__(self) -> None:
+        self.reads: list[str] = []
+
+    def read_text(self, path: str) -> str | None:
+        self.reads.append(path)
+        return super().read_text(path)
+
+
+@pytest.mark.parametrize("manifest", ["{x", None])
+def test_check_run_reads_the_manifest_once(tmp_path: Path, manifest: str | None) -> None:
+    run = tmp_path / "run"
+    make_run(run, "r")
+    if manifest is not None:
+        (run / "manifest" / "part-00000.json").write_text(manifest)
+    files = CountingFiles()
+    if manifest is None:
+        assert check_run(files, str(run))["run_id"] == "r"
+    else:
+        with pytest.raises(PipelineError, match="is unreadable"):
+            check_run(files, str(run))
+    assert files.reads == [f"{run}/manifest/part-00000.json"]
+
+
+def test_an_empty_run_is_not_called_damaged(tmp_path: Path) -> None:
+    """A run of 0 rows (Spark wrote no Parquet file) is empty, not damaged."""
+    make_run(tmp_path / "run", "r", rows=0)
+    with pytest.raises(PipelineError) as error:
+        check_run(LocalFiles(), str(tmp_path / "run"))
+    assert "the run is empty" in str(error.value) and "damaged" not in str(error.value)
