@@ -16,7 +16,8 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from types import MappingProxyType
+from typing import Any, Final, TextIO, TypeVar
 
 import attrs
 import click
@@ -245,6 +246,15 @@ def _pipeline_limit(name: str) -> Callable[[click.Context, click.Parameter, Any]
     return check
 
 
+#: What a limit's error adds: how to get past it (docs/pipeline.md, Limits, says why).
+_LIMIT_HINTS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "MAX_SCENARIOS": " (a bound on one run's size: for more traces, run again with another "
+        "--seed and --out; docs/pipeline.md, Limits)",
+    }
+)
+
+
 def _check_limit(name: str, values: Iterable[int], option: str | None = None) -> None:
     """Each of ``values`` within the pipeline's limit ``name`` (see ``_pipeline_limit``);
     ``option`` names a list option (``--standbys 0,1,2``), whose error says "each"."""
@@ -256,7 +266,8 @@ def _check_limit(name: str, values: Iterable[int], option: str | None = None) ->
         if item > high or (low is not None and item < low):
             span = f"at most {high:,}" if low is None else f"within {low:,} to {high:,}"
             each = " each" if option else ""
-            raise click.BadParameter(f"{span}{each}, got {item:,}", param_hint=option)
+            hint = _LIMIT_HINTS.get(name, "")
+            raise click.BadParameter(f"{span}{each}, got {item:,}{hint}", param_hint=option)
 
 
 def _partitions_option(help: str) -> Callable[[_F], _F]:
@@ -1214,7 +1225,12 @@ def _run_dir(out: str | None, name: str) -> str:
         out = str(Path("streamassign-runs") / (name or "topology"))
     if _is_remote(out):
         return out.rstrip("/")
-    return str(Path(out.removeprefix("file://").removeprefix("file:")).resolve())
+    return str(_local_path(out).resolve())
+
+
+def _local_path(out: str) -> Path:
+    """A local ``--out`` as given (a ``file:`` URI's path), not yet resolved."""
+    return Path(out.removeprefix("file://").removeprefix("file:"))
 
 
 def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
@@ -1462,7 +1478,8 @@ def _run_simulation(
     if not _is_remote(run_dir):
         _refuse_existing(LocalFiles(), run_dir, overwrite)
         # The run is written beside it, then renamed into place: its folder must take it.
-        _check_out_folder(Path(run_dir).parent, given=Path(run_dir))
+        given = Path(run_dir) if out is None else _local_path(out)
+        _check_out_folder(Path(run_dir).parent, given=given)
     for note in notes:
         click.echo(f"note: {note}", err=True)
     click.echo(
@@ -1907,13 +1924,15 @@ def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) 
 
 def _check_out_folder(out: Path, names: Sequence[str] = (), given: Path | None = None) -> None:
     """Refuse, before Spark starts, an ``--out`` the results could not be written to: not a
-    folder, one of ``names`` there a folder, or no writable folder to create it in. The check
+    folder, one of ``names`` there a folder, a dangling symbolic link on the way, or no
+    writable folder to create it in. The check
     writes (and removes) a temporary file: permission bits say nothing for root or read-only
     mounts. ``given``: the ``--out`` the user gave, when ``out`` is where it is written from
     (its parent), so the message names what the user typed."""
     import tempfile
 
     shown = f"--out {given or out}"
+    _refuse_dangling_link(given or out, shown)
     out = out.resolve()
     if out.exists() and not out.is_dir():
         raise click.ClickException(f"{shown}: {out} exists and is not a folder")
@@ -1935,6 +1954,22 @@ def _check_out_folder(out: Path, names: Sequence[str] = (), given: Path | None =
         raise click.ClickException(
             f"{shown}: cannot write in {existing}: {exc.strerror or exc}"
         ) from exc
+
+
+def _refuse_dangling_link(path: Path, shown: str) -> None:
+    """Refuse a symbolic link on the way to ``path`` (itself or a folder above it) whose target
+    does not exist: following it would create the target (say, under the empty mount point of
+    a volume not mounted) or fail only after the Spark work. A link to an existing folder is
+    followed like any folder."""
+    for part in (path, *path.parents):
+        if not os.path.lexists(part):
+            continue  # created by the write, below the nearest existing folder
+        if not part.exists():  # lstat finds it, stat does not: a link to nothing (or a loop)
+            raise click.ClickException(
+                f"{shown}: {part} is a symbolic link to {os.readlink(part)}, which does not "
+                "exist (deleted, or on a volume not mounted?); create it or give another --out"
+            )
+        return
 
 
 def _print_plan(

@@ -69,8 +69,11 @@ _HOUR: Final = 3600.0
 IntValidator = Callable[[object, "attrs.Attribute[int]", int], None]
 
 
-#: Traces of one run (``--scenarios``): a million traces of 30 steps are 31 M rebalances per
-#: assignor, about 16 hours at the 550 rebalances/s two cores made (docs/pipeline.md).
+#: Traces of one run (``--scenarios``): a bound on one run's size, not on simulate's memory (its
+#: scenario numbers go to Spark as a range). A million traces of 30 steps are 31 M rebalances
+#: per assignor: about 37 hours at the 234/s two cores make, 45 minutes on 100 cores;
+#: plan-standbys holds its (scenario, candidate) items on the driver (277 MiB for a million x
+#: 4 candidates). More traces: more runs, each with its own seed (docs/pipeline.md, Limits).
 MAX_SCENARIOS: Final = 1_000_000
 #: Rebalances of one trace (``steps``): a trace is generated and simulated on one core, where
 #: 100,000 steps take about 6 minutes per assignor (294 rebalances/s on ``local[1]``,

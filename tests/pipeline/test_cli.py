@@ -166,7 +166,8 @@ def test_plan_standbys_prints_a_recommendation(
         ),
         (
             ["plan-standbys", str(ORDERS), "--scenarios", "1000001"],
-            "'--scenarios': at most 1,000,000, got 1,000,001",
+            "'--scenarios': at most 1,000,000, got 1,000,001 (a bound on one run's size: for "
+            "more traces, run again with another --seed and --out; docs/pipeline.md, Limits)",
         ),
         (["simulate", str(ORDERS), "--steps", "99999999999"], "'--steps': at most 100,000"),
         (
@@ -298,6 +299,64 @@ def test_simulate_refuses_an_out_it_cannot_write_before_spark(
     )
 
 
+def _valid_run(run: Path) -> None:
+    """A run ``report`` accepts before Spark starts (a manifest and a Parquet file)."""
+    (run / "manifest").mkdir(parents=True)
+    (run / "manifest" / "part-00000.json").write_text('{"rows": 31}')
+    (run / "rebalances" / "assignor=x").mkdir(parents=True)
+    (run / "rebalances" / "assignor=x" / "part-0.parquet").write_bytes(b"")
+
+
+@pytest.mark.parametrize("command", ["plan-standbys", "simulate", "report"])
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_a_dangling_symlink_in_out_is_refused_before_spark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, command: str, below: str
+) -> None:
+    """A review found ``--out LINK`` (its target deleted, or on a volume not mounted) passing
+    the early check: plan-standbys then failed after the Spark work, simulate and report
+    created the link's target. Following it could write under an empty mount point."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("plotly")
+    from streamassign import cli
+    from streamassign.pipeline import spark as sp
+
+    ran = _fake_plan(monkeypatch)
+
+    def no_spark(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a SparkSession was requested")
+
+    monkeypatch.setattr(sp, "spark_session", no_spark)
+    monkeypatch.setattr(sp, "start_session", no_spark)
+    monkeypatch.setattr(cli, "_session", no_spark)
+    target = tmp_path / "unmounted" / "runs"
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    out_dir = link / below if below else link
+    if command == "report":
+        _valid_run(tmp_path / "run")
+        args = ["report", str(tmp_path / "run"), "--out", str(out_dir)]
+    else:
+        args = [command, str(ORDERS), "--scenarios", "1", "--out", str(out_dir)]
+    code, out = invoke(*args)
+    assert (code, out) == (
+        1,
+        f"Error: --out {out_dir}: {link} is a symbolic link to {target}, which does not exist "
+        "(deleted, or on a volume not mounted?); create it or give another --out\n",
+    )
+    assert ran == [] and not (tmp_path / "unmounted").exists()
+
+
+def test_a_symlink_in_out_to_an_existing_folder_is_followed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _fake_plan(monkeypatch)
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "shared")
+    code, out = invoke("plan-standbys", str(ORDERS), "--out", str(tmp_path / "link" / "plans"))
+    assert code == 0, out
+    assert (tmp_path / "shared" / "plans" / "plan.json").is_file()
+
+
 def test_plan_standbys_prints_the_plan_before_writing_it_atomically(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -400,10 +459,7 @@ def test_report_refuses_an_out_folder_that_is_not_a_report_before_spark(
     from streamassign import cli
 
     run = tmp_path / "run"
-    (run / "manifest").mkdir(parents=True)
-    (run / "manifest" / "part-00000.json").write_text('{"rows": 31}')
-    (run / "rebalances" / "assignor=x").mkdir(parents=True)
-    (run / "rebalances" / "assignor=x" / "part-0.parquet").write_bytes(b"")
+    _valid_run(run)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("precious")
 
@@ -427,6 +483,32 @@ def test_report_on_an_incomplete_or_missing_run_says_so_in_one_line(tmp_path: Pa
     code, out = invoke("report", str(tmp_path))
     assert code != 0 and "not a complete run (has rows but no manifest" in out
     assert len(out.strip().splitlines()) == 1
+
+
+def test_report_refuses_a_damaged_run_and_keeps_the_earlier_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A review found a run whose Parquet files were deleted reported as "empty"."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("plotly")
+    from streamassign import cli
+
+    def no_spark(*a: Any) -> Any:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(cli, "_session", no_spark)
+    run = tmp_path / "run"
+    _valid_run(run)
+    (run / "report").mkdir()
+    (run / "report" / "report.html").write_text("earlier")
+    (run / "rebalances" / "assignor=x" / "part-0.parquet").unlink()
+    code, out = invoke("report", str(run))
+    assert (code, out) == (
+        1,
+        f"Error: {run}: damaged run: rebalances/ holds no Parquet files, but the manifest says "
+        "31 rows were written (deleted or moved?); run streamassign simulate again\n",
+    )
+    assert (run / "report" / "report.html").read_text() == "earlier"
 
 
 def test_bad_input_never_imports_spark(tmp_path: Path) -> None:
