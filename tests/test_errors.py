@@ -7,6 +7,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,18 @@ def test_new_error_classes_are_defined_in_errors_py() -> None:
     public = {n for n, cls in exception_classes().items() if not cls.__name__.startswith("_")}
     elsewhere = {n for n in public if not n.startswith("streamassign.errors.")}
     assert elsewhere == NOT_YET_IN_ERRORS
+
+
+def test_the_errors_page_names_every_error_class() -> None:
+    """docs/errors.md is where a user looks a logged class up: it must name every one."""
+    page = (PACKAGE_DIR.parent / "docs" / "errors.md").read_text()
+    classes = [
+        name
+        for name, value in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(value, BaseException) and value.__module__ == errors.__name__
+    ]
+    assert classes
+    assert [name for name in classes if not re.search(rf"\b{name}`", page)] == []
 
 
 @pytest.mark.parametrize(("module", "name"), sorted(MOVED_TO_ERRORS.items()))
