@@ -31,9 +31,10 @@ from .explain import (
     ClaimConflicts,
     ClientView,
     Explanation,
+    Snapshot,
     claim_conflicts,
     explain,
-    load_saved,
+    load_snapshot,
     views_from_assignment,
     views_from_clients,
 )
@@ -709,21 +710,25 @@ def _print_tables(
 _MAX_SAVED_BYTES = 64 * 1024 * 1024
 
 
-def _read_saved(path: Path) -> dict[str, ClientView]:
-    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it;
-    a warning line per kind of claim in it that no assignment can hold."""
+def _read_snapshot(path: Path) -> Snapshot:
+    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it."""
     try:
         if path.stat().st_size > _MAX_SAVED_BYTES:
             raise click.ClickException(f"{path}: larger than {_MAX_SAVED_BYTES} bytes")
-        data = json.loads(path.read_bytes())
-        views = load_saved(data, str(path))
-        _warn_conflicts(claim_conflicts(views), str(path))
-        return views
+        return load_snapshot(json.loads(path.read_bytes()), str(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise click.ClickException(f"{path}: cannot read a saved assignment: {reason}") from exc
     except StreamAssignError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _read_saved(path: Path) -> Snapshot:
+    """:func:`_read_snapshot`, and a warning line per kind of claim in it that no assignment
+    can hold."""
+    snapshot = _read_snapshot(path)
+    _warn_conflicts(claim_conflicts(snapshot.views), str(path))
+    return snapshot
 
 
 _saved_arguments = [
@@ -739,9 +744,11 @@ _saved_arguments = [
 def explain_command(before: Path, after: Path, as_json: bool) -> None:
     """Every task that moved from BEFORE to AFTER, and the rule that moved it.
 
-    Both are saved assignments ('plan --json' or 'describe --json' output).
+    Both are saved assignments ('plan --json' or 'describe --json' output). The offset sums
+    in AFTER (describe --json) tell a landing on local state from a cold one.
     """
-    moves = explain(_read_saved(before), _read_saved(after))
+    old, new = _read_saved(before), _read_saved(after)
+    moves = explain(old.views, new.views, new.local_state())
     if as_json:
         click.echo(json.dumps(_moves_json(moves), indent=2))
     else:
@@ -754,7 +761,7 @@ def explain_command(before: Path, after: Path, as_json: bool) -> None:
 @_json_option("a table")
 def diff(before: Path, after: Path, as_json: bool) -> None:
     """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
-    old, new = _read_saved(before), _read_saved(after)
+    old, new = _read_saved(before).views, _read_saved(after).views
     rows = {}
     for pid in sorted(old.keys() | new.keys()):
         was = old[pid].assignment if pid in old else ClientAssignment()

@@ -18,6 +18,7 @@ import attrs
 from ._ids import TaskId
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentFileError
+from .protocol import LATEST_OFFSET
 from .sticky import resolve_previous_owners
 
 
@@ -317,20 +318,108 @@ def views_from_clients(clients: Iterable[ClientState]) -> dict[str, ClientView]:
 
 
 def load_saved(data: object, where: str) -> dict[str, ClientView]:
-    """Client views from a saved assignment (``plan --json``'s or ``explain --json``'s shape).
+    """Client views from a saved assignment (``plan --json``'s or ``describe --json``'s shape).
 
     ``{"assignment": {process_id: {"active": [...], "standby": [...], "warmup": [...],
-    "capacity": N}}}``; ``warmup`` and ``capacity`` are optional. Anything else is an
-    ``AssignmentFileError`` naming the file and the key.
+    "capacity": N}}}``; ``warmup`` and ``capacity`` are optional. Anything else (or a
+    ``describe --json`` snapshot not taken in state Stable) is an ``AssignmentFileError``
+    naming the file and the key; :func:`load_snapshot` gives the rest of the file too.
     """
+    return dict(load_snapshot(data, where).views)
+
+
+#: The only group state in which a ``describe --json`` snapshot holds the group's assignment.
+STABLE = "Stable"
+
+
+@attrs.frozen
+class Snapshot:
+    """A saved assignment file: ``plan --json``, ``describe --json`` or hand-written.
+
+    ``views``: per process, its capacity and tasks. ``state``: the group's state when saved
+    (None: the file has none, as ``plan --json`` output). ``reports``: per member of a
+    ``describe --json`` snapshot, its process and the offset sums it sent at its last join
+    (empty for other files).
+    """
+
+    views: Mapping[str, ClientView]
+    state: str | None = None
+    reports: tuple[tuple[str, Mapping[TaskId, int]], ...] = ()
+
+    def local_state(self) -> dict[str, dict[TaskId, int]]:
+        """Per process, the tasks it reported checkpointed state of (:func:`local_state`)."""
+        return local_state(self.reports)
+
+    def running(self) -> dict[str, frozenset[TaskId]]:
+        """Per process, the tasks it reported running (``LATEST_OFFSET``) at its last join:
+        its actives before the last rebalance."""
+        out: dict[str, set[TaskId]] = {}
+        for pid, sums in self.reports:
+            out.setdefault(pid, set()).update(t for t, s in sums.items() if s == LATEST_OFFSET)
+        return {pid: frozenset(tasks) for pid, tasks in out.items()}
+
+
+def local_state(
+    reports: Iterable[tuple[str, Mapping[TaskId, int]]],
+) -> dict[str, dict[TaskId, int]]:
+    """Per process, the tasks it reported checkpointed state of when it joined: the offset sums
+    other than ``LATEST_OFFSET`` (running) of its members' ``(process, offset sums)`` reports,
+    each process named getting an entry. :func:`explain`'s ``lags`` (a warm landing or a cold
+    one) for a live group (``describe --watch``) and a saved snapshot (``explain``) alike."""
+    out: dict[str, dict[TaskId, int]] = {}
+    for pid, sums in reports:
+        held = {t: s for t, s in sums.items() if s != LATEST_OFFSET}
+        out.setdefault(pid, {}).update(held)
+    return out
+
+
+def load_snapshot(data: object, where: str) -> Snapshot:
+    """A saved assignment file's contents (see :func:`load_saved` for the ``assignment``
+    table). A ``state`` other than Stable is refused: DescribeGroups taken during a rebalance
+    or of an empty group returns no assignment (or the previous one's bytes under another
+    protocol), so every task would read as removed. ``members`` (``describe --json``'s) give
+    the offset sums; members without a process or topics (undecodable, no metadata) are left
+    out, as ``describe`` leaves them out of the processes."""
+    state = data.get("state") if isinstance(data, dict) else None
+    if isinstance(data, dict) and "state" in data and state != STABLE:
+        raise AssignmentFileError(
+            f"{where}: saved in group state {state!r}, not {STABLE!r} (during a rebalance, or "
+            "with no members): it holds no assignment; save one while the group is Stable"
+        )
     table = data.get("assignment") if isinstance(data, dict) else None
-    if not isinstance(table, dict):
+    if not isinstance(data, dict) or not isinstance(table, dict):
         raise AssignmentFileError(
             f"{where}: no 'assignment' table (expected plan --json or describe --json output)"
         )
-    return {
+    views = {
         str(pid): _client_view(entry, f"{where}: client {pid!r}") for pid, entry in table.items()
     }
+    return Snapshot(views, state, _reports(data.get("members", []), where))
+
+
+def _reports(members: object, where: str) -> tuple[tuple[str, Mapping[TaskId, int]], ...]:
+    """``(process, offset sums)`` of each described member of a ``describe --json`` file."""
+    if not isinstance(members, list):
+        raise AssignmentFileError(f"{where}: members must be a list")
+    out = []
+    for n, member in enumerate(members, 1):
+        if not isinstance(member, dict):
+            raise AssignmentFileError(f"{where}: member #{n}: expected a table")
+        pid = member.get("process")
+        if not isinstance(pid, str) or not member.get("topics") or member.get("undecodable"):
+            continue
+        out.append((pid, _offset_sums(member.get("offset_sums", {}), f"{where}: member #{n}")))
+    return tuple(out)
+
+
+def _offset_sums(sums: object, label: str) -> dict[TaskId, int]:
+    problem = f'{label}: offset_sums must map task ids like "0_3" to ints'
+    if not isinstance(sums, dict) or not all(type(s) is int for s in sums.values()):
+        raise AssignmentFileError(problem)
+    try:
+        return {TaskId.parse(str(t)): s for t, s in sums.items()}
+    except ValueError as exc:
+        raise AssignmentFileError(f"{problem}: {exc}") from exc
 
 
 def _client_view(entry: object, label: str) -> ClientView:

@@ -327,3 +327,98 @@ def test_a_move_comes_from_the_kept_claimant_and_lands_warm_on_another(
             assert move.source == kept[move.task]
         if move.destination is not None and move.task in before[move.destination].assignment.active:
             assert move.landing == Landing.LOCAL
+
+
+def snapshot(
+    path: Path,
+    assignment: dict[str, dict[str, list[str]]],
+    sums: dict[str, dict[str, int]],
+    state: str = "Stable",
+) -> str:
+    """A ``describe --json`` file (the keys explain reads): one member per process, with
+    the offset sums it sent at its last join (-2: running)."""
+    members = [
+        {
+            "process": pid,
+            "topics": ["clicks"],
+            "offset_sums": sums.get(pid, {}),
+            "undecodable": None,
+        }
+        for pid in assignment
+    ]
+    path.write_text(json.dumps({"state": state, "assignment": assignment, "members": members}))
+    return str(path)
+
+
+def test_explain_of_two_snapshots_lands_on_the_local_state_the_after_side_reported(
+    tmp_path: Path,
+) -> None:
+    # The auditor's incident (mid.json -> fin.json): p3 left and came back with its state
+    # directory; it reported a checkpoint of 0_2 at its join, none of 0_3 (and 0_4 running,
+    # which is no local state to land on). describe --watch said "local state" for 0_2.
+    before = snapshot(
+        tmp_path / "mid.json",
+        {"p1": {"active": ["0_2", "0_4"]}, "p2": {"active": ["0_0", "0_1", "0_3"]}},
+        {"p1": {"0_2": -2, "0_4": -2}, "p2": {"0_0": -2}},
+    )
+    after = snapshot(
+        tmp_path / "fin.json",
+        {
+            "p1": {"active": ["0_4"]},
+            "p2": {"active": ["0_0", "0_1"]},
+            "p3": {"active": ["0_2", "0_3"]},
+        },
+        {"p1": {"0_2": -2, "0_4": -2}, "p2": {"0_0": -2}, "p3": {"0_2": 652, "0_4": -2}},
+    )
+    code, out = run("explain", before, after, "--json")
+    assert code == 0, out
+    landings = {m["task"]: (m["to"], m["landing"]) for m in json.loads(out)["moves"]}
+    assert landings == {"0_2": ("p3", "local state"), "0_3": ("p3", "cold")}
+
+
+@pytest.mark.parametrize("state", ["PreparingRebalance", "CompletingRebalance", "Empty", "Dead"])
+def test_explain_and_diff_refuse_a_snapshot_not_taken_in_state_stable(
+    tmp_path: Path, state: str
+) -> None:
+    good = snapshot(tmp_path / "good.json", {"p1": {"active": ["0_0"]}}, {})
+    # What describe --json saves during a rebalance: members without a process, no assignment.
+    bad = tmp_path / "rebal.json"
+    bad.write_text(json.dumps({"group": "app", "state": state, "assignment": {}, "members": []}))
+    for command in ("explain", "diff"):
+        for args in ((good, str(bad)), (str(bad), good)):
+            code, out = run(command, *args)
+            assert code == 1, out
+            assert out.splitlines() == [
+                f"Error: {bad}: saved in group state {state!r}, not 'Stable' (during a "
+                "rebalance, or with no members): it holds no assignment; save one while the "
+                "group is Stable"
+            ]
+    # describe --watch --json's in-between line: its state named, not a missing table.
+    bad.write_text(json.dumps({"group": "app", "state": "PreparingRebalance"}))
+    code, out = run("explain", good, str(bad))
+    assert code == 1 and "saved in group state 'PreparingRebalance'" in out
+
+
+@pytest.mark.parametrize(
+    ("members", "named"),
+    [
+        ("{}", "members must be a list"),
+        ("[3]", "member #1: expected a table"),
+        (
+            '[{"process": "p1", "topics": ["t"], "offset_sums": {"0_0": "x"}}]',
+            'member #1: offset_sums must map task ids like "0_3" to ints',
+        ),
+        (
+            '[{"process": "p1", "topics": ["t"], "offset_sums": {"zero": 1}}]',
+            "not a task id",
+        ),
+    ],
+)
+def test_damaged_members_of_a_snapshot_give_one_line(
+    tmp_path: Path, members: str, named: str
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(f'{{"state": "Stable", "assignment": {{}}, "members": {members}}}')
+    code, out = run("explain", str(bad), str(bad))
+    assert code == 1, out
+    assert named in out and len(out.strip().splitlines()) == 1
