@@ -418,7 +418,8 @@ def main() -> None:
     "--clients",
     "clients_file",
     type=_EXISTING_FILE,
-    help="TOML file of [[client]] tables (process_id, capacity, prev_active, ...).",
+    help="TOML file of [[client]] tables (process_id, capacity, prev_active, ...), or a "
+    "saved assignment (describe --json of the live group: a what-if from what it runs now).",
 )
 @click.option("--num-clients", type=click.IntRange(min=1), help="Fresh clients (no history).")
 @_shown(
@@ -491,7 +492,7 @@ def _plan_clients(
     """The clients of ``plan``: read from ``clients_file`` (at most ``max_clients``), or
     ``num_clients`` fresh ones with ``threads`` each."""
     if clients_file is not None:
-        clients = load_clients(clients_file)
+        clients = _load_plan_clients(clients_file)
         if len(clients) > max_clients:
             raise click.ClickException(
                 f"{clients_file}: {len(clients):,} clients, the limit is {max_clients:,}"
@@ -499,6 +500,26 @@ def _plan_clients(
         return clients
     assert num_clients is not None
     return [ClientState(f"client-{k}", capacity=threads) for k in range(num_clients)]
+
+
+def _load_plan_clients(path: Path) -> list[ClientState]:
+    """``plan``'s clients file: TOML ``[[client]]`` tables, or a saved assignment (a JSON
+    object: ``describe --json`` of the live group, or ``plan --json``) read as the clients
+    that run it now (``Snapshot.clients``)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()
+    except OSError as exc:
+        raise ClientsFileError(f"{path}: cannot read the clients file: {exc}") from exc
+    if not head.startswith(b"{"):  # a TOML document never starts with a brace
+        return load_clients(path)
+    try:
+        clients = _read_snapshot(path).clients()
+    except ValueError as exc:  # a process id or a capacity ClientState refuses
+        raise ClientsFileError(f"{path}: {exc}") from exc
+    if not clients:
+        raise ClientsFileError(f"{path}: no process in its 'assignment' table")
+    return clients
 
 
 def _show_plan(

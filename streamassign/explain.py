@@ -358,6 +358,31 @@ class Snapshot:
             out.setdefault(pid, set()).update(t for t, s in sums.items() if s == LATEST_OFFSET)
         return {pid: frozenset(tasks) for pid, tasks in out.items()}
 
+    def clients(self) -> list[ClientState]:
+        """The processes as the clients of a what-if (``plan --clients``), as they would join
+        the next rebalance: each runs its actives now (``prev_active``) and keeps its standbys
+        and warmups (``prev_standby``: a warmup reports its state as a standby does); ``lags``
+        of the local state it reported at its last join are measured as the leader measures
+        them without end offsets, against the task's best reported offset sum. A process
+        without a capacity counts as one thread."""
+        held = self.local_state()
+        best: dict[TaskId, int] = {}
+        for sums in held.values():
+            for task, offset in sums.items():
+                best[task] = max(best.get(task, 0), offset)
+        clients = []
+        for pid, view in sorted(self.views.items()):
+            a = view.assignment
+            lags = {
+                t: max(0, best[t] - offset)
+                for t, offset in held.get(pid, {}).items()
+                if offset >= 0 and t not in a.active
+            }
+            clients.append(
+                ClientState(pid, view.capacity or 1, a.active, a.standby | a.warmup, lags)
+            )
+        return clients
+
 
 def local_state(
     reports: Iterable[tuple[str, Mapping[TaskId, int]]],

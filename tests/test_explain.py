@@ -422,3 +422,77 @@ def test_damaged_members_of_a_snapshot_give_one_line(
     code, out = run("explain", str(bad), str(bad))
     assert code == 1, out
     assert named in out and len(out.strip().splitlines()) == 1
+
+
+CLICKS = '[[subtopology]]\nid = 0\nsource_topics = ["clicks"]\nstores = ["totals"]\n'
+
+
+def test_a_snapshot_read_as_clients_runs_what_the_group_runs_now(tmp_path: Path) -> None:
+    now = snapshot(
+        tmp_path / "now.json",
+        {
+            "p1": {"capacity": 2, "active": ["0_0", "0_1"], "standby": ["0_2"]},
+            "p2": {"capacity": 1, "active": ["0_2"], "standby": ["0_0"], "warmup": ["0_1"]},
+        },
+        # Sums from the last join: p1 ran 0_0 and held 0_2 and 0_3 at 500 and 400; p2 held
+        # 0_0 at 300, 0_1 at 100 (its warmup now) and 0_2 at 700 (which it runs now).
+        {"p1": {"0_0": -2, "0_2": 500, "0_3": 400}, "p2": {"0_0": 300, "0_1": 100, "0_2": 700}},
+    )
+    from streamassign.explain import load_snapshot
+
+    clients = load_snapshot(json.loads(Path(now).read_text()), now).clients()
+    assert clients == [
+        ClientState("p1", 2, {"0_0", "0_1"}, {"0_2"}, {TaskId(0, 2): 200, TaskId(0, 3): 0}),
+        ClientState("p2", 1, {"0_2"}, {"0_0", "0_1"}, {TaskId(0, 0): 0, TaskId(0, 1): 0}),
+    ]
+
+
+def test_plan_takes_a_describe_snapshot_as_its_clients_for_a_what_if(tmp_path: Path) -> None:
+    topology = tmp_path / "clicks.toml"
+    topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
+    assignment = {
+        "p1": {"capacity": 1, "active": ["0_0", "0_1"], "standby": ["0_2", "0_3"]},
+        "p2": {"capacity": 1, "active": ["0_2", "0_3"], "standby": ["0_0", "0_1"]},
+    }
+    now = snapshot(tmp_path / "now.json", assignment, {})
+    # The group as it runs: the assignor keeps it as it is.
+    code, out = run("plan", str(topology), "--clients", now, "--standbys", "1", "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    assert {p: (a["active"], a["standby"]) for p, a in data["assignment"].items()} == {
+        p: (a["active"], a["standby"]) for p, a in assignment.items()
+    }
+    assert data["moves"] == [] and data["standby_moves"] == []
+    # What if a third process joined: one active moves to it, cold.
+    joined = tmp_path / "joined.json"
+    grown = json.loads(Path(now).read_text())
+    grown["assignment"]["p3"] = {"capacity": 1}
+    joined.write_text(json.dumps(grown))
+    code, out = run("plan", str(topology), "--clients", str(joined), "--standbys", "1", "--json")
+    assert code == 0, out
+    moves = json.loads(out)["moves"]
+    assert [(m["to"], m["reason"], m["landing"]) for m in moves] == [
+        ("p3", "balance quota", "cold")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        ('{"state": "Stable", "assignment": {}}', "no process in its 'assignment' table"),
+        ('{"state": "Empty", "assignment": {}}', "saved in group state 'Empty'"),
+        ('{"assignment": {"p1": {"capacity": 0}}}', "capacity must be an int >= 1"),
+        ("{ garbage", "cannot read a saved assignment"),
+        ('\ufeff{"tasks": {}}', "no 'assignment' table"),
+        ("garbage", "invalid TOML"),
+    ],
+)
+def test_plan_refuses_a_bad_snapshot_as_clients_in_one_line(
+    tmp_path: Path, content: str, named: str
+) -> None:
+    topology, clients = tmp_path / "clicks.toml", tmp_path / "now.json"
+    topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
+    clients.write_text(content)
+    code, out = run("plan", str(topology), "--clients", str(clients))
+    assert code == 1, out
+    assert named in out and len(out.strip().splitlines()) == 1
