@@ -662,9 +662,10 @@ def _moves_json(moves: Explanation) -> dict[str, Any]:
     }
 
 
-def _print_moves(console: Console, moves: Explanation) -> None:
+def _print_moves(console: Console, moves: Explanation, standbys: bool = True) -> None:
     """A table of the actives that moved and one of the standbys; one line for either kind
-    when none moved (an empty bordered table reads as missing data)."""
+    when none moved (an empty bordered table reads as missing data). Without ``standbys``
+    (``explain --last``: previous standbys are not known) a line says why they are missing."""
     if moves.actives:
         table = Table(title=f"Active tasks that moved ({len(moves.actives)}; moves: {moves.moves})")
         for col in ("task", "from", "to", "why", "state there"):
@@ -674,7 +675,12 @@ def _print_moves(console: Console, moves: Explanation) -> None:
         console.print(table)
     else:
         console.print("no active task moved")
-    if moves.standbys:
+    if not standbys:
+        console.print(
+            "standbys not shown: at a join a previous standby reports its state like any other "
+            "local state (save BEFORE with describe --json to compare standbys)"
+        )
+    elif moves.standbys:
         table = Table(title=f"Standbys that moved ({len(moves.standbys)})")
         for col in ("task", "dropped by", "placed on", "why"):
             table.add_column(col)
@@ -759,21 +765,42 @@ _saved_arguments = [
 
 
 @main.command(name="explain")
-@_saved_arguments[0]
-@_saved_arguments[1]
+@click.argument("files", nargs=-1, type=_EXISTING_FILE, metavar="BEFORE AFTER | --last NOW")
+@click.option(
+    "--last",
+    is_flag=True,
+    help="Explain the last rebalance from one describe --json snapshot NOW: its members' offset "
+    "sums give each process's actives before it (active moves only).",
+)
 @_json_option("tables")
-def explain_command(before: Path, after: Path, as_json: bool) -> None:
+def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
     """Every task that moved from BEFORE to AFTER, and the rule that moved it.
 
     Both are saved assignments ('plan --json' or 'describe --json' output). The offset sums
     in AFTER (describe --json) tell a landing on local state from a cold one.
     """
-    old, new = _read_saved(before), _read_saved(after)
-    moves = explain(old.views, new.views, new.local_state())
-    if as_json:
-        click.echo(json.dumps(_moves_json(moves), indent=2))
+    if len(files) != (1 if last else 2):
+        raise click.UsageError(
+            "give one snapshot with --last" if last else "give BEFORE and AFTER, or --last NOW"
+        )
+    if last:
+        now = _read_saved(files[0])
+        if not now.reports or now.family not in (None, "streams"):
+            family = f" (protocol family {now.family})" if now.family else ""
+            raise click.ClickException(
+                f"{files[0]}: no member reports offset sums{family}: --last needs a describe "
+                "--json snapshot of a streams-protocol group (ProcessHost, the Faust drop-in "
+                "assignor)"
+            )
+        moves = explain(now.before_last_join(), now.views, now.local_state())
     else:
-        _print_moves(_Stdout(), moves)
+        old, new = _read_saved(files[0]), _read_saved(files[1])
+        moves = explain(old.views, new.views, new.local_state())
+    if as_json:
+        data = _moves_json(moves)
+        click.echo(json.dumps({"moves": data["moves"]} if last else data, indent=2))
+    else:
+        _print_moves(_Stdout(), moves, standbys=not last)
 
 
 @main.command()

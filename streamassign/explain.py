@@ -339,15 +339,17 @@ class Snapshot:
     ``views``: per process, its capacity and tasks. ``state``: the group's state when saved
     (None: the file has none, as ``plan --json`` output). ``reports``: per member of a
     ``describe --json`` snapshot, its process and the offset sums it sent at its last join
-    (empty for other files).
+    (empty for other files). ``family``: ``describe``'s protocol family (``"streams"``...),
+    None when the file has none.
     """
 
     views: Mapping[str, ClientView]
     state: str | None = None
     reports: tuple[tuple[str, Mapping[TaskId, int]], ...] = ()
+    family: str | None = None
 
     def local_state(self) -> dict[str, dict[TaskId, int]]:
-        """Per process, the tasks it reported checkpointed state of (:func:`local_state`)."""
+        """Per process, the tasks it reported state of at its last join (:func:`local_state`)."""
         return local_state(self.reports)
 
     def running(self) -> dict[str, frozenset[TaskId]]:
@@ -357,6 +359,16 @@ class Snapshot:
         for pid, sums in self.reports:
             out.setdefault(pid, set()).update(t for t, s in sums.items() if s == LATEST_OFFSET)
         return {pid: frozenset(tasks) for pid, tasks in out.items()}
+
+    def before_last_join(self) -> dict[str, ClientView]:
+        """The assignment before the last rebalance, as far as the members' last join tells
+        it: each reporting process with the tasks it reported running (its actives then), no
+        capacity and no standbys (a previous standby reports its state like any other local
+        state). A process that has left since is missing: its tasks had no previous owner."""
+        return {
+            pid: ClientView(None, ClientAssignment(active=running))
+            for pid, running in self.running().items()
+        }
 
     def clients(self) -> list[ClientState]:
         """The processes as the clients of a what-if (``plan --clients``), as they would join
@@ -369,7 +381,8 @@ class Snapshot:
         best: dict[TaskId, int] = {}
         for sums in held.values():
             for task, offset in sums.items():
-                best[task] = max(best.get(task, 0), offset)
+                if offset >= 0:  # not LATEST_OFFSET (running)
+                    best[task] = max(best.get(task, 0), offset)
         clients = []
         for pid, view in sorted(self.views.items()):
             a = view.assignment
@@ -387,14 +400,14 @@ class Snapshot:
 def local_state(
     reports: Iterable[tuple[str, Mapping[TaskId, int]]],
 ) -> dict[str, dict[TaskId, int]]:
-    """Per process, the tasks it reported checkpointed state of when it joined: the offset sums
-    other than ``LATEST_OFFSET`` (running) of its members' ``(process, offset sums)`` reports,
-    each process named getting an entry. :func:`explain`'s ``lags`` (a warm landing or a cold
-    one) for a live group (``describe --watch``) and a saved snapshot (``explain``) alike."""
+    """Per process, the tasks whose state it reported having when it joined: every task of its
+    members' ``(process, offset sums)`` reports, a checkpointed sum or ``LATEST_OFFSET`` (it
+    ran the task then, so the task's state is on its disk), each process named getting an
+    entry. :func:`explain`'s ``lags`` (a warm landing or a cold one) for a live group
+    (``describe --watch``) and a saved snapshot (``explain``) alike."""
     out: dict[str, dict[TaskId, int]] = {}
     for pid, sums in reports:
-        held = {t: s for t, s in sums.items() if s != LATEST_OFFSET}
-        out.setdefault(pid, {}).update(held)
+        out.setdefault(pid, {}).update(sums)
     return out
 
 
@@ -419,7 +432,9 @@ def load_snapshot(data: object, where: str) -> Snapshot:
     views = {
         str(pid): _client_view(entry, f"{where}: client {pid!r}") for pid, entry in table.items()
     }
-    return Snapshot(views, state, _reports(data.get("members", []), where))
+    family = data.get("family")
+    reports = _reports(data.get("members", []), where)
+    return Snapshot(views, state, reports, family if isinstance(family, str) else None)
 
 
 def _reports(members: object, where: str) -> tuple[tuple[str, Mapping[TaskId, int]], ...]:

@@ -354,11 +354,12 @@ def test_explain_of_two_snapshots_lands_on_the_local_state_the_after_side_report
     tmp_path: Path,
 ) -> None:
     # The auditor's incident (mid.json -> fin.json): p3 left and came back with its state
-    # directory; it reported a checkpoint of 0_2 at its join, none of 0_3 (and 0_4 running,
-    # which is no local state to land on). describe --watch said "local state" for 0_2.
+    # directory; it reported a checkpoint of 0_2 at its join, none of 0_3. describe --watch
+    # said "local state" for 0_2. 0_5 it reported running: it ran 0_5 at a rebalance between
+    # the two snapshots, so its state is there too.
     before = snapshot(
         tmp_path / "mid.json",
-        {"p1": {"active": ["0_2", "0_4"]}, "p2": {"active": ["0_0", "0_1", "0_3"]}},
+        {"p1": {"active": ["0_2", "0_4", "0_5"]}, "p2": {"active": ["0_0", "0_1", "0_3"]}},
         {"p1": {"0_2": -2, "0_4": -2}, "p2": {"0_0": -2}},
     )
     after = snapshot(
@@ -366,14 +367,18 @@ def test_explain_of_two_snapshots_lands_on_the_local_state_the_after_side_report
         {
             "p1": {"active": ["0_4"]},
             "p2": {"active": ["0_0", "0_1"]},
-            "p3": {"active": ["0_2", "0_3"]},
+            "p3": {"active": ["0_2", "0_3", "0_5"]},
         },
-        {"p1": {"0_2": -2, "0_4": -2}, "p2": {"0_0": -2}, "p3": {"0_2": 652, "0_4": -2}},
+        {"p1": {"0_2": -2, "0_4": -2}, "p2": {"0_0": -2}, "p3": {"0_2": 652, "0_5": -2}},
     )
     code, out = run("explain", before, after, "--json")
     assert code == 0, out
     landings = {m["task"]: (m["to"], m["landing"]) for m in json.loads(out)["moves"]}
-    assert landings == {"0_2": ("p3", "local state"), "0_3": ("p3", "cold")}
+    assert landings == {
+        "0_2": ("p3", "local state"),
+        "0_3": ("p3", "cold"),
+        "0_5": ("p3", "local state"),
+    }
 
 
 @pytest.mark.parametrize("state", ["PreparingRebalance", "CompletingRebalance", "Empty", "Dead"])
@@ -496,3 +501,64 @@ def test_plan_refuses_a_bad_snapshot_as_clients_in_one_line(
     code, out = run("plan", str(topology), "--clients", str(clients))
     assert code == 1, out
     assert named in out and len(out.strip().splitlines()) == 1
+
+
+def test_explain_last_reads_the_last_rebalance_from_one_snapshot(tmp_path: Path) -> None:
+    # fin.json's shape: p1 and p2 reported the tasks they ran at the join (-2); p3 came back
+    # and reported its checkpoints. The last rebalance moved 0_2 and 0_3 to p3.
+    now = snapshot(
+        tmp_path / "now.json",
+        {
+            "p1": {"active": ["0_4"], "standby": ["0_0"]},
+            "p2": {"active": ["0_0"], "standby": ["0_2"]},
+            "p3": {"active": ["0_2", "0_3"], "standby": ["0_4"]},
+        },
+        {
+            "p1": {"0_2": -2, "0_4": -2, "0_0": 496},
+            "p2": {"0_0": -2, "0_3": -2, "0_2": 652},
+            "p3": {"0_2": 652, "0_4": 712},
+        },
+    )
+    code, out = run("explain", "--last", now, "--json")
+    assert code == 0, out
+    assert json.loads(out) == {
+        "moves": [
+            {
+                "task": "0_2",
+                "from": "p1",
+                "to": "p3",
+                "reason": "balance quota",
+                "landing": "local state",
+            },
+            {"task": "0_3", "from": "p2", "to": "p3", "reason": "balance quota", "landing": "cold"},
+        ]
+    }
+    code, out = run("explain", "--last", now)
+    assert code == 0, out
+    assert "standbys not shown: at a join a previous standby reports its state" in out
+
+
+def test_explain_last_refuses_what_it_cannot_read(tmp_path: Path) -> None:
+    consumer = tmp_path / "consumer.json"
+    consumer.write_text(
+        json.dumps(
+            {
+                "state": "Stable",
+                "family": "consumer",
+                "assignment": {"m1": {"active": ["0_0"]}},
+                "members": [{"process": "m1", "topics": ["t"], "offset_sums": {}}],
+            }
+        )
+    )
+    plan = saved(tmp_path / "plan.json", {"p1": {"active": ["0_0"]}})
+    for path, family in ((consumer, " (protocol family consumer)"), (plan, "")):
+        code, out = run("explain", "--last", str(path))
+        assert code == 1, out
+        assert out.splitlines() == [
+            f"Error: {path}: no member reports offset sums{family}: --last needs a describe "
+            "--json snapshot of a streams-protocol group (ProcessHost, the Faust drop-in "
+            "assignor)"
+        ]
+    for args in (["--last", plan, plan], [plan]):
+        code, out = run("explain", *args)
+        assert code == 2 and ("give one snapshot with --last" in out or "give BEFORE" in out)
