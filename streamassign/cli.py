@@ -32,6 +32,7 @@ from .explain import (
     ClientView,
     Explanation,
     Snapshot,
+    StandbyMove,
     claim_conflicts,
     explain,
     load_snapshot,
@@ -651,7 +652,7 @@ def _moves_json(moves: Explanation) -> dict[str, Any]:
                 "from": m.source,
                 "to": m.destination,
                 "reason": str(m.reason),
-                "landing": str(m.landing),
+                "landing": None if m.landing is None else str(m.landing),
             }
             for m in moves.actives
         ],
@@ -667,12 +668,19 @@ def _print_moves(console: Console, moves: Explanation, standbys: bool = True) ->
     when none moved (an empty bordered table reads as missing data). Without ``standbys``
     (``explain --last``: previous standbys are not known) a line says why they are missing."""
     if moves.actives:
-        table = Table(title=f"Active tasks that moved ({len(moves.actives)}; moves: {moves.moves})")
+        table = Table(title=f"Active tasks that moved ({len(moves.actives)})")
         for col in ("task", "from", "to", "why", "state there"):
             table.add_column(col)
         for m in moves.actives:
-            table.add_row(str(m.task), m.source or "-", m.destination or "-", m.reason, m.landing)
+            table.add_row(
+                str(m.task), m.source or "-", m.destination or "-", m.reason, m.landing or "-"
+            )
         console.print(table)
+        # The rest had no owner in the group to move from: its owner left, or the task is new.
+        console.print(
+            f"{moves.moves} of {len(moves.actives)} taken off a process still in the group "
+            "(the moves plan counts)"
+        )
     else:
         console.print("no active task moved")
     if not standbys:
@@ -681,14 +689,33 @@ def _print_moves(console: Console, moves: Explanation, standbys: bool = True) ->
             "local state (save BEFORE with describe --json to compare standbys)"
         )
     elif moves.standbys:
-        table = Table(title=f"Standbys that moved ({len(moves.standbys)})")
+        rows = _standby_rows(moves.standbys)
+        table = Table(title=f"Standby copies dropped or placed: {len(moves.standbys)}")
         for col in ("task", "dropped by", "placed on", "why"):
             table.add_column(col)
-        for copy in moves.standbys:
-            table.add_row(str(copy.task), copy.source or "-", copy.destination or "-", copy.reason)
+        for row in rows:
+            table.add_row(*row)
         console.print(table)
     else:
         console.print("no standby moved")
+
+
+def _standby_rows(copies: Sequence[StandbyMove]) -> list[tuple[str, str, str, str]]:
+    """Table rows of the standby changes: a task whose one dropped copy and one placed copy
+    have the same reason is one row (the copy moved); anything else, one row per change."""
+    by_task: dict[TaskId, list[StandbyMove]] = {}
+    for copy in copies:
+        by_task.setdefault(copy.task, []).append(copy)
+    rows = []
+    for task, changes in by_task.items():
+        if len(changes) == 2:
+            drop, place = sorted(changes, key=lambda c: c.source is None)
+            if drop.source and place.destination and drop.reason == place.reason:
+                rows.append((str(task), drop.source, place.destination, str(drop.reason)))
+                continue
+        for c in changes:
+            rows.append((str(task), c.source or "-", c.destination or "-", str(c.reason)))
+    return rows
 
 
 def _print_tables(

@@ -69,13 +69,14 @@ class ClientView:
 
 @attrs.frozen
 class ActiveMove:
-    """An active task that changed client (``source`` None: it had no previous owner)."""
+    """An active task that changed client (``source`` None: it had no previous owner;
+    ``destination`` None: it was removed, and ``landing`` is None, as it lands nowhere)."""
 
     task: TaskId
     source: str | None
     destination: str | None
     reason: Reason
-    landing: Landing
+    landing: Landing | None
 
 
 @attrs.frozen
@@ -198,12 +199,10 @@ def _active_reason(
 
 def _landing(
     task: TaskId,
-    destination: str | None,
+    destination: str,
     before: Mapping[str, ClientView],
     lags: Mapping[str, Mapping[TaskId, int]],
 ) -> Landing:
-    if destination is None:
-        return Landing.COLD
     had = before.get(destination, _EMPTY).assignment
     if task in had.active:
         # A claimant the assignor did not keep (a duplicate claim) holds the task's state.
@@ -255,7 +254,10 @@ def explain(
             reason = Reason.TASK_REMOVED
         else:
             reason = _active_reason(task, source, destination, before, after)
-        if stateful is not None and task not in stateful:
+        landing: Landing | None
+        if destination is None:
+            landing = None
+        elif stateful is not None and task not in stateful:
             landing = Landing.STATELESS
         else:
             landing = _landing(task, destination, before, known_lags)

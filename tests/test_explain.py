@@ -132,7 +132,7 @@ def test_plan_json_lists_moves_and_explain_reads_it_back(tmp_path: Path) -> None
     # The same rebalance as a saved "before": the clients file's history.
     code, table = run("plan", ORDERS, "--clients", CLIENTS, "--standbys", "1", "--explain")
     assert code == 0, table
-    assert "Active tasks that moved (3; moves: 3)" in table
+    assert "3 of 3 taken off a process still in the group (the moves plan counts)" in table
     code, diff = run("diff", str(after), str(after))
     assert code == 0 and "after.json -> after.json: no client changed" in diff
 
@@ -562,3 +562,27 @@ def test_explain_last_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     for args in (["--last", plan, plan], [plan]):
         code, out = run("explain", *args)
         assert code == 2 and ("give one snapshot with --last" in out or "give BEFORE" in out)
+
+
+def test_a_removed_task_lands_nowhere_and_a_moved_standby_is_one_row(tmp_path: Path) -> None:
+    before = saved(
+        tmp_path / "before.json",
+        {"p1": {"active": ["0_0", "0_1"], "standby": ["0_2"]}, "p2": {"active": ["0_2"]}},
+    )
+    after = saved(
+        tmp_path / "after.json",
+        {"p1": {"active": ["0_0"]}, "p2": {"active": ["0_2"]}, "p3": {"standby": ["0_2"]}},
+    )
+    code, out = run("explain", before, after, "--json")
+    assert code == 0, out
+    assert json.loads(out)["moves"] == [
+        {"task": "0_1", "from": "p1", "to": None, "reason": "task removed", "landing": None}
+    ]
+    code, out = run("explain", before, after)
+    assert code == 0, out
+    assert "0 of 1 taken off a process still in the group (the moves plan counts)" in out
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert [[cell.strip() for cell in row.split("│")[1:-1]] for row in rows] == [
+        ["0_1", "p1", "-", "task removed", "-"],
+        ["0_2", "p1", "p3", "standby balance"],
+    ]
