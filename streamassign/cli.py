@@ -31,9 +31,11 @@ from .explain import (
     ClaimConflicts,
     ClientView,
     Explanation,
+    Snapshot,
+    StandbyMove,
     claim_conflicts,
     explain,
-    load_saved,
+    load_snapshot,
     views_from_assignment,
     views_from_clients,
 )
@@ -417,7 +419,8 @@ def main() -> None:
     "--clients",
     "clients_file",
     type=_EXISTING_FILE,
-    help="TOML file of [[client]] tables (process_id, capacity, prev_active, ...).",
+    help="TOML file of [[client]] tables (process_id, capacity, prev_active, ...), or a "
+    "saved assignment (describe --json of the live group: a what-if from what it runs now).",
 )
 @click.option("--num-clients", type=click.IntRange(min=1), help="Fresh clients (no history).")
 @_shown(
@@ -490,7 +493,7 @@ def _plan_clients(
     """The clients of ``plan``: read from ``clients_file`` (at most ``max_clients``), or
     ``num_clients`` fresh ones with ``threads`` each."""
     if clients_file is not None:
-        clients = load_clients(clients_file)
+        clients = _load_plan_clients(clients_file)
         if len(clients) > max_clients:
             raise click.ClickException(
                 f"{clients_file}: {len(clients):,} clients, the limit is {max_clients:,}"
@@ -498,6 +501,26 @@ def _plan_clients(
         return clients
     assert num_clients is not None
     return [ClientState(f"client-{k}", capacity=threads) for k in range(num_clients)]
+
+
+def _load_plan_clients(path: Path) -> list[ClientState]:
+    """``plan``'s clients file: TOML ``[[client]]`` tables, or a saved assignment (a JSON
+    object: ``describe --json`` of the live group, or ``plan --json``) read as the clients
+    that run it now (``Snapshot.clients``)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()
+    except OSError as exc:
+        raise ClientsFileError(f"{path}: cannot read the clients file: {exc}") from exc
+    if not head.startswith(b"{"):  # a TOML document never starts with a brace
+        return load_clients(path)
+    try:
+        clients = _read_snapshot(path).clients()
+    except ValueError as exc:  # a process id or a capacity ClientState refuses
+        raise ClientsFileError(f"{path}: {exc}") from exc
+    if not clients:
+        raise ClientsFileError(f"{path}: no process in its 'assignment' table")
+    return clients
 
 
 def _show_plan(
@@ -629,7 +652,7 @@ def _moves_json(moves: Explanation) -> dict[str, Any]:
                 "from": m.source,
                 "to": m.destination,
                 "reason": str(m.reason),
-                "landing": str(m.landing),
+                "landing": None if m.landing is None else str(m.landing),
             }
             for m in moves.actives
         ],
@@ -640,27 +663,59 @@ def _moves_json(moves: Explanation) -> dict[str, Any]:
     }
 
 
-def _print_moves(console: Console, moves: Explanation) -> None:
+def _print_moves(console: Console, moves: Explanation, standbys: bool = True) -> None:
     """A table of the actives that moved and one of the standbys; one line for either kind
-    when none moved (an empty bordered table reads as missing data)."""
+    when none moved (an empty bordered table reads as missing data). Without ``standbys``
+    (``explain --last``: previous standbys are not known) a line says why they are missing."""
     if moves.actives:
-        table = Table(title=f"Active tasks that moved ({len(moves.actives)}; moves: {moves.moves})")
+        table = Table(title=f"Active tasks that moved ({len(moves.actives)})")
         for col in ("task", "from", "to", "why", "state there"):
             table.add_column(col)
         for m in moves.actives:
-            table.add_row(str(m.task), m.source or "-", m.destination or "-", m.reason, m.landing)
+            table.add_row(
+                str(m.task), m.source or "-", m.destination or "-", m.reason, m.landing or "-"
+            )
         console.print(table)
+        # The rest had no owner in the group to move from: its owner left, or the task is new.
+        console.print(
+            f"{moves.moves} of {len(moves.actives)} taken off a process still in the group "
+            "(the moves plan counts)"
+        )
     else:
         console.print("no active task moved")
-    if moves.standbys:
-        table = Table(title=f"Standbys that moved ({len(moves.standbys)})")
+    if not standbys:
+        console.print(
+            "standbys not shown: at a join a previous standby reports its state like any other "
+            "local state (save BEFORE with describe --json to compare standbys)"
+        )
+    elif moves.standbys:
+        rows = _standby_rows(moves.standbys)
+        table = Table(title=f"Standby copies dropped or placed: {len(moves.standbys)}")
         for col in ("task", "dropped by", "placed on", "why"):
             table.add_column(col)
-        for copy in moves.standbys:
-            table.add_row(str(copy.task), copy.source or "-", copy.destination or "-", copy.reason)
+        for row in rows:
+            table.add_row(*row)
         console.print(table)
     else:
         console.print("no standby moved")
+
+
+def _standby_rows(copies: Sequence[StandbyMove]) -> list[tuple[str, str, str, str]]:
+    """Table rows of the standby changes: a task whose one dropped copy and one placed copy
+    have the same reason is one row (the copy moved); anything else, one row per change."""
+    by_task: dict[TaskId, list[StandbyMove]] = {}
+    for copy in copies:
+        by_task.setdefault(copy.task, []).append(copy)
+    rows = []
+    for task, changes in by_task.items():
+        if len(changes) == 2:
+            drop, place = sorted(changes, key=lambda c: c.source is None)
+            if drop.source and place.destination and drop.reason == place.reason:
+                rows.append((str(task), drop.source, place.destination, str(drop.reason)))
+                continue
+        for c in changes:
+            rows.append((str(task), c.source or "-", c.destination or "-", str(c.reason)))
+    return rows
 
 
 def _print_tables(
@@ -709,21 +764,25 @@ def _print_tables(
 _MAX_SAVED_BYTES = 64 * 1024 * 1024
 
 
-def _read_saved(path: Path) -> dict[str, ClientView]:
-    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it;
-    a warning line per kind of claim in it that no assignment can hold."""
+def _read_snapshot(path: Path) -> Snapshot:
+    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it."""
     try:
         if path.stat().st_size > _MAX_SAVED_BYTES:
             raise click.ClickException(f"{path}: larger than {_MAX_SAVED_BYTES} bytes")
-        data = json.loads(path.read_bytes())
-        views = load_saved(data, str(path))
-        _warn_conflicts(claim_conflicts(views), str(path))
-        return views
+        return load_snapshot(json.loads(path.read_bytes()), str(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise click.ClickException(f"{path}: cannot read a saved assignment: {reason}") from exc
     except StreamAssignError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _read_saved(path: Path) -> Snapshot:
+    """:func:`_read_snapshot`, and a warning line per kind of claim in it that no assignment
+    can hold."""
+    snapshot = _read_snapshot(path)
+    _warn_conflicts(claim_conflicts(snapshot.views), str(path))
+    return snapshot
 
 
 _saved_arguments = [
@@ -733,19 +792,42 @@ _saved_arguments = [
 
 
 @main.command(name="explain")
-@_saved_arguments[0]
-@_saved_arguments[1]
+@click.argument("files", nargs=-1, type=_EXISTING_FILE, metavar="BEFORE AFTER | --last NOW")
+@click.option(
+    "--last",
+    is_flag=True,
+    help="Explain the last rebalance from one describe --json snapshot NOW: its members' offset "
+    "sums give each process's actives before it (active moves only).",
+)
 @_json_option("tables")
-def explain_command(before: Path, after: Path, as_json: bool) -> None:
+def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
     """Every task that moved from BEFORE to AFTER, and the rule that moved it.
 
-    Both are saved assignments ('plan --json' or 'describe --json' output).
+    Both are saved assignments ('plan --json' or 'describe --json' output). The offset sums
+    in AFTER (describe --json) tell a landing on local state from a cold one.
     """
-    moves = explain(_read_saved(before), _read_saved(after))
-    if as_json:
-        click.echo(json.dumps(_moves_json(moves), indent=2))
+    if len(files) != (1 if last else 2):
+        raise click.UsageError(
+            "give one snapshot with --last" if last else "give BEFORE and AFTER, or --last NOW"
+        )
+    if last:
+        now = _read_saved(files[0])
+        if not now.reports or now.family not in (None, "streams"):
+            family = f" (protocol family {now.family})" if now.family else ""
+            raise click.ClickException(
+                f"{files[0]}: no member reports offset sums{family}: --last needs a describe "
+                "--json snapshot of a streams-protocol group (ProcessHost, the Faust drop-in "
+                "assignor)"
+            )
+        moves = explain(now.before_last_join(), now.views, now.local_state())
     else:
-        _print_moves(_Stdout(), moves)
+        old, new = _read_saved(files[0]), _read_saved(files[1])
+        moves = explain(old.views, new.views, new.local_state())
+    if as_json:
+        data = _moves_json(moves)
+        click.echo(json.dumps({"moves": data["moves"]} if last else data, indent=2))
+    else:
+        _print_moves(_Stdout(), moves, standbys=not last)
 
 
 @main.command()
@@ -754,7 +836,7 @@ def explain_command(before: Path, after: Path, as_json: bool) -> None:
 @_json_option("a table")
 def diff(before: Path, after: Path, as_json: bool) -> None:
     """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
-    old, new = _read_saved(before), _read_saved(after)
+    old, new = _read_saved(before).views, _read_saved(after).views
     rows = {}
     for pid in sorted(old.keys() | new.keys()):
         was = old[pid].assignment if pid in old else ClientAssignment()

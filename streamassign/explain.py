@@ -18,6 +18,7 @@ import attrs
 from ._ids import TaskId
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentFileError
+from .protocol import LATEST_OFFSET
 from .sticky import resolve_previous_owners
 
 
@@ -68,13 +69,14 @@ class ClientView:
 
 @attrs.frozen
 class ActiveMove:
-    """An active task that changed client (``source`` None: it had no previous owner)."""
+    """An active task that changed client (``source`` None: it had no previous owner;
+    ``destination`` None: it was removed, and ``landing`` is None, as it lands nowhere)."""
 
     task: TaskId
     source: str | None
     destination: str | None
     reason: Reason
-    landing: Landing
+    landing: Landing | None
 
 
 @attrs.frozen
@@ -197,12 +199,10 @@ def _active_reason(
 
 def _landing(
     task: TaskId,
-    destination: str | None,
+    destination: str,
     before: Mapping[str, ClientView],
     lags: Mapping[str, Mapping[TaskId, int]],
 ) -> Landing:
-    if destination is None:
-        return Landing.COLD
     had = before.get(destination, _EMPTY).assignment
     if task in had.active:
         # A claimant the assignor did not keep (a duplicate claim) holds the task's state.
@@ -254,7 +254,10 @@ def explain(
             reason = Reason.TASK_REMOVED
         else:
             reason = _active_reason(task, source, destination, before, after)
-        if stateful is not None and task not in stateful:
+        landing: Landing | None
+        if destination is None:
+            landing = None
+        elif stateful is not None and task not in stateful:
             landing = Landing.STATELESS
         else:
             landing = _landing(task, destination, before, known_lags)
@@ -317,20 +320,148 @@ def views_from_clients(clients: Iterable[ClientState]) -> dict[str, ClientView]:
 
 
 def load_saved(data: object, where: str) -> dict[str, ClientView]:
-    """Client views from a saved assignment (``plan --json``'s or ``explain --json``'s shape).
+    """Client views from a saved assignment (``plan --json``'s or ``describe --json``'s shape).
 
     ``{"assignment": {process_id: {"active": [...], "standby": [...], "warmup": [...],
-    "capacity": N}}}``; ``warmup`` and ``capacity`` are optional. Anything else is an
-    ``AssignmentFileError`` naming the file and the key.
+    "capacity": N}}}``; ``warmup`` and ``capacity`` are optional. Anything else (or a
+    ``describe --json`` snapshot not taken in state Stable) is an ``AssignmentFileError``
+    naming the file and the key; :func:`load_snapshot` gives the rest of the file too.
     """
+    return dict(load_snapshot(data, where).views)
+
+
+#: The only group state in which a ``describe --json`` snapshot holds the group's assignment.
+STABLE = "Stable"
+
+
+@attrs.frozen
+class Snapshot:
+    """A saved assignment file: ``plan --json``, ``describe --json`` or hand-written.
+
+    ``views``: per process, its capacity and tasks. ``state``: the group's state when saved
+    (None: the file has none, as ``plan --json`` output). ``reports``: per member of a
+    ``describe --json`` snapshot, its process and the offset sums it sent at its last join
+    (empty for other files). ``family``: ``describe``'s protocol family (``"streams"``...),
+    None when the file has none.
+    """
+
+    views: Mapping[str, ClientView]
+    state: str | None = None
+    reports: tuple[tuple[str, Mapping[TaskId, int]], ...] = ()
+    family: str | None = None
+
+    def local_state(self) -> dict[str, dict[TaskId, int]]:
+        """Per process, the tasks it reported state of at its last join (:func:`local_state`)."""
+        return local_state(self.reports)
+
+    def running(self) -> dict[str, frozenset[TaskId]]:
+        """Per process, the tasks it reported running (``LATEST_OFFSET``) at its last join:
+        its actives before the last rebalance."""
+        out: dict[str, set[TaskId]] = {}
+        for pid, sums in self.reports:
+            out.setdefault(pid, set()).update(t for t, s in sums.items() if s == LATEST_OFFSET)
+        return {pid: frozenset(tasks) for pid, tasks in out.items()}
+
+    def before_last_join(self) -> dict[str, ClientView]:
+        """The assignment before the last rebalance, as far as the members' last join tells
+        it: each reporting process with the tasks it reported running (its actives then), no
+        capacity and no standbys (a previous standby reports its state like any other local
+        state). A process that has left since is missing: its tasks had no previous owner."""
+        return {
+            pid: ClientView(None, ClientAssignment(active=running))
+            for pid, running in self.running().items()
+        }
+
+    def clients(self) -> list[ClientState]:
+        """The processes as the clients of a what-if (``plan --clients``), as they would join
+        the next rebalance: each runs its actives now (``prev_active``) and keeps its standbys
+        and warmups (``prev_standby``: a warmup reports its state as a standby does); ``lags``
+        of the local state it reported at its last join are measured as the leader measures
+        them without end offsets, against the task's best reported offset sum. A process
+        without a capacity counts as one thread."""
+        held = self.local_state()
+        best: dict[TaskId, int] = {}
+        for sums in held.values():
+            for task, offset in sums.items():
+                if offset >= 0:  # not LATEST_OFFSET (running)
+                    best[task] = max(best.get(task, 0), offset)
+        clients = []
+        for pid, view in sorted(self.views.items()):
+            a = view.assignment
+            lags = {
+                t: max(0, best[t] - offset)
+                for t, offset in held.get(pid, {}).items()
+                if offset >= 0 and t not in a.active
+            }
+            clients.append(
+                ClientState(pid, view.capacity or 1, a.active, a.standby | a.warmup, lags)
+            )
+        return clients
+
+
+def local_state(
+    reports: Iterable[tuple[str, Mapping[TaskId, int]]],
+) -> dict[str, dict[TaskId, int]]:
+    """Per process, the tasks whose state it reported having when it joined: every task of its
+    members' ``(process, offset sums)`` reports, a checkpointed sum or ``LATEST_OFFSET`` (it
+    ran the task then, so the task's state is on its disk), each process named getting an
+    entry. :func:`explain`'s ``lags`` (a warm landing or a cold one) for a live group
+    (``describe --watch``) and a saved snapshot (``explain``) alike."""
+    out: dict[str, dict[TaskId, int]] = {}
+    for pid, sums in reports:
+        out.setdefault(pid, {}).update(sums)
+    return out
+
+
+def load_snapshot(data: object, where: str) -> Snapshot:
+    """A saved assignment file's contents (see :func:`load_saved` for the ``assignment``
+    table). A ``state`` other than Stable is refused: DescribeGroups taken during a rebalance
+    or of an empty group returns no assignment (or the previous one's bytes under another
+    protocol), so every task would read as removed. ``members`` (``describe --json``'s) give
+    the offset sums; members without a process or topics (undecodable, no metadata) are left
+    out, as ``describe`` leaves them out of the processes."""
+    state = data.get("state") if isinstance(data, dict) else None
+    if isinstance(data, dict) and "state" in data and state != STABLE:
+        raise AssignmentFileError(
+            f"{where}: saved in group state {state!r}, not {STABLE!r} (during a rebalance, or "
+            "with no members): it holds no assignment; save one while the group is Stable"
+        )
     table = data.get("assignment") if isinstance(data, dict) else None
-    if not isinstance(table, dict):
+    if not isinstance(data, dict) or not isinstance(table, dict):
         raise AssignmentFileError(
             f"{where}: no 'assignment' table (expected plan --json or describe --json output)"
         )
-    return {
+    views = {
         str(pid): _client_view(entry, f"{where}: client {pid!r}") for pid, entry in table.items()
     }
+    family = data.get("family")
+    reports = _reports(data.get("members", []), where)
+    return Snapshot(views, state, reports, family if isinstance(family, str) else None)
+
+
+def _reports(members: object, where: str) -> tuple[tuple[str, Mapping[TaskId, int]], ...]:
+    """``(process, offset sums)`` of each described member of a ``describe --json`` file."""
+    if not isinstance(members, list):
+        raise AssignmentFileError(f"{where}: members must be a list")
+    out = []
+    for n, member in enumerate(members, 1):
+        if not isinstance(member, dict):
+            raise AssignmentFileError(f"{where}: member #{n}: expected a table")
+        pid = member.get("process")
+        if not isinstance(pid, str) or not member.get("topics") or member.get("undecodable"):
+            continue
+        out.append((pid, _offset_sums(member.get("offset_sums", {}), f"{where}: member #{n}")))
+    return tuple(out)
+
+
+def _offset_sums(sums: object, label: str) -> dict[TaskId, int]:
+    problem = f'{label}: offset_sums must map task ids like "0_3" to ints'
+    if not isinstance(sums, dict) or not all(type(s) is int for s in sums.values()):
+        raise AssignmentFileError(problem)
+    try:
+        return {TaskId.parse(str(t)): s for t, s in sums.items()}
+    except ValueError as exc:
+        raise AssignmentFileError(f"{problem}: {exc}") from exc
 
 
 def _client_view(entry: object, label: str) -> ClientView:

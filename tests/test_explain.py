@@ -132,7 +132,7 @@ def test_plan_json_lists_moves_and_explain_reads_it_back(tmp_path: Path) -> None
     # The same rebalance as a saved "before": the clients file's history.
     code, table = run("plan", ORDERS, "--clients", CLIENTS, "--standbys", "1", "--explain")
     assert code == 0, table
-    assert "Active tasks that moved (3; moves: 3)" in table
+    assert "3 of 3 taken off a process still in the group (the moves plan counts)" in table
     code, diff = run("diff", str(after), str(after))
     assert code == 0 and "after.json -> after.json: no client changed" in diff
 
@@ -327,3 +327,262 @@ def test_a_move_comes_from_the_kept_claimant_and_lands_warm_on_another(
             assert move.source == kept[move.task]
         if move.destination is not None and move.task in before[move.destination].assignment.active:
             assert move.landing == Landing.LOCAL
+
+
+def snapshot(
+    path: Path,
+    assignment: dict[str, dict[str, list[str]]],
+    sums: dict[str, dict[str, int]],
+    state: str = "Stable",
+) -> str:
+    """A ``describe --json`` file (the keys explain reads): one member per process, with
+    the offset sums it sent at its last join (-2: running)."""
+    members = [
+        {
+            "process": pid,
+            "topics": ["clicks"],
+            "offset_sums": sums.get(pid, {}),
+            "undecodable": None,
+        }
+        for pid in assignment
+    ]
+    path.write_text(json.dumps({"state": state, "assignment": assignment, "members": members}))
+    return str(path)
+
+
+def test_explain_of_two_snapshots_lands_on_the_local_state_the_after_side_reported(
+    tmp_path: Path,
+) -> None:
+    # The auditor's incident (mid.json -> fin.json): p3 left and came back with its state
+    # directory; it reported a checkpoint of 0_2 at its join, none of 0_3. describe --watch
+    # said "local state" for 0_2. 0_5 it reported running: it ran 0_5 at a rebalance between
+    # the two snapshots, so its state is there too.
+    before = snapshot(
+        tmp_path / "mid.json",
+        {"p1": {"active": ["0_2", "0_4", "0_5"]}, "p2": {"active": ["0_0", "0_1", "0_3"]}},
+        {"p1": {"0_2": -2, "0_4": -2}, "p2": {"0_0": -2}},
+    )
+    after = snapshot(
+        tmp_path / "fin.json",
+        {
+            "p1": {"active": ["0_4"]},
+            "p2": {"active": ["0_0", "0_1"]},
+            "p3": {"active": ["0_2", "0_3", "0_5"]},
+        },
+        {"p1": {"0_2": -2, "0_4": -2}, "p2": {"0_0": -2}, "p3": {"0_2": 652, "0_5": -2}},
+    )
+    code, out = run("explain", before, after, "--json")
+    assert code == 0, out
+    landings = {m["task"]: (m["to"], m["landing"]) for m in json.loads(out)["moves"]}
+    assert landings == {
+        "0_2": ("p3", "local state"),
+        "0_3": ("p3", "cold"),
+        "0_5": ("p3", "local state"),
+    }
+
+
+@pytest.mark.parametrize("state", ["PreparingRebalance", "CompletingRebalance", "Empty", "Dead"])
+def test_explain_and_diff_refuse_a_snapshot_not_taken_in_state_stable(
+    tmp_path: Path, state: str
+) -> None:
+    good = snapshot(tmp_path / "good.json", {"p1": {"active": ["0_0"]}}, {})
+    # What describe --json saves during a rebalance: members without a process, no assignment.
+    bad = tmp_path / "rebal.json"
+    bad.write_text(json.dumps({"group": "app", "state": state, "assignment": {}, "members": []}))
+    for command in ("explain", "diff"):
+        for args in ((good, str(bad)), (str(bad), good)):
+            code, out = run(command, *args)
+            assert code == 1, out
+            assert out.splitlines() == [
+                f"Error: {bad}: saved in group state {state!r}, not 'Stable' (during a "
+                "rebalance, or with no members): it holds no assignment; save one while the "
+                "group is Stable"
+            ]
+    # describe --watch --json's in-between line: its state named, not a missing table.
+    bad.write_text(json.dumps({"group": "app", "state": "PreparingRebalance"}))
+    code, out = run("explain", good, str(bad))
+    assert code == 1 and "saved in group state 'PreparingRebalance'" in out
+
+
+@pytest.mark.parametrize(
+    ("members", "named"),
+    [
+        ("{}", "members must be a list"),
+        ("[3]", "member #1: expected a table"),
+        (
+            '[{"process": "p1", "topics": ["t"], "offset_sums": {"0_0": "x"}}]',
+            'member #1: offset_sums must map task ids like "0_3" to ints',
+        ),
+        (
+            '[{"process": "p1", "topics": ["t"], "offset_sums": {"zero": 1}}]',
+            "not a task id",
+        ),
+    ],
+)
+def test_damaged_members_of_a_snapshot_give_one_line(
+    tmp_path: Path, members: str, named: str
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(f'{{"state": "Stable", "assignment": {{}}, "members": {members}}}')
+    code, out = run("explain", str(bad), str(bad))
+    assert code == 1, out
+    assert named in out and len(out.strip().splitlines()) == 1
+
+
+CLICKS = '[[subtopology]]\nid = 0\nsource_topics = ["clicks"]\nstores = ["totals"]\n'
+
+
+def test_a_snapshot_read_as_clients_runs_what_the_group_runs_now(tmp_path: Path) -> None:
+    now = snapshot(
+        tmp_path / "now.json",
+        {
+            "p1": {"capacity": 2, "active": ["0_0", "0_1"], "standby": ["0_2"]},
+            "p2": {"capacity": 1, "active": ["0_2"], "standby": ["0_0"], "warmup": ["0_1"]},
+        },
+        # Sums from the last join: p1 ran 0_0 and held 0_2 and 0_3 at 500 and 400; p2 held
+        # 0_0 at 300, 0_1 at 100 (its warmup now) and 0_2 at 700 (which it runs now).
+        {"p1": {"0_0": -2, "0_2": 500, "0_3": 400}, "p2": {"0_0": 300, "0_1": 100, "0_2": 700}},
+    )
+    from streamassign.explain import load_snapshot
+
+    clients = load_snapshot(json.loads(Path(now).read_text()), now).clients()
+    assert clients == [
+        ClientState("p1", 2, {"0_0", "0_1"}, {"0_2"}, {TaskId(0, 2): 200, TaskId(0, 3): 0}),
+        ClientState("p2", 1, {"0_2"}, {"0_0", "0_1"}, {TaskId(0, 0): 0, TaskId(0, 1): 0}),
+    ]
+
+
+def test_plan_takes_a_describe_snapshot_as_its_clients_for_a_what_if(tmp_path: Path) -> None:
+    topology = tmp_path / "clicks.toml"
+    topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
+    assignment = {
+        "p1": {"capacity": 1, "active": ["0_0", "0_1"], "standby": ["0_2", "0_3"]},
+        "p2": {"capacity": 1, "active": ["0_2", "0_3"], "standby": ["0_0", "0_1"]},
+    }
+    now = snapshot(tmp_path / "now.json", assignment, {})
+    # The group as it runs: the assignor keeps it as it is.
+    code, out = run("plan", str(topology), "--clients", now, "--standbys", "1", "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    assert {p: (a["active"], a["standby"]) for p, a in data["assignment"].items()} == {
+        p: (a["active"], a["standby"]) for p, a in assignment.items()
+    }
+    assert data["moves"] == [] and data["standby_moves"] == []
+    # What if a third process joined: one active moves to it, cold.
+    joined = tmp_path / "joined.json"
+    grown = json.loads(Path(now).read_text())
+    grown["assignment"]["p3"] = {"capacity": 1}
+    joined.write_text(json.dumps(grown))
+    code, out = run("plan", str(topology), "--clients", str(joined), "--standbys", "1", "--json")
+    assert code == 0, out
+    moves = json.loads(out)["moves"]
+    assert [(m["to"], m["reason"], m["landing"]) for m in moves] == [
+        ("p3", "balance quota", "cold")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        ('{"state": "Stable", "assignment": {}}', "no process in its 'assignment' table"),
+        ('{"state": "Empty", "assignment": {}}', "saved in group state 'Empty'"),
+        ('{"assignment": {"p1": {"capacity": 0}}}', "capacity must be an int >= 1"),
+        ("{ garbage", "cannot read a saved assignment"),
+        ('\ufeff{"tasks": {}}', "no 'assignment' table"),
+        ("garbage", "invalid TOML"),
+    ],
+)
+def test_plan_refuses_a_bad_snapshot_as_clients_in_one_line(
+    tmp_path: Path, content: str, named: str
+) -> None:
+    topology, clients = tmp_path / "clicks.toml", tmp_path / "now.json"
+    topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
+    clients.write_text(content)
+    code, out = run("plan", str(topology), "--clients", str(clients))
+    assert code == 1, out
+    assert named in out and len(out.strip().splitlines()) == 1
+
+
+def test_explain_last_reads_the_last_rebalance_from_one_snapshot(tmp_path: Path) -> None:
+    # fin.json's shape: p1 and p2 reported the tasks they ran at the join (-2); p3 came back
+    # and reported its checkpoints. The last rebalance moved 0_2 and 0_3 to p3.
+    now = snapshot(
+        tmp_path / "now.json",
+        {
+            "p1": {"active": ["0_4"], "standby": ["0_0"]},
+            "p2": {"active": ["0_0"], "standby": ["0_2"]},
+            "p3": {"active": ["0_2", "0_3"], "standby": ["0_4"]},
+        },
+        {
+            "p1": {"0_2": -2, "0_4": -2, "0_0": 496},
+            "p2": {"0_0": -2, "0_3": -2, "0_2": 652},
+            "p3": {"0_2": 652, "0_4": 712},
+        },
+    )
+    code, out = run("explain", "--last", now, "--json")
+    assert code == 0, out
+    assert json.loads(out) == {
+        "moves": [
+            {
+                "task": "0_2",
+                "from": "p1",
+                "to": "p3",
+                "reason": "balance quota",
+                "landing": "local state",
+            },
+            {"task": "0_3", "from": "p2", "to": "p3", "reason": "balance quota", "landing": "cold"},
+        ]
+    }
+    code, out = run("explain", "--last", now)
+    assert code == 0, out
+    assert "standbys not shown: at a join a previous standby reports its state" in out
+
+
+def test_explain_last_refuses_what_it_cannot_read(tmp_path: Path) -> None:
+    consumer = tmp_path / "consumer.json"
+    consumer.write_text(
+        json.dumps(
+            {
+                "state": "Stable",
+                "family": "consumer",
+                "assignment": {"m1": {"active": ["0_0"]}},
+                "members": [{"process": "m1", "topics": ["t"], "offset_sums": {}}],
+            }
+        )
+    )
+    plan = saved(tmp_path / "plan.json", {"p1": {"active": ["0_0"]}})
+    for path, family in ((consumer, " (protocol family consumer)"), (plan, "")):
+        code, out = run("explain", "--last", str(path))
+        assert code == 1, out
+        assert out.splitlines() == [
+            f"Error: {path}: no member reports offset sums{family}: --last needs a describe "
+            "--json snapshot of a streams-protocol group (ProcessHost, the Faust drop-in "
+            "assignor)"
+        ]
+    for args in (["--last", plan, plan], [plan]):
+        code, out = run("explain", *args)
+        assert code == 2 and ("give one snapshot with --last" in out or "give BEFORE" in out)
+
+
+def test_a_removed_task_lands_nowhere_and_a_moved_standby_is_one_row(tmp_path: Path) -> None:
+    before = saved(
+        tmp_path / "before.json",
+        {"p1": {"active": ["0_0", "0_1"], "standby": ["0_2"]}, "p2": {"active": ["0_2"]}},
+    )
+    after = saved(
+        tmp_path / "after.json",
+        {"p1": {"active": ["0_0"]}, "p2": {"active": ["0_2"]}, "p3": {"standby": ["0_2"]}},
+    )
+    code, out = run("explain", before, after, "--json")
+    assert code == 0, out
+    assert json.loads(out)["moves"] == [
+        {"task": "0_1", "from": "p1", "to": None, "reason": "task removed", "landing": None}
+    ]
+    code, out = run("explain", before, after)
+    assert code == 0, out
+    assert "0 of 1 taken off a process still in the group (the moves plan counts)" in out
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert [[cell.strip() for cell in row.split("│")[1:-1]] for row in rows] == [
+        ["0_1", "p1", "-", "task removed", "-"],
+        ["0_2", "p1", "p3", "standby balance"],
+    ]

@@ -45,7 +45,7 @@ from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..consumer.userdata import AssignmentData, MemberData
 from ..errors import GroupDescribeError, ProtocolError, UserDataError
-from ..explain import ClientView
+from ..explain import ClientView, local_state
 from ..metrics import AssignmentMetrics, evaluate, violations
 from ..protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 from .consumer import ASSIGNORS
@@ -161,14 +161,12 @@ class GroupView:
         return out
 
     def local_state(self) -> dict[str, dict[TaskId, int]]:
-        """Per process, the tasks it reported checkpointed state of when it joined (offset
-        sums other than ``LATEST_OFFSET``): ``explain``'s ``lags`` (warm or cold landings)."""
-        out: dict[str, dict[TaskId, int]] = {}
-        for pid, members in self.members_by_process().items():
-            for m in members:
-                held = {t: s for t, s in m.offset_sums.items() if s != LATEST_OFFSET}
-                out.setdefault(pid, {}).update(held)
-        return out
+        """Per process, the tasks it reported state of when it joined (a checkpointed offset
+        sum, or ``LATEST_OFFSET``: running then): ``explain``'s ``lags`` (warm or cold
+        landings), as ``explain`` reads them from a saved snapshot
+        (``streamassign.explain.local_state``)."""
+        by_process = self.members_by_process()
+        return local_state((pid, m.offset_sums) for pid, ms in by_process.items() for m in ms)
 
     def members_by_process(self) -> dict[str, list[MemberView]]:
         """Decoded members with metadata, by process."""
