@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+import select
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -371,6 +372,20 @@ class _ReaderGone(io.TextIOBase):
             except BrokenPipeError:
                 self._gone = True
                 _quiet_stdout()
+
+    def reader_gone(self) -> bool:
+        """Whether stdout's reader is gone, asked without writing: a command that prints only
+        now and then (``describe --watch``) must not poll for hours to learn it. A pipe or
+        socket whose far end closed polls as an error or a hang-up; a file or a terminal
+        never does (nor does a platform without ``poll``: then only a write can tell)."""
+        if not self._gone:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                poller = select.poll()
+                poller.register(self._stream.fileno(), 0)  # errors and hang-ups only
+                if any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0)):
+                    self._gone = True
+                    _quiet_stdout()
+        return self._gone
 
     def isatty(self) -> bool:
         return self._stream.isatty()
@@ -1052,7 +1067,33 @@ def _print_quality(console: Console, score: Any) -> None:
         console.print(f"[red]... and {len(score.problems) - 20} more problems[/]")
 
 
+#: How often ``describe --watch`` asks whether stdout's reader is gone (one ``poll`` call).
+_READER_CHECK_S = 0.25
+
+
 async def _watch(
+    connection: Any, group: str, interval: float, standbys: int | None, as_json: bool
+) -> None:
+    """Print each new view until interrupted or until stdout's reader is gone (``| grep -q
+    Stable``, ``| head``): a one-shot command goes on as if read (``_ReaderGone``), but an
+    endless poll that nobody reads would run headless for ever."""
+    import asyncio
+
+    stdout = sys.stdout
+    printing = asyncio.ensure_future(_print_views(connection, group, interval, standbys, as_json))
+    try:
+        while not printing.done():
+            if isinstance(stdout, _ReaderGone) and stdout.reader_gone():
+                return
+            await asyncio.wait([printing], timeout=_READER_CHECK_S)
+        printing.result()  # its error, if it ended with one
+    finally:
+        printing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await printing
+
+
+async def _print_views(
     connection: Any, group: str, interval: float, standbys: int | None, as_json: bool
 ) -> None:
     from .aiokafka.describe import follow, quality, to_json

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+import time
 import uuid
 import zlib
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
@@ -24,6 +28,7 @@ from streamassign.aiokafka.describe import (
     FAUST_PROTOCOL_NAME,
     Connection,
     Family,
+    GroupView,
     MemberView,
     RawMember,
     describe_bytes,
@@ -512,3 +517,50 @@ def test_tables_fit_80_columns_and_name_undecodable_members() -> None:
     console = Console(width=80, record=True)
     _print_group(console, rebalancing, quality(rebalancing))
     assert "(rebalancing: members' assignments are shown" in console.export_text()
+
+
+def _watch_with(
+    monkeypatch: pytest.MonkeyPatch, views: list[GroupView], stdout: TextIO, forever: bool
+) -> float:
+    """``describe --watch``'s loop on ``views`` (then polling for ever, if ``forever``) with
+    ``stdout`` as the CLI wraps it; the seconds it ran."""
+    from streamassign import cli
+    from streamassign.aiokafka import describe as describe_module
+
+    async def follow(*_: object) -> AsyncIterator[GroupView]:
+        for view in views:
+            yield view
+        while forever:  # a quiet group: nothing new to print
+            await asyncio.sleep(0.05)
+
+    monkeypatch.setattr(describe_module, "follow", follow)
+    monkeypatch.setattr(sys, "stdout", cli._ReaderGone(stdout))
+    start = time.monotonic()
+    asyncio.run(asyncio.wait_for(cli._watch(None, "g", 1.0, None, True), 20))
+    return time.monotonic() - start
+
+
+def test_watch_ends_once_its_reader_is_gone_without_waiting_for_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``describe --watch | grep -q Stable``: grep exits after the first view; the group then
+    stays quiet (nothing to write that would fail), and the watch must still end."""
+    read_end, write_end = os.pipe()
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    with os.fdopen(write_end, "w") as stdout:
+        os.close(read_end)  # the reader is gone before anything is printed
+        took = _watch_with(monkeypatch, [stable], stdout, forever=True)
+    assert took < 5
+
+
+def test_watch_goes_on_while_read_and_ends_with_its_views(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A file (or a terminal) never reads as gone: every view is printed."""
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    rebalancing = describe_bytes("g", "PreparingRebalance", "consumer", "", [])
+    with (tmp_path / "out.jsonl").open("w") as stdout:
+        _watch_with(monkeypatch, [stable, rebalancing, stable], stdout, forever=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [line["state"] for line in lines] == ["Stable", "PreparingRebalance", "Stable"]
+    assert lines[2]["moves"] == []

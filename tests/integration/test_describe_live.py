@@ -123,6 +123,30 @@ def test_process_host_group_described(
     missing = runner.invoke(main, ["describe", "no-such-group", "-b", kafka_bootstrap])
     assert missing.exit_code == 1
     assert missing.output == "Error: group 'no-such-group' does not exist\n"
+    for options in ((), ("--json",)):
+        assert_watch_ends_with_its_reader(kafka_bootstrap, app.topology.name, options)
+
+
+def assert_watch_ends_with_its_reader(bootstrap: str, group: str, options: tuple[str, ...]) -> None:
+    """``describe --watch | grep -q Stable``: once the reader has what it wanted and is gone,
+    the watch ends with status 0 although the group stays quiet (nothing more to print)."""
+    watch_options = ("--watch", "--interval", "0.3", *options)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamassign", "describe", group, "-b", bootstrap, *watch_options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdout is not None
+    try:
+        while "Stable" not in (line := proc.stdout.readline()):
+            assert line, "the watch ended before it printed a stable group"
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        proc.kill()
+    assert (proc.returncode, err) == (0, "")
 
 
 def watch(bootstrap: str, group: str) -> tuple[subprocess.Popen[str], queue.Queue[dict[str, Any]]]:
