@@ -934,9 +934,13 @@ def _short_process(pid: str) -> str:
     return _short_member(pid)
 
 
+def _client_at_host(member: Any) -> str:
+    return f"{member.client_id}@{member.client_host.lstrip('/')}"
+
+
 def _state_note(state: str) -> str:
     if state in ("PreparingRebalance", "CompletingRebalance"):
-        return f"{state} (rebalancing: members' assignments are shown once it is stable)"
+        return f"{state} (rebalancing: the assignment is not readable until it is Stable)"
     if state == "Empty":
         return "Empty (no members)"
     return state
@@ -945,8 +949,10 @@ def _state_note(state: str) -> str:
 def _print_group(console: Console, view: Any, score: Any) -> None:
     members = len(view.members)
     processes = view.processes()
-    if view.state != "Stable":
+    if not view.readable:
         console.print(f"{view.group}: {_state_note(view.state)}, {members} member(s)", markup=False)
+        for m in sorted(view.members, key=lambda m: m.member_id):
+            console.print(f"  {_short_member(m.member_id)}  {_client_at_host(m)}", markup=False)
         return
     console.print(
         f"[bold]{view.group}[/]: {view.state}, protocol {view.protocol or '-'} "
@@ -985,7 +991,7 @@ def _print_members(console: Console, members: Sequence[Any]) -> None:
         tasks = m.undecodable and "undecodable"
         table.add_row(
             _short_member(m.member_id),
-            f"{m.client_id}@{m.client_host.lstrip('/')}",
+            _client_at_host(m),
             _short_process(m.process) if m.undecodable is None else "?",
             tasks or f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}",
             m.versions or "-",
@@ -1101,7 +1107,7 @@ async def _print_views(
     console = _Stdout()
     before: Mapping[str, ClientView] | None = None
     async for view in follow(connection, group, interval):
-        if view.state != "Stable":
+        if not view.readable:
             if as_json:
                 click.echo(json.dumps({"group": group, "state": view.state}))
             else:

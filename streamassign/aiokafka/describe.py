@@ -2,8 +2,10 @@
 describe``).
 
 DescribeGroups returns, for a stable group, each member's metadata and assignment bytes of the
-protocol the coordinator chose. Both are Kafka's ConsumerProtocol (topics / partitions plus user
-data); the user data is what this module decodes, per protocol family:
+protocol the coordinator chose (outside ``Stable`` the bytes are not read: Kafka 4.3 returns
+members' previous bytes with protocol "" during a rebalance). Both are Kafka's ConsumerProtocol
+(topics / partitions plus user data); the user data is what this module decodes, per protocol
+family:
 
 - **streams** — ``ProcessHost`` (``PROTOCOL_NAME``) and the Faust drop-in assignor
   (``"streamassign-faust"``): ``SubscriptionInfo`` / ``AssignmentInfo``, every version.
@@ -58,6 +60,9 @@ FAUST_PROTOCOL_NAME = "streamassign-faust"
 FAUST_CAPACITY_TAG = "streamassign.capacity"
 #: Faust's own assignor (``faust.assignor.PartitionAssignor.name``).
 FAUST_OWN_PROTOCOL_NAME = "faust"
+
+#: The one group state whose members' bytes are the current subscriptions and assignment.
+STABLE = "Stable"
 
 #: Faust's assignment JSON is zlib-compressed; inflating more than this is a bomb, not a group.
 _MAX_INFLATED = 64 * 1024 * 1024
@@ -142,6 +147,11 @@ class GroupView:
     family: Family
     members: tuple[MemberView, ...]
     tasks: Mapping[TaskId, frozenset[TopicPartition]]
+
+    @property
+    def readable(self) -> bool:
+        """Whether members' bytes are the group's assignment: only in state ``Stable``."""
+        return self.state == STABLE
 
     def processes(self) -> dict[str, ClientView]:
         """The assignment per process (``explain``'s input), undecodable members left out.
@@ -320,12 +330,19 @@ def describe_bytes(
     members: Iterable[RawMember],
     cache: dict[tuple[str, RawMember], MemberView] | None = None,
 ) -> GroupView:
-    """The group as DescribeGroups returned it, every member decoded (pure, never raises).
+    """The group as DescribeGroups returned it, every member decoded (pure, never raises);
+    outside ``Stable`` only the members' ids and clients (``GroupView.readable``).
 
     ``cache`` keeps decoded members between calls (``follow``): between rebalances nothing
     changes, and a streams assignment's host section costs about 2 ms per member to read
     (600 tasks), so polling a 400-member group would decode for a second every second."""
     family = family_of(protocol)
+    if state != STABLE:
+        # Outside Stable the bytes are not the group's assignment: Kafka 4.3 answers a group
+        # in PreparingRebalance with each member's previous bytes and protocol "", which read
+        # as a consumer group with streams bytes for partitions. Members are named, no more.
+        unread = (MemberView(m.member_id, m.client_id, m.client_host, m.member_id) for m in members)
+        return GroupView(group, state, protocol_type, protocol, family, tuple(unread), {})
     decoded = []
     fresh: dict[tuple[str, RawMember], MemberView] = {}
     for raw in members:
@@ -487,7 +504,18 @@ _HISTORY = frozenset(
 
 
 def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
-    """The group for scripts; its ``assignment`` table is what ``explain``/``diff`` read."""
+    """The group for scripts; its ``assignment`` table is what ``explain``/``diff`` read.
+    Outside ``Stable``: the group, its state and members (ids, clients), no assignment."""
+    if not view.readable:
+        return {
+            "group": view.group,
+            "state": view.state,
+            "protocol_type": view.protocol_type,
+            "members": [
+                {"member_id": m.member_id, "client_id": m.client_id, "client_host": m.client_host}
+                for m in view.members
+            ],
+        }
     processes = view.processes()
     by_process = view.members_by_process()
     return {
@@ -661,7 +689,7 @@ async def follow(
     connection: Connection, group: str, interval_s: float = 1.0
 ) -> AsyncIterator[GroupView]:
     """Poll ``group`` every ``interval_s`` and yield each view whose state or assignment
-    differs from the last one yielded (the first view too). Members' bytes are only returned
+    differs from the last one yielded (the first view too). Members' bytes are only read
     for a stable group, so a rebalance shows as a state change, then the new assignment. A
     failure after the first view is a view without members whose state says why."""
     last: tuple[str, dict[str, ClientView]] | None = None
