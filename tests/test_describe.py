@@ -627,3 +627,16 @@ def test_empty_group_answer_is_its_state_and_no_members() -> None:
         "protocol_type": "consumer",
         "members": [],
     }
+
+
+def test_dead_group_listed_by_list_groups_is_named_by_its_protocol() -> None:
+    from streamassign.aiokafka.describe import missing_group
+
+    assert missing_group("g", []) == "group 'g' does not exist"
+    assert missing_group("g", ["consumer"]).startswith(
+        "group 'g' uses the new consumer protocol (KIP-848), not the classic protocol: "
+        "describe reads classic groups only"
+    )
+    assert "share group (KIP-932)" in missing_group("g", ["share"])
+    assert "kafka-streams-groups.sh" in missing_group("g", ["streams"])
+    assert "listed with protocol type 'odd'" in missing_group("g", ["odd"])

@@ -654,7 +654,7 @@ class _Admin:
             raise GroupDescribeError(f"cannot describe group {group!r}: {_reason(exc)}") from exc
         (entry,) = response.to_object()["groups"]
         if entry["error_code"] == _GROUP_ID_NOT_FOUND or entry["state"] == "Dead":
-            raise GroupDescribeError(f"group {group!r} does not exist")
+            raise GroupDescribeError(missing_group(group, await self._listed_types(group)))
         if entry["error_code"]:
             name = for_code(entry["error_code"]).__name__
             raise GroupDescribeError(f"cannot describe group {group!r}: {name}")
@@ -671,6 +671,42 @@ class _Admin:
         return describe_bytes(
             group, entry["state"], entry["protocol_type"], entry["protocol"], members, cache
         )
+
+    async def _listed_types(self, group: str) -> set[str]:
+        """The protocol types ListGroups lists ``group`` with (none: it does not exist, or
+        the listing failed, which then says no more than DescribeGroups did)."""
+        try:
+            listed = await asyncio.wait_for(
+                self.client.list_consumer_groups(), self.connection.timeout_s
+            )
+        except Exception:  # best effort: only to word the error better
+            return set()
+        return {str(protocol_type) for name, protocol_type in listed if name == group}
+
+
+#: What a group ListGroups lists but DescribeGroups calls Dead is, by its protocol type, and
+#: Kafka's tool that reads it.
+_NOT_CLASSIC = {
+    "consumer": ("uses the new consumer protocol (KIP-848)", "kafka-consumer-groups.sh"),
+    "streams": ("uses the streams rebalance protocol (KIP-1071)", "kafka-streams-groups.sh"),
+    "share": ("is a share group (KIP-932)", "kafka-share-groups.sh"),
+}
+
+
+def missing_group(group: str, listed_types: Iterable[str]) -> str:
+    """Why DescribeGroups found no ``group`` (state Dead), given the protocol types ListGroups
+    lists it with: Kafka 4 answers Dead for a group that is not a classic group, which exists
+    all the same (DescribeGroups reads classic groups only)."""
+    types = sorted(set(listed_types))
+    if not types:
+        return f"group {group!r} does not exist"
+    what, tool = _NOT_CLASSIC.get(
+        types[0], (f"is listed with protocol type {types[0]!r}", "kafka-consumer-groups.sh")
+    )
+    return (
+        f"group {group!r} {what}, not the classic protocol: describe reads classic groups only "
+        f"({tool} --describe reads this one)"
+    )
 
 
 def _reason(exc: BaseException) -> str:

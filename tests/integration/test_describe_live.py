@@ -29,7 +29,7 @@ from streamassign import PartitionGrouper, TaskId, TopicPartition
 from streamassign.aiokafka.describe import Connection, Family, GroupView, fetch_group, quality
 from streamassign.cli import main
 
-from .conftest import GroupIdFactory, TopicFactory
+from .conftest import GroupIdFactory, TopicFactory, kafka_script
 from .faust_cluster import FaustCluster
 from .procs import ROOT
 from .test_consumer_group import Group
@@ -319,3 +319,40 @@ def test_member_with_garbage_user_data_is_shown_undecodable(
     result = CliRunner().invoke(main, ["describe", app.topology.name, "-b", kafka_bootstrap])
     assert result.exit_code == 0
     assert "undecodable: subscription: " in " ".join(result.output.split())  # lines wrap
+
+
+def test_group_on_the_new_consumer_protocol_is_named_not_missing(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory, kafka_group_id_factory: GroupIdFactory
+) -> None:
+    """Kafka 4 answers DescribeGroups for a KIP-848 group with state Dead, as for no group at
+    all; describe must say what it is (ListGroups lists it), not that it does not exist."""
+    script = kafka_script()
+    try:
+        java, classpath = script.find_java(), script.install(log=lambda _: None).classpath
+    except script.KafkaScriptError as exc:  # an external broker on a machine without Kafka
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no Java consumer: {exc}")
+    topic, group = kafka_topic_factory(2), kafka_group_id_factory("new-protocol")
+    source = Path(__file__).parent / "NewProtocolConsumer.java"
+    proc = subprocess.Popen(
+        [java, "-cp", classpath, str(source), kafka_bootstrap, group, topic],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        # Blocking reads are bounded: the consumer prints after every 300 ms poll.
+        while "-0" not in (line := proc.stdout.readline()):  # a partition is assigned
+            assert line, "the Java consumer ended"
+        result = CliRunner().invoke(main, ["describe", group, "-b", kafka_bootstrap])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.exit_code == 1
+    assert result.output == (
+        f"Error: group {group!r} uses the new consumer protocol (KIP-848), not the classic "
+        "protocol: describe reads classic groups only (kafka-consumer-groups.sh --describe "
+        "reads this one)\n"
+    )
