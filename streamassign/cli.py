@@ -983,11 +983,15 @@ def _print_processes(console: Console, processes: Mapping[str, Any]) -> None:
 
 
 def _print_members(console: Console, members: Sequence[Any]) -> None:
-    """Each member (consumer): its client, process, task counts, versions, error, generation."""
+    """Each member (consumer): its client, process, task counts, versions, generation; below
+    the table, error codes and undecodable bytes, one line each (long text in a column
+    squeezed the others to one character per line)."""
     table = Table(title="Members")
-    for col in ("member", "client@host", "process", "a+s+w", "versions", "error", "gen"):
-        table.add_column(col, overflow="fold", no_wrap=col not in ("client@host", "versions"))
-    for m in sorted(members, key=lambda m: (m.process, m.member_id)):
+    for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
+        wraps = col in ("client@host", "versions")
+        table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=12 if wraps else None)
+    ordered = sorted(members, key=lambda m: (m.process, m.member_id))
+    for m in ordered:
         tasks = m.undecodable and "undecodable"
         table.add_row(
             _short_member(m.member_id),
@@ -995,13 +999,18 @@ def _print_members(console: Console, members: Sequence[Any]) -> None:
             _short_process(m.process) if m.undecodable is None else "?",
             tasks or f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}",
             m.versions or "-",
-            "-" if m.error == "NONE" else m.error,
             "-" if m.generation is None else str(m.generation),
         )
     console.print(table)
-    for m in members:
+    for m in ordered:
         if m.undecodable is not None:
             console.print(f"member {m.member_id}: undecodable: {m.undecodable}", markup=False)
+        elif m.error not in ("", "NONE"):
+            console.print(
+                f"member {_short_member(m.member_id)} (process {_short_process(m.process)}): "
+                f"error {m.error}",
+                markup=False,
+            )
 
 
 def _print_tasks(

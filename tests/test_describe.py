@@ -640,3 +640,63 @@ def test_dead_group_listed_by_list_groups_is_named_by_its_protocol() -> None:
     assert "share group (KIP-932)" in missing_group("g", ["share"])
     assert "kafka-streams-groups.sh" in missing_group("g", ["streams"])
     assert "listed with protocol type 'odd'" in missing_group("g", ["odd"])
+
+
+def printed(view: GroupView) -> str:
+    from rich.console import Console
+
+    from streamassign.cli import _print_group
+
+    console = Console(width=80, record=True)
+    _print_group(console, view, quality(view))
+    return console.export_text()
+
+
+def test_member_error_codes_are_a_line_each_and_a_quality_problem() -> None:
+    """A co-partitioning mistake: the leader sends every member an empty assignment with
+    INCOMPLETE_SOURCE_TOPIC_METADATA and no topic dictionary (0 tasks): balanced over nothing
+    must not read as healthy, and the long code must not fold the Members table."""
+    error = ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
+    raw = [
+        RawMember(
+            f"aiokafka-0.14.0-{k}",
+            "aiokafka-0.14.0",
+            "/10.0.0.1",
+            meta(["customers", "orders"], SubscriptionInfo(pid).encode()),
+            encode_assignment([], AssignmentInfo(frozenset(), error_code=error).encode()),
+        )
+        for k, pid in enumerate(uuid.UUID(f"{d * 8}-0000-0000-0000-000000000000") for d in "ab")
+    ]
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
+    score = quality(view)
+    assert view.tasks == {} and score.metrics.active_balanced  # nothing to balance...
+    (problem,) = score.problems  # ... but the reason is said
+    assert problem.startswith("INCOMPLETE_SOURCE_TOPIC_METADATA reported by 2 processes (")
+    text = printed(view)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 80
+    top = next(k for k, x in enumerate(lines) if x.strip() == "Members")
+    bottom = next(k for k, x in enumerate(lines) if k > top and x.startswith("└"))
+    assert bottom - top <= 4 + 2 * 2  # title, borders, header; at most two lines a member
+    assert "member …0.14.0-0 (process aaaaaaaa): error INCOMPLETE_SOURCE_TOPIC_METADATA" in text
+    assert "problem: INCOMPLETE_SOURCE_TOPIC_METADATA reported by 2 processes" in text
+
+
+def test_subscribed_topics_nobody_is_assigned_are_a_problem() -> None:
+    """An assignor that does not check (Faust's own, aiokafka's range) leaves a missing
+    source topic out without a word."""
+    group = [
+        RawMember(
+            f"m{k}",
+            "c",
+            "h",
+            meta(["clicks", "nosuch"], b""),
+            encode_assignment([TopicPartition("clicks", k)], b""),
+        )
+        for k in range(2)
+    ]
+    score = quality(describe_bytes("app", "Stable", "consumer", "range", group))
+    assert score.problems == (
+        "1 subscribed topic without a partition assigned to any member (missing from the "
+        "cluster?): nosuch",
+    )

@@ -50,6 +50,7 @@ from ..errors import GroupDescribeError, ProtocolError, UserDataError
 from ..explain import ClientView
 from ..metrics import AssignmentMetrics, evaluate, violations
 from ..protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
+from ..text import counted
 from .consumer import ASSIGNORS
 from .streams import PROTOCOL_NAME
 
@@ -457,10 +458,58 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
         only = {pid: ClientAssignment(a.active & own) for pid, a in assignment.items()}
         balanced = evaluate(own, clients, only).active_balanced if clients else not own
         balance.append(SubtopologyBalance(sub, len(own), min(counts), max(counts), balanced))
-    problems = violations(tasks, clients, assignment, replicas, stateful)
+    problems = [
+        *_member_errors(view),
+        *_unassigned_topics(view),
+        *violations(tasks, clients, assignment, replicas, stateful),
+    ]
     return GroupQuality(
         metrics, tuple(balance), replicas, stateful, tuple(problems), _same_rack(view)
     )
+
+
+#: What a member's error code means for the operator (``streamassign.errors.ErrorCode``).
+_ERROR_MEANING = {
+    "INCOMPLETE_SOURCE_TOPIC_METADATA": (
+        "source or repartition topics missing or not co-partitioned; the group leader's log "
+        "names the topics and counts"
+    ),
+    "ASSIGNMENT_ERROR": "the leader could not assign; its log says why",
+    "SHUTDOWN_REQUESTED": "a member asked the group to shut down",
+}
+
+
+def _member_errors(view: GroupView) -> list[str]:
+    """One problem per error code members report: their assignment is empty for a reason
+    (balance and coverage over no tasks would otherwise read as healthy)."""
+    by_error: dict[str, set[str]] = {}
+    for m in view.members:
+        if m.undecodable is None and m.error not in ("", "NONE"):
+            by_error.setdefault(m.error, set()).add(m.process)
+    return [
+        f"{error} reported by {counted(len(pids), 'process', 'processes')} "
+        f"({', '.join(sorted(pids)[:3])}{', ...' if len(pids) > 3 else ''})"
+        + (f": {_ERROR_MEANING[error]}" if error in _ERROR_MEANING else "")
+        for error, pids in sorted(by_error.items())
+    ]
+
+
+def _unassigned_topics(view: GroupView) -> list[str]:
+    """Subscribed topics no member is assigned a partition of: missing from the cluster (an
+    assignor that does not check, such as Faust's own, leaves them out silently) or without
+    partitions."""
+    decoded = [m for m in view.members if m.undecodable is None]
+    if any(m.error not in ("", "NONE") for m in decoded):
+        return []  # an error code empties assignments: _member_errors says why
+    subscribed = {t for m in decoded for t in m.topics}
+    assigned = {tp.topic for m in decoded for tp in m.partitions}
+    missing = sorted(subscribed - assigned)
+    if not missing:
+        return []
+    return [
+        f"{counted(len(missing), 'subscribed topic')} without a partition assigned to any "
+        f"member (missing from the cluster?): {', '.join(missing)}"
+    ]
 
 
 def _same_rack(view: GroupView) -> int | None:
