@@ -962,7 +962,8 @@ def _print_group(console: Console, view: Any, score: Any) -> None:
     _print_members(console, view.members)
     _print_tasks(console, view.tasks, processes)
     _print_offset_sums(console, view.members_by_process())
-    _print_quality(console, score)
+    # Consumer groups have no standbys: their standby row would only say 0 / 0.
+    _print_quality(console, score, has_standbys=str(view.family) != "consumer")
 
 
 def _print_processes(console: Console, processes: Mapping[str, Any]) -> None:
@@ -1056,7 +1057,7 @@ def _print_offset_sums(console: Console, by_process: Mapping[str, Sequence[Any]]
         console.print(table)
 
 
-def _print_quality(console: Console, score: Any) -> None:
+def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> None:
     m = score.metrics
     table = Table(title="Quality of the current assignment")
     table.add_column("metric")
@@ -1069,13 +1070,30 @@ def _print_quality(console: Console, score: Any) -> None:
         )
     table.add_row("actives balanced in total", "yes" if m.active_balanced else "NO")
     table.add_row("load imbalance (per thread, max - min)", f"{m.load_imbalance:.2f}")
-    table.add_row(
-        f"standbys placed / required ({score.num_standby_replicas} per stateful task)",
-        f"{m.standbys_placed} / {m.standbys_required}",
-    )
+    inferred = ", inferred" if score.standbys_inferred else ""
+    if has_standbys or not score.standbys_inferred:
+        table.add_row(
+            f"standbys placed / required ({score.num_standby_replicas} per stateful task"
+            f"{inferred})",
+            f"{m.standbys_placed} / {m.standbys_required}",
+        )
     if score.standbys_on_active_rack is not None:
         table.add_row("standbys on their active's rack", str(score.standbys_on_active_rack))
     console.print(table)
+    if score.standbys_inferred and has_standbys:
+        console.print(
+            f"standbys per task inferred as {score.num_standby_replicas} (the most any task has): "
+            "the configured count is not in the group's bytes, so a lost standby can hide. "
+            "Pass --standbys R (the app's num_standby_replicas) to check against it.",
+            markup=False,
+        )
+    if score.warmups:
+        console.print(
+            f"{counted(score.warmups, 'warmup')} in flight: the HA assignor keeps actives on "
+            "caught-up processes until the warmups catch up, so imbalance until the next "
+            "probing rebalance is expected.",
+            markup=False,
+        )
     for problem in score.problems[:20]:
         console.print(f"[red]problem:[/] {problem}")
     if len(score.problems) > 20:

@@ -63,6 +63,7 @@ def streams_member(
     version: int = 2,
     error: ErrorCode = ErrorCode.NONE,
     rack: str | None = None,
+    warmup: str = "",
 ) -> RawMember:
     act = frozenset(T(t) for t in active.split())
     sub = SubscriptionInfo(
@@ -75,6 +76,7 @@ def streams_member(
     info = AssignmentInfo(
         act,
         frozenset(T(t) for t in standby.split()),
+        warmup=frozenset(T(t) for t in warmup.split()),
         topics=TOPICS,
         error_code=error,
         version=version,
@@ -700,3 +702,48 @@ def test_subscribed_topics_nobody_is_assigned_are_a_problem() -> None:
         "1 subscribed topic without a partition assigned to any member (missing from the "
         "cluster?): nosuch",
     )
+
+
+def test_an_inferred_standby_count_says_so_and_how_to_give_it() -> None:
+    """An app configured for one standby whose standbys are all gone (the group lost them in
+    a rebalance): the inferred count is 0 and '0 / 0' would look fine."""
+    raw = [
+        streams_member("m1", P1, "0_0 0_1 1_0", sums={"0_2": 7}),
+        streams_member("m2", P2, "0_2 0_3 1_1"),
+    ]
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
+    text = " ".join(printed(view).split())
+    assert "standbys placed / required (0 per stateful task, inferred)" in text
+    assert "Pass --standbys R (the app's num_standby_replicas)" in text
+    quality_json = to_json(view, quality(view))["quality"]
+    assert quality_json["num_standby_replicas_inferred"] is True
+    given = quality(view, 1)
+    assert not given.standbys_inferred and given.problems  # ... 0_0 has 0 standbys
+
+
+def test_warmups_in_flight_say_imbalance_is_expected_until_probing() -> None:
+    raw = [
+        streams_member("m1", P1, "0_0 0_1 0_2 0_3 1_0", "", sums={"0_0": 5}),
+        streams_member("m2", P2, "1_1", "", warmup="0_2 0_3"),
+    ]
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
+    assert quality(view).warmups == 2
+    assert "2 warmups in flight" in printed(view)
+    assert "next probing rebalance is expected" in " ".join(printed(view).split())
+    assert "in flight" not in printed(
+        describe_bytes("o", "Stable", "consumer", PROTOCOL_NAME, raw[:1])
+    )
+
+
+def test_consumer_groups_get_no_standby_row() -> None:
+    group = [
+        RawMember(
+            "m0",
+            "c",
+            "h",
+            meta(["clicks"], b""),
+            encode_assignment([TopicPartition("clicks", 0)], b""),
+        )
+    ]
+    text = printed(describe_bytes("app", "Stable", "consumer", "range", group))
+    assert "standbys placed" not in text and "inferred" not in text

@@ -429,6 +429,12 @@ class GroupQuality:
     problems: tuple[str, ...]
     #: Standbys on the rack of their task's active (``None``: no process reports a rack).
     standbys_on_active_rack: int | None = None
+    #: ``num_standby_replicas`` was not given but inferred (the most standbys any task has):
+    #: the configured count is in no member's bytes, so lost standbys can hide.
+    standbys_inferred: bool = False
+    #: Warmup tasks in flight (HA assignor): actives stay on caught-up processes until the
+    #: next probing rebalance, so imbalance until then is by design.
+    warmups: int = 0
 
 
 def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQuality:
@@ -464,7 +470,14 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
         *violations(tasks, clients, assignment, replicas, stateful),
     ]
     return GroupQuality(
-        metrics, tuple(balance), replicas, stateful, tuple(problems), _same_rack(view)
+        metrics,
+        tuple(balance),
+        replicas,
+        stateful,
+        tuple(problems),
+        _same_rack(view),
+        standbys_inferred=num_standby_replicas is None,
+        warmups=sum(len(a.warmup) for a in assignment.values()),
     )
 
 
@@ -591,6 +604,8 @@ def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
             **{k: v for k, v in attrs.asdict(score.metrics).items() if k not in _HISTORY},
             "standby_coverage": score.metrics.standby_coverage,
             "num_standby_replicas": score.num_standby_replicas,
+            "num_standby_replicas_inferred": score.standbys_inferred,
+            "warmups": score.warmups,
             "standbys_on_active_rack": score.standbys_on_active_rack,
             "balanced_per_subtopology": {
                 str(b.subtopology): b.balanced for b in score.per_subtopology
