@@ -64,6 +64,7 @@ def streams_member(
     error: ErrorCode = ErrorCode.NONE,
     rack: str | None = None,
     warmup: str = "",
+    dictionary: bool = True,
 ) -> RawMember:
     act = frozenset(T(t) for t in active.split())
     sub = SubscriptionInfo(
@@ -77,7 +78,7 @@ def streams_member(
         act,
         frozenset(T(t) for t in standby.split()),
         warmup=frozenset(T(t) for t in warmup.split()),
-        topics=TOPICS,
+        topics=TOPICS if dictionary else {},
         error_code=error,
         version=version,
         common_version=version,
@@ -747,3 +748,23 @@ def test_consumer_groups_get_no_standby_row() -> None:
     ]
     text = printed(describe_bytes("app", "Stable", "consumer", "range", group))
     assert "standbys placed" not in text and "inferred" not in text
+
+
+def test_task_partitions_without_a_topic_dictionary_come_from_the_assignments() -> None:
+    """A ProcessHost leader sends the topic dictionary only when some process has an
+    endpoint; the members' partitions (their actives' source partitions) still tell."""
+    full = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    for layout in (
+        [("m1", P1, "0_0 0_1 1_0"), ("m2", P1, "0_2"), ("m3", P2, "0_3 1_1")],
+        [("m1", P1, "0_0 0_1 0_2 0_3 1_0 1_1")],  # one process: only the counts tell
+    ):
+        raw = [streams_member(m, pid, active, dictionary=False) for m, pid, active in layout]
+        view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+        assert all(not m.topic_dictionary for m in view.members)
+        assert view.tasks == full.tasks
+    # Two subtopologies over the same partition numbers on every process: left out, not
+    # guessed.
+    raw = [streams_member("m1", P1, "0_0 0_1 1_0 1_1", dictionary=False)]
+    tasks = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw).tasks
+    assert set(tasks) == {T(t) for t in ("0_0", "0_1", "1_0", "1_1")}
+    assert set(tasks.values()) == {frozenset()}

@@ -33,7 +33,7 @@ import asyncio
 import enum
 import json
 import zlib
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -357,7 +357,7 @@ def describe_bytes(
     if family == Family.CONSUMER:
         decoded, tasks = _consumer_tasks(decoded)
     else:
-        tasks = _task_partitions(decoded)
+        tasks = _task_partitions(decoded, infer_sources=protocol == PROTOCOL_NAME)
     return GroupView(group, state, protocol_type, protocol, family, tuple(decoded), tasks)
 
 
@@ -380,10 +380,21 @@ def _consumer_tasks(
     return out, dict(sorted(tasks.items()))
 
 
-def _task_partitions(members: Iterable[MemberView]) -> dict[TaskId, frozenset[TopicPartition]]:
+def _task_partitions(
+    members: Sequence[MemberView], infer_sources: bool = False
+) -> dict[TaskId, frozenset[TopicPartition]]:
     """Every task the members' dictionaries (or assignments) name, with its source partitions:
-    the streams topic dictionary, or Faust's topic groups over the partitions assigned."""
+    the streams topic dictionary, or Faust's topic groups over the partitions assigned. A
+    ``ProcessHost`` leader sends the dictionary only when some process has an endpoint; with
+    ``infer_sources`` the partitions then come from the members' assignments
+    (``_source_subtopologies``)."""
     parts: dict[TaskId, set[TopicPartition]] = {}
+    if infer_sources and not any(m.topic_dictionary for m in members):
+        sources = _source_subtopologies(members)
+        for m in members:
+            for tp in m.partitions:
+                if tp.topic in sources:
+                    parts.setdefault(TaskId(sources[tp.topic], tp.partition), set()).add(tp)
     counts = {
         (sub, topic, n)
         for m in members
@@ -401,6 +412,32 @@ def _task_partitions(members: Iterable[MemberView]) -> dict[TaskId, frozenset[To
         for t in m.active | m.standby | m.warmup:
             parts.setdefault(t, set())
     return {t: frozenset(parts[t]) for t in sorted(parts)}
+
+
+def _source_subtopologies(members: Iterable[MemberView]) -> dict[str, int]:
+    """Each source topic's subtopology, from assignments alone: a ProcessHost member's
+    partitions are exactly its actives' source partitions, so topic ``t`` can belong to
+    subtopology ``s`` only if every member holding ``t``-``p`` runs active ``s_p``, and only
+    if ``t``'s partitions are ``s``'s task partitions (co-partitioning). Topics left
+    ambiguous are left out."""
+    candidates: dict[str, set[int]] = {}
+    topic_partitions: dict[str, set[int]] = {}
+    task_partitions: dict[int, set[int]] = {}
+    for m in members:
+        running: dict[int, set[int]] = {}
+        for t in m.active:
+            running.setdefault(t.partition, set()).add(t.subtopology)
+            task_partitions.setdefault(t.subtopology, set()).add(t.partition)
+        for tp in m.partitions:
+            here = running.get(tp.partition, set())
+            candidates[tp.topic] = candidates.get(tp.topic, here) & here
+            topic_partitions.setdefault(tp.topic, set()).add(tp.partition)
+    out = {}
+    for topic, subs in candidates.items():
+        fits = [s for s in subs if task_partitions[s] == topic_partitions[topic]]
+        if len(fits) == 1:
+            out[topic] = fits[0]
+    return out
 
 
 # -- quality -----------------------------------------------------------------------------------
