@@ -958,7 +958,13 @@ def _print_group(console: Console, view: Any, score: Any) -> None:
         f"[bold]{view.group}[/]: {view.state}, protocol {view.protocol or '-'} "
         f"({view.family}), {members} member(s) in {len(processes)} process(es)"
     )
-    _print_processes(console, processes)
+    endpoints = {
+        pid: endpoint
+        for pid, group_members in view.members_by_process().items()
+        for endpoint in [next((m.endpoint for m in group_members if m.endpoint), None)]
+        if endpoint and endpoint != pid  # a Faust worker's URL is its process already
+    }
+    _print_processes(console, processes, endpoints)
     _print_members(console, view.members)
     _print_tasks(console, view.tasks, processes)
     _print_offset_sums(console, view.members_by_process())
@@ -966,18 +972,20 @@ def _print_group(console: Console, view: Any, score: Any) -> None:
     _print_quality(console, score, has_standbys=str(view.family) != "consumer")
 
 
-def _print_processes(console: Console, processes: Mapping[str, Any]) -> None:
-    """Each process's capacity and tasks."""
+def _print_processes(
+    console: Console, processes: Mapping[str, Any], endpoints: Mapping[str, str]
+) -> None:
+    """Each process (and its endpoint, where it has one), its capacity and tasks."""
     table = Table(title="Processes")
-    for col in ("process", "cap", "active", "standby", "warmup"):
+    for col in ("process (endpoint)", "cap", "active", "standby", "warmup"):
         table.add_column(col, overflow="fold")
     for pid, client in processes.items():
         a = client.assignment
         table.add_row(
-            pid,
+            pid + (f"\n({endpoints[pid]})" if pid in endpoints else ""),
             str(client.capacity),
             _tasks_cell(a.active),
-            _tasks_cell(a.standby),
+            _tasks_cell(a.standby) if a.standby else "-",
             _tasks_cell(a.warmup) if a.warmup else "-",
         )
     console.print(table)
@@ -1053,7 +1061,7 @@ def _print_offset_sums(console: Console, by_process: Mapping[str, Sequence[Any]]
             text = ", ".join(
                 f"{t}={'running' if v == -2 else v}" for t, v in sorted(by_task.items())
             )
-            table.add_row(_short_process(pid), text)
+            table.add_row(_short_process(pid), text or "none reported")
         console.print(table)
 
 

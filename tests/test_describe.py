@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -768,3 +769,15 @@ def test_task_partitions_without_a_topic_dictionary_come_from_the_assignments() 
     tasks = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw).tasks
     assert set(tasks) == {T(t) for t in ("0_0", "0_1", "1_0", "1_1")}
     assert set(tasks.values()) == {frozenset()}
+
+
+def test_processes_show_their_endpoint_and_dashes_for_no_tasks() -> None:
+    raw = [
+        streams_member("m1", P1, "0_0 0_1 0_2 0_3 1_0 1_1", sums={"0_0": LATEST_OFFSET}),
+        streams_member("m2", P2, ""),
+    ]
+    text = printed(describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw))
+    assert "(1:80)" in text and "(2:80)" in text  # streams_member's endpoints
+    # m2's row: no actives "0", no standbys and no warmups "-" alike
+    assert re.search(r"│ 1\s+│ 0\s+│ -\s+│ -\s+│", text)
+    assert "none reported" in text  # m2 reported no offset sums
