@@ -958,13 +958,7 @@ def _print_group(console: Console, view: Any, score: Any) -> None:
         f"[bold]{view.group}[/]: {view.state}, protocol {view.protocol or '-'} "
         f"({view.family}), {members} member(s) in {len(processes)} process(es)"
     )
-    endpoints = {
-        pid: endpoint
-        for pid, group_members in view.members_by_process().items()
-        for endpoint in [next((m.endpoint for m in group_members if m.endpoint), None)]
-        if endpoint and endpoint != pid  # a Faust worker's URL is its process already
-    }
-    _print_processes(console, processes, endpoints)
+    _print_processes(console, processes, view.endpoints())
     _print_members(console, view.members)
     _print_tasks(console, view.tasks, processes)
     _print_offset_sums(console, view.members_by_process())

@@ -181,6 +181,16 @@ class GroupView:
                 out.setdefault(pid, {}).update(held)
         return out
 
+    def endpoints(self) -> dict[str, str]:
+        """Each process's endpoint where it has one other than its id (a Faust worker's URL
+        is its process already)."""
+        out = {}
+        for pid, members in self.members_by_process().items():
+            endpoint = next((m.endpoint for m in members if m.endpoint), None)
+            if endpoint and endpoint != pid:
+                out[pid] = endpoint
+        return out
+
     def members_by_process(self) -> dict[str, list[MemberView]]:
         """Decoded members with metadata, by process."""
         out: dict[str, list[MemberView]] = {}
