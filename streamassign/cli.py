@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+import select
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -373,6 +374,20 @@ class _ReaderGone(io.TextIOBase):
             except BrokenPipeError:
                 self._gone = True
                 _quiet_stdout()
+
+    def reader_gone(self) -> bool:
+        """Whether stdout's reader is gone, asked without writing: a command that prints only
+        now and then (``describe --watch``) must not poll for hours to learn it. A pipe or
+        socket whose far end closed polls as an error or a hang-up; a file or a terminal
+        never does (nor does a platform without ``poll``: then only a write can tell)."""
+        if not self._gone:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                poller = select.poll()
+                poller.register(self._stream.fileno(), 0)  # errors and hang-ups only
+                if any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0)):
+                    self._gone = True
+                    _quiet_stdout()
+        return self._gone
 
     def isatty(self) -> bool:
         return self._stream.isatty()
@@ -1001,9 +1016,13 @@ def _short_process(pid: str) -> str:
     return _short_member(pid)
 
 
+def _client_at_host(member: Any) -> str:
+    return f"{member.client_id}@{member.client_host.lstrip('/')}"
+
+
 def _state_note(state: str) -> str:
     if state in ("PreparingRebalance", "CompletingRebalance"):
-        return f"{state} (rebalancing: members' assignments are shown once it is stable)"
+        return f"{state} (rebalancing: the assignment is not readable until it is Stable)"
     if state == "Empty":
         return "Empty (no members)"
     return state
@@ -1012,57 +1031,71 @@ def _state_note(state: str) -> str:
 def _print_group(console: Console, view: Any, score: Any) -> None:
     members = len(view.members)
     processes = view.processes()
-    if view.state != "Stable":
+    if not view.readable:
         console.print(f"{view.group}: {_state_note(view.state)}, {members} member(s)", markup=False)
+        for m in sorted(view.members, key=lambda m: m.member_id):
+            console.print(f"  {_short_member(m.member_id)}  {_client_at_host(m)}", markup=False)
         return
     console.print(
         f"[bold]{view.group}[/]: {view.state}, protocol {view.protocol or '-'} "
         f"({view.family}), {members} member(s) in {len(processes)} process(es)"
     )
-    _print_processes(console, processes)
+    _print_processes(console, processes, view.endpoints())
     _print_members(console, view.members)
     _print_tasks(console, view.tasks, processes)
     _print_offset_sums(console, view.members_by_process())
-    _print_quality(console, score)
+    # Consumer groups have no standbys: their standby row would only say 0 / 0.
+    _print_quality(console, score, has_standbys=str(view.family) != "consumer")
 
 
-def _print_processes(console: Console, processes: Mapping[str, Any]) -> None:
-    """Each process's capacity and tasks."""
+def _print_processes(
+    console: Console, processes: Mapping[str, Any], endpoints: Mapping[str, str]
+) -> None:
+    """Each process (and its endpoint, where it has one), its capacity and tasks."""
     table = Table(title="Processes")
-    for col in ("process", "cap", "active", "standby", "warmup"):
+    for col in ("process (endpoint)", "cap", "active", "standby", "warmup"):
         table.add_column(col, overflow="fold")
     for pid, client in processes.items():
         a = client.assignment
         table.add_row(
-            pid,
+            pid + (f"\n({endpoints[pid]})" if pid in endpoints else ""),
             str(client.capacity),
             _tasks_cell(a.active),
-            _tasks_cell(a.standby),
+            _tasks_cell(a.standby) if a.standby else "-",
             _tasks_cell(a.warmup) if a.warmup else "-",
         )
     console.print(table)
 
 
 def _print_members(console: Console, members: Sequence[Any]) -> None:
-    """Each member (consumer): its client, process, task counts, versions, error, generation."""
+    """Each member (consumer): its client, process, task counts, versions, generation; below
+    the table, error codes and undecodable bytes, one line each (long text in a column
+    squeezed the others to one character per line)."""
     table = Table(title="Members")
-    for col in ("member", "client@host", "process", "a+s+w", "versions", "error", "gen"):
-        table.add_column(col, overflow="fold", no_wrap=col not in ("client@host", "versions"))
-    for m in sorted(members, key=lambda m: (m.process, m.member_id)):
+    for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
+        wraps = col in ("client@host", "versions")
+        table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=12 if wraps else None)
+    ordered = sorted(members, key=lambda m: (m.process, m.member_id))
+    for m in ordered:
         tasks = m.undecodable and "undecodable"
         table.add_row(
             _short_member(m.member_id),
-            f"{m.client_id}@{m.client_host.lstrip('/')}",
+            _client_at_host(m),
             _short_process(m.process) if m.undecodable is None else "?",
             tasks or f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}",
             m.versions or "-",
-            "-" if m.error == "NONE" else m.error,
             "-" if m.generation is None else str(m.generation),
         )
     console.print(table)
-    for m in members:
+    for m in ordered:
         if m.undecodable is not None:
             console.print(f"member {m.member_id}: undecodable: {m.undecodable}", markup=False)
+        elif m.error not in ("", "NONE"):
+            console.print(
+                f"member {_short_member(m.member_id)} (process {_short_process(m.process)}): "
+                f"error {m.error}",
+                markup=False,
+            )
 
 
 def _print_tasks(
@@ -1104,11 +1137,11 @@ def _print_offset_sums(console: Console, by_process: Mapping[str, Sequence[Any]]
             text = ", ".join(
                 f"{t}={'running' if v == -2 else v}" for t, v in sorted(by_task.items())
             )
-            table.add_row(_short_process(pid), text)
+            table.add_row(_short_process(pid), text or "none reported")
         console.print(table)
 
 
-def _print_quality(console: Console, score: Any) -> None:
+def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> None:
     m = score.metrics
     table = Table(title="Quality of the current assignment")
     table.add_column("metric")
@@ -1121,20 +1154,63 @@ def _print_quality(console: Console, score: Any) -> None:
         )
     table.add_row("actives balanced in total", "yes" if m.active_balanced else "NO")
     table.add_row("load imbalance (per thread, max - min)", f"{m.load_imbalance:.2f}")
-    table.add_row(
-        f"standbys placed / required ({score.num_standby_replicas} per stateful task)",
-        f"{m.standbys_placed} / {m.standbys_required}",
-    )
+    inferred = ", inferred" if score.standbys_inferred else ""
+    if has_standbys or not score.standbys_inferred:
+        table.add_row(
+            f"standbys placed / required ({score.num_standby_replicas} per stateful task"
+            f"{inferred})",
+            f"{m.standbys_placed} / {m.standbys_required}",
+        )
     if score.standbys_on_active_rack is not None:
         table.add_row("standbys on their active's rack", str(score.standbys_on_active_rack))
     console.print(table)
+    if score.standbys_inferred and has_standbys:
+        console.print(
+            f"standbys per task inferred as {score.num_standby_replicas} (the most any task has): "
+            "the configured count is not in the group's bytes, so a lost standby can hide. "
+            "Pass --standbys R (the app's num_standby_replicas) to check against it.",
+            markup=False,
+        )
+    if score.warmups:
+        console.print(
+            f"{counted(score.warmups, 'warmup')} in flight: the HA assignor keeps actives on "
+            "caught-up processes until the warmups catch up, so imbalance until the next "
+            "probing rebalance is expected.",
+            markup=False,
+        )
     for problem in score.problems[:20]:
         console.print(f"[red]problem:[/] {problem}")
     if len(score.problems) > 20:
         console.print(f"[red]... and {len(score.problems) - 20} more problems[/]")
 
 
+#: How often ``describe --watch`` asks whether stdout's reader is gone (one ``poll`` call).
+_READER_CHECK_S = 0.25
+
+
 async def _watch(
+    connection: Any, group: str, interval: float, standbys: int | None, as_json: bool
+) -> None:
+    """Print each new view until interrupted or until stdout's reader is gone (``| grep -q
+    Stable``, ``| head``): a one-shot command goes on as if read (``_ReaderGone``), but an
+    endless poll that nobody reads would run headless for ever."""
+    import asyncio
+
+    stdout = sys.stdout
+    printing = asyncio.ensure_future(_print_views(connection, group, interval, standbys, as_json))
+    try:
+        while not printing.done():
+            if isinstance(stdout, _ReaderGone) and stdout.reader_gone():
+                return
+            await asyncio.wait([printing], timeout=_READER_CHECK_S)
+        printing.result()  # its error, if it ended with one
+    finally:
+        printing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await printing
+
+
+async def _print_views(
     connection: Any, group: str, interval: float, standbys: int | None, as_json: bool
 ) -> None:
     from .aiokafka.describe import follow, quality, to_json
@@ -1142,7 +1218,7 @@ async def _watch(
     console = _Stdout()
     before: Mapping[str, ClientView] | None = None
     async for view in follow(connection, group, interval):
-        if view.state != "Stable":
+        if not view.readable:
             if as_json:
                 click.echo(json.dumps({"group": group, "state": view.state}))
             else:

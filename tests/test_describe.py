@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import subprocess
 import sys
+import time
 import uuid
 import zlib
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
@@ -24,6 +29,7 @@ from streamassign.aiokafka.describe import (
     FAUST_PROTOCOL_NAME,
     Connection,
     Family,
+    GroupView,
     MemberView,
     RawMember,
     describe_bytes,
@@ -58,6 +64,8 @@ def streams_member(
     version: int = 2,
     error: ErrorCode = ErrorCode.NONE,
     rack: str | None = None,
+    warmup: str = "",
+    dictionary: bool = True,
 ) -> RawMember:
     act = frozenset(T(t) for t in active.split())
     sub = SubscriptionInfo(
@@ -70,7 +78,8 @@ def streams_member(
     info = AssignmentInfo(
         act,
         frozenset(T(t) for t in standby.split()),
-        topics=TOPICS,
+        warmup=frozenset(T(t) for t in warmup.split()),
+        topics=TOPICS if dictionary else {},
         error_code=error,
         version=version,
         common_version=version,
@@ -473,7 +482,7 @@ def test_members_without_metadata_name_no_process() -> None:
     raw = [RawMember("m1", "c", "h"), RawMember("m2", "c", "h")]
     view = describe_bytes("g", "PreparingRebalance", "consumer", "", raw)
     assert view.processes() == {} and len(view.members) == 2
-    assert to_json(view, quality(view))["assignment"] == {}
+    assert "assignment" not in to_json(view, quality(view))
 
 
 def test_cache_reuses_unchanged_members_and_forgets_departed_ones() -> None:
@@ -511,4 +520,264 @@ def test_tables_fit_80_columns_and_name_undecodable_members() -> None:
     rebalancing = describe_bytes("orders", "PreparingRebalance", "consumer", "", [])
     console = Console(width=80, record=True)
     _print_group(console, rebalancing, quality(rebalancing))
-    assert "(rebalancing: members' assignments are shown" in console.export_text()
+    assert "(rebalancing: the assignment is not readable until it is Stable)" in " ".join(
+        console.export_text().split()
+    )
+
+
+def _watch_with(
+    monkeypatch: pytest.MonkeyPatch, views: list[GroupView], stdout: TextIO, forever: bool
+) -> float:
+    """``describe --watch``'s loop on ``views`` (then polling for ever, if ``forever``) with
+    ``stdout`` as the CLI wraps it; the seconds it ran."""
+    from streamassign import cli
+    from streamassign.aiokafka import describe as describe_module
+
+    async def follow(*_: object) -> AsyncIterator[GroupView]:
+        for view in views:
+            yield view
+        while forever:  # a quiet group: nothing new to print
+            await asyncio.sleep(0.05)
+
+    monkeypatch.setattr(describe_module, "follow", follow)
+    monkeypatch.setattr(sys, "stdout", cli._ReaderGone(stdout))
+    start = time.monotonic()
+    asyncio.run(asyncio.wait_for(cli._watch(None, "g", 1.0, None, True), 20))
+    return time.monotonic() - start
+
+
+def test_watch_ends_once_its_reader_is_gone_without_waiting_for_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``describe --watch | grep -q Stable``: grep exits after the first view; the group then
+    stays quiet (nothing to write that would fail), and the watch must still end."""
+    read_end, write_end = os.pipe()
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    with os.fdopen(write_end, "w") as stdout:
+        os.close(read_end)  # the reader is gone before anything is printed
+        took = _watch_with(monkeypatch, [stable], stdout, forever=True)
+    assert took < 5
+
+
+def test_watch_goes_on_while_read_and_ends_with_its_views(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A file (or a terminal) never reads as gone: every view is printed."""
+    stable = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    rebalancing = describe_bytes("g", "PreparingRebalance", "consumer", "", [])
+    with (tmp_path / "out.jsonl").open("w") as stdout:
+        _watch_with(monkeypatch, [stable, rebalancing, stable], stdout, forever=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [line["state"] for line in lines] == ["Stable", "PreparingRebalance", "Stable"]
+    assert lines[2]["moves"] == []
+
+
+def recorded(state: str) -> GroupView:
+    """A DescribeGroups answer Kafka 4.3.1 gave (tests/data), decoded."""
+    path = Path(__file__).parent / "data" / "describe_groups_kafka_4_3_1.json"
+    entry = json.loads(path.read_text())[state]
+    members = [
+        RawMember(
+            m["member_id"],
+            m["client_id"],
+            m["client_host"],
+            bytes.fromhex(m["metadata"]),
+            bytes.fromhex(m["assignment"]),
+        )
+        for m in entry["members"]
+    ]
+    return describe_bytes(
+        "recapp", entry["state"], entry["protocol_type"], entry["protocol"], members
+    )
+
+
+def test_recorded_stable_answer_decodes_as_the_streams_group() -> None:
+    view = recorded("stable")
+    assert view.readable and view.family == Family.STREAMS and len(view.processes()) == 2
+    assert {t for v in view.processes().values() for t in v.assignment.active} == {
+        TaskId(0, p) for p in range(6)
+    }
+    assert quality(view).problems == ()
+
+
+def test_rebalancing_answer_names_members_and_reads_no_assignment() -> None:
+    """Kafka 4.3.1 answers a group in PreparingRebalance with protocol "" and each member's
+    previous assignment bytes: read as a consumer group they made streams bytes into partitions
+    (garbage task ids, every task a problem). Outside Stable nothing is decoded."""
+    view = recorded("rebalancing")
+    assert view.state == "PreparingRebalance" and not view.readable
+    data = to_json(view, quality(view))
+    assert set(data) == {"group", "state", "protocol_type", "members"}
+    assert [sorted(m) for m in data["members"]] == [["client_host", "client_id", "member_id"]] * 3
+    assert quality(view).problems == () and view.processes() == {} and view.tasks == {}
+    from rich.console import Console
+
+    from streamassign.cli import _print_group
+
+    console = Console(width=80, record=True)
+    _print_group(console, view, quality(view))
+    text = " ".join(console.export_text().split())
+    assert "not readable until it is Stable), 3 member(s)" in text
+    for m in view.members:  # by the id's tail, as the Members table shows it
+        assert f"…{m.member_id[-8:]} aiokafka-0.14.0@127.0.0.1" in text
+    assert "problem" not in text and "Tasks" not in text
+
+
+def test_empty_group_answer_is_its_state_and_no_members() -> None:
+    view = recorded("empty")
+    assert to_json(view, quality(view)) == {
+        "group": "recapp",
+        "state": "Empty",
+        "protocol_type": "consumer",
+        "members": [],
+    }
+
+
+def test_dead_group_listed_by_list_groups_is_named_by_its_protocol() -> None:
+    from streamassign.aiokafka.describe import missing_group
+
+    assert missing_group("g", []) == "group 'g' does not exist"
+    assert missing_group("g", ["consumer"]).startswith(
+        "group 'g' uses the new consumer protocol (KIP-848), not the classic protocol: "
+        "describe reads classic groups only"
+    )
+    assert "share group (KIP-932)" in missing_group("g", ["share"])
+    assert "kafka-streams-groups.sh" in missing_group("g", ["streams"])
+    assert "listed with protocol type 'odd'" in missing_group("g", ["odd"])
+
+
+def printed(view: GroupView) -> str:
+    from rich.console import Console
+
+    from streamassign.cli import _print_group
+
+    console = Console(width=80, record=True)
+    _print_group(console, view, quality(view))
+    return console.export_text()
+
+
+def test_member_error_codes_are_a_line_each_and_a_quality_problem() -> None:
+    """A co-partitioning mistake: the leader sends every member an empty assignment with
+    INCOMPLETE_SOURCE_TOPIC_METADATA and no topic dictionary (0 tasks): balanced over nothing
+    must not read as healthy, and the long code must not fold the Members table."""
+    error = ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
+    raw = [
+        RawMember(
+            f"aiokafka-0.14.0-{k}",
+            "aiokafka-0.14.0",
+            "/10.0.0.1",
+            meta(["customers", "orders"], SubscriptionInfo(pid).encode()),
+            encode_assignment([], AssignmentInfo(frozenset(), error_code=error).encode()),
+        )
+        for k, pid in enumerate(uuid.UUID(f"{d * 8}-0000-0000-0000-000000000000") for d in "ab")
+    ]
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
+    score = quality(view)
+    assert view.tasks == {} and score.metrics.active_balanced  # nothing to balance...
+    (problem,) = score.problems  # ... but the reason is said
+    assert problem.startswith("INCOMPLETE_SOURCE_TOPIC_METADATA reported by 2 processes (")
+    text = printed(view)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 80
+    top = next(k for k, x in enumerate(lines) if x.strip() == "Members")
+    bottom = next(k for k, x in enumerate(lines) if k > top and x.startswith("└"))
+    assert bottom - top <= 4 + 2 * 2  # title, borders, header; at most two lines a member
+    assert "member …0.14.0-0 (process aaaaaaaa): error INCOMPLETE_SOURCE_TOPIC_METADATA" in text
+    assert "problem: INCOMPLETE_SOURCE_TOPIC_METADATA reported by 2 processes" in text
+
+
+def test_subscribed_topics_nobody_is_assigned_are_a_problem() -> None:
+    """An assignor that does not check (Faust's own, aiokafka's range) leaves a missing
+    source topic out without a word."""
+    group = [
+        RawMember(
+            f"m{k}",
+            "c",
+            "h",
+            meta(["clicks", "nosuch"], b""),
+            encode_assignment([TopicPartition("clicks", k)], b""),
+        )
+        for k in range(2)
+    ]
+    score = quality(describe_bytes("app", "Stable", "consumer", "range", group))
+    assert score.problems == (
+        "1 subscribed topic without a partition assigned to any member (missing from the "
+        "cluster?): nosuch",
+    )
+
+
+def test_an_inferred_standby_count_says_so_and_how_to_give_it() -> None:
+    """An app configured for one standby whose standbys are all gone (the group lost them in
+    a rebalance): the inferred count is 0 and '0 / 0' would look fine."""
+    raw = [
+        streams_member("m1", P1, "0_0 0_1 1_0", sums={"0_2": 7}),
+        streams_member("m2", P2, "0_2 0_3 1_1"),
+    ]
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
+    text = " ".join(printed(view).split())
+    assert "standbys placed / required (0 per stateful task, inferred)" in text
+    assert "Pass --standbys R (the app's num_standby_replicas)" in text
+    quality_json = to_json(view, quality(view))["quality"]
+    assert quality_json["num_standby_replicas_inferred"] is True
+    given = quality(view, 1)
+    assert not given.standbys_inferred and given.problems  # ... 0_0 has 0 standbys
+
+
+def test_warmups_in_flight_say_imbalance_is_expected_until_probing() -> None:
+    raw = [
+        streams_member("m1", P1, "0_0 0_1 0_2 0_3 1_0", "", sums={"0_0": 5}),
+        streams_member("m2", P2, "1_1", "", warmup="0_2 0_3"),
+    ]
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
+    assert quality(view).warmups == 2
+    assert "2 warmups in flight" in printed(view)
+    assert "next probing rebalance is expected" in " ".join(printed(view).split())
+    assert "in flight" not in printed(
+        describe_bytes("o", "Stable", "consumer", PROTOCOL_NAME, raw[:1])
+    )
+
+
+def test_consumer_groups_get_no_standby_row() -> None:
+    group = [
+        RawMember(
+            "m0",
+            "c",
+            "h",
+            meta(["clicks"], b""),
+            encode_assignment([TopicPartition("clicks", 0)], b""),
+        )
+    ]
+    text = printed(describe_bytes("app", "Stable", "consumer", "range", group))
+    assert "standbys placed" not in text and "inferred" not in text
+
+
+def test_task_partitions_without_a_topic_dictionary_come_from_the_assignments() -> None:
+    """A ProcessHost leader sends the topic dictionary only when some process has an
+    endpoint; the members' partitions (their actives' source partitions) still tell."""
+    full = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    for layout in (
+        [("m1", P1, "0_0 0_1 1_0"), ("m2", P1, "0_2"), ("m3", P2, "0_3 1_1")],
+        [("m1", P1, "0_0 0_1 0_2 0_3 1_0 1_1")],  # one process: only the counts tell
+    ):
+        raw = [streams_member(m, pid, active, dictionary=False) for m, pid, active in layout]
+        view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+        assert all(not m.topic_dictionary for m in view.members)
+        assert view.tasks == full.tasks
+    # Two subtopologies over the same partition numbers on every process: left out, not
+    # guessed.
+    raw = [streams_member("m1", P1, "0_0 0_1 1_0 1_1", dictionary=False)]
+    tasks = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw).tasks
+    assert set(tasks) == {T(t) for t in ("0_0", "0_1", "1_0", "1_1")}
+    assert set(tasks.values()) == {frozenset()}
+
+
+def test_processes_show_their_endpoint_and_dashes_for_no_tasks() -> None:
+    raw = [
+        streams_member("m1", P1, "0_0 0_1 0_2 0_3 1_0 1_1", sums={"0_0": LATEST_OFFSET}),
+        streams_member("m2", P2, ""),
+    ]
+    text = printed(describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw))
+    assert "(1:80)" in text and "(2:80)" in text  # streams_member's endpoints
+    # m2's row: no actives "0", no standbys and no warmups "-" alike
+    assert re.search(r"│ 1\s+│ 0\s+│ -\s+│ -\s+│", text)
+    assert "none reported" in text  # m2 reported no offset sums

@@ -2,8 +2,10 @@
 describe``).
 
 DescribeGroups returns, for a stable group, each member's metadata and assignment bytes of the
-protocol the coordinator chose. Both are Kafka's ConsumerProtocol (topics / partitions plus user
-data); the user data is what this module decodes, per protocol family:
+protocol the coordinator chose (outside ``Stable`` the bytes are not read: Kafka 4.3 returns
+members' previous bytes with protocol "" during a rebalance). Both are Kafka's ConsumerProtocol
+(topics / partitions plus user data); the user data is what this module decodes, per protocol
+family:
 
 - **streams** — ``ProcessHost`` (``PROTOCOL_NAME``) and the Faust drop-in assignor
   (``"streamassign-faust"``): ``SubscriptionInfo`` / ``AssignmentInfo``, every version.
@@ -31,7 +33,7 @@ import asyncio
 import enum
 import json
 import zlib
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -48,6 +50,7 @@ from ..errors import GroupDescribeError, ProtocolError, UserDataError
 from ..explain import ClientView, local_state
 from ..metrics import AssignmentMetrics, evaluate, violations
 from ..protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
+from ..text import counted
 from .consumer import ASSIGNORS
 from .streams import PROTOCOL_NAME
 
@@ -58,6 +61,9 @@ FAUST_PROTOCOL_NAME = "streamassign-faust"
 FAUST_CAPACITY_TAG = "streamassign.capacity"
 #: Faust's own assignor (``faust.assignor.PartitionAssignor.name``).
 FAUST_OWN_PROTOCOL_NAME = "faust"
+
+#: The one group state whose members' bytes are the current subscriptions and assignment.
+STABLE = "Stable"
 
 #: Faust's assignment JSON is zlib-compressed; inflating more than this is a bomb, not a group.
 _MAX_INFLATED = 64 * 1024 * 1024
@@ -143,6 +149,11 @@ class GroupView:
     members: tuple[MemberView, ...]
     tasks: Mapping[TaskId, frozenset[TopicPartition]]
 
+    @property
+    def readable(self) -> bool:
+        """Whether members' bytes are the group's assignment: only in state ``Stable``."""
+        return self.state == STABLE
+
     def processes(self) -> dict[str, ClientView]:
         """The assignment per process (``explain``'s input), undecodable members left out.
         Capacity: the largest weight a member declares, else the process's member count."""
@@ -167,6 +178,16 @@ class GroupView:
         (``streamassign.explain.local_state``)."""
         by_process = self.members_by_process()
         return local_state((pid, m.offset_sums) for pid, ms in by_process.items() for m in ms)
+
+    def endpoints(self) -> dict[str, str]:
+        """Each process's endpoint where it has one other than its id (a Faust worker's URL
+        is its process already)."""
+        out = {}
+        for pid, members in self.members_by_process().items():
+            endpoint = next((m.endpoint for m in members if m.endpoint), None)
+            if endpoint and endpoint != pid:
+                out[pid] = endpoint
+        return out
 
     def members_by_process(self) -> dict[str, list[MemberView]]:
         """Decoded members with metadata, by process."""
@@ -318,12 +339,19 @@ def describe_bytes(
     members: Iterable[RawMember],
     cache: dict[tuple[str, RawMember], MemberView] | None = None,
 ) -> GroupView:
-    """The group as DescribeGroups returned it, every member decoded (pure, never raises).
+    """The group as DescribeGroups returned it, every member decoded (pure, never raises);
+    outside ``Stable`` only the members' ids and clients (``GroupView.readable``).
 
     ``cache`` keeps decoded members between calls (``follow``): between rebalances nothing
     changes, and a streams assignment's host section costs about 2 ms per member to read
     (600 tasks), so polling a 400-member group would decode for a second every second."""
     family = family_of(protocol)
+    if state != STABLE:
+        # Outside Stable the bytes are not the group's assignment: Kafka 4.3 answers a group
+        # in PreparingRebalance with each member's previous bytes and protocol "", which read
+        # as a consumer group with streams bytes for partitions. Members are named, no more.
+        unread = (MemberView(m.member_id, m.client_id, m.client_host, m.member_id) for m in members)
+        return GroupView(group, state, protocol_type, protocol, family, tuple(unread), {})
     decoded = []
     fresh: dict[tuple[str, RawMember], MemberView] = {}
     for raw in members:
@@ -337,7 +365,7 @@ def describe_bytes(
     if family == Family.CONSUMER:
         decoded, tasks = _consumer_tasks(decoded)
     else:
-        tasks = _task_partitions(decoded)
+        tasks = _task_partitions(decoded, infer_sources=protocol == PROTOCOL_NAME)
     return GroupView(group, state, protocol_type, protocol, family, tuple(decoded), tasks)
 
 
@@ -360,10 +388,21 @@ def _consumer_tasks(
     return out, dict(sorted(tasks.items()))
 
 
-def _task_partitions(members: Iterable[MemberView]) -> dict[TaskId, frozenset[TopicPartition]]:
+def _task_partitions(
+    members: Sequence[MemberView], infer_sources: bool = False
+) -> dict[TaskId, frozenset[TopicPartition]]:
     """Every task the members' dictionaries (or assignments) name, with its source partitions:
-    the streams topic dictionary, or Faust's topic groups over the partitions assigned."""
+    the streams topic dictionary, or Faust's topic groups over the partitions assigned. A
+    ``ProcessHost`` leader sends the dictionary only when some process has an endpoint; with
+    ``infer_sources`` the partitions then come from the members' assignments
+    (``_source_subtopologies``)."""
     parts: dict[TaskId, set[TopicPartition]] = {}
+    if infer_sources and not any(m.topic_dictionary for m in members):
+        sources = _source_subtopologies(members)
+        for m in members:
+            for tp in m.partitions:
+                if tp.topic in sources:
+                    parts.setdefault(TaskId(sources[tp.topic], tp.partition), set()).add(tp)
     counts = {
         (sub, topic, n)
         for m in members
@@ -381,6 +420,32 @@ def _task_partitions(members: Iterable[MemberView]) -> dict[TaskId, frozenset[To
         for t in m.active | m.standby | m.warmup:
             parts.setdefault(t, set())
     return {t: frozenset(parts[t]) for t in sorted(parts)}
+
+
+def _source_subtopologies(members: Iterable[MemberView]) -> dict[str, int]:
+    """Each source topic's subtopology, from assignments alone: a ProcessHost member's
+    partitions are exactly its actives' source partitions, so topic ``t`` can belong to
+    subtopology ``s`` only if every member holding ``t``-``p`` runs active ``s_p``, and only
+    if ``t``'s partitions are ``s``'s task partitions (co-partitioning). Topics left
+    ambiguous are left out."""
+    candidates: dict[str, set[int]] = {}
+    topic_partitions: dict[str, set[int]] = {}
+    task_partitions: dict[int, set[int]] = {}
+    for m in members:
+        running: dict[int, set[int]] = {}
+        for t in m.active:
+            running.setdefault(t.partition, set()).add(t.subtopology)
+            task_partitions.setdefault(t.subtopology, set()).add(t.partition)
+        for tp in m.partitions:
+            here = running.get(tp.partition, set())
+            candidates[tp.topic] = candidates.get(tp.topic, here) & here
+            topic_partitions.setdefault(tp.topic, set()).add(tp.partition)
+    out = {}
+    for topic, subs in candidates.items():
+        fits = [s for s in subs if task_partitions[s] == topic_partitions[topic]]
+        if len(fits) == 1:
+            out[topic] = fits[0]
+    return out
 
 
 # -- quality -----------------------------------------------------------------------------------
@@ -409,6 +474,12 @@ class GroupQuality:
     problems: tuple[str, ...]
     #: Standbys on the rack of their task's active (``None``: no process reports a rack).
     standbys_on_active_rack: int | None = None
+    #: ``num_standby_replicas`` was not given but inferred (the most standbys any task has):
+    #: the configured count is in no member's bytes, so lost standbys can hide.
+    standbys_inferred: bool = False
+    #: Warmup tasks in flight (HA assignor): actives stay on caught-up processes until the
+    #: next probing rebalance, so imbalance until then is by design.
+    warmups: int = 0
 
 
 def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQuality:
@@ -438,10 +509,65 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
         only = {pid: ClientAssignment(a.active & own) for pid, a in assignment.items()}
         balanced = evaluate(own, clients, only).active_balanced if clients else not own
         balance.append(SubtopologyBalance(sub, len(own), min(counts), max(counts), balanced))
-    problems = violations(tasks, clients, assignment, replicas, stateful)
+    problems = [
+        *_member_errors(view),
+        *_unassigned_topics(view),
+        *violations(tasks, clients, assignment, replicas, stateful),
+    ]
     return GroupQuality(
-        metrics, tuple(balance), replicas, stateful, tuple(problems), _same_rack(view)
+        metrics,
+        tuple(balance),
+        replicas,
+        stateful,
+        tuple(problems),
+        _same_rack(view),
+        standbys_inferred=num_standby_replicas is None,
+        warmups=sum(len(a.warmup) for a in assignment.values()),
     )
+
+
+#: What a member's error code means for the operator (``streamassign.errors.ErrorCode``).
+_ERROR_MEANING = {
+    "INCOMPLETE_SOURCE_TOPIC_METADATA": (
+        "source or repartition topics missing or not co-partitioned; the group leader's log "
+        "names the topics and counts"
+    ),
+    "ASSIGNMENT_ERROR": "the leader could not assign; its log says why",
+    "SHUTDOWN_REQUESTED": "a member asked the group to shut down",
+}
+
+
+def _member_errors(view: GroupView) -> list[str]:
+    """One problem per error code members report: their assignment is empty for a reason
+    (balance and coverage over no tasks would otherwise read as healthy)."""
+    by_error: dict[str, set[str]] = {}
+    for m in view.members:
+        if m.undecodable is None and m.error not in ("", "NONE"):
+            by_error.setdefault(m.error, set()).add(m.process)
+    return [
+        f"{error} reported by {counted(len(pids), 'process', 'processes')} "
+        f"({', '.join(sorted(pids)[:3])}{', ...' if len(pids) > 3 else ''})"
+        + (f": {_ERROR_MEANING[error]}" if error in _ERROR_MEANING else "")
+        for error, pids in sorted(by_error.items())
+    ]
+
+
+def _unassigned_topics(view: GroupView) -> list[str]:
+    """Subscribed topics no member is assigned a partition of: missing from the cluster (an
+    assignor that does not check, such as Faust's own, leaves them out silently) or without
+    partitions."""
+    decoded = [m for m in view.members if m.undecodable is None]
+    if any(m.error not in ("", "NONE") for m in decoded):
+        return []  # an error code empties assignments: _member_errors says why
+    subscribed = {t for m in decoded for t in m.topics}
+    assigned = {tp.topic for m in decoded for tp in m.partitions}
+    missing = sorted(subscribed - assigned)
+    if not missing:
+        return []
+    return [
+        f"{counted(len(missing), 'subscribed topic')} without a partition assigned to any "
+        f"member (missing from the cluster?): {', '.join(missing)}"
+    ]
 
 
 def _same_rack(view: GroupView) -> int | None:
@@ -485,7 +611,18 @@ _HISTORY = frozenset(
 
 
 def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
-    """The group for scripts; its ``assignment`` table is what ``explain``/``diff`` read."""
+    """The group for scripts; its ``assignment`` table is what ``explain``/``diff`` read.
+    Outside ``Stable``: the group, its state and members (ids, clients), no assignment."""
+    if not view.readable:
+        return {
+            "group": view.group,
+            "state": view.state,
+            "protocol_type": view.protocol_type,
+            "members": [
+                {"member_id": m.member_id, "client_id": m.client_id, "client_host": m.client_host}
+                for m in view.members
+            ],
+        }
     processes = view.processes()
     by_process = view.members_by_process()
     return {
@@ -512,6 +649,8 @@ def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
             **{k: v for k, v in attrs.asdict(score.metrics).items() if k not in _HISTORY},
             "standby_coverage": score.metrics.standby_coverage,
             "num_standby_replicas": score.num_standby_replicas,
+            "num_standby_replicas_inferred": score.standbys_inferred,
+            "warmups": score.warmups,
             "standbys_on_active_rack": score.standbys_on_active_rack,
             "balanced_per_subtopology": {
                 str(b.subtopology): b.balanced for b in score.per_subtopology
@@ -624,7 +763,7 @@ class _Admin:
             raise GroupDescribeError(f"cannot describe group {group!r}: {_reason(exc)}") from exc
         (entry,) = response.to_object()["groups"]
         if entry["error_code"] == _GROUP_ID_NOT_FOUND or entry["state"] == "Dead":
-            raise GroupDescribeError(f"group {group!r} does not exist")
+            raise GroupDescribeError(missing_group(group, await self._listed_types(group)))
         if entry["error_code"]:
             name = for_code(entry["error_code"]).__name__
             raise GroupDescribeError(f"cannot describe group {group!r}: {name}")
@@ -641,6 +780,42 @@ class _Admin:
         return describe_bytes(
             group, entry["state"], entry["protocol_type"], entry["protocol"], members, cache
         )
+
+    async def _listed_types(self, group: str) -> set[str]:
+        """The protocol types ListGroups lists ``group`` with (none: it does not exist, or
+        the listing failed, which then says no more than DescribeGroups did)."""
+        try:
+            listed = await asyncio.wait_for(
+                self.client.list_consumer_groups(), self.connection.timeout_s
+            )
+        except Exception:  # best effort: only to word the error better
+            return set()
+        return {str(protocol_type) for name, protocol_type in listed if name == group}
+
+
+#: What a group ListGroups lists but DescribeGroups calls Dead is, by its protocol type, and
+#: Kafka's tool that reads it.
+_NOT_CLASSIC = {
+    "consumer": ("uses the new consumer protocol (KIP-848)", "kafka-consumer-groups.sh"),
+    "streams": ("uses the streams rebalance protocol (KIP-1071)", "kafka-streams-groups.sh"),
+    "share": ("is a share group (KIP-932)", "kafka-share-groups.sh"),
+}
+
+
+def missing_group(group: str, listed_types: Iterable[str]) -> str:
+    """Why DescribeGroups found no ``group`` (state Dead), given the protocol types ListGroups
+    lists it with: Kafka 4 answers Dead for a group that is not a classic group, which exists
+    all the same (DescribeGroups reads classic groups only)."""
+    types = sorted(set(listed_types))
+    if not types:
+        return f"group {group!r} does not exist"
+    what, tool = _NOT_CLASSIC.get(
+        types[0], (f"is listed with protocol type {types[0]!r}", "kafka-consumer-groups.sh")
+    )
+    return (
+        f"group {group!r} {what}, not the classic protocol: describe reads classic groups only "
+        f"({tool} --describe reads this one)"
+    )
 
 
 def _reason(exc: BaseException) -> str:
@@ -659,7 +834,7 @@ async def follow(
     connection: Connection, group: str, interval_s: float = 1.0
 ) -> AsyncIterator[GroupView]:
     """Poll ``group`` every ``interval_s`` and yield each view whose state or assignment
-    differs from the last one yielded (the first view too). Members' bytes are only returned
+    differs from the last one yielded (the first view too). Members' bytes are only read
     for a stable group, so a rebalance shows as a state change, then the new assignment. A
     failure after the first view is a view without members whose state says why."""
     last: tuple[str, dict[str, ClientView]] | None = None

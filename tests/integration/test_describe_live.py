@@ -29,7 +29,7 @@ from streamassign import PartitionGrouper, TaskId, TopicPartition
 from streamassign.aiokafka.describe import Connection, Family, GroupView, fetch_group, quality
 from streamassign.cli import main
 
-from .conftest import GroupIdFactory, TopicFactory
+from .conftest import GroupIdFactory, TopicFactory, kafka_script
 from .faust_cluster import FaustCluster
 from .procs import ROOT
 from .test_consumer_group import Group
@@ -123,6 +123,30 @@ def test_process_host_group_described(
     missing = runner.invoke(main, ["describe", "no-such-group", "-b", kafka_bootstrap])
     assert missing.exit_code == 1
     assert missing.output == "Error: group 'no-such-group' does not exist\n"
+    for options in ((), ("--json",)):
+        assert_watch_ends_with_its_reader(kafka_bootstrap, app.topology.name, options)
+
+
+def assert_watch_ends_with_its_reader(bootstrap: str, group: str, options: tuple[str, ...]) -> None:
+    """``describe --watch | grep -q Stable``: once the reader has what it wanted and is gone,
+    the watch ends with status 0 although the group stays quiet (nothing more to print)."""
+    watch_options = ("--watch", "--interval", "0.3", *options)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamassign", "describe", group, "-b", bootstrap, *watch_options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdout is not None
+    try:
+        while "Stable" not in (line := proc.stdout.readline()):
+            assert line, "the watch ended before it printed a stable group"
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        proc.kill()
+    assert (proc.returncode, err) == (0, "")
 
 
 def watch(bootstrap: str, group: str) -> tuple[subprocess.Popen[str], queue.Queue[dict[str, Any]]]:
@@ -272,7 +296,8 @@ def test_faust_app_described(
         if assignor == "faust":  # Faust's worker URL is its process
             urls = {f"http://127.0.0.1:{port}" for port in cluster.ports.values()}
             assert set(view.processes()) == urls
-        assert not [p for p in quality(view).problems if "actives" in p]
+        problems = quality(view).problems
+        assert not [p for p in problems if "actives" in p or "subscribed topic" in p]
     finally:
         cluster.close()
 
@@ -295,3 +320,40 @@ def test_member_with_garbage_user_data_is_shown_undecodable(
     result = CliRunner().invoke(main, ["describe", app.topology.name, "-b", kafka_bootstrap])
     assert result.exit_code == 0
     assert "undecodable: subscription: " in " ".join(result.output.split())  # lines wrap
+
+
+def test_group_on_the_new_consumer_protocol_is_named_not_missing(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory, kafka_group_id_factory: GroupIdFactory
+) -> None:
+    """Kafka 4 answers DescribeGroups for a KIP-848 group with state Dead, as for no group at
+    all; describe must say what it is (ListGroups lists it), not that it does not exist."""
+    script = kafka_script()
+    try:
+        java, classpath = script.find_java(), script.install(log=lambda _: None).classpath
+    except script.KafkaScriptError as exc:  # an external broker on a machine without Kafka
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no Java consumer: {exc}")
+    topic, group = kafka_topic_factory(2), kafka_group_id_factory("new-protocol")
+    source = Path(__file__).parent / "NewProtocolConsumer.java"
+    proc = subprocess.Popen(
+        [java, "-cp", classpath, str(source), kafka_bootstrap, group, topic],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        # Blocking reads are bounded: the consumer prints after every 300 ms poll.
+        while "-0" not in (line := proc.stdout.readline()):  # a partition is assigned
+            assert line, "the Java consumer ended"
+        result = CliRunner().invoke(main, ["describe", group, "-b", kafka_bootstrap])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.exit_code == 1
+    assert result.output == (
+        f"Error: group {group!r} uses the new consumer protocol (KIP-848), not the classic "
+        "protocol: describe reads classic groups only (kafka-consumer-groups.sh --describe "
+        "reads this one)\n"
+    )
