@@ -2002,6 +2002,19 @@ def plan_standbys(
     _exit_if_missed(target, plan)
 
 
+def _fleet_line(model: Any) -> str:
+    """The fleet the traces model: the recommendation holds for that fleet, and the default
+    (3-6 processes) is rarely the operator's own."""
+    start = f"{model.min_initial_clients}-{model.max_initial_clients}"
+    if model.min_initial_clients == model.max_initial_clients:
+        start = str(model.min_initial_clients)
+    return (
+        f"fleet modelled: {start} processes at the start, {model.min_clients}-"
+        f"{model.max_clients} as they scale (yours: --param min_initial_clients=N --param "
+        "max_initial_clients=N, N from streamassign describe; min_clients, max_clients)"
+    )
+
+
 def _exit_if_missed(target: float | None, plan: Mapping[str, Any]) -> None:
     """Exit with :data:`TARGET_MISSED_EXIT` (and a note) when the plan's recommendation
     misses ``target`` (``recommend`` said so)."""
@@ -2149,6 +2162,7 @@ def _print_plan(
     console.print(f"recommended: {plan['why']}")
     for line in plan["knobs"]:
         console.print(f"  {line}")
+    click.echo(_fleet_line(job.model))
     # Plain lines (not rich's, which wrap at the log's width): paths and commands to copy.
     if out is not None:
         click.echo(f"written: {out / 'plan.csv'}, {out / 'plan.json'}")

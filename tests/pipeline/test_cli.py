@@ -90,6 +90,7 @@ def test_plan_standbys_prints_a_recommendation(
     table = out[out.index("Standby plans") : out.index("recommended: ")]
     assert max(len(line) for line in table.splitlines()) <= 80
     assert "outage of num_standby_replicas=" in out  # what the outage is made of
+    assert "fleet modelled: 3-6 processes at the start, 2-10 as they scale" in out
     assert "evaluating standby candidates" in out and "Spark tasks" in out
     assert f"next: streamassign simulate {ORDERS} --standbys " in out
     plan = json.loads((tmp_path / "plan.json").read_text())
