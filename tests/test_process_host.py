@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+from aiokafka.errors import KafkaConnectionError
 
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import ProcessHost, TaskListener
+from streamassign.errors import ErrorCode
 from streamassign.localstate import StateDirectory, StateDirectoryLockedError
 from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 
@@ -197,3 +203,96 @@ def test_leader_racks_come_from_the_cluster_metadata_and_never_fail_the_assignme
     )
     assert _leader_racks(cluster, {"orders": 2}) == {TopicPartition("orders", 0): "east"}
     assert _leader_racks(SimpleNamespace(), {"orders": 2}) == {}  # unreadable: no hint
+
+
+class MetadataClient:
+    """What ``MetadataWatch`` and ``refresh_metadata`` reach: the client's forced refreshes
+    (counted) and its cluster metadata (``known`` topics have 1 partition)."""
+
+    def __init__(self, known: set[str]) -> None:
+        self.refreshes = 0
+        self.known = known
+        self.cluster = self
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return {0} if topic in self.known else None
+
+    def add_topic(self, topic: str) -> None: ...
+
+    def force_metadata_update(self) -> None:
+        self.refreshes += 1
+
+
+class StubConsumer:
+    def __init__(self, known: set[str]) -> None:
+        self._client = MetadataClient(known)
+        self._coordinator = SimpleNamespace(request_rejoin=lambda: None)
+
+    async def stop(self) -> None: ...
+
+
+def test_missing_topics_are_logged_once_and_their_metadata_refetched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Answers of INCOMPLETE_SOURCE_TOPIC_METADATA: one ERROR line naming the topic this
+    consumer lacks too (not one per retry); its metadata re-fetched, and again at each join
+    (a leader waits for that refresh before assigning); one INFO line when tasks arrive."""
+    topology = Topology([Subtopology(0, ["in"]), Subtopology(1, ["gone"])], name="app")
+    h = ProcessHost(topology, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    consumer = StubConsumer({"in"})
+    h.consumers.append(consumer)  # type: ignore[arg-type]
+    assignor = h.assignors[0]
+    assignor.rejoiner.bind(consumer)
+    incomplete = AssignmentInfo(error_code=ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA).encode()
+
+    async def scenario() -> tuple[int, int, int]:
+        for _ in range(3):
+            assignor.on_assignment(ConsumerProtocolMemberAssignment(0, [], incomplete))
+        assert assignor.metadata_watch.topics == {"gone"}
+        watched = consumer._client.refreshes
+        assignor.metadata(["gone", "in"])
+        joined = consumer._client.refreshes
+        consumer._client.known.add("gone")
+        assignor.on_assignment(ConsumerProtocolMemberAssignment(0, [], AssignmentInfo().encode()))
+        assignor.metadata(["gone", "in"])
+        after = consumer._client.refreshes
+        assert assignor.metadata_watch._timer is None  # tasks came: no more re-fetches
+        await h.stop()
+        return watched, joined, after
+
+    with caplog.at_level(logging.DEBUG, "streamassign.aiokafka"):
+        watched, joined, after = asyncio.run(scenario())
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert "INCOMPLETE_SOURCE_TOPIC_METADATA" in errors[0]
+    assert "source topics missing here too: gone" in errors[0]
+    assert watched == 1  # the watch started once, not again at each retry
+    assert joined == watched + 1 and after == joined  # only a member in error refreshes
+    assert "tasks assigned after 3 rebalance(s) answered INCOMPLETE" in caplog.text
+
+
+class Remembering(list[Any]):
+    """A list that also keeps every item ever appended in ``seen``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[Any] = []
+
+    def append(self, item: Any) -> None:
+        self.seen.append(item)
+        super().append(item)
+
+
+def test_a_failed_start_stops_the_consumers_it_started(tmp_path: Path) -> None:
+    """No broker answers: start raises aiokafka's error and leaves no consumer open."""
+    h = ProcessHost(TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    consumers = Remembering()
+    h.consumers = consumers
+
+    async def scenario() -> None:
+        with pytest.raises(KafkaConnectionError):
+            await h.start()
+
+    asyncio.run(scenario())
+    assert len(consumers.seen) == 2 and all(c._closed for c in consumers.seen)
+    assert h.consumers == []

@@ -1,5 +1,6 @@
-"""The one place that touches aiokafka internals: asking the group coordinator to rejoin, and
-reading the member id and generation it holds.
+"""The one place that touches aiokafka internals: asking the group coordinator to rejoin,
+reading the member id and generation it holds, refreshing a consumer's cluster metadata, and
+waiting for a consumer's next assignment.
 
 aiokafka (0.11-0.14) has no public way for a member to start a rebalance. Its
 ``GroupCoordinator.request_rejoin()`` does it, reached through ``consumer._coordinator`` — both
@@ -7,6 +8,12 @@ unchanged across the supported range. It must be called after SyncGroup (from
 ``on_assignment`` or later): a call made during the join is discarded when aiokafka resets its
 rejoin future. A follower must also change its subscription user data, or the broker hands it
 the current generation back without a rebalance; the assignors' ``join_epoch`` does that.
+
+aiokafka fetches metadata of subscribed topics when the subscription changes and then only every
+``metadata_max_age_ms`` (5 min by default): a topic created later stays unknown that long, and a
+rejoin does not refresh it (the topics did not change). ``MetadataWatch`` re-fetches it with
+growing pauses through the consumer's client (``consumer._client``); aiokafka's leader rejoins by
+itself when a refresh changes the partition count of a subscribed topic (0 -> n).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import asyncio
 import logging
 import time
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 log = logging.getLogger("streamassign.aiokafka")
@@ -40,6 +48,86 @@ def membership(consumer: Any) -> tuple[str, int] | None:
     if not isinstance(member_id, str) or not isinstance(generation, int):
         return None
     return member_id, generation
+
+
+def refresh_metadata(consumer: Any) -> bool:
+    """Start a refresh of ``consumer``'s cluster metadata (it runs in the background); False
+    when it cannot. A leader that joins while one is under way waits for it before it assigns
+    (aiokafka's ``_perform_assignment``), so it sees topics created since its last refresh
+    instead of those of up to ``metadata_max_age_ms`` (5 min by default) ago."""
+    client = getattr(consumer, "_client", None)
+    force = getattr(client, "force_metadata_update", None)
+    if force is None:
+        return False
+    force()
+    return True
+
+
+def next_assignment(consumer: Any) -> asyncio.Future[None] | None:
+    """A future done at ``consumer``'s next assignment (failing if its group coordinator
+    stops on an unexpected error): what ``AIOKafkaConsumer.start()`` awaits when it was
+    subscribed before; None when it cannot be had. Ask before ``subscribe`` so that the
+    first assignment cannot slip by."""
+    subscription = getattr(consumer, "_subscription", None)
+    wait = getattr(subscription, "wait_for_assignment", None)
+    if wait is None:
+        return None
+    future: asyncio.Future[None] = wait()
+    return future
+
+
+def unsized(consumer: Any, topics: Iterable[str]) -> frozenset[str]:
+    """Those of ``topics`` the consumer's client has no partitions of (all when unknown)."""
+    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
+    if cluster is None:
+        return frozenset(topics)
+    return frozenset(t for t in topics if not cluster.partitions_for_topic(t))
+
+
+class MetadataWatch:
+    """Re-fetches metadata after ``first``, then doubling pauses up to ``longest`` seconds,
+    until the client knows every watched topic; ``watch`` replaces what is watched."""
+
+    def __init__(self, first: float = 0.5, longest: float = 10.0) -> None:
+        self._first, self._longest = first, longest
+        self._timer: asyncio.TimerHandle | None = None
+        self.topics: frozenset[str] = frozenset()
+
+    def watch(self, consumer: Any, topics: Iterable[str]) -> None:
+        """Watch ``topics`` (nothing: stop) on ``consumer``'s client; refreshes right away."""
+        self.cancel()
+        self.topics = frozenset(topics)
+        if self.topics:
+            self._refresh(consumer, self._first)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _refresh(self, consumer: Any, pause: float) -> None:
+        client: Any = getattr(consumer, "_client", None)
+        if getattr(client, "force_metadata_update", None) is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop to wait on (unit tests call the assignor directly)
+            return
+        for topic in sorted(self.topics):
+            client.add_topic(topic)  # tracked (a member may not subscribe to it yet)
+        client.force_metadata_update()
+        self._timer = loop.call_later(pause, self._check, consumer, pause)
+
+    def _check(self, consumer: Any, pause: float) -> None:
+        self._timer = None
+        missing = unsized(consumer, self.topics)
+        if not missing:
+            log.info("metadata of %s arrived", sorted(self.topics))
+            self.topics = frozenset()
+            return
+        self.topics = missing
+        log.debug("still no metadata for %s; asking again", sorted(missing))
+        self._refresh(consumer, min(pause * 2, self._longest))
 
 
 class Rejoiner:
@@ -90,7 +178,10 @@ class Rejoiner:
         return self.after(max(0.0, epoch_ms / 1000 - time.time()))
 
     def failed(self) -> float:
-        """Count a failed rebalance and schedule the retry; returns the delay."""
+        """Count a failed rebalance and schedule the retry; returns the delay. The retry
+        replaces one an earlier failure scheduled: each retry starts a rebalance, and stale
+        ones would add rebalances that every member answers with yet another retry."""
+        self.cancel()
         self.failures += 1
         delay: float = min(self._backoff[0] * 2.0 ** (self.failures - 1), self._backoff[1])
         self.after(delay)

@@ -49,7 +49,14 @@ from ..streams import (
     decode_subscriptions,
 )
 from ..topology import Topology
-from .rejoin import Rejoiner, membership
+from .rejoin import (
+    MetadataWatch,
+    Rejoiner,
+    membership,
+    next_assignment,
+    refresh_metadata,
+    unsized,
+)
 from .wire import encode_assignment
 
 log = logging.getLogger("streamassign.aiokafka")
@@ -95,6 +102,9 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self.host = host
         self.index = index
         self.rejoiner = Rejoiner()
+        #: Re-fetches metadata of source topics this consumer's client does not know while
+        #: the leader answers INCOMPLETE_SOURCE_TOPIC_METADATA (see ``_wait_for_topics``).
+        self.metadata_watch = MetadataWatch()
         #: Changes only when this consumer wants a rebalance (``rejoin_now``, a failed
         #: assignment): a follower rejoining with unchanged metadata gets the current generation
         #: back without a rebalance, which is what aiokafka's own rejoins (e.g. after a commit
@@ -130,6 +140,11 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             latest_supported_version=self.host.max_version,
         )
         self._sent_error = info.error_code
+        if self.index in self.host.errors and self.index < len(self.host.consumers):
+            # The last answer was an error code (missing topics, wrong partition counts...):
+            # fresh metadata now, which this consumer, if it leads this round, waits for before
+            # it assigns, so a repair made since is seen without waiting metadata_max_age_ms.
+            refresh_metadata(self.host.consumers[self.index])
         return ConsumerProtocolMemberMetadata(0, sorted(topics), info.encode())
 
     def assign(
@@ -221,16 +236,12 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 self.host.shutdown_requested = True
                 return
             self._join_epoch += 1  # the retry must start a rebalance
-            delay = self.rejoiner.failed()
-            log.error(
-                "consumer %d: the leader sent %s instead of tasks; rejoining in %.0f s",
-                self.index,
-                info.error_code.name,
-                delay,
-            )
+            self._report_error(info.error_code, self.rejoiner.failed())
             self.host.errors[self.index] = info.error_code
             return
+        self._report_recovery()
         self.rejoiner.succeeded()
+        self.metadata_watch.cancel()
         self.host.errors.pop(self.index, None)
         self.host.host_info = info
         # Version probing: follow the leader down at once; going up needs one more rebalance
@@ -245,6 +256,54 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             log.info("protocol version upgraded to %d; rejoining", self.version)
             self.rejoin_now()
         self._schedule(info.next_rebalance_ms)
+
+    def _report_error(self, code: ErrorCode, delay: float) -> None:
+        """One ERROR line when the leader's answer turns to ``code``; the same answer again
+        only at DEBUG (the retries back off to 30 s, and the leader logs its cause each time)."""
+        missing = (
+            self._wait_for_topics() if code == ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA else ()
+        )
+        if self.host.errors.get(self.index) == code:
+            log.debug("consumer %d: %s again; rejoining in %.0f s", self.index, code.name, delay)
+            return
+        detail = (
+            f"; source topics missing here too: {', '.join(missing)} (re-fetching their metadata "
+            "until they exist)"
+            if missing
+            else ""
+        )
+        log.error(
+            "consumer %d: the leader sent %s instead of tasks%s; nothing assigned meanwhile, "
+            "rejoining in %.0f s, then with growing backoff up to 30 s (repeats logged at DEBUG)",
+            self.index,
+            code.name,
+            detail,
+            delay,
+        )
+
+    def _wait_for_topics(self) -> tuple[str, ...]:
+        """Source topics this consumer's client has no partitions of, watched until it has
+        (the watch goes on across retries; restarting it at each would re-fetch more often)."""
+        consumer = (
+            self.host.consumers[self.index] if self.index < len(self.host.consumers) else None
+        )
+        if consumer is None:
+            return ()
+        missing = unsized(consumer, self.host.topology.source_topics)
+        if missing != self.metadata_watch.topics:
+            self.metadata_watch.watch(consumer, missing)
+        return tuple(sorted(missing))
+
+    def _report_recovery(self) -> None:
+        """A line when tasks arrive after error answers (the ERROR line said they stopped)."""
+        code = self.host.errors.get(self.index)
+        if code is not None:
+            log.info(
+                "consumer %d: tasks assigned after %d rebalance(s) answered %s",
+                self.index,
+                self.rejoiner.failures,
+                code.name,
+            )
 
     def rejoin_now(self) -> bool:
         """Start a rebalance from this consumer: a new join nonce, so that the rejoin starts
@@ -495,9 +554,14 @@ class ProcessHost:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create, subscribe and start the consumers (their first rebalance runs meanwhile)."""
-        topics = sorted(self.topology.source_topics)
-        for i, assignor in enumerate(self.assignors):
+        """Create and start the consumers, then subscribe them; returns once each has had its
+        first assignment (tasks, or an error code such as INCOMPLETE_SOURCE_TOPIC_METADATA).
+
+        Subscribed before ``start``, aiokafka would first wait for every source topic to exist
+        (re-fetching metadata every ``retry_backoff_ms``, logging each miss) and fail after
+        ``request_timeout_ms`` without ever joining; subscribed after, a missing topic is the
+        leader's to report. A failed start stops the consumers it started."""
+        for assignor in self.assignors:
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap_servers,
                 group_id=self.application_id,
@@ -506,9 +570,26 @@ class ProcessHost:
                 **self.consumer_config,
             )
             assignor.rejoiner.bind(consumer)
-            consumer.subscribe(topics, listener=_Listener(self, i))
             self.consumers.append(consumer)
-        await asyncio.gather(*(c.start() for c in self.consumers))
+        try:
+            await asyncio.gather(*(c.start() for c in self.consumers))
+            await self._subscribe()
+        except BaseException:
+            await asyncio.gather(*(c.stop() for c in self.consumers), return_exceptions=True)
+            self.consumers.clear()
+            raise
+
+    async def _subscribe(self) -> None:
+        """Subscribe every started consumer to the source topics; wait for their first
+        assignments."""
+        topics = sorted(self.topology.source_topics)
+        first: list[asyncio.Future[None]] = []
+        for i, consumer in enumerate(self.consumers):
+            waiter = next_assignment(consumer)  # asked before subscribing: none slips by
+            consumer.subscribe(topics, listener=_Listener(self, i))
+            if waiter is not None:
+                first.append(waiter)
+        await asyncio.gather(*first)
 
     def begin_stop(self) -> None:
         """Mark the process as stopping (``stop`` does too): from now on an assignment only
@@ -526,6 +607,7 @@ class ProcessHost:
         for assignor in self.assignors:
             assignor.cancel_probe()
             assignor.rejoiner.cancel()
+            assignor.metadata_watch.cancel()
         await asyncio.gather(*(c.stop() for c in self.consumers), return_exceptions=True)
         self.consumers.clear()
         self.state.close()

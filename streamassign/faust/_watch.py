@@ -1,6 +1,7 @@
 """What a Faust worker's consumer needs that neither aiokafka nor Faust does: re-fetching
-metadata of subscribed topics it has none of (``MetadataWatch``), and taking the fatal join
-errors aiokafka keeps for its user (``JoinErrors``).
+metadata of subscribed topics it has none of (``MetadataWatch``, shared with ``ProcessHost`` and
+defined in ``streamassign.aiokafka.rejoin``), and taking the fatal join errors aiokafka keeps for
+its user (``JoinErrors``).
 
 aiokafka fetches metadata of its subscribed topics when the subscription changes and then only
 every ``metadata_max_age_ms`` (Faust: 5 minutes): a topic that did not exist yet at the
@@ -19,64 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
 from typing import Any
 
+from ..aiokafka.rejoin import MetadataWatch, unsized
+
+__all__ = ["JoinErrors", "MetadataWatch", "unsized"]
+
 log = logging.getLogger("streamassign.faust")
-
-
-def unsized(consumer: Any, topics: Iterable[str]) -> frozenset[str]:
-    """Those of ``topics`` the consumer's client has no partitions of (all when unknown)."""
-    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
-    if cluster is None:
-        return frozenset(topics)
-    return frozenset(t for t in topics if not cluster.partitions_for_topic(t))
-
-
-class MetadataWatch:
-    """Re-fetches metadata after ``first``, then doubling pauses up to ``longest`` seconds,
-    until the client knows every watched topic; ``watch`` replaces what is watched."""
-
-    def __init__(self, first: float = 0.5, longest: float = 10.0) -> None:
-        self._first, self._longest = first, longest
-        self._timer: asyncio.TimerHandle | None = None
-        self.topics: frozenset[str] = frozenset()
-
-    def watch(self, consumer: Any, topics: Iterable[str]) -> None:
-        """Watch ``topics`` (nothing: stop) on ``consumer``'s client; refreshes right away."""
-        self.cancel()
-        self.topics = frozenset(topics)
-        if self.topics:
-            self._refresh(consumer, self._first)
-
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _refresh(self, consumer: Any, pause: float) -> None:
-        client: Any = getattr(consumer, "_client", None)
-        if getattr(client, "force_metadata_update", None) is None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop to wait on (unit tests call the assignor directly)
-            return
-        for topic in sorted(self.topics):
-            client.add_topic(topic)  # tracked (a member may not subscribe to it yet)
-        client.force_metadata_update()
-        self._timer = loop.call_later(pause, self._check, consumer, pause)
-
-    def _check(self, consumer: Any, pause: float) -> None:
-        self._timer = None
-        missing = unsized(consumer, self.topics)
-        if not missing:
-            log.info("metadata of %s arrived", sorted(self.topics))
-            self.topics = frozenset()
-            return
-        self.topics = missing
-        log.debug("still no metadata for %s; asking again", sorted(missing))
-        self._refresh(consumer, min(pause * 2, self._longest))
 
 
 class JoinErrors:

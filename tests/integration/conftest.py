@@ -225,15 +225,21 @@ def kafka_topic_factory(
 ) -> Iterator[TopicFactory]:
     """Create uniquely named topics (deleted after the test).
 
-    ``kafka_topic_factory(partitions=1, *, prefix=None, config=None) -> topic name``; returns
-    once every partition has a leader. Replication factor is 1 (single-node broker).
+    ``kafka_topic_factory(partitions=1, *, prefix=None, config=None, name=None) -> topic name``;
+    returns once every partition has a leader. Replication factor is 1 (single-node broker).
+    ``name`` (unique already, e.g. from ``kafka_group_id_factory``) is for a topic a test names
+    before it exists.
     """
     created: list[str] = []
 
     def create(
-        partitions: int = 1, *, prefix: str | None = None, config: dict[str, str] | None = None
+        partitions: int = 1,
+        *,
+        prefix: str | None = None,
+        config: dict[str, str] | None = None,
+        name: str | None = None,
     ) -> str:
-        name = _unique_name(prefix or request.node.name)
+        name = name or _unique_name(prefix or request.node.name)
         asyncio.run(_create_topic(kafka_bootstrap, name, partitions, dict(config or {})))
         created.append(name)
         return name

@@ -31,6 +31,8 @@ async def main() -> None:
     ap.add_argument("--max-version", type=int, default=None)
     ap.add_argument("--garbage-user-data", action="store_true")
     ap.add_argument("--hostile-user-data", action="store_true")
+    # 1 s finds topic changes fast; aiokafka's default (5 min) shows what the member does alone.
+    ap.add_argument("--metadata-max-age-ms", type=int, default=1000)
     args = ap.parse_args()
     topology = Topology.load(args.topology)
 
@@ -63,7 +65,7 @@ async def main() -> None:
         consumer_config={
             "session_timeout_ms": 3000,
             "heartbeat_interval_ms": 500,
-            "metadata_max_age_ms": 1000,
+            "metadata_max_age_ms": args.metadata_max_age_ms,
         },
         **options,
     )

@@ -54,6 +54,7 @@ class App:
                 "--endpoint", f"{name}:8080",
                 *extra,
             ],
+            log=self.tmp / f"{name}.err",  # its logs, for tests that read them
         )  # fmt: skip
         self.procs[name], self.threads[name] = proc, threads
         return proc
@@ -342,3 +343,56 @@ def test_copartition_mismatch_reported_then_recovered(
         TopicPartition(t, p) for cs in state.values() for line in cs.values()
         for t, p in line["partitions"]
     }  # fmt: skip
+
+
+def test_missing_source_topic_reported_then_recovered(
+    app_factory: Any,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+) -> None:
+    """A source topic that does not exist yet: the group forms, every member is told
+    INCOMPLETE_SOURCE_TOPIC_METADATA, the leader names the topic, each consumer says so once,
+    and aiokafka's 'not found' lines stay few (its start() used to re-fetch every 100 ms, ~10
+    lines/s per consumer, and never join). Once the topic exists the group gets every task
+    without a restart. Metadata age is aiokafka's default (5 min): recovery is the members'
+    doing, not a periodic metadata refresh."""
+    clicks = kafka_topic_factory(4, prefix="clicks")
+    missing = kafka_group_id_factory("missing")  # a unique topic name, created later
+    topology = tmp_path / "t.toml"
+    topology.write_text(
+        f"""
+name = "{kafka_group_id_factory("missing-topic")}"
+[[subtopology]]
+id = 0
+source_topics = ["{clicks}"]
+stores = ["s"]
+[[subtopology]]
+id = 1
+source_topics = ["{missing}"]
+"""
+    )
+    app = app_factory(topology)
+    started = time.monotonic()
+    for name, threads in (("p1", 2), ("p2", 1)):
+        app.start(name, threads, "--metadata-max-age-ms", "300000")
+    app.settle(set(), error="INCOMPLETE_SOURCE_TOPIC_METADATA")
+    waited = time.monotonic() - started
+    logs = "".join((tmp_path / f"{name}.err").read_text() for name in ("p1", "p2"))
+    assert f"missing source topics (no partition count known): {missing}; every member" in logs
+    told = [line for line in logs.splitlines() if "leader sent INCOMPLETE_SOURCE" in line]
+    assert len(told) == 3, told  # once per consumer, not once per retry
+    assert all(f"source topics missing here too: {missing}" in line for line in told), told
+    misses = logs.count(f"Topic {missing} not found in cluster metadata")
+    # Per consumer: a re-fetch at the subscription and at each retry's join (backoff 1, 2, 4 ...
+    # 30 s), and the watch's (pauses 0.5, 1, 2 ... 10 s): a dozen early, then ~0.13/s.
+    assert misses <= 3 * (12 + waited / 4), (misses, waited)  # 3 consumers
+
+    kafka_topic_factory(3, name=missing)
+    created = time.monotonic()
+    tasks = set(PartitionGrouper().group(app.topology, {clicks: 4, missing: 3}))
+    state = app.settle(tasks)
+    recovered = time.monotonic() - created - SETTLE  # settle waits SETTLE s of quiet
+    check(app, state)
+    assert recovered < 40, recovered  # a metadata watch pause (<= 10 s) and a rebalance
+    print(f"error state after {waited:.1f} s, {misses} misses; recovered in {recovered:.1f} s")
