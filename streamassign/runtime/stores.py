@@ -14,13 +14,41 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal, NoReturn, Protocol
 
-from ..errors import MissingExtraError, RuntimeConfigError, StoreNotOpenError
+from ..errors import (
+    DamagedStateError,
+    MissingExtraError,
+    RuntimeConfigError,
+    StoreIOError,
+    StoreNotOpenError,
+)
 
 StoreKind = Literal["memory", "rocksdb"]
 STORE_KINDS: tuple[StoreKind, ...] = ("memory", "rocksdb")
 
 _DATA = b"d"  # RocksDB key prefixes: user data and store metadata share one keyspace
 _META = b"m"
+
+#: RocksDB statuses of an open that say the store's files are damaged (rocksdict raises a plain
+#: ``Exception`` carrying the status): a corrupt or truncated file, or one its MANIFEST names
+#: that is gone (a deleted CURRENT shows as "wal_dir contains existing log file").
+_DAMAGED_STATUSES = ("Corruption:", "IO error: No such file or directory")
+#: Causes that are never the files' fault, even inside a corruption status: another process
+#: (or this one) holds the store, or the disk or its permissions are the operator's to fix.
+#: Setting the store aside would not help (a full disk) or would take a live store's files.
+_NOT_DAMAGE = (
+    "LOCK",
+    "lock hold",
+    "No locks available",
+    "Resource temporarily unavailable",
+    "No space left",
+    "Disk quota exceeded",
+    "Permission denied",
+    "Operation not permitted",
+    "Read-only file system",
+    "Input/output error",
+    "Too many open files",
+    "Cannot allocate memory",
+)
 
 
 class KeyValueStore(Protocol):
@@ -83,25 +111,47 @@ class RocksDBStore:
     persistent = True
 
     def __init__(self, path: str | Path) -> None:
+        """Open (or create) the store in ``path``: ``DamagedStateError`` if its files are
+        damaged (``is_damage``), ``StoreIOError`` if it cannot be opened for another reason."""
         from rocksdict import Options, Rdict
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = Rdict(str(self.path), Options(raw_mode=True))
+        if self.path.is_symlink() or (self.path.exists() and not self.path.is_dir()):
+            raise DamagedStateError(f"store {self.path}: not a directory")
+        try:
+            self._db = Rdict(str(self.path), Options(raw_mode=True))
+        except Exception as exc:  # rocksdict raises Exception("<RocksDB status>")
+            if is_damage(str(exc)):
+                raise DamagedStateError(f"store {self.path}: {exc}") from exc
+            raise StoreIOError(f"store {self.path} cannot be opened: {exc}") from exc
+
+    def _failed(self, what: str, exc: Exception) -> StoreIOError:
+        """The typed error for a failed read, write or close (a full disk, an I/O error)."""
+        return StoreIOError(f"store {self.path}: {what} failed: {exc}")
 
     def get(self, key: bytes) -> bytes | None:
-        value = self._db.get(_DATA + key)
+        try:
+            value = self._db.get(_DATA + key)
+        except Exception as exc:
+            raise self._failed("a read", exc) from exc
         return None if value is None else bytes(value)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
-        for key, value in self._db.items(from_key=_DATA):
-            raw = bytes(key)  # type: ignore[arg-type]  # raw mode: keys are bytes
-            if not raw.startswith(_DATA):
-                break
-            yield raw[1:], bytes(value)
+        try:
+            for key, value in self._db.items(from_key=_DATA):
+                raw = bytes(key)  # type: ignore[arg-type]  # raw mode: keys are bytes
+                if not raw.startswith(_DATA):
+                    break
+                yield raw[1:], bytes(value)
+        except Exception as exc:
+            raise self._failed("a read", exc) from exc
 
     def meta(self, name: str) -> bytes | None:
-        value = self._db.get(_META + name.encode())
+        try:
+            value = self._db.get(_META + name.encode())
+        except Exception as exc:
+            raise self._failed("a read", exc) from exc
         return None if value is None else bytes(value)
 
     def write(self, writes: Mapping[bytes, bytes | None], meta: Mapping[str, bytes]) -> None:
@@ -115,10 +165,22 @@ class RocksDBStore:
                 batch.put(_DATA + key, value)
         for name, value in meta.items():
             batch.put(_META + name.encode(), value)
-        self._db.write(batch)
+        try:
+            self._db.write(batch)
+        except Exception as exc:
+            raise self._failed("a write", exc) from exc
 
     def close(self) -> None:
-        self._db.close()
+        try:
+            self._db.close()
+        except Exception as exc:  # a close flushes: a full disk shows here
+            raise self._failed("the close", exc) from exc
+
+
+def is_damage(status: str) -> bool:
+    """Whether a RocksDB status from opening a store says its files are damaged (so the store
+    is set aside and restored from its changelog), not that it is in use or the disk is."""
+    return status.startswith(_DAMAGED_STATUSES) and not any(c in status for c in _NOT_DAMAGE)
 
 
 class UnopenedStore:
