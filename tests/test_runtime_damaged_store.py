@@ -200,3 +200,17 @@ def test_a_failed_write_is_typed(tmp_path: Path) -> None:
     store.close()
     with pytest.raises(StoreIOError, match=r"s\.rocksdb: a write failed"):
         store.write({b"k": b"v"}, {})
+
+
+def test_a_store_directory_linked_to_another_volume_is_not_damage(tmp_path: Path) -> None:
+    app, _ = fast(tmp_path / "state")
+    elsewhere = tmp_path / "volume" / "totals.rocksdb"
+    kept = RocksDBStore(elsewhere)
+    kept.write({b"k": b"v"}, {})
+    kept.close()
+    store_of(app).parent.mkdir(parents=True)
+    store_of(app).symlink_to(elsewhere, target_is_directory=True)
+    states = app._stores.open(TASK)
+    assert states["totals"].store.get(b"k") == b"v"
+    states["totals"].store.close()
+    assert store_of(app).is_symlink() and not list(store_of(app).parent.glob("*.damaged-*"))

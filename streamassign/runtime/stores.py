@@ -117,7 +117,7 @@ class RocksDBStore:
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.is_symlink() or (self.path.exists() and not self.path.is_dir()):
+        if self.path.exists() and not self.path.is_dir():  # a link to a directory is fine
             raise DamagedStateError(f"store {self.path}: not a directory")
         try:
             self._db = Rdict(str(self.path), Options(raw_mode=True))
