@@ -198,8 +198,9 @@ def test_a_close_failing_on_a_full_disk_logs_one_line_without_traceback(
 def test_a_failed_write_is_typed(tmp_path: Path) -> None:
     store = RocksDBStore(tmp_path / "s.rocksdb")
     store.close()
-    with pytest.raises(StoreIOError, match=r"s\.rocksdb: a write failed"):
+    with pytest.raises(StoreIOError, match=r"s\.rocksdb: a write failed") as failed:
         store.write({b"k": b"v"}, {})
+    assert failed.value.__suppress_context__  # one traceback, not two: the status is in it
 
 
 def test_a_store_directory_linked_to_another_volume_is_not_damage(tmp_path: Path) -> None:

@@ -124,17 +124,19 @@ class RocksDBStore:
         except Exception as exc:  # rocksdict raises Exception("<RocksDB status>")
             if is_damage(str(exc)):
                 raise DamagedStateError(f"store {self.path}: {exc}") from exc
-            raise StoreIOError(f"store {self.path} cannot be opened: {exc}") from exc
+            raise StoreIOError(f"store {self.path} cannot be opened: {exc}") from None
 
     def _failed(self, what: str, exc: Exception) -> StoreIOError:
-        """The typed error for a failed read, write or close (a full disk, an I/O error)."""
+        """The typed error for a failed read, write or close (a full disk, an I/O error). It
+        carries RocksDB's status in its message and is raised ``from None``: the bare
+        ``Exception`` behind it adds a second traceback and nothing else."""
         return StoreIOError(f"store {self.path}: {what} failed: {exc}")
 
     def get(self, key: bytes) -> bytes | None:
         try:
             value = self._db.get(_DATA + key)
         except Exception as exc:
-            raise self._failed("a read", exc) from exc
+            raise self._failed("a read", exc) from None
         return None if value is None else bytes(value)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
@@ -145,13 +147,13 @@ class RocksDBStore:
                     break
                 yield raw[1:], bytes(value)
         except Exception as exc:
-            raise self._failed("a read", exc) from exc
+            raise self._failed("a read", exc) from None
 
     def meta(self, name: str) -> bytes | None:
         try:
             value = self._db.get(_META + name.encode())
         except Exception as exc:
-            raise self._failed("a read", exc) from exc
+            raise self._failed("a read", exc) from None
         return None if value is None else bytes(value)
 
     def write(self, writes: Mapping[bytes, bytes | None], meta: Mapping[str, bytes]) -> None:
@@ -168,13 +170,13 @@ class RocksDBStore:
         try:
             self._db.write(batch)
         except Exception as exc:
-            raise self._failed("a write", exc) from exc
+            raise self._failed("a write", exc) from None
 
     def close(self) -> None:
         try:
             self._db.close()
         except Exception as exc:  # a close flushes: a full disk shows here
-            raise self._failed("the close", exc) from exc
+            raise self._failed("the close", exc) from None
 
 
 def is_damage(status: str) -> bool:
