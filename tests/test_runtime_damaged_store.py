@@ -215,3 +215,23 @@ def test_a_store_directory_linked_to_another_volume_is_not_damage(tmp_path: Path
     assert states["totals"].store.get(b"k") == b"v"
     states["totals"].store.close()
     assert store_of(app).is_symlink() and not list(store_of(app).parent.glob("*.damaged-*"))
+
+
+def test_a_scan_reaching_a_corrupt_block_fails_instead_of_ending_early(tmp_path: Path) -> None:
+    """``Rdict.items()`` ends quietly at a corrupt block; a store's ``items()`` must not (a
+    restore clearing the store, or a processor's scan, would go on with part of the keys)."""
+    path = tmp_path / "s.rocksdb"
+    store = RocksDBStore(path)
+    store.write({b"%08d" % i: b"v" * 40 for i in range(100_000)}, {})
+    store.close()  # flushed to one table file
+    [table] = path.glob("*.sst")
+    content = bytearray(table.read_bytes())
+    middle = len(content) // 3
+    content[middle : middle + 4096] = bytes(4096)  # data blocks only: the store still opens
+    table.write_bytes(bytes(content))
+    store = RocksDBStore(path)
+    read: list[bytes] = []
+    with pytest.raises(StoreIOError, match="a read failed: Corruption"):
+        read.extend(key for key, _ in store.items())
+    assert 0 < len(read) < 100_000
+    store.close()

@@ -140,12 +140,21 @@ class RocksDBStore:
         return None if value is None else bytes(value)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every key and value, in key order; ``StoreIOError`` if a block cannot be read.
+
+        An explicit iterator, not ``Rdict.items()``: that one ends quietly at a corrupt
+        block (the error is only in the iterator's status), so a scan, or a restore clearing
+        the store, would go on with part of the keys."""
         try:
-            for key, value in self._db.items(from_key=_DATA):
-                raw = bytes(key)  # type: ignore[arg-type]  # raw mode: keys are bytes
+            cursor = self._db.iter()
+            cursor.seek(_DATA)
+            while cursor.valid():
+                raw = bytes(cursor.key())
                 if not raw.startswith(_DATA):
-                    break
-                yield raw[1:], bytes(value)
+                    return
+                yield raw[1:], bytes(cursor.value())
+                cursor.next()
+            cursor.status()  # raises the error that ended the iteration, if one did
         except Exception as exc:
             raise self._failed("a read", exc) from None
 
