@@ -94,7 +94,7 @@ def test_a_damaged_store_is_set_aside_and_restored_from_its_changelog(
 
 
 HOLD = """
-import sys, time
+import sys
 from streamassign.runtime import RocksDBStore
 store = RocksDBStore(sys.argv[1])
 print("open", flush=True)
@@ -217,10 +217,15 @@ def test_a_store_directory_linked_to_another_volume_is_not_damage(tmp_path: Path
     assert store_of(app).is_symlink() and not list(store_of(app).parent.glob("*.damaged-*"))
 
 
-def test_a_scan_reaching_a_corrupt_block_fails_instead_of_ending_early(tmp_path: Path) -> None:
+def test_a_corrupt_block_a_scan_finds_fails_it_and_sets_the_store_aside_at_its_next_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """``Rdict.items()`` ends quietly at a corrupt block; a store's ``items()`` must not (a
-    restore clearing the store, or a processor's scan, would go on with part of the keys)."""
-    path = tmp_path / "s.rocksdb"
+    restore clearing the store, or a processor's scan, would go on with part of the keys).
+    The open reads no data block, so the damage is marked for the next open: restarts do
+    not stop on it again and again."""
+    app, _ = fast(tmp_path)
+    path = store_of(app)
     store = RocksDBStore(path)
     store.write({b"%08d" % i: b"v" * 40 for i in range(100_000)}, {})
     store.close()  # flushed to one table file
@@ -229,9 +234,17 @@ def test_a_scan_reaching_a_corrupt_block_fails_instead_of_ending_early(tmp_path:
     middle = len(content) // 3
     content[middle : middle + 4096] = bytes(4096)  # data blocks only: the store still opens
     table.write_bytes(bytes(content))
-    store = RocksDBStore(path)
+    states = app._stores.open(TASK)
     read: list[bytes] = []
     with pytest.raises(StoreIOError, match="a read failed: Corruption"):
-        read.extend(key for key, _ in store.items())
+        read.extend(key for key, _ in states["totals"].store.items())
     assert 0 < len(read) < 100_000
-    store.close()
+    states["totals"].store.close()
+    with caplog.at_level(logging.ERROR, "streamassign.runtime"):
+        states = app._stores.open(TASK)  # set aside, opened empty: restored from the changelog
+    assert list(states["totals"].store.items()) == [] and states["totals"].position == 0
+    states["totals"].store.close()
+    [aside] = path.parent.glob("totals.rocksdb.damaged-*")
+    assert (aside / table.name).read_bytes() == bytes(content)  # kept as it was
+    [line] = caplog.records
+    assert "a read found it damaged: Corruption" in line.getMessage()

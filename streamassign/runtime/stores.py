@@ -9,6 +9,7 @@ Pure: no Kafka here.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,6 +28,8 @@ STORE_KINDS: tuple[StoreKind, ...] = ("memory", "rocksdb")
 
 _DATA = b"d"  # RocksDB key prefixes: user data and store metadata share one keyspace
 _META = b"m"
+#: A file in a store's directory saying a read found the store damaged (RocksDB's status).
+_FOUND_DAMAGED = "STREAMASSIGN-DAMAGED"
 
 #: RocksDB statuses of an open that say the store's files are damaged (rocksdict raises a plain
 #: ``Exception`` carrying the status): a corrupt or truncated file, or one its MANIFEST names
@@ -119,6 +122,9 @@ class RocksDBStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists() and not self.path.is_dir():  # a link to a directory is fine
             raise DamagedStateError(f"store {self.path}: not a directory")
+        with contextlib.suppress(OSError):  # unreadable: RocksDB's open says what is wrong
+            found = (self.path / _FOUND_DAMAGED).read_text(errors="replace")[:1000]
+            raise DamagedStateError(f"store {self.path}: a read found it damaged: {found}")
         try:
             self._db = Rdict(str(self.path), Options(raw_mode=True))
         except Exception as exc:  # rocksdict raises Exception("<RocksDB status>")
@@ -129,7 +135,13 @@ class RocksDBStore:
     def _failed(self, what: str, exc: Exception) -> StoreIOError:
         """The typed error for a failed read, write or close (a full disk, an I/O error). It
         carries RocksDB's status in its message and is raised ``from None``: the bare
-        ``Exception`` behind it adds a second traceback and nothing else."""
+        ``Exception`` behind it adds a second traceback and nothing else. Damage found
+        (``is_damage``) is marked in the store's directory: its next open fails with
+        ``DamagedStateError``, so the store is set aside and restored, not read again and
+        again by restarts that each stop on it."""
+        if is_damage(str(exc)):  # a corrupt block a read found (the open does not read all)
+            with contextlib.suppress(OSError):  # e.g. a full disk: then it stays unmarked
+                (self.path / _FOUND_DAMAGED).write_text(str(exc))
         return StoreIOError(f"store {self.path}: {what} failed: {exc}")
 
     def get(self, key: bytes) -> bytes | None:
