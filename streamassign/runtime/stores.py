@@ -31,9 +31,10 @@ _META = b"m"
 #: A file in a store's directory saying a read found the store damaged (RocksDB's status).
 _FOUND_DAMAGED = "STREAMASSIGN-DAMAGED"
 
-#: RocksDB statuses of an open that say the store's files are damaged (rocksdict raises a plain
-#: ``Exception`` carrying the status): a corrupt or truncated file, or one its MANIFEST names
-#: that is gone (a deleted CURRENT shows as "wal_dir contains existing log file").
+#: RocksDB statuses (of an open or a read) that say the store's files are damaged (rocksdict
+#: raises a plain ``Exception`` carrying the status): a corrupt or truncated file, or one its
+#: MANIFEST names that is gone (a deleted CURRENT shows as "wal_dir contains existing log
+#: file").
 _DAMAGED_STATUSES = ("Corruption:", "IO error: No such file or directory")
 #: Causes that are never the files' fault, even inside a corruption status: another process
 #: (or this one) holds the store, or the disk or its permissions are the operator's to fix.
@@ -201,8 +202,9 @@ class RocksDBStore:
 
 
 def is_damage(status: str) -> bool:
-    """Whether a RocksDB status from opening a store says its files are damaged (so the store
-    is set aside and restored from its changelog), not that it is in use or the disk is."""
+    """Whether a RocksDB status (of an open or a read) says a store's files are damaged (so
+    the store is set aside and restored from its changelog), not that it is in use or that
+    the disk is full or failing (those move nothing: the operator's to fix)."""
     return status.startswith(_DAMAGED_STATUSES) and not any(c in status for c in _NOT_DAMAGE)
 
 
