@@ -136,9 +136,10 @@ class ClientsFileError(StreamAssignError, ValueError):
 
 
 class DamagedStateError(StreamAssignError, ValueError):
-    """Local state (a checkpoint, the last assignment, the process id) that cannot be read or is
-    implausible. Raised and handled inside ``StateDirectory``: the state is set aside and counts
-    as none, so users see a log line, not this error."""
+    """Local state (a checkpoint, the last assignment, the process id, a RocksDB store whose
+    files are corrupt or missing) that cannot be read or is implausible. Handled inside the
+    library: the state is set aside and counts as none (a store is restored from its
+    changelog), so users see a log line, not this error."""
 
 
 class MissingExtraError(StreamAssignError, ImportError):
@@ -211,6 +212,12 @@ class ReservedKeyError(StreamAssignError, ValueError):
 class StoreNotOpenError(StreamAssignError):
     """A store of the runtime was used before its open (in a thread) finished, or its open
     failed (the cause says why: e.g. a RocksDB directory that cannot be read)."""
+
+
+class StoreIOError(StreamAssignError):
+    """A RocksDB store of the runtime cannot be opened for a reason that is not damage (held by
+    another process, no permission, a full disk), or a read, write or close of it failed (a
+    full disk, an I/O error); the message names the store's directory and RocksDB's status."""
 
 
 class ErrorCode(enum.IntEnum):

@@ -120,14 +120,8 @@ class StateDirectory:
         deleted), logging once; if even that fails, remember it and stay quiet about it."""
         if path in self._stuck:
             return
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        aside = path.with_name(f"{path.name}{_DAMAGED}{stamp}")
-        n = 1
-        while aside.exists() or aside.is_symlink():  # os.rename would replace an earlier one
-            n += 1
-            aside = path.with_name(f"{path.name}{_DAMAGED}{stamp}-{n}")
         try:
-            path.rename(aside)
+            aside = self.set_aside(path)
         except OSError as exc:
             self._stuck.add(path)
             log.warning(
@@ -140,6 +134,20 @@ class StateDirectory:
         log.warning(
             "damaged local state %s (%s) counts as no state; moved to %s", path, reason, aside.name
         )
+
+    def set_aside(self, path: Path) -> Path:
+        """Rename damaged ``path`` (a file or a directory, e.g. a task's RocksDB store) to a
+        ``<name>.damaged-<UTC time>`` sibling, kept for inspection and never deleted (also not
+        with its task's state: ``delete_retired``); returns the new path. Raises ``OSError``
+        if it cannot be renamed. The caller logs why."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = path.with_name(f"{path.name}{_DAMAGED}{stamp}")
+        n = 1
+        while aside.exists() or aside.is_symlink():  # os.rename would replace an earlier one
+            n += 1
+            aside = path.with_name(f"{path.name}{_DAMAGED}{stamp}-{n}")
+        path.rename(aside)
+        return aside
 
     def _directory(self, path: Path) -> Path:
         """``path`` as a directory, creating it; anything else in its place is set aside."""

@@ -9,18 +9,50 @@ Pure: no Kafka here.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal, NoReturn, Protocol
 
-from ..errors import MissingExtraError, RuntimeConfigError, StoreNotOpenError
+from ..errors import (
+    DamagedStateError,
+    MissingExtraError,
+    RuntimeConfigError,
+    StoreIOError,
+    StoreNotOpenError,
+)
 
 StoreKind = Literal["memory", "rocksdb"]
 STORE_KINDS: tuple[StoreKind, ...] = ("memory", "rocksdb")
 
 _DATA = b"d"  # RocksDB key prefixes: user data and store metadata share one keyspace
 _META = b"m"
+#: A file in a store's directory saying a read found the store damaged (RocksDB's status).
+_FOUND_DAMAGED = "STREAMASSIGN-DAMAGED"
+
+#: RocksDB statuses (of an open or a read) that say the store's files are damaged (rocksdict
+#: raises a plain ``Exception`` carrying the status): a corrupt or truncated file, or one its
+#: MANIFEST names that is gone (a deleted CURRENT shows as "wal_dir contains existing log
+#: file").
+_DAMAGED_STATUSES = ("Corruption:", "IO error: No such file or directory")
+#: Causes that are never the files' fault, even inside a corruption status: another process
+#: (or this one) holds the store, or the disk or its permissions are the operator's to fix.
+#: Setting the store aside would not help (a full disk) or would take a live store's files.
+_NOT_DAMAGE = (
+    "LOCK",
+    "lock hold",
+    "No locks available",
+    "Resource temporarily unavailable",
+    "No space left",
+    "Disk quota exceeded",
+    "Permission denied",
+    "Operation not permitted",
+    "Read-only file system",
+    "Input/output error",
+    "Too many open files",
+    "Cannot allocate memory",
+)
 
 
 class KeyValueStore(Protocol):
@@ -83,25 +115,67 @@ class RocksDBStore:
     persistent = True
 
     def __init__(self, path: str | Path) -> None:
+        """Open (or create) the store in ``path``: ``DamagedStateError`` if its files are
+        damaged (``is_damage``), ``StoreIOError`` if it cannot be opened for another reason."""
         from rocksdict import Options, Rdict
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = Rdict(str(self.path), Options(raw_mode=True))
+        if self.path.exists() and not self.path.is_dir():  # a link to a directory is fine
+            raise DamagedStateError(f"store {self.path}: not a directory")
+        with contextlib.suppress(OSError):  # unreadable: RocksDB's open says what is wrong
+            found = (self.path / _FOUND_DAMAGED).read_text(errors="replace")[:1000]
+            raise DamagedStateError(f"store {self.path}: a read found it damaged: {found}")
+        try:
+            self._db = Rdict(str(self.path), Options(raw_mode=True))
+        except Exception as exc:  # rocksdict raises Exception("<RocksDB status>")
+            if is_damage(str(exc)):
+                raise DamagedStateError(f"store {self.path}: {exc}") from exc
+            raise StoreIOError(f"store {self.path} cannot be opened: {exc}") from None
+
+    def _failed(self, what: str, exc: Exception) -> StoreIOError:
+        """The typed error for a failed read, write or close (a full disk, an I/O error). It
+        carries RocksDB's status in its message and is raised ``from None``: the bare
+        ``Exception`` behind it adds a second traceback and nothing else. Damage found
+        (``is_damage``) is marked in the store's directory: its next open fails with
+        ``DamagedStateError``, so the store is set aside and restored, not read again and
+        again by restarts that each stop on it."""
+        if is_damage(str(exc)):  # a corrupt block a read found (the open does not read all)
+            with contextlib.suppress(OSError):  # e.g. a full disk: then it stays unmarked
+                (self.path / _FOUND_DAMAGED).write_text(str(exc))
+        return StoreIOError(f"store {self.path}: {what} failed: {exc}")
 
     def get(self, key: bytes) -> bytes | None:
-        value = self._db.get(_DATA + key)
+        try:
+            value = self._db.get(_DATA + key)
+        except Exception as exc:
+            raise self._failed("a read", exc) from None
         return None if value is None else bytes(value)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
-        for key, value in self._db.items(from_key=_DATA):
-            raw = bytes(key)  # type: ignore[arg-type]  # raw mode: keys are bytes
-            if not raw.startswith(_DATA):
-                break
-            yield raw[1:], bytes(value)
+        """Every key and value, in key order; ``StoreIOError`` if a block cannot be read.
+
+        An explicit iterator, not ``Rdict.items()``: that one ends quietly at a corrupt
+        block (the error is only in the iterator's status), so a scan, or a restore clearing
+        the store, would go on with part of the keys."""
+        try:
+            cursor = self._db.iter()
+            cursor.seek(_DATA)
+            while cursor.valid():
+                raw = bytes(cursor.key())
+                if not raw.startswith(_DATA):
+                    return
+                yield raw[1:], bytes(cursor.value())
+                cursor.next()
+            cursor.status()  # raises the error that ended the iteration, if one did
+        except Exception as exc:
+            raise self._failed("a read", exc) from None
 
     def meta(self, name: str) -> bytes | None:
-        value = self._db.get(_META + name.encode())
+        try:
+            value = self._db.get(_META + name.encode())
+        except Exception as exc:
+            raise self._failed("a read", exc) from None
         return None if value is None else bytes(value)
 
     def write(self, writes: Mapping[bytes, bytes | None], meta: Mapping[str, bytes]) -> None:
@@ -115,10 +189,23 @@ class RocksDBStore:
                 batch.put(_DATA + key, value)
         for name, value in meta.items():
             batch.put(_META + name.encode(), value)
-        self._db.write(batch)
+        try:
+            self._db.write(batch)
+        except Exception as exc:
+            raise self._failed("a write", exc) from None
 
     def close(self) -> None:
-        self._db.close()
+        try:
+            self._db.close()
+        except Exception as exc:  # a close flushes: a full disk shows here
+            raise self._failed("the close", exc) from None
+
+
+def is_damage(status: str) -> bool:
+    """Whether a RocksDB status (of an open or a read) says a store's files are damaged (so
+    the store is set aside and restored from its changelog), not that it is in use or that
+    the disk is full or failing (those move nothing: the operator's to fix)."""
+    return status.startswith(_DAMAGED_STATUSES) and not any(c in status for c in _NOT_DAMAGE)
 
 
 class UnopenedStore:

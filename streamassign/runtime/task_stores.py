@@ -11,9 +11,11 @@ has opened it (after the task's earlier close, if one is under way). The task is
 meanwhile, its input paused, and the state updater starts reading its changelog once its
 stores are open (``check_open``); a standby's stores are read once open (``Standbys.opened``).
 
-An active's failed open stops the application (``check_open`` raises). A standby's is tried
-again with a bounded backoff (``retry_delays``): nothing else would (the host announces a
-standby once), and a standby never opened never catches up.
+A store whose files are damaged (corrupt, truncated, missing: ``stores.is_damage``) is set
+aside as ``<store>.rocksdb.damaged-<UTC time>`` and opened empty, so it restores from its
+changelog. Any other failed open of an active's stops the application (``check_open``
+raises). A standby's is tried again with a bounded backoff (``retry_delays``): nothing else
+would (the host announces a standby once), and a standby never opened never catches up.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 import attrs
 
 from .. import TaskId, TopicPartition
-from ..errors import StoreNotOpenError
+from ..errors import DamagedStateError, StoreIOError, StoreNotOpenError
 from ..localstate import StateDirectory
 from ..topology import Topology
 from .changelog import StoreState
@@ -117,12 +119,32 @@ class TaskStores:
         try:
             for name, changelog in self._changelogs(task).items():
                 path = self.state.task_dir(task) / f"{name}.rocksdb"
-                stores.append((name, self.open_store(self.store_kind, path)))
+                stores.append((name, self._open_or_set_aside(task, name, path)))
                 states[name] = StoreState.open(name, changelog, stores[-1][1])
         except BaseException:
             _close_in_thread(task, stores)
             raise
         return states
+
+    def _open_or_set_aside(self, task: TaskId, name: str, path: Path) -> KeyValueStore:
+        """Open one store; if its files are damaged, set them aside (never deleted) and open
+        an empty store instead: its position is 0, so the state updater restores it from its
+        changelog (every store has one), as on a process that never held the task."""
+        try:
+            return self.open_store(self.store_kind, path)
+        except DamagedStateError as damage:
+            try:
+                aside = self.state.set_aside(path)
+            except OSError as exc:
+                raise DamagedStateError(f"{damage}; cannot move it aside: {exc}") from damage
+            log.error(
+                "task %s: store %s is damaged (%s); moved to %s, restoring it from its changelog",
+                task,
+                name,
+                damage.__cause__ or damage,
+                aside,
+            )
+        return self.open_store(self.store_kind, path)
 
     def _changelogs(self, task: TaskId) -> dict[str, TopicPartition]:
         stores = self.topology.subtopology(task.subtopology).stores
@@ -386,5 +408,7 @@ def _close_in_thread(task: TaskId, stores: Iterable[tuple[str, KeyValueStore]]) 
     for name, store in stores:
         try:
             store.close()
+        except StoreIOError as exc:  # the disk's fault (full, failing): one line, no traceback
+            log.error("task %s: closing store %s failed: %s", task, name, exc)
         except Exception:  # one store failing to close must not leak the others
             log.exception("task %s: closing store %s failed", task, name)
