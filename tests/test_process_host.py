@@ -296,3 +296,38 @@ def test_a_failed_start_stops_the_consumers_it_started(tmp_path: Path) -> None:
     asyncio.run(scenario())
     assert len(consumers.seen) == 2 and all(c._closed for c in consumers.seen)
     assert h.consumers == []
+
+
+def test_a_failed_start_waits_for_the_other_starts_before_stopping(tmp_path: Path) -> None:
+    """One consumer fails at once while another is still starting: the other is stopped only
+    after its start ended (stopped before, it would finish starting and run on, closed)."""
+    h = ProcessHost(TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    events: list[str] = []
+
+    class Instrumented(Remembering):
+        def append(self, item: Any) -> None:
+            index = len(self.seen)
+            stop = item.stop
+
+            async def start() -> None:
+                if index == 0:
+                    raise KafkaConnectionError("consumer 0 cannot start")
+                await asyncio.sleep(0.2)  # a slower bootstrap
+                events.append(f"started {index}")
+
+            async def stopped() -> None:
+                events.append(f"stop {index}")
+                await stop()
+
+            item.start, item.stop = start, stopped
+            super().append(item)
+
+    h.consumers = Instrumented()
+
+    async def scenario() -> None:
+        with pytest.raises(KafkaConnectionError, match="consumer 0"):
+            await h.start()
+
+    asyncio.run(scenario())
+    assert events.index("started 1") < events.index("stop 1")
+    assert h.consumers == []

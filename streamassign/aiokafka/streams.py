@@ -572,11 +572,17 @@ class ProcessHost:
             assignor.rejoiner.bind(consumer)
             self.consumers.append(consumer)
         try:
-            await asyncio.gather(*(c.start() for c in self.consumers))
+            # Every start is awaited to its end, even after one failed: a consumer still
+            # starting when stopped would finish its start afterwards and run on, closed.
+            started = await asyncio.gather(
+                *(c.start() for c in self.consumers), return_exceptions=True
+            )
+            for outcome in started:
+                if isinstance(outcome, BaseException):
+                    raise outcome
             await self._subscribe()
         except BaseException:
-            await asyncio.gather(*(c.stop() for c in self.consumers), return_exceptions=True)
-            self.consumers.clear()
+            await self._stop_consumers()
             raise
 
     async def _subscribe(self) -> None:
@@ -604,13 +610,18 @@ class ProcessHost:
 
     async def stop(self) -> None:
         self.begin_stop()
+        await self._stop_consumers()
+        self.state.close()
+
+    async def _stop_consumers(self) -> None:
+        """Cancel the assignors' timers (a probe, a retry, a metadata watch would otherwise
+        act on closed consumers) and stop every consumer."""
         for assignor in self.assignors:
             assignor.cancel_probe()
             assignor.rejoiner.cancel()
             assignor.metadata_watch.cancel()
         await asyncio.gather(*(c.stop() for c in self.consumers), return_exceptions=True)
         self.consumers.clear()
-        self.state.close()
 
     async def request_shutdown(self) -> None:
         """Ask every process of the application to shut down (through the protocol)."""
