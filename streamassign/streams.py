@@ -656,7 +656,7 @@ def _plan_high_availability(
 @attrs.frozen
 class _HostMaps:
     """What every member's assignment tells about the group: tasks by endpoint, and the source
-    topic counts of each subtopology (only when some endpoint is known)."""
+    topic counts of each subtopology."""
 
     active_by_host: dict[str, frozenset[TaskId]]
     standby_by_host: dict[str, frozenset[TaskId]]
@@ -680,10 +680,12 @@ class _HostMaps:
                 standby_by_host[endpoint] = (
                     standby_by_host.get(endpoint, frozenset()) | assigned.standby | assigned.warmup
                 )
-        topics: dict[int, dict[str, int]] = {}
-        if active_by_host:  # the dictionary only serves the host maps
-            for s in topology.subtopology_ids:
-                topics[s] = {t: counts[t] for t in topology.subtopology(s).source_topics}
+        # The dictionary travels even without endpoints: it is what lets a reader of the
+        # group (``describe``) map every task to its partitions; a few bytes per topic.
+        topics = {
+            s: {t: counts[t] for t in topology.subtopology(s).source_topics}
+            for s in topology.subtopology_ids
+        }
         return cls(active_by_host, standby_by_host, topics)
 
 

@@ -56,6 +56,15 @@ def test_every_task_once_copartitioned_and_thread_proportional(
     assert sorted(t for ts in hosts.values() for t in ts) == sorted(tasks)
 
 
+def test_every_assignment_carries_the_topic_dictionary_even_without_endpoints() -> None:
+    """A reader of the group (``describe``) maps tasks to partitions with it."""
+    members = {f"p{p}": member(p + 1) for p in range(2)}  # no endpoint anywhere
+    result = assign_streams(TOPOLOGY, COUNTS, members)
+    for assigned in result.values():
+        assert assigned.info.active_by_host == {}
+        assert assigned.info.topics == {0: {"orders": 6, "customers": 6}, 1: {"returns": 3}}
+
+
 def test_offset_sums_become_previous_actives_state_and_lags() -> None:
     t = TaskId(0, 1)
     clients, _, _ = client_states(
