@@ -18,7 +18,7 @@ import attrs
 from ._ids import TaskId
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentFileError
-from .protocol import LATEST_OFFSET
+from .protocol import LATEST_OFFSET, running_tasks
 from .sticky import resolve_previous_owners
 
 
@@ -57,6 +57,10 @@ class Landing(enum.StrEnum):
     WARMUP = "warmup"
     LOCAL = "local state"
     COLD = "cold"
+    #: The new owner reported the task running when it joined the last rebalance, alone: it
+    #: took the task in an earlier rebalance (one neither side shows), with whatever state it
+    #: had then, which no report says.
+    EARLIER = "earlier rebalance: state unknown"
 
 
 @attrs.frozen
@@ -202,6 +206,7 @@ def _landing(
     destination: str,
     before: Mapping[str, ClientView],
     lags: Mapping[str, Mapping[TaskId, int]],
+    shared_running: Collection[TaskId],
 ) -> Landing:
     had = before.get(destination, _EMPTY).assignment
     if task in had.active:
@@ -211,9 +216,32 @@ def _landing(
         return Landing.STANDBY
     if task in had.warmup:
         return Landing.WARMUP
-    if task in lags.get(destination, {}):
+    offset = lags.get(destination, {}).get(task)
+    if offset is None:
+        return Landing.COLD
+    if offset != LATEST_OFFSET or task in shared_running:
         return Landing.LOCAL
-    return Landing.COLD
+    return Landing.EARLIER
+
+
+def _shared_running(
+    before: Mapping[str, ClientView], lags: Mapping[str, Mapping[TaskId, int]]
+) -> frozenset[TaskId]:
+    """The tasks whose ``LATEST_OFFSET`` (running) reports in ``lags`` say the new owner had
+    their state at the last rebalance: several processes reported one running at that join
+    (a zombie kept running it beside its owner), and ``before`` is the assignment right before
+    that rebalance (every process of ``before`` that reported ran exactly its actives there).
+    Otherwise a rebalance neither side shows came between, and a running report dates from
+    it: the task moved then, with a state no report tells."""
+    running = {pid: running_tasks(sums) for pid, sums in lags.items()}
+    if any(running[pid] != before[pid].assignment.active for pid in before.keys() & running):
+        return frozenset()
+    seen: set[TaskId] = set()
+    shared: set[TaskId] = set()
+    for tasks in running.values():
+        shared |= seen & tasks
+        seen |= tasks
+    return frozenset(shared)
 
 
 _EMPTY = ClientView(None, ClientAssignment())
@@ -230,13 +258,17 @@ def explain(
     """Every task whose active or standby placement differs between ``before`` and ``after``.
 
     ``lags`` (per client: tasks it has local state of) tells a warm landing from a cold one when
-    the state is not a standby of ``before`` (e.g. a restarted process's checkpoints);
+    the state is not a standby of ``before`` (e.g. a restarted process's checkpoints); a
+    ``LATEST_OFFSET`` among them (the client ran the task when it joined) counts as local state
+    only in the one case it dates from the last rebalance (see :func:`_shared_running`), else
+    the landing is ``Landing.EARLIER``;
     ``stateful`` (None: every task) tells which tasks have state to land on at all.
     ``claim_lags`` (the clients' ``ClientState.lags``, when known) decide which of several
     active claims in ``before`` is the previous owner, as in the assignor; without them, the
     smallest process id (see :func:`claim_conflicts`).
     """
     known_lags = lags or {}
+    shared_running = _shared_running(before, known_lags)
     old_owners = _resolved_owners(before, claim_lags or {})
     new_owners = _resolved_owners(after, {})
     old_active = {t: kept for t, (_, kept) in old_owners.items()}
@@ -260,7 +292,7 @@ def explain(
         elif stateful is not None and task not in stateful:
             landing = Landing.STATELESS
         else:
-            landing = _landing(task, destination, before, known_lags)
+            landing = _landing(task, destination, before, known_lags, shared_running)
         actives.append(ActiveMove(task, source, destination, reason, landing))
     return Explanation(tuple(actives), _standby_moves(before, after, old_active, new_active))
 
@@ -404,9 +436,9 @@ def local_state(
 ) -> dict[str, dict[TaskId, int]]:
     """Per process, the tasks whose state it reported having when it joined: every task of its
     members' ``(process, offset sums)`` reports, a checkpointed sum or ``LATEST_OFFSET`` (it
-    ran the task then, so the task's state is on its disk), each process named getting an
-    entry. :func:`explain`'s ``lags`` (a warm landing or a cold one) for a live group
-    (``describe --watch``) and a saved snapshot (``explain``) alike."""
+    ran the task then: :func:`explain` dates that state before counting it), each process
+    named getting an entry. :func:`explain`'s ``lags`` (a warm landing or a cold one) for a
+    live group (``describe --watch``) and a saved snapshot (``explain``) alike."""
     out: dict[str, dict[TaskId, int]] = {}
     for pid, sums in reports:
         out.setdefault(pid, {}).update(sums)

@@ -355,8 +355,8 @@ def test_explain_of_two_snapshots_lands_on_the_local_state_the_after_side_report
 ) -> None:
     # The auditor's incident (mid.json -> fin.json): p3 left and came back with its state
     # directory; it reported a checkpoint of 0_2 at its join, none of 0_3. describe --watch
-    # said "local state" for 0_2. 0_5 it reported running: it ran 0_5 at a rebalance between
-    # the two snapshots, so its state is there too.
+    # said "local state" for 0_2. 0_5 it reported running, alone: it took 0_5 at a rebalance
+    # between the two snapshots, with a state no report tells (not "local", not "cold").
     before = snapshot(
         tmp_path / "mid.json",
         {"p1": {"active": ["0_2", "0_4", "0_5"]}, "p2": {"active": ["0_0", "0_1", "0_3"]}},
@@ -377,8 +377,59 @@ def test_explain_of_two_snapshots_lands_on_the_local_state_the_after_side_report
     assert landings == {
         "0_2": ("p3", "local state"),
         "0_3": ("p3", "cold"),
-        "0_5": ("p3", "local state"),
+        "0_5": ("p3", "earlier rebalance: state unknown"),
     }
+
+
+# The reviewer's ground truth (/work/scratch/audit-ops, watch4.jsonl and the workers' logs):
+# generation 3 (g3): c9 runs 0_1 0_3 0_5, 44 runs 0_0 0_2 0_4. At g4 c9 was evicted (a zombie
+# that kept running its tasks) and bd joined, taking 0_3 and 0_5 cold; 44 took 0_1. At g5 c9
+# came back reporting its old tasks running beside bd: 0_3 stayed on bd, 0_5 went to c9 (its
+# state kept). At g6 c9 left and 44 took 0_4 (its disk had it); nobody saved g4's successor.
+_G3 = {"c9": {"active": ["0_1", "0_3", "0_5"]}, "44": {"active": ["0_0", "0_2", "0_4"]}}
+_G3_SUMS = {"c9": {"0_3": 310}, "44": {t: -2 for t in ("0_0", "0_2", "0_4")}}
+_G4 = {"bd": {"active": ["0_3", "0_5"]}, "44": {"active": ["0_0", "0_1", "0_2", "0_4"]}}
+_G4_SUMS = {"bd": {}, "44": {"0_0": -2, "0_1": 464, "0_2": -2, "0_4": -2}}
+_G5 = {
+    "44": {"active": ["0_0", "0_1", "0_2"]},
+    "bd": {"active": ["0_3"]},
+    "c9": {"active": ["0_4", "0_5"]},
+}
+_G5_SUMS = {
+    "bd": {"0_3": -2, "0_4": 712, "0_5": -2},
+    "c9": {"0_1": -2, "0_3": -2, "0_4": 712, "0_5": -2},
+    "44": {"0_0": -2, "0_1": -2, "0_2": -2, "0_4": -2},
+}
+_G7 = {"44": {"active": ["0_0", "0_1", "0_2", "0_3", "0_4", "0_5"]}}
+_G7_SUMS = {"44": {"0_0": -2, "0_1": -2, "0_2": -2, "0_3": 310, "0_4": -2, "0_5": 372}}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        # g3 -> g5: bd took 0_3 cold at g4; at g5 it and the zombie c9 both reported 0_3
+        # running, but 44 reported running 0_1, which g3 gave to c9: g3 is not the assignment
+        # right before g5, so bd's report dates from g4.
+        ((_G3, _G3_SUMS), (_G5, _G5_SUMS), {"0_3": "earlier rebalance: state unknown"}),
+        # g4 -> g5: the zombie c9 ran 0_5 beside bd right up to g5 and kept its state.
+        ((_G4, _G4_SUMS), (_G5, _G5_SUMS), {"0_4": "local state", "0_5": "local state"}),
+        # g5 -> g7 (g6 missed): 44 reported 0_4 running alone at g7: it took 0_4 at g6.
+        ((_G5, _G5_SUMS), (_G7, _G7_SUMS), {"0_4": "earlier rebalance: state unknown"}),
+    ],
+)
+def test_a_running_report_is_local_state_only_when_it_dates_from_the_last_rebalance(
+    tmp_path: Path, before: tuple, after: tuple, expected: dict[str, str]
+) -> None:
+    old = snapshot(tmp_path / "before.json", *before)
+    new = snapshot(tmp_path / "after.json", *after)
+    code, out = run("explain", old, new, "--json")
+    assert code == 0, out
+    landings = {m["task"]: m["landing"] for m in json.loads(out)["moves"]}
+    assert {t: landings[t] for t in expected} == expected
+    code, text = run("explain", old, new)
+    assert code == 0
+    for landing in expected.values():
+        assert landing.split(":")[0] in text
 
 
 @pytest.mark.parametrize("state", ["PreparingRebalance", "CompletingRebalance", "Empty", "Dead"])
