@@ -834,7 +834,10 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
                 "--json snapshot of a streams-protocol group (ProcessHost, the Faust drop-in "
                 "assignor)"
             )
-        moves = explain(now.before_last_join(), now.views, now.local_state())
+        before = now.before_last_join()
+        # Two processes reporting one task running: a zombie beside its task's new owner.
+        _warn_conflicts(claim_conflicts(before), f"{files[0]} (before its last rebalance)")
+        moves = explain(before, now.views, now.local_state())
     else:
         old, new = _read_saved(files[0]), _read_saved(files[1])
         moves = explain(old.views, new.views, new.local_state())

@@ -374,31 +374,36 @@ class Snapshot:
     (None: the file has none, as ``plan --json`` output). ``reports``: per member of a
     ``describe --json`` snapshot, its process and the offset sums it sent at its last join
     (empty for other files). ``family``: ``describe``'s protocol family (``"streams"``...),
-    None when the file has none.
+    None when the file has none. ``previous_active``: per process, the actives its members
+    said at their last join they ran before (a restarted process's, from its state directory).
     """
 
     views: Mapping[str, ClientView]
     state: str | None = None
     reports: tuple[tuple[str, Mapping[TaskId, int]], ...] = ()
     family: str | None = None
+    previous_active: Mapping[str, frozenset[TaskId]] = attrs.field(factory=dict)
 
     def local_state(self) -> dict[str, dict[TaskId, int]]:
         """Per process, the tasks it reported state of at its last join (:func:`local_state`)."""
         return local_state(self.reports)
 
     def running(self) -> dict[str, frozenset[TaskId]]:
-        """Per process, the tasks it reported running (``LATEST_OFFSET``) at its last join:
-        its actives before the last rebalance."""
-        out: dict[str, set[TaskId]] = {}
-        for pid, sums in self.reports:
-            out.setdefault(pid, set()).update(t for t, s in sums.items() if s == LATEST_OFFSET)
-        return {pid: frozenset(tasks) for pid, tasks in out.items()}
+        """Per process, its actives before the last rebalance as its members' last join tells
+        them: the tasks it reported running (``LATEST_OFFSET``), and the ``previous_active``
+        no process reported running (a restarted process's, as the leader hands them back;
+        one another process ran meanwhile counts as that one's)."""
+        out = {pid: running_tasks(sums) for pid, sums in local_state(self.reports).items()}
+        ran = frozenset().union(*out.values())
+        for pid, previous in self.previous_active.items():
+            out[pid] = out.get(pid, frozenset()) | (previous - ran)
+        return out
 
     def before_last_join(self) -> dict[str, ClientView]:
         """The assignment before the last rebalance, as far as the members' last join tells
-        it: each reporting process with the tasks it reported running (its actives then), no
-        capacity and no standbys (a previous standby reports its state like any other local
-        state). A process that has left since is missing: its tasks had no previous owner."""
+        it: each reporting process with its actives then (:meth:`running`), no capacity and
+        no standbys (a previous standby reports its state like any other local state). A
+        process that has left since is missing: its tasks had no previous owner."""
         return {
             pid: ClientView(None, ClientAssignment(active=running))
             for pid, running in self.running().items()
@@ -467,23 +472,30 @@ def load_snapshot(data: object, where: str) -> Snapshot:
         str(pid): _client_view(entry, f"{where}: client {pid!r}") for pid, entry in table.items()
     }
     family = data.get("family")
-    reports = _reports(data.get("members", []), where)
-    return Snapshot(views, state, reports, family if isinstance(family, str) else None)
+    reports, previous = _reports(data.get("members", []), where)
+    return Snapshot(views, state, reports, family if isinstance(family, str) else None, previous)
 
 
-def _reports(members: object, where: str) -> tuple[tuple[str, Mapping[TaskId, int]], ...]:
-    """``(process, offset sums)`` of each described member of a ``describe --json`` file."""
+def _reports(
+    members: object, where: str
+) -> tuple[tuple[tuple[str, Mapping[TaskId, int]], ...], dict[str, frozenset[TaskId]]]:
+    """``(process, offset sums)`` of each described member of a ``describe --json`` file, and
+    per process the ``previous_active`` its members declared (optional: older files lack it)."""
     if not isinstance(members, list):
         raise AssignmentFileError(f"{where}: members must be a list")
-    out = []
+    reports = []
+    previous: dict[str, frozenset[TaskId]] = {}
     for n, member in enumerate(members, 1):
         if not isinstance(member, dict):
             raise AssignmentFileError(f"{where}: member #{n}: expected a table")
         pid = member.get("process")
         if not isinstance(pid, str) or not member.get("topics") or member.get("undecodable"):
             continue
-        out.append((pid, _offset_sums(member.get("offset_sums", {}), f"{where}: member #{n}")))
-    return tuple(out)
+        label = f"{where}: member #{n}"
+        reports.append((pid, _offset_sums(member.get("offset_sums", {}), label)))
+        ran = _task_ids(member.get("previous_active", []), f"{label}: previous_active")
+        previous[pid] = previous.get(pid, frozenset()) | ran
+    return tuple(reports), previous
 
 
 def _offset_sums(sums: object, label: str) -> dict[TaskId, int]:
@@ -502,13 +514,17 @@ def _client_view(entry: object, label: str) -> ClientView:
     capacity = entry.get("capacity")
     if capacity is not None and (type(capacity) is not int or capacity < 1):
         raise AssignmentFileError(f"{label}: capacity must be an int >= 1, got {capacity!r}")
-    sets = []
-    for kind in ("active", "standby", "warmup"):
-        ids = entry.get(kind, [])
-        if not isinstance(ids, list) or not all(isinstance(t, str) for t in ids):
-            raise AssignmentFileError(f'{label}: {kind} must be a list of task ids like "0_3"')
-        try:
-            sets.append(frozenset(TaskId.parse(t) for t in ids))
-        except ValueError as exc:
-            raise AssignmentFileError(f"{label}: {kind}: {exc}") from exc
+    sets = [
+        _task_ids(entry.get(kind, []), f"{label}: {kind}")
+        for kind in ("active", "standby", "warmup")
+    ]
     return ClientView(capacity, ClientAssignment(*sets))
+
+
+def _task_ids(ids: object, label: str) -> frozenset[TaskId]:
+    if not isinstance(ids, list) or not all(isinstance(t, str) for t in ids):
+        raise AssignmentFileError(f'{label} must be a list of task ids like "0_3"')
+    try:
+        return frozenset(TaskId.parse(t) for t in ids)
+    except ValueError as exc:
+        raise AssignmentFileError(f"{label}: {exc}") from exc

@@ -334,14 +334,16 @@ def snapshot(
     assignment: dict[str, dict[str, list[str]]],
     sums: dict[str, dict[str, int]],
     state: str = "Stable",
+    previous: dict[str, list[str]] | None = None,
 ) -> str:
     """A ``describe --json`` file (the keys explain reads): one member per process, with
-    the offset sums it sent at its last join (-2: running)."""
+    the offset sums it sent at its last join (-2: running) and its ``previous`` actives."""
     members = [
         {
             "process": pid,
             "topics": ["clicks"],
             "offset_sums": sums.get(pid, {}),
+            "previous_active": (previous or {}).get(pid, []),
             "undecodable": None,
         }
         for pid in assignment
@@ -587,6 +589,49 @@ def test_explain_last_reads_the_last_rebalance_from_one_snapshot(tmp_path: Path)
     code, out = run("explain", "--last", now)
     assert code == 0, out
     assert "standbys not shown: at a join a previous standby reports its state" in out
+
+
+def test_explain_last_hands_a_restarted_process_its_previous_actives(tmp_path: Path) -> None:
+    # The reviewer's restart.json: P restarted quickly and reported checkpoints of 0_0 and 0_1
+    # (and, in its subscription, that it ran them before); the leader handed them back. Nothing
+    # moved. 0_4 P ran before too, but Q ran it meanwhile (reported running): Q's, and moved.
+    assignment = {"P": {"active": ["0_0", "0_1", "0_4"]}, "Q": {"active": ["0_2", "0_3"]}}
+    sums = {"P": {"0_0": 500, "0_1": 480, "0_4": 90}, "Q": {"0_2": -2, "0_3": -2, "0_4": -2}}
+    now = snapshot(
+        tmp_path / "restart.json", assignment, sums, previous={"P": ["0_0", "0_1", "0_4"]}
+    )
+    code, out = run("explain", "--last", now, "--json")
+    assert code == 0, out
+    assert json.loads(out)["moves"] == [
+        {"task": "0_4", "from": "Q", "to": "P", "reason": "balance quota", "landing": "local state"}
+    ]
+    # A snapshot saved before describe --json carried previous_active still reads (as before).
+    old = tmp_path / "old.json"
+    data = json.loads(Path(now).read_text())
+    for member in data["members"]:
+        del member["previous_active"]
+    old.write_text(json.dumps(data))
+    code, out = run("explain", "--last", str(old), "--json")
+    assert code == 0, out
+    assert [m["from"] for m in json.loads(out)["moves"]] == [None, None, "Q"]
+
+
+def test_explain_last_warns_of_a_task_two_processes_reported_running(tmp_path: Path) -> None:
+    # now.json: the zombie c9 and bd both reported 0_3 running at the last join.
+    now = snapshot(
+        tmp_path / "now.json",
+        {"bd": {"active": ["0_3"]}, "c9": {"active": ["0_5"]}},
+        {"bd": {"0_3": -2, "0_5": -2}, "c9": {"0_3": -2, "0_5": -2}},
+    )
+    result = CliRunner().invoke(main, ["explain", "--last", now], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        f"warning: {now} (before its last rebalance): 2 tasks active on several clients: "
+        "0_3 on bd, c9 (bd kept); 0_5 on bd, c9 (bd kept); each is taken as run by the "
+        "claimant the sticky assignor keeps (smallest lag, then process id), the others as "
+        "holding its state"
+    ]
+    assert "0_5" in result.stdout and "local state" in result.stdout
 
 
 def test_explain_last_refuses_what_it_cannot_read(tmp_path: Path) -> None:

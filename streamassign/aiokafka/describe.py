@@ -118,6 +118,9 @@ class MemberView:
     warmup: frozenset[TaskId] = frozenset()
     #: Streams protocol: per task, ``LATEST_OFFSET`` (running) or the checkpointed changelog sum.
     offset_sums: Mapping[TaskId, int] = attrs.field(factory=dict)
+    #: Streams protocol: the actives the member says it ran before it joined, kept across a
+    #: restart in its state directory (the leader hands a restarted process these back).
+    previous_active: frozenset[TaskId] = frozenset()
     #: A weight the member declares (consumer ``weight``, Faust ``streamassign.capacity``).
     capacity: int | None = None
     endpoint: str | None = None
@@ -258,6 +261,7 @@ def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) 
             view,
             process=str(info.process_id),
             offset_sums=dict(info.offset_sums),
+            previous_active=info.previous_active,
             capacity=int(capacity) if capacity and capacity.isdigit() else None,
             endpoint=info.endpoint,
             rack=info.rack,
@@ -672,6 +676,7 @@ def _member_json(m: MemberView) -> dict[str, Any]:
         "standby": _ids(m.standby),
         "warmup": _ids(m.warmup),
         "offset_sums": {str(t): s for t, s in sorted(m.offset_sums.items())},
+        "previous_active": _ids(m.previous_active),
         "capacity": m.capacity,
         "endpoint": m.endpoint,
         "rack": m.rack,
