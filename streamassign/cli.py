@@ -1380,13 +1380,28 @@ def _is_remote(path: str) -> bool:
     return is_remote(path)
 
 
-def _run_dir(out: str | None, name: str) -> str:
-    """The run directory: a Hadoop URI as given, a local path (or ``file:`` URI) absolute."""
-    if out is None:
-        out = str(Path("streamassign-runs") / (name or "topology"))
+def _given_run_dir(out: str | None, name: str) -> str:
+    """The run directory as the user gave it, or the default ``streamassign-runs/NAME``."""
+    return out if out is not None else str(Path("streamassign-runs") / (name or "topology"))
+
+
+def _run_dir(out: str | None, name: str, option: str = "--out") -> str:
+    """The run directory: a Hadoop URI as given, a local path (or ``file:`` URI) absolute.
+    ``option``: how the user gave ``out``, for messages (``""``: an argument)."""
+    shown = f"{option} {out}" if out is not None and option else _given_run_dir(out, name)
+    out = _given_run_dir(out, name)
     if _is_remote(out):
         return out.rstrip("/")
-    return str(_local_path(out).resolve())
+    return str(_resolved(_local_path(out), shown))
+
+
+def _resolved(path: Path, shown: str) -> Path:
+    """``path`` made absolute through its links, or one line (``shown`` first) naming the link
+    loop on the way: ``Path.resolve`` raises ``RuntimeError`` for one (Python 3.11, 3.12)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise click.ClickException(f"{shown}: {_link_problem(path) or exc}") from exc
 
 
 def _local_path(out: str) -> Path:
@@ -1639,8 +1654,11 @@ def _run_simulation(
     if not _is_remote(run_dir):
         _refuse_existing(LocalFiles(), run_dir, overwrite)
         # The run is written beside it, then renamed into place: its folder must take it.
-        given = Path(run_dir) if out is None else _local_path(out)
-        _check_out_folder(Path(run_dir).parent, given=given)
+        # As given, not resolved: a dangling ``streamassign-runs`` link must show (its
+        # resolved target is just a missing folder, which the write would create).
+        given = _local_path(_given_run_dir(out, workload.name))
+        shown = f"--out {given}" if out is not None else f"{given} (the default --out)"
+        _check_out_folder(Path(run_dir).parent, given=given, shown=shown)
     for note in notes:
         click.echo(f"note: {note}", err=True)
     click.echo(
@@ -1780,7 +1798,8 @@ def _check_report_out(out: Path) -> None:
     that is not an earlier report, or a parent the sibling cannot be written in."""
     from .pipeline.runs import LocalFiles, replaceable
 
-    given, out = out, out.resolve()
+    _refuse_dangling_link(out, f"--out {out}")
+    given, out = out, _resolved(out, f"--out {out}")
     if not replaceable(LocalFiles(), str(out), "report.html"):
         raise click.ClickException(
             f"{out} exists and holds no report.html: not replacing it; give an empty or new "
@@ -1800,7 +1819,7 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
 
     _require("pyspark", "streamassign report")
     _require("plotly", "streamassign report")
-    run_dir = _run_dir(run_dir, "")
+    run_dir = _run_dir(run_dir, "", option="")
     if out is None and _is_remote(run_dir):
         raise click.ClickException(f"{run_dir} is not a local directory: give --out")
     if not _is_remote(run_dir):
@@ -2083,18 +2102,21 @@ def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) 
         ) from exc
 
 
-def _check_out_folder(out: Path, names: Sequence[str] = (), given: Path | None = None) -> None:
+def _check_out_folder(
+    out: Path, names: Sequence[str] = (), given: Path | None = None, shown: str | None = None
+) -> None:
     """Refuse, before Spark starts, an ``--out`` the results could not be written to: not a
     folder, one of ``names`` there a folder, a dangling symbolic link on the way, or no
     writable folder to create it in. The check
     writes (and removes) a temporary file: permission bits say nothing for root or read-only
     mounts. ``given``: the ``--out`` the user gave, when ``out`` is where it is written from
-    (its parent), so the message names what the user typed."""
+    (its parent), so the message names what the user typed (``shown``: how to name it, if not
+    as ``--out``)."""
     import tempfile
 
-    shown = f"--out {given or out}"
+    shown = shown or f"--out {given or out}"
     _refuse_dangling_link(given or out, shown)
-    out = out.resolve()
+    out = _resolved(out, shown)
     if out.exists() and not out.is_dir():
         raise click.ClickException(f"{shown}: {out} exists and is not a folder")
     for name in names:
@@ -2120,17 +2142,44 @@ def _check_out_folder(out: Path, names: Sequence[str] = (), given: Path | None =
 def _refuse_dangling_link(path: Path, shown: str) -> None:
     """Refuse a symbolic link on the way to ``path`` (itself or a folder above it) whose target
     does not exist: following it would create the target (say, under the empty mount point of
-    a volume not mounted) or fail only after the Spark work. A link to an existing folder is
-    followed like any folder."""
+    a volume not mounted) or fail only after the Spark work; likewise a link loop, or a link
+    or folder that cannot be looked up. A link to an existing folder is followed like any
+    folder."""
+    problem = _link_problem(path)
+    if problem:
+        raise click.ClickException(f"{shown}: {problem}")
+
+
+def _link_problem(path: Path) -> str | None:
+    """What stops ``path`` from being followed, at the nearest part of it (itself or a folder
+    above it) that exists: a dangling symbolic link, a link loop, a lookup refused (``EACCES``:
+    ``Path.exists`` raises it); None when that part can be followed (or none exists)."""
+    import errno
+
     for part in (path, *path.parents):
-        if not os.path.lexists(part):
-            continue  # created by the write, below the nearest existing folder
-        if not part.exists():  # lstat finds it, stat does not: a link to nothing (or a loop)
-            raise click.ClickException(
-                f"{shown}: {part} is a symbolic link to {os.readlink(part)}, which does not "
-                "exist (deleted, or on a volume not mounted?); create it or give another --out"
-            )
-        return
+        try:
+            os.lstat(part)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                continue  # created by the write, or a folder above it tells what is wrong
+            return f"cannot look up {part}: {exc.strerror or exc}"
+        try:
+            os.stat(part)
+        except OSError as exc:
+            target = os.readlink(part) if os.path.islink(part) else None
+            if exc.errno == errno.ENOENT and target is not None:
+                return (
+                    f"{part} is a symbolic link to {target}, which does not exist (deleted, or "
+                    "on a volume not mounted?); create it or give another --out"
+                )
+            if exc.errno == errno.ELOOP:
+                return (
+                    f"{part} is a symbolic link to {target} that leads back to itself (a loop "
+                    "of links); fix the links or give another path"
+                )
+            return f"cannot follow {part}: {exc.strerror or exc}"
+        return None
+    return None
 
 
 def _print_plan(
