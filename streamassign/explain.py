@@ -20,6 +20,7 @@ from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentFileError
 from .protocol import LATEST_OFFSET, running_tasks
 from .sticky import resolve_previous_owners
+from .streams import best_offset_sums, local_state_lags
 
 
 class Reason(enum.StrEnum):
@@ -362,7 +363,8 @@ def load_saved(data: object, where: str) -> dict[str, ClientView]:
     return dict(load_snapshot(data, where).views)
 
 
-#: The only group state in which a ``describe --json`` snapshot holds the group's assignment.
+#: The only group state in which DescribeGroups returns the group's assignment (members' bytes
+#: are the current subscriptions and assignment), so a ``describe --json`` snapshot holds one.
 STABLE = "Stable"
 
 
@@ -417,19 +419,13 @@ class Snapshot:
         them without end offsets, against the task's best reported offset sum. A process
         without a capacity counts as one thread."""
         held = self.local_state()
-        best: dict[TaskId, int] = {}
-        for sums in held.values():
-            for task, offset in sums.items():
-                if offset >= 0:  # not LATEST_OFFSET (running)
-                    best[task] = max(best.get(task, 0), offset)
+        best = best_offset_sums(held.values())
         clients = []
         for pid, view in sorted(self.views.items()):
             a = view.assignment
-            lags = {
-                t: max(0, best[t] - offset)
-                for t, offset in held.get(pid, {}).items()
-                if offset >= 0 and t not in a.active
-            }
+            # Against the best reported sum every checkpointed task has a lag (never None).
+            measured = local_state_lags(held.get(pid, {}), best, a.active)
+            lags = {t: lag for t, lag in measured.items() if lag is not None}
             clients.append(
                 ClientState(pid, view.capacity or 1, a.active, a.standby | a.warmup, lags)
             )

@@ -47,7 +47,7 @@ from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..consumer.userdata import AssignmentData, MemberData
 from ..errors import GroupDescribeError, ProtocolError, UserDataError
-from ..explain import ClientView, local_state
+from ..explain import STABLE, ClientView, local_state
 from ..metrics import AssignmentMetrics, evaluate, violations
 from ..protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 from ..text import counted
@@ -62,8 +62,6 @@ FAUST_CAPACITY_TAG = "streamassign.capacity"
 #: Faust's own assignor (``faust.assignor.PartitionAssignor.name``).
 FAUST_OWN_PROTOCOL_NAME = "faust"
 
-#: The one group state whose members' bytes are the current subscriptions and assignment.
-STABLE = "Stable"
 
 #: Faust's assignment JSON is zlib-compressed; inflating more than this is a bomb, not a group.
 _MAX_INFLATED = 64 * 1024 * 1024
