@@ -522,20 +522,45 @@ def _load_plan_clients(path: Path) -> list[ClientState]:
     """``plan``'s clients file: TOML ``[[client]]`` tables, or a saved assignment (a JSON
     object: ``describe --json`` of the live group, or ``plan --json``) read as the clients
     that run it now (``Snapshot.clients``)."""
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()
-    except OSError as exc:
-        raise ClientsFileError(f"{path}: cannot read the clients file: {exc}") from exc
-    if not head.startswith(b"{"):  # a TOML document never starts with a brace
+    if not _is_json(path):
         return load_clients(path)
+    snapshot = _read_snapshot(path)
+    if snapshot.family not in (None, "streams"):
+        raise ClientsFileError(
+            f"{path}: a snapshot of a group of protocol family {snapshot.family}, whose task "
+            "ids do not name the topology's subtopologies: --clients takes a streams-protocol "
+            "group's describe --json (ProcessHost, the Faust drop-in assignor), plan --json "
+            "output or TOML [[client]] tables"
+        )
     try:
-        clients = _read_snapshot(path).clients()
+        clients = snapshot.clients()
     except ValueError as exc:  # a process id or a capacity ClientState refuses
         raise ClientsFileError(f"{path}: {exc}") from exc
     if not clients:
         raise ClientsFileError(f"{path}: no process in its 'assignment' table")
     return clients
+
+
+def _is_json(path: Path) -> bool:
+    """Whether a clients file is JSON, by the first character of its text past a byte order
+    mark and whitespace: ``{`` always (TOML never starts with a brace); ``[`` or ``"`` when the
+    whole text parses as JSON (TOML's ``[[client]]`` and quoted keys start so too), so that a
+    JSON array or string gets a JSON file's error, not "invalid TOML"."""
+    try:
+        with path.open("rb") as fh:
+            text = fh.read(_MAX_SAVED_BYTES + 1)
+    except OSError as exc:
+        raise ClientsFileError(f"{path}: cannot read the clients file: {exc}") from exc
+    first = text.removeprefix(b"\xef\xbb\xbf").lstrip()[:1]
+    if first == b"{":
+        return True
+    if first not in (b"[", b'"'):
+        return False
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _show_plan(

@@ -543,6 +543,21 @@ def test_plan_takes_a_describe_snapshot_as_its_clients_for_a_what_if(tmp_path: P
         ("{ garbage", "cannot read a saved assignment"),
         ('\ufeff{"tasks": {}}', "no 'assignment' table"),
         ("garbage", "invalid TOML"),
+        # JSON past 64 bytes of whitespace, a JSON array or string: a JSON error, not TOML's.
+        (" \n" * 40 + '{"state": "Stable", "assignment": {}}', "no process in its 'assignment'"),
+        ('["p1", "p2"]', "no 'assignment' table"),
+        ('"p1"', "no 'assignment' table"),
+        ('[[client]]\nprocess_id = "p1"\ncapacity = 0\n', "capacity"),  # TOML still
+        # Task ids of consumer and Faust-own groups are not the topology's: refused, not mapped.
+        *(
+            (
+                json.dumps(
+                    {"state": "Stable", "family": family, "assignment": {"m1": {"active": ["0_0"]}}}
+                ),
+                f"a snapshot of a group of protocol family {family}, whose task ids do not name",
+            )
+            for family in ("consumer", "faust")
+        ),
     ],
 )
 def test_plan_refuses_a_bad_snapshot_as_clients_in_one_line(
