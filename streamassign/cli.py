@@ -865,12 +865,25 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
         moves = explain(before, now.views, now.local_state())
     else:
         old, new = _read_saved(files[0]), _read_saved(files[1])
-        moves = explain(old.views, new.views, new.local_state())
+        moves = explain(old.views, new.views, _landing_state(old, new))
     if as_json:
         data = _moves_json(moves)
         click.echo(json.dumps({"moves": data["moves"]} if last else data, indent=2))
     else:
         _print_moves(_Stdout(), moves, standbys=not last)
+
+
+def _landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]:
+    """``explain``'s ``lags`` for BEFORE -> AFTER: what AFTER's members reported at their last
+    join; when AFTER has no reports (a ``plan --json`` what-if of BEFORE), the checkpointed
+    state BEFORE's members reported, as ``plan --clients BEFORE`` reads it, so that ``explain
+    BEFORE PLAN.json`` lands where ``plan --explain`` does."""
+    if new.reports:
+        return new.local_state()
+    try:
+        return {c.process_id: dict(c.lags) for c in old.clients()}
+    except ValueError:  # a process id ClientState refuses: no local state to tell
+        return {}
 
 
 @main.command()

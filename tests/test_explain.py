@@ -174,6 +174,30 @@ def test_explain_and_diff_between_two_saved_plans(tmp_path: Path) -> None:
     assert sorted(rows["client-9"]["+active"]) == sorted(m["task"] for m in moves)
 
 
+def test_explain_of_a_snapshot_and_its_what_if_lands_as_plan_explain_does(
+    tmp_path: Path,
+) -> None:
+    # The reviewer's crash2.json -> p2.json: p1 crashed (deleted from the snapshot); the
+    # what-if plan gives its tasks to p3, which reported a checkpoint of 0_2 (not of 0_3).
+    topology = tmp_path / "clicks.toml"
+    topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
+    crash = snapshot(
+        tmp_path / "crash.json",
+        {"p2": {"capacity": 1, "active": ["0_0", "0_1"]}, "p3": {"capacity": 1}},
+        {"p2": {"0_0": -2, "0_1": -2, "0_3": 310}, "p3": {"0_2": 652}},
+    )
+    code, out = run("plan", str(topology), "--clients", crash, "--json")
+    assert code == 0, out
+    planned = {m["task"]: (m["to"], m["landing"]) for m in json.loads(out)["moves"]}
+    what_if = tmp_path / "p2.json"
+    what_if.write_text(out)
+    code, out = run("explain", crash, str(what_if), "--json")
+    assert code == 0, out
+    explained = {m["task"]: (m["to"], m["landing"]) for m in json.loads(out)["moves"]}
+    assert explained == planned
+    assert explained == {"0_2": ("p3", "local state"), "0_3": ("p3", "cold")}
+
+
 @pytest.mark.parametrize(
     ("content", "named"),
     [
