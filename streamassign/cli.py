@@ -804,12 +804,13 @@ def _print_tables(
 _MAX_SAVED_BYTES = 64 * 1024 * 1024
 
 
-def _read_snapshot(path: Path) -> Snapshot:
-    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it."""
+def _read_snapshot(path: Path, *, members: bool = True) -> Snapshot:
+    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it
+    (``members`` False: its members' rows are not read, see ``load_snapshot``)."""
     try:
         if path.stat().st_size > _MAX_SAVED_BYTES:
             raise click.ClickException(f"{path}: larger than {_MAX_SAVED_BYTES} bytes")
-        return load_snapshot(json.loads(path.read_bytes()), str(path))
+        return load_snapshot(json.loads(path.read_bytes()), str(path), members=members)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise click.ClickException(f"{path}: cannot read a saved assignment: {reason}") from exc
@@ -817,10 +818,10 @@ def _read_snapshot(path: Path) -> Snapshot:
         raise click.ClickException(str(exc)) from exc
 
 
-def _read_saved(path: Path) -> Snapshot:
+def _read_saved(path: Path, *, members: bool = True) -> Snapshot:
     """:func:`_read_snapshot`, and a warning line per kind of claim in it that no assignment
     can hold."""
-    snapshot = _read_snapshot(path)
+    snapshot = _read_snapshot(path, members=members)
     _warn_conflicts(claim_conflicts(snapshot.views), str(path))
     return snapshot
 
@@ -892,7 +893,8 @@ def _landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]
 @_json_option("a table")
 def diff(before: Path, after: Path, as_json: bool) -> None:
     """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
-    old, new = _read_saved(before).views, _read_saved(after).views
+    old = _read_saved(before, members=False).views
+    new = _read_saved(after, members=False).views
     rows = {}
     for pid in sorted(old.keys() | new.keys()):
         was = old[pid].assignment if pid in old else ClientAssignment()

@@ -360,7 +360,7 @@ def load_saved(data: object, where: str) -> dict[str, ClientView]:
     ``describe --json`` snapshot not taken in state Stable) is an ``AssignmentFileError``
     naming the file and the key; :func:`load_snapshot` gives the rest of the file too.
     """
-    return dict(load_snapshot(data, where).views)
+    return dict(load_snapshot(data, where, members=False).views)
 
 
 #: The only group state in which DescribeGroups returns the group's assignment (members' bytes
@@ -446,13 +446,15 @@ def local_state(
     return out
 
 
-def load_snapshot(data: object, where: str) -> Snapshot:
+def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot:
     """A saved assignment file's contents (see :func:`load_saved` for the ``assignment``
     table). A ``state`` other than Stable is refused: DescribeGroups taken during a rebalance
     or of an empty group returns no assignment (or the previous one's bytes under another
     protocol), so every task would read as removed. ``members`` (``describe --json``'s) give
     the offset sums; members without a process or topics (undecodable, no metadata) are left
-    out, as ``describe`` leaves them out of the processes."""
+    out, as ``describe`` leaves them out of the processes. With ``members`` False they are
+    not read at all (no ``reports``): a caller that needs only the assignment (``diff``) does
+    not refuse a file for rows it never uses."""
     state = data.get("state") if isinstance(data, dict) else None
     if isinstance(data, dict) and "state" in data and state != STABLE:
         raise AssignmentFileError(
@@ -468,7 +470,7 @@ def load_snapshot(data: object, where: str) -> Snapshot:
         str(pid): _client_view(entry, f"{where}: client {pid!r}") for pid, entry in table.items()
     }
     family = data.get("family")
-    reports, previous = _reports(data.get("members", []), where)
+    reports, previous = _reports(data.get("members", []) if members else [], where)
     return Snapshot(views, state, reports, family if isinstance(family, str) else None, previous)
 
 

@@ -458,6 +458,25 @@ def test_a_running_report_is_local_state_only_when_it_dates_from_the_last_rebala
         assert landing.split(":")[0] in text
 
 
+def test_diff_reads_a_snapshot_whose_members_rows_it_does_not_use(tmp_path: Path) -> None:
+    # h_nullsums.json: a member's offset_sums null. diff reads the assignment only; explain
+    # reads the offset sums, so it still refuses, in one line.
+    good = snapshot(tmp_path / "good.json", {"p1": {"active": ["0_0"]}}, {})
+    data = json.loads(Path(good).read_text())
+    data["members"][0]["offset_sums"] = None
+    data["assignment"]["p1"]["active"] = ["0_0", "0_1"]
+    bad = tmp_path / "nullsums.json"
+    bad.write_text(json.dumps(data))
+    code, out = run("diff", good, str(bad), "--json")
+    assert code == 0, out
+    assert json.loads(out)["p1"]["+active"] == ["0_1"]
+    code, out = run("explain", good, str(bad))
+    assert code == 1
+    assert out.splitlines() == [
+        f'Error: {bad}: member #1: offset_sums must map task ids like "0_3" to ints'
+    ]
+
+
 @pytest.mark.parametrize("state", ["PreparingRebalance", "CompletingRebalance", "Empty", "Dead"])
 def test_explain_and_diff_refuse_a_snapshot_not_taken_in_state_stable(
     tmp_path: Path, state: str
