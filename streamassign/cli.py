@@ -863,7 +863,7 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
         before = now.before_last_join()
         # Two processes reporting one task running: a zombie beside its task's new owner.
         _warn_conflicts(claim_conflicts(before), f"{files[0]} (before its last rebalance)")
-        moves = explain(before, now.views, now.local_state())
+        moves = explain(before, now.views, now.local_state(), from_last_join=True)
     else:
         old, new = _read_saved(files[0]), _read_saved(files[1])
         moves = explain(old.views, new.views, _landing_state(old, new))

@@ -29,6 +29,10 @@ class Reason(enum.StrEnum):
     #: No present client ran it before (first assignment, new partitions, or, in ``plan``, its
     #: owner is not in the clients file).
     NO_PREVIOUS_OWNER = "no previous owner"
+    #: ``explain --last``: no process of the snapshot reported running it when it joined the
+    #: last rebalance; its owner left at that rebalance, or it is new (one snapshot cannot
+    #: tell which).
+    NOT_REPORTED = "no owner reported"
     #: The task is no longer in the topology (fewer partitions, or a stale claim).
     TASK_REMOVED = "task removed"
     #: Its previous owner (or standby holder) left the group.
@@ -104,7 +108,12 @@ class Explanation:
     @property
     def moves(self) -> int:
         """Actives whose previous owner is still present but no longer runs them (DESIGN §3.3)."""
-        gone = (Reason.NO_PREVIOUS_OWNER, Reason.CLIENT_GONE, Reason.TASK_REMOVED)
+        gone = (
+            Reason.NO_PREVIOUS_OWNER,
+            Reason.NOT_REPORTED,
+            Reason.CLIENT_GONE,
+            Reason.TASK_REMOVED,
+        )
         return sum(1 for m in self.actives if m.reason not in gone)
 
 
@@ -255,6 +264,7 @@ def explain(
     stateful: Collection[TaskId] | None = None,
     *,
     claim_lags: Mapping[str, Mapping[TaskId, int]] | None = None,
+    from_last_join: bool = False,
 ) -> Explanation:
     """Every task whose active or standby placement differs between ``before`` and ``after``.
 
@@ -266,7 +276,8 @@ def explain(
     ``stateful`` (None: every task) tells which tasks have state to land on at all.
     ``claim_lags`` (the clients' ``ClientState.lags``, when known) decide which of several
     active claims in ``before`` is the previous owner, as in the assignor; without them, the
-    smallest process id (see :func:`claim_conflicts`).
+    smallest process id (see :func:`claim_conflicts`). ``from_last_join``: ``before`` is
+    :meth:`Snapshot.before_last_join` (a task without an owner there is ``NOT_REPORTED``).
     """
     known_lags = lags or {}
     shared_running = _shared_running(before, known_lags)
@@ -282,7 +293,7 @@ def explain(
         if source == destination:
             continue
         if source is None:
-            reason = Reason.NO_PREVIOUS_OWNER
+            reason = Reason.NOT_REPORTED if from_last_join else Reason.NO_PREVIOUS_OWNER
         elif destination is None:
             reason = Reason.TASK_REMOVED
         else:
