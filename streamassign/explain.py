@@ -427,8 +427,9 @@ class Snapshot:
         the next rebalance: each runs its actives now (``prev_active``) and keeps its standbys
         and warmups (``prev_standby``: a warmup reports its state as a standby does); ``lags``
         of the local state it reported at its last join are measured as the leader measures
-        them without end offsets, against the task's best reported offset sum. A process
-        without a capacity counts as one thread."""
+        them without end offsets, against the task's best reported offset sum (0 for a task it
+        reported running and runs no more: it was the task's active then, ahead of any copy).
+        A process without a capacity counts as one thread."""
         held = self.local_state()
         best = best_offset_sums(held.values())
         clients = []
@@ -437,6 +438,9 @@ class Snapshot:
             # Against the best reported sum every checkpointed task has a lag (never None).
             measured = local_state_lags(held.get(pid, {}), best, a.active)
             lags = {t: lag for t, lag in measured.items() if lag is not None}
+            # A task it ran at its last join and gave up: it reports the checkpoint it closed
+            # the task with next time, at least as far as any copy's sum reported at that join.
+            lags |= dict.fromkeys(running_tasks(held.get(pid, {})) - a.active, 0)
             clients.append(
                 ClientState(pid, view.capacity or 1, a.active, a.standby | a.warmup, lags)
             )

@@ -536,15 +536,21 @@ def test_a_snapshot_read_as_clients_runs_what_the_group_runs_now(tmp_path: Path)
             "p2": {"capacity": 1, "active": ["0_2"], "standby": ["0_0"], "warmup": ["0_1"]},
         },
         # Sums from the last join: p1 ran 0_0 and held 0_2 and 0_3 at 500 and 400; p2 held
-        # 0_0 at 300, 0_1 at 100 (its warmup now) and 0_2 at 700 (which it runs now).
-        {"p1": {"0_0": -2, "0_2": 500, "0_3": 400}, "p2": {"0_0": 300, "0_1": 100, "0_2": 700}},
+        # 0_0 at 300, 0_1 at 100 (its warmup now) and 0_2 at 700 (which it runs now), and ran
+        # 0_3, which it gave up at that rebalance: the closed task's state is the freshest.
+        {
+            "p1": {"0_0": -2, "0_2": 500, "0_3": 400},
+            "p2": {"0_0": 300, "0_1": 100, "0_2": 700, "0_3": -2},
+        },
     )
     from streamassign.explain import load_snapshot
 
     clients = load_snapshot(json.loads(Path(now).read_text()), now).clients()
     assert clients == [
         ClientState("p1", 2, {"0_0", "0_1"}, {"0_2"}, {TaskId(0, 2): 200, TaskId(0, 3): 0}),
-        ClientState("p2", 1, {"0_2"}, {"0_0", "0_1"}, {TaskId(0, 0): 0, TaskId(0, 1): 0}),
+        ClientState(
+            "p2", 1, {"0_2"}, {"0_0", "0_1"}, {TaskId(0, 0): 0, TaskId(0, 1): 0, TaskId(0, 3): 0}
+        ),
     ]
 
 
