@@ -174,9 +174,9 @@ class GroupView:
 
     def local_state(self) -> dict[str, dict[TaskId, int]]:
         """Per process, the tasks it reported state of when it joined (a checkpointed offset
-        sum, or ``LATEST_OFFSET``: running then): ``explain``'s ``lags`` (warm or cold
-        landings), as ``explain`` reads them from a saved snapshot
-        (``streamassign.explain.local_state``)."""
+        sum, or ``LATEST_OFFSET``: running then, which ``explain`` counts only when it dates
+        from the last rebalance): ``explain``'s ``lags`` (warm or cold landings), as
+        ``explain`` reads them from a saved snapshot (``streamassign.explain.local_state``)."""
         by_process = self.members_by_process()
         return local_state((pid, m.offset_sums) for pid, ms in by_process.items() for m in ms)
 
