@@ -522,20 +522,45 @@ def _load_plan_clients(path: Path) -> list[ClientState]:
     """``plan``'s clients file: TOML ``[[client]]`` tables, or a saved assignment (a JSON
     object: ``describe --json`` of the live group, or ``plan --json``) read as the clients
     that run it now (``Snapshot.clients``)."""
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()
-    except OSError as exc:
-        raise ClientsFileError(f"{path}: cannot read the clients file: {exc}") from exc
-    if not head.startswith(b"{"):  # a TOML document never starts with a brace
+    if not _is_json(path):
         return load_clients(path)
+    snapshot = _read_snapshot(path)
+    if snapshot.family not in (None, "streams"):
+        raise ClientsFileError(
+            f"{path}: a snapshot of a group of protocol family {snapshot.family}, whose task "
+            "ids do not name the topology's subtopologies: --clients takes a streams-protocol "
+            "group's describe --json (ProcessHost, the Faust drop-in assignor), plan --json "
+            "output or TOML [[client]] tables"
+        )
     try:
-        clients = _read_snapshot(path).clients()
+        clients = snapshot.clients()
     except ValueError as exc:  # a process id or a capacity ClientState refuses
         raise ClientsFileError(f"{path}: {exc}") from exc
     if not clients:
         raise ClientsFileError(f"{path}: no process in its 'assignment' table")
     return clients
+
+
+def _is_json(path: Path) -> bool:
+    """Whether a clients file is JSON, by the first character of its text past a byte order
+    mark and whitespace: ``{`` always (TOML never starts with a brace); ``[`` or ``"`` when the
+    whole text parses as JSON (TOML's ``[[client]]`` and quoted keys start so too), so that a
+    JSON array or string gets a JSON file's error, not "invalid TOML"."""
+    try:
+        with path.open("rb") as fh:
+            text = fh.read(_MAX_SAVED_BYTES + 1)
+    except OSError as exc:
+        raise ClientsFileError(f"{path}: cannot read the clients file: {exc}") from exc
+    first = text.removeprefix(b"\xef\xbb\xbf").lstrip()[:1]
+    if first == b"{":
+        return True
+    if first not in (b"[", b'"'):
+        return False
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _show_plan(
@@ -779,12 +804,13 @@ def _print_tables(
 _MAX_SAVED_BYTES = 64 * 1024 * 1024
 
 
-def _read_snapshot(path: Path) -> Snapshot:
-    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it."""
+def _read_snapshot(path: Path, *, members: bool = True) -> Snapshot:
+    """A saved assignment file, or one ``ClickException`` line saying what is wrong with it
+    (``members`` False: its members' rows are not read, see ``load_snapshot``)."""
     try:
         if path.stat().st_size > _MAX_SAVED_BYTES:
             raise click.ClickException(f"{path}: larger than {_MAX_SAVED_BYTES} bytes")
-        return load_snapshot(json.loads(path.read_bytes()), str(path))
+        return load_snapshot(json.loads(path.read_bytes()), str(path), members=members)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise click.ClickException(f"{path}: cannot read a saved assignment: {reason}") from exc
@@ -792,10 +818,10 @@ def _read_snapshot(path: Path) -> Snapshot:
         raise click.ClickException(str(exc)) from exc
 
 
-def _read_saved(path: Path) -> Snapshot:
+def _read_saved(path: Path, *, members: bool = True) -> Snapshot:
     """:func:`_read_snapshot`, and a warning line per kind of claim in it that no assignment
     can hold."""
-    snapshot = _read_snapshot(path)
+    snapshot = _read_snapshot(path, members=members)
     _warn_conflicts(claim_conflicts(snapshot.views), str(path))
     return snapshot
 
@@ -834,15 +860,31 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
                 "--json snapshot of a streams-protocol group (ProcessHost, the Faust drop-in "
                 "assignor)"
             )
-        moves = explain(now.before_last_join(), now.views, now.local_state())
+        before = now.before_last_join()
+        # Two processes reporting one task running: a zombie beside its task's new owner.
+        _warn_conflicts(claim_conflicts(before), f"{files[0]} (before its last rebalance)")
+        moves = explain(before, now.views, now.local_state(), from_last_join=True)
     else:
         old, new = _read_saved(files[0]), _read_saved(files[1])
-        moves = explain(old.views, new.views, new.local_state())
+        moves = explain(old.views, new.views, _landing_state(old, new))
     if as_json:
         data = _moves_json(moves)
         click.echo(json.dumps({"moves": data["moves"]} if last else data, indent=2))
     else:
         _print_moves(_Stdout(), moves, standbys=not last)
+
+
+def _landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]:
+    """``explain``'s ``lags`` for BEFORE -> AFTER: what AFTER's members reported at their last
+    join; when AFTER has no reports (a ``plan --json`` what-if of BEFORE), the checkpointed
+    state BEFORE's members reported, as ``plan --clients BEFORE`` reads it, so that ``explain
+    BEFORE PLAN.json`` lands where ``plan --explain`` does."""
+    if new.reports:
+        return new.local_state()
+    try:
+        return {c.process_id: dict(c.lags) for c in old.clients()}
+    except ValueError:  # a process id ClientState refuses: no local state to tell
+        return {}
 
 
 @main.command()
@@ -851,7 +893,8 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
 @_json_option("a table")
 def diff(before: Path, after: Path, as_json: bool) -> None:
     """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
-    old, new = _read_saved(before).views, _read_saved(after).views
+    old = _read_saved(before, members=False).views
+    new = _read_saved(after, members=False).views
     rows = {}
     for pid in sorted(old.keys() | new.keys()):
         was = old[pid].assignment if pid in old else ClientAssignment()
@@ -1377,13 +1420,28 @@ def _is_remote(path: str) -> bool:
     return is_remote(path)
 
 
-def _run_dir(out: str | None, name: str) -> str:
-    """The run directory: a Hadoop URI as given, a local path (or ``file:`` URI) absolute."""
-    if out is None:
-        out = str(Path("streamassign-runs") / (name or "topology"))
+def _given_run_dir(out: str | None, name: str) -> str:
+    """The run directory as the user gave it, or the default ``streamassign-runs/NAME``."""
+    return out if out is not None else str(Path("streamassign-runs") / (name or "topology"))
+
+
+def _run_dir(out: str | None, name: str, option: str = "--out") -> str:
+    """The run directory: a Hadoop URI as given, a local path (or ``file:`` URI) absolute.
+    ``option``: how the user gave ``out``, for messages (``""``: an argument)."""
+    shown = f"{option} {out}" if out is not None and option else _given_run_dir(out, name)
+    out = _given_run_dir(out, name)
     if _is_remote(out):
         return out.rstrip("/")
-    return str(_local_path(out).resolve())
+    return str(_resolved(_local_path(out), shown))
+
+
+def _resolved(path: Path, shown: str) -> Path:
+    """``path`` made absolute through its links, or one line (``shown`` first) naming the link
+    loop on the way: ``Path.resolve`` raises ``RuntimeError`` for one (Python 3.11, 3.12)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise click.ClickException(f"{shown}: {_link_problem(path) or exc}") from exc
 
 
 def _local_path(out: str) -> Path:
@@ -1636,8 +1694,11 @@ def _run_simulation(
     if not _is_remote(run_dir):
         _refuse_existing(LocalFiles(), run_dir, overwrite)
         # The run is written beside it, then renamed into place: its folder must take it.
-        given = Path(run_dir) if out is None else _local_path(out)
-        _check_out_folder(Path(run_dir).parent, given=given)
+        # As given, not resolved: a dangling ``streamassign-runs`` link must show (its
+        # resolved target is just a missing folder, which the write would create).
+        given = _local_path(_given_run_dir(out, workload.name))
+        shown = f"--out {given}" if out is not None else f"{given} (the default --out)"
+        _check_out_folder(Path(run_dir).parent, given=given, shown=shown)
     for note in notes:
         click.echo(f"note: {note}", err=True)
     click.echo(
@@ -1777,7 +1838,8 @@ def _check_report_out(out: Path) -> None:
     that is not an earlier report, or a parent the sibling cannot be written in."""
     from .pipeline.runs import LocalFiles, replaceable
 
-    given, out = out, out.resolve()
+    _refuse_dangling_link(out, f"--out {out}")
+    given, out = out, _resolved(out, f"--out {out}")
     if not replaceable(LocalFiles(), str(out), "report.html"):
         raise click.ClickException(
             f"{out} exists and holds no report.html: not replacing it; give an empty or new "
@@ -1797,7 +1859,7 @@ def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int 
 
     _require("pyspark", "streamassign report")
     _require("plotly", "streamassign report")
-    run_dir = _run_dir(run_dir, "")
+    run_dir = _run_dir(run_dir, "", option="")
     if out is None and _is_remote(run_dir):
         raise click.ClickException(f"{run_dir} is not a local directory: give --out")
     if not _is_remote(run_dir):
@@ -2093,18 +2155,21 @@ def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) 
         ) from exc
 
 
-def _check_out_folder(out: Path, names: Sequence[str] = (), given: Path | None = None) -> None:
+def _check_out_folder(
+    out: Path, names: Sequence[str] = (), given: Path | None = None, shown: str | None = None
+) -> None:
     """Refuse, before Spark starts, an ``--out`` the results could not be written to: not a
     folder, one of ``names`` there a folder, a dangling symbolic link on the way, or no
     writable folder to create it in. The check
     writes (and removes) a temporary file: permission bits say nothing for root or read-only
     mounts. ``given``: the ``--out`` the user gave, when ``out`` is where it is written from
-    (its parent), so the message names what the user typed."""
+    (its parent), so the message names what the user typed (``shown``: how to name it, if not
+    as ``--out``)."""
     import tempfile
 
-    shown = f"--out {given or out}"
+    shown = shown or f"--out {given or out}"
     _refuse_dangling_link(given or out, shown)
-    out = out.resolve()
+    out = _resolved(out, shown)
     if out.exists() and not out.is_dir():
         raise click.ClickException(f"{shown}: {out} exists and is not a folder")
     for name in names:
@@ -2130,17 +2195,44 @@ def _check_out_folder(out: Path, names: Sequence[str] = (), given: Path | None =
 def _refuse_dangling_link(path: Path, shown: str) -> None:
     """Refuse a symbolic link on the way to ``path`` (itself or a folder above it) whose target
     does not exist: following it would create the target (say, under the empty mount point of
-    a volume not mounted) or fail only after the Spark work. A link to an existing folder is
-    followed like any folder."""
+    a volume not mounted) or fail only after the Spark work; likewise a link loop, or a link
+    or folder that cannot be looked up. A link to an existing folder is followed like any
+    folder."""
+    problem = _link_problem(path)
+    if problem:
+        raise click.ClickException(f"{shown}: {problem}")
+
+
+def _link_problem(path: Path) -> str | None:
+    """What stops ``path`` from being followed, at the nearest part of it (itself or a folder
+    above it) that exists: a dangling symbolic link, a link loop, a lookup refused (``EACCES``:
+    ``Path.exists`` raises it); None when that part can be followed (or none exists)."""
+    import errno
+
     for part in (path, *path.parents):
-        if not os.path.lexists(part):
-            continue  # created by the write, below the nearest existing folder
-        if not part.exists():  # lstat finds it, stat does not: a link to nothing (or a loop)
-            raise click.ClickException(
-                f"{shown}: {part} is a symbolic link to {os.readlink(part)}, which does not "
-                "exist (deleted, or on a volume not mounted?); create it or give another --out"
-            )
-        return
+        try:
+            os.lstat(part)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                continue  # created by the write, or a folder above it tells what is wrong
+            return f"cannot look up {part}: {exc.strerror or exc}"
+        try:
+            os.stat(part)
+        except OSError as exc:
+            target = os.readlink(part) if os.path.islink(part) else None
+            if exc.errno == errno.ENOENT and target is not None:
+                return (
+                    f"{part} is a symbolic link to {target}, which does not exist (deleted, or "
+                    "on a volume not mounted?); create it or give another --out"
+                )
+            if exc.errno == errno.ELOOP:
+                return (
+                    f"{part} is a symbolic link to {target} that leads back to itself (a loop "
+                    "of links); fix the links or give another path"
+                )
+            return f"cannot follow {part}: {exc.strerror or exc}"
+        return None
+    return None
 
 
 def _print_plan(

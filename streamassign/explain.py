@@ -18,8 +18,9 @@ import attrs
 from ._ids import TaskId
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentFileError
-from .protocol import LATEST_OFFSET
+from .protocol import LATEST_OFFSET, running_tasks
 from .sticky import resolve_previous_owners
+from .streams import best_offset_sums, local_state_lags
 
 
 class Reason(enum.StrEnum):
@@ -28,6 +29,10 @@ class Reason(enum.StrEnum):
     #: No present client ran it before (first assignment, new partitions, or, in ``plan``, its
     #: owner is not in the clients file).
     NO_PREVIOUS_OWNER = "no previous owner"
+    #: ``explain --last``: no process of the snapshot reported running it when it joined the
+    #: last rebalance; its owner left at that rebalance, or it is new (one snapshot cannot
+    #: tell which).
+    NOT_REPORTED = "no owner reported"
     #: The task is no longer in the topology (fewer partitions, or a stale claim).
     TASK_REMOVED = "task removed"
     #: Its previous owner (or standby holder) left the group.
@@ -57,6 +62,10 @@ class Landing(enum.StrEnum):
     WARMUP = "warmup"
     LOCAL = "local state"
     COLD = "cold"
+    #: The new owner reported the task running when it joined the last rebalance, alone: it
+    #: took the task in an earlier rebalance (one neither side shows), with whatever state it
+    #: had then, which no report says.
+    EARLIER = "earlier rebalance: state unknown"
 
 
 @attrs.frozen
@@ -99,7 +108,12 @@ class Explanation:
     @property
     def moves(self) -> int:
         """Actives whose previous owner is still present but no longer runs them (DESIGN §3.3)."""
-        gone = (Reason.NO_PREVIOUS_OWNER, Reason.CLIENT_GONE, Reason.TASK_REMOVED)
+        gone = (
+            Reason.NO_PREVIOUS_OWNER,
+            Reason.NOT_REPORTED,
+            Reason.CLIENT_GONE,
+            Reason.TASK_REMOVED,
+        )
         return sum(1 for m in self.actives if m.reason not in gone)
 
 
@@ -202,6 +216,7 @@ def _landing(
     destination: str,
     before: Mapping[str, ClientView],
     lags: Mapping[str, Mapping[TaskId, int]],
+    shared_running: Collection[TaskId],
 ) -> Landing:
     had = before.get(destination, _EMPTY).assignment
     if task in had.active:
@@ -211,9 +226,32 @@ def _landing(
         return Landing.STANDBY
     if task in had.warmup:
         return Landing.WARMUP
-    if task in lags.get(destination, {}):
+    offset = lags.get(destination, {}).get(task)
+    if offset is None:
+        return Landing.COLD
+    if offset != LATEST_OFFSET or task in shared_running:
         return Landing.LOCAL
-    return Landing.COLD
+    return Landing.EARLIER
+
+
+def _shared_running(
+    before: Mapping[str, ClientView], lags: Mapping[str, Mapping[TaskId, int]]
+) -> frozenset[TaskId]:
+    """The tasks whose ``LATEST_OFFSET`` (running) reports in ``lags`` say the new owner had
+    their state at the last rebalance: several processes reported one running at that join
+    (a zombie kept running it beside its owner), and ``before`` is the assignment right before
+    that rebalance (every process of ``before`` that reported ran exactly its actives there).
+    Otherwise a rebalance neither side shows came between, and a running report dates from
+    it: the task moved then, with a state no report tells."""
+    running = {pid: running_tasks(sums) for pid, sums in lags.items()}
+    if any(running[pid] != before[pid].assignment.active for pid in before.keys() & running):
+        return frozenset()
+    seen: set[TaskId] = set()
+    shared: set[TaskId] = set()
+    for tasks in running.values():
+        shared |= seen & tasks
+        seen |= tasks
+    return frozenset(shared)
 
 
 _EMPTY = ClientView(None, ClientAssignment())
@@ -226,17 +264,23 @@ def explain(
     stateful: Collection[TaskId] | None = None,
     *,
     claim_lags: Mapping[str, Mapping[TaskId, int]] | None = None,
+    from_last_join: bool = False,
 ) -> Explanation:
     """Every task whose active or standby placement differs between ``before`` and ``after``.
 
     ``lags`` (per client: tasks it has local state of) tells a warm landing from a cold one when
-    the state is not a standby of ``before`` (e.g. a restarted process's checkpoints);
+    the state is not a standby of ``before`` (e.g. a restarted process's checkpoints); a
+    ``LATEST_OFFSET`` among them (the client ran the task when it joined) counts as local state
+    only in the one case it dates from the last rebalance (see :func:`_shared_running`), else
+    the landing is ``Landing.EARLIER``;
     ``stateful`` (None: every task) tells which tasks have state to land on at all.
     ``claim_lags`` (the clients' ``ClientState.lags``, when known) decide which of several
     active claims in ``before`` is the previous owner, as in the assignor; without them, the
-    smallest process id (see :func:`claim_conflicts`).
+    smallest process id (see :func:`claim_conflicts`). ``from_last_join``: ``before`` is
+    :meth:`Snapshot.before_last_join` (a task without an owner there is ``NOT_REPORTED``).
     """
     known_lags = lags or {}
+    shared_running = _shared_running(before, known_lags)
     old_owners = _resolved_owners(before, claim_lags or {})
     new_owners = _resolved_owners(after, {})
     old_active = {t: kept for t, (_, kept) in old_owners.items()}
@@ -249,7 +293,7 @@ def explain(
         if source == destination:
             continue
         if source is None:
-            reason = Reason.NO_PREVIOUS_OWNER
+            reason = Reason.NOT_REPORTED if from_last_join else Reason.NO_PREVIOUS_OWNER
         elif destination is None:
             reason = Reason.TASK_REMOVED
         else:
@@ -260,7 +304,7 @@ def explain(
         elif stateful is not None and task not in stateful:
             landing = Landing.STATELESS
         else:
-            landing = _landing(task, destination, before, known_lags)
+            landing = _landing(task, destination, before, known_lags, shared_running)
         actives.append(ActiveMove(task, source, destination, reason, landing))
     return Explanation(tuple(actives), _standby_moves(before, after, old_active, new_active))
 
@@ -327,10 +371,11 @@ def load_saved(data: object, where: str) -> dict[str, ClientView]:
     ``describe --json`` snapshot not taken in state Stable) is an ``AssignmentFileError``
     naming the file and the key; :func:`load_snapshot` gives the rest of the file too.
     """
-    return dict(load_snapshot(data, where).views)
+    return dict(load_snapshot(data, where, members=False).views)
 
 
-#: The only group state in which a ``describe --json`` snapshot holds the group's assignment.
+#: The only group state in which DescribeGroups returns the group's assignment (members' bytes
+#: are the current subscriptions and assignment), so a ``describe --json`` snapshot holds one.
 STABLE = "Stable"
 
 
@@ -342,31 +387,36 @@ class Snapshot:
     (None: the file has none, as ``plan --json`` output). ``reports``: per member of a
     ``describe --json`` snapshot, its process and the offset sums it sent at its last join
     (empty for other files). ``family``: ``describe``'s protocol family (``"streams"``...),
-    None when the file has none.
+    None when the file has none. ``previous_active``: per process, the actives its members
+    said at their last join they ran before (a restarted process's, from its state directory).
     """
 
     views: Mapping[str, ClientView]
     state: str | None = None
     reports: tuple[tuple[str, Mapping[TaskId, int]], ...] = ()
     family: str | None = None
+    previous_active: Mapping[str, frozenset[TaskId]] = attrs.field(factory=dict)
 
     def local_state(self) -> dict[str, dict[TaskId, int]]:
         """Per process, the tasks it reported state of at its last join (:func:`local_state`)."""
         return local_state(self.reports)
 
     def running(self) -> dict[str, frozenset[TaskId]]:
-        """Per process, the tasks it reported running (``LATEST_OFFSET``) at its last join:
-        its actives before the last rebalance."""
-        out: dict[str, set[TaskId]] = {}
-        for pid, sums in self.reports:
-            out.setdefault(pid, set()).update(t for t, s in sums.items() if s == LATEST_OFFSET)
-        return {pid: frozenset(tasks) for pid, tasks in out.items()}
+        """Per process, its actives before the last rebalance as its members' last join tells
+        them: the tasks it reported running (``LATEST_OFFSET``), and the ``previous_active``
+        no process reported running (a restarted process's, as the leader hands them back;
+        one another process ran meanwhile counts as that one's)."""
+        out = {pid: running_tasks(sums) for pid, sums in local_state(self.reports).items()}
+        ran = frozenset().union(*out.values())
+        for pid, previous in self.previous_active.items():
+            out[pid] = out.get(pid, frozenset()) | (previous - ran)
+        return out
 
     def before_last_join(self) -> dict[str, ClientView]:
         """The assignment before the last rebalance, as far as the members' last join tells
-        it: each reporting process with the tasks it reported running (its actives then), no
-        capacity and no standbys (a previous standby reports its state like any other local
-        state). A process that has left since is missing: its tasks had no previous owner."""
+        it: each reporting process with its actives then (:meth:`running`), no capacity and
+        no standbys (a previous standby reports its state like any other local state). A
+        process that has left since is missing: its tasks had no previous owner."""
         return {
             pid: ClientView(None, ClientAssignment(active=running))
             for pid, running in self.running().items()
@@ -377,22 +427,20 @@ class Snapshot:
         the next rebalance: each runs its actives now (``prev_active``) and keeps its standbys
         and warmups (``prev_standby``: a warmup reports its state as a standby does); ``lags``
         of the local state it reported at its last join are measured as the leader measures
-        them without end offsets, against the task's best reported offset sum. A process
-        without a capacity counts as one thread."""
+        them without end offsets, against the task's best reported offset sum (0 for a task it
+        reported running and runs no more: it was the task's active then, ahead of any copy).
+        A process without a capacity counts as one thread."""
         held = self.local_state()
-        best: dict[TaskId, int] = {}
-        for sums in held.values():
-            for task, offset in sums.items():
-                if offset >= 0:  # not LATEST_OFFSET (running)
-                    best[task] = max(best.get(task, 0), offset)
+        best = best_offset_sums(held.values())
         clients = []
         for pid, view in sorted(self.views.items()):
             a = view.assignment
-            lags = {
-                t: max(0, best[t] - offset)
-                for t, offset in held.get(pid, {}).items()
-                if offset >= 0 and t not in a.active
-            }
+            # Against the best reported sum every checkpointed task has a lag (never None).
+            measured = local_state_lags(held.get(pid, {}), best, a.active)
+            lags = {t: lag for t, lag in measured.items() if lag is not None}
+            # A task it ran at its last join and gave up: it reports the checkpoint it closed
+            # the task with next time, at least as far as any copy's sum reported at that join.
+            lags |= dict.fromkeys(running_tasks(held.get(pid, {})) - a.active, 0)
             clients.append(
                 ClientState(pid, view.capacity or 1, a.active, a.standby | a.warmup, lags)
             )
@@ -404,22 +452,24 @@ def local_state(
 ) -> dict[str, dict[TaskId, int]]:
     """Per process, the tasks whose state it reported having when it joined: every task of its
     members' ``(process, offset sums)`` reports, a checkpointed sum or ``LATEST_OFFSET`` (it
-    ran the task then, so the task's state is on its disk), each process named getting an
-    entry. :func:`explain`'s ``lags`` (a warm landing or a cold one) for a live group
-    (``describe --watch``) and a saved snapshot (``explain``) alike."""
+    ran the task then: :func:`explain` dates that state before counting it), each process
+    named getting an entry. :func:`explain`'s ``lags`` (a warm landing or a cold one) for a
+    live group (``describe --watch``) and a saved snapshot (``explain``) alike."""
     out: dict[str, dict[TaskId, int]] = {}
     for pid, sums in reports:
         out.setdefault(pid, {}).update(sums)
     return out
 
 
-def load_snapshot(data: object, where: str) -> Snapshot:
+def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot:
     """A saved assignment file's contents (see :func:`load_saved` for the ``assignment``
     table). A ``state`` other than Stable is refused: DescribeGroups taken during a rebalance
     or of an empty group returns no assignment (or the previous one's bytes under another
     protocol), so every task would read as removed. ``members`` (``describe --json``'s) give
     the offset sums; members without a process or topics (undecodable, no metadata) are left
-    out, as ``describe`` leaves them out of the processes."""
+    out, as ``describe`` leaves them out of the processes. With ``members`` False they are
+    not read at all (no ``reports``): a caller that needs only the assignment (``diff``) does
+    not refuse a file for rows it never uses."""
     state = data.get("state") if isinstance(data, dict) else None
     if isinstance(data, dict) and "state" in data and state != STABLE:
         raise AssignmentFileError(
@@ -435,23 +485,30 @@ def load_snapshot(data: object, where: str) -> Snapshot:
         str(pid): _client_view(entry, f"{where}: client {pid!r}") for pid, entry in table.items()
     }
     family = data.get("family")
-    reports = _reports(data.get("members", []), where)
-    return Snapshot(views, state, reports, family if isinstance(family, str) else None)
+    reports, previous = _reports(data.get("members", []) if members else [], where)
+    return Snapshot(views, state, reports, family if isinstance(family, str) else None, previous)
 
 
-def _reports(members: object, where: str) -> tuple[tuple[str, Mapping[TaskId, int]], ...]:
-    """``(process, offset sums)`` of each described member of a ``describe --json`` file."""
+def _reports(
+    members: object, where: str
+) -> tuple[tuple[tuple[str, Mapping[TaskId, int]], ...], dict[str, frozenset[TaskId]]]:
+    """``(process, offset sums)`` of each described member of a ``describe --json`` file, and
+    per process the ``previous_active`` its members declared (optional: older files lack it)."""
     if not isinstance(members, list):
         raise AssignmentFileError(f"{where}: members must be a list")
-    out = []
+    reports = []
+    previous: dict[str, frozenset[TaskId]] = {}
     for n, member in enumerate(members, 1):
         if not isinstance(member, dict):
             raise AssignmentFileError(f"{where}: member #{n}: expected a table")
         pid = member.get("process")
         if not isinstance(pid, str) or not member.get("topics") or member.get("undecodable"):
             continue
-        out.append((pid, _offset_sums(member.get("offset_sums", {}), f"{where}: member #{n}")))
-    return tuple(out)
+        label = f"{where}: member #{n}"
+        reports.append((pid, _offset_sums(member.get("offset_sums", {}), label)))
+        ran = _task_ids(member.get("previous_active", []), f"{label}: previous_active")
+        previous[pid] = previous.get(pid, frozenset()) | ran
+    return tuple(reports), previous
 
 
 def _offset_sums(sums: object, label: str) -> dict[TaskId, int]:
@@ -470,13 +527,17 @@ def _client_view(entry: object, label: str) -> ClientView:
     capacity = entry.get("capacity")
     if capacity is not None and (type(capacity) is not int or capacity < 1):
         raise AssignmentFileError(f"{label}: capacity must be an int >= 1, got {capacity!r}")
-    sets = []
-    for kind in ("active", "standby", "warmup"):
-        ids = entry.get(kind, [])
-        if not isinstance(ids, list) or not all(isinstance(t, str) for t in ids):
-            raise AssignmentFileError(f'{label}: {kind} must be a list of task ids like "0_3"')
-        try:
-            sets.append(frozenset(TaskId.parse(t) for t in ids))
-        except ValueError as exc:
-            raise AssignmentFileError(f"{label}: {kind}: {exc}") from exc
+    sets = [
+        _task_ids(entry.get(kind, []), f"{label}: {kind}")
+        for kind in ("active", "standby", "warmup")
+    ]
     return ClientView(capacity, ClientAssignment(*sets))
+
+
+def _task_ids(ids: object, label: str) -> frozenset[TaskId]:
+    if not isinstance(ids, list) or not all(isinstance(t, str) for t in ids):
+        raise AssignmentFileError(f'{label} must be a list of task ids like "0_3"')
+    try:
+        return frozenset(TaskId.parse(t) for t in ids)
+    except ValueError as exc:
+        raise AssignmentFileError(f"{label}: {exc}") from exc

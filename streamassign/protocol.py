@@ -271,6 +271,11 @@ def _error_code(n: int) -> ErrorCode:
 # -- subscription ----------------------------------------------------------------------------
 
 
+def running_tasks(offset_sums: Mapping[TaskId, int]) -> frozenset[TaskId]:
+    """The tasks of a member's offset sums it runs as actives (``LATEST_OFFSET``)."""
+    return frozenset(t for t, s in offset_sums.items() if s == LATEST_OFFSET)
+
+
 @attrs.frozen
 class SubscriptionInfo:
     """What one consumer of a streams process tells the leader when it joins."""
@@ -289,7 +294,7 @@ class SubscriptionInfo:
     @property
     def running(self) -> frozenset[TaskId]:
         """Tasks the process runs as actives (offset sum ``LATEST_OFFSET``)."""
-        return frozenset(t for t, s in self.offset_sums.items() if s == LATEST_OFFSET)
+        return running_tasks(self.offset_sums)
 
     def encode(self) -> bytes:
         w = _Writer(self.version, self.latest_supported_version)

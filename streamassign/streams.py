@@ -33,7 +33,6 @@ from .errors import AssignmentInputError, ErrorCode, TopologyError
 from .grouper import PartitionGrouper, resolve_partition_counts, task_counts
 from .ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
 from .protocol import (
-    LATEST_OFFSET,
     LATEST_VERSION,
     MAX_TASK_IDS,
     MIN_VERSION,
@@ -373,15 +372,35 @@ def _lag_reference(
     exact_lags: bool,
 ) -> dict[TaskId, int]:
     """The offset each task's lag is measured against."""
-    best: dict[TaskId, int] = {}
-    for info in infos.values():
-        for t, s in info.offset_sums.items():
-            if s >= 0:
-                best[t] = max(best.get(t, 0), s)
+    best = best_offset_sums(info.offset_sums for info in infos.values())
     # A task missing from end_offsets (not fetched yet) is measured against the best copy, as
     # without end offsets: a lag of 0 there would make any copy of it look caught up.
     ends = dict(end_offsets or {})
     return ends if exact_lags else {**best, **ends}
+
+
+def best_offset_sums(reports: Iterable[Mapping[TaskId, int]]) -> dict[TaskId, int]:
+    """Per task, the largest checkpointed offset sum in the members' ``reports`` (a running
+    task's ``LATEST_OFFSET`` is no sum): what lags are measured against without end offsets."""
+    best: dict[TaskId, int] = {}
+    for sums in reports:
+        for t, s in sums.items():
+            if s >= 0:
+                best[t] = max(best.get(t, 0), s)
+    return best
+
+
+def local_state_lags(
+    sums: Mapping[TaskId, int], top: Mapping[TaskId, int], running: Collection[TaskId]
+) -> dict[TaskId, int | None]:
+    """The lag of each checkpointed task in one process's offset ``sums`` that it does not run
+    (``running``): its distance to ``top`` (:func:`best_offset_sums`, or end offsets), None
+    where ``top`` has no offset of the task."""
+    return {
+        t: max(0, top[t] - s) if t in top else None
+        for t, s in sums.items()
+        if s >= 0 and t not in running
+    }
 
 
 def _measure_local_state(
@@ -397,12 +416,8 @@ def _measure_local_state(
     state: dict[str, dict[TaskId, int | None]] = {}  # None: lag unknown
     home: dict[TaskId, str] = {}  # task -> the restarted process it returns to
     for key, info in infos.items():
-        running[key] = {t for t, s in info.offset_sums.items() if s == LATEST_OFFSET}
-        state[key] = {
-            t: max(0, top[t] - s) if t in top else None
-            for t, s in info.offset_sums.items()
-            if s >= 0 and t not in running[key]
-        }
+        running[key] = set(info.running)
+        state[key] = local_state_lags(info.offset_sums, top, running[key])
         ran = {t for m in by_process[key] if (i := members[m].info) for t in i.previous_active}
         for t in sorted(ran - running[key]):
             lag = state[key].get(t)

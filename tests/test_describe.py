@@ -66,12 +66,14 @@ def streams_member(
     rack: str | None = None,
     warmup: str = "",
     dictionary: bool = True,
+    previous: str = "",
 ) -> RawMember:
     act = frozenset(T(t) for t in active.split())
     sub = SubscriptionInfo(
         process,
         endpoint=f"{process.int}:80",
         offset_sums={T(t): s for t, s in (sums or {}).items()},
+        previous_active=frozenset(T(t) for t in previous.split()),
         version=version,
         rack=rack,
     )
@@ -120,6 +122,19 @@ def test_streams_members_grouped_by_process_with_tasks_and_partitions() -> None:
     m3 = next(m for m in view.members if m.member_id == "m3")
     assert m3.versions == "sub v1/2 asg v1/1"
     assert m3.generation is None  # the streams protocol does not carry one
+
+
+def test_json_carries_the_previous_actives_a_member_declared() -> None:
+    # A restarted process's subscription names the actives it ran before it stopped (from its
+    # state directory); explain --last needs them, so describe --json keeps them.
+    members = [
+        streams_member("m1", P1, "0_0 0_1", sums={"0_0": 500, "0_1": 480}, previous="0_1 0_0"),
+        streams_member("m2", P2, "0_2 0_3", sums={"0_2": LATEST_OFFSET}),
+    ]
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, members)
+    by_id = {m["member_id"]: m for m in to_json(view, quality(view))["members"]}
+    assert by_id["m1"]["previous_active"] == ["0_0", "0_1"]
+    assert by_id["m2"]["previous_active"] == []
 
 
 def test_quality_per_subtopology_and_standby_coverage() -> None:

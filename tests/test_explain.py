@@ -174,6 +174,30 @@ def test_explain_and_diff_between_two_saved_plans(tmp_path: Path) -> None:
     assert sorted(rows["client-9"]["+active"]) == sorted(m["task"] for m in moves)
 
 
+def test_explain_of_a_snapshot_and_its_what_if_lands_as_plan_explain_does(
+    tmp_path: Path,
+) -> None:
+    # The reviewer's crash2.json -> p2.json: p1 crashed (deleted from the snapshot); the
+    # what-if plan gives its tasks to p3, which reported a checkpoint of 0_2 (not of 0_3).
+    topology = tmp_path / "clicks.toml"
+    topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
+    crash = snapshot(
+        tmp_path / "crash.json",
+        {"p2": {"capacity": 1, "active": ["0_0", "0_1"]}, "p3": {"capacity": 1}},
+        {"p2": {"0_0": -2, "0_1": -2, "0_3": 310}, "p3": {"0_2": 652}},
+    )
+    code, out = run("plan", str(topology), "--clients", crash, "--json")
+    assert code == 0, out
+    planned = {m["task"]: (m["to"], m["landing"]) for m in json.loads(out)["moves"]}
+    what_if = tmp_path / "p2.json"
+    what_if.write_text(out)
+    code, out = run("explain", crash, str(what_if), "--json")
+    assert code == 0, out
+    explained = {m["task"]: (m["to"], m["landing"]) for m in json.loads(out)["moves"]}
+    assert explained == planned
+    assert explained == {"0_2": ("p3", "local state"), "0_3": ("p3", "cold")}
+
+
 @pytest.mark.parametrize(
     ("content", "named"),
     [
@@ -334,14 +358,16 @@ def snapshot(
     assignment: dict[str, dict[str, list[str]]],
     sums: dict[str, dict[str, int]],
     state: str = "Stable",
+    previous: dict[str, list[str]] | None = None,
 ) -> str:
     """A ``describe --json`` file (the keys explain reads): one member per process, with
-    the offset sums it sent at its last join (-2: running)."""
+    the offset sums it sent at its last join (-2: running) and its ``previous`` actives."""
     members = [
         {
             "process": pid,
             "topics": ["clicks"],
             "offset_sums": sums.get(pid, {}),
+            "previous_active": (previous or {}).get(pid, []),
             "undecodable": None,
         }
         for pid in assignment
@@ -355,8 +381,8 @@ def test_explain_of_two_snapshots_lands_on_the_local_state_the_after_side_report
 ) -> None:
     # The auditor's incident (mid.json -> fin.json): p3 left and came back with its state
     # directory; it reported a checkpoint of 0_2 at its join, none of 0_3. describe --watch
-    # said "local state" for 0_2. 0_5 it reported running: it ran 0_5 at a rebalance between
-    # the two snapshots, so its state is there too.
+    # said "local state" for 0_2. 0_5 it reported running, alone: it took 0_5 at a rebalance
+    # between the two snapshots, with a state no report tells (not "local", not "cold").
     before = snapshot(
         tmp_path / "mid.json",
         {"p1": {"active": ["0_2", "0_4", "0_5"]}, "p2": {"active": ["0_0", "0_1", "0_3"]}},
@@ -377,8 +403,78 @@ def test_explain_of_two_snapshots_lands_on_the_local_state_the_after_side_report
     assert landings == {
         "0_2": ("p3", "local state"),
         "0_3": ("p3", "cold"),
-        "0_5": ("p3", "local state"),
+        "0_5": ("p3", "earlier rebalance: state unknown"),
     }
+
+
+# The reviewer's ground truth (/work/scratch/audit-ops, watch4.jsonl and the workers' logs):
+# generation 3 (g3): c9 runs 0_1 0_3 0_5, 44 runs 0_0 0_2 0_4. At g4 c9 was evicted (a zombie
+# that kept running its tasks) and bd joined, taking 0_3 and 0_5 cold; 44 took 0_1. At g5 c9
+# came back reporting its old tasks running beside bd: 0_3 stayed on bd, 0_5 went to c9 (its
+# state kept). At g6 c9 left and 44 took 0_4 (its disk had it); nobody saved g4's successor.
+_G3 = {"c9": {"active": ["0_1", "0_3", "0_5"]}, "44": {"active": ["0_0", "0_2", "0_4"]}}
+_G3_SUMS = {"c9": {"0_3": 310}, "44": {t: -2 for t in ("0_0", "0_2", "0_4")}}
+_G4 = {"bd": {"active": ["0_3", "0_5"]}, "44": {"active": ["0_0", "0_1", "0_2", "0_4"]}}
+_G4_SUMS = {"bd": {}, "44": {"0_0": -2, "0_1": 464, "0_2": -2, "0_4": -2}}
+_G5 = {
+    "44": {"active": ["0_0", "0_1", "0_2"]},
+    "bd": {"active": ["0_3"]},
+    "c9": {"active": ["0_4", "0_5"]},
+}
+_G5_SUMS = {
+    "bd": {"0_3": -2, "0_4": 712, "0_5": -2},
+    "c9": {"0_1": -2, "0_3": -2, "0_4": 712, "0_5": -2},
+    "44": {"0_0": -2, "0_1": -2, "0_2": -2, "0_4": -2},
+}
+_G7 = {"44": {"active": ["0_0", "0_1", "0_2", "0_3", "0_4", "0_5"]}}
+_G7_SUMS = {"44": {"0_0": -2, "0_1": -2, "0_2": -2, "0_3": 310, "0_4": -2, "0_5": 372}}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        # g3 -> g5: bd took 0_3 cold at g4; at g5 it and the zombie c9 both reported 0_3
+        # running, but 44 reported running 0_1, which g3 gave to c9: g3 is not the assignment
+        # right before g5, so bd's report dates from g4.
+        ((_G3, _G3_SUMS), (_G5, _G5_SUMS), {"0_3": "earlier rebalance: state unknown"}),
+        # g4 -> g5: the zombie c9 ran 0_5 beside bd right up to g5 and kept its state.
+        ((_G4, _G4_SUMS), (_G5, _G5_SUMS), {"0_4": "local state", "0_5": "local state"}),
+        # g5 -> g7 (g6 missed): 44 reported 0_4 running alone at g7: it took 0_4 at g6.
+        ((_G5, _G5_SUMS), (_G7, _G7_SUMS), {"0_4": "earlier rebalance: state unknown"}),
+    ],
+)
+def test_a_running_report_is_local_state_only_when_it_dates_from_the_last_rebalance(
+    tmp_path: Path, before: tuple, after: tuple, expected: dict[str, str]
+) -> None:
+    old = snapshot(tmp_path / "before.json", *before)
+    new = snapshot(tmp_path / "after.json", *after)
+    code, out = run("explain", old, new, "--json")
+    assert code == 0, out
+    landings = {m["task"]: m["landing"] for m in json.loads(out)["moves"]}
+    assert {t: landings[t] for t in expected} == expected
+    code, text = run("explain", old, new)
+    assert code == 0
+    for landing in expected.values():
+        assert landing.split(":")[0] in text
+
+
+def test_diff_reads_a_snapshot_whose_members_rows_it_does_not_use(tmp_path: Path) -> None:
+    # h_nullsums.json: a member's offset_sums null. diff reads the assignment only; explain
+    # reads the offset sums, so it still refuses, in one line.
+    good = snapshot(tmp_path / "good.json", {"p1": {"active": ["0_0"]}}, {})
+    data = json.loads(Path(good).read_text())
+    data["members"][0]["offset_sums"] = None
+    data["assignment"]["p1"]["active"] = ["0_0", "0_1"]
+    bad = tmp_path / "nullsums.json"
+    bad.write_text(json.dumps(data))
+    code, out = run("diff", good, str(bad), "--json")
+    assert code == 0, out
+    assert json.loads(out)["p1"]["+active"] == ["0_1"]
+    code, out = run("explain", good, str(bad))
+    assert code == 1
+    assert out.splitlines() == [
+        f'Error: {bad}: member #1: offset_sums must map task ids like "0_3" to ints'
+    ]
 
 
 @pytest.mark.parametrize("state", ["PreparingRebalance", "CompletingRebalance", "Empty", "Dead"])
@@ -440,15 +536,21 @@ def test_a_snapshot_read_as_clients_runs_what_the_group_runs_now(tmp_path: Path)
             "p2": {"capacity": 1, "active": ["0_2"], "standby": ["0_0"], "warmup": ["0_1"]},
         },
         # Sums from the last join: p1 ran 0_0 and held 0_2 and 0_3 at 500 and 400; p2 held
-        # 0_0 at 300, 0_1 at 100 (its warmup now) and 0_2 at 700 (which it runs now).
-        {"p1": {"0_0": -2, "0_2": 500, "0_3": 400}, "p2": {"0_0": 300, "0_1": 100, "0_2": 700}},
+        # 0_0 at 300, 0_1 at 100 (its warmup now) and 0_2 at 700 (which it runs now), and ran
+        # 0_3, which it gave up at that rebalance: the closed task's state is the freshest.
+        {
+            "p1": {"0_0": -2, "0_2": 500, "0_3": 400},
+            "p2": {"0_0": 300, "0_1": 100, "0_2": 700, "0_3": -2},
+        },
     )
     from streamassign.explain import load_snapshot
 
     clients = load_snapshot(json.loads(Path(now).read_text()), now).clients()
     assert clients == [
         ClientState("p1", 2, {"0_0", "0_1"}, {"0_2"}, {TaskId(0, 2): 200, TaskId(0, 3): 0}),
-        ClientState("p2", 1, {"0_2"}, {"0_0", "0_1"}, {TaskId(0, 0): 0, TaskId(0, 1): 0}),
+        ClientState(
+            "p2", 1, {"0_2"}, {"0_0", "0_1"}, {TaskId(0, 0): 0, TaskId(0, 1): 0, TaskId(0, 3): 0}
+        ),
     ]
 
 
@@ -490,6 +592,21 @@ def test_plan_takes_a_describe_snapshot_as_its_clients_for_a_what_if(tmp_path: P
         ("{ garbage", "cannot read a saved assignment"),
         ('\ufeff{"tasks": {}}', "no 'assignment' table"),
         ("garbage", "invalid TOML"),
+        # JSON past 64 bytes of whitespace, a JSON array or string: a JSON error, not TOML's.
+        (" \n" * 40 + '{"state": "Stable", "assignment": {}}', "no process in its 'assignment'"),
+        ('["p1", "p2"]', "no 'assignment' table"),
+        ('"p1"', "no 'assignment' table"),
+        ('[[client]]\nprocess_id = "p1"\ncapacity = 0\n', "capacity"),  # TOML still
+        # Task ids of consumer and Faust-own groups are not the topology's: refused, not mapped.
+        *(
+            (
+                json.dumps(
+                    {"state": "Stable", "family": family, "assignment": {"m1": {"active": ["0_0"]}}}
+                ),
+                f"a snapshot of a group of protocol family {family}, whose task ids do not name",
+            )
+            for family in ("consumer", "faust")
+        ),
     ],
 )
 def test_plan_refuses_a_bad_snapshot_as_clients_in_one_line(
@@ -536,6 +653,54 @@ def test_explain_last_reads_the_last_rebalance_from_one_snapshot(tmp_path: Path)
     code, out = run("explain", "--last", now)
     assert code == 0, out
     assert "standbys not shown: at a join a previous standby reports its state" in out
+
+
+def test_explain_last_hands_a_restarted_process_its_previous_actives(tmp_path: Path) -> None:
+    # The reviewer's restart.json: P restarted quickly and reported checkpoints of 0_0 and 0_1
+    # (and, in its subscription, that it ran them before); the leader handed them back. Nothing
+    # moved. 0_4 P ran before too, but Q ran it meanwhile (reported running): Q's, and moved.
+    assignment = {"P": {"active": ["0_0", "0_1", "0_4"]}, "Q": {"active": ["0_2", "0_3"]}}
+    sums = {"P": {"0_0": 500, "0_1": 480, "0_4": 90}, "Q": {"0_2": -2, "0_3": -2, "0_4": -2}}
+    now = snapshot(
+        tmp_path / "restart.json", assignment, sums, previous={"P": ["0_0", "0_1", "0_4"]}
+    )
+    code, out = run("explain", "--last", now, "--json")
+    assert code == 0, out
+    assert json.loads(out)["moves"] == [
+        {"task": "0_4", "from": "Q", "to": "P", "reason": "balance quota", "landing": "local state"}
+    ]
+    # A snapshot saved before describe --json carried previous_active still reads (as before).
+    old = tmp_path / "old.json"
+    data = json.loads(Path(now).read_text())
+    for member in data["members"]:
+        del member["previous_active"]
+    old.write_text(json.dumps(data))
+    code, out = run("explain", "--last", str(old), "--json")
+    assert code == 0, out
+    moves = json.loads(out)["moves"]
+    assert [(m["from"], m["reason"]) for m in moves] == [
+        (None, "no owner reported"),  # not "no previous owner": P may have run them
+        (None, "no owner reported"),
+        ("Q", "balance quota"),
+    ]
+
+
+def test_explain_last_warns_of_a_task_two_processes_reported_running(tmp_path: Path) -> None:
+    # now.json: the zombie c9 and bd both reported 0_3 running at the last join.
+    now = snapshot(
+        tmp_path / "now.json",
+        {"bd": {"active": ["0_3"]}, "c9": {"active": ["0_5"]}},
+        {"bd": {"0_3": -2, "0_5": -2}, "c9": {"0_3": -2, "0_5": -2}},
+    )
+    result = CliRunner().invoke(main, ["explain", "--last", now], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        f"warning: {now} (before its last rebalance): 2 tasks active on several clients: "
+        "0_3 on bd, c9 (bd kept); 0_5 on bd, c9 (bd kept); each is taken as run by the "
+        "claimant the sticky assignor keeps (smallest lag, then process id), the others as "
+        "holding its state"
+    ]
+    assert "0_5" in result.stdout and "local state" in result.stdout
 
 
 def test_explain_last_refuses_what_it_cannot_read(tmp_path: Path) -> None:

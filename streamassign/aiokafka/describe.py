@@ -47,7 +47,7 @@ from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..consumer.userdata import AssignmentData, MemberData
 from ..errors import GroupDescribeError, ProtocolError, UserDataError
-from ..explain import ClientView, local_state
+from ..explain import STABLE, ClientView, local_state
 from ..metrics import AssignmentMetrics, evaluate, violations
 from ..protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 from ..text import counted
@@ -62,8 +62,6 @@ FAUST_CAPACITY_TAG = "streamassign.capacity"
 #: Faust's own assignor (``faust.assignor.PartitionAssignor.name``).
 FAUST_OWN_PROTOCOL_NAME = "faust"
 
-#: The one group state whose members' bytes are the current subscriptions and assignment.
-STABLE = "Stable"
 
 #: Faust's assignment JSON is zlib-compressed; inflating more than this is a bomb, not a group.
 _MAX_INFLATED = 64 * 1024 * 1024
@@ -118,6 +116,9 @@ class MemberView:
     warmup: frozenset[TaskId] = frozenset()
     #: Streams protocol: per task, ``LATEST_OFFSET`` (running) or the checkpointed changelog sum.
     offset_sums: Mapping[TaskId, int] = attrs.field(factory=dict)
+    #: Streams protocol: the actives the member says it ran before it joined, kept across a
+    #: restart in its state directory (the leader hands a restarted process these back).
+    previous_active: frozenset[TaskId] = frozenset()
     #: A weight the member declares (consumer ``weight``, Faust ``streamassign.capacity``).
     capacity: int | None = None
     endpoint: str | None = None
@@ -173,9 +174,9 @@ class GroupView:
 
     def local_state(self) -> dict[str, dict[TaskId, int]]:
         """Per process, the tasks it reported state of when it joined (a checkpointed offset
-        sum, or ``LATEST_OFFSET``: running then): ``explain``'s ``lags`` (warm or cold
-        landings), as ``explain`` reads them from a saved snapshot
-        (``streamassign.explain.local_state``)."""
+        sum, or ``LATEST_OFFSET``: running then, which ``explain`` counts only when it dates
+        from the last rebalance): ``explain``'s ``lags`` (warm or cold landings), as
+        ``explain`` reads them from a saved snapshot (``streamassign.explain.local_state``)."""
         by_process = self.members_by_process()
         return local_state((pid, m.offset_sums) for pid, ms in by_process.items() for m in ms)
 
@@ -258,6 +259,7 @@ def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) 
             view,
             process=str(info.process_id),
             offset_sums=dict(info.offset_sums),
+            previous_active=info.previous_active,
             capacity=int(capacity) if capacity and capacity.isdigit() else None,
             endpoint=info.endpoint,
             rack=info.rack,
@@ -672,6 +674,7 @@ def _member_json(m: MemberView) -> dict[str, Any]:
         "standby": _ids(m.standby),
         "warmup": _ids(m.warmup),
         "offset_sums": {str(t): s for t, s in sorted(m.offset_sums.items())},
+        "previous_active": _ids(m.previous_active),
         "capacity": m.capacity,
         "endpoint": m.endpoint,
         "rack": m.rack,

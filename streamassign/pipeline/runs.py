@@ -286,16 +286,30 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
             "again"
         )
     rows = manifest.get("rows")
+    if type(rows) is not int or rows < 0:  # simulate always writes the count; bool is no count
+        got = "no 'rows'" if "rows" not in manifest else f"'rows' {json.dumps(rows)}"
+        raise PipelineError(
+            f"{run_dir}: damaged manifest {MANIFEST}/{MANIFEST_FILE}: {got}, not a count of "
+            "the rows written (damaged or edited); run streamassign simulate again"
+        )
     if rows == 0:
         raise PipelineError(
             f"{run_dir}: the run is empty (0 rebalances written); check its manifest "
             f"({MANIFEST}/{MANIFEST_FILE}) and run streamassign simulate with more scenarios"
         )
     if not has_rows:
-        missing = "is missing" if not files.exists(rows_dir) else "holds no Parquet files"
-        counted = f"{rows:,}" if isinstance(rows, int) else "some"
         raise PipelineError(
-            f"{run_dir}: damaged run: {REBALANCES}/ {missing}, but the manifest says {counted} "
-            "rows were written (deleted or moved?); run streamassign simulate again"
+            f"{run_dir}: damaged run: {REBALANCES}/ {_why_no_rows(files, rows_dir)}, but the "
+            f"manifest says {rows:,} rows were written (deleted or moved?); run streamassign "
+            "simulate again"
         )
     return manifest
+
+
+def _why_no_rows(files: Files, rows_dir: str) -> str:
+    """Why a run's rows folder holds no Parquet files, as the end of a sentence."""
+    if not files.exists(rows_dir):
+        return "is missing"
+    if isinstance(files, LocalFiles) and os.path.islink(rows_dir) and not os.path.exists(rows_dir):
+        return f"is a symbolic link to {os.readlink(rows_dir)}, which does not exist"
+    return "holds no Parquet files"

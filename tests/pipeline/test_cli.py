@@ -347,6 +347,97 @@ def test_a_dangling_symlink_in_out_is_refused_before_spark(
     assert ran == [] and not (tmp_path / "unmounted").exists()
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("simulate", str(ORDERS), "--out", "loop1"),
+        ("simulate", str(ORDERS), "--out", "loop1/x"),
+        ("simulate", str(ORDERS), "--out", "file:{tmp}/loop1"),
+        ("report", "run", "--out", "loop1"),
+        ("report", "run", "--out", "loop1/x"),
+        ("report", "loop1"),
+        ("plan-standbys", str(ORDERS), "--out", "loop1"),
+    ],
+)
+def test_a_symlink_loop_as_out_or_run_dir_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """A review found ``--out LOOP`` (two links to each other) and ``report LOOP`` ending in
+    a RuntimeError traceback from ``Path.resolve``."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("plotly")
+    ran = _fake_plan(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loop1").symlink_to("loop2")
+    (tmp_path / "loop2").symlink_to("loop1")
+    _valid_run(tmp_path / "run")
+    args = tuple(a.format(tmp=tmp_path) for a in args)
+    code, out = invoke(*args)
+    link = tmp_path / "loop1" if args[-1].startswith("file:") else Path("loop1")
+    given = args[-1] if args[0] == "report" and len(args) == 2 else f"--out {args[-1]}"
+    assert (code, out) == (
+        1,
+        f"Error: {given}: {link} is a symbolic link to loop2 that leads back to itself (a loop "
+        "of links); fix the links or give another path\n",
+    )
+    assert ran == []
+
+
+def test_simulate_refuses_a_dangling_default_run_folder_link(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without --out the run goes to ./streamassign-runs/NAME: a link there to an unmounted
+    volume was resolved first and then passed as a missing folder (a review's M2)."""
+    pytest.importorskip("pyspark")
+    from streamassign.pipeline import spark as sp
+
+    def no_spark(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a SparkSession was requested")
+
+    monkeypatch.setattr(sp, "spark_session", no_spark)
+    monkeypatch.setattr(sp, "start_session", no_spark)
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "unmounted" / "mnt"
+    Path("streamassign-runs").symlink_to(target)
+    code, out = invoke("simulate", str(ORDERS), "--scenarios", "1")
+    assert (code, out) == (
+        1,
+        "Error: streamassign-runs/orders-enricher (the default --out): streamassign-runs is a "
+        f"symbolic link to {target}, which does not exist (deleted, or on a volume not "
+        "mounted?); "
+        "create it or give another --out\n",
+    )
+    assert not (tmp_path / "unmounted").exists()
+
+
+def test_a_link_that_cannot_be_followed_for_permission_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``Path.exists`` re-raises EACCES (a link into a folder the user cannot search); the
+    check said nothing useful then, a traceback. Root ignores permission bits, so the refusal
+    is simulated."""
+    import errno
+    import os
+
+    import click
+
+    from streamassign import cli
+
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "locked" / "runs")
+    real_stat = os.stat
+
+    def stat(path: Any, *a: Any, **k: Any) -> Any:
+        if Path(path) == link and k.get("follow_symlinks", True):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_stat(path, *a, **k)
+
+    monkeypatch.setattr(os, "stat", stat)
+    with pytest.raises(click.ClickException) as caught:
+        cli._refuse_dangling_link(link / "x", "--out x")
+    assert caught.value.message == f"--out x: cannot follow {link}: Permission denied"
+
+
 def test_a_symlink_in_out_to_an_existing_folder_is_followed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -106,6 +106,31 @@ def test_a_failed_publish_puts_the_old_run_back(
             lambda p: make_run(p, "r") or (p / "manifest" / "part-00000.json").write_text("{x"),
             "the manifest manifest/part-00000.json is unreadable (not one JSON object",
         ),
+        # A manifest without a row count, or a count that is none, with the rows present.
+        *(
+            (
+                lambda p, manifest=manifest: (
+                    make_run(p, "r")
+                    or (p / "manifest" / "part-00000.json").write_text(json.dumps(manifest))
+                ),
+                f"damaged manifest manifest/part-00000.json: {got}, not a count of the rows",
+            )
+            for manifest, got in (
+                ({"run_id": "r"}, "no 'rows'"),
+                ({"run_id": "r", "rows": -5}, "'rows' -5"),
+                ({"run_id": "r", "rows": "31"}, "'rows' \"31\""),
+                ({"run_id": "r", "rows": True}, "'rows' true"),
+            )
+        ),
+        (
+            # rebalances/ a link whose target is gone (an unmounted volume, say).
+            lambda p: (
+                make_run(p, "r", rows=31000)
+                or shutil.rmtree(p / "rebalances")
+                or (p / "rebalances").symlink_to(p.parent / "gone")
+            ),
+            "damaged run: rebalances/ is a symbolic link to ",
+        ),
     ],
 )
 def test_check_run_says_what_is_wrong_in_one_line(
