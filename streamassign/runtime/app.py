@@ -85,6 +85,13 @@ __all__ = [
 
 log = logging.getLogger("streamassign.runtime")
 
+#: aiokafka's default ``max_poll_interval_ms``.
+AIOKAFKA_MAX_POLL_INTERVAL_MS = 300_000
+
+#: A partition no consumer is ever assigned: ``getmany`` restricted to it returns nothing
+#: (see ``App._poll_nothing``).
+_NO_PARTITION = KafkaTopicPartition("", -1)
+
 
 class App:
     """A stream processing application (see the module docstring and ``docs/runtime.md``).
@@ -201,6 +208,10 @@ class App:
         self._suspended: dict[int, frozenset[TaskId]] = {}
         self._locks = [asyncio.Lock() for _ in range(self.threads)]
         self._epochs = [0] * self.threads
+        #: When each consumer's last poll ended (for the out-of-group line).
+        self._polled_at = [time.monotonic()] * self.threads
+        #: Consumers found out of the group and not assigned since (for the rejoin line).
+        self._out_of_group: set[int] = set()
         self._stopped = asyncio.Event()
         #: Set by ``stop()`` once the loops have ended: task changes are no-ops from then on.
         self._closing = False
@@ -509,12 +520,13 @@ class App:
         committed_at = time.monotonic()
         next_commit = committed_at + self.commit_interval
         while not self._stopped.is_set():
-            if index in self._rebalancing:  # tasks change: fetch nothing meanwhile
-                await asyncio.sleep(0.01)
+            if index in self._rebalancing:  # tasks change: take no record meanwhile
+                await self._poll_nothing(index)
                 continue
             epoch = self._epochs[index]
             self._pause_restoring(index)
             batch = await consumer.getmany(timeout_ms=100)
+            self._polled_at[index] = time.monotonic()
             async with self._locks[index]:
                 if epoch != self._epochs[index]:
                     # A rebalance came between (the records may even be of the new
@@ -538,6 +550,34 @@ class App:
                     await self._commits.commit(index)
                     committed_at = time.monotonic()
                     next_commit = committed_at + self.commit_interval
+
+    async def _poll_nothing(self, index: int) -> None:
+        """Consumer ``index`` is rebalancing: poll, but take no record, for up to 0.1 s.
+
+        aiokafka rejoins only a consumer that polled within ``max_poll_interval_ms``
+        (``GroupCoordinator.ensure_active_group`` skips the join of an idle one, and tries
+        again forever): one whose rebalance started while a record ran long (the revoke
+        callback waits for this loop's lock) never came back into the group. Its idle time
+        counts from the end of its last ``getmany``, or is zero while one is under way
+        (``fetch_context``); during the join ``getmany`` waits for the new assignment.
+
+        The poll asks for a partition never assigned: aiokafka then hands out no record, so
+        those fetched stay in its buffer with their positions unchanged (given out after the
+        rebalance if still assigned; dropped by aiokafka otherwise), and no record of the new
+        assignment is taken before its tasks are set up (restores paused, exactly-once seeks).
+        ``stop()`` does not wait for a join that never ends: the poll is then cancelled."""
+        poll = asyncio.ensure_future(
+            self.host.consumers[index].getmany(_NO_PARTITION, timeout_ms=100)
+        )
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        try:
+            await asyncio.wait([poll, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (poll, stopped):
+                waiter.cancel()
+        if not poll.cancelled():
+            poll.result()  # a coordination error: raised like the consumer loop's own poll
+            self._polled_at[index] = time.monotonic()
 
     def _still_current(self, index: int, epoch: int) -> bool:
         """Consumer ``index`` is still at ``epoch`` and not rebalancing."""
@@ -795,13 +835,32 @@ class App:
         # the new epoch stops that batch at its next record (``_still_current``), not at its
         # end. A batch fetched as a zombie is not processed either.
         self._epochs[consumer] += 1
+        self._note_out_of_group(consumer)
         async with self._locks[consumer]:
             self._epochs[consumer] += 1  # also one fetched while this waited for the lock
             self._commits.tear_consumer(consumer, "was out of the group")
 
+    def _note_out_of_group(self, consumer: int) -> None:
+        """One line when ``consumer`` is found out of the group (the broker removed it, or
+        aiokafka left for it after ``max_poll_interval_ms`` without a poll), one when it is
+        assigned again (``_rebalance_completed``)."""
+        if consumer in self._out_of_group:
+            return
+        self._out_of_group.add(consumer)
+        log.warning(
+            "consumer %d is out of the group (evicted, or left after max_poll_interval_ms "
+            "(%d ms) without a poll; its last poll ended %.1f s ago): its tasks may run "
+            "elsewhere meanwhile; rejoining",
+            consumer,
+            self.consumer_config.get("max_poll_interval_ms", AIOKAFKA_MAX_POLL_INTERVAL_MS),
+            time.monotonic() - self._polled_at[consumer],
+        )
+
     async def _rebalance_started(self, consumer: int) -> None:
         self._rebalancing.add(consumer)
         async with self._locks[consumer]:
+            if self.host.member_lost(consumer):  # while a record ran long, say
+                self._note_out_of_group(consumer)
             self._epochs[consumer] += 1
             self._suspended[consumer] = frozenset(
                 t for t, task in self._actives.items() if task.consumer == consumer
@@ -846,6 +905,15 @@ class App:
         finally:
             self._rebalancing.discard(consumer)
         self._pause_restoring(consumer)  # the new assignment has no pauses yet
+        if consumer in self._out_of_group:
+            self._out_of_group.discard(consumer)
+            membership = self.host.membership(consumer)
+            log.info(
+                "consumer %d rejoined the group (generation %s): %d active task(s)",
+                consumer,
+                "?" if membership is None else membership[1],
+                len(mine),
+            )
         restoring = {t for t in mine if self._actives[t].restoring}
         resumed = kept - restoring
         if resumed:
