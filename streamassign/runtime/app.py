@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from typing import Any, Literal
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
@@ -67,7 +67,7 @@ from .tasks import (
     source_of,
     tear,
 )
-from .transactions import OrphanTransactions, TaskProducers
+from .transactions import CLOSE_TIMEOUT, OrphanTransactions, TaskProducers
 
 __all__ = [
     "App",
@@ -409,15 +409,7 @@ class App:
         self._closing = True  # host callbacks from here on change nothing
         await self._changes_done.wait()
         if self.failure is None and self.host.consumers:
-            for i in range(self.threads):
-                if i in cut:
-                    log.warning("consumer %d did not stop in time; its tasks are not committed", i)
-                    for task in self._actives.values():
-                        if task.consumer == i:
-                            tear(task)
-                    continue
-                async with self._locks[i]:
-                    await self._commits.commit_safely(i)
+            await self._commit_at_stop(cut)
         if self._clients.task_producers is not None:  # open transactions are aborted
             await self._clients.task_producers.stop()
         if self._orphans is not None:
@@ -433,10 +425,58 @@ class App:
         await self.host.stop()
         if self.end_offsets is not None:
             await self.end_offsets.stop()
-        started = (self._clients.producer, self._clients.restorer, self._clients.changelog_reader)
-        clients = [c for c in started if c]
-        await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+        await self._stop_clients()
         log.info("process %s stopped", self.host.process_id)
+
+    async def _commit_at_stop(self, cut: set[int]) -> None:
+        """Commit every consumer's tasks but those of a consumer whose loop was cut at the
+        grace (torn). The commits take at most ``stop_grace`` together: one still waiting
+        then (the broker unreachable: acks never come) is cancelled and its consumer's tasks
+        torn, as a cut loop's. Input offsets are committed only after the commit's writes
+        and markers are acknowledged, so a torn task's input is read again."""
+        behind = []
+        for i in range(self.threads):
+            if i in cut:
+                log.warning("consumer %d did not stop in time; its tasks are not committed", i)
+                self._tear_consumer_tasks(i)
+            else:
+                behind.append(i)
+        try:
+            async with asyncio.timeout(self.stop_grace):
+                while behind:
+                    async with self._locks[behind[0]]:
+                        await self._commits.commit_safely(behind[0])
+                    behind.pop(0)
+        except TimeoutError:
+            for i in behind:
+                log.warning(
+                    "consumer %d: its commit at stop did not end within %g s (broker "
+                    "unreachable?); its tasks are not committed",
+                    i,
+                    self.stop_grace,
+                )
+                self._tear_consumer_tasks(i)
+
+    def _tear_consumer_tasks(self, consumer: int) -> None:
+        for task in self._actives.values():
+            if task.consumer == consumer:
+                tear(task)
+
+    async def _stop_clients(self) -> None:
+        """Stop the shared producer and the restore and changelog readers, each within
+        ``CLOSE_TIMEOUT`` (as the task producers): aiokafka's producer waits for every
+        batch it holds to be acknowledged, for ever while the broker is unreachable. Its
+        writes then abandoned belong to commits that did not end (input offsets are
+        committed only after a commit's writes are acknowledged): their records are read and
+        processed again, their writes compensated at the next restore."""
+        clients = self._clients
+        named = (
+            ("the shared producer", clients.producer, "its unacknowledged writes"),
+            ("the restore reader", clients.restorer, "its requests"),
+            ("the changelog reader", clients.changelog_reader, "its requests"),
+        )
+        stops = [_stop_within(n, c, what) for n, c, what in named if c is not None]
+        await asyncio.gather(*stops)
 
     async def request_shutdown(self) -> None:
         """Stop every process of the application (``SHUTDOWN_REQUESTED`` in the protocol)."""
@@ -926,6 +966,24 @@ class App:
         if not self._rebalancing:  # every consumer has its new tasks: close what nobody took
             # Not awaited: this callback holds up the member's rejoin (no heartbeats).
             self._stores.close_parked()
+
+
+async def _stop_within(
+    name: str, client: AIOKafkaConsumer | AIOKafkaProducer, abandoned: str
+) -> None:
+    """Stop ``client`` within ``CLOSE_TIMEOUT``; else cancel its stop and say so (once)."""
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT):
+            await client.stop()
+    except TimeoutError:
+        log.warning(
+            "%s did not stop within %g s (broker unreachable?): %s are abandoned",
+            name,
+            CLOSE_TIMEOUT,
+            abandoned,
+        )
+    except Exception as exc:  # stopping anyway: nothing else to do with it
+        log.warning("%s did not stop cleanly (%r)", name, exc)
 
 
 class _Listener(TaskListener):
