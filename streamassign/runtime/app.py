@@ -592,7 +592,8 @@ class App:
                     next_commit = committed_at + self.commit_interval
 
     async def _poll_nothing(self, index: int) -> None:
-        """Consumer ``index`` is rebalancing: poll, but take no record, for up to 0.1 s.
+        """Consumer ``index`` is rebalancing: poll, but take no record, for up to 10 ms (as
+        long as the loop slept here before: the loop sees the rebalance end as soon).
 
         aiokafka rejoins only a consumer that polled within ``max_poll_interval_ms``
         (``GroupCoordinator.ensure_active_group`` skips the join of an idle one, and tries
@@ -607,7 +608,7 @@ class App:
         assignment is taken before its tasks are set up (restores paused, exactly-once seeks).
         ``stop()`` does not wait for a join that never ends: the poll is then cancelled."""
         poll = asyncio.ensure_future(
-            self.host.consumers[index].getmany(_NO_PARTITION, timeout_ms=100)
+            self.host.consumers[index].getmany(_NO_PARTITION, timeout_ms=10)
         )
         stopped = asyncio.ensure_future(self._stopped.wait())
         try:
