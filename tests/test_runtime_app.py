@@ -249,6 +249,48 @@ def test_stop_with_the_broker_down_ends_and_says_what_it_abandoned(
     assert "unacknowledged writes are abandoned" in caplog.text
 
 
+class JoiningConsumer:
+    """A consumer in a join that never ends: ``getmany`` waits for an assignment."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[object, ...]] = []
+        self.cancelled = False
+
+    async def getmany(self, *partitions: object, timeout_ms: int = 0) -> dict[object, list[object]]:
+        self.asked.append(partitions)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return {}
+
+
+def test_a_rebalancing_consumer_polls_for_no_partition_and_stops_without_a_failure(
+    tmp_path: Path,
+) -> None:
+    """Audit H1: while its consumer rebalances, the loop polls (aiokafka rejoins only a
+    consumer that polled within ``max_poll_interval_ms``) but asks for a partition never
+    assigned, so it takes no record; a stop during that poll (a requested shutdown comes
+    inside a rebalance) cancels it and ends the loop with no failure."""
+    one = Topology([Subtopology(0, ["events"])], name="app")
+    app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    consumer = JoiningConsumer()
+    app.host.consumers.append(consumer)  # type: ignore[arg-type]
+    app._rebalancing.add(0)
+
+    async def run() -> None:
+        loop = asyncio.create_task(app._fail_on_error(app._consume(0), "consumer 0"))
+        while not consumer.asked:
+            await asyncio.sleep(0.01)
+        app._stopped.set()
+        await asyncio.wait_for(loop, 5)
+
+    asyncio.run(run())
+    assert consumer.asked == [(runtime_app._NO_PARTITION,)]
+    assert consumer.cancelled and app.failure is None
+
+
 class _Started(Exception):
     """Raised by a recording consumer's start: the test has what it needs."""
 

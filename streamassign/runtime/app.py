@@ -614,11 +614,14 @@ class App:
         try:
             await asyncio.wait([poll, stopped], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for waiter in (poll, stopped):
-                waiter.cancel()
-        if not poll.cancelled():
-            poll.result()  # a coordination error: raised like the consumer loop's own poll
-            self._polled_at[index] = time.monotonic()
+            stopped.cancel()
+            if not poll.done():  # stopping (or this loop cancelled): it may wait for ever
+                poll.cancel()
+                await asyncio.wait([poll])  # (a cancel only ends a task once it runs)
+        if poll.cancelled() or (self._stopped.is_set() and poll.exception() is not None):
+            return
+        poll.result()  # a coordination error: raised like the consumer loop's own poll
+        self._polled_at[index] = time.monotonic()
 
     def _still_current(self, index: int, epoch: int) -> bool:
         """Consumer ``index`` is still at ``epoch`` and not rebalancing."""
