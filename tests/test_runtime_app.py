@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 import attrs
@@ -12,6 +13,7 @@ import pytest
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.errors import CopartitioningError, OutputWriteError
 from streamassign.runtime import App, RuntimeConfigError, internal_topics
+from streamassign.runtime import app as runtime_app
 from streamassign.runtime._clients import (
     BATCH_HEADROOM,
     SHARED_BATCH_BYTES,
@@ -21,6 +23,7 @@ from streamassign.runtime._clients import (
 )
 from streamassign.runtime._topics import _topic_limits, written_topics
 from streamassign.runtime.settings import Settings
+from streamassign.runtime.tasks import ActiveTask
 
 
 class Nothing:
@@ -197,6 +200,95 @@ def test_stop_marks_the_host_stopping_before_the_grace_period(tmp_path: Path) ->
 
     asyncio.run(run())
     assert seen == [True]
+
+
+class Undeliverable:
+    """A client whose ``stop`` never ends: aiokafka's producer waiting for acks of batches
+    the broker, down, never sends."""
+
+    cancelled = False
+
+    async def stop(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
+def test_stop_with_the_broker_down_ends_and_says_what_it_abandoned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Audit M1: at least once, ``stop()`` with the broker unreachable waited for ever for
+    the shared producer (and a commit at stop for acks). Both are bounded now: the commit by
+    ``stop_grace`` (its consumer's tasks torn: uncommitted, read again), each client's stop
+    by ``CLOSE_TIMEOUT``, each with one line; the other clients still stop."""
+    monkeypatch.setattr(runtime_app, "CLOSE_TIMEOUT", 0.2)
+    one = Topology([Subtopology(0, ["events"])], name="app")
+    app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    app.stop_grace = 0.2
+    task = ActiveTask(TaskId(0, 0), 0, {}, Nothing())
+    app._actives[task.task_id] = task
+    producer, reader = Undeliverable(), Client()
+    app._clients.producer = producer  # type: ignore[assignment]
+    app._clients.restorer = reader  # type: ignore[assignment]
+    app.host.consumers.append(Client())  # type: ignore[arg-type]
+
+    async def waits_for_acks(index: int) -> None:
+        await asyncio.Event().wait()
+
+    app._commits.commit_safely = waits_for_acks  # type: ignore[method-assign]
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        asyncio.run(asyncio.wait_for(app.stop(), 10))
+    assert time.monotonic() - started < 5
+    assert task.torn, "a task whose commit at stop did not end must be torn"
+    assert producer.cancelled and reader.stopped
+    assert "consumer 0: its commit at stop did not end within 0.2 s" in caplog.text
+    assert "the shared producer did not stop within 0.2 s" in caplog.text
+    assert "unacknowledged writes are abandoned" in caplog.text
+
+
+class JoiningConsumer:
+    """A consumer in a join that never ends: ``getmany`` waits for an assignment."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[object, ...]] = []
+        self.cancelled = False
+
+    async def getmany(self, *partitions: object, timeout_ms: int = 0) -> dict[object, list[object]]:
+        self.asked.append(partitions)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return {}
+
+
+def test_a_rebalancing_consumer_polls_for_no_partition_and_stops_without_a_failure(
+    tmp_path: Path,
+) -> None:
+    """Audit H1: while its consumer rebalances, the loop polls (aiokafka rejoins only a
+    consumer that polled within ``max_poll_interval_ms``) but asks for a partition never
+    assigned, so it takes no record; a stop during that poll (a requested shutdown comes
+    inside a rebalance) cancels it and ends the loop with no failure."""
+    one = Topology([Subtopology(0, ["events"])], name="app")
+    app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    consumer = JoiningConsumer()
+    app.host.consumers.append(consumer)  # type: ignore[arg-type]
+    app._rebalancing.add(0)
+
+    async def run() -> None:
+        loop = asyncio.create_task(app._fail_on_error(app._consume(0), "consumer 0"))
+        while not consumer.asked:
+            await asyncio.sleep(0.01)
+        app._stopped.set()
+        await asyncio.wait_for(loop, 5)
+
+    asyncio.run(run())
+    assert consumer.asked == [(runtime_app._NO_PARTITION,)]
+    assert consumer.cancelled and app.failure is None
 
 
 class _Started(Exception):

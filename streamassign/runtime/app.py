@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from typing import Any, Literal
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
@@ -67,7 +67,7 @@ from .tasks import (
     source_of,
     tear,
 )
-from .transactions import OrphanTransactions, TaskProducers
+from .transactions import CLOSE_TIMEOUT, OrphanTransactions, TaskProducers
 
 __all__ = [
     "App",
@@ -84,6 +84,13 @@ __all__ = [
 ]
 
 log = logging.getLogger("streamassign.runtime")
+
+#: aiokafka's default ``max_poll_interval_ms``.
+AIOKAFKA_MAX_POLL_INTERVAL_MS = 300_000
+
+#: A partition no consumer is ever assigned: ``getmany`` restricted to it returns nothing
+#: (see ``App._poll_nothing``).
+_NO_PARTITION = KafkaTopicPartition("", -1)
 
 
 class App:
@@ -201,6 +208,10 @@ class App:
         self._suspended: dict[int, frozenset[TaskId]] = {}
         self._locks = [asyncio.Lock() for _ in range(self.threads)]
         self._epochs = [0] * self.threads
+        #: When each consumer's last poll ended (for the out-of-group line).
+        self._polled_at = [time.monotonic()] * self.threads
+        #: Consumers found out of the group and not assigned since (for the rejoin line).
+        self._out_of_group: set[int] = set()
         self._stopped = asyncio.Event()
         #: Set by ``stop()`` once the loops have ended: task changes are no-ops from then on.
         self._closing = False
@@ -398,15 +409,7 @@ class App:
         self._closing = True  # host callbacks from here on change nothing
         await self._changes_done.wait()
         if self.failure is None and self.host.consumers:
-            for i in range(self.threads):
-                if i in cut:
-                    log.warning("consumer %d did not stop in time; its tasks are not committed", i)
-                    for task in self._actives.values():
-                        if task.consumer == i:
-                            tear(task)
-                    continue
-                async with self._locks[i]:
-                    await self._commits.commit_safely(i)
+            await self._commit_at_stop(cut)
         if self._clients.task_producers is not None:  # open transactions are aborted
             await self._clients.task_producers.stop()
         if self._orphans is not None:
@@ -422,10 +425,58 @@ class App:
         await self.host.stop()
         if self.end_offsets is not None:
             await self.end_offsets.stop()
-        started = (self._clients.producer, self._clients.restorer, self._clients.changelog_reader)
-        clients = [c for c in started if c]
-        await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+        await self._stop_clients()
         log.info("process %s stopped", self.host.process_id)
+
+    async def _commit_at_stop(self, cut: set[int]) -> None:
+        """Commit every consumer's tasks but those of a consumer whose loop was cut at the
+        grace (torn). The commits take at most ``stop_grace`` together: one still waiting
+        then (the broker unreachable: acks never come) is cancelled and its consumer's tasks
+        torn, as a cut loop's. Input offsets are committed only after the commit's writes
+        and markers are acknowledged, so a torn task's input is read again."""
+        behind = []
+        for i in range(self.threads):
+            if i in cut:
+                log.warning("consumer %d did not stop in time; its tasks are not committed", i)
+                self._tear_consumer_tasks(i)
+            else:
+                behind.append(i)
+        try:
+            async with asyncio.timeout(self.stop_grace):
+                while behind:
+                    async with self._locks[behind[0]]:
+                        await self._commits.commit_safely(behind[0])
+                    behind.pop(0)
+        except TimeoutError:
+            for i in behind:
+                log.warning(
+                    "consumer %d: its commit at stop did not end within %g s (broker "
+                    "unreachable?); its tasks are not committed",
+                    i,
+                    self.stop_grace,
+                )
+                self._tear_consumer_tasks(i)
+
+    def _tear_consumer_tasks(self, consumer: int) -> None:
+        for task in self._actives.values():
+            if task.consumer == consumer:
+                tear(task)
+
+    async def _stop_clients(self) -> None:
+        """Stop the shared producer and the restore and changelog readers, each within
+        ``CLOSE_TIMEOUT`` (as the task producers): aiokafka's producer waits for every
+        batch it holds to be acknowledged, for ever while the broker is unreachable. Its
+        writes then abandoned belong to commits that did not end (input offsets are
+        committed only after a commit's writes are acknowledged): their records are read and
+        processed again, their writes compensated at the next restore."""
+        clients = self._clients
+        named = (
+            ("the shared producer", clients.producer, "its unacknowledged writes"),
+            ("the restore reader", clients.restorer, "its requests"),
+            ("the changelog reader", clients.changelog_reader, "its requests"),
+        )
+        stops = [_stop_within(n, c, what) for n, c, what in named if c is not None]
+        await asyncio.gather(*stops)
 
     async def request_shutdown(self) -> None:
         """Stop every process of the application (``SHUTDOWN_REQUESTED`` in the protocol)."""
@@ -509,12 +560,13 @@ class App:
         committed_at = time.monotonic()
         next_commit = committed_at + self.commit_interval
         while not self._stopped.is_set():
-            if index in self._rebalancing:  # tasks change: fetch nothing meanwhile
-                await asyncio.sleep(0.01)
+            if index in self._rebalancing:  # tasks change: take no record meanwhile
+                await self._poll_nothing(index)
                 continue
             epoch = self._epochs[index]
             self._pause_restoring(index)
             batch = await consumer.getmany(timeout_ms=100)
+            self._polled_at[index] = time.monotonic()
             async with self._locks[index]:
                 if epoch != self._epochs[index]:
                     # A rebalance came between (the records may even be of the new
@@ -538,6 +590,38 @@ class App:
                     await self._commits.commit(index)
                     committed_at = time.monotonic()
                     next_commit = committed_at + self.commit_interval
+
+    async def _poll_nothing(self, index: int) -> None:
+        """Consumer ``index`` is rebalancing: poll, but take no record, for up to 10 ms (as
+        long as the loop slept here before: the loop sees the rebalance end as soon).
+
+        aiokafka rejoins only a consumer that polled within ``max_poll_interval_ms``
+        (``GroupCoordinator.ensure_active_group`` skips the join of an idle one, and tries
+        again forever): one whose rebalance started while a record ran long (the revoke
+        callback waits for this loop's lock) never came back into the group. Its idle time
+        counts from the end of its last ``getmany``, or is zero while one is under way
+        (``fetch_context``); during the join ``getmany`` waits for the new assignment.
+
+        The poll asks for a partition never assigned: aiokafka then hands out no record, so
+        those fetched stay in its buffer with their positions unchanged (given out after the
+        rebalance if still assigned; dropped by aiokafka otherwise), and no record of the new
+        assignment is taken before its tasks are set up (restores paused, exactly-once seeks).
+        ``stop()`` does not wait for a join that never ends: the poll is then cancelled."""
+        poll = asyncio.ensure_future(
+            self.host.consumers[index].getmany(_NO_PARTITION, timeout_ms=10)
+        )
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        try:
+            await asyncio.wait([poll, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not poll.done():  # stopping (or this loop cancelled): it may wait for ever
+                poll.cancel()
+                await asyncio.wait([poll])  # (a cancel only ends a task once it runs)
+        if poll.cancelled() or (self._stopped.is_set() and poll.exception() is not None):
+            return
+        poll.result()  # a coordination error: raised like the consumer loop's own poll
+        self._polled_at[index] = time.monotonic()
 
     def _still_current(self, index: int, epoch: int) -> bool:
         """Consumer ``index`` is still at ``epoch`` and not rebalancing."""
@@ -795,13 +879,32 @@ class App:
         # the new epoch stops that batch at its next record (``_still_current``), not at its
         # end. A batch fetched as a zombie is not processed either.
         self._epochs[consumer] += 1
+        self._note_out_of_group(consumer)
         async with self._locks[consumer]:
             self._epochs[consumer] += 1  # also one fetched while this waited for the lock
             self._commits.tear_consumer(consumer, "was out of the group")
 
+    def _note_out_of_group(self, consumer: int) -> None:
+        """One line when ``consumer`` is found out of the group (the broker removed it, or
+        aiokafka left for it after ``max_poll_interval_ms`` without a poll), one when it is
+        assigned again (``_rebalance_completed``)."""
+        if consumer in self._out_of_group:
+            return
+        self._out_of_group.add(consumer)
+        log.warning(
+            "consumer %d is out of the group (evicted, or left after max_poll_interval_ms "
+            "(%d ms) without a poll; its last poll ended %.1f s ago): its tasks may run "
+            "elsewhere meanwhile; rejoining",
+            consumer,
+            self.consumer_config.get("max_poll_interval_ms", AIOKAFKA_MAX_POLL_INTERVAL_MS),
+            time.monotonic() - self._polled_at[consumer],
+        )
+
     async def _rebalance_started(self, consumer: int) -> None:
         self._rebalancing.add(consumer)
         async with self._locks[consumer]:
+            if self.host.member_lost(consumer):  # while a record ran long, say
+                self._note_out_of_group(consumer)
             self._epochs[consumer] += 1
             self._suspended[consumer] = frozenset(
                 t for t, task in self._actives.items() if task.consumer == consumer
@@ -846,6 +949,15 @@ class App:
         finally:
             self._rebalancing.discard(consumer)
         self._pause_restoring(consumer)  # the new assignment has no pauses yet
+        if consumer in self._out_of_group:
+            self._out_of_group.discard(consumer)
+            membership = self.host.membership(consumer)
+            log.info(
+                "consumer %d rejoined the group (generation %s): %d active task(s)",
+                consumer,
+                "?" if membership is None else membership[1],
+                len(mine),
+            )
         restoring = {t for t in mine if self._actives[t].restoring}
         resumed = kept - restoring
         if resumed:
@@ -858,6 +970,24 @@ class App:
         if not self._rebalancing:  # every consumer has its new tasks: close what nobody took
             # Not awaited: this callback holds up the member's rejoin (no heartbeats).
             self._stores.close_parked()
+
+
+async def _stop_within(
+    name: str, client: AIOKafkaConsumer | AIOKafkaProducer, abandoned: str
+) -> None:
+    """Stop ``client`` within ``CLOSE_TIMEOUT``; else cancel its stop and say so (once)."""
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT):
+            await client.stop()
+    except TimeoutError:
+        log.warning(
+            "%s did not stop within %g s (broker unreachable?): %s are abandoned",
+            name,
+            CLOSE_TIMEOUT,
+            abandoned,
+        )
+    except Exception as exc:  # stopping anyway: nothing else to do with it
+        log.warning("%s did not stop cleanly (%r)", name, exc)
 
 
 class _Listener(TaskListener):

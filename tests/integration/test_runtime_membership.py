@@ -317,3 +317,34 @@ def test_eviction_storm_of_two_cold_processes_loses_nothing(runtime: Runtime) ->
         for line in (runtime.tmp / f"{name}.log").read_text().splitlines()
     )
     assert evicted, "no member was evicted: the scenario did not run"
+
+
+def test_member_whose_record_outlasts_a_rebalance_rejoins_and_runs_tasks_again(
+    runtime: Runtime,
+) -> None:
+    """A rebalance starts while a record's processor awaits longer than
+    ``max_poll_interval_ms`` (8 s here): the broker drops the member meanwhile. Once the
+    record returns, the member must rejoin and run tasks again (aiokafka skips the join of
+    a consumer that has not polled for ``max_poll_interval_ms``, so the runtime polls, taking
+    no record, while it rebalances; before, such a process stayed out of the group for
+    good). Both processes arm a 12 s stall on record 0@50; once the owner of task 0_0
+    stalls, the other process stops, which starts the rebalance; the stalled one must then
+    run every task."""
+    total = 6_000
+    runtime.args = ["--status-interval", "0.1", "--stall", "0:50:12", "--max-poll-ms", "8000"]
+    before = runtime.start_two()
+    feeder = Feeder(runtime.bootstrap, runtime.source, total, chunk=500, pause=0.05)
+    feeder.start()
+    wait_for("a process stalls on 0@50", lambda: any(runtime.events(n, "stall") for n in before))
+    stalled = next(n for n in before if runtime.events(n, "stall"))
+    runtime.stop(next(n for n in before if n != stalled))  # it leaves: a rebalance starts
+    wait_for("the stall ends", lambda: runtime.events(stalled, "stalled"))
+    wait_for("the stalled process runs every task", lambda: runtime.actives(stalled) == TASKS)
+    feeder.finish()
+    wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
+    log = (runtime.tmp / f"{stalled}.log").read_text()
+    # aiokafka's line: the rebalance began while the record ran (else it left on its own
+    # first, a case that rejoined before too: the scenario did not run).
+    assert "because it is rebalancing" in log, "no rebalance started during the stall"
+    assert "is out of the group" in log and "rejoined the group" in log
+    check_exact(runtime, expected_table(total))
