@@ -38,7 +38,13 @@ from aiokafka.errors import (
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost
-from ..errors import ChangelogReadTimeoutError, OutputWriteError, ReassertionFailedError
+from ..errors import (
+    ChangelogReadTimeoutError,
+    EndOffsetsTimeoutError,
+    InternalTopicError,
+    OutputWriteError,
+    ReassertionFailedError,
+)
 from ._clients import Clients
 from .changelog import COMMIT_KEY, StoreState
 from .restore import ChangelogLookups
@@ -253,7 +259,7 @@ class Commits:
         orphan writes compensated) before it runs again, and its input is re-read."""
         try:
             await self.commit(index)
-        except OutputWriteError:  # the same writes would fail again: stop
+        except (OutputWriteError, InternalTopicError):  # would fail again: stop
             raise
         except Exception as exc:
             log.warning(
@@ -337,7 +343,7 @@ class Commits:
         try:
             ends = await self.lookups.ends(checked)
         except (KafkaError, TimeoutError) as exc:
-            log.warning("consumer %d: changelog ends unknown (%r); committing later", index, exc)
+            log.warning("consumer %d: %s; committing later", index, ends_unknown(exc))
             return False
         if self.lost(index):  # learnt while we waited
             return False
@@ -649,7 +655,7 @@ class Commits:
         try:
             ends = await self.lookups.ends(states)
         except (KafkaError, TimeoutError) as exc:
-            log.warning("consumer %d: changelog ends unknown (%r); restoring", consumer, exc)
+            log.warning("consumer %d: %s; restoring", consumer, ends_unknown(exc))
             ends = {}
         for task_id in sorted(tasks):
             task = self.actives[task_id]
@@ -669,6 +675,13 @@ class Commits:
                 tear(task)
 
     # -- restores --------------------------------------------------------------------------------
+
+
+def ends_unknown(exc: BaseException) -> str:
+    """What a failed changelog end lookup (``ChangelogLookups.ends``) says."""
+    if isinstance(exc, EndOffsetsTimeoutError):  # names the partitions and the cause
+        return str(exc)
+    return f"changelog ends unknown ({exc!r})"
 
 
 def owners_value(state: StoreState, key: bytes) -> bytes | None:
