@@ -3,7 +3,8 @@ process, no standby): a deleted changelog stops the application with a typed err
 restart is refused with the local state untouched (before: the restart recreated the topic
 and wiped the local stores, every key wrong); source partitions added while running stop the
 application with a typed error naming the counts and the remedy (before: the new tasks stayed
-"restoring" forever)."""
+"restoring" forever). In the test's process: a start creates the changelogs of a brand-new
+application, and refuses to recreate one that a local checkpoint holds data of."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from typing import Any, TypeVar
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
+
+from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.errors import MissingChangelogError
+from streamassign.localstate import StateDirectory
+from streamassign.runtime import ensure_internal_topics
 
 from .conftest import GroupIdFactory, TopicFactory, _delete_topics
 from .test_runtime import PARTITIONS, Feeder, Runtime, wait_caught_up
@@ -154,3 +160,36 @@ def test_source_partitions_added_while_running_stop_the_application(runtime: Run
     assert f"{changelog} has {PARTITIONS}, needs {PARTITIONS + 2}" in refused
     assert "kafka-topics.sh --alter" in refused
     print(f"stopped {took:.1f} s after the partitions were added")
+
+
+def test_a_start_creates_changelogs_unless_local_state_holds_data_of_them(
+    kafka_bootstrap: str,
+    kafka_topic_factory: TopicFactory,
+    kafka_group_id_factory: GroupIdFactory,
+    tmp_path: Path,
+) -> None:
+    source = kafka_topic_factory(2, prefix="events")
+    app = kafka_group_id_factory("fresh")
+    changelog = f"{app}-totals-changelog"
+    topology = Topology([Subtopology(0, [source], stores=["totals"])], name=app)
+    state = StateDirectory(tmp_path)
+    try:  # a brand-new application: created
+        assert asyncio.run(ensure_internal_topics(topology, kafka_bootstrap, state=state)) == {
+            changelog: 2
+        }
+        asyncio.run(_delete_topics(kafka_bootstrap, [changelog]))
+        wait_for(
+            lambda: asyncio.run(_topic_partitions(kafka_bootstrap, changelog)) is None,
+            30,
+            "the deletion",
+        )
+        state.write_checkpoint(TaskId(0, 1), {TopicPartition(changelog, 1): 7})
+        with pytest.raises(MissingChangelogError, match=f"{changelog}: tasks 0_1"):
+            asyncio.run(ensure_internal_topics(topology, kafka_bootstrap, state=state))
+        assert asyncio.run(_topic_partitions(kafka_bootstrap, changelog)) is None
+
+        state.write_checkpoint(TaskId(0, 1), {TopicPartition(changelog, 1): 0})  # no data
+        asyncio.run(ensure_internal_topics(topology, kafka_bootstrap, state=state))
+        assert asyncio.run(_topic_partitions(kafka_bootstrap, changelog)) == 2
+    finally:
+        state.close()
