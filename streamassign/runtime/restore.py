@@ -193,7 +193,9 @@ class StateUpdater:
 
     async def _fetch_ends(self, reader: Any, new: list[Restoring]) -> bool:
         """Look up the changelog ends of the restores in ``new``; False if that failed (the
-        reader is left as it was, and the next step plans again)."""
+        reader is left as it was, and the next step plans again). Raises
+        ``MissingChangelogError`` when their changelog partitions do not exist (deleted, or
+        source partitions added while running): they would never restore."""
         if not new:
             return True
         tps = [KafkaTopicPartition(*s.changelog) for e in new for s in e.task.stores.values()]
@@ -312,9 +314,10 @@ class ChangelogLookups:
         try:
             ends = await asyncio.wait_for(reader.end_offsets(tps), ENDS_TIMEOUT)
         except (KafkaError, TimeoutError) as exc:
+            # raises MissingChangelogError when some partitions do not exist
             why = await explain_failure(self.check, [s.changelog for s in states], exc)
             if isinstance(exc, KafkaError):
-                raise  # its kind says what happened
+                raise  # its kind says what happened (the callers log it)
             raise EndOffsetsTimeoutError(why) from exc
         return {TopicPartition(*tp): end for tp, end in ends.items()}
 
