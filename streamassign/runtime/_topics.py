@@ -193,7 +193,7 @@ class ChangelogCheck:
         """Why the end offsets of ``tps`` could not be read, as far as the topics' metadata
         tells (empty when not asked again yet); raises ``MissingChangelogError`` when some
         of ``tps`` do not exist."""
-        if time.monotonic() < self._next:
+        if not self.due():
             return ""
         try:
             found = await self.refuse_missing(tps)
@@ -209,6 +209,10 @@ class ChangelogCheck:
         if leaderless:
             return "no leader for " + _names(leaderless)
         return "the partitions exist and have leaders: the broker slow to answer?"
+
+    def due(self) -> bool:
+        """Whether ``CHECK_INTERVAL`` s passed since the last check."""
+        return time.monotonic() >= self._next
 
     async def refuse_missing(self, tps: Collection[TopicPartition]) -> dict[str, list[Any]]:
         """Raise ``MissingChangelogError`` when some of ``tps`` do not exist (any other
