@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from streamassign.errors import (
     MissingChangelogError,
 )
 from streamassign.localstate import StateDirectory
-from streamassign.runtime import MemoryStore, StoreState
+from streamassign.runtime import MemoryStore, StoreState, commits
 from streamassign.runtime._topics import (
     ChangelogCheck,
     _refuse_lost_changelogs,
@@ -112,3 +113,28 @@ def test_a_store_past_its_changelogs_end_stops_the_restore_untouched() -> None:
     assert f"{CHANGELOG}[0]" in str(stopped.value) and "offset 1976" in str(stopped.value)
     assert "end 0" in str(stopped.value)
     assert list(store.items()) == [(b"k", b"v")] and state.position == 1976
+
+
+def test_a_commit_waiting_on_writes_asks_whether_its_changelogs_exist(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(commits, "ACKS_CHECK_AFTER", 0.01)
+    task = SimpleNamespace(
+        stores={"totals": SimpleNamespace(changelog=TopicPartition(CHANGELOG, 2))}
+    )
+
+    async def commit(check: FakeCheck, acked: bool) -> int:
+        owner = SimpleNamespace(lookups=SimpleNamespace(check=check))
+        acks: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        if acked:
+            asyncio.get_running_loop().call_later(0.05, acks.set_result, 7)
+        return await commits.Commits.checked(owner, acks, [task])  # type: ignore[arg-type]
+
+    present = FakeCheck({"events": partitions(6), CHANGELOG: partitions(6)})
+    assert asyncio.run(commit(present, acked=True)) == 7  # slow, but the changelog exists
+    assert present.asked == 1
+    away = FakeCheck({}, OSError("connection refused"))
+    assert asyncio.run(commit(away, acked=True)) == 7  # not known: the commit waits on
+    deleted = FakeCheck({"events": partitions(6)})
+    with pytest.raises(MissingChangelogError, match=f"{CHANGELOG} deleted"):
+        asyncio.run(commit(deleted, acked=False))

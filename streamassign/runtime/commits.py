@@ -42,6 +42,7 @@ from ..errors import (
     ChangelogReadTimeoutError,
     EndOffsetsTimeoutError,
     InternalTopicError,
+    MissingChangelogError,
     OutputWriteError,
     ReassertionFailedError,
 )
@@ -188,11 +189,11 @@ class Commits:
                 changelogs = [s.changelog for t in tasks for s in t.stores.values()]
                 try:
                     await check.refuse_missing(changelogs)
-                except (KafkaError, TimeoutError):  # only a missing one stops
-                    pass
-                except BaseException:
+                except MissingChangelogError:
                     waiting.add_done_callback(_retrieved)
                     raise
+                except Exception:  # not known (the cluster away?): the commit waits on
+                    pass
         return await waiting
 
     async def commit_transactions(self, index: int) -> None:

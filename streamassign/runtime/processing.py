@@ -18,11 +18,11 @@ from typing import Any, Literal
 import attrs
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
+from aiokafka.errors import IllegalOperation, ProducerFenced
 
 from .. import TaskId, TopicPartition
+from ..errors import MissingChangelogError, TransactionFailedError
 from ..errors import ProcessingError as ProcessingError
-from ..errors import TransactionFailedError
 from ..topology import Topology
 from ._clients import Clients
 from ._topics import CHECK_TIMEOUT, ChangelogCheck
@@ -330,8 +330,12 @@ class Processing:
                     await producer.client.force_metadata_update()
         if _known(producer, changelog):
             return
-        with contextlib.suppress(KafkaError, TimeoutError):  # only a missing one stops
+        try:
             await check.refuse_missing([changelog])
+        except MissingChangelogError:
+            raise
+        except Exception:  # not known (the cluster away?): the send goes on
+            pass
 
 
 def _known(producer: AIOKafkaProducer, tp: TopicPartition) -> bool:
