@@ -176,16 +176,18 @@ class Commits:
             task.committed.update(task.offsets)
 
     async def checked(self, step: Awaitable[T], tasks: Sequence[ActiveTask]) -> T:
-        """``step`` (a commit's wait for acks, or a transaction's commit); when it takes
+        """``step`` (a commit's wait for acks, or a transaction's commit); while it takes
         longer than ``ACKS_CHECK_AFTER`` s, whether the changelogs of ``tasks`` still exist
         is asked (at most every ``CHECK_INTERVAL`` s): a deleted one raises
         ``MissingChangelogError`` (``step`` is left to end by itself) rather than the commit
         waiting for writes the broker retries for ``request_timeout_ms``."""
         waiting = asyncio.ensure_future(step)
         check = self.lookups.check
-        if check is not None:
+        while check is not None:  # asked again while it waits (the first ask may be early)
             done, _ = await asyncio.wait([waiting], timeout=ACKS_CHECK_AFTER)
-            if not done and check.due():
+            if done:
+                break
+            if check.due():
                 changelogs = [s.changelog for t in tasks for s in t.stores.values()]
                 try:
                     await check.refuse_missing(changelogs)
