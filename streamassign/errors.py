@@ -298,6 +298,19 @@ class InternalTopicError(StreamAssignError):
     """An internal topic cannot be created, or exists with another partition count."""
 
 
+class MissingChangelogError(InternalTopicError):
+    """A changelog the application's state depends on is missing: deleted (at a start with
+    local state of it, or while running), or without the partitions its tasks need (source
+    partitions added while running). Continuing would lose that state silently; the message
+    names the topics and the remedy (docs/runtime.md)."""
+
+
+class ChangelogBehindStateError(InternalTopicError):
+    """A restore found a local store past its changelog's end (the topic recreated or
+    truncated): the store is kept, not wiped, and the application stops; the message names
+    the partition and the remedy."""
+
+
 class ChangelogReadTimeoutError(StreamAssignError, TimeoutError):
     """A changelog range the runtime must read (the keys another writer wrote before a
     commit marker) was not read within its deadline (the broker slow or away)."""

@@ -469,3 +469,4 @@ def test_no_end_offset_listed_in_time_is_a_typed_timeout(monkeypatch: pytest.Mon
     with pytest.raises(EndOffsetsTimeoutError, match="no end offset of 2 partitions") as raised:
         asyncio.run(end_offsets_module.list_offsets(Hanging(), tps))  # type: ignore[arg-type]
     assert isinstance(raised.value, TimeoutError)
+    assert "(cl[0], cl[1])" in str(raised.value)  # which partitions

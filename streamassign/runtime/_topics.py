@@ -6,15 +6,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from .. import TaskId, TopicPartition
 from ..errors import InternalTopicError as InternalTopicError
-from ..errors import MissingTopicsError, TopicConfigError
+from ..errors import MissingChangelogError, MissingTopicsError, TopicConfigError
 from ..grouper import resolve_partition_counts, task_counts
+from ..localstate import StateDirectory
 from ..topology import Topology
 
 log = logging.getLogger("streamassign.runtime")
@@ -22,6 +24,26 @@ log = logging.getLogger("streamassign.runtime")
 _TOPIC_ALREADY_EXISTS = 36
 _UNKNOWN_TOPIC = 3
 _READY_TIMEOUT = 30.0
+#: Seconds the check of whether changelog partitions exist may take (admin client included).
+CHECK_TIMEOUT = 10.0
+#: Seconds between two such checks at most once (a broker outage fails every end lookup).
+CHECK_INTERVAL = 10.0
+
+#: What to do about internal topics with other partition counts than the tasks need.
+COUNT_REMEDY = (
+    "stop every instance, then either add partitions to the internal topics named "
+    "(kafka-topics.sh --alter --topic T --partitions N; keys that then map to a new partition "
+    "start there from empty state), or reset the application (delete its internal topics, "
+    "its state directories and its group's committed offsets) to reprocess its inputs; "
+    "see docs/runtime.md, 'Changing source partition counts'"
+)
+#: What to do about a deleted changelog that local state (or running tasks) held data of.
+MISSING_REMEDY = (
+    "restore the topic with its records, or start that state over deliberately: stop every "
+    "instance, delete those tasks' directories under the state directory on every machine "
+    "(and reset the group's committed offsets to reprocess the inputs); "
+    "see docs/runtime.md, 'Missing changelogs'"
+)
 
 
 def internal_topics(topology: Topology, external_counts: Mapping[str, int]) -> dict[str, int]:
@@ -54,11 +76,14 @@ async def ensure_internal_topics(
     *,
     replication_factor: int = 1,
     admin_config: Mapping[str, Any] | None = None,
+    state: StateDirectory | None = None,
 ) -> dict[str, int]:
     """Create the missing internal topics (changelogs compacted); returns their counts.
 
-    Raises ``MissingTopicsError`` when external source topics are missing and
-    ``InternalTopicError`` when an internal topic exists with another partition count.
+    Raises ``MissingTopicsError`` when external source topics are missing,
+    ``InternalTopicError`` when an internal topic exists with another partition count, and
+    ``MissingChangelogError`` when a changelog is missing that a checkpoint in ``state``
+    holds data of (it was deleted: creating it empty would lose that state at the restore).
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **dict(admin_config or {}))
     await admin.start()
@@ -78,7 +103,10 @@ async def ensure_internal_topics(
             raise InternalTopicError(
                 "internal topics exist with other partition counts than the topology needs: "
                 + ", ".join(f"{t} has {n}, needs {wanted[t]}" for t, n in sorted(wrong.items()))
+                + f" (source partitions added or removed?); {COUNT_REMEDY}"
             )
+        if state is not None:
+            _refuse_lost_changelogs(state, changelogs - set(present))
         new = [
             NewTopic(
                 t,
@@ -101,6 +129,32 @@ async def ensure_internal_topics(
         await admin.close()
 
 
+def changelogs_with_state(state: StateDirectory) -> dict[str, list[TaskId]]:
+    """The changelog topics local checkpoints in ``state`` hold data of (an offset past 0),
+    each with the tasks that hold it."""
+    held: dict[str, list[TaskId]] = {}
+    for task in sorted(state.offset_sums()):
+        for tp, offset in state.read_checkpoint(task).items():
+            if offset > 0 and task not in held.setdefault(tp.topic, []):
+                held[tp.topic].append(task)
+    return {t: tasks for t, tasks in held.items() if tasks}
+
+
+def _refuse_lost_changelogs(state: StateDirectory, missing: Collection[str]) -> None:
+    """Raise ``MissingChangelogError`` when local state holds data of a ``missing`` changelog."""
+    if not missing:
+        return
+    held = {t: ts for t, ts in changelogs_with_state(state).items() if t in missing}
+    if held:
+        raise MissingChangelogError(
+            "changelog topic(s) missing although the local state in "
+            f"{state.path} holds data of them ("
+            + "; ".join(f"{t}: tasks {', '.join(map(str, ts))}" for t, ts in sorted(held.items()))
+            + "): created empty, they would lose that state (deleted?); not created; "
+            + MISSING_REMEDY
+        )
+
+
 async def _wait_for_leaders(admin: Any, counts: Mapping[str, int]) -> None:
     deadline = time.monotonic() + _READY_TIMEOUT
     while True:
@@ -114,6 +168,105 @@ async def _wait_for_leaders(admin: Any, counts: Mapping[str, int]) -> None:
         if time.monotonic() >= deadline:
             raise InternalTopicError(f"internal topics have no leaders after creation: {counts}")
         await asyncio.sleep(0.05)
+
+
+class ChangelogCheck:
+    """Whether changelog partitions exist, asked when their end offsets cannot be read: a
+    changelog deleted while running, or without the partitions its tasks need (source
+    partitions added while running), raises ``MissingChangelogError`` (the application
+    stops) rather than leaving tasks uncommitted or restoring forever. Asked at most every
+    ``CHECK_INTERVAL`` s (a broker outage fails every lookup), each time with a new admin
+    client (a failure is rare)."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        bootstrap_servers: str,
+        admin_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.topology = topology
+        self.bootstrap_servers = bootstrap_servers
+        self.admin_config = dict(admin_config or {})
+        self._next = 0.0
+
+    async def explain(self, tps: Collection[TopicPartition]) -> str:
+        """Why the end offsets of ``tps`` could not be read, as far as the topics' metadata
+        tells (empty when not asked again yet); raises ``MissingChangelogError`` when some
+        of ``tps`` do not exist."""
+        if not self.due():
+            return ""
+        try:
+            found = await self.refuse_missing(tps)
+        except MissingChangelogError:
+            raise
+        except Exception as exc:  # any failure: the cause stays unknown
+            return f"the topics' metadata not read either ({exc!r}): brokers unreachable?"
+        leaderless = [
+            tp
+            for tp in sorted(tps)
+            if any(p["partition"] == tp.partition and p["leader"] < 0 for p in found[tp.topic])
+        ]
+        if leaderless:
+            return "no leader for " + _names(leaderless)
+        return "the partitions exist and have leaders: the broker slow to answer?"
+
+    def due(self) -> bool:
+        """Whether ``CHECK_INTERVAL`` s passed since the last check."""
+        return time.monotonic() >= self._next
+
+    async def refuse_missing(self, tps: Collection[TopicPartition]) -> dict[str, list[Any]]:
+        """Raise ``MissingChangelogError`` when some of ``tps`` do not exist (any other
+        failure to tell raises as it is, within ``CHECK_TIMEOUT``); else the partitions
+        of their topics (and of the source topics), as described."""
+        self._next = time.monotonic() + CHECK_INTERVAL
+        topics = sorted({tp.topic for tp in tps})
+        async with asyncio.timeout(CHECK_TIMEOUT):
+            found = await self._describe(topics + sorted(self.topology.external_source_topics))
+        self._refuse_missing(tps, found)
+        return found
+
+    async def _describe(self, topics: list[str]) -> dict[str, list[Any]]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers, **self.admin_config)
+        try:
+            await admin.start()
+            return await _describe(admin, topics)
+        finally:
+            with contextlib.suppress(Exception):  # not started, or the connection is gone
+                await admin.close()
+
+    def _refuse_missing(
+        self, tps: Collection[TopicPartition], found: Mapping[str, list[Any]]
+    ) -> None:
+        deleted = sorted({tp.topic for tp in tps if tp.topic not in found})
+        absent = sorted(
+            tp for tp in tps if tp.topic in found and tp.partition >= len(found[tp.topic])
+        )
+        problems = []
+        if deleted:
+            problems.append(
+                f"changelog topic(s) {', '.join(deleted)} deleted while the application ran: "
+                "its tasks' state can be neither committed nor restored (the local stores are "
+                f"kept); {MISSING_REMEDY}"
+            )
+        if absent:
+            sources = {t: len(found[t]) for t in self.topology.external_source_topics if t in found}
+            wanted = internal_topics(self.topology, sources)
+            problems.append(
+                f"changelog partitions {_names(absent)} do not exist: "
+                + ", ".join(
+                    f"{t} has {len(found[t])} partitions, its tasks need {wanted.get(t, '?')}"
+                    for t in sorted({tp.topic for tp in absent})
+                )
+                + " (source topics now: "
+                + ", ".join(f"{t} {n}" for t, n in sorted(sources.items()))
+                + f" partitions; added while the application ran?); {COUNT_REMEDY}"
+            )
+        if problems:
+            raise MissingChangelogError("; ".join(problems))
+
+
+def _names(tps: Collection[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps))
 
 
 def written_topics(topology: Topology) -> list[str]:

@@ -34,7 +34,13 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost, TaskListener
-from ..errors import ErrorCode, OutputWriteError, RuntimeConfigError, TransactionFailedError
+from ..errors import (
+    ErrorCode,
+    InternalTopicError,
+    OutputWriteError,
+    RuntimeConfigError,
+    TransactionFailedError,
+)
 from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
 from ._clients import (
@@ -44,7 +50,7 @@ from ._clients import (
     capped_batches,
     connection_settings,
 )
-from ._topics import ensure_internal_topics, max_message_bytes, written_topics
+from ._topics import ChangelogCheck, ensure_internal_topics, max_message_bytes, written_topics
 from .changelog import StoreState
 from .cleanup import StateCleanup
 from .commits import Commits
@@ -189,16 +195,18 @@ class App:
         self._actives: dict[TaskId, ActiveTask] = {}
         self._standbys = Standbys()
         self._stores = TaskStores(self.topology, self.store_kind, self.host.state, self._standbys)
+        check = ChangelogCheck(self.topology, self.bootstrap_servers, self.connection_config)
         self._updater = StateUpdater(
-            self._clients, self._standbys, self._stores.checkpoint, self._restored
+            self._clients, self._standbys, self._stores.checkpoint, self._restored, check=check
         )
-        self._lookups = ChangelogLookups(self._clients)
+        self._lookups = ChangelogLookups(self._clients, check)
         self._processing = Processing(
             self.topology,
             self._clients,
             self._actives,
             processing_errors,
             self._transaction_failed if self.exactly_once else None,
+            check,
         )
         self._rebalancing: set[int] = set()
         self._commits = Commits(
@@ -272,6 +280,7 @@ class App:
             self.bootstrap_servers,
             replication_factor=self.replication_factor,
             admin_config=self.connection_config,
+            state=self.state,  # a deleted changelog it holds data of is refused
         )
         if self.end_offsets is not None:  # known before the first rebalance
             self.end_offsets.track(changelog_partitions(self.topology, counts))
@@ -362,7 +371,7 @@ class App:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if isinstance(exc, OutputWriteError):  # says what and why: no traceback
+            if isinstance(exc, (OutputWriteError, InternalTopicError)):  # what, why: no trace
                 log.error("%s failed; stopping the application: %s", what, exc)
             else:
                 log.exception("%s failed; stopping the application", what)

@@ -20,8 +20,8 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
-from typing import Any
+from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence, Set
+from typing import Any, TypeVar
 
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import (
@@ -38,7 +38,14 @@ from aiokafka.errors import (
 
 from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost
-from ..errors import ChangelogReadTimeoutError, OutputWriteError, ReassertionFailedError
+from ..errors import (
+    ChangelogReadTimeoutError,
+    EndOffsetsTimeoutError,
+    InternalTopicError,
+    MissingChangelogError,
+    OutputWriteError,
+    ReassertionFailedError,
+)
 from ._clients import Clients
 from .changelog import COMMIT_KEY, StoreState
 from .restore import ChangelogLookups
@@ -60,6 +67,11 @@ REASSERT_PATIENCE = 120.0
 #: Seconds the membership fence waits for the group coordinator (aiokafka retries retriable
 #: errors until then); no answer in time confirms nothing either way.
 FENCE_TIMEOUT = 15.0
+#: Seconds a commit waits for its writes' acks before it asks whether the changelogs still
+#: exist (sends to a deleted one are retried for ``request_timeout_ms``, 40 s by default).
+ACKS_CHECK_AFTER = 5.0
+
+T = TypeVar("T")
 
 #: Seconds between two tries of the membership fence that got no answer.
 FENCE_BACKOFF = 1.0
@@ -120,8 +132,8 @@ class Commits:
         producer = self.clients.producer
         assert producer is not None
         futures = [f for t in tasks for f in t.futures]
-        if futures:
-            await _acks(index, futures)  # a failed write raises: nothing is committed
+        if futures:  # a failed write raises: nothing is committed
+            await self.checked(_acks(index, futures), tasks)
         for task in tasks:
             task.futures.clear()
         dirty = [t for t in tasks if any(s.dirty for s in t.stores.values())]
@@ -163,6 +175,29 @@ class Commits:
         for task in tasks:
             task.committed.update(task.offsets)
 
+    async def checked(self, step: Awaitable[T], tasks: Sequence[ActiveTask]) -> T:
+        """``step`` (a commit's wait for acks, or a transaction's commit); while it takes
+        longer than ``ACKS_CHECK_AFTER`` s, whether the changelogs of ``tasks`` still exist
+        is asked (at most every ``CHECK_INTERVAL`` s): a deleted one raises
+        ``MissingChangelogError`` (``step`` is left to end by itself) rather than the commit
+        waiting for writes the broker retries for ``request_timeout_ms``."""
+        waiting = asyncio.ensure_future(step)
+        check = self.lookups.check
+        while check is not None:  # asked again while it waits (the first ask may be early)
+            done, _ = await asyncio.wait([waiting], timeout=ACKS_CHECK_AFTER)
+            if done:
+                break
+            if check.due():
+                changelogs = [s.changelog for t in tasks for s in t.stores.values()]
+                try:
+                    await check.refuse_missing(changelogs)
+                except MissingChangelogError:
+                    waiting.add_done_callback(_retrieved)
+                    raise
+                except Exception:  # not known (the cluster away?): the commit waits on
+                    pass
+        return await waiting
+
     async def commit_transactions(self, index: int) -> None:
         """Exactly once: each task of ``index`` commits its own transaction (its changelog
         writes, a marker per dirty store, its outputs and its input offsets); a task whose
@@ -196,7 +231,7 @@ class Commits:
         try:
             producer = await producers.sending(task.task_id)
             if task.futures:
-                await asyncio.gather(*task.futures)
+                await self.checked(asyncio.gather(*task.futures), [task])
             task.futures.clear()
             markers = [
                 await producer.send(
@@ -204,8 +239,14 @@ class Commits:
                 )
                 for s in dirty
             ]
-            acks = await asyncio.gather(*markers)
-            await producers.commit(task.task_id, offsets, self.host.application_id)
+            acks = await self.checked(asyncio.gather(*markers), [task])
+            await self.checked(
+                producers.commit(task.task_id, offsets, self.host.application_id), [task]
+            )
+        except InternalTopicError:  # a changelog gone: stop (its transaction aborted)
+            tear(task)
+            producers.fail(task.task_id)
+            raise
         except Exception as exc:
             if rejoin_cures(exc):
                 self.transaction_failed(index, task, exc)
@@ -253,7 +294,7 @@ class Commits:
         orphan writes compensated) before it runs again, and its input is re-read."""
         try:
             await self.commit(index)
-        except OutputWriteError:  # the same writes would fail again: stop
+        except (OutputWriteError, InternalTopicError):  # would fail again: stop
             raise
         except Exception as exc:
             log.warning(
@@ -337,7 +378,7 @@ class Commits:
         try:
             ends = await self.lookups.ends(checked)
         except (KafkaError, TimeoutError) as exc:
-            log.warning("consumer %d: changelog ends unknown (%r); committing later", index, exc)
+            log.warning("consumer %d: %s; committing later", index, ends_unknown(exc))
             return False
         if self.lost(index):  # learnt while we waited
             return False
@@ -649,7 +690,7 @@ class Commits:
         try:
             ends = await self.lookups.ends(states)
         except (KafkaError, TimeoutError) as exc:
-            log.warning("consumer %d: changelog ends unknown (%r); restoring", consumer, exc)
+            log.warning("consumer %d: %s; restoring", consumer, ends_unknown(exc))
             ends = {}
         for task_id in sorted(tasks):
             task = self.actives[task_id]
@@ -669,6 +710,19 @@ class Commits:
                 tear(task)
 
     # -- restores --------------------------------------------------------------------------------
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Mark ``future``'s outcome seen (nobody awaits it any more)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def ends_unknown(exc: BaseException) -> str:
+    """What a failed changelog end lookup (``ChangelogLookups.ends``) says."""
+    if isinstance(exc, EndOffsetsTimeoutError):  # names the partitions and the cause
+        return str(exc)
+    return f"changelog ends unknown ({exc!r})"
 
 
 def owners_value(state: StoreState, key: bytes) -> bytes | None:

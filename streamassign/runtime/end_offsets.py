@@ -229,10 +229,17 @@ async def list_offsets(
             errors[0]
             if errors
             else EndOffsetsTimeoutError(
-                f"no end offset of {len(tps)} partitions listed within {LIST_TIMEOUT:g} s"
+                f"no end offset of {len(tps)} partitions listed within {LIST_TIMEOUT:g} s "
+                f"({_names(tps)})"
             )
         )
     return found
+
+
+def _names(tps: Sequence[KafkaTopicPartition], most: int = 8) -> str:
+    """``tps`` as ``topic[p]``, the first ``most`` of them (the rest counted)."""
+    named = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps)[:most])
+    return named + (f" and {len(tps) - most} more" if len(tps) > most else "")
 
 
 def _consumer_fetch(consumer: AIOKafkaConsumer) -> Fetch:

@@ -16,15 +16,16 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import attrs
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import IllegalOperation, ProducerFenced
 
 from .. import TaskId, TopicPartition
+from ..errors import MissingChangelogError, TransactionFailedError
 from ..errors import ProcessingError as ProcessingError
-from ..errors import TransactionFailedError
 from ..topology import Topology
 from ._clients import Clients
+from ._topics import CHECK_TIMEOUT, ChangelogCheck
 from .tasks import ActiveTask, Record, mark_of, tear, timestamp_of, undo
 
 log = logging.getLogger("streamassign.runtime")
@@ -61,8 +62,12 @@ class Processing:
         actives: Mapping[TaskId, ActiveTask],
         errors: ErrorPolicy,
         transaction_failed: Callable[[ActiveTask, Exception], None] | None = None,
+        check: ChangelogCheck | None = None,
     ) -> None:
         self.topology = topology
+        #: Asked whether a changelog partition the producer does not know exists (a send to
+        #: it would wait ``request_timeout_ms``, logging all along).
+        self.check = check
         self.clients = clients
         self.actives = actives
         self.errors = errors
@@ -290,6 +295,15 @@ class Processing:
         producer = await self.clients.producer_for(task.task_id)
         changelogs = task.by_changelog
         for topic, partition, key, value, headers in task.outbox:
+            state = (
+                changelogs.get(TopicPartition(topic, partition)) if partition is not None else None
+            )
+            if (
+                state is not None
+                and self.check is not None
+                and not _known(producer.producer, state.changelog)
+            ):
+                await self._check_changelog(producer.producer, self.check, state.changelog)
             try:
                 sent = await producer.send(
                     topic, value, key=key, partition=partition, headers=headers
@@ -297,9 +311,37 @@ class Processing:
             except (ProducerFenced, IllegalOperation) as exc:  # only transactional ones do
                 raise TransactionFailedError(f"task {task.task_id}: {exc!r}") from exc
             task.futures.append(sent)
-            state = (
-                changelogs.get(TopicPartition(topic, partition)) if partition is not None else None
-            )
             if state is not None:
                 state.produced()
         task.outbox.clear()
+
+    async def _check_changelog(
+        self, producer: AIOKafkaProducer, check: ChangelogCheck, changelog: TopicPartition
+    ) -> None:
+        """Before a send to ``changelog``, which ``producer``'s metadata lacks: its metadata
+        refreshed, and if still lacking the broker asked, so a deleted changelog (or one
+        without this partition) stops the application (``MissingChangelogError``) rather
+        than the send waiting (``request_timeout_ms``, ~1,000 log lines a second) and the
+        application going on without committing. Anything else: the send goes on."""
+        with contextlib.suppress(Exception):  # unreachable: the send waits as it would
+            async with asyncio.timeout(CHECK_TIMEOUT):
+                await producer.client.add_topic(changelog.topic)  # first send: not tracked yet
+                if not _known(producer, changelog):
+                    await producer.client.force_metadata_update()
+        if _known(producer, changelog):
+            return
+        try:
+            await check.refuse_missing([changelog])
+        except MissingChangelogError:
+            raise
+        except Exception:  # not known (the cluster away?): the send goes on
+            pass
+
+
+def _known(producer: AIOKafkaProducer, tp: TopicPartition) -> bool:
+    """Whether ``producer``'s metadata has partition ``tp`` (a send to it waits for none)."""
+    client = getattr(producer, "client", None)
+    if client is None:  # a stand-in producer without metadata (unit tests)
+        return True
+    partitions = client.cluster.partitions_for_topic(tp.topic)
+    return partitions is not None and tp.partition in partitions

@@ -28,8 +28,9 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import KafkaError
 
 from .. import TaskId, TopicPartition
-from ..errors import ChangelogReadTimeoutError
+from ..errors import ChangelogBehindStateError, ChangelogReadTimeoutError, EndOffsetsTimeoutError
 from ._clients import Clients
+from ._topics import ChangelogCheck
 from .changelog import COMMIT_KEY, StoreState
 from .standbys import Standbys, check_open
 from .tasks import ActiveTask, source_of
@@ -86,8 +87,12 @@ class StateUpdater:
         checkpoint: Callable[[TaskId, Mapping[str, StoreState]], None],
         on_restored: Callable[[Restoring], Awaitable[bool]],
         max_records: int = 10_000,
+        check: ChangelogCheck | None = None,
     ) -> None:
         self.clients = clients
+        #: Asked why end offsets cannot be read (raises when the changelog partitions do
+        #: not exist: the application stops rather than restore forever).
+        self.check = check
         self.standbys = standbys
         self.checkpoint = checkpoint
         #: Called with a restore that reached its ends; False: not now, ask again next step.
@@ -188,14 +193,17 @@ class StateUpdater:
 
     async def _fetch_ends(self, reader: Any, new: list[Restoring]) -> bool:
         """Look up the changelog ends of the restores in ``new``; False if that failed (the
-        reader is left as it was, and the next step plans again)."""
+        reader is left as it was, and the next step plans again). Raises
+        ``MissingChangelogError`` when their changelog partitions do not exist (deleted, or
+        source partitions added while running): they would never restore."""
         if not new:
             return True
         tps = [KafkaTopicPartition(*s.changelog) for e in new for s in e.task.stores.values()]
         try:
             ends = await asyncio.wait_for(reader.end_offsets(tps), ENDS_TIMEOUT)
         except (KafkaError, TimeoutError) as exc:
-            log.warning("changelog ends unknown (%r); restores start at the next step", exc)
+            why = await explain_failure(self.check, [TopicPartition(*tp) for tp in tps], exc)
+            log.warning("%s; restores start at the next step", why)
             self.standbys.dirty = True
             return False
         for restore in new:
@@ -257,34 +265,60 @@ class StateUpdater:
         return True
 
 
+async def explain_failure(
+    check: ChangelogCheck | None, tps: Sequence[TopicPartition], exc: BaseException
+) -> str:
+    """One line on why the end offsets of ``tps`` could not be read (``exc``), the cause as
+    far as ``check`` finds it; raises ``MissingChangelogError`` when some do not exist."""
+    names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(set(tps)))
+    failure = (
+        f"not listed within {ENDS_TIMEOUT:g} s"
+        if isinstance(exc, TimeoutError) and not str(exc)
+        else repr(exc)
+    )
+    cause = await check.explain(tps) if check is not None else ""
+    return f"changelog ends of {names} unknown ({failure}{'; ' + cause if cause else ''})"
+
+
 def _check_position(state: StoreState, end: int) -> None:
-    """A store past its changelog's end (the topic was recreated) restores from the start."""
+    """A store past its changelog's end (the topic recreated, or truncated) stops the
+    application with the store untouched: a restore from the start would wipe what may be
+    the only full copy of that state (Kafka Streams wipes it: task corruption)."""
     if state.position > end:
-        log.warning(
-            "%s[%d]: local position %d is past the changelog end %d (topic recreated?); "
-            "restoring from the start",
-            *state.changelog,
-            state.position,
-            end,
+        raise ChangelogBehindStateError(
+            f"{state.changelog.topic}[{state.changelog.partition}]: the local store "
+            f"{state.name!r} is at changelog offset {state.position}, past the changelog's end "
+            f"{end} (the topic recreated or truncated?); the store is kept, not restored. "
+            "Restore the topic with its records, or give that state up deliberately: stop "
+            "every instance and delete the task's directory under the state directory (it is "
+            "then restored from the changelog as it is); see docs/runtime.md, 'Missing changelogs'"
         )
-        state.store.write({k: None for k, _ in state.store.items()}, {})
-        state.position, state.applied = 0, {}
 
 
 class ChangelogLookups:
     """End offsets and key lookups through ``clients.restorer``, one at a time."""
 
-    def __init__(self, clients: Clients) -> None:
+    def __init__(self, clients: Clients, check: ChangelogCheck | None = None) -> None:
         self.clients = clients
         self.lock = asyncio.Lock()
+        #: Asked why end offsets cannot be read (see ``explain_failure``).
+        self.check = check
 
     async def ends(self, states: Sequence[StoreState]) -> dict[TopicPartition, int]:
         """Changelog end offsets of ``states`` (bounded by ``ENDS_TIMEOUT``; raises
-        ``KafkaError`` or ``TimeoutError``)."""
+        ``KafkaError``, ``EndOffsetsTimeoutError`` naming the partitions and the cause found,
+        or ``MissingChangelogError`` when some do not exist)."""
         reader = self.clients.restorer
         assert reader is not None
         tps = [KafkaTopicPartition(*s.changelog) for s in states]
-        ends = await asyncio.wait_for(reader.end_offsets(tps), ENDS_TIMEOUT)
+        try:
+            ends = await asyncio.wait_for(reader.end_offsets(tps), ENDS_TIMEOUT)
+        except (KafkaError, TimeoutError) as exc:
+            # raises MissingChangelogError when some partitions do not exist
+            why = await explain_failure(self.check, [s.changelog for s in states], exc)
+            if isinstance(exc, KafkaError):
+                raise  # its kind says what happened (the callers log it)
+            raise EndOffsetsTimeoutError(why) from exc
         return {TopicPartition(*tp): end for tp, end in ends.items()}
 
     async def keys_written(

@@ -1,0 +1,140 @@
+"""Missing changelogs without a broker: which changelogs local checkpoints hold data of (a
+start refuses to recreate those), the running check's refusals and its explanations, and a
+restore that finds a store past its changelog's end (stops, store untouched). On the broker:
+tests/integration/test_runtime_topics.py."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.errors import (
+    ChangelogBehindStateError,
+    InternalTopicError,
+    MissingChangelogError,
+)
+from streamassign.localstate import StateDirectory
+from streamassign.runtime import MemoryStore, StoreState, commits
+from streamassign.runtime._topics import (
+    ChangelogCheck,
+    _refuse_lost_changelogs,
+    changelogs_with_state,
+)
+from streamassign.runtime.restore import _check_position, explain_failure
+
+CHANGELOG = "app-totals-changelog"
+TOPOLOGY = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
+
+
+def partitions(count: int, leader: int = 1) -> list[dict[str, int]]:
+    return [{"partition": p, "leader": leader} for p in range(count)]
+
+
+def test_only_checkpoints_past_offset_0_count_as_state(tmp_path: Path) -> None:
+    state = StateDirectory(tmp_path)
+    try:
+        state.write_checkpoint(TaskId(0, 1), {TopicPartition(CHANGELOG, 1): 5})
+        state.write_checkpoint(TaskId(0, 2), {TopicPartition(CHANGELOG, 2): 0})
+        state.write_checkpoint(TaskId(1, 0), {TopicPartition("app-other-changelog", 0): 0})
+        assert changelogs_with_state(state) == {CHANGELOG: [TaskId(0, 1)]}
+
+        _refuse_lost_changelogs(state, {"app-other-changelog"})  # nothing held: created
+        _refuse_lost_changelogs(state, set())
+        with pytest.raises(MissingChangelogError) as refused:
+            _refuse_lost_changelogs(state, {CHANGELOG, "app-other-changelog"})
+        message = str(refused.value)
+        assert f"{CHANGELOG}: tasks 0_1" in message and "other" not in message
+        assert str(tmp_path) in message and "restore the topic" in message
+        assert isinstance(refused.value, InternalTopicError)
+    finally:
+        state.close()
+
+
+class FakeCheck(ChangelogCheck):
+    """Describes from ``found`` (or raises ``failure``) instead of asking a broker."""
+
+    def __init__(self, found: dict[str, list[Any]], failure: Exception | None = None) -> None:
+        super().__init__(TOPOLOGY, "unused:1")
+        self.found, self.failure, self.asked = found, failure, 0
+
+    async def _describe(self, topics: list[str]) -> dict[str, list[Any]]:
+        self.asked += 1
+        if self.failure is not None:
+            raise self.failure
+        return {t: ps for t, ps in self.found.items() if t in topics}
+
+
+def test_partitions_added_to_the_source_are_refused_with_both_counts() -> None:
+    check = FakeCheck({"events": partitions(8), CHANGELOG: partitions(6)})
+    tps = [TopicPartition(CHANGELOG, 6), TopicPartition(CHANGELOG, 7)]
+    with pytest.raises(MissingChangelogError) as refused:
+        asyncio.run(check.explain(tps))
+    message = str(refused.value)
+    assert f"{CHANGELOG}[6], {CHANGELOG}[7] do not exist" in message
+    assert f"{CHANGELOG} has 6 partitions, its tasks need 8" in message
+    assert "events 8 partitions" in message and "kafka-topics.sh --alter" in message
+
+
+def test_a_deleted_changelog_is_refused() -> None:
+    check = FakeCheck({"events": partitions(6)})
+    with pytest.raises(MissingChangelogError, match=f"{CHANGELOG} deleted while the app"):
+        asyncio.run(check.refuse_missing([TopicPartition(CHANGELOG, 0)]))
+
+
+def test_explanations_when_the_partitions_exist_or_the_cluster_does_not_answer() -> None:
+    tp = TopicPartition(CHANGELOG, 3)
+    check = FakeCheck({"events": partitions(6), CHANGELOG: partitions(6)})
+    assert "exist and have leaders" in asyncio.run(check.explain([tp]))
+    assert asyncio.run(check.explain([tp])) == ""  # asked again within CHECK_INTERVAL: not
+    assert check.asked == 1
+    leaderless = FakeCheck({"events": partitions(6), CHANGELOG: partitions(6, leader=-1)})
+    assert asyncio.run(leaderless.explain([tp])) == f"no leader for {CHANGELOG}[3]"
+    away = FakeCheck({}, OSError("connection refused"))
+    assert "brokers unreachable" in asyncio.run(away.explain([tp]))
+
+    line = asyncio.run(explain_failure(None, [tp, tp], TimeoutError()))
+    assert line == f"changelog ends of {CHANGELOG}[3] unknown (not listed within 5 s)"
+    line = asyncio.run(explain_failure(FakeCheck({}, OSError("x")), [tp], TimeoutError()))
+    assert line.startswith(f"changelog ends of {CHANGELOG}[3] unknown (not listed within 5 s; ")
+
+
+def test_a_store_past_its_changelogs_end_stops_the_restore_untouched() -> None:
+    store = MemoryStore()
+    store.write({b"k": b"v"}, {})
+    state = StoreState("totals", TopicPartition(CHANGELOG, 0), store, position=1976)
+    _check_position(state, 1976)  # at the end: fine
+    with pytest.raises(ChangelogBehindStateError) as stopped:
+        _check_position(state, 0)
+    assert f"{CHANGELOG}[0]" in str(stopped.value) and "offset 1976" in str(stopped.value)
+    assert "end 0" in str(stopped.value)
+    assert list(store.items()) == [(b"k", b"v")] and state.position == 1976
+
+
+def test_a_commit_waiting_on_writes_asks_whether_its_changelogs_exist(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(commits, "ACKS_CHECK_AFTER", 0.01)
+    task = SimpleNamespace(
+        stores={"totals": SimpleNamespace(changelog=TopicPartition(CHANGELOG, 2))}
+    )
+
+    async def commit(check: FakeCheck, acked: bool) -> int:
+        owner = SimpleNamespace(lookups=SimpleNamespace(check=check))
+        acks: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        if acked:
+            asyncio.get_running_loop().call_later(0.05, acks.set_result, 7)
+        return await commits.Commits.checked(owner, acks, [task])  # type: ignore[arg-type]
+
+    present = FakeCheck({"events": partitions(6), CHANGELOG: partitions(6)})
+    assert asyncio.run(commit(present, acked=True)) == 7  # slow, but the changelog exists
+    assert present.asked == 1
+    away = FakeCheck({}, OSError("connection refused"))
+    assert asyncio.run(commit(away, acked=True)) == 7  # not known: the commit waits on
+    deleted = FakeCheck({"events": partitions(6)})
+    with pytest.raises(MissingChangelogError, match=f"{CHANGELOG} deleted"):
+        asyncio.run(commit(deleted, acked=False))
