@@ -1209,9 +1209,8 @@ def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> N
     console.print(table)
     if score.standbys_inferred and has_standbys:
         console.print(
-            f"standbys per task inferred as {score.num_standby_replicas} (the most any task has): "
-            "the configured count is not in the group's bytes, so a lost standby can hide. "
-            "Pass --standbys R (the app's num_standby_replicas) to check against it.",
+            "inferred: the most standbys any task has (a lost one can hide); --standbys R "
+            "checks against the app's num_standby_replicas",
             markup=False,
         )
     if score.warmups:

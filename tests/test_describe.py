@@ -731,7 +731,7 @@ def test_an_inferred_standby_count_says_so_and_how_to_give_it() -> None:
     view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
     text = " ".join(printed(view).split())
     assert "standbys placed / required (0 per stateful task, inferred)" in text
-    assert "Pass --standbys R (the app's num_standby_replicas)" in text
+    assert "--standbys R checks against the app's num_standby_replicas" in text
     quality_json = to_json(view, quality(view))["quality"]
     assert quality_json["num_standby_replicas_inferred"] is True
     given = quality(view, 1)
