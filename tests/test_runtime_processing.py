@@ -25,7 +25,7 @@ from streamassign.runtime import (
     StoreState,
     TaskContext,
 )
-from streamassign.runtime.tasks import ActiveTask
+from streamassign.runtime.tasks import ActiveTask, tear
 
 TOPIC = "events"
 CHANGELOG = TopicPartition("app-totals-changelog", 0)
@@ -376,3 +376,25 @@ def test_a_replayed_upstream_record_is_counted_once_downstream(tmp_path: Path) -
     counts = dict(state.items())
     assert counts == {b"be": b"2", b"not": b"1", b"or": b"1", b"to": b"2"}
     assert down.processed == 6 and down.skipped == 7
+
+
+def test_a_torn_tasks_failed_writes_are_not_logged_as_unretrieved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Writes dropped by a tear fail later (fenced producer, deleted topic): asyncio logged
+    each as "Future exception was never retrieved" with a trace."""
+    import gc
+
+    _, task, _ = make(tmp_path, "stop")
+
+    async def run() -> None:
+        pending = [asyncio.get_running_loop().create_future() for _ in range(3)]
+        task.futures.extend(pending)
+        tear(task)
+        for sent in pending:
+            sent.set_exception(KafkaTimeoutError())
+        await asyncio.sleep(0)  # the done callbacks run
+
+    asyncio.run(run())
+    gc.collect()
+    assert "never retrieved" not in caplog.text

@@ -70,6 +70,7 @@ from .tasks import (
     RestoreEvent,
     Table,
     TaskContext,
+    drop_writes,
     source_of,
     tear,
 )
@@ -424,6 +425,8 @@ class App:
         if self._orphans is not None:
             await self._orphans.stop()
         closes = [self._stores.close(t.task_id, t.stores) for t in self._actives.values()]
+        for task in self._actives.values():
+            drop_writes(task)  # after a failure, writes not committed are not awaited
         self._actives.clear()
         parked = [(t, states) for t, (states, _) in self._stores.parked.items()]
         for task_id, states in [*self._standbys.clear(), *parked]:

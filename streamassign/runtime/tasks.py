@@ -233,7 +233,7 @@ def tear(task: ActiveTask) -> None:
     task.restoring = False  # a restore under way is dropped; it starts over when it runs again
     task.outbox.clear()
     task.journal.clear()
-    task.futures.clear()
+    drop_writes(task)
     task.offsets = dict(task.committed)
     for state in task.stores.values():
         state.pending.clear()
@@ -241,6 +241,21 @@ def tear(task: ActiveTask) -> None:
         state.drop_unclosed()
         state.end = None  # known again after its restore
         state.overwritten = None
+
+
+def drop_writes(task: ActiveTask) -> None:
+    """Stop waiting for ``task``'s writes (torn, or the application stops on a failure): no
+    one awaits them now, and a failure of theirs is already known (it is the cause)."""
+    for sent in task.futures:
+        sent.add_done_callback(_outcome_known)
+    task.futures.clear()
+
+
+def _outcome_known(sent: asyncio.Future[Any]) -> None:
+    """Mark a dropped write's failure as seen: asyncio would log each one as "Future
+    exception was never retrieved" with its trace (hundreds when a changelog is deleted)."""
+    if not sent.cancelled():
+        sent.exception()
 
 
 def timestamp_of(record: Record) -> int:
