@@ -147,6 +147,8 @@ def test_a_store_held_by_another_live_process_is_not_set_aside(tmp_path: Path) -
         ("IO error: While open a file: x/CURRENT: Input/output error", False),
         ("IO error: While open a file: x/CURRENT: Read-only file system", False),
         ("Invalid argument: Column families not opened: other", False),
+        # a path holding "LOCK" (a folder named BLOCKS) is no lock
+        ("Corruption: IO error: No such file or directory: /BLOCKS/e.rocksdb/000009.sst", True),
     ],
 )
 def test_which_open_failures_count_as_damage(status: str, damaged: bool) -> None:

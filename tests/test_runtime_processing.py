@@ -17,6 +17,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import KafkaTimeoutError
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.errors import StoreIOError
 from streamassign.runtime import (
     COMMIT_KEY,
     App,
@@ -123,6 +124,21 @@ def test_skip_policy_undoes_the_failed_records_writes(tmp_path: Path) -> None:
     assert (table.get(b"k"), table.get(b"k-copy")) == (b"6", b"6")
     assert all(v != b"boom" for _, _, v in recorder.sent)
     assert task.offsets == {TopicPartition(TOPIC, 0): 3}  # the bad record is passed over
+
+
+def test_a_store_failure_stops_even_under_the_skip_policy(tmp_path: Path) -> None:
+    """Review: a damaged block raised ``StoreIOError`` in the processor, and "skip" passed
+    over every record touching it (offsets committed, the records' effects gone for good)."""
+    app, task, _ = make(tmp_path, "skip")
+
+    class DamagedBlock:
+        async def process(self, ctx: TaskContext, record: Any) -> None:
+            raise StoreIOError("store x: a read failed: Corruption: block checksum mismatch")
+
+    task.processor = DamagedBlock()
+    with pytest.raises(ProcessingError, match="block checksum"):
+        asyncio.run(app._processing.process(task, Rec(0, b"k", b"5")))
+    assert task.offsets == {}
 
 
 def test_stop_policy_raises_and_does_not_move_the_offset(tmp_path: Path) -> None:

@@ -615,9 +615,10 @@ class App:
         (``fetch_context``); during the join ``getmany`` waits for the new assignment.
 
         The poll asks for a partition never assigned: aiokafka then hands out no record, so
-        those fetched stay in its buffer with their positions unchanged (given out after the
-        rebalance if still assigned; dropped by aiokafka otherwise), and no record of the new
-        assignment is taken before its tasks are set up (restores paused, exactly-once seeks).
+        those fetched stay in its buffer with their positions unchanged (aiokafka drops them
+        at the new assignment; they are fetched again from the committed or sought
+        position), and no record of the new assignment is taken before its tasks are set up
+        (restores paused, exactly-once seeks).
         ``stop()`` does not wait for a join that never ends: the poll is then cancelled."""
         poll = asyncio.ensure_future(
             self.host.consumers[index].getmany(_NO_PARTITION, timeout_ms=10)

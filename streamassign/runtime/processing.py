@@ -21,7 +21,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import IllegalOperation, ProducerFenced
 
 from .. import TaskId, TopicPartition
-from ..errors import MissingChangelogError, TransactionFailedError
+from ..errors import MissingChangelogError, StoreIOError, TransactionFailedError
 from ..errors import ProcessingError as ProcessingError
 from ..topology import Topology
 from ._clients import Clients
@@ -272,8 +272,9 @@ class Processing:
 
     def _processor_failed(self, task: ActiveTask, record: Record, exc: Exception) -> None:
         """The processor raised on ``record``: stop (``ProcessingError``) or skip it, as the
-        error policy says."""
-        if self.errors == "stop":
+        error policy says. A store's own failure (a damaged block, a failing disk) stops
+        whatever the policy: skipping would drop every record that touches it, for good."""
+        if self.errors == "stop" or isinstance(exc, StoreIOError):
             raise ProcessingError(
                 f"task {task.task_id}: processing {record.topic}-{record.partition}"
                 f"@{record.offset} failed: {exc!r}"

@@ -40,7 +40,7 @@ _DAMAGED_STATUSES = ("Corruption:", "IO error: No such file or directory")
 #: (or this one) holds the store, or the disk or its permissions are the operator's to fix.
 #: Setting the store aside would not help (a full disk) or would take a live store's files.
 _NOT_DAMAGE = (
-    "LOCK",
+    "While lock file",  # not "LOCK" alone: statuses name files, and paths may hold it
     "lock hold",
     "No locks available",
     "Resource temporarily unavailable",
