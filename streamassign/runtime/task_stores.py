@@ -120,7 +120,12 @@ class TaskStores:
             for name, changelog in self._changelogs(task).items():
                 path = self.state.task_dir(task) / f"{name}.rocksdb"
                 stores.append((name, self._open_or_set_aside(task, name, path)))
-                states[name] = StoreState.open(name, changelog, stores[-1][1])
+                try:
+                    states[name] = StoreState.open(name, changelog, stores[-1][1])
+                except StoreIOError:  # reading its position found a damaged block (marked):
+                    _close_in_thread(task, [stores.pop()])  # opened again, so set aside
+                    stores.append((name, self._open_or_set_aside(task, name, path)))
+                    states[name] = StoreState.open(name, changelog, stores[-1][1])
         except BaseException:
             _close_in_thread(task, stores)
             raise
