@@ -22,6 +22,7 @@ from streamassign.localstate import StateDirectory
 from streamassign.runtime import MemoryStore, StoreState, commits
 from streamassign.runtime._topics import (
     ChangelogCheck,
+    _describe,
     _refuse_lost_changelogs,
     changelogs_with_state,
 )
@@ -138,3 +139,24 @@ def test_a_commit_waiting_on_writes_asks_whether_its_changelogs_exist(
     deleted = FakeCheck({"events": partitions(6)})
     with pytest.raises(MissingChangelogError, match=f"{CHANGELOG} deleted"):
         asyncio.run(commit(deleted, acked=False))
+
+
+def test_describing_topics_never_asks_the_broker_to_create_them() -> None:
+    """A broker with auto.create.topics.enable=true (Kafka's default) creates a missing topic
+    a metadata request asks about unless the request says not to; a topic without a leader
+    yet (error 5) exists."""
+    sent: list[Any] = []
+    topics = [
+        {"topic": "ready", "error_code": 0, "partitions": partitions(2)},
+        {"topic": "electing", "error_code": 5, "partitions": partitions(2, leader=-1)},
+        {"topic": "gone", "error_code": 3, "partitions": []},
+    ]
+
+    async def send(request: Any) -> Any:
+        sent.append(request)
+        return SimpleNamespace(to_object=lambda: {"topics": topics})
+
+    found = asyncio.run(_describe(SimpleNamespace(_send_request=send), ["ready", "gone"]))
+    assert found == {"ready": partitions(2), "electing": partitions(2, leader=-1)}
+    (request,) = sent
+    assert request._allow_auto_topic_creation is False and request._topics == ["ready", "gone"]
