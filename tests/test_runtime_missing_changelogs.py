@@ -1,6 +1,6 @@
 """Missing changelogs without a broker: which changelogs local checkpoints hold data of (a
 start refuses to recreate those), the running check's refusals and its explanations, and a
-restore that finds a store past its changelog's end (stops, store untouched). On the broker:
+restore that finds a store past its changelog's end: tests/test_runtime_restore.py. On the broker:
 tests/integration/test_runtime_topics.py."""
 
 from __future__ import annotations
@@ -14,19 +14,18 @@ import pytest
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.errors import (
-    ChangelogBehindStateError,
     InternalTopicError,
     MissingChangelogError,
 )
 from streamassign.localstate import StateDirectory
-from streamassign.runtime import MemoryStore, StoreState, commits
+from streamassign.runtime import commits
 from streamassign.runtime._topics import (
     ChangelogCheck,
     _describe,
     _refuse_lost_changelogs,
     changelogs_with_state,
 )
-from streamassign.runtime.restore import _check_position, explain_failure
+from streamassign.runtime.restore import explain_failure
 
 CHANGELOG = "app-totals-changelog"
 TOPOLOGY = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
@@ -102,18 +101,6 @@ def test_explanations_when_the_partitions_exist_or_the_cluster_does_not_answer()
     assert line == f"changelog ends of {CHANGELOG}[3] unknown (not listed within 5 s)"
     line = asyncio.run(explain_failure(FakeCheck({}, OSError("x")), [tp], TimeoutError()))
     assert line.startswith(f"changelog ends of {CHANGELOG}[3] unknown (not listed within 5 s; ")
-
-
-def test_a_store_past_its_changelogs_end_stops_the_restore_untouched() -> None:
-    store = MemoryStore()
-    store.write({b"k": b"v"}, {})
-    state = StoreState("totals", TopicPartition(CHANGELOG, 0), store, position=1976)
-    _check_position(state, 1976)  # at the end: fine
-    with pytest.raises(ChangelogBehindStateError) as stopped:
-        _check_position(state, 0)
-    assert f"{CHANGELOG}[0]" in str(stopped.value) and "offset 1976" in str(stopped.value)
-    assert "end 0" in str(stopped.value)
-    assert list(store.items()) == [(b"k", b"v")] and state.position == 1976
 
 
 def test_a_commit_waiting_on_writes_asks_whether_its_changelogs_exist(

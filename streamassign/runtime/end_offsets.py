@@ -39,7 +39,8 @@ from typing import Any
 import attrs
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, LeaderNotAvailableError, for_code
+from aiokafka.protocol.offset import OffsetRequest
 
 from .. import TaskId, TopicPartition
 from ..errors import EndOffsetsTimeoutError, RuntimeConfigError
@@ -233,6 +234,42 @@ async def list_offsets(
                 f"({_names(tps)})"
             )
         )
+    return found
+
+
+#: ``ListOffsets``: the latest offset; isolation level read_uncommitted.
+_LATEST = -1
+_READ_UNCOMMITTED = 0
+
+
+async def high_watermarks(
+    consumer: AIOKafkaConsumer, tps: Sequence[KafkaTopicPartition]
+) -> dict[KafkaTopicPartition, int]:
+    """High watermarks (the ends read_uncommitted) of ``tps``, whatever ``consumer``'s own
+    isolation level: read_committed, ``end_offsets`` gives the last stable offset, which
+    lags a just-committed transaction until its markers are written. Asked of each
+    partition's leader as the consumer's metadata knows it (aiokafka has no public way to
+    ask with another isolation level); raises ``KafkaError`` (a leader unknown, or an error
+    in the answer)."""
+    client: Any = consumer._client
+    by_node: dict[int, dict[str, list[tuple[int, int]]]] = {}
+    for tp in tps:
+        node = client.cluster.leader_for_partition(tp)
+        if node is None or node < 0:
+            raise LeaderNotAvailableError(f"no leader known for {tp.topic}[{tp.partition}]")
+        by_node.setdefault(node, {}).setdefault(tp.topic, []).append((tp.partition, _LATEST))
+    requests = [
+        client.send(node, OffsetRequest(-1, _READ_UNCOMMITTED, list(topics.items())))
+        for node, topics in by_node.items()
+    ]
+    found = {}
+    for response in await asyncio.gather(*requests):
+        for topic, partitions in response.topics:
+            for partition, code, *info in partitions:
+                if code != 0:
+                    raise for_code(code)(f"high watermark of {topic}[{partition}]")
+                offset = info[-1] if response.API_VERSION > 0 else info[0][0]
+                found[KafkaTopicPartition(topic, partition)] = int(offset)
     return found
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -24,6 +26,7 @@ from streamassign.errors import MissingChangelogError
 from streamassign.localstate import StateDirectory
 from streamassign.runtime import ensure_internal_topics
 from streamassign.runtime._topics import ChangelogCheck
+from streamassign.runtime.end_offsets import high_watermarks
 
 from .conftest import GroupIdFactory, TopicFactory, _create_topic, _delete_topics, kafka_script
 from .test_runtime import PARTITIONS, Feeder, Runtime, wait_caught_up
@@ -260,3 +263,32 @@ def test_internal_topics_on_a_broker_that_creates_topics_when_asked(
         assert asyncio.run(_existing(bootstrap, changelog)) is None  # not recreated
     finally:
         state.close()
+
+
+def test_high_watermarks_read_past_an_open_transaction(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory
+) -> None:
+    """A read_committed consumer's end offsets stop at the last stable offset (an open
+    transaction); ``high_watermarks`` gives the log end (what a store past it is past)."""
+    topic = kafka_topic_factory(1, prefix="marks")
+    tp = KafkaTopicPartition(topic, 0)
+
+    async def run() -> tuple[int, dict[KafkaTopicPartition, int]]:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=topic)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=kafka_bootstrap, isolation_level="read_committed"
+        )
+        await producer.start()
+        await consumer.start()
+        try:
+            await producer.begin_transaction()
+            for i in range(3):
+                await producer.send_and_wait(topic, b"%d" % i, partition=0)
+            stable = (await consumer.end_offsets([tp]))[tp]
+            return stable, await high_watermarks(consumer, [tp])
+        finally:
+            await consumer.stop()
+            await producer.stop()
+
+    stable, marks = asyncio.run(run())
+    assert stable == 0 and marks == {tp: 3}
