@@ -6,6 +6,7 @@ tests/integration/test_runtime_topics.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -147,3 +148,50 @@ def test_describing_topics_never_asks_the_broker_to_create_them() -> None:
     assert found == {"ready": partitions(2), "electing": partitions(2, leader=-1)}
     (request,) = sent
     assert request._allow_auto_topic_creation is False and request._topics == ["ready", "gone"]
+
+
+class SlowCheck(FakeCheck):
+    """A describe that takes ``delay`` s (a slow or unreachable cluster)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__({"events": partitions(6)})  # the changelog deleted
+        self.delay = delay
+
+    async def _describe(self, topics: list[str]) -> dict[str, list[Any]]:
+        await asyncio.sleep(self.delay)
+        return await super()._describe(topics)
+
+
+def test_acks_arriving_while_the_check_runs_end_the_wait_and_a_cancel_cancels_the_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, the commit waited for the check to end (acks at 5.2 s, commit at 13.0 s), and
+    a cancelled caller left the step running (a commit going on after its stop)."""
+    monkeypatch.setattr(commits, "ACKS_CHECK_AFTER", 0.01)
+    task = SimpleNamespace(
+        stores={"totals": SimpleNamespace(changelog=TopicPartition(CHANGELOG, 2))}
+    )
+    owner = SimpleNamespace(lookups=SimpleNamespace(check=SlowCheck(delay=30.0)))
+
+    async def acked() -> float:
+        loop = asyncio.get_running_loop()
+        acks: asyncio.Future[int] = loop.create_future()
+        loop.call_later(0.1, acks.set_result, 7)
+        started = loop.time()
+        assert await commits.Commits.checked(owner, acks, [task]) == 7  # type: ignore[arg-type]
+        return loop.time() - started
+
+    assert asyncio.run(acked()) < 5.0
+
+    async def cancelled() -> bool:
+        loop = asyncio.get_running_loop()
+        acks: asyncio.Future[int] = loop.create_future()
+        owner.lookups.check = SlowCheck(delay=30.0)
+        caller = asyncio.ensure_future(commits.Commits.checked(owner, acks, [task]))  # type: ignore[arg-type]
+        await asyncio.sleep(0.1)
+        caller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await caller
+        return acks.cancelled()
+
+    assert asyncio.run(cancelled())
