@@ -19,7 +19,7 @@ from streamassign.errors import (
     MissingChangelogError,
 )
 from streamassign.localstate import StateDirectory
-from streamassign.runtime import commits
+from streamassign.runtime import commits, processing
 from streamassign.runtime._topics import (
     ChangelogCheck,
     _describe,
@@ -78,7 +78,11 @@ def test_partitions_added_to_the_source_are_refused_with_both_counts() -> None:
     message = str(refused.value)
     assert f"{CHANGELOG}[6], {CHANGELOG}[7] do not exist" in message
     assert f"{CHANGELOG} has 6 partitions, its tasks need 8" in message
-    assert "events 8 partitions" in message and "kafka-topics.sh --alter" in message
+    assert (
+        "events 8 partitions" in message
+        and "kafka-topics.sh --bootstrap-server B --alter" in message
+    )
+    assert "practically a state reset" in message
 
 
 def test_a_deleted_changelog_is_refused() -> None:
@@ -195,3 +199,38 @@ def test_acks_arriving_while_the_check_runs_end_the_wait_and_a_cancel_cancels_th
         return acks.cancelled()
 
     assert asyncio.run(cancelled())
+
+
+def test_the_send_path_check_is_throttled_and_knows_partitions_in_constant_time() -> None:
+    """Before, every send to a changelog the metadata lacked asked again (up to 10 + 10 s
+    and a new admin client each, in an outage), and the per-record lookup built a set."""
+    leaders = {TopicPartition(CHANGELOG, 0): 1, TopicPartition(CHANGELOG, 1): -1}
+    refreshes: list[str] = []
+
+    async def add_topic(topic: str) -> None:
+        refreshes.append(topic)
+
+    async def force_metadata_update() -> None:
+        refreshes.append("all")
+
+    cluster = SimpleNamespace(leader_for_partition=lambda tp: leaders.get(TopicPartition(*tp)))
+    client = SimpleNamespace(
+        cluster=cluster, add_topic=add_topic, force_metadata_update=force_metadata_update
+    )
+    producer = SimpleNamespace(client=client)
+    assert processing._known(producer, TopicPartition(CHANGELOG, 1))  # type: ignore[arg-type]
+    assert not processing._known(producer, TopicPartition(CHANGELOG, 2))  # type: ignore[arg-type]
+
+    away = FakeCheck({}, OSError("connection refused"))
+
+    async def sends() -> None:
+        for _ in range(3):
+            await processing.Processing._check_changelog(
+                None,  # type: ignore[arg-type]
+                producer,  # type: ignore[arg-type]
+                away,
+                TopicPartition(CHANGELOG, 2),
+            )
+
+    asyncio.run(sends())
+    assert away.asked == 1 and refreshes == [CHANGELOG, "all"]

@@ -19,6 +19,7 @@ from ..errors import MissingChangelogError, MissingTopicsError, TopicConfigError
 from ..grouper import resolve_partition_counts, task_counts
 from ..localstate import StateDirectory
 from ..topology import Topology
+from .end_offsets import partition_names
 
 log = logging.getLogger("streamassign.runtime")
 
@@ -35,9 +36,10 @@ CHECK_INTERVAL = 10.0
 #: What to do about internal topics with other partition counts than the tasks need.
 COUNT_REMEDY = (
     "stop every instance, then either add partitions to the internal topics named "
-    "(kafka-topics.sh --alter --topic T --partitions N; keys that then map to a new partition "
-    "start there from empty state), or reset the application (delete its internal topics, "
-    "its state directories and its group's committed offsets) to reprocess its inputs; "
+    "(kafka-topics.sh --bootstrap-server B --alter --topic T --partitions N; most keys then "
+    "map to another partition, whose state lacks them: practically a state reset, keeping "
+    "stale state), or reset the application (delete its internal topics, its state "
+    "directories and its group's committed offsets) to reprocess its inputs; "
     "see docs/runtime.md, 'Changing source partition counts'"
 )
 #: What to do about a deleted changelog that local state (or running tasks) held data of.
@@ -227,7 +229,7 @@ class ChangelogCheck:
             if any(p["partition"] == tp.partition and p["leader"] < 0 for p in found[tp.topic])
         ]
         if leaderless:
-            return "no leader for " + _names(leaderless)
+            return "no leader for " + partition_names(leaderless)
         return "the partitions exist and have leaders: the broker slow to answer?"
 
     def due(self) -> bool:
@@ -274,7 +276,7 @@ class ChangelogCheck:
             sources = {t: len(found[t]) for t in self.topology.external_source_topics if t in found}
             wanted = internal_topics(self.topology, sources)
             problems.append(
-                f"changelog partitions {_names(absent)} do not exist: "
+                f"changelog partitions {partition_names(absent)} do not exist: "
                 + ", ".join(
                     f"{t} has {len(found[t])} partitions, its tasks need {wanted.get(t, '?')}"
                     for t in sorted({tp.topic for tp in absent})
@@ -285,10 +287,6 @@ class ChangelogCheck:
             )
         if problems:
             raise MissingChangelogError("; ".join(problems))
-
-
-def _names(tps: Collection[TopicPartition]) -> str:
-    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps))
 
 
 def written_topics(topology: Topology) -> list[str]:

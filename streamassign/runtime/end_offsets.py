@@ -231,7 +231,7 @@ async def list_offsets(
             if errors
             else EndOffsetsTimeoutError(
                 f"no end offset of {len(tps)} partitions listed within {LIST_TIMEOUT:g} s "
-                f"({_names(tps)})"
+                f"({partition_names(tps, most=8)})"
             )
         )
     return found
@@ -273,10 +273,14 @@ async def high_watermarks(
     return found
 
 
-def _names(tps: Sequence[KafkaTopicPartition], most: int = 8) -> str:
-    """``tps`` as ``topic[p]``, the first ``most`` of them (the rest counted)."""
-    named = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps)[:most])
-    return named + (f" and {len(tps) - most} more" if len(tps) > most else "")
+def partition_names(tps: Iterable[Any], most: int | None = None) -> str:
+    """``tps`` (topic partitions of either kind) as ``topic[p]``, sorted, without repeats;
+    the first ``most`` of them (the rest counted)."""
+    names = sorted({(tp.topic, tp.partition) for tp in tps})
+    shown = ", ".join(f"{t}[{p}]" for t, p in names[:most])
+    return shown + (
+        f" and {len(names) - most} more" if most is not None and len(names) > most else ""
+    )
 
 
 def _consumer_fetch(consumer: AIOKafkaConsumer) -> Fetch:

@@ -33,7 +33,7 @@ from ..errors import ChangelogReadTimeoutError, EndOffsetsTimeoutError
 from ._clients import Clients
 from ._topics import ChangelogCheck
 from .changelog import COMMIT_KEY, StoreState
-from .end_offsets import high_watermarks
+from .end_offsets import high_watermarks, partition_names
 from .standbys import Standbys, check_open
 from .tasks import ActiveTask, source_of
 
@@ -337,7 +337,7 @@ async def explain_failure(
 ) -> str:
     """One line on why the end offsets of ``tps`` could not be read (``exc``), the cause as
     far as ``check`` finds it; raises ``MissingChangelogError`` when some do not exist."""
-    names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(set(tps)))
+    names = partition_names(tps)
     failure = (
         f"not listed within {ENDS_TIMEOUT:g} s"
         if isinstance(exc, TimeoutError) and not str(exc)

@@ -159,11 +159,11 @@ def test_source_partitions_added_while_running_stop_the_application(runtime: Run
         f"{changelog} has {PARTITIONS} partitions, its tasks need {PARTITIONS + 2}"
         in (stopped["failure"])
     )
-    assert "kafka-topics.sh --alter" in stopped["failure"]
+    assert "kafka-topics.sh --bootstrap-server B --alter" in stopped["failure"]
 
     refused = _refused_start(runtime, "p1")
     assert f"{changelog} has {PARTITIONS}, needs {PARTITIONS + 2}" in refused
-    assert "kafka-topics.sh --alter" in refused
+    assert "kafka-topics.sh --bootstrap-server B --alter" in refused
     print(f"stopped {took:.1f} s after the partitions were added")
 
 
