@@ -349,3 +349,48 @@ def test_start_over_sets_a_rocksdb_store_aside_and_opens_an_empty_one(tmp_path: 
             kept.close()
     finally:
         state_dir.close()
+
+
+class ResettingLog(Log):
+    """A reader seeked past a partition's end restarts at its start (aiokafka's
+    ``auto_offset_reset="earliest"`` on an out-of-range position)."""
+
+    async def getmany(
+        self, *tps: KafkaTopicPartition, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[Any, Any]:
+        for tp in tps or self.assigned:
+            if self.positions.get(tp, 0) > len(self.records[(tp.topic, tp.partition)]):
+                self.positions[tp] = 0
+        return await super().getmany(*tps, timeout_ms=timeout_ms, max_records=max_records)
+
+
+def test_a_standby_on_a_recreated_changelog_is_set_aside_not_mixed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, a standby at offset 1976 applied the recreated topic's records (from offset 0)
+    onto its old store and moved its position back: a mix of two logs."""
+    log = ResettingLog()
+    h = Harness(max_records=1_000, log=log)
+    table = fill(log, 0, 5, marker_every=5)
+    standby = StoreState("totals", TopicPartition(TOPIC, 0), MemoryStore(), position=1_976)
+    standby.store.write({b"old": b"1"}, {})
+    asides: list[TaskId] = []
+
+    async def start_over(task_id: TaskId, state: StoreState) -> Path | None:
+        asides.append(task_id)
+        state.store, state.position = MemoryStore(), 0
+        return None
+
+    h.updater.start_over = start_over
+
+    async def run() -> None:
+        await h.standbys.add(TaskId(0, 0), {"totals": standby}, 0)
+        for _ in range(6):
+            await h.updater.step(3600.0, timeout_ms=0)
+
+    with caplog.at_level(logging.ERROR, "streamassign.runtime"):
+        asyncio.run(run())
+    assert asides == [TaskId(0, 0)]
+    assert dict(standby.store.items()) == table and standby.position == 6
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert f"{TOPIC}[0]" in line and "offset 1976 read offset 0" in line

@@ -116,6 +116,8 @@ class StateUpdater:
         #: Next offset to apply per assigned partition (a reassignment goes on from there
         #: for a partition that still feeds the same store, without reading anything again).
         self._next: dict[TopicPartition, int] = {}
+        #: Stores that read a record below their position (``_apply``), with its offset.
+        self._behind: dict[TopicPartition, tuple[StoreState, int]] = {}
         self._next_checkpoint = 0.0
 
     def add(self, task: ActiveTask, source: str) -> Restoring:
@@ -164,6 +166,8 @@ class StateUpdater:
                 plan = self._plan()
             else:
                 self._apply(batch)
+        if self._behind:
+            await self._start_over_behind()
         ready = plan is None or await self._fetch_ends(reader, plan.new)
         async with self.standbys.lock:
             if plan is not None and ready and not self.standbys.dirty:
@@ -274,6 +278,42 @@ class StateUpdater:
             )
         return not waiting
 
+    async def _start_over_behind(self) -> None:
+        """Stores that read a record below their position: their changelog was truncated or
+        recreated below it (a reader seeked past the end restarts at the log's start), so
+        what follows is not their history. Set aside and restored from the start, as a store
+        past the high watermark (applying on would mix the two logs)."""
+        behind, self._behind = self._behind, {}
+        for tp, (state, offset) in behind.items():
+            task = self._task_of(state)
+            if task is None:
+                continue  # gone meanwhile
+            position = state.position
+            self._next.pop(tp, None)
+            aside = await self._start_over(task, state)
+            log.error(
+                "%s[%d]: task %s's local store %r at changelog offset %d read offset %d "
+                "(the topic truncated or recreated below it?); moved to %s, restoring it "
+                "from the changelog",
+                tp.topic,
+                tp.partition,
+                task,
+                state.name,
+                position,
+                offset,
+                aside if aside is not None else "nowhere (in memory: emptied)",
+            )
+        self.standbys.dirty = True  # read again from the new positions
+
+    def _task_of(self, state: StoreState) -> TaskId | None:
+        for task, states in self.standbys.states.items():
+            if any(s is state for s in states.values()):
+                return task
+        for entry in self.restoring.values():
+            if any(s is state for s in entry.task.stores.values()):
+                return entry.task.task_id
+        return None
+
     async def _start_over(self, task: TaskId, state: StoreState) -> Path | None:
         if self.start_over is not None:
             return await self.start_over(task, state)
@@ -311,6 +351,9 @@ class StateUpdater:
             for r in records:
                 if end is not None and r.offset >= end:
                     break  # past what this restore reads (its owner's records land there)
+                if r.offset < state.position:  # the reader reset to the log's start
+                    self._behind[state.changelog] = (state, r.offset)
+                    break
                 state.restore(r.offset, r.key, r.value)
                 self._next[state.changelog] = r.offset + 1
 
