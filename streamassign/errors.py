@@ -305,12 +305,6 @@ class MissingChangelogError(InternalTopicError):
     names the topics and the remedy (docs/runtime.md)."""
 
 
-class ChangelogBehindStateError(InternalTopicError):
-    """A restore found a local store past its changelog's end (the topic recreated or
-    truncated): the store is kept, not wiped, and the application stops; the message names
-    the partition and the remedy."""
-
-
 class ChangelogReadTimeoutError(StreamAssignError, TimeoutError):
     """A changelog range the runtime must read (the keys another writer wrote before a
     commit marker) was not read within its deadline (the broker slow or away)."""

@@ -1,11 +1,12 @@
 """Missing changelogs without a broker: which changelogs local checkpoints hold data of (a
 start refuses to recreate those), the running check's refusals and its explanations, and a
-restore that finds a store past its changelog's end (stops, store untouched). On the broker:
+restore that finds a store past its changelog's end: tests/test_runtime_restore.py. On the broker:
 tests/integration/test_runtime_topics.py."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,18 +15,18 @@ import pytest
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.errors import (
-    ChangelogBehindStateError,
     InternalTopicError,
     MissingChangelogError,
 )
 from streamassign.localstate import StateDirectory
-from streamassign.runtime import MemoryStore, StoreState, commits
+from streamassign.runtime import commits, processing
 from streamassign.runtime._topics import (
     ChangelogCheck,
+    _describe,
     _refuse_lost_changelogs,
     changelogs_with_state,
 )
-from streamassign.runtime.restore import _check_position, explain_failure
+from streamassign.runtime.restore import explain_failure
 
 CHANGELOG = "app-totals-changelog"
 TOPOLOGY = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
@@ -77,7 +78,11 @@ def test_partitions_added_to_the_source_are_refused_with_both_counts() -> None:
     message = str(refused.value)
     assert f"{CHANGELOG}[6], {CHANGELOG}[7] do not exist" in message
     assert f"{CHANGELOG} has 6 partitions, its tasks need 8" in message
-    assert "events 8 partitions" in message and "kafka-topics.sh --alter" in message
+    assert (
+        "events 8 partitions" in message
+        and "kafka-topics.sh --bootstrap-server B --alter" in message
+    )
+    assert "practically a state reset" in message
 
 
 def test_a_deleted_changelog_is_refused() -> None:
@@ -103,18 +108,6 @@ def test_explanations_when_the_partitions_exist_or_the_cluster_does_not_answer()
     assert line.startswith(f"changelog ends of {CHANGELOG}[3] unknown (not listed within 5 s; ")
 
 
-def test_a_store_past_its_changelogs_end_stops_the_restore_untouched() -> None:
-    store = MemoryStore()
-    store.write({b"k": b"v"}, {})
-    state = StoreState("totals", TopicPartition(CHANGELOG, 0), store, position=1976)
-    _check_position(state, 1976)  # at the end: fine
-    with pytest.raises(ChangelogBehindStateError) as stopped:
-        _check_position(state, 0)
-    assert f"{CHANGELOG}[0]" in str(stopped.value) and "offset 1976" in str(stopped.value)
-    assert "end 0" in str(stopped.value)
-    assert list(store.items()) == [(b"k", b"v")] and state.position == 1976
-
-
 def test_a_commit_waiting_on_writes_asks_whether_its_changelogs_exist(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -138,3 +131,106 @@ def test_a_commit_waiting_on_writes_asks_whether_its_changelogs_exist(
     deleted = FakeCheck({"events": partitions(6)})
     with pytest.raises(MissingChangelogError, match=f"{CHANGELOG} deleted"):
         asyncio.run(commit(deleted, acked=False))
+
+
+def test_describing_topics_never_asks_the_broker_to_create_them() -> None:
+    """A broker with auto.create.topics.enable=true (Kafka's default) creates a missing topic
+    a metadata request asks about unless the request says not to; a topic without a leader
+    yet (error 5) exists."""
+    sent: list[Any] = []
+    topics = [
+        {"topic": "ready", "error_code": 0, "partitions": partitions(2)},
+        {"topic": "electing", "error_code": 5, "partitions": partitions(2, leader=-1)},
+        {"topic": "gone", "error_code": 3, "partitions": []},
+    ]
+
+    async def send(request: Any) -> Any:
+        sent.append(request)
+        return SimpleNamespace(to_object=lambda: {"topics": topics})
+
+    found = asyncio.run(_describe(SimpleNamespace(_send_request=send), ["ready", "gone"]))
+    assert found == {"ready": partitions(2), "electing": partitions(2, leader=-1)}
+    (request,) = sent
+    assert request._allow_auto_topic_creation is False and request._topics == ["ready", "gone"]
+
+
+class SlowCheck(FakeCheck):
+    """A describe that takes ``delay`` s (a slow or unreachable cluster)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__({"events": partitions(6)})  # the changelog deleted
+        self.delay = delay
+
+    async def _describe(self, topics: list[str]) -> dict[str, list[Any]]:
+        await asyncio.sleep(self.delay)
+        return await super()._describe(topics)
+
+
+def test_acks_arriving_while_the_check_runs_end_the_wait_and_a_cancel_cancels_the_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, the commit waited for the check to end (acks at 5.2 s, commit at 13.0 s), and
+    a cancelled caller left the step running (a commit going on after its stop)."""
+    monkeypatch.setattr(commits, "ACKS_CHECK_AFTER", 0.01)
+    task = SimpleNamespace(
+        stores={"totals": SimpleNamespace(changelog=TopicPartition(CHANGELOG, 2))}
+    )
+    owner = SimpleNamespace(lookups=SimpleNamespace(check=SlowCheck(delay=30.0)))
+
+    async def acked() -> float:
+        loop = asyncio.get_running_loop()
+        acks: asyncio.Future[int] = loop.create_future()
+        loop.call_later(0.1, acks.set_result, 7)
+        started = loop.time()
+        assert await commits.Commits.checked(owner, acks, [task]) == 7  # type: ignore[arg-type]
+        return loop.time() - started
+
+    assert asyncio.run(acked()) < 5.0
+
+    async def cancelled() -> bool:
+        loop = asyncio.get_running_loop()
+        acks: asyncio.Future[int] = loop.create_future()
+        owner.lookups.check = SlowCheck(delay=30.0)
+        caller = asyncio.ensure_future(commits.Commits.checked(owner, acks, [task]))  # type: ignore[arg-type]
+        await asyncio.sleep(0.1)
+        caller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await caller
+        return acks.cancelled()
+
+    assert asyncio.run(cancelled())
+
+
+def test_the_send_path_check_is_throttled_and_knows_partitions_in_constant_time() -> None:
+    """Before, every send to a changelog the metadata lacked asked again (up to 10 + 10 s
+    and a new admin client each, in an outage), and the per-record lookup built a set."""
+    leaders = {TopicPartition(CHANGELOG, 0): 1, TopicPartition(CHANGELOG, 1): -1}
+    refreshes: list[str] = []
+
+    async def add_topic(topic: str) -> None:
+        refreshes.append(topic)
+
+    async def force_metadata_update() -> None:
+        refreshes.append("all")
+
+    cluster = SimpleNamespace(leader_for_partition=lambda tp: leaders.get(TopicPartition(*tp)))
+    client = SimpleNamespace(
+        cluster=cluster, add_topic=add_topic, force_metadata_update=force_metadata_update
+    )
+    producer = SimpleNamespace(client=client)
+    assert processing._known(producer, TopicPartition(CHANGELOG, 1))  # type: ignore[arg-type]
+    assert not processing._known(producer, TopicPartition(CHANGELOG, 2))  # type: ignore[arg-type]
+
+    away = FakeCheck({}, OSError("connection refused"))
+
+    async def sends() -> None:
+        for _ in range(3):
+            await processing.Processing._check_changelog(
+                None,  # type: ignore[arg-type]
+                producer,  # type: ignore[arg-type]
+                away,
+                TopicPartition(CHANGELOG, 2),
+            )
+
+    asyncio.run(sends())
+    assert away.asked == 1 and refreshes == [CHANGELOG, "all"]

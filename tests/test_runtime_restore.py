@@ -6,16 +6,21 @@ the same reader. An in-memory log stands in for the changelog reader."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
+from typing import Any
 
+import pytest
 from aiokafka import TopicPartition as KafkaTopicPartition
 
-from streamassign import TaskId, TopicPartition
-from streamassign.runtime import COMMIT_KEY, MemoryStore, StoreState
+from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.localstate import StateDirectory
+from streamassign.runtime import COMMIT_KEY, MemoryStore, RocksDBStore, StoreState
 from streamassign.runtime._clients import Clients
 from streamassign.runtime.changelog import encode_marker
 from streamassign.runtime.restore import Restoring, StateUpdater
 from streamassign.runtime.standbys import Standbys
+from streamassign.runtime.task_stores import TaskStores
 from streamassign.runtime.tasks import ActiveTask, tear
 
 from .test_runtime_membership import Log
@@ -234,3 +239,158 @@ def test_the_standbys_lock_is_free_while_ends_are_looked_up() -> None:
     assert asyncio.run(run()) is False
     assert [e.task for e in h.handed] == [second]
     assert dict(second.stores["totals"].store.items()) == table
+
+
+class StableLog(Log):
+    """End offsets read_committed: ``stable`` per partition (the last stable offset, behind
+    the log end while a transaction's markers are not written); high watermarks: the log end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stable: dict[int, int] = {}
+
+    async def end_offsets(self, tps: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
+        ends = await super().end_offsets(tps)
+        return {tp: self.stable.get(tp.partition, end) for tp, end in ends.items()}
+
+
+def high_watermarks(log: Log) -> Any:
+    async def read(_reader: Any, tps: list[KafkaTopicPartition]) -> dict[Any, int]:
+        return await Log.end_offsets(log, tps)
+
+    return read
+
+
+def test_a_store_past_the_last_stable_offset_but_not_the_high_watermark_waits() -> None:
+    """Before, a store at a just-committed transaction's end stopped the application
+    (ChangelogBehindStateError) while the markers were not written: 119 of 200 commits."""
+    log = StableLog()
+    h = Harness(max_records=1_000, log=log)
+    h.updater.high_watermarks = high_watermarks(log)
+    table = fill(log, 0, 10, marker_every=10)
+    restoring = task(0)
+    restoring.stores["totals"].store.write(table, {})
+    restoring.stores["totals"].position = 11  # everything, as its owner wrote it
+    log.stable[0] = 9  # the commit's markers not written yet
+
+    async def run() -> None:
+        h.updater.add(restoring, "kept")
+        for _ in range(3):
+            await h.updater.step(3600.0, timeout_ms=0)
+        assert h.updater.restoring and not h.handed  # looks again, nothing lost
+        del log.stable[0]  # the markers are written
+        await h.updater.settle()
+
+    asyncio.run(run())
+    assert [e.task for e in h.handed] == [restoring]
+    state = restoring.stores["totals"]
+    assert state.position == 11 and dict(state.store.items()) == table
+
+
+def test_a_store_past_the_high_watermark_is_set_aside_and_restored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, the application stopped (ChangelogBehindStateError), and every restart again:
+    a crash loop after a truncation (unclean leader election) or a recreated topic."""
+    h = Harness(max_records=1_000)
+    h.updater.high_watermarks = high_watermarks(h.log)
+    table = fill(h.log, 0, 5, marker_every=5)  # the recreated topic: 6 offsets
+    restoring = task(0)
+    restoring.stores["totals"].store.write({b"old": b"1"}, {})
+    restoring.stores["totals"].position = 1_976
+    asides: list[TaskId] = []
+
+    async def start_over(task_id: TaskId, state: StoreState) -> Path:
+        asides.append(task_id)
+        state.store, state.position = MemoryStore(), 0
+        return Path("/state/tasks/0_0/totals.rocksdb.damaged-x")
+
+    h.updater.start_over = start_over
+
+    async def run() -> None:
+        h.updater.add(restoring, "local")
+        await h.updater.settle()
+
+    with caplog.at_level(logging.ERROR, "streamassign.runtime"):
+        asyncio.run(run())
+    assert asides == [TaskId(0, 0)] and [e.task for e in h.handed] == [restoring]
+    state = restoring.stores["totals"]
+    assert dict(state.store.items()) == table and state.position == 6
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert f"{TOPIC}[0]" in line and "offset 1976" in line and "end 6" in line
+    assert "totals.rocksdb.damaged-x" in line
+
+
+def test_start_over_sets_a_rocksdb_store_aside_and_opens_an_empty_one(tmp_path: Path) -> None:
+    topology = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
+    state_dir = StateDirectory(tmp_path)
+    stores = TaskStores(topology, "rocksdb", state_dir, Standbys())
+    task_id = TaskId(0, 0)
+
+    async def run() -> Path | None:
+        states = stores.open(task_id)
+        state = states["totals"]
+        state.restore(0, b"k", b"v")
+        state.restore(1, COMMIT_KEY, encode_marker({}))
+        assert state.position == 2
+        aside = await stores.start_over(task_id, state)
+        assert state.position == 0 and list(state.store.items()) == []
+        state.store.close()
+        stores.shutdown()
+        return aside
+
+    try:
+        aside = asyncio.run(run())
+        assert aside is not None and aside.name.startswith("totals.rocksdb.damaged-")
+        kept = RocksDBStore(aside)
+        try:
+            assert list(kept.items()) == [(b"k", b"v")]  # never deleted
+        finally:
+            kept.close()
+    finally:
+        state_dir.close()
+
+
+class ResettingLog(Log):
+    """A reader seeked past a partition's end restarts at its start (aiokafka's
+    ``auto_offset_reset="earliest"`` on an out-of-range position)."""
+
+    async def getmany(
+        self, *tps: KafkaTopicPartition, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[Any, Any]:
+        for tp in tps or self.assigned:
+            if self.positions.get(tp, 0) > len(self.records[(tp.topic, tp.partition)]):
+                self.positions[tp] = 0
+        return await super().getmany(*tps, timeout_ms=timeout_ms, max_records=max_records)
+
+
+def test_a_standby_on_a_recreated_changelog_is_set_aside_not_mixed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, a standby at offset 1976 applied the recreated topic's records (from offset 0)
+    onto its old store and moved its position back: a mix of two logs."""
+    log = ResettingLog()
+    h = Harness(max_records=1_000, log=log)
+    table = fill(log, 0, 5, marker_every=5)
+    standby = StoreState("totals", TopicPartition(TOPIC, 0), MemoryStore(), position=1_976)
+    standby.store.write({b"old": b"1"}, {})
+    asides: list[TaskId] = []
+
+    async def start_over(task_id: TaskId, state: StoreState) -> Path | None:
+        asides.append(task_id)
+        state.store, state.position = MemoryStore(), 0
+        return None
+
+    h.updater.start_over = start_over
+
+    async def run() -> None:
+        await h.standbys.add(TaskId(0, 0), {"totals": standby}, 0)
+        for _ in range(6):
+            await h.updater.step(3600.0, timeout_ms=0)
+
+    with caplog.at_level(logging.ERROR, "streamassign.runtime"):
+        asyncio.run(run())
+    assert asides == [TaskId(0, 0)]
+    assert dict(standby.store.items()) == table and standby.position == 6
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert f"{TOPIC}[0]" in line and "offset 1976 read offset 0" in line

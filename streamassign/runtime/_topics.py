@@ -11,6 +11,7 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.protocol.metadata import MetadataRequest
 
 from .. import TaskId, TopicPartition
 from ..errors import InternalTopicError as InternalTopicError
@@ -18,11 +19,14 @@ from ..errors import MissingChangelogError, MissingTopicsError, TopicConfigError
 from ..grouper import resolve_partition_counts, task_counts
 from ..localstate import StateDirectory
 from ..topology import Topology
+from .end_offsets import partition_names
 
 log = logging.getLogger("streamassign.runtime")
 
 _TOPIC_ALREADY_EXISTS = 36
 _UNKNOWN_TOPIC = 3
+#: A topic that exists but whose partitions have no leader yet (being created, or a broker down).
+_LEADER_NOT_AVAILABLE = 5
 _READY_TIMEOUT = 30.0
 #: Seconds the check of whether changelog partitions exist may take (admin client included).
 CHECK_TIMEOUT = 10.0
@@ -32,9 +36,10 @@ CHECK_INTERVAL = 10.0
 #: What to do about internal topics with other partition counts than the tasks need.
 COUNT_REMEDY = (
     "stop every instance, then either add partitions to the internal topics named "
-    "(kafka-topics.sh --alter --topic T --partitions N; keys that then map to a new partition "
-    "start there from empty state), or reset the application (delete its internal topics, "
-    "its state directories and its group's committed offsets) to reprocess its inputs; "
+    "(kafka-topics.sh --bootstrap-server B --alter --topic T --partitions N; most keys then "
+    "map to another partition, whose state lacks them: practically a state reset, keeping "
+    "stale state), or reset the application (delete its internal topics, its state "
+    "directories and its group's committed offsets) to reprocess its inputs; "
     "see docs/runtime.md, 'Changing source partition counts'"
 )
 #: What to do about a deleted changelog that local state (or running tasks) held data of.
@@ -62,12 +67,29 @@ def internal_topics(topology: Topology, external_counts: Mapping[str, int]) -> d
 
 
 async def _describe(admin: Any, topics: list[str]) -> dict[str, list[Any]]:
-    """Partitions of the topics that exist (unknown ones are left out)."""
+    """Partitions of the topics that exist (unknown ones are left out; one that exists
+    without leaders yet may have none listed). The metadata request never creates a topic:
+    aiokafka's ``describe_topics`` asks with ``allow_auto_topic_creation`` on, and a broker
+    with ``auto.create.topics.enable=true`` (Kafka's default) then creates every missing
+    topic asked about with the broker's defaults (one partition, not compacted)."""
+    request = MetadataRequest(topics, allow_auto_topic_creation=False)
+    response = await admin._send_request(request)  # aiokafka has no public way to ask so
     found = {}
-    for topic in await admin.describe_topics(topics):
-        if topic["error_code"] == 0:
+    for topic in response.to_object()["topics"]:
+        if topic["error_code"] in (0, _LEADER_NOT_AVAILABLE):
             found[topic["topic"]] = topic["partitions"]
     return found
+
+
+async def _describe_ready(admin: Any, topics: list[str]) -> dict[str, list[Any]]:
+    """``_describe``, waiting (up to ``_READY_TIMEOUT``) while a topic exists without any
+    partition listed yet (just created: its partition count is not known yet)."""
+    deadline = time.monotonic() + _READY_TIMEOUT
+    while True:
+        found = await _describe(admin, topics)
+        if all(found[t] for t in found) or time.monotonic() >= deadline:
+            return found
+        await asyncio.sleep(0.1)
 
 
 async def ensure_internal_topics(
@@ -89,7 +111,7 @@ async def ensure_internal_topics(
     await admin.start()
     try:
         externals = sorted(topology.external_source_topics)
-        existing = await _describe(admin, externals)
+        existing = await _describe_ready(admin, externals)
         missing = [t for t in externals if t not in existing]
         if missing:
             raise MissingTopicsError(missing)
@@ -97,7 +119,7 @@ async def ensure_internal_topics(
         changelogs = {
             c for sub in topology.subtopologies for c in topology.changelog_topics(sub.id)
         }
-        present = await _describe(admin, sorted(wanted))
+        present = await _describe_ready(admin, sorted(wanted))
         wrong = {t: len(ps) for t, ps in present.items() if len(ps) != wanted[t]}
         if wrong:
             raise InternalTopicError(
@@ -207,7 +229,7 @@ class ChangelogCheck:
             if any(p["partition"] == tp.partition and p["leader"] < 0 for p in found[tp.topic])
         ]
         if leaderless:
-            return "no leader for " + _names(leaderless)
+            return "no leader for " + partition_names(leaderless)
         return "the partitions exist and have leaders: the broker slow to answer?"
 
     def due(self) -> bool:
@@ -239,7 +261,9 @@ class ChangelogCheck:
     ) -> None:
         deleted = sorted({tp.topic for tp in tps if tp.topic not in found})
         absent = sorted(
-            tp for tp in tps if tp.topic in found and tp.partition >= len(found[tp.topic])
+            tp
+            for tp in tps  # no partition listed: the topic exists, not ready yet
+            if found.get(tp.topic) and tp.partition >= len(found[tp.topic])
         )
         problems = []
         if deleted:
@@ -252,7 +276,7 @@ class ChangelogCheck:
             sources = {t: len(found[t]) for t in self.topology.external_source_topics if t in found}
             wanted = internal_topics(self.topology, sources)
             problems.append(
-                f"changelog partitions {_names(absent)} do not exist: "
+                f"changelog partitions {partition_names(absent)} do not exist: "
                 + ", ".join(
                     f"{t} has {len(found[t])} partitions, its tasks need {wanted.get(t, '?')}"
                     for t in sorted({tp.topic for tp in absent})
@@ -263,10 +287,6 @@ class ChangelogCheck:
             )
         if problems:
             raise MissingChangelogError("; ".join(problems))
-
-
-def _names(tps: Collection[TopicPartition]) -> str:
-    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps))
 
 
 def written_topics(topology: Topology) -> list[str]:

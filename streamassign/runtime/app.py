@@ -198,7 +198,12 @@ class App:
         self._stores = TaskStores(self.topology, self.store_kind, self.host.state, self._standbys)
         check = ChangelogCheck(self.topology, self.bootstrap_servers, self.connection_config)
         self._updater = StateUpdater(
-            self._clients, self._standbys, self._stores.checkpoint, self._restored, check=check
+            self._clients,
+            self._standbys,
+            self._stores.checkpoint,
+            self._restored,
+            check=check,
+            start_over=self._stores.start_over,
         )
         self._lookups = ChangelogLookups(self._clients, check)
         self._processing = Processing(

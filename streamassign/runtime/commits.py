@@ -178,24 +178,25 @@ class Commits:
     async def checked(self, step: Awaitable[T], tasks: Sequence[ActiveTask]) -> T:
         """``step`` (a commit's wait for acks, or a transaction's commit); while it takes
         longer than ``ACKS_CHECK_AFTER`` s, whether the changelogs of ``tasks`` still exist
-        is asked (at most every ``CHECK_INTERVAL`` s): a deleted one raises
+        is asked (at most every ``CHECK_INTERVAL`` s), racing ``step``: ``step`` ending
+        first ends the wait at once (the ask is dropped); a deleted changelog raises
         ``MissingChangelogError`` (``step`` is left to end by itself) rather than the commit
-        waiting for writes the broker retries for ``request_timeout_ms``."""
+        waiting for writes the broker retries for ``request_timeout_ms``. A cancelled caller
+        cancels ``step``."""
         waiting = asyncio.ensure_future(step)
         check = self.lookups.check
-        while check is not None:  # asked again while it waits (the first ask may be early)
-            done, _ = await asyncio.wait([waiting], timeout=ACKS_CHECK_AFTER)
-            if done:
-                break
-            if check.due():
-                changelogs = [s.changelog for t in tasks for s in t.stores.values()]
-                try:
-                    await check.refuse_missing(changelogs)
-                except MissingChangelogError:
-                    waiting.add_done_callback(_retrieved)
-                    raise
-                except Exception:  # not known (the cluster away?): the commit waits on
-                    pass
+        try:
+            while check is not None and not waiting.done():
+                done, _ = await asyncio.wait([waiting], timeout=ACKS_CHECK_AFTER)
+                if not done and check.due():
+                    changelogs = [s.changelog for t in tasks for s in t.stores.values()]
+                    await _race(waiting, check.refuse_missing(changelogs))
+        except MissingChangelogError:
+            waiting.add_done_callback(_retrieved)
+            raise
+        except BaseException:  # cancelled (a stop's grace), interrupted: the step with it
+            waiting.cancel()
+            raise
         return await waiting
 
     async def commit_transactions(self, index: int) -> None:
@@ -710,6 +711,24 @@ class Commits:
                 tear(task)
 
     # -- restores --------------------------------------------------------------------------------
+
+
+async def _race(step: asyncio.Future[Any], asking: Awaitable[Any]) -> None:
+    """Wait for ``step`` or ``asking``, whichever ends first; ``asking``'s
+    ``MissingChangelogError`` is raised unless ``step`` ended, its other failures dropped
+    (not known: the step waits on), and it is cancelled if ``step`` ends first."""
+    ask = asyncio.ensure_future(asking)
+    try:
+        await asyncio.wait([step, ask], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not ask.done():
+            ask.cancel()  # ends at its next step; nobody awaits it
+        ask.add_done_callback(_retrieved)
+    if step.done() or not ask.done() or ask.cancelled():
+        return
+    failure = ask.exception()
+    if isinstance(failure, MissingChangelogError):
+        raise failure
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:

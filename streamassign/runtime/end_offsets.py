@@ -39,7 +39,8 @@ from typing import Any
 import attrs
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, LeaderNotAvailableError, for_code
+from aiokafka.protocol.offset import OffsetRequest
 
 from .. import TaskId, TopicPartition
 from ..errors import EndOffsetsTimeoutError, RuntimeConfigError
@@ -230,16 +231,56 @@ async def list_offsets(
             if errors
             else EndOffsetsTimeoutError(
                 f"no end offset of {len(tps)} partitions listed within {LIST_TIMEOUT:g} s "
-                f"({_names(tps)})"
+                f"({partition_names(tps, most=8)})"
             )
         )
     return found
 
 
-def _names(tps: Sequence[KafkaTopicPartition], most: int = 8) -> str:
-    """``tps`` as ``topic[p]``, the first ``most`` of them (the rest counted)."""
-    named = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps)[:most])
-    return named + (f" and {len(tps) - most} more" if len(tps) > most else "")
+#: ``ListOffsets``: the latest offset; isolation level read_uncommitted.
+_LATEST = -1
+_READ_UNCOMMITTED = 0
+
+
+async def high_watermarks(
+    consumer: AIOKafkaConsumer, tps: Sequence[KafkaTopicPartition]
+) -> dict[KafkaTopicPartition, int]:
+    """High watermarks (the ends read_uncommitted) of ``tps``, whatever ``consumer``'s own
+    isolation level: read_committed, ``end_offsets`` gives the last stable offset, which
+    lags a just-committed transaction until its markers are written. Asked of each
+    partition's leader as the consumer's metadata knows it (aiokafka has no public way to
+    ask with another isolation level); raises ``KafkaError`` (a leader unknown, or an error
+    in the answer)."""
+    client: Any = consumer._client
+    by_node: dict[int, dict[str, list[tuple[int, int]]]] = {}
+    for tp in tps:
+        node = client.cluster.leader_for_partition(tp)
+        if node is None or node < 0:
+            raise LeaderNotAvailableError(f"no leader known for {tp.topic}[{tp.partition}]")
+        by_node.setdefault(node, {}).setdefault(tp.topic, []).append((tp.partition, _LATEST))
+    requests = [
+        client.send(node, OffsetRequest(-1, _READ_UNCOMMITTED, list(topics.items())))
+        for node, topics in by_node.items()
+    ]
+    found = {}
+    for response in await asyncio.gather(*requests):
+        for topic, partitions in response.topics:
+            for partition, code, *info in partitions:
+                if code != 0:
+                    raise for_code(code)(f"high watermark of {topic}[{partition}]")
+                offset = info[-1] if response.API_VERSION > 0 else info[0][0]
+                found[KafkaTopicPartition(topic, partition)] = int(offset)
+    return found
+
+
+def partition_names(tps: Iterable[Any], most: int | None = None) -> str:
+    """``tps`` (topic partitions of either kind) as ``topic[p]``, sorted, without repeats;
+    the first ``most`` of them (the rest counted)."""
+    names = sorted({(tp.topic, tp.partition) for tp in tps})
+    shown = ", ".join(f"{t}[{p}]" for t, p in names[:most])
+    return shown + (
+        f" and {len(names) - most} more" if most is not None and len(names) > most else ""
+    )
 
 
 def _consumer_fetch(consumer: AIOKafkaConsumer) -> Fetch:

@@ -323,7 +323,11 @@ class Processing:
         refreshed, and if still lacking the broker asked, so a deleted changelog (or one
         without this partition) stops the application (``MissingChangelogError``) rather
         than the send waiting (``request_timeout_ms``, ~1,000 log lines a second) and the
-        application going on without committing. Anything else: the send goes on."""
+        application going on without committing. Anything else: the send goes on. At most
+        every ``CHECK_INTERVAL`` s (``check.due``): in an outage each ask may take up to
+        twice ``CHECK_TIMEOUT``, and every send would ask."""
+        if not check.due():
+            return
         with contextlib.suppress(Exception):  # unreachable: the send waits as it would
             async with asyncio.timeout(CHECK_TIMEOUT):
                 await producer.client.add_topic(changelog.topic)  # first send: not tracked yet
@@ -344,5 +348,4 @@ def _known(producer: AIOKafkaProducer, tp: TopicPartition) -> bool:
     client = getattr(producer, "client", None)
     if client is None:  # a stand-in producer without metadata (unit tests)
         return True
-    partitions = client.cluster.partitions_for_topic(tp.topic)
-    return partitions is not None and tp.partition in partitions
+    return client.cluster.leader_for_partition(tp) is not None  # O(1): asked per record

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -28,10 +29,11 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import KafkaError
 
 from .. import TaskId, TopicPartition
-from ..errors import ChangelogBehindStateError, ChangelogReadTimeoutError, EndOffsetsTimeoutError
+from ..errors import ChangelogReadTimeoutError, EndOffsetsTimeoutError
 from ._clients import Clients
 from ._topics import ChangelogCheck
 from .changelog import COMMIT_KEY, StoreState
+from .end_offsets import high_watermarks, partition_names
 from .standbys import Standbys, check_open
 from .tasks import ActiveTask, source_of
 
@@ -88,8 +90,16 @@ class StateUpdater:
         on_restored: Callable[[Restoring], Awaitable[bool]],
         max_records: int = 10_000,
         check: ChangelogCheck | None = None,
+        start_over: Callable[[TaskId, StoreState], Awaitable[Path | None]] | None = None,
     ) -> None:
         self.clients = clients
+        #: Sets a store aside and puts an empty one in its place (``TaskStores.start_over``;
+        #: None: the store is emptied in place, for stores without files).
+        self.start_over = start_over
+        #: Reads high watermarks (tests replace it).
+        self.high_watermarks: Callable[[Any, Sequence[Any]], Awaitable[Mapping[Any, int]]] = (
+            high_watermarks
+        )
         #: Asked why end offsets cannot be read (raises when the changelog partitions do
         #: not exist: the application stops rather than restore forever).
         self.check = check
@@ -106,6 +116,8 @@ class StateUpdater:
         #: Next offset to apply per assigned partition (a reassignment goes on from there
         #: for a partition that still feeds the same store, without reading anything again).
         self._next: dict[TopicPartition, int] = {}
+        #: Stores that read a record below their position (``_apply``), with its offset.
+        self._behind: dict[TopicPartition, tuple[StoreState, int]] = {}
         self._next_checkpoint = 0.0
 
     def add(self, task: ActiveTask, source: str) -> Restoring:
@@ -154,6 +166,8 @@ class StateUpdater:
                 plan = self._plan()
             else:
                 self._apply(batch)
+        if self._behind:
+            await self._start_over_behind()
         ready = plan is None or await self._fetch_ends(reader, plan.new)
         async with self.standbys.lock:
             if plan is not None and ready and not self.standbys.dirty:
@@ -206,12 +220,107 @@ class StateUpdater:
             log.warning("%s; restores start at the next step", why)
             self.standbys.dirty = True
             return False
+        past = {
+            s.changelog: (e, s)
+            for e in new
+            for s in e.task.stores.values()
+            if s.position > ends[s.changelog]
+        }
+        if past and not await self._past_ends(reader, past):
+            self.standbys.dirty = True
+            return False
         for restore in new:
             restore.ends = {s.changelog: ends[s.changelog] for s in restore.task.stores.values()}
             restore.start = sum(s.position for s in restore.task.stores.values())  # now open
             if restore.source in ("local", "cold"):  # the checkpoint's guess until open
                 restore.source = source_of(restore.task.stores, "open")
         return True
+
+    async def _past_ends(
+        self, reader: Any, past: Mapping[TopicPartition, tuple[Restoring, StoreState]]
+    ) -> bool:
+        """Stores past the end read: that end is the last stable offset, which lags a
+        just-committed transaction until its markers are written, so only a store past the
+        high watermark is past the changelog's end (the topic truncated, e.g. an unclean
+        leader election, or recreated). Such a store is set aside (never deleted) and
+        restored from the changelog as it is: stopping instead would stop every restart
+        again. False: some store is only past the last stable offset (look again at the
+        next step), or the high watermarks could not be read."""
+        tps = [KafkaTopicPartition(*tp) for tp in past]
+        try:
+            marks = await asyncio.wait_for(self.high_watermarks(reader, tps), ENDS_TIMEOUT)
+        except (KafkaError, TimeoutError) as exc:
+            log.warning(
+                "changelog high watermarks unknown (%r); restores start at the next step", exc
+            )
+            return False
+        waiting = False
+        for tp, (entry, state) in past.items():
+            end = marks[KafkaTopicPartition(*tp)]
+            if state.position <= end:
+                waiting = True  # a commit's markers not written yet
+                continue
+            if self.restoring.get(entry.task.task_id) is not entry or not entry.task.restoring:
+                continue  # cancelled or torn meanwhile: looked at again if it comes back
+            position = state.position
+            aside = await self._start_over(entry.task.task_id, state)
+            log.error(
+                "%s[%d]: task %s's local store %r is at changelog offset %d, past the "
+                "changelog's end %d (the topic truncated or recreated?); moved to %s, "
+                "restoring it from the changelog",
+                tp.topic,
+                tp.partition,
+                entry.task.task_id,
+                state.name,
+                position,
+                end,
+                aside if aside is not None else "nowhere (in memory: emptied)",
+            )
+        return not waiting
+
+    async def _start_over_behind(self) -> None:
+        """Stores that read a record below their position: their changelog was truncated or
+        recreated below it (a reader seeked past the end restarts at the log's start), so
+        what follows is not their history. Set aside and restored from the start, as a store
+        past the high watermark (applying on would mix the two logs)."""
+        behind, self._behind = self._behind, {}
+        for tp, (state, offset) in behind.items():
+            task = self._task_of(state)
+            if task is None:
+                continue  # gone meanwhile
+            position = state.position
+            self._next.pop(tp, None)
+            aside = await self._start_over(task, state)
+            log.error(
+                "%s[%d]: task %s's local store %r at changelog offset %d read offset %d "
+                "(the topic truncated or recreated below it?); moved to %s, restoring it "
+                "from the changelog",
+                tp.topic,
+                tp.partition,
+                task,
+                state.name,
+                position,
+                offset,
+                aside if aside is not None else "nowhere (in memory: emptied)",
+            )
+        self.standbys.dirty = True  # read again from the new positions
+
+    def _task_of(self, state: StoreState) -> TaskId | None:
+        for task, states in self.standbys.states.items():
+            if any(s is state for s in states.values()):
+                return task
+        for entry in self.restoring.values():
+            if any(s is state for s in entry.task.stores.values()):
+                return entry.task.task_id
+        return None
+
+    async def _start_over(self, task: TaskId, state: StoreState) -> Path | None:
+        if self.start_over is not None:
+            return await self.start_over(task, state)
+        state.drop_unclosed()
+        state.store.write(dict.fromkeys(k for k, _ in list(state.store.items())), {})
+        state.position, state.applied = 0, {}
+        return None
 
     def _reassign(
         self, reader: Any, by_tp: dict[TopicPartition, tuple[StoreState, Restoring | None]]
@@ -226,8 +335,6 @@ class StateUpdater:
                 continue
             self._next.pop(tp, None)
             state.drop_unclosed()
-            if owner is not None and owner.ends is not None:
-                _check_position(state, owner.ends[tp])
             reader.seek(KafkaTopicPartition(*tp), state.position)
         self._by_tp = by_tp
         self._next = {tp: offset for tp, offset in self._next.items() if tp in by_tp}
@@ -244,6 +351,9 @@ class StateUpdater:
             for r in records:
                 if end is not None and r.offset >= end:
                     break  # past what this restore reads (its owner's records land there)
+                if r.offset < state.position:  # the reader reset to the log's start
+                    self._behind[state.changelog] = (state, r.offset)
+                    break
                 state.restore(r.offset, r.key, r.value)
                 self._next[state.changelog] = r.offset + 1
 
@@ -270,7 +380,7 @@ async def explain_failure(
 ) -> str:
     """One line on why the end offsets of ``tps`` could not be read (``exc``), the cause as
     far as ``check`` finds it; raises ``MissingChangelogError`` when some do not exist."""
-    names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(set(tps)))
+    names = partition_names(tps)
     failure = (
         f"not listed within {ENDS_TIMEOUT:g} s"
         if isinstance(exc, TimeoutError) and not str(exc)
@@ -278,21 +388,6 @@ async def explain_failure(
     )
     cause = await check.explain(tps) if check is not None else ""
     return f"changelog ends of {names} unknown ({failure}{'; ' + cause if cause else ''})"
-
-
-def _check_position(state: StoreState, end: int) -> None:
-    """A store past its changelog's end (the topic recreated, or truncated) stops the
-    application with the store untouched: a restore from the start would wipe what may be
-    the only full copy of that state (Kafka Streams wipes it: task corruption)."""
-    if state.position > end:
-        raise ChangelogBehindStateError(
-            f"{state.changelog.topic}[{state.changelog.partition}]: the local store "
-            f"{state.name!r} is at changelog offset {state.position}, past the changelog's end "
-            f"{end} (the topic recreated or truncated?); the store is kept, not restored. "
-            "Restore the topic with its records, or give that state up deliberately: stop "
-            "every instance and delete the task's directory under the state directory (it is "
-            "then restored from the changelog as it is); see docs/runtime.md, 'Missing changelogs'"
-        )
 
 
 class ChangelogLookups:

@@ -151,6 +151,24 @@ class TaskStores:
             )
         return self.open_store(self.store_kind, path)
 
+    async def start_over(self, task: TaskId, state: StoreState) -> Path | None:
+        """Set ``state``'s store aside (never deleted; None when it has no files: in memory)
+        and put an empty one in its place, so a restore reads its changelog from the start:
+        the store is past its changelog's end (the topic truncated or recreated)."""
+        path = self.state.task_dir(task) / f"{state.name}.rocksdb"
+        old = state.store
+
+        def swap() -> tuple[KeyValueStore, Path | None]:
+            old.close()
+            aside = self.state.set_aside(path) if path.exists() else None
+            return self.open_store(self.store_kind, path), aside
+
+        store, aside = await self._in_thread(swap) if self.open_in_thread else swap()
+        state.drop_unclosed()
+        state.store, state.position, state.applied = store, 0, {}
+        state.end = state.overwritten = None
+        return aside
+
     def _changelogs(self, task: TaskId) -> dict[str, TopicPartition]:
         stores = self.topology.subtopology(task.subtopology).stores
         return {n: TopicPartition(self.topology.changelog_topic(n), task.partition) for n in stores}

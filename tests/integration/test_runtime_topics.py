@@ -16,14 +16,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.errors import MissingChangelogError
 from streamassign.localstate import StateDirectory
 from streamassign.runtime import ensure_internal_topics
+from streamassign.runtime._topics import ChangelogCheck
+from streamassign.runtime.end_offsets import high_watermarks
 
-from .conftest import GroupIdFactory, TopicFactory, _delete_topics
+from .conftest import GroupIdFactory, TopicFactory, _create_topic, _delete_topics, kafka_script
 from .test_runtime import PARTITIONS, Feeder, Runtime, wait_caught_up
 
 #: Seconds the application may take to stop once a changelog is gone (end lookups time out
@@ -154,11 +159,11 @@ def test_source_partitions_added_while_running_stop_the_application(runtime: Run
         f"{changelog} has {PARTITIONS} partitions, its tasks need {PARTITIONS + 2}"
         in (stopped["failure"])
     )
-    assert "kafka-topics.sh --alter" in stopped["failure"]
+    assert "kafka-topics.sh --bootstrap-server B --alter" in stopped["failure"]
 
     refused = _refused_start(runtime, "p1")
     assert f"{changelog} has {PARTITIONS}, needs {PARTITIONS + 2}" in refused
-    assert "kafka-topics.sh --alter" in refused
+    assert "kafka-topics.sh --bootstrap-server B --alter" in refused
     print(f"stopped {took:.1f} s after the partitions were added")
 
 
@@ -193,3 +198,97 @@ def test_a_start_creates_changelogs_unless_local_state_holds_data_of_them(
         assert asyncio.run(_topic_partitions(kafka_bootstrap, changelog)) == 2
     finally:
         state.close()
+
+
+@pytest.fixture(scope="module")
+def auto_create_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A second broker with ``auto.create.topics.enable=true`` (Kafka's default; the suite's
+    broker has it off), for this module only."""
+    broker = kafka_script().start_broker(
+        data_dir=tmp_path_factory.mktemp("kafka-autocreate"),
+        auto_create_topics=True,
+        die_with_parent=True,
+    )
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+async def _existing(bootstrap: str, topic: str) -> tuple[int, str] | None:
+    """Partition count and cleanup.policy of ``topic``, None when it does not exist; asked
+    without creating it (listing every topic)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        if topic not in await admin.list_topics():
+            return None
+        described = await admin._client.fetch_all_metadata()
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"cleanup.policy": None})
+        (response,) = await admin.describe_configs([resource])
+        (entry,) = response.to_object()["resources"][0]["config_entries"]
+        return len(described.partitions_for_topic(topic) or ()), entry["config_value"]
+    finally:
+        await admin.close()
+
+
+def test_internal_topics_on_a_broker_that_creates_topics_when_asked(
+    auto_create_bootstrap: str, tmp_path: Path
+) -> None:
+    """Before, describing a missing topic created it (one partition, not compacted): a
+    brand-new application did not start ("no leaders after creation" after 30 s), and a
+    refused start left the deleted changelog recreated wrong."""
+    bootstrap = auto_create_bootstrap
+    source, app = "events", "autocreated"
+    changelog = f"{app}-totals-changelog"
+    asyncio.run(_create_topic(bootstrap, source, 3, {}))
+    topology = Topology([Subtopology(0, [source], stores=["totals"])], name=app)
+    state = StateDirectory(tmp_path)
+    try:
+        started = time.monotonic()
+        assert asyncio.run(ensure_internal_topics(topology, bootstrap, state=state)) == {
+            changelog: 3
+        }
+        print(f"brand-new application's topics in {time.monotonic() - started:.1f} s")
+        assert asyncio.run(_existing(bootstrap, changelog)) == (3, "compact")
+
+        asyncio.run(_delete_topics(bootstrap, [changelog]))
+        wait_for(lambda: asyncio.run(_existing(bootstrap, changelog)) is None, 30, "the deletion")
+        state.write_checkpoint(TaskId(0, 1), {TopicPartition(changelog, 1): 7})
+        with pytest.raises(MissingChangelogError, match=f"{changelog}: tasks 0_1"):
+            asyncio.run(ensure_internal_topics(topology, bootstrap, state=state))
+        check = ChangelogCheck(topology, bootstrap)
+        with pytest.raises(MissingChangelogError, match="deleted while the application ran"):
+            asyncio.run(check.refuse_missing([TopicPartition(changelog, 1)]))
+        assert asyncio.run(_existing(bootstrap, changelog)) is None  # not recreated
+    finally:
+        state.close()
+
+
+def test_high_watermarks_read_past_an_open_transaction(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory
+) -> None:
+    """A read_committed consumer's end offsets stop at the last stable offset (an open
+    transaction); ``high_watermarks`` gives the log end (what a store past it is past)."""
+    topic = kafka_topic_factory(1, prefix="marks")
+    tp = KafkaTopicPartition(topic, 0)
+
+    async def run() -> tuple[int, dict[KafkaTopicPartition, int]]:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=topic)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=kafka_bootstrap, isolation_level="read_committed"
+        )
+        await producer.start()
+        await consumer.start()
+        try:
+            await producer.begin_transaction()
+            for i in range(3):
+                await producer.send_and_wait(topic, b"%d" % i, partition=0)
+            stable = (await consumer.end_offsets([tp]))[tp]
+            return stable, await high_watermarks(consumer, [tp])
+        finally:
+            await consumer.stop()
+            await producer.stop()
+
+    stable, marks = asyncio.run(run())
+    assert stable == 0 and marks == {tp: 3}
