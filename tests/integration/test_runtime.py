@@ -14,7 +14,7 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -310,17 +310,29 @@ async def _read_topic(
     return values
 
 
-@pytest.fixture
-def runtime(
-    kafka_bootstrap: str,
-    kafka_topic_factory: TopicFactory,
-    kafka_group_id_factory: GroupIdFactory,
-    tmp_path: Path,
-) -> Iterator[Runtime]:
-    source = kafka_topic_factory(PARTITIONS, prefix="events")
-    rt = Runtime(kafka_bootstrap, kafka_group_id_factory("runtime"), source, tmp_path)
-    yield rt
-    rt.close()
+def runtime_fixture(
+    group: str, make: type[Runtime] = Runtime, prefix: str = "events", args: Sequence[str] = ()
+) -> Any:
+    """A ``runtime`` fixture for a test module: a ``make`` of a new group named after
+    ``group``, on a new source topic (``prefix``), its workers started with ``args``."""
+
+    @pytest.fixture
+    def runtime(
+        kafka_bootstrap: str,
+        kafka_topic_factory: TopicFactory,
+        kafka_group_id_factory: GroupIdFactory,
+        tmp_path: Path,
+    ) -> Iterator[Runtime]:
+        source = kafka_topic_factory(PARTITIONS, prefix=prefix)
+        rt = make(kafka_bootstrap, kafka_group_id_factory(group), source, tmp_path)
+        rt.args = list(args)
+        yield rt
+        rt.close()
+
+    return runtime
+
+
+runtime = runtime_fixture("runtime")
 
 
 def test_kill9_while_records_flow_loses_nothing_and_standby_restores_little(

@@ -15,11 +15,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-import pytest
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -28,7 +26,6 @@ from streamassign import Subtopology, Topology
 from streamassign.runtime import COMMIT_KEY, ensure_internal_topics
 from streamassign.runtime.changelog import decode_marker, encode_marker
 
-from .conftest import GroupIdFactory, TopicFactory
 from .test_runtime import (
     PARTITIONS,
     TASKS,
@@ -38,23 +35,13 @@ from .test_runtime import (
     _read_changelog,
     _read_records,
     expected_table,
+    runtime_fixture,
     tables,
     topic_ends,
     wait_caught_up,
 )
 
-
-@pytest.fixture
-def runtime(
-    kafka_bootstrap: str,
-    kafka_topic_factory: TopicFactory,
-    kafka_group_id_factory: GroupIdFactory,
-    tmp_path: Path,
-) -> Iterator[Runtime]:
-    source = kafka_topic_factory(PARTITIONS, prefix="events")
-    rt = Runtime(kafka_bootstrap, kafka_group_id_factory("membership"), source, tmp_path)
-    yield rt
-    rt.close()
+runtime = runtime_fixture("membership")
 
 
 async def _backward_markers(

@@ -14,17 +14,14 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from aiokafka import AIOKafkaProducer
 
 from streamassign.errors import QueryUnavailableError
 from streamassign.runtime import QueryClient, QueryResult, key_partition
 
-from .conftest import GroupIdFactory, TopicFactory
-from .test_runtime import PARTITIONS, Runtime
+from .test_runtime import PARTITIONS, Runtime, runtime_fixture
 
 KEYS = 120
 TABLE = "totals"
@@ -162,18 +159,9 @@ class QueryRuntime(Runtime):
         return set(status[-1]["standby"]) if status else set()
 
 
-@pytest.fixture
-def runtime(
-    kafka_bootstrap: str,
-    kafka_topic_factory: TopicFactory,
-    kafka_group_id_factory: GroupIdFactory,
-    tmp_path: Path,
-) -> Iterator[QueryRuntime]:
-    source = kafka_topic_factory(PARTITIONS, prefix="queries")
-    rt = QueryRuntime(kafka_bootstrap, kafka_group_id_factory("queries"), source, tmp_path)
-    rt.args = ["--status-interval", "0.2"]
-    yield rt
-    rt.close()
+runtime = runtime_fixture(
+    "queries", QueryRuntime, prefix="queries", args=["--status-interval", "0.2"]
+)
 
 
 def read_all(endpoint: str, keys: list[bytes], **options: object) -> list[QueryResult]:

@@ -21,17 +21,13 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from aiokafka import AIOKafkaProducer
 
 from streamassign import Subtopology, Topology
 from streamassign.runtime import COMMIT_KEY, ensure_internal_topics
 from streamassign.runtime.changelog import encode_marker
 
-from .conftest import GroupIdFactory, TopicFactory
 from .test_runtime import (
     PARTITIONS,
     TASKS,
@@ -39,6 +35,7 @@ from .test_runtime import (
     Feeder,
     Runtime,
     expected_table,
+    runtime_fixture,
     tables,
     wait_caught_up,
 )
@@ -50,17 +47,7 @@ PREFIX = "pre"
 SESSION_MS = 3000
 
 
-@pytest.fixture
-def runtime(
-    kafka_bootstrap: str,
-    kafka_topic_factory: TopicFactory,
-    kafka_group_id_factory: GroupIdFactory,
-    tmp_path: Path,
-) -> Iterator[Runtime]:
-    source = kafka_topic_factory(PARTITIONS, prefix="events")
-    rt = Runtime(kafka_bootstrap, kafka_group_id_factory("restore"), source, tmp_path)
-    yield rt
-    rt.close()
+runtime = runtime_fixture("restore")
 
 
 def changelog_sizes() -> dict[int, int]:

@@ -29,7 +29,7 @@ from streamassign.runtime._topics import ChangelogCheck
 from streamassign.runtime.end_offsets import high_watermarks
 
 from .conftest import GroupIdFactory, TopicFactory, _create_topic, _delete_topics, kafka_script
-from .test_runtime import PARTITIONS, Feeder, Runtime, wait_caught_up
+from .test_runtime import PARTITIONS, Feeder, Runtime, runtime_fixture, wait_caught_up
 
 #: Seconds the application may take to stop once a changelog is gone (end lookups time out
 #: after 5 s, the metadata check takes less than 10 s, the stop itself some more).
@@ -76,18 +76,7 @@ async def _add_partitions(bootstrap: str, topic: str, total: int) -> None:
         await admin.close()
 
 
-@pytest.fixture
-def runtime(
-    kafka_bootstrap: str,
-    kafka_topic_factory: TopicFactory,
-    kafka_group_id_factory: GroupIdFactory,
-    tmp_path: Path,
-) -> Iterator[Runtime]:
-    source = kafka_topic_factory(PARTITIONS, prefix="events")
-    rt = Runtime(kafka_bootstrap, kafka_group_id_factory("topics"), source, tmp_path)
-    rt.args = ["--standbys", "0", "--status-interval", "0.2"]
-    yield rt
-    rt.close()
+runtime = runtime_fixture("topics", args=["--standbys", "0", "--status-interval", "0.2"])
 
 
 def _running_with_state(runtime: Runtime, total: int) -> None:
