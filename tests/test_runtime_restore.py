@@ -394,3 +394,57 @@ def test_a_standby_on_a_recreated_changelog_is_set_aside_not_mixed(
     assert dict(standby.store.items()) == table and standby.position == 6
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert f"{TOPIC}[0]" in line and "offset 1976 read offset 0" in line
+
+
+def test_a_restore_whose_changelog_is_recreated_midway_finishes_on_the_new_log() -> None:
+    """Review: set aside mid-restore, the restore kept the old log's end (36) and waited for
+    it for ever on a recreated log of 4 records; it looks its ends up again."""
+    log = ResettingLog()
+    h = Harness(max_records=5, log=log)
+    h.updater.high_watermarks = high_watermarks(log)
+    fill(log, 0, 30, marker_every=5)
+    restoring = task(0)
+    totals = restoring.stores["totals"]
+    for offset, (key, value) in enumerate(log.records[(TOPIC, 0)][:12]):
+        totals.restore(offset, key, value)
+
+    async def start_over(task_id: TaskId, state: StoreState) -> None:
+        state.store, state.position, state.applied = MemoryStore(), 0, {}
+
+    h.updater.start_over = start_over
+
+    async def run() -> None:
+        h.updater.add(restoring, "local")
+        for _ in range(3):
+            await h.updater.step(3600.0, timeout_ms=0)
+        log.records[(TOPIC, 0)] = []  # recreated: shorter than where the reader is
+        recreated = fill(log, 0, 3, marker_every=3)
+        for _ in range(50):
+            await h.updater.step(3600.0, timeout_ms=0)
+            if h.handed:
+                break
+        assert [e.task.task_id for e in h.handed] == [TaskId(0, 0)]
+        assert dict(totals.store.items()) == recreated
+
+    asyncio.run(run())
+
+
+def test_a_close_right_after_start_over_leaves_the_task_openable(tmp_path: Path) -> None:
+    """Review: the swap ran in a store thread; a rebalance closing the task meanwhile closed
+    the old store twice and never the new one, whose lock then failed the task's next open
+    here. The swap has no await now: the close closes the new store."""
+    topology = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
+    stores = TaskStores(topology, "rocksdb", StateDirectory(tmp_path), Standbys())
+    task_id = TaskId(0, 0)
+
+    async def run() -> None:
+        states = stores.open(task_id)
+        swap = asyncio.ensure_future(stores.start_over(task_id, states["totals"]))
+        await asyncio.sleep(0)
+        await asyncio.wait([swap, stores.close(task_id, states)])
+        assert swap.exception() is None
+        again = await asyncio.to_thread(stores.open, task_id)  # assigned here again
+        again["totals"].store.close()
+        stores.shutdown()
+
+    asyncio.run(run())

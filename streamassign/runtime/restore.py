@@ -291,6 +291,9 @@ class StateUpdater:
             position = state.position
             self._next.pop(tp, None)
             aside = await self._start_over(task, state)
+            entry = self.restoring.get(task)
+            if entry is not None and any(s is state for s in entry.task.stores.values()):
+                entry.ends = None  # the old log's ends: looked up again in the new one
             log.error(
                 "%s[%d]: task %s's local store %r at changelog offset %d read offset %d "
                 "(the topic truncated or recreated below it?); moved to %s, restoring it "

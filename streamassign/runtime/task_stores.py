@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from .. import TaskId, TopicPartition
-from ..errors import DamagedStateError, StoreIOError, StoreNotOpenError
+from ..errors import DamagedStateError, StoreIOError, StoreNotOpenError, StreamAssignError
 from ..localstate import StateDirectory
 from ..topology import Topology
 from .changelog import StoreState
@@ -154,16 +154,22 @@ class TaskStores:
     async def start_over(self, task: TaskId, state: StoreState) -> Path | None:
         """Set ``state``'s store aside (never deleted; None when it has no files: in memory)
         and put an empty one in its place, so a restore reads its changelog from the start:
-        the store is past its changelog's end (the topic truncated or recreated)."""
+        the store is past its changelog's end (the topic truncated or recreated).
+
+        The swap runs on the event loop, not in a store thread: with no await between taking
+        the old store and putting the new one in place, a rebalance can neither close the
+        old store meanwhile (closing it twice) nor miss the new one (left open, its lock
+        held, so the task's next open here fails). A rare recovery: a short stall is fine."""
         path = self.state.task_dir(task) / f"{state.name}.rocksdb"
-        old = state.store
-
-        def swap() -> tuple[KeyValueStore, Path | None]:
-            old.close()
+        _close_in_thread(task, [(state.name, state.store)])  # (here: this thread) errors logged
+        try:
             aside = self.state.set_aside(path) if path.exists() else None
-            return self.open_store(self.store_kind, path), aside
-
-        store, aside = await self._in_thread(swap) if self.open_in_thread else swap()
+            store = self.open_store(self.store_kind, path)
+        except (OSError, StreamAssignError) as exc:
+            raise StoreIOError(
+                f"task {task}: store {state.name} is past its changelog's end and cannot be "
+                f"set aside and started over: {exc}"
+            ) from exc
         state.drop_unclosed()
         state.store, state.position, state.applied = store, 0, {}
         state.end = state.overwritten = None
