@@ -81,7 +81,14 @@ class Harness:
             self.checkpoints += 1
 
         clients = Clients(changelog_reader=self.log)  # type: ignore[arg-type]
-        self.updater = StateUpdater(clients, self.standbys, checkpoint, restored, max_records)
+
+        async def empty_in_place(task: TaskId, state: StoreState) -> None:
+            state.drop_unclosed()
+            state.store, state.position, state.applied = MemoryStore(), 0, {}
+
+        self.updater = StateUpdater(
+            clients, self.standbys, checkpoint, restored, empty_in_place, max_records
+        )
 
 
 def test_a_restore_runs_in_bounded_steps_and_the_loop_runs_between_them(tmp_path: Path) -> None:

@@ -88,13 +88,12 @@ class StateUpdater:
         standbys: Standbys,
         checkpoint: Callable[[TaskId, Mapping[str, StoreState]], None],
         on_restored: Callable[[Restoring], Awaitable[bool]],
+        start_over: Callable[[TaskId, StoreState], Awaitable[Path | None]],
         max_records: int = 10_000,
         check: ChangelogCheck | None = None,
-        start_over: Callable[[TaskId, StoreState], Awaitable[Path | None]] | None = None,
     ) -> None:
         self.clients = clients
-        #: Sets a store aside and puts an empty one in its place (``TaskStores.start_over``;
-        #: None: the store is emptied in place, for stores without files).
+        #: Sets a store aside and puts an empty one in its place (``TaskStores.start_over``).
         self.start_over = start_over
         #: Reads high watermarks (tests replace it).
         self.high_watermarks: Callable[[Any, Sequence[Any]], Awaitable[Mapping[Any, int]]] = (
@@ -262,19 +261,11 @@ class StateUpdater:
                 continue
             if self.restoring.get(entry.task.task_id) is not entry or not entry.task.restoring:
                 continue  # cancelled or torn meanwhile: looked at again if it comes back
-            position = state.position
-            aside = await self._start_over(entry.task.task_id, state)
-            log.error(
-                "%s[%d]: task %s's local store %r is at changelog offset %d, past the "
-                "changelog's end %d (the topic truncated or recreated?); moved to %s, "
-                "restoring it from the changelog",
-                tp.topic,
-                tp.partition,
+            await self._start_over(
+                tp,
                 entry.task.task_id,
-                state.name,
-                position,
-                end,
-                aside if aside is not None else "nowhere (in memory: emptied)",
+                state,
+                f"is past the changelog's end {end} (the topic truncated or recreated?)",
             )
         return not waiting
 
@@ -288,24 +279,16 @@ class StateUpdater:
             task = self._task_of(state)
             if task is None:
                 continue  # gone meanwhile
-            position = state.position
             self._next.pop(tp, None)
-            aside = await self._start_over(task, state)
+            await self._start_over(
+                tp,
+                task,
+                state,
+                f"read offset {offset} (the topic truncated or recreated below it?)",
+            )
             entry = self.restoring.get(task)
             if entry is not None and any(s is state for s in entry.task.stores.values()):
                 entry.ends = None  # the old log's ends: looked up again in the new one
-            log.error(
-                "%s[%d]: task %s's local store %r at changelog offset %d read offset %d "
-                "(the topic truncated or recreated below it?); moved to %s, restoring it "
-                "from the changelog",
-                tp.topic,
-                tp.partition,
-                task,
-                state.name,
-                position,
-                offset,
-                aside if aside is not None else "nowhere (in memory: emptied)",
-            )
         self.standbys.dirty = True  # read again from the new positions
 
     def _task_of(self, state: StoreState) -> TaskId | None:
@@ -317,13 +300,24 @@ class StateUpdater:
                 return entry.task.task_id
         return None
 
-    async def _start_over(self, task: TaskId, state: StoreState) -> Path | None:
-        if self.start_over is not None:
-            return await self.start_over(task, state)
-        state.drop_unclosed()
-        state.store.write(dict.fromkeys(k for k, _ in list(state.store.items())), {})
-        state.position, state.applied = 0, {}
-        return None
+    async def _start_over(
+        self, tp: TopicPartition, task: TaskId, state: StoreState, found: str
+    ) -> None:
+        """Set ``state``'s store aside and restore it from the changelog as it is, with one
+        error line: its position, then what was ``found`` there."""
+        position = state.position
+        aside = await self.start_over(task, state)
+        log.error(
+            "%s[%d]: task %s's local store %r at changelog offset %d %s; moved to %s, "
+            "restoring it from the changelog",
+            tp.topic,
+            tp.partition,
+            task,
+            state.name,
+            position,
+            found,
+            aside if aside is not None else "nowhere (in memory: emptied)",
+        )
 
     def _reassign(
         self, reader: Any, by_tp: dict[TopicPartition, tuple[StoreState, Restoring | None]]
