@@ -32,6 +32,7 @@ from .explain import (
     ClaimConflicts,
     ClientView,
     Explanation,
+    Reason,
     Snapshot,
     StandbyMove,
     claim_conflicts,
@@ -703,6 +704,15 @@ def _moves_json(moves: Explanation) -> dict[str, Any]:
     }
 
 
+#: Below a moves table with a hand-back: what one snapshot cannot confirm of it.
+_HANDED_BACK_NOTE = (
+    "handed back: the new owner ran the task before it restarted and reported a checkpoint of "
+    "it; the leader hands a task back only when that checkpoint is caught up (within "
+    "acceptable_recovery_lag), which a snapshot cannot confirm (it holds no end offsets): if "
+    "not, it was a balance move"
+)
+
+
 def _print_moves(console: Console, moves: Explanation, standbys: bool = True) -> None:
     """A table of the actives that moved and one of the standbys; one line for either kind
     when none moved (an empty bordered table reads as missing data). Without ``standbys``
@@ -721,6 +731,8 @@ def _print_moves(console: Console, moves: Explanation, standbys: bool = True) ->
             f"{moves.moves} of {len(moves.actives)} taken off a process still in the group "
             "(the moves plan counts)"
         )
+        if any(m.reason == Reason.HANDED_BACK for m in moves.actives):
+            console.print(_HANDED_BACK_NOTE)
     else:
         console.print("no active task moved")
     if not standbys:
@@ -863,7 +875,13 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
         before = now.before_last_join()
         # Two processes reporting one task running: a zombie beside its task's new owner.
         _warn_conflicts(claim_conflicts(before), f"{files[0]} (before its last rebalance)")
-        moves = explain(before, now.views, now.local_state(), from_last_join=True)
+        moves = explain(
+            before,
+            now.views,
+            now.local_state(),
+            from_last_join=True,
+            returning=now.previous_active,
+        )
     else:
         old, new = _read_saved(files[0]), _read_saved(files[1])
         moves = explain(old.views, new.views, _landing_state(old, new))
