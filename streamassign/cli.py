@@ -32,6 +32,7 @@ from .explain import (
     ClaimConflicts,
     ClientView,
     Explanation,
+    Reason,
     Snapshot,
     StandbyMove,
     claim_conflicts,
@@ -703,6 +704,15 @@ def _moves_json(moves: Explanation) -> dict[str, Any]:
     }
 
 
+#: Below a moves table with a hand-back: what one snapshot cannot confirm of it.
+_HANDED_BACK_NOTE = (
+    "handed back: the new owner ran the task before it restarted and reported a checkpoint of "
+    "it; the leader hands a task back only when that checkpoint is caught up (within "
+    "acceptable_recovery_lag), which a snapshot cannot confirm (it holds no end offsets): if "
+    "not, it was a balance move"
+)
+
+
 def _print_moves(console: Console, moves: Explanation, standbys: bool = True) -> None:
     """A table of the actives that moved and one of the standbys; one line for either kind
     when none moved (an empty bordered table reads as missing data). Without ``standbys``
@@ -721,6 +731,8 @@ def _print_moves(console: Console, moves: Explanation, standbys: bool = True) ->
             f"{moves.moves} of {len(moves.actives)} taken off a process still in the group "
             "(the moves plan counts)"
         )
+        if any(m.reason == Reason.HANDED_BACK for m in moves.actives):
+            console.print(_HANDED_BACK_NOTE)
     else:
         console.print("no active task moved")
     if not standbys:
@@ -863,7 +875,13 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
         before = now.before_last_join()
         # Two processes reporting one task running: a zombie beside its task's new owner.
         _warn_conflicts(claim_conflicts(before), f"{files[0]} (before its last rebalance)")
-        moves = explain(before, now.views, now.local_state(), from_last_join=True)
+        moves = explain(
+            before,
+            now.views,
+            now.local_state(),
+            from_last_join=True,
+            returning=now.previous_active,
+        )
     else:
         old, new = _read_saved(files[0]), _read_saved(files[1])
         moves = explain(old.views, new.views, _landing_state(old, new))
@@ -1051,12 +1069,56 @@ def _short_member(member_id: str) -> str:
 def _short_process(pid: str) -> str:
     """A process id as narrow columns show it: a UUID by its first 8 digits (as git shows a
     hash), anything else (a Faust URL, a member id) by its tail."""
-    if len(pid) == 36 and pid.count("-") == 4:
+    if _is_uuid(pid):
         return pid[:8]
     if "://" in pid:  # a Faust worker's URL: its host and port say which
         host = pid.split("://", 1)[1].rstrip("/")
         return host if len(host) <= 21 else "…" + host[-20:]
     return _short_member(pid)
+
+
+def _is_uuid(text: str) -> bool:
+    return len(text) == 36 and text.count("-") == 4
+
+
+def _unique_prefixes(ids: Iterable[str], least: int) -> dict[str, str]:
+    """Each id by its shortest prefix of at least ``least`` characters that no other of
+    ``ids`` starts with, as git names a commit (in sorted order only neighbours can share
+    a longer prefix)."""
+    ordered = sorted(set(ids))
+    labels = {}
+    for i, name in enumerate(ordered):
+        length = least
+        for other in ordered[max(i - 1, 0) : i] + ordered[i + 1 : i + 2]:
+            pairs = enumerate(zip(name, other, strict=False))
+            shared = next((k for k, (x, y) in pairs if x != y), min(len(name), len(other)))
+            length = max(length, shared + 1)
+        labels[name] = name[:length]
+    return labels
+
+
+def _member_labels(member_ids: Iterable[str]) -> dict[str, str]:
+    """Member ids as the tables show them: each by its shortest unique tail of at least 8
+    characters (a member id is its client id, which all members may share, and a UUID)."""
+    ids = set(member_ids)
+    tails = _unique_prefixes((m[::-1] for m in ids), 8)
+    return {m: m if len(m) <= 12 else "…" + tails[m[::-1]][::-1] for m in ids}
+
+
+def _process_labels(pids: Iterable[str]) -> dict[str, str]:
+    """Process ids as the tables show them, none folded at 80 columns, none ambiguous: a UUID
+    by its shortest unique prefix of at least 8 digits, a member id (consumer groups) by its
+    unique tail, a Faust URL by its host and port (whole where shortening makes two alike).
+    ``describe --json`` has the full ids."""
+    pids = set(pids)
+    labels = _unique_prefixes((p for p in pids if _is_uuid(p)), 8)
+    labels |= _member_labels(p for p in pids if not _is_uuid(p) and "://" not in p)
+    urls = {p: _short_process(p) for p in pids if "://" in p}
+    taken = list(labels.values()) + list(urls.values())
+    for pid, short in urls.items():
+        alike = taken.count(short) > 1
+        labels[pid] = pid.split("://", 1)[1].rstrip("/") if alike else short
+    return labels
 
 
 def _client_at_host(member: Any) -> str:
@@ -1074,34 +1136,40 @@ def _state_note(state: str) -> str:
 def _print_group(console: Console, view: Any, score: Any) -> None:
     members = len(view.members)
     processes = view.processes()
+    member_labels = _member_labels(m.member_id for m in view.members)
     if not view.readable:
         console.print(f"{view.group}: {_state_note(view.state)}, {members} member(s)", markup=False)
         for m in sorted(view.members, key=lambda m: m.member_id):
-            console.print(f"  {_short_member(m.member_id)}  {_client_at_host(m)}", markup=False)
+            console.print(f"  {member_labels[m.member_id]}  {_client_at_host(m)}", markup=False)
         return
     console.print(
         f"[bold]{view.group}[/]: {view.state}, protocol {view.protocol or '-'} "
         f"({view.family}), {members} member(s) in {len(processes)} process(es)"
     )
-    _print_processes(console, processes, view.endpoints())
-    _print_members(console, view.members)
-    _print_tasks(console, view.tasks, processes)
-    _print_offset_sums(console, view.members_by_process())
+    labels = _process_labels([*processes, *(m.process for m in view.members)])
+    _print_processes(console, processes, view.endpoints(), labels)
+    _print_members(console, view.members, labels | member_labels)
+    _print_tasks(console, view.tasks, processes, labels)
+    _print_offset_sums(console, view.members_by_process(), labels)
     # Consumer groups have no standbys: their standby row would only say 0 / 0.
     _print_quality(console, score, has_standbys=str(view.family) != "consumer")
 
 
 def _print_processes(
-    console: Console, processes: Mapping[str, Any], endpoints: Mapping[str, str]
+    console: Console,
+    processes: Mapping[str, Any],
+    endpoints: Mapping[str, str],
+    labels: Mapping[str, str],
 ) -> None:
-    """Each process (and its endpoint, where it has one), its capacity and tasks."""
+    """Each process (by its label, and its endpoint where it has one), its capacity and
+    tasks."""
     table = Table(title="Processes")
     for col in ("process (endpoint)", "cap", "active", "standby", "warmup"):
         table.add_column(col, overflow="fold")
     for pid, client in processes.items():
         a = client.assignment
         table.add_row(
-            pid + (f"\n({endpoints[pid]})" if pid in endpoints else ""),
+            labels[pid] + (f"\n({endpoints[pid]})" if pid in endpoints else ""),
             str(client.capacity),
             _tasks_cell(a.active),
             _tasks_cell(a.standby) if a.standby else "-",
@@ -1110,10 +1178,10 @@ def _print_processes(
     console.print(table)
 
 
-def _print_members(console: Console, members: Sequence[Any]) -> None:
+def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str, str]) -> None:
     """Each member (consumer): its client, process, task counts, versions, generation; below
     the table, error codes and undecodable bytes, one line each (long text in a column
-    squeezed the others to one character per line)."""
+    squeezed the others to one character per line). ``labels``: of member and process ids."""
     table = Table(title="Members")
     for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
         wraps = col in ("client@host", "versions")
@@ -1122,9 +1190,9 @@ def _print_members(console: Console, members: Sequence[Any]) -> None:
     for m in ordered:
         tasks = m.undecodable and "undecodable"
         table.add_row(
-            _short_member(m.member_id),
+            labels[m.member_id],
             _client_at_host(m),
-            _short_process(m.process) if m.undecodable is None else "?",
+            labels[m.process] if m.undecodable is None else "?",
             tasks or f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}",
             m.versions or "-",
             "-" if m.generation is None else str(m.generation),
@@ -1135,19 +1203,21 @@ def _print_members(console: Console, members: Sequence[Any]) -> None:
             console.print(f"member {m.member_id}: undecodable: {m.undecodable}", markup=False)
         elif m.error not in ("", "NONE"):
             console.print(
-                f"member {_short_member(m.member_id)} (process {_short_process(m.process)}): "
-                f"error {m.error}",
+                f"member {labels[m.member_id]} (process {labels[m.process]}): error {m.error}",
                 markup=False,
             )
 
 
 def _print_tasks(
-    console: Console, view_tasks: Mapping[TaskId, Any], processes: Mapping[str, Any]
+    console: Console,
+    view_tasks: Mapping[TaskId, Any],
+    processes: Mapping[str, Any],
+    labels: Mapping[str, str],
 ) -> None:
     """Each task's active and standby processes, and its partitions."""
     owners: dict[TaskId, tuple[list[str], list[str]]] = {}
     for pid, client in processes.items():
-        a, name = client.assignment, _short_process(pid)
+        a, name = client.assignment, labels[pid]
         for kind, tasks, label in (
             (0, a.active, name),
             (1, a.standby, name),
@@ -1166,7 +1236,9 @@ def _print_tasks(
     console.print(table)
 
 
-def _print_offset_sums(console: Console, by_process: Mapping[str, Sequence[Any]]) -> None:
+def _print_offset_sums(
+    console: Console, by_process: Mapping[str, Sequence[Any]], labels: Mapping[str, str]
+) -> None:
     """The offset sums each process reported at the last join (when any did)."""
     sums: dict[str, dict[TaskId, int]] = {}
     for pid, group_members in by_process.items():
@@ -1180,7 +1252,7 @@ def _print_offset_sums(console: Console, by_process: Mapping[str, Sequence[Any]]
             text = ", ".join(
                 f"{t}={'running' if v == -2 else v}" for t, v in sorted(by_task.items())
             )
-            table.add_row(_short_process(pid), text or "none reported")
+            table.add_row(labels[pid], text or "none reported")
         console.print(table)
 
 
@@ -1340,8 +1412,9 @@ def describe(
     """Who runs what in live GROUP: processes, members, tasks, offset sums and quality.
 
     Decodes the streams protocol (ProcessHost, the Faust assignor), Faust's own assignor and
-    the consumer assignors. With --json the output's "assignment" table is a saved assignment
-    for `streamassign explain` / `diff`.
+    the consumer assignors. The tables name processes and members by unique prefixes (a
+    member by its tail), as git names commits; --json has the full ids, and its "assignment"
+    table is a saved assignment for `streamassign explain` / `diff`.
     """
     import asyncio
 

@@ -41,6 +41,11 @@ class Reason(enum.StrEnum):
     WARMUP_DONE = "warmup done (probing)"
     #: The previous owner's capacity fell, so its quota did.
     CAPACITY_CHANGE = "capacity change"
+    #: ``explain --last``: the new owner is a restarted process that ran the task before it
+    #: stopped and came back with a checkpoint of it; the leader hands a task back to such a
+    #: process when that state is caught up (``streamassign.streams.client_states``), and the
+    #: process that ran it meanwhile counts as a warm holder only.
+    HANDED_BACK = "handed back to previous owner"
     #: The previous owner was over its quota (a client joined, or tasks were added).
     BALANCE_QUOTA = "balance quota"
     #: A standby holder now runs the task as its active (a copy cannot sit beside its active).
@@ -108,13 +113,14 @@ class Explanation:
     @property
     def moves(self) -> int:
         """Actives whose previous owner is still present but no longer runs them (DESIGN §3.3)."""
-        gone = (
+        not_moves = (
             Reason.NO_PREVIOUS_OWNER,
             Reason.NOT_REPORTED,
             Reason.CLIENT_GONE,
             Reason.TASK_REMOVED,
+            Reason.HANDED_BACK,  # the leader's previous owner is the one it went back to
         )
-        return sum(1 for m in self.actives if m.reason not in gone)
+        return sum(1 for m in self.actives if m.reason not in not_moves)
 
 
 @attrs.frozen
@@ -211,6 +217,20 @@ def _active_reason(
     return Reason.BALANCE_QUOTA
 
 
+def _handed_back(
+    task: TaskId,
+    destination: str | None,
+    returning: Mapping[str, Collection[TaskId]],
+    lags: Mapping[str, Mapping[TaskId, int]],
+) -> bool:
+    """Whether ``destination`` declared it ran ``task`` before it restarted and reported a
+    checkpoint of it (without one the leader cannot count it caught up, and keeps the task
+    with its running owner)."""
+    if destination is None or task not in returning.get(destination, ()):
+        return False
+    return lags.get(destination, {}).get(task, LATEST_OFFSET) >= 0
+
+
 def _landing(
     task: TaskId,
     destination: str,
@@ -265,6 +285,7 @@ def explain(
     *,
     claim_lags: Mapping[str, Mapping[TaskId, int]] | None = None,
     from_last_join: bool = False,
+    returning: Mapping[str, Collection[TaskId]] | None = None,
 ) -> Explanation:
     """Every task whose active or standby placement differs between ``before`` and ``after``.
 
@@ -278,6 +299,9 @@ def explain(
     active claims in ``before`` is the previous owner, as in the assignor; without them, the
     smallest process id (see :func:`claim_conflicts`). ``from_last_join``: ``before`` is
     :meth:`Snapshot.before_last_join` (a task without an owner there is ``NOT_REPORTED``).
+    ``returning``: per process, the actives it declared it ran before it restarted
+    (:attr:`Snapshot.previous_active`); a task moved onto one of its own, with a checkpoint of
+    it in ``lags``, from a process still present is ``HANDED_BACK``.
     """
     known_lags = lags or {}
     shared_running = _shared_running(before, known_lags)
@@ -296,6 +320,8 @@ def explain(
             reason = Reason.NOT_REPORTED if from_last_join else Reason.NO_PREVIOUS_OWNER
         elif destination is None:
             reason = Reason.TASK_REMOVED
+        elif source in after and _handed_back(task, destination, returning or {}, known_lags):
+            reason = Reason.HANDED_BACK
         else:
             reason = _active_reason(task, source, destination, before, after)
         landing: Landing | None

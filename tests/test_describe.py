@@ -796,3 +796,51 @@ def test_processes_show_their_endpoint_and_dashes_for_no_tasks() -> None:
     # m2's row: no actives "0", no standbys and no warmups "-" alike
     assert re.search(r"│ 1\s+│ 0\s+│ -\s+│ -\s+│", text)
     assert "none reported" in text  # m2 reported no offset sums
+
+
+def test_tables_at_80_columns_name_processes_by_unique_prefixes_unfolded() -> None:
+    """A process UUID folded over two lines of the 80-column table (it is 36 characters): each
+    table names a process by its shortest prefix of at least 8 digits no other process shares
+    (as git names a commit), a member by its unique tail; --json keeps the full ids."""
+    near = uuid.UUID("3f2a9c1e-7b44-4d2a-9e0c-5a1b2c3d4e5f")
+    twin = uuid.UUID("3f2a9c1e-0000-4d2a-9e0c-5a1b2c3d4e60")  # the same first 8 digits
+    other = uuid.UUID("bbb0d247-4e44-4a7c-8aee-caababc63138")
+    members = {  # aiokafka's member ids: the client id, then a UUID
+        f"aiokafka-0.14.0-{uuid.UUID(int=i)}": pid
+        for i, pid in enumerate((near, near, twin, other), start=1)
+    }
+    raw = [
+        streams_member(m, pid, active)
+        for (m, pid), active in zip(
+            members.items(), ("0_0 0_1", "0_2", "0_3 1_0", "1_1"), strict=True
+        )
+    ]
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
+    text = printed(view)
+    assert max(map(len, text.splitlines())) <= 80
+    processes = text.split("Members")[0]
+    for label in ("3f2a9c1e-7", "3f2a9c1e-0", "bbb0d247"):
+        assert re.search(rf"│ {label}\s+│", processes), label  # whole, on one line
+    assert str(near) not in text and "3f2a9c1e-7b" not in text
+    assert re.search(r"│ …00000001 │ [^│]+│ 3f2a9c1e-7 │ 2\+0\+0 │", text)
+    assignment = to_json(view, quality(view))["assignment"]
+    assert set(assignment) == {str(near), str(twin), str(other)}
+    assert f"aiokafka-0.14.0-{uuid.UUID(int=1)}" in assignment[str(near)]["members"]
+
+
+def test_process_labels_stay_unique_whatever_the_ids() -> None:
+    from streamassign.cli import _member_labels, _process_labels
+
+    a, b = (
+        "http://orders-0.orders.default.svc.cluster.local:6066",
+        "http://orders-1.orders.default.svc.cluster.local:6066",
+    )
+    labels = _process_labels([a, b, "http://b:6066/", str(P1), str(P2)])
+    assert labels[a] == a[7:] and labels[b] == b[7:]  # their tails alike: whole host and port
+    assert labels["http://b:6066/"] == "b:6066"
+    assert labels[str(P1)] == "00000000-0000-0000-0000-000000000001"  # only the last digit differs
+    assert _member_labels(["c-1234567890ab", "d-1234567890ab", "short"]) == {
+        "c-1234567890ab": "…c-1234567890ab",
+        "d-1234567890ab": "…d-1234567890ab",
+        "short": "short",
+    }

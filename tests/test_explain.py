@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ from streamassign.explain import (
     views_from_clients,
 )
 from streamassign.metrics import evaluate
+from streamassign.protocol import SubscriptionInfo
+from streamassign.streams import MemberSubscription, client_states
 
 from .strategies import assignment_inputs
 
@@ -667,7 +670,13 @@ def test_explain_last_hands_a_restarted_process_its_previous_actives(tmp_path: P
     code, out = run("explain", "--last", now, "--json")
     assert code == 0, out
     assert json.loads(out)["moves"] == [
-        {"task": "0_4", "from": "Q", "to": "P", "reason": "balance quota", "landing": "local state"}
+        {
+            "task": "0_4",
+            "from": "Q",
+            "to": "P",
+            "reason": "handed back to previous owner",
+            "landing": "local state",
+        }
     ]
     # A snapshot saved before describe --json carried previous_active still reads (as before).
     old = tmp_path / "old.json"
@@ -682,6 +691,63 @@ def test_explain_last_hands_a_restarted_process_its_previous_actives(tmp_path: P
         (None, "no owner reported"),  # not "no previous owner": P may have run them
         (None, "no owner reported"),
         ("Q", "balance quota"),
+    ]
+
+
+def test_explain_last_says_the_leader_handed_a_task_back_to_its_caught_up_owner(
+    tmp_path: Path,
+) -> None:
+    """The leader's rule (``client_states``): a restarted process that ran a task before it
+    stopped and is caught up on it is the task's previous owner again, and the process that ran
+    it meanwhile only a warm holder. ``--last`` read that as a balance move off the interim
+    owner; it names the hand-back (not a move the plan counts), and says in one line what the
+    snapshot cannot confirm. Without a checkpoint the leader cannot hand a task back."""
+    p, q = uuid.UUID(int=1), uuid.UUID(int=2)
+    t = TaskId.parse
+    restarted = SubscriptionInfo(
+        p,
+        offset_sums={t("0_0"): 500, t("0_4"): 90},
+        previous_active=frozenset({t("0_0"), t("0_4")}),
+    )
+    interim = SubscriptionInfo(q, offset_sums={t(x): -2 for x in ("0_1", "0_2", "0_3", "0_4")})
+    members = {"m1": MemberSubscription({"clicks"}, restarted)}
+    members["m2"] = MemberSubscription({"clicks"}, interim)
+    clients, _, _ = client_states(members)
+    tasks = [t(f"0_{i}") for i in range(5)]
+    result = StickyTaskAssignor().assign(tasks, clients)
+    assert t("0_4") in result[str(p)].active  # the leader handed it back
+    assignment = {pid: {"active": [str(x) for x in sorted(a.active)]} for pid, a in result.items()}
+    sums = {
+        str(i.process_id): {str(x): s for x, s in i.offset_sums.items()}
+        for i in (restarted, interim)
+    }
+    now = snapshot(tmp_path / "now.json", assignment, sums, previous={str(p): ["0_0", "0_4"]})
+    code, out = run("explain", "--last", now, "--json")
+    assert code == 0, out
+    assert json.loads(out)["moves"] == [
+        {
+            "task": "0_4",
+            "from": str(q),
+            "to": str(p),
+            "reason": "handed back to previous owner",
+            "landing": "local state",
+        }
+    ]
+    result = CliRunner().invoke(main, ["explain", "--last", now], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "0 of 1 taken off a process still in the group" in result.stdout
+    text = " ".join(result.stdout.split())
+    assert text.count("handed back: the new owner ran the task before it restarted") == 1
+    assert "which a snapshot cannot confirm (it holds no end offsets)" in text
+    # No checkpoint of 0_4 on P: whatever moved it there, not the hand-back rule.
+    bare = {"P": {"0_0": 500}, "Q": {"0_4": -2}}
+    layout = {"P": {"active": ["0_0", "0_4"]}, "Q": {"active": ["0_1"]}}
+    now = snapshot(tmp_path / "bare.json", layout, bare, previous={"P": ["0_4"]})
+    code, out = run("explain", "--last", now, "--json")
+    assert [(m["task"], m["reason"]) for m in json.loads(out)["moves"]] == [
+        ("0_0", "no owner reported"),
+        ("0_1", "no owner reported"),
+        ("0_4", "balance quota"),
     ]
 
 

@@ -17,7 +17,7 @@ from streamassign.faust import PartitionAssignor
 from streamassign.faust._watch import JoinErrors, MetadataWatch
 from streamassign.protocol import AssignmentInfo
 
-from .test_faust_assignor import CL, COUNTS, SRC, Cluster, make_app
+from .test_faust_assignor import CL, COUNTS, GLOBAL_CL, SRC, Cluster, make_app
 
 
 class FakeClient:
@@ -114,6 +114,57 @@ def test_the_leader_without_a_changelog_assigns_nothing_and_watches_it(
     with caplog.at_level(logging.WARNING, "streamassign.faust"):
         asyncio.run(scenario())
     assert f"waiting for topics ['{CL}'] to exist" in caplog.text
+
+
+def test_a_wait_for_topics_is_logged_once_per_missing_set_and_once_when_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retries come every 1 to 30 s while a topic is missing: the leader and each member log
+    a set of missing topics once (repeats at DEBUG), again when the set changes, and one INFO
+    line when the topics are there."""
+
+    async def scenario() -> None:
+        workers = [make_app(tmp_path / f"w{i}", 7100 + i).assignor for i in range(2)]
+        assert all(isinstance(a, PartitionAssignor) for a in workers)
+        counts = {SRC: 6}  # both changelogs missing, then one, then none
+        client = FakeClient(counts)
+        for a in workers:
+            a._consumer = lambda: FakeConsumer(client)  # type: ignore[method-assign]
+        metadata = {f"m{i}": a.metadata(set(COUNTS)) for i, a in enumerate(workers)}
+
+        def rebalance() -> None:
+            out = workers[0].assign(client.cluster, metadata)
+            for i, a in enumerate(workers):
+                a.on_assignment(ConsumerProtocolMemberAssignment.decode(out[f"m{i}"]))
+                a.rejoiner.cancel()
+
+        for _ in range(3):
+            rebalance()
+        counts[GLOBAL_CL] = 2
+        for _ in range(3):
+            rebalance()
+        counts[CL] = 6
+        for _ in range(2):
+            rebalance()
+        assert workers[1].assigned_actives()
+        for a in workers:
+            a.metadata_watch.cancel()
+
+    with caplog.at_level(logging.DEBUG, "streamassign.faust"):
+        asyncio.run(scenario())
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+    leader = [(level, m) for level, m in lines if m.startswith("no metadata for")]
+    assert [level for level, _ in leader] == [logging.WARNING] + [logging.DEBUG] * 2 + [
+        logging.WARNING
+    ] + [logging.DEBUG] * 2
+    assert str(sorted([CL, GLOBAL_CL])) in leader[0][1] and str([CL]) in leader[3][1]
+    members = [(level, m) for level, m in lines if m.startswith("waiting for topics")]
+    assert [level for level, _ in members] == (
+        [logging.WARNING] * 2 + [logging.DEBUG] * 4 + [logging.WARNING] * 2 + [logging.DEBUG] * 4
+    )
+    infos = [m for level, m in lines if level == logging.INFO]
+    assert infos.count("every subscribed topic has metadata now") == 1
+    assert infos.count("the topics waited for exist: partitions assigned again") == 2
 
 
 class Coordinator:

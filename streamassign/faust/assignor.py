@@ -57,7 +57,7 @@ from ..protocol import (
     ProtocolError,
     SubscriptionInfo,
 )
-from ._watch import JoinErrors, MetadataWatch, unsized
+from ._watch import JoinErrors, MetadataWatch, Repeats, unsized
 from .leader import (
     CAPACITY_TAG,
     CHANGELOGS_TAG,
@@ -126,6 +126,10 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self.metadata_watch = MetadataWatch()
         #: Reports fatal join errors Faust never reads, so the worker joins again (``_watch``).
         self.join_errors = JoinErrors()
+        #: Which topics the leader / this member logged as missing: each set is logged once (a
+        #: retry comes every 1 to 30 s), the repeats at DEBUG, and their arrival once.
+        self._leader_missing = Repeats()
+        self._member_missing = Repeats()
         #: Changes only when this worker wants a rebalance (after a failed one): a rejoin with
         #: the same metadata does not start one (a follower gets the current generation back),
         #: and a nonce changed on every join made two workers starting together rebalance each
@@ -224,7 +228,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             for topic in sorted(subscribed):
                 if partitions := cluster.partitions_for_topic(topic):
                     counts[topic] = len(partitions)
-            self._watch_missing(subscribed - counts.keys())
+            missing: frozenset[str] = frozenset(subscribed - counts.keys())
+            self._watch_missing(missing)
             members = decode_members(
                 {m: (meta.subscription, meta.user_data) for m, meta in member_metadata.items()},
                 counts,
@@ -242,6 +247,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 copartition_groups=self.copartition_groups,
                 own_topics=self._own_topics,
                 required_topics=self._internal_topics(),
+                missing_topics_level=self._missing_level(missing),
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
         except Exception as exc:
@@ -285,6 +291,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 log.error("the leader sent %s; rejoining in %.0f s", info.error_code.name, delay)
             return
         self.rejoiner.succeeded()
+        if self._member_missing.ended():
+            log.info("the topics waited for exist: partitions assigned again")
         self._view = self._build_view(info, kafka)
         self.info = info
         self._assigned = True
@@ -542,29 +550,45 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 topics.update(getattr(channel, "topics", ()))
         return frozenset(topics)
 
-    def _watch_missing(self, topics: set[str]) -> None:
+    def _watch_missing(self, topics: frozenset[str]) -> None:
         """Leader: keep re-fetching metadata of subscribed topics it cannot size; aiokafka
         rejoins by itself once a refresh shows them (their partition count changes)."""
         if (consumer := self._consumer()) is not None:
             self.metadata_watch.watch(consumer, topics)
 
+    def _missing_level(self, missing: frozenset[str]) -> int:
+        """Leader: the level to log subscribed topics without metadata at: WARNING for a set
+        not logged yet, DEBUG for the same set again; one INFO line once none is missing."""
+        if missing:
+            return logging.WARNING if self._leader_missing.changed(missing) else logging.DEBUG
+        if self._leader_missing.ended():
+            log.info("every subscribed topic has metadata now")
+        return logging.WARNING
+
     def _wait_for_topics(self, delay: float) -> None:
         """Member told the leader cannot size every topic: say which of its own topics it has
-        no metadata for, and re-fetch them (it may lead the next round)."""
+        no metadata for (once per set; repeats at DEBUG), and re-fetch them (it may lead the
+        next round)."""
         consumer = self._consumer()
         missing = unsized(consumer, self._own_topics or ()) if consumer is not None else set()
+        level = (
+            logging.WARNING if self._member_missing.changed(frozenset(missing)) else logging.DEBUG
+        )
         if missing:
             self.metadata_watch.watch(consumer, missing)
-            log.warning(
+            log.log(
+                level,
                 "waiting for topics %s to exist (no metadata yet); nothing assigned meanwhile, "
-                "rejoining in %.0f s or when they appear",
+                "rejoining in %.0f s or when they appear (repeats logged at DEBUG)",
                 sorted(missing),
                 delay,
             )
         else:
-            log.warning(
+            log.log(
+                level,
                 "waiting for the group leader to see every subscribed topic (this worker sees "
-                "them all); nothing assigned meanwhile, rejoining in %.0f s",
+                "them all); nothing assigned meanwhile, rejoining in %.0f s (repeats logged at "
+                "DEBUG)",
                 delay,
             )
 

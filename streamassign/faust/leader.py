@@ -246,12 +246,14 @@ def assign_faust(
     leader_version: int = LATEST_VERSION,
     own_topics: Iterable[str] | None = None,
     required_topics: Iterable[str] = (),
+    missing_topics_level: int = logging.WARNING,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad members or
     topics: unreadable members have no history. A subscribed table changelog or
     ``required_topics`` topic (the app's own: repartition, leader topics) without metadata makes
     ``INCOMPLETE_SOURCE_TOPIC_METADATA`` for every member, nothing assigned: its group cannot be
-    built without it. Other topics without metadata are left out (logged)."""
+    built without it. Other topics without metadata are left out. Topics without metadata are
+    logged at ``missing_topics_level`` (the assignor passes DEBUG for a set it logged before)."""
     if not members:
         return {}
     version = common_version(members, leader_version)
@@ -267,7 +269,7 @@ def assign_faust(
         for m in members
     }
     required = changelogs | globals_ | frozenset(required_topics)
-    if _waiting_for_metadata(subscriptions, partition_counts, required):
+    if _waiting_for_metadata(subscriptions, partition_counts, required, missing_topics_level):
         return incomplete
     try:
         topology = faust_topology(subscriptions, partition_counts, copartition_groups, changelogs)
@@ -287,17 +289,20 @@ def _waiting_for_metadata(
     subscriptions: Mapping[str, frozenset[str]],
     partition_counts: Mapping[str, int],
     required: frozenset[str],
+    level: int,
 ) -> bool:
-    """Whether a ``required`` subscribed topic has no metadata yet (logged, as are other
-    subscribed topics without metadata, which are left out)."""
+    """Whether a ``required`` subscribed topic has no metadata yet (logged at ``level``, as are
+    other subscribed topics without metadata, which are left out)."""
     unsized = {t for topics in subscriptions.values() for t in topics} - partition_counts.keys()
     if waiting := sorted(unsized & required):
-        log.warning(
-            "no metadata for %s (not created yet?): assigning nothing until they exist", waiting
+        log.log(
+            level,
+            "no metadata for %s (not created yet?): assigning nothing until they exist",
+            waiting,
         )
         return True
     if unsized:
-        log.warning("no metadata for subscribed topics %s (not created yet?)", sorted(unsized))
+        log.log(level, "no metadata for subscribed topics %s (not created yet?)", sorted(unsized))
     return False
 
 
