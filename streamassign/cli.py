@@ -884,7 +884,10 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
         )
     else:
         old, new = _read_saved(files[0]), _read_saved(files[1])
-        moves = explain(old.views, new.views, _landing_state(old, new))
+        # AFTER's previous_active date from its last join: a hand-back made at that rebalance.
+        moves = explain(
+            old.views, new.views, _landing_state(old, new), returning=new.previous_active
+        )
     if as_json:
         data = _moves_json(moves)
         click.echo(json.dumps({"moves": data["moves"]} if last else data, indent=2))
@@ -1340,7 +1343,11 @@ async def _print_views(
             continue
         score = quality(view, standbys)
         after = view.processes()
-        moves = explain(before, after, view.local_state()) if before is not None else None
+        moves = (
+            explain(before, after, view.local_state(), returning=view.previous_active())
+            if before is not None
+            else None
+        )
         before = after
         if as_json:
             data = to_json(view, score) | ({} if moves is None else _moves_json(moves))

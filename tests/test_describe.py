@@ -844,3 +844,43 @@ def test_process_labels_stay_unique_whatever_the_ids() -> None:
         "d-1234567890ab": "…d-1234567890ab",
         "short": "short",
     }
+
+
+#: Processes of the hand-back views: two share their first 8 digits, as in the describe tables.
+NEAR = uuid.UUID("3f2a9c1e-7b44-4d2a-9e0c-5a1b2c3d4e5f")
+TWIN = uuid.UUID("3f2a9c1e-0000-4d2a-9e0c-5a1b2c3d4e60")
+
+
+def handed_back_views() -> list[GroupView]:
+    """NEAR ran 0_1 and restarted; TWIN ran it meanwhile (the first view). NEAR came back with
+    its checkpoint of 0_1 and its previous actives; the leader handed 0_1 back (the second)."""
+    running = {"0_0": LATEST_OFFSET, "0_1": LATEST_OFFSET, "0_2": LATEST_OFFSET}
+    interim = [streams_member("m2", TWIN, "0_0 0_1 0_2", sums=running)]
+    back = [
+        streams_member("m1", NEAR, "0_1", sums={"0_1": 500}, previous="0_1"),
+        streams_member("m2", TWIN, "0_0 0_2", sums=running),
+    ]
+    return [
+        describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw) for raw in (interim, back)
+    ]
+
+
+def test_watch_names_a_hand_back_to_a_restarted_previous_owner(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The leader hands a restarted process the actives it declared it ran before, where its
+    checkpoint is caught up; --watch read that as a balance move off the interim owner, as
+    explain --last did before (the same rule now, from the members' previous actives)."""
+    assert handed_back_views()[1].previous_active() == {str(NEAR): {T("0_1")}, str(TWIN): set()}
+    with (tmp_path / "out.jsonl").open("w") as stdout:
+        _watch_with(monkeypatch, handed_back_views(), stdout, forever=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert lines[1]["moves"] == [
+        {
+            "task": "0_1",
+            "from": str(TWIN),
+            "to": str(NEAR),
+            "reason": "handed back to previous owner",
+            "landing": "local state",
+        }
+    ]
