@@ -541,10 +541,14 @@ def test_tables_fit_80_columns_and_name_undecodable_members() -> None:
 
 
 def _watch_with(
-    monkeypatch: pytest.MonkeyPatch, views: list[GroupView], stdout: TextIO, forever: bool
+    monkeypatch: pytest.MonkeyPatch,
+    views: list[GroupView],
+    stdout: TextIO,
+    forever: bool,
+    as_json: bool = True,
 ) -> float:
     """``describe --watch``'s loop on ``views`` (then polling for ever, if ``forever``) with
-    ``stdout`` as the CLI wraps it; the seconds it ran."""
+    ``stdout`` as the CLI wraps it (``--json`` unless not ``as_json``); the seconds it ran."""
     from streamassign import cli
     from streamassign.aiokafka import describe as describe_module
 
@@ -557,7 +561,7 @@ def _watch_with(
     monkeypatch.setattr(describe_module, "follow", follow)
     monkeypatch.setattr(sys, "stdout", cli._ReaderGone(stdout))
     start = time.monotonic()
-    asyncio.run(asyncio.wait_for(cli._watch(None, "g", 1.0, None, True), 20))
+    asyncio.run(asyncio.wait_for(cli._watch(None, "g", 1.0, None, as_json), 20))
     return time.monotonic() - start
 
 
@@ -884,3 +888,21 @@ def test_watch_names_a_hand_back_to_a_restarted_previous_owner(
             "landing": "local state",
         }
     ]
+
+
+def test_watch_moves_table_names_processes_as_the_describe_tables_at_80_columns(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The moves table showed full process ids, cut or folded at 80 columns: it names them
+    as the describe tables above it do (unique prefixes), one naming for both."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with (tmp_path / "out.txt").open("w") as stdout:
+        _watch_with(monkeypatch, handed_back_views(), stdout, forever=False, as_json=False)
+    text = (tmp_path / "out.txt").read_text()
+    assert max(map(len, text.splitlines())) <= 80
+    assert str(NEAR)[:11] not in text and str(TWIN)[:11] not in text  # no full id, cut or not
+    moves = text.split("Active tasks that moved")[1]
+    assert re.search(r"│ 0_1\s+│ 3f2a9c1e-0\s+│ 3f2a9c1e-7\s+│ handed back to", moves)
+    assert "0 of 1 taken off a process still in the group" in moves
+    processes = text.split("Processes")[-1].split("Members")[0]
+    assert re.search(r"│ 3f2a9c1e-7\s+│", processes) and re.search(r"│ 3f2a9c1e-0\s+│", processes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -751,13 +752,14 @@ def test_explain_last_says_the_leader_handed_a_task_back_to_its_caught_up_owner(
     ]
 
 
-def test_explain_of_two_snapshots_says_the_leader_handed_a_task_back(
+def test_explain_of_two_snapshots_says_the_leader_handed_a_task_back_at_80_columns(
     tmp_path: Path,
 ) -> None:
     """BEFORE: the restarted process P was down, Q ran all. AFTER: the leader handed P back
     the task it declared it ran before and reported a caught-up checkpoint of. explain read it
     as a balance move off Q (as it is for the other task P took, its share); it names the
-    hand-back, as explain --last does (one rule)."""
+    hand-back, as explain --last does (one rule), and its table names the processes by
+    unique prefixes, unfolded at 80 columns."""
     p = uuid.UUID("3f2a9c1e-7b44-4d2a-9e0c-5a1b2c3d4e5f")
     q = uuid.UUID("bbb0d247-4e44-4a7c-8aee-caababc63138")
     t = TaskId.parse
@@ -788,10 +790,14 @@ def test_explain_of_two_snapshots_says_the_leader_handed_a_task_back(
             "landing": "local state",
         },
     ]
-    shown = CliRunner().invoke(main, ["explain", before, after], env=WIDE)
+    shown = CliRunner().invoke(main, ["explain", before, after], env=WIDE | {"COLUMNS": "80"})
     assert shown.exit_code == 0, shown.output
-    assert "1 of 2 taken off a process still in the group" in shown.stdout
-    assert "handed back: the new owner ran the task" in shown.stdout
+    text = shown.stdout
+    assert max(map(len, text.splitlines())) <= 80
+    assert str(p)[:9] not in text and str(q)[:9] not in text  # labels, not ids cut short
+    assert re.search(r"│ 0_3\s+│ bbb0d247\s+│ 3f2a9c1e\s+│ handed back to", text), text
+    assert re.search(r"│ 0_2\s+│ bbb0d247\s+│ 3f2a9c1e\s+│ balance quota", text)
+    assert "1 of 2 taken off a process still in the group" in text
 
 
 def test_explain_last_warns_of_a_task_two_processes_reported_running(tmp_path: Path) -> None:
