@@ -878,7 +878,8 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
     """Every task that moved from BEFORE to AFTER, and the rule that moved it.
 
     Both are saved assignments ('plan --json' or 'describe --json' output). The offset sums
-    in AFTER (describe --json) tell a landing on local state from a cold one.
+    in AFTER (describe --json) tell a landing on local state from a cold one. The tables name
+    processes by unique prefixes, as describe's do; --json has the full ids.
     """
     if len(files) != (1 if last else 2):
         raise click.UsageError(
