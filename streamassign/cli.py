@@ -713,17 +713,24 @@ _HANDED_BACK_NOTE = (
 )
 
 
-def _print_moves(console: Console, moves: Explanation, standbys: bool = True) -> None:
+def _print_moves(
+    console: Console,
+    moves: Explanation,
+    standbys: bool = True,
+    labels: Mapping[str, str] | None = None,
+) -> None:
     """A table of the actives that moved and one of the standbys; one line for either kind
     when none moved (an empty bordered table reads as missing data). Without ``standbys``
-    (``explain --last``: previous standbys are not known) a line says why they are missing."""
+    (``explain --last``: previous standbys are not known) a line says why they are missing.
+    ``labels``: how the tables name processes (``_process_labels``; None: by their ids)."""
+    name = _labeller(labels)
     if moves.actives:
         table = Table(title=f"Active tasks that moved ({len(moves.actives)})")
         for col in ("task", "from", "to", "why", "state there"):
             table.add_column(col)
         for m in moves.actives:
             table.add_row(
-                str(m.task), m.source or "-", m.destination or "-", m.reason, m.landing or "-"
+                str(m.task), name(m.source), name(m.destination), m.reason, m.landing or "-"
             )
         console.print(table)
         # The rest had no owner in the group to move from: its owner left, or the task is new.
@@ -741,7 +748,7 @@ def _print_moves(console: Console, moves: Explanation, standbys: bool = True) ->
             "local state (save BEFORE with describe --json to compare standbys)"
         )
     elif moves.standbys:
-        rows = _standby_rows(moves.standbys)
+        rows = _standby_rows(moves.standbys, name)
         table = Table(title=f"Standby copies dropped or placed: {len(moves.standbys)}")
         for col in ("task", "dropped by", "placed on", "why"):
             table.add_column(col)
@@ -752,9 +759,21 @@ def _print_moves(console: Console, moves: Explanation, standbys: bool = True) ->
         console.print("no standby moved")
 
 
-def _standby_rows(copies: Sequence[StandbyMove]) -> list[tuple[str, str, str, str]]:
+def _labeller(labels: Mapping[str, str] | None) -> Callable[[str | None], str]:
+    """A moves table's name of a process (or ``-`` for none): its label, else its id."""
+
+    def name(pid: str | None) -> str:
+        return "-" if pid is None else (labels or {}).get(pid, pid)
+
+    return name
+
+
+def _standby_rows(
+    copies: Sequence[StandbyMove], name: Callable[[str | None], str]
+) -> list[tuple[str, str, str, str]]:
     """Table rows of the standby changes: a task whose one dropped copy and one placed copy
-    have the same reason is one row (the copy moved); anything else, one row per change."""
+    have the same reason is one row (the copy moved); anything else, one row per change.
+    ``name``: a process as the table shows it (``_labeller``)."""
     by_task: dict[TaskId, list[StandbyMove]] = {}
     for copy in copies:
         by_task.setdefault(copy.task, []).append(copy)
@@ -763,10 +782,12 @@ def _standby_rows(copies: Sequence[StandbyMove]) -> list[tuple[str, str, str, st
         if len(changes) == 2:
             drop, place = sorted(changes, key=lambda c: c.source is None)
             if drop.source and place.destination and drop.reason == place.reason:
-                rows.append((str(task), drop.source, place.destination, str(drop.reason)))
+                rows.append(
+                    (str(task), name(drop.source), name(place.destination), str(drop.reason))
+                )
                 continue
         for c in changes:
-            rows.append((str(task), c.source or "-", c.destination or "-", str(c.reason)))
+            rows.append((str(task), name(c.source), name(c.destination), str(c.reason)))
     return rows
 
 
@@ -857,7 +878,8 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
     """Every task that moved from BEFORE to AFTER, and the rule that moved it.
 
     Both are saved assignments ('plan --json' or 'describe --json' output). The offset sums
-    in AFTER (describe --json) tell a landing on local state from a cold one.
+    in AFTER (describe --json) tell a landing on local state from a cold one. The tables name
+    processes by unique prefixes, as describe's do; --json has the full ids.
     """
     if len(files) != (1 if last else 2):
         raise click.UsageError(
@@ -882,14 +904,20 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
             from_last_join=True,
             returning=now.previous_active,
         )
+        processes = [*before, *now.views]
     else:
         old, new = _read_saved(files[0]), _read_saved(files[1])
-        moves = explain(old.views, new.views, _landing_state(old, new))
+        # AFTER's previous_active date from its last join: a hand-back made at that rebalance.
+        moves = explain(
+            old.views, new.views, _landing_state(old, new), returning=new.previous_active
+        )
+        processes = [*old.views, *new.views]
     if as_json:
         data = _moves_json(moves)
         click.echo(json.dumps({"moves": data["moves"]} if last else data, indent=2))
     else:
-        _print_moves(_Stdout(), moves, standbys=not last)
+        # Labelled as describe labels them, unique among every process of the files.
+        _print_moves(_Stdout(), moves, standbys=not last, labels=_process_labels(processes))
 
 
 def _landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]:
@@ -1133,7 +1161,17 @@ def _state_note(state: str) -> str:
     return state
 
 
-def _print_group(console: Console, view: Any, score: Any) -> None:
+def _view_labels(view: Any, others: Iterable[str] = ()) -> dict[str, str]:
+    """How ``view``'s tables name its processes (and ``others``, named in the same output),
+    each unique among them all (``_process_labels``)."""
+    return _process_labels([*view.processes(), *(m.process for m in view.members), *others])
+
+
+def _print_group(
+    console: Console, view: Any, score: Any, labels: Mapping[str, str] | None = None
+) -> None:
+    """``describe``'s tables of ``view``; ``labels`` name its processes (default:
+    ``_view_labels``)."""
     members = len(view.members)
     processes = view.processes()
     member_labels = _member_labels(m.member_id for m in view.members)
@@ -1146,7 +1184,7 @@ def _print_group(console: Console, view: Any, score: Any) -> None:
         f"[bold]{view.group}[/]: {view.state}, protocol {view.protocol or '-'} "
         f"({view.family}), {members} member(s) in {len(processes)} process(es)"
     )
-    labels = _process_labels([*processes, *(m.process for m in view.members)])
+    labels = dict(labels or _view_labels(view))
     _print_processes(console, processes, view.endpoints(), labels)
     _print_members(console, view.members, labels | member_labels)
     _print_tasks(console, view.tasks, processes, labels)
@@ -1340,16 +1378,22 @@ async def _print_views(
             continue
         score = quality(view, standbys)
         after = view.processes()
-        moves = explain(before, after, view.local_state()) if before is not None else None
+        moves = (
+            explain(before, after, view.local_state(), returning=view.previous_active())
+            if before is not None
+            else None
+        )
+        # One naming for both views' processes: a moves row names the ones that left too.
+        labels = _view_labels(view, before or ())
         before = after
         if as_json:
             data = to_json(view, score) | ({} if moves is None else _moves_json(moves))
             click.echo(json.dumps(data))
             continue
         console.rule(f"{group} at {_now()}")
-        _print_group(console, view, score)
+        _print_group(console, view, score, labels)
         if moves is not None:
-            _print_moves(console, moves)
+            _print_moves(console, moves, labels=labels)
 
 
 def _now() -> str:

@@ -41,10 +41,12 @@ class Reason(enum.StrEnum):
     WARMUP_DONE = "warmup done (probing)"
     #: The previous owner's capacity fell, so its quota did.
     CAPACITY_CHANGE = "capacity change"
-    #: ``explain --last``: the new owner is a restarted process that ran the task before it
-    #: stopped and came back with a checkpoint of it; the leader hands a task back to such a
-    #: process when that state is caught up (``streamassign.streams.client_states``), and the
-    #: process that ran it meanwhile counts as a warm holder only.
+    #: Snapshots only (``explain`` of ``describe --json`` files, ``--last``, ``describe
+    #: --watch``): the new owner is a restarted process that ran the task before it stopped and
+    #: came back, as its members said at their last join, with a checkpoint of it; the leader
+    #: hands a task back to such a process when that state is caught up
+    #: (``streamassign.streams.client_states``), and the process that ran it meanwhile counts
+    #: as a warm holder only.
     HANDED_BACK = "handed back to previous owner"
     #: The previous owner was over its quota (a client joined, or tasks were added).
     BALANCE_QUOTA = "balance quota"

@@ -41,6 +41,7 @@ from .protocol import (
     ProtocolError,
     SubscriptionInfo,
 )
+from .repeats import Repeats
 from .sticky import StickyTaskAssignor
 from .threads import distribute_to_threads
 from .topology import Topology
@@ -447,6 +448,7 @@ def assign_streams(
     partition_racks: Mapping[TopicPartition, str] | None = None,
     rack_aware_tags: Sequence[str] | None = None,
     probing_memory: ProbingMemory | None = None,
+    topology_errors: Repeats | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad topics or
     bad members: those become error codes or empty assignments, logged. An option out of range
@@ -462,12 +464,16 @@ def assign_streams(
     ``partition_racks`` (the rack of each partition's leader) lets tasks that need a new client
     prefer one in their partitions' rack; ``rack_aware_tags`` names the client tag keys standby
     placement avoids sharing (``None``: all). ``probing_memory``: see ``ProbingMemory``.
+    ``topology_errors``: the topology error this leader logged last, kept across its rebalances
+    (``ProcessHost`` keeps one): the same error again is logged at DEBUG, not ERROR (members
+    retry every 1 to 30 s while a topic is missing), and one INFO line says when tasks can be
+    assigned again; None: every error at ERROR.
     """
     version = common_version(members, leader_version)
     if _shutdown_requested(members):
         return _failed(members, ErrorCode.SHUTDOWN_REQUESTED, version)
     compatible = _compatible_members(topology, members)
-    grouped = _group_tasks(topology, partition_counts)
+    grouped = _group_tasks(topology, partition_counts, topology_errors)
     if grouped is None:
         return _failed(members, _INCOMPLETE, version)
     if not compatible:
@@ -481,15 +487,8 @@ def assign_streams(
         probing_rebalance_interval_ms,
         rack_aware_tags,
     )
-    return _assign_compatible(
-        topology,
-        grouped,
-        compatible,
-        assignor,
-        members,
-        version,
-        _RoundInputs(end_offsets, partition_racks, now_ms, probing_memory),
-    )
+    given = _RoundInputs(end_offsets, partition_racks, now_ms, probing_memory)
+    return _assign_compatible(topology, grouped, compatible, assignor, members, version, given)
 
 
 def _shutdown_requested(members: Mapping[str, MemberSubscription]) -> bool:
@@ -508,18 +507,26 @@ class _GroupedTasks:
     partition_counts: dict[str, int]  # every topic's, repartition topics' resolved
 
 
-def _group_tasks(topology: Topology, partition_counts: Mapping[str, int]) -> _GroupedTasks | None:
-    """Tasks with their partitions, and every topic's partition count (None: logged, the
-    topics cannot be assigned yet)."""
+def _group_tasks(
+    topology: Topology, partition_counts: Mapping[str, int], logged: Repeats | None
+) -> _GroupedTasks | None:
+    """Tasks with their partitions, and every topic's partition count (None: the topics cannot
+    be assigned yet, logged at ERROR; at DEBUG when it is the error ``logged`` last)."""
     try:
         tasks = PartitionGrouper().group(topology, partition_counts)
         counts = resolve_partition_counts(topology, partition_counts)
         _check_repartition_topics(topology, counts, partition_counts)
     except TopologyError as exc:
-        log.error(
-            "cannot assign tasks: %s; every member gets INCOMPLETE_SOURCE_TOPIC_METADATA", exc
+        news = logged is None or logged.changed(str(exc))
+        log.log(
+            logging.ERROR if news else logging.DEBUG,
+            "cannot assign tasks: %s; every member gets INCOMPLETE_SOURCE_TOPIC_METADATA%s",
+            exc,
+            "" if logged is None else " (the same error again logged at DEBUG)",
         )
         return None
+    if logged is not None and logged.ended():
+        log.info("the topics are as the topology needs them now: assigning tasks again")
     return _GroupedTasks(tasks, counts)
 
 

@@ -541,10 +541,14 @@ def test_tables_fit_80_columns_and_name_undecodable_members() -> None:
 
 
 def _watch_with(
-    monkeypatch: pytest.MonkeyPatch, views: list[GroupView], stdout: TextIO, forever: bool
+    monkeypatch: pytest.MonkeyPatch,
+    views: list[GroupView],
+    stdout: TextIO,
+    forever: bool,
+    as_json: bool = True,
 ) -> float:
     """``describe --watch``'s loop on ``views`` (then polling for ever, if ``forever``) with
-    ``stdout`` as the CLI wraps it; the seconds it ran."""
+    ``stdout`` as the CLI wraps it (``--json`` unless not ``as_json``); the seconds it ran."""
     from streamassign import cli
     from streamassign.aiokafka import describe as describe_module
 
@@ -557,7 +561,7 @@ def _watch_with(
     monkeypatch.setattr(describe_module, "follow", follow)
     monkeypatch.setattr(sys, "stdout", cli._ReaderGone(stdout))
     start = time.monotonic()
-    asyncio.run(asyncio.wait_for(cli._watch(None, "g", 1.0, None, True), 20))
+    asyncio.run(asyncio.wait_for(cli._watch(None, "g", 1.0, None, as_json), 20))
     return time.monotonic() - start
 
 
@@ -844,3 +848,61 @@ def test_process_labels_stay_unique_whatever_the_ids() -> None:
         "d-1234567890ab": "…d-1234567890ab",
         "short": "short",
     }
+
+
+#: Processes of the hand-back views: two share their first 8 digits, as in the describe tables.
+NEAR = uuid.UUID("3f2a9c1e-7b44-4d2a-9e0c-5a1b2c3d4e5f")
+TWIN = uuid.UUID("3f2a9c1e-0000-4d2a-9e0c-5a1b2c3d4e60")
+
+
+def handed_back_views() -> list[GroupView]:
+    """NEAR ran 0_1 and restarted; TWIN ran it meanwhile (the first view). NEAR came back with
+    its checkpoint of 0_1 and its previous actives; the leader handed 0_1 back (the second)."""
+    running = {"0_0": LATEST_OFFSET, "0_1": LATEST_OFFSET, "0_2": LATEST_OFFSET}
+    interim = [streams_member("m2", TWIN, "0_0 0_1 0_2", sums=running)]
+    back = [
+        streams_member("m1", NEAR, "0_1", sums={"0_1": 500}, previous="0_1"),
+        streams_member("m2", TWIN, "0_0 0_2", sums=running),
+    ]
+    return [
+        describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw) for raw in (interim, back)
+    ]
+
+
+def test_watch_names_a_hand_back_to_a_restarted_previous_owner(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The leader hands a restarted process the actives it declared it ran before, where its
+    checkpoint is caught up; --watch read that as a balance move off the interim owner, as
+    explain --last did before (the same rule now, from the members' previous actives)."""
+    assert handed_back_views()[1].previous_active() == {str(NEAR): {T("0_1")}, str(TWIN): set()}
+    with (tmp_path / "out.jsonl").open("w") as stdout:
+        _watch_with(monkeypatch, handed_back_views(), stdout, forever=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert lines[1]["moves"] == [
+        {
+            "task": "0_1",
+            "from": str(TWIN),
+            "to": str(NEAR),
+            "reason": "handed back to previous owner",
+            "landing": "local state",
+        }
+    ]
+
+
+def test_watch_moves_table_names_processes_as_the_describe_tables_at_80_columns(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The moves table showed full process ids, cut or folded at 80 columns: it names them
+    as the describe tables above it do (unique prefixes), one naming for both."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with (tmp_path / "out.txt").open("w") as stdout:
+        _watch_with(monkeypatch, handed_back_views(), stdout, forever=False, as_json=False)
+    text = (tmp_path / "out.txt").read_text()
+    assert max(map(len, text.splitlines())) <= 80
+    assert str(NEAR)[:11] not in text and str(TWIN)[:11] not in text  # no full id, cut or not
+    moves = text.split("Active tasks that moved")[1]
+    assert re.search(r"│ 0_1\s+│ 3f2a9c1e-0\s+│ 3f2a9c1e-7\s+│ handed back to", moves)
+    assert "0 of 1 taken off a process still in the group" in moves
+    processes = text.split("Processes")[-1].split("Members")[0]
+    assert re.search(r"│ 3f2a9c1e-7\s+│", processes) and re.search(r"│ 3f2a9c1e-0\s+│", processes)

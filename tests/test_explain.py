@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from streamassign.explain import (
     views_from_clients,
 )
 from streamassign.metrics import evaluate
-from streamassign.protocol import SubscriptionInfo
+from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
 from streamassign.streams import MemberSubscription, client_states
 
 from .strategies import assignment_inputs
@@ -749,6 +750,54 @@ def test_explain_last_says_the_leader_handed_a_task_back_to_its_caught_up_owner(
         ("0_1", "no owner reported"),
         ("0_4", "balance quota"),
     ]
+
+
+def test_explain_of_two_snapshots_says_the_leader_handed_a_task_back_at_80_columns(
+    tmp_path: Path,
+) -> None:
+    """BEFORE: the restarted process P was down, Q ran all. AFTER: the leader handed P back
+    the task it declared it ran before and reported a caught-up checkpoint of. explain read it
+    as a balance move off Q (as it is for the other task P took, its share); it names the
+    hand-back, as explain --last does (one rule), and its table names the processes by
+    unique prefixes, unfolded at 80 columns."""
+    p = uuid.UUID("3f2a9c1e-7b44-4d2a-9e0c-5a1b2c3d4e5f")
+    q = uuid.UUID("bbb0d247-4e44-4a7c-8aee-caababc63138")
+    t = TaskId.parse
+    tasks = [t(f"0_{i}") for i in range(4)]
+    running = dict.fromkeys(tasks, LATEST_OFFSET)
+    restarted = SubscriptionInfo(p, offset_sums={t("0_3"): 90}, previous_active={t("0_3")})
+    members = {"m1": MemberSubscription({"clicks"}, restarted)}
+    members["m2"] = MemberSubscription({"clicks"}, SubscriptionInfo(q, offset_sums=running))
+    result = StickyTaskAssignor().assign(tasks, client_states(members)[0])
+    assert result[str(p)].active == {t("0_2"), t("0_3")}  # 0_3 handed back, 0_2 its share
+    sums = {str(q): {str(x): LATEST_OFFSET for x in tasks}}
+    before = snapshot(tmp_path / "before.json", {str(q): {"active": list(map(str, tasks))}}, sums)
+    after = snapshot(
+        tmp_path / "after.json",
+        {pid: {"active": [str(x) for x in sorted(a.active)]} for pid, a in result.items()},
+        sums | {str(p): {"0_3": 90}},
+        previous={str(p): ["0_3"]},
+    )
+    code, out = run("explain", before, after, "--json")
+    assert code == 0, out
+    assert json.loads(out)["moves"] == [
+        {"task": "0_2", "from": str(q), "to": str(p), "reason": "balance quota", "landing": "cold"},
+        {
+            "task": "0_3",
+            "from": str(q),
+            "to": str(p),
+            "reason": "handed back to previous owner",
+            "landing": "local state",
+        },
+    ]
+    shown = CliRunner().invoke(main, ["explain", before, after], env=WIDE | {"COLUMNS": "80"})
+    assert shown.exit_code == 0, shown.output
+    text = shown.stdout
+    assert max(map(len, text.splitlines())) <= 80
+    assert str(p)[:9] not in text and str(q)[:9] not in text  # labels, not ids cut short
+    assert re.search(r"│ 0_3\s+│ bbb0d247\s+│ 3f2a9c1e\s+│ handed back to", text), text
+    assert re.search(r"│ 0_2\s+│ bbb0d247\s+│ 3f2a9c1e\s+│ balance quota", text)
+    assert "1 of 2 taken off a process still in the group" in text
 
 
 def test_explain_last_warns_of_a_task_two_processes_reported_running(tmp_path: Path) -> None:

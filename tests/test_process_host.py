@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
 from aiokafka.errors import KafkaConnectionError
 
 from streamassign import Subtopology, TaskId, Topology
@@ -269,6 +273,41 @@ def test_missing_topics_are_logged_once_and_their_metadata_refetched(
     assert watched == 1  # the watch started once, not again at each retry
     assert joined == watched + 1 and after == joined  # only a member in error refreshes
     assert "tasks assigned after 3 rebalance(s) answered INCOMPLETE" in caplog.text
+
+
+def test_the_leader_logs_a_missing_source_topic_once_whichever_consumer_leads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The leader logged "cannot assign tasks" at ERROR at every rebalance while a source
+    topic was missing (members retry every 1 to 30 s): once per process now, whichever of its
+    consumers leads, the repeats at DEBUG, and one INFO line once the topic exists."""
+    topology = Topology([Subtopology(0, ["in"]), Subtopology(1, ["gone"])], name="app")
+    h = ProcessHost(topology, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    members = {
+        f"m{i}": ConsumerProtocolMemberMetadata(
+            0, ["gone", "in"], SubscriptionInfo(uuid.UUID(int=i)).encode()
+        )
+        for i in (1, 2)
+    }
+    counts = {"in": 2}
+    cluster = SimpleNamespace(partitions_for_topic=lambda t: set(range(counts.get(t, 0))))
+    with caplog.at_level(logging.DEBUG, "streamassign.streams"):
+        for leader in (0, 0, 1):
+            h.assignors[leader].assign(cluster, members)
+        counts["gone"] = 2
+        h.assignors[1].assign(cluster, members)
+    logged = [
+        (r.levelno, r.getMessage()) for r in caplog.records if r.name == "streamassign.streams"
+    ]
+    assert [level for level, _ in logged] == [
+        logging.ERROR,
+        logging.DEBUG,
+        logging.DEBUG,
+        logging.INFO,
+    ]
+    assert "missing source topics (no partition count known): gone" in logged[0][1]
+    assert "assigning tasks again" in logged[3][1]
+    h.state.close()
 
 
 class Remembering(list[Any]):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from streamassign import PartitionGrouper, Subtopology, TaskId, TopicPartition, Topology
 from streamassign.errors import AssignmentInputError, ErrorCode
 from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
+from streamassign.repeats import Repeats
 from streamassign.shares import share_bounds
 from streamassign.streams import MemberSubscription, assign_streams, client_states
 
@@ -189,6 +190,36 @@ def test_topic_trouble_is_an_error_code_for_every_member(
     }
     assert all(a.partitions == () for a in result.values())
     assert "cannot assign tasks" in caplog.text
+
+
+def test_a_leader_logs_a_topology_error_once_until_it_changes_or_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Members retry every 1 to 30 s while a source topic is missing, and the leader logged
+    the same ERROR at every one of those rebalances. With the error it logged last (``Repeats``,
+    kept by ``ProcessHost``) it logs an error once, again when it changes, its repeats at DEBUG,
+    and one INFO line when tasks can be assigned again; without, each at ERROR as before."""
+    members = {"a": member(1), "b": member(2)}
+    logged = Repeats()
+    rounds = [{"orders": 6, "customers": 6}] * 3 + [{"orders": 6, "returns": 3}, COUNTS, COUNTS]
+    with caplog.at_level(logging.DEBUG, "streamassign.streams"):
+        for counts in rounds:
+            assign_streams(TOPOLOGY, counts, members, topology_errors=logged)
+    lines = [
+        (r.levelno, r.getMessage()) for r in caplog.records if r.name == "streamassign.streams"
+    ]
+    levels = [level for level, text in lines if "cannot assign tasks" in text]
+    assert levels == [logging.ERROR, logging.DEBUG, logging.DEBUG, logging.ERROR]
+    assert "returns" in lines[0][1] and "customers" in lines[3][1]  # the topics missing then
+    assert "(the same error again logged at DEBUG)" in lines[0][1]
+    again = [text for level, text in lines if level == logging.INFO]
+    assert again == ["the topics are as the topology needs them now: assigning tasks again"]
+    assert logged.reported is None
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, "streamassign.streams"):
+        for _ in range(2):
+            assign_streams(TOPOLOGY, {"orders": 6}, members)
+    assert [r.levelno for r in caplog.records] == [logging.ERROR] * 2
 
 
 def test_repartition_topics_must_exist_with_their_resolved_count() -> None:

@@ -180,6 +180,15 @@ class GroupView:
         by_process = self.members_by_process()
         return local_state((pid, m.offset_sums) for pid, ms in by_process.items() for m in ms)
 
+    def previous_active(self) -> dict[str, frozenset[TaskId]]:
+        """Per process, the actives its members said at their last join they ran before (a
+        restarted process's, from its state directory): ``explain``'s ``returning``, as
+        ``explain`` reads them from a saved snapshot (``Snapshot.previous_active``)."""
+        return {
+            pid: frozenset().union(*(m.previous_active for m in ms))
+            for pid, ms in self.members_by_process().items()
+        }
+
     def endpoints(self) -> dict[str, str]:
         """Each process's endpoint where it has one other than its id (a Faust worker's URL
         is its process already)."""

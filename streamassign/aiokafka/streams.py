@@ -42,6 +42,7 @@ from ..protocol import (
     ProtocolError,
     SubscriptionInfo,
 )
+from ..repeats import Repeats
 from ..streams import (
     ACCEPTABLE_RECOVERY_LAG,
     ProbingMemory,
@@ -180,6 +181,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 max_warmup_replicas=self.host.max_warmup_replicas,
                 probing_rebalance_interval_ms=self.host.probing_rebalance_interval_ms,
                 probing_memory=self.host.probing_memory,
+                topology_errors=self.host.topology_errors,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
             self.host.led_generation = self._generation()
@@ -486,6 +488,10 @@ class ProcessHost:
         #: The last high-availability plan this process made as leader, whichever of its
         #: consumers led: its target is offered to the next plan in a probing round.
         self.probing_memory = ProbingMemory()
+        #: The topology error this process last logged as leader, whichever of its consumers
+        #: led: the same one at the next rebalances (members retry every 1 to 30 s while a
+        #: topic is missing) is logged at DEBUG only.
+        self.topology_errors = Repeats()
         #: The generation this process last led (None: none, or unknown), so that an
         #: assignment another process computed makes ``probing_memory`` forget.
         self.led_generation: int | None = None

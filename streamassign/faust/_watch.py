@@ -1,8 +1,9 @@
 """What a Faust worker's consumer needs that neither aiokafka nor Faust does: re-fetching
 metadata of subscribed topics it has none of (``MetadataWatch``, shared with ``ProcessHost`` and
 defined in ``streamassign.aiokafka.rejoin``), and taking the fatal join errors aiokafka keeps for
-its user (``JoinErrors``); and telling a retry's news from its repeats (``Repeats``), so that
-a worker waiting for topics logs each distinct wait once, not at every retry.
+its user (``JoinErrors``). (A retry's news from its repeats, so that a worker waiting for
+topics logs each distinct wait once: ``streamassign.repeats.Repeats``, shared with
+``ProcessHost``'s leader.)
 
 aiokafka fetches metadata of its subscribed topics when the subscription changes and then only
 every ``metadata_max_age_ms`` (Faust: 5 minutes): a topic that did not exist yet at the
@@ -21,36 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Hashable
 from typing import Any
 
 from ..aiokafka.rejoin import MetadataWatch, unsized
 
-__all__ = ["JoinErrors", "MetadataWatch", "Repeats", "unsized"]
+__all__ = ["JoinErrors", "MetadataWatch", "unsized"]
 
 log = logging.getLogger("streamassign.faust")
-
-
-class Repeats:
-    """Whether a condition met at every retry (1 to 30 s apart) is news, so that it is logged
-    once per distinct state and once when it ends. ``ProcessHost``'s consumers get the same from
-    the error code they keep in ``host.errors`` (which also drives their metadata refresh)."""
-
-    def __init__(self) -> None:
-        #: The state reported last; None while the condition does not hold.
-        self.reported: Hashable | None = None
-
-    def changed(self, state: Hashable) -> bool:
-        """Whether ``state`` differs from the one reported last (it is reported now)."""
-        news = state != self.reported
-        self.reported = state
-        return news
-
-    def ended(self) -> bool:
-        """Whether the condition held until now (it does not any more)."""
-        held = self.reported is not None
-        self.reported = None
-        return held
 
 
 class JoinErrors:

@@ -57,7 +57,8 @@ from ..protocol import (
     ProtocolError,
     SubscriptionInfo,
 )
-from ._watch import JoinErrors, MetadataWatch, Repeats, unsized
+from ..repeats import Repeats
+from ._watch import JoinErrors, MetadataWatch, unsized
 from .leader import (
     CAPACITY_TAG,
     CHANGELOGS_TAG,
