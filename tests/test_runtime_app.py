@@ -249,6 +249,54 @@ def test_stop_with_the_broker_down_ends_and_says_what_it_abandoned(
     assert "unacknowledged writes are abandoned" in caplog.text
 
 
+def test_stop_cancels_a_rebalance_commit_the_broker_never_acknowledges(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rebalance callback committing when the broker went away waits for acks for ever
+    (aiokafka never expires a batch whose partition leader is unreachable), and ``stop()``
+    waited for it, so a SIGTERM never ended the process. Now the changes under way and the
+    commits at stop share ``stop_grace``: the callback's commit is cancelled, its consumer's
+    tasks torn (uncommitted: read again at restart), one line says so, and the callback
+    returns to aiokafka (whose coordination task a consumer's stop waits for)."""
+    one = Topology([Subtopology(0, ["events"])], name="app")
+    app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    app.stop_grace = 0.2
+    task = ActiveTask(TaskId(0, 0), 0, {}, Nothing())
+    app._actives[task.task_id] = task
+    app.host.consumers.append(Client())  # type: ignore[arg-type]
+    committing = asyncio.Event()
+    commits_cancelled: list[int] = []
+
+    async def waits_for_acks(index: int) -> None:
+        committing.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            commits_cancelled.append(index)
+            raise
+
+    app._commits.commit_safely = waits_for_acks  # type: ignore[method-assign]
+
+    async def run() -> None:
+        callback = asyncio.create_task(app.host.listener.on_rebalance_started(0))
+        await asyncio.wait_for(committing.wait(), 5)
+        started = time.monotonic()
+        await asyncio.wait_for(app.stop(), 5)
+        assert time.monotonic() - started < 3
+        await asyncio.wait_for(callback, 1)  # returned, not cancelled nor failed
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        asyncio.run(run())
+    assert commits_cancelled == [0]
+    assert task.torn, "a task whose rebalance commit was abandoned must be torn"
+    assert app.failure is None
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("consumer 0")]
+    assert line.startswith(
+        "consumer 0: a task change (starting a rebalance) did not end within 0.2 s of the stop"
+    )
+    assert "its tasks are not committed" in line
+
+
 class JoiningConsumer:
     """A consumer in a join that never ends: ``getmany`` waits for an assignment."""
 

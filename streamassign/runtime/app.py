@@ -232,6 +232,9 @@ class App:
         self._changes = 0  # task changes (host callbacks) under way
         self._changes_done = asyncio.Event()
         self._changes_done.set()
+        #: Each change under way as its own task, with its consumer and what it does: what
+        #: ``stop()`` cancels when one outlasts the grace (``_abandon_changes``).
+        self._changing: dict[asyncio.Task[None], tuple[int, str]] = {}
         self._loops: list[asyncio.Task[None]] = []
         #: At least once: aborts what a crashed exactly-once owner left open (``start``).
         self._orphans: OrphanTransactions | None = None
@@ -422,9 +425,7 @@ class App:
             cut = {i for i, loop in enumerate(self._loops[: self.threads]) if loop in stuck}
         self._loops.clear()
         self._closing = True  # host callbacks from here on change nothing
-        await self._changes_done.wait()
-        if self.failure is None and self.host.consumers:
-            await self._commit_at_stop(cut)
+        await self._commit_at_stop(cut)
         if self._clients.task_producers is not None:  # open transactions are aborted
             await self._clients.task_producers.stop()
         if self._orphans is not None:
@@ -446,26 +447,34 @@ class App:
         log.info("process %s stopped", self.host.process_id)
 
     async def _commit_at_stop(self, cut: set[int]) -> None:
-        """Commit every consumer's tasks but those of a consumer whose loop was cut at the
-        grace (torn). The commits take at most ``stop_grace`` together: one still waiting
-        then (the broker unreachable: acks never come) is cancelled and its consumer's tasks
-        torn, as a cut loop's. Input offsets are committed only after the commit's writes
-        and markers are acknowledged, so a torn task's input is read again."""
+        """Wait for the task changes under way, then (unless a failure stopped the
+        application) commit every consumer's tasks but those of a consumer whose loop was cut
+        at the grace (torn). Both take at most ``stop_grace`` together: with the broker
+        unreachable acks never come, to a rebalance callback committing as to a commit here.
+        Then a change still under way is cancelled (``_abandon_changes``), as is a commit
+        still waiting, and their consumers' tasks are torn, as a cut loop's. Input offsets
+        are committed only after the commit's writes and markers are acknowledged, so a torn
+        task's input is read again."""
         behind = []
-        for i in range(self.threads):
-            if i in cut:
-                log.warning("consumer %d did not stop in time; its tasks are not committed", i)
-                self._tear_consumer_tasks(i)
-            else:
-                behind.append(i)
+        if self.failure is None and self.host.consumers:
+            for i in range(self.threads):
+                if i in cut:
+                    log.warning("consumer %d did not stop in time; its tasks are not committed", i)
+                    self._tear_consumer_tasks(i)
+                else:
+                    behind.append(i)
         try:
             async with asyncio.timeout(self.stop_grace):
+                await self._changes_done.wait()
                 while behind:
                     async with self._locks[behind[0]]:
                         await self._commits.commit_safely(behind[0])
                     behind.pop(0)
         except TimeoutError:
+            abandoned = await self._abandon_changes()
             for i in behind:
+                if i in abandoned:  # said once, by ``_abandon_changes``
+                    continue
                 log.warning(
                     "consumer %d: its commit at stop did not end within %g s (broker "
                     "unreachable?); its tasks are not committed",
@@ -473,6 +482,30 @@ class App:
                     self.stop_grace,
                 )
                 self._tear_consumer_tasks(i)
+
+    async def _abandon_changes(self) -> set[int]:
+        """Cancel the task changes still under way at the end of the stop's grace, one line
+        each, and tear their consumers' tasks (once the cancelled change has ended). Such a
+        change is a rebalance callback waiting for acks: aiokafka never expires a batch
+        whose partition leader is unreachable. What it was committing is not committed
+        (input offsets follow acknowledged writes and markers), so it is processed again
+        after a restart, as a cut commit's. Returns those consumers."""
+        changes = dict(self._changing)
+        for change, (consumer, what) in changes.items():
+            change.cancel()
+            log.warning(
+                "consumer %d: a task change (%s) did not end within %g s of the stop (broker "
+                "unreachable?); cancelled, its tasks are not committed (read again at restart)",
+                consumer,
+                what,
+                self.stop_grace,
+            )
+        if changes:  # a cancel ends a change only once it runs (its local writes finish)
+            await asyncio.wait(changes)
+        consumers = {consumer for consumer, _ in changes.values()}
+        for consumer in consumers:
+            self._tear_consumer_tasks(consumer)
+        return consumers
 
     def _tear_consumer_tasks(self, consumer: int) -> None:
         for task in self._actives.values():
@@ -1015,9 +1048,12 @@ class _Listener(TaskListener):
     def __init__(self, app: App) -> None:
         self.app = app
 
-    async def _guard(self, change: Coroutine[Any, Any, None], what: str) -> None:
+    async def _guard(self, consumer: int, change: Coroutine[Any, Any, None], what: str) -> None:
         """Run one change unless the app is closing (its stores may be closed by then);
-        ``stop()`` waits for the changes under way."""
+        ``stop()`` waits for the changes under way, and cancels one still running after its
+        grace (``App._abandon_changes``). Each runs as its own task: cancelled, only the
+        change ends, and this callback returns to aiokafka's coordination task (which a
+        consumer's stop waits for)."""
         app = self.app
         if app._closing:
             change.close()
@@ -1025,33 +1061,43 @@ class _Listener(TaskListener):
             return
         app._changes += 1
         app._changes_done.clear()
+        running = asyncio.ensure_future(app._fail_on_error(change, what))
+        app._changing[running] = (consumer, what)
         try:
-            await app._fail_on_error(change, what)
+            await asyncio.wait([running])  # (``_fail_on_error`` raises nothing but a cancel)
+        except asyncio.CancelledError:  # the callback itself was cancelled: its change too
+            running.cancel()
+            raise
         finally:
+            del app._changing[running]
             app._changes -= 1
             if not app._changes:
                 app._changes_done.set()
 
     async def on_active_assigned(self, consumer: int, tasks: frozenset[TaskId]) -> None:
-        await self._guard(self.app._assign(consumer, tasks), "assigning tasks")
+        await self._guard(consumer, self.app._assign(consumer, tasks), "assigning tasks")
 
     async def on_active_revoked(self, consumer: int, tasks: frozenset[TaskId]) -> None:
-        await self._guard(self.app._revoke(consumer, tasks), "revoking tasks")
+        await self._guard(consumer, self.app._revoke(consumer, tasks), "revoking tasks")
 
     async def on_standby_added(self, consumer: int, tasks: frozenset[TaskId]) -> None:
-        await self._guard(self.app._add_standbys(consumer, tasks), "adding standbys")
+        await self._guard(consumer, self.app._add_standbys(consumer, tasks), "adding standbys")
 
     async def on_standby_removed(self, consumer: int, tasks: frozenset[TaskId]) -> None:
-        await self._guard(self.app._remove_standbys(consumer, tasks), "removing standbys")
+        await self._guard(consumer, self.app._remove_standbys(consumer, tasks), "removing standbys")
 
     async def on_rebalance_started(self, consumer: int) -> None:
-        await self._guard(self.app._rebalance_started(consumer), "starting a rebalance")
+        await self._guard(consumer, self.app._rebalance_started(consumer), "starting a rebalance")
 
     async def on_rebalance_completed(self, consumer: int) -> None:
-        await self._guard(self.app._rebalance_completed(consumer), "completing a rebalance")
+        await self._guard(
+            consumer, self.app._rebalance_completed(consumer), "completing a rebalance"
+        )
 
     async def on_membership_lost(self, consumer: int) -> None:
-        await self._guard(self.app._membership_lost(consumer), "dropping a zombie's state")
+        await self._guard(
+            consumer, self.app._membership_lost(consumer), "dropping a zombie's state"
+        )
 
     async def on_error(self, consumer: int, code: ErrorCode) -> None:
         log.error("consumer %d: no tasks this round: the leader reported %s", consumer, code.name)

@@ -5,7 +5,8 @@ transactional producer's aborted records are never counted); a backlog written t
 topic whose ``max.message.bytes`` is below the shared producer's batch size goes through
 (batches capped at start), and a record larger than that limit stops the application with
 one ``OutputWriteError`` naming topic, size and limit, unless the producers compress it
-below the limit (then it goes through).
+below the limit (then it goes through). With a broker of its own, frozen while a rebalance
+callback commits, ``stop()`` ends and nothing is lost.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
@@ -25,8 +28,10 @@ from aiokafka import AIOKafkaProducer
 from streamassign import Subtopology, Topology
 from streamassign.errors import OutputWriteError
 from streamassign.runtime import App, ProcessingError, Record, TaskContext
+from streamassign.runtime import app as runtime_app
+from streamassign.runtime.tasks import ProcessorFactory
 
-from .conftest import GroupIdFactory, TopicFactory
+from .conftest import GroupIdFactory, TopicFactory, _create_topic, kafka_script
 from .test_runtime import _read_topic
 
 PARTITIONS = 2
@@ -313,3 +318,106 @@ def test_a_large_record_that_compresses_below_the_limit_goes_through(
     assert app.failure is None, app.failure
     outputs = asyncio.run(_read_topic(kafka_bootstrap, output, "read_committed", PARTITIONS))
     assert sorted(map(len, outputs))[-1] == 100_000 and len(outputs) == 3
+
+
+class FreezingCounts(Counts):
+    """Counts; the record keyed ``freeze`` first freezes the broker: its write and those
+    after it are never acknowledged."""
+
+    def __init__(self, freeze: Callable[[], None]) -> None:
+        self.freeze = freeze
+
+    async def process(self, ctx: TaskContext, record: Record) -> None:
+        if record.key == b"freeze":
+            self.freeze()
+        await super().process(ctx, record)
+
+
+def frozen_broker_app(bootstrap: str, tmp: Path, processor: ProcessorFactory) -> App:
+    """Commits only at rebalances and at stop; the consumers' requests to a broker that does
+    not answer time out in 3 s (aiokafka's JoinGroup after a rebalance callback, which a
+    consumer's stop waits for, would take 40 s)."""
+    topology = Topology([Subtopology(0, ["in"], stores=["counts"])], name="frozen")
+    timeouts = {"request_timeout_ms": 3000, "session_timeout_ms": 2000}
+    return App(
+        topology,
+        {0: processor},
+        bootstrap_servers=bootstrap,
+        state_dir=tmp,
+        store_kind="memory",
+        commit_interval_ms=600_000,
+        consumer_config={**timeouts, "heartbeat_interval_ms": 500},
+    )
+
+
+@pytest.mark.kafka
+def test_stop_ends_while_a_rebalance_commit_waits_for_a_frozen_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The case docs/runtime.md left unbounded: a rebalance callback commits while the broker
+    does not answer (frozen: aiokafka never expires the batches), and ``stop()`` waited for
+    it for ever. Now the change is cancelled after ``stop_grace`` with one line, ``stop()``
+    ends, and once the broker answers again a restarted app counts every input record
+    exactly once: what the callback was committing was not committed, and is read again."""
+    script = kafka_script()
+    try:
+        broker = script.start_broker(
+            data_dir=tmp_path / "kafka",
+            die_with_parent=True,
+            # Not fenced by its own controller (same JVM) for the freeze when it wakes: for
+            # a moment its metadata would list no broker, failing the restarted app's start.
+            properties={"broker.session.timeout.ms": "120000"},
+        )
+    except script.KafkaScriptError as exc:  # an external broker on a machine without Kafka
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no broker of its own: {exc}")
+    frozen: list[bool] = []
+
+    def freeze() -> None:
+        if not frozen:
+            os.kill(broker.process.pid, signal.SIGSTOP)
+            frozen.append(True)
+
+    monkeypatch.setattr(runtime_app, "CLOSE_TIMEOUT", 1.0)  # the producer's acks never come
+    app = frozen_broker_app(broker.bootstrap, tmp_path / "one", lambda: FreezingCounts(freeze))
+    app.stop_grace = 1.0
+    inputs = [b"k%d" % (i % 50) for i in range(1000)] + [b"freeze"]
+
+    def rebalancing() -> bool:  # the rebalance callback of consumer 0 under way
+        return 0 in app._rebalancing and app._changes > 0
+
+    async def freeze_in_a_rebalance() -> float:
+        await app.start()
+        await until("the broker frozen", lambda: bool(frozen), app)
+        app.host.request_rejoin(0)
+        await until("a rebalance callback under way", rebalancing, app)
+        started = time.monotonic()
+        await asyncio.wait_for(app.stop(), 30)
+        return time.monotonic() - started
+
+    try:
+        asyncio.run(_create_topic(broker.bootstrap, "in", PARTITIONS, {}))
+        asyncio.run(produce(broker.bootstrap, "in", inputs[:-1]))
+        asyncio.run(produce(broker.bootstrap, "in", inputs[-1:]))  # after every other record
+        with caplog.at_level(logging.WARNING, "streamassign.runtime"):
+            took = asyncio.run(freeze_in_a_rebalance())
+        assert "a task change (starting a rebalance) did not end within 1 s" in caplog.text
+        assert took < 20, f"stop() took {took:.1f} s"
+        os.kill(broker.process.pid, signal.SIGCONT)
+        again = frozen_broker_app(broker.bootstrap, tmp_path / "two", Counts)
+        counts: dict[bytes, int] = {}
+
+        async def recount() -> None:
+            def counted() -> bool:
+                return sum(table(again).values()) >= len(inputs) and not again.restoring_tasks
+
+            await until("every input record counted again", counted, again)
+            counts.update(table(again))
+
+        asyncio.run(run_app(again, recount))
+        assert counts == Counter(inputs)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(broker.process.pid, signal.SIGCONT)  # a frozen JVM does not stop
+        broker.stop()
