@@ -44,7 +44,6 @@ from ..assignment import ClientAssignment, ClientState
 from ..errors import ErrorCode, TopologyError, TopologyTypeError
 from ..grouper import PartitionGrouper
 from ..protocol import (
-    LATEST_OFFSET,
     LATEST_VERSION,
     AssignmentInfo,
     ProtocolError,
@@ -58,6 +57,8 @@ from ..streams import (
     client_states,
     common_version,
     decode_subscriptions,
+    previous_actives,
+    stateless_returns,
 )
 from ..threads import distribute_to_threads
 from ..topology import Subtopology, Topology
@@ -505,14 +506,9 @@ def _return_restarted(
     that took them over meanwhile becomes a warm holder. Tasks it reports on-disk state for
     follow ``client_states``' rule instead (they return when that state is caught up).
     """
-    home: dict[TaskId, str] = {}
-    for key in sorted(by_process):
-        infos = [i for m in by_process[key] if (i := members[m].info) is not None]
-        if not infos or any(LATEST_OFFSET in i.offset_sums.values() for i in infos):
-            continue
-        for info in infos:
-            for t in sorted(info.previous_active - info.offset_sums.keys()):
-                home.setdefault(t, key)
+    home = stateless_returns(
+        _offset_sums(members, by_process), previous_actives(members, by_process)
+    )
     if not home:
         return clients
     out = []
@@ -530,6 +526,18 @@ def _return_restarted(
                 },
             )
         )
+    return out
+
+
+def _offset_sums(
+    members: Mapping[str, MemberSubscription], by_process: Mapping[str, Sequence[str]]
+) -> dict[str, dict[TaskId, int]]:
+    """Per process with a readable subscription, the offset sums of its members, merged."""
+    out: dict[str, dict[TaskId, int]] = {}
+    for key, ms in by_process.items():
+        for m in ms:
+            if (info := members[m].info) is not None:
+                out.setdefault(key, {}).update(info.offset_sums)
     return out
 
 
