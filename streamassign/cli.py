@@ -15,6 +15,7 @@ import logging
 import os
 import select
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -1111,15 +1112,32 @@ def _short_member(member_id: str) -> str:
     return member_id if len(member_id) <= 12 else "…" + member_id[-8:]
 
 
-def _short_process(pid: str) -> str:
-    """A process id as narrow columns show it: a UUID by its first 8 digits (as git shows a
-    hash), anything else (a Faust URL, a member id) by its tail."""
-    if _is_uuid(pid):
-        return pid[:8]
-    if "://" in pid:  # a Faust worker's URL: its host and port say which
-        host = pid.split("://", 1)[1].rstrip("/")
-        return host if len(host) <= 21 else "…" + host[-20:]
-    return _short_member(pid)
+def _url_labels(urls: Iterable[str]) -> dict[str, str]:
+    """Faust workers' URLs as the tables show them: each host by its shortest unique prefix
+    among them, cut at the end of a DNS name label (``orders-0…`` for
+    ``orders-0.orders.default.svc.cluster.local``: Kubernetes hosts share long tails), then
+    its port (and path); a URL whose label another shares (the same host and port under
+    another scheme) whole, scheme and all."""
+    parts = {url: _host_and_rest(url) for url in set(urls)}
+    prefixes = _unique_prefixes((host for host, _ in parts.values()), 1)
+    labels = {}
+    for url, (host, rest) in parts.items():
+        # A prefix of whole labels, as a host is read: never "orders-1" for "orders-10"; an
+        # IPv4 address whole (its first byte names nothing).
+        ipv4 = host.replace(".", "").isdigit()
+        cut = -1 if ipv4 else host.find(".", len(prefixes[host]) - 1)
+        labels[url] = (host if cut < 0 else host[:cut] + "…") + rest
+    shared = Counter(labels.values())
+    return {url: url.rstrip("/") if shared[label] > 1 else label for url, label in labels.items()}
+
+
+def _host_and_rest(url: str) -> tuple[str, str]:
+    """A URL's host, and what follows it (``:port``, a path), scheme and trailing ``/`` off."""
+    netloc, slash, path = url.split("://", 1)[1].rstrip("/").partition("/")
+    host, colon, port = netloc.rpartition(":")
+    if not colon or not port.isdigit() or host.endswith(":"):  # no port (or a bare IPv6)
+        host, colon, port = netloc, "", ""
+    return host, colon + port + slash + path
 
 
 def _is_uuid(text: str) -> bool:
@@ -1153,16 +1171,14 @@ def _member_labels(member_ids: Iterable[str]) -> dict[str, str]:
 def _process_labels(pids: Iterable[str]) -> dict[str, str]:
     """Process ids as the tables show them, none folded at 80 columns, none ambiguous: a UUID
     by its shortest unique prefix of at least 8 digits, a member id (consumer groups) by its
-    unique tail, a Faust URL by its host and port (whole where shortening makes two alike).
-    ``describe --json`` has the full ids."""
+    unique tail, a Faust URL by its host's unique prefix and its port (``_url_labels``; whole
+    where a label of another kind reads alike). ``describe --json`` has the full ids."""
     pids = set(pids)
     labels = _unique_prefixes((p for p in pids if _is_uuid(p)), 8)
     labels |= _member_labels(p for p in pids if not _is_uuid(p) and "://" not in p)
-    urls = {p: _short_process(p) for p in pids if "://" in p}
-    taken = list(labels.values()) + list(urls.values())
-    for pid, short in urls.items():
-        alike = taken.count(short) > 1
-        labels[pid] = pid.split("://", 1)[1].rstrip("/") if alike else short
+    urls = _url_labels(p for p in pids if "://" in p)
+    taken = Counter([*labels.values(), *urls.values()])
+    labels |= {pid: pid.rstrip("/") if taken[short] > 1 else short for pid, short in urls.items()}
     return labels
 
 
@@ -1239,8 +1255,10 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
     squeezed the others to one character per line). ``labels``: of member and process ids."""
     table = Table(title="Members")
     for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
-        wraps = col in ("client@host", "versions")
-        table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=12 if wraps else None)
+        # The process folds too: a URL no shorter label names (a scheme apart) is long.
+        wraps = col in ("client@host", "process", "versions")
+        least = 12 if col in ("client@host", "versions") else None
+        table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=least)
     ordered = sorted(members, key=lambda m: (m.process, m.member_id))
     for m in ordered:
         tasks = m.undecodable and "undecodable"

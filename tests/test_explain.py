@@ -28,6 +28,7 @@ from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
 from streamassign.streams import MemberSubscription, client_states
 
 from .strategies import assignment_inputs
+from .tables import assert_whole_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDERS = str(ROOT / "topology" / "orders-join.toml")
@@ -900,7 +901,7 @@ def test_explain_of_two_snapshots_says_the_leader_handed_a_task_back_at_80_colum
     shown = CliRunner().invoke(main, ["explain", before, after], env=WIDE | {"COLUMNS": "80"})
     assert shown.exit_code == 0, shown.output
     text = shown.stdout
-    assert max(map(len, text.splitlines())) <= 80
+    assert_whole_tables(text, ("task", "from", "to", "why", "state there"))
     assert str(p)[:9] not in text and str(q)[:9] not in text  # labels, not ids cut short
     assert re.search(r"│ 0_3\s+│ bbb0d247\s+│ 3f2a9c1e\s+│ handed back to", text), text
     assert re.search(r"│ 0_2\s+│ bbb0d247\s+│ 3f2a9c1e\s+│ balance quota", text)
