@@ -938,6 +938,28 @@ def test_watch_names_a_hand_back_to_a_restarted_previous_owner(
     ]
 
 
+@pytest.mark.parametrize(
+    ("protocol", "reason"),
+    [(FAUST_PROTOCOL_NAME, "handed back to previous owner"), (PROTOCOL_NAME, "balance quota")],
+)
+def test_watch_names_the_faust_leaders_hand_back_of_a_task_without_state(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, protocol: str, reason: str
+) -> None:
+    """The Faust leader hands a restarted worker that runs nothing the tasks it ran that it has
+    no offset sum of (a stateless task, an in-memory table); ProcessHost's leader does not."""
+    running = {"0_0": LATEST_OFFSET, "0_1": LATEST_OFFSET, "0_2": LATEST_OFFSET}
+    interim = [streams_member("m2", TWIN, "0_0 0_1 0_2", sums=running)]
+    back = [
+        streams_member("m1", NEAR, "0_1", previous="0_1"),
+        streams_member("m2", TWIN, "0_0 0_2", sums=running),
+    ]
+    views = [describe_bytes("g", "Stable", "consumer", protocol, raw) for raw in (interim, back)]
+    with (tmp_path / "out.jsonl").open("w") as stdout:
+        _watch_with(monkeypatch, views, stdout, forever=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(m["task"], m["reason"]) for m in lines[1]["moves"]] == [("0_1", reason)]
+
+
 def test_watch_moves_table_names_processes_as_the_describe_tables_at_80_columns(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
