@@ -15,6 +15,7 @@ import logging
 import os
 import select
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -45,6 +46,7 @@ from .files import load_toml, write_atomically
 from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
+from .streams import ACCEPTABLE_RECOVERY_LAG, FAUST_PROTOCOL_NAME, handed_back
 from .text import counted
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
@@ -718,11 +720,15 @@ def _print_moves(
     moves: Explanation,
     standbys: bool = True,
     labels: Mapping[str, str] | None = None,
+    *,
+    uncertain_hand_backs: bool = True,
 ) -> None:
     """A table of the actives that moved and one of the standbys; one line for either kind
     when none moved (an empty bordered table reads as missing data). Without ``standbys``
     (``explain --last``: previous standbys are not known) a line says why they are missing.
-    ``labels``: how the tables name processes (``_process_labels``; None: by their ids)."""
+    ``labels``: how the tables name processes (``_process_labels``; None: by their ids).
+    ``uncertain_hand_backs``: a line says what a snapshot cannot confirm of a hand-back (false
+    for the Faust leader, which measures lags as a snapshot does, without end offsets)."""
     name = _labeller(labels)
     if moves.actives:
         table = Table(title=f"Active tasks that moved ({len(moves.actives)})")
@@ -738,7 +744,7 @@ def _print_moves(
             f"{moves.moves} of {len(moves.actives)} taken off a process still in the group "
             "(the moves plan counts)"
         )
-        if any(m.reason == Reason.HANDED_BACK for m in moves.actives):
+        if uncertain_hand_backs and any(m.reason == Reason.HANDED_BACK for m in moves.actives):
             console.print(_HANDED_BACK_NOTE)
     else:
         console.print("no active task moved")
@@ -873,8 +879,14 @@ _saved_arguments = [
     help="Explain the last rebalance from one describe --json snapshot NOW: its members' offset "
     "sums give each process's actives before it (active moves only).",
 )
+@_acceptable_lag_option(
+    "acceptable_recovery_lag of the group's leader (ProcessHost's; the Faust assignor's is the "
+    "default): a restarted process further behind is not handed a task back."
+)
 @_json_option("tables")
-def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
+def explain_command(
+    files: tuple[Path, ...], last: bool, acceptable_lag: int, as_json: bool
+) -> None:
     """Every task that moved from BEFORE to AFTER, and the rule that moved it.
 
     Both are saved assignments ('plan --json' or 'describe --json' output). The offset sums
@@ -902,14 +914,14 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
             now.views,
             now.local_state(),
             from_last_join=True,
-            returning=now.previous_active,
+            returned=now.handed_back(acceptable_lag),
         )
         processes = [*before, *now.views]
     else:
         old, new = _read_saved(files[0]), _read_saved(files[1])
         # AFTER's previous_active date from its last join: a hand-back made at that rebalance.
         moves = explain(
-            old.views, new.views, _landing_state(old, new), returning=new.previous_active
+            old.views, new.views, _landing_state(old, new), returned=new.handed_back(acceptable_lag)
         )
         processes = [*old.views, *new.views]
     if as_json:
@@ -917,7 +929,13 @@ def explain_command(files: tuple[Path, ...], last: bool, as_json: bool) -> None:
         click.echo(json.dumps({"moves": data["moves"]} if last else data, indent=2))
     else:
         # Labelled as describe labels them, unique among every process of the files.
-        _print_moves(_Stdout(), moves, standbys=not last, labels=_process_labels(processes))
+        _print_moves(
+            _Stdout(),
+            moves,
+            standbys=not last,
+            labels=_process_labels(processes),
+            uncertain_hand_backs=(now if last else new).protocol != FAUST_PROTOCOL_NAME,
+        )
 
 
 def _landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]:
@@ -1094,15 +1112,32 @@ def _short_member(member_id: str) -> str:
     return member_id if len(member_id) <= 12 else "…" + member_id[-8:]
 
 
-def _short_process(pid: str) -> str:
-    """A process id as narrow columns show it: a UUID by its first 8 digits (as git shows a
-    hash), anything else (a Faust URL, a member id) by its tail."""
-    if _is_uuid(pid):
-        return pid[:8]
-    if "://" in pid:  # a Faust worker's URL: its host and port say which
-        host = pid.split("://", 1)[1].rstrip("/")
-        return host if len(host) <= 21 else "…" + host[-20:]
-    return _short_member(pid)
+def _url_labels(urls: Iterable[str]) -> dict[str, str]:
+    """Faust workers' URLs as the tables show them: each host by its shortest unique prefix
+    among them, cut at the end of a DNS name label (``orders-0…`` for
+    ``orders-0.orders.default.svc.cluster.local``: Kubernetes hosts share long tails), then
+    its port (and path); a URL whose label another shares (the same host and port under
+    another scheme) whole, scheme and all."""
+    parts = {url: _host_and_rest(url) for url in set(urls)}
+    prefixes = _unique_prefixes((host for host, _ in parts.values()), 1)
+    labels = {}
+    for url, (host, rest) in parts.items():
+        # A prefix of whole labels, as a host is read: never "orders-1" for "orders-10"; an
+        # IPv4 address whole (its first byte names nothing).
+        ipv4 = host.replace(".", "").isdigit()
+        cut = -1 if ipv4 else host.find(".", len(prefixes[host]) - 1)
+        labels[url] = (host if cut < 0 else host[:cut] + "…") + rest
+    shared = Counter(labels.values())
+    return {url: url.rstrip("/") if shared[label] > 1 else label for url, label in labels.items()}
+
+
+def _host_and_rest(url: str) -> tuple[str, str]:
+    """A URL's host, and what follows it (``:port``, a path), scheme and trailing ``/`` off."""
+    netloc, slash, path = url.split("://", 1)[1].rstrip("/").partition("/")
+    host, colon, port = netloc.rpartition(":")
+    if not colon or not port.isdigit() or host.endswith(":"):  # no port (or a bare IPv6)
+        host, colon, port = netloc, "", ""
+    return host, colon + port + slash + path
 
 
 def _is_uuid(text: str) -> bool:
@@ -1136,16 +1171,14 @@ def _member_labels(member_ids: Iterable[str]) -> dict[str, str]:
 def _process_labels(pids: Iterable[str]) -> dict[str, str]:
     """Process ids as the tables show them, none folded at 80 columns, none ambiguous: a UUID
     by its shortest unique prefix of at least 8 digits, a member id (consumer groups) by its
-    unique tail, a Faust URL by its host and port (whole where shortening makes two alike).
-    ``describe --json`` has the full ids."""
+    unique tail, a Faust URL by its host's unique prefix and its port (``_url_labels``; whole
+    where a label of another kind reads alike). ``describe --json`` has the full ids."""
     pids = set(pids)
     labels = _unique_prefixes((p for p in pids if _is_uuid(p)), 8)
     labels |= _member_labels(p for p in pids if not _is_uuid(p) and "://" not in p)
-    urls = {p: _short_process(p) for p in pids if "://" in p}
-    taken = list(labels.values()) + list(urls.values())
-    for pid, short in urls.items():
-        alike = taken.count(short) > 1
-        labels[pid] = pid.split("://", 1)[1].rstrip("/") if alike else short
+    urls = _url_labels(p for p in pids if "://" in p)
+    taken = Counter([*labels.values(), *urls.values()])
+    labels |= {pid: pid.rstrip("/") if taken[short] > 1 else short for pid, short in urls.items()}
     return labels
 
 
@@ -1222,8 +1255,10 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
     squeezed the others to one character per line). ``labels``: of member and process ids."""
     table = Table(title="Members")
     for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
-        wraps = col in ("client@host", "versions")
-        table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=12 if wraps else None)
+        # The process folds too: a URL no shorter label names (a scheme apart) is long.
+        wraps = col in ("client@host", "process", "versions")
+        least = 12 if col in ("client@host", "versions") else None
+        table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=least)
     ordered = sorted(members, key=lambda m: (m.process, m.member_id))
     for m in ordered:
         tasks = m.undecodable and "undecodable"
@@ -1341,7 +1376,12 @@ _READER_CHECK_S = 0.25
 
 
 async def _watch(
-    connection: Any, group: str, interval: float, standbys: int | None, as_json: bool
+    connection: Any,
+    group: str,
+    interval: float,
+    standbys: int | None,
+    as_json: bool,
+    acceptable_lag: int = ACCEPTABLE_RECOVERY_LAG,
 ) -> None:
     """Print each new view until interrupted or until stdout's reader is gone (``| grep -q
     Stable``, ``| head``): a one-shot command goes on as if read (``_ReaderGone``), but an
@@ -1349,7 +1389,9 @@ async def _watch(
     import asyncio
 
     stdout = sys.stdout
-    printing = asyncio.ensure_future(_print_views(connection, group, interval, standbys, as_json))
+    printing = asyncio.ensure_future(
+        _print_views(connection, group, interval, standbys, as_json, acceptable_lag)
+    )
     try:
         while not printing.done():
             if isinstance(stdout, _ReaderGone) and stdout.reader_gone():
@@ -1363,7 +1405,12 @@ async def _watch(
 
 
 async def _print_views(
-    connection: Any, group: str, interval: float, standbys: int | None, as_json: bool
+    connection: Any,
+    group: str,
+    interval: float,
+    standbys: int | None,
+    as_json: bool,
+    acceptable_lag: int = ACCEPTABLE_RECOVERY_LAG,
 ) -> None:
     from .aiokafka.describe import follow, quality, to_json
 
@@ -1379,7 +1426,7 @@ async def _print_views(
         score = quality(view, standbys)
         after = view.processes()
         moves = (
-            explain(before, after, view.local_state(), returning=view.previous_active())
+            explain(before, after, view.local_state(), returned=_returned(view, acceptable_lag))
             if before is not None
             else None
         )
@@ -1393,7 +1440,14 @@ async def _print_views(
         console.rule(f"{group} at {_now()}")
         _print_group(console, view, score, labels)
         if moves is not None:
-            _print_moves(console, moves, labels=labels)
+            faust = view.protocol == FAUST_PROTOCOL_NAME
+            _print_moves(console, moves, labels=labels, uncertain_hand_backs=not faust)
+
+
+def _returned(view: Any, acceptable_lag: int) -> dict[TaskId, str]:
+    """``explain``'s ``returned`` for a described group (a ``GroupView``): the tasks its leader
+    handed back to a restarted process at the last rebalance, by the leader's own rule."""
+    return handed_back(view.local_state(), view.previous_active(), view.protocol, acceptable_lag)
 
 
 def _now() -> str:
@@ -1442,6 +1496,10 @@ def _now() -> str:
     default=1.0,
     help="Seconds between polls (--watch).",
 )
+@_acceptable_lag_option(
+    "--watch: acceptable_recovery_lag of the group's leader (ProcessHost's; the Faust "
+    "assignor's is the default), to tell a hand-back to a restarted process from a move."
+)
 @_json_option("tables (with --watch: one JSON object per line)")
 def describe(
     group: str,
@@ -1450,6 +1508,7 @@ def describe(
     timeout: float,
     watch: bool,
     interval: float,
+    acceptable_lag: int,
     as_json: bool,
     **security: Any,
 ) -> None:
@@ -1476,7 +1535,7 @@ def describe(
     connection = _connection(bootstrap, timeout, options)
     try:
         if watch:
-            asyncio.run(_watch(connection, group, interval, standbys, as_json))
+            asyncio.run(_watch(connection, group, interval, standbys, as_json, acceptable_lag))
             return
         view = asyncio.run(fetch_group(connection, group))
     except GroupDescribeError as exc:

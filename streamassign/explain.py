@@ -20,7 +20,7 @@ from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentFileError
 from .protocol import LATEST_OFFSET, running_tasks
 from .sticky import resolve_previous_owners
-from .streams import best_offset_sums, local_state_lags
+from .streams import ACCEPTABLE_RECOVERY_LAG, best_offset_sums, handed_back, local_state_lags
 
 
 class Reason(enum.StrEnum):
@@ -43,10 +43,11 @@ class Reason(enum.StrEnum):
     CAPACITY_CHANGE = "capacity change"
     #: Snapshots only (``explain`` of ``describe --json`` files, ``--last``, ``describe
     #: --watch``): the new owner is a restarted process that ran the task before it stopped and
-    #: came back, as its members said at their last join, with a checkpoint of it; the leader
-    #: hands a task back to such a process when that state is caught up
-    #: (``streamassign.streams.client_states``), and the process that ran it meanwhile counts
-    #: as a warm holder only.
+    #: came back, as its members said at their last join, and the leader's rule hands the task
+    #: back to it (``streamassign.streams.handed_back``): a checkpoint of it within
+    #: ``acceptable_recovery_lag`` of the best one reported, or, under the Faust assignor, no
+    #: state of it while the process runs nothing; the process that ran it meanwhile counts as
+    #: a warm holder in that rebalance only.
     HANDED_BACK = "handed back to previous owner"
     #: The previous owner was over its quota (a client joined, or tasks were added).
     BALANCE_QUOTA = "balance quota"
@@ -219,20 +220,6 @@ def _active_reason(
     return Reason.BALANCE_QUOTA
 
 
-def _handed_back(
-    task: TaskId,
-    destination: str | None,
-    returning: Mapping[str, Collection[TaskId]],
-    lags: Mapping[str, Mapping[TaskId, int]],
-) -> bool:
-    """Whether ``destination`` declared it ran ``task`` before it restarted and reported a
-    checkpoint of it (without one the leader cannot count it caught up, and keeps the task
-    with its running owner)."""
-    if destination is None or task not in returning.get(destination, ()):
-        return False
-    return lags.get(destination, {}).get(task, LATEST_OFFSET) >= 0
-
-
 def _landing(
     task: TaskId,
     destination: str,
@@ -287,7 +274,7 @@ def explain(
     *,
     claim_lags: Mapping[str, Mapping[TaskId, int]] | None = None,
     from_last_join: bool = False,
-    returning: Mapping[str, Collection[TaskId]] | None = None,
+    returned: Mapping[TaskId, str] | None = None,
 ) -> Explanation:
     """Every task whose active or standby placement differs between ``before`` and ``after``.
 
@@ -301,9 +288,9 @@ def explain(
     active claims in ``before`` is the previous owner, as in the assignor; without them, the
     smallest process id (see :func:`claim_conflicts`). ``from_last_join``: ``before`` is
     :meth:`Snapshot.before_last_join` (a task without an owner there is ``NOT_REPORTED``).
-    ``returning``: per process, the actives it declared it ran before it restarted
-    (:attr:`Snapshot.previous_active`); a task moved onto one of its own, with a checkpoint of
-    it in ``lags``, from a process still present is ``HANDED_BACK``.
+    ``returned``: per task, the restarted process the leader's rule hands it back to
+    (:meth:`Snapshot.handed_back`); a task moved there from a process still present is
+    ``HANDED_BACK``.
     """
     known_lags = lags or {}
     shared_running = _shared_running(before, known_lags)
@@ -322,7 +309,7 @@ def explain(
             reason = Reason.NOT_REPORTED if from_last_join else Reason.NO_PREVIOUS_OWNER
         elif destination is None:
             reason = Reason.TASK_REMOVED
-        elif source in after and _handed_back(task, destination, returning or {}, known_lags):
+        elif source in after and (returned or {}).get(task) == destination:
             reason = Reason.HANDED_BACK
         else:
             reason = _active_reason(task, source, destination, before, after)
@@ -417,6 +404,7 @@ class Snapshot:
     (empty for other files). ``family``: ``describe``'s protocol family (``"streams"``...),
     None when the file has none. ``previous_active``: per process, the actives its members
     said at their last join they ran before (a restarted process's, from its state directory).
+    ``protocol``: the group's assignor (``describe``'s), None when the file has none.
     """
 
     views: Mapping[str, ClientView]
@@ -424,10 +412,21 @@ class Snapshot:
     reports: tuple[tuple[str, Mapping[TaskId, int]], ...] = ()
     family: str | None = None
     previous_active: Mapping[str, frozenset[TaskId]] = attrs.field(factory=dict)
+    protocol: str | None = None
 
     def local_state(self) -> dict[str, dict[TaskId, int]]:
         """Per process, the tasks it reported state of at its last join (:func:`local_state`)."""
         return local_state(self.reports)
+
+    def handed_back(
+        self, acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG
+    ) -> dict[TaskId, str]:
+        """Per task, the restarted process the group's leader handed it back to at the last
+        rebalance, by the leader's own rule (``streamassign.streams.handed_back``): what
+        :func:`explain` takes as ``returned``."""
+        return handed_back(
+            self.local_state(), self.previous_active, self.protocol, acceptable_recovery_lag
+        )
 
     def running(self) -> dict[str, frozenset[TaskId]]:
         """Per process, its actives before the last rebalance as its members' last join tells
@@ -512,9 +511,16 @@ def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot
     views = {
         str(pid): _client_view(entry, f"{where}: client {pid!r}") for pid, entry in table.items()
     }
-    family = data.get("family")
+    family, protocol = data.get("family"), data.get("protocol")
     reports, previous = _reports(data.get("members", []) if members else [], where)
-    return Snapshot(views, state, reports, family if isinstance(family, str) else None, previous)
+    return Snapshot(
+        views,
+        state,
+        reports,
+        family if isinstance(family, str) else None,
+        previous,
+        protocol if isinstance(protocol, str) else None,
+    )
 
 
 def _reports(

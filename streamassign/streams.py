@@ -33,6 +33,7 @@ from .errors import AssignmentInputError, ErrorCode, TopologyError
 from .grouper import PartitionGrouper, resolve_partition_counts, task_counts
 from .ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
 from .protocol import (
+    LATEST_OFFSET,
     LATEST_VERSION,
     MAX_TASK_IDS,
     MIN_VERSION,
@@ -40,6 +41,7 @@ from .protocol import (
     AssignmentInfo,
     ProtocolError,
     SubscriptionInfo,
+    running_tasks,
 )
 from .repeats import Repeats
 from .sticky import StickyTaskAssignor
@@ -52,6 +54,11 @@ _INCOMPLETE = ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
 
 #: Kafka Streams' ``acceptable.recovery.lag`` default: state this close counts as caught up.
 ACCEPTABLE_RECOVERY_LAG = 10_000
+
+#: The Faust drop-in assignor's protocol name (``streamassign.faust.PROTOCOL_NAME``, spelt out:
+#: importing ``streamassign.faust`` imports Faust): its leader also hands back stateless tasks
+#: (:func:`stateless_returns`).
+FAUST_PROTOCOL_NAME = "streamassign-faust"
 
 #: Previous actives on tasks that do not exist that a member may claim besides one per task
 #: (below): room for what a topology change or a deleted topic left behind.
@@ -415,21 +422,88 @@ def _measure_local_state(
     and the restarted process each caught-up task returns to."""
     running: dict[str, set[TaskId]] = {}
     state: dict[str, dict[TaskId, int | None]] = {}  # None: lag unknown
-    home: dict[TaskId, str] = {}  # task -> the restarted process it returns to
     for key, info in infos.items():
         running[key] = set(info.running)
         state[key] = local_state_lags(info.offset_sums, top, running[key])
-        ran = {t for m in by_process[key] if (i := members[m].info) for t in i.previous_active}
-        for t in sorted(ran - running[key]):
-            lag = state[key].get(t)
-            if lag is not None and lag <= acceptable_recovery_lag:
-                home.setdefault(t, key)
+    previous = previous_actives(members, by_process)
+    home = caught_up_returns(state, previous, acceptable_recovery_lag)
     for key in running:
         for t in running[key] & home.keys():
             if home[t] != key:  # ran it meanwhile: a warm holder, caught up
                 running[key].discard(t)
                 state[key][t] = 0
     return running, state, home
+
+
+def previous_actives(
+    members: Mapping[str, MemberSubscription], by_process: Mapping[str, Sequence[str]]
+) -> dict[str, frozenset[TaskId]]:
+    """Per process, the actives its members declared they ran before they joined (a restarted
+    process's, from its state directory)."""
+    return {
+        key: frozenset(t for m in ms if (i := members[m].info) for t in i.previous_active)
+        for key, ms in by_process.items()
+    }
+
+
+def caught_up_returns(
+    lags: Mapping[str, Mapping[TaskId, int | None]],
+    previous_active: Mapping[str, Collection[TaskId]],
+    acceptable_recovery_lag: int,
+) -> dict[TaskId, str]:
+    """The leader's hand-back rule for local state: per task, the restarted process it returns
+    to, one that declared it among its ``previous_active`` and whose ``lags`` of it (its local
+    state it does not run, :func:`local_state_lags`; None: unknown) is within
+    ``acceptable_recovery_lag``; the first such process in ``lags``' order."""
+    home: dict[TaskId, str] = {}
+    for key, state in lags.items():
+        for t in sorted(previous_active.get(key, ())):
+            lag = state.get(t)
+            if lag is not None and lag <= acceptable_recovery_lag:
+                home.setdefault(t, key)
+    return home
+
+
+def stateless_returns(
+    offset_sums: Mapping[str, Mapping[TaskId, int]],
+    previous_active: Mapping[str, Collection[TaskId]],
+) -> dict[TaskId, str]:
+    """The Faust leader's second hand-back rule (``streamassign.faust.leader``): per task, the
+    restarted process it returns to whatever its lag, one that runs nothing (no
+    ``LATEST_OFFSET`` among its ``offset_sums``, merged over its members) and declared the task
+    among its ``previous_active`` without an offset sum of it (a stateless task, an in-memory
+    table); the first such process in process id order."""
+    home: dict[TaskId, str] = {}
+    for key in sorted(offset_sums):
+        sums = offset_sums[key]
+        if LATEST_OFFSET in sums.values():
+            continue
+        for t in sorted(frozenset(previous_active.get(key, ())) - sums.keys()):
+            home.setdefault(t, key)
+    return home
+
+
+def handed_back(
+    offset_sums: Mapping[str, Mapping[TaskId, int]],
+    previous_active: Mapping[str, Collection[TaskId]],
+    protocol: str | None,
+    acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
+) -> dict[TaskId, str]:
+    """Per task, the restarted process the leader returned it to, as far as the members' join
+    reports tell (``offset_sums`` and ``previous_active`` per process) and ``protocol`` (the
+    group's assignor) says: the leaders' own rules, :func:`caught_up_returns` with lags
+    measured as without end offsets (against the best reported sum: the Faust leader's lags, and
+    a lower bound of the lags end offsets give ProcessHost's leader, so a task this puts beyond
+    ``acceptable_recovery_lag`` was certainly not handed back), then for
+    ``FAUST_PROTOCOL_NAME`` :func:`stateless_returns`, which wins as in the Faust leader."""
+    top = best_offset_sums(offset_sums.values())
+    lags = {
+        key: local_state_lags(sums, top, running_tasks(sums)) for key, sums in offset_sums.items()
+    }
+    home = caught_up_returns(lags, previous_active, acceptable_recovery_lag)
+    if protocol == FAUST_PROTOCOL_NAME:
+        home |= stateless_returns(offset_sums, previous_active)
+    return home
 
 
 def assign_streams(

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TextIO
 
+import attrs
 import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from click.testing import CliRunner
@@ -44,6 +45,8 @@ from streamassign.consumer.userdata import AssignmentData, MemberData
 from streamassign.errors import ErrorCode, GroupDescribeError
 from streamassign.explain import Reason, explain, load_saved
 from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
+
+from .tables import assert_whole_tables
 
 T = TaskId.parse
 P1, P2 = uuid.UUID(int=1), uuid.UUID(int=2)
@@ -529,7 +532,7 @@ def test_tables_fit_80_columns_and_name_undecodable_members() -> None:
     console = Console(width=80, record=True)
     _print_group(console, view, quality(view))
     text = console.export_text()
-    assert max(map(len, text.splitlines())) <= 80
+    assert_whole_tables(text, MEMBERS_COLUMNS)
     assert "member broken-member: undecodable: subscription: not ConsumerProtocol" in text
     assert "subtopology 0: actives per process (of 4)" in text
     rebalancing = describe_bytes("orders", "PreparingRebalance", "consumer", "", [])
@@ -665,6 +668,10 @@ def test_dead_group_listed_by_list_groups_is_named_by_its_protocol() -> None:
     assert "listed with protocol type 'odd'" in missing_group("g", ["odd"])
 
 
+#: The Members table's columns (rich crops a table wider than the console: the last go first).
+MEMBERS_COLUMNS = ("member", "client@host", "process", "a+s+w", "versions", "gen")
+
+
 def printed(view: GroupView) -> str:
     from rich.console import Console
 
@@ -697,7 +704,7 @@ def test_member_error_codes_are_a_line_each_and_a_quality_problem() -> None:
     assert problem.startswith("INCOMPLETE_SOURCE_TOPIC_METADATA reported by 2 processes (")
     text = printed(view)
     lines = text.splitlines()
-    assert max(map(len, lines)) <= 80
+    assert_whole_tables(text, MEMBERS_COLUMNS)
     top = next(k for k, x in enumerate(lines) if x.strip() == "Members")
     bottom = next(k for k, x in enumerate(lines) if k > top and x.startswith("└"))
     assert bottom - top <= 4 + 2 * 2  # title, borders, header; at most two lines a member
@@ -821,7 +828,7 @@ def test_tables_at_80_columns_name_processes_by_unique_prefixes_unfolded() -> No
     ]
     view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
     text = printed(view)
-    assert max(map(len, text.splitlines())) <= 80
+    assert_whole_tables(text, MEMBERS_COLUMNS)
     processes = text.split("Members")[0]
     for label in ("3f2a9c1e-7", "3f2a9c1e-0", "bbb0d247"):
         assert re.search(rf"│ {label}\s+│", processes), label  # whole, on one line
@@ -840,14 +847,55 @@ def test_process_labels_stay_unique_whatever_the_ids() -> None:
         "http://orders-1.orders.default.svc.cluster.local:6066",
     )
     labels = _process_labels([a, b, "http://b:6066/", str(P1), str(P2)])
-    assert labels[a] == a[7:] and labels[b] == b[7:]  # their tails alike: whole host and port
+    # Kubernetes hosts share long tails: each by its host's unique prefix (whole DNS labels).
+    assert (labels[a], labels[b]) == ("orders-0…:6066", "orders-1…:6066")
     assert labels["http://b:6066/"] == "b:6066"
+    tens = [f"http://orders-{n}.orders:6066" for n in (1, 10)]
+    assert [_process_labels(tens)[url] for url in tens] == ["orders-1…:6066", "orders-10…:6066"]
+    assert _process_labels(["http://10.0.0.12:6066"]) == {"http://10.0.0.12:6066": "10.0.0.12:6066"}
+    # One host and port under two schemes: labelled whole, never alike.
+    schemes = _process_labels(["http://a:6066", "https://a:6066", "http://a:6067"])
+    assert schemes == {
+        "http://a:6066": "http://a:6066",
+        "https://a:6066": "https://a:6066",
+        "http://a:6067": "a:6067",
+    }
     assert labels[str(P1)] == "00000000-0000-0000-0000-000000000001"  # only the last digit differs
     assert _member_labels(["c-1234567890ab", "d-1234567890ab", "short"]) == {
         "c-1234567890ab": "…c-1234567890ab",
         "d-1234567890ab": "…d-1234567890ab",
         "short": "short",
     }
+
+
+def test_faust_workers_on_kubernetes_fit_80_columns_with_every_column() -> None:
+    """A StatefulSet's hosts (``orders-N.orders.default.svc.cluster.local``) share their last
+    20 characters, so their labels fell back to the whole 46-character host: the Members table
+    lost a+s+w, versions and gen at 80 columns (rich crops it) and the other tables folded each
+    host. Each now reads by its host's unique prefix and its port."""
+    changelog = "app-counts-changelog"
+    hosts = [f"http://orders-{i}.orders.default.svc.cluster.local:6066" for i in range(2)]
+    raw = [
+        attrs.evolve(
+            faust_member(
+                f"faust-0.11.3-9a1b2c3d-0000-4000-8000-00000000000{i}",
+                host,
+                {"words": [i], changelog: [i]},
+                {changelog: [1 - i]},
+            ),
+            client_id="faust-0.11.3",
+            client_host=f"/10.244.1.{17 + i}",
+        )
+        for i, host in enumerate(hosts)
+    ]
+    text = printed(describe_bytes("g", "Stable", "consumer", FAUST_OWN_PROTOCOL_NAME, raw))
+    assert_whole_tables(text, MEMBERS_COLUMNS)
+    assert_whole_tables(text, ("process (endpoint)", "warmup", "active on", "partitions"))
+    for i in range(2):
+        assert re.search(rf"│ orders-{i}…:6066\s+│ 1\s+│", text)  # Processes, on one line
+        assert re.search(rf"│ …0000000{i} │ [^│]+│ orders-{i}…:6066 │ 1\+1\+0 │", text)
+        assert re.search(rf"│ 0_{i}\s+│ orders-{i}…:6066 │ orders-{1 - i}…:6066 │", text)
+    assert "cluster.local" not in text
 
 
 #: Processes of the hand-back views: two share their first 8 digits, as in the describe tables.
@@ -890,6 +938,28 @@ def test_watch_names_a_hand_back_to_a_restarted_previous_owner(
     ]
 
 
+@pytest.mark.parametrize(
+    ("protocol", "reason"),
+    [(FAUST_PROTOCOL_NAME, "handed back to previous owner"), (PROTOCOL_NAME, "balance quota")],
+)
+def test_watch_names_the_faust_leaders_hand_back_of_a_task_without_state(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, protocol: str, reason: str
+) -> None:
+    """The Faust leader hands a restarted worker that runs nothing the tasks it ran that it has
+    no offset sum of (a stateless task, an in-memory table); ProcessHost's leader does not."""
+    running = {"0_0": LATEST_OFFSET, "0_1": LATEST_OFFSET, "0_2": LATEST_OFFSET}
+    interim = [streams_member("m2", TWIN, "0_0 0_1 0_2", sums=running)]
+    back = [
+        streams_member("m1", NEAR, "0_1", previous="0_1"),
+        streams_member("m2", TWIN, "0_0 0_2", sums=running),
+    ]
+    views = [describe_bytes("g", "Stable", "consumer", protocol, raw) for raw in (interim, back)]
+    with (tmp_path / "out.jsonl").open("w") as stdout:
+        _watch_with(monkeypatch, views, stdout, forever=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(m["task"], m["reason"]) for m in lines[1]["moves"]] == [("0_1", reason)]
+
+
 def test_watch_moves_table_names_processes_as_the_describe_tables_at_80_columns(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -899,7 +969,7 @@ def test_watch_moves_table_names_processes_as_the_describe_tables_at_80_columns(
     with (tmp_path / "out.txt").open("w") as stdout:
         _watch_with(monkeypatch, handed_back_views(), stdout, forever=False, as_json=False)
     text = (tmp_path / "out.txt").read_text()
-    assert max(map(len, text.splitlines())) <= 80
+    assert_whole_tables(text, (*MEMBERS_COLUMNS, "from", "to", "why", "state there"))
     assert str(NEAR)[:11] not in text and str(TWIN)[:11] not in text  # no full id, cut or not
     moves = text.split("Active tasks that moved")[1]
     assert re.search(r"│ 0_1\s+│ 3f2a9c1e-0\s+│ 3f2a9c1e-7\s+│ handed back to", moves)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
 from streamassign.streams import MemberSubscription, client_states
 
 from .strategies import assignment_inputs
+from .tables import assert_whole_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDERS = str(ROOT / "topology" / "orders-join.toml")
@@ -363,9 +365,11 @@ def snapshot(
     sums: dict[str, dict[str, int]],
     state: str = "Stable",
     previous: dict[str, list[str]] | None = None,
+    protocol: str | None = None,
 ) -> str:
     """A ``describe --json`` file (the keys explain reads): one member per process, with
-    the offset sums it sent at its last join (-2: running) and its ``previous`` actives."""
+    the offset sums it sent at its last join (-2: running) and its ``previous`` actives;
+    ``protocol``: the group's assignor (None: none in the file, read as ProcessHost's)."""
     members = [
         {
             "process": pid,
@@ -376,7 +380,8 @@ def snapshot(
         }
         for pid in assignment
     ]
-    path.write_text(json.dumps({"state": state, "assignment": assignment, "members": members}))
+    data = {"state": state, "assignment": assignment, "members": members}
+    path.write_text(json.dumps(data | ({} if protocol is None else {"protocol": protocol})))
     return str(path)
 
 
@@ -702,7 +707,8 @@ def test_explain_last_says_the_leader_handed_a_task_back_to_its_caught_up_owner(
     stopped and is caught up on it is the task's previous owner again, and the process that ran
     it meanwhile only a warm holder. ``--last`` read that as a balance move off the interim
     owner; it names the hand-back (not a move the plan counts), and says in one line what the
-    snapshot cannot confirm. Without a checkpoint the leader cannot hand a task back."""
+    snapshot cannot confirm. Without a checkpoint ProcessHost's leader cannot hand a task back
+    (the Faust leader can: see the next test)."""
     p, q = uuid.UUID(int=1), uuid.UUID(int=2)
     t = TaskId.parse
     restarted = SubscriptionInfo(
@@ -740,7 +746,8 @@ def test_explain_last_says_the_leader_handed_a_task_back_to_its_caught_up_owner(
     text = " ".join(result.stdout.split())
     assert text.count("handed back: the new owner ran the task before it restarted") == 1
     assert "which a snapshot cannot confirm (it holds no end offsets)" in text
-    # No checkpoint of 0_4 on P: whatever moved it there, not the hand-back rule.
+    # No checkpoint of 0_4 on P: for ProcessHost's leader (no protocol in the file, or
+    # streamassign-streams), whatever moved it there, not the hand-back rule.
     bare = {"P": {"0_0": 500}, "Q": {"0_4": -2}}
     layout = {"P": {"active": ["0_0", "0_4"]}, "Q": {"active": ["0_1"]}}
     now = snapshot(tmp_path / "bare.json", layout, bare, previous={"P": ["0_4"]})
@@ -750,6 +757,107 @@ def test_explain_last_says_the_leader_handed_a_task_back_to_its_caught_up_owner(
         ("0_1", "no owner reported"),
         ("0_4", "balance quota"),
     ]
+    protocol = "streamassign-streams"
+    streams = snapshot(
+        tmp_path / "streams.json", layout, bare, previous={"P": ["0_4"]}, protocol=protocol
+    )
+    code, out = run("explain", "--last", streams, "--json")
+    assert [m["reason"] for m in json.loads(out)["moves"]][-1] == "balance quota"
+
+
+def _faust_leader_round(
+    infos: list[SubscriptionInfo], tasks: list[TaskId]
+) -> dict[str, ClientAssignment]:
+    """What the Faust leader assigns ``tasks`` to the members ``infos`` (one per worker): its
+    client states, its hand-back of stateless tasks, the sticky assignor."""
+    from streamassign.faust.leader import _return_restarted
+
+    members = {f"m{i}": MemberSubscription({"clicks"}, info) for i, info in enumerate(infos)}
+    clients, by_process, _ = client_states(members)
+    return StickyTaskAssignor().assign(tasks, _return_restarted(clients, members, by_process))
+
+
+def _saved_round(
+    path: Path,
+    infos: list[SubscriptionInfo],
+    result: dict[str, ClientAssignment],
+    protocol: str | None = None,
+) -> str:
+    """``result`` saved as describe --json saves it, each member's last join from ``infos``."""
+    return snapshot(
+        path,
+        {pid: {"active": [str(x) for x in sorted(a.active)]} for pid, a in result.items()},
+        {str(i.process_id): {str(x): s for x, s in i.offset_sums.items()} for i in infos},
+        previous={str(i.process_id): [str(x) for x in i.previous_active] for i in infos},
+        protocol=protocol,
+    )
+
+
+def test_explain_last_names_the_faust_leaders_hand_back_of_tasks_without_state(
+    tmp_path: Path,
+) -> None:
+    """The Faust leader (``faust.leader._return_restarted``) hands a restarted worker that runs
+    nothing the tasks it ran that it has no offset sum of (stateless tasks, in-memory tables),
+    whatever their lag. explain read them as balance moves off the interim owner (3 moves where
+    the leader made 1); they read as hand-backs, certain ones (no note)."""
+    p, q = uuid.UUID(int=1), uuid.UUID(int=2)
+    t = TaskId.parse
+    tasks = [t(f"0_{i}") for i in range(6)]
+    infos = [
+        SubscriptionInfo(p, offset_sums={}, previous_active=frozenset({t("0_0"), t("0_4")})),
+        SubscriptionInfo(q, offset_sums=dict.fromkeys(tasks, LATEST_OFFSET)),
+    ]
+    result = _faust_leader_round(infos, tasks)
+    assert {t("0_0"), t("0_4")} < result[str(p)].active  # the leader handed them back
+    now = _saved_round(tmp_path / "faust.json", infos, result, "streamassign-faust")
+    code, out = run("explain", "--last", now, "--json")
+    assert code == 0, out
+    reasons = {m["task"]: m["reason"] for m in json.loads(out)["moves"]}
+    assert reasons == {
+        "0_0": "handed back to previous owner",
+        "0_4": "handed back to previous owner",
+        "0_5": "balance quota",
+    }
+    shown = CliRunner().invoke(main, ["explain", "--last", now], env=WIDE)
+    assert "1 of 3 taken off a process still in the group" in shown.stdout
+    assert "which a snapshot cannot confirm" not in " ".join(shown.stdout.split())
+    # The same file without the Faust protocol: ProcessHost's leader has no such rule.
+    plain = _saved_round(tmp_path / "plain.json", infos, result)
+    code, out = run("explain", "--last", plain, "--json")
+    assert {m["reason"] for m in json.loads(out)["moves"]} == {"balance quota"}
+
+
+@pytest.mark.parametrize("protocol", [None, "streamassign-faust"])
+def test_explain_last_names_no_hand_back_the_reported_sums_rule_out(
+    tmp_path: Path, protocol: str | None
+) -> None:
+    """P restarted with a checkpoint of 0_4 at 90 while R reported one at 50,000: the leader's
+    lag of P's copy is at least 49,910 (end offsets are at least every reported sum), over
+    acceptable_recovery_lag, so the leader did not hand 0_4 back, and the sticky assignor moved
+    it to P for balance. explain called it a hand-back (2 moves, not 3)."""
+    p, q, r = (uuid.UUID(int=i) for i in (1, 2, 3))
+    t = TaskId.parse
+    tasks = [t(f"0_{i}") for i in range(9)]
+    infos = [
+        SubscriptionInfo(p, offset_sums={t("0_4"): 90}, previous_active=frozenset({t("0_4")})),
+        SubscriptionInfo(q, offset_sums={t(f"0_{i}"): LATEST_OFFSET for i in range(5)}),
+        SubscriptionInfo(
+            r, offset_sums={t(f"0_{i}"): LATEST_OFFSET for i in range(5, 9)} | {t("0_4"): 50_000}
+        ),
+    ]
+    result = _faust_leader_round(infos, tasks)
+    assert t("0_4") in result[str(p)].active
+    now = _saved_round(tmp_path / "now.json", infos, result, protocol)
+    code, out = run("explain", "--last", now, "--json")
+    assert code == 0, out
+    moves = json.loads(out)["moves"]
+    assert {m["task"]: m["reason"] for m in moves}["0_4"] == "balance quota"
+    assert Counter(m["reason"] for m in moves) == {"balance quota": 3}
+    # A leader configured with an acceptable lag this far (--acceptable-lag) may have.
+    code, out = run("explain", "--last", now, "--json", "--acceptable-lag", "50000")
+    assert {m["task"]: m["reason"] for m in json.loads(out)["moves"]}["0_4"] == (
+        "handed back to previous owner"
+    )
 
 
 def test_explain_of_two_snapshots_says_the_leader_handed_a_task_back_at_80_columns(
@@ -793,7 +901,7 @@ def test_explain_of_two_snapshots_says_the_leader_handed_a_task_back_at_80_colum
     shown = CliRunner().invoke(main, ["explain", before, after], env=WIDE | {"COLUMNS": "80"})
     assert shown.exit_code == 0, shown.output
     text = shown.stdout
-    assert max(map(len, text.splitlines())) <= 80
+    assert_whole_tables(text, ("task", "from", "to", "why", "state there"))
     assert str(p)[:9] not in text and str(q)[:9] not in text  # labels, not ids cut short
     assert re.search(r"│ 0_3\s+│ bbb0d247\s+│ 3f2a9c1e\s+│ handed back to", text), text
     assert re.search(r"│ 0_2\s+│ bbb0d247\s+│ 3f2a9c1e\s+│ balance quota", text)

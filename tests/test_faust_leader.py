@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from collections.abc import Mapping
@@ -514,3 +515,27 @@ def test_every_topic_group_is_balanced_by_capacity(
                     got,
                     share,
                 )
+
+
+def test_a_topology_error_is_logged_once_at_error_until_the_topics_group(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The leader logged ``cannot group the subscribed topics`` at ERROR at every retry (1 to
+    30 s apart): with the assignor's ``Repeats``, once at ERROR, the same again at DEBUG, and
+    one INFO line when the topics group again."""
+    from streamassign.repeats import Repeats
+
+    logged = Repeats()
+    members = {"a": member(0, TOPICS)}
+    colliding = {**COUNTS, SRC: 2**20}  # a partition count Faust's hashed ids collide with
+    with caplog.at_level(logging.DEBUG, "streamassign.faust"):
+        for counts in (colliding, colliding, colliding, COUNTS, COUNTS):
+            assign_faust(members, counts, topology_errors=logged)
+    levels = [
+        r.levelno
+        for r in caplog.records
+        if r.getMessage().startswith("cannot group the subscribed")
+    ]
+    assert levels == [logging.ERROR, logging.DEBUG, logging.DEBUG]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert infos == ["the subscribed topics group now: assigning tasks again"]

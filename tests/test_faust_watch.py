@@ -167,6 +167,43 @@ def test_a_wait_for_topics_is_logged_once_per_missing_set_and_once_when_over(
     assert infos.count("the topics waited for exist: partitions assigned again") == 2
 
 
+def test_a_leader_logs_a_wait_as_news_after_rounds_another_worker_led(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The leader's logged-once state outlived a leadership change: w0 warned of a missing
+    changelog, w1 led the next rounds (the topics came), and when the changelog went missing
+    again with w0 leading, w0 logged it at DEBUG only. A round another worker led resets it."""
+
+    async def scenario() -> None:
+        workers = [make_app(tmp_path / f"w{i}", 7200 + i).assignor for i in range(2)]
+        counts = {SRC: 6, **{k: v for k, v in COUNTS.items() if k != CL}}
+        client = FakeClient(counts)
+        for a in workers:
+            a._consumer = lambda: FakeConsumer(client)  # type: ignore[method-assign]
+        metadata = {f"m{i}": a.metadata(set(COUNTS)) for i, a in enumerate(workers)}
+
+        def rebalance(leader: int) -> None:
+            out = workers[leader].assign(client.cluster, metadata)
+            for i, a in enumerate(workers):
+                a.on_assignment(ConsumerProtocolMemberAssignment.decode(out[f"m{i}"]))
+                a.rejoiner.cancel()
+
+        rebalance(0)  # w0 leads, CL missing: WARNING
+        counts[CL] = 6
+        rebalance(1)  # w0 fell out and rejoined: w1 leads now, all there
+        del counts[CL]  # a second incident, later
+        rebalance(0)  # w0 leads again: news again
+        for a in workers:
+            a.metadata_watch.cancel()
+
+    with caplog.at_level(logging.DEBUG, "streamassign.faust"):
+        asyncio.run(scenario())
+    leader = [r.levelno for r in caplog.records if r.getMessage().startswith("no metadata for")]
+    assert leader == [logging.WARNING, logging.WARNING]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert "every subscribed topic has metadata now" not in infos  # w1 saw none missing
+
+
 class Coordinator:
     """aiokafka's coordinator as ``JoinErrors`` sees it: an error it keeps for its user."""
 

@@ -50,14 +50,14 @@ from ..errors import GroupDescribeError, ProtocolError, UserDataError
 from ..explain import STABLE, ClientView, local_state
 from ..metrics import AssignmentMetrics, evaluate, violations
 from ..protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
+from ..streams import FAUST_PROTOCOL_NAME
 from ..text import counted
 from .consumer import ASSIGNORS
 from .streams import PROTOCOL_NAME
 
-#: ``streamassign.faust.PROTOCOL_NAME`` and ``streamassign.faust.leader.CAPACITY_TAG``, spelt
-#: out: importing ``streamassign.faust`` imports Faust, which describing a group must not need.
-#: A unit test pins them to the originals.
-FAUST_PROTOCOL_NAME = "streamassign-faust"
+#: ``streamassign.faust.leader.CAPACITY_TAG``, spelt out (as ``FAUST_PROTOCOL_NAME`` is in the
+#: core): importing ``streamassign.faust`` imports Faust, which describing a group must not
+#: need. A unit test pins them to the originals.
 FAUST_CAPACITY_TAG = "streamassign.capacity"
 #: Faust's own assignor (``faust.assignor.PartitionAssignor.name``).
 FAUST_OWN_PROTOCOL_NAME = "faust"

@@ -127,10 +127,15 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self.metadata_watch = MetadataWatch()
         #: Reports fatal join errors Faust never reads, so the worker joins again (``_watch``).
         self.join_errors = JoinErrors()
-        #: Which topics the leader / this member logged as missing: each set is logged once (a
-        #: retry comes every 1 to 30 s), the repeats at DEBUG, and their arrival once.
+        #: Which topics the leader / this member logged as missing, and the topology error the
+        #: leader logged: each is logged once (a retry comes every 1 to 30 s), the repeats at
+        #: DEBUG, and their end once. The leader's are forgotten after a round another worker
+        #: led (``_end_round``): they would tell a later incident from one long ago.
         self._leader_missing = Repeats()
+        self._leader_topology_errors = Repeats()
         self._member_missing = Repeats()
+        #: Whether this worker led the round whose assignment it waits for.
+        self._leading = False
         #: Changes only when this worker wants a rebalance (after a failed one): a rejoin with
         #: the same metadata does not start one (a follower gets the current generation back),
         #: and a nonce changed on every join made two workers starting together rebalance each
@@ -221,6 +226,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         """Leader: decode every member, run ``assign_faust``, encode; never raises. An
         unexpected error answers ``ASSIGNMENT_ERROR`` to every member (see ``on_assignment``)."""
         started = time.perf_counter()
+        self._leading = True
         sensors = self.app.sensors
         state = sensors.on_assignment_start(self)
         try:
@@ -249,6 +255,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 own_topics=self._own_topics,
                 required_topics=self._internal_topics(),
                 missing_topics_level=self._missing_level(missing),
+                topology_errors=self._leader_topology_errors,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
         except Exception as exc:
@@ -265,6 +272,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         worker runs what Kafka assigned it, keeps its last good assignment (what it reports and
         saves) and its topic groups, and rejoins with backoff."""
         kafka = frozenset(TP(t, p) for t, ps in assignment.assignment for p in ps)
+        self._end_round()
         try:
             info = AssignmentInfo.decode(assignment.user_data or b"")
         except ProtocolError as exc:
@@ -380,6 +388,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         return (RoundRobinPartitionAssignor,)
 
     def _on_fausts_assignment(self) -> None:
+        self._end_round()
         self.join_errors.joined()
         if self._fausts_in_use is None:
             log.warning(
@@ -389,6 +398,15 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self._fausts_in_use = self._fausts
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _end_round(self) -> None:
+        """A round's assignment arrived: if another worker led it, forget what this one logged
+        as leader, so that leading again logs a missing topic or a topology error as news (and
+        does not announce, long after, the end of an incident another leader saw end)."""
+        if not self._leading:
+            self._leader_missing = Repeats()
+            self._leader_topology_errors = Repeats()
+        self._leading = False
 
     def _fallback_view(self, kafka: frozenset[TP]) -> _View:
         """After a failed assignment: Kafka's partitions as actives, the last good topic groups

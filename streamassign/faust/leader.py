@@ -44,12 +44,12 @@ from ..assignment import ClientAssignment, ClientState
 from ..errors import ErrorCode, TopologyError, TopologyTypeError
 from ..grouper import PartitionGrouper
 from ..protocol import (
-    LATEST_OFFSET,
     LATEST_VERSION,
     AssignmentInfo,
     ProtocolError,
     SubscriptionInfo,
 )
+from ..repeats import Repeats
 from ..sticky import StickyTaskAssignor
 from ..streams import (
     MemberAssignment,
@@ -58,6 +58,8 @@ from ..streams import (
     client_states,
     common_version,
     decode_subscriptions,
+    previous_actives,
+    stateless_returns,
 )
 from ..threads import distribute_to_threads
 from ..topology import Subtopology, Topology
@@ -247,13 +249,17 @@ def assign_faust(
     own_topics: Iterable[str] | None = None,
     required_topics: Iterable[str] = (),
     missing_topics_level: int = logging.WARNING,
+    topology_errors: Repeats | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad members or
     topics: unreadable members have no history. A subscribed table changelog or
     ``required_topics`` topic (the app's own: repartition, leader topics) without metadata makes
     ``INCOMPLETE_SOURCE_TOPIC_METADATA`` for every member, nothing assigned: its group cannot be
     built without it. Other topics without metadata are left out. Topics without metadata are
-    logged at ``missing_topics_level`` (the assignor passes DEBUG for a set it logged before)."""
+    logged at ``missing_topics_level`` (the assignor passes DEBUG for a set it logged before).
+    ``topology_errors``: the error this leader logged last when the topics cannot be grouped
+    (the assignor keeps one): the same again is logged at DEBUG, not ERROR (members retry every
+    1 to 30 s), and one INFO line says when they group again; None: every one at ERROR."""
     if not members:
         return {}
     version = common_version(members, leader_version)
@@ -275,8 +281,16 @@ def assign_faust(
         topology = faust_topology(subscriptions, partition_counts, copartition_groups, changelogs)
         tasks = PartitionGrouper().group(topology, partition_counts)
     except TopologyError as exc:
-        log.error("cannot group the subscribed topics: %s; assigning nothing", exc)
+        news = topology_errors is None or topology_errors.changed(str(exc))
+        log.log(
+            logging.ERROR if news else logging.DEBUG,
+            "cannot group the subscribed topics: %s; assigning nothing%s",
+            exc,
+            "" if topology_errors is None else " (the same error again logged at DEBUG)",
+        )
         return incomplete
+    if topology_errors is not None and topology_errors.ended():
+        log.info("the subscribed topics group now: assigning tasks again")
     result = {m: MemberAssignment((), empty) for m in members}
     members = bounded_claims(members, tasks)  # the rebalance's budget (logged per member)
     plan = _FaustRuns.plan(topology, tasks, members, changelogs, globals_, partition_counts)
@@ -505,14 +519,9 @@ def _return_restarted(
     that took them over meanwhile becomes a warm holder. Tasks it reports on-disk state for
     follow ``client_states``' rule instead (they return when that state is caught up).
     """
-    home: dict[TaskId, str] = {}
-    for key in sorted(by_process):
-        infos = [i for m in by_process[key] if (i := members[m].info) is not None]
-        if not infos or any(LATEST_OFFSET in i.offset_sums.values() for i in infos):
-            continue
-        for info in infos:
-            for t in sorted(info.previous_active - info.offset_sums.keys()):
-                home.setdefault(t, key)
+    home = stateless_returns(
+        _offset_sums(members, by_process), previous_actives(members, by_process)
+    )
     if not home:
         return clients
     out = []
@@ -530,6 +539,18 @@ def _return_restarted(
                 },
             )
         )
+    return out
+
+
+def _offset_sums(
+    members: Mapping[str, MemberSubscription], by_process: Mapping[str, Sequence[str]]
+) -> dict[str, dict[TaskId, int]]:
+    """Per process with a readable subscription, the offset sums of its members, merged."""
+    out: dict[str, dict[TaskId, int]] = {}
+    for key, ms in by_process.items():
+        for m in ms:
+            if (info := members[m].info) is not None:
+                out.setdefault(key, {}).update(info.offset_sums)
     return out
 
 
