@@ -319,6 +319,38 @@ def _acceptable_lag_option(help: str) -> Callable[[_F], _F]:
     return _shown("--acceptable-lag", kind=click.IntRange(min=0), default=10_000, help=help)
 
 
+def _restore_rate() -> float:
+    """The pipeline's one restore rate (``simulate.RESTORE_RATE``), imported only when a
+    command uses it: the CLI loads no pipeline module when it starts."""
+    from .pipeline.simulate import RESTORE_RATE
+
+    return RESTORE_RATE
+
+
+class _PipelineDefaultOption(click.Option):
+    """An option whose default is a pipeline constant (a callable, called only when needed),
+    shown in ``--help`` as its value rather than click's "(dynamic)"."""
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        if callable(self.default):
+            extra["default"] = f"{self.default():,g}"
+        return extra
+
+
+def _restore_rate_option(help: str) -> Callable[[_F], _F]:
+    """``--restore-rate R``: one default for simulate and plan-standbys, so that the report's
+    downtime and the plan's restore outage are priced alike."""
+    return click.option(
+        "--restore-rate",
+        type=click.FloatRange(min=0, min_open=True),
+        default=_restore_rate,
+        show_default=True,
+        cls=_PipelineDefaultOption,
+        help=help,
+    )
+
+
 _ship_code_option = click.option(
     "--ship-code/--no-ship-code",
     default=None,
@@ -1777,6 +1809,10 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
 )
 @_standbys_option(1, "num_standby_replicas of the task assignors.")
 @_acceptable_lag_option("acceptable_recovery_lag of the task assignor (records).")
+@_restore_rate_option(
+    "Records per second a restoring task reads: new replicas' catch-up, and the report's "
+    "task downtime (recorded in the manifest)."
+)
 @click.option(
     "--out",
     default=None,
@@ -1803,6 +1839,7 @@ def simulate(
     assignor_names: tuple[str, ...],
     standbys: int,
     acceptable_lag: int,
+    restore_rate: float,
     out: str | None,
     overwrite: bool,
     with_report: bool,
@@ -1839,6 +1876,7 @@ def simulate(
             seed=seed,
             standby_replicas=standbys,
             acceptable_recovery_lag=acceptable_lag,
+            replica_restore_per_s=restore_rate,
         )
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -1967,6 +2005,7 @@ def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) 
         "notes": list(notes),
         "standby_replicas": job.standby_replicas,
         "acceptable_recovery_lag": job.acceptable_recovery_lag,
+        "replica_restore_per_s": job.replica_restore_per_s,
         "model": attrs.asdict(job.model),
         "master": master,
         "streamassign": version("streamassign"),
@@ -2139,12 +2178,7 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 @_shown(
     "--warmups", "warmup_list", kind=str, default="0,2", help="Warmup-replica candidates (0: none)."
 )
-@_shown(
-    "--restore-rate",
-    kind=click.FloatRange(min=0, min_open=True),
-    default=20_000.0,
-    help="Records per second a restoring task reads.",
-)
+@_restore_rate_option("Records per second a restoring task reads (simulate's default too).")
 @_shown(
     "--detection",
     kind=click.FloatRange(min=0),

@@ -24,7 +24,7 @@ import attrs
 from ..text import counted
 from .assignors import SPECS
 from .scenarios import EVENTS
-from .simulate import SimulationJob
+from .simulate import RESTORE_RATE
 
 __all__ = [
     "CSV_FILES",
@@ -195,12 +195,12 @@ class Outcome:
 
 
 def _restore_rate(manifest: Mapping[str, Any]) -> float:
+    """The run's restore rate; a run written before ``simulate --restore-rate`` existed has
+    none in its manifest and was simulated at the default."""
     rate = manifest.get("replica_restore_per_s")
     if isinstance(rate, int | float) and rate > 0:
         return float(rate)
-    default = attrs.fields(SimulationJob).replica_restore_per_s.default
-    assert isinstance(default, float)  # a plain default, not a factory
-    return default
+    return RESTORE_RATE
 
 
 def outcomes(data: Mapping[str, Any]) -> list[Outcome]:
@@ -902,6 +902,7 @@ _MANIFEST_KEYS: Final = (
     "assignors",
     "standby_replicas",
     "acceptable_recovery_lag",
+    "replica_restore_per_s",
     "rows",
     "master",
     "elapsed_s",
@@ -920,6 +921,13 @@ def _plain(value: Any) -> str:
     if isinstance(value, list | tuple):
         return ", ".join(_plain(v) for v in value)
     return str(value)
+
+
+def _run_details(manifest: Mapping[str, Any], rate: float) -> list[tuple[str, str]]:
+    """The run details table: the manifest's keys a reader needs, the restore rate always
+    (the downtimes above depend on it)."""
+    shown = {**manifest, "replica_restore_per_s": f"{rate:,g} records/s per task"}
+    return [(k, _plain(shown[k])) for k in _MANIFEST_KEYS if k in shown]
 
 
 def _run_summary(manifest: Mapping[str, Any], rebalances: int) -> str:
@@ -1002,7 +1010,7 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
         by_assignor=_detail_rows(data["by_assignor"], ("level",)),
         by_event=_detail_rows(data["by_event"], ("level", "event")),
         notes=notes,
-        manifest=[(k, _plain(manifest[k])) for k in _MANIFEST_KEYS if k in manifest],
+        manifest=_run_details(manifest, rate),
         model=_plain(manifest.get("model", {})),
         csv_files=list(CSV_FILES),
         plotlyjs=Markup(plotly.offline.get_plotlyjs()),

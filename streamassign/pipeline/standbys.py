@@ -48,7 +48,7 @@ from .scenarios import (
     int_at_least,
     seed_in_range,
 )
-from .simulate import SimulationJob, Takeover, run_trace
+from .simulate import RESTORE_RATE, SimulationJob, Takeover, run_trace
 
 __all__ = [
     "PLAN_COLUMNS",
@@ -64,8 +64,9 @@ __all__ = [
 
 #: Without a target, a candidate is good enough when its outage is at most this share above the
 #: least outage of all candidates: more replicas would buy less than that. 25 %: on the shipped
-#: topologies under the default model the step from 2 to 3 standbys buys about 10 % of the outage
-#: for another 0.5 standby replicas per task, from 1 to 2 about 20 %.
+#: topologies under the default model (with warmups, restores at 10,000 records/s) the step from
+#: 2 to 3 standbys buys 11-17 % of the outage for another 0.4-0.7 standby replicas per task,
+#: from 1 to 2 about 28-33 %.
 TOLERANCE: Final = 0.25
 
 #: The outage's parts: (summed column, share in the summary, the knob that scales it).
@@ -98,8 +99,9 @@ def _availability(instance: object, attribute: attrs.Attribute[float], value: fl
 class AvailabilityModel:
     """How fast state restores and how long failures take to notice (see the module docstring)."""
 
-    #: Records per second one restoring task reads from its changelog.
-    restore_rate: float = attrs.field(default=20_000.0, validator=_positive_number)
+    #: Records per second one restoring task reads from its changelog (``simulate``'s too:
+    #: the report prices its downtime at the same default).
+    restore_rate: float = attrs.field(default=RESTORE_RATE, validator=_positive_number)
     #: Seconds before a crashed client's tasks are reassigned (the session timeout).
     detection_s: float = attrs.field(default=45.0, validator=_non_negative_number)
     #: Seconds between probing rebalances that move warmed-up tasks.
@@ -157,6 +159,8 @@ class PlanJob:
             seed=self.seed,
             standby_replicas=standbys,
             acceptable_recovery_lag=self.acceptable_recovery_lag,
+            # New standbys catch up at the rate the outage is priced at: one restore rate.
+            replica_restore_per_s=self.availability.restore_rate,
         )
 
 

@@ -43,6 +43,8 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
         "--report",
         "--spark-tasks",
         "2",
+        "--restore-rate",
+        "40000",
     )
     assert code == 0, out
     # --spark-tasks: 2 tasks share the 3 scenarios, each writing one file per assignor.
@@ -54,6 +56,10 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
     assert f"next: open {(run / 'report' / 'report.html').as_uri()}" in out
     manifest = json.loads((run / "manifest" / "part-00000.json").read_text())
     assert manifest["assignors"] == ["task:sticky", "consumer:range"] and manifest["seed"] == 9
+    # The restore rate is the run's, recorded and priced by the report (one default with
+    # plan-standbys otherwise).
+    assert manifest["replica_restore_per_s"] == 40_000.0
+    assert "at 40,000 records/s per task" in (run / "report" / "report.html").read_text()
     assert f"run {manifest['run_id']} in {run}" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging folder left
     code, out = invoke("report", str(run), "--out", str(tmp_path / "again"), "--spark-tasks", "3")

@@ -316,3 +316,18 @@ def test_assignment_time_is_linear_unless_it_spans_two_decades(
     assert fig.layout.xaxis.type == axis
     assert sorted(bar.text[0] for bar in fig.data) == sorted(f"{p:.2f} ms" for p in p99s)
     assert ("logarithmic" in fig.layout.xaxis.title.text) == (axis == "log")
+
+
+def test_the_restore_rate_is_the_runs_and_shown_in_its_details(tmp_path: Path) -> None:
+    """Downtimes are records over the run's restore rate (``simulate --restore-rate``, in the
+    manifest); a run written before the option has none and was simulated at the default."""
+    data = load()
+    old = render_report(data, tmp_path / "old").read_text()
+    assert "at 10,000 records/s per task" in old
+    assert 'replica restore per s</th><td class="l">10,000 records/s per task' in old
+    data["manifest"]["replica_restore_per_s"] = 40_000.0
+    page = render_report(data, tmp_path / "new").read_text()
+    assert "at 40,000 records/s per task" in page
+    assert 'replica restore per s</th><td class="l">40,000 records/s per task' in page
+    slow, fast = outcomes(load()), outcomes(data)
+    assert [o.downtime_s / 4 for o in slow] == pytest.approx([o.downtime_s for o in fast])

@@ -9,7 +9,8 @@ import pytest
 from rich.console import Console
 
 from streamassign.cli import _plan_table
-from streamassign.pipeline import Workload
+from streamassign.pipeline import SimulationJob, Workload
+from streamassign.pipeline.simulate import RESTORE_RATE
 from streamassign.pipeline.standbys import AvailabilityModel, PlanJob, knobs, recommend
 
 
@@ -54,7 +55,8 @@ def test_an_explicit_target_is_met_cheaply_or_the_best_is_named() -> None:
 
 
 def test_knobs_split_the_outage_and_say_what_reaches_the_next_nine(orders: Workload) -> None:
-    job = PlanJob(workload=orders)  # restore rate 20,000/s, detection 45 s, restarts 60 s
+    # Restore rate 20,000/s, detection 45 s, restarts 60 s.
+    job = PlanJob(workload=orders, availability=AvailabilityModel(restore_rate=20_000.0))
     row = candidate(2, 2, 0.998)  # outage 0.002: restores 0.0012, detection 0.0002, restarts 0.0006
     split, reach, cannot = knobs(row, job)
     assert split == (
@@ -89,7 +91,7 @@ def test_knobs_split_the_outage_and_say_what_reaches_the_next_nine(orders: Workl
 def test_knob_values_past_their_limits_are_never_suggested(orders: Workload) -> None:
     """Under the default model the restarts dominate: reaching 0.999 would take a restart in
     17 ms. No line suggests it; both lines agree that no knob alone gets there."""
-    job = PlanJob(workload=orders)
+    job = PlanJob(workload=orders, availability=AvailabilityModel(restore_rate=20_000.0))
     row = candidate(2, 2, 0.9969, restore_share=0.3, detection_share=0.18, restart_share=0.52)
     lines = knobs(row, job)
     assert len(lines) == 2 and not any(line.startswith("to reach") for line in lines)
@@ -125,3 +127,16 @@ def test_the_table_fits_the_log_unabridged(width: int) -> None:
         "2 *",
     ):
         assert value in text, value
+
+
+def test_plan_standbys_and_simulate_share_one_restore_rate(orders: Workload) -> None:
+    """The report prices downtime at simulate's rate, the plan its restores at its own: one
+    default (they were 10,000 and 20,000), and the plan's simulation catches new standbys up at
+    the rate it prices restores at."""
+    assert (
+        AvailabilityModel().restore_rate
+        == SimulationJob(workload=orders, assignors=("task:sticky",)).replica_restore_per_s
+        == RESTORE_RATE
+    )
+    job = PlanJob(workload=orders, availability=AvailabilityModel(restore_rate=50_000.0))
+    assert job.simulation(1).replica_restore_per_s == 50_000.0
