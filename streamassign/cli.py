@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import select
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -2444,6 +2445,59 @@ def _link_problem(path: Path) -> str | None:
     return None
 
 
+#: plan-standbys' options that mean the same to simulate: its next command repeats those the
+#: user gave, so that it simulates the fleet, model and restore rate the plan was made for.
+_CARRIED_TO_SIMULATE: Final = (
+    "scenarios",
+    "seed",
+    "model_file",
+    "params",
+    "steps",
+    "partitions",
+    "acceptable_lag",
+    "restore_rate",
+    "master",
+)
+
+
+def _next_simulation(topology_file: Path, standbys: int, name: str) -> list[str]:
+    """The ``simulate`` command (as words) of the rebalances under a plan of ``standbys``: the
+    user's own model options, both task assignors (the warmups need ``task:ha``), and a run
+    folder of its own, so that it runs beside the run of ``simulate TOPOLOGY`` rather than
+    being refused by it."""
+    ctx = click.get_current_context()
+    words = ["streamassign", "simulate", str(topology_file), "--standbys", str(standbys)]
+    words += ["--assignors", "task:sticky,task:ha"]
+    for param in ctx.command.params:
+        if param.name not in _CARRIED_TO_SIMULATE or not _given(param.name):
+            continue
+        flag = max(param.opts, key=len)  # the long form, as simulate spells it
+        value = ctx.params[param.name]
+        for item in value if param.multiple else (value,):
+            words += [flag, f"{item:g}" if isinstance(item, float) else str(item)]
+    out, overwrite = _standby_run_dir(name, standbys)
+    return [*words, "--out", out, *(["--overwrite"] if overwrite else []), "--report"]
+
+
+def _standby_run_dir(name: str, standbys: int) -> tuple[str, bool]:
+    """``streamassign-runs/NAME-standbysR`` and whether ``--overwrite`` is needed there (it
+    holds a run: that of an earlier plan's next command); past folders that are no run (which
+    simulate never replaces), the first of ``-2``, ``-3``, ... that takes one."""
+    import itertools
+
+    from .pipeline.runs import MANIFEST, MANIFEST_FILE, LocalFiles, describe_existing, replaceable
+
+    files, base = LocalFiles(), f"{_given_run_dir(None, name)}-standbys{standbys}"
+    for n in itertools.count(1):
+        out = base if n == 1 else f"{base}-{n}"
+        where = os.path.abspath(out)
+        if describe_existing(files, where) is None:
+            return out, False
+        if replaceable(files, where, f"{MANIFEST}/{MANIFEST_FILE}"):
+            return out, True
+    raise AssertionError("unreachable: itertools.count never ends")
+
+
 def _print_plan(
     plan: Mapping[str, Any],
     best: Mapping[str, Any],
@@ -2467,7 +2521,5 @@ def _print_plan(
     # Plain lines (not rich's, which wrap at the log's width): paths and commands to copy.
     if out is not None:
         click.echo(f"written: {out / 'plan.csv'}, {out / 'plan.json'}")
-    click.echo(
-        f"next: streamassign simulate {topology_file} --standbys {best['standbys']} "
-        "--assignors task:sticky,task:ha --report  (the rebalances under this plan)"
-    )
+    command = _next_simulation(topology_file, best["standbys"], job.workload.name)
+    click.echo(f"next: {shlex.join(command)}  (the rebalances under this plan)")

@@ -3,12 +3,15 @@ any Spark session starts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -99,6 +102,8 @@ def test_plan_standbys_prints_a_recommendation(
     assert "fleet modelled: 3-6 processes at the start, 2-10 as they scale" in out
     assert "evaluating standby candidates" in out and "Spark tasks" in out
     assert f"next: streamassign simulate {ORDERS} --standbys " in out
+    # ... with the model it planned for (the next command's own test is below).
+    assert "--scenarios 3 --param crash_per_client_hour=0.5 --steps 8 --out" in out
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert len(plan["candidates"]) == 4
     assert "num_standby_replicas=" in plan["why"]
@@ -669,3 +674,67 @@ def test_spark_failures_are_summed_up_in_one_line() -> None:
     )
     assert _spark_failure(RuntimeError(java)) == "OutOfMemoryError: Java heap space"
     assert _spark_failure(RuntimeError("plain")) == "plain"
+
+
+def _a_complete_run(folder: Path) -> None:
+    (folder / "manifest").mkdir(parents=True)
+    (folder / "manifest" / "part-00000.json").write_text('{"run_id": "earlier", "rows": 1}')
+
+
+def test_plan_standbys_next_command_runs_as_printed_with_the_users_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``next:`` line of plan-standbys simulates the plan's fleet (the user's --param,
+    --model, -p, --restore-rate...), in a folder of its own: it named only the topology and
+    the standbys, so after README command 1 (a run in streamassign-runs/NAME) it was refused,
+    and it simulated the default fleet, not the one planned for."""
+    from streamassign.cli import _next_simulation, plan_standbys, simulate
+
+    monkeypatch.chdir(tmp_path)
+    _a_complete_run(tmp_path / "streamassign-runs" / "orders-enricher")  # README command 1's
+    model = tmp_path / "model.toml"
+    model.write_text("crash_per_client_hour = 0.5\n")
+    given = ["--param", "min_initial_clients=8", "--param", "max_initial_clients=8"]
+    given += ["--model", str(model), "--restore-rate", "50000", "-p", "returns=4", "--seed", "4"]
+    given += ["--scenarios", "3", "--steps", "5", "--detection", "30"]
+
+    def suggested() -> list[str]:
+        with plan_standbys.make_context("plan-standbys", [str(ORDERS), *given]):
+            return _next_simulation(ORDERS, 2, "orders-enricher")
+
+    words = suggested()
+    assert words[:2] == ["streamassign", "simulate"]
+    params = simulate.make_context("simulate", words[2:]).params
+    assert params["params"] == ("min_initial_clients=8", "max_initial_clients=8")
+    assert params["model_file"] == model and params["restore_rate"] == 50_000.0
+    assert params["partitions"] == ("returns=4",) and params["seed"] == 4
+    assert (params["scenarios"], params["steps"], params["standbys"]) == (3, 5, 2)
+    assert params["assignor_names"] == ("task:sticky,task:ha",) and params["with_report"]
+    assert params["out"] == "streamassign-runs/orders-enricher-standbys2"
+    assert not params["overwrite"]
+
+    # The command itself, as printed, up to where Spark would start: not refused.
+    @contextlib.contextmanager
+    def no_spark(master: str | None, ship: bool | None = False) -> Iterator[Any]:
+        raise click.ClickException("stopped where Spark starts")
+        yield
+
+    monkeypatch.setattr("streamassign.cli._session", no_spark)
+    code, out = invoke(*words[1:])
+    assert code == 1 and "simulating 3 scenarios of orders-enricher" in out, out
+    assert "Error: stopped where Spark starts" in out
+    # Its run there (from an earlier plan): replaced by the same command; a folder that is
+    # no run (simulate never replaces one) is passed by.
+    _a_complete_run(tmp_path / "streamassign-runs" / "orders-enricher-standbys2")
+    assert suggested()[-3:] == [
+        "streamassign-runs/orders-enricher-standbys2",
+        "--overwrite",
+        "--report",
+    ]
+    code, out = invoke(*suggested()[1:])
+    assert "Error: stopped where Spark starts" in out, out
+    (tmp_path / "streamassign-runs" / "orders-enricher-standbys2" / "manifest").rename(
+        tmp_path / "elsewhere"
+    )
+    (tmp_path / "streamassign-runs" / "orders-enricher-standbys2" / "notes.txt").write_text("x")
+    assert suggested()[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
