@@ -2301,18 +2301,23 @@ def _exit_if_missed(target: float | None, plan: Mapping[str, Any]) -> None:
 def _standby_plan(
     totals: Any, job: Any, target: float | None, tolerance: float
 ) -> tuple[dict[str, Any], Mapping[str, Any]]:
-    """The plan (the candidates' summaries, the recommended one, why, and the knobs that move
-    it) and the recommended row itself (one of the candidates)."""
-    from .pipeline.standbys import knobs, recommend, summarize
+    """The plan (the candidates' summaries, the recommended one, why, the knobs that move it,
+    and the assignor it needs, with the plan for the sticky one when that differs) and the
+    recommended row itself (one of the candidates)."""
+    from .pipeline.standbys import assignor_advice, knobs, recommend, summarize
 
     rows = summarize(totals, job.availability)
     best, why, reached = recommend(rows, target, tolerance)
+    advice = assignor_advice(rows, best, target, tolerance)
     plan = {
         "candidates": rows,
         "recommended": dict(best),
         "why": why,
         "target_reached": reached,
         "knobs": knobs(best, job, target),
+        "assignor": advice["assignor"],
+        "assignor_why": advice["why"],
+        "without_warmups": advice["without_warmups"],
     }
     return plan, best
 
@@ -2517,6 +2522,7 @@ def _print_plan(
     console.print(f"recommended: {plan['why']}")
     for line in plan["knobs"]:
         console.print(f"  {line}")
+    console.print(f"assignor: {plan['assignor_why']}")
     click.echo(_fleet_line(job.model))
     # Plain lines (not rich's, which wrap at the log's width): paths and commands to copy.
     if out is not None:

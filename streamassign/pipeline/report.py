@@ -351,6 +351,42 @@ def recommend(found: Sequence[Outcome], restore_per_s: float) -> Recommendation:
     return Recommendation(best, reasons, ruled_out, ranked)
 
 
+def _cold_crash_share(by_event: Sequence[Mapping[str, Any]], name: str) -> float | None:
+    """The share of ``name``'s stateful takeovers at crashes that restored from scratch."""
+    for row in by_event:
+        if (row["level"], row["assignor"], row["event"]) == ("task", name, "crash"):
+            share = _warm_share(row)
+            return None if share is None else 1.0 - share
+    return None
+
+
+def ha_reasons(rec: Recommendation, by_event: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """What the high-availability assignor would change, for a task-level pick: that it was not
+    compared (simulate's default group leaves it out, and plan-standbys' warmups need it), or,
+    when the run shows it, that it takes over crashed tasks cold less often than the sticky
+    assignor (whose least-moves rule places an orphan cold rather than move a kept task)."""
+    best = rec.best
+    if best is None or best.level != "task":
+        return ()
+    compared = {o.name: o for o in rec.ranked if o.flaw() is None}
+    if "task:ha" not in {o.name for o in rec.ranked}:
+        return (
+            "task:ha, the high-availability assignor, was not compared (simulate's default "
+            "group leaves it out): it keeps tasks on caught-up state while warmups restore, and "
+            "plan-standbys' warmups need it; compare it with --assignors default,task:ha.",
+        )
+    other = next((o for o in rec.ranked if o.level == "task" and o.name != "task:ha"), None)
+    if "task:ha" not in compared or other is None or other.name not in compared:
+        return ()
+    ha, theirs = (_cold_crash_share(by_event, n) for n in ("task:ha", other.name))
+    if ha is None or theirs is None or not ha < theirs:
+        return ()
+    return (
+        f"At crashes, {_share(theirs)} of {other.name}'s takeovers of stateful tasks restored "
+        f"from scratch (cold, standbys or not), against {_share(ha)} of task:ha's.",
+    )
+
+
 # -- figures ---------------------------------------------------------------------------------------
 
 #: Legends go under the plot, where they cover no data; the figure grows with its entries so
@@ -989,6 +1025,7 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
     rate = _restore_rate(manifest)
     found = outcomes(data)
     rec = recommend(found, rate)
+    rec = attrs.evolve(rec, reasons=(*rec.reasons, *ha_reasons(rec, data["by_event"])))
     figures, figure_notes = _figures(data)
     page = _template().render(
         topology=manifest.get("topology", "?"),

@@ -55,6 +55,7 @@ __all__ = [
     "TOLERANCE",
     "AvailabilityModel",
     "PlanJob",
+    "assignor_advice",
     "evaluate_candidates",
     "knobs",
     "recommend",
@@ -372,6 +373,48 @@ def recommend(
         f"{top['standby_load']:.2f} standby replicas per task)"
     )
     return best, why, True
+
+
+#: The assignor a plan needs, by whether it has warmups: only the high-availability assignor
+#: places them (StickyTaskAssignor computes the target assignment only).
+HA_ASSIGNOR: Final = "the high-availability assignor (streamassign.ha; task:ha in simulate)"
+STICKY_ASSIGNOR: Final = "StickyTaskAssignor (task:sticky)"
+
+
+def assignor_advice(
+    rows: Sequence[Mapping[str, Any]],
+    best: Mapping[str, Any],
+    target: float | None = None,
+    tolerance: float = TOLERANCE,
+) -> dict[str, Any]:
+    """Which assignor ``best`` assumes, and, when that is the high-availability one (``best``
+    has warmups), the plan for StickyTaskAssignor: :func:`recommend`'s pick among the
+    candidates without warmups (``None`` if there are none). A user of the sticky assignor who
+    took ``best``'s standbys would get the warmup-free row's availability, not ``best``'s."""
+    if not best["warmups"]:
+        return {
+            "assignor": "task:sticky",
+            "without_warmups": None,
+            "why": f"no warmups: {STICKY_ASSIGNOR} or {HA_ASSIGNOR} alike",
+        }
+    head = f"warmups need {HA_ASSIGNOR}; {STICKY_ASSIGNOR} places none"
+    plain = [r for r in rows if not r["warmups"]]
+    if not plain:
+        return {
+            "assignor": "task:ha",
+            "without_warmups": None,
+            "why": f"{head}: add 0 to --warmups for its plan",
+        }
+    sticky, _, reached = recommend(plain, target, tolerance)
+    missed = "" if reached else f"; none without warmups reaches {target}"
+    return {
+        "assignor": "task:ha",
+        "without_warmups": dict(sticky),
+        "why": (
+            f"{head}: with it, {_name(sticky)} ({_outage(sticky)}, against "
+            f"{best['availability']:.5f} with warmups{missed})"
+        ),
+    }
 
 
 def _name(row: Mapping[str, Any]) -> str:

@@ -99,6 +99,7 @@ def test_plan_standbys_prints_a_recommendation(
     table = out[out.index("Standby plans") : out.index("recommended: ")]
     assert max(len(line) for line in table.splitlines()) <= 80
     assert "outage of num_standby_replicas=" in out  # what the outage is made of
+    assert "\nassignor: " in out  # warmups need task:ha; without them, the sticky plan
     assert "fleet modelled: 3-6 processes at the start, 2-10 as they scale" in out
     assert "evaluating standby candidates" in out and "Spark tasks" in out
     assert f"next: streamassign simulate {ORDERS} --standbys " in out
@@ -108,6 +109,7 @@ def test_plan_standbys_prints_a_recommendation(
     assert len(plan["candidates"]) == 4
     assert "num_standby_replicas=" in plan["why"]
     assert plan["knobs"][0].startswith("outage of ")
+    assert plan["assignor"] == ("task:ha" if plan["recommended"]["warmups"] else "task:sticky")
     assert sum(
         plan["recommended"][k] for k in ("restore_share", "detection_share", "restart_share")
     ) == pytest.approx(1.0)
@@ -267,6 +269,7 @@ def _fake_plan(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     rows[0] |= {"warmup_load": 0.0, "convergence_s": 0.0, "outage_per_day_s": 1.0}
     rows[0] |= {"worst_outage_p99_s": 1.0, "bootstrap_per_hour": 1.0}
     plan = {"candidates": rows, "recommended": rows[0], "why": "cheapest", "knobs": []}
+    plan |= {"assignor": "task:sticky", "assignor_why": "no warmups", "without_warmups": None}
     monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: ran.append("spark"))
     monkeypatch.setattr(cli, "_standby_plan", lambda *a: (plan | {"target_reached": True}, rows[0]))
     return ran

@@ -11,7 +11,13 @@ from rich.console import Console
 from streamassign.cli import _plan_table
 from streamassign.pipeline import SimulationJob, Workload
 from streamassign.pipeline.simulate import RESTORE_RATE
-from streamassign.pipeline.standbys import AvailabilityModel, PlanJob, knobs, recommend
+from streamassign.pipeline.standbys import (
+    AvailabilityModel,
+    PlanJob,
+    assignor_advice,
+    knobs,
+    recommend,
+)
 
 
 def candidate(standbys: int, warmups: int, availability: float, **extra: Any) -> dict[str, Any]:
@@ -140,3 +146,28 @@ def test_plan_standbys_and_simulate_share_one_restore_rate(orders: Workload) -> 
     )
     job = PlanJob(workload=orders, availability=AvailabilityModel(restore_rate=50_000.0))
     assert job.simulation(1).replica_restore_per_s == 50_000.0
+
+
+def test_a_plan_with_warmups_names_its_assignor_and_the_sticky_plan() -> None:
+    """Only the high-availability assignor places warmups: a plan with them says so and gives
+    the plan for StickyTaskAssignor, the candidates without warmups (the report of simulate's
+    default group says "Use task:sticky"; with the HA plan's standbys it gets less)."""
+    rows = [candidate(1, 0, 0.9940), candidate(2, 0, 0.9941), candidate(2, 2, 0.9969)]
+    best, _, _ = recommend(rows)
+    assert (best["standbys"], best["warmups"]) == (2, 2)
+    advice = assignor_advice(rows, best)
+    assert advice["assignor"] == "task:ha" and advice["without_warmups"] == rows[0]
+    assert advice["why"] == (
+        "warmups need the high-availability assignor (streamassign.ha; task:ha in simulate); "
+        "StickyTaskAssignor (task:sticky) places none: with it, num_standby_replicas=1, "
+        "warmups=0 (availability 0.99400, against 0.99690 with warmups)"
+    )
+    missed = assignor_advice(rows, best, target=0.995)["why"]
+    assert missed.endswith(
+        "num_standby_replicas=2, warmups=0 (availability 0.99410, against "
+        "0.99690 with warmups; none without warmups reaches 0.995)"
+    )
+    assert "add 0 to --warmups" in assignor_advice(rows[2:], best)["why"]
+    plain = assignor_advice(rows[:2], rows[0])
+    assert plain["assignor"] == "task:sticky" and plain["without_warmups"] is None
+    assert plain["why"].startswith("no warmups: ")
