@@ -930,6 +930,7 @@ def _answer_rows(rec: Recommendation) -> list[tuple[str, list[Cell]]]:
 # -- the page --------------------------------------------------------------------------------------
 
 _MANIFEST_KEYS: Final = (
+    "run_id",  # what simulate printed, and every row's run_id: joins runs read together
     "topology",
     "topology_file",
     "partitions",
@@ -943,6 +944,7 @@ _MANIFEST_KEYS: Final = (
     "master",
     "elapsed_s",
     "streamassign",
+    "pyspark",
     "created",
 )
 

@@ -353,3 +353,13 @@ def test_the_answer_says_what_task_ha_changes(tmp_path: Path) -> None:
     assert "Use <span" in answer and "<strong>task:sticky</strong>" in answer
     assert "task:ha, the high-availability assignor, was not compared" in answer
     assert "--assignors default,task:ha" in answer and "At crashes" not in answer
+
+
+def test_run_details_name_the_run_and_its_versions(tmp_path: Path) -> None:
+    """The run id simulate prints (and every row carries) identifies the run a report is of."""
+    data = load()
+    data["manifest"]["pyspark"] = "4.0.1"
+    page = render_report(data, tmp_path).read_text()
+    details = page[page.index('id="run"') :]
+    assert '<th class="l">run id</th><td class="l">report-data</td>' in details
+    assert '<th class="l">pyspark</th><td class="l">4.0.1</td>' in details
