@@ -817,7 +817,15 @@ _DETAIL: Final = (
         "standbys placed over required, mean (task level)",
         "{:.0%}",
     ),
-    ("warm_share", "warm", "stateful takeovers onto a client with local state", "{:.0%}"),
+    (
+        "warm_share",
+        "warm",
+        "stateful tasks placed on a new owner that has local state of them, of all placed on a "
+        "new owner; new tasks (the initial assignment's, a partition expansion's) count among "
+        "the others (no client has their state), so those events and the totals read lower "
+        "than takeovers alone",
+        "{:.0%}",
+    ),
     ("records_to_restore_p50", "restore p50", "records restored per rebalance, median", "{:,.0f}"),
     ("records_to_restore_p99", "restore p99", "records restored per rebalance, p99", "{:,.0f}"),
     (

@@ -174,8 +174,14 @@ COLUMNS: Final[tuple[tuple[str, str, bool, str], ...]] = (
     ("standby_coverage", "double", True, "placed / required (1.0 when none required)"),
     ("standbys_kept", "int", True, "previous standbys kept"),
     ("standbys_dropped", "int", True, "previous standbys dropped"),
-    ("warm_takeovers", "int", False, "stateful tasks changing hands onto local state"),
-    ("cold_takeovers", "int", False, "stateful tasks changing hands onto no local state"),
+    ("warm_takeovers", "int", False, "stateful tasks placed on a new owner with local state"),
+    (
+        "cold_takeovers",
+        "int",
+        False,
+        "stateful tasks placed on a new owner without local state: moved from another owner, "
+        "or new (every task of the initial assignment, a partition expansion's new tasks)",
+    ),
     ("unassigned", "int", False, "units left without an active owner"),
     ("split_tasks", "int", False, "tasks whose partitions went to several consumers"),
     ("records_to_restore", "long", False, "changelog records new owners must restore"),

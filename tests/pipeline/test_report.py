@@ -363,3 +363,17 @@ def test_run_details_name_the_run_and_its_versions(tmp_path: Path) -> None:
     details = page[page.index('id="run"') :]
     assert '<th class="l">run id</th><td class="l">report-data</td>' in details
     assert '<th class="l">pyspark</th><td class="l">4.0.1</td>' in details
+
+
+def test_the_warm_share_says_new_tasks_count_as_cold(page: str) -> None:
+    """cold_takeovers counts every stateful task placed on a new owner without its state, the
+    new tasks of a partition expansion included (not takeovers: they had no owner): the column
+    and the schema say so, or an expansion's low warm share reads as a failure to keep state."""
+    from streamassign.pipeline.simulate import COLUMNS
+
+    glossary = html.unescape(page[page.index('class="glossary"') :])
+    assert "new tasks (the initial assignment's, a partition expansion's) count among" in glossary
+    cold = next(meaning for name, _, _, meaning in COLUMNS if name == "cold_takeovers")
+    assert (
+        "or new (every task of the initial assignment, a partition expansion's new tasks)" in cold
+    )
