@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import select
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -317,6 +318,38 @@ def _standbys_option(default: int, help: str) -> Callable[[_F], _F]:
 
 def _acceptable_lag_option(help: str) -> Callable[[_F], _F]:
     return _shown("--acceptable-lag", kind=click.IntRange(min=0), default=10_000, help=help)
+
+
+def _restore_rate() -> float:
+    """The pipeline's one restore rate (``simulate.RESTORE_RATE``), imported only when a
+    command uses it: the CLI loads no pipeline module when it starts."""
+    from .pipeline.simulate import RESTORE_RATE
+
+    return RESTORE_RATE
+
+
+class _PipelineDefaultOption(click.Option):
+    """An option whose default is a pipeline constant (a callable, called only when needed),
+    shown in ``--help`` as its value rather than click's "(dynamic)"."""
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        if callable(self.default):
+            extra["default"] = f"{self.default():,g}"
+        return extra
+
+
+def _restore_rate_option(help: str) -> Callable[[_F], _F]:
+    """``--restore-rate R``: one default for simulate and plan-standbys, so that the report's
+    downtime and the plan's restore outage are priced alike."""
+    return click.option(
+        "--restore-rate",
+        type=click.FloatRange(min=0, min_open=True),
+        default=_restore_rate,
+        show_default=True,
+        cls=_PipelineDefaultOption,
+        help=help,
+    )
 
 
 _ship_code_option = click.option(
@@ -1777,6 +1810,10 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
 )
 @_standbys_option(1, "num_standby_replicas of the task assignors.")
 @_acceptable_lag_option("acceptable_recovery_lag of the task assignor (records).")
+@_restore_rate_option(
+    "Records per second a restoring task reads: new replicas' catch-up, and the report's "
+    "task downtime (recorded in the manifest)."
+)
 @click.option(
     "--out",
     default=None,
@@ -1803,6 +1840,7 @@ def simulate(
     assignor_names: tuple[str, ...],
     standbys: int,
     acceptable_lag: int,
+    restore_rate: float,
     out: str | None,
     overwrite: bool,
     with_report: bool,
@@ -1839,6 +1877,7 @@ def simulate(
             seed=seed,
             standby_replicas=standbys,
             acceptable_recovery_lag=acceptable_lag,
+            replica_restore_per_s=restore_rate,
         )
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -1967,6 +2006,7 @@ def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) 
         "notes": list(notes),
         "standby_replicas": job.standby_replicas,
         "acceptable_recovery_lag": job.acceptable_recovery_lag,
+        "replica_restore_per_s": job.replica_restore_per_s,
         "model": attrs.asdict(job.model),
         "master": master,
         "streamassign": version("streamassign"),
@@ -2139,12 +2179,7 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 @_shown(
     "--warmups", "warmup_list", kind=str, default="0,2", help="Warmup-replica candidates (0: none)."
 )
-@_shown(
-    "--restore-rate",
-    kind=click.FloatRange(min=0, min_open=True),
-    default=20_000.0,
-    help="Records per second a restoring task reads.",
-)
+@_restore_rate_option("Records per second a restoring task reads (simulate's default too).")
 @_shown(
     "--detection",
     kind=click.FloatRange(min=0),
@@ -2266,18 +2301,23 @@ def _exit_if_missed(target: float | None, plan: Mapping[str, Any]) -> None:
 def _standby_plan(
     totals: Any, job: Any, target: float | None, tolerance: float
 ) -> tuple[dict[str, Any], Mapping[str, Any]]:
-    """The plan (the candidates' summaries, the recommended one, why, and the knobs that move
-    it) and the recommended row itself (one of the candidates)."""
-    from .pipeline.standbys import knobs, recommend, summarize
+    """The plan (the candidates' summaries, the recommended one, why, the knobs that move it,
+    and the assignor it needs, with the plan for the sticky one when that differs) and the
+    recommended row itself (one of the candidates)."""
+    from .pipeline.standbys import assignor_advice, knobs, recommend, summarize
 
     rows = summarize(totals, job.availability)
     best, why, reached = recommend(rows, target, tolerance)
+    advice = assignor_advice(rows, best, target, tolerance)
     plan = {
         "candidates": rows,
         "recommended": dict(best),
         "why": why,
         "target_reached": reached,
         "knobs": knobs(best, job, target),
+        "assignor": advice["assignor"],
+        "assignor_why": advice["why"],
+        "without_warmups": advice["without_warmups"],
     }
     return plan, best
 
@@ -2410,6 +2450,59 @@ def _link_problem(path: Path) -> str | None:
     return None
 
 
+#: plan-standbys' options that mean the same to simulate: its next command repeats those the
+#: user gave, so that it simulates the fleet, model and restore rate the plan was made for.
+_CARRIED_TO_SIMULATE: Final = (
+    "scenarios",
+    "seed",
+    "model_file",
+    "params",
+    "steps",
+    "partitions",
+    "acceptable_lag",
+    "restore_rate",
+    "master",
+)
+
+
+def _next_simulation(topology_file: Path, standbys: int, name: str) -> list[str]:
+    """The ``simulate`` command (as words) of the rebalances under a plan of ``standbys``: the
+    user's own model options, both task assignors (the warmups need ``task:ha``), and a run
+    folder of its own, so that it runs beside the run of ``simulate TOPOLOGY`` rather than
+    being refused by it."""
+    ctx = click.get_current_context()
+    words = ["streamassign", "simulate", str(topology_file), "--standbys", str(standbys)]
+    words += ["--assignors", "task:sticky,task:ha"]
+    for param in ctx.command.params:
+        if param.name not in _CARRIED_TO_SIMULATE or not _given(param.name):
+            continue
+        flag = max(param.opts, key=len)  # the long form, as simulate spells it
+        value = ctx.params[param.name]
+        for item in value if param.multiple else (value,):
+            words += [flag, f"{item:g}" if isinstance(item, float) else str(item)]
+    out, overwrite = _standby_run_dir(name, standbys)
+    return [*words, "--out", out, *(["--overwrite"] if overwrite else []), "--report"]
+
+
+def _standby_run_dir(name: str, standbys: int) -> tuple[str, bool]:
+    """``streamassign-runs/NAME-standbysR`` and whether ``--overwrite`` is needed there (it
+    holds a run: that of an earlier plan's next command); past folders that are no run (which
+    simulate never replaces), the first of ``-2``, ``-3``, ... that takes one."""
+    import itertools
+
+    from .pipeline.runs import MANIFEST, MANIFEST_FILE, LocalFiles, describe_existing, replaceable
+
+    files, base = LocalFiles(), f"{_given_run_dir(None, name)}-standbys{standbys}"
+    for n in itertools.count(1):
+        out = base if n == 1 else f"{base}-{n}"
+        where = os.path.abspath(out)
+        if describe_existing(files, where) is None:
+            return out, False
+        if replaceable(files, where, f"{MANIFEST}/{MANIFEST_FILE}"):
+            return out, True
+    raise AssertionError("unreachable: itertools.count never ends")
+
+
 def _print_plan(
     plan: Mapping[str, Any],
     best: Mapping[str, Any],
@@ -2429,11 +2522,10 @@ def _print_plan(
     console.print(f"recommended: {plan['why']}")
     for line in plan["knobs"]:
         console.print(f"  {line}")
+    console.print(f"assignor: {plan['assignor_why']}")
     click.echo(_fleet_line(job.model))
     # Plain lines (not rich's, which wrap at the log's width): paths and commands to copy.
     if out is not None:
         click.echo(f"written: {out / 'plan.csv'}, {out / 'plan.json'}")
-    click.echo(
-        f"next: streamassign simulate {topology_file} --standbys {best['standbys']} "
-        "--assignors task:sticky,task:ha --report  (the rebalances under this plan)"
-    )
+    command = _next_simulation(topology_file, best["standbys"], job.workload.name)
+    click.echo(f"next: {shlex.join(command)}  (the rebalances under this plan)")

@@ -381,6 +381,9 @@ def test_a_closed_stdout_still_writes_the_plan_and_keeps_the_exit_status(tmp_pat
         "why": "-",
         "knobs": [],
         "target_reached": False,
+        "assignor": "task:sticky",
+        "assignor_why": "-",
+        "without_warmups": None,
     }
     script = (
         "from streamassign import cli\n"

@@ -24,7 +24,7 @@ import attrs
 from ..text import counted
 from .assignors import SPECS
 from .scenarios import EVENTS
-from .simulate import SimulationJob
+from .simulate import RESTORE_RATE
 
 __all__ = [
     "CSV_FILES",
@@ -195,12 +195,12 @@ class Outcome:
 
 
 def _restore_rate(manifest: Mapping[str, Any]) -> float:
+    """The run's restore rate; a run written before ``simulate --restore-rate`` existed has
+    none in its manifest and was simulated at the default."""
     rate = manifest.get("replica_restore_per_s")
     if isinstance(rate, int | float) and rate > 0:
         return float(rate)
-    default = attrs.fields(SimulationJob).replica_restore_per_s.default
-    assert isinstance(default, float)  # a plain default, not a factory
-    return default
+    return RESTORE_RATE
 
 
 def outcomes(data: Mapping[str, Any]) -> list[Outcome]:
@@ -349,6 +349,42 @@ def recommend(found: Sequence[Outcome], restore_per_s: float) -> Recommendation:
         _balance_reason(best),
     )
     return Recommendation(best, reasons, ruled_out, ranked)
+
+
+def _cold_crash_share(by_event: Sequence[Mapping[str, Any]], name: str) -> float | None:
+    """The share of ``name``'s stateful takeovers at crashes that restored from scratch."""
+    for row in by_event:
+        if (row["level"], row["assignor"], row["event"]) == ("task", name, "crash"):
+            share = _warm_share(row)
+            return None if share is None else 1.0 - share
+    return None
+
+
+def ha_reasons(rec: Recommendation, by_event: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """What the high-availability assignor would change, for a task-level pick: that it was not
+    compared (simulate's default group leaves it out, and plan-standbys' warmups need it), or,
+    when the run shows it, that it takes over crashed tasks cold less often than the sticky
+    assignor (whose least-moves rule places an orphan cold rather than move a kept task)."""
+    best = rec.best
+    if best is None or best.level != "task":
+        return ()
+    compared = {o.name: o for o in rec.ranked if o.flaw() is None}
+    if "task:ha" not in {o.name for o in rec.ranked}:
+        return (
+            "task:ha, the high-availability assignor, was not compared (simulate's default "
+            "group leaves it out): it keeps tasks on caught-up state while warmups restore, and "
+            "plan-standbys' warmups need it; compare it with --assignors default,task:ha.",
+        )
+    other = next((o for o in rec.ranked if o.level == "task" and o.name != "task:ha"), None)
+    if "task:ha" not in compared or other is None or other.name not in compared:
+        return ()
+    ha, theirs = (_cold_crash_share(by_event, n) for n in ("task:ha", other.name))
+    if ha is None or theirs is None or not ha < theirs:
+        return ()
+    return (
+        f"At crashes, {_share(theirs)} of {other.name}'s takeovers of stateful tasks restored "
+        f"from scratch (cold, standbys or not), against {_share(ha)} of task:ha's.",
+    )
 
 
 # -- figures ---------------------------------------------------------------------------------------
@@ -781,7 +817,15 @@ _DETAIL: Final = (
         "standbys placed over required, mean (task level)",
         "{:.0%}",
     ),
-    ("warm_share", "warm", "stateful takeovers onto a client with local state", "{:.0%}"),
+    (
+        "warm_share",
+        "warm",
+        "stateful tasks placed on a new owner that has local state of them, of all placed on a "
+        "new owner; new tasks (the initial assignment's, a partition expansion's) count among "
+        "the others (no client has their state), so those events and the totals read lower "
+        "than takeovers alone",
+        "{:.0%}",
+    ),
     ("records_to_restore_p50", "restore p50", "records restored per rebalance, median", "{:,.0f}"),
     ("records_to_restore_p99", "restore p99", "records restored per rebalance, p99", "{:,.0f}"),
     (
@@ -894,6 +938,7 @@ def _answer_rows(rec: Recommendation) -> list[tuple[str, list[Cell]]]:
 # -- the page --------------------------------------------------------------------------------------
 
 _MANIFEST_KEYS: Final = (
+    "run_id",  # what simulate printed, and every row's run_id: joins runs read together
     "topology",
     "topology_file",
     "partitions",
@@ -902,10 +947,12 @@ _MANIFEST_KEYS: Final = (
     "assignors",
     "standby_replicas",
     "acceptable_recovery_lag",
+    "replica_restore_per_s",
     "rows",
     "master",
     "elapsed_s",
     "streamassign",
+    "pyspark",
     "created",
 )
 
@@ -920,6 +967,13 @@ def _plain(value: Any) -> str:
     if isinstance(value, list | tuple):
         return ", ".join(_plain(v) for v in value)
     return str(value)
+
+
+def _run_details(manifest: Mapping[str, Any], rate: float) -> list[tuple[str, str]]:
+    """The run details table: the manifest's keys a reader needs, the restore rate always
+    (the downtimes above depend on it)."""
+    shown = {**manifest, "replica_restore_per_s": f"{rate:,g} records/s per task"}
+    return [(k, _plain(shown[k])) for k in _MANIFEST_KEYS if k in shown]
 
 
 def _run_summary(manifest: Mapping[str, Any], rebalances: int) -> str:
@@ -981,6 +1035,7 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
     rate = _restore_rate(manifest)
     found = outcomes(data)
     rec = recommend(found, rate)
+    rec = attrs.evolve(rec, reasons=(*rec.reasons, *ha_reasons(rec, data["by_event"])))
     figures, figure_notes = _figures(data)
     page = _template().render(
         topology=manifest.get("topology", "?"),
@@ -1002,7 +1057,7 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
         by_assignor=_detail_rows(data["by_assignor"], ("level",)),
         by_event=_detail_rows(data["by_event"], ("level", "event")),
         notes=notes,
-        manifest=[(k, _plain(manifest[k])) for k in _MANIFEST_KEYS if k in manifest],
+        manifest=_run_details(manifest, rate),
         model=_plain(manifest.get("model", {})),
         csv_files=list(CSV_FILES),
         plotlyjs=Markup(plotly.offline.get_plotlyjs()),

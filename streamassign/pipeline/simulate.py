@@ -46,6 +46,7 @@ from .scenarios import (
 
 __all__ = [
     "COLUMNS",
+    "RESTORE_RATE",
     "RebalanceRow",
     "SimulationJob",
     "Takeover",
@@ -61,6 +62,12 @@ _NO_TASKS: Final[frozenset[TaskId]] = frozenset()
 
 
 _non_negative: Final = int_at_least(0)
+
+#: Records per second one task restores its changelog at: how fast new replicas catch up here,
+#: the report's task downtime (records / rate) and plan-standbys' restore outage. The one
+#: default of ``simulate --restore-rate`` and ``plan-standbys --restore-rate`` (docs/ha.md's
+#: examples use it too), recorded in each run's manifest as ``replica_restore_per_s``.
+RESTORE_RATE: Final = 10_000.0
 
 
 def require_rebalances(model: ScenarioModel, what: str) -> None:
@@ -107,7 +114,7 @@ class SimulationJob:
     #: replica (warmup or standby) restores its changelog, records per second.
     max_warmup_replicas: int = attrs.field(default=2, validator=int_at_least(1, high=MAX_REPLICAS))
     probing_interval_s: float = 600.0
-    replica_restore_per_s: float = 10_000.0
+    replica_restore_per_s: float = RESTORE_RATE
 
     def __attrs_post_init__(self) -> None:
         if not self.probing_interval_s > 0 or not self.replica_restore_per_s > 0:
@@ -167,8 +174,14 @@ COLUMNS: Final[tuple[tuple[str, str, bool, str], ...]] = (
     ("standby_coverage", "double", True, "placed / required (1.0 when none required)"),
     ("standbys_kept", "int", True, "previous standbys kept"),
     ("standbys_dropped", "int", True, "previous standbys dropped"),
-    ("warm_takeovers", "int", False, "stateful tasks changing hands onto local state"),
-    ("cold_takeovers", "int", False, "stateful tasks changing hands onto no local state"),
+    ("warm_takeovers", "int", False, "stateful tasks placed on a new owner with local state"),
+    (
+        "cold_takeovers",
+        "int",
+        False,
+        "stateful tasks placed on a new owner without local state: moved from another owner, "
+        "or new (every task of the initial assignment, a partition expansion's new tasks)",
+    ),
     ("unassigned", "int", False, "units left without an active owner"),
     ("split_tasks", "int", False, "tasks whose partitions went to several consumers"),
     ("records_to_restore", "long", False, "changelog records new owners must restore"),

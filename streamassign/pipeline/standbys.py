@@ -48,13 +48,14 @@ from .scenarios import (
     int_at_least,
     seed_in_range,
 )
-from .simulate import SimulationJob, Takeover, run_trace
+from .simulate import RESTORE_RATE, SimulationJob, Takeover, run_trace
 
 __all__ = [
     "PLAN_COLUMNS",
     "TOLERANCE",
     "AvailabilityModel",
     "PlanJob",
+    "assignor_advice",
     "evaluate_candidates",
     "knobs",
     "recommend",
@@ -64,8 +65,9 @@ __all__ = [
 
 #: Without a target, a candidate is good enough when its outage is at most this share above the
 #: least outage of all candidates: more replicas would buy less than that. 25 %: on the shipped
-#: topologies under the default model the step from 2 to 3 standbys buys about 10 % of the outage
-#: for another 0.5 standby replicas per task, from 1 to 2 about 20 %.
+#: topologies under the default model (with warmups, restores at 10,000 records/s) the step from
+#: 2 to 3 standbys buys 11-17 % of the outage for another 0.4-0.7 standby replicas per task,
+#: from 1 to 2 about 28-33 %.
 TOLERANCE: Final = 0.25
 
 #: The outage's parts: (summed column, share in the summary, the knob that scales it).
@@ -98,8 +100,9 @@ def _availability(instance: object, attribute: attrs.Attribute[float], value: fl
 class AvailabilityModel:
     """How fast state restores and how long failures take to notice (see the module docstring)."""
 
-    #: Records per second one restoring task reads from its changelog.
-    restore_rate: float = attrs.field(default=20_000.0, validator=_positive_number)
+    #: Records per second one restoring task reads from its changelog (``simulate``'s too:
+    #: the report prices its downtime at the same default).
+    restore_rate: float = attrs.field(default=RESTORE_RATE, validator=_positive_number)
     #: Seconds before a crashed client's tasks are reassigned (the session timeout).
     detection_s: float = attrs.field(default=45.0, validator=_non_negative_number)
     #: Seconds between probing rebalances that move warmed-up tasks.
@@ -157,6 +160,8 @@ class PlanJob:
             seed=self.seed,
             standby_replicas=standbys,
             acceptable_recovery_lag=self.acceptable_recovery_lag,
+            # New standbys catch up at the rate the outage is priced at: one restore rate.
+            replica_restore_per_s=self.availability.restore_rate,
         )
 
 
@@ -368,6 +373,48 @@ def recommend(
         f"{top['standby_load']:.2f} standby replicas per task)"
     )
     return best, why, True
+
+
+#: The assignor a plan needs, by whether it has warmups: only the high-availability assignor
+#: places them (StickyTaskAssignor computes the target assignment only).
+HA_ASSIGNOR: Final = "the high-availability assignor (streamassign.ha; task:ha in simulate)"
+STICKY_ASSIGNOR: Final = "StickyTaskAssignor (task:sticky)"
+
+
+def assignor_advice(
+    rows: Sequence[Mapping[str, Any]],
+    best: Mapping[str, Any],
+    target: float | None = None,
+    tolerance: float = TOLERANCE,
+) -> dict[str, Any]:
+    """Which assignor ``best`` assumes, and, when that is the high-availability one (``best``
+    has warmups), the plan for StickyTaskAssignor: :func:`recommend`'s pick among the
+    candidates without warmups (``None`` if there are none). A user of the sticky assignor who
+    took ``best``'s standbys would get the warmup-free row's availability, not ``best``'s."""
+    if not best["warmups"]:
+        return {
+            "assignor": "task:sticky",
+            "without_warmups": None,
+            "why": f"no warmups: {STICKY_ASSIGNOR} or {HA_ASSIGNOR} alike",
+        }
+    head = f"warmups need {HA_ASSIGNOR}; {STICKY_ASSIGNOR} places none"
+    plain = [r for r in rows if not r["warmups"]]
+    if not plain:
+        return {
+            "assignor": "task:ha",
+            "without_warmups": None,
+            "why": f"{head}: add 0 to --warmups for its plan",
+        }
+    sticky, _, reached = recommend(plain, target, tolerance)
+    missed = "" if reached else f"; none without warmups reaches {target}"
+    return {
+        "assignor": "task:ha",
+        "without_warmups": dict(sticky),
+        "why": (
+            f"{head}: with it, {_name(sticky)} ({_outage(sticky)}, against "
+            f"{best['availability']:.5f} with warmups{missed})"
+        ),
+    }
 
 
 def _name(row: Mapping[str, Any]) -> str:

@@ -3,12 +3,15 @@ any Spark session starts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -43,6 +46,8 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
         "--report",
         "--spark-tasks",
         "2",
+        "--restore-rate",
+        "40000",
     )
     assert code == 0, out
     # --spark-tasks: 2 tasks share the 3 scenarios, each writing one file per assignor.
@@ -54,6 +59,10 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
     assert f"next: open {(run / 'report' / 'report.html').as_uri()}" in out
     manifest = json.loads((run / "manifest" / "part-00000.json").read_text())
     assert manifest["assignors"] == ["task:sticky", "consumer:range"] and manifest["seed"] == 9
+    # The restore rate is the run's, recorded and priced by the report (one default with
+    # plan-standbys otherwise).
+    assert manifest["replica_restore_per_s"] == 40_000.0
+    assert "at 40,000 records/s per task" in (run / "report" / "report.html").read_text()
     assert f"run {manifest['run_id']} in {run}" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging folder left
     code, out = invoke("report", str(run), "--out", str(tmp_path / "again"), "--spark-tasks", "3")
@@ -90,13 +99,17 @@ def test_plan_standbys_prints_a_recommendation(
     table = out[out.index("Standby plans") : out.index("recommended: ")]
     assert max(len(line) for line in table.splitlines()) <= 80
     assert "outage of num_standby_replicas=" in out  # what the outage is made of
+    assert "\nassignor: " in out  # warmups need task:ha; without them, the sticky plan
     assert "fleet modelled: 3-6 processes at the start, 2-10 as they scale" in out
     assert "evaluating standby candidates" in out and "Spark tasks" in out
     assert f"next: streamassign simulate {ORDERS} --standbys " in out
+    # ... with the model it planned for (the next command's own test is below).
+    assert "--scenarios 3 --param crash_per_client_hour=0.5 --steps 8 --out" in out
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert len(plan["candidates"]) == 4
     assert "num_standby_replicas=" in plan["why"]
     assert plan["knobs"][0].startswith("outage of ")
+    assert plan["assignor"] == ("task:ha" if plan["recommended"]["warmups"] else "task:sticky")
     assert sum(
         plan["recommended"][k] for k in ("restore_share", "detection_share", "restart_share")
     ) == pytest.approx(1.0)
@@ -256,6 +269,7 @@ def _fake_plan(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     rows[0] |= {"warmup_load": 0.0, "convergence_s": 0.0, "outage_per_day_s": 1.0}
     rows[0] |= {"worst_outage_p99_s": 1.0, "bootstrap_per_hour": 1.0}
     plan = {"candidates": rows, "recommended": rows[0], "why": "cheapest", "knobs": []}
+    plan |= {"assignor": "task:sticky", "assignor_why": "no warmups", "without_warmups": None}
     monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: ran.append("spark"))
     monkeypatch.setattr(cli, "_standby_plan", lambda *a: (plan | {"target_reached": True}, rows[0]))
     return ran
@@ -663,3 +677,67 @@ def test_spark_failures_are_summed_up_in_one_line() -> None:
     )
     assert _spark_failure(RuntimeError(java)) == "OutOfMemoryError: Java heap space"
     assert _spark_failure(RuntimeError("plain")) == "plain"
+
+
+def _a_complete_run(folder: Path) -> None:
+    (folder / "manifest").mkdir(parents=True)
+    (folder / "manifest" / "part-00000.json").write_text('{"run_id": "earlier", "rows": 1}')
+
+
+def test_plan_standbys_next_command_runs_as_printed_with_the_users_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``next:`` line of plan-standbys simulates the plan's fleet (the user's --param,
+    --model, -p, --restore-rate...), in a folder of its own: it named only the topology and
+    the standbys, so after README command 1 (a run in streamassign-runs/NAME) it was refused,
+    and it simulated the default fleet, not the one planned for."""
+    from streamassign.cli import _next_simulation, plan_standbys, simulate
+
+    monkeypatch.chdir(tmp_path)
+    _a_complete_run(tmp_path / "streamassign-runs" / "orders-enricher")  # README command 1's
+    model = tmp_path / "model.toml"
+    model.write_text("crash_per_client_hour = 0.5\n")
+    given = ["--param", "min_initial_clients=8", "--param", "max_initial_clients=8"]
+    given += ["--model", str(model), "--restore-rate", "50000", "-p", "returns=4", "--seed", "4"]
+    given += ["--scenarios", "3", "--steps", "5", "--detection", "30"]
+
+    def suggested() -> list[str]:
+        with plan_standbys.make_context("plan-standbys", [str(ORDERS), *given]):
+            return _next_simulation(ORDERS, 2, "orders-enricher")
+
+    words = suggested()
+    assert words[:2] == ["streamassign", "simulate"]
+    params = simulate.make_context("simulate", words[2:]).params
+    assert params["params"] == ("min_initial_clients=8", "max_initial_clients=8")
+    assert params["model_file"] == model and params["restore_rate"] == 50_000.0
+    assert params["partitions"] == ("returns=4",) and params["seed"] == 4
+    assert (params["scenarios"], params["steps"], params["standbys"]) == (3, 5, 2)
+    assert params["assignor_names"] == ("task:sticky,task:ha",) and params["with_report"]
+    assert params["out"] == "streamassign-runs/orders-enricher-standbys2"
+    assert not params["overwrite"]
+
+    # The command itself, as printed, up to where Spark would start: not refused.
+    @contextlib.contextmanager
+    def no_spark(master: str | None, ship: bool | None = False) -> Iterator[Any]:
+        raise click.ClickException("stopped where Spark starts")
+        yield
+
+    monkeypatch.setattr("streamassign.cli._session", no_spark)
+    code, out = invoke(*words[1:])
+    assert code == 1 and "simulating 3 scenarios of orders-enricher" in out, out
+    assert "Error: stopped where Spark starts" in out
+    # Its run there (from an earlier plan): replaced by the same command; a folder that is
+    # no run (simulate never replaces one) is passed by.
+    _a_complete_run(tmp_path / "streamassign-runs" / "orders-enricher-standbys2")
+    assert suggested()[-3:] == [
+        "streamassign-runs/orders-enricher-standbys2",
+        "--overwrite",
+        "--report",
+    ]
+    code, out = invoke(*suggested()[1:])
+    assert "Error: stopped where Spark starts" in out, out
+    (tmp_path / "streamassign-runs" / "orders-enricher-standbys2" / "manifest").rename(
+        tmp_path / "elsewhere"
+    )
+    (tmp_path / "streamassign-runs" / "orders-enricher-standbys2" / "notes.txt").write_text("x")
+    assert suggested()[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]

@@ -8,6 +8,7 @@ run again and compares. The browser checks are in ``test_report_browser.py``.
 from __future__ import annotations
 
 import copy
+import html
 import json
 import re
 from pathlib import Path
@@ -316,3 +317,63 @@ def test_assignment_time_is_linear_unless_it_spans_two_decades(
     assert fig.layout.xaxis.type == axis
     assert sorted(bar.text[0] for bar in fig.data) == sorted(f"{p:.2f} ms" for p in p99s)
     assert ("logarithmic" in fig.layout.xaxis.title.text) == (axis == "log")
+
+
+def test_the_restore_rate_is_the_runs_and_shown_in_its_details(tmp_path: Path) -> None:
+    """Downtimes are records over the run's restore rate (``simulate --restore-rate``, in the
+    manifest); a run written before the option has none and was simulated at the default."""
+    data = load()
+    old = render_report(data, tmp_path / "old").read_text()
+    assert "at 10,000 records/s per task" in old
+    assert 'replica restore per s</th><td class="l">10,000 records/s per task' in old
+    data["manifest"]["replica_restore_per_s"] = 40_000.0
+    page = render_report(data, tmp_path / "new").read_text()
+    assert "at 40,000 records/s per task" in page
+    assert 'replica restore per s</th><td class="l">40,000 records/s per task' in page
+    slow, fast = outcomes(load()), outcomes(data)
+    assert [o.downtime_s / 4 for o in slow] == pytest.approx([o.downtime_s for o in fast])
+
+
+def test_the_answer_says_what_task_ha_changes(tmp_path: Path) -> None:
+    """plan-standbys' warmups need task:ha, which simulate's default group leaves out: a report
+    without it says so; with it, and when the run shows it, that task:ha takes over crashed
+    tasks cold less often (the sticky assignor's least moves leave some cold despite standbys)."""
+    page = html.unescape(render_report(load(), tmp_path / "both").read_text())
+    answer = page[page.index('id="answer"') : page.index('id="figures"')]
+    # report_data.json, crashes: task:sticky 22 warm, 8 cold; task:ha 37 warm, 0 cold.
+    assert (
+        "At crashes, 27% of task:sticky's takeovers of stateful tasks restored from scratch "
+        "(cold, standbys or not), against 0% of task:ha's." in answer
+    )
+    data = load()
+    for key in ("by_assignor", "by_event", "by_step", "outcomes"):
+        data[key] = [r for r in data[key] if r["assignor"] != "task:ha"]
+    page = html.unescape(render_report(data, tmp_path / "sticky").read_text())
+    answer = page[page.index('id="answer"') : page.index('id="figures"')]
+    assert "Use <span" in answer and "<strong>task:sticky</strong>" in answer
+    assert "task:ha, the high-availability assignor, was not compared" in answer
+    assert "--assignors default,task:ha" in answer and "At crashes" not in answer
+
+
+def test_run_details_name_the_run_and_its_versions(tmp_path: Path) -> None:
+    """The run id simulate prints (and every row carries) identifies the run a report is of."""
+    data = load()
+    data["manifest"]["pyspark"] = "4.0.1"
+    page = render_report(data, tmp_path).read_text()
+    details = page[page.index('id="run"') :]
+    assert '<th class="l">run id</th><td class="l">report-data</td>' in details
+    assert '<th class="l">pyspark</th><td class="l">4.0.1</td>' in details
+
+
+def test_the_warm_share_says_new_tasks_count_as_cold(page: str) -> None:
+    """cold_takeovers counts every stateful task placed on a new owner without its state, the
+    new tasks of a partition expansion included (not takeovers: they had no owner): the column
+    and the schema say so, or an expansion's low warm share reads as a failure to keep state."""
+    from streamassign.pipeline.simulate import COLUMNS
+
+    glossary = html.unescape(page[page.index('class="glossary"') :])
+    assert "new tasks (the initial assignment's, a partition expansion's) count among" in glossary
+    cold = next(meaning for name, _, _, meaning in COLUMNS if name == "cold_takeovers")
+    assert (
+        "or new (every task of the initial assignment, a partition expansion's new tasks)" in cold
+    )

@@ -9,8 +9,15 @@ import pytest
 from rich.console import Console
 
 from streamassign.cli import _plan_table
-from streamassign.pipeline import Workload
-from streamassign.pipeline.standbys import AvailabilityModel, PlanJob, knobs, recommend
+from streamassign.pipeline import SimulationJob, Workload
+from streamassign.pipeline.simulate import RESTORE_RATE
+from streamassign.pipeline.standbys import (
+    AvailabilityModel,
+    PlanJob,
+    assignor_advice,
+    knobs,
+    recommend,
+)
 
 
 def candidate(standbys: int, warmups: int, availability: float, **extra: Any) -> dict[str, Any]:
@@ -54,7 +61,8 @@ def test_an_explicit_target_is_met_cheaply_or_the_best_is_named() -> None:
 
 
 def test_knobs_split_the_outage_and_say_what_reaches_the_next_nine(orders: Workload) -> None:
-    job = PlanJob(workload=orders)  # restore rate 20,000/s, detection 45 s, restarts 60 s
+    # Restore rate 20,000/s, detection 45 s, restarts 60 s.
+    job = PlanJob(workload=orders, availability=AvailabilityModel(restore_rate=20_000.0))
     row = candidate(2, 2, 0.998)  # outage 0.002: restores 0.0012, detection 0.0002, restarts 0.0006
     split, reach, cannot = knobs(row, job)
     assert split == (
@@ -89,7 +97,7 @@ def test_knobs_split_the_outage_and_say_what_reaches_the_next_nine(orders: Workl
 def test_knob_values_past_their_limits_are_never_suggested(orders: Workload) -> None:
     """Under the default model the restarts dominate: reaching 0.999 would take a restart in
     17 ms. No line suggests it; both lines agree that no knob alone gets there."""
-    job = PlanJob(workload=orders)
+    job = PlanJob(workload=orders, availability=AvailabilityModel(restore_rate=20_000.0))
     row = candidate(2, 2, 0.9969, restore_share=0.3, detection_share=0.18, restart_share=0.52)
     lines = knobs(row, job)
     assert len(lines) == 2 and not any(line.startswith("to reach") for line in lines)
@@ -125,3 +133,41 @@ def test_the_table_fits_the_log_unabridged(width: int) -> None:
         "2 *",
     ):
         assert value in text, value
+
+
+def test_plan_standbys_and_simulate_share_one_restore_rate(orders: Workload) -> None:
+    """The report prices downtime at simulate's rate, the plan its restores at its own: one
+    default (they were 10,000 and 20,000), and the plan's simulation catches new standbys up at
+    the rate it prices restores at."""
+    assert (
+        AvailabilityModel().restore_rate
+        == SimulationJob(workload=orders, assignors=("task:sticky",)).replica_restore_per_s
+        == RESTORE_RATE
+    )
+    job = PlanJob(workload=orders, availability=AvailabilityModel(restore_rate=50_000.0))
+    assert job.simulation(1).replica_restore_per_s == 50_000.0
+
+
+def test_a_plan_with_warmups_names_its_assignor_and_the_sticky_plan() -> None:
+    """Only the high-availability assignor places warmups: a plan with them says so and gives
+    the plan for StickyTaskAssignor, the candidates without warmups (the report of simulate's
+    default group says "Use task:sticky"; with the HA plan's standbys it gets less)."""
+    rows = [candidate(1, 0, 0.9940), candidate(2, 0, 0.9941), candidate(2, 2, 0.9969)]
+    best, _, _ = recommend(rows)
+    assert (best["standbys"], best["warmups"]) == (2, 2)
+    advice = assignor_advice(rows, best)
+    assert advice["assignor"] == "task:ha" and advice["without_warmups"] == rows[0]
+    assert advice["why"] == (
+        "warmups need the high-availability assignor (streamassign.ha; task:ha in simulate); "
+        "StickyTaskAssignor (task:sticky) places none: with it, num_standby_replicas=1, "
+        "warmups=0 (availability 0.99400, against 0.99690 with warmups)"
+    )
+    missed = assignor_advice(rows, best, target=0.995)["why"]
+    assert missed.endswith(
+        "num_standby_replicas=2, warmups=0 (availability 0.99410, against "
+        "0.99690 with warmups; none without warmups reaches 0.995)"
+    )
+    assert "add 0 to --warmups" in assignor_advice(rows[2:], best)["why"]
+    plain = assignor_advice(rows[:2], rows[0])
+    assert plain["assignor"] == "task:sticky" and plain["without_warmups"] is None
+    assert plain["why"].startswith("no warmups: ")
