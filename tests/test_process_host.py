@@ -18,7 +18,7 @@ from aiokafka.coordinator.protocol import (
 from aiokafka.errors import KafkaConnectionError
 
 from streamassign import Subtopology, TaskId, Topology
-from streamassign.aiokafka import ProcessHost, TaskListener
+from streamassign.aiokafka import ProcessHost, TaskListener, closing
 from streamassign.errors import ErrorCode
 from streamassign.localstate import StateDirectory, StateDirectoryLockedError
 from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
@@ -369,4 +369,72 @@ def test_a_failed_start_waits_for_the_other_starts_before_stopping(tmp_path: Pat
 
     asyncio.run(scenario())
     assert events.index("started 1") < events.index("stop 1")
+    assert h.consumers == []
+
+
+class Closes:
+    """aiokafka's consumer parts that ``closing.release_consumer`` closes, recording it."""
+
+    def __init__(self, closed: list[str], name: str) -> None:
+        self.closed, self.name = closed, name
+
+    async def close(self) -> None:
+        self.closed.append(self.name)
+
+    async def _stop_heartbeat_task(self) -> None:
+        self.closed.append("heartbeat")
+
+    async def _stop_commit_offsets_refresh_task(self) -> None:
+        self.closed.append("commit refresh")
+
+
+class UnansweredStop:
+    """A consumer whose stop waits for a broker that never answers (aiokafka's JoinGroup
+    after a rebalance callback waits ``request_timeout_ms``, 40 s by default)."""
+
+    def __init__(self) -> None:
+        self.closed: list[str] = []
+        self.cut = False
+        self._coordinator = Closes(self.closed, "coordinator")
+        self._fetcher = Closes(self.closed, "fetcher")
+        self._client = Closes(self.closed, "client")
+
+    async def stop(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cut = True
+            raise
+
+
+class PromptStop:
+    def __init__(self) -> None:
+        self.stopped = False
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+def test_stop_bounds_a_consumer_stop_the_broker_never_answers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stop`` waited for every consumer's stop, which waits for the broker's answer to a
+    JoinGroup (40 s) or for ever (a stub's). Each consumer's stop now takes at most
+    ``CLOSE_TIMEOUT``: the one cut is named in one line and what it left running is closed
+    (heartbeat, fetcher, connections); the other stops as before."""
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.2)
+    h = ProcessHost(TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    hanging, prompt = UnansweredStop(), PromptStop()
+    h.consumers.extend([hanging, prompt])  # type: ignore[list-item]
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, "streamassign.aiokafka"):
+        asyncio.run(asyncio.wait_for(h.stop(), 10))
+    assert time.monotonic() - started < 5
+    assert hanging.cut and prompt.stopped
+    assert hanging.closed == ["heartbeat", "commit refresh", "fetcher", "client"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "consumer 0 did not stop within 0.2 s (broker unreachable?): its group requests are "
+        "abandoned (the group drops it at its session timeout)"
+    ]
     assert h.consumers == []

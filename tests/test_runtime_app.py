@@ -11,6 +11,7 @@ import attrs
 import pytest
 
 from streamassign import Subtopology, TaskId, Topology
+from streamassign.aiokafka import closing
 from streamassign.errors import CopartitioningError, OutputWriteError
 from streamassign.runtime import App, RuntimeConfigError, internal_topics
 from streamassign.runtime import app as runtime_app
@@ -223,7 +224,7 @@ def test_stop_with_the_broker_down_ends_and_says_what_it_abandoned(
     the shared producer (and a commit at stop for acks). Both are bounded now: the commit by
     ``stop_grace`` (its consumer's tasks torn: uncommitted, read again), each client's stop
     by ``CLOSE_TIMEOUT``, each with one line; the other clients still stop."""
-    monkeypatch.setattr(runtime_app, "CLOSE_TIMEOUT", 0.2)
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.2)
     one = Topology([Subtopology(0, ["events"])], name="app")
     app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
     app.stop_grace = 0.2

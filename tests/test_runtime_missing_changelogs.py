@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.errors import NodeNotReadyError
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.errors import (
@@ -19,12 +20,13 @@ from streamassign.errors import (
     MissingChangelogError,
 )
 from streamassign.localstate import StateDirectory
-from streamassign.runtime import commits, processing
+from streamassign.runtime import _topics, commits, processing
 from streamassign.runtime._topics import (
     ChangelogCheck,
     _describe,
     _refuse_lost_changelogs,
     changelogs_with_state,
+    ensure_internal_topics,
 )
 from streamassign.runtime.restore import explain_failure
 
@@ -152,6 +154,53 @@ def test_describing_topics_never_asks_the_broker_to_create_them() -> None:
     assert found == {"ready": partitions(2), "electing": partitions(2, leader=-1)}
     (request,) = sent
     assert request._allow_auto_topic_creation is False and request._topics == ["ready", "gone"]
+
+
+class JustUnfencedAdmin:
+    """An admin client on a broker just unfenced: its metadata lists the broker, but the first
+    request finds no connection ready (aiokafka's admin sends without waiting for one)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.asked = 0
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def _send_request(self, request: Any) -> Any:
+        self.asked += 1
+        if self.asked == 1:
+            raise NodeNotReadyError("Attempt to send a request to node which is not ready")
+        described = [
+            {"topic": t, "error_code": 0, "partitions": partitions(6)} for t in request._topics
+        ]
+        return SimpleNamespace(to_object=lambda: {"topics": described})
+
+
+def test_the_start_topic_check_waits_for_a_broker_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``App.start()`` just after a broker was unfenced failed with ``NodeNotReadyError``
+    (the topic check's first metadata request found no connection ready). It is asked
+    again within the check's deadline (``_READY_TIMEOUT``), and the start goes on."""
+    monkeypatch.setattr(_topics, "AIOKafkaAdminClient", JustUnfencedAdmin)
+    counts = asyncio.run(ensure_internal_topics(TOPOLOGY, "x:1"))
+    assert counts == {CHANGELOG: 6}
+
+
+def test_the_start_topic_check_gives_up_on_no_broker_connection_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Never a connection ready: the error is raised as it is once the deadline passed."""
+
+    class NeverReady(JustUnfencedAdmin):
+        async def _send_request(self, request: Any) -> Any:
+            raise NodeNotReadyError("Attempt to send a request to node which is not ready")
+
+    monkeypatch.setattr(_topics, "AIOKafkaAdminClient", NeverReady)
+    monkeypatch.setattr(_topics, "_READY_TIMEOUT", 0.3)
+    with pytest.raises(NodeNotReadyError):
+        asyncio.run(asyncio.wait_for(ensure_internal_topics(TOPOLOGY, "x:1"), 10))
 
 
 class SlowCheck(FakeCheck):

@@ -50,6 +50,7 @@ from ..streams import (
     decode_subscriptions,
 )
 from ..topology import Topology
+from .closing import release_consumer, stop_within
 from .rejoin import (
     MetadataWatch,
     Rejoiner,
@@ -340,6 +341,18 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 log.warning("no running event loop; the probing rebalance cannot be scheduled")
 
 
+async def _stop_consumer(index: int, consumer: AIOKafkaConsumer) -> None:
+    """Stop one consumer within ``CLOSE_TIMEOUT``. Its stop waits for the coordination task:
+    after a rebalance callback aiokafka sends a JoinGroup before it sees the consumer
+    closing, and an unanswering broker answers it only at ``request_timeout_ms`` (40 s by
+    default); then the LeaveGroup. Cut, the member is left to the group coordinator, which
+    drops it at its session timeout, as a crashed one (its tasks were committed, or not,
+    before: the host's stop comes after the runtime's commits)."""
+    abandoned = "its group requests are abandoned (the group drops it at its session timeout)"
+    if not await stop_within(f"consumer {index}", consumer, abandoned, log):
+        await release_consumer(consumer)
+
+
 def _leader_racks(cluster: Any, counts: Mapping[str, int]) -> dict[TopicPartition, str]:
     """The rack of each source partition's leader, where the broker reports one (KIP-925).
     Only a hint: metadata it cannot read gives no racks rather than a failed assignment."""
@@ -621,12 +634,13 @@ class ProcessHost:
 
     async def _stop_consumers(self) -> None:
         """Cancel the assignors' timers (a probe, a retry, a metadata watch would otherwise
-        act on closed consumers) and stop every consumer."""
+        act on closed consumers) and stop every consumer, together, each within
+        ``closing.CLOSE_TIMEOUT``."""
         for assignor in self.assignors:
             assignor.cancel_probe()
             assignor.rejoiner.cancel()
             assignor.metadata_watch.cancel()
-        await asyncio.gather(*(c.stop() for c in self.consumers), return_exceptions=True)
+        await asyncio.gather(*(_stop_consumer(i, c) for i, c in enumerate(self.consumers)))
         self.consumers.clear()
 
     async def request_shutdown(self) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import NodeNotReadyError
 from aiokafka.protocol.metadata import MetadataRequest
 
 from .. import TaskId, TopicPartition
@@ -27,6 +28,8 @@ _TOPIC_ALREADY_EXISTS = 36
 _UNKNOWN_TOPIC = 3
 #: A topic that exists but whose partitions have no leader yet (being created, or a broker down).
 _LEADER_NOT_AVAILABLE = 5
+#: Seconds a start's topic check may wait: for a broker connection to be ready, for a new
+#: topic's partitions to be listed and for their leaders.
 _READY_TIMEOUT = 30.0
 #: Seconds the check of whether changelog partitions exist may take (admin client included).
 CHECK_TIMEOUT = 10.0
@@ -81,12 +84,28 @@ async def _describe(admin: Any, topics: list[str]) -> dict[str, list[Any]]:
     return found
 
 
+async def _describe_by(admin: Any, topics: list[str], deadline: float) -> dict[str, list[Any]]:
+    """``_describe``, asked again until ``deadline`` (``time.monotonic``) while no broker
+    connection is ready: aiokafka's admin sends to a node of its metadata without waiting for
+    it to connect, and fails with ``NodeNotReadyError`` when it cannot yet, as just after a
+    broker was unfenced or restarted. Raised as it is after the deadline."""
+    while True:
+        try:
+            return await _describe(admin, topics)
+        except NodeNotReadyError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            log.debug("describing topics: %s; asking again", exc)
+        await asyncio.sleep(0.1)
+
+
 async def _describe_ready(admin: Any, topics: list[str]) -> dict[str, list[Any]]:
-    """``_describe``, waiting (up to ``_READY_TIMEOUT``) while a topic exists without any
-    partition listed yet (just created: its partition count is not known yet)."""
+    """``_describe``, waiting (up to ``_READY_TIMEOUT``) for a broker connection to be ready
+    and while a topic exists without any partition listed yet (just created: its partition
+    count is not known yet)."""
     deadline = time.monotonic() + _READY_TIMEOUT
     while True:
-        found = await _describe(admin, topics)
+        found = await _describe_by(admin, topics, deadline)
         if all(found[t] for t in found) or time.monotonic() >= deadline:
             return found
         await asyncio.sleep(0.1)
@@ -180,7 +199,7 @@ def _refuse_lost_changelogs(state: StateDirectory, missing: Collection[str]) -> 
 async def _wait_for_leaders(admin: Any, counts: Mapping[str, int]) -> None:
     deadline = time.monotonic() + _READY_TIMEOUT
     while True:
-        found = await _describe(admin, sorted(counts))
+        found = await _describe_by(admin, sorted(counts), deadline)
         ready = all(
             len(found.get(t, ())) == n and min(p["leader"] for p in found[t]) >= 0
             for t, n in counts.items()

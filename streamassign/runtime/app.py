@@ -29,10 +29,11 @@ import time
 from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from typing import Any, Literal
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
+from ..aiokafka.closing import stop_within
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import (
     ErrorCode,
@@ -74,7 +75,7 @@ from .tasks import (
     source_of,
     tear,
 )
-from .transactions import CLOSE_TIMEOUT, OrphanTransactions, TaskProducers
+from .transactions import OrphanTransactions, TaskProducers
 
 __all__ = [
     "App",
@@ -514,18 +515,19 @@ class App:
 
     async def _stop_clients(self) -> None:
         """Stop the shared producer and the restore and changelog readers, each within
-        ``CLOSE_TIMEOUT`` (as the task producers): aiokafka's producer waits for every
-        batch it holds to be acknowledged, for ever while the broker is unreachable. Its
-        writes then abandoned belong to commits that did not end (input offsets are
-        committed only after a commit's writes are acknowledged): their records are read and
-        processed again, their writes compensated at the next restore."""
+        ``closing.CLOSE_TIMEOUT`` (as the task producers and the consumers): aiokafka's
+        producer waits for every batch it holds to be acknowledged, for ever while the
+        broker is unreachable. Its writes then abandoned belong to commits that did not end
+        (input offsets are committed only after a commit's writes are acknowledged): their
+        records are read and processed again, their writes compensated at the next
+        restore."""
         clients = self._clients
         named = (
-            ("the shared producer", clients.producer, "its unacknowledged writes"),
-            ("the restore reader", clients.restorer, "its requests"),
-            ("the changelog reader", clients.changelog_reader, "its requests"),
+            ("the shared producer", clients.producer, "its unacknowledged writes are abandoned"),
+            ("the restore reader", clients.restorer, "its requests are abandoned"),
+            ("the changelog reader", clients.changelog_reader, "its requests are abandoned"),
         )
-        stops = [_stop_within(n, c, what) for n, c, what in named if c is not None]
+        stops = [stop_within(n, c, what, log) for n, c, what in named if c is not None]
         await asyncio.gather(*stops)
 
     async def request_shutdown(self) -> None:
@@ -1021,24 +1023,6 @@ class App:
         if not self._rebalancing:  # every consumer has its new tasks: close what nobody took
             # Not awaited: this callback holds up the member's rejoin (no heartbeats).
             self._stores.close_parked()
-
-
-async def _stop_within(
-    name: str, client: AIOKafkaConsumer | AIOKafkaProducer, abandoned: str
-) -> None:
-    """Stop ``client`` within ``CLOSE_TIMEOUT``; else cancel its stop and say so (once)."""
-    try:
-        async with asyncio.timeout(CLOSE_TIMEOUT):
-            await client.stop()
-    except TimeoutError:
-        log.warning(
-            "%s did not stop within %g s (broker unreachable?): %s are abandoned",
-            name,
-            CLOSE_TIMEOUT,
-            abandoned,
-        )
-    except Exception as exc:  # stopping anyway: nothing else to do with it
-        log.warning("%s did not stop cleanly (%r)", name, exc)
 
 
 class _Listener(TaskListener):

@@ -37,13 +37,11 @@ from aiokafka.errors import (
 )
 
 from .. import TaskId, TopicPartition
+from ..aiokafka import closing
 from ..errors import ProducerStartError, TransactionFailedError
 from .end_offsets import list_offsets
 
 log = logging.getLogger("streamassign.runtime")
-
-#: Seconds closing a task's producer may take (abort, stop) before it is left to the broker.
-CLOSE_TIMEOUT = 10.0
 
 #: Seconds a task's producer may take to start (find its transaction coordinator, initialise
 #: its producer id), retries included. aiokafka retries COORDINATOR_NOT_AVAILABLE forever,
@@ -212,9 +210,10 @@ class TaskProducers:
 
 
 async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
-    """Abort (best effort: a fenced producer cannot) and stop, bounded by ``CLOSE_TIMEOUT``."""
+    """Abort (best effort: a fenced producer cannot) and stop, bounded by
+    ``closing.CLOSE_TIMEOUT``."""
     try:
-        async with asyncio.timeout(CLOSE_TIMEOUT):
+        async with asyncio.timeout(closing.CLOSE_TIMEOUT):
             if abort:
                 with contextlib.suppress(Exception):
                     await producer.abort_transaction()

@@ -26,9 +26,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from streamassign import Subtopology, Topology
+from streamassign.aiokafka import closing
 from streamassign.errors import OutputWriteError
 from streamassign.runtime import App, ProcessingError, Record, TaskContext
-from streamassign.runtime import app as runtime_app
 from streamassign.runtime.tasks import ProcessorFactory
 
 from .conftest import GroupIdFactory, TopicFactory, _create_topic, kafka_script
@@ -379,7 +379,7 @@ def test_stop_ends_while_a_rebalance_commit_waits_for_a_frozen_broker(
             os.kill(broker.process.pid, signal.SIGSTOP)
             frozen.append(True)
 
-    monkeypatch.setattr(runtime_app, "CLOSE_TIMEOUT", 1.0)  # the producer's acks never come
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 1.0)  # the producer's acks never come
     app = frozen_broker_app(broker.bootstrap, tmp_path / "one", lambda: FreezingCounts(freeze))
     app.stop_grace = 1.0
     inputs = [b"k%d" % (i % 50) for i in range(1000)] + [b"freeze"]
