@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 import pytest
+from aiokafka.errors import TopicAuthorizationFailedError
 
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import closing
 from streamassign.errors import CopartitioningError, OutputWriteError
-from streamassign.runtime import App, RuntimeConfigError, internal_topics
+from streamassign.runtime import App, ProcessingError, RuntimeConfigError, internal_topics
 from streamassign.runtime import app as runtime_app
 from streamassign.runtime._clients import (
     BATCH_HEADROOM,
@@ -296,6 +298,92 @@ def test_stop_cancels_a_rebalance_commit_the_broker_never_acknowledges(
         "consumer 0: a task change (starting a rebalance) did not end within 0.2 s of the stop"
     )
     assert "its tasks are not committed" in line
+
+
+def test_a_change_failing_while_stop_waits_for_it_stops_the_commits_at_stop(
+    tmp_path: Path,
+) -> None:
+    """A rebalance commit waits for a write's ack when ``stop()`` begins; then the broker
+    refuses the write for good and the change fails. ``stop()`` chose the consumers to
+    commit before waiting for the change, committed the failed task again, and the
+    ``OutputWriteError`` escaped ``stop()``: no client stopped, no consumer left the group.
+    A failure during the wait must mean "commit nothing", as one before it."""
+    one = Topology([Subtopology(0, ["events"])], name="app")
+    app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    app.stop_grace = 2.0
+    producer, consumer = Client(), Client()
+    app._clients.producer = producer  # type: ignore[assignment]
+    task = ActiveTask(TaskId(0, 0), 0, {}, Nothing())
+    app._actives[task.task_id] = task
+    app.host.consumers.append(consumer)  # type: ignore[arg-type]
+    commits: list[int] = []
+    commit_safely = app._commits.commit_safely
+
+    async def counted(index: int) -> None:
+        commits.append(index)
+        await commit_safely(index)
+
+    app._commits.commit_safely = counted  # type: ignore[method-assign]
+
+    async def run() -> None:
+        write = asyncio.get_running_loop().create_future()
+        task.futures.append(write)
+        callback = asyncio.create_task(app.host.listener.on_rebalance_started(0))
+        await until(lambda: task.running is not None)  # the commit waits for the write's ack
+        stop = asyncio.create_task(app.stop())
+        await until(lambda: app._closing)  # stop() waits for the change under way
+        write.set_exception(TopicAuthorizationFailedError())  # refused for good
+        await asyncio.wait_for(stop, 5)  # raises nothing
+        await asyncio.wait_for(callback, 1)
+
+    asyncio.run(run())
+    assert isinstance(app.failure, OutputWriteError)  # the change's failure stops the app
+    assert commits == [0], "the rebalance's commit only: none at stop after a failure"
+    assert consumer.stopped and producer.stopped
+
+
+def test_a_failing_step_of_stop_skips_none_of_the_others(tmp_path: Path) -> None:
+    """A commit at stop that fails must not leave the stores open (RocksDB's lock held: a
+    new ``App`` of this process could not open them), the consumers in the group or the
+    clients running; ``run()`` raises ``ProcessingError``, not the commit's own error."""
+    task = TaskId(0, 0)
+    producer, consumer = Client(), Client()
+
+    class RefusedAtStop(App):
+        async def start(self) -> None:
+            self._stores.parked[task] = (self._stores.open(task), "kept")
+            self._clients.producer = producer  # type: ignore[assignment]
+            self.host.consumers.append(consumer)  # type: ignore[arg-type]
+            self._stopped.set()  # a shutdown requested at once
+
+    app = RefusedAtStop(one_store(), {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+
+    async def refused(index: int) -> None:
+        raise OutputWriteError("task 0_0: its transaction cannot be written")
+
+    app._commits.commit_safely = refused  # type: ignore[method-assign]
+    with pytest.raises(ProcessingError, match="cannot be written"):
+        asyncio.run(app.run())
+    assert consumer.stopped and producer.stopped
+    opens_again(tmp_path, task)
+
+
+def one_store() -> Topology:
+    return Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
+
+
+def opens_again(state_dir: Path, task: TaskId) -> None:
+    """A new ``App`` of this process opens ``task``'s stores: the last one closed them (else
+    RocksDB's lock, held by this process, refuses the open)."""
+    app = App(one_store(), {0: Nothing}, bootstrap_servers="x:1", state_dir=state_dir)
+    for state in app._stores.open(task).values():
+        state.store.close()
+
+
+async def until(condition: Callable[[], bool], seconds: float = 5) -> None:
+    async with asyncio.timeout(seconds):
+        while not condition():
+            await asyncio.sleep(0.01)
 
 
 class JoiningConsumer:

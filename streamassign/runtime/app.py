@@ -405,7 +405,9 @@ class App:
             raise ProcessingError(f"the application stopped: {self.failure!r}") from self.failure
 
     async def stop(self) -> None:
-        """Commit (unless a failure stopped us), flush and checkpoint every store, close."""
+        """Commit (unless a failure stopped us), flush and checkpoint every store, close.
+        Each step runs even if one before it failed: that failure is logged and kept as
+        ``failure`` (unless there is one already), which ``run()`` raises."""
         # First: a rebalance during the grace, commits and closes below (consumers of other
         # processes leaving) must not start tasks here, nor save them as restart claims.
         self.host.begin_stop()
@@ -414,9 +416,37 @@ class App:
             self._cleaning.cancel()  # it must not hold up the commits and leaving the group
             await asyncio.gather(self._cleaning, return_exceptions=True)
             self._cleaning = None
-        # Cooperative: each loop finishes the record it is on and exits. Only a loop stuck
-        # past the grace period is cancelled; its consumer then commits nothing (its tasks'
-        # uncommitted state is dropped, so the next owner recovers as after a crash).
+        cut = await self._stop_loops()
+        self._closing = True  # host callbacks from here on change nothing
+        await self._stop_step(self._commit_at_stop(cut), "the commit at stop")
+        await self._stop_step(self._stop_task_producers(), "stopping the task producers")
+        await self._stop_step(self._close_every_store(), "closing the stores")
+        await self._stop_step(self.host.stop(), "leaving the group")
+        if self.end_offsets is not None:
+            await self._stop_step(self.end_offsets.stop(), "stopping the end offsets reader")
+        await self._stop_step(self._stop_clients(), "stopping the clients")
+        log.info("process %s stopped", self.host.process_id)
+
+    async def _stop_step(self, step: Awaitable[None], what: str) -> None:
+        """One step of ``stop()``. A failure is logged and kept (for ``run()`` to raise as
+        ``ProcessingError``), and the steps after it still run: a failed commit at stop must
+        not leave stores open (their locks held, not checkpointed), the consumers in the
+        group (the others wait a session timeout for them) or the clients running."""
+        try:
+            await step
+        except Exception as exc:
+            if isinstance(exc, (OutputWriteError, InternalTopicError)):  # what, why: no trace
+                log.error("%s failed; stopping anyway: %s", what, exc)
+            else:
+                log.exception("%s failed; stopping anyway", what)
+            if self.failure is None:
+                self.failure = exc
+
+    async def _stop_loops(self) -> set[int]:
+        """Cooperative: each loop finishes the record it is on and exits. Only a loop stuck
+        past the grace period is cancelled; its consumer then commits nothing (its tasks'
+        uncommitted state is dropped, so the next owner recovers as after a crash). Returns
+        the consumers whose loop was cut."""
         cut: set[int] = set()
         if self._loops:
             _, stuck = await asyncio.wait(self._loops, timeout=self.stop_grace)
@@ -425,12 +455,19 @@ class App:
             await asyncio.gather(*self._loops, return_exceptions=True)
             cut = {i for i, loop in enumerate(self._loops[: self.threads]) if loop in stuck}
         self._loops.clear()
-        self._closing = True  # host callbacks from here on change nothing
-        await self._commit_at_stop(cut)
-        if self._clients.task_producers is not None:  # open transactions are aborted
+        return cut
+
+    async def _stop_task_producers(self) -> None:
+        """Exactly once: open transactions are aborted (if the broker is reachable; else the
+        broker aborts them at their timeout, or the next owner's producer fences them)."""
+        if self._clients.task_producers is not None:
             await self._clients.task_producers.stop()
         if self._orphans is not None:
             await self._orphans.stop()
+
+    async def _close_every_store(self) -> None:
+        """Close (checkpointing them) the stores of actives, standbys and parked tasks, and
+        wait for every close under way; then end the store threads."""
         closes = [self._stores.close(t.task_id, t.stores) for t in self._actives.values()]
         for task in self._actives.values():
             drop_writes(task)  # after a failure, writes not committed are not awaited
@@ -439,23 +476,25 @@ class App:
         for task_id, states in [*self._standbys.clear(), *parked]:
             closes.append(self._stores.close(task_id, states))
         self._stores.parked.clear()
-        await asyncio.gather(*closes, *self._stores.closing.values())
-        self._stores.shutdown()
-        await self.host.stop()
-        if self.end_offsets is not None:
-            await self.end_offsets.stop()
-        await self._stop_clients()
-        log.info("process %s stopped", self.host.process_id)
+        try:
+            closed = await asyncio.gather(
+                *closes, *self._stores.closing.values(), return_exceptions=True
+            )
+        finally:
+            self._stores.shutdown()
+        for result in closed:
+            if isinstance(result, Exception):
+                raise result
 
     async def _commit_at_stop(self, cut: set[int]) -> None:
         """Wait for the task changes under way, then (unless a failure stopped the
-        application) commit every consumer's tasks but those of a consumer whose loop was cut
-        at the grace (torn). Both take at most ``stop_grace`` together: with the broker
-        unreachable acks never come, to a rebalance callback committing as to a commit here.
-        Then a change still under way is cancelled (``_abandon_changes``), as is a commit
-        still waiting, and their consumers' tasks are torn, as a cut loop's. Input offsets
-        are committed only after the commit's writes and markers are acknowledged, so a torn
-        task's input is read again."""
+        application, one of those changes' included) commit every consumer's tasks but those
+        of a consumer whose loop was cut at the grace (torn). Both take at most ``stop_grace``
+        together: with the broker unreachable acks never come, to a rebalance callback
+        committing as to a commit here. Then a change still under way is cancelled
+        (``_abandon_changes``), as is a commit still waiting, and their consumers' tasks are
+        torn, as a cut loop's. Input offsets are committed only after the commit's writes
+        and markers are acknowledged, so a torn task's input is read again."""
         behind = []
         if self.failure is None and self.host.consumers:
             for i in range(self.threads):
@@ -467,6 +506,8 @@ class App:
         try:
             async with asyncio.timeout(self.stop_grace):
                 await self._changes_done.wait()
+                if self.failure is not None:  # a change failed meanwhile: commit nothing
+                    behind.clear()
                 while behind:
                     async with self._locks[behind[0]]:
                         await self._commits.commit_safely(behind[0])
