@@ -368,6 +368,83 @@ def test_a_failing_step_of_stop_skips_none_of_the_others(tmp_path: Path) -> None
     opens_again(tmp_path, task)
 
 
+class FrozenProducer(Client):
+    """The shared producer holding batches for an unreachable partition leader: its
+    ``flush`` never ends (aiokafka never expires them)."""
+
+    def __init__(self) -> None:
+        self.flushing = asyncio.Event()
+
+    async def flush(self) -> None:
+        self.flushing.set()
+        await asyncio.Event().wait()
+
+
+def test_an_assignment_cancelled_at_stop_leaves_no_store_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task kept open by a sibling consumer is assigned; before the task holds its stores
+    the assignment waits for the shared producer's flush, which the broker never answers.
+    ``stop()`` cancels it at its grace: the stores it took were held by nothing, so nothing
+    closed them (RocksDB's lock held: a new ``App`` of this process could not open them)."""
+    app = App(one_store(), {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    app.stop_grace = 0.2
+    task = TaskId(0, 0)
+    # Held here as in a process (the revoked task a record still runs on, the open under
+    # way): unreferenced, the garbage collector would close them.
+    states = app._stores.open(task)
+    app._stores.parked[task] = (states, "kept")
+    app.host.consumers.append(Client())  # type: ignore[arg-type]
+    producer = FrozenProducer()
+    app._clients.producer = producer  # type: ignore[assignment]
+
+    async def run() -> None:
+        callback = asyncio.create_task(app.host.listener.on_active_assigned(0, frozenset({task})))
+        await asyncio.wait_for(producer.flushing.wait(), 5)
+        await asyncio.wait_for(app.stop(), 5)
+        await asyncio.wait_for(callback, 1)
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        asyncio.run(run())
+    assert "a task change (assigning tasks) did not end" in caplog.text
+    opens_again(tmp_path, task)
+    assert states
+
+
+@pytest.mark.parametrize("change", ["adding standbys", "revoking tasks"])
+def test_a_standby_change_cancelled_at_stop_leaves_no_store_open(
+    tmp_path: Path, change: str
+) -> None:
+    """Adding a standby takes its stores (here: kept from a sibling consumer), revoking a
+    task wanted as a standby here drops the active, and each then waits for the standbys'
+    lock (held here by the test, as by the state updater reading a long batch). Cancelled
+    there at stop, the stores belonged to no task and stayed open."""
+    app = App(one_store(), {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    app.stop_grace = 0.2
+    task = TaskId(0, 0)
+    states = app._stores.open(task)  # held here (see the test above)
+    listener = app.host.listener
+    if change == "adding standbys":
+        app._stores.parked[task] = (states, "kept")
+        callback = listener.on_standby_added(0, frozenset({task}))
+    else:
+        app._actives[task] = ActiveTask(task, 0, states, Nothing())
+        app._standbys.wanted[task] = 1
+        callback = listener.on_active_revoked(0, frozenset({task}))
+
+    async def run() -> None:
+        async with app._standbys.lock:
+            changing = asyncio.create_task(callback)
+            await until(lambda: task not in app._stores.parked and task not in app._actives)
+            await asyncio.wait_for(app.stop(), 5)
+        await asyncio.wait_for(changing, 1)
+
+    asyncio.run(run())
+    assert app.failure is None
+    opens_again(tmp_path, task)
+    assert states  # (held until here, as above)
+
+
 def one_store() -> Topology:
     return Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
 

@@ -725,18 +725,44 @@ class App:
 
     async def _assign(self, consumer: int, tasks: frozenset[TaskId]) -> None:
         new: list[tuple[TaskId, dict[str, StoreState], str]] = []
-        for task_id in sorted(tasks):
-            task = self._actives.get(task_id)
-            if task is not None:
-                log.info("task %s moved from consumer %d to %d", task_id, task.consumer, consumer)
-                task.consumer = consumer
-                if task.torn:  # its state was dropped: restore it like a crashed owner's
-                    new.append((task_id, task.stores, "kept"))
+        try:
+            for task_id in sorted(tasks):
+                task = self._actives.get(task_id)
+                if task is not None:
+                    log.info(
+                        "task %s moved from consumer %d to %d", task_id, task.consumer, consumer
+                    )
+                    task.consumer = consumer
+                    if task.torn:  # its state was dropped: restore it like a crashed owner's
+                        new.append((task_id, task.stores, "kept"))
+                    continue
+                self._standbys.wanted.pop(task_id, None)
+                states, how = await self._stores.take(task_id)
+                new.append((task_id, states, source_of(states, how)))
+            # Waits (a flush, producer starts, orphan aborts) before the tasks hold them.
+            await self._start_tasks(consumer, new)
+        except asyncio.CancelledError:
+            self._park_unheld([(task_id, states) for task_id, states, _ in new])
+            raise
+
+    def _park_unheld(self, taken: Sequence[tuple[TaskId, dict[str, StoreState]]]) -> None:
+        """A task change cancelled (by ``stop()``, past its grace) after taking these stores
+        and before an active or a standby held them: park them, so ``stop()`` (or the
+        rebalance's end) closes them. Else nothing would: their RocksDB locks stay held (a
+        new ``App`` of this process cannot open them) and they are never checkpointed."""
+        standbys = self._standbys
+        for task_id, states in taken:
+            active = self._actives.get(task_id)
+            if (
+                (active is not None and active.stores is states)
+                or standbys.states.get(task_id) is states
+                or standbys.opening.get(task_id) is states
+            ):
                 continue
-            self._standbys.wanted.pop(task_id, None)
-            states, how = await self._stores.take(task_id)
-            new.append((task_id, states, source_of(states, how)))
-        await self._start_tasks(consumer, new)
+            if task_id in self._stores.parked:  # (parked again meanwhile: not ours to drop)
+                self._stores.close(task_id, states)
+            else:
+                self._stores.parked[task_id] = (states, "kept")
 
     async def _start_tasks(
         self, consumer: int, new: Sequence[tuple[TaskId, dict[str, StoreState], str]]
@@ -926,7 +952,11 @@ class App:
                 self._clients.task_producers.close(task_id)
             if task_id in self._standbys.wanted:
                 owner = self._standbys.wanted.pop(task_id)
-                await self._standbys.add(task_id, task.stores, owner)
+                try:
+                    await self._standbys.add(task_id, task.stores, owner)
+                except asyncio.CancelledError:  # no longer active, not yet a standby
+                    self._park_unheld([(task_id, task.stores)])
+                    raise
                 log.info(
                     "consumer %d: task %s revoked; its stores stay here as a standby",
                     consumer,
@@ -952,7 +982,11 @@ class App:
                 self._standbys.owner[task_id] = consumer
                 continue
             states, how = await self._stores.take(task_id, standby=True)
-            await self._standbys.add(task_id, states, consumer)
+            try:
+                await self._standbys.add(task_id, states, consumer)
+            except asyncio.CancelledError:  # taken, not yet a standby
+                self._park_unheld([(task_id, states)])
+                raise
             log.info(
                 "consumer %d: standby %s added (state: %s, from changelog offset %s)",
                 consumer,
