@@ -368,6 +368,67 @@ def test_a_failing_step_of_stop_skips_none_of_the_others(tmp_path: Path) -> None
     opens_again(tmp_path, task)
 
 
+def test_a_rebalance_callback_returns_once_its_change_has_ended(tmp_path: Path) -> None:
+    """Each task change runs as its own task (so ``stop()`` can cancel only the change), but
+    the callback still waits for it, as when it ran inline: aiokafka goes on with the
+    rebalance only once the commit is done."""
+    one = Topology([Subtopology(0, ["events"])], name="app")
+    app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    acked = asyncio.Event()
+    ended: list[int] = []
+
+    async def commit_safely(index: int) -> None:
+        await acked.wait()
+        ended.append(index)
+
+    app._commits.commit_safely = commit_safely  # type: ignore[method-assign]
+
+    async def run() -> None:
+        callback = asyncio.create_task(app.host.listener.on_rebalance_started(0))
+        await until(lambda: app._changes == 1)
+        await asyncio.sleep(0.05)
+        assert not callback.done(), "returned while its commit waited for acks"
+        acked.set()
+        await asyncio.wait_for(callback, 1)
+        assert ended == [0] and app._changes == 0 and app._changes_done.is_set()
+
+    asyncio.run(run())
+
+
+def test_a_cancelled_rebalance_callback_returns_once_its_change_has_unwound(
+    tmp_path: Path,
+) -> None:
+    """aiokafka's coordination task cancelled (a bounded consumer stop) cancels the change
+    too; the callback must not return, nor count the change as ended (``stop()`` waits for
+    ``_changes_done``), while the change still unwinds (its local store writes finishing
+    in their thread, as ``Commits`` lets them on a cancel)."""
+    one = Topology([Subtopology(0, ["events"])], name="app")
+    app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    unwound: list[int] = []
+
+    async def commit_safely(index: int) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.2)  # local writes finishing in their thread
+            unwound.append(index)
+            raise
+
+    app._commits.commit_safely = commit_safely  # type: ignore[method-assign]
+
+    async def run() -> None:
+        callback = asyncio.create_task(app.host.listener.on_rebalance_started(0))
+        await until(lambda: app._changes == 1)
+        await asyncio.sleep(0.05)
+        callback.cancel()
+        await asyncio.wait_for(asyncio.gather(callback, return_exceptions=True), 5)
+        assert callback.cancelled()
+        assert unwound == [0], "the callback returned while its change still unwound"
+        assert app._changes == 0 and app._changes_done.is_set() and not app._changing
+
+    asyncio.run(run())
+
+
 class FrozenProducer(Client):
     """The shared producer holding batches for an unreachable partition leader: its
     ``flush`` never ends (aiokafka never expires them)."""

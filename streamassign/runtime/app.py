@@ -1112,7 +1112,7 @@ class _Listener(TaskListener):
         ``stop()`` waits for the changes under way, and cancels one still running after its
         grace (``App._abandon_changes``). Each runs as its own task: cancelled, only the
         change ends, and this callback returns to aiokafka's coordination task (which a
-        consumer's stop waits for)."""
+        consumer's stop waits for). Either way it returns once its change has ended."""
         app = self.app
         if app._closing:
             change.close()
@@ -1124,8 +1124,9 @@ class _Listener(TaskListener):
         app._changing[running] = (consumer, what)
         try:
             await asyncio.wait([running])  # (``_fail_on_error`` raises nothing but a cancel)
-        except asyncio.CancelledError:  # the callback itself was cancelled: its change too
-            running.cancel()
+        except asyncio.CancelledError:  # the callback itself was cancelled: its change too,
+            running.cancel()  # which is under way until it unwinds (its local writes end)
+            await asyncio.wait([running])
             raise
         finally:
             del app._changing[running]
