@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -247,7 +248,10 @@ def test_stop_with_the_broker_down_ends_and_says_what_it_abandoned(
     assert time.monotonic() - started < 5
     assert task.torn, "a task whose commit at stop did not end must be torn"
     assert producer.cancelled and reader.stopped
-    assert "consumer 0: its commit at stop did not end within 0.2 s" in caplog.text
+    assert (
+        "consumer 0: its commit at stop did not end within 0.2 s after the consumer loops "
+        "stopped (0."
+    ) in caplog.text
     assert "the shared producer did not stop within 0.2 s" in caplog.text
     assert "unacknowledged writes are abandoned" in caplog.text
 
@@ -294,10 +298,53 @@ def test_stop_cancels_a_rebalance_commit_the_broker_never_acknowledges(
     assert task.torn, "a task whose rebalance commit was abandoned must be torn"
     assert app.failure is None
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("consumer 0")]
-    assert line.startswith(
-        "consumer 0: a task change (starting a rebalance) did not end within 0.2 s of the stop"
-    )
+    # The grace runs from the loops' end, not from the stop's start: both are said.
+    assert re.match(
+        r"consumer 0: a task change \(starting a rebalance\) did not end within 0\.2 s after "
+        r"the consumer loops stopped \(\d+\.\d s after the stop began; broker unreachable\?\)",
+        line,
+    ), line
     assert "its tasks are not committed" in line
+
+
+def test_stop_waits_for_a_cancelled_change_to_unwind_only_so_long(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change cancelled at the stop's grace ends once its cleanups do; ``stop()`` waits
+    for them ``UNWIND_TIMEOUT`` at most, and says so when it goes on without one."""
+    monkeypatch.setattr(runtime_app, "UNWIND_TIMEOUT", 0.2)
+    one = Topology([Subtopology(0, ["events"])], name="app")
+    app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    app.stop_grace = 0.2
+    task = ActiveTask(TaskId(0, 0), 0, {}, Nothing())
+    app._actives[task.task_id] = task
+    unwind = asyncio.Event()
+
+    async def slow_to_unwind(index: int) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await unwind.wait()  # a cleanup that waits for the unreachable broker
+            raise
+
+    app._commits.commit_safely = slow_to_unwind  # type: ignore[method-assign]
+
+    async def run() -> None:
+        callback = asyncio.create_task(app.host.listener.on_rebalance_started(0))
+        await until(lambda: app._changes == 1)
+        started = time.monotonic()
+        await asyncio.wait_for(app.stop(), 5)
+        assert time.monotonic() - started < 3
+        assert task.torn
+        unwind.set()
+        await asyncio.wait_for(asyncio.gather(callback, return_exceptions=True), 1)
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        asyncio.run(run())
+    assert (
+        "consumer 0: the cancelled task change (starting a rebalance) did not end within "
+        "0.2 s of its cancel; stopping without waiting for it"
+    ) in caplog.text
 
 
 def test_a_change_failing_while_stop_waits_for_it_stops_the_commits_at_stop(

@@ -33,6 +33,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
+from ..aiokafka import closing
 from ..aiokafka.closing import stop_within
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import (
@@ -95,6 +96,11 @@ log = logging.getLogger("streamassign.runtime")
 
 #: aiokafka's default ``max_poll_interval_ms``.
 AIOKAFKA_MAX_POLL_INTERVAL_MS = 300_000
+
+#: Seconds a task change cancelled at stop may take to unwind before ``stop()`` goes on
+#: without it: its cleanups are local store writes finishing in their thread and producer
+#: stops (an orphan check's), each bounded by ``closing.CLOSE_TIMEOUT``.
+UNWIND_TIMEOUT = closing.CLOSE_TIMEOUT + 5.0
 
 #: A partition no consumer is ever assigned: ``getmany`` restricted to it returns nothing
 #: (see ``App._poll_nothing``).
@@ -246,6 +252,8 @@ class App:
             else StateCleanup(self.host.state, cleanup_delay_ms, self._held_tasks, self._stores)
         )
         self._cleaning: asyncio.Task[None] | None = None
+        #: When ``stop()`` began (``time.monotonic()``), for its warnings.
+        self._stop_began = 0.0
 
     @property
     def state(self) -> Any:
@@ -408,6 +416,7 @@ class App:
         """Commit (unless a failure stopped us), flush and checkpoint every store, close.
         Each step runs even if one before it failed: that failure is logged and kept as
         ``failure`` (unless there is one already), which ``run()`` raises."""
+        self._stop_began = time.monotonic()
         # First: a rebalance during the grace, commits and closes below (consumers of other
         # processes leaving) must not start tasks here, nor save them as restart claims.
         self.host.begin_stop()
@@ -518,16 +527,19 @@ class App:
                 if i in abandoned:  # said once, by ``_abandon_changes``
                     continue
                 log.warning(
-                    "consumer %d: its commit at stop did not end within %g s (broker "
+                    "consumer %d: its commit at stop did not end within %g s after the "
+                    "consumer loops stopped (%.1f s after the stop began; broker "
                     "unreachable?); its tasks are not committed",
                     i,
                     self.stop_grace,
+                    time.monotonic() - self._stop_began,
                 )
                 self._tear_consumer_tasks(i)
 
     async def _abandon_changes(self) -> set[int]:
         """Cancel the task changes still under way at the end of the stop's grace, one line
-        each, and tear their consumers' tasks (once the cancelled change has ended). Such a
+        each, and tear their consumers' tasks (once the cancelled change has ended, or after
+        ``UNWIND_TIMEOUT`` with one more line: a stop must end). Such a
         change is a rebalance callback waiting for acks: aiokafka never expires a batch
         whose partition leader is unreachable. What it was committing is not committed
         (input offsets follow acknowledged writes and markers), so it is processed again
@@ -536,14 +548,24 @@ class App:
         for change, (consumer, what) in changes.items():
             change.cancel()
             log.warning(
-                "consumer %d: a task change (%s) did not end within %g s of the stop (broker "
-                "unreachable?); cancelled, its tasks are not committed (read again at restart)",
+                "consumer %d: a task change (%s) did not end within %g s after the consumer "
+                "loops stopped (%.1f s after the stop began; broker unreachable?); cancelled, "
+                "its tasks are not committed (read again at restart)",
                 consumer,
                 what,
                 self.stop_grace,
+                time.monotonic() - self._stop_began,
             )
         if changes:  # a cancel ends a change only once it runs (its local writes finish)
-            await asyncio.wait(changes)
+            _, unwinding = await asyncio.wait(changes, timeout=UNWIND_TIMEOUT)
+            for change in unwinding:
+                log.warning(
+                    "consumer %d: the cancelled task change (%s) did not end within %g s of "
+                    "its cancel; stopping without waiting for it (stores it took may stay "
+                    "open)",
+                    *changes[change],
+                    UNWIND_TIMEOUT,
+                )
         consumers = {consumer for consumer, _ in changes.values()}
         for consumer in consumers:
             self._tear_consumer_tasks(consumer)
