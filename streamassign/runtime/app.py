@@ -33,6 +33,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
+from ..aiokafka import closing
 from ..aiokafka.closing import stop_within
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import (
@@ -95,6 +96,11 @@ log = logging.getLogger("streamassign.runtime")
 
 #: aiokafka's default ``max_poll_interval_ms``.
 AIOKAFKA_MAX_POLL_INTERVAL_MS = 300_000
+
+#: Seconds a task change cancelled at stop may take to unwind before ``stop()`` goes on
+#: without it: its cleanups are local store writes finishing in their thread and producer
+#: stops (an orphan check's), each bounded by ``closing.CLOSE_TIMEOUT``.
+UNWIND_TIMEOUT = closing.CLOSE_TIMEOUT + 5.0
 
 #: A partition no consumer is ever assigned: ``getmany`` restricted to it returns nothing
 #: (see ``App._poll_nothing``).
@@ -246,6 +252,8 @@ class App:
             else StateCleanup(self.host.state, cleanup_delay_ms, self._held_tasks, self._stores)
         )
         self._cleaning: asyncio.Task[None] | None = None
+        #: When ``stop()`` began (``time.monotonic()``), for its warnings.
+        self._stop_began = 0.0
 
     @property
     def state(self) -> Any:
@@ -405,7 +413,10 @@ class App:
             raise ProcessingError(f"the application stopped: {self.failure!r}") from self.failure
 
     async def stop(self) -> None:
-        """Commit (unless a failure stopped us), flush and checkpoint every store, close."""
+        """Commit (unless a failure stopped us), flush and checkpoint every store, close.
+        Each step runs even if one before it failed: that failure is logged and kept as
+        ``failure`` (unless there is one already), which ``run()`` raises."""
+        self._stop_began = time.monotonic()
         # First: a rebalance during the grace, commits and closes below (consumers of other
         # processes leaving) must not start tasks here, nor save them as restart claims.
         self.host.begin_stop()
@@ -414,9 +425,37 @@ class App:
             self._cleaning.cancel()  # it must not hold up the commits and leaving the group
             await asyncio.gather(self._cleaning, return_exceptions=True)
             self._cleaning = None
-        # Cooperative: each loop finishes the record it is on and exits. Only a loop stuck
-        # past the grace period is cancelled; its consumer then commits nothing (its tasks'
-        # uncommitted state is dropped, so the next owner recovers as after a crash).
+        cut = await self._stop_loops()
+        self._closing = True  # host callbacks from here on change nothing
+        await self._stop_step(self._commit_at_stop(cut), "the commit at stop")
+        await self._stop_step(self._stop_task_producers(), "stopping the task producers")
+        await self._stop_step(self._close_every_store(), "closing the stores")
+        await self._stop_step(self.host.stop(), "leaving the group")
+        if self.end_offsets is not None:
+            await self._stop_step(self.end_offsets.stop(), "stopping the end offsets reader")
+        await self._stop_step(self._stop_clients(), "stopping the clients")
+        log.info("process %s stopped", self.host.process_id)
+
+    async def _stop_step(self, step: Awaitable[None], what: str) -> None:
+        """One step of ``stop()``. A failure is logged and kept (for ``run()`` to raise as
+        ``ProcessingError``), and the steps after it still run: a failed commit at stop must
+        not leave stores open (their locks held, not checkpointed), the consumers in the
+        group (the others wait a session timeout for them) or the clients running."""
+        try:
+            await step
+        except Exception as exc:
+            if isinstance(exc, (OutputWriteError, InternalTopicError)):  # what, why: no trace
+                log.error("%s failed; stopping anyway: %s", what, exc)
+            else:
+                log.exception("%s failed; stopping anyway", what)
+            if self.failure is None:
+                self.failure = exc
+
+    async def _stop_loops(self) -> set[int]:
+        """Cooperative: each loop finishes the record it is on and exits. Only a loop stuck
+        past the grace period is cancelled; its consumer then commits nothing (its tasks'
+        uncommitted state is dropped, so the next owner recovers as after a crash). Returns
+        the consumers whose loop was cut."""
         cut: set[int] = set()
         if self._loops:
             _, stuck = await asyncio.wait(self._loops, timeout=self.stop_grace)
@@ -425,12 +464,19 @@ class App:
             await asyncio.gather(*self._loops, return_exceptions=True)
             cut = {i for i, loop in enumerate(self._loops[: self.threads]) if loop in stuck}
         self._loops.clear()
-        self._closing = True  # host callbacks from here on change nothing
-        await self._commit_at_stop(cut)
-        if self._clients.task_producers is not None:  # open transactions are aborted
+        return cut
+
+    async def _stop_task_producers(self) -> None:
+        """Exactly once: open transactions are aborted (if the broker is reachable; else the
+        broker aborts them at their timeout, or the next owner's producer fences them)."""
+        if self._clients.task_producers is not None:
             await self._clients.task_producers.stop()
         if self._orphans is not None:
             await self._orphans.stop()
+
+    async def _close_every_store(self) -> None:
+        """Close (checkpointing them) the stores of actives, standbys and parked tasks, and
+        wait for every close under way; then end the store threads."""
         closes = [self._stores.close(t.task_id, t.stores) for t in self._actives.values()]
         for task in self._actives.values():
             drop_writes(task)  # after a failure, writes not committed are not awaited
@@ -439,23 +485,25 @@ class App:
         for task_id, states in [*self._standbys.clear(), *parked]:
             closes.append(self._stores.close(task_id, states))
         self._stores.parked.clear()
-        await asyncio.gather(*closes, *self._stores.closing.values())
-        self._stores.shutdown()
-        await self.host.stop()
-        if self.end_offsets is not None:
-            await self.end_offsets.stop()
-        await self._stop_clients()
-        log.info("process %s stopped", self.host.process_id)
+        try:
+            closed = await asyncio.gather(
+                *closes, *self._stores.closing.values(), return_exceptions=True
+            )
+        finally:
+            self._stores.shutdown()
+        for result in closed:
+            if isinstance(result, Exception):
+                raise result
 
     async def _commit_at_stop(self, cut: set[int]) -> None:
         """Wait for the task changes under way, then (unless a failure stopped the
-        application) commit every consumer's tasks but those of a consumer whose loop was cut
-        at the grace (torn). Both take at most ``stop_grace`` together: with the broker
-        unreachable acks never come, to a rebalance callback committing as to a commit here.
-        Then a change still under way is cancelled (``_abandon_changes``), as is a commit
-        still waiting, and their consumers' tasks are torn, as a cut loop's. Input offsets
-        are committed only after the commit's writes and markers are acknowledged, so a torn
-        task's input is read again."""
+        application, one of those changes' included) commit every consumer's tasks but those
+        of a consumer whose loop was cut at the grace (torn). Both take at most ``stop_grace``
+        together: with the broker unreachable acks never come, to a rebalance callback
+        committing as to a commit here. Then a change still under way is cancelled
+        (``_abandon_changes``), as is a commit still waiting, and their consumers' tasks are
+        torn, as a cut loop's. Input offsets are committed only after the commit's writes
+        and markers are acknowledged, so a torn task's input is read again."""
         behind = []
         if self.failure is None and self.host.consumers:
             for i in range(self.threads):
@@ -467,6 +515,8 @@ class App:
         try:
             async with asyncio.timeout(self.stop_grace):
                 await self._changes_done.wait()
+                if self.failure is not None:  # a change failed meanwhile: commit nothing
+                    behind.clear()
                 while behind:
                     async with self._locks[behind[0]]:
                         await self._commits.commit_safely(behind[0])
@@ -477,16 +527,19 @@ class App:
                 if i in abandoned:  # said once, by ``_abandon_changes``
                     continue
                 log.warning(
-                    "consumer %d: its commit at stop did not end within %g s (broker "
+                    "consumer %d: its commit at stop did not end within %g s after the "
+                    "consumer loops stopped (%.1f s after the stop began; broker "
                     "unreachable?); its tasks are not committed",
                     i,
                     self.stop_grace,
+                    time.monotonic() - self._stop_began,
                 )
                 self._tear_consumer_tasks(i)
 
     async def _abandon_changes(self) -> set[int]:
         """Cancel the task changes still under way at the end of the stop's grace, one line
-        each, and tear their consumers' tasks (once the cancelled change has ended). Such a
+        each, and tear their consumers' tasks (once the cancelled change has ended, or after
+        ``UNWIND_TIMEOUT`` with one more line: a stop must end). Such a
         change is a rebalance callback waiting for acks: aiokafka never expires a batch
         whose partition leader is unreachable. What it was committing is not committed
         (input offsets follow acknowledged writes and markers), so it is processed again
@@ -495,14 +548,24 @@ class App:
         for change, (consumer, what) in changes.items():
             change.cancel()
             log.warning(
-                "consumer %d: a task change (%s) did not end within %g s of the stop (broker "
-                "unreachable?); cancelled, its tasks are not committed (read again at restart)",
+                "consumer %d: a task change (%s) did not end within %g s after the consumer "
+                "loops stopped (%.1f s after the stop began; broker unreachable?); cancelled, "
+                "its tasks are not committed (read again at restart)",
                 consumer,
                 what,
                 self.stop_grace,
+                time.monotonic() - self._stop_began,
             )
         if changes:  # a cancel ends a change only once it runs (its local writes finish)
-            await asyncio.wait(changes)
+            _, unwinding = await asyncio.wait(changes, timeout=UNWIND_TIMEOUT)
+            for change in unwinding:
+                log.warning(
+                    "consumer %d: the cancelled task change (%s) did not end within %g s of "
+                    "its cancel; stopping without waiting for it (stores it took may stay "
+                    "open)",
+                    *changes[change],
+                    UNWIND_TIMEOUT,
+                )
         consumers = {consumer for consumer, _ in changes.values()}
         for consumer in consumers:
             self._tear_consumer_tasks(consumer)
@@ -684,18 +747,44 @@ class App:
 
     async def _assign(self, consumer: int, tasks: frozenset[TaskId]) -> None:
         new: list[tuple[TaskId, dict[str, StoreState], str]] = []
-        for task_id in sorted(tasks):
-            task = self._actives.get(task_id)
-            if task is not None:
-                log.info("task %s moved from consumer %d to %d", task_id, task.consumer, consumer)
-                task.consumer = consumer
-                if task.torn:  # its state was dropped: restore it like a crashed owner's
-                    new.append((task_id, task.stores, "kept"))
+        try:
+            for task_id in sorted(tasks):
+                task = self._actives.get(task_id)
+                if task is not None:
+                    log.info(
+                        "task %s moved from consumer %d to %d", task_id, task.consumer, consumer
+                    )
+                    task.consumer = consumer
+                    if task.torn:  # its state was dropped: restore it like a crashed owner's
+                        new.append((task_id, task.stores, "kept"))
+                    continue
+                self._standbys.wanted.pop(task_id, None)
+                states, how = await self._stores.take(task_id)
+                new.append((task_id, states, source_of(states, how)))
+            # Waits (a flush, producer starts, orphan aborts) before the tasks hold them.
+            await self._start_tasks(consumer, new)
+        except asyncio.CancelledError:
+            self._park_unheld([(task_id, states) for task_id, states, _ in new])
+            raise
+
+    def _park_unheld(self, taken: Sequence[tuple[TaskId, dict[str, StoreState]]]) -> None:
+        """A task change cancelled (by ``stop()``, past its grace) after taking these stores
+        and before an active or a standby held them: park them, so ``stop()`` (or the
+        rebalance's end) closes them. Else nothing would: their RocksDB locks stay held (a
+        new ``App`` of this process cannot open them) and they are never checkpointed."""
+        standbys = self._standbys
+        for task_id, states in taken:
+            active = self._actives.get(task_id)
+            if (
+                (active is not None and active.stores is states)
+                or standbys.states.get(task_id) is states
+                or standbys.opening.get(task_id) is states
+            ):
                 continue
-            self._standbys.wanted.pop(task_id, None)
-            states, how = await self._stores.take(task_id)
-            new.append((task_id, states, source_of(states, how)))
-        await self._start_tasks(consumer, new)
+            if task_id in self._stores.parked:  # (parked again meanwhile: not ours to drop)
+                self._stores.close(task_id, states)
+            else:
+                self._stores.parked[task_id] = (states, "kept")
 
     async def _start_tasks(
         self, consumer: int, new: Sequence[tuple[TaskId, dict[str, StoreState], str]]
@@ -885,7 +974,11 @@ class App:
                 self._clients.task_producers.close(task_id)
             if task_id in self._standbys.wanted:
                 owner = self._standbys.wanted.pop(task_id)
-                await self._standbys.add(task_id, task.stores, owner)
+                try:
+                    await self._standbys.add(task_id, task.stores, owner)
+                except asyncio.CancelledError:  # no longer active, not yet a standby
+                    self._park_unheld([(task_id, task.stores)])
+                    raise
                 log.info(
                     "consumer %d: task %s revoked; its stores stay here as a standby",
                     consumer,
@@ -911,7 +1004,11 @@ class App:
                 self._standbys.owner[task_id] = consumer
                 continue
             states, how = await self._stores.take(task_id, standby=True)
-            await self._standbys.add(task_id, states, consumer)
+            try:
+                await self._standbys.add(task_id, states, consumer)
+            except asyncio.CancelledError:  # taken, not yet a standby
+                self._park_unheld([(task_id, states)])
+                raise
             log.info(
                 "consumer %d: standby %s added (state: %s, from changelog offset %s)",
                 consumer,
@@ -1037,7 +1134,7 @@ class _Listener(TaskListener):
         ``stop()`` waits for the changes under way, and cancels one still running after its
         grace (``App._abandon_changes``). Each runs as its own task: cancelled, only the
         change ends, and this callback returns to aiokafka's coordination task (which a
-        consumer's stop waits for)."""
+        consumer's stop waits for). Either way it returns once its change has ended."""
         app = self.app
         if app._closing:
             change.close()
@@ -1049,8 +1146,9 @@ class _Listener(TaskListener):
         app._changing[running] = (consumer, what)
         try:
             await asyncio.wait([running])  # (``_fail_on_error`` raises nothing but a cancel)
-        except asyncio.CancelledError:  # the callback itself was cancelled: its change too
-            running.cancel()
+        except asyncio.CancelledError:  # the callback itself was cancelled: its change too,
+            running.cancel()  # which is under way until it unwinds (its local writes end)
+            await asyncio.wait([running])
             raise
         finally:
             del app._changing[running]
