@@ -24,6 +24,9 @@
   restarted worker gets its partitions back; unreadable user data (garbage, a format this
   version cannot read) is a member with no history, never an error (``decode_member``).
 * **Host maps.** Keyed per process, so two workers announcing the same URL lose nothing.
+* **Copied state directories.** Workers announcing one process id with different URLs (a
+  cloned disk, a data directory copied to warm a new worker) are different workers: each URL is
+  a process of its own (``streams.process_keys``), logged at WARNING with the remedy.
 
 A member's partitions are the source and changelog partitions of its active tasks, the changelog
 partitions of its standby (and warmup) tasks, and every partition of the global tables'
@@ -250,6 +253,7 @@ def assign_faust(
     required_topics: Iterable[str] = (),
     missing_topics_level: int = logging.WARNING,
     topology_errors: Repeats | None = None,
+    shared_ids: Repeats | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad members or
     topics: unreadable members have no history. A subscribed table changelog or
@@ -259,7 +263,10 @@ def assign_faust(
     logged at ``missing_topics_level`` (the assignor passes DEBUG for a set it logged before).
     ``topology_errors``: the error this leader logged last when the topics cannot be grouped
     (the assignor keeps one): the same again is logged at DEBUG, not ERROR (members retry every
-    1 to 30 s), and one INFO line says when they group again; None: every one at ERROR."""
+    1 to 30 s), and one INFO line says when they group again; None: every one at ERROR.
+    ``shared_ids``: the process ids this leader logged last as announced with several URLs (a
+    copied state directory; each URL is then a worker of its own, ``streams.process_keys``),
+    each such clash logged at WARNING once; None: at every rebalance."""
     if not members:
         return {}
     version = common_version(members, leader_version)
@@ -293,7 +300,9 @@ def assign_faust(
         log.info("the subscribed topics group now: assigning tasks again")
     result = {m: MemberAssignment((), empty) for m in members}
     members = bounded_claims(members, tasks)  # the rebalance's budget (logged per member)
-    plan = _FaustRuns.plan(topology, tasks, members, changelogs, globals_, partition_counts)
+    plan = _FaustRuns.plan(
+        topology, tasks, members, changelogs, globals_, partition_counts, shared_ids
+    )
     per_member, per_process = plan.assign(StickyTaskAssignor(num_standby_replicas))
     result.update(plan.member_assignments(per_member, per_process, version))
     return result
@@ -346,13 +355,14 @@ class _FaustRuns:
         changelogs: frozenset[str],
         globals_: frozenset[str],
         partition_counts: Mapping[str, int],
+        shared_ids: Repeats | None = None,
     ) -> _FaustRuns:
         sub_topics = {s: topology.subtopology(s).source_topics for s in topology.subtopology_ids}
         # Groups made only of global changelogs are no work to share: every subscriber gets them
         # all.
         assignable = {s for s, topics in sub_topics.items() if not set(topics) <= globals_}
         stateful_subs = {s for s, topics in sub_topics.items() if changelogs & set(topics)}
-        clients, by_process, endpoints = client_states(members)
+        clients, by_process, endpoints = client_states(members, shared_ids=shared_ids)
         clients = _with_capacities(_return_restarted(clients, members, by_process))
         runs = _group_runs(members, sub_topics, assignable)
         return cls(
