@@ -284,20 +284,12 @@ def assign_faust(
     required = changelogs | globals_ | frozenset(required_topics)
     if _waiting_for_metadata(subscriptions, partition_counts, required, missing_topics_level):
         return incomplete
-    try:
-        topology = faust_topology(subscriptions, partition_counts, copartition_groups, changelogs)
-        tasks = PartitionGrouper().group(topology, partition_counts)
-    except TopologyError as exc:
-        news = topology_errors is None or topology_errors.changed(str(exc))
-        log.log(
-            logging.ERROR if news else logging.DEBUG,
-            "cannot group the subscribed topics: %s; assigning nothing%s",
-            exc,
-            "" if topology_errors is None else " (the same error again logged at DEBUG)",
-        )
+    grouped = _group_topics(
+        subscriptions, partition_counts, copartition_groups, changelogs, topology_errors
+    )
+    if grouped is None:
         return incomplete
-    if topology_errors is not None and topology_errors.ended():
-        log.info("the subscribed topics group now: assigning tasks again")
+    topology, tasks = grouped
     result = {m: MemberAssignment((), empty) for m in members}
     members = bounded_claims(members, tasks)  # the rebalance's budget (logged per member)
     plan = _FaustRuns.plan(
@@ -306,6 +298,32 @@ def assign_faust(
     per_member, per_process = plan.assign(StickyTaskAssignor(num_standby_replicas))
     result.update(plan.member_assignments(per_member, per_process, version))
     return result
+
+
+def _group_topics(
+    subscriptions: Mapping[str, frozenset[str]],
+    partition_counts: Mapping[str, int],
+    copartition_groups: Sequence[Sequence[str]],
+    changelogs: frozenset[str],
+    logged: Repeats | None,
+) -> tuple[Topology, dict[TaskId, frozenset[TopicPartition]]] | None:
+    """The app's topology and tasks; None when the topics cannot be grouped (logged at ERROR,
+    at DEBUG when it is the error ``logged`` last; one INFO line when they group again)."""
+    try:
+        topology = faust_topology(subscriptions, partition_counts, copartition_groups, changelogs)
+        tasks = PartitionGrouper().group(topology, partition_counts)
+    except TopologyError as exc:
+        news = logged is None or logged.changed(str(exc))
+        log.log(
+            logging.ERROR if news else logging.DEBUG,
+            "cannot group the subscribed topics: %s; assigning nothing%s",
+            exc,
+            "" if logged is None else " (the same error again logged at DEBUG)",
+        )
+        return None
+    if logged is not None and logged.ended():
+        log.info("the subscribed topics group now: assigning tasks again")
+    return topology, tasks
 
 
 def _waiting_for_metadata(
