@@ -366,9 +366,7 @@ def _group_by_process(
     """Members by process key (:func:`process_keys`; clashes logged, see
     :func:`log_shared_process_ids`), and each process's subscription info (offset sums merged),
     in key order: whatever the member ids, the same processes come in the same order."""
-    keys, clashes = process_keys(
-        {m: (str(s.info.process_id), s.info.endpoint) for m, s in members.items() if s.info}
-    )
+    keys, clashes = process_keys(_announced(members))
     log_shared_process_ids(clashes, shared_ids)
     by_process: dict[str, list[str]] = {}
     infos: dict[str, SubscriptionInfo] = {}
@@ -456,6 +454,29 @@ def process_keys(
         for pid in sorted(shared)
     ]
     return keys, clashes
+
+
+def _announced(members: Mapping[str, MemberSubscription]) -> dict[str, tuple[str, str | None]]:
+    """What each readable member announces of its process: its id and endpoint."""
+    return {m: (str(s.info.process_id), s.info.endpoint) for m, s in members.items() if s.info}
+
+
+def without_copied_claims(
+    members: Mapping[str, MemberSubscription],
+) -> dict[str, MemberSubscription]:
+    """``members`` without the previous actives declared by members of a shared process id
+    (``SharedProcessId``): those claims come from the copied state directory, the original's
+    history, so a copy would be handed back tasks the original still runs (a needless move,
+    and the original kept as their warm holder); nothing tells which member they are really
+    from. What each member runs and its local state (offset sums, per member) still count."""
+    _, clashes = process_keys(_announced(members))
+    shared = {c.process_id for c in clashes}
+    out = dict(members)
+    for m, sub in members.items():
+        info = sub.info
+        if info is not None and str(info.process_id) in shared and info.previous_active:
+            out[m] = attrs.evolve(sub, info=attrs.evolve(info, previous_active=frozenset()))
+    return out
 
 
 def log_shared_process_ids(clashes: Sequence[SharedProcessId], logged: Repeats | None) -> None:
@@ -658,7 +679,7 @@ def assign_streams(
         return _failed(members, _INCOMPLETE, version)
     if not compatible:
         return _unassigned(members, version)
-    compatible = bounded_claims(compatible, grouped.tasks)
+    compatible = without_copied_claims(bounded_claims(compatible, grouped.tasks))
     assignor = _task_assignor(
         high_availability,
         num_standby_replicas,

@@ -985,11 +985,12 @@ def test_a_process_id_announced_with_two_endpoints_is_a_problem_and_two_processe
     on the copy of its active's id is no violation) and names the clash with its remedy."""
     raw = [
         streams_member("m1", P1, "0_0 0_1 1_0", "0_2 0_3", endpoint="w0:80"),
-        streams_member("m2", P1, "0_2 0_3 1_1", "0_0 0_1", endpoint="w2:80"),
+        streams_member("m2", P1, "0_2 0_3 1_1", "0_0 0_1", endpoint="w2:80", previous="0_0"),
     ]
     view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
     assert set(view.processes()) == {f"{P1}#w0:80", f"{P1}#w2:80"}
     assert view.endpoints() == {f"{P1}#w0:80": "w0:80", f"{P1}#w2:80": "w2:80"}
+    assert view.previous_active() == {}  # copied claims: the leader hands nothing back
     (problem,) = quality(view).problems
     assert problem.startswith(f"process id {P1} is announced with 2 endpoints (w0:80, w2:80)")
     assert "delete process.id" in problem

@@ -610,3 +610,21 @@ def test_a_clash_is_logged_once_by_the_leader_that_keeps_it(
             run(cloned_workers(names), shared_ids=logged)
     levels = [r.levelno for r in caplog.records if "endpoints" in r.getMessage()]
     assert levels == [logging.WARNING, logging.DEBUG]
+
+
+def test_a_copy_is_handed_back_nothing_its_original_runs() -> None:
+    """A copy restarts with the original's state file: it declares the original's actives as
+    its own previous ones, with no state (in-memory tables). Honoured, the leader's stateless
+    hand-back gave the copy tasks the original runs and kept the original as their warm
+    holder; ignored, each running worker gives one task to the new one and keeps two."""
+    sub = next(iter(run({"x": member(0)})["x"].info.active)).subtopology
+    t = [TaskId(sub, p) for p in range(6)]
+    w0, w1 = frozenset(t[:3]), frozenset(t[3:])
+    members = {
+        "a": member(0, sums=dict.fromkeys(w0, LATEST_OFFSET)),
+        "b": member(1, sums=dict.fromkeys(w1, LATEST_OFFSET)),
+        "c": member(0, url="http://w2:6066", previous=w0),
+    }
+    result = run(members)
+    assert len(result["a"].info.active & w0) == 2
+    assert len(result["b"].info.active & w1) == 2

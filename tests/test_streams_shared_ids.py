@@ -186,3 +186,22 @@ def test_process_host_leader_keys_copies_per_endpoint_and_warns_once(
         active = frozenset().union(*(infos[m].active for m in own))
         assert len(active) == 4 and infos["m0"].active_by_host[endpoint] == active
     h.state.close()
+
+
+def test_a_copy_is_handed_back_nothing_the_original_runs() -> None:
+    """The copy brings the original's claims (previous actives, checkpoints) from the copied
+    directory. Honoured, the caught-up rule handed the copy all six tasks the original runs
+    (it must take four), then rebalanced the rest. Ignored: four moves, two from each."""
+    t = [TaskId(0, p) for p in range(12)]
+    original, other = frozenset(t[:6]), frozenset(t[6:])
+    members = {
+        "w0": subscription(CLONED, "w0:80", offset_sums=dict.fromkeys(original, LATEST_OFFSET)),
+        "w1": subscription(OTHER, "w1:80", offset_sums=dict.fromkeys(other, LATEST_OFFSET)),
+        "w2": subscription(
+            CLONED, "w2:80", offset_sums=dict.fromkeys(original, 100), previous_active=original
+        ),
+    }
+    result = assign_streams(TOPOLOGY, COUNTS, members, num_standby_replicas=1)
+    assert len(result["w0"].info.active & original) == 4
+    assert len(result["w1"].info.active & other) == 4
+    assert len(result["w2"].info.active) == 4

@@ -188,9 +188,12 @@ class GroupView:
         """Per process, the actives its members said at their last join they ran before (a
         restarted process's, from its state directory): ``explain``'s ``returning``, as
         ``explain`` reads them from a saved snapshot (``Snapshot.previous_active``)."""
+        copied = {c.process_id for c in self.shared_process_ids}
         return {
             pid: frozenset().union(*(m.previous_active for m in ms))
             for pid, ms in self.members_by_process().items()
+            # The leader ignores a shared id's claims (``streams.without_copied_claims``).
+            if pid.split("#", 1)[0] not in copied
         }
 
     def endpoints(self) -> dict[str, str]:

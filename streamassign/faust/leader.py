@@ -63,6 +63,7 @@ from ..streams import (
     decode_subscriptions,
     previous_actives,
     stateless_returns,
+    without_copied_claims,
 )
 from ..threads import distribute_to_threads
 from ..topology import Subtopology, Topology
@@ -291,7 +292,8 @@ def assign_faust(
         return incomplete
     topology, tasks = grouped
     result = {m: MemberAssignment((), empty) for m in members}
-    members = bounded_claims(members, tasks)  # the rebalance's budget (logged per member)
+    # The rebalance's budget (logged per member); no hand-back from a copied state directory.
+    members = without_copied_claims(bounded_claims(members, tasks))
     plan = _FaustRuns.plan(
         topology, tasks, members, changelogs, globals_, partition_counts, shared_ids
     )
