@@ -424,7 +424,7 @@ SHARED_ID_REMEDY = (
 
 def process_key(process_id: str, endpoint: str) -> str:
     """The client id of one endpoint of a shared process id (``SharedProcessId``): the same
-    whatever the members' ids or order, and no process id (ids have no ``#``)."""
+    whatever the members' ids or order, and never a plain process id (a UUID has no ``#``)."""
     return f"{process_id}#{endpoint}"
 
 
