@@ -294,8 +294,13 @@ def client_states(
     acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
     *,
     exact_lags: bool = False,
+    shared_ids: Repeats | None = None,
 ) -> tuple[list[ClientState], dict[str, list[str]], dict[str, str | None]]:
     """Clients by process id, the members of each, and each process's endpoint.
+
+    A process id announced with several endpoints (a copied state directory) is one process per
+    endpoint (:func:`process_keys`), each built from its own members' reports, logged at WARNING
+    (once per clash while ``shared_ids``, the clashes this leader logged last, remembers it).
 
     A task reported with ``LATEST_OFFSET`` was running (a previous active); other reported
     tasks are local state (previous standbys) whose lag is ``end_offsets[t] - sum`` when end
@@ -309,7 +314,7 @@ def client_states(
     stickiness hands the task back. A member whose user data was unreadable is a process of
     its own with no history.
     """
-    by_process, infos = _group_by_process(members)
+    by_process, infos = _group_by_process(members, shared_ids)
     top = _lag_reference(infos, end_offsets, exact_lags)
     running, state, home = _measure_local_state(
         members, by_process, infos, top, acceptable_recovery_lag
@@ -356,14 +361,18 @@ def _build_clients(
 
 
 def _group_by_process(
-    members: Mapping[str, MemberSubscription],
+    members: Mapping[str, MemberSubscription], shared_ids: Repeats | None
 ) -> tuple[dict[str, list[str]], dict[str, SubscriptionInfo]]:
-    """Members by process key, and each process's subscription info (offset sums merged)."""
+    """Members by process key (:func:`process_keys`; clashes logged, see
+    :func:`log_shared_process_ids`), and each process's subscription info (offset sums merged),
+    in key order: whatever the member ids, the same processes come in the same order."""
+    keys, clashes = process_keys(_announced(members))
+    log_shared_process_ids(clashes, shared_ids)
     by_process: dict[str, list[str]] = {}
     infos: dict[str, SubscriptionInfo] = {}
-    for member in sorted(members):
+    for member in sorted(members, key=lambda m: (keys.get(m, f"member:{m}"), m)):
         info = members[member].info
-        key = str(info.process_id) if info is not None else f"member:{member}"
+        key = keys[member] if info is not None else f"member:{member}"
         by_process.setdefault(key, []).append(member)
         if info is not None:
             infos.setdefault(key, info)
@@ -372,6 +381,121 @@ def _group_by_process(
                 merged = {**infos[key].offset_sums, **info.offset_sums}
                 infos[key] = attrs.evolve(infos[key], offset_sums=merged)
     return by_process, infos
+
+
+#: Where a process id lives: the remedy a shared-id warning names.
+PROCESS_ID_FILES = (
+    "<state_dir>/process.id (ProcessHost), <appdir>/streamassign/process.id (a Faust worker; "
+    "appdir is <datadir>/v<version>)"
+)
+
+
+@attrs.frozen
+class SharedProcessId:
+    """Members announcing one process id with different endpoints: processes that cannot be
+    one (a process's consumers share its endpoint), so a state directory was copied (a cloned
+    disk, a data directory copied to warm a new worker). Each endpoint is a process of its own
+    (:func:`process_key`)."""
+
+    process_id: str
+    #: ``(endpoint, member)`` pairs, sorted; a member without an endpoint has ``""``.
+    members: tuple[tuple[str, str], ...]
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return tuple(sorted({e for e, _ in self.members if e}))
+
+    def describe(self) -> str:
+        """The clash and its remedy, for the leader's log line."""
+        listed = ", ".join(f"{m} at {e or 'no endpoint'}" for e, m in self.members)
+        return (
+            f"process id {self.process_id} is announced with {len(self.endpoints)} endpoints "
+            f"({listed}): a copied state directory? Each endpoint is assigned as a process of "
+            f"its own. {SHARED_ID_REMEDY}"
+        )
+
+
+#: What to do about a ``SharedProcessId`` (the leader's warning, ``describe``'s problem).
+SHARED_ID_REMEDY = (
+    "Remedy: stop the worker that got the copy, delete process.id from its state directory "
+    f"({PROCESS_ID_FILES}) and start it: it creates a new id"
+)
+
+
+def process_key(process_id: str, endpoint: str) -> str:
+    """The client id of one endpoint of a shared process id (``SharedProcessId``): the same
+    whatever the members' ids or order, and never a plain process id (a UUID has no ``#``)."""
+    return f"{process_id}#{endpoint}"
+
+
+def process_keys(
+    announced: Mapping[str, tuple[str, str | None]],
+) -> tuple[dict[str, str], list[SharedProcessId]]:
+    """Each member's process key, from what it announces (member -> (process id, endpoint)),
+    and the process ids shared by members with different endpoints. A process id announced
+    with one endpoint (or none) is one process, its consumers (threads); announced with several,
+    each endpoint's members are a process keyed ``process_key(id, endpoint)``. Members of
+    such an id without an endpoint cannot be told apart: they stay one process under the id."""
+    endpoints: dict[str, set[str]] = {}
+    for pid, endpoint in announced.values():
+        endpoints.setdefault(pid, set())
+        if endpoint:
+            endpoints[pid].add(endpoint)
+    shared = {pid for pid, named in endpoints.items() if len(named) > 1}
+    keys = {
+        m: process_key(pid, endpoint) if pid in shared and endpoint else pid
+        for m, (pid, endpoint) in announced.items()
+    }
+    clashes = [
+        SharedProcessId(
+            pid,
+            tuple(sorted((e or "", m) for m, (p, e) in announced.items() if p == pid)),
+        )
+        for pid in sorted(shared)
+    ]
+    return keys, clashes
+
+
+def _announced(members: Mapping[str, MemberSubscription]) -> dict[str, tuple[str, str | None]]:
+    """What each readable member announces of its process: its id and endpoint."""
+    return {m: (str(s.info.process_id), s.info.endpoint) for m, s in members.items() if s.info}
+
+
+def without_copied_claims(
+    members: Mapping[str, MemberSubscription],
+) -> dict[str, MemberSubscription]:
+    """``members`` without the previous actives declared by members of a shared process id
+    (``SharedProcessId``): those claims come from the copied state directory, the original's
+    history, so a copy would be handed back tasks the original still runs (a needless move,
+    and the original kept as their warm holder); nothing tells which member they are really
+    from. What each member runs and its local state (offset sums, per member) still count."""
+    _, clashes = process_keys(_announced(members))
+    shared = {c.process_id for c in clashes}
+    out = dict(members)
+    for m, sub in members.items():
+        info = sub.info
+        if info is not None and str(info.process_id) in shared and info.previous_active:
+            out[m] = attrs.evolve(sub, info=attrs.evolve(info, previous_active=frozenset()))
+    return out
+
+
+def log_shared_process_ids(clashes: Sequence[SharedProcessId], logged: Repeats | None) -> None:
+    """One WARNING per clash (``SharedProcessId``) not in the set ``logged`` holds (the clashes
+    this leader reported last, kept across its rebalances; None: every clash at WARNING), the
+    others at DEBUG; one INFO line when no id is shared any more. A clash is its process id and
+    endpoints: members rejoining with new member ids are the same clash."""
+    state = frozenset((c.process_id, c.endpoints) for c in clashes)
+    earlier = logged.reported if logged is not None else None
+    known = earlier if isinstance(earlier, frozenset) else frozenset()
+    if logged is not None:
+        if not state:
+            if logged.ended():
+                log.info("no process id is announced with several endpoints any more")
+            return
+        logged.changed(state)
+    for clash in clashes:
+        news = (clash.process_id, clash.endpoints) not in known
+        log.log(logging.WARNING if news else logging.DEBUG, "%s", clash.describe())
 
 
 def _lag_reference(
@@ -523,6 +647,7 @@ def assign_streams(
     rack_aware_tags: Sequence[str] | None = None,
     probing_memory: ProbingMemory | None = None,
     topology_errors: Repeats | None = None,
+    shared_ids: Repeats | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad topics or
     bad members: those become error codes or empty assignments, logged. An option out of range
@@ -541,7 +666,9 @@ def assign_streams(
     ``topology_errors``: the topology error this leader logged last, kept across its rebalances
     (``ProcessHost`` keeps one): the same error again is logged at DEBUG, not ERROR (members
     retry every 1 to 30 s while a topic is missing), and one INFO line says when tasks can be
-    assigned again; None: every error at ERROR.
+    assigned again; None: every error at ERROR. ``shared_ids``: the process ids shared by
+    members with different endpoints this leader logged last (``client_states``; ``ProcessHost``
+    keeps one), each clash logged at WARNING once; None: at every rebalance.
     """
     version = common_version(members, leader_version)
     if _shutdown_requested(members):
@@ -552,7 +679,7 @@ def assign_streams(
         return _failed(members, _INCOMPLETE, version)
     if not compatible:
         return _unassigned(members, version)
-    compatible = bounded_claims(compatible, grouped.tasks)
+    compatible = without_copied_claims(bounded_claims(compatible, grouped.tasks))
     assignor = _task_assignor(
         high_availability,
         num_standby_replicas,
@@ -561,7 +688,7 @@ def assign_streams(
         probing_rebalance_interval_ms,
         rack_aware_tags,
     )
-    given = _RoundInputs(end_offsets, partition_racks, now_ms, probing_memory)
+    given = _RoundInputs(end_offsets, partition_racks, now_ms, probing_memory, shared_ids)
     return _assign_compatible(topology, grouped, compatible, assignor, members, version, given)
 
 
@@ -612,6 +739,7 @@ class _RoundInputs:
     partition_racks: Mapping[TopicPartition, str] | None
     now_ms: int | None
     probing_memory: ProbingMemory | None
+    shared_ids: Repeats | None
 
 
 def _unassigned(
@@ -642,6 +770,7 @@ def _assign_compatible(
         given.end_offsets,
         assignor.acceptable_recovery_lag,
         exact_lags=high_availability,
+        shared_ids=given.shared_ids,
     )
     stateful = [t for t in tasks if t.subtopology in topology.stateful_subtopologies]
     racks = task_racks(tasks, given.partition_racks) if given.partition_racks else None

@@ -70,11 +70,12 @@ def streams_member(
     warmup: str = "",
     dictionary: bool = True,
     previous: str = "",
+    endpoint: str | None = None,
 ) -> RawMember:
     act = frozenset(T(t) for t in active.split())
     sub = SubscriptionInfo(
         process,
-        endpoint=f"{process.int}:80",
+        endpoint=endpoint or f"{process.int}:80",
         offset_sums={T(t): s for t, s in (sums or {}).items()},
         previous_active=frozenset(T(t) for t in previous.split()),
         version=version,
@@ -976,3 +977,27 @@ def test_watch_moves_table_names_processes_as_the_describe_tables_at_80_columns(
     assert "0 of 1 taken off a process still in the group" in moves
     processes = text.split("Processes")[-1].split("Members")[0]
     assert re.search(r"│ 3f2a9c1e-7\s+│", processes) and re.search(r"│ 3f2a9c1e-0\s+│", processes)
+
+
+def test_a_process_id_announced_with_two_endpoints_is_a_problem_and_two_processes() -> None:
+    """A copied state directory: two live processes announce one process id with their own
+    endpoints. The leader assigns them as two processes; describe shows them so (a standby
+    on the copy of its active's id is no violation) and names the clash with its remedy."""
+    raw = [
+        streams_member("m1", P1, "0_0 0_1 1_0", "0_2 0_3", endpoint="w0:80"),
+        streams_member("m2", P1, "0_2 0_3 1_1", "0_0 0_1", endpoint="w2:80", previous="0_0"),
+    ]
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+    assert set(view.processes()) == {f"{P1}#w0:80", f"{P1}#w2:80"}
+    assert view.endpoints() == {f"{P1}#w0:80": "w0:80", f"{P1}#w2:80": "w2:80"}
+    assert view.previous_active() == {}  # copied claims: the leader hands nothing back
+    (problem,) = quality(view).problems
+    assert problem.startswith(f"process id {P1} is announced with 2 endpoints (w0:80, w2:80)")
+    assert "delete process.id" in problem
+    assert "problem: process id" in printed(view)
+
+
+def test_one_process_id_with_one_endpoint_is_no_clash() -> None:
+    """A process's consumers share its endpoint: threads, not a copy."""
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
+    assert view.shared_process_ids == ()

@@ -24,6 +24,7 @@ from streamassign.faust.leader import (
     trusted_tables,
 )
 from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
+from streamassign.repeats import Repeats
 from streamassign.streams import MemberAssignment, MemberSubscription
 from streamassign.topology import Topology
 
@@ -539,3 +540,91 @@ def test_a_topology_error_is_logged_once_at_error_until_the_topics_group(
     assert levels == [logging.ERROR, logging.DEBUG, logging.DEBUG]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert infos == ["the subscribed topics group now: assigning tasks again"]
+
+
+def cloned_workers(names: tuple[str, str, str] = ("a", "b", "c")) -> dict[str, MemberSubscription]:
+    """Three workers, w0 and w2 with one process id (w2's data directory copied from w0's)."""
+    first, second, third = names
+    clone = member(0, url="http://w2:6066")
+    return {first: member(0), second: member(1), third: clone}
+
+
+def test_workers_with_a_copied_state_directory_are_two_workers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The audit's finding: w0 and w2 shared a process id, the leader made one worker of them,
+    its host maps sent every read of w2's partitions to w0 (12 of 24 keys read empty through
+    the router), w2 was missing from ``/router/`` and w1 held 4 of the 6 standbys. Now each
+    URL maps exactly its worker's tasks, standbys spread, and the clash is a WARNING."""
+    members = cloned_workers()
+    with caplog.at_level(logging.WARNING, "streamassign.streams"):
+        result = run(members)
+    hosts = result["a"].info.active_by_host
+    assert set(hosts) == {"http://w0:6066", "http://w1:6066", "http://w2:6066"}
+    for m, url in (("a", "http://w0:6066"), ("b", "http://w1:6066"), ("c", "http://w2:6066")):
+        got = result[m].info
+        assert hosts[url] == got.active and len(got.active) == 2
+        assert result["a"].info.standby_by_host[url] == got.standby and len(got.standby) == 2
+        assert not got.active & got.standby
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "process id 00000000-0000-0000-0000-000000000001 is announced with 2 endpoints" in (
+        warning
+    )
+    assert "a at http://w0:6066, c at http://w2:6066" in warning
+    assert "<appdir>/streamassign/process.id" in warning
+
+
+@given(st.permutations(["a", "b", "c"]))
+def test_copies_get_the_same_tasks_whatever_the_member_ids(names: list[str]) -> None:
+    """The derived worker ids come from the process id and URL, never from member order."""
+    first, second, third = names
+    members = cloned_workers((first, second, third))
+    result = run(members)
+    reference = run(cloned_workers())
+    for m, ref in ((first, "a"), (second, "b"), (third, "c")):
+        assert result[m].info.active == reference[ref].info.active
+        assert result[m].info.standby == reference[ref].info.standby
+    assert result[first].info.active_by_host == reference["a"].info.active_by_host
+
+
+def test_a_copy_keeps_the_tasks_it_ran() -> None:
+    """Stickiness: each worker reports what it runs, so each copy keeps its own tasks (the
+    merged process's last assignment was split over the two, as over threads)."""
+    sub = next(iter(run({"x": member(0)})["x"].info.active)).subtopology
+    t = [TaskId(sub, p) for p in range(6)]
+    ran = {"a": t[0:2], "b": t[2:4], "c": t[4:6]}
+    members = {
+        m: member(i, url=f"http://w{k}:6066", sums=dict.fromkeys(ran[m], LATEST_OFFSET))
+        for m, i, k in (("a", 0, 0), ("b", 1, 1), ("c", 0, 2))
+    }
+    result = run(members)
+    assert {m: set(result[m].info.active) for m in members} == {m: set(ts) for m, ts in ran.items()}
+
+
+def test_a_clash_is_logged_once_by_the_leader_that_keeps_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logged = Repeats()
+    with caplog.at_level(logging.DEBUG, "streamassign.streams"):
+        for names in (("a", "b", "c"), ("d", "e", "f")):  # rejoined: new member ids
+            run(cloned_workers(names), shared_ids=logged)
+    levels = [r.levelno for r in caplog.records if "endpoints" in r.getMessage()]
+    assert levels == [logging.WARNING, logging.DEBUG]
+
+
+def test_a_copy_is_handed_back_nothing_its_original_runs() -> None:
+    """A copy restarts with the original's state file: it declares the original's actives as
+    its own previous ones, with no state (in-memory tables). Honoured, the leader's stateless
+    hand-back gave the copy tasks the original runs and kept the original as their warm
+    holder; ignored, each running worker gives one task to the new one and keeps two."""
+    sub = next(iter(run({"x": member(0)})["x"].info.active)).subtopology
+    t = [TaskId(sub, p) for p in range(6)]
+    w0, w1 = frozenset(t[:3]), frozenset(t[3:])
+    members = {
+        "a": member(0, sums=dict.fromkeys(w0, LATEST_OFFSET)),
+        "b": member(1, sums=dict.fromkeys(w1, LATEST_OFFSET)),
+        "c": member(0, url="http://w2:6066", previous=w0),
+    }
+    result = run(members)
+    assert len(result["a"].info.active & w0) == 2
+    assert len(result["b"].info.active & w1) == 2

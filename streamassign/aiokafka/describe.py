@@ -50,7 +50,7 @@ from ..errors import GroupDescribeError, ProtocolError, UserDataError
 from ..explain import STABLE, ClientView, local_state
 from ..metrics import AssignmentMetrics, evaluate, violations
 from ..protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
-from ..streams import FAUST_PROTOCOL_NAME
+from ..streams import FAUST_PROTOCOL_NAME, SHARED_ID_REMEDY, SharedProcessId, process_keys
 from ..text import counted
 from .consumer import ASSIGNORS
 from .streams import PROTOCOL_NAME
@@ -149,6 +149,10 @@ class GroupView:
     family: Family
     members: tuple[MemberView, ...]
     tasks: Mapping[TaskId, frozenset[TopicPartition]]
+    #: Streams protocols: process ids members announce with different endpoints (a copied
+    #: state directory); each endpoint's members are a process of their own
+    #: (``streams.process_key``), as the group leader treats them.
+    shared_process_ids: tuple[SharedProcessId, ...] = ()
 
     @property
     def readable(self) -> bool:
@@ -184,9 +188,12 @@ class GroupView:
         """Per process, the actives its members said at their last join they ran before (a
         restarted process's, from its state directory): ``explain``'s ``returning``, as
         ``explain`` reads them from a saved snapshot (``Snapshot.previous_active``)."""
+        copied = {c.process_id for c in self.shared_process_ids}
         return {
             pid: frozenset().union(*(m.previous_active for m in ms))
             for pid, ms in self.members_by_process().items()
+            # The leader ignores a shared id's claims (``streams.without_copied_claims``).
+            if pid.split("#", 1)[0] not in copied
         }
 
     def endpoints(self) -> dict[str, str]:
@@ -373,11 +380,31 @@ def describe_bytes(
     if cache is not None:  # only this round's members: the cache never outgrows the group
         cache.clear()
         cache.update(fresh)
+    shared: list[SharedProcessId] = []
     if family == Family.CONSUMER:
         decoded, tasks = _consumer_tasks(decoded)
     else:
+        if family == Family.STREAMS:
+            decoded, shared = _split_shared_ids(decoded)
         tasks = _task_partitions(decoded, infer_sources=protocol == PROTOCOL_NAME)
-    return GroupView(group, state, protocol_type, protocol, family, tuple(decoded), tasks)
+    return GroupView(
+        group, state, protocol_type, protocol, family, tuple(decoded), tasks, tuple(shared)
+    )
+
+
+def _split_shared_ids(
+    members: list[MemberView],
+) -> tuple[list[MemberView], list[SharedProcessId]]:
+    """``members`` with the process of each member of a shared process id (announced with
+    several endpoints) keyed per endpoint as the leader keys it, and those ids."""
+    announced = {
+        m.member_id: (m.process, m.endpoint) for m in members if m.undecodable is None and m.topics
+    }
+    keys, shared = process_keys(announced)
+    if not shared:
+        return members, []
+    split = [attrs.evolve(m, process=keys.get(m.member_id, m.process)) for m in members]
+    return split, shared
 
 
 def _consumer_tasks(
@@ -521,6 +548,7 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
         balanced = evaluate(own, clients, only).active_balanced if clients else not own
         balance.append(SubtopologyBalance(sub, len(own), min(counts), max(counts), balanced))
     problems = [
+        *_shared_ids(view),
         *_member_errors(view),
         *_unassigned_topics(view),
         *violations(tasks, clients, assignment, replicas, stateful),
@@ -546,6 +574,17 @@ _ERROR_MEANING = {
     "ASSIGNMENT_ERROR": "the leader could not assign; its log says why",
     "SHUTDOWN_REQUESTED": "a member asked the group to shut down",
 }
+
+
+def _shared_ids(view: GroupView) -> list[str]:
+    """One problem per process id announced with several endpoints: two live processes with
+    one copied state directory. A leader before this check merged them into one process
+    (routing metadata mapping both processes' tasks to one endpoint)."""
+    return [
+        f"process id {c.process_id} is announced with {len(c.endpoints)} endpoints "
+        f"({', '.join(c.endpoints)}): a copied state directory? {SHARED_ID_REMEDY}"
+        for c in view.shared_process_ids
+    ]
 
 
 def _member_errors(view: GroupView) -> list[str]:

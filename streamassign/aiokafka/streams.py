@@ -183,6 +183,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 probing_rebalance_interval_ms=self.host.probing_rebalance_interval_ms,
                 probing_memory=self.host.probing_memory,
                 topology_errors=self.host.topology_errors,
+                shared_ids=self.host.shared_ids,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
             self.host.led_generation = self._generation()
@@ -505,6 +506,9 @@ class ProcessHost:
         #: led: the same one at the next rebalances (members retry every 1 to 30 s while a
         #: topic is missing) is logged at DEBUG only.
         self.topology_errors = Repeats()
+        #: The process ids this process last logged as leader as announced with several
+        #: endpoints (copied state directories): each clash is logged at WARNING once.
+        self.shared_ids = Repeats()
         #: The generation this process last led (None: none, or unknown), so that an
         #: assignment another process computed makes ``probing_memory`` forget.
         self.led_generation: int | None = None

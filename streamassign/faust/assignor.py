@@ -133,6 +133,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         #: led (``_end_round``): they would tell a later incident from one long ago.
         self._leader_missing = Repeats()
         self._leader_topology_errors = Repeats()
+        #: The process ids the leader logged as announced with several URLs (copied state
+        #: directories): each clash is logged once, forgotten as the two above are.
+        self._leader_shared_ids = Repeats()
         self._member_missing = Repeats()
         #: Whether this worker led the round whose assignment it waits for.
         self._leading = False
@@ -256,6 +259,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 required_topics=self._internal_topics(),
                 missing_topics_level=self._missing_level(missing),
                 topology_errors=self._leader_topology_errors,
+                shared_ids=self._leader_shared_ids,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
         except Exception as exc:
@@ -406,6 +410,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         if not self._leading:
             self._leader_missing = Repeats()
             self._leader_topology_errors = Repeats()
+            self._leader_shared_ids = Repeats()
         self._leading = False
 
     def _fallback_view(self, kafka: frozenset[TP]) -> _View:

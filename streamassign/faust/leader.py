@@ -24,6 +24,9 @@
   restarted worker gets its partitions back; unreadable user data (garbage, a format this
   version cannot read) is a member with no history, never an error (``decode_member``).
 * **Host maps.** Keyed per process, so two workers announcing the same URL lose nothing.
+* **Copied state directories.** Workers announcing one process id with different URLs (a
+  cloned disk, a data directory copied to warm a new worker) are different workers: each URL is
+  a process of its own (``streams.process_keys``), logged at WARNING with the remedy.
 
 A member's partitions are the source and changelog partitions of its active tasks, the changelog
 partitions of its standby (and warmup) tasks, and every partition of the global tables'
@@ -60,6 +63,7 @@ from ..streams import (
     decode_subscriptions,
     previous_actives,
     stateless_returns,
+    without_copied_claims,
 )
 from ..threads import distribute_to_threads
 from ..topology import Subtopology, Topology
@@ -250,6 +254,7 @@ def assign_faust(
     required_topics: Iterable[str] = (),
     missing_topics_level: int = logging.WARNING,
     topology_errors: Repeats | None = None,
+    shared_ids: Repeats | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad members or
     topics: unreadable members have no history. A subscribed table changelog or
@@ -259,7 +264,10 @@ def assign_faust(
     logged at ``missing_topics_level`` (the assignor passes DEBUG for a set it logged before).
     ``topology_errors``: the error this leader logged last when the topics cannot be grouped
     (the assignor keeps one): the same again is logged at DEBUG, not ERROR (members retry every
-    1 to 30 s), and one INFO line says when they group again; None: every one at ERROR."""
+    1 to 30 s), and one INFO line says when they group again; None: every one at ERROR.
+    ``shared_ids``: the process ids this leader logged last as announced with several URLs (a
+    copied state directory; each URL is then a worker of its own, ``streams.process_keys``),
+    each such clash logged at WARNING once; None: at every rebalance."""
     if not members:
         return {}
     version = common_version(members, leader_version)
@@ -277,26 +285,47 @@ def assign_faust(
     required = changelogs | globals_ | frozenset(required_topics)
     if _waiting_for_metadata(subscriptions, partition_counts, required, missing_topics_level):
         return incomplete
+    grouped = _group_topics(
+        subscriptions, partition_counts, copartition_groups, changelogs, topology_errors
+    )
+    if grouped is None:
+        return incomplete
+    topology, tasks = grouped
+    result = {m: MemberAssignment((), empty) for m in members}
+    # The rebalance's budget (logged per member); no hand-back from a copied state directory.
+    members = without_copied_claims(bounded_claims(members, tasks))
+    plan = _FaustRuns.plan(
+        topology, tasks, members, changelogs, globals_, partition_counts, shared_ids
+    )
+    per_member, per_process = plan.assign(StickyTaskAssignor(num_standby_replicas))
+    result.update(plan.member_assignments(per_member, per_process, version))
+    return result
+
+
+def _group_topics(
+    subscriptions: Mapping[str, frozenset[str]],
+    partition_counts: Mapping[str, int],
+    copartition_groups: Sequence[Sequence[str]],
+    changelogs: frozenset[str],
+    logged: Repeats | None,
+) -> tuple[Topology, dict[TaskId, frozenset[TopicPartition]]] | None:
+    """The app's topology and tasks; None when the topics cannot be grouped (logged at ERROR,
+    at DEBUG when it is the error ``logged`` last; one INFO line when they group again)."""
     try:
         topology = faust_topology(subscriptions, partition_counts, copartition_groups, changelogs)
         tasks = PartitionGrouper().group(topology, partition_counts)
     except TopologyError as exc:
-        news = topology_errors is None or topology_errors.changed(str(exc))
+        news = logged is None or logged.changed(str(exc))
         log.log(
             logging.ERROR if news else logging.DEBUG,
             "cannot group the subscribed topics: %s; assigning nothing%s",
             exc,
-            "" if topology_errors is None else " (the same error again logged at DEBUG)",
+            "" if logged is None else " (the same error again logged at DEBUG)",
         )
-        return incomplete
-    if topology_errors is not None and topology_errors.ended():
+        return None
+    if logged is not None and logged.ended():
         log.info("the subscribed topics group now: assigning tasks again")
-    result = {m: MemberAssignment((), empty) for m in members}
-    members = bounded_claims(members, tasks)  # the rebalance's budget (logged per member)
-    plan = _FaustRuns.plan(topology, tasks, members, changelogs, globals_, partition_counts)
-    per_member, per_process = plan.assign(StickyTaskAssignor(num_standby_replicas))
-    result.update(plan.member_assignments(per_member, per_process, version))
-    return result
+    return topology, tasks
 
 
 def _waiting_for_metadata(
@@ -346,13 +375,14 @@ class _FaustRuns:
         changelogs: frozenset[str],
         globals_: frozenset[str],
         partition_counts: Mapping[str, int],
+        shared_ids: Repeats | None = None,
     ) -> _FaustRuns:
         sub_topics = {s: topology.subtopology(s).source_topics for s in topology.subtopology_ids}
         # Groups made only of global changelogs are no work to share: every subscriber gets them
         # all.
         assignable = {s for s, topics in sub_topics.items() if not set(topics) <= globals_}
         stateful_subs = {s for s, topics in sub_topics.items() if changelogs & set(topics)}
-        clients, by_process, endpoints = client_states(members)
+        clients, by_process, endpoints = client_states(members, shared_ids=shared_ids)
         clients = _with_capacities(_return_restarted(clients, members, by_process))
         runs = _group_runs(members, sub_topics, assignable)
         return cls(
