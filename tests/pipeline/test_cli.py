@@ -50,6 +50,10 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
         "2",
         "--restore-rate",
         "40000",
+        "--warmups",
+        "3",
+        "--probing-interval",
+        "90.5",
     )
     assert code == 0, out
     # --spark-tasks: 2 tasks share the 3 scenarios, each writing one file per assignor.
@@ -64,6 +68,8 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
     # The restore rate is the run's, recorded and priced by the report (one default with
     # plan-standbys otherwise).
     assert manifest["replica_restore_per_s"] == 40_000.0
+    # task:ha's settings too (simulate had no options for them: always 2 and 600 s).
+    assert (manifest["max_warmup_replicas"], manifest["probing_interval_s"]) == (3, 90.5)
     assert "at 40,000 records/s per task" in (run / "report" / "report.html").read_text()
     assert f"run {manifest['run_id']} in {run}" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging folder left
