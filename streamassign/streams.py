@@ -369,7 +369,7 @@ def _group_by_process(
             infos.setdefault(key, info)
             # The process's consumers report the same process state; merge to be safe.
             if info is not infos[key]:
-                merged = {**infos[key].offset_sums, **info.offset_sums}
+                merged = merge_offset_sums((infos[key].offset_sums, info.offset_sums))
                 infos[key] = attrs.evolve(infos[key], offset_sums=merged)
     return by_process, infos
 
@@ -396,6 +396,22 @@ def best_offset_sums(reports: Iterable[Mapping[TaskId, int]]) -> dict[TaskId, in
             if s >= 0:
                 best[t] = max(best.get(t, 0), s)
     return best
+
+
+def merge_offset_sums(reports: Iterable[Mapping[TaskId, int]]) -> dict[TaskId, int]:
+    """One process's offset sums from its members' ``reports``: per task ``LATEST_OFFSET``
+    where any member runs it (a checkpoint another member reports of it must not make the
+    process read as not running it), else the largest sum reported. The one merge of the
+    leaders (``client_states``, the Faust leader's hand-back) and of ``explain``/``describe``,
+    so that they read a process alike whatever order its members come in."""
+    merged: dict[TaskId, int] = {}
+    for sums in reports:
+        for t, s in sums.items():
+            if s == LATEST_OFFSET or merged.get(t) == LATEST_OFFSET:
+                merged[t] = LATEST_OFFSET
+            else:
+                merged[t] = max(merged.get(t, s), s)
+    return merged
 
 
 def local_state_lags(

@@ -20,6 +20,7 @@ from streamassign.explain import (
     Reason,
     claim_conflicts,
     explain,
+    local_state,
     views_from_assignment,
     views_from_clients,
 )
@@ -465,6 +466,15 @@ def test_a_running_report_is_local_state_only_when_it_dates_from_the_last_rebala
     assert code == 0
     for landing in expected.values():
         assert landing.split(":")[0] in text
+
+
+def test_a_process_runs_a_task_one_of_its_members_reported_running() -> None:
+    """Two members of one process, one running 0_0 and one with a checkpoint of it: the
+    process ran 0_0 whichever member comes last (as the leaders merge them)."""
+    t = TaskId(0, 0)
+    reports = [("P", {t: LATEST_OFFSET}), ("P", {t: 500, TaskId(0, 1): 7}), ("Q", {t: 9})]
+    for order in (reports, reports[::-1]):
+        assert local_state(order) == {"P": {t: LATEST_OFFSET, TaskId(0, 1): 7}, "Q": {t: 9}}
 
 
 def test_diff_reads_a_snapshot_whose_members_rows_it_does_not_use(tmp_path: Path) -> None:

@@ -14,7 +14,12 @@ from streamassign.errors import AssignmentInputError, ErrorCode
 from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
 from streamassign.repeats import Repeats
 from streamassign.shares import share_bounds
-from streamassign.streams import MemberSubscription, assign_streams, client_states
+from streamassign.streams import (
+    MemberSubscription,
+    assign_streams,
+    client_states,
+    merge_offset_sums,
+)
 
 TOPOLOGY = Topology(
     [
@@ -125,6 +130,31 @@ def test_a_restarted_process_far_behind_does_not_take_its_tasks_back() -> None:
     }
     clients, _, _ = client_states(members)
     assert clients[1].prev_active == mine and clients[0].prev_active == frozenset()
+
+
+def test_a_process_whose_member_runs_a_task_runs_it_whatever_its_other_members_report() -> None:
+    """Two members under one process id (a state directory copied to another host): one runs
+    0_0, the other reports a checkpoint of it. Merging them let the last member's checkpoint
+    overwrite the running mark, so the process read as not running 0_0 (a standby of it,
+    lagging) in one member order and as running it in the other."""
+    t = TaskId(0, 0)
+    for running_member, checkpoint_member in (("a", "b"), ("b", "a")):
+        members = {
+            running_member: member(1, offset_sums={t: LATEST_OFFSET}),
+            checkpoint_member: member(1, offset_sums={t: 500, TaskId(0, 1): 700}),
+            "z": member(2, offset_sums={TaskId(0, 1): 900}),
+        }
+        clients, _, _ = client_states(members)
+        assert clients[0].prev_active == {t}, running_member
+        assert clients[0].lags == {TaskId(0, 1): 200}
+
+
+def test_merged_offset_sums_keep_the_running_mark_else_the_largest_sum() -> None:
+    t, u = TaskId(0, 0), TaskId(0, 1)
+    reports = [{t: LATEST_OFFSET, u: 5}, {t: 500, u: 300}, {u: 40}]
+    for order in (reports, reports[::-1]):
+        assert merge_offset_sums(order) == {t: LATEST_OFFSET, u: 300}
+    assert merge_offset_sums([]) == {}
 
 
 @pytest.mark.parametrize("high_availability", [False, True])
