@@ -470,14 +470,17 @@ def caught_up_returns(
     """The leader's hand-back rule for local state: per task, the restarted process it returns
     to, one that declared it among its ``previous_active`` and whose ``lags`` of it (its local
     state it does not run, :func:`local_state_lags`; None: unknown) is within
-    ``acceptable_recovery_lag``; the first such process in ``lags``' order."""
-    home: dict[TaskId, str] = {}
+    ``acceptable_recovery_lag``. Of two such processes the least lagging one, then the smaller
+    process id: never ``lags``' order, which in the leader follows member ids (new at every
+    restart) and in ``explain`` process ids, so both name the same process whatever the order.
+    """
+    best: dict[TaskId, tuple[int, str]] = {}  # per task, its (lag, process) so far
     for key, state in lags.items():
-        for t in sorted(previous_active.get(key, ())):
+        for t in previous_active.get(key, ()):
             lag = state.get(t)
             if lag is not None and lag <= acceptable_recovery_lag:
-                home.setdefault(t, key)
-    return home
+                best[t] = min(best.get(t, (lag, key)), (lag, key))
+    return {t: key for t, (_, key) in sorted(best.items())}
 
 
 def stateless_returns(
