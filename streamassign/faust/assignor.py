@@ -173,6 +173,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         """This worker's subscription; never raises (aiokafka's coordinator would die): on an
         unexpected error it joins as a member without history (logged)."""
         self._own_topics = frozenset(topics)
+        self._leading = False  # a new round (JoinGroup): leading the last one ended with it
         if (consumer := self._consumer()) is not None:
             self.join_errors.joining(consumer)  # a join starts (see JoinErrors)
         try:
