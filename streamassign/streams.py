@@ -55,9 +55,9 @@ _INCOMPLETE = ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
 #: Kafka Streams' ``acceptable.recovery.lag`` default: state this close counts as caught up.
 ACCEPTABLE_RECOVERY_LAG = 10_000
 
-#: The Faust drop-in assignor's protocol name (``streamassign.faust.PROTOCOL_NAME``, spelt out:
-#: importing ``streamassign.faust`` imports Faust): its leader also hands back stateless tasks
-#: (:func:`stateless_returns`).
+#: The Faust drop-in assignor's protocol name (``streamassign.faust.PROTOCOL_NAME`` is this one:
+#: defined here, as importing ``streamassign.faust`` imports Faust): its leader also hands back
+#: stateless tasks (:func:`stateless_returns`).
 FAUST_PROTOCOL_NAME = "streamassign-faust"
 
 #: Previous actives on tasks that do not exist that a member may claim besides one per task

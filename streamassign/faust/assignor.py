@@ -58,6 +58,7 @@ from ..protocol import (
     SubscriptionInfo,
 )
 from ..repeats import Repeats
+from ..streams import FAUST_PROTOCOL_NAME
 from ._watch import JoinErrors, MetadataWatch, unsized
 from .leader import (
     CAPACITY_TAG,
@@ -74,7 +75,7 @@ __all__ = ["CAPACITY_ENV", "PROTOCOL_NAME", "PartitionAssignor"]
 
 log = logging.getLogger("streamassign.faust")
 
-PROTOCOL_NAME = "streamassign-faust"
+PROTOCOL_NAME = FAUST_PROTOCOL_NAME  # the core's: describe and explain know it by it
 
 #: Environment variable giving this worker's capacity (weight); default: its consumer count (1).
 CAPACITY_ENV = "STREAMASSIGN_CAPACITY"
