@@ -47,7 +47,12 @@ from .files import load_toml, write_atomically
 from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
-from .streams import ACCEPTABLE_RECOVERY_LAG, FAUST_PROTOCOL_NAME, handed_back
+from .streams import (
+    ACCEPTABLE_RECOVERY_LAG,
+    FAUST_PROTOCOL_NAME,
+    handed_back,
+    merge_offset_sums,
+)
 from .text import counted
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
@@ -1346,10 +1351,7 @@ def _print_offset_sums(
     console: Console, by_process: Mapping[str, Sequence[Any]], labels: Mapping[str, str]
 ) -> None:
     """The offset sums each process reported at the last join (when any did)."""
-    sums: dict[str, dict[TaskId, int]] = {}
-    for pid, group_members in by_process.items():
-        for m in group_members:  # every consumer of a process reports the same sums
-            sums.setdefault(pid, {}).update(m.offset_sums)
+    sums = {pid: merge_offset_sums(m.offset_sums for m in ms) for pid, ms in by_process.items()}
     if any(sums.values()):
         table = Table(title="Offset sums reported at the last join (running: active then)")
         table.add_column("process", overflow="fold")
