@@ -1677,21 +1677,29 @@ def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
 
 
 @contextlib.contextmanager
-def _session(master: str | None, ship: bool | None = False) -> Iterator[Any]:
-    """The command's Spark session (``spark.spark_session``), with a spinner while it starts:
-    a JVM start takes 10 s or more."""
+def _session(master: str | None, ship: bool | None = False, quiet: bool = False) -> Iterator[Any]:
+    """The command's Spark session (``spark.spark_session``), with a spinner while it starts
+    (none when ``quiet``): a JVM start takes 10 s or more."""
     from .pipeline import spark as sp
     from .pipeline.progress import plain_step, stderr_console
 
     with contextlib.ExitStack() as stack:
         label = master or ("spark-submit's master" if _under_spark_submit() else "local[*]")
-        with plain_step(f"starting Spark ({label})", stderr_console()):
+        with plain_step(f"starting Spark ({label})", stderr_console(quiet)):
             session = stack.enter_context(sp.spark_session(master, ship=ship))
         yield session
 
 
 def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _json_only(as_json: bool) -> bool:
+    """Whether to write nothing on stderr but errors: ``--json`` and stderr landing in stdout
+    (``spark-submit`` merges them), where progress or a note would break the JSON."""
+    from .pipeline.progress import stderr_joins_stdout
+
+    return as_json and stderr_joins_stdout()
 
 
 def _spark_failure(exc: BaseException) -> str:
@@ -2266,12 +2274,13 @@ def plan_standbys(
         raise click.ClickException(str(exc)) from exc
     if out is not None:
         _check_out_folder(out, _PLAN_FILES)
-    totals = _evaluate_standby_candidates(master, ship_code, job, spark_tasks)
+    quiet = _json_only(as_json)
+    totals = _evaluate_standby_candidates(master, ship_code, job, spark_tasks, quiet)
     plan, best = _standby_plan(totals, job, target, tolerance)
     _print_plan(plan, best, job, out, topology_file, as_json)
     if out is not None:  # after printing: a failed write loses nothing the run found
         _write_plan(out, plan["candidates"], plan)
-    _exit_if_missed(target, plan)
+    _exit_if_missed(target, plan, quiet)
 
 
 def _fleet_line(model: Any) -> str:
@@ -2287,14 +2296,15 @@ def _fleet_line(model: Any) -> str:
     )
 
 
-def _exit_if_missed(target: float | None, plan: Mapping[str, Any]) -> None:
-    """Exit with :data:`TARGET_MISSED_EXIT` (and a note) when the plan's recommendation
-    misses ``target`` (``recommend`` said so)."""
+def _exit_if_missed(target: float | None, plan: Mapping[str, Any], quiet: bool = False) -> None:
+    """Exit with :data:`TARGET_MISSED_EXIT` (and a note, unless ``quiet``: the JSON's
+    ``target_reached`` says it) when the plan's recommendation misses ``target``."""
     if not plan["target_reached"]:
-        click.echo(
-            f"note: no candidate reaches --target {target:g}: exit status {TARGET_MISSED_EXIT}",
-            err=True,
-        )
+        if not quiet:
+            click.echo(
+                f"note: no candidate reaches --target {target:g}: exit status {TARGET_MISSED_EXIT}",
+                err=True,
+            )
         raise SystemExit(TARGET_MISSED_EXIT)
 
 
@@ -2323,21 +2333,26 @@ def _standby_plan(
 
 
 def _evaluate_standby_candidates(
-    master: str | None, ship_code: bool | None, job: Any, spark_tasks: int | None
+    master: str | None,
+    ship_code: bool | None,
+    job: Any,
+    spark_tasks: int | None,
+    quiet: bool = False,
 ) -> Any:
-    """The summed outage columns of every candidate, evaluated on Spark."""
+    """The summed outage columns of every candidate, evaluated on Spark (no progress shown
+    when ``quiet``)."""
     _preflight(master, job.workload, job.model)
     from .pipeline import spark as sp
     from .pipeline.progress import run_tracked, stderr_console
 
     with (
         _one_line_failures("planning standbys"),
-        _session(master, ship_code) as session,
+        _session(master, ship_code, quiet) as session,
     ):
         return run_tracked(
             session,
             "evaluating standby candidates",
-            stderr_console(),
+            stderr_console(quiet),
             lambda: sp.run_plan(session, job, spark_tasks),
         )
 

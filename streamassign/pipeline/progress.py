@@ -10,6 +10,7 @@ terminal rich prints each finished bar once, so logs get one line per step.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import signal
 import threading
@@ -28,7 +29,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-__all__ = ["plain_step", "run_tracked", "stderr_console"]
+__all__ = ["plain_step", "run_tracked", "stderr_console", "stderr_joins_stdout"]
 
 _POLL_S = 0.5
 #: How long a cancelled action may take to stop after Ctrl-C.
@@ -37,9 +38,27 @@ _CANCEL_WAIT_S = 30.0
 T = TypeVar("T")
 
 
-def stderr_console() -> Console:
-    """Where progress goes: stderr, so that stdout stays parseable (``--json``)."""
-    return Console(stderr=True)
+def stderr_console(quiet: bool = False) -> Console:
+    """Where progress goes: stderr, so that stdout stays parseable (``--json``); nowhere when
+    ``quiet`` (stderr would land in a JSON stdout: :func:`stderr_joins_stdout`)."""
+    return Console(stderr=True, quiet=quiet)
+
+
+def stderr_joins_stdout() -> bool:
+    """Whether what this process writes to stderr lands in its stdout's file or pipe.
+
+    Under ``spark-submit`` it always does: Spark's PythonRunner starts the driver with its
+    stderr redirected into its stdout (``PYSPARK_GATEWAY_PORT`` tells that the JVM launched
+    us). Elsewhere, when both are one file or pipe (``> out 2>&1``) that is not a terminal: on
+    a terminal progress is for the eyes and never reaches a reader of stdout.
+    """
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        return True
+    try:
+        same = os.path.samestat(os.fstat(1), os.fstat(2))
+        return same and not os.isatty(2)
+    except OSError:  # a closed stdout or stderr: nothing written there is read
+        return False
 
 
 def _progress(console: Console) -> Progress:

@@ -741,3 +741,44 @@ def test_plan_standbys_next_command_runs_as_printed_with_the_users_model(
     )
     (tmp_path / "streamassign-runs" / "orders-enricher-standbys2" / "notes.txt").write_text("x")
     assert suggested()[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+
+
+FAKE_SPARK = Path(__file__).with_name("fake_spark.py")
+
+
+def _fake_spark_run(
+    mode: str, *args: str, stderr: int = subprocess.PIPE, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``streamassign ARGS`` in a child process, Spark stood in for (``fake_spark.py``)."""
+    import os
+
+    return subprocess.run(
+        [sys.executable, str(FAKE_SPARK), mode, *args],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
+
+
+@pytest.mark.parametrize("target", [[], ["--target", "0.999"]])
+def test_json_stdout_is_only_json_when_stderr_lands_in_it(target: list[str]) -> None:
+    """An audit found ``spark-submit ... plan-standbys --json > out`` unparseable: Spark's
+    PythonRunner merges the driver's stderr into its stdout, and progress came first. Simulated
+    with ``2>&1`` into one pipe (what the PythonRunner gives the driver)."""
+    pytest.importorskip("pyspark")
+    args = ("plan-standbys", str(ORDERS), "--json", *target)
+    merged = _fake_spark_run("quick", *args, stderr=subprocess.STDOUT)
+    assert merged.returncode == (3 if target else 0), merged.stdout
+    assert json.loads(merged.stdout)["recommended"]["standbys"] == 1
+    # Apart, progress and the note still go to stderr: the stand-in runs the progress code.
+    apart = _fake_spark_run("quick", *args)
+    assert json.loads(apart.stdout)["recommended"]["standbys"] == 1
+    assert "starting Spark" in apart.stderr and "evaluating standby candidates" in apart.stderr
+    assert ("note: no candidate reaches --target 0.999" in apart.stderr) == bool(target)
+    # Launched by spark-submit (its gateway's port set): quiet even when the test keeps them apart.
+    submitted = _fake_spark_run("quick", *args, env={"PYSPARK_GATEWAY_PORT": "1"})
+    assert json.loads(submitted.stdout)["recommended"]["standbys"] == 1
+    assert submitted.stderr == ""
