@@ -2043,7 +2043,10 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     console = stderr_console()
     if spark_tasks is not None:
         session.conf.set("spark.sql.shuffle.partitions", str(spark_tasks))
-    data = run_tracked(session, "aggregating", console, lambda: sp.aggregate(session, run_dir))
+    try:
+        data = run_tracked(session, "aggregating", console, lambda: sp.aggregate(session, run_dir))
+    except StreamAssignError as exc:  # a damaged run: one line, the earlier report kept
+        raise click.ClickException(str(exc)) from exc
     files, report_id = LocalFiles(), new_run_id()
     staging = staging_path(str(out), report_id)
     try:
