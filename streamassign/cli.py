@@ -1719,13 +1719,21 @@ def _spark_failure(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def _one_line_failures(doing: str, kept: str | None = None) -> Iterator[None]:
-    """Spark failures and Ctrl-C as one line (what failed, what was kept), not a trace."""
+    """Spark failures and Ctrl-C, SIGTERM or SIGHUP as one line (what failed, what was kept),
+    not a trace; after a signal the exit status is 128 + its number (130 after Ctrl-C)."""
+    import signal
+
+    from .pipeline.progress import interrupt_on_signals
+
     tail = f"; {kept}" if kept else ""
     try:
-        yield
-    except KeyboardInterrupt:
-        click.echo(f"interrupted while {doing}{tail}", err=True)
-        raise SystemExit(130) from None
+        with interrupt_on_signals():
+            yield
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+        by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+        click.echo(f"interrupted{by} while {doing}{tail}", err=True)
+        raise SystemExit(128 + signum) from None
     except (click.ClickException, StreamAssignError, SystemExit):
         raise
     except Exception as exc:

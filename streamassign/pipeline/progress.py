@@ -16,7 +16,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 from rich.console import Console
 from rich.progress import (
@@ -29,13 +29,24 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-__all__ = ["plain_step", "run_tracked", "stderr_console", "stderr_joins_stdout"]
+__all__ = [
+    "INTERRUPTING_SIGNALS",
+    "interrupt_on_signals",
+    "plain_step",
+    "run_tracked",
+    "stderr_console",
+    "stderr_joins_stdout",
+]
 
 _POLL_S = 0.5
 #: How long a cancelled action may take to stop after Ctrl-C.
 _CANCEL_WAIT_S = 30.0
 
 T = TypeVar("T")
+
+#: Signals that stop a command as Ctrl-C does: SIGTERM (``timeout``, a CI job cancelled, a
+#: service stopped) and SIGHUP (its terminal closed). Each ends in ``KeyboardInterrupt(signum)``.
+INTERRUPTING_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def stderr_console(quiet: bool = False) -> Console:
@@ -124,12 +135,8 @@ def run_tracked(
             with contextlib.suppress(Exception):  # progress must never fail the job
                 _update(sc, group, bar, task, detail)
         if interrupted.is_set():
-            # Cancelled tasks and writers log pages of expected errors: keep them off screen.
-            sc.setLogLevel("OFF")
-            sc.cancelJobGroup(group)
-            worker.join(_CANCEL_WAIT_S)
-            sc.setLogLevel("WARN")
-            raise KeyboardInterrupt
+            _cancel(sc, group, worker)
+            raise KeyboardInterrupt(interrupted.signum)
         if "error" in outcome:
             raise outcome["error"]
         # Done: the final counts, every task done (skipped stages never complete).
@@ -139,26 +146,69 @@ def run_tracked(
     return cast(T, outcome["value"])
 
 
+def _cancel(sc: Any, group: str, worker: threading.Thread) -> None:
+    """Cancel ``group``'s jobs and wait for ``worker``; quietly, and not at all when the JVM
+    is gone (a signal to the whole process group stops it too): the interrupt is what counts."""
+    with contextlib.suppress(Exception):
+        # Cancelled tasks and writers log pages of expected errors: keep them off screen.
+        sc.setLogLevel("OFF")
+        sc.cancelJobGroup(group)
+        worker.join(_CANCEL_WAIT_S)
+        sc.setLogLevel("WARN")
+
+
+class _Interrupted(threading.Event):
+    """Set by the first interrupting signal; ``signum`` is which."""
+
+    signum: int = signal.SIGINT
+
+
 @contextmanager
-def _interrupt_flag() -> Iterator[threading.Event]:
-    """An event set by the first Ctrl-C (the second one raises at once), in the main thread;
-    elsewhere an event nobody sets."""
-    flag = threading.Event()
+def _interrupt_flag() -> Iterator[_Interrupted]:
+    """An event set by the first Ctrl-C, SIGTERM or SIGHUP (the second one raises at once), in
+    the main thread; elsewhere an event nobody sets."""
+    flag = _Interrupted()
 
     def handler(signum: int, frame: Any) -> None:
         if flag.is_set():
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(signum)
+        flag.signum = signum
         flag.set()
 
-    try:
-        previous = signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread
+    with _handling(handler):
         yield flag
+
+
+@contextmanager
+def interrupt_on_signals() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP raise ``KeyboardInterrupt(signum)`` as Ctrl-C
+    raises ``KeyboardInterrupt``, so that the same cleanup runs (a partial run deleted, the
+    session stopped); by default they would end the process with nothing cleaned up. Only in
+    the main thread (elsewhere it does nothing)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signum)
+
+    with _handling(handler, INTERRUPTING_SIGNALS[1:]):
+        yield
+
+
+@contextmanager
+def _handling(
+    handler: Callable[[int, Any], None], signums: tuple[int, ...] = INTERRUPTING_SIGNALS
+) -> Iterator[None]:
+    """``handler`` for ``signums`` while the block runs (main thread only), then the
+    handlers that were there before."""
+    try:
+        previous = {signum: signal.signal(signum, handler) for signum in signums}
+    except ValueError:  # not the main thread
+        yield
         return
     try:
-        yield flag
+        yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, before in previous.items():
+            signal.signal(signum, before)
 
 
 def _update(

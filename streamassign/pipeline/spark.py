@@ -15,6 +15,7 @@ its Python workers (unless ``PYSPARK_PYTHON`` is set).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -82,12 +83,18 @@ def spark_session(
     except BaseException:
         if active is None:
             # Stopping mid-job (Ctrl-C, a failure) makes running tasks log pages of expected
-            # errors; the command reports the cause in one line.
-            session.sparkContext.setLogLevel("OFF")
+            # errors; the command reports the cause in one line. The JVM may be gone too (a
+            # SIGTERM or SIGHUP to the whole process group): the cause raised is what counts,
+            # not the Py4J errors of talking to it.
+            with contextlib.suppress(Exception):
+                session.sparkContext.setLogLevel("OFF")
+            with contextlib.suppress(Exception):
+                session.stop()
         raise
-    finally:
+    else:
         if active is None:
             session.stop()
+    finally:
         if bundle_dir is not None:
             if active is None:
                 shutil.rmtree(bundle_dir, ignore_errors=True)

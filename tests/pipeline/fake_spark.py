@@ -6,12 +6,14 @@ interrupt handling run for real. MODE:
 - ``quick``: every Spark job returns at once (``plan-standbys`` gets a fixed plan);
 - ``hang-job``: ``simulate``'s job writes a few rows into its partial folder, then runs until
   its job group is cancelled (as Spark's tasks do);
-- ``hang-start``: the session's start never ends (a JVM start, interruptible).
+- ``hang-start``: the session's start never ends (a JVM start, interruptible); it touches the
+  file ``$FAKE_SPARK_STARTED`` first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -74,6 +76,7 @@ def _install(mode: str) -> None:
     @contextlib.contextmanager
     def spark_session(*args: Any, **kwargs: Any) -> Iterator[_Session]:
         if mode == "hang-start":
+            Path(os.environ["FAKE_SPARK_STARTED"]).touch()
             threading.Event().wait()  # a signal's handler raises out of it
         yield _Session()
 

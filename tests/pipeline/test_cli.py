@@ -809,3 +809,59 @@ def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
     )
     assert (run / "report" / "report.html").read_text() == "earlier"
     assert sorted(p.name for p in run.iterdir()) == ["manifest", "rebalances", "report"]
+
+
+def _start_fake_spark(mode: str, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    import os
+
+    return subprocess.Popen(
+        [sys.executable, str(FAKE_SPARK), mode, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+    )
+
+
+def _wait_for(condition: Any, what: str, timeout_s: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["hang-start", "hang-job"])
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_mid_run_ends_like_ctrl_c(
+    tmp_path: Path, signame: str, mode: str
+) -> None:
+    """An audit's ``timeout -s TERM 30 streamassign simulate ...`` printed nothing and left a
+    hidden ``.run.partial-<run id>`` folder for good: only Ctrl-C was handled. Sent while Spark
+    starts and while the job writes rows."""
+    pytest.importorskip("pyspark")
+    import signal
+
+    signum = signal.Signals[signame]
+    run = tmp_path / "run"
+    (run / "manifest").mkdir(parents=True)
+    (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "earlier"}\n')
+    args = ("simulate", str(ORDERS), *TINY, "--out", str(run), "--overwrite")
+    child = _start_fake_spark(mode, *args, env={"FAKE_SPARK_STARTED": str(tmp_path / "started")})
+    if mode == "hang-start":
+        _wait_for(lambda: (tmp_path / "started").exists(), "session start")
+    else:
+        _wait_for(
+            lambda: any(p.name.startswith(".run.partial-") for p in tmp_path.iterdir()), "rows"
+        )
+    child.send_signal(signum)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 128 + signum, err
+    assert (
+        err.splitlines()[-1] == f"interrupted by {signame} while simulating; the run in {run} kept"
+    )
+    assert "Traceback" not in err
+    started = ["started"] if mode == "hang-start" else []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", *started]  # no partial left
+    assert json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"] == "earlier"
