@@ -1671,9 +1671,20 @@ def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
         )
     if not overwrite:
         raise click.ClickException(
-            f"{what}; pass --overwrite to replace it once the new run is complete, or --out "
-            "for another folder"
+            f"{what}{_report_note(run_dir)}; pass --overwrite to replace it once the new run is "
+            "complete, or --out for another folder"
         )
+
+
+def _report_note(run_dir: str) -> str:
+    """Whether the run in ``run_dir`` (refused: it exists) has its report, and so what the user
+    can do without simulating again: open it, or write it (an interrupted ``--report``)."""
+    if _is_remote(run_dir):
+        return ""  # its report is wherever report --out put it
+    page = Path(run_dir) / "report" / "report.html"
+    if page.is_file():
+        return f" and its report, {page}"
+    return f" without a report (streamassign report {run_dir} writes it)"
 
 
 @contextlib.contextmanager
@@ -1952,13 +1963,19 @@ def _run_simulation(
         )
         page = None
         if with_report:
-            with _one_line_failures("writing the report", f"run {run_id} is complete"):
+            complete = f"run {run_id} is complete; next: {_report_command(run_dir)}"
+            with _one_line_failures("writing the report", complete):
                 page = _render(session, run_dir, None, spark_tasks)
     if page is not None:
         click.echo(f"report: {page}")
         click.echo(f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md")
     else:
-        click.echo(f"next: streamassign report {run_dir}")
+        click.echo(f"next: {_report_command(run_dir)}")
+
+
+def _report_command(run_dir: str) -> str:
+    """The command that writes the report of the run in ``run_dir``."""
+    return f"streamassign report {run_dir}" + (" --out DIR" if _is_remote(run_dir) else "")
 
 
 def _write_run(

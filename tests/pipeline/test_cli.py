@@ -511,7 +511,11 @@ def test_a_failed_or_refused_run_keeps_the_old_one(
     old_id = json.loads(manifest)["run_id"]
 
     code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(run))
-    assert code != 0 and f"already holds a complete run ({old_id}); pass --overwrite" in out
+    assert code != 0
+    assert (
+        f"already holds a complete run ({old_id}) without a report (streamassign report {run} "
+        "writes it); pass --overwrite"
+    ) in out
 
     def missing_module(*args: Any) -> Any:  # a task failing on the executors, as without faust
         raise ModuleNotFoundError("No module named 'faust'")
@@ -865,3 +869,67 @@ def test_sigterm_or_sighup_mid_run_ends_like_ctrl_c(
     started = ["started"] if mode == "hang-start" else []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", *started]  # no partial left
     assert json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"] == "earlier"
+
+
+def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """README's command 1, run a second time: the refusal says where the report is (or how to
+    write it, after a --report interrupted) and what to add to simulate again."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("plotly")
+    from streamassign import cli
+
+    def no_spark(*a: Any, **k: Any) -> Any:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(cli, "_session", no_spark)
+    run = tmp_path / "run"
+    (run / "manifest").mkdir(parents=True)
+    (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "first"}\n')
+    args = ("simulate", str(ORDERS), "--report", "--out", str(run))
+    code, out = invoke(*args)
+    assert (code, out) == (
+        1,
+        f"Error: {run} already holds a complete run (first) without a report (streamassign "
+        f"report {run} writes it); pass --overwrite to replace it once the new run is complete, "
+        "or --out for another folder\n",
+    )
+    (run / "report").mkdir()
+    (run / "report" / "report.html").write_text("the first run's")
+    code, out = invoke(*args)
+    assert code == 1 and out.startswith(
+        f"Error: {run} already holds a complete run (first) and its report, "
+        f"{run / 'report' / 'report.html'}; pass --overwrite"
+    )
+
+
+def test_ctrl_c_while_the_report_is_written_says_how_to_write_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An audit's Ctrl-C during --report --overwrite left the new run without a report and no
+    word on ``streamassign report DIR``."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("plotly")
+    from types import SimpleNamespace
+
+    from streamassign import cli
+
+    @contextlib.contextmanager
+    def session(*a: Any) -> Iterator[Any]:
+        yield SimpleNamespace(sparkContext=SimpleNamespace(master="local[1]"))
+
+    def interrupted(*a: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_session", session)
+    monkeypatch.setattr(cli, "_write_run", lambda *a: (12, 1.0))
+    monkeypatch.setattr(cli, "_render", interrupted)
+    run = tmp_path / "run"
+    result = CliRunner().invoke(
+        main, ["simulate", str(ORDERS), *TINY, "--out", str(run), "--report"]
+    )
+    assert result.exit_code == 130
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("interrupted while writing the report; run ")
+    assert last.endswith(f" is complete; next: streamassign report {run}")
