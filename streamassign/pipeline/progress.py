@@ -4,12 +4,13 @@
 worker thread, in a job group of its own, while the calling thread polls Spark's status tracker
 (jobs of the group, their stages, completed and total tasks) twice a second.
 :func:`plain_step` shows a step without Spark (a spinner and the elapsed time). Outside a
-terminal rich prints each finished bar once, so logs get one line per step.
+terminal each step ends in one line, so logs get one line per step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import secrets
 import signal
@@ -24,6 +25,7 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
@@ -72,8 +74,14 @@ def stderr_joins_stdout() -> bool:
         return False
 
 
-def _progress(console: Console) -> Progress:
-    return Progress(
+@contextmanager
+def _progress(console: Console) -> Iterator[Progress]:
+    """The bar of a Spark action on a terminal. Elsewhere (a log, a pipe, spark-submit's
+    output) rich would print the finished bar once, cropped to the console's width (80
+    columns): a long detail pushed out the task count and the elapsed time. There each task
+    ends in one plain line instead, as long as it needs (:func:`_log_line`)."""
+    live = console.is_terminal
+    bar = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),
@@ -81,7 +89,24 @@ def _progress(console: Console) -> Progress:
         TextColumn("Spark tasks {task.fields[detail]}"),
         TimeElapsedColumn(),
         console=console,
+        disable=not live,
     )
+    with bar:
+        try:
+            yield bar
+        finally:  # interrupted or failed too: the log shows how far it got
+            if not live:
+                for task in bar.tasks:
+                    console.print(_log_line(task), soft_wrap=True, markup=False, highlight=False)
+
+
+def _log_line(task: Task) -> str:
+    """``simulating 8/8 Spark tasks (1 stage), 31,000 rebalances ... 0:01:19``: the bar's
+    columns as text."""
+    done = f"{int(task.completed)}/{int(task.total) if task.total is not None else '?'}"
+    seconds = task.finished_time if task.finished_time is not None else task.elapsed
+    elapsed = datetime.timedelta(seconds=int(seconds or 0))
+    return f"{task.description} {done} Spark tasks {task.fields['detail']} {elapsed}"
 
 
 def _tasks_of_group(tracker: Any, group: str) -> tuple[int, int, int]:
