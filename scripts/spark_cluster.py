@@ -198,7 +198,9 @@ def main() -> None:
     # did nothing), and SIGTERM's default ends the process without the cleanup (the JVMs die
     # with it, but the temporary folder stayed).
     for signum in STOP_SIGNALS:
-        signal.signal(signum, _stop_on_signal)
+        # SIGHUP found ignored (nohup) stays so: a closed terminal must not stop the cluster.
+        if signum != signal.SIGHUP or signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _stop_on_signal)
     try:
         with cluster(args.workers, args.cores) as running:
             print(running.master_url, flush=True)

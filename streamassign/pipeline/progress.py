@@ -223,12 +223,17 @@ def _handling(
     handler: Callable[[int, Any], None], signums: tuple[int, ...] = INTERRUPTING_SIGNALS
 ) -> Iterator[None]:
     """``handler`` for ``signums`` while the block runs (main thread only), then the
-    handlers that were there before."""
-    try:
-        previous = {signum: signal.signal(signum, handler) for signum in signums}
-    except ValueError:  # not the main thread
+    handlers that were there before. SIGTERM and SIGHUP found ignored stay ignored: ``nohup``
+    ignores SIGHUP so that a closed terminal does not stop the run. (SIGINT is taken even
+    then, as before: Ctrl-C stops a tracked action in a background job too.)"""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    previous = {
+        signum: signal.signal(signum, handler)
+        for signum in signums
+        if signum == signal.SIGINT or signal.getsignal(signum) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:

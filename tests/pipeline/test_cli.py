@@ -234,6 +234,7 @@ def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
     """The plan is printed and written either way; the status tells a script the outcome."""
     pytest.importorskip("pyspark")
     from streamassign import cli
+    from streamassign.pipeline import progress
     from streamassign.pipeline.standbys import recommend
 
     rows = [
@@ -249,6 +250,8 @@ def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
 
     monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: None)
     monkeypatch.setattr(cli, "_standby_plan", plan_of)
+    # As in a terminal or a log apart from stdout (pytest -s 2>&1 | tee would merge them).
+    monkeypatch.setattr(progress, "stderr_joins_stdout", lambda: False)
     args = ["plan-standbys", str(ORDERS), "--json", *(["--target", target] if target else [])]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == status, result.output
@@ -815,8 +818,14 @@ def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
     assert sorted(p.name for p in run.iterdir()) == ["manifest", "rebalances", "report"]
 
 
-def _start_fake_spark(mode: str, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+def _start_fake_spark(
+    mode: str, *args: str, env: dict[str, str], ignore_sighup: bool = False
+) -> subprocess.Popen[str]:
     import os
+    import signal
+
+    def nohup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     return subprocess.Popen(
         [sys.executable, str(FAKE_SPARK), mode, *args],
@@ -824,6 +833,7 @@ def _start_fake_spark(mode: str, *args: str, env: dict[str, str]) -> subprocess.
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        preexec_fn=nohup if ignore_sighup else None,
     )
 
 
@@ -933,3 +943,22 @@ def test_ctrl_c_while_the_report_is_written_says_how_to_write_it(
     last = result.stderr.splitlines()[-1]
     assert last.startswith("interrupted while writing the report; run ")
     assert last.endswith(f" is complete; next: streamassign report {run}")
+
+
+def test_a_run_under_nohup_keeps_going_after_sighup(tmp_path: Path) -> None:
+    """SIGHUP stops a run as Ctrl-C does, unless it came in ignored (``nohup``): then a closed
+    terminal must not stop it."""
+    pytest.importorskip("pyspark")
+    import signal
+
+    run = tmp_path / "run"
+    args = ("simulate", str(ORDERS), *TINY, "--out", str(run))
+    child = _start_fake_spark("hang-job", *args, env={}, ignore_sighup=True)
+    _wait_for(lambda: any(p.name.startswith(".run.partial-") for p in tmp_path.iterdir()), "rows")
+    child.send_signal(signal.SIGHUP)
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(timeout=1)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 128 + signal.SIGTERM, err
+    assert err.splitlines()[-1] == f"interrupted by SIGTERM while simulating; {run} left as it was"
