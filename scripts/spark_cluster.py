@@ -3,6 +3,9 @@
 
     python scripts/spark_cluster.py --workers 2 --cores 1   # prints the master URL, Ctrl-C stops
 
+Ctrl-C, SIGTERM or SIGHUP stop it (also when started in the background, where SIGINT comes in
+ignored), exit status 128 + the signal's number.
+
 One master and N workers (``spark-class org.apache.spark.deploy.master.Master`` /
 ``...worker.Worker`` from the pip-installed pyspark, which ships Spark's jars and scripts), on
 free ports, each worker with its own work directory under one temporary folder. :func:`cluster`
@@ -173,15 +176,39 @@ def cluster(
         shutil.rmtree(home, ignore_errors=True)
 
 
+#: What stops the script (its cluster stopped, its folder removed): Ctrl-C, ``kill`` (SIGTERM),
+#: its terminal closed (SIGHUP).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_on_signal(signum: int, frame: object) -> None:
+    """Leave :func:`cluster` through its cleanup; later signals are ignored, so that the
+    cleanup (10 s at most, then SIGKILL) is not cut short and leaves no JVM or folder."""
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
+    raise KeyboardInterrupt(signum)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--cores", type=int, default=1, help="cores per worker")
     args = parser.parse_args()
-    with cluster(args.workers, args.cores) as running:
-        print(running.master_url, flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            signal.pause()
+    # Set explicitly: started in the background by a script, SIGINT comes in ignored (Ctrl-C
+    # did nothing), and SIGTERM's default ends the process without the cleanup (the JVMs die
+    # with it, but the temporary folder stayed).
+    for signum in STOP_SIGNALS:
+        # SIGHUP found ignored (nohup) stays so: a closed terminal must not stop the cluster.
+        if signum != signal.SIGHUP or signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _stop_on_signal)
+    try:
+        with cluster(args.workers, args.cores) as running:
+            print(running.master_url, flush=True)
+            while True:
+                signal.pause()
+    except KeyboardInterrupt as stopped:
+        signum = stopped.args[0] if stopped.args else signal.SIGINT
+        raise SystemExit(128 + signum) from None
 
 
 if __name__ == "__main__":

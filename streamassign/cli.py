@@ -48,7 +48,12 @@ from .files import load_toml, write_atomically
 from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
-from .streams import ACCEPTABLE_RECOVERY_LAG, FAUST_PROTOCOL_NAME, handed_back
+from .streams import (
+    ACCEPTABLE_RECOVERY_LAG,
+    FAUST_PROTOCOL_NAME,
+    handed_back,
+    merge_offset_sums,
+)
 from .text import counted
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
@@ -1393,10 +1398,7 @@ def _print_offset_sums(
     console: Console, by_process: Mapping[str, Sequence[Any]], labels: Mapping[str, str]
 ) -> None:
     """The offset sums each process reported at the last join (when any did)."""
-    sums: dict[str, dict[TaskId, int]] = {}
-    for pid, group_members in by_process.items():
-        for m in group_members:  # every consumer of a process reports the same sums
-            sums.setdefault(pid, {}).update(m.offset_sums)
+    sums = {pid: merge_offset_sums(m.offset_sums for m in ms) for pid, ms in by_process.items()}
     if any(sums.values()):
         table = Table(title="Offset sums reported at the last join (running: active then)")
         table.add_column("process", overflow="fold")
@@ -1718,27 +1720,46 @@ def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
         )
     if not overwrite:
         raise click.ClickException(
-            f"{what}; pass --overwrite to replace it once the new run is complete, or --out "
-            "for another folder"
+            f"{what}{_report_note(run_dir)}; pass --overwrite to replace it once the new run is "
+            "complete, or --out for another folder"
         )
 
 
+def _report_note(run_dir: str) -> str:
+    """Whether the run in ``run_dir`` (refused: it exists) has its report, and so what the user
+    can do without simulating again: open it, or write it (an interrupted ``--report``)."""
+    if _is_remote(run_dir):
+        return ""  # its report is wherever report --out put it
+    page = Path(run_dir) / "report" / "report.html"
+    if page.is_file():
+        return f" and its report, {page}"
+    return f" without a report (streamassign report {run_dir} writes it)"
+
+
 @contextlib.contextmanager
-def _session(master: str | None, ship: bool | None = False) -> Iterator[Any]:
-    """The command's Spark session (``spark.spark_session``), with a spinner while it starts:
-    a JVM start takes 10 s or more."""
+def _session(master: str | None, ship: bool | None = False, quiet: bool = False) -> Iterator[Any]:
+    """The command's Spark session (``spark.spark_session``), with a spinner while it starts
+    (none when ``quiet``): a JVM start takes 10 s or more."""
     from .pipeline import spark as sp
     from .pipeline.progress import plain_step, stderr_console
 
     with contextlib.ExitStack() as stack:
         label = master or ("spark-submit's master" if _under_spark_submit() else "local[*]")
-        with plain_step(f"starting Spark ({label})", stderr_console()):
+        with plain_step(f"starting Spark ({label})", stderr_console(quiet)):
             session = stack.enter_context(sp.spark_session(master, ship=ship))
         yield session
 
 
 def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _json_only(as_json: bool) -> bool:
+    """Whether to write nothing on stderr but errors: ``--json`` and stderr landing in stdout
+    (``spark-submit`` merges them), where progress or a note would break the JSON."""
+    from .pipeline.progress import stderr_joins_stdout
+
+    return as_json and stderr_joins_stdout()
 
 
 def _spark_failure(exc: BaseException) -> str:
@@ -1758,13 +1779,21 @@ def _spark_failure(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def _one_line_failures(doing: str, kept: str | None = None) -> Iterator[None]:
-    """Spark failures and Ctrl-C as one line (what failed, what was kept), not a trace."""
+    """Spark failures and Ctrl-C, SIGTERM or SIGHUP as one line (what failed, what was kept),
+    not a trace; after a signal the exit status is 128 + its number (130 after Ctrl-C)."""
+    import signal
+
+    from .pipeline.progress import interrupt_on_signals
+
     tail = f"; {kept}" if kept else ""
     try:
-        yield
-    except KeyboardInterrupt:
-        click.echo(f"interrupted while {doing}{tail}", err=True)
-        raise SystemExit(130) from None
+        with interrupt_on_signals():
+            yield
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+        by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+        click.echo(f"interrupted{by} while {doing}{tail}", err=True)
+        raise SystemExit(128 + signum) from None
     except (click.ClickException, StreamAssignError, SystemExit):
         raise
     except Exception as exc:
@@ -2006,13 +2035,19 @@ def _run_simulation(
         )
         page = None
         if with_report:
-            with _one_line_failures("writing the report", f"run {run_id} is complete"):
+            complete = f"run {run_id} is complete; next: {_report_command(run_dir)}"
+            with _one_line_failures("writing the report", complete):
                 page = _render(session, run_dir, None, spark_tasks)
     if page is not None:
         click.echo(f"report: {page}")
         click.echo(f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md")
     else:
-        click.echo(f"next: streamassign report {run_dir}")
+        click.echo(f"next: {_report_command(run_dir)}")
+
+
+def _report_command(run_dir: str) -> str:
+    """The command that writes the report of the run in ``run_dir``."""
+    return f"streamassign report {run_dir}" + (" --out DIR" if _is_remote(run_dir) else "")
 
 
 def _write_run(
@@ -2130,7 +2165,10 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     console = stderr_console()
     if spark_tasks is not None:
         session.conf.set("spark.sql.shuffle.partitions", str(spark_tasks))
-    data = run_tracked(session, "aggregating", console, lambda: sp.aggregate(session, run_dir))
+    try:
+        data = run_tracked(session, "aggregating", console, lambda: sp.aggregate(session, run_dir))
+    except StreamAssignError as exc:  # a damaged run: one line, the earlier report kept
+        raise click.ClickException(str(exc)) from exc
     files, report_id = LocalFiles(), new_run_id()
     staging = staging_path(str(out), report_id)
     try:
@@ -2356,12 +2394,13 @@ def plan_standbys(
         raise click.ClickException(str(exc)) from exc
     if out is not None:
         _check_out_folder(out, _PLAN_FILES)
-    totals = _evaluate_standby_candidates(master, ship_code, job, spark_tasks)
+    quiet = _json_only(as_json)
+    totals = _evaluate_standby_candidates(master, ship_code, job, spark_tasks, quiet)
     plan, best = _standby_plan(totals, job, target, tolerance)
     _print_plan(plan, best, job, out, topology_file, as_json)
     if out is not None:  # after printing: a failed write loses nothing the run found
         _write_plan(out, plan["candidates"], plan)
-    _exit_if_missed(target, plan)
+    _exit_if_missed(target, plan, quiet)
 
 
 def _fleet_line(model: Any) -> str:
@@ -2377,14 +2416,15 @@ def _fleet_line(model: Any) -> str:
     )
 
 
-def _exit_if_missed(target: float | None, plan: Mapping[str, Any]) -> None:
-    """Exit with :data:`TARGET_MISSED_EXIT` (and a note) when the plan's recommendation
-    misses ``target`` (``recommend`` said so)."""
+def _exit_if_missed(target: float | None, plan: Mapping[str, Any], quiet: bool = False) -> None:
+    """Exit with :data:`TARGET_MISSED_EXIT` (and a note, unless ``quiet``: the JSON's
+    ``target_reached`` says it) when the plan's recommendation misses ``target``."""
     if not plan["target_reached"]:
-        click.echo(
-            f"note: no candidate reaches --target {target:g}: exit status {TARGET_MISSED_EXIT}",
-            err=True,
-        )
+        if not quiet:
+            click.echo(
+                f"note: no candidate reaches --target {target:g}: exit status {TARGET_MISSED_EXIT}",
+                err=True,
+            )
         raise SystemExit(TARGET_MISSED_EXIT)
 
 
@@ -2413,21 +2453,26 @@ def _standby_plan(
 
 
 def _evaluate_standby_candidates(
-    master: str | None, ship_code: bool | None, job: Any, spark_tasks: int | None
+    master: str | None,
+    ship_code: bool | None,
+    job: Any,
+    spark_tasks: int | None,
+    quiet: bool = False,
 ) -> Any:
-    """The summed outage columns of every candidate, evaluated on Spark."""
+    """The summed outage columns of every candidate, evaluated on Spark (no progress shown
+    when ``quiet``)."""
     _preflight(master, job.workload, job.model)
     from .pipeline import spark as sp
     from .pipeline.progress import run_tracked, stderr_console
 
     with (
         _one_line_failures("planning standbys"),
-        _session(master, ship_code) as session,
+        _session(master, ship_code, quiet) as session,
     ):
         return run_tracked(
             session,
             "evaluating standby candidates",
-            stderr_console(),
+            stderr_console(quiet),
             lambda: sp.run_plan(session, job, spark_tasks),
         )
 

@@ -198,6 +198,13 @@ class PipelineError(StreamAssignError, ValueError):
     """
 
 
+class DamagedRunError(PipelineError):
+    """A run directory whose rows no longer match its manifest: Parquet files deleted, moved or
+    added since the run was written. The message names what is missing (no Parquet file at
+    all, found before Spark starts; an assignor's rows, or a count of rows, found on reading).
+    """
+
+
 # -- runtime (``streamassign.runtime``) -----------------------------------------------------------
 
 

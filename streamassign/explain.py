@@ -20,7 +20,13 @@ from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentFileError
 from .protocol import LATEST_OFFSET, running_tasks
 from .sticky import resolve_previous_owners
-from .streams import ACCEPTABLE_RECOVERY_LAG, best_offset_sums, handed_back, local_state_lags
+from .streams import (
+    ACCEPTABLE_RECOVERY_LAG,
+    best_offset_sums,
+    handed_back,
+    local_state_lags,
+    merge_offset_sums,
+)
 
 
 class Reason(enum.StrEnum):
@@ -480,12 +486,14 @@ def local_state(
     """Per process, the tasks whose state it reported having when it joined: every task of its
     members' ``(process, offset sums)`` reports, a checkpointed sum or ``LATEST_OFFSET`` (it
     ran the task then: :func:`explain` dates that state before counting it), each process
-    named getting an entry. :func:`explain`'s ``lags`` (a warm landing or a cold one) for a
-    live group (``describe --watch``) and a saved snapshot (``explain``) alike."""
-    out: dict[str, dict[TaskId, int]] = {}
+    named getting an entry, its members' reports merged as the leaders merge them
+    (``streamassign.streams.merge_offset_sums``: running wins). :func:`explain`'s ``lags``
+    (a warm landing or a cold one) for a live group (``describe --watch``) and a saved
+    snapshot (``explain``) alike."""
+    by_process: dict[str, list[Mapping[TaskId, int]]] = {}
     for pid, sums in reports:
-        out.setdefault(pid, {}).update(sums)
-    return out
+        by_process.setdefault(pid, []).append(sums)
+    return {pid: merge_offset_sums(sums) for pid, sums in by_process.items()}
 
 
 def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot:

@@ -55,9 +55,9 @@ _INCOMPLETE = ErrorCode.INCOMPLETE_SOURCE_TOPIC_METADATA
 #: Kafka Streams' ``acceptable.recovery.lag`` default: state this close counts as caught up.
 ACCEPTABLE_RECOVERY_LAG = 10_000
 
-#: The Faust drop-in assignor's protocol name (``streamassign.faust.PROTOCOL_NAME``, spelt out:
-#: importing ``streamassign.faust`` imports Faust): its leader also hands back stateless tasks
-#: (:func:`stateless_returns`).
+#: The Faust drop-in assignor's protocol name (``streamassign.faust.PROTOCOL_NAME`` is this one:
+#: defined here, as importing ``streamassign.faust`` imports Faust): its leader also hands back
+#: stateless tasks (:func:`stateless_returns`).
 FAUST_PROTOCOL_NAME = "streamassign-faust"
 
 #: Previous actives on tasks that do not exist that a member may claim besides one per task
@@ -378,7 +378,7 @@ def _group_by_process(
             infos.setdefault(key, info)
             # The process's consumers report the same process state; merge to be safe.
             if info is not infos[key]:
-                merged = {**infos[key].offset_sums, **info.offset_sums}
+                merged = merge_offset_sums((infos[key].offset_sums, info.offset_sums))
                 infos[key] = attrs.evolve(infos[key], offset_sums=merged)
     return by_process, infos
 
@@ -522,6 +522,22 @@ def best_offset_sums(reports: Iterable[Mapping[TaskId, int]]) -> dict[TaskId, in
     return best
 
 
+def merge_offset_sums(reports: Iterable[Mapping[TaskId, int]]) -> dict[TaskId, int]:
+    """One process's offset sums from its members' ``reports``: per task ``LATEST_OFFSET``
+    where any member runs it (a checkpoint another member reports of it must not make the
+    process read as not running it), else the largest sum reported. The one merge of the
+    leaders (``client_states``, the Faust leader's hand-back) and of ``explain``/``describe``,
+    so that they read a process alike whatever order its members come in."""
+    merged: dict[TaskId, int] = {}
+    for sums in reports:
+        for t, s in sums.items():
+            if s == LATEST_OFFSET or merged.get(t) == LATEST_OFFSET:
+                merged[t] = LATEST_OFFSET
+            else:
+                merged[t] = max(merged.get(t, s), s)
+    return merged
+
+
 def local_state_lags(
     sums: Mapping[TaskId, int], top: Mapping[TaskId, int], running: Collection[TaskId]
 ) -> dict[TaskId, int | None]:
@@ -578,14 +594,17 @@ def caught_up_returns(
     """The leader's hand-back rule for local state: per task, the restarted process it returns
     to, one that declared it among its ``previous_active`` and whose ``lags`` of it (its local
     state it does not run, :func:`local_state_lags`; None: unknown) is within
-    ``acceptable_recovery_lag``; the first such process in ``lags``' order."""
-    home: dict[TaskId, str] = {}
+    ``acceptable_recovery_lag``. Of two such processes the least lagging one, then the smaller
+    process id: never ``lags``' order, which in the leader follows member ids (new at every
+    restart) and in ``explain`` process ids, so both name the same process whatever the order.
+    """
+    best: dict[TaskId, tuple[int, str]] = {}  # per task, its (lag, process) so far
     for key, state in lags.items():
-        for t in sorted(previous_active.get(key, ())):
+        for t in previous_active.get(key, ()):
             lag = state.get(t)
             if lag is not None and lag <= acceptable_recovery_lag:
-                home.setdefault(t, key)
-    return home
+                best[t] = min(best.get(t, (lag, key)), (lag, key))
+    return {t: key for t, (_, key) in sorted(best.items())}
 
 
 def stateless_returns(

@@ -112,6 +112,36 @@ def by_pid(clients: Sequence[ClientState]) -> dict[str, ClientState]:
     return {c.process_id: c for c in clients}
 
 
+#: Offset sums a rejoining member reports of a task: running, or checkpoints on either side of
+#: one another's acceptable recovery lag (10,000 by default).
+REJOIN_SUMS = (LATEST_OFFSET, 0, 500, 5_000, 12_000, 20_000, 30_000)
+
+
+@st.composite
+def rejoining_members(
+    draw: st.DrawFn, tasks: int = 5, max_processes: int = 4, max_members: int = 2
+) -> dict[str, SubscriptionInfo]:
+    """Per member id, its subscription as it joins a rebalance some processes restarted into:
+    1..n processes of 1..m members each, every member running, holding a checkpoint of or
+    knowing nothing of each of a few tasks and declaring some of them its previous actives.
+    Member ids are drawn apart from process ids, so they sort unlike them (a member id is
+    new at every restart). Few draws per member: CI runs thousands of examples."""
+    sizes = draw(st.lists(st.integers(1, max_members), min_size=1, max_size=max_processes))
+    processes = [uuid.UUID(int=1 + n) for n, size in enumerate(sizes) for _ in range(size)]
+    member_ids = draw(st.permutations([f"m{n}" for n in range(len(processes))]))
+    reports = st.lists(st.sampled_from((None, *REJOIN_SUMS)), min_size=tasks, max_size=tasks)
+    members = {}
+    for member, process in zip(member_ids, processes, strict=True):
+        sums = draw(reports)
+        previous = draw(st.integers(0, 2**tasks - 1))  # a bit per task
+        members[member] = SubscriptionInfo(
+            process,
+            offset_sums={TaskId(0, p): s for p, s in enumerate(sums) if s is not None},
+            previous_active=frozenset(TaskId(0, p) for p in range(tasks) if previous >> p & 1),
+        )
+    return members
+
+
 # -- streams wire formats (valid user data: seeds for round trips and fuzzing) ---------------
 
 wire_task_ids = st.builds(TaskId, st.integers(0, 2000), st.integers(0, 5000))

@@ -128,6 +128,27 @@ def test_streams_members_grouped_by_process_with_tasks_and_partitions() -> None:
     assert m3.generation is None  # the streams protocol does not carry one
 
 
+def test_a_process_runs_a_task_one_of_its_members_reported_running() -> None:
+    """Two members of one process id (a copied state directory), one running 0_0 and one with
+    a checkpoint of it: the process ran 0_0 whichever member comes last, for explain's local
+    state and the offset sums table alike (the leaders merge them so)."""
+    from rich.console import Console
+
+    from streamassign.cli import _print_group
+
+    for running, checkpoint in (("m1", "m2"), ("m2", "m1")):
+        members = [
+            streams_member(running, P1, "0_0 0_1", sums={"0_0": LATEST_OFFSET}),
+            streams_member(checkpoint, P1, "0_2", sums={"0_0": 500, "0_3": 90}),
+            streams_member("m3", P2, "0_3 1_0 1_1"),
+        ]
+        view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, members)
+        assert view.local_state()[str(P1)] == {T("0_0"): LATEST_OFFSET, T("0_3"): 90}
+        console = Console(width=80, record=True)
+        _print_group(console, view, quality(view))
+        assert "0_0=running, 0_3=90" in console.export_text(), running
+
+
 def test_json_carries_the_previous_actives_a_member_declared() -> None:
     # A restarted process's subscription names the actives it ran before it stopped (from its
     # state directory); explain --last needs them, so describe --json keeps them.

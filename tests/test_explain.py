@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
 from streamassign.cli import main
@@ -20,14 +21,21 @@ from streamassign.explain import (
     Reason,
     claim_conflicts,
     explain,
+    load_snapshot,
+    local_state,
     views_from_assignment,
     views_from_clients,
 )
 from streamassign.metrics import evaluate
-from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
-from streamassign.streams import MemberSubscription, client_states
+from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo, running_tasks
+from streamassign.streams import (
+    FAUST_PROTOCOL_NAME,
+    MemberSubscription,
+    client_states,
+    merge_offset_sums,
+)
 
-from .strategies import assignment_inputs
+from .strategies import assignment_inputs, rejoining_members
 from .tables import assert_whole_tables
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -467,6 +475,15 @@ def test_a_running_report_is_local_state_only_when_it_dates_from_the_last_rebala
         assert landing.split(":")[0] in text
 
 
+def test_a_process_runs_a_task_one_of_its_members_reported_running() -> None:
+    """Two members of one process, one running 0_0 and one with a checkpoint of it: the
+    process ran 0_0 whichever member comes last (as the leaders merge them)."""
+    t = TaskId(0, 0)
+    reports = [("P", {t: LATEST_OFFSET}), ("P", {t: 500, TaskId(0, 1): 7}), ("Q", {t: 9})]
+    for order in (reports, reports[::-1]):
+        assert local_state(order) == {"P": {t: LATEST_OFFSET, TaskId(0, 1): 7}, "Q": {t: 9}}
+
+
 def test_diff_reads_a_snapshot_whose_members_rows_it_does_not_use(tmp_path: Path) -> None:
     # h_nullsums.json: a member's offset_sums null. diff reads the assignment only; explain
     # reads the offset sums, so it still refuses, in one line.
@@ -552,8 +569,6 @@ def test_a_snapshot_read_as_clients_runs_what_the_group_runs_now(tmp_path: Path)
             "p2": {"0_0": 300, "0_1": 100, "0_2": 700, "0_3": -2},
         },
     )
-    from streamassign.explain import load_snapshot
-
     clients = load_snapshot(json.loads(Path(now).read_text()), now).clients()
     assert clients == [
         ClientState("p1", 2, {"0_0", "0_1"}, {"0_2"}, {TaskId(0, 2): 200, TaskId(0, 3): 0}),
@@ -858,6 +873,41 @@ def test_explain_last_names_no_hand_back_the_reported_sums_rule_out(
     assert {m["task"]: m["reason"] for m in json.loads(out)["moves"]}["0_4"] == (
         "handed back to previous owner"
     )
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 4))
+@given(rejoining_members(), st.sampled_from([None, FAUST_PROTOCOL_NAME]))
+def test_explain_names_the_hand_backs_the_leaders_made(
+    infos: dict[str, SubscriptionInfo], protocol: str | None
+) -> None:
+    """Whatever the members reported when they joined, the tasks explain reads as handed back
+    (from a describe --json file: members by process id) are the ones the leader handed back
+    (``client_states``, ProcessHost's leader without end offsets; plus ``_return_restarted``,
+    the Faust leader's): the previous actives it gave a process that did not run them. Member
+    ids sort unlike process ids, as after a restart."""
+    from streamassign.faust.leader import _return_restarted
+
+    members = {m: MemberSubscription({"clicks"}, i) for m, i in infos.items()}
+    clients, by_process, _ = client_states(members)
+    if protocol == FAUST_PROTOCOL_NAME:
+        clients = _return_restarted(clients, members, by_process)
+    leader: dict[TaskId, str] = {}
+    for c in clients:
+        sums = merge_offset_sums(infos[m].offset_sums for m in by_process[c.process_id])
+        ran = running_tasks(sums)
+        leader |= dict.fromkeys(c.prev_active - ran, c.process_id)
+    rows = [
+        {
+            "process": str(infos[m].process_id),
+            "member_id": m,
+            "topics": ["clicks"],
+            "offset_sums": {str(t): s for t, s in infos[m].offset_sums.items()},
+            "previous_active": [str(t) for t in infos[m].previous_active],
+        }
+        for m in sorted(infos, key=lambda m: (str(infos[m].process_id), m))
+    ]
+    data = {"state": "Stable", "protocol": protocol, "assignment": {}, "members": rows}
+    assert load_snapshot(data, "now.json").handed_back() == leader
 
 
 def test_explain_of_two_snapshots_says_the_leader_handed_a_task_back_at_80_columns(

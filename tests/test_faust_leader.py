@@ -190,6 +190,24 @@ def test_restarted_worker_with_disk_state_gets_its_partitions_back() -> None:
     assert run(back, replicas=0)["m1"].info.active == ran
 
 
+def test_a_worker_that_runs_a_task_gets_no_stateless_hand_back() -> None:
+    """The stateless hand-back goes only to a restarted worker that runs nothing. Two members
+    under one process id (a copied state directory), one running a task and one reporting a
+    checkpoint of it: merging them must not let the checkpoint erase the running mark, or the
+    process reads as running nothing and takes back a task another worker runs."""
+    from streamassign.faust.leader import _return_restarted
+    from streamassign.streams import client_states
+
+    t, u = TaskId(0, 0), TaskId(0, 1)
+    members = {
+        "a": member(0, sums={t: LATEST_OFFSET}),
+        "b": member(0, sums={t: 500}, previous={u}),
+        "c": member(1, sums={u: LATEST_OFFSET}),
+    }
+    clients, by_process, _ = client_states(members)
+    assert _return_restarted(clients, members, by_process) == clients
+
+
 def test_capacity_weights() -> None:
     members = {
         "big": member(0, tags={CAPACITY_TAG: "2"}),

@@ -204,6 +204,45 @@ def test_a_leader_logs_a_wait_as_news_after_rounds_another_worker_led(
     assert "every subscribed topic has metadata now" not in infos  # w1 saw none missing
 
 
+def test_a_leader_logs_a_wait_as_news_after_a_led_round_whose_sync_failed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """w0 led a round and warned of a missing changelog, but its SyncGroup failed (another
+    rebalance began: no assignment arrives, so that round never ended for it); w1 led the next
+    round. That round must still reset w0's leader state: when w0 leads into a later incident,
+    it warns again (it logged it at DEBUG). Each round starts with a JoinGroup, as in aiokafka:
+    every worker's ``metadata``."""
+
+    async def scenario() -> None:
+        workers = [make_app(tmp_path / f"w{i}", 7300 + i).assignor for i in range(2)]
+        counts = {SRC: 6, **{k: v for k, v in COUNTS.items() if k != CL}}
+        client = FakeClient(counts)
+        for a in workers:
+            a._consumer = lambda: FakeConsumer(client)  # type: ignore[method-assign]
+
+        def rebalance(leader: int, synced: bool = True) -> None:
+            metadata = {f"m{i}": a.metadata(set(COUNTS)) for i, a in enumerate(workers)}
+            out = workers[leader].assign(client.cluster, metadata)
+            if not synced:  # SyncGroup failed (REBALANCE_IN_PROGRESS): no assignment arrives
+                return
+            for i, a in enumerate(workers):
+                a.on_assignment(ConsumerProtocolMemberAssignment.decode(out[f"m{i}"]))
+                a.rejoiner.cancel()
+
+        rebalance(0, synced=False)  # w0 leads, CL missing: WARNING; its sync fails
+        counts[CL] = 6
+        rebalance(1)  # w1 leads the next round, all there
+        del counts[CL]  # a second incident, later
+        rebalance(0)  # w0 leads again: news again
+        for a in workers:
+            a.metadata_watch.cancel()
+
+    with caplog.at_level(logging.DEBUG, "streamassign.faust"):
+        asyncio.run(scenario())
+    leader = [r.levelno for r in caplog.records if r.getMessage().startswith("no metadata for")]
+    assert leader == [logging.WARNING, logging.WARNING]
+
+
 class Coordinator:
     """aiokafka's coordinator as ``JoinErrors`` sees it: an error it keeps for its user."""
 

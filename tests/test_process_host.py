@@ -310,6 +310,31 @@ def test_the_leader_logs_a_missing_source_topic_once_whichever_consumer_leads(
     h.state.close()
 
 
+def test_the_leader_logs_a_topology_error_as_news_after_another_process_led(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What this process logged as leader is forgotten once another process leads (as the
+    Faust assignor forgets it): the same incident later, this process leading again, is at
+    ERROR, not DEBUG, and an incident another leader saw end gets no late INFO line."""
+    topology = Topology([Subtopology(0, ["in"]), Subtopology(1, ["gone"])], name="app")
+    h = ProcessHost(topology, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=1)
+    subscription = SubscriptionInfo(uuid.UUID(int=1)).encode()
+    members = {"m1": ConsumerProtocolMemberMetadata(0, ["gone", "in"], subscription)}
+    counts = {"in": 2}
+    cluster = SimpleNamespace(partitions_for_topic=lambda t: set(range(counts.get(t, 0))))
+    led_elsewhere = ConsumerProtocolMemberAssignment(0, [], AssignmentInfo().encode())
+    with caplog.at_level(logging.DEBUG, "streamassign.streams"):
+        h.assignors[0].assign(cluster, members)  # ERROR
+        h.assignors[0].on_assignment(led_elsewhere)  # a generation another process led
+        h.assignors[0].assign(cluster, members)  # the same incident, leading again: ERROR
+        h.assignors[0].on_assignment(led_elsewhere)
+        counts["gone"] = 2  # ended while another process led
+        h.assignors[0].assign(cluster, members)
+    logged = [r.levelno for r in caplog.records if r.name == "streamassign.streams"]
+    assert logged == [logging.ERROR, logging.ERROR]
+    h.state.close()
+
+
 class Remembering(list[Any]):
     """A list that also keeps every item ever appended in ``seen``."""
 

@@ -6,7 +6,7 @@ import logging
 import uuid
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamassign import PartitionGrouper, Subtopology, TaskId, TopicPartition, Topology
@@ -14,7 +14,14 @@ from streamassign.errors import AssignmentInputError, ErrorCode
 from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
 from streamassign.repeats import Repeats
 from streamassign.shares import share_bounds
-from streamassign.streams import MemberSubscription, assign_streams, client_states
+from streamassign.streams import (
+    MemberSubscription,
+    assign_streams,
+    client_states,
+    merge_offset_sums,
+)
+
+from .strategies import rejoining_members
 
 TOPOLOGY = Topology(
     [
@@ -125,6 +132,66 @@ def test_a_restarted_process_far_behind_does_not_take_its_tasks_back() -> None:
     }
     clients, _, _ = client_states(members)
     assert clients[1].prev_active == mine and clients[0].prev_active == frozenset()
+
+
+def test_a_process_whose_member_runs_a_task_runs_it_whatever_its_other_members_report() -> None:
+    """Two members under one process id (a state directory copied to another host): one runs
+    0_0, the other reports a checkpoint of it. Merging them let the last member's checkpoint
+    overwrite the running mark, so the process read as not running 0_0 (a standby of it,
+    lagging) in one member order and as running it in the other."""
+    t = TaskId(0, 0)
+    for running_member, checkpoint_member in (("a", "b"), ("b", "a")):
+        members = {
+            running_member: member(1, offset_sums={t: LATEST_OFFSET}),
+            checkpoint_member: member(1, offset_sums={t: 500, TaskId(0, 1): 700}),
+            "z": member(2, offset_sums={TaskId(0, 1): 900}),
+        }
+        clients, _, _ = client_states(members)
+        assert clients[0].prev_active == {t}, running_member
+        assert clients[0].lags == {TaskId(0, 1): 200}
+
+
+def test_two_caught_up_restarted_processes_the_least_lagging_gets_the_task_back() -> None:
+    """Both restarted processes ran 0_0 (one after the other, while the third ran it in
+    between) and are caught up on it: the one with the least lag gets it back, and between
+    equal lags the smaller process id, whichever member ids they came back with."""
+    t = TaskId(0, 0)
+    p1, p2, interim = (str(uuid.UUID(int=i)) for i in (1, 2, 3))
+    for p1_sum, home, other in ((600, p1, p2), (500, p1, p2), (400, p2, p1)):
+        for first, second in (("a", "z"), ("z", "a")):
+            members = {
+                first: member(1, offset_sums={t: p1_sum}, previous_active=frozenset({t})),
+                second: member(2, offset_sums={t: 500}, previous_active=frozenset({t})),
+                "m": member(3, offset_sums={t: LATEST_OFFSET}),
+            }
+            clients = {c.process_id: c for c in client_states(members)[0]}
+            assert t in clients[home].prev_active, (p1_sum, first)
+            assert t not in clients[other].prev_active and t in clients[other].lags
+            assert clients[interim].lags[t] == 0  # a warm holder
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 4))
+@given(st.data())
+def test_the_leaders_client_states_do_not_depend_on_member_ids(data: st.DataObject) -> None:
+    """Member ids are new at every restart, and sort unlike process ids: the same processes
+    reporting the same state must get the same history (hand-backs above all) whichever
+    member ids they came back with (the same input, the same assignment)."""
+    infos = data.draw(rejoining_members())
+    renamed = data.draw(st.permutations(list(infos)))
+    clients = []
+    for ids in (list(infos), renamed):
+        reports = zip(ids, infos.values(), strict=True)
+        members = {m: MemberSubscription(TOPICS, i) for m, i in reports}
+        clients.append(sorted(client_states(members)[0], key=lambda c: c.process_id))
+    assert clients[0] == clients[1]
+
+
+def test_merged_offset_sums_keep_the_running_mark_else_the_largest_sum() -> None:
+    t, u = TaskId(0, 0), TaskId(0, 1)
+    reports = [{t: LATEST_OFFSET, u: 5}, {t: 500, u: 300}, {u: 40}]
+    for order in (reports, reports[::-1]):
+        assert merge_offset_sums(order) == {t: LATEST_OFFSET, u: 300}
+    assert merge_offset_sums([]) == {}
 
 
 @pytest.mark.parametrize("high_availability", [False, True])

@@ -216,8 +216,11 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
         if self.host.led_generation is None or self._generation() != self.host.led_generation:
             # Another process led this generation: its plan, not the remembered one, is the
-            # last, even when it moved no active (only standbys or warmups).
+            # last, even when it moved no active (only standbys or warmups). And what this one
+            # logged as leader is old: leading again, an error is news (an ERROR, not DEBUG),
+            # and an incident the other leader saw end gets no late INFO line.
             self.host.probing_memory.forget()
+            self.host.topology_errors = Repeats()
         try:
             info = AssignmentInfo.decode(assignment.user_data or b"", self.host.max_version)
         except ProtocolError as exc:
@@ -504,7 +507,7 @@ class ProcessHost:
         self.probing_memory = ProbingMemory()
         #: The topology error this process last logged as leader, whichever of its consumers
         #: led: the same one at the next rebalances (members retry every 1 to 30 s while a
-        #: topic is missing) is logged at DEBUG only.
+        #: topic is missing) is logged at DEBUG only; forgotten when another process leads.
         self.topology_errors = Repeats()
         #: The process ids this process last logged as leader as announced with several
         #: endpoints (copied state directories): each clash is logged at WARNING once.

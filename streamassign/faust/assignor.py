@@ -58,6 +58,7 @@ from ..protocol import (
     SubscriptionInfo,
 )
 from ..repeats import Repeats
+from ..streams import FAUST_PROTOCOL_NAME
 from ._watch import JoinErrors, MetadataWatch, unsized
 from .leader import (
     CAPACITY_TAG,
@@ -74,7 +75,7 @@ __all__ = ["CAPACITY_ENV", "PROTOCOL_NAME", "PartitionAssignor"]
 
 log = logging.getLogger("streamassign.faust")
 
-PROTOCOL_NAME = "streamassign-faust"
+PROTOCOL_NAME = FAUST_PROTOCOL_NAME  # the core's: describe and explain know it by it
 
 #: Environment variable giving this worker's capacity (weight); default: its consumer count (1).
 CAPACITY_ENV = "STREAMASSIGN_CAPACITY"
@@ -176,6 +177,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         """This worker's subscription; never raises (aiokafka's coordinator would die): on an
         unexpected error it joins as a member without history (logged)."""
         self._own_topics = frozenset(topics)
+        self._leading = False  # a new round (JoinGroup): leading the last one ended with it
         if (consumer := self._consumer()) is not None:
             self.join_errors.joining(consumer)  # a join starts (see JoinErrors)
         try:

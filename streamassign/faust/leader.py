@@ -61,6 +61,7 @@ from ..streams import (
     client_states,
     common_version,
     decode_subscriptions,
+    merge_offset_sums,
     previous_actives,
     stateless_returns,
     without_copied_claims,
@@ -578,9 +579,9 @@ def _offset_sums(
     """Per process with a readable subscription, the offset sums of its members, merged."""
     out: dict[str, dict[TaskId, int]] = {}
     for key, ms in by_process.items():
-        for m in ms:
-            if (info := members[m].info) is not None:
-                out.setdefault(key, {}).update(info.offset_sums)
+        reports = [info.offset_sums for m in ms if (info := members[m].info) is not None]
+        if reports:
+            out[key] = merge_offset_sums(reports)
     return out
 
 

@@ -4,18 +4,20 @@
 worker thread, in a job group of its own, while the calling thread polls Spark's status tracker
 (jobs of the group, their stages, completed and total tasks) twice a second.
 :func:`plain_step` shows a step without Spark (a spinner and the elapsed time). Outside a
-terminal rich prints each finished bar once, so logs get one line per step.
+terminal each step ends in one line, so logs get one line per step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import os
 import secrets
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 from rich.console import Console
 from rich.progress import (
@@ -23,12 +25,20 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
 
-__all__ = ["plain_step", "run_tracked", "stderr_console"]
+__all__ = [
+    "INTERRUPTING_SIGNALS",
+    "interrupt_on_signals",
+    "plain_step",
+    "run_tracked",
+    "stderr_console",
+    "stderr_joins_stdout",
+]
 
 _POLL_S = 0.5
 #: How long a cancelled action may take to stop after Ctrl-C.
@@ -36,14 +46,42 @@ _CANCEL_WAIT_S = 30.0
 
 T = TypeVar("T")
 
+#: Signals that stop a command as Ctrl-C does: SIGTERM (``timeout``, a CI job cancelled, a
+#: service stopped) and SIGHUP (its terminal closed). Each ends in ``KeyboardInterrupt(signum)``.
+INTERRUPTING_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-def stderr_console() -> Console:
-    """Where progress goes: stderr, so that stdout stays parseable (``--json``)."""
-    return Console(stderr=True)
+
+def stderr_console(quiet: bool = False) -> Console:
+    """Where progress goes: stderr, so that stdout stays parseable (``--json``); nowhere when
+    ``quiet`` (stderr would land in a JSON stdout: :func:`stderr_joins_stdout`)."""
+    return Console(stderr=True, quiet=quiet)
 
 
-def _progress(console: Console) -> Progress:
-    return Progress(
+def stderr_joins_stdout() -> bool:
+    """Whether what this process writes to stderr lands in its stdout's file or pipe.
+
+    Under ``spark-submit`` it always does: Spark's PythonRunner starts the driver with its
+    stderr redirected into its stdout (``PYSPARK_GATEWAY_PORT`` tells that the JVM launched
+    us). Elsewhere, when both are one file or pipe (``> out 2>&1``) that is not a terminal: on
+    a terminal progress is for the eyes and never reaches a reader of stdout.
+    """
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        return True
+    try:
+        same = os.path.samestat(os.fstat(1), os.fstat(2))
+        return same and not os.isatty(2)
+    except OSError:  # a closed stdout or stderr: nothing written there is read
+        return False
+
+
+@contextmanager
+def _progress(console: Console) -> Iterator[Progress]:
+    """The bar of a Spark action on a terminal. Elsewhere (a log, a pipe, spark-submit's
+    output) rich would print the finished bar once, cropped to the console's width (80
+    columns): a long detail pushed out the task count and the elapsed time. There each task
+    ends in one plain line instead, as long as it needs (:func:`_log_line`)."""
+    live = console.is_terminal
+    bar = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),
@@ -51,7 +89,24 @@ def _progress(console: Console) -> Progress:
         TextColumn("Spark tasks {task.fields[detail]}"),
         TimeElapsedColumn(),
         console=console,
+        disable=not live,
     )
+    with bar:
+        try:
+            yield bar
+        finally:  # interrupted or failed too: the log shows how far it got
+            if not live:
+                for task in bar.tasks:
+                    console.print(_log_line(task), soft_wrap=True, markup=False, highlight=False)
+
+
+def _log_line(task: Task) -> str:
+    """``simulating 8/8 Spark tasks (1 stage), 31,000 rebalances ... 0:01:19``: the bar's
+    columns as text."""
+    done = f"{int(task.completed)}/{int(task.total) if task.total is not None else '?'}"
+    seconds = task.finished_time if task.finished_time is not None else task.elapsed
+    elapsed = datetime.timedelta(seconds=int(seconds or 0))
+    return f"{task.description} {done} Spark tasks {task.fields['detail']} {elapsed}"
 
 
 def _tasks_of_group(tracker: Any, group: str) -> tuple[int, int, int]:
@@ -105,12 +160,8 @@ def run_tracked(
             with contextlib.suppress(Exception):  # progress must never fail the job
                 _update(sc, group, bar, task, detail)
         if interrupted.is_set():
-            # Cancelled tasks and writers log pages of expected errors: keep them off screen.
-            sc.setLogLevel("OFF")
-            sc.cancelJobGroup(group)
-            worker.join(_CANCEL_WAIT_S)
-            sc.setLogLevel("WARN")
-            raise KeyboardInterrupt
+            _cancel(sc, group, worker)
+            raise KeyboardInterrupt(interrupted.signum)
         if "error" in outcome:
             raise outcome["error"]
         # Done: the final counts, every task done (skipped stages never complete).
@@ -120,26 +171,74 @@ def run_tracked(
     return cast(T, outcome["value"])
 
 
+def _cancel(sc: Any, group: str, worker: threading.Thread) -> None:
+    """Cancel ``group``'s jobs and wait for ``worker``; quietly, and not at all when the JVM
+    is gone (a signal to the whole process group stops it too): the interrupt is what counts."""
+    with contextlib.suppress(Exception):
+        # Cancelled tasks and writers log pages of expected errors: keep them off screen.
+        sc.setLogLevel("OFF")
+        sc.cancelJobGroup(group)
+        worker.join(_CANCEL_WAIT_S)
+        sc.setLogLevel("WARN")
+
+
+class _Interrupted(threading.Event):
+    """Set by the first interrupting signal; ``signum`` is which."""
+
+    signum: int = signal.SIGINT
+
+
 @contextmanager
-def _interrupt_flag() -> Iterator[threading.Event]:
-    """An event set by the first Ctrl-C (the second one raises at once), in the main thread;
-    elsewhere an event nobody sets."""
-    flag = threading.Event()
+def _interrupt_flag() -> Iterator[_Interrupted]:
+    """An event set by the first Ctrl-C, SIGTERM or SIGHUP (the second one raises at once), in
+    the main thread; elsewhere an event nobody sets."""
+    flag = _Interrupted()
 
     def handler(signum: int, frame: Any) -> None:
         if flag.is_set():
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(signum)
+        flag.signum = signum
         flag.set()
 
-    try:
-        previous = signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread
+    with _handling(handler):
         yield flag
+
+
+@contextmanager
+def interrupt_on_signals() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP raise ``KeyboardInterrupt(signum)`` as Ctrl-C
+    raises ``KeyboardInterrupt``, so that the same cleanup runs (a partial run deleted, the
+    session stopped); by default they would end the process with nothing cleaned up. Only in
+    the main thread (elsewhere it does nothing)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signum)
+
+    with _handling(handler, INTERRUPTING_SIGNALS[1:]):
+        yield
+
+
+@contextmanager
+def _handling(
+    handler: Callable[[int, Any], None], signums: tuple[int, ...] = INTERRUPTING_SIGNALS
+) -> Iterator[None]:
+    """``handler`` for ``signums`` while the block runs (main thread only), then the
+    handlers that were there before. SIGTERM and SIGHUP found ignored stay ignored: ``nohup``
+    ignores SIGHUP so that a closed terminal does not stop the run. (SIGINT is taken even
+    then, as before: Ctrl-C stops a tracked action in a background job too.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
+    previous = {
+        signum: signal.signal(signum, handler)
+        for signum in signums
+        if signum == signal.SIGINT or signal.getsignal(signum) is not signal.SIG_IGN
+    }
     try:
-        yield flag
+        yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, before in previous.items():
+            signal.signal(signum, before)
 
 
 def _update(

@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from ..errors import DamagedRunError
 from ..files import write_atomically
 from .scenarios import PipelineError
 
@@ -32,6 +33,7 @@ __all__ = [
     "Files",
     "HadoopFiles",
     "LocalFiles",
+    "check_rows_read",
     "check_run",
     "files_for",
     "is_remote",
@@ -300,7 +302,7 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
             f"({MANIFEST}/{MANIFEST_FILE}) and run streamassign simulate with more scenarios"
         )
     if not has_rows:
-        raise PipelineError(
+        raise DamagedRunError(
             f"{run_dir}: damaged run: {REBALANCES}/ {_why_no_rows(files, rows_dir)}, but the "
             f"manifest says {rows:,} rows were written (deleted or moved?); run streamassign "
             "simulate again"
@@ -315,3 +317,30 @@ def _why_no_rows(files: Files, rows_dir: str) -> str:
     if isinstance(files, LocalFiles) and os.path.islink(rows_dir) and not os.path.exists(rows_dir):
         return f"is a symbolic link to {os.readlink(rows_dir)}, which does not exist"
     return "holds no Parquet files"
+
+
+def check_rows_read(
+    run_dir: str, manifest: dict[str, Any], rows_read: int, assignors_read: set[str]
+) -> None:
+    """Refuse, with a :class:`DamagedRunError` in one line, rows read back that are not the
+    rows the manifest says the run wrote: an assignor of the manifest with no row (its folder
+    deleted, or lost with an object-store prefix) or another count of rows (some of its files
+    deleted, or files added). Reporting on what is left would compare fewer assignors, or some
+    on fewer traces, with nothing on the page saying so. Manifests without ``rows`` or
+    ``assignors`` (not written by ``simulate``) are not checked against them."""
+    written = manifest.get("rows")
+    expected = manifest.get("assignors")
+    missing = [a for a in expected if a not in assignors_read] if isinstance(expected, list) else []
+    if missing:
+        counts = f"{rows_read:,} of its {written:,} rows" if type(written) is int else "its rows"
+        raise DamagedRunError(
+            f"{run_dir}: damaged run: no rows of {', '.join(map(str, missing))} under "
+            f"{REBALANCES}/ ({counts} read; files deleted or moved?); run streamassign simulate "
+            "again"
+        )
+    if type(written) is int and rows_read != written:
+        why = "files deleted or moved?" if rows_read < written else "files added from elsewhere?"
+        raise DamagedRunError(
+            f"{run_dir}: damaged run: {rows_read:,} rows read under {REBALANCES}/, but the "
+            f"manifest says {written:,} were written ({why}); run streamassign simulate again"
+        )

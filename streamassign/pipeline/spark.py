@@ -15,6 +15,7 @@ its Python workers (unless ``PYSPARK_PYTHON`` is set).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
-from .runs import MANIFEST, REBALANCES, files_for, write_manifest
+from .runs import MANIFEST, REBALANCES, check_rows_read, files_for, write_manifest
 from .simulate import COLUMNS, SimulationJob, simulate_scenario
 from .standbys import PLAN_COLUMNS, PlanJob, evaluate_candidates
 
@@ -82,12 +83,18 @@ def spark_session(
     except BaseException:
         if active is None:
             # Stopping mid-job (Ctrl-C, a failure) makes running tasks log pages of expected
-            # errors; the command reports the cause in one line.
-            session.sparkContext.setLogLevel("OFF")
+            # errors; the command reports the cause in one line. The JVM may be gone too (a
+            # SIGTERM or SIGHUP to the whole process group): the cause raised is what counts,
+            # not the Py4J errors of talking to it.
+            with contextlib.suppress(Exception):
+                session.sparkContext.setLogLevel("OFF")
+            with contextlib.suppress(Exception):
+                session.stop()
         raise
-    finally:
+    else:
         if active is None:
             session.stop()
+    finally:
         if bundle_dir is not None:
             if active is None:
                 shutil.rmtree(bundle_dir, ignore_errors=True)
@@ -219,9 +226,10 @@ def run_simulation(
         F.lit(run_id).alias("run_id"), F.lit(job.seed).cast("long").alias("seed"), "*"
     )
     frame.write.mode("errorifexists").partitionBy("assignor").parquet(_join(out, REBALANCES))
-    # Counted as the rows were made (no second pass over the output); a task retried after a
-    # failure would count twice, which only this message and the manifest would show.
-    written = int(counter.value)
+    # Counted from the files (their footers, not the rows): the accumulator (progress) counts
+    # a task run twice (a retry, a speculative copy) twice, and the report checks the files
+    # against this count.
+    written = int(spark.read.parquet(_join(out, REBALANCES)).count())
     full = {**manifest, "run_id": run_id, "rows": written}
     write_manifest(files_for(out, spark), out, full)
     return written
@@ -380,22 +388,36 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
     exact = rows <= EXACT_PERCENTILE_ROWS
     # Caching pays for small runs (several passes, memory to spare); a large one is re-read.
     frame = frame.cache() if exact else frame
-    by_event = _summary_columns(frame, ["level", "assignor", "event"], exact)
-    churn = frame.where(F.col("event") != "initial")
-    by_assignor = _summary_columns(churn, ["level", "assignor"], exact)
-    by_step = _by_step(frame)
-    errors = _errors(frame)
-    summaries = {"by_event": by_event, "by_assignor": by_assignor, "by_step": by_step}
-    out = {
-        **{name: _collect(summary) for name, summary in summaries.items()},
-        "outcomes": _collect(_outcomes(churn)),
-        "errors": _collect(errors),
-        "manifest": manifest,
-        "columns": {name: summary.columns for name, summary in summaries.items()},
-        "exact_percentiles": exact,
-    }
-    frame.unpersist()
-    return out
+    try:
+        by_event = _summary_columns(frame, ["level", "assignor", "event"], exact)
+        churn = frame.where(F.col("event") != "initial")
+        by_assignor = _summary_columns(churn, ["level", "assignor"], exact)
+        summaries = {"by_event": by_event, "by_assignor": by_assignor, "by_step": _by_step(frame)}
+        collected = {name: _collect(summary) for name, summary in summaries.items()}
+        collected["errors"] = _collect(_errors(frame))
+        _check_rows_read(run_dir, manifest, collected["by_event"], collected["errors"])
+        return {
+            **collected,
+            "outcomes": _collect(_outcomes(churn)),
+            "manifest": manifest,
+            "columns": {name: summary.columns for name, summary in summaries.items()},
+            "exact_percentiles": exact,
+        }
+    finally:  # a refused run too: a cached table would be read again for the next report
+        frame.unpersist()
+
+
+def _check_rows_read(
+    run_dir: str,
+    manifest: dict[str, Any],
+    by_event: list[dict[str, Any]],
+    errors: list[dict[str, Any]],
+) -> None:
+    """``runs.check_rows_read`` on the rows the summaries counted: every row is in
+    ``by_event`` (initial steps included) or, when it failed, in ``errors``."""
+    rows_read = sum(r["rebalances"] for r in by_event) + sum(r["errors"] for r in errors)
+    assignors_read = {str(r["assignor"]) for r in (*by_event, *errors)}
+    check_rows_read(run_dir, manifest, rows_read, assignors_read)
 
 
 def _by_step(frame: Any) -> Any:

@@ -265,6 +265,7 @@ def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
     """The plan is printed and written either way; the status tells a script the outcome."""
     pytest.importorskip("pyspark")
     from streamassign import cli
+    from streamassign.pipeline import progress
     from streamassign.pipeline.standbys import recommend
 
     rows = [
@@ -280,6 +281,8 @@ def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
 
     monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: None)
     monkeypatch.setattr(cli, "_standby_plan", plan_of)
+    # As in a terminal or a log apart from stdout (pytest -s 2>&1 | tee would merge them).
+    monkeypatch.setattr(progress, "stderr_joins_stdout", lambda: False)
     args = ["plan-standbys", str(ORDERS), "--json", *(["--target", target] if target else [])]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == status, result.output
@@ -542,7 +545,11 @@ def test_a_failed_or_refused_run_keeps_the_old_one(
     old_id = json.loads(manifest)["run_id"]
 
     code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(run))
-    assert code != 0 and f"already holds a complete run ({old_id}); pass --overwrite" in out
+    assert code != 0
+    assert (
+        f"already holds a complete run ({old_id}) without a report (streamassign report {run} "
+        "writes it); pass --overwrite"
+    ) in out
 
     def missing_module(*args: Any) -> Any:  # a task failing on the executors, as without faust
         raise ModuleNotFoundError("No module named 'faust'")
@@ -884,3 +891,217 @@ def test_plan_standbys_next_line_says_what_task_sticky_is_simulated_at(
     )
     words, compares = _printed_next(monkeypatch, [], best=(1, 0))
     assert "--warmups" not in words and compares == "the rebalances under this plan"
+
+
+FAKE_SPARK = Path(__file__).with_name("fake_spark.py")
+
+
+def _fake_spark_run(
+    mode: str, *args: str, stderr: int = subprocess.PIPE, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``streamassign ARGS`` in a child process, Spark stood in for (``fake_spark.py``)."""
+    import os
+
+    return subprocess.run(
+        [sys.executable, str(FAKE_SPARK), mode, *args],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
+
+
+@pytest.mark.parametrize("target", [[], ["--target", "0.999"]])
+def test_json_stdout_is_only_json_when_stderr_lands_in_it(target: list[str]) -> None:
+    """An audit found ``spark-submit ... plan-standbys --json > out`` unparseable: Spark's
+    PythonRunner merges the driver's stderr into its stdout, and progress came first. Simulated
+    with ``2>&1`` into one pipe (what the PythonRunner gives the driver)."""
+    pytest.importorskip("pyspark")
+    args = ("plan-standbys", str(ORDERS), "--json", *target)
+    merged = _fake_spark_run("quick", *args, stderr=subprocess.STDOUT)
+    assert merged.returncode == (3 if target else 0), merged.stdout
+    assert json.loads(merged.stdout)["recommended"]["standbys"] == 1
+    # Apart, progress and the note still go to stderr: the stand-in runs the progress code.
+    apart = _fake_spark_run("quick", *args)
+    assert json.loads(apart.stdout)["recommended"]["standbys"] == 1
+    assert "starting Spark" in apart.stderr and "evaluating standby candidates" in apart.stderr
+    assert ("note: no candidate reaches --target 0.999" in apart.stderr) == bool(target)
+    # Launched by spark-submit (its gateway's port set): quiet even when the test keeps them apart.
+    submitted = _fake_spark_run("quick", *args, env={"PYSPARK_GATEWAY_PORT": "1"})
+    assert json.loads(submitted.stdout)["recommended"]["standbys"] == 1
+    assert submitted.stderr == ""
+
+
+def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
+    spark: Any, tmp_path: Path
+) -> None:
+    """An audit deleted one assignor's Parquet files: the report then said "Use
+    faust:copartitioned" without a word on task:sticky, its run details still claiming every
+    row. Also the run's manifest counts the rows in its files. (Some rows missing, not all of
+    an assignor's: test_runs.py.)"""
+    run = tmp_path / "run"
+    two = ("--scenarios", "2", "--steps", "2", "--assignors", "task:sticky,consumer:range")
+    code, out = invoke("simulate", str(ORDERS), *two, "--spark-tasks", "2", "--out", str(run))
+    assert code == 0, out
+    rows = json.loads((run / "manifest" / "part-00000.json").read_text())["rows"]
+    assert rows == spark.read.parquet(str(run / "rebalances")).count() == 2 * 2 * 3
+    (run / "report").mkdir()
+    (run / "report" / "report.html").write_text("earlier")
+    sticky = run / "rebalances" / "assignor=task%3Asticky"
+    sticky.rename(tmp_path / "sticky")
+    code, out = invoke("report", str(run))
+    assert (code, out.splitlines()[-1]) == (
+        1,
+        f"Error: {run}: damaged run: no rows of task:sticky under rebalances/ (6 of its 12 rows "
+        "read; files deleted or moved?); run streamassign simulate again",
+    )
+    assert (run / "report" / "report.html").read_text() == "earlier"
+    assert sorted(p.name for p in run.iterdir()) == ["manifest", "rebalances", "report"]
+
+
+def _start_fake_spark(
+    mode: str, *args: str, env: dict[str, str], ignore_sighup: bool = False
+) -> subprocess.Popen[str]:
+    import os
+    import signal
+
+    def nohup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    return subprocess.Popen(
+        [sys.executable, str(FAKE_SPARK), mode, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        preexec_fn=nohup if ignore_sighup else None,
+    )
+
+
+def _wait_for(condition: Any, what: str, timeout_s: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["hang-start", "hang-job"])
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_mid_run_ends_like_ctrl_c(
+    tmp_path: Path, signame: str, mode: str
+) -> None:
+    """An audit's ``timeout -s TERM 30 streamassign simulate ...`` printed nothing and left a
+    hidden ``.run.partial-<run id>`` folder for good: only Ctrl-C was handled. Sent while Spark
+    starts and while the job writes rows."""
+    pytest.importorskip("pyspark")
+    import signal
+
+    signum = signal.Signals[signame]
+    run = tmp_path / "run"
+    (run / "manifest").mkdir(parents=True)
+    (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "earlier"}\n')
+    args = ("simulate", str(ORDERS), *TINY, "--out", str(run), "--overwrite")
+    child = _start_fake_spark(mode, *args, env={"FAKE_SPARK_STARTED": str(tmp_path / "started")})
+    if mode == "hang-start":
+        _wait_for(lambda: (tmp_path / "started").exists(), "session start")
+    else:
+        _wait_for(
+            lambda: any(p.name.startswith(".run.partial-") for p in tmp_path.iterdir()), "rows"
+        )
+    child.send_signal(signum)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 128 + signum, err
+    assert (
+        err.splitlines()[-1] == f"interrupted by {signame} while simulating; the run in {run} kept"
+    )
+    assert "Traceback" not in err
+    started = ["started"] if mode == "hang-start" else []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", *started]  # no partial left
+    assert json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"] == "earlier"
+
+
+def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """README's command 1, run a second time: the refusal says where the report is (or how to
+    write it, after a --report interrupted) and what to add to simulate again."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("plotly")
+    from streamassign import cli
+
+    def no_spark(*a: Any, **k: Any) -> Any:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(cli, "_session", no_spark)
+    run = tmp_path / "run"
+    (run / "manifest").mkdir(parents=True)
+    (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "first"}\n')
+    args = ("simulate", str(ORDERS), "--report", "--out", str(run))
+    code, out = invoke(*args)
+    assert (code, out) == (
+        1,
+        f"Error: {run} already holds a complete run (first) without a report (streamassign "
+        f"report {run} writes it); pass --overwrite to replace it once the new run is complete, "
+        "or --out for another folder\n",
+    )
+    (run / "report").mkdir()
+    (run / "report" / "report.html").write_text("the first run's")
+    code, out = invoke(*args)
+    assert code == 1 and out.startswith(
+        f"Error: {run} already holds a complete run (first) and its report, "
+        f"{run / 'report' / 'report.html'}; pass --overwrite"
+    )
+
+
+def test_ctrl_c_while_the_report_is_written_says_how_to_write_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An audit's Ctrl-C during --report --overwrite left the new run without a report and no
+    word on ``streamassign report DIR``."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("plotly")
+    from types import SimpleNamespace
+
+    from streamassign import cli
+
+    @contextlib.contextmanager
+    def session(*a: Any) -> Iterator[Any]:
+        yield SimpleNamespace(sparkContext=SimpleNamespace(master="local[1]"))
+
+    def interrupted(*a: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_session", session)
+    monkeypatch.setattr(cli, "_write_run", lambda *a: (12, 1.0))
+    monkeypatch.setattr(cli, "_render", interrupted)
+    run = tmp_path / "run"
+    result = CliRunner().invoke(
+        main, ["simulate", str(ORDERS), *TINY, "--out", str(run), "--report"]
+    )
+    assert result.exit_code == 130
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("interrupted while writing the report; run ")
+    assert last.endswith(f" is complete; next: streamassign report {run}")
+
+
+def test_a_run_under_nohup_keeps_going_after_sighup(tmp_path: Path) -> None:
+    """SIGHUP stops a run as Ctrl-C does, unless it came in ignored (``nohup``): then a closed
+    terminal must not stop it."""
+    pytest.importorskip("pyspark")
+    import signal
+
+    run = tmp_path / "run"
+    args = ("simulate", str(ORDERS), *TINY, "--out", str(run))
+    child = _start_fake_spark("hang-job", *args, env={}, ignore_sighup=True)
+    _wait_for(lambda: any(p.name.startswith(".run.partial-") for p in tmp_path.iterdir()), "rows")
+    child.send_signal(signal.SIGHUP)
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(timeout=1)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 128 + signal.SIGTERM, err
+    assert err.splitlines()[-1] == f"interrupted by SIGTERM while simulating; {run} left as it was"

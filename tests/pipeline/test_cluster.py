@@ -216,3 +216,91 @@ def test_plan_standbys_equals_local_mode(
     for a, b in zip(on_cluster, local, strict=True):
         for key, value in b.items():
             assert same_value(str(a[key]), str(value)), (key, a[key], value)
+
+
+#: A stand-in for ``spark-class``: records its pid, serves the master's status (every worker
+#: alive) on the master's web port, and otherwise sleeps; SIGTERM ends it (as a daemon).
+FAKE_SPARK_CLASS = """\
+import http.server, json, os, sys, time
+open(os.path.join(os.environ["FAKE_SPARK_PIDS"], str(os.getpid())), "w").close()
+if sys.argv[1].endswith("Master"):
+    port = int(sys.argv[sys.argv.index("--webui-port") + 1])
+    class Status(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"status": "ALIVE", "aliveworkers": 99}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *args):
+            pass
+    http.server.HTTPServer(("127.0.0.1", port), Status).serve_forever()
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_the_cluster_script_stops_on_a_signal_even_started_in_the_background(
+    tmp_path: Path, signame: str
+) -> None:
+    """An audit started scripts/spark_cluster.py in the background from a script: Ctrl-C did
+    nothing (SIGINT comes in ignored there) and SIGTERM left its temporary folder behind.
+    Spark's daemons are stood in for (no JVM): what counts is the script's own cleanup."""
+    import select
+    import signal
+    import time
+
+    home = tmp_path / "spark"
+    (home / "bin").mkdir(parents=True)
+    spark_class = home / "bin" / "spark-class"
+    spark_class.write_text(f"#!{sys.executable}\n{FAKE_SPARK_CLASS}")
+    spark_class.chmod(0o755)
+    pids, temp = tmp_path / "pids", tmp_path / "tmp"
+    pids.mkdir()
+    temp.mkdir()
+    run = (
+        "import sys, pathlib, importlib.util as u\n"
+        f"spec = u.spec_from_file_location('spark_cluster', {str(CLUSTER_SCRIPT)!r})\n"
+        "script = sys.modules['spark_cluster'] = u.module_from_spec(spec)\n"
+        "spec.loader.exec_module(script)\n"
+        f"script.spark_home = lambda: pathlib.Path({str(home)!r})\n"
+        "sys.argv[1:] = ['--workers', '2']\n"
+        "script.main()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", run],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(temp), "FAKE_SPARK_PIDS": str(pids)},
+        # As a shell starts a background job: SIGINT ignored, inherited by the script.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], 60)
+        assert ready, "no master URL within 60 s"
+        assert child.stdout.readline().startswith("spark://127.0.0.1:")
+        assert len(list(temp.glob("streamassign-spark-cluster-*"))) == 1
+        deadline = time.monotonic() + 30
+        while len(daemons := [int(p.name) for p in pids.iterdir()]) < 3:  # master, 2 workers
+            assert time.monotonic() < deadline, "the workers did not start within 30 s"
+            time.sleep(0.05)
+        signum = signal.Signals[signame]
+        child.send_signal(signum)
+        assert child.wait(timeout=30) == 128 + signum
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert list(temp.iterdir()) == []  # its folder removed
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in daemons):
+        assert time.monotonic() < deadline, "a daemon outlived the script"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -12,6 +12,7 @@ import pytest
 from streamassign.pipeline import PipelineError
 from streamassign.pipeline.runs import (
     LocalFiles,
+    check_rows_read,
     check_run,
     describe_existing,
     new_run_id,
@@ -191,3 +192,23 @@ def test_an_empty_run_is_not_called_damaged(tmp_path: Path) -> None:
     with pytest.raises(PipelineError) as error:
         check_run(LocalFiles(), str(tmp_path / "run"))
     assert "the run is empty" in str(error.value) and "damaged" not in str(error.value)
+
+
+def test_rows_read_must_be_the_rows_the_manifest_counts() -> None:
+    """An audit found a run missing one assignor's files reported as if it had never been run:
+    "Use faust:copartitioned", the best assignor absent, the page still saying 3,100 rows."""
+    from streamassign.errors import DamagedRunError
+
+    manifest = {"rows": 3100, "assignors": ["task:sticky", "faust:copartitioned"]}
+    check_rows_read("run", manifest, 3100, {"task:sticky", "faust:copartitioned"})
+    with pytest.raises(DamagedRunError) as missing:
+        check_rows_read("run", manifest, 2480, {"faust:copartitioned"})
+    assert str(missing.value) == (
+        "run: damaged run: no rows of task:sticky under rebalances/ (2,480 of its 3,100 rows "
+        "read; files deleted or moved?); run streamassign simulate again"
+    )
+    with pytest.raises(DamagedRunError, match="3,000 rows read under rebalances/, but the "):
+        check_rows_read("run", manifest, 3000, {"task:sticky", "faust:copartitioned"})
+    with pytest.raises(DamagedRunError, match="files added from elsewhere"):
+        check_rows_read("run", manifest, 3200, {"task:sticky", "faust:copartitioned"})
+    check_rows_read("run", {}, 5, {"x"})  # not a manifest simulate wrote: nothing to check
