@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 import select
 import shlex
@@ -325,12 +326,24 @@ def _acceptable_lag_option(help: str) -> Callable[[_F], _F]:
     return _shown("--acceptable-lag", kind=click.IntRange(min=0), default=10_000, help=help)
 
 
-def _restore_rate() -> float:
-    """The pipeline's one restore rate (``simulate.RESTORE_RATE``), imported only when a
-    command uses it: the CLI loads no pipeline module when it starts."""
-    from .pipeline.simulate import RESTORE_RATE
+def _pipeline_default(name: str) -> Callable[[], Any]:
+    """A default that is a constant of ``pipeline.simulate`` (``RESTORE_RATE``, ``WARMUPS``,
+    ...), read only when a command uses it: the CLI loads no pipeline module when it starts."""
 
-    return RESTORE_RATE
+    def default() -> Any:
+        from .pipeline import simulate
+
+        return getattr(simulate, name)
+
+    return default
+
+
+def exact_number(value: float) -> str:
+    """``value`` as a command-line word that parses back to it exactly: ``:g`` keeps 6 digits
+    (1234567 becomes 1.23457e+06, another value)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value)
 
 
 class _PipelineDefaultOption(click.Option):
@@ -340,19 +353,53 @@ class _PipelineDefaultOption(click.Option):
     def get_help_extra(self, ctx: click.Context) -> Any:
         extra = super().get_help_extra(ctx)
         if callable(self.default):
-            extra["default"] = f"{self.default():,g}"
+            extra["default"] = exact_number(self.default())
         return extra
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A click callback refusing ``inf`` and ``nan``, which ``FloatRange`` lets through: inf
+    fails only in Spark's executors, nan compares false with every bound."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value!r} is not a finite number")
+    return value
+
+
+def _pipeline_number_option(
+    *decls: str, kind: Any, default: str, help: str, callback: Any = _finite, metavar: str
+) -> Callable[[_F], _F]:
+    """An option whose default is the pipeline constant ``default``, shown in ``--help``."""
+    return click.option(
+        *decls,
+        type=kind,
+        default=_pipeline_default(default),
+        show_default=True,
+        cls=_PipelineDefaultOption,
+        callback=callback,
+        metavar=metavar,
+        help=help,
+    )
 
 
 def _restore_rate_option(help: str) -> Callable[[_F], _F]:
     """``--restore-rate R``: one default for simulate and plan-standbys, so that the report's
     downtime and the plan's restore outage are priced alike."""
-    return click.option(
+    return _pipeline_number_option(
         "--restore-rate",
-        type=click.FloatRange(min=0, min_open=True),
-        default=_restore_rate,
-        show_default=True,
-        cls=_PipelineDefaultOption,
+        kind=click.FloatRange(min=0, min_open=True),
+        default="RESTORE_RATE",
+        metavar="R",
+        help=help,
+    )
+
+
+def _probing_interval_option(help: str) -> Callable[[_F], _F]:
+    """``--probing-interval S``: task:ha's, one default for simulate and plan-standbys."""
+    return _pipeline_number_option(
+        "--probing-interval",
+        kind=click.FloatRange(min=0, min_open=True),
+        default="PROBING_INTERVAL_S",
+        metavar="S",
         help=help,
     )
 
@@ -1843,6 +1890,18 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     "Records per second a restoring task reads: new replicas' catch-up, and the report's "
     "task downtime (recorded in the manifest)."
 )
+@_pipeline_number_option(
+    "--warmups",
+    kind=click.IntRange(min=1),
+    default="WARMUPS",
+    callback=_pipeline_limit("MAX_REPLICAS"),
+    metavar="W",
+    help="task:ha: warmup replicas at once (max_warmup_replicas; recorded in the manifest).",
+)
+@_probing_interval_option(
+    "task:ha: seconds between probing rebalances that complete warmed-up moves (recorded in "
+    "the manifest)."
+)
 @click.option(
     "--out",
     default=None,
@@ -1870,6 +1929,8 @@ def simulate(
     standbys: int,
     acceptable_lag: int,
     restore_rate: float,
+    warmups: int,
+    probing_interval: float,
     out: str | None,
     overwrite: bool,
     with_report: bool,
@@ -1887,32 +1948,41 @@ def simulate(
     The run is written next to DIR and moved into place only when complete; a run already in
     DIR is kept unless --overwrite is given (and then replaced only by a complete run).
     """
-    from .pipeline.assignors import resolve
-    from .pipeline.simulate import SimulationJob, require_rebalances
-
     _require("pyspark", "streamassign simulate")
     if with_report:
         _require("plotly", "the report")
-    try:
-        workload = _workload(topology_file, partitions)
-        model = _model(model_file, params, steps)
-        require_rebalances(model, "simulate compares the assignors")
-        chosen = resolve(assignor_names)
-        job = SimulationJob(
-            workload=workload,
-            model=model,
-            assignors=chosen.names,
-            scenarios=scenarios,
-            seed=seed,
-            standby_replicas=standbys,
-            acceptable_recovery_lag=acceptable_lag,
-            replica_restore_per_s=restore_rate,
-        )
-    except (StreamAssignError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    job, chosen = _simulation_job(click.get_current_context().params)
     _run_simulation(
         job, chosen, topology_file, out, master, ship_code, overwrite, spark_tasks, with_report
     )
+
+
+def _simulation_job(options: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The ``SimulationJob`` of simulate's parsed ``options`` (its context's params) and its
+    resolved assignors; bad input is one line. plan-standbys builds its next command's job
+    with it too, to tell whether a run already simulated it."""
+    from .pipeline.assignors import resolve
+    from .pipeline.simulate import SimulationJob, require_rebalances
+
+    try:
+        model = _model(options["model_file"], options["params"], options["steps"])
+        require_rebalances(model, "simulate compares the assignors")
+        chosen = resolve(options["assignor_names"])
+        job = SimulationJob(
+            workload=_workload(options["topology_file"], options["partitions"]),
+            model=model,
+            assignors=chosen.names,
+            scenarios=options["scenarios"],
+            seed=options["seed"],
+            standby_replicas=options["standbys"],
+            acceptable_recovery_lag=options["acceptable_lag"],
+            replica_restore_per_s=options["restore_rate"],
+            max_warmup_replicas=options["warmups"],
+            probing_interval_s=options["probing_interval"],
+        )
+    except (StreamAssignError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    return job, chosen
 
 
 def _run_simulation(
@@ -2032,22 +2102,47 @@ def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) 
             return "not installed"
 
     return {
+        **_simulation_identity(topology_file, job),
+        "notes": list(notes),
+        "master": master,
+        "streamassign": version("streamassign"),
+        "pyspark": version("pyspark"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _simulation_identity(topology_file: Path, job: Any) -> dict[str, Any]:
+    """What a run's manifest records of the simulation itself: runs with the same are the
+    same simulation (the same rows, assignment times aside). As JSON reads it back (lists)."""
+    identity = {
         "topology": job.workload.name,
         "topology_file": str(topology_file),
         "partitions": dict(job.workload.counts),
         "scenarios": job.scenarios,
         "seed": job.seed,
         "assignors": list(job.assignors),
-        "notes": list(notes),
         "standby_replicas": job.standby_replicas,
         "acceptable_recovery_lag": job.acceptable_recovery_lag,
         "replica_restore_per_s": job.replica_restore_per_s,
+        "max_warmup_replicas": job.max_warmup_replicas,
+        "probing_interval_s": job.probing_interval_s,
         "model": attrs.asdict(job.model),
-        "master": master,
-        "streamassign": version("streamassign"),
-        "pyspark": version("pyspark"),
-        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+    loaded: dict[str, Any] = json.loads(json.dumps(identity))
+    return loaded
+
+
+def _same_simulation(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> bool:
+    """Whether the run of ``manifest`` simulated ``identity`` (``_simulation_identity``); a
+    run written before simulate recorded a setting was simulated at its default then."""
+    from .pipeline.simulate import PROBING_INTERVAL_S, RESTORE_RATE, WARMUPS
+
+    unrecorded = {
+        "replica_restore_per_s": RESTORE_RATE,
+        "max_warmup_replicas": WARMUPS,
+        "probing_interval_s": PROBING_INTERVAL_S,
+    }
+    return all(manifest.get(k, unrecorded.get(k)) == v for k, v in identity.items())
 
 
 def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | None = None) -> Path:
@@ -2224,12 +2319,7 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
     default=45.0,
     help="Seconds before a crashed client's tasks move (session timeout).",
 )
-@_shown(
-    "--probing-interval",
-    kind=click.FloatRange(min=0, min_open=True),
-    default=600.0,
-    help="Seconds between probing rebalances that complete warmed-up moves.",
-)
+@_probing_interval_option("Seconds between probing rebalances that complete warmed-up moves.")
 @click.option(
     "--target",
     type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
@@ -2496,7 +2586,8 @@ def _link_problem(path: Path) -> str | None:
 
 
 #: plan-standbys' options that mean the same to simulate: its next command repeats those the
-#: user gave, so that it simulates the fleet, model and restore rate the plan was made for.
+#: user gave, so that it simulates the fleet, model, restore rate and probing the plan was made
+#: for (the warmups are the plan's, not the list of candidates).
 _CARRIED_TO_SIMULATE: Final = (
     "scenarios",
     "seed",
@@ -2506,36 +2597,54 @@ _CARRIED_TO_SIMULATE: Final = (
     "partitions",
     "acceptable_lag",
     "restore_rate",
+    "probing_interval",
     "master",
 )
 
 
-def _next_simulation(topology_file: Path, standbys: int, name: str) -> list[str]:
-    """The ``simulate`` command (as words) of the rebalances under a plan of ``standbys``: the
-    user's own model options, both task assignors (the warmups need ``task:ha``), and a run
-    folder of its own, so that it runs beside the run of ``simulate TOPOLOGY`` rather than
-    being refused by it."""
+def _next_simulation(topology_file: Path, standbys: int, name: str, warmups: int) -> list[str]:
+    """The ``simulate`` command (as words) of the rebalances under a plan of ``standbys`` and
+    ``warmups``: the user's own model options, both task assignors (the warmups need
+    ``task:ha``), and a run folder of its own, so that it runs beside the run of ``simulate
+    TOPOLOGY`` rather than being refused by it."""
     ctx = click.get_current_context()
     words = ["streamassign", "simulate", str(topology_file), "--standbys", str(standbys)]
     words += ["--assignors", "task:sticky,task:ha"]
+    if warmups:  # none: task:ha at simulate's default, as a comparison only
+        words += ["--warmups", str(warmups)]
     for param in ctx.command.params:
         if param.name not in _CARRIED_TO_SIMULATE or not _given(param.name):
             continue
         flag = max(param.opts, key=len)  # the long form, as simulate spells it
         value = ctx.params[param.name]
         for item in value if param.multiple else (value,):
-            words += [flag, f"{item:g}" if isinstance(item, float) else str(item)]
-    out, overwrite = _standby_run_dir(name, standbys)
+            words += [flag, exact_number(item) if isinstance(item, float) else str(item)]
+    out, overwrite = _standby_run_dir(name, standbys, _identity_of(words))
     return [*words, "--out", out, *(["--overwrite"] if overwrite else []), "--report"]
 
 
-def _standby_run_dir(name: str, standbys: int) -> tuple[str, bool]:
-    """``streamassign-runs/NAME-standbysR`` and whether ``--overwrite`` is needed there (it
-    holds a run: that of an earlier plan's next command); past folders that are no run (which
-    simulate never replaces), the first of ``-2``, ``-3``, ... that takes one."""
+def _identity_of(words: Sequence[str]) -> dict[str, Any] | None:
+    """What the run of the simulate command ``words`` would record of its simulation (see
+    ``_simulation_identity``); None if simulate refuses the command (then no run is replaced
+    for it)."""
+    try:
+        with simulate.make_context("simulate", list(words[2:])) as ctx:
+            job, _ = _simulation_job(ctx.params)
+    except (click.ClickException, StreamAssignError):
+        return None
+    return _simulation_identity(ctx.params["topology_file"], job)
+
+
+def _standby_run_dir(
+    name: str, standbys: int, identity: Mapping[str, Any] | None
+) -> tuple[str, bool]:
+    """``streamassign-runs/NAME-standbysR`` and whether ``--overwrite`` is needed there: only
+    where a run of the same simulation (``identity``) is, which the command would redo. Past
+    folders holding anything else (a run of another model, rate, fleet, topology; what is no
+    run), the first of ``-2``, ``-3``, ... that is free or holds the same simulation."""
     import itertools
 
-    from .pipeline.runs import MANIFEST, MANIFEST_FILE, LocalFiles, describe_existing, replaceable
+    from .pipeline.runs import LocalFiles, describe_existing, read_manifest
 
     files, base = LocalFiles(), f"{_given_run_dir(None, name)}-standbys{standbys}"
     for n in itertools.count(1):
@@ -2543,7 +2652,8 @@ def _standby_run_dir(name: str, standbys: int) -> tuple[str, bool]:
         where = os.path.abspath(out)
         if describe_existing(files, where) is None:
             return out, False
-        if replaceable(files, where, f"{MANIFEST}/{MANIFEST_FILE}"):
+        manifest = read_manifest(files, where)
+        if identity is not None and manifest is not None and _same_simulation(manifest, identity):
             return out, True
     raise AssertionError("unreachable: itertools.count never ends")
 
@@ -2572,5 +2682,22 @@ def _print_plan(
     # Plain lines (not rich's, which wrap at the log's width): paths and commands to copy.
     if out is not None:
         click.echo(f"written: {out / 'plan.csv'}, {out / 'plan.json'}")
-    command = _next_simulation(topology_file, best["standbys"], job.workload.name)
-    click.echo(f"next: {shlex.join(command)}  (the rebalances under this plan)")
+    standbys, warmups = best["standbys"], best["warmups"]
+    command = _next_simulation(topology_file, standbys, job.workload.name, warmups)
+    click.echo(f"next: {shlex.join(command)}  ({_next_compares(plan, best)})")
+
+
+def _next_compares(plan: Mapping[str, Any], best: Mapping[str, Any]) -> str:
+    """What the next command's report compares: with warmups, task:ha at the plan and
+    task:sticky beside it at the same standbys, which may not be its own plan's."""
+    if not best["warmups"]:
+        return "the rebalances under this plan"
+    standbys = best["standbys"]
+    compares = (
+        f"the rebalances under this plan: task:ha with {counted(best['warmups'], 'warmup')}, "
+        f"beside task:sticky at the same {counted(standbys, 'standby', 'standbys')}"
+    )
+    sticky = plan["without_warmups"]
+    if sticky is not None and sticky["standbys"] != standbys:
+        compares += f", not at its own plan's {sticky['standbys']}"
+    return compares

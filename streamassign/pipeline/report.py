@@ -24,7 +24,7 @@ import attrs
 from ..text import counted
 from .assignors import SPECS
 from .scenarios import EVENTS
-from .simulate import RESTORE_RATE
+from .simulate import PROBING_INTERVAL_S, RESTORE_RATE, WARMUPS
 
 __all__ = [
     "CSV_FILES",
@@ -194,13 +194,26 @@ class Outcome:
         return None
 
 
+def _recorded(manifest: Mapping[str, Any], key: str) -> float | None:
+    """The run's setting ``key``, or None when its manifest has none (a run written before
+    simulate recorded it) or no positive number there."""
+    value = manifest.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
 def _restore_rate(manifest: Mapping[str, Any]) -> float:
     """The run's restore rate; a run written before ``simulate --restore-rate`` existed has
     none in its manifest and was simulated at the default."""
-    rate = manifest.get("replica_restore_per_s")
-    if isinstance(rate, int | float) and rate > 0:
-        return float(rate)
-    return RESTORE_RATE
+    rate = _recorded(manifest, "replica_restore_per_s")
+    return RESTORE_RATE if rate is None else rate
+
+
+def _number(value: float) -> str:
+    """``value`` in full, thousands separated: ``:g`` keeps 6 digits (1,234,567 reads as
+    1.23457e+06)."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,}"
 
 
 def outcomes(data: Mapping[str, Any]) -> list[Outcome]:
@@ -280,7 +293,7 @@ def _restore_reason(best: Outcome, restore_per_s: float) -> str:
     return (
         f"It restores {_records(best.records_mean)} changelog records per rebalance on average "
         f"(p99 {_records(best.records_p99)}): about {_duration(best.downtime_s)} of task "
-        f"downtime per rebalance at {restore_per_s:,.0f} records/s per task, and the slowest "
+        f"downtime per rebalance at {_number(restore_per_s)} records/s per task, and the slowest "
         f"task is back within {_duration(best.longest_s)} in 99% of rebalances."
     )
 
@@ -351,12 +364,13 @@ def recommend(found: Sequence[Outcome], restore_per_s: float) -> Recommendation:
     return Recommendation(best, reasons, ruled_out, ranked)
 
 
-def _cold_crash_share(by_event: Sequence[Mapping[str, Any]], name: str) -> float | None:
-    """The share of ``name``'s stateful takeovers at crashes that restored from scratch."""
+def _cold_at_crashes(by_event: Sequence[Mapping[str, Any]], name: str) -> tuple[int, int] | None:
+    """The stateful tasks ``name`` took over cold (restoring from scratch) at crashes, and the
+    crashes (their rebalances); None if the run has no crash for it."""
     for row in by_event:
         if (row["level"], row["assignor"], row["event"]) == ("task", name, "crash"):
-            share = _warm_share(row)
-            return None if share is None else 1.0 - share
+            crashes = int(row["rebalances"] or 0)
+            return (int(row["cold_takeovers"] or 0), crashes) if crashes else None
     return None
 
 
@@ -378,13 +392,20 @@ def ha_reasons(rec: Recommendation, by_event: Sequence[Mapping[str, Any]]) -> tu
     other = next((o for o in rec.ranked if o.level == "task" and o.name != "task:ha"), None)
     if "task:ha" not in compared or other is None or other.name not in compared:
         return ()
-    ha, theirs = (_cold_crash_share(by_event, n) for n in ("task:ha", other.name))
-    if ha is None or theirs is None or not ha < theirs:
+    # Per crash, not as shares of takeovers: in a crash's rebalance task:ha also moves tasks
+    # onto caught-up owners (warm), which would dilute its share of cold ones.
+    ha, theirs = (_cold_at_crashes(by_event, n) for n in ("task:ha", other.name))
+    if ha is None or theirs is None or not ha[0] / ha[1] < theirs[0] / theirs[1]:
         return ()
     return (
-        f"At crashes, {_share(theirs)} of {other.name}'s takeovers of stateful tasks restored "
-        f"from scratch (cold, standbys or not), against {_share(ha)} of task:ha's.",
+        f"At crashes, {other.name} took over stateful tasks cold (restoring them from scratch, "
+        f"standbys or not) {_per_crash(*theirs)}, task:ha {_per_crash(*ha)}.",
     )
+
+
+def _per_crash(cold: int, crashes: int) -> str:
+    per = f"{cold / crashes:.2g}" if cold else "0"
+    return f"{per} times per crash ({cold:,} in {counted(crashes, 'crash', 'crashes')})"
 
 
 # -- figures ---------------------------------------------------------------------------------------
@@ -948,6 +969,8 @@ _MANIFEST_KEYS: Final = (
     "standby_replicas",
     "acceptable_recovery_lag",
     "replica_restore_per_s",
+    "max_warmup_replicas",
+    "probing_interval_s",
     "rows",
     "master",
     "elapsed_s",
@@ -969,10 +992,28 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
-def _run_details(manifest: Mapping[str, Any], rate: float) -> list[tuple[str, str]]:
-    """The run details table: the manifest's keys a reader needs, the restore rate always
-    (the downtimes above depend on it)."""
-    shown = {**manifest, "replica_restore_per_s": f"{rate:,g} records/s per task"}
+#: The simulation's settings a manifest may lack (runs written before simulate recorded them,
+#: simulated at the default): (key, default, unit, whether only task:ha uses it).
+_SETTINGS: Final = (
+    ("replica_restore_per_s", RESTORE_RATE, "records/s per task", False),
+    ("max_warmup_replicas", WARMUPS, "(task:ha)", True),
+    ("probing_interval_s", PROBING_INTERVAL_S, "s (task:ha)", True),
+)
+
+
+def _run_details(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The run details table: the manifest's keys a reader needs; the restore rate always (the
+    downtimes above depend on it), task:ha's settings when it ran (only then); a setting the
+    run did not record shown at the default, saying so."""
+    shown = dict(manifest)
+    ha = "task:ha" in manifest.get("assignors", [])
+    for key, default, unit, ha_only in _SETTINGS:
+        if ha_only and not ha:  # recorded by every run, used by task:ha only
+            shown.pop(key, None)
+            continue
+        value = _recorded(manifest, key)
+        why = "" if value is not None else " (default; not recorded by this run)"
+        shown[key] = f"{_number(default if value is None else value)} {unit}{why}"
     return [(k, _plain(shown[k])) for k in _MANIFEST_KEYS if k in shown]
 
 
@@ -1041,7 +1082,7 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
         topology=manifest.get("topology", "?"),
         run_summary=_run_summary(manifest, max((o.rebalances for o in found), default=0)),
         churn=_churn(manifest.get("model", {})),
-        rate=f"{rate:,.0f}",
+        rate=_number(rate),
         rec=rec,
         no_rebalances=NO_REBALANCES if not found else "",
         splitters=[(o, why) for o, kind, why in rec.ruled_out if kind == "splits"],
@@ -1057,7 +1098,7 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
         by_assignor=_detail_rows(data["by_assignor"], ("level",)),
         by_event=_detail_rows(data["by_event"], ("level", "event")),
         notes=notes,
-        manifest=_run_details(manifest, rate),
+        manifest=_run_details(manifest),
         model=_plain(manifest.get("model", {})),
         csv_files=list(CSV_FILES),
         plotlyjs=Markup(plotly.offline.get_plotlyjs()),

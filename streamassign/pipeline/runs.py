@@ -39,6 +39,7 @@ __all__ = [
     "is_remote",
     "new_run_id",
     "publish",
+    "read_manifest",
     "replaceable",
     "staging_path",
     "write_manifest",
@@ -213,7 +214,7 @@ def describe_existing(files: Files, final: str) -> str | None:
     """Why ``final`` cannot simply be written (it holds something), or None if it is free."""
     if not files.exists(final) or files.is_empty_dir(final):
         return None
-    manifest = _manifest(files, final)
+    manifest = read_manifest(files, final)
     if manifest is None:
         return f"{final} exists and is not a complete run"
     label = manifest.get("run_id") or manifest.get("created") or "an earlier run"
@@ -261,7 +262,8 @@ def _parse_manifest(text: str | None) -> dict[str, Any] | None:
     return loaded if isinstance(loaded, dict) else None
 
 
-def _manifest(files: Files, run_dir: str) -> dict[str, Any] | None:
+def read_manifest(files: Files, run_dir: str) -> dict[str, Any] | None:
+    """The manifest of the run in ``run_dir``; None when it has none or it is no JSON object."""
     return _parse_manifest(files.read_text(_manifest_path(run_dir)))
 
 

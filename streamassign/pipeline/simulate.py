@@ -16,6 +16,7 @@ changed.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -46,7 +47,9 @@ from .scenarios import (
 
 __all__ = [
     "COLUMNS",
+    "PROBING_INTERVAL_S",
     "RESTORE_RATE",
+    "WARMUPS",
     "RebalanceRow",
     "SimulationJob",
     "Takeover",
@@ -68,6 +71,12 @@ _non_negative: Final = int_at_least(0)
 #: default of ``simulate --restore-rate`` and ``plan-standbys --restore-rate`` (docs/ha.md's
 #: examples use it too), recorded in each run's manifest as ``replica_restore_per_s``.
 RESTORE_RATE: Final = 10_000.0
+
+#: ``task:ha``'s warmup replicas at once and seconds between its probing rebalances: the
+#: defaults of ``simulate --warmups`` and ``--probing-interval`` (``plan-standbys
+#: --probing-interval`` too), and what runs that recorded neither were simulated with.
+WARMUPS: Final = 2
+PROBING_INTERVAL_S: Final = 600.0
 
 
 def require_rebalances(model: ScenarioModel, what: str) -> None:
@@ -112,16 +121,18 @@ class SimulationJob:
     acceptable_recovery_lag: int = attrs.field(default=10_000, validator=_non_negative)
     #: ``task:ha`` only: warmups at once, time between probing rebalances, and how fast a new
     #: replica (warmup or standby) restores its changelog, records per second.
-    max_warmup_replicas: int = attrs.field(default=2, validator=int_at_least(1, high=MAX_REPLICAS))
-    probing_interval_s: float = 600.0
+    max_warmup_replicas: int = attrs.field(
+        default=WARMUPS, validator=int_at_least(1, high=MAX_REPLICAS)
+    )
+    probing_interval_s: float = PROBING_INTERVAL_S
     replica_restore_per_s: float = RESTORE_RATE
 
     def __attrs_post_init__(self) -> None:
-        if not self.probing_interval_s > 0 or not self.replica_restore_per_s > 0:
-            raise PipelineError(
-                "probing_interval_s and replica_restore_per_s must be > 0, got "
-                f"{self.probing_interval_s!r} and {self.replica_restore_per_s!r}"
-            )
+        # Not ``> 0`` alone: infinity passes it, then fails in the executors after Spark starts.
+        for name in ("probing_interval_s", "replica_restore_per_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise PipelineError(f"{name} must be a finite number > 0, got {value!r}")
 
     @property
     def rebalances(self) -> int:

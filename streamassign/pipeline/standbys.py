@@ -48,7 +48,7 @@ from .scenarios import (
     int_at_least,
     seed_in_range,
 )
-from .simulate import RESTORE_RATE, SimulationJob, Takeover, run_trace
+from .simulate import PROBING_INTERVAL_S, RESTORE_RATE, SimulationJob, Takeover, run_trace
 
 __all__ = [
     "PLAN_COLUMNS",
@@ -106,7 +106,7 @@ class AvailabilityModel:
     #: Seconds before a crashed client's tasks are reassigned (the session timeout).
     detection_s: float = attrs.field(default=45.0, validator=_non_negative_number)
     #: Seconds between probing rebalances that move warmed-up tasks.
-    probing_interval_s: float = attrs.field(default=600.0, validator=_positive_number)
+    probing_interval_s: float = attrs.field(default=PROBING_INTERVAL_S, validator=_positive_number)
     #: The availability a recommendation must reach (share of task-time up); ``None``: the
     #: cheapest candidate within ``tolerance`` of the least outage (see :func:`recommend`).
     target: float | None = attrs.field(

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,10 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
         "2",
         "--restore-rate",
         "40000",
+        "--warmups",
+        "3",
+        "--probing-interval",
+        "90.5",
     )
     assert code == 0, out
     # --spark-tasks: 2 tasks share the 3 scenarios, each writing one file per assignor.
@@ -62,6 +68,8 @@ def test_simulate_with_report_then_report_again(spark: Any, tmp_path: Path) -> N
     # The restore rate is the run's, recorded and priced by the report (one default with
     # plan-standbys otherwise).
     assert manifest["replica_restore_per_s"] == 40_000.0
+    # task:ha's settings too (simulate had no options for them: always 2 and 600 s).
+    assert (manifest["max_warmup_replicas"], manifest["probing_interval_s"]) == (3, 90.5)
     assert "at 40,000 records/s per task" in (run / "report" / "report.html").read_text()
     assert f"run {manifest['run_id']} in {run}" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging folder left
@@ -152,9 +160,32 @@ def test_plan_standbys_prints_a_recommendation(
             "'--probing-interval': 0.0 is not in the range x>0",
         ),
         (["simulate", str(ORDERS), "-p", "orders=6,orders=8"], "orders given twice, as 6 and 8"),
+        # FloatRange lets inf and nan through: inf failed in the executors after Spark started
+        # (OverflowError), nan was refused naming SimulationJob's fields.
         (
             ["plan-standbys", str(ORDERS), "--restore-rate", "inf"],
-            "restore_rate must be a finite number > 0, got inf",
+            "Invalid value for '--restore-rate': inf is not a finite number",
+        ),
+        (
+            ["simulate", str(ORDERS), "--restore-rate", "1e400"],
+            "Invalid value for '--restore-rate': inf is not a finite number",
+        ),
+        (
+            ["simulate", str(ORDERS), "--restore-rate", "nan"],
+            "Invalid value for '--restore-rate': nan is not a finite number",
+        ),
+        (
+            ["simulate", str(ORDERS), "--probing-interval", "nan"],
+            "Invalid value for '--probing-interval': nan is not a finite number",
+        ),
+        (
+            ["simulate", str(ORDERS), "--probing-interval", "0"],
+            "'--probing-interval': 0.0 is not in the range x>0",
+        ),
+        (["simulate", str(ORDERS), "--warmups", "0"], "'--warmups': 0 is not in the range x>=1"),
+        (
+            ["simulate", str(ORDERS), "--warmups", "4294967298"],
+            "'--warmups': at most 100,000, got 4,294,967,298",
         ),
         (
             ["plan-standbys", str(ORDERS), "--detection", "inf"],
@@ -691,63 +722,175 @@ def _a_complete_run(folder: Path) -> None:
     (folder / "manifest" / "part-00000.json").write_text('{"run_id": "earlier", "rows": 1}')
 
 
-def test_plan_standbys_next_command_runs_as_printed_with_the_users_model(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The ``next:`` line of plan-standbys simulates the plan's fleet (the user's --param,
-    --model, -p, --restore-rate...), in a folder of its own: it named only the topology and
-    the standbys, so after README command 1 (a run in streamassign-runs/NAME) it was refused,
-    and it simulated the default fleet, not the one planned for."""
-    from streamassign.cli import _next_simulation, plan_standbys, simulate
+def _printed_next(
+    monkeypatch: pytest.MonkeyPatch,
+    args: Sequence[str],
+    best: tuple[int, int] = (2, 0),
+    sticky: int | None = None,
+) -> tuple[list[str], str]:
+    """The ``next:`` line plan-standbys prints for ``args`` under a stand-in plan recommending
+    ``best`` (standbys, warmups; ``sticky``: the standbys of the plan without warmups), parsed
+    back as a shell would (shlex), and what it says it compares."""
+    from streamassign import cli
 
-    monkeypatch.chdir(tmp_path)
-    _a_complete_run(tmp_path / "streamassign-runs" / "orders-enricher")  # README command 1's
-    model = tmp_path / "model.toml"
-    model.write_text("crash_per_client_hour = 0.5\n")
-    given = ["--param", "min_initial_clients=8", "--param", "max_initial_clients=8"]
-    given += ["--model", str(model), "--restore-rate", "50000", "-p", "returns=4", "--seed", "4"]
-    given += ["--scenarios", "3", "--steps", "5", "--detection", "30"]
+    pytest.importorskip("pyspark")
+    row = {"standbys": best[0], "warmups": best[1], "availability": 0.999, "standby_load": 1.0}
+    row |= {"warmup_load": 0.0, "convergence_s": 0.0, "outage_per_day_s": 1.0}
+    row |= {"worst_outage_p99_s": 1.0, "bootstrap_per_hour": 1.0}
+    plain = None if sticky is None else row | {"standbys": sticky, "warmups": 0}
+    plan = {"candidates": [row], "recommended": row, "why": "cheapest", "knobs": []}
+    plan |= {"assignor": "task:ha", "assignor_why": "-", "without_warmups": plain}
+    monkeypatch.setattr(cli, "_evaluate_standby_candidates", lambda *a: None)
+    monkeypatch.setattr(cli, "_standby_plan", lambda *a: (plan | {"target_reached": True}, row))
+    code, out = invoke("plan-standbys", str(ORDERS), *args)
+    assert code == 0, out
+    line = next(line for line in out.splitlines() if line.startswith("next: "))
+    command, compares = line.removeprefix("next: ").rsplit("  (", 1)
+    return shlex.split(command), compares.removesuffix(")")
 
-    def suggested() -> list[str]:
-        with plan_standbys.make_context("plan-standbys", [str(ORDERS), *given]):
-            return _next_simulation(ORDERS, 2, "orders-enricher")
 
-    words = suggested()
-    assert words[:2] == ["streamassign", "simulate"]
-    params = simulate.make_context("simulate", words[2:]).params
-    assert params["params"] == ("min_initial_clients=8", "max_initial_clients=8")
-    assert params["model_file"] == model and params["restore_rate"] == 50_000.0
-    assert params["partitions"] == ("returns=4",) and params["seed"] == 4
-    assert (params["scenarios"], params["steps"], params["standbys"]) == (3, 5, 2)
-    assert params["assignor_names"] == ("task:sticky,task:ha",) and params["with_report"]
-    assert params["out"] == "streamassign-runs/orders-enricher-standbys2"
-    assert not params["overwrite"]
+def _stop_where_spark_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """simulate runs up to where its Spark session would start, and stops there."""
 
-    # The command itself, as printed, up to where Spark would start: not refused.
     @contextlib.contextmanager
     def no_spark(master: str | None, ship: bool | None = False) -> Iterator[Any]:
         raise click.ClickException("stopped where Spark starts")
         yield
 
     monkeypatch.setattr("streamassign.cli._session", no_spark)
+
+
+def _a_run_of(words: Sequence[str], folder: Path, **changed: Any) -> None:
+    """A complete run in ``folder`` whose manifest is what simulate ``words`` records, with
+    ``changed`` keys (of the manifest, or of its model) set; None: left out, as by a run written
+    before simulate recorded it."""
+    from streamassign.cli import _manifest, _simulation_job, simulate
+
+    with simulate.make_context("simulate", list(words[2:])) as ctx:
+        job, _ = _simulation_job(ctx.params)
+        manifest = _manifest(ctx.params["topology_file"], job, [], "local[*]")
+    for key, value in changed.items():
+        where = manifest["model"] if key in manifest["model"] else manifest
+        if value is None:
+            del where[key]
+        else:
+            where[key] = value
+    (folder / "manifest").mkdir(parents=True)
+    (folder / "manifest" / "part-00000.json").write_text(json.dumps(manifest | {"rows": 1}))
+
+
+def test_plan_standbys_next_command_runs_as_printed_with_the_users_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``next:`` line of plan-standbys, as printed, simulates the plan's fleet (the user's
+    --param, --model, -p, --restore-rate...) and task:ha with the plan's warmups and probing
+    interval, in a folder of its own: it named only the topology and the standbys, so after
+    README command 1 (a run in streamassign-runs/NAME) it was refused; it simulated the default
+    fleet; it dropped the warmups and probing interval (simulate had no such options); it
+    wrote --restore-rate 1234567 as 1.23457e+06, another rate."""
+    from streamassign.cli import simulate
+
+    monkeypatch.chdir(tmp_path)
+    _a_complete_run(tmp_path / "streamassign-runs" / "orders-enricher")  # README command 1's
+    model = tmp_path / "my models" / "it's.toml"
+    model.parent.mkdir()
+    model.write_text("crash_per_client_hour = 0.5\n")
+    given = ["--param", "min_initial_clients=8", "--param", "max_initial_clients=8"]
+    given += ["--model", str(model), "--restore-rate", "1234567", "-p", "returns=4", "--seed", "4"]
+    given += ["--scenarios", "3", "--steps", "5", "--detection", "30"]
+    given += ["--probing-interval", "60.25", "--warmups", "0,4"]
+
+    words, compares = _printed_next(monkeypatch, given, best=(2, 4))
+    assert words[:2] == ["streamassign", "simulate"]
+    params = simulate.make_context("simulate", words[2:]).params
+    assert params["params"] == ("min_initial_clients=8", "max_initial_clients=8")
+    assert params["model_file"] == model and params["restore_rate"] == 1_234_567.0
+    assert params["partitions"] == ("returns=4",) and params["seed"] == 4
+    assert (params["scenarios"], params["steps"], params["standbys"]) == (3, 5, 2)
+    assert (params["warmups"], params["probing_interval"]) == (4, 60.25)
+    assert params["assignor_names"] == ("task:sticky,task:ha",) and params["with_report"]
+    assert params["out"] == "streamassign-runs/orders-enricher-standbys2"
+    assert not params["overwrite"]
+    assert compares == (
+        "the rebalances under this plan: task:ha with 4 warmups, beside task:sticky at the same "
+        "2 standbys"
+    )
+
+    # The command itself, as printed, up to where Spark would start: not refused.
+    _stop_where_spark_starts(monkeypatch)
     code, out = invoke(*words[1:])
     assert code == 1 and "simulating 3 scenarios of orders-enricher" in out, out
     assert "Error: stopped where Spark starts" in out
-    # Its run there (from an earlier plan): replaced by the same command; a folder that is
-    # no run (simulate never replaces one) is passed by.
-    _a_complete_run(tmp_path / "streamassign-runs" / "orders-enricher-standbys2")
-    assert suggested()[-3:] == [
-        "streamassign-runs/orders-enricher-standbys2",
-        "--overwrite",
-        "--report",
-    ]
-    code, out = invoke(*suggested()[1:])
-    assert "Error: stopped where Spark starts" in out, out
-    (tmp_path / "streamassign-runs" / "orders-enricher-standbys2" / "manifest").rename(
-        tmp_path / "elsewhere"
+
+
+def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its --overwrite replaced whatever run was in NAME-standbysR: a review lost a run of
+    another failure model (crash_per_client_hour 0.2) to the next line of a plan at 1. Only a
+    run the command would redo is replaced; past any other, the next free -2, -3."""
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "streamassign-runs"
+    given = ["--scenarios", "3", "--steps", "5", "--param", "crash_per_client_hour=1"]
+    words, _ = _printed_next(monkeypatch, given)
+    assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2", "--report"]
+    _a_run_of(words, runs / "orders-enricher-standbys2")
+    words, _ = _printed_next(monkeypatch, given)
+    assert words[-3:] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite", "--report"]
+    _stop_where_spark_starts(monkeypatch)
+    code, out = invoke(*words[1:])
+    assert code == 1 and "Error: stopped where Spark starts" in out, out
+
+    # Another model, rate, seed; another topology file of the same name: passed by.
+    for changed in (
+        {"crash_per_client_hour": 0.2},
+        {"replica_restore_per_s": 30_000.0},
+        {"seed": 7},
+        {"topology_file": "elsewhere/orders-join.toml"},
+        {"probing_interval_s": 60.0},
+    ):
+        folder = runs / "orders-enricher-standbys2"
+        shutil.rmtree(folder)
+        _a_run_of(words, folder, **changed)
+        words, _ = _printed_next(monkeypatch, given)
+        assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"], changed
+
+    # A run written before simulate recorded the rate, warmups and probing interval was
+    # simulated at their defaults: the same simulation as a plan without warmups...
+    shutil.rmtree(runs / "orders-enricher-standbys2")
+    unrecorded = dict.fromkeys(("replica_restore_per_s", "max_warmup_replicas"), None)
+    _a_run_of(words, runs / "orders-enricher-standbys2", **unrecorded, probing_interval_s=None)
+    words, _ = _printed_next(monkeypatch, given)
+    assert words[-3:-1] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite"]
+    # ... not as one with 4 warmups, nor one at another rate.
+    words, _ = _printed_next(monkeypatch, [*given, "--warmups", "4"], best=(2, 4))
+    assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    words, _ = _printed_next(monkeypatch, [*given, "--restore-rate", "30000"])
+    assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+
+    # A folder that is no run (simulate never replaces one) is passed by.
+    shutil.rmtree(runs / "orders-enricher-standbys2")
+    (runs / "orders-enricher-standbys2").mkdir()
+    (runs / "orders-enricher-standbys2" / "notes.txt").write_text("x")
+    words, _ = _printed_next(monkeypatch, given)
+    assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+
+
+def test_plan_standbys_next_line_says_what_task_sticky_is_simulated_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With warmups, the next command simulates task:sticky at the warmup plan's standbys,
+    beside task:ha: the line said "the rebalances under this plan" when the sticky plan (the
+    ``assignor:`` line) had fewer."""
+    monkeypatch.chdir(tmp_path)
+    words, compares = _printed_next(monkeypatch, [], best=(2, 2), sticky=1)
+    assert words[words.index("--standbys") + 1] == "2"
+    assert compares == (
+        "the rebalances under this plan: task:ha with 2 warmups, beside task:sticky at the same "
+        "2 standbys, not at its own plan's 1"
     )
-    (tmp_path / "streamassign-runs" / "orders-enricher-standbys2" / "notes.txt").write_text("x")
-    assert suggested()[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    words, compares = _printed_next(monkeypatch, [], best=(1, 0))
+    assert "--warmups" not in words and compares == "the rebalances under this plan"
 
 
 FAKE_SPARK = Path(__file__).with_name("fake_spark.py")

@@ -3,6 +3,8 @@ model as ``task:sticky`` on the same traces."""
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import pytest
 
@@ -117,7 +119,10 @@ def test_a_takeover_by_a_replica_still_restoring_costs_what_it_has_left(assignor
 
 def test_bad_probing_settings_are_pipeline_errors() -> None:
     workload = Workload.from_topology(ONE, {"in": 4})
-    with pytest.raises(PipelineError, match="probing_interval_s and replica_restore_per_s"):
+    with pytest.raises(PipelineError, match="probing_interval_s must be a finite number > 0"):
         SimulationJob(workload=workload, assignors=("task:ha",), probing_interval_s=0.0)
+    # Infinity passed "> 0", then failed in Spark's executors (OverflowError).
+    with pytest.raises(PipelineError, match="replica_restore_per_s must be a finite number > 0"):
+        SimulationJob(workload=workload, assignors=("task:ha",), replica_restore_per_s=math.inf)
     with pytest.raises(PipelineError, match="max_warmup_replicas must be an integer >= 1"):
         SimulationJob(workload=workload, assignors=("task:ha",), max_warmup_replicas=0)

@@ -321,38 +321,87 @@ def test_assignment_time_is_linear_unless_it_spans_two_decades(
 
 def test_the_restore_rate_is_the_runs_and_shown_in_its_details(tmp_path: Path) -> None:
     """Downtimes are records over the run's restore rate (``simulate --restore-rate``, in the
-    manifest); a run written before the option has none and was simulated at the default."""
+    manifest); a run written before the option has none and was simulated at the default,
+    which its details say (shown as if recorded, it would be re-priced silently were the
+    default to change). Rates are shown in full: ``:g`` showed 1234567 as 1.23457e+06."""
     data = load()
     old = render_report(data, tmp_path / "old").read_text()
     assert "at 10,000 records/s per task" in old
-    assert 'replica restore per s</th><td class="l">10,000 records/s per task' in old
+    assert (
+        'replica restore per s</th><td class="l">10,000 records/s per task (default; not '
+        "recorded by this run)</td>" in old
+    )
     data["manifest"]["replica_restore_per_s"] = 40_000.0
     page = render_report(data, tmp_path / "new").read_text()
     assert "at 40,000 records/s per task" in page
-    assert 'replica restore per s</th><td class="l">40,000 records/s per task' in page
+    assert 'replica restore per s</th><td class="l">40,000 records/s per task</td>' in page
     slow, fast = outcomes(load()), outcomes(data)
     assert [o.downtime_s / 4 for o in slow] == pytest.approx([o.downtime_s for o in fast])
+    data["manifest"]["replica_restore_per_s"] = 1_234_567.0
+    page = render_report(data, tmp_path / "exact").read_text()
+    assert "at 1,234,567 records/s per task" in page
+    assert 'replica restore per s</th><td class="l">1,234,567 records/s per task</td>' in page
+
+
+def test_run_details_show_task_ha_s_warmups_and_probing(tmp_path: Path) -> None:
+    """task:ha's warmups and probing interval change its balance times: a run records them
+    (``simulate --warmups --probing-interval``) and its details show them; a run that did not
+    was simulated at the defaults, and says so; a run without task:ha shows neither."""
+    data = load()
+    details = render_report(data, tmp_path / "old").read_text()
+    details = details[details.index('id="run"') :]
+    unrecorded = "(default; not recorded by this run)"
+    assert f'max warmup replicas</th><td class="l">2 (task:ha) {unrecorded}</td>' in details
+    assert f'probing interval s</th><td class="l">600 s (task:ha) {unrecorded}</td>' in details
+    data["manifest"] |= {"max_warmup_replicas": 4, "probing_interval_s": 60.25}
+    details = render_report(data, tmp_path / "new").read_text()
+    assert 'max warmup replicas</th><td class="l">4 (task:ha)</td>' in details
+    assert 'probing interval s</th><td class="l">60.25 s (task:ha)</td>' in details
+    data["manifest"]["assignors"].remove("task:ha")
+    details = render_report(data, tmp_path / "sticky").read_text()
+    assert "max warmup replicas" not in details and "probing interval s" not in details
 
 
 def test_the_answer_says_what_task_ha_changes(tmp_path: Path) -> None:
     """plan-standbys' warmups need task:ha, which simulate's default group leaves out: a report
     without it says so; with it, and when the run shows it, that task:ha takes over crashed
     tasks cold less often (the sticky assignor's least moves leave some cold despite standbys)."""
-    page = html.unescape(render_report(load(), tmp_path / "both").read_text())
-    answer = page[page.index('id="answer"') : page.index('id="figures"')]
-    # report_data.json, crashes: task:sticky 22 warm, 8 cold; task:ha 37 warm, 0 cold.
+
+    def answer_of(data: dict[str, Any], name: str) -> str:
+        page = html.unescape(render_report(data, tmp_path / name).read_text())
+        return page[page.index('id="answer"') : page.index('id="figures"')]
+
+    # report_data.json, 9 crashes: task:sticky 22 warm, 8 cold; task:ha 37 warm, 0 cold.
     assert (
-        "At crashes, 27% of task:sticky's takeovers of stateful tasks restored from scratch "
-        "(cold, standbys or not), against 0% of task:ha's." in answer
+        "At crashes, task:sticky took over stateful tasks cold (restoring them from scratch, "
+        "standbys or not) 0.89 times per crash (8 in 9 crashes), task:ha 0 times per crash (0 "
+        "in 9 crashes)." in answer_of(load(), "both")
     )
     data = load()
     for key in ("by_assignor", "by_event", "by_step", "outcomes"):
         data[key] = [r for r in data[key] if r["assignor"] != "task:ha"]
-    page = html.unescape(render_report(data, tmp_path / "sticky").read_text())
-    answer = page[page.index('id="answer"') : page.index('id="figures"')]
+    answer = answer_of(data, "sticky")
     assert "Use <span" in answer and "<strong>task:sticky</strong>" in answer
     assert "task:ha, the high-availability assignor, was not compared" in answer
     assert "--assignors default,task:ha" in answer and "At crashes" not in answer
+
+
+def test_the_crash_comparison_counts_per_crash_not_per_takeover(tmp_path: Path) -> None:
+    """In a crash's rebalance task:ha also moves tasks onto caught-up owners, all warm: as a
+    share of its takeovers, its cold ones looked fewer than they were. Here task:ha takes over
+    9 cold of 209 (4%) against task:sticky's 8 of 30 (27%), but more per crash: no claim."""
+    data = load()
+    crash = next(r for r in data["by_event"] if (r["assignor"], r["event"]) == ("task:ha", "crash"))
+    crash |= {"warm_takeovers": 200, "cold_takeovers": 9}
+    page = html.unescape(render_report(data, tmp_path / "more").read_text())
+    assert "At crashes" not in page[page.index('id="answer"') : page.index('id="figures"')]
+    crash |= {"cold_takeovers": 4}
+    page = html.unescape(render_report(data, tmp_path / "fewer").read_text())
+    assert (
+        "At crashes, task:sticky took over stateful tasks cold (restoring them from scratch, "
+        "standbys or not) 0.89 times per crash (8 in 9 crashes), task:ha 0.44 times per crash "
+        "(4 in 9 crashes)." in page
+    )
 
 
 def test_run_details_name_the_run_and_its_versions(tmp_path: Path) -> None:
