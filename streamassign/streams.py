@@ -405,6 +405,10 @@ class SharedProcessId:
     def endpoints(self) -> tuple[str, ...]:
         return tuple(sorted({e for e, _ in self.members if e}))
 
+    @property
+    def member_ids(self) -> tuple[str, ...]:
+        return tuple(sorted(m for _, m in self.members))
+
     def describe(self) -> str:
         """The clash and its remedy, for the leader's log line."""
         listed = ", ".join(f"{m} at {e or 'no endpoint'}" for e, m in self.members)
@@ -461,21 +465,29 @@ def _announced(members: Mapping[str, MemberSubscription]) -> dict[str, tuple[str
     return {m: (str(s.info.process_id), s.info.endpoint) for m, s in members.items() if s.info}
 
 
+def copied_claimants(clashes: Iterable[SharedProcessId]) -> frozenset[str]:
+    """The members whose declared previous actives the leaders ignore: every member of a shared
+    process id (``clashes``, from :func:`process_keys`). Those claims come from the copied state
+    directory, the original's history, so a copy would be handed back tasks the original still
+    runs (a needless move, and the original kept as their warm holder); nothing tells which
+    member they are really from. The one rule: the leaders (:func:`without_copied_claims`),
+    ``describe`` and a saved ``describe --json`` snapshot (its ``shared_process_ids``) apply it.
+    """
+    return frozenset(m for clash in clashes for m in clash.member_ids)
+
+
 def without_copied_claims(
     members: Mapping[str, MemberSubscription],
 ) -> dict[str, MemberSubscription]:
-    """``members`` without the previous actives declared by members of a shared process id
-    (``SharedProcessId``): those claims come from the copied state directory, the original's
-    history, so a copy would be handed back tasks the original still runs (a needless move,
-    and the original kept as their warm holder); nothing tells which member they are really
-    from. What each member runs and its local state (offset sums, per member) still count."""
+    """``members`` without the previous actives declared by :func:`copied_claimants`. What each
+    member runs and its local state (offset sums, per member) still count."""
     _, clashes = process_keys(_announced(members))
-    shared = {c.process_id for c in clashes}
+    copied = copied_claimants(clashes)
     out = dict(members)
-    for m, sub in members.items():
-        info = sub.info
-        if info is not None and str(info.process_id) in shared and info.previous_active:
-            out[m] = attrs.evolve(sub, info=attrs.evolve(info, previous_active=frozenset()))
+    for m in copied:
+        sub = members[m]
+        if sub.info is not None and sub.info.previous_active:
+            out[m] = attrs.evolve(sub, info=attrs.evolve(sub.info, previous_active=frozenset()))
     return out
 
 

@@ -1011,11 +1011,45 @@ def test_a_process_id_announced_with_two_endpoints_is_a_problem_and_two_processe
     view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
     assert set(view.processes()) == {f"{P1}#w0:80", f"{P1}#w2:80"}
     assert view.endpoints() == {f"{P1}#w0:80": "w0:80", f"{P1}#w2:80": "w2:80"}
-    assert view.previous_active() == {}  # copied claims: the leader hands nothing back
+    # copied claims: the leader hands nothing back
+    assert view.previous_active() == {f"{P1}#w0:80": frozenset(), f"{P1}#w2:80": frozenset()}
     (problem,) = quality(view).problems
     assert problem.startswith(f"process id {P1} is announced with 2 endpoints (w0:80, w2:80)")
     assert "delete process.id" in problem
     assert "problem: process id" in printed(view)
+
+
+def test_a_saved_snapshot_ignores_copied_claims_as_describe_and_the_leaders_do() -> None:
+    """A copy (P1 at w2:80) runs 0_2 and declares the original's 0_0 0_1 (its copied state
+    directory) with caught-up checkpoints. The leaders ignore those claims, and so does live
+    ``describe``; ``explain`` of the same group saved with ``describe --json`` must too, or it
+    reports hand-backs to the copy that never happened. A file saved before
+    ``shared_process_ids`` was written still loads (and honours every claim, as then)."""
+    from streamassign.cli import _returned
+    from streamassign.explain import load_snapshot
+
+    raw = [
+        streams_member("m1", P1, "0_0 0_1", "", endpoint="w0:80"),
+        streams_member(
+            "m2", P1, "0_2", "", sums={"0_0": 100, "0_1": 100}, endpoint="w2:80", previous="0_0 0_1"
+        ),
+        streams_member("m3", P2, "0_3", "", endpoint="w1:80", previous="0_3"),
+    ]
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+    data = json.loads(json.dumps(to_json(view, quality(view))))
+    assert data["shared_process_ids"] == [
+        {"process_id": str(P1), "endpoints": ["w0:80", "w2:80"], "members": ["m1", "m2"]}
+    ]
+    snapshot = load_snapshot(data, "saved.json")
+    assert snapshot.previous_active == view.previous_active()
+    assert snapshot.previous_active[str(P2)] == {T("0_3")}  # no clash: its claim counts
+    assert snapshot.handed_back() == _returned(view, 10_000) == {}
+    assert T("0_0") not in snapshot.running()[f"{P1}#w2:80"]
+    del data["shared_process_ids"]
+    assert load_snapshot(data, "old.json").handed_back() == {
+        T("0_0"): f"{P1}#w2:80",
+        T("0_1"): f"{P1}#w2:80",
+    }
 
 
 def test_one_process_id_with_one_endpoint_is_no_clash() -> None:

@@ -50,7 +50,13 @@ from ..errors import GroupDescribeError, ProtocolError, UserDataError
 from ..explain import STABLE, ClientView, local_state
 from ..metrics import AssignmentMetrics, evaluate, violations
 from ..protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
-from ..streams import FAUST_PROTOCOL_NAME, SHARED_ID_REMEDY, SharedProcessId, process_keys
+from ..streams import (
+    FAUST_PROTOCOL_NAME,
+    SHARED_ID_REMEDY,
+    SharedProcessId,
+    copied_claimants,
+    process_keys,
+)
 from ..text import counted
 from .consumer import ASSIGNORS
 from .streams import PROTOCOL_NAME
@@ -188,12 +194,11 @@ class GroupView:
         """Per process, the actives its members said at their last join they ran before (a
         restarted process's, from its state directory): ``explain``'s ``returning``, as
         ``explain`` reads them from a saved snapshot (``Snapshot.previous_active``)."""
-        copied = {c.process_id for c in self.shared_process_ids}
+        # The leaders ignore a shared id's claims (``streams.copied_claimants``).
+        copied = copied_claimants(self.shared_process_ids)
         return {
-            pid: frozenset().union(*(m.previous_active for m in ms))
+            pid: frozenset().union(*(m.previous_active for m in ms if m.member_id not in copied))
             for pid, ms in self.members_by_process().items()
-            # The leader ignores a shared id's claims (``streams.without_copied_claims``).
-            if pid.split("#", 1)[0] not in copied
         }
 
     def endpoints(self) -> dict[str, str]:
@@ -695,6 +700,15 @@ def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
             for pid, v in processes.items()
         },
         "members": [_member_json(m) for m in view.members],
+        # What explain needs to ignore copied claims as the leaders do (``copied_claimants``).
+        "shared_process_ids": [
+            {
+                "process_id": c.process_id,
+                "endpoints": list(c.endpoints),
+                "members": list(c.member_ids),
+            }
+            for c in view.shared_process_ids
+        ],
         "quality": {
             **{k: v for k, v in attrs.asdict(score.metrics).items() if k not in _HISTORY},
             "standby_coverage": score.metrics.standby_coverage,
