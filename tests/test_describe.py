@@ -616,6 +616,50 @@ def test_watch_goes_on_while_read_and_ends_with_its_views(
     assert lines[2]["moves"] == []
 
 
+def test_watch_shows_no_moves_for_the_original_when_a_clash_starts_or_ends(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A copy of P1's state directory joins at w2:80, then leaves: the original (m1, w0:80) is
+    keyed P1, then P1#w0:80, then P1 again. Only 0_2 moved (to the copy and back); the tasks m1
+    kept are no moves, whatever the key. A restart of the original (a new member id) while
+    the clash starts is found by its endpoint."""
+    alone = describe_bytes(
+        "g",
+        "Stable",
+        "consumer",
+        PROTOCOL_NAME,
+        [
+            streams_member("m1", P1, "0_0 0_1 0_2", endpoint="w0:80"),
+            streams_member("m3", P2, "0_3", endpoint="w1:80"),
+        ],
+    )
+
+    def clash(original: str) -> GroupView:
+        return describe_bytes(
+            "g",
+            "Stable",
+            "consumer",
+            PROTOCOL_NAME,
+            [
+                streams_member(original, P1, "0_0 0_1", endpoint="w0:80"),
+                streams_member("m2", P1, "0_2", endpoint="w2:80"),
+                streams_member("m3", P2, "0_3", endpoint="w1:80"),
+            ],
+        )
+
+    with (tmp_path / "out.jsonl").open("w") as stdout:
+        views = [alone, clash("m1"), alone, clash("m1-restarted")]
+        _watch_with(monkeypatch, views, stdout, forever=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    moved = [[(m["task"], m["from"], m["to"]) for m in line["moves"]] for line in lines[1:]]
+    original, copy = f"{P1}#w0:80", f"{P1}#w2:80"
+    assert moved == [
+        [("0_2", original, copy)],
+        [("0_2", copy, str(P1))],
+        [("0_2", original, copy)],
+    ]
+
+
 def recorded(state: str) -> GroupView:
     """A DescribeGroups answer Kafka 4.3.1 gave (tests/data), decoded."""
     path = Path(__file__).parent / "data" / "describe_groups_kafka_4_3_1.json"
