@@ -607,8 +607,10 @@ def caught_up_returns(
     to, one that declared it among its ``previous_active`` and whose ``lags`` of it (its local
     state it does not run, :func:`local_state_lags`; None: unknown) is within
     ``acceptable_recovery_lag``. Of two such processes the least lagging one, then the smaller
-    process id: never ``lags``' order, which in the leader follows member ids (new at every
-    restart) and in ``explain`` process ids, so both name the same process whatever the order.
+    process key (:func:`process_keys`; in effect the process id, since a shared id's members
+    make no claims, :func:`copied_claimants`): never ``lags``' order, so the leaders and
+    ``explain`` name the same process whatever the member ids (new at every restart; the
+    leaders' clients come in process key order too, ``_group_by_process``).
     """
     best: dict[TaskId, tuple[int, str]] = {}  # per task, its (lag, process) so far
     for key, state in lags.items():
@@ -627,7 +629,7 @@ def stateless_returns(
     restarted process it returns to whatever its lag, one that runs nothing (no
     ``LATEST_OFFSET`` among its ``offset_sums``, merged over its members) and declared the task
     among its ``previous_active`` without an offset sum of it (a stateless task, an in-memory
-    table); the first such process in process id order."""
+    table); the first such process in process key order (:func:`caught_up_returns`)."""
     home: dict[TaskId, str] = {}
     for key in sorted(offset_sums):
         sums = offset_sums[key]
