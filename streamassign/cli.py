@@ -1494,10 +1494,10 @@ async def _print_views(
     as_json: bool,
     acceptable_lag: int = ACCEPTABLE_RECOVERY_LAG,
 ) -> None:
-    from .aiokafka.describe import follow, quality, to_json
+    from .aiokafka.describe import follow, processes_since, quality, to_json
 
     console = _Stdout()
-    before: Mapping[str, ClientView] | None = None
+    last = None  # the last readable view
     async for view in follow(connection, group, interval):
         if not view.readable:
             if as_json:
@@ -1506,15 +1506,24 @@ async def _print_views(
                 console.print(f"{_now()} {group}: {_state_note(view.state)}", markup=False)
             continue
         score = quality(view, standbys)
-        after = view.processes()
+        # The last view's processes as this one names them: a clash of a shared process id
+        # that starts or ends renames the original (P <-> P#endpoint), which moved nothing.
+        before: Mapping[str, ClientView] | None = (
+            processes_since(last, view) if last is not None else None
+        )
         moves = (
-            explain(before, after, view.local_state(), returned=_returned(view, acceptable_lag))
+            explain(
+                before,
+                view.processes(),
+                view.local_state(),
+                returned=_returned(view, acceptable_lag),
+            )
             if before is not None
             else None
         )
         # One naming for both views' processes: a moves row names the ones that left too.
         labels = _view_labels(view, before or ())
-        before = after
+        last = view
         if as_json:
             data = to_json(view, score) | ({} if moves is None else _moves_json(moves))
             click.echo(json.dumps(data))

@@ -520,7 +520,8 @@ def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot
         str(pid): _client_view(entry, f"{where}: client {pid!r}") for pid, entry in table.items()
     }
     family, protocol = data.get("family"), data.get("protocol")
-    reports, previous = _reports(data.get("members", []) if members else [], where)
+    copied = _copied_claimants(data.get("shared_process_ids", []), where) if members else set()
+    reports, previous = _reports(data.get("members", []) if members else [], copied, where)
     return Snapshot(
         views,
         state,
@@ -531,11 +532,32 @@ def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot
     )
 
 
+def _copied_claimants(clashes: object, where: str) -> set[str]:
+    """The members of a ``describe --json`` file's ``shared_process_ids`` (optional: files
+    saved before it lack it): ``streamassign.streams.copied_claimants`` as ``describe`` found
+    them, the members whose ``previous_active`` the leaders ignore."""
+    problem = (
+        f"{where}: shared_process_ids must be a list of tables with a list of member ids "
+        '("members")'
+    )
+    if not isinstance(clashes, list):
+        raise AssignmentFileError(problem)
+    copied: set[str] = set()
+    for clash in clashes:
+        ids = clash.get("members") if isinstance(clash, dict) else None
+        if not isinstance(ids, list) or not all(isinstance(m, str) for m in ids):
+            raise AssignmentFileError(problem)
+        copied.update(ids)
+    return copied
+
+
 def _reports(
-    members: object, where: str
+    members: object, copied: Collection[str], where: str
 ) -> tuple[tuple[tuple[str, Mapping[TaskId, int]], ...], dict[str, frozenset[TaskId]]]:
     """``(process, offset sums)`` of each described member of a ``describe --json`` file, and
-    per process the ``previous_active`` its members declared (optional: older files lack it)."""
+    per process the ``previous_active`` its members declared (optional: older files lack it),
+    but for the ``copied`` members' (their claims are a copied state directory's, which the
+    leaders ignore: ``streamassign.streams.copied_claimants``)."""
     if not isinstance(members, list):
         raise AssignmentFileError(f"{where}: members must be a list")
     reports = []
@@ -549,6 +571,8 @@ def _reports(
         label = f"{where}: member #{n}"
         reports.append((pid, _offset_sums(member.get("offset_sums", {}), label)))
         ran = _task_ids(member.get("previous_active", []), f"{label}: previous_active")
+        if member.get("member_id") in copied:
+            ran = frozenset()
         previous[pid] = previous.get(pid, frozenset()) | ran
     return tuple(reports), previous
 

@@ -405,6 +405,10 @@ class SharedProcessId:
     def endpoints(self) -> tuple[str, ...]:
         return tuple(sorted({e for e, _ in self.members if e}))
 
+    @property
+    def member_ids(self) -> tuple[str, ...]:
+        return tuple(sorted(m for _, m in self.members))
+
     def describe(self) -> str:
         """The clash and its remedy, for the leader's log line."""
         listed = ", ".join(f"{m} at {e or 'no endpoint'}" for e, m in self.members)
@@ -461,21 +465,29 @@ def _announced(members: Mapping[str, MemberSubscription]) -> dict[str, tuple[str
     return {m: (str(s.info.process_id), s.info.endpoint) for m, s in members.items() if s.info}
 
 
+def copied_claimants(clashes: Iterable[SharedProcessId]) -> frozenset[str]:
+    """The members whose declared previous actives the leaders ignore: every member of a shared
+    process id (``clashes``, from :func:`process_keys`). Those claims come from the copied state
+    directory, the original's history, so a copy would be handed back tasks the original still
+    runs (a needless move, and the original kept as their warm holder); nothing tells which
+    member they are really from. The one rule: the leaders (:func:`without_copied_claims`),
+    ``describe`` and a saved ``describe --json`` snapshot (its ``shared_process_ids``) apply it.
+    """
+    return frozenset(m for clash in clashes for m in clash.member_ids)
+
+
 def without_copied_claims(
     members: Mapping[str, MemberSubscription],
 ) -> dict[str, MemberSubscription]:
-    """``members`` without the previous actives declared by members of a shared process id
-    (``SharedProcessId``): those claims come from the copied state directory, the original's
-    history, so a copy would be handed back tasks the original still runs (a needless move,
-    and the original kept as their warm holder); nothing tells which member they are really
-    from. What each member runs and its local state (offset sums, per member) still count."""
+    """``members`` without the previous actives declared by :func:`copied_claimants`. What each
+    member runs and its local state (offset sums, per member) still count."""
     _, clashes = process_keys(_announced(members))
-    shared = {c.process_id for c in clashes}
+    copied = copied_claimants(clashes)
     out = dict(members)
-    for m, sub in members.items():
-        info = sub.info
-        if info is not None and str(info.process_id) in shared and info.previous_active:
-            out[m] = attrs.evolve(sub, info=attrs.evolve(info, previous_active=frozenset()))
+    for m in copied:
+        sub = members[m]
+        if sub.info is not None and sub.info.previous_active:
+            out[m] = attrs.evolve(sub, info=attrs.evolve(sub.info, previous_active=frozenset()))
     return out
 
 
@@ -595,8 +607,10 @@ def caught_up_returns(
     to, one that declared it among its ``previous_active`` and whose ``lags`` of it (its local
     state it does not run, :func:`local_state_lags`; None: unknown) is within
     ``acceptable_recovery_lag``. Of two such processes the least lagging one, then the smaller
-    process id: never ``lags``' order, which in the leader follows member ids (new at every
-    restart) and in ``explain`` process ids, so both name the same process whatever the order.
+    process key (:func:`process_keys`; in effect the process id, since a shared id's members
+    make no claims, :func:`copied_claimants`): never ``lags``' order, so the leaders and
+    ``explain`` name the same process whatever the member ids (new at every restart; the
+    leaders' clients come in process key order too, ``_group_by_process``).
     """
     best: dict[TaskId, tuple[int, str]] = {}  # per task, its (lag, process) so far
     for key, state in lags.items():
@@ -615,7 +629,7 @@ def stateless_returns(
     restarted process it returns to whatever its lag, one that runs nothing (no
     ``LATEST_OFFSET`` among its ``offset_sums``, merged over its members) and declared the task
     among its ``previous_active`` without an offset sum of it (a stateless task, an in-memory
-    table); the first such process in process id order."""
+    table); the first such process in process key order (:func:`caught_up_returns`)."""
     home: dict[TaskId, str] = {}
     for key in sorted(offset_sums):
         sums = offset_sums[key]

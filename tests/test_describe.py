@@ -616,6 +616,50 @@ def test_watch_goes_on_while_read_and_ends_with_its_views(
     assert lines[2]["moves"] == []
 
 
+def test_watch_shows_no_moves_for_the_original_when_a_clash_starts_or_ends(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A copy of P1's state directory joins at w2:80, then leaves: the original (m1, w0:80) is
+    keyed P1, then P1#w0:80, then P1 again. Only 0_2 moved (to the copy and back); the tasks m1
+    kept are no moves, whatever the key. A restart of the original (a new member id) while
+    the clash starts is found by its endpoint."""
+    alone = describe_bytes(
+        "g",
+        "Stable",
+        "consumer",
+        PROTOCOL_NAME,
+        [
+            streams_member("m1", P1, "0_0 0_1 0_2", endpoint="w0:80"),
+            streams_member("m3", P2, "0_3", endpoint="w1:80"),
+        ],
+    )
+
+    def clash(original: str) -> GroupView:
+        return describe_bytes(
+            "g",
+            "Stable",
+            "consumer",
+            PROTOCOL_NAME,
+            [
+                streams_member(original, P1, "0_0 0_1", endpoint="w0:80"),
+                streams_member("m2", P1, "0_2", endpoint="w2:80"),
+                streams_member("m3", P2, "0_3", endpoint="w1:80"),
+            ],
+        )
+
+    with (tmp_path / "out.jsonl").open("w") as stdout:
+        views = [alone, clash("m1"), alone, clash("m1-restarted")]
+        _watch_with(monkeypatch, views, stdout, forever=False)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    moved = [[(m["task"], m["from"], m["to"]) for m in line["moves"]] for line in lines[1:]]
+    original, copy = f"{P1}#w0:80", f"{P1}#w2:80"
+    assert moved == [
+        [("0_2", original, copy)],
+        [("0_2", copy, str(P1))],
+        [("0_2", original, copy)],
+    ]
+
+
 def recorded(state: str) -> GroupView:
     """A DescribeGroups answer Kafka 4.3.1 gave (tests/data), decoded."""
     path = Path(__file__).parent / "data" / "describe_groups_kafka_4_3_1.json"
@@ -1011,11 +1055,45 @@ def test_a_process_id_announced_with_two_endpoints_is_a_problem_and_two_processe
     view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
     assert set(view.processes()) == {f"{P1}#w0:80", f"{P1}#w2:80"}
     assert view.endpoints() == {f"{P1}#w0:80": "w0:80", f"{P1}#w2:80": "w2:80"}
-    assert view.previous_active() == {}  # copied claims: the leader hands nothing back
+    # copied claims: the leader hands nothing back
+    assert view.previous_active() == {f"{P1}#w0:80": frozenset(), f"{P1}#w2:80": frozenset()}
     (problem,) = quality(view).problems
     assert problem.startswith(f"process id {P1} is announced with 2 endpoints (w0:80, w2:80)")
     assert "delete process.id" in problem
     assert "problem: process id" in printed(view)
+
+
+def test_a_saved_snapshot_ignores_copied_claims_as_describe_and_the_leaders_do() -> None:
+    """A copy (P1 at w2:80) runs 0_2 and declares the original's 0_0 0_1 (its copied state
+    directory) with caught-up checkpoints. The leaders ignore those claims, and so does live
+    ``describe``; ``explain`` of the same group saved with ``describe --json`` must too, or it
+    reports hand-backs to the copy that never happened. A file saved before
+    ``shared_process_ids`` was written still loads (and honours every claim, as then)."""
+    from streamassign.cli import _returned
+    from streamassign.explain import load_snapshot
+
+    raw = [
+        streams_member("m1", P1, "0_0 0_1", "", endpoint="w0:80"),
+        streams_member(
+            "m2", P1, "0_2", "", sums={"0_0": 100, "0_1": 100}, endpoint="w2:80", previous="0_0 0_1"
+        ),
+        streams_member("m3", P2, "0_3", "", endpoint="w1:80", previous="0_3"),
+    ]
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+    data = json.loads(json.dumps(to_json(view, quality(view))))
+    assert data["shared_process_ids"] == [
+        {"process_id": str(P1), "endpoints": ["w0:80", "w2:80"], "members": ["m1", "m2"]}
+    ]
+    snapshot = load_snapshot(data, "saved.json")
+    assert snapshot.previous_active == view.previous_active()
+    assert snapshot.previous_active[str(P2)] == {T("0_3")}  # no clash: its claim counts
+    assert snapshot.handed_back() == _returned(view, 10_000) == {}
+    assert T("0_0") not in snapshot.running()[f"{P1}#w2:80"]
+    del data["shared_process_ids"]
+    assert load_snapshot(data, "old.json").handed_back() == {
+        T("0_0"): f"{P1}#w2:80",
+        T("0_1"): f"{P1}#w2:80",
+    }
 
 
 def test_one_process_id_with_one_endpoint_is_no_clash() -> None:

@@ -551,6 +551,20 @@ def test_damaged_members_of_a_snapshot_give_one_line(
     assert named in out and len(out.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("clashes", ['"m1"', '[{"members": "m1"}]', "[[1]]"])
+def test_damaged_shared_process_ids_of_a_snapshot_give_one_line(
+    tmp_path: Path, clashes: str
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        f'{{"state": "Stable", "assignment": {{}}, "members": [], "shared_process_ids": {clashes}}}'
+    )
+    code, out = run("explain", str(bad), str(bad))
+    assert code == 1, out
+    assert "bad.json: shared_process_ids must be a list" in out
+    assert len(out.strip().splitlines()) == 1
+
+
 CLICKS = '[[subtopology]]\nid = 0\nsource_topics = ["clicks"]\nstores = ["totals"]\n'
 
 

@@ -374,7 +374,8 @@ def test_metadata_never_raises(
     workers: dict[str, PartitionAssignor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """aiokafka's coordinator dies on an exception from ``metadata``: any error joins the worker
-    without history instead (same process id)."""
+    without history instead (same process id, and its URL: routing needs it, and the leader
+    tells workers with a copied state directory apart by it)."""
     rebalance(workers)
     a = workers["m0"]
     pid = a._process_id
@@ -386,6 +387,7 @@ def test_metadata_never_raises(
     monkeypatch.setattr(a, "_disk_offset_sum", broken)
     info = reported(a)
     assert info.process_id == pid and not info.offset_sums
+    assert info.endpoint == str(a.app.conf.canonical_url)
 
 
 def test_web_views_never_see_half_an_assignment(tmp_path: Path) -> None:

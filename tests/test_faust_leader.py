@@ -190,6 +190,20 @@ def test_restarted_worker_with_disk_state_gets_its_partitions_back() -> None:
     assert run(back, replicas=0)["m1"].info.active == ran
 
 
+def test_a_task_two_caught_up_restarted_workers_claim_returns_to_the_smaller_process_id() -> None:
+    """Both workers restarted declaring a task a previous active, with equal checkpoints: the
+    tie goes to the smaller process id, whichever member ids they came back with (member ids
+    are new at every restart; a tie broken by them moved the task back and forth)."""
+    t = min(run({"m": member(5)}, replicas=0)["m"].info.active)
+    for first, second in (("a", "z"), ("z", "a")):
+        members = {
+            first: member(1, sums={t: 500}, previous=frozenset({t})),
+            second: member(0, sums={t: 500}, previous=frozenset({t})),  # process id 1
+        }
+        result = run(members, replicas=0)
+        assert t in result[second].info.active and t not in result[first].info.active, first
+
+
 def test_a_worker_that_runs_a_task_gets_no_stateless_hand_back() -> None:
     """The stateless hand-back goes only to a restarted worker that runs nothing. Two members
     under one process id (a copied state directory), one running a task and one reporting a

@@ -33,6 +33,7 @@ import asyncio
 import enum
 import json
 import zlib
+from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -50,7 +51,13 @@ from ..errors import GroupDescribeError, ProtocolError, UserDataError
 from ..explain import STABLE, ClientView, local_state
 from ..metrics import AssignmentMetrics, evaluate, violations
 from ..protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
-from ..streams import FAUST_PROTOCOL_NAME, SHARED_ID_REMEDY, SharedProcessId, process_keys
+from ..streams import (
+    FAUST_PROTOCOL_NAME,
+    SHARED_ID_REMEDY,
+    SharedProcessId,
+    copied_claimants,
+    process_keys,
+)
 from ..text import counted
 from .consumer import ASSIGNORS
 from .streams import PROTOCOL_NAME
@@ -188,12 +195,11 @@ class GroupView:
         """Per process, the actives its members said at their last join they ran before (a
         restarted process's, from its state directory): ``explain``'s ``returning``, as
         ``explain`` reads them from a saved snapshot (``Snapshot.previous_active``)."""
-        copied = {c.process_id for c in self.shared_process_ids}
+        # The leaders ignore a shared id's claims (``streams.copied_claimants``).
+        copied = copied_claimants(self.shared_process_ids)
         return {
-            pid: frozenset().union(*(m.previous_active for m in ms))
+            pid: frozenset().union(*(m.previous_active for m in ms if m.member_id not in copied))
             for pid, ms in self.members_by_process().items()
-            # The leader ignores a shared id's claims (``streams.without_copied_claims``).
-            if pid.split("#", 1)[0] not in copied
         }
 
     def endpoints(self) -> dict[str, str]:
@@ -405,6 +411,46 @@ def _split_shared_ids(
         return members, []
     split = [attrs.evolve(m, process=keys.get(m.member_id, m.process)) for m in members]
     return split, shared
+
+
+def processes_since(before: GroupView, after: GroupView) -> dict[str, ClientView]:
+    """``before``'s processes (``explain``'s ``before`` for ``after``), each named as ``after``
+    names it: where a clash of a shared process id starts or ends between the two, a process
+    keyed ``P`` in one is ``P#endpoint`` in the other (``streams.process_key``) with the same
+    tasks, which compared by key would read as moved (``_renamed_processes``)."""
+    renamed = _renamed_processes(before, after)
+    return {renamed.get(key, key): view for key, view in before.processes().items()}
+
+
+def _renamed_processes(before: GroupView, after: GroupView) -> dict[str, str]:
+    """Old key -> new key for each process of ``before`` missing from ``after`` whose process
+    id has exactly one new key in ``after`` holding one of its members, or else its endpoint;
+    a new key two old ones lead to is left out (one process cannot be both)."""
+    old, new = before.members_by_process(), after.members_by_process()
+    gone, fresh = old.keys() - new.keys(), new.keys() - old.keys()
+    renamed: dict[str, str] = {}
+    for key in sorted(gone):
+        same_id = [n for n in sorted(fresh) if _process_id(n) == _process_id(key)]
+        matches = [n for n in same_id if _member_ids(old[key]) & _member_ids(new[n])] or [
+            n for n in same_id if _endpoints(old[key]) & _endpoints(new[n])
+        ]
+        if len(matches) == 1:
+            renamed[key] = matches[0]
+    targets = Counter(renamed.values())
+    return {key: n for key, n in renamed.items() if targets[n] == 1}
+
+
+def _process_id(key: str) -> str:
+    """The process id of a process key (``streams.process_key``: ``<id>#<endpoint>``)."""
+    return key.split("#", 1)[0]
+
+
+def _member_ids(members: Iterable[MemberView]) -> set[str]:
+    return {m.member_id for m in members}
+
+
+def _endpoints(members: Iterable[MemberView]) -> set[str]:
+    return {m.endpoint for m in members if m.endpoint}
 
 
 def _consumer_tasks(
@@ -695,6 +741,15 @@ def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
             for pid, v in processes.items()
         },
         "members": [_member_json(m) for m in view.members],
+        # What explain needs to ignore copied claims as the leaders do (``copied_claimants``).
+        "shared_process_ids": [
+            {
+                "process_id": c.process_id,
+                "endpoints": list(c.endpoints),
+                "members": list(c.member_ids),
+            }
+            for c in view.shared_process_ids
+        ],
         "quality": {
             **{k: v for k, v in attrs.asdict(score.metrics).items() if k not in _HISTORY},
             "standby_coverage": score.metrics.standby_coverage,

@@ -186,10 +186,22 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             log.exception("cannot describe this worker's state; joining without history")
             if self._process_id is None:
                 self._process_id = uuid.uuid4()
-            data = SubscriptionInfo(self._process_id, join_nonce=self._join_epoch).encode()
+            # Its URL still: routing, and telling workers with a copied state directory apart.
+            url = self._url_or_none()
+            data = SubscriptionInfo(
+                self._process_id, endpoint=url, join_nonce=self._join_epoch
+            ).encode()
         if log.isEnabledFor(logging.DEBUG):  # a hash per join only when someone reads it
             log.debug("joining with a subscription of %d bytes, sha1 %s", len(data), _digest(data))
         return ConsumerProtocolMemberMetadata(0, sorted(topics), data)
+
+    def _url_or_none(self) -> str | None:
+        """This worker's URL, None if the app cannot say (``metadata``'s fallback never raises)."""
+        try:
+            return str(self.app.conf.canonical_url)
+        except Exception:  # whatever broke the subscription may break this too
+            log.exception("cannot read this worker's URL; joining without one")
+            return None
 
     def _subscription(self) -> SubscriptionInfo:
         self._open_state()
