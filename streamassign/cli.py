@@ -2375,10 +2375,7 @@ def plan_standbys(
     from .pipeline.simulate import require_rebalances
     from .pipeline.standbys import AvailabilityModel, PlanJob
 
-    if target is not None and _given("tolerance"):
-        raise click.UsageError(
-            "give --target or --tolerance, not both: --tolerance applies without a target only"
-        )
+    _refuse_target_with_tolerance(target)
     _require("pyspark", "streamassign plan-standbys")
     try:
         model = _model(model_file, params, steps)
@@ -2410,6 +2407,14 @@ def plan_standbys(
     if out is not None:  # after printing: a failed write loses nothing the run found
         _write_plan(out, plan["candidates"], plan)
     _exit_if_missed(target, plan, quiet)
+
+
+def _refuse_target_with_tolerance(target: float | None) -> None:
+    """--tolerance only ranks candidates when no --target is given: both together is a mistake."""
+    if target is not None and _given("tolerance"):
+        raise click.UsageError(
+            "give --target or --tolerance, not both: --tolerance applies without a target only"
+        )
 
 
 def _fleet_line(model: Any) -> str:
