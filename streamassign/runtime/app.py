@@ -34,7 +34,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
 from ..aiokafka import closing
-from ..aiokafka.closing import stop_within
+from ..aiokafka.closing import Release, release_consumer, release_producer, stop_within
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import (
     ErrorCode,
@@ -583,15 +583,27 @@ class App:
         broker is unreachable. Its writes then abandoned belong to commits that did not end
         (input offsets are committed only after a commit's writes are acknowledged): their
         records are read and processed again, their writes compensated at the next
-        restore."""
+        restore. ``release_producer`` makes sure they are not sent later (after that
+        compensation: the event loop may live on, as under a supervisor restarting
+        ``run()``); the readers' fetches and connections are closed likewise."""
         clients = self._clients
-        named = (
-            ("the shared producer", clients.producer, "its unacknowledged writes are abandoned"),
-            ("the restore reader", clients.restorer, "its requests are abandoned"),
-            ("the changelog reader", clients.changelog_reader, "its requests are abandoned"),
+        abandoned = "its requests are abandoned"
+        named: tuple[tuple[str, Any, str, Release], ...] = (
+            (
+                "the shared producer",
+                clients.producer,
+                "its unacknowledged writes are abandoned",
+                release_producer,
+            ),
+            ("the restore reader", clients.restorer, abandoned, release_consumer),
+            ("the changelog reader", clients.changelog_reader, abandoned, release_consumer),
         )
-        stops = [stop_within(n, c, what, log) for n, c, what in named if c is not None]
-        await asyncio.gather(*stops)
+
+        async def stop(name: str, client: Any, abandoned: str, release: Release) -> None:
+            if not await stop_within(name, client, abandoned, log):
+                await release(name, client, log)
+
+        await asyncio.gather(*(stop(*named_client) for named_client in named if named_client[1]))
 
     async def request_shutdown(self) -> None:
         """Stop every process of the application (``SHUTDOWN_REQUESTED`` in the protocol)."""
