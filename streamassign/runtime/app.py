@@ -242,6 +242,9 @@ class App:
         #: Each change under way as its own task, with its consumer and what it does: what
         #: ``stop()`` cancels when one outlasts the grace (``_abandon_changes``).
         self._changing: dict[asyncio.Task[None], tuple[int, str]] = {}
+        #: Consumers whose cancelled change still ran after ``UNWIND_TIMEOUT``: it may be
+        #: writing to their tasks' stores in a thread, so ``stop()`` leaves those open.
+        self._unwinding: set[int] = set()
         self._loops: list[asyncio.Task[None]] = []
         #: At least once: aborts what a crashed exactly-once owner left open (``start``).
         self._orphans: OrphanTransactions | None = None
@@ -476,9 +479,13 @@ class App:
 
     async def _close_every_store(self) -> None:
         """Close (checkpointing them) the stores of actives, standbys and parked tasks, and
-        wait for every close under way; then end the store threads."""
-        closes = [self._stores.close(t.task_id, t.stores) for t in self._actives.values()]
-        for task in self._actives.values():
+        wait for every close under way; then end the store threads. The actives of a
+        consumer whose cancelled change did not unwind are left open (to the process's
+        exit): the change may still write to them in a thread, and a RocksDB store closed
+        under a write could be damaged. Not checkpointed, they are restored at restart."""
+        closing = [t for t in self._actives.values() if t.consumer not in self._unwinding]
+        closes = [self._stores.close(t.task_id, t.stores) for t in closing]
+        for task in closing:
             drop_writes(task)  # after a failure, writes not committed are not awaited
         self._actives.clear()
         parked = [(t, states) for t, (states, _) in self._stores.parked.items()]
@@ -561,11 +568,12 @@ class App:
             for change in unwinding:
                 log.warning(
                     "consumer %d: the cancelled task change (%s) did not end within %g s of "
-                    "its cancel; stopping without waiting for it (stores it took may stay "
-                    "open)",
+                    "its cancel; stopping without waiting for it (its tasks' stores are left "
+                    "open, not closed under a write it may still make; restored at restart)",
                     *changes[change],
                     UNWIND_TIMEOUT,
                 )
+                self._unwinding.add(changes[change][0])
         consumers = {consumer for consumer, _ in changes.values()}
         for consumer in consumers:
             self._tear_consumer_tasks(consumer)
