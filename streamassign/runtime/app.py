@@ -418,7 +418,9 @@ class App:
     async def stop(self) -> None:
         """Commit (unless a failure stopped us), flush and checkpoint every store, close.
         Each step runs even if one before it failed: that failure is logged and kept as
-        ``failure`` (unless there is one already), which ``run()`` raises."""
+        ``failure`` (unless there is one already), which ``run()`` raises. ``stop()`` itself
+        raises none of them: a caller of ``start()`` and ``stop()`` checks ``failure``
+        after it (a commit at stop the broker refused, say)."""
         self._stop_began = time.monotonic()
         # First: a rebalance during the grace, commits and closes below (consumers of other
         # processes leaving) must not start tasks here, nor save them as restart claims.
