@@ -349,6 +349,12 @@ class OutputWriteError(StreamAssignError):
     task's transaction is aborted; a record known to be too large is never sent."""
 
 
+class WritesAbandonedError(StreamAssignError, ConnectionError):
+    """What a producer whose stop did not end within ``closing.CLOSE_TIMEOUT`` (the broker
+    unreachable) still held: its unsent and unacknowledged writes' futures fail with it, and
+    they are never sent (``closing.release_producer``)."""
+
+
 class EndOffsetsTimeoutError(StreamAssignError, TimeoutError):
     """No end offset of the partitions asked for was listed in time (each partition asked on
     its own after the call for all of them did not answer)."""

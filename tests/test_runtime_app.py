@@ -311,13 +311,23 @@ def test_stop_waits_for_a_cancelled_change_to_unwind_only_so_long(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A change cancelled at the stop's grace ends once its cleanups do; ``stop()`` waits
-    for them ``UNWIND_TIMEOUT`` at most, and says so when it goes on without one."""
+    for them ``UNWIND_TIMEOUT`` at most, and says so when it goes on without one. Its
+    consumer's stores are then left open (review5 #4: they were closed while the change
+    could still write to them in a thread); another consumer's are closed."""
     monkeypatch.setattr(runtime_app, "UNWIND_TIMEOUT", 0.2)
     one = Topology([Subtopology(0, ["events"])], name="app")
-    app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path, threads=2)
     app.stop_grace = 0.2
     task = ActiveTask(TaskId(0, 0), 0, {}, Nothing())
+    other = ActiveTask(TaskId(0, 1), 1, {}, Nothing())
     app._actives[task.task_id] = task
+    app._actives[other.task_id] = other
+    closed: list[TaskId] = []
+
+    async def close(task_id: TaskId, stores: object) -> None:
+        closed.append(task_id)
+
+    app._stores.close = close  # type: ignore[method-assign,assignment]
     unwind = asyncio.Event()
 
     async def slow_to_unwind(index: int) -> None:
@@ -343,8 +353,10 @@ def test_stop_waits_for_a_cancelled_change_to_unwind_only_so_long(
         asyncio.run(run())
     assert (
         "consumer 0: the cancelled task change (starting a rebalance) did not end within "
-        "0.2 s of its cancel; stopping without waiting for it"
+        "0.2 s of its cancel; stopping without waiting for it (its tasks' stores are left "
+        "open"
     ) in caplog.text
+    assert closed == [other.task_id]
 
 
 def test_a_change_failing_while_stop_waits_for_it_stops_the_commits_at_stop(

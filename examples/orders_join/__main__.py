@@ -117,7 +117,11 @@ async def main() -> int:
             )
     finally:
         for app in apps:
-            await app.stop()
+            await app.stop()  # raises nothing: a failed step is kept in app.failure
+    for i, app in enumerate(apps):
+        if app.failure is not None:
+            print(f"error: process {i} failed: {app.failure!r}", file=sys.stderr)
+            return 1
     joined = sum(1 for e in enriched if e["customer"] is not None)
     print(f"{len(enriched)} enriched orders in {output} ({joined} found their customer), e.g.:")
     for e in enriched[:3]:

@@ -134,7 +134,10 @@ async def main() -> int:
                     latest[r.key.decode()] = max(latest.get(r.key.decode(), 0), int(r.value))
     finally:
         await consumer.stop()
-        await app.stop()
+        await app.stop()  # raises nothing: a failed step is kept in app.failure
+    if app.failure is not None:
+        print(f"error: the application failed: {app.failure!r}", file=sys.stderr)
+        return 1
     for word, seen in sorted(latest.items(), key=lambda kv: -kv[1]):
         print(f"{word:>8} {seen}")
     print("counts match the sentences produced:", latest == expected)

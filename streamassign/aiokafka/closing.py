@@ -6,22 +6,35 @@ ever while a partition's leader is unreachable), a group consumer for its coordi
 on a broker that does not answer) and its LeaveGroup. A process stopping must not wait for
 them: ``stop_within`` gives a client's stop ``CLOSE_TIMEOUT`` and then abandons it, with one
 line. ``ProcessHost`` bounds its consumers' stops with it, the runtime its other clients'.
+What a cut stop left running (tasks, connections, a producer's unsent batches) is then
+released locally: ``release_consumer``, ``release_producer``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import inspect
 import logging
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+from ..errors import WritesAbandonedError
 
 #: Seconds stopping one client (a consumer, a producer, a task's producer with its abort) may
 #: take before it is left to the broker.
 CLOSE_TIMEOUT = 10.0
 
+#: Seconds each step releasing what a cut stop left running may take (they are local:
+#: cancelling tasks, closing sockets).
+RELEASE_STEP_TIMEOUT = 2.0
+
 
 class Stoppable(Protocol):
     async def stop(self) -> None: ...
+
+
+#: ``release_consumer`` or ``release_producer``: (name, client, log).
+Release = Callable[[str, Any, logging.Logger], Awaitable[None]]
 
 
 async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging.Logger) -> bool:
@@ -45,20 +58,97 @@ async def stop_within(name: str, client: Stoppable, abandoned: str, log: logging
     return True
 
 
-async def release_consumer(consumer: object) -> None:
+async def release_consumer(name: str, consumer: Any, log: logging.Logger) -> None:
     """The local part of an ``AIOKafkaConsumer`` stop that ``stop_within`` cut (while it waited
     for the coordination task, which the cut cancels, or for its LeaveGroup): without it the
     heartbeat and fetch tasks run on and the connections stay open. Only aiokafka's own
-    closing steps that need no answer from the broker; best effort (a client that is not
-    aiokafka's, or an aiokafka that differs, is left as it is)."""
-    coordinator = getattr(consumer, "_coordinator", None)
-    fetcher = getattr(consumer, "_fetcher", None)
-    client = getattr(consumer, "_client", None)
-    with contextlib.suppress(Exception):
-        if coordinator is not None:
-            await coordinator._stop_heartbeat_task()
-            await coordinator._stop_commit_offsets_refresh_task()
-        if fetcher is not None:
-            await fetcher.close()
-        if client is not None:
-            await client.close()
+    closing steps that need no answer from the broker (see ``_release``)."""
+    await _release(
+        name,
+        (
+            ("stop its heartbeat", lambda: consumer._coordinator._stop_heartbeat_task()),
+            (
+                "stop its offsets refresh",
+                lambda: consumer._coordinator._stop_commit_offsets_refresh_task(),
+            ),
+            ("close its fetcher", lambda: consumer._fetcher.close()),
+            ("close its connections", lambda: consumer._client.close()),
+        ),
+        log,
+    )
+
+
+async def release_producer(name: str, producer: Any, log: logging.Logger) -> None:
+    """The local part of an ``AIOKafkaProducer`` stop that ``stop_within`` cut (while it waited
+    for the acks of the batches it holds): without it the sender runs on and delivers them
+    whenever the broker is back, however late, for as long as the event loop lives (a
+    supervisor restarting ``run()``), possibly after the next owner compensated them.
+
+    The sender is cancelled first (only its routine turns queued batches into requests, so
+    none is sent after this); the connections close (a request already on a socket may still
+    land, when the broker reads it, but none is sent again: the failed ones are put back in
+    the queue); the sender's routine, which waits for its requests in flight, is waited for;
+    then every batch still held fails with ``WritesAbandonedError`` (which ends the flush the
+    cut stop had begun)."""
+    abandoned = WritesAbandonedError(f"{name} was released before these writes were acknowledged")
+    await _release(
+        name,
+        (
+            ("cancel its sender", lambda: producer._sender.sender_task.cancel()),
+            ("close its connections", lambda: producer.client.close()),
+            ("end its sender", lambda: _end_task(producer._sender.sender_task)),
+            ("fail its writes", lambda: _fail_held(producer._message_accumulator, abandoned)),
+        ),
+        log,
+    )
+
+
+def _fail_held(accumulator: Any, error: Exception) -> None:
+    """Fail every batch aiokafka's accumulator holds, queued or in flight, with ``error``,
+    and mark its futures retrieved (its writes' and the one a full batch's waiter awaits):
+    their callers gave up on them (a cancelled commit), and asyncio would log each at
+    garbage collection."""
+    queued = [batch for queue in accumulator._batches.values() for batch in queue]
+    held = [*queued, *accumulator._pending_batches]
+    # A batch put back in the queue after its request failed (the connections closed) is
+    # still to be dropped from the in-flight set when it ends; so it must be in it.
+    accumulator._pending_batches.update(queued)
+    accumulator.fail_all(error)
+    for batch in held:
+        futures = [batch._drain_waiter, *(future for future, _ in batch._msg_futures)]
+        for future in futures:
+            if future.done() and not future.cancelled():
+                future.exception()
+
+
+async def _end_task(task: asyncio.Task[Any]) -> None:
+    """Wait for a cancelled ``task``, cancelling it again (with what it awaits) if it has not
+    ended within a quarter of ``RELEASE_STEP_TIMEOUT``: aiokafka's sender routine waits for
+    its requests in flight, and one retrying after its connection closed waits for a
+    metadata update that no longer comes."""
+    await asyncio.wait([task], timeout=RELEASE_STEP_TIMEOUT / 4)
+    if not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=RELEASE_STEP_TIMEOUT / 4)
+    if not task.done():
+        raise TimeoutError(f"{task.get_name()} did not end")
+    if not task.cancelled():
+        task.exception()  # retrieved, so asyncio does not log it: its batches are failed next
+
+
+async def _release(
+    name: str, steps: Sequence[tuple[str, Callable[[], object]]], log: logging.Logger
+) -> None:
+    """Run the steps releasing what a cut stop left running, each on its own and within
+    ``RELEASE_STEP_TIMEOUT`` (closing a connection waits for its transport, which waits to
+    flush): a step that fails (an aiokafka that renamed what it reaches:
+    ``tests/test_runtime_release.py`` checks the installed one has them) or outlasts it is
+    logged, and the next still runs."""
+    for what, step in steps:
+        try:
+            async with asyncio.timeout(RELEASE_STEP_TIMEOUT):
+                result = step()
+                if inspect.isawaitable(result):
+                    await result
+        except Exception as exc:
+            log.warning("%s: could not %s after its stop was cut (%r)", name, what, exc)

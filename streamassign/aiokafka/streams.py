@@ -354,7 +354,7 @@ async def _stop_consumer(index: int, consumer: AIOKafkaConsumer) -> None:
     before: the host's stop comes after the runtime's commits)."""
     abandoned = "its group requests are abandoned (the group drops it at its session timeout)"
     if not await stop_within(f"consumer {index}", consumer, abandoned, log):
-        await release_consumer(consumer)
+        await release_consumer(f"consumer {index}", consumer, log)
 
 
 def _leader_racks(cluster: Any, counts: Mapping[str, int]) -> dict[TopicPartition, str]:

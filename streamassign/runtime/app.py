@@ -34,7 +34,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from .. import TaskId, TopicPartition
 from ..aiokafka import closing
-from ..aiokafka.closing import stop_within
+from ..aiokafka.closing import Release, release_consumer, release_producer, stop_within
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import (
     ErrorCode,
@@ -242,6 +242,9 @@ class App:
         #: Each change under way as its own task, with its consumer and what it does: what
         #: ``stop()`` cancels when one outlasts the grace (``_abandon_changes``).
         self._changing: dict[asyncio.Task[None], tuple[int, str]] = {}
+        #: Consumers whose cancelled change still ran after ``UNWIND_TIMEOUT``: it may be
+        #: writing to their tasks' stores in a thread, so ``stop()`` leaves those open.
+        self._unwinding: set[int] = set()
         self._loops: list[asyncio.Task[None]] = []
         #: At least once: aborts what a crashed exactly-once owner left open (``start``).
         self._orphans: OrphanTransactions | None = None
@@ -415,7 +418,9 @@ class App:
     async def stop(self) -> None:
         """Commit (unless a failure stopped us), flush and checkpoint every store, close.
         Each step runs even if one before it failed: that failure is logged and kept as
-        ``failure`` (unless there is one already), which ``run()`` raises."""
+        ``failure`` (unless there is one already), which ``run()`` raises. ``stop()`` itself
+        raises none of them: a caller of ``start()`` and ``stop()`` checks ``failure``
+        after it (a commit at stop the broker refused, say)."""
         self._stop_began = time.monotonic()
         # First: a rebalance during the grace, commits and closes below (consumers of other
         # processes leaving) must not start tasks here, nor save them as restart claims.
@@ -476,9 +481,13 @@ class App:
 
     async def _close_every_store(self) -> None:
         """Close (checkpointing them) the stores of actives, standbys and parked tasks, and
-        wait for every close under way; then end the store threads."""
-        closes = [self._stores.close(t.task_id, t.stores) for t in self._actives.values()]
-        for task in self._actives.values():
+        wait for every close under way; then end the store threads. The actives of a
+        consumer whose cancelled change did not unwind are left open (to the process's
+        exit): the change may still write to them in a thread, and a RocksDB store closed
+        under a write could be damaged. Not checkpointed, they are restored at restart."""
+        closing = [t for t in self._actives.values() if t.consumer not in self._unwinding]
+        closes = [self._stores.close(t.task_id, t.stores) for t in closing]
+        for task in closing:
             drop_writes(task)  # after a failure, writes not committed are not awaited
         self._actives.clear()
         parked = [(t, states) for t, (states, _) in self._stores.parked.items()]
@@ -561,11 +570,12 @@ class App:
             for change in unwinding:
                 log.warning(
                     "consumer %d: the cancelled task change (%s) did not end within %g s of "
-                    "its cancel; stopping without waiting for it (stores it took may stay "
-                    "open)",
+                    "its cancel; stopping without waiting for it (its tasks' stores are left "
+                    "open, not closed under a write it may still make; restored at restart)",
                     *changes[change],
                     UNWIND_TIMEOUT,
                 )
+                self._unwinding.add(changes[change][0])
         consumers = {consumer for consumer, _ in changes.values()}
         for consumer in consumers:
             self._tear_consumer_tasks(consumer)
@@ -583,15 +593,27 @@ class App:
         broker is unreachable. Its writes then abandoned belong to commits that did not end
         (input offsets are committed only after a commit's writes are acknowledged): their
         records are read and processed again, their writes compensated at the next
-        restore."""
+        restore. ``release_producer`` makes sure they are not sent later (after that
+        compensation: the event loop may live on, as under a supervisor restarting
+        ``run()``); the readers' fetches and connections are closed likewise."""
         clients = self._clients
-        named = (
-            ("the shared producer", clients.producer, "its unacknowledged writes are abandoned"),
-            ("the restore reader", clients.restorer, "its requests are abandoned"),
-            ("the changelog reader", clients.changelog_reader, "its requests are abandoned"),
+        abandoned = "its requests are abandoned"
+        named: tuple[tuple[str, Any, str, Release], ...] = (
+            (
+                "the shared producer",
+                clients.producer,
+                "its unacknowledged writes are abandoned",
+                release_producer,
+            ),
+            ("the restore reader", clients.restorer, abandoned, release_consumer),
+            ("the changelog reader", clients.changelog_reader, abandoned, release_consumer),
         )
-        stops = [stop_within(n, c, what, log) for n, c, what in named if c is not None]
-        await asyncio.gather(*stops)
+
+        async def stop(name: str, client: Any, abandoned: str, release: Release) -> None:
+            if not await stop_within(name, client, abandoned, log):
+                await release(name, client, log)
+
+        await asyncio.gather(*(stop(*named_client) for named_client in named if named_client[1]))
 
     async def request_shutdown(self) -> None:
         """Stop every process of the application (``SHUTDOWN_REQUESTED`` in the protocol)."""

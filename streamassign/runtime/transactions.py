@@ -211,13 +211,21 @@ class TaskProducers:
 
 async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
     """Abort (best effort: a fenced producer cannot) and stop, bounded by
-    ``closing.CLOSE_TIMEOUT``."""
+    ``closing.CLOSE_TIMEOUT``; cut, what the stop left running is released (the next
+    owner's init fences its transaction, but its sender and connections would run on)."""
     try:
         async with asyncio.timeout(closing.CLOSE_TIMEOUT):
             if abort:
                 with contextlib.suppress(Exception):
                     await producer.abort_transaction()
             await producer.stop()
+    except TimeoutError:  # its sender would deliver what it holds whenever the broker is back
+        log.warning(
+            "a task's producer did not close within %g s (broker unreachable?): its "
+            "unacknowledged writes are abandoned",
+            closing.CLOSE_TIMEOUT,
+        )
+        await closing.release_producer("a task's producer", producer, log)
     except Exception as exc:  # the broker aborts it at the next owner's init or its timeout
         log.warning("a task's producer did not close cleanly (%r)", exc)
 

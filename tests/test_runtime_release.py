@@ -1,0 +1,225 @@
+"""What a stop that ``closing.stop_within`` cut leaves running is released: aiokafka's real
+producer against a broker that never answers (a local socket that reads and stays silent),
+and the private parts of aiokafka the releases reach, checked on the installed version."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import struct
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.client import AIOKafkaClient
+from aiokafka.consumer.fetcher import Fetcher
+from aiokafka.consumer.group_coordinator import GroupCoordinator
+from aiokafka.producer.message_accumulator import MessageAccumulator, MessageBatch
+from aiokafka.producer.sender import Sender
+from aiokafka.protocol.admin import ApiVersionResponse_v0
+from aiokafka.protocol.metadata import MetadataResponse_v0
+
+from streamassign import Subtopology, Topology
+from streamassign.aiokafka import closing
+from streamassign.errors import WritesAbandonedError
+from streamassign.runtime import App
+from streamassign.runtime import transactions as runtime_transactions
+
+TOPIC = "out"
+
+
+class Nothing:
+    async def process(self, ctx: object, record: object) -> None: ...
+
+
+#: The API versions the silent broker claims (a Kafka 3.x broker's, for the requests here).
+API_VERSIONS = [(0, 0, 9), (3, 0, 12), (18, 0, 3), (22, 0, 4)]
+
+
+class SilentBroker:
+    """A listening socket that answers a connection's ApiVersions request (so aiokafka sends
+    its produce requests) and no other: a broker that stopped answering (frozen, or cut off
+    by a partition) with the connection still up. It records every request it reads."""
+
+    def __init__(self) -> None:
+        self.received = bytearray()
+        self.port = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                (size,) = struct.unpack(">i", await reader.readexactly(4))
+                request = await reader.readexactly(size)
+                self.received.extend(request)
+                api_key, _, correlation_id = struct.unpack(">hhi", request[:8])
+                if api_key == ApiVersionResponse_v0.API_KEY:
+                    body = (
+                        struct.pack(">i", correlation_id)
+                        + ApiVersionResponse_v0(0, API_VERSIONS).encode()
+                    )
+                    writer.write(struct.pack(">i", len(body)) + body)
+        writer.close()
+
+
+@asynccontextmanager
+async def silent_broker() -> AsyncIterator[SilentBroker]:
+    broker = SilentBroker()
+    server = await asyncio.start_server(broker._serve, "127.0.0.1", 0)
+    broker.port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield broker
+
+
+async def started_producer(broker: SilentBroker) -> AIOKafkaProducer:
+    """aiokafka's producer with its sender running, given the metadata a bootstrap would
+    have read (the silent broker answers no metadata request): one partition led by it."""
+    producer = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{broker.port}", linger_ms=0)
+    metadata = MetadataResponse_v0(
+        [(0, "127.0.0.1", broker.port)], [(0, TOPIC, [(0, 0, 0, [0], [0])])]
+    )
+    producer.client.cluster.update_metadata(metadata)
+    await producer._sender.start()
+    return producer
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(5):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+def aiokafka_tasks() -> list[str]:
+    names = (t.get_coro().__qualname__ for t in asyncio.all_tasks() if not t.done())
+    return sorted(
+        n
+        for n in names
+        if n.split(".")[0]
+        in {"Sender", "MessageAccumulator", "AIOKafkaConnection", "AIOKafkaClient"}
+    )
+
+
+def test_a_cut_stop_of_the_shared_producer_sends_nothing_more(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review5 #1: ``stop_within`` cancelled the shared producer's stop, waiting for acks,
+    and the warning called its writes abandoned; but aiokafka's sender ran on, with its
+    connections, and delivered them whenever the broker answered again, however late (after
+    the next owner's compensation, in an event loop that lives on). Now the sender ends, the
+    connections close, and every write it still held fails with ``WritesAbandonedError``:
+    one queued behind the write in flight never reaches the broker."""
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.2)
+    one = Topology([Subtopology(0, ["events"])], name="app")
+    app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+
+    async def scenario() -> None:
+        async with silent_broker() as broker:
+            producer = await started_producer(broker)
+            in_flight = await producer.send(TOPIC, b"in-flight")
+            await until(lambda: b"in-flight" in broker.received)
+            queued = await producer.send(TOPIC, b"queued")  # its partition waits for an ack
+            app._clients.producer = producer
+            await asyncio.wait_for(app._stop_clients(), 10)
+            assert aiokafka_tasks() == []
+            assert isinstance(queued.exception(), WritesAbandonedError)
+            assert in_flight.done()
+            assert b"queued" not in broker.received
+
+    with caplog.at_level(logging.WARNING, "streamassign"):
+        asyncio.run(scenario())
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("streamassign")]
+    assert warnings == [
+        "the shared producer did not stop within 0.2 s (broker unreachable?): its "
+        "unacknowledged writes are abandoned"
+    ]
+
+
+def test_a_cut_close_of_a_task_producer_sends_nothing_more(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for an exactly-once task's producer closed (its abort and stop) within
+    ``CLOSE_TIMEOUT``: the next owner's init fences its transaction, but its sender and
+    connections ran on."""
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.2)
+
+    async def scenario() -> None:
+        async with silent_broker() as broker:
+            producer = await started_producer(broker)
+            await producer.send(TOPIC, b"in-flight")
+            await until(lambda: b"in-flight" in broker.received)
+            queued = await producer.send(TOPIC, b"queued")
+            await asyncio.wait_for(runtime_transactions._close(producer, abort=False), 10)
+            assert aiokafka_tasks() == []
+            assert isinstance(queued.exception(), WritesAbandonedError)
+            assert b"queued" not in broker.received
+
+    with caplog.at_level(logging.WARNING, "streamassign"):
+        asyncio.run(scenario())
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("streamassign")]
+    assert warnings == [
+        "a task's producer did not close within 0.2 s (broker unreachable?): its "
+        "unacknowledged writes are abandoned"
+    ]
+
+
+class Closes:
+    def __init__(self, closed: list[str], name: str) -> None:
+        self.closed, self.name = closed, name
+
+    async def close(self) -> None:
+        self.closed.append(self.name)
+
+
+def test_a_failed_release_step_does_not_skip_the_next_ones(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """review5 #2: one ``suppress`` around every step meant that the first step failing (an
+    aiokafka that renamed ``_stop_heartbeat_task``) silently skipped closing the fetcher and
+    the connections. Each step now runs on its own, and a failed one is logged."""
+    closed: list[str] = []
+
+    class Renamed:  # a consumer whose coordinator lacks the methods the release calls
+        _coordinator = object()
+        _fetcher = Closes(closed, "fetcher")
+        _client = Closes(closed, "client")
+
+    with caplog.at_level(logging.WARNING, "streamassign"):
+        asyncio.run(closing.release_consumer("consumer 0", Renamed(), logging.getLogger("t")))
+    assert closed == ["fetcher", "client"]
+    assert "consumer 0: could not stop its heartbeat after its stop was cut" in caplog.text
+
+
+def test_the_aiokafka_parts_the_releases_reach_exist() -> None:
+    """The releases reach aiokafka's private attributes; an upgrade that renames one must
+    fail here rather than leave a cut client running with only a warning."""
+    for cls, methods in (
+        (GroupCoordinator, ["_stop_heartbeat_task", "_stop_commit_offsets_refresh_task"]),
+        (Fetcher, ["close"]),
+        (AIOKafkaClient, ["close"]),
+        (Sender, ["sender_task", "_sender_routine"]),
+        (MessageAccumulator, ["fail_all"]),
+        (MessageBatch, ["failure"]),
+    ):
+        missing = [m for m in methods if not hasattr(cls, m)]
+        assert not missing, f"{cls.__name__} lacks {missing}"
+    # A consumer's parts exist once it started (no broker here): its start sets them.
+    start = inspect.getsource(AIOKafkaConsumer.start) + inspect.getsource(AIOKafkaConsumer)
+    batch = inspect.getsource(MessageBatch.__init__)
+    for attribute in ("self._coordinator =", "self._fetcher =", "self._client ="):
+        assert attribute in start, f"AIOKafkaConsumer no longer sets {attribute}"
+    for attribute in ("self._msg_futures =", "self._drain_waiter ="):
+        assert attribute in batch, f"MessageBatch no longer sets {attribute}"
+
+    async def producer_parts() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1")
+        assert isinstance(producer._sender, Sender)
+        accumulator = producer._message_accumulator
+        assert isinstance(accumulator, MessageAccumulator)
+        assert isinstance(accumulator._batches, dict)
+        assert isinstance(accumulator._pending_batches, set)
+        assert isinstance(producer.client, AIOKafkaClient)
+
+    asyncio.run(producer_parts())
