@@ -19,8 +19,11 @@ are thrown away unprocessed, and Faust's commit check lets the next commit pass 
 offset, so that record is lost. This consumer keeps a stream partition paused when Faust
 resumes it during a rebalance (``app.rebalancing``), until the next ``resume_flow()`` (which
 Faust calls right after resuming flow control), so nothing is fetched for it before the queues
-are emptied; outside a rebalance a resume takes effect at once. Everything else is Faust's
-aiokafka transport unchanged.
+are emptied; outside a rebalance a resume takes effect at once. Two watchdogs say what
+Faust's recovery would leave stuck in silence: held partitions never released, and a table
+recovery that applies nothing for ``recovery_stall_after`` seconds (one WARNING per stall, with
+the partitions behind and their offsets). Everything else is Faust's aiokafka transport
+unchanged.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -60,13 +63,59 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return consumer
 
 
+class _Ticker:
+    """Calls ``check`` every ``period`` seconds on the running event loop until it returns
+    False or ``stop()`` is called: the worker's watchdogs, which look for what Faust's recovery
+    leaves stuck without a word (or with one that names no positions)."""
+
+    def __init__(self, check: Callable[[], bool]) -> None:
+        self._check = check
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._timer is not None
+
+    def start(self, period: float) -> None:
+        """Start ticking (a running ticker goes on as it was)."""
+        if self._timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on an event loop (no running app): nothing to watch
+            return
+        self._timer = loop.call_later(period, self._tick, loop, period)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _tick(self, loop: asyncio.AbstractEventLoop, period: float) -> None:
+        self._timer = None
+        if self._check():
+            self._timer = loop.call_later(period, self._tick, loop, period)
+
+
 class _Consumer(faust_aiokafka.Consumer):
+    #: Seconds a table recovery may apply nothing from a changelog it still lags on before the
+    #: worker warns (Faust warns too, but every 5 s for ever and without offsets).
+    recovery_stall_after: float = 30.0
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: Stream partitions Faust resumed, held paused until the next ``resume_flow()``.
         self._held_streams: set[TP] = set()
+        #: How long the current holds have lasted, in ``broker_request_timeout`` periods.
+        self._held_periods = 0
         #: Warns when partitions stay held (Faust's recovery never resumed the flow).
-        self._hold_watch: asyncio.TimerHandle | None = None
+        self._hold_watch = _Ticker(self._on_hold_watch)
+        #: Warns when a table recovery stops applying changelog records.
+        self._recovery_watch = _Ticker(self._on_recovery_watch)
+        #: The recovery's applied offsets at its last progress, and when (loop time).
+        self._recovery_seen: tuple[dict[TP, int | None], float] | None = None
+        #: Whether the current stall was reported (once per stall).
+        self._recovery_stall_told = False
 
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -78,26 +127,29 @@ class _Consumer(faust_aiokafka.Consumer):
         Faust's recovery resumes the stream partitions before it seeks them and resumes flow
         control (which empties the agents' queues): what the fetcher delivered in between would
         be dropped unprocessed and then committed past (see the module docstring). Faust calls
-        ``resume_flow()`` before ``app.on_rebalance_end()``, so the hold always ends first."""
+        ``resume_flow()`` before ``app.on_rebalance_end()``, so the hold always ends first.
+        Changelog partitions resumed during a rebalance start the recovery watch."""
         tps = set(tps)
         streams: set[TP] = set()
         if self.app.rebalancing:
             changelogs = self.app.tables.changelog_topics
             streams = {tp for tp in tps if tp.topic not in changelogs}
             self._hold(streams)
+            if tps - streams:
+                self._watch_recovery()
         super().resume_partitions(tps - streams)
 
     def pause_partitions(self, tps: Iterable[TP]) -> None:
         tps = set(tps)
         self._held_streams -= tps
         if not self._held_streams:
-            self._stop_hold_watch()
+            self._hold_watch.stop()
         super().pause_partitions(tps)
 
     def resume_flow(self) -> None:
         super().resume_flow()
         held, self._held_streams = self._held_streams, set()
-        self._stop_hold_watch()
+        self._hold_watch.stop()
         if held:  # only what is still assigned: a rebalance may have taken some away
             held &= set(self.assignment())
         if held:
@@ -107,38 +159,71 @@ class _Consumer(faust_aiokafka.Consumer):
         if not streams:
             return
         self._held_streams |= streams
-        if self._hold_watch is None:
-            self._watch_hold(0.0)
+        if not self._hold_watch.running:
+            self._held_periods = 0
+            # Once per ``broker_request_timeout``, Faust's bound on its post-recovery seek.
+            self._hold_watch.start(float(self.app.conf.broker_request_timeout))
 
-    def _watch_hold(self, held_for: float) -> None:
-        """Check once per ``broker_request_timeout`` (Faust's bound on its post-recovery seek)
-        that the held partitions were released: if Faust's recovery stops between its resume and
+    def _on_hold_watch(self) -> bool:
+        """Are the held partitions released? If Faust's recovery stops between its resume and
         its ``resume_flow()`` (a seek that times out ends its recovery task), they would stay
         paused without a word."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # not on an event loop (no running app): nothing to watch
-            return
-        timeout = float(self.app.conf.broker_request_timeout)
-        self._hold_watch = loop.call_later(timeout, self._on_hold_watch, held_for + timeout)
-
-    def _on_hold_watch(self, held_for: float) -> None:
-        self._hold_watch = None
         if not self._held_streams:
-            return
+            return False
+        self._held_periods += 1
         log.warning(
             "stream partitions %s still paused %.0f s after Faust's recovery resumed them: "
             "it has not resumed the flow (its recovery may have stopped, e.g. after a seek "
             "that timed out: see Faust's log above); restart this worker",
             sorted(self._held_streams)[:10],
-            held_for,
+            self._held_periods * float(self.app.conf.broker_request_timeout),
         )
-        self._watch_hold(held_for)
+        return True
 
-    def _stop_hold_watch(self) -> None:
-        if self._hold_watch is not None:
-            self._hold_watch.cancel()
-            self._hold_watch = None
+    def _watch_recovery(self) -> None:
+        if not self._recovery_watch.running:
+            self._recovery_seen, self._recovery_stall_told = None, False
+            # Several looks per bound, so that a stall is told soon after it lasted that long.
+            self._recovery_watch.start(self.recovery_stall_after / 4)
+
+    def _on_recovery_watch(self) -> bool:
+        """Has the table recovery applied anything since the last look? One WARNING per stall
+        (naming the partitions still behind, with offsets), one INFO line if it moves again.
+        A recovery whose fetcher stopped reading logs only Faust's ``No event received for
+        active tp``, every 5 s, without positions (docs/faust.md, "Topics that do not exist
+        yet")."""
+        recovery: Any = getattr(self.app.tables, "recovery", None)  # Faust's Recovery service
+        if recovery is None or not recovery.in_recovery:
+            self._recovery_seen = None
+            return False
+        now = asyncio.get_running_loop().time()
+        applied = {tp: recovery.active_offsets.get(tp) for tp in recovery.active_tps}
+        if self._recovery_seen is None or self._recovery_seen[0] != applied:
+            if self._recovery_stall_told and self._recovery_seen is not None:
+                log.info("table recovery moving again after %.0f s", now - self._recovery_seen[1])
+            self._recovery_seen, self._recovery_stall_told = (applied, now), False
+            return True
+        stalled_for = now - self._recovery_seen[1]
+        if stalled_for >= self.recovery_stall_after and not self._recovery_stall_told:
+            self._recovery_stall_told = True
+            log.warning(
+                "table recovery has applied nothing for %.0f s; changelog partitions behind "
+                "(applied offset / highwater): %s; Faust's fetcher may have stopped reading "
+                "them: restart this worker if it does not move",
+                stalled_for,
+                _behind(applied, recovery.active_highwaters),
+            )
+        return True
+
+
+def _behind(applied: Mapping[TP, int | None], highwaters: Mapping[TP, int | None]) -> str:
+    """``topic[partition] applied/highwater`` for each partition not caught up (at most 10)."""
+    rows = []
+    for tp in sorted(applied):
+        offset, highwater = applied[tp], highwaters.get(tp)
+        if highwater is not None and (offset is None or offset < highwater):
+            rows.append(f"{tp.topic}[{tp.partition}] {offset}/{highwater}")
+    return ", ".join(rows[:10]) + (f" (and {len(rows) - 10} more)" if len(rows) > 10 else "")
 
 
 class Transport(faust_aiokafka.Transport):
