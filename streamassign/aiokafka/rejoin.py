@@ -84,6 +84,45 @@ def unsized(consumer: Any, topics: Iterable[str]) -> frozenset[str]:
     return frozenset(t for t in topics if not cluster.partitions_for_topic(t))
 
 
+def fetch_states(consumer: Any, tps: Iterable[Any]) -> dict[Any, str]:
+    """aiokafka's view of fetching each of ``tps``, for a diagnosis: ``at N`` (its fetch
+    position), plus ``paused``, ``awaiting reset``, ``buffered`` (records fetched and not
+    handed out yet), or ``unassigned``; ``node N busy`` when a request to the partition's
+    leader is in flight (the fetcher sends nothing else to it meanwhile). Empty when it cannot
+    be read. Read without a lock, possibly from another thread: a snapshot, not a state."""
+    subscription = getattr(getattr(consumer, "_subscription", None), "subscription", None)
+    assignment = getattr(subscription, "assignment", None)
+    fetcher = getattr(consumer, "_fetcher", None)
+    state_value = getattr(assignment, "state_value", None)
+    if state_value is None or fetcher is None:
+        return {}
+    # set() of a dict or set copies it without letting another thread run in between.
+    buffered = set(getattr(fetcher, "_records", {}))
+    in_flight = set(getattr(fetcher, "_in_flight", ()))
+    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
+    states = {}
+    for tp in tps:
+        state = state_value(tp)
+        if state is None:
+            states[tp] = "unassigned"
+            continue
+        words = [f"at {getattr(state, '_position', None)}"]
+        words += [
+            w
+            for w, on in (
+                ("paused", state.paused),
+                ("awaiting reset", state.awaiting_reset),
+                ("buffered", tp in buffered),
+            )
+            if on
+        ]
+        leader = cluster.leader_for_partition(tp) if cluster is not None else None
+        if leader in in_flight:
+            words.append(f"node {leader} busy")
+        states[tp] = " ".join(words)
+    return states
+
+
 class MetadataWatch:
     """Re-fetches metadata after ``first``, then doubling pauses up to ``longest`` seconds,
     until the client knows every watched topic; ``watch`` replaces what is watched."""

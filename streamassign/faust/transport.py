@@ -37,6 +37,8 @@ from typing import Any
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from ..aiokafka.rejoin import fetch_states
+
 __all__ = ["SWITCH_ENV", "Transport"]
 
 log = logging.getLogger("streamassign.faust")
@@ -200,30 +202,41 @@ class _Consumer(faust_aiokafka.Consumer):
         applied = {tp: recovery.active_offsets.get(tp) for tp in recovery.active_tps}
         if self._recovery_seen is None or self._recovery_seen[0] != applied:
             if self._recovery_stall_told and self._recovery_seen is not None:
-                log.info("table recovery moving again after %.0f s", now - self._recovery_seen[1])
+                log.info("table recovery moving again after %.1f s", now - self._recovery_seen[1])
             self._recovery_seen, self._recovery_stall_told = (applied, now), False
             return True
         stalled_for = now - self._recovery_seen[1]
         if stalled_for >= self.recovery_stall_after and not self._recovery_stall_told:
             self._recovery_stall_told = True
             log.warning(
-                "table recovery has applied nothing for %.0f s; changelog partitions behind "
-                "(applied offset / highwater): %s; Faust's fetcher may have stopped reading "
-                "them: restart this worker if it does not move",
+                "table recovery has applied nothing for %.1f s; changelog partitions behind: "
+                "%s; Faust's fetcher may have stopped reading them: restart this worker if it "
+                "does not move",
                 stalled_for,
-                _behind(applied, recovery.active_highwaters),
+                self._behind(applied, recovery.active_highwaters),
             )
         return True
 
-
-def _behind(applied: Mapping[TP, int | None], highwaters: Mapping[TP, int | None]) -> str:
-    """``topic[partition] applied/highwater`` for each partition not caught up (at most 10)."""
-    rows = []
-    for tp in sorted(applied):
-        offset, highwater = applied[tp], highwaters.get(tp)
-        if highwater is not None and (offset is None or offset < highwater):
-            rows.append(f"{tp.topic}[{tp.partition}] {offset}/{highwater}")
-    return ", ".join(rows[:10]) + (f" (and {len(rows) - 10} more)" if len(rows) > 10 else "")
+    def _behind(self, applied: Mapping[TP, int | None], highwaters: Mapping[TP, Any]) -> str:
+        """Each partition not caught up (at most 10): ``topic[partition] applied/highwater``,
+        then what Faust's consumer (in its active set or not, the offset it last handed on) and
+        aiokafka (``fetch_states``) make of it: where a stalled recovery's records stop."""
+        behind = sorted(
+            tp
+            for tp, offset in applied.items()
+            if highwaters.get(tp) is not None and (offset is None or offset < highwaters[tp])
+        )
+        active = self._get_active_partitions()
+        fetching = fetch_states(getattr(self._thread, "_consumer", None), behind[:10])
+        rows = [
+            f"{tp.topic}[{tp.partition}] {applied[tp]}/{highwaters[tp]} (Faust: "
+            f"{'active' if tp in active else 'inactive'}, handed on to "
+            f"{self._read_offset.get(tp)}; aiokafka: {fetching.get(tp, '?')})"
+            for tp in behind[:10]
+        ]
+        more = f" and {len(behind) - 10} more" if len(behind) > 10 else ""
+        flow = "" if self.flow_active else " (flow stopped)"
+        return ", ".join(rows) + more + flow
 
 
 class Transport(faust_aiokafka.Transport):
