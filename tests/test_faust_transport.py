@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -157,6 +159,67 @@ def test_a_released_hold_stops_its_watch(tmp_path: Path) -> None:
         assert not consumer._hold_watch.running
 
     asyncio.run(hold_and_release())
+
+
+class DrainingConsumer:
+    """What Faust's ``_fetch_records`` uses of an aiokafka consumer, on aiokafka's own
+    subscription state: ``fetched_records`` hands out ``CHANGELOG``'s records 79..119 and
+    advances its position to 120, after a rebalance (a new assignment) if ``rebalance``, as
+    aiokafka does for a call that waited across one."""
+
+    def __init__(self, rebalance: Callable[[], None] | None) -> None:
+        from aiokafka.consumer.subscription_state import SubscriptionState
+
+        self.rebalance = rebalance
+        self._closed = False
+        self._subscription = SubscriptionState()
+        self._subscription.assign_from_user({CHANGELOG})
+        self._subscriptions = self._subscription
+        self._fetcher = self
+
+    async def fetched_records(
+        self, partitions: Any, timeout: float = 0, max_records: Any = None
+    ) -> Any:
+        if self.rebalance is not None:
+            self.rebalance()  # what Faust does meanwhile
+            self._subscription.assign_from_user({CHANGELOG})  # a new assignment object
+        self._subscription.seek(CHANGELOG, 79)  # where the new recovery starts reading
+        self.position_of(CHANGELOG).consumed_to(120)
+        return {CHANGELOG: [SimpleNamespace(offset=offset) for offset in range(79, 120)]}
+
+    def position_of(self, tp: TP) -> Any:
+        return self._subscription.subscription.assignment.state_value(tp)
+
+    def assignment(self) -> set[TP]:
+        return set(self._subscription.assigned_partitions())
+
+    def seek(self, tp: TP, offset: int) -> None:
+        self._subscription.seek(tp, offset)
+
+
+@pytest.mark.parametrize("rebalance", [True, False])
+def test_records_fetched_across_a_rebalance_are_put_back(tmp_path: Path, rebalance: bool) -> None:
+    """A fetch that began before a rebalance and drained the new assignment's changelog
+    records: Faust would drop them (its flow is stopped) and seek only stream partitions back,
+    so the recovery would wait for ever for records already taken (seen as a worker stuck in
+    recovery, docs/faust.md). They are put back instead; a fetch within one assignment is
+    handed on unchanged."""
+    app = table_app(tmp_path)
+    thread = app.consumer._thread
+
+    async def fetch() -> tuple[Any, int]:
+        # Faust's revoke stops the flow, then the new assignment arrives.
+        consumer = DrainingConsumer(app.consumer.stop_flow if rebalance else None)
+        app.consumer.resume_flow()
+        records = await thread._fetch_records(consumer, {CHANGELOG}, timeout=1.0)
+        return records, consumer.position_of(CHANGELOG).position
+
+    records, position = asyncio.run(fetch())
+    if rebalance:
+        assert (records, position) == ({}, 79)
+    else:
+        assert [r.offset for r in records[CHANGELOG]] == list(range(79, 120))
+        assert position == 120
 
 
 def recovering(app: faust.App, applied: int, highwater: int, stall_after: float = 0.2) -> Any:

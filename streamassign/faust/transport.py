@@ -37,7 +37,7 @@ from typing import Any
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-from ..aiokafka.rejoin import fetch_states
+from ..aiokafka.rejoin import current_assignment, fetch_states, rewind
 
 __all__ = ["SWITCH_ENV", "Transport"]
 
@@ -63,6 +63,35 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             log.info("%s=1: offering %s after ours", SWITCH_ENV, [f.name for f in fallbacks])
         consumer._partition_assignment_strategy = (assignor, *fallbacks)
         return consumer
+
+    async def _fetch_records(
+        self,
+        consumer: Any,
+        active_partitions: Any,
+        timeout: float | None = None,
+        max_records: int | None = None,
+    ) -> Any:
+        """Faust's, but records taken from a newer assignment than the one the call began in
+        (or after Faust stopped the flow) are put back, not handed to Faust, which would drop
+        them.
+
+        aiokafka's ``fetched_records`` waits out a rebalance that starts while it waits and
+        then drains the new assignment's records for the partitions in Faust's active set,
+        which it reads live: right after an assignment Faust makes every new partition active
+        until its recovery pauses them. Faust's ``getmany`` then drops what such a call returns
+        (the flow is stopped) and seeks only stream partitions back: a changelog partition's
+        records were taken past the recovery's start, so its recovery waits for records that
+        never come (a worker stuck in recovery, `No event received for active tp`)."""
+        assignment = current_assignment(consumer)
+        records = await super()._fetch_records(
+            consumer, active_partitions, timeout=timeout, max_records=max_records
+        )
+        stale = current_assignment(consumer) is not assignment or not self.consumer.flow_active
+        if records and stale:  # nothing else ran since the records were taken: rewind exact
+            rewound = rewind(consumer, records)
+            log.debug("put back records fetched across a rebalance: %s", sorted(rewound)[:10])
+            return {}
+        return records
 
 
 class _Ticker:
