@@ -19,11 +19,13 @@ are thrown away unprocessed, and Faust's commit check lets the next commit pass 
 offset, so that record is lost. This consumer keeps a stream partition paused when Faust
 resumes it during a rebalance (``app.rebalancing``), until the next ``resume_flow()`` (which
 Faust calls right after resuming flow control), so nothing is fetched for it before the queues
-are emptied; outside a rebalance a resume takes effect at once. Two watchdogs say what
-Faust's recovery would leave stuck in silence: held partitions never released, and a table
-recovery that applies nothing for ``recovery_stall_after`` seconds (one WARNING per stall, with
-the partitions behind and their offsets). Everything else is Faust's aiokafka transport
-unchanged.
+are emptied; outside a rebalance a resume takes effect at once. Its consumer thread puts back
+records aiokafka hands out across a rebalance, which Faust would drop (a table recovery then
+waits for ever for its changelog records: ``_ConsumerThread._fetch_records``). Two watchdogs
+say what Faust's recovery would leave stuck in silence: held partitions never released, and a
+table recovery that applies nothing for ``recovery_stall_after`` seconds (one WARNING per
+stall, with the partitions behind and their offsets). Everything else is Faust's aiokafka
+transport unchanged.
 """
 
 from __future__ import annotations
