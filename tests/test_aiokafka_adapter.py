@@ -12,19 +12,22 @@ import struct
 import tracemalloc
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer
+from aiokafka.consumer.subscription_state import SubscriptionState
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
 )
+from aiokafka.structs import TopicPartition as KafkaTP
 
 from streamassign import TopicPartition
 from streamassign.aiokafka import GroupAssignor, validate
 from streamassign.aiokafka.consumer import MAX_GENERATION
-from streamassign.aiokafka.rejoin import request_rejoin
+from streamassign.aiokafka.rejoin import fetch_states, request_rejoin
 from streamassign.consumer import (
     Assignment,
     RangeAssignor,
@@ -285,3 +288,32 @@ def test_claims_beyond_the_cluster_cost_the_leader_nothing(name: str, share: int
         TopicPartition("t", p) for p in range(6)
     )
     assert len(decode(out["a"])[0]) == share  # weight 2 and priority 1 were read
+
+
+def test_fetch_states_say_where_a_partition_s_fetching_stands() -> None:
+    """The recovery watchdog's diagnosis (``fetch_states``) read off aiokafka's own
+    subscription state: position, pause, reset, records buffered, the leader's node busy."""
+    fetched, paused, fresh, gone = (KafkaTP("cl", p) for p in range(4))
+
+    async def states() -> dict[Any, str]:
+        subscription = SubscriptionState()
+        subscription.assign_from_user({fetched, paused, fresh})
+        subscription.seek(fetched, 33)
+        subscription.seek(paused, 7)
+        subscription.pause(paused)
+        consumer = SimpleNamespace(
+            _subscription=subscription,
+            _fetcher=SimpleNamespace(_records={fetched: object()}, _in_flight={1}),
+            _client=SimpleNamespace(
+                cluster=SimpleNamespace(leader_for_partition=lambda tp: 1 if tp == fetched else 2)
+            ),
+        )
+        return fetch_states(consumer, [fetched, paused, fresh, gone])
+
+    assert asyncio.run(states()) == {
+        fetched: "at 33 buffered node 1 busy",
+        paused: "at 7 paused",
+        fresh: "at None",
+        gone: "unassigned",
+    }
+    assert fetch_states(object(), [fetched]) == {}

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -139,7 +141,7 @@ def test_partitions_held_too_long_are_reported(
             assert time.monotonic() < deadline, "no warning about the held partitions"
             await asyncio.sleep(0.01)
         consumer.resume_flow()
-        assert consumer._hold_watch is None  # released: no more warnings
+        assert not consumer._hold_watch.running  # released: no more warnings
 
     with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
         asyncio.run(hold_without_flow())
@@ -152,11 +154,140 @@ def test_a_released_hold_stops_its_watch(tmp_path: Path) -> None:
 
     async def hold_and_release() -> None:
         consumer.resume_partitions({SOURCE})
-        assert consumer._hold_watch is not None
+        assert consumer._hold_watch.running
         consumer.pause_partitions({SOURCE})  # revoked before the flow resumed
-        assert consumer._hold_watch is None
+        assert not consumer._hold_watch.running
 
     asyncio.run(hold_and_release())
+
+
+class DrainingConsumer:
+    """What Faust's ``_fetch_records`` uses of an aiokafka consumer, on aiokafka's own
+    subscription state: ``fetched_records`` hands out ``CHANGELOG``'s records 79..119 and
+    advances its position to 120, after a rebalance (a new assignment) if ``rebalance``, as
+    aiokafka does for a call that waited across one."""
+
+    def __init__(self, rebalance: Callable[[], None] | None) -> None:
+        from aiokafka.consumer.subscription_state import SubscriptionState
+
+        self.rebalance = rebalance
+        self._closed = False
+        self._subscription = SubscriptionState()
+        self._subscription.assign_from_user({CHANGELOG})
+        self._subscriptions = self._subscription
+        self._fetcher = self
+
+    async def fetched_records(
+        self, partitions: Any, timeout: float = 0, max_records: Any = None
+    ) -> Any:
+        if self.rebalance is not None:
+            self.rebalance()  # what Faust does meanwhile
+            self._subscription.assign_from_user({CHANGELOG})  # a new assignment object
+        self._subscription.seek(CHANGELOG, 79)  # where the new recovery starts reading
+        self.position_of(CHANGELOG).consumed_to(120)
+        return {CHANGELOG: [SimpleNamespace(offset=offset) for offset in range(79, 120)]}
+
+    def position_of(self, tp: TP) -> Any:
+        return self._subscription.subscription.assignment.state_value(tp)
+
+    def assignment(self) -> set[TP]:
+        return set(self._subscription.assigned_partitions())
+
+    def seek(self, tp: TP, offset: int) -> None:
+        self._subscription.seek(tp, offset)
+
+
+@pytest.mark.parametrize("rebalance", [True, False])
+def test_records_fetched_across_a_rebalance_are_put_back(tmp_path: Path, rebalance: bool) -> None:
+    """A fetch that began before a rebalance and drained the new assignment's changelog
+    records: Faust would drop them (its flow is stopped) and seek only stream partitions back,
+    so the recovery would wait for ever for records already taken (seen as a worker stuck in
+    recovery, docs/faust.md). They are put back instead; a fetch within one assignment is
+    handed on unchanged."""
+    app = table_app(tmp_path)
+    thread = app.consumer._thread
+
+    async def fetch() -> tuple[Any, int]:
+        # Faust's revoke stops the flow, then the new assignment arrives.
+        consumer = DrainingConsumer(app.consumer.stop_flow if rebalance else None)
+        app.consumer.resume_flow()
+        records = await thread._fetch_records(consumer, {CHANGELOG}, timeout=1.0)
+        return records, consumer.position_of(CHANGELOG).position
+
+    records, position = asyncio.run(fetch())
+    if rebalance:
+        assert (records, position) == ({}, 79)
+    else:
+        assert [r.offset for r in records[CHANGELOG]] == list(range(79, 120))
+        assert position == 120
+
+
+def recovering(app: faust.App, applied: int, highwater: int, stall_after: float = 0.2) -> Any:
+    """Faust's recovery as it reads ``CHANGELOG`` (applied up to ``applied`` of
+    ``highwater``), its changelog partition resumed: the recovery watch running."""
+    recovery = app.tables.recovery
+    recovery.in_recovery = True
+    recovery.active_tps = {CHANGELOG}
+    recovery.active_highwaters[CHANGELOG] = highwater
+    recovery.active_offsets[CHANGELOG] = applied
+    app.consumer.recovery_stall_after = stall_after
+    app.consumer.resume_partitions({CHANGELOG})
+    return recovery
+
+
+async def wait_for_log(caplog: pytest.LogCaptureFixture, text: str) -> None:
+    deadline = time.monotonic() + 30
+    while text not in caplog.text:
+        assert time.monotonic() < deadline, f"never logged {text!r}"
+        await asyncio.sleep(0.01)
+
+
+def test_a_stalled_table_recovery_is_reported_once_with_its_positions(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A recovery whose fetcher stopped reading (seen once on a group leader, docs/faust.md)
+    logs only Faust's ``No event received for active tp`` every 5 s, without offsets: the
+    worker warns once per stall, naming the partitions behind with their positions, says when
+    it moves again, and stops watching when the recovery ends."""
+    app = table_app(tmp_path)
+    assigned(app, {CHANGELOG, SOURCE})
+    stalled = "table recovery has applied nothing"
+
+    async def stall_then_move() -> None:
+        recovery = recovering(app, applied=33, highwater=59)
+        await wait_for_log(caplog, stalled)
+        await asyncio.sleep(0.5)  # more looks at the same stall: no more warnings
+        recovery.active_offsets[CHANGELOG] = 40
+        await wait_for_log(caplog, "moving again")
+        recovery.in_recovery = False
+        deadline = time.monotonic() + 30
+        while app.consumer._recovery_watch.running:
+            assert time.monotonic() < deadline, "the watch outlived the recovery"
+            await asyncio.sleep(0.01)
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(stall_then_move())
+    assert caplog.text.count(stalled) == 1
+    assert "orders-app-totals-changelog[0] 33/59" in caplog.text
+
+
+def test_a_moving_table_recovery_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = table_app(tmp_path)
+    assigned(app, {CHANGELOG})
+
+    async def move() -> None:
+        recovery = recovering(app, applied=0, highwater=10_000, stall_after=0.5)
+        deadline = time.monotonic() + 1.2  # more than two stall bounds
+        while time.monotonic() < deadline:
+            recovery.active_offsets[CHANGELOG] += 1
+            await asyncio.sleep(0.02)
+        recovery.in_recovery = False
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(move())
+    assert "table recovery" not in caplog.text
 
 
 @pytest.mark.parametrize(("switch", "offered"), [(None, ["streamassign-faust"]), ("1", None)])

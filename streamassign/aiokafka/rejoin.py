@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 log = logging.getLogger("streamassign.aiokafka")
@@ -82,6 +82,66 @@ def unsized(consumer: Any, topics: Iterable[str]) -> frozenset[str]:
     if cluster is None:
         return frozenset(topics)
     return frozenset(t for t in topics if not cluster.partitions_for_topic(t))
+
+
+def current_assignment(consumer: Any) -> Any:
+    """The assignment object ``consumer``'s fetcher works on (a new one at every rebalance);
+    None when there is none or it cannot be read."""
+    subscription = getattr(getattr(consumer, "_subscription", None), "subscription", None)
+    return getattr(subscription, "assignment", None)
+
+
+def rewind(consumer: Any, records: Mapping[Any, Sequence[Any]]) -> list[Any]:
+    """Seek each partition of ``records`` (fetched records by partition, as
+    ``fetched_records`` returns them) back to its first record, so that they are fetched
+    again; partitions no longer assigned are left alone. Returns the partitions rewound. Call
+    it in the consumer's event loop right after taking the records, before anything else can
+    move the positions."""
+    assigned = consumer.assignment()
+    rewound = []
+    for tp, batch in records.items():
+        if batch and tp in assigned:
+            consumer.seek(tp, batch[0].offset)
+            rewound.append(tp)
+    return rewound
+
+
+def fetch_states(consumer: Any, tps: Iterable[Any]) -> dict[Any, str]:
+    """aiokafka's view of fetching each of ``tps``, for a diagnosis: ``at N`` (its fetch
+    position), plus ``paused``, ``awaiting reset``, ``buffered`` (records fetched and not
+    handed out yet), or ``unassigned``; ``node N busy`` when a request to the partition's
+    leader is in flight (the fetcher sends nothing else to it meanwhile). Empty when it cannot
+    be read. Read without a lock, possibly from another thread: a snapshot, not a state."""
+    assignment = current_assignment(consumer)
+    fetcher = getattr(consumer, "_fetcher", None)
+    state_value = getattr(assignment, "state_value", None)
+    if state_value is None or fetcher is None:
+        return {}
+    # set() of a dict or set copies it without letting another thread run in between.
+    buffered = set(getattr(fetcher, "_records", {}))
+    in_flight = set(getattr(fetcher, "_in_flight", ()))
+    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
+    states = {}
+    for tp in tps:
+        state = state_value(tp)
+        if state is None:
+            states[tp] = "unassigned"
+            continue
+        words = [f"at {getattr(state, '_position', None)}"]
+        words += [
+            w
+            for w, on in (
+                ("paused", state.paused),
+                ("awaiting reset", state.awaiting_reset),
+                ("buffered", tp in buffered),
+            )
+            if on
+        ]
+        leader = cluster.leader_for_partition(tp) if cluster is not None else None
+        if leader in in_flight:
+            words.append(f"node {leader} busy")
+        states[tp] = " ".join(words)
+    return states
 
 
 class MetadataWatch:

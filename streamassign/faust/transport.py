@@ -19,8 +19,13 @@ are thrown away unprocessed, and Faust's commit check lets the next commit pass 
 offset, so that record is lost. This consumer keeps a stream partition paused when Faust
 resumes it during a rebalance (``app.rebalancing``), until the next ``resume_flow()`` (which
 Faust calls right after resuming flow control), so nothing is fetched for it before the queues
-are emptied; outside a rebalance a resume takes effect at once. Everything else is Faust's
-aiokafka transport unchanged.
+are emptied; outside a rebalance a resume takes effect at once. Its consumer thread puts back
+records aiokafka hands out across a rebalance, which Faust would drop (a table recovery then
+waits for ever for its changelog records: ``_ConsumerThread._fetch_records``). Two watchdogs
+say what Faust's recovery would leave stuck in silence: held partitions never released, and a
+table recovery that applies nothing for ``recovery_stall_after`` seconds (one WARNING per
+stall, with the partitions behind and their offsets). Everything else is Faust's aiokafka
+transport unchanged.
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
+
+from ..aiokafka.rejoin import current_assignment, fetch_states, rewind
 
 __all__ = ["SWITCH_ENV", "Transport"]
 
@@ -59,14 +66,89 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer._partition_assignment_strategy = (assignor, *fallbacks)
         return consumer
 
+    async def _fetch_records(
+        self,
+        consumer: Any,
+        active_partitions: Any,
+        timeout: float | None = None,
+        max_records: int | None = None,
+    ) -> Any:
+        """Faust's, but records taken from a newer assignment than the one the call began in
+        (or after Faust stopped the flow) are put back, not handed to Faust, which would drop
+        them.
+
+        aiokafka's ``fetched_records`` waits out a rebalance that starts while it waits and
+        then drains the new assignment's records for the partitions in Faust's active set,
+        which it reads live: right after an assignment Faust makes every new partition active
+        until its recovery pauses them. Faust's ``getmany`` then drops what such a call returns
+        (the flow is stopped) and seeks only stream partitions back: a changelog partition's
+        records were taken past the recovery's start, so its recovery waits for records that
+        never come (a worker stuck in recovery, `No event received for active tp`)."""
+        assignment = current_assignment(consumer)
+        records = await super()._fetch_records(
+            consumer, active_partitions, timeout=timeout, max_records=max_records
+        )
+        stale = current_assignment(consumer) is not assignment or not self.consumer.flow_active
+        if records and stale:  # nothing else ran since the records were taken: rewind exact
+            rewound = rewind(consumer, records)
+            log.debug("put back records fetched across a rebalance: %s", sorted(rewound)[:10])
+            return {}
+        return records
+
+
+class _Ticker:
+    """Calls ``check`` every ``period`` seconds on the running event loop until it returns
+    False or ``stop()`` is called: the worker's watchdogs, which look for what Faust's recovery
+    leaves stuck without a word (or with one that names no positions)."""
+
+    def __init__(self, check: Callable[[], bool]) -> None:
+        self._check = check
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._timer is not None
+
+    def start(self, period: float) -> None:
+        """Start ticking (a running ticker goes on as it was)."""
+        if self._timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on an event loop (no running app): nothing to watch
+            return
+        self._timer = loop.call_later(period, self._tick, loop, period)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _tick(self, loop: asyncio.AbstractEventLoop, period: float) -> None:
+        self._timer = None
+        if self._check():
+            self._timer = loop.call_later(period, self._tick, loop, period)
+
 
 class _Consumer(faust_aiokafka.Consumer):
+    #: Seconds a table recovery may apply nothing from a changelog it still lags on before the
+    #: worker warns (Faust warns too, but every 5 s for ever and without offsets).
+    recovery_stall_after: float = 30.0
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: Stream partitions Faust resumed, held paused until the next ``resume_flow()``.
         self._held_streams: set[TP] = set()
+        #: How long the current holds have lasted, in ``broker_request_timeout`` periods.
+        self._held_periods = 0
         #: Warns when partitions stay held (Faust's recovery never resumed the flow).
-        self._hold_watch: asyncio.TimerHandle | None = None
+        self._hold_watch = _Ticker(self._on_hold_watch)
+        #: Warns when a table recovery stops applying changelog records.
+        self._recovery_watch = _Ticker(self._on_recovery_watch)
+        #: The recovery's applied offsets at its last progress, and when (loop time).
+        self._recovery_seen: tuple[dict[TP, int | None], float] | None = None
+        #: Whether the current stall was reported (once per stall).
+        self._recovery_stall_told = False
 
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -78,26 +160,29 @@ class _Consumer(faust_aiokafka.Consumer):
         Faust's recovery resumes the stream partitions before it seeks them and resumes flow
         control (which empties the agents' queues): what the fetcher delivered in between would
         be dropped unprocessed and then committed past (see the module docstring). Faust calls
-        ``resume_flow()`` before ``app.on_rebalance_end()``, so the hold always ends first."""
+        ``resume_flow()`` before ``app.on_rebalance_end()``, so the hold always ends first.
+        Changelog partitions resumed during a rebalance start the recovery watch."""
         tps = set(tps)
         streams: set[TP] = set()
         if self.app.rebalancing:
             changelogs = self.app.tables.changelog_topics
             streams = {tp for tp in tps if tp.topic not in changelogs}
             self._hold(streams)
+            if tps - streams:
+                self._watch_recovery()
         super().resume_partitions(tps - streams)
 
     def pause_partitions(self, tps: Iterable[TP]) -> None:
         tps = set(tps)
         self._held_streams -= tps
         if not self._held_streams:
-            self._stop_hold_watch()
+            self._hold_watch.stop()
         super().pause_partitions(tps)
 
     def resume_flow(self) -> None:
         super().resume_flow()
         held, self._held_streams = self._held_streams, set()
-        self._stop_hold_watch()
+        self._hold_watch.stop()
         if held:  # only what is still assigned: a rebalance may have taken some away
             held &= set(self.assignment())
         if held:
@@ -107,38 +192,82 @@ class _Consumer(faust_aiokafka.Consumer):
         if not streams:
             return
         self._held_streams |= streams
-        if self._hold_watch is None:
-            self._watch_hold(0.0)
+        if not self._hold_watch.running:
+            self._held_periods = 0
+            # Once per ``broker_request_timeout``, Faust's bound on its post-recovery seek.
+            self._hold_watch.start(float(self.app.conf.broker_request_timeout))
 
-    def _watch_hold(self, held_for: float) -> None:
-        """Check once per ``broker_request_timeout`` (Faust's bound on its post-recovery seek)
-        that the held partitions were released: if Faust's recovery stops between its resume and
+    def _on_hold_watch(self) -> bool:
+        """Are the held partitions released? If Faust's recovery stops between its resume and
         its ``resume_flow()`` (a seek that times out ends its recovery task), they would stay
         paused without a word."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # not on an event loop (no running app): nothing to watch
-            return
-        timeout = float(self.app.conf.broker_request_timeout)
-        self._hold_watch = loop.call_later(timeout, self._on_hold_watch, held_for + timeout)
-
-    def _on_hold_watch(self, held_for: float) -> None:
-        self._hold_watch = None
         if not self._held_streams:
-            return
+            return False
+        self._held_periods += 1
         log.warning(
             "stream partitions %s still paused %.0f s after Faust's recovery resumed them: "
             "it has not resumed the flow (its recovery may have stopped, e.g. after a seek "
             "that timed out: see Faust's log above); restart this worker",
             sorted(self._held_streams)[:10],
-            held_for,
+            self._held_periods * float(self.app.conf.broker_request_timeout),
         )
-        self._watch_hold(held_for)
+        return True
 
-    def _stop_hold_watch(self) -> None:
-        if self._hold_watch is not None:
-            self._hold_watch.cancel()
-            self._hold_watch = None
+    def _watch_recovery(self) -> None:
+        if not self._recovery_watch.running:
+            self._recovery_seen, self._recovery_stall_told = None, False
+            # Several looks per bound, so that a stall is told soon after it lasted that long.
+            self._recovery_watch.start(self.recovery_stall_after / 4)
+
+    def _on_recovery_watch(self) -> bool:
+        """Has the table recovery applied anything since the last look? One WARNING per stall
+        (naming the partitions still behind, with offsets), one INFO line if it moves again.
+        A recovery whose fetcher stopped reading logs only Faust's ``No event received for
+        active tp``, every 5 s, without positions (docs/faust.md, "Topics that do not exist
+        yet")."""
+        recovery: Any = getattr(self.app.tables, "recovery", None)  # Faust's Recovery service
+        if recovery is None or not recovery.in_recovery:
+            self._recovery_seen = None
+            return False
+        now = asyncio.get_running_loop().time()
+        applied = {tp: recovery.active_offsets.get(tp) for tp in recovery.active_tps}
+        if self._recovery_seen is None or self._recovery_seen[0] != applied:
+            if self._recovery_stall_told and self._recovery_seen is not None:
+                log.info("table recovery moving again after %.1f s", now - self._recovery_seen[1])
+            self._recovery_seen, self._recovery_stall_told = (applied, now), False
+            return True
+        stalled_for = now - self._recovery_seen[1]
+        if stalled_for >= self.recovery_stall_after and not self._recovery_stall_told:
+            self._recovery_stall_told = True
+            log.warning(
+                "table recovery has applied nothing for %.1f s; changelog partitions behind: "
+                "%s; Faust's fetcher may have stopped reading them: restart this worker if it "
+                "does not move",
+                stalled_for,
+                self._behind(applied, recovery.active_highwaters),
+            )
+        return True
+
+    def _behind(self, applied: Mapping[TP, int | None], highwaters: Mapping[TP, Any]) -> str:
+        """Each partition not caught up (at most 10): ``topic[partition] applied/highwater``,
+        then what Faust's consumer (in its active set or not, the offset it last handed on) and
+        aiokafka (``fetch_states``) make of it: where a stalled recovery's records stop."""
+        behind = sorted(
+            tp
+            for tp, offset in applied.items()
+            if highwaters.get(tp) is not None and (offset is None or offset < highwaters[tp])
+        )
+        active = self._get_active_partitions()
+        fetching = fetch_states(getattr(self._thread, "_consumer", None), behind[:10])
+        rows = [
+            f"{tp.topic}[{tp.partition}] {applied[tp]}/{highwaters[tp]} (Faust: "
+            f"{'active' if tp in active else 'inactive'}, handed on to "
+            f"{self._read_offset.get(tp)}; aiokafka: {fetching.get(tp, '?')})"
+            for tp in behind[:10]
+        ]
+        more = f" and {len(behind) - 10} more" if len(behind) > 10 else ""
+        flow = "" if self.flow_active else " (flow stopped)"
+        return ", ".join(rows) + more + flow
 
 
 class Transport(faust_aiokafka.Transport):
