@@ -1538,7 +1538,8 @@ async def _print_views(
 def _returned(view: Any, acceptable_lag: int) -> dict[TaskId, str]:
     """``explain``'s ``returned`` for a described group (a ``GroupView``): the tasks its leader
     handed back to a restarted process at the last rebalance, by the leader's own rule."""
-    return handed_back(view.local_state(), view.previous_active(), view.protocol, acceptable_lag)
+    reports = [(pid, m.offset_sums) for pid, ms in view.members_by_process().items() for m in ms]
+    return handed_back(reports, view.previous_active(), view.protocol, acceptable_lag)
 
 
 def _now() -> str:

@@ -25,7 +25,7 @@ from .streams import (
     best_offset_sums,
     handed_back,
     local_state_lags,
-    merge_offset_sums,
+    merged_reports,
 )
 
 
@@ -431,7 +431,7 @@ class Snapshot:
         rebalance, by the leader's own rule (``streamassign.streams.handed_back``): what
         :func:`explain` takes as ``returned``."""
         return handed_back(
-            self.local_state(), self.previous_active, self.protocol, acceptable_recovery_lag
+            self.reports, self.previous_active, self.protocol, acceptable_recovery_lag
         )
 
     def running(self) -> dict[str, frozenset[TaskId]]:
@@ -464,7 +464,9 @@ class Snapshot:
         reported running and runs no more: it was the task's active then, ahead of any copy).
         A process without a capacity counts as one thread."""
         held = self.local_state()
-        best = best_offset_sums(held.values())
+        # Each member's own report, as the leaders measure (a checkpoint a member holds of a
+        # task another member of its process runs still bounds the other copies' lags).
+        best = best_offset_sums(sums for _, sums in self.reports)
         clients = []
         for pid, view in sorted(self.views.items()):
             a = view.assignment
@@ -490,10 +492,7 @@ def local_state(
     (``streamassign.streams.merge_offset_sums``: running wins). :func:`explain`'s ``lags``
     (a warm landing or a cold one) for a live group (``describe --watch``) and a saved
     snapshot (``explain``) alike."""
-    by_process: dict[str, list[Mapping[TaskId, int]]] = {}
-    for pid, sums in reports:
-        by_process.setdefault(pid, []).append(sums)
-    return {pid: merge_offset_sums(sums) for pid, sums in by_process.items()}
+    return merged_reports(reports)
 
 
 def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot:

@@ -315,7 +315,7 @@ def client_states(
     its own with no history.
     """
     by_process, infos = _group_by_process(members, shared_ids)
-    top = _lag_reference(infos, end_offsets, exact_lags)
+    top = _lag_reference(members, end_offsets, exact_lags)
     running, state, home = _measure_local_state(
         members, by_process, infos, top, acceptable_recovery_lag
     )
@@ -511,12 +511,15 @@ def log_shared_process_ids(clashes: Sequence[SharedProcessId], logged: Repeats |
 
 
 def _lag_reference(
-    infos: Mapping[str, SubscriptionInfo],
+    members: Mapping[str, MemberSubscription],
     end_offsets: Mapping[TaskId, int] | None,
     exact_lags: bool,
 ) -> dict[TaskId, int]:
     """The offset each task's lag is measured against."""
-    best = best_offset_sums(info.offset_sums for info in infos.values())
+    # Each member's own report, not its process's merged sums: where another member of the
+    # process runs the task, the merge keeps only the running mark, and the checkpoint this
+    # member holds would no longer bound how far behind the other copies are.
+    best = best_offset_sums(s.info.offset_sums for s in members.values() if s.info)
     # A task missing from end_offsets (not fetched yet) is measured against the best copy, as
     # without end offsets: a lag of 0 there would make any copy of it look caught up.
     ends = dict(end_offsets or {})
@@ -640,20 +643,33 @@ def stateless_returns(
     return home
 
 
+def merged_reports(
+    reports: Iterable[tuple[str, Mapping[TaskId, int]]],
+) -> dict[str, dict[TaskId, int]]:
+    """Per process, its members' ``(process, offset sums)`` ``reports`` merged as the leaders
+    merge them (:func:`merge_offset_sums`), each process named getting an entry."""
+    by_process: dict[str, list[Mapping[TaskId, int]]] = {}
+    for pid, sums in reports:
+        by_process.setdefault(pid, []).append(sums)
+    return {pid: merge_offset_sums(sums) for pid, sums in by_process.items()}
+
+
 def handed_back(
-    offset_sums: Mapping[str, Mapping[TaskId, int]],
+    reports: Collection[tuple[str, Mapping[TaskId, int]]],
     previous_active: Mapping[str, Collection[TaskId]],
     protocol: str | None,
     acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
 ) -> dict[TaskId, str]:
     """Per task, the restarted process the leader returned it to, as far as the members' join
-    reports tell (``offset_sums`` and ``previous_active`` per process) and ``protocol`` (the
-    group's assignor) says: the leaders' own rules, :func:`caught_up_returns` with lags
-    measured as without end offsets (against the best reported sum: the Faust leader's lags, and
+    reports tell (``reports``: each member's process and offset sums; ``previous_active`` per
+    process) and ``protocol`` (the group's assignor) says: the leaders' own rules,
+    :func:`caught_up_returns` with lags measured as without end offsets (against the best sum
+    a member reported, as ``client_states`` measures: the Faust leader's lags, and
     a lower bound of the lags end offsets give ProcessHost's leader, so a task this puts beyond
     ``acceptable_recovery_lag`` was certainly not handed back), then for
     ``FAUST_PROTOCOL_NAME`` :func:`stateless_returns`, which wins as in the Faust leader."""
-    top = best_offset_sums(offset_sums.values())
+    offset_sums = merged_reports(reports)
+    top = best_offset_sums(sums for _, sums in reports)
     lags = {
         key: local_state_lags(sums, top, running_tasks(sums)) for key, sums in offset_sums.items()
     }

@@ -924,6 +924,33 @@ def test_explain_names_the_hand_backs_the_leaders_made(
     assert load_snapshot(data, "now.json").handed_back() == leader
 
 
+def test_explain_bounds_lags_by_each_members_checkpoint_as_the_leaders_do() -> None:
+    """One member of process 1 runs 0_0, its other holds a checkpoint of 30,000; restarted
+    process 2 claims 0_0 with 15,000. The leaders measure against each member's report, so 2
+    is 15,000 behind and not handed 0_0 back: explain neither says so nor, in a what-if, gives
+    2 a caught-up copy, whichever order the members were saved in."""
+    p1, p2 = (str(uuid.UUID(int=i)) for i in (1, 2))
+    rows = [
+        {"process": p1, "member_id": "a", "topics": ["clicks"], "offset_sums": {"0_0": -2}},
+        {"process": p1, "member_id": "b", "topics": ["clicks"], "offset_sums": {"0_0": 30_000}},
+        {
+            "process": p2,
+            "member_id": "c",
+            "topics": ["clicks"],
+            "offset_sums": {"0_0": 15_000},
+            "previous_active": ["0_0"],
+        },
+    ]
+    assert LATEST_OFFSET == -2
+    for order in (rows, rows[::-1]):
+        assignment = {p1: {"active": ["0_0"]}, p2: {"active": []}}
+        data = {"state": "Stable", "assignment": assignment, "members": order}
+        snapshot = load_snapshot(data, "now.json")
+        assert snapshot.handed_back() == {}
+        lags = {c.process_id: c.lags for c in snapshot.clients()}
+        assert lags[p2] == {TaskId(0, 0): 15_000}
+
+
 def test_explain_of_two_snapshots_says_the_leader_handed_a_task_back_at_80_columns(
     tmp_path: Path,
 ) -> None:

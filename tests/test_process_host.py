@@ -335,6 +335,65 @@ def test_the_leader_logs_a_topology_error_as_news_after_another_process_led(
     h.state.close()
 
 
+def _led_by_consumer_0(h: ProcessHost) -> SimpleNamespace:
+    """``h``'s one consumer with a coordinator whose generation a test sets: an assignment of
+    the generation the host led is its own round, one of another generation another leader's."""
+    coordinator = SimpleNamespace(member_id="m1", generation=1)
+    h.consumers = [SimpleNamespace(_coordinator=coordinator)]  # type: ignore[list-item]
+    return coordinator
+
+
+def test_rounds_this_process_led_keep_what_it_logged_as_leader(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An assignment of a generation this process led is its own plan: what it logged then
+    stays known, so the same missing topic at its next rounds is at DEBUG (review9)."""
+    topology = Topology([Subtopology(0, ["in"]), Subtopology(1, ["gone"])], name="app")
+    h = ProcessHost(topology, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=1)
+    coordinator = _led_by_consumer_0(h)
+    subscription = SubscriptionInfo(uuid.UUID(int=1)).encode()
+    members = {"m1": ConsumerProtocolMemberMetadata(0, ["gone", "in"], subscription)}
+    cluster = SimpleNamespace(partitions_for_topic=lambda t: {0, 1} if t == "in" else set())
+    with caplog.at_level(logging.DEBUG, "streamassign.streams"):
+        for generation in (1, 2, 3):
+            coordinator.generation = generation
+            out = h.assignors[0].assign(cluster, members)
+            h.assignors[0].on_assignment(ConsumerProtocolMemberAssignment.decode(out["m1"]))
+    logged = [r.levelno for r in caplog.records if r.name == "streamassign.streams"]
+    assert logged == [logging.ERROR, logging.DEBUG, logging.DEBUG]
+    h.state.close()
+
+
+def test_a_shared_process_id_is_news_again_after_another_process_led(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A clash (one process id, two endpoints) this process warned of as leader is forgotten
+    once another process leads, as the topology error is (and as the Faust assignor forgets
+    it): leading again, the same clash is a WARNING, not DEBUG; leading on, DEBUG (review9)."""
+    h = ProcessHost(
+        Topology([Subtopology(0, ["in"])], name="app"),
+        bootstrap_servers="127.0.0.1:1",
+        state_dir=tmp_path,
+        threads=1,
+    )
+    coordinator = _led_by_consumer_0(h)
+    pid = uuid.UUID(int=7)
+    members = {
+        m: ConsumerProtocolMemberMetadata(0, ["in"], SubscriptionInfo(pid, endpoint=e).encode())
+        for m, e in (("m1", "a:1"), ("m2", "b:1"))
+    }
+    cluster = SimpleNamespace(partitions_for_topic=lambda t: {0, 1})
+    led_elsewhere = ConsumerProtocolMemberAssignment(0, [], AssignmentInfo().encode()).encode()
+    with caplog.at_level(logging.DEBUG, "streamassign.streams"):
+        for generation, led_here in ((1, True), (2, False), (3, True), (4, True)):
+            coordinator.generation = generation
+            got = h.assignors[0].assign(cluster, members)["m1"] if led_here else led_elsewhere
+            h.assignors[0].on_assignment(ConsumerProtocolMemberAssignment.decode(got))
+    logged = [r.levelno for r in caplog.records if "announced with" in r.getMessage()]
+    assert logged == [logging.WARNING, logging.WARNING, logging.DEBUG]
+    h.state.close()
+
+
 class Remembering(list[Any]):
     """A list that also keeps every item ever appended in ``seen``."""
 

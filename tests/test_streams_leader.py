@@ -170,6 +170,24 @@ def test_two_caught_up_restarted_processes_the_least_lagging_gets_the_task_back(
             assert clients[interim].lags[t] == 0  # a warm holder
 
 
+def test_a_checkpoint_beside_a_member_running_the_task_still_bounds_the_lags() -> None:
+    """Process 1's one member runs 0_0 and its other holds a checkpoint of 30,000 (a copied
+    state directory without endpoints, say); restarted process 2 comes back with 15,000. The
+    merge keeps only process 1's running mark, but its member's checkpoint still tells that
+    process 2 is at least 15,000 behind: not caught up, so 0_0 stays where it runs."""
+    t = TaskId(0, 0)
+    p1, p2 = (str(uuid.UUID(int=i)) for i in (1, 2))
+    reports = [
+        member(1, offset_sums={t: LATEST_OFFSET}),
+        member(1, offset_sums={t: 30_000}),
+        member(2, offset_sums={t: 15_000}, previous_active=frozenset({t})),
+    ]
+    for ids in (("a", "b", "c"), ("c", "b", "a")):
+        clients = {c.process_id: c for c in client_states(dict(zip(ids, reports, strict=True)))[0]}
+        assert clients[p1].prev_active == {t}, ids
+        assert t not in clients[p2].prev_active and clients[p2].lags == {t: 15_000}
+
+
 @settings(max_examples=max(10, settings.default.max_examples // 4))
 @given(st.data())
 def test_the_leaders_client_states_do_not_depend_on_member_ids(data: st.DataObject) -> None:

@@ -217,10 +217,12 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         if self.host.led_generation is None or self._generation() != self.host.led_generation:
             # Another process led this generation: its plan, not the remembered one, is the
             # last, even when it moved no active (only standbys or warmups). And what this one
-            # logged as leader is old: leading again, an error is news (an ERROR, not DEBUG),
-            # and an incident the other leader saw end gets no late INFO line.
+            # logged as leader is old: leading again, an error or a process id clash is news
+            # (an ERROR or WARNING, not DEBUG, as the Faust assignor logs it), and an incident
+            # the other leader saw end gets no late INFO line.
             self.host.probing_memory.forget()
             self.host.topology_errors = Repeats()
+            self.host.shared_ids = Repeats()
         try:
             info = AssignmentInfo.decode(assignment.user_data or b"", self.host.max_version)
         except ProtocolError as exc:
@@ -510,7 +512,8 @@ class ProcessHost:
         #: topic is missing) is logged at DEBUG only; forgotten when another process leads.
         self.topology_errors = Repeats()
         #: The process ids this process last logged as leader as announced with several
-        #: endpoints (copied state directories): each clash is logged at WARNING once.
+        #: endpoints (copied state directories): each clash is logged at WARNING once;
+        #: forgotten when another process leads.
         self.shared_ids = Repeats()
         #: The generation this process last led (None: none, or unknown), so that an
         #: assignment another process computed makes ``probing_memory`` forget.
