@@ -9,6 +9,7 @@ pipeline commands validate every input, then hand over to ``streamassign.pipelin
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -2122,10 +2123,14 @@ def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) 
 
 def _simulation_identity(topology_file: Path, job: Any) -> dict[str, Any]:
     """What a run's manifest records of the simulation itself: runs with the same are the
-    same simulation (the same rows, assignment times aside). As JSON reads it back (lists)."""
+    same simulation (the same rows, assignment times aside). As JSON reads it back (lists).
+    A model file needs no hash: the model's every value (the file's, --param's) is here."""
     identity = {
         "topology": job.workload.name,
         "topology_file": str(topology_file),
+        # Its content too: an edited file of the same name and partition counts (a store
+        # added) is another simulation, whose run must not replace the earlier one.
+        "topology_sha256": hashlib.sha256(topology_file.read_bytes()).hexdigest(),
         "partitions": dict(job.workload.counts),
         "scenarios": job.scenarios,
         "seed": job.seed,
@@ -2143,7 +2148,9 @@ def _simulation_identity(topology_file: Path, job: Any) -> dict[str, Any]:
 
 def _same_simulation(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> bool:
     """Whether the run of ``manifest`` simulated ``identity`` (``_simulation_identity``); a
-    run written before simulate recorded a setting was simulated at its default then."""
+    run written before simulate recorded a setting was simulated at its default then. One
+    that did not record its topology's content (``topology_sha256``) is never the same: the
+    file may have changed since."""
     from .pipeline.simulate import PROBING_INTERVAL_S, RESTORE_RATE, WARMUPS
 
     unrecorded = {
@@ -2644,9 +2651,9 @@ def _identity_of(words: Sequence[str]) -> dict[str, Any] | None:
     try:
         with simulate.make_context("simulate", list(words[2:])) as ctx:
             job, _ = _simulation_job(ctx.params)
-    except (click.ClickException, StreamAssignError):
+        return _simulation_identity(ctx.params["topology_file"], job)
+    except (click.ClickException, StreamAssignError, OSError):
         return None
-    return _simulation_identity(ctx.params["topology_file"], job)
 
 
 def _standby_run_dir(
@@ -2698,7 +2705,13 @@ def _print_plan(
         click.echo(f"written: {out / 'plan.csv'}, {out / 'plan.json'}")
     standbys, warmups = best["standbys"], best["warmups"]
     command = _next_simulation(topology_file, standbys, job.workload.name, warmups)
-    click.echo(f"next: {shlex.join(command)}  ({_next_compares(plan, best)})")
+    compares = _next_compares(plan, best)
+    # The same simulation already run and reported: minutes of Spark would redo that page.
+    page = Path(command[command.index("--out") + 1]) / "report" / "report.html"
+    if "--overwrite" in command and page.is_file():
+        click.echo(f"next: open {shlex.quote(str(page))}  (already simulated: {compares})")
+    else:
+        click.echo(f"next: {shlex.join(command)}  ({compares})")
 
 
 def _next_compares(plan: Mapping[str, Any], best: Mapping[str, Any]) -> str:

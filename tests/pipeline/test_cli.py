@@ -4,6 +4,7 @@ any Spark session starts."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import shlex
 import shutil
@@ -841,13 +842,17 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     code, out = invoke(*words[1:])
     assert code == 1 and "Error: stopped where Spark starts" in out, out
 
-    # Another model, rate, seed; another topology file of the same name: passed by.
+    # Another model, rate, seed; another topology file of the same name; the same file as it
+    # was before an edit (a store added, same name and partition counts), or a run that did
+    # not record its content: passed by.
     for changed in (
         {"crash_per_client_hour": 0.2},
         {"replica_restore_per_s": 30_000.0},
         {"seed": 7},
         {"topology_file": "elsewhere/orders-join.toml"},
         {"probing_interval_s": 60.0},
+        {"topology_sha256": hashlib.sha256(b"an earlier orders-join.toml").hexdigest()},
+        {"topology_sha256": None},
     ):
         folder = runs / "orders-enricher-standbys2"
         shutil.rmtree(folder)
@@ -867,6 +872,14 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
     words, _ = _printed_next(monkeypatch, [*given, "--restore-rate", "30000"])
     assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+
+    # The same simulation with its report: nothing to simulate, the page to open.
+    words, _ = _printed_next(monkeypatch, given)
+    (runs / "orders-enricher-standbys2" / "report").mkdir()
+    (runs / "orders-enricher-standbys2" / "report" / "report.html").write_text("<html>")
+    opened, compares = _printed_next(monkeypatch, given)
+    assert opened == ["open", "streamassign-runs/orders-enricher-standbys2/report/report.html"]
+    assert compares.startswith("already simulated: the rebalances under this plan")
 
     # A folder that is no run (simulate never replaces one) is passed by.
     shutil.rmtree(runs / "orders-enricher-standbys2")
