@@ -2625,14 +2625,15 @@ _CARRIED_TO_SIMULATE: Final = (
 
 def _next_simulation(topology_file: Path, standbys: int, name: str, warmups: int) -> list[str]:
     """The ``simulate`` command (as words) of the rebalances under a plan of ``standbys`` and
-    ``warmups``: the user's own model options, both task assignors (the warmups need
-    ``task:ha``), and a run folder of its own, so that it runs beside the run of ``simulate
-    TOPOLOGY`` rather than being refused by it."""
+    ``warmups``: the user's own model options, the plan's assignor (with warmups ``task:ha``,
+    beside ``task:sticky``; without, ``task:sticky`` alone), and a run folder of its own, so
+    that it runs beside the run of ``simulate TOPOLOGY`` rather than being refused by it."""
     ctx = click.get_current_context()
     words = ["streamassign", "simulate", str(topology_file), "--standbys", str(standbys)]
-    words += ["--assignors", "task:sticky,task:ha"]
-    if warmups:  # none: task:ha at simulate's default, as a comparison only
-        words += ["--warmups", str(warmups)]
+    if warmups:
+        words += ["--assignors", "task:sticky,task:ha", "--warmups", str(warmups)]
+    else:  # task:ha would run at simulate's 2 warmups: a plan the user was not given
+        words += ["--assignors", "task:sticky"]
     for param in ctx.command.params:
         if param.name not in _CARRIED_TO_SIMULATE or not _given(param.name):
             continue
@@ -2716,10 +2717,14 @@ def _print_plan(
 
 def _next_compares(plan: Mapping[str, Any], best: Mapping[str, Any]) -> str:
     """What the next command's report compares: with warmups, task:ha at the plan and
-    task:sticky beside it at the same standbys, which may not be its own plan's."""
-    if not best["warmups"]:
-        return "the rebalances under this plan"
+    task:sticky beside it at the same standbys, which may not be its own plan's; without,
+    task:sticky alone."""
     standbys = best["standbys"]
+    if not best["warmups"]:
+        return (
+            f"the rebalances under this plan: task:sticky at "
+            f"{counted(standbys, 'standby', 'standbys')}, no warmups"
+        )
     compares = (
         f"the rebalances under this plan: task:ha with {counted(best['warmups'], 'warmup')}, "
         f"beside task:sticky at the same {counted(standbys, 'standby', 'standbys')}"

@@ -902,8 +902,12 @@ def test_plan_standbys_next_line_says_what_task_sticky_is_simulated_at(
         "the rebalances under this plan: task:ha with 2 warmups, beside task:sticky at the same "
         "2 standbys, not at its own plan's 1"
     )
+    # Without warmups the plan assumes task:sticky: task:ha ran beside it at simulate's 2
+    # warmups under a label saying "under this plan", and its report advised the warmups.
     words, compares = _printed_next(monkeypatch, [], best=(1, 0))
-    assert "--warmups" not in words and compares == "the rebalances under this plan"
+    assert "--warmups" not in words
+    assert words[words.index("--assignors") + 1] == "task:sticky"
+    assert compares == "the rebalances under this plan: task:sticky at 1 standby, no warmups"
 
 
 FAKE_SPARK = Path(__file__).with_name("fake_spark.py")
