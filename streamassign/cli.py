@@ -55,7 +55,7 @@ from .streams import (
     handed_back,
     merge_offset_sums,
 )
-from .text import counted
+from .text import counted, exact_number
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
 
@@ -337,14 +337,6 @@ def _pipeline_default(name: str) -> Callable[[], Any]:
         return getattr(simulate, name)
 
     return default
-
-
-def exact_number(value: float) -> str:
-    """``value`` as a command-line word that parses back to it exactly: ``:g`` keeps 6 digits
-    (1234567 becomes 1.23457e+06, another value)."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return repr(value)
 
 
 class _PipelineDefaultOption(click.Option):

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import attrs
 
-from ..text import counted
+from ..text import counted, exact_number
 from .assignors import SPECS
 from .scenarios import EVENTS
 from .simulate import PROBING_INTERVAL_S, RESTORE_RATE, WARMUPS
@@ -1040,7 +1040,7 @@ def _churn(model: Mapping[str, Any]) -> str:
         ("expansion_per_hour", "partition expansions/h"),
         ("rack_loss_per_hour", "rack losses/h"),
     )
-    shown = [f"{model[k]:g} {label}" for k, label in names if k in model]
+    shown = [f"{exact_number(model[k])} {label}" for k, label in names if k in model]
     if "min_clients" in model and "max_clients" in model:
         shown.append(f"{model['min_clients']}-{model['max_clients']} clients")
     return ", ".join(shown)

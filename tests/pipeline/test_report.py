@@ -343,6 +343,15 @@ def test_the_restore_rate_is_the_runs_and_shown_in_its_details(tmp_path: Path) -
     assert 'replica restore per s</th><td class="l">1,234,567 records/s per task</td>' in page
 
 
+def test_the_churn_model_is_shown_as_its_options_take_it(tmp_path: Path) -> None:
+    """``--param crash_per_client_hour=0.1234567`` showed as 0.123457 (``:g``), another value:
+    the model line writes numbers as plan-standbys' next line does."""
+    data = load()
+    data["manifest"]["model"] |= {"crash_per_client_hour": 0.1234567, "scale_out_per_hour": 2.0}
+    page = render_report(data, tmp_path).read_text()
+    assert "2 scale-outs/h" in page and "0.1234567 crashes per client-hour" in page
+
+
 def test_run_details_show_task_ha_s_warmups_and_probing(tmp_path: Path) -> None:
     """task:ha's warmups and probing interval change its balance times: a run records them
     (``simulate --warmups --probing-interval``) and its details show them; a run that did not
