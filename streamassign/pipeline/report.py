@@ -397,15 +397,25 @@ def ha_reasons(rec: Recommendation, by_event: Sequence[Mapping[str, Any]]) -> tu
     ha, theirs = (_cold_at_crashes(by_event, n) for n in ("task:ha", other.name))
     if ha is None or theirs is None or not ha[0] / ha[1] < theirs[0] / theirs[1]:
         return ()
+    # Counts of tasks over crashes: "1 in 2 crashes" read as one crash of two.
+    cold, crashes = theirs
     return (
-        f"At crashes, {other.name} took over stateful tasks cold (restoring them from scratch, "
-        f"standbys or not) {_per_crash(*theirs)}, task:ha {_per_crash(*ha)}.",
+        f"At crashes, {other.name} restored {_per_crash(cold, crashes)} stateful tasks per "
+        f"crash from scratch, standbys or not ({counted(cold, 'task')} over "
+        f"{counted(crashes, 'crash', 'crashes')}), task:ha {_per_crash(*ha)} "
+        f"({ha[0]:,} over {ha[1]:,}).",
     )
 
 
 def _per_crash(cold: int, crashes: int) -> str:
-    per = f"{cold / crashes:.2g}" if cold else "0"
-    return f"{per} times per crash ({cold:,} in {counted(crashes, 'crash', 'crashes')})"
+    """``cold / crashes`` to 2 significant digits, never as an exponent (``.2g`` wrote 99.5
+    as 1e+02)."""
+    if not cold:
+        return "0"
+    per = cold / crashes
+    decimals = max(0, 1 - math.floor(math.log10(per)))
+    shown = f"{per:,.{decimals}f}"
+    return shown.rstrip("0").rstrip(".") if "." in shown else shown
 
 
 # -- figures ---------------------------------------------------------------------------------------

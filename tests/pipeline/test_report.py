@@ -382,9 +382,8 @@ def test_the_answer_says_what_task_ha_changes(tmp_path: Path) -> None:
 
     # report_data.json, 9 crashes: task:sticky 22 warm, 8 cold; task:ha 37 warm, 0 cold.
     assert (
-        "At crashes, task:sticky took over stateful tasks cold (restoring them from scratch, "
-        "standbys or not) 0.89 times per crash (8 in 9 crashes), task:ha 0 times per crash (0 "
-        "in 9 crashes)." in answer_of(load(), "both")
+        "At crashes, task:sticky restored 0.89 stateful tasks per crash from scratch, standbys "
+        "or not (8 tasks over 9 crashes), task:ha 0 (0 over 9)." in answer_of(load(), "both")
     )
     data = load()
     for key in ("by_assignor", "by_event", "by_step", "outcomes"):
@@ -407,9 +406,20 @@ def test_the_crash_comparison_counts_per_crash_not_per_takeover(tmp_path: Path) 
     crash |= {"cold_takeovers": 4}
     page = html.unescape(render_report(data, tmp_path / "fewer").read_text())
     assert (
-        "At crashes, task:sticky took over stateful tasks cold (restoring them from scratch, "
-        "standbys or not) 0.89 times per crash (8 in 9 crashes), task:ha 0.44 times per crash "
-        "(4 in 9 crashes)." in page
+        "At crashes, task:sticky restored 0.89 stateful tasks per crash from scratch, standbys "
+        "or not (8 tasks over 9 crashes), task:ha 0.44 (4 over 9)." in page
+    )
+    # Counts of tasks, not of crashes ("1 in 2 crashes" read as one crash of two), and no
+    # exponent (".2g" wrote 199 tasks over 2 crashes as 1e+02).
+    sticky = next(
+        r for r in data["by_event"] if (r["assignor"], r["event"]) == ("task:sticky", "crash")
+    )
+    sticky |= {"cold_takeovers": 199, "rebalances": 2}
+    crash |= {"cold_takeovers": 1, "rebalances": 2}
+    page = html.unescape(render_report(data, tmp_path / "many").read_text())
+    assert (
+        "At crashes, task:sticky restored 100 stateful tasks per crash from scratch, standbys "
+        "or not (199 tasks over 2 crashes), task:ha 0.5 (1 over 2)." in page
     )
 
 
