@@ -2633,7 +2633,8 @@ def _next_simulation(topology_file: Path, standbys: int, name: str, warmups: int
         value = ctx.params[param.name]
         for item in value if param.multiple else (value,):
             words += [flag, exact_number(item) if isinstance(item, float) else str(item)]
-    out, overwrite = _standby_run_dir(name, standbys, _identity_of(words))
+    plan_out = ctx.params.get("out")
+    out, overwrite = _standby_run_dir(name, standbys, _identity_of(words), plan_out)
     return [*words, "--out", out, *(["--overwrite"] if overwrite else []), "--report"]
 
 
@@ -2650,12 +2651,14 @@ def _identity_of(words: Sequence[str]) -> dict[str, Any] | None:
 
 
 def _standby_run_dir(
-    name: str, standbys: int, identity: Mapping[str, Any] | None
+    name: str, standbys: int, identity: Mapping[str, Any] | None, plan_out: Path | None = None
 ) -> tuple[str, bool]:
     """``streamassign-runs/NAME-standbysR`` and whether ``--overwrite`` is needed there: only
     where a run of the same simulation (``identity``) is, which the command would redo. Past
     folders holding anything else (a run of another model, rate, fleet, topology; what is no
-    run), the first of ``-2``, ``-3``, ... that is free or holds the same simulation."""
+    run) or the plan's own files (``plan_out``, written after this line: the run would be
+    refused there, or its --overwrite would delete them), the first of ``-2``, ``-3``, ...
+    that is free or holds the same simulation."""
     import itertools
 
     from .pipeline.runs import LocalFiles, describe_existing, read_manifest
@@ -2664,12 +2667,23 @@ def _standby_run_dir(
     for n in itertools.count(1):
         out = base if n == 1 else f"{base}-{n}"
         where = os.path.abspath(out)
+        if plan_out is not None and _inside(plan_out, Path(where)):
+            continue
         if describe_existing(files, where) is None:
             return out, False
         manifest = read_manifest(files, where)
         if identity is not None and manifest is not None and _same_simulation(manifest, identity):
             return out, True
     raise AssertionError("unreachable: itertools.count never ends")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or in it, links followed (a loop of links: not known to
+    be, as neither can be written through)."""
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except (RuntimeError, OSError):
+        return False
 
 
 def _print_plan(

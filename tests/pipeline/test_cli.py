@@ -889,6 +889,25 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
 
 
+def test_plan_standbys_next_command_never_runs_in_the_plans_own_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``--out streamassign-runs/NAME-standbysR`` the line named that folder (printed
+    before plan.csv is written there): simulate then refused it, or, over a run of the same
+    simulation, its --overwrite deleted the plan just written. The next folder is taken."""
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "streamassign-runs"
+    given = ["--scenarios", "3", "--steps", "5"]
+    words, _ = _printed_next(monkeypatch, [*given, "--out", "streamassign-runs/x"])
+    _a_run_of(words, runs / "orders-enricher-standbys2")
+    for plan_out in ("orders-enricher-standbys2", "orders-enricher-standbys2/plans"):
+        words, _ = _printed_next(monkeypatch, [*given, "--out", f"streamassign-runs/{plan_out}"])
+        assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+        assert (runs / plan_out / "plan.csv").is_file()
+    words, _ = _printed_next(monkeypatch, [*given, "--out", "streamassign-runs"])
+    assert words[-3:-1] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite"]
+
+
 def test_plan_standbys_next_line_says_what_task_sticky_is_simulated_at(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
