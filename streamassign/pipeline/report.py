@@ -1005,26 +1005,38 @@ def _plain(value: Any) -> str:
 #: The simulation's settings a manifest may lack (runs written before simulate recorded them,
 #: simulated at the default): (key, default, unit, whether only task:ha uses it).
 _SETTINGS: Final = (
-    ("replica_restore_per_s", RESTORE_RATE, "records/s per task", False),
-    ("max_warmup_replicas", WARMUPS, "(task:ha)", True),
-    ("probing_interval_s", PROBING_INTERVAL_S, "s (task:ha)", True),
+    ("replica_restore_per_s", RESTORE_RATE, " records/s per task", False),
+    ("max_warmup_replicas", WARMUPS, "", True),
+    ("probing_interval_s", PROBING_INTERVAL_S, " s", True),
 )
+#: Run details' labels where the key's words would repeat the unit ("probing interval s 600 s").
+_LABELS: Final = {
+    "replica_restore_per_s": "replica restore rate",
+    "probing_interval_s": "probing interval",
+}
 
 
 def _run_details(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The run details table: the manifest's keys a reader needs; the restore rate always (the
-    downtimes above depend on it), task:ha's settings when it ran (only then); a setting the
-    run did not record shown at the default, saying so."""
+    """The run details table (label, value): the manifest's keys a reader needs; the restore
+    rate always (the downtimes above depend on it), task:ha's settings when it ran (only
+    then); a setting the run did not record shown at the default, saying so."""
     shown = dict(manifest)
-    ha = "task:ha" in manifest.get("assignors", [])
+    assignors = manifest.get("assignors") or []  # null in a damaged manifest: none known
+    ha = isinstance(assignors, list) and "task:ha" in assignors
     for key, default, unit, ha_only in _SETTINGS:
         if ha_only and not ha:  # recorded by every run, used by task:ha only
             shown.pop(key, None)
             continue
         value = _recorded(manifest, key)
-        why = "" if value is not None else " (default; not recorded by this run)"
-        shown[key] = f"{_number(default if value is None else value)} {unit}{why}"
-    return [(k, _plain(shown[k])) for k in _MANIFEST_KEYS if k in shown]
+        notes = ["task:ha"] if ha_only else []
+        notes += [] if value is not None else ["default, not recorded by this run"]
+        why = f" ({'; '.join(notes)})" if notes else ""
+        shown[key] = f"{_number(default if value is None else value)}{unit}{why}"
+    return [
+        (_LABELS.get(k, k.replace("_", " ")), _plain(shown[k]))
+        for k in _MANIFEST_KEYS
+        if k in shown
+    ]
 
 
 def _run_summary(manifest: Mapping[str, Any], rebalances: int) -> str:
