@@ -2139,18 +2139,11 @@ def _simulation_identity(topology_file: Path, job: Any) -> dict[str, Any]:
 
 
 def _same_simulation(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> bool:
-    """Whether the run of ``manifest`` simulated ``identity`` (``_simulation_identity``); a
-    run written before simulate recorded a setting was simulated at its default then. One
-    that did not record its topology's content (``topology_sha256``) is never the same: the
-    file may have changed since."""
-    from .pipeline.simulate import PROBING_INTERVAL_S, RESTORE_RATE, WARMUPS
-
-    unrecorded = {
-        "replica_restore_per_s": RESTORE_RATE,
-        "max_warmup_replicas": WARMUPS,
-        "probing_interval_s": PROBING_INTERVAL_S,
-    }
-    return all(manifest.get(k, unrecorded.get(k)) == v for k, v in identity.items())
+    """Whether the run of ``manifest`` simulated ``identity`` (``_simulation_identity``). A
+    run that did not record its topology's content (``topology_sha256``) is never the same:
+    the file may have changed since. Such runs (all written before the restore rate, warmups
+    and probing interval were recorded among them) are passed by, whatever their settings."""
+    return all(k in manifest and manifest[k] == v for k, v in identity.items())
 
 
 def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | None = None) -> Path:
