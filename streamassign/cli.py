@@ -9,6 +9,7 @@ pipeline commands validate every input, then hand over to ``streamassign.pipelin
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -54,7 +55,7 @@ from .streams import (
     handed_back,
     merge_offset_sums,
 )
-from .text import counted
+from .text import counted, exact_number
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
 
@@ -336,14 +337,6 @@ def _pipeline_default(name: str) -> Callable[[], Any]:
         return getattr(simulate, name)
 
     return default
-
-
-def exact_number(value: float) -> str:
-    """``value`` as a command-line word that parses back to it exactly: ``:g`` keeps 6 digits
-    (1234567 becomes 1.23457e+06, another value)."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return repr(value)
 
 
 class _PipelineDefaultOption(click.Option):
@@ -2123,10 +2116,14 @@ def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) 
 
 def _simulation_identity(topology_file: Path, job: Any) -> dict[str, Any]:
     """What a run's manifest records of the simulation itself: runs with the same are the
-    same simulation (the same rows, assignment times aside). As JSON reads it back (lists)."""
+    same simulation (the same rows, assignment times aside). As JSON reads it back (lists).
+    A model file needs no hash: the model's every value (the file's, --param's) is here."""
     identity = {
         "topology": job.workload.name,
         "topology_file": str(topology_file),
+        # Its content too: an edited file of the same name and partition counts (a store
+        # added) is another simulation, whose run must not replace the earlier one.
+        "topology_sha256": hashlib.sha256(topology_file.read_bytes()).hexdigest(),
         "partitions": dict(job.workload.counts),
         "scenarios": job.scenarios,
         "seed": job.seed,
@@ -2143,16 +2140,11 @@ def _simulation_identity(topology_file: Path, job: Any) -> dict[str, Any]:
 
 
 def _same_simulation(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> bool:
-    """Whether the run of ``manifest`` simulated ``identity`` (``_simulation_identity``); a
-    run written before simulate recorded a setting was simulated at its default then."""
-    from .pipeline.simulate import PROBING_INTERVAL_S, RESTORE_RATE, WARMUPS
-
-    unrecorded = {
-        "replica_restore_per_s": RESTORE_RATE,
-        "max_warmup_replicas": WARMUPS,
-        "probing_interval_s": PROBING_INTERVAL_S,
-    }
-    return all(manifest.get(k, unrecorded.get(k)) == v for k, v in identity.items())
+    """Whether the run of ``manifest`` simulated ``identity`` (``_simulation_identity``). A
+    run that did not record its topology's content (``topology_sha256``) is never the same:
+    the file may have changed since. Such runs (all written before the restore rate, warmups
+    and probing interval were recorded among them) are passed by, whatever their settings."""
+    return all(k in manifest and manifest[k] == v for k, v in identity.items())
 
 
 def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | None = None) -> Path:
@@ -2619,14 +2611,15 @@ _CARRIED_TO_SIMULATE: Final = (
 
 def _next_simulation(topology_file: Path, standbys: int, name: str, warmups: int) -> list[str]:
     """The ``simulate`` command (as words) of the rebalances under a plan of ``standbys`` and
-    ``warmups``: the user's own model options, both task assignors (the warmups need
-    ``task:ha``), and a run folder of its own, so that it runs beside the run of ``simulate
-    TOPOLOGY`` rather than being refused by it."""
+    ``warmups``: the user's own model options, the plan's assignor (with warmups ``task:ha``,
+    beside ``task:sticky``; without, ``task:sticky`` alone), and a run folder of its own, so
+    that it runs beside the run of ``simulate TOPOLOGY`` rather than being refused by it."""
     ctx = click.get_current_context()
     words = ["streamassign", "simulate", str(topology_file), "--standbys", str(standbys)]
-    words += ["--assignors", "task:sticky,task:ha"]
-    if warmups:  # none: task:ha at simulate's default, as a comparison only
-        words += ["--warmups", str(warmups)]
+    if warmups:
+        words += ["--assignors", "task:sticky,task:ha", "--warmups", str(warmups)]
+    else:  # task:ha would run at simulate's 2 warmups: a plan the user was not given
+        words += ["--assignors", "task:sticky"]
     for param in ctx.command.params:
         if param.name not in _CARRIED_TO_SIMULATE or not _given(param.name):
             continue
@@ -2634,7 +2627,8 @@ def _next_simulation(topology_file: Path, standbys: int, name: str, warmups: int
         value = ctx.params[param.name]
         for item in value if param.multiple else (value,):
             words += [flag, exact_number(item) if isinstance(item, float) else str(item)]
-    out, overwrite = _standby_run_dir(name, standbys, _identity_of(words))
+    plan_out = ctx.params.get("out")
+    out, overwrite = _standby_run_dir(name, standbys, _identity_of(words), plan_out)
     return [*words, "--out", out, *(["--overwrite"] if overwrite else []), "--report"]
 
 
@@ -2645,18 +2639,20 @@ def _identity_of(words: Sequence[str]) -> dict[str, Any] | None:
     try:
         with simulate.make_context("simulate", list(words[2:])) as ctx:
             job, _ = _simulation_job(ctx.params)
-    except (click.ClickException, StreamAssignError):
+        return _simulation_identity(ctx.params["topology_file"], job)
+    except (click.ClickException, StreamAssignError, OSError):
         return None
-    return _simulation_identity(ctx.params["topology_file"], job)
 
 
 def _standby_run_dir(
-    name: str, standbys: int, identity: Mapping[str, Any] | None
+    name: str, standbys: int, identity: Mapping[str, Any] | None, plan_out: Path | None = None
 ) -> tuple[str, bool]:
     """``streamassign-runs/NAME-standbysR`` and whether ``--overwrite`` is needed there: only
     where a run of the same simulation (``identity``) is, which the command would redo. Past
     folders holding anything else (a run of another model, rate, fleet, topology; what is no
-    run), the first of ``-2``, ``-3``, ... that is free or holds the same simulation."""
+    run) or the plan's own files (``plan_out``, written after this line: the run would be
+    refused there, or its --overwrite would delete them), the first of ``-2``, ``-3``, ...
+    that is free or holds the same simulation."""
     import itertools
 
     from .pipeline.runs import LocalFiles, describe_existing, read_manifest
@@ -2665,12 +2661,23 @@ def _standby_run_dir(
     for n in itertools.count(1):
         out = base if n == 1 else f"{base}-{n}"
         where = os.path.abspath(out)
+        if plan_out is not None and _inside(plan_out, Path(where)):
+            continue
         if describe_existing(files, where) is None:
             return out, False
         manifest = read_manifest(files, where)
         if identity is not None and manifest is not None and _same_simulation(manifest, identity):
             return out, True
     raise AssertionError("unreachable: itertools.count never ends")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or in it, links followed (a loop of links: not known to
+    be, as neither can be written through)."""
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except (RuntimeError, OSError):
+        return False
 
 
 def _print_plan(
@@ -2699,15 +2706,25 @@ def _print_plan(
         click.echo(f"written: {out / 'plan.csv'}, {out / 'plan.json'}")
     standbys, warmups = best["standbys"], best["warmups"]
     command = _next_simulation(topology_file, standbys, job.workload.name, warmups)
-    click.echo(f"next: {shlex.join(command)}  ({_next_compares(plan, best)})")
+    compares = _next_compares(plan, best)
+    # The same simulation already run and reported: minutes of Spark would redo that page.
+    page = Path(command[command.index("--out") + 1]) / "report" / "report.html"
+    if "--overwrite" in command and page.is_file():
+        click.echo(f"next: open {shlex.quote(str(page))}  (already simulated: {compares})")
+    else:
+        click.echo(f"next: {shlex.join(command)}  ({compares})")
 
 
 def _next_compares(plan: Mapping[str, Any], best: Mapping[str, Any]) -> str:
     """What the next command's report compares: with warmups, task:ha at the plan and
-    task:sticky beside it at the same standbys, which may not be its own plan's."""
-    if not best["warmups"]:
-        return "the rebalances under this plan"
+    task:sticky beside it at the same standbys, which may not be its own plan's; without,
+    task:sticky alone."""
     standbys = best["standbys"]
+    if not best["warmups"]:
+        return (
+            f"the rebalances under this plan: task:sticky at "
+            f"{counted(standbys, 'standby', 'standbys')}, no warmups"
+        )
     compares = (
         f"the rebalances under this plan: task:ha with {counted(best['warmups'], 'warmup')}, "
         f"beside task:sticky at the same {counted(standbys, 'standby', 'standbys')}"

@@ -10,3 +10,12 @@ def counted(n: float, noun: str, plural: str = "") -> str:
     whole = isinstance(n, int) or float(n).is_integer()
     amount = f"{int(n):,}" if whole else f"{n:,g}"
     return f"{amount} {noun if n == 1 else plural or noun + 's'}"
+
+
+def exact_number(value: float) -> str:
+    """``value`` as a command-line word that parses back to it exactly (``1234567``,
+    ``60.25``): ``:g`` keeps 6 digits (1234567 becomes 1.23457e+06, another value). Used
+    wherever an option's value is shown, so that what a line says is what a command takes."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value)

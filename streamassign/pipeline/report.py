@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import attrs
 
-from ..text import counted
+from ..text import counted, exact_number
 from .assignors import SPECS
 from .scenarios import EVENTS
 from .simulate import PROBING_INTERVAL_S, RESTORE_RATE, WARMUPS
@@ -397,15 +397,25 @@ def ha_reasons(rec: Recommendation, by_event: Sequence[Mapping[str, Any]]) -> tu
     ha, theirs = (_cold_at_crashes(by_event, n) for n in ("task:ha", other.name))
     if ha is None or theirs is None or not ha[0] / ha[1] < theirs[0] / theirs[1]:
         return ()
+    # Counts of tasks over crashes: "1 in 2 crashes" read as one crash of two.
+    cold, crashes = theirs
     return (
-        f"At crashes, {other.name} took over stateful tasks cold (restoring them from scratch, "
-        f"standbys or not) {_per_crash(*theirs)}, task:ha {_per_crash(*ha)}.",
+        f"At crashes, {other.name} restored {_per_crash(cold, crashes)} stateful tasks per "
+        f"crash from scratch, standbys or not ({counted(cold, 'task')} over "
+        f"{counted(crashes, 'crash', 'crashes')}), task:ha {_per_crash(*ha)} "
+        f"({ha[0]:,} over {ha[1]:,}).",
     )
 
 
 def _per_crash(cold: int, crashes: int) -> str:
-    per = f"{cold / crashes:.2g}" if cold else "0"
-    return f"{per} times per crash ({cold:,} in {counted(crashes, 'crash', 'crashes')})"
+    """``cold / crashes`` to 2 significant digits, never as an exponent (``.2g`` wrote 99.5
+    as 1e+02)."""
+    if not cold:
+        return "0"
+    per = cold / crashes
+    decimals = max(0, 1 - math.floor(math.log10(per)))
+    shown = f"{per:,.{decimals}f}"
+    return shown.rstrip("0").rstrip(".") if "." in shown else shown
 
 
 # -- figures ---------------------------------------------------------------------------------------
@@ -995,26 +1005,38 @@ def _plain(value: Any) -> str:
 #: The simulation's settings a manifest may lack (runs written before simulate recorded them,
 #: simulated at the default): (key, default, unit, whether only task:ha uses it).
 _SETTINGS: Final = (
-    ("replica_restore_per_s", RESTORE_RATE, "records/s per task", False),
-    ("max_warmup_replicas", WARMUPS, "(task:ha)", True),
-    ("probing_interval_s", PROBING_INTERVAL_S, "s (task:ha)", True),
+    ("replica_restore_per_s", RESTORE_RATE, " records/s per task", False),
+    ("max_warmup_replicas", WARMUPS, "", True),
+    ("probing_interval_s", PROBING_INTERVAL_S, " s", True),
 )
+#: Run details' labels where the key's words would repeat the unit ("probing interval s 600 s").
+_LABELS: Final = {
+    "replica_restore_per_s": "replica restore rate",
+    "probing_interval_s": "probing interval",
+}
 
 
 def _run_details(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The run details table: the manifest's keys a reader needs; the restore rate always (the
-    downtimes above depend on it), task:ha's settings when it ran (only then); a setting the
-    run did not record shown at the default, saying so."""
+    """The run details table (label, value): the manifest's keys a reader needs; the restore
+    rate always (the downtimes above depend on it), task:ha's settings when it ran (only
+    then); a setting the run did not record shown at the default, saying so."""
     shown = dict(manifest)
-    ha = "task:ha" in manifest.get("assignors", [])
+    assignors = manifest.get("assignors") or []  # null in a damaged manifest: none known
+    ha = isinstance(assignors, list) and "task:ha" in assignors
     for key, default, unit, ha_only in _SETTINGS:
         if ha_only and not ha:  # recorded by every run, used by task:ha only
             shown.pop(key, None)
             continue
         value = _recorded(manifest, key)
-        why = "" if value is not None else " (default; not recorded by this run)"
-        shown[key] = f"{_number(default if value is None else value)} {unit}{why}"
-    return [(k, _plain(shown[k])) for k in _MANIFEST_KEYS if k in shown]
+        notes = ["task:ha"] if ha_only else []
+        notes += [] if value is not None else ["default, not recorded by this run"]
+        why = f" ({'; '.join(notes)})" if notes else ""
+        shown[key] = f"{_number(default if value is None else value)}{unit}{why}"
+    return [
+        (_LABELS.get(k, k.replace("_", " ")), _plain(shown[k]))
+        for k in _MANIFEST_KEYS
+        if k in shown
+    ]
 
 
 def _run_summary(manifest: Mapping[str, Any], rebalances: int) -> str:
@@ -1040,7 +1062,7 @@ def _churn(model: Mapping[str, Any]) -> str:
         ("expansion_per_hour", "partition expansions/h"),
         ("rack_loss_per_hour", "rack losses/h"),
     )
-    shown = [f"{model[k]:g} {label}" for k, label in names if k in model]
+    shown = [f"{exact_number(model[k])} {label}" for k, label in names if k in model]
     if "min_clients" in model and "max_clients" in model:
         shown.append(f"{model['min_clients']}-{model['max_clients']} clients")
     return ", ".join(shown)

@@ -38,6 +38,7 @@ from typing import Any, Final
 
 import attrs
 
+from ..text import exact_number
 from .scenarios import (
     MAX_REPLICAS,
     MAX_SCENARIOS,
@@ -452,7 +453,7 @@ def knobs(row: Mapping[str, Any], job: PlanJob, target: float | None = None) -> 
     }
     parts = {name: down * row[share] for _, share, name in _PARTS}
     split = ", ".join(
-        f"{parts[name] / down:.0%} {name} ({knob_of[name][0]} {knob_of[name][1]:,g})"
+        f"{parts[name] / down:.0%} {name} ({knob_of[name][0]} {exact_number(knob_of[name][1])})"
         for name in sorted(parts, key=lambda n: -parts[n])
         if parts[name] > 0
     )
@@ -501,9 +502,11 @@ def _knob_moves(
             continue
         needed = now * value / (allowed - rest) if restores else now * (allowed - rest) / value
         verb = "raise" if restores else "lower"
-        moves.append(f"{verb} {option} from {now:,g} to {_knob_value(needed)} {unit}")
+        moves.append(f"{verb} {option} from {exact_number(now)} to {_knob_value(needed)} {unit}")
     return moves, cannot
 
 
 def _knob_value(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+    """A value ``knobs`` suggests, as an option takes it (no thousands separators, like the
+    current value beside it): rounded, as it is an estimate."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"

@@ -4,6 +4,7 @@ any Spark session starts."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import shlex
 import shutil
@@ -841,13 +842,17 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     code, out = invoke(*words[1:])
     assert code == 1 and "Error: stopped where Spark starts" in out, out
 
-    # Another model, rate, seed; another topology file of the same name: passed by.
+    # Another model, rate, seed; another topology file of the same name; the same file as it
+    # was before an edit (a store added, same name and partition counts), or a run that did
+    # not record its content: passed by.
     for changed in (
         {"crash_per_client_hour": 0.2},
         {"replica_restore_per_s": 30_000.0},
         {"seed": 7},
         {"topology_file": "elsewhere/orders-join.toml"},
         {"probing_interval_s": 60.0},
+        {"topology_sha256": hashlib.sha256(b"an earlier orders-join.toml").hexdigest()},
+        {"topology_sha256": None},
     ):
         folder = runs / "orders-enricher-standbys2"
         shutil.rmtree(folder)
@@ -855,18 +860,23 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
         words, _ = _printed_next(monkeypatch, given)
         assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"], changed
 
-    # A run written before simulate recorded the rate, warmups and probing interval was
-    # simulated at their defaults: the same simulation as a plan without warmups...
+    # A run written before simulate recorded the rate, warmups and probing interval recorded
+    # no topology content either: passed by, whatever it was simulated at.
+    for unrecorded in ("replica_restore_per_s", "max_warmup_replicas", "probing_interval_s"):
+        shutil.rmtree(runs / "orders-enricher-standbys2")
+        _a_run_of(words, runs / "orders-enricher-standbys2", **{unrecorded: None})
+        words, _ = _printed_next(monkeypatch, given)
+        assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+
     shutil.rmtree(runs / "orders-enricher-standbys2")
-    unrecorded = dict.fromkeys(("replica_restore_per_s", "max_warmup_replicas"), None)
-    _a_run_of(words, runs / "orders-enricher-standbys2", **unrecorded, probing_interval_s=None)
+    _a_run_of(words, runs / "orders-enricher-standbys2")
+    # The same simulation with its report: nothing to simulate, the page to open.
     words, _ = _printed_next(monkeypatch, given)
-    assert words[-3:-1] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite"]
-    # ... not as one with 4 warmups, nor one at another rate.
-    words, _ = _printed_next(monkeypatch, [*given, "--warmups", "4"], best=(2, 4))
-    assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
-    words, _ = _printed_next(monkeypatch, [*given, "--restore-rate", "30000"])
-    assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    (runs / "orders-enricher-standbys2" / "report").mkdir()
+    (runs / "orders-enricher-standbys2" / "report" / "report.html").write_text("<html>")
+    opened, compares = _printed_next(monkeypatch, given)
+    assert opened == ["open", "streamassign-runs/orders-enricher-standbys2/report/report.html"]
+    assert compares.startswith("already simulated: the rebalances under this plan")
 
     # A folder that is no run (simulate never replaces one) is passed by.
     shutil.rmtree(runs / "orders-enricher-standbys2")
@@ -874,6 +884,25 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     (runs / "orders-enricher-standbys2" / "notes.txt").write_text("x")
     words, _ = _printed_next(monkeypatch, given)
     assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+
+
+def test_plan_standbys_next_command_never_runs_in_the_plans_own_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``--out streamassign-runs/NAME-standbysR`` the line named that folder (printed
+    before plan.csv is written there): simulate then refused it, or, over a run of the same
+    simulation, its --overwrite deleted the plan just written. The next folder is taken."""
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "streamassign-runs"
+    given = ["--scenarios", "3", "--steps", "5"]
+    words, _ = _printed_next(monkeypatch, [*given, "--out", "streamassign-runs/x"])
+    _a_run_of(words, runs / "orders-enricher-standbys2")
+    for plan_out in ("orders-enricher-standbys2", "orders-enricher-standbys2/plans"):
+        words, _ = _printed_next(monkeypatch, [*given, "--out", f"streamassign-runs/{plan_out}"])
+        assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+        assert (runs / plan_out / "plan.csv").is_file()
+    words, _ = _printed_next(monkeypatch, [*given, "--out", "streamassign-runs"])
+    assert words[-3:-1] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite"]
 
 
 def test_plan_standbys_next_line_says_what_task_sticky_is_simulated_at(
@@ -889,8 +918,12 @@ def test_plan_standbys_next_line_says_what_task_sticky_is_simulated_at(
         "the rebalances under this plan: task:ha with 2 warmups, beside task:sticky at the same "
         "2 standbys, not at its own plan's 1"
     )
+    # Without warmups the plan assumes task:sticky: task:ha ran beside it at simulate's 2
+    # warmups under a label saying "under this plan", and its report advised the warmups.
     words, compares = _printed_next(monkeypatch, [], best=(1, 0))
-    assert "--warmups" not in words and compares == "the rebalances under this plan"
+    assert "--warmups" not in words
+    assert words[words.index("--assignors") + 1] == "task:sticky"
+    assert compares == "the rebalances under this plan: task:sticky at 1 standby, no warmups"
 
 
 FAKE_SPARK = Path(__file__).with_name("fake_spark.py")

@@ -328,38 +328,55 @@ def test_the_restore_rate_is_the_runs_and_shown_in_its_details(tmp_path: Path) -
     old = render_report(data, tmp_path / "old").read_text()
     assert "at 10,000 records/s per task" in old
     assert (
-        'replica restore per s</th><td class="l">10,000 records/s per task (default; not '
+        'replica restore rate</th><td class="l">10,000 records/s per task (default, not '
         "recorded by this run)</td>" in old
     )
     data["manifest"]["replica_restore_per_s"] = 40_000.0
     page = render_report(data, tmp_path / "new").read_text()
     assert "at 40,000 records/s per task" in page
-    assert 'replica restore per s</th><td class="l">40,000 records/s per task</td>' in page
+    assert 'replica restore rate</th><td class="l">40,000 records/s per task</td>' in page
     slow, fast = outcomes(load()), outcomes(data)
     assert [o.downtime_s / 4 for o in slow] == pytest.approx([o.downtime_s for o in fast])
     data["manifest"]["replica_restore_per_s"] = 1_234_567.0
     page = render_report(data, tmp_path / "exact").read_text()
     assert "at 1,234,567 records/s per task" in page
-    assert 'replica restore per s</th><td class="l">1,234,567 records/s per task</td>' in page
+    assert 'replica restore rate</th><td class="l">1,234,567 records/s per task</td>' in page
+
+
+def test_the_churn_model_is_shown_as_its_options_take_it(tmp_path: Path) -> None:
+    """``--param crash_per_client_hour=0.1234567`` showed as 0.123457 (``:g``), another value:
+    the model line writes numbers as plan-standbys' next line does."""
+    data = load()
+    data["manifest"]["model"] |= {"crash_per_client_hour": 0.1234567, "scale_out_per_hour": 2.0}
+    page = render_report(data, tmp_path).read_text()
+    assert "2 scale-outs/h" in page and "0.1234567 crashes per client-hour" in page
 
 
 def test_run_details_show_task_ha_s_warmups_and_probing(tmp_path: Path) -> None:
     """task:ha's warmups and probing interval change its balance times: a run records them
     (``simulate --warmups --probing-interval``) and its details show them; a run that did not
-    was simulated at the defaults, and says so; a run without task:ha shows neither."""
+    was simulated at the defaults, and says so; a run without task:ha shows neither. One
+    parenthesis and one unit each: they read "2 (task:ha) (default; ...)" and "probing
+    interval s 600 s"."""
     data = load()
     details = render_report(data, tmp_path / "old").read_text()
     details = details[details.index('id="run"') :]
-    unrecorded = "(default; not recorded by this run)"
-    assert f'max warmup replicas</th><td class="l">2 (task:ha) {unrecorded}</td>' in details
-    assert f'probing interval s</th><td class="l">600 s (task:ha) {unrecorded}</td>' in details
+    unrecorded = "default, not recorded by this run"
+    assert f'max warmup replicas</th><td class="l">2 (task:ha; {unrecorded})</td>' in details
+    assert f'probing interval</th><td class="l">600 s (task:ha; {unrecorded})</td>' in details
     data["manifest"] |= {"max_warmup_replicas": 4, "probing_interval_s": 60.25}
     details = render_report(data, tmp_path / "new").read_text()
     assert 'max warmup replicas</th><td class="l">4 (task:ha)</td>' in details
-    assert 'probing interval s</th><td class="l">60.25 s (task:ha)</td>' in details
+    assert 'probing interval</th><td class="l">60.25 s (task:ha)</td>' in details
     data["manifest"]["assignors"].remove("task:ha")
     details = render_report(data, tmp_path / "sticky").read_text()
-    assert "max warmup replicas" not in details and "probing interval s" not in details
+    details = details[details.index('id="run"') :]
+    assert "max warmup replicas" not in details and "probing interval" not in details
+    # A damaged manifest's "assignors": null is no list of assignors, not a TypeError.
+    data["manifest"]["assignors"] = None
+    details = render_report(data, tmp_path / "null").read_text()
+    details = details[details.index('id="run"') :]
+    assert "max warmup replicas" not in details and "replica restore rate" in details
 
 
 def test_the_answer_says_what_task_ha_changes(tmp_path: Path) -> None:
@@ -373,9 +390,8 @@ def test_the_answer_says_what_task_ha_changes(tmp_path: Path) -> None:
 
     # report_data.json, 9 crashes: task:sticky 22 warm, 8 cold; task:ha 37 warm, 0 cold.
     assert (
-        "At crashes, task:sticky took over stateful tasks cold (restoring them from scratch, "
-        "standbys or not) 0.89 times per crash (8 in 9 crashes), task:ha 0 times per crash (0 "
-        "in 9 crashes)." in answer_of(load(), "both")
+        "At crashes, task:sticky restored 0.89 stateful tasks per crash from scratch, standbys "
+        "or not (8 tasks over 9 crashes), task:ha 0 (0 over 9)." in answer_of(load(), "both")
     )
     data = load()
     for key in ("by_assignor", "by_event", "by_step", "outcomes"):
@@ -398,9 +414,20 @@ def test_the_crash_comparison_counts_per_crash_not_per_takeover(tmp_path: Path) 
     crash |= {"cold_takeovers": 4}
     page = html.unescape(render_report(data, tmp_path / "fewer").read_text())
     assert (
-        "At crashes, task:sticky took over stateful tasks cold (restoring them from scratch, "
-        "standbys or not) 0.89 times per crash (8 in 9 crashes), task:ha 0.44 times per crash "
-        "(4 in 9 crashes)." in page
+        "At crashes, task:sticky restored 0.89 stateful tasks per crash from scratch, standbys "
+        "or not (8 tasks over 9 crashes), task:ha 0.44 (4 over 9)." in page
+    )
+    # Counts of tasks, not of crashes ("1 in 2 crashes" read as one crash of two), and no
+    # exponent (".2g" wrote 199 tasks over 2 crashes as 1e+02).
+    sticky = next(
+        r for r in data["by_event"] if (r["assignor"], r["event"]) == ("task:sticky", "crash")
+    )
+    sticky |= {"cold_takeovers": 199, "rebalances": 2}
+    crash |= {"cold_takeovers": 1, "rebalances": 2}
+    page = html.unescape(render_report(data, tmp_path / "many").read_text())
+    assert (
+        "At crashes, task:sticky restored 100 stateful tasks per crash from scratch, standbys "
+        "or not (199 tasks over 2 crashes), task:ha 0.5 (1 over 2)." in page
     )
 
 

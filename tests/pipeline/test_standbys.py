@@ -66,13 +66,19 @@ def test_knobs_split_the_outage_and_say_what_reaches_the_next_nine(orders: Workl
     row = candidate(2, 2, 0.998)  # outage 0.002: restores 0.0012, detection 0.0002, restarts 0.0006
     split, reach, cannot = knobs(row, job)
     assert split == (
-        "outage of num_standby_replicas=2, warmups=2: 60% restores (--restore-rate 20,000), "
+        "outage of num_standby_replicas=2, warmups=2: 60% restores (--restore-rate 20000), "
         "30% restart downtime (--param restart_downtime_s 60), 10% crash detection "
         "(--detection 45)"
     )
     # 0.999 allows 0.001: restores must shrink from 0.0012 to 0.0002, six times faster. One
     # knob: no "(each alone)".
-    assert reach == "to reach 0.999: raise --restore-rate from 20,000 to 120,000 records/s"
+    assert reach == "to reach 0.999: raise --restore-rate from 20000 to 120000 records/s"
+    # The values as the options take them, as the next line writes them: ``:,g`` showed
+    # --restore-rate 1234567 as 1.23457e+06.
+    exact = PlanJob(workload=orders, availability=AvailabilityModel(restore_rate=1_234_567.0))
+    split, reach, *_ = knobs(row, exact)
+    assert "(--restore-rate 1234567)" in split
+    assert reach.startswith("to reach 0.999: raise --restore-rate from 1234567 to 7407402 ")
     # The others at their limits: a tenth of the restart downtime, detection at the brokers'
     # least session timeout (6 s, not 4.5 s).
     assert cannot == (
@@ -82,7 +88,7 @@ def test_knobs_split_the_outage_and_say_what_reaches_the_next_nine(orders: Workl
     # An explicit target: the detection that reaches it, the rest held.
     lines = knobs(row, job, target=0.9983)
     assert lines[1] == (
-        "to reach 0.9983: raise --restore-rate from 20,000 to 26,667 records/s, or lower "
+        "to reach 0.9983: raise --restore-rate from 20000 to 26667 records/s, or lower "
         "--param restart_downtime_s from 60 to 30 s (each alone)"
     )
     assert lines[2] == (
@@ -103,7 +109,7 @@ def test_knob_values_past_their_limits_are_never_suggested(orders: Workload) -> 
     assert len(lines) == 2 and not any(line.startswith("to reach") for line in lines)
     assert lines[1] == (
         "0.999 is out of reach of any one knob alone; at their limits: --param "
-        "restart_downtime_s 6 s gives 0.99835, --restore-rate 200,000 records/s gives 0.99774, "
+        "restart_downtime_s 6 s gives 0.99835, --restore-rate 200000 records/s gives 0.99774, "
         "--detection 6 s gives 0.99738"
     )
     # A knob already at its limit stays there: detection 6 s is not lowered further.
