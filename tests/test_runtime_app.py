@@ -313,15 +313,20 @@ def test_stop_waits_for_a_cancelled_change_to_unwind_only_so_long(
     """A change cancelled at the stop's grace ends once its cleanups do; ``stop()`` waits
     for them ``UNWIND_TIMEOUT`` at most, and says so when it goes on without one. Its
     consumer's stores are then left open (review5 #4: they were closed while the change
-    could still write to them in a thread); another consumer's are closed."""
+    could still write to them in a thread); another consumer's are closed, but for one its
+    commit still holds (review10 #2: moved to the sibling consumer while consumer 0's commit
+    ran, ``running`` 0, its stores were closed under that commit's writes)."""
     monkeypatch.setattr(runtime_app, "UNWIND_TIMEOUT", 0.2)
     one = Topology([Subtopology(0, ["events"])], name="app")
     app = App(one, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path, threads=2)
     app.stop_grace = 0.2
     task = ActiveTask(TaskId(0, 0), 0, {}, Nothing())
     other = ActiveTask(TaskId(0, 1), 1, {}, Nothing())
+    moved = ActiveTask(TaskId(0, 2), 1, {}, Nothing())
+    moved.running = 0  # as ``commits.busy`` marks it until consumer 0's commit ends
     app._actives[task.task_id] = task
     app._actives[other.task_id] = other
+    app._actives[moved.task_id] = moved
     closed: list[TaskId] = []
 
     async def close(task_id: TaskId, stores: object) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import logging
 import struct
@@ -15,13 +16,15 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.client import AIOKafkaClient
+from aiokafka.client import AIOKafkaClient, CoordinationType
 from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.producer.message_accumulator import MessageAccumulator, MessageBatch
 from aiokafka.producer.sender import Sender
 from aiokafka.protocol.admin import ApiVersionResponse_v0
 from aiokafka.protocol.metadata import MetadataResponse_v0
+from aiokafka.protocol.transaction import EndTxnRequest
+from aiokafka.structs import TopicPartition as KafkaTopicPartition
 
 from streamassign import Subtopology, Topology
 from streamassign.aiokafka import closing
@@ -47,15 +50,19 @@ class SilentBroker:
 
     def __init__(self) -> None:
         self.received = bytearray()
+        self.api_keys: list[int] = []
+        self.connections = 0
         self.port = 0
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
                 (size,) = struct.unpack(">i", await reader.readexactly(4))
                 request = await reader.readexactly(size)
                 self.received.extend(request)
                 api_key, _, correlation_id = struct.unpack(">hhi", request[:8])
+                self.api_keys.append(api_key)
                 if api_key == ApiVersionResponse_v0.API_KEY:
                     body = (
                         struct.pack(">i", correlation_id)
@@ -74,14 +81,29 @@ async def silent_broker() -> AsyncIterator[SilentBroker]:
         yield broker
 
 
-async def started_producer(broker: SilentBroker) -> AIOKafkaProducer:
+async def started_producer(
+    broker: SilentBroker, transactional_id: str | None = None
+) -> AIOKafkaProducer:
     """aiokafka's producer with its sender running, given the metadata a bootstrap would
-    have read (the silent broker answers no metadata request): one partition led by it."""
-    producer = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{broker.port}", linger_ms=0)
+    have read (the silent broker answers no metadata request): one partition led by it.
+    Transactional, it is in a transaction, with what its init, coordinator lookup and
+    AddPartitionsToTxn would have given it (the silent broker answers none): a producer id,
+    the silent broker as its coordinator, the partition added."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=f"127.0.0.1:{broker.port}",
+        linger_ms=0,
+        transactional_id=transactional_id,
+    )
     metadata = MetadataResponse_v0(
         [(0, "127.0.0.1", broker.port)], [(0, TOPIC, [(0, 0, 0, [0], [0])])]
     )
     producer.client.cluster.update_metadata(metadata)
+    if transactional_id is not None:
+        transaction = producer._txn_manager
+        transaction.set_pid_and_epoch(1, 0)
+        producer._sender._coordinators[CoordinationType.TRANSACTION] = 0
+        await producer.begin_transaction()
+        transaction._txn_partitions.add(KafkaTopicPartition(TOPIC, 0))
     await producer._sender.start()
     return producer
 
@@ -100,6 +122,16 @@ def aiokafka_tasks() -> list[str]:
         if n.split(".")[0]
         in {"Sender", "MessageAccumulator", "AIOKafkaConnection", "AIOKafkaClient"}
     )
+
+
+def asyncio_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What asyncio logged at ERROR once what the scenario left is collected: a task
+    destroyed pending, an unclosed producer or connection, a future whose exception nobody
+    retrieved, an exception in a done callback (review10 #1, #3)."""
+    gc.collect()
+    return [
+        r.getMessage() for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR
+    ]
 
 
 def test_a_cut_stop_of_the_shared_producer_sends_nothing_more(
@@ -130,6 +162,8 @@ def test_a_cut_stop_of_the_shared_producer_sends_nothing_more(
 
     with caplog.at_level(logging.WARNING, "streamassign"):
         asyncio.run(scenario())
+        app.host.state.close()  # its lock file (only its run's stop closes it)
+        assert asyncio_errors(caplog) == []
     warnings = [r.getMessage() for r in caplog.records if r.name.startswith("streamassign")]
     assert warnings == [
         "the shared producer did not stop within 0.2 s (broker unreachable?): its "
@@ -158,6 +192,44 @@ def test_a_cut_close_of_a_task_producer_sends_nothing_more(
 
     with caplog.at_level(logging.WARNING, "streamassign"):
         asyncio.run(scenario())
+        assert asyncio_errors(caplog) == []
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("streamassign")]
+    assert warnings == [
+        "a task's producer did not close within 0.2 s (broker unreachable?): its "
+        "unacknowledged writes are abandoned"
+    ]
+
+
+def test_a_cut_abort_of_a_task_producer_leaves_nothing_running(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review10 #1: an exactly-once task's producer closed with its abort, which waits for
+    the acks of what it holds (its end-transaction request waits for them), is cut in the
+    abort. Its sender's routine, cancelled, waits for its requests one at a time, and the
+    second cancel ended only the one it awaited: the abort's end-transaction task ran on,
+    reconnected once its writes failed, and sent its EndTxn after the release; and the
+    producer, whose stop never ran, was logged "Unclosed" at garbage collection. Now every
+    task of the sender ends and the producer is closed."""
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.2)
+
+    async def scenario() -> None:
+        async with silent_broker() as broker:
+            producer = await started_producer(broker, transactional_id="app-0_0")
+            await producer.send(TOPIC, b"in-flight")
+            await until(lambda: b"in-flight" in broker.received)
+            queued = await producer.send(TOPIC, b"queued")
+            await asyncio.wait_for(runtime_transactions._close(producer, abort=True), 10)
+            assert aiokafka_tasks() == []
+            assert isinstance(queued.exception(), WritesAbandonedError)
+            for _ in range(3):  # what the release woke up runs now, if anything still can
+                await asyncio.sleep(0)
+            assert aiokafka_tasks() == []
+            assert broker.connections == 1
+            assert EndTxnRequest.API_KEY not in broker.api_keys
+
+    with caplog.at_level(logging.WARNING, "streamassign"):
+        asyncio.run(scenario())
+        assert asyncio_errors(caplog) == []
     warnings = [r.getMessage() for r in caplog.records if r.name.startswith("streamassign")]
     assert warnings == [
         "a task's producer did not close within 0.2 s (broker unreachable?): its "
@@ -215,11 +287,14 @@ def test_the_aiokafka_parts_the_releases_reach_exist() -> None:
 
     async def producer_parts() -> None:
         producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1")
+        assert producer._closed is False  # what its stop sets, and its __del__ reads
         assert isinstance(producer._sender, Sender)
         accumulator = producer._message_accumulator
         assert isinstance(accumulator, MessageAccumulator)
         assert isinstance(accumulator._batches, dict)
         assert isinstance(accumulator._pending_batches, set)
         assert isinstance(producer.client, AIOKafkaClient)
+        await producer.stop()  # never started: nothing to wait for
+        assert producer._closed is True
 
     asyncio.run(producer_parts())

@@ -23,7 +23,12 @@ from aiokafka.errors import (
 )
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
-from streamassign.errors import OutputWriteError, ProducerStartError, RuntimeConfigError
+from streamassign.errors import (
+    OutputWriteError,
+    ProducerStartError,
+    RuntimeConfigError,
+    WritesAbandonedError,
+)
 from streamassign.runtime import (
     COMMIT_KEY,
     App,
@@ -316,6 +321,22 @@ def test_a_transaction_state_error_tears_and_rejoins(tmp_path: Path) -> None:
 
     asyncio.run(run())
     assert tasks[0].torn and rejoins == [0]
+
+
+def test_an_abandoned_write_tears_and_rejoins(tmp_path: Path) -> None:
+    """review10 #4: a write a released producer abandoned (``WritesAbandonedError``: the
+    broker was unreachable) is no refusal; it was reported as one that "cannot be written",
+    and the application stopped for a passing condition."""
+    app, tasks, fakes, rejoins = make(tmp_path)
+    fail_sends(fakes[0], WritesAbandonedError("a task's producer was released"))
+
+    async def run() -> None:
+        await app._processing.process(tasks[0], Rec(0, 0, b"k"))
+        await app._commits.commit(0)
+
+    asyncio.run(run())
+    assert tasks[0].torn and rejoins == [0]
+    assert app.failure is None
 
 
 def test_no_task_is_torn_while_another_still_commits(tmp_path: Path) -> None:

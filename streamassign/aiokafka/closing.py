@@ -87,9 +87,11 @@ async def release_producer(name: str, producer: Any, log: logging.Logger) -> Non
     The sender is cancelled first (only its routine turns queued batches into requests, so
     none is sent after this); the connections close (a request already on a socket may still
     land, when the broker reads it, but none is sent again: the failed ones are put back in
-    the queue); the sender's routine, which waits for its requests in flight, is waited for;
-    then every batch still held fails with ``WritesAbandonedError`` (which ends the flush the
-    cut stop had begun)."""
+    the queue); the sender's routine, which waits for its requests in flight, is waited for,
+    and every request task it left (see ``_end_sender_tasks``); then every batch still held
+    fails with ``WritesAbandonedError`` (which ends the flush the cut stop had begun), and the
+    producer is marked closed (a cut abort never reached its stop: aiokafka would log it
+    "Unclosed" at garbage collection, and a later ``stop()`` would wait on it again)."""
     abandoned = WritesAbandonedError(f"{name} was released before these writes were acknowledged")
     await _release(
         name,
@@ -97,7 +99,9 @@ async def release_producer(name: str, producer: Any, log: logging.Logger) -> Non
             ("cancel its sender", lambda: producer._sender.sender_task.cancel()),
             ("close its connections", lambda: producer.client.close()),
             ("end its sender", lambda: _end_task(producer._sender.sender_task)),
+            ("end its requests", lambda: _end_sender_tasks(producer._sender)),
             ("fail its writes", lambda: _fail_held(producer._message_accumulator, abandoned)),
+            ("mark it closed", lambda: setattr(producer, "_closed", True)),
         ),
         log,
     )
@@ -134,6 +138,32 @@ async def _end_task(task: asyncio.Task[Any]) -> None:
         raise TimeoutError(f"{task.get_name()} did not end")
     if not task.cancelled():
         task.exception()  # retrieved, so asyncio does not log it: its batches are failed next
+
+
+async def _end_sender_tasks(sender: Any) -> None:
+    """Cancel and wait for every task still running a method of aiokafka's ``sender`` (its
+    produce requests, its transaction request): its routine, cancelled, waits for them one
+    at a time, so ``_end_task``'s second cancel ends only the one it awaited. Left, one waits
+    for ever (for a metadata update: the client closed), or, its writes failed next, goes on
+    and reconnects: a cut abort's end-transaction task sends its EndTxn after the release.
+    They are found by the ``self`` of their coroutine (aiokafka keeps no set of them)."""
+    tasks = [task for task in asyncio.all_tasks() if _runs_a_method_of(task, sender)]
+    while tasks:
+        for task in tasks:
+            task.cancel()  # again if it caught the last one (bounded by the step's timeout)
+        _, pending = await asyncio.wait(tasks, timeout=RELEASE_STEP_TIMEOUT / 4)
+        for task in set(tasks) - pending:
+            if not task.cancelled():
+                task.exception()  # retrieved, so asyncio does not log it
+        tasks = list(pending)
+
+
+def _runs_a_method_of(task: asyncio.Task[Any], owner: object) -> bool:
+    """Whether ``task`` is not done and its coroutine is a method of ``owner``."""
+    coroutine = task.get_coro()
+    if task.done() or not inspect.iscoroutine(coroutine):
+        return False
+    return inspect.getcoroutinelocals(coroutine).get("self") is owner
 
 
 async def _release(

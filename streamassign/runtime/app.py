@@ -483,9 +483,15 @@ class App:
         """Close (checkpointing them) the stores of actives, standbys and parked tasks, and
         wait for every close under way; then end the store threads. The actives of a
         consumer whose cancelled change did not unwind are left open (to the process's
-        exit): the change may still write to them in a thread, and a RocksDB store closed
-        under a write could be damaged. Not checkpointed, they are restored at restart."""
-        closing = [t for t in self._actives.values() if t.consumer not in self._unwinding]
+        exit), and those its commit still holds (moved to a sibling consumer meanwhile:
+        ``commits.busy``): the change may still write to them in a thread, and a RocksDB
+        store closed under a write could be damaged. Not checkpointed, they are restored at
+        restart."""
+        closing = [
+            t
+            for t in self._actives.values()
+            if t.consumer not in self._unwinding and t.running not in self._unwinding
+        ]
         closes = [self._stores.close(t.task_id, t.stores) for t in closing]
         for task in closing:
             drop_writes(task)  # after a failure, writes not committed are not awaited

@@ -38,7 +38,7 @@ from aiokafka.errors import (
 
 from .. import TaskId, TopicPartition
 from ..aiokafka import closing
-from ..errors import ProducerStartError, TransactionFailedError
+from ..errors import ProducerStartError, TransactionFailedError, WritesAbandonedError
 from .end_offsets import list_offsets
 
 log = logging.getLogger("streamassign.runtime")
@@ -59,7 +59,8 @@ ORPHANS_TIMEOUT = 10.0
 #: A transaction failing with one of these is cured by a new producer after a rejoin: it was
 #: fenced by a newer owner, or is in a state only a new producer leaves (the broker aborted
 #: it at its timeout, or aiokafka refuses an operation in the transaction's state), or
-#: timed out.
+#: timed out, or its writes were abandoned (a producer released after its stop was cut:
+#: the broker was unreachable, a passing condition).
 _FENCING = (
     ProducerFenced,
     InvalidProducerEpoch,
@@ -69,14 +70,16 @@ _FENCING = (
     OutOfOrderSequenceNumber,
     IllegalOperation,
     KafkaTimeoutError,
+    WritesAbandonedError,
 )
 
 
 def rejoin_cures(exc: BaseException) -> bool:
     """Whether a failed transaction is retried (task torn, restored with a new producer after
     a rejoin) rather than stopping the application: fencing and transaction-state errors,
-    retriable ones and timeouts, and a task without producer (failed before). A record the
-    broker rejects (too large, keyless to a compacted topic, not authorised) fails again."""
+    retriable ones and timeouts, abandoned writes, and a task without producer (failed
+    before). A record the broker rejects (too large, keyless to a compacted topic, not
+    authorised) fails again."""
     if isinstance(exc, TransactionFailedError) and exc.__cause__ is None:
         return True
     cause: BaseException | None = exc
