@@ -15,6 +15,8 @@ import pytest
 
 faust = pytest.importorskip("faust")
 
+from aiokafka.consumer.fetcher import Fetcher, FetchResult  # noqa: E402
+from aiokafka.consumer.subscription_state import SubscriptionState  # noqa: E402
 from faust.types import TP  # noqa: E402
 
 from streamassign.faust.transport import SWITCH_ENV  # noqa: E402
@@ -220,6 +222,110 @@ def test_records_fetched_across_a_rebalance_are_put_back(tmp_path: Path, rebalan
     else:
         assert [r.offset for r in records[CHANGELOG]] == list(range(79, 120))
         assert position == 120
+
+
+class PrefetchingConsumer:
+    """What Faust's ``_fetch_records`` uses of an aiokafka consumer, with aiokafka's own
+    ``Fetcher.fetched_records`` and ``seek_to``, ``FetchResult`` and subscription state:
+    ``SOURCE``'s records 0..2 prefetched (aiokafka keeps fetching a partition Faust pauses in
+    its own set only), ``CHANGELOG`` read from 59; ``changelog_arrives()`` buffers its records
+    59..61 and wakes a waiting fetch, as a fetch response does."""
+
+    fetched_records = Fetcher.fetched_records
+    seek_to = Fetcher.seek_to
+
+    def __init__(self) -> None:
+        self._closed = False
+        self._subscriptions = self._subscription = SubscriptionState()
+        self._subscription.assign_from_user({CHANGELOG, SOURCE})
+        self._subscription.seek(CHANGELOG, 59)
+        self._subscription.seek(SOURCE, 0)
+        self._fetcher = self
+        self._wait_consume_future = None
+        self._waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._records = {SOURCE: self._fetch_result(SOURCE, [0, 1, 2])}
+
+    def _fetch_result(self, tp: TP, offsets: list[int]) -> FetchResult:
+        assignment = self._subscription.subscription.assignment
+        return FetchResult(tp, assignment=assignment, partition_records=Batch(offsets), backoff=0)
+
+    def changelog_arrives(self) -> None:
+        self._records[CHANGELOG] = self._fetch_result(CHANGELOG, [59, 60, 61])
+        self._waiter.set_result(None)
+
+    def _create_fetch_waiter(self) -> asyncio.Future[None]:
+        return self._waiter
+
+    def _notify(self, future: Any) -> None:
+        pass
+
+    def position_of(self, tp: TP) -> Any:
+        return self._subscription.subscription.assignment.state_value(tp).position
+
+    def assignment(self) -> set[TP]:
+        return set(self._subscription.assigned_partitions())
+
+    def seek(self, tp: TP, offset: int) -> None:  # AIOKafkaConsumer.seek
+        self.seek_to(tp, offset)
+
+
+class Batch:
+    """aiokafka's partition records as ``FetchResult`` reads them: records with offsets."""
+
+    def __init__(self, offsets: list[int]) -> None:
+        self._offsets, self.next_fetch_offset = iter(offsets), offsets[0]
+
+    def __iter__(self) -> Batch:
+        return self
+
+    def __next__(self) -> Any:
+        offset = next(self._offsets)
+        self.next_fetch_offset = offset + 1
+        return SimpleNamespace(offset=offset)
+
+
+@pytest.mark.parametrize(
+    ("case", "handed_on", "positions"),
+    [
+        # Faust's recovery ends (pause_partitions(active_tps)) while the fetch waits: the empty
+        # set makes aiokafka drain every buffered partition, all of which Faust would drop.
+        ("recovery done", {}, {CHANGELOG: 59, SOURCE: 0}),
+        ("recovering", {CHANGELOG: [59, 60, 61]}, {CHANGELOG: 62, SOURCE: 0}),
+        # Faust keeps the records of a partition in its buffer-full set too.
+        ("source buffer full", {SOURCE: [0, 1, 2]}, {CHANGELOG: 59, SOURCE: 3}),
+    ],
+)
+def test_records_outside_faust_s_active_set_are_put_back(
+    tmp_path: Path, case: str, handed_on: dict[TP, list[int]], positions: dict[TP, int]
+) -> None:
+    """Faust's ``getmany`` drops, without a seek, the records of partitions outside the active
+    set it fetched with; its seek to the committed offsets after a recovery leaves alone a
+    stream partition with no commit yet, whose records would be lost. Such records are put
+    back, the rest handed on."""
+    app = table_app(tmp_path)
+    faust_consumer = assigned(app, {CHANGELOG, SOURCE})
+    faust_consumer.resume_flow()
+    faust_consumer.resume_partitions({CHANGELOG})  # the recovery reads it; SOURCE stays held
+    active = faust_consumer._get_active_partitions()  # the live set Faust fetches with
+    assert active == {CHANGELOG}
+
+    async def fetch() -> tuple[Any, dict[TP, int]]:
+        consumer = PrefetchingConsumer()
+        call = asyncio.ensure_future(app.consumer._thread._fetch_records(consumer, active, 1.0))
+        await asyncio.sleep(0.01)  # the call waits for a fetch response
+        if case != "recovering":
+            faust_consumer.pause_partitions(
+                {CHANGELOG}
+            )  # recovery.py: pause_partitions(active_tps)
+        if case == "source buffer full":
+            faust_consumer._buffered_partitions.add(SOURCE)
+        consumer.changelog_arrives()
+        records = await call
+        return records, {tp: consumer.position_of(tp) for tp in (CHANGELOG, SOURCE)}
+
+    records, got_positions = asyncio.run(fetch())
+    assert {tp: [r.offset for r in batch] for tp, batch in records.items()} == handed_on
+    assert got_positions == positions
 
 
 def recovering(app: faust.App, applied: int, highwater: int, stall_after: float = 0.2) -> Any:

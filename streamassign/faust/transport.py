@@ -20,8 +20,9 @@ offset, so that record is lost. This consumer keeps a stream partition paused wh
 resumes it during a rebalance (``app.rebalancing``), until the next ``resume_flow()`` (which
 Faust calls right after resuming flow control), so nothing is fetched for it before the queues
 are emptied; outside a rebalance a resume takes effect at once. Its consumer thread puts back
-records aiokafka hands out across a rebalance, which Faust would drop (a table recovery then
-waits for ever for its changelog records: ``_ConsumerThread._fetch_records``). Two watchdogs
+records aiokafka hands out that Faust would drop: across a rebalance (a table recovery then
+waits for ever for its changelog records) or for partitions Faust took out of its active set
+while the fetch waited (``_ConsumerThread._fetch_records``). Two watchdogs
 say what Faust's recovery would leave stuck in silence: held partitions never released, and a
 table recovery that applies nothing for ``recovery_stall_after`` seconds (one WARNING per
 stall, with the partitions behind and their offsets). Everything else is Faust's aiokafka
@@ -73,27 +74,49 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         timeout: float | None = None,
         max_records: int | None = None,
     ) -> Any:
-        """Faust's, but records taken from a newer assignment than the one the call began in
-        (or after Faust stopped the flow) are put back, not handed to Faust, which would drop
-        them.
+        """Faust's, but records Faust would drop are put back (rewound, so that they are
+        fetched again), not handed on: all of them when taken from a newer assignment than the
+        one the call began in or after Faust stopped the flow, and otherwise those of
+        partitions no longer in Faust's active set (nor in its buffer-full set).
 
         aiokafka's ``fetched_records`` waits out a rebalance that starts while it waits and
         then drains the new assignment's records for the partitions in Faust's active set,
-        which it reads live: right after an assignment Faust makes every new partition active
-        until its recovery pauses them. Faust's ``getmany`` then drops what such a call returns
-        (the flow is stopped) and seeks only stream partitions back: a changelog partition's
-        records were taken past the recovery's start, so its recovery waits for records that
-        never come (a worker stuck in recovery, `No event received for active tp`)."""
+        which it reads live; an empty set means every partition to aiokafka
+        (``if partitions and ...``). Right after an assignment Faust pauses every partition at
+        once, and at the end of a table recovery it pauses the changelog partitions
+        (``pause_partitions(active_tps)``): both empty the set while a fetch may wait, and the
+        fetch then drains every buffered partition, stream partitions included (aiokafka keeps
+        prefetching them: Faust pauses only in its own set). Faust's ``getmany`` drops what is
+        outside the set it asked with, without a seek; its later seek to the committed offsets
+        leaves alone a partition with no commit yet (a new app, partition or source topic), so
+        those records would be lost, and a changelog partition's records were taken past the
+        recovery's start, so its recovery would wait for ever (a worker stuck in recovery,
+        `No event received for active tp`)."""
         assignment = current_assignment(consumer)
         records = await super()._fetch_records(
             consumer, active_partitions, timeout=timeout, max_records=max_records
         )
-        stale = current_assignment(consumer) is not assignment or not self.consumer.flow_active
-        if records and stale:  # nothing else ran since the records were taken: rewind exact
-            rewound = rewind(consumer, records)
-            log.debug("put back records fetched across a rebalance: %s", sorted(rewound)[:10])
-            return {}
-        return records
+        if not records:
+            return records
+        if current_assignment(consumer) is not assignment or not self.consumer.flow_active:
+            dropped = set(records)
+        else:
+            dropped = self._dropped_by_faust(records, active_partitions)
+        if not dropped:
+            return records
+        # Nothing else ran on this loop since the records were taken: the rewind is exact.
+        rewound = rewind(consumer, {tp: records[tp] for tp in dropped})
+        log.debug("put back records Faust would drop: %s", sorted(rewound)[:10])
+        return {tp: batch for tp, batch in records.items() if tp not in dropped}
+
+    def _dropped_by_faust(self, records: Mapping[TP, Any], active_partitions: Any) -> set[TP]:
+        """The partitions of ``records`` Faust's ``getmany`` drops: outside ``active_partitions``
+        (Faust's live set, which its main thread may change) and its buffer-full set. Each a
+        membership test, not an iteration of a set another thread may resize meanwhile."""
+        if active_partitions is None:  # a client-only app: Faust keeps everything
+            return set()
+        buffered = self.consumer._buffered_partitions
+        return {tp for tp in records if tp not in active_partitions and tp not in buffered}
 
 
 class _Ticker:
