@@ -338,6 +338,7 @@ def recovering(app: faust.App, applied: int, highwater: int, stall_after: float 
     recovery.active_offsets[CHANGELOG] = applied
     app.consumer.recovery_stall_after = stall_after
     app.consumer.resume_partitions({CHANGELOG})
+    app.consumer.resume_flow()  # as Faust's recovery does to read the changelog
     return recovery
 
 
@@ -393,6 +394,83 @@ def test_a_moving_table_recovery_is_not_reported(
 
     with caplog.at_level(logging.INFO, logger="streamassign.faust"):
         asyncio.run(move())
+    assert "table recovery" not in caplog.text
+
+
+async def apply_records(recovery: Any, records: int) -> None:
+    """The recovery applying ``records`` records, one every 20 ms."""
+    for _ in range(records):
+        recovery.active_offsets[CHANGELOG] += 1
+        await asyncio.sleep(0.02)
+
+
+def test_a_moving_recovery_interrupted_by_a_rebalance_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review11's reproducer: a recovery applying records, then a rebalance that lasts more
+    than the stall bound."""
+    app = table_app(tmp_path)
+    assigned(app, {CHANGELOG, SOURCE})
+
+    async def interrupted() -> None:
+        recovery = recovering(app, applied=33, highwater=59, stall_after=0.2)
+        await apply_records(recovery, 10)
+        app.on_rebalance_start()  # the revoke: the flow stops, in_recovery stays
+        app.consumer.stop_flow()
+        await asyncio.sleep(0.6)  # more than two stall bounds (30 s in production)
+        recovery.in_recovery = False
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(interrupted())
+    assert "table recovery" not in caplog.text
+
+
+def test_a_recovery_interrupted_by_a_rebalance_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rebalance that interrupts a table recovery (a join waiting for a slow or dead member:
+    up to 60 s by default) stops the flow while Faust's ``in_recovery`` stays set: nothing is
+    applied, but nothing is stuck, and restarting the worker would only rebalance again. No
+    warning then; after it, a new stall (``moving again`` only for a stall told)."""
+    app = table_app(tmp_path)
+    assigned(app, {CHANGELOG, SOURCE})
+    stalled = "table recovery has applied nothing"
+
+    async def stall_rebalance_stall() -> None:
+        recovery = recovering(app, applied=33, highwater=59, stall_after=0.2)
+        await wait_for_log(caplog, stalled)
+        app.on_rebalance_start()  # the revoke: the flow stops, in_recovery stays
+        app.consumer.stop_flow()
+        await asyncio.sleep(0.6)  # more than two stall bounds (30 s in production)
+        recovery.active_offsets[CHANGELOG] = 40  # Faust's on_rebalance rewrites them
+        await asyncio.sleep(0.1)
+        app.consumer.resume_flow()  # the new recovery reads the changelog
+        await apply_records(recovery, 10)
+        assert caplog.text.count(stalled) == 1, caplog.text
+        await wait_for_log(caplog, "50/59")  # stalled again (a new stall, told anew)
+        recovery.in_recovery = False
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(stall_rebalance_stall())
+    assert caplog.text.count(stalled) == 2
+    assert "moving again" not in caplog.text
+
+
+def test_a_recovery_caught_up_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stall with every changelog partition at its highwater is Faust finishing the
+    recovery, not a stuck fetcher."""
+    app = table_app(tmp_path)
+    assigned(app, {CHANGELOG})
+
+    async def caught_up() -> None:
+        recovering(app, applied=59, highwater=59, stall_after=0.2)
+        await asyncio.sleep(0.6)  # more than two stall bounds
+        app.tables.recovery.in_recovery = False
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(caught_up())
     assert "table recovery" not in caplog.text
 
 

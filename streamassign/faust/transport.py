@@ -244,42 +244,52 @@ class _Consumer(faust_aiokafka.Consumer):
 
     def _on_recovery_watch(self) -> bool:
         """Has the table recovery applied anything since the last look? One WARNING per stall
-        (naming the partitions still behind, with offsets), one INFO line if it moves again.
-        A recovery whose fetcher stopped reading logs only Faust's ``No event received for
-        active tp``, every 5 s, without positions (docs/faust.md, "Topics that do not exist
-        yet")."""
+        while some changelog partition is behind (naming them, with offsets), one INFO line if
+        it moves again. A recovery whose fetcher stopped reading logs only Faust's ``No event
+        received for active tp``, every 5 s, without positions (docs/faust.md, "Topics that do
+        not exist yet"). While the flow is stopped (a rebalance interrupted the recovery, or
+        the next one is setting up) nothing can be applied: the clock restarts instead, and a
+        recovery that never resumes the flow is the hold watch's to report."""
         recovery: Any = getattr(self.app.tables, "recovery", None)  # Faust's Recovery service
         if recovery is None or not recovery.in_recovery:
             self._recovery_seen = None
             return False
         now = asyncio.get_running_loop().time()
         applied = {tp: recovery.active_offsets.get(tp) for tp in recovery.active_tps}
+        if not self.flow_active:  # a new stall (and no "moving again") once the flow resumes
+            self._recovery_seen, self._recovery_stall_told = (applied, now), False
+            return True
         if self._recovery_seen is None or self._recovery_seen[0] != applied:
             if self._recovery_stall_told and self._recovery_seen is not None:
                 log.info("table recovery moving again after %.1f s", now - self._recovery_seen[1])
             self._recovery_seen, self._recovery_stall_told = (applied, now), False
             return True
         stalled_for = now - self._recovery_seen[1]
-        if stalled_for >= self.recovery_stall_after and not self._recovery_stall_told:
+        if stalled_for < self.recovery_stall_after or self._recovery_stall_told:
+            return True
+        highwaters = recovery.active_highwaters
+        behind = sorted(
+            tp
+            for tp, offset in applied.items()
+            if highwaters.get(tp) is not None and (offset is None or offset < highwaters[tp])
+        )
+        if behind:  # else caught up: Faust ends the recovery
             self._recovery_stall_told = True
             log.warning(
                 "table recovery has applied nothing for %.1f s; changelog partitions behind: "
                 "%s; Faust's fetcher may have stopped reading them: restart this worker if it "
                 "does not move",
                 stalled_for,
-                self._behind(applied, recovery.active_highwaters),
+                self._describe_behind(behind, applied, highwaters),
             )
         return True
 
-    def _behind(self, applied: Mapping[TP, int | None], highwaters: Mapping[TP, Any]) -> str:
-        """Each partition not caught up (at most 10): ``topic[partition] applied/highwater``,
-        then what Faust's consumer (in its active set or not, the offset it last handed on) and
-        aiokafka (``fetch_states``) make of it: where a stalled recovery's records stop."""
-        behind = sorted(
-            tp
-            for tp, offset in applied.items()
-            if highwaters.get(tp) is not None and (offset is None or offset < highwaters[tp])
-        )
+    def _describe_behind(
+        self, behind: list[TP], applied: Mapping[TP, int | None], highwaters: Mapping[TP, Any]
+    ) -> str:
+        """Each of ``behind`` (at most 10): ``topic[partition] applied/highwater``, then what
+        Faust's consumer (in its active set or not, the offset it last handed on) and aiokafka
+        (``fetch_states``) make of it: where a stalled recovery's records stop."""
         active = self._get_active_partitions()
         fetching = fetch_states(getattr(self._thread, "_consumer", None), behind[:10])
         rows = [
@@ -289,8 +299,7 @@ class _Consumer(faust_aiokafka.Consumer):
             for tp in behind[:10]
         ]
         more = f" and {len(behind) - 10} more" if len(behind) > 10 else ""
-        flow = "" if self.flow_active else " (flow stopped)"
-        return ", ".join(rows) + more + flow
+        return ", ".join(rows) + more
 
 
 class Transport(faust_aiokafka.Transport):
