@@ -19,7 +19,7 @@ from aiokafka.consumer.fetcher import Fetcher, FetchResult  # noqa: E402
 from aiokafka.consumer.subscription_state import SubscriptionState  # noqa: E402
 from faust.types import TP  # noqa: E402
 
-from streamassign.faust.transport import SWITCH_ENV  # noqa: E402
+from streamassign.faust.transport import SWITCH_ENV, _Ticker  # noqa: E402
 
 SOURCE = TP("orders", 0)
 CHANGELOG = TP("orders-app-totals-changelog", 0)
@@ -472,6 +472,42 @@ def test_a_recovery_caught_up_is_not_reported(
     with caplog.at_level(logging.INFO, logger="streamassign.faust"):
         asyncio.run(caught_up())
     assert "table recovery" not in caplog.text
+
+
+def test_a_watchdog_that_fails_is_logged_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    """An error in a watch check must not end the watch in silence: the next stall would go
+    unreported."""
+    looks: list[int] = []
+
+    def check() -> bool:
+        looks.append(len(looks))
+        if len(looks) == 1:
+            raise RuntimeError("boom")
+        return len(looks) < 3
+
+    async def watch() -> None:
+        ticker = _Ticker(check)
+        ticker.start(0.01)
+        deadline = time.monotonic() + 30
+        while ticker.running or not looks:
+            assert time.monotonic() < deadline, f"the watch stopped after {len(looks)} looks"
+            await asyncio.sleep(0.01)
+
+    with caplog.at_level(logging.ERROR, logger="streamassign.faust"):
+        asyncio.run(watch())
+    assert looks == [0, 1, 2]
+    assert "failed; it goes on" in caplog.text and "boom" in caplog.text
+
+
+def test_the_stall_report_leaves_faust_s_active_set_alone(tmp_path: Path) -> None:
+    """Faust's ``_get_active_partitions`` sets its active set to the whole assignment when it
+    has none: a diagnosis must not do that."""
+    consumer = table_app(tmp_path).consumer
+    consumer.assignment = lambda: {CHANGELOG}
+    consumer._active_partitions = None  # what _get_active_partitions fills with the assignment
+    described = consumer._describe_behind([CHANGELOG], {CHANGELOG: 33}, {CHANGELOG: 59})
+    assert "33/59 (Faust: inactive" in described
+    assert consumer._active_partitions is None
 
 
 @pytest.mark.parametrize(("switch", "offered"), [(None, ["streamassign-faust"]), ("1", None)])

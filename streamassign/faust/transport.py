@@ -149,7 +149,12 @@ class _Ticker:
 
     def _tick(self, loop: asyncio.AbstractEventLoop, period: float) -> None:
         self._timer = None
-        if self._check():
+        try:
+            again = self._check()
+        except Exception:  # a watchdog that stops in silence would hide the next stall
+            log.exception("watchdog %s failed; it goes on", getattr(self._check, "__name__", ""))
+            again = True
+        if again:
             self._timer = loop.call_later(period, self._tick, loop, period)
 
 
@@ -290,7 +295,8 @@ class _Consumer(faust_aiokafka.Consumer):
         """Each of ``behind`` (at most 10): ``topic[partition] applied/highwater``, then what
         Faust's consumer (in its active set or not, the offset it last handed on) and aiokafka
         (``fetch_states``) make of it: where a stalled recovery's records stop."""
-        active = self._get_active_partitions()
+        # Not _get_active_partitions(), which sets Faust's active set when it has none.
+        active = self._active_partitions or set()
         fetching = fetch_states(getattr(self._thread, "_consumer", None), behind[:10])
         rows = [
             f"{tp.topic}[{tp.partition}] {applied[tp]}/{highwaters[tp]} (Faust: "
