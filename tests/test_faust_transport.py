@@ -165,14 +165,13 @@ def test_a_released_hold_stops_its_watch(tmp_path: Path) -> None:
 
 class DrainingConsumer:
     """What Faust's ``_fetch_records`` uses of an aiokafka consumer, on aiokafka's own
-    subscription state: ``fetched_records`` hands out ``CHANGELOG``'s records 79..119 and
-    advances its position to 120, after a rebalance (a new assignment) if ``rebalance``, as
-    aiokafka does for a call that waited across one."""
+    subscription state: ``fetched_records`` runs ``meanwhile`` (what Faust does while it
+    waits), then hands out ``CHANGELOG``'s records 79..119 and advances its position to 120,
+    after a rebalance (a new assignment) if ``new_assignment``, as aiokafka does for a call
+    that waited across one."""
 
-    def __init__(self, rebalance: Callable[[], None] | None) -> None:
-        from aiokafka.consumer.subscription_state import SubscriptionState
-
-        self.rebalance = rebalance
+    def __init__(self, meanwhile: Callable[[], None], new_assignment: bool) -> None:
+        self.meanwhile, self.new_assignment = meanwhile, new_assignment
         self._closed = False
         self._subscription = SubscriptionState()
         self._subscription.assign_from_user({CHANGELOG})
@@ -182,8 +181,8 @@ class DrainingConsumer:
     async def fetched_records(
         self, partitions: Any, timeout: float = 0, max_records: Any = None
     ) -> Any:
-        if self.rebalance is not None:
-            self.rebalance()  # what Faust does meanwhile
+        self.meanwhile()
+        if self.new_assignment:
             self._subscription.assign_from_user({CHANGELOG})  # a new assignment object
         self._subscription.seek(CHANGELOG, 79)  # where the new recovery starts reading
         self.position_of(CHANGELOG).consumed_to(120)
@@ -199,8 +198,20 @@ class DrainingConsumer:
         self._subscription.seek(tp, offset)
 
 
-@pytest.mark.parametrize("rebalance", [True, False])
-def test_records_fetched_across_a_rebalance_are_put_back(tmp_path: Path, rebalance: bool) -> None:
+@pytest.mark.parametrize(
+    ("flow", "new_assignment", "put_back"),
+    [
+        # The revoke stopped the flow, and the new recovery resumed it before the call returned:
+        # only the assignment tells.
+        ("stopped and resumed", True, True),
+        # Faust stopped the flow (a revoke whose assignment has not come yet, or the app stops).
+        ("stopped", False, True),
+        ("running", False, False),
+    ],
+)
+def test_records_fetched_across_a_rebalance_are_put_back(
+    tmp_path: Path, flow: str, new_assignment: bool, put_back: bool
+) -> None:
     """A fetch that began before a rebalance and drained the new assignment's changelog
     records: Faust would drop them (its flow is stopped) and seek only stream partitions back,
     so the recovery would wait for ever for records already taken (seen as a worker stuck in
@@ -209,15 +220,20 @@ def test_records_fetched_across_a_rebalance_are_put_back(tmp_path: Path, rebalan
     app = table_app(tmp_path)
     thread = app.consumer._thread
 
+    def meanwhile() -> None:
+        if flow != "running":
+            app.consumer.stop_flow()
+        if flow == "stopped and resumed":
+            app.consumer.resume_flow()
+
     async def fetch() -> tuple[Any, int]:
-        # Faust's revoke stops the flow, then the new assignment arrives.
-        consumer = DrainingConsumer(app.consumer.stop_flow if rebalance else None)
+        consumer = DrainingConsumer(meanwhile, new_assignment)
         app.consumer.resume_flow()
         records = await thread._fetch_records(consumer, {CHANGELOG}, timeout=1.0)
         return records, consumer.position_of(CHANGELOG).position
 
     records, position = asyncio.run(fetch())
-    if rebalance:
+    if put_back:
         assert (records, position) == ({}, 79)
     else:
         assert [r.offset for r in records[CHANGELOG]] == list(range(79, 120))
