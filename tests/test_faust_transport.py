@@ -15,9 +15,11 @@ import pytest
 
 faust = pytest.importorskip("faust")
 
+from aiokafka.consumer.fetcher import Fetcher, FetchResult  # noqa: E402
+from aiokafka.consumer.subscription_state import SubscriptionState  # noqa: E402
 from faust.types import TP  # noqa: E402
 
-from streamassign.faust.transport import SWITCH_ENV  # noqa: E402
+from streamassign.faust.transport import SWITCH_ENV, _Ticker  # noqa: E402
 
 SOURCE = TP("orders", 0)
 CHANGELOG = TP("orders-app-totals-changelog", 0)
@@ -163,14 +165,13 @@ def test_a_released_hold_stops_its_watch(tmp_path: Path) -> None:
 
 class DrainingConsumer:
     """What Faust's ``_fetch_records`` uses of an aiokafka consumer, on aiokafka's own
-    subscription state: ``fetched_records`` hands out ``CHANGELOG``'s records 79..119 and
-    advances its position to 120, after a rebalance (a new assignment) if ``rebalance``, as
-    aiokafka does for a call that waited across one."""
+    subscription state: ``fetched_records`` runs ``meanwhile`` (what Faust does while it
+    waits), then hands out ``CHANGELOG``'s records 79..119 and advances its position to 120,
+    after a rebalance (a new assignment) if ``new_assignment``, as aiokafka does for a call
+    that waited across one."""
 
-    def __init__(self, rebalance: Callable[[], None] | None) -> None:
-        from aiokafka.consumer.subscription_state import SubscriptionState
-
-        self.rebalance = rebalance
+    def __init__(self, meanwhile: Callable[[], None], new_assignment: bool) -> None:
+        self.meanwhile, self.new_assignment = meanwhile, new_assignment
         self._closed = False
         self._subscription = SubscriptionState()
         self._subscription.assign_from_user({CHANGELOG})
@@ -180,8 +181,8 @@ class DrainingConsumer:
     async def fetched_records(
         self, partitions: Any, timeout: float = 0, max_records: Any = None
     ) -> Any:
-        if self.rebalance is not None:
-            self.rebalance()  # what Faust does meanwhile
+        self.meanwhile()
+        if self.new_assignment:
             self._subscription.assign_from_user({CHANGELOG})  # a new assignment object
         self._subscription.seek(CHANGELOG, 79)  # where the new recovery starts reading
         self.position_of(CHANGELOG).consumed_to(120)
@@ -197,8 +198,20 @@ class DrainingConsumer:
         self._subscription.seek(tp, offset)
 
 
-@pytest.mark.parametrize("rebalance", [True, False])
-def test_records_fetched_across_a_rebalance_are_put_back(tmp_path: Path, rebalance: bool) -> None:
+@pytest.mark.parametrize(
+    ("flow", "new_assignment", "put_back"),
+    [
+        # The revoke stopped the flow, and the new recovery resumed it before the call returned:
+        # only the assignment tells.
+        ("stopped and resumed", True, True),
+        # Faust stopped the flow (a revoke whose assignment has not come yet, or the app stops).
+        ("stopped", False, True),
+        ("running", False, False),
+    ],
+)
+def test_records_fetched_across_a_rebalance_are_put_back(
+    tmp_path: Path, flow: str, new_assignment: bool, put_back: bool
+) -> None:
     """A fetch that began before a rebalance and drained the new assignment's changelog
     records: Faust would drop them (its flow is stopped) and seek only stream partitions back,
     so the recovery would wait for ever for records already taken (seen as a worker stuck in
@@ -207,19 +220,128 @@ def test_records_fetched_across_a_rebalance_are_put_back(tmp_path: Path, rebalan
     app = table_app(tmp_path)
     thread = app.consumer._thread
 
+    def meanwhile() -> None:
+        if flow != "running":
+            app.consumer.stop_flow()
+        if flow == "stopped and resumed":
+            app.consumer.resume_flow()
+
     async def fetch() -> tuple[Any, int]:
-        # Faust's revoke stops the flow, then the new assignment arrives.
-        consumer = DrainingConsumer(app.consumer.stop_flow if rebalance else None)
+        consumer = DrainingConsumer(meanwhile, new_assignment)
         app.consumer.resume_flow()
         records = await thread._fetch_records(consumer, {CHANGELOG}, timeout=1.0)
         return records, consumer.position_of(CHANGELOG).position
 
     records, position = asyncio.run(fetch())
-    if rebalance:
+    if put_back:
         assert (records, position) == ({}, 79)
     else:
         assert [r.offset for r in records[CHANGELOG]] == list(range(79, 120))
         assert position == 120
+
+
+class PrefetchingConsumer:
+    """What Faust's ``_fetch_records`` uses of an aiokafka consumer, with aiokafka's own
+    ``Fetcher.fetched_records`` and ``seek_to``, ``FetchResult`` and subscription state:
+    ``SOURCE``'s records 0..2 prefetched (aiokafka keeps fetching a partition Faust pauses in
+    its own set only), ``CHANGELOG`` read from 59; ``changelog_arrives()`` buffers its records
+    59..61 and wakes a waiting fetch, as a fetch response does."""
+
+    fetched_records = Fetcher.fetched_records
+    seek_to = Fetcher.seek_to
+
+    def __init__(self) -> None:
+        self._closed = False
+        self._subscriptions = self._subscription = SubscriptionState()
+        self._subscription.assign_from_user({CHANGELOG, SOURCE})
+        self._subscription.seek(CHANGELOG, 59)
+        self._subscription.seek(SOURCE, 0)
+        self._fetcher = self
+        self._wait_consume_future = None
+        self._waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._records = {SOURCE: self._fetch_result(SOURCE, [0, 1, 2])}
+
+    def _fetch_result(self, tp: TP, offsets: list[int]) -> FetchResult:
+        assignment = self._subscription.subscription.assignment
+        return FetchResult(tp, assignment=assignment, partition_records=Batch(offsets), backoff=0)
+
+    def changelog_arrives(self) -> None:
+        self._records[CHANGELOG] = self._fetch_result(CHANGELOG, [59, 60, 61])
+        self._waiter.set_result(None)
+
+    def _create_fetch_waiter(self) -> asyncio.Future[None]:
+        return self._waiter
+
+    def _notify(self, future: Any) -> None:
+        pass
+
+    def position_of(self, tp: TP) -> Any:
+        return self._subscription.subscription.assignment.state_value(tp).position
+
+    def assignment(self) -> set[TP]:
+        return set(self._subscription.assigned_partitions())
+
+    def seek(self, tp: TP, offset: int) -> None:  # AIOKafkaConsumer.seek
+        self.seek_to(tp, offset)
+
+
+class Batch:
+    """aiokafka's partition records as ``FetchResult`` reads them: records with offsets."""
+
+    def __init__(self, offsets: list[int]) -> None:
+        self._offsets, self.next_fetch_offset = iter(offsets), offsets[0]
+
+    def __iter__(self) -> Batch:
+        return self
+
+    def __next__(self) -> Any:
+        offset = next(self._offsets)
+        self.next_fetch_offset = offset + 1
+        return SimpleNamespace(offset=offset)
+
+
+@pytest.mark.parametrize(
+    ("case", "handed_on", "positions"),
+    [
+        # Faust's recovery ends (pause_partitions(active_tps)) while the fetch waits: the empty
+        # set makes aiokafka drain every buffered partition, all of which Faust would drop.
+        ("recovery done", {}, {CHANGELOG: 59, SOURCE: 0}),
+        ("recovering", {CHANGELOG: [59, 60, 61]}, {CHANGELOG: 62, SOURCE: 0}),
+        # Faust keeps the records of a partition in its buffer-full set too.
+        ("source buffer full", {SOURCE: [0, 1, 2]}, {CHANGELOG: 59, SOURCE: 3}),
+    ],
+)
+def test_records_outside_faust_s_active_set_are_put_back(
+    tmp_path: Path, case: str, handed_on: dict[TP, list[int]], positions: dict[TP, int]
+) -> None:
+    """Faust's ``getmany`` drops, without a seek, the records of partitions outside the active
+    set it fetched with; its seek to the committed offsets after a recovery leaves alone a
+    stream partition with no commit yet, whose records would be lost. Such records are put
+    back, the rest handed on."""
+    app = table_app(tmp_path)
+    faust_consumer = assigned(app, {CHANGELOG, SOURCE})
+    faust_consumer.resume_flow()
+    faust_consumer.resume_partitions({CHANGELOG})  # the recovery reads it; SOURCE stays held
+    active = faust_consumer._get_active_partitions()  # the live set Faust fetches with
+    assert active == {CHANGELOG}
+
+    async def fetch() -> tuple[Any, dict[TP, int]]:
+        consumer = PrefetchingConsumer()
+        call = asyncio.ensure_future(app.consumer._thread._fetch_records(consumer, active, 1.0))
+        await asyncio.sleep(0.01)  # the call waits for a fetch response
+        if case != "recovering":
+            faust_consumer.pause_partitions(
+                {CHANGELOG}
+            )  # recovery.py: pause_partitions(active_tps)
+        if case == "source buffer full":
+            faust_consumer._buffered_partitions.add(SOURCE)
+        consumer.changelog_arrives()
+        records = await call
+        return records, {tp: consumer.position_of(tp) for tp in (CHANGELOG, SOURCE)}
+
+    records, got_positions = asyncio.run(fetch())
+    assert {tp: [r.offset for r in batch] for tp, batch in records.items()} == handed_on
+    assert got_positions == positions
 
 
 def recovering(app: faust.App, applied: int, highwater: int, stall_after: float = 0.2) -> Any:
@@ -232,6 +354,7 @@ def recovering(app: faust.App, applied: int, highwater: int, stall_after: float 
     recovery.active_offsets[CHANGELOG] = applied
     app.consumer.recovery_stall_after = stall_after
     app.consumer.resume_partitions({CHANGELOG})
+    app.consumer.resume_flow()  # as Faust's recovery does to read the changelog
     return recovery
 
 
@@ -288,6 +411,119 @@ def test_a_moving_table_recovery_is_not_reported(
     with caplog.at_level(logging.INFO, logger="streamassign.faust"):
         asyncio.run(move())
     assert "table recovery" not in caplog.text
+
+
+async def apply_records(recovery: Any, records: int) -> None:
+    """The recovery applying ``records`` records, one every 20 ms."""
+    for _ in range(records):
+        recovery.active_offsets[CHANGELOG] += 1
+        await asyncio.sleep(0.02)
+
+
+def test_a_moving_recovery_interrupted_by_a_rebalance_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review11's reproducer: a recovery applying records, then a rebalance that lasts more
+    than the stall bound."""
+    app = table_app(tmp_path)
+    assigned(app, {CHANGELOG, SOURCE})
+
+    async def interrupted() -> None:
+        recovery = recovering(app, applied=33, highwater=59, stall_after=0.2)
+        await apply_records(recovery, 10)
+        app.on_rebalance_start()  # the revoke: the flow stops, in_recovery stays
+        app.consumer.stop_flow()
+        await asyncio.sleep(0.6)  # more than two stall bounds (30 s in production)
+        recovery.in_recovery = False
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(interrupted())
+    assert "table recovery" not in caplog.text
+
+
+def test_a_recovery_interrupted_by_a_rebalance_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rebalance that interrupts a table recovery (a join waiting for a slow or dead member:
+    up to 60 s by default) stops the flow while Faust's ``in_recovery`` stays set: nothing is
+    applied, but nothing is stuck, and restarting the worker would only rebalance again. No
+    warning then; after it, a new stall (``moving again`` only for a stall told)."""
+    app = table_app(tmp_path)
+    assigned(app, {CHANGELOG, SOURCE})
+    stalled = "table recovery has applied nothing"
+
+    async def stall_rebalance_stall() -> None:
+        recovery = recovering(app, applied=33, highwater=59, stall_after=0.2)
+        await wait_for_log(caplog, stalled)
+        app.on_rebalance_start()  # the revoke: the flow stops, in_recovery stays
+        app.consumer.stop_flow()
+        await asyncio.sleep(0.6)  # more than two stall bounds (30 s in production)
+        recovery.active_offsets[CHANGELOG] = 40  # Faust's on_rebalance rewrites them
+        await asyncio.sleep(0.1)
+        app.consumer.resume_flow()  # the new recovery reads the changelog
+        await apply_records(recovery, 10)
+        assert caplog.text.count(stalled) == 1, caplog.text
+        await wait_for_log(caplog, "50/59")  # stalled again (a new stall, told anew)
+        recovery.in_recovery = False
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(stall_rebalance_stall())
+    assert caplog.text.count(stalled) == 2
+    assert "moving again" not in caplog.text
+
+
+def test_a_recovery_caught_up_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stall with every changelog partition at its highwater is Faust finishing the
+    recovery, not a stuck fetcher."""
+    app = table_app(tmp_path)
+    assigned(app, {CHANGELOG})
+
+    async def caught_up() -> None:
+        recovering(app, applied=59, highwater=59, stall_after=0.2)
+        await asyncio.sleep(0.6)  # more than two stall bounds
+        app.tables.recovery.in_recovery = False
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(caught_up())
+    assert "table recovery" not in caplog.text
+
+
+def test_a_watchdog_that_fails_is_logged_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    """An error in a watch check must not end the watch in silence: the next stall would go
+    unreported."""
+    looks: list[int] = []
+
+    def check() -> bool:
+        looks.append(len(looks))
+        if len(looks) == 1:
+            raise RuntimeError("boom")
+        return len(looks) < 3
+
+    async def watch() -> None:
+        ticker = _Ticker(check)
+        ticker.start(0.01)
+        deadline = time.monotonic() + 30
+        while ticker.running or not looks:
+            assert time.monotonic() < deadline, f"the watch stopped after {len(looks)} looks"
+            await asyncio.sleep(0.01)
+
+    with caplog.at_level(logging.ERROR, logger="streamassign.faust"):
+        asyncio.run(watch())
+    assert looks == [0, 1, 2]
+    assert "failed; it goes on" in caplog.text and "boom" in caplog.text
+
+
+def test_the_stall_report_leaves_faust_s_active_set_alone(tmp_path: Path) -> None:
+    """Faust's ``_get_active_partitions`` sets its active set to the whole assignment when it
+    has none: a diagnosis must not do that."""
+    consumer = table_app(tmp_path).consumer
+    consumer.assignment = lambda: {CHANGELOG}
+    consumer._active_partitions = None  # what _get_active_partitions fills with the assignment
+    described = consumer._describe_behind([CHANGELOG], {CHANGELOG: 33}, {CHANGELOG: 59})
+    assert "33/59 (Faust: inactive" in described
+    assert consumer._active_partitions is None
 
 
 @pytest.mark.parametrize(("switch", "offered"), [(None, ["streamassign-faust"]), ("1", None)])

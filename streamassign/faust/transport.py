@@ -20,8 +20,9 @@ offset, so that record is lost. This consumer keeps a stream partition paused wh
 resumes it during a rebalance (``app.rebalancing``), until the next ``resume_flow()`` (which
 Faust calls right after resuming flow control), so nothing is fetched for it before the queues
 are emptied; outside a rebalance a resume takes effect at once. Its consumer thread puts back
-records aiokafka hands out across a rebalance, which Faust would drop (a table recovery then
-waits for ever for its changelog records: ``_ConsumerThread._fetch_records``). Two watchdogs
+records aiokafka hands out that Faust would drop: across a rebalance (a table recovery then
+waits for ever for its changelog records) or for partitions Faust took out of its active set
+while the fetch waited (``_ConsumerThread._fetch_records``). Two watchdogs
 say what Faust's recovery would leave stuck in silence: held partitions never released, and a
 table recovery that applies nothing for ``recovery_stall_after`` seconds (one WARNING per
 stall, with the partitions behind and their offsets). Everything else is Faust's aiokafka
@@ -73,27 +74,49 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         timeout: float | None = None,
         max_records: int | None = None,
     ) -> Any:
-        """Faust's, but records taken from a newer assignment than the one the call began in
-        (or after Faust stopped the flow) are put back, not handed to Faust, which would drop
-        them.
+        """Faust's, but records Faust would drop are put back (rewound, so that they are
+        fetched again), not handed on: all of them when taken from a newer assignment than the
+        one the call began in or after Faust stopped the flow, and otherwise those of
+        partitions no longer in Faust's active set (nor in its buffer-full set).
 
         aiokafka's ``fetched_records`` waits out a rebalance that starts while it waits and
         then drains the new assignment's records for the partitions in Faust's active set,
-        which it reads live: right after an assignment Faust makes every new partition active
-        until its recovery pauses them. Faust's ``getmany`` then drops what such a call returns
-        (the flow is stopped) and seeks only stream partitions back: a changelog partition's
-        records were taken past the recovery's start, so its recovery waits for records that
-        never come (a worker stuck in recovery, `No event received for active tp`)."""
+        which it reads live; an empty set means every partition to aiokafka
+        (``if partitions and ...``). Right after an assignment Faust pauses every partition at
+        once, and at the end of a table recovery it pauses the changelog partitions
+        (``pause_partitions(active_tps)``): both empty the set while a fetch may wait, and the
+        fetch then drains every buffered partition, stream partitions included (aiokafka keeps
+        prefetching them: Faust pauses only in its own set). Faust's ``getmany`` drops what is
+        outside the set it asked with, without a seek; its later seek to the committed offsets
+        leaves alone a partition with no commit yet (a new app, partition or source topic), so
+        those records would be lost, and a changelog partition's records were taken past the
+        recovery's start, so its recovery would wait for ever (a worker stuck in recovery,
+        `No event received for active tp`)."""
         assignment = current_assignment(consumer)
         records = await super()._fetch_records(
             consumer, active_partitions, timeout=timeout, max_records=max_records
         )
-        stale = current_assignment(consumer) is not assignment or not self.consumer.flow_active
-        if records and stale:  # nothing else ran since the records were taken: rewind exact
-            rewound = rewind(consumer, records)
-            log.debug("put back records fetched across a rebalance: %s", sorted(rewound)[:10])
-            return {}
-        return records
+        if not records:
+            return records
+        if current_assignment(consumer) is not assignment or not self.consumer.flow_active:
+            dropped = set(records)
+        else:
+            dropped = self._dropped_by_faust(records, active_partitions)
+        if not dropped:
+            return records
+        # Nothing else ran on this loop since the records were taken: the rewind is exact.
+        rewound = rewind(consumer, {tp: records[tp] for tp in dropped})
+        log.debug("put back records Faust would drop: %s", sorted(rewound)[:10])
+        return {tp: batch for tp, batch in records.items() if tp not in dropped}
+
+    def _dropped_by_faust(self, records: Mapping[TP, Any], active_partitions: Any) -> set[TP]:
+        """The partitions of ``records`` Faust's ``getmany`` drops: outside ``active_partitions``
+        (Faust's live set, which its main thread may change) and its buffer-full set. Each a
+        membership test, not an iteration of a set another thread may resize meanwhile."""
+        if active_partitions is None:  # a client-only app: Faust keeps everything
+            return set()
+        buffered = self.consumer._buffered_partitions
+        return {tp for tp in records if tp not in active_partitions and tp not in buffered}
 
 
 class _Ticker:
@@ -126,7 +149,12 @@ class _Ticker:
 
     def _tick(self, loop: asyncio.AbstractEventLoop, period: float) -> None:
         self._timer = None
-        if self._check():
+        try:
+            again = self._check()
+        except Exception:  # a watchdog that stops in silence would hide the next stall
+            log.exception("watchdog %s failed; it goes on", getattr(self._check, "__name__", ""))
+            again = True
+        if again:
             self._timer = loop.call_later(period, self._tick, loop, period)
 
 
@@ -221,43 +249,54 @@ class _Consumer(faust_aiokafka.Consumer):
 
     def _on_recovery_watch(self) -> bool:
         """Has the table recovery applied anything since the last look? One WARNING per stall
-        (naming the partitions still behind, with offsets), one INFO line if it moves again.
-        A recovery whose fetcher stopped reading logs only Faust's ``No event received for
-        active tp``, every 5 s, without positions (docs/faust.md, "Topics that do not exist
-        yet")."""
+        while some changelog partition is behind (naming them, with offsets), one INFO line if
+        it moves again. A recovery whose fetcher stopped reading logs only Faust's ``No event
+        received for active tp``, every 5 s, without positions (docs/faust.md, "Topics that do
+        not exist yet"). While the flow is stopped (a rebalance interrupted the recovery, or
+        the next one is setting up) nothing can be applied: the clock restarts instead, and a
+        recovery that never resumes the flow is the hold watch's to report."""
         recovery: Any = getattr(self.app.tables, "recovery", None)  # Faust's Recovery service
         if recovery is None or not recovery.in_recovery:
             self._recovery_seen = None
             return False
         now = asyncio.get_running_loop().time()
         applied = {tp: recovery.active_offsets.get(tp) for tp in recovery.active_tps}
+        if not self.flow_active:  # a new stall (and no "moving again") once the flow resumes
+            self._recovery_seen, self._recovery_stall_told = (applied, now), False
+            return True
         if self._recovery_seen is None or self._recovery_seen[0] != applied:
             if self._recovery_stall_told and self._recovery_seen is not None:
                 log.info("table recovery moving again after %.1f s", now - self._recovery_seen[1])
             self._recovery_seen, self._recovery_stall_told = (applied, now), False
             return True
         stalled_for = now - self._recovery_seen[1]
-        if stalled_for >= self.recovery_stall_after and not self._recovery_stall_told:
+        if stalled_for < self.recovery_stall_after or self._recovery_stall_told:
+            return True
+        highwaters = recovery.active_highwaters
+        behind = sorted(
+            tp
+            for tp, offset in applied.items()
+            if highwaters.get(tp) is not None and (offset is None or offset < highwaters[tp])
+        )
+        if behind:  # else caught up: Faust ends the recovery
             self._recovery_stall_told = True
             log.warning(
                 "table recovery has applied nothing for %.1f s; changelog partitions behind: "
                 "%s; Faust's fetcher may have stopped reading them: restart this worker if it "
                 "does not move",
                 stalled_for,
-                self._behind(applied, recovery.active_highwaters),
+                self._describe_behind(behind, applied, highwaters),
             )
         return True
 
-    def _behind(self, applied: Mapping[TP, int | None], highwaters: Mapping[TP, Any]) -> str:
-        """Each partition not caught up (at most 10): ``topic[partition] applied/highwater``,
-        then what Faust's consumer (in its active set or not, the offset it last handed on) and
-        aiokafka (``fetch_states``) make of it: where a stalled recovery's records stop."""
-        behind = sorted(
-            tp
-            for tp, offset in applied.items()
-            if highwaters.get(tp) is not None and (offset is None or offset < highwaters[tp])
-        )
-        active = self._get_active_partitions()
+    def _describe_behind(
+        self, behind: list[TP], applied: Mapping[TP, int | None], highwaters: Mapping[TP, Any]
+    ) -> str:
+        """Each of ``behind`` (at most 10): ``topic[partition] applied/highwater``, then what
+        Faust's consumer (in its active set or not, the offset it last handed on) and aiokafka
+        (``fetch_states``) make of it: where a stalled recovery's records stop."""
+        # Not _get_active_partitions(), which sets Faust's active set when it has none.
+        active = self._active_partitions or set()
         fetching = fetch_states(getattr(self._thread, "_consumer", None), behind[:10])
         rows = [
             f"{tp.topic}[{tp.partition}] {applied[tp]}/{highwaters[tp]} (Faust: "
@@ -266,8 +305,7 @@ class _Consumer(faust_aiokafka.Consumer):
             for tp in behind[:10]
         ]
         more = f" and {len(behind) - 10} more" if len(behind) > 10 else ""
-        flow = "" if self.flow_active else " (flow stopped)"
-        return ", ".join(rows) + more + flow
+        return ", ".join(rows) + more
 
 
 class Transport(faust_aiokafka.Transport):
