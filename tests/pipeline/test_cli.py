@@ -728,10 +728,13 @@ def _printed_next(
     args: Sequence[str],
     best: tuple[int, int] = (2, 0),
     sticky: int | None = None,
+    printed: list[str] | None = None,
 ) -> tuple[list[str], str]:
     """The ``next:`` line plan-standbys prints for ``args`` under a stand-in plan recommending
     ``best`` (standbys, warmups; ``sticky``: the standbys of the plan without warmups), parsed
-    back as a shell would (shlex), and what it says it compares."""
+    back as a shell would (shlex), and what it says it compares; its whole output appended to
+    ``printed``."""
+    printed = [] if printed is None else printed
     from streamassign import cli
 
     pytest.importorskip("pyspark")
@@ -745,6 +748,7 @@ def _printed_next(
     monkeypatch.setattr(cli, "_standby_plan", lambda *a: (plan | {"target_reached": True}, row))
     code, out = invoke("plan-standbys", str(ORDERS), *args)
     assert code == 0, out
+    printed.append(out)
     line = next(line for line in out.splitlines() if line.startswith("next: "))
     command, compares = line.removeprefix("next: ").rsplit("  (", 1)
     return shlex.split(command), compares.removesuffix(")")
@@ -778,6 +782,8 @@ def _a_run_of(words: Sequence[str], folder: Path, **changed: Any) -> None:
             where[key] = value
     (folder / "manifest").mkdir(parents=True)
     (folder / "manifest" / "part-00000.json").write_text(json.dumps(manifest | {"rows": 1}))
+    (folder / "rebalances").mkdir()
+    (folder / "rebalances" / "part-00000.parquet").write_bytes(b"PAR1")
 
 
 def test_plan_standbys_next_command_runs_as_printed_with_the_users_model(
@@ -874,9 +880,22 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     words, _ = _printed_next(monkeypatch, given)
     (runs / "orders-enricher-standbys2" / "report").mkdir()
     (runs / "orders-enricher-standbys2" / "report" / "report.html").write_text("<html>")
-    opened, compares = _printed_next(monkeypatch, given)
-    assert opened == ["open", "streamassign-runs/orders-enricher-standbys2/report/report.html"]
-    assert compares.startswith("already simulated: the rebalances under this plan")
+    printed: list[str] = []
+    opened, compares = _printed_next(monkeypatch, given, printed=printed)
+    page = runs / "orders-enricher-standbys2" / "report" / "report.html"
+    assert opened == ["open", page.resolve().as_uri(), "in", "a", "browser"]
+    assert compares.startswith("already simulated on 20")
+    assert compares.endswith(
+        " UTC: the rebalances under this plan: task:sticky at 2 standbys, no warmups"
+    )
+    # The identity has no code version: a run of older code matches too. The line kept only
+    # the page (its stale numbers); the command to simulate again stays, with --overwrite.
+    again = next(line for line in printed[0].splitlines() if line.startswith("to simulate again"))
+    assert shlex.split(again.split(": ", 1)[1]) == words
+
+    # A damaged run (its rows deleted: report refuses it) beside its page: simulate again.
+    shutil.rmtree(runs / "orders-enricher-standbys2" / "rebalances")
+    assert _printed_next(monkeypatch, given) == (words, compares.split(": ", 1)[1])
 
     # A folder that is no run (simulate never replaces one) is passed by.
     shutil.rmtree(runs / "orders-enricher-standbys2")
