@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamassign.pipeline.assignors import SPECS
+from streamassign.pipeline.assignors import GROUPS, SPECS
 from streamassign.pipeline.report import (
     CSV_FILES,
     Outcome,
@@ -396,10 +396,26 @@ def test_the_answer_says_what_task_ha_changes(tmp_path: Path) -> None:
     data = load()
     for key in ("by_assignor", "by_event", "by_step", "outcomes"):
         data[key] = [r for r in data[key] if r["assignor"] != "task:ha"]
-    answer = answer_of(data, "sticky")
-    assert "Use <span" in answer and "<strong>task:sticky</strong>" in answer
-    assert "task:ha, the high-availability assignor, was not compared" in answer
-    assert "--assignors default,task:ha" in answer and "At crashes" not in answer
+    # A run of simulate's default group (peers not installed left out of its manifest).
+    for default in (list(GROUPS["default"]), ["task:sticky", "consumer:range", "consumer:sticky"]):
+        data["manifest"]["assignors"] = default
+        answer = answer_of(data, "default")
+        assert "Use <span" in answer and "<strong>task:sticky</strong>" in answer
+        assert (
+            "task:ha, the high-availability assignor, was not among this run's assignors "
+            "(simulate's default group leaves it out)" in answer
+        )
+        assert "--assignors default,task:ha" in answer and "At crashes" not in answer
+    # Assignors the user chose (plan-standbys' line for a plan without warmups runs
+    # task:sticky alone): no cause claimed, no warmups advised against the plan.
+    for chosen in (["task:sticky"], ["task:sticky", "consumer:range"], None):
+        data["manifest"]["assignors"] = chosen
+        answer = answer_of(data, "chosen")
+        assert "task:ha, the high-availability assignor, was not among this run's assignors." in (
+            answer
+        )
+        assert "default group" not in answer and "--assignors" not in answer
+        assert "warmups need it" not in answer
 
 
 def test_the_crash_comparison_counts_per_crash_not_per_takeover(tmp_path: Path) -> None:
