@@ -9,7 +9,6 @@ pipeline commands validate every input, then hand over to ``streamassign.pipelin
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import logging
@@ -2122,8 +2121,9 @@ def _simulation_identity(topology_file: Path, job: Any) -> dict[str, Any]:
         "topology": job.workload.name,
         "topology_file": str(topology_file),
         # Its content too: an edited file of the same name and partition counts (a store
-        # added) is another simulation, whose run must not replace the earlier one.
-        "topology_sha256": hashlib.sha256(topology_file.read_bytes()).hexdigest(),
+        # added) is another simulation, whose run must not replace the earlier one. The bytes
+        # parsed, not the file now: simulate records this after Spark starts, seconds later.
+        "topology_sha256": job.workload.file_sha256,
         "partitions": dict(job.workload.counts),
         "scenarios": job.scenarios,
         "seed": job.seed,

@@ -10,8 +10,9 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import click
@@ -1157,3 +1158,50 @@ def test_a_run_under_nohup_keeps_going_after_sighup(tmp_path: Path) -> None:
     _, err = child.communicate(timeout=60)
     assert child.returncode == 128 + signal.SIGTERM, err
     assert err.splitlines()[-1] == f"interrupted by SIGTERM while simulating; {run} left as it was"
+
+
+def test_simulate_records_the_hash_of_the_topology_it_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest's topology_sha256 was read again after Spark started, seconds after the
+    file was parsed: an edit saved in between recorded the new content beside rows of the old
+    (a later plan then found it "already simulated"); a file deleted in between raised a
+    FileNotFoundError traceback. It is the hash of the bytes parsed."""
+    pytest.importorskip("pyspark")
+    topology = tmp_path / "orders-join.toml"
+    parsed = ORDERS.read_bytes()
+    topology.write_bytes(parsed)
+    recorded: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def edited_while_spark_starts(master: str | None, ship: bool | None = False) -> Iterator[Any]:
+        topology.write_bytes(parsed + b"\n# a store added\n")
+        yield SimpleNamespace(sparkContext=SimpleNamespace(master="local[1]"))
+
+    def stop_at_write(
+        session: Any, job: Any, run_dir: str, manifest: dict[str, Any], *a: Any
+    ) -> Any:
+        recorded.append(manifest)
+        raise click.ClickException("stopped before writing")
+
+    monkeypatch.setattr("streamassign.cli._session", edited_while_spark_starts)
+    monkeypatch.setattr("streamassign.cli._write_run", stop_at_write)
+    code, out = invoke("simulate", str(topology), *TINY, "--out", str(tmp_path / "run"))
+    assert code == 1 and "stopped before writing" in out, out
+    assert recorded[0]["topology_sha256"] == hashlib.sha256(parsed).hexdigest()
+
+    # Deleted in between: no traceback, the bytes parsed are hashed all the same.
+    topology.write_bytes(parsed)
+    monkeypatch.setattr("streamassign.cli._session", _deleting_session(topology))
+    code, out = invoke("simulate", str(topology), *TINY, "--out", str(tmp_path / "run"))
+    assert code == 1 and "stopped before writing" in out, out
+    assert recorded[1]["topology_sha256"] == hashlib.sha256(parsed).hexdigest()
+
+
+def _deleting_session(path: Path) -> Callable[..., Any]:
+    @contextlib.contextmanager
+    def session(master: str | None, ship: bool | None = False) -> Iterator[Any]:
+        path.unlink()
+        yield SimpleNamespace(sparkContext=SimpleNamespace(master="local[1]"))
+
+    return session
