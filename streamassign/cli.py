@@ -2661,7 +2661,7 @@ def _standby_run_dir(
     name: str, standbys: int, identity: Mapping[str, Any] | None, plan_out: Path | None = None
 ) -> tuple[str, bool]:
     """``streamassign-runs/NAME-standbysR`` and whether ``--overwrite`` is needed there: only
-    where a run of the same simulation (``identity``) is, which the command would redo. Past
+    where a run of the same simulation (``identity``) is, alone, which the command would redo. Past
     folders holding anything else (a run of another model, rate, fleet, topology; what is no
     run) or the plan's own files (``plan_out``, written after this line: the run would be
     refused there, or its --overwrite would delete them), the first of ``-2``, ``-3``, ...
@@ -2679,9 +2679,28 @@ def _standby_run_dir(
         if describe_existing(files, where) is None:
             return out, False
         manifest = read_manifest(files, where)
-        if identity is not None and manifest is not None and _same_simulation(manifest, identity):
+        if (
+            identity is not None
+            and manifest is not None
+            and _same_simulation(manifest, identity)
+            and _holds_only_run_entries(where)
+        ):
             return out, True
     raise AssertionError("unreachable: itertools.count never ends")
+
+
+def _holds_only_run_entries(folder: str) -> bool:
+    """Whether ``folder`` holds nothing but what simulate and report write there: --overwrite
+    deletes the whole folder, with whatever else it holds (an earlier plan's ``--out``, the
+    user's notes)."""
+    from .pipeline.runs import MANIFEST, REBALANCES
+
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    # Beside the report: its hidden staging and replaced copies, left by an interrupted render.
+    return all(n in (MANIFEST, REBALANCES, "report") or n.startswith(".report.") for n in names)
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -898,6 +898,20 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     shutil.rmtree(runs / "orders-enricher-standbys2" / "rebalances")
     assert _printed_next(monkeypatch, given) == (words, compares.split(": ", 1)[1])
 
+    # The same simulation beside something else (an earlier plan's --out, notes): its
+    # --overwrite would delete them with the run; passed by.
+    for foreign in ("plans/plan.csv", "notes.txt"):
+        (runs / "orders-enricher-standbys2" / foreign).parent.mkdir(exist_ok=True)
+        (runs / "orders-enricher-standbys2" / foreign).write_text("yesterday's")
+        words, _ = _printed_next(monkeypatch, given)
+        assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+        shutil.rmtree(runs / "orders-enricher-standbys2")
+        _a_run_of(words, runs / "orders-enricher-standbys2")
+    # A report's leftovers of an interrupted render are the run's own.
+    (runs / "orders-enricher-standbys2" / ".report.partial-abc").mkdir()
+    words, _ = _printed_next(monkeypatch, given)
+    assert words[-3:-1] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite"]
+
     # A folder that is no run (simulate never replaces one) is passed by.
     shutil.rmtree(runs / "orders-enricher-standbys2")
     (runs / "orders-enricher-standbys2").mkdir()
