@@ -893,6 +893,10 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     # the page (its stale numbers); the command to simulate again stays, with --overwrite.
     again = next(line for line in printed[0].splitlines() if line.startswith("to simulate again"))
     assert shlex.split(again.split(": ", 1)[1]) == words
+    # The line's folder is the command's own, not found by searching its words (an option's
+    # value spelled --out was taken for it: here no page, so no open line).
+    odd, _ = _printed_next(monkeypatch, [*given, "--master", "--out"])
+    assert odd[:2] == ["open", page.resolve().as_uri()]
 
     # A damaged run (its rows deleted: report refuses it) beside its page: simulate again.
     shutil.rmtree(runs / "orders-enricher-standbys2" / "rebalances")

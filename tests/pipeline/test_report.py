@@ -27,7 +27,7 @@ from streamassign.pipeline.report import (
     recommend,
     render_report,
 )
-from streamassign.text import counted
+from streamassign.text import counted, exact_number
 
 pytest.importorskip("plotly")
 pytest.importorskip("jinja2")
@@ -469,3 +469,15 @@ def test_the_warm_share_says_new_tasks_count_as_cold(page: str) -> None:
     assert (
         "or new (every task of the initial assignment, a partition expansion's new tasks)" in cold
     )
+
+
+def test_exact_number_parses_back_and_stays_short() -> None:
+    """A whole float was written as all its digits: --restore-rate 1e300 became a 301-digit
+    word in the next line and the knob lines. Past 1e16 (floats no longer hold every integer)
+    repr, as exact and short."""
+    assert exact_number(1234567.0) == "1234567" and exact_number(60.25) == "60.25"
+    assert exact_number(-0.0) == "0" and exact_number(9999999999999998.0) == "9999999999999998"
+    assert exact_number(1e16) == "1e+16" and exact_number(1e300) == "1e+300"
+    assert exact_number(-1e21) == "-1e+21" and exact_number(5) == "5"
+    for value in (1e16, 1e300, -1e21, 9999999999999998.0, 0.1 + 0.2, 1e-7):
+        assert float(exact_number(value)) == value
