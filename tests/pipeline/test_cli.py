@@ -939,6 +939,13 @@ def test_plan_standbys_next_command_never_runs_in_the_plans_own_folder(
         words, _ = _printed_next(monkeypatch, [*given, "--out", f"streamassign-runs/{plan_out}"])
         assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
         assert (runs / plan_out / "plan.csv").is_file()
+    # Those plans, left in the run's folder, are passed by too (--overwrite deletes them);
+    # the run alone is redone where it is.
+    words, _ = _printed_next(monkeypatch, [*given, "--out", "streamassign-runs"])
+    assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    shutil.rmtree(runs / "orders-enricher-standbys2" / "plans")
+    for name in ("plan.csv", "plan.json"):
+        (runs / "orders-enricher-standbys2" / name).unlink()
     words, _ = _printed_next(monkeypatch, [*given, "--out", "streamassign-runs"])
     assert words[-3:-1] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite"]
 
