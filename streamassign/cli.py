@@ -9,7 +9,6 @@ pipeline commands validate every input, then hand over to ``streamassign.pipelin
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import logging
@@ -2122,8 +2121,9 @@ def _simulation_identity(topology_file: Path, job: Any) -> dict[str, Any]:
         "topology": job.workload.name,
         "topology_file": str(topology_file),
         # Its content too: an edited file of the same name and partition counts (a store
-        # added) is another simulation, whose run must not replace the earlier one.
-        "topology_sha256": hashlib.sha256(topology_file.read_bytes()).hexdigest(),
+        # added) is another simulation, whose run must not replace the earlier one. The bytes
+        # parsed, not the file now: simulate records this after Spark starts, seconds later.
+        "topology_sha256": job.workload.file_sha256,
         "partitions": dict(job.workload.counts),
         "scenarios": job.scenarios,
         "seed": job.seed,
@@ -2609,8 +2609,20 @@ _CARRIED_TO_SIMULATE: Final = (
 )
 
 
-def _next_simulation(topology_file: Path, standbys: int, name: str, warmups: int) -> list[str]:
-    """The ``simulate`` command (as words) of the rebalances under a plan of ``standbys`` and
+@attrs.frozen
+class _NextSimulation:
+    """plan-standbys' next ``simulate`` command: its words, its run folder (``--out``) and
+    whether it replaces the run there (``--overwrite``: a run of the same simulation)."""
+
+    words: list[str]
+    out: str
+    overwrite: bool
+
+
+def _next_simulation(
+    topology_file: Path, standbys: int, name: str, warmups: int
+) -> _NextSimulation:
+    """The ``simulate`` command of the rebalances under a plan of ``standbys`` and
     ``warmups``: the user's own model options, the plan's assignor (with warmups ``task:ha``,
     beside ``task:sticky``; without, ``task:sticky`` alone), and a run folder of its own, so
     that it runs beside the run of ``simulate TOPOLOGY`` rather than being refused by it."""
@@ -2629,7 +2641,8 @@ def _next_simulation(topology_file: Path, standbys: int, name: str, warmups: int
             words += [flag, exact_number(item) if isinstance(item, float) else str(item)]
     plan_out = ctx.params.get("out")
     out, overwrite = _standby_run_dir(name, standbys, _identity_of(words), plan_out)
-    return [*words, "--out", out, *(["--overwrite"] if overwrite else []), "--report"]
+    words += ["--out", out, *(["--overwrite"] if overwrite else []), "--report"]
+    return _NextSimulation(words, out, overwrite)
 
 
 def _identity_of(words: Sequence[str]) -> dict[str, Any] | None:
@@ -2648,7 +2661,7 @@ def _standby_run_dir(
     name: str, standbys: int, identity: Mapping[str, Any] | None, plan_out: Path | None = None
 ) -> tuple[str, bool]:
     """``streamassign-runs/NAME-standbysR`` and whether ``--overwrite`` is needed there: only
-    where a run of the same simulation (``identity``) is, which the command would redo. Past
+    where a run of the same simulation (``identity``) is, alone, which the command would redo. Past
     folders holding anything else (a run of another model, rate, fleet, topology; what is no
     run) or the plan's own files (``plan_out``, written after this line: the run would be
     refused there, or its --overwrite would delete them), the first of ``-2``, ``-3``, ...
@@ -2666,9 +2679,28 @@ def _standby_run_dir(
         if describe_existing(files, where) is None:
             return out, False
         manifest = read_manifest(files, where)
-        if identity is not None and manifest is not None and _same_simulation(manifest, identity):
+        if (
+            identity is not None
+            and manifest is not None
+            and _same_simulation(manifest, identity)
+            and _holds_only_run_entries(where)
+        ):
             return out, True
     raise AssertionError("unreachable: itertools.count never ends")
+
+
+def _holds_only_run_entries(folder: str) -> bool:
+    """Whether ``folder`` holds nothing but what simulate and report write there: --overwrite
+    deletes the whole folder, with whatever else it holds (an earlier plan's ``--out``, the
+    user's notes)."""
+    from .pipeline.runs import MANIFEST, REBALANCES
+
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    # Beside the report: its hidden staging and replaced copies, left by an interrupted render.
+    return all(n in (MANIFEST, REBALANCES, "report") or n.startswith(".report.") for n in names)
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -2707,12 +2739,44 @@ def _print_plan(
     standbys, warmups = best["standbys"], best["warmups"]
     command = _next_simulation(topology_file, standbys, job.workload.name, warmups)
     compares = _next_compares(plan, best)
+    page = Path(command.out) / "report" / "report.html"
+    done = _intact_run(command.out) if command.overwrite and page.is_file() else None
+    if done is None:
+        click.echo(f"next: {shlex.join(command.words)}  ({compares})")
+        return
     # The same simulation already run and reported: minutes of Spark would redo that page.
-    page = Path(command[command.index("--out") + 1]) / "report" / "report.html"
-    if "--overwrite" in command and page.is_file():
-        click.echo(f"next: open {shlex.quote(str(page))}  (already simulated: {compares})")
-    else:
-        click.echo(f"next: {shlex.join(command)}  ({compares})")
+    # But the run's identity has no code version (simulate's code may have changed since):
+    # the command stays, with the run's date to judge by.
+    click.echo(
+        f"next: open {page.resolve().as_uri()} in a browser  (already simulated on "
+        f"{_created_on(done)}: {compares})"
+    )
+    click.echo(f"to simulate again (streamassign changed since?): {shlex.join(command.words)}")
+
+
+def _intact_run(out: str) -> dict[str, Any] | None:
+    """The manifest of the run in ``out`` if ``report`` would take it (``check_run``); None
+    for a damaged one (rows deleted, say), which only simulating again mends."""
+    from .pipeline.runs import LocalFiles, check_run
+
+    try:
+        return check_run(LocalFiles(), out)
+    except StreamAssignError:
+        return None
+
+
+def _created_on(manifest: Mapping[str, Any]) -> str:
+    """When the run of ``manifest`` was made (``2026-11-27 15:04 UTC``), as recorded."""
+    import datetime
+
+    created = manifest.get("created")
+    try:
+        when = datetime.datetime.fromisoformat(str(created))
+    except ValueError:
+        return "an unrecorded date" if created is None else str(created)
+    if when.tzinfo is not None:
+        when = when.astimezone(datetime.UTC)
+    return when.strftime("%Y-%m-%d %H:%M") + (" UTC" if when.tzinfo is not None else "")
 
 
 def _next_compares(plan: Mapping[str, Any], best: Mapping[str, Any]) -> str:

@@ -96,6 +96,16 @@ def load_toml(
     that cannot be read, is larger than ``MAX_TOML_BYTES``, is not UTF-8, is invalid TOML or is
     nested too deep for the parser. A UTF-8 byte-order mark (Windows editors write one) is
     skipped: TOML has none, and tomllib would report an invalid statement at line 1."""
+    return read_toml(path, error, what)[0]
+
+
+def read_toml(
+    path: str | os.PathLike[str], error: type[StreamAssignError], what: str
+) -> tuple[dict[str, Any], str]:
+    """``load_toml``'s document and the SHA-256 (hex) of the bytes it was parsed from: a second
+    read to hash the file could see another version of it."""
+    import hashlib
+
     source = Path(path)
     try:
         with source.open("rb") as fh:
@@ -105,7 +115,7 @@ def load_toml(
     if len(raw) > MAX_TOML_BYTES:
         raise error(f"{source}: {what} larger than {MAX_TOML_BYTES} bytes; refused")
     try:
-        return tomllib.loads(raw.decode("utf-8-sig"))
+        return tomllib.loads(raw.decode("utf-8-sig")), hashlib.sha256(raw).hexdigest()
     except UnicodeDecodeError as exc:
         raise error(f"{source}: {what} is not UTF-8 text (TOML is UTF-8): {exc}") from exc
     except tomllib.TOMLDecodeError as exc:

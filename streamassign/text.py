@@ -15,7 +15,9 @@ def counted(n: float, noun: str, plural: str = "") -> str:
 def exact_number(value: float) -> str:
     """``value`` as a command-line word that parses back to it exactly (``1234567``,
     ``60.25``): ``:g`` keeps 6 digits (1234567 becomes 1.23457e+06, another value). Used
-    wherever an option's value is shown, so that what a line says is what a command takes."""
-    if isinstance(value, float) and value.is_integer():
+    wherever an option's value is shown, so that what a line says is what a command takes.
+    Whole numbers past 1e16 (where floats stop holding every integer) as ``repr`` (``1e+300``,
+    not 301 digits), which parses back exactly too."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
         return str(int(value))
     return repr(value)

@@ -24,7 +24,7 @@ import attrs
 
 from ._ids import TaskId, TopicPartition
 from .errors import NotInTopologyError, TopologyError, TopologyTypeError
-from .files import load_toml
+from .files import read_toml
 
 __all__ = [
     "Subtopology",
@@ -32,6 +32,7 @@ __all__ = [
     "TopologyFile",
     "changelog_topic_name",
     "load_topology_file",
+    "read_topology_file",
 ]
 
 # Kafka's rule for topic names (also used for store and application names, which become part of
@@ -512,7 +513,13 @@ def load_topology_file(path: str | Path) -> TopologyFile:
 
     Every way the file can be bad (unreadable, not UTF-8, invalid TOML, nested too deep, larger
     than ``MAX_TOML_BYTES``, wrong structure) raises ``TopologyError`` naming the file."""
-    return _parse_document(load_toml(path, TopologyError, "topology file"), str(path))
+    return read_topology_file(path)[0]
+
+
+def read_topology_file(path: str | Path) -> tuple[TopologyFile, str]:
+    """``load_topology_file``'s content and the SHA-256 (hex) of the bytes it was parsed from."""
+    document, sha256 = read_toml(path, TopologyError, "topology file")
+    return _parse_document(document, str(path)), sha256
 
 
 def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:

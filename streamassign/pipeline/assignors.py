@@ -21,7 +21,7 @@ import attrs
 
 from .scenarios import PipelineError
 
-__all__ = ["GROUPS", "SPECS", "AssignorSpec", "Resolved", "resolve", "spec"]
+__all__ = ["GROUPS", "SPECS", "AssignorSpec", "Resolved", "is_default_group", "resolve", "spec"]
 
 
 @attrs.frozen
@@ -127,6 +127,17 @@ def spec(name: str) -> AssignorSpec:
         raise PipelineError(
             f"unknown assignor {name!r}; known: {', '.join(_BY_NAME)} (groups: {', '.join(GROUPS)})"
         ) from None
+
+
+def is_default_group(names: object) -> bool:
+    """Whether ``names`` (a run's resolved assignors, as its manifest records them) are what
+    simulate's default group resolves to: its members in order, peers not installed left out
+    (the manifest keeps the resolved names, not the words given)."""
+    if not isinstance(names, list) or not names:
+        return False
+    default = GROUPS["default"]
+    expected = [n for n in default if _BY_NAME[n].module is None or n in names]
+    return names == expected
 
 
 @attrs.frozen

@@ -22,7 +22,7 @@ from typing import Any, Final
 import attrs
 
 from ..text import counted, exact_number
-from .assignors import SPECS
+from .assignors import SPECS, is_default_group
 from .scenarios import EVENTS
 from .simulate import PROBING_INTERVAL_S, RESTORE_RATE, WARMUPS
 
@@ -374,20 +374,27 @@ def _cold_at_crashes(by_event: Sequence[Mapping[str, Any]], name: str) -> tuple[
     return None
 
 
-def ha_reasons(rec: Recommendation, by_event: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+def ha_reasons(
+    rec: Recommendation, by_event: Sequence[Mapping[str, Any]], assignors: object = None
+) -> tuple[str, ...]:
     """What the high-availability assignor would change, for a task-level pick: that it was not
-    compared (simulate's default group leaves it out, and plan-standbys' warmups need it), or,
-    when the run shows it, that it takes over crashed tasks cold less often than the sticky
-    assignor (whose least-moves rule places an orphan cold rather than move a kept task)."""
+    among the run's ``assignors`` (the manifest's), with how to compare it only when the run
+    used simulate's default group, which leaves it out (an assignor list the user chose, as
+    plan-standbys' line for a plan without warmups does, was chosen); or, when the run shows
+    it, that it takes over crashed tasks cold less often than the sticky assignor (whose
+    least-moves rule places an orphan cold rather than move a kept task)."""
     best = rec.best
     if best is None or best.level != "task":
         return ()
     compared = {o.name: o for o in rec.ranked if o.flaw() is None}
     if "task:ha" not in {o.name for o in rec.ranked}:
+        missing = "task:ha, the high-availability assignor, was not among this run's assignors"
+        if not is_default_group(assignors):
+            return (f"{missing}.",)
         return (
-            "task:ha, the high-availability assignor, was not compared (simulate's default "
-            "group leaves it out): it keeps tasks on caught-up state while warmups restore, and "
-            "plan-standbys' warmups need it; compare it with --assignors default,task:ha.",
+            f"{missing} (simulate's default group leaves it out): it keeps tasks on caught-up "
+            "state while warmups restore, and plan-standbys' warmups need it; compare it with "
+            "--assignors default,task:ha.",
         )
     other = next((o for o in rec.ranked if o.level == "task" and o.name != "task:ha"), None)
     if "task:ha" not in compared or other is None or other.name not in compared:
@@ -1098,7 +1105,8 @@ def render_report(data: Mapping[str, Any], out_dir: str | Path) -> Path:
     rate = _restore_rate(manifest)
     found = outcomes(data)
     rec = recommend(found, rate)
-    rec = attrs.evolve(rec, reasons=(*rec.reasons, *ha_reasons(rec, data["by_event"])))
+    ha = ha_reasons(rec, data["by_event"], manifest.get("assignors"))
+    rec = attrs.evolve(rec, reasons=(*rec.reasons, *ha))
     figures, figure_notes = _figures(data)
     page = _template().render(
         topology=manifest.get("topology", "?"),

@@ -27,7 +27,7 @@ from .. import TaskId
 from ..errors import PipelineError, StreamAssignError, TopologyError
 from ..files import load_toml
 from ..grouper import resolve_partition_counts
-from ..topology import Topology, load_topology_file
+from ..topology import Topology, read_topology_file
 
 __all__ = [
     "EVENTS",
@@ -345,6 +345,9 @@ class Workload:
     counts: tuple[tuple[str, int], ...]
     units: tuple[tuple[str, ...], ...]
     name: str
+    #: SHA-256 (hex) of the topology file's bytes that were parsed (:meth:`from_file`), for
+    #: the run's manifest: hashing the file again later could hash an edited one.
+    file_sha256: str = ""
 
     @classmethod
     def from_topology(
@@ -387,7 +390,7 @@ class Workload:
     def from_file(cls, path: str | Path, overrides: Mapping[str, int] | None = None) -> Workload:
         """Read a topology TOML file; ``overrides`` replace counts of its ``[partitions]``."""
         try:
-            loaded = load_topology_file(path)
+            loaded, sha256 = read_topology_file(path)
         except OSError as exc:
             raise PipelineError(f"{path}: cannot read the topology: {exc}") from exc
         except TopologyError as exc:
@@ -400,7 +403,8 @@ class Workload:
                 f"topology: {', '.join(unknown)}"
             )
         name = loaded.topology.name or Path(path).stem
-        return cls.from_topology(loaded.topology, counts, name, str(path))
+        workload = cls.from_topology(loaded.topology, counts, name, str(path))
+        return attrs.evolve(workload, file_sha256=sha256)
 
     def layout(self, counts: Mapping[str, int], version: int) -> Layout:
         """Tasks and partitions for these external counts (raises like the grouper)."""

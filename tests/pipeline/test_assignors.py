@@ -57,3 +57,18 @@ def test_ci_has_every_peer_installed() -> None:
     """In CI every peer runs: a missing one would only be a note, and the comparisons that
     need it would silently shrink to ours alone."""
     assert [s.missing() for s in SPECS if s.missing() is not None] == []
+
+
+def test_is_default_group_reads_a_manifests_resolved_names() -> None:
+    """The manifest keeps the resolved names, not the words given: the default group is its
+    members in order, peers not installed left out; any other list was chosen."""
+    from streamassign.pipeline.assignors import GROUPS, is_default_group
+
+    assert is_default_group(list(GROUPS["default"]))
+    assert is_default_group(["task:sticky", "consumer:range", "consumer:sticky"])
+    assert is_default_group(
+        ["task:sticky", "faust:copartitioned", "consumer:range", "consumer:sticky"]
+    )
+    for chosen in (["task:sticky"], ["consumer:range", "task:sticky", "consumer:sticky"], [], None):
+        assert not is_default_group(chosen)
+    assert not is_default_group([*GROUPS["default"], "task:ha"])

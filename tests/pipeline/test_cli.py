@@ -10,8 +10,9 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import click
@@ -728,10 +729,13 @@ def _printed_next(
     args: Sequence[str],
     best: tuple[int, int] = (2, 0),
     sticky: int | None = None,
+    printed: list[str] | None = None,
 ) -> tuple[list[str], str]:
     """The ``next:`` line plan-standbys prints for ``args`` under a stand-in plan recommending
     ``best`` (standbys, warmups; ``sticky``: the standbys of the plan without warmups), parsed
-    back as a shell would (shlex), and what it says it compares."""
+    back as a shell would (shlex), and what it says it compares; its whole output appended to
+    ``printed``."""
+    printed = [] if printed is None else printed
     from streamassign import cli
 
     pytest.importorskip("pyspark")
@@ -745,6 +749,7 @@ def _printed_next(
     monkeypatch.setattr(cli, "_standby_plan", lambda *a: (plan | {"target_reached": True}, row))
     code, out = invoke("plan-standbys", str(ORDERS), *args)
     assert code == 0, out
+    printed.append(out)
     line = next(line for line in out.splitlines() if line.startswith("next: "))
     command, compares = line.removeprefix("next: ").rsplit("  (", 1)
     return shlex.split(command), compares.removesuffix(")")
@@ -778,6 +783,8 @@ def _a_run_of(words: Sequence[str], folder: Path, **changed: Any) -> None:
             where[key] = value
     (folder / "manifest").mkdir(parents=True)
     (folder / "manifest" / "part-00000.json").write_text(json.dumps(manifest | {"rows": 1}))
+    (folder / "rebalances").mkdir()
+    (folder / "rebalances" / "part-00000.parquet").write_bytes(b"PAR1")
 
 
 def test_plan_standbys_next_command_runs_as_printed_with_the_users_model(
@@ -874,9 +881,40 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     words, _ = _printed_next(monkeypatch, given)
     (runs / "orders-enricher-standbys2" / "report").mkdir()
     (runs / "orders-enricher-standbys2" / "report" / "report.html").write_text("<html>")
-    opened, compares = _printed_next(monkeypatch, given)
-    assert opened == ["open", "streamassign-runs/orders-enricher-standbys2/report/report.html"]
-    assert compares.startswith("already simulated: the rebalances under this plan")
+    printed: list[str] = []
+    opened, compares = _printed_next(monkeypatch, given, printed=printed)
+    page = runs / "orders-enricher-standbys2" / "report" / "report.html"
+    assert opened == ["open", page.resolve().as_uri(), "in", "a", "browser"]
+    assert compares.startswith("already simulated on 20")
+    assert compares.endswith(
+        " UTC: the rebalances under this plan: task:sticky at 2 standbys, no warmups"
+    )
+    # The identity has no code version: a run of older code matches too. The line kept only
+    # the page (its stale numbers); the command to simulate again stays, with --overwrite.
+    again = next(line for line in printed[0].splitlines() if line.startswith("to simulate again"))
+    assert shlex.split(again.split(": ", 1)[1]) == words
+    # The line's folder is the command's own, not found by searching its words (an option's
+    # value spelled --out was taken for it: here no page, so no open line).
+    odd, _ = _printed_next(monkeypatch, [*given, "--master", "--out"])
+    assert odd[:2] == ["open", page.resolve().as_uri()]
+
+    # A damaged run (its rows deleted: report refuses it) beside its page: simulate again.
+    shutil.rmtree(runs / "orders-enricher-standbys2" / "rebalances")
+    assert _printed_next(monkeypatch, given) == (words, compares.split(": ", 1)[1])
+
+    # The same simulation beside something else (an earlier plan's --out, notes): its
+    # --overwrite would delete them with the run; passed by.
+    for foreign in ("plans/plan.csv", "notes.txt"):
+        (runs / "orders-enricher-standbys2" / foreign).parent.mkdir(exist_ok=True)
+        (runs / "orders-enricher-standbys2" / foreign).write_text("yesterday's")
+        words, _ = _printed_next(monkeypatch, given)
+        assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+        shutil.rmtree(runs / "orders-enricher-standbys2")
+        _a_run_of(words, runs / "orders-enricher-standbys2")
+    # A report's leftovers of an interrupted render are the run's own.
+    (runs / "orders-enricher-standbys2" / ".report.partial-abc").mkdir()
+    words, _ = _printed_next(monkeypatch, given)
+    assert words[-3:-1] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite"]
 
     # A folder that is no run (simulate never replaces one) is passed by.
     shutil.rmtree(runs / "orders-enricher-standbys2")
@@ -901,6 +939,13 @@ def test_plan_standbys_next_command_never_runs_in_the_plans_own_folder(
         words, _ = _printed_next(monkeypatch, [*given, "--out", f"streamassign-runs/{plan_out}"])
         assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
         assert (runs / plan_out / "plan.csv").is_file()
+    # Those plans, left in the run's folder, are passed by too (--overwrite deletes them);
+    # the run alone is redone where it is.
+    words, _ = _printed_next(monkeypatch, [*given, "--out", "streamassign-runs"])
+    assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    shutil.rmtree(runs / "orders-enricher-standbys2" / "plans")
+    for name in ("plan.csv", "plan.json"):
+        (runs / "orders-enricher-standbys2" / name).unlink()
     words, _ = _printed_next(monkeypatch, [*given, "--out", "streamassign-runs"])
     assert words[-3:-1] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite"]
 
@@ -1138,3 +1183,50 @@ def test_a_run_under_nohup_keeps_going_after_sighup(tmp_path: Path) -> None:
     _, err = child.communicate(timeout=60)
     assert child.returncode == 128 + signal.SIGTERM, err
     assert err.splitlines()[-1] == f"interrupted by SIGTERM while simulating; {run} left as it was"
+
+
+def test_simulate_records_the_hash_of_the_topology_it_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest's topology_sha256 was read again after Spark started, seconds after the
+    file was parsed: an edit saved in between recorded the new content beside rows of the old
+    (a later plan then found it "already simulated"); a file deleted in between raised a
+    FileNotFoundError traceback. It is the hash of the bytes parsed."""
+    pytest.importorskip("pyspark")
+    topology = tmp_path / "orders-join.toml"
+    parsed = ORDERS.read_bytes()
+    topology.write_bytes(parsed)
+    recorded: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def edited_while_spark_starts(master: str | None, ship: bool | None = False) -> Iterator[Any]:
+        topology.write_bytes(parsed + b"\n# a store added\n")
+        yield SimpleNamespace(sparkContext=SimpleNamespace(master="local[1]"))
+
+    def stop_at_write(
+        session: Any, job: Any, run_dir: str, manifest: dict[str, Any], *a: Any
+    ) -> Any:
+        recorded.append(manifest)
+        raise click.ClickException("stopped before writing")
+
+    monkeypatch.setattr("streamassign.cli._session", edited_while_spark_starts)
+    monkeypatch.setattr("streamassign.cli._write_run", stop_at_write)
+    code, out = invoke("simulate", str(topology), *TINY, "--out", str(tmp_path / "run"))
+    assert code == 1 and "stopped before writing" in out, out
+    assert recorded[0]["topology_sha256"] == hashlib.sha256(parsed).hexdigest()
+
+    # Deleted in between: no traceback, the bytes parsed are hashed all the same.
+    topology.write_bytes(parsed)
+    monkeypatch.setattr("streamassign.cli._session", _deleting_session(topology))
+    code, out = invoke("simulate", str(topology), *TINY, "--out", str(tmp_path / "run"))
+    assert code == 1 and "stopped before writing" in out, out
+    assert recorded[1]["topology_sha256"] == hashlib.sha256(parsed).hexdigest()
+
+
+def _deleting_session(path: Path) -> Callable[..., Any]:
+    @contextlib.contextmanager
+    def session(master: str | None, ship: bool | None = False) -> Iterator[Any]:
+        path.unlink()
+        yield SimpleNamespace(sparkContext=SimpleNamespace(master="local[1]"))
+
+    return session

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamassign.pipeline.assignors import SPECS
+from streamassign.pipeline.assignors import GROUPS, SPECS
 from streamassign.pipeline.report import (
     CSV_FILES,
     Outcome,
@@ -27,7 +27,7 @@ from streamassign.pipeline.report import (
     recommend,
     render_report,
 )
-from streamassign.text import counted
+from streamassign.text import counted, exact_number
 
 pytest.importorskip("plotly")
 pytest.importorskip("jinja2")
@@ -396,10 +396,26 @@ def test_the_answer_says_what_task_ha_changes(tmp_path: Path) -> None:
     data = load()
     for key in ("by_assignor", "by_event", "by_step", "outcomes"):
         data[key] = [r for r in data[key] if r["assignor"] != "task:ha"]
-    answer = answer_of(data, "sticky")
-    assert "Use <span" in answer and "<strong>task:sticky</strong>" in answer
-    assert "task:ha, the high-availability assignor, was not compared" in answer
-    assert "--assignors default,task:ha" in answer and "At crashes" not in answer
+    # A run of simulate's default group (peers not installed left out of its manifest).
+    for default in (list(GROUPS["default"]), ["task:sticky", "consumer:range", "consumer:sticky"]):
+        data["manifest"]["assignors"] = default
+        answer = answer_of(data, "default")
+        assert "Use <span" in answer and "<strong>task:sticky</strong>" in answer
+        assert (
+            "task:ha, the high-availability assignor, was not among this run's assignors "
+            "(simulate's default group leaves it out)" in answer
+        )
+        assert "--assignors default,task:ha" in answer and "At crashes" not in answer
+    # Assignors the user chose (plan-standbys' line for a plan without warmups runs
+    # task:sticky alone): no cause claimed, no warmups advised against the plan.
+    for chosen in (["task:sticky"], ["task:sticky", "consumer:range"], None):
+        data["manifest"]["assignors"] = chosen
+        answer = answer_of(data, "chosen")
+        assert "task:ha, the high-availability assignor, was not among this run's assignors." in (
+            answer
+        )
+        assert "default group" not in answer and "--assignors" not in answer
+        assert "warmups need it" not in answer
 
 
 def test_the_crash_comparison_counts_per_crash_not_per_takeover(tmp_path: Path) -> None:
@@ -453,3 +469,15 @@ def test_the_warm_share_says_new_tasks_count_as_cold(page: str) -> None:
     assert (
         "or new (every task of the initial assignment, a partition expansion's new tasks)" in cold
     )
+
+
+def test_exact_number_parses_back_and_stays_short() -> None:
+    """A whole float was written as all its digits: --restore-rate 1e300 became a 301-digit
+    word in the next line and the knob lines. Past 1e16 (floats no longer hold every integer)
+    repr, as exact and short."""
+    assert exact_number(1234567.0) == "1234567" and exact_number(60.25) == "60.25"
+    assert exact_number(-0.0) == "0" and exact_number(9999999999999998.0) == "9999999999999998"
+    assert exact_number(1e16) == "1e+16" and exact_number(1e300) == "1e+300"
+    assert exact_number(-1e21) == "-1e+21" and exact_number(5) == "5"
+    for value in (1e16, 1e300, -1e21, 9999999999999998.0, 0.1 + 0.2, 1e-7):
+        assert float(exact_number(value)) == value
