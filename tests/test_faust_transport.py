@@ -515,6 +515,33 @@ def test_a_watchdog_that_fails_is_logged_and_goes_on(caplog: pytest.LogCaptureFi
     assert "failed; it goes on" in caplog.text and "boom" in caplog.text
 
 
+def test_a_watchdog_failing_at_every_tick_logs_its_traceback_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A check that fails at every tick logs one ERROR with its traceback, repeats at DEBUG,
+    and one INFO line once it works again (not a traceback every few seconds for ever)."""
+    looks: list[int] = []
+
+    def check() -> bool:
+        looks.append(len(looks))
+        if len(looks) <= 4:
+            raise RuntimeError("boom")
+        return len(looks) < 6
+
+    async def watch() -> None:
+        ticker = _Ticker(check)
+        ticker.start(0.01)
+        deadline = time.monotonic() + 30
+        while ticker.running or not looks:
+            assert time.monotonic() < deadline, f"the watch stopped after {len(looks)} looks"
+            await asyncio.sleep(0.01)
+
+    with caplog.at_level(logging.DEBUG, logger="streamassign.faust"):
+        asyncio.run(watch())
+    levels = [r.levelno for r in caplog.records if "watchdog" in r.getMessage()]
+    assert levels == [logging.ERROR, *[logging.DEBUG] * 3, logging.INFO]
+
+
 def test_the_stall_report_leaves_faust_s_active_set_alone(tmp_path: Path) -> None:
     """Faust's ``_get_active_partitions`` sets its active set to the whole assignment when it
     has none: a diagnosis must not do that."""

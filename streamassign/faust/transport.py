@@ -41,6 +41,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from ..aiokafka.rejoin import current_assignment, fetch_states, rewind
+from ..repeats import Repeats
 
 __all__ = ["SWITCH_ENV", "Transport"]
 
@@ -127,6 +128,9 @@ class _Ticker:
     def __init__(self, check: Callable[[], bool]) -> None:
         self._check = check
         self._timer: asyncio.TimerHandle | None = None
+        #: The check's failure logged last: a check failing at every tick logs its traceback
+        #: once, not every few seconds for ever.
+        self._failures = Repeats()
 
     @property
     def running(self) -> bool:
@@ -149,11 +153,18 @@ class _Ticker:
 
     def _tick(self, loop: asyncio.AbstractEventLoop, period: float) -> None:
         self._timer = None
+        name = getattr(self._check, "__name__", "")
         try:
             again = self._check()
-        except Exception:  # a watchdog that stops in silence would hide the next stall
-            log.exception("watchdog %s failed; it goes on", getattr(self._check, "__name__", ""))
+        except Exception as exc:  # a watchdog that stops in silence would hide the next stall
+            if self._failures.changed((type(exc), str(exc))):
+                log.exception("watchdog %s failed; it goes on (repeats logged at DEBUG)", name)
+            else:
+                log.debug("watchdog %s failed again: %r", name, exc)
             again = True
+        else:
+            if self._failures.ended():
+                log.info("watchdog %s works again", name)
         if again:
             self._timer = loop.call_later(period, self._tick, loop, period)
 
