@@ -33,6 +33,7 @@ from rich.progress import (
 
 __all__ = [
     "INTERRUPTING_SIGNALS",
+    "deferred_signals",
     "interrupt_on_signals",
     "plain_step",
     "run_tracked",
@@ -219,20 +220,41 @@ def interrupt_on_signals() -> Iterator[None]:
 
 
 @contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends, then raise
+    ``KeyboardInterrupt(signum)`` (the first one's): for steps that must not stop halfway.
+    A JVM start stopped halfway leaves the JVM running for good; a run published halfway
+    leaves the new run deleted and the old one aside. A block that raises raises that. Only in
+    the main thread (elsewhere it does nothing)."""
+    received: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+
+    with _handling(handler, taken_when_ignored=()):
+        yield
+    if received:
+        raise KeyboardInterrupt(received[0])
+
+
+@contextmanager
 def _handling(
-    handler: Callable[[int, Any], None], signums: tuple[int, ...] = INTERRUPTING_SIGNALS
+    handler: Callable[[int, Any], None],
+    signums: tuple[int, ...] = INTERRUPTING_SIGNALS,
+    taken_when_ignored: tuple[int, ...] = (signal.SIGINT,),
 ) -> Iterator[None]:
     """``handler`` for ``signums`` while the block runs (main thread only), then the
     handlers that were there before. SIGTERM and SIGHUP found ignored stay ignored: ``nohup``
     ignores SIGHUP so that a closed terminal does not stop the run. (SIGINT is taken even
-    then, as before: Ctrl-C stops a tracked action in a background job too.)"""
+    then, as before, unless not in ``taken_when_ignored``: Ctrl-C stops a tracked action in a
+    background job too.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {
         signum: signal.signal(signum, handler)
         for signum in signums
-        if signum == signal.SIGINT or signal.getsignal(signum) is not signal.SIG_IGN
+        if signum in taken_when_ignored or signal.getsignal(signum) is not signal.SIG_IGN
     }
     try:
         yield

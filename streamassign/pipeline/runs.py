@@ -25,6 +25,7 @@ from typing import Any, Final, Protocol
 
 from ..errors import DamagedRunError
 from ..files import write_atomically
+from .progress import deferred_signals
 from .scenarios import PipelineError
 
 __all__ = [
@@ -232,19 +233,25 @@ def replaceable(files: Files, final: str, marker: str) -> bool:
 
 def publish(files: Files, staging: str, final: str, run_id: str) -> None:
     """Move the complete ``staging`` folder to ``final``, replacing what is there only after
-    moving it aside, and deleting it only once the new one is in place."""
-    aside = None
-    if files.exists(final):
-        aside = staging_path(final, run_id, "replaced")
-        files.rename(final, aside)
-    try:
-        files.rename(staging, final)
-    except BaseException:
+    moving it aside, and deleting it only once the new one is in place.
+
+    Ctrl-C, SIGTERM and SIGHUP wait until it is done (:func:`progress.deferred_signals`), then
+    raise ``KeyboardInterrupt(signum)`` with the new run in place: stopped halfway, the old run
+    would be left aside and the new one deleted by the caller's cleanup. A failure puts the old
+    run back only where nothing took its place (on an object store a rename copies in pages)."""
+    with deferred_signals():
+        aside = None
+        try:
+            if files.exists(final):
+                aside = staging_path(final, run_id, "replaced")
+                files.rename(final, aside)
+            files.rename(staging, final)
+        except BaseException:
+            if aside is not None and files.exists(aside) and not files.exists(final):
+                files.rename(aside, final)  # put the old run back
+            raise
         if aside is not None:
-            files.rename(aside, final)  # put the old run back
-        raise
-    if aside is not None:
-        files.delete(aside)
+            files.delete(aside)
 
 
 def _manifest_path(run_dir: str) -> str:

@@ -1057,6 +1057,31 @@ def test_sigterm_or_sighup_mid_run_ends_like_ctrl_c(
     assert json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"] == "earlier"
 
 
+@pytest.mark.parametrize("when", ["aside", "delete"])
+def test_sigterm_while_an_overwrite_is_published_says_the_new_run_is_in_place(
+    tmp_path: Path, when: str
+) -> None:
+    """A review's SIGTERM just after the old run was moved aside said "the run in DIR kept":
+    DIR was gone, the new run deleted, the old one left aside. One while the old run was
+    deleted said the same of the new run in place, with half the old one left behind."""
+    pytest.importorskip("pyspark")
+    import signal
+
+    run = tmp_path / "run"
+    (run / "manifest").mkdir(parents=True)
+    (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "earlier"}\n')
+    args = ("simulate", str(ORDERS), *TINY, "--out", str(run), "--overwrite")
+    done = _fake_spark_run(f"signal-{when}", *args)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    new_id = json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"]
+    assert new_id != "earlier"
+    assert done.stderr.splitlines()[-1] == (
+        f"interrupted by SIGTERM while simulating; run {new_id} is in {run}"
+    )
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing left aside
+
+
 def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
