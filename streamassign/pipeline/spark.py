@@ -72,16 +72,23 @@ def spark_session(
     """
     from pyspark.sql import SparkSession
 
-    active = SparkSession.getActiveSession()
-    session = active if active is not None else start_session(master, app_name)
+    from .progress import deferred_signals
+
+    active = session = SparkSession.getActiveSession()
     bundle_dir = None
     try:
+        if session is None:
+            # A signal raised inside pyspark's JVM start leaves the JVM running for good
+            # (its gateway thread waits for a connection): it waits until the session
+            # exists, and then the stop below ends the JVM.
+            with deferred_signals():
+                session = start_session(master, app_name)
         if wants_shipped_code(session, ship):
             bundle_dir = tempfile.mkdtemp(prefix="streamassign-code-")
             ship_code(session, bundle_dir)
         yield session
     except BaseException:
-        if active is None:
+        if active is None and session is not None:
             # Stopping mid-job (Ctrl-C, a failure) makes running tasks log pages of expected
             # errors; the command reports the cause in one line. The JVM may be gone too (a
             # SIGTERM or SIGHUP to the whole process group): the cause raised is what counts,
