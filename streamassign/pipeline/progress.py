@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import secrets
 import signal
@@ -36,6 +37,7 @@ __all__ = [
     "deferred_signals",
     "interrupt_on_signals",
     "plain_step",
+    "quiet_py4j",
     "run_tracked",
     "stderr_console",
     "stderr_joins_stdout",
@@ -237,6 +239,24 @@ def deferred_signals() -> Iterator[None]:
         raise KeyboardInterrupt(received[0])
 
 
+class _NotFromPy4J(logging.Filter):
+    """Drops the records py4j logs on the root logger (``logging.exception``) before raising."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+def quiet_py4j() -> None:
+    """No more py4j log records, on its own logger or the root one: once a command is
+    interrupted, every call to a JVM that the signal also stopped (the whole process group
+    got it) logs a 30-line trace before raising what the cleanup suppresses. For the rest of
+    the process, which is ending; other loggers stay as they were."""
+    logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)  # and its children
+    root = logging.getLogger()
+    if not any(isinstance(found, _NotFromPy4J) for found in root.filters):
+        root.addFilter(_NotFromPy4J())
+
+
 @contextmanager
 def _handling(
     handler: Callable[[int, Any], None],
@@ -251,8 +271,13 @@ def _handling(
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+
+    def interrupted(signum: int, frame: Any) -> None:
+        quiet_py4j()  # before any cleanup talks to the JVM, or a worker thread's call fails
+        handler(signum, frame)
+
     previous = {
-        signum: signal.signal(signum, handler)
+        signum: signal.signal(signum, interrupted)
         for signum in signums
         if signum in taken_when_ignored or signal.getsignal(signum) is not signal.SIG_IGN
     }

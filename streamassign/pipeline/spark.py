@@ -72,7 +72,7 @@ def spark_session(
     """
     from pyspark.sql import SparkSession
 
-    from .progress import deferred_signals
+    from .progress import deferred_signals, quiet_py4j
 
     active = session = SparkSession.getActiveSession()
     bundle_dir = None
@@ -87,7 +87,9 @@ def spark_session(
             bundle_dir = tempfile.mkdtemp(prefix="streamassign-code-")
             ship_code(session, bundle_dir)
         yield session
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            quiet_py4j()  # a JVM the signal stopped too: no Py4J traces on stopping it
         if active is None and session is not None:
             # Stopping mid-job (Ctrl-C, a failure) makes running tasks log pages of expected
             # errors; the command reports the cause in one line. The JVM may be gone too (a

@@ -8,6 +8,7 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from streamassign.pipeline.progress import run_tracked
@@ -47,3 +48,34 @@ def test_a_log_gets_the_whole_line_at_80_columns() -> None:
         r"0:00:0\d\n",
         log.getvalue(),
     ), log.getvalue()
+
+
+def test_after_a_signal_py4j_logs_no_trace(caplog: pytest.LogCaptureFixture) -> None:
+    """A review's SIGHUP to the whole process group (the JVM stopped too) printed
+    ``ERROR:root:Exception while sending command.`` and a 30-line trace before the one line:
+    py4j logs on the root logger before raising what the cleanup suppresses."""
+    import logging
+    import os
+    import signal
+
+    from streamassign.pipeline.progress import interrupt_on_signals
+
+    # What py4j's java_gateway.py does when its JVM is gone, from a file of its own.
+    py4j_code = compile(
+        "import logging\nlogging.exception('Exception while sending command.')",
+        f"{os.sep}site-packages{os.sep}py4j{os.sep}java_gateway.py",
+        "exec",
+    )
+    root, py4j = logging.getLogger(), logging.getLogger("py4j")
+    filters, level = list(root.filters), py4j.level
+    try:
+        try:
+            with interrupt_on_signals():
+                os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:
+            exec(py4j_code)
+        logging.getLogger("py4j.java_gateway").error("Could not connect")
+        assert caplog.records == []
+    finally:
+        root.filters[:] = filters
+        py4j.setLevel(level)
