@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final, TypeVar, cast
 
+import attrs
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -257,29 +258,45 @@ def quiet_py4j() -> None:
         root.addFilter(_NotFromPy4J())
 
 
+@attrs.frozen
+class _Taken:
+    """A signal handler of this module's: a nested block may take the signal over from it."""
+
+    handler: Callable[[int, Any], None]
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        quiet_py4j()  # before any cleanup talks to the JVM, or a worker thread's call fails
+        self.handler(signum, frame)
+
+
+def _may_take(signum: int, taken_when_ignored: tuple[int, ...]) -> bool:
+    """Whether to handle ``signum`` as it is handled now. SIGTERM and SIGHUP only from their
+    default (ending the process) or from this module: one ignored stays ignored (``nohup``
+    ignores SIGHUP so that a closed terminal does not stop the run), and an embedding caller's
+    own handler keeps running. SIGINT unless ignored, or even then if in
+    ``taken_when_ignored``: Ctrl-C stops a tracked action in a background job too."""
+    current = signal.getsignal(signum)
+    if signum == signal.SIGINT:
+        return signum in taken_when_ignored or current is not signal.SIG_IGN
+    return current is signal.SIG_DFL or isinstance(current, _Taken)
+
+
 @contextmanager
 def _handling(
     handler: Callable[[int, Any], None],
     signums: tuple[int, ...] = INTERRUPTING_SIGNALS,
     taken_when_ignored: tuple[int, ...] = (signal.SIGINT,),
 ) -> Iterator[None]:
-    """``handler`` for ``signums`` while the block runs (main thread only), then the
-    handlers that were there before. SIGTERM and SIGHUP found ignored stay ignored: ``nohup``
-    ignores SIGHUP so that a closed terminal does not stop the run. (SIGINT is taken even
-    then, as before, unless not in ``taken_when_ignored``: Ctrl-C stops a tracked action in a
-    background job too.)"""
+    """``handler`` for those of ``signums`` it may take (:func:`_may_take`) while the block
+    runs (main thread only), then the handlers that were there before."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def interrupted(signum: int, frame: Any) -> None:
-        quiet_py4j()  # before any cleanup talks to the JVM, or a worker thread's call fails
-        handler(signum, frame)
-
+    taken = _Taken(handler)
     previous = {
-        signum: signal.signal(signum, interrupted)
+        signum: signal.signal(signum, taken)
         for signum in signums
-        if signum in taken_when_ignored or signal.getsignal(signum) is not signal.SIG_IGN
+        if _may_take(signum, taken_when_ignored)
     }
     try:
         yield

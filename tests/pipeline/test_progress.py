@@ -79,3 +79,26 @@ def test_after_a_signal_py4j_logs_no_trace(caplog: pytest.LogCaptureFixture) -> 
     finally:
         root.filters[:] = filters
         py4j.setLevel(level)
+
+
+def test_an_embedding_callers_own_sigterm_handler_still_runs() -> None:
+    """A review's library caller, its own SIGTERM handler installed, got ``SystemExit(143)``
+    from a CLI function and its handler never ran: SIGTERM and SIGHUP are taken only from
+    their default. Its handler is back afterwards."""
+    import os
+    import signal
+
+    from streamassign.pipeline.progress import interrupt_on_signals
+
+    received: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        try:
+            with interrupt_on_signals():
+                os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:
+            pytest.fail("the caller's SIGTERM handler was overridden")
+        assert received == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)
