@@ -318,13 +318,23 @@ def _update(
 
 @contextmanager
 def plain_step(description: str, console: Console) -> Iterator[None]:
-    """A spinner and the elapsed time while the block runs."""
+    """A spinner and the elapsed time while the block runs. Outside a terminal one plain
+    line when it ends, interrupted or failed too (rich would print its last frame there: a
+    spinner's character for an unfinished step, two spaces for a finished one)."""
+    live = console.is_terminal
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
         console=console,
+        disable=not live,
     ) as bar:
         task = bar.add_task(description, total=1)
-        yield
-        bar.update(task, completed=1)
+        try:
+            yield
+            bar.update(task, completed=1)
+        finally:
+            if not live:
+                seconds = bar.tasks[0].finished_time or bar.tasks[0].elapsed or 0
+                line = f"{description} {datetime.timedelta(seconds=int(seconds))}"
+                console.print(line, soft_wrap=True, markup=False, highlight=False)

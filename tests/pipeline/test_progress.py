@@ -3,6 +3,7 @@ status tracker)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 from types import SimpleNamespace
@@ -102,3 +103,19 @@ def test_an_embedding_callers_own_sigterm_handler_still_runs() -> None:
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_a_plain_step_ends_in_one_plain_line_in_a_log(interrupted: bool) -> None:
+    """A review's log of a start-up interrupted outside a terminal showed rich's last frame,
+    ``⠋ starting Spark (local[*]) 0:00:01``; a finished step kept two spaces of indent."""
+    from streamassign.pipeline.progress import plain_step
+
+    log = io.StringIO()
+    console = Console(file=log, width=80)
+    with contextlib.suppress(KeyboardInterrupt), plain_step("starting Spark (local[*])", console):
+        if interrupted:
+            raise KeyboardInterrupt
+    assert re.fullmatch(r"starting Spark \(local\[\*\]\) 0:00:0\d\n", log.getvalue()), (
+        log.getvalue()
+    )
