@@ -1711,7 +1711,7 @@ def _local_path(out: str) -> Path:
 
 def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
     """A run is replaced only with ``--overwrite`` (and then only once the new one is done)."""
-    from .pipeline.runs import MANIFEST, MANIFEST_FILE, describe_existing, replaceable
+    from .pipeline.runs import MANIFEST, MANIFEST_FILE, describe_existing, replaceable, run_damage
 
     what = describe_existing(files, run_dir)
     if what is None:
@@ -1722,8 +1722,10 @@ def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
             "or give another --out"
         )
     if not overwrite:
+        # A damaged run's report (of the run before the damage) is no reason to keep it.
+        note = "" if run_damage(files, run_dir) is not None else _report_note(run_dir)
         raise click.ClickException(
-            f"{what}{_report_note(run_dir)}; pass --overwrite to replace it once the new run is "
+            f"{what}{note}; pass --overwrite to replace it once the new run is "
             "complete, or --out for another folder"
         )
 

@@ -42,6 +42,7 @@ __all__ = [
     "publish",
     "read_manifest",
     "replaceable",
+    "run_damage",
     "staging_path",
     "write_manifest",
 ]
@@ -219,7 +220,40 @@ def describe_existing(files: Files, final: str) -> str | None:
     if manifest is None:
         return f"{final} exists and is not a complete run"
     label = manifest.get("run_id") or manifest.get("created") or "an earlier run"
+    damage = run_damage(files, final)
+    if damage is not None:
+        return f"{final} holds a damaged run ({label}: {damage})"
     return f"{final} already holds a complete run ({label})"
+
+
+#: What Spark escapes in a partition folder's value (``ExternalCatalogUtils.escapePathName``).
+_ESCAPED_IN_PARTITIONS: Final = frozenset("\"#%'*/:=?\\{[]^\x7f") | {chr(c) for c in range(1, 32)}
+
+
+def _partition_folder(column: str, value: str) -> str:
+    """``assignor=task%3Asticky``: the folder Spark's ``partitionBy`` writes ``value`` to."""
+    escaped = "".join(f"%{ord(c):02X}" if c in _ESCAPED_IN_PARTITIONS else c for c in value)
+    return f"{column}={escaped}"
+
+
+def run_damage(files: Files, run_dir: str) -> str | None:
+    """What is wrong with the run in ``run_dir``, as far as its files tell without Spark (a
+    few rows deleted show only in ``report``'s count), or None. Said the way ``report`` says
+    it when it refuses the run: ``no rows of task:sticky under rebalances/``."""
+    try:
+        manifest = check_run(files, run_dir)
+    except PipelineError as exc:  # "DIR: what is wrong; what to do"
+        return str(exc).removeprefix(f"{run_dir}: ").removeprefix("damaged run: ").split("; ")[0]
+    assignors = manifest.get("assignors")
+    rows_dir = f"{run_dir.rstrip('/')}/{REBALANCES}"
+    missing = [
+        str(name)
+        for name in (assignors if isinstance(assignors, list) else [])
+        if not files.has_files(f"{rows_dir}/{_partition_folder('assignor', str(name))}", ".parquet")
+    ]
+    if missing:
+        return f"no rows of {', '.join(missing)} under {REBALANCES}/"
+    return None
 
 
 def replaceable(files: Files, final: str, marker: str) -> bool:

@@ -1098,6 +1098,9 @@ def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     run = tmp_path / "run"
     (run / "manifest").mkdir(parents=True)
     (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "first"}\n')
+    rows = run / "rebalances" / "assignor=task%3Asticky"
+    rows.mkdir(parents=True)
+    (rows / "part-00000.parquet").write_bytes(b"PAR1")
     args = ("simulate", str(ORDERS), "--report", "--out", str(run))
     code, out = invoke(*args)
     assert (code, out) == (
@@ -1112,6 +1115,15 @@ def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     assert code == 1 and out.startswith(
         f"Error: {run} already holds a complete run (first) and its report, "
         f"{run / 'report' / 'report.html'}; pass --overwrite"
+    )
+    # Damaged, it is not "a complete run and its report" (report refuses it): a review.
+    shutil.rmtree(run / "rebalances")
+    code, out = invoke(*args)
+    assert (code, out) == (
+        1,
+        f"Error: {run} holds a damaged run (first: rebalances/ is missing, but the manifest says "
+        "31 rows were written (deleted or moved?)); pass --overwrite to replace it once the new "
+        "run is complete, or --out for another folder\n",
     )
 
 

@@ -268,3 +268,21 @@ def test_rows_read_must_be_the_rows_the_manifest_counts() -> None:
     with pytest.raises(DamagedRunError, match="files added from elsewhere"):
         check_rows_read("run", manifest, 3200, {"task:sticky", "faust:copartitioned"})
     check_rows_read("run", {}, 5, {"x"})  # not a manifest simulate wrote: nothing to check
+
+
+def test_a_damaged_run_is_described_as_damaged(tmp_path: Path) -> None:
+    """A review's rerun on a run missing one assignor's folder said it "already holds a
+    complete run"; report refused that run as damaged."""
+    final = tmp_path / "run"
+    make_run(final, "old")
+    manifest = json.loads((final / "manifest" / "part-00000.json").read_text())
+    both = {**manifest, "assignors": ["task:sticky", "consumer:range"]}
+    write_manifest(LocalFiles(), str(final), both)
+    assert describe_existing(LocalFiles(), str(final)) == (
+        f"{final} holds a damaged run (old: no rows of consumer:range under rebalances/)"
+    )
+    shutil.rmtree(final / "rebalances")
+    assert describe_existing(LocalFiles(), str(final)) == (
+        f"{final} holds a damaged run (old: rebalances/ is missing, but the manifest says 3 rows "
+        "were written (deleted or moved?))"
+    )
