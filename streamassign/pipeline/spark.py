@@ -399,12 +399,13 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
     frame = frame.cache() if exact else frame
     try:
         by_event = _summary_columns(frame, ["level", "assignor", "event"], exact)
+        collected = {"by_event": _collect(by_event), "errors": _collect(_errors(frame))}
+        # Before the rest: a damaged run is refused without aggregating all of it.
+        _check_rows_read(run_dir, manifest, collected["by_event"], collected["errors"])
         churn = frame.where(F.col("event") != "initial")
         by_assignor = _summary_columns(churn, ["level", "assignor"], exact)
         summaries = {"by_event": by_event, "by_assignor": by_assignor, "by_step": _by_step(frame)}
-        collected = {name: _collect(summary) for name, summary in summaries.items()}
-        collected["errors"] = _collect(_errors(frame))
-        _check_rows_read(run_dir, manifest, collected["by_event"], collected["errors"])
+        collected |= {name: _collect(summaries[name]) for name in ("by_assignor", "by_step")}
         return {
             **collected,
             "outcomes": _collect(_outcomes(churn)),
