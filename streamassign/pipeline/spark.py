@@ -83,6 +83,7 @@ def spark_session(
             # exists, and then the stop below ends the JVM.
             with deferred_signals():
                 session = start_session(master, app_name)
+            _quiet_accumulator_server(session)
         if wants_shipped_code(session, ship):
             bundle_dir = tempfile.mkdtemp(prefix="streamassign-code-")
             ship_code(session, bundle_dir)
@@ -109,6 +110,22 @@ def spark_session(
                 shutil.rmtree(bundle_dir, ignore_errors=True)
             else:  # the running session's executors may still fetch it
                 atexit.register(shutil.rmtree, bundle_dir, ignore_errors=True)
+
+
+def _quiet_accumulator_server(session: Any) -> None:
+    """No trace from pyspark's accumulator server when the JVM goes away mid-update (an
+    ``EOFError``): a signal to the whole process group stops the JVM too, and the command says
+    so in one line (socketserver printed 25 lines before it). Other errors are printed."""
+    server = getattr(session.sparkContext, "_accumulatorServer", None)
+    if server is None:
+        return
+    report = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], EOFError):
+            report(request, client_address)
+
+    server.handle_error = handle_error
 
 
 def start_session(master: str | None = None, app_name: str = "streamassign") -> Any:
