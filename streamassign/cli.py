@@ -1710,7 +1710,7 @@ def _local_path(out: str) -> Path:
 
 def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
     """A run is replaced only with ``--overwrite`` (and then only once the new one is done)."""
-    from .pipeline.runs import MANIFEST, MANIFEST_FILE, describe_existing, replaceable
+    from .pipeline.runs import MANIFEST, MANIFEST_FILE, describe_existing, replaceable, run_damage
 
     what = describe_existing(files, run_dir)
     if what is None:
@@ -1721,8 +1721,10 @@ def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
             "or give another --out"
         )
     if not overwrite:
+        # A damaged run's report (of the run before the damage) is no reason to keep it.
+        note = "" if run_damage(files, run_dir) is not None else _report_note(run_dir)
         raise click.ClickException(
-            f"{what}{_report_note(run_dir)}; pass --overwrite to replace it once the new run is "
+            f"{what}{note}; pass --overwrite to replace it once the new run is "
             "complete, or --out for another folder"
         )
 
@@ -1782,7 +1784,8 @@ def _spark_failure(exc: BaseException) -> str:
 @contextlib.contextmanager
 def _one_line_failures(doing: str, kept: str | None = None) -> Iterator[None]:
     """Spark failures and Ctrl-C, SIGTERM or SIGHUP as one line (what failed, what was kept),
-    not a trace; after a signal the exit status is 128 + its number (130 after Ctrl-C)."""
+    not a trace; after a signal the exit status is 128 + its number (130 after Ctrl-C). A
+    ``KeyboardInterrupt(signum, left)`` says ``left`` instead of ``kept``."""
     import signal
 
     from .pipeline.progress import interrupt_on_signals
@@ -1794,6 +1797,8 @@ def _one_line_failures(doing: str, kept: str | None = None) -> Iterator[None]:
     except KeyboardInterrupt as exc:
         signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
         by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+        if len(exc.args) > 1:  # what the interrupted step left, where it knows better
+            tail = f"; {exc.args[1]}"
         click.echo(f"interrupted{by} while {doing}{tail}", err=True)
         raise SystemExit(128 + signum) from None
     except (click.ClickException, StreamAssignError, SystemExit):
@@ -2062,8 +2067,10 @@ def _write_run(
     spark_tasks: int | None = None,
 ) -> tuple[int, float]:
     """Simulate into a hidden sibling of ``run_dir``, then publish it there; on any failure
-    (Ctrl-C included) the sibling is deleted and ``run_dir`` is untouched. Returns the rows
-    written and the seconds taken (session start-up excluded)."""
+    (Ctrl-C included) the sibling is deleted and ``run_dir`` is untouched. A signal while
+    publishing waits until the run is in place; its ``KeyboardInterrupt`` then says so (its
+    second argument, :func:`_one_line_failures`). Returns the rows written and the seconds
+    taken (session start-up excluded)."""
     import time
 
     from .pipeline import spark as sp
@@ -2086,11 +2093,17 @@ def _write_run(
             # count at 0 for minutes reads as a hang.
             detail=lambda: f"{made.value:,} rebalances (counted as tasks finish)",
         )
-        publish(files, staging, run_dir, run_id)
     except BaseException:
         files.delete(staging)
         raise
-    return rows, max(time.perf_counter() - start, 1e-9)
+    elapsed = max(time.perf_counter() - start, 1e-9)
+    # Not deleted after a failure from here on: publish may have moved it into place.
+    try:
+        publish(files, staging, run_dir, run_id)
+    except KeyboardInterrupt as exc:  # deferred until the new run was in place
+        signum = exc.args[0] if exc.args else 2  # SIGINT
+        raise KeyboardInterrupt(signum, f"run {run_id} is in {run_dir}") from None
+    return rows, elapsed
 
 
 def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) -> dict[str, Any]:
@@ -2176,10 +2189,10 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     try:
         with plain_step("rendering the report", console):
             render_report(data, staging)
-        publish(files, staging, str(out), report_id)
     except BaseException:
         files.delete(staging)
         raise
+    publish(files, staging, str(out), report_id)  # may have moved it into place: not deleted
     return out / "report.html"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import secrets
 import signal
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final, TypeVar, cast
 
+import attrs
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -33,8 +35,10 @@ from rich.progress import (
 
 __all__ = [
     "INTERRUPTING_SIGNALS",
+    "deferred_signals",
     "interrupt_on_signals",
     "plain_step",
+    "quiet_py4j",
     "run_tracked",
     "stderr_console",
     "stderr_joins_stdout",
@@ -219,20 +223,80 @@ def interrupt_on_signals() -> Iterator[None]:
 
 
 @contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends, then raise
+    ``KeyboardInterrupt(signum)`` (the first one's): for steps that must not stop halfway.
+    A JVM start stopped halfway leaves the JVM running for good; a run published halfway
+    leaves the new run deleted and the old one aside. A block that raises raises that. Only in
+    the main thread (elsewhere it does nothing)."""
+    received: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+
+    with _handling(handler, taken_when_ignored=()):
+        yield
+    if received:
+        raise KeyboardInterrupt(received[0])
+
+
+class _NotFromPy4J(logging.Filter):
+    """Drops the records py4j logs on the root logger (``logging.exception``) before raising."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+def quiet_py4j() -> None:
+    """No more py4j log records, on its own logger or the root one: once a command is
+    interrupted, every call to a JVM that the signal also stopped (the whole process group
+    got it) logs a 30-line trace before raising what the cleanup suppresses. For the rest of
+    the process, which is ending; other loggers stay as they were."""
+    logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)  # and its children
+    root = logging.getLogger()
+    if not any(isinstance(found, _NotFromPy4J) for found in root.filters):
+        root.addFilter(_NotFromPy4J())
+
+
+@attrs.frozen
+class _Taken:
+    """A signal handler of this module's: a nested block may take the signal over from it."""
+
+    handler: Callable[[int, Any], None]
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        quiet_py4j()  # before any cleanup talks to the JVM, or a worker thread's call fails
+        self.handler(signum, frame)
+
+
+def _may_take(signum: int, taken_when_ignored: tuple[int, ...]) -> bool:
+    """Whether to handle ``signum`` as it is handled now. SIGTERM and SIGHUP only from their
+    default (ending the process) or from this module: one ignored stays ignored (``nohup``
+    ignores SIGHUP so that a closed terminal does not stop the run), and an embedding caller's
+    own handler keeps running. SIGINT unless ignored, or even then if in
+    ``taken_when_ignored``: Ctrl-C stops a tracked action in a background job too."""
+    current = signal.getsignal(signum)
+    if signum == signal.SIGINT:
+        return signum in taken_when_ignored or current is not signal.SIG_IGN
+    return current is signal.SIG_DFL or isinstance(current, _Taken)
+
+
+@contextmanager
 def _handling(
-    handler: Callable[[int, Any], None], signums: tuple[int, ...] = INTERRUPTING_SIGNALS
+    handler: Callable[[int, Any], None],
+    signums: tuple[int, ...] = INTERRUPTING_SIGNALS,
+    taken_when_ignored: tuple[int, ...] = (signal.SIGINT,),
 ) -> Iterator[None]:
-    """``handler`` for ``signums`` while the block runs (main thread only), then the
-    handlers that were there before. SIGTERM and SIGHUP found ignored stay ignored: ``nohup``
-    ignores SIGHUP so that a closed terminal does not stop the run. (SIGINT is taken even
-    then, as before: Ctrl-C stops a tracked action in a background job too.)"""
+    """``handler`` for those of ``signums`` it may take (:func:`_may_take`) while the block
+    runs (main thread only), then the handlers that were there before."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    taken = _Taken(handler)
     previous = {
-        signum: signal.signal(signum, handler)
+        signum: signal.signal(signum, taken)
         for signum in signums
-        if signum == signal.SIGINT or signal.getsignal(signum) is not signal.SIG_IGN
+        if _may_take(signum, taken_when_ignored)
     }
     try:
         yield
@@ -254,13 +318,23 @@ def _update(
 
 @contextmanager
 def plain_step(description: str, console: Console) -> Iterator[None]:
-    """A spinner and the elapsed time while the block runs."""
+    """A spinner and the elapsed time while the block runs. Outside a terminal one plain
+    line when it ends, interrupted or failed too (rich would print its last frame there: a
+    spinner's character for an unfinished step, two spaces for a finished one)."""
+    live = console.is_terminal
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
         console=console,
+        disable=not live,
     ) as bar:
         task = bar.add_task(description, total=1)
-        yield
-        bar.update(task, completed=1)
+        try:
+            yield
+            bar.update(task, completed=1)
+        finally:
+            if not live:
+                seconds = bar.tasks[0].finished_time or bar.tasks[0].elapsed or 0
+                line = f"{description} {datetime.timedelta(seconds=int(seconds))}"
+                console.print(line, soft_wrap=True, markup=False, highlight=False)

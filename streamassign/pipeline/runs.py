@@ -25,6 +25,7 @@ from typing import Any, Final, Protocol
 
 from ..errors import DamagedRunError
 from ..files import write_atomically
+from .progress import deferred_signals
 from .scenarios import PipelineError
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "publish",
     "read_manifest",
     "replaceable",
+    "run_damage",
     "staging_path",
     "write_manifest",
 ]
@@ -218,7 +220,40 @@ def describe_existing(files: Files, final: str) -> str | None:
     if manifest is None:
         return f"{final} exists and is not a complete run"
     label = manifest.get("run_id") or manifest.get("created") or "an earlier run"
+    damage = run_damage(files, final)
+    if damage is not None:
+        return f"{final} holds a damaged run ({label}: {damage})"
     return f"{final} already holds a complete run ({label})"
+
+
+#: What Spark escapes in a partition folder's value (``ExternalCatalogUtils.escapePathName``).
+_ESCAPED_IN_PARTITIONS: Final = frozenset("\"#%'*/:=?\\{[]^\x7f") | {chr(c) for c in range(1, 32)}
+
+
+def _partition_folder(column: str, value: str) -> str:
+    """``assignor=task%3Asticky``: the folder Spark's ``partitionBy`` writes ``value`` to."""
+    escaped = "".join(f"%{ord(c):02X}" if c in _ESCAPED_IN_PARTITIONS else c for c in value)
+    return f"{column}={escaped}"
+
+
+def run_damage(files: Files, run_dir: str) -> str | None:
+    """What is wrong with the run in ``run_dir``, as far as its files tell without Spark (a
+    few rows deleted show only in ``report``'s count), or None. Said the way ``report`` says
+    it when it refuses the run: ``no rows of task:sticky under rebalances/``."""
+    try:
+        manifest = check_run(files, run_dir)
+    except PipelineError as exc:  # "DIR: what is wrong; what to do"
+        return str(exc).removeprefix(f"{run_dir}: ").removeprefix("damaged run: ").split("; ")[0]
+    assignors = manifest.get("assignors")
+    rows_dir = f"{run_dir.rstrip('/')}/{REBALANCES}"
+    missing = [
+        str(name)
+        for name in (assignors if isinstance(assignors, list) else [])
+        if not files.has_files(f"{rows_dir}/{_partition_folder('assignor', str(name))}", ".parquet")
+    ]
+    if missing:
+        return f"no rows of {', '.join(missing)} under {REBALANCES}/"
+    return None
 
 
 def replaceable(files: Files, final: str, marker: str) -> bool:
@@ -232,19 +267,25 @@ def replaceable(files: Files, final: str, marker: str) -> bool:
 
 def publish(files: Files, staging: str, final: str, run_id: str) -> None:
     """Move the complete ``staging`` folder to ``final``, replacing what is there only after
-    moving it aside, and deleting it only once the new one is in place."""
-    aside = None
-    if files.exists(final):
-        aside = staging_path(final, run_id, "replaced")
-        files.rename(final, aside)
-    try:
-        files.rename(staging, final)
-    except BaseException:
+    moving it aside, and deleting it only once the new one is in place.
+
+    Ctrl-C, SIGTERM and SIGHUP wait until it is done (:func:`progress.deferred_signals`), then
+    raise ``KeyboardInterrupt(signum)`` with the new run in place: stopped halfway, the old run
+    would be left aside and the new one deleted by the caller's cleanup. A failure puts the old
+    run back only where nothing took its place (on an object store a rename copies in pages)."""
+    with deferred_signals():
+        aside = None
+        try:
+            if files.exists(final):
+                aside = staging_path(final, run_id, "replaced")
+                files.rename(final, aside)
+            files.rename(staging, final)
+        except BaseException:
+            if aside is not None and files.exists(aside) and not files.exists(final):
+                files.rename(aside, final)  # put the old run back
+            raise
         if aside is not None:
-            files.rename(aside, final)  # put the old run back
-        raise
-    if aside is not None:
-        files.delete(aside)
+            files.delete(aside)
 
 
 def _manifest_path(run_dir: str) -> str:

@@ -72,16 +72,26 @@ def spark_session(
     """
     from pyspark.sql import SparkSession
 
-    active = SparkSession.getActiveSession()
-    session = active if active is not None else start_session(master, app_name)
+    from .progress import deferred_signals, quiet_py4j
+
+    active = session = SparkSession.getActiveSession()
     bundle_dir = None
     try:
+        if session is None:
+            # A signal raised inside pyspark's JVM start leaves the JVM running for good
+            # (its gateway thread waits for a connection): it waits until the session
+            # exists, and then the stop below ends the JVM.
+            with deferred_signals():
+                session = start_session(master, app_name)
+            _quiet_accumulator_server(session)
         if wants_shipped_code(session, ship):
             bundle_dir = tempfile.mkdtemp(prefix="streamassign-code-")
             ship_code(session, bundle_dir)
         yield session
-    except BaseException:
-        if active is None:
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            quiet_py4j()  # a JVM the signal stopped too: no Py4J traces on stopping it
+        if active is None and session is not None:
             # Stopping mid-job (Ctrl-C, a failure) makes running tasks log pages of expected
             # errors; the command reports the cause in one line. The JVM may be gone too (a
             # SIGTERM or SIGHUP to the whole process group): the cause raised is what counts,
@@ -100,6 +110,22 @@ def spark_session(
                 shutil.rmtree(bundle_dir, ignore_errors=True)
             else:  # the running session's executors may still fetch it
                 atexit.register(shutil.rmtree, bundle_dir, ignore_errors=True)
+
+
+def _quiet_accumulator_server(session: Any) -> None:
+    """No trace from pyspark's accumulator server when the JVM goes away mid-update (an
+    ``EOFError``): a signal to the whole process group stops the JVM too, and the command says
+    so in one line (socketserver printed 25 lines before it). Other errors are printed."""
+    server = getattr(session.sparkContext, "_accumulatorServer", None)
+    if server is None:
+        return
+    report = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], EOFError):
+            report(request, client_address)
+
+    server.handle_error = handle_error
 
 
 def start_session(master: str | None = None, app_name: str = "streamassign") -> Any:
@@ -390,12 +416,13 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
     frame = frame.cache() if exact else frame
     try:
         by_event = _summary_columns(frame, ["level", "assignor", "event"], exact)
+        collected = {"by_event": _collect(by_event), "errors": _collect(_errors(frame))}
+        # Before the rest: a damaged run is refused without aggregating all of it.
+        _check_rows_read(run_dir, manifest, collected["by_event"], collected["errors"])
         churn = frame.where(F.col("event") != "initial")
         by_assignor = _summary_columns(churn, ["level", "assignor"], exact)
         summaries = {"by_event": by_event, "by_assignor": by_assignor, "by_step": _by_step(frame)}
-        collected = {name: _collect(summary) for name, summary in summaries.items()}
-        collected["errors"] = _collect(_errors(frame))
-        _check_rows_read(run_dir, manifest, collected["by_event"], collected["errors"])
+        collected |= {name: _collect(summaries[name]) for name in ("by_assignor", "by_step")}
         return {
             **collected,
             "outcomes": _collect(_outcomes(churn)),

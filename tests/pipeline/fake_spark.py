@@ -7,7 +7,10 @@ interrupt handling run for real. MODE:
 - ``hang-job``: ``simulate``'s job writes a few rows into its partial folder, then runs until
   its job group is cancelled (as Spark's tasks do);
 - ``hang-start``: the session's start never ends (a JVM start, interruptible); it touches the
-  file ``$FAKE_SPARK_STARTED`` first.
+  file ``$FAKE_SPARK_STARTED`` first;
+- ``signal-aside``, ``signal-delete``: ``simulate``'s job writes a tiny complete run, and the
+  process sends itself SIGTERM while publishing it: just after the old run is moved aside, or
+  as the old run is deleted.
 """
 
 from __future__ import annotations
@@ -94,8 +97,42 @@ def _install(mode: str) -> None:
 
     sp.spark_session = spark_session
     sp.run_simulation = run_simulation  # type: ignore[assignment]
+    if mode.startswith("signal-"):
+        _signal_while_publishing(mode.removeprefix("signal-"))
     sp.run_plan = lambda *args: []
     cli._standby_plan = standby_plan  # type: ignore[assignment]
+
+
+def _signal_while_publishing(when: str) -> None:
+    import signal
+
+    from streamassign.pipeline import runs
+    from streamassign.pipeline import spark as sp
+
+    def run_simulation(
+        session: _Session, job: Any, staging: str, manifest: Any, run_id: str, *args: Any
+    ) -> int:
+        rows = Path(staging) / "rebalances" / "assignor=task%3Asticky"
+        rows.mkdir(parents=True)
+        (rows / "part-00000.parquet").write_bytes(b"rows")
+        runs.write_manifest(runs.LocalFiles(), staging, {**manifest, "run_id": run_id, "rows": 1})
+        return 1
+
+    rename, delete = runs.LocalFiles.rename, runs.LocalFiles.delete
+
+    def rename_then_signal(self: runs.LocalFiles, source: str, target: str) -> None:
+        rename(self, source, target)
+        if when == "aside" and ".replaced-" in target:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def signal_then_delete(self: runs.LocalFiles, path: str) -> None:
+        if when == "delete" and ".replaced-" in path:
+            os.kill(os.getpid(), signal.SIGTERM)
+        delete(self, path)
+
+    sp.run_simulation = run_simulation  # type: ignore[assignment]
+    runs.LocalFiles.rename = rename_then_signal  # type: ignore[method-assign]
+    runs.LocalFiles.delete = signal_then_delete  # type: ignore[method-assign]
 
 
 def main() -> None:

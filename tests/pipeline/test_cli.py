@@ -1013,7 +1013,7 @@ def test_json_stdout_is_only_json_when_stderr_lands_in_it(target: list[str]) -> 
 
 
 def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An audit deleted one assignor's Parquet files: the report then said "Use
     faust:copartitioned" without a word on task:sticky, its run details still claiming every
@@ -1029,6 +1029,12 @@ def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
     (run / "report" / "report.html").write_text("earlier")
     sticky = run / "rebalances" / "assignor=task%3Asticky"
     sticky.rename(tmp_path / "sticky")
+    from streamassign.pipeline import spark as sp
+
+    def by_step(*a: Any) -> Any:  # a review: refused only after aggregating all of it
+        raise AssertionError("a damaged run aggregated past its row count")
+
+    monkeypatch.setattr(sp, "_by_step", by_step)
     code, out = invoke("report", str(run))
     assert (code, out.splitlines()[-1]) == (
         1,
@@ -1102,6 +1108,31 @@ def test_sigterm_or_sighup_mid_run_ends_like_ctrl_c(
     assert json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"] == "earlier"
 
 
+@pytest.mark.parametrize("when", ["aside", "delete"])
+def test_sigterm_while_an_overwrite_is_published_says_the_new_run_is_in_place(
+    tmp_path: Path, when: str
+) -> None:
+    """A review's SIGTERM just after the old run was moved aside said "the run in DIR kept":
+    DIR was gone, the new run deleted, the old one left aside. One while the old run was
+    deleted said the same of the new run in place, with half the old one left behind."""
+    pytest.importorskip("pyspark")
+    import signal
+
+    run = tmp_path / "run"
+    (run / "manifest").mkdir(parents=True)
+    (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "earlier"}\n')
+    args = ("simulate", str(ORDERS), *TINY, "--out", str(run), "--overwrite")
+    done = _fake_spark_run(f"signal-{when}", *args)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    new_id = json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"]
+    assert new_id != "earlier"
+    assert done.stderr.splitlines()[-1] == (
+        f"interrupted by SIGTERM while simulating; run {new_id} is in {run}"
+    )
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing left aside
+
+
 def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -1118,6 +1149,9 @@ def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     run = tmp_path / "run"
     (run / "manifest").mkdir(parents=True)
     (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "first"}\n')
+    rows = run / "rebalances" / "assignor=task%3Asticky"
+    rows.mkdir(parents=True)
+    (rows / "part-00000.parquet").write_bytes(b"PAR1")
     args = ("simulate", str(ORDERS), "--report", "--out", str(run))
     code, out = invoke(*args)
     assert (code, out) == (
@@ -1132,6 +1166,15 @@ def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     assert code == 1 and out.startswith(
         f"Error: {run} already holds a complete run (first) and its report, "
         f"{run / 'report' / 'report.html'}; pass --overwrite"
+    )
+    # Damaged, it is not "a complete run and its report" (report refuses it): a review.
+    shutil.rmtree(run / "rebalances")
+    code, out = invoke(*args)
+    assert (code, out) == (
+        1,
+        f"Error: {run} holds a damaged run (first: rebalances/ is missing, but the manifest says "
+        "31 rows were written (deleted or moved?)); pass --overwrite to replace it once the new "
+        "run is complete, or --out for another folder\n",
     )
 
 

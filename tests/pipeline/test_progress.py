@@ -3,11 +3,13 @@ status tracker)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from streamassign.pipeline.progress import run_tracked
@@ -47,3 +49,73 @@ def test_a_log_gets_the_whole_line_at_80_columns() -> None:
         r"0:00:0\d\n",
         log.getvalue(),
     ), log.getvalue()
+
+
+def test_after_a_signal_py4j_logs_no_trace(caplog: pytest.LogCaptureFixture) -> None:
+    """A review's SIGHUP to the whole process group (the JVM stopped too) printed
+    ``ERROR:root:Exception while sending command.`` and a 30-line trace before the one line:
+    py4j logs on the root logger before raising what the cleanup suppresses."""
+    import logging
+    import os
+    import signal
+
+    from streamassign.pipeline.progress import interrupt_on_signals
+
+    # What py4j's java_gateway.py does when its JVM is gone, from a file of its own.
+    py4j_code = compile(
+        "import logging\nlogging.exception('Exception while sending command.')",
+        f"{os.sep}site-packages{os.sep}py4j{os.sep}java_gateway.py",
+        "exec",
+    )
+    root, py4j = logging.getLogger(), logging.getLogger("py4j")
+    filters, level = list(root.filters), py4j.level
+    try:
+        try:
+            with interrupt_on_signals():
+                os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:
+            exec(py4j_code)
+        logging.getLogger("py4j.java_gateway").error("Could not connect")
+        assert caplog.records == []
+    finally:
+        root.filters[:] = filters
+        py4j.setLevel(level)
+
+
+def test_an_embedding_callers_own_sigterm_handler_still_runs() -> None:
+    """A review's library caller, its own SIGTERM handler installed, got ``SystemExit(143)``
+    from a CLI function and its handler never ran: SIGTERM and SIGHUP are taken only from
+    their default. Its handler is back afterwards."""
+    import os
+    import signal
+
+    from streamassign.pipeline.progress import interrupt_on_signals
+
+    received: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        try:
+            with interrupt_on_signals():
+                os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:
+            pytest.fail("the caller's SIGTERM handler was overridden")
+        assert received == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_a_plain_step_ends_in_one_plain_line_in_a_log(interrupted: bool) -> None:
+    """A review's log of a start-up interrupted outside a terminal showed rich's last frame,
+    ``⠋ starting Spark (local[*]) 0:00:01``; a finished step kept two spaces of indent."""
+    from streamassign.pipeline.progress import plain_step
+
+    log = io.StringIO()
+    console = Console(file=log, width=80)
+    with contextlib.suppress(KeyboardInterrupt), plain_step("starting Spark (local[*])", console):
+        if interrupted:
+            raise KeyboardInterrupt
+    assert re.fullmatch(r"starting Spark \(local\[\*\]\) 0:00:0\d\n", log.getvalue()), (
+        log.getvalue()
+    )

@@ -77,6 +77,62 @@ def test_a_failed_publish_puts_the_old_run_back(
     assert check_run(LocalFiles(), str(final))["run_id"] == "old"
 
 
+@pytest.mark.parametrize("when", ["aside", "delete"])
+def test_a_signal_while_publishing_waits_until_the_new_run_is_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A review's SIGTERM just after the old run was moved aside interrupted publish there:
+    the caller's cleanup deleted the new run and the old one stayed aside, DIR gone. One
+    during the old run's deletion left half of it behind. (Under ``interrupt_on_signals``, as
+    the CLI runs it.)"""
+    import os
+    import signal
+
+    from streamassign.pipeline.progress import interrupt_on_signals
+
+    final, staging = tmp_path / "run", tmp_path / ".run.partial-new"
+    make_run(final, "old")
+    make_run(staging, "new")
+    files = LocalFiles()
+    rename, delete = files.rename, files.delete
+
+    def rename_then_signal(source: str, target: str) -> None:
+        rename(source, target)
+        if when == "aside" and ".replaced-" in target:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def signal_then_delete(path: str) -> None:
+        if when == "delete" and ".replaced-" in path:
+            os.kill(os.getpid(), signal.SIGTERM)
+        delete(path)
+
+    monkeypatch.setattr(files, "rename", rename_then_signal)
+    monkeypatch.setattr(files, "delete", signal_then_delete)
+    with pytest.raises(KeyboardInterrupt) as raised, interrupt_on_signals():
+        publish(files, str(staging), str(final), "new")
+    assert raised.value.args == (signal.SIGTERM,)
+    assert check_run(LocalFiles(), str(final))["run_id"] == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing left aside
+
+
+def test_a_failed_move_aside_leaves_the_old_run_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a run moved aside, with nothing in its place, is put back."""
+    final = tmp_path / "run"
+    make_run(final, "old")
+    make_run(tmp_path / ".run.partial-new", "new")
+    files = LocalFiles()
+
+    def rename(source: str, target: str) -> None:
+        raise OSError("read-only")
+
+    monkeypatch.setattr(files, "rename", rename)
+    with pytest.raises(OSError):
+        publish(files, str(tmp_path / ".run.partial-new"), str(final), "new")
+    assert check_run(LocalFiles(), str(final))["run_id"] == "old"
+
+
 @pytest.mark.parametrize(
     ("setup", "message"),
     [
@@ -212,3 +268,21 @@ def test_rows_read_must_be_the_rows_the_manifest_counts() -> None:
     with pytest.raises(DamagedRunError, match="files added from elsewhere"):
         check_rows_read("run", manifest, 3200, {"task:sticky", "faust:copartitioned"})
     check_rows_read("run", {}, 5, {"x"})  # not a manifest simulate wrote: nothing to check
+
+
+def test_a_damaged_run_is_described_as_damaged(tmp_path: Path) -> None:
+    """A review's rerun on a run missing one assignor's folder said it "already holds a
+    complete run"; report refused that run as damaged."""
+    final = tmp_path / "run"
+    make_run(final, "old")
+    manifest = json.loads((final / "manifest" / "part-00000.json").read_text())
+    both = {**manifest, "assignors": ["task:sticky", "consumer:range"]}
+    write_manifest(LocalFiles(), str(final), both)
+    assert describe_existing(LocalFiles(), str(final)) == (
+        f"{final} holds a damaged run (old: no rows of consumer:range under rebalances/)"
+    )
+    shutil.rmtree(final / "rebalances")
+    assert describe_existing(LocalFiles(), str(final)) == (
+        f"{final} holds a damaged run (old: rebalances/ is missing, but the manifest says 3 rows "
+        "were written (deleted or moved?))"
+    )

@@ -328,3 +328,73 @@ def test_large_runs_get_approximate_percentiles(
         assert abs(mine["moves_p50"] - theirs["moves_p50"]) <= max(1.0, theirs["moves_p50"])
     page = render_report(approx, tmp_path / "report").read_text()
     assert "Percentiles (p50, p90, p99) are approximate" in page
+
+
+def test_a_signal_while_spark_starts_stops_the_session_once_it_exists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A review's SIGTERM to the Python process while the JVM started raised inside pyspark's
+    start-up: its JVM stayed running for good, orphaned. Now the signal waits for the session,
+    then stops it. (A stand-in for the start: no JVM.)"""
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    from pyspark.sql import SparkSession
+
+    from streamassign.pipeline import spark as sp
+    from streamassign.pipeline.progress import interrupt_on_signals
+
+    events: list[str] = []
+
+    def start_session(*args: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)  # mid-way through the JVM's start
+        events.append("started")
+        return SimpleNamespace(
+            sparkContext=SimpleNamespace(setLogLevel=lambda level: None),
+            stop=lambda: events.append("stopped"),
+        )
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.setattr(sp, "start_session", start_session)
+    with (
+        pytest.raises(KeyboardInterrupt) as raised,
+        interrupt_on_signals(),
+        sp.spark_session("local[1]"),
+    ):
+        events.append("used")
+    assert raised.value.args == (signal.SIGTERM,)
+    assert events == ["started", "stopped"]
+
+
+def test_the_accumulator_server_prints_no_trace_when_the_jvm_goes_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SIGHUP to the whole process group (the JVM stopped mid-update) printed socketserver's
+    25-line EOFError trace from pyspark's accumulator server before the one line. Other errors
+    still show. (A stand-in session and server: no JVM.)"""
+    import sys
+    from types import SimpleNamespace
+
+    from pyspark.sql import SparkSession
+
+    from streamassign.pipeline import spark as sp
+
+    printed: list[str] = []
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        printed.append(type(sys.exc_info()[1]).__name__)
+
+    server = SimpleNamespace(handle_error=handle_error)
+    session = SimpleNamespace(
+        sparkContext=SimpleNamespace(_accumulatorServer=server), stop=lambda: None
+    )
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.setattr(sp, "start_session", lambda *a: session)
+    with sp.spark_session("local[1]"):
+        for error in (EOFError(), ValueError("bad token")):
+            try:
+                raise error
+            except Exception:
+                server.handle_error(None, ("127.0.0.1", 1))
+    assert printed == ["ValueError"]
