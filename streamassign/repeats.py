@@ -7,11 +7,12 @@ In the core so that every layer that retries can import it."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable
 
 import attrs
 
-__all__ = ["Repeats"]
+__all__ = ["Repeats", "log_error_once"]
 
 
 @attrs.define
@@ -34,3 +35,13 @@ class Repeats:
         held = self.reported is not None
         self.reported = None
         return held
+
+
+def log_error_once(
+    logger: logging.Logger, logged: Repeats | None, error: Exception, message: str
+) -> None:
+    """Log ``message % error`` at ERROR when ``error`` is news to ``logged`` (always without
+    one), at DEBUG when it is the error ``logged`` reported last."""
+    news = logged is None or logged.changed(str(error))
+    suffix = "" if logged is None else " (the same error again logged at DEBUG)"
+    logger.log(logging.ERROR if news else logging.DEBUG, message + suffix, error)

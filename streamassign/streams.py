@@ -43,7 +43,7 @@ from .protocol import (
     SubscriptionInfo,
     running_tasks,
 )
-from .repeats import Repeats
+from .repeats import Repeats, log_error_once
 from .sticky import StickyTaskAssignor
 from .threads import distribute_to_threads
 from .topology import Topology
@@ -767,12 +767,11 @@ def _group_tasks(
         counts = resolve_partition_counts(topology, partition_counts)
         _check_repartition_topics(topology, counts, partition_counts)
     except TopologyError as exc:
-        news = logged is None or logged.changed(str(exc))
-        log.log(
-            logging.ERROR if news else logging.DEBUG,
-            "cannot assign tasks: %s; every member gets INCOMPLETE_SOURCE_TOPIC_METADATA%s",
+        log_error_once(
+            log,
+            logged,
             exc,
-            "" if logged is None else " (the same error again logged at DEBUG)",
+            "cannot assign tasks: %s; every member gets INCOMPLETE_SOURCE_TOPIC_METADATA",
         )
         return None
     if logged is not None and logged.ended():

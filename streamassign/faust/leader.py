@@ -52,7 +52,7 @@ from ..protocol import (
     ProtocolError,
     SubscriptionInfo,
 )
-from ..repeats import Repeats
+from ..repeats import Repeats, log_error_once
 from ..sticky import StickyTaskAssignor
 from ..streams import (
     MemberAssignment,
@@ -316,12 +316,8 @@ def _group_topics(
         topology = faust_topology(subscriptions, partition_counts, copartition_groups, changelogs)
         tasks = PartitionGrouper().group(topology, partition_counts)
     except TopologyError as exc:
-        news = logged is None or logged.changed(str(exc))
-        log.log(
-            logging.ERROR if news else logging.DEBUG,
-            "cannot group the subscribed topics: %s; assigning nothing%s",
-            exc,
-            "" if logged is None else " (the same error again logged at DEBUG)",
+        log_error_once(
+            log, logged, exc, "cannot group the subscribed topics: %s; assigning nothing"
         )
         return None
     if logged is not None and logged.ended():
