@@ -392,12 +392,7 @@ class App:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if isinstance(exc, (OutputWriteError, InternalTopicError)):  # what, why: no trace
-                log.error("%s failed; stopping the application: %s", what, exc)
-            else:
-                log.exception("%s failed; stopping the application", what)
-            if self.failure is None:
-                self.failure = exc
+            self._note_failure(what, exc, "stopping the application")
             self._stopped.set()
 
     async def wait(self) -> None:
@@ -449,12 +444,18 @@ class App:
         try:
             await step
         except Exception as exc:
-            if isinstance(exc, (OutputWriteError, InternalTopicError)):  # what, why: no trace
-                log.error("%s failed; stopping anyway: %s", what, exc)
-            else:
-                log.exception("%s failed; stopping anyway", what)
-            if self.failure is None:
-                self.failure = exc
+            self._note_failure(what, exc, "stopping anyway")
+
+    def _note_failure(self, what: str, exc: Exception, then: str) -> None:
+        """Log a failed loop or stop step (a write or internal-topic failure says what and why
+        in one line, anything else with its trace) and keep the first failure for ``run()``.
+        Called from the ``except`` block, where ``log.exception`` finds the trace."""
+        if isinstance(exc, (OutputWriteError, InternalTopicError)):
+            log.error("%s failed; %s: %s", what, then, exc)
+        else:
+            log.exception("%s failed; %s", what, then)
+        if self.failure is None:
+            self.failure = exc
 
     async def _stop_loops(self) -> set[int]:
         """Cooperative: each loop finishes the record it is on and exits. Only a loop stuck
