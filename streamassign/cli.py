@@ -2068,14 +2068,15 @@ def _write_run(
 ) -> tuple[int, float]:
     """Simulate into a hidden sibling of ``run_dir``, then publish it there; on any failure
     (Ctrl-C included) the sibling is deleted and ``run_dir`` is untouched. A signal while
-    publishing waits until the run is in place; its ``KeyboardInterrupt`` then says so (its
-    second argument, :func:`_one_line_failures`). Returns the rows written and the seconds
+    publishing waits until the run is in place (a second one ends it at once); its
+    ``KeyboardInterrupt`` then says so when it is there (its second argument,
+    :func:`_one_line_failures`). Returns the rows written and the seconds
     taken (session start-up excluded)."""
     import time
 
     from .pipeline import spark as sp
     from .pipeline.progress import run_tracked, stderr_console
-    from .pipeline.runs import files_for, publish, staging_path
+    from .pipeline.runs import files_for, publish, read_manifest, staging_path
 
     files = files_for(run_dir, session)
     if _is_remote(run_dir):
@@ -2097,13 +2098,33 @@ def _write_run(
         files.delete(staging)
         raise
     elapsed = max(time.perf_counter() - start, 1e-9)
+
+    def published() -> bool:  # said only when true: a second signal ends publish halfway
+        return (read_manifest(files, run_dir) or {}).get("run_id") == run_id
+
     # Not deleted after a failure from here on: publish may have moved it into place.
-    try:
+    with _saying_where_published(published, f"run {run_id} is in {run_dir}"):
         publish(files, staging, run_dir, run_id)
-    except KeyboardInterrupt as exc:  # deferred until the new run was in place
-        signum = exc.args[0] if exc.args else 2  # SIGINT
-        raise KeyboardInterrupt(signum, f"run {run_id} is in {run_dir}") from None
     return rows, elapsed
+
+
+@contextlib.contextmanager
+def _saying_where_published(published: Callable[[], bool], where: str) -> Iterator[None]:
+    """A signal while publishing as ``KeyboardInterrupt(signum, where)`` when ``published()``
+    (a deferred signal, or one during the old one's deletion): :func:`_one_line_failures` says
+    so. Otherwise (a second signal ended the publishing, or it failed after the signal) as it
+    came, and the caller's own tail says what was kept."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args else 2  # SIGINT
+        try:
+            in_place = published()
+        except Exception:  # a JVM the signal stopped too: not known to be there
+            in_place = False
+        if not in_place:
+            raise
+        raise KeyboardInterrupt(signum, where) from exc
 
 
 def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) -> dict[str, Any]:

@@ -227,14 +227,21 @@ def deferred_signals() -> Iterator[None]:
     """Ctrl-C, SIGTERM and SIGHUP wait until the block ends, then raise
     ``KeyboardInterrupt(signum)`` (the first one's): for steps that must not stop halfway.
     A JVM start stopped halfway leaves the JVM running for good; a run published halfway
-    leaves the new run deleted and the old one aside. A block that raises raises that. Only in
-    the main thread (elsewhere it does nothing)."""
+    leaves the new run deleted and the old one aside. A block that raises raises that. A
+    second signal ends at once: the handlers of before the block are put back and get it (a
+    Spark master that never answers would otherwise leave only ``kill -9``). Only in the main
+    thread (elsewhere it does nothing)."""
     received: list[int] = []
+    taken_over: dict[int, Any] = {}
 
     def handler(signum: int, frame: Any) -> None:
         received.append(signum)
+        if len(received) > 1:  # the user insists: as if the block were not deferred
+            _restore(taken_over)
+            os.kill(os.getpid(), signum)
 
-    with _handling(handler, taken_when_ignored=()):
+    with _handling(handler, taken_when_ignored=()) as previous:
+        taken_over.update(previous)
         yield
     if received:
         raise KeyboardInterrupt(received[0])
@@ -286,11 +293,12 @@ def _handling(
     handler: Callable[[int, Any], None],
     signums: tuple[int, ...] = INTERRUPTING_SIGNALS,
     taken_when_ignored: tuple[int, ...] = (signal.SIGINT,),
-) -> Iterator[None]:
+) -> Iterator[dict[int, Any]]:
     """``handler`` for those of ``signums`` it may take (:func:`_may_take`) while the block
-    runs (main thread only), then the handlers that were there before."""
+    runs (main thread only), then the handlers that were there before (yielded: signal to
+    handler, empty off the main thread)."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield {}
         return
     taken = _Taken(handler)
     previous = {
@@ -299,10 +307,15 @@ def _handling(
         if _may_take(signum, taken_when_ignored)
     }
     try:
-        yield
+        yield previous
     finally:
-        for signum, before in previous.items():
-            signal.signal(signum, before)
+        _restore(previous)
+
+
+def _restore(handlers: dict[int, Any]) -> None:
+    """Put ``handlers`` back."""
+    for signum, before in handlers.items():
+        signal.signal(signum, before)
 
 
 def _update(

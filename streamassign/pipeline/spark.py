@@ -80,7 +80,7 @@ def spark_session(
         if session is None:
             # A signal raised inside pyspark's JVM start leaves the JVM running for good
             # (its gateway thread waits for a connection): it waits until the session
-            # exists, and then the stop below ends the JVM.
+            # exists, and then the stop below ends the JVM (a second signal ends at once).
             with deferred_signals():
                 session = start_session(master, app_name)
             _quiet_accumulator_server(session)

@@ -1130,52 +1130,29 @@ def test_sigterm_while_an_overwrite_is_published_says_the_new_run_is_in_place(
         f"interrupted by SIGTERM while simulating; run {new_id} is in {run}"
     )
     assert "Traceback" not in done.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing left aside
+    left = [] if when == "aside" else [f".run.replaced-{new_id}"]  # its deletion interrupted
+    assert sorted(p.name for p in tmp_path.iterdir()) == [*left, "run"]
 
 
-def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+def test_a_second_sigterm_while_publishing_ends_it_and_says_what_is_in_dir(
+    tmp_path: Path,
 ) -> None:
-    """README's command 1, run a second time: the refusal says where the report is (or how to
-    write it, after a --report interrupted) and what to add to simulate again."""
+    """A review: every signal after the first was dropped until publishing ended. A second
+    one now ends it at once: the old run is put back, and the line says so, not that the new
+    run is in DIR."""
     pytest.importorskip("pyspark")
-    pytest.importorskip("plotly")
-    from streamassign import cli
+    import signal
 
-    def no_spark(*a: Any, **k: Any) -> Any:
-        raise AssertionError("Spark was started")
-
-    monkeypatch.setattr(cli, "_session", no_spark)
     run = tmp_path / "run"
     (run / "manifest").mkdir(parents=True)
-    (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "first"}\n')
-    rows = run / "rebalances" / "assignor=task%3Asticky"
-    rows.mkdir(parents=True)
-    (rows / "part-00000.parquet").write_bytes(b"PAR1")
-    args = ("simulate", str(ORDERS), "--report", "--out", str(run))
-    code, out = invoke(*args)
-    assert (code, out) == (
-        1,
-        f"Error: {run} already holds a complete run (first) without a report (streamassign "
-        f"report {run} writes it); pass --overwrite to replace it once the new run is complete, "
-        "or --out for another folder\n",
+    (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "earlier"}\n')
+    args = ("simulate", str(ORDERS), *TINY, "--out", str(run), "--overwrite")
+    done = _fake_spark_run("signal-twice", *args)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"interrupted by SIGTERM while simulating; the run in {run} kept"
     )
-    (run / "report").mkdir()
-    (run / "report" / "report.html").write_text("the first run's")
-    code, out = invoke(*args)
-    assert code == 1 and out.startswith(
-        f"Error: {run} already holds a complete run (first) and its report, "
-        f"{run / 'report' / 'report.html'}; pass --overwrite"
-    )
-    # Damaged, it is not "a complete run and its report" (report refuses it): a review.
-    shutil.rmtree(run / "rebalances")
-    code, out = invoke(*args)
-    assert (code, out) == (
-        1,
-        f"Error: {run} holds a damaged run (first: rebalances/ is missing, but the manifest says "
-        "31 rows were written (deleted or moved?)); pass --overwrite to replace it once the new "
-        "run is complete, or --out for another folder\n",
-    )
+    assert json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"] == "earlier"
 
 
 def test_ctrl_c_while_the_report_is_written_says_how_to_write_it(

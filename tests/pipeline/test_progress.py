@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
+import subprocess
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,6 +16,8 @@ import pytest
 from rich.console import Console
 
 from streamassign.pipeline.progress import run_tracked
+
+from .conftest import ROOT
 
 
 class _EightTasksDone:
@@ -80,6 +85,58 @@ def test_after_a_signal_py4j_logs_no_trace(caplog: pytest.LogCaptureFixture) -> 
     finally:
         root.filters[:] = filters
         py4j.setLevel(level)
+
+
+def _spin_until_a_signal(timeout_s: float = 10.0) -> None:
+    """Runs Python code (where a signal's handler runs) until a handler raises."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pass
+    pytest.fail(f"no handler raised within {timeout_s} s")
+
+
+def test_a_second_signal_ends_a_deferred_block_at_once() -> None:
+    """A review: a Spark start against a master that never answers (a minute, or for good
+    on a busy YARN queue) could only be ended with ``kill -9``: every signal after the first
+    was dropped until the block ended. (Under ``interrupt_on_signals``, as the CLI runs it.)"""
+    import os
+    import signal
+
+    from streamassign.pipeline.progress import deferred_signals, interrupt_on_signals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with pytest.raises(KeyboardInterrupt) as raised, interrupt_on_signals(), deferred_signals():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        _spin_until_a_signal()
+    assert raised.value.args == (signal.SIGTERM,)
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_second_sigterm_ends_a_library_callers_process() -> None:
+    """Without the CLI's handlers, a second SIGTERM during a deferred block ends the process
+    as SIGTERM does by default."""
+    import signal
+
+    code = (
+        "import os, signal, time\n"
+        "from streamassign.pipeline.progress import deferred_signals\n"
+        "with deferred_signals():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+        "print('the block ran on')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr
 
 
 def test_an_embedding_callers_own_sigterm_handler_still_runs() -> None:
