@@ -227,10 +227,11 @@ def deferred_signals() -> Iterator[None]:
     """Ctrl-C, SIGTERM and SIGHUP wait until the block ends, then raise
     ``KeyboardInterrupt(signum)`` (the first one's): for steps that must not stop halfway.
     A JVM start stopped halfway leaves the JVM running for good; a run published halfway
-    leaves the new run deleted and the old one aside. A block that raises raises that. A
-    second signal ends at once: the handlers of before the block are put back and get it (a
-    Spark master that never answers would otherwise leave only ``kill -9``). Only in the main
-    thread (elsewhere it does nothing)."""
+    leaves the new run deleted and the old one aside. A block that raises after a signal
+    raises ``KeyboardInterrupt(signum)`` from that (the JVM the signal stopped too fails its
+    start): the signal is what counts. A second signal ends at once: the handlers of before
+    the block are put back and get it (a Spark master that never answers would otherwise
+    leave only ``kill -9``). Only in the main thread (elsewhere it does nothing)."""
     received: list[int] = []
     taken_over: dict[int, Any] = {}
 
@@ -240,9 +241,16 @@ def deferred_signals() -> Iterator[None]:
             _restore(taken_over)
             os.kill(os.getpid(), signum)
 
-    with _handling(handler, taken_when_ignored=()) as previous:
-        taken_over.update(previous)
-        yield
+    try:
+        with _handling(handler, taken_when_ignored=()) as previous:
+            taken_over.update(previous)
+            yield
+    except KeyboardInterrupt:
+        raise  # a second signal's, or the block's own
+    except BaseException as exc:
+        if received:
+            raise KeyboardInterrupt(received[0]) from exc
+        raise
     if received:
         raise KeyboardInterrupt(received[0])
 

@@ -1155,6 +1155,40 @@ def test_a_second_sigterm_while_publishing_ends_it_and_says_what_is_in_dir(
     assert json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"] == "earlier"
 
 
+def test_a_group_sigterm_while_the_jvm_starts_reads_as_the_signal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A review's SIGTERM to the whole process group while the JVM started stopped the JVM
+    too: pyspark's ``JAVA_GATEWAY_EXITED`` came out of the deferred start and the command said
+    ``simulating failed: ...``, exit status 1, not ``interrupted by SIGTERM``, 143. (A stand-in
+    for the start: no JVM.)"""
+    pytest.importorskip("pyspark")
+    import os
+    import signal
+
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.sql import SparkSession
+
+    from streamassign import cli
+    from streamassign.pipeline import spark as sp
+
+    def start_session(*args: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)  # the group's SIGTERM reaches Python, and the JVM
+        raise PySparkRuntimeError(errorClass="JAVA_GATEWAY_EXITED", messageParameters={})
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.setattr(sp, "start_session", start_session)
+    with (
+        pytest.raises(SystemExit) as exited,
+        cli._one_line_failures("simulating", "DIR left as it was"),
+        cli._session(None),
+    ):
+        pytest.fail("the session started")
+    assert exited.value.code == 128 + signal.SIGTERM
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == "interrupted by SIGTERM while simulating; DIR left as it was"
+
+
 def test_ctrl_c_while_the_report_is_written_says_how_to_write_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -139,6 +139,22 @@ def test_a_second_sigterm_ends_a_library_callers_process() -> None:
     assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr
 
 
+def test_a_signal_is_not_lost_when_the_deferred_block_then_fails() -> None:
+    """A review's SIGTERM to the whole process group while the JVM started stopped the JVM
+    too: pyspark's ``JAVA_GATEWAY_EXITED`` came out instead of the signal, and the command
+    said "simulating failed", exit status 1, not "interrupted by SIGTERM", 143."""
+    import os
+    import signal
+
+    from streamassign.pipeline.progress import deferred_signals, interrupt_on_signals
+
+    with pytest.raises(KeyboardInterrupt) as raised, interrupt_on_signals(), deferred_signals():
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise RuntimeError("JAVA_GATEWAY_EXITED")
+    assert raised.value.args == (signal.SIGTERM,)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+
+
 def test_an_embedding_callers_own_sigterm_handler_still_runs() -> None:
     """A review's library caller, its own SIGTERM handler installed, got ``SystemExit(143)``
     from a CLI function and its handler never ran: SIGTERM and SIGHUP are taken only from
