@@ -1788,11 +1788,13 @@ def _one_line_failures(doing: str, kept: str | None = None) -> Iterator[None]:
     ``KeyboardInterrupt(signum, left)`` says ``left`` instead of ``kept``."""
     import signal
 
-    from .pipeline.progress import interrupt_on_signals
+    from .pipeline.progress import interrupt_on_signals, quiet_py4j
 
     tail = f"; {kept}" if kept else ""
     try:
-        with interrupt_on_signals():
+        # py4j's traces of talking to a JVM the signal stopped too (the whole process group
+        # got it) would bury the one line; undone when the command ends.
+        with quiet_py4j(), interrupt_on_signals():
             yield
     except KeyboardInterrupt as exc:
         signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT

@@ -262,15 +262,22 @@ class _NotFromPy4J(logging.Filter):
         return f"{os.sep}py4j{os.sep}" not in record.pathname
 
 
-def quiet_py4j() -> None:
-    """No more py4j log records, on its own logger or the root one: once a command is
-    interrupted, every call to a JVM that the signal also stopped (the whole process group
-    got it) logs a 30-line trace before raising what the cleanup suppresses. For the rest of
-    the process, which is ending; other loggers stay as they were."""
-    logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)  # and its children
-    root = logging.getLogger()
-    if not any(isinstance(found, _NotFromPy4J) for found in root.filters):
-        root.addFilter(_NotFromPy4J())
+@contextmanager
+def quiet_py4j() -> Iterator[None]:
+    """No py4j log records, on its own logger or the root one, while the block runs; then
+    py4j's level as it was and the filter gone (an embedding notebook keeps py4j's logs after
+    the command). For a command that may be interrupted: every call to a JVM that the signal
+    also stopped (the whole process group got it) logs a 30-line trace before raising what
+    the cleanup suppresses or the command says in one line. Other loggers stay as they were."""
+    py4j, root = logging.getLogger("py4j"), logging.getLogger()
+    level, dropped = py4j.level, _NotFromPy4J()
+    py4j.setLevel(logging.CRITICAL + 1)  # and its children
+    root.addFilter(dropped)
+    try:
+        yield
+    finally:
+        root.removeFilter(dropped)
+        py4j.setLevel(level)
 
 
 @attrs.frozen
@@ -280,7 +287,6 @@ class _Taken:
     handler: Callable[[int, Any], None]
 
     def __call__(self, signum: int, frame: Any) -> None:
-        quiet_py4j()  # before any cleanup talks to the JVM, or a worker thread's call fails
         self.handler(signum, frame)
 
 
