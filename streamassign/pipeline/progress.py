@@ -315,21 +315,28 @@ def _handling(
         yield {}
         return
     taken = _Taken(handler)
-    previous = {
-        signum: signal.signal(signum, taken)
-        for signum in signums
-        if _may_take(signum, taken_when_ignored)
-    }
+    previous: dict[int, Any] = {}
     try:
+        # Inside the try, each noted before it is taken: a signal whose handler raises while
+        # they are installed leaves none of them taken for good.
+        for signum in signums:
+            if _may_take(signum, taken_when_ignored):
+                previous[signum] = signal.getsignal(signum)
+                signal.signal(signum, taken)
         yield previous
     finally:
         _restore(previous)
 
 
 def _restore(handlers: dict[int, Any]) -> None:
-    """Put ``handlers`` back."""
-    for signum, before in handlers.items():
+    """Put ``handlers`` back, each whatever another's restore raised (its handler ran at once)."""
+    if not handlers:
+        return
+    (signum, before), *rest = handlers.items()
+    try:
         signal.signal(signum, before)
+    finally:
+        _restore(dict(rest))
 
 
 def _update(

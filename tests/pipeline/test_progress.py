@@ -158,6 +158,43 @@ def test_a_signal_is_not_lost_when_the_deferred_block_then_fails() -> None:
     assert isinstance(raised.value.__cause__, RuntimeError)
 
 
+@pytest.mark.parametrize("when", ["install", "restore"])
+def test_a_signal_while_handlers_are_installed_or_restored_leaves_none_behind(
+    monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A review's SIGTERM just as SIGINT was taken left SIGINT deferred for the rest of the
+    process (every later Ctrl-C swallowed); a Ctrl-C just as SIGINT was restored left SIGTERM
+    and SIGHUP deferred, unrestored."""
+    import os
+    import signal
+
+    from streamassign.pipeline.progress import deferred_signals, interrupt_on_signals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    install = signal.signal
+
+    sigint_calls: list[Any] = []  # the first takes SIGINT, the second restores it
+
+    def signal_while_installing(signum: int, handler: Any) -> Any:
+        previous = install(signum, handler)
+        if signum == signal.SIGINT:
+            sigint_calls.append(handler)
+            if len(sigint_calls) == (1 if when == "install" else 2):
+                os.kill(os.getpid(), signal.SIGTERM if when == "install" else signal.SIGINT)
+        return previous
+
+    with contextlib.suppress(KeyboardInterrupt), interrupt_on_signals():
+        outer = {s: signal.getsignal(s) for s in before}
+        monkeypatch.setattr(signal, "signal", signal_while_installing)
+        try:
+            with deferred_signals():
+                pass
+        finally:  # where the CLI's cleanup runs (a session stopped)
+            monkeypatch.undo()
+            assert {s: signal.getsignal(s) for s in before} == outer
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
 def test_an_embedding_callers_own_sigterm_handler_still_runs() -> None:
     """A review's library caller, its own SIGTERM handler installed, got ``SystemExit(143)``
     from a CLI function and its handler never ran: SIGTERM and SIGHUP are taken only from
