@@ -2215,8 +2215,14 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     except BaseException:
         files.delete(staging)
         raise
-    publish(files, staging, str(out), report_id)  # may have moved it into place: not deleted
-    return out / "report.html"
+    page = out / "report.html"
+
+    def published() -> bool:  # the staging folder renamed into place
+        return not files.exists(staging) and page.is_file()
+
+    with _saying_where_published(published, f"the report is in {out}"):
+        publish(files, staging, str(out), report_id)  # may have moved it into place: kept
+    return page
 
 
 def _check_report_out(out: Path) -> None:

@@ -1189,6 +1189,86 @@ def test_a_group_sigterm_while_the_jvm_starts_reads_as_the_signal(
     assert last == "interrupted by SIGTERM while simulating; DIR left as it was"
 
 
+def test_a_signal_while_the_report_is_moved_into_place_says_it_is_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A review's SIGTERM while ``report`` moved the new report into place waited until it
+    was there, then said only ``interrupted by SIGTERM while writing the report``."""
+    import os
+    import signal
+
+    from streamassign import cli
+    from streamassign.pipeline import progress, report, runs
+    from streamassign.pipeline import spark as sp
+
+    def render_report(data: Any, staging: str) -> None:
+        Path(staging).mkdir()
+        (Path(staging) / "report.html").write_text("new")
+
+    rename = runs.LocalFiles.rename
+
+    def rename_then_signal(self: runs.LocalFiles, source: str, target: str) -> None:
+        rename(self, source, target)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(progress, "run_tracked", lambda session, what, console, run: run())
+    monkeypatch.setattr(sp, "aggregate", lambda *a: None)
+    monkeypatch.setattr(report, "render_report", render_report)
+    monkeypatch.setattr(runs.LocalFiles, "rename", rename_then_signal)
+    out = tmp_path / "report"
+    with pytest.raises(SystemExit) as exited, cli._one_line_failures("writing the report"):
+        cli._render(SimpleNamespace(), str(tmp_path), out)
+    assert exited.value.code == 128 + signal.SIGTERM
+    assert (out / "report.html").read_text() == "new"
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == f"interrupted by SIGTERM while writing the report; the report is in {out}"
+
+
+def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """README's command 1, run a second time: the refusal says where the report is (or how to
+    write it, after a --report interrupted) and what to add to simulate again."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("plotly")
+    from streamassign import cli
+
+    def no_spark(*a: Any, **k: Any) -> Any:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(cli, "_session", no_spark)
+    run = tmp_path / "run"
+    (run / "manifest").mkdir(parents=True)
+    (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "first"}\n')
+    rows = run / "rebalances" / "assignor=task%3Asticky"
+    rows.mkdir(parents=True)
+    (rows / "part-00000.parquet").write_bytes(b"PAR1")
+    args = ("simulate", str(ORDERS), "--report", "--out", str(run))
+    code, out = invoke(*args)
+    assert (code, out) == (
+        1,
+        f"Error: {run} already holds a complete run (first) without a report (streamassign "
+        f"report {run} writes it); pass --overwrite to replace it once the new run is complete, "
+        "or --out for another folder\n",
+    )
+    (run / "report").mkdir()
+    (run / "report" / "report.html").write_text("the first run's")
+    code, out = invoke(*args)
+    assert code == 1 and out.startswith(
+        f"Error: {run} already holds a complete run (first) and its report, "
+        f"{run / 'report' / 'report.html'}; pass --overwrite"
+    )
+    # Damaged, it is not "a complete run and its report" (report refuses it): a review.
+    shutil.rmtree(run / "rebalances")
+    code, out = invoke(*args)
+    assert (code, out) == (
+        1,
+        f"Error: {run} holds a damaged run (first: rebalances/ is missing, but the manifest says "
+        "31 rows were written (deleted or moved?)); pass --overwrite to replace it once the new "
+        "run is complete, or --out for another folder\n",
+    )
+
+
 def test_ctrl_c_while_the_report_is_written_says_how_to_write_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
