@@ -1788,11 +1788,13 @@ def _one_line_failures(doing: str, kept: str | None = None) -> Iterator[None]:
     ``KeyboardInterrupt(signum, left)`` says ``left`` instead of ``kept``."""
     import signal
 
-    from .pipeline.progress import interrupt_on_signals
+    from .pipeline.progress import interrupt_on_signals, quiet_py4j
 
     tail = f"; {kept}" if kept else ""
     try:
-        with interrupt_on_signals():
+        # py4j's traces of talking to a JVM the signal stopped too (the whole process group
+        # got it) would bury the one line; undone when the command ends.
+        with quiet_py4j(), interrupt_on_signals():
             yield
     except KeyboardInterrupt as exc:
         signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
@@ -2068,14 +2070,15 @@ def _write_run(
 ) -> tuple[int, float]:
     """Simulate into a hidden sibling of ``run_dir``, then publish it there; on any failure
     (Ctrl-C included) the sibling is deleted and ``run_dir`` is untouched. A signal while
-    publishing waits until the run is in place; its ``KeyboardInterrupt`` then says so (its
-    second argument, :func:`_one_line_failures`). Returns the rows written and the seconds
+    publishing waits until the run is in place (a second one ends it at once); its
+    ``KeyboardInterrupt`` then says so when it is there (its second argument,
+    :func:`_one_line_failures`). Returns the rows written and the seconds
     taken (session start-up excluded)."""
     import time
 
     from .pipeline import spark as sp
     from .pipeline.progress import run_tracked, stderr_console
-    from .pipeline.runs import files_for, publish, staging_path
+    from .pipeline.runs import files_for, publish, read_manifest, staging_path
 
     files = files_for(run_dir, session)
     if _is_remote(run_dir):
@@ -2097,13 +2100,33 @@ def _write_run(
         files.delete(staging)
         raise
     elapsed = max(time.perf_counter() - start, 1e-9)
+
+    def published() -> bool:  # said only when true: a second signal ends publish halfway
+        return (read_manifest(files, run_dir) or {}).get("run_id") == run_id
+
     # Not deleted after a failure from here on: publish may have moved it into place.
-    try:
+    with _saying_where_published(published, f"run {run_id} is in {run_dir}"):
         publish(files, staging, run_dir, run_id)
-    except KeyboardInterrupt as exc:  # deferred until the new run was in place
-        signum = exc.args[0] if exc.args else 2  # SIGINT
-        raise KeyboardInterrupt(signum, f"run {run_id} is in {run_dir}") from None
     return rows, elapsed
+
+
+@contextlib.contextmanager
+def _saying_where_published(published: Callable[[], bool], where: str) -> Iterator[None]:
+    """A signal while publishing as ``KeyboardInterrupt(signum, where)`` when ``published()``
+    (a deferred signal, or one during the old one's deletion): :func:`_one_line_failures` says
+    so. Otherwise (a second signal ended the publishing, or it failed after the signal) as it
+    came, and the caller's own tail says what was kept."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args else 2  # SIGINT
+        try:
+            in_place = published()
+        except Exception:  # a JVM the signal stopped too: not known to be there
+            in_place = False
+        if not in_place:
+            raise
+        raise KeyboardInterrupt(signum, where) from exc
 
 
 def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) -> dict[str, Any]:
@@ -2192,8 +2215,14 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     except BaseException:
         files.delete(staging)
         raise
-    publish(files, staging, str(out), report_id)  # may have moved it into place: not deleted
-    return out / "report.html"
+    page = out / "report.html"
+
+    def published() -> bool:  # the staging folder renamed into place
+        return not files.exists(staging) and page.is_file()
+
+    with _saying_where_published(published, f"the report is in {out}"):
+        publish(files, staging, str(out), report_id)  # may have moved it into place: kept
+    return page
 
 
 def _check_report_out(out: Path) -> None:

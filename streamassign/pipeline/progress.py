@@ -227,15 +227,30 @@ def deferred_signals() -> Iterator[None]:
     """Ctrl-C, SIGTERM and SIGHUP wait until the block ends, then raise
     ``KeyboardInterrupt(signum)`` (the first one's): for steps that must not stop halfway.
     A JVM start stopped halfway leaves the JVM running for good; a run published halfway
-    leaves the new run deleted and the old one aside. A block that raises raises that. Only in
-    the main thread (elsewhere it does nothing)."""
+    leaves the new run deleted and the old one aside. A block that raises after a signal
+    raises ``KeyboardInterrupt(signum)`` from that (the JVM the signal stopped too fails its
+    start): the signal is what counts. A second signal ends at once: the handlers of before
+    the block are put back and get it (a Spark master that never answers would otherwise
+    leave only ``kill -9``). Only in the main thread (elsewhere it does nothing)."""
     received: list[int] = []
+    taken_over: dict[int, Any] = {}
 
     def handler(signum: int, frame: Any) -> None:
         received.append(signum)
+        if len(received) > 1:  # the user insists: as if the block were not deferred
+            _restore(taken_over)
+            os.kill(os.getpid(), signum)
 
-    with _handling(handler, taken_when_ignored=()):
-        yield
+    try:
+        with _handling(handler, taken_when_ignored=()) as previous:
+            taken_over.update(previous)
+            yield
+    except KeyboardInterrupt:
+        raise  # a second signal's, or the block's own
+    except BaseException as exc:
+        if received:
+            raise KeyboardInterrupt(received[0]) from exc
+        raise
     if received:
         raise KeyboardInterrupt(received[0])
 
@@ -247,15 +262,22 @@ class _NotFromPy4J(logging.Filter):
         return f"{os.sep}py4j{os.sep}" not in record.pathname
 
 
-def quiet_py4j() -> None:
-    """No more py4j log records, on its own logger or the root one: once a command is
-    interrupted, every call to a JVM that the signal also stopped (the whole process group
-    got it) logs a 30-line trace before raising what the cleanup suppresses. For the rest of
-    the process, which is ending; other loggers stay as they were."""
-    logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)  # and its children
-    root = logging.getLogger()
-    if not any(isinstance(found, _NotFromPy4J) for found in root.filters):
-        root.addFilter(_NotFromPy4J())
+@contextmanager
+def quiet_py4j() -> Iterator[None]:
+    """No py4j log records, on its own logger or the root one, while the block runs; then
+    py4j's level as it was and the filter gone (an embedding notebook keeps py4j's logs after
+    the command). For a command that may be interrupted: every call to a JVM that the signal
+    also stopped (the whole process group got it) logs a 30-line trace before raising what
+    the cleanup suppresses or the command says in one line. Other loggers stay as they were."""
+    py4j, root = logging.getLogger("py4j"), logging.getLogger()
+    level, dropped = py4j.level, _NotFromPy4J()
+    py4j.setLevel(logging.CRITICAL + 1)  # and its children
+    root.addFilter(dropped)
+    try:
+        yield
+    finally:
+        root.removeFilter(dropped)
+        py4j.setLevel(level)
 
 
 @attrs.frozen
@@ -265,7 +287,6 @@ class _Taken:
     handler: Callable[[int, Any], None]
 
     def __call__(self, signum: int, frame: Any) -> None:
-        quiet_py4j()  # before any cleanup talks to the JVM, or a worker thread's call fails
         self.handler(signum, frame)
 
 
@@ -286,23 +307,36 @@ def _handling(
     handler: Callable[[int, Any], None],
     signums: tuple[int, ...] = INTERRUPTING_SIGNALS,
     taken_when_ignored: tuple[int, ...] = (signal.SIGINT,),
-) -> Iterator[None]:
+) -> Iterator[dict[int, Any]]:
     """``handler`` for those of ``signums`` it may take (:func:`_may_take`) while the block
-    runs (main thread only), then the handlers that were there before."""
+    runs (main thread only), then the handlers that were there before (yielded: signal to
+    handler, empty off the main thread)."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield {}
         return
     taken = _Taken(handler)
-    previous = {
-        signum: signal.signal(signum, taken)
-        for signum in signums
-        if _may_take(signum, taken_when_ignored)
-    }
+    previous: dict[int, Any] = {}
     try:
-        yield
+        # Inside the try, each noted before it is taken: a signal whose handler raises while
+        # they are installed leaves none of them taken for good.
+        for signum in signums:
+            if _may_take(signum, taken_when_ignored):
+                previous[signum] = signal.getsignal(signum)
+                signal.signal(signum, taken)
+        yield previous
     finally:
-        for signum, before in previous.items():
-            signal.signal(signum, before)
+        _restore(previous)
+
+
+def _restore(handlers: dict[int, Any]) -> None:
+    """Put ``handlers`` back, each whatever another's restore raised (its handler ran at once)."""
+    if not handlers:
+        return
+    (signum, before), *rest = handlers.items()
+    try:
+        signal.signal(signum, before)
+    finally:
+        _restore(dict(rest))
 
 
 def _update(

@@ -269,22 +269,28 @@ def publish(files: Files, staging: str, final: str, run_id: str) -> None:
     """Move the complete ``staging`` folder to ``final``, replacing what is there only after
     moving it aside, and deleting it only once the new one is in place.
 
-    Ctrl-C, SIGTERM and SIGHUP wait until it is done (:func:`progress.deferred_signals`), then
-    raise ``KeyboardInterrupt(signum)`` with the new run in place: stopped halfway, the old run
-    would be left aside and the new one deleted by the caller's cleanup. A failure puts the old
-    run back only where nothing took its place (on an object store a rename copies in pages)."""
-    with deferred_signals():
-        aside = None
-        try:
-            if files.exists(final):
-                aside = staging_path(final, run_id, "replaced")
-                files.rename(final, aside)
-            files.rename(staging, final)
-        except BaseException:
-            if aside is not None and files.exists(aside) and not files.exists(final):
-                files.rename(aside, final)  # put the old run back
-            raise
-        if aside is not None:
+    Ctrl-C, SIGTERM and SIGHUP wait until the new run is in place
+    (:func:`progress.deferred_signals`), then raise ``KeyboardInterrupt(signum)``: stopped
+    halfway, the old run would be left aside and the new one deleted by the caller's cleanup.
+    A second signal ends at once. A failure puts the old run back only where nothing took its
+    place (on an object store a rename copies in pages). The old run's deletion is not
+    deferred (a slow remote delete must not hold a signal): stopped, it leaves at worst a
+    ``.replaced-`` folder beside the new run."""
+    aside, moved = None, False
+    try:
+        with deferred_signals():
+            try:
+                if files.exists(final):
+                    aside = staging_path(final, run_id, "replaced")
+                    files.rename(final, aside)
+                files.rename(staging, final)
+                moved = True
+            except BaseException:
+                if aside is not None and files.exists(aside) and not files.exists(final):
+                    files.rename(aside, final)  # put the old run back
+                raise
+    finally:  # after a deferred signal too
+        if moved and aside is not None:
             files.delete(aside)
 
 

@@ -72,7 +72,7 @@ def spark_session(
     """
     from pyspark.sql import SparkSession
 
-    from .progress import deferred_signals, quiet_py4j
+    from .progress import deferred_signals
 
     active = session = SparkSession.getActiveSession()
     bundle_dir = None
@@ -80,7 +80,7 @@ def spark_session(
         if session is None:
             # A signal raised inside pyspark's JVM start leaves the JVM running for good
             # (its gateway thread waits for a connection): it waits until the session
-            # exists, and then the stop below ends the JVM.
+            # exists, and then the stop below ends the JVM (a second signal ends at once).
             with deferred_signals():
                 session = start_session(master, app_name)
             _quiet_accumulator_server(session)
@@ -88,9 +88,7 @@ def spark_session(
             bundle_dir = tempfile.mkdtemp(prefix="streamassign-code-")
             ship_code(session, bundle_dir)
         yield session
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            quiet_py4j()  # a JVM the signal stopped too: no Py4J traces on stopping it
+    except BaseException:
         if active is None and session is not None:
             # Stopping mid-job (Ctrl-C, a failure) makes running tasks log pages of expected
             # errors; the command reports the cause in one line. The JVM may be gone too (a

@@ -8,9 +8,10 @@ interrupt handling run for real. MODE:
   its job group is cancelled (as Spark's tasks do);
 - ``hang-start``: the session's start never ends (a JVM start, interruptible); it touches the
   file ``$FAKE_SPARK_STARTED`` first;
-- ``signal-aside``, ``signal-delete``: ``simulate``'s job writes a tiny complete run, and the
-  process sends itself SIGTERM while publishing it: just after the old run is moved aside, or
-  as the old run is deleted.
+- ``signal-aside``, ``signal-delete``, ``signal-twice``: ``simulate``'s job writes a tiny
+  complete run, and the process sends itself SIGTERM while publishing it: just after the old
+  run is moved aside, or as the old run is deleted; or twice just after the old run is moved
+  aside.
 """
 
 from __future__ import annotations
@@ -122,8 +123,9 @@ def _signal_while_publishing(when: str) -> None:
 
     def rename_then_signal(self: runs.LocalFiles, source: str, target: str) -> None:
         rename(self, source, target)
-        if when == "aside" and ".replaced-" in target:
-            os.kill(os.getpid(), signal.SIGTERM)
+        if when in ("aside", "twice") and ".replaced-" in target:
+            for _ in range(2 if when == "twice" else 1):
+                os.kill(os.getpid(), signal.SIGTERM)
 
     def signal_then_delete(self: runs.LocalFiles, path: str) -> None:
         if when == "delete" and ".replaced-" in path:

@@ -1130,7 +1130,98 @@ def test_sigterm_while_an_overwrite_is_published_says_the_new_run_is_in_place(
         f"interrupted by SIGTERM while simulating; run {new_id} is in {run}"
     )
     assert "Traceback" not in done.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing left aside
+    left = [] if when == "aside" else [f".run.replaced-{new_id}"]  # its deletion interrupted
+    assert sorted(p.name for p in tmp_path.iterdir()) == [*left, "run"]
+
+
+def test_a_second_sigterm_while_publishing_ends_it_and_says_what_is_in_dir(
+    tmp_path: Path,
+) -> None:
+    """A review: every signal after the first was dropped until publishing ended. A second
+    one now ends it at once: the old run is put back, and the line says so, not that the new
+    run is in DIR."""
+    pytest.importorskip("pyspark")
+    import signal
+
+    run = tmp_path / "run"
+    (run / "manifest").mkdir(parents=True)
+    (run / "manifest" / "part-00000.json").write_text('{"rows": 31, "run_id": "earlier"}\n')
+    args = ("simulate", str(ORDERS), *TINY, "--out", str(run), "--overwrite")
+    done = _fake_spark_run("signal-twice", *args)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"interrupted by SIGTERM while simulating; the run in {run} kept"
+    )
+    assert json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"] == "earlier"
+
+
+def test_a_group_sigterm_while_the_jvm_starts_reads_as_the_signal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A review's SIGTERM to the whole process group while the JVM started stopped the JVM
+    too: pyspark's ``JAVA_GATEWAY_EXITED`` came out of the deferred start and the command said
+    ``simulating failed: ...``, exit status 1, not ``interrupted by SIGTERM``, 143. (A stand-in
+    for the start: no JVM.)"""
+    pytest.importorskip("pyspark")
+    import os
+    import signal
+
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.sql import SparkSession
+
+    from streamassign import cli
+    from streamassign.pipeline import spark as sp
+
+    def start_session(*args: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)  # the group's SIGTERM reaches Python, and the JVM
+        raise PySparkRuntimeError(errorClass="JAVA_GATEWAY_EXITED", messageParameters={})
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.setattr(sp, "start_session", start_session)
+    with (
+        pytest.raises(SystemExit) as exited,
+        cli._one_line_failures("simulating", "DIR left as it was"),
+        cli._session(None),
+    ):
+        pytest.fail("the session started")
+    assert exited.value.code == 128 + signal.SIGTERM
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == "interrupted by SIGTERM while simulating; DIR left as it was"
+
+
+def test_a_signal_while_the_report_is_moved_into_place_says_it_is_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A review's SIGTERM while ``report`` moved the new report into place waited until it
+    was there, then said only ``interrupted by SIGTERM while writing the report``."""
+    import os
+    import signal
+
+    from streamassign import cli
+    from streamassign.pipeline import progress, report, runs
+    from streamassign.pipeline import spark as sp
+
+    def render_report(data: Any, staging: str) -> None:
+        Path(staging).mkdir()
+        (Path(staging) / "report.html").write_text("new")
+
+    rename = runs.LocalFiles.rename
+
+    def rename_then_signal(self: runs.LocalFiles, source: str, target: str) -> None:
+        rename(self, source, target)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(progress, "run_tracked", lambda session, what, console, run: run())
+    monkeypatch.setattr(sp, "aggregate", lambda *a: None)
+    monkeypatch.setattr(report, "render_report", render_report)
+    monkeypatch.setattr(runs.LocalFiles, "rename", rename_then_signal)
+    out = tmp_path / "report"
+    with pytest.raises(SystemExit) as exited, cli._one_line_failures("writing the report"):
+        cli._render(SimpleNamespace(), str(tmp_path), out)
+    assert exited.value.code == 128 + signal.SIGTERM
+    assert (out / "report.html").read_text() == "new"
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == f"interrupted by SIGTERM while writing the report; the report is in {out}"
 
 
 def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
