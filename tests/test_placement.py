@@ -101,18 +101,46 @@ def test_racks_and_tags_on_any_history_keep_the_guarantees(inputs: Inputs) -> No
 
 # Measured, not guaranteed (greedy placement): a fixed set of examples, so the suite cannot
 # fail at random on an input no one has seen; docs/assignor.md rule 8 gives the measurement.
+# The fixed set moves with hypothesis' version: under 6.170.17 it met the exception below.
 @settings(derandomize=True)
 @given(assignment_inputs(placed=True))
 def test_racks_and_tags_without_previous_standbys_add_no_conflicts(inputs: Inputs) -> None:
-    """Any history of actives, but no previous standbys to keep: never more shared racks and
-    zones than the same input without racks and tags (on these examples and the random inputs
-    measured; with previous standbys kept, see the exception below)."""
+    """Any history of actives, but no previous standbys to keep: at most one more shared rack
+    or zone than the same input without racks and tags, and none more on 10,000 random inputs
+    measured (the one exception found is the test after this one; with previous standbys
+    kept, see the exception below it)."""
     tasks, clients, replicas, stateful = inputs
     clients = [attrs.evolve(c, prev_standby=frozenset()) for c in clients]
     result = StickyTaskAssignor(replicas).assign(tasks, clients, stateful)
     blind = StickyTaskAssignor(replicas).assign(tasks, without_places(clients), stateful)
     assert_placement_guarantees((tasks, clients, replicas, stateful), result, blind)
-    assert conflicts(clients, result) <= conflicts(clients, blind)
+    assert conflicts(clients, result) <= conflicts(clients, blind) + 1
+
+
+def test_racks_and_tags_without_previous_standbys_known_exception() -> None:
+    """Documented non-strict behaviour (docs/assignor.md rule 8), found by CI's fixed examples
+    under hypothesis 6.170.17 (none in 10,000 random inputs): no previous standbys, 27 tasks
+    over 5 clients with 2 standbys each; greedy rack-aware placement shares 13 racks and zones
+    where the same input without racks and tags shares 12. Asserts the guarantees plus
+    today's numbers, so a change in either shows up here."""
+    tasks = [TaskId(s, p) for s, count in ((0, 11), (1, 6), (2, 10)) for p in range(count)]
+    clients = [
+        ClientState("d", 1),
+        ClientState("a", 1, lags={TaskId(2, 3): 1}, rack="r0", tags={"zone": "z0"}),
+        ClientState(
+            "c",
+            1,
+            prev_active=frozenset({TaskId(0, 1), TaskId(0, 2), TaskId(1, 3)}),
+            lags={TaskId(0, 0): 0, TaskId(2, 3): 0, TaskId(0, 1): 0, TaskId(0, 4): 0},
+            rack="r0",
+        ),
+        ClientState("b", 2),
+        ClientState("aa", 4, lags={TaskId(0, 0): 0}, tags={"zone": "z0"}),
+    ]
+    result = StickyTaskAssignor(2).assign(tasks, clients)
+    blind = StickyTaskAssignor(2).assign(tasks, without_places(clients))
+    assert_placement_guarantees((tasks, clients, 2, None), result, blind)
+    assert (conflicts(clients, result), conflicts(clients, blind)) == (13, 12)
 
 
 def test_kept_standbys_can_leave_more_conflicts_than_no_racks_known_exception() -> None:

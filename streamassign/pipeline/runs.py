@@ -25,7 +25,6 @@ from typing import Any, Final, Protocol
 
 from ..errors import DamagedRunError
 from ..files import write_atomically
-from .progress import deferred_signals
 from .scenarios import PipelineError
 
 __all__ = [
@@ -276,6 +275,10 @@ def publish(files: Files, staging: str, final: str, run_id: str) -> None:
     place (on an object store a rename copies in pages). The old run's deletion is not
     deferred (a slow remote delete must not hold a signal): stopped, it leaves at worst a
     ``.replaced-`` folder beside the new run."""
+    # Imported here: Spark's executors import this module (through spark.py) and have no
+    # rich, which progress needs (tests/pipeline/test_cluster.py runs them on a bare Python).
+    from .progress import deferred_signals
+
     aside, moved = None, False
     try:
         with deferred_signals():

@@ -398,3 +398,28 @@ def test_the_accumulator_server_prints_no_trace_when_the_jvm_goes_away(
             except Exception:
                 server.handle_error(None, ("127.0.0.1", 1))
     assert printed == ["ValueError"]
+
+
+def test_the_modules_executors_import_need_no_rich() -> None:
+    """Executors import ``streamassign.pipeline.spark`` (what the job's functions pickle
+    refers to) on a Python that may have only pyspark and the shipped code: nothing it imports
+    may need the CLI's rich (tests/pipeline/test_cluster.py runs such executors; a top-level
+    ``progress`` import in runs.py once failed every cluster job with "No module named
+    'rich'")."""
+    import subprocess
+    import sys
+
+    blocker = (
+        "import sys, importlib.abc\n"
+        "class NoRich(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'rich' or name.startswith('rich.'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, NoRich())\n"
+        "import streamassign.pipeline.spark\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", blocker], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
