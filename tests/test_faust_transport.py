@@ -490,6 +490,16 @@ def test_a_recovery_caught_up_is_not_reported(
     assert "table recovery" not in caplog.text
 
 
+async def watch_until_done(check: Callable[[], bool], looks: list[int]) -> None:
+    """Tick ``check`` every 10 ms until it asks to stop (30 s at most)."""
+    ticker = _Ticker(check)
+    ticker.start(0.01)
+    deadline = time.monotonic() + 30
+    while ticker.running or not looks:
+        assert time.monotonic() < deadline, f"the watch stopped after {len(looks)} looks"
+        await asyncio.sleep(0.01)
+
+
 def test_a_watchdog_that_fails_is_logged_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     """An error in a watch check must not end the watch in silence: the next stall would go
     unreported."""
@@ -501,16 +511,8 @@ def test_a_watchdog_that_fails_is_logged_and_goes_on(caplog: pytest.LogCaptureFi
             raise RuntimeError("boom")
         return len(looks) < 3
 
-    async def watch() -> None:
-        ticker = _Ticker(check)
-        ticker.start(0.01)
-        deadline = time.monotonic() + 30
-        while ticker.running or not looks:
-            assert time.monotonic() < deadline, f"the watch stopped after {len(looks)} looks"
-            await asyncio.sleep(0.01)
-
     with caplog.at_level(logging.ERROR, logger="streamassign.faust"):
-        asyncio.run(watch())
+        asyncio.run(watch_until_done(check, looks))
     assert looks == [0, 1, 2]
     assert "failed; it goes on" in caplog.text and "boom" in caplog.text
 
@@ -528,16 +530,8 @@ def test_a_watchdog_failing_at_every_tick_logs_its_traceback_once(
             raise RuntimeError("boom")
         return len(looks) < 6
 
-    async def watch() -> None:
-        ticker = _Ticker(check)
-        ticker.start(0.01)
-        deadline = time.monotonic() + 30
-        while ticker.running or not looks:
-            assert time.monotonic() < deadline, f"the watch stopped after {len(looks)} looks"
-            await asyncio.sleep(0.01)
-
     with caplog.at_level(logging.DEBUG, logger="streamassign.faust"):
-        asyncio.run(watch())
+        asyncio.run(watch_until_done(check, looks))
     levels = [r.levelno for r in caplog.records if "watchdog" in r.getMessage()]
     assert levels == [logging.ERROR, *[logging.DEBUG] * 3, logging.INFO]
 
