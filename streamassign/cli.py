@@ -41,6 +41,7 @@ from .explain import (
     claim_conflicts,
     explain,
     load_snapshot,
+    named_as_after,
     views_from_assignment,
     views_from_clients,
 )
@@ -996,11 +997,14 @@ def explain_command(
         processes = [*before, *now.views]
     else:
         old, new = _read_saved(files[0]), _read_saved(files[1])
+        # BEFORE's processes as AFTER names them: a clash of a shared process id that starts
+        # or ends between the two renames the original (P <-> P#endpoint), which moved nothing.
+        renamed = named_as_after(old.views, old.process_members, new.process_members)
         # AFTER's previous_active date from its last join: a hand-back made at that rebalance.
         moves = explain(
-            old.views, new.views, _landing_state(old, new), returned=new.handed_back(acceptable_lag)
+            renamed, new.views, _landing_state(old, new), returned=new.handed_back(acceptable_lag)
         )
-        processes = [*old.views, *new.views]
+        processes = [*renamed, *new.views]
     if as_json:
         data = _moves_json(moves)
         click.echo(json.dumps({"moves": data["moves"]} if last else data, indent=2))
@@ -1486,7 +1490,7 @@ async def _print_views(
     as_json: bool,
     acceptable_lag: int = ACCEPTABLE_RECOVERY_LAG,
 ) -> None:
-    from .aiokafka.describe import follow, processes_since, quality, to_json
+    from .aiokafka.describe import follow, quality, to_json
 
     console = _Stdout()
     last = None  # the last readable view
@@ -1501,7 +1505,9 @@ async def _print_views(
         # The last view's processes as this one names them: a clash of a shared process id
         # that starts or ends renames the original (P <-> P#endpoint), which moved nothing.
         before: Mapping[str, ClientView] | None = (
-            processes_since(last, view) if last is not None else None
+            named_as_after(last.processes(), last.process_members(), view.process_members())
+            if last is not None
+            else None
         )
         moves = (
             explain(

@@ -11,6 +11,7 @@ capacities, which is what this module does. It is pure: the CLI feeds it saved J
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 
 import attrs
@@ -26,6 +27,7 @@ from .streams import (
     handed_back,
     local_state_lags,
     merged_reports,
+    process_id_of_key,
 )
 
 
@@ -365,6 +367,53 @@ def _standby_moves(
     return tuple(moves)
 
 
+#: Per process, named as one generation names it (``describe``'s process key), its members'
+#: ``(member id, endpoint)`` pairs (``""``: no endpoint): what tells which process of one
+#: generation a process of the next is when its key changed (:func:`named_as_after`).
+ProcessMembers = Mapping[str, frozenset[tuple[str, str]]]
+
+
+def named_as_after(
+    before: Mapping[str, ClientView], members_before: ProcessMembers, members_after: ProcessMembers
+) -> dict[str, ClientView]:
+    """``before``'s processes (:func:`explain`'s ``before``), each named as the AFTER side
+    names it (``members_*``: each side's :data:`ProcessMembers`). Where a clash of a shared
+    process id starts or ends between the two (``streamassign.streams.process_keys``), the
+    original's key changes from ``P`` to ``P#endpoint`` (or back) with the same tasks, which
+    compared by key would read as moved off a process that left, and landing cold. The one
+    rule for ``explain BEFORE AFTER`` and ``describe --watch``."""
+    renamed = _renamed_processes(members_before, members_after)
+    return {renamed.get(key, key): view for key, view in before.items()}
+
+
+def _renamed_processes(before: ProcessMembers, after: ProcessMembers) -> dict[str, str]:
+    """Old key -> new key for each process of ``before`` missing from ``after`` whose process
+    id has exactly one new key in ``after`` (``P`` for ``P#endpoint``, or the reverse) holding
+    one of its members, or else (the process restarted under a new member id meanwhile) its
+    endpoint. A new key two old ones lead to is left out: one process cannot be both, and
+    guessing would hide a real move."""
+    gone, fresh = before.keys() - after.keys(), after.keys() - before.keys()
+    renamed: dict[str, str] = {}
+    for key in sorted(gone):
+        pid = process_id_of_key(key)
+        rekeyed = [n for n in sorted(fresh) if process_id_of_key(n) == pid]
+        matches = [n for n in rekeyed if _member_ids(before[key]) & _member_ids(after[n])] or [
+            n for n in rekeyed if _endpoints(before[key]) & _endpoints(after[n])
+        ]
+        if len(matches) == 1:
+            renamed[key] = matches[0]
+    targets = Counter(renamed.values())
+    return {key: new for key, new in renamed.items() if targets[new] == 1}
+
+
+def _member_ids(members: Iterable[tuple[str, str]]) -> set[str]:
+    return {member for member, _ in members}
+
+
+def _endpoints(members: Iterable[tuple[str, str]]) -> set[str]:
+    return {endpoint for _, endpoint in members if endpoint}
+
+
 def views_from_assignment(
     assignment: Mapping[str, ClientAssignment], capacities: Mapping[str, int]
 ) -> dict[str, ClientView]:
@@ -411,6 +460,8 @@ class Snapshot:
     None when the file has none. ``previous_active``: per process, the actives its members
     said at their last join they ran before (a restarted process's, from its state directory).
     ``protocol``: the group's assignor (``describe``'s), None when the file has none.
+    ``process_members``: per process, its members' ids and endpoints (:data:`ProcessMembers`;
+    empty for other files), which :func:`named_as_after` matches to another snapshot's.
     """
 
     views: Mapping[str, ClientView]
@@ -419,6 +470,7 @@ class Snapshot:
     family: str | None = None
     previous_active: Mapping[str, frozenset[TaskId]] = attrs.field(factory=dict)
     protocol: str | None = None
+    process_members: ProcessMembers = attrs.field(factory=dict)
 
     def local_state(self) -> dict[str, dict[TaskId, int]]:
         """Per process, the tasks it reported state of at its last join (:func:`local_state`)."""
@@ -520,7 +572,8 @@ def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot
     }
     family, protocol = data.get("family"), data.get("protocol")
     copied = _copied_claimants(data.get("shared_process_ids", []), where) if members else set()
-    reports, previous = _reports(data.get("members", []) if members else [], copied, where)
+    rows = data.get("members", []) if members else []
+    reports, previous, process_members = _reports(rows, copied, where)
     return Snapshot(
         views,
         state,
@@ -528,6 +581,7 @@ def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot
         family if isinstance(family, str) else None,
         previous,
         protocol if isinstance(protocol, str) else None,
+        process_members,
     )
 
 
@@ -552,15 +606,21 @@ def _copied_claimants(clashes: object, where: str) -> set[str]:
 
 def _reports(
     members: object, copied: Collection[str], where: str
-) -> tuple[tuple[tuple[str, Mapping[TaskId, int]], ...], dict[str, frozenset[TaskId]]]:
-    """``(process, offset sums)`` of each described member of a ``describe --json`` file, and
-    per process the ``previous_active`` its members declared (optional: older files lack it),
-    but for the ``copied`` members' (their claims are a copied state directory's, which the
-    leaders ignore: ``streamassign.streams.copied_claimants``)."""
+) -> tuple[
+    tuple[tuple[str, Mapping[TaskId, int]], ...],
+    dict[str, frozenset[TaskId]],
+    dict[str, frozenset[tuple[str, str]]],
+]:
+    """``(process, offset sums)`` of each described member of a ``describe --json`` file; per
+    process the ``previous_active`` its members declared (optional: older files lack it), but
+    for the ``copied`` members' (their claims are a copied state directory's, which the
+    leaders ignore: ``streamassign.streams.copied_claimants``); and per process its members'
+    ids and endpoints (:data:`ProcessMembers`; a row without a member id tells none)."""
     if not isinstance(members, list):
         raise AssignmentFileError(f"{where}: members must be a list")
     reports = []
     previous: dict[str, frozenset[TaskId]] = {}
+    process_members: dict[str, frozenset[tuple[str, str]]] = {}
     for n, member in enumerate(members, 1):
         if not isinstance(member, dict):
             raise AssignmentFileError(f"{where}: member #{n}: expected a table")
@@ -573,7 +633,11 @@ def _reports(
         if member.get("member_id") in copied:
             ran = frozenset()
         previous[pid] = previous.get(pid, frozenset()) | ran
-    return tuple(reports), previous
+        member_id, endpoint = member.get("member_id"), member.get("endpoint")
+        if isinstance(member_id, str):
+            named = (member_id, endpoint if isinstance(endpoint, str) else "")
+            process_members[pid] = process_members.get(pid, frozenset()) | {named}
+    return tuple(reports), previous, process_members
 
 
 def _offset_sums(sums: object, label: str) -> dict[TaskId, int]:

@@ -432,6 +432,12 @@ def process_key(process_id: str, endpoint: str) -> str:
     return f"{process_id}#{endpoint}"
 
 
+def process_id_of_key(key: str) -> str:
+    """The process id a process key stands for: ``key`` itself, or the id of a
+    :func:`process_key`."""
+    return key.split("#", 1)[0]
+
+
 def process_keys(
     announced: Mapping[str, tuple[str, str | None]],
 ) -> tuple[dict[str, str], list[SharedProcessId]]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -43,7 +44,7 @@ from streamassign.aiokafka.wire import encode_assignment
 from streamassign.cli import main
 from streamassign.consumer.userdata import AssignmentData, MemberData
 from streamassign.errors import ErrorCode, GroupDescribeError
-from streamassign.explain import Reason, explain, load_saved
+from streamassign.explain import Reason, explain, load_saved, load_snapshot
 from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 
 from .tables import assert_whole_tables
@@ -616,23 +617,27 @@ def test_watch_goes_on_while_read_and_ends_with_its_views(
     assert lines[2]["moves"] == []
 
 
-def test_watch_shows_no_moves_for_the_original_when_a_clash_starts_or_ends(
+def test_watch_and_explain_show_no_moves_for_the_original_when_a_clash_starts_or_ends(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A copy of P1's state directory joins at w2:80, then leaves: the original (m1, w0:80) is
     keyed P1, then P1#w0:80, then P1 again. Only 0_2 moved (to the copy and back); the tasks m1
     kept are no moves, whatever the key. A restart of the original (a new member id) while
-    the clash starts is found by its endpoint."""
-    alone = describe_bytes(
-        "g",
-        "Stable",
-        "consumer",
-        PROTOCOL_NAME,
-        [
-            streams_member("m1", P1, "0_0 0_1 0_2", endpoint="w0:80"),
-            streams_member("m3", P2, "0_3", endpoint="w1:80"),
-        ],
-    )
+    a clash starts or ends is found by its endpoint. ``describe --watch`` and ``explain``
+    of the same views saved with ``describe --json`` give the same moves (one rule:
+    ``explain.named_as_after``)."""
+
+    def alone(original: str) -> GroupView:
+        return describe_bytes(
+            "g",
+            "Stable",
+            "consumer",
+            PROTOCOL_NAME,
+            [
+                streams_member(original, P1, "0_0 0_1 0_2", endpoint="w0:80"),
+                streams_member("m3", P2, "0_3", endpoint="w1:80"),
+            ],
+        )
 
     def clash(original: str) -> GroupView:
         return describe_bytes(
@@ -647,17 +652,79 @@ def test_watch_shows_no_moves_for_the_original_when_a_clash_starts_or_ends(
             ],
         )
 
+    views = [alone("m1"), clash("m1"), alone("m1"), clash("m1-restarted"), alone("m1-again")]
+    saved = []
+    for n, view in enumerate(views):
+        saved.append(tmp_path / f"{n}.json")
+        saved[-1].write_text(json.dumps(to_json(view, quality(view))))
+        # what the rename reads is the same from a live view and its saved file
+        snapshot = load_snapshot(json.loads(saved[-1].read_text()), "saved")
+        assert snapshot.process_members == view.process_members()
+    explained = []
+    for before, after in itertools.pairwise(saved):
+        result = CliRunner().invoke(main, ["explain", str(before), str(after), "--json"])
+        assert result.exit_code == 0, result.output
+        explained.append(json.loads(result.output)["moves"])
+    # the watch last: it leaves sys.stdout wrapped around its closed file
     with (tmp_path / "out.jsonl").open("w") as stdout:
-        views = [alone, clash("m1"), alone, clash("m1-restarted")]
         _watch_with(monkeypatch, views, stdout, forever=False)
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    moved = [[(m["task"], m["from"], m["to"]) for m in line["moves"]] for line in lines[1:]]
+    watched = [line["moves"] for line in lines[1:]]
     original, copy = f"{P1}#w0:80", f"{P1}#w2:80"
-    assert moved == [
-        [("0_2", original, copy)],
-        [("0_2", copy, str(P1))],
-        [("0_2", original, copy)],
+    expected = [
+        [("0_2", original, copy, "balance quota")],
+        [("0_2", copy, str(P1), "client gone")],
+        [("0_2", original, copy, "balance quota")],
+        [("0_2", copy, str(P1), "client gone")],
     ]
+    assert [[(m["task"], m["from"], m["to"], m["reason"]) for m in ms] for ms in watched] == (
+        expected
+    )
+    assert explained == watched
+
+
+def test_explain_last_of_a_clash_starting_or_ending_names_one_generation(tmp_path: Path) -> None:
+    """``explain --last`` needs no renaming: BEFORE comes from the members' reports at their
+    last join, keyed as that generation keys them. A copy of P1's directory joining takes 0_2
+    from the original; its leaving gives it back: 0_2 is the only move either way."""
+    start = [
+        streams_member(
+            "m1",
+            P1,
+            "0_0 0_1",
+            sums=dict.fromkeys(["0_0", "0_1", "0_2"], LATEST_OFFSET),
+            endpoint="w0:80",
+        ),
+        streams_member(
+            "m2",
+            P1,
+            "0_2",
+            sums=dict.fromkeys(["0_0", "0_1", "0_2"], 90),
+            endpoint="w2:80",
+            previous="0_0 0_1 0_2",
+        ),
+        streams_member("m3", P2, "0_3", sums={"0_3": LATEST_OFFSET}, endpoint="w1:80"),
+    ]
+    end = [
+        streams_member(
+            "m1",
+            P1,
+            "0_0 0_1 0_2",
+            sums={"0_0": LATEST_OFFSET, "0_1": LATEST_OFFSET},
+            endpoint="w0:80",
+        ),
+        streams_member("m3", P2, "0_3", sums={"0_3": LATEST_OFFSET}, endpoint="w1:80"),
+    ]
+    moved = []
+    for members in (start, end):
+        view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, members)
+        (tmp_path / "now.json").write_text(json.dumps(to_json(view, quality(view))))
+        result = CliRunner().invoke(
+            main, ["explain", "--last", str(tmp_path / "now.json"), "--json"]
+        )
+        assert result.exit_code == 0, result.output
+        moved.append([(m["task"], m["from"], m["to"]) for m in json.loads(result.output)["moves"]])
+    assert moved == [[("0_2", f"{P1}#w0:80", f"{P1}#w2:80")], [("0_2", None, str(P1))]]
 
 
 def recorded(state: str) -> GroupView:

@@ -23,6 +23,7 @@ from streamassign.explain import (
     explain,
     load_snapshot,
     local_state,
+    named_as_after,
     views_from_assignment,
     views_from_clients,
 )
@@ -566,6 +567,39 @@ def test_damaged_shared_process_ids_of_a_snapshot_give_one_line(
 
 
 CLICKS = '[[subtopology]]\nid = 0\nsource_topics = ["clicks"]\nstores = ["totals"]\n'
+
+
+def _renamed(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
+    """Old key -> the key ``named_as_after`` gives it, the processes given as ``key:
+    "member@endpoint ..."`` (each holding a task of its own, to tell them apart)."""
+
+    def members(side: dict[str, str]) -> dict[str, frozenset[tuple[str, str]]]:
+        return {k: frozenset(tuple(m.split("@")) for m in v.split()) for k, v in side.items()}
+
+    views = {key: view(1, f"0_{n}") for n, key in enumerate(before)}
+    renamed = named_as_after(views, members(before), members(after))
+    return {key: next(k for k, v in renamed.items() if v == views[key]) for key in before}
+
+
+def test_a_process_rekeyed_by_a_clash_is_found_by_its_members_else_its_endpoint() -> None:
+    """A clash of a shared process id starting (P -> P#w0) or ending (P#w0 -> P) renames the
+    original; it is found by its member ids, or by its endpoint after a restart. Never
+    guessed: a merged process that splits, two that merge, another process id, or no member
+    or endpoint in common keep their keys (their tasks read as moved)."""
+    assert _renamed({"P": "m1@w0"}, {"P#w0": "m1@w0", "P#w2": "m2@w2"}) == {"P": "P#w0"}
+    assert _renamed({"P#w0": "m1@w0", "P#w2": "m2@w2"}, {"P": "m1@w0"}) == {
+        "P#w0": "P",
+        "P#w2": "P#w2",
+    }
+    assert _renamed({"P": "m1@w0"}, {"P#w0": "m9@w0", "P#w2": "m2@w2"}) == {"P": "P#w0"}
+    # split: P held both (a file from before the split) -- which one is it?
+    assert _renamed({"P": "m1@w0 m2@w2"}, {"P#w0": "m1@w0", "P#w2": "m2@w2"}) == {"P": "P"}
+    assert _renamed({"P#w0": "m1@w0", "P#w2": "m2@w0"}, {"P": "m1@w0 m2@w0"}) == {
+        "P#w0": "P#w0",
+        "P#w2": "P#w2",
+    }
+    assert _renamed({"P": "m1@w0"}, {"Q#w0": "m1@w0", "Q#w2": "m2@w2"}) == {"P": "P"}
+    assert _renamed({"P": "m1@w0"}, {"P#w1": "m8@w1", "P#w2": "m2@w2"}) == {"P": "P"}
 
 
 def test_a_snapshot_read_as_clients_runs_what_the_group_runs_now(tmp_path: Path) -> None:

@@ -33,7 +33,6 @@ import asyncio
 import enum
 import json
 import zlib
-from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -48,7 +47,7 @@ from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..consumer.userdata import AssignmentData, MemberData
 from ..errors import GroupDescribeError, ProtocolError, UserDataError
-from ..explain import STABLE, ClientView, local_state
+from ..explain import STABLE, ClientView, ProcessMembers, local_state
 from ..metrics import AssignmentMetrics, evaluate, violations
 from ..protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 from ..streams import (
@@ -211,6 +210,15 @@ class GroupView:
             if endpoint and endpoint != pid:
                 out[pid] = endpoint
         return out
+
+    def process_members(self) -> ProcessMembers:
+        """Per process, its members' ids and endpoints: what ``explain.named_as_after`` matches
+        to another view's (``describe --watch``), as ``explain`` reads them from a saved
+        snapshot (``Snapshot.process_members``)."""
+        return {
+            pid: frozenset((m.member_id, m.endpoint or "") for m in ms)
+            for pid, ms in self.members_by_process().items()
+        }
 
     def members_by_process(self) -> dict[str, list[MemberView]]:
         """Decoded members with metadata, by process."""
@@ -411,46 +419,6 @@ def _split_shared_ids(
         return members, []
     split = [attrs.evolve(m, process=keys.get(m.member_id, m.process)) for m in members]
     return split, shared
-
-
-def processes_since(before: GroupView, after: GroupView) -> dict[str, ClientView]:
-    """``before``'s processes (``explain``'s ``before`` for ``after``), each named as ``after``
-    names it: where a clash of a shared process id starts or ends between the two, a process
-    keyed ``P`` in one is ``P#endpoint`` in the other (``streams.process_key``) with the same
-    tasks, which compared by key would read as moved (``_renamed_processes``)."""
-    renamed = _renamed_processes(before, after)
-    return {renamed.get(key, key): view for key, view in before.processes().items()}
-
-
-def _renamed_processes(before: GroupView, after: GroupView) -> dict[str, str]:
-    """Old key -> new key for each process of ``before`` missing from ``after`` whose process
-    id has exactly one new key in ``after`` holding one of its members, or else its endpoint;
-    a new key two old ones lead to is left out (one process cannot be both)."""
-    old, new = before.members_by_process(), after.members_by_process()
-    gone, fresh = old.keys() - new.keys(), new.keys() - old.keys()
-    renamed: dict[str, str] = {}
-    for key in sorted(gone):
-        same_id = [n for n in sorted(fresh) if _process_id(n) == _process_id(key)]
-        matches = [n for n in same_id if _member_ids(old[key]) & _member_ids(new[n])] or [
-            n for n in same_id if _endpoints(old[key]) & _endpoints(new[n])
-        ]
-        if len(matches) == 1:
-            renamed[key] = matches[0]
-    targets = Counter(renamed.values())
-    return {key: n for key, n in renamed.items() if targets[n] == 1}
-
-
-def _process_id(key: str) -> str:
-    """The process id of a process key (``streams.process_key``: ``<id>#<endpoint>``)."""
-    return key.split("#", 1)[0]
-
-
-def _member_ids(members: Iterable[MemberView]) -> set[str]:
-    return {m.member_id for m in members}
-
-
-def _endpoints(members: Iterable[MemberView]) -> set[str]:
-    return {m.endpoint for m in members if m.endpoint}
 
 
 def _consumer_tasks(
