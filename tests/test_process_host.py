@@ -100,7 +100,8 @@ def test_restored_claims_hold_until_every_consumer_is_assigned(tmp_path: Path) -
     h = ProcessHost(TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
     h.assignors[0].info = AssignmentInfo(active=frozenset({T2}))  # only consumer 0 joined
     asyncio.run(h._assigned(0))
-    assert h.restored_active(0) == {T0, T2} and h.restored_active(1) == {T1}
+    # T2 came back (settled, it runs here); T0 did not fit: still claimed
+    assert h.restored_active(0) == {T0} and h.restored_active(1) == {T1}
     claimed = SubscriptionInfo.decode(h.assignors[0].metadata(["in"]).user_data)
     assert claimed.previous_active == {T0, T2}
     h.state.close()
@@ -117,6 +118,31 @@ def test_restored_claims_hold_until_every_consumer_is_assigned(tmp_path: Path) -
     h.assignors[0].info = AssignmentInfo(active=frozenset({T2}))
     claimed = SubscriptionInfo.decode(h.assignors[0].metadata(["in"]).user_data)
     assert claimed.previous_active == {T2}  # settled: only what it runs
+
+
+def test_a_claim_handed_back_is_not_made_again_once_the_task_moves_on(tmp_path: Path) -> None:
+    """Consumer 0 of a restarted process got T0 back while consumer 1 had not joined yet;
+    the leader then gave T0 to another restarted process that claimed it too. The process
+    claims T0 no more (nor after a crash): it would take it back a round later, a bounce.
+    What it has not got back yet (T2) stays claimed."""
+    first = ProcessHost(TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    first.assignors[0].info = AssignmentInfo(active=frozenset({T0, T2}))
+    first.assignors[1].info = AssignmentInfo(active=frozenset({T1}))
+    asyncio.run(first._assigned(0))
+    asyncio.run(first._assigned(1))
+    first.state.close()
+
+    h = ProcessHost(TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    h.assignors[0].info = AssignmentInfo(active=frozenset({T0}))  # only consumer 0 joined
+    asyncio.run(h._assigned(0))
+    h.assignors[0].info = AssignmentInfo()  # T0 went to another process
+    asyncio.run(h._assigned(0))
+    claimed = SubscriptionInfo.decode(h.assignors[0].metadata(["in"]).user_data)
+    assert claimed.previous_active == {T2}
+    assert h.restored_active(1) == {T1}
+    h.state.close()
+    crashed = ProcessHost(TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    assert crashed.restored_active(0) == {T2} and crashed.restored_active(1) == {T1}
 
 
 def test_a_stopping_process_takes_no_new_tasks_and_claims_none(tmp_path: Path) -> None:

@@ -543,9 +543,11 @@ class ProcessHost:
         return self._known[consumer]
 
     def restored_active(self, consumer: int) -> frozenset[TaskId]:
-        """What ``consumer`` ran before this process restarted, until every consumer of the
-        process has had an assignment: a rebalance that saw only some of them gave the process
-        a smaller share, and the tasks it could not take back then stay claimed for the next."""
+        """What ``consumer`` ran before this process restarted and the process does not run
+        again yet, until every consumer of the process has had an assignment: a rebalance that
+        saw only some of them gave the process a smaller share, and the tasks it could not take
+        back then stay claimed for the next. A task handed back is no longer claimed (see
+        ``_settle_claims``)."""
         return self._restored.get(consumer, frozenset())
 
     def offset_sums(self) -> dict[TaskId, int]:
@@ -700,10 +702,11 @@ class ProcessHost:
             )
         self._known[index] = now
         self._joined.add(index)
+        settled = self._settle_claims()
         joined = bool(self._restored) and len(self._joined) == self.threads
         if joined:
             self._restored.clear()
-        if (before.active != now.active or joined) and not self._stopping:
+        if (before.active != now.active or joined or settled) and not self._stopping:
             await self._save_assignment()
         standby_before, standby_now = before.standby | before.warmup, now.standby | now.warmup
         for callback, tasks in (
@@ -715,6 +718,22 @@ class ProcessHost:
             if tasks:
                 await self._notify(callback, index, tasks)
         await self._notify(self.listener.on_rebalance_completed, index)
+
+    def _settle_claims(self) -> bool:
+        """Drop the restored claims on tasks the process runs now; whether any was dropped.
+
+        A claim the leader honoured has done its work: the task runs here, and the consumer
+        running it reports it among its actives anyway. Kept, it would outlive the task here:
+        once the leader gives the task to another restarted process that also claims it (it
+        cannot tell this process won it back from one that ran it meanwhile), the claim would
+        take it back a round later, a bounce. Claims on tasks not handed back yet (the
+        process's share was smaller while some consumers had not joined) stay."""
+        running = self.running
+        claims = {i: c - running for i, c in self._restored.items() if c - running}
+        if claims == self._restored:
+            return False
+        self._restored = claims
+        return True
 
     async def _save_assignment(self) -> None:
         """Save every consumer's actives, and the claims not yet settled (a crash now must not
