@@ -999,12 +999,15 @@ def explain_command(
         old, new = _read_saved(files[0]), _read_saved(files[1])
         # BEFORE's processes as AFTER names them: a clash of a shared process id that starts
         # or ends between the two renames the original (P <-> P#endpoint), which moved nothing.
-        renamed = named_as_after(old.views, old.process_members, new.process_members)
+        before_views = named_as_after(old.views, old.process_members, new.process_members)
         # AFTER's previous_active date from its last join: a hand-back made at that rebalance.
         moves = explain(
-            renamed, new.views, _landing_state(old, new), returned=new.handed_back(acceptable_lag)
+            before_views,
+            new.views,
+            _landing_state(old, new),
+            returned=new.handed_back(acceptable_lag),
         )
-        processes = [*renamed, *new.views]
+        processes = [*before_views, *new.views]
     if as_json:
         data = _moves_json(moves)
         click.echo(json.dumps({"moves": data["moves"]} if last else data, indent=2))

@@ -383,7 +383,10 @@ def named_as_after(
     compared by key would read as moved off a process that left, and landing cold. The one
     rule for ``explain BEFORE AFTER`` and ``describe --watch``."""
     renamed = _renamed_processes(members_before, members_after)
-    return {renamed.get(key, key): view for key, view in before.items()}
+    # Never onto a key BEFORE already names (a file whose member rows miss a process): the
+    # dict below would drop one of the two views.
+    kept = {key: new for key, new in renamed.items() if new not in before}
+    return {kept.get(key, key): view for key, view in before.items()}
 
 
 def _renamed_processes(before: ProcessMembers, after: ProcessMembers) -> dict[str, str]:
@@ -634,8 +637,11 @@ def _reports(
             ran = frozenset()
         previous[pid] = previous.get(pid, frozenset()) | ran
         member_id, endpoint = member.get("member_id"), member.get("endpoint")
-        if isinstance(member_id, str):
-            named = (member_id, endpoint if isinstance(endpoint, str) else "")
+        if not isinstance(member_id, str | None) or not isinstance(endpoint, str | None):
+            # A wrong type is a damaged file (describe writes strings): say so, not guess.
+            raise AssignmentFileError(f"{label}: member_id and endpoint must be strings")
+        if member_id is not None:  # hand-written rows may leave it out: they tell nothing
+            named = (member_id, endpoint or "")
             process_members[pid] = process_members.get(pid, frozenset()) | {named}
     return tuple(reports), previous, process_members
 

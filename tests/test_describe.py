@@ -617,6 +617,35 @@ def test_watch_goes_on_while_read_and_ends_with_its_views(
     assert lines[2]["moves"] == []
 
 
+def _p1_alone(original: str) -> GroupView:
+    """P1 (member ``original`` at w0:80) runs 0_0 0_1 0_2 alone; P2 runs 0_3."""
+    return describe_bytes(
+        "g",
+        "Stable",
+        "consumer",
+        PROTOCOL_NAME,
+        [
+            streams_member(original, P1, "0_0 0_1 0_2", endpoint="w0:80"),
+            streams_member("m3", P2, "0_3", endpoint="w1:80"),
+        ],
+    )
+
+
+def _p1_with_a_copy(original: str) -> GroupView:
+    """A copy of P1's state directory (m2 at w2:80) runs 0_2 beside the original."""
+    return describe_bytes(
+        "g",
+        "Stable",
+        "consumer",
+        PROTOCOL_NAME,
+        [
+            streams_member(original, P1, "0_0 0_1", endpoint="w0:80"),
+            streams_member("m2", P1, "0_2", endpoint="w2:80"),
+            streams_member("m3", P2, "0_3", endpoint="w1:80"),
+        ],
+    )
+
+
 def test_watch_and_explain_show_no_moves_for_the_original_when_a_clash_starts_or_ends(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -626,33 +655,13 @@ def test_watch_and_explain_show_no_moves_for_the_original_when_a_clash_starts_or
     a clash starts or ends is found by its endpoint. ``describe --watch`` and ``explain``
     of the same views saved with ``describe --json`` give the same moves (one rule:
     ``explain.named_as_after``)."""
-
-    def alone(original: str) -> GroupView:
-        return describe_bytes(
-            "g",
-            "Stable",
-            "consumer",
-            PROTOCOL_NAME,
-            [
-                streams_member(original, P1, "0_0 0_1 0_2", endpoint="w0:80"),
-                streams_member("m3", P2, "0_3", endpoint="w1:80"),
-            ],
-        )
-
-    def clash(original: str) -> GroupView:
-        return describe_bytes(
-            "g",
-            "Stable",
-            "consumer",
-            PROTOCOL_NAME,
-            [
-                streams_member(original, P1, "0_0 0_1", endpoint="w0:80"),
-                streams_member("m2", P1, "0_2", endpoint="w2:80"),
-                streams_member("m3", P2, "0_3", endpoint="w1:80"),
-            ],
-        )
-
-    views = [alone("m1"), clash("m1"), alone("m1"), clash("m1-restarted"), alone("m1-again")]
+    views = [
+        _p1_alone("m1"),
+        _p1_with_a_copy("m1"),
+        _p1_alone("m1"),
+        _p1_with_a_copy("m1-restarted"),
+        _p1_alone("m1-again"),
+    ]
     saved = []
     for n, view in enumerate(views):
         saved.append(tmp_path / f"{n}.json")

@@ -540,6 +540,14 @@ def test_explain_and_diff_refuse_a_snapshot_not_taken_in_state_stable(
             '[{"process": "p1", "topics": ["t"], "offset_sums": {"zero": 1}}]',
             "not a task id",
         ),
+        (
+            '[{"process": "p1", "topics": ["t"], "member_id": 5}]',
+            "member_id and endpoint must be strings",
+        ),
+        (
+            '[{"process": "p1", "topics": ["t"], "member_id": "m1", "endpoint": ["w0", 80]}]',
+            "member_id and endpoint must be strings",
+        ),
     ],
 )
 def test_damaged_members_of_a_snapshot_give_one_line(
@@ -600,6 +608,18 @@ def test_a_process_rekeyed_by_a_clash_is_found_by_its_members_else_its_endpoint(
     }
     assert _renamed({"P": "m1@w0"}, {"Q#w0": "m1@w0", "Q#w2": "m2@w2"}) == {"P": "P"}
     assert _renamed({"P": "m1@w0"}, {"P#w1": "m8@w1", "P#w2": "m2@w2"}) == {"P": "P"}
+    # P stays (a member without an endpoint keeps the plain key): no rename, though m1 moved
+    # to P#w0 (its tasks read as moved: documented)
+    assert _renamed({"P": "m1@w0 mX@"}, {"P": "mX@", "P#w0": "m1@w0", "P#w2": "m2@w2"}) == {
+        "P": "P"
+    }
+    # never onto a key BEFORE already has (a file missing a process's member rows): one of
+    # the two processes' tasks would be dropped
+    assert _renamed({"P#w0": "m1@w0", "P#w2": "m2@w2", "P": "mX@"}, {"P": "m1@w0 mX@"}) == {
+        "P#w0": "P#w0",
+        "P#w2": "P#w2",
+        "P": "P",
+    }
 
 
 def test_a_snapshot_read_as_clients_runs_what_the_group_runs_now(tmp_path: Path) -> None:
