@@ -1788,7 +1788,7 @@ def _one_line_failures(doing: str, kept: str | None = None) -> Iterator[None]:
     ``KeyboardInterrupt(signum, left)`` says ``left`` instead of ``kept``."""
     import signal
 
-    from .pipeline.progress import interrupt_on_signals, quiet_py4j
+    from .pipeline.signals import interrupt_on_signals, quiet_py4j
 
     tail = f"; {kept}" if kept else ""
     try:

@@ -26,6 +26,7 @@ from typing import Any, Final, Protocol
 from ..errors import DamagedRunError
 from ..files import write_atomically
 from .scenarios import PipelineError
+from .signals import deferred_signals
 
 __all__ = [
     "MANIFEST",
@@ -269,16 +270,12 @@ def publish(files: Files, staging: str, final: str, run_id: str) -> None:
     moving it aside, and deleting it only once the new one is in place.
 
     Ctrl-C, SIGTERM and SIGHUP wait until the new run is in place
-    (:func:`progress.deferred_signals`), then raise ``KeyboardInterrupt(signum)``: stopped
+    (:func:`.signals.deferred_signals`), then raise ``KeyboardInterrupt(signum)``: stopped
     halfway, the old run would be left aside and the new one deleted by the caller's cleanup.
     A second signal ends at once. A failure puts the old run back only where nothing took its
     place (on an object store a rename copies in pages). The old run's deletion is not
     deferred (a slow remote delete must not hold a signal): stopped, it leaves at worst a
     ``.replaced-`` folder beside the new run."""
-    # Imported here: Spark's executors import this module (through spark.py) and have no
-    # rich, which progress needs (tests/pipeline/test_cluster.py runs them on a bare Python).
-    from .progress import deferred_signals
-
     aside, moved = None, False
     try:
         with deferred_signals():

@@ -89,7 +89,7 @@ def test_a_signal_while_publishing_waits_until_the_new_run_is_in_place(
     import os
     import signal
 
-    from streamassign.pipeline.progress import interrupt_on_signals
+    from streamassign.pipeline.signals import interrupt_on_signals
 
     final, staging = tmp_path / "run", tmp_path / ".run.partial-new"
     make_run(final, "old")
