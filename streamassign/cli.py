@@ -386,14 +386,31 @@ def _restore_rate_option(help: str) -> Callable[[_F], _F]:
 
 
 def _probing_interval_option(help: str) -> Callable[[_F], _F]:
-    """``--probing-interval S``: task:ha's, one default for simulate and plan-standbys."""
+    """``--probing-interval S``: task:ha's, one default for simulate and plan-standbys, and
+    Kafka Streams' minimum for both (:func:`_kafkas_probing_interval`)."""
     return _pipeline_number_option(
         "--probing-interval",
-        kind=click.FloatRange(min=0, min_open=True),
+        kind=float,
         default="PROBING_INTERVAL_S",
+        callback=_kafkas_probing_interval,
         metavar="S",
-        help=help,
+        help=f"{help} At least 60, as Kafka Streams requires.",
     )
+
+
+def _kafkas_probing_interval(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A click callback: a finite interval Kafka Streams would take. Its ``StreamsConfig``
+    refuses a ``probing.rebalance.interval.ms`` below 60000; accepted here, a shorter one
+    modelled a group that cannot exist (and looked faster than any real one)."""
+    from .pipeline.simulate import MIN_PROBING_INTERVAL_S as least
+
+    _finite(ctx, param, value)
+    if value < least:
+        raise click.BadParameter(
+            f"at least {exact_number(least)} s (Kafka Streams refuses a "
+            f"probing.rebalance.interval.ms below {int(least * 1000)}), got {exact_number(value)}"
+        )
+    return value
 
 
 _ship_code_option = click.option(

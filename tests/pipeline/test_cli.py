@@ -159,7 +159,8 @@ def test_plan_standbys_prints_a_recommendation(
         ),
         (
             ["plan-standbys", str(ORDERS), "--probing-interval", "0"],
-            "'--probing-interval': 0.0 is not in the range x>0",
+            "'--probing-interval': at least 60 s (Kafka Streams refuses a "
+            "probing.rebalance.interval.ms below 60000), got 0",
         ),
         (["simulate", str(ORDERS), "-p", "orders=6,orders=8"], "orders given twice, as 6 and 8"),
         # FloatRange lets inf and nan through: inf failed in the executors after Spark started
@@ -180,9 +181,17 @@ def test_plan_standbys_prints_a_recommendation(
             ["simulate", str(ORDERS), "--probing-interval", "nan"],
             "Invalid value for '--probing-interval': nan is not a finite number",
         ),
+        # Kafka Streams' StreamsConfig refuses a probing.rebalance.interval.ms below 60000:
+        # simulate modelled 30 s probing rounds no group could run.
+        (
+            ["simulate", str(ORDERS), "--probing-interval", "59.5"],
+            "Invalid value for '--probing-interval': at least 60 s (Kafka Streams refuses a "
+            "probing.rebalance.interval.ms below 60000), got 59.5",
+        ),
         (
             ["simulate", str(ORDERS), "--probing-interval", "0"],
-            "'--probing-interval': 0.0 is not in the range x>0",
+            "'--probing-interval': at least 60 s (Kafka Streams refuses a "
+            "probing.rebalance.interval.ms below 60000), got 0",
         ),
         (["simulate", str(ORDERS), "--warmups", "0"], "'--warmups': 0 is not in the range x>=1"),
         (
