@@ -30,7 +30,7 @@ from rich.table import Table
 
 from . import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
-from .errors import ClientsFileError, StreamAssignError
+from .errors import ClientsFileError, PublishError, StreamAssignError
 from .explain import (
     ClaimConflicts,
     ClientView,
@@ -2095,7 +2095,7 @@ def _write_run(
 
     from .pipeline import spark as sp
     from .pipeline.progress import run_tracked, stderr_console
-    from .pipeline.runs import files_for, publish, read_manifest, staging_path
+    from .pipeline.runs import files_for, read_manifest, staging_path
 
     files = files_for(run_dir, session)
     if _is_remote(run_dir):
@@ -2114,17 +2114,34 @@ def _write_run(
             detail=lambda: f"{made.value:,} rebalances (counted as tasks finish)",
         )
     except BaseException:
-        files.delete(staging)
+        with contextlib.suppress(Exception):  # what stopped the run is what to report
+            files.delete(staging)
         raise
     elapsed = max(time.perf_counter() - start, 1e-9)
 
     def published() -> bool:  # said only when true: a second signal ends publish halfway
         return (read_manifest(files, run_dir) or {}).get("run_id") == run_id
 
-    # Not deleted after a failure from here on: publish may have moved it into place.
+    # Not deleted here after a failure: publish may have moved it into place (it deletes
+    # it itself when it knows it did not).
     with _saying_where_published(published, f"run {run_id} is in {run_dir}"):
-        publish(files, staging, run_dir, run_id)
+        _publish(files, staging, run_dir, run_id, "run")
     return rows, elapsed
+
+
+def _publish(files: Any, staging: str, final: str, run_id: str, what: str) -> None:
+    """``runs.publish``, a failure as one line saying where the earlier run or report is (the
+    caller's "kept" would not be true when it was left aside), and an old one that could not be
+    deleted as a note."""
+    from .pipeline.runs import publish
+
+    try:
+        left = publish(files, staging, final, run_id, what)
+    except PublishError as exc:
+        cause = _spark_failure(exc.__cause__) if exc.__cause__ is not None else str(exc)
+        raise click.ClickException(f"publishing the {what} failed: {cause}; {exc.where}") from exc
+    if left is not None:
+        click.echo(f"note: {left}; delete it by hand", err=True)
 
 
 @contextlib.contextmanager
@@ -2207,7 +2224,7 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     from .pipeline import spark as sp
     from .pipeline.progress import plain_step, run_tracked, stderr_console
     from .pipeline.report import render_report
-    from .pipeline.runs import LocalFiles, new_run_id, publish, staging_path
+    from .pipeline.runs import LocalFiles, new_run_id, staging_path
 
     if out is None:
         if _is_remote(run_dir):
@@ -2230,7 +2247,8 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
         with plain_step("rendering the report", console):
             render_report(data, staging)
     except BaseException:
-        files.delete(staging)
+        with contextlib.suppress(Exception):  # what stopped the rendering is what to report
+            files.delete(staging)
         raise
     page = out / "report.html"
 
@@ -2238,7 +2256,7 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
         return not files.exists(staging) and page.is_file()
 
     with _saying_where_published(published, f"the report is in {out}"):
-        publish(files, staging, str(out), report_id)  # may have moved it into place: kept
+        _publish(files, staging, str(out), report_id, "report")
     return page
 
 
