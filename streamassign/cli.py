@@ -688,7 +688,9 @@ def _show_plan(
     else:
         _print_tables(name, tasks, clients, result, per_thread, metrics)
         if show_moves:
-            _print_moves(_Stdout(), moves)
+            # Labelled as describe labels them: rich cut full UUIDs at 80 columns (…).
+            labels = _process_labels(c.process_id for c in clients)
+            _print_moves(_Stdout(), moves, labels=labels)
 
 
 def _warn_ignored_input(
