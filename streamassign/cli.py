@@ -30,7 +30,7 @@ from rich.table import Table
 
 from . import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
-from .errors import ClientsFileError, StreamAssignError
+from .errors import ClientsFileError, PublishError, StreamAssignError
 from .explain import (
     ClaimConflicts,
     ClientView,
@@ -387,14 +387,31 @@ def _restore_rate_option(help: str) -> Callable[[_F], _F]:
 
 
 def _probing_interval_option(help: str) -> Callable[[_F], _F]:
-    """``--probing-interval S``: task:ha's, one default for simulate and plan-standbys."""
+    """``--probing-interval S``: task:ha's, one default for simulate and plan-standbys, and
+    Kafka Streams' minimum for both (:func:`_kafkas_probing_interval`)."""
     return _pipeline_number_option(
         "--probing-interval",
-        kind=click.FloatRange(min=0, min_open=True),
+        kind=float,
         default="PROBING_INTERVAL_S",
+        callback=_kafkas_probing_interval,
         metavar="S",
-        help=help,
+        help=f"{help} At least 60, as Kafka Streams requires.",
     )
+
+
+def _kafkas_probing_interval(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A click callback: a finite interval Kafka Streams would take. Its ``StreamsConfig``
+    refuses a ``probing.rebalance.interval.ms`` below 60000; accepted here, a shorter one
+    modelled a group that cannot exist (and looked faster than any real one)."""
+    from .pipeline.simulate import MIN_PROBING_INTERVAL_S as least
+
+    _finite(ctx, param, value)
+    if value < least:
+        raise click.BadParameter(
+            f"at least {exact_number(least)} s (Kafka Streams refuses a "
+            f"probing.rebalance.interval.ms below {int(least * 1000)}), got {exact_number(value)}"
+        )
+    return value
 
 
 _ship_code_option = click.option(
@@ -672,7 +689,9 @@ def _show_plan(
     else:
         _print_tables(name, tasks, clients, result, per_thread, metrics)
         if show_moves:
-            _print_moves(_Stdout(), moves)
+            # Labelled as describe labels them: rich cut full UUIDs at 80 columns (…).
+            labels = _process_labels(c.process_id for c in clients)
+            _print_moves(_Stdout(), moves, labels=labels)
 
 
 def _warn_ignored_input(
@@ -1797,7 +1816,7 @@ def _one_line_failures(doing: str, kept: str | None = None) -> Iterator[None]:
     ``KeyboardInterrupt(signum, left)`` says ``left`` instead of ``kept``."""
     import signal
 
-    from .pipeline.progress import interrupt_on_signals, quiet_py4j
+    from .pipeline.signals import interrupt_on_signals, quiet_py4j
 
     tail = f"; {kept}" if kept else ""
     try:
@@ -2087,7 +2106,7 @@ def _write_run(
 
     from .pipeline import spark as sp
     from .pipeline.progress import run_tracked, stderr_console
-    from .pipeline.runs import files_for, publish, read_manifest, staging_path
+    from .pipeline.runs import files_for, read_manifest, staging_path
 
     files = files_for(run_dir, session)
     if _is_remote(run_dir):
@@ -2106,17 +2125,34 @@ def _write_run(
             detail=lambda: f"{made.value:,} rebalances (counted as tasks finish)",
         )
     except BaseException:
-        files.delete(staging)
+        with contextlib.suppress(Exception):  # what stopped the run is what to report
+            files.delete(staging)
         raise
     elapsed = max(time.perf_counter() - start, 1e-9)
 
     def published() -> bool:  # said only when true: a second signal ends publish halfway
         return (read_manifest(files, run_dir) or {}).get("run_id") == run_id
 
-    # Not deleted after a failure from here on: publish may have moved it into place.
+    # Not deleted here after a failure: publish may have moved it into place (it deletes
+    # it itself when it knows it did not).
     with _saying_where_published(published, f"run {run_id} is in {run_dir}"):
-        publish(files, staging, run_dir, run_id)
+        _publish(files, staging, run_dir, run_id, "run")
     return rows, elapsed
+
+
+def _publish(files: Any, staging: str, final: str, run_id: str, what: str) -> None:
+    """``runs.publish``, a failure as one line saying where the earlier run or report is (the
+    caller's "kept" would not be true when it was left aside), and an old one that could not be
+    deleted as a note."""
+    from .pipeline.runs import publish
+
+    try:
+        left = publish(files, staging, final, run_id, what)
+    except PublishError as exc:
+        cause = _spark_failure(exc.__cause__) if exc.__cause__ is not None else str(exc)
+        raise click.ClickException(f"publishing the {what} failed: {cause}; {exc.where}") from exc
+    if left is not None:
+        click.echo(f"note: {left}; delete it by hand", err=True)
 
 
 @contextlib.contextmanager
@@ -2199,7 +2235,7 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
     from .pipeline import spark as sp
     from .pipeline.progress import plain_step, run_tracked, stderr_console
     from .pipeline.report import render_report
-    from .pipeline.runs import LocalFiles, new_run_id, publish, staging_path
+    from .pipeline.runs import LocalFiles, new_run_id, staging_path
 
     if out is None:
         if _is_remote(run_dir):
@@ -2222,7 +2258,8 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
         with plain_step("rendering the report", console):
             render_report(data, staging)
     except BaseException:
-        files.delete(staging)
+        with contextlib.suppress(Exception):  # what stopped the rendering is what to report
+            files.delete(staging)
         raise
     page = out / "report.html"
 
@@ -2230,7 +2267,7 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
         return not files.exists(staging) and page.is_file()
 
     with _saying_where_published(published, f"the report is in {out}"):
-        publish(files, staging, str(out), report_id)  # may have moved it into place: kept
+        _publish(files, staging, str(out), report_id, "report")
     return page
 
 

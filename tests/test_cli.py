@@ -290,7 +290,7 @@ def test_plan_standbys_help_gives_the_exit_status_of_a_missed_target() -> None:
     [
         (["simulate", "--steps", "0"], "'--steps': 0 is not in the range x>=1"),
         (["plan-standbys", "--steps", "0"], "'--steps': 0 is not in the range x>=1"),
-        (["plan-standbys", "--probing-interval", "0"], "'--probing-interval': 0.0 is not in"),
+        (["plan-standbys", "--probing-interval", "30"], "'--probing-interval': at least 60 s"),
         (["plan-standbys", "--restore-rate", "0"], "'--restore-rate': 0.0 is not in"),
         (["plan-standbys", "--detection", "-1"], "'--detection': -1.0 is not in the range"),
         (["plan-standbys", "--target", "1"], "'--target': 1.0 is not in the range 0<x<1"),

@@ -152,6 +152,35 @@ def test_plan_json_lists_moves_and_explain_reads_it_back(tmp_path: Path) -> None
     assert code == 0 and "after.json -> after.json: no client changed" in diff
 
 
+def test_plan_explain_names_processes_as_describe_does(tmp_path: Path) -> None:
+    """An audit: ``plan --explain`` printed full process ids, which rich cut at 80 columns to
+    ``3f2a9c1e-0b7d-4…`` (an ambiguous cut of a UUID); ``describe`` and ``explain`` show each
+    by its shortest unique label (``_process_labels``)."""
+    from streamassign.cli import _process_labels
+
+    pids = {
+        "p1": "3f2a9c1e-0b7d-4c55-9a0e-1d2b3c4d5e61",
+        "p2": "3f2a9c1e-77aa-4c55-9a0e-1d2b3c4d5e62",
+        "p3": "8b1d0e44-0b7d-4c55-9a0e-1d2b3c4d5e63",
+    }
+    text = Path(CLIENTS).read_text()
+    for short, pid in pids.items():
+        text = text.replace(f'"{short}"', f'"{pid}"')
+    clients = tmp_path / "clients.toml"
+    clients.write_text(text)
+    args = ["plan", ORDERS, "--clients", str(clients), "--standbys", "1", "--explain"]
+    result = CliRunner().invoke(main, args, env={**WIDE, "COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    moves = result.output[result.output.index("Active tasks that moved") :]
+    labels = _process_labels(pids.values())
+    assert sorted(labels.values()) == ["3f2a9c1e-0", "3f2a9c1e-7", "8b1d0e44"]
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in moves.splitlines()]
+    named = {cell for row in rows if len(row) >= 3 for cell in row[1:3]} - {"-"}
+    assert named == set(labels.values()), moves
+    assert "…" not in moves
+    assert_whole_tables(moves, ["from", "to", "why", "state there"])
+
+
 def test_explain_says_in_one_line_when_nothing_moved(tmp_path: Path) -> None:
     saved = tmp_path / "plan.json"
     code, out = run("plan", ORDERS, "--num-clients", "3", "--standbys", "1", "--json")

@@ -12,6 +12,8 @@ Layers, from pure to Spark:
 - :mod:`~streamassign.pipeline.runs`: run folders written aside and published whole;
 - :mod:`~streamassign.pipeline.preflight`: checks before a JVM starts (Java, master, sizes);
 - :mod:`~streamassign.pipeline.progress`: progress of Spark jobs on the terminal;
+- :mod:`~streamassign.pipeline.signals`: Ctrl-C, SIGTERM and SIGHUP as one interrupt, deferred
+  over steps that must not stop halfway;
 - :mod:`~streamassign.pipeline.submit`: the ``spark-submit`` entry point.
 
 Importing this package imports neither Spark nor the report's plotly and jinja2. See

@@ -1,5 +1,7 @@
 """Progress of the pipeline's commands on the terminal (rich), on stderr.
 
+The signal handling these steps run under is in :mod:`.signals` (no rich: executors import it).
+
 :func:`run_tracked` shows a Spark action's tasks as they complete: the action runs in a
 worker thread, in a job group of its own, while the calling thread polls Spark's status tracker
 (jobs of the group, their stages, completed and total tasks) twice a second.
@@ -11,16 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import logging
 import os
 import secrets
-import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Final, TypeVar, cast
+from typing import Any, TypeVar, cast
 
-import attrs
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -33,12 +32,10 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from .signals import interrupt_flag
+
 __all__ = [
-    "INTERRUPTING_SIGNALS",
-    "deferred_signals",
-    "interrupt_on_signals",
     "plain_step",
-    "quiet_py4j",
     "run_tracked",
     "stderr_console",
     "stderr_joins_stdout",
@@ -49,10 +46,6 @@ _POLL_S = 0.5
 _CANCEL_WAIT_S = 30.0
 
 T = TypeVar("T")
-
-#: Signals that stop a command as Ctrl-C does: SIGTERM (``timeout``, a CI job cancelled, a
-#: service stopped) and SIGHUP (its terminal closed). Each ends in ``KeyboardInterrupt(signum)``.
-INTERRUPTING_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def stderr_console(quiet: bool = False) -> Console:
@@ -156,7 +149,7 @@ def run_tracked(
             outcome["error"] = exc
 
     worker = threading.Thread(target=work, name=f"{group}-action", daemon=True)
-    with _progress(console) as bar, _interrupt_flag() as interrupted:
+    with _progress(console) as bar, interrupt_flag() as interrupted:
         task = bar.add_task(description, total=None, detail="")
         worker.start()
         while worker.is_alive() and not interrupted.is_set():
@@ -184,159 +177,6 @@ def _cancel(sc: Any, group: str, worker: threading.Thread) -> None:
         sc.cancelJobGroup(group)
         worker.join(_CANCEL_WAIT_S)
         sc.setLogLevel("WARN")
-
-
-class _Interrupted(threading.Event):
-    """Set by the first interrupting signal; ``signum`` is which."""
-
-    signum: int = signal.SIGINT
-
-
-@contextmanager
-def _interrupt_flag() -> Iterator[_Interrupted]:
-    """An event set by the first Ctrl-C, SIGTERM or SIGHUP (the second one raises at once), in
-    the main thread; elsewhere an event nobody sets."""
-    flag = _Interrupted()
-
-    def handler(signum: int, frame: Any) -> None:
-        if flag.is_set():
-            raise KeyboardInterrupt(signum)
-        flag.signum = signum
-        flag.set()
-
-    with _handling(handler):
-        yield flag
-
-
-@contextmanager
-def interrupt_on_signals() -> Iterator[None]:
-    """While the block runs, SIGTERM and SIGHUP raise ``KeyboardInterrupt(signum)`` as Ctrl-C
-    raises ``KeyboardInterrupt``, so that the same cleanup runs (a partial run deleted, the
-    session stopped); by default they would end the process with nothing cleaned up. Only in
-    the main thread (elsewhere it does nothing)."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(signum)
-
-    with _handling(handler, INTERRUPTING_SIGNALS[1:]):
-        yield
-
-
-@contextmanager
-def deferred_signals() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends, then raise
-    ``KeyboardInterrupt(signum)`` (the first one's): for steps that must not stop halfway.
-    A JVM start stopped halfway leaves the JVM running for good; a run published halfway
-    leaves the new run deleted and the old one aside. A block that raises after a signal
-    raises ``KeyboardInterrupt(signum)`` from that (the JVM the signal stopped too fails its
-    start): the signal is what counts. A second signal ends at once: the handlers of before
-    the block are put back and get it (a Spark master that never answers would otherwise
-    leave only ``kill -9``). Only in the main thread (elsewhere it does nothing)."""
-    received: list[int] = []
-    taken_over: dict[int, Any] = {}
-
-    def handler(signum: int, frame: Any) -> None:
-        received.append(signum)
-        if len(received) > 1:  # the user insists: as if the block were not deferred
-            _restore(taken_over)
-            os.kill(os.getpid(), signum)
-
-    try:
-        with _handling(handler, taken_when_ignored=()) as previous:
-            taken_over.update(previous)
-            yield
-    except KeyboardInterrupt:
-        raise  # a second signal's, or the block's own
-    except BaseException as exc:
-        if received:
-            raise KeyboardInterrupt(received[0]) from exc
-        raise
-    if received:
-        raise KeyboardInterrupt(received[0])
-
-
-class _NotFromPy4J(logging.Filter):
-    """Drops the records py4j logs on the root logger (``logging.exception``) before raising."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return f"{os.sep}py4j{os.sep}" not in record.pathname
-
-
-@contextmanager
-def quiet_py4j() -> Iterator[None]:
-    """No py4j log records, on its own logger or the root one, while the block runs; then
-    py4j's level as it was and the filter gone (an embedding notebook keeps py4j's logs after
-    the command). For a command that may be interrupted: every call to a JVM that the signal
-    also stopped (the whole process group got it) logs a 30-line trace before raising what
-    the cleanup suppresses or the command says in one line. Other loggers stay as they were."""
-    py4j, root = logging.getLogger("py4j"), logging.getLogger()
-    level, dropped = py4j.level, _NotFromPy4J()
-    py4j.setLevel(logging.CRITICAL + 1)  # and its children
-    root.addFilter(dropped)
-    try:
-        yield
-    finally:
-        root.removeFilter(dropped)
-        py4j.setLevel(level)
-
-
-@attrs.frozen
-class _Taken:
-    """A signal handler of this module's: a nested block may take the signal over from it."""
-
-    handler: Callable[[int, Any], None]
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        self.handler(signum, frame)
-
-
-def _may_take(signum: int, taken_when_ignored: tuple[int, ...]) -> bool:
-    """Whether to handle ``signum`` as it is handled now. SIGTERM and SIGHUP only from their
-    default (ending the process) or from this module: one ignored stays ignored (``nohup``
-    ignores SIGHUP so that a closed terminal does not stop the run), and an embedding caller's
-    own handler keeps running. SIGINT unless ignored, or even then if in
-    ``taken_when_ignored``: Ctrl-C stops a tracked action in a background job too."""
-    current = signal.getsignal(signum)
-    if signum == signal.SIGINT:
-        return signum in taken_when_ignored or current is not signal.SIG_IGN
-    return current is signal.SIG_DFL or isinstance(current, _Taken)
-
-
-@contextmanager
-def _handling(
-    handler: Callable[[int, Any], None],
-    signums: tuple[int, ...] = INTERRUPTING_SIGNALS,
-    taken_when_ignored: tuple[int, ...] = (signal.SIGINT,),
-) -> Iterator[dict[int, Any]]:
-    """``handler`` for those of ``signums`` it may take (:func:`_may_take`) while the block
-    runs (main thread only), then the handlers that were there before (yielded: signal to
-    handler, empty off the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield {}
-        return
-    taken = _Taken(handler)
-    previous: dict[int, Any] = {}
-    try:
-        # Inside the try, each noted before it is taken: a signal whose handler raises while
-        # they are installed leaves none of them taken for good.
-        for signum in signums:
-            if _may_take(signum, taken_when_ignored):
-                previous[signum] = signal.getsignal(signum)
-                signal.signal(signum, taken)
-        yield previous
-    finally:
-        _restore(previous)
-
-
-def _restore(handlers: dict[int, Any]) -> None:
-    """Put ``handlers`` back, each whatever another's restore raised (its handler ran at once)."""
-    if not handlers:
-        return
-    (signum, before), *rest = handlers.items()
-    try:
-        signal.signal(signum, before)
-    finally:
-        _restore(dict(rest))
 
 
 def _update(

@@ -15,6 +15,7 @@ HDFS; object stores copy, so there a crash can leave a partial folder, never a h
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -23,9 +24,10 @@ import shutil
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from ..errors import DamagedRunError
+from ..errors import DamagedRunError, PublishError
 from ..files import write_atomically
 from .scenarios import PipelineError
+from .signals import deferred_signals
 
 __all__ = [
     "MANIFEST",
@@ -110,8 +112,9 @@ class LocalFiles:
         os.replace(source, target)
 
     def delete(self, path: str) -> None:
+        """Raises when something is left (a caller says so or suppresses it knowingly)."""
         if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path)
         elif os.path.lexists(path):
             os.unlink(path)
 
@@ -157,8 +160,10 @@ class HadoopFiles:
             raise PipelineError(f"cannot rename {source} to {target}")
 
     def delete(self, path: str) -> None:
+        """Raises when something is left: Hadoop's ``delete`` may say so by returning false."""
         fs, jpath = self._fs(path)
-        fs.delete(jpath, True)
+        if not fs.delete(jpath, True) and fs.exists(jpath):
+            raise PipelineError(f"cannot delete {path}")
 
     def read_text(self, path: str) -> str | None:
         fs, jpath = self._fs(path)
@@ -264,37 +269,75 @@ def replaceable(files: Files, final: str, marker: str) -> bool:
     return files.read_text(f"{final.rstrip('/')}/{marker}") is not None
 
 
-def publish(files: Files, staging: str, final: str, run_id: str) -> None:
+def publish(files: Files, staging: str, final: str, run_id: str, what: str = "run") -> str | None:
     """Move the complete ``staging`` folder to ``final``, replacing what is there only after
-    moving it aside, and deleting it only once the new one is in place.
+    moving it aside, and deleting it only once the new one is in place. ``what`` (run, report)
+    names them in messages.
 
     Ctrl-C, SIGTERM and SIGHUP wait until the new run is in place
-    (:func:`progress.deferred_signals`), then raise ``KeyboardInterrupt(signum)``: stopped
+    (:func:`.signals.deferred_signals`), then raise ``KeyboardInterrupt(signum)``: stopped
     halfway, the old run would be left aside and the new one deleted by the caller's cleanup.
     A second signal ends at once. A failure puts the old run back only where nothing took its
-    place (on an object store a rename copies in pages). The old run's deletion is not
-    deferred (a slow remote delete must not hold a signal): stopped, it leaves at worst a
-    ``.replaced-`` folder beside the new run."""
-    # Imported here: Spark's executors import this module (through spark.py) and have no
-    # rich, which progress needs (tests/pipeline/test_cluster.py runs them on a bare Python).
-    from .progress import deferred_signals
-
-    aside, moved = None, False
+    place (on an object store a rename copies in pages), deletes ``staging`` and raises
+    :class:`PublishError` saying where the old run is. The old run's deletion is not deferred
+    (a slow remote delete must not hold a signal): stopped, it leaves at worst a ``.replaced-``
+    folder beside the new run. Returns None, or, when that deletion failed, a note saying
+    where the old run was left (the new one is in place: not a failure)."""
+    aside = staging_path(final, run_id, "replaced")
+    replacing: bool | None = None  # whether a run was there; None: looking failed
+    moved = False
     try:
         with deferred_signals():
             try:
-                if files.exists(final):
-                    aside = staging_path(final, run_id, "replaced")
+                replacing = files.exists(final)
+                if replacing:
                     files.rename(final, aside)
                 files.rename(staging, final)
                 moved = True
             except BaseException:
-                if aside is not None and files.exists(aside) and not files.exists(final):
+                if replacing and files.exists(aside) and not files.exists(final):
                     files.rename(aside, final)  # put the old run back
                 raise
+    except Exception as exc:  # not a signal: those end without a slow cleanup
+        raise _not_published(files, staging, final, aside, replacing, what) from exc
     finally:  # after a deferred signal too
-        if moved and aside is not None:
-            files.delete(aside)
+        left = _delete_replaced(files, aside, what) if moved and replacing else None
+    return left
+
+
+def _not_published(
+    files: Files, staging: str, final: str, aside: str, replacing: bool | None, what: str
+) -> PublishError:
+    """The error of a failed publish, its staging folder deleted (a new run that is not in
+    place is of no use: the command is run again). Says where the old run is by looking, not
+    by the step that failed: a put-back may have failed too."""
+    with contextlib.suppress(Exception):  # the move's failure is what to report
+        files.delete(staging)
+    message = f"could not move the new {what} into {final}"
+    if replacing is None:  # failed at the first look: nothing was moved
+        return PublishError(message, f"{final} left as it was")
+    if not replacing:
+        return PublishError(message, f"no earlier {what} was there")
+    try:
+        old_aside = files.exists(aside)
+        final_taken = old_aside and files.exists(final)
+    except Exception:  # the file system is gone too: say both places
+        return PublishError(message, f"the earlier {what} is in {final} or {aside}")
+    if not old_aside:
+        return PublishError(message, f"the earlier {what} in {final} kept")
+    clear = f"delete {final} (part of the new {what}), then " if final_taken else ""
+    return PublishError(message, f"the earlier {what} is in {aside}: {clear}move it to {final}")
+
+
+def _delete_replaced(files: Files, aside: str, what: str) -> str | None:
+    """Delete the old run once the new one is in place; a note if that failed (it is then
+    left aside, which a message must not call kept: it no longer is where it was)."""
+    try:
+        files.delete(aside)
+    except Exception as exc:
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"the {what} it replaced is left in {aside} (deleting it failed: {cause[:300]})"
+    return None
 
 
 def _manifest_path(run_dir: str) -> str:

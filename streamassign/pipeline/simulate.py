@@ -47,6 +47,7 @@ from .scenarios import (
 
 __all__ = [
     "COLUMNS",
+    "MIN_PROBING_INTERVAL_S",
     "PROBING_INTERVAL_S",
     "RESTORE_RATE",
     "WARMUPS",
@@ -77,6 +78,10 @@ RESTORE_RATE: Final = 10_000.0
 #: --probing-interval`` too), and what runs that recorded neither were simulated with.
 WARMUPS: Final = 2
 PROBING_INTERVAL_S: Final = 600.0
+#: The least ``--probing-interval`` the commands take: Kafka Streams refuses a
+#: ``probing.rebalance.interval.ms`` below 60000 (``StreamsConfig``, ``atLeast(60 * 1000)``),
+#: so a shorter one would model a group no deployment can run.
+MIN_PROBING_INTERVAL_S: Final = 60.0
 
 
 def require_rebalances(model: ScenarioModel, what: str) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .runs import MANIFEST, REBALANCES, check_rows_read, files_for, write_manifest
+from .signals import deferred_signals
 from .simulate import COLUMNS, SimulationJob, simulate_scenario
 from .standbys import PLAN_COLUMNS, PlanJob, evaluate_candidates
 
@@ -71,8 +72,6 @@ def spark_session(
     serves it to the executors has stopped (for a reused session: at interpreter exit).
     """
     from pyspark.sql import SparkSession
-
-    from .progress import deferred_signals
 
     active = session = SparkSession.getActiveSession()
     bundle_dir = None

@@ -159,7 +159,8 @@ def test_plan_standbys_prints_a_recommendation(
         ),
         (
             ["plan-standbys", str(ORDERS), "--probing-interval", "0"],
-            "'--probing-interval': 0.0 is not in the range x>0",
+            "'--probing-interval': at least 60 s (Kafka Streams refuses a "
+            "probing.rebalance.interval.ms below 60000), got 0",
         ),
         (["simulate", str(ORDERS), "-p", "orders=6,orders=8"], "orders given twice, as 6 and 8"),
         # FloatRange lets inf and nan through: inf failed in the executors after Spark started
@@ -180,9 +181,17 @@ def test_plan_standbys_prints_a_recommendation(
             ["simulate", str(ORDERS), "--probing-interval", "nan"],
             "Invalid value for '--probing-interval': nan is not a finite number",
         ),
+        # Kafka Streams' StreamsConfig refuses a probing.rebalance.interval.ms below 60000:
+        # simulate modelled 30 s probing rounds no group could run.
+        (
+            ["simulate", str(ORDERS), "--probing-interval", "59.5"],
+            "Invalid value for '--probing-interval': at least 60 s (Kafka Streams refuses a "
+            "probing.rebalance.interval.ms below 60000), got 59.5",
+        ),
         (
             ["simulate", str(ORDERS), "--probing-interval", "0"],
-            "'--probing-interval': 0.0 is not in the range x>0",
+            "'--probing-interval': at least 60 s (Kafka Streams refuses a "
+            "probing.rebalance.interval.ms below 60000), got 0",
         ),
         (["simulate", str(ORDERS), "--warmups", "0"], "'--warmups': 0 is not in the range x>=1"),
         (
@@ -1222,6 +1231,79 @@ def test_a_signal_while_the_report_is_moved_into_place_says_it_is_there(
     assert (out / "report.html").read_text() == "new"
     last = capsys.readouterr().err.splitlines()[-1]
     assert last == f"interrupted by SIGTERM while writing the report; the report is in {out}"
+
+
+def test_a_report_that_cannot_be_moved_into_place_is_one_line_and_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A failed rename (not a signal) while ``report`` replaced an earlier report left the new
+    one's hidden folder behind and ended in a trace; now one line says where the earlier one is."""
+    from streamassign import cli
+    from streamassign.pipeline import progress, report, runs
+    from streamassign.pipeline import spark as sp
+
+    def render_report(data: Any, staging: str) -> None:
+        Path(staging).mkdir()
+        (Path(staging) / "report.html").write_text("new")
+
+    def refused(self: runs.LocalFiles, source: str, target: str) -> None:
+        raise PermissionError(13, "Permission denied", source)
+
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.html").write_text("earlier")
+    monkeypatch.setattr(progress, "run_tracked", lambda session, what, console, run: run())
+    monkeypatch.setattr(sp, "aggregate", lambda *a: None)
+    monkeypatch.setattr(report, "render_report", render_report)
+    monkeypatch.setattr(runs.LocalFiles, "rename", refused)
+    with pytest.raises(click.ClickException) as raised:
+        cli._render(SimpleNamespace(), str(tmp_path), out)
+    assert raised.value.message == (
+        f"publishing the report failed: [Errno 13] Permission denied: '{tmp_path}/report'; "
+        f"the earlier report in {out} kept"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["report"]
+    assert (out / "report.html").read_text() == "earlier"
+
+
+def test_a_run_whose_old_run_cannot_be_deleted_says_where_it_is_left(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An audit: deleting the replaced run failing (a remote delete refused) ended simulate
+    with "simulating failed: ...; the run in DIR kept", with the new run in DIR and the old one
+    aside. Now the run is published, and a note says where the old one was left."""
+    from streamassign import cli
+    from streamassign.pipeline import progress, runs
+    from streamassign.pipeline import spark as sp
+
+    def run_simulation(
+        session: Any, job: Any, staging: str, manifest: Any, run_id: str, *a: Any
+    ) -> int:
+        runs.write_manifest(runs.LocalFiles(), staging, {"run_id": run_id, "rows": 5})
+        return 5
+
+    def refused(self: runs.LocalFiles, path: str) -> None:
+        raise PermissionError(13, "Permission denied", path)
+
+    run_dir = tmp_path / "run"
+    _a_complete_run(run_dir)
+    session = SimpleNamespace(
+        sparkContext=SimpleNamespace(accumulator=lambda zero: SimpleNamespace(value=zero))
+    )
+    monkeypatch.setattr(progress, "run_tracked", lambda session, what, console, run, detail: run())
+    monkeypatch.setattr(sp, "run_simulation", run_simulation)
+    monkeypatch.setattr(runs.LocalFiles, "delete", refused)
+    with cli._one_line_failures("simulating", f"the run in {run_dir} kept"):
+        rows, _ = cli._write_run(session, None, str(run_dir), {}, "new", overwrite=True)
+    assert rows == 5
+    assert (runs.read_manifest(runs.LocalFiles(), str(run_dir)) or {})["run_id"] == "new"
+    aside = tmp_path / ".run.replaced-new"
+    assert (runs.read_manifest(runs.LocalFiles(), str(aside)) or {})["run_id"] == "earlier"
+    err = capsys.readouterr().err
+    assert err == (
+        f"note: the run it replaced is left in {aside} (deleting it failed: [Errno 13] "
+        f"Permission denied: '{aside}'); delete it by hand\n"
+    )
 
 
 def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(

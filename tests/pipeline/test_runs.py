@@ -89,7 +89,7 @@ def test_a_signal_while_publishing_waits_until_the_new_run_is_in_place(
     import os
     import signal
 
-    from streamassign.pipeline.progress import interrupt_on_signals
+    from streamassign.pipeline.signals import interrupt_on_signals
 
     final, staging = tmp_path / "run", tmp_path / ".run.partial-new"
     make_run(final, "old")
@@ -133,6 +133,155 @@ def test_a_failed_move_aside_leaves_the_old_run_in_place(
     with pytest.raises(OSError):
         publish(files, str(tmp_path / ".run.partial-new"), str(final), "new")
     assert check_run(LocalFiles(), str(final))["run_id"] == "old"
+
+
+@pytest.mark.parametrize(
+    ("failing", "where"),
+    [
+        # Which renames fail (1: the old run aside, 2: the new one into place, 3: the old one
+        # back), and where the error says the old run is; "partial": an object store's rename
+        # copied part of the new run into place before failing.
+        ({1}, "the earlier run in {final} kept"),
+        ({2}, "the earlier run in {final} kept"),
+        ({2, 3}, "the earlier run is in {aside}: move it to {final}"),
+        (
+            {"partial"},
+            "the earlier run is in {aside}: delete {final} (part of the new run), then move it "
+            "to {final}",
+        ),
+    ],
+)
+def test_a_failed_publish_deletes_the_new_run_and_says_where_the_old_one_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: set[object], where: str
+) -> None:
+    """An audit: a publish that failed with an error (not a signal) left the new run's hidden
+    staging folder behind, for good; and the one line said the old run was kept where it was
+    left aside. The old run is never deleted: it is in place, or aside and said so."""
+    from streamassign.errors import PublishError
+
+    final, staging = tmp_path / "run", tmp_path / ".run.partial-new"
+    aside = tmp_path / ".run.replaced-new"
+    make_run(final, "old")
+    make_run(staging, "new")
+    files = LocalFiles()
+    real = files.rename
+    calls: list[str] = []
+
+    def rename(source: str, target: str) -> None:
+        calls.append(target)
+        if "partial" in failing and len(calls) == 2:
+            (Path(target) / "rebalances").mkdir(parents=True)  # a page copied, then a failure
+            raise OSError("copy failed")
+        if len(calls) in failing:
+            raise OSError("disk gone")
+        real(source, target)
+
+    monkeypatch.setattr(files, "rename", rename)
+    with pytest.raises(PublishError) as raised:
+        publish(files, str(staging), str(final), "new")
+    assert raised.value.where == where.format(final=final, aside=aside)
+    assert isinstance(raised.value.__cause__, OSError)
+    assert not staging.exists()
+    old = final if where.endswith("kept") else aside
+    assert check_run(LocalFiles(), str(old))["run_id"] == "old"
+
+
+def test_a_failed_first_publish_deletes_the_new_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamassign.errors import PublishError
+
+    staging = tmp_path / ".run.partial-new"
+    make_run(staging, "new")
+    files = LocalFiles()
+
+    def rename(source: str, target: str) -> None:
+        raise OSError("read-only")
+
+    monkeypatch.setattr(files, "rename", rename)
+    with pytest.raises(PublishError, match="no earlier run was there"):
+        publish(files, str(staging), str(tmp_path / "run"), "new")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_publish_that_cannot_look_says_the_folder_is_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remote file system that fails at the first look: nothing was moved, and the line
+    must not guess whether a run was there."""
+    from streamassign.errors import PublishError
+
+    final, staging = tmp_path / "run", tmp_path / ".run.partial-new"
+    make_run(final, "old")
+    make_run(staging, "new")
+    files = LocalFiles()
+
+    def exists(path: str) -> bool:
+        raise ConnectionError("the JVM is gone")
+
+    monkeypatch.setattr(files, "exists", exists)
+    with pytest.raises(PublishError) as raised:
+        publish(files, str(staging), str(final), "new")
+    assert raised.value.where == f"{final} left as it was"
+    assert not staging.exists()
+    assert check_run(LocalFiles(), str(final))["run_id"] == "old"
+
+
+def test_an_old_run_that_cannot_be_deleted_is_a_note_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new run is in place when deleting the old one fails (a remote delete refused): the
+    publish succeeded, and the old run is aside, not kept in DIR. A review saw such a failure
+    end the command with "simulating failed: ...; the run in DIR kept"."""
+    final, staging = tmp_path / "run", tmp_path / ".run.partial-new"
+    make_run(final, "old")
+    make_run(staging, "new")
+    files = LocalFiles()
+
+    def delete(path: str) -> None:
+        raise OSError("Permission denied")
+
+    monkeypatch.setattr(files, "delete", delete)
+    left = publish(files, str(staging), str(final), "new")
+    aside = tmp_path / ".run.replaced-new"
+    assert left == f"the run it replaced is left in {aside} (deleting it failed: Permission denied)"
+    assert check_run(LocalFiles(), str(final))["run_id"] == "new"
+    assert check_run(LocalFiles(), str(aside))["run_id"] == "old"
+
+
+class _HadoopPath:
+    """A stand-in for Hadoop's ``Path`` on a file system whose ``delete`` returns false."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def getFileSystem(self, conf: object) -> object:
+        return self
+
+    def delete(self, path: _HadoopPath, recursive: bool) -> bool:
+        return False
+
+    def exists(self, path: _HadoopPath) -> bool:
+        return True
+
+
+def test_a_hadoop_delete_that_returns_false_raises() -> None:
+    """Hadoop's ``FileSystem.delete`` may say it failed by returning false, not raising: the
+    old run was then left aside while publish went on as if it were gone."""
+    from types import SimpleNamespace
+
+    from streamassign.pipeline.runs import HadoopFiles
+
+    jvm = SimpleNamespace(
+        org=SimpleNamespace(
+            apache=SimpleNamespace(hadoop=SimpleNamespace(fs=SimpleNamespace(Path=_HadoopPath)))
+        )
+    )
+    context = SimpleNamespace(_jvm=jvm, _jsc=SimpleNamespace(hadoopConfiguration=lambda: None))
+    files = HadoopFiles(SimpleNamespace(sparkContext=context))
+    with pytest.raises(PipelineError) as raised:
+        files.delete("s3a://bucket/.run.replaced-x")
+    assert str(raised.value) == "cannot delete s3a://bucket/.run.replaced-x"
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from streamassign.pipeline.standbys import (
 )
 
 from . import report_data
-from .conftest import BUSY
+from .conftest import BUSY, ROOT
 
 pytest.importorskip("pyspark")
 pytest.importorskip("plotly")
@@ -343,7 +343,7 @@ def test_a_signal_while_spark_starts_stops_the_session_once_it_exists(
     from pyspark.sql import SparkSession
 
     from streamassign.pipeline import spark as sp
-    from streamassign.pipeline.progress import interrupt_on_signals
+    from streamassign.pipeline.signals import interrupt_on_signals
 
     events: list[str] = []
 
@@ -405,7 +405,9 @@ def test_the_modules_executors_import_need_no_rich() -> None:
     refers to) on a Python that may have only pyspark and the shipped code: nothing it imports
     may need the CLI's rich (tests/pipeline/test_cluster.py runs such executors; a top-level
     ``progress`` import in runs.py once failed every cluster job with "No module named
-    'rich'")."""
+    'rich'"). ``signals`` is what runs.py and spark.py import for their deferred steps; that
+    ``progress`` fails shows the blocker works."""
+    import os
     import subprocess
     import sys
 
@@ -417,9 +419,21 @@ def test_the_modules_executors_import_need_no_rich() -> None:
         "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
         "        return None\n"
         "sys.meta_path.insert(0, NoRich())\n"
+        "import streamassign.pipeline.signals\n"
+        "import streamassign.pipeline.runs\n"
         "import streamassign.pipeline.spark\n"
+        "try:\n"
+        "    import streamassign.pipeline.progress\n"
+        "except ModuleNotFoundError:\n"
+        "    pass\n"
+        "else:\n"
+        "    sys.exit('rich was not blocked')\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", blocker], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", blocker],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},  # this checkout's code, not an install's
     )
     assert done.returncode == 0, done.stderr
