@@ -8,6 +8,7 @@ nothing), so the errors are raised by patching ``pathlib``, as the audit did."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -22,6 +23,10 @@ from streamassign.aiokafka import ProcessHost
 from streamassign.errors import DamagedStateError, StateDirectoryError
 from streamassign.localstate import StateDirectory, is_damage
 from streamassign.protocol import SubscriptionInfo
+from streamassign.runtime import RocksDBStore
+
+from .test_runtime_close import TASK, process, until
+from .test_runtime_damaged_store import fast, store_of
 
 TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s"])], name="app")
 ONE, TWO = TaskId(0, 1), TaskId(0, 2)
@@ -198,3 +203,70 @@ def test_a_loop_of_links_where_tasks_belongs_is_damage(tmp_path: Path) -> None:
 )
 def test_what_counts_as_damage(error: BaseException, damaged: bool) -> None:
     assert is_damage(error) is damaged
+
+
+def test_a_store_knows_when_its_directory_moved(tmp_path: Path) -> None:
+    path = tmp_path / "tasks" / "0_0" / "s.rocksdb"
+    store = RocksDBStore(path)
+    try:
+        assert not store.moved()
+        (tmp_path / "tasks").rename(tmp_path / "elsewhere")
+        assert store.moved()  # gone from its path
+        path.mkdir(parents=True)
+        assert store.moved()  # another, empty, directory in its place
+    finally:
+        store.close()
+
+
+def test_no_checkpoint_is_written_where_the_open_store_no_longer_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``tasks/`` renamed under an open store (by anyone: the old ``offset_sums`` did): the
+    checkpoint would land in a new, empty ``tasks/0_0/`` and the process would report itself
+    caught up on a task it has no state of after a restart."""
+    app, _ = fast(tmp_path)
+
+    async def run() -> None:
+        updater = asyncio.create_task(app._state_updater_loop())
+        await app._assign(0, frozenset([TASK]))
+        active = app._actives[TASK]
+        await until(lambda: not active.restoring, "the restore")
+        await process(app, active, 0, 20)
+        (tmp_path / "tasks").rename(tmp_path / "tasks.elsewhere")
+        (tmp_path / "tasks").mkdir()
+        with caplog.at_level(logging.ERROR, "streamassign.runtime"):
+            await process(app, active, 20, 5)  # commits, each trying a checkpoint
+            await process(app, active, 25, 5)
+            await app._revoke(0, frozenset([TASK]))
+            await asyncio.gather(*app._stores.close_parked())
+        app._stopped.set()
+        await updater
+        await asyncio.wait_for(app.stop(), 30)
+
+    asyncio.run(run())
+    assert not store_of(app).parent.exists()  # no tasks/0_0/checkpoint without its store
+    moved = [r.getMessage() for r in caplog.records if "no longer in" in r.getMessage()]
+    assert len(moved) == 1 and "not checkpointing it there" in moved[0]
+    app.state.close()
+    assert StateDirectory(tmp_path).offset_sums() == {}  # no claim after a restart
+
+
+def test_checkpoints_follow_an_open_store_that_stays_put(tmp_path: Path) -> None:
+    """The guard costs nothing in the usual case: the checkpoint is written beside the store."""
+    app, _ = fast(tmp_path)
+
+    async def run() -> int:
+        updater = asyncio.create_task(app._state_updater_loop())
+        await app._assign(0, frozenset([TASK]))
+        active = app._actives[TASK]
+        await until(lambda: not active.restoring, "the restore")
+        await process(app, active, 0, 20)
+        position = active.stores["totals"].position
+        app._stopped.set()
+        await updater
+        await asyncio.wait_for(app.stop(), 30)
+        return position
+
+    position = asyncio.run(run())
+    assert position > 0
+    assert StateDirectory(tmp_path).offset_sums() == {TASK: position}
