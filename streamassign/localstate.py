@@ -16,12 +16,17 @@ A lock file keeps two processes from sharing one directory (they would report ea
 state). Every file is replaced atomically (``files.write_atomically``: unique temporary name,
 fsync, rename, directory fsync), so readers never see a torn file, whichever thread saves.
 
-Damaged state never keeps the process out of its group: a file or directory that cannot be read
-or holds something implausible (not JSON, nested too deep, offsets that are not integers in
-``[0, 2**63)`` or sum past it, a file where a task directory belongs, a directory where a file
-belongs, a task id out of range) counts as "no state" for its task. It is logged once and
-renamed to a ``<name>.damaged-<UTC time>`` sibling for inspection, never deleted. Pure standard
-library; the runtime writes checkpoints, the protocol reads the sums.
+Damaged state never keeps the process out of its group: a file or directory that holds
+something implausible (not UTF-8, not JSON, nested too deep, offsets that are not integers in
+``[0, 2**63)`` or sum past it, a task id out of range) or has something else in its place (a file
+where a task directory belongs, a directory where a file belongs, a loop of links) counts as "no
+state" for its task. It is logged once and renamed to a ``<name>.damaged-<UTC time>`` sibling for
+inspection, never deleted. State that cannot be read *now* (no permission, too many open files,
+an I/O error: ``is_damage`` tells the two apart) is not damaged: it is kept where it is, counts
+as not there for that one read, and is logged once per cause; a ``process.id`` that cannot be
+read stops the open (``StateDirectoryError``) rather than give the process a new identity.
+Standard library only (and the core's ``Repeats``); the runtime writes checkpoints, the
+protocol reads the sums.
 
 The state of a task the process no longer holds is deleted in two steps (Kafka Streams'
 ``state.cleanup.delay.ms``; the owner of the stores decides which tasks and when):
@@ -42,6 +47,7 @@ import os
 import shutil
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -50,6 +56,7 @@ from ._ids import TaskId, TopicPartition
 from .errors import DamagedStateError, StateDirectoryError
 from .errors import StateDirectoryLockedError as StateDirectoryLockedError  # old home
 from .files import is_temporary, read_bounded, sync_directory, write_atomically
+from .repeats import Repeats
 
 log = logging.getLogger("streamassign.localstate")
 
@@ -64,6 +71,21 @@ _OFFSET_LIMIT = 1 << 63
 _REMOVED = ".removed-"
 #: Marks damaged state set aside for inspection (``<name>.damaged-<UTC time>``).
 _DAMAGED = ".damaged-"
+#: Errnos of a failed read that say something else is in the path's place: a file where a
+#: directory belongs (ENOTDIR), a directory where a file belongs (EISDIR), a loop of links
+#: (ELOOP). Every other errno (EACCES, EPERM, EMFILE, ENFILE, EIO, ENOSPC, ENOMEM...) is the
+#: environment's, not the state's: renaming would not mend it, and would move live state.
+_SOMETHING_ELSE_IN_PLACE = frozenset({errno.ENOTDIR, errno.EISDIR, errno.ELOOP})
+
+
+def is_damage(exc: BaseException) -> bool:
+    """Whether ``exc``, raised reading local state, says that state is damaged (set it aside:
+    it counts as none) rather than absent (ENOENT) or unreadable now (no permission, too many
+    open files, an I/O error: keep it, the operator's to fix or passing). Content that cannot
+    be decoded or parsed (``ValueError``, ``DamagedStateError`` included) is damage."""
+    if isinstance(exc, OSError):
+        return exc.errno in _SOMETHING_ELSE_IN_PLACE
+    return isinstance(exc, (ValueError, RecursionError))
 
 
 class StateDirectory:
@@ -77,6 +99,9 @@ class StateDirectory:
         self._undeletable: set[Path] = set()
         #: Whether the last ``delete_retired`` left a retired directory it could not delete.
         self.retired_left = False
+        #: The cause of the state each reader ("offset sums", "checkpoint", "assignment")
+        #: last could not read: the same cause again is logged at DEBUG only.
+        self._unreadable: defaultdict[str, Repeats] = defaultdict(Repeats)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock: IO[bytes] | None = self._lock_file()
@@ -98,7 +123,7 @@ class StateDirectory:
             self.process_id = self._process_id()
         except BaseException as exc:  # a half-opened directory keeps no lock
             self.close()
-            if isinstance(exc, OSError):
+            if isinstance(exc, OSError) and not isinstance(exc, StateDirectoryError):
                 raise _unusable(self.path, exc) from exc
             raise
 
@@ -108,7 +133,7 @@ class StateDirectory:
         try:
             return file.open("wb")
         except OSError as exc:
-            if not isinstance(exc, IsADirectoryError) and exc.errno != errno.ELOOP:
+            if not is_damage(exc):
                 raise  # no permission, an I/O error: not damaged state, the operator's to fix
             self._set_aside(file, exc)
         return file.open("wb")
@@ -158,15 +183,37 @@ class StateDirectory:
             path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def _unreadable_now(self, reader: str, failures: Mapping[Path, OSError], outcome: str) -> None:
+        """Log what ``reader`` could not read now (``failures``, not damage: nothing is moved)
+        at ERROR once per cause, the same cause again at DEBUG; and, once it reads everything
+        again (no ``failures``), one INFO line."""
+        logged = self._unreadable[reader]
+        if not failures:
+            if logged.ended():
+                log.info("local state in %s can be read again (%s)", self.path, reader)
+            return
+        causes = tuple(sorted({exc.strerror or repr(exc) for exc in failures.values()}))
+        first = min(failures)
+        log.log(
+            logging.ERROR if logged.changed(causes) else logging.DEBUG,
+            "cannot read local state %s%s (%s): %s; left in place (not damaged: nothing is set "
+            "aside) and read again next time (the same cause again logs at DEBUG only)",
+            first,
+            f" and {len(failures) - 1} more" if len(failures) > 1 else "",
+            "; ".join(causes),
+            outcome,
+        )
+
     def _read_json(self, file: Path) -> Any:
-        """``file``'s JSON content; ``FileNotFoundError`` when absent, ``DamagedStateError`` when
-        it cannot be read or parsed (NaN/Infinity and over-large numbers included)."""
+        """``file``'s JSON content; ``DamagedStateError`` when it is damaged (``is_damage``:
+        something else in its place, not parseable, NaN/Infinity and over-large numbers
+        included); any other ``OSError`` as raised (``FileNotFoundError`` when absent)."""
         try:
             with file.open("rb") as fh:
                 raw = read_bounded(fh, MAX_STATE_FILE_BYTES)
-        except FileNotFoundError:
-            raise
-        except OSError as exc:  # a directory in its place, no permission, an I/O error
+        except OSError as exc:
+            if not is_damage(exc):
+                raise  # absent, or cannot be read now: nothing to set aside
             raise DamagedStateError(f"unreadable: {exc}") from exc
         if len(raw) > MAX_STATE_FILE_BYTES:
             raise DamagedStateError(f"larger than {MAX_STATE_FILE_BYTES} bytes")
@@ -185,13 +232,25 @@ class StateDirectory:
     # -- process id ------------------------------------------------------------------------------
 
     def _process_id(self) -> uuid.UUID:
+        """The process id; a new one when there is none or it is damaged (set aside). One that
+        cannot be read now (no permission, an I/O error) raises ``StateDirectoryError``: a new
+        id would make a stranger of this process to its group (its tasks move and restore), and
+        retrying here would only hold up a start the operator has to fix anyway."""
         file = self.path / "process.id"
         try:
             return uuid.UUID(file.read_text().strip())
         except FileNotFoundError:
             pass
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:  # not UTF-8, not a UUID
             self._set_aside(file, exc)
+        except OSError as exc:
+            if not is_damage(exc):
+                raise StateDirectoryError(
+                    f"state directory {self.path} cannot be used: cannot read its process id "
+                    f"({file}: {exc.strerror or exc}); not replaced, so the process keeps its "
+                    "identity and tasks once this is fixed"
+                ) from exc
+            self._set_aside(file, exc)  # a directory or a loop of links in its place
         pid = uuid.uuid4()
         write_atomically(file, str(pid).encode())
         return pid
@@ -215,7 +274,22 @@ class StateDirectory:
         write_atomically(file, json.dumps(data, sort_keys=True).encode(), durable=durable)
 
     def read_checkpoint(self, task: TaskId) -> dict[TopicPartition, int]:
-        """The checkpointed offsets of ``task``: empty when none, or when damaged (set aside)."""
+        """The checkpointed offsets of ``task``: empty when none, when damaged (set aside), or
+        when it cannot be read now (kept; logged once per cause)."""
+        try:
+            offsets = self._checkpoint(task)
+        except OSError as exc:
+            self._unreadable_now(
+                "checkpoint",
+                {self.task_dir(task) / "checkpoint": exc},
+                f"task {task} counts as without a checkpoint this time",
+            )
+            return {}
+        self._unreadable_now("checkpoint", {}, "")
+        return offsets
+
+    def _checkpoint(self, task: TaskId) -> dict[TopicPartition, int]:
+        """``read_checkpoint``, but ``OSError`` when the checkpoint cannot be read now."""
         directory = self.task_dir(task)
         file = directory / "checkpoint"
         try:
@@ -240,28 +314,46 @@ class StateDirectory:
             self._set_aside(file, "a directory where the checkpoint belongs")
 
     def offset_sums(self) -> dict[TaskId, int]:
-        """Sum of checkpointed changelog offsets of every task with local state."""
-        root = self.path / "tasks"
-        try:
-            entries = sorted(root.iterdir())
-        except OSError as exc:  # removed, or replaced by a file, under a running process
-            if not isinstance(exc, FileNotFoundError):
-                self._set_aside(root, exc)
-            with contextlib.suppress(OSError):
-                self._directory(root)
-            return {}
+        """Sum of checkpointed changelog offsets of every task with local state. What cannot
+        be read now (``tasks/`` or a checkpoint: too many open files, no permission, an I/O
+        error) is left out of this report only, and kept as it is (logged once per cause)."""
+        unreadable: dict[Path, OSError] = {}
         sums: dict[TaskId, int] = {}
-        for entry in entries:
+        for entry in self._task_entries(unreadable):
             task = _task_of(entry.name)
             if task is None:
                 continue  # not a task directory (set-aside state, files of other tools)
             if not _valid_task(task):
                 self._set_aside(entry, f"task id {task} out of range")
                 continue
-            offsets = self.read_checkpoint(task)
+            try:
+                offsets = self._checkpoint(task)
+            except OSError as exc:
+                unreadable[entry / "checkpoint"] = exc
+                continue
             if offsets:
                 sums[task] = sum(offsets.values())
+        self._unreadable_now("offset sums", unreadable, "not in the offset sums reported now")
         return sums
+
+    def _task_entries(self, unreadable: dict[Path, OSError]) -> list[Path]:
+        """The entries of ``tasks/``, sorted; none if it cannot be listed. Removed, or
+        replaced by a file or a loop of links (damage, set aside), it holds no store and is
+        made again; if it cannot be listed now (``unreadable``) it is never moved: the stores
+        in it may be open, and would go on writing into the moved directory."""
+        root = self.path / "tasks"
+        try:
+            return sorted(root.iterdir())
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if not is_damage(exc):
+                unreadable[root] = exc
+                return []
+            self._set_aside(root, exc)
+        with contextlib.suppress(OSError):
+            self._directory(root)
+        return []
 
     # -- deleting the state of tasks no longer held ----------------------------------------------
 
@@ -354,8 +446,8 @@ class StateDirectory:
         write_atomically(file, json.dumps(data, sort_keys=True).encode())
 
     def read_assignment(self) -> dict[int, frozenset[TaskId]]:
-        """The active tasks each consumer ran before the process stopped: empty if unknown, or
-        if the file is damaged (set aside)."""
+        """The active tasks each consumer ran before the process stopped: empty if unknown, if
+        the file is damaged (set aside), or if it cannot be read now (kept; logged)."""
         file = self.path / "assignment.json"
         try:
             return _assignment(self._read_json(file))
@@ -363,6 +455,10 @@ class StateDirectory:
             return {}
         except DamagedStateError as exc:
             self._set_aside(file, exc)
+            return {}
+        except OSError as exc:
+            outcome = "the tasks each consumer ran before are not claimed this time"
+            self._unreadable_now("assignment", {file: exc}, outcome)
             return {}
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ Pure: no Kafka here.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -132,6 +133,22 @@ class RocksDBStore:
             if is_damage(str(exc)):
                 raise DamagedStateError(f"store {self.path}: {exc}") from exc
             raise StoreIOError(f"store {self.path} cannot be opened: {exc}") from None
+        #: The directory opened (device, inode), to tell it moved (``moved``); None: unknown.
+        self._opened: tuple[int, int] | None = None
+        with contextlib.suppress(OSError):
+            directory = os.stat(self.path)
+            self._opened = (directory.st_dev, directory.st_ino)
+
+    def moved(self) -> bool:
+        """Whether the directory at the store's path is no longer the one it opened: renamed
+        or deleted under the open store (with ``tasks/`` or its task's directory), or another
+        one in its place. Its files are then elsewhere, and a checkpoint written beside the
+        path would claim state that is not there. ``OSError`` if it cannot be told."""
+        try:
+            found = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        return self._opened is not None and (found.st_dev, found.st_ino) != self._opened
 
     def _failed(self, what: str, exc: Exception) -> StoreIOError:
         """The typed error for a failed read, write or close (a full disk, an I/O error). It
@@ -199,6 +216,12 @@ class RocksDBStore:
             self._db.close()
         except Exception as exc:  # a close flushes: a full disk shows here
             raise self._failed("the close", exc) from None
+
+
+def moved_away(store: KeyValueStore) -> bool:
+    """Whether ``store`` keeps its files in a directory no longer at its path
+    (``RocksDBStore.moved``; a store without files never moves)."""
+    return isinstance(store, RocksDBStore) and store.moved()
 
 
 def is_damage(status: str) -> bool:

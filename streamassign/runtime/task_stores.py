@@ -39,7 +39,7 @@ from ..localstate import StateDirectory
 from ..topology import Topology
 from .changelog import StoreState
 from .standbys import Standbys, is_open, open_failed
-from .stores import KeyValueStore, StoreKind, UnopenedStore, open_store
+from .stores import KeyValueStore, StoreKind, UnopenedStore, moved_away, open_store
 
 log = logging.getLogger("streamassign.runtime")
 
@@ -91,6 +91,8 @@ class TaskStores:
         #: local state is unused since then, unless it was opened again.
         self.closed_at: dict[TaskId, float] = {}
         self._checkpointed: dict[TaskId, dict[TopicPartition, int]] = {}
+        #: Tasks whose stores were found moved away from their directory (logged once each).
+        self._moved: set[TaskId] = set()
         self._executor: ThreadPoolExecutor | None = None
 
     @property
@@ -322,10 +324,32 @@ class TaskStores:
         offsets = {s.changelog: s.position for s in states.values()}
         if offsets and self._checkpointed.get(task) != offsets:
             try:
+                if self._moved_away(task, states):
+                    return
                 self.state.write_checkpoint(task, offsets, durable=durable)
                 self._checkpointed[task] = offsets
             except OSError as exc:
                 log.warning("cannot checkpoint task %s: %s", task, exc)
+
+    def _moved_away(self, task: TaskId, states: Mapping[str, StoreState]) -> bool:
+        """Whether a store of ``task`` no longer lives at its path (its directory, or
+        ``tasks/``, was renamed or deleted under the open store). Its checkpoint is then not
+        written: the task's directory there (made again by the write) would hold a
+        checkpoint and none of the state, and after a restart the process would report itself
+        caught up on a task it restores from scratch. Logged once per task."""
+        moved = sorted(name for name, state in states.items() if moved_away(state.store))
+        if not moved:
+            self._moved.discard(task)
+        elif task not in self._moved:
+            self._moved.add(task)
+            log.error(
+                "task %s: store(s) %s no longer in %s (moved or deleted under the open store); "
+                "not checkpointing it there, where none of its state is",
+                task,
+                ", ".join(moved),
+                self.state.task_dir(task),
+            )
+        return bool(moved)
 
     def close(self, task: TaskId, states: Mapping[str, StoreState]) -> asyncio.Future[None]:
         """Close a task's stores; a persistent store keeps its checkpoint (sticky restarts),
