@@ -89,9 +89,12 @@ def markers(draw: st.DrawFn) -> str:
 @st.composite
 def state_files(draw: st.DrawFn) -> str:
     """The Faust assignor's saved assignment (``_save``) with drawn leaves."""
-    tasks = st.lists(st.one_of(st.just('"0_1"'), LEAVES), max_size=3).map(", ".join)
+    task = st.one_of(st.sampled_from(['"0_1"', '"1_0"']), LEAVES)
+    tasks = st.lists(task, max_size=2).map(", ".join)
+    subtopology = st.one_of(SMALL, st.text(max_size=3)).map(json.dumps)
     topics = ", ".join(
-        f'"{s}": {{{t}: {n}}}' for s, t, n in draw(st.lists(st.tuples(LEAVES, TOPICS, LEAVES)))
+        f"{s}: {{{t}: {n}}}"
+        for s, t, n in draw(st.lists(st.tuples(subtopology, TOPICS, LEAVES), max_size=2))
     )
     return f'{{"active": [{draw(tasks)}], "standby": [{draw(tasks)}], "topics": {{{topics}}}}}'
 
