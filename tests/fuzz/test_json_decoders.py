@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
@@ -157,12 +157,18 @@ def test_a_commit_marker_decodes_to_offsets_or_to_nothing_never_raises(data: byt
     assert all(isinstance(t, str) and isinstance(o, int) for t, o in applied.items())
 
 
+@pytest.fixture(scope="module")
+def state_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One file every example overwrites (a directory per example cost seconds in CI)."""
+    return tmp_path_factory.mktemp("faust-state") / "faust-assignment.json"
+
+
 @FUZZ
-@given(_texts(state_files()))
-def test_the_faust_state_file_reads_or_is_ignored_never_raises(data: bytes) -> None:
-    with tempfile.TemporaryDirectory() as directory:
-        file = Path(directory) / "faust-assignment.json"
-        file.write_bytes(data)
-        info = _read_state(file)
+@given(data=_texts(state_files()))
+def test_the_faust_state_file_reads_or_is_ignored_never_raises(
+    state_file: Path, data: bytes
+) -> None:
+    state_file.write_bytes(data)
+    info = _read_state(state_file)
     event("read" if info is not None else "ignored")
     assert info is None or isinstance(info, AssignmentInfo)
