@@ -4,13 +4,17 @@
 checkpoints, process ids, assignor state): readers see the old content or the new, never a torn
 mix, even with several threads saving the same file at once. ``load_toml`` reads a file a user
 wrote and turns every way it can fail (unreadable, not UTF-8, invalid, nested too deep for the
-parser, too large) into one typed error naming the file. Pure standard library.
+parser, too large) into one typed error naming the file; ``loads_json`` does the same for JSON
+bytes from outside (a saved state file, a group member's user data, a changelog record).
+Pure standard library.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import math
 import os
 import tempfile
 import tomllib
@@ -122,3 +126,29 @@ def read_toml(
         raise error(f"{source}: invalid TOML in {what}: {exc}") from exc
     except RecursionError as exc:
         raise error(f"{source}: {what} is nested too deep to parse") from exc
+
+
+def loads_json(data: bytes | str, error: type[StreamAssignError], what: str) -> Any:
+    """``data`` parsed as JSON, or ``error("<what> ...")`` when it is not JSON (or not UTF-8),
+    is nested too deep for the parser, or holds a number that is not finite: ``NaN``,
+    ``Infinity`` or one beyond a float's range (``1e999``). ``json.loads`` accepts those, and
+    ``int()`` of them raises ``OverflowError`` or ``ValueError`` in the decoder that reads the
+    number; refused here, a decoder of untrusted bytes meets finite numbers only."""
+
+    def finite(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise error(f"{what} holds {text}, a number beyond a float's range")
+        return value
+
+    def no_constant(name: str) -> Any:
+        raise error(f"{what} holds {name}, not a finite number")
+
+    try:
+        return json.loads(data, parse_float=finite, parse_constant=no_constant)
+    except error:
+        raise
+    except RecursionError as exc:
+        raise error(f"{what} nested too deeply") from exc
+    except ValueError as exc:  # not JSON, not UTF-8, an integer of too many digits
+        raise error(f"{what} invalid: {exc}") from exc

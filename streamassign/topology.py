@@ -356,6 +356,20 @@ class Topology:
         object.__setattr__(self, "_writers", {t: tuple(ids) for t, ids in writers.items()})
         object.__setattr__(self, "_store_owner", {s: ids[0] for s, ids in store_owners.items()})
 
+    def check_has_tasks(self, source: str = "", name: str = "") -> None:
+        """Raise ``TopologyError`` when the topology has no subtopology: it reads no topic, so it
+        has no task to assign or run (an empty or half-written file). The one check of this that
+        ``plan``, ``simulate`` and the runtime ``App`` make, so they say it alike. ``source`` (a
+        file) starts the message; ``name`` stands for the topology's own (the CLI names an
+        unnamed one after its file)."""
+        if self.subtopologies:
+            return
+        where = f"{source}: " if source else ""
+        shown = name or self.name
+        raise TopologyError(
+            f"{where}topology {shown + ' ' if shown else ''}has no tasks (no subtopology)"
+        )
+
     # -- queries ---------------------------------------------------------------------------------
 
     def subtopology(self, subtopology_id: int) -> Subtopology:

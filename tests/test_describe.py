@@ -545,6 +545,39 @@ def test_faust_json_without_its_keys_or_nested_deeply_is_undecodable() -> None:
         assert m.undecodable == reason
 
 
+@pytest.mark.parametrize(
+    ("number", "reason"),
+    [
+        ("Infinity", "Infinity, not a finite number"),
+        ("-Infinity", "-Infinity, not a finite number"),
+        ("NaN", "NaN, not a finite number"),
+        ("1e999", "1e999, a number beyond a float's range"),
+    ],
+)
+@pytest.mark.parametrize("where", ["partition", "group", "url"])
+def test_faust_json_with_a_non_finite_number_is_undecodable(
+    number: str, reason: str, where: str
+) -> None:
+    """Faust never writes these, but Python's JSON reads them (OverflowError from ``int()``
+    escaped describe's "never raises" decoder before: a traceback, ``--watch`` ended)."""
+    url = number if where == "url" else '"http://w1:6066"'
+    body = {
+        "partition": f'{{"actives": {{"words": [{number}]}}, "standbys": {{}}}}',
+        "group": '{"actives": {"words": [1]}, "standbys": {}}',
+        "url": '{"actives": {}, "standbys": {}}',
+    }[where]
+    group = number if where == "group" else "0"
+    asg = f'{{"assignment": {body}, "topic_groups": {{"words": {group}}}}}'
+    raw = RawMember(
+        "w1",
+        metadata=meta(["words"], f'{{"url": {url}}}'.encode()),
+        assignment=encode_assignment([TopicPartition("words", 1)], zlib.compress(asg.encode())),
+    )
+    (m,) = describe_bytes("g", "Stable", "consumer", FAUST_OWN_PROTOCOL_NAME, [raw]).members
+    what = "subscription" if where == "url" else "assignment"
+    assert m.undecodable == f"{what}: JSON holds {reason}"
+
+
 def test_tables_fit_80_columns_and_name_undecodable_members() -> None:
     from rich.console import Console
 

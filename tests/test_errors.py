@@ -220,3 +220,5 @@ def test_process_options_raise_config_errors(tmp_path: Path) -> None:
         ProcessHost(topology, bootstrap_servers="localhost:9", state_dir=tmp_path, threads=0)
     with pytest.raises(errors.ConfigError, match="an application id is needed"):
         ProcessHost(topology, bootstrap_servers="localhost:9", state_dir=tmp_path)
+    with pytest.raises(errors.TopologyError, match=r"^topology x has no tasks"):
+        ProcessHost(Topology([], name="x"), bootstrap_servers="localhost:9", state_dir=tmp_path)

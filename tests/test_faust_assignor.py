@@ -370,6 +370,32 @@ def test_an_unreadable_state_file_is_no_crash(tmp_path: Path) -> None:
     assert info.process_id == pid and not info.previous_active
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"active": ["0_1"], "standby": [], "topics": {"0": {"clicks": 1e999}}}',
+        '{"active": ["0_1"], "standby": [], "topics": {"0": {"clicks": Infinity}}}',
+        "[" * 100_000 + "]" * 100_000,
+    ],
+)
+def test_a_state_file_with_a_non_finite_number_or_deep_nesting_is_ignored_as_unreadable(
+    tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The documented fallback line, not a traceback (OverflowError, RecursionError escaped
+    the state file's reader before and were logged as "cannot describe this worker's state")."""
+    first = make_app(tmp_path / "w0", 7000)
+    pid = reported(first.assignor).process_id
+    asyncio.run(first.on_before_shutdown.send())
+    state_file(first).write_text(content)
+    app = make_app(tmp_path / "w0", 7000)
+    with caplog.at_level(logging.WARNING, "streamassign"):
+        info = reported(app.assignor)
+    assert info.process_id == pid and not info.previous_active
+    (line,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.getMessage().startswith(f"ignoring unreadable {state_file(first)}: the JSON ")
+    assert line.exc_info is None
+
+
 def test_metadata_never_raises(
     workers: dict[str, PartitionAssignor], monkeypatch: pytest.MonkeyPatch
 ) -> None:

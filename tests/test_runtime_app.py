@@ -15,7 +15,7 @@ from aiokafka.errors import TopicAuthorizationFailedError
 
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import closing
-from streamassign.errors import CopartitioningError, OutputWriteError
+from streamassign.errors import CopartitioningError, OutputWriteError, TopologyError
 from streamassign.runtime import App, ProcessingError, RuntimeConfigError, internal_topics
 from streamassign.runtime import app as runtime_app
 from streamassign.runtime._clients import (
@@ -79,6 +79,46 @@ def test_topology_from_a_toml_file(tmp_path: Path) -> None:
     )
     assert app.topology.name == "orders-enricher"
     assert app.host.application_id == "orders-enricher"
+
+
+@pytest.mark.parametrize(
+    ("content", "error", "message"),
+    [
+        ("", TopologyError, "topology has no tasks (no subtopology)"),
+        ('name = "orders"\n', TopologyError, "topology orders has no tasks (no subtopology)"),
+        (
+            '[[subtopology]]\nid = 0\nsource_topics = ["a"]\n',
+            RuntimeConfigError,
+            "the topology has no name, and App runs it under its name (the application id: its "
+            'consumer group, the prefix of its internal topics); add name = "..." to the file',
+        ),
+    ],
+)
+def test_an_empty_or_half_written_topology_file_is_one_line_naming_it(
+    tmp_path: Path, content: str, error: type[Exception], message: str
+) -> None:
+    """A file truncated to nothing, or holding only a name (a config map mounted empty, a
+    template): refused when the App is built, not at start (aiokafka's "provide either topics
+    or pattern"), nor with a hint at an ``application_id=`` App does not take."""
+    path = tmp_path / "orders.toml"
+    path.write_text(content)
+    with pytest.raises(error) as refused:
+        App(path, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path / "state")
+    assert str(refused.value) == f"{path}: {message}"
+    assert not (tmp_path / "state").exists()  # refused before the state directory is opened
+
+
+def test_a_topology_object_without_tasks_or_name_is_refused_as_app_takes_it(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(TopologyError, match=r"^topology x has no tasks \(no subtopology\)$"):
+        App(Topology([], name="x"), {}, bootstrap_servers="x:1", state_dir=tmp_path)
+    unnamed = Topology([Subtopology(0, ["a"])])
+    with pytest.raises(
+        RuntimeConfigError, match=r"^the topology has no name.*Topology\(name="
+    ) as e:
+        App(unnamed, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    assert "application_id" not in str(e.value)
 
 
 def standby_app(tmp_path: Path) -> App:

@@ -190,10 +190,34 @@ def test_reserved_key_is_refused() -> None:
         state.put(COMMIT_KEY, b"x")
 
 
-@pytest.mark.parametrize("value", [b"garbage", b"[1]", b'{"applied": {"t": "x"}}', None])
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"garbage",
+        b"[1]",
+        b'{"applied": {"t": "x"}}',
+        None,
+        b'{"applied": {"t": Infinity}}',
+        b'{"applied": {"t": 1e999}}',
+        b'{"applied": {"t": -1e999}}',
+        b'{"applied": {"t": NaN}}',
+        b"[" * 100_000 + b"]" * 100_000,
+        b"\xff\xfe",
+    ],
+)
 def test_unreadable_marker_applies_nothing(value: bytes | None) -> None:
     assert decode_marker(value) == {}
     assert decode_marker(encode_marker({"t": 3})) == {"t": 3}
+
+
+def test_a_marker_with_a_non_finite_offset_still_closes_its_commit() -> None:
+    """A marker a foreign writer of the reserved key left with ``Infinity`` (or ``1e999``)
+    used to raise OverflowError from every restore of the task: a crash loop."""
+    state = StoreState.open("totals", CHANGELOG, MemoryStore())
+    state.restore(0, b"a", b"1")
+    state.restore(1, COMMIT_KEY, b'{"applied": {"in": 1e999}}')
+    assert dict(state.store.items()) == {b"a": b"1"} and state.position == 2
+    assert state.applied == {}
 
 
 def test_rocksdb_store_survives_reopen(tmp_path: Path) -> None:

@@ -208,8 +208,17 @@ def test_topology_survives_pickling_with_its_indexes() -> None:
     assert copy.subtopology_of("profiles") == 1
 
 
-def test_a_topology_may_be_empty() -> None:
+def test_a_topology_may_be_empty_but_has_no_tasks_to_run() -> None:
+    """Empty is a valid value (a document being built); what would run or plan it asks
+    ``check_has_tasks``, which names the file and the topology."""
     assert Topology([]).source_topics == frozenset()
+    with pytest.raises(TopologyError, match=r"^topology has no tasks \(no subtopology\)$"):
+        Topology([]).check_has_tasks()
+    with pytest.raises(TopologyError, match=r"^x\.toml: topology app has no tasks"):
+        Topology([], name="app").check_has_tasks("x.toml")
+    with pytest.raises(TopologyError, match=r"^x\.toml: topology x has no tasks"):
+        Topology([]).check_has_tasks("x.toml", name="x")
+    clickstream().check_has_tasks("x.toml")
 
 
 # -- hypothesis: normalisation ---------------------------------------------------------------------

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import zlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
@@ -48,6 +47,7 @@ from ..assignment import ClientAssignment, ClientState
 from ..consumer.userdata import AssignmentData, MemberData
 from ..errors import GroupDescribeError, ProtocolError, UserDataError
 from ..explain import STABLE, ClientView, ProcessMembers, local_state
+from ..files import loads_json
 from ..metrics import AssignmentMetrics, evaluate, violations
 from ..protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 from ..streams import (
@@ -274,8 +274,6 @@ def decode_member(protocol: str, raw: RawMember) -> MemberView:
             view = step(family, protocol, view, data)
         except KeyError as exc:
             return attrs.evolve(view, undecodable=f"{what}: no {exc} in the JSON")
-        except RecursionError:
-            return attrs.evolve(view, undecodable=f"{what}: JSON nested too deeply")
         except (ProtocolError, UserDataError, ValueError, TypeError, zlib.error) as exc:
             return attrs.evolve(view, undecodable=f"{what}: {exc}")
     return view
@@ -297,7 +295,7 @@ def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) 
             error=info.error_code.name,
         )
     if family == Family.FAUST:
-        url = _json_object(json.loads(data), "metadata")["url"]
+        url = _json_object(loads_json(data, ProtocolError, "JSON"), "metadata")["url"]
         if not isinstance(url, str):
             raise ProtocolError(f"url is {type(url).__name__}, not a string")
         return attrs.evolve(view, process=url, endpoint=url)
@@ -326,7 +324,7 @@ def _assignment(family: Family, protocol: str, view: MemberView, data: bytes) ->
             error=error,
         )
     if family == Family.FAUST:
-        meta = _json_object(json.loads(_inflate(data)), "assignment")
+        meta = _json_object(loads_json(_inflate(data), ProtocolError, "JSON"), "assignment")
         groups = _json_object(meta.get("topic_groups") or {}, "topic_groups")
         assignment = _json_object(meta["assignment"], "assignment")
         topic_groups = {str(t): int(g) for t, g in groups.items()}

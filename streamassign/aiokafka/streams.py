@@ -440,6 +440,7 @@ class ProcessHost:
     ) -> None:
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
+        topology.check_has_tasks()  # else start() would subscribe to no topic, and fail there
         self._set_leader_options(
             num_standby_replicas,
             high_availability,

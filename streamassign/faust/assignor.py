@@ -47,8 +47,8 @@ from yarl import URL
 from .. import TaskId
 from ..aiokafka.rejoin import Rejoiner
 from ..aiokafka.wire import encode_assignment
-from ..errors import ConfigError, ConfigTypeError, ErrorCode, StateDirectoryError
-from ..files import write_atomically
+from ..errors import ConfigError, ConfigTypeError, DamagedStateError, ErrorCode, StateDirectoryError
+from ..files import loads_json, write_atomically
 from ..localstate import StateDirectory
 from ..protocol import (
     LATEST_OFFSET,
@@ -703,7 +703,7 @@ def _read_state(file: Path) -> AssignmentInfo | None:
     """The assignment saved before a restart; ``None`` when missing or unreadable (any
     ``OSError``: a directory in its place, no permission — logged, never raised)."""
     try:
-        data = json.loads(file.read_text())
+        data = loads_json(file.read_text(), DamagedStateError, "the JSON")
         return AssignmentInfo(
             active=frozenset(TaskId.parse(t) for t in data["active"]),
             standby=frozenset(TaskId.parse(t) for t in data["standby"]),

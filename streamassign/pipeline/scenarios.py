@@ -356,6 +356,10 @@ class Workload:
         """Validate that ``counts`` group ``topology`` into at least one task (``plan`` checks
         its input with this too). Errors start with ``source`` (a file name) when given."""
         where = f"{source}: " if source else ""
+        try:
+            topology.check_has_tasks(source, name)
+        except TopologyError as exc:
+            raise PipelineError(str(exc)) from exc
         externals = sorted(topology.external_source_topics)
         missing = [t for t in externals if t not in counts]
         if missing:
@@ -375,15 +379,11 @@ class Workload:
         units.extend((t,) for t in externals if t not in grouped)
         workload = cls(topology, initial, tuple(sorted(units)), name or topology.name)
         try:
-            layout = workload.layout(dict(initial), 0)
+            workload.layout(dict(initial), 0)  # only whether the counts group
         except (StreamAssignError, ValueError) as exc:
             raise PipelineError(
                 f"{where}topology {workload.name or '?'} fails grouping: {exc}"
             ) from exc
-        if not layout.task_counts or not any(n for _, n in layout.task_counts):
-            raise PipelineError(
-                f"{where}topology {workload.name or '?'} has no tasks (no subtopology)"
-            )
         return workload
 
     @classmethod

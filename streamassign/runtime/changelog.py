@@ -36,7 +36,8 @@ from collections.abc import Iterator, Mapping
 import attrs
 
 from .. import TopicPartition
-from ..errors import ReservedKeyError, StoreKeyTypeError
+from ..errors import DamagedStateError, ReservedKeyError, StoreKeyTypeError
+from ..files import loads_json
 from .stores import KeyValueStore
 
 #: Key of commit markers; user keys may not use it.
@@ -50,9 +51,10 @@ def encode_marker(applied: Mapping[str, int]) -> bytes:
 
 
 def decode_marker(value: bytes | None) -> dict[str, int]:
-    """Applied offsets of a marker; an unreadable marker applies nothing (and still closes)."""
+    """Applied offsets of a marker; an unreadable marker applies nothing (and still closes):
+    a restore reads every marker, so one that raised would fail the task's every restore."""
     try:
-        data = json.loads(value or b"{}")
+        data = loads_json(value or b"{}", DamagedStateError, "commit marker")
         return {str(t): int(o) for t, o in data.get("applied", {}).items()}
     except (ValueError, TypeError, AttributeError):
         return {}

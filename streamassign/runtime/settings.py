@@ -1,5 +1,6 @@
 """The settings of a runtime application, checked once where they come in (``App`` only wires
-its parts from them). A bad value raises ``RuntimeConfigError`` with one line."""
+its parts from them). A bad value raises ``RuntimeConfigError`` with one line (a topology
+without a task or with invalid structure a ``TopologyError``)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,22 @@ MAX_STATE_CLEANUP_DELAY_MS = 2**63 - 1
 
 
 def _topology(value: Topology | str | os.PathLike[str]) -> Topology:
-    return value if isinstance(value, Topology) else Topology.load(Path(value))
+    """The topology ``App`` runs: one with a task (``TopologyError`` otherwise) and a name, its
+    application id (App has no other). Checked here, where a file's path is still known, so
+    that an empty or half-written file (a config map mounted empty) is one line naming it."""
+    if isinstance(value, Topology):
+        topology, source = value, ""
+    else:
+        topology, source = Topology.load(Path(value)), str(value)
+    topology.check_has_tasks(source)
+    if not topology.name:
+        where = f"{source}: " if source else ""
+        fix = 'add name = "..." to the file' if source else "build it with Topology(name=...)"
+        raise RuntimeConfigError(
+            f"{where}the topology has no name, and App runs it under its name (the application "
+            f"id: its consumer group, the prefix of its internal topics); {fix}"
+        )
+    return topology
 
 
 # (No module-level name ``_config`` here: attrs' generated ``__init__`` reads a global of

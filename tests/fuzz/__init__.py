@@ -10,6 +10,8 @@ in the normal suite.
 - ``test_files.py``: topology and clients TOML files (damaged bytes and damaged structure),
   and the sticky assignor on every clients file that loads.
 - ``test_local_state.py``: state directories holding random damaged trees.
+- ``test_json_decoders.py``: JSON from outside (``files.loads_json``, describe's Faust JSON,
+  commit markers, the Faust assignor's state file) holding any value, ``1e999``, ``NaN``.
 
 A new area gets its own module with its own seeds, reusing ``damage.py``. The number of
 examples comes from the hypothesis profile, capped at 400: 200 in ``dev``, 400 in ``ci``;
