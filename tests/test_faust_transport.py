@@ -580,7 +580,8 @@ def faust_revoke(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     steps: list[str] = []
 
     async def revoked(consumer: Any, revoked: set[TP]) -> None:
-        consumer.stop_flow()
+        if consumer.assignment():  # App._on_partitions_revoked: only a flow that has work
+            consumer.stop_flow()
         steps.append(consumer._flow_stop.step.waits_for)
 
     async def assigned(consumer: Any, assigned: set[TP], generation_id: int = 0) -> None:
@@ -592,14 +593,16 @@ def faust_revoke(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return steps
 
 
-async def rebalancing(tmp_path: Path, stall_after: float = 0.2) -> Any:
-    """A worker whose revoke stopped Faust's flow and returned (the join under way), on the
-    running loop: the flow watch running, with bounds of 0.3 s for the revoke and the join
-    (the rebalance timeout) and ``stall_after`` for a later step."""
+async def rebalancing(
+    tmp_path: Path, stall_after: float = 0.2, had: frozenset[TP] = frozenset({CHANGELOG, SOURCE})
+) -> Any:
+    """A worker whose revoke stopped Faust's flow (if it ``had`` partitions) and returned (the
+    join under way), on the running loop: the flow watch running, with bounds of 0.3 s for the
+    revoke and the join (the rebalance timeout) and ``stall_after`` for a later step."""
     app = table_app(tmp_path, broker_rebalance_timeout=0.3)
     consumer = app.consumer
     consumer.recovery_stall_after = stall_after
-    consumer.assignment = lambda: {CHANGELOG, SOURCE}
+    consumer.assignment = lambda: set(had)
     app.on_rebalance_start()  # Faust's revoke listener, before the revoke callbacks
     await consumer.on_partitions_revoked(set())
     return consumer
@@ -623,6 +626,23 @@ def test_a_rebalance_that_keeps_the_flow_stopped_is_reported_once(
     assert caplog.text.count(STUCK) == 1
     assert "s for the group's new assignment (JoinGroup/SyncGroup)" in caplog.text
     assert "Faust's flow resumed after" in caplog.text
+
+
+def test_a_first_join_that_never_ends_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, faust_revoke: list[str]
+) -> None:
+    """A worker starting (nothing assigned: Faust's revoke leaves the flow as it is) whose join
+    never completes processes nothing either: the same warning."""
+
+    async def stuck() -> None:
+        consumer = await rebalancing(tmp_path, had=frozenset())
+        assert consumer.flow_active
+        await wait_for_log(caplog, STUCK)
+        consumer.resume_flow()  # "Resuming streams with empty assignment"
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(stuck())
+    assert caplog.text.count(STUCK) == 1
 
 
 def test_a_healthy_worker_is_not_reported(

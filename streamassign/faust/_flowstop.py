@@ -54,12 +54,13 @@ RECOVERING = Step(
 
 @attrs.define
 class FlowStop:
-    """One episode of Faust's flow stopped during a rebalance, from Faust's ``stop_flow()`` to
-    its ``resume_flow()``: its steps, how long the current one may make no progress, how long
-    the flow may stay stopped through any number of steps, and whether it was reported (once
-    per episode). Times are the event loop's (``now``); ``since_wall`` dates the line."""
+    """One episode of Faust's flow stopped for a rebalance, from Faust's revoke (which stops
+    the flow, or finds nothing assigned to stop) to its next ``resume_flow()``: its steps, how
+    long the current one may make no progress, how long the flow may stay stopped through any
+    number of steps, and whether it was reported (once per episode). Times are the event
+    loop's (``now``); ``since_wall`` dates the line."""
 
-    #: When the flow stopped.
+    #: When the episode began (Faust's revoke).
     since: float
     #: The same moment on the wall clock (``time.time()``), for the line.
     since_wall: float
@@ -93,14 +94,14 @@ class FlowStop:
             return None
         self.told = True
         at = time.strftime("%H:%M:%S", time.localtime(self.since_wall))
-        head = f"worker stuck in a rebalance: Faust's flow stopped {stopped:.1f} s ago (at {at})"
+        head = f"worker stuck in a rebalance since {at} ({stopped:.1f} s, Faust's flow stopped)"
         if waited >= self.step_bound:
             return (
-                f"{head} and has waited {waited:.1f} s for {self.step.waits_for}; look at "
+                f"{head}: it has waited {waited:.1f} s for {self.step.waits_for}; look at "
                 f"{self.step.look_at}; restart this worker if it does not move"
             )
         return (
-            f"{head}, through {self.rebalances} rebalances (now waiting for "
+            f"{head}: {self.rebalances} rebalances and the flow never resumed (now waiting for "
             f"{self.step.waits_for}); the group may be rebalancing without end: look at "
             f"{JOINING.look_at}"
         )

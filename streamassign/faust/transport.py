@@ -25,9 +25,9 @@ waits for ever for its changelog records) or for partitions Faust took out of it
 while the fetch waited (``_ConsumerThread._fetch_records``). Three watchdogs say what a
 rebalance would leave stuck in silence: held partitions never released; a table recovery that
 applies nothing for ``recovery_stall_after`` seconds (one WARNING per stall, with the
-partitions behind and their offsets); and a rebalance that keeps the flow stopped (a join,
-Faust callback or recovery set-up that never ends, or rebalance after rebalance: one WARNING
-per episode, ``_flowstop``). Everything else is Faust's aiokafka transport unchanged.
+partitions behind and their offsets); and a rebalance that keeps the flow stopped (a revoke,
+join, Faust callback or recovery set-up that never ends, or rebalance after rebalance: one
+WARNING per episode, ``_flowstop``). Everything else is Faust's aiokafka transport unchanged.
 """
 
 from __future__ import annotations
@@ -224,18 +224,15 @@ class _Consumer(faust_aiokafka.Consumer):
             self._hold_watch.stop()
         super().pause_partitions(tps)
 
-    def stop_flow(self) -> None:
-        """Faust's, and during a rebalance (Faust's revoke) the start of a stopped-flow
-        episode, which the flow watch follows until ``resume_flow()``."""
-        super().stop_flow()
-        if self.app.rebalancing and self._flow_stop is None:
-            self._begin_flow_stop()
-
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
-        """Faust's (which stops the flow: the episode's start); the flow watch learns the
-        rebalance's steps: Faust's revoke callbacks, then the group's join. A revoke while the
-        flow is still stopped is another rebalance."""
-        if self._flow_stop is not None:
+        """Faust's (which stops the flow, if anything was assigned); the start of an episode
+        the flow watch follows until Faust's next ``resume_flow()``, which ends every
+        rebalance, also one that assigns nothing. The watch learns the rebalance's steps:
+        Faust's revoke callbacks, then the group's join. A revoke before the flow resumed is
+        another rebalance."""
+        if self._flow_stop is None:
+            self._begin_flow_stop()
+        else:
             self._enter_flow_step(REVOKING, new_rebalance=True)
         await super().on_partitions_revoked(revoked)
         self._enter_flow_step(JOINING)
@@ -292,10 +289,9 @@ class _Consumer(faust_aiokafka.Consumer):
         return joining, self.recovery_stall_after + float(conf.stream_recovery_delay)
 
     def _begin_flow_stop(self) -> None:
-        try:
-            now = asyncio.get_running_loop().time()
-        except RuntimeError:  # not on an event loop (no running app): nothing to watch
+        if not self.app.rebalancing:  # Faust's revoke listener sets it first; else no rebalance
             return
+        now = asyncio.get_running_loop().time()
         joining, later = self._flow_step_bounds()
         progress = self._rebalance_progress()
         self._flow_stop = FlowStop(now, time.time(), joining + later, progress=progress)
@@ -334,7 +330,7 @@ class _Consumer(faust_aiokafka.Consumer):
         rebalance after rebalance (``_flowstop.FlowStop``). Stream partitions held meanwhile
         mean Faust's recovery got to its last step: the hold watch's to report."""
         stop = self._flow_stop
-        if stop is None or self.flow_active or not self.app.rebalancing or self.should_stop:
+        if stop is None or not self.app.rebalancing or self.should_stop:
             self._flow_stop = None  # the episode ended without resume_flow() (a stopping app)
             return False
         if self._held_streams:
