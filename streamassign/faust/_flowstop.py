@@ -94,7 +94,7 @@ class FlowStop:
             return None
         self.told = True
         at = time.strftime("%H:%M:%S", time.localtime(self.since_wall))
-        head = f"worker stuck in a rebalance since {at} ({stopped:.1f} s, Faust's flow stopped)"
+        head = f"worker stuck in a rebalance since {at} ({stopped:.1f} s, processing nothing)"
         if waited >= self.step_bound:
             return (
                 f"{head}: it has waited {waited:.1f} s for {self.step.waits_for}; look at "
