@@ -19,6 +19,7 @@ from aiokafka.consumer.fetcher import Fetcher, FetchResult  # noqa: E402
 from aiokafka.consumer.subscription_state import SubscriptionState  # noqa: E402
 from faust.types import TP  # noqa: E402
 
+from streamassign.faust._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING  # noqa: E402
 from streamassign.faust.transport import SWITCH_ENV, _Ticker  # noqa: E402
 
 SOURCE = TP("orders", 0)
@@ -567,3 +568,141 @@ def test_faust_s_protocol_is_offered_only_while_switching(
             await consumer.stop()
 
     assert asyncio.run(strategy()) == (offered or ["streamassign-faust", "faust"])
+
+
+STUCK = "worker stuck in a rebalance"
+
+
+@pytest.fixture
+def faust_revoke(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Faust's revoke and assignment chains as far as the flow goes (the revoke stops it, as
+    ``App._on_partitions_revoked`` does); returns what the flow watch waited for during each."""
+    steps: list[str] = []
+
+    async def revoked(consumer: Any, revoked: set[TP]) -> None:
+        if consumer.assignment():  # App._on_partitions_revoked: only a flow that has work
+            consumer.stop_flow()
+        steps.append(consumer._flow_stop.step.waits_for)
+
+    async def assigned(consumer: Any, assigned: set[TP], generation_id: int = 0) -> None:
+        steps.append(consumer._flow_stop.step.waits_for)
+
+    base = faust.transport.drivers.aiokafka.Consumer
+    monkeypatch.setattr(base, "on_partitions_revoked", revoked)
+    monkeypatch.setattr(base, "on_partitions_assigned", assigned)
+    return steps
+
+
+async def rebalancing(
+    tmp_path: Path, stall_after: float = 0.2, had: frozenset[TP] = frozenset({CHANGELOG, SOURCE})
+) -> Any:
+    """A worker whose revoke stopped Faust's flow (if it ``had`` partitions) and returned (the
+    join under way), on the running loop: the flow watch running, with bounds of 0.3 s for the
+    revoke and the join (the rebalance timeout) and ``stall_after`` for a later step."""
+    app = table_app(tmp_path, broker_rebalance_timeout=0.3)
+    consumer = app.consumer
+    consumer.recovery_stall_after = stall_after
+    consumer.assignment = lambda: set(had)
+    app.on_rebalance_start()  # Faust's revoke listener, before the revoke callbacks
+    await consumer.on_partitions_revoked(set())
+    return consumer
+
+
+def test_a_rebalance_that_keeps_the_flow_stopped_is_reported_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, faust_revoke: list[str]
+) -> None:
+    """A join that never completes (a rebalance that never ends): Faust never resumes the flow
+    and logs nothing. One WARNING for the episode, naming the step; one INFO when it ends."""
+
+    async def stuck_then_resumed() -> None:
+        consumer = await rebalancing(tmp_path)
+        await wait_for_log(caplog, STUCK)
+        await asyncio.sleep(0.6)  # more than two bounds: no more warnings
+        consumer.resume_flow()
+        assert not consumer._flow_watch.running
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(stuck_then_resumed())
+    assert caplog.text.count(STUCK) == 1
+    assert "s for the group's new assignment (JoinGroup/SyncGroup)" in caplog.text
+    assert "Faust's flow resumed after" in caplog.text
+
+
+def test_a_first_join_that_never_ends_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, faust_revoke: list[str]
+) -> None:
+    """A worker starting (nothing assigned: Faust's revoke leaves the flow as it is) whose join
+    never completes processes nothing either: the same warning."""
+
+    async def stuck() -> None:
+        consumer = await rebalancing(tmp_path, had=frozenset())
+        assert consumer.flow_active
+        await wait_for_log(caplog, STUCK)
+        consumer.resume_flow()  # "Resuming streams with empty assignment"
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(stuck())
+    assert caplog.text.count(STUCK) == 1
+
+
+def test_a_healthy_worker_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, faust_revoke: list[str]
+) -> None:
+    """A rebalance that resumes the flow within its bounds, the steady state after it, and a
+    stopping app (Faust stops the flow outside a rebalance): no watch, no line."""
+
+    async def healthy() -> None:
+        consumer = await rebalancing(tmp_path, stall_after=1.0)  # bounds: join 1 s, flow 2 s
+        assert consumer._flow_watch.running
+        await asyncio.sleep(0.1)
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 5)
+        consumer.resume_flow()
+        consumer.app.on_rebalance_end()
+        assert not consumer._flow_watch.running
+        await asyncio.sleep(2.5)  # more than the episode bound
+        consumer.stop_flow()  # App._stop_consumer
+        assert not consumer._flow_watch.running
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(healthy())
+    assert STUCK not in caplog.text and "flow resumed" not in caplog.text
+
+
+def test_streams_held_at_the_last_step_are_left_to_the_hold_watch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, faust_revoke: list[str]
+) -> None:
+    """Faust's recovery resumed the stream partitions and seeks them (up to
+    broker_request_timeout) before it resumes the flow: the hold watch reports that step."""
+
+    async def seeking() -> None:
+        consumer = await rebalancing(tmp_path)
+        consumer.resume_partitions({SOURCE})  # held until resume_flow()
+        await asyncio.sleep(0.7)  # more than the episode bound (0.5 s)
+        assert consumer._flow_watch.running
+        consumer.resume_flow()
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(seeking())
+    assert STUCK not in caplog.text
+
+
+def test_the_flow_watch_follows_the_rebalance_s_steps(
+    tmp_path: Path, faust_revoke: list[str]
+) -> None:
+    """Faust's revoke callbacks, the join, Faust's ``on_partitions_assigned`` (its callbacks),
+    its recovery setting up; a revoke before the flow resumed is another rebalance."""
+
+    async def rebalance_twice() -> Any:
+        consumer = await rebalancing(tmp_path, stall_after=30.0)
+        faust_revoke.append(consumer._flow_stop.step.waits_for)
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 5)
+        faust_revoke.append(consumer._flow_stop.step.waits_for)
+        await consumer.on_partitions_revoked({CHANGELOG, SOURCE})
+        faust_revoke.append(consumer._flow_stop.step.waits_for)
+        return consumer._flow_stop
+
+    stop = asyncio.run(rebalance_twice())
+    assert faust_revoke == [
+        step.waits_for for step in (REVOKING, JOINING, ASSIGNING, RECOVERING, REVOKING, JOINING)
+    ]
+    assert stop.rebalances == 2

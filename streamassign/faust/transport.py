@@ -22,11 +22,12 @@ Faust calls right after resuming flow control), so nothing is fetched for it bef
 are emptied; outside a rebalance a resume takes effect at once. Its consumer thread puts back
 records aiokafka hands out that Faust would drop: across a rebalance (a table recovery then
 waits for ever for its changelog records) or for partitions Faust took out of its active set
-while the fetch waited (``_ConsumerThread._fetch_records``). Two watchdogs
-say what Faust's recovery would leave stuck in silence: held partitions never released, and a
-table recovery that applies nothing for ``recovery_stall_after`` seconds (one WARNING per
-stall, with the partitions behind and their offsets). Everything else is Faust's aiokafka
-transport unchanged.
+while the fetch waited (``_ConsumerThread._fetch_records``). Three watchdogs say what a
+rebalance would leave stuck in silence: held partitions never released; a table recovery that
+applies nothing for ``recovery_stall_after`` seconds (one WARNING per stall, with the
+partitions behind and their offsets); and a rebalance that keeps the flow stopped (a revoke,
+join, Faust callback or recovery set-up that never ends, or rebalance after rebalance: one
+WARNING per episode, ``_flowstop``). Everything else is Faust's aiokafka transport unchanged.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -42,6 +44,7 @@ from faust.types import TP
 
 from ..aiokafka.rejoin import current_assignment, fetch_states, rewind
 from ..repeats import Repeats
+from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
 
 __all__ = ["SWITCH_ENV", "Transport"]
 
@@ -188,6 +191,9 @@ class _Consumer(faust_aiokafka.Consumer):
         self._recovery_seen: tuple[dict[TP, int | None], float] | None = None
         #: Whether the current stall was reported (once per stall).
         self._recovery_stall_told = False
+        #: Warns when a rebalance keeps the flow stopped (the current episode, if any).
+        self._flow_watch = _Ticker(self._on_flow_watch)
+        self._flow_stop: FlowStop | None = None
 
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -218,8 +224,29 @@ class _Consumer(faust_aiokafka.Consumer):
             self._hold_watch.stop()
         super().pause_partitions(tps)
 
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        """Faust's (which stops the flow, if anything was assigned); the start of an episode
+        the flow watch follows until Faust's next ``resume_flow()``, which ends every
+        rebalance, also one that assigns nothing. The watch learns the rebalance's steps:
+        Faust's revoke callbacks, then the group's join. A revoke before the flow resumed is
+        another rebalance."""
+        if self._flow_stop is None:
+            self._begin_flow_stop()
+        else:
+            self._enter_flow_step(REVOKING, new_rebalance=True)
+        await super().on_partitions_revoked(revoked)
+        self._enter_flow_step(JOINING)
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        """Faust's; the flow watch learns the rebalance's next steps: Faust's assignment
+        callbacks, then its table recovery setting up (which resumes the flow)."""
+        self._enter_flow_step(ASSIGNING)
+        await super().on_partitions_assigned(assigned, generation_id)
+        self._enter_flow_step(RECOVERING)
+
     def resume_flow(self) -> None:
         super().resume_flow()
+        self._end_flow_stop()
         held, self._held_streams = self._held_streams, set()
         self._hold_watch.stop()
         if held:  # only what is still assigned: a rebalance may have taken some away
@@ -252,6 +279,67 @@ class _Consumer(faust_aiokafka.Consumer):
         )
         return True
 
+    def _flow_step_bounds(self) -> tuple[float, float]:
+        """How long the revoke or the join, and each later step of a rebalance, may make no
+        progress. The broker holds a JoinGroup up to the rebalance timeout for a member slow
+        to rejoin (its revoke waiting for its agents, say: a normal rebalance); Faust's
+        recovery sleeps ``stream_recovery_delay`` first."""
+        conf = self.app.conf
+        joining = max(self.recovery_stall_after, float(conf.broker_rebalance_timeout))
+        return joining, self.recovery_stall_after + float(conf.stream_recovery_delay)
+
+    def _begin_flow_stop(self) -> None:
+        if not self.app.rebalancing:  # Faust's revoke listener sets it first; else no rebalance
+            return
+        now = asyncio.get_running_loop().time()
+        joining, later = self._flow_step_bounds()
+        progress = self._rebalance_progress()
+        self._flow_stop = FlowStop(now, time.time(), joining + later, progress=progress)
+        self._flow_stop.enter(REVOKING, now, joining)
+        self._flow_watch.start(self.recovery_stall_after / 4)
+
+    def _enter_flow_step(self, step: Step, *, new_rebalance: bool = False) -> None:
+        if self._flow_stop is None:
+            return
+        joining, later = self._flow_step_bounds()
+        bound = joining if step in (REVOKING, JOINING) else later
+        now = asyncio.get_running_loop().time()
+        self._flow_stop.enter(step, now, bound, new_rebalance=new_rebalance)
+
+    def _end_flow_stop(self) -> None:
+        stop, self._flow_stop = self._flow_stop, None
+        self._flow_watch.stop()
+        if stop is not None and stop.told:
+            stopped = asyncio.get_running_loop().time() - stop.since
+            log.info("Faust's flow resumed after %.1f s: the rebalance ended", stopped)
+
+    def _rebalance_progress(self) -> tuple[Any, ...]:
+        """What the flow watch compares between looks: Faust's rebalance count and generation
+        (public ``AppT`` attributes) and whether its recovery started (``Recovery.in_recovery``;
+        None for a Faust without them: then only the steps count)."""
+        recovery: Any = getattr(self.app.tables, "recovery", None)
+        return (
+            getattr(self.app, "rebalancing_count", None),
+            getattr(self.app, "consumer_generation_id", None),
+            getattr(recovery, "in_recovery", None),
+        )
+
+    def _on_flow_watch(self) -> bool:
+        """Has the rebalance that stopped the flow moved on since the last look? One WARNING
+        per episode if it has not for its step's bound, or if the flow stays stopped through
+        rebalance after rebalance (``_flowstop.FlowStop``). Stream partitions held meanwhile
+        mean Faust's recovery got to its last step: the hold watch's to report."""
+        stop = self._flow_stop
+        if stop is None or not self.app.rebalancing or self.should_stop:
+            self._flow_stop = None  # the episode ended without resume_flow() (a stopping app)
+            return False
+        if self._held_streams:
+            return True
+        line = stop.look(asyncio.get_running_loop().time(), self._rebalance_progress())
+        if line is not None:
+            log.warning(line)
+        return True
+
     def _watch_recovery(self) -> None:
         if not self._recovery_watch.running:
             self._recovery_seen, self._recovery_stall_told = None, False
@@ -265,7 +353,8 @@ class _Consumer(faust_aiokafka.Consumer):
         received for active tp``, every 5 s, without positions (docs/faust.md, "Topics that do
         not exist yet"). While the flow is stopped (a rebalance interrupted the recovery, or
         the next one is setting up) nothing can be applied: the clock restarts instead, and a
-        recovery that never resumes the flow is the hold watch's to report."""
+        rebalance that never resumes the flow is the flow watch's to report (the hold watch's
+        once stream partitions are held)."""
         recovery: Any = getattr(self.app.tables, "recovery", None)  # Faust's Recovery service
         if recovery is None or not recovery.in_recovery:
             self._recovery_seen = None
