@@ -544,11 +544,11 @@ class ProcessHost:
         return self._known[consumer]
 
     def restored_active(self, consumer: int) -> frozenset[TaskId]:
-        """What ``consumer`` ran before this process restarted and the process does not run
-        again yet, until every consumer of the process has had an assignment: a rebalance that
+        """What ``consumer`` ran before this process restarted and the process has not run
+        since, until every consumer of the process has had an assignment: a rebalance that
         saw only some of them gave the process a smaller share, and the tasks it could not take
-        back then stay claimed for the next. A task handed back is no longer claimed (see
-        ``_settle_claims``)."""
+        back then stay claimed for the next. A task handed back is no longer claimed, even
+        once it leaves the process again (see ``_settle_claims``)."""
         return self._restored.get(consumer, frozenset())
 
     def offset_sums(self) -> dict[TaskId, int]:
@@ -707,6 +707,8 @@ class ProcessHost:
         joined = bool(self._restored) and len(self._joined) == self.threads
         if joined:
             self._restored.clear()
+        # A settled claim is saved too: a crash must not bring it back (the task it names
+        # usually came with this consumer's new actives, saved anyway, but may be a sibling's).
         if (before.active != now.active or joined or settled) and not self._stopping:
             await self._save_assignment()
         standby_before, standby_now = before.standby | before.warmup, now.standby | now.warmup
@@ -730,10 +732,9 @@ class ProcessHost:
         take it back a round later, a bounce. Claims on tasks not handed back yet (the
         process's share was smaller while some consumers had not joined) stay."""
         running = self.running
-        claims = {i: c - running for i, c in self._restored.items() if c - running}
-        if claims == self._restored:
+        if not any(claimed & running for claimed in self._restored.values()):
             return False
-        self._restored = claims
+        self._restored = {i: c - running for i, c in self._restored.items() if c - running}
         return True
 
     async def _save_assignment(self) -> None:
