@@ -26,7 +26,9 @@ an I/O error: ``is_damage`` tells the two apart) is not damaged: it is kept wher
 as not there for that one read, and is logged once per cause; a ``process.id`` that cannot be
 read stops the open (``StateDirectoryError``) rather than give the process a new identity.
 Standard library only (and the core's ``Repeats``); the runtime writes checkpoints, the
-protocol reads the sums.
+protocol reads the sums. The process passes what its topology's tasks hold (each subtopology's
+changelogs): state another topology version left (a store removed, a subtopology removed or
+renumbered by an upgrade) is then neither summed nor claimed, and stays on disk untouched.
 
 The state of a task the process no longer holds is deleted in two steps (Kafka Streams'
 ``state.cleanup.delay.ms``; the owner of the stores decides which tasks and when):
