@@ -149,3 +149,24 @@ def test_claims_are_kept_for_a_topology_that_has_their_tasks(tmp_path: Path) -> 
         "0": ["0_0", "1_0"],
         "1": ["0_1", "1_1"],
     }
+
+
+def test_a_host_with_its_own_application_id_counts_changelogs_named_either_way(
+    tmp_path: Path,
+) -> None:
+    """A host may run a topology under another ``application_id`` (or an unnamed one): the
+    changelogs of its stores under either prefix are its own."""
+    state = StateDirectory(tmp_path)
+    state.write_checkpoint(T00, {TopicPartition(changelog_topic_name("ops", "cb"), 0): 5})
+    state.write_checkpoint(T01, {TopicPartition(CB, 1): 7})  # under V3's name, "upg"
+    state.close()
+    named = ProcessHost(
+        V3, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, application_id="ops"
+    )
+    assert named.offset_sums() == {T00: 5, T01: 7}
+    named.state.close()
+    unnamed = Topology([Subtopology(0, ["b"], stores=["cb"])])
+    host = ProcessHost(
+        unnamed, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, application_id="ops"
+    )
+    assert host.offset_sums() == {T00: 5}
