@@ -203,16 +203,16 @@ class StoreState:
         return encode_marker({**self.applied, **self.pending_applied})
 
     def committed(self, marker_offset: int) -> None:
-        """The marker at ``marker_offset`` is acknowledged: write the pending state locally."""
+        """The marker at ``marker_offset`` is acknowledged: write the pending state locally.
+        The position moves only once the store took the write: a failed one (a full disk)
+        leaves it where the store is, so no checkpoint (written from it) claims more."""
+        applied = {**self.applied, **self.pending_applied}
+        self.store.write(self.pending, _meta(marker_offset + 1, applied))
         self.applied.update(self.pending_applied)
         self.position = self.end = marker_offset + 1
         self.overwritten = None
-        self.store.write(self.pending, self._meta())
         self.pending.clear()
         self.pending_applied.clear()
-
-    def _meta(self) -> dict[str, bytes]:
-        return {_POSITION: str(self.position).encode(), _APPLIED: encode_marker(self.applied)}
 
     # -- the restore side ----------------------------------------------------------------------
 
@@ -223,12 +223,14 @@ class StoreState:
             writes: dict[bytes, bytes | None] = dict(self.unclosed)
             # The last marker's offsets replace the earlier ones (not the max): a zombie's late
             # marker may run ahead of the owner's, and the owner's later marker must win.
+            applied = dict(self.applied)
             try:
-                self.applied.update(read_marker(value))
+                applied.update(read_marker(value))
             except DamagedStateError as exc:
                 self._unreadable_marker(offset, exc)
+            self.store.write(writes, _meta(offset + 1, applied))  # then the position (above)
+            self.applied.update(applied)
             self.position = offset + 1
-            self.store.write(writes, self._meta())
             self.unclosed.clear()
         elif key is not None:
             self.unclosed.append((key, value))
@@ -265,3 +267,8 @@ class StoreState:
         for key in orphans:
             self.pending[key] = self.store.get(key)
         return orphans
+
+
+def _meta(position: int, applied: Mapping[str, int]) -> dict[str, bytes]:
+    """A store's metadata: the changelog position it reached and the input offsets applied."""
+    return {_POSITION: str(position).encode(), _APPLIED: encode_marker(applied)}
