@@ -1,0 +1,94 @@
+"""aiokafka's lines repeated while a broker is away are held back, counted (``floods``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+from aiokafka.errors import KafkaConnectionError
+
+from streamassign import Subtopology, Topology
+from streamassign.aiokafka.floods import AIOKAFKA_LOGGER, BrokerAwayLines
+from streamassign.runtime import App
+from streamassign.runtime import app as app_module
+
+from .test_runtime_processing import Adder
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_repeated_line_is_logged_once_per_node_per_window_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A producer's metadata loop with the broker refusing: 2,000 lines in 1 s were logged
+    (aiokafka's ``_sender_routine``); now 1 per node per window, the next one counting."""
+    clock = Clock()
+    lines = BrokerAwayLines(window=30.0, clock=clock)
+    aiokafka = logging.getLogger(AIOKAFKA_LOGGER)
+    aiokafka.addFilter(lines)
+    try:
+        with caplog.at_level(logging.WARNING, AIOKAFKA_LOGGER):
+            for i in range(1000):
+                clock.now = i / 1000
+                aiokafka.error("Unable connect to node with id %s: %s", 1, "[Errno 111] refused")
+                aiokafka.error("Unable to update metadata from %s", [1])
+            aiokafka.error("Unable connect to node with id %s: %s", 2, "[Errno 111] refused")
+            aiokafka.error("Topic %s not found", "events")  # not one of them: passes
+            aiokafka.error("Topic %s not found", "events")
+            clock.now = 31.0
+            aiokafka.error("Unable connect to node with id %s: %s", 1, "[Errno 111] refused")
+    finally:
+        aiokafka.removeFilter(lines)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "Unable connect to node with id 1: [Errno 111] refused",
+        "Unable to update metadata from [1]",
+        "Unable connect to node with id 2: [Errno 111] refused",
+        "Topic events not found",
+        "Topic events not found",
+        "Unable connect to node with id 1: [Errno 111] refused "
+        "(999 similar lines suppressed in the last 30 s)",
+    ]
+    assert lines.suppressed == 1998
+    assert lines.summary() == (
+        "aiokafka: 999 similar lines suppressed (failed connections and metadata updates, "
+        "logged once per node per 30 s; broker unreachable?)"
+    )
+    assert lines.summary() is None
+
+
+def test_an_app_holds_the_lines_back_from_start_to_stop_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attached by ``start()`` and removed by ``stop()`` (here: ``run()`` after a failed
+    start, the broker away) with one line counting what it held back; no filter is left."""
+    topology = Topology([Subtopology(0, ["events"], stores=[])], name="app")
+    app = App(topology, {0: Adder}, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    aiokafka = logging.getLogger(AIOKAFKA_LOGGER)
+    before = list(aiokafka.filters)
+
+    async def broker_away(*args: object, **kwargs: object) -> None:
+        for _ in range(500):
+            aiokafka.error("Unable to update metadata from %s", [1])
+        raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
+
+    monkeypatch.setattr(app_module, "ensure_internal_topics", broker_away)
+    with caplog.at_level(logging.WARNING), pytest.raises(KafkaConnectionError):
+        asyncio.run(app.run())
+    said = [r.getMessage() for r in caplog.records]
+    assert aiokafka.filters == before
+    assert [m for m in said if m.startswith("Unable to update metadata")] == [
+        "Unable to update metadata from [1]"
+    ]
+    assert (
+        "aiokafka: 499 similar lines suppressed (failed connections and metadata updates, "
+        "logged once per node per 30 s; broker unreachable?)" in said
+    )
