@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,18 @@ from streamassign.runtime import App
 from streamassign.runtime import app as app_module
 
 from .test_runtime_processing import Adder
+
+
+@pytest.fixture(autouse=True)
+def no_other_filter() -> Iterator[None]:
+    """Other tests start ``App``s they never stop, whose filters stay on the logger."""
+    aiokafka = logging.getLogger(AIOKAFKA_LOGGER)
+    left = [f for f in aiokafka.filters if isinstance(f, BrokerAwayLines)]
+    for found in left:
+        aiokafka.removeFilter(found)
+    yield
+    for found in left:
+        aiokafka.addFilter(found)
 
 
 class Clock:
