@@ -1274,15 +1274,27 @@ def _member_labels(member_ids: Iterable[str]) -> dict[str, str]:
 def _process_labels(pids: Iterable[str]) -> dict[str, str]:
     """Process ids as the tables show them, none folded at 80 columns, none ambiguous: a UUID
     by its shortest unique prefix of at least 8 digits, a member id (consumer groups) by its
-    unique tail, a Faust URL by its host's unique prefix and its port (``_url_labels``; whole
-    where a label of another kind reads alike). ``describe --json`` has the full ids."""
+    unique tail, a Faust URL by its host's unique prefix and its port (``_url_labels``); any
+    that reads as another's label whole. ``describe --json`` has the full ids."""
     pids = set(pids)
     labels = _unique_prefixes((p for p in pids if _is_uuid(p)), 8)
     labels |= _member_labels(p for p in pids if not _is_uuid(p) and "://" not in p)
-    urls = _url_labels(p for p in pids if "://" in p)
-    taken = Counter([*labels.values(), *urls.values()])
-    labels |= {pid: pid.rstrip("/") if taken[short] > 1 else short for pid, short in urls.items()}
+    labels |= _url_labels(p for p in pids if "://" in p)
+    # Each kind's labels are unique among that kind only: a plan's plain id "3f2a9c1e" and a
+    # UUID starting with it read alike. Whole until none does (whole ids differ: it ends).
+    while clashing := _clashing_labels(labels):
+        labels |= {pid: _whole_id(pid) for pid in clashing}
     return labels
+
+
+def _whole_id(pid: str) -> str:
+    return pid.rstrip("/") if "://" in pid else pid
+
+
+def _clashing_labels(labels: Mapping[str, str]) -> set[str]:
+    """The ids, not yet shown whole, whose label another id's reads alike."""
+    shared = Counter(labels.values())
+    return {pid for pid, label in labels.items() if shared[label] > 1 and label != _whole_id(pid)}
 
 
 def _client_at_host(member: Any) -> str:
