@@ -144,8 +144,8 @@ def _naming_the_whole_path(function: Any, path: str, excinfo: Any) -> None:
     """``rmtree``'s error, naming the file it could not delete by its whole path (its own
     names it relative to its folder: ``'keep'``, which tells a reader nothing)."""
     error = excinfo[1]
-    if isinstance(error, OSError) and error.filename != path and error.strerror:
-        raise OSError(error.errno, error.strerror, path) from error
+    if isinstance(error, OSError) and error.filename is not None:
+        error.filename = path  # what str(error) names
     raise error
 
 
