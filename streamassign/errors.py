@@ -215,8 +215,8 @@ class DamagedRunError(PipelineError):
 class PublishError(StreamAssignError, OSError):
     """A complete run or report that could not be moved into place (a rename that failed).
     The new one's staging folder is deleted; ``where`` says where the one it was to replace is
-    now: in place, or aside under a ``.replaced-`` name with what to do (its put-back failed
-    too, or an object store's rename left part of the new one in its place)."""
+    now, as the folders show it: in place, or aside under a ``.replaced-`` name, or split
+    between the two (an object store's rename failed partway), with what to do."""
 
     def __init__(self, message: str, where: str) -> None:
         super().__init__(f"{message}; {where}")
