@@ -180,13 +180,19 @@ class StateDirectory:
         return aside
 
     def _directory(self, path: Path) -> Path:
-        """``path`` as a directory, creating it; anything else in its place is set aside."""
+        """``path`` as a directory, creating it; anything else in its place (a file, a link
+        to nothing or a loop of links) is set aside."""
         try:
             path.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:  # a file (or a dangling link) where the directory belongs
-            self._set_aside(path, "not a directory")
+        except FileExistsError:
+            self._set_aside(path, not_a_directory(path))
             path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def task_directory(self, task: TaskId) -> Path:
+        """``task``'s directory, created (before its stores open in it); anything else in its
+        place is set aside, so the stores open empty and restore from their changelogs."""
+        return self._directory(self.task_dir(task))
 
     def _unreadable_now(self, reader: str, failures: Mapping[Path, OSError], outcome: str) -> None:
         """Log what ``reader`` could not read now (``failures``, not damage: nothing is moved)
@@ -302,8 +308,11 @@ class StateDirectory:
         except FileNotFoundError:
             return {}
         except DamagedStateError as exc:
-            if isinstance(exc.__cause__, NotADirectoryError):  # a file named like the task
-                self._set_aside(directory, "not a directory")
+            # Something else where the task's directory belongs (a file, a loop of links:
+            # ENOTDIR, ELOOP) is set aside, not the checkpoint path inside it (no rename
+            # through it can work).
+            if isinstance(exc.__cause__, OSError) and not directory.is_dir():
+                self._set_aside(directory, not_a_directory(directory))
             else:
                 self._set_aside(file, exc)
             return {}
@@ -544,6 +553,15 @@ def _unusable(path: Path, exc: OSError) -> StateDirectoryError:
         f"state directory {path} cannot be used: {reason or exc.strerror or exc}"
         + (f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else "")
     )
+
+
+def not_a_directory(path: Path) -> str:
+    """Why ``path``, where a directory belongs, is none: for logs (a link says where it leads,
+    e.g. to a disk that is not mounted)."""
+    try:
+        return f"a link to {os.readlink(path)}, which leads to no directory"
+    except OSError:  # not a link
+        return "not a directory"
 
 
 def _is_removed(name: str) -> bool:

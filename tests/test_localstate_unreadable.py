@@ -187,6 +187,24 @@ def test_a_loop_of_links_where_tasks_belongs_is_damage(tmp_path: Path) -> None:
     assert (tmp_path / "tasks").is_dir() and len(list(tmp_path.glob("tasks.damaged-*"))) == 1
 
 
+def test_a_loop_of_links_where_a_task_directory_belongs_is_set_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The checkpoint path inside the loop cannot be renamed (it was tried, and logged as
+    stuck); the loop itself is set aside, once, naming where it leads."""
+    state = two_tasks(tmp_path)
+    directory = state.task_dir(ONE)
+    directory.rename(tmp_path / "elsewhere")
+    directory.symlink_to(directory)
+    with caplog.at_level(logging.WARNING, "streamassign.localstate"):
+        assert state.offset_sums() == {TWO: 200}
+        assert state.offset_sums() == {TWO: 200}
+    [line] = errors(caplog)
+    assert f"{directory} (a link to {directory}, which leads to no directory)" in line
+    [aside] = tmp_path.glob("tasks/0_1.damaged-*")
+    assert aside.is_symlink() and not directory.is_symlink()
+
+
 @pytest.mark.parametrize(
     ("error", "damaged"),
     [

@@ -23,6 +23,7 @@ from ..errors import (
     StoreIOError,
     StoreNotOpenError,
 )
+from ..localstate import not_a_directory
 
 StoreKind = Literal["memory", "rocksdb"]
 STORE_KINDS: tuple[StoreKind, ...] = ("memory", "rocksdb")
@@ -122,8 +123,11 @@ class RocksDBStore:
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists() and not self.path.is_dir():  # a link to a directory is fine
-            raise DamagedStateError(f"store {self.path}: not a directory")
+        # A link to a directory is fine; one that leads to none (nothing there: a disk not
+        # mounted; a loop of links) would fail RocksDB's open with "File exists" at every
+        # start, so it is damage: set aside, the store restores from its changelog.
+        if not self.path.is_dir() and (self.path.exists() or self.path.is_symlink()):
+            raise DamagedStateError(f"store {self.path}: {not_a_directory(self.path)}")
         with contextlib.suppress(OSError):  # unreadable: RocksDB's open says what is wrong
             found = (self.path / _FOUND_DAMAGED).read_text(errors="replace")[:1000]
             raise DamagedStateError(f"store {self.path}: a read found it damaged: {found}")

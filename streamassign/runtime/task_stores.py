@@ -118,8 +118,11 @@ class TaskStores:
         until closed: the next open would fail on it)."""
         states: dict[str, StoreState] = {}
         stores: list[tuple[str, KeyValueStore]] = []
+        changelogs = self._changelogs(task)
+        if changelogs and self.store_kind != "memory":
+            self._task_directory(task)
         try:
-            for name, changelog in self._changelogs(task).items():
+            for name, changelog in changelogs.items():
                 path = self.state.task_dir(task) / f"{name}.rocksdb"
                 stores.append((name, self._open_or_set_aside(task, name, path)))
                 try:
@@ -132,6 +135,18 @@ class TaskStores:
             _close_in_thread(task, stores)
             raise
         return states
+
+    def _task_directory(self, task: TaskId) -> None:
+        """Make ``task``'s directory for its stores; something else in its place (a file, a
+        link to nothing, a loop of links) is set aside (``StateDirectory.task_directory``).
+        ``StoreIOError`` naming it if it cannot be made (no permission, an I/O error)."""
+        try:
+            self.state.task_directory(task)
+        except OSError as exc:
+            raise StoreIOError(
+                f"task {task}: its directory {self.state.task_dir(task)} cannot be made: "
+                f"{exc.strerror or exc}"
+            ) from exc
 
     def _open_or_set_aside(self, task: TaskId, name: str, path: Path) -> KeyValueStore:
         """Open one store; if its files are damaged, set them aside (never deleted) and open
