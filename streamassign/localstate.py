@@ -327,6 +327,37 @@ class StateDirectory:
         except IsADirectoryError:
             self._set_aside(file, "a directory where the checkpoint belongs")
 
+    def delete_checkpoints(self) -> None:
+        """Delete every task's checkpoint without reading it (in-memory stores: those of a
+        previous run describe state that is gone; one that cannot be read now must go too, or
+        it would be reported, once readable, as state the process does not have).
+        ``StateDirectoryError`` naming the path if ``tasks/`` cannot be listed or a checkpoint
+        cannot be deleted (no permission, an I/O error): left, it would be claimed later."""
+        try:
+            entries = list((self.path / "tasks").iterdir())
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if is_damage(exc):  # holds no checkpoint that could be read: offset_sums mends it
+                return
+            raise self._cannot_delete_checkpoints(exc) from exc
+        for entry in entries:
+            task = _task_of(entry.name)
+            if task is None or not _valid_task(task):
+                continue  # no task's (never read as a checkpoint either)
+            try:
+                self.delete_checkpoint(task)
+            except OSError as exc:
+                if not is_damage(exc):  # damage (a loop) holds nothing readable
+                    raise self._cannot_delete_checkpoints(exc) from exc
+
+    def _cannot_delete_checkpoints(self, exc: OSError) -> StateDirectoryError:
+        return StateDirectoryError(
+            f"state directory {self.path} cannot be used: cannot delete the checkpoints of a "
+            f"previous run ({exc.filename}: {exc.strerror or exc}); with in-memory stores they "
+            "describe state that is gone, and would be reported as held once readable"
+        )
+
     def offset_sums(
         self, changelogs: Mapping[int, Collection[str]] | None = None
     ) -> dict[TaskId, int]:

@@ -23,8 +23,9 @@ from streamassign.aiokafka import ProcessHost
 from streamassign.errors import DamagedStateError, StateDirectoryError
 from streamassign.localstate import StateDirectory, is_damage
 from streamassign.protocol import SubscriptionInfo
-from streamassign.runtime import RocksDBStore
+from streamassign.runtime import App, RocksDBStore
 
+from .test_runtime_app import Nothing
 from .test_runtime_close import TASK, process, until
 from .test_runtime_damaged_store import fast, store_of
 
@@ -289,3 +290,60 @@ def test_checkpoints_follow_an_open_store_that_stays_put(tmp_path: Path) -> None
     position = asyncio.run(run())
     assert position > 0
     assert StateDirectory(tmp_path).offset_sums() == {TASK: position}
+
+
+class _Started(Exception):
+    """Raised where App.start would go on to the broker."""
+
+
+def _start_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``App.start`` with in-memory stores, up to where it would reach the broker."""
+    import streamassign.runtime.app as app_module
+
+    async def no_topics(*args: object, **kwargs: object) -> dict[str, int]:
+        return {}
+
+    async def broker(*args: object) -> None:
+        raise _Started
+
+    monkeypatch.setattr(app_module, "ensure_internal_topics", no_topics)
+    monkeypatch.setattr(app_module.App, "_make_producers", broker)
+    app = App(
+        TOPOLOGY, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path, store_kind="memory"
+    )
+    try:
+        with pytest.raises(_Started):
+            asyncio.run(app.start())
+    finally:
+        app.state.close()
+
+
+def test_in_memory_stores_delete_a_previous_runs_checkpoint_that_cannot_be_read_now(
+    tmp_path: Path, refusals: Refusals, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delete step went through ``offset_sums``, which leaves out what it cannot read:
+    that checkpoint survived, and once readable was reported as state the process does not
+    have (an in-memory store's). Deleting needs no read."""
+    two_tasks(tmp_path).close()
+    refusals.failing[tmp_path / "tasks" / str(ONE) / "checkpoint"] = errno.EACCES
+    _start_in_memory(tmp_path, monkeypatch)
+    refusals.failing.clear()
+    assert StateDirectory(tmp_path).offset_sums() == {}  # was {0_1: 100}
+
+
+def test_in_memory_stores_refuse_the_start_when_old_checkpoints_cannot_be_listed(
+    tmp_path: Path, refusals: Refusals, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tasks/`` cannot be listed at the start: every checkpoint in it would survive and be
+    claimed later; the start is refused in one line naming it, nothing is moved."""
+    two_tasks(tmp_path).close()
+    before = entries(tmp_path)
+    refusals.failing[tmp_path / "tasks"] = errno.EMFILE
+    with pytest.raises(StateDirectoryError) as refused:
+        _start_in_memory(tmp_path, monkeypatch)
+    assert str(refused.value) == (
+        f"state directory {tmp_path} cannot be used: cannot delete the checkpoints of a "
+        f"previous run ({tmp_path / 'tasks'}: Too many open files); with in-memory stores they "
+        "describe state that is gone, and would be reported as held once readable"
+    )
+    assert entries(tmp_path) == before
