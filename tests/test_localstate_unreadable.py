@@ -12,6 +12,7 @@ import asyncio
 import errno
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -266,7 +267,40 @@ def test_no_checkpoint_is_written_where_the_open_store_no_longer_is(
     asyncio.run(run())
     assert not store_of(app).parent.exists()  # no tasks/0_0/checkpoint without its store
     moved = [r.getMessage() for r in caplog.records if "no longer in" in r.getMessage()]
-    assert len(moved) == 1 and "not checkpointing it there" in moved[0]
+    assert len(moved) == 1 and "its checkpoint there deleted, and none written" in moved[0]
+    app.state.close()
+    assert StateDirectory(tmp_path).offset_sums() == {}  # no claim after a restart
+
+
+def test_the_checkpoint_beside_a_store_directory_deleted_under_the_open_store_goes_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the store's own directory deleted (an operator "resetting" it): the checkpoint
+    written before stayed beside no store, and after a restart the process claimed the last
+    position (``{0_0: 41}``) for a task it restores from scratch."""
+    app, _ = fast(tmp_path)
+
+    async def run() -> None:
+        updater = asyncio.create_task(app._state_updater_loop())
+        await app._assign(0, frozenset([TASK]))
+        active = app._actives[TASK]
+        await until(lambda: not active.restoring, "the restore")
+        await process(app, active, 0, 20)
+        assert app.state.offset_sums()[TASK] > 0
+        shutil.rmtree(store_of(app))
+        with caplog.at_level(logging.ERROR, "streamassign.runtime"):
+            await process(app, active, 20, 5)
+            assert app.state.offset_sums() == {}  # at the next join already
+            await process(app, active, 25, 5)
+            await app._revoke(0, frozenset([TASK]))
+            await asyncio.gather(*app._stores.close_parked())
+        app._stopped.set()
+        await updater
+        await asyncio.wait_for(app.stop(), 30)
+
+    asyncio.run(run())
+    moved = [r.getMessage() for r in caplog.records if "no longer in" in r.getMessage()]
+    assert len(moved) == 1 and "its checkpoint there deleted" in moved[0]
     app.state.close()
     assert StateDirectory(tmp_path).offset_sums() == {}  # no claim after a restart
 

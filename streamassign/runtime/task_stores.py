@@ -351,15 +351,19 @@ class TaskStores:
         ``tasks/``, was renamed or deleted under the open store). Its checkpoint is then not
         written: the task's directory there (made again by the write) would hold a
         checkpoint and none of the state, and after a restart the process would report itself
-        caught up on a task it restores from scratch. Logged once per task."""
+        caught up on a task it restores from scratch. The checkpoint written there before
+        (when only the store's own directory went) is deleted for the same reason. Once per
+        task, with one log line."""
         moved = sorted(name for name, state in states.items() if moved_away(state.store))
         if not moved:
             self._moved.discard(task)
         elif task not in self._moved:
+            self.state.delete_checkpoint(task)  # raises: tried again at the next checkpoint
+            self._checkpointed.pop(task, None)
             self._moved.add(task)
             log.error(
                 "task %s: store(s) %s no longer in %s (moved or deleted under the open store); "
-                "not checkpointing it there, where none of its state is",
+                "its checkpoint there deleted, and none written, where none of its state is",
                 task,
                 ", ".join(moved),
                 self.state.task_dir(task),
