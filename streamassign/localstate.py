@@ -420,6 +420,27 @@ class StateDirectory:
             self.path,
         )
 
+    def read_checkpoints(
+        self,
+    ) -> tuple[dict[TaskId, dict[TopicPartition, int]], dict[Path, OSError]]:
+        """Every task's checkpointed offsets, and what could not be read now (``tasks/`` or a
+        checkpoint: kept, and not logged here: for a caller that must not guess, e.g. whether
+        the local state holds data of a deleted changelog). Damage is set aside, as always."""
+        unreadable: dict[Path, OSError] = {}
+        found: dict[TaskId, dict[TopicPartition, int]] = {}
+        for entry in self._task_entries(unreadable):
+            task = _task_of(entry.name)
+            if task is None or not _valid_task(task):
+                continue  # not a task's (``offset_sums`` sets an out-of-range one aside)
+            try:
+                offsets = self._checkpoint(task)
+            except OSError as exc:
+                unreadable[entry / "checkpoint"] = exc
+                continue
+            if offsets:
+                found[task] = offsets
+        return found, unreadable
+
     def _task_entries(self, unreadable: dict[Path, OSError]) -> list[Path]:
         """The entries of ``tasks/``, sorted; none if it cannot be listed. Removed, or
         replaced by a file or a loop of links (damage, set aside), it holds no store and is

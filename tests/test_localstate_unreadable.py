@@ -21,10 +21,11 @@ import pytest
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost
-from streamassign.errors import DamagedStateError, StateDirectoryError
+from streamassign.errors import DamagedStateError, MissingChangelogError, StateDirectoryError
 from streamassign.localstate import StateDirectory, is_damage
 from streamassign.protocol import SubscriptionInfo
 from streamassign.runtime import App, RocksDBStore
+from streamassign.runtime._topics import _refuse_lost_changelogs
 
 from .test_runtime_app import Nothing
 from .test_runtime_close import TASK, process, until
@@ -381,3 +382,28 @@ def test_in_memory_stores_refuse_the_start_when_old_checkpoints_cannot_be_listed
         "describe state that is gone, and would be reported as held once readable"
     )
     assert entries(tmp_path) == before
+
+
+@pytest.mark.parametrize("unreadable", ["tasks", "checkpoint"])
+def test_a_missing_changelog_is_not_created_while_the_checkpoints_cannot_be_read(
+    tmp_path: Path, refusals: Refusals, unreadable: str
+) -> None:
+    """The check read "cannot read" as "no data" and let the deleted changelog be created
+    empty: the task's local state then was past its end and started over. It refuses in one
+    line now, moving nothing (the state may well be fine)."""
+    state = two_tasks(tmp_path)
+    before = entries(tmp_path)
+    path = tmp_path / "tasks" if unreadable == "tasks" else state.task_dir(ONE) / "checkpoint"
+    refusals.failing[path] = errno.EACCES
+    with pytest.raises(MissingChangelogError) as refused:
+        _refuse_lost_changelogs(state, {"t"})
+    assert str(refused.value) == (
+        f"changelog topic(s) t missing, and the local state in {tmp_path} cannot be read to "
+        f"tell whether it holds data of them ({path}: Permission denied); not created: the "
+        "state may be fine, fix the read error (permission, disk, open files) and start again"
+    )
+    _refuse_lost_changelogs(state, set())  # nothing missing: nothing to tell, no refusal
+    refusals.failing.clear()
+    assert entries(tmp_path) == before
+    with pytest.raises(MissingChangelogError, match=r"t: tasks 0_1, 0_2"):
+        _refuse_lost_changelogs(state, {"t"})
