@@ -47,6 +47,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections import defaultdict
@@ -135,6 +136,9 @@ class StateDirectory:
     def _lock_file(self) -> IO[bytes]:
         """The lock file, opened; a directory or a looping link in its place is set aside."""
         file = self.path / ".lock"
+        special = _special_file(file)
+        if special is not None:
+            self._set_aside(file, f"{special} where the file belongs")
         try:
             return file.open("wb")
         except OSError as exc:
@@ -219,6 +223,9 @@ class StateDirectory:
         """``file``'s JSON content; ``DamagedStateError`` when it is damaged (``is_damage``:
         something else in its place, not parseable, NaN/Infinity and over-large numbers
         included); any other ``OSError`` as raised (``FileNotFoundError`` when absent)."""
+        special = _special_file(file)
+        if special is not None:
+            raise DamagedStateError(f"{special} where a file belongs")
         try:
             with file.open("rb") as fh:
                 raw = read_bounded(fh, MAX_STATE_FILE_BYTES)
@@ -249,6 +256,9 @@ class StateDirectory:
         retrying here would only hold up a start the operator has to fix anyway."""
         file = self.path / "process.id"
         try:
+            special = _special_file(file)
+            if special is not None:
+                raise DamagedStateError(f"{special} where the file belongs")
             return uuid.UUID(file.read_text().strip())
         except FileNotFoundError:
             pass
@@ -605,6 +615,19 @@ def _unusable(path: Path, exc: OSError) -> StateDirectoryError:
         f"state directory {path} cannot be used: {reason or exc.strerror or exc}"
         + (f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else "")
     )
+
+
+def _special_file(path: Path) -> str | None:
+    """What ``path`` is if it is neither a regular file nor a directory (a FIFO, a socket, a
+    device: opening a FIFO blocks until a writer comes, the event loop with it): damage where a
+    file belongs. None otherwise, also when it cannot be told (the open says why)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket or device"
 
 
 def not_a_directory(path: Path) -> str:

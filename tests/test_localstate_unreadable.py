@@ -9,10 +9,12 @@ nothing), so the errors are raised by patching ``pathlib``, as the audit did."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -407,3 +409,44 @@ def test_a_missing_changelog_is_not_created_while_the_checkpoints_cannot_be_read
     assert entries(tmp_path) == before
     with pytest.raises(MissingChangelogError, match=r"t: tasks 0_1, 0_2"):
         _refuse_lost_changelogs(state, {"t"})
+
+
+def _unblock(fifo: Path) -> None:
+    """Open ``fifo``'s other end, so a reader or writer blocked on it (the old code) ends."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.parametrize("name", ["tasks/0_1/checkpoint", "assignment.json", "process.id", ".lock"])
+def test_a_fifo_where_a_state_file_belongs_is_damage_and_blocks_nothing(
+    tmp_path: Path, name: str
+) -> None:
+    """Opening a FIFO blocks until its other end is opened: a join (``offset_sums``) or a
+    start stayed blocked, the event loop with it. It is set aside like any damage."""
+    two_tasks(tmp_path).close()
+    fifo = tmp_path / name
+    fifo.unlink()
+    os.mkfifo(fifo)
+    results: list[object] = []
+
+    def open_and_read() -> None:
+        state = StateDirectory(tmp_path)
+        results.append((state.offset_sums(), state.read_assignment(), str(state.process_id)))
+        state.close()
+
+    reader = threading.Thread(target=open_and_read, daemon=True)
+    reader.start()
+    reader.join(10)
+    blocked = reader.is_alive()
+    while reader.is_alive():
+        _unblock(fifo)
+        reader.join(0.1)
+    assert not blocked
+    [(sums, assignment, pid)] = results
+    assert sums == ({TWO: 200} if "checkpoint" in name else {ONE: 100, TWO: 200})
+    assert assignment == ({} if name == "assignment.json" else {0: frozenset({ONE})})
+    assert (pid == PID) is (name != "process.id")
+    [aside] = fifo.parent.glob(f"{fifo.name}.damaged-*")
+    assert aside.is_fifo()
