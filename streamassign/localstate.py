@@ -102,8 +102,8 @@ class StateDirectory:
         self._undeletable: set[Path] = set()
         #: Whether the last ``delete_retired`` left a retired directory it could not delete.
         self.retired_left = False
-        #: The cause of the state each reader ("offset sums", "checkpoint", "assignment")
-        #: last could not read: the same cause again is logged at DEBUG only.
+        #: The cause of the state each reader ("offset sums", "assignment", "checkpoint of
+        #: task 0_1") last could not read: the same cause again is logged at DEBUG only.
         self._unreadable: defaultdict[str, Repeats] = defaultdict(Repeats)
         #: Tasks whose directory held another topology version's state at the last read of
         #: the offset sums (``_log_other_versions``).
@@ -297,16 +297,19 @@ class StateDirectory:
     def read_checkpoint(self, task: TaskId) -> dict[TopicPartition, int]:
         """The checkpointed offsets of ``task``: empty when none, when damaged (set aside), or
         when it cannot be read now (kept; logged once per cause)."""
+        reader = f"checkpoint of task {task}"  # one per task: another's read ends nothing
         try:
             offsets = self._checkpoint(task)
         except OSError as exc:
             self._unreadable_now(
-                "checkpoint",
+                reader,
                 {self.task_dir(task) / "checkpoint": exc},
                 f"task {task} counts as without a checkpoint this time",
             )
             return {}
-        self._unreadable_now("checkpoint", {}, "")
+        if reader in self._unreadable:  # (only tasks that failed are remembered)
+            self._unreadable_now(reader, {}, "")
+            del self._unreadable[reader]
         return offsets
 
     def _checkpoint(self, task: TaskId) -> dict[TopicPartition, int]:

@@ -129,6 +129,27 @@ def test_a_checkpoint_that_cannot_be_read_now_is_left_out_of_that_report_only(
     assert state.offset_sums() == {ONE: 100, TWO: 200}
 
 
+def test_one_unreadable_checkpoint_among_readable_ones_is_logged_once(
+    tmp_path: Path, refusals: Refusals, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reads of every task shared one record of the last cause: each readable task's
+    read "ended" the unreadable one's, so every round (a rebalance opening both) logged the
+    ERROR again and a false "can be read again"."""
+    state = two_tasks(tmp_path)
+    refusals.failing[state.task_dir(ONE) / "checkpoint"] = errno.EACCES
+    with caplog.at_level(logging.INFO, "streamassign.localstate"):
+        for _ in range(5):
+            assert state.read_checkpoint(ONE) == {} and state.read_checkpoint(TWO) == {
+                TopicPartition("t", 2): 200
+            }
+        del refusals.failing[state.task_dir(ONE) / "checkpoint"]
+        assert state.read_checkpoint(ONE) == {TopicPartition("t", 1): 100}
+        state.read_checkpoint(ONE)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["ERROR", "INFO"]
+    assert str(state.task_dir(ONE)) in lines[0][1] and "task 0_1" in lines[1][1]
+
+
 def test_a_join_at_the_open_file_limit_reports_the_running_tasks_and_moves_nothing(
     tmp_path: Path, refusals: Refusals
 ) -> None:
