@@ -329,6 +329,45 @@ def test_the_checkpoint_beside_a_store_directory_deleted_under_the_open_store_go
     assert StateDirectory(tmp_path).offset_sums() == {}  # no claim after a restart
 
 
+def test_a_checkpoint_write_failing_at_every_commit_is_logged_once_per_cause(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the open-file limit every commit's (1 s) checkpoint write fails: one WARNING per
+    task per commit was logged. Once per cause now, and one INFO when it works again."""
+    app, _ = fast(tmp_path)
+    causes = iter([errno.EMFILE] * 5 + [errno.ENOSPC] * 5)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        code = next(causes)
+        raise OSError(code, os.strerror(code), str(tmp_path / "tasks" / "0_0" / "tmp-123"))
+
+    async def run() -> None:
+        updater = asyncio.create_task(app._state_updater_loop())
+        await app._assign(0, frozenset([TASK]))
+        active = app._actives[TASK]
+        await until(lambda: not active.restoring, "the restore")
+        with caplog.at_level(logging.INFO, "streamassign.runtime"):
+            with monkeypatch.context() as patched:
+                patched.setattr(app.state, "write_checkpoint", refuse)
+                for round in range(10):
+                    await process(app, active, round * 3, 3)
+            await process(app, active, 30, 3)
+            await process(app, active, 33, 3)
+        app._stopped.set()
+        await updater
+        await asyncio.wait_for(app.stop(), 30)
+
+    asyncio.run(run())
+    lines = [
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if "checkpoint" in r.getMessage() and r.levelno >= logging.INFO
+    ]
+    assert [level for level, _ in lines] == ["WARNING", "WARNING", "INFO"]  # was 10 WARNINGs
+    assert "Too many open files" in lines[0][1] and "No space left" in lines[1][1]
+    assert lines[2][1] == "task 0_0: its checkpoint is written again"
+
+
 def test_checkpoints_follow_an_open_store_that_stays_put(tmp_path: Path) -> None:
     """The guard costs nothing in the usual case: the checkpoint is written beside the store."""
     app, _ = fast(tmp_path)

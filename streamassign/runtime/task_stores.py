@@ -36,6 +36,7 @@ import attrs
 from .. import TaskId, TopicPartition
 from ..errors import DamagedStateError, StoreIOError, StoreNotOpenError, StreamAssignError
 from ..localstate import StateDirectory
+from ..repeats import Repeats
 from ..topology import Topology
 from .changelog import StoreState
 from .standbys import Standbys, is_open, open_failed
@@ -91,6 +92,8 @@ class TaskStores:
         #: local state is unused since then, unless it was opened again.
         self.closed_at: dict[TaskId, float] = {}
         self._checkpointed: dict[TaskId, dict[TopicPartition, int]] = {}
+        #: The cause each task's checkpoint writes fail with (until one is written again).
+        self._failed_writes: dict[TaskId, Repeats] = {}
         #: Tasks whose stores were found moved away from their directory (logged once each).
         self._moved: set[TaskId] = set()
         self._executor: ThreadPoolExecutor | None = None
@@ -342,9 +345,25 @@ class TaskStores:
                 if self._moved_away(task, states):
                     return
                 self.state.write_checkpoint(task, offsets, durable=durable)
-                self._checkpointed[task] = offsets
             except OSError as exc:
-                log.warning("cannot checkpoint task %s: %s", task, exc)
+                self._cannot_checkpoint(task, exc)
+                return
+            self._checkpointed[task] = offsets
+            if self._failed_writes.pop(task, None) is not None:
+                log.info("task %s: its checkpoint is written again", task)
+
+    def _cannot_checkpoint(self, task: TaskId, exc: OSError) -> None:
+        """Log a failed checkpoint write (too many open files, a full disk) at WARNING once
+        per task and cause, the same cause again at DEBUG: it is tried at every commit (1 s)."""
+        cause = exc.strerror or type(exc).__name__  # not the message: it names a temporary
+        news = self._failed_writes.setdefault(task, Repeats()).changed(cause)
+        log.log(
+            logging.WARNING if news else logging.DEBUG,
+            "cannot checkpoint task %s: %s (tried again at each commit; the same cause again "
+            "logged at DEBUG, and one line once it is written again)",
+            task,
+            exc,
+        )
 
     def _moved_away(self, task: TaskId, states: Mapping[str, StoreState]) -> bool:
         """Whether a store of ``task`` no longer lives at its path (its directory, or
@@ -409,6 +428,7 @@ class TaskStores:
         """``task``'s local state was deleted: what this remembers of it is void (a checkpoint
         equal to the last one written must be written again, into the new directory)."""
         self._checkpointed.pop(task, None)
+        self._failed_writes.pop(task, None)
         self.closed_at.pop(task, None)
 
     def close_parked(self) -> list[asyncio.Future[None]]:
