@@ -269,7 +269,9 @@ class StateDirectory:
                 raise StateDirectoryError(
                     f"state directory {self.path} cannot be used: cannot read its process id "
                     f"({file}: {exc.strerror or exc}); not replaced, so the process keeps its "
-                    "identity and tasks once this is fixed"
+                    "identity and tasks once this is fixed (its permission, the disk); or "
+                    "delete it to start with a new id (its tasks then restore elsewhere or "
+                    "warm up here again)"
                 ) from exc
             self._set_aside(file, exc)  # a directory or a loop of links in its place
         pid = uuid.uuid4()

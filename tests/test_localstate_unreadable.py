@@ -177,7 +177,8 @@ def test_a_process_id_that_cannot_be_read_is_kept_and_stops_the_open_in_one_line
     assert str(caught.value) == (
         f"state directory {tmp_path} cannot be used: cannot read its process id ({file}: "
         f"{os.strerror(code)}); not replaced, so the process keeps its identity and tasks once "
-        "this is fixed"
+        "this is fixed (its permission, the disk); or delete it to start with a new id (its "
+        "tasks then restore elsewhere or warm up here again)"
     )
     del refusals.failing[file]
     assert file.read_text() == PID and not list(tmp_path.glob("*.damaged-*"))  # was: a new id
