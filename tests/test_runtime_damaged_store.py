@@ -17,7 +17,7 @@ import pytest
 
 from streamassign.errors import DamagedStateError, StoreIOError, StoreNotOpenError
 from streamassign.runtime import App, RocksDBStore
-from streamassign.runtime.stores import is_damage, open_store
+from streamassign.runtime.stores import is_damaged_store_status, open_store
 from streamassign.runtime.task_stores import _close_in_thread
 
 from .test_runtime_close import TASK, make, process, until
@@ -205,7 +205,7 @@ def test_a_store_held_by_another_live_process_is_not_set_aside(tmp_path: Path) -
     ],
 )
 def test_which_open_failures_count_as_damage(status: str, damaged: bool) -> None:
-    assert is_damage(status) is damaged
+    assert is_damaged_store_status(status) is damaged
 
 
 def test_an_unopenable_store_that_cannot_be_moved_aside_stops_with_both_causes(

@@ -118,7 +118,8 @@ class RocksDBStore:
 
     def __init__(self, path: str | Path) -> None:
         """Open (or create) the store in ``path``: ``DamagedStateError`` if its files are
-        damaged (``is_damage``), ``StoreIOError`` if it cannot be opened for another reason."""
+        damaged (``is_damaged_store_status``), ``StoreIOError`` if it cannot be opened for
+        another reason."""
         from rocksdict import Options, Rdict
 
         self.path = Path(path)
@@ -134,7 +135,7 @@ class RocksDBStore:
         try:
             self._db = Rdict(str(self.path), Options(raw_mode=True))
         except Exception as exc:  # rocksdict raises Exception("<RocksDB status>")
-            if is_damage(str(exc)):
+            if is_damaged_store_status(str(exc)):
                 raise DamagedStateError(f"store {self.path}: {exc}") from exc
             raise StoreIOError(f"store {self.path} cannot be opened: {exc}") from None
         #: The directory opened (device, inode), to tell it moved (``moved``); None: unknown.
@@ -158,10 +159,11 @@ class RocksDBStore:
         """The typed error for a failed read, write or close (a full disk, an I/O error). It
         carries RocksDB's status in its message and is raised ``from None``: the bare
         ``Exception`` behind it adds a second traceback and nothing else. Damage found
-        (``is_damage``) is marked in the store's directory: its next open fails with
+        (``is_damaged_store_status``) is marked in the store's directory: its next open fails with
         ``DamagedStateError``, so the store is set aside and restored, not read again and
         again by restarts that each stop on it."""
-        if is_damage(str(exc)):  # a corrupt block a read found (the open does not read all)
+        # A corrupt block a read found (the open does not read all).
+        if is_damaged_store_status(str(exc)):
             with contextlib.suppress(OSError):  # e.g. a full disk: then it stays unmarked
                 (self.path / _FOUND_DAMAGED).write_text(str(exc))
         return StoreIOError(f"store {self.path}: {what} failed: {exc}")
@@ -228,7 +230,7 @@ def moved_away(store: KeyValueStore) -> bool:
     return isinstance(store, RocksDBStore) and store.moved()
 
 
-def is_damage(status: str) -> bool:
+def is_damaged_store_status(status: str) -> bool:
     """Whether a RocksDB status (of an open or a read) says a store's files are damaged (so
     the store is set aside and restored from its changelog), not that it is in use or that
     the disk is full or failing (those move nothing: the operator's to fix)."""

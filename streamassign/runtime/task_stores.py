@@ -11,11 +11,12 @@ has opened it (after the task's earlier close, if one is under way). The task is
 meanwhile, its input paused, and the state updater starts reading its changelog once its
 stores are open (``check_open``); a standby's stores are read once open (``Standbys.opened``).
 
-A store whose files are damaged (corrupt, truncated, missing: ``stores.is_damage``) is set
-aside as ``<store>.rocksdb.damaged-<UTC time>`` and opened empty, so it restores from its
-changelog. Any other failed open of an active's stops the application (``check_open``
-raises). A standby's is tried again with a bounded backoff (``retry_delays``): nothing else
-would (the host announces a standby once), and a standby never opened never catches up.
+A store whose files are damaged (corrupt, truncated, missing:
+``stores.is_damaged_store_status``) is set aside as ``<store>.rocksdb.damaged-<UTC time>``
+and opened empty, so it restores from its changelog. Any other failed open of an active's
+stops the application (``check_open`` raises). A standby's is tried again with a bounded
+backoff (``retry_delays``): nothing else would (the host announces a standby once), and a
+standby never opened never catches up.
 """
 
 from __future__ import annotations
