@@ -34,6 +34,7 @@ from .test_runtime_close import TASK, process, until
 from .test_runtime_damaged_store import fast, store_of
 
 TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s"])], name="app")
+CHANGELOG = TOPOLOGY.changelog_topic("s")
 ONE, TWO = TaskId(0, 1), TaskId(0, 2)
 PID = "11111111-1111-1111-1111-111111111111"
 #: Errors that say nothing about the state itself: the environment's, the operator's to fix.
@@ -140,10 +141,10 @@ def test_one_unreadable_checkpoint_among_readable_ones_is_logged_once(
     with caplog.at_level(logging.INFO, "streamassign.localstate"):
         for _ in range(5):
             assert state.read_checkpoint(ONE) == {} and state.read_checkpoint(TWO) == {
-                TopicPartition("t", 2): 200
+                TopicPartition(CHANGELOG, 2): 200
             }
         del refusals.failing[state.task_dir(ONE) / "checkpoint"]
-        assert state.read_checkpoint(ONE) == {TopicPartition("t", 1): 100}
+        assert state.read_checkpoint(ONE) == {TopicPartition(CHANGELOG, 1): 100}
         state.read_checkpoint(ONE)
     lines = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert [level for level, _ in lines] == ["ERROR", "INFO"]
@@ -459,17 +460,17 @@ def test_a_missing_changelog_is_not_created_while_the_checkpoints_cannot_be_read
     path = tmp_path / "tasks" if unreadable == "tasks" else state.task_dir(ONE) / "checkpoint"
     refusals.failing[path] = errno.EACCES
     with pytest.raises(MissingChangelogError) as refused:
-        _refuse_lost_changelogs(state, {"t"})
+        _refuse_lost_changelogs(state, {CHANGELOG})
     assert str(refused.value) == (
-        f"changelog topic(s) t missing, and the local state in {tmp_path} cannot be read to "
-        f"tell whether it holds data of them ({path}: Permission denied); not created: the "
+        f"changelog topic(s) {CHANGELOG} missing, and the local state in {tmp_path} cannot be "
+        f"read to tell whether it holds data of them ({path}: Permission denied); not created: the "
         "state may be fine, fix the read error (permission, disk, open files) and start again"
     )
     _refuse_lost_changelogs(state, set())  # nothing missing: nothing to tell, no refusal
     refusals.failing.clear()
     assert entries(tmp_path) == before
-    with pytest.raises(MissingChangelogError, match=r"t: tasks 0_1, 0_2"):
-        _refuse_lost_changelogs(state, {"t"})
+    with pytest.raises(MissingChangelogError, match=f"{CHANGELOG}: tasks 0_1, 0_2"):
+        _refuse_lost_changelogs(state, {CHANGELOG})
 
 
 def _unblock(fifo: Path) -> None:
