@@ -47,6 +47,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections import defaultdict
@@ -101,8 +102,8 @@ class StateDirectory:
         self._undeletable: set[Path] = set()
         #: Whether the last ``delete_retired`` left a retired directory it could not delete.
         self.retired_left = False
-        #: The cause of the state each reader ("offset sums", "checkpoint", "assignment")
-        #: last could not read: the same cause again is logged at DEBUG only.
+        #: The cause of the state each reader ("offset sums", "assignment", "checkpoint of
+        #: task 0_1") last could not read: the same cause again is logged at DEBUG only.
         self._unreadable: defaultdict[str, Repeats] = defaultdict(Repeats)
         #: Tasks whose directory held another topology version's state at the last read of
         #: the offset sums (``_log_other_versions``).
@@ -135,6 +136,9 @@ class StateDirectory:
     def _lock_file(self) -> IO[bytes]:
         """The lock file, opened; a directory or a looping link in its place is set aside."""
         file = self.path / ".lock"
+        special = _special_file(file)
+        if special is not None:
+            self._set_aside(file, f"{special} where the file belongs")
         try:
             return file.open("wb")
         except OSError as exc:
@@ -180,13 +184,19 @@ class StateDirectory:
         return aside
 
     def _directory(self, path: Path) -> Path:
-        """``path`` as a directory, creating it; anything else in its place is set aside."""
+        """``path`` as a directory, creating it; anything else in its place (a file, a link
+        to nothing or a loop of links) is set aside."""
         try:
             path.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:  # a file (or a dangling link) where the directory belongs
-            self._set_aside(path, "not a directory")
+        except FileExistsError:
+            self._set_aside(path, not_a_directory(path))
             path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def task_directory(self, task: TaskId) -> Path:
+        """``task``'s directory, created (before its stores open in it); anything else in its
+        place is set aside, so the stores open empty and restore from their changelogs."""
+        return self._directory(self.task_dir(task))
 
     def _unreadable_now(self, reader: str, failures: Mapping[Path, OSError], outcome: str) -> None:
         """Log what ``reader`` could not read now (``failures``, not damage: nothing is moved)
@@ -213,6 +223,9 @@ class StateDirectory:
         """``file``'s JSON content; ``DamagedStateError`` when it is damaged (``is_damage``:
         something else in its place, not parseable, NaN/Infinity and over-large numbers
         included); any other ``OSError`` as raised (``FileNotFoundError`` when absent)."""
+        special = _special_file(file)
+        if special is not None:
+            raise DamagedStateError(f"{special} where a file belongs")
         try:
             with file.open("rb") as fh:
                 raw = read_bounded(fh, MAX_STATE_FILE_BYTES)
@@ -243,6 +256,9 @@ class StateDirectory:
         retrying here would only hold up a start the operator has to fix anyway."""
         file = self.path / "process.id"
         try:
+            special = _special_file(file)
+            if special is not None:
+                raise DamagedStateError(f"{special} where the file belongs")
             return uuid.UUID(file.read_text().strip())
         except FileNotFoundError:
             pass
@@ -253,7 +269,9 @@ class StateDirectory:
                 raise StateDirectoryError(
                     f"state directory {self.path} cannot be used: cannot read its process id "
                     f"({file}: {exc.strerror or exc}); not replaced, so the process keeps its "
-                    "identity and tasks once this is fixed"
+                    "identity and tasks once this is fixed (its permission, the disk); or "
+                    "delete it to start with a new id (its tasks then restore elsewhere or "
+                    "warm up here again)"
                 ) from exc
             self._set_aside(file, exc)  # a directory or a loop of links in its place
         pid = uuid.uuid4()
@@ -281,16 +299,19 @@ class StateDirectory:
     def read_checkpoint(self, task: TaskId) -> dict[TopicPartition, int]:
         """The checkpointed offsets of ``task``: empty when none, when damaged (set aside), or
         when it cannot be read now (kept; logged once per cause)."""
+        reader = f"checkpoint of task {task}"  # one per task: another's read ends nothing
         try:
             offsets = self._checkpoint(task)
         except OSError as exc:
             self._unreadable_now(
-                "checkpoint",
+                reader,
                 {self.task_dir(task) / "checkpoint": exc},
                 f"task {task} counts as without a checkpoint this time",
             )
             return {}
-        self._unreadable_now("checkpoint", {}, "")
+        if reader in self._unreadable:  # (only tasks that failed are remembered)
+            self._unreadable_now(reader, {}, "")
+            del self._unreadable[reader]
         return offsets
 
     def _checkpoint(self, task: TaskId) -> dict[TopicPartition, int]:
@@ -302,8 +323,11 @@ class StateDirectory:
         except FileNotFoundError:
             return {}
         except DamagedStateError as exc:
-            if isinstance(exc.__cause__, NotADirectoryError):  # a file named like the task
-                self._set_aside(directory, "not a directory")
+            # Something else where the task's directory belongs (a file, a loop of links:
+            # ENOTDIR, ELOOP) is set aside, not the checkpoint path inside it (no rename
+            # through it can work).
+            if isinstance(exc.__cause__, OSError) and not directory.is_dir():
+                self._set_aside(directory, not_a_directory(directory))
             else:
                 self._set_aside(file, exc)
             return {}
@@ -317,6 +341,37 @@ class StateDirectory:
             self._set_aside(self.task_dir(task), "not a directory")
         except IsADirectoryError:
             self._set_aside(file, "a directory where the checkpoint belongs")
+
+    def delete_checkpoints(self) -> None:
+        """Delete every task's checkpoint without reading it (in-memory stores: those of a
+        previous run describe state that is gone; one that cannot be read now must go too, or
+        it would be reported, once readable, as state the process does not have).
+        ``StateDirectoryError`` naming the path if ``tasks/`` cannot be listed or a checkpoint
+        cannot be deleted (no permission, an I/O error): left, it would be claimed later."""
+        try:
+            entries = list((self.path / "tasks").iterdir())
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if is_damage(exc):  # holds no checkpoint that could be read: offset_sums mends it
+                return
+            raise self._cannot_delete_checkpoints(exc) from exc
+        for entry in entries:
+            task = _task_of(entry.name)
+            if task is None or not _valid_task(task):
+                continue  # no task's (never read as a checkpoint either)
+            try:
+                self.delete_checkpoint(task)
+            except OSError as exc:
+                if not is_damage(exc):  # damage (a loop) holds nothing readable
+                    raise self._cannot_delete_checkpoints(exc) from exc
+
+    def _cannot_delete_checkpoints(self, exc: OSError) -> StateDirectoryError:
+        return StateDirectoryError(
+            f"state directory {self.path} cannot be used: cannot delete the checkpoints of a "
+            f"previous run ({exc.filename}: {exc.strerror or exc}); with in-memory stores they "
+            "describe state that is gone, and would be reported as held once readable"
+        )
 
     def offset_sums(
         self, changelogs: Mapping[int, Collection[str]] | None = None
@@ -379,6 +434,27 @@ class StateDirectory:
             _task_list(tasks),
             self.path,
         )
+
+    def read_checkpoints(
+        self,
+    ) -> tuple[dict[TaskId, dict[TopicPartition, int]], dict[Path, OSError]]:
+        """Every task's checkpointed offsets, and what could not be read now (``tasks/`` or a
+        checkpoint: kept, and not logged here: for a caller that must not guess, e.g. whether
+        the local state holds data of a deleted changelog). Damage is set aside, as always."""
+        unreadable: dict[Path, OSError] = {}
+        found: dict[TaskId, dict[TopicPartition, int]] = {}
+        for entry in self._task_entries(unreadable):
+            task = _task_of(entry.name)
+            if task is None or not _valid_task(task):
+                continue  # not a task's (``offset_sums`` sets an out-of-range one aside)
+            try:
+                offsets = self._checkpoint(task)
+            except OSError as exc:
+                unreadable[entry / "checkpoint"] = exc
+                continue
+            if offsets:
+                found[task] = offsets
+        return found, unreadable
 
     def _task_entries(self, unreadable: dict[Path, OSError]) -> list[Path]:
         """The entries of ``tasks/``, sorted; none if it cannot be listed. Removed, or
@@ -544,6 +620,28 @@ def _unusable(path: Path, exc: OSError) -> StateDirectoryError:
         f"state directory {path} cannot be used: {reason or exc.strerror or exc}"
         + (f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else "")
     )
+
+
+def _special_file(path: Path) -> str | None:
+    """What ``path`` is if it is neither a regular file nor a directory (a FIFO, a socket, a
+    device: opening a FIFO blocks until a writer comes, the event loop with it): damage where a
+    file belongs. None otherwise, also when it cannot be told (the open says why)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket or device"
+
+
+def not_a_directory(path: Path) -> str:
+    """Why ``path``, where a directory belongs, is none: for logs (a link says where it leads,
+    e.g. to a disk that is not mounted)."""
+    try:
+        return f"a link to {os.readlink(path)}, which leads to no directory"
+    except OSError:  # not a link
+        return "not a directory"
 
 
 def _is_removed(name: str) -> bool:

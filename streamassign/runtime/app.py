@@ -303,12 +303,11 @@ class App:
             admin_config=self.connection_config,
             state=self.state,  # a deleted changelog it holds data of is refused
         )
+        if self.store_kind == "memory":  # checkpoints of a previous run describe nothing now
+            self.state.delete_checkpoints()
         if self.end_offsets is not None:  # known before the first rebalance
             self.end_offsets.track(changelog_partitions(self.topology, counts))
             await self.end_offsets.start(self.bootstrap_servers, self.connection_config)
-        if self.store_kind == "memory":  # checkpoints of a previous run describe nothing now
-            for task in self.state.offset_sums():
-                self.state.delete_checkpoint(task)
         await self._make_producers()
         await self._start_clients()
         await self.host.start()
