@@ -1,0 +1,211 @@
+"""Two topology versions in one group whose subtopology ids mean different subtopologies (a
+rolling deploy that reused an id: v1 ``0 [a]``, ``1 [b]``; v2 ``0 [a]``, ``1 [n]``, ``2 [b]``).
+A member runs no task whose partitions differ from its own topology's task of that id, pauses
+their partitions and says so once per episode (audit "upgrade", finding 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.aiokafka import ProcessHost
+from streamassign.protocol import SubscriptionInfo
+from streamassign.streams import MemberAssignment, MemberSubscription, assign_streams
+from streamassign.versions import mismatched_tasks, subtopology_fingerprints
+
+V1 = Topology(
+    [Subtopology(0, ["a"], stores=["ca"]), Subtopology(1, ["b"], stores=["cb"])], name="upg"
+)
+V2 = Topology(
+    [
+        Subtopology(0, ["a"], stores=["ca", "ca2"]),
+        Subtopology(1, ["n"], stores=["cn"]),
+        Subtopology(2, ["b"], stores=["cb"]),
+    ],
+    name="upg",
+)
+V3 = Topology([Subtopology(0, ["b"], stores=["cb"])], name="upg")
+V4 = Topology(
+    [
+        Subtopology(0, ["a"], stores=["ca"]),
+        Subtopology(1, ["b"], stores=["cb"]),
+        Subtopology(7, ["n"], stores=["cn"]),
+    ],
+    name="upg",
+)
+COUNTS = {"a": 4, "b": 4, "n": 4}
+
+
+def old_leader_assigns(leader: Topology, member: Topology) -> MemberAssignment:
+    """What a ``leader``-version leader gives a ``member``-version process (as the leader of
+    the audit did, announcing no fingerprints): the member's assignment."""
+    members = {
+        "leader-0": MemberSubscription(
+            frozenset(leader.source_topics), SubscriptionInfo(uuid.UUID(int=1))
+        ),
+        "member-0": MemberSubscription(
+            frozenset(member.source_topics), SubscriptionInfo(uuid.UUID(int=2))
+        ),
+    }
+    return assign_streams(leader, COUNTS, members, leader_version=2)["member-0"]
+
+
+def test_tasks_of_a_reused_id_are_mismatched_either_way() -> None:
+    """v1 leader, v2 member: 1_x is b there, n here. v3 leader, v1 member: 0_x is b there, a
+    here (the audit's leader_mismatch.py). Stable ids (v4) and an added store match."""
+    given = old_leader_assigns(V1, V2)
+    mismatched = mismatched_tasks(V2, given.info.active, given.info.topics)
+    assert {t.subtopology for t in mismatched} == {1}
+    assert {t.subtopology for t in given.info.active - mismatched.keys()} <= {0}
+    first = mismatched[min(mismatched)]
+    assert first.leader_partitions == (TopicPartition("b", first.task.partition),)
+    assert first.own_sources == ("n",)
+
+    reverse = old_leader_assigns(V3, V1)
+    assert reverse.info.active  # v1 subscribes to a superset of v3's topics: it gets tasks
+    assert (
+        mismatched_tasks(V1, reverse.info.active, reverse.info.topics).keys() == reverse.info.active
+    )
+
+    for leader, member in ((V1, V4), (V4, V4)):
+        given = old_leader_assigns(leader, member)
+        assert mismatched_tasks(member, given.info.active, given.info.topics) == {}
+
+
+def test_a_task_of_an_id_this_topology_lacks_is_mismatched_and_no_dictionary_means_unchecked() -> (
+    None
+):
+    assert set(mismatched_tasks(V3, [TaskId(1, 0)], {1: {"b": 4}})) == {TaskId(1, 0)}
+    assert mismatched_tasks(V3, [TaskId(0, 0)], {}) == {}
+
+
+def test_fingerprints_cover_sources_and_copartitioning_not_stores() -> None:
+    f1, f2, f4 = (subtopology_fingerprints(t) for t in (V1, V2, V4))
+    assert f1[0] == f2[0]  # a store added: same partitions, both versions run the task
+    assert f1[1] != f2[1] and f1[1] == f2[2] and f1 == {s: f4[s] for s in f1}
+    joined = Topology([Subtopology(0, ["c", "d"])], copartition_groups=[["c", "d"]])
+    apart = Topology([Subtopology(0, ["c", "d"])])
+    assert subtopology_fingerprints(joined) != subtopology_fingerprints(apart)
+
+
+class PausingConsumer:
+    """A consumer stub: cluster metadata of ``COUNTS`` and the partitions paused."""
+
+    def __init__(self) -> None:
+        self._client = SimpleNamespace(
+            cluster=SimpleNamespace(partitions_for_topic=lambda t: set(range(COUNTS.get(t, 0))))
+        )
+        self._coordinator = SimpleNamespace(request_rejoin=lambda: None)
+        self.paused: set[Any] = set()
+
+    def pause(self, *tps: Any) -> None:
+        self.paused.update(tps)
+
+    async def stop(self) -> None: ...
+
+
+def deliver(host: ProcessHost, given: MemberAssignment) -> None:
+    """aiokafka's part of a new assignment: fresh partitions (unpaused), then the assignor."""
+    consumer = host.consumers[0]
+    consumer.paused = set()  # type: ignore[attr-defined]
+    by_topic: dict[str, list[int]] = {}
+    for tp in given.partitions:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    host.assignors[0].on_assignment(
+        ConsumerProtocolMemberAssignment(0, sorted(by_topic.items()), given.info.encode())
+    )
+
+
+def test_a_member_runs_no_task_of_another_version_and_says_so_once_per_episode(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A v2 process assigned by a v1 leader: tasks 1_x (b there, n here) are not run, their
+    partitions paused; one ERROR line for three rebalances; one INFO line once a leader of
+    its own version assigns, whose tasks then run."""
+    host = ProcessHost(V2, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    consumer = PausingConsumer()
+    host.consumers.append(consumer)  # type: ignore[arg-type]
+    given = old_leader_assigns(V1, V2)
+    foreign = {
+        KafkaTopicPartition("b", t.partition) for t in given.info.active if t.subtopology == 1
+    }
+    assert foreign
+
+    async def scenario() -> None:
+        with caplog.at_level(logging.DEBUG, "streamassign.aiokafka"):
+            for _ in range(3):
+                deliver(host, given)
+                assert host.assignors[0].info.active == {
+                    t for t in given.info.active if t.subtopology == 0
+                }
+                assert consumer.paused == foreign
+            assert host.host_info.active_by_host == given.info.active_by_host  # leader's maps
+            await host._assigned(0)
+            assert host.tasks(0).active == host.assignors[0].info.active
+            own = old_leader_assigns(V2, V2)
+            deliver(host, own)
+            assert host.assignors[0].info.active == own.info.active and consumer.paused == set()
+        await host.stop()
+
+    asyncio.run(scenario())
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    first = min(t for t in given.info.active if t.subtopology == 1)
+    assert f"task {first}" in errors[0]
+    assert "the leader's subtopology 1 reads b, this process's reads n" in errors[0]
+    assert f"b-{first.partition}" in errors[0] and "fresh id" in errors[0]
+    assert "docs/streams.md#rolling-deploys" in errors[0]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any("same topics per subtopology id" in m for m in infos)
+
+
+def test_a_matching_assignment_logs_nothing_and_pauses_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stable ids (a v4 process under a v1 leader): every task runs, no line."""
+    host = ProcessHost(V4, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    consumer = PausingConsumer()
+    host.consumers.append(consumer)  # type: ignore[arg-type]
+    given = old_leader_assigns(V1, V4)
+    with caplog.at_level(logging.INFO, "streamassign.aiokafka"):
+        deliver(host, given)
+    assert host.assignors[0].info.active == given.info.active and consumer.paused == set()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    asyncio.run(host.stop())
+
+
+def test_records_of_a_task_the_consumer_does_not_run_are_paused_not_spun(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Consumer 1 owns partitions whose task it does not run (the audit: 19,003 rewinds and
+    as many WARNING lines in 24 s): its loop pauses them before the next fetch, and the
+    rewinds that still happen warn once, until the task runs there."""
+    from tests.test_runtime_ownership import INPUT, batch, batch_of, make
+
+    app, task, _, consumers = make(tmp_path)
+
+    async def run() -> None:
+        with caplog.at_level(logging.DEBUG, "streamassign.runtime"):
+            for _ in range(5):
+                await batch_of(app, 1, batch(0, 10))
+            app._pause_restoring(1)  # as consumer 1's loop does before every fetch
+            assert consumers[1].paused_tps == {INPUT}
+            assert consumers[1].seeks == [(INPUT, 0)] * 5  # rewound, never skipped
+            await app._commits.commit(1)
+            assert consumers[1].commits == []  # committed offsets untouched
+            app._pause_restoring(0)
+            assert consumers[0].paused_tps == set()  # the consumer running it fetches it
+
+    asyncio.run(run())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "task 0_0 it does not run" in warnings[0], warnings
+    assert task.processed == 0
