@@ -33,6 +33,7 @@ __all__ = [
     "mismatch_error",
     "mismatched_tasks",
     "subtopology_fingerprints",
+    "topology_version",
 ]
 
 #: Where an operator reads about keeping subtopology ids stable across versions.
@@ -158,3 +159,10 @@ def subtopology_fingerprints(topology: Topology) -> dict[int, str]:
         text = json.dumps([sources, groups], separators=(",", ":"))
         out[sub] = hashlib.sha256(text.encode()).hexdigest()[:12]
     return out
+
+
+def topology_version(fingerprints: Mapping[int, str]) -> str:
+    """A short name of a whole topology's fingerprints (for log lines: which processes run
+    which version)."""
+    text = json.dumps(sorted(fingerprints.items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]

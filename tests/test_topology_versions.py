@@ -12,15 +12,22 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
 import pytest
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost
-from streamassign.protocol import SubscriptionInfo
-from streamassign.streams import MemberAssignment, MemberSubscription, assign_streams
-from streamassign.versions import mismatched_tasks, subtopology_fingerprints
+from streamassign.protocol import LATEST_VERSION, SubscriptionInfo
+from streamassign.repeats import Repeats
+from streamassign.streams import (
+    MemberAssignment,
+    MemberSubscription,
+    assign_streams,
+    decode_subscriptions,
+)
+from streamassign.versions import mismatched_tasks, subtopology_fingerprints, topology_version
 
 V1 = Topology(
     [Subtopology(0, ["a"], stores=["ca"]), Subtopology(1, ["b"], stores=["cb"])], name="upg"
@@ -209,3 +216,98 @@ def test_records_of_a_task_the_consumer_does_not_run_are_paused_not_spun(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "task 0_0 it does not run" in warnings[0], warnings
     assert task.processed == 0
+
+
+# -- leader side: subtopology fingerprints in the subscription (protocol version 3) -----------
+
+
+def announcing(pid: int, topology: Topology, version: int = LATEST_VERSION) -> MemberSubscription:
+    """A member of ``topology``'s version, announcing its fingerprints from version 3 on,
+    as it reaches a leader (encoded, then decoded at the leader's version)."""
+    info = SubscriptionInfo(
+        uuid.UUID(int=pid),
+        version=version,
+        latest_supported_version=version,
+        subtopology_fingerprints=subtopology_fingerprints(topology),
+    )
+    decoded = SubscriptionInfo.decode(info.encode(), LATEST_VERSION)
+    return MemberSubscription(frozenset(topology.source_topics), decoded)
+
+
+def test_fingerprints_travel_in_version_3_and_older_readers_skip_them() -> None:
+    info = SubscriptionInfo(uuid.UUID(int=7), rack="r", subtopology_fingerprints={0: "ab", 5: "cd"})
+    assert SubscriptionInfo.decode(info.encode()) == info
+    old_leader = SubscriptionInfo.decode(info.encode(), max_version=2)  # reads the v2 prefix
+    assert old_leader.rack == "r" and old_leader.subtopology_fingerprints == {}
+    old_member = attrs.evolve(info, version=2, latest_supported_version=2)
+    assert SubscriptionInfo.decode(old_member.encode()).subtopology_fingerprints == {}
+
+
+def test_a_leader_gives_no_task_to_a_process_whose_ids_mean_other_topics(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A v1 leader, a v1 and a v2 process (b renumbered): the v2 process gets no task, but the
+    topic dictionary (its member side says why); a v4 process (fresh id for n) and a
+    process announcing nothing (protocol 2, as today) get tasks. One WARNING per episode
+    naming the processes of each version, one INFO line at its end."""
+    members = {
+        "v1": announcing(1, V1),
+        "v2": announcing(2, V2),
+        "v4": announcing(4, V4),
+        "old": announcing(5, V2, version=2),
+    }
+    versions = Repeats()
+    with caplog.at_level(logging.INFO, "streamassign.streams"):
+        for _ in range(2):
+            result = assign_streams(V1, COUNTS, members, topology_versions=versions)
+            assert not result["v2"].info.active and not result["v2"].partitions
+            assert result["v2"].info.topics == {0: {"a": 4}, 1: {"b": 4}}
+            assert all(result[m].info.active for m in ("v1", "v4", "old"))
+            assert len({t for a in result.values() for t in a.info.active}) == 8
+        assign_streams(V1, COUNTS, {"v1": members["v1"]}, topology_versions=versions)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    v2 = topology_version(subtopology_fingerprints(V2))
+    assert f"version {v2}: processes {uuid.UUID(int=2)}" in warnings[0]
+    assert str(uuid.UUID(int=1)) in warnings[0] and str(uuid.UUID(int=4)) in warnings[0]
+    assert str(uuid.UUID(int=5)) not in warnings[0]  # announced nothing: not checked
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any("runs this leader's version" in m for m in infos)
+
+
+def test_a_new_leader_gives_an_old_member_nothing_of_a_reused_id_and_an_old_leader_works() -> None:
+    """The audit's reverse case (v3 leader, v1 member announcing fingerprints): no task to
+    the v1 process. An old leader (protocol 2) reads new members' subscriptions as before
+    and answers at version 2."""
+    new_leader = assign_streams(V3, COUNTS, {"v3": announcing(3, V3), "v1": announcing(1, V1)})
+    assert not new_leader["v1"].info.active and len(new_leader["v3"].info.active) == 4
+    data = {
+        m: (
+            sorted(t.source_topics),
+            SubscriptionInfo(
+                uuid.UUID(int=i), subtopology_fingerprints=subtopology_fingerprints(t)
+            ).encode(),
+        )
+        for m, i, t in (("v1", 1, V1), ("v2", 2, V2))
+    }
+    old = decode_subscriptions(V1, COUNTS, data, max_version=2)
+    result = assign_streams(V1, COUNTS, old, leader_version=2)
+    assert {a.info.common_version for a in result.values()} == {2}
+    assert all(a.info.active for a in result.values())  # as before: only the member guards
+
+
+def test_a_process_announces_its_fingerprints_unless_it_speaks_an_older_version(
+    tmp_path: Path,
+) -> None:
+    new = ProcessHost(V2, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path / "new")
+    old = ProcessHost(
+        V2, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path / "old", max_version=2
+    )
+    sent = [
+        SubscriptionInfo.decode(h.assignors[0].metadata(sorted(V2.source_topics)).user_data)
+        for h in (new, old)
+    ]
+    assert sent[0].subtopology_fingerprints == subtopology_fingerprints(V2)
+    assert sent[1].version == 2 and sent[1].subtopology_fingerprints == {}
+    for h in (new, old):
+        asyncio.run(h.stop())

@@ -57,6 +57,7 @@ from ..versions import (
     leader_topology_differences,
     mismatch_error,
     mismatched_tasks,
+    subtopology_fingerprints,
 )
 from .closing import release_consumer, stop_within
 from .rejoin import (
@@ -148,6 +149,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             client_tags=self.host.client_tags,
             version=self.version,
             latest_supported_version=self.host.max_version,
+            subtopology_fingerprints=self.host.fingerprints,
         )
         self._sent_error = info.error_code
         if self.index in self.host.errors and self.index < len(self.host.consumers):
@@ -192,6 +194,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 probing_memory=self.host.probing_memory,
                 topology_errors=self.host.topology_errors,
                 shared_ids=self.host.shared_ids,
+                topology_versions=self.host.topology_versions,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
             self.host.led_generation = self._generation()
@@ -231,6 +234,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             self.host.probing_memory.forget()
             self.host.topology_errors = Repeats()
             self.host.shared_ids = Repeats()
+            self.host.topology_versions = Repeats()
         try:
             info = AssignmentInfo.decode(assignment.user_data or b"", self.host.max_version)
         except ProtocolError as exc:
@@ -574,6 +578,11 @@ class ProcessHost:
         #: endpoints (copied state directories): each clash is logged at WARNING once;
         #: forgotten when another process leads.
         self.shared_ids = Repeats()
+        #: The topology versions this process last logged as leader as sharing the group: a
+        #: mixed-version episode is logged once; forgotten when another process leads.
+        self.topology_versions = Repeats()
+        #: This process's topology per subtopology id, announced to the leader (version 3).
+        self.fingerprints = subtopology_fingerprints(self.topology)
         #: The subtopologies the last leader's topology reads other topics in than this
         #: process's (another topology version in the group): logged once per episode.
         self.version_mismatch = Repeats()

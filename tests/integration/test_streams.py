@@ -19,6 +19,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 
 from streamassign import PartitionGrouper, TaskId, TopicPartition, Topology
+from streamassign.protocol import LATEST_VERSION
 from streamassign.shares import share_bounds
 
 from .conftest import GroupIdFactory, TopicFactory
@@ -287,11 +288,11 @@ def test_garbage_member_and_two_protocol_versions(join_app: tuple[App, set[TaskI
     app.start("old", 2)
     state = app.settle(tasks)
     for _ in range(3):  # the upgrade takes one more rebalance, asked for by the members
-        if {line["common"] for cs in state.values() for line in cs.values()} == {2}:
+        if {line["common"] for cs in state.values() for line in cs.values()} == {LATEST_VERSION}:
             break
         state = app.settle(tasks)
     check(app, state)
-    assert {line["common"] for cs in state.values() for line in cs.values()} == {2}
+    assert {line["common"] for cs in state.values() for line in cs.values()} == {LATEST_VERSION}
 
 
 def test_hostile_members_cost_the_leader_nothing(join_app: tuple[App, set[TaskId]]) -> None:
