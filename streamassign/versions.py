@@ -41,7 +41,7 @@ ROLLING_DEPLOY_DOC = "docs/streams.md#rolling-deploys-that-change-the-topology"
 
 #: What to do about a reused id (every mismatch line ends with it).
 REMEDY = (
-    "a new subtopology needs a fresh id (a removed one leaves a gap), and an id must never "
+    "Remedy: a new subtopology needs a fresh id (a removed one leaves a gap), and an id must never "
     "be reused for another subtopology while processes of both versions run; see "
     + ROLLING_DEPLOY_DOC
 )
@@ -100,14 +100,16 @@ def mismatched_tasks(
 def leader_topology_differences(
     topology: Topology, leader_topics: Mapping[int, Mapping[str, int]]
 ) -> frozenset[tuple[int, tuple[str, ...], tuple[str, ...]]]:
-    """``(subtopology, leader's sources, this topology's sources)`` for every subtopology of the
-    leader's dictionary that reads other topics here (or does not exist here): the state of a
-    mixed-version episode, the same for every consumer of a generation."""
+    """``(subtopology, leader's sources, this topology's sources)`` for every subtopology id of
+    the leader's dictionary that this topology has too, reading other topics: an id reused
+    across versions, the state of a mixed-version episode (the same for every consumer of a
+    generation). An id only the leader has is a subtopology added with a fresh id, as it
+    should be: not a difference (a task of it assigned here is a :func:`mismatched_tasks`)."""
     own = set(topology.subtopology_ids)
     out = set()
     for sub, entries in leader_topics.items():
         mine = topology.subtopology(sub).source_topics if sub in own else ()
-        if set(mine) != set(entries):
+        if mine and set(mine) != set(entries):
             out.add((sub, tuple(sorted(entries)), tuple(sorted(mine))))
     return frozenset(out)
 

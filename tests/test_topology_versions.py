@@ -311,3 +311,30 @@ def test_a_process_announces_its_fingerprints_unless_it_speaks_an_older_version(
     assert sent[1].version == 2 and sent[1].subtopology_fingerprints == {}
     for h in (new, old):
         asyncio.run(h.stop())
+
+
+def test_an_id_only_the_leader_has_is_no_mismatch_unless_its_tasks_come_here(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A v1 process under a v4 leader (n added with the fresh id 7): no task (it lacks n), no
+    line, ids are stable. A v5 process (``1 [b]``) under a v3 leader (``0 [b]``: b renumbered)
+    is assigned 0_x, an id it lacks: not run, one ERROR line."""
+    v5 = Topology([Subtopology(1, ["b"], stores=["cb"])], name="upg")
+    hosts = []
+    for topology, leader, name in ((V1, V4, "v1"), (v5, V3, "v5")):
+        host = ProcessHost(topology, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path / name)
+        host.consumers.append(PausingConsumer())  # type: ignore[arg-type]
+        with caplog.at_level(logging.INFO, "streamassign.aiokafka"):
+            deliver(host, old_leader_assigns(leader, topology))
+        assert not host.assignors[0].info.active
+        hosts.append(host)
+    errors = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name == "streamassign.aiokafka"
+    ]
+    assert len(errors) == 1, errors
+    assert "the leader's subtopology 0 reads b, this process's does not exist" in errors[0]
+    assert hosts[1].consumers[0].paused  # type: ignore[attr-defined]
+    for host in hosts:
+        asyncio.run(host.stop())

@@ -653,7 +653,11 @@ class ProcessHost:
         topic dictionary tells nothing either way."""
         if not leader_topics:
             return
-        differences = leader_topology_differences(self.topology, leader_topics)
+        differences = leader_topology_differences(self.topology, leader_topics) | {
+            (m.task.subtopology, tuple(sorted({tp.topic for tp in m.leader_partitions})), ())
+            for m in mismatches.values()
+            if not m.own_sources
+        }
         if differences or mismatches:
             level = logging.ERROR if self.version_mismatch.changed(differences) else logging.DEBUG
             error = mismatch_error(
