@@ -181,6 +181,13 @@ class ConfigTypeError(ConfigError, TypeError):
     """An option of the wrong type (e.g. a capacity that is not an int)."""
 
 
+class NoTasksError(TopologyError, ConfigError):
+    """A topology with no subtopology (no task to assign or run: an empty or half-written
+    file) given to ``plan``, ``simulate``, ``App`` or ``ProcessHost``. Also a ``ConfigError``:
+    ``App`` and ``ProcessHost`` refused an unnamed empty topology with one before (no
+    application id), and ``except ConfigError`` around them keeps catching it."""
+
+
 class StateDirectoryError(StreamAssignError, OSError):
     """The state directory cannot be created or opened (a file in its place, no permission, an
     I/O error): the operator's to fix, so it is not set aside like damaged state. An

@@ -26,7 +26,9 @@ an I/O error: ``is_damage`` tells the two apart) is not damaged: it is kept wher
 as not there for that one read, and is logged once per cause; a ``process.id`` that cannot be
 read stops the open (``StateDirectoryError``) rather than give the process a new identity.
 Standard library only (and the core's ``Repeats``); the runtime writes checkpoints, the
-protocol reads the sums.
+protocol reads the sums. The process passes what its topology's tasks hold (each subtopology's
+changelogs): state another topology version left (a store removed, a subtopology removed or
+renumbered by an upgrade) is then neither summed nor claimed, and stays on disk untouched.
 
 The state of a task the process no longer holds is deleted in two steps (Kafka Streams'
 ``state.cleanup.delay.ms``; the owner of the stores decides which tasks and when):
@@ -48,7 +50,7 @@ import shutil
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -102,6 +104,9 @@ class StateDirectory:
         #: The cause of the state each reader ("offset sums", "checkpoint", "assignment")
         #: last could not read: the same cause again is logged at DEBUG only.
         self._unreadable: defaultdict[str, Repeats] = defaultdict(Repeats)
+        #: Tasks whose directory held another topology version's state at the last read of
+        #: the offset sums (``_log_other_versions``).
+        self._other_versions: frozenset[TaskId] = frozenset()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock: IO[bytes] | None = self._lock_file()
@@ -313,12 +318,25 @@ class StateDirectory:
         except IsADirectoryError:
             self._set_aside(file, "a directory where the checkpoint belongs")
 
-    def offset_sums(self) -> dict[TaskId, int]:
+    def offset_sums(
+        self, changelogs: Mapping[int, Collection[str]] | None = None
+    ) -> dict[TaskId, int]:
         """Sum of checkpointed changelog offsets of every task with local state. What cannot
         be read now (``tasks/`` or a checkpoint: too many open files, no permission, an I/O
-        error) is left out of this report only, and kept as it is (logged once per cause)."""
+        error) is left out of this report only, and kept as it is (logged once per cause).
+
+        ``changelogs`` (each subtopology id of the process's topology -> its stores' changelog
+        topics) makes these the sums of that topology's state: a task counts only its
+        subtopology's changelogs at its own partition, one whose checkpoint holds none of them
+        has no sum (no state), and a task of another subtopology reports nothing. The other
+        entries are another topology version's (a store removed, a subtopology renumbered or
+        removed by an upgrade): counted, they made the process claim warm state it did not
+        have. They are logged (``_log_other_versions``) and left on disk untouched, so a
+        rollback to that version finds them. Without ``changelogs`` every entry counts (the
+        raw view: which changelogs the directory holds data of)."""
         unreadable: dict[Path, OSError] = {}
         sums: dict[TaskId, int] = {}
+        other_versions: set[TaskId] = set()
         for entry in self._task_entries(unreadable):
             task = _task_of(entry.name)
             if task is None:
@@ -326,15 +344,41 @@ class StateDirectory:
             if not _valid_task(task):
                 self._set_aside(entry, f"task id {task} out of range")
                 continue
+            if changelogs is not None and task.subtopology not in changelogs:
+                other_versions.add(task)
+                continue
             try:
                 offsets = self._checkpoint(task)
             except OSError as exc:
                 unreadable[entry / "checkpoint"] = exc
                 continue
+            if changelogs is not None:
+                own = _own_offsets(offsets, task, changelogs[task.subtopology])
+                if len(own) < len(offsets):
+                    other_versions.add(task)
+                offsets = own
             if offsets:
                 sums[task] = sum(offsets.values())
         self._unreadable_now("offset sums", unreadable, "not in the offset sums reported now")
+        if changelogs is not None:
+            self._log_other_versions(other_versions)
         return sums
+
+    def _log_other_versions(self, tasks: set[TaskId]) -> None:
+        """One INFO line when tasks whose directory holds another topology version's state
+        appear (the sums are read at every join: the same ones again are not news)."""
+        news = tasks - self._other_versions
+        self._other_versions = frozenset(tasks)
+        if not news:
+            return
+        log.info(
+            "local state of tasks %s in %s is (in part) another topology version's: "
+            "changelogs or subtopologies this topology does not give these tasks (a store "
+            "removed, a subtopology renumbered or removed); not reported as their state, and "
+            "left on disk untouched (a rollback to that version finds it)",
+            _task_list(tasks),
+            self.path,
+        )
 
     def _task_entries(self, unreadable: dict[Path, OSError]) -> list[Path]:
         """The entries of ``tasks/``, sorted; none if it cannot be listed. Removed, or
@@ -445,9 +489,35 @@ class StateDirectory:
             self._set_aside(file, "a directory where the file belongs")
         write_atomically(file, json.dumps(data, sort_keys=True).encode())
 
-    def read_assignment(self) -> dict[int, frozenset[TaskId]]:
+    def read_assignment(
+        self, subtopologies: Collection[int] | None = None
+    ) -> dict[int, frozenset[TaskId]]:
         """The active tasks each consumer ran before the process stopped: empty if unknown, if
-        the file is damaged (set aside), or if it cannot be read now (kept; logged)."""
+        the file is damaged (set aside), or if it cannot be read now (kept; logged).
+
+        ``subtopologies`` (those of the process's topology) leaves out, with one INFO line, the
+        tasks of any other: another topology version ran them (an upgrade removed or renumbered
+        their subtopology), and claimed, they would make the leader count this process as their
+        previous owner. The file is not rewritten here: a rollback to that version before the
+        process saves an assignment of its own reads it as it was."""
+        saved = self._saved_assignment()
+        if subtopologies is None:
+            return saved
+        current = {
+            i: frozenset(t for t in ts if t.subtopology in subtopologies) for i, ts in saved.items()
+        }
+        dropped = {t for i, ts in saved.items() for t in ts - current[i]}
+        if dropped:
+            log.info(
+                "saved active tasks %s in %s are not tasks of this topology (another topology "
+                "version's: a subtopology removed or renumbered): not claimed back",
+                _task_list(dropped),
+                self.path,
+            )
+        return current
+
+    def _saved_assignment(self) -> dict[int, frozenset[TaskId]]:
+        """``read_assignment`` of every task saved."""
         file = self.path / "assignment.json"
         try:
             return _assignment(self._read_json(file))
@@ -538,6 +608,25 @@ def _checkpoint_offsets(data: Any) -> dict[TopicPartition, int]:
     if sum(offsets.values()) >= _OFFSET_LIMIT:
         raise DamagedStateError("offsets sum past 2**63 - 1 (an int64)")
     return offsets
+
+
+def _task_list(tasks: Collection[TaskId], shown: int = 20) -> str:
+    """``0_0, 0_1, 1_3``, the first ``shown`` in order and how many more (for a log line)."""
+    ordered = sorted(tasks)
+    more = f" and {len(ordered) - shown} more" if len(ordered) > shown else ""
+    return ", ".join(str(t) for t in ordered[:shown]) + more
+
+
+def _own_offsets(
+    offsets: Mapping[TopicPartition, int], task: TaskId, changelogs: Collection[str]
+) -> dict[TopicPartition, int]:
+    """The entries of ``task``'s checkpoint that are its own: a partition ``task.partition``
+    of one of ``changelogs`` (those of its subtopology's stores now)."""
+    return {
+        tp: offset
+        for tp, offset in offsets.items()
+        if tp.partition == task.partition and tp.topic in changelogs
+    }
 
 
 def _assignment(data: Any) -> dict[int, frozenset[TaskId]]:

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import attrs
 
 from ._ids import TaskId, TopicPartition
-from .errors import NotInTopologyError, TopologyError, TopologyTypeError
+from .errors import NoTasksError, NotInTopologyError, TopologyError, TopologyTypeError
 from .files import read_toml
 
 __all__ = [
@@ -357,7 +357,7 @@ class Topology:
         object.__setattr__(self, "_store_owner", {s: ids[0] for s, ids in store_owners.items()})
 
     def check_has_tasks(self, source: str = "", name: str = "") -> None:
-        """Raise ``TopologyError`` when the topology has no subtopology: it reads no topic, so it
+        """Raise ``NoTasksError`` when the topology has no subtopology: it reads no topic, so it
         has no task to assign or run (an empty or half-written file). The one check of this that
         ``plan``, ``simulate`` and the runtime ``App`` make, so they say it alike. ``source`` (a
         file) starts the message; ``name`` stands for the topology's own (the CLI names an
@@ -366,7 +366,7 @@ class Topology:
             return
         where = f"{source}: " if source else ""
         shown = name or self.name
-        raise TopologyError(
+        raise NoTasksError(
             f"{where}topology {shown + ' ' if shown else ''}has no tasks (no subtopology)"
         )
 

@@ -579,6 +579,37 @@ def test_faust_json_with_a_non_finite_number_is_undecodable(
     assert m.undecodable == f"{what}: JSON holds {reason}"
 
 
+@pytest.mark.parametrize(
+    ("number", "shown"),
+    [
+        ("-3", "-3"),
+        ("true", "True"),
+        ("2.5", "2.5"),
+        ('"7"', "'7'"),
+        ("1e300", "1e+300"),
+        ("2147483648", "2147483648"),
+        ("9" * 50, "9" * 18 + "..." + "9" * 19),
+    ],
+)
+@pytest.mark.parametrize("where", ["partition", "group"])
+def test_faust_json_with_a_number_no_task_has_is_undecodable(
+    number: str, shown: str, where: str
+) -> None:
+    """``int()`` took these: ``2.5`` and ``true`` were shown as tasks ``0_2`` and ``0_1``,
+    ``-3`` as ``0_-3`` (which ``explain`` then refused in the saved file)."""
+    partition, group = (number, "0") if where == "partition" else ("1", number)
+    body = f'{{"actives": {{"words": [{partition}]}}, "standbys": {{}}}}'
+    asg = f'{{"assignment": {body}, "topic_groups": {{"words": {group}}}}}'
+    raw = RawMember(
+        "w1",
+        metadata=meta(["words"], b'{"url": "http://w1:6066"}'),
+        assignment=encode_assignment([TopicPartition("words", 1)], zlib.compress(asg.encode())),
+    )
+    (m,) = describe_bytes("g", "Stable", "consumer", FAUST_OWN_PROTOCOL_NAME, [raw]).members
+    assert m.undecodable == (f"assignment: {where} of 'words' is {shown}, not an int in [0, 2**31)")
+    assert not m.active
+
+
 def test_tables_fit_80_columns_and_name_undecodable_members() -> None:
     from rich.console import Console
 

@@ -26,6 +26,7 @@ from streamassign.errors import (
     TaskIdTypeError,
 )
 from streamassign.protocol import AssignmentInfo
+from streamassign.runtime import App
 from streamassign.runtime.changelog import COMMIT_KEY, StoreState
 from streamassign.runtime.stores import MemoryStore
 
@@ -222,3 +223,19 @@ def test_process_options_raise_config_errors(tmp_path: Path) -> None:
         ProcessHost(topology, bootstrap_servers="localhost:9", state_dir=tmp_path)
     with pytest.raises(errors.TopologyError, match=r"^topology x has no tasks"):
         ProcessHost(Topology([], name="x"), bootstrap_servers="localhost:9", state_dir=tmp_path)
+
+
+@pytest.mark.parametrize("name", ["", "x"])
+def test_a_topology_without_tasks_is_still_a_config_error_to_hosts(
+    tmp_path: Path, name: str
+) -> None:
+    """An unnamed empty topology was refused with ``ConfigError`` (no application id) before
+    the no-task check came first: ``except ConfigError`` around a host keeps catching it."""
+    empty = Topology([], name=name)
+    with pytest.raises(errors.ConfigError, match="has no tasks") as host:
+        ProcessHost(empty, bootstrap_servers="localhost:9", state_dir=tmp_path)
+    with pytest.raises(errors.ConfigError, match="has no tasks") as app:
+        App(empty, {}, bootstrap_servers="localhost:9", state_dir=tmp_path)
+    for refused in (host.value, app.value):
+        assert isinstance(refused, errors.NoTasksError)
+        assert isinstance(refused, errors.TopologyError) and isinstance(refused, ValueError)

@@ -22,7 +22,9 @@ from streamassign.files import write_atomically
 from streamassign.localstate import StateDirectory
 from streamassign.protocol import SubscriptionInfo
 
-TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s"])], name="app")
+TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s", "t"])], name="app")
+#: The changelogs of TOPOLOGY's stores: a host reports the checkpoint entries of these only.
+S, T = TOPOLOGY.changelog_topics(0)
 GOOD, BAD = TaskId(0, 0), TaskId(0, 1)
 DEEP = "[" * 100_000 + "]" * 100_000
 
@@ -77,7 +79,7 @@ DAMAGED_CHECKPOINTS = {
 
 def good_state(root: Path) -> None:
     with_good = StateDirectory(root)
-    with_good.write_checkpoint(GOOD, {TopicPartition("t", 0): 7, TopicPartition("t", 1): 3})
+    with_good.write_checkpoint(GOOD, {TopicPartition(S, 0): 7, TopicPartition(T, 0): 3})
     with_good.close()
 
 
@@ -99,7 +101,7 @@ def test_a_damaged_checkpoint_counts_as_no_state_and_is_set_aside(
     assert len(caplog.records) == 1, "logged once"
     assert "counts as no state" in caplog.records[0].getMessage()
     assert not damaged.exists() and len(set_aside(damaged)) == 1  # kept, not deleted
-    host.state.write_checkpoint(BAD, {TopicPartition("t", 0): 4})  # the task works again
+    host.state.write_checkpoint(BAD, {TopicPartition(S, 1): 4})  # the task works again
     assert host.offset_sums() == {GOOD: 10, BAD: 4}
 
 

@@ -74,7 +74,8 @@ def two_tasks(root: Path) -> StateDirectory:
     (root / "assignment.json").write_text('{"0": ["0_1"]}')
     state = StateDirectory(root)
     for task in (ONE, TWO):
-        state.write_checkpoint(task, {TopicPartition("t", task.partition): 100 * task.partition})
+        changelog = TopicPartition(TOPOLOGY.changelog_topic("s"), task.partition)
+        state.write_checkpoint(task, {changelog: 100 * task.partition})
         (state.task_dir(task) / "s.rocksdb").mkdir()  # as an open store's files would be
     return state
 

@@ -7,6 +7,7 @@ gives exactly the state of processing every input record once.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamassign import TopicPartition
+from streamassign.errors import DamagedStateError
 from streamassign.runtime import COMMIT_KEY, MemoryStore, ReservedKeyError, StoreState, open_store
-from streamassign.runtime.changelog import decode_marker, encode_marker
+from streamassign.runtime.changelog import decode_marker, encode_marker, read_marker
 
 CHANGELOG = TopicPartition("app-totals-changelog", 0)
 SOURCE = "events"
@@ -190,6 +192,9 @@ def test_reserved_key_is_refused() -> None:
         state.put(COMMIT_KEY, b"x")
 
 
+FORTY_DIGITS = b"9" * 40
+
+
 @pytest.mark.parametrize(
     "value",
     [
@@ -203,11 +208,93 @@ def test_reserved_key_is_refused() -> None:
         b'{"applied": {"t": NaN}}',
         b"[" * 100_000 + b"]" * 100_000,
         b"\xff\xfe",
+        # int() takes these (and made the huge ones skip every later input record):
+        b'{"applied": {"t": 2.5}}',
+        b'{"applied": {"t": true}}',
+        b'{"applied": {"t": "12"}}',
+        b'{"applied": {"t": "1_000"}}',
+        b'{"applied": {"t": -7}}',
+        b'{"applied": {"t": 1e300}}',
+        b'{"applied": {"t": ' + FORTY_DIGITS + b"}}",
+        b'{"applied": {"t": %d}}' % 2**83,
+        b'{"applied": {"t": 5, "u": 2.5}}',  # one bad offset: the whole marker
+        b"{}",
+        b'{"applied": [5]}',
     ],
 )
-def test_unreadable_marker_applies_nothing(value: bytes | None) -> None:
-    assert decode_marker(value) == {}
-    assert decode_marker(encode_marker({"t": 3})) == {"t": 3}
+def test_an_unreadable_marker_decodes_to_none(value: bytes | None) -> None:
+    assert decode_marker(value) is None
+    with pytest.raises(DamagedStateError, match=r"^commit marker"):
+        read_marker(value)
+
+
+@pytest.mark.parametrize(
+    "applied", [{}, {"t": 0}, {"t": 3}, {"t": 2**63 - 1, "t[0]": 2**83 - 1, "u[1]": 7 << 20}]
+)
+def test_every_marker_an_owner_writes_reads_back(applied: dict[str, int]) -> None:
+    """Repartition positions (input offset * 2**20 + rank) reach 2**83."""
+    assert decode_marker(encode_marker(applied)) == applied
+
+
+def test_a_foreign_marker_with_a_huge_offset_skips_no_input(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One record of the reserved key with a 40-digit applied offset (a tool, a repair, a
+    mirrored topic) was read as is: ``seen`` held for every later input record, each skipped
+    and committed, silently and for good (the owner's every later marker repeated it)."""
+    state = StoreState.open("totals", CHANGELOG, MemoryStore())
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        state.restore(0, b"a", b"1")
+        state.restore(1, COMMIT_KEY, encode_marker({SOURCE: 10}))
+        state.restore(2, b"a", b"2")
+        state.restore(3, COMMIT_KEY, b'{"applied": {"%s": %s}}' % (SOURCE.encode(), FORTY_DIGITS))
+    assert state.applied == {SOURCE: 10} and state.position == 4
+    assert dict(state.store.items()) == {b"a": b"2"}  # still closes its commit
+    assert not state.seen(SOURCE, 11)
+    state.mark_processed(SOURCE, 11)
+    assert decode_marker(state.marker()) == {SOURCE: 11}
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith(
+        "store totals: the commit marker at app-totals-changelog[0]@3 cannot be read (commit "
+        "marker: applied offset of 'events' is 9999"
+    )
+
+
+def test_unreadable_markers_are_one_warning_per_store_not_one_per_marker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a = StoreState.open("a", TopicPartition("cl-a", 0), MemoryStore())
+    b = StoreState.open("b", TopicPartition("cl-b", 0), MemoryStore())
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        for offset, value in enumerate([b'{"applied": {"in": true}}', b"{}", None]):
+            a.restore(offset, COMMIT_KEY, value)
+            b.restore(offset, COMMIT_KEY, value)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert [w.split(":")[0] for w in warnings] == ["store a", "store b"]
+    assert all(
+        "@0 cannot be read (commit marker: applied offset of 'in' is True" in w for w in warnings
+    )
+
+
+def test_applied_offsets_a_store_keeps_that_cannot_be_read_are_none_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A store that committed a foreign marker's huge offset (before markers were checked)
+    kept it in its metadata: taken as none, the changelog and the committed input offsets say
+    what the store holds."""
+    store = MemoryStore()
+    store.write(
+        {b"a": b"1"}, {"position": b"3", "applied": b'{"applied": {"in": %s}}' % FORTY_DIGITS}
+    )
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        state = StoreState.open("totals", CHANGELOG, store)
+    assert state.applied == {} and state.position == 3 and not state.seen("in", 11)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith(
+        "store totals (app-totals-changelog[0]): the applied input offsets it keeps cannot be read"
+    )
+    assert StoreState.open("fresh", CHANGELOG, MemoryStore()).applied == {}
+    assert len(caplog.records) == 1  # a store without metadata is not damaged
 
 
 def test_a_marker_with_a_non_finite_offset_still_closes_its_commit() -> None:

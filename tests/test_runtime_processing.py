@@ -26,7 +26,13 @@ from streamassign.runtime import (
     StoreState,
     TaskContext,
 )
-from streamassign.runtime.tasks import ActiveTask, tear
+from streamassign.runtime.tasks import (
+    POSITION_HEADER,
+    UPSTREAM_HEADER,
+    ActiveTask,
+    mark_of,
+    tear,
+)
 
 TOPIC = "events"
 CHANGELOG = TopicPartition("app-totals-changelog", 0)
@@ -392,6 +398,24 @@ def test_a_replayed_upstream_record_is_counted_once_downstream(tmp_path: Path) -
     counts = dict(state.items())
     assert counts == {b"be": b"2", b"not": b"1", b"or": b"1", b"to": b"2"}
     assert down.processed == 6 and down.skipped == 7
+
+
+@pytest.mark.parametrize(
+    "position",
+    [b"1_000", b" 12 ", b"+5", b"-3", b"", b"12\n", b"\xd9\xa1", b"9" * 40, b"%d" % 2**83],
+)
+def test_a_position_header_not_written_by_streamassign_is_not_a_mark(position: bytes) -> None:
+    """A foreign producer's repartition record naming a real upstream: ``int()`` took these,
+    and a huge one made the stores skip that upstream's every later record, for good."""
+    headers = [(UPSTREAM_HEADER, b"sentences[0]"), (POSITION_HEADER, position)]
+    assert mark_of(Rec(4, b"w", b"1", topic="app-words", headers=headers)) == ("app-words", 4)
+
+
+@pytest.mark.parametrize("position", [0, 7 * 2**20 + 3, 2**83 - 1])
+def test_a_position_header_streamassign_writes_is_the_mark(position: int) -> None:
+    headers = [(UPSTREAM_HEADER, b"sentences[0]"), (POSITION_HEADER, b"%d" % position)]
+    mark = mark_of(Rec(4, b"w", b"1", topic="app-words", headers=headers))
+    assert mark == ("sentences[0]", position)
 
 
 def test_a_torn_tasks_failed_writes_are_not_logged_as_unretrieved(

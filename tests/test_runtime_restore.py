@@ -128,6 +128,44 @@ def test_a_restore_runs_in_bounded_steps_and_the_loop_runs_between_them(tmp_path
     assert h.handed[0].ends == {TopicPartition(TOPIC, 0): changelog}
 
 
+def test_unreadable_markers_are_one_warning_per_store_and_restore(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A foreign writer of the reserved key may leave one unreadable marker after another;
+    each still closes its commit. A restore says so once per store over all its steps (the
+    first one's offset), and the next restore of the same store says it again."""
+    h = Harness(max_records=3)
+    records = h.log.records[(TOPIC, 0)]
+    for i in range(4):
+        records += [(b"k%d" % i, b"%d" % i), (COMMIT_KEY, b'{"applied": {"in": true}}')]
+    restoring = task(0)
+
+    async def restore_twice() -> None:
+        for _ in range(2):
+            h.updater.add(restoring, "kept")
+            while h.updater.restoring:
+                await h.updater.step(3600.0, timeout_ms=0)
+            records.extend([(b"k9", b"9"), (COMMIT_KEY, b'{"applied": {"in": 1e300}}')])
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        asyncio.run(restore_twice())
+    warnings = [r.getMessage() for r in caplog.records if "commit marker" in r.getMessage()]
+    assert [w.split(" cannot be read")[0] for w in warnings] == [
+        f"store totals: the commit marker at {TOPIC}[0]@1",
+        f"store totals: the commit marker at {TOPIC}[0]@9",
+    ]
+    state = restoring.stores["totals"]
+    assert state.position == 10 and state.applied == {}
+    assert dict(state.store.items()) == {
+        b"k0": b"0",
+        b"k1": b"1",
+        b"k2": b"2",
+        b"k3": b"3",
+        b"k9": b"9",
+    }
+    assert len(h.handed) == 2
+
+
 def test_restores_coming_and_going_read_nothing_twice() -> None:
     h = Harness(max_records=300)
     fill(h.log, 0, 3_000, marker_every=1_000)  # long stretches without a marker

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import reprlib
 import zlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
@@ -327,10 +328,10 @@ def _assignment(family: Family, protocol: str, view: MemberView, data: bytes) ->
         meta = _json_object(loads_json(_inflate(data), ProtocolError, "JSON"), "assignment")
         groups = _json_object(meta.get("topic_groups") or {}, "topic_groups")
         assignment = _json_object(meta["assignment"], "assignment")
-        topic_groups = {str(t): int(g) for t, g in groups.items()}
+        topic_groups = {str(t): _json_id(g, f"group of {t!r}") for t, g in groups.items()}
         active, standby = (
             frozenset(
-                TaskId(topic_groups[t], int(p))
+                TaskId(topic_groups[t], _json_id(p, f"partition of {t!r}"))
                 for t, ps in _json_object(assignment[kind], kind).items()
                 if t in topic_groups
                 for p in ps
@@ -342,6 +343,14 @@ def _assignment(family: Family, protocol: str, view: MemberView, data: bytes) ->
         return view
     data_ = AssignmentData.decode(data)
     return attrs.evolve(view, error=data_.error_code.name, generation=data_.generation)
+
+
+def _json_id(value: object, what: str) -> int:
+    """A group or partition number of Faust's JSON: an int32 >= 0, not a bool, a float or a
+    string that ``int()`` would take (``2.5``, ``true``, ``"7"``, ``-3`` are no task's)."""
+    if type(value) is not int or not 0 <= value < 2**31:
+        raise ProtocolError(f"{what} is {reprlib.repr(value)}, not an int in [0, 2**31)")
+    return value
 
 
 def _json_object(value: object, what: str) -> dict[str, Any]:

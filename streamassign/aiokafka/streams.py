@@ -51,7 +51,7 @@ from ..streams import (
     assign_streams,
     decode_subscriptions,
 )
-from ..topology import Topology
+from ..topology import Topology, changelog_topic_name
 from ..versions import (
     TaskMismatch,
     leader_topology_differences,
@@ -439,6 +439,17 @@ def _runs_one_of(topology: Topology, partition: Any, tasks: frozenset[TaskId]) -
     return tp.topic in topology.source_topics and topology.task_of(tp) in tasks
 
 
+def _store_changelogs(topology: Topology, application_id: str) -> dict[int, frozenset[str]]:
+    """Each subtopology's changelog topics, ``<prefix>-<store>-changelog`` for its stores:
+    under the topology's name (the runtime's) and the application id (a host given another
+    ``application_id`` may name them after it); a stateless subtopology has none."""
+    prefixes = {p for p in (topology.name, application_id) if p}
+    return {
+        sub.id: frozenset(changelog_topic_name(p, s) for p in prefixes for s in sub.stores)
+        for sub in topology.subtopologies
+    }
+
+
 def _has_loop() -> bool:
     try:
         asyncio.get_running_loop()
@@ -517,6 +528,8 @@ class ProcessHost:
         if not self.application_id:
             raise ConfigError("an application id is needed (application_id= or a topology name)")
         self.bootstrap_servers = bootstrap_servers
+        #: Each subtopology's changelog topics: the only local state offset sums count.
+        self._changelogs = _store_changelogs(topology, self.application_id)
         self.state = StateDirectory(Path(state_dir))
         self.process_id = self.state.process_id
         self.threads = threads
@@ -592,7 +605,7 @@ class ProcessHost:
         self.assignors = [StreamsAssignor(self, i) for i in range(threads)]
         self.consumers: list[AIOKafkaConsumer] = []
         self._known = [ClientAssignment() for _ in range(threads)]
-        self._restored = self.state.read_assignment()
+        self._restored = self.state.read_assignment(self._changelogs.keys())
         #: Consumers assigned since start: the restored claims hold until all of them are.
         self._joined: set[int] = set()
         self.rebalances = 0
@@ -622,8 +635,9 @@ class ProcessHost:
         return self._restored.get(consumer, frozenset())
 
     def offset_sums(self) -> dict[TaskId, int]:
-        """``LATEST_OFFSET`` for running actives, checkpointed sums for other local state."""
-        sums = self.state.offset_sums()
+        """``LATEST_OFFSET`` for running actives, checkpointed sums for other local state (of
+        this topology's stores only: ``StateDirectory.offset_sums``)."""
+        sums = self.state.offset_sums(self._changelogs)
         for t in self.running:
             sums[t] = LATEST_OFFSET
         return sums

@@ -26,11 +26,21 @@ zombie's late marker, in the window docs/runtime.md lists, can do either.
 
 Log compaction may drop old markers; the writes before them are then closed by a later marker,
 which is just as correct (they were committed).
+
+A marker this runtime did not write (a tool, a hand-made repair, a replayed copy of the topic
+writing the reserved key) may hold anything. Only applied offsets an owner can have written are
+read (``read_marker``): one huge offset would make ``seen`` true for every later input record,
+which would then be skipped and committed, silently and for good (every later marker of the
+owner repeats the value). Any other marker is unreadable: it still closes its commit (not
+closing would leave committed writes as an orphan tail, which a compensation rolls back) and
+changes no applied offset, and the restore logs a WARNING.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import reprlib
 from collections.abc import Iterator, Mapping
 
 import attrs
@@ -40,24 +50,53 @@ from ..errors import DamagedStateError, ReservedKeyError, StoreKeyTypeError
 from ..files import loads_json
 from .stores import KeyValueStore
 
+log = logging.getLogger("streamassign.runtime")
+
 #: Key of commit markers; user keys may not use it.
 COMMIT_KEY = b"\x00streamassign.commit"
 _POSITION = "position"
 _APPLIED = "applied"
+#: A repartition record is tracked by its position upstream: its upstream input offset times
+#: this, plus its rank among the records that input record sent (``tasks.mark_of``).
+RANK_LIMIT = 1 << 20
+#: Above every applied offset and position an owner can write: Kafka offsets are below 2**63.
+POSITION_LIMIT = (1 << 63) * RANK_LIMIT
+
+
+def is_position(value: object) -> bool:
+    """Whether ``value`` is an input offset or a repartition position (not a bool, a float or
+    a string that ``int()`` would take)."""
+    return type(value) is int and 0 <= value < POSITION_LIMIT
 
 
 def encode_marker(applied: Mapping[str, int]) -> bytes:
     return json.dumps({"applied": dict(sorted(applied.items()))}).encode()
 
 
-def decode_marker(value: bytes | None) -> dict[str, int]:
-    """Applied offsets of a marker; an unreadable marker applies nothing (and still closes):
-    a restore reads every marker, so one that raised would fail the task's every restore."""
+def read_marker(value: bytes | None) -> dict[str, int]:
+    """Applied offsets of a marker; ``DamagedStateError`` saying why when it is not one this
+    runtime writes (see the module docstring)."""
+    if value is None:
+        raise DamagedStateError("commit marker has no value")
+    data = loads_json(value, DamagedStateError, "commit marker")
+    applied = data.get("applied") if isinstance(data, dict) else None
+    if not isinstance(applied, dict):
+        raise DamagedStateError("commit marker has no 'applied' object")
+    for topic, offset in applied.items():
+        if not is_position(offset):
+            raise DamagedStateError(
+                f"commit marker: applied offset of {reprlib.repr(topic)} is "
+                f"{reprlib.repr(offset)}, not an int in [0, 2**83)"
+            )
+    return dict(applied)
+
+
+def decode_marker(value: bytes | None) -> dict[str, int] | None:
+    """Applied offsets of a marker; None when it is unreadable (``read_marker`` says why)."""
     try:
-        data = loads_json(value or b"{}", DamagedStateError, "commit marker")
-        return {str(t): int(o) for t, o in data.get("applied", {}).items()}
-    except (ValueError, TypeError, AttributeError):
-        return {}
+        return read_marker(value)
+    except DamagedStateError:
+        return None
 
 
 @attrs.define(eq=False)
@@ -87,12 +126,30 @@ class StoreState:
     unclosed: list[tuple[bytes, bytes | None]] = attrs.field(factory=list)
     #: Changelog records read by restores (data and markers), over this object's life.
     restored: int = 0
+    #: Restore side: this restore logged an unreadable marker (it logs one per store; a new
+    #: restore of the store, ``StateUpdater.add``, resets it).
+    warned_unreadable: bool = False
 
     @classmethod
     def open(cls, name: str, changelog: TopicPartition, store: KeyValueStore) -> StoreState:
-        """Wrap ``store``, reading the position and applied offsets it keeps."""
+        """Wrap ``store``, reading the position and applied offsets it keeps. Offsets that
+        cannot be read (a store a version without ``read_marker``'s checks committed a foreign
+        marker's offsets to) are logged and taken as none: the changelog's markers from the
+        store's position on, and the input offsets committed, say what it holds."""
         position = int(store.meta(_POSITION) or b"0")
-        applied = decode_marker(store.meta(_APPLIED))
+        kept = store.meta(_APPLIED)
+        try:
+            applied = {} if kept is None else read_marker(kept)
+        except DamagedStateError as exc:
+            applied = {}
+            log.warning(
+                "store %s (%s[%d]): the applied input offsets it keeps cannot be read (%s); "
+                "taken as none, so input it holds may be applied again",
+                name,
+                changelog.topic,
+                changelog.partition,
+                exc,
+            )
         return cls(name, changelog, store, position, applied)
 
     # -- the active side ---------------------------------------------------------------------
@@ -166,12 +223,33 @@ class StoreState:
             writes: dict[bytes, bytes | None] = dict(self.unclosed)
             # The last marker's offsets replace the earlier ones (not the max): a zombie's late
             # marker may run ahead of the owner's, and the owner's later marker must win.
-            self.applied.update(decode_marker(value))
+            try:
+                self.applied.update(read_marker(value))
+            except DamagedStateError as exc:
+                self._unreadable_marker(offset, exc)
             self.position = offset + 1
             self.store.write(writes, self._meta())
             self.unclosed.clear()
         elif key is not None:
             self.unclosed.append((key, value))
+
+    def _unreadable_marker(self, offset: int, why: DamagedStateError) -> None:
+        """Closed all the same (see the module docstring); said once per store and restore,
+        as a foreign writer's every record of the reserved key may be one."""
+        if self.warned_unreadable:
+            return
+        self.warned_unreadable = True
+        log.warning(
+            "store %s: the commit marker at %s[%d]@%d cannot be read (%s; not written by "
+            "streamassign?); the writes it closes are applied, the applied input offsets stay "
+            "the previous marker's, so input of that commit may be applied again after a "
+            "crash. Further unreadable markers of this restore are not logged",
+            self.name,
+            self.changelog.topic,
+            self.changelog.partition,
+            offset,
+            why,
+        )
 
     def drop_unclosed(self) -> None:
         """Forget records read after the last marker (they are re-read from ``position``)."""

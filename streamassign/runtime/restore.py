@@ -122,6 +122,8 @@ class StateUpdater:
     def add(self, task: ActiveTask, source: str) -> Restoring:
         """Restore ``task``'s stores (replacing a restore of the same task under way)."""
         entry = Restoring(task, source, sum(s.position for s in task.stores.values()))
+        for state in task.stores.values():
+            state.warned_unreadable = False  # each restore says once if it met a bad marker
         self.restoring[task.task_id] = entry
         task.restoring = True
         self.standbys.dirty = True

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import attrs
 
 from .. import TaskId, TopicPartition
 from ..errors import FanOutLimitError, TaskMovedError, UnknownStoreError
-from .changelog import StoreState
+from .changelog import POSITION_LIMIT, RANK_LIMIT, StoreState, is_position
 
 
 class Record(Protocol):
@@ -126,17 +126,18 @@ class TaskContext:
 _Send = tuple[str, int | None, bytes | None, bytes | None, list[tuple[str, bytes]] | None]
 
 #: Headers of a repartition record: its upstream input partition, and its position there
-#: (input offset * _RANK_LIMIT + rank among the records that input record sent).
+#: (input offset * RANK_LIMIT + rank among the records that input record sent).
 UPSTREAM_HEADER = "streamassign.upstream"
 POSITION_HEADER = "streamassign.position"
-_RANK_LIMIT = 1 << 20
+#: Digits of the longest position (below ``POSITION_LIMIT``, 2**83).
+_POSITION_DIGITS = len(str(POSITION_LIMIT))
 
 
 def _upstream_headers(record: Record, rank: int) -> list[tuple[str, bytes]]:
-    if rank >= _RANK_LIMIT:
-        raise FanOutLimitError(f"one input record sent more than {_RANK_LIMIT} repartition records")
+    if rank >= RANK_LIMIT:
+        raise FanOutLimitError(f"one input record sent more than {RANK_LIMIT} repartition records")
     upstream = f"{record.topic}[{record.partition}]".encode()
-    position = str(record.offset * _RANK_LIMIT + rank).encode()
+    position = str(record.offset * RANK_LIMIT + rank).encode()
     return [(UPSTREAM_HEADER, upstream), (POSITION_HEADER, position)]
 
 
@@ -146,12 +147,24 @@ def mark_of(record: Record) -> tuple[str, int]:
     replays, which give the same record a new offset); else its own topic and offset."""
     headers = dict(getattr(record, "headers", None) or ())
     upstream, position = headers.get(UPSTREAM_HEADER), headers.get(POSITION_HEADER)
-    if upstream is not None and position is not None:
+    if isinstance(upstream, bytes) and _is_position_header(position):
         try:
             return upstream.decode(), int(position)
-        except ValueError:  # not ours: track it by its own offset
+        except UnicodeDecodeError:  # not ours: track it by its own offset
             pass
     return record.topic, record.offset
+
+
+def _is_position_header(value: object) -> TypeGuard[bytes]:
+    """Whether ``value`` is a position header as ``_upstream_headers`` writes it: ASCII digits
+    of a position. A foreign producer's ``b" 12 "``, ``b"1_000"`` or a huge number (which
+    ``int()`` takes) would make the stores skip that upstream's every later record."""
+    return (
+        isinstance(value, bytes)
+        and 0 < len(value) <= _POSITION_DIGITS
+        and value.isdigit()  # bytes: ASCII digits only
+        and is_position(int(value))
+    )
 
 
 @attrs.define(eq=False)

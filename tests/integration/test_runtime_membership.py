@@ -55,7 +55,7 @@ async def _backward_markers(
         if r.key != COMMIT_KEY:
             return
         seen = highest[tp.partition]
-        for source, offset in decode_marker(r.value).items():
+        for source, offset in (decode_marker(r.value) or {}).items():
             if offset < seen.get(source, -1):
                 backward.append(f"{tp.partition}@{r.offset}: {source} {offset}")
             seen[source] = max(offset, seen.get(source, -1))
