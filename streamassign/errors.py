@@ -255,6 +255,13 @@ class ErrorCode(enum.IntEnum):
     SHUTDOWN_REQUESTED = 3
 
 
+class TopologyVersionMismatchError(StreamAssignError):
+    """The group's leader runs another topology version whose subtopology ids mean other
+    source topics than here (an id reused across versions in a rolling deploy): the tasks it
+    assigns by those ids are not run here, their partitions are paused. Logged once per episode
+    by the member (``ProcessHost``), never raised to the caller."""
+
+
 class AssignmentFileError(StreamAssignError, ValueError):
     """A saved assignment (``plan --json`` output given to ``explain`` / ``diff``) is unreadable."""
 

@@ -80,6 +80,7 @@ def streams_member(
         offset_sums={T(t): s for t, s in (sums or {}).items()},
         previous_active=frozenset(T(t) for t in previous.split()),
         version=version,
+        latest_supported_version=2,  # a group of protocol 2 members
         rack=rack,
     )
     info = AssignmentInfo(

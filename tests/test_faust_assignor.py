@@ -525,7 +525,11 @@ def test_hostile_members_cost_what_a_clean_round_costs_and_have_no_history(
         }
 
     attack = replaced(hostile)
-    no_history = replaced(lambda pid: SubscriptionInfo(uuid.UUID(int=pid)).encode())
+    no_history = replaced(  # the same version as the hostile bytes: the same answer
+        lambda pid: SubscriptionInfo(
+            uuid.UUID(int=pid), version=2, latest_supported_version=2
+        ).encode()
+    )
     with caplog.at_level(logging.WARNING, logger="streamassign"):
         answers = leader.assign(Cluster(COUNTS), attack)
     warned = [r.getMessage() for r in caplog.records if "no history" in r.getMessage()]

@@ -965,7 +965,9 @@ class App:
     def _pause_restoring(self, index: int) -> None:
         """Pause exactly the input partitions of ``index``'s tasks that cannot process now
         (restoring, torn until their restore, or with a record still running on the sibling
-        consumer they moved from: else ``index`` would fetch and rewind them on every loop);
+        consumer they moved from: else ``index`` would fetch and rewind them on every loop),
+        and those of tasks ``index`` does not run (a leader of another topology version
+        assigned them by a reused subtopology id: rewound at every fetch, they spun the loop);
         a new assignment resets pauses, so every fetch of the consumer loop calls this again."""
         if index >= len(self.host.consumers):
             return
@@ -979,9 +981,11 @@ class App:
         for tp in assigned:
             task = self._actives.get(self.topology.task_of(TopicPartition(*tp)))
             if (
-                task is not None
-                and task.consumer == index
-                and (task.restoring or task.torn or task.running not in (None, index))
+                task is None
+                or task.consumer != index
+                or task.restoring
+                or task.torn
+                or task.running not in (None, index)
             ):
                 hold.add(tp)
         with contextlib.suppress(Exception):  # a partition just unassigned
