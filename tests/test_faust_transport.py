@@ -872,3 +872,25 @@ def test_a_worker_stopping_during_a_rebalance_is_not_reported(
     with caplog.at_level(logging.INFO, logger="streamassign.faust"):
         consumer = asyncio.run(stopping())
     assert STUCK not in caplog.text and not consumer._flow_watch.running
+
+
+def test_streams_are_held_in_a_rebalance_the_previous_one_ended_during(
+    tmp_path: Path, faust_stops_flow: None
+) -> None:
+    """The previous rebalance's recovery cleared ``app.rebalancing`` during this one's join:
+    this rebalance's recovery resuming the stream partitions before its seek is still held
+    until its ``resume_flow()`` (else what is fetched meanwhile is dropped and committed past)."""
+
+    async def race() -> Any:
+        consumer = flow_worker(tmp_path)
+        await previous_rebalance_ends_late(consumer, "N+1 revokes, N resumes and ends")
+        assert not consumer.app.rebalancing
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 6)
+        consumer.pause_partitions({CHANGELOG, SOURCE})  # Faust pauses all after an assignment
+        consumer.resume_partitions({SOURCE})  # _resume_streams, before the seek
+        held = set(consumer._held_streams)
+        consumer.resume_flow()
+        return held, consumer._held_streams
+
+    held, after = asyncio.run(race())
+    assert held == {SOURCE} and after == set()

@@ -209,10 +209,12 @@ class _Consumer(faust_aiokafka.Consumer):
         control (which empties the agents' queues): what the fetcher delivered in between would
         be dropped unprocessed and then committed past (see the module docstring). Faust calls
         ``resume_flow()`` before ``app.on_rebalance_end()``, so the hold always ends first.
-        Changelog partitions resumed during a rebalance start the recovery watch."""
+        Changelog partitions resumed during a rebalance start the recovery watch. A rebalance
+        is under way while ``app.rebalancing`` or the flow watch's episode says so: the
+        previous rebalance's recovery may clear the former during the next rebalance's join."""
         tps = set(tps)
         streams: set[TP] = set()
-        if self.app.rebalancing:
+        if self.app.rebalancing or self._flow_stop is not None:
             changelogs = self.app.tables.changelog_topics
             streams = {tp for tp in tps if tp.topic not in changelogs}
             self._hold(streams)
