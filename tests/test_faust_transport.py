@@ -743,13 +743,19 @@ def test_the_member_whose_join_the_broker_holds_for_the_rebalance_timeout_is_not
 
 @pytest.fixture
 def faust_stops_flow(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Faust's revoke as far as the flow goes (``App._on_partitions_revoked`` stops it)."""
+    """Faust's revoke as far as the flow goes (``App._on_partitions_revoked`` stops it); its
+    assignment does nothing (it would start the app's producer)."""
 
     async def revoked(consumer: Any, revoked: set[TP]) -> None:
         if consumer.assignment():
             consumer.stop_flow()
 
-    monkeypatch.setattr(faust.transport.drivers.aiokafka.Consumer, "on_partitions_revoked", revoked)
+    async def assigned(consumer: Any, assigned: set[TP], generation_id: int = 0) -> None:
+        pass
+
+    base = faust.transport.drivers.aiokafka.Consumer
+    monkeypatch.setattr(base, "on_partitions_revoked", revoked)
+    monkeypatch.setattr(base, "on_partitions_assigned", assigned)
 
 
 def flow_worker(tmp_path: Path) -> Any:
