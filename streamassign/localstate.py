@@ -28,7 +28,7 @@ read stops the open (``StateDirectoryError``) rather than give the process a new
 Standard library only (and the core's ``Repeats``); the runtime writes checkpoints, the
 protocol reads the sums. The process passes what its topology's tasks hold (each subtopology's
 changelogs): state another topology version left (a store removed, a subtopology removed or
-renumbered by an upgrade) is then neither summed nor claimed, and stays on disk untouched.
+renumbered by an upgrade) is then neither summed nor claimed, and is not touched here.
 
 The state of a task the process no longer holds is deleted in two steps (Kafka Streams'
 ``state.cleanup.delay.ms``; the owner of the stores decides which tasks and when):
@@ -105,9 +105,9 @@ class StateDirectory:
         #: The cause of the state each reader ("offset sums", "assignment", "checkpoint of
         #: task 0_1") last could not read: the same cause again is logged at DEBUG only.
         self._unreadable: defaultdict[str, Repeats] = defaultdict(Repeats)
-        #: Tasks whose directory held another topology version's state at the last read of
-        #: the offset sums (``_log_other_versions``).
-        self._other_versions: frozenset[TaskId] = frozenset()
+        #: Tasks whose checkpoint had entries left out of the last offset sums read
+        #: (``_log_left_out``).
+        self._left_out_logged: frozenset[TaskId] = frozenset()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock: IO[bytes] | None = self._lock_file()
@@ -380,18 +380,20 @@ class StateDirectory:
         be read now (``tasks/`` or a checkpoint: too many open files, no permission, an I/O
         error) is left out of this report only, and kept as it is (logged once per cause).
 
-        ``changelogs`` (each subtopology id of the process's topology -> its stores' changelog
-        topics) makes these the sums of that topology's state: a task counts only its
-        subtopology's changelogs at its own partition, one whose checkpoint holds none of them
-        has no sum (no state), and a task of another subtopology reports nothing. The other
-        entries are another topology version's (a store removed, a subtopology renumbered or
-        removed by an upgrade): counted, they made the process claim warm state it did not
-        have. They are logged (``_log_other_versions``) and left on disk untouched, so a
-        rollback to that version finds them. Without ``changelogs`` every entry counts (the
-        raw view: which changelogs the directory holds data of)."""
+        ``changelogs`` (each subtopology id of the process's topology -> the changelog topics
+        its tasks checkpoint) makes these the sums of that topology's state: a task counts only
+        its subtopology's changelogs at its own partition, one whose checkpoint holds none of
+        them has no sum (no state), and a task of another subtopology reports nothing. The
+        other entries are another topology version's (a store removed, a subtopology
+        renumbered or removed by an upgrade: counted, they made the process claim warm state
+        it did not have) or named otherwise than ``changelogs`` says. They are logged with
+        what was found and expected (``_log_left_out``) and not touched here. Without
+        ``changelogs`` every entry counts (the raw view: which changelogs the directory holds
+        data of)."""
         unreadable: dict[Path, OSError] = {}
         sums: dict[TaskId, int] = {}
-        other_versions: set[TaskId] = set()
+        #: Tasks with entries left out -> the topics of those (None: not this topology's task).
+        left_out: dict[TaskId, frozenset[str] | None] = {}
         for entry in self._task_entries(unreadable):
             task = _task_of(entry.name)
             if task is None:
@@ -400,7 +402,7 @@ class StateDirectory:
                 self._set_aside(entry, f"task id {task} out of range")
                 continue
             if changelogs is not None and task.subtopology not in changelogs:
-                other_versions.add(task)
+                left_out[task] = None
                 continue
             try:
                 offsets = self._checkpoint(task)
@@ -410,29 +412,46 @@ class StateDirectory:
             if changelogs is not None:
                 own = _own_offsets(offsets, task, changelogs[task.subtopology])
                 if len(own) < len(offsets):
-                    other_versions.add(task)
+                    left_out[task] = frozenset(tp.topic for tp in offsets.keys() - own.keys())
                 offsets = own
             if offsets:
                 sums[task] = sum(offsets.values())
         self._unreadable_now("offset sums", unreadable, "not in the offset sums reported now")
         if changelogs is not None:
-            self._log_other_versions(other_versions)
+            self._log_left_out(left_out, changelogs)
         return sums
 
-    def _log_other_versions(self, tasks: set[TaskId]) -> None:
-        """One INFO line when tasks whose directory holds another topology version's state
-        appear (the sums are read at every join: the same ones again are not news)."""
-        news = tasks - self._other_versions
-        self._other_versions = frozenset(tasks)
+    def _log_left_out(
+        self,
+        left_out: Mapping[TaskId, frozenset[str] | None],
+        changelogs: Mapping[int, Collection[str]],
+    ) -> None:
+        """One line when tasks with checkpoint entries left out of the sums appear (the sums
+        are read at every join: the same tasks again are not news), naming per subtopology
+        the topics found and those expected. WARNING when a topic found is not named like a
+        changelog (``-changelog``): no topology version's, so likely a host that checkpoints
+        under names of its own and loses its stickiness until it declares them."""
+        news = left_out.keys() - self._left_out_logged
+        self._left_out_logged = frozenset(left_out)
         if not news:
             return
-        log.info(
-            "local state of tasks %s in %s is (in part) another topology version's: "
-            "changelogs or subtopologies this topology does not give these tasks (a store "
-            "removed, a subtopology renumbered or removed); not reported as their state, and "
-            "left on disk untouched (a rollback to that version finds it)",
-            _task_list(tasks),
+        found: dict[int, set[str]] = defaultdict(set)
+        for task, topics in left_out.items():
+            found[task.subtopology].update(topics or ())
+        parts = [
+            _left_out_part(sub, [t for t in left_out if t.subtopology == sub], found, changelogs)
+            for sub in sorted(found)
+        ]
+        odd = any(not t.endswith("-changelog") for s in changelogs for t in found.get(s, ()))
+        log.log(
+            logging.WARNING if odd else logging.INFO,
+            "local state in %s left out of the offset sums (not the changelogs this topology's "
+            "tasks checkpoint): %s. Either another topology version's (a store removed, a "
+            "subtopology renumbered or removed: left on disk, see docs/streams.md) or, for a "
+            "host that checkpoints its own stores, named otherwise: declare those names with "
+            "ProcessHost(changelog_topics=...)",
             self.path,
+            "; ".join(parts),
         )
 
     def read_checkpoints(
@@ -713,6 +732,20 @@ def _task_list(tasks: Collection[TaskId], shown: int = 20) -> str:
     ordered = sorted(tasks)
     more = f" and {len(ordered) - shown} more" if len(ordered) > shown else ""
     return ", ".join(str(t) for t in ordered[:shown]) + more
+
+
+def _left_out_part(
+    subtopology: int,
+    tasks: Collection[TaskId],
+    found: Mapping[int, Collection[str]],
+    changelogs: Mapping[int, Collection[str]],
+) -> str:
+    """``subtopology 0 (tasks 0_0, 0_2): found a-log, expected a-changelog`` (a log line's)."""
+    head = f"subtopology {subtopology} (tasks {_task_list(tasks)}): "
+    if subtopology not in changelogs:
+        return head + "not in this topology"
+    expected = ", ".join(sorted(changelogs[subtopology])) or "none (it declares no stores)"
+    return head + f"found {', '.join(sorted(found[subtopology]))}, expected {expected}"
 
 
 def _own_offsets(

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -439,15 +439,32 @@ def _runs_one_of(topology: Topology, partition: Any, tasks: frozenset[TaskId]) -
     return tp.topic in topology.source_topics and topology.task_of(tp) in tasks
 
 
-def _store_changelogs(topology: Topology, application_id: str) -> dict[int, frozenset[str]]:
-    """Each subtopology's changelog topics, ``<prefix>-<store>-changelog`` for its stores:
-    under the topology's name (the runtime's) and the application id (a host given another
-    ``application_id`` may name them after it); a stateless subtopology has none."""
+def _store_changelogs(
+    topology: Topology,
+    application_id: str,
+    declared: Mapping[int, Collection[str]] | None = None,
+) -> dict[int, frozenset[str]]:
+    """Each subtopology's changelog topics, the only checkpoint entries its offset sums
+    count: ``declared`` ones (``ProcessHost(changelog_topics=...)``), else
+    ``<prefix>-<store>-changelog`` for its stores, under the topology's name (the runtime's)
+    and the application id (a host given another ``application_id`` may name them after it);
+    a stateless subtopology has none."""
+    declared = dict(declared or {})
+    ids = {sub.id for sub in topology.subtopologies}
+    unknown = sorted(declared.keys() - ids)
+    if unknown:
+        raise ConfigError(
+            f"changelog_topics names subtopologies {unknown} the topology does not have "
+            f"(it has {sorted(ids)})"
+        )
+    if any(isinstance(topics, str) for topics in declared.values()):
+        raise ConfigError("changelog_topics: give each subtopology a collection of topic names")
     prefixes = {p for p in (topology.name, application_id) if p}
-    return {
+    defaults = {
         sub.id: frozenset(changelog_topic_name(p, s) for p in prefixes for s in sub.stores)
         for sub in topology.subtopologies
     }
+    return defaults | {sub: frozenset(topics) for sub, topics in declared.items()}
 
 
 def _has_loop() -> bool:
@@ -487,6 +504,11 @@ class ProcessHost:
     without it a copy's lag is measured against the most advanced copy reported, and with high
     availability a task without an end offset never moves to a warmup (lag unknown). Give every
     process the same settings: whichever leads decides.
+
+    ``changelog_topics`` (subtopology id -> the changelog topics its tasks' checkpoints name,
+    for a host managing its own stores) replaces, for the subtopologies it names, the
+    default ``<topology name or application_id>-<store>-changelog`` of their declared stores:
+    offset sums count only those entries (``offset_sums``).
     """
 
     def __init__(
@@ -510,6 +532,7 @@ class ProcessHost:
         probing_rebalance_interval_ms: int = 600_000,
         end_offsets: Callable[[], Mapping[TaskId, int]] | None = None,
         rack_aware_tags: Sequence[str] | None = None,
+        changelog_topics: Mapping[int, Collection[str]] | None = None,
     ) -> None:
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
@@ -529,7 +552,7 @@ class ProcessHost:
             raise ConfigError("an application id is needed (application_id= or a topology name)")
         self.bootstrap_servers = bootstrap_servers
         #: Each subtopology's changelog topics: the only local state offset sums count.
-        self._changelogs = _store_changelogs(topology, self.application_id)
+        self._changelogs = _store_changelogs(topology, self.application_id, changelog_topics)
         self.state = StateDirectory(Path(state_dir))
         self.process_id = self.state.process_id
         self.threads = threads

@@ -95,6 +95,9 @@ class TaskStores:
         self._checkpointed: dict[TaskId, dict[TopicPartition, int]] = {}
         #: The cause each task's checkpoint writes fail with (until one is written again).
         self._failed_writes: dict[TaskId, Repeats] = {}
+        #: Entries of each task's checkpoint this topology's stores do not write (another
+        #: topology version's), read at its first write: every write keeps them.
+        self._others: dict[TaskId, dict[TopicPartition, int]] = {}
         #: Tasks whose stores were found moved away from their directory (logged once each).
         self._moved: set[TaskId] = set()
         self._executor: ThreadPoolExecutor | None = None
@@ -345,7 +348,8 @@ class TaskStores:
             try:
                 if self._moved_away(task, states):
                     return
-                self.state.write_checkpoint(task, offsets, durable=durable)
+                others = self._other_versions(task)
+                self.state.write_checkpoint(task, {**others, **offsets}, durable=durable)
             except OSError as exc:
                 self._cannot_checkpoint(task, exc)
                 return
@@ -366,6 +370,21 @@ class TaskStores:
             exc,
         )
 
+    def _other_versions(self, task: TaskId) -> dict[TopicPartition, int]:
+        """The entries of ``task``'s checkpoint on disk for changelogs that are not its stores'
+        in this topology: another topology version's (an upgrade removed the store, or
+        renumbered its subtopology), whose store files stay in the task's directory untouched
+        while this version runs the task. Kept, they stay true, so a rollback to that version
+        reports that state (the host of this version leaves them out of its sums). Read once:
+        nothing else writes the checkpoint while this process holds the directory."""
+        others = self._others.get(task)
+        if others is None:
+            own = {tp.topic for tp in self._changelogs(task).values()}
+            checkpoint = self.state.read_checkpoint(task)
+            others = {tp: o for tp, o in checkpoint.items() if tp.topic not in own}
+            self._others[task] = others
+        return others
+
     def _moved_away(self, task: TaskId, states: Mapping[str, StoreState]) -> bool:
         """Whether a store of ``task`` no longer lives at its path (its directory, or
         ``tasks/``, was renamed or deleted under the open store). Its checkpoint is then not
@@ -380,6 +399,7 @@ class TaskStores:
         elif task not in self._moved:
             self.state.delete_checkpoint(task)  # raises: tried again at the next checkpoint
             self._checkpointed.pop(task, None)
+            self._others.pop(task, None)  # deleted with it: read again (none) at the next
             self._moved.add(task)
             log.error(
                 "task %s: store(s) %s no longer in %s (moved or deleted under the open store); "
@@ -410,6 +430,7 @@ class TaskStores:
             if not persistent:
                 self.state.delete_checkpoint(task)
                 self._checkpointed.pop(task, None)
+                self._others.pop(task, None)
             elif opened is None:  # else nothing was applied: the checkpoint is still right
                 self.checkpoint(task, states)
         except Exception:  # the stores still close below
@@ -430,6 +451,7 @@ class TaskStores:
         equal to the last one written must be written again, into the new directory)."""
         self._checkpointed.pop(task, None)
         self._failed_writes.pop(task, None)
+        self._others.pop(task, None)
         self.closed_at.pop(task, None)
 
     def close_parked(self) -> list[asyncio.Future[None]]:
