@@ -932,7 +932,7 @@ class App:
             for state in task.stores.values():
                 if not self.exactly_once:  # (with transactions, fencing replaces end checks)
                     state.end = entry.ends[state.changelog]  # the active's records land here
-                keys = state.compensate()
+                keys = state.compensate(entry.ends[state.changelog])
                 compensated += len(keys)
                 cl = state.changelog
                 task.outbox.extend(
