@@ -225,6 +225,9 @@ def test_a_host_checkpointing_under_names_of_its_own_declares_them(
     [
         ({2: ["x"]}, re.escape("subtopologies [2]")),
         ({0: "shop-totals-log"}, "collection of topic names"),
+        ({0: None}, "collection of topic names"),
+        ({"0": ["x"]}, "subtopology id '0' is not an int"),
+        ({0: [b"shop-totals-log"]}, "topic names must be strs"),
     ],
 )
 def test_changelog_topics_of_no_subtopology_or_a_bare_name_are_refused(

@@ -9,6 +9,7 @@ had replaced the whole file with its ``cb`` entry."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 from streamassign import TaskId, TopicPartition, Topology
@@ -86,3 +87,38 @@ def test_an_in_memory_task_leaves_no_checkpoint_when_it_closes(tmp_path: Path) -
     assert not (state.task_dir(T01) / "checkpoint").exists()
     state.close()
     assert sums(tmp_path, V3) == {}
+
+
+def test_a_task_whose_directory_went_while_released_keeps_no_other_versions_entry(
+    tmp_path: Path,
+) -> None:
+    """Review 26, finding 1: the other version's entries were cached across a close; once the
+    released task's directory was deleted (by hand, a restore from backup), the task's next
+    checkpoint on this process wrote v1's ``ca`` entry into the fresh directory, and a
+    rolled-back v1 claimed warm state whose store files were gone."""
+    v1_state(tmp_path)
+    state = StateDirectory(tmp_path)
+    stores = TaskStores(V3, "rocksdb", state, Standbys())
+
+    async def hold(records: int) -> None:
+        states = stores.open(T01)
+        cb: StoreState = states["cb"]
+        for offset in range(cb.position, cb.position + records):
+            cb.restore(offset, b"k", b"v")
+            cb.restore(offset + 1, COMMIT_KEY, encode_marker({}))
+            stores.checkpoint(T01, states, durable=False)
+        await stores.close(T01, states)
+
+    async def run() -> None:
+        await hold(3)
+        assert TopicPartition(CA, 1) in state.read_checkpoint(T01)  # kept for a rollback
+        shutil.rmtree(state.task_dir(T01))
+        await hold(2)  # back on this process, cold
+        stores.shutdown()
+
+    try:
+        asyncio.run(run())
+        assert TopicPartition(CA, 1) not in state.read_checkpoint(T01)
+    finally:
+        state.close()
+    assert T01 not in sums(tmp_path, V1)

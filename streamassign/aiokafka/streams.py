@@ -450,6 +450,7 @@ def _store_changelogs(
     and the application id (a host given another ``application_id`` may name them after it);
     a stateless subtopology has none."""
     declared = dict(declared or {})
+    _check_changelog_topics(declared)
     ids = {sub.id for sub in topology.subtopologies}
     unknown = sorted(declared.keys() - ids)
     if unknown:
@@ -457,14 +458,26 @@ def _store_changelogs(
             f"changelog_topics names subtopologies {unknown} the topology does not have "
             f"(it has {sorted(ids)})"
         )
-    if any(isinstance(topics, str) for topics in declared.values()):
-        raise ConfigError("changelog_topics: give each subtopology a collection of topic names")
     prefixes = {p for p in (topology.name, application_id) if p}
     defaults = {
         sub.id: frozenset(changelog_topic_name(p, s) for p in prefixes for s in sub.stores)
         for sub in topology.subtopologies
     }
     return defaults | {sub: frozenset(topics) for sub, topics in declared.items()}
+
+
+def _check_changelog_topics(declared: Mapping[Any, Any]) -> None:
+    """``ProcessHost(changelog_topics=...)`` is a map of subtopology ids (ints) to collections
+    of topic names (strs): anything else fails at construction, not at every later join."""
+    for sub, topics in declared.items():
+        if not isinstance(sub, int) or isinstance(sub, bool):
+            raise ConfigError(f"changelog_topics: subtopology id {sub!r} is not an int")
+        if isinstance(topics, str | bytes) or not isinstance(topics, Collection):
+            raise ConfigError(
+                f"changelog_topics[{sub}]: give a collection of topic names, not {topics!r}"
+            )
+        if not all(isinstance(topic, str) for topic in topics):
+            raise ConfigError(f"changelog_topics[{sub}]: topic names must be strs: {topics!r}")
 
 
 def _has_loop() -> bool:

@@ -426,11 +426,13 @@ class TaskStores:
         for state in states.values():
             persistent = state.store.persistent
             state.drop_unclosed()
+        # Another version's entries are read again at the next take: the task's directory
+        # may be deleted (from outside, or by the cleanup) before it comes back here.
+        self._others.pop(task, None)
         try:
             if not persistent:
                 self.state.delete_checkpoint(task)
                 self._checkpointed.pop(task, None)
-                self._others.pop(task, None)
             elif opened is None:  # else nothing was applied: the checkpoint is still right
                 self.checkpoint(task, states)
         except Exception:  # the stores still close below
