@@ -1274,15 +1274,27 @@ def _member_labels(member_ids: Iterable[str]) -> dict[str, str]:
 def _process_labels(pids: Iterable[str]) -> dict[str, str]:
     """Process ids as the tables show them, none folded at 80 columns, none ambiguous: a UUID
     by its shortest unique prefix of at least 8 digits, a member id (consumer groups) by its
-    unique tail, a Faust URL by its host's unique prefix and its port (``_url_labels``; whole
-    where a label of another kind reads alike). ``describe --json`` has the full ids."""
+    unique tail, a Faust URL by its host's unique prefix and its port (``_url_labels``); any
+    that reads as another's label whole. ``describe --json`` has the full ids."""
     pids = set(pids)
     labels = _unique_prefixes((p for p in pids if _is_uuid(p)), 8)
     labels |= _member_labels(p for p in pids if not _is_uuid(p) and "://" not in p)
-    urls = _url_labels(p for p in pids if "://" in p)
-    taken = Counter([*labels.values(), *urls.values()])
-    labels |= {pid: pid.rstrip("/") if taken[short] > 1 else short for pid, short in urls.items()}
+    labels |= _url_labels(p for p in pids if "://" in p)
+    # Each kind's labels are unique among that kind only: a plan's plain id "3f2a9c1e" and a
+    # UUID starting with it read alike. Whole until none does (whole ids differ: it ends).
+    while clashing := _clashing_labels(labels):
+        labels |= {pid: _whole_id(pid) for pid in clashing}
     return labels
+
+
+def _whole_id(pid: str) -> str:
+    return pid.rstrip("/") if "://" in pid else pid
+
+
+def _clashing_labels(labels: Mapping[str, str]) -> set[str]:
+    """The ids, not yet shown whole, whose label another id's reads alike."""
+    shared = Counter(labels.values())
+    return {pid for pid, label in labels.items() if shared[label] > 1 and label != _whole_id(pid)}
 
 
 def _client_at_host(member: Any) -> str:
@@ -2099,14 +2111,14 @@ def _write_run(
     """Simulate into a hidden sibling of ``run_dir``, then publish it there; on any failure
     (Ctrl-C included) the sibling is deleted and ``run_dir`` is untouched. A signal while
     publishing waits until the run is in place (a second one ends it at once); its
-    ``KeyboardInterrupt`` then says so when it is there (its second argument,
-    :func:`_one_line_failures`). Returns the rows written and the seconds
+    ``KeyboardInterrupt`` then says where each run is (its second argument, which
+    :func:`_one_line_failures` prints). Returns the rows written and the seconds
     taken (session start-up excluded)."""
     import time
 
     from .pipeline import spark as sp
     from .pipeline.progress import run_tracked, stderr_console
-    from .pipeline.runs import files_for, read_manifest, staging_path
+    from .pipeline.runs import files_for, staging_path
 
     files = files_for(run_dir, session)
     if _is_remote(run_dir):
@@ -2129,49 +2141,28 @@ def _write_run(
             files.delete(staging)
         raise
     elapsed = max(time.perf_counter() - start, 1e-9)
-
-    def published() -> bool:  # said only when true: a second signal ends publish halfway
-        return (read_manifest(files, run_dir) or {}).get("run_id") == run_id
-
     # Not deleted here after a failure: publish may have moved it into place (it deletes
     # it itself when it knows it did not).
-    with _saying_where_published(published, f"run {run_id} is in {run_dir}"):
-        _publish(files, staging, run_dir, run_id, "run")
+    _publish(files, staging, run_dir, run_id, "run")
     return rows, elapsed
 
 
-def _publish(files: Any, staging: str, final: str, run_id: str, what: str) -> None:
+def _publish(
+    files: Any, staging: str, final: str, run_id: str, what: str, marker: str = ""
+) -> None:
     """``runs.publish``, a failure as one line saying where the earlier run or report is (the
-    caller's "kept" would not be true when it was left aside), and an old one that could not be
-    deleted as a note."""
+    caller's "kept" would not be true when it was left aside), and a note as a note. A signal
+    comes out as ``KeyboardInterrupt(signum, where)``: publish knows best where each one is,
+    and :func:`_one_line_failures` says that instead of the caller's "kept"."""
     from .pipeline.runs import publish
 
     try:
-        left = publish(files, staging, final, run_id, what)
+        left = publish(files, staging, final, run_id, what, marker)
     except PublishError as exc:
         cause = _spark_failure(exc.__cause__) if exc.__cause__ is not None else str(exc)
         raise click.ClickException(f"publishing the {what} failed: {cause}; {exc.where}") from exc
     if left is not None:
-        click.echo(f"note: {left}; delete it by hand", err=True)
-
-
-@contextlib.contextmanager
-def _saying_where_published(published: Callable[[], bool], where: str) -> Iterator[None]:
-    """A signal while publishing as ``KeyboardInterrupt(signum, where)`` when ``published()``
-    (a deferred signal, or one during the old one's deletion): :func:`_one_line_failures` says
-    so. Otherwise (a second signal ended the publishing, or it failed after the signal) as it
-    came, and the caller's own tail says what was kept."""
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        signum = exc.args[0] if exc.args else 2  # SIGINT
-        try:
-            in_place = published()
-        except Exception:  # a JVM the signal stopped too: not known to be there
-            in_place = False
-        if not in_place:
-            raise
-        raise KeyboardInterrupt(signum, where) from exc
+        click.echo(f"note: {left}", err=True)
 
 
 def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) -> dict[str, Any]:
@@ -2261,14 +2252,8 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
         with contextlib.suppress(Exception):  # what stopped the rendering is what to report
             files.delete(staging)
         raise
-    page = out / "report.html"
-
-    def published() -> bool:  # the staging folder renamed into place
-        return not files.exists(staging) and page.is_file()
-
-    with _saying_where_published(published, f"the report is in {out}"):
-        _publish(files, staging, str(out), report_id, "report")
-    return page
+    _publish(files, staging, str(out), report_id, "report", "report.html")
+    return out / "report.html"
 
 
 def _check_report_out(out: Path) -> None:

@@ -215,8 +215,8 @@ class DamagedRunError(PipelineError):
 class PublishError(StreamAssignError, OSError):
     """A complete run or report that could not be moved into place (a rename that failed).
     The new one's staging folder is deleted; ``where`` says where the one it was to replace is
-    now: in place, or aside under a ``.replaced-`` name with what to do (its put-back failed
-    too, or an object store's rename left part of the new one in its place)."""
+    now, as the folders show it: in place, or aside under a ``.replaced-`` name, or split
+    between the two (an object store's rename failed partway), with what to do."""
 
     def __init__(self, message: str, where: str) -> None:
         super().__init__(f"{message}; {where}")
@@ -253,6 +253,13 @@ class ErrorCode(enum.IntEnum):
     INCOMPLETE_SOURCE_TOPIC_METADATA = 1
     ASSIGNMENT_ERROR = 2
     SHUTDOWN_REQUESTED = 3
+
+
+class TopologyVersionMismatchError(StreamAssignError):
+    """The group's leader runs another topology version whose subtopology ids mean other
+    source topics than here (an id reused across versions in a rolling deploy): the tasks it
+    assigns by those ids are not run here, their partitions are paused. Logged once per episode
+    by the member (``ProcessHost``), never raised to the caller."""
 
 
 class AssignmentFileError(StreamAssignError, ValueError):

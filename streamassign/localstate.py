@@ -28,7 +28,7 @@ read stops the open (``StateDirectoryError``) rather than give the process a new
 Standard library only (and the core's ``Repeats``); the runtime writes checkpoints, the
 protocol reads the sums. The process passes what its topology's tasks hold (each subtopology's
 changelogs): state another topology version left (a store removed, a subtopology removed or
-renumbered by an upgrade) is then neither summed nor claimed, and stays on disk untouched.
+renumbered by an upgrade) is then neither summed nor claimed, and is not touched here.
 
 The state of a task the process no longer holds is deleted in two steps (Kafka Streams'
 ``state.cleanup.delay.ms``; the owner of the stores decides which tasks and when):
@@ -47,6 +47,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections import defaultdict
@@ -101,12 +102,12 @@ class StateDirectory:
         self._undeletable: set[Path] = set()
         #: Whether the last ``delete_retired`` left a retired directory it could not delete.
         self.retired_left = False
-        #: The cause of the state each reader ("offset sums", "checkpoint", "assignment")
-        #: last could not read: the same cause again is logged at DEBUG only.
+        #: The cause of the state each reader ("offset sums", "assignment", "checkpoint of
+        #: task 0_1") last could not read: the same cause again is logged at DEBUG only.
         self._unreadable: defaultdict[str, Repeats] = defaultdict(Repeats)
-        #: Tasks whose directory held another topology version's state at the last read of
-        #: the offset sums (``_log_other_versions``).
-        self._other_versions: frozenset[TaskId] = frozenset()
+        #: Tasks whose checkpoint had entries left out of the last offset sums read
+        #: (``_log_left_out``).
+        self._left_out_logged: frozenset[TaskId] = frozenset()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock: IO[bytes] | None = self._lock_file()
@@ -135,6 +136,9 @@ class StateDirectory:
     def _lock_file(self) -> IO[bytes]:
         """The lock file, opened; a directory or a looping link in its place is set aside."""
         file = self.path / ".lock"
+        special = _special_file(file)
+        if special is not None:
+            self._set_aside(file, f"{special} where the file belongs")
         try:
             return file.open("wb")
         except OSError as exc:
@@ -180,13 +184,19 @@ class StateDirectory:
         return aside
 
     def _directory(self, path: Path) -> Path:
-        """``path`` as a directory, creating it; anything else in its place is set aside."""
+        """``path`` as a directory, creating it; anything else in its place (a file, a link
+        to nothing or a loop of links) is set aside."""
         try:
             path.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:  # a file (or a dangling link) where the directory belongs
-            self._set_aside(path, "not a directory")
+        except FileExistsError:
+            self._set_aside(path, not_a_directory(path))
             path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def task_directory(self, task: TaskId) -> Path:
+        """``task``'s directory, created (before its stores open in it); anything else in its
+        place is set aside, so the stores open empty and restore from their changelogs."""
+        return self._directory(self.task_dir(task))
 
     def _unreadable_now(self, reader: str, failures: Mapping[Path, OSError], outcome: str) -> None:
         """Log what ``reader`` could not read now (``failures``, not damage: nothing is moved)
@@ -213,6 +223,9 @@ class StateDirectory:
         """``file``'s JSON content; ``DamagedStateError`` when it is damaged (``is_damage``:
         something else in its place, not parseable, NaN/Infinity and over-large numbers
         included); any other ``OSError`` as raised (``FileNotFoundError`` when absent)."""
+        special = _special_file(file)
+        if special is not None:
+            raise DamagedStateError(f"{special} where a file belongs")
         try:
             with file.open("rb") as fh:
                 raw = read_bounded(fh, MAX_STATE_FILE_BYTES)
@@ -243,6 +256,9 @@ class StateDirectory:
         retrying here would only hold up a start the operator has to fix anyway."""
         file = self.path / "process.id"
         try:
+            special = _special_file(file)
+            if special is not None:
+                raise DamagedStateError(f"{special} where the file belongs")
             return uuid.UUID(file.read_text().strip())
         except FileNotFoundError:
             pass
@@ -253,7 +269,9 @@ class StateDirectory:
                 raise StateDirectoryError(
                     f"state directory {self.path} cannot be used: cannot read its process id "
                     f"({file}: {exc.strerror or exc}); not replaced, so the process keeps its "
-                    "identity and tasks once this is fixed"
+                    "identity and tasks once this is fixed (its permission, the disk); or "
+                    "delete it to start with a new id (its tasks then restore elsewhere or "
+                    "warm up here again)"
                 ) from exc
             self._set_aside(file, exc)  # a directory or a loop of links in its place
         pid = uuid.uuid4()
@@ -281,16 +299,19 @@ class StateDirectory:
     def read_checkpoint(self, task: TaskId) -> dict[TopicPartition, int]:
         """The checkpointed offsets of ``task``: empty when none, when damaged (set aside), or
         when it cannot be read now (kept; logged once per cause)."""
+        reader = f"checkpoint of task {task}"  # one per task: another's read ends nothing
         try:
             offsets = self._checkpoint(task)
         except OSError as exc:
             self._unreadable_now(
-                "checkpoint",
+                reader,
                 {self.task_dir(task) / "checkpoint": exc},
                 f"task {task} counts as without a checkpoint this time",
             )
             return {}
-        self._unreadable_now("checkpoint", {}, "")
+        if reader in self._unreadable:  # (only tasks that failed are remembered)
+            self._unreadable_now(reader, {}, "")
+            del self._unreadable[reader]
         return offsets
 
     def _checkpoint(self, task: TaskId) -> dict[TopicPartition, int]:
@@ -302,8 +323,11 @@ class StateDirectory:
         except FileNotFoundError:
             return {}
         except DamagedStateError as exc:
-            if isinstance(exc.__cause__, NotADirectoryError):  # a file named like the task
-                self._set_aside(directory, "not a directory")
+            # Something else where the task's directory belongs (a file, a loop of links:
+            # ENOTDIR, ELOOP) is set aside, not the checkpoint path inside it (no rename
+            # through it can work).
+            if isinstance(exc.__cause__, OSError) and not directory.is_dir():
+                self._set_aside(directory, not_a_directory(directory))
             else:
                 self._set_aside(file, exc)
             return {}
@@ -318,6 +342,37 @@ class StateDirectory:
         except IsADirectoryError:
             self._set_aside(file, "a directory where the checkpoint belongs")
 
+    def delete_checkpoints(self) -> None:
+        """Delete every task's checkpoint without reading it (in-memory stores: those of a
+        previous run describe state that is gone; one that cannot be read now must go too, or
+        it would be reported, once readable, as state the process does not have).
+        ``StateDirectoryError`` naming the path if ``tasks/`` cannot be listed or a checkpoint
+        cannot be deleted (no permission, an I/O error): left, it would be claimed later."""
+        try:
+            entries = list((self.path / "tasks").iterdir())
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if is_damage(exc):  # holds no checkpoint that could be read: offset_sums mends it
+                return
+            raise self._cannot_delete_checkpoints(exc) from exc
+        for entry in entries:
+            task = _task_of(entry.name)
+            if task is None or not _valid_task(task):
+                continue  # no task's (never read as a checkpoint either)
+            try:
+                self.delete_checkpoint(task)
+            except OSError as exc:
+                if not is_damage(exc):  # damage (a loop) holds nothing readable
+                    raise self._cannot_delete_checkpoints(exc) from exc
+
+    def _cannot_delete_checkpoints(self, exc: OSError) -> StateDirectoryError:
+        return StateDirectoryError(
+            f"state directory {self.path} cannot be used: cannot delete the checkpoints of a "
+            f"previous run ({exc.filename}: {exc.strerror or exc}); with in-memory stores they "
+            "describe state that is gone, and would be reported as held once readable"
+        )
+
     def offset_sums(
         self, changelogs: Mapping[int, Collection[str]] | None = None
     ) -> dict[TaskId, int]:
@@ -325,18 +380,20 @@ class StateDirectory:
         be read now (``tasks/`` or a checkpoint: too many open files, no permission, an I/O
         error) is left out of this report only, and kept as it is (logged once per cause).
 
-        ``changelogs`` (each subtopology id of the process's topology -> its stores' changelog
-        topics) makes these the sums of that topology's state: a task counts only its
-        subtopology's changelogs at its own partition, one whose checkpoint holds none of them
-        has no sum (no state), and a task of another subtopology reports nothing. The other
-        entries are another topology version's (a store removed, a subtopology renumbered or
-        removed by an upgrade): counted, they made the process claim warm state it did not
-        have. They are logged (``_log_other_versions``) and left on disk untouched, so a
-        rollback to that version finds them. Without ``changelogs`` every entry counts (the
-        raw view: which changelogs the directory holds data of)."""
+        ``changelogs`` (each subtopology id of the process's topology -> the changelog topics
+        its tasks checkpoint) makes these the sums of that topology's state: a task counts only
+        its subtopology's changelogs at its own partition, one whose checkpoint holds none of
+        them has no sum (no state), and a task of another subtopology reports nothing. The
+        other entries are another topology version's (a store removed, a subtopology
+        renumbered or removed by an upgrade: counted, they made the process claim warm state
+        it did not have) or named otherwise than ``changelogs`` says. They are logged with
+        what was found and expected (``_log_left_out``) and not touched here. Without
+        ``changelogs`` every entry counts (the raw view: which changelogs the directory holds
+        data of)."""
         unreadable: dict[Path, OSError] = {}
         sums: dict[TaskId, int] = {}
-        other_versions: set[TaskId] = set()
+        #: Tasks with entries left out -> the topics of those (None: not this topology's task).
+        left_out: dict[TaskId, frozenset[str] | None] = {}
         for entry in self._task_entries(unreadable):
             task = _task_of(entry.name)
             if task is None:
@@ -345,7 +402,7 @@ class StateDirectory:
                 self._set_aside(entry, f"task id {task} out of range")
                 continue
             if changelogs is not None and task.subtopology not in changelogs:
-                other_versions.add(task)
+                left_out[task] = None
                 continue
             try:
                 offsets = self._checkpoint(task)
@@ -355,30 +412,68 @@ class StateDirectory:
             if changelogs is not None:
                 own = _own_offsets(offsets, task, changelogs[task.subtopology])
                 if len(own) < len(offsets):
-                    other_versions.add(task)
+                    left_out[task] = frozenset(tp.topic for tp in offsets.keys() - own.keys())
                 offsets = own
             if offsets:
                 sums[task] = sum(offsets.values())
         self._unreadable_now("offset sums", unreadable, "not in the offset sums reported now")
         if changelogs is not None:
-            self._log_other_versions(other_versions)
+            self._log_left_out(left_out, changelogs)
         return sums
 
-    def _log_other_versions(self, tasks: set[TaskId]) -> None:
-        """One INFO line when tasks whose directory holds another topology version's state
-        appear (the sums are read at every join: the same ones again are not news)."""
-        news = tasks - self._other_versions
-        self._other_versions = frozenset(tasks)
+    def _log_left_out(
+        self,
+        left_out: Mapping[TaskId, frozenset[str] | None],
+        changelogs: Mapping[int, Collection[str]],
+    ) -> None:
+        """One line when tasks with checkpoint entries left out of the sums appear (the sums
+        are read at every join: the same tasks again are not news), naming per subtopology
+        the topics found and those expected. WARNING when a topic found is not named like a
+        changelog (``-changelog``): no topology version's, so likely a host that checkpoints
+        under names of its own and loses its stickiness until it declares them."""
+        news = left_out.keys() - self._left_out_logged
+        self._left_out_logged = frozenset(left_out)
         if not news:
             return
-        log.info(
-            "local state of tasks %s in %s is (in part) another topology version's: "
-            "changelogs or subtopologies this topology does not give these tasks (a store "
-            "removed, a subtopology renumbered or removed); not reported as their state, and "
-            "left on disk untouched (a rollback to that version finds it)",
-            _task_list(tasks),
+        found: dict[int, set[str]] = defaultdict(set)
+        for task, topics in left_out.items():
+            found[task.subtopology].update(topics or ())
+        parts = [
+            _left_out_part(sub, [t for t in left_out if t.subtopology == sub], found, changelogs)
+            for sub in sorted(found)
+        ]
+        odd = any(not t.endswith("-changelog") for s in changelogs for t in found.get(s, ()))
+        log.log(
+            logging.WARNING if odd else logging.INFO,
+            "local state in %s left out of the offset sums (not the changelogs this topology's "
+            "tasks checkpoint): %s. Either another topology version's (a store removed, a "
+            "subtopology renumbered or removed: left on disk, see docs/streams.md) or, for a "
+            "host that checkpoints its own stores, named otherwise: declare those names with "
+            "ProcessHost(changelog_topics=...)",
             self.path,
+            "; ".join(parts),
         )
+
+    def read_checkpoints(
+        self,
+    ) -> tuple[dict[TaskId, dict[TopicPartition, int]], dict[Path, OSError]]:
+        """Every task's checkpointed offsets, and what could not be read now (``tasks/`` or a
+        checkpoint: kept, and not logged here: for a caller that must not guess, e.g. whether
+        the local state holds data of a deleted changelog). Damage is set aside, as always."""
+        unreadable: dict[Path, OSError] = {}
+        found: dict[TaskId, dict[TopicPartition, int]] = {}
+        for entry in self._task_entries(unreadable):
+            task = _task_of(entry.name)
+            if task is None or not _valid_task(task):
+                continue  # not a task's (``offset_sums`` sets an out-of-range one aside)
+            try:
+                offsets = self._checkpoint(task)
+            except OSError as exc:
+                unreadable[entry / "checkpoint"] = exc
+                continue
+            if offsets:
+                found[task] = offsets
+        return found, unreadable
 
     def _task_entries(self, unreadable: dict[Path, OSError]) -> list[Path]:
         """The entries of ``tasks/``, sorted; none if it cannot be listed. Removed, or
@@ -546,6 +641,28 @@ def _unusable(path: Path, exc: OSError) -> StateDirectoryError:
     )
 
 
+def _special_file(path: Path) -> str | None:
+    """What ``path`` is if it is neither a regular file nor a directory (a FIFO, a socket, a
+    device: opening a FIFO blocks until a writer comes, the event loop with it): damage where a
+    file belongs. None otherwise, also when it cannot be told (the open says why)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket or device"
+
+
+def not_a_directory(path: Path) -> str:
+    """Why ``path``, where a directory belongs, is none: for logs (a link says where it leads,
+    e.g. to a disk that is not mounted)."""
+    try:
+        return f"a link to {os.readlink(path)}, which leads to no directory"
+    except OSError:  # not a link
+        return "not a directory"
+
+
 def _is_removed(name: str) -> bool:
     """Whether a ``tasks/`` entry is a task directory ``retire_task`` renamed (not damaged
     state set aside for inspection: ``<name>.damaged-...`` is never deleted)."""
@@ -615,6 +732,20 @@ def _task_list(tasks: Collection[TaskId], shown: int = 20) -> str:
     ordered = sorted(tasks)
     more = f" and {len(ordered) - shown} more" if len(ordered) > shown else ""
     return ", ".join(str(t) for t in ordered[:shown]) + more
+
+
+def _left_out_part(
+    subtopology: int,
+    tasks: Collection[TaskId],
+    found: Mapping[int, Collection[str]],
+    changelogs: Mapping[int, Collection[str]],
+) -> str:
+    """``subtopology 0 (tasks 0_0, 0_2): found a-log, expected a-changelog`` (a log line's)."""
+    head = f"subtopology {subtopology} (tasks {_task_list(tasks)}): "
+    if subtopology not in changelogs:
+        return head + "not in this topology"
+    expected = ", ".join(sorted(changelogs[subtopology])) or "none (it declares no stores)"
+    return head + f"found {', '.join(sorted(found[subtopology]))}, expected {expected}"
 
 
 def _own_offsets(

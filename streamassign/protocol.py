@@ -21,6 +21,11 @@ maps (a section without hosts).
 
 Version 2 appends — subscription: rack, client tags. Assignment: warmup tasks.
 
+Version 3 appends — subscription: a fingerprint per subtopology id of the member's topology
+(``streamassign.versions.subtopology_fingerprints``: its source topics and co-partition
+groups), so a leader gives the tasks of its topology only to processes whose subtopology ids
+mean the same topics (a rolling deploy that changes the topology). Assignment: nothing.
+
 Garbage or truncated bytes raise ``ProtocolError``; the leader treats such a member as having
 no history. Decoding is bounded by ``MAX_TASK_IDS``, so a few bytes of garbage cannot cost gigabytes
 or minutes; the writer refuses whatever the reader would refuse (a ``ValueError``), so a leader
@@ -44,7 +49,7 @@ from ._ids import TaskId, TopicPartition
 from .errors import EncodeError, ErrorCode
 from .errors import ProtocolError as ProtocolError  # its old home: still importable from here
 
-LATEST_VERSION = 2
+LATEST_VERSION = 3
 MIN_VERSION = 1
 
 #: Offset sum reported for a task the client is running as an active (Kafka Streams' -2).
@@ -290,6 +295,9 @@ class SubscriptionInfo:
     client_tags: Mapping[str, str] = attrs.field(factory=dict)
     version: int = LATEST_VERSION
     latest_supported_version: int = LATEST_VERSION
+    #: Subtopology id -> fingerprint of the member's topology (version 3; empty: not
+    #: announced, an older member, whose topology the leader cannot compare).
+    subtopology_fingerprints: Mapping[int, str] = attrs.field(factory=dict, kw_only=True)
 
     @property
     def running(self) -> frozenset[TaskId]:
@@ -323,6 +331,13 @@ class SubscriptionInfo:
             for key in sorted(self.client_tags):
                 w.string(key)
                 w.string(self.client_tags[key])
+        if self.version >= 3:
+            fingerprints = self.subtopology_fingerprints
+            w.take(len(fingerprints))
+            w.uint(len(fingerprints))
+            for sub in sorted(fingerprints):
+                w.uint(sub)
+                w.string(fingerprints[sub])
         return w.finish()
 
     @classmethod
@@ -389,9 +404,24 @@ class SubscriptionInfo:
         if read_version >= 2:
             rack = r.string() or None
             tags = {r.string(): r.string() for _ in range(r.count())}
+        fingerprints = {}
+        if read_version >= 3:
+            fingerprints = {r.uint(): r.string() for _ in range(r.take(r.count()))}
         if version == read_version and not r.done():
             raise ProtocolError(f"{len(data) - r.pos} unexpected trailing bytes")
-        return cls(process_id, endpoint, sums, previous, nonce, error, rack, tags, version, latest)
+        return cls(
+            process_id,
+            endpoint,
+            sums,
+            previous,
+            nonce,
+            error,
+            rack,
+            tags,
+            version,
+            latest,
+            subtopology_fingerprints=fingerprints,
+        )
 
 
 # -- assignment ------------------------------------------------------------------------------

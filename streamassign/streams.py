@@ -47,6 +47,7 @@ from .repeats import Repeats, log_error_once
 from .sticky import StickyTaskAssignor
 from .threads import distribute_to_threads
 from .topology import Topology
+from .versions import ROLLING_DEPLOY_DOC, subtopology_fingerprints, topology_version
 
 log = logging.getLogger("streamassign.streams")
 
@@ -703,6 +704,7 @@ def assign_streams(
     probing_memory: ProbingMemory | None = None,
     topology_errors: Repeats | None = None,
     shared_ids: Repeats | None = None,
+    topology_versions: Repeats | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad topics or
     bad members: those become error codes or empty assignments, logged. An option out of range
@@ -718,22 +720,21 @@ def assign_streams(
     ``partition_racks`` (the rack of each partition's leader) lets tasks that need a new client
     prefer one in their partitions' rack; ``rack_aware_tags`` names the client tag keys standby
     placement avoids sharing (``None``: all). ``probing_memory``: see ``ProbingMemory``.
-    ``topology_errors``: the topology error this leader logged last, kept across its rebalances
-    (``ProcessHost`` keeps one): the same error again is logged at DEBUG, not ERROR (members
-    retry every 1 to 30 s while a topic is missing), and one INFO line says when tasks can be
-    assigned again; None: every error at ERROR. ``shared_ids``: the process ids shared by
-    members with different endpoints this leader logged last (``client_states``; ``ProcessHost``
-    keeps one), each clash logged at WARNING once; None: at every rebalance.
+    ``topology_errors`` (the topology error), ``shared_ids`` (process ids shared by members
+    with different endpoints, ``client_states``), ``topology_versions`` (topology versions
+    sharing the group, :func:`_same_topology_ids`): what this leader logged last, kept across
+    its rebalances (``ProcessHost`` keeps each): each is logged once (a topology error at
+    ERROR, then at DEBUG: members retry every 1-30 s), its end at INFO; None: every time.
     """
     version = common_version(members, leader_version)
     if _shutdown_requested(members):
         return _failed(members, ErrorCode.SHUTDOWN_REQUESTED, version)
-    compatible = _compatible_members(topology, members)
+    compatible = _compatible_members(topology, members, topology_versions)
     grouped = _group_tasks(topology, partition_counts, topology_errors)
     if grouped is None:
         return _failed(members, _INCOMPLETE, version)
     if not compatible:
-        return _unassigned(members, version)
+        return _unassigned(members, version, topology, grouped.partition_counts)
     compatible = without_copied_claims(bounded_claims(compatible, grouped.tasks))
     assignor = _task_assignor(
         high_availability,
@@ -797,12 +798,23 @@ class _RoundInputs:
 
 
 def _unassigned(
-    members: Mapping[str, MemberSubscription], version: int
+    members: Mapping[str, MemberSubscription],
+    version: int,
+    topology: Topology,
+    counts: Mapping[str, int],
 ) -> dict[str, MemberAssignment]:
-    """Every member with no tasks and no error."""
+    """Every member with no tasks and no error, but the topic dictionary: a member of another
+    topology version can tell why it got none."""
+    topics = _topic_dictionary(topology, counts)
+    info = AssignmentInfo(topics=topics, version=version, common_version=version)
+    return {m: MemberAssignment((), info) for m in members}
+
+
+def _topic_dictionary(topology: Topology, counts: Mapping[str, int]) -> dict[int, dict[str, int]]:
+    """Each subtopology's source topics with their partition counts (``AssignmentInfo.topics``)."""
     return {
-        m: MemberAssignment((), AssignmentInfo(version=version, common_version=version))
-        for m in members
+        s: {t: counts[t] for t in topology.subtopology(s).source_topics}
+        for s in topology.subtopology_ids
     }
 
 
@@ -832,7 +844,7 @@ def _assign_compatible(
         assignor, tasks, clients, stateful, racks, given.now_ms, given.probing_memory
     )
     hosts = _HostMaps.of(per_client, endpoints, topology, grouped.partition_counts)
-    result = _unassigned(members, version)
+    result = _unassigned(members, version, topology, grouped.partition_counts)
     for key, member_ids in by_process.items():
         threads = _split_to_threads(
             per_client[key], member_ids, compatible, tasks, stateful, hosts, version
@@ -847,6 +859,14 @@ def _assign_compatible(
 
 
 def _compatible_members(
+    topology: Topology, members: Mapping[str, MemberSubscription], versions: Repeats | None
+) -> dict[str, MemberSubscription]:
+    """Members subscribed to every source topic whose subtopology ids mean the same topics as
+    the leader's (:func:`_same_topology_ids`); the others are logged (they get no tasks)."""
+    return _same_topology_ids(topology, _subscribing_members(topology, members), versions)
+
+
+def _subscribing_members(
     topology: Topology, members: Mapping[str, MemberSubscription]
 ) -> dict[str, MemberSubscription]:
     """Members subscribed to every source topic; the others are logged (they get no tasks)."""
@@ -860,6 +880,64 @@ def _compatible_members(
             ", ".join(missing),
         )
     return compatible
+
+
+def _same_topology_ids(
+    topology: Topology,
+    members: Mapping[str, MemberSubscription],
+    logged: Repeats | None,
+) -> dict[str, MemberSubscription]:
+    """``members`` without those whose announced subtopology fingerprints differ from this
+    leader's for any of its subtopology ids (another topology version that gave an id to
+    another subtopology: run as theirs, the leader's tasks would open the wrong stores and
+    read none of their records). They get no tasks, as a member missing a source topic. A
+    member announcing none (protocol version 1-2) is kept, as before. The leader's topology is
+    the reference, not the majority's: the tasks it assigns are its own ids. A mixed-version
+    episode is logged at WARNING once while ``logged`` remembers it, its end at INFO; without
+    ``logged``, at every rebalance."""
+    own = subtopology_fingerprints(topology)
+    versions: dict[str, set[str]] = {}
+    kept = {}
+    for member, sub in members.items():
+        info = sub.info
+        theirs = info.subtopology_fingerprints if info is not None else {}
+        if info is not None and theirs:
+            versions.setdefault(topology_version(theirs), set()).add(str(info.process_id))
+        if not theirs or all(theirs.get(s) == f for s, f in own.items()):
+            kept[member] = sub
+    _log_topology_versions(topology_version(own), versions, logged)
+    return kept
+
+
+def _log_topology_versions(
+    own: str, versions: Mapping[str, set[str]], logged: Repeats | None
+) -> None:
+    """One WARNING line when processes of another topology version share the group (once per
+    episode with ``logged``), one INFO line when none does any more."""
+    others = {v: p for v, p in versions.items() if v != own}
+    if not others:
+        if logged is not None and logged.ended():
+            log.info(
+                "every process announcing its topology runs this leader's version %s again", own
+            )
+        return
+    if logged is not None and not logged.changed(frozenset(versions)):
+        return
+    listed = "; ".join(
+        f"version {v}: processes {', '.join(sorted(p))}" for v, p in sorted(others.items())
+    )
+    mine = ", ".join(sorted(versions.get(own, ()))) or "none announcing it"
+    log.warning(
+        "processes of %d other topology version(s) share the group (%s); this leader's version "
+        "%s (processes %s) gives them no tasks: their subtopology ids read other topics. "
+        "They get tasks once a leader of their version assigns; keep subtopology ids stable "
+        "across versions (%s)",
+        len(others),
+        listed,
+        own,
+        mine,
+        ROLLING_DEPLOY_DOC,
+    )
 
 
 def _task_assignor(
@@ -961,11 +1039,7 @@ class _HostMaps:
                 )
         # The dictionary travels even without endpoints: it is what lets a reader of the
         # group (``describe``) map every task to its partitions; a few bytes per topic.
-        topics = {
-            s: {t: counts[t] for t in topology.subtopology(s).source_topics}
-            for s in topology.subtopology_ids
-        }
-        return cls(active_by_host, standby_by_host, topics)
+        return cls(active_by_host, standby_by_host, _topic_dictionary(topology, counts))
 
 
 def _split_to_threads(

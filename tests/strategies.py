@@ -152,7 +152,7 @@ error_codes = st.sampled_from(list(ErrorCode))
 
 @st.composite
 def subscription_infos(draw: st.DrawFn) -> SubscriptionInfo:
-    version = draw(st.sampled_from([1, 2]))
+    version = draw(st.sampled_from([1, 2, 3]))
     return SubscriptionInfo(
         uuid.UUID(int=draw(st.integers(0, 2**128 - 1))),
         endpoint=draw(st.one_of(st.none(), wire_names)),
@@ -168,6 +168,11 @@ def subscription_infos(draw: st.DrawFn) -> SubscriptionInfo:
         else {},
         version=version,
         latest_supported_version=draw(st.integers(version, 5)),
+        subtopology_fingerprints=draw(
+            st.dictionaries(st.integers(0, 2**31), wire_names, max_size=3)
+        )
+        if version >= 3
+        else {},
     )
 
 

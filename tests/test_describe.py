@@ -80,6 +80,7 @@ def streams_member(
         offset_sums={T(t): s for t, s in (sums or {}).items()},
         previous_active=frozenset(T(t) for t in previous.split()),
         version=version,
+        latest_supported_version=2,  # a group of protocol 2 members
         rack=rack,
     )
     info = AssignmentInfo(
@@ -1067,6 +1068,17 @@ def test_process_labels_stay_unique_whatever_the_ids() -> None:
         "http://a:6067": "a:6067",
     }
     assert labels[str(P1)] == "00000000-0000-0000-0000-000000000001"  # only the last digit differs
+    # Unique across kinds too (a review: a plan's plain id and a UUID starting with it both
+    # read "3f2a9c1e": a task seemed to move to the process it came from).
+    near, twin, other = (
+        "3f2a9c1e-0b7d-4c55-9a0e-1d2b3c4d5e61",
+        "3f2a9c1e-77aa-4c55-9a0e-1d2b3c4d5e62",
+        "8b1d0e44-0b7d-4c55-9a0e-1d2b3c4d5e63",
+    )
+    for plain, uuids in (("3f2a9c1e", [near, other]), ("3f2a9c1e-0", [near, twin, other])):
+        mixed = _process_labels([plain, *uuids])
+        assert len(set(mixed.values())) == len(mixed), mixed
+        assert (mixed[plain], mixed[near], mixed[other]) == (plain, near, "8b1d0e44")
     assert _member_labels(["c-1234567890ab", "d-1234567890ab", "short"]) == {
         "c-1234567890ab": "…c-1234567890ab",
         "d-1234567890ab": "…d-1234567890ab",

@@ -181,6 +181,31 @@ def test_plan_explain_names_processes_as_describe_does(tmp_path: Path) -> None:
     assert_whole_tables(moves, ["from", "to", "why", "state there"])
 
 
+def test_plan_explain_never_names_two_processes_alike(tmp_path: Path) -> None:
+    """A review: a plain id ``3f2a9c1e`` beside a UUID starting with it both showed as
+    ``3f2a9c1e``: "0_1 from 3f2a9c1e to 3f2a9c1e", a task moved to where it was."""
+    pids = {
+        "p1": "3f2a9c1e",
+        "p2": "3f2a9c1e-0b7d-4c55-9a0e-1d2b3c4d5e61",
+        "p3": "8b1d0e44-0b7d-4c55-9a0e-1d2b3c4d5e63",
+    }
+    text = Path(CLIENTS).read_text()
+    for short, pid in pids.items():
+        text = text.replace(f'"{short}"', f'"{pid}"')
+    clients = tmp_path / "clients.toml"
+    clients.write_text(text)
+    args = ["plan", ORDERS, "--clients", str(clients), "--standbys", "1", "--explain"]
+    result = CliRunner().invoke(main, args, env={**WIDE, "COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    moves = result.output[result.output.index("Active tasks that moved") :]
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in moves.splitlines()]
+    moved = [row[1:3] for row in rows if len(row) >= 3 and row[1] not in ("from", "-", "")]
+    assert moved, moves
+    assert all(source != target for source, target in moved), moves
+    named = {cell for row in moved for cell in row} - {"-"}
+    assert named == {"3f2a9c1e", pids["p2"], "8b1d0e44"}, moves
+
+
 def test_explain_says_in_one_line_when_nothing_moved(tmp_path: Path) -> None:
     saved = tmp_path / "plan.json"
     code, out = run("plan", ORDERS, "--num-clients", "3", "--standbys", "1", "--json")

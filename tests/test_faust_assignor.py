@@ -188,12 +188,20 @@ def test_restart_reports_what_the_worker_ran(
     assert restarted.info.active == ran
 
 
-def test_a_locked_state_directory_is_no_crash(tmp_path: Path) -> None:
+def test_a_locked_state_directory_is_no_crash(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     first = make_app(tmp_path / "same", 7000).assignor
     second = make_app(tmp_path / "same", 7001).assignor
     first.metadata({SRC})
-    meta = second.metadata({SRC})  # logs a warning, runs without restart stickiness
+    with caplog.at_level(logging.WARNING, "streamassign.faust"):
+        meta = second.metadata({SRC})  # runs this time without restart stickiness
     assert SubscriptionInfo.decode(meta.user_data).process_id != first._process_id
+    # One line that says what happens this run only (it said the worker "will not be sticky
+    # across restarts" after an error saying it keeps its identity once fixed).
+    [line] = [r.getMessage() for r in caplog.records if "state directory" in r.getMessage()]
+    assert "running this time with a temporary process id" in line
+    assert "across restarts" not in line
 
 
 def test_garbage_member_and_garbage_assignment(workers: dict[str, PartitionAssignor]) -> None:
@@ -517,7 +525,11 @@ def test_hostile_members_cost_what_a_clean_round_costs_and_have_no_history(
         }
 
     attack = replaced(hostile)
-    no_history = replaced(lambda pid: SubscriptionInfo(uuid.UUID(int=pid)).encode())
+    no_history = replaced(  # the same version as the hostile bytes: the same answer
+        lambda pid: SubscriptionInfo(
+            uuid.UUID(int=pid), version=2, latest_supported_version=2
+        ).encode()
+    )
     with caplog.at_level(logging.WARNING, logger="streamassign"):
         answers = leader.assign(Cluster(COUNTS), attack)
     warned = [r.getMessage() for r in caplog.records if "no history" in r.getMessage()]

@@ -110,3 +110,23 @@ def test_a_group_rebalancing_without_end_is_reported_once() -> None:
     assert [t for t, _ in told] == [92.0]
     assert "19 rebalances and the flow never resumed" in told[0][1]
     assert "rebalancing without end" in told[0][1]
+
+
+def test_one_slow_rebalance_is_bounded_by_its_steps_alone() -> None:
+    """A revoke of 40 s (agents finishing their events), then a join of 55 s (a slow member):
+    each step within its bound, the flow stopped past the episode bound (90 s here). One
+    rebalance is not a group rebalancing without end: nothing told. Its last step stuck is
+    told by that step's bound."""
+    stop = FlowStop(0.0, 1_700_000_000.0, JOIN_BOUND + STEP_BOUND, progress=(1, 4, False))
+    stop.enter(REVOKING, 0.0, JOIN_BOUND)
+    told: list[tuple[float, str]] = []
+    for t in ticks(0.0, 300.0):
+        if t >= 40.0 and stop.step is REVOKING:
+            stop.enter(JOINING, 40.0, JOIN_BOUND)
+        if t >= 95.0 and stop.step is JOINING:
+            stop.enter(ASSIGNING, 95.0, STEP_BOUND)
+        if (line := stop.look(t, (1, 4, False))) is not None:
+            told.append((t, line))
+    assert [t for t, _ in told] == [127.5]  # the callback: 30 s from 95 s, at the next look
+    assert "has waited 32.5 s for Faust's on_partitions_assigned" in told[0][1]
+    assert "rebalancing without end" not in told[0][1]

@@ -598,8 +598,9 @@ async def rebalancing(
 ) -> Any:
     """A worker whose revoke stopped Faust's flow (if it ``had`` partitions) and returned (the
     join under way), on the running loop: the flow watch running, with bounds of 0.3 s for the
-    revoke and the join (the rebalance timeout) and ``stall_after`` for a later step."""
-    app = table_app(tmp_path, broker_rebalance_timeout=0.3)
+    revoke (the rebalance timeout), 0.3 s plus ``stall_after`` (at least the session timeout,
+    0.2 s) for the join, and ``stall_after`` for a later step."""
+    app = table_app(tmp_path, broker_rebalance_timeout=0.3, broker_session_timeout=0.2)
     consumer = app.consumer
     consumer.recovery_stall_after = stall_after
     consumer.assignment = lambda: set(had)
@@ -617,7 +618,8 @@ def test_a_rebalance_that_keeps_the_flow_stopped_is_reported_once(
     async def stuck_then_resumed() -> None:
         consumer = await rebalancing(tmp_path)
         await wait_for_log(caplog, STUCK)
-        await asyncio.sleep(0.6)  # more than two bounds: no more warnings
+        await asyncio.sleep(1.0)  # more than two bounds: no more warnings
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 5)  # the join completes
         consumer.resume_flow()
         assert not consumer._flow_watch.running
 
@@ -638,6 +640,7 @@ def test_a_first_join_that_never_ends_is_reported(
         consumer = await rebalancing(tmp_path, had=frozenset())
         assert consumer.flow_active
         await wait_for_log(caplog, STUCK)
+        await consumer.on_partitions_assigned(set(), 5)
         consumer.resume_flow()  # "Resuming streams with empty assignment"
 
     with caplog.at_level(logging.INFO, logger="streamassign.faust"):
@@ -652,14 +655,14 @@ def test_a_healthy_worker_is_not_reported(
     stopping app (Faust stops the flow outside a rebalance): no watch, no line."""
 
     async def healthy() -> None:
-        consumer = await rebalancing(tmp_path, stall_after=1.0)  # bounds: join 1 s, flow 2 s
+        consumer = await rebalancing(tmp_path, stall_after=1.0)  # bounds: join 1.3 s
         assert consumer._flow_watch.running
         await asyncio.sleep(0.1)
         await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 5)
         consumer.resume_flow()
         consumer.app.on_rebalance_end()
         assert not consumer._flow_watch.running
-        await asyncio.sleep(2.5)  # more than the episode bound
+        await asyncio.sleep(2.5)  # more than any bound
         consumer.stop_flow()  # App._stop_consumer
         assert not consumer._flow_watch.running
 
@@ -676,8 +679,9 @@ def test_streams_held_at_the_last_step_are_left_to_the_hold_watch(
 
     async def seeking() -> None:
         consumer = await rebalancing(tmp_path)
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 5)
         consumer.resume_partitions({SOURCE})  # held until resume_flow()
-        await asyncio.sleep(0.7)  # more than the episode bound (0.5 s)
+        await asyncio.sleep(0.7)  # more than the join's bound (0.5 s)
         assert consumer._flow_watch.running
         consumer.resume_flow()
 
@@ -706,3 +710,193 @@ def test_the_flow_watch_follows_the_rebalance_s_steps(
         step.waits_for for step in (REVOKING, JOINING, ASSIGNING, RECOVERING, REVOKING, JOINING)
     ]
     assert stop.rebalances == 2
+
+
+def test_the_flow_watch_s_bounds_with_faust_s_defaults(tmp_path: Path) -> None:
+    """The revoke: the rebalance timeout (60 s; longer and the group goes on without this
+    member). The join: the rebalance timeout plus a session timeout (the member whose own
+    JoinGroup starts the rebalance waits all of the former, then the SyncGroup). Faust's
+    assignment callback: not before Faust's own flight recorder (57 s) nor a RocksDB partition
+    locked for Faust's 30 retries. The recovery setting up: ``recovery_stall_after``."""
+    bounds = table_app(tmp_path).consumer._flow_step_bounds()
+    assert bounds == {REVOKING: 60.0, JOINING: 120.0, ASSIGNING: 60.0, RECOVERING: 30.0}
+
+
+def test_the_member_whose_join_the_broker_holds_for_the_rebalance_timeout_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, faust_revoke: list[str]
+) -> None:
+    """A worker starting (or rejoining) while a slow member holds the join: its own JoinGroup
+    starts the broker's rebalance timeout (0.3 s here), so its join lasts that plus the
+    SyncGroup. A normal rebalance: nothing told (the join's bound used to be the timeout)."""
+
+    async def held_join() -> None:
+        consumer = await rebalancing(tmp_path, had=frozenset())
+        await asyncio.sleep(0.3 + 0.08)  # the rebalance timeout, the request and the SyncGroup
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 5)
+        consumer.resume_flow()
+        assert not consumer._flow_watch.running
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        asyncio.run(held_join())
+    assert STUCK not in caplog.text
+
+
+@pytest.fixture
+def faust_stops_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Faust's revoke as far as the flow goes (``App._on_partitions_revoked`` stops it); its
+    assignment does nothing (it would start the app's producer)."""
+
+    async def revoked(consumer: Any, revoked: set[TP]) -> None:
+        if consumer.assignment():
+            consumer.stop_flow()
+
+    async def assigned(consumer: Any, assigned: set[TP], generation_id: int = 0) -> None:
+        pass
+
+    base = faust.transport.drivers.aiokafka.Consumer
+    monkeypatch.setattr(base, "on_partitions_revoked", revoked)
+    monkeypatch.setattr(base, "on_partitions_assigned", assigned)
+
+
+def flow_worker(tmp_path: Path) -> Any:
+    """A worker with partitions, not started; bounds: join 0.5 s, a later step 0.2 s."""
+    app = table_app(tmp_path, broker_rebalance_timeout=0.3, broker_session_timeout=0.2)
+    consumer = app.consumer
+    consumer.recovery_stall_after = 0.2
+    consumer.assignment = lambda: {CHANGELOG, SOURCE}
+    return consumer
+
+
+async def previous_rebalance_ends_late(consumer: Any, order: str) -> None:
+    """Rebalance N+1 begins (its revoke, the flow stopped) while rebalance N's recovery is
+    still finishing: it calls ``resume_flow()``, awaits the fetcher, then
+    ``app.on_rebalance_end()`` (which clears ``app.rebalancing`` for N+1 too), each before or
+    after N+1's revoke as ``order`` says. N+1's join then never completes."""
+    app = consumer.app
+    app.on_rebalance_start()  # N
+    if order == "N ends, then N+1 revokes":
+        app.on_rebalance_start()  # N+1's listener, on the consumer thread
+        consumer.resume_flow()
+        app.on_rebalance_end()
+        await consumer.on_partitions_revoked({CHANGELOG, SOURCE})
+    elif order == "N resumes, N+1 revokes, N ends":
+        consumer.resume_flow()
+        app.on_rebalance_start()
+        await consumer.on_partitions_revoked({CHANGELOG, SOURCE})
+        app.on_rebalance_end()
+    else:  # "N+1 revokes, N resumes and ends" (run-sw4: w0, w2 at rebalance #10)
+        app.on_rebalance_start()
+        await consumer.on_partitions_revoked({CHANGELOG, SOURCE})
+        consumer.resume_flow()
+        app.on_rebalance_end()
+    consumer.stop_flow()  # as N+1's revoke left it (N's resume_flow() may have come after)
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        "N ends, then N+1 revokes",
+        "N resumes, N+1 revokes, N ends",
+        "N+1 revokes, N resumes and ends",
+    ],
+)
+def test_a_rebalance_the_previous_one_ends_during_is_still_watched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, faust_stops_flow: None, order: str
+) -> None:
+    """Faust's rebalancing flag and the previous recovery's late ``resume_flow()`` do not
+    begin, drop or end an episode: a join that then never completes is told once; this
+    rebalance's own recovery resuming the flow ends it."""
+
+    async def race() -> Any:
+        consumer = flow_worker(tmp_path)
+        await previous_rebalance_ends_late(consumer, order)
+        await wait_for_log(caplog, STUCK)
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 6)
+        consumer.resume_flow()
+        return consumer
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        consumer = asyncio.run(race())
+    assert consumer._flow_stop is None and not consumer._flow_watch.running
+    assert caplog.text.count(STUCK) == 1
+    assert "s for the group's new assignment (JoinGroup/SyncGroup)" in caplog.text
+    assert "Faust's flow resumed after" in caplog.text
+
+
+def test_a_failing_flow_watch_leaves_faust_s_callbacks_whole(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    faust_stops_flow: None,
+) -> None:
+    """The watch's hooks run inside Faust's callbacks: one failing must not skip Faust's revoke
+    (its flow stop and producer flush) nor leave held stream partitions paused. Logged once."""
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a setting of an unexpected type")
+
+    def _flow_resumed() -> None:  # the hook itself, failing
+        raise RuntimeError("flow watch failed")
+
+    async def rebalance_twice() -> Any:
+        consumer = flow_worker(tmp_path)
+        monkeypatch.setattr(consumer, "_flow_step_bounds", broken)
+        monkeypatch.setattr(consumer, "_flow_resumed", _flow_resumed)
+        for generation in (5, 6):
+            consumer.app.on_rebalance_start()
+            await consumer.on_partitions_revoked({CHANGELOG, SOURCE})
+            assert not consumer.flow_active  # Faust's revoke ran
+            await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, generation)
+            consumer.resume_partitions({SOURCE})  # held until resume_flow()
+            consumer.resume_flow()
+            assert not consumer._held_streams
+            consumer.app.on_rebalance_end()
+        return consumer
+
+    with caplog.at_level(logging.DEBUG, logger="streamassign.faust"):
+        asyncio.run(rebalance_twice())
+    failures = [r for r in caplog.records if r.getMessage().startswith("the flow watch failed")]
+    tracebacks = [r for r in failures if r.levelno > logging.DEBUG]
+    assert [(r.levelno, r.args) for r in tracebacks] == [
+        (logging.ERROR, ("_flow_revoked",)),
+        (logging.ERROR, ("_flow_resumed",)),
+    ]
+
+
+def test_a_worker_stopping_during_a_rebalance_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, faust_revoke: list[str]
+) -> None:
+    """Faust's app stops its agents and tables (which may take longer than the bounds) before
+    its consumer: a rebalance under way then is not a stuck worker."""
+
+    async def stopping() -> Any:
+        consumer = await rebalancing(tmp_path)
+        consumer.app._stopped.set()  # App.stop(): set first, then on_stop()
+        await asyncio.sleep(1.0)  # more than the join's bound
+        return consumer
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        consumer = asyncio.run(stopping())
+    assert STUCK not in caplog.text and not consumer._flow_watch.running
+
+
+def test_streams_are_held_in_a_rebalance_the_previous_one_ended_during(
+    tmp_path: Path, faust_stops_flow: None
+) -> None:
+    """The previous rebalance's recovery cleared ``app.rebalancing`` during this one's join:
+    this rebalance's recovery resuming the stream partitions before its seek is still held
+    until its ``resume_flow()`` (else what is fetched meanwhile is dropped and committed past)."""
+
+    async def race() -> Any:
+        consumer = flow_worker(tmp_path)
+        await previous_rebalance_ends_late(consumer, "N+1 revokes, N resumes and ends")
+        assert not consumer.app.rebalancing
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 6)
+        consumer.pause_partitions({CHANGELOG, SOURCE})  # Faust pauses all after an assignment
+        consumer.resume_partitions({SOURCE})  # _resume_streams, before the seek
+        held = set(consumer._held_streams)
+        consumer.resume_flow()
+        return held, consumer._held_streams
+
+    held, after = asyncio.run(race())
+    assert held == {SOURCE} and after == set()

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,6 +24,7 @@ from aiokafka.coordinator.protocol import (
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost
+from streamassign.errors import ConfigError
 from streamassign.localstate import StateDirectory
 from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 from streamassign.topology import changelog_topic_name
@@ -69,8 +72,9 @@ def test_sums_count_only_the_changelogs_of_the_stores_a_task_has_now(
         assert state.offset_sums(v3_changelogs) == {}  # every join reads them: logged once
     assert [r.levelno for r in caplog.records] == [logging.INFO]
     line = caplog.records[0].getMessage()
-    assert "0_0, 0_1, 1_0, 1_1" in line and "another topology version" in line
-    assert "untouched" in line
+    assert f"subtopology 0 (tasks 0_0, 0_1): found {CA}, expected {CB}" in line
+    assert "subtopology 1 (tasks 1_0, 1_1): not in this topology" in line
+    assert "another topology version's" in line and "changelog_topics" in line
     assert files(tmp_path) == before  # left on disk as it was: a rollback finds it whole
     # The raw view (which changelogs the directory holds data of) still sees every entry.
     assert state.offset_sums() == {T00: 656, T01: 658, T10: 300, T11: 301}
@@ -170,3 +174,67 @@ def test_a_host_with_its_own_application_id_counts_changelogs_named_either_way(
         unnamed, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, application_id="ops"
     )
     assert host.offset_sums() == {T00: 5}
+
+
+#: A standalone host's topology (review 21, finding 1): its own stores, its own names.
+SHOP = Topology(
+    [Subtopology(0, ["orders"], stores=["totals"]), Subtopology(1, ["clicks"])], name="shop"
+)
+OWN_NAMES = {
+    T00: {TopicPartition("shop-totals-log", 0): 500},  # a name of its own
+    T01: {TopicPartition("shop-totals-changelog", 1): 500},  # the default name
+    T10: {TopicPartition("clicks-cache-log", 0): 70},  # a subtopology declared without stores
+}
+
+
+def shop_host(
+    root: Path, changelog_topics: Mapping[int, Collection[str]] | None = None
+) -> ProcessHost:
+    """A host of ``SHOP`` on the state a standalone host left at ``root``."""
+    state = StateDirectory(root)
+    for task, offsets in OWN_NAMES.items():
+        state.write_checkpoint(task, offsets)
+    state.close()
+    return ProcessHost(
+        SHOP, bootstrap_servers="127.0.0.1:1", state_dir=root, changelog_topics=changelog_topics
+    )
+
+
+def test_a_host_checkpointing_under_names_of_its_own_declares_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before ``changelog_topics``, such a host reported only 0_1 (500), with no way to
+    declare its names, and a log line blaming another topology version."""
+    with caplog.at_level(logging.INFO, "streamassign.localstate"):
+        assert shop_host(tmp_path / "default").offset_sums() == {T01: 500}
+    (line,) = [r for r in caplog.records if "left out of the offset sums" in r.getMessage()]
+    assert line.levelno == logging.WARNING  # no name of any version's changelog: not news to skip
+    assert (
+        "subtopology 0 (tasks 0_0): found shop-totals-log, expected shop-totals-changelog; "
+        "subtopology 1 (tasks 1_0): found clicks-cache-log, expected none (it declares no stores)"
+    ) in line.getMessage()
+    declared = {0: ["shop-totals-log", "shop-totals-changelog"], 1: {"clicks-cache-log"}}
+    host = shop_host(tmp_path / "declared", declared)
+    assert host.offset_sums() == {T00: 500, T01: 500, T10: 70}
+    only_1 = shop_host(tmp_path / "only_1", {1: ["clicks-cache-log"]})
+    assert only_1.offset_sums() == {T01: 500, T10: 70}  # 0 keeps its default
+
+
+@pytest.mark.parametrize(
+    ("declared", "says"),
+    [
+        ({2: ["x"]}, re.escape("subtopologies [2]")),
+        ({0: "shop-totals-log"}, "collection of topic names"),
+        ({0: None}, "collection of topic names"),
+        ({"0": ["x"]}, "subtopology id '0' is not an int"),
+        ({0: [b"shop-totals-log"]}, "topic names must be strs"),
+    ],
+)
+def test_changelog_topics_of_no_subtopology_or_a_bare_name_are_refused(
+    tmp_path: Path, declared: Mapping[int, Collection[str]], says: str
+) -> None:
+    """A typo would silently report no state; a bare string would be its characters."""
+    with pytest.raises(ConfigError, match=says):
+        ProcessHost(
+            SHOP, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, changelog_topics=declared
+        )

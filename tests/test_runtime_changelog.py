@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from streamassign import TopicPartition
 from streamassign.errors import DamagedStateError, StoreIOError
 from streamassign.runtime import COMMIT_KEY, MemoryStore, ReservedKeyError, StoreState, open_store
-from streamassign.runtime.changelog import decode_marker, encode_marker, read_marker
+from streamassign.runtime.changelog import Marker, encode_marker, read_marker
 
 CHANGELOG = TopicPartition("app-totals-changelog", 0)
 SOURCE = "events"
@@ -201,32 +201,57 @@ FORTY_DIGITS = b"9" * 40
     [
         b"garbage",
         b"[1]",
-        b'{"applied": {"t": "x"}}',
         None,
-        b'{"applied": {"t": Infinity}}',
-        b'{"applied": {"t": 1e999}}',
-        b'{"applied": {"t": -1e999}}',
-        b'{"applied": {"t": NaN}}',
         b"[" * 100_000 + b"]" * 100_000,
         b"\xff\xfe",
-        # int() takes these (and made the huge ones skip every later input record):
-        b'{"applied": {"t": 2.5}}',
-        b'{"applied": {"t": true}}',
-        b'{"applied": {"t": "12"}}',
-        b'{"applied": {"t": "1_000"}}',
-        b'{"applied": {"t": -7}}',
-        b'{"applied": {"t": 1e300}}',
-        b'{"applied": {"t": ' + FORTY_DIGITS + b"}}",
-        b'{"applied": {"t": %d}}' % 2**83,
-        b'{"applied": {"t": 5, "u": 2.5}}',  # one bad offset: the whole marker
         b"{}",
         b'{"applied": [5]}',
+        b'{"applied": 5}',
+        # not JSON, or not a finite number (``loads_json``): refused as a whole
+        b'{"applied": {"t": Infinity, "u": 5}}',
+        b'{"applied": {"t": NaN, "u": 5}}',
+        b'{"applied": {"t": 1e999, "u": 5}}',
+        b'{"applied": {"t": -1e999, "u": 5}}',
     ],
 )
-def test_an_unreadable_marker_decodes_to_none(value: bytes | None) -> None:
-    assert decode_marker(value) is None
+def test_a_marker_without_an_applied_object_is_unreadable(value: bytes | None) -> None:
     with pytest.raises(DamagedStateError, match=r"^commit marker"):
         read_marker(value)
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [
+        b'"x"',
+        # int() takes these (and made the huge ones skip every later input record):
+        b"2.5",
+        b"true",
+        b'"12"',
+        b'"1_000"',
+        b"-7",
+        b"1e300",
+        FORTY_DIGITS,
+        b"%d" % 2**83,
+        b"null",
+        b"[5]",
+    ],
+)
+def test_an_offset_an_owner_cannot_write_is_refused_and_the_others_read(offset: bytes) -> None:
+    """One bad entry made the whole marker unreadable: the marker's good offsets of other
+    topics were lost with it."""
+    marker = read_marker(b'{"applied": {"t": %s, "u": 5, "u[0]": %d}}' % (offset, 7 << 20))
+    assert marker.applied == {"u": 5, "u[0]": 7 << 20}
+    (refused,) = marker.refused
+    assert refused.startswith("applied offset of 't' is ") and refused.endswith(
+        ", not an int in [0, 2**83)"
+    )
+    assert read_marker(b'{"applied": {"t": %s}}' % offset).applied == {}
+
+
+def test_many_refused_offsets_are_one_line() -> None:
+    marker = read_marker(b'{"applied": {%s}}' % b", ".join(b'"t%d": -1' % i for i in range(5)))
+    assert marker.applied == {} and len(marker.refused) == 5
+    assert marker.refusal().endswith("; and 2 more") and marker.refusal().count("'t") == 3
 
 
 @pytest.mark.parametrize(
@@ -234,7 +259,7 @@ def test_an_unreadable_marker_decodes_to_none(value: bytes | None) -> None:
 )
 def test_every_marker_an_owner_writes_reads_back(applied: dict[str, int]) -> None:
     """Repartition positions (input offset * 2**20 + rank) reach 2**83."""
-    assert decode_marker(encode_marker(applied)) == applied
+    assert read_marker(encode_marker(applied)) == Marker(applied)
 
 
 def test_a_foreign_marker_with_a_huge_offset_skips_no_input(
@@ -253,11 +278,11 @@ def test_a_foreign_marker_with_a_huge_offset_skips_no_input(
     assert dict(state.store.items()) == {b"a": b"2"}  # still closes its commit
     assert not state.seen(SOURCE, 11)
     state.mark_processed(SOURCE, 11)
-    assert decode_marker(state.marker()) == {SOURCE: 11}
+    assert read_marker(state.marker()).applied == {SOURCE: 11}
     (warning,) = [r.getMessage() for r in caplog.records]
     assert warning.startswith(
-        "store totals: the commit marker at app-totals-changelog[0]@3 cannot be read (commit "
-        "marker: applied offset of 'events' is 9999"
+        "store totals: the commit marker at app-totals-changelog[0]@3 has applied offsets that "
+        "cannot be read (applied offset of 'events' is 9999"
     )
 
 
@@ -273,7 +298,8 @@ def test_unreadable_markers_are_one_warning_per_store_not_one_per_marker(
     warnings = [r.getMessage() for r in caplog.records]
     assert [w.split(":")[0] for w in warnings] == ["store a", "store b"]
     assert all(
-        "@0 cannot be read (commit marker: applied offset of 'in' is True" in w for w in warnings
+        "@0 has applied offsets that cannot be read (applied offset of 'in' is True" in w
+        for w in warnings
     )
 
 
@@ -292,7 +318,7 @@ def test_applied_offsets_a_store_keeps_that_cannot_be_read_are_none_and_logged(
     assert state.applied == {} and state.position == 3 and not state.seen("in", 11)
     (warning,) = [r.getMessage() for r in caplog.records]
     assert warning.startswith(
-        "store totals (app-totals-changelog[0]): the applied input offsets it keeps cannot be read"
+        "store totals (app-totals-changelog[0]): applied input offsets it keeps cannot be read"
     )
     assert StoreState.open("fresh", CHANGELOG, MemoryStore()).applied == {}
     assert len(caplog.records) == 1  # a store without metadata is not damaged
@@ -368,10 +394,160 @@ def test_a_replay_after_a_commit_that_reached_one_store_applies_its_input_once()
         if not all(s.seen("in", offset) for s in (a, b)):
             for state in (a, b):
                 state.mark_processed("in", offset)
-    assert decode_marker(a.marker()) == {"in": 100} and decode_marker(b.marker()) == {"in": 70}
+    assert read_marker(a.marker()).applied == {"in": 100}
+    assert read_marker(b.marker()).applied == {"in": 70}
     assert not a.dirty
     b.committed(1)
     assert a.seen("in", 100) and not b.seen("in", 71)
+
+
+HUGE = b"9" * 40
+UP = "up[0]"
+
+
+def test_a_marker_with_one_refused_offset_still_sets_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An older streamassign that read a foreign huge offset repeated it in every later
+    marker, next to its real offsets of other topics and upstreams. Those markers were
+    refused as a whole: the other offsets stayed at the last marker before the poison while
+    the store held the writes made after it, so re-read input was applied twice."""
+    state = StoreState.open("totals", CHANGELOG, MemoryStore())
+    poisoned = b'{"applied": {"in": %s, "other": 60, "up[0]": %d}}' % (HUGE, 50 << 20)
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        state.restore(0, b"a", b"1")
+        state.restore(1, COMMIT_KEY, encode_marker({"in": 4, "other": 10, UP: 5 << 20}))
+        state.restore(2, COMMIT_KEY, b'{"applied": {"in": %s}}' % HUGE)  # the foreign one
+        state.restore(3, b"a", b"2")
+        state.restore(4, COMMIT_KEY, poisoned)
+    assert state.applied == {"in": 4, "other": 60, UP: 50 << 20}
+    assert state.seen("other", 60) and not state.seen("other", 61)
+    assert state.seen(UP, 50 << 20) and not state.seen("in", 5)
+    assert dict(state.store.items()) == {b"a": b"2"} and state.position == 5
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "@2 has applied offsets that cannot be read (applied offset of 'in' is 9" in warning
+
+
+def test_applied_offsets_a_store_keeps_are_read_but_for_the_refused_ones(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An older streamassign committed the poisoned value to the store's metadata too, with
+    the store's real offsets of other topics: those were all taken as none."""
+    store = MemoryStore()
+    kept = b'{"applied": {"in": %s, "other": 70, "up[0]": %d}}' % (HUGE, (123 << 20) + 4)
+    store.write({b"a": b"1"}, {"position": b"3", "applied": kept})
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        state = StoreState.open("totals", CHANGELOG, store)
+    assert state.applied == {"other": 70, UP: (123 << 20) + 4}
+    assert state.seen("other", 70) and state.seen(UP, (123 << 20) + 4) and not state.seen("in", 0)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "(applied offset of 'in' is 9999" in warning and "'other'" not in warning
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_an_unreadable_marker_after_the_owners_own_says_it_closes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The usual case (a record of the reserved key appended after the owner's marker)
+    closes no write: nothing can be applied twice, and the WARNING said it might."""
+    state = StoreState.open("totals", CHANGELOG, MemoryStore())
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        state.restore(0, b"a", b"1")
+        state.restore(1, COMMIT_KEY, encode_marker({"in": 4}))
+        state.restore(2, COMMIT_KEY, b'{"applied": {"in": %s}}' % HUGE)
+    (warning,) = _warnings(caplog)
+    assert "@2 has applied offsets that cannot be read (applied offset of 'in'" in warning
+    assert "; written by another producer, or by an older streamassign repeating such a value)" in (
+        warning
+    )
+    assert "it closes no write, so no input is applied twice" in warning
+    assert "applied again" not in warning
+    again = StoreState.open("totals", CHANGELOG, MemoryStore())
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        again.restore(0, COMMIT_KEY, b"garbage")
+    assert "; written by another producer); it closes no write" in _warnings(caplog)[-1]
+
+
+def test_an_unreadable_marker_that_closes_writes_says_how_many(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    state = StoreState.open("totals", CHANGELOG, MemoryStore())
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        state.restore(0, b"a", b"1")
+        state.restore(1, b"b", b"1")
+        state.restore(2, COMMIT_KEY, b'{"applied": {"in": -1}}')
+    (warning,) = _warnings(caplog)
+    assert "it closes 2 write(s), applied" in warning
+    assert "input of that commit may be applied again after a crash" in warning
+    assert dict(state.store.items()) == {b"a": b"1", b"b": b"1"}
+
+
+def _compact(log: Log) -> Log:
+    """What the log cleaner leaves once ``delete.retention.ms`` passed: the last record of
+    each key, tombstones dropped."""
+    last = {key: offset for offset, key, _ in log}
+    return [(o, k, v) for o, k, v in log if last[k] == o and v is not None]
+
+
+def test_a_tombstone_on_the_reserved_key_compacted_away_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A foreign tombstone on the reserved key makes compaction remove every marker, then
+    itself: a fresh restore reads committed records with no marker and writes them away.
+    That was logged at INFO only (as "N uncommitted writes ... undone")."""
+    log: Log = []
+    owner = Owner(log, StoreState.open("totals", CHANGELOG, MemoryStore()))
+    for offset, word in enumerate([b"k", b"k", b"j"]):
+        owner.process(offset, word)
+        owner.commit()
+    log.append((len(log), COMMIT_KEY, None))  # the foreign tombstone
+    log.append((len(log), b"zz-roll", b"x"))  # appends that let the segment roll
+    end = len(log)
+    heir = StoreState.open("totals", CHANGELOG, MemoryStore())
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        for offset, key, value in _compact(log):
+            heir.restore(offset, key, value)
+        keys = heir.compensate(end)
+    assert keys == [b"j", b"k", b"zz-roll"] and heir.pending == dict.fromkeys(keys)
+    (warning,) = _warnings(caplog)
+    assert warning.startswith(
+        "store totals: app-totals-changelog[0]: this restore read no commit marker, and 5 of "
+        "the offsets from 0 to the end 8 hold no record (compacted or deleted); the 3 "
+        "record(s) left there are taken as uncommitted and their 3 key(s) written back"
+    )
+    assert "b'\\x00streamassign.commit'" in warning
+
+
+@pytest.mark.parametrize("committed_first", [False, True])
+def test_an_owners_own_unfinished_commit_is_not_warned_about(
+    caplog: pytest.LogCaptureFixture, committed_first: bool
+) -> None:
+    """An owner's crash tail has no hole (a fresh one, or after its marker), and holes
+    after a marker the restore read are compaction of what that marker closed."""
+    log: Log = []
+    owner = Owner(log, StoreState.open("totals", CHANGELOG, MemoryStore()))
+    if committed_first:
+        owner.process(0, b"k")
+        owner.commit()
+    owner.process(1, b"k")
+    owner.process(2, b"j")  # crashes before its marker
+    heir = StoreState.open("totals", CHANGELOG, MemoryStore())
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        for offset, key, value in log:
+            heir.restore(offset, key, value)
+        assert heir.compensate(len(log)) == [b"j", b"k"]
+    assert _warnings(caplog) == []
+    compacted = StoreState.open("totals", CHANGELOG, MemoryStore())
+    log.append((len(log), COMMIT_KEY, encode_marker({SOURCE: 2})))
+    log.append((len(log), b"k", b"3"))
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        for offset, key, value in _compact(log):
+            compacted.restore(offset, key, value)
+        assert compacted.compensate(len(log)) == [b"k"]
+    assert _warnings(caplog) == []
 
 
 class FullDisk(MemoryStore):

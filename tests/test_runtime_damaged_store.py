@@ -17,7 +17,7 @@ import pytest
 
 from streamassign.errors import DamagedStateError, StoreIOError, StoreNotOpenError
 from streamassign.runtime import App, RocksDBStore
-from streamassign.runtime.stores import is_damage, open_store
+from streamassign.runtime.stores import is_damaged_store_status, open_store
 from streamassign.runtime.task_stores import _close_in_thread
 
 from .test_runtime_close import TASK, make, process, until
@@ -93,6 +93,59 @@ def test_a_damaged_store_is_set_aside_and_restored_from_its_changelog(
     assert ("Corruption" if damage is not file_in_place else "not a directory") in message
 
 
+def _link_in_place(path: Path, *, loop: bool) -> None:
+    """A link where ``path`` belongs: to itself (a loop) or to a directory on a volume that is
+    not mounted (nothing there); what was there is moved away."""
+    path.rename(path.with_name("elsewhere"))
+    path.symlink_to(path if loop else path.with_name("not-mounted") / path.name)
+
+
+LINKS = {
+    "store-loop": lambda store: _link_in_place(store, loop=True),
+    "store-to-nothing": lambda store: _link_in_place(store, loop=False),
+    "task-loop": lambda store: _link_in_place(store.parent, loop=True),
+    "task-to-nothing": lambda store: _link_in_place(store.parent, loop=False),
+}
+
+
+@pytest.mark.parametrize("damage", LINKS.values(), ids=LINKS.keys())
+def test_a_link_to_no_directory_where_a_store_or_task_directory_belongs_is_set_aside(
+    tmp_path: Path, damage: Callable[[Path], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Such a link used to fail every open with ``FileExistsError`` naming no path: the
+    application stopped at every start. It is damage: set aside (one line naming it), and the
+    store restored from its changelog."""
+    app, log = fast(tmp_path)
+
+    async def run() -> dict[bytes, bytes]:
+        updater = asyncio.create_task(app._state_updater_loop())
+        await app._assign(0, frozenset([TASK]))
+        await until(lambda: not app._actives[TASK].restoring, "the first restore")
+        await process(app, app._actives[TASK], 0, 30)
+        await app._revoke(0, frozenset([TASK]))
+        await asyncio.gather(*app._stores.close_parked())
+        damage(store_of(app))
+        with caplog.at_level(logging.WARNING):
+            app.state.offset_sums()  # a join before the task comes back: no claim, no error
+            await app._assign(0, frozenset([TASK]))
+            second = app._actives[TASK]
+            await until(lambda: not second.restoring, "the restore")
+        table = dict(second.stores["totals"].items())
+        app._stopped.set()
+        await updater
+        await asyncio.wait_for(app.stop(), 30)
+        return table
+
+    table = asyncio.run(run())
+    assert app.failure is None
+    assert table == log.replay() and len(table) == 14  # 7 keys and their copies
+    assert app.restore_events[-1].source == "cold"
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "a link to" in line and "which leads to no directory" in line
+    [aside] = tmp_path.glob("tasks/**/*.damaged-*")
+    assert aside.is_symlink() and str(aside.with_name(aside.name.split(".damaged-")[0])) in line
+
+
 HOLD = """
 import sys
 from streamassign.runtime import RocksDBStore
@@ -152,7 +205,7 @@ def test_a_store_held_by_another_live_process_is_not_set_aside(tmp_path: Path) -
     ],
 )
 def test_which_open_failures_count_as_damage(status: str, damaged: bool) -> None:
-    assert is_damage(status) is damaged
+    assert is_damaged_store_status(status) is damaged
 
 
 def test_an_unopenable_store_that_cannot_be_moved_aside_stops_with_both_causes(

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from streamassign import PartitionGrouper, Subtopology, TaskId, TopicPartition, Topology
 from streamassign.errors import AssignmentInputError, ErrorCode
-from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
+from streamassign.protocol import LATEST_OFFSET, LATEST_VERSION, SubscriptionInfo
 from streamassign.repeats import Repeats
 from streamassign.shares import share_bounds
 from streamassign.streams import (
@@ -351,7 +351,7 @@ def test_answers_at_the_highest_version_everyone_supports() -> None:
     assert {a.info.common_version for a in result.values()} == {1}
     assert all(not a.info.warmup for a in result.values())
     upgraded = assign_streams(TOPOLOGY, COUNTS, {"a": member(1), "b": member(2)})
-    assert {a.info.common_version for a in upgraded.values()} == {2}
+    assert {a.info.common_version for a in upgraded.values()} == {LATEST_VERSION}
 
 
 def test_shutdown_request_reaches_every_member() -> None:

@@ -14,13 +14,15 @@ the same consumer is neither revoked nor assigned; ``TaskListener`` hears only r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.protocol import (
@@ -50,6 +52,13 @@ from ..streams import (
     decode_subscriptions,
 )
 from ..topology import Topology, changelog_topic_name
+from ..versions import (
+    TaskMismatch,
+    leader_topology_differences,
+    mismatch_error,
+    mismatched_tasks,
+    subtopology_fingerprints,
+)
 from .closing import release_consumer, stop_within
 from .rejoin import (
     MetadataWatch,
@@ -140,6 +149,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             client_tags=self.host.client_tags,
             version=self.version,
             latest_supported_version=self.host.max_version,
+            subtopology_fingerprints=self.host.fingerprints,
         )
         self._sent_error = info.error_code
         if self.index in self.host.errors and self.index < len(self.host.consumers):
@@ -184,6 +194,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 probing_memory=self.host.probing_memory,
                 topology_errors=self.host.topology_errors,
                 shared_ids=self.host.shared_ids,
+                topology_versions=self.host.topology_versions,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
             self.host.led_generation = self._generation()
@@ -223,6 +234,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             self.host.probing_memory.forget()
             self.host.topology_errors = Repeats()
             self.host.shared_ids = Repeats()
+            self.host.topology_versions = Repeats()
         try:
             info = AssignmentInfo.decode(assignment.user_data or b"", self.host.max_version)
         except ProtocolError as exc:
@@ -252,7 +264,8 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self.rejoiner.succeeded()
         self.metadata_watch.cancel()
         self.host.errors.pop(self.index, None)
-        self.host.host_info = info
+        self.host.host_info = info  # the leader's host maps, whatever its version
+        self.info = self._own_version_only(info, assignment.partitions())
         # Version probing: follow the leader down at once; going up needs one more rebalance
         # so that the leader sees the richer subscription.
         if info.common_version < self.version:
@@ -265,6 +278,34 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             log.info("protocol version upgraded to %d; rejoining", self.version)
             self.rejoin_now()
         self._schedule(info.next_rebalance_ms)
+
+    def _own_version_only(self, info: AssignmentInfo, assigned: Sequence[Any]) -> AssignmentInfo:
+        """``info`` without the tasks that mean other partitions here than in the leader's
+        topology (a leader of another topology version that reused a subtopology id): run, they
+        would open the wrong stores and find no record of theirs. Every assigned partition of no
+        task kept is paused (no fetch; committed offsets untouched); the next assignment starts
+        unpaused. Checked whatever the leader's version: one ERROR line per episode."""
+        topology = self.host.topology
+        consumer = (
+            self.host.consumers[self.index] if self.index < len(self.host.consumers) else None
+        )
+        counts = metadata_counts(consumer, topology.source_topics)
+        every = info.active | info.standby | info.warmup
+        mismatches = mismatched_tasks(topology, every, info.topics, counts)
+        active = info.active - mismatches.keys()
+        foreign = [tp for tp in assigned if not _runs_one_of(topology, tp, active)]
+        if foreign and consumer is not None:
+            with contextlib.suppress(Exception):  # no longer assigned: nothing to fetch
+                consumer.pause(*foreign)
+        self.host.report_topology_version(self.index, info.topics, mismatches, foreign)
+        if not mismatches:
+            return info
+        return attrs.evolve(
+            info,
+            active=active,
+            standby=info.standby - mismatches.keys(),
+            warmup=info.warmup - mismatches.keys(),
+        )
 
     def _report_error(self, code: ErrorCode, delay: float) -> None:
         """One ERROR line when the leader's answer turns to ``code``; the same answer again
@@ -377,15 +418,66 @@ def _leader_racks(cluster: Any, counts: Mapping[str, int]) -> dict[TopicPartitio
     return racks
 
 
-def _store_changelogs(topology: Topology, application_id: str) -> dict[int, frozenset[str]]:
-    """Each subtopology's changelog topics, ``<prefix>-<store>-changelog`` for its stores:
-    under the topology's name (the runtime's) and the application id (a host given another
-    ``application_id`` may name them after it); a stateless subtopology has none."""
+def metadata_counts(consumer: Any, topics: Iterable[str]) -> dict[str, int]:
+    """Partition counts of ``topics`` the consumer's client knows (none when it has no
+    metadata)."""
+    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
+    if cluster is None:
+        return {}
+    counts = {}
+    for topic in topics:
+        partitions = cluster.partitions_for_topic(topic)
+        if partitions:
+            counts[topic] = len(partitions)
+    return counts
+
+
+def _runs_one_of(topology: Topology, partition: Any, tasks: frozenset[TaskId]) -> bool:
+    """Whether ``partition`` (an aiokafka topic partition) belongs, in ``topology``, to one
+    of ``tasks``."""
+    tp = TopicPartition(partition.topic, partition.partition)
+    return tp.topic in topology.source_topics and topology.task_of(tp) in tasks
+
+
+def _store_changelogs(
+    topology: Topology,
+    application_id: str,
+    declared: Mapping[int, Collection[str]] | None = None,
+) -> dict[int, frozenset[str]]:
+    """Each subtopology's changelog topics, the only checkpoint entries its offset sums
+    count: ``declared`` ones (``ProcessHost(changelog_topics=...)``), else
+    ``<prefix>-<store>-changelog`` for its stores, under the topology's name (the runtime's)
+    and the application id (a host given another ``application_id`` may name them after it);
+    a stateless subtopology has none."""
+    declared = dict(declared or {})
+    _check_changelog_topics(declared)
+    ids = {sub.id for sub in topology.subtopologies}
+    unknown = sorted(declared.keys() - ids)
+    if unknown:
+        raise ConfigError(
+            f"changelog_topics names subtopologies {unknown} the topology does not have "
+            f"(it has {sorted(ids)})"
+        )
     prefixes = {p for p in (topology.name, application_id) if p}
-    return {
+    defaults = {
         sub.id: frozenset(changelog_topic_name(p, s) for p in prefixes for s in sub.stores)
         for sub in topology.subtopologies
     }
+    return defaults | {sub: frozenset(topics) for sub, topics in declared.items()}
+
+
+def _check_changelog_topics(declared: Mapping[Any, Any]) -> None:
+    """``ProcessHost(changelog_topics=...)`` is a map of subtopology ids (ints) to collections
+    of topic names (strs): anything else fails at construction, not at every later join."""
+    for sub, topics in declared.items():
+        if not isinstance(sub, int) or isinstance(sub, bool):
+            raise ConfigError(f"changelog_topics: subtopology id {sub!r} is not an int")
+        if isinstance(topics, str | bytes) or not isinstance(topics, Collection):
+            raise ConfigError(
+                f"changelog_topics[{sub}]: give a collection of topic names, not {topics!r}"
+            )
+        if not all(isinstance(topic, str) for topic in topics):
+            raise ConfigError(f"changelog_topics[{sub}]: topic names must be strs: {topics!r}")
 
 
 def _has_loop() -> bool:
@@ -425,6 +517,11 @@ class ProcessHost:
     without it a copy's lag is measured against the most advanced copy reported, and with high
     availability a task without an end offset never moves to a warmup (lag unknown). Give every
     process the same settings: whichever leads decides.
+
+    ``changelog_topics`` (subtopology id -> the changelog topics its tasks' checkpoints name,
+    for a host managing its own stores) replaces, for the subtopologies it names, the
+    default ``<topology name or application_id>-<store>-changelog`` of their declared stores:
+    offset sums count only those entries (``offset_sums``).
     """
 
     def __init__(
@@ -448,6 +545,7 @@ class ProcessHost:
         probing_rebalance_interval_ms: int = 600_000,
         end_offsets: Callable[[], Mapping[TaskId, int]] | None = None,
         rack_aware_tags: Sequence[str] | None = None,
+        changelog_topics: Mapping[int, Collection[str]] | None = None,
     ) -> None:
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
@@ -467,7 +565,7 @@ class ProcessHost:
             raise ConfigError("an application id is needed (application_id= or a topology name)")
         self.bootstrap_servers = bootstrap_servers
         #: Each subtopology's changelog topics: the only local state offset sums count.
-        self._changelogs = _store_changelogs(topology, self.application_id)
+        self._changelogs = _store_changelogs(topology, self.application_id, changelog_topics)
         self.state = StateDirectory(Path(state_dir))
         self.process_id = self.state.process_id
         self.threads = threads
@@ -529,6 +627,14 @@ class ProcessHost:
         #: endpoints (copied state directories): each clash is logged at WARNING once;
         #: forgotten when another process leads.
         self.shared_ids = Repeats()
+        #: The topology versions this process last logged as leader as sharing the group: a
+        #: mixed-version episode is logged once; forgotten when another process leads.
+        self.topology_versions = Repeats()
+        #: This process's topology per subtopology id, announced to the leader (version 3).
+        self.fingerprints = subtopology_fingerprints(self.topology)
+        #: The subtopologies the last leader's topology reads other topics in than this
+        #: process's (another topology version in the group): logged once per episode.
+        self.version_mismatch = Repeats()
         #: The generation this process last led (None: none, or unknown), so that an
         #: assignment another process computed makes ``probing_memory`` forget.
         self.led_generation: int | None = None
@@ -584,6 +690,36 @@ class ProcessHost:
         before = self._memberships[consumer]
         now = self.membership(consumer)
         return before is not None and now is not None and now != before
+
+    def report_topology_version(
+        self,
+        consumer: int,
+        leader_topics: Mapping[int, Mapping[str, int]],
+        mismatches: Mapping[TaskId, TaskMismatch],
+        paused: Sequence[Any],
+    ) -> None:
+        """Log a leader of another topology version once per episode (ERROR, then DEBUG at
+        each rebalance of it) and its end once (INFO). An assignment without the leader's
+        topic dictionary tells nothing either way."""
+        if not leader_topics:
+            return
+        differences = leader_topology_differences(self.topology, leader_topics) | {
+            (m.task.subtopology, tuple(sorted({tp.topic for tp in m.leader_partitions})), ())
+            for m in mismatches.values()
+            if not m.own_sources
+        }
+        if differences or mismatches:
+            level = logging.ERROR if self.version_mismatch.changed(differences) else logging.DEBUG
+            error = mismatch_error(
+                differences, mismatches, (TopicPartition(tp.topic, tp.partition) for tp in paused)
+            )
+            log.log(level, "consumer %d: %s", consumer, error)
+        elif self.version_mismatch.ended():
+            log.info(
+                "consumer %d: the leader's topology reads the same topics per subtopology id "
+                "as this process's again: every assigned task runs",
+                consumer,
+            )
 
     def request_rejoin(self, consumer: int) -> None:
         """Start a rebalance from ``consumer`` (its tasks then go through the callbacks)."""

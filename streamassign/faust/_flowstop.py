@@ -42,7 +42,8 @@ JOINING = Step(
 )
 ASSIGNING = Step(
     "Faust's on_partitions_assigned (agents, topics, tables) to return",
-    "Faust's flight recorder warning for the assignment in this worker's log",
+    "Faust's flight recorder warning for the assignment in this worker's log (and Faust's "
+    "lines that a table's RocksDB partition is locked: another process holds its files)",
 )
 RECOVERING = Step(
     "Faust's table recovery to resume the flow (producer flush, changelog highwaters and "
@@ -55,17 +56,19 @@ RECOVERING = Step(
 @attrs.define
 class FlowStop:
     """One episode of Faust's flow stopped for a rebalance, from Faust's revoke (which stops
-    the flow, or finds nothing assigned to stop) to its next ``resume_flow()``: its steps, how
-    long the current one may make no progress, how long the flow may stay stopped through any
-    number of steps, and whether it was reported (once per episode). Times are the event
+    the flow, or finds nothing assigned to stop) to the ``resume_flow()`` of its last
+    rebalance's recovery: its steps, how long the current one may make no progress, how long
+    the flow may stay stopped through rebalance after rebalance, and whether it was reported
+    (once per episode). Times are the event
     loop's (``now``); ``since_wall`` dates the line."""
 
     #: When the episode began (Faust's revoke).
     since: float
     #: The same moment on the wall clock (``time.time()``), for the line.
     since_wall: float
-    #: How long the flow may stay stopped, however its steps move: a group rebalancing without
-    #: end gets a new generation every few seconds but never resumes the flow.
+    #: How long the flow may stay stopped through more than one rebalance, however their steps
+    #: move: a group rebalancing without end gets a new generation every few seconds but never
+    #: resumes the flow. One rebalance is bounded by its steps' bounds alone.
     episode_bound: float
     #: What the worker waits for now, since when, and how long that may make no progress.
     step: Step = REVOKING
@@ -90,7 +93,8 @@ class FlowStop:
         if progress != self.progress:
             self.progress, self.step_since = progress, now
         waited, stopped = now - self.step_since, now - self.since
-        if self.told or (waited < self.step_bound and stopped < self.episode_bound):
+        endless = self.rebalances > 1 and stopped >= self.episode_bound
+        if self.told or (waited < self.step_bound and not endless):
             return None
         self.told = True
         at = time.strftime("%H:%M:%S", time.localtime(self.since_wall))

@@ -507,8 +507,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         return value
 
     def _open_state(self) -> None:
-        """Open ``<appdir>/streamassign`` once; without it (locked, unwritable) the worker runs
-        with a fresh process id and no stickiness across restarts (logged)."""
+        """Open ``<appdir>/streamassign`` once; without it (locked, unwritable, an unreadable
+        ``process.id``) the worker runs this time with a temporary process id, not sticky
+        (logged), the directory untouched: the next start after a fix uses its own id."""
         if self._process_id is not None:
             return
         path = Path(self.app.conf.appdir) / "streamassign"
@@ -516,7 +517,10 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             self._state = StateDirectory(path)
         except (StateDirectoryError, OSError) as exc:
             log.warning(
-                "no state directory (%s); this worker will not be sticky across restarts", exc
+                "cannot use the state directory (%s); running this time with a temporary process "
+                "id, so this run is not sticky (the partitions and state this worker had are not "
+                "claimed back); the directory is left as it is",
+                exc,
             )
             self._process_id = uuid.uuid4()
             return

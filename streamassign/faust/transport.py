@@ -194,6 +194,9 @@ class _Consumer(faust_aiokafka.Consumer):
         #: Warns when a rebalance keeps the flow stopped (the current episode, if any).
         self._flow_watch = _Ticker(self._on_flow_watch)
         self._flow_stop: FlowStop | None = None
+        #: The flow watch's hook failures logged (hook, exception type): each traceback once,
+        #: not at every rebalance.
+        self._flow_hook_failures: set[tuple[str, type[Exception]]] = set()
 
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -206,10 +209,12 @@ class _Consumer(faust_aiokafka.Consumer):
         control (which empties the agents' queues): what the fetcher delivered in between would
         be dropped unprocessed and then committed past (see the module docstring). Faust calls
         ``resume_flow()`` before ``app.on_rebalance_end()``, so the hold always ends first.
-        Changelog partitions resumed during a rebalance start the recovery watch."""
+        Changelog partitions resumed during a rebalance start the recovery watch. A rebalance
+        is under way while ``app.rebalancing`` or the flow watch's episode says so: the
+        previous rebalance's recovery may clear the former during the next rebalance's join."""
         tps = set(tps)
         streams: set[TP] = set()
-        if self.app.rebalancing:
+        if self.app.rebalancing or self._flow_stop is not None:
             changelogs = self.app.tables.changelog_topics
             streams = {tp for tp in tps if tp.topic not in changelogs}
             self._hold(streams)
@@ -226,33 +231,45 @@ class _Consumer(faust_aiokafka.Consumer):
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         """Faust's (which stops the flow, if anything was assigned); the start of an episode
-        the flow watch follows until Faust's next ``resume_flow()``, which ends every
-        rebalance, also one that assigns nothing. The watch learns the rebalance's steps:
-        Faust's revoke callbacks, then the group's join. A revoke before the flow resumed is
-        another rebalance."""
-        if self._flow_stop is None:
-            self._begin_flow_stop()
-        else:
-            self._enter_flow_step(REVOKING, new_rebalance=True)
+        the flow watch follows until the ``resume_flow()`` of this rebalance's recovery, which
+        ends every rebalance, also one that assigns nothing. The watch learns the rebalance's
+        steps: Faust's revoke callbacks, then the group's join. A revoke before the flow
+        resumed is another rebalance. The watch's hooks never stop Faust's callbacks."""
+        self._flow_hook(self._flow_revoked)
         await super().on_partitions_revoked(revoked)
-        self._enter_flow_step(JOINING)
+        self._flow_hook(self._enter_flow_step, JOINING)
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         """Faust's; the flow watch learns the rebalance's next steps: Faust's assignment
         callbacks, then its table recovery setting up (which resumes the flow)."""
-        self._enter_flow_step(ASSIGNING)
+        self._flow_hook(self._enter_flow_step, ASSIGNING)
         await super().on_partitions_assigned(assigned, generation_id)
-        self._enter_flow_step(RECOVERING)
+        self._flow_hook(self._enter_flow_step, RECOVERING)
 
     def resume_flow(self) -> None:
         super().resume_flow()
-        self._end_flow_stop()
         held, self._held_streams = self._held_streams, set()
         self._hold_watch.stop()
         if held:  # only what is still assigned: a rebalance may have taken some away
             held &= set(self.assignment())
         if held:
             super().resume_partitions(held)
+        self._flow_hook(self._flow_resumed)
+
+    def _flow_hook(self, hook: Callable[..., None], *args: Any) -> None:
+        """``hook(*args)``, the flow watch's part of a Faust callback: a failure is logged (its
+        traceback once per hook and kind, repeats at DEBUG) and Faust's callback goes on.
+        Raised into Faust's revoke it would skip the whole revoke (aiokafka logs it and joins
+        anyway: no flow stop, no producer flush); into its recovery, end it."""
+        try:
+            hook(*args)
+        except Exception as exc:
+            failure = (getattr(hook, "__name__", ""), type(exc))
+            if failure in self._flow_hook_failures:
+                log.debug("the flow watch failed again in %s: %r", failure[0], exc)
+            else:
+                self._flow_hook_failures.add(failure)
+                log.exception("the flow watch failed in %s; Faust goes on", failure[0])
 
     def _hold(self, streams: set[TP]) -> None:
         if not streams:
@@ -279,37 +296,68 @@ class _Consumer(faust_aiokafka.Consumer):
         )
         return True
 
-    def _flow_step_bounds(self) -> tuple[float, float]:
-        """How long the revoke or the join, and each later step of a rebalance, may make no
-        progress. The broker holds a JoinGroup up to the rebalance timeout for a member slow
-        to rejoin (its revoke waiting for its agents, say: a normal rebalance); Faust's
-        recovery sleeps ``stream_recovery_delay`` first."""
-        conf = self.app.conf
-        joining = max(self.recovery_stall_after, float(conf.broker_rebalance_timeout))
-        return joining, self.recovery_stall_after + float(conf.stream_recovery_delay)
+    def _flow_step_bounds(self) -> dict[Step, float]:
+        """How long each step of a rebalance may make no progress.
 
-    def _begin_flow_stop(self) -> None:
-        if not self.app.rebalancing:  # Faust's revoke listener sets it first; else no rebalance
+        - The revoke: the rebalance timeout; a member whose revoke (its agents finishing their
+          events) takes longer misses the join, and the group goes on without it.
+        - The join: the broker holds a JoinGroup up to the rebalance timeout for a member slow
+          to rejoin (a normal rebalance), and the member whose own JoinGroup started the
+          rebalance (a worker starting or rejoining) waits all of it, then the SyncGroup. The
+          longest timeout among the members counts (it may exceed this worker's during a
+          rollout): a relative margin, a session timeout (or ``recovery_stall_after``) more.
+        - Faust's assignment callback (which reports no progress): not before Faust's own
+          flight recorder names where it is (0.95 session timeout, 57 s by default); that also
+          covers a RocksDB table partition locked by another process, which Faust retries
+          30 times 1 s apart before it gives up.
+        - The recovery setting up: ``recovery_stall_after`` after Faust's
+          ``stream_recovery_delay``."""
+        conf = self.app.conf
+        stall = self.recovery_stall_after
+        rebalance_timeout = float(conf.broker_rebalance_timeout)
+        session_timeout = float(conf.broker_session_timeout)
+        recovering = stall + float(conf.stream_recovery_delay)
+        return {
+            REVOKING: max(stall, rebalance_timeout),
+            JOINING: rebalance_timeout + max(stall, session_timeout),
+            ASSIGNING: max(recovering, session_timeout),
+            RECOVERING: recovering,
+        }
+
+    def _flow_revoked(self) -> None:
+        """A revoke: the start of an episode, or another rebalance in the current one. Not
+        ``app.rebalancing``: the previous rebalance's recovery may clear it after this revoke
+        (Faust's listener sets it for this one first; that recovery's ``on_rebalance_end()``
+        comes after its ``resume_flow()`` and an await)."""
+        if self._flow_stop is not None:
+            self._enter_flow_step(REVOKING, new_rebalance=True)
             return
         now = asyncio.get_running_loop().time()
-        joining, later = self._flow_step_bounds()
+        bounds = self._flow_step_bounds()
+        episode_bound = bounds[JOINING] + bounds[RECOVERING]
         progress = self._rebalance_progress()
-        self._flow_stop = FlowStop(now, time.time(), joining + later, progress=progress)
-        self._flow_stop.enter(REVOKING, now, joining)
+        self._flow_stop = FlowStop(now, time.time(), episode_bound, progress=progress)
+        self._flow_stop.enter(REVOKING, now, bounds[REVOKING])
         self._flow_watch.start(self.recovery_stall_after / 4)
 
     def _enter_flow_step(self, step: Step, *, new_rebalance: bool = False) -> None:
         if self._flow_stop is None:
             return
-        joining, later = self._flow_step_bounds()
-        bound = joining if step in (REVOKING, JOINING) else later
         now = asyncio.get_running_loop().time()
+        bound = self._flow_step_bounds()[step]
         self._flow_stop.enter(step, now, bound, new_rebalance=new_rebalance)
 
-    def _end_flow_stop(self) -> None:
-        stop, self._flow_stop = self._flow_stop, None
+    def _flow_resumed(self) -> None:
+        """Faust resumed the flow: the episode ends if this rebalance's assignment has come. A
+        resume while the revoke or the join is under way is the previous rebalance's recovery
+        finishing late (it goes on until this rebalance's assignment signals it): this
+        rebalance's recovery will resume the flow again."""
+        stop = self._flow_stop
+        if stop is None or stop.step in (REVOKING, JOINING):
+            return
+        self._flow_stop = None
         self._flow_watch.stop()
-        if stop is not None and stop.told:
+        if stop.told:
             stopped = asyncio.get_running_loop().time() - stop.since
             log.info("Faust's flow resumed after %.1f s: the rebalance ended", stopped)
 
@@ -328,9 +376,10 @@ class _Consumer(faust_aiokafka.Consumer):
         """Has the rebalance that stopped the flow moved on since the last look? One WARNING
         per episode if it has not for its step's bound, or if the flow stays stopped through
         rebalance after rebalance (``_flowstop.FlowStop``). Stream partitions held meanwhile
-        mean Faust's recovery got to its last step: the hold watch's to report."""
+        mean Faust's recovery got to its last step: the hold watch's to report. Not
+        ``app.rebalancing``, which the previous rebalance's recovery may clear during this one."""
         stop = self._flow_stop
-        if stop is None or not self.app.rebalancing or self.should_stop:
+        if stop is None or self.should_stop or self.app.should_stop:
             self._flow_stop = None  # the episode ended without resume_flow() (a stopping app)
             return False
         if self._held_streams:

@@ -21,8 +21,11 @@ import json
 import os
 import secrets
 import shutil
+import signal
 from pathlib import Path
 from typing import Any, Final, Protocol
+
+import attrs
 
 from ..errors import DamagedRunError, PublishError
 from ..files import write_atomically
@@ -53,6 +56,8 @@ REBALANCES: Final = "rebalances"
 MANIFEST: Final = "manifest"
 #: The manifest's file name inside ``manifest/`` (what ``spark.read.text`` reads back).
 MANIFEST_FILE: Final = "part-00000.json"
+#: A run's manifest under its folder: its text (which holds the run's id) tells runs apart.
+MANIFEST_PATH: Final = f"{MANIFEST}/{MANIFEST_FILE}"
 
 
 def is_remote(path: str) -> bool:
@@ -114,7 +119,7 @@ class LocalFiles:
     def delete(self, path: str) -> None:
         """Raises when something is left (a caller says so or suppresses it knowingly)."""
         if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
+            shutil.rmtree(path, onerror=_naming_the_whole_path)
         elif os.path.lexists(path):
             os.unlink(path)
 
@@ -133,6 +138,15 @@ class LocalFiles:
         the same folder, which Spark skips, fsynced and renamed over ``path``)."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, text.encode("utf-8"))
+
+
+def _naming_the_whole_path(function: Any, path: str, excinfo: Any) -> None:
+    """``rmtree``'s error, naming the file it could not delete by its whole path (its own
+    names it relative to its folder: ``'keep'``, which tells a reader nothing)."""
+    error = excinfo[1]
+    if isinstance(error, OSError) and error.filename is not None:
+        error.filename = path  # what str(error) names
+    raise error
 
 
 class HadoopFiles:
@@ -269,79 +283,288 @@ def replaceable(files: Files, final: str, marker: str) -> bool:
     return files.read_text(f"{final.rstrip('/')}/{marker}") is not None
 
 
-def publish(files: Files, staging: str, final: str, run_id: str, what: str = "run") -> str | None:
+def publish(
+    files: Files, staging: str, final: str, run_id: str, what: str = "run", marker: str = ""
+) -> str | None:
     """Move the complete ``staging`` folder to ``final``, replacing what is there only after
     moving it aside, and deleting it only once the new one is in place. ``what`` (run, report)
-    names them in messages.
+    names them in messages; ``marker`` is the file, under a folder, whose text tells the new
+    one from the old one (default: a run's manifest, which holds its ``run_id``).
 
     Ctrl-C, SIGTERM and SIGHUP wait until the new run is in place
-    (:func:`.signals.deferred_signals`), then raise ``KeyboardInterrupt(signum)``: stopped
-    halfway, the old run would be left aside and the new one deleted by the caller's cleanup.
-    A second signal ends at once. A failure puts the old run back only where nothing took its
-    place (on an object store a rename copies in pages), deletes ``staging`` and raises
-    :class:`PublishError` saying where the old run is. The old run's deletion is not deferred
-    (a slow remote delete must not hold a signal): stopped, it leaves at worst a ``.replaced-``
-    folder beside the new run. Returns None, or, when that deletion failed, a note saying
-    where the old run was left (the new one is in place: not a failure)."""
-    aside = staging_path(final, run_id, "replaced")
-    replacing: bool | None = None  # whether a run was there; None: looking failed
-    moved = False
+    (:func:`.signals.deferred_signals`), then raise ``KeyboardInterrupt(signum, where)``:
+    stopped halfway, the old run would be left aside and the new one deleted by the caller's
+    cleanup. A second signal ends at once, with its ``where`` too. A failure puts the old run
+    back only where nothing took its place (on an object store a rename copies in pages),
+    deletes ``staging`` and raises :class:`PublishError`. Every ``where`` says where each run
+    is as the markers in the folders show afterwards (:func:`_settle`): the steps that returned
+    only tell whose part a folder without the marker holds, or stand in, said so, when the file
+    system no longer answers (a signal to the process group stops Spark's JVM too). A rename
+    that took effect but raised (an HDFS client's retry answered false) is no failure. The old
+    run's deletion is not deferred (a slow remote delete must not hold a signal). Returns None,
+    or a note: the new run is in place, but the old one was left aside (its deletion failed),
+    or a move said it failed."""
+    job = _Publishing(
+        final,
+        staging_path(final, run_id, "replaced"),
+        staging,
+        run_id,
+        what,
+        marker or MANIFEST_PATH,
+    )
+    done = _Done()
     try:
         with deferred_signals():
-            try:
-                replacing = files.exists(final)
-                if replacing:
-                    files.rename(final, aside)
-                files.rename(staging, final)
-                moved = True
-            except BaseException:
-                if replacing and files.exists(aside) and not files.exists(final):
-                    files.rename(aside, final)  # put the old run back
-                raise
-    except Exception as exc:  # not a signal: those end without a slow cleanup
-        raise _not_published(files, staging, final, aside, replacing, what) from exc
-    finally:  # after a deferred signal too
-        left = _delete_replaced(files, aside, what) if moved and replacing else None
-    return left
-
-
-def _not_published(
-    files: Files, staging: str, final: str, aside: str, replacing: bool | None, what: str
-) -> PublishError:
-    """The error of a failed publish, its staging folder deleted (a new run that is not in
-    place is of no use: the command is run again). Says where the old run is by looking, not
-    by the step that failed: a put-back may have failed too."""
-    with contextlib.suppress(Exception):  # the move's failure is what to report
-        files.delete(staging)
-    message = f"could not move the new {what} into {final}"
-    if replacing is None:  # failed at the first look: nothing was moved
-        return PublishError(message, f"{final} left as it was")
-    if not replacing:
-        return PublishError(message, f"no earlier {what} was there")
-    try:
-        old_aside = files.exists(aside)
-        final_taken = old_aside and files.exists(final)
-    except Exception:  # the file system is gone too: say both places
-        return PublishError(message, f"the earlier {what} is in {final} or {aside}")
-    if not old_aside:
-        return PublishError(message, f"the earlier {what} in {final} kept")
-    clear = f"delete {final} (part of the new {what}), then " if final_taken else ""
-    return PublishError(message, f"the earlier {what} is in {aside}: {clear}move it to {final}")
-
-
-def _delete_replaced(files: Files, aside: str, what: str) -> str | None:
-    """Delete the old run once the new one is in place; a note if that failed (it is then
-    left aside, which a message must not call kept: it no longer is where it was)."""
-    try:
-        files.delete(aside)
+            _move_in(files, job, done)
+        return _delete_replaced(files, job, done) if done.replacing else None
+    except KeyboardInterrupt as exc:  # a deferred signal, a second one, or one while deleting
+        raise _interrupted(files, job, done, exc) from exc
     except Exception as exc:
-        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"the {what} it replaced is left in {aside} (deleting it failed: {cause[:300]})"
+        return _failed(files, job, done, exc)
+
+
+def _failed(files: Files, job: _Publishing, done: _Done, exc: Exception) -> str | None:
+    """A :class:`PublishError` saying where each one is, ``staging`` deleted; or, when the new
+    one is in place all the same (a rename that took effect but raised), a note saying so."""
+    try:
+        outcome = _settle(files, job, done, tidy=True)
+    except KeyboardInterrupt as again:  # a signal while tidying: no more of it
+        done.ended_early = True
+        raise _interrupted(files, job, done, again) from exc
+    if not outcome.in_place:
+        message = f"could not move the new {job.what} into {job.final}"
+        raise PublishError(message, outcome.where) from exc
+    note = f"moving it into {job.final} said it failed ({_first_line(exc)}), but it is there"
+    return f"{note}; {outcome.left}" if outcome.left else note
+
+
+@attrs.frozen
+class _Publishing:
+    """One publish: its folders, and how messages name what it moves."""
+
+    final: str
+    aside: str
+    staging: str
+    run_id: str
+    what: str
+    marker: str
+
+    def marked(self, folder: str) -> str:
+        return f"{folder.rstrip('/')}/{self.marker}"
+
+    @property
+    def new_one(self) -> str:  # a report's id is nobody's to know
+        return f"{self.what} {self.run_id}" if self.what == "run" else f"the {self.what}"
+
+
+@attrs.define
+class _Done:
+    """What publish read before moving (the markers' texts) and the steps whose call returned.
+    A step that raised may have taken effect all the same, or in part: only the folders tell."""
+
+    new_text: str | None = None
+    old_text: str | None = None
+    replacing: bool | None = None  # whether something was in ``final``; None: the look failed
+    aside_done: bool = False
+    moving_in: bool = False  # the new one's rename was called
+    moved: bool = False
+    put_back: bool = False
+    put_back_error: str | None = None
+    ended_early: bool = False  # a second signal ended the moves at once
+    deleting_old: bool = False
+    old_deleted: bool = False
+    staging_deleted: bool = False
+
+
+@attrs.frozen
+class _Seen:
+    """What the folders hold afterwards: ``final`` the new one, the old one (by the marker's
+    text), part of one (no such marker) or nothing (None); whether the others exist."""
+
+    final: str | None
+    aside: bool
+    staging: bool
+
+
+@attrs.frozen
+class _Outcome:
+    in_place: bool
+    where: str
+    left: str | None = None  # where the old one was left beside the new one in place
+
+
+def _move_in(files: Files, job: _Publishing, done: _Done) -> None:
+    """The moves, each noted once it returned; after a failure, the old one put back."""
+    try:
+        done.new_text = files.read_text(job.marked(job.staging))
+        done.replacing = files.exists(job.final)
+        if done.replacing:
+            done.old_text = files.read_text(job.marked(job.final))
+            files.rename(job.final, job.aside)
+            done.aside_done = True
+        done.moving_in = True
+        files.rename(job.staging, job.final)
+        done.moved = True
+    except BaseException as exc:
+        done.ended_early = isinstance(exc, KeyboardInterrupt)  # the first signal is deferred
+        _put_back(files, job, done)
+        raise
+
+
+def _put_back(files: Files, job: _Publishing, done: _Done) -> None:
+    """The old one moved back where nothing took its place. Its failure is noted, not raised:
+    the move's is the cause to report (a message says where the old one is by looking)."""
+    if not done.replacing:
+        return
+    try:
+        if files.exists(job.aside) and not files.exists(job.final):
+            files.rename(job.aside, job.final)
+            done.put_back = True
+    except Exception as exc:
+        done.put_back_error = _first_line(exc)
+
+
+def _interrupted(
+    files: Files, job: _Publishing, done: _Done, exc: KeyboardInterrupt
+) -> KeyboardInterrupt:
+    """``KeyboardInterrupt(signum, where)``. Tidies (staging or the old one deleted) only
+    after the first signal: a second one, or one during the old one's deletion, ends it."""
+    signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+    try:
+        outcome = _settle(files, job, done, tidy=not done.ended_early and not done.deleting_old)
+    except KeyboardInterrupt:  # yet another signal: no more looking
+        return KeyboardInterrupt(signum, _where_by_steps(job, done, "interrupted again"))
+    where = f"{outcome.where}; {outcome.left}" if outcome.left else outcome.where
+    return KeyboardInterrupt(signum, where)
+
+
+def _settle(files: Files, job: _Publishing, done: _Done, tidy: bool) -> _Outcome:
+    """Where each one is, by looking: the new one in place (then, if ``tidy``, the old one
+    deleted) or not (then, if ``tidy``, ``staging`` deleted). When the file system no longer
+    answers, what the steps that returned tell, said so."""
+    try:
+        seen = _look(files, job, done)
+    except Exception as exc:
+        if tidy and not done.moved:
+            with contextlib.suppress(Exception):  # said: the new one may be left there
+                files.delete(job.staging)
+                done.staging_deleted = True
+        return _Outcome(done.moved, _where_by_steps(job, done, _first_line(exc)))
+    if seen.final == "new" and not seen.staging:
+        left = _delete_replaced(files, job, done) if tidy and seen.aside else None
+        if seen.aside and left is None and not done.old_deleted:
+            left = f"the {job.what} it replaced is left in {job.aside}: delete it by hand"
+        return _Outcome(True, f"{job.new_one} is in {job.final}", left)
+    if tidy and seen.staging:
+        with contextlib.suppress(Exception):  # said below: the new one is left there
+            files.delete(job.staging)
+            seen = attrs.evolve(seen, staging=False)
+    return _Outcome(False, _where_not_in_place(seen, job, done))
+
+
+def _look(files: Files, job: _Publishing, done: _Done) -> _Seen:
+    def holds(folder: str) -> str | None:
+        if not files.exists(folder):
+            return None
+        text = files.read_text(job.marked(folder))
+        if text is not None and text == done.new_text:
+            return "new"
+        return "old" if text is not None and text == done.old_text else "part"
+
+    return _Seen(holds(job.final), files.exists(job.aside), files.exists(job.staging))
+
+
+def _where_not_in_place(seen: _Seen, job: _Publishing, done: _Done) -> str:
+    """Where the old one is, and the new one if left, as the folders show them."""
+    what, final = job.what, job.final
+    if done.replacing is None:  # the first look failed: nothing was moved
+        said = [f"{final} left as it was"]
+    elif not done.replacing:
+        said = [f"no earlier {what} was there"]
+        if seen.final is not None:
+            said.append(f"{final} holds part of the new {what}: delete it")
+    else:
+        said = [_where_the_old_one_is(seen, job, done)]
+    if seen.staging:
+        said.append(f"the new {what} is left in {job.staging}: delete it")
+    return "; ".join(said)
+
+
+def _where_the_old_one_is(seen: _Seen, job: _Publishing, done: _Done) -> str:
+    """``aside`` only ever receives what was in ``final``; what ``final`` holds without the
+    marker is the old one's rest until the new one's rename was called, the new one's after."""
+    what, final, aside = job.what, job.final, job.aside
+    failed = f" (putting it back failed: {done.put_back_error})" if done.put_back_error else ""
+    old_in_final = seen.final == "old" or (seen.final == "part" and not done.moving_in)
+    if old_in_final and not seen.aside:
+        return f"the earlier {what} in {final} kept"
+    if old_in_final:  # an object store's move that failed partway: some files in each
+        return (
+            f"the earlier {what} is in {final} and {aside}{failed}, perhaps split between them "
+            f"(a move failed partway): copy the files of {aside} into {final}, then delete {aside}"
+        )
+    if seen.aside and seen.final is None:
+        return f"the earlier {what} is in {aside}{failed}: move it to {final}"
+    if seen.aside:
+        return (
+            f"the earlier {what} is in {aside}{failed}: delete {final} (part of the new "
+            f"{what}), then move {aside} to {final}"
+        )
+    return f"the earlier {what} is in neither {final} nor {aside} (moved or deleted meanwhile?)"
+
+
+def _where_by_steps(job: _Publishing, done: _Done, why: str) -> str:
+    """Where each one is as the steps that returned tell (the file system did not answer)."""
+    what, final, aside = job.what, job.final, job.aside
+    if done.replacing is None:  # nothing was moved
+        said = [f"{final} left as it was"]
+    elif done.moved:
+        said = [f"{job.new_one} is in {final}"]
+        if done.replacing and not done.old_deleted:
+            said.append(f"the {what} it replaced may be left in {aside}: delete it by hand")
+    elif not done.replacing:
+        said = [f"no earlier {what} was there; delete {final} if it is there (part of the new one)"]
+    elif done.put_back:
+        said = [f"the earlier {what} was moved back to {final}"]
+    elif done.aside_done:
+        said = [
+            f"the earlier {what} is in {aside}: delete {final} if it is there (part of the new "
+            f"{what}), then move {aside} to {final}"
+        ]
+    else:
+        said = [
+            f"the earlier {what} is in {final} or {aside}, or split between them (moving it "
+            "aside failed): look at both before deleting either"
+        ]
+    if not done.moved and not done.staging_deleted:
+        said.append(f"the new {what} may be left in {job.staging}: delete it")
+    if done.replacing is None and done.staging_deleted:
+        return said[0]  # no move to tell of
+    return f"could not look ({why}); by the moves that ended: " + "; ".join(said)
+
+
+def _delete_replaced(files: Files, job: _Publishing, done: _Done) -> str | None:
+    """Delete the old one once the new one is in place; a note if that failed (it is then
+    left aside, which a message must not call kept: it no longer is where it was)."""
+    done.deleting_old = True
+    try:
+        files.delete(job.aside)
+    except Exception as exc:
+        return (
+            f"the {job.what} it replaced is left in {job.aside} (deleting it failed: "
+            f"{_first_line(exc)}); delete it by hand"
+        )
+    done.old_deleted = True
     return None
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
 def _manifest_path(run_dir: str) -> str:
-    return f"{run_dir.rstrip('/')}/{MANIFEST}/{MANIFEST_FILE}"
+    return f"{run_dir.rstrip('/')}/{MANIFEST_PATH}"
 
 
 def _parse_manifest(text: str | None) -> dict[str, Any] | None:

@@ -172,20 +172,37 @@ async def ensure_internal_topics(
 
 def changelogs_with_state(state: StateDirectory) -> dict[str, list[TaskId]]:
     """The changelog topics local checkpoints in ``state`` hold data of (an offset past 0),
-    each with the tasks that hold it."""
+    each with the tasks that hold it (what can be read now)."""
+    return _changelogs_held(state.read_checkpoints()[0])
+
+
+def _changelogs_held(
+    checkpoints: Mapping[TaskId, Mapping[TopicPartition, int]],
+) -> dict[str, list[TaskId]]:
     held: dict[str, list[TaskId]] = {}
-    for task in sorted(state.offset_sums()):
-        for tp, offset in state.read_checkpoint(task).items():
+    for task, offsets in sorted(checkpoints.items()):
+        for tp, offset in offsets.items():
             if offset > 0 and task not in held.setdefault(tp.topic, []):
                 held[tp.topic].append(task)
     return {t: tasks for t, tasks in held.items() if tasks}
 
 
 def _refuse_lost_changelogs(state: StateDirectory, missing: Collection[str]) -> None:
-    """Raise ``MissingChangelogError`` when local state holds data of a ``missing`` changelog."""
+    """Raise ``MissingChangelogError`` when local state holds data of a ``missing`` changelog,
+    or when that cannot be told: a checkpoint (or ``tasks/``) cannot be read now. Taken for
+    "no data", the changelog would be created empty and the state it holds be lost."""
     if not missing:
         return
-    held = {t: ts for t, ts in changelogs_with_state(state).items() if t in missing}
+    checkpoints, unreadable = state.read_checkpoints()
+    if unreadable:
+        path, exc = min(unreadable.items())
+        raise MissingChangelogError(
+            f"changelog topic(s) {', '.join(sorted(missing))} missing, and the local state in "
+            f"{state.path} cannot be read to tell whether it holds data of them ({path}: "
+            f"{exc.strerror or exc}); not created: the state may be fine, fix the read error "
+            "(permission, disk, open files) and start again"
+        )
+    held = {t: ts for t, ts in _changelogs_held(checkpoints).items() if t in missing}
     if held:
         raise MissingChangelogError(
             "changelog topic(s) missing although the local state in "

@@ -307,12 +307,11 @@ class App:
             admin_config=self.connection_config,
             state=self.state,  # a deleted changelog it holds data of is refused
         )
+        if self.store_kind == "memory":  # checkpoints of a previous run describe nothing now
+            self.state.delete_checkpoints()
         if self.end_offsets is not None:  # known before the first rebalance
             self.end_offsets.track(changelog_partitions(self.topology, counts))
             await self.end_offsets.start(self.bootstrap_servers, self.connection_config)
-        if self.store_kind == "memory":  # checkpoints of a previous run describe nothing now
-            for task in self.state.offset_sums():
-                self.state.delete_checkpoint(task)
         await self._make_producers()
         await self._start_clients()
         await self.host.start()
@@ -937,7 +936,7 @@ class App:
             for state in task.stores.values():
                 if not self.exactly_once:  # (with transactions, fencing replaces end checks)
                     state.end = entry.ends[state.changelog]  # the active's records land here
-                keys = state.compensate()
+                keys = state.compensate(entry.ends[state.changelog])
                 compensated += len(keys)
                 cl = state.changelog
                 task.outbox.extend(
@@ -970,7 +969,9 @@ class App:
     def _pause_restoring(self, index: int) -> None:
         """Pause exactly the input partitions of ``index``'s tasks that cannot process now
         (restoring, torn until their restore, or with a record still running on the sibling
-        consumer they moved from: else ``index`` would fetch and rewind them on every loop);
+        consumer they moved from: else ``index`` would fetch and rewind them on every loop),
+        and those of tasks ``index`` does not run (a leader of another topology version
+        assigned them by a reused subtopology id: rewound at every fetch, they spun the loop);
         a new assignment resets pauses, so every fetch of the consumer loop calls this again."""
         if index >= len(self.host.consumers):
             return
@@ -984,9 +985,11 @@ class App:
         for tp in assigned:
             task = self._actives.get(self.topology.task_of(TopicPartition(*tp)))
             if (
-                task is not None
-                and task.consumer == index
-                and (task.restoring or task.torn or task.running not in (None, index))
+                task is None
+                or task.consumer != index
+                or task.restoring
+                or task.torn
+                or task.running not in (None, index)
             ):
                 hold.add(tp)
         with contextlib.suppress(Exception):  # a partition just unassigned

@@ -31,9 +31,17 @@ A marker this runtime did not write (a tool, a hand-made repair, a replayed copy
 writing the reserved key) may hold anything. Only applied offsets an owner can have written are
 read (``read_marker``): one huge offset would make ``seen`` true for every later input record,
 which would then be skipped and committed, silently and for good (every later marker of the
-owner repeats the value). Any other marker is unreadable: it still closes its commit (not
-closing would leave committed writes as an orphan tail, which a compensation rolls back) and
-changes no applied offset, and the restore logs a WARNING.
+owner repeats the value). Any other offset is refused, its key keeping the previous marker's
+offset; the marker's other offsets are read (an older streamassign repeated a refused value in
+each later marker, next to its real offsets of other keys). A marker that is not JSON or has
+no ``applied`` object is unreadable as a whole. Either way it still closes its commit (not
+closing would leave committed writes as an orphan tail, which a compensation rolls back), and
+the restore logs a WARNING.
+
+The reserved key is this runtime's alone. A tombstone on it (any record of it, once it is the
+last) makes compaction remove every marker before it, and the tombstone itself after
+``delete.retention.ms``: the committed data records are then left with no marker, and the
+next restore takes them as an orphan tail (``compensate`` warns when it can tell).
 """
 
 from __future__ import annotations
@@ -73,30 +81,40 @@ def encode_marker(applied: Mapping[str, int]) -> bytes:
     return json.dumps({"applied": dict(sorted(applied.items()))}).encode()
 
 
-def read_marker(value: bytes | None) -> dict[str, int]:
-    """Applied offsets of a marker; ``DamagedStateError`` saying why when it is not one this
-    runtime writes (see the module docstring)."""
+@attrs.frozen
+class Marker:
+    """What ``read_marker`` read of a commit marker."""
+
+    #: Applied offsets an owner can have written, by source topic or ``topic[p]`` upstream.
+    applied: dict[str, int]
+    #: Why each other offset was refused, one line per key (empty: all read).
+    refused: tuple[str, ...] = ()
+
+    def refusal(self) -> str:
+        """The refused offsets in one line (the first three, and how many more)."""
+        shown = "; ".join(self.refused[:3])
+        more = len(self.refused) - 3
+        return f"{shown}; and {more} more" if more > 0 else shown
+
+
+def read_marker(value: bytes | None) -> Marker:
+    """The applied offsets of a marker that an owner can have written, and the others
+    refused (see the module docstring); ``DamagedStateError`` saying why when the marker is
+    not JSON or has no ``applied`` object."""
     if value is None:
         raise DamagedStateError("commit marker has no value")
     data = loads_json(value, DamagedStateError, "commit marker")
     applied = data.get("applied") if isinstance(data, dict) else None
     if not isinstance(applied, dict):
         raise DamagedStateError("commit marker has no 'applied' object")
-    for topic, offset in applied.items():
-        if not is_position(offset):
-            raise DamagedStateError(
-                f"commit marker: applied offset of {reprlib.repr(topic)} is "
-                f"{reprlib.repr(offset)}, not an int in [0, 2**83)"
-            )
-    return dict(applied)
-
-
-def decode_marker(value: bytes | None) -> dict[str, int] | None:
-    """Applied offsets of a marker; None when it is unreadable (``read_marker`` says why)."""
-    try:
-        return read_marker(value)
-    except DamagedStateError:
-        return None
+    good = {topic: offset for topic, offset in applied.items() if is_position(offset)}
+    refused = tuple(
+        f"applied offset of {reprlib.repr(topic)} is {reprlib.repr(offset)}, "
+        "not an int in [0, 2**83)"
+        for topic, offset in applied.items()
+        if topic not in good
+    )
+    return Marker(good, refused)
 
 
 @attrs.define(eq=False)
@@ -127,28 +145,39 @@ class StoreState:
     #: Changelog records read by restores (data and markers), over this object's life.
     restored: int = 0
     #: Restore side: this restore logged an unreadable marker (it logs one per store; a new
-    #: restore of the store, ``StateUpdater.add``, resets it).
+    #: restore of the store, ``restore_started``, resets it).
     warned_unreadable: bool = False
+    #: Restore side: records of the reserved key this restore read (``restore_started``
+    #: resets it), and records of any key read from ``position`` on (the tail's offsets
+    #: that hold a record: ``compensate`` tells a compacted tail by them).
+    markers_restored: int = 0
+    tail_read: int = 0
 
     @classmethod
     def open(cls, name: str, changelog: TopicPartition, store: KeyValueStore) -> StoreState:
         """Wrap ``store``, reading the position and applied offsets it keeps. Offsets that
         cannot be read (a store a version without ``read_marker``'s checks committed a foreign
-        marker's offsets to) are logged and taken as none: the changelog's markers from the
-        store's position on, and the input offsets committed, say what it holds."""
+        marker's offsets to) are logged and taken as none, the others are read: the
+        changelog's markers from the store's position on, and the input offsets committed,
+        say what it holds."""
         position = int(store.meta(_POSITION) or b"0")
         kept = store.meta(_APPLIED)
+        applied: dict[str, int] = {}
+        refused = ""
         try:
-            applied = {} if kept is None else read_marker(kept)
+            if kept is not None:
+                marker = read_marker(kept)
+                applied, refused = marker.applied, marker.refusal()
         except DamagedStateError as exc:
-            applied = {}
+            refused = str(exc)
+        if refused:
             log.warning(
-                "store %s (%s[%d]): the applied input offsets it keeps cannot be read (%s); "
-                "taken as none, so input it holds may be applied again",
+                "store %s (%s[%d]): applied input offsets it keeps cannot be read (%s); those "
+                "are taken as none, so input it holds may be applied again",
                 name,
                 changelog.topic,
                 changelog.partition,
-                exc,
+                refused,
             )
         return cls(name, changelog, store, position, applied)
 
@@ -216,57 +245,126 @@ class StoreState:
 
     # -- the restore side ----------------------------------------------------------------------
 
+    def restore_started(self) -> None:
+        """A new restore of this store begins (``StateUpdater.add``): it says once if it meets
+        a bad marker, and counts its own markers."""
+        self.warned_unreadable = False
+        self.markers_restored = 0
+
     def restore(self, offset: int, key: bytes | None, value: bytes | None) -> None:
         """Apply one changelog record read at ``offset`` (records arrive in offset order)."""
         self.restored += 1
-        if key == COMMIT_KEY:
-            writes: dict[bytes, bytes | None] = dict(self.unclosed)
-            # The last marker's offsets replace the earlier ones (not the max): a zombie's late
-            # marker may run ahead of the owner's, and the owner's later marker must win.
-            applied = dict(self.applied)
-            try:
-                applied.update(read_marker(value))
-            except DamagedStateError as exc:
-                self._unreadable_marker(offset, exc)
-            self.store.write(writes, _meta(offset + 1, applied))  # then the position (above)
-            self.applied.update(applied)
-            self.position = offset + 1
-            self.unclosed.clear()
-        elif key is not None:
-            self.unclosed.append((key, value))
+        if key != COMMIT_KEY:
+            self.tail_read += 1
+            if key is not None:
+                self.unclosed.append((key, value))
+            return
+        self.markers_restored += 1
+        writes: dict[bytes, bytes | None] = dict(self.unclosed)
+        applied = dict(self.applied)
+        # The last marker's offsets replace the earlier ones (not the max): a zombie's late
+        # marker may run ahead of the owner's, and the owner's later marker must win.
+        try:
+            marker = read_marker(value)
+        except DamagedStateError as exc:
+            why = f"{exc}; written by another producer"
+            self._unreadable_marker(offset, "cannot be read", why, len(writes))
+        else:
+            applied.update(marker.applied)
+            if marker.refused:
+                # An older streamassign that read such a value wrote it again in each marker.
+                why = (
+                    f"{marker.refusal()}; written by another producer, or by an older "
+                    "streamassign repeating such a value"
+                )
+                self._unreadable_marker(
+                    offset, "has applied offsets that cannot be read", why, len(writes)
+                )
+        # The store first: a write it refuses (a full disk) moves no position, which a
+        # checkpoint written from it would claim.
+        self.store.write(writes, _meta(offset + 1, applied))
+        self.applied.update(applied)
+        self.position = offset + 1
+        self.unclosed.clear()
+        self.tail_read = 0
 
-    def _unreadable_marker(self, offset: int, why: DamagedStateError) -> None:
+    def _unreadable_marker(self, offset: int, what: str, why: str, closes: int) -> None:
         """Closed all the same (see the module docstring); said once per store and restore,
-        as a foreign writer's every record of the reserved key may be one."""
+        as a foreign writer's every record of the reserved key may be one. Input may be
+        applied twice only if the marker closes writes (the commit it ends would otherwise
+        have been an orphan tail); usually it follows the owner's own marker."""
         if self.warned_unreadable:
             return
         self.warned_unreadable = True
+        effect = (
+            f"it closes {closes} write(s), applied; the refused applied offsets stay the "
+            "previous marker's, so input of that commit may be applied again after a crash"
+            if closes
+            else "it closes no write, so no input is applied twice; the refused applied "
+            "offsets stay the previous marker's"
+        )
         log.warning(
-            "store %s: the commit marker at %s[%d]@%d cannot be read (%s; not written by "
-            "streamassign?); the writes it closes are applied, the applied input offsets stay "
-            "the previous marker's, so input of that commit may be applied again after a "
-            "crash. Further unreadable markers of this restore are not logged",
+            "store %s: the commit marker at %s[%d]@%d %s (%s); %s. Further unreadable markers "
+            "of this restore are not logged",
             self.name,
             self.changelog.topic,
             self.changelog.partition,
             offset,
+            what,
             why,
+            effect,
         )
 
     def drop_unclosed(self) -> None:
         """Forget records read after the last marker (they are re-read from ``position``)."""
         self.unclosed.clear()
+        self.tail_read = 0
 
-    def compensate(self) -> list[bytes]:
-        """End of an active restore: rewrite the committed value of every orphan key as a
-        pending write (see the module docstring); the caller produces them. Returns the keys."""
+    def compensate(self, end: int | None = None) -> list[bytes]:
+        """End of an active restore, which read to ``end``: rewrite the committed value of
+        every orphan key as a pending write (see the module docstring); the caller produces
+        them. Returns the keys."""
         orphans = sorted({key for key, _ in self.unclosed})
+        if orphans and end is not None:
+            self._check_tail(end, len(orphans))
         self.unclosed.clear()
+        self.tail_read = 0
         self.pending.clear()  # nothing uncommitted survives a restore: offsets re-read
         self.pending_applied.clear()
         for key in orphans:
             self.pending[key] = self.store.get(key)
         return orphans
+
+    def _check_tail(self, end: int, keys: int) -> None:
+        """WARNING when the orphan tail is not what an owner's unfinished commit leaves: this
+        restore read no marker, and offsets from its position to ``end`` hold no record, so
+        records were removed there. Compaction removes a marker only for a later record of
+        the reserved key, which this restore would have read, unless it was a tombstone
+        removed in turn (``delete.retention.ms``): the markers that closed these records may
+        be gone. An owner's own tail has no hole unless the cleaner compacted it (a segment
+        rolled in it); under exactly once, offsets held by transaction markers are holes too,
+        but a committed transaction's writes always come with their marker."""
+        missing = end - self.position - self.tail_read
+        if self.markers_restored or missing <= 0:
+            return
+        log.warning(
+            "store %s: %s[%d]: this restore read no commit marker, and %d of the offsets "
+            "from %d to the end %d hold no record (compacted or deleted); the %d record(s) "
+            "left there are taken as uncommitted and their %d key(s) written back to the "
+            "store's committed values. If a tombstone (or another record) on the reserved "
+            "key %r made compaction remove the markers that closed them, that rolls the "
+            "store back: the key must not be written by anyone but streamassign "
+            "(docs/runtime.md)",
+            self.name,
+            self.changelog.topic,
+            self.changelog.partition,
+            missing,
+            self.position,
+            end,
+            len(self.unclosed),
+            keys,
+            COMMIT_KEY,
+        )
 
 
 def _meta(position: int, applied: Mapping[str, int]) -> dict[str, bytes]:

@@ -76,6 +76,9 @@ class Processing:
         self.transaction_failed = transaction_failed
         self.processed = 0
         self.skipped = 0
+        #: (consumer, task) pairs whose records came to a consumer not running the task,
+        #: warned about once until the task runs there.
+        self._not_run: set[tuple[int, TaskId]] = set()
 
     async def process_batch(
         self,
@@ -122,8 +125,19 @@ class Processing:
             )
             return False
         if task is None or task.consumer != index:
-            log.warning("consumer %d: records of task %s it does not run", index, task_id)
+            # The consumer loop pauses such partitions before its next fetch (``App``), so
+            # this is once per episode, not a loop; the line is too (repeats at DEBUG).
+            news = (index, task_id) not in self._not_run
+            self._not_run.add((index, task_id))
+            log.log(
+                logging.WARNING if news else logging.DEBUG,
+                "consumer %d: records of task %s it does not run: rewound, its partitions "
+                "paused while it does not run here (repeats at DEBUG)",
+                index,
+                task_id,
+            )
             return False
+        self._not_run.discard((index, task_id))
         return True
 
     async def _process_task_records(

@@ -123,7 +123,7 @@ class StateUpdater:
         """Restore ``task``'s stores (replacing a restore of the same task under way)."""
         entry = Restoring(task, source, sum(s.position for s in task.stores.values()))
         for state in task.stores.values():
-            state.warned_unreadable = False  # each restore says once if it met a bad marker
+            state.restore_started()
         self.restoring[task.task_id] = entry
         task.restoring = True
         self.standbys.dirty = True

@@ -23,6 +23,7 @@ from ..errors import (
     StoreIOError,
     StoreNotOpenError,
 )
+from ..localstate import not_a_directory
 
 StoreKind = Literal["memory", "rocksdb"]
 STORE_KINDS: tuple[StoreKind, ...] = ("memory", "rocksdb")
@@ -117,20 +118,24 @@ class RocksDBStore:
 
     def __init__(self, path: str | Path) -> None:
         """Open (or create) the store in ``path``: ``DamagedStateError`` if its files are
-        damaged (``is_damage``), ``StoreIOError`` if it cannot be opened for another reason."""
+        damaged (``is_damaged_store_status``), ``StoreIOError`` if it cannot be opened for
+        another reason."""
         from rocksdict import Options, Rdict
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists() and not self.path.is_dir():  # a link to a directory is fine
-            raise DamagedStateError(f"store {self.path}: not a directory")
+        # A link to a directory is fine; one that leads to none (nothing there: a disk not
+        # mounted; a loop of links) would fail RocksDB's open with "File exists" at every
+        # start, so it is damage: set aside, the store restores from its changelog.
+        if not self.path.is_dir() and (self.path.exists() or self.path.is_symlink()):
+            raise DamagedStateError(f"store {self.path}: {not_a_directory(self.path)}")
         with contextlib.suppress(OSError):  # unreadable: RocksDB's open says what is wrong
             found = (self.path / _FOUND_DAMAGED).read_text(errors="replace")[:1000]
             raise DamagedStateError(f"store {self.path}: a read found it damaged: {found}")
         try:
             self._db = Rdict(str(self.path), Options(raw_mode=True))
         except Exception as exc:  # rocksdict raises Exception("<RocksDB status>")
-            if is_damage(str(exc)):
+            if is_damaged_store_status(str(exc)):
                 raise DamagedStateError(f"store {self.path}: {exc}") from exc
             raise StoreIOError(f"store {self.path} cannot be opened: {exc}") from None
         #: The directory opened (device, inode), to tell it moved (``moved``); None: unknown.
@@ -154,10 +159,11 @@ class RocksDBStore:
         """The typed error for a failed read, write or close (a full disk, an I/O error). It
         carries RocksDB's status in its message and is raised ``from None``: the bare
         ``Exception`` behind it adds a second traceback and nothing else. Damage found
-        (``is_damage``) is marked in the store's directory: its next open fails with
+        (``is_damaged_store_status``) is marked in the store's directory: its next open fails with
         ``DamagedStateError``, so the store is set aside and restored, not read again and
         again by restarts that each stop on it."""
-        if is_damage(str(exc)):  # a corrupt block a read found (the open does not read all)
+        # A corrupt block a read found (the open does not read all).
+        if is_damaged_store_status(str(exc)):
             with contextlib.suppress(OSError):  # e.g. a full disk: then it stays unmarked
                 (self.path / _FOUND_DAMAGED).write_text(str(exc))
         return StoreIOError(f"store {self.path}: {what} failed: {exc}")
@@ -224,7 +230,7 @@ def moved_away(store: KeyValueStore) -> bool:
     return isinstance(store, RocksDBStore) and store.moved()
 
 
-def is_damage(status: str) -> bool:
+def is_damaged_store_status(status: str) -> bool:
     """Whether a RocksDB status (of an open or a read) says a store's files are damaged (so
     the store is set aside and restored from its changelog), not that it is in use or that
     the disk is full or failing (those move nothing: the operator's to fix)."""

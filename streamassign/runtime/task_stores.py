@@ -11,11 +11,12 @@ has opened it (after the task's earlier close, if one is under way). The task is
 meanwhile, its input paused, and the state updater starts reading its changelog once its
 stores are open (``check_open``); a standby's stores are read once open (``Standbys.opened``).
 
-A store whose files are damaged (corrupt, truncated, missing: ``stores.is_damage``) is set
-aside as ``<store>.rocksdb.damaged-<UTC time>`` and opened empty, so it restores from its
-changelog. Any other failed open of an active's stops the application (``check_open``
-raises). A standby's is tried again with a bounded backoff (``retry_delays``): nothing else
-would (the host announces a standby once), and a standby never opened never catches up.
+A store whose files are damaged (corrupt, truncated, missing:
+``stores.is_damaged_store_status``) is set aside as ``<store>.rocksdb.damaged-<UTC time>``
+and opened empty, so it restores from its changelog. Any other failed open of an active's
+stops the application (``check_open`` raises). A standby's is tried again with a bounded
+backoff (``retry_delays``): nothing else would (the host announces a standby once), and a
+standby never opened never catches up.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .. import TaskId, TopicPartition
 from ..aiokafka.closing import CLOSE_TIMEOUT
 from ..errors import DamagedStateError, StoreIOError, StoreNotOpenError, StreamAssignError
 from ..localstate import StateDirectory
+from ..repeats import Repeats
 from ..topology import Topology
 from .changelog import StoreState
 from .standbys import Standbys, is_open, open_failed
@@ -95,6 +97,11 @@ class TaskStores:
         #: local state is unused since then, unless it was opened again.
         self.closed_at: dict[TaskId, float] = {}
         self._checkpointed: dict[TaskId, dict[TopicPartition, int]] = {}
+        #: The cause each task's checkpoint writes fail with (until one is written again).
+        self._failed_writes: dict[TaskId, Repeats] = {}
+        #: Entries of each task's checkpoint this topology's stores do not write (another
+        #: topology version's), read at its first write: every write keeps them.
+        self._others: dict[TaskId, dict[TopicPartition, int]] = {}
         #: Tasks whose stores were found moved away from their directory (logged once each).
         self._moved: set[TaskId] = set()
         self._executor: ThreadPoolExecutor | None = None
@@ -165,8 +172,11 @@ class TaskStores:
         until closed: the next open would fail on it)."""
         states: dict[str, StoreState] = {}
         stores: list[tuple[str, KeyValueStore]] = []
+        changelogs = self._changelogs(task)
+        if changelogs and self.store_kind != "memory":
+            self._task_directory(task)
         try:
-            for name, changelog in self._changelogs(task).items():
+            for name, changelog in changelogs.items():
                 path = self.state.task_dir(task) / f"{name}.rocksdb"
                 stores.append((name, self._open_or_set_aside(task, name, path)))
                 try:
@@ -179,6 +189,18 @@ class TaskStores:
             _close_in_thread(task, stores)
             raise
         return states
+
+    def _task_directory(self, task: TaskId) -> None:
+        """Make ``task``'s directory for its stores; something else in its place (a file, a
+        link to nothing, a loop of links) is set aside (``StateDirectory.task_directory``).
+        ``StoreIOError`` naming it if it cannot be made (no permission, an I/O error)."""
+        try:
+            self.state.task_directory(task)
+        except OSError as exc:
+            raise StoreIOError(
+                f"task {task}: its directory {self.state.task_dir(task)} cannot be made: "
+                f"{exc.strerror or exc}"
+            ) from exc
 
     def _open_or_set_aside(self, task: TaskId, name: str, path: Path) -> KeyValueStore:
         """Open one store; if its files are damaged, set them aside (never deleted) and open
@@ -373,25 +395,62 @@ class TaskStores:
             try:
                 if self._moved_away(task, states):
                     return
-                self.state.write_checkpoint(task, offsets, durable=durable)
-                self._checkpointed[task] = offsets
+                others = self._other_versions(task)
+                self.state.write_checkpoint(task, {**others, **offsets}, durable=durable)
             except OSError as exc:
-                log.warning("cannot checkpoint task %s: %s", task, exc)
+                self._cannot_checkpoint(task, exc)
+                return
+            self._checkpointed[task] = offsets
+            if self._failed_writes.pop(task, None) is not None:
+                log.info("task %s: its checkpoint is written again", task)
+
+    def _cannot_checkpoint(self, task: TaskId, exc: OSError) -> None:
+        """Log a failed checkpoint write (too many open files, a full disk) at WARNING once
+        per task and cause, the same cause again at DEBUG: it is tried at every commit (1 s)."""
+        cause = exc.strerror or type(exc).__name__  # not the message: it names a temporary
+        news = self._failed_writes.setdefault(task, Repeats()).changed(cause)
+        log.log(
+            logging.WARNING if news else logging.DEBUG,
+            "cannot checkpoint task %s: %s (tried again at each commit; the same cause again "
+            "logged at DEBUG, and one line once it is written again)",
+            task,
+            exc,
+        )
+
+    def _other_versions(self, task: TaskId) -> dict[TopicPartition, int]:
+        """The entries of ``task``'s checkpoint on disk for changelogs that are not its stores'
+        in this topology: another topology version's (an upgrade removed the store, or
+        renumbered its subtopology), whose store files stay in the task's directory untouched
+        while this version runs the task. Kept, they stay true, so a rollback to that version
+        reports that state (the host of this version leaves them out of its sums). Read once:
+        nothing else writes the checkpoint while this process holds the directory."""
+        others = self._others.get(task)
+        if others is None:
+            own = {tp.topic for tp in self._changelogs(task).values()}
+            checkpoint = self.state.read_checkpoint(task)
+            others = {tp: o for tp, o in checkpoint.items() if tp.topic not in own}
+            self._others[task] = others
+        return others
 
     def _moved_away(self, task: TaskId, states: Mapping[str, StoreState]) -> bool:
         """Whether a store of ``task`` no longer lives at its path (its directory, or
         ``tasks/``, was renamed or deleted under the open store). Its checkpoint is then not
         written: the task's directory there (made again by the write) would hold a
         checkpoint and none of the state, and after a restart the process would report itself
-        caught up on a task it restores from scratch. Logged once per task."""
+        caught up on a task it restores from scratch. The checkpoint written there before
+        (when only the store's own directory went) is deleted for the same reason. Once per
+        task, with one log line."""
         moved = sorted(name for name, state in states.items() if moved_away(state.store))
         if not moved:
             self._moved.discard(task)
         elif task not in self._moved:
+            self.state.delete_checkpoint(task)  # raises: tried again at the next checkpoint
+            self._checkpointed.pop(task, None)
+            self._others.pop(task, None)  # deleted with it: read again (none) at the next
             self._moved.add(task)
             log.error(
                 "task %s: store(s) %s no longer in %s (moved or deleted under the open store); "
-                "not checkpointing it there, where none of its state is",
+                "its checkpoint there deleted, and none written, where none of its state is",
                 task,
                 ", ".join(moved),
                 self.state.task_dir(task),
@@ -414,6 +473,9 @@ class TaskStores:
         for state in states.values():
             persistent = state.store.persistent
             state.drop_unclosed()
+        # Another version's entries are read again at the next take: the task's directory
+        # may be deleted (from outside, or by the cleanup) before it comes back here.
+        self._others.pop(task, None)
         try:
             if not persistent:
                 self.state.delete_checkpoint(task)
@@ -437,6 +499,8 @@ class TaskStores:
         """``task``'s local state was deleted: what this remembers of it is void (a checkpoint
         equal to the last one written must be written again, into the new directory)."""
         self._checkpointed.pop(task, None)
+        self._failed_writes.pop(task, None)
+        self._others.pop(task, None)
         self.closed_at.pop(task, None)
 
     def close_parked(self) -> list[asyncio.Future[None]]:

@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from streamassign import TaskId, TopicPartition
 from streamassign.aiokafka.describe import FAUST_OWN_PROTOCOL_NAME, RawMember, decode_member
 from streamassign.aiokafka.wire import encode_assignment
-from streamassign.errors import ProtocolError
+from streamassign.errors import DamagedStateError, ProtocolError
 from streamassign.faust.assignor import _read_state
 from streamassign.files import loads_json
 from streamassign.protocol import AssignmentInfo
-from streamassign.runtime.changelog import decode_marker
+from streamassign.runtime.changelog import read_marker
 
 from ..test_describe import meta
 from .damage import FUZZ, damaged
@@ -159,18 +159,20 @@ def test_describe_decodes_any_faust_json_or_says_why_never_raises(
 def test_a_commit_marker_decodes_to_its_offsets_or_is_unreadable_never_raises(
     data: bytes,
 ) -> None:
-    """Decoded only when every applied offset is one an owner writes, an int in [0, 2**83),
-    and then exactly those (``int()`` took ``2.5``, ``true``, ``"12"``, ``-7``, 40 digits: a
-    huge one made the store skip every later input record)."""
-    applied = decode_marker(data)
-    event("unreadable" if applied is None else "offsets" if applied else "none applied")
-    if applied is None:
+    """Unreadable only without an ``applied`` object; else its offsets an owner writes, ints
+    in [0, 2**83), exactly, and every other one refused (``int()`` took ``2.5``, ``true``,
+    ``"12"``, ``-7``, 40 digits: a huge one made the store skip every later input record)."""
+    try:
+        marker = read_marker(data)
+    except DamagedStateError:
+        event("unreadable")
         return
-    assert all(type(o) is int and 0 <= o < 2**83 for o in applied.values())
+    event("some refused" if marker.refused else "offsets" if marker.applied else "none applied")
+    assert all(type(o) is int and 0 <= o < 2**83 for o in marker.applied.values())
     written = json.loads(data)["applied"]
-    assert {t: (type(o), o) for t, o in applied.items()} == {
-        t: (type(o), o) for t, o in written.items()
-    }
+    owners = {t: (type(o), o) for t, o in written.items() if type(o) is int and 0 <= o < 2**83}
+    assert {t: (type(o), o) for t, o in marker.applied.items()} == owners
+    assert len(marker.refused) == len(written) - len(owners)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ with ``KafkaError: Unexpected error during coordination``, again on every restar
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,10 @@ def damage(root: Path, kind: str, task: str) -> Path:
         directory.parent.mkdir(parents=True, exist_ok=True)
         directory.write_text('{"t": {"0": 5}}')
         return directory
+    if kind == "loop of links where the task directory belongs":
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        directory.symlink_to(directory)
+        return directory
     directory.mkdir(parents=True, exist_ok=True)
     checkpoint = directory / "checkpoint"
     if kind == "directory where the checkpoint belongs":
@@ -44,6 +49,7 @@ KINDS = [
     *CHECKPOINTS,
     "file where the task directory belongs",
     "directory where the checkpoint belongs",
+    "loop of links where the task directory belongs",
 ]
 
 
@@ -75,7 +81,10 @@ def test_processes_with_damaged_state_join_and_get_tasks(app: tuple[App, set[Tas
     damaged.append(root_a / "assignment.json")
     (root_b / "assignment.json").mkdir(parents=True)  # a directory where the file belongs
     (root_b / "process.id").mkdir()
-    damaged += [root_b / "assignment.json", root_b / "process.id"]
+    fifo = root_b / "tasks" / "0_0" / "checkpoint"  # opened, it blocked the join forever
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    damaged += [root_b / "assignment.json", root_b / "process.id", fifo]
 
     group.start("a", 2)
     group.start("b", 1)
@@ -85,7 +94,7 @@ def test_processes_with_damaged_state_join_and_get_tasks(app: tuple[App, set[Tas
     for path in damaged:  # set aside for inspection, not deleted
         assert len(list(path.parent.glob(f"{path.name}.damaged-*"))) == 1, path
     reused = actives(state, "a") & {f"0_{i}" for i in range(len(KINDS))}
-    assert reused  # "a" runs 4 of the 6 tasks of subtopology 0, the damaged ones are 0_0..0_4
+    assert reused  # "a" runs 4 of the 6 tasks of subtopology 0, all damaged (0_0..0_5)
     for task in reused:
         # a task whose state was damaged works again: its new checkpoint is plain offsets
         offsets = json.loads((root_a / "tasks" / task / "checkpoint").read_text())

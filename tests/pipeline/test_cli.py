@@ -1135,11 +1135,12 @@ def test_sigterm_while_an_overwrite_is_published_says_the_new_run_is_in_place(
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
     new_id = json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"]
     assert new_id != "earlier"
+    left = [] if when == "aside" else [f".run.replaced-{new_id}"]  # its deletion interrupted
+    note = f"; the run it replaced is left in {tmp_path}/.run.replaced-{new_id}: delete it by hand"
     assert done.stderr.splitlines()[-1] == (
-        f"interrupted by SIGTERM while simulating; run {new_id} is in {run}"
+        f"interrupted by SIGTERM while simulating; run {new_id} is in {run}" + note * bool(left)
     )
     assert "Traceback" not in done.stderr
-    left = [] if when == "aside" else [f".run.replaced-{new_id}"]  # its deletion interrupted
     assert sorted(p.name for p in tmp_path.iterdir()) == [*left, "run"]
 
 
@@ -1158,10 +1159,65 @@ def test_a_second_sigterm_while_publishing_ends_it_and_says_what_is_in_dir(
     args = ("simulate", str(ORDERS), *TINY, "--out", str(run), "--overwrite")
     done = _fake_spark_run("signal-twice", *args)
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    (staging,) = tmp_path.glob(".run.partial-*")
     assert done.stderr.splitlines()[-1] == (
-        f"interrupted by SIGTERM while simulating; the run in {run} kept"
+        f"interrupted by SIGTERM while simulating; the earlier run in {run} kept; the new run "
+        f"is left in {staging}: delete it"
     )
     assert json.loads((run / "manifest" / "part-00000.json").read_text())["run_id"] == "earlier"
+
+
+@pytest.mark.parametrize("after", ["aside", "move"])
+def test_a_group_signal_while_publishing_remotely_says_where_each_run_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], after: str
+) -> None:
+    """A review: a SIGTERM to the process group while a remote run was published stopped
+    Spark's JVM too, and the line said "the run in DIR kept" (the caller's tail): DIR was
+    empty, the old run aside (``aside``), or DIR held the new run (``move``). The line now
+    says what publish knows. (A stand-in for Hadoop's file system: no JVM.)"""
+    import os
+    import signal
+
+    from streamassign import cli
+    from streamassign.pipeline import runs
+
+    run, staging = tmp_path / "run", tmp_path / ".run.partial-new"
+    aside = tmp_path / ".run.replaced-new"
+    for folder, run_id in ((run, "old"), (staging, "new")):
+        runs.write_manifest(runs.LocalFiles(), str(folder), {"run_id": run_id, "rows": 1})
+
+    class StoppedBySignal(runs.LocalFiles):
+        stopped = False
+
+        def exists(self, path: str) -> bool:
+            if self.stopped:
+                raise ConnectionRefusedError(111, "Connection refused")
+            return super().exists(path)
+
+        def rename(self, source: str, target: str) -> None:
+            if self.stopped:
+                raise ConnectionRefusedError(111, "Connection refused")
+            super().rename(source, target)
+            if target == str(aside if after == "aside" else run):
+                os.kill(os.getpid(), signal.SIGTERM)
+                self.stopped = True
+
+    with (
+        pytest.raises(SystemExit) as exited,
+        cli._one_line_failures("simulating", f"the run in {run} kept"),
+    ):
+        cli._publish(StoppedBySignal(), str(staging), str(run), "new", "run")
+    assert exited.value.code == 128 + signal.SIGTERM
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith(
+        "interrupted by SIGTERM while simulating; could not look ([Errno 111] Connection "
+        "refused); by the moves that ended: "
+    )
+    assert "kept" not in last
+    if after == "aside":
+        assert f"the earlier run is in {aside}: " in last and not run.exists()
+    else:
+        assert f"run new is in {run}; the run it replaced may be left in {aside}" in last
 
 
 def test_a_group_sigterm_while_the_jvm_starts_reads_as_the_signal(

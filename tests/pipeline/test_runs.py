@@ -111,9 +111,10 @@ def test_a_signal_while_publishing_waits_until_the_new_run_is_in_place(
     monkeypatch.setattr(files, "delete", signal_then_delete)
     with pytest.raises(KeyboardInterrupt) as raised, interrupt_on_signals():
         publish(files, str(staging), str(final), "new")
-    assert raised.value.args == (signal.SIGTERM,)
-    assert check_run(LocalFiles(), str(final))["run_id"] == "new"
     left = [] if when == "aside" else [".run.replaced-new"]  # the deletion was interrupted
+    note = f"; the run it replaced is left in {tmp_path / '.run.replaced-new'}: delete it by hand"
+    assert raised.value.args == (signal.SIGTERM, f"run new is in {final}" + note * bool(left))
+    assert check_run(LocalFiles(), str(final))["run_id"] == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == [*left, "run"]
 
 
@@ -143,11 +144,14 @@ def test_a_failed_move_aside_leaves_the_old_run_in_place(
         # copied part of the new run into place before failing.
         ({1}, "the earlier run in {final} kept"),
         ({2}, "the earlier run in {final} kept"),
-        ({2, 3}, "the earlier run is in {aside}: move it to {final}"),
+        (
+            {2, 3},
+            "the earlier run is in {aside} (putting it back failed: read-only): move it to {final}",
+        ),
         (
             {"partial"},
-            "the earlier run is in {aside}: delete {final} (part of the new run), then move it "
-            "to {final}",
+            "the earlier run is in {aside}: delete {final} (part of the new run), then move "
+            "{aside} to {final}",
         ),
     ],
 )
@@ -173,14 +177,14 @@ def test_a_failed_publish_deletes_the_new_run_and_says_where_the_old_one_is(
             (Path(target) / "rebalances").mkdir(parents=True)  # a page copied, then a failure
             raise OSError("copy failed")
         if len(calls) in failing:
-            raise OSError("disk gone")
+            raise OSError("disk gone" if len(calls) < 3 else "read-only")
         real(source, target)
 
     monkeypatch.setattr(files, "rename", rename)
     with pytest.raises(PublishError) as raised:
         publish(files, str(staging), str(final), "new")
     assert raised.value.where == where.format(final=final, aside=aside)
-    assert isinstance(raised.value.__cause__, OSError)
+    assert str(raised.value.__cause__) in ("disk gone", "copy failed")  # the move's, not after
     assert not staging.exists()
     old = final if where.endswith("kept") else aside
     assert check_run(LocalFiles(), str(old))["run_id"] == "old"
@@ -244,9 +248,271 @@ def test_an_old_run_that_cannot_be_deleted_is_a_note_not_kept(
     monkeypatch.setattr(files, "delete", delete)
     left = publish(files, str(staging), str(final), "new")
     aside = tmp_path / ".run.replaced-new"
-    assert left == f"the run it replaced is left in {aside} (deleting it failed: Permission denied)"
+    assert left == (
+        f"the run it replaced is left in {aside} (deleting it failed: Permission denied); "
+        "delete it by hand"
+    )
     assert check_run(LocalFiles(), str(final))["run_id"] == "new"
     assert check_run(LocalFiles(), str(aside))["run_id"] == "old"
+
+
+@pytest.mark.parametrize("marker_moved", [False, True])
+def test_a_move_aside_that_failed_partway_never_calls_the_old_run_part_of_the_new(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marker_moved: bool
+) -> None:
+    """A review: on an object store the first rename (the old run aside) copied part of the
+    old run, then failed; the line said "delete DIR (part of the new run), then move [aside]
+    to DIR", which deletes the only complete copy. Now it says the old run is in both (the
+    store may have deleted some copied files from DIR: ``marker_moved``, its manifest too)
+    and how to make DIR whole without deleting anything of it."""
+    from streamassign.errors import PublishError
+
+    final, staging = tmp_path / "run", tmp_path / ".run.partial-new"
+    aside = tmp_path / ".run.replaced-new"
+    make_run(final, "old")
+    make_run(staging, "new")
+    files = LocalFiles()
+    real = files.rename
+
+    def copies_a_page_then_fails(source: str, target: str) -> None:
+        if target != str(aside):
+            real(source, target)
+            return
+        shutil.copytree(final / "manifest", aside / "manifest")
+        if marker_moved:  # a copy-then-delete page: its source deleted
+            shutil.rmtree(final / "manifest")
+        raise OSError("503 SlowDown")
+
+    monkeypatch.setattr(files, "rename", copies_a_page_then_fails)
+    with pytest.raises(PublishError) as raised:
+        publish(files, str(staging), str(final), "new")
+    assert raised.value.where == (
+        f"the earlier run is in {final} and {aside}, perhaps split between them (a move failed "
+        f"partway): copy the files of {aside} into {final}, then delete {aside}"
+    )
+    assert not staging.exists()
+    shutil.copytree(aside, final, dirs_exist_ok=True)  # the advice, followed
+    shutil.rmtree(aside)
+    assert check_run(LocalFiles(), str(final))["run_id"] == "old"
+
+
+@pytest.mark.parametrize("replacing", [True, False])
+def test_a_rename_that_took_effect_but_raised_is_a_publish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, replacing: bool
+) -> None:
+    """A review: an HDFS client that retries a rename whose answer was lost gets false, and
+    ``HadoopFiles.rename`` raises; the new run was in DIR, complete, while the line said the
+    publish failed ("delete DIR (part of the new run)", or "no earlier run was there")."""
+    final, staging = tmp_path / "run", tmp_path / ".run.partial-new"
+    if replacing:
+        make_run(final, "old")
+    make_run(staging, "new")
+    files = LocalFiles()
+    real = files.rename
+
+    def renames_then_raises(source: str, target: str) -> None:
+        real(source, target)
+        if source == str(staging):
+            raise PipelineError(f"cannot rename {source} to {target}")
+
+    monkeypatch.setattr(files, "rename", renames_then_raises)
+    note = publish(files, str(staging), str(final), "new")
+    assert note == (
+        f"moving it into {final} said it failed (cannot rename {staging} to {final}), but it "
+        "is there"
+    )
+    assert check_run(LocalFiles(), str(final))["run_id"] == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # the old one deleted
+
+
+def test_a_move_aside_that_took_effect_but_raised_is_put_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamassign.errors import PublishError
+
+    final, staging = tmp_path / "run", tmp_path / ".run.partial-new"
+    make_run(final, "old")
+    make_run(staging, "new")
+    files = LocalFiles()
+    real = files.rename
+    calls: list[str] = []
+
+    def renames_then_raises(source: str, target: str) -> None:
+        calls.append(target)
+        real(source, target)
+        if len(calls) == 1:
+            raise PipelineError("cannot rename")
+
+    monkeypatch.setattr(files, "rename", renames_then_raises)
+    with pytest.raises(PublishError) as raised:
+        publish(files, str(staging), str(final), "new")
+    assert raised.value.where == f"the earlier run in {final} kept"
+    assert check_run(LocalFiles(), str(final))["run_id"] == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+class _JvmStoppedBySignal(LocalFiles):
+    """Hadoop's file system in a JVM that a signal to the process group stops: SIGTERM right
+    after the rename to ``at``, and every call after it fails as py4j's does."""
+
+    def __init__(self, at: Path) -> None:
+        self.at, self.stopped = str(at), False
+
+    def _answering(self) -> None:
+        if self.stopped:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    def exists(self, path: str) -> bool:
+        self._answering()
+        return super().exists(path)
+
+    def read_text(self, path: str) -> str | None:
+        self._answering()
+        return super().read_text(path)
+
+    def delete(self, path: str) -> None:
+        self._answering()
+        super().delete(path)
+
+    def rename(self, source: str, target: str) -> None:
+        import os
+        import signal
+
+        self._answering()
+        super().rename(source, target)
+        if target == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)  # deferred here; the JVM ends
+            self.stopped = True
+
+
+@pytest.mark.parametrize("after", ["aside", "move"])
+def test_a_group_signal_that_stops_the_jvm_says_where_each_run_is(
+    tmp_path: Path, after: str
+) -> None:
+    """A review: a SIGTERM or SIGHUP to the process group while a remote run was published
+    stopped Spark's JVM too. Every later step failed, and the line said "the run in DIR kept"
+    while DIR was empty (the old run aside, ``.partial-`` left: ``aside``), or held the new
+    run (the note that the old run was left aside dropped: ``move``). Nothing can be looked
+    at: the line says what the moves that ended tell, and that it could not look."""
+    import signal
+
+    from streamassign.pipeline.signals import interrupt_on_signals
+
+    final, staging = tmp_path / "run", tmp_path / ".run.partial-new"
+    aside = tmp_path / ".run.replaced-new"
+    make_run(final, "old")
+    make_run(staging, "new")
+    files = _JvmStoppedBySignal(aside if after == "aside" else final)
+    with pytest.raises(KeyboardInterrupt) as raised, interrupt_on_signals():
+        publish(files, str(staging), str(final), "new")
+    said = {
+        "aside": (
+            f"the earlier run is in {aside}: delete {final} if it is there (part of the new "
+            f"run), then move {aside} to {final}; the new run may be left in {staging}: "
+            "delete it"
+        ),
+        "move": (
+            f"run new is in {final}; the run it replaced may be left in {aside}: delete it by hand"
+        ),
+    }[after]
+    assert raised.value.args == (
+        signal.SIGTERM,
+        f"could not look ([Errno 111] Connection refused); by the moves that ended: {said}",
+    )
+    assert check_run(LocalFiles(), str(aside))["run_id"] == "old"  # what it says is so
+    if after == "move":
+        assert check_run(LocalFiles(), str(final))["run_id"] == "new"
+    else:
+        assert not final.exists()
+
+
+def test_a_signal_and_a_failure_say_where_each_run_is_by_looking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal, then a failure whose file system still answers (a local disk): the new run
+    is deleted as after a failure, and the line says where the old one is by looking (its
+    put-back failed too), not the caller's "kept"."""
+    import os
+    import signal
+
+    from streamassign.pipeline.signals import interrupt_on_signals
+
+    final, staging = tmp_path / "run", tmp_path / ".run.partial-new"
+    aside = tmp_path / ".run.replaced-new"
+    make_run(final, "old")
+    make_run(staging, "new")
+    files = LocalFiles()
+    real = files.rename
+
+    def rename(source: str, target: str) -> None:
+        if target != str(aside):
+            raise OSError("disk gone")
+        real(source, target)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(files, "rename", rename)
+    with pytest.raises(KeyboardInterrupt) as raised, interrupt_on_signals():
+        publish(files, str(staging), str(final), "new")
+    assert raised.value.args == (
+        signal.SIGTERM,
+        f"the earlier run is in {aside} (putting it back failed: disk gone): move it to {final}",
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".run.replaced-new"]
+
+
+def test_a_second_signal_names_the_new_run_it_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: two signals (the second ends at once) after the old run was moved aside put
+    it back and said so, but not that the new run's hidden folder was left behind."""
+    import os
+    import signal
+
+    from streamassign.pipeline.signals import interrupt_on_signals
+
+    final, staging = tmp_path / "run", tmp_path / ".run.partial-new"
+    make_run(final, "old")
+    make_run(staging, "new")
+    files = LocalFiles()
+    real = files.rename
+
+    def rename(source: str, target: str) -> None:
+        real(source, target)
+        if ".replaced-" in target:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(files, "rename", rename)
+    with pytest.raises(KeyboardInterrupt) as raised, interrupt_on_signals():
+        publish(files, str(staging), str(final), "new")
+    assert raised.value.args == (
+        signal.SIGINT,
+        f"the earlier run in {final} kept; the new run is left in {staging}: delete it",
+    )
+    assert check_run(LocalFiles(), str(final))["run_id"] == "old"
+    assert check_run(LocalFiles(), str(staging))["run_id"] == "new"
+
+
+def test_a_file_that_cannot_be_deleted_is_named_by_its_whole_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: ``rmtree`` named it relative to its folder (``'keep'``)."""
+    import os
+
+    folder = tmp_path / "old" / "manifest"
+    folder.mkdir(parents=True)
+    (folder / "keep").write_text("x")
+    unlink = os.unlink
+
+    def immutable(path: str, *args: object, **kwargs: object) -> None:
+        if os.path.basename(path) == "keep":
+            raise PermissionError(1, "Operation not permitted", path)
+        unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", immutable)
+    with pytest.raises(OSError) as raised:
+        LocalFiles().delete(str(tmp_path / "old"))
+    assert str(raised.value) == f"[Errno 1] Operation not permitted: '{folder / 'keep'}'"
 
 
 class _HadoopPath:

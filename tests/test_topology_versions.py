@@ -1,0 +1,340 @@
+"""Two topology versions in one group whose subtopology ids mean different subtopologies (a
+rolling deploy that reused an id: v1 ``0 [a]``, ``1 [b]``; v2 ``0 [a]``, ``1 [n]``, ``2 [b]``).
+A member runs no task whose partitions differ from its own topology's task of that id, pauses
+their partitions and says so once per episode (audit "upgrade", finding 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import attrs
+import pytest
+from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign.aiokafka import ProcessHost
+from streamassign.protocol import LATEST_VERSION, SubscriptionInfo
+from streamassign.repeats import Repeats
+from streamassign.streams import (
+    MemberAssignment,
+    MemberSubscription,
+    assign_streams,
+    decode_subscriptions,
+)
+from streamassign.versions import mismatched_tasks, subtopology_fingerprints, topology_version
+
+V1 = Topology(
+    [Subtopology(0, ["a"], stores=["ca"]), Subtopology(1, ["b"], stores=["cb"])], name="upg"
+)
+V2 = Topology(
+    [
+        Subtopology(0, ["a"], stores=["ca", "ca2"]),
+        Subtopology(1, ["n"], stores=["cn"]),
+        Subtopology(2, ["b"], stores=["cb"]),
+    ],
+    name="upg",
+)
+V3 = Topology([Subtopology(0, ["b"], stores=["cb"])], name="upg")
+V4 = Topology(
+    [
+        Subtopology(0, ["a"], stores=["ca"]),
+        Subtopology(1, ["b"], stores=["cb"]),
+        Subtopology(7, ["n"], stores=["cn"]),
+    ],
+    name="upg",
+)
+COUNTS = {"a": 4, "b": 4, "n": 4}
+
+
+def old_leader_assigns(leader: Topology, member: Topology) -> MemberAssignment:
+    """What a ``leader``-version leader gives a ``member``-version process (as the leader of
+    the audit did, announcing no fingerprints): the member's assignment."""
+    members = {
+        "leader-0": MemberSubscription(
+            frozenset(leader.source_topics), SubscriptionInfo(uuid.UUID(int=1))
+        ),
+        "member-0": MemberSubscription(
+            frozenset(member.source_topics), SubscriptionInfo(uuid.UUID(int=2))
+        ),
+    }
+    return assign_streams(leader, COUNTS, members, leader_version=2)["member-0"]
+
+
+def test_tasks_of_a_reused_id_are_mismatched_either_way() -> None:
+    """v1 leader, v2 member: 1_x is b there, n here. v3 leader, v1 member: 0_x is b there, a
+    here (the audit's leader_mismatch.py). Stable ids (v4) and an added store match."""
+    given = old_leader_assigns(V1, V2)
+    mismatched = mismatched_tasks(V2, given.info.active, given.info.topics)
+    assert {t.subtopology for t in mismatched} == {1}
+    assert {t.subtopology for t in given.info.active - mismatched.keys()} <= {0}
+    first = mismatched[min(mismatched)]
+    assert first.leader_partitions == (TopicPartition("b", first.task.partition),)
+    assert first.own_sources == ("n",)
+
+    reverse = old_leader_assigns(V3, V1)
+    assert reverse.info.active  # v1 subscribes to a superset of v3's topics: it gets tasks
+    assert (
+        mismatched_tasks(V1, reverse.info.active, reverse.info.topics).keys() == reverse.info.active
+    )
+
+    for leader, member in ((V1, V4), (V4, V4)):
+        given = old_leader_assigns(leader, member)
+        assert mismatched_tasks(member, given.info.active, given.info.topics) == {}
+
+
+def test_a_task_of_an_id_this_topology_lacks_is_mismatched_and_no_dictionary_means_unchecked() -> (
+    None
+):
+    assert set(mismatched_tasks(V3, [TaskId(1, 0)], {1: {"b": 4}})) == {TaskId(1, 0)}
+    assert mismatched_tasks(V3, [TaskId(0, 0)], {}) == {}
+
+
+def test_fingerprints_cover_sources_and_copartitioning_not_stores() -> None:
+    f1, f2, f4 = (subtopology_fingerprints(t) for t in (V1, V2, V4))
+    assert f1[0] == f2[0]  # a store added: same partitions, both versions run the task
+    assert f1[1] != f2[1] and f1[1] == f2[2] and f1 == {s: f4[s] for s in f1}
+    joined = Topology([Subtopology(0, ["c", "d"])], copartition_groups=[["c", "d"]])
+    apart = Topology([Subtopology(0, ["c", "d"])])
+    assert subtopology_fingerprints(joined) != subtopology_fingerprints(apart)
+
+
+class PausingConsumer:
+    """A consumer stub: cluster metadata of ``COUNTS`` and the partitions paused."""
+
+    def __init__(self) -> None:
+        self._client = SimpleNamespace(
+            cluster=SimpleNamespace(partitions_for_topic=lambda t: set(range(COUNTS.get(t, 0))))
+        )
+        self._coordinator = SimpleNamespace(request_rejoin=lambda: None)
+        self.paused: set[Any] = set()
+
+    def pause(self, *tps: Any) -> None:
+        self.paused.update(tps)
+
+    async def stop(self) -> None: ...
+
+
+def deliver(host: ProcessHost, given: MemberAssignment) -> None:
+    """aiokafka's part of a new assignment: fresh partitions (unpaused), then the assignor."""
+    consumer = host.consumers[0]
+    consumer.paused = set()  # type: ignore[attr-defined]
+    by_topic: dict[str, list[int]] = {}
+    for tp in given.partitions:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    host.assignors[0].on_assignment(
+        ConsumerProtocolMemberAssignment(0, sorted(by_topic.items()), given.info.encode())
+    )
+
+
+def test_a_member_runs_no_task_of_another_version_and_says_so_once_per_episode(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A v2 process assigned by a v1 leader: tasks 1_x (b there, n here) are not run, their
+    partitions paused; one ERROR line for three rebalances; one INFO line once a leader of
+    its own version assigns, whose tasks then run."""
+    host = ProcessHost(V2, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    consumer = PausingConsumer()
+    host.consumers.append(consumer)  # type: ignore[arg-type]
+    given = old_leader_assigns(V1, V2)
+    foreign = {
+        KafkaTopicPartition("b", t.partition) for t in given.info.active if t.subtopology == 1
+    }
+    assert foreign
+
+    async def scenario() -> None:
+        with caplog.at_level(logging.DEBUG, "streamassign.aiokafka"):
+            for _ in range(3):
+                deliver(host, given)
+                assert host.assignors[0].info.active == {
+                    t for t in given.info.active if t.subtopology == 0
+                }
+                assert consumer.paused == foreign
+            assert host.host_info.active_by_host == given.info.active_by_host  # leader's maps
+            await host._assigned(0)
+            assert host.tasks(0).active == host.assignors[0].info.active
+            own = old_leader_assigns(V2, V2)
+            deliver(host, own)
+            assert host.assignors[0].info.active == own.info.active and consumer.paused == set()
+        await host.stop()
+
+    asyncio.run(scenario())
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    first = min(t for t in given.info.active if t.subtopology == 1)
+    assert f"task {first}" in errors[0]
+    assert "the leader's subtopology 1 reads b, this process's reads n" in errors[0]
+    assert f"b-{first.partition}" in errors[0] and "fresh id" in errors[0]
+    assert "docs/streams.md#rolling-deploys" in errors[0]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any("same topics per subtopology id" in m for m in infos)
+
+
+def test_a_matching_assignment_logs_nothing_and_pauses_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stable ids (a v4 process under a v1 leader): every task runs, no line."""
+    host = ProcessHost(V4, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    consumer = PausingConsumer()
+    host.consumers.append(consumer)  # type: ignore[arg-type]
+    given = old_leader_assigns(V1, V4)
+    with caplog.at_level(logging.INFO, "streamassign.aiokafka"):
+        deliver(host, given)
+    assert host.assignors[0].info.active == given.info.active and consumer.paused == set()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    asyncio.run(host.stop())
+
+
+def test_records_of_a_task_the_consumer_does_not_run_are_paused_not_spun(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Consumer 1 owns partitions whose task it does not run (the audit: 19,003 rewinds and
+    as many WARNING lines in 24 s): its loop pauses them before the next fetch, and the
+    rewinds that still happen warn once, until the task runs there."""
+    from tests.test_runtime_ownership import INPUT, batch, batch_of, make
+
+    app, task, _, consumers = make(tmp_path)
+
+    async def run() -> None:
+        with caplog.at_level(logging.DEBUG, "streamassign.runtime"):
+            for _ in range(5):
+                await batch_of(app, 1, batch(0, 10))
+            app._pause_restoring(1)  # as consumer 1's loop does before every fetch
+            assert consumers[1].paused_tps == {INPUT}
+            assert consumers[1].seeks == [(INPUT, 0)] * 5  # rewound, never skipped
+            await app._commits.commit(1)
+            assert consumers[1].commits == []  # committed offsets untouched
+            app._pause_restoring(0)
+            assert consumers[0].paused_tps == set()  # the consumer running it fetches it
+
+    asyncio.run(run())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "task 0_0 it does not run" in warnings[0], warnings
+    assert task.processed == 0
+
+
+# -- leader side: subtopology fingerprints in the subscription (protocol version 3) -----------
+
+
+def announcing(pid: int, topology: Topology, version: int = LATEST_VERSION) -> MemberSubscription:
+    """A member of ``topology``'s version, announcing its fingerprints from version 3 on,
+    as it reaches a leader (encoded, then decoded at the leader's version)."""
+    info = SubscriptionInfo(
+        uuid.UUID(int=pid),
+        version=version,
+        latest_supported_version=version,
+        subtopology_fingerprints=subtopology_fingerprints(topology),
+    )
+    decoded = SubscriptionInfo.decode(info.encode(), LATEST_VERSION)
+    return MemberSubscription(frozenset(topology.source_topics), decoded)
+
+
+def test_fingerprints_travel_in_version_3_and_older_readers_skip_them() -> None:
+    info = SubscriptionInfo(uuid.UUID(int=7), rack="r", subtopology_fingerprints={0: "ab", 5: "cd"})
+    assert SubscriptionInfo.decode(info.encode()) == info
+    old_leader = SubscriptionInfo.decode(info.encode(), max_version=2)  # reads the v2 prefix
+    assert old_leader.rack == "r" and old_leader.subtopology_fingerprints == {}
+    old_member = attrs.evolve(info, version=2, latest_supported_version=2)
+    assert SubscriptionInfo.decode(old_member.encode()).subtopology_fingerprints == {}
+
+
+def test_a_leader_gives_no_task_to_a_process_whose_ids_mean_other_topics(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A v1 leader, a v1 and a v2 process (b renumbered): the v2 process gets no task, but the
+    topic dictionary (its member side says why); a v4 process (fresh id for n) and a
+    process announcing nothing (protocol 2, as today) get tasks. One WARNING per episode
+    naming the processes of each version, one INFO line at its end."""
+    members = {
+        "v1": announcing(1, V1),
+        "v2": announcing(2, V2),
+        "v4": announcing(4, V4),
+        "old": announcing(5, V2, version=2),
+    }
+    versions = Repeats()
+    with caplog.at_level(logging.INFO, "streamassign.streams"):
+        for _ in range(2):
+            result = assign_streams(V1, COUNTS, members, topology_versions=versions)
+            assert not result["v2"].info.active and not result["v2"].partitions
+            assert result["v2"].info.topics == {0: {"a": 4}, 1: {"b": 4}}
+            assert all(result[m].info.active for m in ("v1", "v4", "old"))
+            assert len({t for a in result.values() for t in a.info.active}) == 8
+        assign_streams(V1, COUNTS, {"v1": members["v1"]}, topology_versions=versions)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    v2 = topology_version(subtopology_fingerprints(V2))
+    assert f"version {v2}: processes {uuid.UUID(int=2)}" in warnings[0]
+    assert str(uuid.UUID(int=1)) in warnings[0] and str(uuid.UUID(int=4)) in warnings[0]
+    assert str(uuid.UUID(int=5)) not in warnings[0]  # announced nothing: not checked
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any("runs this leader's version" in m for m in infos)
+
+
+def test_a_new_leader_gives_an_old_member_nothing_of_a_reused_id_and_an_old_leader_works() -> None:
+    """The audit's reverse case (v3 leader, v1 member announcing fingerprints): no task to
+    the v1 process. An old leader (protocol 2) reads new members' subscriptions as before
+    and answers at version 2."""
+    new_leader = assign_streams(V3, COUNTS, {"v3": announcing(3, V3), "v1": announcing(1, V1)})
+    assert not new_leader["v1"].info.active and len(new_leader["v3"].info.active) == 4
+    data = {
+        m: (
+            sorted(t.source_topics),
+            SubscriptionInfo(
+                uuid.UUID(int=i), subtopology_fingerprints=subtopology_fingerprints(t)
+            ).encode(),
+        )
+        for m, i, t in (("v1", 1, V1), ("v2", 2, V2))
+    }
+    old = decode_subscriptions(V1, COUNTS, data, max_version=2)
+    result = assign_streams(V1, COUNTS, old, leader_version=2)
+    assert {a.info.common_version for a in result.values()} == {2}
+    assert all(a.info.active for a in result.values())  # as before: only the member guards
+
+
+def test_a_process_announces_its_fingerprints_unless_it_speaks_an_older_version(
+    tmp_path: Path,
+) -> None:
+    new = ProcessHost(V2, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path / "new")
+    old = ProcessHost(
+        V2, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path / "old", max_version=2
+    )
+    sent = [
+        SubscriptionInfo.decode(h.assignors[0].metadata(sorted(V2.source_topics)).user_data)
+        for h in (new, old)
+    ]
+    assert sent[0].subtopology_fingerprints == subtopology_fingerprints(V2)
+    assert sent[1].version == 2 and sent[1].subtopology_fingerprints == {}
+    for h in (new, old):
+        asyncio.run(h.stop())
+
+
+def test_an_id_only_the_leader_has_is_no_mismatch_unless_its_tasks_come_here(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A v1 process under a v4 leader (n added with the fresh id 7): no task (it lacks n), no
+    line, ids are stable. A v5 process (``1 [b]``) under a v3 leader (``0 [b]``: b renumbered)
+    is assigned 0_x, an id it lacks: not run, one ERROR line."""
+    v5 = Topology([Subtopology(1, ["b"], stores=["cb"])], name="upg")
+    hosts = []
+    for topology, leader, name in ((V1, V4, "v1"), (v5, V3, "v5")):
+        host = ProcessHost(topology, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path / name)
+        host.consumers.append(PausingConsumer())  # type: ignore[arg-type]
+        with caplog.at_level(logging.INFO, "streamassign.aiokafka"):
+            deliver(host, old_leader_assigns(leader, topology))
+        assert not host.assignors[0].info.active
+        hosts.append(host)
+    errors = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name == "streamassign.aiokafka"
+    ]
+    assert len(errors) == 1, errors
+    assert "the leader's subtopology 0 reads b, this process's does not exist" in errors[0]
+    assert hosts[1].consumers[0].paused  # type: ignore[attr-defined]
+    for host in hosts:
+        asyncio.run(host.stop())
