@@ -8,6 +8,7 @@ gives exactly the state of processing every input record once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamassign import TopicPartition
-from streamassign.errors import DamagedStateError
+from streamassign.errors import DamagedStateError, StoreIOError
 from streamassign.runtime import COMMIT_KEY, MemoryStore, ReservedKeyError, StoreState, open_store
 from streamassign.runtime.changelog import Marker, encode_marker, read_marker
 
@@ -547,3 +548,38 @@ def test_an_owners_own_unfinished_commit_is_not_warned_about(
             compacted.restore(offset, key, value)
         assert compacted.compensate(len(log)) == [b"k"]
     assert _warnings(caplog) == []
+
+
+class FullDisk(MemoryStore):
+    """A store whose writes fail, as RocksDB's on a full disk."""
+
+    persistent = True
+    failing = False
+
+    def write(self, writes: Mapping[bytes, bytes | None], meta: Mapping[str, bytes]) -> None:
+        if self.failing:
+            raise StoreIOError("store x: a write failed: IO error: No space left on device")
+        super().write(writes, meta)
+
+
+def test_a_failed_store_write_moves_no_position_so_no_checkpoint_claims_it() -> None:
+    """The position (what a checkpoint reports) moves only with the store: it moved first,
+    so a checkpoint written at stop after a write failed on a full disk claimed the commit's
+    state, which the store never held."""
+    log: Log = []
+    store = FullDisk()
+    owner = Owner(log, StoreState("totals", CHANGELOG, store, 0))
+    owner.process(0, b"a")
+    owner.commit()
+    held = owner.state.position
+    owner.process(1, b"a")
+    store.failing = True
+    with pytest.raises(StoreIOError):
+        owner.commit()
+    assert owner.state.position == held == int(store.meta("position") or b"0")
+    assert owner.state.applied == {SOURCE: 0}
+    restoring = StoreState("totals", CHANGELOG, store, held)
+    with pytest.raises(StoreIOError):  # the restore side too
+        for offset, key, value in log[held:]:
+            restoring.restore(offset, key, value)
+    assert restoring.position == held

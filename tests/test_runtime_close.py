@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from streamassign import Subtopology, TaskId, Topology
+from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.errors import StoreNotOpenError
-from streamassign.runtime import COMMIT_KEY, App, RocksDBStore
+from streamassign.runtime import COMMIT_KEY, App, MemoryStore, RocksDBStore
 from streamassign.runtime.stores import StoreKind
 from streamassign.runtime.tasks import ActiveTask
 
@@ -486,3 +486,63 @@ def test_stop_with_opens_under_way_closes_everything_without_waiting_for_a_retry
     assert app._stores.opening == {} and app._stores.closing == {}
     assert app._stores._executor is None
     RocksDBStore(app._stores.state.task_dir(TASK) / "totals.rocksdb").close()  # lock free
+
+
+class FullDiskStore(MemoryStore):
+    """A persistent store whose close takes ``SLOW`` s, one close at a time in the process,
+    as RocksDB's do on a full disk (its error recovery: 1 s each, serial whatever the
+    threads); remembers which closed."""
+
+    persistent = True
+    closing = threading.Lock()
+    closed: list[FullDiskStore] = []  # noqa: RUF012 (reset by the test)
+
+    def close(self) -> None:
+        with FullDiskStore.closing:
+            time.sleep(SLOW)
+            FullDiskStore.closed.append(self)
+
+
+def test_stop_cuts_the_store_closes_at_its_deadline_and_leaves_the_rest_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """12 stores closing 1 s each, one after the other: ``stop()`` waited 12 s for them (a
+    full disk: 27 s for 40 stores). Now it waits ``close_timeout`` (1.5 s here) and leaves
+    the stores whose close had not begun open, held to the process's exit, with one warning
+    naming the tasks; their checkpoints are what they hold."""
+    app, _ = make(tmp_path)
+    app._stores.open_store = lambda kind, path: FullDiskStore()
+    app._stores.close_timeout = 1.5
+    FullDiskStore.closed = []
+    tasks = frozenset(TaskId(0, p) for p in range(12))
+
+    async def run() -> float:
+        updater = asyncio.create_task(app._state_updater_loop())
+        await app._assign(0, tasks)
+        await until(lambda: not any(t.restoring for t in app._actives.values()), "restores")
+        for task in tasks:
+            await process(app, app._actives[task], 0, 3)
+        app._stopped.set()
+        await updater
+        return await quick(asyncio.wait_for(app.stop(), 30))
+
+    with caplog.at_level(logging.WARNING, "streamassign.runtime"):
+        took = asyncio.run(run())
+    assert took < 1.5 + SLOW
+    cut = [r.getMessage() for r in caplog.records if "did not end within 1.5 s" in r.getMessage()]
+    assert len(cut) == 1 and "task(s)" in cut[0] and "left open" in cut[0], cut
+    # The closes running at the cut end (the process's exit waits for them: at most one per
+    # store thread); the others are held, not closed and not freed.
+    left = app._stores._left_open
+    deadline = time.monotonic() + 10
+    while len(FullDiskStore.closed) + len(left) < 12:
+        assert time.monotonic() < deadline, "the store threads did not finish"
+        time.sleep(0.05)
+    assert len(FullDiskStore.closed) <= 1.5 / SLOW + 4 and len(left) >= 12 - 6
+    assert {t for t, _, _ in left} <= tasks and all(str(t) in cut[0] for t, _, _ in left)
+    for task, _, store in left:
+        held = int(store.meta("position") or b"0")
+        assert held > 0
+        assert app._stores.state.read_checkpoint(task) == {
+            TopicPartition(CHANGELOG[0], task.partition): held
+        }

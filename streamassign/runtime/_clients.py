@@ -13,6 +13,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import RecordMetadata
 
 from .. import TaskId
+from ..aiokafka.floods import back_off_metadata_updates
 from ..errors import OutputWriteError
 from .transactions import TaskProducers
 
@@ -170,6 +171,7 @@ class Clients:
         """At least once: create the process's one producer (started by ``App.start``);
         ``config`` comes from ``capped_batches``, which sets its ``max_batch_size``."""
         self.producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, **config)
+        back_off_metadata_updates(self.producer)
 
     async def producer_for(self, task: TaskId) -> CheckedProducer:
         """The producer ``task`` writes with: the shared one, or (exactly once) its own, in

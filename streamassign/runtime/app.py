@@ -35,6 +35,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from .. import TaskId, TopicPartition
 from ..aiokafka import closing
 from ..aiokafka.closing import Release, release_consumer, release_producer, stop_within
+from ..aiokafka.floods import AIOKAFKA_LOGGER, BrokerAwayLines
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import (
     ErrorCode,
@@ -257,6 +258,8 @@ class App:
         self._cleaning: asyncio.Task[None] | None = None
         #: When ``stop()`` began (``time.monotonic()``), for its warnings.
         self._stop_began = 0.0
+        #: Holds back aiokafka's lines repeated while a broker is away, from start to stop.
+        self._broker_away_lines = BrokerAwayLines()
 
     @property
     def state(self) -> Any:
@@ -296,6 +299,7 @@ class App:
 
     async def start(self) -> None:
         """Create internal topics, start the producer, the restore consumers and the host."""
+        logging.getLogger(AIOKAFKA_LOGGER).addFilter(self._broker_away_lines)  # removed: stop()
         counts = await ensure_internal_topics(
             self.topology,
             self.bootstrap_servers,
@@ -433,6 +437,10 @@ class App:
         if self.end_offsets is not None:
             await self._stop_step(self.end_offsets.stop(), "stopping the end offsets reader")
         await self._stop_step(self._stop_clients(), "stopping the clients")
+        logging.getLogger(AIOKAFKA_LOGGER).removeFilter(self._broker_away_lines)
+        held_back = self._broker_away_lines.summary()
+        if held_back is not None:
+            log.warning("%s", held_back)
         log.info("process %s stopped", self.host.process_id)
 
     async def _stop_step(self, step: Awaitable[None], what: str) -> None:
@@ -486,7 +494,8 @@ class App:
         exit), and those its commit still holds (moved to a sibling consumer meanwhile:
         ``commits.busy``): the change may still write to them in a thread, and a RocksDB
         store closed under a write could be damaged. Not checkpointed, they are restored at
-        restart."""
+        restart. The closes take at most ``task_stores.STORES_CLOSE_TIMEOUT`` together
+        (``TaskStores.close_all``: those not begun by then are left open)."""
         closing = [
             t
             for t in self._actives.values()
@@ -501,14 +510,9 @@ class App:
             closes.append(self._stores.close(task_id, states))
         self._stores.parked.clear()
         try:
-            closed = await asyncio.gather(
-                *closes, *self._stores.closing.values(), return_exceptions=True
-            )
+            await self._stores.close_all(closes)  # at most ``STORES_CLOSE_TIMEOUT``
         finally:
             self._stores.shutdown()
-        for result in closed:
-            if isinstance(result, Exception):
-                raise result
 
     async def _commit_at_stop(self, cut: set[int]) -> None:
         """Wait for the task changes under way, then (unless a failure stopped the

@@ -232,16 +232,16 @@ class StoreState:
         return encode_marker({**self.applied, **self.pending_applied})
 
     def committed(self, marker_offset: int) -> None:
-        """The marker at ``marker_offset`` is acknowledged: write the pending state locally."""
+        """The marker at ``marker_offset`` is acknowledged: write the pending state locally.
+        The position moves only once the store took the write: a failed one (a full disk)
+        leaves it where the store is, so no checkpoint (written from it) claims more."""
+        applied = {**self.applied, **self.pending_applied}
+        self.store.write(self.pending, _meta(marker_offset + 1, applied))
         self.applied.update(self.pending_applied)
         self.position = self.end = marker_offset + 1
         self.overwritten = None
-        self.store.write(self.pending, self._meta())
         self.pending.clear()
         self.pending_applied.clear()
-
-    def _meta(self) -> dict[str, bytes]:
-        return {_POSITION: str(self.position).encode(), _APPLIED: encode_marker(self.applied)}
 
     # -- the restore side ----------------------------------------------------------------------
 
@@ -261,6 +261,7 @@ class StoreState:
             return
         self.markers_restored += 1
         writes: dict[bytes, bytes | None] = dict(self.unclosed)
+        applied = dict(self.applied)
         # The last marker's offsets replace the earlier ones (not the max): a zombie's late
         # marker may run ahead of the owner's, and the owner's later marker must win.
         try:
@@ -269,7 +270,7 @@ class StoreState:
             why = f"{exc}; written by another producer"
             self._unreadable_marker(offset, "cannot be read", why, len(writes))
         else:
-            self.applied.update(marker.applied)
+            applied.update(marker.applied)
             if marker.refused:
                 # An older streamassign that read such a value wrote it again in each marker.
                 why = (
@@ -279,8 +280,11 @@ class StoreState:
                 self._unreadable_marker(
                     offset, "has applied offsets that cannot be read", why, len(writes)
                 )
+        # The store first: a write it refuses (a full disk) moves no position, which a
+        # checkpoint written from it would claim.
+        self.store.write(writes, _meta(offset + 1, applied))
+        self.applied.update(applied)
         self.position = offset + 1
-        self.store.write(writes, self._meta())
         self.unclosed.clear()
         self.tail_read = 0
 
@@ -361,3 +365,8 @@ class StoreState:
             keys,
             COMMIT_KEY,
         )
+
+
+def _meta(position: int, applied: Mapping[str, int]) -> dict[str, bytes]:
+    """A store's metadata: the changelog position it reached and the input offsets applied."""
+    return {_POSITION: str(position).encode(), _APPLIED: encode_marker(applied)}

@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from typing import Any
 import attrs
 
 from .. import TaskId, TopicPartition
+from ..aiokafka.closing import CLOSE_TIMEOUT
 from ..errors import DamagedStateError, StoreIOError, StoreNotOpenError, StreamAssignError
 from ..localstate import StateDirectory
 from ..repeats import Repeats
@@ -47,6 +48,9 @@ log = logging.getLogger("streamassign.runtime")
 
 #: Threads opening and closing stores, per process (more would only contend for the disk).
 STORE_THREADS = 4
+
+#: Seconds ``stop()`` waits for every store's close together (``TaskStores.close_all``).
+STORES_CLOSE_TIMEOUT = CLOSE_TIMEOUT
 
 
 @attrs.define(eq=False)
@@ -101,6 +105,12 @@ class TaskStores:
         #: Tasks whose stores were found moved away from their directory (logged once each).
         self._moved: set[TaskId] = set()
         self._executor: ThreadPoolExecutor | None = None
+        #: Seconds ``close_all`` waits (tests make it short).
+        self.close_timeout = STORES_CLOSE_TIMEOUT
+        #: Set when ``close_all`` gave up waiting: a store not yet closing is then left open.
+        self._cut = threading.Event()
+        #: Stores left open by the cut, held (never closed, never freed) to the process's exit.
+        self._left_open: list[tuple[TaskId, str, KeyValueStore]] = []
 
     @property
     def failing(self) -> dict[TaskId, BaseException]:
@@ -114,10 +124,47 @@ class TaskStores:
         return asyncio.get_running_loop().run_in_executor(self._executor, work, *args)
 
     def shutdown(self) -> None:
-        """End the store threads once idle (``App.stop``, after every close)."""
+        """End the store threads once idle (``App.stop``, after every close). After a cut
+        (``close_all``) the closes still queued are not cancelled: each runs, at once, and
+        leaves its stores open (a cancelled one would drop them, and freeing an open
+        RocksDB store closes it, holding the interpreter's lock: a second each on a full
+        disk)."""
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor.shutdown(wait=False, cancel_futures=not self._cut.is_set())
             self._executor = None
+
+    async def close_all(self, closes: Iterable[Awaitable[None]]) -> None:
+        """Wait for ``closes`` and every close under way, together at most ``close_timeout``
+        (``stop()``): on a full disk each RocksDB close takes about 1 s (RocksDB's error
+        recovery; the closes of a process run one after the other inside RocksDB, whatever
+        the threads), so 100 stores took 100 s. Past it, the stores whose close has not begun
+        are left open to the process's exit, as a crash leaves them, with one warning naming
+        their tasks: their checkpoints claim no more than they hold (written before the
+        close, from what their writes stored), and RocksDB replays its log at the next open.
+        The (at most ``STORE_THREADS``) closes already running end before the process exits
+        (the store threads are joined at exit). An exception a close raised is raised."""
+        waited = [*map(asyncio.ensure_future, closes), *self.closing.values()]
+        if not waited:
+            return
+        done, pending = await asyncio.wait(waited, timeout=self.close_timeout)
+        if pending:
+            self._cut.set()
+            left = sorted(t for t, closing in self.closing.items() if closing in pending)
+            threading.Thread(
+                target=_hold, args=(self._left_open,), name="streamassign-unclosed", daemon=True
+            ).start()
+            log.warning(
+                "closing the stores of %d task(s) (%s) did not end within %g s (a full or failing"
+                " disk?): those not closing yet are left open to the process's exit, unclosed as"
+                " after a crash (their checkpoints hold; RocksDB replays its log at restart)",
+                len(left) or len(pending),
+                ", ".join(map(str, left)) or "-",
+                self.close_timeout,
+            )
+        for closed in done:
+            error = None if closed.cancelled() else closed.exception()
+            if error is not None:
+                raise error
 
     def open(self, task: TaskId) -> dict[str, StoreState]:
         """The task's stores, opened in the calling thread. If one fails, those already open
@@ -470,7 +517,27 @@ class TaskStores:
     ) -> None:
         if opened is not None:  # close the real stores, not their placeholders
             await asyncio.wait([opened])
-        await self._in_thread(_close_in_thread, task, _stores_of(states))
+        # Shielded: cancelled (``asyncio.run`` cancels what is left when ``run()`` returns),
+        # a close still queued would never run, and its stores would be freed (closing them
+        # on the freeing thread, holding the interpreter's lock).
+        await asyncio.shield(self._in_thread(self._close_unless_cut, task, _stores_of(states)))
+
+    def _close_unless_cut(self, task: TaskId, stores: list[tuple[str, KeyValueStore]]) -> None:
+        """In a store thread: close ``stores`` one by one, or, once ``close_all`` gave up
+        waiting, hold those left (``_left_open``) instead of closing them."""
+        for index, (name, store) in enumerate(stores):
+            if self._cut.is_set():
+                self._left_open.extend((task, n, s) for n, s in stores[index:])
+                return
+            _close_in_thread(task, [(name, store)])
+
+
+def _hold(stores: list[tuple[TaskId, str, KeyValueStore]]) -> None:
+    """Keep ``stores`` referenced until the process exits (a daemon thread: it does not keep
+    the process alive). Freed, an open RocksDB store would close, holding the interpreter's
+    lock for the close's second; closed in a daemon thread, its close could still run while
+    the process exits, which aborted the process in a test (RocksDB's teardown under it)."""
+    threading.Event().wait()
 
 
 class _Handover:

@@ -38,6 +38,7 @@ from aiokafka.errors import (
 
 from .. import TaskId, TopicPartition
 from ..aiokafka import closing
+from ..aiokafka.floods import back_off_metadata_updates
 from ..errors import ProducerStartError, TransactionFailedError, WritesAbandonedError
 from .end_offsets import list_offsets
 
@@ -152,6 +153,7 @@ class TaskProducers:
             transactional_id=transactional_id(self.application_id, task),
             **self.config,
         )
+        back_off_metadata_updates(producer)
         try:
             await producer.start()  # InitProducerId: fences, waits for the old transaction
         except BaseException:

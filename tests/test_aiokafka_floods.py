@@ -1,0 +1,190 @@
+"""aiokafka's lines repeated while a broker is away are held back, counted (``floods``)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import KafkaConnectionError
+from aiokafka.producer.sender import Sender
+
+from streamassign import Subtopology, Topology
+from streamassign.aiokafka.floods import (
+    AIOKAFKA_LOGGER,
+    BrokerAwayLines,
+    back_off_metadata_updates,
+)
+from streamassign.runtime import App
+from streamassign.runtime import app as app_module
+
+from .test_runtime_processing import Adder
+
+
+@pytest.fixture(autouse=True)
+def no_other_filter() -> Iterator[None]:
+    """Other tests start ``App``s they never stop, whose filters stay on the logger."""
+    aiokafka = logging.getLogger(AIOKAFKA_LOGGER)
+    left = [f for f in aiokafka.filters if isinstance(f, BrokerAwayLines)]
+    for found in left:
+        aiokafka.removeFilter(found)
+    yield
+    for found in left:
+        aiokafka.addFilter(found)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_repeated_line_is_logged_once_per_node_per_window_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A producer's metadata loop with the broker refusing: 2,000 lines in 1 s were logged
+    (aiokafka's ``_sender_routine``); now 1 per node per window, the next one counting."""
+    clock = Clock()
+    lines = BrokerAwayLines(window=30.0, clock=clock)
+    aiokafka = logging.getLogger(AIOKAFKA_LOGGER)
+    aiokafka.addFilter(lines)
+    try:
+        with caplog.at_level(logging.WARNING, AIOKAFKA_LOGGER):
+            for i in range(1000):
+                clock.now = i / 1000
+                aiokafka.error("Unable connect to node with id %s: %s", 1, "[Errno 111] refused")
+                aiokafka.error("Unable to update metadata from %s", [1])
+            aiokafka.error("Unable connect to node with id %s: %s", 2, "[Errno 111] refused")
+            aiokafka.error("Topic %s not found", "events")  # not one of them: passes
+            aiokafka.error("Topic %s not found", "events")
+            clock.now = 31.0
+            aiokafka.error("Unable connect to node with id %s: %s", 1, "[Errno 111] refused")
+    finally:
+        aiokafka.removeFilter(lines)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "Unable connect to node with id 1: [Errno 111] refused",
+        "Unable to update metadata from [1]",
+        "Unable connect to node with id 2: [Errno 111] refused",
+        "Topic events not found",
+        "Topic events not found",
+        "Unable connect to node with id 1: [Errno 111] refused "
+        "(999 similar lines suppressed in the last 30 s)",
+    ]
+    assert lines.suppressed == 1998
+    assert lines.summary() == (
+        "aiokafka: 999 similar lines suppressed (failed connections and metadata updates, "
+        "logged once per node per 30 s; broker unreachable?)"
+    )
+    assert lines.summary() is None
+
+
+def test_an_app_holds_the_lines_back_from_start_to_stop_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attached by ``start()`` and removed by ``stop()`` (here: ``run()`` after a failed
+    start, the broker away) with one line counting what it held back; no filter is left."""
+    topology = Topology([Subtopology(0, ["events"], stores=[])], name="app")
+    app = App(topology, {0: Adder}, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    aiokafka = logging.getLogger(AIOKAFKA_LOGGER)
+    before = list(aiokafka.filters)
+
+    async def broker_away(*args: object, **kwargs: object) -> None:
+        for _ in range(500):
+            aiokafka.error("Unable to update metadata from %s", [1])
+        raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
+
+    monkeypatch.setattr(app_module, "ensure_internal_topics", broker_away)
+    with caplog.at_level(logging.WARNING), pytest.raises(KafkaConnectionError):
+        asyncio.run(app.run())
+    said = [r.getMessage() for r in caplog.records]
+    assert aiokafka.filters == before
+    assert [m for m in said if m.startswith("Unable to update metadata")] == [
+        "Unable to update metadata from [1]"
+    ]
+    assert (
+        "aiokafka: 499 similar lines suppressed (failed connections and metadata updates, "
+        "logged once per node per 30 s; broker unreachable?)" in said
+    )
+
+
+class RefusedClient:
+    """A client whose every metadata update fails at once (its broker refuses connections),
+    as aiokafka's does: one pending update shared by callers, ending False."""
+
+    def __init__(self) -> None:
+        self.updates = 0
+        self._retry_backoff = 0.1
+        self._pending: asyncio.Future[bool] | None = None
+
+    def force_metadata_update(self) -> asyncio.Future[bool]:
+        if self._pending is None:
+            self.updates += 1
+            self._pending = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(self._fail)
+        return self._pending
+
+    def _fail(self) -> None:
+        assert self._pending is not None
+        self._pending.set_result(False)
+        self._pending = None
+
+
+class Producer:
+    def __init__(self) -> None:
+        self.client = RefusedClient()
+
+
+async def sender_loop(producer: Producer, seconds: float) -> None:
+    """aiokafka's ``_sender_routine`` while a batch's leader is unknown: update, wait, again."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < deadline:
+        await asyncio.wait([producer.client.force_metadata_update()])
+
+
+def test_a_producer_waits_its_backoff_between_failed_metadata_updates() -> None:
+    """Without a backoff the sender's loop ran a metadata update each time the last one failed
+    (2,900/s against a refused port, 57% of a core); now one per ``retry_backoff_ms``."""
+
+    async def run() -> tuple[int, int]:
+        spinning, backed_off = Producer(), Producer()
+        back_off_metadata_updates(backed_off)
+        await asyncio.gather(sender_loop(spinning, 1.0), sender_loop(backed_off, 1.0))
+        return spinning.client.updates, backed_off.client.updates
+
+    spinning, backed_off = asyncio.run(run())
+    assert 1 <= backed_off <= 12  # every 0.1 s: 10 in 1 s (fewer on a loaded machine)
+    assert spinning > 10 * backed_off and spinning > 100
+
+
+def test_a_successful_metadata_update_ends_the_backoff() -> None:
+    async def run() -> list[bool]:
+        producer = Producer()
+        back_off_metadata_updates(producer)
+        force = producer.client.force_metadata_update
+        assert (await force()) is False  # failed: the next waits
+        within = force()
+        assert producer.client.updates == 1 and not within.done()
+        assert (await within) is False and producer.client.updates == 1
+        ok: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        producer.client._pending = ok  # the next one succeeds
+        update = force()
+        ok.set_result(True)
+        producer.client._pending = None
+        return [await update, force() is not update, producer.client.updates == 2]
+
+    assert asyncio.run(run()) == [True, True, True]
+
+
+def test_aiokafka_s_sender_asks_its_client_for_metadata_through_the_instance() -> None:
+    """``back_off_metadata_updates`` replaces the method on the client instance: aiokafka
+    must still call it through ``self.client`` and keep ``_retry_backoff``."""
+    routine = inspect.getsource(Sender._sender_routine)
+    assert "self.client.force_metadata_update()" in routine
+    assert "self._retry_backoff =" in inspect.getsource(AIOKafkaClient.__init__)
