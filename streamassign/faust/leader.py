@@ -68,7 +68,7 @@ from ..streams import (
 )
 from ..threads import distribute_to_threads
 from ..topology import Subtopology, Topology
-from .topology import _hashed_id, _next_hashed_id, faust_style_topology
+from .topology import _hashed_id, _next_hashed_id, faust_style_topology, group_fingerprint
 
 __all__ = [
     "CAPACITY_TAG",
@@ -82,6 +82,7 @@ __all__ = [
     "faust_topology",
     "host_key",
     "parse_capacity",
+    "rekeyed_claims",
     "trusted_tables",
 ]
 
@@ -293,6 +294,7 @@ def assign_faust(
         return incomplete
     topology, tasks = grouped
     result = {m: MemberAssignment((), empty) for m in members}
+    members = rekeyed_claims(members, topology, partition_counts)
     # The rebalance's budget (logged per member); no hand-back from a copied state directory.
     members = without_copied_claims(bounded_claims(members, tasks))
     plan = _FaustRuns.plan(
@@ -323,6 +325,82 @@ def _group_topics(
     if logged is not None and logged.ended():
         log.info("the subscribed topics group now: assigning tasks again")
     return topology, tasks
+
+
+def rekeyed_claims(
+    members: Mapping[str, MemberSubscription],
+    topology: Topology,
+    partition_counts: Mapping[str, int],
+) -> dict[str, MemberSubscription]:
+    """``members`` with each claim (offset sum, previous active) moved to the group of this
+    topology that the member's group of that id was (``group_fingerprint``), or dropped when
+    no group here is that group: a group id may name other topics than it did when a worker
+    got it (a rolling deploy that adds topics of an existing count gives the count to the new
+    group), and a worker's state of one table must not count for another's task. Members that
+    announce no fingerprints (older releases) keep their claims as they are."""
+    here = {}
+    for sub in topology.subtopology_ids:
+        topics = topology.subtopology(sub).source_topics
+        here[group_fingerprint({t: partition_counts.get(t, 0) for t in topics})] = sub
+    out = {}
+    for m, member in members.items():
+        info = member.info
+        if info is None or not info.subtopology_fingerprints:
+            out[m] = member
+            continue
+        moved = {
+            sub: here.get(fingerprint) for sub, fingerprint in info.subtopology_fingerprints.items()
+        }
+        rekeyed = _rekeyed(info, moved)
+        if rekeyed != info:
+            _log_rekeyed(m, info, moved)
+        out[m] = attrs.evolve(member, info=rekeyed)
+    return out
+
+
+def _rekeyed(info: SubscriptionInfo, moved: Mapping[int, int | None]) -> SubscriptionInfo:
+    """``info``'s claims under this leader's group ids (``moved``: the member's id -> ours,
+    None or absent: none of ours), offset sums that land on one task merged."""
+    by_id: dict[int, dict[TaskId, int]] = {}
+    for t, offset in info.offset_sums.items():
+        if (sub := moved.get(t.subtopology)) is not None:
+            by_id.setdefault(t.subtopology, {})[TaskId(sub, t.partition)] = offset
+    sums = merge_offset_sums(by_id[old] for old in sorted(by_id))
+    previous = frozenset(
+        TaskId(sub, t.partition)
+        for t in info.previous_active
+        if (sub := moved.get(t.subtopology)) is not None
+    )
+    return attrs.evolve(
+        info,
+        offset_sums=sums,
+        previous_active=previous,
+        subtopology_fingerprints={
+            sub: info.subtopology_fingerprints[old]
+            for old, sub in sorted(moved.items())
+            if sub is not None
+        },
+    )
+
+
+def _log_rekeyed(member: str, info: SubscriptionInfo, moved: Mapping[int, int | None]) -> None:
+    """One INFO line per member whose claims named groups by ids that mean other topics now."""
+    claimed = {t.subtopology for t in info.previous_active} | {
+        t.subtopology for t in info.offset_sums
+    }
+    changed = sorted(
+        f"{sub}->{moved.get(sub) if moved.get(sub) is not None else 'dropped'}"
+        for sub in claimed
+        if moved.get(sub) != sub
+    )
+    if not changed:
+        return
+    log.info(
+        "member %s claims state under group ids that name other topics now (a deploy moved "
+        "them): %s",
+        member,
+        ", ".join(changed),
+    )
 
 
 def _waiting_for_metadata(

@@ -8,6 +8,7 @@ and the same set of subscribing members form one subtopology, with a stable id.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Iterable, Mapping
 
@@ -15,7 +16,7 @@ from ..errors import TopologyError, TopologyTypeError
 from ..grouper import checked_partition_counts
 from ..topology import Subtopology, Topology, changelog_topic_name
 
-__all__ = ["FAUST_HASHED_ID_BASE", "faust_style_topology"]
+__all__ = ["FAUST_HASHED_ID_BASE", "faust_style_topology", "group_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +29,16 @@ _HASHED_ID_SPAN = (1 << 31) - FAUST_HASHED_ID_BASE
 def _hashed_id(count: int, topics: tuple[str, ...]) -> int:
     digest = hashlib.blake2b(f"{count}:{','.join(topics)}".encode(), digest_size=8).digest()
     return FAUST_HASHED_ID_BASE + int.from_bytes(digest, "big") % _HASHED_ID_SPAN
+
+
+def group_fingerprint(topics: Mapping[str, int]) -> str:
+    """A short stable name of one topic group (its topics with their partition counts), the
+    same on every worker and release: what a group id meant to whoever reported it. Group ids
+    are not stable across a rolling deploy (the largest group of a count takes the count as
+    its id), so a worker's claims carry this with them (``docs/faust.md``). Counts are in it
+    because a task's partition means other records once a topic's count changes."""
+    text = json.dumps(sorted(topics.items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _next_hashed_id(sid: int) -> int:
