@@ -31,7 +31,7 @@ from streamassign.faust.leader import (
     MAX_CAPACITY,
     assign_faust,
 )
-from streamassign.faust.topology import faust_style_topology, group_fingerprint
+from streamassign.faust.topology import faust_style_topology, group_text
 from streamassign.localstate import StateDirectory
 from streamassign.protocol import MAX_TASK_IDS, AssignmentInfo, SubscriptionInfo
 from streamassign.streams import MemberSubscription
@@ -652,7 +652,7 @@ def test_a_worker_restarted_mid_roll_claims_the_group_its_state_file_names(
     saved = {"active": [str(t) for t in ran], "standby": [], "topics": {"6": {SRC: 6, CL: 6}}}
     file.write_text(json.dumps(saved))
     restarted = restarted_app.assignor
-    assert reported(restarted).subtopology_fingerprints == {6: group_fingerprint({SRC: 6, CL: 6})}
+    assert reported(restarted).subtopology_fingerprints == {6: group_text({SRC: 6, CL: 6})}
 
     rebalance(old_workers, counts=v1)
     metadata = {m: a.metadata(set(v1)) for m, a in old_workers.items()}

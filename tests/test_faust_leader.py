@@ -24,7 +24,7 @@ from streamassign.faust.leader import (
     rekeyed_claims,
     trusted_tables,
 )
-from streamassign.faust.topology import faust_style_topology, group_fingerprint
+from streamassign.faust.topology import faust_style_topology, group_text
 from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
 from streamassign.repeats import Repeats
 from streamassign.streams import MemberAssignment, MemberSubscription
@@ -730,7 +730,7 @@ def test_a_worker_restarted_mid_roll_gets_back_the_group_its_state_belongs_to() 
     assert new == 4
     stale = {TaskId(4, 1): 656, TaskId(4, 2): 700}
     restarted = deploy_member(
-        1, V2, sums=stale, previous=frozenset(stale), fingerprints={4: group_fingerprint(V1_GROUP)}
+        1, V2, sums=stale, previous=frozenset(stale), fingerprints={4: group_text(V1_GROUP)}
     )
     right = {TaskId(old, t.partition): s for t, s in stale.items()}
     under_the_right_id = deploy_member(1, V2, sums=right, previous=frozenset(right))
@@ -743,7 +743,7 @@ def test_a_claim_on_a_group_that_no_longer_exists_is_dropped() -> None:
     """Claims (with and without sums) whose group is none of the leader's: dropped, so neither
     the state rule nor the stateless hand-back gives the worker the task of that id; the round
     is the one of a worker that claims nothing."""
-    gone = group_fingerprint({"a": 4, "app-ca-changelog": 4, "z": 4})
+    gone = group_text({"a": 4, "app-ca-changelog": 4, "z": 4})
     claims = {TaskId(4, 1): 656, TaskId(4, 2): LATEST_OFFSET}
     restarted = deploy_member(
         1, V2, sums=claims, previous=frozenset({TaskId(4, 3)}), fingerprints={4: gone}
@@ -762,23 +762,68 @@ def test_claims_without_fingerprints_are_taken_as_they_are() -> None:
         V2,
         sums=claims,
         previous=frozenset(claims),
-        fingerprints={old: group_fingerprint(V1_GROUP)},
+        fingerprints={old: group_text(V1_GROUP)},
     )
     assert mid_roll(plain) == mid_roll(matching)
     assert {TaskId(old, 1), TaskId(old, 2)} <= mid_roll(plain)["m1"]
 
 
-def test_sums_moved_onto_one_task_keep_the_running_one() -> None:
-    """Two claimed ids that name one group here (a worker's dictionary cannot say so, but a
-    member may): one sum per task, ``LATEST_OFFSET`` winning as in ``merge_offset_sums``."""
-    old, _new = mixed_window_ids()
-    fp = group_fingerprint(V1_GROUP)
+def test_at_the_end_of_the_roll_the_groups_that_merge_keep_their_claims() -> None:
+    """Once every worker runs v2, the mixed window's two groups merge into one (id 4): claims
+    on either move onto it, two sums of one partition add up (they cover other changelogs),
+    ``LATEST_OFFSET`` where the worker runs either part. A group that split (its topics in two
+    groups now) or whose topic's partition count changed is none of the leader's: dropped."""
+    old, new = mixed_window_ids()
+    merged = faust_style_topology({"w0": V2, "w1": V2}, DEPLOY_COUNTS)
+    assert list(merged.subtopology_ids) == [4]
     info = SubscriptionInfo(
         uuid.UUID(int=9),
-        offset_sums={TaskId(4, 1): 5, TaskId(7, 1): LATEST_OFFSET, TaskId(4, 2): 9},
-        subtopology_fingerprints={4: fp, 7: fp},
+        offset_sums={
+            TaskId(old, 1): 5,
+            TaskId(new, 1): 7,
+            TaskId(old, 2): LATEST_OFFSET,
+            TaskId(new, 2): 3,
+        },
+        previous_active=frozenset({TaskId(old, 2)}),
+        subtopology_fingerprints={
+            old: group_text(V1_GROUP),
+            new: group_text({t: 4 for t in V2 if t not in V1}),
+        },
     )
-    topology = faust_style_topology({"v2": V2, "v1": V1}, DEPLOY_COUNTS)
-    [moved] = rekeyed_claims({"m": MemberSubscription(V2, info)}, topology, DEPLOY_COUNTS).values()
+    [moved] = rekeyed_claims({"m": MemberSubscription(V2, info)}, merged, DEPLOY_COUNTS).values()
     assert moved.info is not None
-    assert moved.info.offset_sums == {TaskId(old, 1): LATEST_OFFSET, TaskId(old, 2): 9}
+    assert moved.info.offset_sums == {TaskId(4, 1): 12, TaskId(4, 2): LATEST_OFFSET}
+    assert moved.info.previous_active == {TaskId(4, 2)}
+
+    split = faust_style_topology({"v2": V2, "v1": V1}, DEPLOY_COUNTS)
+    resized = faust_style_topology({"w": V1}, dict.fromkeys(V1, 8))
+    whole = group_text(DEPLOY_COUNTS)
+    for topology, counts, text in (
+        (split, DEPLOY_COUNTS, whole),
+        (resized, dict.fromkeys(V1, 8), group_text(V1_GROUP)),
+    ):
+        info = SubscriptionInfo(
+            uuid.UUID(int=9),
+            offset_sums={TaskId(4, 1): 5},
+            previous_active=frozenset({TaskId(4, 1)}),
+            subtopology_fingerprints={4: text},
+        )
+        [dropped] = rekeyed_claims({"m": MemberSubscription(V2, info)}, topology, counts).values()
+        assert dropped.info is not None
+        assert not dropped.info.offset_sums and not dropped.info.previous_active
+
+
+@pytest.mark.parametrize("text", ["", "a", "a:x", ":4", "a:4,a:4", "a:4,,b:4", "a:-1"])
+def test_an_unreadable_group_is_no_claim(text: str) -> None:
+    topology = faust_style_topology({"w": V1}, DEPLOY_COUNTS)
+    info = SubscriptionInfo(
+        uuid.UUID(int=9),
+        offset_sums={TaskId(4, 1): 5},
+        previous_active=frozenset({TaskId(4, 1)}),
+        subtopology_fingerprints={4: text},
+    )
+    [dropped] = rekeyed_claims(
+        {"m": MemberSubscription(V1, info)}, topology, DEPLOY_COUNTS
+    ).values()
+    assert dropped.info is not None
+    assert not dropped.info.offset_sums and not dropped.info.previous_active

@@ -70,7 +70,7 @@ from .leader import (
     decode_members,
     parse_capacity,
 )
-from .topology import group_fingerprint
+from .topology import group_text
 
 __all__ = ["CAPACITY_ENV", "PROTOCOL_NAME", "PartitionAssignor"]
 
@@ -240,7 +240,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             join_nonce=self._join_epoch,
             client_tags={k: v for k, v in tags.items() if v},
             subtopology_fingerprints={
-                s: group_fingerprint(dictionary[s]) for s in sorted(claimed) if s in dictionary
+                s: group_text(dictionary[s]) for s in sorted(claimed) if s in dictionary
             },
         )
 

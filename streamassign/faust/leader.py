@@ -47,6 +47,7 @@ from ..assignment import ClientAssignment, ClientState
 from ..errors import ErrorCode, TopologyError, TopologyTypeError
 from ..grouper import PartitionGrouper
 from ..protocol import (
+    LATEST_OFFSET,
     LATEST_VERSION,
     AssignmentInfo,
     ProtocolError,
@@ -68,7 +69,7 @@ from ..streams import (
 )
 from ..threads import distribute_to_threads
 from ..topology import Subtopology, Topology
-from .topology import _hashed_id, _next_hashed_id, faust_style_topology, group_fingerprint
+from .topology import _hashed_id, _next_hashed_id, faust_style_topology, group_from_text
 
 __all__ = [
     "CAPACITY_TAG",
@@ -332,16 +333,18 @@ def rekeyed_claims(
     topology: Topology,
     partition_counts: Mapping[str, int],
 ) -> dict[str, MemberSubscription]:
-    """``members`` with each claim (offset sum, previous active) moved to the group of this
-    topology that the member's group of that id was (``group_fingerprint``), or dropped when
-    no group here is that group: a group id may name other topics than it did when a worker
-    got it (a rolling deploy that adds topics of an existing count gives the count to the new
-    group), and a worker's state of one table must not count for another's task. Members that
-    announce no fingerprints (older releases) keep their claims as they are."""
-    here = {}
+    """``members`` with each claim (offset sum, previous active) on a group moved to the group
+    of this topology that holds all of that group's topics at the same partition counts (the
+    same group, or the one it merged into), dropped when none does: a group id may name other
+    topics than it did when the worker got it (a rolling deploy that adds topics of an existing
+    count gives the count to the new group), and a worker's state of one table must not count
+    for another's task. The worker says what each claimed id meant in
+    ``subtopology_fingerprints`` (``topology.group_text``); members that say nothing (older
+    releases) keep their claims as they are."""
+    owner: dict[tuple[str, int], int] = {}
     for sub in topology.subtopology_ids:
-        topics = topology.subtopology(sub).source_topics
-        here[group_fingerprint({t: partition_counts.get(t, 0) for t in topics})] = sub
+        for topic in topology.subtopology(sub).source_topics:
+            owner[(topic, partition_counts.get(topic, -1))] = sub
     out = {}
     for m, member in members.items():
         info = member.info
@@ -349,38 +352,42 @@ def rekeyed_claims(
             out[m] = member
             continue
         moved = {
-            sub: here.get(fingerprint) for sub, fingerprint in info.subtopology_fingerprints.items()
+            sub: _owning_group(text, owner) for sub, text in info.subtopology_fingerprints.items()
         }
-        rekeyed = _rekeyed(info, moved)
-        if rekeyed != info:
-            _log_rekeyed(m, info, moved)
-        out[m] = attrs.evolve(member, info=rekeyed)
+        _log_rekeyed(m, info, moved)
+        out[m] = attrs.evolve(member, info=_rekeyed(info, moved))
     return out
+
+
+def _owning_group(text: str, owner: Mapping[tuple[str, int], int]) -> int | None:
+    """The one group of ``owner`` (topic and count -> group) holding every topic of the group
+    ``text`` describes; None when none does (a topic gone, a count changed, the group split)."""
+    group = group_from_text(text)
+    if not group:
+        return None
+    subs = {owner.get(pair) for pair in group.items()}
+    return subs.pop() if len(subs) == 1 else None
 
 
 def _rekeyed(info: SubscriptionInfo, moved: Mapping[int, int | None]) -> SubscriptionInfo:
     """``info``'s claims under this leader's group ids (``moved``: the member's id -> ours,
-    None or absent: none of ours), offset sums that land on one task merged."""
-    by_id: dict[int, dict[TaskId, int]] = {}
-    for t, offset in info.offset_sums.items():
-        if (sub := moved.get(t.subtopology)) is not None:
-            by_id.setdefault(t.subtopology, {})[TaskId(sub, t.partition)] = offset
-    sums = merge_offset_sums(by_id[old] for old in sorted(by_id))
+    None or absent: none of ours). Sums of groups that merged into one add up (they cover
+    other changelogs of the task), ``LATEST_OFFSET`` where the worker runs any part of it."""
+    sums: dict[TaskId, int] = {}
+    for t, offset in sorted(info.offset_sums.items()):
+        if (sub := moved.get(t.subtopology)) is None:
+            continue
+        key = TaskId(sub, t.partition)
+        if LATEST_OFFSET in (offset, sums.get(key)):
+            sums[key] = LATEST_OFFSET
+        else:
+            sums[key] = sums.get(key, 0) + offset
     previous = frozenset(
         TaskId(sub, t.partition)
         for t in info.previous_active
         if (sub := moved.get(t.subtopology)) is not None
     )
-    return attrs.evolve(
-        info,
-        offset_sums=sums,
-        previous_active=previous,
-        subtopology_fingerprints={
-            sub: info.subtopology_fingerprints[old]
-            for old, sub in sorted(moved.items())
-            if sub is not None
-        },
-    )
+    return attrs.evolve(info, offset_sums=sums, previous_active=previous)
 
 
 def _log_rekeyed(member: str, info: SubscriptionInfo, moved: Mapping[int, int | None]) -> None:
