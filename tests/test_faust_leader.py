@@ -21,8 +21,10 @@ from streamassign.faust.leader import (
     assign_faust,
     decode_member,
     faust_topology,
+    rekeyed_claims,
     trusted_tables,
 )
+from streamassign.faust.topology import faust_style_topology, group_text
 from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
 from streamassign.repeats import Repeats
 from streamassign.streams import MemberAssignment, MemberSubscription
@@ -660,3 +662,168 @@ def test_a_copy_is_handed_back_nothing_its_original_runs() -> None:
     result = run(members)
     assert len(result["a"].info.active & w0) == 2
     assert len(result["b"].info.active & w1) == 2
+
+
+# -- claims under group ids a rolling deploy moved ------------------------------------------------
+
+V1 = ("a", "app-ca-changelog")  # one table on source a: alone with its count, group id 4
+V2 = (*V1, "x", "y", "app-t-changelog")  # v2 adds three topics of that count: they take id 4
+DEPLOY_COUNTS = dict.fromkeys(V2, 4)
+V1_GROUP = {t: 4 for t in V1}  # the group id 4 named when every worker ran v1
+
+
+def mixed_window_ids() -> tuple[int, int]:
+    """(id of v1's group {a, ca-changelog}, id of v2's new group) while both versions run."""
+    topology = faust_style_topology({"v2": V2, "v1": V1}, DEPLOY_COUNTS)
+    ids = {frozenset(topology.subtopology(s).source_topics): s for s in topology.subtopology_ids}
+    return ids[frozenset(V1)], ids[frozenset(V2) - frozenset(V1)]
+
+
+def deploy_member(
+    i: int,
+    topics: tuple[str, ...],
+    *,
+    sums: Mapping[TaskId, int],
+    previous: frozenset[TaskId] = frozenset(),
+    fingerprints: Mapping[int, str] | None = None,
+) -> MemberSubscription:
+    tables = ",".join(t for t in topics if t.endswith("-changelog"))
+    info = SubscriptionInfo(
+        uuid.UUID(int=i + 1),
+        endpoint=f"http://w{i}:6066",
+        offset_sums=dict(sums),
+        previous_active=previous,
+        client_tags={CHANGELOGS_TAG: tables},
+        subtopology_fingerprints=dict(fingerprints or {}),
+    )
+    return MemberSubscription(topics, info)
+
+
+def mid_roll(restarted: MemberSubscription) -> dict[str, frozenset[TaskId]]:
+    """The review's mixed window: w0 (v2) runs the new group's tasks and one of v1's group,
+    w2 (v1) runs v1's group's 1 to 3, and ``restarted`` (w1, now v2) joins; pure leader run."""
+    old, new = mixed_window_ids()
+    members = {
+        "m0": deploy_member(
+            0,
+            V2,
+            sums={
+                **{TaskId(new, p): LATEST_OFFSET for p in range(4)},
+                TaskId(old, 0): LATEST_OFFSET,
+            },
+        ),
+        "m1": restarted,
+        "m2": deploy_member(2, V1, sums={TaskId(old, p): LATEST_OFFSET for p in (1, 2, 3)}),
+    }
+    changelogs = ("app-ca-changelog", "app-t-changelog")
+    out = assign_faust(members, DEPLOY_COUNTS, changelog_topics=changelogs)
+    return {m: out[m].info.active for m in sorted(out)}
+
+
+def test_a_worker_restarted_mid_roll_gets_back_the_group_its_state_belongs_to() -> None:
+    """w1 saved tasks 4_1, 4_2 when id 4 meant {a, ca-changelog}, and reports table ca's
+    offsets for them; mid-roll id 4 means v2's new group. The fingerprint it sends with them
+    names the group they belong to, so the leader hands back v1's group's 1 and 2 (its warm
+    state), as it does when the claims are under the right id; before, w1 got the new group's
+    4_1, 4_2 (a table it does not have, restored cold) and v1's group's 3 cold."""
+    old, new = mixed_window_ids()
+    assert new == 4
+    stale = {TaskId(4, 1): 656, TaskId(4, 2): 700}
+    restarted = deploy_member(
+        1, V2, sums=stale, previous=frozenset(stale), fingerprints={4: group_text(V1_GROUP)}
+    )
+    right = {TaskId(old, t.partition): s for t, s in stale.items()}
+    under_the_right_id = deploy_member(1, V2, sums=right, previous=frozenset(right))
+    got = mid_roll(restarted)
+    assert got == mid_roll(under_the_right_id)
+    assert {TaskId(old, 1), TaskId(old, 2)} <= got["m1"]
+
+
+def test_a_claim_on_a_group_that_no_longer_exists_is_dropped() -> None:
+    """Claims (with and without sums) whose group is none of the leader's: dropped, so neither
+    the state rule nor the stateless hand-back gives the worker the task of that id; the round
+    is the one of a worker that claims nothing."""
+    gone = group_text({"a": 4, "app-ca-changelog": 4, "z": 4})
+    claims = {TaskId(4, 1): 656, TaskId(4, 2): LATEST_OFFSET}
+    restarted = deploy_member(
+        1, V2, sums=claims, previous=frozenset({TaskId(4, 3)}), fingerprints={4: gone}
+    )
+    assert mid_roll(restarted) == mid_roll(deploy_member(1, V2, sums={}))
+
+
+def test_claims_without_fingerprints_are_taken_as_they_are() -> None:
+    """An older worker announces no fingerprints: its claims are read as before (the leader
+    cannot tell what its ids meant), and claims whose fingerprint matches stay put."""
+    old, _new = mixed_window_ids()
+    claims = {TaskId(old, 1): 656, TaskId(old, 2): 700}
+    plain = deploy_member(1, V2, sums=claims, previous=frozenset(claims))
+    matching = deploy_member(
+        1,
+        V2,
+        sums=claims,
+        previous=frozenset(claims),
+        fingerprints={old: group_text(V1_GROUP)},
+    )
+    assert mid_roll(plain) == mid_roll(matching)
+    assert {TaskId(old, 1), TaskId(old, 2)} <= mid_roll(plain)["m1"]
+
+
+def test_at_the_end_of_the_roll_the_groups_that_merge_keep_their_claims() -> None:
+    """Once every worker runs v2, the mixed window's two groups merge into one (id 4): claims
+    on either move onto it, two sums of one partition add up (they cover other changelogs),
+    ``LATEST_OFFSET`` where the worker runs either part. A group that split (its topics in two
+    groups now) or whose topic's partition count changed is none of the leader's: dropped."""
+    old, new = mixed_window_ids()
+    merged = faust_style_topology({"w0": V2, "w1": V2}, DEPLOY_COUNTS)
+    assert list(merged.subtopology_ids) == [4]
+    info = SubscriptionInfo(
+        uuid.UUID(int=9),
+        offset_sums={
+            TaskId(old, 1): 5,
+            TaskId(new, 1): 7,
+            TaskId(old, 2): LATEST_OFFSET,
+            TaskId(new, 2): 3,
+        },
+        previous_active=frozenset({TaskId(old, 2)}),
+        subtopology_fingerprints={
+            old: group_text(V1_GROUP),
+            new: group_text({t: 4 for t in V2 if t not in V1}),
+        },
+    )
+    [moved] = rekeyed_claims({"m": MemberSubscription(V2, info)}, merged, DEPLOY_COUNTS).values()
+    assert moved.info is not None
+    assert moved.info.offset_sums == {TaskId(4, 1): 12, TaskId(4, 2): LATEST_OFFSET}
+    assert moved.info.previous_active == {TaskId(4, 2)}
+
+    split = faust_style_topology({"v2": V2, "v1": V1}, DEPLOY_COUNTS)
+    resized = faust_style_topology({"w": V1}, dict.fromkeys(V1, 8))
+    whole = group_text(DEPLOY_COUNTS)
+    for topology, counts, text in (
+        (split, DEPLOY_COUNTS, whole),
+        (resized, dict.fromkeys(V1, 8), group_text(V1_GROUP)),
+    ):
+        info = SubscriptionInfo(
+            uuid.UUID(int=9),
+            offset_sums={TaskId(4, 1): 5},
+            previous_active=frozenset({TaskId(4, 1)}),
+            subtopology_fingerprints={4: text},
+        )
+        [dropped] = rekeyed_claims({"m": MemberSubscription(V2, info)}, topology, counts).values()
+        assert dropped.info is not None
+        assert not dropped.info.offset_sums and not dropped.info.previous_active
+
+
+@pytest.mark.parametrize("text", ["", "a", "a:x", ":4", "a:4,a:4", "a:4,,b:4", "a:-1"])
+def test_an_unreadable_group_is_no_claim(text: str) -> None:
+    topology = faust_style_topology({"w": V1}, DEPLOY_COUNTS)
+    info = SubscriptionInfo(
+        uuid.UUID(int=9),
+        offset_sums={TaskId(4, 1): 5},
+        previous_active=frozenset({TaskId(4, 1)}),
+        subtopology_fingerprints={4: text},
+    )
+    [dropped] = rekeyed_claims(
+        {"m": MemberSubscription(V1, info)}, topology, DEPLOY_COUNTS
+    ).values()
+    assert dropped.info is not None
+    assert not dropped.info.offset_sums and not dropped.info.previous_active
