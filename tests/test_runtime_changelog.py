@@ -550,6 +550,26 @@ def test_an_owners_own_unfinished_commit_is_not_warned_about(
     assert _warnings(caplog) == []
 
 
+def test_transaction_offsets_around_a_crash_tail_are_not_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Review27: after a switch of ``processing_guarantee`` and a crash, a warm restore's tail
+    sits between offsets no read_committed reader sees: the last exactly-once commit's
+    control record before it, an aborted transaction after it. Those are no removed markers:
+    every store warned of a tombstone."""
+    state = StoreState.open("totals", CHANGELOG, MemoryStore())
+    state.restore(0, b"k", b"1")
+    state.restore(1, COMMIT_KEY, encode_marker({SOURCE: 0}))
+    state.restore_started()  # a warm restore from position 2 on
+    with caplog.at_level(logging.WARNING, logger="streamassign.runtime"):
+        # offset 2: the transaction's control record; 3-4 an at-least-once tail that never
+        # committed; 5-7 an exactly-once heir's aborted transaction and its control record
+        state.restore(3, b"k", b"2")
+        state.restore(4, b"j", b"1")
+        assert state.compensate(8) == [b"j", b"k"]
+    assert _warnings(caplog) == []
+
+
 class FullDisk(MemoryStore):
     """A store whose writes fail, as RocksDB's on a full disk."""
 

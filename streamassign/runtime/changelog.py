@@ -152,6 +152,9 @@ class StoreState:
     #: that hold a record: ``compensate`` tells a compacted tail by them).
     markers_restored: int = 0
     tail_read: int = 0
+    #: Offsets of the first and last record of the tail read from ``position`` on (None: none).
+    tail_first: int | None = None
+    tail_last: int | None = None
 
     @classmethod
     def open(cls, name: str, changelog: TopicPartition, store: KeyValueStore) -> StoreState:
@@ -255,6 +258,9 @@ class StoreState:
         """Apply one changelog record read at ``offset`` (records arrive in offset order)."""
         self.restored += 1
         if key != COMMIT_KEY:
+            if self.tail_first is None:
+                self.tail_first = offset
+            self.tail_last = offset
             self.tail_read += 1
             if key is not None:
                 self.unclosed.append((key, value))
@@ -286,7 +292,7 @@ class StoreState:
         self.applied.update(applied)
         self.position = offset + 1
         self.unclosed.clear()
-        self.tail_read = 0
+        self._forget_tail()
 
     def _unreadable_marker(self, offset: int, what: str, why: str, closes: int) -> None:
         """Closed all the same (see the module docstring); said once per store and restore,
@@ -315,10 +321,14 @@ class StoreState:
             effect,
         )
 
+    def _forget_tail(self) -> None:
+        self.tail_read = 0
+        self.tail_first = self.tail_last = None
+
     def drop_unclosed(self) -> None:
         """Forget records read after the last marker (they are re-read from ``position``)."""
         self.unclosed.clear()
-        self.tail_read = 0
+        self._forget_tail()
 
     def compensate(self, end: int | None = None) -> list[bytes]:
         """End of an active restore, which read to ``end``: rewrite the committed value of
@@ -328,7 +338,7 @@ class StoreState:
         if orphans and end is not None:
             self._check_tail(end, len(orphans))
         self.unclosed.clear()
-        self.tail_read = 0
+        self._forget_tail()
         self.pending.clear()  # nothing uncommitted survives a restore: offsets re-read
         self.pending_applied.clear()
         for key in orphans:
@@ -343,9 +353,18 @@ class StoreState:
         removed in turn (``delete.retention.ms``): the markers that closed these records may
         be gone. An owner's own tail has no hole unless the cleaner compacted it (a segment
         rolled in it); under exactly once, offsets held by transaction markers are holes too,
-        but a committed transaction's writes always come with their marker."""
-        missing = end - self.position - self.tail_read
-        if self.markers_restored or missing <= 0:
+        but a committed transaction's writes always come with their marker.
+
+        Only holes among the records read count (from offset 0 on for a fresh restore):
+        before the first and after the last there may be transaction control records and
+        aborted transactions of an exactly-once run before or after a switch of
+        ``processing_guarantee``, not removed markers (review27: every store warned after
+        such a switch and a crash)."""
+        if self.markers_restored or self.tail_first is None or self.tail_last is None:
+            return
+        start = self.tail_first if self.position else 0
+        missing = self.tail_last + 1 - start - self.tail_read
+        if missing <= 0:
             return
         log.warning(
             "store %s: %s[%d]: this restore read no commit marker, and %d of the offsets "
