@@ -109,7 +109,13 @@ def test_eight_hostile_members_cost_less_than_a_clean_round_and_have_no_history(
     }
     no_history = dict(clean) | {
         m: ConsumerProtocolMemberMetadata(
-            0, TOPICS, SubscriptionInfo(uuid.UUID(int=pids[m])).encode()
+            # the same version as the hostile bytes (a version-2 member makes the leader
+            # answer everyone in version 2)
+            0,
+            TOPICS,
+            SubscriptionInfo(
+                uuid.UUID(int=pids[m]), version=2, latest_supported_version=2
+            ).encode(),
         )
         for m in targets
     }
