@@ -861,9 +861,12 @@ def _assign_compatible(
 def _compatible_members(
     topology: Topology, members: Mapping[str, MemberSubscription], versions: Repeats | None
 ) -> dict[str, MemberSubscription]:
-    """Members subscribed to every source topic whose subtopology ids mean the same topics as
-    the leader's (:func:`_same_topology_ids`); the others are logged (they get no tasks)."""
-    return _same_topology_ids(topology, _subscribing_members(topology, members), versions)
+    """Members subscribed to every source topic; the others are logged (they get no tasks).
+    Subscribing members announcing other fingerprints for some of the leader's ids are logged
+    (:func:`_log_topology_versions`) and kept: each refuses only the tasks it cannot run."""
+    subscribing = _subscribing_members(topology, members)
+    _log_topology_versions(topology, subscribing, versions)
+    return subscribing
 
 
 def _subscribing_members(
@@ -882,59 +885,45 @@ def _subscribing_members(
     return compatible
 
 
-def _same_topology_ids(
-    topology: Topology,
-    members: Mapping[str, MemberSubscription],
-    logged: Repeats | None,
-) -> dict[str, MemberSubscription]:
-    """``members`` without those whose announced subtopology fingerprints differ from this
-    leader's for any of its subtopology ids (another topology version that gave an id to
-    another subtopology: run as theirs, the leader's tasks would open the wrong stores and
-    read none of their records). They get no tasks, as a member missing a source topic. A
-    member announcing none (protocol version 1-2) is kept, as before. The leader's topology is
-    the reference, not the majority's: the tasks it assigns are its own ids. A mixed-version
-    episode is logged at WARNING once while ``logged`` remembers it, its end at INFO; without
-    ``logged``, at every rebalance."""
-    own = subtopology_fingerprints(topology)
-    versions: dict[str, set[str]] = {}
-    kept = {}
-    for member, sub in members.items():
-        info = sub.info
-        theirs = info.subtopology_fingerprints if info is not None else {}
-        if info is not None and theirs:
-            versions.setdefault(topology_version(theirs), set()).add(str(info.process_id))
-        if not theirs or all(theirs.get(s) == f for s, f in own.items()):
-            kept[member] = sub
-    _log_topology_versions(topology_version(own), versions, logged)
-    return kept
-
-
 def _log_topology_versions(
-    own: str, versions: Mapping[str, set[str]], logged: Repeats | None
+    topology: Topology, members: Mapping[str, MemberSubscription], logged: Repeats | None
 ) -> None:
-    """One WARNING line when processes of another topology version share the group (once per
-    episode with ``logged``), one INFO line when none does any more."""
-    others = {v: p for v, p in versions.items() if v != own}
-    if not others:
+    """One WARNING line when processes announce fingerprints that differ from this leader's
+    for some of its subtopology ids (another topology version: an id reused, a topic added,
+    a co-partition group declared), once per episode with ``logged``; one INFO line when none
+    does any more. Ids only a member has (fresh ids) are no difference: the leader assigns
+    none of them. Members announcing nothing (protocol 1-2) cannot be checked. Nothing is
+    excluded: the leader cannot tell from a hash whether a task still runs there, the member
+    can (its guard refuses a task only if a partition of it is not an input of its own task
+    of that id)."""
+    own = subtopology_fingerprints(topology)
+    differing: dict[tuple[tuple[int, str], ...], set[str]] = {}
+    for sub in members.values():
+        theirs = sub.info.subtopology_fingerprints if sub.info is not None else {}
+        ids = tuple(
+            sorted((s, theirs.get(s, "none")) for s, f in own.items() if theirs.get(s) != f)
+        )
+        if sub.info is not None and theirs and ids:
+            differing.setdefault(ids, set()).add(str(sub.info.process_id))
+    if not differing:
         if logged is not None and logged.ended():
-            log.info(
-                "every process announcing its topology runs this leader's version %s again", own
-            )
+            log.info("every process announcing its topology agrees with this leader's again")
         return
-    if logged is not None and not logged.changed(frozenset(versions)):
+    if logged is not None and not logged.changed(frozenset(differing)):
         return
     listed = "; ".join(
-        f"version {v}: processes {', '.join(sorted(p))}" for v, p in sorted(others.items())
+        f"processes {', '.join(sorted(p))} announce " + ", ".join(f"id {s}: {f}" for s, f in ids)
+        for ids, p in sorted(differing.items())
     )
-    mine = ", ".join(sorted(versions.get(own, ()))) or "none announcing it"
+    mine = ", ".join(f"id {s}: {f}" for s, f in sorted(own.items()))
     log.warning(
-        "processes of %d other topology version(s) share the group (%s); this leader's version "
-        "%s (processes %s) gives them no tasks: their subtopology ids read other topics. "
-        "They get tasks once a leader of their version assigns; keep subtopology ids stable "
-        "across versions (%s)",
-        len(others),
+        "processes of another topology version share the group: %s (this leader, version %s: "
+        "%s). The leader assigns tasks to them as to every process; each refuses a task whose "
+        "partitions are not all inputs of its own task of that id (its ERROR line names them: "
+        "no progress on them until a leader of its version assigns them or it runs this "
+        "version), and runs all others. Keep subtopology ids stable across versions (%s)",
         listed,
-        own,
+        topology_version(own),
         mine,
         ROLLING_DEPLOY_DOC,
     )

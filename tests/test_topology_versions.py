@@ -27,7 +27,7 @@ from streamassign.streams import (
     assign_streams,
     decode_subscriptions,
 )
-from streamassign.versions import mismatched_tasks, subtopology_fingerprints, topology_version
+from streamassign.versions import mismatched_tasks, subtopology_fingerprints
 
 V1 = Topology(
     [Subtopology(0, ["a"], stores=["ca"]), Subtopology(1, ["b"], stores=["cb"])], name="upg"
@@ -83,7 +83,7 @@ def test_tasks_of_a_reused_id_are_mismatched_either_way() -> None:
         mismatched_tasks(V1, reverse.info.active, reverse.info.topics).keys() == reverse.info.active
     )
 
-    for leader, member in ((V1, V4), (V4, V4)):
+    for leader, member in ((V1, V4), (V4, V4), (V4, V1)):
         given = old_leader_assigns(leader, member)
         assert mismatched_tasks(member, given.info.active, given.info.topics) == {}
 
@@ -120,14 +120,14 @@ class PausingConsumer:
     async def stop(self) -> None: ...
 
 
-def deliver(host: ProcessHost, given: MemberAssignment) -> None:
+def deliver(host: ProcessHost, given: MemberAssignment, index: int = 0) -> None:
     """aiokafka's part of a new assignment: fresh partitions (unpaused), then the assignor."""
-    consumer = host.consumers[0]
+    consumer = host.consumers[index]
     consumer.paused = set()  # type: ignore[attr-defined]
     by_topic: dict[str, list[int]] = {}
     for tp in given.partitions:
         by_topic.setdefault(tp.topic, []).append(tp.partition)
-    host.assignors[0].on_assignment(
+    host.assignors[index].on_assignment(
         ConsumerProtocolMemberAssignment(0, sorted(by_topic.items()), given.info.encode())
     )
 
@@ -167,7 +167,7 @@ def test_a_member_runs_no_task_of_another_version_and_says_so_once_per_episode(
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1, errors
     first = min(t for t in given.info.active if t.subtopology == 1)
-    assert f"task {first}" in errors[0]
+    assert f"{first} (leader's partitions b-{first.partition}; here it reads n)" in errors[0]
     assert "the leader's subtopology 1 reads b, this process's reads n" in errors[0]
     assert f"b-{first.partition}" in errors[0] and "fresh id" in errors[0]
     assert "docs/streams.md#rolling-deploys" in errors[0]
@@ -243,13 +243,13 @@ def test_fingerprints_travel_in_version_3_and_older_readers_skip_them() -> None:
     assert SubscriptionInfo.decode(old_member.encode()).subtopology_fingerprints == {}
 
 
-def test_a_leader_gives_no_task_to_a_process_whose_ids_mean_other_topics(
+def test_a_leader_excludes_no_process_and_warns_about_those_whose_ids_differ(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A v1 leader, a v1 and a v2 process (b renumbered): the v2 process gets no task, but the
-    topic dictionary (its member side says why); a v4 process (fresh id for n) and a
-    process announcing nothing (protocol 2, as today) get tasks. One WARNING per episode
-    naming the processes of each version, one INFO line at its end."""
+    """A v1 leader, a v1 and a v2 process (b renumbered), a v4 process (fresh id for n) and
+    a process announcing nothing (protocol 2): every one gets tasks (the v2 process's guard
+    refuses only its 1_x, it runs its 0_x). One WARNING per episode naming the v2 process
+    only, with the ids it differs on; one INFO line at its end."""
     members = {
         "v1": announcing(1, V1),
         "v2": announcing(2, V2),
@@ -260,27 +260,42 @@ def test_a_leader_gives_no_task_to_a_process_whose_ids_mean_other_topics(
     with caplog.at_level(logging.INFO, "streamassign.streams"):
         for _ in range(2):
             result = assign_streams(V1, COUNTS, members, topology_versions=versions)
-            assert not result["v2"].info.active and not result["v2"].partitions
-            assert result["v2"].info.topics == {0: {"a": 4}, 1: {"b": 4}}
-            assert all(result[m].info.active for m in ("v1", "v4", "old"))
+            assert all(result[m].info.active for m in members)
             assert len({t for a in result.values() for t in a.info.active}) == 8
         assign_streams(V1, COUNTS, {"v1": members["v1"]}, topology_versions=versions)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    v2 = topology_version(subtopology_fingerprints(V2))
-    assert f"version {v2}: processes {uuid.UUID(int=2)}" in warnings[0]
-    assert str(uuid.UUID(int=1)) in warnings[0] and str(uuid.UUID(int=4)) in warnings[0]
-    assert str(uuid.UUID(int=5)) not in warnings[0]  # announced nothing: not checked
+    v2_id1 = subtopology_fingerprints(V2)[1]
+    assert f"processes {uuid.UUID(int=2)} announce id 1: {v2_id1}" in warnings[0]
+    assert "id 0" not in warnings[0].split("(this leader")[0]  # id 0 is the same
+    for pid in (1, 4, 5):  # the leader's own version, a fresh id, announced nothing
+        assert str(uuid.UUID(int=pid)) not in warnings[0]
+    assert "gives them no tasks" not in warnings[0] and "refuses a task" in warnings[0]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert any("runs this leader's version" in m for m in infos)
+    assert any("agrees with this leader's again" in m for m in infos)
 
 
-def test_a_new_leader_gives_an_old_member_nothing_of_a_reused_id_and_an_old_leader_works() -> None:
-    """The audit's reverse case (v3 leader, v1 member announcing fingerprints): no task to
-    the v1 process. An old leader (protocol 2) reads new members' subscriptions as before
-    and answers at version 2."""
+def test_fresh_ids_only_are_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """The documented deploy (n added with the fresh id 7), either version leading: no
+    topology-version line (under the v4 leader the v1 process lacks n: the older
+    subscription rule gives it no task and says so)."""
+    with caplog.at_level(logging.INFO, "streamassign.streams"):
+        for leader in (V1, V4):
+            members = {"v1": announcing(1, V1), "v4": announcing(4, V4)}
+            assign_streams(leader, COUNTS, members, topology_versions=Repeats())
+    lines = [r.getMessage() for r in caplog.records]
+    assert not [m for m in lines if "topology version" in m and "does not subscribe" not in m]
+
+
+def test_a_new_leader_gives_an_old_member_tasks_it_refuses_and_an_old_leader_works() -> None:
+    """The audit's reverse case (v3 leader, v1 member announcing fingerprints): the v1
+    process is assigned its share, and its guard refuses every one of them (0_x is b there,
+    a here). An old leader (protocol 2) reads new members' subscriptions as before and
+    answers at version 2."""
     new_leader = assign_streams(V3, COUNTS, {"v3": announcing(3, V3), "v1": announcing(1, V1)})
-    assert not new_leader["v1"].info.active and len(new_leader["v3"].info.active) == 4
+    given = new_leader["v1"].info
+    assert len(given.active) == 2 and len(new_leader["v3"].info.active) == 2
+    assert mismatched_tasks(V1, given.active, given.topics).keys() == given.active
     data = {
         m: (
             sorted(t.source_topics),
@@ -338,3 +353,56 @@ def test_an_id_only_the_leader_has_is_no_mismatch_unless_its_tasks_come_here(
     assert hosts[1].consumers[0].paused  # type: ignore[attr-defined]
     for host in hosts:
         asyncio.run(host.stop())
+
+
+def test_a_task_whose_leader_partitions_are_inputs_of_its_own_task_runs() -> None:
+    """The guard refuses a task only when a partition the leader gives for it is not an input
+    of this process's task of that id. A topic added to subtopology 1 (``1 [b, x]``): a
+    process of either version runs a task the other version's leader gave with fewer topics
+    (b-p is its own task's input), and refuses one the leader gave with a topic it does not
+    read (x-p would map to no task here). A co-partition group declared: both run."""
+    wider = Topology([Subtopology(0, ["a"]), Subtopology(1, ["b", "x"])], name="upg")
+    task = TaskId(1, 2)
+    assert mismatched_tasks(wider, [task], {1: {"b": 4}}, {"x": 4}) == {}
+    refused = mismatched_tasks(V1, [task], {1: {"b": 4, "x": 4}})
+    assert refused[task].leader_partitions == (TopicPartition("b", 2), TopicPartition("x", 2))
+    joined = Topology([Subtopology(0, ["c", "d"])], copartition_groups=[["c", "d"]])
+    apart = Topology([Subtopology(0, ["c", "d"])])
+    for member in (joined, apart):
+        assert mismatched_tasks(member, [TaskId(0, 1)], {0: {"c": 4, "d": 4}}) == {}
+
+
+def test_the_error_names_every_refused_task_of_the_process_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A v2 process with two consumers under a v1 leader: each consumer refuses its 1_x. One
+    ERROR line, written once both consumers' parts are in, names the refused tasks and
+    paused partitions of both; the same assignment again only at DEBUG."""
+    members = {
+        "leader-0": MemberSubscription(
+            frozenset(V1.source_topics), SubscriptionInfo(uuid.UUID(int=1))
+        ),
+        **{
+            f"member-{i}": MemberSubscription(
+                frozenset(V2.source_topics), SubscriptionInfo(uuid.UUID(int=2))
+            )
+            for i in range(2)
+        },
+    }
+    result = assign_streams(V1, COUNTS, members, leader_version=2)
+    host = ProcessHost(V2, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    for _ in range(2):
+        host.consumers.append(PausingConsumer())  # type: ignore[arg-type]
+    refused = {t for i in range(2) for t in result[f"member-{i}"].info.active if t.subtopology == 1}
+    assert {t for t in refused if t in result["member-0"].info.active}
+    assert {t for t in refused if t in result["member-1"].info.active}
+    with caplog.at_level(logging.DEBUG, "streamassign.aiokafka"):
+        for _ in range(2):
+            for i in range(2):
+                deliver(host, result[f"member-{i}"], i)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    for task in refused:
+        assert f"{task} (leader's partitions b-{task.partition};" in errors[0]
+        assert f"b-{task.partition}" in errors[0].split("partitions paused (")[1]
+    asyncio.run(host.stop())
