@@ -29,6 +29,7 @@ import attrs
 
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
+from .eligibility import ineligible_subtopologies, move_to_eligible_clients
 from .errors import AssignmentInputError, ErrorCode, TopologyError
 from .grouper import PartitionGrouper, resolve_partition_counts, task_counts
 from .ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
@@ -843,6 +844,9 @@ def _assign_compatible(
     per_client, next_rebalance = _assign_clients(
         assignor, tasks, clients, stateful, racks, given.now_ms, given.probing_memory
     )
+    per_client = move_to_eligible_clients(
+        per_client, _ineligible_by_client(topology, compatible, by_process), clients
+    )
     hosts = _HostMaps.of(per_client, endpoints, topology, grouped.partition_counts)
     result = _unassigned(members, version, topology, grouped.partition_counts)
     for key, member_ids in by_process.items():
@@ -863,7 +867,7 @@ def _compatible_members(
 ) -> dict[str, MemberSubscription]:
     """Members subscribed to every source topic; the others are logged (they get no tasks).
     Subscribing members announcing other fingerprints for some of the leader's ids are logged
-    (:func:`_log_topology_versions`) and kept: each refuses only the tasks it cannot run."""
+    (:func:`_log_topology_versions`) and kept: only the tasks of those ids move off them."""
     subscribing = _subscribing_members(topology, members)
     _log_topology_versions(topology, subscribing, versions)
     return subscribing
@@ -892,10 +896,9 @@ def _log_topology_versions(
     for some of its subtopology ids (another topology version: an id reused, a topic added,
     a co-partition group declared), once per episode with ``logged``; one INFO line when none
     does any more. Ids only a member has (fresh ids) are no difference: the leader assigns
-    none of them. Members announcing nothing (protocol 1-2) cannot be checked. Nothing is
-    excluded: the leader cannot tell from a hash whether a task still runs there, the member
-    can (its guard refuses a task only if a partition of it is not an input of its own task
-    of that id)."""
+    none of them. Members announcing nothing (protocol 1-2) cannot be checked. No process is
+    excluded; the tasks of the differing ids are moved off it after the assignor
+    (:func:`~streamassign.eligibility.move_to_eligible_clients`)."""
     own = subtopology_fingerprints(topology)
     differing: dict[tuple[tuple[int, str], ...], set[str]] = {}
     for sub in members.values():
@@ -918,10 +921,12 @@ def _log_topology_versions(
     mine = ", ".join(f"id {s}: {f}" for s, f in sorted(own.items()))
     log.warning(
         "processes of another topology version share the group: %s (this leader, version %s: "
-        "%s). The leader assigns tasks to them as to every process; each refuses a task whose "
-        "partitions are not all inputs of its own task of that id (its ERROR line names them: "
-        "no progress on them until a leader of its version assigns them or it runs this "
-        "version), and runs all others. Keep subtopology ids stable across versions (%s)",
+        "%s). This leader gives them no task of those ids: each goes to a process announcing "
+        "this leader's fingerprint for it (one holding its state first), and their standbys and "
+        "warmups of them are dropped; they get tasks of the other ids as usual. Where no "
+        "process is eligible the task stays, and a process whose own task of that id does not "
+        "read its partitions refuses it (its ERROR line names it). Keep subtopology ids stable "
+        "across versions (%s)",
         listed,
         topology_version(own),
         mine,
@@ -1029,6 +1034,24 @@ class _HostMaps:
         # The dictionary travels even without endpoints: it is what lets a reader of the
         # group (``describe``) map every task to its partitions; a few bytes per topic.
         return cls(active_by_host, standby_by_host, _topic_dictionary(topology, counts))
+
+
+def _ineligible_by_client(
+    topology: Topology,
+    compatible: Mapping[str, MemberSubscription],
+    by_process: Mapping[str, list[str]],
+) -> dict[str, frozenset[int]]:
+    """Per process key, the leader's subtopology ids whose fingerprint its members announce
+    otherwise (another topology version: its guard would refuse their tasks)."""
+    announced = {
+        key: [
+            info.subtopology_fingerprints
+            for m in member_ids
+            if (info := compatible[m].info) is not None
+        ]
+        for key, member_ids in by_process.items()
+    }
+    return ineligible_subtopologies(subtopology_fingerprints(topology), announced)
 
 
 def _split_to_threads(

@@ -152,17 +152,14 @@ def _refused(mismatch: TaskMismatch) -> str:
 
 
 def subtopology_fingerprints(topology: Topology) -> dict[int, str]:
-    """A short hash per subtopology id of what decides its tasks' partitions: its source
-    topics and the co-partition groups they belong to. Stores are left out on purpose: a
-    store added to a subtopology keeps the task's partitions (both versions run it, the new
-    store starts empty), so it must not make either version idle."""
+    """A short hash per subtopology id of its sorted source topics: what its tasks'
+    partitions are. Stores are left out (a store added keeps the partitions: both versions
+    run the task, the new store starts empty), and so are co-partition groups (a task is
+    ``(subtopology_of(topic), partition)`` whatever the groups; both versions validate
+    counts): neither may make the leader move tasks off a process."""
     out = {}
     for sub in topology.subtopology_ids:
-        sources = sorted(topology.subtopology(sub).source_topics)
-        groups = sorted(
-            {tuple(sorted(g)) for t in sources if (g := topology.copartition_group_of(t))}
-        )
-        text = json.dumps([sources, groups], separators=(",", ":"))
+        text = json.dumps(sorted(topology.subtopology(sub).source_topics), separators=(",", ":"))
         out[sub] = hashlib.sha256(text.encode()).hexdigest()[:12]
     return out
 

@@ -13,9 +13,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import attrs
+import hypothesis
 import pytest
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+from hypothesis import strategies as st
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost
@@ -95,13 +97,13 @@ def test_a_task_of_an_id_this_topology_lacks_is_mismatched_and_no_dictionary_mea
     assert mismatched_tasks(V3, [TaskId(0, 0)], {}) == {}
 
 
-def test_fingerprints_cover_sources_and_copartitioning_not_stores() -> None:
+def test_fingerprints_cover_sources_only() -> None:
     f1, f2, f4 = (subtopology_fingerprints(t) for t in (V1, V2, V4))
     assert f1[0] == f2[0]  # a store added: same partitions, both versions run the task
     assert f1[1] != f2[1] and f1[1] == f2[2] and f1 == {s: f4[s] for s in f1}
     joined = Topology([Subtopology(0, ["c", "d"])], copartition_groups=[["c", "d"]])
     apart = Topology([Subtopology(0, ["c", "d"])])
-    assert subtopology_fingerprints(joined) != subtopology_fingerprints(apart)
+    assert subtopology_fingerprints(joined) == subtopology_fingerprints(apart)
 
 
 class PausingConsumer:
@@ -247,9 +249,9 @@ def test_a_leader_excludes_no_process_and_warns_about_those_whose_ids_differ(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A v1 leader, a v1 and a v2 process (b renumbered), a v4 process (fresh id for n) and
-    a process announcing nothing (protocol 2): every one gets tasks (the v2 process's guard
-    refuses only its 1_x, it runs its 0_x). One WARNING per episode naming the v2 process
-    only, with the ids it differs on; one INFO line at its end."""
+    a process announcing nothing (protocol 2): every one gets tasks; the v2 process gets no
+    1_x (moved to eligible processes), only 0_x. One WARNING per episode naming the v2
+    process only, with the ids it differs on; one INFO line at its end."""
     members = {
         "v1": announcing(1, V1),
         "v2": announcing(2, V2),
@@ -261,6 +263,7 @@ def test_a_leader_excludes_no_process_and_warns_about_those_whose_ids_differ(
         for _ in range(2):
             result = assign_streams(V1, COUNTS, members, topology_versions=versions)
             assert all(result[m].info.active for m in members)
+            assert {t.subtopology for t in result["v2"].info.active} == {0}
             assert len({t for a in result.values() for t in a.info.active}) == 8
         assign_streams(V1, COUNTS, {"v1": members["v1"]}, topology_versions=versions)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -270,7 +273,7 @@ def test_a_leader_excludes_no_process_and_warns_about_those_whose_ids_differ(
     assert "id 0" not in warnings[0].split("(this leader")[0]  # id 0 is the same
     for pid in (1, 4, 5):  # the leader's own version, a fresh id, announced nothing
         assert str(uuid.UUID(int=pid)) not in warnings[0]
-    assert "gives them no tasks" not in warnings[0] and "refuses a task" in warnings[0]
+    assert "gives them no task of those ids" in warnings[0]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert any("agrees with this leader's again" in m for m in infos)
 
@@ -287,14 +290,18 @@ def test_fresh_ids_only_are_no_warning(caplog: pytest.LogCaptureFixture) -> None
     assert not [m for m in lines if "topology version" in m and "does not subscribe" not in m]
 
 
-def test_a_new_leader_gives_an_old_member_tasks_it_refuses_and_an_old_leader_works() -> None:
-    """The audit's reverse case (v3 leader, v1 member announcing fingerprints): the v1
-    process is assigned its share, and its guard refuses every one of them (0_x is b there,
-    a here). An old leader (protocol 2) reads new members' subscriptions as before and
-    answers at version 2."""
+def test_a_new_leader_gives_an_old_member_no_task_of_a_reused_id_and_an_old_leader_works() -> None:
+    """The audit's reverse case (v3 leader ``0 [b]``, v1 member announcing fingerprints): v3's
+    only id means a there, so the v1 process gets no task of it (all four on v3). Without
+    fingerprints (protocol 2) it gets its share, which its guard refuses. An old leader
+    (protocol 2) reads new members' subscriptions as before and answers at version 2."""
     new_leader = assign_streams(V3, COUNTS, {"v3": announcing(3, V3), "v1": announcing(1, V1)})
-    given = new_leader["v1"].info
-    assert len(given.active) == 2 and len(new_leader["v3"].info.active) == 2
+    assert not new_leader["v1"].info.active and len(new_leader["v3"].info.active) == 4
+    quiet = assign_streams(
+        V3, COUNTS, {"v3": announcing(3, V3, version=2), "v1": announcing(1, V1, version=2)}
+    )
+    given = quiet["v1"].info
+    assert len(given.active) == 2
     assert mismatched_tasks(V1, given.active, given.topics).keys() == given.active
     data = {
         m: (
@@ -405,4 +412,147 @@ def test_the_error_names_every_refused_task_of_the_process_once(
     for task in refused:
         assert f"{task} (leader's partitions b-{task.partition};" in errors[0]
         assert f"b-{task.partition}" in errors[0].split("partitions paused (")[1]
+    asyncio.run(host.stop())
+
+
+# -- leader side: per-subtopology eligibility after the assignor -------------------------------
+
+
+def roll_members(
+    rolled: int, standbys_of: dict[int, frozenset[TaskId]] | None = None
+) -> dict[str, MemberSubscription]:
+    """Six processes, the first ``rolled`` on V2 (b renumbered), the rest on V1, each having
+    run its share of V1's tasks before (its offset sums say so)."""
+    members = {}
+    for pid in range(1, 7):
+        topology = V2 if pid <= rolled else V1
+        sums = {TaskId(s, p): 100 for s in (0, 1) for p in range(4) if (2 * s + p) % 6 == pid - 1}
+        info = SubscriptionInfo(
+            uuid.UUID(int=pid),
+            endpoint=f"h{pid}:1",
+            offset_sums=sums,
+            subtopology_fingerprints=subtopology_fingerprints(topology),
+        )
+        members[f"m{pid}"] = MemberSubscription(frozenset(topology.source_topics), info)
+    return members
+
+
+@pytest.mark.parametrize("high_availability", [False, True])
+def test_tasks_of_a_differing_id_move_to_eligible_processes_and_the_rest_stay_spread(
+    high_availability: bool,
+) -> None:
+    """Five of six processes rolled to V2 under a V1 leader: before, the whole-process
+    exclusion put all 8 tasks (and no standby) on the one V1 process. Now the V2 processes
+    run the 0_x (same topics), every 1_x goes to the V1 process, and no V2 process keeps a
+    standby or warmup of a 1_x."""
+    result = assign_streams(
+        V1,
+        COUNTS,
+        roll_members(5),
+        num_standby_replicas=1,
+        high_availability=high_availability,
+        end_offsets={TaskId(s, p): 100 for s in (0, 1) for p in range(4)},
+    )
+    by_pid = {m: a.info for m, a in result.items()}
+    assert {t for t in by_pid["m6"].active if t.subtopology == 1} == {
+        TaskId(1, p) for p in range(4)
+    }
+    for m in ("m1", "m2", "m3", "m4", "m5"):
+        info = by_pid[m]
+        assert all(t.subtopology == 0 for t in info.active | info.standby | info.warmup), info
+    zeros = [t for m in ("m1", "m2", "m3", "m4", "m5") for t in by_pid[m].active]
+    assert len(zeros) >= 3  # id 0's tasks stay spread over the rolled processes
+    assert len({t for a in by_pid.values() for t in a.active}) == 8
+
+
+def test_a_moved_task_goes_to_a_process_holding_its_state_then_the_least_loaded() -> None:
+    from streamassign.assignment import ClientAssignment, ClientState
+    from streamassign.eligibility import move_to_eligible_clients
+
+    task, other = TaskId(1, 0), TaskId(0, 0)
+    per_client = {
+        "a": ClientAssignment(frozenset({task, other})),
+        "b": ClientAssignment(frozenset()),
+        "c": ClientAssignment(frozenset({TaskId(0, 1)}), standby=frozenset({task})),
+    }
+    clients = [ClientState("a"), ClientState("b"), ClientState("c", prev_standby={task})]
+    moved = move_to_eligible_clients(per_client, {"a": frozenset({1})}, clients)
+    assert moved["c"].active == {TaskId(0, 1), task} and moved["c"].standby == frozenset()
+    assert moved["a"].active == {other}
+    clients[2] = ClientState("c")  # nobody holds its state: the least loaded takes it
+    moved = move_to_eligible_clients(per_client, {"a": frozenset({1})}, clients)
+    assert moved["b"].active == {task}
+    nobody = move_to_eligible_clients(per_client, dict.fromkeys("abc", frozenset({1})), clients)
+    assert nobody["a"].active == {task, other}  # nowhere eligible: stays (its guard refuses)
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(
+    processes=st.integers(1, 5),
+    threads=st.integers(1, 3),
+    partitions=st.integers(1, 6),
+    history=st.integers(0, 2**16),
+    standbys=st.integers(0, 2),
+    high_availability=st.booleans(),
+)
+def test_with_every_fingerprint_matching_the_post_pass_changes_nothing(
+    processes: int,
+    threads: int,
+    partitions: int,
+    history: int,
+    standbys: int,
+    high_availability: bool,
+) -> None:
+    """The same group, each member announcing the leader's fingerprints or none: the same
+    assignment, member by member (the post-pass is a strict no-op)."""
+    counts = {t: partitions for t in ("a", "b", "n")}
+    tasks = [TaskId(s, p) for s in (0, 1) for p in range(partitions)]
+    outputs = []
+    for fingerprints in (subtopology_fingerprints(V1), {}):
+        members = {}
+        for pid in range(processes):
+            for thread in range(threads):
+                seed = history >> ((pid * threads + thread) % 16)
+                previous = frozenset(t for i, t in enumerate(tasks) if (seed >> i) & 1)
+                info = SubscriptionInfo(
+                    uuid.UUID(int=pid + 1),
+                    previous_active=previous,
+                    subtopology_fingerprints=fingerprints,
+                )
+                members[f"m{pid}-{thread}"] = MemberSubscription(frozenset("ab"), info)
+        outputs.append(
+            assign_streams(
+                V1,
+                counts,
+                members,
+                num_standby_replicas=standbys,
+                high_availability=high_availability,
+                now_ms=0,
+            )
+        )
+    assert outputs[0] == outputs[1]
+
+
+def test_a_process_given_no_task_of_a_differing_id_logs_info_not_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A v2 process under a v1 leader that moved every 1_x elsewhere: it runs all it is
+    given, pauses nothing, and says once at INFO that the leader's ids differ."""
+    members = {"v1": announcing(1, V1), "v2": announcing(2, V2)}
+    given = assign_streams(V1, COUNTS, members)["v2"]
+    assert given.info.active and all(t.subtopology == 0 for t in given.info.active)
+    host = ProcessHost(V2, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    host.consumers.append(PausingConsumer())  # type: ignore[arg-type]
+    with caplog.at_level(logging.DEBUG, "streamassign.aiokafka"):
+        for _ in range(2):
+            deliver(host, given)
+    assert host.assignors[0].info.active == given.info.active
+    assert not host.consumers[0].paused  # type: ignore[attr-defined]
+    lines = [
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.name == "streamassign.aiokafka" and "topology version" in r.getMessage()
+    ]
+    assert [level for level, _ in lines] == [logging.INFO, logging.DEBUG], lines
+    assert "ids 1 read other topics" in lines[0][1]
     asyncio.run(host.stop())

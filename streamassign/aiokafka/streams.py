@@ -721,7 +721,8 @@ class ProcessHost:
         """Record what ``consumer`` refused of its assignment; once every consumer of this
         process has reported for the same generation, log a leader of another topology
         version once per episode (one ERROR naming every refused task of the process, then
-        DEBUG at each rebalance of it) and its end once (INFO). Assignments without the
+        DEBUG at each rebalance of it) and its end once (INFO); a leader of another version
+        that assigns no task of the differing ids here gets one INFO line. Assignments without the
         leader's topic dictionary tell nothing either way."""
         membership = self.membership(consumer)
         self._version_reports[consumer] = _VersionReport(
@@ -744,11 +745,19 @@ class ProcessHost:
             return
         differences = frozenset().union(*(r.differences for r in reports))
         mismatches = {t: m for r in reports for t, m in r.mismatches.items()}
-        if differences or mismatches:
+        if mismatches:
             news = self.version_mismatch.changed(differences)
             paused = frozenset().union(*(r.paused for r in reports))
             error = mismatch_error(differences, mismatches, paused)
             log.log(logging.ERROR if news else logging.DEBUG, "%s", error)
+        elif differences:  # a leader that moved those ids' tasks elsewhere: nothing refused
+            news = self.version_mismatch.changed(("none refused", differences))
+            log.log(
+                logging.INFO if news else logging.DEBUG,
+                "the group's leader runs another topology version (subtopology ids %s read "
+                "other topics there); no task of them is assigned here, every assigned task runs",
+                ", ".join(str(sub) for sub, _, _ in sorted(differences)),
+            )
         elif self.version_mismatch.ended():
             log.info(
                 "the leader's topology reads the same topics per subtopology id as this "
