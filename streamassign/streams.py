@@ -29,6 +29,7 @@ import attrs
 
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
+from .eligibility import ineligible_subtopologies, move_to_eligible_clients
 from .errors import AssignmentInputError, ErrorCode, TopologyError
 from .grouper import PartitionGrouper, resolve_partition_counts, task_counts
 from .ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
@@ -843,6 +844,9 @@ def _assign_compatible(
     per_client, next_rebalance = _assign_clients(
         assignor, tasks, clients, stateful, racks, given.now_ms, given.probing_memory
     )
+    per_client = move_to_eligible_clients(
+        per_client, _ineligible_by_client(topology, compatible, by_process), clients
+    )
     hosts = _HostMaps.of(per_client, endpoints, topology, grouped.partition_counts)
     result = _unassigned(members, version, topology, grouped.partition_counts)
     for key, member_ids in by_process.items():
@@ -861,9 +865,12 @@ def _assign_compatible(
 def _compatible_members(
     topology: Topology, members: Mapping[str, MemberSubscription], versions: Repeats | None
 ) -> dict[str, MemberSubscription]:
-    """Members subscribed to every source topic whose subtopology ids mean the same topics as
-    the leader's (:func:`_same_topology_ids`); the others are logged (they get no tasks)."""
-    return _same_topology_ids(topology, _subscribing_members(topology, members), versions)
+    """Members subscribed to every source topic; the others are logged (they get no tasks).
+    Subscribing members announcing other fingerprints for some of the leader's ids are logged
+    (:func:`_log_topology_versions`) and kept: only the tasks of those ids move off them."""
+    subscribing = _subscribing_members(topology, members)
+    _log_topology_versions(topology, subscribing, versions)
+    return subscribing
 
 
 def _subscribing_members(
@@ -882,59 +889,46 @@ def _subscribing_members(
     return compatible
 
 
-def _same_topology_ids(
-    topology: Topology,
-    members: Mapping[str, MemberSubscription],
-    logged: Repeats | None,
-) -> dict[str, MemberSubscription]:
-    """``members`` without those whose announced subtopology fingerprints differ from this
-    leader's for any of its subtopology ids (another topology version that gave an id to
-    another subtopology: run as theirs, the leader's tasks would open the wrong stores and
-    read none of their records). They get no tasks, as a member missing a source topic. A
-    member announcing none (protocol version 1-2) is kept, as before. The leader's topology is
-    the reference, not the majority's: the tasks it assigns are its own ids. A mixed-version
-    episode is logged at WARNING once while ``logged`` remembers it, its end at INFO; without
-    ``logged``, at every rebalance."""
-    own = subtopology_fingerprints(topology)
-    versions: dict[str, set[str]] = {}
-    kept = {}
-    for member, sub in members.items():
-        info = sub.info
-        theirs = info.subtopology_fingerprints if info is not None else {}
-        if info is not None and theirs:
-            versions.setdefault(topology_version(theirs), set()).add(str(info.process_id))
-        if not theirs or all(theirs.get(s) == f for s, f in own.items()):
-            kept[member] = sub
-    _log_topology_versions(topology_version(own), versions, logged)
-    return kept
-
-
 def _log_topology_versions(
-    own: str, versions: Mapping[str, set[str]], logged: Repeats | None
+    topology: Topology, members: Mapping[str, MemberSubscription], logged: Repeats | None
 ) -> None:
-    """One WARNING line when processes of another topology version share the group (once per
-    episode with ``logged``), one INFO line when none does any more."""
-    others = {v: p for v, p in versions.items() if v != own}
-    if not others:
+    """One WARNING line when processes announce fingerprints that differ from this leader's
+    for some of its subtopology ids (another topology version: an id reused, a topic added,
+    a co-partition group declared), once per episode with ``logged``; one INFO line when none
+    does any more. Ids only a member has (fresh ids) are no difference: the leader assigns
+    none of them. Members announcing nothing (protocol 1-2) cannot be checked. No process is
+    excluded; the tasks of the differing ids are moved off it after the assignor
+    (:func:`~streamassign.eligibility.move_to_eligible_clients`)."""
+    own = subtopology_fingerprints(topology)
+    differing: dict[tuple[tuple[int, str], ...], set[str]] = {}
+    for sub in members.values():
+        theirs = sub.info.subtopology_fingerprints if sub.info is not None else {}
+        ids = tuple(
+            sorted((s, theirs.get(s, "none")) for s, f in own.items() if theirs.get(s) != f)
+        )
+        if sub.info is not None and theirs and ids:
+            differing.setdefault(ids, set()).add(str(sub.info.process_id))
+    if not differing:
         if logged is not None and logged.ended():
-            log.info(
-                "every process announcing its topology runs this leader's version %s again", own
-            )
+            log.info("every process announcing its topology agrees with this leader's again")
         return
-    if logged is not None and not logged.changed(frozenset(versions)):
+    if logged is not None and not logged.changed(frozenset(differing)):
         return
     listed = "; ".join(
-        f"version {v}: processes {', '.join(sorted(p))}" for v, p in sorted(others.items())
+        f"processes {', '.join(sorted(p))} announce " + ", ".join(f"id {s}: {f}" for s, f in ids)
+        for ids, p in sorted(differing.items())
     )
-    mine = ", ".join(sorted(versions.get(own, ()))) or "none announcing it"
+    mine = ", ".join(f"id {s}: {f}" for s, f in sorted(own.items()))
     log.warning(
-        "processes of %d other topology version(s) share the group (%s); this leader's version "
-        "%s (processes %s) gives them no tasks: their subtopology ids read other topics. "
-        "They get tasks once a leader of their version assigns; keep subtopology ids stable "
+        "processes of another topology version share the group: %s (this leader, version %s: "
+        "%s). This leader gives them no task of those ids: each goes to a process announcing "
+        "this leader's fingerprint for it (one holding its state first), and their standbys and "
+        "warmups of them are dropped; they get tasks of the other ids as usual. Where no "
+        "process is eligible the task stays, and a process whose own task of that id does not "
+        "read its partitions refuses it (its ERROR line names it). Keep subtopology ids stable "
         "across versions (%s)",
-        len(others),
         listed,
-        own,
+        topology_version(own),
         mine,
         ROLLING_DEPLOY_DOC,
     )
@@ -1040,6 +1034,24 @@ class _HostMaps:
         # The dictionary travels even without endpoints: it is what lets a reader of the
         # group (``describe``) map every task to its partitions; a few bytes per topic.
         return cls(active_by_host, standby_by_host, _topic_dictionary(topology, counts))
+
+
+def _ineligible_by_client(
+    topology: Topology,
+    compatible: Mapping[str, MemberSubscription],
+    by_process: Mapping[str, list[str]],
+) -> dict[str, frozenset[int]]:
+    """Per process key, the leader's subtopology ids whose fingerprint its members announce
+    otherwise (another topology version: its guard would refuse their tasks)."""
+    announced = {
+        key: [
+            info.subtopology_fingerprints
+            for m in member_ids
+            if (info := compatible[m].info) is not None
+        ]
+        for key, member_ids in by_process.items()
+    }
+    return ineligible_subtopologies(subtopology_fingerprints(topology), announced)
 
 
 def _split_to_threads(

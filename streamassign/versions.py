@@ -8,10 +8,13 @@ leader's partitions, and find none of their records belong to it (the audit saw 
 a hot loop: no progress on those partitions while both versions ran).
 
 The member side (:func:`mismatched_tasks`, used by ``ProcessHost``) therefore checks each
-assigned task against its own topology: a task whose partitions, in the leader's topic
-dictionary, are not the partitions this process's subtopology of that id reads is not run, and
-its partitions are paused. The leader side compares per-subtopology fingerprints
-(:func:`subtopology_fingerprints`) that members of protocol version 3 announce.
+assigned task against its own topology: a task with a partition, in the leader's topic
+dictionary, that this process's task of that id does not read is refused (not run, its
+partitions paused): that partition's records would map to a task the process does not run.
+A task whose leader partitions are a subset of its own task's runs as before (a topic added to
+a subtopology, a co-partition group declared). The leader compares per-subtopology fingerprints
+(:func:`subtopology_fingerprints`) that members of protocol version 3 announce, and says which
+processes differ on which ids.
 """
 
 from __future__ import annotations
@@ -74,9 +77,11 @@ def mismatched_tasks(
     leader_topics: Mapping[int, Mapping[str, int]],
     partition_counts: Mapping[str, int] | None = None,
 ) -> dict[TaskId, TaskMismatch]:
-    """Those of ``tasks`` whose partitions by the leader's dictionary (``AssignmentInfo.topics``:
-    subtopology -> source topics with counts) differ from the partitions ``topology``'s task
-    of that id reads. Counts come from the leader's dictionary, else ``partition_counts`` (the
+    """Those of ``tasks`` with a partition by the leader's dictionary (``AssignmentInfo.topics``:
+    subtopology -> source topics with counts) that ``topology``'s task of that id does not
+    read: its records would map to a task this process does not run (the hot loop). A task
+    whose leader partitions are a subset of its own task's runs (its records are its own).
+    Counts come from the leader's dictionary, else ``partition_counts`` (the
     member's metadata). A task whose subtopology the dictionary lacks cannot be checked and is
     not returned (treated as before)."""
     counts = dict(partition_counts or {})
@@ -92,7 +97,7 @@ def mismatched_tasks(
         sources = (
             topology.subtopology(task.subtopology).source_topics if task.subtopology in own else ()
         )
-        if _partitions(sources, task.partition, counts) != theirs or not sources:
+        if not sources or not theirs <= _partitions(sources, task.partition, counts):
             out[task] = TaskMismatch(task, tuple(sorted(theirs)), tuple(sources))
     return out
 
@@ -101,15 +106,17 @@ def leader_topology_differences(
     topology: Topology, leader_topics: Mapping[int, Mapping[str, int]]
 ) -> frozenset[tuple[int, tuple[str, ...], tuple[str, ...]]]:
     """``(subtopology, leader's sources, this topology's sources)`` for every subtopology id of
-    the leader's dictionary that this topology has too, reading other topics: an id reused
-    across versions, the state of a mixed-version episode (the same for every consumer of a
-    generation). An id only the leader has is a subtopology added with a fresh id, as it
-    should be: not a difference (a task of it assigned here is a :func:`mismatched_tasks`)."""
+    the leader's dictionary that this topology has too, reading a topic this topology's
+    subtopology of that id does not (an id reused across versions; a leader whose subtopology
+    reads fewer topics is no difference: its tasks run here): the state of a mixed-version
+    episode (the same for every consumer of a generation). An id only the leader has is a
+    subtopology added with a fresh id, as it should be: not a difference (a task of it
+    assigned here is a :func:`mismatched_tasks`)."""
     own = set(topology.subtopology_ids)
     out = set()
     for sub, entries in leader_topics.items():
         mine = topology.subtopology(sub).source_topics if sub in own else ()
-        if mine and set(mine) != set(entries):
+        if mine and not set(entries) <= set(mine):
             out.add((sub, tuple(sorted(entries)), tuple(sorted(mine))))
     return frozenset(out)
 
@@ -119,25 +126,15 @@ def mismatch_error(
     mismatches: Mapping[TaskId, TaskMismatch],
     paused: Iterable[TopicPartition],
 ) -> TopologyVersionMismatchError:
-    """The error a member logs once per episode: which subtopologies differ, an example task
-    with the leader's partitions and what this process reads, and the remedy."""
+    """The error a process logs once per episode: which subtopologies differ, every task it
+    refuses (over all its consumers) with the leader's partitions, and the remedy."""
     listed = "; ".join(
         f"the leader's subtopology {sub} reads {', '.join(theirs)}, this process's "
         + (f"reads {', '.join(mine)}" if mine else "does not exist")
         for sub, theirs, mine in sorted(differences)
     )
-    example = ""
-    if mismatches:
-        first = mismatches[min(mismatches)]
-        leader_parts = ", ".join(f"{tp.topic}-{tp.partition}" for tp in first.leader_partitions)
-        here = f"subtopology {first.task.subtopology} reads " + (
-            ", ".join(first.own_sources) if first.own_sources else "nothing (no such id)"
-        )
-        others = f" and {len(mismatches) - 1} more" if len(mismatches) > 1 else ""
-        example = (
-            f"; task {first.task}{others} assigned with the leader's partitions {leader_parts}, "
-            f"where this process's {here}: not run here"
-        )
+    refused = "; ".join(_refused(m) for _, m in sorted(mismatches.items()))
+    example = f"; tasks not run here: {refused}" if refused else ""
     held = sorted(f"{tp.topic}-{tp.partition}" for tp in paused)
     pauses = f", partitions paused ({', '.join(held)})" if held else ""
     return TopologyVersionMismatchError(
@@ -147,18 +144,22 @@ def mismatch_error(
     )
 
 
+def _refused(mismatch: TaskMismatch) -> str:
+    """One refused task: the leader's partitions and what this process's task of that id reads."""
+    parts = ", ".join(f"{tp.topic}-{tp.partition}" for tp in mismatch.leader_partitions)
+    here = ", ".join(mismatch.own_sources) or "nothing (no such id)"
+    return f"{mismatch.task} (leader's partitions {parts}; here it reads {here})"
+
+
 def subtopology_fingerprints(topology: Topology) -> dict[int, str]:
-    """A short hash per subtopology id of what decides its tasks' partitions: its source
-    topics and the co-partition groups they belong to. Stores are left out on purpose: a
-    store added to a subtopology keeps the task's partitions (both versions run it, the new
-    store starts empty), so it must not make either version idle."""
+    """A short hash per subtopology id of its sorted source topics: what its tasks'
+    partitions are. Stores are left out (a store added keeps the partitions: both versions
+    run the task, the new store starts empty), and so are co-partition groups (a task is
+    ``(subtopology_of(topic), partition)`` whatever the groups; both versions validate
+    counts): neither may make the leader move tasks off a process."""
     out = {}
     for sub in topology.subtopology_ids:
-        sources = sorted(topology.subtopology(sub).source_topics)
-        groups = sorted(
-            {tuple(sorted(g)) for t in sources if (g := topology.copartition_group_of(t))}
-        )
-        text = json.dumps([sources, groups], separators=(",", ":"))
+        text = json.dumps(sorted(topology.subtopology(sub).source_topics), separators=(",", ":"))
         out[sub] = hashlib.sha256(text.encode()).hexdigest()[:12]
     return out
 

@@ -13,9 +13,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import attrs
+import hypothesis
 import pytest
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+from hypothesis import strategies as st
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost
@@ -27,7 +29,7 @@ from streamassign.streams import (
     assign_streams,
     decode_subscriptions,
 )
-from streamassign.versions import mismatched_tasks, subtopology_fingerprints, topology_version
+from streamassign.versions import mismatched_tasks, subtopology_fingerprints
 
 V1 = Topology(
     [Subtopology(0, ["a"], stores=["ca"]), Subtopology(1, ["b"], stores=["cb"])], name="upg"
@@ -83,7 +85,7 @@ def test_tasks_of_a_reused_id_are_mismatched_either_way() -> None:
         mismatched_tasks(V1, reverse.info.active, reverse.info.topics).keys() == reverse.info.active
     )
 
-    for leader, member in ((V1, V4), (V4, V4)):
+    for leader, member in ((V1, V4), (V4, V4), (V4, V1)):
         given = old_leader_assigns(leader, member)
         assert mismatched_tasks(member, given.info.active, given.info.topics) == {}
 
@@ -95,13 +97,13 @@ def test_a_task_of_an_id_this_topology_lacks_is_mismatched_and_no_dictionary_mea
     assert mismatched_tasks(V3, [TaskId(0, 0)], {}) == {}
 
 
-def test_fingerprints_cover_sources_and_copartitioning_not_stores() -> None:
+def test_fingerprints_cover_sources_only() -> None:
     f1, f2, f4 = (subtopology_fingerprints(t) for t in (V1, V2, V4))
     assert f1[0] == f2[0]  # a store added: same partitions, both versions run the task
     assert f1[1] != f2[1] and f1[1] == f2[2] and f1 == {s: f4[s] for s in f1}
     joined = Topology([Subtopology(0, ["c", "d"])], copartition_groups=[["c", "d"]])
     apart = Topology([Subtopology(0, ["c", "d"])])
-    assert subtopology_fingerprints(joined) != subtopology_fingerprints(apart)
+    assert subtopology_fingerprints(joined) == subtopology_fingerprints(apart)
 
 
 class PausingConsumer:
@@ -120,14 +122,14 @@ class PausingConsumer:
     async def stop(self) -> None: ...
 
 
-def deliver(host: ProcessHost, given: MemberAssignment) -> None:
+def deliver(host: ProcessHost, given: MemberAssignment, index: int = 0) -> None:
     """aiokafka's part of a new assignment: fresh partitions (unpaused), then the assignor."""
-    consumer = host.consumers[0]
+    consumer = host.consumers[index]
     consumer.paused = set()  # type: ignore[attr-defined]
     by_topic: dict[str, list[int]] = {}
     for tp in given.partitions:
         by_topic.setdefault(tp.topic, []).append(tp.partition)
-    host.assignors[0].on_assignment(
+    host.assignors[index].on_assignment(
         ConsumerProtocolMemberAssignment(0, sorted(by_topic.items()), given.info.encode())
     )
 
@@ -167,7 +169,7 @@ def test_a_member_runs_no_task_of_another_version_and_says_so_once_per_episode(
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1, errors
     first = min(t for t in given.info.active if t.subtopology == 1)
-    assert f"task {first}" in errors[0]
+    assert f"{first} (leader's partitions b-{first.partition}; here it reads n)" in errors[0]
     assert "the leader's subtopology 1 reads b, this process's reads n" in errors[0]
     assert f"b-{first.partition}" in errors[0] and "fresh id" in errors[0]
     assert "docs/streams.md#rolling-deploys" in errors[0]
@@ -243,13 +245,13 @@ def test_fingerprints_travel_in_version_3_and_older_readers_skip_them() -> None:
     assert SubscriptionInfo.decode(old_member.encode()).subtopology_fingerprints == {}
 
 
-def test_a_leader_gives_no_task_to_a_process_whose_ids_mean_other_topics(
+def test_a_leader_excludes_no_process_and_warns_about_those_whose_ids_differ(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A v1 leader, a v1 and a v2 process (b renumbered): the v2 process gets no task, but the
-    topic dictionary (its member side says why); a v4 process (fresh id for n) and a
-    process announcing nothing (protocol 2, as today) get tasks. One WARNING per episode
-    naming the processes of each version, one INFO line at its end."""
+    """A v1 leader, a v1 and a v2 process (b renumbered), a v4 process (fresh id for n) and
+    a process announcing nothing (protocol 2): every one gets tasks; the v2 process gets no
+    1_x (moved to eligible processes), only 0_x. One WARNING per episode naming the v2
+    process only, with the ids it differs on; one INFO line at its end."""
     members = {
         "v1": announcing(1, V1),
         "v2": announcing(2, V2),
@@ -260,27 +262,47 @@ def test_a_leader_gives_no_task_to_a_process_whose_ids_mean_other_topics(
     with caplog.at_level(logging.INFO, "streamassign.streams"):
         for _ in range(2):
             result = assign_streams(V1, COUNTS, members, topology_versions=versions)
-            assert not result["v2"].info.active and not result["v2"].partitions
-            assert result["v2"].info.topics == {0: {"a": 4}, 1: {"b": 4}}
-            assert all(result[m].info.active for m in ("v1", "v4", "old"))
+            assert all(result[m].info.active for m in members)
+            assert {t.subtopology for t in result["v2"].info.active} == {0}
             assert len({t for a in result.values() for t in a.info.active}) == 8
         assign_streams(V1, COUNTS, {"v1": members["v1"]}, topology_versions=versions)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    v2 = topology_version(subtopology_fingerprints(V2))
-    assert f"version {v2}: processes {uuid.UUID(int=2)}" in warnings[0]
-    assert str(uuid.UUID(int=1)) in warnings[0] and str(uuid.UUID(int=4)) in warnings[0]
-    assert str(uuid.UUID(int=5)) not in warnings[0]  # announced nothing: not checked
+    v2_id1 = subtopology_fingerprints(V2)[1]
+    assert f"processes {uuid.UUID(int=2)} announce id 1: {v2_id1}" in warnings[0]
+    assert "id 0" not in warnings[0].split("(this leader")[0]  # id 0 is the same
+    for pid in (1, 4, 5):  # the leader's own version, a fresh id, announced nothing
+        assert str(uuid.UUID(int=pid)) not in warnings[0]
+    assert "gives them no task of those ids" in warnings[0]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert any("runs this leader's version" in m for m in infos)
+    assert any("agrees with this leader's again" in m for m in infos)
 
 
-def test_a_new_leader_gives_an_old_member_nothing_of_a_reused_id_and_an_old_leader_works() -> None:
-    """The audit's reverse case (v3 leader, v1 member announcing fingerprints): no task to
-    the v1 process. An old leader (protocol 2) reads new members' subscriptions as before
-    and answers at version 2."""
+def test_fresh_ids_only_are_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """The documented deploy (n added with the fresh id 7), either version leading: no
+    topology-version line (under the v4 leader the v1 process lacks n: the older
+    subscription rule gives it no task and says so)."""
+    with caplog.at_level(logging.INFO, "streamassign.streams"):
+        for leader in (V1, V4):
+            members = {"v1": announcing(1, V1), "v4": announcing(4, V4)}
+            assign_streams(leader, COUNTS, members, topology_versions=Repeats())
+    lines = [r.getMessage() for r in caplog.records]
+    assert not [m for m in lines if "topology version" in m and "does not subscribe" not in m]
+
+
+def test_a_new_leader_gives_an_old_member_no_task_of_a_reused_id_and_an_old_leader_works() -> None:
+    """The audit's reverse case (v3 leader ``0 [b]``, v1 member announcing fingerprints): v3's
+    only id means a there, so the v1 process gets no task of it (all four on v3). Without
+    fingerprints (protocol 2) it gets its share, which its guard refuses. An old leader
+    (protocol 2) reads new members' subscriptions as before and answers at version 2."""
     new_leader = assign_streams(V3, COUNTS, {"v3": announcing(3, V3), "v1": announcing(1, V1)})
     assert not new_leader["v1"].info.active and len(new_leader["v3"].info.active) == 4
+    quiet = assign_streams(
+        V3, COUNTS, {"v3": announcing(3, V3, version=2), "v1": announcing(1, V1, version=2)}
+    )
+    given = quiet["v1"].info
+    assert len(given.active) == 2
+    assert mismatched_tasks(V1, given.active, given.topics).keys() == given.active
     data = {
         m: (
             sorted(t.source_topics),
@@ -338,3 +360,199 @@ def test_an_id_only_the_leader_has_is_no_mismatch_unless_its_tasks_come_here(
     assert hosts[1].consumers[0].paused  # type: ignore[attr-defined]
     for host in hosts:
         asyncio.run(host.stop())
+
+
+def test_a_task_whose_leader_partitions_are_inputs_of_its_own_task_runs() -> None:
+    """The guard refuses a task only when a partition the leader gives for it is not an input
+    of this process's task of that id. A topic added to subtopology 1 (``1 [b, x]``): a
+    process of either version runs a task the other version's leader gave with fewer topics
+    (b-p is its own task's input), and refuses one the leader gave with a topic it does not
+    read (x-p would map to no task here). A co-partition group declared: both run."""
+    wider = Topology([Subtopology(0, ["a"]), Subtopology(1, ["b", "x"])], name="upg")
+    task = TaskId(1, 2)
+    assert mismatched_tasks(wider, [task], {1: {"b": 4}}, {"x": 4}) == {}
+    refused = mismatched_tasks(V1, [task], {1: {"b": 4, "x": 4}})
+    assert refused[task].leader_partitions == (TopicPartition("b", 2), TopicPartition("x", 2))
+    joined = Topology([Subtopology(0, ["c", "d"])], copartition_groups=[["c", "d"]])
+    apart = Topology([Subtopology(0, ["c", "d"])])
+    for member in (joined, apart):
+        assert mismatched_tasks(member, [TaskId(0, 1)], {0: {"c": 4, "d": 4}}) == {}
+
+
+def test_the_error_names_every_refused_task_of_the_process_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A v2 process with two consumers under a v1 leader: each consumer refuses its 1_x. One
+    ERROR line, written once both consumers' parts are in, names the refused tasks and
+    paused partitions of both; the same assignment again only at DEBUG."""
+    members = {
+        "leader-0": MemberSubscription(
+            frozenset(V1.source_topics), SubscriptionInfo(uuid.UUID(int=1))
+        ),
+        **{
+            f"member-{i}": MemberSubscription(
+                frozenset(V2.source_topics), SubscriptionInfo(uuid.UUID(int=2))
+            )
+            for i in range(2)
+        },
+    }
+    result = assign_streams(V1, COUNTS, members, leader_version=2)
+    host = ProcessHost(V2, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=2)
+    for _ in range(2):
+        host.consumers.append(PausingConsumer())  # type: ignore[arg-type]
+    refused = {t for i in range(2) for t in result[f"member-{i}"].info.active if t.subtopology == 1}
+    assert {t for t in refused if t in result["member-0"].info.active}
+    assert {t for t in refused if t in result["member-1"].info.active}
+    with caplog.at_level(logging.DEBUG, "streamassign.aiokafka"):
+        for _ in range(2):
+            for i in range(2):
+                deliver(host, result[f"member-{i}"], i)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    for task in refused:
+        assert f"{task} (leader's partitions b-{task.partition};" in errors[0]
+        assert f"b-{task.partition}" in errors[0].split("partitions paused (")[1]
+    asyncio.run(host.stop())
+
+
+# -- leader side: per-subtopology eligibility after the assignor -------------------------------
+
+
+def roll_members(
+    rolled: int, standbys_of: dict[int, frozenset[TaskId]] | None = None
+) -> dict[str, MemberSubscription]:
+    """Six processes, the first ``rolled`` on V2 (b renumbered), the rest on V1, each having
+    run its share of V1's tasks before (its offset sums say so)."""
+    members = {}
+    for pid in range(1, 7):
+        topology = V2 if pid <= rolled else V1
+        sums = {TaskId(s, p): 100 for s in (0, 1) for p in range(4) if (2 * s + p) % 6 == pid - 1}
+        info = SubscriptionInfo(
+            uuid.UUID(int=pid),
+            endpoint=f"h{pid}:1",
+            offset_sums=sums,
+            subtopology_fingerprints=subtopology_fingerprints(topology),
+        )
+        members[f"m{pid}"] = MemberSubscription(frozenset(topology.source_topics), info)
+    return members
+
+
+@pytest.mark.parametrize("high_availability", [False, True])
+def test_tasks_of_a_differing_id_move_to_eligible_processes_and_the_rest_stay_spread(
+    high_availability: bool,
+) -> None:
+    """Five of six processes rolled to V2 under a V1 leader: before, the whole-process
+    exclusion put all 8 tasks (and no standby) on the one V1 process. Now the V2 processes
+    run the 0_x (same topics), every 1_x goes to the V1 process, and no V2 process keeps a
+    standby or warmup of a 1_x."""
+    result = assign_streams(
+        V1,
+        COUNTS,
+        roll_members(5),
+        num_standby_replicas=1,
+        high_availability=high_availability,
+        end_offsets={TaskId(s, p): 100 for s in (0, 1) for p in range(4)},
+    )
+    by_pid = {m: a.info for m, a in result.items()}
+    assert {t for t in by_pid["m6"].active if t.subtopology == 1} == {
+        TaskId(1, p) for p in range(4)
+    }
+    for m in ("m1", "m2", "m3", "m4", "m5"):
+        info = by_pid[m]
+        assert all(t.subtopology == 0 for t in info.active | info.standby | info.warmup), info
+    zeros = [t for m in ("m1", "m2", "m3", "m4", "m5") for t in by_pid[m].active]
+    assert len(zeros) >= 3  # id 0's tasks stay spread over the rolled processes
+    assert len({t for a in by_pid.values() for t in a.active}) == 8
+
+
+def test_a_moved_task_goes_to_a_process_holding_its_state_then_the_least_loaded() -> None:
+    from streamassign.assignment import ClientAssignment, ClientState
+    from streamassign.eligibility import move_to_eligible_clients
+
+    task, other = TaskId(1, 0), TaskId(0, 0)
+    per_client = {
+        "a": ClientAssignment(frozenset({task, other})),
+        "b": ClientAssignment(frozenset()),
+        "c": ClientAssignment(frozenset({TaskId(0, 1)}), standby=frozenset({task})),
+    }
+    clients = [ClientState("a"), ClientState("b"), ClientState("c", prev_standby={task})]
+    moved = move_to_eligible_clients(per_client, {"a": frozenset({1})}, clients)
+    assert moved["c"].active == {TaskId(0, 1), task} and moved["c"].standby == frozenset()
+    assert moved["a"].active == {other}
+    clients[2] = ClientState("c")  # nobody holds its state: the least loaded takes it
+    moved = move_to_eligible_clients(per_client, {"a": frozenset({1})}, clients)
+    assert moved["b"].active == {task}
+    nobody = move_to_eligible_clients(per_client, dict.fromkeys("abc", frozenset({1})), clients)
+    assert nobody["a"].active == {task, other}  # nowhere eligible: stays (its guard refuses)
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(
+    processes=st.integers(1, 5),
+    threads=st.integers(1, 3),
+    partitions=st.integers(1, 6),
+    history=st.integers(0, 2**16),
+    standbys=st.integers(0, 2),
+    high_availability=st.booleans(),
+)
+def test_with_every_fingerprint_matching_the_post_pass_changes_nothing(
+    processes: int,
+    threads: int,
+    partitions: int,
+    history: int,
+    standbys: int,
+    high_availability: bool,
+) -> None:
+    """The same group, each member announcing the leader's fingerprints or none: the same
+    assignment, member by member (the post-pass is a strict no-op)."""
+    counts = {t: partitions for t in ("a", "b", "n")}
+    tasks = [TaskId(s, p) for s in (0, 1) for p in range(partitions)]
+    outputs = []
+    for fingerprints in (subtopology_fingerprints(V1), {}):
+        members = {}
+        for pid in range(processes):
+            for thread in range(threads):
+                seed = history >> ((pid * threads + thread) % 16)
+                previous = frozenset(t for i, t in enumerate(tasks) if (seed >> i) & 1)
+                info = SubscriptionInfo(
+                    uuid.UUID(int=pid + 1),
+                    previous_active=previous,
+                    subtopology_fingerprints=fingerprints,
+                )
+                members[f"m{pid}-{thread}"] = MemberSubscription(frozenset("ab"), info)
+        outputs.append(
+            assign_streams(
+                V1,
+                counts,
+                members,
+                num_standby_replicas=standbys,
+                high_availability=high_availability,
+                now_ms=0,
+            )
+        )
+    assert outputs[0] == outputs[1]
+
+
+def test_a_process_given_no_task_of_a_differing_id_logs_info_not_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A v2 process under a v1 leader that moved every 1_x elsewhere: it runs all it is
+    given, pauses nothing, and says once at INFO that the leader's ids differ."""
+    members = {"v1": announcing(1, V1), "v2": announcing(2, V2)}
+    given = assign_streams(V1, COUNTS, members)["v2"]
+    assert given.info.active and all(t.subtopology == 0 for t in given.info.active)
+    host = ProcessHost(V2, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    host.consumers.append(PausingConsumer())  # type: ignore[arg-type]
+    with caplog.at_level(logging.DEBUG, "streamassign.aiokafka"):
+        for _ in range(2):
+            deliver(host, given)
+    assert host.assignors[0].info.active == given.info.active
+    assert not host.consumers[0].paused  # type: ignore[attr-defined]
+    lines = [
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.name == "streamassign.aiokafka" and "topology version" in r.getMessage()
+    ]
+    assert [level for level, _ in lines] == [logging.INFO, logging.DEBUG], lines
+    assert "ids 1 read other topics" in lines[0][1]
+    asyncio.run(host.stop())

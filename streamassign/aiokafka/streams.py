@@ -432,6 +432,36 @@ def metadata_counts(consumer: Any, topics: Iterable[str]) -> dict[str, int]:
     return counts
 
 
+@attrs.frozen
+class _VersionReport:
+    """One consumer's part of an assignment as the topology-version check saw it."""
+
+    #: The generation it belongs to (None: unknown).
+    generation: int | None
+    #: ``(id, leader's sources, own sources)`` of the ids whose tasks would be refused.
+    differences: frozenset[tuple[int, tuple[str, ...], tuple[str, ...]]]
+    #: The tasks refused.
+    mismatches: dict[TaskId, TaskMismatch]
+    #: The partitions paused (assigned, of no task kept).
+    paused: frozenset[TopicPartition]
+    #: Whether the assignment carried the leader's topic dictionary (else it tells nothing).
+    informative: bool
+
+
+def leader_topics_differences(
+    topology: Topology,
+    leader_topics: Mapping[int, Mapping[str, int]],
+    mismatches: Mapping[TaskId, TaskMismatch],
+) -> frozenset[tuple[int, tuple[str, ...], tuple[str, ...]]]:
+    """The subtopology ids whose tasks this process refuses: those reading a topic here that
+    its own subtopology of that id does not, and those of refused tasks of an id it lacks."""
+    return leader_topology_differences(topology, leader_topics) | {
+        (m.task.subtopology, tuple(sorted({tp.topic for tp in m.leader_partitions})), ())
+        for m in mismatches.values()
+        if not m.own_sources
+    }
+
+
 def _runs_one_of(topology: Topology, partition: Any, tasks: frozenset[TaskId]) -> bool:
     """Whether ``partition`` (an aiokafka topic partition) belongs, in ``topology``, to one
     of ``tasks``."""
@@ -635,6 +665,9 @@ class ProcessHost:
         #: The subtopologies the last leader's topology reads other topics in than this
         #: process's (another topology version in the group): logged once per episode.
         self.version_mismatch = Repeats()
+        #: Each consumer's part of the last assignment, as the version check saw it: the
+        #: process logs one line once every consumer's part of a generation is in.
+        self._version_reports: dict[int, _VersionReport] = {}
         #: The generation this process last led (None: none, or unknown), so that an
         #: assignment another process computed makes ``probing_memory`` forget.
         self.led_generation: int | None = None
@@ -698,27 +731,50 @@ class ProcessHost:
         mismatches: Mapping[TaskId, TaskMismatch],
         paused: Sequence[Any],
     ) -> None:
-        """Log a leader of another topology version once per episode (ERROR, then DEBUG at
-        each rebalance of it) and its end once (INFO). An assignment without the leader's
-        topic dictionary tells nothing either way."""
-        if not leader_topics:
+        """Record what ``consumer`` refused of its assignment; once every consumer of this
+        process has reported for the same generation, log a leader of another topology
+        version once per episode (one ERROR naming every refused task of the process, then
+        DEBUG at each rebalance of it) and its end once (INFO); a leader of another version
+        that assigns no task of the differing ids here gets one INFO line. Assignments without the
+        leader's topic dictionary tell nothing either way."""
+        membership = self.membership(consumer)
+        self._version_reports[consumer] = _VersionReport(
+            None if membership is None else membership[1],
+            leader_topics_differences(self.topology, leader_topics, mismatches),
+            dict(mismatches),
+            frozenset(TopicPartition(tp.topic, tp.partition) for tp in paused),
+            bool(leader_topics),
+        )
+        generation = self._version_reports[consumer].generation
+        reports = [self._version_reports.get(i) for i in range(self.threads)]
+        if any(r is None or r.generation != generation for r in reports):
+            log.debug("consumer %d: refused %s", consumer, sorted(mismatches) or "no task")
+            return  # the other consumers' part of this generation is still to come
+        self._log_topology_version([r for r in reports if r is not None])
+
+    def _log_topology_version(self, reports: Sequence[_VersionReport]) -> None:
+        """The process's line for one generation (see ``report_topology_version``)."""
+        if not any(r.informative for r in reports):
             return
-        differences = leader_topology_differences(self.topology, leader_topics) | {
-            (m.task.subtopology, tuple(sorted({tp.topic for tp in m.leader_partitions})), ())
-            for m in mismatches.values()
-            if not m.own_sources
-        }
-        if differences or mismatches:
-            level = logging.ERROR if self.version_mismatch.changed(differences) else logging.DEBUG
-            error = mismatch_error(
-                differences, mismatches, (TopicPartition(tp.topic, tp.partition) for tp in paused)
+        differences = frozenset().union(*(r.differences for r in reports))
+        mismatches = {t: m for r in reports for t, m in r.mismatches.items()}
+        if mismatches:
+            news = self.version_mismatch.changed(differences)
+            paused = frozenset().union(*(r.paused for r in reports))
+            error = mismatch_error(differences, mismatches, paused)
+            log.log(logging.ERROR if news else logging.DEBUG, "%s", error)
+        elif differences:  # a leader that moved those ids' tasks elsewhere: nothing refused
+            news = self.version_mismatch.changed(("none refused", differences))
+            log.log(
+                logging.INFO if news else logging.DEBUG,
+                "the group's leader runs another topology version (subtopology ids %s read "
+                "other topics there); no task of them is assigned here, every assigned task runs",
+                ", ".join(str(sub) for sub, _, _ in sorted(differences)),
             )
-            log.log(level, "consumer %d: %s", consumer, error)
         elif self.version_mismatch.ended():
             log.info(
-                "consumer %d: the leader's topology reads the same topics per subtopology id "
-                "as this process's again: every assigned task runs",
-                consumer,
+                "the leader's topology reads the same topics per subtopology id as this "
+                "process's again (or a subset): every assigned task runs"
             )
 
     def request_rejoin(self, consumer: int) -> None:
