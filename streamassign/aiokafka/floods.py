@@ -79,7 +79,9 @@ class _MetadataBackoff:
                 if self._waiting is None or self._waiting.done():
                     self._waiting = loop.create_future()
                     loop.call_later(left, _end_backoff, self._waiting)
-                return self._waiting
+                # Shielded, as aiokafka's own method does: one caller cancelled must not
+                # cancel the others (the sender task ends quietly on CancelledError).
+                return asyncio.shield(self._waiting)
         update = self._force()
         if update is not self._watched:
             self._watched = update
@@ -117,7 +119,10 @@ class BrokerAwayLines(logging.Filter):
         if not isinstance(record.msg, str) or record.msg not in REPEATING:
             return True
         args = record.args if isinstance(record.args, tuple) else ()
-        key = (record.msg, str(args[0]) if args else "")
+        # Per node: every argument but the error text that ends the longer lines (host and
+        # port both: two brokers on one host are two nodes).
+        node = args[:-1] if len(args) > 1 else args
+        key = (record.msg, ":".join(map(str, node)))
         now = self._clock()
         began = self._window_began.get(key)
         if began is not None and now - began < self.window:

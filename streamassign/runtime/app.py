@@ -420,6 +420,17 @@ class App:
         raises none of them: a caller of ``start()`` and ``stop()`` checks ``failure``
         after it (a commit at stop the broker refused, say)."""
         self._stop_began = time.monotonic()
+        try:
+            await self._stop_steps()
+        finally:  # even a cancelled stop: the filter must not outlive the App
+            logging.getLogger(AIOKAFKA_LOGGER).removeFilter(self._broker_away_lines)
+            held_back = self._broker_away_lines.summary()
+            if held_back is not None:
+                log.warning("%s", held_back)
+        log.info("process %s stopped", self.host.process_id)
+
+    async def _stop_steps(self) -> None:
+        """The steps of ``stop()``, in order."""
         # First: a rebalance during the grace, commits and closes below (consumers of other
         # processes leaving) must not start tasks here, nor save them as restart claims.
         self.host.begin_stop()
@@ -437,11 +448,6 @@ class App:
         if self.end_offsets is not None:
             await self._stop_step(self.end_offsets.stop(), "stopping the end offsets reader")
         await self._stop_step(self._stop_clients(), "stopping the clients")
-        logging.getLogger(AIOKAFKA_LOGGER).removeFilter(self._broker_away_lines)
-        held_back = self._broker_away_lines.summary()
-        if held_back is not None:
-            log.warning("%s", held_back)
-        log.info("process %s stopped", self.host.process_id)
 
     async def _stop_step(self, step: Awaitable[None], what: str) -> None:
         """One step of ``stop()``. A failure is logged and kept (for ``run()`` to raise as
