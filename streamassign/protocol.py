@@ -25,9 +25,6 @@ Version 3 appends — subscription: a fingerprint per subtopology id of the memb
 (``streamassign.versions.subtopology_fingerprints``: its source topics and co-partition
 groups), so a leader gives the tasks of its topology only to processes whose subtopology ids
 mean the same topics (a rolling deploy that changes the topology). Assignment: nothing.
-The Faust protocol sends, in that field, each claimed group's topics with their partition counts
-instead (``streamassign.faust.topology.group_text``), so its leader can move the claims onto the
-group that holds them now (``docs/faust.md``).
 
 Garbage or truncated bytes raise ``ProtocolError``; the leader treats such a member as having
 no history. Decoding is bounded by ``MAX_TASK_IDS``, so a few bytes of garbage cannot cost gigabytes
@@ -299,8 +296,7 @@ class SubscriptionInfo:
     version: int = LATEST_VERSION
     latest_supported_version: int = LATEST_VERSION
     #: Subtopology id -> fingerprint of the member's topology (version 3; empty: not
-    #: announced, an older member, whose topology the leader cannot compare). Faust members:
-    #: claimed group id -> that group's topics and counts (``faust.topology.group_text``).
+    #: announced, an older member, whose topology the leader cannot compare).
     subtopology_fingerprints: Mapping[int, str] = attrs.field(factory=dict, kw_only=True)
 
     @property

@@ -5,7 +5,6 @@ The broker test with worker processes is tests/integration/test_faust_app.py."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping
@@ -31,7 +30,7 @@ from streamassign.faust.leader import (
     MAX_CAPACITY,
     assign_faust,
 )
-from streamassign.faust.topology import faust_style_topology, group_text
+from streamassign.faust.topology import faust_style_topology
 from streamassign.localstate import StateDirectory
 from streamassign.protocol import MAX_TASK_IDS, AssignmentInfo, SubscriptionInfo
 from streamassign.streams import MemberSubscription
@@ -633,32 +632,3 @@ def test_metadata_changes_only_when_a_rebalance_is_wanted(
     failed = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR).encode()
     a.on_assignment(ConsumerProtocolMemberAssignment(0, [], failed))
     assert a.metadata(set(COUNTS)).user_data != first
-
-
-def test_a_worker_restarted_mid_roll_claims_the_group_its_state_file_names(
-    tmp_path: Path,
-) -> None:
-    """Group ids move during a deploy that adds topics of an existing count (the largest group
-    of a count takes the count as its id). A worker restarted mid-roll claims the tasks its
-    state file names, each with the fingerprint of the group it saved for that id, so the
-    leader hands back the tasks of that group, not of the group the id names now."""
-    v1 = {SRC: 6, CL: 6, GLOBAL_CL: 2}
-    v2 = {**v1, "x": 6, "y": 6, "z": 6}  # three topics of count 6: they take id 6 mid-roll
-    old_workers = {m: make_app(tmp_path / m, 7000 + i).assignor for i, m in enumerate(("m0", "m2"))}
-    ran = [TaskId(6, 1), TaskId(6, 2)]
-    restarted_app = make_app(tmp_path / "m1", 7001)
-    file = state_file(restarted_app)
-    file.parent.mkdir(parents=True)
-    saved = {"active": [str(t) for t in ran], "standby": [], "topics": {"6": {SRC: 6, CL: 6}}}
-    file.write_text(json.dumps(saved))
-    restarted = restarted_app.assignor
-    assert reported(restarted).subtopology_fingerprints == {6: group_text({SRC: 6, CL: 6})}
-
-    rebalance(old_workers, counts=v1)
-    metadata = {m: a.metadata(set(v1)) for m, a in old_workers.items()}
-    metadata["m1"] = restarted.metadata(set(v2))
-    encoded = old_workers["m0"].assign(Cluster(v2), metadata)
-    got = AssignmentInfo.decode(ConsumerProtocolMemberAssignment.decode(encoded["m1"]).user_data)
-    [table_group] = [s for s, topics in got.topics.items() if set(topics) == {SRC, CL}]
-    assert table_group != 6
-    assert {TaskId(table_group, 1), TaskId(table_group, 2)} <= got.active

@@ -70,7 +70,6 @@ from .leader import (
     decode_members,
     parse_capacity,
 )
-from .topology import group_text
 
 __all__ = ["CAPACITY_ENV", "PROTOCOL_NAME", "PartitionAssignor"]
 
@@ -229,19 +228,13 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         }
         if c := self._capacity():
             tags[CAPACITY_TAG] = str(c)
-        previous = current.active if self._assigned else restored.active
-        # What each claimed group id meant when this worker got it: ids move during a deploy.
-        claimed = {t.subtopology for t in previous} | {t.subtopology for t in sums}
         return SubscriptionInfo(
             self._process_id or uuid.uuid4(),
             endpoint=str(self.app.conf.canonical_url),
             offset_sums=sums,
-            previous_active=previous,
+            previous_active=current.active if self._assigned else restored.active,
             join_nonce=self._join_epoch,
             client_tags={k: v for k, v in tags.items() if v},
-            subtopology_fingerprints={
-                s: group_text(dictionary[s]) for s in sorted(claimed) if s in dictionary
-            },
         )
 
     def assign(

@@ -47,7 +47,6 @@ from ..assignment import ClientAssignment, ClientState
 from ..errors import ErrorCode, TopologyError, TopologyTypeError
 from ..grouper import PartitionGrouper
 from ..protocol import (
-    LATEST_OFFSET,
     LATEST_VERSION,
     AssignmentInfo,
     ProtocolError,
@@ -69,7 +68,7 @@ from ..streams import (
 )
 from ..threads import distribute_to_threads
 from ..topology import Subtopology, Topology
-from .topology import _hashed_id, _next_hashed_id, faust_style_topology, group_from_text
+from .topology import _hashed_id, _next_hashed_id, faust_style_topology
 
 __all__ = [
     "CAPACITY_TAG",
@@ -83,7 +82,6 @@ __all__ = [
     "faust_topology",
     "host_key",
     "parse_capacity",
-    "rekeyed_claims",
     "trusted_tables",
 ]
 
@@ -295,7 +293,6 @@ def assign_faust(
         return incomplete
     topology, tasks = grouped
     result = {m: MemberAssignment((), empty) for m in members}
-    members = rekeyed_claims(members, topology, partition_counts)
     # The rebalance's budget (logged per member); no hand-back from a copied state directory.
     members = without_copied_claims(bounded_claims(members, tasks))
     plan = _FaustRuns.plan(
@@ -326,88 +323,6 @@ def _group_topics(
     if logged is not None and logged.ended():
         log.info("the subscribed topics group now: assigning tasks again")
     return topology, tasks
-
-
-def rekeyed_claims(
-    members: Mapping[str, MemberSubscription],
-    topology: Topology,
-    partition_counts: Mapping[str, int],
-) -> dict[str, MemberSubscription]:
-    """``members`` with each claim (offset sum, previous active) on a group moved to the group
-    of this topology that holds all of that group's topics at the same partition counts (the
-    same group, or the one it merged into), dropped when none does: a group id may name other
-    topics than it did when the worker got it (a rolling deploy that adds topics of an existing
-    count gives the count to the new group), and a worker's state of one table must not count
-    for another's task. The worker says what each claimed id meant in
-    ``subtopology_fingerprints`` (``topology.group_text``); members that say nothing (older
-    releases) keep their claims as they are."""
-    owner: dict[tuple[str, int], int] = {}
-    for sub in topology.subtopology_ids:
-        for topic in topology.subtopology(sub).source_topics:
-            owner[(topic, partition_counts.get(topic, -1))] = sub
-    out = {}
-    for m, member in members.items():
-        info = member.info
-        if info is None or not info.subtopology_fingerprints:
-            out[m] = member
-            continue
-        moved = {
-            sub: _owning_group(text, owner) for sub, text in info.subtopology_fingerprints.items()
-        }
-        _log_rekeyed(m, info, moved)
-        out[m] = attrs.evolve(member, info=_rekeyed(info, moved))
-    return out
-
-
-def _owning_group(text: str, owner: Mapping[tuple[str, int], int]) -> int | None:
-    """The one group of ``owner`` (topic and count -> group) holding every topic of the group
-    ``text`` describes; None when none does (a topic gone, a count changed, the group split)."""
-    group = group_from_text(text)
-    if not group:
-        return None
-    subs = {owner.get(pair) for pair in group.items()}
-    return subs.pop() if len(subs) == 1 else None
-
-
-def _rekeyed(info: SubscriptionInfo, moved: Mapping[int, int | None]) -> SubscriptionInfo:
-    """``info``'s claims under this leader's group ids (``moved``: the member's id -> ours,
-    None or absent: none of ours). Sums of groups that merged into one add up (they cover
-    other changelogs of the task), ``LATEST_OFFSET`` where the worker runs any part of it."""
-    sums: dict[TaskId, int] = {}
-    for t, offset in sorted(info.offset_sums.items()):
-        if (sub := moved.get(t.subtopology)) is None:
-            continue
-        key = TaskId(sub, t.partition)
-        if LATEST_OFFSET in (offset, sums.get(key)):
-            sums[key] = LATEST_OFFSET
-        else:
-            sums[key] = sums.get(key, 0) + offset
-    previous = frozenset(
-        TaskId(sub, t.partition)
-        for t in info.previous_active
-        if (sub := moved.get(t.subtopology)) is not None
-    )
-    return attrs.evolve(info, offset_sums=sums, previous_active=previous)
-
-
-def _log_rekeyed(member: str, info: SubscriptionInfo, moved: Mapping[int, int | None]) -> None:
-    """One INFO line per member whose claims named groups by ids that mean other topics now."""
-    claimed = {t.subtopology for t in info.previous_active} | {
-        t.subtopology for t in info.offset_sums
-    }
-    changed = sorted(
-        f"{sub}->{moved.get(sub) if moved.get(sub) is not None else 'dropped'}"
-        for sub in claimed
-        if moved.get(sub) != sub
-    )
-    if not changed:
-        return
-    log.info(
-        "member %s claims state under group ids that name other topics now (a deploy moved "
-        "them): %s",
-        member,
-        ", ".join(changed),
-    )
 
 
 def _waiting_for_metadata(

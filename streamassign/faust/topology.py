@@ -15,7 +15,7 @@ from ..errors import TopologyError, TopologyTypeError
 from ..grouper import checked_partition_counts
 from ..topology import Subtopology, Topology, changelog_topic_name
 
-__all__ = ["FAUST_HASHED_ID_BASE", "faust_style_topology", "group_from_text", "group_text"]
+__all__ = ["FAUST_HASHED_ID_BASE", "faust_style_topology"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,27 +28,6 @@ _HASHED_ID_SPAN = (1 << 31) - FAUST_HASHED_ID_BASE
 def _hashed_id(count: int, topics: tuple[str, ...]) -> int:
     digest = hashlib.blake2b(f"{count}:{','.join(topics)}".encode(), digest_size=8).digest()
     return FAUST_HASHED_ID_BASE + int.from_bytes(digest, "big") % _HASHED_ID_SPAN
-
-
-def group_text(topics: Mapping[str, int]) -> str:
-    """One topic group (its topics with their partition counts) as a worker sends it with its
-    claims: ``topic:count`` pairs, sorted, comma-separated (Kafka topic names have neither
-    character). Group ids are not stable across a rolling deploy (the largest group of a count
-    takes the count as its id), so the leader reads from this what an id meant to the worker
-    (``docs/faust.md``). Counts are in it because a task's partition means other records once a
-    topic's count changes."""
-    return ",".join(f"{topic}:{count}" for topic, count in sorted(topics.items()))
-
-
-def group_from_text(text: str) -> dict[str, int] | None:
-    """The group ``group_text`` wrote; ``None`` for anything else (no claim is made of it)."""
-    out: dict[str, int] = {}
-    for pair in text.split(","):
-        topic, sep, count = pair.rpartition(":")
-        if not topic or not sep or not count.isdigit() or topic in out:
-            return None
-        out[topic] = int(count)
-    return out
 
 
 def _next_hashed_id(sid: int) -> int:
