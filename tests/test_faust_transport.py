@@ -1013,6 +1013,39 @@ def test_a_stale_resume_during_the_assignment_callback_does_not_end_the_hold(
     assert SOURCE not in asyncio.run(race())
 
 
+def test_a_flow_watch_hook_failing_mid_rebalance_leaves_no_stall(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    faust_stops_flow: None,
+) -> None:
+    """A hook that fails after the revoke (the watch then cannot know the rebalance's steps):
+    once Faust's recovery resumed the flow, no stuck worker is reported and the app's own
+    resumes take effect at once (review25 F3)."""
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("hook broken after the revoke")
+
+    async def rebalance() -> Any:
+        consumer = flow_worker(tmp_path)
+        consumer.recovery_stall_after = 0.05
+        consumer.app.on_rebalance_start()
+        await consumer.on_partitions_revoked({CHANGELOG, SOURCE})
+        monkeypatch.setattr(consumer, "_enter_flow_step", broken)
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 6)
+        consumer.pause_partitions({CHANGELOG, SOURCE})
+        consumer.resume_partitions({SOURCE})  # _resume_streams
+        consumer.resume_flow()
+        consumer.app.on_rebalance_end()
+        await asyncio.sleep(0.5)  # more than every bound: a stall would have been told
+        return consumer
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        consumer = asyncio.run(rebalance())
+    assert STUCK not in caplog.text and not consumer._flow_watch.running
+    assert resumes_at_once(consumer)
+
+
 def test_back_to_back_rebalances_each_release_their_streams(
     tmp_path: Path, faust_stops_flow: None
 ) -> None:

@@ -286,10 +286,14 @@ class _Consumer(faust_aiokafka.Consumer):
         """``hook(*args)``, the flow watch's part of a Faust callback: a failure is logged (its
         traceback once per hook and kind, repeats at DEBUG) and Faust's callback goes on.
         Raised into Faust's revoke it would skip the whole revoke (aiokafka logs it and joins
-        anyway: no flow stop, no producer flush); into its recovery, end it."""
+        anyway: no flow stop, no producer flush); into its recovery, end it. The episode is
+        dropped: with its steps unknown it might never end (every resume taken for a stale
+        one) and warn of a stall that is not there. The hold does not depend on it."""
         try:
             hook(*args)
         except Exception as exc:
+            self._flow_stop = None
+            self._flow_watch.stop()
             failure = (getattr(hook, "__name__", ""), type(exc))
             if failure in self._flow_hook_failures:
                 log.debug("the flow watch failed again in %s: %r", failure[0], exc)
