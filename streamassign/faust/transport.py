@@ -17,7 +17,8 @@ partitions, seeks them to their committed offsets, and only then resumes flow co
 empties every agent's queue. Records fetched in between (the one at the committed offset first)
 are thrown away unprocessed, and Faust's commit check lets the next commit pass a gap of one
 offset, so that record is lost. This consumer keeps a stream partition paused when Faust
-resumes it during a rebalance (``app.rebalancing``), until the next ``resume_flow()`` (which
+resumes it during a rebalance (``app.rebalancing``, or from a revoke until the resume that
+releases this rebalance's stream partitions), until the next ``resume_flow()`` (which
 Faust calls right after resuming flow control), so nothing is fetched for it before the queues
 are emptied; outside a rebalance a resume takes effect at once. Its consumer thread puts back
 records aiokafka hands out that Faust would drop: across a rebalance (a table recovery then
@@ -244,7 +245,8 @@ class _Consumer(faust_aiokafka.Consumer):
         the flow watch follows until the ``resume_flow()`` of this rebalance's recovery, which
         ends every rebalance, also one that assigns nothing. The watch learns the rebalance's
         steps: Faust's revoke callbacks, then the group's join. A revoke before the flow
-        resumed is another rebalance. The watch's hooks never stop Faust's callbacks."""
+        resumed is another rebalance. The watch's hooks never stop Faust's callbacks. Every
+        revoke also starts the stream partitions' hold (``resume_partitions``)."""
         self._streams_pending, self._assigned_since_revoke = True, False
         self._flow_hook(self._flow_revoked)
         await super().on_partitions_revoked(revoked)
