@@ -900,3 +900,182 @@ def test_streams_are_held_in_a_rebalance_the_previous_one_ended_during(
 
     held, after = asyncio.run(race())
     assert held == {SOURCE} and after == set()
+
+
+def stub_seek(consumer: Any, fetched_during_seek: list[set[TP]]) -> None:
+    """Faust's seek and fetcher start, recording what the consumer would fetch during the seek."""
+
+    async def perform_seek() -> None:
+        fetched_during_seek.append(set(consumer._get_active_partitions()))
+
+    async def no_fetcher() -> None:
+        pass
+
+    consumer.perform_seek = perform_seek
+    consumer.app._fetcher.maybe_start = no_fetcher
+
+
+async def recover_with_changelog_to_read(consumer: Any, generation: int) -> None:
+    """Faust 0.15's recovery when a table has changelog records to read: the changelog resumed,
+    the flow resumed to read it ("Restoring state..."), the changelog paused once read, then
+    Faust's own ``on_recovery_completed`` (stream partitions resumed, seek, ``resume_flow()``)."""
+    app = consumer.app
+    consumer.pause_partitions({CHANGELOG, SOURCE})  # App._on_partitions_assigned
+    app.tables.recovery._set_recovery_started()
+    consumer.resume_partitions({CHANGELOG})
+    app.flow_control.resume()
+    consumer.resume_flow()  # "Resuming flow..." to read the changelog
+    await asyncio.sleep(0)
+    consumer.pause_partitions({CHANGELOG})  # "Done reading from changelog topics"
+    await app.tables.recovery.on_recovery_completed(generation_id=generation)
+
+
+def resumes_at_once(consumer: Any) -> bool:
+    """Does the app's own pause and resume of a stream partition take effect at once?"""
+    consumer.pause_partitions({SOURCE})
+    consumer.resume_partitions({SOURCE})
+    return SOURCE in consumer._get_active_partitions()
+
+
+def test_a_table_recovery_reading_its_changelog_holds_the_source_through_its_seek(
+    tmp_path: Path, faust_stops_flow: None
+) -> None:
+    """The previous rebalance's recovery cleared ``app.rebalancing`` during this one's join,
+    and this one's recovery reads a changelog first: its first ``resume_flow()`` comes before
+    the stream partitions are resumed and sought, which must still be held (review25 F1)."""
+    fetched_during_seek: list[set[TP]] = []
+
+    async def race() -> Any:
+        consumer = flow_worker(tmp_path)
+        stub_seek(consumer, fetched_during_seek)
+        await previous_rebalance_ends_late(consumer, "N+1 revokes, N resumes and ends")
+        assert not consumer.app.rebalancing
+        consumer.app.consumer_generation_id = 6
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 6)
+        await recover_with_changelog_to_read(consumer, 6)
+        return consumer
+
+    consumer = asyncio.run(race())
+    assert fetched_during_seek == [set()]
+    assert SOURCE in consumer._get_active_partitions() and not consumer._held_streams
+    assert resumes_at_once(consumer)
+
+
+def test_a_resume_during_the_assignment_callback_ends_the_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faust_stops_flow: None
+) -> None:
+    """With no ``stream_recovery_delay`` this rebalance's own recovery may resume the streams
+    and the flow while Faust's assignment callback still runs: ignoring that resume would hold
+    the app's own resumes and keep the watch on for good."""
+
+    async def faust_assigned(consumer: Any, tps: set[TP], generation_id: int = 0) -> None:
+        consumer.resume_partitions({SOURCE})  # _resume_streams
+        consumer.resume_flow()
+        consumer.app.on_rebalance_end()
+
+    async def rebalance() -> Any:
+        consumer = flow_worker(tmp_path)
+        consumer.app.on_rebalance_start()
+        await consumer.on_partitions_revoked({CHANGELOG, SOURCE})
+        base = faust.transport.drivers.aiokafka.Consumer
+        monkeypatch.setattr(base, "on_partitions_assigned", faust_assigned)
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 6)
+        return consumer
+
+    consumer = asyncio.run(rebalance())
+    assert not consumer._held_streams and not consumer._flow_watch.running
+    assert resumes_at_once(consumer)
+
+
+def test_a_stale_resume_during_the_assignment_callback_does_not_end_the_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faust_stops_flow: None
+) -> None:
+    """Rebalance N's recovery (past its generation check) resumes the flow and ends the
+    rebalance while N+1's assignment callback runs: N+1's stream resume before its seek is
+    still held (review25 F2)."""
+
+    async def faust_assigned(consumer: Any, tps: set[TP], generation_id: int = 0) -> None:
+        consumer.resume_flow()  # N's recovery, late
+        consumer.app.on_rebalance_end()
+
+    async def race() -> set[TP]:
+        consumer = flow_worker(tmp_path)
+        consumer.app.on_rebalance_start()  # N
+        consumer.app.on_rebalance_start()  # N+1
+        await consumer.on_partitions_revoked({CHANGELOG, SOURCE})
+        base = faust.transport.drivers.aiokafka.Consumer
+        monkeypatch.setattr(base, "on_partitions_assigned", faust_assigned)
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 6)
+        consumer.pause_partitions({CHANGELOG, SOURCE})
+        consumer.resume_partitions({SOURCE})  # N+1's _resume_streams, before its seek
+        return set(consumer._get_active_partitions())
+
+    assert SOURCE not in asyncio.run(race())
+
+
+def test_a_flow_watch_hook_failing_mid_rebalance_leaves_no_stall(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    faust_stops_flow: None,
+) -> None:
+    """A hook that fails after the revoke (the watch then cannot know the rebalance's steps):
+    once Faust's recovery resumed the flow, no stuck worker is reported and the app's own
+    resumes take effect at once (review25 F3)."""
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("hook broken after the revoke")
+
+    async def rebalance() -> Any:
+        consumer = flow_worker(tmp_path)
+        consumer.recovery_stall_after = 0.05
+        consumer.app.on_rebalance_start()
+        await consumer.on_partitions_revoked({CHANGELOG, SOURCE})
+        monkeypatch.setattr(consumer, "_enter_flow_step", broken)
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 6)
+        consumer.pause_partitions({CHANGELOG, SOURCE})
+        consumer.resume_partitions({SOURCE})  # _resume_streams
+        consumer.resume_flow()
+        consumer.app.on_rebalance_end()
+        await asyncio.sleep(0.5)  # more than every bound: a stall would have been told
+        return consumer
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        consumer = asyncio.run(rebalance())
+    assert STUCK not in caplog.text and not consumer._flow_watch.running
+    assert resumes_at_once(consumer)
+
+
+def test_back_to_back_rebalances_each_release_their_streams(
+    tmp_path: Path, faust_stops_flow: None
+) -> None:
+    """Ten rebalances in a row, each recovery reading a changelog: the previous recovery ending
+    late in each order, normal ones and an empty assignment. Nothing is fetched during a seek,
+    and after each recovery nothing stays held."""
+    fetched_during_seek: list[set[TP]] = []
+    orders = [
+        "N ends, then N+1 revokes",
+        "N resumes, N+1 revokes, N ends",
+        "N+1 revokes, N resumes and ends",
+    ]
+
+    async def rebalances() -> list[bool]:
+        consumer = flow_worker(tmp_path)
+        consumer.recovery_stall_after = 30.0
+        stub_seek(consumer, fetched_during_seek)
+        released = []
+        for i in range(10):
+            if i % 2:
+                await previous_rebalance_ends_late(consumer, orders[i % 3])
+            else:
+                consumer.app.on_rebalance_start()
+                await consumer.on_partitions_revoked({CHANGELOG, SOURCE})
+            consumer.app.consumer_generation_id = 10 + i
+            tps = set() if i == 4 else {CHANGELOG, SOURCE}
+            await consumer.on_partitions_assigned(tps, 10 + i)
+            await recover_with_changelog_to_read(consumer, 10 + i)
+            released.append(not consumer._held_streams and resumes_at_once(consumer))
+        return released
+
+    assert asyncio.run(rebalances()) == [True] * 10
+    assert all(fetched == set() for fetched in fetched_during_seek)

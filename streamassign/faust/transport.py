@@ -17,7 +17,8 @@ partitions, seeks them to their committed offsets, and only then resumes flow co
 empties every agent's queue. Records fetched in between (the one at the committed offset first)
 are thrown away unprocessed, and Faust's commit check lets the next commit pass a gap of one
 offset, so that record is lost. This consumer keeps a stream partition paused when Faust
-resumes it during a rebalance (``app.rebalancing``), until the next ``resume_flow()`` (which
+resumes it during a rebalance (``app.rebalancing``, or from a revoke until the resume that
+releases this rebalance's stream partitions), until the next ``resume_flow()`` (which
 Faust calls right after resuming flow control), so nothing is fetched for it before the queues
 are emptied; outside a rebalance a resume takes effect at once. Its consumer thread puts back
 records aiokafka hands out that Faust would drop: across a rebalance (a table recovery then
@@ -194,6 +195,15 @@ class _Consumer(faust_aiokafka.Consumer):
         #: Warns when a rebalance keeps the flow stopped (the current episode, if any).
         self._flow_watch = _Ticker(self._on_flow_watch)
         self._flow_stop: FlowStop | None = None
+        #: Whether Faust's recovery may still resume this rebalance's stream partitions: from
+        #: every revoke to the resume_flow() after its assignment that releases them (or finds
+        #: none assigned). Not the flow watch's episode: that one ends at the first resume,
+        #: which for a table with a changelog to read comes before the stream partitions'.
+        self._streams_pending = False
+        #: Whether this rebalance's assignment has come (a resume before it is the previous
+        #: rebalance's recovery finishing late). Kept here, not from the watch's steps, so that
+        #: the hold never depends on the watch's hooks.
+        self._assigned_since_revoke = False
         #: The flow watch's hook failures logged (hook, exception type): each traceback once,
         #: not at every rebalance.
         self._flow_hook_failures: set[tuple[str, type[Exception]]] = set()
@@ -210,11 +220,12 @@ class _Consumer(faust_aiokafka.Consumer):
         be dropped unprocessed and then committed past (see the module docstring). Faust calls
         ``resume_flow()`` before ``app.on_rebalance_end()``, so the hold always ends first.
         Changelog partitions resumed during a rebalance start the recovery watch. A rebalance
-        is under way while ``app.rebalancing`` or the flow watch's episode says so: the
-        previous rebalance's recovery may clear the former during the next rebalance's join."""
+        is under way while ``app.rebalancing`` says so or from a revoke until its streams are
+        released (``_streams_released``): the previous rebalance's recovery may clear the
+        former during the next rebalance's join."""
         tps = set(tps)
         streams: set[TP] = set()
-        if self.app.rebalancing or self._flow_stop is not None:
+        if self.app.rebalancing or self._streams_pending:
             changelogs = self.app.tables.changelog_topics
             streams = {tp for tp in tps if tp.topic not in changelogs}
             self._hold(streams)
@@ -234,7 +245,9 @@ class _Consumer(faust_aiokafka.Consumer):
         the flow watch follows until the ``resume_flow()`` of this rebalance's recovery, which
         ends every rebalance, also one that assigns nothing. The watch learns the rebalance's
         steps: Faust's revoke callbacks, then the group's join. A revoke before the flow
-        resumed is another rebalance. The watch's hooks never stop Faust's callbacks."""
+        resumed is another rebalance. The watch's hooks never stop Faust's callbacks. Every
+        revoke also starts the stream partitions' hold (``resume_partitions``)."""
+        self._streams_pending, self._assigned_since_revoke = True, False
         self._flow_hook(self._flow_revoked)
         await super().on_partitions_revoked(revoked)
         self._flow_hook(self._enter_flow_step, JOINING)
@@ -242,6 +255,9 @@ class _Consumer(faust_aiokafka.Consumer):
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         """Faust's; the flow watch learns the rebalance's next steps: Faust's assignment
         callbacks, then its table recovery setting up (which resumes the flow)."""
+        # Before Faust's callback: it signals this rebalance's recovery, which (with no
+        # stream_recovery_delay) may resume the flow before the callback returns.
+        self._assigned_since_revoke = True
         self._flow_hook(self._enter_flow_step, ASSIGNING)
         await super().on_partitions_assigned(assigned, generation_id)
         self._flow_hook(self._enter_flow_step, RECOVERING)
@@ -254,16 +270,32 @@ class _Consumer(faust_aiokafka.Consumer):
             held &= set(self.assignment())
         if held:
             super().resume_partitions(held)
+        if self._streams_pending and self._assigned_since_revoke:
+            self._streams_pending = not self._streams_released(held)
         self._flow_hook(self._flow_resumed)
+
+    def _streams_released(self, held: set[TP]) -> bool:
+        """Is this ``resume_flow()`` (after the assignment) the one that ends the hold? Faust's
+        recovery resumes the stream partitions before its last ``resume_flow()``, so the one
+        that released some, or any once no stream partition is assigned. Its first one (the
+        changelog to read) or one from the previous recovery finishing late is not."""
+        if held:
+            return True
+        changelogs = self.app.tables.changelog_topics
+        return not any(tp.topic not in changelogs for tp in self.assignment())
 
     def _flow_hook(self, hook: Callable[..., None], *args: Any) -> None:
         """``hook(*args)``, the flow watch's part of a Faust callback: a failure is logged (its
         traceback once per hook and kind, repeats at DEBUG) and Faust's callback goes on.
         Raised into Faust's revoke it would skip the whole revoke (aiokafka logs it and joins
-        anyway: no flow stop, no producer flush); into its recovery, end it."""
+        anyway: no flow stop, no producer flush); into its recovery, end it. The episode is
+        dropped: with its steps unknown it might never end (every resume taken for a stale
+        one) and warn of a stall that is not there. The hold does not depend on it."""
         try:
             hook(*args)
         except Exception as exc:
+            self._flow_stop = None
+            self._flow_watch.stop()
             failure = (getattr(hook, "__name__", ""), type(exc))
             if failure in self._flow_hook_failures:
                 log.debug("the flow watch failed again in %s: %r", failure[0], exc)
