@@ -1822,15 +1822,19 @@ def _spark_failure(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _one_line_failures(doing: str, kept: str | None = None) -> Iterator[None]:
-    """Spark failures and Ctrl-C, SIGTERM or SIGHUP as one line (what failed, what was kept),
-    not a trace; after a signal the exit status is 128 + its number (130 after Ctrl-C). A
-    ``KeyboardInterrupt(signum, left)`` says ``left`` instead of ``kept``."""
+def _one_line_failures(
+    doing: str, kept: str | None = None, done: str | None = None
+) -> Iterator[None]:
+    """Spark failures and Ctrl-C, SIGTERM or SIGHUP as one line (what failed, what was kept,
+    what was done before), not a trace; after a signal the exit status is 128 + its number
+    (130 after Ctrl-C). A ``KeyboardInterrupt(signum, left)`` says ``left`` instead of
+    ``kept``; ``done`` (a run complete before its report failed) is said whatever happened."""
     import signal
 
     from .pipeline.signals import interrupt_on_signals, quiet_py4j
 
-    tail = f"; {kept}" if kept else ""
+    after = f"; {done}" if done else ""
+    tail = (f"; {kept}" if kept else "") + after
     try:
         # py4j's traces of talking to a JVM the signal stopped too (the whole process group
         # got it) would bury the one line; undone when the command ends.
@@ -1840,7 +1844,7 @@ def _one_line_failures(doing: str, kept: str | None = None) -> Iterator[None]:
         signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
         by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
         if len(exc.args) > 1:  # what the interrupted step left, where it knows better
-            tail = f"; {exc.args[1]}"
+            tail = f"; {exc.args[1]}{after}"
         click.echo(f"interrupted{by} while {doing}{tail}", err=True)
         raise SystemExit(128 + signum) from None
     except (click.ClickException, StreamAssignError, SystemExit):
@@ -2085,7 +2089,7 @@ def _run_simulation(
         page = None
         if with_report:
             complete = f"run {run_id} is complete; next: {_report_command(run_dir)}"
-            with _one_line_failures("writing the report", complete):
+            with _one_line_failures("writing the report", done=complete):
                 page = _render(session, run_dir, None, spark_tasks)
     if page is not None:
         click.echo(f"report: {page}")
@@ -2252,8 +2256,15 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
         with contextlib.suppress(Exception):  # what stopped the rendering is what to report
             files.delete(staging)
         raise
-    _publish(files, staging, str(out), report_id, "report", "report.html")
+    # Two renders of one run are byte-identical: publish tells the new report from the one it
+    # replaces by this id (were it report.html, a failed move would call the old one gone).
+    files.write_text(f"{staging}/{REPORT_ID}", f"{report_id}\n")
+    _publish(files, staging, str(out), report_id, "report", REPORT_ID)
     return out / "report.html"
+
+
+#: The file in a report's folder holding the id of the render that wrote it.
+REPORT_ID: Final = "report-id.txt"
 
 
 def _check_report_out(out: Path) -> None:

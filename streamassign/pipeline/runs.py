@@ -22,6 +22,7 @@ import os
 import secrets
 import shutil
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -358,22 +359,41 @@ class _Publishing:
 
 
 @attrs.define
+class _Step:
+    """One rename or deletion of publish: whether its call was made, and whether it returned.
+    One called that did not return raised or was stopped by a signal: it may have taken effect
+    all the same, or in part (an object store copies file by file): only the folders tell."""
+
+    called: bool = False
+    returned: bool = False
+
+    def run(self, action: Callable[[], None]) -> None:
+        self.called = True
+        action()
+        self.returned = True
+
+
+@attrs.define
 class _Done:
-    """What publish read before moving (the markers' texts) and the steps whose call returned.
-    A step that raised may have taken effect all the same, or in part: only the folders tell."""
+    """What publish read before moving (the markers' texts) and its steps, in order."""
 
     new_text: str | None = None
     old_text: str | None = None
     replacing: bool | None = None  # whether something was in ``final``; None: the look failed
-    aside_done: bool = False
-    moving_in: bool = False  # the new one's rename was called
-    moved: bool = False
-    put_back: bool = False
+    aside: _Step = attrs.Factory(_Step)  # final -> aside
+    move_in: _Step = attrs.Factory(_Step)  # staging -> final
+    put_back: _Step = attrs.Factory(_Step)  # aside -> final, only while final is absent
     put_back_error: str | None = None
-    ended_early: bool = False  # a second signal ended the moves at once
-    deleting_old: bool = False
-    old_deleted: bool = False
-    staging_deleted: bool = False
+    delete_old: _Step = attrs.Factory(_Step)  # aside, once the new one is in place
+    delete_staging: _Step = attrs.Factory(_Step)  # when the file system no longer answered
+    ended_early: bool = False  # a second signal (in the moves, the put-back, the tidying)
+
+    @property
+    def old_owns_final(self) -> bool:
+        """Whether what ``final`` holds is the old one's: until the new one's rename is called
+        (before it, only the old one was ever there), and again once the put-back is (it runs
+        only when ``final`` is absent, so all it holds then came from ``aside``)."""
+        return not self.move_in.called or self.put_back.called
 
 
 @attrs.frozen
@@ -394,17 +414,15 @@ class _Outcome:
 
 
 def _move_in(files: Files, job: _Publishing, done: _Done) -> None:
-    """The moves, each noted once it returned; after a failure, the old one put back."""
+    """The moves, each step noted as called and as returned; after a failure, the old one put
+    back."""
     try:
         done.new_text = files.read_text(job.marked(job.staging))
         done.replacing = files.exists(job.final)
         if done.replacing:
             done.old_text = files.read_text(job.marked(job.final))
-            files.rename(job.final, job.aside)
-            done.aside_done = True
-        done.moving_in = True
-        files.rename(job.staging, job.final)
-        done.moved = True
+            done.aside.run(lambda: files.rename(job.final, job.aside))
+        done.move_in.run(lambda: files.rename(job.staging, job.final))
     except BaseException as exc:
         done.ended_early = isinstance(exc, KeyboardInterrupt)  # the first signal is deferred
         _put_back(files, job, done)
@@ -412,14 +430,18 @@ def _move_in(files: Files, job: _Publishing, done: _Done) -> None:
 
 
 def _put_back(files: Files, job: _Publishing, done: _Done) -> None:
-    """The old one moved back where nothing took its place. Its failure is noted, not raised:
-    the move's is the cause to report (a message says where the old one is by looking)."""
+    """The old one moved back where nothing took its place (so whatever ``final`` holds once
+    it was called is the old one's). Its failure is noted, not raised: the move's is the cause
+    to report (a message says where the old one is by looking). A signal here is a second one:
+    it ends publish at once, looking only."""
     if not done.replacing:
         return
     try:
         if files.exists(job.aside) and not files.exists(job.final):
-            files.rename(job.aside, job.final)
-            done.put_back = True
+            done.put_back.run(lambda: files.rename(job.aside, job.final))
+    except KeyboardInterrupt:
+        done.ended_early = True
+        raise
     except Exception as exc:
         done.put_back_error = _first_line(exc)
 
@@ -430,8 +452,9 @@ def _interrupted(
     """``KeyboardInterrupt(signum, where)``. Tidies (staging or the old one deleted) only
     after the first signal: a second one, or one during the old one's deletion, ends it."""
     signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+    tidy = not done.ended_early and not done.delete_old.called
     try:
-        outcome = _settle(files, job, done, tidy=not done.ended_early and not done.deleting_old)
+        outcome = _settle(files, job, done, tidy=tidy)
     except KeyboardInterrupt:  # yet another signal: no more looking
         return KeyboardInterrupt(signum, _where_by_steps(job, done, "interrupted again"))
     where = f"{outcome.where}; {outcome.left}" if outcome.left else outcome.where
@@ -445,14 +468,13 @@ def _settle(files: Files, job: _Publishing, done: _Done, tidy: bool) -> _Outcome
     try:
         seen = _look(files, job, done)
     except Exception as exc:
-        if tidy and not done.moved:
+        if tidy and not done.move_in.returned:
             with contextlib.suppress(Exception):  # said: the new one may be left there
-                files.delete(job.staging)
-                done.staging_deleted = True
-        return _Outcome(done.moved, _where_by_steps(job, done, _first_line(exc)))
+                done.delete_staging.run(lambda: files.delete(job.staging))
+        return _Outcome(done.move_in.returned, _where_by_steps(job, done, _first_line(exc)))
     if seen.final == "new" and not seen.staging:
         left = _delete_replaced(files, job, done) if tidy and seen.aside else None
-        if seen.aside and left is None and not done.old_deleted:
+        if seen.aside and left is None and not done.delete_old.returned:
             left = f"the {job.what} it replaced is left in {job.aside}: delete it by hand"
         return _Outcome(True, f"{job.new_one} is in {job.final}", left)
     if tidy and seen.staging:
@@ -467,9 +489,13 @@ def _look(files: Files, job: _Publishing, done: _Done) -> _Seen:
         if not files.exists(folder):
             return None
         text = files.read_text(job.marked(folder))
-        if text is not None and text == done.new_text:
+        if text is None:
+            return "part"
+        if done.new_text == done.old_text:  # two alike (no id in the marker): the steps tell
+            return "old" if done.old_owns_final else "new"
+        if text == done.new_text:
             return "new"
-        return "old" if text is not None and text == done.old_text else "part"
+        return "old" if text == done.old_text else "part"
 
     return _Seen(holds(job.final), files.exists(job.aside), files.exists(job.staging))
 
@@ -484,25 +510,47 @@ def _where_not_in_place(seen: _Seen, job: _Publishing, done: _Done) -> str:
         if seen.final is not None:
             said.append(f"{final} holds part of the new {what}: delete it")
     else:
-        said = [_where_the_old_one_is(seen, job, done)]
+        said = [_where_the_old_one_is(job, done, seen)]
     if seen.staging:
         said.append(f"the new {what} is left in {job.staging}: delete it")
     return "; ".join(said)
 
 
-def _where_the_old_one_is(seen: _Seen, job: _Publishing, done: _Done) -> str:
-    """``aside`` only ever receives what was in ``final``; what ``final`` holds without the
-    marker is the old one's rest until the new one's rename was called, the new one's after."""
+def _where_the_old_one_is(job: _Publishing, done: _Done, seen: _Seen | None) -> str:
+    """Where the old one is while the new one is not in place: as the folders show it
+    (``seen``), or, when the file system did not answer (None), as the steps tell. ``aside``
+    only ever receives what was in ``final``; what ``final`` holds is the old one's unless the
+    new one's rename was called and the put-back was not (``_Done.old_owns_final``)."""
     what, final, aside = job.what, job.final, job.aside
     failed = f" (putting it back failed: {done.put_back_error})" if done.put_back_error else ""
-    old_in_final = seen.final == "old" or (seen.final == "part" and not done.moving_in)
+
+    def split_between(why: str) -> str:  # safe to follow: aside holds only the old one's files
+        return (
+            f"the earlier {what} is in {final} and {aside}{failed}, perhaps split between them "
+            f"({why}): copy the files of {aside} into {final}, then delete {aside}"
+        )
+
+    if seen is None:  # by the steps
+        if not done.aside.called:
+            return f"{final} left as it was"
+        if done.put_back.returned:
+            return f"the earlier {what} was moved back to {final}"
+        if done.put_back.called:  # on an object store, a copy stopped partway (or its answer lost)
+            return split_between("putting it back stopped partway")
+        if done.aside.returned:
+            return (
+                f"the earlier {what} is in {aside}: delete {final} if it is there (part of the "
+                f"new {what}), then move {aside} to {final}"
+            )
+        return (
+            f"the earlier {what} is in {final} or {aside}, or split between them (moving it "
+            "aside failed): look at both before deleting either"
+        )
+    old_in_final = seen.final == "old" or (seen.final == "part" and done.old_owns_final)
     if old_in_final and not seen.aside:
         return f"the earlier {what} in {final} kept"
     if old_in_final:  # an object store's move that failed partway: some files in each
-        return (
-            f"the earlier {what} is in {final} and {aside}{failed}, perhaps split between them "
-            f"(a move failed partway): copy the files of {aside} into {final}, then delete {aside}"
-        )
+        return split_between("a move failed partway")
     if seen.aside and seen.final is None:
         return f"the earlier {what} is in {aside}{failed}: move it to {final}"
     if seen.aside:
@@ -515,30 +563,20 @@ def _where_the_old_one_is(seen: _Seen, job: _Publishing, done: _Done) -> str:
 
 def _where_by_steps(job: _Publishing, done: _Done, why: str) -> str:
     """Where each one is as the steps that returned tell (the file system did not answer)."""
-    what, final, aside = job.what, job.final, job.aside
+    what, final = job.what, job.final
     if done.replacing is None:  # nothing was moved
         said = [f"{final} left as it was"]
-    elif done.moved:
+    elif done.move_in.returned:
         said = [f"{job.new_one} is in {final}"]
-        if done.replacing and not done.old_deleted:
-            said.append(f"the {what} it replaced may be left in {aside}: delete it by hand")
+        if done.replacing and not done.delete_old.returned:
+            said.append(f"the {what} it replaced may be left in {job.aside}: delete it by hand")
     elif not done.replacing:
         said = [f"no earlier {what} was there; delete {final} if it is there (part of the new one)"]
-    elif done.put_back:
-        said = [f"the earlier {what} was moved back to {final}"]
-    elif done.aside_done:
-        said = [
-            f"the earlier {what} is in {aside}: delete {final} if it is there (part of the new "
-            f"{what}), then move {aside} to {final}"
-        ]
     else:
-        said = [
-            f"the earlier {what} is in {final} or {aside}, or split between them (moving it "
-            "aside failed): look at both before deleting either"
-        ]
-    if not done.moved and not done.staging_deleted:
+        said = [_where_the_old_one_is(job, done, None)]
+    if not done.move_in.returned and not done.delete_staging.returned:
         said.append(f"the new {what} may be left in {job.staging}: delete it")
-    if done.replacing is None and done.staging_deleted:
+    if done.replacing is None and done.delete_staging.returned:
         return said[0]  # no move to tell of
     return f"could not look ({why}); by the moves that ended: " + "; ".join(said)
 
@@ -546,15 +584,13 @@ def _where_by_steps(job: _Publishing, done: _Done, why: str) -> str:
 def _delete_replaced(files: Files, job: _Publishing, done: _Done) -> str | None:
     """Delete the old one once the new one is in place; a note if that failed (it is then
     left aside, which a message must not call kept: it no longer is where it was)."""
-    done.deleting_old = True
     try:
-        files.delete(job.aside)
+        done.delete_old.run(lambda: files.delete(job.aside))
     except Exception as exc:
         return (
             f"the {job.what} it replaced is left in {job.aside} (deleting it failed: "
             f"{_first_line(exc)}); delete it by hand"
         )
-    done.old_deleted = True
     return None
 
 

@@ -1322,6 +1322,68 @@ def test_a_report_that_cannot_be_moved_into_place_is_one_line_and_leaves_nothing
     assert (out / "report.html").read_text() == "earlier"
 
 
+@pytest.mark.parametrize("how", ["refused", "two signals"])
+def test_a_report_of_the_same_run_is_told_from_the_earlier_one(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    how: str,
+) -> None:
+    """A review: two renders of one run are byte-identical, so ``report.html`` could not tell
+    the earlier report from the new one: moving the earlier one aside refused, or two SIGTERMs
+    right after it, said it was "in neither OUT nor ASIDE" while it was in OUT. Each render now
+    writes its id (``report-id.txt``). And ``simulate --report`` still says the run is complete
+    after the second signal (the line had dropped it)."""
+    import os
+    import re
+    import signal
+
+    from streamassign import cli
+    from streamassign.pipeline import progress, report, runs
+    from streamassign.pipeline import spark as sp
+
+    def render_report(data: Any, staging: str) -> None:
+        Path(staging).mkdir()
+        (Path(staging) / "report.html").write_text("the same page")
+
+    monkeypatch.setattr(progress, "run_tracked", lambda session, what, console, run: run())
+    monkeypatch.setattr(sp, "aggregate", lambda *a: None)
+    monkeypatch.setattr(report, "render_report", render_report)
+    out = tmp_path / "report"
+    cli._render(SimpleNamespace(), str(tmp_path), out)  # the earlier report
+    earlier = (out / cli.REPORT_ID).read_text()
+    rename = runs.LocalFiles.rename
+
+    def aside_then_fault(self: runs.LocalFiles, source: str, target: str) -> None:
+        if ".replaced-" in target and how == "refused":
+            raise PermissionError(13, "Permission denied", target)
+        rename(self, source, target)
+        if ".replaced-" in target:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(runs.LocalFiles, "rename", aside_then_fault)
+    complete = "run R is complete; next: streamassign report DIR"
+    with (
+        pytest.raises((SystemExit, click.ClickException)) as raised,
+        cli._one_line_failures("writing the report", done=complete),
+    ):
+        cli._render(SimpleNamespace(), str(tmp_path), out)
+    assert (out / cli.REPORT_ID).read_text() == earlier  # the earlier report, where it was
+    if how == "refused":
+        assert isinstance(raised.value, click.ClickException)
+        assert raised.value.message.endswith(f"; the earlier report in {out} kept")
+        assert [p.name for p in tmp_path.iterdir()] == ["report"]
+        return
+    staging = next(p for p in tmp_path.iterdir() if p.name.startswith(".report.partial-"))
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == (
+        f"interrupted by SIGTERM while writing the report; the earlier report in {out} kept; "
+        f"the new report is left in {staging}: delete it; {complete}"
+    )
+    assert re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{6}\n", earlier)
+
+
 def test_a_run_whose_old_run_cannot_be_deleted_says_where_it_is_left(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
