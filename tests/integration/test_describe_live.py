@@ -107,7 +107,7 @@ def test_process_host_group_described(
         for s in (0, 1)
         for ns in [[sum(t.startswith(f"{s}_") for t in o["active"]) for o in observed]]
     ]
-    assert all(m.versions == "sub v2/2 asg v2/2" and m.error == "NONE" for m in view.members)
+    assert all(m.versions == "sub v3/3 asg v3/3" and m.error == "NONE" for m in view.members)
 
     # The CLI: tables in 80 columns, and JSON that explain reads (nothing moved since).
     runner = CliRunner()
