@@ -227,6 +227,23 @@ class App:
             self.host, self._clients, self._actives, self._lookups, self._stores, self._rebalancing
         )
         self._repartition = frozenset(self.topology.repartition_topics)
+        self._init_loop_state()
+        #: At least once: aborts what a crashed exactly-once owner left open (``start``).
+        self._orphans: OrphanTransactions | None = None
+        #: Deletes the local state of tasks no longer held (None: kept for good).
+        self._cleanup = (
+            None
+            if cleanup_delay_ms is None
+            else StateCleanup(self.host.state, cleanup_delay_ms, self._held_tasks, self._stores)
+        )
+        self._cleaning: asyncio.Task[None] | None = None
+        #: When ``stop()`` began (``time.monotonic()``), for its warnings.
+        self._stop_began = 0.0
+        #: Holds back aiokafka's lines repeated while a broker is away, from start to stop.
+        self._broker_away_lines = BrokerAwayLines()
+
+    def _init_loop_state(self) -> None:
+        """What the consumer loops, the host callbacks and ``stop()`` share."""
         self._suspended: dict[int, frozenset[TaskId]] = {}
         self._locks = [asyncio.Lock() for _ in range(self.threads)]
         self._epochs = [0] * self.threads
@@ -247,19 +264,6 @@ class App:
         #: writing to their tasks' stores in a thread, so ``stop()`` leaves those open.
         self._unwinding: set[int] = set()
         self._loops: list[asyncio.Task[None]] = []
-        #: At least once: aborts what a crashed exactly-once owner left open (``start``).
-        self._orphans: OrphanTransactions | None = None
-        #: Deletes the local state of tasks no longer held (None: kept for good).
-        self._cleanup = (
-            None
-            if cleanup_delay_ms is None
-            else StateCleanup(self.host.state, cleanup_delay_ms, self._held_tasks, self._stores)
-        )
-        self._cleaning: asyncio.Task[None] | None = None
-        #: When ``stop()`` began (``time.monotonic()``), for its warnings.
-        self._stop_began = 0.0
-        #: Holds back aiokafka's lines repeated while a broker is away, from start to stop.
-        self._broker_away_lines = BrokerAwayLines()
 
     @property
     def state(self) -> Any:
