@@ -167,11 +167,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         started = asyncio.get_running_loop().time() if _has_loop() else 0.0
         try:
             topics = {t for meta in members.values() for t in meta.subscription}
-            counts = {}
-            for topic in sorted(topics):
-                partitions = cluster.partitions_for_topic(topic)
-                if partitions:
-                    counts[topic] = len(partitions)
+            counts = cluster_counts(cluster, sorted(topics))
             # Decoded against the tasks that exist: claims on others are never made.
             subscriptions = decode_subscriptions(
                 self.host.topology,
@@ -423,8 +419,12 @@ def metadata_counts(consumer: Any, topics: Iterable[str]) -> dict[str, int]:
     """Partition counts of ``topics`` the consumer's client knows (none when it has no
     metadata)."""
     cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
-    if cluster is None:
-        return {}
+    return {} if cluster is None else cluster_counts(cluster, topics)
+
+
+def cluster_counts(cluster: Any, topics: Iterable[str]) -> dict[str, int]:
+    """Partition counts of those of ``topics`` that ``cluster`` (aiokafka's metadata) knows
+    partitions of, in the order of ``topics``."""
     counts = {}
     for topic in topics:
         partitions = cluster.partitions_for_topic(topic)
