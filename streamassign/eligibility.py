@@ -27,9 +27,13 @@ def ineligible_subtopologies(
     announcing nothing (protocol 1-2, or an older release) makes no id ineligible: the leader
     cannot tell, and its member guard still acts. Clients with none are left out."""
     out = {}
-    for client, fingerprints in announced.items():
+    for client, members_fingerprints in announced.items():
         differing = {
-            s for theirs in fingerprints if theirs for s, f in own.items() if theirs.get(s) != f
+            sub
+            for theirs in members_fingerprints
+            if theirs
+            for sub, fingerprint in own.items()
+            if theirs.get(sub) != fingerprint
         }
         if differing:
             out[client] = frozenset(differing)
@@ -50,20 +54,20 @@ def move_to_eligible_clients(
     kept: dict[str, ClientAssignment] = {}
     moving: list[tuple[TaskId, str]] = []
     for client, given in sorted(per_client.items()):
-        bad = ineligible.get(client, frozenset())
-        active = frozenset(t for t in given.active if t.subtopology not in bad)
+        ineligible_ids = ineligible.get(client, frozenset())
+        active = frozenset(t for t in given.active if t.subtopology not in ineligible_ids)
         moving += [(t, client) for t in sorted(given.active - active)]
         kept[client] = ClientAssignment(
             active,
-            frozenset(t for t in given.standby if t.subtopology not in bad),
-            frozenset(t for t in given.warmup if t.subtopology not in bad),
+            frozenset(t for t in given.standby if t.subtopology not in ineligible_ids),
+            frozenset(t for t in given.warmup if t.subtopology not in ineligible_ids),
         )
     states = {c.process_id: c for c in clients}
     for task, source in sorted(moving):
         target = _target(task, kept, ineligible, states) or source
-        now = kept[target]
+        before = kept[target]
         kept[target] = ClientAssignment(
-            now.active | {task}, now.standby - {task}, now.warmup - {task}
+            before.active | {task}, before.standby - {task}, before.warmup - {task}
         )
     return kept
 

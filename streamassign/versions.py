@@ -31,10 +31,12 @@ from .topology import Topology
 
 __all__ = [
     "ROLLING_DEPLOY_DOC",
+    "SubtopologyDifference",
     "TaskMismatch",
-    "leader_topology_differences",
     "mismatch_error",
     "mismatched_tasks",
+    "refused_subtopologies",
+    "reused_subtopologies",
     "subtopology_fingerprints",
     "topology_version",
 ]
@@ -48,6 +50,10 @@ REMEDY = (
     "be reused for another subtopology while processes of both versions run; see "
     + ROLLING_DEPLOY_DOC
 )
+
+#: ``(subtopology id, the leader's source topics, this topology's)``: one id whose tasks mean
+#: other partitions to the leader than here (this topology's empty: it has no such id).
+SubtopologyDifference = tuple[int, tuple[str, ...], tuple[str, ...]]
 
 
 @attrs.frozen
@@ -102,16 +108,15 @@ def mismatched_tasks(
     return out
 
 
-def leader_topology_differences(
+def reused_subtopologies(
     topology: Topology, leader_topics: Mapping[int, Mapping[str, int]]
-) -> frozenset[tuple[int, tuple[str, ...], tuple[str, ...]]]:
-    """``(subtopology, leader's sources, this topology's sources)`` for every subtopology id of
-    the leader's dictionary that this topology has too, reading a topic this topology's
-    subtopology of that id does not (an id reused across versions; a leader whose subtopology
-    reads fewer topics is no difference: its tasks run here): the state of a mixed-version
-    episode (the same for every consumer of a generation). An id only the leader has is a
-    subtopology added with a fresh id, as it should be: not a difference (a task of it
-    assigned here is a :func:`mismatched_tasks`)."""
+) -> frozenset[SubtopologyDifference]:
+    """The subtopology ids of the leader's dictionary that this topology has too, reading a
+    topic this topology's subtopology of that id does not (an id reused across versions; a
+    leader whose subtopology reads fewer topics is no difference: its tasks run here): the
+    state of a mixed-version episode (the same for every consumer of a generation). An id
+    only the leader has is a subtopology added with a fresh id, as it should be: not a
+    difference (a task of it assigned here is a :func:`mismatched_tasks`)."""
     own = set(topology.subtopology_ids)
     out = set()
     for sub, entries in leader_topics.items():
@@ -121,8 +126,22 @@ def leader_topology_differences(
     return frozenset(out)
 
 
+def refused_subtopologies(
+    topology: Topology,
+    leader_topics: Mapping[int, Mapping[str, int]],
+    mismatches: Iterable[TaskMismatch],
+) -> frozenset[SubtopologyDifference]:
+    """The subtopology ids whose tasks this process refuses: the :func:`reused_subtopologies`,
+    and the ids of refused tasks (``mismatches``) that this topology lacks."""
+    return reused_subtopologies(topology, leader_topics) | {
+        (m.task.subtopology, tuple(sorted({tp.topic for tp in m.leader_partitions})), ())
+        for m in mismatches
+        if not m.own_sources
+    }
+
+
 def mismatch_error(
-    differences: Iterable[tuple[int, tuple[str, ...], tuple[str, ...]]],
+    differences: Iterable[SubtopologyDifference],
     mismatches: Mapping[TaskId, TaskMismatch],
     paused: Iterable[TopicPartition],
 ) -> TopologyVersionMismatchError:

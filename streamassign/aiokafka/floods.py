@@ -52,6 +52,10 @@ def back_off_metadata_updates(producer: Any) -> None:
     ``force_metadata_update`` is replaced on this one instance (aiokafka calls it through the
     instance; ``tests/test_runtime_release.py`` checks the installed aiokafka still does)."""
     client = producer.client
+    # Never undone, and need not be: the client is this producer's own (made in its
+    # ``__init__``, shared with no other client) and a stopped producer is never started
+    # again, so the replacement ends with it; the class's method stays untouched for every
+    # other client. A backoff timer still pending at stop only ends a future nobody awaits.
     backoff = getattr(client, "_retry_backoff", METADATA_BACKOFF)
     client.force_metadata_update = _MetadataBackoff(client.force_metadata_update, backoff)
 

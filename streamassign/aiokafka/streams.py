@@ -53,10 +53,11 @@ from ..streams import (
 )
 from ..topology import Topology, changelog_topic_name
 from ..versions import (
+    SubtopologyDifference,
     TaskMismatch,
-    leader_topology_differences,
     mismatch_error,
     mismatched_tasks,
+    refused_subtopologies,
     subtopology_fingerprints,
 )
 from .closing import release_consumer, stop_within
@@ -166,11 +167,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         started = asyncio.get_running_loop().time() if _has_loop() else 0.0
         try:
             topics = {t for meta in members.values() for t in meta.subscription}
-            counts = {}
-            for topic in sorted(topics):
-                partitions = cluster.partitions_for_topic(topic)
-                if partitions:
-                    counts[topic] = len(partitions)
+            counts = cluster_counts(cluster, sorted(topics))
             # Decoded against the tasks that exist: claims on others are never made.
             subscriptions = decode_subscriptions(
                 self.host.topology,
@@ -422,8 +419,12 @@ def metadata_counts(consumer: Any, topics: Iterable[str]) -> dict[str, int]:
     """Partition counts of ``topics`` the consumer's client knows (none when it has no
     metadata)."""
     cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
-    if cluster is None:
-        return {}
+    return {} if cluster is None else cluster_counts(cluster, topics)
+
+
+def cluster_counts(cluster: Any, topics: Iterable[str]) -> dict[str, int]:
+    """Partition counts of those of ``topics`` that ``cluster`` (aiokafka's metadata) knows
+    partitions of, in the order of ``topics``."""
     counts = {}
     for topic in topics:
         partitions = cluster.partitions_for_topic(topic)
@@ -438,28 +439,14 @@ class _VersionReport:
 
     #: The generation it belongs to (None: unknown).
     generation: int | None
-    #: ``(id, leader's sources, own sources)`` of the ids whose tasks would be refused.
-    differences: frozenset[tuple[int, tuple[str, ...], tuple[str, ...]]]
-    #: The tasks refused.
-    mismatches: dict[TaskId, TaskMismatch]
+    #: The subtopology ids whose tasks would be refused (``refused_subtopologies``).
+    differences: frozenset[SubtopologyDifference]
+    #: The tasks refused (each names its task).
+    mismatches: frozenset[TaskMismatch]
     #: The partitions paused (assigned, of no task kept).
     paused: frozenset[TopicPartition]
     #: Whether the assignment carried the leader's topic dictionary (else it tells nothing).
     informative: bool
-
-
-def leader_topics_differences(
-    topology: Topology,
-    leader_topics: Mapping[int, Mapping[str, int]],
-    mismatches: Mapping[TaskId, TaskMismatch],
-) -> frozenset[tuple[int, tuple[str, ...], tuple[str, ...]]]:
-    """The subtopology ids whose tasks this process refuses: those reading a topic here that
-    its own subtopology of that id does not, and those of refused tasks of an id it lacks."""
-    return leader_topology_differences(topology, leader_topics) | {
-        (m.task.subtopology, tuple(sorted({tp.topic for tp in m.leader_partitions})), ())
-        for m in mismatches.values()
-        if not m.own_sources
-    }
 
 
 def _runs_one_of(topology: Topology, partition: Any, tasks: frozenset[TaskId]) -> bool:
@@ -740,8 +727,8 @@ class ProcessHost:
         membership = self.membership(consumer)
         self._version_reports[consumer] = _VersionReport(
             None if membership is None else membership[1],
-            leader_topics_differences(self.topology, leader_topics, mismatches),
-            dict(mismatches),
+            refused_subtopologies(self.topology, leader_topics, mismatches.values()),
+            frozenset(mismatches.values()),
             frozenset(TopicPartition(tp.topic, tp.partition) for tp in paused),
             bool(leader_topics),
         )
@@ -757,7 +744,7 @@ class ProcessHost:
         if not any(r.informative for r in reports):
             return
         differences = frozenset().union(*(r.differences for r in reports))
-        mismatches = {t: m for r in reports for t, m in r.mismatches.items()}
+        mismatches = {m.task: m for r in reports for m in r.mismatches}
         if mismatches:
             news = self.version_mismatch.changed(differences)
             paused = frozenset().union(*(r.paused for r in reports))

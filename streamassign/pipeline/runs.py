@@ -24,7 +24,7 @@ import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import attrs
 
@@ -305,14 +305,7 @@ def publish(
     run's deletion is not deferred (a slow remote delete must not hold a signal). Returns None,
     or a note: the new run is in place, but the old one was left aside (its deletion failed),
     or a move said it failed."""
-    job = _Publishing(
-        final,
-        staging_path(final, run_id, "replaced"),
-        staging,
-        run_id,
-        what,
-        marker or MANIFEST_PATH,
-    )
+    job = _Publishing(final, staging, run_id, what, marker or MANIFEST_PATH)
     done = _Done()
     try:
         with deferred_signals():
@@ -344,11 +337,15 @@ class _Publishing:
     """One publish: its folders, and how messages name what it moves."""
 
     final: str
-    aside: str
     staging: str
     run_id: str
     what: str
     marker: str
+
+    @property
+    def aside(self) -> str:
+        """Where the old one is moved aside to, beside ``final``."""
+        return staging_path(self.final, self.run_id, "replaced")
 
     def marked(self, folder: str) -> str:
         return f"{folder.rstrip('/')}/{self.marker}"
@@ -396,12 +393,16 @@ class _Done:
         return not self.move_in.called or self.put_back.called
 
 
+#: What a folder holds, by its marker's text: the new one, the old one, or part of one.
+_Held = Literal["new", "old", "part"]
+
+
 @attrs.frozen
 class _Seen:
     """What the folders hold afterwards: ``final`` the new one, the old one (by the marker's
     text), part of one (no such marker) or nothing (None); whether the others exist."""
 
-    final: str | None
+    final: _Held | None
     aside: bool
     staging: bool
 
@@ -485,7 +486,7 @@ def _settle(files: Files, job: _Publishing, done: _Done, tidy: bool) -> _Outcome
 
 
 def _look(files: Files, job: _Publishing, done: _Done) -> _Seen:
-    def holds(folder: str) -> str | None:
+    def holds(folder: str) -> _Held | None:
         if not files.exists(folder):
             return None
         text = files.read_text(job.marked(folder))
@@ -510,55 +511,66 @@ def _where_not_in_place(seen: _Seen, job: _Publishing, done: _Done) -> str:
         if seen.final is not None:
             said.append(f"{final} holds part of the new {what}: delete it")
     else:
-        said = [_where_the_old_one_is(job, done, seen)]
+        said = [_old_one_as_seen(job, done, seen)]
     if seen.staging:
         said.append(f"the new {what} is left in {job.staging}: delete it")
     return "; ".join(said)
 
 
-def _where_the_old_one_is(job: _Publishing, done: _Done, seen: _Seen | None) -> str:
-    """Where the old one is while the new one is not in place: as the folders show it
-    (``seen``), or, when the file system did not answer (None), as the steps tell. ``aside``
-    only ever receives what was in ``final``; what ``final`` holds is the old one's unless the
-    new one's rename was called and the put-back was not (``_Done.old_owns_final``)."""
+def _old_one_as_seen(job: _Publishing, done: _Done, seen: _Seen) -> str:
+    """Where the old one is while the new one is not in place, as the folders show it.
+    What ``final`` holds is the old one's unless the new one's rename was called and the
+    put-back was not (``_Done.old_owns_final``)."""
     what, final, aside = job.what, job.final, job.aside
-    failed = f" (putting it back failed: {done.put_back_error})" if done.put_back_error else ""
-
-    def split_between(why: str) -> str:  # safe to follow: aside holds only the old one's files
-        return (
-            f"the earlier {what} is in {final} and {aside}{failed}, perhaps split between them "
-            f"({why}): copy the files of {aside} into {final}, then delete {aside}"
-        )
-
-    if seen is None:  # by the steps
-        if not done.aside.called:
-            return f"{final} left as it was"
-        if done.put_back.returned:
-            return f"the earlier {what} was moved back to {final}"
-        if done.put_back.called:  # on an object store, a copy stopped partway (or its answer lost)
-            return split_between("putting it back stopped partway")
-        if done.aside.returned:
-            return (
-                f"the earlier {what} is in {aside}: delete {final} if it is there (part of the "
-                f"new {what}), then move {aside} to {final}"
-            )
-        return (
-            f"the earlier {what} is in {final} or {aside}, or split between them (moving it "
-            "aside failed): look at both before deleting either"
-        )
     old_in_final = seen.final == "old" or (seen.final == "part" and done.old_owns_final)
     if old_in_final and not seen.aside:
         return f"the earlier {what} in {final} kept"
     if old_in_final:  # an object store's move that failed partway: some files in each
-        return split_between("a move failed partway")
+        return _split_between(job, done, "a move failed partway")
     if seen.aside and seen.final is None:
-        return f"the earlier {what} is in {aside}{failed}: move it to {final}"
+        return f"the earlier {what} is in {aside}{_put_back_failure(done)}: move it to {final}"
     if seen.aside:
         return (
-            f"the earlier {what} is in {aside}{failed}: delete {final} (part of the new "
-            f"{what}), then move {aside} to {final}"
+            f"the earlier {what} is in {aside}{_put_back_failure(done)}: delete {final} (part "
+            f"of the new {what}), then move {aside} to {final}"
         )
     return f"the earlier {what} is in neither {final} nor {aside} (moved or deleted meanwhile?)"
+
+
+def _old_one_by_steps(job: _Publishing, done: _Done) -> str:
+    """Where the old one is while the new one is not in place, as the steps that returned
+    tell (the file system did not answer)."""
+    what, final, aside = job.what, job.final, job.aside
+    if not done.aside.called:
+        return f"{final} left as it was"
+    if done.put_back.returned:
+        return f"the earlier {what} was moved back to {final}"
+    if done.put_back.called:  # on an object store, a copy stopped partway (or its answer lost)
+        return _split_between(job, done, "putting it back stopped partway")
+    if done.aside.returned:
+        return (
+            f"the earlier {what} is in {aside}: delete {final} if it is there (part of the "
+            f"new {what}), then move {aside} to {final}"
+        )
+    return (
+        f"the earlier {what} is in {final} or {aside}, or split between them (moving it "
+        "aside failed): look at both before deleting either"
+    )
+
+
+def _split_between(job: _Publishing, done: _Done, why: str) -> str:
+    """The old one perhaps in both folders. The advice is safe to follow: ``aside`` only
+    ever receives what was in ``final``, so it holds only the old one's files."""
+    what, final, aside = job.what, job.final, job.aside
+    return (
+        f"the earlier {what} is in {final} and {aside}{_put_back_failure(done)}, perhaps split "
+        f"between them ({why}): copy the files of {aside} into {final}, then delete {aside}"
+    )
+
+
+def _put_back_failure(done: _Done) -> str:
+    """What a put-back that raised raised, to follow where the old one is (else nothing)."""
+    return f" (putting it back failed: {done.put_back_error})" if done.put_back_error else ""
 
 
 def _where_by_steps(job: _Publishing, done: _Done, why: str) -> str:
@@ -573,7 +585,7 @@ def _where_by_steps(job: _Publishing, done: _Done, why: str) -> str:
     elif not done.replacing:
         said = [f"no earlier {what} was there; delete {final} if it is there (part of the new one)"]
     else:
-        said = [_where_the_old_one_is(job, done, None)]
+        said = [_old_one_by_steps(job, done)]
     if not done.move_in.returned and not done.delete_staging.returned:
         said.append(f"the new {what} may be left in {job.staging}: delete it")
     if done.replacing is None and done.delete_staging.returned:

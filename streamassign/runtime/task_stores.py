@@ -286,6 +286,10 @@ class TaskStores:
         positions are the checkpoint's until then (what ``source_of`` reports until the
         state updater knows better)."""
         checkpoint = self.state.read_checkpoint(task)
+        # Kept for the first write (``_other_versions``), which need not read it again. Not
+        # when empty: that may be a read that failed now, which the first write tries again.
+        if checkpoint:
+            self._others[task] = self._not_own(task, checkpoint)
         states = {
             name: StoreState(name, changelog, UnopenedStore(True), checkpoint.get(changelog, 0))
             for name, changelog in self._changelogs(task).items()
@@ -422,15 +426,21 @@ class TaskStores:
         in this topology: another topology version's (an upgrade removed the store, or
         renumbered its subtopology), whose store files stay in the task's directory untouched
         while this version runs the task. Kept, they stay true, so a rollback to that version
-        reports that state (the host of this version leaves them out of its sums). Read once:
-        nothing else writes the checkpoint while this process holds the directory."""
+        reports that state (the host of this version leaves them out of its sums). Read once
+        per take (or taken from the read of ``_open_later``): nothing else writes the
+        checkpoint while this process holds the directory."""
         others = self._others.get(task)
         if others is None:
-            own = {tp.topic for tp in self._changelogs(task).values()}
-            checkpoint = self.state.read_checkpoint(task)
-            others = {tp: o for tp, o in checkpoint.items() if tp.topic not in own}
+            others = self._not_own(task, self.state.read_checkpoint(task))
             self._others[task] = others
         return others
+
+    def _not_own(
+        self, task: TaskId, checkpoint: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        """The entries of ``checkpoint`` for changelogs that are not ``task``'s stores'."""
+        own = {tp.topic for tp in self._changelogs(task).values()}
+        return {tp: offset for tp, offset in checkpoint.items() if tp.topic not in own}
 
     def _moved_away(self, task: TaskId, states: Mapping[str, StoreState]) -> bool:
         """Whether a store of ``task`` no longer lives at its path (its directory, or
