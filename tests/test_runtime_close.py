@@ -21,7 +21,9 @@ import pytest
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.errors import StoreNotOpenError
 from streamassign.runtime import COMMIT_KEY, App, MemoryStore, RocksDBStore
+from streamassign.runtime.changelog import StoreState
 from streamassign.runtime.stores import StoreKind
+from streamassign.runtime.task_stores import _Handover
 from streamassign.runtime.tasks import ActiveTask
 
 from .test_runtime_membership import CHANGELOG, Log
@@ -546,3 +548,35 @@ def test_stop_cuts_the_store_closes_at_its_deadline_and_leaves_the_rest_open(
         assert app._stores.state.read_checkpoint(task) == {
             TopicPartition(CHANGELOG[0], task.partition): held
         }
+
+
+def test_past_the_stop_cut_a_queued_open_opens_nothing_and_abandoned_stores_stay_held(
+    tmp_path: Path,
+) -> None:
+    """Past the cut of ``stop()``'s store closes the store threads' queue is kept (a queued
+    close must not be dropped), opens queued in it too: such an open opens nothing and is
+    not tried again, and stores an abandoned open delivers late are held, not closed (each
+    close a second on a full disk, waited for by the process's exit)."""
+    app, _ = make(tmp_path)
+    app._stores.open_store = lambda kind, path: FullDiskStore()
+    app._stores.retry_delays = (30.0, 30.0)
+    FullDiskStore.closed = []
+    standby = TaskId(0, 1)
+
+    async def run() -> BaseException | None:
+        app._stores._cut.set()
+        states, _ = await app._stores.take(standby, standby=True)
+        opening = app._stores.opening[standby].task
+        assert opening is not None
+        await asyncio.wait_for(opening, 5)  # not tried again in 30 s
+        app._stores.shutdown()
+        return states["totals"].store.error  # type: ignore[attr-defined, no-any-return]
+
+    error = asyncio.run(run())
+    assert isinstance(error, StoreNotOpenError) and "stopping" in str(error)
+    late = FullDiskStore()
+    handover = _Handover(app._stores._close_unless_cut)
+    handover.abandon()
+    opened = {"totals": StoreState("totals", TopicPartition(CHANGELOG[0], 2), late, 0)}
+    assert handover.run(lambda task: opened, TaskId(0, 2)) == {}
+    assert FullDiskStore.closed == [] and [s for _, _, s in app._stores._left_open] == [late]

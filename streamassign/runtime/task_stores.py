@@ -332,7 +332,7 @@ class TaskStores:
         except asyncio.CancelledError:
             _mark_failed(opening.states, StoreNotOpenError("the open was cancelled"))
             if opened:  # opened, not handed over yet
-                self._in_thread(_close_in_thread, task, _stores_of(opened))
+                self._in_thread(self._close_unless_cut, task, _stores_of(opened))
             raise
         await self.standbys.opened(task, opening.states)
 
@@ -346,7 +346,8 @@ class TaskStores:
             except Exception as exc:
                 # The failed attempt's frames keep its stores (closed by now) and locals.
                 traceback.clear_frames(exc.__traceback__)
-                if not (opening.retry or self.standbys.opening.get(task) is opening.states):
+                retried = opening.retry or self.standbys.opening.get(task) is opening.states
+                if self._cut.is_set() or not retried:  # (cut: the application stops)
                     raise
                 opening.error = exc
                 await self._wait_to_retry(task, opening, attempt)
@@ -379,13 +380,15 @@ class TaskStores:
     async def _attempt(self, task: TaskId) -> dict[str, StoreState]:
         """One open of ``task``'s stores in a store thread. Cancelled while the thread opens,
         the thread closes what it opened (nobody would)."""
-        handover = _Handover()
+        handover = _Handover(self._close_unless_cut)
         try:
-            opened: dict[str, StoreState] = await self._in_thread(handover.run, self.open, task)
+            opened: dict[str, StoreState] = await self._in_thread(
+                handover.run, self._open_unless_cut, task
+            )
         except asyncio.CancelledError:
             delivered = handover.abandon()
             if delivered:  # the thread returned them just before the cancel
-                self._in_thread(_close_in_thread, task, _stores_of(delivered))
+                self._in_thread(self._close_unless_cut, task, _stores_of(delivered))
             raise
         return opened
 
@@ -532,6 +535,15 @@ class TaskStores:
         # on the freeing thread, holding the interpreter's lock).
         await asyncio.shield(self._in_thread(self._close_unless_cut, task, _stores_of(states)))
 
+    def _open_unless_cut(self, task: TaskId) -> dict[str, StoreState]:
+        """In a store thread: ``open``, unless ``close_all`` gave up waiting (the application
+        stops). The store threads' queue is kept at that cut (``shutdown``), opens queued
+        in it too: nobody would use their stores, and each would be closed again, by a
+        thread the process's exit waits for (a second per store on a full disk)."""
+        if self._cut.is_set():
+            raise StoreNotOpenError(f"task {task}: not opened, the application is stopping")
+        return self.open(task)
+
     def _close_unless_cut(self, task: TaskId, stores: list[tuple[str, KeyValueStore]]) -> None:
         """In a store thread: close ``stores`` one by one, or, once ``close_all`` gave up
         waiting, hold those left (``_left_open``) instead of closing them."""
@@ -554,7 +566,8 @@ class _Handover:
     """Hands the stores a thread opened to the event loop, or, if the loop gave up waiting
     for them (cancelled), has the thread close them."""
 
-    def __init__(self) -> None:
+    def __init__(self, close: Callable[[TaskId, list[tuple[str, KeyValueStore]]], None]) -> None:
+        self._close = close  # in the thread: closes abandoned stores, or holds them past a cut
         self._lock = threading.Lock()
         self._abandoned = False
         self._delivered: dict[str, StoreState] | None = None
@@ -567,7 +580,7 @@ class _Handover:
             if not self._abandoned:
                 self._delivered = states
                 return states
-        _close_in_thread(task, _stores_of(states))
+        self._close(task, _stores_of(states))
         return {}
 
     def abandon(self) -> dict[str, StoreState] | None:
