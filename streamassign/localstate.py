@@ -301,7 +301,7 @@ class StateDirectory:
         when it cannot be read now (kept; logged once per cause)."""
         reader = f"checkpoint of task {task}"  # one per task: another's read ends nothing
         try:
-            offsets = self._checkpoint(task)
+            offsets = self.read_checkpoint_or_raise(task)
         except OSError as exc:
             self._unreadable_now(
                 reader,
@@ -314,7 +314,7 @@ class StateDirectory:
             del self._unreadable[reader]
         return offsets
 
-    def _checkpoint(self, task: TaskId) -> dict[TopicPartition, int]:
+    def read_checkpoint_or_raise(self, task: TaskId) -> dict[TopicPartition, int]:
         """``read_checkpoint``, but ``OSError`` when the checkpoint cannot be read now."""
         directory = self.task_dir(task)
         file = directory / "checkpoint"
@@ -405,7 +405,7 @@ class StateDirectory:
                 left_out[task] = None
                 continue
             try:
-                offsets = self._checkpoint(task)
+                offsets = self.read_checkpoint_or_raise(task)
             except OSError as exc:
                 unreadable[entry / "checkpoint"] = exc
                 continue
@@ -467,7 +467,7 @@ class StateDirectory:
             if task is None or not _valid_task(task):
                 continue  # not a task's (``offset_sums`` sets an out-of-range one aside)
             try:
-                offsets = self._checkpoint(task)
+                offsets = self.read_checkpoint_or_raise(task)
             except OSError as exc:
                 unreadable[entry / "checkpoint"] = exc
                 continue

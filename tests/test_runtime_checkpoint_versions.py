@@ -9,8 +9,11 @@ had replaced the whole file with its ``cb`` entry."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import shutil
 from pathlib import Path
+
+import pytest
 
 from streamassign import TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost
@@ -122,3 +125,42 @@ def test_a_task_whose_directory_went_while_released_keeps_no_other_versions_entr
     finally:
         state.close()
     assert T01 not in sums(tmp_path, V1)
+
+
+def test_a_checkpoint_unreadable_at_the_first_write_loses_no_other_versions_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mend21: one failed read of the checkpoint at a task's first write (too many open files)
+    was kept as "no other version's entries" until the task closed, so every later write
+    dropped v1's ``ca`` entry and a rollback found 0_1 cold. That write is skipped now (logged
+    as a failed checkpoint) and the next one reads the checkpoint again."""
+    v1_state(tmp_path)
+    state = StateDirectory(tmp_path)
+    stores = TaskStores(V3, "rocksdb", state, Standbys())
+    read = state.read_checkpoint_or_raise
+    failures = [OSError(errno.EMFILE, "Too many open files")]
+
+    def fails_once(task: TaskId) -> dict[TopicPartition, int]:
+        if failures:
+            raise failures.pop()
+        return read(task)
+
+    async def run() -> dict[TopicPartition, int]:
+        states = stores.open(T01)  # opened in this thread: the first write reads the file
+        monkeypatch.setattr(state, "read_checkpoint_or_raise", fails_once)
+        cb: StoreState = states["cb"]
+        for offset in range(cb.position, cb.position + 2):
+            cb.restore(offset, b"k", b"v")
+            cb.restore(offset + 1, COMMIT_KEY, encode_marker({}))
+            stores.checkpoint(T01, states, durable=False)
+        written = read(T01)
+        await stores.close(T01, states)
+        stores.shutdown()
+        return written
+
+    try:
+        written = asyncio.run(run())
+    finally:
+        state.close()
+    assert failures == [] and written[TopicPartition(CA, 1)] == 658
+    assert sums(tmp_path, V1)[T01] == 658

@@ -431,10 +431,11 @@ class TaskStores:
         while this version runs the task. Kept, they stay true, so a rollback to that version
         reports that state (the host of this version leaves them out of its sums). Read once
         per take (or taken from the read of ``_open_later``): nothing else writes the
-        checkpoint while this process holds the directory."""
+        checkpoint while this process holds the directory. ``OSError`` when it cannot be
+        read now (too many open files): this write is skipped, not written without them."""
         others = self._others.get(task)
         if others is None:
-            others = self._not_own(task, self.state.read_checkpoint(task))
+            others = self._not_own(task, self.state.read_checkpoint_or_raise(task))
             self._others[task] = others
         return others
 
