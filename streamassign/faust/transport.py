@@ -343,7 +343,9 @@ class _Consumer(faust_aiokafka.Consumer):
           covers a RocksDB table partition locked by another process, which Faust retries
           30 times 1 s apart before it gives up.
         - The recovery setting up: ``recovery_stall_after`` after Faust's
-          ``stream_recovery_delay``."""
+          ``stream_recovery_delay``, and not before ``broker_request_timeout``: each of its
+          requests there (the producer's flush, highwaters, offsets, seeks) may take that
+          long (a leader failover) and reports no progress."""
         conf = self.app.conf
         stall = self.recovery_stall_after
         rebalance_timeout = float(conf.broker_rebalance_timeout)
@@ -353,7 +355,7 @@ class _Consumer(faust_aiokafka.Consumer):
             REVOKING: max(stall, rebalance_timeout),
             JOINING: rebalance_timeout + max(stall, session_timeout),
             ASSIGNING: max(recovering, session_timeout),
-            RECOVERING: recovering,
+            RECOVERING: max(recovering, float(conf.broker_request_timeout)),
         }
 
     def _flow_revoked(self) -> None:
