@@ -930,8 +930,9 @@ def _log_topology_versions(
     log.warning(
         "processes of another topology version share the group: %s (this leader, version %s: "
         "%s). This leader gives them no task of those ids: each goes to a process announcing "
-        "this leader's fingerprint for it (one holding its state first), and their standbys and "
-        "warmups of them are dropped; they get tasks of the other ids as usual. Where no "
+        "this leader's fingerprint for it (one holding its state first, up to its share), their "
+        "standbys and warmups of them are dropped and the standbys placed on such processes "
+        "again; they get tasks of the other ids as usual. Where no "
         "process is eligible the task stays, and a process whose own task of that id does not "
         "read its partitions refuses it (its ERROR line names it). Keep subtopology ids stable "
         "across versions (%s)",
