@@ -47,6 +47,7 @@ def move_to_eligible_clients(
     clients: Sequence[ClientState],
     num_standbys: int = 0,
     stateful: Collection[TaskId] = frozenset(),
+    cold_give_back: bool = True,
 ) -> dict[str, ClientAssignment]:
     """``per_client`` with every active a client is ineligible for moved to an eligible one,
     its standbys and warmups of such tasks dropped, and the group put back in shape:
@@ -54,7 +55,9 @@ def move_to_eligible_clients(
     1. each moved active goes to an eligible client holding its state while that one is under
        its fair share of actives (:func:`_active_caps`), else to the least loaded eligible one;
     2. clients the moves left above their share give actives back to the clients that lost
-       some, of ids those may hold (:func:`_give_back`): the moves stack no peak;
+       some, of ids those may hold (:func:`_give_back`): the moves stack no peak. Without
+       ``cold_give_back`` (high availability: actives move only onto state), only stateless
+       tasks and tasks whose state the taker holds are given back;
     3. every stateful task the pass touched gets standbys on eligible clients up to
        ``num_standbys``, or as many as such clients allow (:func:`_top_up_standbys`).
 
@@ -63,27 +66,28 @@ def move_to_eligible_clients(
     post-pass)."""
     if not any(ineligible.get(c) for c in per_client):
         return per_client
-    placement, moving = _Placement.stripped(per_client, ineligible, clients)
+    placement, moving = _Placement.stripped(per_client, ineligible, clients, stateful)
     caps = _active_caps(per_client, placement)
     for task, source in sorted(moving):
         placement.move_active(task, None, _active_target(placement, task, caps) or source)
-    _give_back(placement, {c: len(a.active) for c, a in per_client.items()}, caps)
-    wanted = placement.touched & set(stateful)
-    _top_up_standbys(placement, sorted(wanted), num_standbys)
+    actives_before = {c: len(a.active) for c, a in per_client.items()}
+    _give_back(placement, actives_before, caps, cold_give_back)
+    _top_up_standbys(placement, sorted(placement.touched & placement.stateful), num_standbys)
     return placement.frozen()
 
 
 @attrs.define
 class _Placement:
     """The post-pass's working copy of one assignment: each client's tasks as sets, the
-    clients' states, the ids each is ineligible for, and the tasks the pass moved or stripped
-    a copy of (``touched``)."""
+    clients' states, the ids each is ineligible for, the tasks with state, and the tasks the
+    pass moved or stripped a copy of (``touched``)."""
 
     active: dict[str, set[TaskId]]
     standby: dict[str, set[TaskId]]
     warmup: dict[str, set[TaskId]]
     states: dict[str, ClientState]
     ineligible: Mapping[str, frozenset[int]]
+    stateful: frozenset[TaskId]
     touched: set[TaskId] = attrs.field(factory=set)
 
     @classmethod
@@ -92,10 +96,12 @@ class _Placement:
         per_client: Mapping[str, ClientAssignment],
         ineligible: Mapping[str, frozenset[int]],
         clients: Sequence[ClientState],
+        stateful: Collection[TaskId],
     ) -> tuple[_Placement, list[tuple[TaskId, str]]]:
         """The assignment without any task on a client ineligible for it, and the actives
         taken off (task, the client it was on)."""
-        placement = cls({}, {}, {}, {c.process_id: c for c in clients}, ineligible)
+        states = {c.process_id: c for c in clients}
+        placement = cls({}, {}, {}, states, ineligible, frozenset(stateful))
         moving: list[tuple[TaskId, str]] = []
         for client, given in sorted(per_client.items()):
             ids = ineligible.get(client, frozenset())
@@ -130,6 +136,11 @@ class _Placement:
     def holds_state(self, client: str, task: TaskId) -> bool:
         state = self.states.get(client)
         return state is not None and state.has_state(task)
+
+    def restores_on(self, client: str, task: TaskId) -> bool:
+        """Whether ``task``'s active on ``client`` would restore its state from the changelog
+        from scratch (a stateful task whose state ``client`` does not hold)."""
+        return task in self.stateful and not self.holds_state(client, task)
 
     def ran(self, client: str, task: TaskId) -> bool:
         state = self.states.get(client)
@@ -188,31 +199,38 @@ def _active_target(placement: _Placement, task: TaskId, caps: Mapping[str, int])
 
 
 def _give_back(
-    placement: _Placement, actives_before: Mapping[str, int], caps: Mapping[str, int]
+    placement: _Placement,
+    actives_before: Mapping[str, int],
+    caps: Mapping[str, int],
+    cold_give_back: bool,
 ) -> None:
     """While a client above its cap and above its actives before the pass has more actives
     per consumer than a client below its actives before the pass would have with one more,
-    move one there: an active of an id the taker may hold, preferring one whose state the
-    taker holds and one the giver did not run before. Each move fills a taker's gap, so
-    this ends; it moves no more actives than the pass took off."""
-    while move := _next_give_back(placement, actives_before, caps):
+    move one there (:func:`_next_give_back`). Each move fills a taker's gap, so this ends;
+    it moves no more actives than the pass took off."""
+    while move := _next_give_back(placement, actives_before, caps, cold_give_back):
         task, giver, taker = move
         placement.move_active(task, giver, taker)
 
 
 def _next_give_back(
-    placement: _Placement, actives_before: Mapping[str, int], caps: Mapping[str, int]
+    placement: _Placement,
+    actives_before: Mapping[str, int],
+    caps: Mapping[str, int],
+    cold_give_back: bool,
 ) -> tuple[TaskId, str, str] | None:
     """The next (task, giver, taker) of :func:`_give_back`, or None: nothing to give back.
-    The giver is the busiest; of its moves, one to a taker holding the task's state first,
-    then to the least busy taker, then of a task the giver did not run before."""
+    The giver is the busiest; the task one of an id the taker may run (and, without
+    ``cold_give_back``, one that restores nothing there). Of those moves: one that restores
+    nothing first (a stateless task, or state the taker holds), then to the least busy
+    taker, then of a task the giver did not run before."""
     active = placement.active
     givers = [c for c in active if len(active[c]) > max(caps[c], actives_before[c])]
     takers = [c for c in active if len(active[c]) < actives_before[c]]
     for giver in sorted(givers, key=lambda c: (-placement.active_share(c), c)):
         moves = [
             (
-                not placement.holds_state(taker, task),
+                placement.restores_on(taker, task),
                 placement.active_share(taker),
                 taker,
                 placement.ran(giver, task),
@@ -222,6 +240,7 @@ def _next_give_back(
             if placement.active_share(giver) > placement.active_share(taker, extra=1)
             for task in active[giver]
             if taker in placement.eligible(task)
+            and (cold_give_back or not placement.restores_on(taker, task))
         ]
         if moves:
             _, _, taker, _, task = min(moves)

@@ -850,6 +850,7 @@ def _assign_compatible(
         clients,
         assignor.num_standby_replicas,
         stateful,
+        cold_give_back=not high_availability,
     )
     if per_client is not assigned and given.probing_memory is not None:
         # Its plan is the assignor's, not what the members were sent: they never run exactly

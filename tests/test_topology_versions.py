@@ -497,10 +497,18 @@ def test_a_client_the_moves_pushed_above_its_share_gives_actives_back() -> None:
     zero, one = [TaskId(0, p) for p in range(3)], [TaskId(1, p) for p in range(3)]
     per_client = {c: ClientAssignment(frozenset({zero[i], one[i]})) for i, c in enumerate("abc")}
     clients = [ClientState("a"), ClientState("b", prev_standby={zero[2]}), ClientState("c")]
-    moved = move_to_eligible_clients(per_client, dict.fromkeys("ab", frozenset({1})), clients)
+    ineligible = dict.fromkeys("ab", frozenset({1}))
+    moved = move_to_eligible_clients(per_client, ineligible, clients, stateful=zero + one)
     assert moved["c"].active == set(one)
     assert moved["b"].active == {zero[1], zero[2]}  # b held 0_2's state
     assert moved["a"].active == {zero[0]}
+    # High availability: an active is given back only where it restores nothing.
+    stateless = [ClientState(c) for c in "abc"]
+    warm = move_to_eligible_clients(
+        per_client, ineligible, stateless, stateful=zero + one, cold_give_back=False
+    )
+    assert warm["c"].active == {zero[2], *one}
+    assert move_to_eligible_clients(per_client, ineligible, stateless)["c"].active == set(one)
 
 
 @pytest.mark.parametrize("high_availability", [False, True])
