@@ -53,7 +53,7 @@ def move_to_eligible_clients(
     its standbys and warmups of such tasks dropped, and the group put back in shape:
 
     1. each moved active goes to an eligible client holding its state while that one is under
-       its fair share of actives (:func:`_active_caps`), else to the least loaded eligible one;
+       its fair share of actives (:func:`_fair_shares`), else to the least loaded eligible one;
     2. clients the moves left above their share give actives back to the clients that lost
        some, of ids those may hold (:func:`_give_back`): the moves stack no peak. Without
        ``cold_give_back`` (high availability: actives move only onto state), only stateless
@@ -67,12 +67,14 @@ def move_to_eligible_clients(
     if not any(ineligible.get(c) for c in per_client):
         return per_client
     placement, moving = _Placement.stripped(per_client, ineligible, clients, stateful)
-    caps = _active_caps(per_client, placement)
+    caps = _fair_shares(per_client, placement, sum(len(a.active) for a in per_client.values()))
     for task, source in sorted(moving):
         placement.move_active(task, None, _active_target(placement, task, caps) or source)
     actives_before = {c: len(a.active) for c, a in per_client.items()}
     _give_back(placement, actives_before, caps, cold_give_back)
-    _top_up_standbys(placement, sorted(placement.touched & placement.stateful), num_standbys)
+    load_caps = _fair_shares(per_client, placement, sum(a.load for a in per_client.values()))
+    touched = sorted(placement.touched & placement.stateful)
+    _top_up_standbys(placement, touched, num_standbys, load_caps)
     return placement.frozen()
 
 
@@ -128,10 +130,13 @@ class _Placement:
         """Actives per consumer on ``client`` (with ``extra`` more)."""
         return (len(self.active[client]) + extra) / self.capacity(client)
 
+    def load(self, client: str) -> int:
+        """Actives, standbys and warmups on ``client``."""
+        return len(self.active[client]) + len(self.standby[client]) + len(self.warmup[client])
+
     def load_share(self, client: str) -> float:
         """Actives, standbys and warmups per consumer on ``client``."""
-        held = self.active[client] | self.standby[client] | self.warmup[client]
-        return len(held) / self.capacity(client)
+        return self.load(client) / self.capacity(client)
 
     def holds_state(self, client: str, task: TaskId) -> bool:
         state = self.states.get(client)
@@ -169,15 +174,14 @@ class _Placement:
         }
 
 
-def _active_caps(
-    per_client: Mapping[str, ClientAssignment], placement: _Placement
+def _fair_shares(
+    per_client: Mapping[str, ClientAssignment], placement: _Placement, copies: int
 ) -> dict[str, int]:
-    """Each client's fair share of all actives, in proportion to its consumers, rounded up:
-    the most a client takes for holding a task's state, and the line above which it gives
-    actives back."""
-    actives = sum(len(a.active) for a in per_client.values())
+    """Each client's fair share of ``copies`` (tasks, or actives, standbys and warmups) in
+    proportion to its consumers, rounded up: the most a client takes for holding a task's
+    state, and for actives the line above which it gives some back."""
     consumers = sum(placement.capacity(c) for c in per_client)
-    return {c: math.ceil(actives * placement.capacity(c) / consumers) for c in per_client}
+    return {c: math.ceil(copies * placement.capacity(c) / consumers) for c in per_client}
 
 
 def _active_target(placement: _Placement, task: TaskId, caps: Mapping[str, int]) -> str | None:
@@ -248,18 +252,30 @@ def _next_give_back(
     return None
 
 
-def _top_up_standbys(placement: _Placement, tasks: Sequence[TaskId], num_standbys: int) -> None:
+def _top_up_standbys(
+    placement: _Placement,
+    tasks: Sequence[TaskId],
+    num_standbys: int,
+    load_caps: Mapping[str, int],
+) -> None:
     """Each of ``tasks`` with standbys up to ``num_standbys`` on eligible clients that hold no
-    copy of it: one holding its state first (caught up sooner), then the fewest tasks per
+    copy of it: one holding the task's state first (caught up sooner; and a standby placed
+    where no state is makes a new holder, which the next rounds' choices follow: churn),
+    then one under its fair share of copies (``load_caps``), then the fewest copies per
     consumer, then the smallest key. Rack tags are not looked at (the assignor's rack-aware
-    placement is kept where it was not touched)."""
+    placement is kept where the pass touched nothing)."""
     for task in tasks:
         have = sum(task in held for held in placement.standby.values())
         candidates = [c for c in placement.eligible(task) if not placement.has_copy(c, task)]
         for _ in range(min(num_standbys - have, len(candidates))):
             chosen = min(
                 candidates,
-                key=lambda c: (not placement.holds_state(c, task), placement.load_share(c), c),
+                key=lambda c: (
+                    not placement.holds_state(c, task),
+                    placement.load(c) >= load_caps[c],
+                    placement.load_share(c),
+                    c,
+                ),
             )
             placement.standby[chosen].add(task)
             candidates.remove(chosen)
