@@ -239,8 +239,7 @@ class App:
         self._cleaning: asyncio.Task[None] | None = None
         #: When ``stop()`` began (``time.monotonic()``), for its warnings.
         self._stop_began = 0.0
-        #: Holds back aiokafka's lines repeated while a broker is away, from start to stop
-        #: (shared with the process's other ``App``s; None: not attached).
+        #: Holds back aiokafka's repeated broker-away lines, start to stop (shared; None: off).
         self._broker_away_lines: BrokerAwayLines | None = None
 
     def _init_loop_state(self) -> None:
