@@ -1082,3 +1082,39 @@ def test_back_to_back_rebalances_each_release_their_streams(
 
     assert asyncio.run(rebalances()) == [True] * 10
     assert all(fetched == set() for fetched in fetched_during_seek)
+
+
+def test_the_consumer_thread_holds_back_aiokafka_s_broker_away_lines_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Faust worker logged about 70 aiokafka lines a second while a broker was away
+    (floodfix: 1,495 in 20 s); our transport's consumer thread holds them back as the
+    runtime's ``App`` does, from its start to its stop, and says at stop what it held."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    from streamassign.aiokafka.floods import BrokerAwayLines
+
+    async def nothing(self: Any) -> None:
+        pass
+
+    monkeypatch.setattr(faust_aiokafka.AIOKafkaConsumerThread, "on_start", nothing)
+    monkeypatch.setattr(faust_aiokafka.AIOKafkaConsumerThread, "on_thread_stop", nothing)
+    fetcher = logging.getLogger("aiokafka.consumer.fetcher")
+    thread = table_app(tmp_path).consumer._thread
+
+    def attached() -> list[logging.Filter]:
+        return [f for f in fetcher.filters if isinstance(f, BrokerAwayLines)]  # type: ignore[misc]
+
+    async def run() -> None:
+        await thread.on_start()
+        assert len(attached()) == 1
+        for _ in range(50):
+            fetcher.error("Failed fetch messages from %s: %s", 1, "NodeNotReadyError")
+        await thread.on_thread_stop()
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(run())
+    assert attached() == []
+    fetched = [r for r in caplog.records if r.name == "aiokafka.consumer.fetcher"]
+    assert len(fetched) == 1
+    assert any("49 similar lines suppressed" in r.getMessage() for r in caplog.records)

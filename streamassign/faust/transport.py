@@ -43,6 +43,7 @@ from typing import Any
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, rewind
 from ..repeats import Repeats
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
@@ -56,6 +57,25 @@ SWITCH_ENV = "STREAMASSIGN_FAUST_SWITCH"
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    #: aiokafka's lines repeated while a broker is away (about 70/s in a worker, 20,000 in
+    #: a 5-minute outage), held back while the consumer runs: the filter the runtime's
+    #: ``App`` uses, shared with any other of the process (``BrokerAwayLines.attach``).
+    _broker_away_lines: BrokerAwayLines | None = None
+
+    async def on_start(self) -> None:
+        if self._broker_away_lines is None:
+            self._broker_away_lines = BrokerAwayLines.attach()
+        await super().on_start()
+
+    async def on_thread_stop(self) -> None:
+        try:
+            await super().on_thread_stop()
+        finally:
+            lines, self._broker_away_lines = self._broker_away_lines, None
+            held_back = lines.detach() if lines is not None else None
+            if held_back:
+                log.warning("%s", held_back)
+
     def _create_worker_consumer(self, *args: Any, **kwargs: Any) -> Any:
         # (transport) in faust-streaming 0.15, (transport, loop) in older releases.
         consumer = super()._create_worker_consumer(*args, **kwargs)
