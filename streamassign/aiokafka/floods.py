@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
+
+import attrs
 
 #: The ``aiokafka`` logger, which logs the client's lines below (``aiokafka/client.py``).
 AIOKAFKA_LOGGER = "aiokafka"
@@ -133,27 +136,53 @@ def _end_backoff(waiting: asyncio.Future[bool]) -> None:
         waiting.set_result(False)
 
 
+#: Seconds without a repeating line after which its next one begins another episode (the
+#: cause went away and came back: another outage) and passes, saying what the last held back.
+EPISODE_GAP = 10.0
+
+#: Guards ``attach``/``detach`` of the shared filter (whose users are counted on it) against
+#: two threads at once: a Faust worker's consumer runs in its own thread. A lock, no data.
+_ATTACHING = threading.Lock()
+
+_Key = tuple[str, str, tuple[str, ...]]
+
+
+@attrs.define
+class _Line:
+    """One repeating line's current window: when it began, when the line last came, and how
+    many were held back since it was passed."""
+
+    began: float
+    last: float
+    held: int = 0
+
+
 class BrokerAwayLines(logging.Filter):
     """Passes the first of each repeating line (``REPEATING``) in a window of ``window`` s and
-    holds back the rest, counted: the next one passed after the window ends with ``(N similar
-    lines suppressed in the last <s> s)``, and ``summary`` says what was held back since. Any
-    other line passes unchanged. Lines are told apart by their logger, format string and
-    arguments' text, which name the node and the cause: a line for another node or another
-    error is the first of its own and passes.
+    holds back the rest, counted: the next one passed, after the window or after a gap of
+    ``EPISODE_GAP`` s (another outage), ends with ``(N similar lines suppressed over <s> s)``,
+    and ``summary`` says what was held back and not yet said. Any other line passes
+    unchanged. Lines are told apart by their logger, format string and arguments' text,
+    which name the node and the cause: a line for another node or another error is the first
+    of its own and passes.
 
     One filter serves every ``App`` of the process (``attach``, ``detach``): a record goes
     through the filters of the logger it is logged on only once, so with one filter per
     ``App`` the first would hold back every repeat and the second would count none of them,
-    and its ``App``'s stop would say nothing was held back."""
+    and its ``App``'s stop would say nothing was held back. Being shared, it is found on the
+    loggers (the logging module's state: aiokafka's loggers are the process's) rather than
+    held by us; it outlives an ``App`` never stopped, and counts are the process's. Its
+    state is locked: aiokafka's clients log from every thread that runs one."""
 
     def __init__(self, window: float = LINES_WINDOW, clock: Callable[[], float] = time.monotonic):
         super().__init__()
         self.window = window
         self._clock = clock
-        #: When the window of each line (logger, format string, arguments' text) began.
-        self._window_began: dict[tuple[str, str, tuple[str, ...]], float] = {}
-        #: Lines held back in the current window of each line.
-        self._held_back: dict[tuple[str, str, tuple[str, ...]], int] = {}
+        self._lock = threading.Lock()
+        #: Each repeating line (logger, format string, arguments' text) seen lately.
+        self._lines: dict[_Key, _Line] = {}
+        #: When lines were last swept (``_forget_ended``).
+        self._swept = clock()
         #: Lines held back since the filter was made.
         self.suppressed = 0
         #: The ``App``s that attached this filter and have not detached it yet.
@@ -162,66 +191,77 @@ class BrokerAwayLines(logging.Filter):
     @classmethod
     def attach(cls) -> BrokerAwayLines:
         """The process's filter on every logger of ``REPEATING``, one more user counted. The
-        shared filter is found where it already is, on the ``aiokafka`` logger's ``filters``
-        (the logging module's state: no registry of ours), else made and added. Not made safe
-        against two threads attaching at the same moment: at worst both add one, and each
-        is removed by its own last ``detach`` (the lines are still held back, counted apart).
-        """
-        found = (f for f in logging.getLogger(AIOKAFKA_LOGGER).filters if isinstance(f, cls))
-        lines = next(found, None) or cls()
-        lines.users += 1
-        for name in REPEATING:
-            logging.getLogger(name).addFilter(lines)  # a no-op where it already is
+        shared filter is found where it already is, on the ``aiokafka`` logger's ``filters``,
+        else made. It goes first among a logger's filters: one that renders the message
+        (redaction, structured logging) would leave ours nothing to recognise."""
+        with _ATTACHING:
+            found = (f for f in logging.getLogger(AIOKAFKA_LOGGER).filters if isinstance(f, cls))
+            lines = next(found, None) or cls()
+            lines.users += 1
+            for name in REPEATING:
+                logger = logging.getLogger(name)
+                if lines not in logger.filters:
+                    logger.filters.insert(0, lines)
         return lines
 
     def detach(self) -> str | None:
         """One user fewer; the last one removes the filter from every logger. Returns what was
         held back and not yet said (``summary``): with two ``App``s, the first to stop says
         what both had held back so far (aiokafka's lines name no client)."""
-        self.users -= 1
-        if self.users <= 0:
-            for name in REPEATING:
-                logging.getLogger(name).removeFilter(self)
+        with _ATTACHING:
+            self.users -= 1
+            if self.users <= 0:
+                for name in REPEATING:
+                    logging.getLogger(name).removeFilter(self)
         return self.summary()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not isinstance(record.msg, str) or record.msg not in REPEATING.get(record.name, ()):
             return True
         args = record.args if isinstance(record.args, tuple) else ()
-        # The node and the cause are in the arguments' text, which stays the same from one
-        # retry to the next (aiokafka's errors carry the node, not a time or a request id).
-        key = (record.name, record.msg, tuple(map(str, args)))
-        now = self._clock()
-        began = self._window_began.get(key)
-        if began is not None and now - began < self.window:
-            self._held_back[key] = self._held_back.get(key, 0) + 1
-            self.suppressed += 1
-            return False
-        self._forget_ended(now)
-        self._window_began[key] = now
-        held_back = self._held_back.pop(key, 0)
-        if held_back:
-            record.msg = f"{record.msg} (%d similar lines suppressed in the last %g s)"
-            record.args = (*args, held_back, self.window)
+        key = (record.name, record.msg, tuple(map(_text, args)))
+        with self._lock:
+            now = self._clock()
+            line = self._lines.get(key)
+            if line is not None and self._goes_on(line, now):
+                line.held += 1
+                line.last = now
+                self.suppressed += 1
+                return False
+            self._forget_ended(now)
+            self._lines[key] = _Line(now, now)
+        if line is not None and line.held:
+            record.msg = f"{record.msg} (%d similar lines suppressed over %.0f s)"
+            record.args = (*args, line.held, line.last - line.began)
         return True
 
+    def _goes_on(self, line: _Line, now: float) -> bool:
+        """Whether ``line`` comes again in its window and its episode (held back then)."""
+        return now - line.began < self.window and now - line.last < EPISODE_GAP
+
     def _forget_ended(self, now: float) -> None:
-        """Drops the lines whose window ended with nothing held back, so that lines naming
-        nodes or errors long gone do not pile up in a long-running process."""
+        """At most once per window, drops the lines whose window ended with nothing held back,
+        so that lines naming nodes or errors long gone do not pile up in a long-running
+        process (and a busy process does not scan them at every line)."""
+        if now - self._swept < self.window:
+            return
+        self._swept = now
         ended = [
             key
-            for key, began in self._window_began.items()
-            if now - began >= self.window and key not in self._held_back
+            for key, line in self._lines.items()
+            if now - line.began >= self.window and not line.held
         ]
         for key in ended:
-            del self._window_began[key]
+            del self._lines[key]
 
     def summary(self) -> str | None:
         """What was held back and not yet said (then forgotten), or None."""
         by_kind: dict[str, int] = {}
-        for (logger, _, _), count in self._held_back.items():
-            by_kind[KINDS[logger]] = by_kind.get(KINDS[logger], 0) + count
-        self._held_back.clear()
+        with self._lock:
+            for (logger, _, _), line in self._lines.items():
+                if line.held:
+                    by_kind[KINDS[logger]] = by_kind.get(KINDS[logger], 0) + line.held
+                    line.held = 0
         if not by_kind:
             return None
         kinds = ", ".join(f"{count} {kind}" for kind, count in by_kind.items())
@@ -229,3 +269,12 @@ class BrokerAwayLines(logging.Filter):
             f"aiokafka: {sum(by_kind.values())} similar lines suppressed ({kinds}; each line "
             f"logged once per {self.window:g} s; broker unreachable?)"
         )
+
+
+def _text(argument: object) -> str:
+    """An argument's text in a line's key. A list (aiokafka's ``Unable to update metadata
+    from %s`` names its brokers in a shuffled order) counts by its sorted items, so each
+    order is not a line of its own."""
+    if isinstance(argument, list | tuple | set | frozenset):
+        return repr(sorted(map(str, argument)))
+    return str(argument)

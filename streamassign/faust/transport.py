@@ -370,12 +370,13 @@ class _Consumer(faust_aiokafka.Consumer):
         stall = self.recovery_stall_after
         rebalance_timeout = float(conf.broker_rebalance_timeout)
         session_timeout = float(conf.broker_session_timeout)
-        recovering = stall + float(conf.stream_recovery_delay)
+        delay = float(conf.stream_recovery_delay)  # before the set-up's first request
+        recovering = stall + delay
         return {
             REVOKING: max(stall, rebalance_timeout),
             JOINING: rebalance_timeout + max(stall, session_timeout),
             ASSIGNING: max(recovering, session_timeout),
-            RECOVERING: max(recovering, float(conf.broker_request_timeout)),
+            RECOVERING: delay + max(stall, float(conf.broker_request_timeout)),
         }
 
     def _flow_revoked(self) -> None:

@@ -305,6 +305,14 @@ class App:
         """Create internal topics, start the producer, the restore consumers and the host."""
         if self._broker_away_lines is None:  # detached: stop()
             self._broker_away_lines = BrokerAwayLines.attach()
+        try:
+            await self._start_steps()
+        except BaseException:  # a caller not using ``run()`` may never stop() a failed start
+            self._detach_broker_away_lines()
+            raise
+
+    async def _start_steps(self) -> None:
+        """The steps of ``start()``, in order."""
         counts = await ensure_internal_topics(
             self.topology,
             self.bootstrap_servers,
