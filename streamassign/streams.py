@@ -881,12 +881,21 @@ def _assign_compatible(
     )
     stateful = [t for t in tasks if t.subtopology in topology.stateful_subtopologies]
     racks = task_racks(tasks, given.partition_racks) if given.partition_racks else None
-    per_client, next_rebalance = _assign_clients(
+    assigned, next_rebalance = _assign_clients(
         assignor, tasks, clients, stateful, racks, given.now_ms, given.probing_memory
     )
     per_client = move_to_eligible_clients(
-        per_client, _ineligible_by_client(topology, compatible, by_process), clients
+        assigned,
+        _ineligible_by_client(topology, compatible, by_process),
+        clients,
+        assignor.num_standby_replicas,
+        stateful,
+        cold_give_back=not high_availability,
     )
+    if per_client is not assigned and given.probing_memory is not None:
+        # Its plan is the assignor's, not what the members were sent: they never run exactly
+        # its actives, so carrying it over next round could not apply (docs/streams.md).
+        given.probing_memory.forget()
     hosts = _HostMaps.of(per_client, endpoints, topology, grouped.partition_counts)
     result = _unassigned(members, version, topology, grouped.partition_counts)
     for key, member_ids in by_process.items():
@@ -969,8 +978,9 @@ def _log_topology_versions(
     log.warning(
         "processes of another topology version share the group: %s (this leader, version %s: "
         "%s). This leader gives them no task of those ids: each goes to a process announcing "
-        "all of this leader's topics of it (one holding its state first), and their standbys and "
-        "warmups of them are dropped; they get tasks of the other ids as usual. Where no "
+        "all of this leader's topics of it (one holding its state first, up to its share), their "
+        "standbys and warmups of them are dropped and the standbys placed on such processes "
+        "again; they get tasks of the other ids as usual. Where no "
         "process is eligible the task stays, and a process whose own task of that id does not "
         "read its partitions refuses it (its ERROR line names it). Keep subtopology ids stable "
         "across versions (%s)",

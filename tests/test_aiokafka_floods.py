@@ -5,17 +5,21 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, NodeNotReadyError
 from aiokafka.producer.sender import Sender
 
 from streamassign import Subtopology, Topology
 from streamassign.aiokafka.floods import (
     AIOKAFKA_LOGGER,
+    EPISODE_GAP,
+    REPEATING,
     BrokerAwayLines,
     back_off_metadata_updates,
 )
@@ -27,14 +31,19 @@ from .test_runtime_processing import Adder
 
 @pytest.fixture(autouse=True)
 def no_other_filter() -> Iterator[None]:
-    """Other tests start ``App``s they never stop, whose filters stay on the logger."""
-    aiokafka = logging.getLogger(AIOKAFKA_LOGGER)
-    left = [f for f in aiokafka.filters if isinstance(f, BrokerAwayLines)]
-    for found in left:
-        aiokafka.removeFilter(found)
+    """Other tests start ``App``s they never stop, whose filter stays on the loggers."""
+    loggers = [logging.getLogger(name) for name in REPEATING]
+    left = {
+        (logger, found)
+        for logger in loggers
+        for found in logger.filters
+        if isinstance(found, BrokerAwayLines)
+    }
+    for logger, found in left:
+        logger.removeFilter(found)
     yield
-    for found in left:
-        aiokafka.addFilter(found)
+    for logger, found in left:
+        logger.addFilter(found)
 
 
 class Clock:
@@ -75,12 +84,12 @@ def test_a_repeated_line_is_logged_once_per_node_per_window_and_counted(
         "Topic events not found",
         "Topic events not found",
         "Unable connect to node with id 1: [Errno 111] refused "
-        "(999 similar lines suppressed in the last 30 s)",
+        "(999 similar lines suppressed over 1 s)",
     ]
     assert lines.suppressed == 1998
     assert lines.summary() == (
-        "aiokafka: 999 similar lines suppressed (failed connections and metadata updates, "
-        "logged once per node per 30 s; broker unreachable?)"
+        "aiokafka: 999 similar lines suppressed (999 failed connections and metadata updates; "
+        "each line logged once per 30 s; broker unreachable?)"
     )
     assert lines.summary() is None
 
@@ -109,9 +118,263 @@ def test_an_app_holds_the_lines_back_from_start_to_stop_only(
         "Unable to update metadata from [1]"
     ]
     assert (
-        "aiokafka: 499 similar lines suppressed (failed connections and metadata updates, "
-        "logged once per node per 30 s; broker unreachable?)" in said
+        "aiokafka: 499 similar lines suppressed (499 failed connections and metadata updates; "
+        "each line logged once per 30 s; broker unreachable?)" in said
     )
+
+
+NOT_READY = NodeNotReadyError("Attempt to send a request to node which is not ready (node id 1).")
+CLOSED = KafkaConnectionError("Connection at 127.0.0.1:9092 closed")
+
+
+def retries(round_: int) -> None:
+    """One round of the retries of aiokafka's clients while node 1 is away, as measured (a
+    runtime with 3 tasks, exactly once, the broker stopped): on the clients' own loggers."""
+    fetcher = logging.getLogger("aiokafka.consumer.fetcher")
+    fetcher.error("Failed fetch messages from %s: %s", 1, NOT_READY)
+    logging.getLogger("aiokafka.consumer.group_coordinator").error(
+        "Group Coordinator Request failed: %s", NOT_READY
+    )
+    logging.getLogger("aiokafka.producer.sender").warning(
+        "Got error produce response: %s", NOT_READY
+    )
+    if round_ == 5:  # another cause, another node: the first of their own
+        fetcher.error("Failed fetch messages from %s: %s", 1, CLOSED)
+        fetcher.error("Failed fetch messages from %s: %s", 2, NOT_READY)
+        # Not one of the repeating lines: passes each time.
+        logging.getLogger("aiokafka.consumer.group_coordinator").warning(
+            "Marking the coordinator dead (node %s)for group %s.", 1, "app"
+        )
+
+
+def test_the_clients_retry_lines_are_held_back_on_their_own_loggers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The fetchers', coordinators' and senders' retries (about 50 lines/s while a broker was
+    away) are logged on child loggers, whose records the ``aiokafka`` logger's filters never
+    see: the shared filter is on each. Per node and cause; the summary names each kind."""
+    clock = Clock()
+    lines = BrokerAwayLines.attach()
+    lines._clock = clock
+    try:
+        with caplog.at_level(logging.INFO, AIOKAFKA_LOGGER):
+            for round_ in range(300):  # 30 s of retries every 100 ms
+                clock.now = round_ / 10
+                retries(round_)
+            clock.now = 30.0
+            retries(300)
+    finally:
+        summary = lines.detach()
+    said = [r.getMessage() for r in caplog.records]
+    window_ended = " (299 similar lines suppressed over 30 s)"
+    assert said == [
+        f"Failed fetch messages from 1: {NOT_READY}",
+        f"Group Coordinator Request failed: {NOT_READY}",
+        f"Got error produce response: {NOT_READY}",
+        f"Failed fetch messages from 1: {CLOSED}",
+        f"Failed fetch messages from 2: {NOT_READY}",
+        "Marking the coordinator dead (node 1)for group app.",
+        f"Failed fetch messages from 1: {NOT_READY}{window_ended}",
+        f"Group Coordinator Request failed: {NOT_READY}{window_ended}",
+        f"Got error produce response: {NOT_READY}{window_ended}",
+    ]
+    assert lines.suppressed == 897
+    assert summary is None  # all said by the lines after the window
+    assert all(lines not in logging.getLogger(name).filters for name in REPEATING)
+
+
+def test_the_summary_counts_each_kind_of_line_held_back() -> None:
+    lines = BrokerAwayLines.attach()
+    try:
+        for round_ in range(10):
+            retries(round_)
+            logging.getLogger(AIOKAFKA_LOGGER).error("Unable to update metadata from %s", [1])
+    finally:
+        summary = lines.detach()
+    assert summary == (
+        "aiokafka: 36 similar lines suppressed (9 failed fetches, 9 failed coordinator lookups, "
+        "9 failed produce requests, 9 failed connections and metadata updates; each line "
+        "logged once per 30 s; broker unreachable?)"
+    )
+
+
+def test_lines_of_nodes_long_gone_are_forgotten() -> None:
+    """A long-running process meets many nodes and errors: only lines in their window, or
+    with a count not yet said, are kept."""
+    clock = Clock()
+    lines = BrokerAwayLines(clock=clock)
+    fetcher = logging.getLogger("aiokafka.consumer.fetcher")
+    for node in range(100):
+        clock.now = node * 31.0
+        record = fetcher.makeRecord(
+            fetcher.name, logging.ERROR, __file__, 1, "Failed fetch messages from %s: %s",
+            (node, NOT_READY), None,
+        )  # fmt: skip
+        assert lines.filter(record)
+    assert len(lines._lines) <= 2  # swept once per window
+
+
+def test_two_apps_share_one_filter_which_the_last_to_stop_removes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two ``App``s in one process (tests; one process running two topologies). With one
+    filter each, the first held back every repeat and the second counted none. Now: one
+    filter; each ``App``'s stop says what was held back and not yet said; the first to stop
+    leaves it to the other; the last removes it from every logger."""
+    topology = Topology([Subtopology(0, ["events"], stores=[])], name="app")
+    first, second = (
+        App(topology, {0: Adder}, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path / name)
+        for name in ("first", "second")
+    )
+    before = {name: list(logging.getLogger(name).filters) for name in REPEATING}
+    second_stopped = asyncio.Event()
+    attached: list[list[BrokerAwayLines]] = []
+
+    async def broker_away(*args: object, **kwargs: object) -> None:
+        attached.append(
+            [
+                f
+                for f in logging.getLogger(AIOKAFKA_LOGGER).filters
+                if isinstance(f, BrokerAwayLines)
+            ]
+        )
+        if len(attached) == 1:  # the first: started until the second has stopped
+            await second_stopped.wait()
+        for round_ in range(50):
+            retries(round_)
+        raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
+
+    async def second_then_first() -> None:
+        running = asyncio.ensure_future(first.run())
+        while not attached:
+            await asyncio.sleep(0)
+        with pytest.raises(KafkaConnectionError):
+            await second.run()
+        assert {name: list(logging.getLogger(name).filters) for name in REPEATING} != before
+        second_stopped.set()
+        with pytest.raises(KafkaConnectionError):
+            await running
+
+    monkeypatch.setattr(app_module, "ensure_internal_topics", broker_away)
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(second_then_first())
+    assert len(attached[1]) == 1 and attached[1] == attached[0]
+    summaries = [r.getMessage() for r in caplog.records if "suppressed" in r.getMessage()]
+    # The second's lines: the first of each cause passed, the rest held back; the first's:
+    # all held back, their windows not ended (with the other cause and node of round 5).
+    assert summaries == [
+        "aiokafka: 147 similar lines suppressed (49 failed fetches, 49 failed coordinator "
+        "lookups, 49 failed produce requests; each line logged once per 30 s; broker "
+        "unreachable?)",
+        "aiokafka: 152 similar lines suppressed (52 failed fetches, 50 failed coordinator "
+        "lookups, 50 failed produce requests; each line logged once per 30 s; broker "
+        "unreachable?)",
+    ]
+    assert {name: list(logging.getLogger(name).filters) for name in REPEATING} == before
+
+
+def filtered(lines: BrokerAwayLines, logger: str, msg: str, *args: object) -> bool:
+    """Whether ``lines`` passes one record of ``logger``."""
+    record = logging.getLogger(logger).makeRecord(
+        logger, logging.ERROR, __file__, 1, msg, args, None
+    )
+    return lines.filter(record)
+
+
+def test_a_broker_list_in_any_order_is_one_line() -> None:
+    """aiokafka shuffles the brokers it names in ``Unable to update metadata from %s``: keyed
+    on the list as given, a cluster of 6 brokers passed 247 of 300 lines (review33 F1)."""
+    lines = BrokerAwayLines(clock=Clock())
+    brokers = list(range(6))
+    passed = 0
+    for turn in range(300):
+        shuffled = brokers[turn % 6 :] + brokers[: turn % 6]
+        passed += filtered(lines, AIOKAFKA_LOGGER, "Unable to update metadata from %s", shuffled)
+    assert passed == 1 and lines.suppressed == 299
+
+
+def test_another_outage_passes_its_first_line_saying_what_the_last_held_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A second outage within 30 s of the first logged nothing, and the first's held count
+    waited for the next line or the stop (review33 F2): after ``EPISODE_GAP`` s without the
+    line, its next one passes with the count and the span of the last outage."""
+    clock = Clock()
+    lines = BrokerAwayLines(clock=clock)
+    fetcher = logging.getLogger("aiokafka.consumer.fetcher")
+    fetcher.addFilter(lines)
+    try:
+        with caplog.at_level(logging.ERROR, "aiokafka.consumer.fetcher"):
+            for tenth in range(81):  # an outage of 8 s, a retry every 100 ms
+                clock.now = tenth / 10
+                fetcher.error("Failed fetch messages from %s: %s", 1, NOT_READY)
+            clock.now = 8.0 + EPISODE_GAP + 1  # the broker came back; away again
+            fetcher.error("Failed fetch messages from %s: %s", 1, NOT_READY)
+    finally:
+        fetcher.removeFilter(lines)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Failed fetch messages from 1: {NOT_READY}",
+        f"Failed fetch messages from 1: {NOT_READY} (80 similar lines suppressed over 8 s)",
+    ]
+
+
+def test_threads_logging_at_once_through_one_filter_count_every_line() -> None:
+    """A Faust worker's consumer logs from its own thread: the filter's state is locked
+    (unlocked, a sweep met a dict changing under it and raised out of ``logger.error``)."""
+    lines = BrokerAwayLines()
+    errors: list[BaseException] = []
+
+    def log_many(node: int) -> None:
+        try:
+            for _ in range(20_000):
+                filtered(lines, AIOKAFKA_LOGGER, "Unable connect to node with id %s: %s", node, "x")
+        except BaseException as exc:  # what a thread raised is the failure
+            errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=log_many, args=(node,)) for node in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == [] and lines.suppressed == 4 * 20_000 - 4
+
+
+def test_the_filter_goes_before_the_user_s_own_filters() -> None:
+    """A user's filter that renders the message first (redaction, structured logging) left
+    ours nothing to recognise (review33 F5)."""
+    fetcher = logging.getLogger("aiokafka.consumer.fetcher")
+    users = logging.Filter()
+    fetcher.addFilter(users)
+    lines = BrokerAwayLines.attach()
+    try:
+        assert fetcher.filters[0] is lines and users in fetcher.filters
+    finally:
+        lines.detach()
+        fetcher.removeFilter(users)
+
+
+def test_a_failed_start_detaches_the_filter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``start()`` raising with no ``stop()`` after it (a caller that does not use ``run()``)
+    left a user counted for ever: the filter was never removed (review33 F4)."""
+    topology = Topology([Subtopology(0, ["events"], stores=[])], name="app")
+    app = App(topology, {0: Adder}, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    before = {name: list(logging.getLogger(name).filters) for name in REPEATING}
+
+    async def broker_away(*args: object, **kwargs: object) -> None:
+        raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
+
+    monkeypatch.setattr(app_module, "ensure_internal_topics", broker_away)
+    for _ in range(3):
+        with pytest.raises(KafkaConnectionError):
+            asyncio.run(app.start())
+    assert {name: list(logging.getLogger(name).filters) for name in REPEATING} == before
 
 
 class RefusedClient:

@@ -164,3 +164,76 @@ def test_a_checkpoint_unreadable_at_the_first_write_loses_no_other_versions_entr
         state.close()
     assert failures == [] and written[TopicPartition(CA, 1)] == 658
     assert sums(tmp_path, V1)[T01] == 658
+
+
+async def hold_threaded(stores: TaskStores, records: int, *, after_last_commit: bool) -> None:
+    """Run 0_1 as the App does (its stores opened in a thread by ``take``): ``records``
+    commits, each checkpointed, and applied writes after the last one when
+    ``after_last_commit`` (so the close writes a checkpoint of its own); then close it."""
+    states, _ = await stores.take(T01)
+    opening = stores.opening.get(T01)
+    if opening is not None and opening.task is not None:
+        await opening.task
+    cb: StoreState = states["cb"]
+    for offset in range(cb.position, cb.position + records):
+        cb.restore(offset, b"k", b"v")
+        cb.restore(offset + 1, COMMIT_KEY, encode_marker({}))
+        stores.checkpoint(T01, states, durable=False)
+    if after_last_commit:
+        cb.restore(cb.position, b"k", b"v")
+        cb.restore(cb.position + 1, COMMIT_KEY, encode_marker({}))
+    await stores.close(T01, states)
+
+
+def test_a_close_that_checkpoints_keeps_no_other_versions_entry_for_the_next_take(
+    tmp_path: Path,
+) -> None:
+    """Review 31, R1: ``close`` forgot the other version's entries and then its own
+    checkpoint write read them again and kept them; the released task's directory deleted
+    (by hand), its next checkpoint here wrote v1's ``ca`` into the fresh directory."""
+    v1_state(tmp_path)
+    state = StateDirectory(tmp_path)
+    stores = TaskStores(V3, "rocksdb", state, Standbys())
+
+    async def run() -> None:
+        await hold_threaded(stores, 3, after_last_commit=True)
+        assert TopicPartition(CA, 1) in state.read_checkpoint(T01)  # kept for a rollback
+        shutil.rmtree(state.task_dir(T01))
+        await hold_threaded(stores, 2, after_last_commit=False)  # back here, cold
+        stores.shutdown()
+
+    try:
+        asyncio.run(run())
+        assert TopicPartition(CA, 1) not in state.read_checkpoint(T01)
+    finally:
+        state.close()
+    assert T01 not in sums(tmp_path, V1)
+
+
+@pytest.mark.parametrize("failing_read", [0, 1])  # 0: the take's read; 1: the first write's
+def test_a_threaded_take_keeps_other_versions_entries_whichever_read_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing_read: int
+) -> None:
+    """The App's path (stores opened in a thread): the take reads the checkpoint and the
+    first write takes the other version's entries from that read; a failed read at either
+    point loses none of them (review 31, R4)."""
+    v1_state(tmp_path)
+    state = StateDirectory(tmp_path)
+    stores = TaskStores(V3, "rocksdb", state, Standbys())
+    read = state.read_checkpoint_or_raise
+    reads: list[TaskId] = []
+
+    def fails_once(task: TaskId) -> dict[TopicPartition, int]:
+        reads.append(task)
+        if len(reads) - 1 == failing_read:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return read(task)
+
+    monkeypatch.setattr(state, "read_checkpoint_or_raise", fails_once)
+    try:
+        asyncio.run(hold_threaded(stores, 2, after_last_commit=False))
+        stores.shutdown()
+        assert read(T01)[TopicPartition(CA, 1)] == 658
+    finally:
+        state.close()
+    assert sums(tmp_path, V1)[T01] == 658

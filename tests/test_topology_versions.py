@@ -476,25 +476,72 @@ def test_tasks_of_a_differing_id_move_to_eligible_processes_and_the_rest_stay_sp
     assert len({t for a in by_pid.values() for t in a.active}) == 8
 
 
-def test_a_moved_task_goes_to_a_process_holding_its_state_then_the_least_loaded() -> None:
+def test_a_moved_task_goes_to_its_state_holder_while_under_its_share_then_the_least_loaded() -> (
+    None
+):
     from streamassign.assignment import ClientAssignment, ClientState
     from streamassign.eligibility import move_to_eligible_clients
 
     task, other = TaskId(1, 0), TaskId(0, 0)
-    per_client = {
+    clients = [ClientState("a"), ClientState("b"), ClientState("c", prev_standby={task})]
+    per_client = {  # 2 actives over 3 clients: a share of 1 each
         "a": ClientAssignment(frozenset({task, other})),
         "b": ClientAssignment(frozenset()),
-        "c": ClientAssignment(frozenset({TaskId(0, 1)}), standby=frozenset({task})),
+        "c": ClientAssignment(frozenset(), standby=frozenset({task})),
     }
-    clients = [ClientState("a"), ClientState("b"), ClientState("c", prev_standby={task})]
     moved = move_to_eligible_clients(per_client, {"a": frozenset({1})}, clients)
-    assert moved["c"].active == {TaskId(0, 1), task} and moved["c"].standby == frozenset()
+    assert moved["c"] == ClientAssignment(frozenset({task}))
     assert moved["a"].active == {other}
-    clients[2] = ClientState("c")  # nobody holds its state: the least loaded takes it
+    per_client["c"] = ClientAssignment(frozenset({TaskId(0, 1)}), standby=frozenset({task}))
     moved = move_to_eligible_clients(per_client, {"a": frozenset({1})}, clients)
-    assert moved["b"].active == {task}
+    assert moved["b"].active == {task}  # the holder is at its share (1 of 3): no pile-up
     nobody = move_to_eligible_clients(per_client, dict.fromkeys("abc", frozenset({1})), clients)
     assert nobody["a"].active == {task, other}  # nowhere eligible: stays (its guard refuses)
+
+
+def test_a_client_the_moves_pushed_above_its_share_gives_actives_back() -> None:
+    """Every 1_x moves off the two rolled clients onto the one eligible; it gives its 0_x to
+    the clients that lost tasks (a peak of 2, not 4), holders of their state first."""
+    from streamassign.assignment import ClientAssignment, ClientState
+    from streamassign.eligibility import move_to_eligible_clients
+
+    zero, one = [TaskId(0, p) for p in range(3)], [TaskId(1, p) for p in range(3)]
+    per_client = {c: ClientAssignment(frozenset({zero[i], one[i]})) for i, c in enumerate("abc")}
+    clients = [ClientState("a"), ClientState("b", prev_standby={zero[2]}), ClientState("c")]
+    ineligible = dict.fromkeys("ab", frozenset({1}))
+    moved = move_to_eligible_clients(per_client, ineligible, clients, stateful=zero + one)
+    assert moved["c"].active == set(one)
+    assert moved["b"].active == {zero[1], zero[2]}  # b held 0_2's state
+    assert moved["a"].active == {zero[0]}
+    # High availability: an active is given back only where it restores nothing.
+    stateless = [ClientState(c) for c in "abc"]
+    warm = move_to_eligible_clients(
+        per_client, ineligible, stateless, stateful=zero + one, cold_give_back=False
+    )
+    assert warm["c"].active == {zero[2], *one}
+    assert move_to_eligible_clients(per_client, ineligible, stateless)["c"].active == set(one)
+
+
+@pytest.mark.parametrize("high_availability", [False, True])
+def test_moved_tasks_keep_their_standbys_on_eligible_processes(high_availability: bool) -> None:
+    """Three of six processes rolled (review30: 0 of the reused id's standbys were left): every
+    task keeps one standby, on a V1 process other than its active's, and no process runs
+    more than 2 of the 8 tasks."""
+    result = assign_streams(
+        V1,
+        COUNTS,
+        roll_members(3),
+        num_standby_replicas=1,
+        high_availability=high_availability,
+        end_offsets={TaskId(s, p): 100 for s in (0, 1) for p in range(4)},
+        now_ms=0,
+    )
+    infos = {m: a.info for m, a in result.items()}
+    for task in (TaskId(1, p) for p in range(4)):
+        standbys = [m for m, i in infos.items() if task in i.standby]
+        assert len(standbys) == 1 and standbys[0] in ("m4", "m5", "m6"), (task, standbys)
+        assert task not in infos[standbys[0]].active
+    assert max(len(i.active) for i in infos.values()) == 2
 
 
 @hypothesis.settings(max_examples=60, deadline=None)

@@ -43,6 +43,7 @@ from typing import Any
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, rewind
 from ..repeats import Repeats
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
@@ -56,6 +57,25 @@ SWITCH_ENV = "STREAMASSIGN_FAUST_SWITCH"
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    #: aiokafka's lines repeated while a broker is away (about 70/s in a worker, 20,000 in
+    #: a 5-minute outage), held back while the consumer runs: the filter the runtime's
+    #: ``App`` uses, shared with any other of the process (``BrokerAwayLines.attach``).
+    _broker_away_lines: BrokerAwayLines | None = None
+
+    async def on_start(self) -> None:
+        if self._broker_away_lines is None:
+            self._broker_away_lines = BrokerAwayLines.attach()
+        await super().on_start()
+
+    async def on_thread_stop(self) -> None:
+        try:
+            await super().on_thread_stop()
+        finally:
+            lines, self._broker_away_lines = self._broker_away_lines, None
+            held_back = lines.detach() if lines is not None else None
+            if held_back:
+                log.warning("%s", held_back)
+
     def _create_worker_consumer(self, *args: Any, **kwargs: Any) -> Any:
         # (transport) in faust-streaming 0.15, (transport, loop) in older releases.
         consumer = super()._create_worker_consumer(*args, **kwargs)
@@ -343,17 +363,20 @@ class _Consumer(faust_aiokafka.Consumer):
           covers a RocksDB table partition locked by another process, which Faust retries
           30 times 1 s apart before it gives up.
         - The recovery setting up: ``recovery_stall_after`` after Faust's
-          ``stream_recovery_delay``."""
+          ``stream_recovery_delay``, and not before ``broker_request_timeout``: each of its
+          requests there (the producer's flush, highwaters, offsets, seeks) may take that
+          long (a leader failover) and reports no progress."""
         conf = self.app.conf
         stall = self.recovery_stall_after
         rebalance_timeout = float(conf.broker_rebalance_timeout)
         session_timeout = float(conf.broker_session_timeout)
-        recovering = stall + float(conf.stream_recovery_delay)
+        delay = float(conf.stream_recovery_delay)  # before the set-up's first request
+        recovering = stall + delay
         return {
             REVOKING: max(stall, rebalance_timeout),
             JOINING: rebalance_timeout + max(stall, session_timeout),
             ASSIGNING: max(recovering, session_timeout),
-            RECOVERING: recovering,
+            RECOVERING: delay + max(stall, float(conf.broker_request_timeout)),
         }
 
     def _flow_revoked(self) -> None:

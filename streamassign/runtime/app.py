@@ -35,7 +35,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from .. import TaskId, TopicPartition
 from ..aiokafka import closing
 from ..aiokafka.closing import Release, release_consumer, release_producer, stop_within
-from ..aiokafka.floods import AIOKAFKA_LOGGER, BrokerAwayLines
+from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import (
     ErrorCode,
@@ -239,8 +239,8 @@ class App:
         self._cleaning: asyncio.Task[None] | None = None
         #: When ``stop()`` began (``time.monotonic()``), for its warnings.
         self._stop_began = 0.0
-        #: Holds back aiokafka's lines repeated while a broker is away, from start to stop.
-        self._broker_away_lines = BrokerAwayLines()
+        #: Holds back aiokafka's repeated broker-away lines, start to stop (shared; None: off).
+        self._broker_away_lines: BrokerAwayLines | None = None
 
     def _init_loop_state(self) -> None:
         """What the consumer loops, the host callbacks and ``stop()`` share."""
@@ -303,7 +303,16 @@ class App:
 
     async def start(self) -> None:
         """Create internal topics, start the producer, the restore consumers and the host."""
-        logging.getLogger(AIOKAFKA_LOGGER).addFilter(self._broker_away_lines)  # removed: stop()
+        if self._broker_away_lines is None:  # detached: stop()
+            self._broker_away_lines = BrokerAwayLines.attach()
+        try:
+            await self._start_steps()
+        except BaseException:  # a caller not using ``run()`` may never stop() a failed start
+            self._detach_broker_away_lines()
+            raise
+
+    async def _start_steps(self) -> None:
+        """The steps of ``start()``, in order."""
         counts = await ensure_internal_topics(
             self.topology,
             self.bootstrap_servers,
@@ -427,11 +436,17 @@ class App:
         try:
             await self._stop_steps()
         finally:  # even a cancelled stop: the filter must not outlive the App
-            logging.getLogger(AIOKAFKA_LOGGER).removeFilter(self._broker_away_lines)
-            held_back = self._broker_away_lines.summary()
-            if held_back is not None:
-                log.warning("%s", held_back)
+            self._detach_broker_away_lines()
         log.info("process %s stopped", self.host.process_id)
+
+    def _detach_broker_away_lines(self) -> None:
+        """Detaches the line filter (``start``), saying what it held back and not yet said."""
+        if self._broker_away_lines is None:
+            return
+        held_back = self._broker_away_lines.detach()
+        self._broker_away_lines = None
+        if held_back is not None:
+            log.warning("%s", held_back)
 
     async def _stop_steps(self) -> None:
         """The steps of ``stop()``, in order."""

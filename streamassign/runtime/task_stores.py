@@ -290,6 +290,8 @@ class TaskStores:
         # when empty: that may be a read that failed now, which the first write tries again.
         if checkpoint:
             self._others[task] = self._not_own(task, checkpoint)
+        else:
+            self._others.pop(task, None)
         states = {
             name: StoreState(name, changelog, UnopenedStore(True), checkpoint.get(changelog, 0))
             for name, changelog in self._changelogs(task).items()
@@ -379,7 +381,7 @@ class TaskStores:
 
     async def _attempt(self, task: TaskId) -> dict[str, StoreState]:
         """One open of ``task``'s stores in a store thread. Cancelled while the thread opens,
-        the thread closes what it opened (nobody would)."""
+        the thread closes what it opened (nobody would; past the cut it holds them)."""
         handover = _Handover(self._close_unless_cut)
         try:
             opened: dict[str, StoreState] = await self._in_thread(
@@ -487,9 +489,6 @@ class TaskStores:
         for state in states.values():
             persistent = state.store.persistent
             state.drop_unclosed()
-        # Another version's entries are read again at the next take: the task's directory
-        # may be deleted (from outside, or by the cleanup) before it comes back here.
-        self._others.pop(task, None)
         try:
             if not persistent:
                 self.state.delete_checkpoint(task)
@@ -498,6 +497,10 @@ class TaskStores:
                 self.checkpoint(task, states)
         except Exception:  # the stores still close below
             log.exception("task %s: checkpoint on close failed", task)
+        # Another version's entries are read again at the next take: the task's directory
+        # may be deleted (from outside, or by the cleanup) before it comes back here. After
+        # the close's own write, which reads them (and keeps them) when not cached.
+        self._others.pop(task, None)
         closing = asyncio.ensure_future(self._close_stores(task, [*states.values()], opened))
         self.closing[task] = closing
 
@@ -565,7 +568,7 @@ def _hold(stores: list[tuple[TaskId, str, KeyValueStore]]) -> None:
 
 class _Handover:
     """Hands the stores a thread opened to the event loop, or, if the loop gave up waiting
-    for them (cancelled), has the thread close them."""
+    for them (cancelled), has the thread close them (hold them, past ``stop()``'s cut)."""
 
     def __init__(self, close: Callable[[TaskId, list[tuple[str, KeyValueStore]]], None]) -> None:
         self._close = close  # in the thread: closes abandoned stores, or holds them past a cut

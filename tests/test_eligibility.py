@@ -1,0 +1,165 @@
+"""Properties of the per-subtopology eligibility post-pass (``streamassign.eligibility``) as
+``assign_streams`` runs it: a strict no-op while no process announces topics lacking one of
+the leader's, and, when it acts, a valid assignment whatever the member order, with the moved tasks'
+standbys kept where eligible processes allow (docs/streams.md, rolling deploys)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+from unittest import mock
+
+import hypothesis
+from hypothesis import strategies as st
+
+import streamassign.streams as streams_module
+from streamassign import Subtopology, TaskId, Topology
+from streamassign.protocol import SubscriptionInfo
+from streamassign.streams import MemberAssignment, MemberSubscription, ProbingMemory
+from streamassign.versions import subtopology_topic_indices
+
+V1 = Topology(
+    [Subtopology(0, ["a"], stores=["ca"]), Subtopology(1, ["b"], stores=["cb"])], name="upg"
+)
+V2 = Topology(  # id 1 reused for a new topic: V1's 1_x are not V2's
+    [
+        Subtopology(0, ["a"], stores=["ca", "ca2"]),
+        Subtopology(1, ["n"], stores=["cn"]),
+        Subtopology(2, ["b"], stores=["cb"]),
+    ],
+    name="upg",
+)
+V4 = Topology(  # a fresh id only: no difference
+    [
+        Subtopology(0, ["a"], stores=["ca"]),
+        Subtopology(1, ["b"], stores=["cb"]),
+        Subtopology(7, ["n"], stores=["cn"]),
+    ],
+    name="upg",
+)
+#: Process kinds: "same" announces V1's topics per id, "fresh" V4's, "reused" V2's; "old"
+#: speaks version 2 only, "max2" speaks 3 but the group is at 2 (neither announces);
+#: "garbage" has a subscription nobody could read.
+MATCHING_KINDS = ("same", "fresh", "old", "max2")
+
+
+@st.composite
+def groups(draw: Any, kinds: tuple[str, ...]) -> dict[str, Any]:
+    """A group of 1 to 6 processes of ``kinds``, 1 to 3 consumers each, with random history."""
+    partitions = draw(st.integers(1, 6))
+    tasks = [TaskId(s, p) for s in (0, 1) for p in range(partitions)]
+    processes = draw(st.lists(st.sampled_from(kinds), min_size=1, max_size=6))
+    members = {}
+    for pid, kind in enumerate(processes):
+        for thread in range(draw(st.integers(1, 3))):
+            ran = draw(st.sets(st.sampled_from(tasks), max_size=3))
+            copies = draw(st.dictionaries(st.sampled_from(tasks), st.sampled_from([0, 50, 100])))
+            members[f"m{pid}-{thread}"] = _member(pid, kind, frozenset(ran), copies)
+    return {
+        "members": members,
+        "kinds": processes,
+        "partitions": partitions,
+        "standbys": draw(st.integers(0, 2)),
+        "high_availability": draw(st.booleans()),
+    }
+
+
+def _member(
+    pid: int, kind: str, ran: frozenset[TaskId], copies: dict[TaskId, int]
+) -> MemberSubscription:
+    if kind == "garbage":
+        return MemberSubscription(frozenset("abn"), None)
+    history: dict[str, Any] = {
+        "previous_active": ran,
+        "offset_sums": copies,
+        "endpoint": f"h{pid}:1",
+    }
+    if kind in ("old", "max2"):
+        info = SubscriptionInfo(
+            uuid.UUID(int=pid + 1),
+            version=2,
+            latest_supported_version=2 if kind == "old" else 3,
+            **history,
+        )
+        return MemberSubscription(frozenset(V1.source_topics), info)
+    topology = {"same": V1, "fresh": V4, "reused": V2}[kind]
+    announced = subtopology_topic_indices(topology, topology.source_topics)
+    info = SubscriptionInfo(uuid.UUID(int=pid + 1), subtopology_topic_indices=announced, **history)
+    return MemberSubscription(frozenset(topology.source_topics), info)
+
+
+def _assign(
+    group: dict[str, Any],
+    members: dict[str, MemberSubscription],
+    memory: ProbingMemory | None = None,
+) -> dict[str, MemberAssignment]:
+    tasks = [TaskId(s, p) for s in (0, 1) for p in range(group["partitions"])]
+    return streams_module.assign_streams(
+        V1,
+        dict.fromkeys("abn", group["partitions"]),
+        members,
+        num_standby_replicas=group["standbys"],
+        high_availability=group["high_availability"],
+        end_offsets=dict.fromkeys(tasks, 100),
+        now_ms=0,
+        probing_memory=memory,
+    )
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(group=groups(MATCHING_KINDS), garbage=st.booleans())
+def test_with_no_differing_fingerprint_the_post_pass_changes_nothing(
+    group: dict[str, Any], garbage: bool
+) -> None:
+    """Members announcing the leader's topics per id, old releases, members of a group held at
+    version 2, members with a fresh id, a garbage subscription: two rounds (probing memory
+    on) give exactly what they give with the post-pass taken out."""
+    members = dict(group["members"])
+    if garbage:
+        members["zz-garbage"] = _member(99, "garbage", frozenset(), {})
+    with_pass, without_pass = ProbingMemory(), ProbingMemory()
+    for _ in range(2):
+        expected_from_pass = _assign(group, members, with_pass)
+        with mock.patch.object(
+            streams_module, "move_to_eligible_clients", lambda assigned, *_, **__: assigned
+        ):
+            expected = _assign(group, members, without_pass)
+        assert expected_from_pass == expected
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(group=groups(("same", "reused", "old", "fresh")), order_seed=st.randoms())
+def test_when_the_post_pass_acts_the_assignment_is_valid_and_keeps_standbys(
+    group: dict[str, Any], order_seed: Any
+) -> None:
+    """Every task active exactly once; no process with two copies of a task; no task of the
+    reused id on a process that reuses it while another may run it; each of its tasks with
+    replicas (standbys, or warmups) up to the configured number of standbys where eligible
+    processes allow; and the same
+    assignment whatever the member order."""
+    members = group["members"]
+    result = _assign(group, members)
+    shuffled = list(members)
+    order_seed.shuffle(shuffled)
+    assert _assign(group, {m: members[m] for m in shuffled}) == result
+    per_process: dict[str, list[set[TaskId]]] = {}
+    for member, given in result.items():
+        held = per_process.setdefault(member.split("-")[0], [set(), set(), set()])
+        for copies, tasks in zip(
+            held, (given.info.active, given.info.standby, given.info.warmup), strict=True
+        ):
+            copies |= tasks
+    actives = sorted(t for held in per_process.values() for t in held[0])
+    assert actives == [TaskId(s, p) for s in (0, 1) for p in range(group["partitions"])]
+    eligible = {f"m{pid}" for pid, kind in enumerate(group["kinds"]) if kind != "reused"}
+    for process, (active, standby, warmup) in per_process.items():
+        assert not (active & standby or active & warmup or standby & warmup), process
+        if eligible and process not in eligible:
+            assert all(t.subtopology != 1 for t in active | standby | warmup), process
+    if not eligible:
+        return
+    wanted = min(group["standbys"], len(eligible) - 1)
+    for task in (TaskId(1, p) for p in range(group["partitions"])):
+        # A warmup (high availability) is a replica too, and takes its process's one copy.
+        kept = sum(task in held[1] | held[2] for held in per_process.values())
+        assert kept >= wanted, (task, kept, wanted)
