@@ -1120,3 +1120,30 @@ def test_the_consumer_thread_holds_back_aiokafka_s_broker_away_lines_while_it_ru
     fetched = [r for r in caplog.records if r.name == "aiokafka.consumer.fetcher"]
     assert len(fetched) == 1
     assert any("49 similar lines suppressed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_seek_to_no_offset_reads_from_the_start_instead_of_ending_the_worker(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Faust's recovery seeks a partition a rebalance added during its set-up with offset
+    None (its ``_add`` before ``_build_offsets``): aiokafka's ``seek`` raised ``Offset must
+    be a positive integer`` and ended the recovery and the worker (the scale audit, 256
+    partitions, both assignors). Such an offset reads from the start, as Faust's -1 does."""
+    thread = table_app(tmp_path).consumer._thread
+    seeks: list[tuple[TP, int]] = []
+
+    class Seeking:
+        def seek(self, tp: TP, offset: int) -> None:
+            if not isinstance(offset, int) or offset < 0:
+                raise ValueError("Offset must be a positive integer")  # aiokafka's check
+            seeks.append((tp, offset))
+
+        async def position(self, tp: TP) -> int:
+            return dict(seeks)[tp]
+
+    asked = {CHANGELOG: None, SOURCE: 7, TP("orders-app-totals-changelog", 1): -2}
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(thread._seek_wait(Seeking(), asked))
+    assert dict(seeks) == {CHANGELOG: 0, SOURCE: 7, TP("orders-app-totals-changelog", 1): 0}
+    said = [r.getMessage() for r in caplog.records if "no offset" in r.getMessage()]
+    assert len(said) == 1 and "2 partition(s)" in said[0], said

@@ -92,6 +92,25 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer._partition_assignment_strategy = (assignor, *fallbacks)
         return consumer
 
+    async def _seek_wait(self, consumer: Any, partitions: Mapping[TP, Any]) -> None:
+        """Faust's, but an offset that is no offset (None, or below -1) seeks to the start as
+        Faust's -1 does, with a WARNING, instead of raising out of aiokafka's ``seek``: that
+        ended Faust's recovery and the worker (``Offset must be a positive integer``; the
+        scale audit, both assignors, 256 partitions). Faust's recovery reads a partition added
+        by a rebalance during its set-up (offset still None) or a sentinel below -1."""
+        unknown = {tp: offset for tp, offset in partitions.items() if not _is_offset(offset)}
+        if unknown:
+            log.warning(
+                "Faust's recovery asked to seek %d partition(s) to no offset (%s); reading "
+                "them from the start instead, as for an offset it does not know (-1)",
+                len(unknown),
+                ", ".join(
+                    f"{tp.topic}[{tp.partition}]: {o!r}" for tp, o in sorted(unknown.items())[:5]
+                ),
+            )
+            partitions = {tp: (0 if tp in unknown else o) for tp, o in partitions.items()}
+        await super()._seek_wait(consumer, partitions)
+
     async def _fetch_records(
         self,
         consumer: Any,
@@ -142,6 +161,11 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             return set()
         buffered = self.consumer._buffered_partitions
         return {tp for tp in records if tp not in active_partitions and tp not in buffered}
+
+
+def _is_offset(offset: object) -> bool:
+    """An offset aiokafka's ``seek`` takes (an int from 0; not a bool)."""
+    return isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
 
 
 class _Ticker:
