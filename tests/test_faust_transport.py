@@ -1147,3 +1147,23 @@ def test_a_seek_to_no_offset_reads_from_the_start_instead_of_ending_the_worker(
     assert dict(seeks) == {CHANGELOG: 0, SOURCE: 7, TP("orders-app-totals-changelog", 1): 0}
     said = [r.getMessage() for r in caplog.records if "no offset" in r.getMessage()]
     assert len(said) == 1 and "2 partition(s)" in said[0], said
+
+
+@pytest.mark.parametrize(
+    ("broker", "warned"), [("kafka://localhost:1", True), ("streamassign://localhost:1", False)]
+)
+def test_the_assignor_on_faust_s_own_transport_warns_once_that_records_may_drop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, broker: str, warned: bool
+) -> None:
+    """Faust's ``kafka://`` drops records around rebalances (a soak run lost 12 of them):
+    said once, when the app makes its assignor; not refused (a rolling switch uses it)."""
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        app = faust.App(
+            "orders-app",
+            broker=broker,
+            datadir=str(tmp_path),
+            PartitionAssignor="streamassign.faust:PartitionAssignor",
+        )
+        app.assignor  # noqa: B018 (made on first use)
+    said = [r.getMessage() for r in caplog.records if "can drop records" in r.getMessage()]
+    assert len(said) == (1 if warned else 0), said
