@@ -399,7 +399,12 @@ def test_a_state_file_with_a_non_finite_number_or_deep_nesting_is_ignored_as_unr
     with caplog.at_level(logging.WARNING, "streamassign"):
         info = reported(app.assignor)
     assert info.process_id == pid and not info.previous_active
-    (line,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    transport = "can drop records"  # this test's app runs kafka:// (said once)
+    (line,) = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and transport not in r.getMessage()
+    ]
     assert line.getMessage().startswith(f"ignoring unreadable {state_file(first)}: the JSON ")
     assert line.exc_info is None
 
