@@ -215,9 +215,8 @@ def _active_target(
     under_cap = [c for c in holders if len(placement.active[c]) < caps[c]]
     if under_cap:
         return min(under_cap, key=lambda c: (placement.active_share(c), c))
-    least = by_share.least(task.subtopology)
     return min(
-        holders + ([least] if least is not None else []),
+        holders + by_share.least(task.subtopology),
         key=lambda c: (placement.active_share(c), not placement.holds_state(c, task), c),
         default=None,
     )
@@ -354,7 +353,6 @@ class _ClientHeaps:
 
     key: Callable[[str], tuple[Any, ...]]
     groups: dict[frozenset[int], list[tuple[tuple[Any, ...], str]]]
-    sizes: dict[frozenset[int], int]
 
     @classmethod
     def of(cls, placement: _Placement, key: Callable[[str], tuple[Any, ...]]) -> _ClientHeaps:
@@ -364,31 +362,29 @@ class _ClientHeaps:
             groups.setdefault(ids, []).append((key(client), client))
         for heap in groups.values():
             heapq.heapify(heap)
-        return cls(key, groups, {ids: len(heap) for ids, heap in groups.items()})
+        return cls(key, groups)
 
     def refresh(self, client: str, ids: frozenset[int]) -> None:
         heapq.heappush(self.groups[ids], (self.key(client), client))
 
-    def eligible_count(self, subtopology: int) -> int:
-        return sum(n for ids, n in self.sizes.items() if subtopology not in ids)
-
-    def least(self, subtopology: int, skip: Collection[str] = ()) -> str | None:
-        """The eligible client for ``subtopology`` with the least (key, client), not in
-        ``skip``; None: there is none."""
-        best: tuple[tuple[Any, ...], str] | None = None
+    def least(self, subtopology: int, count: int = 1, skip: Collection[str] = ()) -> list[str]:
+        """The ``count`` eligible clients for ``subtopology`` with the least (key, client),
+        none in ``skip``, least first (fewer if there are not as many)."""
+        found: list[tuple[tuple[Any, ...], str]] = []
         for ids, heap in self.groups.items():
             if subtopology in ids:
                 continue
-            set_aside = []
-            while heap and (heap[0][0] != self.key(heap[0][1]) or heap[0][1] in skip):
+            popped: list[tuple[tuple[Any, ...], str]] = []
+            kept = 0
+            while heap and kept < count:
                 entry = heapq.heappop(heap)
-                if entry[0] == self.key(entry[1]):
-                    set_aside.append(entry)
-            if heap and (best is None or heap[0] < best):
-                best = heap[0]
-            for entry in set_aside:
+                if entry[0] == self.key(entry[1]):  # else outdated: dropped for good
+                    popped.append(entry)
+                    kept += entry[1] not in skip
+            found += [e for e in popped if e[1] not in skip]
+            for entry in popped:
                 heapq.heappush(heap, entry)
-        return None if best is None else best[1]
+        return [client for _, client in sorted(found)[:count]]
 
 
 def _top_up_standbys(
@@ -408,40 +404,40 @@ def _top_up_standbys(
     copies = placement.copies(tasks)
     for task in tasks:
         holding = copies[task]
-        room = heaps.eligible_count(task.subtopology)
-        room -= sum(placement.may_hold(c, task) for c in holding)
-        for _ in range(min(num_standbys - standbys[task], room)):
-            chosen = _standby_target(placement, task, heaps, holding, load_caps)
+        wanted = num_standbys - standbys[task]
+        for chosen in _standby_targets(placement, task, wanted, heaps, holding, load_caps):
             placement.standby[chosen].add(task)
-            holding.add(chosen)
             heaps.refresh(chosen, placement.ineligible.get(chosen, frozenset()))
 
 
-def _standby_target(
+def _standby_targets(
     placement: _Placement,
     task: TaskId,
+    wanted: int,
     heaps: _ClientHeaps,
     holding: Collection[str],
     load_caps: Mapping[str, int],
-) -> str:
-    """The eligible client without a copy of ``task`` (none in ``holding``) to get a standby
-    of it: one not over its fair share of copies (``load_caps``) first (a holder of every
-    task's state would otherwise pile them all up), then one holding the task's state (caught
-    up sooner; and a standby placed where no state is makes a new holder, which the next
-    rounds' choices follow: churn), then one under its share, then the fewest copies per
-    consumer, then the smallest key. Rack tags are not looked at (the assignor's rack-aware
-    placement is kept where the pass touched nothing)."""
+) -> list[str]:
+    """The (at most ``wanted``) eligible clients without a copy of ``task`` (none in
+    ``holding``) to get a standby of it: ones holding the task's state first (caught up
+    sooner; and a standby placed where no state is makes a new holder, which the next
+    rounds' choices follow: churn), then ones under their fair share of copies
+    (``load_caps``), then the fewest copies per consumer, then the smallest key. Picked at
+    once: a standby changes only its own client's rank, and that client is then out. Rack
+    tags are not looked at (the assignor's rack-aware placement is kept where the pass
+    touched nothing)."""
+    if wanted <= 0:
+        return []
     holders = [
         c
         for c in placement.holders.get(task, ())
         if placement.may_hold(c, task) and c not in holding
     ]
-    least = heaps.least(task.subtopology, holding)
-    candidates = holders + ([least] if least is not None else [])
 
     def rank(client: str) -> tuple[bool, bool, float, str]:
         load, cap = placement.load(client), load_caps[client]
         held = placement.holds_state(client, task)
         return not held, load >= cap, placement.load_share(client), client
 
-    return min(candidates, key=rank)
+    candidates = set(holders + heaps.least(task.subtopology, wanted, holding))
+    return sorted(candidates, key=rank)[:wanted]
