@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import streamassign.streams as streams_module
 from streamassign import Subtopology, TaskId, Topology
-from streamassign.protocol import SubscriptionInfo
+from streamassign.protocol import LATEST_OFFSET, NEVER, SubscriptionInfo
 from streamassign.streams import MemberAssignment, MemberSubscription, ProbingMemory
 from streamassign.versions import subtopology_fingerprints
 
@@ -165,3 +165,79 @@ def test_when_the_post_pass_acts_the_assignment_is_valid_and_keeps_standbys(
         # A warmup (high availability) is a replica too, and takes its process's one copy.
         kept = sum(task in held[1] | held[2] for held in per_process.values())
         assert kept >= wanted, (task, kept, wanted)
+
+
+V2_SAME_0 = Topology(  # id 1 reused for a new topic, id 0 unchanged: V1's 1_x run as V2's 2_x
+    [
+        Subtopology(0, ["a"], stores=["ca"]),
+        Subtopology(1, ["n"], stores=["cn"]),
+        Subtopology(2, ["b"], stores=["cb"]),
+    ],
+    name="upg",
+)
+
+
+def _fed_back(
+    result: dict[str, MemberAssignment] | None, rolled: int, processes: int = 6
+) -> dict[str, MemberSubscription]:
+    """One member per process reporting, as the runtime does, what it ran and the state it
+    holds from ``result`` (the last round): the first ``rolled`` processes run V2_SAME_0, and
+    of the leader's tasks they report only id 0 (their own numbering renumbers b; the
+    other version's state of the reused id is left out: localstate.offset_sums)."""
+    members = {}
+    for pid in range(processes):
+        topology = V2_SAME_0 if pid < rolled else V1
+        info = result[f"m{pid}-0"].info if result else None
+        ran = info.active if info else frozenset()
+        held = ran | info.standby | info.warmup if info else frozenset()
+        if pid < rolled:
+            ran, held = (frozenset(t for t in ts if t.subtopology == 0) for ts in (ran, held))
+        sums = {t: (LATEST_OFFSET if t in ran else 100) for t in held}
+        subscription = SubscriptionInfo(
+            uuid.UUID(int=pid + 1),
+            endpoint=f"h{pid}:1",
+            previous_active=ran,
+            offset_sums=sums,
+            subtopology_fingerprints=subtopology_fingerprints(topology),
+        )
+        members[f"m{pid}-0"] = MemberSubscription(frozenset(topology.source_topics), subscription)
+    return members
+
+
+def _roll_rounds(
+    rolled: int, high_availability: bool, standbys: int = 1, rounds: int = 4
+) -> list[dict[str, MemberAssignment]]:
+    """A settled V1 group of 6 processes (6 partitions per id), then ``rolled`` of them
+    restarted as V2_SAME_0 and ``rounds`` rebalances, each fed the last one's result."""
+    group = {"partitions": 6, "standbys": standbys, "high_availability": high_availability}
+    memory = ProbingMemory()
+    result = None
+    for _ in range(2):
+        result = _assign(group, _fed_back(result, 0), memory)
+    results = []
+    for _ in range(rounds):
+        result = _assign(group, _fed_back(result, rolled), memory)
+        results.append(result)
+    return results
+
+
+def test_high_availability_mid_roll_asks_for_no_probe_while_nothing_catches_up() -> None:
+    """High availability aims a reused id's task at a rolled process (it knows nothing of
+    eligibility), holds the active back and puts a warmup there, which the post-pass strips:
+    with no warmup left, a probing rebalance would find the same plan again, every interval
+    for as long as the group is mixed. No round asks for one (review32 F2)."""
+    for rolled in (1, 3):
+        for result in _roll_rounds(rolled, high_availability=True):
+            assert all(not a.info.warmup for a in result.values())
+            assert all(a.info.next_rebalance_ms == NEVER for a in result.values()), rolled
+
+
+def test_mid_roll_the_group_settles_after_one_round() -> None:
+    """3 of 6 processes rolled: after the first round of the roll no active moves and no
+    standby moves (the standby top-up puts a moved task's standby where its state is first:
+    placed elsewhere, it makes a new state holder the next round's choices follow, a churn
+    of rounds)."""
+    for high_availability in (False, True):
+        results = _roll_rounds(3, high_availability)
+        settled = [{m: (a.info.active, a.info.standby) for m, a in r.items()} for r in results[1:]]
+        assert all(copies == settled[0] for copies in settled), high_availability
