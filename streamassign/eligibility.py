@@ -396,8 +396,9 @@ def _top_up_standbys(
     """Each of ``tasks`` with standbys up to ``num_standbys`` on eligible clients that hold no
     copy of it (:func:`_standby_target`)."""
 
-    def by_load(client: str) -> tuple[bool, float]:
-        return placement.load(client) >= load_caps[client], placement.load_share(client)
+    def by_load(client: str) -> tuple[bool, bool, float]:
+        load, cap = placement.load(client), load_caps[client]
+        return load > cap, load >= cap, placement.load_share(client)
 
     heaps = _ClientHeaps.of(placement, by_load)
     standbys = Counter(t for held in placement.standby.values() for t in held)
@@ -419,10 +420,11 @@ def _standby_targets(
     load_caps: Mapping[str, int],
 ) -> list[str]:
     """The (at most ``wanted``) eligible clients without a copy of ``task`` (none in
-    ``holding``) to get a standby of it: ones holding the task's state first (caught up
-    sooner; and a standby placed where no state is makes a new holder, which the next
-    rounds' choices follow: churn), then ones under their fair share of copies
-    (``load_caps``), then the fewest copies per consumer, then the smallest key. Picked at
+    ``holding``) to get a standby of it: ones not over their fair share of copies
+    (``load_caps``) first (a holder of every task's state would otherwise take them all),
+    then ones holding the task's state (caught up sooner; and a standby placed where no
+    state is makes a new holder, which the next rounds' choices follow: churn), then ones
+    under their share, then the fewest copies per consumer, then the smallest key. Picked at
     once: a standby changes only its own client's rank, and that client is then out. Rack
     tags are not looked at (the assignor's rack-aware placement is kept where the pass
     touched nothing)."""
@@ -434,10 +436,10 @@ def _standby_targets(
         if placement.may_hold(c, task) and c not in holding
     ]
 
-    def rank(client: str) -> tuple[bool, bool, float, str]:
+    def rank(client: str) -> tuple[bool, bool, bool, float, str]:
         load, cap = placement.load(client), load_caps[client]
         held = placement.holds_state(client, task)
-        return not held, load >= cap, placement.load_share(client), client
+        return load > cap, not held, load >= cap, placement.load_share(client), client
 
     candidates = set(holders + heaps.least(task.subtopology, wanted, holding))
     return sorted(candidates, key=rank)[:wanted]

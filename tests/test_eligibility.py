@@ -5,6 +5,7 @@ standbys kept where eligible processes allow (docs/streams.md, rolling deploys).
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 from unittest import mock
@@ -13,7 +14,8 @@ import hypothesis
 from hypothesis import strategies as st
 
 import streamassign.streams as streams_module
-from streamassign import Subtopology, TaskId, Topology
+from streamassign import ClientState, StickyTaskAssignor, Subtopology, TaskId, Topology
+from streamassign.eligibility import move_to_eligible_clients
 from streamassign.protocol import LATEST_OFFSET, NEVER, SubscriptionInfo
 from streamassign.streams import MemberAssignment, MemberSubscription, ProbingMemory
 from streamassign.versions import subtopology_fingerprints
@@ -241,3 +243,28 @@ def test_mid_roll_the_group_settles_after_one_round() -> None:
         results = _roll_rounds(3, high_availability)
         settled = [{m: (a.info.active, a.info.standby) for m, a in r.items()} for r in results[1:]]
         assert all(copies == settled[0] for copies in settled), high_availability
+
+
+def test_standbys_of_moved_tasks_do_not_pile_up_on_a_process_holding_every_state() -> None:
+    """3 of 6 processes may not run id 1; one process that may holds state of all 12 tasks
+    (it once ran them all). The moved tasks' standbys go first to processes not over their
+    fair share of copies, then to state holders: no process is left more than one copy over
+    its share while another is under it (the hoarder used to take 6 standbys beside its 2
+    actives, against a share of 4)."""
+    tasks = [TaskId(s, p) for s in (0, 1) for p in range(6)]
+    names = [f"p{i}" for i in range(1, 7)]
+    first = StickyTaskAssignor(1).assign(tasks, [ClientState(n) for n in names], tasks)
+    clients = [
+        ClientState(
+            n,
+            prev_active=first[n].active,
+            prev_standby=set(tasks) - first[n].active if n == "p3" else first[n].standby,
+        )
+        for n in names
+    ]
+    assigned = StickyTaskAssignor(1).assign(tasks, clients, tasks)
+    ineligible = {n: frozenset({1}) for n in names[3:]}
+    result = move_to_eligible_clients(assigned, ineligible, clients, 1, tasks)
+    share = math.ceil(sum(a.load for a in result.values()) / len(names))
+    loads = {n: result[n].load for n in names}
+    assert max(loads.values()) <= share + 1 or min(loads.values()) >= share, loads
