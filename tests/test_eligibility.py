@@ -117,7 +117,8 @@ def test_with_no_differing_fingerprint_the_post_pass_changes_nothing(
 ) -> None:
     """Members announcing the leader's fingerprints, old releases, members of a group held at
     version 2, members with a fresh id, a garbage subscription: two rounds (probing memory
-    on) give exactly what they give with the post-pass taken out."""
+    on, the second fed the first's result, so a remembered plan carries over) give exactly
+    what they give with the post-pass taken out."""
     members = dict(group["members"])
     if garbage:
         members["zz-garbage"] = _member(99, "garbage", frozenset(), {})
@@ -129,6 +130,23 @@ def test_with_no_differing_fingerprint_the_post_pass_changes_nothing(
         ):
             expected = _assign(group, members, without_pass)
         assert expected_from_pass == expected
+        members = _reporting(group, members, expected)  # the remembered plan can carry over
+
+
+def _reporting(
+    group: dict[str, Any],
+    members: dict[str, MemberSubscription],
+    result: dict[str, MemberAssignment],
+) -> dict[str, MemberSubscription]:
+    """``members`` reporting ``result``: what they ran, and caught-up state of each copy."""
+    out = dict(members)
+    for member in members:
+        if member.startswith("zz"):
+            continue  # the garbage subscription
+        pid, info = int(member[1:].split("-")[0]), result[member].info
+        copies = dict.fromkeys(info.active | info.standby | info.warmup, 100)
+        out[member] = _member(pid, group["kinds"][pid], info.active, copies)
+    return out
 
 
 @hypothesis.settings(max_examples=150, deadline=None)
