@@ -13,6 +13,7 @@ itself (a strict no-op).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import Counter
@@ -233,15 +234,19 @@ def _give_back(
     move one there: from the busiest such giver, the move :func:`_best_give_back` picks. Each
     move fills a taker's gap, so this ends; it moves no more actives than the pass took off.
     A giver with no move now never gets one (its tasks and the takers' gaps only shrink), so
-    it leaves the queue: each move costs the takers, not every (giver, taker, task)."""
+    it leaves the queue: each move costs a few takers, not every (giver, taker, task)."""
     active = placement.active
 
     def gives(client: str) -> bool:
         return len(active[client]) > max(caps[client], actives_before[client])
 
-    takers = [c for c in active if len(active[c]) < actives_before[c]]
+    takers = _Takers(
+        {c: placement.active_share(c) for c in active if len(active[c]) < actives_before[c]}
+    )
     givers = [c for c in active if gives(c)]
-    tasks = {g: _GiverTasks.of(placement, g, takers) for g in givers} if takers else {}
+    tasks = (
+        {g: _GiverTasks.of(placement, g, takers.shares) for g in givers} if takers.shares else {}
+    )
     queue = [(-placement.active_share(g), g) for g in tasks]
     heapq.heapify(queue)
     while queue:
@@ -251,46 +256,71 @@ def _give_back(
             continue
         task, taker = move
         placement.move_active(task, giver, taker)
-        if len(active[taker]) >= actives_before[taker]:
-            takers.remove(taker)
+        still = len(active[taker]) < actives_before[taker]
+        takers.update(taker, placement.active_share(taker) if still else None)
         if gives(giver):
             heapq.heappush(queue, (-placement.active_share(giver), giver))
+
+
+@attrs.define
+class _Takers:
+    """The clients below their actives before the pass, with their actives per consumer,
+    also as a list sorted on (share, client): the order a giver prefers them in."""
+
+    shares: dict[str, float]
+    ordered: list[tuple[float, str]] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.ordered = sorted((share, c) for c, share in self.shares.items())
+
+    def update(self, client: str, share: float | None) -> None:
+        """``client``'s new share, or None: it takes no more."""
+        del self.ordered[bisect.bisect_left(self.ordered, (self.shares.pop(client), client))]
+        if share is not None:
+            self.shares[client] = share
+            bisect.insort(self.ordered, (share, client))
 
 
 def _best_give_back(
     placement: _Placement,
     tasks: _GiverTasks,
     giver: str,
-    takers: Sequence[str],
+    takers: _Takers,
     cold_give_back: bool,
 ) -> tuple[TaskId, str] | None:
     """The (task, taker) ``giver`` gives back next, or None: it has no move. The taker must
     end with fewer actives per consumer than the giver has; the task one of an id the taker
     may run (and, without ``cold_give_back``, one that restores nothing there). Of those: one
     that restores nothing first (a stateless task, or state the taker holds), then to the
-    least busy taker, then of a task the giver did not run before, then the smallest."""
+    least busy taker, then of a task the giver did not run before, then the smallest. So the
+    first taker in (share, client) order with a fitting task wins: only the takers holding
+    the giver's tasks' state are looked at for one that restores nothing, unless the giver
+    has stateless tasks."""
     share = placement.active_share(giver)
     live = placement.active[giver]
     by_ids: dict[frozenset[int], tuple[bool, _Ranked] | None] = {}  # takers with no warm heap
-    best: tuple[bool, float, str, bool, TaskId] | None = None
-    for taker in takers:
-        consumers = placement.capacity(taker)
-        if share <= (len(placement.active[taker]) + 1) / consumers:
-            continue
+
+    def fitting(taker: str) -> tuple[bool, _Ranked] | None:
+        if share <= (len(placement.active[taker]) + 1) / placement.capacity(taker):
+            return None
         ids = placement.ineligible.get(taker, frozenset())
         if taker in tasks.warm:
-            found = tasks.best(live, taker, ids)
-        elif ids in by_ids:
-            found = by_ids[ids]
-        else:
-            found = by_ids[ids] = tasks.best(live, taker, ids)
-        if found is None or (found[0] and not cold_give_back):
-            continue
-        restores, (ran, task) = found
-        key = (restores, len(placement.active[taker]) / consumers, taker, ran, task)
-        if best is None or key < best:
-            best = key
-    return None if best is None else (best[4], best[2])
+            return tasks.best(live, taker, ids)
+        if ids not in by_ids:
+            by_ids[ids] = tasks.best(live, taker, ids)
+        return by_ids[ids]
+
+    if tasks.has_stateless(live):
+        warm = takers.ordered
+    else:
+        warm = sorted((takers.shares[t], t) for t in tasks.warm if t in takers.shares)
+    for _, taker in warm:
+        if (found := fitting(taker)) is not None and not found[0]:
+            return found[1][1], taker
+    for _, taker in takers.ordered if cold_give_back else ():
+        if (found := fitting(taker)) is not None:
+            return found[1][1], taker
+    return None
 
 
 _Ranked = tuple[bool, TaskId]  # (the giver ran it, the task): the order a giver gives in
@@ -322,6 +352,9 @@ class _GiverTasks:
         for heap in [*tasks.stateless.values(), *tasks.every.values(), *tasks.warm.values()]:
             heapq.heapify(heap)
         return tasks
+
+    def has_stateless(self, live: Collection[TaskId]) -> bool:
+        return any(_first_live(h, live) is not None for h in self.stateless.values())
 
     def best(
         self, live: Collection[TaskId], taker: str, ids: Collection[int]
