@@ -854,8 +854,9 @@ def _assign_compatible(
     )
     if per_client is not assigned:
         if given.probing_memory is not None:
-            # Its plan is the assignor's, not what the members were sent: they never run
-            # exactly its actives, so carrying it over next round could not apply.
+            # Its plan is the assignor's, not what the members were sent. Where only
+            # standbys changed they do run its actives, and carried over, its target would
+            # move one in a later round that nothing asked to probe (tests/test_eligibility).
             given.probing_memory.forget()
         if not any(a.warmup for a in per_client.values()):
             # The post-pass stripped every warmup (they were on processes that may not run

@@ -286,3 +286,33 @@ def test_standbys_of_moved_tasks_do_not_pile_up_on_a_process_holding_every_state
     share = math.ceil(sum(a.load for a in result.values()) / len(names))
     loads = {n: result[n].load for n in names}
     assert max(loads.values()) <= share + 1 or min(loads.values()) >= share, loads
+
+
+def test_after_the_post_pass_changed_only_standbys_the_next_round_plans_afresh() -> None:
+    """High availability: the post-pass changed only standbys (the members then run exactly
+    the plan's actives), and nothing asked for a probe. The probing memory forgets the
+    assignor's plan (it is not what the members were sent), so a later rebalance with
+    nothing changed plans afresh and moves nothing; carried over, the old plan's target
+    would move an active then (found by a search over fed-back rounds)."""
+    members = {
+        "m0-0": _member(0, "same", frozenset(), {TaskId(1, 0): 100, TaskId(0, 0): 100}),
+        "m1-0": _member(1, "old", frozenset(), {TaskId(1, 0): 50, TaskId(0, 0): 100}),
+        "m2-0": _member(2, "reused", frozenset(), {}),
+        "m2-1": _member(2, "reused", frozenset(), {}),
+    }
+    group = {
+        "kinds": ["same", "old", "reused"],
+        "partitions": 1,
+        "standbys": 2,
+        "high_availability": True,
+    }
+    memory = ProbingMemory()
+    first = _assign(group, members, memory)
+    assert all(a.info.next_rebalance_ms == NEVER for a in first.values())
+    members = _reporting(group, members, first)
+    for _ in range(2):
+        result = _assign(group, members, memory)
+        assert {m: a.info.active for m, a in result.items()} == {
+            m: a.info.active for m, a in first.items()
+        }
+        members = _reporting(group, members, result)
