@@ -1,14 +1,14 @@
 """Per-subtopology eligibility of clients in a mixed-topology-version group (a rolling deploy).
 
 The assignors know nothing of topology versions: they balance every task over every client.
-A client whose process announced (protocol version 3) a fingerprint for subtopology ``s`` other
-than the leader's, or none, would refuse the tasks of ``s`` (its member guard: their partitions
-are not its own task's), and they would make no progress there. So after the assignor, a
-post-pass moves those actives to eligible clients and drops standbys and warmups of them on
-ineligible clients, then puts the group back in shape: no load peak stacked by the moves (a
-cap per client), standbys of the touched tasks topped up on eligible clients. The assignors
-stay untouched; with no differing fingerprint the post-pass returns the assignor's output
-itself (a strict no-op).
+A client whose process announced (protocol version 3) for subtopology ``s`` source topics that
+lack one of the leader's, or none, would refuse the tasks of ``s`` (its member guard: some of
+their partitions are not its own task's; it may not even subscribe to them), and they would
+make no progress there. So after the assignor, a post-pass moves those actives to eligible
+clients and drops standbys and warmups of them on ineligible clients, then puts the group back
+in shape: no load peak stacked by the moves (a cap per client), standbys of the touched tasks
+topped up on eligible clients. The assignors stay untouched; with no process lacking a topic
+there the post-pass returns the assignor's output itself (a strict no-op).
 """
 
 from __future__ import annotations
@@ -29,20 +29,24 @@ __all__ = ["ineligible_subtopologies", "move_to_eligible_clients"]
 
 
 def ineligible_subtopologies(
-    own: Mapping[int, str], announced: Mapping[str, Sequence[Mapping[int, str]]]
+    own: Mapping[int, frozenset[str]],
+    announced: Mapping[str, Sequence[Mapping[int, frozenset[str]]]],
 ) -> dict[str, frozenset[int]]:
-    """Per client, the leader's subtopology ids (``own``: id -> fingerprint) that it must not
-    get tasks of: ids whose fingerprint differs from one its members announced. A member
-    announcing nothing (protocol 1-2, or an older release) makes no id ineligible: the leader
-    cannot tell, and its member guard still acts. Clients with none are left out."""
+    """Per client, the leader's subtopology ids (``own``: id -> its source topics) that it must
+    not get tasks of: ids for which one of its members announced source topics (``announced``:
+    per client, each member's id -> topics) that do not include all of the leader's, or none.
+    The member guard's subset rule (``versions.mismatched_tasks``): a client whose id reads
+    more topics (a topic added there) runs the leader's task with the partitions it is given.
+    A member announcing nothing (protocol 1-2, an older release) makes no id ineligible: the
+    leader cannot tell, and its member guard still acts. Clients with none are left out."""
     out = {}
-    for client, members_fingerprints in announced.items():
+    for client, members_sources in announced.items():
         differing = {
             sub
-            for theirs in members_fingerprints
+            for theirs in members_sources
             if theirs
-            for sub, fingerprint in own.items()
-            if theirs.get(sub) != fingerprint
+            for sub, topics in own.items()
+            if not topics <= theirs.get(sub, frozenset())
         }
         if differing:
             out[client] = frozenset(differing)

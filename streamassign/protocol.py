@@ -21,10 +21,11 @@ maps (a section without hosts).
 
 Version 2 appends — subscription: rack, client tags. Assignment: warmup tasks.
 
-Version 3 appends — subscription: a fingerprint per subtopology id of the member's topology
-(``streamassign.versions.subtopology_fingerprints``: its source topics and co-partition
-groups), so a leader gives the tasks of its topology only to processes whose subtopology ids
-mean the same topics (a rolling deploy that changes the topology). Assignment: nothing.
+Version 3 appends — subscription: per subtopology id of the member's topology, its source
+topics as indices into the member's sorted subscribed topics (which the JoinGroup metadata
+carries by name: ``streamassign.versions.subtopology_topic_indices``), so a leader gives the
+tasks of one of its ids only to processes whose task of that id reads every partition the
+leader gives for it (a rolling deploy that changes the topology). Assignment: nothing.
 
 Garbage or truncated bytes raise ``ProtocolError``; the leader treats such a member as having
 no history. Decoding is bounded by ``MAX_TASK_IDS``, so a few bytes of garbage cannot cost gigabytes
@@ -295,9 +296,12 @@ class SubscriptionInfo:
     client_tags: Mapping[str, str] = attrs.field(factory=dict)
     version: int = LATEST_VERSION
     latest_supported_version: int = LATEST_VERSION
-    #: Subtopology id -> fingerprint of the member's topology (version 3; empty: not
-    #: announced, an older member, whose topology the leader cannot compare).
-    subtopology_fingerprints: Mapping[int, str] = attrs.field(factory=dict, kw_only=True)
+    #: Subtopology id -> its source topics in the member's topology, as indices into the
+    #: member's sorted subscribed topics (version 3; empty: not announced, an older member,
+    #: whose topology the leader cannot compare). ``versions.announced_sources`` names them.
+    subtopology_topic_indices: Mapping[int, frozenset[int]] = attrs.field(
+        factory=dict, kw_only=True
+    )
 
     @property
     def running(self) -> frozenset[TaskId]:
@@ -332,12 +336,7 @@ class SubscriptionInfo:
                 w.string(key)
                 w.string(self.client_tags[key])
         if self.version >= 3:
-            fingerprints = self.subtopology_fingerprints
-            w.take(len(fingerprints))
-            w.uint(len(fingerprints))
-            for sub in sorted(fingerprints):
-                w.uint(sub)
-                w.string(fingerprints[sub])
+            _write_topic_indices(w, self.subtopology_topic_indices)
         return w.finish()
 
     @classmethod
@@ -404,9 +403,7 @@ class SubscriptionInfo:
         if read_version >= 2:
             rack = r.string() or None
             tags = {r.string(): r.string() for _ in range(r.count())}
-        fingerprints = {}
-        if read_version >= 3:
-            fingerprints = {r.uint(): r.string() for _ in range(r.take(r.count()))}
+        indices = _read_topic_indices(r) if read_version >= 3 else {}
         if version == read_version and not r.done():
             raise ProtocolError(f"{len(data) - r.pos} unexpected trailing bytes")
         return cls(
@@ -420,8 +417,36 @@ class SubscriptionInfo:
             tags,
             version,
             latest,
-            subtopology_fingerprints=fingerprints,
+            subtopology_topic_indices=indices,
         )
+
+
+def _write_topic_indices(w: _Writer, indices: Mapping[int, Iterable[int]]) -> None:
+    """``[id count] {id, [index count] {index}}``, ids and indices ascending, each entry
+    charged as the reader charges it."""
+    w.take(len(indices))
+    w.uint(len(indices))
+    for sub in sorted(indices):
+        topics = sorted(set(indices[sub]))
+        w.take(len(topics))
+        w.uint(sub)
+        w.uint(len(topics))
+        for index in topics:
+            w.uint(index)
+
+
+def _read_topic_indices(r: _Reader) -> dict[int, frozenset[int]]:
+    """What :func:`_write_topic_indices` wrote. Counts are bounded by the bytes left and
+    charged to the decode's budget before anything is made; an id twice is garbage. Whether
+    an index names a subscribed topic is the leader's check (``versions.announced_sources``:
+    the names travel beside the user data)."""
+    out: dict[int, frozenset[int]] = {}
+    for _ in range(r.take(r.count())):
+        sub = r.uint()
+        if sub in out:
+            raise ProtocolError(f"subtopology {sub} announced twice")
+        out[sub] = frozenset(r.uint() for _ in range(r.take(r.count())))
+    return out
 
 
 # -- assignment ------------------------------------------------------------------------------

@@ -48,7 +48,12 @@ from .repeats import Repeats, log_error_once
 from .sticky import StickyTaskAssignor
 from .threads import distribute_to_threads
 from .topology import Topology
-from .versions import ROLLING_DEPLOY_DOC, subtopology_fingerprints, topology_version
+from .versions import (
+    ROLLING_DEPLOY_DOC,
+    announced_sources,
+    subtopology_fingerprints,
+    topology_version,
+)
 
 log = logging.getLogger("streamassign.streams")
 
@@ -192,10 +197,45 @@ def decode_subscriptions(
         except ProtocolError as exc:
             info = _identity_only(data, max_version)
             log.warning("member %s: %s; treating it as having no history", member, exc)
-        sub = MemberSubscription(topics, info)
+        sub = _with_readable_sources(member, MemberSubscription(topics, info))
         # Only members that can get tasks draw on the pool, as in assign_streams.
-        out[member] = budget.admit(member, sub) if topology.source_topics <= sub.topics else sub
+        out[member] = budget.admit(member, sub) if _may_get_tasks(topology, sub) else sub
     return out
+
+
+def _with_readable_sources(member: str, sub: MemberSubscription) -> MemberSubscription:
+    """``sub``, without its announced source topics when an index is past its subscription
+    (garbage: logged; the member is then treated as one announcing nothing, whose guard
+    still refuses what it cannot run)."""
+    if sub.info is None or not sub.info.subtopology_topic_indices:
+        return sub
+    try:
+        announced_sources(sub.topics, sub.info.subtopology_topic_indices)
+    except ProtocolError as exc:
+        log.warning("member %s: %s; treating it as announcing no topology", member, exc)
+        return attrs.evolve(sub, info=attrs.evolve(sub.info, subtopology_topic_indices={}))
+    return sub
+
+
+def _sources_of(sub: MemberSubscription) -> dict[int, frozenset[str]]:
+    """Per subtopology id, the source topics ``sub`` announces (protocol version 3); empty:
+    it announces nothing, or garbage (an index past its subscription, logged where
+    decoded)."""
+    if sub.info is None or not sub.info.subtopology_topic_indices:
+        return {}
+    try:
+        return announced_sources(sub.topics, sub.info.subtopology_topic_indices)
+    except ProtocolError:
+        log.debug("a member announces unreadable source topics; it announces nothing here")
+        return {}
+
+
+def _may_get_tasks(topology: Topology, sub: MemberSubscription) -> bool:
+    """Whether the assignor may give ``sub`` tasks: it subscribes to every source topic, or
+    it announces its subtopologies' topics (then the post-pass keeps every task off it
+    whose topics it does not announce for that id, and so every topic it does not
+    subscribe to: the announced topics are among its subscribed ones)."""
+    return topology.source_topics <= sub.topics or bool(_sources_of(sub))
 
 
 def _identity_only(data: bytes, max_version: int) -> SubscriptionInfo | None:
@@ -880,20 +920,22 @@ def _assign_compatible(
 def _compatible_members(
     topology: Topology, members: Mapping[str, MemberSubscription], versions: Repeats | None
 ) -> dict[str, MemberSubscription]:
-    """Members subscribed to every source topic; the others are logged (they get no tasks).
-    Subscribing members announcing other fingerprints for some of the leader's ids are logged
-    (:func:`_log_topology_versions`) and kept: only the tasks of those ids move off them."""
-    subscribing = _subscribing_members(topology, members)
-    _log_topology_versions(topology, subscribing, versions)
-    return subscribing
+    """Members that may get tasks (:func:`_may_get_tasks`); the others are logged (they get
+    no tasks). Members announcing source topics that lack some of the leader's for some of
+    its ids are logged (:func:`_log_topology_versions`) and kept: only the tasks of those ids
+    move off them."""
+    kept = _subscribing_members(topology, members)
+    _log_topology_versions(topology, kept, versions)
+    return kept
 
 
 def _subscribing_members(
     topology: Topology, members: Mapping[str, MemberSubscription]
 ) -> dict[str, MemberSubscription]:
-    """Members subscribed to every source topic; the others are logged (they get no tasks)."""
+    """Members subscribed to every source topic or announcing their topology's topics
+    (:func:`_may_get_tasks`); the others are logged (they get no tasks)."""
     needed = topology.source_topics
-    compatible = {m: s for m, s in members.items() if needed <= s.topics}
+    compatible = {m: s for m, s in members.items() if _may_get_tasks(topology, s)}
     for member in sorted(set(members) - set(compatible)):
         missing = sorted(needed - members[member].topics)
         log.warning(
@@ -907,19 +949,23 @@ def _subscribing_members(
 def _log_topology_versions(
     topology: Topology, members: Mapping[str, MemberSubscription], logged: Repeats | None
 ) -> None:
-    """One WARNING line when processes announce fingerprints that differ from this leader's
-    for some of its subtopology ids (another topology version: an id reused, a topic added,
-    a co-partition group declared), once per episode with ``logged``; one INFO line when none
-    does any more. Ids only a member has (fresh ids) are no difference: the leader assigns
-    none of them. Members announcing nothing (protocol 1-2) cannot be checked. No process is
+    """One WARNING line when processes announce, for some of this leader's subtopology ids,
+    source topics that lack one of the leader's (another topology version: an id reused, a
+    topic added in the leader's version), once per episode with ``logged``; one INFO line
+    when none does any more. Ids only one side has (fresh ids: the process gets no task of
+    the leader's), and ids where a member reads more topics (a topic added in its version:
+    it runs the leader's task), are no difference. Members announcing nothing (protocol 1-2)
+    cannot be checked. No process is
     excluded; the tasks of the differing ids are moved off it after the assignor
     (:func:`~streamassign.eligibility.move_to_eligible_clients`)."""
-    own = subtopology_fingerprints(topology)
+    own = _own_sources(topology)
     differing: dict[tuple[tuple[int, str], ...], set[str]] = {}
     for sub in members.values():
-        theirs = sub.info.subtopology_fingerprints if sub.info is not None else {}
+        theirs = _sources_of(sub)
         ids = tuple(
-            sorted((s, theirs.get(s, "none")) for s, f in own.items() if theirs.get(s) != f)
+            (s, ", ".join(sorted(theirs[s])))
+            for s, topics in sorted(own.items())
+            if s in theirs and not topics <= theirs[s]
         )
         if sub.info is not None and theirs and ids:
             differing.setdefault(ids, set()).add(str(sub.info.process_id))
@@ -930,21 +976,22 @@ def _log_topology_versions(
     if logged is not None and not logged.changed(frozenset(differing)):
         return
     listed = "; ".join(
-        f"processes {', '.join(sorted(p))} announce " + ", ".join(f"id {s}: {f}" for s, f in ids)
+        f"processes {', '.join(sorted(p))} announce "
+        + ", ".join(f"id {s} reading {t}" for s, t in ids)
         for ids, p in sorted(differing.items())
     )
-    mine = ", ".join(f"id {s}: {f}" for s, f in sorted(own.items()))
+    mine = ", ".join(f"id {s}: {', '.join(sorted(t))}" for s, t in sorted(own.items()))
     log.warning(
         "processes of another topology version share the group: %s (this leader, version %s: "
         "%s). This leader gives them no task of those ids: each goes to a process announcing "
-        "this leader's fingerprint for it (one holding its state first, up to its share), their "
+        "all of this leader's topics of it (one holding its state first, up to its share), their "
         "standbys and warmups of them are dropped and the standbys placed on such processes "
         "again; they get tasks of the other ids as usual. Where no "
         "process is eligible the task stays, and a process whose own task of that id does not "
         "read its partitions refuses it (its ERROR line names it). Keep subtopology ids stable "
         "across versions (%s)",
         listed,
-        topology_version(own),
+        topology_version(subtopology_fingerprints(topology)),
         mine,
         ROLLING_DEPLOY_DOC,
     )
@@ -1052,22 +1099,24 @@ class _HostMaps:
         return cls(active_by_host, standby_by_host, _topic_dictionary(topology, counts))
 
 
+def _own_sources(topology: Topology) -> dict[int, frozenset[str]]:
+    """Each subtopology id of ``topology`` with its source topics."""
+    return {s: frozenset(topology.subtopology(s).source_topics) for s in topology.subtopology_ids}
+
+
 def _ineligible_by_client(
     topology: Topology,
     compatible: Mapping[str, MemberSubscription],
     by_process: Mapping[str, list[str]],
 ) -> dict[str, frozenset[int]]:
-    """Per process key, the leader's subtopology ids whose fingerprint its members announce
-    otherwise (another topology version: its guard would refuse their tasks)."""
+    """Per process key, the leader's subtopology ids for which its members announce source
+    topics lacking one of the leader's (another topology version: its guard would refuse
+    their tasks, or it does not subscribe to their partitions)."""
     announced = {
-        key: [
-            info.subtopology_fingerprints
-            for m in member_ids
-            if (info := compatible[m].info) is not None
-        ]
+        key: [_sources_of(compatible[m]) for m in member_ids]
         for key, member_ids in by_process.items()
     }
-    return ineligible_subtopologies(subtopology_fingerprints(topology), announced)
+    return ineligible_subtopologies(_own_sources(topology), announced)
 
 
 def _split_to_threads(
@@ -1085,6 +1134,7 @@ def _split_to_threads(
     split = distribute_to_threads(assigned, member_ids, previous, stateful)
     result = {}
     for m, part in split.items():
+        part = _subscribed_only(m, part, compatible[m].topics, tasks)
         partitions = tuple(sorted(tp for t in part.active for tp in tasks[t]))
         result[m] = MemberAssignment(
             partitions,
@@ -1102,6 +1152,28 @@ def _split_to_threads(
             ),
         )
     return result
+
+
+def _subscribed_only(
+    member: str,
+    part: ClientAssignment,
+    subscribed: frozenset[str],
+    tasks: Mapping[TaskId, frozenset[TopicPartition]],
+) -> ClientAssignment:
+    """``part`` without actives reading a topic ``member`` does not subscribe to (its consumer
+    would fail on the assignment: aiokafka asserts every partition is subscribed). The
+    post-pass keeps such tasks off it; one stays only where no process may run its id (no
+    process announces all its topics), then it is not assigned this round (logged)."""
+    unsubscribed = {t for t in part.active if any(tp.topic not in subscribed for tp in tasks[t])}
+    if not unsubscribed:
+        return part
+    log.error(
+        "no process that subscribes to their topics may run %s; not assigned to member %s "
+        "this round",
+        ", ".join(str(t) for t in sorted(unsubscribed)),
+        member,
+    )
+    return attrs.evolve(part, active=part.active - unsubscribed)
 
 
 def _check_repartition_topics(

@@ -12,32 +12,36 @@ assigned task against its own topology: a task with a partition, in the leader's
 dictionary, that this process's task of that id does not read is refused (not run, its
 partitions paused): that partition's records would map to a task the process does not run.
 A task whose leader partitions are a subset of its own task's runs as before (a topic added to
-a subtopology, a co-partition group declared). The leader compares per-subtopology fingerprints
-(:func:`subtopology_fingerprints`) that members of protocol version 3 announce, and says which
-processes differ on which ids.
+a subtopology, a co-partition group declared). The leader applies the same subset rule before
+it assigns: members of protocol version 3 announce each subtopology id's source topics
+(:func:`subtopology_topic_indices`, named again by :func:`announced_sources`), and a process
+gets no task of an id whose leader topics are not all among those it announces for that id
+(``streamassign.eligibility``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import attrs
 
 from ._ids import TaskId, TopicPartition
-from .errors import TopologyVersionMismatchError
+from .errors import ProtocolError, TopologyVersionMismatchError
 from .topology import Topology
 
 __all__ = [
     "ROLLING_DEPLOY_DOC",
     "SubtopologyDifference",
     "TaskMismatch",
+    "announced_sources",
     "mismatch_error",
     "mismatched_tasks",
     "refused_subtopologies",
     "reused_subtopologies",
     "subtopology_fingerprints",
+    "subtopology_topic_indices",
     "topology_version",
 ]
 
@@ -170,12 +174,47 @@ def _refused(mismatch: TaskMismatch) -> str:
     return f"{mismatch.task} (leader's partitions {parts}; here it reads {here})"
 
 
+def subtopology_topic_indices(
+    topology: Topology, subscribed: Iterable[str]
+) -> dict[int, frozenset[int]]:
+    """What a member announces (protocol version 3): per subtopology id, its source topics
+    (what its tasks' partitions are) as indices into its sorted ``subscribed`` topics, whose
+    names the JoinGroup metadata carries (``ProcessHost`` subscribes to every source topic).
+    Stores and co-partition groups are left out: neither changes a task's partitions. A
+    subtopology reading a topic outside ``subscribed`` is left out too: the leader then
+    gives this process no task of it, which it could not be given the partitions of."""
+    position = {topic: i for i, topic in enumerate(sorted(set(subscribed)))}
+    out = {}
+    for sub in topology.subtopology_ids:
+        sources = topology.subtopology(sub).source_topics
+        if all(t in position for t in sources):
+            out[sub] = frozenset(position[t] for t in sources)
+    return out
+
+
+def announced_sources(
+    subscribed: Iterable[str], indices: Mapping[int, Collection[int]]
+) -> dict[int, frozenset[str]]:
+    """The leader's reading of what a member announces (:func:`subtopology_topic_indices`):
+    per subtopology id, its source topics by name. ``ProtocolError`` for an index past the
+    member's ``subscribed`` topics (garbage: the names travel beside the user data)."""
+    topics = sorted(set(subscribed))
+    out = {}
+    for sub, positions in indices.items():
+        past = sorted(i for i in positions if i >= len(topics))
+        if past:
+            raise ProtocolError(
+                f"subtopology {sub} announces topic index {past[0]} of a subscription of "
+                f"{len(topics)} topics"
+            )
+        out[sub] = frozenset(topics[i] for i in positions)
+    return out
+
+
 def subtopology_fingerprints(topology: Topology) -> dict[int, str]:
-    """A short hash per subtopology id of its sorted source topics: what its tasks'
-    partitions are. Stores are left out (a store added keeps the partitions: both versions
-    run the task, the new store starts empty), and so are co-partition groups (a task is
-    ``(subtopology_of(topic), partition)`` whatever the groups; both versions validate
-    counts): neither may make the leader move tasks off a process."""
+    """A short hash per subtopology id of its sorted source topics (what its tasks'
+    partitions are), for log lines only (:func:`topology_version`): the wire carries the
+    topics themselves (:func:`subtopology_topic_indices`)."""
     out = {}
     for sub in topology.subtopology_ids:
         text = json.dumps(sorted(topology.subtopology(sub).source_topics), separators=(",", ":"))

@@ -168,8 +168,10 @@ def subscription_infos(draw: st.DrawFn) -> SubscriptionInfo:
         else {},
         version=version,
         latest_supported_version=draw(st.integers(version, 5)),
-        subtopology_fingerprints=draw(
-            st.dictionaries(st.integers(0, 2**31), wire_names, max_size=3)
+        subtopology_topic_indices=draw(
+            st.dictionaries(
+                st.integers(0, 2**31), st.frozensets(st.integers(0, 300), max_size=4), max_size=3
+            )
         )
         if version >= 3
         else {},

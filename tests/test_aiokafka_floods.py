@@ -19,6 +19,7 @@ from streamassign import Subtopology, Topology
 from streamassign.aiokafka.floods import (
     AIOKAFKA_LOGGER,
     EPISODE_GAP,
+    LINES_WINDOW,
     REPEATING,
     BrokerAwayLines,
     back_off_metadata_updates,
@@ -84,7 +85,7 @@ def test_a_repeated_line_is_logged_once_per_node_per_window_and_counted(
         "Topic events not found",
         "Topic events not found",
         "Unable connect to node with id 1: [Errno 111] refused "
-        "(999 similar lines suppressed over 1 s)",
+        "(999 similar lines suppressed over 1.0 s)",
     ]
     assert lines.suppressed == 1998
     assert lines.summary() == (
@@ -314,8 +315,51 @@ def test_another_outage_passes_its_first_line_saying_what_the_last_held_back(
         fetcher.removeFilter(lines)
     assert [r.getMessage() for r in caplog.records] == [
         f"Failed fetch messages from 1: {NOT_READY}",
-        f"Failed fetch messages from 1: {NOT_READY} (80 similar lines suppressed over 8 s)",
+        f"Failed fetch messages from 1: {NOT_READY} (80 similar lines suppressed over 7.9 s)",
     ]
+
+
+def test_churning_lines_are_swept_into_the_summary_and_do_not_pile_up() -> None:
+    """An hour of new error texts, each logged twice: every line was kept until the stop
+    (36,000 kept, review34 G2). Lines whose episode ended are swept once per window, their
+    counts kept per kind for the summary."""
+    clock = Clock()
+    lines = BrokerAwayLines(clock=clock)
+    for second in range(3600):
+        clock.now = float(second)
+        for _ in range(2):
+            filtered(
+                lines, "aiokafka.consumer.fetcher", "Failed fetch messages from %s: %s", 1, second
+            )
+    assert len(lines._lines) <= 2 * (LINES_WINDOW + 1)
+    assert lines.summary() == (
+        "aiokafka: 3600 similar lines suppressed (3600 failed fetches; each line logged once "
+        "per 30 s; broker unreachable?)"
+    )
+
+
+def test_a_count_said_by_the_summary_is_not_said_again_and_the_span_starts_after_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another ``App``'s stop says what was held back; the next line says only what came
+    after, over the span it came in (it said the window's whole span, review34 G3)."""
+    clock = Clock()
+    lines = BrokerAwayLines(clock=clock)
+    for tenth in range(100):
+        clock.now = tenth / 10
+        filtered(lines, "aiokafka.consumer.fetcher", "Failed fetch messages from %s: %s", 1, "x")
+    assert lines.summary() is not None
+    for tenth in range(100, 300):  # the outage goes on
+        clock.now = tenth / 10
+        filtered(lines, "aiokafka.consumer.fetcher", "Failed fetch messages from %s: %s", 1, "x")
+    record = logging.getLogger("aiokafka.consumer.fetcher").makeRecord(
+        "aiokafka.consumer.fetcher", logging.ERROR, __file__, 1,
+        "Failed fetch messages from %s: %s", (1, "x"), None,
+    )  # fmt: skip
+    clock.now = 30.0
+    assert lines.filter(record)
+    said = "Failed fetch messages from 1: x (200 similar lines suppressed over 20 s)"
+    assert record.getMessage() == said
 
 
 def test_threads_logging_at_once_through_one_filter_count_every_line() -> None:

@@ -1,6 +1,6 @@
 """Properties of the per-subtopology eligibility post-pass (``streamassign.eligibility``) as
-``assign_streams`` runs it: a strict no-op while no process announces another fingerprint,
-and, when it acts, a valid assignment whatever the member order, with the moved tasks'
+``assign_streams`` runs it: a strict no-op while no process announces topics lacking one of
+the leader's, and, when it acts, a valid assignment whatever the member order, with the moved tasks'
 standbys kept where eligible processes allow (docs/streams.md, rolling deploys)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from streamassign import ClientState, StickyTaskAssignor, Subtopology, TaskId, T
 from streamassign.eligibility import move_to_eligible_clients
 from streamassign.protocol import LATEST_OFFSET, NEVER, SubscriptionInfo
 from streamassign.streams import MemberAssignment, MemberSubscription, ProbingMemory
-from streamassign.versions import subtopology_fingerprints
+from streamassign.versions import subtopology_topic_indices
 
 V1 = Topology(
     [Subtopology(0, ["a"], stores=["ca"]), Subtopology(1, ["b"], stores=["cb"])], name="upg"
@@ -39,7 +39,7 @@ V4 = Topology(  # a fresh id only: no difference
     ],
     name="upg",
 )
-#: Process kinds: "same" announces V1's fingerprints, "fresh" V4's, "reused" V2's; "old"
+#: Process kinds: "same" announces V1's topics per id, "fresh" V4's, "reused" V2's; "old"
 #: speaks version 2 only, "max2" speaks 3 but the group is at 2 (neither announces);
 #: "garbage" has a subscription nobody could read.
 MATCHING_KINDS = ("same", "fresh", "old", "max2")
@@ -85,10 +85,8 @@ def _member(
         )
         return MemberSubscription(frozenset(V1.source_topics), info)
     topology = {"same": V1, "fresh": V4, "reused": V2}[kind]
-    fingerprints = subtopology_fingerprints(topology)
-    info = SubscriptionInfo(
-        uuid.UUID(int=pid + 1), subtopology_fingerprints=fingerprints, **history
-    )
+    announced = subtopology_topic_indices(topology, topology.source_topics)
+    info = SubscriptionInfo(uuid.UUID(int=pid + 1), subtopology_topic_indices=announced, **history)
     return MemberSubscription(frozenset(topology.source_topics), info)
 
 
@@ -115,7 +113,7 @@ def _assign(
 def test_with_no_differing_fingerprint_the_post_pass_changes_nothing(
     group: dict[str, Any], garbage: bool
 ) -> None:
-    """Members announcing the leader's fingerprints, old releases, members of a group held at
+    """Members announcing the leader's topics per id, old releases, members of a group held at
     version 2, members with a fresh id, a garbage subscription: two rounds (probing memory
     on, the second fed the first's result, so a remembered plan carries over) give exactly
     what they give with the post-pass taken out."""

@@ -723,6 +723,8 @@ def test_the_flow_watch_s_bounds_with_faust_s_defaults(tmp_path: Path) -> None:
     timeouts to restart (review25 F4)."""
     bounds = table_app(tmp_path).consumer._flow_step_bounds()
     assert bounds == {REVOKING: 60.0, JOINING: 120.0, ASSIGNING: 60.0, RECOVERING: 90.0}
+    delayed = table_app(tmp_path, stream_recovery_delay=60.0).consumer._flow_step_bounds()
+    assert delayed[RECOVERING] == 60.0 + 90.0  # the delay comes before the first request
 
 
 def test_the_member_whose_join_the_broker_holds_for_the_rebalance_timeout_is_not_reported(

@@ -29,7 +29,11 @@ from streamassign.streams import (
     assign_streams,
     decode_subscriptions,
 )
-from streamassign.versions import mismatched_tasks, subtopology_fingerprints
+from streamassign.versions import (
+    mismatched_tasks,
+    subtopology_fingerprints,
+    subtopology_topic_indices,
+)
 
 V1 = Topology(
     [Subtopology(0, ["a"], stores=["ca"]), Subtopology(1, ["b"], stores=["cb"])], name="upg"
@@ -54,9 +58,14 @@ V4 = Topology(
 COUNTS = {"a": 4, "b": 4, "n": 4}
 
 
+def indices_of(topology: Topology) -> dict[int, frozenset[int]]:
+    """What a process of ``topology`` announces (it subscribes to every source topic)."""
+    return subtopology_topic_indices(topology, topology.source_topics)
+
+
 def old_leader_assigns(leader: Topology, member: Topology) -> MemberAssignment:
     """What a ``leader``-version leader gives a ``member``-version process (as the leader of
-    the audit did, announcing no fingerprints): the member's assignment."""
+    the audit did, announcing no topology): the member's assignment."""
     members = {
         "leader-0": MemberSubscription(
             frozenset(leader.source_topics), SubscriptionInfo(uuid.UUID(int=1))
@@ -220,29 +229,30 @@ def test_records_of_a_task_the_consumer_does_not_run_are_paused_not_spun(
     assert task.processed == 0
 
 
-# -- leader side: subtopology fingerprints in the subscription (protocol version 3) -----------
+# -- leader side: each subtopology's topics in the subscription (protocol version 3) ----------
 
 
 def announcing(pid: int, topology: Topology, version: int = LATEST_VERSION) -> MemberSubscription:
-    """A member of ``topology``'s version, announcing its fingerprints from version 3 on,
-    as it reaches a leader (encoded, then decoded at the leader's version)."""
+    """A member of ``topology``'s version, announcing its subtopologies' topics from version 3
+    on, as it reaches a leader (encoded, then decoded at the leader's version)."""
     info = SubscriptionInfo(
         uuid.UUID(int=pid),
         version=version,
         latest_supported_version=version,
-        subtopology_fingerprints=subtopology_fingerprints(topology),
+        subtopology_topic_indices=indices_of(topology),
     )
     decoded = SubscriptionInfo.decode(info.encode(), LATEST_VERSION)
     return MemberSubscription(frozenset(topology.source_topics), decoded)
 
 
-def test_fingerprints_travel_in_version_3_and_older_readers_skip_them() -> None:
-    info = SubscriptionInfo(uuid.UUID(int=7), rack="r", subtopology_fingerprints={0: "ab", 5: "cd"})
+def test_source_topics_travel_in_version_3_and_older_readers_skip_them() -> None:
+    indices = {0: frozenset({0, 2}), 5: frozenset({1})}
+    info = SubscriptionInfo(uuid.UUID(int=7), rack="r", subtopology_topic_indices=indices)
     assert SubscriptionInfo.decode(info.encode()) == info
     old_leader = SubscriptionInfo.decode(info.encode(), max_version=2)  # reads the v2 prefix
-    assert old_leader.rack == "r" and old_leader.subtopology_fingerprints == {}
+    assert old_leader.rack == "r" and old_leader.subtopology_topic_indices == {}
     old_member = attrs.evolve(info, version=2, latest_supported_version=2)
-    assert SubscriptionInfo.decode(old_member.encode()).subtopology_fingerprints == {}
+    assert SubscriptionInfo.decode(old_member.encode()).subtopology_topic_indices == {}
 
 
 def test_a_leader_excludes_no_process_and_warns_about_those_whose_ids_differ(
@@ -268,8 +278,7 @@ def test_a_leader_excludes_no_process_and_warns_about_those_whose_ids_differ(
         assign_streams(V1, COUNTS, {"v1": members["v1"]}, topology_versions=versions)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    v2_id1 = subtopology_fingerprints(V2)[1]
-    assert f"processes {uuid.UUID(int=2)} announce id 1: {v2_id1}" in warnings[0]
+    assert f"processes {uuid.UUID(int=2)} announce id 1 reading n (" in warnings[0]
     assert "id 0" not in warnings[0].split("(this leader")[0]  # id 0 is the same
     for pid in (1, 4, 5):  # the leader's own version, a fresh id, announced nothing
         assert str(uuid.UUID(int=pid)) not in warnings[0]
@@ -280,20 +289,24 @@ def test_a_leader_excludes_no_process_and_warns_about_those_whose_ids_differ(
 
 def test_fresh_ids_only_are_no_warning(caplog: pytest.LogCaptureFixture) -> None:
     """The documented deploy (n added with the fresh id 7), either version leading: no
-    topology-version line (under the v4 leader the v1 process lacks n: the older
-    subscription rule gives it no task and says so)."""
+    topology-version line. Under the v4 leader the v1 process, which announces its topics
+    but does not subscribe to n, is kept (it was given nothing before): it runs tasks of the
+    ids both versions share and none of 7 (whose partitions it could not be given)."""
     with caplog.at_level(logging.INFO, "streamassign.streams"):
         for leader in (V1, V4):
             members = {"v1": announcing(1, V1), "v4": announcing(4, V4)}
-            assign_streams(leader, COUNTS, members, topology_versions=Repeats())
+            result = assign_streams(leader, COUNTS, members, topology_versions=Repeats())
+            assert result["v1"].info.active, leader
+            assert {t.subtopology for t in result["v1"].info.active} <= {0, 1}
+            assert all(tp.topic in V1.source_topics for tp in result["v1"].partitions)
     lines = [r.getMessage() for r in caplog.records]
-    assert not [m for m in lines if "topology version" in m and "does not subscribe" not in m]
+    assert not [m for m in lines if "topology version" in m or "does not subscribe" in m], lines
 
 
 def test_a_new_leader_gives_an_old_member_no_task_of_a_reused_id_and_an_old_leader_works() -> None:
-    """The audit's reverse case (v3 leader ``0 [b]``, v1 member announcing fingerprints): v3's
+    """The audit's reverse case (v3 leader ``0 [b]``, v1 member announcing its topics): v3's
     only id means a there, so the v1 process gets no task of it (all four on v3). Without
-    fingerprints (protocol 2) it gets its share, which its guard refuses. An old leader
+    announcement (protocol 2) it gets its share, which its guard refuses. An old leader
     (protocol 2) reads new members' subscriptions as before and answers at version 2."""
     new_leader = assign_streams(V3, COUNTS, {"v3": announcing(3, V3), "v1": announcing(1, V1)})
     assert not new_leader["v1"].info.active and len(new_leader["v3"].info.active) == 4
@@ -306,9 +319,7 @@ def test_a_new_leader_gives_an_old_member_no_task_of_a_reused_id_and_an_old_lead
     data = {
         m: (
             sorted(t.source_topics),
-            SubscriptionInfo(
-                uuid.UUID(int=i), subtopology_fingerprints=subtopology_fingerprints(t)
-            ).encode(),
+            SubscriptionInfo(uuid.UUID(int=i), subtopology_topic_indices=indices_of(t)).encode(),
         )
         for m, i, t in (("v1", 1, V1), ("v2", 2, V2))
     }
@@ -318,7 +329,7 @@ def test_a_new_leader_gives_an_old_member_no_task_of_a_reused_id_and_an_old_lead
     assert all(a.info.active for a in result.values())  # as before: only the member guards
 
 
-def test_a_process_announces_its_fingerprints_unless_it_speaks_an_older_version(
+def test_a_process_announces_its_topics_unless_it_speaks_an_older_version(
     tmp_path: Path,
 ) -> None:
     new = ProcessHost(V2, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path / "new")
@@ -329,8 +340,8 @@ def test_a_process_announces_its_fingerprints_unless_it_speaks_an_older_version(
         SubscriptionInfo.decode(h.assignors[0].metadata(sorted(V2.source_topics)).user_data)
         for h in (new, old)
     ]
-    assert sent[0].subtopology_fingerprints == subtopology_fingerprints(V2)
-    assert sent[1].version == 2 and sent[1].subtopology_fingerprints == {}
+    assert sent[0].subtopology_topic_indices == indices_of(V2)
+    assert sent[1].version == 2 and sent[1].subtopology_topic_indices == {}
     for h in (new, old):
         asyncio.run(h.stop())
 
@@ -431,7 +442,7 @@ def roll_members(
             uuid.UUID(int=pid),
             endpoint=f"h{pid}:1",
             offset_sums=sums,
-            subtopology_fingerprints=subtopology_fingerprints(topology),
+            subtopology_topic_indices=indices_of(topology),
         )
         members[f"m{pid}"] = MemberSubscription(frozenset(topology.source_topics), info)
     return members
@@ -542,7 +553,7 @@ def test_moved_tasks_keep_their_standbys_on_eligible_processes(high_availability
     standbys=st.integers(0, 2),
     high_availability=st.booleans(),
 )
-def test_with_every_fingerprint_matching_the_post_pass_changes_nothing(
+def test_with_every_process_announcing_the_leaders_topics_the_post_pass_changes_nothing(
     processes: int,
     threads: int,
     partitions: int,
@@ -550,12 +561,12 @@ def test_with_every_fingerprint_matching_the_post_pass_changes_nothing(
     standbys: int,
     high_availability: bool,
 ) -> None:
-    """The same group, each member announcing the leader's fingerprints or none: the same
+    """The same group, each member announcing the leader's topics or none: the same
     assignment, member by member (the post-pass is a strict no-op)."""
     counts = {t: partitions for t in ("a", "b", "n")}
     tasks = [TaskId(s, p) for s in (0, 1) for p in range(partitions)]
     outputs = []
-    for fingerprints in (subtopology_fingerprints(V1), {}):
+    for announced in (indices_of(V1), {}):
         members = {}
         for pid in range(processes):
             for thread in range(threads):
@@ -564,7 +575,7 @@ def test_with_every_fingerprint_matching_the_post_pass_changes_nothing(
                 info = SubscriptionInfo(
                     uuid.UUID(int=pid + 1),
                     previous_active=previous,
-                    subtopology_fingerprints=fingerprints,
+                    subtopology_topic_indices=announced,
                 )
                 members[f"m{pid}-{thread}"] = MemberSubscription(frozenset("ab"), info)
         outputs.append(

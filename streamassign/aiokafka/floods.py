@@ -149,12 +149,13 @@ _Key = tuple[str, str, tuple[str, ...]]
 
 @attrs.define
 class _Line:
-    """One repeating line's current window: when it began, when the line last came, and how
-    many were held back since it was passed."""
+    """One repeating line's current window: when it began, when the line last came, how many
+    were held back and not yet said, and since when (for the span the count is over)."""
 
     began: float
     last: float
     held: int = 0
+    held_since: float = 0.0
 
 
 class BrokerAwayLines(logging.Filter):
@@ -181,6 +182,8 @@ class BrokerAwayLines(logging.Filter):
         self._lock = threading.Lock()
         #: Each repeating line (logger, format string, arguments' text) seen lately.
         self._lines: dict[_Key, _Line] = {}
+        #: Counts of lines swept while held back and not yet said, per kind (``KINDS``).
+        self._unsaid: dict[str, int] = {}
         #: When lines were last swept (``_forget_ended``).
         self._swept = clock()
         #: Lines held back since the filter was made.
@@ -224,15 +227,18 @@ class BrokerAwayLines(logging.Filter):
             now = self._clock()
             line = self._lines.get(key)
             if line is not None and self._goes_on(line, now):
+                if not line.held:
+                    line.held_since = now
                 line.held += 1
                 line.last = now
                 self.suppressed += 1
                 return False
+            self._lines.pop(key, None)  # what it held back is said by this record
             self._forget_ended(now)
             self._lines[key] = _Line(now, now)
         if line is not None and line.held:
-            record.msg = f"{record.msg} (%d similar lines suppressed over %.0f s)"
-            record.args = (*args, line.held, line.last - line.began)
+            record.msg = f"{record.msg} (%d similar lines suppressed over %s)"
+            record.args = (*args, line.held, _span(line.last - line.held_since))
         return True
 
     def _goes_on(self, line: _Line, now: float) -> bool:
@@ -241,23 +247,26 @@ class BrokerAwayLines(logging.Filter):
 
     def _forget_ended(self, now: float) -> None:
         """At most once per window, drops the lines whose window ended with nothing held back,
-        so that lines naming nodes or errors long gone do not pile up in a long-running
-        process (and a busy process does not scan them at every line)."""
+        and those whose episode ended (their count kept per kind for ``summary``), so that
+        lines naming nodes or errors long gone do not pile up in a long-running process (and
+        a busy process does not scan them at every line)."""
         if now - self._swept < self.window:
             return
         self._swept = now
         ended = [
-            key
+            (key, line)
             for key, line in self._lines.items()
-            if now - line.began >= self.window and not line.held
+            if now - line.began >= self.window and (not line.held or now - line.last >= EPISODE_GAP)
         ]
-        for key in ended:
+        for (logger, _, _), line in ended:
+            self._unsaid[KINDS[logger]] = self._unsaid.get(KINDS[logger], 0) + line.held
+        for key, _ in ended:
             del self._lines[key]
 
     def summary(self) -> str | None:
         """What was held back and not yet said (then forgotten), or None."""
-        by_kind: dict[str, int] = {}
         with self._lock:
+            by_kind, self._unsaid = {k: n for k, n in self._unsaid.items() if n}, {}
             for (logger, _, _), line in self._lines.items():
                 if line.held:
                     by_kind[KINDS[logger]] = by_kind.get(KINDS[logger], 0) + line.held
@@ -278,3 +287,8 @@ def _text(argument: object) -> str:
     if isinstance(argument, list | tuple | set | frozenset):
         return repr(sorted(map(str, argument)))
     return str(argument)
+
+
+def _span(seconds: float) -> str:
+    """How long a count of held-back lines is over, for the line that says it."""
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"

@@ -58,7 +58,7 @@ from ..versions import (
     mismatch_error,
     mismatched_tasks,
     refused_subtopologies,
-    subtopology_fingerprints,
+    subtopology_topic_indices,
 )
 from .closing import release_consumer, stop_within
 from .rejoin import (
@@ -150,7 +150,8 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             client_tags=self.host.client_tags,
             version=self.version,
             latest_supported_version=self.host.max_version,
-            subtopology_fingerprints=self.host.fingerprints,
+            # Each id's source topics, by their place in what this consumer subscribes to.
+            subtopology_topic_indices=subtopology_topic_indices(self.host.topology, topics),
         )
         self._sent_error = info.error_code
         if self.index in self.host.errors and self.index < len(self.host.consumers):
@@ -647,8 +648,6 @@ class ProcessHost:
         #: The topology versions this process last logged as leader as sharing the group: a
         #: mixed-version episode is logged once; forgotten when another process leads.
         self.topology_versions = Repeats()
-        #: This process's topology per subtopology id, announced to the leader (version 3).
-        self.fingerprints = subtopology_fingerprints(self.topology)
         #: The subtopologies the last leader's topology reads other topics in than this
         #: process's (another topology version in the group): logged once per episode.
         self.version_mismatch = Repeats()

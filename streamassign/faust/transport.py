@@ -362,8 +362,8 @@ class _Consumer(faust_aiokafka.Consumer):
           flight recorder names where it is (0.95 session timeout, 57 s by default); that also
           covers a RocksDB table partition locked by another process, which Faust retries
           30 times 1 s apart before it gives up.
-        - The recovery setting up: ``recovery_stall_after`` after Faust's
-          ``stream_recovery_delay``, and not before ``broker_request_timeout``: each of its
+        - The recovery setting up: after Faust's ``stream_recovery_delay``,
+          ``recovery_stall_after`` and not less than ``broker_request_timeout``: each of its
           requests there (the producer's flush, highwaters, offsets, seeks) may take that
           long (a leader failover) and reports no progress."""
         conf = self.app.conf

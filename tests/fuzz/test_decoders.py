@@ -20,6 +20,7 @@ from streamassign.consumer import MemberData, UserDataError, read_member_data, u
 from streamassign.consumer.userdata import AssignmentData
 from streamassign.errors import StreamAssignError
 from streamassign.protocol import AssignmentInfo, ProtocolError, SubscriptionInfo, read_header
+from streamassign.versions import announced_sources
 
 from ..consumer.strategies import member_data
 from ..strategies import assignment_infos, subscription_infos
@@ -56,7 +57,7 @@ def _typed(error: type[StreamAssignError]) -> None:
 
 
 @FUZZ
-@given(damaged(SEEDS), st.sampled_from([1, 2]), task_counts, st.sampled_from([None, 100]))
+@given(damaged(SEEDS), st.sampled_from([1, 2, 3]), task_counts, st.sampled_from([None, 100]))
 def test_streams_subscription(
     data: bytes, max_version: int, counts: dict[int, int] | None, max_ids: int | None
 ) -> None:
@@ -75,6 +76,13 @@ def test_streams_subscription(
         claims = {*info.offset_sums, *info.previous_active}
         assert all(t.partition < counts.get(t.subtopology, 0) for t in claims)
     assert read_header(data) == (info.version, info.latest_supported_version)
+    # The leader names announced topics by the member's subscription: an index past it is
+    # its typed error too, never an IndexError.
+    with bounded(_limit(data)):
+        try:
+            announced_sources(["a", "t", "ü"], info.subtopology_topic_indices)
+        except ProtocolError:
+            event("index past the subscription")
 
 
 @FUZZ

@@ -26,6 +26,7 @@ from streamassign.consumer import MemberData
 from streamassign.consumer.userdata import AssignmentData
 from streamassign.errors import ErrorCode
 from streamassign.protocol import LATEST_OFFSET, MAX_TASK_IDS, AssignmentInfo, SubscriptionInfo
+from streamassign.versions import subtopology_topic_indices
 
 from ..consumer.strategies import cases
 from .damage import FUZZ_LEADER, bounded, damaged, varint
@@ -88,8 +89,16 @@ task_claims = st.builds(TaskId, st.integers(0, 2), st.integers(0, 20))  # some d
 @st.composite
 def streams_member(draw: st.DrawFn) -> tuple[list[str], bytes]:
     """A member of up to 4 processes with plausible history, its bytes sometimes damaged,
-    its topics sometimes not the whole topology's."""
-    version = draw(st.sampled_from([1, 2]))
+    its topics sometimes not the whole topology's; from version 3 on it announces its
+    subtopologies' topics: the leader's, or any indices (some past its subscription)."""
+    version = draw(st.sampled_from([1, 2, 3]))
+    topics = SOURCES if draw(st.integers(0, 9)) else SOURCES[1:]
+    announced = draw(
+        st.one_of(
+            st.just(subtopology_topic_indices(TOPOLOGY, topics)),
+            st.dictionaries(st.integers(0, 3), st.frozensets(st.integers(0, 4)), max_size=3),
+        )
+    )
     info = SubscriptionInfo(
         uuid.UUID(int=draw(st.integers(1, 4))),
         endpoint=draw(st.sampled_from([None, "h1:1", "h2:1"])),
@@ -101,7 +110,8 @@ def streams_member(draw: st.DrawFn) -> tuple[list[str], bytes]:
         error_code=ErrorCode.SHUTDOWN_REQUESTED if draw(st.integers(0, 99)) == 57 else 0,
         rack=draw(st.sampled_from([None, "r1"])) if version == 2 else None,
         version=version,
-        latest_supported_version=draw(st.sampled_from([version, 2, 3])),
+        latest_supported_version=draw(st.sampled_from(sorted({version, 2, 3}))),
+        subtopology_topic_indices=announced if version >= 3 else {},
     )
     data = info.encode()
     if draw(st.booleans()):
@@ -109,7 +119,6 @@ def streams_member(draw: st.DrawFn) -> tuple[list[str], bytes]:
     elif draw(st.integers(0, 9)) == 7:  # the audit's hostile member, in a few bytes
         data = greedy(info.process_id, draw(st.integers(0, 3)), draw(st.sampled_from(GREEDY)))
         event("greedy")
-    topics = SOURCES if draw(st.integers(0, 9)) else SOURCES[1:]
     return topics, data
 
 

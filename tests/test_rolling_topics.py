@@ -1,0 +1,336 @@
+"""Rolling deploys that add a source topic (docs/streams.md, "Rolling deploys that change the
+topology"): members announce each subtopology id's source topics (protocol version 3), and the
+leader applies the member guard's subset rule to them. (A) A topic added to an existing
+subtopology: processes of the new version run the old leader's tasks of that id (its partitions
+are inputs of theirs). (B) A new leader whose topology reads a topic old processes do not
+subscribe to keeps them (it gave them nothing before): they run the ids they share, never a
+partition of a topic they do not subscribe to."""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from pathlib import Path
+from unittest import mock
+
+import hypothesis
+import pytest
+from hypothesis import strategies as st
+
+from streamassign import Subtopology, TaskId, Topology
+from streamassign.aiokafka import ProcessHost
+from streamassign.errors import EncodeError
+from streamassign.protocol import LATEST_OFFSET, ProtocolError, SubscriptionInfo
+from streamassign.streams import (
+    MemberAssignment,
+    MemberSubscription,
+    assign_streams,
+    decode_subscriptions,
+)
+from streamassign.versions import announced_sources, mismatched_tasks, subtopology_topic_indices
+
+from .strategies import varint
+
+#: v1: ``0 [t1]``, ``1 [b]``; v2 adds t2 to subtopology 0 (A); REUSED gives id 1 to n; FRESH
+#: adds n with the fresh id 7; NARROW renumbers b to 0.
+V1 = Topology(
+    [Subtopology(0, ["t1"], stores=["s0"]), Subtopology(1, ["b"], stores=["s1"])], name="r"
+)
+V2 = Topology(
+    [Subtopology(0, ["t1", "t2"], stores=["s0"]), Subtopology(1, ["b"], stores=["s1"])],
+    name="r",
+)
+REUSED = Topology([Subtopology(0, ["t1"]), Subtopology(1, ["n"], stores=["s1"])], name="r")
+FRESH = Topology([Subtopology(0, ["t1"]), Subtopology(1, ["b"]), Subtopology(7, ["n"])], name="r")
+NARROW = Topology([Subtopology(0, ["b"], stores=["s1"])], name="r")
+VERSIONS = {"v1": V1, "v2": V2, "reused": REUSED, "fresh": FRESH, "narrow": NARROW}
+COUNTS = {"t1": 6, "t2": 6, "b": 6, "n": 6}
+
+
+def member(
+    pid: int, topology: Topology, announces: bool = True, **fields: object
+) -> MemberSubscription:
+    """A consumer of a ``topology`` process as the leader reads it: subscribed to every source
+    topic, announcing them per id at protocol 3 (else speaking protocol 2)."""
+    version = 3 if announces else 2
+    info = SubscriptionInfo(
+        uuid.UUID(int=pid),
+        endpoint=f"h{pid}:1",
+        version=version,
+        latest_supported_version=version,
+        subtopology_topic_indices=subtopology_topic_indices(topology, topology.source_topics)
+        if announces
+        else {},
+        **fields,  # type: ignore[arg-type]
+    )
+    decoded = SubscriptionInfo.decode(info.encode())
+    return MemberSubscription(topology.source_topics, decoded)
+
+
+def actives(result: dict[str, MemberAssignment], prefix: str) -> list[int]:
+    return [len(a.info.active) for m, a in sorted(result.items()) if m.startswith(prefix)]
+
+
+def roll(
+    rolled: int, old: Topology, new: Topology, leader: Topology
+) -> dict[str, MemberSubscription]:
+    """Six processes, the first ``rolled`` of ``new``, the rest of ``old``; each ran a share of
+    the tasks before (offset sums)."""
+    members = {}
+    for pid in range(6):
+        topology = new if pid < rolled else old
+        sums = {
+            TaskId(s, p): 100
+            for s in leader.subtopology_ids
+            for p in range(6)
+            if (p + s) % 6 == pid
+        }
+        members[f"p{pid}"] = member(pid + 1, topology, offset_sums=sums)
+    return members
+
+
+# -- (A) a topic added to an existing subtopology, the old version leading ------------------
+
+
+def test_an_old_leader_gives_processes_that_added_a_topic_their_share_of_that_id() -> None:
+    """Five of six processes on v2 (t2 added to 0), the v1 leader last: before, every 0_x
+    moved to the one v1 process (its hash differed: 7 of 12 there, where 2 would do). Now the
+    v2 processes run their 0_x (t1-p is an input of their own 0_p), and none is refused."""
+    result = assign_streams(V1, COUNTS, roll(5, V1, V2, V1), num_standby_replicas=1)
+    assert max(actives(result, "p")) == 2
+    for pid in range(5):
+        given = result[f"p{pid}"].info
+        assert mismatched_tasks(V2, given.active, given.topics) == {}
+        assert {tp.topic for tp in result[f"p{pid}"].partitions} <= {"t1", "b"}
+
+
+def test_a_new_leader_gives_old_processes_no_task_of_the_id_that_reads_the_new_topic() -> None:
+    """The reverse of (A): a v2 leader, v1 processes announcing ``0 [t1]``: the leader's 0_p
+    reads t2-p too, which a v1 process neither subscribes to nor runs. Its 1_x it keeps."""
+    result = assign_streams(V2, COUNTS, roll(2, V1, V2, V2))
+    for pid in range(2, 6):
+        given = result[f"p{pid}"]
+        assert given.info.active and {t.subtopology for t in given.info.active} == {1}
+        assert {tp.topic for tp in given.partitions} == {"b"}
+    assert sorted(t for a in result.values() for t in a.info.active) == sorted(
+        TaskId(s, p) for s in (0, 1) for p in range(6)
+    )
+
+
+# -- (B) a new leader reading a topic the old processes do not subscribe to -----------------
+
+
+def test_a_new_leader_keeps_old_processes_that_announce_their_topics(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fresh id with a new topic (the documented deploy), a v2 canary leading: the old
+    processes announce their topics, so they share ids 0 and 1 (before: nothing, the canary
+    ran the application alone). Old processes that announce nothing (protocol 2) keep the
+    older rule: no tasks, and the leader says why."""
+    members = {"new": member(1, FRESH), "old-a": member(2, V1), "old-b": member(3, V1)}
+    result = assign_streams(FRESH, COUNTS, members)
+    assert all(result[m].info.active for m in members)
+    # All 6 of 7_x stay on the canary; how the moved ones balance is the post-pass's own.
+    assert len(result["new"].info.active) < 18
+    for m in ("old-a", "old-b"):
+        assert {t.subtopology for t in result[m].info.active} <= {0, 1}
+    quiet = {"new": member(1, FRESH), "old": member(2, V1, announces=False)}
+    with caplog.at_level(logging.WARNING, "streamassign.streams"):
+        result = assign_streams(FRESH, COUNTS, quiet)
+    assert not result["old"].info.active and not result["old"].partitions
+    assert any("does not subscribe to n" in r.getMessage() for r in caplog.records)
+
+
+def test_with_no_process_allowed_an_id_its_tasks_reach_no_member_that_does_not_subscribe(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only old processes (a pure call: a real leader is a member of its own version): none
+    may run id 7, whose topic n they do not subscribe to. The post-pass leaves such a task
+    where the assignor put it; it is then not assigned (one ERROR), never handed over with
+    partitions the consumer would refuse (aiokafka asserts they are subscribed)."""
+    members = {"a": member(1, V1), "b": member(2, V1)}
+    with caplog.at_level(logging.ERROR, "streamassign.streams"):
+        result = assign_streams(FRESH, COUNTS, members)
+    for m, given in result.items():
+        assert {tp.topic for tp in given.partitions} <= {"t1", "b"}, m
+        assert all(t.subtopology != 7 for t in given.info.active)
+    assert any("may run 7_" in r.getMessage() for r in caplog.records)
+
+
+# -- the wire: bounds and garbage ------------------------------------------------------------
+
+
+def test_announced_topics_are_indices_into_the_sorted_subscription() -> None:
+    indices = subtopology_topic_indices(V2, ["t2", "b", "t1", "b"])
+    assert indices == {0: frozenset({1, 2}), 1: frozenset({0})}
+    assert announced_sources(["t2", "t1", "b"], indices) == {0: {"t1", "t2"}, 1: {"b"}}
+    # A subtopology reading a topic outside the subscription is not announced: the leader
+    # gives no task of it.
+    assert subtopology_topic_indices(V2, ["b", "t1"]) == {1: frozenset({0})}
+    with pytest.raises(ProtocolError, match="topic index 3 of a subscription of 3 topics"):
+        announced_sources(["t2", "t1", "b"], {0: frozenset({3})})
+
+
+def _v3_subscription(tail: bytes) -> bytes:
+    """A version-3 subscription with nothing but ``tail`` as its announced topics."""
+    head = (3).to_bytes(4, "big") * 2 + uuid.UUID(int=1).bytes
+    # endpoint, offset sums, previous actives, nonce, error code, rack, tags
+    return head + varint(0) * 7 + tail
+
+
+def test_the_decoder_bounds_announced_topics() -> None:
+    assert SubscriptionInfo.decode(
+        _v3_subscription(varint(1) + varint(4) + varint(2) + varint(0) + varint(9))
+    ).subtopology_topic_indices == {4: frozenset({0, 9})}
+    with pytest.raises(ProtocolError, match="exceeds the"):  # a count past the bytes left
+        SubscriptionInfo.decode(_v3_subscription(varint(1) + varint(0) + varint(2**40)))
+    with pytest.raises(ProtocolError, match="announced twice"):
+        SubscriptionInfo.decode(_v3_subscription(varint(2) + (varint(0) + varint(0)) * 2))
+    many = varint(1) + varint(0) + varint(600) + varint(1) * 600
+    with mock.patch("streamassign.protocol.MAX_TASK_IDS", 500):
+        with pytest.raises(ProtocolError, match="MAX_TASK_IDS"):
+            SubscriptionInfo.decode(_v3_subscription(many))
+        with pytest.raises(EncodeError, match="MAX_TASK_IDS"):  # the writer refuses it too
+            SubscriptionInfo(
+                uuid.UUID(int=1), subtopology_topic_indices={0: frozenset(range(600))}
+            ).encode()
+
+
+def test_an_index_past_the_subscription_is_garbage_the_leader_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The member is then one announcing nothing: subscribed to every topic it gets tasks
+    (its guard refuses what it cannot run), otherwise none."""
+    bad = SubscriptionInfo(uuid.UUID(int=2), subtopology_topic_indices={0: frozenset({7})})
+    good = SubscriptionInfo(
+        uuid.UUID(int=1), subtopology_topic_indices=subtopology_topic_indices(V1, V1.source_topics)
+    )
+    data = {
+        "good": (sorted(V1.source_topics), good.encode()),
+        "bad": (["t1"], bad.encode()),
+        "bad-all": (sorted(V1.source_topics), bad.encode()),
+    }
+    with caplog.at_level(logging.WARNING, "streamassign.streams"):
+        decoded = decode_subscriptions(V1, COUNTS, data)
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("member bad: subtopology 0 announces topic index 7" in m for m in warned), warned
+    assert decoded["bad"].info is not None and decoded["bad"].info.subtopology_topic_indices == {}
+    result = assign_streams(V1, COUNTS, decoded)
+    assert not result["bad"].info.active and result["bad-all"].info.active
+
+
+def test_a_process_announces_its_topics_by_its_subscription(tmp_path: Path) -> None:
+    host = ProcessHost(V2, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    try:
+        meta = host.assignors[0].metadata(["t2", "b", "t1"])
+        sent = SubscriptionInfo.decode(meta.user_data)
+        assert announced_sources(meta.subscription, sent.subtopology_topic_indices) == {
+            0: {"t1", "t2"},
+            1: {"b"},
+        }
+    finally:
+        host.state.close()
+
+
+# -- properties ------------------------------------------------------------------------------
+
+
+@st.composite
+def mixed_groups(draw: st.DrawFn) -> tuple[Topology, dict[str, MemberSubscription]]:
+    """A leader's topology and a group of 1-5 processes of any version (the leader's own
+    process among them, as in a real group), 1-2 consumers each, announcing or not, with
+    some history."""
+    leader_version = draw(st.sampled_from(sorted(VERSIONS)))
+    processes = [leader_version, *draw(st.lists(st.sampled_from(sorted(VERSIONS)), max_size=4))]
+    members = {}
+    for pid, version in enumerate(processes):
+        topology = VERSIONS[version]
+        announces = pid == 0 or draw(st.booleans())
+        for thread in range(draw(st.integers(1, 2))):
+            running = draw(
+                st.frozensets(st.builds(TaskId, st.sampled_from([0, 1, 7]), st.integers(0, 5)))
+            )
+            sums = {t: LATEST_OFFSET for t in running}
+            members[f"m{pid}-{thread}"] = member(pid + 1, topology, announces, offset_sums=sums)
+    return VERSIONS[leader_version], members
+
+
+def _topology_of(sub: MemberSubscription) -> Topology:
+    return next(t for t in VERSIONS.values() if t.source_topics == sub.topics)
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(
+    group=mixed_groups(),
+    standbys=st.integers(0, 1),
+    high_availability=st.booleans(),
+    order=st.randoms(use_true_random=False),
+)
+def test_mixed_groups_never_hand_out_an_unsubscribed_or_refused_task(
+    group: tuple[Topology, dict[str, MemberSubscription]],
+    standbys: int,
+    high_availability: bool,
+    order: random.Random,
+) -> None:
+    """Whatever versions share the group: no member gets a partition of a topic it does not
+    subscribe to; no announcing member gets an active its own guard would refuse; every task
+    is active exactly once (the leader's own process may run every one); and the result does
+    not depend on the order the members come in."""
+    leader, members = group
+    options = {
+        "num_standby_replicas": standbys,
+        "high_availability": high_availability,
+        "end_offsets": {TaskId(s, p): 100 for s in (0, 1, 7) for p in range(6)},
+        "now_ms": 0,
+    }
+    result = assign_streams(leader, COUNTS, members, **options)  # type: ignore[arg-type]
+    shuffled = list(members.items())
+    order.shuffle(shuffled)
+    assert assign_streams(leader, COUNTS, dict(shuffled), **options) == result  # type: ignore[arg-type]
+    ran: list[TaskId] = []
+    for m, given in result.items():
+        assert {tp.topic for tp in given.partitions} <= members[m].topics, m
+        info = members[m].info
+        if info is not None and info.subtopology_topic_indices:
+            own = _topology_of(members[m])
+            assert mismatched_tasks(own, given.info.active, given.info.topics) == {}, m
+        ran += given.info.active
+    expected = [TaskId(s, p) for s in leader.subtopology_ids for p in range(6)]
+    assert sorted(ran) == expected
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(
+    versions=st.lists(st.sampled_from(["v1", "v2", "fresh"]), min_size=1, max_size=5),
+    announce=st.lists(st.booleans(), min_size=5, max_size=5),
+    standbys=st.integers(0, 2),
+    high_availability=st.booleans(),
+    history=st.integers(0, 2**12),
+)
+def test_processes_reading_at_least_the_leaders_topics_leave_the_post_pass_a_no_op(
+    versions: list[str],
+    announce: list[bool],
+    standbys: int,
+    high_availability: bool,
+    history: int,
+) -> None:
+    """A v1 leader and processes whose every v1 id reads the same topics or more (v1, v2 with
+    t2 added, a fresh id): the assignment is the assignor's, member by member (the post-pass
+    patched out gives the same)."""
+    members = {}
+    for pid, version in enumerate(versions):
+        previous = frozenset(
+            TaskId(s, p) for s in (0, 1) for p in range(6) if history >> (pid + 2 * p + s) & 1
+        )
+        members[f"m{pid}"] = member(
+            pid + 1, VERSIONS[version], announce[pid], previous_active=previous
+        )
+    options = {
+        "num_standby_replicas": standbys,
+        "high_availability": high_availability,
+        "now_ms": 0,
+    }
+    result = assign_streams(V1, COUNTS, members, **options)  # type: ignore[arg-type]
+    with mock.patch("streamassign.streams.move_to_eligible_clients", lambda p, *a, **k: p):
+        assert assign_streams(V1, COUNTS, members, **options) == result  # type: ignore[arg-type]
