@@ -216,7 +216,7 @@ def _fed_back(
             endpoint=f"h{pid}:1",
             previous_active=ran,
             offset_sums=sums,
-            subtopology_fingerprints=subtopology_fingerprints(topology),
+            subtopology_topic_indices=subtopology_topic_indices(topology, topology.source_topics),
         )
         members[f"m{pid}-0"] = MemberSubscription(frozenset(topology.source_topics), subscription)
     return members
