@@ -11,6 +11,9 @@
    **Kafka Streams' own assignor** (``--only kafka-streams``) — the same scale sizes and rounds
    through Kafka Streams' ``StickyTaskAssignor`` (KIP-924 public API, in a JVM: see
    ``_kafka_streams_peer``), on the same inputs, under a time budget.
+   **Mid-roll** (``--only rolled``) — the scale sizes with every other client on another
+   topology version (it may not run subtopology 1): the assignor, then the post-pass that moves
+   those tasks to eligible clients and rebalances (``move_to_eligible_clients``), timed apart.
 3. **Memory** — peak allocation of one assignment as tasks, then clients, grow: it must grow
    with tasks + clients, never with their product.
 
@@ -54,6 +57,7 @@ from _common import (
 from _kafka_streams_peer import JavaRun, kafka_streams_assign, prepare
 
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
+from streamassign.eligibility import move_to_eligible_clients
 from streamassign.pipeline.peers import FaustDriver
 from streamassign.threads import distribute_to_threads
 
@@ -91,6 +95,9 @@ class Config:
     #: (tasks, clients, threads, standbys) with clients spread over three racks and more copies
     #: than racks: conflicts cannot all be avoided, rack-aware placement must not search in vain.
     rack_sizes: Sequence[tuple[int, int, int, int]]
+    #: (tasks, clients, threads, standbys) rolled halfway: every other client may not run
+    #: subtopology 1 (another topology version), so the post-pass moves its tasks.
+    rolled_sizes: Sequence[tuple[int, int, int, int]]
     memory_tasks: tuple[Sequence[int], int]  # (task counts, fixed clients)
     memory_clients: tuple[int, Sequence[int]]  # (fixed tasks, client counts)
 
@@ -114,6 +121,14 @@ FULL = Config(
     ],
     scale_out_sizes=[(8000, 5, 1, 4, 3)],
     rack_sizes=[(5000, 60, 1, 3)],
+    rolled_sizes=[
+        (2400, 6, 1, 1),
+        (6000, 10, 1, 1),
+        (2000, 200, 1, 1),
+        (1000, 100, 1, 50),
+        (10000, 1000, 4, 2),
+        (100000, 1000, 8, 1),
+    ],
     memory_tasks=([10_000, 20_000, 40_000, 80_000], 100),
     memory_clients=(20_000, [250, 500, 1000, 2000]),
 )
@@ -130,6 +145,7 @@ QUICK = Config(
     scale_sizes=[(600, 2, 1, 1), (100, 100, 1, 1), (100, 10, 1, 5), (100, 4, 100, 1)],
     scale_out_sizes=[(800, 5, 1, 4, 3)],
     rack_sizes=[(500, 12, 1, 3)],
+    rolled_sizes=[(600, 6, 1, 1), (200, 20, 1, 1)],
     memory_tasks=([1000, 2000, 4000], 20),
     memory_clients=(2000, [25, 50, 100]),
 )
@@ -612,6 +628,73 @@ def kafka_streams_workload(cfg: Config) -> list[Report]:
     return [report]
 
 
+# -- 2c. mid-roll: the eligibility post-pass ---------------------------------------------------
+
+
+def rolled_workload(cfg: Config) -> list[Report]:
+    """The rolled sizes: a rerun (clients report the fresh result) with every other client
+    ineligible for subtopology 1; the assignor and the post-pass timed apart."""
+    report = Report(
+        "Mid-roll: the eligibility post-pass",
+        [
+            "tasks / clients / threads / standbys",
+            "assignor",
+            "post-pass",
+            "actives moved",
+            "busiest (share)",
+        ],
+        notes=(
+            f"Tasks over {SUBTOPOLOGIES} subtopologies, all stateful; clients report the "
+            "fresh result (a rerun), and every other one announces another fingerprint for "
+            "subtopology 1, as mid-way through a rolling deploy that changed it. *assignor*: "
+            "`StickyTaskAssignor.assign`; *post-pass*: `move_to_eligible_clients` on its "
+            "result (moves those tasks to eligible clients, gives back, tops standbys up). "
+            "*busiest*: the most actives per consumer after it, against the fair share."
+        ),
+    )
+    slowest = 0.0
+    for n_tasks, n_clients, threads, replicas in cfg.rolled_sizes:
+        tasks = make_tasks(n_tasks, SUBTOPOLOGIES)
+        members = member_ids(n_clients, "c")
+        first = StickyTaskAssignor(replicas).assign(tasks, states(members, threads), tasks)
+        clients = states(members, threads, first)
+        ours = run_ours(cfg, tasks, clients, replicas)
+        assert ours.result is not None, ours.error
+        assigned = ours.result
+        ineligible = {m: frozenset({1}) for m in members[::2]}
+        post = timed(
+            partial(
+                move_to_eligible_clients,
+                ineligible=ineligible,
+                clients=clients,
+                num_standbys=replicas,
+                stateful=tasks,
+            ),
+            partial(dict, assigned),
+            cfg.repeats,
+            None,
+            cfg.min_total,
+        )
+        assert post.result is not None, post.error
+        moved = sum(len(assigned[m].active - post.result[m].active) for m in members)
+        busiest = max(len(a.active) for a in post.result.values()) / threads
+        slowest = max(slowest, post.seconds or 0.0)
+        report.add(
+            f"{n_tasks} / {n_clients} / {threads} / {replicas}",
+            fmt_time(ours),
+            fmt_time(post),
+            str(moved),
+            f"{busiest:g} ({n_tasks / (n_clients * threads):.3g})",
+        )
+        console.print(f"  rolled {n_tasks}/{n_clients}: post-pass {fmt_time(post)}")
+    report.notes += (
+        f" Slowest post-pass: {fmt_seconds(slowest)} (target under 0.1 s: "
+        f"{'met' if slowest < 0.1 else 'MISSED'})."
+    )
+    report.show()
+    return [report]
+
+
 # -- 3. Memory ---------------------------------------------------------------------------------
 
 
@@ -659,6 +742,7 @@ WORKLOADS: dict[str, Callable[[Config], list[Report]]] = {
     "faust": faust_workload,
     "scale": scale_workload,
     "kafka-streams": kafka_streams_workload,
+    "rolled": rolled_workload,
     "memory": memory_workload,
 }
 

@@ -13,8 +13,12 @@ there the post-pass returns the assignor's output itself (a strict no-op).
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -76,8 +80,11 @@ def move_to_eligible_clients(
         return per_client
     placement, moving = _Placement.stripped(per_client, ineligible, clients, stateful)
     caps = _fair_shares(per_client, placement, sum(len(a.active) for a in per_client.values()))
+    by_share = _ClientHeaps.of(placement, lambda c: (placement.active_share(c),))
     for task, source in sorted(moving):
-        placement.move_active(task, None, _active_target(placement, task, caps) or source)
+        target = _active_target(placement, task, caps, by_share) or source
+        placement.move_active(task, None, target)
+        by_share.refresh(target, placement.ineligible.get(target, frozenset()))
     actives_before = {c: len(a.active) for c, a in per_client.items()}
     _give_back(placement, actives_before, caps, cold_give_back)
     load_caps = _fair_shares(per_client, placement, sum(a.load for a in per_client.values()))
@@ -89,8 +96,9 @@ def move_to_eligible_clients(
 @attrs.define
 class _Placement:
     """The post-pass's working copy of one assignment: each client's tasks as sets, the
-    clients' states, the ids each is ineligible for, the tasks with state, and the tasks the
-    pass moved or stripped a copy of (``touched``)."""
+    clients' states, the ids each is ineligible for, the tasks with state, the tasks the
+    pass moved or stripped a copy of (``touched``), and per task the clients holding its
+    state (``holders``, sorted: every choice then sees them in one order)."""
 
     active: dict[str, set[TaskId]]
     standby: dict[str, set[TaskId]]
@@ -99,6 +107,7 @@ class _Placement:
     ineligible: Mapping[str, frozenset[int]]
     stateful: frozenset[TaskId]
     touched: set[TaskId] = attrs.field(factory=set)
+    holders: dict[TaskId, list[str]] = attrs.field(factory=dict)
 
     @classmethod
     def stripped(
@@ -122,13 +131,15 @@ class _Placement:
             placement.touched |= {
                 t for t in given.active | given.standby | given.warmup if t.subtopology in ids
             }
+            state = states.get(client)
+            held = () if state is None else {*state.prev_active, *state.prev_standby, *state.lags}
+            for task in held:
+                placement.holders.setdefault(task, []).append(client)
         return placement, moving
 
-    def eligible(self, task: TaskId) -> list[str]:
-        """The clients that may hold ``task`` (sorted: deterministic)."""
-        return [
-            c for c in sorted(self.active) if task.subtopology not in self.ineligible.get(c, ())
-        ]
+    def may_hold(self, client: str, task: TaskId) -> bool:
+        """Whether ``client`` is eligible for ``task``."""
+        return task.subtopology not in self.ineligible.get(client, ())
 
     def capacity(self, client: str) -> int:
         state = self.states.get(client)
@@ -159,9 +170,15 @@ class _Placement:
         state = self.states.get(client)
         return state is not None and task in state.prev_active
 
-    def has_copy(self, client: str, task: TaskId) -> bool:
-        """Whether ``client`` holds ``task`` as active, standby or warmup (one copy each)."""
-        return any(task in held[client] for held in (self.active, self.standby, self.warmup))
+    def copies(self, tasks: Collection[TaskId]) -> dict[TaskId, set[str]]:
+        """Per task of ``tasks``, the clients holding it as active, standby or warmup."""
+        wanted = set(tasks)
+        out: dict[TaskId, set[str]] = {t: set() for t in wanted}
+        for held in (self.active, self.standby, self.warmup):
+            for client, client_tasks in held.items():
+                for task in client_tasks & wanted:
+                    out[task].add(client)
+        return out
 
     def move_active(self, task: TaskId, source: str | None, target: str) -> None:
         """``task``'s active from ``source`` (None: taken off already) to ``target``, where a
@@ -192,19 +209,19 @@ def _fair_shares(
     return {c: math.ceil(copies * placement.capacity(c) / consumers) for c in per_client}
 
 
-def _active_target(placement: _Placement, task: TaskId, caps: Mapping[str, int]) -> str | None:
+def _active_target(
+    placement: _Placement, task: TaskId, caps: Mapping[str, int], by_share: _ClientHeaps
+) -> str | None:
     """The eligible client to take ``task``: one holding its state (no restore from the
     changelog) while under its cap, else the fewest actives per consumer (a state holder
     first among equals); ties to the smallest key, so every leader picks the same. None: no
-    client is eligible."""
-    eligible = placement.eligible(task)
-    holders = [
-        c for c in eligible if placement.holds_state(c, task) and len(placement.active[c]) < caps[c]
-    ]
-    if holders:
-        return min(holders, key=lambda c: (placement.active_share(c), c))
+    client is eligible. ``by_share`` finds the least loaded non-holder without a scan."""
+    holders = [c for c in placement.holders.get(task, ()) if placement.may_hold(c, task)]
+    under_cap = [c for c in holders if len(placement.active[c]) < caps[c]]
+    if under_cap:
+        return min(under_cap, key=lambda c: (placement.active_share(c), c))
     return min(
-        eligible,
+        holders + by_share.least(task.subtopology),
         key=lambda c: (placement.active_share(c), not placement.holds_state(c, task), c),
         default=None,
     )
@@ -218,46 +235,193 @@ def _give_back(
 ) -> None:
     """While a client above its cap and above its actives before the pass has more actives
     per consumer than a client below its actives before the pass would have with one more,
-    move one there (:func:`_next_give_back`). Each move fills a taker's gap, so this ends;
-    it moves no more actives than the pass took off."""
-    while move := _next_give_back(placement, actives_before, caps, cold_give_back):
-        task, giver, taker = move
-        placement.move_active(task, giver, taker)
-
-
-def _next_give_back(
-    placement: _Placement,
-    actives_before: Mapping[str, int],
-    caps: Mapping[str, int],
-    cold_give_back: bool,
-) -> tuple[TaskId, str, str] | None:
-    """The next (task, giver, taker) of :func:`_give_back`, or None: nothing to give back.
-    The giver is the busiest; the task one of an id the taker may run (and, without
-    ``cold_give_back``, one that restores nothing there). Of those moves: one that restores
-    nothing first (a stateless task, or state the taker holds), then to the least busy
-    taker, then of a task the giver did not run before."""
+    move one there: from the busiest such giver, the move :func:`_best_give_back` picks. Each
+    move fills a taker's gap, so this ends; it moves no more actives than the pass took off.
+    A giver with no move now never gets one (its tasks and the takers' gaps only shrink), so
+    it leaves the queue: each move costs a few takers, not every (giver, taker, task)."""
     active = placement.active
-    givers = [c for c in active if len(active[c]) > max(caps[c], actives_before[c])]
-    takers = [c for c in active if len(active[c]) < actives_before[c]]
-    for giver in sorted(givers, key=lambda c: (-placement.active_share(c), c)):
-        moves = [
-            (
-                placement.restores_on(taker, task),
-                placement.active_share(taker),
-                taker,
-                placement.ran(giver, task),
-                task,
-            )
-            for taker in takers
-            if placement.active_share(giver) > placement.active_share(taker, extra=1)
-            for task in active[giver]
-            if taker in placement.eligible(task)
-            and (cold_give_back or not placement.restores_on(taker, task))
-        ]
-        if moves:
-            _, _, taker, _, task = min(moves)
-            return task, giver, taker
+
+    def gives(client: str) -> bool:
+        return len(active[client]) > max(caps[client], actives_before[client])
+
+    takers = _Takers(
+        {c: placement.active_share(c) for c in active if len(active[c]) < actives_before[c]}
+    )
+    givers = [c for c in active if gives(c)]
+    tasks = (
+        {g: _GiverTasks.of(placement, g, takers.shares) for g in givers} if takers.shares else {}
+    )
+    queue = [(-placement.active_share(g), g) for g in tasks]
+    heapq.heapify(queue)
+    while queue:
+        _, giver = heapq.heappop(queue)
+        move = _best_give_back(placement, tasks[giver], giver, takers, cold_give_back)
+        if move is None:
+            continue
+        task, taker = move
+        placement.move_active(task, giver, taker)
+        still = len(active[taker]) < actives_before[taker]
+        takers.update(taker, placement.active_share(taker) if still else None)
+        if gives(giver):
+            heapq.heappush(queue, (-placement.active_share(giver), giver))
+
+
+@attrs.define
+class _Takers:
+    """The clients below their actives before the pass, with their actives per consumer,
+    also as a list sorted on (share, client): the order a giver prefers them in."""
+
+    shares: dict[str, float]
+    ordered: list[tuple[float, str]] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.ordered = sorted((share, c) for c, share in self.shares.items())
+
+    def update(self, client: str, share: float | None) -> None:
+        """``client``'s new share, or None: it takes no more."""
+        del self.ordered[bisect.bisect_left(self.ordered, (self.shares.pop(client), client))]
+        if share is not None:
+            self.shares[client] = share
+            bisect.insort(self.ordered, (share, client))
+
+
+def _best_give_back(
+    placement: _Placement,
+    tasks: _GiverTasks,
+    giver: str,
+    takers: _Takers,
+    cold_give_back: bool,
+) -> tuple[TaskId, str] | None:
+    """The (task, taker) ``giver`` gives back next, or None: it has no move. The taker must
+    end with fewer actives per consumer than the giver has; the task one of an id the taker
+    may run (and, without ``cold_give_back``, one that restores nothing there). Of those: one
+    that restores nothing first (a stateless task, or state the taker holds), then to the
+    least busy taker, then of a task the giver did not run before, then the smallest. So the
+    first taker in (share, client) order with a fitting task wins: only the takers holding
+    the giver's tasks' state are looked at for one that restores nothing, unless the giver
+    has stateless tasks."""
+    share = placement.active_share(giver)
+    live = placement.active[giver]
+    by_ids: dict[frozenset[int], tuple[bool, _Ranked] | None] = {}  # takers with no warm heap
+
+    def fitting(taker: str) -> tuple[bool, _Ranked] | None:
+        if share <= (len(placement.active[taker]) + 1) / placement.capacity(taker):
+            return None
+        ids = placement.ineligible.get(taker, frozenset())
+        if taker in tasks.warm:
+            return tasks.best(live, taker, ids)
+        if ids not in by_ids:
+            by_ids[ids] = tasks.best(live, taker, ids)
+        return by_ids[ids]
+
+    if tasks.has_stateless(live):
+        warm = takers.ordered
+    else:
+        warm = sorted((takers.shares[t], t) for t in tasks.warm if t in takers.shares)
+    for _, taker in warm:
+        if (found := fitting(taker)) is not None and not found[0]:
+            return found[1][1], taker
+    for _, taker in takers.ordered if cold_give_back else ():
+        if (found := fitting(taker)) is not None:
+            return found[1][1], taker
     return None
+
+
+_Ranked = tuple[bool, TaskId]  # (the giver ran it, the task): the order a giver gives in
+
+
+@attrs.define
+class _GiverTasks:
+    """One giver's actives as heaps on :data:`_Ranked`, per subtopology: its stateless
+    tasks, all its tasks, and per taker the stateful tasks whose state that taker holds. A
+    giver only loses tasks in the give-back, so an entry no longer among its actives is
+    stale for good and dropped when it surfaces."""
+
+    stateless: dict[int, list[_Ranked]] = attrs.field(factory=dict)
+    every: dict[int, list[_Ranked]] = attrs.field(factory=dict)
+    warm: dict[str, list[_Ranked]] = attrs.field(factory=dict)
+
+    @classmethod
+    def of(cls, placement: _Placement, giver: str, takers: Collection[str]) -> _GiverTasks:
+        tasks = cls()
+        for task in placement.active[giver]:
+            ranked = (placement.ran(giver, task), task)
+            tasks.every.setdefault(task.subtopology, []).append(ranked)
+            if task not in placement.stateful:
+                tasks.stateless.setdefault(task.subtopology, []).append(ranked)
+                continue
+            for taker in placement.holders.get(task, ()):
+                if taker in takers and placement.may_hold(taker, task):
+                    tasks.warm.setdefault(taker, []).append(ranked)
+        for heap in [*tasks.stateless.values(), *tasks.every.values(), *tasks.warm.values()]:
+            heapq.heapify(heap)
+        return tasks
+
+    def has_stateless(self, live: Collection[TaskId]) -> bool:
+        return any(_first_live(h, live) is not None for h in self.stateless.values())
+
+    def best(
+        self, live: Collection[TaskId], taker: str, ids: Collection[int]
+    ) -> tuple[bool, _Ranked] | None:
+        """The first task of ids not in ``ids`` to give ``taker``, and whether it restores
+        there: one that restores nothing if any, else any (None: no task of those ids)."""
+        heaps = [h for s, h in self.stateless.items() if s not in ids]
+        warm = [_first_live(h, live) for h in [*heaps, self.warm.get(taker, [])]]
+        if found := [r for r in warm if r is not None]:
+            return False, min(found)
+        cold = [_first_live(h, live) for s, h in self.every.items() if s not in ids]
+        found = [r for r in cold if r is not None]
+        return (True, min(found)) if found else None
+
+
+def _first_live(heap: list[_Ranked], live: Collection[TaskId]) -> _Ranked | None:
+    """The least entry of ``heap`` whose task is in ``live``; dead ones above it popped."""
+    while heap and heap[0][1] not in live:
+        heapq.heappop(heap)
+    return heap[0] if heap else None
+
+
+@attrs.define
+class _ClientHeaps:
+    """The clients grouped by the ids they are ineligible for, each group a min-heap on
+    (``key``, client), for keys that only grow during the pass (copies are only added): the
+    least eligible client in O(groups * log clients) rather than a scan. After a client's key
+    grows, :meth:`refresh` it; outdated entries are dropped when they surface."""
+
+    key: Callable[[str], tuple[Any, ...]]
+    groups: dict[frozenset[int], list[tuple[tuple[Any, ...], str]]]
+
+    @classmethod
+    def of(cls, placement: _Placement, key: Callable[[str], tuple[Any, ...]]) -> _ClientHeaps:
+        groups: dict[frozenset[int], list[tuple[tuple[Any, ...], str]]] = {}
+        for client in placement.active:
+            ids = placement.ineligible.get(client, frozenset())
+            groups.setdefault(ids, []).append((key(client), client))
+        for heap in groups.values():
+            heapq.heapify(heap)
+        return cls(key, groups)
+
+    def refresh(self, client: str, ids: frozenset[int]) -> None:
+        heapq.heappush(self.groups[ids], (self.key(client), client))
+
+    def least(self, subtopology: int, count: int = 1, skip: Collection[str] = ()) -> list[str]:
+        """The ``count`` eligible clients for ``subtopology`` with the least (key, client),
+        none in ``skip``, least first (fewer if there are not as many)."""
+        found: list[tuple[tuple[Any, ...], str]] = []
+        for ids, heap in self.groups.items():
+            if subtopology in ids:
+                continue
+            popped: list[tuple[tuple[Any, ...], str]] = []
+            kept = 0
+            while heap and kept < count:
+                entry = heapq.heappop(heap)
+                if entry[0] == self.key(entry[1]):  # else outdated: dropped for good
+                    popped.append(entry)
+                    kept += entry[1] not in skip
+            found += [e for e in popped if e[1] not in skip]
+            for entry in popped:
+                heapq.heappush(heap, entry)
+        return [client for _, client in sorted(found)[:count]]
 
 
 def _top_up_standbys(
@@ -267,23 +431,52 @@ def _top_up_standbys(
     load_caps: Mapping[str, int],
 ) -> None:
     """Each of ``tasks`` with standbys up to ``num_standbys`` on eligible clients that hold no
-    copy of it: one holding the task's state first (caught up sooner; and a standby placed
-    where no state is makes a new holder, which the next rounds' choices follow: churn),
-    then one under its fair share of copies (``load_caps``), then the fewest copies per
-    consumer, then the smallest key. Rack tags are not looked at (the assignor's rack-aware
-    placement is kept where the pass touched nothing)."""
+    copy of it (:func:`_standby_target`)."""
+
+    def by_load(client: str) -> tuple[bool, bool, float]:
+        load, cap = placement.load(client), load_caps[client]
+        return load > cap, load >= cap, placement.load_share(client)
+
+    heaps = _ClientHeaps.of(placement, by_load)
+    standbys = Counter(t for held in placement.standby.values() for t in held)
+    copies = placement.copies(tasks)
     for task in tasks:
-        have = sum(task in held for held in placement.standby.values())
-        candidates = [c for c in placement.eligible(task) if not placement.has_copy(c, task)]
-        for _ in range(min(num_standbys - have, len(candidates))):
-            chosen = min(
-                candidates,
-                key=lambda c: (
-                    not placement.holds_state(c, task),
-                    placement.load(c) >= load_caps[c],
-                    placement.load_share(c),
-                    c,
-                ),
-            )
+        holding = copies[task]
+        wanted = num_standbys - standbys[task]
+        for chosen in _standby_targets(placement, task, wanted, heaps, holding, load_caps):
             placement.standby[chosen].add(task)
-            candidates.remove(chosen)
+            heaps.refresh(chosen, placement.ineligible.get(chosen, frozenset()))
+
+
+def _standby_targets(
+    placement: _Placement,
+    task: TaskId,
+    wanted: int,
+    heaps: _ClientHeaps,
+    holding: Collection[str],
+    load_caps: Mapping[str, int],
+) -> list[str]:
+    """The (at most ``wanted``) eligible clients without a copy of ``task`` (none in
+    ``holding``) to get a standby of it: ones not over their fair share of copies
+    (``load_caps``) first (a holder of every task's state would otherwise take them all),
+    then ones holding the task's state (caught up sooner; and a standby placed where no
+    state is makes a new holder, which the next rounds' choices follow: churn), then ones
+    under their share, then the fewest copies per consumer, then the smallest key. Picked at
+    once: a standby changes only its own client's rank, and that client is then out. Rack
+    tags are not looked at (the assignor's rack-aware placement is kept where the pass
+    touched nothing)."""
+    if wanted <= 0:
+        return []
+    holders = [
+        c
+        for c in placement.holders.get(task, ())
+        if placement.may_hold(c, task) and c not in holding
+    ]
+
+    def rank(client: str) -> tuple[bool, bool, bool, float, str]:
+        load, cap = placement.load(client), load_caps[client]
+        held = placement.holds_state(client, task)
+        return load > cap, not held, load >= cap, placement.load_share(client), client
+
+    candidates = set(holders + heaps.least(task.subtopology, wanted, holding))
+    return sorted(candidates, key=rank)[:wanted]

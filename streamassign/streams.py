@@ -892,10 +892,16 @@ def _assign_compatible(
         stateful,
         cold_give_back=not high_availability,
     )
-    if per_client is not assigned and given.probing_memory is not None:
-        # Its plan is the assignor's, not what the members were sent: they never run exactly
-        # its actives, so carrying it over next round could not apply (docs/streams.md).
-        given.probing_memory.forget()
+    if per_client is not assigned:
+        if given.probing_memory is not None:
+            # Its plan is the assignor's, not what the members were sent. Where only
+            # standbys changed they do run its actives, and carried over, its target would
+            # move one in a later round that nothing asked to probe (tests/test_eligibility).
+            given.probing_memory.forget()
+        if not any(a.warmup for a in per_client.values()):
+            # The post-pass stripped every warmup (they were on processes that may not run
+            # those tasks): nothing catches up, a probe would find the same plan again.
+            next_rebalance = NEVER
     hosts = _HostMaps.of(per_client, endpoints, topology, grouped.partition_counts)
     result = _unassigned(members, version, topology, grouped.partition_counts)
     for key, member_ids in by_process.items():

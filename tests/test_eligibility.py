@@ -5,6 +5,7 @@ standbys kept where eligible processes allow (docs/streams.md, rolling deploys).
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 from unittest import mock
@@ -13,8 +14,9 @@ import hypothesis
 from hypothesis import strategies as st
 
 import streamassign.streams as streams_module
-from streamassign import Subtopology, TaskId, Topology
-from streamassign.protocol import SubscriptionInfo
+from streamassign import ClientState, StickyTaskAssignor, Subtopology, TaskId, Topology
+from streamassign.eligibility import move_to_eligible_clients
+from streamassign.protocol import LATEST_OFFSET, NEVER, SubscriptionInfo
 from streamassign.streams import MemberAssignment, MemberSubscription, ProbingMemory
 from streamassign.versions import subtopology_topic_indices
 
@@ -113,7 +115,8 @@ def test_with_no_differing_fingerprint_the_post_pass_changes_nothing(
 ) -> None:
     """Members announcing the leader's topics per id, old releases, members of a group held at
     version 2, members with a fresh id, a garbage subscription: two rounds (probing memory
-    on) give exactly what they give with the post-pass taken out."""
+    on, the second fed the first's result, so a remembered plan carries over) give exactly
+    what they give with the post-pass taken out."""
     members = dict(group["members"])
     if garbage:
         members["zz-garbage"] = _member(99, "garbage", frozenset(), {})
@@ -125,6 +128,23 @@ def test_with_no_differing_fingerprint_the_post_pass_changes_nothing(
         ):
             expected = _assign(group, members, without_pass)
         assert expected_from_pass == expected
+        members = _reporting(group, members, expected)  # the remembered plan can carry over
+
+
+def _reporting(
+    group: dict[str, Any],
+    members: dict[str, MemberSubscription],
+    result: dict[str, MemberAssignment],
+) -> dict[str, MemberSubscription]:
+    """``members`` reporting ``result``: what they ran, and caught-up state of each copy."""
+    out = dict(members)
+    for member in members:
+        if member.startswith("zz"):
+            continue  # the garbage subscription
+        pid, info = int(member[1:].split("-")[0]), result[member].info
+        copies = dict.fromkeys(info.active | info.standby | info.warmup, 100)
+        out[member] = _member(pid, group["kinds"][pid], info.active, copies)
+    return out
 
 
 @hypothesis.settings(max_examples=150, deadline=None)
@@ -163,3 +183,134 @@ def test_when_the_post_pass_acts_the_assignment_is_valid_and_keeps_standbys(
         # A warmup (high availability) is a replica too, and takes its process's one copy.
         kept = sum(task in held[1] | held[2] for held in per_process.values())
         assert kept >= wanted, (task, kept, wanted)
+
+
+V2_SAME_0 = Topology(  # id 1 reused for a new topic, id 0 unchanged: V1's 1_x run as V2's 2_x
+    [
+        Subtopology(0, ["a"], stores=["ca"]),
+        Subtopology(1, ["n"], stores=["cn"]),
+        Subtopology(2, ["b"], stores=["cb"]),
+    ],
+    name="upg",
+)
+
+
+def _fed_back(
+    result: dict[str, MemberAssignment] | None, rolled: int, processes: int = 6
+) -> dict[str, MemberSubscription]:
+    """One member per process reporting, as the runtime does, what it ran and the state it
+    holds from ``result`` (the last round): the first ``rolled`` processes run V2_SAME_0, and
+    of the leader's tasks they report only id 0 (their own numbering renumbers b; the
+    other version's state of the reused id is left out: localstate.offset_sums)."""
+    members = {}
+    for pid in range(processes):
+        topology = V2_SAME_0 if pid < rolled else V1
+        info = result[f"m{pid}-0"].info if result else None
+        ran = info.active if info else frozenset()
+        held = ran | info.standby | info.warmup if info else frozenset()
+        if pid < rolled:
+            ran, held = (frozenset(t for t in ts if t.subtopology == 0) for ts in (ran, held))
+        sums = {t: (LATEST_OFFSET if t in ran else 100) for t in held}
+        subscription = SubscriptionInfo(
+            uuid.UUID(int=pid + 1),
+            endpoint=f"h{pid}:1",
+            previous_active=ran,
+            offset_sums=sums,
+            subtopology_topic_indices=subtopology_topic_indices(topology, topology.source_topics),
+        )
+        members[f"m{pid}-0"] = MemberSubscription(frozenset(topology.source_topics), subscription)
+    return members
+
+
+def _roll_rounds(
+    rolled: int, high_availability: bool, standbys: int = 1, rounds: int = 4
+) -> list[dict[str, MemberAssignment]]:
+    """A settled V1 group of 6 processes (6 partitions per id), then ``rolled`` of them
+    restarted as V2_SAME_0 and ``rounds`` rebalances, each fed the last one's result."""
+    group = {"partitions": 6, "standbys": standbys, "high_availability": high_availability}
+    memory = ProbingMemory()
+    result = None
+    for _ in range(2):
+        result = _assign(group, _fed_back(result, 0), memory)
+    results = []
+    for _ in range(rounds):
+        result = _assign(group, _fed_back(result, rolled), memory)
+        results.append(result)
+    return results
+
+
+def test_high_availability_mid_roll_asks_for_no_probe_while_nothing_catches_up() -> None:
+    """High availability aims a reused id's task at a rolled process (it knows nothing of
+    eligibility), holds the active back and puts a warmup there, which the post-pass strips:
+    with no warmup left, a probing rebalance would find the same plan again, every interval
+    for as long as the group is mixed. No round asks for one (review32 F2)."""
+    for rolled in (1, 3):
+        for result in _roll_rounds(rolled, high_availability=True):
+            assert all(not a.info.warmup for a in result.values())
+            assert all(a.info.next_rebalance_ms == NEVER for a in result.values()), rolled
+
+
+def test_mid_roll_the_group_settles_after_one_round() -> None:
+    """3 of 6 processes rolled: after the first round of the roll no active moves and no
+    standby moves (the standby top-up puts a moved task's standby where its state is first:
+    placed elsewhere, it makes a new state holder the next round's choices follow, a churn
+    of rounds)."""
+    for high_availability in (False, True):
+        results = _roll_rounds(3, high_availability)
+        settled = [{m: (a.info.active, a.info.standby) for m, a in r.items()} for r in results[1:]]
+        assert all(copies == settled[0] for copies in settled), high_availability
+
+
+def test_standbys_of_moved_tasks_do_not_pile_up_on_a_process_holding_every_state() -> None:
+    """3 of 6 processes may not run id 1; one process that may holds state of all 12 tasks
+    (it once ran them all). The moved tasks' standbys go first to processes not over their
+    fair share of copies, then to state holders: no process is left more than one copy over
+    its share while another is under it (the hoarder used to take 6 standbys beside its 2
+    actives, against a share of 4)."""
+    tasks = [TaskId(s, p) for s in (0, 1) for p in range(6)]
+    names = [f"p{i}" for i in range(1, 7)]
+    first = StickyTaskAssignor(1).assign(tasks, [ClientState(n) for n in names], tasks)
+    clients = [
+        ClientState(
+            n,
+            prev_active=first[n].active,
+            prev_standby=set(tasks) - first[n].active if n == "p3" else first[n].standby,
+        )
+        for n in names
+    ]
+    assigned = StickyTaskAssignor(1).assign(tasks, clients, tasks)
+    ineligible = {n: frozenset({1}) for n in names[3:]}
+    result = move_to_eligible_clients(assigned, ineligible, clients, 1, tasks)
+    share = math.ceil(sum(a.load for a in result.values()) / len(names))
+    loads = {n: result[n].load for n in names}
+    assert max(loads.values()) <= share + 1 or min(loads.values()) >= share, loads
+
+
+def test_after_the_post_pass_changed_only_standbys_the_next_round_plans_afresh() -> None:
+    """High availability: the post-pass changed only standbys (the members then run exactly
+    the plan's actives), and nothing asked for a probe. The probing memory forgets the
+    assignor's plan (it is not what the members were sent), so a later rebalance with
+    nothing changed plans afresh and moves nothing; carried over, the old plan's target
+    would move an active then (found by a search over fed-back rounds)."""
+    members = {
+        "m0-0": _member(0, "same", frozenset(), {TaskId(1, 0): 100, TaskId(0, 0): 100}),
+        "m1-0": _member(1, "old", frozenset(), {TaskId(1, 0): 50, TaskId(0, 0): 100}),
+        "m2-0": _member(2, "reused", frozenset(), {}),
+        "m2-1": _member(2, "reused", frozenset(), {}),
+    }
+    group = {
+        "kinds": ["same", "old", "reused"],
+        "partitions": 1,
+        "standbys": 2,
+        "high_availability": True,
+    }
+    memory = ProbingMemory()
+    first = _assign(group, members, memory)
+    assert all(a.info.next_rebalance_ms == NEVER for a in first.values())
+    members = _reporting(group, members, first)
+    for _ in range(2):
+        result = _assign(group, members, memory)
+        assert {m: a.info.active for m, a in result.items()} == {
+            m: a.info.active for m, a in first.items()
+        }
+        members = _reporting(group, members, result)
