@@ -637,3 +637,43 @@ def test_metadata_changes_only_when_a_rebalance_is_wanted(
     failed = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR).encode()
     a.on_assignment(ConsumerProtocolMemberAssignment(0, [], failed))
     assert a.metadata(set(COUNTS)).user_data != first
+
+
+def test_a_worker_whose_session_expired_gets_back_the_partitions_it_restored(
+    tmp_path: Path,
+) -> None:
+    """Audit F3: a 5th worker joins, its session expires while it restores its share, the
+    group rebalances without it, and it rejoins without a restart. It still reports its first
+    assignment (actives as running, standbys with nothing applied), and so do the workers that
+    took those actives over: the leader hands them back rather than make it restore another
+    set. Its process id is the largest, so it loses every duplicate claim's tie-break (before
+    the fix: 0 of its 3 table partitions came back)."""
+    counts = {SRC: 16, CL: 16}
+    apps = {}
+    for i in range(5):
+        app = make_app(tmp_path / f"w{i}", 7000 + i)
+        ids = Path(app.conf.appdir) / "streamassign"
+        ids.mkdir(parents=True)
+        (ids / "process.id").write_text(str(uuid.UUID(int=i + 1)))
+        apps[f"m{i}"] = app
+    workers = {m: app.assignor for m, app in apps.items()}
+    old = {m: a for m, a in workers.items() if m != "m4"}
+
+    def standbys_catch_up(group: Mapping[str, PartitionAssignor]) -> None:
+        for m, a in group.items():
+            for t in a.info.standby:
+                apps[m].tables.recovery.standby_offsets[TP(CL, t.partition)] = 100
+
+    rebalance(old, counts)
+    standbys_catch_up(old)
+    rebalance(workers, counts)
+    standbys_catch_up(old)
+    ran = workers["m4"].info.active
+    assert ran
+    rebalance(old, counts)  # m4 expired: not in this round
+    standbys_catch_up(old)
+    assert reported(workers["m4"]).running == ran  # still its first assignment
+    rejoined = rebalance(workers, counts)
+    assert workers["m4"].info.active == ran
+    kafka = {TP(topic, p) for topic, ps in rejoined["m4"].assignment for p in ps}
+    assert tps(kafka, SRC) == {t.partition for t in ran}

@@ -660,3 +660,94 @@ def test_a_copy_is_handed_back_nothing_its_original_runs() -> None:
     result = run(members)
     assert len(result["a"].info.active & w0) == 2
     assert len(result["b"].info.active & w1) == 2
+
+
+def rejoin_rounds(
+    n: int, partitions: int, side: int, replicas: int, new_id: int
+) -> tuple[dict[str, MemberAssignment], dict[str, MemberAssignment], dict[str, MemberSubscription]]:
+    """Scale-out of ``n`` workers by one (process id ``new_id`` among theirs, 0 to ``n``), whose
+    session expires before it reports anything: the group rebalances without it, then it
+    rejoins still reporting its first assignment (its actives as running, its standbys with
+    nothing applied), the interim owners running those actives too. Returns the assignments
+    of the scale-out and of the rejoin, and the rejoin's members."""
+    counts = {SRC: partitions, CL: partitions, SIDE: side}
+    topics = frozenset(counts)
+    ids = [i + (i >= new_id) for i in range(n)]
+    members = {f"m{i}": member(pid, topics) for i, pid in enumerate(ids)}
+    grown = run(members, counts, replicas)  # a settled group first
+
+    def reporting(result: Mapping[str, MemberAssignment]) -> dict[str, MemberSubscription]:
+        return {
+            m: member(
+                ids[int(m[1:])], topics, sums=running(result, m), previous=result[m].info.active
+            )
+            for m in members
+        }
+
+    new = member(new_id, topics)
+    scaled = run({**reporting(grown), "new": new}, counts, replicas)
+    interim = run(reporting(scaled), counts, replicas)  # the new member expired
+    got = scaled["new"].info
+    new = member(
+        new_id,
+        topics,
+        sums={**dict.fromkeys(got.standby, 0), **dict.fromkeys(got.active, LATEST_OFFSET)},
+        previous=got.active,
+    )
+    rejoined = {**reporting(interim), "new": new}
+    return scaled, run(rejoined, counts, replicas), rejoined
+
+
+def test_a_member_that_expired_and_rejoins_gets_back_what_it_restored() -> None:
+    """Audit F3 (scale-out at 256 partitions): the new worker's session expired while it
+    restored its share; it rejoined reporting that share as running, as did the workers that
+    took it over meanwhile. The duplicate claims went to the smaller process id, and the lost
+    ones had no lag, so the interim owners kept them and gave the newcomer tasks it held
+    standbys of (nothing applied there): it restored a second set. Now they hand its tasks
+    back, whatever its process id."""
+    for new_id in range(5):
+        scaled, result, _ = rejoin_rounds(4, 16, 5, 1, new_id)
+        assert sources(result, "new") == sources(scaled, "new"), new_id
+
+
+@given(
+    n=st.integers(1, 5),
+    partitions=st.integers(1, 24),
+    side=st.integers(1, 7),
+    replicas=st.integers(0, 2),
+    new_id=st.integers(0, 5),
+)
+def test_a_rejoined_member_is_valid_balanced_deterministic_and_takes_back_its_tasks(
+    n: int, partitions: int, side: int, replicas: int, new_id: int
+) -> None:
+    """After the expiry and rejoin of ``rejoin_rounds``: valid, each group balanced, the same
+    result for members in any order, the least moves (each member keeps what it ran up to its
+    share), and each interim owner over its share hands back first the table tasks the
+    rejoined member restored, as many as that member has room for."""
+    new_id = min(new_id, n)
+    counts = {SRC: partitions, CL: partitions, SIDE: side}
+    scaled, result, members = rejoin_rounds(n, partitions, side, replicas, new_id)
+    check_valid(result, members, counts, replicas)
+    assert run(dict(reversed(members.items())), counts, replicas) == result
+    for topic in (SRC, SIDE):
+        load = sorted(len(sources(result, m, topic)) for m in members)
+        assert load[-1] - load[0] <= 1, (topic, load)
+    first, now = sources(scaled, "new"), sources(result, "new")
+    handed = 0
+    for m, sub in members.items():
+        if m == "new":
+            continue
+        ran = sources_of(sub, result)
+        kept = ran & sources(result, m)
+        assert len(kept) >= min(len(ran), partitions // (n + 1)), (m, ran, kept)
+        handed += min(len(ran - kept), len(ran & first))
+    assert len(now & first) >= min(handed, len(now)), (first, now)
+
+
+def sources_of(sub: MemberSubscription, result: Mapping[str, MemberAssignment]) -> set[int]:
+    """The source partitions ``sub`` declares it ran (its previous actives of the table group)."""
+    assert sub.info is not None
+    groups = {
+        s for got in result.values() for s, topics in got.info.topics.items() if SRC in topics
+    }
+    return {t.partition for t in sub.info.previous_active if t.subtopology in groups}

@@ -380,7 +380,9 @@ class _FaustRuns:
         assignable = {s for s, topics in sub_topics.items() if not set(topics) <= globals_}
         stateful_subs = {s for s, topics in sub_topics.items() if changelogs & set(topics)}
         clients, by_process, endpoints = client_states(members, shared_ids=shared_ids)
-        clients = _with_capacities(_return_restarted(clients, members, by_process))
+        clients = _with_capacities(
+            _duplicate_claims_caught_up(_return_restarted(clients, members, by_process))
+        )
         runs = _group_runs(members, sub_topics, assignable)
         return cls(
             tasks,
@@ -567,6 +569,27 @@ def _return_restarted(
             )
         )
     return out
+
+
+def _duplicate_claims_caught_up(clients: list[ClientState]) -> list[ClientState]:
+    """Each process that reports running a task another process reports running too gets a
+    lag of 0 for it: a running active's ``LATEST_OFFSET`` says it is caught up (Kafka Streams
+    reads it so), and the claim that loses the sticky assignor's tie-break (smallest lag, then
+    process id) would otherwise be state of unknown lag. That happens when a worker's session
+    expired and the group rebalanced without it: it rejoins still reporting the tasks of its
+    last assignment, which the interim owners now run. With the lag, an interim owner over its
+    quota hands those tasks back to it first (the keep step's return of caught-up previous
+    actives) instead of making it restore another set (the scale-out audit, F3)."""
+    claimants = Counter(t for c in clients for t in c.prev_active)
+    shared = {t for t, n in claimants.items() if n > 1}
+    if not shared:
+        return clients
+    return [
+        attrs.evolve(c, lags={**dict.fromkeys(c.prev_active & shared, 0), **c.lags})
+        if c.prev_active & shared
+        else c
+        for c in clients
+    ]
 
 
 def _offset_sums(
