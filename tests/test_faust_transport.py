@@ -1167,3 +1167,32 @@ def test_the_assignor_on_faust_s_own_transport_warns_once_that_records_may_drop(
         app.assignor  # noqa: B018 (made on first use)
     said = [r.getMessage() for r in caplog.records if "can drop records" in r.getMessage()]
     assert len(said) == (1 if warned else 0), said
+
+
+def test_a_partition_just_assigned_is_not_reported_as_a_stream_that_never_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faust_revoke: list[str]
+) -> None:
+    """Faust counts "Stream has not started processing" from the worker's start: a worker
+    older than ``stream_processing_timeout`` logged it as an ERROR at rebalances for the
+    partitions it had just been given (the soak audit, with either assignor). Checked from
+    the assignment now; a partition that has had events, or was assigned long ago, as before."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    checked: list[TP] = []
+    monkeypatch.setattr(
+        faust_aiokafka.Consumer, "verify_event_path", lambda self, now, tp: checked.append(tp)
+    )
+
+    async def assigned_then_checked() -> None:
+        consumer = await rebalancing(tmp_path)
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 5)
+        timeout = float(consumer.app.conf.stream_processing_timeout)
+        now = time.monotonic()
+        consumer.verify_event_path(now, SOURCE)  # just assigned, no event yet: not checked
+        consumer.app.monitor.stream_inbound_time[CHANGELOG] = now
+        consumer.verify_event_path(now, CHANGELOG)  # has had events: checked
+        consumer.verify_event_path(now + timeout, SOURCE)  # assigned a timeout ago: checked
+        consumer.resume_flow()
+
+    asyncio.run(assigned_then_checked())
+    assert checked == [CHANGELOG, SOURCE]
