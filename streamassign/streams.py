@@ -881,27 +881,18 @@ def _assign_compatible(
     )
     stateful = [t for t in tasks if t.subtopology in topology.stateful_subtopologies]
     racks = task_racks(tasks, given.partition_racks) if given.partition_racks else None
-    assigned, next_rebalance = _assign_clients(
+    planned = _assign_clients(
         assignor, tasks, clients, stateful, racks, given.now_ms, given.probing_memory
     )
     per_client = move_to_eligible_clients(
-        assigned,
+        planned.per_client,
         _ineligible_by_client(topology, compatible, by_process),
         clients,
         assignor.num_standby_replicas,
         stateful,
         cold_give_back=not high_availability,
     )
-    if per_client is not assigned:
-        if given.probing_memory is not None:
-            # Its plan is the assignor's, not what the members were sent. Where only
-            # standbys changed they do run its actives, and carried over, its target would
-            # move one in a later round that nothing asked to probe (tests/test_eligibility).
-            given.probing_memory.forget()
-        if not any(a.warmup for a in per_client.values()):
-            # The post-pass stripped every warmup (they were on processes that may not run
-            # those tasks): nothing catches up, a probe would find the same plan again.
-            next_rebalance = NEVER
+    next_rebalance = _next_probe(planned, per_client, given.probing_memory)
     hosts = _HostMaps.of(per_client, endpoints, topology, grouped.partition_counts)
     result = _unassigned(members, version, topology, grouped.partition_counts)
     for key, member_ids in by_process.items():
@@ -1019,6 +1010,18 @@ def _task_assignor(
     )
 
 
+@attrs.frozen
+class _Planned:
+    """The assignor's round: each client's tasks; the actives the high-availability assignor
+    held back (task -> the process it waits for); when it asks the group to probe again
+    (NEVER: no need), and its probing interval (for the log line)."""
+
+    per_client: dict[str, ClientAssignment]
+    held_back: Mapping[TaskId, str] = attrs.field(factory=dict)
+    next_rebalance: int = NEVER
+    probing_interval_ms: int = 0
+
+
 def _assign_clients(
     assignor: HighAvailabilityTaskAssignor | StickyTaskAssignor,
     tasks: Mapping[TaskId, frozenset[TopicPartition]],
@@ -1027,15 +1030,47 @@ def _assign_clients(
     racks: Mapping[TaskId, str] | None,
     now_ms: int | None,
     probing_memory: ProbingMemory | None,
-) -> tuple[dict[str, ClientAssignment], int]:
-    """Each client's tasks, and when the group should probe again (NEVER: no need)."""
+) -> _Planned:
+    """Each client's tasks, and whether and when the group should probe again."""
     if isinstance(assignor, HighAvailabilityTaskAssignor):
         return _plan_high_availability(
             assignor, tasks, clients, stateful, racks, now_ms, probing_memory
         )
     if probing_memory is not None:  # this assignment, not the remembered one, is the last
         probing_memory.forget()
-    return assignor.assign(tasks, clients, stateful, task_racks=racks), NEVER
+    return _Planned(assignor.assign(tasks, clients, stateful, task_racks=racks))
+
+
+def _next_probe(
+    planned: _Planned,
+    per_client: Mapping[str, ClientAssignment],
+    probing_memory: ProbingMemory | None,
+) -> int:
+    """When the group should probe again (NEVER: no need), said at INFO: the assignor's time,
+    unless the rolling-deploy post-pass changed its assignment and no held-back active has a
+    copy catching up (a warmup or a standby) on the process it waits for any more: their
+    warmups were on processes that may not run them, and a probe would find the same plan."""
+    if per_client is not planned.per_client:
+        if probing_memory is not None:
+            # Its plan is the assignor's, not what the members were sent. Where only
+            # standbys changed they do run its actives, and carried over, its target would
+            # move one in a later round that nothing asked to probe (tests/test_eligibility).
+            probing_memory.forget()
+        waiting = per_client.get
+        if not any(
+            (copies := waiting(target)) is not None and task in copies.standby | copies.warmup
+            for task, target in planned.held_back.items()
+        ):
+            return NEVER
+    if planned.next_rebalance != NEVER:
+        log.info(
+            "%d actives held back on caught-up processes, %d warmups placed; "
+            "probing rebalance in %d ms",
+            len(planned.held_back),
+            sum(len(a.warmup) for a in per_client.values()),
+            planned.probing_interval_ms,
+        )
+    return planned.next_rebalance
 
 
 def _plan_high_availability(
@@ -1046,25 +1081,22 @@ def _plan_high_availability(
     racks: Mapping[TaskId, str] | None,
     now_ms: int | None,
     probing_memory: ProbingMemory | None,
-) -> tuple[dict[str, ClientAssignment], int]:
+) -> _Planned:
     """The high-availability assignment per client, and when to probe again (NEVER: no need)."""
     if probing_memory is None:
         plan = ha.plan(tasks, clients, stateful, task_racks=racks)
     else:
         plan = probing_memory.plan(ha, tasks, clients, stateful, racks)
-    per_client = dict(plan.assignment)
     next_rebalance = NEVER
     if plan.probing_rebalance_needed:
         start = int(time.time() * 1000) if now_ms is None else now_ms
         next_rebalance = start + ha.probing_rebalance_interval_ms
-        log.info(
-            "%d actives held back on caught-up processes, %d warmups placed; "
-            "probing rebalance in %d ms",
-            len(plan.held_back),
-            plan.warmups,
-            ha.probing_rebalance_interval_ms,
-        )
-    return per_client, next_rebalance
+    return _Planned(
+        dict(plan.assignment),
+        plan.held_back,
+        next_rebalance,
+        ha.probing_rebalance_interval_ms,
+    )
 
 
 @attrs.frozen

@@ -288,9 +288,10 @@ def test_standbys_of_moved_tasks_do_not_pile_up_on_a_process_holding_every_state
 
 def test_after_the_post_pass_changed_only_standbys_the_next_round_plans_afresh() -> None:
     """High availability: the post-pass changed only standbys (the members then run exactly
-    the plan's actives), and nothing asked for a probe. The probing memory forgets the
-    assignor's plan (it is not what the members were sent), so a later rebalance with
-    nothing changed plans afresh and moves nothing; carried over, the old plan's target
+    the plan's actives). The held-back active's target keeps a standby of it, which catches
+    up: one probe (review36: a rule that looked only at warmups dropped it). The probing
+    memory forgets the assignor's plan (it is not what the members were sent), so the later
+    rebalances plan afresh, move nothing and settle; carried over, the old plan's target
     would move an active then (found by a search over fed-back rounds)."""
     members = {
         "m0-0": _member(0, "same", frozenset(), {TaskId(1, 0): 100, TaskId(0, 0): 100}),
@@ -306,11 +307,39 @@ def test_after_the_post_pass_changed_only_standbys_the_next_round_plans_afresh()
     }
     memory = ProbingMemory()
     first = _assign(group, members, memory)
-    assert all(a.info.next_rebalance_ms == NEVER for a in first.values())
+    assert all(a.info.next_rebalance_ms != NEVER for a in first.values())
     members = _reporting(group, members, first)
     for _ in range(2):
         result = _assign(group, members, memory)
         assert {m: a.info.active for m, a in result.items()} == {
             m: a.info.active for m, a in first.items()
         }
+        assert all(a.info.next_rebalance_ms == NEVER for a in result.values())
         members = _reporting(group, members, result)
+
+
+def test_a_role_swap_for_an_unchanged_id_still_probes_while_the_group_is_mixed() -> None:
+    """High availability holds 0_0 back on p0 for p1 (which ran it and restarted far behind)
+    and swaps roles: p1 keeps a standby that catches up, no warmup. Id 0 is unchanged by the
+    roll; a rolled p2 makes the post-pass act. The probe that hands 0_0 back is still asked
+    for (review36: a rule that looked only at warmups sent NEVER for the whole roll)."""
+    end = 1_000_000
+    t00, t01, t02, t10, t11 = (TaskId(0, 0), TaskId(0, 1), TaskId(0, 2), TaskId(1, 0), TaskId(1, 1))
+    members = {
+        "m0": _member(0, "same", frozenset({t01, t10}), {t01: end, t10: end, t00: end}),
+        "m1": _member(1, "same", frozenset({t00, t11}), {t00: 100_000, t11: end}),
+        "m2": _member(2, "reused", frozenset({t02}), {t02: end}),
+    }
+    tasks = [TaskId(s, p) for s in (0, 1) for p in range(3)]
+    out = streams_module.assign_streams(
+        V1,
+        dict.fromkeys("abn", 3),
+        members,
+        num_standby_replicas=1,
+        high_availability=True,
+        end_offsets=dict.fromkeys(tasks, end),
+        now_ms=0,
+        probing_memory=ProbingMemory(),
+    )
+    assert t00 in out["m0"].info.active and t00 in out["m1"].info.standby
+    assert all(a.info.next_rebalance_ms == 600_000 for a in out.values())

@@ -1142,7 +1142,7 @@ def test_a_seek_to_no_offset_reads_from_the_start_instead_of_ending_the_worker(
             return dict(seeks)[tp]
 
     asked = {CHANGELOG: None, SOURCE: 7, TP("orders-app-totals-changelog", 1): -2}
-    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
         asyncio.run(thread._seek_wait(Seeking(), asked))
     assert dict(seeks) == {CHANGELOG: 0, SOURCE: 7, TP("orders-app-totals-changelog", 1): 0}
     said = [r.getMessage() for r in caplog.records if "no offset" in r.getMessage()]

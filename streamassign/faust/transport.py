@@ -93,16 +93,17 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return consumer
 
     async def _seek_wait(self, consumer: Any, partitions: Mapping[TP, Any]) -> None:
-        """Faust's, but an offset that is no offset (None, or below -1) seeks to the start as
-        Faust's -1 does, with a WARNING, instead of raising out of aiokafka's ``seek``: that
-        ended Faust's recovery and the worker (``Offset must be a positive integer``; the
-        scale audit, both assignors, 256 partitions). Faust's recovery reads a partition added
-        by a rebalance during its set-up (offset still None) or a sentinel below -1."""
+        """Faust's, but an offset that is no offset (None) seeks 0 instead of raising out of
+        aiokafka's ``seek`` (``Offset must be a positive integer``), which ended Faust's
+        recovery and the worker (the scale audit, 256 partitions, either assignor). Faust's
+        recovery seeks None for a partition a rebalance added after it read its offsets; the
+        rebalance has set its restart signal, so the recovery restarts right after and seeks
+        again from the offsets it reads then (the partitions stay paused meanwhile)."""
         unknown = {tp: offset for tp, offset in partitions.items() if not _is_offset(offset)}
         if unknown:
-            log.warning(
-                "Faust's recovery asked to seek %d partition(s) to no offset (%s); reading "
-                "them from the start instead, as for an offset it does not know (-1)",
+            log.info(
+                "a rebalance interrupted Faust's recovery: it asked to seek %d partition(s) to no "
+                "offset (%s); seeking 0 in their place, the recovery restarts and seeks them again",
                 len(unknown),
                 ", ".join(
                     f"{tp.topic}[{tp.partition}]: {o!r}" for tp, o in sorted(unknown.items())[:5]
