@@ -381,7 +381,9 @@ class _FaustRuns:
         stateful_subs = {s for s, topics in sub_topics.items() if changelogs & set(topics)}
         clients, by_process, endpoints = client_states(members, shared_ids=shared_ids)
         clients = _with_capacities(
-            _duplicate_claims_caught_up(_return_restarted(clients, members, by_process))
+            _duplicate_claims_caught_up(
+                _return_restarted(clients, members, by_process), _offset_sums(members, by_process)
+            )
         )
         runs = _group_runs(members, sub_topics, assignable)
         return cls(
@@ -571,25 +573,35 @@ def _return_restarted(
     return out
 
 
-def _duplicate_claims_caught_up(clients: list[ClientState]) -> list[ClientState]:
-    """Each process that reports running a task another process reports running too gets a
-    lag of 0 for it: a running active's ``LATEST_OFFSET`` says it is caught up (Kafka Streams
-    reads it so), and the claim that loses the sticky assignor's tie-break (smallest lag, then
-    process id) would otherwise be state of unknown lag. That happens when a worker's session
-    expired and the group rebalanced without it: it rejoins still reporting the tasks of its
-    last assignment, which the interim owners now run. With the lag, an interim owner over its
-    quota hands those tasks back to it first (the keep step's return of caught-up previous
-    actives) instead of making it restore another set (the scale-out audit, F3)."""
+def _duplicate_claims_caught_up(
+    clients: list[ClientState], sums: Mapping[str, Mapping[TaskId, int]]
+) -> list[ClientState]:
+    """A process in its first recovery that reports running a task another process reports
+    running too gets a lag of 0 for it. That is a worker whose session expired while it
+    restored its first assignment (a scale-out on a loaded group): the group rebalanced
+    without it, and it rejoins still reporting that assignment's actives, which interim
+    owners now run. With the lag, an interim owner over its quota hands those tasks back to
+    it first (the keep step's return of caught-up previous actives) instead of making it
+    restore another set (the scale audit, F3: twice the records).
+
+    Only in its first recovery: Faust reports every assigned active as running
+    (``LATEST_OFFSET``), restored or not, and restores actives before standbys, so a process
+    whose standbys report no progress (every offset sum it reports is 0) is one whose claims
+    are its first restore. A worker with standby progress keeps the tie-break's answer: it
+    may have expired while restoring a cold takeover, and handing that back to it would
+    make a task some caught-up owner runs cold (review37)."""
     claimants = Counter(t for c in clients for t in c.prev_active)
     shared = {t for t, n in claimants.items() if n > 1}
     if not shared:
         return clients
-    return [
-        attrs.evolve(c, lags={**dict.fromkeys(c.prev_active & shared, 0), **c.lags})
-        if c.prev_active & shared
-        else c
-        for c in clients
-    ]
+    out = []
+    for client in clients:
+        claimed = client.prev_active & shared
+        first_recovery = not any(s > 0 for s in sums.get(client.process_id, {}).values())
+        if claimed and first_recovery:
+            client = attrs.evolve(client, lags={**dict.fromkeys(claimed, 0), **client.lags})
+        out.append(client)
+    return out
 
 
 def _offset_sums(

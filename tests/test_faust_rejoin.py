@@ -1,0 +1,72 @@
+"""A rejoining Faust worker's duplicate running claims (the Faust leader's
+``_duplicate_claims_caught_up``): handed back only to a worker in its first recovery, never
+to a veteran that expired while restoring a cold takeover (review37)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+
+from streamassign import TaskId
+from streamassign.faust.leader import assign_faust
+from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
+from streamassign.streams import MemberAssignment, MemberSubscription
+
+SRC, CL = "orders", "app-totals-changelog"
+COUNTS = {SRC: 6, CL: 6}
+TOPICS = frozenset(COUNTS)
+E = 1000  # every changelog partition's end offset (model)
+
+
+def member(i: int, sums: Mapping[TaskId, int], previous: frozenset[TaskId]) -> MemberSubscription:
+    info = SubscriptionInfo(
+        uuid.UUID(int=i + 1),
+        endpoint=f"http://w{i}:6066",
+        offset_sums=dict(sums),
+        previous_active=previous,
+    )
+    return MemberSubscription(TOPICS, info)
+
+
+def run(members: Mapping[str, MemberSubscription]) -> dict[str, MemberAssignment]:
+    return assign_faust(members, COUNTS, num_standby_replicas=1, changelog_topics={CL})
+
+
+def table_sub() -> int:
+    got = run({"x": member(0, {}, frozenset())})["x"].info
+    return next(iter(got.active)).subtopology
+
+
+def worker(i: int, active: list[TaskId], standby: list[TaskId]) -> MemberSubscription:
+    sums = {**dict.fromkeys(standby, E), **dict.fromkeys(active, LATEST_OFFSET)}
+    return member(i, sums, frozenset(active))
+
+
+def test_a_veteran_that_expired_restoring_a_cold_takeover_is_handed_it_back_cold() -> None:
+    """R (w2) ran t3 for a long time (caught up), then took over t0 cold when a worker died
+    (true position 0 of E) and holds caught-up standbys of t1 and t4. Its session expired while
+    it restored t0: a round without it gave t0 to w0 and t3 to w1 (their standby holders,
+    caught up). R rejoins reporting t0 and t3 as running (LATEST_OFFSET: Faust reports every
+    assigned active so, restored or not) and its standbys at E.
+
+    Before the fix w0 and w1 each release the task R holds a caught-up standby of (t1, t4):
+    R restores nothing. With the fix they release R's duplicate claims (t0, t3): t0 goes from
+    w0, caught up, to R, which has none of it: a warm task made cold, E records to restore."""
+    t = [TaskId(table_sub(), p) for p in range(6)]
+    members = {
+        "w0": worker(0, [t[0], t[1], t[2]], [t[3], t[5]]),
+        "w1": worker(1, [t[3], t[4], t[5]], [t[0], t[2]]),
+        "w2": worker(2, [t[0], t[3]], [t[1], t[4]]),
+    }
+    true_position = {
+        "w0": dict.fromkeys(t, E) | {t[4]: 0},
+        "w1": dict.fromkeys(t, E) | {t[1]: 0},
+        "w2": {t[0]: 0, t[3]: E, t[1]: E, t[4]: E},
+    }
+    result = run(members)
+    to_restore = sum(
+        E - true_position[m].get(task, 0) for m in result for task in result[m].info.active
+    )
+    r_got = result["w2"].info.active
+    assert t[0] not in r_got, ("R handed back a task it has no state of", sorted(r_got))
+    assert to_restore == 0
