@@ -303,17 +303,14 @@ class App:
 
     async def start(self) -> None:
         """Create internal topics, start the producer, the restore consumers and the host."""
-        try:
-            await self._attached_start()
-        except BaseException:  # a caller not using ``run()`` may never stop() a failed start
-            self._detach_broker_away_lines()
-            raise
-
-    async def _attached_start(self) -> None:
-        """``start()`` with the line filter attached (detached by ``stop()``)."""
         if self._broker_away_lines is None:  # detached: stop()
             self._broker_away_lines = BrokerAwayLines.attach()
-        await self._start_steps()
+        try:
+            await self._start_steps()
+        except BaseException:  # a caller not using ``run()`` may never stop() a failed start
+            # (so ``run()``'s clean-up of a failed start is not filtered: a few lines)
+            self._detach_broker_away_lines()
+            raise
 
     async def _start_steps(self) -> None:
         """The steps of ``start()``, in order."""
@@ -423,7 +420,7 @@ class App:
         """``start``, wait, ``stop``; re-raises what stopped the application, if anything.
         A failed start is cleaned up too (producer, consumers, stores)."""
         try:
-            await self._attached_start()  # a failed one's clean-up below still filtered
+            await self.start()  # (subclasses may override it)
             await self.wait()
         finally:
             await self.stop()
