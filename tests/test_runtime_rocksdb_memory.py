@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,15 @@ def test_a_bad_budget_is_refused_naming_the_value(tmp_path: Path, mib: object, k
             store_kind=kind,  # type: ignore[arg-type]
             rocksdb_memory_mib=mib,  # type: ignore[arg-type]
         )
+
+
+def test_stores_opened_and_written_in_threads_share_the_budget(tmp_path: Path) -> None:
+    """The runtime opens and closes stores in a thread pool (``TaskStores``), while the
+    budget is made on the event loop's thread."""
+    memory = RocksDBMemory.of(32)
+    with ThreadPoolExecutor(4) as pool:
+        stores = list(pool.map(lambda n: RocksDBStore(tmp_path / f"{n}", memory), range(4)))
+        list(pool.map(lambda store: fill(store, 1, b"t"), stores))
+        assert memory.write_buffers.get_usage() >= 4 << 20
+        list(pool.map(lambda store: store.close(), stores))
+    assert memory.write_buffers.get_usage() < 1 << 20  # closed stores give their memtables back
