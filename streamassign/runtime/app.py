@@ -63,7 +63,7 @@ from .restore import ChangelogLookups, Restoring, StateUpdater
 from .settings import PROCESSING_GUARANTEES as PROCESSING_GUARANTEES
 from .settings import STATE_CLEANUP_DELAY_MS, ProcessingGuarantee, Settings
 from .standbys import Standbys
-from .stores import StoreKind
+from .stores import DEFAULT_ROCKSDB_MEMORY_MIB, RocksDBMemory, StoreKind
 from .task_stores import TaskStores, start_of
 from .tasks import (
     ActiveTask,
@@ -122,6 +122,9 @@ class App:
 
     ``state_cleanup_delay_ms`` (Kafka Streams' ``state.cleanup.delay.ms``): the local state of
     a task this process has not held for that long is deleted (``cleanup.py``); None keeps it.
+
+    ``rocksdb_memory_mib``: the memory all RocksDB stores of this App share for memtables and
+    block cache (``stores.RocksDBMemory``; each store's memtables are also at most 2 x 8 MiB).
     """
 
     def __init__(
@@ -146,6 +149,7 @@ class App:
         max_warmup_replicas: int = 2,
         probing_rebalance_interval_ms: int = 600_000,
         state_cleanup_delay_ms: int | None = STATE_CLEANUP_DELAY_MS,
+        rocksdb_memory_mib: int = DEFAULT_ROCKSDB_MEMORY_MIB,
     ) -> None:
         settings = Settings(
             topology=topology,
@@ -157,6 +161,13 @@ class App:
             commit_interval_ms=commit_interval_ms,
             consumer_config=consumer_config,
             state_cleanup_delay_ms=state_cleanup_delay_ms,
+            rocksdb_memory_mib=rocksdb_memory_mib,
+        )
+        #: The bound all this App's RocksDB stores share (None with in-memory stores).
+        self.rocksdb_memory = (
+            RocksDBMemory.of(settings.rocksdb_memory_mib)
+            if settings.store_kind == "rocksdb"
+            else None
         )
         self.processing_guarantee = settings.processing_guarantee
         #: Seconds a transaction may stay open before the broker aborts it (exactly once).
@@ -203,7 +214,9 @@ class App:
         self._clients = Clients()
         self._actives: dict[TaskId, ActiveTask] = {}
         self._standbys = Standbys()
-        self._stores = TaskStores(self.topology, self.store_kind, self.host.state, self._standbys)
+        self._stores = TaskStores(
+            self.topology, self.store_kind, self.host.state, self._standbys, self.rocksdb_memory
+        )
         check = ChangelogCheck(self.topology, self.bootstrap_servers, self.connection_config)
         self._updater = StateUpdater(
             self._clients,

@@ -15,7 +15,14 @@ import attrs
 from ..errors import RuntimeConfigError
 from ..topology import Topology
 from .processing import ErrorPolicy
-from .stores import STORE_KINDS, StoreKind, require_store_library
+from .stores import (
+    DEFAULT_ROCKSDB_MEMORY_MIB,
+    MAX_ROCKSDB_MEMORY_MIB,
+    MIN_ROCKSDB_MEMORY_MIB,
+    STORE_KINDS,
+    StoreKind,
+    require_store_library,
+)
 from .tasks import ProcessorFactory
 
 #: ``at_least_once`` (the default): commit markers in the changelogs, exact tables, outputs
@@ -139,6 +146,16 @@ def _cleanup_delay(settings: Settings, attribute: Any, delay_ms: int | None) -> 
         )
 
 
+def _rocksdb_memory(settings: Settings, attribute: Any, mib: int) -> None:
+    is_int = isinstance(mib, int) and not isinstance(mib, bool)
+    if not is_int or not MIN_ROCKSDB_MEMORY_MIB <= mib <= MAX_ROCKSDB_MEMORY_MIB:
+        raise RuntimeConfigError(
+            f"rocksdb_memory_mib must be an int >= {MIN_ROCKSDB_MEMORY_MIB} and <= "
+            f"{MAX_ROCKSDB_MEMORY_MIB} (MiB for all RocksDB stores of the process: memtables "
+            f"and block cache), got {mib!r}"
+        )
+
+
 def _isolation(settings: Settings, attribute: Any, config: Mapping[str, Any]) -> None:
     if settings.exactly_once and config["isolation_level"] != "read_committed":
         raise RuntimeConfigError(
@@ -168,6 +185,11 @@ class Settings:
     #: not held for that long is deleted (``cleanup.py``); None keeps it for good.
     state_cleanup_delay_ms: int | None = attrs.field(
         default=STATE_CLEANUP_DELAY_MS, validator=_cleanup_delay
+    )
+    #: MiB that all RocksDB stores of the process share for memtables and block cache
+    #: (``stores.RocksDBMemory``); checked whatever the store kind.
+    rocksdb_memory_mib: int = attrs.field(
+        default=DEFAULT_ROCKSDB_MEMORY_MIB, validator=_rocksdb_memory
     )
 
     def __attrs_post_init__(self) -> None:

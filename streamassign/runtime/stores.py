@@ -14,7 +14,9 @@ import os
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Literal, NoReturn, Protocol
+from typing import TYPE_CHECKING, Literal, NoReturn, Protocol
+
+import attrs
 
 from ..errors import (
     DamagedStateError,
@@ -25,8 +27,25 @@ from ..errors import (
 )
 from ..localstate import not_a_directory
 
+if TYPE_CHECKING:
+    from rocksdict import Cache, Options, WriteBufferManager
+
 StoreKind = Literal["memory", "rocksdb"]
 STORE_KINDS: tuple[StoreKind, ...] = ("memory", "rocksdb")
+
+#: Each RocksDB store's memtable size and count: at most 16 MiB of memtables per store, where
+#: RocksDB's defaults (64 MiB, 2) let each open store grow to 128 MiB before the first flush
+#: and Kafka Streams' (16 MiB, 3) to 48 MiB. The runtime's batches are small and keys repeat,
+#: so bigger memtables mostly hold overwritten values; smaller ones only flush more often.
+WRITE_BUFFER_BYTES = 8 << 20
+MAX_WRITE_BUFFERS = 2
+#: ``App``'s ``rocksdb_memory_mib``: what all RocksDB stores of one process share for
+#: memtables and block cache (see ``RocksDBMemory``), and its limits.
+DEFAULT_ROCKSDB_MEMORY_MIB = 128
+#: One store's memtables (``WRITE_BUFFER_BYTES * MAX_WRITE_BUFFERS``) must fit in the half
+#: of the budget they may take, or every write to a full memtable would force a flush.
+MIN_ROCKSDB_MEMORY_MIB = 32
+MAX_ROCKSDB_MEMORY_MIB = 1 << 20  # 1 TiB
 
 _DATA = b"d"  # RocksDB key prefixes: user data and store metadata share one keyspace
 _META = b"m"
@@ -108,6 +127,54 @@ class MemoryStore:
         self._data.clear()
 
 
+@attrs.frozen
+class RocksDBMemory:
+    """One process's bound on the memory of all its RocksDB stores (Kafka Streams'
+    recommended ``RocksDBConfigSetter``): one block cache of ``total_bytes`` shared by every
+    store, and one write buffer manager that charges every memtable to that cache and flushes
+    once the memtables take half of it. So memtables plus cached blocks stay near
+    ``total_bytes`` however many stores are open (not a hard limit: RocksDB's cache may
+    overshoot briefly, and a store's index and filter blocks are charged to the cache but
+    pinned while they are in use). ``App`` makes one for its stores; none is shared between
+    applications."""
+
+    total_bytes: int
+    cache: Cache
+    write_buffers: WriteBufferManager
+
+    @classmethod
+    def of(cls, mib: int) -> RocksDBMemory:
+        from rocksdict import Cache, WriteBufferManager
+
+        total = mib << 20
+        cache = Cache(total)
+        # allow_stall=False: over the limit RocksDB flushes; stalling writers would stall the
+        # event loop (store writes run on it after each commit).
+        manager = WriteBufferManager.new_write_buffer_manager_with_cache(total // 2, False, cache)
+        return cls(total, cache, manager)
+
+
+def rocksdb_options(memory: RocksDBMemory | None) -> Options:
+    """The options a runtime store opens with: bounded memtables (``WRITE_BUFFER_BYTES``,
+    ``MAX_WRITE_BUFFERS``) and, given ``memory``, the process's shared cache and write
+    buffer manager (without: RocksDB's own block cache, per store)."""
+    from rocksdict import BlockBasedOptions, Options
+
+    options = Options(raw_mode=True)
+    options.set_write_buffer_size(WRITE_BUFFER_BYTES)
+    options.set_max_write_buffer_number(MAX_WRITE_BUFFERS)
+    if memory is not None:
+        table = BlockBasedOptions()
+        table.set_block_cache(memory.cache)
+        # Index and filter blocks in the cache too, else they grow outside the budget with
+        # the number of SST files; level 0's pinned, as they are read on every lookup.
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        options.set_block_based_table_factory(table)
+        options.set_write_buffer_manager(memory.write_buffers)
+    return options
+
+
 class RocksDBStore:
     """A RocksDB database in a directory (``rocksdict``, raw bytes mode); survives restarts.
 
@@ -116,11 +183,11 @@ class RocksDBStore:
 
     persistent = True
 
-    def __init__(self, path: str | Path) -> None:
-        """Open (or create) the store in ``path``: ``DamagedStateError`` if its files are
-        damaged (``is_damaged_store_status``), ``StoreIOError`` if it cannot be opened for
-        another reason."""
-        from rocksdict import Options, Rdict
+    def __init__(self, path: str | Path, memory: RocksDBMemory | None = None) -> None:
+        """Open (or create) the store in ``path``, within ``memory`` (``rocksdb_options``):
+        ``DamagedStateError`` if its files are damaged (``is_damaged_store_status``),
+        ``StoreIOError`` if it cannot be opened for another reason."""
+        from rocksdict import Rdict
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,7 +200,7 @@ class RocksDBStore:
             found = (self.path / _FOUND_DAMAGED).read_text(errors="replace")[:1000]
             raise DamagedStateError(f"store {self.path}: a read found it damaged: {found}")
         try:
-            self._db = Rdict(str(self.path), Options(raw_mode=True))
+            self._db = Rdict(str(self.path), rocksdb_options(memory))
         except Exception as exc:  # rocksdict raises Exception("<RocksDB status>")
             if is_damaged_store_status(str(exc)):
                 raise DamagedStateError(f"store {self.path}: {exc}") from exc
@@ -283,12 +350,13 @@ def require_store_library(kind: str) -> None:
         ) from exc
 
 
-def open_store(kind: StoreKind, path: Path) -> KeyValueStore:
-    """A store of ``kind``; ``path`` is where a persistent one lives."""
+def open_store(kind: StoreKind, path: Path, memory: RocksDBMemory | None = None) -> KeyValueStore:
+    """A store of ``kind``; ``path`` is where a persistent one lives, ``memory`` the bound a
+    RocksDB one shares with the process's others (``RocksDBMemory``)."""
     if kind == "memory":
         return MemoryStore()
     if kind == "rocksdb":
-        return RocksDBStore(path)
+        return RocksDBStore(path, memory)
     raise RuntimeConfigError(f"unknown store kind {kind!r} (known: {', '.join(STORE_KINDS)})")
 
 

@@ -42,7 +42,14 @@ from ..repeats import Repeats
 from ..topology import Topology
 from .changelog import StoreState
 from .standbys import Standbys, is_open, open_failed
-from .stores import KeyValueStore, StoreKind, UnopenedStore, moved_away, open_store
+from .stores import (
+    KeyValueStore,
+    RocksDBMemory,
+    StoreKind,
+    UnopenedStore,
+    moved_away,
+    open_store,
+)
 
 log = logging.getLogger("streamassign.runtime")
 
@@ -74,14 +81,22 @@ class TaskStores:
     """The stores of every task on this process that is neither active nor standby now."""
 
     def __init__(
-        self, topology: Topology, store_kind: StoreKind, state: StateDirectory, standbys: Standbys
+        self,
+        topology: Topology,
+        store_kind: StoreKind,
+        state: StateDirectory,
+        standbys: Standbys,
+        rocksdb_memory: RocksDBMemory | None = None,
     ) -> None:
         self.topology = topology
         self.store_kind = store_kind
         self.state = state
         self.standbys = standbys
+        #: The bound every RocksDB store of the process shares (the App's; None: each store
+        #: has only its own bounded memtables).
+        self.rocksdb_memory = rocksdb_memory
         #: Opens one store (kind, path); tests put a slow one here.
-        self.open_store: Callable[[StoreKind, Path], KeyValueStore] = open_store
+        self.open_store: Callable[[StoreKind, Path], KeyValueStore] = self._open_store
         #: Whether stores open in a thread (all but in-memory ones, which are a dict).
         self.open_in_thread = store_kind != "memory"
         #: Seconds between two attempts to open a standby's stores: the first, the longest.
@@ -111,6 +126,9 @@ class TaskStores:
         self._cut = threading.Event()
         #: Stores left open by the cut, held (never closed, never freed) to the process's exit.
         self._left_open: list[tuple[TaskId, str, KeyValueStore]] = []
+
+    def _open_store(self, kind: StoreKind, path: Path) -> KeyValueStore:
+        return open_store(kind, path, self.rocksdb_memory)
 
     @property
     def failing(self) -> dict[TaskId, BaseException]:
