@@ -38,6 +38,7 @@ just one decode, is bounded (``streamassign.streams.decode_subscriptions``).
 
 from __future__ import annotations
 
+import operator
 import struct
 import uuid
 import zlib
@@ -196,6 +197,25 @@ class _Reader:
                     raise ProtocolError(f"varint too long (over 64 bits) at byte {self.pos}")
                 self.pos = pos + 1
                 return n | data[pos] << 63
+
+    def uints(self, k: int) -> list[int]:
+        """``k`` varints: ``uint`` inlined for the one- and two-byte ones (a v3 tail is
+        mostly those, up to a budget's worth of them)."""
+        out = []
+        data, pos, end = self.data, self.pos, len(self.data)
+        for _ in range(k):
+            if pos < end and data[pos] < 0x80:
+                out.append(data[pos])
+                pos += 1
+            elif pos + 1 < end and data[pos + 1] < 0x80:
+                out.append((data[pos] & 0x7F) | data[pos + 1] << 7)
+                pos += 2
+            else:
+                self.pos = pos
+                out.append(self.uint())
+                pos = self.pos
+        self.pos = pos
+        return out
 
     def sint(self) -> int:
         n = self.uint()
@@ -423,11 +443,13 @@ class SubscriptionInfo:
 
 def _write_topic_indices(w: _Writer, indices: Mapping[int, Iterable[int]]) -> None:
     """``[id count] {id, [index count] {index}}``, ids and indices ascending, each entry
-    charged as the reader charges it."""
+    charged as the reader charges it; an id with no index is refused (the reader's garbage)."""
     w.take(len(indices))
     w.uint(len(indices))
     for sub in sorted(indices):
         topics = sorted(set(indices[sub]))
+        if not topics:
+            raise EncodeError(f"subtopology {sub} announced with no topic")
         w.take(len(topics))
         w.uint(sub)
         w.uint(len(topics))
@@ -437,15 +459,25 @@ def _write_topic_indices(w: _Writer, indices: Mapping[int, Iterable[int]]) -> No
 
 def _read_topic_indices(r: _Reader) -> dict[int, frozenset[int]]:
     """What :func:`_write_topic_indices` wrote. Counts are bounded by the bytes left and
-    charged to the decode's budget before anything is made; an id twice is garbage. Whether
-    an index names a subscribed topic is the leader's check (``versions.announced_sources``:
-    the names travel beside the user data)."""
+    charged to the decode's budget before anything is made; ids or indices not ascending (an
+    id or index twice among them), or an id with no index, are garbage. Whether an index names
+    a subscribed topic is the leader's check (``versions.announced_sources``: the names travel
+    beside the user data)."""
     out: dict[int, frozenset[int]] = {}
+    previous = -1
     for _ in range(r.take(r.count())):
-        sub = r.uint()
-        if sub in out:
-            raise ProtocolError(f"subtopology {sub} announced twice")
-        out[sub] = frozenset(r.uint() for _ in range(r.take(r.count())))
+        sub, n = r.uints(2)  # one call for both: a hostile tail is mostly these
+        if sub <= previous:
+            raise ProtocolError(f"subtopology {sub} announced after {previous} (ids ascend)")
+        previous = sub
+        if n > len(r.data) - r.pos:
+            raise ProtocolError(f"count {n} exceeds the {len(r.data) - r.pos} bytes left")
+        indices = r.uints(r.take(n))
+        if not indices:
+            raise ProtocolError(f"subtopology {sub} announced with no topic")
+        if any(map(operator.ge, indices, indices[1:])):
+            raise ProtocolError(f"subtopology {sub}'s topic indices do not ascend")
+        out[sub] = frozenset(indices)
     return out
 
 

@@ -82,6 +82,24 @@ class MemberSubscription:
 
     topics: frozenset[str] = attrs.field(converter=_topic_names)
     info: SubscriptionInfo | None = None
+    #: What it announces (protocol version 3) as the leader reads it, resolved once per round
+    #: (``_resolved``: every use of it would otherwise pay for the member's whole tail again);
+    #: None until then.
+    announced: Announced | None = attrs.field(default=None, eq=False, repr=False)
+
+
+@attrs.frozen
+class Announced:
+    """A member's announcement (protocol version 3) resolved against one leader's topology."""
+
+    #: The leader's subtopology ids the resolution is for (another topology: resolve again).
+    leader_ids: frozenset[int]
+    #: Per id of the leader's that the member announces, its source topics by name (ids only
+    #: the member has are dropped: the leader has no task of them).
+    sources: dict[int, frozenset[str]]
+    #: Whether the member announces anything readable (even only ids the leader does not have:
+    #: it is then not one announcing nothing, which must subscribe to every topic).
+    any: bool
 
 
 @attrs.define
@@ -197,37 +215,47 @@ def decode_subscriptions(
         except ProtocolError as exc:
             info = _identity_only(data, max_version)
             log.warning("member %s: %s; treating it as having no history", member, exc)
-        sub = _with_readable_sources(member, MemberSubscription(topics, info))
+        sub = _resolved(topology, MemberSubscription(topics, info), member)
         # Only members that can get tasks draw on the pool, as in assign_streams.
         out[member] = budget.admit(member, sub) if _may_get_tasks(topology, sub) else sub
     return out
 
 
-def _with_readable_sources(member: str, sub: MemberSubscription) -> MemberSubscription:
-    """``sub``, without its announced source topics when an index is past its subscription
-    (garbage: logged; the member is then treated as one announcing nothing, whose guard
-    still refuses what it cannot run)."""
-    if sub.info is None or not sub.info.subtopology_topic_indices:
+def _resolved(
+    topology: Topology, sub: MemberSubscription, member: str | None = None
+) -> MemberSubscription:
+    """``sub`` with its announcement resolved against ``topology`` (``sub`` itself when it
+    already is). An index past its subscription is garbage: logged when ``member`` is named
+    (where decoded), and the member is treated as announcing nothing (its indices dropped),
+    whose guard still refuses what it cannot run."""
+    leader_ids = frozenset(topology.subtopology_ids)
+    if sub.announced is not None and sub.announced.leader_ids == leader_ids:
         return sub
+    indices = {} if sub.info is None else sub.info.subtopology_topic_indices
     try:
-        announced_sources(sub.topics, sub.info.subtopology_topic_indices)
+        sources = announced_sources(sub.topics, indices, leader_ids)
     except ProtocolError as exc:
-        log.warning("member %s: %s; treating it as announcing no topology", member, exc)
-        return attrs.evolve(sub, info=attrs.evolve(sub.info, subtopology_topic_indices={}))
-    return sub
+        if member is not None:
+            log.warning("member %s: %s; treating it as announcing no topology", member, exc)
+        assert sub.info is not None  # indices come from it
+        info = attrs.evolve(sub.info, subtopology_topic_indices={})
+        return attrs.evolve(sub, info=info, announced=Announced(leader_ids, {}, False))
+    return attrs.evolve(sub, announced=Announced(leader_ids, sources, bool(indices)))
 
 
-def _sources_of(sub: MemberSubscription) -> dict[int, frozenset[str]]:
-    """Per subtopology id, the source topics ``sub`` announces (protocol version 3); empty:
-    it announces nothing, or garbage (an index past its subscription, logged where
-    decoded)."""
-    if sub.info is None or not sub.info.subtopology_topic_indices:
-        return {}
-    try:
-        return announced_sources(sub.topics, sub.info.subtopology_topic_indices)
-    except ProtocolError:
-        log.debug("a member announces unreadable source topics; it announces nothing here")
-        return {}
+def _sources_of(topology: Topology, sub: MemberSubscription) -> dict[int, frozenset[str]]:
+    """Per subtopology id of ``topology``'s, the source topics ``sub`` announces (protocol
+    version 3); empty: it announces none of them, or nothing, or garbage."""
+    announced = _resolved(topology, sub).announced
+    assert announced is not None  # resolved
+    return announced.sources
+
+
+def _announces(topology: Topology, sub: MemberSubscription) -> bool:
+    """Whether ``sub`` announces its topology (protocol version 3, readable), whatever ids."""
+    announced = _resolved(topology, sub).announced
+    assert announced is not None  # resolved
+    return announced.any
 
 
 def _may_get_tasks(topology: Topology, sub: MemberSubscription) -> bool:
@@ -235,16 +263,20 @@ def _may_get_tasks(topology: Topology, sub: MemberSubscription) -> bool:
     it announces its subtopologies' topics (then the post-pass keeps every task off it
     whose topics it does not announce for that id, and so every topic it does not
     subscribe to: the announced topics are among its subscribed ones)."""
-    return topology.source_topics <= sub.topics or bool(_sources_of(sub))
+    return topology.source_topics <= sub.topics or _announces(topology, sub)
 
 
 def _identity_only(data: bytes, max_version: int) -> SubscriptionInfo | None:
     """Everything but the history of a member whose claims are refused: nothing is made from
-    them (no task exists for the decode), and within ``MAX_TASK_IDS`` only the bytes cost."""
-    try:
-        return SubscriptionInfo.decode(data, max_version, task_counts={})
-    except ProtocolError:
-        return None
+    them (no task exists for the decode), and within ``MAX_TASK_IDS`` only the bytes cost.
+    Garbage in the version 3 tail (the topology announced) costs only the announcement: the
+    fields before it (process id, endpoint) are read again without it."""
+    for version in (max_version, min(max_version, 2)):
+        try:
+            return SubscriptionInfo.decode(data, version, task_counts={})
+        except ProtocolError:
+            pass
+    return None
 
 
 def bounded_claims(
@@ -768,6 +800,7 @@ def assign_streams(
     ERROR, then at DEBUG: members retry every 1-30 s), its end at INFO; None: every time.
     """
     version = common_version(members, leader_version)
+    members = {m: _resolved(topology, sub) for m, sub in members.items()}
     if _shutdown_requested(members):
         return _failed(members, ErrorCode.SHUTDOWN_REQUESTED, version)
     compatible = _compatible_members(topology, members, topology_versions)
@@ -952,13 +985,13 @@ def _log_topology_versions(
     own = _own_sources(topology)
     differing: dict[tuple[tuple[int, str], ...], set[str]] = {}
     for sub in members.values():
-        theirs = _sources_of(sub)
+        theirs = _sources_of(topology, sub)
         ids = tuple(
             (s, ", ".join(sorted(theirs[s])))
             for s, topics in sorted(own.items())
             if s in theirs and not topics <= theirs[s]
         )
-        if sub.info is not None and theirs and ids:
+        if sub.info is not None and ids:
             differing.setdefault(ids, set()).add(str(sub.info.process_id))
     if not differing:
         if logged is not None and logged.ended():
@@ -1145,7 +1178,11 @@ def _ineligible_by_client(
     topics lacking one of the leader's (another topology version: its guard would refuse
     their tasks, or it does not subscribe to their partitions)."""
     announced = {
-        key: [_sources_of(compatible[m]) for m in member_ids]
+        key: [
+            _sources_of(topology, compatible[m])
+            for m in member_ids
+            if _announces(topology, compatible[m])
+        ]
         for key, member_ids in by_process.items()
     }
     return ineligible_subtopologies(_own_sources(topology), announced)

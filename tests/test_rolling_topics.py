@@ -185,8 +185,16 @@ def test_the_decoder_bounds_announced_topics() -> None:
     ).subtopology_topic_indices == {4: frozenset({0, 9})}
     with pytest.raises(ProtocolError, match="exceeds the"):  # a count past the bytes left
         SubscriptionInfo.decode(_v3_subscription(varint(1) + varint(0) + varint(2**40)))
-    with pytest.raises(ProtocolError, match="announced twice"):
-        SubscriptionInfo.decode(_v3_subscription(varint(2) + (varint(0) + varint(0)) * 2))
+    one_topic = varint(1) + varint(0)  # an id's entry: one topic, index 0
+    for garbage, match in [
+        (varint(2) + (varint(4) + one_topic) * 2, "after 4"),  # an id twice
+        (varint(2) + varint(5) + one_topic + varint(4) + one_topic, "after 5"),  # ids unsorted
+        (varint(1) + varint(4) + varint(0), "no topic"),  # an id with no topic
+        (varint(1) + varint(4) + varint(2) + varint(3) + varint(1), "do not ascend"),
+        (varint(1) + varint(4) + varint(2) + varint(3) + varint(3), "do not ascend"),
+    ]:
+        with pytest.raises(ProtocolError, match=match):
+            SubscriptionInfo.decode(_v3_subscription(garbage))
     many = varint(1) + varint(0) + varint(600) + varint(1) * 600
     with mock.patch("streamassign.protocol.MAX_TASK_IDS", 500):
         with pytest.raises(ProtocolError, match="MAX_TASK_IDS"):
