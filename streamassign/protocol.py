@@ -42,7 +42,7 @@ import operator
 import struct
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import attrs
@@ -199,8 +199,8 @@ class _Reader:
                 return n | data[pos] << 63
 
     def uints(self, k: int) -> list[int]:
-        """``k`` varints: ``uint`` inlined for the one- and two-byte ones (a v3 tail is
-        mostly those, up to a budget's worth of them)."""
+        """``k`` varints: ``uint`` inlined for those of up to three bytes (a v3 tail is mostly
+        those, up to a budget's worth of them: ids below 2**21)."""
         out = []
         data, pos, end = self.data, self.pos, len(self.data)
         for _ in range(k):
@@ -210,6 +210,9 @@ class _Reader:
             elif pos + 1 < end and data[pos + 1] < 0x80:
                 out.append((data[pos] & 0x7F) | data[pos + 1] << 7)
                 pos += 2
+            elif pos + 2 < end and data[pos + 2] < 0x80:
+                out.append((data[pos] & 0x7F) | (data[pos + 1] & 0x7F) << 7 | data[pos + 2] << 14)
+                pos += 3
             else:
                 self.pos = pos
                 out.append(self.uint())
@@ -367,8 +370,12 @@ class SubscriptionInfo:
         *,
         task_counts: Mapping[int, int] | None = None,
         max_previous_active: int | None = None,
+        announced_ids: Collection[int] | None = None,
     ) -> SubscriptionInfo:
         """Read up to ``max_version`` (a newer member's extra fields are skipped).
+        ``announced_ids`` (the leader's subtopology ids): the announced topics of other ids are
+        dropped unmade but for the first (it keeps the member one that announces), so a
+        hostile tail of many ids costs its bytes, not their sets.
 
         The leader's bounds: with ``task_counts`` (tasks per subtopology: task ``s_p`` exists
         when ``p < task_counts[s]``) offset sums and previous actives of other tasks are
@@ -379,7 +386,7 @@ class SubscriptionInfo:
         return _decode(
             data,
             "subscription",
-            lambda d: cls._decode(d, max_version, task_counts, max_previous_active),
+            lambda d: cls._decode(d, max_version, task_counts, max_previous_active, announced_ids),
         )
 
     @classmethod
@@ -389,6 +396,7 @@ class SubscriptionInfo:
         max_version: int,
         task_counts: Mapping[int, int] | None = None,
         max_previous_active: int | None = None,
+        announced_ids: Collection[int] | None = None,
     ) -> SubscriptionInfo:
         version, latest = read_header(data)
         r = _Reader(data)
@@ -423,7 +431,7 @@ class SubscriptionInfo:
         if read_version >= 2:
             rack = r.string() or None
             tags = {r.string(): r.string() for _ in range(r.count())}
-        indices = _read_topic_indices(r) if read_version >= 3 else {}
+        indices = _read_topic_indices(r, announced_ids) if read_version >= 3 else {}
         if version == read_version and not r.done():
             raise ProtocolError(f"{len(data) - r.pos} unexpected trailing bytes")
         return cls(
@@ -457,13 +465,14 @@ def _write_topic_indices(w: _Writer, indices: Mapping[int, Iterable[int]]) -> No
             w.uint(index)
 
 
-def _read_topic_indices(r: _Reader) -> dict[int, frozenset[int]]:
+def _read_topic_indices(r: _Reader, kept: Collection[int] | None) -> dict[int, frozenset[int]]:
     """What :func:`_write_topic_indices` wrote. Counts are bounded by the bytes left and
     charged to the decode's budget before anything is made; ids or indices not ascending (an
     id or index twice among them), or an id with no index, are garbage. Whether an index names
     a subscribed topic is the leader's check (``versions.announced_sources``: the names travel
-    beside the user data)."""
+    beside the user data). Ids outside ``kept`` (when given) but the first are read, not kept."""
     out: dict[int, frozenset[int]] = {}
+    foreign = False
     previous = -1
     for _ in range(r.take(r.count())):
         sub, n = r.uints(2)  # one call for both: a hostile tail is mostly these
@@ -475,9 +484,11 @@ def _read_topic_indices(r: _Reader) -> dict[int, frozenset[int]]:
         indices = r.uints(r.take(n))
         if not indices:
             raise ProtocolError(f"subtopology {sub} announced with no topic")
-        if any(map(operator.ge, indices, indices[1:])):
+        if n > 1 and any(map(operator.ge, indices, indices[1:])):
             raise ProtocolError(f"subtopology {sub}'s topic indices do not ascend")
-        out[sub] = frozenset(indices)
+        if kept is None or sub in kept or not foreign:
+            foreign = foreign or (kept is not None and sub not in kept)
+            out[sub] = frozenset(indices)
     return out
 
 

@@ -205,15 +205,20 @@ def decode_subscriptions(
     except TopologyError:
         counts = {}  # assign_streams reports the topology; no claim can matter then
     budget = _ClaimBudget(_TaskSpace(counts))
+    leader_ids = frozenset(topology.subtopology_ids)
     out: dict[str, MemberSubscription] = {}
     for member in sorted(members):
         topics, data = members[member]
         try:
             info: SubscriptionInfo | None = SubscriptionInfo.decode(
-                data, max_version, task_counts=counts, max_previous_active=budget.member_limit
+                data,
+                max_version,
+                task_counts=counts,
+                max_previous_active=budget.member_limit,
+                announced_ids=leader_ids,
             )
         except ProtocolError as exc:
-            info = _identity_only(data, max_version)
+            info = _identity_only(data, max_version, leader_ids)
             log.warning("member %s: %s; treating it as having no history", member, exc)
         sub = _resolved(topology, MemberSubscription(topics, info), member)
         # Only members that can get tasks draw on the pool, as in assign_streams.
@@ -266,14 +271,16 @@ def _may_get_tasks(topology: Topology, sub: MemberSubscription) -> bool:
     return topology.source_topics <= sub.topics or _announces(topology, sub)
 
 
-def _identity_only(data: bytes, max_version: int) -> SubscriptionInfo | None:
+def _identity_only(
+    data: bytes, max_version: int, leader_ids: frozenset[int]
+) -> SubscriptionInfo | None:
     """Everything but the history of a member whose claims are refused: nothing is made from
     them (no task exists for the decode), and within ``MAX_TASK_IDS`` only the bytes cost.
     Garbage in the version 3 tail (the topology announced) costs only the announcement: the
     fields before it (process id, endpoint) are read again without it."""
     for version in (max_version, min(max_version, 2)):
         try:
-            return SubscriptionInfo.decode(data, version, task_counts={})
+            return SubscriptionInfo.decode(data, version, task_counts={}, announced_ids=leader_ids)
         except ProtocolError:
             pass
     return None
@@ -984,6 +991,7 @@ def _log_topology_versions(
     (:func:`~streamassign.eligibility.move_to_eligible_clients`)."""
     own = _own_sources(topology)
     differing: dict[tuple[tuple[int, str], ...], set[str]] = {}
+    idle: set[str] = set()  # announcing, but eligible for none of the leader's ids
     for sub in members.values():
         theirs = _sources_of(topology, sub)
         ids = tuple(
@@ -993,18 +1001,25 @@ def _log_topology_versions(
         )
         if sub.info is not None and ids:
             differing.setdefault(ids, set()).add(str(sub.info.process_id))
-    if not differing:
+        if sub.info is not None and _announces(topology, sub) and len(theirs) == len(ids):
+            idle.add(str(sub.info.process_id))
+    if not differing and not idle:
         if logged is not None and logged.ended():
             log.info("every process announcing its topology agrees with this leader's again")
         return
-    if logged is not None and not logged.changed(frozenset(differing)):
+    if logged is not None and not logged.changed((frozenset(differing), frozenset(idle))):
         return
-    listed = "; ".join(
+    listed = [
         f"processes {', '.join(sorted(p))} announce "
-        + ", ".join(f"id {s} reading {t}" for s, t in ids)
+        + "; ".join(f"id {s} reading [{t}]" for s, t in ids)
         for ids, p in sorted(differing.items())
-    )
-    mine = ", ".join(f"id {s}: {', '.join(sorted(t))}" for s, t in sorted(own.items()))
+    ]
+    if idle:
+        listed.append(
+            f"processes {', '.join(sorted(idle))} announce none of this leader's ids with all "
+            "its topics: they get no task at all"
+        )
+    mine = "; ".join(f"id {s}: [{', '.join(sorted(t))}]" for s, t in sorted(own.items()))
     log.warning(
         "processes of another topology version share the group: %s (this leader, version %s: "
         "%s). This leader gives them no task of those ids: each goes to a process announcing "
@@ -1014,7 +1029,7 @@ def _log_topology_versions(
         "process is eligible the task stays, and a process whose own task of that id does not "
         "read its partitions refuses it (its ERROR line names it). Keep subtopology ids stable "
         "across versions (%s)",
-        listed,
+        " | ".join(listed),
         topology_version(subtopology_fingerprints(topology)),
         mine,
         ROLLING_DEPLOY_DOC,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import ProcessHost
 from streamassign.errors import EncodeError
-from streamassign.protocol import LATEST_OFFSET, ProtocolError, SubscriptionInfo
+from streamassign.protocol import LATEST_OFFSET, MAX_TASK_IDS, ProtocolError, SubscriptionInfo
 from streamassign.streams import (
     MemberAssignment,
     MemberSubscription,
@@ -342,3 +342,22 @@ def test_processes_reading_at_least_the_leaders_topics_leave_the_post_pass_a_no_
     result = assign_streams(V1, COUNTS, members, **options)  # type: ignore[arg-type]
     with mock.patch("streamassign.streams.move_to_eligible_clients", lambda p, *a, **k: p):
         assert assign_streams(V1, COUNTS, members, **options) == result  # type: ignore[arg-type]
+
+
+def test_a_budget_sized_announcement_keeps_only_the_leaders_ids() -> None:
+    """A member announcing as many ids as the decode budget allows (2.6 MB) costs the leader
+    its bytes: only the leader's ids are kept, and one other (it still announces)."""
+    ids = MAX_TASK_IDS // 2 - 1
+    tail = varint(ids) + b"".join(varint(i) + varint(1) + varint(0) for i in range(ids))
+    members = {
+        "good": (sorted(V2.source_topics), member(2, V2).info.encode()),  # type: ignore[union-attr]
+        "odd": (["b"], _v3_subscription(tail)),
+    }
+    decoded = decode_subscriptions(V2, {"t1": 2, "t2": 2, "b": 2}, members)
+    odd = decoded["odd"]
+    assert odd.info is not None
+    assert odd.info.subtopology_topic_indices == {0: {0}, 1: {0}, 2: {0}}
+    assert odd.announced is not None and odd.announced.any
+    # It announces id 0 reading b only: it gets the tasks of id 1 (b) and none of id 0.
+    result = assign_streams(V2, {"t1": 2, "t2": 2, "b": 2}, decoded)
+    assert {t.subtopology for t in result["odd"].info.active} <= {1}
