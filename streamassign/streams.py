@@ -785,6 +785,7 @@ def assign_streams(
     topology_errors: Repeats | None = None,
     shared_ids: Repeats | None = None,
     topology_versions: Repeats | None = None,
+    withheld: Repeats | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad topics or
     bad members: those become error codes or empty assignments, logged. An option out of range
@@ -800,14 +801,12 @@ def assign_streams(
     ``partition_racks`` (the rack of each partition's leader) lets tasks that need a new client
     prefer one in their partitions' rack; ``rack_aware_tags`` names the client tag keys standby
     placement avoids sharing (``None``: all). ``probing_memory``: see ``ProbingMemory``.
-    ``topology_errors`` (the topology error), ``shared_ids`` (process ids shared by members
-    with different endpoints, ``client_states``), ``topology_versions`` (topology versions
-    sharing the group, :func:`_same_topology_ids`): what this leader logged last, kept across
-    its rebalances (``ProcessHost`` keeps each): each is logged once (a topology error at
-    ERROR, then at DEBUG: members retry every 1-30 s), its end at INFO; None: every time.
-    """
+    ``topology_errors`` (the topology error), ``shared_ids`` (process ids shared by members with
+    different endpoints, ``client_states``), ``topology_versions`` (topology versions sharing the
+    group, :func:`_same_topology_ids`), ``withheld`` (:func:`_subscribed_only`): what this leader
+    logged last, kept across its rebalances (``ProcessHost`` keeps each): each is logged once (an
+    error at ERROR, then DEBUG: members retry every 1-30 s), its end at INFO; None: every time."""
     version = common_version(members, leader_version)
-    members = {m: _resolved(topology, sub) for m, sub in members.items()}
     if _shutdown_requested(members):
         return _failed(members, ErrorCode.SHUTDOWN_REQUESTED, version)
     compatible = _compatible_members(topology, members, topology_versions)
@@ -825,7 +824,7 @@ def assign_streams(
         probing_rebalance_interval_ms,
         rack_aware_tags,
     )
-    given = _RoundInputs(end_offsets, partition_racks, now_ms, probing_memory, shared_ids)
+    given = _RoundInputs(end_offsets, partition_racks, now_ms, probing_memory, shared_ids, withheld)
     return _assign_compatible(topology, grouped, compatible, assignor, members, version, given)
 
 
@@ -876,6 +875,7 @@ class _RoundInputs:
     now_ms: int | None
     probing_memory: ProbingMemory | None
     shared_ids: Repeats | None
+    withheld: Repeats | None = None
 
 
 def _unassigned(
@@ -933,13 +933,20 @@ def _assign_compatible(
         cold_give_back=not high_availability,
     )
     next_rebalance = _next_probe(planned, per_client, given.probing_memory)
-    hosts = _HostMaps.of(per_client, endpoints, topology, grouped.partition_counts)
-    result = _unassigned(members, version, topology, grouped.partition_counts)
+    threads: dict[str, ClientAssignment] = {}
     for key, member_ids in by_process.items():
-        threads = _split_to_threads(
-            per_client[key], member_ids, compatible, tasks, stateful, hosts, version
-        )
-        result.update(threads)
+        threads.update(_split_to_threads(per_client[key], member_ids, compatible, stateful))
+    withheld = _subscribed_only(threads, by_process, compatible, tasks, given.withheld)
+    # Host maps without what is withheld: queries must not be routed to a process not
+    # running it.
+    running = {
+        key: attrs.evolve(part, active=part.active - withheld.get(key, frozenset()))
+        for key, part in per_client.items()
+    }
+    hosts = _HostMaps.of(running, endpoints, topology, grouped.partition_counts)
+    result = _unassigned(members, version, topology, grouped.partition_counts)
+    for m, part in threads.items():
+        result[m] = _member_assignment(part, tasks, hosts, version)
     if next_rebalance == NEVER:
         return result
     return {  # every member, so whoever leads next still probes
@@ -955,7 +962,8 @@ def _compatible_members(
     no tasks). Members announcing source topics that lack some of the leader's for some of
     its ids are logged (:func:`_log_topology_versions`) and kept: only the tasks of those ids
     move off them."""
-    kept = _subscribing_members(topology, members)
+    resolved = {m: _resolved(topology, sub) for m, sub in members.items()}
+    kept = _subscribing_members(topology, resolved)
     _log_topology_versions(topology, kept, versions)
     return kept
 
@@ -1207,57 +1215,82 @@ def _split_to_threads(
     assigned: ClientAssignment,
     member_ids: list[str],
     compatible: Mapping[str, MemberSubscription],
-    tasks: Mapping[TaskId, frozenset[TopicPartition]],
     stateful: list[TaskId],
-    hosts: _HostMaps,
-    version: int,
-) -> dict[str, MemberAssignment]:
-    """One client's tasks split over its members (threads), as their assignments."""
+) -> dict[str, ClientAssignment]:
+    """One client's tasks split over its members (threads)."""
     infos = {m: compatible[m].info for m in member_ids}
     previous = {m: info.previous_active for m, info in infos.items() if info is not None}
-    split = distribute_to_threads(assigned, member_ids, previous, stateful)
-    result = {}
-    for m, part in split.items():
-        part = _subscribed_only(m, part, compatible[m].topics, tasks)
-        partitions = tuple(sorted(tp for t in part.active for tp in tasks[t]))
-        result[m] = MemberAssignment(
-            partitions,
-            AssignmentInfo(
-                active=part.active,
-                # Version 1 has no warmups: such a member runs them as standbys, which
-                # reports their progress all the same.
-                standby=part.standby if version >= 2 else part.standby | part.warmup,
-                warmup=part.warmup if version >= 2 else frozenset(),
-                active_by_host=hosts.active_by_host,
-                standby_by_host=hosts.standby_by_host,
-                topics=hosts.topics,
-                version=version,
-                common_version=version,
-            ),
-        )
-    return result
+    return distribute_to_threads(assigned, member_ids, previous, stateful)
+
+
+def _member_assignment(
+    part: ClientAssignment,
+    tasks: Mapping[TaskId, frozenset[TopicPartition]],
+    hosts: _HostMaps,
+    version: int,
+) -> MemberAssignment:
+    """A member's share of its client's tasks as its assignment."""
+    partitions = tuple(sorted(tp for t in part.active for tp in tasks[t]))
+    return MemberAssignment(
+        partitions,
+        AssignmentInfo(
+            active=part.active,
+            # Version 1 has no warmups: such a member runs them as standbys, which
+            # reports their progress all the same.
+            standby=part.standby if version >= 2 else part.standby | part.warmup,
+            warmup=part.warmup if version >= 2 else frozenset(),
+            active_by_host=hosts.active_by_host,
+            standby_by_host=hosts.standby_by_host,
+            topics=hosts.topics,
+            version=version,
+            common_version=version,
+        ),
+    )
 
 
 def _subscribed_only(
-    member: str,
-    part: ClientAssignment,
-    subscribed: frozenset[str],
+    threads: dict[str, ClientAssignment],
+    by_process: Mapping[str, list[str]],
+    compatible: Mapping[str, MemberSubscription],
     tasks: Mapping[TaskId, frozenset[TopicPartition]],
-) -> ClientAssignment:
-    """``part`` without actives reading a topic ``member`` does not subscribe to (its consumer
-    would fail on the assignment: aiokafka asserts every partition is subscribed). The
-    post-pass keeps such tasks off it; one stays only where no process may run its id (no
-    process announces all its topics), then it is not assigned this round (logged)."""
-    unsubscribed = {t for t in part.active if any(tp.topic not in subscribed for tp in tasks[t])}
-    if not unsubscribed:
-        return part
-    log.error(
-        "no process that subscribes to their topics may run %s; not assigned to member %s "
-        "this round",
-        ", ".join(str(t) for t in sorted(unsubscribed)),
-        member,
-    )
-    return attrs.evolve(part, active=part.active - unsubscribed)
+    logged: Repeats | None,
+) -> dict[str, frozenset[TaskId]]:
+    """Drops from ``threads`` (in place) the actives reading a topic their member does not
+    subscribe to (its consumer would fail on the assignment: aiokafka asserts every
+    partition is subscribed); returns them per process key. The post-pass keeps such tasks
+    off a member; one stays where no process may run its id (no process announces all its
+    topics, or a process id shared by members of two versions, docs/streams.md), then it is
+    not assigned this round: logged at ERROR once per episode with ``logged``."""
+    withheld: dict[str, frozenset[TaskId]] = {}
+    by_member: dict[str, frozenset[TaskId]] = {}
+    for key, member_ids in by_process.items():
+        for m in member_ids:
+            part, subscribed = threads[m], compatible[m].topics
+            unsubscribed = frozenset(
+                t for t in part.active if any(tp.topic not in subscribed for tp in tasks[t])
+            )
+            if unsubscribed:
+                threads[m] = attrs.evolve(part, active=part.active - unsubscribed)
+                by_member[m] = unsubscribed
+                withheld[key] = withheld.get(key, frozenset()) | unsubscribed
+    _log_withheld(by_member, logged)
+    return withheld
+
+
+def _log_withheld(by_member: Mapping[str, frozenset[TaskId]], logged: Repeats | None) -> None:
+    if not by_member:
+        if logged is not None and logged.ended():
+            log.info("every task is assigned again to a member subscribing to its topics")
+        return
+    news = logged is None or logged.changed(frozenset(by_member.items()))
+    for member, unsubscribed in sorted(by_member.items()):
+        log.log(
+            logging.ERROR if news else logging.DEBUG,
+            "no process that subscribes to their topics may run %s; not assigned to member %s "
+            "this round",
+            ", ".join(str(t) for t in sorted(unsubscribed)),
+            member,
+        )
 
 
 def _check_repartition_topics(

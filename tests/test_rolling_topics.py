@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from unittest import mock
 
+import attrs
 import hypothesis
 import pytest
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import ProcessHost
 from streamassign.errors import EncodeError
 from streamassign.protocol import LATEST_OFFSET, MAX_TASK_IDS, ProtocolError, SubscriptionInfo
+from streamassign.repeats import Repeats
 from streamassign.streams import (
     MemberAssignment,
     MemberSubscription,
@@ -361,3 +363,30 @@ def test_a_budget_sized_announcement_keeps_only_the_leaders_ids() -> None:
     # It announces id 0 reading b only: it gets the tasks of id 1 (b) and none of id 0.
     result = assign_streams(V2, {"t1": 2, "t2": 2, "b": 2}, decoded)
     assert {t.subtopology for t in result["odd"].info.active} <= {1}
+
+
+def test_withheld_tasks_are_logged_once_and_left_out_of_the_host_maps(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """review35 F4: two processes of two versions sharing one process id and endpoint are one
+    client, ineligible for id 0 as a whole; a task of it split onto the v1 member is withheld
+    (its consumer does not subscribe to t2). One ERROR per episode, not one per round, and
+    the host maps do not route queries of it to that endpoint."""
+
+    def at(pid: int, topology: Topology) -> MemberSubscription:
+        sub = member(pid, topology)
+        assert sub.info is not None
+        return attrs.evolve(sub, info=attrs.evolve(sub.info, endpoint="h:1"))
+
+    members = {"a": at(1, V2), "b": at(1, V1)}
+    withheld = Repeats()
+    with caplog.at_level(logging.DEBUG, "streamassign.streams"):
+        for _ in range(3):
+            result = assign_streams(V2, COUNTS, members, withheld=withheld)
+            running = {t for a in result.values() for t in a.info.active}
+            hosted = result["a"].info.active_by_host["h:1"]
+            assert hosted == running
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "not assigned to member b" in errors[0], errors
+        assign_streams(V2, COUNTS, {"a": at(1, V2)}, withheld=withheld)
+    assert "every task is assigned again" in caplog.records[-1].getMessage()
