@@ -212,7 +212,7 @@ def announced_sources(
                 f"{len(topics)} topics"
             )
     wanted = indices.keys() if only is None else [s for s in only if s in indices]
-    return {sub: frozenset(topics[i] for i in indices[sub]) for sub in wanted}
+    return {sub: frozenset(map(topics.__getitem__, indices[sub])) for sub in wanted}
 
 
 def subtopology_fingerprints(topology: Topology) -> dict[int, str]:
