@@ -34,17 +34,19 @@ def ineligible_subtopologies(
 ) -> dict[str, frozenset[int]]:
     """Per client, the leader's subtopology ids (``own``: id -> its source topics) that it must
     not get tasks of: ids for which one of its members announced source topics (``announced``:
-    per client, each member's id -> topics) that do not include all of the leader's, or none.
+    per client, each announcing member's id -> topics, only the leader's ids) that do not
+    include all of the leader's, or none.
     The member guard's subset rule (``versions.mismatched_tasks``): a client whose id reads
     more topics (a topic added there) runs the leader's task with the partitions it is given.
     A member announcing nothing (protocol 1-2, an older release) makes no id ineligible: the
-    leader cannot tell, and its member guard still acts. Clients with none are left out."""
+    leader cannot tell, and its member guard still acts; the caller leaves it out of
+    ``announced`` (an empty entry is a member announcing only ids the leader does not have:
+    every id is ineligible). Clients with none are left out."""
     out = {}
     for client, members_sources in announced.items():
         differing = {
             sub
             for theirs in members_sources
-            if theirs
             for sub, topics in own.items()
             if not topics <= theirs.get(sub, frozenset())
         }

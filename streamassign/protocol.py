@@ -38,10 +38,11 @@ just one decode, is bounded (``streamassign.streams.decode_subscriptions``).
 
 from __future__ import annotations
 
+import operator
 import struct
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import attrs
@@ -197,6 +198,28 @@ class _Reader:
                 self.pos = pos + 1
                 return n | data[pos] << 63
 
+    def uints(self, k: int) -> list[int]:
+        """``k`` varints: ``uint`` inlined for those of up to three bytes (a v3 tail is mostly
+        those, up to a budget's worth of them: ids below 2**21)."""
+        out = []
+        data, pos, end = self.data, self.pos, len(self.data)
+        for _ in range(k):
+            if pos < end and data[pos] < 0x80:
+                out.append(data[pos])
+                pos += 1
+            elif pos + 1 < end and data[pos + 1] < 0x80:
+                out.append((data[pos] & 0x7F) | data[pos + 1] << 7)
+                pos += 2
+            elif pos + 2 < end and data[pos + 2] < 0x80:
+                out.append((data[pos] & 0x7F) | (data[pos + 1] & 0x7F) << 7 | data[pos + 2] << 14)
+                pos += 3
+            else:
+                self.pos = pos
+                out.append(self.uint())
+                pos = self.pos
+        self.pos = pos
+        return out
+
     def sint(self) -> int:
         n = self.uint()
         return (n >> 1) ^ -(n & 1)
@@ -347,8 +370,12 @@ class SubscriptionInfo:
         *,
         task_counts: Mapping[int, int] | None = None,
         max_previous_active: int | None = None,
+        announced_ids: Collection[int] | None = None,
     ) -> SubscriptionInfo:
         """Read up to ``max_version`` (a newer member's extra fields are skipped).
+        ``announced_ids`` (the leader's subtopology ids): the announced topics of other ids are
+        dropped unmade but for the first (it keeps the member one that announces), so a
+        hostile tail of many ids costs its bytes, not their sets.
 
         The leader's bounds: with ``task_counts`` (tasks per subtopology: task ``s_p`` exists
         when ``p < task_counts[s]``) offset sums and previous actives of other tasks are
@@ -359,7 +386,7 @@ class SubscriptionInfo:
         return _decode(
             data,
             "subscription",
-            lambda d: cls._decode(d, max_version, task_counts, max_previous_active),
+            lambda d: cls._decode(d, max_version, task_counts, max_previous_active, announced_ids),
         )
 
     @classmethod
@@ -369,6 +396,7 @@ class SubscriptionInfo:
         max_version: int,
         task_counts: Mapping[int, int] | None = None,
         max_previous_active: int | None = None,
+        announced_ids: Collection[int] | None = None,
     ) -> SubscriptionInfo:
         version, latest = read_header(data)
         r = _Reader(data)
@@ -403,7 +431,7 @@ class SubscriptionInfo:
         if read_version >= 2:
             rack = r.string() or None
             tags = {r.string(): r.string() for _ in range(r.count())}
-        indices = _read_topic_indices(r) if read_version >= 3 else {}
+        indices = _read_topic_indices(r, announced_ids) if read_version >= 3 else {}
         if version == read_version and not r.done():
             raise ProtocolError(f"{len(data) - r.pos} unexpected trailing bytes")
         return cls(
@@ -423,11 +451,13 @@ class SubscriptionInfo:
 
 def _write_topic_indices(w: _Writer, indices: Mapping[int, Iterable[int]]) -> None:
     """``[id count] {id, [index count] {index}}``, ids and indices ascending, each entry
-    charged as the reader charges it."""
+    charged as the reader charges it; an id with no index is refused (the reader's garbage)."""
     w.take(len(indices))
     w.uint(len(indices))
     for sub in sorted(indices):
         topics = sorted(set(indices[sub]))
+        if not topics:
+            raise EncodeError(f"subtopology {sub} announced with no topic")
         w.take(len(topics))
         w.uint(sub)
         w.uint(len(topics))
@@ -435,17 +465,30 @@ def _write_topic_indices(w: _Writer, indices: Mapping[int, Iterable[int]]) -> No
             w.uint(index)
 
 
-def _read_topic_indices(r: _Reader) -> dict[int, frozenset[int]]:
+def _read_topic_indices(r: _Reader, kept: Collection[int] | None) -> dict[int, frozenset[int]]:
     """What :func:`_write_topic_indices` wrote. Counts are bounded by the bytes left and
-    charged to the decode's budget before anything is made; an id twice is garbage. Whether
-    an index names a subscribed topic is the leader's check (``versions.announced_sources``:
-    the names travel beside the user data)."""
+    charged to the decode's budget before anything is made; ids or indices not ascending (an
+    id or index twice among them), or an id with no index, are garbage. Whether an index names
+    a subscribed topic is the leader's check (``versions.announced_sources``: the names travel
+    beside the user data). Ids outside ``kept`` (when given) but the first are read, not kept."""
     out: dict[int, frozenset[int]] = {}
+    foreign = False
+    previous = -1
     for _ in range(r.take(r.count())):
-        sub = r.uint()
-        if sub in out:
-            raise ProtocolError(f"subtopology {sub} announced twice")
-        out[sub] = frozenset(r.uint() for _ in range(r.take(r.count())))
+        sub, n = r.uints(2)  # one call for both: a hostile tail is mostly these
+        if sub <= previous:
+            raise ProtocolError(f"subtopology {sub} announced after {previous} (ids ascend)")
+        previous = sub
+        if n > len(r.data) - r.pos:
+            raise ProtocolError(f"count {n} exceeds the {len(r.data) - r.pos} bytes left")
+        indices = r.uints(r.take(n))
+        if not indices:
+            raise ProtocolError(f"subtopology {sub} announced with no topic")
+        if n > 1 and any(map(operator.ge, indices, indices[1:])):
+            raise ProtocolError(f"subtopology {sub}'s topic indices do not ascend")
+        if kept is None or sub in kept or not foreign:
+            foreign = foreign or (kept is not None and sub not in kept)
+            out[sub] = frozenset(indices)
     return out
 
 

@@ -82,6 +82,24 @@ class MemberSubscription:
 
     topics: frozenset[str] = attrs.field(converter=_topic_names)
     info: SubscriptionInfo | None = None
+    #: What it announces (protocol version 3) as the leader reads it, resolved once per round
+    #: (``_resolved``: every use of it would otherwise pay for the member's whole tail again);
+    #: None until then.
+    announced: Announced | None = attrs.field(default=None, eq=False, repr=False)
+
+
+@attrs.frozen
+class Announced:
+    """A member's announcement (protocol version 3) resolved against one leader's topology."""
+
+    #: The leader's subtopology ids the resolution is for (another topology: resolve again).
+    leader_ids: frozenset[int]
+    #: Per id of the leader's that the member announces, its source topics by name (ids only
+    #: the member has are dropped: the leader has no task of them).
+    sources: dict[int, frozenset[str]]
+    #: Whether the member announces anything readable (even only ids the leader does not have:
+    #: it is then not one announcing nothing, which must subscribe to every topic).
+    any: bool
 
 
 @attrs.define
@@ -187,47 +205,62 @@ def decode_subscriptions(
     except TopologyError:
         counts = {}  # assign_streams reports the topology; no claim can matter then
     budget = _ClaimBudget(_TaskSpace(counts))
+    leader_ids = frozenset(topology.subtopology_ids)
     out: dict[str, MemberSubscription] = {}
     for member in sorted(members):
         topics, data = members[member]
         try:
             info: SubscriptionInfo | None = SubscriptionInfo.decode(
-                data, max_version, task_counts=counts, max_previous_active=budget.member_limit
+                data,
+                max_version,
+                task_counts=counts,
+                max_previous_active=budget.member_limit,
+                announced_ids=leader_ids,
             )
         except ProtocolError as exc:
-            info = _identity_only(data, max_version)
+            info = _identity_only(data, max_version, leader_ids)
             log.warning("member %s: %s; treating it as having no history", member, exc)
-        sub = _with_readable_sources(member, MemberSubscription(topics, info))
+        sub = _resolved(topology, MemberSubscription(topics, info), member)
         # Only members that can get tasks draw on the pool, as in assign_streams.
         out[member] = budget.admit(member, sub) if _may_get_tasks(topology, sub) else sub
     return out
 
 
-def _with_readable_sources(member: str, sub: MemberSubscription) -> MemberSubscription:
-    """``sub``, without its announced source topics when an index is past its subscription
-    (garbage: logged; the member is then treated as one announcing nothing, whose guard
-    still refuses what it cannot run)."""
-    if sub.info is None or not sub.info.subtopology_topic_indices:
+def _resolved(
+    topology: Topology, sub: MemberSubscription, member: str | None = None
+) -> MemberSubscription:
+    """``sub`` with its announcement resolved against ``topology`` (``sub`` itself when it
+    already is). An index past its subscription is garbage: logged when ``member`` is named
+    (where decoded), and the member is treated as announcing nothing (its indices dropped),
+    whose guard still refuses what it cannot run."""
+    leader_ids = frozenset(topology.subtopology_ids)
+    if sub.announced is not None and sub.announced.leader_ids == leader_ids:
         return sub
+    indices = {} if sub.info is None else sub.info.subtopology_topic_indices
     try:
-        announced_sources(sub.topics, sub.info.subtopology_topic_indices)
+        sources = announced_sources(sub.topics, indices, leader_ids)
     except ProtocolError as exc:
-        log.warning("member %s: %s; treating it as announcing no topology", member, exc)
-        return attrs.evolve(sub, info=attrs.evolve(sub.info, subtopology_topic_indices={}))
-    return sub
+        if member is not None:
+            log.warning("member %s: %s; treating it as announcing no topology", member, exc)
+        assert sub.info is not None  # indices come from it
+        info = attrs.evolve(sub.info, subtopology_topic_indices={})
+        return attrs.evolve(sub, info=info, announced=Announced(leader_ids, {}, False))
+    return attrs.evolve(sub, announced=Announced(leader_ids, sources, bool(indices)))
 
 
-def _sources_of(sub: MemberSubscription) -> dict[int, frozenset[str]]:
-    """Per subtopology id, the source topics ``sub`` announces (protocol version 3); empty:
-    it announces nothing, or garbage (an index past its subscription, logged where
-    decoded)."""
-    if sub.info is None or not sub.info.subtopology_topic_indices:
-        return {}
-    try:
-        return announced_sources(sub.topics, sub.info.subtopology_topic_indices)
-    except ProtocolError:
-        log.debug("a member announces unreadable source topics; it announces nothing here")
-        return {}
+def _sources_of(topology: Topology, sub: MemberSubscription) -> dict[int, frozenset[str]]:
+    """Per subtopology id of ``topology``'s, the source topics ``sub`` announces (protocol
+    version 3); empty: it announces none of them, or nothing, or garbage."""
+    announced = _resolved(topology, sub).announced
+    assert announced is not None  # resolved
+    return announced.sources
+
+
+def _announces(topology: Topology, sub: MemberSubscription) -> bool:
+    """Whether ``sub`` announces its topology (protocol version 3, readable), whatever ids."""
+    announced = _resolved(topology, sub).announced
+    assert announced is not None  # resolved
+    return announced.any
 
 
 def _may_get_tasks(topology: Topology, sub: MemberSubscription) -> bool:
@@ -235,16 +268,22 @@ def _may_get_tasks(topology: Topology, sub: MemberSubscription) -> bool:
     it announces its subtopologies' topics (then the post-pass keeps every task off it
     whose topics it does not announce for that id, and so every topic it does not
     subscribe to: the announced topics are among its subscribed ones)."""
-    return topology.source_topics <= sub.topics or bool(_sources_of(sub))
+    return topology.source_topics <= sub.topics or _announces(topology, sub)
 
 
-def _identity_only(data: bytes, max_version: int) -> SubscriptionInfo | None:
+def _identity_only(
+    data: bytes, max_version: int, leader_ids: frozenset[int]
+) -> SubscriptionInfo | None:
     """Everything but the history of a member whose claims are refused: nothing is made from
-    them (no task exists for the decode), and within ``MAX_TASK_IDS`` only the bytes cost."""
-    try:
-        return SubscriptionInfo.decode(data, max_version, task_counts={})
-    except ProtocolError:
-        return None
+    them (no task exists for the decode), and within ``MAX_TASK_IDS`` only the bytes cost.
+    Garbage in the version 3 tail (the topology announced) costs only the announcement: the
+    fields before it (process id, endpoint) are read again without it."""
+    for version in (max_version, min(max_version, 2)):
+        try:
+            return SubscriptionInfo.decode(data, version, task_counts={}, announced_ids=leader_ids)
+        except ProtocolError:
+            pass
+    return None
 
 
 def bounded_claims(
@@ -746,6 +785,7 @@ def assign_streams(
     topology_errors: Repeats | None = None,
     shared_ids: Repeats | None = None,
     topology_versions: Repeats | None = None,
+    withheld: Repeats | None = None,
 ) -> dict[str, MemberAssignment]:
     """Assignment of every member (see the module docstring). Never raises for bad topics or
     bad members: those become error codes or empty assignments, logged. An option out of range
@@ -761,12 +801,11 @@ def assign_streams(
     ``partition_racks`` (the rack of each partition's leader) lets tasks that need a new client
     prefer one in their partitions' rack; ``rack_aware_tags`` names the client tag keys standby
     placement avoids sharing (``None``: all). ``probing_memory``: see ``ProbingMemory``.
-    ``topology_errors`` (the topology error), ``shared_ids`` (process ids shared by members
-    with different endpoints, ``client_states``), ``topology_versions`` (topology versions
-    sharing the group, :func:`_same_topology_ids`): what this leader logged last, kept across
-    its rebalances (``ProcessHost`` keeps each): each is logged once (a topology error at
-    ERROR, then at DEBUG: members retry every 1-30 s), its end at INFO; None: every time.
-    """
+    ``topology_errors`` (the topology error), ``shared_ids`` (process ids shared by members with
+    different endpoints, ``client_states``), ``topology_versions`` (topology versions sharing the
+    group, :func:`_same_topology_ids`), ``withheld`` (:func:`_subscribed_only`): what this leader
+    logged last, kept across its rebalances (``ProcessHost`` keeps each): each is logged once (an
+    error at ERROR, then DEBUG: members retry every 1-30 s), its end at INFO; None: every time."""
     version = common_version(members, leader_version)
     if _shutdown_requested(members):
         return _failed(members, ErrorCode.SHUTDOWN_REQUESTED, version)
@@ -785,7 +824,7 @@ def assign_streams(
         probing_rebalance_interval_ms,
         rack_aware_tags,
     )
-    given = _RoundInputs(end_offsets, partition_racks, now_ms, probing_memory, shared_ids)
+    given = _RoundInputs(end_offsets, partition_racks, now_ms, probing_memory, shared_ids, withheld)
     return _assign_compatible(topology, grouped, compatible, assignor, members, version, given)
 
 
@@ -836,6 +875,7 @@ class _RoundInputs:
     now_ms: int | None
     probing_memory: ProbingMemory | None
     shared_ids: Repeats | None
+    withheld: Repeats | None = None
 
 
 def _unassigned(
@@ -893,13 +933,20 @@ def _assign_compatible(
         cold_give_back=not high_availability,
     )
     next_rebalance = _next_probe(planned, per_client, given.probing_memory)
-    hosts = _HostMaps.of(per_client, endpoints, topology, grouped.partition_counts)
-    result = _unassigned(members, version, topology, grouped.partition_counts)
+    threads: dict[str, ClientAssignment] = {}
     for key, member_ids in by_process.items():
-        threads = _split_to_threads(
-            per_client[key], member_ids, compatible, tasks, stateful, hosts, version
-        )
-        result.update(threads)
+        threads.update(_split_to_threads(per_client[key], member_ids, compatible, stateful))
+    withheld = _subscribed_only(threads, by_process, compatible, tasks, given.withheld)
+    # Host maps without what is withheld: queries must not be routed to a process not
+    # running it.
+    running = {
+        key: attrs.evolve(part, active=part.active - withheld.get(key, frozenset()))
+        for key, part in per_client.items()
+    }
+    hosts = _HostMaps.of(running, endpoints, topology, grouped.partition_counts)
+    result = _unassigned(members, version, topology, grouped.partition_counts)
+    for m, part in threads.items():
+        result[m] = _member_assignment(part, tasks, hosts, version)
     if next_rebalance == NEVER:
         return result
     return {  # every member, so whoever leads next still probes
@@ -915,7 +962,8 @@ def _compatible_members(
     no tasks). Members announcing source topics that lack some of the leader's for some of
     its ids are logged (:func:`_log_topology_versions`) and kept: only the tasks of those ids
     move off them."""
-    kept = _subscribing_members(topology, members)
+    resolved = {m: _resolved(topology, sub) for m, sub in members.items()}
+    kept = _subscribing_members(topology, resolved)
     _log_topology_versions(topology, kept, versions)
     return kept
 
@@ -951,27 +999,35 @@ def _log_topology_versions(
     (:func:`~streamassign.eligibility.move_to_eligible_clients`)."""
     own = _own_sources(topology)
     differing: dict[tuple[tuple[int, str], ...], set[str]] = {}
+    idle: set[str] = set()  # announcing, but eligible for none of the leader's ids
     for sub in members.values():
-        theirs = _sources_of(sub)
+        theirs = _sources_of(topology, sub)
         ids = tuple(
             (s, ", ".join(sorted(theirs[s])))
             for s, topics in sorted(own.items())
             if s in theirs and not topics <= theirs[s]
         )
-        if sub.info is not None and theirs and ids:
+        if sub.info is not None and ids:
             differing.setdefault(ids, set()).add(str(sub.info.process_id))
-    if not differing:
+        if sub.info is not None and _announces(topology, sub) and len(theirs) == len(ids):
+            idle.add(str(sub.info.process_id))
+    if not differing and not idle:
         if logged is not None and logged.ended():
             log.info("every process announcing its topology agrees with this leader's again")
         return
-    if logged is not None and not logged.changed(frozenset(differing)):
+    if logged is not None and not logged.changed((frozenset(differing), frozenset(idle))):
         return
-    listed = "; ".join(
+    listed = [
         f"processes {', '.join(sorted(p))} announce "
-        + ", ".join(f"id {s} reading {t}" for s, t in ids)
+        + "; ".join(f"id {s} reading [{t}]" for s, t in ids)
         for ids, p in sorted(differing.items())
-    )
-    mine = ", ".join(f"id {s}: {', '.join(sorted(t))}" for s, t in sorted(own.items()))
+    ]
+    if idle:
+        listed.append(
+            f"processes {', '.join(sorted(idle))} announce none of this leader's ids with all "
+            "its topics: they get no task at all"
+        )
+    mine = "; ".join(f"id {s}: [{', '.join(sorted(t))}]" for s, t in sorted(own.items()))
     log.warning(
         "processes of another topology version share the group: %s (this leader, version %s: "
         "%s). This leader gives them no task of those ids: each goes to a process announcing "
@@ -981,7 +1037,7 @@ def _log_topology_versions(
         "process is eligible the task stays, and a process whose own task of that id does not "
         "read its partitions refuses it (its ERROR line names it). Keep subtopology ids stable "
         "across versions (%s)",
-        listed,
+        " | ".join(listed),
         topology_version(subtopology_fingerprints(topology)),
         mine,
         ROLLING_DEPLOY_DOC,
@@ -1145,7 +1201,11 @@ def _ineligible_by_client(
     topics lacking one of the leader's (another topology version: its guard would refuse
     their tasks, or it does not subscribe to their partitions)."""
     announced = {
-        key: [_sources_of(compatible[m]) for m in member_ids]
+        key: [
+            _sources_of(topology, compatible[m])
+            for m in member_ids
+            if _announces(topology, compatible[m])
+        ]
         for key, member_ids in by_process.items()
     }
     return ineligible_subtopologies(_own_sources(topology), announced)
@@ -1155,57 +1215,82 @@ def _split_to_threads(
     assigned: ClientAssignment,
     member_ids: list[str],
     compatible: Mapping[str, MemberSubscription],
-    tasks: Mapping[TaskId, frozenset[TopicPartition]],
     stateful: list[TaskId],
-    hosts: _HostMaps,
-    version: int,
-) -> dict[str, MemberAssignment]:
-    """One client's tasks split over its members (threads), as their assignments."""
+) -> dict[str, ClientAssignment]:
+    """One client's tasks split over its members (threads)."""
     infos = {m: compatible[m].info for m in member_ids}
     previous = {m: info.previous_active for m, info in infos.items() if info is not None}
-    split = distribute_to_threads(assigned, member_ids, previous, stateful)
-    result = {}
-    for m, part in split.items():
-        part = _subscribed_only(m, part, compatible[m].topics, tasks)
-        partitions = tuple(sorted(tp for t in part.active for tp in tasks[t]))
-        result[m] = MemberAssignment(
-            partitions,
-            AssignmentInfo(
-                active=part.active,
-                # Version 1 has no warmups: such a member runs them as standbys, which
-                # reports their progress all the same.
-                standby=part.standby if version >= 2 else part.standby | part.warmup,
-                warmup=part.warmup if version >= 2 else frozenset(),
-                active_by_host=hosts.active_by_host,
-                standby_by_host=hosts.standby_by_host,
-                topics=hosts.topics,
-                version=version,
-                common_version=version,
-            ),
-        )
-    return result
+    return distribute_to_threads(assigned, member_ids, previous, stateful)
+
+
+def _member_assignment(
+    part: ClientAssignment,
+    tasks: Mapping[TaskId, frozenset[TopicPartition]],
+    hosts: _HostMaps,
+    version: int,
+) -> MemberAssignment:
+    """A member's share of its client's tasks as its assignment."""
+    partitions = tuple(sorted(tp for t in part.active for tp in tasks[t]))
+    return MemberAssignment(
+        partitions,
+        AssignmentInfo(
+            active=part.active,
+            # Version 1 has no warmups: such a member runs them as standbys, which
+            # reports their progress all the same.
+            standby=part.standby if version >= 2 else part.standby | part.warmup,
+            warmup=part.warmup if version >= 2 else frozenset(),
+            active_by_host=hosts.active_by_host,
+            standby_by_host=hosts.standby_by_host,
+            topics=hosts.topics,
+            version=version,
+            common_version=version,
+        ),
+    )
 
 
 def _subscribed_only(
-    member: str,
-    part: ClientAssignment,
-    subscribed: frozenset[str],
+    threads: dict[str, ClientAssignment],
+    by_process: Mapping[str, list[str]],
+    compatible: Mapping[str, MemberSubscription],
     tasks: Mapping[TaskId, frozenset[TopicPartition]],
-) -> ClientAssignment:
-    """``part`` without actives reading a topic ``member`` does not subscribe to (its consumer
-    would fail on the assignment: aiokafka asserts every partition is subscribed). The
-    post-pass keeps such tasks off it; one stays only where no process may run its id (no
-    process announces all its topics), then it is not assigned this round (logged)."""
-    unsubscribed = {t for t in part.active if any(tp.topic not in subscribed for tp in tasks[t])}
-    if not unsubscribed:
-        return part
-    log.error(
-        "no process that subscribes to their topics may run %s; not assigned to member %s "
-        "this round",
-        ", ".join(str(t) for t in sorted(unsubscribed)),
-        member,
-    )
-    return attrs.evolve(part, active=part.active - unsubscribed)
+    logged: Repeats | None,
+) -> dict[str, frozenset[TaskId]]:
+    """Drops from ``threads`` (in place) the actives reading a topic their member does not
+    subscribe to (its consumer would fail on the assignment: aiokafka asserts every
+    partition is subscribed); returns them per process key. The post-pass keeps such tasks
+    off a member; one stays where no process may run its id (no process announces all its
+    topics, or a process id shared by members of two versions, docs/streams.md), then it is
+    not assigned this round: logged at ERROR once per episode with ``logged``."""
+    withheld: dict[str, frozenset[TaskId]] = {}
+    by_member: dict[str, frozenset[TaskId]] = {}
+    for key, member_ids in by_process.items():
+        for m in member_ids:
+            part, subscribed = threads[m], compatible[m].topics
+            unsubscribed = frozenset(
+                t for t in part.active if any(tp.topic not in subscribed for tp in tasks[t])
+            )
+            if unsubscribed:
+                threads[m] = attrs.evolve(part, active=part.active - unsubscribed)
+                by_member[m] = unsubscribed
+                withheld[key] = withheld.get(key, frozenset()) | unsubscribed
+    _log_withheld(by_member, logged)
+    return withheld
+
+
+def _log_withheld(by_member: Mapping[str, frozenset[TaskId]], logged: Repeats | None) -> None:
+    if not by_member:
+        if logged is not None and logged.ended():
+            log.info("every task is assigned again to a member subscribing to its topics")
+        return
+    news = logged is None or logged.changed(frozenset(by_member.items()))
+    for member, unsubscribed in sorted(by_member.items()):
+        log.log(
+            logging.ERROR if news else logging.DEBUG,
+            "no process that subscribes to their topics may run %s; not assigned to member %s "
+            "this round",
+            ", ".join(str(t) for t in sorted(unsubscribed)),
+            member,
+        )
 
 
 def _check_repartition_topics(

@@ -193,22 +193,26 @@ def subtopology_topic_indices(
 
 
 def announced_sources(
-    subscribed: Iterable[str], indices: Mapping[int, Collection[int]]
+    subscribed: Iterable[str],
+    indices: Mapping[int, Collection[int]],
+    only: Collection[int] | None = None,
 ) -> dict[int, frozenset[str]]:
     """The leader's reading of what a member announces (:func:`subtopology_topic_indices`):
-    per subtopology id, its source topics by name. ``ProtocolError`` for an index past the
-    member's ``subscribed`` topics (garbage: the names travel beside the user data)."""
+    per subtopology id (of ``only``'s, when given: the leader's), its source topics by name.
+    ``ProtocolError`` for an index past the member's ``subscribed`` topics (garbage: the names
+    travel beside the user data), checked for every id."""
+    if not indices:
+        return {}
     topics = sorted(set(subscribed))
-    out = {}
     for sub, positions in indices.items():
-        past = sorted(i for i in positions if i >= len(topics))
-        if past:
+        if max(positions, default=-1) >= len(topics):
+            past = min(i for i in positions if i >= len(topics))
             raise ProtocolError(
-                f"subtopology {sub} announces topic index {past[0]} of a subscription of "
+                f"subtopology {sub} announces topic index {past} of a subscription of "
                 f"{len(topics)} topics"
             )
-        out[sub] = frozenset(topics[i] for i in positions)
-    return out
+    wanted = indices.keys() if only is None else [s for s in only if s in indices]
+    return {sub: frozenset(map(topics.__getitem__, indices[sub])) for sub in wanted}
 
 
 def subtopology_fingerprints(topology: Topology) -> dict[int, str]:

@@ -170,7 +170,9 @@ def subscription_infos(draw: st.DrawFn) -> SubscriptionInfo:
         latest_supported_version=draw(st.integers(version, 5)),
         subtopology_topic_indices=draw(
             st.dictionaries(
-                st.integers(0, 2**31), st.frozensets(st.integers(0, 300), max_size=4), max_size=3
+                st.integers(0, 2**31),
+                st.frozensets(st.integers(0, 300), min_size=1, max_size=4),
+                max_size=3,
             )
         )
         if version >= 3

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from unittest import mock
 
+import attrs
 import hypothesis
 import pytest
 from hypothesis import strategies as st
@@ -21,7 +22,8 @@ from hypothesis import strategies as st
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import ProcessHost
 from streamassign.errors import EncodeError
-from streamassign.protocol import LATEST_OFFSET, ProtocolError, SubscriptionInfo
+from streamassign.protocol import LATEST_OFFSET, MAX_TASK_IDS, ProtocolError, SubscriptionInfo
+from streamassign.repeats import Repeats
 from streamassign.streams import (
     MemberAssignment,
     MemberSubscription,
@@ -185,8 +187,16 @@ def test_the_decoder_bounds_announced_topics() -> None:
     ).subtopology_topic_indices == {4: frozenset({0, 9})}
     with pytest.raises(ProtocolError, match="exceeds the"):  # a count past the bytes left
         SubscriptionInfo.decode(_v3_subscription(varint(1) + varint(0) + varint(2**40)))
-    with pytest.raises(ProtocolError, match="announced twice"):
-        SubscriptionInfo.decode(_v3_subscription(varint(2) + (varint(0) + varint(0)) * 2))
+    one_topic = varint(1) + varint(0)  # an id's entry: one topic, index 0
+    for garbage, match in [
+        (varint(2) + (varint(4) + one_topic) * 2, "after 4"),  # an id twice
+        (varint(2) + varint(5) + one_topic + varint(4) + one_topic, "after 5"),  # ids unsorted
+        (varint(1) + varint(4) + varint(0), "no topic"),  # an id with no topic
+        (varint(1) + varint(4) + varint(2) + varint(3) + varint(1), "do not ascend"),
+        (varint(1) + varint(4) + varint(2) + varint(3) + varint(3), "do not ascend"),
+    ]:
+        with pytest.raises(ProtocolError, match=match):
+            SubscriptionInfo.decode(_v3_subscription(garbage))
     many = varint(1) + varint(0) + varint(600) + varint(1) * 600
     with mock.patch("streamassign.protocol.MAX_TASK_IDS", 500):
         with pytest.raises(ProtocolError, match="MAX_TASK_IDS"):
@@ -334,3 +344,49 @@ def test_processes_reading_at_least_the_leaders_topics_leave_the_post_pass_a_no_
     result = assign_streams(V1, COUNTS, members, **options)  # type: ignore[arg-type]
     with mock.patch("streamassign.streams.move_to_eligible_clients", lambda p, *a, **k: p):
         assert assign_streams(V1, COUNTS, members, **options) == result  # type: ignore[arg-type]
+
+
+def test_a_budget_sized_announcement_keeps_only_the_leaders_ids() -> None:
+    """A member announcing as many ids as the decode budget allows (2.6 MB) costs the leader
+    its bytes: only the leader's ids are kept, and one other (it still announces)."""
+    ids = MAX_TASK_IDS // 2 - 1
+    tail = varint(ids) + b"".join(varint(i) + varint(1) + varint(0) for i in range(ids))
+    members = {
+        "good": (sorted(V2.source_topics), member(2, V2).info.encode()),  # type: ignore[union-attr]
+        "odd": (["b"], _v3_subscription(tail)),
+    }
+    decoded = decode_subscriptions(V2, {"t1": 2, "t2": 2, "b": 2}, members)
+    odd = decoded["odd"]
+    assert odd.info is not None
+    assert odd.info.subtopology_topic_indices == {0: {0}, 1: {0}, 2: {0}}
+    assert odd.announced is not None and odd.announced.any
+    # It announces id 0 reading b only: it gets the tasks of id 1 (b) and none of id 0.
+    result = assign_streams(V2, {"t1": 2, "t2": 2, "b": 2}, decoded)
+    assert {t.subtopology for t in result["odd"].info.active} <= {1}
+
+
+def test_withheld_tasks_are_logged_once_and_left_out_of_the_host_maps(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """review35 F4: two processes of two versions sharing one process id and endpoint are one
+    client, ineligible for id 0 as a whole; a task of it split onto the v1 member is withheld
+    (its consumer does not subscribe to t2). One ERROR per episode, not one per round, and
+    the host maps do not route queries of it to that endpoint."""
+
+    def at(pid: int, topology: Topology) -> MemberSubscription:
+        sub = member(pid, topology)
+        assert sub.info is not None
+        return attrs.evolve(sub, info=attrs.evolve(sub.info, endpoint="h:1"))
+
+    members = {"a": at(1, V2), "b": at(1, V1)}
+    withheld = Repeats()
+    with caplog.at_level(logging.DEBUG, "streamassign.streams"):
+        for _ in range(3):
+            result = assign_streams(V2, COUNTS, members, withheld=withheld)
+            running = {t for a in result.values() for t in a.info.active}
+            hosted = result["a"].info.active_by_host["h:1"]
+            assert hosted == running
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "not assigned to member b" in errors[0], errors
+        assign_streams(V2, COUNTS, {"a": at(1, V2)}, withheld=withheld)
+    assert "every task is assigned again" in caplog.records[-1].getMessage()

@@ -278,13 +278,35 @@ def test_a_leader_excludes_no_process_and_warns_about_those_whose_ids_differ(
         assign_streams(V1, COUNTS, {"v1": members["v1"]}, topology_versions=versions)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert f"processes {uuid.UUID(int=2)} announce id 1 reading n (" in warnings[0]
+    assert f"processes {uuid.UUID(int=2)} announce id 1 reading [n] (" in warnings[0]
     assert "id 0" not in warnings[0].split("(this leader")[0]  # id 0 is the same
     for pid in (1, 4, 5):  # the leader's own version, a fresh id, announced nothing
         assert str(uuid.UUID(int=pid)) not in warnings[0]
     assert "gives them no task of those ids" in warnings[0]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert any("agrees with this leader's again" in m for m in infos)
+
+
+def test_processes_eligible_for_none_of_the_leaders_ids_are_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """review35 F3: a leader whose every id is fresh (10 [a], 11 [b]) keeps the processes of
+    the old ids (0 [a], 1 [b]): they announce. They get no task at all, which the
+    topology-version WARNING says, once per episode; the leader's own ids are bracketed."""
+    old = Topology([Subtopology(0, ["a"]), Subtopology(1, ["b"])], name="r")
+    new = Topology([Subtopology(10, ["a"]), Subtopology(11, ["b"])], name="r")
+    members = {"p1": announcing(1, new), "p2": announcing(2, old), "p3": announcing(3, old)}
+    versions = Repeats()
+    with caplog.at_level(logging.WARNING, "streamassign.streams"):
+        for _ in range(3):
+            result = assign_streams(new, {"a": 4, "b": 4}, members, topology_versions=versions)
+            assert not result["p2"].info.active and not result["p3"].info.active
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    idle = f"processes {uuid.UUID(int=2)}, {uuid.UUID(int=3)} announce none of this leader's ids"
+    assert idle in warnings[0] and "they get no task at all" in warnings[0]
+    assert "id 10: [a]; id 11: [b])" in warnings[0]
+    assert str(uuid.UUID(int=1)) not in warnings[0]
 
 
 def test_fresh_ids_only_are_no_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -193,6 +193,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 topology_errors=self.host.topology_errors,
                 shared_ids=self.host.shared_ids,
                 topology_versions=self.host.topology_versions,
+                withheld=self.host.withheld,
             )
             out = {m: encode_assignment(a.partitions, a.info.encode()) for m, a in result.items()}
             self.host.led_generation = self._generation()
@@ -233,6 +234,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             self.host.topology_errors = Repeats()
             self.host.shared_ids = Repeats()
             self.host.topology_versions = Repeats()
+            self.host.withheld = Repeats()
         try:
             info = AssignmentInfo.decode(assignment.user_data or b"", self.host.max_version)
         except ProtocolError as exc:
@@ -648,6 +650,9 @@ class ProcessHost:
         #: The topology versions this process last logged as leader as sharing the group: a
         #: mixed-version episode is logged once; forgotten when another process leads.
         self.topology_versions = Repeats()
+        #: The tasks this process last logged as leader as withheld (no member subscribing to
+        #: their topics may run them): logged at ERROR once per episode.
+        self.withheld = Repeats()
         #: The subtopologies the last leader's topology reads other topics in than this
         #: process's (another topology version in the group): logged once per episode.
         self.version_mismatch = Repeats()

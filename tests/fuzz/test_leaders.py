@@ -6,6 +6,7 @@ what exists (docs/streams.md, docs/consumer.md)."""
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -83,6 +84,22 @@ def greedy(process: uuid.UUID, subtopology: int, claims: int) -> bytes:
     return head + varint(0) + varint(0) + run + varint(0) + varint(0)
 
 
+#: Ids a hostile member announces (version 3, one topic each). The whole decode budget
+#: (``MAX_TASK_IDS // 2 - 1`` ids) takes the leader about 0.7 s, past this test's deadline
+#: under tracemalloc: tests/test_rolling_topics.py decodes that one.
+ANNOUNCERS = (1 << 10, 1 << 15)
+
+
+@functools.cache  # a pure function of its arguments; the biggest tail is 2.6 MB
+def announcer(process: uuid.UUID, first_id: int, ids: int) -> bytes:
+    """A version-3 subscription announcing ``ids`` subtopology ids from ``first_id`` on, each
+    reading topic index 0: the most ids the decode budget lets a member announce."""
+    head = (3).to_bytes(4, "big") * 2 + process.bytes
+    tail = varint(ids) + b"".join(varint(i) + b"\x01\x00" for i in range(first_id, first_id + ids))
+    # endpoint, offset sums, previous actives, nonce, error code, rack, tags
+    return head + varint(0) * 7 + tail
+
+
 task_claims = st.builds(TaskId, st.integers(0, 2), st.integers(0, 20))  # some do not exist
 
 
@@ -96,7 +113,9 @@ def streams_member(draw: st.DrawFn) -> tuple[list[str], bytes]:
     announced = draw(
         st.one_of(
             st.just(subtopology_topic_indices(TOPOLOGY, topics)),
-            st.dictionaries(st.integers(0, 3), st.frozensets(st.integers(0, 4)), max_size=3),
+            st.dictionaries(
+                st.integers(0, 3), st.frozensets(st.integers(0, 4), min_size=1), max_size=3
+            ),
         )
     )
     info = SubscriptionInfo(
@@ -122,16 +141,34 @@ def streams_member(draw: st.DrawFn) -> tuple[list[str], bytes]:
     return topics, data
 
 
+#: At most one member announcing up to the budget's ids per group (each costs the leader's
+#: decode its bytes: several would only add up), with the leader's ids or only others.
+announcers = st.one_of(
+    st.none(),
+    st.builds(
+        lambda pid, first_id, ids: (SOURCES, announcer(uuid.UUID(int=pid), first_id, ids)),
+        st.integers(1, 5),
+        st.sampled_from([0, 2]),
+        st.sampled_from(ANNOUNCERS),
+    ),
+)
+
+
 @FUZZ_LEADER
 @given(
     st.dictionaries(st.sampled_from([f"m{i}" for i in range(8)]), streams_member(), min_size=1),
     PARTITION_COUNTS,
+    announcers,
 )
 def test_streams_leader(
     streams_leader: ProcessHost,
     members: Mapping[str, tuple[list[str], bytes]],
     counts: Mapping[str, int],
+    hostile: tuple[list[str], bytes] | None,
 ) -> None:
+    if hostile is not None:
+        members = {**members, "announcer": hostile}
+        event("announcer")
     metas = {m: ConsumerProtocolMemberMetadata(0, t, d) for m, (t, d) in members.items()}
     with bounded(LEADER_PEAK):
         answers = streams_leader.assignors[0].assign(_cluster(counts), metas)
