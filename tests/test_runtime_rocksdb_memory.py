@@ -184,12 +184,13 @@ def test_one_busy_store_among_200_is_never_stopped_at_the_default_budget(tmp_pat
     as the event loop writes them. With a fixed memtable limit (64 MiB) under the stores'
     ~2 MiB each, nearly every write flushed a tiny memtable, the flushes queued, and the
     busy store's writes stopped ("Stopping writes" in its LOG) for 0.4-0.9 s, ~30 times in
-    300 rounds. Now none stops; a write's bound is generous for a loaded 2-core machine."""
+    300 rounds (~10 in these 100). Now none stops; the bound on a write is generous for a
+    loaded 2-core machine."""
     memory = RocksDBMemory.of(DEFAULT_ROCKSDB_MEMORY_MIB)
     stores = [RocksDBStore(tmp_path / f"s{n}", memory) for n in range(200)]
     busy, slowest = stores[0], 0.0
     try:
-        for round_ in range(150):
+        for round_ in range(100):
             for store in stores[1:]:
                 store.write({b"%08d" % (round_ * 20 + i): b"c" * 100 for i in range(20)}, {})
             started = time.perf_counter()
