@@ -3,6 +3,7 @@ cache and write buffer manager) shared by all stores of an ``App`` (``rocksdb_me
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ from streamassign.runtime import App, MemoryStore, RuntimeConfigError
 from streamassign.runtime.stores import (
     DEFAULT_ROCKSDB_MEMORY_MIB,
     MAX_WRITE_BUFFERS,
+    ROCKSDB_STORE_FLOOR_MIB,
     WRITE_BUFFER_BYTES,
     KeyValueStore,
     RocksDBMemory,
@@ -156,3 +158,47 @@ def test_stores_opened_and_written_in_threads_share_the_budget(tmp_path: Path) -
         assert memory.write_buffers.get_usage() >= 4 << 20
         list(pool.map(lambda store: store.close(), stores))
     assert memory.write_buffers.get_usage() < 1 << 20  # closed stores give their memtables back
+
+
+def test_the_memtable_limit_grows_with_the_open_stores_and_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past ``mib / 2 / 4`` open stores, each store gets 4 MiB of memtable room (else the
+    shared limit forces a flush on nearly every write, review38 F1); past ``mib / 4`` one
+    warning names the stores and the budget to set. Closing gives the room back."""
+    memory = RocksDBMemory.of(32)
+    caplog.set_level(logging.WARNING, "streamassign.runtime")
+    stores = [RocksDBStore(tmp_path / f"{n}", memory) for n in range(10)]
+    assert memory.write_buffers.get_buffer_size() == 10 * ROCKSDB_STORE_FLOOR_MIB << 20
+    warnings = [r.getMessage() for r in caplog.records if "RocksDB stores" in r.getMessage()]
+    assert len(warnings) == 1  # once per App, at the 9th store (36 MiB > 32)
+    assert "9 RocksDB stores" in warnings[0] and "rocksdb_memory_mib=36 or more" in warnings[0]
+    for store in stores:
+        store.close()
+    assert memory.open_stores == 0
+    assert memory.write_buffers.get_buffer_size() == 16 << 20  # back to half the budget
+
+
+def test_one_busy_store_among_200_is_never_stopped_at_the_default_budget(tmp_path: Path) -> None:
+    """review38 F1: 200 stores at the default budget, 199 written a little and one a lot,
+    as the event loop writes them. With a fixed memtable limit (64 MiB) under the stores'
+    ~2 MiB each, nearly every write flushed a tiny memtable, the flushes queued, and the
+    busy store's writes stopped ("Stopping writes" in its LOG) for 0.4-0.9 s, ~30 times in
+    300 rounds (~10 in these 100). Now none stops; the bound on a write is generous for a
+    loaded 2-core machine."""
+    memory = RocksDBMemory.of(DEFAULT_ROCKSDB_MEMORY_MIB)
+    stores = [RocksDBStore(tmp_path / f"s{n}", memory) for n in range(200)]
+    busy, slowest = stores[0], 0.0
+    try:
+        for round_ in range(100):
+            for store in stores[1:]:
+                store.write({b"%08d" % (round_ * 20 + i): b"c" * 100 for i in range(20)}, {})
+            started = time.perf_counter()
+            busy.write({b"%09d" % (round_ * 1000 + i): b"h" * 1000 for i in range(1000)}, {})
+            slowest = max(slowest, time.perf_counter() - started)
+    finally:
+        for store in stores:
+            store.close()
+    stops = [log for log in tmp_path.glob("s*/LOG") if "Stopping writes" in log.read_text()]
+    assert stops == []
+    assert slowest < 1.0

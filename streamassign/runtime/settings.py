@@ -151,7 +151,7 @@ def _rocksdb_memory(settings: Settings, attribute: Any, mib: int) -> None:
     if not is_int or not MIN_ROCKSDB_MEMORY_MIB <= mib <= MAX_ROCKSDB_MEMORY_MIB:
         raise RuntimeConfigError(
             f"rocksdb_memory_mib must be an int >= {MIN_ROCKSDB_MEMORY_MIB} and <= "
-            f"{MAX_ROCKSDB_MEMORY_MIB} (MiB for all RocksDB stores of the process: memtables "
+            f"{MAX_ROCKSDB_MEMORY_MIB} (MiB for all RocksDB stores of the App: memtables "
             f"and block cache), got {mib!r}"
         )
 
@@ -186,8 +186,9 @@ class Settings:
     state_cleanup_delay_ms: int | None = attrs.field(
         default=STATE_CLEANUP_DELAY_MS, validator=_cleanup_delay
     )
-    #: MiB that all RocksDB stores of the process share for memtables and block cache
-    #: (``stores.RocksDBMemory``); checked whatever the store kind.
+    #: MiB that all RocksDB stores of this App share for memtables and block cache (per
+    #: App, not per process; ~4 MiB per open store at least: ``stores.RocksDBMemory``);
+    #: checked whatever the store kind.
     rocksdb_memory_mib: int = attrs.field(
         default=DEFAULT_ROCKSDB_MEMORY_MIB, validator=_rocksdb_memory
     )

@@ -10,8 +10,10 @@ Pure: no Kafka here.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NoReturn, Protocol
@@ -30,6 +32,8 @@ from ..localstate import not_a_directory
 if TYPE_CHECKING:
     from rocksdict import Cache, Options, WriteBufferManager
 
+log = logging.getLogger("streamassign.runtime")
+
 StoreKind = Literal["memory", "rocksdb"]
 STORE_KINDS: tuple[StoreKind, ...] = ("memory", "rocksdb")
 
@@ -39,12 +43,17 @@ STORE_KINDS: tuple[StoreKind, ...] = ("memory", "rocksdb")
 #: so bigger memtables mostly hold overwritten values; smaller ones only flush more often.
 WRITE_BUFFER_BYTES = 8 << 20
 MAX_WRITE_BUFFERS = 2
-#: ``App``'s ``rocksdb_memory_mib``: what all RocksDB stores of one process share for
+#: ``App``'s ``rocksdb_memory_mib``: what all RocksDB stores of one ``App`` share for
 #: memtables and block cache (see ``RocksDBMemory``), and its limits.
 DEFAULT_ROCKSDB_MEMORY_MIB = 128
 #: One store's memtables (``WRITE_BUFFER_BYTES * MAX_WRITE_BUFFERS``) must fit in the half
 #: of the budget they may take, or every write to a full memtable would force a flush.
 MIN_ROCKSDB_MEMORY_MIB = 32
+#: The memtable room each open store is given at least: a store being written holds a 1 MiB
+#: arena block in its mutable memtable and another in the one flushing (the write buffer
+#: manager counts whole blocks), and twice that leaves room to fill them. Under this, the
+#: shared flush limit is hit on nearly every write (review38 F1).
+ROCKSDB_STORE_FLOOR_MIB = 4
 MAX_ROCKSDB_MEMORY_MIB = 1 << 20  # 1 TiB
 
 _DATA = b"d"  # RocksDB key prefixes: user data and store metadata share one keyspace
@@ -127,20 +136,29 @@ class MemoryStore:
         self._data.clear()
 
 
-@attrs.frozen
+@attrs.define(eq=False)
 class RocksDBMemory:
-    """One process's bound on the memory of all its RocksDB stores (Kafka Streams'
-    recommended ``RocksDBConfigSetter``): one block cache of ``total_bytes`` shared by every
-    store, and one write buffer manager that charges every memtable to that cache and flushes
-    once the memtables take half of it. So memtables plus cached blocks stay near
-    ``total_bytes`` however many stores are open (not a hard limit: RocksDB's cache may
-    overshoot briefly, and a store's index and filter blocks are charged to the cache but
-    pinned while they are in use). ``App`` makes one for its stores; none is shared between
-    applications."""
+    """One ``App``'s bound on the memory of its RocksDB stores (Kafka Streams' recommended
+    ``RocksDBConfigSetter``): one block cache of ``total_bytes`` shared by every store, and
+    one write buffer manager that charges every memtable to that cache and flushes once the
+    memtables take their limit: half the budget, or ``ROCKSDB_STORE_FLOOR_MIB`` per open
+    store if that is more (``opened``). A fixed limit below ~2 MiB per written store made
+    nearly every write flush its own tiny memtable, and a busy store's writes then stopped
+    for up to seconds behind the queued flushes, on the event loop (review38 F1). So the
+    stores' memory stays near ``total_bytes`` up to ``total_bytes / 4 MiB`` open stores, and
+    grows to about open stores x 4 MiB beyond (warned once); each store's memtables are also at
+    most 16 MiB. Not a hard limit (RocksDB's cache may overshoot briefly; index and filter
+    blocks in use stay pinned), and each open store has a fixed overhead outside it. Not
+    shared between ``App``s: two ``App``s in one process have a budget each."""
 
     total_bytes: int
     cache: Cache
     write_buffers: WriteBufferManager
+    #: RocksDB stores open within this budget (opened in threads, so under ``_lock``).
+    open_stores: int = 0
+    #: Whether the open stores were once more than the budget fits (warned once per App).
+    warned: bool = False
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     @classmethod
     def of(cls, mib: int) -> RocksDBMemory:
@@ -153,11 +171,45 @@ class RocksDBMemory:
         manager = WriteBufferManager.new_write_buffer_manager_with_cache(total // 2, False, cache)
         return cls(total, cache, manager)
 
+    def memtable_limit(self, stores: int) -> int:
+        """Bytes the memtables of ``stores`` open stores may take before the manager
+        flushes: half the budget, or the stores' floor if that is more."""
+        return max(self.total_bytes // 2, stores * (ROCKSDB_STORE_FLOOR_MIB << 20))
+
+    def opened(self) -> None:
+        """Count a store opened: the memtable limit grows with it; the first time the
+        stores' floor is over the whole budget, one warning says what to set."""
+        with self._lock:
+            self.open_stores += 1
+            stores = self.open_stores
+            self.write_buffers.set_buffer_size(self.memtable_limit(stores))
+            floor_mib = stores * ROCKSDB_STORE_FLOOR_MIB
+            warn = not self.warned and floor_mib > self.total_bytes >> 20
+            self.warned = self.warned or warn
+        if warn:
+            log.warning(
+                "%d RocksDB stores are open in this App, more than rocksdb_memory_mib=%d fits "
+                "at %d MiB each: their memtables may take %d MiB and RocksDB's memory grows to "
+                "about that; set rocksdb_memory_mib=%d or more to budget for them "
+                "(docs/runtime.md, RocksDB memory)",
+                stores,
+                self.total_bytes >> 20,
+                ROCKSDB_STORE_FLOOR_MIB,
+                floor_mib,
+                floor_mib,
+            )
+
+    def closed(self) -> None:
+        """Count a store closed: its memtable room is given back."""
+        with self._lock:
+            self.open_stores -= 1
+            self.write_buffers.set_buffer_size(self.memtable_limit(self.open_stores))
+
 
 def rocksdb_options(memory: RocksDBMemory | None) -> Options:
     """The options a runtime store opens with: bounded memtables (``WRITE_BUFFER_BYTES``,
-    ``MAX_WRITE_BUFFERS``) and, given ``memory``, the process's shared cache and write
-    buffer manager (without: RocksDB's own block cache, per store)."""
+    ``MAX_WRITE_BUFFERS``) and, given ``memory``, the App's shared cache and write buffer
+    manager (without: RocksDB's own block cache, per store)."""
     from rocksdict import BlockBasedOptions, Options
 
     options = Options(raw_mode=True)
@@ -205,6 +257,10 @@ class RocksDBStore:
             if is_damaged_store_status(str(exc)):
                 raise DamagedStateError(f"store {self.path}: {exc}") from exc
             raise StoreIOError(f"store {self.path} cannot be opened: {exc}") from None
+        #: The budget this store counts in while open (None once closed, or without one).
+        self._memory = memory
+        if memory is not None:
+            memory.opened()
         #: The directory opened (device, inode), to tell it moved (``moved``); None: unknown.
         self._opened: tuple[int, int] | None = None
         with contextlib.suppress(OSError):
@@ -285,6 +341,9 @@ class RocksDBStore:
             raise self._failed("a write", exc) from None
 
     def close(self) -> None:
+        memory, self._memory = self._memory, None
+        if memory is not None:  # closed even if the close fails: its memory is released
+            memory.closed()
         try:
             self._db.close()
         except Exception as exc:  # a close flushes: a full disk shows here
