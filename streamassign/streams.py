@@ -276,8 +276,8 @@ def _identity_only(
 ) -> SubscriptionInfo | None:
     """Everything but the history of a member whose claims are refused: nothing is made from
     them (no task exists for the decode), and within ``MAX_TASK_IDS`` only the bytes cost.
-    Garbage in the version 3 tail (the topology announced) costs only the announcement: the
-    fields before it (process id, endpoint) are read again without it."""
+    Garbage in the version 3 tail (the topology announced) costs the announcement and the
+    history: the identity before it (process id, endpoint) is read again without it."""
     for version in (max_version, min(max_version, 2)):
         try:
             return SubscriptionInfo.decode(data, version, task_counts={}, announced_ids=leader_ids)
