@@ -163,11 +163,6 @@ class _Placement:
         state = self.states.get(client)
         return state is not None and state.has_state(task)
 
-    def restores_on(self, client: str, task: TaskId) -> bool:
-        """Whether ``task``'s active on ``client`` would restore its state from the changelog
-        from scratch (a stateful task whose state ``client`` does not hold)."""
-        return task in self.stateful and not self.holds_state(client, task)
-
     def ran(self, client: str, task: TaskId) -> bool:
         state = self.states.get(client)
         return state is not None and task in state.prev_active

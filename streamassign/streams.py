@@ -248,19 +248,13 @@ def _resolved(
     return attrs.evolve(sub, announced=Announced(leader_ids, sources, bool(indices)))
 
 
-def _sources_of(topology: Topology, sub: MemberSubscription) -> dict[int, frozenset[str]]:
-    """Per subtopology id of ``topology``'s, the source topics ``sub`` announces (protocol
-    version 3); empty: it announces none of them, or nothing, or garbage."""
+def _announcement(topology: Topology, sub: MemberSubscription) -> Announced:
+    """What ``sub`` announces of its topology against ``topology``: per id of ``topology``'s
+    the source topics (``sources``; empty: none of them, nothing, or garbage), and whether
+    it announces a readable topology at all, whatever ids (``any``)."""
     announced = _resolved(topology, sub).announced
     assert announced is not None  # resolved
-    return announced.sources
-
-
-def _announces(topology: Topology, sub: MemberSubscription) -> bool:
-    """Whether ``sub`` announces its topology (protocol version 3, readable), whatever ids."""
-    announced = _resolved(topology, sub).announced
-    assert announced is not None  # resolved
-    return announced.any
+    return announced
 
 
 def _may_get_tasks(topology: Topology, sub: MemberSubscription) -> bool:
@@ -268,7 +262,7 @@ def _may_get_tasks(topology: Topology, sub: MemberSubscription) -> bool:
     it announces its subtopologies' topics (then the post-pass keeps every task off it
     whose topics it does not announce for that id, and so every topic it does not
     subscribe to: the announced topics are among its subscribed ones)."""
-    return topology.source_topics <= sub.topics or _announces(topology, sub)
+    return topology.source_topics <= sub.topics or _announcement(topology, sub).any
 
 
 def _identity_only(
@@ -1001,7 +995,8 @@ def _log_topology_versions(
     differing: dict[tuple[tuple[int, str], ...], set[str]] = {}
     idle: set[str] = set()  # announcing, but eligible for none of the leader's ids
     for sub in members.values():
-        theirs = _sources_of(topology, sub)
+        announced = _announcement(topology, sub)
+        theirs = announced.sources
         ids = tuple(
             (s, ", ".join(sorted(theirs[s])))
             for s, topics in sorted(own.items())
@@ -1009,7 +1004,7 @@ def _log_topology_versions(
         )
         if sub.info is not None and ids:
             differing.setdefault(ids, set()).add(str(sub.info.process_id))
-        if sub.info is not None and _announces(topology, sub) and len(theirs) == len(ids):
+        if sub.info is not None and announced.any and len(theirs) == len(ids):
             idle.add(str(sub.info.process_id))
     if not differing and not idle:
         if logged is not None and logged.ended():
@@ -1202,9 +1197,7 @@ def _ineligible_by_client(
     their tasks, or it does not subscribe to their partitions)."""
     announced = {
         key: [
-            _sources_of(topology, compatible[m])
-            for m in member_ids
-            if _announces(topology, compatible[m])
+            said.sources for m in member_ids if (said := _announcement(topology, compatible[m])).any
         ]
         for key, member_ids in by_process.items()
     }
