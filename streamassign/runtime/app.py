@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from typing import Any, Literal
 
@@ -102,6 +103,10 @@ AIOKAFKA_MAX_POLL_INTERVAL_MS = 300_000
 #: without it: its cleanups are local store writes finishing in their thread and producer
 #: stops (an orphan check's), each bounded by ``closing.CLOSE_TIMEOUT``.
 UNWIND_TIMEOUT = closing.CLOSE_TIMEOUT + 5.0
+
+#: How many of the latest restores ``App.restore_events`` keeps (a few per task per
+#: rebalance; the logs have every one).
+RESTORE_EVENTS_KEPT = 1000
 
 #: A partition no consumer is ever assigned: ``getmany`` restricted to it returns nothing
 #: (see ``App._poll_nothing``).
@@ -206,8 +211,9 @@ class App:
         )
         self.bootstrap_servers = bootstrap_servers
         self.threads = threads
-        #: Every restore of active tasks, in order (tests and benchmarks read it).
-        self.restore_events: list[RestoreEvent] = []
+        #: The latest restores of active tasks, oldest first (tests and benchmarks read it);
+        #: bounded so that a process that runs for months does not grow with its rebalances.
+        self.restore_events: deque[RestoreEvent] = deque(maxlen=RESTORE_EVENTS_KEPT)
         self.failure: BaseException | None = None
         self._wire(settings.processing_errors, settings.state_cleanup_delay_ms)
 
