@@ -41,6 +41,7 @@ def test_subscription_round_trip(info: SubscriptionInfo) -> None:
     assert SubscriptionInfo.decode(data) == info
 
 
+@settings(max_examples=max(10, settings.default.max_examples // 4))  # up to 1,200 tasks each
 @given(assignments())
 def test_assignment_round_trip(info: AssignmentInfo) -> None:
     assert AssignmentInfo.decode(info.encode()) == info
@@ -55,6 +56,7 @@ def test_a_leader_one_version_behind_reads_the_prefix(info: SubscriptionInfo) ->
     assert (old_view.rack, old_view.client_tags) == (None, {})
 
 
+@settings(max_examples=max(10, settings.default.max_examples // 4))  # up to 1,200 tasks each
 @given(assignments())
 def test_a_member_one_version_behind_reads_a_newer_assignment(info: AssignmentInfo) -> None:
     newer = attrs.evolve(info, version=2, common_version=2)
