@@ -160,19 +160,21 @@ def test_stores_opened_and_written_in_threads_share_the_budget(tmp_path: Path) -
     assert memory.write_buffers.get_usage() < 1 << 20  # closed stores give their memtables back
 
 
-def test_the_memtable_limit_grows_with_the_open_stores_and_warns_once(
+def test_the_memtable_limit_grows_with_the_open_stores_and_warns_as_they_double(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Past ``mib / 2 / 4`` open stores, each store gets 4 MiB of memtable room (else the
-    shared limit forces a flush on nearly every write, review38 F1); past ``mib / 4`` one
-    warning names the stores and the budget to set. Closing gives the room back."""
+    shared limit forces a flush on nearly every write, review38 F1); past ``mib / 4`` a
+    warning names the stores and the budget to set, and again as the open stores double (so
+    the last names about the value for them all). Closing gives the room back."""
     memory = RocksDBMemory.of(32)
     caplog.set_level(logging.WARNING, "streamassign.runtime")
-    stores = [RocksDBStore(tmp_path / f"{n}", memory) for n in range(10)]
-    assert memory.write_buffers.get_buffer_size() == 10 * ROCKSDB_STORE_FLOOR_MIB << 20
+    stores = [RocksDBStore(tmp_path / f"{n}", memory) for n in range(20)]
+    assert memory.write_buffers.get_buffer_size() == 20 * ROCKSDB_STORE_FLOOR_MIB << 20
     warnings = [r.getMessage() for r in caplog.records if "RocksDB stores" in r.getMessage()]
-    assert len(warnings) == 1  # once per App, at the 9th store (36 MiB > 32)
+    assert len(warnings) == 2  # at the 9th store (36 MiB > 32) and at the 18th
     assert "9 RocksDB stores" in warnings[0] and "rocksdb_memory_mib=36 or more" in warnings[0]
+    assert "18 RocksDB stores" in warnings[1] and "rocksdb_memory_mib=72 or more" in warnings[1]
     for store in stores:
         store.close()
     assert memory.open_stores == 0

@@ -131,7 +131,8 @@ class App:
     ``rocksdb_memory_mib``: the memory all RocksDB stores of this App share for memtables and
     block cache (per App: two Apps in one process have one each; ``stores.RocksDBMemory``).
     Each open store needs ~4 MiB of it: beyond ``rocksdb_memory_mib / 4`` stores the memory
-    grows to ~4 MiB per store (warned once). Each store's memtables are at most 2 x 8 MiB.
+    grows to ~4 MiB per store (warned, again as they double). Each store's memtables are at
+    most 2 x 8 MiB.
     """
 
     def __init__(

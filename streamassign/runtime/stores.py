@@ -146,18 +146,20 @@ class RocksDBMemory:
     nearly every write flush its own tiny memtable, and a busy store's writes then stopped
     for up to seconds behind the queued flushes, on the event loop (review38 F1). So the
     stores' memory stays near ``total_bytes`` up to ``total_bytes / 4 MiB`` open stores, and
-    grows to about open stores x 4 MiB beyond (warned once); each store's memtables are also at
-    most 16 MiB. Not a hard limit (RocksDB's cache may overshoot briefly; index and filter
-    blocks in use stay pinned), and each open store has a fixed overhead outside it. Not
-    shared between ``App``s: two ``App``s in one process have a budget each."""
+    grows to about open stores x 4 MiB beyond (warned when first short, and again each time
+    the open stores double, so the advice follows the real count); each store's memtables
+    are also at most 16 MiB. Not a hard limit (RocksDB's cache may overshoot briefly; index
+    and filter blocks in use stay pinned), and each open store has a fixed overhead outside
+    it. Not shared between ``App``s: two ``App``s in one process have a budget each."""
 
     total_bytes: int
     cache: Cache
     write_buffers: WriteBufferManager
     #: RocksDB stores open within this budget (opened in threads, so under ``_lock``).
     open_stores: int = 0
-    #: Whether the open stores were once more than the budget fits (warned once per App).
-    warned: bool = False
+    #: Open stores when the budget was last found short and said so (0: never): a new
+    #: warning only once they double, so the last one names about the value to set.
+    warned_at: int = 0
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     @classmethod
@@ -177,15 +179,19 @@ class RocksDBMemory:
         return max(self.total_bytes // 2, stores * (ROCKSDB_STORE_FLOOR_MIB << 20))
 
     def opened(self) -> None:
-        """Count a store opened: the memtable limit grows with it; the first time the
-        stores' floor is over the whole budget, one warning says what to set."""
+        """Count a store opened: the memtable limit grows with it; when the stores' floor is
+        first over the whole budget, and again each time the open stores double, a warning
+        says what to set (stores open one by one: the first crossing alone named a value
+        one store above the budget however many more were coming)."""
         with self._lock:
             self.open_stores += 1
             stores = self.open_stores
             self.write_buffers.set_buffer_size(self.memtable_limit(stores))
             floor_mib = stores * ROCKSDB_STORE_FLOOR_MIB
-            warn = not self.warned and floor_mib > self.total_bytes >> 20
-            self.warned = self.warned or warn
+            short = floor_mib > self.total_bytes >> 20
+            warn = short and (self.warned_at == 0 or stores >= 2 * self.warned_at)
+            if warn:
+                self.warned_at = stores
         if warn:
             log.warning(
                 "%d RocksDB stores are open in this App, more than rocksdb_memory_mib=%d fits "
