@@ -421,6 +421,33 @@ def test_a_failed_start_detaches_the_filter(
     assert {name: list(logging.getLogger(name).filters) for name in REPEATING} == before
 
 
+def test_run_cleans_up_a_failed_start_under_the_filter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run()``'s ``stop()`` after a failed start (a broker away: its clients retry and
+    log while they close) still has the line filter; it is detached at the end (review41 R1)."""
+    topology = Topology([Subtopology(0, ["events"], stores=[])], name="app")
+    app = App(topology, {0: Adder}, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    before = {name: list(logging.getLogger(name).filters) for name in REPEATING}
+    filtered_during_stop: list[bool] = []
+    stop_steps = app._stop_steps
+
+    async def broker_away(*args: object, **kwargs: object) -> None:
+        raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
+
+    async def recording_stop_steps() -> None:
+        fetcher = logging.getLogger(next(iter(REPEATING)))
+        filtered_during_stop.append(any(isinstance(f, BrokerAwayLines) for f in fetcher.filters))
+        await stop_steps()
+
+    monkeypatch.setattr(app_module, "ensure_internal_topics", broker_away)
+    monkeypatch.setattr(app, "_stop_steps", recording_stop_steps)
+    with pytest.raises(KafkaConnectionError):
+        asyncio.run(app.run())
+    assert filtered_during_stop == [True]
+    assert {name: list(logging.getLogger(name).filters) for name in REPEATING} == before
+
+
 class RefusedClient:
     """A client whose every metadata update fails at once (its broker refuses connections),
     as aiokafka's does: one pending update shared by callers, ending False."""

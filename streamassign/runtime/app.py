@@ -216,6 +216,9 @@ class App:
         #: bounded so that a process that runs for months does not grow with its rebalances.
         self.restore_events: deque[RestoreEvent] = deque(maxlen=RESTORE_EVENTS_KEPT)
         self.failure: BaseException | None = None
+        #: Whether ``run()`` drives this App: its ``stop()`` cleans up a failed start, under
+        #: the line filter (a broker away at start logs its retries there too).
+        self._in_run = False
         self._wire(settings.processing_errors, settings.state_cleanup_delay_ms)
 
     def _wire(self, processing_errors: ErrorPolicy, cleanup_delay_ms: int | None) -> None:
@@ -330,8 +333,8 @@ class App:
         try:
             await self._start_steps()
         except BaseException:  # a caller not using ``run()`` may never stop() a failed start
-            # (so ``run()``'s clean-up of a failed start is not filtered: a few lines)
-            self._detach_broker_away_lines()
+            if not self._in_run:
+                self._detach_broker_away_lines()
             raise
 
     async def _start_steps(self) -> None:
@@ -441,6 +444,7 @@ class App:
     async def run(self) -> None:
         """``start``, wait, ``stop``; re-raises what stopped the application, if anything.
         A failed start is cleaned up too (producer, consumers, stores)."""
+        self._in_run = True
         try:
             await self.start()  # (subclasses may override it)
             await self.wait()
