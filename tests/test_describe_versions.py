@@ -132,6 +132,17 @@ def test_members_reading_other_topics_for_one_id_are_one_problem() -> None:
     assert members["m4"]["topology_version"] is None and members["m4"]["announced_sources"] == {}
 
 
+def test_a_topic_only_the_other_version_reads_is_not_called_missing_from_the_cluster() -> None:
+    """Led by v1, no one is assigned ``n`` (only v2 reads it): not "missing from the cluster"."""
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, mixed_members()))
+    problems = [p for p in quality(view).problems if "without a partition" in p]
+    assert problems == [
+        "1 subscribed topic without a partition assigned to any member, subscribed by some "
+        "topology versions only (a leader of another version assigns none of them; or missing "
+        "from the cluster?): n"
+    ]
+
+
 def test_a_group_of_one_version_shows_it_and_no_problem() -> None:
     members = {"m1": subscription(V2, 1), "m2": subscription(V2, 2), "m4": subscription(V1, 4, 2)}
     view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V2, members))

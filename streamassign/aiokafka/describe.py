@@ -758,19 +758,42 @@ def _unreadable_announcements(view: GroupView) -> list[str]:
 def _unassigned_topics(view: GroupView) -> list[str]:
     """Subscribed topics no member is assigned a partition of: missing from the cluster (an
     assignor that does not check, such as Faust's own, leaves them out silently) or without
-    partitions."""
+    partitions; or, during a rolling deploy, topics only some topology versions read (a
+    leader of another version assigns none of them: ``_version_topics``)."""
     decoded = [m for m in view.members if m.undecodable is None]
     if any(m.error not in ("", "NONE") for m in decoded):
         return []  # an error code empties assignments: _member_errors says why
     subscribed = {t for m in decoded for t in m.topics}
     assigned = {tp.topic for m in decoded for tp in m.partitions}
-    missing = sorted(subscribed - assigned)
-    if not missing:
-        return []
-    return [
-        f"{counted(len(missing), 'subscribed topic')} without a partition assigned to any "
-        f"member (missing from the cluster?): {', '.join(missing)}"
-    ]
+    of_some_versions = _version_topics(decoded)
+    missing = sorted(subscribed - assigned - of_some_versions)
+    unread = sorted((subscribed - assigned) & of_some_versions)
+    out = []
+    if missing:
+        out.append(
+            f"{counted(len(missing), 'subscribed topic')} without a partition assigned to any "
+            f"member (missing from the cluster?): {', '.join(missing)}"
+        )
+    if unread:
+        out.append(
+            f"{counted(len(unread), 'subscribed topic')} without a partition assigned to any "
+            "member, subscribed by some topology versions only (a leader of another version "
+            f"assigns none of them; or missing from the cluster?): {', '.join(unread)}"
+        )
+    return out
+
+
+def _version_topics(members: Sequence[MemberView]) -> set[str]:
+    """The topics that members of some topology versions subscribe to and members of another
+    do not (empty unless members announce two or more versions)."""
+    by_version: dict[str, set[str]] = {}
+    for m in members:
+        if m.topology_version is not None:
+            by_version.setdefault(m.topology_version, set()).update(m.topics)
+    if len(by_version) < 2:
+        return set()
+    first, *others = by_version.values()
+    return first.union(*others) - first.intersection(*others)
 
 
 def _same_rack(view: GroupView) -> int | None:
