@@ -406,13 +406,13 @@ def announced_version(announced: Mapping[int, Iterable[str]]) -> str:
     ``Topology``, which a member's bytes are not; a unit test pins the two together). The
     same name when the member announces every subtopology: a ``ProcessHost`` subscribes to
     every source topic, so it does."""
-    fingerprints = {
-        sub: hashlib.sha256(json.dumps(sorted(topics), separators=(",", ":")).encode()).hexdigest()[
-            :12
-        ]
-        for sub, topics in announced.items()
-    }
-    return topology_version(fingerprints)
+    return topology_version({sub: _fingerprint(topics) for sub, topics in announced.items()})
+
+
+def _fingerprint(topics: Iterable[str]) -> str:
+    """``versions.subtopology_fingerprints``' hash of one subtopology's source topics."""
+    text = json.dumps(sorted(topics), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _json_id(value: object, what: str) -> int:
@@ -767,18 +767,18 @@ def _unassigned_topics(view: GroupView) -> list[str]:
     assigned = {tp.topic for m in decoded for tp in m.partitions}
     of_some_versions = _version_topics(decoded)
     missing = sorted(subscribed - assigned - of_some_versions)
-    unread = sorted((subscribed - assigned) & of_some_versions)
+    version_only = sorted((subscribed - assigned) & of_some_versions)
     out = []
     if missing:
         out.append(
             f"{counted(len(missing), 'subscribed topic')} without a partition assigned to any "
             f"member (missing from the cluster?): {', '.join(missing)}"
         )
-    if unread:
+    if version_only:
         out.append(
-            f"{counted(len(unread), 'subscribed topic')} without a partition assigned to any "
+            f"{counted(len(version_only), 'subscribed topic')} without a partition assigned to any "
             "member, subscribed by some topology versions only (a leader of another version "
-            f"assigns none of them; or missing from the cluster?): {', '.join(unread)}"
+            f"assigns none of them; or missing from the cluster?): {', '.join(version_only)}"
         )
     return out
 
