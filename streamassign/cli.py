@@ -26,6 +26,7 @@ from typing import Any, Final, TextIO, TypeVar
 import attrs
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import TaskId, TopicPartition
@@ -1382,7 +1383,8 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
             _client_at_host(m),
             labels[m.process] if m.undecodable is None else "?",
             tasks or f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}",
-            m.versions or "-",
+            (m.versions or "-")
+            + (f"\ntopology {m.topology_version}" if m.topology_version else ""),
             "-" if m.generation is None else str(m.generation),
         )
     console.print(table)
@@ -1478,7 +1480,8 @@ def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> N
             markup=False,
         )
     for problem in score.problems[:20]:
-        console.print(f"[red]problem:[/] {problem}")
+        # Escaped: a problem names topics and ids, which rich would read as markup ([b]).
+        console.print(f"[red]problem:[/] {escape(problem)}")
     if len(score.problems) > 20:
         console.print(f"[red]... and {len(score.problems) - 20} more problems[/]")
 

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
+import json
 import reprlib
 import zlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -59,6 +61,7 @@ from ..streams import (
     process_keys,
 )
 from ..text import counted
+from ..versions import ROLLING_DEPLOY_DOC, announced_sources, topology_version
 from .consumer import ASSIGNORS
 from .streams import PROTOCOL_NAME
 
@@ -138,6 +141,14 @@ class MemberView:
     topic_dictionary: Mapping[int, Mapping[str, int]] = attrs.field(factory=dict)
     #: Faust's own assignor: topic -> topic group, from the assignment.
     topic_groups: Mapping[str, int] = attrs.field(factory=dict)
+    #: Streams protocol 3: per subtopology id of the member's topology, the source topics it
+    #: announces (empty: it announces none, protocol 1-2, or unreadably).
+    announced: Mapping[int, frozenset[str]] = attrs.field(factory=dict)
+    #: The short name of the announced topology, as the group leader's log names its own
+    #: (``announced_version``); ``None`` when it announces none.
+    topology_version: str | None = None
+    #: Why the announcement cannot be read (the leader then reads it as announcing none).
+    announcement_error: str | None = None
     undecodable: str | None = None
 
     @property
@@ -282,9 +293,9 @@ def decode_member(protocol: str, raw: RawMember) -> MemberView:
 
 def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) -> MemberView:
     if family == Family.STREAMS:
-        info = SubscriptionInfo.decode(data)
+        info, unreadable = _streams_subscription(data)
         capacity = info.client_tags.get(FAUST_CAPACITY_TAG)
-        return attrs.evolve(
+        view = attrs.evolve(
             view,
             process=str(info.process_id),
             offset_sums=dict(info.offset_sums),
@@ -295,6 +306,7 @@ def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) 
             versions=f"sub v{info.version}/{info.latest_supported_version}",
             error=info.error_code.name,
         )
+        return _announcement(view, info.subtopology_topic_indices, unreadable)
     if family == Family.FAUST:
         url = _json_object(loads_json(data, ProtocolError, "JSON"), "metadata")["url"]
         if not isinstance(url, str):
@@ -343,6 +355,64 @@ def _assignment(family: Family, protocol: str, view: MemberView, data: bytes) ->
         return view
     data_ = AssignmentData.decode(data)
     return attrs.evolve(view, error=data_.error_code.name, generation=data_.generation)
+
+
+def _streams_subscription(data: bytes) -> tuple[SubscriptionInfo, str | None]:
+    """The subscription, and why its version 3 tail (the topology announced) cannot be read.
+    As the group leader reads such a member (``streams.decode_subscriptions``): its identity
+    again without the tail, and without its history (offset sums, previous actives), which the
+    leader does not use. Garbage before the tail is ``ProtocolError`` (undecodable)."""
+    try:
+        return SubscriptionInfo.decode(data), None
+    except ProtocolError as exc:
+        identity = _before_the_tail(data)
+        if identity is None:
+            raise
+        return identity, str(exc)
+
+
+def _before_the_tail(data: bytes) -> SubscriptionInfo | None:
+    """A version 3+ subscription read without its tail, history dropped (None: not version 3+,
+    or garbage before the tail)."""
+    try:
+        info = SubscriptionInfo.decode(data, max_version=2)
+    except ProtocolError:
+        return None
+    if info.version < 3:
+        return None
+    return attrs.evolve(info, offset_sums={}, previous_active=frozenset())
+
+
+def _announcement(
+    view: MemberView, indices: Mapping[int, frozenset[int]], unreadable: str | None
+) -> MemberView:
+    """``view`` with the topology its member announces (``indices`` into its subscribed
+    topics, which the ConsumerProtocol metadata carries by name: ``view.topics``), named as
+    the group leader names it; an index past the subscription is garbage the leader reads as
+    announcing nothing, and so does this."""
+    try:
+        announced = announced_sources(view.topics, indices)
+    except ProtocolError as exc:
+        return attrs.evolve(view, announcement_error=str(exc))
+    if not announced:
+        return attrs.evolve(view, announcement_error=unreadable)
+    return attrs.evolve(view, announced=announced, topology_version=announced_version(announced))
+
+
+def announced_version(announced: Mapping[int, Iterable[str]]) -> str:
+    """The short name of a topology from its source topics per subtopology id: the name the
+    group leader's log line gives its own topology (``versions.topology_version`` of
+    ``versions.subtopology_fingerprints``, whose per-id hash this spells out: that takes a
+    ``Topology``, which a member's bytes are not; a unit test pins the two together). The
+    same name when the member announces every subtopology: a ``ProcessHost`` subscribes to
+    every source topic, so it does."""
+    return topology_version({sub: _fingerprint(topics) for sub, topics in announced.items()})
+
+
+def _fingerprint(topics: Iterable[str]) -> str:
+    """``versions.subtopology_fingerprints``' hash of one subtopology's source topics."""
+    text = json.dumps(sorted(topics), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _json_id(value: object, what: str) -> int:
@@ -571,6 +641,8 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
     problems = [
         *_shared_ids(view),
         *_member_errors(view),
+        *_topology_versions(view),
+        *_unreadable_announcements(view),
         *_unassigned_topics(view),
         *violations(tasks, clients, assignment, replicas, stateful),
     ]
@@ -623,22 +695,105 @@ def _member_errors(view: GroupView) -> list[str]:
     ]
 
 
+def _some(names: Iterable[str]) -> str:
+    """Up to three of ``names``, sorted, and ``...`` for more."""
+    listed = sorted(set(names))
+    return ", ".join(listed[:3]) + (", ..." if len(listed) > 3 else "")
+
+
+def _topology_versions(view: GroupView) -> list[str]:
+    """One problem when members announce other source topics for one subtopology id (a
+    rolling deploy that reused an id or changed its topics): the ids, and per topology
+    version its processes and what it announces for them. The leader gives a process no
+    task of an id whose leader topics it does not all announce (``streamassign.eligibility``),
+    so tasks move or wait; which version leads, DescribeGroups does not say (the leader's log
+    line names its version). Ids only some versions have (a fresh id) are no difference."""
+    announcing = [m for m in view.members if m.undecodable is None and m.topology_version]
+    readings: dict[int, set[frozenset[str]]] = {}
+    for m in announcing:
+        for sub, topics in m.announced.items():
+            readings.setdefault(sub, set()).add(topics)
+    differing = sorted(sub for sub, topic_sets in readings.items() if len(topic_sets) > 1)
+    if not differing:
+        return []
+    by_version: dict[str, list[MemberView]] = {}
+    for m in announcing:
+        by_version.setdefault(str(m.topology_version), []).append(m)
+    listed = []
+    for version, members in sorted(by_version.items()):
+        reads = "; ".join(
+            f"id {sub} ({', '.join(sorted(members[0].announced[sub]))})"
+            for sub in differing
+            if sub in members[0].announced
+        )
+        pids = {m.process for m in members}
+        listed.append(
+            f"version {version} on {counted(len(pids), 'process', 'processes')} "
+            f"({_some(pids)}) reads {reads or 'none of them'}"
+        )
+    plural = len(differing) > 1
+    return [
+        f"subtopology {'ids' if plural else 'id'} {', '.join(map(str, differing))} "
+        f"{'read' if plural else 'reads'} other topics in other topology versions: "
+        + " | ".join(listed)
+        + "; the leader gives a process no task of such an id unless it announces all the "
+        f"leader's topics of it (the leader's log names its version), see {ROLLING_DEPLOY_DOC}"
+    ]
+
+
+def _unreadable_announcements(view: GroupView) -> list[str]:
+    """One problem per reason members' announced topologies cannot be read: the leader
+    reads them as announcing none (garbage in a version 3 tail costs their history too)."""
+    by_reason: dict[str, set[str]] = {}
+    for m in view.members:
+        if m.undecodable is None and m.announcement_error is not None:
+            by_reason.setdefault(m.announcement_error, set()).add(m.process)
+    return [
+        f"topology announcement unreadable from {counted(len(pids), 'process', 'processes')} "
+        f"({_some(pids)}): {reason}; the leader reads it as announcing none"
+        for reason, pids in sorted(by_reason.items())
+    ]
+
+
 def _unassigned_topics(view: GroupView) -> list[str]:
     """Subscribed topics no member is assigned a partition of: missing from the cluster (an
     assignor that does not check, such as Faust's own, leaves them out silently) or without
-    partitions."""
+    partitions; or, during a rolling deploy, topics only some topology versions read (a
+    leader of another version assigns none of them: ``_version_topics``)."""
     decoded = [m for m in view.members if m.undecodable is None]
     if any(m.error not in ("", "NONE") for m in decoded):
         return []  # an error code empties assignments: _member_errors says why
     subscribed = {t for m in decoded for t in m.topics}
     assigned = {tp.topic for m in decoded for tp in m.partitions}
-    missing = sorted(subscribed - assigned)
-    if not missing:
-        return []
-    return [
-        f"{counted(len(missing), 'subscribed topic')} without a partition assigned to any "
-        f"member (missing from the cluster?): {', '.join(missing)}"
-    ]
+    of_some_versions = _version_topics(decoded)
+    missing = sorted(subscribed - assigned - of_some_versions)
+    version_only = sorted((subscribed - assigned) & of_some_versions)
+    out = []
+    if missing:
+        out.append(
+            f"{counted(len(missing), 'subscribed topic')} without a partition assigned to any "
+            f"member (missing from the cluster?): {', '.join(missing)}"
+        )
+    if version_only:
+        out.append(
+            f"{counted(len(version_only), 'subscribed topic')} without a partition assigned to any "
+            "member, subscribed by some topology versions only (a leader of another version "
+            f"assigns none of them; or missing from the cluster?): {', '.join(version_only)}"
+        )
+    return out
+
+
+def _version_topics(members: Sequence[MemberView]) -> set[str]:
+    """The topics that members of some topology versions subscribe to and members of another
+    do not (empty unless members announce two or more versions)."""
+    by_version: dict[str, set[str]] = {}
+    for m in members:
+        if m.topology_version is not None:
+            by_version.setdefault(m.topology_version, set()).update(m.topics)
+    if len(by_version) < 2:
+        return set()
+    first, *others = by_version.values()
+    return first.union(*others) - first.intersection(*others)
 
 
 def _same_rack(view: GroupView) -> int | None:
@@ -759,6 +914,9 @@ def _member_json(m: MemberView) -> dict[str, Any]:
         "versions": m.versions,
         "error": m.error,
         "generation": m.generation,
+        "topology_version": m.topology_version,
+        "announced_sources": {str(s): sorted(t) for s, t in sorted(m.announced.items())},
+        "announcement_error": m.announcement_error,
         "undecodable": m.undecodable,
     }
 
@@ -914,11 +1072,12 @@ async def fetch_group(connection: Connection, group: str) -> GroupView:
 async def follow(
     connection: Connection, group: str, interval_s: float = 1.0
 ) -> AsyncIterator[GroupView]:
-    """Poll ``group`` every ``interval_s`` and yield each view whose state or assignment
-    differs from the last one yielded (the first view too). Members' bytes are only read
+    """Poll ``group`` every ``interval_s`` and yield each view whose state, assignment or
+    processes' topology versions differ from the last one yielded (the first view too: a
+    process restarted on another version can keep its tasks). Members' bytes are only read
     for a stable group, so a rebalance shows as a state change, then the new assignment. A
     failure after the first view is a view without members whose state says why."""
-    last: tuple[str, dict[str, ClientView]] | None = None
+    last: tuple[str, dict[str, ClientView], frozenset[tuple[str, str | None]]] | None = None
     cache: dict[tuple[str, RawMember], MemberView] = {}
     async with _Admin(connection) as admin:
         while True:
@@ -930,7 +1089,8 @@ async def follow(
                 # The group went away (every member left) or its coordinator moved: a state
                 # to show, then keep following.
                 view = GroupView(group, f"unavailable: {exc}", "", "", Family.CONSUMER, (), {})
-            key = (view.state, view.processes())
+            versions = frozenset((m.process, m.topology_version) for m in view.members)
+            key = (view.state, view.processes(), versions)
             if key != last:
                 last = key
                 yield view

@@ -28,6 +28,7 @@ from click.testing import CliRunner
 from streamassign import PartitionGrouper, TaskId, TopicPartition
 from streamassign.aiokafka.describe import Connection, Family, GroupView, fetch_group, quality
 from streamassign.cli import main
+from streamassign.versions import subtopology_fingerprints, topology_version
 
 from .conftest import GroupIdFactory, TopicFactory, kafka_script
 from .faust_cluster import FaustCluster
@@ -108,6 +109,9 @@ def test_process_host_group_described(
         for ns in [[sum(t.startswith(f"{s}_") for t in o["active"]) for o in observed]]
     ]
     assert all(m.versions == "sub v3/3 asg v3/3" and m.error == "NONE" for m in view.members)
+    # One topology version, named as a leader's log line names it (test_describe_versions.py).
+    version = topology_version(subtopology_fingerprints(app.topology))
+    assert {m.topology_version for m in view.members} == {version}
 
     # The CLI: tables in 80 columns, and JSON that explain reads (nothing moved since).
     runner = CliRunner()

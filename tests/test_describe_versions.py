@@ -1,0 +1,262 @@
+"""``describe`` during a rolling deploy that changes the topology: each member's topology version
+(protocol 3 announces each subtopology id's source topics), named as the group leader's log line
+names its own, and one problem line when members read other topics for one id. Groups are the
+bytes a real leader (``assign_streams``) hands out over subscriptions ``ProcessHost`` would send
+(v1 ``0 (a)``, ``1 (b)``; v2 ``0 (a)``, ``1 (n)``, ``2 (b)``: id 1 reused)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamassign import Subtopology, Topology
+from streamassign.aiokafka.describe import (
+    RawMember,
+    announced_version,
+    describe_bytes,
+    quality,
+    to_json,
+)
+from streamassign.aiokafka.streams import PROTOCOL_NAME
+from streamassign.aiokafka.wire import encode_assignment
+from streamassign.protocol import SubscriptionInfo
+from streamassign.streams import assign_streams, decode_subscriptions
+from streamassign.versions import (
+    subtopology_fingerprints,
+    subtopology_topic_indices,
+    topology_version,
+)
+
+from .tables import assert_whole_tables
+from .test_describe import MEMBERS_COLUMNS, meta, printed
+
+V1 = Topology([Subtopology(0, ["a"], stores=["ca"]), Subtopology(1, ["b"], stores=["cb"])])
+V2 = Topology(
+    [
+        Subtopology(0, ["a"], stores=["ca"]),
+        Subtopology(1, ["n"], stores=["cn"]),
+        Subtopology(2, ["b"], stores=["cb"]),
+    ]
+)
+#: The short names the leaders of each version log for their own topology.
+V1_VERSION = topology_version(subtopology_fingerprints(V1))
+V2_VERSION = topology_version(subtopology_fingerprints(V2))
+COUNTS = {"a": 2, "b": 2, "n": 2}
+#: Processes: p1 and p2 of v2 (p1 two consumers), p3 of v1, p4 of v1 on protocol 2.
+PIDS = {k: uuid.UUID(f"{d * 8}-0000-0000-0000-00000000000{k}") for k, d in enumerate("abcd", 1)}
+
+
+def subscription(topology: Topology, pid: int, version: int = 3) -> tuple[list[str], bytes]:
+    """What a ``ProcessHost`` of ``topology`` sends: every source topic, and from protocol 3
+    each subtopology's topics by their place among them."""
+    topics = sorted(topology.source_topics)
+    indices = subtopology_topic_indices(topology, topics) if version >= 3 else {}
+    info = SubscriptionInfo(
+        PIDS[pid],
+        endpoint=f"p{pid}:80",
+        version=version,
+        latest_supported_version=version,
+        subtopology_topic_indices=indices,
+    )
+    return topics, info.encode()
+
+
+def led_by(leader: Topology, members: dict[str, tuple[list[str], bytes]]) -> list[RawMember]:
+    """The group as DescribeGroups returns it once ``leader``'s topology's leader assigned it."""
+    subscriptions = decode_subscriptions(leader, COUNTS, members)
+    assignments = assign_streams(leader, COUNTS, subscriptions)
+    return [
+        RawMember(
+            member,
+            "client",
+            "/10.0.0.1",
+            meta(topics, data),
+            encode_assignment(assignments[member].partitions, assignments[member].info.encode()),
+        )
+        for member, (topics, data) in members.items()
+    ]
+
+
+def mixed_members() -> dict[str, tuple[list[str], bytes]]:
+    return {
+        "m1": subscription(V2, 1),
+        "m1b": subscription(V2, 1),
+        "m2": subscription(V2, 2),
+        "m3": subscription(V1, 3),
+        "m4": subscription(V1, 4, version=2),
+    }
+
+
+def test_each_member_shows_the_version_the_leaders_log_line_names(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="streamassign.streams"):
+        raw = led_by(V2, mixed_members())
+    (logged,) = re.findall(r"this leader, version (\w+)", caplog.text)
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+    versions = {m.member_id: m.topology_version for m in view.members}
+    assert versions["m1"] == versions["m1b"] == versions["m2"] == logged
+    assert versions["m3"] is not None and versions["m3"] != logged
+    assert versions["m4"] is None  # protocol 2: announces nothing, shows nothing new
+    m3 = next(m for m in view.members if m.member_id == "m3")
+    assert m3.announced == {0: {"a"}, 1: {"b"}} and m3.announcement_error is None
+    text = printed(view)
+    assert_whole_tables(text, MEMBERS_COLUMNS)
+    assert f"topology {logged}" in text and f"topology {versions['m3']}" in text
+
+
+def test_members_reading_other_topics_for_one_id_are_one_problem() -> None:
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V2, mixed_members()))
+    new, old = V2_VERSION, V1_VERSION
+    (problem,) = [p for p in quality(view).problems if "topology version" in p]
+    # Id 1 reused (n, then b); id 2 only v2 has (fresh), id 0 the same: not named.
+    assert problem.startswith(
+        f"subtopology id 1 reads other topics in other topology versions: version {new} on 2 "
+        f"processes ({PIDS[1]}, {PIDS[2]}) reads id 1 (n) | version {old} on 1 process "
+        f"({PIDS[3]}) reads id 1 (b); "
+    )
+    assert "docs/streams.md#rolling-deploys-that-change-the-topology" in problem
+    assert str(PIDS[4]) not in problem  # protocol 2: nothing to compare
+    assert "problem: subtopology id 1 reads other topics" in printed(view)
+    data = json.loads(json.dumps(to_json(view, quality(view))))
+    assert problem in data["quality"]["problems"]
+    members = {m["member_id"]: m for m in data["members"]}
+    assert members["m3"]["topology_version"] == old
+    assert members["m3"]["announced_sources"] == {"0": ["a"], "1": ["b"]}
+    assert members["m4"]["topology_version"] is None and members["m4"]["announced_sources"] == {}
+
+
+def test_a_topic_only_the_other_version_reads_is_not_called_missing_from_the_cluster() -> None:
+    """Led by v1, no one is assigned ``n`` (only v2 reads it): not "missing from the cluster"."""
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, mixed_members()))
+    problems = [p for p in quality(view).problems if "without a partition" in p]
+    assert problems == [
+        "1 subscribed topic without a partition assigned to any member, subscribed by some "
+        "topology versions only (a leader of another version assigns none of them; or missing "
+        "from the cluster?): n"
+    ]
+
+
+def test_a_group_of_one_version_shows_it_and_no_problem() -> None:
+    members = {"m1": subscription(V2, 1), "m2": subscription(V2, 2), "m4": subscription(V1, 4, 2)}
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V2, members))
+    assert {m.topology_version for m in view.members} == {V2_VERSION, None}
+    assert not [p for p in quality(view).problems if "topology" in p]
+    assert "topology version" not in printed(view)
+
+
+def test_a_group_before_protocol_3_prints_as_before() -> None:
+    members = {"m1": subscription(V1, 1, 2), "m2": subscription(V1, 2, 2)}
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, members))
+    assert all(m.topology_version is None and not m.announced for m in view.members)
+    assert not re.search(r"\btopology\b", printed(view))  # "subtopology" is as before
+
+
+def test_garbage_in_the_tail_keeps_the_member_and_is_one_problem_line() -> None:
+    """As the leader reads it: the identity before the tail again, without history (offset
+    sums, previous actives) or announcement; the member keeps its tasks in the view."""
+    topics, good = subscription(V2, 2)
+    members = {"m1": subscription(V2, 1), "m2": (topics, good)}
+    raw = led_by(V2, members)
+    tails = {
+        "ids not ascending": good[:-3] + bytes([1, 1, 1]),  # id 2's entry as id 1 again
+        "cut short": good[:-1],
+        "an index past the subscription": good[:-1] + bytes([7]),  # of 3 topics
+    }
+    for what, data in tails.items():
+        damaged = RawMember("m2", "client", "/10.0.0.1", meta(topics, data), raw[1].assignment)
+        view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, [raw[0], damaged])
+        m2 = next(m for m in view.members if m.member_id == "m2")
+        assert m2.undecodable is None and m2.process == str(PIDS[2]), what
+        assert m2.active and m2.topology_version is None and m2.announcement_error, what
+        (problem,) = [p for p in quality(view).problems if "topology" in p]
+        assert problem == (
+            f"topology announcement unreadable from 1 process ({PIDS[2]}): "
+            f"{m2.announcement_error}; the leader reads it as announcing none"
+        ), what
+        assert "problem: topology announcement unreadable" in printed(view), what
+        assert to_json(view, quality(view))["members"][1]["announcement_error"], what
+
+
+def test_garbage_before_the_tail_is_still_undecodable() -> None:
+    topics, good = subscription(V2, 1)
+    raw = RawMember("m1", metadata=meta(topics, good[:30]))
+    (m,) = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, [raw]).members
+    assert m.undecodable and m.undecodable.startswith("subscription:")
+
+
+@given(st.binary(max_size=12), st.integers(min_value=0, max_value=40))
+def test_any_tail_decodes_or_says_why(tail: bytes, cut: int) -> None:
+    """A protocol 3 subscription with any bytes for its tail (and its end cut anywhere):
+    describe, quality, the JSON and the tables never raise."""
+    topics, good = subscription(V2, 1)
+    data = good[: max(len(good) - cut, 0)] + tail
+    view = describe_bytes(
+        "g", "Stable", "consumer", PROTOCOL_NAME, [RawMember("m", metadata=meta(topics, data))]
+    )
+    json.dumps(to_json(view, quality(view)))
+    printed(view)
+
+
+def test_the_short_name_is_the_leaders_for_every_topology() -> None:
+    """``announced_version`` spells out ``versions.subtopology_fingerprints`` over topics a
+    member announces: pinned to it over the topologies here."""
+    for topology in (V1, V2, Topology([Subtopology(4, ["x", "y"]), Subtopology(9, ["z"])])):
+        announced = {s: topology.subtopology(s).source_topics for s in topology.subtopology_ids}
+        leader = topology_version(subtopology_fingerprints(topology))
+        assert announced_version(announced) == leader
+
+
+def test_watch_shows_a_process_restarted_on_another_version_that_kept_its_tasks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``follow`` yields a view whose processes' topology versions changed, though no task
+    moved (the new version reads the same topics for the ids it runs)."""
+    from streamassign.aiokafka import describe as describe_module
+
+    v1_again = Topology([Subtopology(0, ["a"]), Subtopology(1, ["b"]), Subtopology(5, ["n"])])
+    before = {"m1": subscription(V1, 1), "m2": subscription(V1, 2)}
+    after = {"m1": subscription(V1, 1), "m2": subscription(v1_again, 2)}
+    views = [
+        describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, members))
+        for members in (before, before, after, after)
+    ]
+    assert views[0].processes() == views[2].processes()  # no task moved
+
+    class Admin:
+        def __init__(self, _: object) -> None:
+            self.polls = iter(views)
+
+        async def __aenter__(self) -> Admin:
+            return self
+
+        async def __aexit__(self, *_: object) -> None:
+            pass
+
+        async def describe(self, *_: object) -> describe_module.GroupView:
+            view = next(self.polls, None)
+            if view is None:
+                raise RuntimeError("no more polls")
+            return view
+
+    async def followed() -> list[describe_module.GroupView]:
+        out = []
+        with pytest.raises(RuntimeError, match="no more polls"):
+            async for view in describe_module.follow(describe_module.Connection("x:1"), "g", 0):
+                out.append(view)
+        return out
+
+    monkeypatch.setattr(describe_module, "_Admin", Admin)
+    shown = asyncio.run(followed())
+    assert shown == [views[0], views[2]]
+    assert {m.topology_version for m in shown[1].members} == {
+        V1_VERSION,
+        announced_version({0: {"a"}, 1: {"b"}, 5: {"n"}}),
+    }
