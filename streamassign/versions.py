@@ -40,6 +40,7 @@ __all__ = [
     "mismatched_tasks",
     "refused_subtopologies",
     "reused_subtopologies",
+    "sources_fingerprint",
     "subtopology_fingerprints",
     "subtopology_topic_indices",
     "topology_version",
@@ -219,11 +220,17 @@ def subtopology_fingerprints(topology: Topology) -> dict[int, str]:
     """A short hash per subtopology id of its sorted source topics (what its tasks'
     partitions are), for log lines only (:func:`topology_version`): the wire carries the
     topics themselves (:func:`subtopology_topic_indices`)."""
-    out = {}
-    for sub in topology.subtopology_ids:
-        text = json.dumps(sorted(topology.subtopology(sub).source_topics), separators=(",", ":"))
-        out[sub] = hashlib.sha256(text.encode()).hexdigest()[:12]
-    return out
+    return {
+        sub: sources_fingerprint(topology.subtopology(sub).source_topics)
+        for sub in topology.subtopology_ids
+    }
+
+
+def sources_fingerprint(topics: Iterable[str]) -> str:
+    """The short hash of one subtopology's source topics (:func:`subtopology_fingerprints`),
+    also for topics a member announces (``describe`` names a member's version with it)."""
+    text = json.dumps(sorted(topics), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def topology_version(fingerprints: Mapping[int, str]) -> str:

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import hashlib
-import json
 import reprlib
 import zlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -61,7 +59,12 @@ from ..streams import (
     process_keys,
 )
 from ..text import counted
-from ..versions import ROLLING_DEPLOY_DOC, announced_sources, topology_version
+from ..versions import (
+    ROLLING_DEPLOY_DOC,
+    announced_sources,
+    sources_fingerprint,
+    topology_version,
+)
 from .consumer import ASSIGNORS
 from .streams import PROTOCOL_NAME
 
@@ -402,17 +405,12 @@ def _announcement(
 def announced_version(announced: Mapping[int, Iterable[str]]) -> str:
     """The short name of a topology from its source topics per subtopology id: the name the
     group leader's log line gives its own topology (``versions.topology_version`` of
-    ``versions.subtopology_fingerprints``, whose per-id hash this spells out: that takes a
+    ``versions.subtopology_fingerprints``, from the announced topics instead of a
     ``Topology``, which a member's bytes are not; a unit test pins the two together). The
     same name when the member announces every subtopology: a ``ProcessHost`` subscribes to
     every source topic, so it does."""
-    return topology_version({sub: _fingerprint(topics) for sub, topics in announced.items()})
-
-
-def _fingerprint(topics: Iterable[str]) -> str:
-    """``versions.subtopology_fingerprints``' hash of one subtopology's source topics."""
-    text = json.dumps(sorted(topics), separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    fingerprints = {sub: sources_fingerprint(topics) for sub, topics in announced.items()}
+    return topology_version(fingerprints)
 
 
 def _json_id(value: object, what: str) -> int:
