@@ -1150,23 +1150,61 @@ def test_a_seek_to_no_offset_reads_from_the_start_instead_of_ending_the_worker(
 
 
 @pytest.mark.parametrize(
-    ("broker", "warned"), [("kafka://localhost:1", True), ("streamassign://localhost:1", False)]
+    ("urls", "warned"),
+    [
+        ({"broker": "kafka://localhost:1"}, True),
+        ({"broker": "localhost:1"}, True),  # Faust's default scheme: kafka://
+        ({"broker": "streamassign://localhost:1"}, False),
+        ({"broker": "streamassign://localhost:1;localhost:2"}, False),
+        # Faust's consumer runs broker_consumer's transport (broker is the default): set
+        # alone (or through BROKER_CONSUMER_URL), it decides.
+        ({"broker": "streamassign://localhost:1", "broker_consumer": "kafka://localhost:1"}, True),
+        ({"broker": "kafka://localhost:1", "broker_consumer": "streamassign://localhost:1"}, False),
+    ],
 )
+@pytest.mark.parametrize("transport_made", [False, True])
 def test_the_assignor_on_faust_s_own_transport_warns_once_that_records_may_drop(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, broker: str, warned: bool
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    urls: dict[str, str],
+    warned: bool,
+    transport_made: bool,
 ) -> None:
     """Faust's ``kafka://`` drops records around rebalances (a soak run lost 12 of them):
-    said once, when the app makes its assignor; not refused (a rolling switch uses it)."""
+    said once, when the app makes its assignor, if the consumer's transport is not ours,
+    whether Faust has made the transport by then (a worker: the consumer makes the assignor)
+    or not; not refused (a rolling switch uses it)."""
     with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
         app = faust.App(
             "orders-app",
-            broker=broker,
             datadir=str(tmp_path),
             PartitionAssignor="streamassign.faust:PartitionAssignor",
+            **urls,
         )
+        if transport_made:
+            app.transport  # noqa: B018 (made on first use)
         app.assignor  # noqa: B018 (made on first use)
     said = [r.getMessage() for r in caplog.records if "can drop records" in r.getMessage()]
     assert len(said) == (1 if warned else 0), said
+
+
+def test_the_assignor_follows_a_transport_set_on_the_app(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A transport object set on the app is the one its consumer uses, whatever the URLs say."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        app = faust.App(
+            "orders-app",
+            broker="streamassign://localhost:1",
+            datadir=str(tmp_path),
+            PartitionAssignor="streamassign.faust:PartitionAssignor",
+        )
+        app.transport = faust_aiokafka.Transport(app.conf.broker_consumer, app)
+        app.assignor  # noqa: B018 (made on first use)
+    said = [r.getMessage() for r in caplog.records if "can drop records" in r.getMessage()]
+    assert len(said) == 1 and "faust.transport.drivers.aiokafka.Transport" in said[0], said
 
 
 def test_a_partition_just_assigned_is_not_reported_as_a_stream_that_never_started(
