@@ -1234,3 +1234,39 @@ def test_a_partition_just_assigned_is_not_reported_as_a_stream_that_never_starte
 
     asyncio.run(assigned_then_checked())
     assert checked == [CHANGELOG, SOURCE]
+
+
+@pytest.mark.parametrize("case", ["recovered_long", "kept"])
+def test_a_partition_is_not_reported_as_never_started_until_a_timeout_after_the_flow_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faust_revoke: list[str], case: str
+) -> None:
+    """Faust stops the flow for a rebalance's table recovery and forgets every stream's
+    inbound time when it resumes it, also of the partitions the rebalance kept: counted from
+    the assignment alone, a recovery longer than ``stream_processing_timeout`` (or a kept
+    partition) still got the false "Stream has not started processing" ERROR at the first
+    check after the resume (review40 F3). Counted from the resume too; a timeout later,
+    still without an event, it is checked."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    checked: list[TP] = []
+    monkeypatch.setattr(
+        faust_aiokafka.Consumer, "verify_event_path", lambda self, now, tp: checked.append(tp)
+    )
+
+    async def resumed_then_checked() -> None:
+        consumer = await rebalancing(tmp_path)
+        timeout = float(consumer.app.conf.stream_processing_timeout)
+        if case == "kept":  # SOURCE held for 10 min, with events, kept by this rebalance
+            consumer._assigned_at[SOURCE] = time.monotonic() - 600
+            consumer.app.monitor.stream_inbound_time[SOURCE] = time.monotonic() - 1
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 5)
+        if case == "recovered_long":  # the recovery took longer than the timeout
+            consumer._assigned_at[SOURCE] = time.monotonic() - timeout - 60
+        consumer.resume_flow()
+        consumer.app.monitor.stream_inbound_time.clear()  # Faust's on_rebalance_end
+        now = time.monotonic()
+        consumer.verify_event_path(now + 5, SOURCE)  # resumed 5 s ago, no event: not checked
+        consumer.verify_event_path(now + timeout, SOURCE)  # resumed a timeout ago: checked
+
+    asyncio.run(resumed_then_checked())
+    assert checked == [SOURCE]
