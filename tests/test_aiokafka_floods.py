@@ -402,6 +402,45 @@ def test_the_filter_goes_before_the_user_s_own_filters() -> None:
         fetcher.removeFilter(users)
 
 
+@pytest.mark.parametrize("step", ["attach", "detach"])
+def test_attaching_or_detaching_while_a_record_goes_through_the_filters_skips_none_of_them(
+    step: str,
+) -> None:
+    """Another thread attaches or detaches (an ``App`` or a Faust worker starting or
+    stopping) while a record goes through a logger's filters: changed in place, the list
+    shifted under the loop, which applied the user's next filter twice (an insert) or
+    skipped it (a removal) (review40 F4). Here the switch comes from inside the loop, at
+    the user's first filter: the same interleaving, every time."""
+    fetcher = logging.getLogger("aiokafka.consumer.fetcher")
+    held: list[BrokerAwayLines] = [BrokerAwayLines.attach()] if step == "detach" else []
+    seen: list[str] = []
+
+    def switching(record: logging.LogRecord) -> bool:
+        seen.append("switching")
+        if step == "attach":
+            held.append(BrokerAwayLines.attach())
+        else:
+            held.pop().detach()
+        return True
+
+    def counting(record: logging.LogRecord) -> bool:
+        seen.append("counting")
+        return True
+
+    fetcher.addFilter(switching)
+    fetcher.addFilter(counting)
+    try:
+        record = fetcher.makeRecord(fetcher.name, logging.INFO, __file__, 1, "a line", (), None)
+        assert fetcher.filter(record)
+        assert seen == ["switching", "counting"]
+        assert fetcher.filters == [*held, switching, counting]  # attached: ours first
+    finally:
+        fetcher.removeFilter(switching)
+        fetcher.removeFilter(counting)
+        for lines in held:
+            lines.detach()
+
+
 def test_a_failed_start_detaches_the_filter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

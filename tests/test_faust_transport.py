@@ -1150,23 +1150,61 @@ def test_a_seek_to_no_offset_reads_from_the_start_instead_of_ending_the_worker(
 
 
 @pytest.mark.parametrize(
-    ("broker", "warned"), [("kafka://localhost:1", True), ("streamassign://localhost:1", False)]
+    ("urls", "warned"),
+    [
+        ({"broker": "kafka://localhost:1"}, True),
+        ({"broker": "localhost:1"}, True),  # Faust's default scheme: kafka://
+        ({"broker": "streamassign://localhost:1"}, False),
+        ({"broker": "streamassign://localhost:1;localhost:2"}, False),
+        # Faust's consumer runs broker_consumer's transport (broker is the default): set
+        # alone (or through BROKER_CONSUMER_URL), it decides.
+        ({"broker": "streamassign://localhost:1", "broker_consumer": "kafka://localhost:1"}, True),
+        ({"broker": "kafka://localhost:1", "broker_consumer": "streamassign://localhost:1"}, False),
+    ],
 )
+@pytest.mark.parametrize("transport_made", [False, True])
 def test_the_assignor_on_faust_s_own_transport_warns_once_that_records_may_drop(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, broker: str, warned: bool
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    urls: dict[str, str],
+    warned: bool,
+    transport_made: bool,
 ) -> None:
     """Faust's ``kafka://`` drops records around rebalances (a soak run lost 12 of them):
-    said once, when the app makes its assignor; not refused (a rolling switch uses it)."""
+    said once, when the app makes its assignor, if the consumer's transport is not ours,
+    whether Faust has made the transport by then (a worker: the consumer makes the assignor)
+    or not; not refused (a rolling switch uses it)."""
     with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
         app = faust.App(
             "orders-app",
-            broker=broker,
             datadir=str(tmp_path),
             PartitionAssignor="streamassign.faust:PartitionAssignor",
+            **urls,
         )
+        if transport_made:
+            app.transport  # noqa: B018 (made on first use)
         app.assignor  # noqa: B018 (made on first use)
     said = [r.getMessage() for r in caplog.records if "can drop records" in r.getMessage()]
     assert len(said) == (1 if warned else 0), said
+
+
+def test_the_assignor_follows_a_transport_set_on_the_app(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A transport object set on the app is the one its consumer uses, whatever the URLs say."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        app = faust.App(
+            "orders-app",
+            broker="streamassign://localhost:1",
+            datadir=str(tmp_path),
+            PartitionAssignor="streamassign.faust:PartitionAssignor",
+        )
+        app.transport = faust_aiokafka.Transport(app.conf.broker_consumer, app)
+        app.assignor  # noqa: B018 (made on first use)
+    said = [r.getMessage() for r in caplog.records if "can drop records" in r.getMessage()]
+    assert len(said) == 1 and "faust.transport.drivers.aiokafka.Transport" in said[0], said
 
 
 def test_a_partition_just_assigned_is_not_reported_as_a_stream_that_never_started(
@@ -1196,3 +1234,39 @@ def test_a_partition_just_assigned_is_not_reported_as_a_stream_that_never_starte
 
     asyncio.run(assigned_then_checked())
     assert checked == [CHANGELOG, SOURCE]
+
+
+@pytest.mark.parametrize("case", ["recovered_long", "kept"])
+def test_a_partition_is_not_reported_as_never_started_until_a_timeout_after_the_flow_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faust_revoke: list[str], case: str
+) -> None:
+    """Faust stops the flow for a rebalance's table recovery and forgets every stream's
+    inbound time when it resumes it, also of the partitions the rebalance kept: counted from
+    the assignment alone, a recovery longer than ``stream_processing_timeout`` (or a kept
+    partition) still got the false "Stream has not started processing" ERROR at the first
+    check after the resume (review40 F3). Counted from the resume too; a timeout later,
+    still without an event, it is checked."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    checked: list[TP] = []
+    monkeypatch.setattr(
+        faust_aiokafka.Consumer, "verify_event_path", lambda self, now, tp: checked.append(tp)
+    )
+
+    async def resumed_then_checked() -> None:
+        consumer = await rebalancing(tmp_path)
+        timeout = float(consumer.app.conf.stream_processing_timeout)
+        if case == "kept":  # SOURCE held for 10 min, with events, kept by this rebalance
+            consumer._assigned_at[SOURCE] = time.monotonic() - 600
+            consumer.app.monitor.stream_inbound_time[SOURCE] = time.monotonic() - 1
+        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 5)
+        if case == "recovered_long":  # the recovery took longer than the timeout
+            consumer._assigned_at[SOURCE] = time.monotonic() - timeout - 60
+        consumer.resume_flow()
+        consumer.app.monitor.stream_inbound_time.clear()  # Faust's on_rebalance_end
+        now = time.monotonic()
+        consumer.verify_event_path(now + 5, SOURCE)  # resumed 5 s ago, no event: not checked
+        consumer.verify_event_path(now + timeout, SOURCE)  # resumed a timeout ago: checked
+
+    asyncio.run(resumed_then_checked())
+    assert checked == [SOURCE]

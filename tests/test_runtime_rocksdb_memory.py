@@ -21,6 +21,7 @@ from streamassign.runtime.stores import (
     KeyValueStore,
     RocksDBMemory,
     RocksDBStore,
+    StoreIOError,
 )
 
 pytest.importorskip("rocksdict")
@@ -179,6 +180,42 @@ def test_the_memtable_limit_grows_with_the_open_stores_and_warns_as_they_double(
         store.close()
     assert memory.open_stores == 0
     assert memory.write_buffers.get_buffer_size() == 16 << 20  # back to half the budget
+
+
+class ClosingSeen:
+    """A store's database whose close notes the memtable limit while it runs (a close
+    flushes the store's memtable), then closes the real one or fails as a full disk would."""
+
+    def __init__(self, db: object, memory: RocksDBMemory, fails: bool) -> None:
+        self.db, self.memory, self.fails = db, memory, fails
+        self.limits: list[int] = []
+
+    def close(self) -> None:
+        self.limits.append(self.memory.write_buffers.get_buffer_size())
+        self.db.close()  # type: ignore[attr-defined]
+        if self.fails:
+            raise OSError("No space left on device")
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_store_s_memtable_room_is_given_back_after_its_close(tmp_path: Path, fails: bool) -> None:
+    """review40 F6: the limit was lowered before the closing store's database was closed, so
+    its memtable, flushed by the close, was charged against a limit already without its
+    room. A close that fails still gives the room back."""
+    memory = RocksDBMemory.of(32)
+    stores = [RocksDBStore(tmp_path / f"{n}", memory) for n in range(10)]
+    closing = ClosingSeen(stores[0]._db, memory, fails)
+    stores[0]._db = closing  # type: ignore[assignment]
+    if fails:
+        with pytest.raises(StoreIOError, match="the close failed: No space left"):
+            stores[0].close()
+    else:
+        stores[0].close()
+    assert closing.limits == [10 * ROCKSDB_STORE_FLOOR_MIB << 20]
+    assert memory.open_stores == 9
+    assert memory.write_buffers.get_buffer_size() == 9 * ROCKSDB_STORE_FLOOR_MIB << 20
+    for store in stores[1:]:
+        store.close()
 
 
 def test_one_busy_store_among_200_is_never_stopped_at_the_default_budget(tmp_path: Path) -> None:

@@ -196,7 +196,10 @@ class BrokerAwayLines(logging.Filter):
         """The process's filter on every logger of ``REPEATING``, one more user counted. The
         shared filter is found where it already is, on the ``aiokafka`` logger's ``filters``,
         else made. It goes first among a logger's filters: one that renders the message
-        (redaction, structured logging) would leave ours nothing to recognise."""
+        (redaction, structured logging) would leave ours nothing to recognise. A logger's
+        list of filters is replaced, not changed: other threads log through it meanwhile
+        (``Filterer.filter`` iterates it unlocked), and an insert in place would shift the
+        filters under them, applying one of the user's twice."""
         with _ATTACHING:
             found = (f for f in logging.getLogger(AIOKAFKA_LOGGER).filters if isinstance(f, cls))
             lines = next(found, None) or cls()
@@ -204,18 +207,21 @@ class BrokerAwayLines(logging.Filter):
             for name in REPEATING:
                 logger = logging.getLogger(name)
                 if lines not in logger.filters:
-                    logger.filters.insert(0, lines)
+                    logger.filters = [lines, *logger.filters]
         return lines
 
     def detach(self) -> str | None:
         """One user fewer; the last one removes the filter from every logger. Returns what was
         held back and not yet said (``summary``): with two ``App``s, the first to stop says
-        what both had held back so far (aiokafka's lines name no client)."""
+        what both had held back so far (aiokafka's lines name no client). The lists of
+        filters are replaced, as in ``attach``: a removal in place would skip one of the
+        user's filters for a record logged meanwhile."""
         with _ATTACHING:
             self.users -= 1
             if self.users <= 0:
                 for name in REPEATING:
-                    logging.getLogger(name).removeFilter(self)
+                    logger = logging.getLogger(name)
+                    logger.filters = [f for f in logger.filters if f is not self]
         return self.summary()
 
     def filter(self, record: logging.LogRecord) -> bool:

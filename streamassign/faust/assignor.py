@@ -39,8 +39,9 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
 )
+from faust import transport as faust_transports
 from faust.assignor import PartitionAssignor as FaustPartitionAssignor
-from faust.types import TP
+from faust.types import TP, TransportT
 from faust.types.assignor import HostToPartitionMap, PartitionAssignorT
 from yarl import URL
 
@@ -70,6 +71,7 @@ from .leader import (
     decode_members,
     parse_capacity,
 )
+from .transport import Transport
 
 __all__ = ["CAPACITY_ENV", "PROTOCOL_NAME", "PartitionAssignor"]
 
@@ -101,21 +103,36 @@ class _View:
 
 
 def _warn_unless_our_transport(app: Any) -> None:
-    """One WARNING when the app's broker URLs do not use the ``streamassign://`` transport:
+    """One WARNING when the app's consumer does not run the ``streamassign://`` transport:
     Faust's own ``kafka://`` drops records around rebalances (Faust 0.15.3; docs/faust.md
     "Exactness"); a soak run lost 12 records with it under load, none with ours. Not
     refused: a rolling switch from Faust's assignor may run ``kafka://`` for a while."""
     try:
-        schemes = {str(url.scheme) for url in app.conf.broker}
+        transport_class = _consumer_transport_class(app)
+        url = app.conf.broker_consumer[0]
     except Exception:  # an app not configured yet (or a stand-in): nothing to say
         return
-    if schemes and schemes != {"streamassign"}:
+    if not issubclass(transport_class, Transport):
         log.warning(
-            "this worker's broker URLs use %s://, Faust's own transport, which can drop records "
-            "around rebalances (Faust 0.15.3); use broker='streamassign://host:port' "
+            "this worker consumes with %s (broker_consumer %s), Faust's own transport, which "
+            "can drop records around rebalances (Faust 0.15.3); use "
+            "broker='streamassign://host:port', and the same scheme in broker_consumer if set "
             '(docs/faust.md, "Exactness")',
-            "/".join(sorted(schemes)),
+            f"{transport_class.__module__}.{transport_class.__qualname__}",
+            url,
         )
+
+
+def _consumer_transport_class(app: Any) -> type:
+    """The class of the transport the app's consumer runs: the object's, when Faust has made
+    it (or the user set ``app.transport``); else the class Faust makes it from, which is
+    ``broker_consumer``'s first URL (``App._new_transport``; it falls back to ``broker``), not
+    ``broker``: either can be set alone (``BROKER_CONSUMER_URL``)."""
+    made = getattr(app, "_transport", None)  # read, not made: ``app.transport`` would make it
+    if isinstance(made, TransportT):  # not a stand-in's attribute
+        return type(made)
+    found: type = faust_transports.by_url(app.conf.broker_consumer[0])
+    return found
 
 
 class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type: ignore[misc]

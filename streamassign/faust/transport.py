@@ -239,8 +239,12 @@ class _Consumer(faust_aiokafka.Consumer):
         self._recovery_stall_told = False
         #: Warns when a rebalance keeps the flow stopped (the current episode, if any).
         self._flow_watch = _Ticker(self._on_flow_watch)
-        #: When each partition was last assigned (``monotonic()``, Faust's livelock clock).
+        #: Since when each partition has been assigned (``monotonic()``, Faust's livelock
+        #: clock; a partition kept across a rebalance keeps its time).
         self._assigned_at: dict[TP, float] = {}
+        #: When Faust last resumed the flow (``monotonic()``): the end of a table recovery,
+        #: from which Faust counts the streams' inbound times again.
+        self._flow_resumed_at: float | None = None
         self._flow_stop: FlowStop | None = None
         #: Whether Faust's recovery may still resume this rebalance's stream partitions: from
         #: every revoke to the resume_flow() after its assignment that releases them (or finds
@@ -312,13 +316,19 @@ class _Consumer(faust_aiokafka.Consumer):
         self._flow_hook(self._enter_flow_step, RECOVERING)
 
     def verify_event_path(self, now: float, tp: TP) -> None:
-        """Faust's livelock check, but not for a partition assigned less than
-        ``stream_processing_timeout`` ago whose stream has had no event yet: Faust counts its
-        "Stream has not started processing" from the worker's start, so every worker older
-        than that (5 min) logged it as an ERROR at rebalances for partitions it had just been
-        given, still paused for the table recovery (the soak audit: 36 in 22 minutes, with
-        either assignor)."""
+        """Faust's livelock check, but not for a partition whose stream has had no event yet
+        within ``stream_processing_timeout`` of the later of its assignment and the last
+        ``resume_flow()``: Faust counts its "Stream has not started processing" from the
+        worker's start, so every worker older than that (5 min) logged it as an ERROR at
+        rebalances for partitions it had just been given, still paused for the table
+        recovery (the soak audit: 36 in 22 minutes, with either assignor). From the resume
+        too: the flow is stopped until then (a recovery may take longer than the timeout),
+        and Faust forgets every stream's inbound time when it resumes (``on_rebalance_end``),
+        also of the partitions a rebalance kept. A stream that stays silent with records
+        waiting is still reported, a timeout after records could flow."""
         since = self._assigned_at.get(tp)
+        if since is not None and self._flow_resumed_at is not None:
+            since = max(since, self._flow_resumed_at)
         fresh = since is not None and now - since < float(self.app.conf.stream_processing_timeout)
         inbound = getattr(self.app.monitor, "stream_inbound_time", {})
         if fresh and tp not in inbound:
@@ -326,6 +336,7 @@ class _Consumer(faust_aiokafka.Consumer):
         super().verify_event_path(now, tp)
 
     def resume_flow(self) -> None:
+        self._flow_resumed_at = time.monotonic()
         super().resume_flow()
         held, self._held_streams = self._held_streams, set()
         self._hold_watch.stop()

@@ -348,12 +348,16 @@ class RocksDBStore:
 
     def close(self) -> None:
         memory, self._memory = self._memory, None
-        if memory is not None:  # closed even if the close fails: its memory is released
-            memory.closed()
         try:
             self._db.close()
         except Exception as exc:  # a close flushes: a full disk shows here
             raise self._failed("the close", exc) from None
+        finally:
+            # After the close, which flushes this store's memtable: lowered before, the
+            # limit would still charge it while the other stores are written. Even if the
+            # close fails: its memory is released.
+            if memory is not None:
+                memory.closed()
 
 
 def moved_away(store: KeyValueStore) -> bool:
