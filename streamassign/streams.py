@@ -1001,6 +1001,7 @@ def _log_topology_versions(
     own = _own_sources(topology)
     differing: dict[tuple[tuple[int, str], ...], set[str]] = {}
     idle: set[str] = set()  # announcing, but eligible for none of the leader's ids
+    busy: set[str] = set()
     for sub in members.values():
         announced = _announcement(topology, sub)
         theirs = announced.sources
@@ -1013,6 +1014,9 @@ def _log_topology_versions(
             differing.setdefault(ids, set()).add(str(sub.info.process_id))
         if sub.info is not None and announced.any and len(theirs) == len(ids):
             idle.add(str(sub.info.process_id))
+        elif sub.info is not None:
+            busy.add(str(sub.info.process_id))
+    idle -= busy  # a process id shared with a member that may run some id (a copy) gets tasks
     if not differing and not idle:
         if logged is not None and logged.ended():
             log.info("every process announcing its topology agrees with this leader's again")

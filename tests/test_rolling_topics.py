@@ -476,3 +476,17 @@ def test_shared_ids_across_versions_run_every_task_on_a_member_that_can(
             assert mismatched_tasks(_topology_of(members[m]), copies, given.info.topics) == {}, m
         ran += given.info.active
     assert sorted(ran) == [TaskId(s, p) for s in leader.subtopology_ids for p in range(6)]
+
+
+def test_a_process_id_shared_with_a_member_that_runs_tasks_is_not_called_idle(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A NARROW process may run none of a v2 leader's ids: logged as getting no task at all,
+    unless its process id is shared with a v2 member (one client, which runs tasks)."""
+    for pid, idle in ((2, True), (1, False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "streamassign.streams"):
+            assign_streams(V2, COUNTS, {"a": member(1, V2), "b": member(pid, NARROW)})
+        warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == 1 and "announce id 0 reading [b]" in warnings[0], warnings
+        assert ("they get no task at all" in warnings[0]) == idle, warnings
