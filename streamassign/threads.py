@@ -15,6 +15,7 @@ are then levelled again with tasks both may hold (:func:`_to_eligible`).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import pairwise
 
@@ -117,46 +118,52 @@ def _to_eligible(
     a task every thread refuses stays (the leader's safety net withholds it if its member
     does not subscribe to its topics). Then, while a thread has two tasks more than another
     (``totals`` carried from the earlier categories) and one of them the other may hold, the
-    busiest gives the least busy one, preferring a task the taker had, then one the giver did
-    not have: each move narrows the spread, so this ends."""
-    loads = [total + len(got) for total, got in zip(totals, split, strict=True)]
+    busiest gives the least busy one such a task, one it did not have before first, then the
+    smallest: each move narrows the spread, so this ends. Heaps per thread and id keep each
+    move at O(ids) rather than a scan of the thread's tasks."""
     threads = range(len(split))
+    loads = [total + len(got) for total, got in zip(totals, split, strict=True)]
+    heaps: list[dict[int, list[tuple[bool, TaskId]]]] = [{} for _ in threads]
     for th in threads:
-        for task in [t for t in split[th] if t.subtopology in refused[th]]:
-            able = [o for o in threads if task.subtopology not in refused[o]]
-            if not able:
-                continue
-            target = (
-                prev[task] if prev.get(task) in able else min(able, key=lambda o: (loads[o], o))
-            )
-            _move(split, loads, task, th, target)
-    while (found := _levelling_move(split, refused, prev, loads)) is not None:
-        _move(split, loads, *found)
-
-
-def _move(
-    split: list[list[TaskId]], loads: list[int], task: TaskId, giver: int, taker: int
-) -> None:
-    split[giver].remove(task)
-    split[taker].append(task)
-    loads[giver] -= 1
-    loads[taker] += 1
+        for task in split[th]:
+            target = th
+            if task.subtopology in refused[th]:
+                able = [o for o in threads if task.subtopology not in refused[o]]
+                if prev.get(task) in able:
+                    target = prev[task]
+                elif able:
+                    target = min(able, key=lambda o: (loads[o], o))
+            loads[th] -= 1
+            loads[target] += 1
+            heaps[target].setdefault(task.subtopology, []).append((prev.get(task) == target, task))
+    for by_id in heaps:
+        for heap in by_id.values():
+            heapq.heapify(heap)
+    while (found := _levelling_move(heaps, refused, loads)) is not None:
+        task, giver, taker = found
+        heapq.heappop(heaps[giver][task.subtopology])
+        heapq.heappush(
+            heaps[taker].setdefault(task.subtopology, []), (prev.get(task) == taker, task)
+        )
+        loads[giver] -= 1
+        loads[taker] += 1
+    split[:] = [[t for heap in by_id.values() for _, t in heap] for by_id in heaps]
 
 
 def _levelling_move(
-    split: Sequence[Sequence[TaskId]],
+    heaps: Sequence[Mapping[int, list[tuple[bool, TaskId]]]],
     refused: Sequence[frozenset[int]],
-    prev: Mapping[TaskId, int],
     loads: Sequence[int],
 ) -> tuple[TaskId, int, int] | None:
-    """The next (task, giver, taker) that narrows the spread of ``loads``, or None."""
-    by_load = sorted(range(len(split)), key=lambda th: (loads[th], th))
+    """The next (task, giver, taker) that narrows the spread of ``loads``, or None: the
+    busiest giver with a task a less busy taker (by two or more) may hold, to the least
+    busy such taker."""
+    by_load = sorted(range(len(heaps)), key=lambda th: (loads[th], th))
     for giver in reversed(by_load):
         for taker in by_load:
             if loads[giver] <= loads[taker] + 1:
                 break
-            fits = [t for t in split[giver] if t.subtopology not in refused[taker]]
-            if fits:
-                task = min(fits, key=lambda t: (prev.get(t) != taker, prev.get(t) == giver, t))
-                return task, giver, taker
+            heads = [h[0] for s, h in heaps[giver].items() if h and s not in refused[taker]]
+            if heads:
+                return min(heads)[1], giver, taker
     return None
