@@ -43,6 +43,7 @@ from .protocol import (
     MAX_TASK_IDS,
     MIN_VERSION,
     NEVER,
+    AnnouncementMemo,
     AssignmentInfo,
     ProtocolError,
     SubscriptionInfo,
@@ -210,6 +211,8 @@ def decode_subscriptions(
         counts = {}  # assign_streams reports the topology; no claim can matter then
     budget = _ClaimBudget(_TaskSpace(counts))
     leader_ids = frozenset(topology.subtopology_ids)
+    # Members of one topology version announce the same topology: read and resolved once.
+    tails, resolutions = AnnouncementMemo(), _Resolutions()
     out: dict[str, MemberSubscription] = {}
     for member in sorted(members):
         topics, data = members[member]
@@ -220,35 +223,51 @@ def decode_subscriptions(
                 task_counts=counts,
                 max_previous_active=budget.member_limit,
                 announced_ids=leader_ids,
+                announcements=tails,
             )
         except ProtocolError as exc:
             info = _identity_only(data, max_version, leader_ids)
             log.warning("member %s: %s; treating it as having no history", member, exc)
-        sub = _resolved(topology, MemberSubscription(topics, info), member)
+        sub = _resolved(topology, MemberSubscription(topics, info), member, resolutions)
         # Only members that can get tasks draw on the pool, as in assign_streams.
         out[member] = budget.admit(member, sub) if _may_get_tasks(topology, sub) else sub
     return out
 
 
+#: One round's resolved announcements: (subscribed topics, announced indices) -> per leader
+#: id its source topics by name.
+_Resolutions = dict[
+    tuple[frozenset[str], tuple[tuple[int, frozenset[int]], ...]], dict[int, frozenset[str]]
+]
+
+
 def _resolved(
-    topology: Topology, sub: MemberSubscription, member: str | None = None
+    topology: Topology,
+    sub: MemberSubscription,
+    member: str | None = None,
+    resolutions: _Resolutions | None = None,
 ) -> MemberSubscription:
     """``sub`` with its announcement resolved against ``topology`` (``sub`` itself when it
-    already is). An index past its subscription is garbage: logged when ``member`` is named
-    (where decoded), and the member is treated as announcing nothing (its indices dropped),
-    whose guard still refuses what it cannot run."""
+    already is; from ``resolutions`` when a member of this round announced the same). An
+    index past its subscription is garbage: logged when ``member`` is named (where decoded),
+    and the member is treated as announcing nothing (its indices dropped), whose guard still
+    refuses what it cannot run."""
     leader_ids = frozenset(topology.subtopology_ids)
     if sub.announced is not None and sub.announced.leader_ids == leader_ids:
         return sub
     indices = {} if sub.info is None else sub.info.subtopology_topic_indices
+    key = (sub.topics, tuple(indices.items()))
+    known = None if resolutions is None else resolutions.get(key)
     try:
-        sources = announced_sources(sub.topics, indices, leader_ids)
+        sources = known if known is not None else announced_sources(sub.topics, indices, leader_ids)
     except ProtocolError as exc:
         if member is not None:
             log.warning("member %s: %s; treating it as announcing no topology", member, exc)
         assert sub.info is not None  # indices come from it
         info = attrs.evolve(sub.info, subtopology_topic_indices={})
         return attrs.evolve(sub, info=info, announced=Announced(leader_ids, {}, False))
+    if resolutions is not None:
+        resolutions[key] = sources
     return attrs.evolve(sub, announced=Announced(leader_ids, sources, bool(indices)))
 
 

@@ -19,7 +19,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from streamassign import Subtopology, TaskId, Topology
+from streamassign import Subtopology, TaskId, Topology, protocol, streams
 from streamassign.aiokafka import ProcessHost
 from streamassign.errors import EncodeError
 from streamassign.protocol import LATEST_OFFSET, MAX_TASK_IDS, ProtocolError, SubscriptionInfo
@@ -490,3 +490,27 @@ def test_a_process_id_shared_with_a_member_that_runs_tasks_is_not_called_idle(
         warnings = [r.getMessage() for r in caplog.records]
         assert len(warnings) == 1 and "announce id 0 reading [b]" in warnings[0], warnings
         assert ("they get no task at all" in warnings[0]) == idle, warnings
+
+
+def test_the_leader_reads_and_resolves_each_announced_topology_once_a_round() -> None:
+    """Members of one topology version send the same tail: a wide app's leader read it once
+    per member (300 members x 1,000 topics: 560 ms of decode on its event loop; 35 now).
+    Six members of two versions: two tails read, two resolutions, every member as before."""
+    members = {
+        f"m{pid}": (sorted(t.source_topics), member(pid, t).info.encode())  # type: ignore[union-attr]
+        for pid, t in enumerate([V1, V1, V1, V2, V2, V2])
+    }
+    reads = mock.Mock(wraps=protocol._read_topic_indices)
+    resolutions = mock.Mock(wraps=streams.announced_sources)
+    with (
+        mock.patch.object(protocol, "_read_topic_indices", reads),
+        mock.patch.object(streams, "announced_sources", resolutions),
+    ):
+        decoded = decode_subscriptions(V2, COUNTS, members)
+    assert reads.call_count == 2 and resolutions.call_count == 2
+    for name, sub in decoded.items():
+        alone = decode_subscriptions(V2, COUNTS, {name: members[name]})[name]
+        assert (sub.info, streams._announcement(V2, sub)) == (
+            alone.info,
+            streams._announcement(V2, alone),
+        )
