@@ -548,7 +548,9 @@ def _return_restarted(
     """A restarted worker (it runs nothing yet) is the previous owner again of the tasks it ran
     before it stopped and has no local state of (stateless tasks, in-memory tables); the worker
     that took them over meanwhile becomes a warm holder. Tasks it reports on-disk state for
-    follow ``client_states``' rule instead (they return when that state is caught up).
+    follow ``client_states``' rule instead (they return when that state is caught up); so do
+    RocksDB tables it has nothing readable of on disk, which the member reports at offset 0
+    (``PartitionAssignor._held_offset_sum``), not as stateless (review41 O1).
     """
     home = stateless_returns(
         _offset_sums(members, by_process), previous_actives(members, by_process)
