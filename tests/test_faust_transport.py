@@ -1116,7 +1116,8 @@ def test_the_consumer_thread_holds_back_aiokafka_s_broker_away_lines_while_it_ru
 
     with caplog.at_level(logging.INFO):
         asyncio.run(run())
-    assert attached() == []
+    assert [f.active for f in attached()] == [False]  # switched off, left first
+    assert fetcher.filters[0] is attached()[0]
     fetched = [r for r in caplog.records if r.name == "aiokafka.consumer.fetcher"]
     assert len(fetched) == 1
     assert any("49 similar lines suppressed" in r.getMessage() for r in caplog.records)
