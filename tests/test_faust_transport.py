@@ -1116,7 +1116,8 @@ def test_the_consumer_thread_holds_back_aiokafka_s_broker_away_lines_while_it_ru
 
     with caplog.at_level(logging.INFO):
         asyncio.run(run())
-    assert attached() == []
+    assert [f.active for f in attached()] == [False]  # switched off, left first
+    assert fetcher.filters[0] is attached()[0]
     fetched = [r for r in caplog.records if r.name == "aiokafka.consumer.fetcher"]
     assert len(fetched) == 1
     assert any("49 similar lines suppressed" in r.getMessage() for r in caplog.records)
@@ -1213,7 +1214,9 @@ def test_a_partition_just_assigned_is_not_reported_as_a_stream_that_never_starte
     """Faust counts "Stream has not started processing" from the worker's start: a worker
     older than ``stream_processing_timeout`` logged it as an ERROR at rebalances for the
     partitions it had just been given (the soak audit, with either assignor). Checked from
-    the assignment now; a partition that has had events, or was assigned long ago, as before."""
+    the assignment now; a partition that has had events, or was assigned long ago, as before.
+    A changelog partition (a table's, a standby's) has no stream: Faust's fetch-path checks
+    at once (review44 F2)."""
     from faust.transport.drivers import aiokafka as faust_aiokafka
 
     checked: list[TP] = []
@@ -1227,46 +1230,189 @@ def test_a_partition_just_assigned_is_not_reported_as_a_stream_that_never_starte
         timeout = float(consumer.app.conf.stream_processing_timeout)
         now = time.monotonic()
         consumer.verify_event_path(now, SOURCE)  # just assigned, no event yet: not checked
-        consumer.app.monitor.stream_inbound_time[CHANGELOG] = now
-        consumer.verify_event_path(now, CHANGELOG)  # has had events: checked
+        consumer.verify_event_path(now, CHANGELOG)  # no stream (review44 F2): checked
+        consumer.app.monitor.stream_inbound_time[SOURCE] = now
+        consumer.verify_event_path(now, SOURCE)  # has had an event: checked
+        consumer.app.monitor.stream_inbound_time.clear()
         consumer.verify_event_path(now + timeout, SOURCE)  # assigned a timeout ago: checked
         consumer.resume_flow()
 
     asyncio.run(assigned_then_checked())
-    assert checked == [CHANGELOG, SOURCE]
+    assert checked == [CHANGELOG, SOURCE, SOURCE]
 
 
-@pytest.mark.parametrize("case", ["recovered_long", "kept"])
-def test_a_partition_is_not_reported_as_never_started_until_a_timeout_after_the_flow_resumed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faust_revoke: list[str], case: str
-) -> None:
-    """Faust stops the flow for a rebalance's table recovery and forgets every stream's
-    inbound time when it resumes it, also of the partitions the rebalance kept: counted from
-    the assignment alone, a recovery longer than ``stream_processing_timeout`` (or a kept
-    partition) still got the false "Stream has not started processing" ERROR at the first
-    check after the resume (review40 F3). Counted from the resume too; a timeout later,
-    still without an event, it is checked."""
+class MonotonicClock:
+    """``time.monotonic`` for the transport, moved by hand (Faust's livelock clock)."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def livelock_checks(monkeypatch: pytest.MonkeyPatch) -> tuple[MonotonicClock, list[float]]:
+    """The transport's clock, moved by hand, and when Faust's own livelock check (what our
+    ``verify_event_path`` calls or skips) was reached for ``SOURCE``."""
     from faust.transport.drivers import aiokafka as faust_aiokafka
 
-    checked: list[TP] = []
+    from streamassign.faust import transport
+
+    clock = MonotonicClock()
     monkeypatch.setattr(
-        faust_aiokafka.Consumer, "verify_event_path", lambda self, now, tp: checked.append(tp)
+        transport, "time", SimpleNamespace(monotonic=clock.monotonic, time=time.time)
+    )
+    reached: list[float] = []
+
+    def faust_s_check(consumer: Any, now: float, tp: TP) -> None:
+        if tp == SOURCE:
+            reached.append(now)
+
+    monkeypatch.setattr(faust_aiokafka.Consumer, "verify_event_path", faust_s_check)
+    return clock, reached
+
+
+async def faust_rebalance(
+    consumer: Any, clock: MonotonicClock, generation: int, recovery_seconds: float = 10.0
+) -> None:
+    """One rebalance as Faust 0.15 runs it, keeping CHANGELOG and SOURCE: the revoke listener
+    (ours, then Faust's ``app.on_rebalance_start()``, whose monitor forgets every stream's last
+    event), the revoke (flow stopped, all paused), the assignment, a table recovery reading
+    its changelog for ``recovery_seconds``, then its end (stream partitions resumed,
+    ``resume_flow()``, ``app.on_rebalance_end()``, which forgets them again)."""
+    app = consumer.app
+    app.sensors.add(app.monitor)  # as a started app has it (App.on_init_dependencies)
+    # Faust's thread would run the revoke below on the loop's thread.
+    consumer._thread._rebalance_listener.on_partitions_revoked(set()).close()
+    await consumer.on_partitions_revoked({CHANGELOG, SOURCE})
+    consumer.pause_partitions({CHANGELOG, SOURCE})  # App._on_partitions_revoked
+    app.consumer_generation_id = generation
+    await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, generation)
+    consumer.pause_partitions({CHANGELOG, SOURCE})  # App._on_partitions_assigned
+    app.tables.recovery._set_recovery_started()
+    consumer.resume_partitions({CHANGELOG})
+    consumer.resume_flow()  # "Resuming flow..." to read the changelog
+    clock.now += recovery_seconds
+    consumer.pause_partitions({CHANGELOG})  # "Done reading from changelog topics"
+    await app.tables.recovery.on_recovery_completed(generation_id=generation)
+    assert not app.rebalancing and SOURCE in consumer._get_active_partitions()
+
+
+#: Seconds between Faust's livelock checks with its defaults (2.5 x ``broker_commit_interval``).
+CHECK_INTERVAL = 2.5 * 2.8
+
+
+def between_rebalances(
+    consumer: Any, clock: MonotonicClock, seconds: float, events: bool
+) -> list[float]:
+    """Faust's livelock checks of SOURCE for ``seconds``, each ``CHECK_INTERVAL`` after the
+    last, the stream getting an event before each if ``events``; returns their times."""
+    checks = []
+    start = clock.now
+    while clock.now + CHECK_INTERVAL - start < seconds:
+        clock.now += CHECK_INTERVAL
+        if events:
+            consumer.app.monitor.stream_inbound_time[SOURCE] = clock.now  # on_stream_event_in
+        consumer.verify_event_path(clock.now, SOURCE)
+        checks.append(clock.now)
+    return checks
+
+
+@pytest.mark.parametrize("live_periods", [0, 3])
+def test_a_stream_stuck_across_rebalances_is_reported_a_timeout_after_its_last_event(
+    tmp_path: Path,
+    faust_stops_flow: None,
+    livelock_checks: tuple[MonotonicClock, list[float]],
+    live_periods: int,
+) -> None:
+    """Rebalances 200 s apart, less than ``stream_processing_timeout`` (300 s), all keeping
+    SOURCE, whose stream gets events for ``live_periods`` periods between them, then none (an
+    agent stuck). Renewed at every ``resume_flow()``, the exemption never let Faust's check
+    reach SOURCE (review44 F1: 0 of 290 checks over 10 rebalances). Now it reaches it from a
+    timeout after the end of the first rebalance since the stream's last event (or since its
+    assignment), at most one check later, and at every check after."""
+    clock, reached = livelock_checks
+    stuck_checks: list[float] = []
+    ends: list[float] = []
+
+    async def rebalances() -> float:
+        consumer = flow_worker(tmp_path)
+        stub_seek(consumer, [])
+        for generation in range(1, 12):
+            await faust_rebalance(consumer, clock, generation)
+            ends.append(clock.now)
+            live = generation <= live_periods
+            checks = between_rebalances(consumer, clock, 200, events=live)
+            if not live:
+                stuck_checks.extend(checks)
+        return float(consumer.app.conf.stream_processing_timeout)
+
+    timeout = asyncio.run(rebalances())
+    started = ends[live_periods]  # the end of the first rebalance after the last event
+    reported = [t for t in reached if t in stuck_checks]
+    assert reported, "a stream stuck through 10 rebalances was never checked"
+    assert started + timeout <= reported[0] <= started + timeout + CHECK_INTERVAL
+    assert reported == [t for t in stuck_checks if t >= reported[0]]
+
+
+@pytest.mark.parametrize("case", ["new", "kept_with_events", "kept_event_just_before"])
+def test_a_partition_is_not_reported_as_never_started_until_a_timeout_after_the_flow_resumed(
+    tmp_path: Path,
+    faust_stops_flow: None,
+    livelock_checks: tuple[MonotonicClock, list[float]],
+    case: str,
+) -> None:
+    """Faust stops the flow for a rebalance's table recovery and forgets every stream's last
+    event at the rebalance's start and end, also of the partitions it kept: counted from the
+    assignment alone, a recovery longer than ``stream_processing_timeout`` (here 6 min) or a
+    kept partition got the false "Stream has not started processing" ERROR at the first check
+    after the resume (review40 F3). A partition new to this worker, or kept with events since
+    the last rebalance (one 1 s before it too: Faust's revoke listener forgets it before any
+    callback of ours runs), counts from the resume; a timeout later, still without an event,
+    it is checked."""
+    clock, reached = livelock_checks
+
+    async def resumed_then_checked() -> tuple[float, float]:
+        consumer = flow_worker(tmp_path)
+        stub_seek(consumer, [])
+        timeout = float(consumer.app.conf.stream_processing_timeout)
+        if case != "new":  # SOURCE assigned 10 min ago, with events since
+            await faust_rebalance(consumer, clock, 1)
+            between_rebalances(consumer, clock, 600, events=case == "kept_with_events")
+            clock.now += 1
+            consumer.app.monitor.stream_inbound_time[SOURCE] = clock.now
+        await faust_rebalance(consumer, clock, 2, recovery_seconds=timeout + 60)
+        resumed = clock.now
+        reached.clear()
+        consumer.verify_event_path(resumed + 5, SOURCE)  # no event yet: not checked
+        consumer.verify_event_path(resumed + timeout, SOURCE)  # still none: checked
+        return resumed, timeout
+
+    resumed, timeout = asyncio.run(resumed_then_checked())
+    assert reached == [resumed + timeout]
+
+
+def test_a_changelog_partition_is_checked_by_faust_as_it_is(
+    tmp_path: Path, faust_stops_flow: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table's changelog partition, active or standby, never has a stream event: Faust's
+    check of it is its fetch path's (no fetch request sent, none in the last n s), with no
+    "Stream has not started processing" to exempt it from. Skipped for a timeout after every
+    resume, a standby whose fetching stopped went unreported (review44 F2)."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    reached: list[TP] = []
+    monkeypatch.setattr(
+        faust_aiokafka.Consumer, "verify_event_path", lambda self, now, tp: reached.append(tp)
     )
 
     async def resumed_then_checked() -> None:
-        consumer = await rebalancing(tmp_path)
-        timeout = float(consumer.app.conf.stream_processing_timeout)
-        if case == "kept":  # SOURCE held for 10 min, with events, kept by this rebalance
-            consumer._assigned_at[SOURCE] = time.monotonic() - 600
-            consumer.app.monitor.stream_inbound_time[SOURCE] = time.monotonic() - 1
-        await consumer.on_partitions_assigned({CHANGELOG, SOURCE}, 5)
-        if case == "recovered_long":  # the recovery took longer than the timeout
-            consumer._assigned_at[SOURCE] = time.monotonic() - timeout - 60
-        consumer.resume_flow()
-        consumer.app.monitor.stream_inbound_time.clear()  # Faust's on_rebalance_end
-        now = time.monotonic()
-        consumer.verify_event_path(now + 5, SOURCE)  # resumed 5 s ago, no event: not checked
-        consumer.verify_event_path(now + timeout, SOURCE)  # resumed a timeout ago: checked
+        consumer = flow_worker(tmp_path)
+        stub_seek(consumer, [])
+        await faust_rebalance(consumer, MonotonicClock(), 1)
+        consumer.verify_event_path(time.monotonic() + 100, CHANGELOG)
+        consumer.verify_event_path(time.monotonic() + 100, SOURCE)
 
     asyncio.run(resumed_then_checked())
-    assert checked == [SOURCE]
+    assert reached == [CHANGELOG]

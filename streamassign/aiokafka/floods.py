@@ -11,7 +11,8 @@ with 3 tasks). ``back_off_metadata_updates`` restores the backoff on the runtime
 ``BrokerAwayLines`` keeps each of those lines to one per node and cause per ``LINES_WINDOW``
 and says how many it held back. aiokafka's lines name no client, so the filter applies to
 every client of the process while an ``App`` runs (``App.start`` attaches it to aiokafka's
-loggers, ``App.stop`` detaches it; one filter, shared by the ``App``s of a process).
+loggers, ``App.stop`` detaches it; one filter, shared by the ``App``s of a process). Detached
+by the last, it stays on the loggers, switched off: it passes every line.
 """
 
 from __future__ import annotations
@@ -172,8 +173,10 @@ class BrokerAwayLines(logging.Filter):
     ``App`` the first would hold back every repeat and the second would count none of them,
     and its ``App``'s stop would say nothing was held back. Being shared, it is found on the
     loggers (the logging module's state: aiokafka's loggers are the process's) rather than
-    held by us; it outlives an ``App`` never stopped, and counts are the process's. Its
-    state is locked: aiokafka's clients log from every thread that runs one."""
+    held by us; it outlives an ``App`` never stopped, and counts are the process's. It holds
+    lines back only while attached (``active``); detached by its last user it stays on the
+    loggers, switched off. Its state is locked: aiokafka's clients log from every thread
+    that runs one."""
 
     def __init__(self, window: float = LINES_WINDOW, clock: Callable[[], float] = time.monotonic):
         super().__init__()
@@ -188,48 +191,69 @@ class BrokerAwayLines(logging.Filter):
         self._swept = clock()
         #: Lines held back since the filter was made.
         self.suppressed = 0
-        #: The ``App``s that attached this filter and have not detached it yet.
+        #: The ``App``s (and Faust workers) that attached this filter and have not detached it
+        #: yet.
         self.users = 0
+        #: Whether it holds lines back: False once its last user detached it, until the next
+        #: attach. Changed under ``_lock``.
+        self._on = True
+
+    @property
+    def active(self) -> bool:
+        """Whether it holds lines back (False once detached by its last user)."""
+        return self._on
 
     @classmethod
     def attach(cls) -> BrokerAwayLines:
-        """The process's filter on every logger of ``REPEATING``, one more user counted. The
-        shared filter is found where it already is, on the ``aiokafka`` logger's ``filters``,
-        else made. It goes first among a logger's filters: one that renders the message
-        (redaction, structured logging) would leave ours nothing to recognise. A logger's
-        list of filters is replaced, not changed: other threads log through it meanwhile
-        (``Filterer.filter`` iterates it unlocked), and an insert in place would shift the
-        filters under them, applying one of the user's twice."""
+        """The process's filter on every logger of ``REPEATING``, switched on, one more user
+        counted. The shared filter is found where it already is, on the ``aiokafka`` logger's
+        ``filters``, else made and put first among each logger's filters: one that renders
+        the message (redaction, structured logging) would leave ours nothing to recognise.
+        Only that first attach of a process changes the loggers' lists: ``detach`` leaves the
+        filter there, switched off, so no later start or stop of an ``App`` or a Faust worker
+        touches them, and a user's ``addFilter`` or ``removeFilter`` in another thread
+        meanwhile is never lost (replacing the lists at every attach and detach lost some:
+        review44 F3). The list is replaced, not changed: other threads log through it
+        meanwhile (``Filterer.filter`` iterates it unlocked), and an insert in place would
+        shift the filters under them, applying one of the user's twice."""
         with _ATTACHING:
             found = (f for f in logging.getLogger(AIOKAFKA_LOGGER).filters if isinstance(f, cls))
             lines = next(found, None) or cls()
-            lines.users += 1
             for name in REPEATING:
                 logger = logging.getLogger(name)
                 if lines not in logger.filters:
                     logger.filters = [lines, *logger.filters]
+            with lines._lock:
+                if not lines._on:  # switched on again: its windows count from now
+                    lines._on, lines._swept = True, lines._clock()
+                lines.users += 1
         return lines
 
     def detach(self) -> str | None:
-        """One user fewer; the last one removes the filter from every logger. Returns what was
-        held back and not yet said (``summary``): with two ``App``s, the first to stop says
-        what both had held back so far (aiokafka's lines name no client). The lists of
-        filters are replaced, as in ``attach``: a removal in place would skip one of the
-        user's filters for a record logged meanwhile."""
-        with _ATTACHING:
-            self.users -= 1
-            if self.users <= 0:
-                for name in REPEATING:
-                    logger = logging.getLogger(name)
-                    logger.filters = [f for f in logger.filters if f is not self]
-        return self.summary()
+        """One user fewer; the last one switches the filter off: it then passes every line,
+        counts none and forgets the lines it had seen (a later attach starts afresh). Returns
+        what was held back and not yet said (``summary``): with two ``App``s, the first to
+        stop says what both had held back so far (aiokafka's lines name no client)."""
+        with _ATTACHING, self._lock:
+            by_kind = self._take_unsaid()
+            self.users = max(self.users - 1, 0)
+            if not self.users:
+                self._on = False
+                self._lines.clear()
+                self._unsaid.clear()
+        return self._summarise(by_kind)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # Switched off (detached), a record costs this attribute read.
+        if not self._on:
+            return True
         if not isinstance(record.msg, str) or record.msg not in REPEATING.get(record.name, ()):
             return True
         args = record.args if isinstance(record.args, tuple) else ()
         key = (record.name, record.msg, tuple(map(_text, args)))
         with self._lock:
+            if not self._on:  # switched off meanwhile: nothing is kept after detach
+                return True
             now = self._clock()
             line = self._lines.get(key)
             if line is not None and self._goes_on(line, now):
@@ -272,11 +296,20 @@ class BrokerAwayLines(logging.Filter):
     def summary(self) -> str | None:
         """What was held back and not yet said (then forgotten), or None."""
         with self._lock:
-            by_kind, self._unsaid = {k: n for k, n in self._unsaid.items() if n}, {}
-            for (logger, _, _), line in self._lines.items():
-                if line.held:
-                    by_kind[KINDS[logger]] = by_kind.get(KINDS[logger], 0) + line.held
-                    line.held = 0
+            by_kind = self._take_unsaid()
+        return self._summarise(by_kind)
+
+    def _take_unsaid(self) -> dict[str, int]:
+        """The counts held back and not yet said, by kind, then forgotten (under ``_lock``)."""
+        by_kind, self._unsaid = {k: n for k, n in self._unsaid.items() if n}, {}
+        for (logger, _, _), line in self._lines.items():
+            if line.held:
+                by_kind[KINDS[logger]] = by_kind.get(KINDS[logger], 0) + line.held
+                line.held = 0
+        return by_kind
+
+    def _summarise(self, by_kind: Mapping[str, int]) -> str | None:
+        """The summary line of ``by_kind`` (``_take_unsaid``), or None if nothing was held."""
         if not by_kind:
             return None
         kinds = ", ".join(f"{count} {kind}" for kind, count in by_kind.items())

@@ -218,7 +218,21 @@ class _Ticker:
             self._timer = loop.call_later(period, self._tick, loop, period)
 
 
+class _RebalanceListener(faust_aiokafka.ConsumerRebalanceListener):
+    """Faust's, but a revoke first lets the consumer note which streams had events since the
+    last rebalance: Faust's listener then has its monitor forget them
+    (``app.on_rebalance_start()``), before any of the consumer's callbacks runs."""
+
+    def on_partitions_revoked(self, revoked: Iterable[Any]) -> Any:
+        consumer = self._thread.consumer
+        if isinstance(consumer, _Consumer):
+            consumer.note_streams_before_rebalance()
+        return super().on_partitions_revoked(revoked)
+
+
 class _Consumer(faust_aiokafka.Consumer):
+    RebalanceListener = _RebalanceListener
+
     #: Seconds a table recovery may apply nothing from a changelog it still lags on before the
     #: worker warns (Faust warns too, but every 5 s for ever and without offsets).
     recovery_stall_after: float = 30.0
@@ -239,12 +253,18 @@ class _Consumer(faust_aiokafka.Consumer):
         self._recovery_stall_told = False
         #: Warns when a rebalance keeps the flow stopped (the current episode, if any).
         self._flow_watch = _Ticker(self._on_flow_watch)
-        #: Since when each partition has been assigned (``monotonic()``, Faust's livelock
-        #: clock; a partition kept across a rebalance keeps its time).
-        self._assigned_at: dict[TP, float] = {}
-        #: When Faust last resumed the flow (``monotonic()``): the end of a table recovery,
-        #: from which Faust counts the streams' inbound times again.
-        self._flow_resumed_at: float | None = None
+        #: Since when each assigned stream partition counts as started, for Faust's "Stream
+        #: has not started processing" (``monotonic()``, Faust's livelock clock): its
+        #: assignment, then the ``resume_flow()`` at which its records could flow
+        #: (``_restart_streams``). Changelog partitions have no stream and are not in it.
+        self._started_at: dict[TP, float] = {}
+        #: Stream partitions whose start the next ``resume_flow()`` renews: assigned by this
+        #: rebalance or with a stream event since their start (kept while still paused).
+        self._restarting: set[TP] = set()
+        #: The stream partitions with an event since the last rebalance, as Faust's monitor
+        #: had them when this rebalance began, before it forgot them (``_RebalanceListener``,
+        #: on the consumer thread; taken by ``on_partitions_revoked``).
+        self._evented_before_rebalance: frozenset[TP] = frozenset()
         self._flow_stop: FlowStop | None = None
         #: Whether Faust's recovery may still resume this rebalance's stream partitions: from
         #: every revoke to the resume_flow() after its assignment that releases them (or finds
@@ -299,6 +319,8 @@ class _Consumer(faust_aiokafka.Consumer):
         resumed is another rebalance. The watch's hooks never stop Faust's callbacks. Every
         revoke also starts the stream partitions' hold (``resume_partitions``)."""
         self._streams_pending, self._assigned_since_revoke = True, False
+        evented, self._evented_before_rebalance = self._evented_before_rebalance, frozenset()
+        self._restarting |= evented
         self._flow_hook(self._flow_revoked)
         await super().on_partitions_revoked(revoked)
         self._flow_hook(self._enter_flow_step, JOINING)
@@ -309,34 +331,65 @@ class _Consumer(faust_aiokafka.Consumer):
         # Before Faust's callback: it signals this rebalance's recovery, which (with no
         # stream_recovery_delay) may resume the flow before the callback returns.
         self._assigned_since_revoke = True
-        now = time.monotonic()
-        self._assigned_at = {tp: self._assigned_at.get(tp, now) for tp in assigned}
+        self._start_streams(assigned)
         self._flow_hook(self._enter_flow_step, ASSIGNING)
         await super().on_partitions_assigned(assigned, generation_id)
         self._flow_hook(self._enter_flow_step, RECOVERING)
 
     def verify_event_path(self, now: float, tp: TP) -> None:
-        """Faust's livelock check, but not for a partition whose stream has had no event yet
-        within ``stream_processing_timeout`` of the later of its assignment and the last
-        ``resume_flow()``: Faust counts its "Stream has not started processing" from the
-        worker's start, so every worker older than that (5 min) logged it as an ERROR at
-        rebalances for partitions it had just been given, still paused for the table
-        recovery (the soak audit: 36 in 22 minutes, with either assignor). From the resume
-        too: the flow is stopped until then (a recovery may take longer than the timeout),
-        and Faust forgets every stream's inbound time when it resumes (``on_rebalance_end``),
-        also of the partitions a rebalance kept. A stream that stays silent with records
-        waiting is still reported, a timeout after records could flow."""
-        since = self._assigned_at.get(tp)
-        if since is not None and self._flow_resumed_at is not None:
-            since = max(since, self._flow_resumed_at)
-        fresh = since is not None and now - since < float(self.app.conf.stream_processing_timeout)
-        inbound = getattr(self.app.monitor, "stream_inbound_time", {})
-        if fresh and tp not in inbound:
+        """Faust's livelock check, but not for a stream partition with no event yet within
+        ``stream_processing_timeout`` of its start (``_started_at``): Faust counts its "Stream
+        has not started processing" from the worker's start, so every worker older than that
+        (5 min) logged it as an ERROR at rebalances for partitions it had just been given,
+        still paused for the table recovery (the soak audit: 36 in 22 minutes, with either
+        assignor). A stream that stays silent with records waiting is still reported, a
+        timeout after its start: after its assignment, or after the end of the first
+        rebalance since its last event. Changelog partitions (a table's, a standby's) never
+        have a stream event: Faust's check (its fetch path's) as it is."""
+        started = self._started_at.get(tp)
+        fresh = started is not None and now - started < self.app.conf.stream_processing_timeout
+        if fresh and tp not in getattr(self.app.monitor, "stream_inbound_time", {}):
             return
         super().verify_event_path(now, tp)
 
+    def _start_streams(self, assigned: set[TP]) -> None:
+        """An assignment: its stream partitions new to this worker start now and are renewed
+        at the resumes to come (``_restart_streams``); those it kept keep their start."""
+        now = time.monotonic()
+        streams = {tp for tp in assigned if not self._is_changelog_tp(tp)}
+        new = streams - self._started_at.keys()
+        self._started_at = {tp: self._started_at.get(tp, now) for tp in streams}
+        self._restarting = (self._restarting & streams) | new
+
+    def _restart_streams(self, now: float) -> None:
+        """A ``resume_flow()``: the start of each stream partition just assigned or with an
+        event since its start is now. The flow is stopped during a rebalance (a recovery may
+        take longer than the timeout), and Faust forgets every stream's last event at the
+        rebalance's start and end, also of the partitions it kept. One that had none since its
+        start is not renewed: renewed at every rebalance, a stream stuck across rebalances
+        less than a timeout apart was never reported (review44 F1). A partition still paused
+        (the first resumes of a table recovery; the streams are resumed at its last) is renewed
+        again at the next resume. Its events come from Faust's monitor: those of this
+        rebalance's revoke now, those before it as the revoke listener found them."""
+        inbound = getattr(self.app.monitor, "stream_inbound_time", {})
+        restarted = {tp for tp in self._started_at if tp in self._restarting or tp in inbound}
+        for tp in restarted:
+            self._started_at[tp] = now
+        self._restarting = restarted & self._paused_partitions
+
+    def note_streams_before_rebalance(self) -> None:
+        """Note the stream partitions with an event since the last rebalance before Faust
+        forgets them (its ``app.on_rebalance_start()``). Called by ``_RebalanceListener`` on
+        the consumer thread; one assignment, which ``on_partitions_revoked`` takes on the
+        loop's thread after it. ``frozenset`` of a dict copies its keys without running
+        Python code (their stored hashes), so the GIL makes it atomic against the loop's
+        thread adding an event."""
+        self._evented_before_rebalance = frozenset(
+            getattr(self.app.monitor, "stream_inbound_time", None) or ()
+        )
+
     def resume_flow(self) -> None:
-        self._flow_resumed_at = time.monotonic()
+        now = time.monotonic()
         super().resume_flow()
         held, self._held_streams = self._held_streams, set()
         self._hold_watch.stop()
@@ -344,6 +397,7 @@ class _Consumer(faust_aiokafka.Consumer):
             held &= set(self.assignment())
         if held:
             super().resume_partitions(held)
+        self._restart_streams(now)  # after the release: the released ones can flow
         if self._streams_pending and self._assigned_since_revoke:
             self._streams_pending = not self._streams_released(held)
         self._flow_hook(self._flow_resumed)
