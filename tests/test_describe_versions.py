@@ -190,6 +190,28 @@ def test_garbage_before_the_tail_is_still_undecodable() -> None:
     raw = RawMember("m1", metadata=meta(topics, good[:30]))
     (m,) = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, [raw]).members
     assert m.undecodable and m.undecodable.startswith("subscription:")
+    assert not m.subscription_only  # no assignment to read
+
+
+def test_a_member_whose_subscription_is_garbage_keeps_the_tasks_the_leader_gave_it() -> None:
+    """The leader takes such a member as a process of its own (its member id), without
+    history, and assigns it tasks: describe reads its assignment and shows them, and never
+    says those tasks have no active."""
+    topics, good = subscription(V2, 2)
+    raw = led_by(V2, {"m1": subscription(V2, 1), "m2": (topics, good[:30])})
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+    m2 = next(m for m in view.members if m.member_id == "m2")
+    assert m2.undecodable and m2.undecodable.startswith("subscription:")
+    assert m2.subscription_only and m2.active and m2.process == "m2"
+    assert view.processes()["m2"].assignment.active == m2.active
+    score = quality(view)
+    assert not [p for p in score.problems if "actives" in p], score.problems
+    assert score.metrics.clients == 2
+    text = " ".join(printed(view).split())
+    assert "member m2: undecodable: subscription:" in text
+    assert "its assignment is read (a process of its own)" in text
+    data = to_json(view, score)
+    assert data["assignment"]["m2"]["active"] == sorted(str(t) for t in m2.active)
 
 
 @given(st.binary(max_size=12), st.integers(min_value=0, max_value=40))

@@ -67,6 +67,7 @@ from ..versions import (
 )
 from .consumer import ASSIGNORS
 from .streams import PROTOCOL_NAME
+from .wire import assigned_partitions, subscribed_topics
 
 #: ``streamassign.faust.leader.CAPACITY_TAG``, spelt out (as ``FAUST_PROTOCOL_NAME`` is in the
 #: core): importing ``streamassign.faust`` imports Faust, which describing a group must not
@@ -153,10 +154,20 @@ class MemberView:
     #: Why the announcement cannot be read (the leader then reads it as announcing none).
     announcement_error: str | None = None
     undecodable: str | None = None
+    #: ``undecodable`` is the subscription's user data only, and the assignment was read: the
+    #: member is a process of its own (its member id) with that assignment, as the group
+    #: leader takes a member whose subscription it cannot read (no history, tasks all the same).
+    subscription_only: bool = False
 
     @property
     def assignment(self) -> ClientAssignment:
         return ClientAssignment(self.active, self.standby, self.warmup)
+
+    @property
+    def assigned(self) -> bool:
+        """Whether the member's assignment is read (its bytes, or all but its subscription's
+        user data: ``subscription_only``)."""
+        return self.undecodable is None or self.subscription_only
 
 
 @attrs.frozen
@@ -240,7 +251,7 @@ class GroupView:
         out: dict[str, list[MemberView]] = {}
         for m in sorted(self.members, key=lambda m: (m.process, m.member_id)):
             # Without metadata (the group is not stable) a member says nothing of its process.
-            if m.undecodable is None and m.topics:
+            if m.assigned and m.topics:
                 out.setdefault(m.process, []).append(m)
         return out
 
@@ -248,50 +259,79 @@ class GroupView:
 # -- decoding one member ---------------------------------------------------------------------
 
 
-def _consumer_protocol(raw: RawMember) -> tuple[Any, Any]:
-    """The outer ConsumerProtocol structs (``None`` where the bytes are empty: a member not
-    yet assigned). aiokafka's struct decoder raises assorted exceptions on garbage."""
-    meta = asg = None
+@attrs.frozen
+class _Outer:
+    """A member's ConsumerProtocol structs read: the topics and partitions they name, and the
+    user data inside (empty where the bytes are: a member not yet assigned)."""
+
+    topics: tuple[str, ...] = ()
+    partitions: tuple[TopicPartition, ...] = ()
+    subscription_data: bytes = b""
+    assignment_data: bytes = b""
+
+
+def _consumer_protocol(raw: RawMember) -> _Outer:
+    """The outer ConsumerProtocol structs, read. aiokafka's struct decoder raises assorted
+    exceptions on garbage, and reads a null topic name or list as ``None``
+    (``wire.subscribed_topics``)."""
+    outer = _Outer()
     try:
-        if raw.metadata:
-            meta = ConsumerProtocolMemberMetadata.decode(raw.metadata)
+        meta = ConsumerProtocolMemberMetadata.decode(raw.metadata) if raw.metadata else None
     except Exception as exc:  # untrusted bytes into a third-party decoder: any failure
         raise GroupDescribeError(f"subscription: not ConsumerProtocol metadata ({exc!r})") from exc
     try:
-        if raw.assignment:
-            asg = ConsumerProtocolMemberAssignment.decode(raw.assignment)
+        asg = ConsumerProtocolMemberAssignment.decode(raw.assignment) if raw.assignment else None
     except Exception as exc:
         raise GroupDescribeError(f"assignment: not ConsumerProtocol ({exc!r})") from exc
-    return meta, asg
+    try:
+        if meta is not None:
+            topics = tuple(sorted(subscribed_topics(meta)))
+            outer = attrs.evolve(outer, topics=topics, subscription_data=meta.user_data or b"")
+    except ProtocolError as exc:
+        raise GroupDescribeError(f"subscription: {exc}") from exc
+    try:
+        if asg is not None:
+            partitions = tuple(sorted(assigned_partitions(asg)))
+            outer = attrs.evolve(outer, partitions=partitions, assignment_data=asg.user_data or b"")
+    except ProtocolError as exc:
+        raise GroupDescribeError(f"assignment: {exc}") from exc
+    return outer
 
 
 def decode_member(protocol: str, raw: RawMember) -> MemberView:
-    """``raw`` decoded as ``protocol`` speaks; never raises (see ``MemberView.undecodable``)."""
+    """``raw`` decoded as ``protocol`` speaks; never raises (see ``MemberView.undecodable``).
+    Unreadable subscription user data does not stop the assignment's: the leader assigns such
+    a member tasks all the same (a process of its own, its member id), and so its assignment
+    is the group's (``MemberView.subscription_only``)."""
     view = MemberView(raw.member_id, raw.client_id, raw.client_host, raw.member_id)
     try:
-        meta, asg = _consumer_protocol(raw)
+        outer = _consumer_protocol(raw)
     except GroupDescribeError as exc:
         return attrs.evolve(view, undecodable=str(exc))
-    topics = tuple(sorted(meta.subscription)) if meta is not None else ()
-    partitions = tuple(sorted(TopicPartition(*tp) for tp in asg.partitions())) if asg else ()
-    view = attrs.evolve(view, topics=topics, partitions=partitions)
-    meta_data = (meta.user_data or b"") if meta is not None else b""
-    asg_data = (asg.user_data or b"") if asg is not None else b""
+    view = attrs.evolve(view, topics=outer.topics, partitions=outer.partitions)
     family = family_of(protocol)
-    steps = (
-        (_subscription, meta_data, "subscription"),
-        (_assignment, asg_data, "assignment"),
-    )
-    for step, data, what in steps:
-        if not data and (what == "assignment" or family == Family.CONSUMER):
-            continue  # not assigned yet; or a consumer member without user data
+    unreadable: str | None = None
+    if outer.subscription_data or family != Family.CONSUMER:  # a consumer may send none
         try:
-            view = step(family, protocol, view, data)
-        except KeyError as exc:
-            return attrs.evolve(view, undecodable=f"{what}: no {exc} in the JSON")
-        except (ProtocolError, UserDataError, ValueError, TypeError, zlib.error) as exc:
-            return attrs.evolve(view, undecodable=f"{what}: {exc}")
-    return view
+            view = _subscription(family, protocol, view, outer.subscription_data)
+        except _UNREADABLE as exc:
+            unreadable = f"subscription: {_why(exc)}"
+    if outer.assignment_data:  # else not assigned yet
+        try:
+            view = _assignment(family, protocol, view, outer.assignment_data)
+        except _UNREADABLE as exc:
+            return attrs.evolve(view, undecodable=unreadable or f"assignment: {_why(exc)}")
+    if unreadable is None:
+        return view
+    return attrs.evolve(view, undecodable=unreadable, subscription_only=bool(outer.assignment_data))
+
+
+#: What decoding members' user data raises on garbage (``KeyError``: a JSON key missing).
+_UNREADABLE = (KeyError, ProtocolError, UserDataError, ValueError, TypeError, zlib.error)
+
+
+def _why(exc: Exception) -> str:
+    return f"no {exc} in the JSON" if isinstance(exc, KeyError) else str(exc)
 
 
 def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) -> MemberView:
@@ -511,7 +551,7 @@ def _consumer_tasks(
         active = frozenset(TaskId(index[tp.topic], tp.partition) for tp in m.partitions)
         for tp in m.partitions:
             tasks[TaskId(index[tp.topic], tp.partition)] = frozenset((tp,))
-        out.append(attrs.evolve(m, active=active) if m.undecodable is None else m)
+        out.append(attrs.evolve(m, active=active) if m.assigned else m)
     return out, dict(sorted(tasks.items()))
 
 
@@ -758,7 +798,7 @@ def _unassigned_topics(view: GroupView) -> list[str]:
     assignor that does not check, such as Faust's own, leaves them out silently) or without
     partitions; or, during a rolling deploy, topics only some topology versions read (a
     leader of another version assigns none of them: ``_version_topics``)."""
-    decoded = [m for m in view.members if m.undecodable is None]
+    decoded = [m for m in view.members if m.assigned]
     if any(m.error not in ("", "NONE") for m in decoded):
         return []  # an error code empties assignments: _member_errors says why
     subscribed = {t for m in decoded for t in m.topics}
@@ -898,7 +938,7 @@ def _member_json(m: MemberView) -> dict[str, Any]:
         "member_id": m.member_id,
         "client_id": m.client_id,
         "client_host": m.client_host,
-        "process": m.process if m.undecodable is None else None,
+        "process": m.process if m.assigned else None,
         "topics": list(m.topics),
         "partitions": [[tp.topic, tp.partition] for tp in m.partitions],
         "active": _ids(m.active),
