@@ -1340,6 +1340,9 @@ def _print_group(
         f": {view.state}, protocol {view.protocol or '-'} ({view.family}), {members} member(s) "
         f"in {len(processes)} process(es)"
     )
+    leader_version = view.leader_version()
+    if leader_version is not None:  # protocol 3: members announce theirs, named in the table
+        heading += f", leader's topology version {leader_version}"
     console.print(f"[bold]{escape(view.group)}[/]{escape(heading)}", markup=True)
     labels = dict(labels or _view_labels(view))
     _print_processes(console, processes, view.endpoints(), labels)
@@ -1459,8 +1462,10 @@ def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> N
     table.add_column("value", justify="right")
     table.add_row("tasks / processes", f"{m.tasks} / {m.clients}")
     for b in score.per_subtopology:
+        # Withheld processes (another topology version) are left out: no task of it is theirs.
+        withheld = f"; {counted(b.withheld, 'process', 'processes')} withheld" if b.withheld else ""
         table.add_row(
-            f"subtopology {b.subtopology}: actives per process (of {b.tasks})",
+            f"subtopology {b.subtopology}: actives per process (of {b.tasks}{withheld})",
             f"{b.fewest}-{b.most} {'balanced' if b.balanced else 'UNBALANCED'}",
         )
     table.add_row("actives balanced in total", "yes" if m.active_balanced else "NO")

@@ -33,7 +33,7 @@ import asyncio
 import enum
 import reprlib
 import zlib
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -46,6 +46,7 @@ from aiokafka.errors import for_code
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..consumer.userdata import AssignmentData, MemberData
+from ..eligibility import ineligible_subtopologies
 from ..errors import GroupDescribeError, ProtocolError, UserDataError
 from ..explain import STABLE, ClientView, ProcessMembers, local_state
 from ..files import loads_json
@@ -151,8 +152,11 @@ class MemberView:
     #: The short name of the announced topology, as the group leader's log names its own
     #: (``announced_version``); ``None`` when it announces none.
     topology_version: str | None = None
-    #: Why the announcement cannot be read (the leader then reads it as announcing none).
+    #: Why the announcement cannot be read (the leader then reads it as announcing none,
+    #: unless the garbage is on ids its topology lacks: ``leader_reading``).
     announcement_error: str | None = None
+    #: The announcement as sent: per subtopology id, its topics' places in ``topics``.
+    announced_indices: Mapping[int, frozenset[int]] = attrs.field(factory=dict)
     undecodable: str | None = None
     #: ``undecodable`` is the subscription's user data only, and the assignment was read: the
     #: member is a process of its own (its member id) with that assignment, as the group
@@ -245,6 +249,60 @@ class GroupView:
             pid: frozenset((m.member_id, m.endpoint or "") for m in ms)
             for pid, ms in self.members_by_process().items()
         }
+
+    def leader_topics(self) -> dict[int, frozenset[str]] | None:
+        """The leader's topology: per subtopology id, its source topics. Every streams
+        assignment carries the whole of it (``AssignmentInfo.topics``); ``None`` without one
+        (an error assignment, or a ``ProcessHost`` leader of a group without endpoints)."""
+        if self.family != Family.STREAMS:
+            return None
+        for m in self.members:
+            if m.assigned and m.topic_dictionary:
+                return {sub: frozenset(ts) for sub, ts in m.topic_dictionary.items()}
+        return None
+
+    def leader_version(self) -> str | None:
+        """The short name the leader's log gives its topology (``announced_version`` of
+        ``leader_topics``), when members announce theirs (protocol 3), else ``None``."""
+        own = self.leader_topics()
+        if own is None or not any(m.announced_indices for m in self.members if m.assigned):
+            return None
+        return announced_version(own)
+
+    def withheld(self) -> dict[str, frozenset[int]]:
+        """Per process, the leader's subtopology ids it gets no task of, as the leader decides
+        (empty when the leader's topology is unknown): every id when no member of it may get
+        tasks (``blind``), else the ids one of its members announces topics of that lack one
+        of the leader's, or none of (``eligibility.ineligible_subtopologies``, announcements
+        read as the leader reads them: ``leader_reading``)."""
+        own = self.leader_topics()
+        if own is None:
+            return {}
+        readings: dict[str, list[Mapping[int, frozenset[str]]]] = {}
+        for pid, members in self.members_by_process().items():
+            for m in members:
+                reading = leader_reading(m, own.keys())
+                if reading is not None:
+                    readings.setdefault(pid, []).append(reading)
+        out = ineligible_subtopologies(own, readings)
+        return out | dict.fromkeys(self.blind(), frozenset(own))
+
+    def blind(self) -> list[str]:
+        """Processes the leader gives no task at all: none of their members announces a
+        topology (protocol 1-2) and subscribes to every source topic of the leader's (the
+        leader's ``streams._may_get_tasks``: such a member cannot run every task)."""
+        own = self.leader_topics()
+        if own is None:
+            return []
+        sources = frozenset().union(*own.values())
+        return [
+            pid
+            for pid, members in self.members_by_process().items()
+            if not any(
+                leader_reading(m, own.keys()) is not None or sources <= set(m.topics)
+                for m in members
+            )
+        ]
 
     def members_by_process(self) -> dict[str, list[MemberView]]:
         """Decoded members with metadata, by process."""
@@ -433,6 +491,7 @@ def _announcement(
     topics, which the ConsumerProtocol metadata carries by name: ``view.topics``), named as
     the group leader names it; an index past the subscription is garbage the leader reads as
     announcing nothing, and so does this."""
+    view = attrs.evolve(view, announced_indices=dict(indices))
     try:
         announced = announced_sources(view.topics, indices)
     except ProtocolError as exc:
@@ -440,6 +499,28 @@ def _announcement(
     if not announced:
         return attrs.evolve(view, announcement_error=unreadable)
     return attrs.evolve(view, announced=announced, topology_version=announced_version(announced))
+
+
+def leader_reading(
+    member: MemberView, leader_ids: Collection[int]
+) -> dict[int, frozenset[str]] | None:
+    """What a leader whose topology has ``leader_ids`` reads ``member`` to announce: per id of
+    its, the source topics (``{}``: only ids it lacks), or ``None`` (announcing none: protocol
+    1-2, garbage in the tail, or an index past the subscription). As the leader decodes
+    (``protocol._read_topic_indices``): ids it lacks, but the first, are dropped before the
+    indices are checked (``versions.announced_sources``)."""
+    kept: dict[int, frozenset[int]] = {}
+    foreign = False
+    for sub, indices in sorted(member.announced_indices.items()):
+        if sub in leader_ids or not foreign:
+            foreign = foreign or sub not in leader_ids
+            kept[sub] = indices
+    if not kept:
+        return None
+    try:
+        return announced_sources(member.topics, kept, leader_ids)
+    except ProtocolError:
+        return None
 
 
 def announced_version(announced: Mapping[int, Iterable[str]]) -> str:
@@ -627,6 +708,8 @@ class SubtopologyBalance:
     fewest: int
     most: int
     balanced: bool
+    #: Processes left out: the leader withholds this id from them (``GroupView.withheld``).
+    withheld: int = 0
 
 
 @attrs.frozen
@@ -669,13 +752,23 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
         max(copies.values(), default=0) if num_standby_replicas is None else num_standby_replicas
     )
     metrics = evaluate(tasks, clients, assignment, replicas, stateful)
+    withheld = view.withheld()
     balance = []
     for sub in sorted({t.subtopology for t in tasks}):
+        # Over the processes the leader may give this id's tasks (a rolling deploy withholds
+        # it from processes of other topology versions): their imbalance is by design.
+        eligible = [c for c in clients if sub not in withheld.get(c.process_id, ())]
         own = {t for t in tasks if t.subtopology == sub}
-        counts = [len(a.active & own) for a in assignment.values()] or [0]
-        only = {pid: ClientAssignment(a.active & own) for pid, a in assignment.items()}
-        balanced = evaluate(own, clients, only).active_balanced if clients else not own
-        balance.append(SubtopologyBalance(sub, len(own), min(counts), max(counts), balanced))
+        counts = [len(assignment[c.process_id].active & own) for c in eligible] or [0]
+        only = {
+            c.process_id: ClientAssignment(assignment[c.process_id].active & own) for c in eligible
+        }
+        balanced = evaluate(own, eligible, only).active_balanced if eligible else not own
+        balance.append(
+            SubtopologyBalance(
+                sub, len(own), min(counts), max(counts), balanced, len(clients) - len(eligible)
+            )
+        )
     problems = [
         *_shared_ids(view),
         *_member_errors(view),
@@ -739,13 +832,62 @@ def _some(names: Iterable[str]) -> str:
     return ", ".join(listed[:3]) + (", ..." if len(listed) > 3 else "")
 
 
+#: How many subtopology ids a problem line lists (a renumbering can differ in hundreds).
+_MAX_IDS = 5
+
+
+def _ids_text(ids: Iterable[int]) -> str:
+    """Up to ``_MAX_IDS`` of ``ids``, ascending, and how many more."""
+    listed = sorted(set(ids))
+    more = len(listed) - _MAX_IDS
+    return ", ".join(map(str, listed[:_MAX_IDS])) + (f", ... ({more} more)" if more > 0 else "")
+
+
 def _topology_versions(view: GroupView) -> list[str]:
-    """One problem when members announce other source topics for one subtopology id (a
-    rolling deploy that reused an id or changed its topics): the ids, and per topology
-    version its processes and what it announces for them. The leader gives a process no
-    task of an id whose leader topics it does not all announce (``streamassign.eligibility``),
-    so tasks move or wait; which version leads, DescribeGroups does not say (the leader's log
-    line names its version). Ids only some versions have (a fresh id) are no difference."""
+    """One problem when the leader withholds subtopology ids from processes of other topology
+    versions (a rolling deploy that reused an id or changed its topics): the leader's version
+    (named from its topology, which every assignment carries), the ids with the leader's
+    topics, and per version the processes it withholds which ids from. Ids that differ without
+    effect (a topic added in a version, an id the leader lacks) are no problem. Without the
+    leader's topology (``GroupView.leader_topics``): members' differing ids (``_differing``)."""
+    own = view.leader_topics()
+    if own is None:
+        return _differing(view)
+    withheld = view.withheld()
+    if not withheld:
+        return []
+    ids = sorted(set().union(*withheld.values()))
+    blind = set(view.blind())
+    by_version: dict[str, dict[str, frozenset[int]]] = {}
+    members = view.members_by_process()
+    for pid, lacking in withheld.items():
+        version = next((m.topology_version for m in members[pid] if m.topology_version), None)
+        key = "" if pid in blind else f"version {version or 'unnamed'}"
+        by_version.setdefault(key, {})[pid] = lacking
+    listed = []
+    for key, pids in sorted(by_version.items()):
+        lacks = set().union(*pids.values())
+        on = f"{counted(len(pids), 'process', 'processes')} ({_some(pids)})"
+        listed.append(
+            f"{key} on {on} lacks {'ids' if len(lacks) > 1 else 'id'} {_ids_text(lacks)}"
+            if key
+            else f"{on} announcing none and not subscribing to every source topic get no task"
+        )
+    shown = "; ".join(f"{sub} ({', '.join(sorted(own[sub]))})" for sub in ids[:_MAX_IDS])
+    more = f"; ... ({len(ids) - _MAX_IDS} more)" if len(ids) > _MAX_IDS else ""
+    return [
+        f"the leader (topology version {announced_version(own)}) gives no task of subtopology "
+        f"{'ids' if len(ids) > 1 else 'id'} {shown}{more} to "
+        f"{counted(len(withheld), 'process', 'processes')} that lack its topics of it: "
+        + " | ".join(listed)
+        + f"; those tasks run on the other processes, see {ROLLING_DEPLOY_DOC}"
+    ]
+
+
+def _differing(view: GroupView) -> list[str]:
+    """One problem when members announce other source topics for one subtopology id and the
+    leader's topology is unknown: the ids, and per topology version its processes and what it
+    announces for them. Ids only some versions have (a fresh id) are no difference."""
     announcing = [m for m in view.members if m.undecodable is None and m.topology_version]
     readings: dict[int, set[frozenset[str]]] = {}
     for m in announcing:
@@ -761,7 +903,7 @@ def _topology_versions(view: GroupView) -> list[str]:
     for version, members in sorted(by_version.items()):
         reads = "; ".join(
             f"id {sub} ({', '.join(sorted(members[0].announced[sub]))})"
-            for sub in differing
+            for sub in differing[:_MAX_IDS]
             if sub in members[0].announced
         )
         pids = {m.process for m in members}
@@ -771,7 +913,7 @@ def _topology_versions(view: GroupView) -> list[str]:
         )
     plural = len(differing) > 1
     return [
-        f"subtopology {'ids' if plural else 'id'} {', '.join(map(str, differing))} "
+        f"subtopology {'ids' if plural else 'id'} {_ids_text(differing)} "
         f"{'read' if plural else 'reads'} other topics in other topology versions: "
         + " | ".join(listed)
         + "; the leader gives a process no task of such an id unless it announces all the "
@@ -780,16 +922,24 @@ def _topology_versions(view: GroupView) -> list[str]:
 
 
 def _unreadable_announcements(view: GroupView) -> list[str]:
-    """One problem per reason members' announced topologies cannot be read: the leader
-    reads them as announcing none (garbage in a version 3 tail costs their history too)."""
-    by_reason: dict[str, set[str]] = {}
+    """One problem per reason members' announced topologies cannot be read, and how the
+    leader reads them: as announcing none (garbage in a version 3 tail costs their history
+    too), or, when the garbage is on ids its topology lacks, the rest (``leader_reading``)."""
+    own = view.leader_topics()
+    by_reason: dict[tuple[str, str], set[str]] = {}
     for m in view.members:
         if m.undecodable is None and m.announcement_error is not None:
-            by_reason.setdefault(m.announcement_error, set()).add(m.process)
+            if own is None:
+                reading = "a leader reads it as announcing none"
+            elif leader_reading(m, own.keys()) is None:
+                reading = "the leader reads it as announcing none"
+            else:
+                reading = "on ids the leader's topology lacks: the leader reads its other ids"
+            by_reason.setdefault((m.announcement_error, reading), set()).add(m.process)
     return [
         f"topology announcement unreadable from {counted(len(pids), 'process', 'processes')} "
-        f"({_some(pids)}): {reason}; the leader reads it as announcing none"
-        for reason, pids in sorted(by_reason.items())
+        f"({_some(pids)}): {reason}; {reading}"
+        for (reason, reading), pids in sorted(by_reason.items())
     ]
 
 
@@ -908,6 +1058,8 @@ def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
             }
             for pid, v in processes.items()
         },
+        # The leader's topology (protocol 3 groups; else null) and what it withholds.
+        "leader_topology_version": view.leader_version(),
         "members": [_member_json(m) for m in view.members],
         # What explain needs to ignore copied claims as the leaders do (``copied_claimants``).
         "shared_process_ids": [
@@ -927,6 +1079,9 @@ def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
             "standbys_on_active_rack": score.standbys_on_active_rack,
             "balanced_per_subtopology": {
                 str(b.subtopology): b.balanced for b in score.per_subtopology
+            },
+            "withheld_subtopologies": {
+                pid: sorted(ids) for pid, ids in sorted(view.withheld().items())
             },
             "problems": list(score.problems),
         },
