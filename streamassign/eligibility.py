@@ -9,6 +9,11 @@ clients and drops standbys and warmups of them on ineligible clients, then puts 
 in shape: no load peak stacked by the moves (a cap per client), standbys of the touched tasks
 topped up on eligible clients. The assignors stay untouched; with no process lacking a topic
 there the post-pass returns the assignor's output itself (a strict no-op).
+
+A client is eligible for an id when one of its members may run it: members of one client
+differ only when processes of two topology versions share one process id without distinct
+endpoints (a copied state directory); the thread split (``threads.distribute_to_threads``)
+then gives the id's tasks to such members only.
 """
 
 from __future__ import annotations
@@ -25,33 +30,45 @@ import attrs
 from ._ids import TaskId
 from .assignment import ClientAssignment, ClientState
 
-__all__ = ["ineligible_subtopologies", "move_to_eligible_clients"]
+__all__ = [
+    "ineligible_subtopologies",
+    "member_ineligible_subtopologies",
+    "move_to_eligible_clients",
+]
+
+
+def member_ineligible_subtopologies(
+    own: Mapping[int, frozenset[str]], announced: Mapping[int, frozenset[str]] | None
+) -> frozenset[int]:
+    """The leader's subtopology ids (``own``: id -> its source topics) that one member must
+    not get tasks of: ids for which it announced (``announced``: its id -> topics, only the
+    leader's ids) source topics that do not include all of the leader's, or none. The member
+    guard's subset rule (``versions.mismatched_tasks``): a member whose id reads more topics
+    (a topic added there) runs the leader's task with the partitions it is given. A member
+    announcing nothing (None: protocol 1-2, an older release, which may get tasks only when
+    it subscribes to every source topic) makes no id ineligible: the leader cannot tell, and
+    its member guard still acts. An empty ``announced`` is a member announcing only ids the
+    leader does not have: every id is ineligible."""
+    if announced is None:
+        return frozenset()
+    return frozenset(
+        sub for sub, topics in own.items() if not topics <= announced.get(sub, frozenset())
+    )
 
 
 def ineligible_subtopologies(
-    own: Mapping[int, frozenset[str]],
-    announced: Mapping[str, Sequence[Mapping[int, frozenset[str]]]],
+    by_member: Mapping[str, Sequence[frozenset[int]]],
 ) -> dict[str, frozenset[int]]:
-    """Per client, the leader's subtopology ids (``own``: id -> its source topics) that it must
-    not get tasks of: ids for which one of its members announced source topics (``announced``:
-    per client, each announcing member's id -> topics, only the leader's ids) that do not
-    include all of the leader's, or none.
-    The member guard's subset rule (``versions.mismatched_tasks``): a client whose id reads
-    more topics (a topic added there) runs the leader's task with the partitions it is given.
-    A member announcing nothing (protocol 1-2, an older release) makes no id ineligible: the
-    leader cannot tell, and its member guard still acts; the caller leaves it out of
-    ``announced`` (an empty entry is a member announcing only ids the leader does not have:
-    every id is ineligible). Clients with none are left out."""
+    """Per client, the ids none of its members may run (``by_member``: per client, each
+    member's :func:`member_ineligible_subtopologies`): the ids the client must not get tasks
+    of. A client whose members differ (one process id shared by processes of two topology
+    versions, a copied state directory) may get an id some member runs; the thread split
+    then gives its tasks to such members only. Clients with none are left out."""
     out = {}
-    for client, members_sources in announced.items():
-        differing = {
-            sub
-            for theirs in members_sources
-            for sub, topics in own.items()
-            if not topics <= theirs.get(sub, frozenset())
-        }
-        if differing:
-            out[client] = frozenset(differing)
+    for client, members in by_member.items():
+        common = frozenset.intersection(*members) if members else frozenset()
+        if common:
+            out[client] = common
     return out
 
 

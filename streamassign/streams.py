@@ -29,7 +29,11 @@ import attrs
 
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
-from .eligibility import ineligible_subtopologies, move_to_eligible_clients
+from .eligibility import (
+    ineligible_subtopologies,
+    member_ineligible_subtopologies,
+    move_to_eligible_clients,
+)
 from .errors import AssignmentInputError, ErrorCode, TopologyError
 from .grouper import PartitionGrouper, resolve_partition_counts, task_counts
 from .ha import HighAvailabilityPlan, HighAvailabilityTaskAssignor
@@ -39,6 +43,7 @@ from .protocol import (
     MAX_TASK_IDS,
     MIN_VERSION,
     NEVER,
+    AnnouncementMemo,
     AssignmentInfo,
     ProtocolError,
     SubscriptionInfo,
@@ -206,6 +211,8 @@ def decode_subscriptions(
         counts = {}  # assign_streams reports the topology; no claim can matter then
     budget = _ClaimBudget(_TaskSpace(counts))
     leader_ids = frozenset(topology.subtopology_ids)
+    # Members of one topology version announce the same topology: read and resolved once.
+    tails, resolutions = AnnouncementMemo(), _Resolutions()
     out: dict[str, MemberSubscription] = {}
     for member in sorted(members):
         topics, data = members[member]
@@ -216,35 +223,51 @@ def decode_subscriptions(
                 task_counts=counts,
                 max_previous_active=budget.member_limit,
                 announced_ids=leader_ids,
+                announcements=tails,
             )
         except ProtocolError as exc:
             info = _identity_only(data, max_version, leader_ids)
             log.warning("member %s: %s; treating it as having no history", member, exc)
-        sub = _resolved(topology, MemberSubscription(topics, info), member)
+        sub = _resolved(topology, MemberSubscription(topics, info), member, resolutions)
         # Only members that can get tasks draw on the pool, as in assign_streams.
         out[member] = budget.admit(member, sub) if _may_get_tasks(topology, sub) else sub
     return out
 
 
+#: One round's resolved announcements: (subscribed topics, announced indices) -> per leader
+#: id its source topics by name.
+_Resolutions = dict[
+    tuple[frozenset[str], tuple[tuple[int, frozenset[int]], ...]], dict[int, frozenset[str]]
+]
+
+
 def _resolved(
-    topology: Topology, sub: MemberSubscription, member: str | None = None
+    topology: Topology,
+    sub: MemberSubscription,
+    member: str | None = None,
+    resolutions: _Resolutions | None = None,
 ) -> MemberSubscription:
     """``sub`` with its announcement resolved against ``topology`` (``sub`` itself when it
-    already is). An index past its subscription is garbage: logged when ``member`` is named
-    (where decoded), and the member is treated as announcing nothing (its indices dropped),
-    whose guard still refuses what it cannot run."""
+    already is; from ``resolutions`` when a member of this round announced the same). An
+    index past its subscription is garbage: logged when ``member`` is named (where decoded),
+    and the member is treated as announcing nothing (its indices dropped), whose guard still
+    refuses what it cannot run."""
     leader_ids = frozenset(topology.subtopology_ids)
     if sub.announced is not None and sub.announced.leader_ids == leader_ids:
         return sub
     indices = {} if sub.info is None else sub.info.subtopology_topic_indices
+    key = (sub.topics, tuple(indices.items()))
+    known = None if resolutions is None else resolutions.get(key)
     try:
-        sources = announced_sources(sub.topics, indices, leader_ids)
+        sources = known if known is not None else announced_sources(sub.topics, indices, leader_ids)
     except ProtocolError as exc:
         if member is not None:
             log.warning("member %s: %s; treating it as announcing no topology", member, exc)
         assert sub.info is not None  # indices come from it
         info = attrs.evolve(sub.info, subtopology_topic_indices={})
         return attrs.evolve(sub, info=info, announced=Announced(leader_ids, {}, False))
+    if resolutions is not None:
+        resolutions[key] = sources
     return attrs.evolve(sub, announced=Announced(leader_ids, sources, bool(indices)))
 
 
@@ -259,9 +282,9 @@ def _announcement(topology: Topology, sub: MemberSubscription) -> Announced:
 
 def _may_get_tasks(topology: Topology, sub: MemberSubscription) -> bool:
     """Whether the assignor may give ``sub`` tasks: it subscribes to every source topic, or
-    it announces its subtopologies' topics (then the post-pass keeps every task off it
-    whose topics it does not announce for that id, and so every topic it does not
-    subscribe to: the announced topics are among its subscribed ones)."""
+    it announces its subtopologies' topics (then the post-pass and the thread split keep
+    every task off it whose topics it does not announce for that id, and so every topic it
+    does not subscribe to: the announced topics are among its subscribed ones)."""
     return topology.source_topics <= sub.topics or _announcement(topology, sub).any
 
 
@@ -918,9 +941,10 @@ def _assign_compatible(
     planned = _assign_clients(
         assignor, tasks, clients, stateful, racks, given.now_ms, given.probing_memory
     )
+    by_member = _ineligible_by_member(topology, compatible)
     per_client = move_to_eligible_clients(
         planned.per_client,
-        _ineligible_by_client(topology, compatible, by_process),
+        ineligible_subtopologies({k: [by_member[m] for m in ms] for k, ms in by_process.items()}),
         clients,
         assignor.num_standby_replicas,
         stateful,
@@ -929,7 +953,9 @@ def _assign_compatible(
     next_rebalance = _next_probe(planned, per_client, given.probing_memory)
     threads: dict[str, ClientAssignment] = {}
     for key, member_ids in by_process.items():
-        threads.update(_split_to_threads(per_client[key], member_ids, compatible, stateful))
+        threads.update(
+            _split_to_threads(per_client[key], member_ids, compatible, stateful, by_member)
+        )
     withheld = _subscribed_only(threads, by_process, compatible, tasks, given.withheld)
     # Host maps without what is withheld: queries must not be routed to a process not
     # running it.
@@ -994,6 +1020,7 @@ def _log_topology_versions(
     own = _own_sources(topology)
     differing: dict[tuple[tuple[int, str], ...], set[str]] = {}
     idle: set[str] = set()  # announcing, but eligible for none of the leader's ids
+    busy: set[str] = set()
     for sub in members.values():
         announced = _announcement(topology, sub)
         theirs = announced.sources
@@ -1006,6 +1033,9 @@ def _log_topology_versions(
             differing.setdefault(ids, set()).add(str(sub.info.process_id))
         if sub.info is not None and announced.any and len(theirs) == len(ids):
             idle.add(str(sub.info.process_id))
+        elif sub.info is not None:
+            busy.add(str(sub.info.process_id))
+    idle -= busy  # a process id shared with a member that may run some id (a copy) gets tasks
     if not differing and not idle:
         if logged is not None and logged.ended():
             log.info("every process announcing its topology agrees with this leader's again")
@@ -1187,21 +1217,20 @@ def _own_sources(topology: Topology) -> dict[int, frozenset[str]]:
     return {s: frozenset(topology.subtopology(s).source_topics) for s in topology.subtopology_ids}
 
 
-def _ineligible_by_client(
-    topology: Topology,
-    compatible: Mapping[str, MemberSubscription],
-    by_process: Mapping[str, list[str]],
+def _ineligible_by_member(
+    topology: Topology, compatible: Mapping[str, MemberSubscription]
 ) -> dict[str, frozenset[int]]:
-    """Per process key, the leader's subtopology ids for which its members announce source
-    topics lacking one of the leader's (another topology version: its guard would refuse
-    their tasks, or it does not subscribe to their partitions)."""
-    announced = {
-        key: [
-            said.sources for m in member_ids if (said := _announcement(topology, compatible[m])).any
-        ]
-        for key, member_ids in by_process.items()
+    """Per member, the leader's subtopology ids for which it announces source topics lacking
+    one of the leader's (another topology version: its guard would refuse their tasks, or it
+    does not subscribe to their partitions); none for a member announcing nothing (it
+    subscribes to every source topic, :func:`_may_get_tasks`). A process key is eligible for
+    an id one of its members may run (``eligibility.ineligible_subtopologies``)."""
+    own = _own_sources(topology)
+    return {
+        m: member_ineligible_subtopologies(own, said.sources if said.any else None)
+        for m, sub in compatible.items()
+        for said in (_announcement(topology, sub),)
     }
-    return ineligible_subtopologies(_own_sources(topology), announced)
 
 
 def _split_to_threads(
@@ -1209,11 +1238,14 @@ def _split_to_threads(
     member_ids: list[str],
     compatible: Mapping[str, MemberSubscription],
     stateful: list[TaskId],
+    ineligible: Mapping[str, frozenset[int]],
 ) -> dict[str, ClientAssignment]:
-    """One client's tasks split over its members (threads)."""
+    """One client's tasks split over its members (threads), none on a member ineligible for
+    its id where another member may run it (``ineligible``: per member)."""
     infos = {m: compatible[m].info for m in member_ids}
     previous = {m: info.previous_active for m, info in infos.items() if info is not None}
-    return distribute_to_threads(assigned, member_ids, previous, stateful)
+    refused = {m: ineligible[m] for m in member_ids}
+    return distribute_to_threads(assigned, member_ids, previous, stateful, refused)
 
 
 def _member_assignment(
@@ -1251,9 +1283,12 @@ def _subscribed_only(
     """Drops from ``threads`` (in place) the actives reading a topic their member does not
     subscribe to (its consumer would fail on the assignment: aiokafka asserts every
     partition is subscribed); returns them per process key. The post-pass keeps such tasks
-    off a member; one stays where no process may run its id (no process announces all its
-    topics, or a process id shared by members of two versions, docs/streams.md), then it is
-    not assigned this round: logged at ERROR once per episode with ``logged``."""
+    off a process none of whose members may run their id, and the thread split off a member
+    that may not where another member of its process may; one stays only where no member of
+    any process may run its id (none announces all its topics: not in a real group, where the
+    leader's own member runs every id of its topology, but ``assign_streams`` may be called
+    without it), then it is not assigned this round: logged at ERROR once per episode with
+    ``logged``."""
     withheld: dict[str, frozenset[TaskId]] = {}
     by_member: dict[str, frozenset[TaskId]] = {}
     for key, member_ids in by_process.items():

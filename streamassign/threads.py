@@ -6,11 +6,17 @@ tasks go to the threads with the fewest tasks so far, so every thread's total an
 category's share differ by at most one between threads. A thread keeps the tasks it had when its
 quota allows (state stays where it was opened, no needless revocation); the rest are dealt in
 ``(subtopology, partition)`` order so a subtopology is spread over threads.
+
+Threads of one client that may not run the same subtopology ids (processes of two topology
+versions sharing one process id, seen by the leader as one client) get no task of an id they
+may not run where another thread may: such tasks move to a thread that may, and the threads
+are then levelled again with tasks both may hold (:func:`_to_eligible`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import heapq
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import pairwise
 
 from ._ids import TaskId, as_task
@@ -24,12 +30,16 @@ def distribute_to_threads(
     threads: Sequence[str],
     previous: Mapping[str, Iterable[TaskId]] | None = None,
     stateful: Iterable[TaskId] | None = None,
+    ineligible: Mapping[str, Collection[int]] | None = None,
 ) -> dict[str, ClientAssignment]:
     """Split ``assignment`` over ``threads`` (consumer member ids of one client).
 
     ``previous`` maps a thread to the tasks (of any kind) it had; ``stateful=None`` treats every
-    active as stateful. Returns an assignment for every thread, in sorted thread order. Raises
-    ``ThreadListError`` (a ``ValueError``) for an empty or duplicated thread list.
+    active as stateful. ``ineligible`` maps a thread to the subtopology ids it may not run
+    (its member guard would refuse their tasks): when threads differ there, no task goes to a
+    thread ineligible for it while another thread may run it. Returns an assignment for every
+    thread, in sorted thread order. Raises ``ThreadListError`` (a ``ValueError``) for an empty
+    or duplicated thread list.
     """
     names = sorted(threads)
     if not names:
@@ -52,10 +62,15 @@ def distribute_to_threads(
         sorted(assignment.standby | assignment.warmup),
         sorted(t for t in assignment.active if not is_stateful(t)),
     ]
+    refused = [frozenset((ineligible or {}).get(name, ())) for name in names]
+    differ = len(set(refused)) > 1  # else no thread is better for any task: the plain split
     totals = [0] * len(names)
     placed: list[list[TaskId]] = [[] for _ in names]
     for items in categories:
-        for th, got in enumerate(_split(items, names, prev, totals)):
+        split = _split(items, names, prev, totals)
+        if differ:
+            _to_eligible(split, refused, prev, totals)
+        for th, got in enumerate(split):
             placed[th].extend(got)
             totals[th] += len(got)
     return {
@@ -90,3 +105,65 @@ def _split(
     ):
         out[th].append(t)
     return out
+
+
+def _to_eligible(
+    split: list[list[TaskId]],
+    refused: Sequence[frozenset[int]],
+    prev: Mapping[TaskId, int],
+    totals: Sequence[int],
+) -> None:
+    """One category's ``split`` (in place) with every task on a thread that refuses its id
+    moved to one that does not (the one that had it, else the least loaded, then the first);
+    a task every thread refuses stays (the leader's safety net withholds it if its member
+    does not subscribe to its topics). Then, while a thread has two tasks more than another
+    (``totals`` carried from the earlier categories) and one of them the other may hold, the
+    busiest gives the least busy one such a task, one it did not have before first, then the
+    smallest: each move narrows the spread, so this ends. Heaps per thread and id keep each
+    move at O(ids) rather than a scan of the thread's tasks."""
+    threads = range(len(split))
+    loads = [total + len(got) for total, got in zip(totals, split, strict=True)]
+    heaps: list[dict[int, list[tuple[bool, TaskId]]]] = [{} for _ in threads]
+    for th in threads:
+        for task in split[th]:
+            target = th
+            if task.subtopology in refused[th]:
+                able = [o for o in threads if task.subtopology not in refused[o]]
+                if prev.get(task) in able:
+                    target = prev[task]
+                elif able:
+                    target = min(able, key=lambda o: (loads[o], o))
+            loads[th] -= 1
+            loads[target] += 1
+            heaps[target].setdefault(task.subtopology, []).append((prev.get(task) == target, task))
+    for by_id in heaps:
+        for heap in by_id.values():
+            heapq.heapify(heap)
+    while (found := _levelling_move(heaps, refused, loads)) is not None:
+        task, giver, taker = found
+        heapq.heappop(heaps[giver][task.subtopology])
+        heapq.heappush(
+            heaps[taker].setdefault(task.subtopology, []), (prev.get(task) == taker, task)
+        )
+        loads[giver] -= 1
+        loads[taker] += 1
+    split[:] = [[t for heap in by_id.values() for _, t in heap] for by_id in heaps]
+
+
+def _levelling_move(
+    heaps: Sequence[Mapping[int, list[tuple[bool, TaskId]]]],
+    refused: Sequence[frozenset[int]],
+    loads: Sequence[int],
+) -> tuple[TaskId, int, int] | None:
+    """The next (task, giver, taker) that narrows the spread of ``loads``, or None: the
+    busiest giver with a task a less busy taker (by two or more) may hold, to the least
+    busy such taker."""
+    by_load = sorted(range(len(heaps)), key=lambda th: (loads[th], th))
+    for giver in reversed(by_load):
+        for taker in by_load:
+            if loads[giver] <= loads[taker] + 1:
+                break
+            heads = [h[0] for s, h in heaps[giver].items() if h and s not in refused[taker]]
+            if heads:
+                return min(heads)[1], giver, taker
+    return None

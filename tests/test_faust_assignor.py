@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -32,7 +33,7 @@ from streamassign.faust.leader import (
 )
 from streamassign.faust.topology import faust_style_topology
 from streamassign.localstate import StateDirectory
-from streamassign.protocol import MAX_TASK_IDS, AssignmentInfo, SubscriptionInfo
+from streamassign.protocol import LATEST_OFFSET, MAX_TASK_IDS, AssignmentInfo, SubscriptionInfo
 from streamassign.streams import MemberSubscription
 
 from .measure import best_of, peak_of
@@ -181,6 +182,7 @@ def test_restart_reports_what_the_worker_ran(
     meta = restarted.metadata(set(COUNTS))
     info = SubscriptionInfo.decode(meta.user_data)
     assert info.previous_active == ran
+    assert info.offset_sums == {}  # in-memory tables: nothing kept, the leader hands them back
     assert info.process_id == workers["m2"]._process_id
     survivors = {m: workers[m] for m in ("m0", "m1")}
     rebalance(survivors)
@@ -304,6 +306,91 @@ def test_restart_reports_rocksdb_offsets_without_touching_faust_handles(tmp_path
     app.tables["totals"].data.set_persisted_offset(TP(CL, t.partition), 7)
     assert reported(app.assignor).offset_sums[t] == 7
     assert set(app.tables["totals"].data._dbs) == {t.partition}
+
+
+def stopped_after_running_alone(datadir: Path, counts: Mapping[str, int]) -> frozenset[TaskId]:
+    """A RocksDB worker that ran every task alone, persisted an offset of each and stopped as
+    Faust stops (databases closed, state directory released): the tasks it ran."""
+    app = make_app(datadir, 7000, store="rocksdb://")
+    rebalance({"m0": app.assignor}, counts=counts)
+    ran = app.assignor.info.active
+    store = app.tables["totals"].data
+    for t in ran:
+        store.set_persisted_offset(TP(CL, t.partition), 100 + t.partition)
+    for db in store._dbs.values():
+        db.close()
+    store._dbs.clear()
+    asyncio.run(app.on_before_shutdown.send())
+    return frozenset(ran)
+
+
+def wipe(tabledir: Path, how: str, keep: int) -> None:
+    """Leave nothing readable of the table's partitions but ``keep``: ``removed`` deletes their
+    directories (an ephemeral or replaced volume), ``damaged`` overwrites their files."""
+    for partition_dir in tabledir.glob("*-*.db"):
+        if partition_dir.name.endswith(f"-{keep}.db"):
+            continue
+        if how == "removed":
+            shutil.rmtree(partition_dir)
+        else:
+            for file in partition_dir.iterdir():
+                file.write_bytes(b"not rocksdb")
+
+
+@pytest.mark.parametrize("how", ["removed", "damaged"])
+def test_a_restart_with_nothing_readable_on_disk_reports_its_rocksdb_tasks_at_0(
+    tmp_path: Path, how: str
+) -> None:
+    """review41 O1: with no sum the leader took a RocksDB task with nothing on disk for
+    stateless and handed it back whatever its lag. At 0 its lag is the whole changelog; a
+    partition still on disk reports its offset, an in-memory table nothing (test above)."""
+    ran = stopped_after_running_alone(tmp_path / "w0", {SRC: 6, CL: 6})
+    keep = min(ran).partition
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    wipe(Path(app.conf.tabledir), how, keep)
+    info = reported(app.assignor)
+    assert info.previous_active == ran
+    assert info.offset_sums == {t: 100 + keep if t.partition == keep else 0 for t in ran}
+
+
+def test_a_restart_with_wiped_tables_leaves_its_tasks_to_caught_up_holders(
+    tmp_path: Path,
+) -> None:
+    """review41 O1 end to end, through the worker's own subscription and leader: it restarts
+    with its process id and last assignment but no table data; W runs every task caught up
+    and V, idle, holds caught-up standbys of every task, their changelogs past the acceptable
+    recovery lag. The restarted worker, the smallest process id, took its share as the
+    previous owner (2 of 4, each restored from scratch); it takes 1, the least the balance
+    allows, and every other task stays where a caught-up copy is."""
+    counts = {SRC: 4, CL: 4}
+    ran = stopped_after_running_alone(tmp_path / "w0", counts)
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    shutil.rmtree(app.conf.tabledir)
+    restarted = app.assignor
+    end = 20_000  # past the acceptable recovery lag (10,000)
+    holders = {  # process ids above any uuid4: the restarted worker comes first
+        "W": SubscriptionInfo(
+            uuid.UUID(int=2**128 - 2),
+            endpoint="http://127.0.0.1:7001",
+            offset_sums=dict.fromkeys(ran, LATEST_OFFSET),
+            previous_active=ran,
+        ),
+        "V": SubscriptionInfo(
+            uuid.UUID(int=2**128 - 1),
+            endpoint="http://127.0.0.1:7002",
+            offset_sums=dict.fromkeys(ran, end),
+        ),
+    }
+    metadata = {"X": restarted.metadata(set(counts))}
+    for name, info in holders.items():
+        metadata[name] = ConsumerProtocolMemberMetadata(0, sorted(counts), info.encode())
+    encoded = restarted.assign(Cluster(counts), metadata)
+    got = {
+        m: AssignmentInfo.decode(ConsumerProtocolMemberAssignment.decode(raw).user_data)
+        for m, raw in encoded.items()
+    }
+    assert len(got["X"].active) == 1
+    assert {t for m in ("W", "V") for t in got[m].active} == ran - got["X"].active
 
 
 def test_a_running_standby_reports_what_recovery_applied(tmp_path: Path) -> None:

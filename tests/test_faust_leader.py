@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamassign import TaskId, TopicPartition
@@ -751,3 +751,90 @@ def sources_of(sub: MemberSubscription, result: Mapping[str, MemberAssignment]) 
         s for got in result.values() for s, topics in got.info.topics.items() if SRC in topics
     }
     return {t.partition for t in sub.info.previous_active if t.subtopology in groups}
+
+
+def restarted_among_holders(
+    nothing_on_disk: str, end: int
+) -> tuple[list[TaskId], dict[str, MemberSubscription]]:
+    """review41 O1's group: X (process id 1) restarted and declares it ran t0 and t1, with
+    nothing of them on disk: reported at offset 0 for RocksDB tables, not at all for
+    in-memory ones; W runs all four tasks caught up; V, idle, holds standbys of all four at
+    ``end``, the changelogs' end."""
+    counts = {SRC: 4, CL: 4}
+    sub = next(iter(run({"x": member(9)}, counts)["x"].info.active)).subtopology
+    t = [TaskId(sub, p) for p in range(4)]
+    x_sums = dict.fromkeys(t[:2], 0) if nothing_on_disk == "rocksdb" else {}
+    return t, {
+        "X": member(0, sums=x_sums, previous=frozenset(t[:2])),
+        "W": member(1, sums=dict.fromkeys(t, LATEST_OFFSET), previous=frozenset(t)),
+        "V": member(2, sums=dict.fromkeys(t, end)),
+    }
+
+
+@pytest.mark.parametrize(
+    ("nothing_on_disk", "end", "handed_back"),
+    [
+        ("rocksdb", 20_000, False),  # the whole changelog past the acceptable lag: not back
+        ("rocksdb", 1_000, True),  # within it: back, as a checkpoint 1,000 behind would be
+        ("in-memory", 20_000, True),  # no sum (stateless, in-memory): back whatever the lag
+    ],
+)
+def test_a_restarted_worker_with_nothing_on_disk_gets_its_tasks_back_only_by_their_lag(
+    nothing_on_disk: str, end: int, handed_back: bool
+) -> None:
+    """review41 O1: a worker restarted without its RocksDB data reports those tasks at offset
+    0 (``PartitionAssignor._held_offset_sum``), so the lag rule, not the stateless hand-back,
+    decides: past the acceptable recovery lag the restarted worker takes only its share, 1,
+    from the caught-up holders, not both tasks it ran (each a full restore)."""
+    t, members = restarted_among_holders(nothing_on_disk, end)
+    got = run(members, {SRC: 4, CL: 4})["X"].info.active
+    if handed_back:
+        assert got == frozenset(t[:2])
+    else:
+        assert len(got) == 1 and not got & frozenset(t[:2]), sorted(got)
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 4))  # 7 s of CI's 2,000
+@given(
+    n=st.integers(2, 5),
+    partitions=st.integers(1, 12),
+    replicas=st.integers(0, 2),
+    restarted_id=st.integers(0, 4),
+    data=st.data(),
+)
+def test_reporting_nothing_on_disk_at_0_never_gives_a_restarted_worker_more_tasks(
+    n: int, partitions: int, replicas: int, restarted_id: int, data: st.DataObject
+) -> None:
+    """A restarted worker with nothing of its RocksDB tables on disk, reporting its declared
+    tasks at offset 0 (O1's fix), gets no more tasks than it got reporting nothing (the
+    stateless hand-back), each of them restored from scratch either way; and the result is
+    valid, balanced and the same for members in any order. The others run every task or hold
+    standbys of them past the acceptable recovery lag."""
+    counts = {SRC: partitions, CL: partitions}
+    sub = next(iter(run({"x": member(9)}, counts)["x"].info.active)).subtopology
+    t = [TaskId(sub, p) for p in range(partitions)]
+    ids = [i for i in range(n) if i != min(restarted_id, n - 1)]
+    sums: dict[int, dict[TaskId, int]] = {i: {} for i in ids}
+    for task in t:
+        owner = data.draw(st.sampled_from(ids))
+        sums[owner][task] = LATEST_OFFSET
+        others = [i for i in ids if i != owner]
+        holders = st.lists(st.sampled_from(others), max_size=replicas, unique=True)
+        for i in data.draw(holders) if others else ():
+            sums[i][task] = 20_000
+    declared = frozenset(data.draw(st.lists(st.sampled_from(t), min_size=1, unique=True)))
+    running_members = {
+        f"w{i}": member(i, sums=sums[i], previous=frozenset(k for k, s in sums[i].items() if s < 0))
+        for i in ids
+    }
+    taken = {}
+    for label, x_sums in (("no sum", {}), ("0", dict.fromkeys(declared, 0))):
+        x = member(min(restarted_id, n - 1), sums=x_sums, previous=declared)
+        members = {**running_members, "x": x}
+        result = run(members, counts, replicas)
+        taken[label] = len(result["x"].info.active)
+    check_valid(result, members, counts, replicas)
+    load = sorted(len(sources(result, m)) for m in members)
+    assert load[-1] - load[0] <= 1, load
+    assert run(dict(reversed(members.items())), counts, replicas) == result
+    assert taken["0"] <= taken["no sum"], taken

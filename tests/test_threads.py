@@ -168,3 +168,36 @@ def test_bad_thread_lists() -> None:
         distribute_to_threads(ClientAssignment(), [])
     with pytest.raises(ValueError, match="duplicate thread id: 'a'"):
         distribute_to_threads(ClientAssignment(), ["a", "b", "a"])
+
+
+@given(rebalances(), st.data())
+def test_no_task_on_a_thread_that_refuses_its_id_while_another_may_run_it(
+    work: Rebalance, data: st.DataObject
+) -> None:
+    """Members of one client that may run different ids (processes of two topology versions
+    sharing one process id): every task lands once, in its role, on a thread that may run
+    it where one may; with every thread refusing the same ids, the plain split."""
+    assignment, threads, stateful, prev = work
+    ids = st.frozensets(st.integers(0, 3), max_size=3)
+    refused = {th: data.draw(ids) for th in threads}
+    out = distribute_to_threads(assignment, threads, prev, stateful, refused)
+    for field in ("active", "standby", "warmup"):
+        parts = [getattr(a, field) for a in out.values()]
+        assert sum(len(p) for p in parts) == len(getattr(assignment, field))
+        assert frozenset().union(*parts) == getattr(assignment, field)
+    for th, got in out.items():
+        for task in got.active | got.standby | got.warmup:
+            if task.subtopology in refused[th]:
+                assert all(task.subtopology in r for r in refused.values()), (th, task)
+    same = dict.fromkeys(threads, refused[threads[0]])
+    plain = distribute_to_threads(assignment, threads, prev, stateful)
+    assert distribute_to_threads(assignment, threads, prev, stateful, same) == plain
+
+
+def test_threads_that_refuse_an_id_take_the_other_ids_instead() -> None:
+    """review35 F1's client: the v1 member may not run id 0; it gets id 1's tasks, the v2
+    member id 0's, 6 each, rather than 3 of id 0 it would refuse."""
+    assignment = ClientAssignment(frozenset(TaskId(s, p) for s in (0, 1) for p in range(6)))
+    out = distribute_to_threads(assignment, ["new", "old"], ineligible={"old": {0}})
+    assert out["new"].active == {TaskId(0, p) for p in range(6)}
+    assert out["old"].active == {TaskId(1, p) for p in range(6)}

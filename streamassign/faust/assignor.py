@@ -243,19 +243,14 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self._open_state()
         restored = self._restored or AssignmentInfo()
         current = self.info if self._assigned else AssignmentInfo()
+        previous = current.active if self._assigned else restored.active
         sums = {t: LATEST_OFFSET for t in current.active}
         held = current.standby | current.warmup | restored.active | restored.standby
         dictionary = {**restored.topics, **current.topics}
         following = current.standby | current.warmup
         for t in sorted(held - current.active):
-            # A running standby's applied offsets (Faust's recovery starts them at the persisted
-            # ones) are fresher than the disk and cost no database open on this thread.
             topics = dictionary.get(t.subtopology, {})
-            offset = self._standby_offset_sum(t, topics) if t in following else None
-            if offset is None:
-                offset = self._disk_offset_sum(t, topics)
-            if offset is None and t in following:
-                offset = 0  # held, nothing applied yet
+            offset = self._held_offset_sum(t, topics, following, previous)
             if offset is not None:
                 sums[t] = offset
         tags = {
@@ -268,7 +263,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             self._process_id or uuid.uuid4(),
             endpoint=str(self.app.conf.canonical_url),
             offset_sums=sums,
-            previous_active=current.active if self._assigned else restored.active,
+            previous_active=previous,
             join_nonce=self._join_epoch,
             client_tags={k: v for k, v in tags.items() if v},
         )
@@ -586,14 +581,53 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         except OSError as exc:
             log.warning("cannot save the assignment to %s: %s", file, exc)
 
+    def _held_offset_sum(
+        self,
+        task: TaskId,
+        topics: Mapping[str, int],
+        following: frozenset[TaskId],
+        previous: frozenset[TaskId],
+    ) -> int | None:
+        """The offset sum to report of ``task``, held but not run (``following``: a standby or
+        warmup now; ``previous``: declared a previous active); ``None``: no state to report.
+
+        A running standby's applied offsets (Faust's recovery starts them at the persisted
+        ones) are fresher than the disk and cost no database open on this thread. A standby
+        with nothing applied yet, and a declared previous active of a RocksDB table with
+        nothing readable on disk (a wiped or unreadable table directory), are state at 0:
+        without a sum the leader took that task for stateless and handed it back whatever its
+        lag, cold, though a caught-up holder existed (review41 O1); at 0 it comes back only
+        if the whole changelog is within the acceptable recovery lag, as Kafka Streams counts
+        a task a client reports no offset of (its lag is the end offset). In-memory tables
+        and stateless tasks still report nothing (the leader hands those back)."""
+        offset = self._standby_offset_sum(task, topics) if task in following else None
+        if offset is None:
+            offset = self._disk_offset_sum(task, topics)
+        if offset is None and (
+            task in following or (task in previous and self._has_disk_tables(task, topics))
+        ):
+            return 0
+        return offset
+
+    def _task_tables(self, task: TaskId, topics: Mapping[str, int]) -> list[Any]:
+        """The (not global) tables with a changelog partition of ``task`` (``topics``: its
+        group's topics and partition counts)."""
+        return [
+            table
+            for table in self._tables()
+            if not table.is_global
+            and task.partition < topics.get(table.changelog_topic.get_topic_name(), 0)
+        ]
+
+    def _has_disk_tables(self, task: TaskId, topics: Mapping[str, int]) -> bool:
+        """Whether ``task`` has a table whose state survives a restart (RocksDB)."""
+        return any(_keeps_state_on_disk(table.data) for table in self._task_tables(task, topics))
+
     def _disk_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
         """Sum of the offsets this worker's on-disk (RocksDB) tables persisted for ``task``;
         ``None`` when it has none (in-memory tables keep nothing across a restart)."""
         found = []
-        for table in self._tables():
-            topic = table.changelog_topic.get_topic_name()
-            if table.is_global or task.partition >= topics.get(topic, 0):
-                continue
+        for table in self._task_tables(task, topics):
             offset = _persisted_offset(table.data, task.partition)
             if offset is not None:
                 found.append(offset)
@@ -694,6 +728,14 @@ def _undescribed(info: AssignmentInfo) -> list[int]:
     return sorted({t.subtopology for t in info.active | info.standby} - set(info.topics))
 
 
+def _keeps_state_on_disk(store: Any) -> bool:
+    """Whether ``store`` is Faust's RocksDB store (what the offset reader can open)."""
+    return (
+        getattr(store, "rocksdb_options", None) is not None
+        and getattr(store, "partition_path", None) is not None
+    )
+
+
 def _persisted_offset(store: Any, partition: int) -> int | None:
     """The changelog offset Faust's RocksDB ``store`` persisted for ``partition``, read through
     a private read-only handle that is closed right away.
@@ -703,11 +745,10 @@ def _persisted_offset(store: Any, partition: int) -> int | None:
     expect it, and holds RocksDB's lock on partitions this worker may never get back. ``None``
     for other stores, a partition with nothing on disk, or a database that cannot be read.
     """
-    options = getattr(store, "rocksdb_options", None)
-    path_of = getattr(store, "partition_path", None)
-    if options is None or path_of is None:
-        return None  # not a RocksDB store: nothing survives a restart
-    path = Path(path_of(partition))
+    if not _keeps_state_on_disk(store):
+        return None  # nothing survives a restart
+    options = store.rocksdb_options
+    path = Path(store.partition_path(partition))
     if not path.exists():
         return None
     key = getattr(store, "offset_key", _OFFSET_KEY)

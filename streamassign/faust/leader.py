@@ -548,7 +548,9 @@ def _return_restarted(
     """A restarted worker (it runs nothing yet) is the previous owner again of the tasks it ran
     before it stopped and has no local state of (stateless tasks, in-memory tables); the worker
     that took them over meanwhile becomes a warm holder. Tasks it reports on-disk state for
-    follow ``client_states``' rule instead (they return when that state is caught up).
+    follow ``client_states``' rule instead (they return when that state is caught up); so do
+    RocksDB tables it has nothing readable of on disk, which the member reports at offset 0
+    (``PartitionAssignor._held_offset_sum``), not as stateless (review41 O1).
     """
     home = stateless_returns(
         _offset_sums(members, by_process), previous_actives(members, by_process)
@@ -586,10 +588,13 @@ def _duplicate_claims_caught_up(
 
     Only in its first recovery: Faust reports every assigned active as running
     (``LATEST_OFFSET``), restored or not, and restores actives before standbys, so a process
-    whose standbys report no progress (every offset sum it reports is 0) is one whose claims
-    are its first restore. A worker with standby progress keeps the tie-break's answer: it
-    may have expired while restoring a cold takeover, and handing that back to it would
-    make a task some caught-up owner runs cold (review37)."""
+    whose standbys report no progress (every offset sum it reports is 0 or the running mark
+    ``LATEST_OFFSET``) is one whose claims are its first restore. A worker with standby
+    progress keeps the tie-break's answer: it may have expired while restoring a cold
+    takeover, and handing that back to it would make a task some caught-up owner runs cold
+    (review37). A worker with no standbys (none configured, or none placed on it) always
+    passes the test. That is harmless: it then holds no state the leader could prefer over
+    its claims (review41 found the same assignments with and without the test there)."""
     claimants = Counter(t for c in clients for t in c.prev_active)
     shared = {t for t, n in claimants.items() if n > 1}
     if not shared:

@@ -26,7 +26,6 @@ import functools
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from typing import Any, Literal
 
@@ -214,7 +213,7 @@ class App:
         self.threads = threads
         #: The latest restores of active tasks, oldest first (tests and benchmarks read it);
         #: bounded so that a process that runs for months does not grow with its rebalances.
-        self.restore_events: deque[RestoreEvent] = deque(maxlen=RESTORE_EVENTS_KEPT)
+        self.restore_events: list[RestoreEvent] = []
         self.failure: BaseException | None = None
         #: Whether ``run()`` drives this App: its ``stop()`` cleans up a failed start, under
         #: the line filter (a broker away at start logs its retries there too).
@@ -1005,6 +1004,8 @@ class App:
                 task.task_id, entry.source, entry.start, entry.records, seconds, compensated
             )
             self.restore_events.append(event)
+            if len(self.restore_events) > RESTORE_EVENTS_KEPT:  # a list still: users slice it
+                del self.restore_events[0]
             self._stores.checkpoint(task.task_id, task.stores)
             self._pause_restoring(index)
         log.info(

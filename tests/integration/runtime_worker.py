@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import os
@@ -287,8 +286,8 @@ async def main() -> None:
     reported = 0
     try:
         while not stop.is_set() and not app._stopped.is_set():
-            # Far fewer restores than the deque keeps here, so the count indexes it.
-            for event in itertools.islice(app.restore_events, reported, None):
+            # Far fewer restores than the App keeps here, so the count indexes them.
+            for event in app.restore_events[reported:]:
                 emit(
                     event="restore",
                     task=str(event.task),
