@@ -389,3 +389,11 @@ def test_garbage_on_an_id_the_leader_lacks_is_not_called_announcing_none() -> No
         "leader's topology lacks: the leader reads its other ids"
     )
     assert lines[1].endswith("; the leader reads it as announcing none")
+
+
+def test_a_process_whose_members_run_two_versions_is_withheld_only_what_none_of_them_runs() -> None:
+    """One process id on a member of each version (the leader's rule per member: a process
+    gets an id one of its members may run, its threads split accordingly)."""
+    members = {"m1": subscription(V1, 1), "m1v2": subscription(V2, 1), "m2": subscription(V2, 2)}
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, members))
+    assert view.withheld() == {str(PIDS[2]): {1}}

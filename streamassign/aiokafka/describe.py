@@ -46,7 +46,7 @@ from aiokafka.errors import for_code
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..consumer.userdata import AssignmentData, MemberData
-from ..eligibility import ineligible_subtopologies
+from ..eligibility import ineligible_subtopologies, member_ineligible_subtopologies
 from ..errors import GroupDescribeError, ProtocolError, UserDataError
 from ..explain import STABLE, ClientView, ProcessMembers, local_state
 from ..files import loads_json
@@ -272,19 +272,22 @@ class GroupView:
     def withheld(self) -> dict[str, frozenset[int]]:
         """Per process, the leader's subtopology ids it gets no task of, as the leader decides
         (empty when the leader's topology is unknown): every id when no member of it may get
-        tasks (``blind``), else the ids one of its members announces topics of that lack one
-        of the leader's, or none of (``eligibility.ineligible_subtopologies``, announcements
-        read as the leader reads them: ``leader_reading``)."""
+        tasks (``blind``), else the ids none of its members that may get tasks may run
+        (``eligibility.ineligible_subtopologies``: a member may not run an id whose leader's
+        topics it announces not all of, announcements read as the leader reads them:
+        ``leader_reading``)."""
         own = self.leader_topics()
         if own is None:
             return {}
-        readings: dict[str, list[Mapping[int, frozenset[str]]]] = {}
+        sources = frozenset().union(*own.values())
+        by_member: dict[str, list[frozenset[int]]] = {}
         for pid, members in self.members_by_process().items():
             for m in members:
                 reading = leader_reading(m, own.keys())
-                if reading is not None:
-                    readings.setdefault(pid, []).append(reading)
-        out = ineligible_subtopologies(own, readings)
+                if reading is not None or sources <= set(m.topics):  # it may get tasks
+                    ineligible = member_ineligible_subtopologies(own, reading)
+                    by_member.setdefault(pid, []).append(ineligible)
+        out = ineligible_subtopologies(by_member)
         return out | dict.fromkeys(self.blind(), frozenset(own))
 
     def blind(self) -> list[str]:
