@@ -501,7 +501,13 @@ class _ReaderGone(io.TextIOBase):
 
 class _Stdout(Console):
     """rich's console on stdout (``_ReaderGone`` makes a closed stdout quiet; rich's own
-    handling would exit 1)."""
+    handling would exit 1). Markup is off: table cells and titles hold client ids, endpoints,
+    topic and file names, which rich would read as tags (``etl[/]`` raised MarkupError, an
+    IPv6 ``[fd00::1]:8080`` lost its host); a styled line asks for it (``markup=True``) and
+    escapes what it quotes."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{"markup": False, **kwargs})
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
@@ -1329,10 +1335,15 @@ def _print_group(
         for m in sorted(view.members, key=lambda m: m.member_id):
             console.print(f"  {member_labels[m.member_id]}  {_client_at_host(m)}", markup=False)
         return
-    console.print(
-        f"[bold]{view.group}[/]: {view.state}, protocol {view.protocol or '-'} "
-        f"({view.family}), {members} member(s) in {len(processes)} process(es)"
+    # The group and protocol names are the members' choice: escaped in the one styled line.
+    heading = (
+        f": {view.state}, protocol {view.protocol or '-'} ({view.family}), {members} member(s) "
+        f"in {len(processes)} process(es)"
     )
+    leader_version = view.leader_version()
+    if leader_version is not None:  # protocol 3: members announce theirs, named in the table
+        heading += f", leader's topology version {leader_version}"
+    console.print(f"[bold]{escape(view.group)}[/]{escape(heading)}", markup=True)
     labels = dict(labels or _view_labels(view))
     _print_processes(console, processes, view.endpoints(), labels)
     _print_members(console, view.members, labels | member_labels)
@@ -1377,12 +1388,11 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
         table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=least)
     ordered = sorted(members, key=lambda m: (m.process, m.member_id))
     for m in ordered:
-        tasks = m.undecodable and "undecodable"
         table.add_row(
             labels[m.member_id],
             _client_at_host(m),
-            labels[m.process] if m.undecodable is None else "?",
-            tasks or f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}",
+            labels[m.process] if m.assigned else "?",
+            f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}" if m.assigned else "undecodable",
             (m.versions or "-")
             + (f"\ntopology {m.topology_version}" if m.topology_version else ""),
             "-" if m.generation is None else str(m.generation),
@@ -1390,7 +1400,9 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
     console.print(table)
     for m in ordered:
         if m.undecodable is not None:
-            console.print(f"member {m.member_id}: undecodable: {m.undecodable}", markup=False)
+            # Read all the same: the leader assigns such a member, as a process of its own.
+            kept = "; its assignment is read (a process of its own)" if m.assigned else ""
+            console.print(f"member {m.member_id}: undecodable: {m.undecodable}{kept}")
         elif m.error not in ("", "NONE"):
             console.print(
                 f"member {labels[m.member_id]} (process {labels[m.process]}): error {m.error}",
@@ -1450,8 +1462,10 @@ def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> N
     table.add_column("value", justify="right")
     table.add_row("tasks / processes", f"{m.tasks} / {m.clients}")
     for b in score.per_subtopology:
+        # Withheld processes (another topology version) are left out: no task of it is theirs.
+        withheld = f"; {counted(b.withheld, 'process', 'processes')} withheld" if b.withheld else ""
         table.add_row(
-            f"subtopology {b.subtopology}: actives per process (of {b.tasks})",
+            f"subtopology {b.subtopology}: actives per process (of {b.tasks}{withheld})",
             f"{b.fewest}-{b.most} {'balanced' if b.balanced else 'UNBALANCED'}",
         )
     table.add_row("actives balanced in total", "yes" if m.active_balanced else "NO")
@@ -1481,9 +1495,9 @@ def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> N
         )
     for problem in score.problems[:20]:
         # Escaped: a problem names topics and ids, which rich would read as markup ([b]).
-        console.print(f"[red]problem:[/] {escape(problem)}")
+        console.print(f"[red]problem:[/] {escape(problem)}", markup=True)
     if len(score.problems) > 20:
-        console.print(f"[red]... and {len(score.problems) - 20} more problems[/]")
+        console.print(f"[red]... and {len(score.problems) - 20} more problems[/]", markup=True)
 
 
 #: How often ``describe --watch`` asks whether stdout's reader is gone (one ``poll`` call).

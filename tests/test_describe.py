@@ -325,6 +325,42 @@ def test_any_bytes_decode_or_are_undecodable(
         json.dumps(to_json(view, quality(view)))
 
 
+#: A topic name as aiokafka decodes one: a string (some rich would read as markup) or null.
+_NAMES = st.sampled_from(["a", "b", "t[/]", None])
+
+
+@given(
+    st.one_of(st.none(), st.lists(_NAMES, max_size=3)),
+    st.one_of(
+        st.none(),
+        st.lists(
+            st.tuples(_NAMES, st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=2))),
+            max_size=3,
+        ),
+    ),
+    st.binary(max_size=16),
+    st.sampled_from([PROTOCOL_NAME, "faust", "streamassign-sticky", "range"]),
+)
+def test_any_consumer_protocol_names_decode_or_are_undecodable(
+    topics: list[str | None] | None,
+    assignment: list[tuple[str | None, list[int] | None]] | None,
+    user_data: bytes,
+    protocol: str,
+) -> None:
+    """The outer ConsumerProtocol arrays, null names and lists included: describe, quality,
+    the JSON and the tables never raise."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+    raw = RawMember(
+        "m",
+        metadata=ConsumerProtocolMemberMetadata(0, topics, user_data).encode(),
+        assignment=ConsumerProtocolMemberAssignment(0, assignment, b"").encode(),
+    )
+    view = describe_bytes("g", "Stable", "consumer", protocol, [raw, *streams_group()[:1]])
+    json.dumps(to_json(view, quality(view)))
+    printed(view)
+
+
 def test_json_is_a_saved_assignment_that_explain_reads() -> None:
     before = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
     after_raw = [
@@ -880,11 +916,10 @@ MEMBERS_COLUMNS = ("member", "client@host", "process", "a+s+w", "versions", "gen
 
 
 def printed(view: GroupView) -> str:
-    from rich.console import Console
+    """``describe``'s tables of ``view`` as the command prints them (its console)."""
+    from streamassign.cli import _print_group, _Stdout
 
-    from streamassign.cli import _print_group
-
-    console = Console(width=80, record=True)
+    console = _Stdout(width=80, record=True)
     _print_group(console, view, quality(view))
     return console.export_text()
 
@@ -1252,3 +1287,91 @@ def test_one_process_id_with_one_endpoint_is_no_clash() -> None:
     """A process's consumers share its endpoint: threads, not a copy."""
     view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, streams_group())
     assert view.shared_process_ids == ()
+
+
+#: Member-chosen text that rich would read as markup: a closing tag with nothing to close
+#: (MarkupError), a style tag, and an IPv6 host whose brackets read as a tag.
+MARKUP_CLIENT = "etl[/]"
+MARKUP_ENDPOINT = "[fd00::1]:8080"
+MARKUP_TOPIC = "t[red]x"
+
+
+def _markup_group() -> list[RawMember]:
+    consumer = RawMember(
+        f"{MARKUP_CLIENT}-1b2c",
+        MARKUP_CLIENT,
+        "/10.0.0.1",
+        meta([MARKUP_TOPIC], b""),
+        encode_assignment([TopicPartition(MARKUP_TOPIC, 0)], b""),
+    )
+    return [consumer]
+
+
+def test_describe_prints_member_text_verbatim_never_as_markup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Client ids, endpoints, topics, group and protocol names come from members or the
+    operator: ``etl[/]`` ended describe with MarkupError, ``[fd00::1]:8080`` lost its host."""
+    from streamassign.aiokafka import describe as describe_module
+
+    streams = streams_member("s1", P1, "0_0", endpoint=MARKUP_ENDPOINT)
+    views = {
+        "g[/]": describe_bytes("g[/]", "Stable", "consumer", "range", _markup_group()),
+        "s[b]": describe_bytes("s[b]", "Stable", "consumer", PROTOCOL_NAME, [streams]),
+    }
+
+    async def fetch(connection: Connection, group: str) -> GroupView:
+        return views[group]
+
+    monkeypatch.setattr(describe_module, "fetch_group", fetch)
+    consumer = CliRunner().invoke(main, ["describe", "g[/]", "--bootstrap", "x:1"])
+    assert consumer.exit_code == 0, consumer.output
+    for text in ("g[/]: Stable", f"{MARKUP_CLIENT}@10.0.0.1", MARKUP_TOPIC):
+        assert text in consumer.output
+    result = CliRunner().invoke(main, ["describe", "s[b]", "--bootstrap", "x:1"])
+    assert result.exit_code == 0, result.output
+    assert f"({MARKUP_ENDPOINT})" in result.output and "s[b]: Stable" in result.output
+
+
+def test_watch_prints_member_text_verbatim(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    view = describe_bytes("g", "Stable", "consumer", "range", _markup_group())
+    with (tmp_path / "out.txt").open("w") as stdout:
+        _watch_with(monkeypatch, [view, view], stdout, forever=False, as_json=False)
+    text = (tmp_path / "out.txt").read_text()
+    assert f"{MARKUP_CLIENT}@10.0.0.1" in text and MARKUP_TOPIC in text
+
+
+@pytest.mark.parametrize(
+    ("subscription", "assignment", "reason"),
+    [
+        (["a", None], [("a", [0])], "subscription: a null topic name"),
+        ([None], [("a", [0])], "subscription: a null topic name"),
+        (None, [("a", [0])], "subscription: a null topic list"),
+        (["a"], [(None, [0])], "assignment: a null topic name or partition list"),
+        (["a"], [("a", None)], "assignment: a null topic name or partition list"),
+        (["a"], None, "assignment: a null topic list"),
+    ],
+)
+def test_a_null_topic_name_makes_the_member_undecodable(
+    subscription: list[str | None] | None,
+    assignment: list[tuple[str | None, list[int] | None]] | None,
+    reason: str,
+) -> None:
+    """aiokafka reads a length -1 topic name or array as ``None``; sorting it with the other
+    names raised TypeError out of describe and ``--watch``."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+    bad = RawMember(
+        "bad",
+        "c",
+        "/h",
+        ConsumerProtocolMemberMetadata(0, subscription, b"").encode(),
+        ConsumerProtocolMemberAssignment(0, assignment, b"").encode(),
+    )
+    good = RawMember("good", "c", "/h", meta(["a"], b""), encode_assignment([], b""))
+    for protocol in ("range", PROTOCOL_NAME, FAUST_OWN_PROTOCOL_NAME):
+        view = describe_bytes("g", "Stable", "consumer", protocol, [bad, good])
+        undecodable = {m.member_id: m.undecodable for m in view.members}
+        assert undecodable == {"bad": reason, "good": undecodable["good"]}, protocol
+        json.dumps(to_json(view, quality(view)))
+        assert f"member bad: undecodable: {reason}" in printed(view)

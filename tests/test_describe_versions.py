@@ -16,11 +16,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamassign import Subtopology, Topology
+from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka.describe import (
     RawMember,
     announced_version,
     describe_bytes,
+    leader_reading,
     quality,
     to_json,
 )
@@ -112,25 +113,104 @@ def test_each_member_shows_the_version_the_leaders_log_line_names(
     assert f"topology {logged}" in text and f"topology {versions['m3']}" in text
 
 
-def test_members_reading_other_topics_for_one_id_are_one_problem() -> None:
+def test_the_ids_the_leader_withholds_are_one_problem_named_against_the_leaders_version() -> None:
+    """Led by v2: p3 (v1) announces id 1 reading b, not the leader's n, and no id 2; p4
+    (protocol 2) announces nothing and does not subscribe to n. The leader's version comes
+    from its topology, which every assignment carries."""
     view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V2, mixed_members()))
     new, old = V2_VERSION, V1_VERSION
+    assert view.leader_version() == new
+    assert view.withheld() == {str(PIDS[3]): {1, 2}, str(PIDS[4]): {0, 1, 2}}
+    assert view.processes()[str(PIDS[3])].assignment.active <= {TaskId(0, 0), TaskId(0, 1)}
     (problem,) = [p for p in quality(view).problems if "topology version" in p]
-    # Id 1 reused (n, then b); id 2 only v2 has (fresh), id 0 the same: not named.
     assert problem.startswith(
-        f"subtopology id 1 reads other topics in other topology versions: version {new} on 2 "
-        f"processes ({PIDS[1]}, {PIDS[2]}) reads id 1 (n) | version {old} on 1 process "
-        f"({PIDS[3]}) reads id 1 (b); "
+        f"the leader (topology version {new}) gives no task of subtopology ids 0 (a); 1 (n); "
+        f"2 (b) to 2 processes that lack its topics of it: 1 process ({PIDS[4]}) announcing "
+        f"none and not subscribing to every source topic get no task | version {old} on 1 "
+        f"process ({PIDS[3]}) lacks ids 1, 2; "
     )
     assert "docs/streams.md#rolling-deploys-that-change-the-topology" in problem
-    assert str(PIDS[4]) not in problem  # protocol 2: nothing to compare
-    assert "problem: subtopology id 1 reads other topics" in printed(view)
+    text = " ".join(printed(view).split())
+    assert f"leader's topology version {new}" in text
+    assert "problem: the leader (topology version" in text
     data = json.loads(json.dumps(to_json(view, quality(view))))
     assert problem in data["quality"]["problems"]
+    assert data["leader_topology_version"] == new
+    assert data["quality"]["withheld_subtopologies"] == {
+        str(PIDS[3]): [1, 2],
+        str(PIDS[4]): [0, 1, 2],
+    }
     members = {m["member_id"]: m for m in data["members"]}
     assert members["m3"]["topology_version"] == old
     assert members["m3"]["announced_sources"] == {"0": ["a"], "1": ["b"]}
     assert members["m4"]["topology_version"] is None and members["m4"]["announced_sources"] == {}
+
+
+def test_balance_rows_leave_out_the_processes_the_leader_withholds_an_id_from() -> None:
+    """Led by v1: id 1 (b) is withheld from p1 and p2 (v2 reads n there); its two tasks run on
+    p3, which reads as balanced over the processes that may run them, and says so."""
+    members = {"m1": subscription(V2, 1), "m2": subscription(V2, 2), "m3": subscription(V1, 3)}
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, members))
+    assert view.leader_version() == V1_VERSION
+    one = next(b for b in quality(view).per_subtopology if b.subtopology == 1)
+    assert (one.withheld, one.fewest, one.most, one.balanced) == (2, 2, 2, True)
+    from streamassign.cli import _print_group, _Stdout
+
+    console = _Stdout(width=160, record=True)
+    _print_group(console, view, quality(view))
+    text = console.export_text()
+    assert "subtopology 1: actives per process (of 2; 2 processes withheld) │ 2-2 balanced" in text
+    assert "UNBALANCED" not in text
+
+
+def test_ids_that_differ_without_effect_are_no_problem() -> None:
+    """A version whose id reads more topics than the leader's (a topic added) runs the
+    leader's tasks: the leader withholds nothing and logs nothing, and describe says nothing."""
+    v1b = Topology([Subtopology(0, ["a"], stores=["ca"]), Subtopology(1, ["b", "n"])])
+    members = {"m1": subscription(V1, 1), "m2": subscription(v1b, 2)}
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, members))
+    assert view.withheld() == {} and view.leader_version() == V1_VERSION
+    assert not [p for p in quality(view).problems if "subtopology id" in p], quality(view)
+
+
+def test_the_problem_line_lists_at_most_five_ids() -> None:
+    wide = Topology([Subtopology(i, [f"t{i}"]) for i in range(12)])
+    renumbered = Topology([Subtopology(i, [f"t{(i + 1) % 12}"]) for i in range(12)])
+    counts = {f"t{i}": 1 for i in range(12)}
+    members = {"m1": subscription(wide, 1), "m2": subscription(renumbered, 2)}
+    subscriptions = decode_subscriptions(wide, counts, members)
+    assignments = assign_streams(wide, counts, subscriptions)
+    raw = [
+        RawMember(
+            m,
+            metadata=meta(topics, data),
+            assignment=encode_assignment(assignments[m].partitions, assignments[m].info.encode()),
+        )
+        for m, (topics, data) in members.items()
+    ]
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+    (problem,) = [p for p in quality(view).problems if "topology version" in p]
+    assert "subtopology ids 0 (t0); 1 (t1); 2 (t2); 3 (t3); 4 (t4); ... (7 more) to" in problem
+    assert "lacks ids 0, 1, 2, 3, 4, ... (7 more)" in problem
+
+
+def test_without_the_leaders_topology_differing_ids_are_named_as_before() -> None:
+    """An error assignment carries no topology: the ids members read differently, and the
+    leader's log names its version."""
+    members = mixed_members()
+    raw = [
+        RawMember(m, metadata=meta(topics, data), assignment=encode_assignment([], b""))
+        for m, (topics, data) in members.items()
+    ]
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+    assert view.leader_topics() is None and view.leader_version() is None
+    (problem,) = [p for p in quality(view).problems if p.startswith("subtopology id")]
+    assert problem.startswith(
+        f"subtopology id 1 reads other topics in other topology versions: version {V2_VERSION} "
+        f"on 2 processes ({PIDS[1]}, {PIDS[2]}) reads id 1 (n) | version {V1_VERSION} on 1 "
+        f"process ({PIDS[3]}) reads id 1 (b); "
+    )
+    assert "(the leader's log names its version)" in problem
 
 
 def test_a_topic_only_the_other_version_reads_is_not_called_missing_from_the_cluster() -> None:
@@ -145,11 +225,14 @@ def test_a_topic_only_the_other_version_reads_is_not_called_missing_from_the_clu
 
 
 def test_a_group_of_one_version_shows_it_and_no_problem() -> None:
-    members = {"m1": subscription(V2, 1), "m2": subscription(V2, 2), "m4": subscription(V1, 4, 2)}
+    """p4 on protocol 2 announces nothing (shows none) and subscribes to every source topic."""
+    members = {"m1": subscription(V2, 1), "m2": subscription(V2, 2), "m4": subscription(V2, 4, 2)}
     view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V2, members))
     assert {m.topology_version for m in view.members} == {V2_VERSION, None}
     assert not [p for p in quality(view).problems if "topology" in p]
-    assert "topology version" not in printed(view)
+    text = " ".join(printed(view).split())
+    assert f"process(es), leader's topology version {V2_VERSION}" in text
+    assert "problem" not in text
 
 
 def test_a_group_before_protocol_3_prints_as_before() -> None:
@@ -190,6 +273,28 @@ def test_garbage_before_the_tail_is_still_undecodable() -> None:
     raw = RawMember("m1", metadata=meta(topics, good[:30]))
     (m,) = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, [raw]).members
     assert m.undecodable and m.undecodable.startswith("subscription:")
+    assert not m.subscription_only  # no assignment to read
+
+
+def test_a_member_whose_subscription_is_garbage_keeps_the_tasks_the_leader_gave_it() -> None:
+    """The leader takes such a member as a process of its own (its member id), without
+    history, and assigns it tasks: describe reads its assignment and shows them, and never
+    says those tasks have no active."""
+    topics, good = subscription(V2, 2)
+    raw = led_by(V2, {"m1": subscription(V2, 1), "m2": (topics, good[:30])})
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+    m2 = next(m for m in view.members if m.member_id == "m2")
+    assert m2.undecodable and m2.undecodable.startswith("subscription:")
+    assert m2.subscription_only and m2.active and m2.process == "m2"
+    assert view.processes()["m2"].assignment.active == m2.active
+    score = quality(view)
+    assert not [p for p in score.problems if "actives" in p], score.problems
+    assert score.metrics.clients == 2
+    text = " ".join(printed(view).split())
+    assert "member m2: undecodable: subscription:" in text
+    assert "its assignment is read (a process of its own)" in text
+    data = to_json(view, score)
+    assert data["assignment"]["m2"]["active"] == sorted(str(t) for t in m2.active)
 
 
 @given(st.binary(max_size=12), st.integers(min_value=0, max_value=40))
@@ -260,3 +365,35 @@ def test_watch_shows_a_process_restarted_on_another_version_that_kept_its_tasks(
         V1_VERSION,
         announced_version({0: {"a"}, 1: {"b"}, 5: {"n"}}),
     }
+
+
+def test_garbage_on_an_id_the_leader_lacks_is_not_called_announcing_none() -> None:
+    """The leader drops ids its topology lacks (but the first) before it checks indices: a bad
+    index on id 6 leaves it reading ids 0 and 1; an index past the subscription on a leader's
+    id is read as announcing none, as the line says."""
+    topics = ["a", "b"]
+    indices = {0: frozenset([0]), 1: frozenset([1]), 5: frozenset([0])}
+    lines = {}
+    for bad_id in (6, 1):
+        sent = {**indices, bad_id: frozenset([9])}
+        info = SubscriptionInfo(PIDS[2], endpoint="p2:80", subtopology_topic_indices=sent)
+        members = {"m1": subscription(V1, 1), "m2": (topics, info.encode())}
+        leader = decode_subscriptions(V1, COUNTS, members)["m2"].announced
+        view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, members))
+        (lines[bad_id],) = [p for p in quality(view).problems if "unreadable" in p]
+        m2 = next(m for m in view.members if m.member_id == "m2")
+        assert leader is not None
+        assert (leader_reading(m2, V1.subtopology_ids) or {}) == leader.sources, bad_id
+    assert lines[6].endswith(
+        "subtopology 6 announces topic index 9 of a subscription of 2 topics; on ids the "
+        "leader's topology lacks: the leader reads its other ids"
+    )
+    assert lines[1].endswith("; the leader reads it as announcing none")
+
+
+def test_a_process_whose_members_run_two_versions_is_withheld_only_what_none_of_them_runs() -> None:
+    """One process id on a member of each version (the leader's rule per member: a process
+    gets an id one of its members may run, its threads split accordingly)."""
+    members = {"m1": subscription(V1, 1), "m1v2": subscription(V2, 1), "m2": subscription(V2, 2)}
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, members))
+    assert view.withheld() == {str(PIDS[2]): {1}}

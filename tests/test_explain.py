@@ -1173,3 +1173,24 @@ def test_a_removed_task_lands_nowhere_and_a_moved_standby_is_one_row(tmp_path: P
         ["0_1", "p1", "-", "task removed", "-"],
         ["0_2", "p1", "p3", "standby balance"],
     ]
+
+
+def test_plan_explain_and_diff_print_process_ids_and_file_names_verbatim(tmp_path: Path) -> None:
+    """Process ids and file names are the user's: rich read ``[/]`` in a table cell or title
+    as a closing tag (MarkupError, exit 1) and ``[fd00::1]`` as a tag (the host dropped)."""
+    ids = ["etl[/]", "[fd00::1]:8080", "c[red]x"]
+    clients = tmp_path / "clients.toml"
+    clients.write_text("".join(f'[[client]]\nprocess_id = "{pid}"\n' for pid in ids))
+    code, table = run("plan", ORDERS, "--clients", str(clients))
+    assert code == 0, table
+    assert all(pid in table for pid in ids), table
+    first, second = tmp_path / "a[red]b.json", tmp_path / "[b]c.json"
+    code, out = run("plan", ORDERS, "--clients", str(clients), "--json")
+    first.write_text(out)
+    clients.write_text(clients.read_text() + '[[client]]\nprocess_id = "d[/]"\n')
+    code, out = run("plan", ORDERS, "--clients", str(clients), "--json")
+    second.write_text(out)
+    code, moves = run("explain", str(first), str(second))
+    assert code == 0 and "d[/]" in moves, moves
+    code, diff = run("diff", str(first), str(second))
+    assert code == 0 and "a[red]b.json -> [b]c.json" in diff and "d[/]" in diff, diff

@@ -50,7 +50,7 @@ from ..errors import AssignmentValidationError as AssignmentValidationError  # o
 from ..errors import ConfigError, ErrorCode, UserDataError
 from ..files import write_atomically
 from .rejoin import Rejoiner
-from .wire import encode_assignment
+from .wire import encode_assignment, readable_subscriptions
 
 log = logging.getLogger("streamassign.aiokafka")
 
@@ -216,10 +216,8 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         counts: dict[str, int] = {}
         subscriptions: dict[str, Subscription] = {}
         try:
-            for member, meta in members.items():
-                subscriptions[member] = Subscription(
-                    meta.subscription, user_data=meta.user_data or b""
-                )
+            for member, (names, user_data) in readable_subscriptions(members).items():
+                subscriptions[member] = Subscription(names, user_data=user_data)
             for topic in sorted({t for s in subscriptions.values() for t in s.topics}):
                 partitions = cluster.partitions_for_topic(topic)
                 if partitions is not None:

@@ -33,7 +33,7 @@ import asyncio
 import enum
 import reprlib
 import zlib
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -46,6 +46,7 @@ from aiokafka.errors import for_code
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..consumer.userdata import AssignmentData, MemberData
+from ..eligibility import ineligible_subtopologies, member_ineligible_subtopologies
 from ..errors import GroupDescribeError, ProtocolError, UserDataError
 from ..explain import STABLE, ClientView, ProcessMembers, local_state
 from ..files import loads_json
@@ -67,6 +68,7 @@ from ..versions import (
 )
 from .consumer import ASSIGNORS
 from .streams import PROTOCOL_NAME
+from .wire import assigned_partitions, subscribed_topics
 
 #: ``streamassign.faust.leader.CAPACITY_TAG``, spelt out (as ``FAUST_PROTOCOL_NAME`` is in the
 #: core): importing ``streamassign.faust`` imports Faust, which describing a group must not
@@ -150,13 +152,26 @@ class MemberView:
     #: The short name of the announced topology, as the group leader's log names its own
     #: (``announced_version``); ``None`` when it announces none.
     topology_version: str | None = None
-    #: Why the announcement cannot be read (the leader then reads it as announcing none).
+    #: Why the announcement cannot be read (the leader then reads it as announcing none,
+    #: unless the garbage is on ids its topology lacks: ``leader_reading``).
     announcement_error: str | None = None
+    #: The announcement as sent: per subtopology id, its topics' places in ``topics``.
+    announced_indices: Mapping[int, frozenset[int]] = attrs.field(factory=dict)
     undecodable: str | None = None
+    #: ``undecodable`` is the subscription's user data only, and the assignment was read: the
+    #: member is a process of its own (its member id) with that assignment, as the group
+    #: leader takes a member whose subscription it cannot read (no history, tasks all the same).
+    subscription_only: bool = False
 
     @property
     def assignment(self) -> ClientAssignment:
         return ClientAssignment(self.active, self.standby, self.warmup)
+
+    @property
+    def assigned(self) -> bool:
+        """Whether the member's assignment is read (its bytes, or all but its subscription's
+        user data: ``subscription_only``)."""
+        return self.undecodable is None or self.subscription_only
 
 
 @attrs.frozen
@@ -235,12 +250,69 @@ class GroupView:
             for pid, ms in self.members_by_process().items()
         }
 
+    def leader_topics(self) -> dict[int, frozenset[str]] | None:
+        """The leader's topology: per subtopology id, its source topics. Every streams
+        assignment carries the whole of it (``AssignmentInfo.topics``); ``None`` without one
+        (an error assignment, or a ``ProcessHost`` leader of a group without endpoints)."""
+        if self.family != Family.STREAMS:
+            return None
+        for m in self.members:
+            if m.assigned and m.topic_dictionary:
+                return {sub: frozenset(ts) for sub, ts in m.topic_dictionary.items()}
+        return None
+
+    def leader_version(self) -> str | None:
+        """The short name the leader's log gives its topology (``announced_version`` of
+        ``leader_topics``), when members announce theirs (protocol 3), else ``None``."""
+        own = self.leader_topics()
+        if own is None or not any(m.announced_indices for m in self.members if m.assigned):
+            return None
+        return announced_version(own)
+
+    def withheld(self) -> dict[str, frozenset[int]]:
+        """Per process, the leader's subtopology ids it gets no task of, as the leader decides
+        (empty when the leader's topology is unknown): every id when no member of it may get
+        tasks (``blind``), else the ids none of its members that may get tasks may run
+        (``eligibility.ineligible_subtopologies``: a member may not run an id whose leader's
+        topics it announces not all of, announcements read as the leader reads them:
+        ``leader_reading``)."""
+        own = self.leader_topics()
+        if own is None:
+            return {}
+        sources = frozenset().union(*own.values())
+        by_member: dict[str, list[frozenset[int]]] = {}
+        for pid, members in self.members_by_process().items():
+            for m in members:
+                reading = leader_reading(m, own.keys())
+                if reading is not None or sources <= set(m.topics):  # it may get tasks
+                    ineligible = member_ineligible_subtopologies(own, reading)
+                    by_member.setdefault(pid, []).append(ineligible)
+        out = ineligible_subtopologies(by_member)
+        return out | dict.fromkeys(self.blind(), frozenset(own))
+
+    def blind(self) -> list[str]:
+        """Processes the leader gives no task at all: none of their members announces a
+        topology (protocol 1-2) and subscribes to every source topic of the leader's (the
+        leader's ``streams._may_get_tasks``: such a member cannot run every task)."""
+        own = self.leader_topics()
+        if own is None:
+            return []
+        sources = frozenset().union(*own.values())
+        return [
+            pid
+            for pid, members in self.members_by_process().items()
+            if not any(
+                leader_reading(m, own.keys()) is not None or sources <= set(m.topics)
+                for m in members
+            )
+        ]
+
     def members_by_process(self) -> dict[str, list[MemberView]]:
         """Decoded members with metadata, by process."""
         out: dict[str, list[MemberView]] = {}
         for m in sorted(self.members, key=lambda m: (m.process, m.member_id)):
             # Without metadata (the group is not stable) a member says nothing of its process.
-            if m.undecodable is None and m.topics:
+            if m.assigned and m.topics:
                 out.setdefault(m.process, []).append(m)
         return out
 
@@ -248,50 +320,79 @@ class GroupView:
 # -- decoding one member ---------------------------------------------------------------------
 
 
-def _consumer_protocol(raw: RawMember) -> tuple[Any, Any]:
-    """The outer ConsumerProtocol structs (``None`` where the bytes are empty: a member not
-    yet assigned). aiokafka's struct decoder raises assorted exceptions on garbage."""
-    meta = asg = None
+@attrs.frozen
+class _Outer:
+    """A member's ConsumerProtocol structs read: the topics and partitions they name, and the
+    user data inside (empty where the bytes are: a member not yet assigned)."""
+
+    topics: tuple[str, ...] = ()
+    partitions: tuple[TopicPartition, ...] = ()
+    subscription_data: bytes = b""
+    assignment_data: bytes = b""
+
+
+def _consumer_protocol(raw: RawMember) -> _Outer:
+    """The outer ConsumerProtocol structs, read. aiokafka's struct decoder raises assorted
+    exceptions on garbage, and reads a null topic name or list as ``None``
+    (``wire.subscribed_topics``)."""
+    outer = _Outer()
     try:
-        if raw.metadata:
-            meta = ConsumerProtocolMemberMetadata.decode(raw.metadata)
+        meta = ConsumerProtocolMemberMetadata.decode(raw.metadata) if raw.metadata else None
     except Exception as exc:  # untrusted bytes into a third-party decoder: any failure
         raise GroupDescribeError(f"subscription: not ConsumerProtocol metadata ({exc!r})") from exc
     try:
-        if raw.assignment:
-            asg = ConsumerProtocolMemberAssignment.decode(raw.assignment)
+        asg = ConsumerProtocolMemberAssignment.decode(raw.assignment) if raw.assignment else None
     except Exception as exc:
         raise GroupDescribeError(f"assignment: not ConsumerProtocol ({exc!r})") from exc
-    return meta, asg
+    try:
+        if meta is not None:
+            topics = tuple(sorted(subscribed_topics(meta)))
+            outer = attrs.evolve(outer, topics=topics, subscription_data=meta.user_data or b"")
+    except ProtocolError as exc:
+        raise GroupDescribeError(f"subscription: {exc}") from exc
+    try:
+        if asg is not None:
+            partitions = tuple(sorted(assigned_partitions(asg)))
+            outer = attrs.evolve(outer, partitions=partitions, assignment_data=asg.user_data or b"")
+    except ProtocolError as exc:
+        raise GroupDescribeError(f"assignment: {exc}") from exc
+    return outer
 
 
 def decode_member(protocol: str, raw: RawMember) -> MemberView:
-    """``raw`` decoded as ``protocol`` speaks; never raises (see ``MemberView.undecodable``)."""
+    """``raw`` decoded as ``protocol`` speaks; never raises (see ``MemberView.undecodable``).
+    Unreadable subscription user data does not stop the assignment's: the leader assigns such
+    a member tasks all the same (a process of its own, its member id), and so its assignment
+    is the group's (``MemberView.subscription_only``)."""
     view = MemberView(raw.member_id, raw.client_id, raw.client_host, raw.member_id)
     try:
-        meta, asg = _consumer_protocol(raw)
+        outer = _consumer_protocol(raw)
     except GroupDescribeError as exc:
         return attrs.evolve(view, undecodable=str(exc))
-    topics = tuple(sorted(meta.subscription)) if meta is not None else ()
-    partitions = tuple(sorted(TopicPartition(*tp) for tp in asg.partitions())) if asg else ()
-    view = attrs.evolve(view, topics=topics, partitions=partitions)
-    meta_data = (meta.user_data or b"") if meta is not None else b""
-    asg_data = (asg.user_data or b"") if asg is not None else b""
+    view = attrs.evolve(view, topics=outer.topics, partitions=outer.partitions)
     family = family_of(protocol)
-    steps = (
-        (_subscription, meta_data, "subscription"),
-        (_assignment, asg_data, "assignment"),
-    )
-    for step, data, what in steps:
-        if not data and (what == "assignment" or family == Family.CONSUMER):
-            continue  # not assigned yet; or a consumer member without user data
+    unreadable: str | None = None
+    if outer.subscription_data or family != Family.CONSUMER:  # a consumer may send none
         try:
-            view = step(family, protocol, view, data)
-        except KeyError as exc:
-            return attrs.evolve(view, undecodable=f"{what}: no {exc} in the JSON")
-        except (ProtocolError, UserDataError, ValueError, TypeError, zlib.error) as exc:
-            return attrs.evolve(view, undecodable=f"{what}: {exc}")
-    return view
+            view = _subscription(family, protocol, view, outer.subscription_data)
+        except _UNREADABLE as exc:
+            unreadable = f"subscription: {_why(exc)}"
+    if outer.assignment_data:  # else not assigned yet
+        try:
+            view = _assignment(family, protocol, view, outer.assignment_data)
+        except _UNREADABLE as exc:
+            return attrs.evolve(view, undecodable=unreadable or f"assignment: {_why(exc)}")
+    if unreadable is None:
+        return view
+    return attrs.evolve(view, undecodable=unreadable, subscription_only=bool(outer.assignment_data))
+
+
+#: What decoding members' user data raises on garbage (``KeyError``: a JSON key missing).
+_UNREADABLE = (KeyError, ProtocolError, UserDataError, ValueError, TypeError, zlib.error)
+
+
+def _why(exc: Exception) -> str:
+    return f"no {exc} in the JSON" if isinstance(exc, KeyError) else str(exc)
 
 
 def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) -> MemberView:
@@ -393,6 +494,7 @@ def _announcement(
     topics, which the ConsumerProtocol metadata carries by name: ``view.topics``), named as
     the group leader names it; an index past the subscription is garbage the leader reads as
     announcing nothing, and so does this."""
+    view = attrs.evolve(view, announced_indices=dict(indices))
     try:
         announced = announced_sources(view.topics, indices)
     except ProtocolError as exc:
@@ -400,6 +502,28 @@ def _announcement(
     if not announced:
         return attrs.evolve(view, announcement_error=unreadable)
     return attrs.evolve(view, announced=announced, topology_version=announced_version(announced))
+
+
+def leader_reading(
+    member: MemberView, leader_ids: Collection[int]
+) -> dict[int, frozenset[str]] | None:
+    """What a leader whose topology has ``leader_ids`` reads ``member`` to announce: per id of
+    its, the source topics (``{}``: only ids it lacks), or ``None`` (announcing none: protocol
+    1-2, garbage in the tail, or an index past the subscription). As the leader decodes
+    (``protocol._read_topic_indices``): ids it lacks, but the first, are dropped before the
+    indices are checked (``versions.announced_sources``)."""
+    kept: dict[int, frozenset[int]] = {}
+    foreign = False
+    for sub, indices in sorted(member.announced_indices.items()):
+        if sub in leader_ids or not foreign:
+            foreign = foreign or sub not in leader_ids
+            kept[sub] = indices
+    if not kept:
+        return None
+    try:
+        return announced_sources(member.topics, kept, leader_ids)
+    except ProtocolError:
+        return None
 
 
 def announced_version(announced: Mapping[int, Iterable[str]]) -> str:
@@ -511,7 +635,7 @@ def _consumer_tasks(
         active = frozenset(TaskId(index[tp.topic], tp.partition) for tp in m.partitions)
         for tp in m.partitions:
             tasks[TaskId(index[tp.topic], tp.partition)] = frozenset((tp,))
-        out.append(attrs.evolve(m, active=active) if m.undecodable is None else m)
+        out.append(attrs.evolve(m, active=active) if m.assigned else m)
     return out, dict(sorted(tasks.items()))
 
 
@@ -587,6 +711,8 @@ class SubtopologyBalance:
     fewest: int
     most: int
     balanced: bool
+    #: Processes left out: the leader withholds this id from them (``GroupView.withheld``).
+    withheld: int = 0
 
 
 @attrs.frozen
@@ -629,13 +755,23 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
         max(copies.values(), default=0) if num_standby_replicas is None else num_standby_replicas
     )
     metrics = evaluate(tasks, clients, assignment, replicas, stateful)
+    withheld = view.withheld()
     balance = []
     for sub in sorted({t.subtopology for t in tasks}):
+        # Over the processes the leader may give this id's tasks (a rolling deploy withholds
+        # it from processes of other topology versions): their imbalance is by design.
+        eligible = [c for c in clients if sub not in withheld.get(c.process_id, ())]
         own = {t for t in tasks if t.subtopology == sub}
-        counts = [len(a.active & own) for a in assignment.values()] or [0]
-        only = {pid: ClientAssignment(a.active & own) for pid, a in assignment.items()}
-        balanced = evaluate(own, clients, only).active_balanced if clients else not own
-        balance.append(SubtopologyBalance(sub, len(own), min(counts), max(counts), balanced))
+        counts = [len(assignment[c.process_id].active & own) for c in eligible] or [0]
+        only = {
+            c.process_id: ClientAssignment(assignment[c.process_id].active & own) for c in eligible
+        }
+        balanced = evaluate(own, eligible, only).active_balanced if eligible else not own
+        balance.append(
+            SubtopologyBalance(
+                sub, len(own), min(counts), max(counts), balanced, len(clients) - len(eligible)
+            )
+        )
     problems = [
         *_shared_ids(view),
         *_member_errors(view),
@@ -699,13 +835,62 @@ def _some(names: Iterable[str]) -> str:
     return ", ".join(listed[:3]) + (", ..." if len(listed) > 3 else "")
 
 
+#: How many subtopology ids a problem line lists (a renumbering can differ in hundreds).
+_MAX_IDS = 5
+
+
+def _ids_text(ids: Iterable[int]) -> str:
+    """Up to ``_MAX_IDS`` of ``ids``, ascending, and how many more."""
+    listed = sorted(set(ids))
+    more = len(listed) - _MAX_IDS
+    return ", ".join(map(str, listed[:_MAX_IDS])) + (f", ... ({more} more)" if more > 0 else "")
+
+
 def _topology_versions(view: GroupView) -> list[str]:
-    """One problem when members announce other source topics for one subtopology id (a
-    rolling deploy that reused an id or changed its topics): the ids, and per topology
-    version its processes and what it announces for them. The leader gives a process no
-    task of an id whose leader topics it does not all announce (``streamassign.eligibility``),
-    so tasks move or wait; which version leads, DescribeGroups does not say (the leader's log
-    line names its version). Ids only some versions have (a fresh id) are no difference."""
+    """One problem when the leader withholds subtopology ids from processes of other topology
+    versions (a rolling deploy that reused an id or changed its topics): the leader's version
+    (named from its topology, which every assignment carries), the ids with the leader's
+    topics, and per version the processes it withholds which ids from. Ids that differ without
+    effect (a topic added in a version, an id the leader lacks) are no problem. Without the
+    leader's topology (``GroupView.leader_topics``): members' differing ids (``_differing``)."""
+    own = view.leader_topics()
+    if own is None:
+        return _differing(view)
+    withheld = view.withheld()
+    if not withheld:
+        return []
+    ids = sorted(set().union(*withheld.values()))
+    blind = set(view.blind())
+    by_version: dict[str, dict[str, frozenset[int]]] = {}
+    members = view.members_by_process()
+    for pid, lacking in withheld.items():
+        version = next((m.topology_version for m in members[pid] if m.topology_version), None)
+        key = "" if pid in blind else f"version {version or 'unnamed'}"
+        by_version.setdefault(key, {})[pid] = lacking
+    listed = []
+    for key, pids in sorted(by_version.items()):
+        lacks = set().union(*pids.values())
+        on = f"{counted(len(pids), 'process', 'processes')} ({_some(pids)})"
+        listed.append(
+            f"{key} on {on} lacks {'ids' if len(lacks) > 1 else 'id'} {_ids_text(lacks)}"
+            if key
+            else f"{on} announcing none and not subscribing to every source topic get no task"
+        )
+    shown = "; ".join(f"{sub} ({', '.join(sorted(own[sub]))})" for sub in ids[:_MAX_IDS])
+    more = f"; ... ({len(ids) - _MAX_IDS} more)" if len(ids) > _MAX_IDS else ""
+    return [
+        f"the leader (topology version {announced_version(own)}) gives no task of subtopology "
+        f"{'ids' if len(ids) > 1 else 'id'} {shown}{more} to "
+        f"{counted(len(withheld), 'process', 'processes')} that lack its topics of it: "
+        + " | ".join(listed)
+        + f"; those tasks run on the other processes, see {ROLLING_DEPLOY_DOC}"
+    ]
+
+
+def _differing(view: GroupView) -> list[str]:
+    """One problem when members announce other source topics for one subtopology id and the
+    leader's topology is unknown: the ids, and per topology version its processes and what it
+    announces for them. Ids only some versions have (a fresh id) are no difference."""
     announcing = [m for m in view.members if m.undecodable is None and m.topology_version]
     readings: dict[int, set[frozenset[str]]] = {}
     for m in announcing:
@@ -721,7 +906,7 @@ def _topology_versions(view: GroupView) -> list[str]:
     for version, members in sorted(by_version.items()):
         reads = "; ".join(
             f"id {sub} ({', '.join(sorted(members[0].announced[sub]))})"
-            for sub in differing
+            for sub in differing[:_MAX_IDS]
             if sub in members[0].announced
         )
         pids = {m.process for m in members}
@@ -731,7 +916,7 @@ def _topology_versions(view: GroupView) -> list[str]:
         )
     plural = len(differing) > 1
     return [
-        f"subtopology {'ids' if plural else 'id'} {', '.join(map(str, differing))} "
+        f"subtopology {'ids' if plural else 'id'} {_ids_text(differing)} "
         f"{'read' if plural else 'reads'} other topics in other topology versions: "
         + " | ".join(listed)
         + "; the leader gives a process no task of such an id unless it announces all the "
@@ -740,16 +925,24 @@ def _topology_versions(view: GroupView) -> list[str]:
 
 
 def _unreadable_announcements(view: GroupView) -> list[str]:
-    """One problem per reason members' announced topologies cannot be read: the leader
-    reads them as announcing none (garbage in a version 3 tail costs their history too)."""
-    by_reason: dict[str, set[str]] = {}
+    """One problem per reason members' announced topologies cannot be read, and how the
+    leader reads them: as announcing none (garbage in a version 3 tail costs their history
+    too), or, when the garbage is on ids its topology lacks, the rest (``leader_reading``)."""
+    own = view.leader_topics()
+    by_reason: dict[tuple[str, str], set[str]] = {}
     for m in view.members:
         if m.undecodable is None and m.announcement_error is not None:
-            by_reason.setdefault(m.announcement_error, set()).add(m.process)
+            if own is None:
+                reading = "a leader reads it as announcing none"
+            elif leader_reading(m, own.keys()) is None:
+                reading = "the leader reads it as announcing none"
+            else:
+                reading = "on ids the leader's topology lacks: the leader reads its other ids"
+            by_reason.setdefault((m.announcement_error, reading), set()).add(m.process)
     return [
         f"topology announcement unreadable from {counted(len(pids), 'process', 'processes')} "
-        f"({_some(pids)}): {reason}; the leader reads it as announcing none"
-        for reason, pids in sorted(by_reason.items())
+        f"({_some(pids)}): {reason}; {reading}"
+        for (reason, reading), pids in sorted(by_reason.items())
     ]
 
 
@@ -758,7 +951,7 @@ def _unassigned_topics(view: GroupView) -> list[str]:
     assignor that does not check, such as Faust's own, leaves them out silently) or without
     partitions; or, during a rolling deploy, topics only some topology versions read (a
     leader of another version assigns none of them: ``_version_topics``)."""
-    decoded = [m for m in view.members if m.undecodable is None]
+    decoded = [m for m in view.members if m.assigned]
     if any(m.error not in ("", "NONE") for m in decoded):
         return []  # an error code empties assignments: _member_errors says why
     subscribed = {t for m in decoded for t in m.topics}
@@ -868,6 +1061,8 @@ def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
             }
             for pid, v in processes.items()
         },
+        # The leader's topology (protocol 3 groups; else null) and what it withholds.
+        "leader_topology_version": view.leader_version(),
         "members": [_member_json(m) for m in view.members],
         # What explain needs to ignore copied claims as the leaders do (``copied_claimants``).
         "shared_process_ids": [
@@ -888,6 +1083,9 @@ def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
             "balanced_per_subtopology": {
                 str(b.subtopology): b.balanced for b in score.per_subtopology
             },
+            "withheld_subtopologies": {
+                pid: sorted(ids) for pid, ids in sorted(view.withheld().items())
+            },
             "problems": list(score.problems),
         },
     }
@@ -898,7 +1096,7 @@ def _member_json(m: MemberView) -> dict[str, Any]:
         "member_id": m.member_id,
         "client_id": m.client_id,
         "client_host": m.client_host,
-        "process": m.process if m.undecodable is None else None,
+        "process": m.process if m.assigned else None,
         "topics": list(m.topics),
         "partitions": [[tp.topic, tp.partition] for tp in m.partitions],
         "active": _ids(m.active),

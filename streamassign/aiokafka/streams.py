@@ -69,7 +69,7 @@ from .rejoin import (
     refresh_metadata,
     unsized,
 )
-from .wire import encode_assignment
+from .wire import encode_assignment, readable_subscriptions
 
 log = logging.getLogger("streamassign.aiokafka")
 
@@ -167,14 +167,12 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         """Leader: decode, run ``assign_streams``, encode; never raises."""
         started = asyncio.get_running_loop().time() if _has_loop() else 0.0
         try:
-            topics = {t for meta in members.values() for t in meta.subscription}
+            subscribed = readable_subscriptions(members)
+            topics = {t for names, _ in subscribed.values() for t in names}
             counts = cluster_counts(cluster, sorted(topics))
             # Decoded against the tasks that exist: claims on others are never made.
             subscriptions = decode_subscriptions(
-                self.host.topology,
-                counts,
-                {m: (meta.subscription, meta.user_data or b"") for m, meta in members.items()},
-                self.host.max_version,
+                self.host.topology, counts, subscribed, self.host.max_version
             )
             result = assign_streams(
                 self.host.topology,

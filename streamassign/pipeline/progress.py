@@ -78,12 +78,13 @@ def _progress(console: Console) -> Iterator[Progress]:
     columns): a long detail pushed out the task count and the elapsed time. There each task
     ends in one plain line instead, as long as it needs (:func:`_log_line`)."""
     live = console.is_terminal
+    # Text columns without markup: a description names the master (spark://[fd00::1]:7077).
     bar = Progress(
         SpinnerColumn(),
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("Spark tasks {task.fields[detail]}"),
+        TextColumn("Spark tasks {task.fields[detail]}", markup=False),
         TimeElapsedColumn(),
         console=console,
         disable=not live,
@@ -198,7 +199,7 @@ def plain_step(description: str, console: Console) -> Iterator[None]:
     live = console.is_terminal
     with Progress(
         SpinnerColumn(),
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         TimeElapsedColumn(),
         console=console,
         disable=not live,

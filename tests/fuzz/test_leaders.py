@@ -104,7 +104,7 @@ task_claims = st.builds(TaskId, st.integers(0, 2), st.integers(0, 20))  # some d
 
 
 @st.composite
-def streams_member(draw: st.DrawFn) -> tuple[list[str], bytes]:
+def streams_member(draw: st.DrawFn) -> tuple[list[str | None] | None, bytes]:
     """A member of up to 4 processes with plausible history, its bytes sometimes damaged,
     its topics sometimes not the whole topology's; from version 3 on it announces its
     subtopologies' topics: the leader's, or any indices (some past its subscription)."""
@@ -138,7 +138,20 @@ def streams_member(draw: st.DrawFn) -> tuple[list[str], bytes]:
     elif draw(st.integers(0, 9)) == 7:  # the audit's hostile member, in a few bytes
         data = greedy(info.process_id, draw(st.integers(0, 3)), draw(st.sampled_from(GREEDY)))
         event("greedy")
-    return topics, data
+    return draw(null_names(topics)), data
+
+
+def null_names(topics: list[str]) -> st.SearchStrategy[list[str | None] | None]:
+    """``topics`` as a member sends them; sometimes with a null name or as a null list
+    (aiokafka decodes a length -1 string or array to ``None``, the broker does not check)."""
+    names: list[list[str | None] | None] = [*[list(topics)] * 13, [*topics, None], [None], None]
+    return st.sampled_from(names).map(_null_event)  # 3 in 16 members: most groups stay valid
+
+
+def _null_event(topics: list[str | None] | None) -> list[str | None] | None:
+    if topics is None or None in topics:
+        event("null topic name")
+    return topics
 
 
 #: At most one member announcing up to the budget's ids per group (each costs the leader's
@@ -162,9 +175,9 @@ announcers = st.one_of(
 )
 def test_streams_leader(
     streams_leader: ProcessHost,
-    members: Mapping[str, tuple[list[str], bytes]],
+    members: Mapping[str, tuple[list[str | None] | None, bytes]],
     counts: Mapping[str, int],
-    hostile: tuple[list[str], bytes] | None,
+    hostile: tuple[list[str | None] | None, bytes] | None,
 ) -> None:
     if hostile is not None:
         members = {**members, "announcer": hostile}
@@ -194,7 +207,9 @@ def test_consumer_leader(case: Any, name: str, data: st.DataObject) -> None:
             generation=sub.generation,
         ).encode()
         raw = data.draw(damaged(st.just(seed))) if data.draw(st.booleans()) else seed
-        metas[member] = ConsumerProtocolMemberMetadata(0, sorted(sub.topics), raw)
+        metas[member] = ConsumerProtocolMemberMetadata(
+            0, data.draw(null_names(sorted(sub.topics))), raw
+        )
     leader = GroupAssignor.create(name)
     with bounded(LEADER_PEAK):
         answers = leader.assign(_cluster(case.counts), metas)
@@ -204,16 +219,21 @@ def test_consumer_leader(case: Any, name: str, data: st.DataObject) -> None:
     for member, raw in answers.items():
         got = ConsumerProtocolMemberAssignment.decode(raw)
         assert AssignmentData.decode(got.user_data).error_code == ErrorCode.NONE
-        _check_partitions(member, got, case.subs[member].topics, case.counts, taken)
+        _check_partitions(member, got, metas[member].subscription, case.counts, taken)
 
 
 def _check_partitions(
     member: str,
     got: Any,
-    topics: Sequence[str] | frozenset[str],
+    topics: Sequence[str | None] | frozenset[str] | None,
     counts: Mapping[str, int],
     taken: set[TopicPartition],
 ) -> None:
+    """``got`` holds partitions of existing topics ``member`` subscribes to, none twice; none
+    when a topic name or the list is null (the leader cannot read what it subscribes to)."""
+    if topics is None or None in topics:
+        assert not got.partitions(), f"{member} subscribes to a null topic name but got some"
+        return
     for tp in (TopicPartition(*tp) for tp in got.partitions()):
         assert tp.topic in topics, f"{member} got {tp} of a topic it did not subscribe to"
         assert 0 <= tp.partition < counts.get(tp.topic, 0), f"{member} got {tp}"
