@@ -100,8 +100,9 @@ class Announced:
     #: The leader's subtopology ids the resolution is for (another topology: resolve again).
     leader_ids: frozenset[int]
     #: Per id of the leader's that the member announces, its source topics by name (ids only
-    #: the member has are dropped: the leader has no task of them).
-    sources: dict[int, frozenset[str]]
+    #: the member has are dropped: the leader has no task of them). Shared by members that
+    #: announce the same (``_Resolutions``): read only.
+    sources: Mapping[int, frozenset[str]]
     #: Whether the member announces anything readable (even only ids the leader does not have:
     #: it is then not one announcing nothing, which must subscribe to every topic).
     any: bool
@@ -237,7 +238,7 @@ def decode_subscriptions(
 #: One round's resolved announcements: (subscribed topics, announced indices) -> per leader
 #: id its source topics by name.
 _Resolutions = dict[
-    tuple[frozenset[str], tuple[tuple[int, frozenset[int]], ...]], dict[int, frozenset[str]]
+    tuple[frozenset[str], tuple[tuple[int, frozenset[int]], ...]], Mapping[int, frozenset[str]]
 ]
 
 

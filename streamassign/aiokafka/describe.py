@@ -1073,21 +1073,24 @@ def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
             }
             for c in view.shared_process_ids
         ],
-        "quality": {
-            **{k: v for k, v in attrs.asdict(score.metrics).items() if k not in _HISTORY},
-            "standby_coverage": score.metrics.standby_coverage,
-            "num_standby_replicas": score.num_standby_replicas,
-            "num_standby_replicas_inferred": score.standbys_inferred,
-            "warmups": score.warmups,
-            "standbys_on_active_rack": score.standbys_on_active_rack,
-            "balanced_per_subtopology": {
-                str(b.subtopology): b.balanced for b in score.per_subtopology
-            },
-            "withheld_subtopologies": {
-                pid: sorted(ids) for pid, ids in sorted(view.withheld().items())
-            },
-            "problems": list(score.problems),
+        "quality": _quality_json(view, score),
+    }
+
+
+def _quality_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
+    """The ``quality`` part of :func:`to_json`."""
+    return {
+        **{k: v for k, v in attrs.asdict(score.metrics).items() if k not in _HISTORY},
+        "standby_coverage": score.metrics.standby_coverage,
+        "num_standby_replicas": score.num_standby_replicas,
+        "num_standby_replicas_inferred": score.standbys_inferred,
+        "warmups": score.warmups,
+        "standbys_on_active_rack": score.standbys_on_active_rack,
+        "balanced_per_subtopology": {str(b.subtopology): b.balanced for b in score.per_subtopology},
+        "withheld_subtopologies": {
+            pid: sorted(ids) for pid, ids in sorted(view.withheld().items())
         },
+        "problems": list(score.problems),
     }
 
 
