@@ -22,7 +22,7 @@ from streamassign.aiokafka import ProcessHost, TaskListener
 from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 
 TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s"])], name="app")
-TASKS = 6
+TASKS = 16
 END = 100_000  # every changelog's end offset: ten times the acceptable recovery lag
 
 
@@ -85,46 +85,55 @@ async def rebalance(members: Mapping[str, ProcessHost]) -> dict[str, Subscriptio
 
 
 @pytest.mark.parametrize("rank", ["best", "worst"])
-def test_a_member_evicted_mid_restore_gets_back_what_it_restored(tmp_path: Path, rank: str) -> None:
-    """C joins A and B and gets two actives: it restores one to the end and the other to half
-    when its session expires. A and B take them back from their parked state meanwhile. C
-    rejoins: it reports both by their store positions (not running), still as its previous
-    actives, so the leader gives back the one it restored (within the acceptable lag) and
-    leaves the half-restored one with its interim owner, which runs it (C's other share: a
-    caught-up standby of its own), whatever C's process id. Before, C reported both running
-    beside the interim owners, two running claims settled by process id: here C got both
-    back at either rank (50,000 records to restore instead of none), and in larger groups C
-    at the worst rank got few of its restored tasks back (audit hostrejoin: 4 of 51)."""
+@pytest.mark.parametrize("standbys_at", [END, 0], ids=["standbys-caught-up", "standbys-cold"])
+def test_a_member_evicted_mid_restore_gets_the_cheapest_tasks_whatever_its_id(
+    tmp_path: Path, rank: str, standbys_at: int
+) -> None:
+    """C joins four processes and gets three actives: it restores one to the end and the
+    others to half when its session expires; the others take them back from their parked
+    state meanwhile. C rejoins: it reports them by their store positions (not running), still
+    as its previous actives. The leader gives back the restored one (within the acceptable
+    lag), and for C's other share takes its cheapest state: its caught-up standbys over the
+    half-restored actives, which stay with their interim owners; with cold standbys, the
+    half-restored actives. The same at either end of the process id order.
+
+    Before, C reported all three running beside the interim owners, and the leader settled
+    the two running claims by process id: at the best rank C got all three back (100,000
+    records to restore, with caught-up standbys it could run at once), at the worst rank
+    none (300,000 records to restore, with cold standbys)."""
     stores = Stores()
-    c_pid = 0 if rank == "best" else (1 << 128) - 1
-    a, b = process(tmp_path, "a", 1), process(tmp_path, "b", 2)
-    c = process(tmp_path, "c", c_pid, stores)
+    old = {f"o{i}": process(tmp_path, f"o{i}", i + 1) for i in range(4)}
+    c = process(tmp_path, "c", 0 if rank == "best" else (1 << 128) - 1, stores)
 
-    async def run() -> tuple[SubscriptionInfo, frozenset[TaskId], frozenset[TaskId]]:
-        await rebalance({"a": a, "b": b})
-        caught_up(a, b)
-        await rebalance({"a": a, "b": b, "c": c})
-        caught_up(a, b)  # their revoked actives' stores: parked at the end
-        restored, halfway = sorted(c.tasks(0).active)
-        stores.restoring = {halfway}
-        stores.positions = {restored: END, halfway: END // 2}
-        stores.positions |= dict.fromkeys(c.tasks(0).standby, END)
+    async def run() -> tuple[SubscriptionInfo, list[TaskId]]:
+        await rebalance(old)
+        caught_up(*old.values())
+        await rebalance(old | {"c": c})
+        caught_up(*old.values())  # their revoked actives' stores: parked at the end
+        first = sorted(c.tasks(0).active)
+        stores.restoring = set(first[1:])
+        stores.positions = {t: END if t == first[0] else END // 2 for t in first}
+        stores.positions |= dict.fromkeys(c.tasks(0).standby, standbys_at)
         c.consumers[0]._coordinator.member_id = ""  # type: ignore[attr-defined]  # evicted
-        await rebalance({"a": a, "b": b})
-        caught_up(a, b)
-        sent = await rebalance({"a": a, "b": b, "c": c})
-        return sent["c"], frozenset({restored, halfway}), frozenset({restored})
+        await rebalance(old)
+        caught_up(*old.values())
+        return (await rebalance(old | {"c": c}))["c"], first
 
-    c_sent, lost, restored = asyncio.run(run())
-    assert LATEST_OFFSET not in c_sent.offset_sums.values()
-    assert {t: c_sent.offset_sums[t] for t in lost} == {
-        t: END if t in restored else END // 2 for t in lost
-    }
-    assert c_sent.previous_active == lost
-    assert c.running & lost == restored
-    assert len(c.running) == 2  # its share: the other from a caught-up standby of its own
-    halfway = next(iter(lost - restored))
-    assert halfway in a.running | b.running
+    sent, first = asyncio.run(run())
+    assert len(first) == 3
+    assert LATEST_OFFSET not in sent.offset_sums.values()
+    assert {t: sent.offset_sums[t] for t in first} == {t: stores.positions[t] for t in first}
+    assert sent.previous_active == frozenset(first)
+    restored, halfway = first[0], frozenset(first[1:])
+    assert restored in c.running and len(c.running) == 3
+    if standbys_at == END:
+        assert not c.running & halfway  # run at once from its standbys instead
+        assert halfway <= frozenset().union(*(h.running for h in old.values()))
+    else:
+        assert c.running == frozenset(first)  # half restored beats cold
+    assert sum(END - stores.positions.get(t, 0) for t in c.running) == (
+        0 if standbys_at == END else END
+    )
 
 
 def test_only_restored_actives_of_members_still_in_the_group_are_reported_running(
