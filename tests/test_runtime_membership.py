@@ -32,8 +32,9 @@ from aiokafka.errors import (
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.aiokafka import ProcessHost, TaskListener
+from streamassign.assignment import ClientAssignment
 from streamassign.errors import ChangelogReadTimeoutError, OutputWriteError
-from streamassign.protocol import AssignmentInfo
+from streamassign.protocol import LATEST_OFFSET, AssignmentInfo
 from streamassign.runtime import COMMIT_KEY, App, MemoryStore, StoreState
 from streamassign.runtime import commits as commits_module
 from streamassign.runtime.changelog import encode_marker
@@ -393,6 +394,39 @@ def test_the_host_reports_a_new_member_id_before_the_tasks(tmp_path: Path) -> No
     asyncio.run(host._assigned(0))
     assert listener.calls == ["assigned", "lost", "assigned"]
     assert not host.member_lost(0)
+
+
+def test_the_app_reports_its_restoring_and_torn_actives_by_their_store_positions(
+    tmp_path: Path,
+) -> None:
+    """Through its host's subscription: an active still restoring, or torn because its
+    consumer was out of the group, is local state at its store's position (not running, as
+    Kafka Streams reports only running actives so); a restored one runs (``LATEST_OFFSET``)."""
+    app, log, _, _ = make(tmp_path)
+    app.host._known[0] = ClientAssignment(active=frozenset({TASK}))
+
+    async def run() -> list[dict[TaskId, int]]:
+        await log.send(CHANGELOG[0], b"3", key=b"k", partition=0)
+        await log.send(CHANGELOG[0], b'{"applied":{"events":0}}', key=COMMIT_KEY, partition=0)
+        await app._start_tasks(0, [(TASK, app._stores.open(TASK), "cold")])
+        restoring = app.host.offset_sums()
+        await app._updater.settle()
+        task = app._actives[TASK]
+        await app._processing.process(task, Rec(1, b"k", b"4"))
+        await app._commits.commit(0)
+        running = app.host.offset_sums()
+        await app._membership_lost(0)
+        return [restoring, running, app.host.offset_sums()]
+
+    restoring, running, torn = asyncio.run(run())
+    assert restoring == {TASK: 0}  # cold: nothing applied yet
+    assert running == {TASK: LATEST_OFFSET}
+    # Its committed position: past its own commit (its marker), not the restored one (2).
+    assert (
+        torn
+        == {TASK: app._actives[TASK].stores["totals"].position}
+        == {TASK: len(log.records[CHANGELOG])}
+    )
 
 
 def test_a_task_moved_between_consumers_is_checked_against_its_changelog(

@@ -1,8 +1,9 @@
 """Kafka Streams-style task assignment on aiokafka: one process, N consumers ("threads").
 
 ``ProcessHost`` runs N ``AIOKafkaConsumer``s of one process id in one asyncio process and is the
-one place that knows the process's state: which tasks it runs (reported as ``LATEST_OFFSET``),
-which it has on disk (checkpointed offset sums, from its ``StateDirectory``), its endpoint, the
+one place that knows the process's state: which tasks it runs (reported as ``LATEST_OFFSET``
+once restored, on consumers still in the group), which it has on disk (offset sums: the
+listener's store positions, else the checkpoints in its ``StateDirectory``), its endpoint, the
 group's host maps, and the per-task callbacks. Each consumer has its own ``StreamsAssignor``
 instance; the one on the elected leader runs ``streamassign.streams.assign_streams``.
 
@@ -20,7 +21,7 @@ import os
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
@@ -75,6 +76,8 @@ log = logging.getLogger("streamassign.aiokafka")
 
 PROTOCOL_NAME = "streamassign-streams"
 
+_Answer = TypeVar("_Answer")
+
 
 class TaskListener:
     """Callbacks per task change on one consumer; override what you need (all async)."""
@@ -105,6 +108,24 @@ class TaskListener:
 
     async def on_rebalance_completed(self, consumer: int) -> None:
         """``consumer``'s new assignment is in place, after its task callbacks."""
+
+    # What the host reports at each join (``ProcessHost.offset_sums``): called on the event
+    # loop while aiokafka builds the subscription, so they answer at once (no I/O, no await).
+
+    def restoring_actives(self) -> Collection[TaskId]:
+        """Active tasks of this process not restored and running: still restoring, or whose
+        state was dropped (a lost membership, a failed commit) and awaits its restore. The
+        host reports them by their offset sums, as local state, not as running (as Kafka
+        Streams sends ``LATEST_OFFSET`` only for RUNNING tasks). Default: none (every active
+        of a consumer still in the group runs)."""
+        return ()
+
+    def store_offset_sums(self) -> Mapping[TaskId, int]:
+        """Per task whose stores are open here and that is not a running active (a standby or
+        warmup, a restoring active, stores kept after a revoke), its stores' current
+        changelog offsets summed: the host reports these rather than the checkpoints, which
+        may be a commit interval old. Default: none (checkpoints only)."""
+        return {}
 
 
 class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
@@ -693,12 +714,49 @@ class ProcessHost:
         return self._restored.get(consumer, frozenset())
 
     def offset_sums(self) -> dict[TaskId, int]:
-        """``LATEST_OFFSET`` for running actives, checkpointed sums for other local state (of
-        this topology's stores only: ``StateDirectory.offset_sums``)."""
+        """``LATEST_OFFSET`` for the actives restored and running (``reported_running``); for
+        other local state (of this topology's stores only) its offset sum: the stores' current
+        one where the listener knows it (``TaskListener.store_offset_sums``), else the
+        checkpoint's (``StateDirectory.offset_sums``).
+
+        An active still restoring, or kept through a lost membership, is local state with a
+        real lag, as in Kafka Streams (and ``metadata`` keeps it among ``previous_active``):
+        the leader gives it back where its lag is within ``acceptable_recovery_lag``, else
+        weighs it by that lag. Reported running, it was a second running claim beside the
+        interim owner's, which the leader settled by process id (audit hostrejoin F1)."""
         sums = self.state.offset_sums(self._changelogs)
-        for t in self.running:
+        live: Mapping[TaskId, int] = self._ask_listener(self.listener.store_offset_sums, {})
+        sums.update((t, s) for t, s in live.items() if t.subtopology in self._changelogs and s >= 0)
+        for t in self.reported_running():
             sums[t] = LATEST_OFFSET
         return sums
+
+    def reported_running(self) -> frozenset[TaskId]:
+        """The actives this process reports running: those of its consumers still in the group
+        since their last assignment (``left_group``), less those the listener says are
+        restoring (``TaskListener.restoring_actives``)."""
+        kept = [a.active for i, a in enumerate(self._known) if not self.left_group(i)]
+        restoring: Collection[TaskId] = self._ask_listener(self.listener.restoring_actives, ())
+        return frozenset().union(*kept) - frozenset(restoring)
+
+    def left_group(self, consumer: int) -> bool:
+        """Whether ``consumer``'s member id is no longer the one of its last assignment:
+        aiokafka reset it (the broker answered UnknownMemberId or IllegalGeneration to a
+        heartbeat, a commit or a join), or it has joined again under a new one. Its tasks
+        may have run elsewhere meanwhile. Unlike ``member_lost``, also right during a rejoin:
+        a rebalance the consumer takes part in changes its generation only."""
+        before = self._memberships[consumer]
+        now = self.membership(consumer)
+        return before is not None and now is not None and now[0] != before[0]
+
+    def _ask_listener(self, question: Callable[[], _Answer], fallback: _Answer) -> _Answer:
+        """The listener's answer, or ``fallback`` when it fails: a subscription is built
+        whatever a listener does (logged with its trace)."""
+        try:
+            return question()
+        except Exception:
+            log.exception("task listener %s failed", getattr(question, "__name__", question))
+            return fallback
 
     def membership(self, consumer: int) -> tuple[str, int] | None:
         """``consumer``'s member id and generation as aiokafka holds them; None before it
@@ -870,19 +928,14 @@ class ProcessHost:
         is ever lost; the last assignment is saved off the event loop, only when it changed.
         """
         self.rebalances += 1
-        before_membership = self._memberships[index]
-        now_membership = self.membership(index)
-        self._memberships[index] = now_membership
+        left = self.left_group(index)
+        self._memberships[index] = self.membership(index)
         if self.shutdown_requested:
             await self._notify(self.listener.on_shutdown_requested)
             return
         if index in self.errors:
             await self._notify(self.listener.on_error, index, self.errors[index])
-        if (
-            before_membership is not None
-            and now_membership is not None
-            and now_membership[0] != before_membership[0]
-        ):  # a new member id: the old one was dropped from the group, unnoticed until now
+        if left:  # a new member id: the old one was dropped from the group, unnoticed until now
             await self._notify(self.listener.on_membership_lost, index)
         info = self.assignors[index].info
         before = self._known[index]

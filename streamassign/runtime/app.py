@@ -62,7 +62,7 @@ from .processing import ErrorPolicy, Processing, ProcessingError
 from .restore import ChangelogLookups, Restoring, StateUpdater
 from .settings import PROCESSING_GUARANTEES as PROCESSING_GUARANTEES
 from .settings import STATE_CLEANUP_DELAY_MS, ProcessingGuarantee, Settings
-from .standbys import Standbys
+from .standbys import Standbys, is_open
 from .stores import DEFAULT_ROCKSDB_MEMORY_MIB, RocksDBMemory, StoreKind
 from .task_stores import TaskStores, start_of
 from .tasks import (
@@ -693,6 +693,22 @@ class App:
         ``active_tasks``."""
         return frozenset(t for t, task in self._actives.items() if task.restoring or task.torn)
 
+    def _store_positions(self) -> dict[TaskId, int]:
+        """Per task whose stores are open here and that is not a running active (a standby or
+        warmup, an active restoring or torn, stores parked after a revoke), its stores'
+        changelog positions summed: how far its state is now, which its checkpoint says only
+        as of the last commit interval. What the host reports at a join (``_Listener``)."""
+        held = [
+            *((t, states) for t, (states, _) in self._stores.parked.items()),
+            *self._standbys.states.items(),
+            *((t, a.stores) for t, a in self._actives.items() if a.restoring or a.torn),
+        ]
+        return {
+            t: sum(s.position for s in states.values())
+            for t, states in held
+            if states and is_open(states)
+        }
+
     @property
     def standby_tasks(self) -> frozenset[TaskId]:
         return frozenset(self._standbys.states)
@@ -1272,6 +1288,12 @@ class _Listener(TaskListener):
 
     async def on_error(self, consumer: int, code: ErrorCode) -> None:
         log.error("consumer %d: no tasks this round: the leader reported %s", consumer, code.name)
+
+    def restoring_actives(self) -> frozenset[TaskId]:
+        return self.app.restoring_tasks
+
+    def store_offset_sums(self) -> dict[TaskId, int]:
+        return self.app._store_positions()
 
     async def on_shutdown_requested(self) -> None:
         log.info("the application's shutdown was requested; stopping")
