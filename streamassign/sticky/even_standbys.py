@@ -1,5 +1,6 @@
 """Step 11 (evening, ``balance="subtopology"``): exchanges of standbys placed in this run that
-even out each client's standbys per subtopology."""
+even out each client's standbys per subtopology, and hand on backups of one client's tasks
+piled on one other (rule 7's spread)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ class _StandbyEvener:
     if it then backs up no more of the copy's active client's tasks than one above an even
     spread (``ceil(actives * standbys / (clients - 1)) + 1``) or than the client it leaves
     did (weighed with the exchange's other copy already moved), so one client's tasks stay
-    spread over many others (rule 7). ``_EVEN_BUDGET`` tries
-    at most (large inputs may stop short).
+    spread over many others (rule 7). Where placement left a client backing up more than
+    that of one client's tasks, exchanges within one subtopology hand them on (``_spread_pass``).
+    ``_EVEN_BUDGET`` tries at most (large inputs may stop short).
     """
 
     def __init__(
@@ -114,20 +116,79 @@ class _StandbyEvener:
         )
 
     def run(self) -> None:
+        """Evening passes until one moves nothing, then a spreading pass; again while that
+        moves a copy (or until the budget is spent). Each exchange lowers the counts' total
+        distance outside their bounds (evening) or keeps it and lowers the backups held above
+        ``spread`` (spreading; evening never raises those), so the passes end. Where no client
+        backs up more than ``spread`` of one client's tasks, this is the evening alone."""
+        spread_moved = True
+        while spread_moved and self.budget > 0:
+            even_moved = True
+            while even_moved and self.budget > 0:
+                even_moved = self._even_pass()
+            spread_moved = self.budget > 0 and self._spread_pass()
+
+    def _even_pass(self) -> bool:
+        """One exchange tried for every count outside its bounds; whether any was made."""
         count, bounds = self.count, self.bounds
         n_cli, n_col = len(count), len(count[0]) if count else 0
-        moved = True
-        while moved and self.budget > 0:
-            moved = False
-            for col in range(n_col):
-                for client in range(n_cli):
-                    lo, hi = bounds[client][col]
-                    if count[client][col] > hi:
-                        moved |= self._exchange_from(client, col)
-                    elif count[client][col] < lo:
-                        moved |= self._exchange_to(client, col)
-                    if self.budget <= 0:
-                        return
+        moved = False
+        for col in range(n_col):
+            for client in range(n_cli):
+                lo, hi = bounds[client][col]
+                if count[client][col] > hi:
+                    moved |= self._exchange_from(client, col)
+                elif count[client][col] < lo:
+                    moved |= self._exchange_to(client, col)
+                if self.budget <= 0:
+                    return moved
+        return moved
+
+    def _spread_pass(self) -> bool:
+        """Rule 7 after placement: a client backing up more than ``spread`` of one active
+        client's tasks hands such copies on in exchanges within one subtopology (counts
+        unchanged); whether any was made.
+
+        Placement goes one subtopology after another, each active client's copies together:
+        the last subtopology's last copies go wherever room is left, often one client, which
+        may already back up that active client (6, 1, 6 and 10 tasks over 5 equal clients,
+        one standby: 4 of one client's 5 copies on one other, 3 at most is the bound).
+        """
+        n_clients, spread, backed = len(self.count), self.spread, self.backed
+        if max(backed.values(), default=0) <= min(spread, default=0):
+            return False  # nothing above the least bound (the usual case), checked in C
+        over = sorted(pair for pair, held in backed.items() if held > spread[pair // n_clients])
+        moved = False
+        for pair in over:
+            active, holder = divmod(pair, n_clients)
+            while backed[pair] > spread[active] and self._hand_on(active, holder):
+                moved = True
+            if self.budget <= 0:
+                break
+        return moved
+
+    def _hand_on(self, active: int, holder: int) -> bool:
+        """Exchange a copy of a task active on ``active`` held by ``holder`` with a copy of the
+        same subtopology on a client backing up fewer than ``spread`` of ``active``'s tasks;
+        whether one was made."""
+        state, backed, n_clients = self.state, self.backed, len(self.count)
+        r, owner, row = state.replicas, state.owner, active * n_clients
+        takers = [
+            taker
+            for taker in range(n_clients)
+            if taker not in (active, holder) and backed.get(row + taker, 0) < self.spread[active]
+        ]
+        for col in range(len(self.count[holder])):
+            mine = [s for s in self.movable.get((holder, col), ()) if owner[s // r] == active]
+            if not mine:
+                continue
+            for taker in takers:
+                self.budget -= 1
+                if self._try(holder, taker, col, col, mine):
+                    return True
+                if self.budget <= 0:
+                    return False
+        return False
 
     def _exchange_from(self, client: int, col: int) -> bool:
         """``client`` is above its ceiling of ``col``: hand one to a client with room for it."""
@@ -181,10 +242,13 @@ class _StandbyEvener:
         skip = {client, *first}
         yield from (other for other in range(len(self.count)) if other not in skip)
 
-    def _try(self, giver: int, taker: int, col: int, col2: int) -> bool:
-        """Exchange a copy of ``col`` on ``giver`` with one of ``col2`` on ``taker`` when two
-        such copies exist (``_exchange`` has checked that the exchange lowers the distance)."""
-        give = self._pick(giver, col, taker)
+    def _try(
+        self, giver: int, taker: int, col: int, col2: int, given: list[int] | None = None
+    ) -> bool:
+        """Exchange a copy of ``col`` on ``giver`` (one of the ``given`` slots, ``None``: any
+        movable) with one of ``col2`` on ``taker`` when two such copies exist (the caller has
+        checked that the exchange lowers the distance or the spread)."""
+        give = self._pick(giver, col, taker, given)
         if give < 0:
             return False
         # The copy going back is weighed with ``give`` already moved: when both back up the
@@ -218,11 +282,12 @@ class _StandbyEvener:
         else:
             self.outside[col].add(client)
 
-    def _pick(self, src: int, col: int, dst: int) -> int:
-        """The first movable copy of ``col`` on ``src`` that ``dst`` may hold (-1: none)."""
+    def _pick(self, src: int, col: int, dst: int, slots: list[int] | None = None) -> int:
+        """The first movable copy of ``col`` on ``src`` (among ``slots``, ``None``: any) that
+        ``dst`` may hold (-1: none)."""
         state, copies, queue = self.state, self.copies, self.queue
         r, owner, backed, n_clients = state.replicas, state.owner, self.backed, len(self.count)
-        for slot in self.movable.get((src, col), ()):
+        for slot in self.movable.get((src, col), ()) if slots is None else slots:
             self.budget -= 1
             task = slot // r
             held = copies[task * r : (task + 1) * r]
