@@ -504,10 +504,11 @@ class _Stdout(Console):
     handling would exit 1). Markup is off: table cells and titles hold client ids, endpoints,
     topic and file names, which rich would read as tags (``etl[/]`` raised MarkupError, an
     IPv6 ``[fd00::1]:8080`` lost its host); a styled line asks for it (``markup=True``) and
-    escapes what it quotes."""
+    escapes what it quotes. Emoji codes are off too (a client id ``etl:fire:x`` printed a
+    flame)."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**{"markup": False, **kwargs})
+        super().__init__(**{"markup": False, "emoji": False, **kwargs})
 
     def on_broken_pipe(self) -> None:
         self.quiet = True

@@ -1177,8 +1177,9 @@ def test_a_removed_task_lands_nowhere_and_a_moved_standby_is_one_row(tmp_path: P
 
 def test_plan_explain_and_diff_print_process_ids_and_file_names_verbatim(tmp_path: Path) -> None:
     """Process ids and file names are the user's: rich read ``[/]`` in a table cell or title
-    as a closing tag (MarkupError, exit 1) and ``[fd00::1]`` as a tag (the host dropped)."""
-    ids = ["etl[/]", "[fd00::1]:8080", "c[red]x"]
+    as a closing tag (MarkupError, exit 1) and ``[fd00::1]`` as a tag (the host dropped),
+    ``:fire:`` as an emoji code (a flame printed)."""
+    ids = ["etl[/]", "[fd00::1]:8080", "c[red]x", "q:fire:x"]
     clients = tmp_path / "clients.toml"
     clients.write_text("".join(f'[[client]]\nprocess_id = "{pid}"\n' for pid in ids))
     code, table = run("plan", ORDERS, "--clients", str(clients))

@@ -51,7 +51,7 @@ T = TypeVar("T")
 def stderr_console(quiet: bool = False) -> Console:
     """Where progress goes: stderr, so that stdout stays parseable (``--json``); nowhere when
     ``quiet`` (stderr would land in a JSON stdout: :func:`stderr_joins_stdout`)."""
-    return Console(stderr=True, quiet=quiet)
+    return Console(stderr=True, quiet=quiet, emoji=False)  # run ids and paths verbatim
 
 
 def stderr_joins_stdout() -> bool:
