@@ -41,6 +41,7 @@ from .measure import best_of, peak_of
 APP = "shop"
 SRC = "orders"
 CL = f"{APP}-totals-changelog"
+SEEN_CL = f"{APP}-seen-changelog"  # a second table's, where a test adds one
 GLOBAL_CL = f"{APP}-rates-changelog"
 COUNTS = {SRC: 6, CL: 6, GLOBAL_CL: 2}
 
@@ -413,6 +414,36 @@ def test_a_running_standby_reports_what_recovery_applied(tmp_path: Path) -> None
     assert store._dbs == {}
 
 
+def with_a_second_table(app: faust.App) -> faust.App:
+    """``app`` with a second table, ``seen``: with the same partition count its changelog
+    (``SEEN_CL``) is in the same co-partitioned group, so a task has two changelog partitions."""
+    app.Table("seen", default=int)
+    return app
+
+
+def test_a_fresh_standby_of_two_tables_is_never_reported_running(tmp_path: Path) -> None:
+    """faustlive N1: Faust's recovery tracks -1 for each changelog partition a standby has
+    applied nothing of (``Recovery._build_offsets``). Summed as is, a task with two tables
+    reported -1 + -1 = -2 = ``LATEST_OFFSET``: running, so the leader handed such a worker
+    tasks it had read nothing of. A fresh standby is state at 0; only actives run."""
+    apps = [with_a_second_table(make_app(tmp_path / f"w{i}", 7000 + i)) for i in range(2)]
+    workers = {f"m{i}": app.assignor for i, app in enumerate(apps)}
+    rebalance(workers, counts={SRC: 6, CL: 6, SEEN_CL: 6})
+    a = workers["m0"]
+    fresh, *applied = sorted(a.info.standby)
+    offsets = apps[0].tables.recovery.standby_offsets
+    for t in a.info.standby:
+        offsets[TP(CL, t.partition)] = offsets[TP(SEEN_CL, t.partition)] = -1
+    for t in applied:  # one table read up to 40, the other nothing yet
+        offsets[TP(CL, t.partition)] = 40
+    info = reported(a)
+    assert info.running == a.info.active
+    assert {t: info.offset_sums[t] for t in a.info.standby} == {
+        fresh: 0,
+        **dict.fromkeys(applied, 40),
+    }
+
+
 def test_the_state_directory_is_released_when_the_app_stops(tmp_path: Path) -> None:
     app = make_app(tmp_path / "w0", 7000)
     app.assignor.metadata({SRC})
@@ -731,14 +762,16 @@ def test_a_worker_whose_session_expired_gets_back_the_partitions_it_restored(
 ) -> None:
     """Audit F3: a 5th worker joins, its session expires while it restores its share, the
     group rebalances without it, and it rejoins without a restart. It still reports its first
-    assignment (actives as running, standbys with nothing applied), and so do the workers that
-    took those actives over: the leader hands them back rather than make it restore another
-    set. Its process id is the largest, so it loses every duplicate claim's tie-break (before
-    the fix: 0 of its 3 table partitions came back)."""
-    counts = {SRC: 16, CL: 16}
+    assignment (actives as running, standbys with nothing applied: Faust's -1 for each
+    changelog partition, two tables here), and so do the workers that took those actives over:
+    the leader hands them back rather than make it restore another set. Its process id is the
+    largest, so it loses every duplicate claim's tie-break (before the fix: 0 of its 3 table
+    partitions came back). Its fresh standbys are not running claims (faustlive N1: summed as
+    is, -1 + -1 = -2 = ``LATEST_OFFSET`` made them so, and it got standbys' tasks instead)."""
+    counts = {SRC: 16, CL: 16, SEEN_CL: 16}
     apps = {}
     for i in range(5):
-        app = make_app(tmp_path / f"w{i}", 7000 + i)
+        app = with_a_second_table(make_app(tmp_path / f"w{i}", 7000 + i))
         ids = Path(app.conf.appdir) / "streamassign"
         ids.mkdir(parents=True)
         (ids / "process.id").write_text(str(uuid.UUID(int=i + 1)))
@@ -746,20 +779,25 @@ def test_a_worker_whose_session_expired_gets_back_the_partitions_it_restored(
     workers = {m: app.assignor for m, app in apps.items()}
     old = {m: a for m, a in workers.items() if m != "m4"}
 
-    def standbys_catch_up(group: Mapping[str, PartitionAssignor]) -> None:
+    def standbys_at(group: Mapping[str, PartitionAssignor], offset: int) -> None:
         for m, a in group.items():
             for t in a.info.standby:
-                apps[m].tables.recovery.standby_offsets[TP(CL, t.partition)] = 100
+                for topic in (CL, SEEN_CL):
+                    apps[m].tables.recovery.standby_offsets[TP(topic, t.partition)] = offset
+
+    def standbys_catch_up(group: Mapping[str, PartitionAssignor]) -> None:
+        standbys_at(group, 100)
 
     rebalance(old, counts)
     standbys_catch_up(old)
     rebalance(workers, counts)
     standbys_catch_up(old)
+    standbys_at({"m4": workers["m4"]}, -1)  # what Faust's recovery tracks before reading them
     ran = workers["m4"].info.active
     assert ran
     rebalance(old, counts)  # m4 expired: not in this round
     standbys_catch_up(old)
-    assert reported(workers["m4"]).running == ran  # still its first assignment
+    assert reported(workers["m4"]).running == ran  # its first assignment's actives only
     rejoined = rebalance(workers, counts)
     assert workers["m4"].info.active == ran
     kafka = {TP(topic, p) for topic, ps in rejoined["m4"].assignment for p in ps}

@@ -631,19 +631,13 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             offset = _persisted_offset(table.data, task.partition)
             if offset is not None:
                 found.append(offset)
-        return sum(found) if found else None
+        return applied_offset_sum(found)
 
     def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
         """Sum of the changelog offsets this running worker's standby replica of ``task`` has
         applied, as Faust's recovery tracks them; ``None`` when it tracks none of them yet."""
         offsets = getattr(getattr(self.app.tables, "recovery", None), "standby_offsets", {})
-        known = [
-            int(offset)
-            for topic in topics
-            if task.partition < topics[topic]
-            and (offset := offsets.get(TP(topic, task.partition))) is not None
-        ]
-        return sum(known) if known else None
+        return standby_offset_sum(offsets, task.partition, topics)
 
     def _bind_rejoiner(self) -> None:
         if (consumer := self._consumer()) is not None:
@@ -721,6 +715,31 @@ class FaustsOwnAssignor(FaustPartitionAssignor):
 def _digest(data: bytes) -> str:
     """A short fingerprint of user data for the logs (what changed between two joins)."""
     return hashlib.sha1(data).hexdigest()[:10]
+
+
+def applied_offset_sum(offsets: Iterable[int]) -> int | None:
+    """The offset sum a member reports of a task from its changelog partitions' offsets
+    (``None``: none known). Each offset below 0 counts as 0: Faust tracks ``-1`` for a
+    partition it has applied nothing of (unread, or empty), and summed as is, a fresh standby
+    of a task with two tables reported ``-1 + -1 = -2``, which is ``LATEST_OFFSET``: the
+    leader read it as running the task and handed it that task cold, or took it from its
+    caught-up owner (faustlive N1). So only a running active is ever reported below 0."""
+    known = [max(int(offset), 0) for offset in offsets]
+    return sum(known) if known else None
+
+
+def standby_offset_sum(
+    offsets: Mapping[TP, int | None], partition: int, topics: Mapping[str, int]
+) -> int | None:
+    """The offset sum a member reports of the standby of task ``partition`` of the group of
+    ``topics`` (topic -> partition count) from Faust's ``recovery.standby_offsets``
+    (changelog partition -> last offset applied, ``-1`` for none, ``None`` before recovery
+    read it; ``None``: it tracks none of them yet)."""
+    return applied_offset_sum(
+        offset
+        for topic, count in topics.items()
+        if partition < count and (offset := offsets.get(TP(topic, partition))) is not None
+    )
 
 
 def _undescribed(info: AssignmentInfo) -> list[int]:
