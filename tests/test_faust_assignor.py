@@ -14,6 +14,7 @@ from typing import Any
 
 import faust
 import pytest
+import rocksdict
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
@@ -62,6 +63,7 @@ def make_app(
     port: int,
     store: str = "memory://",
     assignor: str | type[PartitionAssignor] = "streamassign.faust:PartitionAssignor",
+    table_options: Mapping[str, Any] | None = None,
 ) -> faust.App:
     app = faust.App(
         APP,
@@ -73,7 +75,7 @@ def make_app(
         table_standby_replicas=1,
         topic_partitions=6,
     )
-    app.Table("totals", default=int)
+    app.Table("totals", default=int, options=dict(table_options) if table_options else None)
     app.GlobalTable("rates", default=int, partitions=2)
     return app
 
@@ -309,10 +311,12 @@ def test_restart_reports_rocksdb_offsets_without_touching_faust_handles(tmp_path
     assert set(app.tables["totals"].data._dbs) == {t.partition}
 
 
-def stopped_after_running_alone(datadir: Path, counts: Mapping[str, int]) -> frozenset[TaskId]:
+def stopped_after_running_alone(
+    datadir: Path, counts: Mapping[str, int], table_options: Mapping[str, Any] | None = None
+) -> frozenset[TaskId]:
     """A RocksDB worker that ran every task alone, persisted an offset of each and stopped as
     Faust stops (databases closed, state directory released): the tasks it ran."""
-    app = make_app(datadir, 7000, store="rocksdb://")
+    app = make_app(datadir, 7000, store="rocksdb://", table_options=table_options)
     rebalance({"m0": app.assignor}, counts=counts)
     ran = app.assignor.info.active
     store = app.tables["totals"].data
@@ -352,6 +356,45 @@ def test_a_restart_with_nothing_readable_on_disk_reports_its_rocksdb_tasks_at_0(
     info = reported(app.assignor)
     assert info.previous_active == ran
     assert info.offset_sums == {t: 100 + keep if t.partition == keep else 0 for t in ran}
+
+
+def test_a_restart_reads_the_offsets_of_a_table_with_a_ttl(tmp_path: Path) -> None:
+    """review45 E1: Faust opens a table with the ``ttl`` option as RocksDB's TTL database,
+    which ends every value with its 4-byte write time, also the persisted offset's. Read as is
+    it was no offset, and the restarted worker reported its healthy tasks at 0 (the whole
+    changelog's lag) instead of their offsets."""
+    ttl = {"ttl": 3600}
+    ran = stopped_after_running_alone(tmp_path / "w0", {SRC: 6, CL: 6}, ttl)
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://", table_options=ttl)
+    info = reported(app.assignor)
+    assert info.previous_active == ran
+    assert info.offset_sums == {t: 100 + t.partition for t in ran}
+
+
+def test_a_restart_reports_nothing_of_a_task_whose_offset_it_cannot_parse(
+    tmp_path: Path,
+) -> None:
+    """A database that opens but holds, under the offset key, a value that is no offset (a
+    format this reader does not know) is state read wrong, not state missing: the task is
+    reported with no sum, as before review41 O1 (not at 0, a full restore's lag). A partition
+    with nothing on disk is still 0, the others their offsets."""
+    ran = sorted(stopped_after_running_alone(tmp_path / "w0", {SRC: 6, CL: 6}))
+    unparsable, removed = ran[0], ran[1]
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    store = app.tables["totals"].data
+    db = rocksdict.Rdict(
+        str(store.partition_path(unparsable.partition)),
+        options=rocksdict.Options(raw_mode=True),
+    )
+    db.put(store.offset_key, b"not an offset")
+    db.close()
+    shutil.rmtree(store.partition_path(removed.partition))
+    info = reported(app.assignor)
+    assert info.previous_active == frozenset(ran)
+    assert info.offset_sums == {
+        removed: 0,
+        **{t: 100 + t.partition for t in ran[2:]},
+    }
 
 
 def test_a_restart_with_wiped_tables_leaves_its_tasks_to_caught_up_holders(
