@@ -14,6 +14,7 @@ from typing import Any
 
 import faust
 import pytest
+import rocksdict
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
@@ -41,6 +42,7 @@ from .measure import best_of, peak_of
 APP = "shop"
 SRC = "orders"
 CL = f"{APP}-totals-changelog"
+SEEN_CL = f"{APP}-seen-changelog"  # a second table's, where a test adds one
 GLOBAL_CL = f"{APP}-rates-changelog"
 COUNTS = {SRC: 6, CL: 6, GLOBAL_CL: 2}
 
@@ -61,6 +63,7 @@ def make_app(
     port: int,
     store: str = "memory://",
     assignor: str | type[PartitionAssignor] = "streamassign.faust:PartitionAssignor",
+    table_options: Mapping[str, Any] | None = None,
 ) -> faust.App:
     app = faust.App(
         APP,
@@ -72,7 +75,7 @@ def make_app(
         table_standby_replicas=1,
         topic_partitions=6,
     )
-    app.Table("totals", default=int)
+    app.Table("totals", default=int, options=dict(table_options) if table_options else None)
     app.GlobalTable("rates", default=int, partitions=2)
     return app
 
@@ -308,10 +311,12 @@ def test_restart_reports_rocksdb_offsets_without_touching_faust_handles(tmp_path
     assert set(app.tables["totals"].data._dbs) == {t.partition}
 
 
-def stopped_after_running_alone(datadir: Path, counts: Mapping[str, int]) -> frozenset[TaskId]:
+def stopped_after_running_alone(
+    datadir: Path, counts: Mapping[str, int], table_options: Mapping[str, Any] | None = None
+) -> frozenset[TaskId]:
     """A RocksDB worker that ran every task alone, persisted an offset of each and stopped as
     Faust stops (databases closed, state directory released): the tasks it ran."""
-    app = make_app(datadir, 7000, store="rocksdb://")
+    app = make_app(datadir, 7000, store="rocksdb://", table_options=table_options)
     rebalance({"m0": app.assignor}, counts=counts)
     ran = app.assignor.info.active
     store = app.tables["totals"].data
@@ -351,6 +356,45 @@ def test_a_restart_with_nothing_readable_on_disk_reports_its_rocksdb_tasks_at_0(
     info = reported(app.assignor)
     assert info.previous_active == ran
     assert info.offset_sums == {t: 100 + keep if t.partition == keep else 0 for t in ran}
+
+
+def test_a_restart_reads_the_offsets_of_a_table_with_a_ttl(tmp_path: Path) -> None:
+    """review45 E1: Faust opens a table with the ``ttl`` option as RocksDB's TTL database,
+    which ends every value with its 4-byte write time, also the persisted offset's. Read as is
+    it was no offset, and the restarted worker reported its healthy tasks at 0 (the whole
+    changelog's lag) instead of their offsets."""
+    ttl = {"ttl": 3600}
+    ran = stopped_after_running_alone(tmp_path / "w0", {SRC: 6, CL: 6}, ttl)
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://", table_options=ttl)
+    info = reported(app.assignor)
+    assert info.previous_active == ran
+    assert info.offset_sums == {t: 100 + t.partition for t in ran}
+
+
+def test_a_restart_reports_nothing_of_a_task_whose_offset_it_cannot_parse(
+    tmp_path: Path,
+) -> None:
+    """A database that opens but holds, under the offset key, a value that is no offset (a
+    format this reader does not know) is state read wrong, not state missing: the task is
+    reported with no sum, as before review41 O1 (not at 0, a full restore's lag). A partition
+    with nothing on disk is still 0, the others their offsets."""
+    ran = sorted(stopped_after_running_alone(tmp_path / "w0", {SRC: 6, CL: 6}))
+    unparsable, removed = ran[0], ran[1]
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    store = app.tables["totals"].data
+    db = rocksdict.Rdict(
+        str(store.partition_path(unparsable.partition)),
+        options=rocksdict.Options(raw_mode=True),
+    )
+    db.put(store.offset_key, b"not an offset")
+    db.close()
+    shutil.rmtree(store.partition_path(removed.partition))
+    info = reported(app.assignor)
+    assert info.previous_active == frozenset(ran)
+    assert info.offset_sums == {
+        removed: 0,
+        **{t: 100 + t.partition for t in ran[2:]},
+    }
 
 
 def test_a_restart_with_wiped_tables_leaves_its_tasks_to_caught_up_holders(
@@ -411,6 +455,36 @@ def test_a_running_standby_reports_what_recovery_applied(tmp_path: Path) -> None
     sums = reported(a).offset_sums
     assert {t: sums[t] for t in (tracked, on_disk, fresh)} == {tracked: 55, on_disk: 7, fresh: 0}
     assert store._dbs == {}
+
+
+def with_a_second_table(app: faust.App) -> faust.App:
+    """``app`` with a second table, ``seen``: with the same partition count its changelog
+    (``SEEN_CL``) is in the same co-partitioned group, so a task has two changelog partitions."""
+    app.Table("seen", default=int)
+    return app
+
+
+def test_a_fresh_standby_of_two_tables_is_never_reported_running(tmp_path: Path) -> None:
+    """faustlive N1: Faust's recovery tracks -1 for each changelog partition a standby has
+    applied nothing of (``Recovery._build_offsets``). Summed as is, a task with two tables
+    reported -1 + -1 = -2 = ``LATEST_OFFSET``: running, so the leader handed such a worker
+    tasks it had read nothing of. A fresh standby is state at 0; only actives run."""
+    apps = [with_a_second_table(make_app(tmp_path / f"w{i}", 7000 + i)) for i in range(2)]
+    workers = {f"m{i}": app.assignor for i, app in enumerate(apps)}
+    rebalance(workers, counts={SRC: 6, CL: 6, SEEN_CL: 6})
+    a = workers["m0"]
+    fresh, *applied = sorted(a.info.standby)
+    offsets = apps[0].tables.recovery.standby_offsets
+    for t in a.info.standby:
+        offsets[TP(CL, t.partition)] = offsets[TP(SEEN_CL, t.partition)] = -1
+    for t in applied:  # one table read up to 40, the other nothing yet
+        offsets[TP(CL, t.partition)] = 40
+    info = reported(a)
+    assert info.running == a.info.active
+    assert {t: info.offset_sums[t] for t in a.info.standby} == {
+        fresh: 0,
+        **dict.fromkeys(applied, 40),
+    }
 
 
 def test_the_state_directory_is_released_when_the_app_stops(tmp_path: Path) -> None:
@@ -731,14 +805,16 @@ def test_a_worker_whose_session_expired_gets_back_the_partitions_it_restored(
 ) -> None:
     """Audit F3: a 5th worker joins, its session expires while it restores its share, the
     group rebalances without it, and it rejoins without a restart. It still reports its first
-    assignment (actives as running, standbys with nothing applied), and so do the workers that
-    took those actives over: the leader hands them back rather than make it restore another
-    set. Its process id is the largest, so it loses every duplicate claim's tie-break (before
-    the fix: 0 of its 3 table partitions came back)."""
-    counts = {SRC: 16, CL: 16}
+    assignment (actives as running, standbys with nothing applied: Faust's -1 for each
+    changelog partition, two tables here), and so do the workers that took those actives over:
+    the leader hands them back rather than make it restore another set. Its process id is the
+    largest, so it loses every duplicate claim's tie-break (before the fix: 0 of its 3 table
+    partitions came back). Its fresh standbys are not running claims (faustlive N1: summed as
+    is, -1 + -1 = -2 = ``LATEST_OFFSET`` made them so, and it got standbys' tasks instead)."""
+    counts = {SRC: 16, CL: 16, SEEN_CL: 16}
     apps = {}
     for i in range(5):
-        app = make_app(tmp_path / f"w{i}", 7000 + i)
+        app = with_a_second_table(make_app(tmp_path / f"w{i}", 7000 + i))
         ids = Path(app.conf.appdir) / "streamassign"
         ids.mkdir(parents=True)
         (ids / "process.id").write_text(str(uuid.UUID(int=i + 1)))
@@ -746,20 +822,25 @@ def test_a_worker_whose_session_expired_gets_back_the_partitions_it_restored(
     workers = {m: app.assignor for m, app in apps.items()}
     old = {m: a for m, a in workers.items() if m != "m4"}
 
-    def standbys_catch_up(group: Mapping[str, PartitionAssignor]) -> None:
+    def standbys_at(group: Mapping[str, PartitionAssignor], offset: int) -> None:
         for m, a in group.items():
             for t in a.info.standby:
-                apps[m].tables.recovery.standby_offsets[TP(CL, t.partition)] = 100
+                for topic in (CL, SEEN_CL):
+                    apps[m].tables.recovery.standby_offsets[TP(topic, t.partition)] = offset
+
+    def standbys_catch_up(group: Mapping[str, PartitionAssignor]) -> None:
+        standbys_at(group, 100)
 
     rebalance(old, counts)
     standbys_catch_up(old)
     rebalance(workers, counts)
     standbys_catch_up(old)
+    standbys_at({"m4": workers["m4"]}, -1)  # what Faust's recovery tracks before reading them
     ran = workers["m4"].info.active
     assert ran
     rebalance(old, counts)  # m4 expired: not in this round
     standbys_catch_up(old)
-    assert reported(workers["m4"]).running == ran  # still its first assignment
+    assert reported(workers["m4"]).running == ran  # its first assignment's actives only
     rejoined = rebalance(workers, counts)
     assert workers["m4"].info.active == ran
     kafka = {TP(topic, p) for topic, ps in rejoined["m4"].assignment for p in ps}

@@ -1,15 +1,19 @@
 """A rejoining Faust worker's duplicate running claims (the Faust leader's
 ``_duplicate_claims_caught_up``): handed back only to a worker in its first recovery, never
-to a veteran that expired while restoring a cold takeover (review37)."""
+to a veteran that expired while restoring a cold takeover (review37); and a standby that has
+applied nothing is never a running claim (faustlive N1)."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
 
+from faust.types import TP
+
 from streamassign import TaskId
+from streamassign.faust.assignor import standby_offset_sum
 from streamassign.faust.leader import assign_faust
-from streamassign.protocol import LATEST_OFFSET, SubscriptionInfo
+from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 from streamassign.streams import MemberAssignment, MemberSubscription
 
 SRC, CL = "orders", "app-totals-changelog"
@@ -70,3 +74,46 @@ def test_a_veteran_that_expired_restoring_a_cold_takeover_is_handed_it_back_cold
     r_got = result["w2"].info.active
     assert t[0] not in r_got, ("R handed back a task it has no state of", sorted(r_got))
     assert to_restore == 0
+
+
+SEEN_CL = "app-seen-changelog"
+TWO_TABLES = {SRC: 8, CL: 8, SEEN_CL: 8}
+
+
+def reports(i: int, got: AssignmentInfo, applied: Mapping[int, int]) -> MemberSubscription:
+    """What Faust member ``i`` sends after running ``got`` a while, built as the member builds
+    it: per changelog partition of its standbys, Faust's recovery tracks the last offset
+    applied (``applied``: partition -> offset, -1 where there was nothing to apply, an empty
+    changelog partition), summed by ``standby_offset_sum``; its actives run."""
+    sums: dict[TaskId, int] = dict.fromkeys(got.active, LATEST_OFFSET)
+    for t in got.standby:
+        tracked = {TP(c, t.partition): applied[t.partition] for c in (CL, SEEN_CL)}
+        if (offset := standby_offset_sum(tracked, t.partition, TWO_TABLES)) is not None:
+            sums[t] = offset
+    info = SubscriptionInfo(
+        uuid.UUID(int=i + 1),
+        endpoint=f"http://w{i}:6066",
+        offset_sums=sums,
+        previous_active=got.active,
+    )
+    return MemberSubscription(frozenset(TWO_TABLES), info)
+
+
+def test_a_lost_worker_moves_no_task_between_survivors_when_changelogs_are_empty() -> None:
+    """faustlive N1 at steady state: some partitions of both tables are empty (no key hashed
+    there yet), so Faust's recovery tracks -1 for their changelog partitions on every standby,
+    forever. Summed as is (-2 = ``LATEST_OFFSET``) each such standby read as a running claim,
+    and at the next rebalance (here: w0 killed) the claim's tie-break moved the task from
+    its caught-up owner to the standby holder with the smaller process id (live at 256
+    partitions: 11-17 per table). Now the survivors keep every task they ran."""
+    changelogs = frozenset({CL, SEEN_CL})
+    names = [f"w{i}" for i in range(4)]
+    blank = {m: reports(i, AssignmentInfo(), {}) for i, m in enumerate(names)}
+    settled = assign_faust(blank, TWO_TABLES, num_standby_replicas=1, changelog_topics=changelogs)
+    applied = {p: (-1 if p % 2 else E) for p in range(8)}  # odd partitions: empty changelogs
+    survivors = {m: reports(i, settled[m].info, applied) for i, m in enumerate(names) if i}
+    result = assign_faust(
+        survivors, TWO_TABLES, num_standby_replicas=1, changelog_topics=changelogs
+    )
+    moved = {m: sorted(settled[m].info.active - result[m].info.active) for m in survivors}
+    assert moved == {m: [] for m in survivors}

@@ -21,6 +21,7 @@ Faust's tables and views read that assignor's assignment (``protocol_in_use``).
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import importlib
 import json
@@ -30,7 +31,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import attrs
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
@@ -599,15 +600,18 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         lag, cold, though a caught-up holder existed (review41 O1); at 0 it comes back only
         if the whole changelog is within the acceptable recovery lag, as Kafka Streams counts
         a task a client reports no offset of (its lag is the end offset). In-memory tables
-        and stateless tasks still report nothing (the leader hands those back)."""
+        and stateless tasks still report nothing (the leader hands those back). So does a
+        declared previous active whose database opens but holds no offset this reader can
+        parse (review45 E1): that is state, not its absence, and was read wrong."""
         offset = self._standby_offset_sum(task, topics) if task in following else None
-        if offset is None:
-            offset = self._disk_offset_sum(task, topics)
-        if offset is None and (
+        on_disk = self._disk_offset_sum(task, topics) if offset is None else offset
+        if on_disk is _UNPARSED:
+            return 0 if task in following else None
+        if on_disk is None and (
             task in following or (task in previous and self._has_disk_tables(task, topics))
         ):
             return 0
-        return offset
+        return on_disk
 
     def _task_tables(self, task: TaskId, topics: Mapping[str, int]) -> list[Any]:
         """The (not global) tables with a changelog partition of ``task`` (``topics``: its
@@ -623,27 +627,27 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         """Whether ``task`` has a table whose state survives a restart (RocksDB)."""
         return any(_keeps_state_on_disk(table.data) for table in self._task_tables(task, topics))
 
-    def _disk_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
+    def _disk_offset_sum(
+        self, task: TaskId, topics: Mapping[str, int]
+    ) -> int | Literal[_Unparsed.VALUE] | None:
         """Sum of the offsets this worker's on-disk (RocksDB) tables persisted for ``task``;
-        ``None`` when it has none (in-memory tables keep nothing across a restart)."""
+        ``None`` when it has none (in-memory tables keep nothing across a restart);
+        ``_UNPARSED`` when its only values under the offset key are no offsets."""
         found = []
+        unparsed = False
         for table in self._task_tables(task, topics):
             offset = _persisted_offset(table.data, task.partition)
-            if offset is not None:
+            if offset is _UNPARSED:
+                unparsed = True
+            elif offset is not None:
                 found.append(offset)
-        return sum(found) if found else None
+        return _UNPARSED if unparsed and not found else applied_offset_sum(found)
 
     def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
         """Sum of the changelog offsets this running worker's standby replica of ``task`` has
         applied, as Faust's recovery tracks them; ``None`` when it tracks none of them yet."""
         offsets = getattr(getattr(self.app.tables, "recovery", None), "standby_offsets", {})
-        known = [
-            int(offset)
-            for topic in topics
-            if task.partition < topics[topic]
-            and (offset := offsets.get(TP(topic, task.partition))) is not None
-        ]
-        return sum(known) if known else None
+        return standby_offset_sum(offsets, task.partition, topics)
 
     def _bind_rejoiner(self) -> None:
         if (consumer := self._consumer()) is not None:
@@ -723,6 +727,31 @@ def _digest(data: bytes) -> str:
     return hashlib.sha1(data).hexdigest()[:10]
 
 
+def applied_offset_sum(offsets: Iterable[int]) -> int | None:
+    """The offset sum a member reports of a task from its changelog partitions' offsets
+    (``None``: none known). Each offset below 0 counts as 0: Faust tracks ``-1`` for a
+    partition it has applied nothing of (unread, or empty), and summed as is, a fresh standby
+    of a task with two tables reported ``-1 + -1 = -2``, which is ``LATEST_OFFSET``: the
+    leader read it as running the task and handed it that task cold, or took it from its
+    caught-up owner (faustlive N1). So only a running active is ever reported below 0."""
+    known = [max(int(offset), 0) for offset in offsets]
+    return sum(known) if known else None
+
+
+def standby_offset_sum(
+    offsets: Mapping[TP, int | None], partition: int, topics: Mapping[str, int]
+) -> int | None:
+    """The offset sum a member reports of the standby of task ``partition`` of the group of
+    ``topics`` (topic -> partition count) from Faust's ``recovery.standby_offsets``
+    (changelog partition -> last offset applied, ``-1`` for none, ``None`` before recovery
+    read it; ``None``: it tracks none of them yet)."""
+    return applied_offset_sum(
+        offset
+        for topic, count in topics.items()
+        if partition < count and (offset := offsets.get(TP(topic, partition))) is not None
+    )
+
+
 def _undescribed(info: AssignmentInfo) -> list[int]:
     """Groups of the member's tasks missing from the topic dictionary (it cannot map them)."""
     return sorted({t.subtopology for t in info.active | info.standby} - set(info.topics))
@@ -736,41 +765,75 @@ def _keeps_state_on_disk(store: Any) -> bool:
     )
 
 
-def _persisted_offset(store: Any, partition: int) -> int | None:
+class _Unparsed(enum.Enum):
+    """A persisted offset that is there but is no offset (a value in a format this reader
+    does not know): state this worker holds but cannot measure."""
+
+    VALUE = enum.auto()
+
+
+#: What ``_persisted_offset`` found where the value was no offset.
+_UNPARSED: Literal[_Unparsed.VALUE] = _Unparsed.VALUE
+
+#: Bytes RocksDB's TTL database (Faust's ``options={"ttl": ...}``, rocksdict's
+#: ``AccessType.with_ttl``) appends to every value: the write time, a 32-bit integer. A
+#: read-only handle (rocksdict has no read-only TTL open) returns them with the value.
+_TTL_SUFFIX = 4
+
+
+def _persisted_offset(store: Any, partition: int) -> int | Literal[_Unparsed.VALUE] | None:
     """The changelog offset Faust's RocksDB ``store`` persisted for ``partition``, read through
     a private read-only handle that is closed right away.
 
     Never through the store's own ``persisted_offset``: that opens the database into the
     store's handle cache from this (the consumer's) thread, where the main thread does not
     expect it, and holds RocksDB's lock on partitions this worker may never get back. ``None``
-    for other stores, a partition with nothing on disk, or a database that cannot be read.
+    for other stores, a partition with nothing on disk, or a database that cannot be read;
+    ``_UNPARSED`` for a database that opens with a value under the offset key that is no
+    offset.
     """
     if not _keeps_state_on_disk(store):
         return None  # nothing survives a restart
-    options = store.rocksdb_options
     path = Path(store.partition_path(partition))
     if not path.exists():
         return None
-    key = getattr(store, "offset_key", _OFFSET_KEY)
     try:
-        if getattr(options, "use_rocksdict", True):
-            rocksdict = importlib.import_module("rocksdict")
-            db = rocksdict.Rdict(
-                str(path),
-                options=rocksdict.Options(raw_mode=True),
-                access_type=rocksdict.AccessType.read_only(),
-            )
-            try:
-                raw = db.get(key)
-            finally:
-                db.close()
-        else:  # python-rocksdb (older faust-streaming); closed when collected
-            rocksdb = importlib.import_module("rocksdb")
-            raw = rocksdb.DB(str(path), rocksdb.Options(), read_only=True).get(key)
-        return None if raw is None else int(raw)
+        raw = _read_raw_offset(store, path)
     except Exception as exc:  # a corrupt or unreadable store is no state to report
         log.debug("no persisted offset in %s: %s", path, exc)
         return None
+    if raw is None:
+        return None
+    options = store.rocksdb_options
+    # Faust opens a store with ``ttl`` as a TTL database only through rocksdict; with
+    # python-rocksdb it ignores the option, and the values carry no suffix.
+    ttl = getattr(options, "ttl", None) is not None and getattr(options, "use_rocksdict", True)
+    try:
+        return int(raw[:-_TTL_SUFFIX] if ttl else raw)
+    except ValueError:
+        log.debug("no offset in the value under the offset key of %s: %r", path, raw[:64])
+        return _UNPARSED
+
+
+def _read_raw_offset(store: Any, path: Path) -> bytes | None:
+    """The raw value under ``store``'s offset key in the database at ``path`` (``None``: no
+    such key), through a private read-only handle; raises what the driver raises."""
+    key = getattr(store, "offset_key", _OFFSET_KEY)
+    if getattr(store.rocksdb_options, "use_rocksdict", True):
+        rocksdict = importlib.import_module("rocksdict")
+        db = rocksdict.Rdict(
+            str(path),
+            options=rocksdict.Options(raw_mode=True),
+            access_type=rocksdict.AccessType.read_only(),
+        )
+        try:
+            raw = db.get(key)
+        finally:
+            db.close()
+    else:  # python-rocksdb (older faust-streaming); closed when collected
+        rocksdb = importlib.import_module("rocksdb")
+        raw = rocksdb.DB(str(path), rocksdb.Options(), read_only=True).get(key)
+    return None if raw is None else bytes(raw)
 
 
 def _lists(hosts: Mapping[str, Mapping[str, set[int]]]) -> HostToPartitionMap:
