@@ -168,3 +168,23 @@ def test_only_restored_actives_of_members_still_in_the_group_are_reported_runnin
     stores.restoring_actives = broken  # type: ignore[method-assign]
     asyncio.run(host._assigned(0))  # assigned again: in the group under its new member id
     assert host.offset_sums() == {t0: LATEST_OFFSET, t1: LATEST_OFFSET, t2: 90}
+
+
+@pytest.mark.parametrize(
+    ("positions", "wrong_shape"),
+    [(None, True), ({TaskId(0, 0): None}, True), ({"0_0": 5}, True), ({TaskId(0, 0): -2}, False)],
+)
+def test_a_listener_answer_of_the_wrong_shape_still_sends_a_subscription(
+    tmp_path: Path, positions: object, wrong_shape: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A listener's store positions of the wrong shape (None, a non-int sum, a key that is no
+    task id) raised in ``metadata()``, which ended aiokafka's coordination task: that consumer
+    never rejoined (review48 L1). Now they are left out, logged; a negative sum (a sentinel
+    such as ``LATEST_OFFSET``) is dropped silently."""
+    listener = Stores()
+    host = process(tmp_path, "p", 1, listener)
+    host.state.write_checkpoint(TaskId(0, 0), {TopicPartition("app-s-changelog", 0): 500})
+    listener.positions = positions  # type: ignore[assignment]
+    info = SubscriptionInfo.decode(host.assignors[0].metadata(["in"]).user_data)
+    assert info.offset_sums == {TaskId(0, 0): 500}  # the checkpoint's
+    assert ("could not be used" in caplog.text) == wrong_shape

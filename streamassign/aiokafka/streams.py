@@ -128,6 +128,21 @@ class TaskListener:
         return {}
 
 
+def _offset_sums_of(answer: object) -> dict[TaskId, int]:
+    """``TaskListener.store_offset_sums``' answer checked: task ids to offset sums of 0 or
+    more (``TypeError`` otherwise; a negative sum would read as a sentinel, such as
+    ``LATEST_OFFSET``, and is dropped)."""
+    if not isinstance(answer, Mapping):
+        raise TypeError(f"store_offset_sums returned {type(answer).__name__}, not a mapping")
+    sums = {}
+    for task, total in answer.items():
+        if not isinstance(task, TaskId) or not isinstance(total, int) or isinstance(total, bool):
+            raise TypeError(f"store_offset_sums returned {task!r}: {total!r}")
+        if total >= 0:
+            sums[task] = total
+    return sums
+
+
 class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
     """The aiokafka assignor of one consumer of a ``ProcessHost``."""
 
@@ -725,8 +740,11 @@ class ProcessHost:
         weighs it by that lag. Reported running, it was a second running claim beside the
         interim owner's, which the leader settled by process id (audit hostrejoin F1)."""
         sums = self.state.offset_sums(self._changelogs)
-        live: Mapping[TaskId, int] = self._ask_listener(self.listener.store_offset_sums, {})
-        sums.update((t, s) for t, s in live.items() if t.subtopology in self._changelogs and s >= 0)
+        no_sums: dict[TaskId, int] = {}
+        live = self._ask_listener(
+            lambda: _offset_sums_of(self.listener.store_offset_sums()), no_sums
+        )
+        sums.update((t, s) for t, s in live.items() if t.subtopology in self._changelogs)
         for t in self.reported_running():
             sums[t] = LATEST_OFFSET
         return sums
@@ -736,8 +754,8 @@ class ProcessHost:
         since their last assignment (``left_group``), less those the listener says are
         restoring (``TaskListener.restoring_actives``)."""
         kept = [a.active for i, a in enumerate(self._known) if not self.left_group(i)]
-        restoring: Collection[TaskId] = self._ask_listener(self.listener.restoring_actives, ())
-        return frozenset().union(*kept) - frozenset(restoring)
+        restoring = self._ask_listener(lambda: frozenset(self.listener.restoring_actives()), None)
+        return frozenset().union(*kept) - (restoring or frozenset())
 
     def left_group(self, consumer: int) -> bool:
         """Whether ``consumer``'s member id is no longer the one of its last assignment:
@@ -750,12 +768,13 @@ class ProcessHost:
         return before is not None and now is not None and now[0] != before[0]
 
     def _ask_listener(self, question: Callable[[], _Answer], fallback: _Answer) -> _Answer:
-        """The listener's answer, or ``fallback`` when it fails: a subscription is built
-        whatever a listener does (logged with its trace)."""
+        """The listener's answer, or ``fallback`` when it fails or answers in the wrong shape:
+        a subscription is built whatever a listener does (logged with its trace; raising
+        here would end aiokafka's coordination task, and the consumer would never rejoin)."""
         try:
             return question()
         except Exception:
-            log.exception("task listener %s failed", getattr(question, "__name__", question))
+            log.exception("a task listener's answer for the subscription could not be used")
             return fallback
 
     def membership(self, consumer: int) -> tuple[str, int] | None:

@@ -1290,7 +1290,10 @@ class _Listener(TaskListener):
         log.error("consumer %d: no tasks this round: the leader reported %s", consumer, code.name)
 
     def restoring_actives(self) -> frozenset[TaskId]:
-        return self.app.restoring_tasks
+        # Stateful ones only: a torn stateless task (a failed commit) has no offset sum to
+        # report instead, and would be claimed by no process (review48 L2).
+        actives = self.app._actives
+        return frozenset(t for t in self.app.restoring_tasks if actives[t].stores)
 
     def store_offset_sums(self) -> dict[TaskId, int]:
         return self.app._store_positions()
