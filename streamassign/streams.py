@@ -1011,37 +1011,23 @@ def _log_topology_versions(
 ) -> None:
     """One WARNING line when processes announce, for some of this leader's subtopology ids,
     source topics that lack one of the leader's (another topology version: an id reused, a
-    topic added in the leader's version), once per episode with ``logged``; one INFO line
-    when none does any more. Ids only one side has (fresh ids: the process gets no task of
-    the leader's), and ids where a member reads more topics (a topic added in its version:
-    it runs the leader's task), are no difference. Members announcing nothing (protocol 1-2)
-    cannot be checked. No process is
-    excluded; the tasks of the differing ids are moved off it after the assignor
-    (:func:`~streamassign.eligibility.move_to_eligible_clients`)."""
+    topic added in the leader's version), or announce none of its ids with all their topics
+    (:func:`_running_none`), once per episode with ``logged``; one INFO line when none does
+    any more. Ids only one side has (fresh ids: the process gets no task of the leader's), and
+    ids where a member reads more topics (a topic added in its version: it runs the leader's
+    task), are no difference. Members announcing nothing (protocol 1-2) cannot be checked. No
+    process is excluded; the tasks of the differing ids are moved off it after the assignor
+    (:func:`~streamassign.eligibility.move_to_eligible_clients`) and, inside a process, off
+    its members that may not run them (:func:`~streamassign.threads.distribute_to_threads`)."""
     own = _own_sources(topology)
-    differing: dict[tuple[tuple[int, str], ...], set[str]] = {}
-    idle: set[str] = set()  # announcing, but eligible for none of the leader's ids
-    busy: set[str] = set()
-    for sub in members.values():
-        announced = _announcement(topology, sub)
-        theirs = announced.sources
-        ids = tuple(
-            (s, ", ".join(sorted(theirs[s])))
-            for s, topics in sorted(own.items())
-            if s in theirs and not topics <= theirs[s]
-        )
-        if sub.info is not None and ids:
-            differing.setdefault(ids, set()).add(str(sub.info.process_id))
-        if sub.info is not None and announced.any and len(theirs) == len(ids):
-            idle.add(str(sub.info.process_id))
-        elif sub.info is not None:
-            busy.add(str(sub.info.process_id))
-    idle -= busy  # a process id shared with a member that may run some id (a copy) gets tasks
-    if not differing and not idle:
+    differing = _differing_ids(topology, own, members)
+    idle, idle_members = _running_none(topology, own, members)
+    if not differing and not idle and not idle_members:
         if logged is not None and logged.ended():
             log.info("every process announcing its topology agrees with this leader's again")
         return
-    if logged is not None and not logged.changed((frozenset(differing), frozenset(idle))):
+    episode = (frozenset(differing), frozenset(idle), frozenset(idle_members))
+    if logged is not None and not logged.changed(episode):
         return
     listed = [
         f"processes {', '.join(sorted(p))} announce "
@@ -1050,19 +1036,85 @@ def _log_topology_versions(
     ]
     if idle:
         listed.append(
-            f"processes {', '.join(sorted(idle))} announce none of this leader's ids with all "
+            f"processes {', '.join(idle)} announce none of this leader's ids with all "
             "its topics: they get no task at all"
         )
+    listed += [
+        f"members {', '.join(ms)} of process {name} announce none of this leader's ids with "
+        "all its topics: the process's tasks go to its other members"
+        for name, ms in idle_members.items()
+    ]
+    _warn_topology_versions(topology, own, listed)
+
+
+def _differing_ids(
+    topology: Topology,
+    own: Mapping[int, frozenset[str]],
+    members: Mapping[str, MemberSubscription],
+) -> dict[tuple[tuple[int, str], ...], set[str]]:
+    """The process ids announcing, for some of the leader's ids (``own``), source topics that
+    lack one of the leader's, by those ids with the topics announced for them."""
+    differing: dict[tuple[tuple[int, str], ...], set[str]] = {}
+    for sub in members.values():
+        theirs = _announcement(topology, sub).sources
+        ids = tuple(
+            (s, ", ".join(sorted(theirs[s])))
+            for s, topics in sorted(own.items())
+            if s in theirs and not topics <= theirs[s]
+        )
+        if sub.info is not None and ids:
+            differing.setdefault(ids, set()).add(str(sub.info.process_id))
+    return differing
+
+
+def _running_none(
+    topology: Topology,
+    own: Mapping[int, frozenset[str]],
+    members: Mapping[str, MemberSubscription],
+) -> tuple[list[str], dict[str, list[str]]]:
+    """The processes (clients, :func:`process_keys`: a process id announced with two endpoints
+    is two) whose members all announce, but none of the leader's ids (``own``) with all its
+    topics: they get no task at all; and, per other process, its members that announce so
+    (processes of two topology versions sharing one process id without distinct endpoints):
+    the thread split gives the process's tasks to its other members. Sorted names: a process
+    id, or ``id at endpoint`` for one endpoint of a shared id."""
+    keys, _ = process_keys(_announced(members))
+    by_key: dict[str, dict[str, bool]] = {}
+    for m, sub in members.items():
+        said = _announcement(topology, sub)
+        runs_none = said.any and member_ineligible_subtopologies(own, said.sources) == own.keys()
+        if m in keys:
+            by_key.setdefault(keys[m], {})[m] = runs_none
+    idle = sorted(_process_name(k) for k, ms in by_key.items() if all(ms.values()))
+    idle_members = {
+        _process_name(k): sorted(m for m, none in ms.items() if none)
+        for k, ms in sorted(by_key.items())
+        if any(ms.values()) and not all(ms.values())
+    }
+    return idle, idle_members
+
+
+def _process_name(key: str) -> str:
+    """A process key (:func:`process_keys`) as a log line names it."""
+    pid, _, endpoint = key.partition("#")
+    return f"{pid} at {endpoint}" if endpoint else pid
+
+
+def _warn_topology_versions(
+    topology: Topology, own: Mapping[int, frozenset[str]], listed: Sequence[str]
+) -> None:
+    """The WARNING of :func:`_log_topology_versions`: what differs (``listed``), the leader's
+    ids with their topics, and what the leader does about it."""
     mine = "; ".join(f"id {s}: [{', '.join(sorted(t))}]" for s, t in sorted(own.items()))
     log.warning(
         "processes of another topology version share the group: %s (this leader, version %s: "
-        "%s). This leader gives them no task of those ids: each goes to a process announcing "
-        "all of this leader's topics of it (one holding its state first, up to its share), their "
-        "standbys and warmups of them are dropped and the standbys placed on such processes "
-        "again; they get tasks of the other ids as usual. Where no "
-        "process is eligible the task stays, and a process whose own task of that id does not "
-        "read its partitions refuses it (its ERROR line names it). Keep subtopology ids stable "
-        "across versions (%s)",
+        "%s). No member announcing an id so gets a task of it: its actives go to a process "
+        "with a member announcing all of this leader's topics of it (one holding its state "
+        "first, up to its share), and there to such a member, as do its standbys and warmups "
+        "(those on a process without such a member are dropped, the standbys placed again); "
+        "the other ids are assigned as usual. Where no process is eligible the task stays, "
+        "and a process whose own task of that id does not read its partitions refuses it (its "
+        "ERROR line names it). Keep subtopology ids stable across versions (%s)",
         " | ".join(listed),
         topology_version(subtopology_fingerprints(topology)),
         mine,

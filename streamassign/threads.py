@@ -9,15 +9,20 @@ quota allows (state stays where it was opened, no needless revocation); the rest
 
 Threads of one client that may not run the same subtopology ids (processes of two topology
 versions sharing one process id, seen by the leader as one client) get no task of an id they
-may not run where another thread may: such tasks move to a thread that may, and the threads
-are then levelled again with tasks both may hold (:func:`_to_eligible`).
+may not run where another thread may: each category then keeps every task on the thread that
+had it where that one may run it, deals the others to the least loaded thread that may, and
+levels the threads with tasks both may hold (:func:`_to_eligible`). The per-category bound
+above does not hold there; an unchanged rebalance still moves nothing.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from itertools import pairwise
+from itertools import groupby, pairwise
+
+import attrs
 
 from ._ids import TaskId, as_task
 from .assignment import ClientAssignment
@@ -63,13 +68,14 @@ def distribute_to_threads(
         sorted(t for t in assignment.active if not is_stateful(t)),
     ]
     refused = [frozenset((ineligible or {}).get(name, ())) for name in names]
-    differ = len(set(refused)) > 1  # else no thread is better for any task: the plain split
+    differ = _refusals_differ(refused, assignment)
     totals = [0] * len(names)
     placed: list[list[TaskId]] = [[] for _ in names]
     for items in categories:
-        split = _split(items, names, prev, totals)
         if differ:
-            _to_eligible(split, refused, prev, totals)
+            split = _to_eligible(items, refused, prev, totals)
+        else:
+            split = _split(items, names, prev, totals)
         for th, got in enumerate(split):
             placed[th].extend(got)
             totals[th] += len(got)
@@ -81,6 +87,14 @@ def distribute_to_threads(
         )
         for name, got in zip(names, placed, strict=True)
     }
+
+
+def _refusals_differ(refused: Sequence[frozenset[int]], assignment: ClientAssignment) -> bool:
+    """Whether some threads refuse a task's id and others do not: only then is one thread
+    better for a task than another (else the plain split)."""
+    classes = set(refused)
+    ids = {t.subtopology for t in assignment.active | assignment.standby | assignment.warmup}
+    return len(classes) > 1 and any(len({s in r for r in classes}) > 1 for s in ids)
 
 
 def _split(
@@ -108,62 +122,198 @@ def _split(
 
 
 def _to_eligible(
-    split: list[list[TaskId]],
+    items: list[TaskId],
     refused: Sequence[frozenset[int]],
     prev: Mapping[TaskId, int],
     totals: Sequence[int],
-) -> None:
-    """One category's ``split`` (in place) with every task on a thread that refuses its id
-    moved to one that does not (the one that had it, else the least loaded, then the first);
-    a task every thread refuses stays (the leader's safety net withholds it if its member
-    does not subscribe to its topics). Then, while a thread has two tasks more than another
-    (``totals`` carried from the earlier categories) and one of them the other may hold, the
-    busiest gives the least busy one such a task, one it did not have before first, then the
-    smallest: each move narrows the spread, so this ends. Heaps per thread and id keep each
-    move at O(ids) rather than a scan of the thread's tasks."""
-    threads = range(len(split))
-    loads = [total + len(got) for total, got in zip(totals, split, strict=True)]
-    heaps: list[dict[int, list[tuple[bool, TaskId]]]] = [{} for _ in threads]
-    for th in threads:
-        for task in split[th]:
-            target = th
-            if task.subtopology in refused[th]:
-                able = [o for o in threads if task.subtopology not in refused[o]]
-                if prev.get(task) in able:
-                    target = prev[task]
-                elif able:
-                    target = min(able, key=lambda o: (loads[o], o))
-            loads[th] -= 1
-            loads[target] += 1
-            heaps[target].setdefault(task.subtopology, []).append((prev.get(task) == target, task))
-    for by_id in heaps:
-        for heap in by_id.values():
-            heapq.heapify(heap)
-    while (found := _levelling_move(heaps, refused, loads)) is not None:
-        task, giver, taker = found
-        heapq.heappop(heaps[giver][task.subtopology])
-        heapq.heappush(
-            heaps[taker].setdefault(task.subtopology, []), (prev.get(task) == taker, task)
+) -> list[list[TaskId]]:
+    """One category over threads that refuse different ids: each task stays on the thread
+    that had it where that one may run it; the others go, in ``(subtopology, partition)``
+    order, to the least loaded thread that may (``totals`` carried from the earlier
+    categories), then the first; a task every thread refuses goes to the one that had it,
+    else the least loaded (the leader's safety net withholds it if its member does not
+    subscribe to its topics). Then the threads are levelled (``_Levelling.level``). Fed its
+    own output as ``prev``, nothing moves: every task stays, and the levelling found no move
+    from there before."""
+    loads = list(totals)
+    levels = _Levelling.of(refused, prev, loads)
+    rest = []
+    for task in items:
+        owner = prev.get(task)
+        able = levels.able(task.subtopology)
+        if owner is not None and (not able or levels.klass[owner] in able):
+            levels.hold(task, owner)
+        else:
+            rest.append(task)
+    for able, run in groupby(rest, key=lambda t: levels.able(t.subtopology)):
+        levels.deal(list(run), able or tuple(range(len(levels.class_refuses))))
+    levels.level()
+    return levels.held_tasks()
+
+
+#: A task's place on a thread: (on the thread that had it, the task, its stamp): a thread
+#: gives the tasks it did not have first.
+_Held = tuple[bool, TaskId, int]
+
+
+@attrs.define
+class _Levelling:
+    """One category's tasks on the threads, arranged for levelling moves near-linear in the
+    tasks: threads grouped by refusal class (those refusing the same ids are
+    interchangeable), each thread's tasks in heaps per set of classes that may run them, the
+    least loaded thread of each class in a heap. Entries are dropped lazily: a task's stamp
+    changes at each move, a thread's load entry is stale once its load changed."""
+
+    refused: Sequence[frozenset[int]]
+    prev: Mapping[TaskId, int]
+    #: Per thread, its total so far (earlier categories and this one).
+    loads: list[int]
+    #: Per thread, its refusal class; per class, the refused ids.
+    klass: list[int]
+    class_refuses: list[frozenset[int]]
+    #: Per class, ``(load, thread)`` entries (lazy) of its threads.
+    lightest: list[list[tuple[int, int]]]
+    #: Per thread, per set of classes that may run a task: its tasks there, and how many.
+    held: list[dict[tuple[int, ...], list[_Held]]]
+    counts: list[Counter[tuple[int, ...]]]
+    #: Per thread, per thread that had them before: tasks it holds (lazy), to hand back first.
+    had: list[dict[int, list[tuple[TaskId, int]]]]
+    #: Per task, its thread and stamp.
+    where: dict[TaskId, tuple[int, int]] = attrs.field(factory=dict)
+    able_classes: dict[int, tuple[int, ...]] = attrs.field(factory=dict)
+
+    @classmethod
+    def of(
+        cls, refused: Sequence[frozenset[int]], prev: Mapping[TaskId, int], loads: list[int]
+    ) -> _Levelling:
+        class_refuses = list(dict.fromkeys(refused))
+        threads = range(len(refused))
+        return cls(
+            refused,
+            prev,
+            loads,
+            [class_refuses.index(r) for r in refused],
+            class_refuses,
+            [[] for _ in class_refuses],
+            [{} for _ in threads],
+            [Counter() for _ in threads],
+            [{} for _ in threads],
         )
-        loads[giver] -= 1
-        loads[taker] += 1
-    split[:] = [[t for heap in by_id.values() for _, t in heap] for by_id in heaps]
 
+    def able(self, subtopology: int) -> tuple[int, ...]:
+        """The classes that may run ``subtopology``'s tasks."""
+        found = self.able_classes.get(subtopology)
+        if found is None:
+            refuses = enumerate(self.class_refuses)
+            found = tuple(c for c, r in refuses if subtopology not in r)
+            self.able_classes[subtopology] = found
+        return found
 
-def _levelling_move(
-    heaps: Sequence[Mapping[int, list[tuple[bool, TaskId]]]],
-    refused: Sequence[frozenset[int]],
-    loads: Sequence[int],
-) -> tuple[TaskId, int, int] | None:
-    """The next (task, giver, taker) that narrows the spread of ``loads``, or None: the
-    busiest giver with a task a less busy taker (by two or more) may hold, to the least
-    busy such taker."""
-    by_load = sorted(range(len(heaps)), key=lambda th: (loads[th], th))
-    for giver in reversed(by_load):
-        for taker in by_load:
-            if loads[giver] <= loads[taker] + 1:
-                break
-            heads = [h[0] for s, h in heaps[giver].items() if h and s not in refused[taker]]
-            if heads:
-                return min(heads)[1], giver, taker
-    return None
+    def least(self, c: int) -> tuple[int, int]:
+        """The least loaded thread of class ``c`` (then the first), as ``(load, thread)``."""
+        heap = self.lightest[c]
+        if not heap:  # first use: every thread of the class
+            heap += [(load, th) for th, load in enumerate(self.loads) if self.klass[th] == c]
+            heapq.heapify(heap)
+        while heap[0][0] != self.loads[heap[0][1]]:
+            heapq.heappop(heap)
+        return heap[0]
+
+    def deal(self, tasks: list[TaskId], able: tuple[int, ...]) -> None:
+        """Each of ``tasks`` in turn on the least loaded thread (then the first) of the
+        classes ``able``: a heap of those classes' lightest threads, one entry per class,
+        rather than a scan of them per task."""
+        heap = [(*self.least(c), c) for c in able]
+        heapq.heapify(heap)
+        for task in tasks:
+            _, th, c = heap[0]
+            self.hold(task, th)
+            heapq.heapreplace(heap, (*self.least(c), c))
+
+    def touched(self, th: int) -> None:
+        """Note ``th``'s load changed (its class heap gets an entry, if it has one yet)."""
+        if self.lightest[self.klass[th]]:
+            heapq.heappush(self.lightest[self.klass[th]], (self.loads[th], th))
+
+    def hold(self, task: TaskId, th: int) -> None:
+        """Put ``task`` on ``th``, counted in its load."""
+        self.loads[th] += 1
+        self.touched(th)
+        stamp = self.where[task][1] + 1 if task in self.where else 0
+        self.where[task] = (th, stamp)
+        owner = self.prev.get(task)
+        able = self.able(task.subtopology)
+        heapq.heappush(self.held[th].setdefault(able, []), (owner == th, task, stamp))
+        self.counts[th][able] += 1
+        if owner is not None and owner != th:
+            self.had[th].setdefault(owner, []).append((task, stamp))
+
+    def level(self) -> None:
+        """While a thread has two tasks more than another and one of them the other may hold,
+        the busiest gives the least busy one such a task: one that thread had before first,
+        then one the giver did not have, then the smallest. Each move narrows the spread, so
+        this ends; a pass over the threads by load repeats until nothing moves (a thread that
+        could give nothing may, once another gave)."""
+        moved = True
+        while moved:
+            moved = False
+            busiest = [(-load, th) for th, load in enumerate(self.loads)]
+            heapq.heapify(busiest)
+            while busiest:
+                load, giver = heapq.heappop(busiest)
+                if -load != self.loads[giver]:
+                    continue  # stale
+                taker = self._taker(giver)
+                if taker is None:
+                    continue  # nothing to give this pass
+                self._move(giver, taker)
+                moved = True
+                heapq.heappush(busiest, (-self.loads[giver], giver))
+
+    def _taker(self, giver: int) -> int | None:
+        """The least loaded thread (by two or more) that may hold one of ``giver``'s tasks."""
+        best: tuple[int, int] | None = None
+        counts = self.counts[giver]
+        for c in range(len(self.class_refuses)):
+            load, th = self.least(c)
+            if self.loads[giver] < load + 2 or (best is not None and (load, th) >= best):
+                continue
+            if any(n and c in able for able, n in counts.items()):
+                best = (load, th)
+        return None if best is None else best[1]
+
+    def _move(self, giver: int, taker: int) -> None:
+        """Move ``giver``'s best task for ``taker`` (see :meth:`level`) there."""
+        task = self._returning(giver, taker)
+        if task is None:
+            c = self.klass[taker]
+            heads = []
+            for able, heap in self.held[giver].items():
+                if self.counts[giver][able] and c in able:
+                    while self.where[heap[0][1]] != (giver, heap[0][2]):
+                        heapq.heappop(heap)
+                    heads.append((heap[0], able))
+            head, able = min(heads)
+            heapq.heappop(self.held[giver][able])
+            task = head[1]
+        self.counts[giver][self.able(task.subtopology)] -= 1
+        self.loads[giver] -= 1
+        self.touched(giver)
+        self.hold(task, taker)
+
+    def _returning(self, giver: int, taker: int) -> TaskId | None:
+        """A task ``giver`` holds that ``taker`` had before and may run, if any (its heap
+        entry goes stale with the move)."""
+        back = self.had[giver].get(taker, [])
+        while back:
+            task, stamp = back.pop()
+            if self.where[task] == (giver, stamp) and task.subtopology not in self.refused[taker]:
+                return task
+        return None
+
+    def held_tasks(self) -> list[list[TaskId]]:
+        """Per thread, the tasks it holds."""
+        out: list[list[TaskId]] = [[] for _ in self.held]
+        for task, (th, _) in self.where.items():
+            out[th].append(task)
+        return out

@@ -492,6 +492,41 @@ def test_a_process_id_shared_with_a_member_that_runs_tasks_is_not_called_idle(
         assert ("they get no task at all" in warnings[0]) == idle, warnings
 
 
+#: A leader whose every id is fresh: a V1 process may run none of them.
+FRESH_ONLY = Topology([Subtopology(10, ["t1"]), Subtopology(11, ["b"])], name="r")
+
+
+@pytest.mark.parametrize("endpoints", [("h2:1", "h3:1"), ("h2:1", "h2:1")])
+def test_a_copy_that_may_run_none_of_a_fresh_leaders_ids_is_logged_once(
+    caplog: pytest.LogCaptureFixture, endpoints: tuple[str, str]
+) -> None:
+    """review43 F1: a V1 process sharing its process id with a process of the leader's
+    version gets no task in a fresh-id roll. At two endpoints (two processes) it is logged as
+    a process getting no task at all; at one (one process) as a member whose process's tasks
+    go to its other members. Once per episode either way."""
+    old, copy = (
+        attrs.evolve(sub, info=attrs.evolve(sub.info, endpoint=e))
+        for sub, e in zip((member(2, V1), member(2, FRESH_ONLY)), endpoints, strict=True)
+    )
+    members = {"p1": member(1, FRESH_ONLY), "p2": old, "p2copy": copy}
+    versions = Repeats()
+    with caplog.at_level(logging.WARNING, "streamassign.streams"):
+        for _ in range(3):
+            result = assign_streams(FRESH_ONLY, COUNTS, members, topology_versions=versions)
+            assert not result["p2"].info.active and not result["p2"].info.standby
+            assert result["p2copy"].info.active and result["p1"].info.active
+    warnings = [r.getMessage() for r in caplog.records if "another topology" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    pid = uuid.UUID(int=2)
+    if endpoints[0] != endpoints[1]:
+        assert f"processes {pid} at h2:1 announce none of this leader's ids" in warnings[0]
+        assert "they get no task at all" in warnings[0]
+    else:
+        assert f"members p2 of process {pid} announce none of this leader's ids" in warnings[0]
+        assert "the process's tasks go to its other members" in warnings[0]
+    assert "p2copy" not in warnings[0].split("(this leader")[0]
+
+
 def test_the_leader_reads_and_resolves_each_announced_topology_once_a_round() -> None:
     """Members of one topology version send the same tail: a wide app's leader read it once
     per member (300 members x 1,000 topics: 560 ms of decode on its event loop; 35 now).

@@ -201,3 +201,74 @@ def test_threads_that_refuse_an_id_take_the_other_ids_instead() -> None:
     out = distribute_to_threads(assignment, ["new", "old"], ineligible={"old": {0}})
     assert out["new"].active == {TaskId(0, p) for p in range(6)}
     assert out["old"].active == {TaskId(1, p) for p in range(6)}
+
+
+@given(rebalances(), st.data())
+def test_with_differing_refusals_the_split_is_a_fixed_point(
+    work: Rebalance, data: st.DataObject
+) -> None:
+    """review43 F4: fed its own output as the previous split (the same assignment, an
+    unchanged rebalance), no task moves between threads, whatever the threads refuse."""
+    assignment, threads, stateful, prev = work
+    refused = {th: data.draw(st.frozensets(st.integers(0, 3), max_size=3)) for th in threads}
+    out = distribute_to_threads(assignment, threads, prev, stateful, refused)
+    again = {th: a.active | a.standby | a.warmup for th, a in out.items()}
+    assert distribute_to_threads(assignment, threads, again, stateful, refused) == out
+
+
+def test_an_unchanged_rebalance_moves_nothing() -> None:
+    """review43's show_thr.py 63 (F4): fed its own output, the split used to move 1_5 from t2
+    to t1, 2_7 from t4 to t2 and 0_1 from t3 to t4; now nothing moves."""
+    task = lambda s: TaskId(*map(int, s.split("_")))  # noqa: E731
+    tasks = lambda *names: frozenset(map(task, names))  # noqa: E731
+    assignment = ClientAssignment(
+        tasks("0_6", "1_3", "1_4", "1_5"), tasks("0_3", "2_7"), tasks("0_0", "0_1", "0_4")
+    )
+    refused = {"t0": {0, 1, 2}, "t1": {0}, "t2": {0}, "t3": {1}, "t4": {1}}
+    prev = {
+        "t0": tasks("0_4", "1_3", "1_4", "1_5", "2_7"),
+        "t1": tasks("1_4", "2_7"),
+        "t2": tasks("1_4"),
+        "t3": tasks("0_4", "1_3"),
+        "t4": tasks("0_4", "1_4", "1_5"),
+    }
+    stateful = tasks("0_4", "1_3", "1_4")
+    out = distribute_to_threads(assignment, list(refused), prev, stateful, refused)
+    again = {th: a.active | a.standby | a.warmup for th, a in out.items()}
+    assert distribute_to_threads(assignment, list(refused), again, stateful, refused) == out
+
+
+@given(rebalances(), st.data())
+def test_refusals_of_ids_no_task_has_leave_the_plain_split(
+    work: Rebalance, data: st.DataObject
+) -> None:
+    """Threads refusing different ids, but only ids of no task here (or ids every thread
+    refuses): no thread is better for any task, so the plain split."""
+    assignment, threads, stateful, prev = work
+    tasks = assignment.active | assignment.standby | assignment.warmup
+    absent = st.frozensets(st.integers(10, 13), max_size=3)
+    shared = data.draw(
+        st.frozensets(st.sampled_from(sorted({t.subtopology for t in tasks}) or [0]))
+    )
+    refused = {th: data.draw(absent) | shared for th in threads}
+    plain = distribute_to_threads(
+        assignment, threads, prev, stateful, dict.fromkeys(threads, shared)
+    )
+    assert distribute_to_threads(assignment, threads, prev, stateful, refused) == plain
+
+
+def test_a_thread_keeps_what_it_had_where_the_levelling_allows() -> None:
+    """With differing refusals a thread keeps the tasks it had and may run; the levelling
+    hands over tasks the giver did not have first."""
+    assignment = ClientAssignment(frozenset(TaskId(s, p) for s in (0, 1) for p in range(4)))
+    prev = {"new": {TaskId(0, 0), TaskId(1, 0)}, "old": {TaskId(0, 1), TaskId(1, 1)}}
+    out = distribute_to_threads(assignment, ["new", "old"], prev, ineligible={"old": {0}})
+    assert out["new"].active == {TaskId(0, p) for p in range(4)}
+    assert out["old"].active == {TaskId(1, p) for p in range(4)}
+    # new had 1_0 and 1_1, and with id 0's four tasks has room for one of id 1: one it had.
+    prev = {"new": {TaskId(0, 0), TaskId(1, 0), TaskId(1, 1)}, "old": set()}
+    bigger = ClientAssignment(assignment.active | {TaskId(1, p) for p in (4, 5)})
+    out = distribute_to_threads(bigger, ["new", "old"], prev, ineligible={"old": {0}})
+    assert out["new"].load == out["old"].load == 5
+    kept = {t for t in out["new"].active if t.subtopology == 1}
+    assert len(kept) == 1 and kept <= prev["new"], out

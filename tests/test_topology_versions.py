@@ -282,7 +282,7 @@ def test_a_leader_excludes_no_process_and_warns_about_those_whose_ids_differ(
     assert "id 0" not in warnings[0].split("(this leader")[0]  # id 0 is the same
     for pid in (1, 4, 5):  # the leader's own version, a fresh id, announced nothing
         assert str(uuid.UUID(int=pid)) not in warnings[0]
-    assert "gives them no task of those ids" in warnings[0]
+    assert "No member announcing an id so gets a task of it" in warnings[0]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert any("agrees with this leader's again" in m for m in infos)
 
