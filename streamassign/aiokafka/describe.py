@@ -974,15 +974,17 @@ def _topology_versions(view: GroupView) -> list[str]:
     if own is None:
         return _differing(view)
     reads = view.announcements_read()
+    stalled = _stalled(view, own, reads)
     if view.reading_unknown():
         unknown = (
             f"; whether the leader reads topology announcements is unknown (assignments at "
             f"protocol version {view.assignment_version()}, and some member supports only "
-            "that: a leader pinned below version 3 reads none and withholds no id); no "
-            "process holds a task of an id its version lacks"
+            "that: a leader pinned below version 3 reads none and withholds no id)"
         )
-        return [line + unknown for line in _differing(view)]
-    return [*_stalled(view, own, reads), *_withheld(view, own, reads)]
+        # A member's guard refusing a task is a stall whatever the leader read: said apart.
+        unknown += "" if stalled else "; no process holds a task of an id its version lacks"
+        return [*stalled, *(line + unknown for line in _differing(view))]
+    return [*stalled, *_withheld(view, own, reads)]
 
 
 def _stalled(view: GroupView, own: Mapping[int, frozenset[str]], reads: bool | None) -> list[str]:
