@@ -26,8 +26,8 @@ from typing import Any, Final, TextIO, TypeVar
 import attrs
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from . import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
@@ -1336,7 +1336,8 @@ def _print_group(
         for m in sorted(view.members, key=lambda m: m.member_id):
             console.print(f"  {member_labels[m.member_id]}  {_client_at_host(m)}", markup=False)
         return
-    # The group and protocol names are the members' choice: escaped in the one styled line.
+    # The group and protocol names are the members' choice: styled parts, never markup
+    # (``escape`` gets a trailing backslash wrong).
     heading = (
         f": {view.state}, protocol {view.protocol or '-'} ({view.family}), {members} member(s) "
         f"in {len(processes)} process(es)"
@@ -1344,7 +1345,7 @@ def _print_group(
     leader_version = view.leader_version()
     if leader_version is not None:  # protocol 3: members announce theirs, named in the table
         heading += f", leader's topology version {leader_version}"
-    console.print(f"[bold]{escape(view.group)}[/]{escape(heading)}", markup=True)
+    console.print(Text.assemble((view.group, "bold"), heading))
     labels = dict(labels or _view_labels(view))
     _print_processes(console, processes, view.endpoints(), labels)
     _print_members(console, view.members, labels | member_labels)
@@ -1495,8 +1496,8 @@ def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> N
             markup=False,
         )
     for problem in score.problems[:20]:
-        # Escaped: a problem names topics and ids, which rich would read as markup ([b]).
-        console.print(f"[red]problem:[/] {escape(problem)}", markup=True)
+        # Styled parts, not markup: a problem names topics and ids ([b], a trailing \\).
+        console.print(Text.assemble(("problem:", "red"), " ", problem))
     if len(score.problems) > 20:
         console.print(f"[red]... and {len(score.problems) - 20} more problems[/]", markup=True)
 

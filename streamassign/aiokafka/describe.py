@@ -140,6 +140,10 @@ class MemberView:
     rack: str | None = None
     #: ``"sub v2/2 asg v2/2"``: versions and latest supported / common versions of the user data.
     versions: str = ""
+    #: Streams protocols: the latest version the subscription says the member supports, and
+    #: the assignment's common version (``None``: not read).
+    supported_version: int | None = None
+    assignment_version: int | None = None
     error: str = "NONE"
     generation: int | None = None
     #: Streams protocol: per subtopology, its source topics and their partition counts.
@@ -172,6 +176,10 @@ class MemberView:
         """Whether the member's assignment is read (its bytes, or all but its subscription's
         user data: ``subscription_only``)."""
         return self.undecodable is None or self.subscription_only
+
+
+#: ``GroupView.withheld`` and ``GroupView.blind`` of one reading of the announcements.
+_Eligibility = tuple[dict[str, frozenset[int]], list[str]]
 
 
 @attrs.frozen
@@ -275,37 +283,138 @@ class GroupView:
         tasks (``blind``), else the ids none of its members that may get tasks may run
         (``eligibility.ineligible_subtopologies``: a member may not run an id whose leader's
         topics it announces not all of, announcements read as the leader reads them:
-        ``leader_reading``)."""
+        ``leader_reading``; a leader below protocol 3 reads none: ``announcements_read``).
+        When that is unknown, as a leader reading them (``_eligibility``)."""
+        return self._eligibility()[0]
+
+    def blind(self) -> list[str]:
+        """Processes the leader gives no task at all: none of their members subscribes to
+        every source topic of the leader's or, when the leader reads announcements
+        (``announcements_read``), announces a topology (the leader's
+        ``streams._may_get_tasks``: such a member cannot run every task). When that is
+        unknown, as a leader reading them (``_eligibility``)."""
+        return self._eligibility()[1]
+
+    def announcements_read(self) -> bool | None:
+        """Whether the leader reads the members' topology announcements: a leader decodes
+        subscriptions at its own ``max_version`` and reads none below 3 (a rolling-upgrade pin,
+        ``ProcessHost(max_version=2)``). ``None``: unknown (``_leader_reading_known``)."""
+        own = self.leader_topics()
+        if own is None:
+            return None
+        return self._leader_reading_known(self._readings(own, True), self._readings(own, False))
+
+    def reading_unknown(self) -> bool:
+        """Whether it is unknown whether the leader reads announcements, and that changes
+        which ids it withholds from which processes (``withheld`` then reads as a leader
+        reading them)."""
+        own = self.leader_topics()
+        if own is None:
+            return False
+        read, unread = self._readings(own, True), self._readings(own, False)
+        return read != unread and self._leader_reading_known(read, unread) is None
+
+    def stalled(self) -> dict[str, frozenset[TaskId]]:
+        """Per process, the actives it holds that its members' guards refuse: of a leader's
+        id whose topics the member announces not all of (``leader_reading``; a leader not
+        reading announcements gives them, ``announcements_read``). Those run nowhere."""
         own = self.leader_topics()
         if own is None:
             return {}
-        sources = frozenset().union(*own.values())
-        by_member: dict[str, list[frozenset[int]]] = {}
+        out: dict[str, frozenset[TaskId]] = {}
         for pid, members in self.members_by_process().items():
             for m in members:
                 reading = leader_reading(m, own.keys())
+                refused = member_ineligible_subtopologies(own, reading)
+                tasks = frozenset(t for t in m.active if t.subtopology in refused)
+                if tasks:
+                    out[pid] = out.get(pid, frozenset()) | tasks
+        return out
+
+    def may_get_tasks(self) -> frozenset[str]:
+        """The members the leader may give tasks (``streams._may_get_tasks``), by member id:
+        those subscribing to every source topic of its topology or, when it reads
+        announcements (``announcements_read``; unknown: as one of protocol 3), announcing a
+        topology. Every member when the leader's topology is unknown."""
+        own = self.leader_topics()
+        if own is None:
+            return frozenset(m.member_id for m in self.members)
+        sources = frozenset().union(*own.values())
+        reads = self.announcements_read() is not False
+        return frozenset(
+            m.member_id
+            for m in self.members
+            if sources <= set(m.topics) or (reads and leader_reading(m, own.keys()) is not None)
+        )
+
+    def assignment_version(self) -> int | None:
+        """The protocol version the leader assigned at (every member's the same: the lowest
+        of the leader's ``max_version`` and the members' latest supported ones)."""
+        return (
+            max((m.assignment_version or 0 for m in self.members if m.assigned), default=0) or None
+        )
+
+    def _leader_reading_known(self, read: _Eligibility, unread: _Eligibility) -> bool | None:
+        """Whether the leader reads announcements, when ``read`` and ``unread`` differ (so it
+        matters). Assignments at version 3 or more: it does. Below 3 while every member
+        supports 3: the leader is pinned below 3, it does not. Else a member supporting only 2
+        may lead, or not: ``_leader_reading_shown``."""
+        version = self.assignment_version()
+        if version is None:
+            return None
+        if version >= 3:
+            return True
+        supported = [m.supported_version for m in self.members if m.supported_version]
+        if supported and min(supported) >= 3:
+            return False
+        return self._leader_reading_shown(read, unread)
+
+    def _leader_reading_shown(self, read: _Eligibility, unread: _Eligibility) -> bool | None:
+        """Whether the leader reads announcements, from what it gave: an active of an id
+        ``read`` withholds from its process (a leader reading them never gives one: it would
+        stall, the member's guard refusing it), or any task on a process ``unread`` finds
+        blind (a leader reading none gives such a process nothing). ``None``: neither, so no
+        task stalls either way; only which processes may get which ids is unknown."""
+        processes = self.processes()
+        if any(
+            {t.subtopology for t in processes[pid].assignment.active} & ids
+            for pid, ids in read[0].items()
+            if pid in processes
+        ):
+            return False
+        held = (processes[pid].assignment for pid in unread[1] if pid in processes)
+        if any(a.active | a.standby | a.warmup for a in held):
+            return True
+        return None
+
+    def _eligibility(self) -> _Eligibility:
+        """``withheld`` and ``blind`` as the leader reads announcements; when that is unknown,
+        as a leader reading them (as one of protocol 3 does: the usual upgrade runs the new
+        leader with old members) decides. Either way then no process holds an active of an id
+        its announced version lacks (``_leader_reading_shown``): no task stalls."""
+        own = self.leader_topics()
+        if own is None:
+            return {}, []
+        read, unread = self._readings(own, True), self._readings(own, False)
+        if read == unread:
+            return read
+        return unread if self._leader_reading_known(read, unread) is False else read
+
+    def _readings(self, own: Mapping[int, frozenset[str]], announcements: bool) -> _Eligibility:
+        """``withheld`` and ``blind`` of a leader that reads (or not) announcements."""
+        sources = frozenset().union(*own.values())
+        by_member: dict[str, list[frozenset[int]]] = {}
+        blind = []
+        for pid, members in self.members_by_process().items():
+            for m in members:
+                reading = leader_reading(m, own.keys()) if announcements else None
                 if reading is not None or sources <= set(m.topics):  # it may get tasks
                     ineligible = member_ineligible_subtopologies(own, reading)
                     by_member.setdefault(pid, []).append(ineligible)
+            if pid not in by_member:
+                blind.append(pid)
         out = ineligible_subtopologies(by_member)
-        return out | dict.fromkeys(self.blind(), frozenset(own))
-
-    def blind(self) -> list[str]:
-        """Processes the leader gives no task at all: none of their members announces a
-        topology (protocol 1-2) and subscribes to every source topic of the leader's (the
-        leader's ``streams._may_get_tasks``: such a member cannot run every task)."""
-        own = self.leader_topics()
-        if own is None:
-            return []
-        sources = frozenset().union(*own.values())
-        return [
-            pid
-            for pid, members in self.members_by_process().items()
-            if not any(
-                leader_reading(m, own.keys()) is not None or sources <= set(m.topics)
-                for m in members
-            )
-        ]
+        return out | dict.fromkeys(blind, frozenset(own)), blind
 
     def members_by_process(self) -> dict[str, list[MemberView]]:
         """Decoded members with metadata, by process."""
@@ -408,6 +517,7 @@ def _subscription(family: Family, protocol: str, view: MemberView, data: bytes) 
             endpoint=info.endpoint,
             rack=info.rack,
             versions=f"sub v{info.version}/{info.latest_supported_version}",
+            supported_version=info.latest_supported_version,
             error=info.error_code.name,
         )
         return _announcement(view, info.subtopology_topic_indices, unreadable)
@@ -438,6 +548,7 @@ def _assignment(family: Family, protocol: str, view: MemberView, data: bytes) ->
             warmup=info.warmup,
             topic_dictionary=info.topics,
             versions=f"{prefix}asg v{info.version}/{info.common_version}",
+            assignment_version=info.common_version,
             error=error,
         )
     if family == Family.FAUST:
@@ -598,7 +709,8 @@ def describe_bytes(
         decoded, tasks = _consumer_tasks(decoded)
     else:
         if family == Family.STREAMS:
-            decoded, shared = _split_shared_ids(decoded)
+            unsplit = GroupView(group, state, protocol_type, protocol, family, tuple(decoded), {})
+            decoded, shared = _split_shared_ids(decoded, unsplit.may_get_tasks())
         tasks = _task_partitions(decoded, infer_sources=protocol == PROTOCOL_NAME)
     return GroupView(
         group, state, protocol_type, protocol, family, tuple(decoded), tasks, tuple(shared)
@@ -606,12 +718,16 @@ def describe_bytes(
 
 
 def _split_shared_ids(
-    members: list[MemberView],
+    members: list[MemberView], may_get_tasks: Collection[str]
 ) -> tuple[list[MemberView], list[SharedProcessId]]:
     """``members`` with the process of each member of a shared process id (announced with
-    several endpoints) keyed per endpoint as the leader keys it, and those ids."""
+    several endpoints) keyed per endpoint as the leader keys it, and those ids. As the
+    leader, over the members that may get tasks only (``may_get_tasks``, member ids): a
+    blind member's endpoint makes no clash (``streams.client_states`` of the compatible)."""
     announced = {
-        m.member_id: (m.process, m.endpoint) for m in members if m.undecodable is None and m.topics
+        m.member_id: (m.process, m.endpoint)
+        for m in members
+        if m.undecodable is None and m.topics and m.member_id in may_get_tasks
     }
     keys, shared = process_keys(announced)
     if not shared:
@@ -847,15 +963,61 @@ def _ids_text(ids: Iterable[int]) -> str:
 
 
 def _topology_versions(view: GroupView) -> list[str]:
-    """One problem when the leader withholds subtopology ids from processes of other topology
-    versions (a rolling deploy that reused an id or changed its topics): the leader's version
-    (named from its topology, which every assignment carries), the ids with the leader's
-    topics, and per version the processes it withholds which ids from. Ids that differ without
-    effect (a topic added in a version, an id the leader lacks) are no problem. Without the
-    leader's topology (``GroupView.leader_topics``): members' differing ids (``_differing``)."""
+    """Problems of a group whose processes run other topology versions than the leader (a
+    rolling deploy that reused an id or changed its topics): tasks that run nowhere
+    (``_stalled``), and the subtopology ids the leader withholds from processes
+    (``_withheld``). Ids that differ without effect (a topic added in a version, an id the
+    leader lacks) are no problem. Without the leader's topology (``GroupView.leader_topics``),
+    or when whether it reads announcements is unknown and matters: members' differing ids
+    (``_differing``)."""
     own = view.leader_topics()
     if own is None:
         return _differing(view)
+    reads = view.announcements_read()
+    stalled = _stalled(view, own, reads)
+    if view.reading_unknown():
+        unknown = (
+            f"; whether the leader reads topology announcements is unknown (assignments at "
+            f"protocol version {view.assignment_version()}, and some member supports only "
+            "that: a leader pinned below version 3 reads none and withholds no id)"
+        )
+        # A member's guard refusing a task is a stall whatever the leader read: said apart.
+        unknown += "" if stalled else "; no process holds a task of an id its version lacks"
+        return [*stalled, *(line + unknown for line in _differing(view))]
+    return [*stalled, *_withheld(view, own, reads)]
+
+
+def _stalled(view: GroupView, own: Mapping[int, frozenset[str]], reads: bool | None) -> list[str]:
+    """One problem when processes hold actives of ids their topology version lacks the
+    leader's topics of: their guards refuse them, so they run nowhere (a leader that reads no
+    announcement gives them: ``GroupView.announcements_read``)."""
+    stalled = view.stalled()
+    if not stalled:
+        return []
+    tasks = sorted(set().union(*stalled.values()))
+    members = view.members_by_process()
+    listed = []
+    for pid, held in sorted(stalled.items()):
+        version = next((m.topology_version for m in members[pid] if m.topology_version), None)
+        listed.append(f"{pid} (version {version or 'unnamed'}): {', '.join(_ids(held))}")
+    why = (
+        f"the leader (topology version {announced_version(own)}, assigning at protocol version "
+        f"{view.assignment_version()}) "
+        + ("reads no topology announcement: it " if reads is False else "")
+    )
+    return [
+        f"{counted(len(tasks), 'task')} run nowhere: {why}gives them to processes whose "
+        "topology version lacks their topics, and those processes' guards refuse them: "
+        + " | ".join(listed[:_MAX_IDS])
+        + (f" | ... ({len(listed) - _MAX_IDS} more)" if len(listed) > _MAX_IDS else "")
+        + f"; finish the deploy, or run the leader at protocol version 3, see {ROLLING_DEPLOY_DOC}"
+    ]
+
+
+def _withheld(view: GroupView, own: Mapping[int, frozenset[str]], reads: bool | None) -> list[str]:
+    """One problem when the leader withholds subtopology ids from processes: the leader's
+    version (named from its topology, which every assignment carries), the ids with the
+    leader's topics, and per version the processes it withholds which ids from."""
     withheld = view.withheld()
     if not withheld:
         return []
@@ -867,6 +1029,7 @@ def _topology_versions(view: GroupView) -> list[str]:
         version = next((m.topology_version for m in members[pid] if m.topology_version), None)
         key = "" if pid in blind else f"version {version or 'unnamed'}"
         by_version.setdefault(key, {})[pid] = lacking
+    none_read = " (the leader reads no announcement)" if reads is False else ""
     listed = []
     for key, pids in sorted(by_version.items()):
         lacks = set().union(*pids.values())
@@ -874,8 +1037,17 @@ def _topology_versions(view: GroupView) -> list[str]:
         listed.append(
             f"{key} on {on} lacks {'ids' if len(lacks) > 1 else 'id'} {_ids_text(lacks)}"
             if key
-            else f"{on} announcing none and not subscribing to every source topic get no task"
+            else f"{on} announcing none{none_read} and not subscribing to every source topic "
+            "get no task"
         )
+    processes = view.processes()
+    # A process holding a task of an id said withheld from it shows the rule misread: then
+    # where the tasks run is not claimed.
+    held = any(
+        {t.subtopology for t in processes[pid].assignment.active} & lacking
+        for pid, lacking in withheld.items()
+        if pid in processes
+    )
     shown = "; ".join(f"{sub} ({', '.join(sorted(own[sub]))})" for sub in ids[:_MAX_IDS])
     more = f"; ... ({len(ids) - _MAX_IDS} more)" if len(ids) > _MAX_IDS else ""
     return [
@@ -883,7 +1055,8 @@ def _topology_versions(view: GroupView) -> list[str]:
         f"{'ids' if len(ids) > 1 else 'id'} {shown}{more} to "
         f"{counted(len(withheld), 'process', 'processes')} that lack its topics of it: "
         + " | ".join(listed)
-        + f"; those tasks run on the other processes, see {ROLLING_DEPLOY_DOC}"
+        + ("" if held else "; those tasks run on the other processes")
+        + f", see {ROLLING_DEPLOY_DOC}"
     ]
 
 

@@ -1,0 +1,199 @@
+"""``describe`` against a leader pinned below protocol 3 (``ProcessHost(max_version=2)``, the
+rolling-upgrade pin): it reads no topology announcement and withholds no id, so a process of
+another version can be given tasks its guard refuses. Also the shared-id rule over the members
+that may get tasks, and the styled lines built from parts."""
+
+from __future__ import annotations
+
+import uuid
+
+import attrs
+
+from streamassign import Subtopology, TaskId, Topology
+from streamassign.aiokafka.describe import (
+    GroupQuality,
+    GroupView,
+    RawMember,
+    describe_bytes,
+    quality,
+)
+from streamassign.aiokafka.streams import PROTOCOL_NAME
+from streamassign.aiokafka.wire import encode_assignment
+from streamassign.protocol import SubscriptionInfo
+from streamassign.streams import assign_streams, decode_subscriptions
+from streamassign.versions import subtopology_topic_indices
+
+from .test_describe import meta
+
+#: The leader's version: id 2 reads b.
+V2 = Topology([Subtopology(0, ["a"]), Subtopology(1, ["n"]), Subtopology(2, ["b"])])
+#: The old version: id 1 reads b and n, no id 2; it subscribes to every source topic of V2.
+V1B = Topology([Subtopology(0, ["a"]), Subtopology(1, ["b", "n"])])
+#: An old version without n: blind to a leader of V2 unless it reads announcements.
+V1 = Topology([Subtopology(0, ["a"]), Subtopology(1, ["b"])])
+COUNTS = {"a": 4, "b": 4, "n": 4}
+
+
+def pid(k: int) -> uuid.UUID:
+    return uuid.UUID(int=k)
+
+
+def subscription(
+    topology: Topology, k: int, version: int = 3, endpoint: str | None = None
+) -> tuple[list[str], bytes]:
+    topics = sorted(topology.source_topics)
+    indices = subtopology_topic_indices(topology, topics) if version >= 3 else {}
+    info = SubscriptionInfo(
+        pid(k),
+        endpoint=endpoint or f"p{k}:80",
+        version=version,
+        latest_supported_version=version,
+        subtopology_topic_indices=indices,
+    )
+    return topics, info.encode()
+
+
+def described(
+    members: dict[str, tuple[list[str], bytes]], leader_version: int, leader: Topology = V2
+) -> list[RawMember]:
+    subscriptions = decode_subscriptions(leader, COUNTS, members, leader_version)
+    assignments = assign_streams(leader, COUNTS, subscriptions, leader_version=leader_version)
+    return [
+        RawMember(
+            m,
+            "client",
+            "/h",
+            meta(topics, data),
+            encode_assignment(assignments[m].partitions, assignments[m].info.encode()),
+        )
+        for m, (topics, data) in members.items()
+    ]
+
+
+def view_of(raw: list[RawMember], group: str = "g") -> GroupView:
+    return describe_bytes(group, "Stable", "consumer", PROTOCOL_NAME, raw)
+
+
+def printed(view: GroupView, score: GroupQuality | None = None) -> str:
+    from streamassign.cli import _print_group, _Stdout
+
+    console = _Stdout(width=400, record=True)
+    _print_group(console, view, score or quality(view))
+    return console.export_text()
+
+
+def pinned_group() -> list[RawMember]:
+    """The review's live group: the pinned leader (p1, V2 at protocol 2), p2 of V1B and p3 of
+    V2 at protocol 3. The leader reads no announcement: p2 subscribes to every source topic,
+    so it gets tasks of id 2, which its guard refuses."""
+    members = {
+        "m1": subscription(V2, 1, version=2),
+        "m2": subscription(V1B, 2),
+        "m3": subscription(V2, 3),
+    }
+    return described(members, leader_version=2)
+
+
+def test_a_pinned_leaders_group_withholds_nothing_and_names_the_tasks_that_run_nowhere() -> None:
+    view = view_of(pinned_group())
+    p2 = str(pid(2))
+    held = view.processes()[p2].assignment.active
+    refused = {t for t in held if t.subtopology == 2}
+    assert refused, "the pinned leader gives the V1B process tasks of id 2"
+    assert view.announcements_read() is False
+    assert view.withheld() == {} and view.blind() == []
+    assert view.stalled() == {p2: refused}
+    score = quality(view)
+    (line,) = [p for p in score.problems if "run nowhere" in p]
+    assert line.startswith(f"{len(refused)} task")
+    assert "reads no topology announcement" in line and f"{p2} (version " in line
+    assert all(str(t) in line for t in refused)
+    assert not any("run on the other processes" in p for p in score.problems)
+    two = next(b for b in score.per_subtopology if b.subtopology == 2)
+    assert two.withheld == 0 and two.tasks == 4  # every process counted, its tasks too
+    assert "run nowhere" in " ".join(printed(view).split())
+
+
+def test_assignments_below_3_while_every_member_supports_3_mean_a_pinned_leader() -> None:
+    """Every member supports 3; the assignments are at 2: the leader is pinned below 3. The
+    V1 process announces a topology (a leader of protocol 3 would give it id 0) but does not
+    subscribe to n: this leader gives it nothing."""
+    members = {"m1": subscription(V2, 1), "m2": subscription(V1, 2), "m3": subscription(V2, 3)}
+    view = view_of(described(members, leader_version=2))
+    assert view.assignment_version() == 2
+    assert view.announcements_read() is False
+    p2 = str(pid(2))
+    assert view.blind() == [p2]
+    assert view.withheld() == {p2: frozenset({0, 1, 2})}
+    assert view.processes()[p2].assignment.active == frozenset()
+    (line,) = [p for p in quality(view).problems if "gives no task" in p]
+    assert "announcing none (the leader reads no announcement)" in line
+
+
+def test_a_protocol_3_leader_is_read_as_before() -> None:
+    members = {"m1": subscription(V2, 1), "m2": subscription(V1B, 2), "m3": subscription(V2, 3)}
+    view = view_of(described(members, leader_version=3))
+    assert view.announcements_read() is True
+    assert view.withheld() == {str(pid(2)): frozenset({2})}
+    assert view.stalled() == {}
+    problems = quality(view).problems
+    assert any("run on the other processes" in p for p in problems)
+    assert not any("run nowhere" in p for p in problems)
+
+
+def test_when_it_is_unknown_whether_the_leader_reads_announcements_the_line_says_so() -> None:
+    """A protocol-2 member (p4, V1: blind either way) brings the assignments to version 2, so
+    the leader may be it or a protocol-3 one; p2 (V1B) holds no id-2 task, which either
+    leader would do. Which ids p2 is withheld is then unknown: the members' differing ids."""
+    members = {
+        "m1": subscription(V2, 1),
+        "m2": subscription(V1B, 2),
+        "m3": subscription(V2, 3),
+        "m4": subscription(V1, 4, version=2),
+    }
+    view = view_of(described(members, leader_version=3))
+    assert view.assignment_version() == 2
+    assert not {t for t in view.processes()[str(pid(2))].assignment.active if t.subtopology == 2}
+    assert view.announcements_read() is None
+    assert view.stalled() == {}
+    problems = quality(view).problems
+    (line,) = [p for p in problems if "topology announcements is unknown" in p]
+    assert line.startswith("subtopology id 1 reads other topics in other topology versions")
+    assert "no process holds a task of an id its version lacks" in line
+    assert not any("run on the other processes" in p for p in problems)
+
+
+def test_a_blind_member_sharing_a_process_id_makes_no_clash() -> None:
+    """The review's ``shared_blind.py``: pid 1 on p:80 (V2, protocol 3) and on q:80 (V1 at
+    protocol 2, not subscribing to n: it may get no task). The leader keys and checks only the
+    members that may get tasks, and so does describe; two such members still clash."""
+    members = {
+        "m0": subscription(V2, 1, endpoint="p:80"),
+        "m1": subscription(V1, 1, version=2, endpoint="q:80"),
+        "m2": subscription(V2, 2),
+    }
+    view = view_of(described(members, leader_version=3))
+    assert view.shared_process_ids == ()
+    assert not any("copied state directory" in p for p in quality(view).problems)
+    members["m1"] = subscription(V2, 1, endpoint="q:80")
+    view = view_of(described(members, leader_version=3))
+    ((shared, _),) = [(c.process_id, c.endpoints) for c in view.shared_process_ids]
+    assert str(shared) == str(pid(1))
+
+
+def test_the_styled_lines_print_a_trailing_backslash_as_it_is() -> None:
+    members = {"m1": subscription(V2, 1), "m3": subscription(V2, 3)}
+    view = view_of(described(members, leader_version=3), group="x\\\\")
+    score = attrs.evolve(quality(view), problems=("topic a\\", "[b]x[/b] \\[red]"))
+    lines = printed(view, score).splitlines()
+    assert lines[0].startswith("x\\\\: Stable, protocol ")
+    assert "problem: topic a\\" in lines
+    assert "problem: [b]x[/b] \\[red]" in lines
+
+
+def test_every_task_of_the_pinned_group_is_somewhere() -> None:
+    """Sanity: the tasks the problem line names are in the Processes table (a stall is
+    visible, not hidden by a withheld column)."""
+    view = view_of(pinned_group())
+    assert TaskId(2, 0) in view.tasks
+    assert set(view.tasks) == set().union(*(v.assignment.active for v in view.processes().values()))
