@@ -27,6 +27,7 @@ import importlib
 import json
 import logging
 import os
+import struct
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -249,10 +250,14 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         held = current.standby | current.warmup | restored.active | restored.standby
         dictionary = {**restored.topics, **current.topics}
         following = current.standby | current.warmup
+        unreadable: set[TaskId] = set()
         for t in sorted(held - current.active):
             topics = dictionary.get(t.subtopology, {})
             offset = self._held_offset_sum(t, topics, following, previous)
-            if offset is not None:
+            if offset is _UNPARSED:  # Faust cannot open it either: no claim on it (review50 R1)
+                unreadable.add(t)
+                sums[t] = 0
+            elif offset is not None:
                 sums[t] = offset
         tags = {
             CHANGELOGS_TAG: ",".join(sorted(self._changelog_topics())),
@@ -264,7 +269,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             self._process_id or uuid.uuid4(),
             endpoint=str(self.app.conf.canonical_url),
             offset_sums=sums,
-            previous_active=previous,
+            previous_active=previous - unreadable,
             join_nonce=self._join_epoch,
             client_tags={k: v for k, v in tags.items() if v},
         )
@@ -588,9 +593,10 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         topics: Mapping[str, int],
         following: frozenset[TaskId],
         previous: frozenset[TaskId],
-    ) -> int | None:
+    ) -> int | Literal[_Unparsed.VALUE] | None:
         """The offset sum to report of ``task``, held but not run (``following``: a standby or
-        warmup now; ``previous``: declared a previous active); ``None``: no state to report.
+        warmup now; ``previous``: declared a previous active); ``None``: no state to report;
+        ``_UNPARSED``: a declared previous active whose offset Faust cannot read either.
 
         A running standby's applied offsets (Faust's recovery starts them at the persisted
         ones) are fresher than the disk and cost no database open on this thread. A standby
@@ -600,13 +606,15 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         lag, cold, though a caught-up holder existed (review41 O1); at 0 it comes back only
         if the whole changelog is within the acceptable recovery lag, as Kafka Streams counts
         a task a client reports no offset of (its lag is the end offset). In-memory tables
-        and stateless tasks still report nothing (the leader hands those back). So does a
-        declared previous active whose database opens but holds no offset this reader can
-        parse (review45 E1): that is state, not its absence, and was read wrong."""
+        and stateless tasks still report nothing (the leader hands those back). A declared
+        previous active whose database holds a value under the offset key that is no offset
+        is ``_UNPARSED``: Faust's own ``int()`` fails on it when the partition is assigned and
+        the app crashes, so reported with no sum (handed back whatever its lag) the worker
+        crashed on every restart (review50 R1); the caller reports it at 0 and claims it not."""
         offset = self._standby_offset_sum(task, topics) if task in following else None
         on_disk = self._disk_offset_sum(task, topics) if offset is None else offset
         if on_disk is _UNPARSED:
-            return 0 if task in following else None
+            return 0 if task in following else _UNPARSED if task in previous else None
         if on_disk is None and (
             task in following or (task in previous and self._has_disk_tables(task, topics))
         ):
@@ -645,9 +653,18 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
         """Sum of the changelog offsets this running worker's standby replica of ``task`` has
-        applied, as Faust's recovery tracks them; ``None`` when it tracks none of them yet."""
+        applied, as Faust's recovery tracks them; ``None`` when it tracks none of them yet.
+
+        Only the task's own tables' changelogs, as on disk (``_task_tables``): a global
+        table's changelog with the group's partition count is in the task's group, and with
+        ``synchronize_all_active_partitions`` Faust tracks it as a standby; counted, a
+        caught-up restarted worker's disk sum looked behind by the global's offset and lost
+        its hand-back (review50 R2)."""
         offsets = getattr(getattr(self.app.tables, "recovery", None), "standby_offsets", {})
-        return standby_offset_sum(offsets, task.partition, topics)
+        own = self._changelog_topics() - self._global_changelog_topics()
+        return standby_offset_sum(
+            offsets, task.partition, {t: n for t, n in topics.items() if t in own}
+        )
 
     def _bind_rejoiner(self) -> None:
         if (consumer := self._consumer()) is not None:
@@ -780,6 +797,10 @@ _UNPARSED: Literal[_Unparsed.VALUE] = _Unparsed.VALUE
 #: read-only handle (rocksdict has no read-only TTL open) returns them with the value.
 _TTL_SUFFIX = 4
 
+#: The earliest write time RocksDB's TTL database accepts in a value's suffix (its
+#: ``kMinTimestamp``, 2013-05-10); a smaller one it reads as corruption.
+_TTL_MIN_TIMESTAMP = 1368146402
+
 
 def _persisted_offset(store: Any, partition: int) -> int | Literal[_Unparsed.VALUE] | None:
     """The changelog offset Faust's RocksDB ``store`` persisted for ``partition``, read through
@@ -809,10 +830,30 @@ def _persisted_offset(store: Any, partition: int) -> int | Literal[_Unparsed.VAL
     # python-rocksdb it ignores the option, and the values carry no suffix.
     ttl = getattr(options, "ttl", None) is not None and getattr(options, "use_rocksdict", True)
     try:
-        return int(raw[:-_TTL_SUFFIX] if ttl else raw)
+        return int(_strip_ttl(raw) if ttl else raw)
     except ValueError:
-        log.debug("no offset in the value under the offset key of %s: %r", path, raw[:64])
+        log.warning(
+            "partition %d's table directory %s holds no offset under the offset key (%r): "
+            "Faust cannot read it either and crashes when assigned that partition; remove "
+            "the directory to restore the partition from its changelog",
+            partition,
+            path,
+            raw[:64],
+        )
         return _UNPARSED
+
+
+def _strip_ttl(raw: bytes) -> bytes:
+    """``raw`` without the write time RocksDB's TTL database appends, checked as RocksDB
+    checks it (a little-endian 32-bit time, at least ``_TTL_MIN_TIMESTAMP``); raises
+    ``ValueError`` where that is no time (a value written before the table had ``ttl``:
+    stripped blindly, ``b"50001"`` read as 5, review50 R4), as RocksDB reports corruption."""
+    if len(raw) <= _TTL_SUFFIX:
+        raise ValueError("shorter than a TTL value")
+    (written,) = struct.unpack("<i", raw[-_TTL_SUFFIX:])
+    if written < _TTL_MIN_TIMESTAMP:
+        raise ValueError(f"write time {written} before RocksDB's TTL feature")
+    return raw[:-_TTL_SUFFIX]
 
 
 def _read_raw_offset(store: Any, path: Path) -> bytes | None:
