@@ -30,6 +30,7 @@ from streamassign.faust.leader import (
     CHANGELOGS_TAG,
     GLOBAL_CHANGELOGS_TAG,
     MAX_CAPACITY,
+    RECOVERED_TAG,
     assign_faust,
 )
 from streamassign.faust.topology import faust_style_topology
@@ -511,6 +512,16 @@ def test_a_standby_sum_leaves_out_a_global_table_in_the_tasks_group(tmp_path: Pa
     info = SubscriptionInfo.decode(a.metadata(set(counts)).user_data)
     assert a.info.standby
     assert {t: info.offset_sums[t] for t in a.info.standby} == dict.fromkeys(a.info.standby, 100)
+
+
+def test_a_worker_says_whether_its_recovery_completed_since_it_started(tmp_path: Path) -> None:
+    """review50 R3: the leader's test for a worker in its first recovery, read from offset
+    sums, took a fresh standby of a changelog starting above 0 for progress. The member says
+    it instead: ``RECOVERED_TAG`` 0 until Faust's recovery first completes, then 1."""
+    app = make_app(tmp_path / "w0", 7000)
+    assert reported(app.assignor).client_tags[RECOVERED_TAG] == "0"
+    app.tables.recovery.completed.set()
+    assert reported(app.assignor).client_tags[RECOVERED_TAG] == "1"
 
 
 def with_a_second_table(app: faust.App) -> faust.App:

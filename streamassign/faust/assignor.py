@@ -68,6 +68,7 @@ from .leader import (
     CHANGELOGS_TAG,
     GLOBAL_CHANGELOGS_TAG,
     MAX_CAPACITY,
+    RECOVERED_TAG,
     assign_faust,
     check_copartition_groups,
     decode_members,
@@ -265,6 +266,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         }
         if c := self._capacity():
             tags[CAPACITY_TAG] = str(c)
+        tags[RECOVERED_TAG] = "1" if self._recovery_completed() else "0"
         return SubscriptionInfo(
             self._process_id or uuid.uuid4(),
             endpoint=str(self.app.conf.canonical_url),
@@ -651,6 +653,12 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 found.append(offset)
         return _UNPARSED if unparsed and not found else applied_offset_sum(found)
 
+    def _recovery_completed(self) -> bool:
+        """Whether Faust's recovery has completed (actives restored) since this worker started:
+        its ``completed`` event is set then, and never cleared."""
+        completed = getattr(getattr(self.app.tables, "recovery", None), "completed", None)
+        return completed is not None and bool(completed.is_set())
+
     def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
         """Sum of the changelog offsets this running worker's standby replica of ``task`` has
         applied, as Faust's recovery tracks them; ``None`` when it tracks none of them yet.
@@ -746,11 +754,13 @@ def _digest(data: bytes) -> str:
 
 def applied_offset_sum(offsets: Iterable[int]) -> int | None:
     """The offset sum a member reports of a task from its changelog partitions' offsets
-    (``None``: none known). Each offset below 0 counts as 0: Faust tracks ``-1`` for a
-    partition it has applied nothing of (unread, or empty), and summed as is, a fresh standby
-    of a task with two tables reported ``-1 + -1 = -2``, which is ``LATEST_OFFSET``: the
-    leader read it as running the task and handed it that task cold, or took it from its
-    caught-up owner (faustlive N1). So only a running active is ever reported below 0."""
+    (``None``: none known). Each offset below 0 counts as 0: Faust tracks the log start
+    offset - 1 for a partition it has applied nothing of (unread, or empty): ``-1`` where the
+    log starts at 0 (above 0 where retention moved the start; still a right lag, but no
+    sign of progress: review50 R3). Summed as is, a fresh standby of a task with two tables
+    reported ``-1 + -1 = -2``, which is ``LATEST_OFFSET``: the leader read it as running the
+    task and handed it that task cold, or took it from its caught-up owner (faustlive N1).
+    So only a running active is ever reported below 0."""
     known = [max(int(offset), 0) for offset in offsets]
     return sum(known) if known else None
 
@@ -760,8 +770,9 @@ def standby_offset_sum(
 ) -> int | None:
     """The offset sum a member reports of the standby of task ``partition`` of the group of
     ``topics`` (topic -> partition count) from Faust's ``recovery.standby_offsets``
-    (changelog partition -> last offset applied, ``-1`` for none, ``None`` before recovery
-    read it; ``None``: it tracks none of them yet)."""
+    (changelog partition -> last offset applied, the log start offset - 1 for none: ``-1``
+    for a log that starts at 0; ``None`` before recovery read it; ``None``: it tracks none of
+    them yet)."""
     return applied_offset_sum(
         offset
         for topic, count in topics.items()
