@@ -30,6 +30,7 @@ from streamassign.faust.leader import (
     CHANGELOGS_TAG,
     GLOBAL_CHANGELOGS_TAG,
     MAX_CAPACITY,
+    RECOVERED_TAG,
     assign_faust,
 )
 from streamassign.faust.topology import faust_style_topology
@@ -371,13 +372,15 @@ def test_a_restart_reads_the_offsets_of_a_table_with_a_ttl(tmp_path: Path) -> No
     assert info.offset_sums == {t: 100 + t.partition for t in ran}
 
 
-def test_a_restart_reports_nothing_of_a_task_whose_offset_it_cannot_parse(
-    tmp_path: Path,
+def test_a_restart_reports_a_task_whose_offset_it_cannot_parse_at_0_and_claims_it_not(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A database that opens but holds, under the offset key, a value that is no offset (a
-    format this reader does not know) is state read wrong, not state missing: the task is
-    reported with no sum, as before review41 O1 (not at 0, a full restore's lag). A partition
-    with nothing on disk is still 0, the others their offsets."""
+    """review50 R1: a database that opens but holds, under the offset key, a value that is no
+    offset is one Faust cannot read either (its ``int()`` raises when the partition is
+    assigned, and the app crashes). Reported with no sum it was handed back whatever its lag,
+    and the worker crashed on every restart; it is reported at 0 (a full restore's lag) and
+    not declared a previous active, with one WARNING naming the partition's directory. A
+    partition with nothing on disk is still 0 and claimed, the others their offsets."""
     ran = sorted(stopped_after_running_alone(tmp_path / "w0", {SRC: 6, CL: 6}))
     unparsable, removed = ran[0], ran[1]
     app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
@@ -389,12 +392,41 @@ def test_a_restart_reports_nothing_of_a_task_whose_offset_it_cannot_parse(
     db.put(store.offset_key, b"not an offset")
     db.close()
     shutil.rmtree(store.partition_path(removed.partition))
-    info = reported(app.assignor)
-    assert info.previous_active == frozenset(ran)
+    with caplog.at_level(logging.DEBUG, logger="streamassign.faust.assignor"):
+        info = reported(app.assignor)
+    assert info.previous_active == frozenset(ran) - {unparsable}
     assert info.offset_sums == {
+        unparsable: 0,
         removed: 0,
         **{t: 100 + t.partition for t in ran[2:]},
     }
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "offset key" in r.getMessage()
+    ]
+    assert len(warnings) == 1
+    assert str(store.partition_path(unparsable.partition)) in warnings[0]
+    assert f"partition {unparsable.partition}'s" in warnings[0]
+
+
+def test_a_table_that_gained_a_ttl_after_its_data_reads_no_offset(tmp_path: Path) -> None:
+    """review50 R4: RocksDB's TTL database checks a value's 4-byte suffix (a write time no
+    earlier than 2013-05-10) and reports corruption otherwise. Stripped unchecked, a plain
+    table's ``b"50001"`` read as offset 5 (a huge lag, still claimed); a value whose suffix is
+    no write time is no offset: reported at 0 and not claimed, as above."""
+    ran = sorted(stopped_after_running_alone(tmp_path / "w0", {SRC: 6, CL: 6}))
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://", table_options={"ttl": 3600})
+    store = app.tables["totals"].data
+    for t in ran:
+        db = rocksdict.Rdict(
+            str(store.partition_path(t.partition)), options=rocksdict.Options(raw_mode=True)
+        )
+        db.put(store.offset_key, b"50001")
+        db.close()
+    info = reported(app.assignor)
+    assert info.previous_active == frozenset()
+    assert info.offset_sums == dict.fromkeys(ran, 0)
 
 
 def test_a_restart_with_wiped_tables_leaves_its_tasks_to_caught_up_holders(
@@ -455,6 +487,41 @@ def test_a_running_standby_reports_what_recovery_applied(tmp_path: Path) -> None
     sums = reported(a).offset_sums
     assert {t: sums[t] for t in (tracked, on_disk, fresh)} == {tracked: 55, on_disk: 7, fresh: 0}
     assert store._dbs == {}
+
+
+def test_a_standby_sum_leaves_out_a_global_table_in_the_tasks_group(tmp_path: Path) -> None:
+    """review50 R2: a global table with the group's partition count is in the task's group
+    (Faust-style grouping), and with ``synchronize_all_active_partitions`` Faust's recovery
+    tracks its partitions as standbys. Summed into the task's standby, a caught-up standby
+    read 30,000 ahead of a restarted worker's disk sum (which counts the task's own tables
+    only), which then lost its hand-back. Only the task's own changelogs count."""
+    fx_cl = f"{APP}-fx-changelog"
+    counts = {SRC: 6, CL: 6, fx_cl: 6}
+    apps = [make_app(tmp_path / f"w{i}", 7000 + i) for i in range(2)]
+    for app in apps:
+        app.GlobalTable("fx", default=int, partitions=6, synchronize_all_active_partitions=True)
+    workers = {f"m{i}": app.assignor for i, app in enumerate(apps)}
+    rebalance(workers, counts=counts)
+    a = workers["m0"]
+    assert any(fx_cl in topics for topics in a.info.topics.values())  # in the task's group
+    offsets = apps[0].tables.recovery.standby_offsets
+    for p in range(6):
+        offsets[TP(fx_cl, p)] = 30_000
+    for t in a.info.standby:
+        offsets[TP(CL, t.partition)] = 100
+    info = SubscriptionInfo.decode(a.metadata(set(counts)).user_data)
+    assert a.info.standby
+    assert {t: info.offset_sums[t] for t in a.info.standby} == dict.fromkeys(a.info.standby, 100)
+
+
+def test_a_worker_says_whether_its_recovery_completed_since_it_started(tmp_path: Path) -> None:
+    """review50 R3: the leader's test for a worker in its first recovery, read from offset
+    sums, took a fresh standby of a changelog starting above 0 for progress. The member says
+    it instead: ``RECOVERED_TAG`` 0 until Faust's recovery first completes, then 1."""
+    app = make_app(tmp_path / "w0", 7000)
+    assert reported(app.assignor).client_tags[RECOVERED_TAG] == "0"
+    app.tables.recovery.completed.set()
+    assert reported(app.assignor).client_tags[RECOVERED_TAG] == "1"
 
 
 def with_a_second_table(app: faust.App) -> faust.App:

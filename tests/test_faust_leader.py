@@ -20,6 +20,7 @@ from streamassign.faust.leader import (
     CHANGELOGS_TAG,
     GLOBAL_CHANGELOGS_TAG,
     MAX_CAPACITY,
+    RECOVERED_TAG,
     assign_faust,
     decode_member,
     faust_topology,
@@ -670,13 +671,21 @@ def test_a_copy_is_handed_back_nothing_its_original_runs() -> None:
 
 
 def rejoin_rounds(
-    n: int, partitions: int, side: int, replicas: int, new_id: int
+    n: int,
+    partitions: int,
+    side: int,
+    replicas: int,
+    new_id: int,
+    log_start: int = 0,
+    tagged: bool = False,
 ) -> tuple[dict[str, MemberAssignment], dict[str, MemberAssignment], dict[str, MemberSubscription]]:
     """Scale-out of ``n`` workers by one (process id ``new_id`` among theirs, 0 to ``n``), whose
     session expires before it reports anything: the group rebalances without it, then it
     rejoins still reporting its first assignment (its actives as running, its standbys with
-    nothing applied), the interim owners running those actives too. Returns the assignments
-    of the scale-out and of the rejoin, and the rejoin's members."""
+    nothing applied of changelogs whose log starts at ``log_start``), the interim owners
+    running those actives too; ``tagged``: every member says whether its recovery completed
+    (``RECOVERED_TAG``: the new one not, the others yes). Returns the assignments of the
+    scale-out and of the rejoin, and the rejoin's members."""
     counts = {SRC: partitions, CL: partitions, SEEN_CL: partitions, SIDE: side}
     topics = frozenset(counts)
     ids = [i + (i >= new_id) for i in range(n)]
@@ -686,7 +695,11 @@ def rejoin_rounds(
     def reporting(result: Mapping[str, MemberAssignment]) -> dict[str, MemberSubscription]:
         return {
             m: member(
-                ids[int(m[1:])], topics, sums=running(result, m), previous=result[m].info.active
+                ids[int(m[1:])],
+                topics,
+                sums=running(result, m),
+                previous=result[m].info.active,
+                tags={RECOVERED_TAG: "1"} if tagged else None,
             )
             for m in members
         }
@@ -698,21 +711,28 @@ def rejoin_rounds(
     new = member(
         new_id,
         topics,
-        sums={**fresh_standbys(got.standby, counts), **dict.fromkeys(got.active, LATEST_OFFSET)},
+        sums={
+            **fresh_standbys(got.standby, counts, log_start),
+            **dict.fromkeys(got.active, LATEST_OFFSET),
+        },
         previous=got.active,
+        tags={RECOVERED_TAG: "0"} if tagged else None,
     )
     rejoined = {**reporting(interim), "new": new}
     return scaled, run(rejoined, counts, replicas, TWO_TABLES), rejoined
 
 
-def fresh_standbys(tasks: Iterable[TaskId], counts: Mapping[str, int]) -> dict[TaskId, int]:
+def fresh_standbys(
+    tasks: Iterable[TaskId], counts: Mapping[str, int], log_start: int = 0
+) -> dict[TaskId, int]:
     """What a Faust member reports of standbys it has applied nothing of: Faust's recovery
-    tracks -1 for each of their changelog partitions (``Recovery._build_offsets``), summed by
-    the member's own ``standby_offset_sum`` (faustlive N1: summed as is, two tables made -2,
+    tracks the log start offset - 1 (-1 for a log that starts at 0) for each of their
+    changelog partitions (``Recovery._build_offsets``), summed by the member's own
+    ``standby_offset_sum`` (faustlive N1: summed as is, two tables made -2,
     ``LATEST_OFFSET``, while models that wrote 0 by hand passed)."""
     out = {}
     for t in tasks:
-        unread = {TP(c, t.partition): -1 for c in TWO_TABLES if t.partition < counts[c]}
+        unread = {TP(c, t.partition): log_start - 1 for c in TWO_TABLES if t.partition < counts[c]}
         if (offset := standby_offset_sum(unread, t.partition, counts)) is not None:
             out[t] = offset
     return out
@@ -728,6 +748,23 @@ def test_a_member_that_expired_and_rejoins_gets_back_what_it_restored() -> None:
     for new_id in range(5):
         scaled, result, _ = rejoin_rounds(4, 16, 5, 1, new_id)
         assert sources(result, "new") == sources(scaled, "new"), new_id
+
+
+def test_a_rejoined_member_whose_changelogs_start_above_0_gets_back_what_it_restored() -> None:
+    """review50 R3: Faust tracks a fresh standby of a changelog whose log starts at 5,000
+    (retention; a windowed table is ``compact,delete``) at 4,999, which the offset test read
+    as standby progress: the rejoined worker got back 1 to 2 of its 3 tasks. A member that
+    says it has not completed a recovery since it started (``RECOVERED_TAG``) gets all back;
+    members without the tag (older versions) keep the offset test, and its limit."""
+    tagged = []
+    untagged = []
+    for new_id in range(5):
+        scaled, result, _ = rejoin_rounds(4, 16, 5, 1, new_id, log_start=5_000, tagged=True)
+        tagged.append(sources(result, "new") == sources(scaled, "new"))
+        scaled, result, _ = rejoin_rounds(4, 16, 5, 1, new_id, log_start=5_000)
+        untagged.append(sources(result, "new") == sources(scaled, "new"))
+    assert all(tagged)
+    assert not all(untagged)
 
 
 @given(
@@ -789,6 +826,20 @@ def restarted_among_holders(
         "W": member(1, sums=dict.fromkeys(t, LATEST_OFFSET), previous=frozenset(t)),
         "V": member(2, sums=dict.fromkeys(t, end)),
     }
+
+
+@pytest.mark.parametrize("end", [20_000, 1_000])
+def test_a_task_whose_offset_a_restarted_worker_cannot_parse_stays_with_its_holders(
+    end: int,
+) -> None:
+    """review50 R1: Faust crashes on a partition whose persisted offset it cannot parse, so
+    the worker reports such a task at 0 without claiming it (``_held_offset_sum``). Claimed
+    with no sum it came back whatever the lag; claimed at 0 it still came back within the
+    acceptable lag (1,000). Unclaimed, the caught-up holders keep both, at either length."""
+    t, members = restarted_among_holders("rocksdb", end)
+    x = member(0, sums=dict.fromkeys(t[:2], 0))
+    got = run({**members, "X": x}, {SRC: 4, CL: 4})["X"].info.active
+    assert len(got) == 1 and not got & frozenset(t[:2]), sorted(got)
 
 
 @pytest.mark.parametrize(

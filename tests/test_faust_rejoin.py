@@ -8,11 +8,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 
+import pytest
 from faust.types import TP
 
 from streamassign import TaskId
 from streamassign.faust.assignor import standby_offset_sum
-from streamassign.faust.leader import assign_faust
+from streamassign.faust.leader import RECOVERED_TAG, assign_faust
 from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 from streamassign.streams import MemberAssignment, MemberSubscription
 
@@ -22,12 +23,18 @@ TOPICS = frozenset(COUNTS)
 E = 1000  # every changelog partition's end offset (model)
 
 
-def member(i: int, sums: Mapping[TaskId, int], previous: frozenset[TaskId]) -> MemberSubscription:
+def member(
+    i: int,
+    sums: Mapping[TaskId, int],
+    previous: frozenset[TaskId],
+    tags: Mapping[str, str] | None = None,
+) -> MemberSubscription:
     info = SubscriptionInfo(
         uuid.UUID(int=i + 1),
         endpoint=f"http://w{i}:6066",
         offset_sums=dict(sums),
         previous_active=previous,
+        client_tags=dict(tags or {}),
     )
     return MemberSubscription(TOPICS, info)
 
@@ -74,6 +81,31 @@ def test_a_veteran_that_expired_restoring_a_cold_takeover_is_handed_it_back_cold
     r_got = result["w2"].info.active
     assert t[0] not in r_got, ("R handed back a task it has no state of", sorted(r_got))
     assert to_restore == 0
+
+
+@pytest.mark.parametrize(
+    ("recovered", "handed_back"),
+    [("1", False), ("0", True), (None, True)],
+)
+def test_a_member_that_says_whether_it_recovered_is_judged_by_that(
+    recovered: str | None, handed_back: bool
+) -> None:
+    """review50 R3: the veteran R above, its standbys of t1 and t4 not yet read (fresh, 0: no
+    progress the offset test could see). Saying its recovery completed once since it started
+    (``RECOVERED_TAG`` 1), it is no worker in its first recovery: the tie-break's answer
+    stands and it is not handed t0 back. Saying it has not (0), it is, and gets its claims
+    back; without the tag (an older member) the offset test decides, which reads no
+    progress as a first recovery."""
+    t = [TaskId(table_sub(), p) for p in range(6)]
+    r_sums = {t[0]: LATEST_OFFSET, t[3]: LATEST_OFFSET, t[1]: 0, t[4]: 0}
+    tags = {RECOVERED_TAG: recovered} if recovered is not None else None
+    members = {
+        "w0": worker(0, [t[0], t[1], t[2]], [t[3], t[5]]),
+        "w1": worker(1, [t[3], t[4], t[5]], [t[0], t[2]]),
+        "w2": member(2, r_sums, frozenset({t[0], t[3]}), tags),
+    }
+    r_got = run(members)["w2"].info.active
+    assert (t[0] in r_got) == handed_back, sorted(r_got)
 
 
 SEEN_CL = "app-seen-changelog"

@@ -27,6 +27,7 @@ import importlib
 import json
 import logging
 import os
+import struct
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -67,6 +68,7 @@ from .leader import (
     CHANGELOGS_TAG,
     GLOBAL_CHANGELOGS_TAG,
     MAX_CAPACITY,
+    RECOVERED_TAG,
     assign_faust,
     check_copartition_groups,
     decode_members,
@@ -249,10 +251,14 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         held = current.standby | current.warmup | restored.active | restored.standby
         dictionary = {**restored.topics, **current.topics}
         following = current.standby | current.warmup
+        unreadable: set[TaskId] = set()
         for t in sorted(held - current.active):
             topics = dictionary.get(t.subtopology, {})
             offset = self._held_offset_sum(t, topics, following, previous)
-            if offset is not None:
+            if offset is _UNPARSED:  # Faust cannot open it either: no claim on it (review50 R1)
+                unreadable.add(t)
+                sums[t] = 0
+            elif offset is not None:
                 sums[t] = offset
         tags = {
             CHANGELOGS_TAG: ",".join(sorted(self._changelog_topics())),
@@ -260,11 +266,12 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         }
         if c := self._capacity():
             tags[CAPACITY_TAG] = str(c)
+        tags[RECOVERED_TAG] = "1" if self._recovery_completed() else "0"
         return SubscriptionInfo(
             self._process_id or uuid.uuid4(),
             endpoint=str(self.app.conf.canonical_url),
             offset_sums=sums,
-            previous_active=previous,
+            previous_active=previous - unreadable,
             join_nonce=self._join_epoch,
             client_tags={k: v for k, v in tags.items() if v},
         )
@@ -588,9 +595,10 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         topics: Mapping[str, int],
         following: frozenset[TaskId],
         previous: frozenset[TaskId],
-    ) -> int | None:
+    ) -> int | Literal[_Unparsed.VALUE] | None:
         """The offset sum to report of ``task``, held but not run (``following``: a standby or
-        warmup now; ``previous``: declared a previous active); ``None``: no state to report.
+        warmup now; ``previous``: declared a previous active); ``None``: no state to report;
+        ``_UNPARSED``: a declared previous active whose offset Faust cannot read either.
 
         A running standby's applied offsets (Faust's recovery starts them at the persisted
         ones) are fresher than the disk and cost no database open on this thread. A standby
@@ -600,13 +608,15 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         lag, cold, though a caught-up holder existed (review41 O1); at 0 it comes back only
         if the whole changelog is within the acceptable recovery lag, as Kafka Streams counts
         a task a client reports no offset of (its lag is the end offset). In-memory tables
-        and stateless tasks still report nothing (the leader hands those back). So does a
-        declared previous active whose database opens but holds no offset this reader can
-        parse (review45 E1): that is state, not its absence, and was read wrong."""
+        and stateless tasks still report nothing (the leader hands those back). A declared
+        previous active whose database holds a value under the offset key that is no offset
+        is ``_UNPARSED``: Faust's own ``int()`` fails on it when the partition is assigned and
+        the app crashes, so reported with no sum (handed back whatever its lag) the worker
+        crashed on every restart (review50 R1); the caller reports it at 0 and claims it not."""
         offset = self._standby_offset_sum(task, topics) if task in following else None
         on_disk = self._disk_offset_sum(task, topics) if offset is None else offset
         if on_disk is _UNPARSED:
-            return 0 if task in following else None
+            return 0 if task in following else _UNPARSED if task in previous else None
         if on_disk is None and (
             task in following or (task in previous and self._has_disk_tables(task, topics))
         ):
@@ -643,11 +653,26 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 found.append(offset)
         return _UNPARSED if unparsed and not found else applied_offset_sum(found)
 
+    def _recovery_completed(self) -> bool:
+        """Whether Faust's recovery has completed (actives restored) since this worker started:
+        its ``completed`` event is set then, and never cleared."""
+        completed = getattr(getattr(self.app.tables, "recovery", None), "completed", None)
+        return completed is not None and bool(completed.is_set())
+
     def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
         """Sum of the changelog offsets this running worker's standby replica of ``task`` has
-        applied, as Faust's recovery tracks them; ``None`` when it tracks none of them yet."""
+        applied, as Faust's recovery tracks them; ``None`` when it tracks none of them yet.
+
+        Only the task's own tables' changelogs, as on disk (``_task_tables``): a global
+        table's changelog with the group's partition count is in the task's group, and with
+        ``synchronize_all_active_partitions`` Faust tracks it as a standby; counted, a
+        caught-up restarted worker's disk sum looked behind by the global's offset and lost
+        its hand-back (review50 R2)."""
         offsets = getattr(getattr(self.app.tables, "recovery", None), "standby_offsets", {})
-        return standby_offset_sum(offsets, task.partition, topics)
+        own = self._changelog_topics() - self._global_changelog_topics()
+        return standby_offset_sum(
+            offsets, task.partition, {t: n for t, n in topics.items() if t in own}
+        )
 
     def _bind_rejoiner(self) -> None:
         if (consumer := self._consumer()) is not None:
@@ -729,11 +754,13 @@ def _digest(data: bytes) -> str:
 
 def applied_offset_sum(offsets: Iterable[int]) -> int | None:
     """The offset sum a member reports of a task from its changelog partitions' offsets
-    (``None``: none known). Each offset below 0 counts as 0: Faust tracks ``-1`` for a
-    partition it has applied nothing of (unread, or empty), and summed as is, a fresh standby
-    of a task with two tables reported ``-1 + -1 = -2``, which is ``LATEST_OFFSET``: the
-    leader read it as running the task and handed it that task cold, or took it from its
-    caught-up owner (faustlive N1). So only a running active is ever reported below 0."""
+    (``None``: none known). Each offset below 0 counts as 0: Faust tracks the log start
+    offset - 1 for a partition it has applied nothing of (unread, or empty): ``-1`` where the
+    log starts at 0 (above 0 where retention moved the start; still a right lag, but no
+    sign of progress: review50 R3). Summed as is, a fresh standby of a task with two tables
+    reported ``-1 + -1 = -2``, which is ``LATEST_OFFSET``: the leader read it as running the
+    task and handed it that task cold, or took it from its caught-up owner (faustlive N1).
+    So only a running active is ever reported below 0."""
     known = [max(int(offset), 0) for offset in offsets]
     return sum(known) if known else None
 
@@ -743,8 +770,9 @@ def standby_offset_sum(
 ) -> int | None:
     """The offset sum a member reports of the standby of task ``partition`` of the group of
     ``topics`` (topic -> partition count) from Faust's ``recovery.standby_offsets``
-    (changelog partition -> last offset applied, ``-1`` for none, ``None`` before recovery
-    read it; ``None``: it tracks none of them yet)."""
+    (changelog partition -> last offset applied, the log start offset - 1 for none: ``-1``
+    for a log that starts at 0; ``None`` before recovery read it; ``None``: it tracks none of
+    them yet)."""
     return applied_offset_sum(
         offset
         for topic, count in topics.items()
@@ -780,6 +808,10 @@ _UNPARSED: Literal[_Unparsed.VALUE] = _Unparsed.VALUE
 #: read-only handle (rocksdict has no read-only TTL open) returns them with the value.
 _TTL_SUFFIX = 4
 
+#: The earliest write time RocksDB's TTL database accepts in a value's suffix (its
+#: ``kMinTimestamp``, 2013-05-10); a smaller one it reads as corruption.
+_TTL_MIN_TIMESTAMP = 1368146402
+
 
 def _persisted_offset(store: Any, partition: int) -> int | Literal[_Unparsed.VALUE] | None:
     """The changelog offset Faust's RocksDB ``store`` persisted for ``partition``, read through
@@ -809,10 +841,30 @@ def _persisted_offset(store: Any, partition: int) -> int | Literal[_Unparsed.VAL
     # python-rocksdb it ignores the option, and the values carry no suffix.
     ttl = getattr(options, "ttl", None) is not None and getattr(options, "use_rocksdict", True)
     try:
-        return int(raw[:-_TTL_SUFFIX] if ttl else raw)
+        return int(_strip_ttl(raw) if ttl else raw)
     except ValueError:
-        log.debug("no offset in the value under the offset key of %s: %r", path, raw[:64])
+        log.warning(
+            "partition %d's table directory %s holds no offset under the offset key (%r): "
+            "Faust cannot read it either and crashes when assigned that partition; remove "
+            "the directory to restore the partition from its changelog",
+            partition,
+            path,
+            raw[:64],
+        )
         return _UNPARSED
+
+
+def _strip_ttl(raw: bytes) -> bytes:
+    """``raw`` without the write time RocksDB's TTL database appends, checked as RocksDB
+    checks it (a little-endian 32-bit time, at least ``_TTL_MIN_TIMESTAMP``); raises
+    ``ValueError`` where that is no time (a value written before the table had ``ttl``:
+    stripped blindly, ``b"50001"`` read as 5, review50 R4), as RocksDB reports corruption."""
+    if len(raw) <= _TTL_SUFFIX:
+        raise ValueError("shorter than a TTL value")
+    (written,) = struct.unpack("<i", raw[-_TTL_SUFFIX:])
+    if written < _TTL_MIN_TIMESTAMP:
+        raise ValueError(f"write time {written} before RocksDB's TTL feature")
+    return raw[:-_TTL_SUFFIX]
 
 
 def _read_raw_offset(store: Any, path: Path) -> bytes | None:

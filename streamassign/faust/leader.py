@@ -75,6 +75,7 @@ __all__ = [
     "CHANGELOGS_TAG",
     "GLOBAL_CHANGELOGS_TAG",
     "MAX_CAPACITY",
+    "RECOVERED_TAG",
     "assign_faust",
     "check_copartition_groups",
     "decode_member",
@@ -93,7 +94,11 @@ CAPACITY_TAG = "streamassign.capacity"
 #: topic names have no commas); stripped before assignment.
 CHANGELOGS_TAG = "streamassign.changelogs"
 GLOBAL_CHANGELOGS_TAG = "streamassign.global-changelogs"
-_OWN_TAGS = (CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANGELOGS_TAG)
+#: Client tag: ``1`` once the worker's Faust recovery has completed (its actives restored)
+#: since it started, ``0`` before: whether its running claims are its first restore
+#: (``_duplicate_claims_caught_up``); stripped before assignment.
+RECOVERED_TAG = "streamassign.recovered"
+_OWN_TAGS = (CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANGELOGS_TAG, RECOVERED_TAG)
 
 #: The largest capacity (weight) a worker may report: a Faust worker is one event loop, so a
 #: weight past this is no real machine; the leader ignores larger claims (logged).
@@ -382,7 +387,9 @@ class _FaustRuns:
         clients, by_process, endpoints = client_states(members, shared_ids=shared_ids)
         clients = _with_capacities(
             _duplicate_claims_caught_up(
-                _return_restarted(clients, members, by_process), _offset_sums(members, by_process)
+                _return_restarted(clients, members, by_process),
+                _offset_sums(members, by_process),
+                _recovered(members, by_process),
             )
         )
         runs = _group_runs(members, sub_topics, assignable)
@@ -576,7 +583,9 @@ def _return_restarted(
 
 
 def _duplicate_claims_caught_up(
-    clients: list[ClientState], sums: Mapping[str, Mapping[TaskId, int]]
+    clients: list[ClientState],
+    sums: Mapping[str, Mapping[TaskId, int]],
+    recovered: Mapping[str, bool],
 ) -> list[ClientState]:
     """A process in its first recovery that reports running a task another process reports
     running too gets a lag of 0 for it. That is a worker whose session expired while it
@@ -594,7 +603,13 @@ def _duplicate_claims_caught_up(
     takeover, and handing that back to it would make a task some caught-up owner runs cold
     (review37). A worker with no standbys (none configured, or none placed on it) always
     passes the test. That is harmless: it then holds no state the leader could prefer over
-    its claims (review41 found the same assignments with and without the test there)."""
+    its claims (review41 found the same assignments with and without the test there).
+
+    A process that says whether its recovery has completed since it started
+    (``RECOVERED_TAG``, in ``recovered``) is judged by that instead: the offset test misread
+    a fresh standby of a changelog whose log starts above 0 (retention, a windowed table's
+    ``compact,delete``), which Faust tracks at that start - 1, as progress, and the
+    rejoined worker lost its hand-back (review50 R3)."""
     claimants = Counter(t for c in clients for t in c.prev_active)
     shared = {t for t, n in claimants.items() if n > 1}
     if not shared:
@@ -602,10 +617,30 @@ def _duplicate_claims_caught_up(
     out = []
     for client in clients:
         claimed = client.prev_active & shared
-        first_recovery = not any(s > 0 for s in sums.get(client.process_id, {}).values())
+        if client.process_id in recovered:
+            first_recovery = not recovered[client.process_id]
+        else:  # an older member: no tag
+            first_recovery = not any(s > 0 for s in sums.get(client.process_id, {}).values())
         if claimed and first_recovery:
             client = attrs.evolve(client, lags={**dict.fromkeys(claimed, 0), **client.lags})
         out.append(client)
+    return out
+
+
+def _recovered(
+    members: Mapping[str, MemberSubscription], by_process: Mapping[str, Sequence[str]]
+) -> dict[str, bool]:
+    """Per process whose members announce ``RECOVERED_TAG``, whether one says its recovery
+    has completed since it started."""
+    out: dict[str, bool] = {}
+    for key, ms in by_process.items():
+        said = [
+            info.client_tags[RECOVERED_TAG]
+            for m in ms
+            if (info := members[m].info) is not None and RECOVERED_TAG in info.client_tags
+        ]
+        if said:
+            out[key] = "1" in said
     return out
 
 
