@@ -287,7 +287,9 @@ class _KeptChains:
     standby goes to a mere store and no copy goes further behind; the first client of a chain
     may be any holder of the needed task (any state beats none). Every client keeps its
     target (the one at the end takes room it had), so the load rule holds as before.
-    Breadth-first (shortest chain), deterministic (clients and copies in index order).
+    Breadth-first (shortest chain; a client with room ends the search when it is reached),
+    deterministic (clients and copies in index order, a client's copies of the subtopology
+    it takes one of first).
     Clients a failed search reached cannot reach room until a chain changes the copies, so
     they are skipped until then; passes over the slots still needing a copy end when one
     fills none.
@@ -302,9 +304,21 @@ class _KeptChains:
                 self.kept[client].append(slot)
         #: Clients a failed search reached since the last chain (none of them reaches room).
         self.dead: set[int] = set()
+        #: ``_takers`` of each task looked at, with their ranks (tier, caught up or lag),
+        #: dropped when a chain moves a copy of the task.
+        self.open: dict[int, list[tuple[tuple[int, int], int]]] = {}
+        #: ``_hand_ons`` of each client looked at.
+        self.adj: dict[int, dict[int, list[int]]] = {}
 
     def fill(self, need: list[int]) -> list[int]:
         """Fill what chains can of the ``need`` slots; returns those left, in order."""
+        run = self.run
+        lost = {client for _, client in run.lost}
+        if not any(
+            left > 0 and (state.prev_standby or state.lags or client in lost)
+            for client, (left, state) in enumerate(zip(self.room, run.clients, strict=True))
+        ):
+            return need  # a chain ends at a holder with room: none has any (newcomers)
         changed = True
         while changed:
             changed = False
@@ -321,41 +335,65 @@ class _KeptChains:
     def _takers(self, task: int, holder: int) -> list[int]:
         """Clients that may hold a copy of ``task`` now: they hold state of it ranking no worse
         than ``holder``'s (any, when ``holder`` < 0), neither run it nor hold a copy."""
-        run, r = self.run, self.run.replicas
-        held = self.copies[task * r : (task + 1) * r]
-        found = [c for c in run.warm.get(task, ()) if c != run.owner[task] and c not in held]
+        found = self.open.get(task)
+        if found is None:
+            run, r = self.run, self.run.replicas
+            held = set(self.copies[task * r : (task + 1) * r])
+            held.add(run.owner[task])
+            rank = run._rank
+            found = self.open[task] = [
+                (rank(task, c)[:2], c) for c in run.warm.get(task, ()) if c not in held
+            ]
         if holder < 0:
-            return found
-        bar = run._rank(task, holder)[:2]
-        return [c for c in found if run._rank(task, c)[:2] <= bar]
+            return [c for _, c in found]
+        bar = self.run._rank(task, holder)[:2]
+        return [c for key, c in found if key <= bar]
+
+    def _hand_ons(self, client: int) -> dict[int, list[int]]:
+        """Per client that may take one of ``client``'s kept copies, those copies (slot
+        order); built at first use, dropped when a chain changes them."""
+        got = self.adj.get(client)
+        if got is None:
+            r = self.run.replicas
+            got = self.adj[client] = {}
+            for moved in self.kept[client]:
+                for taker in self._takers(moved // r, client):
+                    got.setdefault(taker, []).append(moved)
+        return got
 
     def _chain(self, slot: int) -> bool:
         """A chain ending in room for ``slot``'s task, breadth first; applied if found."""
-        r, column, room = self.run.replicas, self.run.column, self.room
+        r, column, room, dead = self.run.replicas, self.run.column, self.room, self.dead
         #: How each reached client was reached: (client before it, the slot it takes over).
         came: dict[int, tuple[int, int]] = {}
-        frontier = [c for c in self._takers(slot // r, -1) if c not in self.dead]
+        frontier = [c for c in self._takers(slot // r, -1) if c not in dead]
         for client in frontier:
             came[client] = (-1, slot)
+            if room[client] > 0:
+                self._apply(client, came)
+                return True
         while frontier:
             nxt: list[int] = []
             for client in frontier:
-                if room[client] > 0:
-                    self._apply(client, came)
-                    return True
                 incoming = column[came[client][1] // r]
-                mine = sorted(self.kept[client], key=lambda s: column[s // r] != incoming)
-                for moved in mine:
-                    for taker in self._takers(moved // r, client):
-                        if taker not in came and taker not in self.dead:
-                            came[taker] = (client, moved)
-                            nxt.append(taker)
+                for taker, slots in self._hand_ons(client).items():
+                    if taker in came or taker in dead:
+                        continue
+                    # A copy of the incoming copy's subtopology first: handing that on keeps
+                    # this client's count of each subtopology.
+                    moved = next((s for s in slots if column[s // r] == incoming), slots[0])
+                    came[taker] = (client, moved)
+                    if room[taker] > 0:
+                        self._apply(taker, came)
+                        return True
+                    nxt.append(taker)
             frontier = nxt
-        self.dead.update(came)
+        dead.update(came)
         return False
 
     def _apply(self, end: int, came: dict[int, tuple[int, int]]) -> None:
         """Move every copy along the chain ending at ``end`` one client on."""
+        r = self.run.replicas
         self.room[end] -= 1
         client = end
         while client >= 0:
@@ -364,4 +402,9 @@ class _KeptChains:
                 self.kept[before].remove(slot)
             self.copies[slot] = client
             insort(self.kept[client], slot)
+            task = slot // r
+            self.open.pop(task, None)
+            # Who may take this task's copies changed, and so did what these clients hold.
+            for holder in (before, *self.copies[task * r : (task + 1) * r]):
+                self.adj.pop(holder, None)
             client = before
