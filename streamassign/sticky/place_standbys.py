@@ -1,10 +1,11 @@
-"""Step 8 (placement): previous standbys and other local state kept first, the rest through the
-standby queue (rack/tag spread, most room), with a one-step swap when only holders have room;
-then steps 9-11."""
+"""Step 8 (placement): previous standbys and other local state kept first (chains of kept copies
+make room for a task whose holders are full), the rest through the standby queue (rack/tag
+spread, most room), with a one-step swap when only holders have room; then steps 9-11."""
 
 from __future__ import annotations
 
 import heapq
+from bisect import insort
 from collections.abc import Iterable
 from operator import itemgetter
 
@@ -76,6 +77,8 @@ class PlaceStandbys(ExchangeForRacks):
                     room[client] -= 1
             if k < end:
                 need.extend(range(k, end))
+        if need and self.warm:
+            need = _KeptChains(self, copies, room).fill(need)
         return need
 
     def _interleaved(self, receiver: list[bool]) -> list[int]:
@@ -269,3 +272,139 @@ class _SwapIndex:
         self.count[client] += 1
         if was >= 0:
             self.count[was] -= 1
+
+
+class _KeptChains:
+    """Augmenting chains over the copies ``_keep_local_state`` kept: a standby slot whose task's
+    holders are all full goes to one of them, which hands one of its kept copies to another
+    holder of that copy's task, and so on until a client with room takes one. Kept in task
+    order, a holder filled up with early tasks' copies while a later task's only holders were
+    full, and that task got a copy from scratch (a rolling restart of 5 processes, 256 tasks,
+    one standby: 6-32 such copies, each with a caught-up holder left without one).
+
+    A copy is handed on only to a holder ranking no worse on it (``_rank``'s tier, then caught
+    up or its lag: lags within the acceptable recovery lag count as equal), so no previous
+    standby goes to a mere store and no copy goes further behind; the first client of a chain
+    may be any holder of the needed task (any state beats none). Every client keeps its
+    target (the one at the end takes room it had), so the load rule holds as before.
+    Breadth-first (shortest chain; a client with room ends the search when it is reached),
+    deterministic (clients and copies in index order, a client's copies of the subtopology
+    it takes one of first).
+    Clients a failed search reached cannot reach room until a chain changes the copies, so
+    they are skipped until then; passes over the slots still needing a copy end when one
+    fills none.
+    """
+
+    def __init__(self, run: PlaceStandbys, copies: list[int], room: list[int]) -> None:
+        self.run, self.copies, self.room = run, copies, room
+        #: Kept copies (slots) on each client, in slot order.
+        self.kept: list[list[int]] = [[] for _ in run.clients]
+        for slot, client in enumerate(copies):
+            if client >= 0:
+                self.kept[client].append(slot)
+        #: Clients a failed search reached since the last chain (none of them reaches room).
+        self.dead: set[int] = set()
+        #: ``_takers`` of each task looked at, with their ranks (tier, caught up or lag),
+        #: dropped when a chain moves a copy of the task.
+        self.open: dict[int, list[tuple[tuple[int, int], int]]] = {}
+        #: ``_hand_ons`` of each client looked at.
+        self.adj: dict[int, dict[int, list[int]]] = {}
+
+    def fill(self, need: list[int]) -> list[int]:
+        """Fill what chains can of the ``need`` slots; returns those left, in order."""
+        run = self.run
+        lost = {client for _, client in run.lost}
+        if not any(
+            left > 0 and (state.prev_standby or state.lags or client in lost)
+            for client, (left, state) in enumerate(zip(self.room, run.clients, strict=True))
+        ):
+            return need  # a chain ends at a holder with room: none has any (newcomers)
+        changed = True
+        while changed:
+            changed = False
+            left: list[int] = []
+            for slot in need:
+                if self._chain(slot):
+                    changed = True
+                    self.dead.clear()
+                else:
+                    left.append(slot)
+            need = left
+        return need
+
+    def _takers(self, task: int, holder: int) -> list[int]:
+        """Clients that may hold a copy of ``task`` now: they hold state of it ranking no worse
+        than ``holder``'s (any, when ``holder`` < 0), neither run it nor hold a copy."""
+        found = self.open.get(task)
+        if found is None:
+            run, r = self.run, self.run.replicas
+            held = set(self.copies[task * r : (task + 1) * r])
+            held.add(run.owner[task])
+            rank = run._rank
+            found = self.open[task] = [
+                (rank(task, c)[:2], c) for c in run.warm.get(task, ()) if c not in held
+            ]
+        if holder < 0:
+            return [c for _, c in found]
+        bar = self.run._rank(task, holder)[:2]
+        return [c for key, c in found if key <= bar]
+
+    def _hand_ons(self, client: int) -> dict[int, list[int]]:
+        """Per client that may take one of ``client``'s kept copies, those copies (slot
+        order); built at first use, dropped when a chain changes them."""
+        got = self.adj.get(client)
+        if got is None:
+            r = self.run.replicas
+            got = self.adj[client] = {}
+            for moved in self.kept[client]:
+                for taker in self._takers(moved // r, client):
+                    got.setdefault(taker, []).append(moved)
+        return got
+
+    def _chain(self, slot: int) -> bool:
+        """A chain ending in room for ``slot``'s task, breadth first; applied if found."""
+        r, column, room, dead = self.run.replicas, self.run.column, self.room, self.dead
+        #: How each reached client was reached: (client before it, the slot it takes over).
+        came: dict[int, tuple[int, int]] = {}
+        frontier = [c for c in self._takers(slot // r, -1) if c not in dead]
+        for client in frontier:
+            came[client] = (-1, slot)
+            if room[client] > 0:
+                self._apply(client, came)
+                return True
+        while frontier:
+            nxt: list[int] = []
+            for client in frontier:
+                incoming = column[came[client][1] // r]
+                for taker, slots in self._hand_ons(client).items():
+                    if taker in came or taker in dead:
+                        continue
+                    # A copy of the incoming copy's subtopology first: handing that on keeps
+                    # this client's count of each subtopology.
+                    moved = next((s for s in slots if column[s // r] == incoming), slots[0])
+                    came[taker] = (client, moved)
+                    if room[taker] > 0:
+                        self._apply(taker, came)
+                        return True
+                    nxt.append(taker)
+            frontier = nxt
+        dead.update(came)
+        return False
+
+    def _apply(self, end: int, came: dict[int, tuple[int, int]]) -> None:
+        """Move every copy along the chain ending at ``end`` one client on."""
+        r = self.run.replicas
+        self.room[end] -= 1
+        client = end
+        while client >= 0:
+            before, slot = came[client]
+            if before >= 0:
+                self.kept[before].remove(slot)
+            self.copies[slot] = client
+            insort(self.kept[client], slot)
+            task = slot // r
+            self.open.pop(task, None)
+            # Who may take this task's copies changed, and so did what these clients hold.
+            for holder in (before, *self.copies[task * r : (task + 1) * r]):
+                self.adj.pop(holder, None)
+            client = before
