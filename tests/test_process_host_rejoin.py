@@ -172,7 +172,13 @@ def test_only_restored_actives_of_members_still_in_the_group_are_reported_runnin
 
 @pytest.mark.parametrize(
     ("positions", "wrong_shape"),
-    [(None, True), ({TaskId(0, 0): None}, True), ({"0_0": 5}, True), ({TaskId(0, 0): -2}, False)],
+    [
+        (None, True),
+        ({TaskId(0, 0): None}, True),
+        ({"0_0": 5}, True),
+        ({TaskId(0, 0): -2}, False),
+        ({TaskId(0, 0): 1 << 63}, False),  # past the wire's int64: failed the encoding
+    ],
 )
 def test_a_listener_answer_of_the_wrong_shape_still_sends_a_subscription(
     tmp_path: Path, positions: object, wrong_shape: bool, caplog: pytest.LogCaptureFixture

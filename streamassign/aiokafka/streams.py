@@ -131,14 +131,15 @@ class TaskListener:
 def _offset_sums_of(answer: object) -> dict[TaskId, int]:
     """``TaskListener.store_offset_sums``' answer checked: task ids to offset sums of 0 or
     more (``TypeError`` otherwise; a negative sum would read as a sentinel, such as
-    ``LATEST_OFFSET``, and is dropped)."""
+    ``LATEST_OFFSET``, and is dropped, and so is one past the wire's signed 64 bits, which
+    would fail the subscription's encoding)."""
     if not isinstance(answer, Mapping):
         raise TypeError(f"store_offset_sums returned {type(answer).__name__}, not a mapping")
     sums = {}
     for task, total in answer.items():
         if not isinstance(task, TaskId) or not isinstance(total, int) or isinstance(total, bool):
             raise TypeError(f"store_offset_sums returned {task!r}: {total!r}")
-        if total >= 0:
+        if 0 <= total < 1 << 63:
             sums[task] = total
     return sums
 
