@@ -8,6 +8,7 @@ import heapq
 from bisect import insort
 from collections.abc import Iterable
 from operator import itemgetter
+from typing import Final
 
 from ..shares import share_bounds
 from .even_standbys import _StandbyEvener
@@ -274,6 +275,13 @@ class _SwapIndex:
             self.count[was] -= 1
 
 
+#: Steps (clients reached, hand-ons listed) all chain searches of one rebalance may take:
+#: adversarial histories (half the clients full of caught-up state, room on clients with
+#: little) took 20 s unbounded at 100,000 tasks x 1,000 clients (review52); past it, the
+#: slots left get copies from scratch as before the chains.
+_CHAIN_BUDGET: Final = 1 << 20
+
+
 class _KeptChains:
     """Augmenting chains over the copies ``_keep_local_state`` kept: a standby slot whose task's
     holders are all full goes to one of them, which hands one of its kept copies to another
@@ -309,6 +317,8 @@ class _KeptChains:
         self.open: dict[int, list[tuple[tuple[int, int], int]]] = {}
         #: ``_hand_ons`` of each client looked at.
         self.adj: dict[int, dict[int, list[int]]] = {}
+        #: Steps left (``_CHAIN_BUDGET``).
+        self.budget = _CHAIN_BUDGET
 
     def fill(self, need: list[int]) -> list[int]:
         """Fill what chains can of the ``need`` slots; returns those left, in order."""
@@ -320,11 +330,11 @@ class _KeptChains:
         ):
             return need  # a chain ends at a holder with room: none has any (newcomers)
         changed = True
-        while changed:
+        while changed and self.budget > 0:
             changed = False
             left: list[int] = []
             for slot in need:
-                if self._chain(slot):
+                if self.budget > 0 and self._chain(slot):
                     changed = True
                     self.dead.clear()
                 else:
@@ -357,7 +367,9 @@ class _KeptChains:
             r = self.run.replicas
             got = self.adj[client] = {}
             for moved in self.kept[client]:
-                for taker in self._takers(moved // r, client):
+                takers = self._takers(moved // r, client)
+                self.budget -= len(takers) + 1
+                for taker in takers:
                     got.setdefault(taker, []).append(moved)
         return got
 
@@ -372,11 +384,13 @@ class _KeptChains:
             if room[client] > 0:
                 self._apply(client, came)
                 return True
-        while frontier:
+        while frontier and self.budget > 0:
             nxt: list[int] = []
             for client in frontier:
                 incoming = column[came[client][1] // r]
-                for taker, slots in self._hand_ons(client).items():
+                hand_ons = self._hand_ons(client)
+                self.budget -= len(hand_ons)
+                for taker, slots in hand_ons.items():
                     if taker in came or taker in dead:
                         continue
                     # A copy of the incoming copy's subtopology first: handing that on keeps
@@ -388,6 +402,8 @@ class _KeptChains:
                         return True
                     nxt.append(taker)
             frontier = nxt
+        if frontier:  # the budget ran out mid-search: what it reached is not known dead
+            return False
         dead.update(came)
         return False
 
