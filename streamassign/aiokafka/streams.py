@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import reprlib
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -128,17 +129,17 @@ class TaskListener:
         return {}
 
 
-def _offset_sums_of(answer: object) -> dict[TaskId, int]:
+def _offset_sums_of(answer: object) -> dict[TaskId, int] | None:
     """``TaskListener.store_offset_sums``' answer checked: task ids to offset sums of 0 or
-    more (``TypeError`` otherwise; a negative sum would read as a sentinel, such as
+    more (None otherwise: of the wrong shape; a negative sum would read as a sentinel, such as
     ``LATEST_OFFSET``, and is dropped, and so is one past the wire's signed 64 bits, which
     would fail the subscription's encoding)."""
     if not isinstance(answer, Mapping):
-        raise TypeError(f"store_offset_sums returned {type(answer).__name__}, not a mapping")
+        return None
     sums = {}
     for task, total in answer.items():
         if not isinstance(task, TaskId) or not isinstance(total, int) or isinstance(total, bool):
-            raise TypeError(f"store_offset_sums returned {task!r}: {total!r}")
+            return None
         if 0 <= total < 1 << 63:
             sums[task] = total
     return sums
@@ -741,11 +742,18 @@ class ProcessHost:
         weighs it by that lag. Reported running, it was a second running claim beside the
         interim owner's, which the leader settled by process id (audit hostrejoin F1)."""
         sums = self.state.offset_sums(self._changelogs)
-        no_sums: dict[TaskId, int] = {}
-        live = self._ask_listener(
-            lambda: _offset_sums_of(self.listener.store_offset_sums()), no_sums
-        )
-        sums.update((t, s) for t, s in live.items() if t.subtopology in self._changelogs)
+        no_sums: Mapping[TaskId, int] = {}
+        answer = self._ask_listener(self.listener.store_offset_sums, no_sums)  # logs a failure
+        live = _offset_sums_of(answer)
+        if live is None:
+            log.error(
+                "a task listener's answer for the subscription could not be used: "
+                "store_offset_sums returned %s",
+                reprlib.repr(answer),
+            )
+        for task, total in (live or {}).items():
+            if task.subtopology in self._changelogs:
+                sums[task] = total
         for t in self.reported_running():
             sums[t] = LATEST_OFFSET
         return sums

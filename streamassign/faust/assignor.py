@@ -21,6 +21,7 @@ Faust's tables and views read that assignor's assignment (``protocol_in_use``).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import importlib
@@ -840,30 +841,31 @@ def _persisted_offset(store: Any, partition: int) -> int | Literal[_Unparsed.VAL
     # Faust opens a store with ``ttl`` as a TTL database only through rocksdict; with
     # python-rocksdb it ignores the option, and the values carry no suffix.
     ttl = getattr(options, "ttl", None) is not None and getattr(options, "use_rocksdict", True)
-    try:
-        return int(_strip_ttl(raw) if ttl else raw)
-    except ValueError:
-        log.warning(
-            "partition %d's table directory %s holds no offset under the offset key (%r): "
-            "Faust cannot read it either and crashes when assigned that partition; remove "
-            "the directory to restore the partition from its changelog",
-            partition,
-            path,
-            raw[:64],
-        )
-        return _UNPARSED
+    value = _strip_ttl(raw) if ttl else raw
+    with contextlib.suppress(ValueError):  # not a number: as a TTL value without its time
+        if value is not None:
+            return int(value)
+    log.warning(
+        "partition %d's table directory %s holds no offset under the offset key (%r): "
+        "Faust cannot read it either and crashes when assigned that partition; remove "
+        "the directory to restore the partition from its changelog",
+        partition,
+        path,
+        raw[:64],
+    )
+    return _UNPARSED
 
 
-def _strip_ttl(raw: bytes) -> bytes:
+def _strip_ttl(raw: bytes) -> bytes | None:
     """``raw`` without the write time RocksDB's TTL database appends, checked as RocksDB
-    checks it (a little-endian 32-bit time, at least ``_TTL_MIN_TIMESTAMP``); raises
-    ``ValueError`` where that is no time (a value written before the table had ``ttl``:
-    stripped blindly, ``b"50001"`` read as 5, review50 R4), as RocksDB reports corruption."""
+    checks it (a little-endian 32-bit time, at least ``_TTL_MIN_TIMESTAMP``); None where that
+    is no time (a value written before the table had ``ttl``: stripped blindly, ``b"50001"``
+    read as 5, review50 R4), as RocksDB reports corruption."""
     if len(raw) <= _TTL_SUFFIX:
-        raise ValueError("shorter than a TTL value")
+        return None
     (written,) = struct.unpack("<i", raw[-_TTL_SUFFIX:])
     if written < _TTL_MIN_TIMESTAMP:
-        raise ValueError(f"write time {written} before RocksDB's TTL feature")
+        return None
     return raw[:-_TTL_SUFFIX]
 
 
