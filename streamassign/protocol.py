@@ -413,16 +413,7 @@ class SubscriptionInfo:
         process_id = uuid.UUID(bytes=data[r.pos : r.pos + 16])
         r.pos += 16
         endpoint = r.string() or None
-        sums: dict[TaskId, int] = {}
-        for _ in range(r.count()):
-            sub = r.uint()
-            p = 0
-            limit = None if task_counts is None else task_counts.get(sub, 0)
-            for _ in range(r.take(r.count())):
-                p += r.uint()
-                offset = r.sint()
-                if limit is None or p < limit:
-                    sums[TaskId(sub, p)] = offset
+        sums = _read_offset_sums(r, task_counts)
         r.room = max_previous_active
         try:
             previous = r.tasks(task_counts)
@@ -441,7 +432,9 @@ class SubscriptionInfo:
             tags = {r.string(): r.string() for _ in range(r.count())}
         indices = {}
         if read_version >= 3:
-            indices = _topic_indices(r, announced_ids, announcements)
+            # Through a leader's memo when it keeps one: the same result, each tail read once.
+            read = _read_topic_indices if announcements is None else announcements.read
+            indices = read(r, announced_ids)
         if version == read_version and not r.done():
             raise ProtocolError(f"{len(data) - r.pos} unexpected trailing bytes")
         return cls(
@@ -457,6 +450,23 @@ class SubscriptionInfo:
             latest,
             subtopology_topic_indices=indices,
         )
+
+
+def _read_offset_sums(r: _Reader, task_counts: Mapping[int, int] | None) -> dict[TaskId, int]:
+    """What :meth:`SubscriptionInfo.encode` wrote of the offset sums: per subtopology, its
+    partitions (as steps from the last) and their sums. With ``task_counts`` (the leader's),
+    sums of tasks outside them are read and charged but not kept."""
+    sums: dict[TaskId, int] = {}
+    for _ in range(r.count()):
+        sub = r.uint()
+        p = 0
+        limit = None if task_counts is None else task_counts.get(sub, 0)
+        for _ in range(r.take(r.count())):
+            p += r.uint()
+            offset = r.sint()
+            if limit is None or p < limit:
+                sums[TaskId(sub, p)] = offset
+    return sums
 
 
 def _write_topic_indices(w: _Writer, indices: Mapping[int, Iterable[int]]) -> None:
@@ -502,13 +512,6 @@ class AnnouncementMemo:
             tails = self._by_length.setdefault(len(r.data) - start, {})
             tails[r.data[start:]] = (indices, budget - r.budget)
         return indices
-
-
-def _topic_indices(
-    r: _Reader, kept: Collection[int] | None, memo: AnnouncementMemo | None
-) -> dict[int, frozenset[int]]:
-    """The version 3 tail of ``r``, through ``memo`` when a leader keeps one."""
-    return _read_topic_indices(r, kept) if memo is None else memo.read(r, kept)
 
 
 def _read_topic_indices(r: _Reader, kept: Collection[int] | None) -> dict[int, frozenset[int]]:

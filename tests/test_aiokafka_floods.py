@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
+import os
+import select
+import signal
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +21,7 @@ from aiokafka.errors import KafkaConnectionError, NodeNotReadyError
 from aiokafka.producer.sender import Sender
 
 from streamassign import Subtopology, Topology
+from streamassign.aiokafka import floods
 from streamassign.aiokafka.floods import (
     AIOKAFKA_LOGGER,
     EPISODE_GAP,
@@ -457,6 +463,91 @@ def test_a_detached_filter_passes_every_line_and_forgets_the_outage() -> None:
         assert not filtered(lines, *away)
     finally:
         assert lines.detach() is not None
+
+
+class Said(logging.Handler):
+    """The messages of the records it handles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def forked(child: Callable[[], object], seconds: float = 30.0) -> object:
+    """What ``child()`` returns (as JSON) in a forked child of this process; a child still
+    running after ``seconds`` (stuck on a lock) is killed and fails the test."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answers through the pipe and ends without pytest's teardown
+        code = 1
+        try:
+            os.close(read_end)
+            os.write(write_end, json.dumps(child()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    answer = b""
+    deadline = time.monotonic() + seconds
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_end], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                pytest.fail(f"the forked child gave no answer within {seconds} s")
+            if not (chunk := os.read(read_end, 65536)):
+                break
+            answer += chunk
+    finally:
+        os.close(read_end)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return json.loads(answer)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+def test_a_forked_child_s_filter_is_unlocked_unused_and_holds_back_its_own_lines() -> None:
+    """review47 F2: forked while a thread held the attach lock and the filter's own (here the
+    test holds both across the fork) and an ``App`` of the parent used the filter, the child
+    attaches the same filter, which passes the first of its lines (the parent's window is not
+    the child's) and holds back the rest, and its one detach switches it off and says only
+    what the child held back. Before, the child's attach waited forever on the locks, and the
+    parent's user, still counted, kept the filter on after the child's last detach."""
+    lines = BrokerAwayLines.attach()
+    aiokafka = logging.getLogger(AIOKAFKA_LOGGER)
+    said = Said()
+    aiokafka.addHandler(said)
+    refused = ("Unable connect to node with id %s: %s", 1, "[Errno 111] refused")
+
+    def child() -> object:
+        said.messages.clear()
+        attached = BrokerAwayLines.attach()
+        for _ in range(5):
+            aiokafka.error(*refused)
+        summary = attached.detach()
+        return [attached is lines, said.messages, summary, attached.active, attached.users]
+
+    try:
+        for _ in range(3):
+            aiokafka.error(*refused)
+        with floods._ATTACHING, lines._lock:
+            answer = forked(child)
+    finally:
+        aiokafka.removeHandler(said)
+        lines.detach()
+    assert answer == [
+        True,
+        ["Unable connect to node with id 1: [Errno 111] refused"],
+        "aiokafka: 4 similar lines suppressed (4 failed connections and metadata updates; "
+        "each line logged once per 30 s; broker unreachable?)",
+        False,
+        0,
+    ]
+    assert said.messages == ["Unable connect to node with id 1: [Errno 111] refused"]
+    assert lines.suppressed == 2  # the parent's filter is as it was
 
 
 def test_the_filter_goes_before_the_user_s_own_filters() -> None:

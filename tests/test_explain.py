@@ -907,11 +907,12 @@ def _faust_leader_round(
 ) -> dict[str, ClientAssignment]:
     """What the Faust leader assigns ``tasks`` to the members ``infos`` (one per worker): its
     client states, its hand-back of stateless tasks, the sticky assignor."""
-    from streamassign.faust.leader import _return_restarted
+    from streamassign.faust.leader import _offset_sums, _return_restarted
 
     members = {f"m{i}": MemberSubscription({"clicks"}, info) for i, info in enumerate(infos)}
     clients, by_process, _ = client_states(members)
-    return StickyTaskAssignor().assign(tasks, _return_restarted(clients, members, by_process))
+    sums = _offset_sums(members, by_process)
+    return StickyTaskAssignor().assign(tasks, _return_restarted(clients, members, by_process, sums))
 
 
 def _saved_round(
@@ -1007,12 +1008,13 @@ def test_explain_names_the_hand_backs_the_leaders_made(
     (``client_states``, ProcessHost's leader without end offsets; plus ``_return_restarted``,
     the Faust leader's): the previous actives it gave a process that did not run them. Member
     ids sort unlike process ids, as after a restart."""
-    from streamassign.faust.leader import _return_restarted
+    from streamassign.faust.leader import _offset_sums, _return_restarted
 
     members = {m: MemberSubscription({"clicks"}, i) for m, i in infos.items()}
     clients, by_process, _ = client_states(members)
     if protocol == FAUST_PROTOCOL_NAME:
-        clients = _return_restarted(clients, members, by_process)
+        process_sums = _offset_sums(members, by_process)
+        clients = _return_restarted(clients, members, by_process, process_sums)
     leader: dict[TaskId, str] = {}
     for c in clients:
         sums = merge_offset_sums(infos[m].offset_sums for m in by_process[c.process_id])

@@ -217,7 +217,7 @@ def test_a_worker_that_runs_a_task_gets_no_stateless_hand_back() -> None:
     under one process id (a copied state directory), one running a task and one reporting a
     checkpoint of it: merging them must not let the checkpoint erase the running mark, or the
     process reads as running nothing and takes back a task another worker runs."""
-    from streamassign.faust.leader import _return_restarted
+    from streamassign.faust.leader import _offset_sums, _return_restarted
     from streamassign.streams import client_states
 
     t, u = TaskId(0, 0), TaskId(0, 1)
@@ -227,7 +227,8 @@ def test_a_worker_that_runs_a_task_gets_no_stateless_hand_back() -> None:
         "c": member(1, sums={u: LATEST_OFFSET}),
     }
     clients, by_process, _ = client_states(members)
-    assert _return_restarted(clients, members, by_process) == clients
+    sums = _offset_sums(members, by_process)
+    assert _return_restarted(clients, members, by_process, sums) == clients
 
 
 def test_capacity_weights() -> None:

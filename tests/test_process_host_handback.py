@@ -5,7 +5,6 @@ answers back through ``on_assignment``, as aiokafka passes them."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,11 +12,12 @@ from types import SimpleNamespace
 import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
-from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign import TaskId, TopicPartition
 from streamassign.aiokafka import ProcessHost
 from streamassign.protocol import AssignmentInfo
 
-TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s"])], name="app")
+from .hosts import CHANGELOG, brokerless, ends_at, with_process_id
+
 END = 10_000  # every changelog's end offset
 
 
@@ -34,28 +34,13 @@ def restarted(
 ) -> ProcessHost:
     """A two-consumer process restarting from ``path``: process id ``pid``, consumer i ran
     ``ran[i]`` before it stopped, and its local state reached ``checkpoints``."""
-    path.mkdir()
-    (path / "process.id").write_text(str(uuid.UUID(int=pid)))
-    host = ProcessHost(
-        TOPOLOGY,
-        bootstrap_servers="127.0.0.1:1",
-        state_dir=path,
-        threads=2,
-        end_offsets=lambda: dict.fromkeys(tasks(*range(task_count)), END),
-    )
+    ends = ends_at(END, task_count)
+    host = brokerless(with_process_id(path, pid), ends, threads=2)
     host.state.write_assignment({i: ran.get(i, frozenset()) for i in range(2)})
     for task, offset in checkpoints.items():
-        host.state.write_checkpoint(
-            task, {TopicPartition("app-s-changelog", task.partition): offset}
-        )
+        host.state.write_checkpoint(task, {TopicPartition(CHANGELOG, task.partition): offset})
     host.state.close()
-    return ProcessHost(
-        host.topology,
-        bootstrap_servers="127.0.0.1:1",
-        state_dir=path,
-        threads=2,
-        end_offsets=host.end_offsets,
-    )
+    return brokerless(path, ends, threads=2)
 
 
 async def rebalance(members: Mapping[str, tuple[ProcessHost, int]], task_count: int) -> None:
@@ -104,9 +89,7 @@ def test_a_task_two_restarted_processes_claim_moves_once_at_most(
     tell W won it back from W having run it meanwhile), W does not take it back. Before,
     it went W -> L -> W."""
     t0 = TaskId(0, 0)
-    runner = ProcessHost(
-        TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path / "R", threads=2
-    )
+    runner = brokerless(tmp_path / "R", threads=2)
     runner.assignors[0].info = AssignmentInfo(active=tasks(0, 1, 2))
     runner.assignors[1].info = AssignmentInfo(active=tasks(3, 4, 5))
     for i in range(2):
@@ -135,12 +118,7 @@ def test_a_claim_that_did_not_fit_comes_back_when_the_last_consumer_joins(
     consumers a one-consumer share is 3 of 12, so one claim waits. When the second consumer
     joins, the waiting claim is handed back too: settling the claims that came back keeps
     the others (dropping every claim a round did not honour would leave 0_3 with R)."""
-    runner = ProcessHost(
-        TOPOLOGY,
-        bootstrap_servers="127.0.0.1:1",
-        state_dir=tmp_path / "R",
-        threads=3,
-    )
+    runner = brokerless(tmp_path / "R", threads=3)
     for i in range(3):
         runner.assignors[i].info = AssignmentInfo(active=tasks(*range(i, 12, 3)))
         asyncio.run(runner._assigned(i))

@@ -9,7 +9,6 @@ by process id, so what came back to it depended on its id rather than on where s
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,11 +16,12 @@ from types import SimpleNamespace
 import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
-from streamassign import Subtopology, TaskId, TopicPartition, Topology
+from streamassign import TaskId, TopicPartition
 from streamassign.aiokafka import ProcessHost, TaskListener
 from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 
-TOPOLOGY = Topology([Subtopology(0, ["in"], stores=["s"])], name="app")
+from .hosts import CHANGELOG, brokerless, ends_at, with_process_id
+
 TASKS = 16
 END = 100_000  # every changelog's end offset: ten times the acceptable recovery lag
 
@@ -41,17 +41,8 @@ class Stores(TaskListener):
 
 
 def process(root: Path, name: str, pid: int, listener: TaskListener | None = None) -> ProcessHost:
-    path = root / name
-    path.mkdir()
-    (path / "process.id").write_text(str(uuid.UUID(int=pid)))
-    host = ProcessHost(
-        TOPOLOGY,
-        bootstrap_servers="127.0.0.1:1",
-        state_dir=path,
-        num_standby_replicas=1,
-        listener=listener,
-        end_offsets=lambda: {TaskId(0, p): END for p in range(TASKS)},
-    )
+    path = with_process_id(root / name, pid)
+    host = brokerless(path, ends_at(END, TASKS), num_standby_replicas=1, listener=listener)
     # A consumer whose member id the test sets as aiokafka would.
     host.consumers.append(
         SimpleNamespace(_coordinator=SimpleNamespace(member_id=name, generation=1))
@@ -64,9 +55,7 @@ def caught_up(*hosts: ProcessHost) -> None:
     for host in hosts:
         held = host.tasks(0)
         for task in held.active | held.standby | held.warmup:
-            host.state.write_checkpoint(
-                task, {TopicPartition("app-s-changelog", task.partition): END}
-            )
+            host.state.write_checkpoint(task, {TopicPartition(CHANGELOG, task.partition): END})
 
 
 async def rebalance(members: Mapping[str, ProcessHost]) -> dict[str, SubscriptionInfo]:
@@ -148,8 +137,8 @@ def test_only_restored_actives_of_members_still_in_the_group_are_reported_runnin
     t0, t1, t2 = (TaskId(0, p) for p in range(3))
     host.assignors[0].info = AssignmentInfo(active=frozenset({t0, t1}), standby=frozenset({t2}))
     asyncio.run(host._assigned(0))
-    host.state.write_checkpoint(t1, {TopicPartition("app-s-changelog", 1): 40})
-    host.state.write_checkpoint(t2, {TopicPartition("app-s-changelog", 2): 70})
+    host.state.write_checkpoint(t1, {TopicPartition(CHANGELOG, 1): 40})
+    host.state.write_checkpoint(t2, {TopicPartition(CHANGELOG, 2): 70})
     assert host.offset_sums() == {t0: LATEST_OFFSET, t1: LATEST_OFFSET, t2: 70}
     stores.restoring = {t1}
     stores.positions = {t2: 90}  # ahead of its checkpoint
@@ -189,7 +178,7 @@ def test_a_listener_answer_of_the_wrong_shape_still_sends_a_subscription(
     such as ``LATEST_OFFSET``) is dropped silently."""
     listener = Stores()
     host = process(tmp_path, "p", 1, listener)
-    host.state.write_checkpoint(TaskId(0, 0), {TopicPartition("app-s-changelog", 0): 500})
+    host.state.write_checkpoint(TaskId(0, 0), {TopicPartition(CHANGELOG, 0): 500})
     listener.positions = positions  # type: ignore[assignment]
     info = SubscriptionInfo.decode(host.assignors[0].metadata(["in"]).user_data)
     assert info.offset_sums == {TaskId(0, 0): 500}  # the checkpoint's

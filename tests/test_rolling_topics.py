@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -22,7 +23,13 @@ from hypothesis import strategies as st
 from streamassign import Subtopology, TaskId, Topology, protocol, streams
 from streamassign.aiokafka import ProcessHost
 from streamassign.errors import EncodeError
-from streamassign.protocol import LATEST_OFFSET, MAX_TASK_IDS, ProtocolError, SubscriptionInfo
+from streamassign.protocol import (
+    LATEST_OFFSET,
+    MAX_TASK_IDS,
+    AssignmentInfo,
+    ProtocolError,
+    SubscriptionInfo,
+)
 from streamassign.repeats import Repeats
 from streamassign.streams import (
     MemberAssignment,
@@ -247,27 +254,68 @@ def test_a_process_announces_its_topics_by_its_subscription(tmp_path: Path) -> N
 
 
 @st.composite
-def mixed_groups(draw: st.DrawFn) -> tuple[Topology, dict[str, MemberSubscription]]:
+def mixed_groups(
+    draw: st.DrawFn, shared_ids: bool = False
+) -> tuple[Topology, dict[str, MemberSubscription]]:
     """A leader's topology and a group of 1-5 processes of any version (the leader's own
     process among them, as in a real group), 1-2 consumers each, announcing or not, with
-    some history."""
+    some history. ``shared_ids``: up to 6 processes with ids drawn from 1-3, so processes of
+    different versions often share one id and endpoint (the leader sees them as one client)."""
     leader_version = draw(st.sampled_from(sorted(VERSIONS)))
-    processes = [leader_version, *draw(st.lists(st.sampled_from(sorted(VERSIONS)), max_size=4))]
+    others = st.lists(st.sampled_from(sorted(VERSIONS)), max_size=5 if shared_ids else 4)
+    processes = [leader_version, *draw(others)]
     members = {}
-    for pid, version in enumerate(processes):
-        topology = VERSIONS[version]
-        announces = pid == 0 or draw(st.booleans())
+    for k, version in enumerate(processes):
+        pid = draw(st.integers(1, 3)) if shared_ids else k + 1
+        announces = k == 0 or draw(st.booleans())
         for thread in range(draw(st.integers(1, 2))):
             running = draw(
                 st.frozensets(st.builds(TaskId, st.sampled_from([0, 1, 7]), st.integers(0, 5)))
             )
             sums = {t: LATEST_OFFSET for t in running}
-            members[f"m{pid}-{thread}"] = member(pid + 1, topology, announces, offset_sums=sums)
+            members[f"m{k}-{thread}"] = member(pid, VERSIONS[version], announces, offset_sums=sums)
     return VERSIONS[leader_version], members
 
 
 def _topology_of(sub: MemberSubscription) -> Topology:
     return next(t for t in VERSIONS.values() if t.source_topics == sub.topics)
+
+
+def _every_copy(info: AssignmentInfo) -> frozenset[TaskId]:
+    return info.active | info.standby | info.warmup
+
+
+def check_mixed_group(
+    group: tuple[Topology, dict[str, MemberSubscription]],
+    standbys: int,
+    high_availability: bool,
+    order: random.Random,
+    guarded: Callable[[AssignmentInfo], frozenset[TaskId]],
+) -> None:
+    """The leader's assignment of ``group`` does not depend on the order its members come in;
+    no member gets a partition of a topic it does not subscribe to, nor an announcing member
+    a task of ``guarded`` (of its assignment) its own guard would refuse; and every task is
+    active exactly once."""
+    leader, members = group
+    options = {
+        "num_standby_replicas": standbys,
+        "high_availability": high_availability,
+        "end_offsets": {TaskId(s, p): 100 for s in (0, 1, 7) for p in range(6)},
+        "now_ms": 0,
+    }
+    result = assign_streams(leader, COUNTS, members, **options)  # type: ignore[arg-type]
+    shuffled = list(members.items())
+    order.shuffle(shuffled)
+    assert assign_streams(leader, COUNTS, dict(shuffled), **options) == result  # type: ignore[arg-type]
+    ran: list[TaskId] = []
+    for m, given in result.items():
+        assert {tp.topic for tp in given.partitions} <= members[m].topics, m
+        info = members[m].info
+        if info is not None and info.subtopology_topic_indices:
+            own = _topology_of(members[m])
+            assert mismatched_tasks(own, guarded(given.info), given.info.topics) == {}, m
+        ran += given.info.active
+    assert sorted(ran) == [TaskId(s, p) for s in leader.subtopology_ids for p in range(6)]
 
 
 @hypothesis.settings(max_examples=150, deadline=None)
@@ -287,27 +335,7 @@ def test_mixed_groups_never_hand_out_an_unsubscribed_or_refused_task(
     subscribe to; no announcing member gets an active its own guard would refuse; every task
     is active exactly once (the leader's own process may run every one); and the result does
     not depend on the order the members come in."""
-    leader, members = group
-    options = {
-        "num_standby_replicas": standbys,
-        "high_availability": high_availability,
-        "end_offsets": {TaskId(s, p): 100 for s in (0, 1, 7) for p in range(6)},
-        "now_ms": 0,
-    }
-    result = assign_streams(leader, COUNTS, members, **options)  # type: ignore[arg-type]
-    shuffled = list(members.items())
-    order.shuffle(shuffled)
-    assert assign_streams(leader, COUNTS, dict(shuffled), **options) == result  # type: ignore[arg-type]
-    ran: list[TaskId] = []
-    for m, given in result.items():
-        assert {tp.topic for tp in given.partitions} <= members[m].topics, m
-        info = members[m].info
-        if info is not None and info.subtopology_topic_indices:
-            own = _topology_of(members[m])
-            assert mismatched_tasks(own, given.info.active, given.info.topics) == {}, m
-        ran += given.info.active
-    expected = [TaskId(s, p) for s in leader.subtopology_ids for p in range(6)]
-    assert sorted(ran) == expected
+    check_mixed_group(group, standbys, high_availability, order, lambda info: info.active)
 
 
 @hypothesis.settings(max_examples=60, deadline=None)
@@ -420,28 +448,9 @@ def test_a_process_id_shared_across_versions_runs_every_task_on_a_member_that_ca
     assert not caplog.records, [r.getMessage() for r in caplog.records]
 
 
-@st.composite
-def shared_id_groups(draw: st.DrawFn) -> tuple[Topology, dict[str, MemberSubscription]]:
-    """:func:`mixed_groups` with process ids drawn from 1-3: processes of different versions
-    often share one id and endpoint, so the leader sees them as one client."""
-    leader_version = draw(st.sampled_from(sorted(VERSIONS)))
-    processes = [leader_version, *draw(st.lists(st.sampled_from(sorted(VERSIONS)), max_size=5))]
-    members = {}
-    for k, version in enumerate(processes):
-        pid = draw(st.integers(1, 3))
-        announces = k == 0 or draw(st.booleans())
-        for thread in range(draw(st.integers(1, 2))):
-            running = draw(
-                st.frozensets(st.builds(TaskId, st.sampled_from([0, 1, 7]), st.integers(0, 5)))
-            )
-            sums = {t: LATEST_OFFSET for t in running}
-            members[f"m{k}-{thread}"] = member(pid, VERSIONS[version], announces, offset_sums=sums)
-    return VERSIONS[leader_version], members
-
-
 @hypothesis.settings(max_examples=150, deadline=None)
 @hypothesis.given(
-    group=shared_id_groups(),
+    group=mixed_groups(shared_ids=True),
     standbys=st.integers(0, 1),
     high_availability=st.booleans(),
     order=st.randoms(use_true_random=False),
@@ -456,26 +465,7 @@ def test_shared_ids_across_versions_run_every_task_on_a_member_that_can(
     own member may run every id, so its client is eligible for each), on a member subscribing
     to its topics; no announcing member gets an active, standby or warmup its own guard
     would refuse; and the result does not depend on the order the members come in."""
-    leader, members = group
-    options = {
-        "num_standby_replicas": standbys,
-        "high_availability": high_availability,
-        "end_offsets": {TaskId(s, p): 100 for s in (0, 1, 7) for p in range(6)},
-        "now_ms": 0,
-    }
-    result = assign_streams(leader, COUNTS, members, **options)  # type: ignore[arg-type]
-    shuffled = list(members.items())
-    order.shuffle(shuffled)
-    assert assign_streams(leader, COUNTS, dict(shuffled), **options) == result  # type: ignore[arg-type]
-    ran: list[TaskId] = []
-    for m, given in result.items():
-        assert {tp.topic for tp in given.partitions} <= members[m].topics, m
-        info = members[m].info
-        if info is not None and info.subtopology_topic_indices:
-            copies = given.info.active | given.info.standby | given.info.warmup
-            assert mismatched_tasks(_topology_of(members[m]), copies, given.info.topics) == {}, m
-        ran += given.info.active
-    assert sorted(ran) == [TaskId(s, p) for s in leader.subtopology_ids for p in range(6)]
+    check_mixed_group(group, standbys, high_availability, order, _every_copy)
 
 
 def test_a_process_id_shared_with_a_member_that_runs_tasks_is_not_called_idle(

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -142,7 +145,8 @@ def _end_backoff(waiting: asyncio.Future[bool]) -> None:
 EPISODE_GAP = 10.0
 
 #: Guards ``attach``/``detach`` of the shared filter (whose users are counted on it) against
-#: two threads at once: a Faust worker's consumer runs in its own thread. A lock, no data.
+#: two threads at once: a Faust worker's consumer runs in its own thread. A lock, no data;
+#: made anew in a forked child (``_after_fork_in_child``).
 _ATTACHING = threading.Lock()
 
 _Key = tuple[str, str, tuple[str, ...]]
@@ -176,7 +180,8 @@ class BrokerAwayLines(logging.Filter):
     held by us; it outlives an ``App`` never stopped, and counts are the process's. It holds
     lines back only while attached (``active``); detached by its last user it stays on the
     loggers, switched off. Its state is locked: aiokafka's clients log from every thread
-    that runs one."""
+    that runs one. In a forked child it starts afresh, switched off, with no user counted
+    and its lock made anew (``_after_fork_in_child``)."""
 
     def __init__(self, window: float = LINES_WINDOW, clock: Callable[[], float] = time.monotonic):
         super().__init__()
@@ -197,6 +202,7 @@ class BrokerAwayLines(logging.Filter):
         #: Whether it holds lines back: False once its last user detached it, until the next
         #: attach. Changed under ``_lock``.
         self._on = True
+        _LIVE_FILTERS.add(self)
 
     @property
     def active(self) -> bool:
@@ -308,6 +314,20 @@ class BrokerAwayLines(logging.Filter):
                 line.held = 0
         return by_kind
 
+    def _start_afresh_in_forked_child(self) -> None:
+        """After ``os.fork``, in the child, which has only the forking thread: a new lock (a
+        thread of the parent may have held this one at the fork, and would never release it
+        here) and the state of a filter no one uses yet. The users counted are the parent's
+        ``App``s, whose threads and loops do not run in the child (counted, the child's own
+        ``App``'s stop would never switch the filter off), and what was held back is the
+        parent's to say. Switched off: the child's own first attach switches it on."""
+        self._lock = threading.Lock()
+        self.users = 0
+        self._on = False
+        self._lines = {}
+        self._unsaid = {}
+        self.suppressed = 0
+
     def _summarise(self, by_kind: Mapping[str, int]) -> str | None:
         """The summary line of ``by_kind`` (``_take_unsaid``), or None if nothing was held."""
         if not by_kind:
@@ -317,6 +337,23 @@ class BrokerAwayLines(logging.Filter):
             f"aiokafka: {sum(by_kind.values())} similar lines suppressed ({kinds}; each line "
             f"logged once per {self.window:g} s; broker unreachable?)"
         )
+
+
+#: Every filter alive, for ``_after_fork_in_child``; weak: it keeps none of them alive.
+_LIVE_FILTERS: weakref.WeakSet[BrokerAwayLines] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Unlocks what a thread of the parent may have held at the fork (review47 F2): the
+    attach lock, made anew, and every filter alive, started afresh."""
+    global _ATTACHING
+    _ATTACHING = threading.Lock()
+    for lines in list(_LIVE_FILTERS):
+        lines._start_afresh_in_forked_child()
+
+
+if sys.platform != "win32":  # no fork there
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _text(argument: object) -> str:

@@ -617,10 +617,19 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         offset = self._standby_offset_sum(task, topics) if task in following else None
         on_disk = self._disk_offset_sum(task, topics) if offset is None else offset
         if on_disk is _UNPARSED:
-            return 0 if task in following else _UNPARSED if task in previous else None
-        if on_disk is None and (
-            task in following or (task in previous and self._has_disk_tables(task, topics))
-        ):
+            if task in following:
+                # A standby now that has applied nothing yet: state at 0, as below.
+                return 0
+            if task in previous:
+                # Faust's own int() would crash the worker on it: the caller claims it not.
+                return _UNPARSED
+            # Held from the saved assignment, not claimed: state it cannot measure, no sum.
+            return None
+        if on_disk is None and task in following:
+            # A standby now, nothing applied nor on disk: 0, else the leader sees no state.
+            return 0
+        if on_disk is None and task in previous and self._has_disk_tables(task, topics):
+            # A RocksDB table wiped or unreadable: state at 0, not stateless (review41 O1).
             return 0
         return on_disk
 

@@ -385,10 +385,11 @@ class _FaustRuns:
         assignable = {s for s, topics in sub_topics.items() if not set(topics) <= globals_}
         stateful_subs = {s for s, topics in sub_topics.items() if changelogs & set(topics)}
         clients, by_process, endpoints = client_states(members, shared_ids=shared_ids)
+        sums = _offset_sums(members, by_process)  # a merge per process: once a round
         clients = _with_capacities(
             _duplicate_claims_caught_up(
-                _return_restarted(clients, members, by_process),
-                _offset_sums(members, by_process),
+                _return_restarted(clients, members, by_process, sums),
+                sums,
                 _recovered(members, by_process),
             )
         )
@@ -551,17 +552,17 @@ def _return_restarted(
     clients: list[ClientState],
     members: Mapping[str, MemberSubscription],
     by_process: Mapping[str, Sequence[str]],
+    sums: Mapping[str, Mapping[TaskId, int]],
 ) -> list[ClientState]:
     """A restarted worker (it runs nothing yet) is the previous owner again of the tasks it ran
     before it stopped and has no local state of (stateless tasks, in-memory tables); the worker
     that took them over meanwhile becomes a warm holder. Tasks it reports on-disk state for
     follow ``client_states``' rule instead (they return when that state is caught up); so do
     RocksDB tables it has nothing readable of on disk, which the member reports at offset 0
-    (``PartitionAssignor._held_offset_sum``), not as stateless (review41 O1).
+    (``PartitionAssignor._held_offset_sum``), not as stateless (review41 O1). ``sums``: each
+    process's offset sums (``_offset_sums``).
     """
-    home = stateless_returns(
-        _offset_sums(members, by_process), previous_actives(members, by_process)
-    )
+    home = stateless_returns(sums, previous_actives(members, by_process))
     if not home:
         return clients
     out = []
