@@ -30,7 +30,8 @@ import attrs
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
 from .eligibility import (
-    ineligible_subtopologies,
+    MemberReading,
+    group_eligibility,
     member_ineligible_subtopologies,
     move_to_eligible_clients,
 )
@@ -282,11 +283,17 @@ def _announcement(topology: Topology, sub: MemberSubscription) -> Announced:
 
 
 def _may_get_tasks(topology: Topology, sub: MemberSubscription) -> bool:
-    """Whether the assignor may give ``sub`` tasks: it subscribes to every source topic, or
-    it announces its subtopologies' topics (then the post-pass and the thread split keep
-    every task off it whose topics it does not announce for that id, and so every topic it
-    does not subscribe to: the announced topics are among its subscribed ones)."""
-    return topology.source_topics <= sub.topics or _announcement(topology, sub).any
+    """Whether the assignor may give ``sub`` tasks (``eligibility.group_eligibility``: it
+    subscribes to every source topic, or it announces its subtopologies' topics)."""
+    eligible = group_eligibility(_own_sources(topology), {"": _reading(topology, sub, "")})
+    return bool(eligible.may_get_tasks)
+
+
+def _reading(topology: Topology, sub: MemberSubscription, process: str) -> MemberReading:
+    """``sub`` as ``eligibility.group_eligibility`` reads it, its tasks going to ``process``:
+    its announcement resolved against ``topology`` (None: it announces none)."""
+    said = _announcement(topology, sub)
+    return MemberReading(process, sub.topics, said.sources if said.any else None)
 
 
 def _identity_only(
@@ -942,10 +949,13 @@ def _assign_compatible(
     planned = _assign_clients(
         assignor, tasks, clients, stateful, racks, given.now_ms, given.probing_memory
     )
-    by_member = _ineligible_by_member(topology, compatible)
+    eligible = group_eligibility(
+        _own_sources(topology),
+        {m: _reading(topology, compatible[m], key) for key, ms in by_process.items() for m in ms},
+    )
     per_client = move_to_eligible_clients(
         planned.per_client,
-        ineligible_subtopologies({k: [by_member[m] for m in ms] for k, ms in by_process.items()}),
+        eligible.withheld,
         clients,
         assignor.num_standby_replicas,
         stateful,
@@ -955,7 +965,7 @@ def _assign_compatible(
     threads: dict[str, ClientAssignment] = {}
     for key, member_ids in by_process.items():
         threads.update(
-            _split_to_threads(per_client[key], member_ids, compatible, stateful, by_member)
+            _split_to_threads(per_client[key], member_ids, compatible, stateful, eligible.refused)
         )
     withheld = _subscribed_only(threads, by_process, compatible, tasks, given.withheld)
     # Host maps without what is withheld: queries must not be routed to a process not
@@ -995,7 +1005,9 @@ def _subscribing_members(
     """Members subscribed to every source topic or announcing their topology's topics
     (:func:`_may_get_tasks`); the others are logged (they get no tasks)."""
     needed = topology.source_topics
-    compatible = {m: s for m, s in members.items() if _may_get_tasks(topology, s)}
+    readings = {m: _reading(topology, s, m) for m, s in members.items()}
+    may_get_tasks = group_eligibility(_own_sources(topology), readings).may_get_tasks
+    compatible = {m: s for m, s in members.items() if m in may_get_tasks}
     for member in sorted(set(members) - set(compatible)):
         missing = sorted(needed - members[member].topics)
         log.warning(
@@ -1268,22 +1280,6 @@ class _HostMaps:
 def _own_sources(topology: Topology) -> dict[int, frozenset[str]]:
     """Each subtopology id of ``topology`` with its source topics."""
     return {s: frozenset(topology.subtopology(s).source_topics) for s in topology.subtopology_ids}
-
-
-def _ineligible_by_member(
-    topology: Topology, compatible: Mapping[str, MemberSubscription]
-) -> dict[str, frozenset[int]]:
-    """Per member, the leader's subtopology ids for which it announces source topics lacking
-    one of the leader's (another topology version: its guard would refuse their tasks, or it
-    does not subscribe to their partitions); none for a member announcing nothing (it
-    subscribes to every source topic, :func:`_may_get_tasks`). A process key is eligible for
-    an id one of its members may run (``eligibility.ineligible_subtopologies``)."""
-    own = _own_sources(topology)
-    return {
-        m: member_ineligible_subtopologies(own, said.sources if said.any else None)
-        for m, sub in compatible.items()
-        for said in (_announcement(topology, sub),)
-    }
 
 
 def _split_to_threads(
