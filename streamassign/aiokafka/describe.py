@@ -358,17 +358,17 @@ class GroupView:
         self, read: GroupEligibility, unread: GroupEligibility
     ) -> bool | None:
         """Whether the leader reads announcements, when ``read`` and ``unread`` differ (so it
-        matters). Assignments at version 3 or more: it does. Below 3 while every member
-        supports 3: the leader is pinned below 3, it does not. Else a member supporting only 2
-        may lead, or not: ``_leader_reading_shown``."""
+        matters). Assignments at version 3 or more: it does. Below 3, a member supporting only
+        2 may lead (pinned, ``ProcessHost(max_version=2)``, or an older release), reading
+        none, or a leader of 3 assigns at 2 for such a member, reading them: the bytes do not
+        say which (a leader's own subscription says its ``max_version`` as the latest it
+        supports, so a pinned leader is one of the members supporting 2), what it gave may:
+        ``_leader_reading_shown``."""
         version = self.assignment_version()
         if version is None:
             return None
         if version >= 3:
             return True
-        supported = [m.supported_version for m in self.members if m.supported_version]
-        if supported and min(supported) >= 3:
-            return False
         return self._leader_reading_shown(read, unread)
 
     def _leader_reading_shown(
