@@ -230,7 +230,11 @@ def decode_subscriptions(
         except ProtocolError as exc:
             info = _identity_only(data, max_version, leader_ids)
             log.warning("member %s: %s; treating it as having no history", member, exc)
-        sub = _resolved(topology, MemberSubscription(topics, info), member, resolutions)
+        sub = MemberSubscription(topics, info)
+        # A member subscribing to no topic was logged by whoever read its metadata (a null
+        # topic name or list: ``wire.readable_subscriptions``); its announcement's indices
+        # then point past nothing, which is no news: not logged again.
+        sub = _resolved(topology, sub, member if sub.topics else None, resolutions)
         # Only members that can get tasks draw on the pool, as in assign_streams.
         out[member] = budget.admit(member, sub) if _may_get_tasks(topology, sub) else sub
     return out
@@ -1009,6 +1013,9 @@ def _subscribing_members(
     may_get_tasks = group_eligibility(_own_sources(topology), readings).may_get_tasks
     compatible = {m: s for m, s in members.items() if m in may_get_tasks}
     for member in sorted(set(members) - set(compatible)):
+        if not members[member].topics:  # unreadable topics: logged where read (once a round)
+            log.debug("member %s subscribes to no topic; it gets no tasks", member)
+            continue
         missing = sorted(needed - members[member].topics)
         log.warning(
             "member %s does not subscribe to %s (another topology version?); it gets no tasks",
