@@ -262,8 +262,9 @@ def _resolved(
     if sub.announced is not None and sub.announced.leader_ids == leader_ids:
         return sub
     indices = {} if sub.info is None else sub.info.subtopology_topic_indices
-    key = (sub.topics, tuple(indices.items()))
-    known = None if resolutions is None else resolutions.get(key)
+    # The memo's key costs a tuple of the member's whole announcement: only with a memo.
+    key = None if resolutions is None else (sub.topics, tuple(indices.items()))
+    known = None if resolutions is None or key is None else resolutions.get(key)
     try:
         sources = known if known is not None else announced_sources(sub.topics, indices, leader_ids)
     except ProtocolError as exc:
@@ -272,7 +273,7 @@ def _resolved(
         assert sub.info is not None  # indices come from it
         info = attrs.evolve(sub.info, subtopology_topic_indices={})
         return attrs.evolve(sub, info=info, announced=Announced(leader_ids, {}, False))
-    if resolutions is not None:
+    if resolutions is not None and key is not None:
         resolutions[key] = sources
     return attrs.evolve(sub, announced=Announced(leader_ids, sources, bool(indices)))
 
