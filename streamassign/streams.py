@@ -215,7 +215,7 @@ def decode_subscriptions(
     leader_ids = frozenset(topology.subtopology_ids)
     # Members of one topology version announce the same topology: read and resolved once.
     tails, resolutions = AnnouncementMemo(), _Resolutions()
-    out: dict[str, MemberSubscription] = {}
+    decoded: dict[str, MemberSubscription] = {}
     for member in sorted(members):
         topics, data = members[member]
         try:
@@ -234,10 +234,10 @@ def decode_subscriptions(
         # A member subscribing to no topic was logged by whoever read its metadata (a null
         # topic name or list: ``wire.readable_subscriptions``); its announcement's indices
         # then point past nothing, which is no news: not logged again.
-        sub = _resolved(topology, sub, member if sub.topics else None, resolutions)
-        # Only members that can get tasks draw on the pool, as in assign_streams.
-        out[member] = budget.admit(member, sub) if _may_get_tasks(topology, sub) else sub
-    return out
+        decoded[member] = _resolved(topology, sub, member if sub.topics else None, resolutions)
+    # Only members that can get tasks draw on the pool, in member order, as in assign_streams.
+    eligible = _may_get_tasks(topology, decoded)
+    return {m: budget.admit(m, sub) if m in eligible else sub for m, sub in decoded.items()}
 
 
 #: One round's resolved announcements: (subscribed topics, announced indices) -> per leader
@@ -287,11 +287,11 @@ def _announcement(topology: Topology, sub: MemberSubscription) -> Announced:
     return announced
 
 
-def _may_get_tasks(topology: Topology, sub: MemberSubscription) -> bool:
-    """Whether the assignor may give ``sub`` tasks (``eligibility.group_eligibility``: it
-    subscribes to every source topic, or it announces its subtopologies' topics)."""
-    eligible = group_eligibility(_own_sources(topology), {"": _reading(topology, sub, "")})
-    return bool(eligible.may_get_tasks)
+def _may_get_tasks(topology: Topology, members: Mapping[str, MemberSubscription]) -> frozenset[str]:
+    """The members the assignor may give tasks (``eligibility.group_eligibility``: those
+    subscribing to every source topic or announcing their subtopologies' topics)."""
+    readings = {m: _reading(topology, sub, m) for m, sub in members.items()}
+    return group_eligibility(_own_sources(topology), readings).may_get_tasks
 
 
 def _reading(topology: Topology, sub: MemberSubscription, process: str) -> MemberReading:
@@ -1010,9 +1010,8 @@ def _subscribing_members(
     """Members subscribed to every source topic or announcing their topology's topics
     (:func:`_may_get_tasks`); the others are logged (they get no tasks)."""
     needed = topology.source_topics
-    readings = {m: _reading(topology, s, m) for m, s in members.items()}
-    may_get_tasks = group_eligibility(_own_sources(topology), readings).may_get_tasks
-    compatible = {m: s for m, s in members.items() if m in may_get_tasks}
+    eligible = _may_get_tasks(topology, members)
+    compatible = {m: s for m, s in members.items() if m in eligible}
     for member in sorted(set(members) - set(compatible)):
         if not members[member].topics:  # unreadable topics: logged where read (once a round)
             log.debug("member %s subscribes to no topic; it gets no tasks", member)
