@@ -82,10 +82,17 @@ def group_eligibility(
     sources = frozenset().union(*own.values())
     refused: dict[str, frozenset[int]] = {}
     by_process: dict[str, list[frozenset[int]]] = {}
+    # The leader resolves each announcement once a round, so members of one topology version
+    # share one ``announced`` object: its ids are worked out once (``members`` keeps every
+    # object alive for the call, so no id is reused).
+    by_announcement: dict[int, frozenset[int]] = {}
     for member, reading in members.items():
         ids = by_process.setdefault(reading.process, [])
         if reading.announced is not None or sources <= reading.topics:
-            refused[member] = member_ineligible_subtopologies(own, reading.announced)
+            key = id(reading.announced)
+            if key not in by_announcement:
+                by_announcement[key] = member_ineligible_subtopologies(own, reading.announced)
+            refused[member] = by_announcement[key]
             ids.append(refused[member])
     blind = tuple(p for p, ids in by_process.items() if not ids)
     withheld = ineligible_subtopologies({p: ids for p, ids in by_process.items() if ids})
