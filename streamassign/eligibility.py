@@ -31,10 +31,73 @@ from ._ids import TaskId
 from .assignment import ClientAssignment, ClientState
 
 __all__ = [
+    "GroupEligibility",
+    "MemberReading",
+    "group_eligibility",
     "ineligible_subtopologies",
     "member_ineligible_subtopologies",
     "move_to_eligible_clients",
 ]
+
+
+@attrs.frozen
+class MemberReading:
+    """One member as the group leader reads it for eligibility: the process its tasks go to
+    (as the caller groups members), its subscribed topics, and its announcement as the leader
+    reads it (per id of the leader's, its source topics; ``{}``: only ids the leader lacks;
+    None: it announces none, or the leader reads no announcements, below protocol 3)."""
+
+    process: str
+    topics: frozenset[str]
+    announced: Mapping[int, frozenset[str]] | None = None
+
+
+@attrs.frozen
+class GroupEligibility:
+    """What :func:`group_eligibility` decides for one group."""
+
+    #: The members the leader may give tasks, by member id.
+    may_get_tasks: frozenset[str]
+    #: Per member that may get tasks, the ids it must not run
+    #: (:func:`member_ineligible_subtopologies`): the thread split's input.
+    refused: Mapping[str, frozenset[int]]
+    #: Per process, the ids it gets no task of: none of its members that may get tasks may
+    #: run them (:func:`ineligible_subtopologies`); every id of a blind process. Processes
+    #: with none are left out.
+    withheld: Mapping[str, frozenset[int]]
+    #: The processes none of whose members may get tasks, in the order members came.
+    blind: tuple[str, ...]
+
+
+def group_eligibility(
+    own: Mapping[int, frozenset[str]], members: Mapping[str, MemberReading]
+) -> GroupEligibility:
+    """Which of ``members`` (member id -> its reading) a leader whose topology is ``own``
+    (id -> its source topics) may give tasks, and which ids each process gets none of. A
+    member may get tasks when it subscribes to every source topic or announces a topology
+    (then the post-pass and the thread split keep every task off it whose topics it does not
+    announce for that id, and so every topic it does not subscribe to: the announced topics
+    are among its subscribed ones); other members cannot run every task. The one rule of the
+    group leader (``streams.assign_streams``) and of ``describe``, which reads it back."""
+    sources = frozenset().union(*own.values())
+    refused: dict[str, frozenset[int]] = {}
+    by_process: dict[str, list[frozenset[int]]] = {}
+    # The leader resolves each announcement once a round, so members of one topology version
+    # share one ``announced`` object: its ids are worked out once (``members`` keeps every
+    # object alive for the call, so no id is reused).
+    by_announcement: dict[int, frozenset[int]] = {}
+    for member, reading in members.items():
+        ids = by_process.setdefault(reading.process, [])
+        if reading.announced is not None or sources <= reading.topics:
+            key = id(reading.announced)
+            if key not in by_announcement:
+                by_announcement[key] = member_ineligible_subtopologies(own, reading.announced)
+            refused[member] = by_announcement[key]
+            ids.append(refused[member])
+    blind = tuple(p for p, ids in by_process.items() if not ids)
+    withheld = ineligible_subtopologies({p: ids for p, ids in by_process.items() if ids})
+    withheld.update(dict.fromkeys(blind, frozenset(own)))
+    return GroupEligibility(frozenset(refused), refused, withheld, blind)
 
 
 def member_ineligible_subtopologies(

@@ -30,7 +30,8 @@ import attrs
 from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
 from .eligibility import (
-    ineligible_subtopologies,
+    MemberReading,
+    group_eligibility,
     member_ineligible_subtopologies,
     move_to_eligible_clients,
 )
@@ -214,7 +215,7 @@ def decode_subscriptions(
     leader_ids = frozenset(topology.subtopology_ids)
     # Members of one topology version announce the same topology: read and resolved once.
     tails, resolutions = AnnouncementMemo(), _Resolutions()
-    out: dict[str, MemberSubscription] = {}
+    decoded: dict[str, MemberSubscription] = {}
     for member in sorted(members):
         topics, data = members[member]
         try:
@@ -229,10 +230,14 @@ def decode_subscriptions(
         except ProtocolError as exc:
             info = _identity_only(data, max_version, leader_ids)
             log.warning("member %s: %s; treating it as having no history", member, exc)
-        sub = _resolved(topology, MemberSubscription(topics, info), member, resolutions)
-        # Only members that can get tasks draw on the pool, as in assign_streams.
-        out[member] = budget.admit(member, sub) if _may_get_tasks(topology, sub) else sub
-    return out
+        sub = MemberSubscription(topics, info)
+        # A member subscribing to no topic was logged by whoever read its metadata (a null
+        # topic name or list: ``wire.readable_subscriptions``); its announcement's indices
+        # then point past nothing, which is no news: not logged again.
+        decoded[member] = _resolved(topology, sub, member if sub.topics else None, resolutions)
+    # Only members that can get tasks draw on the pool, in member order, as in assign_streams.
+    eligible = _may_get_tasks(topology, decoded)
+    return {m: budget.admit(m, sub) if m in eligible else sub for m, sub in decoded.items()}
 
 
 #: One round's resolved announcements: (subscribed topics, announced indices) -> per leader
@@ -257,8 +262,9 @@ def _resolved(
     if sub.announced is not None and sub.announced.leader_ids == leader_ids:
         return sub
     indices = {} if sub.info is None else sub.info.subtopology_topic_indices
-    key = (sub.topics, tuple(indices.items()))
-    known = None if resolutions is None else resolutions.get(key)
+    # The memo's key costs a tuple of the member's whole announcement: only with a memo.
+    key = None if resolutions is None else (sub.topics, tuple(indices.items()))
+    known = None if resolutions is None or key is None else resolutions.get(key)
     try:
         sources = known if known is not None else announced_sources(sub.topics, indices, leader_ids)
     except ProtocolError as exc:
@@ -267,7 +273,7 @@ def _resolved(
         assert sub.info is not None  # indices come from it
         info = attrs.evolve(sub.info, subtopology_topic_indices={})
         return attrs.evolve(sub, info=info, announced=Announced(leader_ids, {}, False))
-    if resolutions is not None:
+    if resolutions is not None and key is not None:
         resolutions[key] = sources
     return attrs.evolve(sub, announced=Announced(leader_ids, sources, bool(indices)))
 
@@ -281,12 +287,18 @@ def _announcement(topology: Topology, sub: MemberSubscription) -> Announced:
     return announced
 
 
-def _may_get_tasks(topology: Topology, sub: MemberSubscription) -> bool:
-    """Whether the assignor may give ``sub`` tasks: it subscribes to every source topic, or
-    it announces its subtopologies' topics (then the post-pass and the thread split keep
-    every task off it whose topics it does not announce for that id, and so every topic it
-    does not subscribe to: the announced topics are among its subscribed ones)."""
-    return topology.source_topics <= sub.topics or _announcement(topology, sub).any
+def _may_get_tasks(topology: Topology, members: Mapping[str, MemberSubscription]) -> frozenset[str]:
+    """The members the assignor may give tasks (``eligibility.group_eligibility``: those
+    subscribing to every source topic or announcing their subtopologies' topics)."""
+    readings = {m: _reading(topology, sub, m) for m, sub in members.items()}
+    return group_eligibility(_own_sources(topology), readings).may_get_tasks
+
+
+def _reading(topology: Topology, sub: MemberSubscription, process: str) -> MemberReading:
+    """``sub`` as ``eligibility.group_eligibility`` reads it, its tasks going to ``process``:
+    its announcement resolved against ``topology`` (None: it announces none)."""
+    said = _announcement(topology, sub)
+    return MemberReading(process, sub.topics, said.sources if said.any else None)
 
 
 def _identity_only(
@@ -942,10 +954,13 @@ def _assign_compatible(
     planned = _assign_clients(
         assignor, tasks, clients, stateful, racks, given.now_ms, given.probing_memory
     )
-    by_member = _ineligible_by_member(topology, compatible)
+    eligible = group_eligibility(
+        _own_sources(topology),
+        {m: _reading(topology, compatible[m], key) for key, ms in by_process.items() for m in ms},
+    )
     per_client = move_to_eligible_clients(
         planned.per_client,
-        ineligible_subtopologies({k: [by_member[m] for m in ms] for k, ms in by_process.items()}),
+        eligible.withheld,
         clients,
         assignor.num_standby_replicas,
         stateful,
@@ -955,7 +970,7 @@ def _assign_compatible(
     threads: dict[str, ClientAssignment] = {}
     for key, member_ids in by_process.items():
         threads.update(
-            _split_to_threads(per_client[key], member_ids, compatible, stateful, by_member)
+            _split_to_threads(per_client[key], member_ids, compatible, stateful, eligible.refused)
         )
     withheld = _subscribed_only(threads, by_process, compatible, tasks, given.withheld)
     # Host maps without what is withheld: queries must not be routed to a process not
@@ -995,8 +1010,12 @@ def _subscribing_members(
     """Members subscribed to every source topic or announcing their topology's topics
     (:func:`_may_get_tasks`); the others are logged (they get no tasks)."""
     needed = topology.source_topics
-    compatible = {m: s for m, s in members.items() if _may_get_tasks(topology, s)}
+    eligible = _may_get_tasks(topology, members)
+    compatible = {m: s for m, s in members.items() if m in eligible}
     for member in sorted(set(members) - set(compatible)):
+        if not members[member].topics:  # unreadable topics: logged where read (once a round)
+            log.debug("member %s subscribes to no topic; it gets no tasks", member)
+            continue
         missing = sorted(needed - members[member].topics)
         log.warning(
             "member %s does not subscribe to %s (another topology version?); it gets no tasks",
@@ -1268,22 +1287,6 @@ class _HostMaps:
 def _own_sources(topology: Topology) -> dict[int, frozenset[str]]:
     """Each subtopology id of ``topology`` with its source topics."""
     return {s: frozenset(topology.subtopology(s).source_topics) for s in topology.subtopology_ids}
-
-
-def _ineligible_by_member(
-    topology: Topology, compatible: Mapping[str, MemberSubscription]
-) -> dict[str, frozenset[int]]:
-    """Per member, the leader's subtopology ids for which it announces source topics lacking
-    one of the leader's (another topology version: its guard would refuse their tasks, or it
-    does not subscribe to their partitions); none for a member announcing nothing (it
-    subscribes to every source topic, :func:`_may_get_tasks`). A process key is eligible for
-    an id one of its members may run (``eligibility.ineligible_subtopologies``)."""
-    own = _own_sources(topology)
-    return {
-        m: member_ineligible_subtopologies(own, said.sources if said.any else None)
-        for m, sub in compatible.items()
-        for said in (_announcement(topology, sub),)
-    }
 
 
 def _split_to_threads(

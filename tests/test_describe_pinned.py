@@ -6,6 +6,7 @@ that may get tasks, and the styled lines built from parts."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import attrs
 
@@ -17,7 +18,7 @@ from streamassign.aiokafka.describe import (
     describe_bytes,
     quality,
 )
-from streamassign.aiokafka.streams import PROTOCOL_NAME
+from streamassign.aiokafka.streams import PROTOCOL_NAME, ProcessHost
 from streamassign.aiokafka.wire import encode_assignment
 from streamassign.protocol import SubscriptionInfo
 from streamassign.streams import assign_streams, decode_subscriptions
@@ -114,20 +115,31 @@ def test_a_pinned_leaders_group_withholds_nothing_and_names_the_tasks_that_run_n
     assert "run nowhere" in " ".join(printed(view).split())
 
 
-def test_assignments_below_3_while_every_member_supports_3_mean_a_pinned_leader() -> None:
-    """Every member supports 3; the assignments are at 2: the leader is pinned below 3. The
-    V1 process announces a topology (a leader of protocol 3 would give it id 0) but does not
-    subscribe to n: this leader gives it nothing."""
-    members = {"m1": subscription(V2, 1), "m2": subscription(V1, 2), "m3": subscription(V2, 3)}
+def test_a_pinned_process_host_says_2_in_its_own_subscription(tmp_path: Path) -> None:
+    """review51 L3: assignments below 3 never come with every member supporting 3, as the
+    leader is a member and its subscription says its ``max_version`` as the latest it
+    supports; so describe has no "every member supports 3" branch. With a pinned leader, a
+    V1 process (announcing, not subscribing to n) and nothing stalled, what the leader gave
+    does not tell whether it reads announcements: unknown, and the line says so."""
+    host = ProcessHost(
+        V2, bootstrap_servers="127.0.0.1:1", application_id="g", state_dir=tmp_path, max_version=2
+    )
+    try:
+        meta_ = host.assignors[0].metadata(sorted(V2.source_topics))
+    finally:
+        host.state.close()
+    own = SubscriptionInfo.decode(meta_.user_data)
+    assert own.latest_supported_version == 2
+    members = {
+        "m1": (list(meta_.subscription), own.encode()),
+        "m2": subscription(V1, 2),
+        "m3": subscription(V2, 3),
+    }
     view = view_of(described(members, leader_version=2))
     assert view.assignment_version() == 2
-    assert view.announcements_read() is False
-    p2 = str(pid(2))
-    assert view.blind() == [p2]
-    assert view.withheld() == {p2: frozenset({0, 1, 2})}
-    assert view.processes()[p2].assignment.active == frozenset()
-    (line,) = [p for p in quality(view).problems if "gives no task" in p]
-    assert "announcing none (the leader reads no announcement)" in line
+    assert view.processes()[str(pid(2))].assignment.active == frozenset()
+    assert view.announcements_read() is None and view.reading_unknown()
+    assert any("topology announcements is unknown" in p for p in quality(view).problems)
 
 
 def test_a_protocol_3_leader_is_read_as_before() -> None:

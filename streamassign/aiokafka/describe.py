@@ -46,7 +46,12 @@ from aiokafka.errors import for_code
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
 from ..consumer.userdata import AssignmentData, MemberData
-from ..eligibility import ineligible_subtopologies, member_ineligible_subtopologies
+from ..eligibility import (
+    GroupEligibility,
+    MemberReading,
+    group_eligibility,
+    member_ineligible_subtopologies,
+)
 from ..errors import GroupDescribeError, ProtocolError, UserDataError
 from ..explain import STABLE, ClientView, ProcessMembers, local_state
 from ..files import loads_json
@@ -178,10 +183,6 @@ class MemberView:
         return self.undecodable is None or self.subscription_only
 
 
-#: ``GroupView.withheld`` and ``GroupView.blind`` of one reading of the announcements.
-_Eligibility = tuple[dict[str, frozenset[int]], list[str]]
-
-
 @attrs.frozen
 class GroupView:
     """A described group: its members decoded, and every known task with its partitions."""
@@ -285,15 +286,17 @@ class GroupView:
         topics it announces not all of, announcements read as the leader reads them:
         ``leader_reading``; a leader below protocol 3 reads none: ``announcements_read``).
         When that is unknown, as a leader reading them (``_eligibility``)."""
-        return self._eligibility()[0]
+        eligible = self._eligibility()
+        return {} if eligible is None else dict(eligible.withheld)
 
     def blind(self) -> list[str]:
         """Processes the leader gives no task at all: none of their members subscribes to
         every source topic of the leader's or, when the leader reads announcements
         (``announcements_read``), announces a topology (the leader's
-        ``streams._may_get_tasks``: such a member cannot run every task). When that is
+        ``eligibility.group_eligibility``: such a member cannot run every task). When that is
         unknown, as a leader reading them (``_eligibility``)."""
-        return self._eligibility()[1]
+        eligible = self._eligibility()
+        return [] if eligible is None else list(eligible.blind)
 
     def announcements_read(self) -> bool | None:
         """Whether the leader reads the members' topology announcements: a leader decodes
@@ -302,7 +305,9 @@ class GroupView:
         own = self.leader_topics()
         if own is None:
             return None
-        return self._leader_reading_known(self._readings(own, True), self._readings(own, False))
+        return self._leader_reading_known(
+            self._eligibility_if(own, True), self._eligibility_if(own, False)
+        )
 
     def reading_unknown(self) -> bool:
         """Whether it is unknown whether the leader reads announcements, and that changes
@@ -311,8 +316,8 @@ class GroupView:
         own = self.leader_topics()
         if own is None:
             return False
-        read, unread = self._readings(own, True), self._readings(own, False)
-        return read != unread and self._leader_reading_known(read, unread) is None
+        read, unread = self._eligibility_if(own, True), self._eligibility_if(own, False)
+        return not _same(read, unread) and self._leader_reading_known(read, unread) is None
 
     def stalled(self) -> dict[str, frozenset[TaskId]]:
         """Per process, the actives it holds that its members' guards refuse: of a leader's
@@ -332,20 +337,15 @@ class GroupView:
         return out
 
     def may_get_tasks(self) -> frozenset[str]:
-        """The members the leader may give tasks (``streams._may_get_tasks``), by member id:
-        those subscribing to every source topic of its topology or, when it reads
+        """The members the leader may give tasks (``eligibility.group_eligibility``), by
+        member id: those subscribing to every source topic of its topology or, when it reads
         announcements (``announcements_read``; unknown: as one of protocol 3), announcing a
         topology. Every member when the leader's topology is unknown."""
         own = self.leader_topics()
         if own is None:
             return frozenset(m.member_id for m in self.members)
-        sources = frozenset().union(*own.values())
         reads = self.announcements_read() is not False
-        return frozenset(
-            m.member_id
-            for m in self.members
-            if sources <= set(m.topics) or (reads and leader_reading(m, own.keys()) is not None)
-        )
+        return group_eligibility(own, _readings(own, self.members, reads)).may_get_tasks
 
     def assignment_version(self) -> int | None:
         """The protocol version the leader assigned at (every member's the same: the lowest
@@ -354,22 +354,26 @@ class GroupView:
             max((m.assignment_version or 0 for m in self.members if m.assigned), default=0) or None
         )
 
-    def _leader_reading_known(self, read: _Eligibility, unread: _Eligibility) -> bool | None:
+    def _leader_reading_known(
+        self, read: GroupEligibility, unread: GroupEligibility
+    ) -> bool | None:
         """Whether the leader reads announcements, when ``read`` and ``unread`` differ (so it
-        matters). Assignments at version 3 or more: it does. Below 3 while every member
-        supports 3: the leader is pinned below 3, it does not. Else a member supporting only 2
-        may lead, or not: ``_leader_reading_shown``."""
+        matters). Assignments at version 3 or more: it does. Below 3, a member supporting only
+        2 may lead (pinned, ``ProcessHost(max_version=2)``, or an older release), reading
+        none, or a leader of 3 assigns at 2 for such a member, reading them: the bytes do not
+        say which (a leader's own subscription says its ``max_version`` as the latest it
+        supports, so a pinned leader is one of the members supporting 2), what it gave may:
+        ``_leader_reading_shown``."""
         version = self.assignment_version()
         if version is None:
             return None
         if version >= 3:
             return True
-        supported = [m.supported_version for m in self.members if m.supported_version]
-        if supported and min(supported) >= 3:
-            return False
         return self._leader_reading_shown(read, unread)
 
-    def _leader_reading_shown(self, read: _Eligibility, unread: _Eligibility) -> bool | None:
+    def _leader_reading_shown(
+        self, read: GroupEligibility, unread: GroupEligibility
+    ) -> bool | None:
         """Whether the leader reads announcements, from what it gave: an active of an id
         ``read`` withholds from its process (a leader reading them never gives one: it would
         stall, the member's guard refusing it), or any task on a process ``unread`` finds
@@ -378,43 +382,36 @@ class GroupView:
         processes = self.processes()
         if any(
             {t.subtopology for t in processes[pid].assignment.active} & ids
-            for pid, ids in read[0].items()
+            for pid, ids in read.withheld.items()
             if pid in processes
         ):
             return False
-        held = (processes[pid].assignment for pid in unread[1] if pid in processes)
+        held = (processes[pid].assignment for pid in unread.blind if pid in processes)
         if any(a.active | a.standby | a.warmup for a in held):
             return True
         return None
 
-    def _eligibility(self) -> _Eligibility:
+    def _eligibility(self) -> GroupEligibility | None:
         """``withheld`` and ``blind`` as the leader reads announcements; when that is unknown,
         as a leader reading them (as one of protocol 3 does: the usual upgrade runs the new
         leader with old members) decides. Either way then no process holds an active of an id
-        its announced version lacks (``_leader_reading_shown``): no task stalls."""
+        its announced version lacks (``_leader_reading_shown``): no task stalls. None: the
+        leader's topology is unknown."""
         own = self.leader_topics()
         if own is None:
-            return {}, []
-        read, unread = self._readings(own, True), self._readings(own, False)
-        if read == unread:
+            return None
+        read, unread = self._eligibility_if(own, True), self._eligibility_if(own, False)
+        if _same(read, unread):
             return read
         return unread if self._leader_reading_known(read, unread) is False else read
 
-    def _readings(self, own: Mapping[int, frozenset[str]], announcements: bool) -> _Eligibility:
-        """``withheld`` and ``blind`` of a leader that reads (or not) announcements."""
-        sources = frozenset().union(*own.values())
-        by_member: dict[str, list[frozenset[int]]] = {}
-        blind = []
-        for pid, members in self.members_by_process().items():
-            for m in members:
-                reading = leader_reading(m, own.keys()) if announcements else None
-                if reading is not None or sources <= set(m.topics):  # it may get tasks
-                    ineligible = member_ineligible_subtopologies(own, reading)
-                    by_member.setdefault(pid, []).append(ineligible)
-            if pid not in by_member:
-                blind.append(pid)
-        out = ineligible_subtopologies(by_member)
-        return out | dict.fromkeys(blind, frozenset(own)), blind
+    def _eligibility_if(
+        self, own: Mapping[int, frozenset[str]], announcements: bool
+    ) -> GroupEligibility:
+        """The leader's eligibility rule over the processes' members, for a leader that reads
+        (or not) announcements."""
+        members = [m for ms in self.members_by_process().values() for m in ms]
+        return group_eligibility(own, _readings(own, members, announcements))
 
     def members_by_process(self) -> dict[str, list[MemberView]]:
         """Decoded members with metadata, by process."""
@@ -613,6 +610,27 @@ def _announcement(
     if not announced:
         return attrs.evolve(view, announcement_error=unreadable)
     return attrs.evolve(view, announced=announced, topology_version=announced_version(announced))
+
+
+def _same(read: GroupEligibility, unread: GroupEligibility) -> bool:
+    """Whether two readings withhold the same ids from the same processes: which reading the
+    leader makes then changes nothing ``describe`` shows."""
+    return (read.withheld, read.blind) == (unread.withheld, unread.blind)
+
+
+def _readings(
+    own: Mapping[int, frozenset[str]], members: Iterable[MemberView], announcements: bool
+) -> dict[str, MemberReading]:
+    """``members`` as the group leader reads them for ``eligibility.group_eligibility``: their
+    topics and, when it reads announcements (``announcements``), their ``leader_reading``."""
+    return {
+        m.member_id: MemberReading(
+            m.process,
+            frozenset(m.topics),
+            leader_reading(m, own.keys()) if announcements else None,
+        )
+        for m in members
+    }
 
 
 def leader_reading(
