@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -487,6 +488,10 @@ def forked(child: Callable[[], object], seconds: float = 30.0) -> object:
             os.close(read_end)
             os.write(write_end, json.dumps(child()).encode())
             code = 0
+        except BaseException:
+            # os._exit ends the child before Python would print why it failed
+            traceback.print_exc()
+            sys.stderr.flush()
         finally:
             os._exit(code)
     os.close(write_end)
@@ -504,7 +509,8 @@ def forked(child: Callable[[], object], seconds: float = 30.0) -> object:
     finally:
         os.close(read_end)
         _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    exit_code = os.waitstatus_to_exitcode(status)
+    assert exit_code == 0, f"the forked child failed (exit code {exit_code}); see its stderr"
     return json.loads(answer)
 
 
