@@ -215,8 +215,8 @@ class BrokerAwayLines(logging.Filter):
         Only that first attach of a process changes the loggers' lists: ``detach`` leaves the
         filter there, switched off, so no later start or stop of an ``App`` or a Faust worker
         touches them, and a user's ``addFilter`` or ``removeFilter`` in another thread
-        meanwhile is never lost (replacing the lists at every attach and detach lost some:
-        review44 F3). The list is replaced, not changed: other threads log through it
+        meanwhile is never lost (replacing the lists at every attach and detach would lose
+        some). The list is replaced, not changed: other threads log through it
         meanwhile (``Filterer.filter`` iterates it unlocked), and an insert in place would
         shift the filters under them, applying one of the user's twice."""
         with _ATTACHING:
