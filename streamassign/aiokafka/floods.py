@@ -338,10 +338,9 @@ class BrokerAwayLines(logging.Filter):
 
 def _after_fork_in_child() -> None:
     """Unlocks what a thread of the parent may have held at the fork: the attach lock, made
-    anew, and the shared filter, found where ``attach`` put it and started afresh. logging's
-    own at-fork hook, registered before this one (logging is imported first), has already
-    made its module lock anew. Read from the logger registry, not through ``getLogger``, so
-    that a child which never logged through aiokafka gets no loggers made for it."""
+    anew, and the shared filter, found where ``attach`` put it and started afresh. The
+    loggers are read from logging's registry, not through ``getLogger``: that takes no lock
+    and makes no logger in a child that has none."""
     global _ATTACHING
     _ATTACHING = threading.Lock()
     registered = logging.Logger.manager.loggerDict
