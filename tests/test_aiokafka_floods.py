@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -309,7 +310,7 @@ def filtered(lines: BrokerAwayLines, logger: str, msg: str, *args: object) -> bo
 
 def test_a_broker_list_in_any_order_is_one_line() -> None:
     """aiokafka shuffles the brokers it names in ``Unable to update metadata from %s``: keyed
-    on the list as given, a cluster of 6 brokers passed 247 of 300 lines (review33 F1)."""
+    on the list as given, a cluster of 6 brokers would pass 247 of 300 lines."""
     lines = BrokerAwayLines(clock=Clock())
     brokers = list(range(6))
     passed = 0
@@ -322,9 +323,9 @@ def test_a_broker_list_in_any_order_is_one_line() -> None:
 def test_another_outage_passes_its_first_line_saying_what_the_last_held_back(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A second outage within 30 s of the first logged nothing, and the first's held count
-    waited for the next line or the stop (review33 F2): after ``EPISODE_GAP`` s without the
-    line, its next one passes with the count and the span of the last outage."""
+    """A second outage within 30 s of the first logs its first line, and the first's held
+    count is said then, not left for the next line or the stop: after ``EPISODE_GAP`` s
+    without the line, its next one passes with the count and the span of the last outage."""
     clock = Clock()
     lines = BrokerAwayLines(clock=clock)
     fetcher = logging.getLogger("aiokafka.consumer.fetcher")
@@ -345,8 +346,8 @@ def test_another_outage_passes_its_first_line_saying_what_the_last_held_back(
 
 
 def test_churning_lines_are_swept_into_the_summary_and_do_not_pile_up() -> None:
-    """An hour of new error texts, each logged twice: every line was kept until the stop
-    (36,000 kept, review34 G2). Lines whose episode ended are swept once per window, their
+    """An hour of new error texts, each logged twice: unswept, every line would be kept
+    until the stop (36,000 kept). Lines whose episode ended are swept once per window, their
     counts kept per kind for the summary."""
     clock = Clock()
     lines = BrokerAwayLines(clock=clock)
@@ -367,7 +368,7 @@ def test_a_count_said_by_the_summary_is_not_said_again_and_the_span_starts_after
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Another ``App``'s stop says what was held back; the next line says only what came
-    after, over the span it came in (it said the window's whole span, review34 G3)."""
+    after, over the span it came in, not the window's whole span."""
     clock = Clock()
     lines = BrokerAwayLines(clock=clock)
     for tenth in range(100):
@@ -414,9 +415,9 @@ def test_threads_logging_at_once_through_one_filter_count_every_line() -> None:
 
 
 def test_only_the_first_attach_changes_the_loggers_filters() -> None:
-    """Attach and detach replaced every logger's list of filters: a user's ``addFilter`` or
-    ``removeFilter`` in another thread between our read and our assignment was lost (review44
-    F3: 1 add lost and 19 removes undone in 4,385 rounds). Now the first attach of a process
+    """An attach or detach that replaced every logger's list of filters would lose a user's
+    ``addFilter`` or ``removeFilter`` in another thread between our read and our assignment
+    (1 add lost and 19 removes undone in 4,385 rounds). So only the first attach of a process
     puts the filter on the loggers and nothing else ever replaces a list: starts and stops
     only switch it on and off, and the user's filters, changed in place meanwhile, stay as
     the user left them."""
@@ -487,6 +488,10 @@ def forked(child: Callable[[], object], seconds: float = 30.0) -> object:
             os.close(read_end)
             os.write(write_end, json.dumps(child()).encode())
             code = 0
+        except BaseException:
+            # os._exit ends the child before Python would print why it failed
+            traceback.print_exc()
+            sys.stderr.flush()
         finally:
             os._exit(code)
     os.close(write_end)
@@ -504,18 +509,20 @@ def forked(child: Callable[[], object], seconds: float = 30.0) -> object:
     finally:
         os.close(read_end)
         _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    exit_code = os.waitstatus_to_exitcode(status)
+    assert exit_code == 0, f"the forked child failed (exit code {exit_code}); see its stderr"
     return json.loads(answer)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
 def test_a_forked_child_s_filter_is_unlocked_unused_and_holds_back_its_own_lines() -> None:
-    """review47 F2: forked while a thread held the attach lock and the filter's own (here the
-    test holds both across the fork) and an ``App`` of the parent used the filter, the child
-    attaches the same filter, which passes the first of its lines (the parent's window is not
-    the child's) and holds back the rest, and its one detach switches it off and says only
-    what the child held back. Before, the child's attach waited forever on the locks, and the
-    parent's user, still counted, kept the filter on after the child's last detach."""
+    """Forked while a thread held the attach lock and the filter's own (here the test holds
+    both across the fork) and an ``App`` of the parent used the filter, the child attaches the
+    same filter, which passes the first of its lines (the parent's window is not the child's)
+    and holds back the rest, and its one detach switches it off and says only what the child
+    held back. Without the at-fork reset the child's attach would wait forever on the locks,
+    and the parent's user, still counted, would keep the filter on after the child's last
+    detach."""
     lines = BrokerAwayLines.attach()
     aiokafka = logging.getLogger(AIOKAFKA_LOGGER)
     said = Said()
@@ -551,8 +558,8 @@ def test_a_forked_child_s_filter_is_unlocked_unused_and_holds_back_its_own_lines
 
 
 def test_the_filter_goes_before_the_user_s_own_filters() -> None:
-    """A user's filter that renders the message first (redaction, structured logging) left
-    ours nothing to recognise (review33 F5)."""
+    """A user's filter that renders the message first (redaction, structured logging) would
+    leave ours nothing to recognise."""
     fetcher = logging.getLogger("aiokafka.consumer.fetcher")
     users = logging.Filter()
     fetcher.addFilter(users)
@@ -570,9 +577,9 @@ def test_attaching_or_detaching_while_a_record_goes_through_the_filters_skips_no
 ) -> None:
     """Another thread attaches or detaches (an ``App`` or a Faust worker starting or
     stopping) while a record goes through a logger's filters: changed in place, the list
-    shifted under the loop, which applied the user's next filter twice (an insert) or
-    skipped it (a removal) (review40 F4). Here the switch comes from inside the loop, at
-    the user's first filter: the same interleaving, every time."""
+    would shift under the loop, which would apply the user's next filter twice (an insert)
+    or skip it (a removal). Here the switch comes from inside the loop, at the user's first
+    filter: the same interleaving, every time."""
     fetcher = logging.getLogger("aiokafka.consumer.fetcher")
     held: list[BrokerAwayLines] = [BrokerAwayLines.attach()] if step == "detach" else []
     seen: list[str] = []
@@ -608,7 +615,7 @@ def test_a_failed_start_detaches_the_filter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``start()`` raising with no ``stop()`` after it (a caller that does not use ``run()``)
-    left a user counted for ever: the filter was never switched off (review33 F4)."""
+    detaches the filter: a user left counted would keep it switched on for ever."""
     topology = Topology([Subtopology(0, ["events"], stores=[])], name="app")
     app = App(topology, {0: Adder}, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
     before = users_filters()
@@ -627,8 +634,7 @@ def test_run_cleans_up_a_failed_start_under_the_filter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``run()``'s ``stop()`` after a failed start (a broker away: its clients retry and
-    log while they close) still has the line filter; it is switched off at the end (review41
-    R1)."""
+    log while they close) still has the line filter; it is switched off at the end."""
     topology = Topology([Subtopology(0, ["events"], stores=[])], name="app")
     app = App(topology, {0: Adder}, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
     before = users_filters()

@@ -20,10 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -180,8 +178,8 @@ class BrokerAwayLines(logging.Filter):
     held by us; it outlives an ``App`` never stopped, and counts are the process's. It holds
     lines back only while attached (``active``); detached by its last user it stays on the
     loggers, switched off. Its state is locked: aiokafka's clients log from every thread
-    that runs one. In a forked child it starts afresh, switched off, with no user counted
-    and its lock made anew (``_after_fork_in_child``)."""
+    that runs one. In a forked child, found on the loggers there, it starts afresh: switched
+    off, with no user counted and its lock made anew (``_after_fork_in_child``)."""
 
     def __init__(self, window: float = LINES_WINDOW, clock: Callable[[], float] = time.monotonic):
         super().__init__()
@@ -202,7 +200,6 @@ class BrokerAwayLines(logging.Filter):
         #: Whether it holds lines back: False once its last user detached it, until the next
         #: attach. Changed under ``_lock``.
         self._on = True
-        _LIVE_FILTERS.add(self)
 
     @property
     def active(self) -> bool:
@@ -218,8 +215,8 @@ class BrokerAwayLines(logging.Filter):
         Only that first attach of a process changes the loggers' lists: ``detach`` leaves the
         filter there, switched off, so no later start or stop of an ``App`` or a Faust worker
         touches them, and a user's ``addFilter`` or ``removeFilter`` in another thread
-        meanwhile is never lost (replacing the lists at every attach and detach lost some:
-        review44 F3). The list is replaced, not changed: other threads log through it
+        meanwhile is never lost (replacing the lists at every attach and detach would lose
+        some). The list is replaced, not changed: other threads log through it
         meanwhile (``Filterer.filter`` iterates it unlocked), and an insert in place would
         shift the filters under them, applying one of the user's twice."""
         with _ATTACHING:
@@ -339,20 +336,27 @@ class BrokerAwayLines(logging.Filter):
         )
 
 
-#: Every filter alive, for ``_after_fork_in_child``; weak: it keeps none of them alive.
-_LIVE_FILTERS: weakref.WeakSet[BrokerAwayLines] = weakref.WeakSet()
-
-
 def _after_fork_in_child() -> None:
-    """Unlocks what a thread of the parent may have held at the fork (review47 F2): the
-    attach lock, made anew, and every filter alive, started afresh."""
+    """Unlocks what a thread of the parent may have held at the fork: the attach lock, made
+    anew, and the shared filter, found where ``attach`` put it and started afresh. The
+    loggers are read from logging's registry, not through ``getLogger``: that takes no lock
+    and makes no logger in a child that has none."""
     global _ATTACHING
     _ATTACHING = threading.Lock()
-    for lines in list(_LIVE_FILTERS):
+    registered = logging.Logger.manager.loggerDict
+    loggers = [registered.get(name) for name in REPEATING]
+    shared = {
+        id(f): f
+        for logger in loggers
+        if isinstance(logger, logging.Logger)
+        for f in logger.filters
+        if isinstance(f, BrokerAwayLines)
+    }
+    for lines in shared.values():
         lines._start_afresh_in_forked_child()
 
 
-if sys.platform != "win32":  # no fork there
+if hasattr(os, "register_at_fork"):  # not on Windows, WASI or Emscripten: no fork there
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 

@@ -739,8 +739,8 @@ class ProcessHost:
         An active still restoring, or kept through a lost membership, is local state with a
         real lag, as in Kafka Streams (and ``metadata`` keeps it among ``previous_active``):
         the leader gives it back where its lag is within ``acceptable_recovery_lag``, else
-        weighs it by that lag. Reported running, it was a second running claim beside the
-        interim owner's, which the leader settled by process id (audit hostrejoin F1)."""
+        weighs it by that lag. Reported running, it would be a second running claim beside
+        the interim owner's, which the leader would settle by process id."""
         sums = self.state.offset_sums(self._changelogs)
         no_sums: Mapping[TaskId, int] = {}
         answer = self._ask_listener(self.listener.store_offset_sums, no_sums)  # logs a failure

@@ -256,7 +256,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         for t in sorted(held - current.active):
             topics = dictionary.get(t.subtopology, {})
             offset = self._held_offset_sum(t, topics, following, previous)
-            if offset is _UNPARSED:  # Faust cannot open it either: no claim on it (review50 R1)
+            if offset is _UNPARSED:  # Faust cannot open it either: no claim on it
                 unreadable.add(t)
                 sums[t] = 0
             elif offset is not None:
@@ -605,15 +605,15 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         ones) are fresher than the disk and cost no database open on this thread. A standby
         with nothing applied yet, and a declared previous active of a RocksDB table with
         nothing readable on disk (a wiped or unreadable table directory), are state at 0:
-        without a sum the leader took that task for stateless and handed it back whatever its
-        lag, cold, though a caught-up holder existed (review41 O1); at 0 it comes back only
+        without a sum the leader would take that task for stateless and hand it back whatever
+        its lag, cold, though a caught-up holder exists; at 0 it comes back only
         if the whole changelog is within the acceptable recovery lag, as Kafka Streams counts
         a task a client reports no offset of (its lag is the end offset). In-memory tables
         and stateless tasks still report nothing (the leader hands those back). A declared
         previous active whose database holds a value under the offset key that is no offset
         is ``_UNPARSED``: Faust's own ``int()`` fails on it when the partition is assigned and
         the app crashes, so reported with no sum (handed back whatever its lag) the worker
-        crashed on every restart (review50 R1); the caller reports it at 0 and claims it not."""
+        would crash on every restart; the caller reports it at 0 and claims it not."""
         offset = self._standby_offset_sum(task, topics) if task in following else None
         on_disk = self._disk_offset_sum(task, topics) if offset is None else offset
         if on_disk is _UNPARSED:
@@ -629,7 +629,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             # A standby now, nothing applied nor on disk: 0, else the leader sees no state.
             return 0
         if on_disk is None and task in previous and self._has_disk_tables(task, topics):
-            # A RocksDB table wiped or unreadable: state at 0, not stateless (review41 O1).
+            # A RocksDB table wiped or unreadable: state at 0, not stateless (see above).
             return 0
         return on_disk
 
@@ -676,8 +676,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         Only the task's own tables' changelogs, as on disk (``_task_tables``): a global
         table's changelog with the group's partition count is in the task's group, and with
         ``synchronize_all_active_partitions`` Faust tracks it as a standby; counted, a
-        caught-up restarted worker's disk sum looked behind by the global's offset and lost
-        its hand-back (review50 R2)."""
+        caught-up restarted worker's disk sum would look behind by the global's offset and
+        lose its hand-back."""
         offsets = getattr(getattr(self.app.tables, "recovery", None), "standby_offsets", {})
         own = self._changelog_topics() - self._global_changelog_topics()
         return standby_offset_sum(
@@ -767,9 +767,9 @@ def applied_offset_sum(offsets: Iterable[int]) -> int | None:
     (``None``: none known). Each offset below 0 counts as 0: Faust tracks the log start
     offset - 1 for a partition it has applied nothing of (unread, or empty): ``-1`` where the
     log starts at 0 (above 0 where retention moved the start; still a right lag, but no
-    sign of progress: review50 R3). Summed as is, a fresh standby of a task with two tables
-    reported ``-1 + -1 = -2``, which is ``LATEST_OFFSET``: the leader read it as running the
-    task and handed it that task cold, or took it from its caught-up owner (faustlive N1).
+    sign of progress). Summed as is, a fresh standby of a task with two tables would report
+    ``-1 + -1 = -2``, which is ``LATEST_OFFSET``: the leader would read it as running the
+    task and hand it that task cold, or take it from its caught-up owner.
     So only a running active is ever reported below 0."""
     known = [max(int(offset), 0) for offset in offsets]
     return sum(known) if known else None
@@ -869,7 +869,7 @@ def _strip_ttl(raw: bytes) -> bytes | None:
     """``raw`` without the write time RocksDB's TTL database appends, checked as RocksDB
     checks it (a little-endian 32-bit time, at least ``_TTL_MIN_TIMESTAMP``); None where that
     is no time (a value written before the table had ``ttl``: stripped blindly, ``b"50001"``
-    read as 5, review50 R4), as RocksDB reports corruption."""
+    would read as 5), as RocksDB reports corruption."""
     if len(raw) <= _TTL_SUFFIX:
         return None
     (written,) = struct.unpack("<i", raw[-_TTL_SUFFIX:])

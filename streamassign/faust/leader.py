@@ -559,7 +559,7 @@ def _return_restarted(
     that took them over meanwhile becomes a warm holder. Tasks it reports on-disk state for
     follow ``client_states``' rule instead (they return when that state is caught up); so do
     RocksDB tables it has nothing readable of on disk, which the member reports at offset 0
-    (``PartitionAssignor._held_offset_sum``), not as stateless (review41 O1). ``sums``: each
+    (``PartitionAssignor._held_offset_sum``), not as stateless. ``sums``: each
     process's offset sums (``_offset_sums``).
     """
     home = stateless_returns(sums, previous_actives(members, by_process))
@@ -594,23 +594,23 @@ def _duplicate_claims_caught_up(
     without it, and it rejoins still reporting that assignment's actives, which interim
     owners now run. With the lag, an interim owner over its quota hands those tasks back to
     it first (the keep step's return of caught-up previous actives) instead of making it
-    restore another set (the scale audit, F3: twice the records).
+    restore another set (twice the records).
 
     Only in its first recovery: Faust reports every assigned active as running
     (``LATEST_OFFSET``), restored or not, and restores actives before standbys, so a process
     whose standbys report no progress (every offset sum it reports is 0 or the running mark
     ``LATEST_OFFSET``) is one whose claims are its first restore. A worker with standby
     progress keeps the tie-break's answer: it may have expired while restoring a cold
-    takeover, and handing that back to it would make a task some caught-up owner runs cold
-    (review37). A worker with no standbys (none configured, or none placed on it) always
-    passes the test. That is harmless: it then holds no state the leader could prefer over
-    its claims (review41 found the same assignments with and without the test there).
+    takeover, and handing that back to it would make a task some caught-up owner runs cold.
+    A worker with no standbys (none configured, or none placed on it) always passes the
+    test. That is harmless: it then holds no state the leader could prefer over its claims
+    (measured: the same assignments with and without the test there).
 
     A process that says whether its recovery has completed since it started
     (``RECOVERED_TAG``, in ``recovered``) is judged by that instead: the offset test misread
     a fresh standby of a changelog whose log starts above 0 (retention, a windowed table's
     ``compact,delete``), which Faust tracks at that start - 1, as progress, and the
-    rejoined worker lost its hand-back (review50 R3)."""
+    rejoined worker would lose its hand-back."""
     claimants = Counter(t for c in clients for t in c.prev_active)
     shared = {t for t, n in claimants.items() if n > 1}
     if not shared:

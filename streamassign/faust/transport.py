@@ -367,7 +367,7 @@ class _Consumer(faust_aiokafka.Consumer):
         take longer than the timeout), and Faust forgets every stream's last event at the
         rebalance's start and end, also of the partitions it kept. One that had none since its
         start is not renewed: renewed at every rebalance, a stream stuck across rebalances
-        less than a timeout apart was never reported (review44 F1). A partition still paused
+        less than a timeout apart would never be reported. A partition still paused
         (the first resumes of a table recovery; the streams are resumed at its last) is renewed
         again at the next resume. Its events come from Faust's monitor: those of this
         rebalance's revoke now, those before it as the revoke listener found them."""

@@ -1291,7 +1291,7 @@ class _Listener(TaskListener):
 
     def restoring_actives(self) -> frozenset[TaskId]:
         # Stateful ones only: a torn stateless task (a failed commit) has no offset sum to
-        # report instead, and would be claimed by no process (review48 L2).
+        # report instead, and would be claimed by no process.
         actives = self.app._actives
         return frozenset(t for t in self.app.restoring_tasks if actives[t].stores)
 

@@ -358,8 +358,8 @@ class StoreState:
         Only holes among the records read count (from offset 0 on for a fresh restore):
         before the first and after the last there may be transaction control records and
         aborted transactions of an exactly-once run before or after a switch of
-        ``processing_guarantee``, not removed markers (review27: every store warned after
-        such a switch and a crash)."""
+        ``processing_guarantee``, not removed markers (counted, they would make every store
+        warn after such a switch and a crash)."""
         if self.markers_restored or self.tail_first is None or self.tail_last is None:
             return
         start = self.tail_first if self.position else 0

@@ -52,7 +52,7 @@ MIN_ROCKSDB_MEMORY_MIB = 32
 #: The memtable room each open store is given at least: a store being written holds a 1 MiB
 #: arena block in its mutable memtable and another in the one flushing (the write buffer
 #: manager counts whole blocks), and twice that leaves room to fill them. Under this, the
-#: shared flush limit is hit on nearly every write (review38 F1).
+#: shared flush limit is hit on nearly every write.
 ROCKSDB_STORE_FLOOR_MIB = 4
 MAX_ROCKSDB_MEMORY_MIB = 1 << 20  # 1 TiB
 
@@ -142,9 +142,9 @@ class RocksDBMemory:
     ``RocksDBConfigSetter``): one block cache of ``total_bytes`` shared by every store, and
     one write buffer manager that charges every memtable to that cache and flushes once the
     memtables take their limit: half the budget, or ``ROCKSDB_STORE_FLOOR_MIB`` per open
-    store if that is more (``opened``). A fixed limit below ~2 MiB per written store made
-    nearly every write flush its own tiny memtable, and a busy store's writes then stopped
-    for up to seconds behind the queued flushes, on the event loop (review38 F1). So the
+    store if that is more (``opened``). A fixed limit below ~2 MiB per written store makes
+    nearly every write flush its own tiny memtable, and a busy store's writes then stop for
+    up to seconds behind the queued flushes, on the event loop. So the
     stores' memory stays near ``total_bytes`` up to ``total_bytes / 4 MiB`` open stores, and
     grows to about open stores x 4 MiB beyond (warned when first short, and again each time
     the open stores double, so the advice follows the real count); each store's memtables

@@ -158,7 +158,7 @@ class _StandbyEvener:
         if max(backed.values(), default=0) <= min(spread, default=0):
             return False  # nothing above the least bound (the usual case), checked in C
         # Only pairs with a copy that may move: kept copies above the spread cost a scan of
-        # every client per pair and move nothing (review49: 5.2 s at 2,000 clients).
+        # every client per pair and move nothing (5.2 s at 2,000 clients).
         r, owner = self.state.replicas, self.state.owner
         may_move = {
             owner[slot // r] * n_clients + holder

@@ -277,7 +277,7 @@ class _SwapIndex:
 
 #: Steps (clients reached, hand-ons listed) all chain searches of one rebalance may take:
 #: adversarial histories (half the clients full of caught-up state, room on clients with
-#: little) took 20 s unbounded at 100,000 tasks x 1,000 clients (review52); past it, the
+#: little) take 20 s unbounded at 100,000 tasks x 1,000 clients; past it, the
 #: slots left get copies from scratch as before the chains.
 _CHAIN_BUDGET: Final = 1 << 20
 
