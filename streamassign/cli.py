@@ -616,17 +616,8 @@ def plan(
     if saved is not None:
         _warn_other_tasks(saved.tasks, tasks, f"{clients_file}", "the topology")
     _warn_ignored_input(tasks, clients, standbys, len(stateful))
-    departed = saved.departed if saved is not None else {}
-    _show_plan(
-        loaded.topology.name,
-        tasks,
-        clients,
-        result,
-        standbys,
-        stateful,
-        (show_moves, as_json),
-        departed,
-    )
+    gone, output = saved.departed if saved is not None else {}, (show_moves, as_json)
+    _show_plan(loaded.topology.name, tasks, clients, result, standbys, stateful, output, gone)
 
 
 def _plan_standbys(given: int | None, saved: Snapshot | None, clients_file: Path | None) -> int:
@@ -1848,7 +1839,10 @@ def describe(
 
 def _standby_cap_warning(score: Any) -> str | None:
     """``plan``'s warning line (``_too_few_for_standbys``) for a described group (a
-    ``GroupQuality``) too small for its ``--standbys``; None when it fits."""
+    ``GroupQuality``) too small for its ``--standbys``; None when it fits, or when the count
+    was inferred (no --standbys to name)."""
+    if score.standbys_inferred:
+        return None
     too_few = _too_few_for_standbys(
         score.num_standby_replicas,
         score.metrics.clients,
