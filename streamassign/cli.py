@@ -313,7 +313,7 @@ def _scenarios_option(default: int, help: str) -> Callable[[_F], _F]:
     )
 
 
-def _standbys_option(default: int, help: str) -> Callable[[_F], _F]:
+def _standbys_option(default: int | None, help: str) -> Callable[[_F], _F]:
     """``--standbys N``: num_standby_replicas of the assignor a command runs."""
     return _shown(
         "--standbys",
@@ -428,15 +428,21 @@ _master_option = click.option(
     help="Spark master (default: spark-submit's, else local[*]).",
 )
 
-_spark_tasks_option = click.option(
-    "--spark-tasks",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help="Spark tasks to split the work into (default: 4 x the default parallelism, or one "
-    "per 100 work items if more; at most one per work item). For the report: partitions of "
-    "the aggregation's shuffles.",
-)
+
+def _spark_tasks_option(for_report: str) -> Callable[[_F], _F]:
+    """``--spark-tasks N``; ``for_report``: what it means for a command's report ("" for a
+    command that writes none)."""
+    return click.option(
+        "--spark-tasks",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Spark tasks to split the work into (default: 4 x the default parallelism, or "
+        "one per 100 work items if more; at most one per work item)." + for_report,
+    )
+
+
+_REPORT_SPARK_TASKS = " For the report: partitions of the aggregation's shuffles."
 
 
 def _quiet_stdout() -> None:
@@ -550,7 +556,11 @@ def main() -> None:
     default=1,
     help="Threads per fresh client (with --num-clients).",
 )
-@_standbys_option(0, "num_standby_replicas for stateful tasks.")
+@_standbys_option(
+    None,
+    "num_standby_replicas for stateful tasks [default: a saved assignment's (describe --json "
+    "states it), else 0]",
+)
 @click.option(
     "--explain", "show_moves", is_flag=True, help="Also list every task that moved, and why."
 )
@@ -561,7 +571,7 @@ def plan(
     clients_file: Path | None,
     num_clients: int | None,
     threads: int,
-    standbys: int,
+    standbys: int | None,
     show_moves: bool,
     as_json: bool,
 ) -> None:
@@ -597,39 +607,102 @@ def plan(
         Workload.from_topology(loaded.topology, counts, name, str(topology_file))
         _check_task_count(loaded.topology, counts)
         tasks = PartitionGrouper().group(loaded.topology, counts)
-        clients = _plan_clients(clients_file, num_clients, threads, MAX_CLIENTS)
+        clients, saved = _plan_clients(clients_file, num_clients, threads, MAX_CLIENTS)
+        standbys = _plan_standbys(standbys, saved, clients_file)
         stateful = {t for t in tasks if t.subtopology in loaded.topology.stateful_subtopologies}
         result = StickyTaskAssignor(standbys).assign(tasks, clients, stateful)
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if saved is not None:
+        _warn_other_tasks(saved.tasks, tasks, f"{clients_file}", "the topology")
     _warn_ignored_input(tasks, clients, standbys, len(stateful))
-    _show_plan(
-        loaded.topology.name, tasks, clients, result, standbys, stateful, show_moves, as_json
+    gone, output = saved.departed if saved is not None else {}, (show_moves, as_json)
+    _show_plan(loaded.topology.name, tasks, clients, result, standbys, stateful, output, gone)
+
+
+def _plan_standbys(given: int | None, saved: Snapshot | None, clients_file: Path | None) -> int:
+    """``plan``'s standbys: ``--standbys``, else a saved assignment's (a what-if from a group
+    running with standbys would otherwise drop them all), said on stderr; else 0."""
+    if given is not None or saved is None:
+        return given or 0
+    count = saved.num_standby_replicas
+    if count is None:  # a hand-written file (or plan --json's before it said its count)
+        most = saved.most_standbys()
+        if most:
+            click.echo(
+                f"warning: {clients_file} states no num_standby_replicas and --standbys is not "
+                f"given: planned with 0, which drops its standbys (up to {most} per task); "
+                "give --standbys",
+                err=True,
+            )
+        return 0
+    if count:  # 0 is the default without a file too: nothing to say
+        how = ", which describe inferred: the most any task had" if saved.standbys_inferred else ""
+        click.echo(
+            f"note: --standbys {count} from {clients_file} (its num_standby_replicas{how}); "
+            "give --standbys for the app's",
+            err=True,
+        )
+    return count
+
+
+def _warn_other_tasks(
+    theirs: Mapping[TaskId, frozenset[TopicPartition]],
+    ours: Mapping[TaskId, frozenset[TopicPartition]],
+    where: str,
+    other: str,
+) -> None:
+    """One warning line when tasks of one id read other partitions in ``theirs`` (a saved
+    assignment, ``where``) than in ``ours`` (``other``: the topology, or a second file): the
+    two describe different applications (or topics), yet tasks are matched by id alone."""
+    differ = sorted(
+        t for t in theirs.keys() & ours.keys() if theirs[t] and ours[t] and theirs[t] != ours[t]
+    )
+    if not differ:
+        return
+    first = differ[0]
+    their_topics = {tp.topic for parts in theirs.values() for tp in parts}
+    our_topics = {tp.topic for parts in ours.values() for tp in parts}
+    if their_topics != our_topics:
+        detail = (
+            f"its topics {_task_list(sorted(their_topics), 4)}, {other}'s "
+            f"{_task_list(sorted(our_topics), 4)}"
+        )
+    else:
+        detail = (
+            f"{first} is {_partition_list(theirs[first])} there, "
+            f"{_partition_list(ours[first])} in {other}"
+        )
+    click.echo(
+        f"warning: {where}: {counted(len(differ), 'task')} read other partitions than in "
+        f"{other} ({detail}); tasks are matched by id alone: is it the same application?",
+        err=True,
     )
 
 
 def _plan_clients(
     clients_file: Path | None, num_clients: int | None, threads: int, max_clients: int
-) -> list[ClientState]:
+) -> tuple[list[ClientState], Snapshot | None]:
     """The clients of ``plan``: read from ``clients_file`` (at most ``max_clients``), or
-    ``num_clients`` fresh ones with ``threads`` each."""
+    ``num_clients`` fresh ones with ``threads`` each; and the saved assignment they were read
+    from (None: TOML tables, or fresh clients)."""
     if clients_file is not None:
-        clients = _load_plan_clients(clients_file)
+        clients, saved = _load_plan_clients(clients_file)
         if len(clients) > max_clients:
             raise click.ClickException(
                 f"{clients_file}: {len(clients):,} clients, the limit is {max_clients:,}"
             )
-        return clients
+        return clients, saved
     assert num_clients is not None
-    return [ClientState(f"client-{k}", capacity=threads) for k in range(num_clients)]
+    return [ClientState(f"client-{k}", capacity=threads) for k in range(num_clients)], None
 
 
-def _load_plan_clients(path: Path) -> list[ClientState]:
+def _load_plan_clients(path: Path) -> tuple[list[ClientState], Snapshot | None]:
     """``plan``'s clients file: TOML ``[[client]]`` tables, or a saved assignment (a JSON
     object: ``describe --json`` of the live group, or ``plan --json``) read as the clients
-    that run it now (``Snapshot.clients``)."""
+    that run it now (``Snapshot.clients``), with the snapshot itself."""
     if not _is_json(path):
-        return load_clients(path)
+        return load_clients(path), None
     snapshot = _read_snapshot(path)
     if snapshot.family not in (None, "streams"):
         raise ClientsFileError(
@@ -644,7 +717,7 @@ def _load_plan_clients(path: Path) -> list[ClientState]:
         raise ClientsFileError(f"{path}: {exc}") from exc
     if not clients:
         raise ClientsFileError(f"{path}: no process in its 'assignment' table")
-    return clients
+    return clients, snapshot
 
 
 def _is_json(path: Path) -> bool:
@@ -676,15 +749,24 @@ def _show_plan(
     result: Mapping[str, ClientAssignment],
     standbys: int,
     stateful: set[TaskId],
-    show_moves: bool,
-    as_json: bool,
+    output: tuple[bool, bool],
+    departed: Mapping[str, ClientView],
 ) -> None:
-    """Print ``plan``'s result: tables (and the moves with ``show_moves``), or JSON."""
+    """Print ``plan``'s result: tables (and the moves with ``show_moves``), or JSON
+    (``output``: ``(show_moves, as_json)``). ``departed``: processes a what-if removed from a
+    saved assignment, with what they ran (their tasks moved off a client that left)."""
+    show_moves, as_json = output
     metrics = evaluate(tasks, clients, result, standbys, stateful)
     per_thread = {c.process_id: _threads_of(c, result[c.process_id], stateful) for c in clients}
     lags = {c.process_id: c.lags for c in clients}
+    # Only tasks no present client claims: a departed row never outranks a present owner.
+    claimed = {t for c in clients for t in c.prev_active}
+    gone = {
+        pid: ClientView(None, ClientAssignment(v.assignment.active - claimed, v.assignment.standby))
+        for pid, v in departed.items()
+    }
     moves = explain(
-        views_from_clients(clients),
+        gone | views_from_clients(clients),
         views_from_assignment(result, {c.process_id: c.capacity for c in clients}),
         lags,
         stateful,
@@ -693,12 +775,14 @@ def _show_plan(
     if as_json:
         capacities = {c.process_id: c.capacity for c in clients}
         data = _as_json(tasks, result, per_thread, metrics, capacities) | _moves_json(moves)
+        # What a what-if from this file (plan --clients) takes as its default --standbys.
+        data["metrics"]["num_standby_replicas"] = standbys
         click.echo(json.dumps(data, indent=2))
     else:
         _print_tables(name, tasks, clients, result, per_thread, metrics)
         if show_moves:
             # Labelled as describe labels them: rich cut full UUIDs at 80 columns (…).
-            labels = _process_labels(c.process_id for c in clients)
+            labels = _process_labels([*(c.process_id for c in clients), *departed])
             _print_moves(_Stdout(), moves, labels=labels)
 
 
@@ -728,12 +812,23 @@ def _warn_ignored_input(
         ),
         "",
     )
-    if stateful_count and standbys > len(clients) - 1:
-        click.echo(
-            f"warning: --standbys {standbys} needs {standbys + 1} clients; with {len(clients)} "
-            f"each stateful task gets {counted(max(0, len(clients) - 1), 'standby')}",
-            err=True,
-        )
+    too_few = _too_few_for_standbys(standbys, len(clients), stateful_count)
+    if too_few:
+        click.echo(f"warning: {too_few}", err=True)
+
+
+def _too_few_for_standbys(
+    standbys: int, clients: int, stateful_count: int, noun: tuple[str, str] = ("client", "clients")
+) -> str | None:
+    """What ``standbys`` replicas per stateful task cannot be with ``clients`` clients (or
+    processes, ``noun``: singular and plural): a copy never sits beside its active, so each task
+    gets at most clients - 1 (the metrics count against that cap); None when they fit."""
+    if not stateful_count or standbys <= clients - 1:
+        return None
+    return (
+        f"--standbys {standbys} needs {counted(standbys + 1, *noun)}; with {clients} each "
+        f"stateful task gets {counted(max(0, clients - 1), 'standby')}"
+    )
 
 
 def _warn_conflicts(conflicts: ClaimConflicts, where: str) -> None:
@@ -860,7 +955,10 @@ def _print_moves(
         )
     elif moves.standbys:
         rows = _standby_rows(moves.standbys, name)
-        table = Table(title=f"Standby copies dropped or placed: {len(moves.standbys)}")
+        # Counted per change, not per row: a row of a copy that moved is one drop and one place.
+        dropped = sum(1 for c in moves.standbys if c.source is not None)
+        placed = len(moves.standbys) - dropped
+        table = Table(title=f"Standby copies: {dropped} dropped, {placed} placed")
         for col in ("task", "dropped by", "placed on", "why"):
             table.add_column(col)
         for row in rows:
@@ -1024,6 +1122,7 @@ def explain_command(
         processes = [*before, *now.views]
     else:
         old, new = _read_saved(files[0]), _read_saved(files[1])
+        _warn_unrelated(old, new, files[0], files[1])
         # BEFORE's processes as AFTER names them: a clash of a shared process id that starts
         # or ends between the two renames the original (P <-> P#endpoint), which moved nothing.
         before_views = named_as_after(old.views, old.process_members, new.process_members)
@@ -1049,6 +1148,19 @@ def explain_command(
         )
 
 
+def _warn_unrelated(old: Snapshot, new: Snapshot, before: Path, after: Path) -> None:
+    """A warning line when BEFORE and AFTER cannot be one group's: saved from groups of other
+    names, or naming one task id with other partitions (another application's files, mixed
+    up): compared all the same, they would tell a plausible story of moves that never were."""
+    if old.group is not None and new.group is not None and old.group != new.group:
+        click.echo(
+            f"warning: {before} is of group {old.group!r}, {after} of group {new.group!r}: "
+            "compared as one group's",
+            err=True,
+        )
+    _warn_other_tasks(new.tasks, old.tasks, str(after), str(before))
+
+
 def _landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]:
     """``explain``'s ``lags`` for BEFORE -> AFTER: what AFTER's members reported at their last
     join; when AFTER has no reports (a ``plan --json`` what-if of BEFORE), the checkpointed
@@ -1068,8 +1180,9 @@ def _landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]
 @_json_option("a table")
 def diff(before: Path, after: Path, as_json: bool) -> None:
     """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
-    old = _read_saved(before, members=False).views
-    new = _read_saved(after, members=False).views
+    old_file, new_file = _read_saved(before, members=False), _read_saved(after, members=False)
+    _warn_unrelated(old_file, new_file, before, after)
+    old, new = old_file.views, new_file.views
     rows = {}
     for pid in sorted(old.keys() | new.keys()):
         was = old[pid].assignment if pid in old else ClientAssignment()
@@ -1115,7 +1228,27 @@ def _connection(bootstrap: str, timeout: float, security: Mapping[str, Any]) -> 
         )
     from .aiokafka.describe import Connection
 
+    _check_bootstrap(bootstrap)
     return Connection(bootstrap, timeout_s=timeout, **security)
+
+
+def _check_bootstrap(bootstrap: str) -> None:
+    """Each address of ``--bootstrap`` as aiokafka parses it (``HOST[:PORT]``, ``[IPv6]:PORT``),
+    or a usage error naming the bad one: aiokafka's own says only ``invalid literal for
+    int()``, after a "cannot reach"."""
+    from aiokafka.conn import get_ip_port_afi
+
+    for address in bootstrap.strip().split(","):
+        try:
+            host, port, _ = get_ip_port_afi(address)
+        except ValueError:
+            host, port = "", 0
+        if not host or not 0 < port < 65536:
+            raise click.BadParameter(
+                f"{address.strip()!r} is not HOST:PORT (e.g. localhost:9092; several: "
+                "HOST:PORT,HOST:PORT)",
+                param_hint="'--bootstrap'",
+            )
 
 
 #: The environment variables ``describe`` reads the SASL credentials from (click's envvar).
@@ -1473,10 +1606,14 @@ def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> N
     table.add_row("actives balanced in total", "yes" if m.active_balanced else "NO")
     table.add_row("load imbalance (per thread, max - min)", f"{m.load_imbalance:.2f}")
     inferred = ", inferred" if score.standbys_inferred else ""
+    # Required counts at most processes - 1 per task (``evaluate``): say so beside a larger R,
+    # or "2 per stateful task ... 4 / 4" reads as two copies each.
+    cap = max(0, m.clients - 1)
+    capped = f", capped at processes - 1 = {cap}" if score.num_standby_replicas > cap else ""
     if has_standbys or not score.standbys_inferred:
         table.add_row(
             f"standbys placed / required ({score.num_standby_replicas} per stateful task"
-            f"{inferred})",
+            f"{inferred}{capped})",
             f"{m.standbys_placed} / {m.standbys_required}",
         )
     if score.standbys_on_active_rack is not None:
@@ -1547,6 +1684,7 @@ async def _print_views(
 
     console = _Stdout()
     last = None  # the last readable view
+    last_warning: str | None = None
     async for view in follow(connection, group, interval):
         if not view.readable:
             if as_json:
@@ -1555,6 +1693,10 @@ async def _print_views(
                 console.print(f"{_now()} {group}: {_state_note(view.state)}", markup=False)
             continue
         score = quality(view, standbys)
+        warning = _standby_cap_warning(score)
+        if warning != last_warning and warning is not None:
+            click.echo(warning, err=True)  # once, not at every change of the group
+        last_warning = warning
         # The last view's processes as this one names them: a clash of a shared process id
         # that starts or ends renames the original (P <-> P#endpoint), which moved nothing.
         before: Mapping[str, ClientView] | None = (
@@ -1686,10 +1828,28 @@ def describe(
     except KeyboardInterrupt:
         return
     score = quality(view, standbys)
+    warning = _standby_cap_warning(score)
+    if warning is not None:
+        click.echo(warning, err=True)
     if as_json:
         click.echo(json.dumps(to_json(view, score), indent=2))
     else:
         _print_group(_Stdout(), view, score)
+
+
+def _standby_cap_warning(score: Any) -> str | None:
+    """``plan``'s warning line (``_too_few_for_standbys``) for a described group (a
+    ``GroupQuality``) too small for its ``--standbys``; None when it fits, or when the count
+    was inferred (no --standbys to name)."""
+    if score.standbys_inferred:
+        return None
+    too_few = _too_few_for_standbys(
+        score.num_standby_replicas,
+        score.metrics.clients,
+        len(score.stateful),
+        ("process", "processes"),
+    )
+    return None if too_few is None else f"warning: {too_few}"
 
 
 # -- the simulation pipeline (Spark) ---------------------------------------------------------------
@@ -1847,7 +2007,8 @@ def _one_line_failures(
     """Spark failures and Ctrl-C, SIGTERM or SIGHUP as one line (what failed, what was kept,
     what was done before), not a trace; after a signal the exit status is 128 + its number
     (130 after Ctrl-C). A ``KeyboardInterrupt(signum, left)`` says ``left`` instead of
-    ``kept``; ``done`` (a run complete before its report failed) is said whatever happened."""
+    ``kept``; ``done`` (a run complete before its report failed) is said whatever happened,
+    and with it any failure is one line (its type and message), not only Spark's."""
     import signal
 
     from .pipeline.signals import interrupt_on_signals, quiet_py4j
@@ -1869,9 +2030,15 @@ def _one_line_failures(
     except (click.ClickException, StreamAssignError, SystemExit):
         raise
     except Exception as exc:
-        if not _from_spark(exc):
+        if _from_spark(exc):
+            reason = _spark_failure(exc)
+        elif done is not None:
+            # A complete run behind it: its one line (and the command that writes the report,
+            # with the trace if it fails again) matters more than this failure's trace.
+            reason = f"{type(exc).__name__}: {exc}"[:300]
+        else:
             raise
-        raise click.ClickException(f"{doing} failed: {_spark_failure(exc)}{tail}") from exc
+        raise click.ClickException(f"{doing} failed: {reason}{tail}") from exc
 
 
 def _from_spark(exc: BaseException) -> bool:
@@ -1992,7 +2159,7 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     help="Also write the HTML report (DIR/report) from the same Spark session.",
 )
 @_ship_code_option
-@_spark_tasks_option
+@_spark_tasks_option(_REPORT_SPARK_TASKS)
 @_with_options(_model_options)
 def simulate(
     topology_file: Path,
@@ -2022,7 +2189,9 @@ def simulate(
     """
     _require("pyspark", "streamassign simulate")
     if with_report:
+        # Before Spark starts: a missing one found after the run would cost the whole run.
         _require("plotly", "the report")
+        _require("jinja2", "the report")
     job, chosen = _simulation_job(click.get_current_context().params)
     _run_simulation(
         job, chosen, topology_file, out, master, ship_code, overwrite, spark_tasks, with_report
@@ -2277,7 +2446,8 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
         raise
     # Two renders of one run are byte-identical: publish tells the new report from the one it
     # replaces by this id (were it report.html, a failed move would call the old one gone).
-    files.write_text(f"{staging}/{REPORT_ID}", f"{report_id}\n")
+    # Readable as the rest of the report is (LocalFiles.write_text makes a private 0600 file).
+    write_atomically(f"{staging}/{REPORT_ID}", f"{report_id}\n".encode(), mode=0o644)
     _publish(files, staging, str(out), report_id, "report", REPORT_ID)
     return out / "report.html"
 
@@ -2305,13 +2475,14 @@ def _check_report_out(out: Path) -> None:
 @click.argument("run_dir", metavar="DIR")
 @_out_dir_option("Where to write the report (default DIR/report).")
 @_master_option
-@_spark_tasks_option
+@_spark_tasks_option(_REPORT_SPARK_TASKS)
 def report(run_dir: str, out: Path | None, master: str | None, spark_tasks: int | None) -> None:
     """Aggregate a simulation run in DIR with Spark; write an HTML report and CSV summaries."""
     from .pipeline.runs import LocalFiles, check_run, files_for
 
     _require("pyspark", "streamassign report")
     _require("plotly", "streamassign report")
+    _require("jinja2", "streamassign report")
     run_dir = _run_dir(run_dir, "", option="")
     if out is None and _is_remote(run_dir):
         raise click.ClickException(f"{run_dir} is not a local directory: give --out")
@@ -2444,7 +2615,7 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 @_json_option("a table")
 @_with_options(_model_options)
 @_ship_code_option
-@_spark_tasks_option
+@_spark_tasks_option("")
 def plan_standbys(
     topology_file: Path,
     scenarios: int,

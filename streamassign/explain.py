@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 import attrs
 
-from ._ids import TaskId
+from ._ids import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
 from .errors import AssignmentFileError
 from .protocol import LATEST_OFFSET, running_tasks
@@ -465,6 +465,13 @@ class Snapshot:
     ``protocol``: the group's assignor (``describe``'s), None when the file has none.
     ``process_members``: per process, its members' ids and endpoints (:data:`ProcessMembers`;
     empty for other files), which :func:`named_as_after` matches to another snapshot's.
+    ``group``: the group's name (``describe``'s; None when the file has none). ``tasks``: per
+    task, its source partitions, as the file's ``tasks`` table says them (empty without one):
+    what tells whether two files, or a file and a topology, name the same tasks.
+    ``num_standby_replicas``: the standbys per task the file states (``describe``'s quality,
+    ``plan --json``'s metrics; None when it states none). ``departed``: processes whose member
+    rows remain but which the ``assignment`` table no longer has (a what-if removed them), with
+    the tasks those rows say they ran: a removed process's tasks had an owner that left.
     """
 
     views: Mapping[str, ClientView]
@@ -474,6 +481,19 @@ class Snapshot:
     previous_active: Mapping[str, frozenset[TaskId]] = attrs.field(factory=dict)
     protocol: str | None = None
     process_members: ProcessMembers = attrs.field(factory=dict)
+    group: str | None = None
+    tasks: Mapping[TaskId, frozenset[TopicPartition]] = attrs.field(factory=dict)
+    num_standby_replicas: int | None = None
+    #: ``describe`` inferred ``num_standby_replicas`` (the most standbys any task had) rather
+    #: than being told it with ``--standbys``.
+    standbys_inferred: bool = False
+    departed: Mapping[str, ClientView] = attrs.field(factory=dict)
+
+    def most_standbys(self) -> int:
+        """The most standby copies any task has in the file (what ``describe`` infers as the
+        group's standbys per task when not told)."""
+        copies = Counter(t for v in self.views.values() for t in v.assignment.standby)
+        return max(copies.values(), default=0)
 
     def local_state(self) -> dict[str, dict[TaskId, int]]:
         """Per process, the tasks it reported state of at its last join (:func:`local_state`)."""
@@ -577,6 +597,7 @@ def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot
     copied = _copied_claimants(data.get("shared_process_ids", []), where) if members else set()
     rows = data.get("members", []) if members else []
     reports, previous, process_members = _reports(rows, copied, where)
+    group = data.get("group")
     return Snapshot(
         views,
         state,
@@ -585,7 +606,62 @@ def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot
         previous,
         protocol if isinstance(protocol, str) else None,
         process_members,
+        group if isinstance(group, str) else None,
+        _task_partitions(data.get("tasks", {}), where),
+        *_stated_standbys(data),
+        _departed(rows, views.keys(), where) if members else {},
     )
+
+
+def _task_partitions(table: object, where: str) -> dict[TaskId, frozenset[TopicPartition]]:
+    """A file's ``tasks`` table: task id -> ``[[topic, partition], ...]``."""
+    problem = f'{where}: tasks must map task ids like "0_3" to lists of [topic, partition]'
+    if not isinstance(table, dict):
+        raise AssignmentFileError(problem)
+    out = {}
+    for task, parts in table.items():
+        if not isinstance(parts, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and type(p[1]) is int
+            for p in parts
+        ):
+            raise AssignmentFileError(f"{problem}: {task!r}")
+        try:
+            out[TaskId.parse(str(task))] = frozenset(TopicPartition(t, n) for t, n in parts)
+        except ValueError as exc:
+            raise AssignmentFileError(f"{problem}: {exc}") from exc
+    return out
+
+
+def _stated_standbys(data: Mapping[str, object]) -> tuple[int | None, bool]:
+    """``num_standby_replicas`` as ``describe --json`` (its ``quality``) or ``plan --json``
+    (its ``metrics``) states it (None when neither does: a hand-written file), and whether
+    ``describe`` inferred it. Read leniently: a file is not refused for a score it only
+    reports."""
+    for key in ("quality", "metrics"):
+        table = data.get(key)
+        count = table.get("num_standby_replicas") if isinstance(table, dict) else None
+        if type(count) is int and count >= 0:
+            assert isinstance(table, dict)
+            return count, table.get("num_standby_replicas_inferred") is True
+    return None, False
+
+
+def _departed(members: object, present: Collection[str], where: str) -> dict[str, ClientView]:
+    """Per process named by member rows (``describe --json``'s ``members``) but missing from the
+    ``assignment`` table, the actives and standbys its rows say it ran."""
+    out: dict[str, ClientAssignment] = {}
+    for n, member in enumerate(members if isinstance(members, list) else [], 1):
+        pid = member.get("process") if isinstance(member, dict) else None
+        if not isinstance(pid, str) or pid in present or member.get("undecodable"):
+            continue
+        label = f"{where}: member #{n}"
+        ran = ClientAssignment(
+            _task_ids(member.get("active", []), f"{label}: active"),
+            _task_ids(member.get("standby", []), f"{label}: standby"),
+        )
+        had = out.get(pid, ClientAssignment())
+        out[pid] = ClientAssignment(had.active | ran.active, had.standby | ran.standby)
+    return {pid: ClientView(None, a) for pid, a in out.items()}
 
 
 def _copied_claimants(clashes: object, where: str) -> set[str]:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -397,3 +398,100 @@ def test_a_closed_stdout_still_writes_the_plan_and_keeps_the_exit_status(tmp_pat
     for name in ("plan.csv", "plan.json"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o644  # a result to share
     assert json.loads((tmp_path / "plan.json").read_text())["target_reached"] is False
+
+
+def test_a_missing_jinja2_is_one_line_before_spark_starts(tmp_path: Path) -> None:
+    """A new user's audit: with pyspark and plotly but no jinja2, `simulate --report` ran the
+    whole Spark job, then ended in a ModuleNotFoundError trace; `report` too. Now both say
+    what to install before any Spark work (no session: nothing about starting Spark)."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("plotly")
+    script = (
+        "import sys\n"
+        "sys.modules['jinja2'] = None  # as if not installed\n"
+        "from streamassign.cli import main\n"
+        f"for args in (['simulate', {ORDERS!r}, '--report', '--out', {str(tmp_path / 'r')!r}],"
+        f" ['report', {str(tmp_path)!r}]):\n"
+        "    try:\n"
+        "        main(args)\n"
+        "    except SystemExit as exit:\n"
+        "        print('exit', exit.code, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stderr.splitlines() == [
+        "Error: the report needs jinja2, from the spark extra: pip install 'streamassign[spark]'",
+        "exit 1",
+        "Error: streamassign report needs jinja2, from the spark extra: pip install "
+        "'streamassign[spark]'",
+        "exit 1",
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def _described(standbys: int | None) -> tuple[Any, Any]:
+    """The quality of a 2-process streams group with one standby per stateful task, scored
+    against ``standbys`` (None: inferred), as describe scores it."""
+    from streamassign.aiokafka.describe import describe_bytes, quality
+    from streamassign.aiokafka.streams import PROTOCOL_NAME
+
+    from .test_describe import P1, P2, streams_member
+
+    raw = [
+        streams_member("m1", P1, "0_0 0_1", "0_2 0_3", {"0_2": 5}),
+        streams_member("m2", P2, "0_2 0_3", "0_0 0_1", {"0_0": 5}),
+    ]
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
+    return view, quality(view, standbys)
+
+
+def test_describe_standbys_past_processes_warns_as_plan_does() -> None:
+    """A new user's audit: `describe --standbys 2` of a 2-process group printed "(2 per
+    stateful task) 4 / 4" and nothing else, read as full replication; plan warned. Now
+    describe gives plan's warning (processes for clients) and the row says the cap."""
+    from streamassign.cli import _print_group, _standby_cap_warning, _Stdout
+
+    view, score = _described(2)
+    assert _standby_cap_warning(score) == (
+        "warning: --standbys 2 needs 3 processes; with 2 each stateful task gets 1 standby"
+    )
+    console = _Stdout(width=120, record=True)
+    _print_group(console, view, score)
+    text = " ".join(console.export_text().split())
+    assert "(2 per stateful task, capped at processes - 1 = 1) │ 4 / 4" in text
+    # plan's line for the same case, from the same function.
+    code, out = plan(ORDERS, "--num-clients", "2", "--standbys", "2", "--json")
+    assert code == 0
+    assert "warning: --standbys 2 needs 3 clients; with 2 each stateful task gets 1 standby" in out
+    # Within the cap (given or inferred): no warning, no cap in the row.
+    for fits in (1, None):
+        view, score = _described(fits)
+        assert _standby_cap_warning(score) is None
+        console = _Stdout(width=120, record=True)
+        _print_group(console, view, score)
+        assert "capped" not in console.export_text()
+
+
+@pytest.mark.parametrize("address", ["garbage::::", "h:x", "127.0.0.1:99999", "a:1,"])
+def test_describe_names_a_bootstrap_address_that_is_not_host_port(address: str) -> None:
+    """A new user's audit: `-b 'garbage::::'` said "cannot reach garbage::::: invalid literal
+    for int() with base 10: ''". Now a usage error names the address, before any connection."""
+    pytest.importorskip("aiokafka")
+    result = CliRunner().invoke(main, ["describe", "g", "-b", address])
+    assert result.exit_code == 2, result.output
+    bad = address.split(",")[-1]
+    assert result.output.splitlines()[-1] == (
+        f"Error: Invalid value for '--bootstrap': {bad!r} is not HOST:PORT (e.g. "
+        "localhost:9092; several: HOST:PORT,HOST:PORT)"
+    )
+
+
+def test_plan_standbys_help_mentions_no_report() -> None:
+    """plan-standbys writes no report: its --spark-tasks help says nothing of one (simulate's
+    and report's do)."""
+    for command, says in (("plan-standbys", False), ("simulate", True), ("report", True)):
+        result = CliRunner().invoke(main, [command, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        text = " ".join(result.output.split())
+        assert ("For the report: partitions of the aggregation's shuffles" in text) == says

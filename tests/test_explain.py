@@ -1197,3 +1197,149 @@ def test_plan_explain_and_diff_print_process_ids_and_file_names_verbatim(tmp_pat
     assert code == 0 and "d[/]" in moves, moves
     code, diff = run("diff", str(first), str(second))
     assert code == 0 and "a[red]b.json -> [b]c.json" in diff and "d[/]" in diff, diff
+
+
+def _live(path: Path, group: str, topic: str, standbys: int | None = 1) -> str:
+    """A ``describe --json`` file of a 2-process group reading ``topic`` (4 partitions), one
+    standby per task, ``quality.num_standby_replicas`` = ``standbys`` (None: no quality)."""
+    assignment = {
+        "p1": {"capacity": 1, "active": ["0_0", "0_1"], "standby": ["0_2", "0_3"]},
+        "p2": {"capacity": 1, "active": ["0_2", "0_3"], "standby": ["0_0", "0_1"]},
+    }
+    members = [
+        {
+            "member_id": f"m-{pid}",
+            "process": pid,
+            "topics": [topic],
+            "active": entry["active"],
+            "standby": entry["standby"],
+            "offset_sums": {},
+            "undecodable": None,
+        }
+        for pid, entry in assignment.items()
+    ]
+    data: dict[str, object] = {
+        "group": group,
+        "state": "Stable",
+        "family": "streams",
+        "tasks": {f"0_{n}": [[topic, n]] for n in range(4)},
+        "assignment": assignment,
+        "members": members,
+    }
+    if standbys is not None:
+        data["quality"] = {"num_standby_replicas": standbys, "num_standby_replicas_inferred": True}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def _invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args), env=WIDE)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_plan_from_a_snapshot_of_other_topics_warns(tmp_path: Path) -> None:
+    """A new user's audit: `plan topology.toml --clients after.json` where the snapshot's group
+    reads other topics gave a plausible plan (tasks matched by id alone) and no warning."""
+    topology = tmp_path / "clicks.toml"
+    topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
+    other = _live(tmp_path / "other.json", "views-app", "views")
+    code, _, err = _invoke("plan", str(topology), "--clients", other)
+    assert code == 0
+    assert (
+        f"warning: {other}: 4 tasks read other partitions than in the topology (its topics "
+        "views, the topology's clicks); tasks are matched by id alone: is it the same "
+        "application?"
+    ) in err.splitlines()
+    same = _live(tmp_path / "same.json", "clicks-app", "clicks")
+    code, _, err = _invoke("plan", str(topology), "--clients", same)
+    assert code == 0 and "warning" not in err
+
+
+def test_explain_and_diff_of_two_groups_warn(tmp_path: Path) -> None:
+    """A new user's audit: explain / diff of snapshots of two different groups told a normal
+    story. Now a warning names both groups, and another names tasks of other partitions."""
+    before = _live(tmp_path / "before.json", "clicks-app", "clicks")
+    after = _live(tmp_path / "after.json", "payments-prod", "payments")
+    for command in ("explain", "diff"):
+        code, _, err = _invoke(command, before, after)
+        assert code == 0
+        lines = err.splitlines()
+        assert lines[0] == (
+            f"warning: {before} is of group 'clicks-app', {after} of group 'payments-prod': "
+            "compared as one group's"
+        )
+        assert lines[1].startswith(f"warning: {after}: 4 tasks read other partitions than in")
+    code, _, err = _invoke("explain", before, before)
+    assert (code, err) == (0, "")
+
+
+def test_a_what_if_from_a_snapshot_keeps_its_standby_count(tmp_path: Path) -> None:
+    """A new user's audit: `plan --clients now.json` without --standbys planned 0 standbys,
+    so every current standby read as dropped. Now the snapshot's count is the default, said
+    on stderr; a file stating none plans 0 with a warning; --standbys wins."""
+    topology = tmp_path / "clicks.toml"
+    topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
+    now = _live(tmp_path / "now.json", "clicks-app", "clicks")
+    code, out, err = _invoke("plan", str(topology), "--clients", now, "--json")
+    assert code == 0
+    assert err.splitlines() == [
+        f"note: --standbys 1 from {now} (its num_standby_replicas, which describe inferred: "
+        "the most any task had); give --standbys for the app's"
+    ]
+    data = json.loads(out)
+    assert data["standby_moves"] == [] and data["metrics"]["standbys_dropped"] == 0
+    assert data["metrics"]["num_standby_replicas"] == 1
+    # plan --json states its count: a what-if of the what-if keeps it too.
+    planned = tmp_path / "planned.json"
+    planned.write_text(out)
+    code, _, err = _invoke("plan", str(topology), "--clients", str(planned))
+    assert code == 0 and err.startswith(f"note: --standbys 1 from {planned}")
+    code, out, err = _invoke("plan", str(topology), "--clients", now, "--standbys", "0", "--json")
+    assert (code, err) == (0, "") and json.loads(out)["metrics"]["standbys_dropped"] == 4
+    unstated = _live(tmp_path / "unstated.json", "clicks-app", "clicks", standbys=None)
+    code, out, err = _invoke("plan", str(topology), "--clients", unstated, "--json")
+    assert code == 0 and json.loads(out)["metrics"]["standbys_dropped"] == 4
+    assert err.splitlines() == [
+        f"warning: {unstated} states no num_standby_replicas and --standbys is not given: "
+        "planned with 0, which drops its standbys (up to 1 per task); give --standbys"
+    ]
+
+
+def test_a_crash_what_if_names_the_lost_process(tmp_path: Path) -> None:
+    """A new user's audit: the docs' crash what-if (`jq del(.assignment[P])`) listed P's tasks
+    `from -`, `no previous owner`. Its member rows still say what P ran: `client gone`."""
+    topology = tmp_path / "clicks.toml"
+    topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
+    now = Path(_live(tmp_path / "now.json", "clicks-app", "clicks"))
+    crash = json.loads(now.read_text())
+    del crash["assignment"]["p1"]
+    lost = tmp_path / "crash.json"
+    lost.write_text(json.dumps(crash))
+    code, out, _ = _invoke("plan", str(topology), "--clients", str(lost), "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert {(m["task"], m["from"], m["reason"], m["landing"]) for m in data["moves"]} == {
+        ("0_0", "p1", "client gone", "standby"),
+        ("0_1", "p1", "client gone", "standby"),
+    }
+    assert {(c["task"], c["from"], c["reason"]) for c in data["standby_moves"]} == {
+        ("0_2", "p1", "client gone"),
+        ("0_3", "p1", "client gone"),
+        ("0_0", "p2", "became active"),
+        ("0_1", "p2", "became active"),
+    }
+    assert data["metrics"]["moves"] == 0
+
+
+def test_the_standby_table_title_counts_drops_and_placings() -> None:
+    """A new user's audit: "Standby copies dropped or placed: 2" over one row (a copy that
+    moved is one row, a drop and a placing). The title says each count."""
+    from streamassign.cli import _print_moves, _Stdout
+
+    before = {"a": view(1, "0_0", "0_1"), "b": view(1, "0_1")}
+    after = {"a": view(1, "0_0"), "b": view(1, "0_1"), "c": view(1, "", "0_1")}
+    console = _Stdout(width=100, record=True)
+    _print_moves(console, explain(before, after))
+    text = console.export_text()
+    assert "Standby copies: 1 dropped, 1 placed" in text
+    assert sum(1 for line in text.splitlines() if line.startswith("│ 0_1")) == 1

@@ -1564,3 +1564,56 @@ def _deleting_session(path: Path) -> Callable[..., Any]:
         yield SimpleNamespace(sparkContext=SimpleNamespace(master="local[1]"))
 
     return session
+
+
+def test_a_report_failing_after_a_complete_run_is_one_line_naming_the_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A new user's audit: `simulate --report` whose report failed outside Spark (jinja2
+    missing) ended in a trace, with nothing saying the run was kept. After a complete run
+    any failure of its report is one line: what failed, that the run is complete, and the
+    command that writes the report (which shows the trace if it fails again)."""
+    from streamassign import cli
+    from streamassign.pipeline import progress, report
+    from streamassign.pipeline import spark as sp
+
+    def render_report(data: Any, staging: str) -> None:
+        raise ModuleNotFoundError("No module named 'jinja2'")
+
+    monkeypatch.setattr(progress, "run_tracked", lambda session, what, console, run: run())
+    monkeypatch.setattr(sp, "aggregate", lambda *a: None)
+    monkeypatch.setattr(report, "render_report", render_report)
+    complete = "run R is complete; next: streamassign report DIR"
+    with (
+        pytest.raises(click.ClickException) as raised,
+        cli._one_line_failures("writing the report", done=complete),
+    ):
+        cli._render(SimpleNamespace(), str(tmp_path), tmp_path / "report")
+    assert raised.value.message == (
+        f"writing the report failed: ModuleNotFoundError: No module named 'jinja2'; {complete}"
+    )
+    assert list(tmp_path.iterdir()) == []
+    # Without a complete run behind it (the report command): the trace, as for any bug.
+    with pytest.raises(ModuleNotFoundError), cli._one_line_failures("writing the report"):
+        cli._render(SimpleNamespace(), str(tmp_path), tmp_path / "report")
+
+
+def test_the_report_id_is_as_readable_as_the_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A new user's audit: report-id.txt was 0600 (a private temporary file's mode) beside a
+    0644 report: a served or shared report folder had one unreadable file."""
+    from streamassign import cli
+    from streamassign.pipeline import progress, report
+    from streamassign.pipeline import spark as sp
+
+    def render_report(data: Any, staging: str) -> None:
+        Path(staging).mkdir()
+        (Path(staging) / "report.html").write_text("page")
+
+    monkeypatch.setattr(progress, "run_tracked", lambda session, what, console, run: run())
+    monkeypatch.setattr(sp, "aggregate", lambda *a: None)
+    monkeypatch.setattr(report, "render_report", render_report)
+    out = tmp_path / "report"
+    cli._render(SimpleNamespace(), str(tmp_path), out)
+    assert (out / cli.REPORT_ID).stat().st_mode & 0o777 == 0o644
