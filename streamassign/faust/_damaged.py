@@ -122,8 +122,8 @@ class DamagedTables:
         if self.moved:
             parts.append(
                 f"{len(self.moved)} table partition director{_ies(self.moved)} Faust cannot "
-                "open (RocksDB reports corruption, or the offset key holds no offset) moved "
-                "aside and counted as wiped: Faust restores those partitions from their "
+                "open (RocksDB reports their files damaged, or the offset key holds no offset) "
+                "moved aside and counted as wiped: Faust restores those partitions from their "
                 "changelogs; the moved directories are kept for inspection, delete them when "
                 "done ("
                 + _names(f"{f.path} ({f.why}) -> {aside.name}" for f, aside in self.moved)
