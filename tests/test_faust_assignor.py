@@ -372,15 +372,15 @@ def test_a_restart_reads_the_offsets_of_a_table_with_a_ttl(tmp_path: Path) -> No
     assert info.offset_sums == {t: 100 + t.partition for t in ran}
 
 
-def test_a_restart_reports_a_task_whose_offset_it_cannot_parse_at_0_and_claims_it_not(
+def test_a_restart_moves_a_directory_whose_offset_it_cannot_parse_aside(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """review50 R1: a database that opens but holds, under the offset key, a value that is no
-    offset is one Faust cannot read either (its ``int()`` raises when the partition is
-    assigned, and the app crashes). Reported with no sum it was handed back whatever its lag,
-    and the worker crashed on every restart; it is reported at 0 (a full restore's lag) and
-    not declared a previous active, with one WARNING naming the partition's directory. A
-    partition with nothing on disk is still 0 and claimed, the others their offsets."""
+    """review50 R1, faustlive2 H1: a database that opens but holds, under the offset key, a
+    value that is no offset is one Faust cannot read either (its ``int()`` raises when the
+    partition is assigned, and the app crashes). Reported at 0 and not claimed, a short
+    changelog still brought it back and the worker crashed on every restart; it is moved
+    aside (``<dir>.damaged-<UTC time>``) and counts as wiped: 0 and claimed, as a partition
+    with nothing on disk, with one WARNING naming the directory; the others their offsets."""
     ran = sorted(stopped_after_running_alone(tmp_path / "w0", {SRC: 6, CL: 6}))
     unparsable, removed = ran[0], ran[1]
     app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
@@ -394,27 +394,35 @@ def test_a_restart_reports_a_task_whose_offset_it_cannot_parse_at_0_and_claims_i
     shutil.rmtree(store.partition_path(removed.partition))
     with caplog.at_level(logging.DEBUG, logger="streamassign.faust.assignor"):
         info = reported(app.assignor)
-    assert info.previous_active == frozenset(ran) - {unparsable}
+    assert info.previous_active == frozenset(ran)
     assert info.offset_sums == {
         unparsable: 0,
         removed: 0,
         **{t: 100 + t.partition for t in ran[2:]},
     }
+    path = store.partition_path(unparsable.partition)
+    (aside,) = path.parent.glob(f"{path.name}.damaged-*")
+    assert not path.exists()
+    assert (
+        rocksdict.Rdict(str(aside), options=rocksdict.Options(raw_mode=True)).get(store.offset_key)
+        == b"not an offset"
+    )  # kept as it was: evidence
     warnings = [
         r.getMessage()
         for r in caplog.records
         if r.levelno == logging.WARNING and "offset key" in r.getMessage()
     ]
     assert len(warnings) == 1
-    assert str(store.partition_path(unparsable.partition)) in warnings[0]
-    assert f"partition {unparsable.partition}'s" in warnings[0]
+    assert str(path) in warnings[0]
+    assert aside.name in warnings[0]
 
 
 def test_a_table_that_gained_a_ttl_after_its_data_reads_no_offset(tmp_path: Path) -> None:
     """review50 R4: RocksDB's TTL database checks a value's 4-byte suffix (a write time no
     earlier than 2013-05-10) and reports corruption otherwise. Stripped unchecked, a plain
     table's ``b"50001"`` read as offset 5 (a huge lag, still claimed); a value whose suffix is
-    no write time is no offset: reported at 0 and not claimed, as above."""
+    no write time is no offset (Faust's TTL database reports corruption reading it): moved
+    aside and counted as wiped, as above."""
     ran = sorted(stopped_after_running_alone(tmp_path / "w0", {SRC: 6, CL: 6}))
     app = make_app(tmp_path / "w0", 7000, store="rocksdb://", table_options={"ttl": 3600})
     store = app.tables["totals"].data
@@ -425,8 +433,9 @@ def test_a_table_that_gained_a_ttl_after_its_data_reads_no_offset(tmp_path: Path
         db.put(store.offset_key, b"50001")
         db.close()
     info = reported(app.assignor)
-    assert info.previous_active == frozenset()
+    assert info.previous_active == frozenset(ran)
     assert info.offset_sums == dict.fromkeys(ran, 0)
+    assert len(list(Path(app.conf.tabledir).glob("totals-*.db.damaged-*"))) == len(ran)
 
 
 def test_a_restart_with_wiped_tables_leaves_its_tasks_to_caught_up_holders(

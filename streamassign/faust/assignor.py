@@ -63,6 +63,7 @@ from ..protocol import (
 )
 from ..repeats import Repeats
 from ..streams import FAUST_PROTOCOL_NAME
+from ._damaged import DamagedTable, DamagedTables, is_damaged_status
 from ._watch import JoinErrors, MetadataWatch, unsized
 from .leader import (
     CAPACITY_TAG,
@@ -178,6 +179,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         #: directories): each clash is logged once, forgotten as the two above are.
         self._leader_shared_ids = Repeats()
         self._member_missing = Repeats()
+        #: The damaged table directories this member could not move aside (logged once per
+        #: set, as every join finds them again; a set it moved is always news).
+        self._damaged_kept = Repeats()
         #: Whether this worker led the round whose assignment it waits for.
         self._leading = False
         #: Changes only when this worker wants a rebalance (after a failed one): a rejoin with
@@ -253,14 +257,16 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         dictionary = {**restored.topics, **current.topics}
         following = current.standby | current.warmup
         unreadable: set[TaskId] = set()
+        damaged = DamagedTables()
         for t in sorted(held - current.active):
             topics = dictionary.get(t.subtopology, {})
-            offset = self._held_offset_sum(t, topics, following, previous)
+            offset = self._held_offset_sum(t, topics, following, previous, damaged)
             if offset is _UNPARSED:  # Faust cannot open it either: no claim on it
                 unreadable.add(t)
                 sums[t] = 0
             elif offset is not None:
                 sums[t] = offset
+        self._log_damaged(damaged)
         tags = {
             CHANGELOGS_TAG: ",".join(sorted(self._changelog_topics())),
             GLOBAL_CHANGELOGS_TAG: ",".join(sorted(self._global_changelog_topics())),
@@ -596,6 +602,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         topics: Mapping[str, int],
         following: frozenset[TaskId],
         previous: frozenset[TaskId],
+        damaged: DamagedTables,
     ) -> int | Literal[_Unparsed.VALUE] | None:
         """The offset sum to report of ``task``, held but not run (``following``: a standby or
         warmup now; ``previous``: declared a previous active); ``None``: no state to report;
@@ -609,13 +616,16 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         its lag, cold, though a caught-up holder exists; at 0 it comes back only
         if the whole changelog is within the acceptable recovery lag, as Kafka Streams counts
         a task a client reports no offset of (its lag is the end offset). In-memory tables
-        and stateless tasks still report nothing (the leader hands those back). A declared
-        previous active whose database holds a value under the offset key that is no offset
-        is ``_UNPARSED``: Faust's own ``int()`` fails on it when the partition is assigned and
-        the app crashes, so reported with no sum (handed back whatever its lag) the worker
-        would crash on every restart; the caller reports it at 0 and claims it not."""
+        and stateless tasks still report nothing (the leader hands those back). A table
+        directory Faust would crash on (``_damaged``) is moved aside into ``damaged`` and
+        counts as wiped; one that stays (this worker may have it open, or the rename failed)
+        makes a declared previous active ``_UNPARSED``: reported at 0 (its lag is no reason to
+        hand it back) and not claimed (a claim would bring it back whatever its lag)."""
         offset = self._standby_offset_sum(task, topics) if task in following else None
-        on_disk = self._disk_offset_sum(task, topics) if offset is None else offset
+        if offset is None:
+            on_disk = self._disk_offset_sum(task, topics, damaged, in_use=task in following)
+        else:
+            on_disk = offset
         if on_disk is _UNPARSED:
             if task in following:
                 # A standby now that has applied nothing yet: state at 0, as below.
@@ -648,20 +658,40 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         return any(_keeps_state_on_disk(table.data) for table in self._task_tables(task, topics))
 
     def _disk_offset_sum(
-        self, task: TaskId, topics: Mapping[str, int]
+        self, task: TaskId, topics: Mapping[str, int], damaged: DamagedTables, in_use: bool
     ) -> int | Literal[_Unparsed.VALUE] | None:
         """Sum of the offsets this worker's on-disk (RocksDB) tables persisted for ``task``;
-        ``None`` when it has none (in-memory tables keep nothing across a restart);
-        ``_UNPARSED`` when its only values under the offset key are no offsets."""
+        ``None`` when it has none (in-memory tables keep nothing across a restart). A damaged
+        table directory is moved aside (then it holds nothing) unless this worker may have
+        it open (``in_use``: ``task`` is assigned to it now); ``_UNPARSED`` when one stays."""
         found = []
         unparsed = False
         for table in self._task_tables(task, topics):
             offset = _persisted_offset(table.data, task.partition)
-            if offset is _UNPARSED:
-                unparsed = True
+            if isinstance(offset, DamagedTable):
+                open_here = in_use or self._may_be_open(table, task.partition)
+                unparsed |= not damaged.set_aside(offset, in_use=open_here)
             elif offset is not None:
                 found.append(offset)
-        return _UNPARSED if unparsed and not found else applied_offset_sum(found)
+        return _UNPARSED if unparsed else applied_offset_sum(found)
+
+    def _may_be_open(self, table: Any, partition: int) -> bool:
+        """Whether Faust may hold ``table``'s database of ``partition`` open in this process:
+        its store has a handle to it, or the partition is in what Faust runs now (after a
+        failed assignment, what Kafka assigned). Moved, it would lose what Faust writes."""
+        if partition in getattr(table.data, "_dbs", {}):
+            return True
+        view = self._view
+        return TP(table.changelog_topic.get_topic_name(), partition) in view.actives | view.standbys
+
+    def _log_damaged(self, damaged: DamagedTables) -> None:
+        """One line per join for every damaged table directory found: a WARNING when it moved
+        some, or when those it could not move are news; their repeats at DEBUG."""
+        kept_news = self._damaged_kept.changed(damaged.kept_paths() or None)
+        if (line := damaged.summary()) is None:
+            return
+        news = bool(damaged.moved) or (kept_news and bool(damaged.kept))
+        log.log(logging.WARNING if news else logging.DEBUG, line)
 
     def _recovery_completed(self) -> bool:
         """Whether Faust's recovery has completed (actives restored) since this worker started:
@@ -804,13 +834,13 @@ def _keeps_state_on_disk(store: Any) -> bool:
 
 
 class _Unparsed(enum.Enum):
-    """A persisted offset that is there but is no offset (a value in a format this reader
-    does not know): state this worker holds but cannot measure."""
+    """A task with a damaged table directory this worker could not move aside: state it
+    holds but cannot measure, and that Faust crashes on."""
 
     VALUE = enum.auto()
 
 
-#: What ``_persisted_offset`` found where the value was no offset.
+#: What ``_held_offset_sum`` answers of a task with a damaged directory left in place.
 _UNPARSED: Literal[_Unparsed.VALUE] = _Unparsed.VALUE
 
 #: Bytes RocksDB's TTL database (Faust's ``options={"ttl": ...}``, rocksdict's
@@ -823,16 +853,17 @@ _TTL_SUFFIX = 4
 _TTL_MIN_TIMESTAMP = 1368146402
 
 
-def _persisted_offset(store: Any, partition: int) -> int | Literal[_Unparsed.VALUE] | None:
+def _persisted_offset(store: Any, partition: int) -> int | DamagedTable | None:
     """The changelog offset Faust's RocksDB ``store`` persisted for ``partition``, read through
     a private read-only handle that is closed right away.
 
     Never through the store's own ``persisted_offset``: that opens the database into the
     store's handle cache from this (the consumer's) thread, where the main thread does not
     expect it, and holds RocksDB's lock on partitions this worker may never get back. ``None``
-    for other stores, a partition with nothing on disk, or a database that cannot be read;
-    ``_UNPARSED`` for a database that opens with a value under the offset key that is no
-    offset.
+    for other stores, a partition with nothing on disk, or a database that cannot be read for
+    a reason other than its files (logged at DEBUG); a ``DamagedTable`` for one Faust crashes
+    on: RocksDB reports its files damaged, or it holds a value under the offset key that is
+    no offset (Faust's own ``int()`` fails on it).
     """
     if not _keeps_state_on_disk(store):
         return None  # nothing survives a restart
@@ -841,7 +872,9 @@ def _persisted_offset(store: Any, partition: int) -> int | Literal[_Unparsed.VAL
         return None
     try:
         raw = _read_raw_offset(store, path)
-    except Exception as exc:  # a corrupt or unreadable store is no state to report
+    except Exception as exc:  # a lock or the disk: the operator's, no state to report
+        if is_damaged_status(exc, path):
+            return DamagedTable(path, str(exc).splitlines()[0][:200] if str(exc) else repr(exc))
         log.debug("no persisted offset in %s: %s", path, exc)
         return None
     if raw is None:
@@ -854,15 +887,7 @@ def _persisted_offset(store: Any, partition: int) -> int | Literal[_Unparsed.VAL
     with contextlib.suppress(ValueError):  # not a number: as a TTL value without its time
         if value is not None:
             return int(value)
-    log.warning(
-        "partition %d's table directory %s holds no offset under the offset key (%r): "
-        "Faust cannot read it either and crashes when assigned that partition; remove "
-        "the directory to restore the partition from its changelog",
-        partition,
-        path,
-        raw[:64],
-    )
-    return _UNPARSED
+    return DamagedTable(path, f"no offset under the offset key: {raw[:32]!r}")
 
 
 def _strip_ttl(raw: bytes) -> bytes | None:
