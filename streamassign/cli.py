@@ -16,6 +16,7 @@ import math
 import os
 import select
 import shlex
+import stat
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -2541,8 +2542,10 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
         raise
     # Two renders of one run are byte-identical: publish tells the new report from the one it
     # replaces by this id (were it report.html, a failed move would call the old one gone).
-    # Readable as the rest of the report is (LocalFiles.write_text makes a private 0600 file).
-    write_atomically(f"{staging}/{REPORT_ID}", f"{report_id}\n".encode(), mode=0o644)
+    # Readable as the rest of the report is: report.html's mode, which follows the umask
+    # (write_atomically would make a private 0600 file, or a fixed mode whatever the umask).
+    html_mode = stat.S_IMODE(os.stat(f"{staging}/report.html").st_mode)
+    write_atomically(f"{staging}/{REPORT_ID}", f"{report_id}\n".encode(), mode=html_mode)
     _publish(files, staging, str(out), report_id, "report", REPORT_ID)
     return out / "report.html"
 
