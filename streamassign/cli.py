@@ -1703,9 +1703,11 @@ def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> N
     table.add_row("load imbalance (per thread, max - min)", f"{m.load_imbalance:.2f}")
     inferred = ", inferred" if score.standbys_inferred else ""
     # Required counts at most processes - 1 per task (``evaluate``): say so beside a larger R,
-    # or "2 per stateful task ... 4 / 4" reads as two copies each.
+    # or "2 per stateful task ... 4 / 4" reads as two copies each. Short: the row fits 80
+    # columns (describe piped, a narrow terminal); stderr's warning says why.
     cap = max(0, m.clients - 1)
-    capped = f", capped at processes - 1 = {cap}" if score.num_standby_replicas > cap else ""
+    fit = f"{cap} fits" if cap == 1 else f"{cap} fit"
+    capped = f"; {fit}" if score.num_standby_replicas > cap else ""
     if has_standbys or not score.standbys_inferred:
         table.add_row(
             f"standbys placed / required ({score.num_standby_replicas} per stateful task"
