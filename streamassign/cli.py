@@ -1334,7 +1334,15 @@ def _check_bootstrap(bootstrap: str) -> None:
     int()``, after a "cannot reach"."""
     from aiokafka.conn import get_ip_port_afi
 
-    for address in bootstrap.strip().split(","):
+    addresses = bootstrap.strip().split(",")
+    for n, address in enumerate(addresses):
+        if not address.strip() and len(addresses) > 1:  # "'' is not HOST:PORT" hides the comma
+            where = "before" if n == 0 else "after"
+            raise click.BadParameter(
+                f"{bootstrap.strip()!r} has an empty address {where} a comma (several: "
+                "HOST:PORT,HOST:PORT)",
+                param_hint="'--bootstrap'",
+            )
         try:
             host, port, _ = get_ip_port_afi(address)
         except ValueError:

@@ -476,7 +476,7 @@ def test_describe_standbys_past_processes_warns_as_plan_does() -> None:
         assert "per stateful task;" not in console.export_text()
 
 
-@pytest.mark.parametrize("address", ["garbage::::", "h:x", "127.0.0.1:99999", "a:1,"])
+@pytest.mark.parametrize("address", ["garbage::::", "h:x", "127.0.0.1:99999", "a:1,b:x"])
 def test_describe_names_a_bootstrap_address_that_is_not_host_port(address: str) -> None:
     """A new user's audit: `-b 'garbage::::'` said "cannot reach garbage::::: invalid literal
     for int() with base 10: ''". Now a usage error names the address, before any connection."""
@@ -487,6 +487,23 @@ def test_describe_names_a_bootstrap_address_that_is_not_host_port(address: str) 
     assert result.output.splitlines()[-1] == (
         f"Error: Invalid value for '--bootstrap': {bad!r} is not HOST:PORT (e.g. "
         "localhost:9092; several: HOST:PORT,HOST:PORT)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("bootstrap", "where"), [("localhost:9092,", "after"), (",localhost:9092", "before")]
+)
+def test_describe_names_an_empty_bootstrap_address_beside_a_comma(
+    bootstrap: str, where: str
+) -> None:
+    """A review: `-b 'localhost:9092,'` said "'' is not HOST:PORT", which hides the cause (a
+    stray comma). The error names it."""
+    pytest.importorskip("aiokafka")
+    result = CliRunner().invoke(main, ["describe", "g", "-b", bootstrap])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[-1] == (
+        f"Error: Invalid value for '--bootstrap': {bootstrap!r} has an empty address {where} a "
+        "comma (several: HOST:PORT,HOST:PORT)"
     )
 
 
