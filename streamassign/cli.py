@@ -16,6 +16,7 @@ import math
 import os
 import select
 import shlex
+import stat
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -608,23 +609,39 @@ def plan(
         _check_task_count(loaded.topology, counts)
         tasks = PartitionGrouper().group(loaded.topology, counts)
         clients, saved = _plan_clients(clients_file, num_clients, threads, MAX_CLIENTS)
-        standbys = _plan_standbys(standbys, saved, clients_file)
+        planned = _plan_standbys(standbys, saved, clients_file)
         stateful = {t for t in tasks if t.subtopology in loaded.topology.stateful_subtopologies}
-        result = StickyTaskAssignor(standbys).assign(tasks, clients, stateful)
+        result = StickyTaskAssignor(planned.count).assign(tasks, clients, stateful)
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     if saved is not None:
-        _warn_other_tasks(saved.tasks, tasks, f"{clients_file}", "the topology")
-    _warn_ignored_input(tasks, clients, standbys, len(stateful))
-    gone, output = saved.departed if saved is not None else {}, (show_moves, as_json)
-    _show_plan(loaded.topology.name, tasks, clients, result, standbys, stateful, output, gone)
+        _warn_other_tasks(
+            _TaskSource(str(clients_file), saved.tasks, saved.group),
+            _TaskSource("the topology", tasks, loaded.topology.name or None),
+        )
+    _warn_ignored_input(tasks, clients, planned.count, len(stateful))
+    departed = saved.departed if saved is not None else {}
+    shown = _PlanResult(tasks, clients, result, planned, stateful, departed)
+    _show_plan(loaded.topology.name, shown, show_moves=show_moves, as_json=as_json)
 
 
-def _plan_standbys(given: int | None, saved: Snapshot | None, clients_file: Path | None) -> int:
+@attrs.frozen
+class _PlannedStandbys:
+    """``plan``'s standbys per stateful task, and whether ``describe`` inferred that count (a
+    saved assignment's, not given to it with ``--standbys``)."""
+
+    count: int
+    inferred: bool = False
+
+
+def _plan_standbys(
+    given: int | None, saved: Snapshot | None, clients_file: Path | None
+) -> _PlannedStandbys:
     """``plan``'s standbys: ``--standbys``, else a saved assignment's (a what-if from a group
-    running with standbys would otherwise drop them all), said on stderr; else 0."""
+    running with standbys would otherwise drop them all), said on stderr; else 0. A count
+    that may be below the app's (:func:`_standby_doubt`) is said too."""
     if given is not None or saved is None:
-        return given or 0
+        return _PlannedStandbys(given or 0)
     count = saved.num_standby_replicas
     if count is None:  # a hand-written file (or plan --json's before it said its count)
         most = saved.most_standbys()
@@ -635,49 +652,112 @@ def _plan_standbys(given: int | None, saved: Snapshot | None, clients_file: Path
                 "give --standbys",
                 err=True,
             )
-        return 0
-    if count:  # 0 is the default without a file too: nothing to say
+        return _PlannedStandbys(0)
+    doubt = _standby_doubt(saved, count, f"{clients_file}")
+    if doubt:
+        click.echo(doubt, err=True)
+    elif count:  # 0 is the default without a file too: nothing to say
         how = ", which describe inferred: the most any task had" if saved.standbys_inferred else ""
         click.echo(
             f"note: --standbys {count} from {clients_file} (its num_standby_replicas{how}); "
             "give --standbys for the app's",
             err=True,
         )
-    return count
+    return _PlannedStandbys(count, saved.standbys_inferred)
 
 
-def _warn_other_tasks(
-    theirs: Mapping[TaskId, frozenset[TopicPartition]],
-    ours: Mapping[TaskId, frozenset[TopicPartition]],
-    where: str,
-    other: str,
-) -> None:
-    """One warning line when tasks of one id read other partitions in ``theirs`` (a saved
-    assignment, ``where``) than in ``ours`` (``other``: the topology, or a second file): the
-    two describe different applications (or topics), yet tasks are matched by id alone."""
+def _standby_doubt(saved: Snapshot, count: int, where: str) -> str | None:
+    """The line to print when a saved assignment's stated standbys per task (``count``) may
+    be fewer than the app runs: fewer than some task holds in the file (a warning), or
+    inferred at the cap its processes set (each holds at most processes - 1 copies of a task,
+    so a group of one process shows 0 whatever the app's count; a note). None otherwise."""
+    most = saved.most_standbys()
+    if count < most:
+        return (
+            f"warning: {where} states num_standby_replicas {count} but holds up to {most} per "
+            f"task: planned with {count}, which drops standbys; give --standbys for the app's"
+        )
+    processes = len({pid for pid, _ in saved.reports}) or len(saved.views)
+    if saved.standbys_inferred and count >= processes - 1:
+        return (
+            f"note: --standbys {count} from {where}, which describe inferred from "
+            f"{counted(processes, 'process', 'processes')} (at most {max(0, processes - 1)} per "
+            "task fit): the app may run more; give --standbys N for the app's"
+        )
+    return None
+
+
+@attrs.frozen
+class _TaskSource:
+    """One side of a comparison of task partitions: its name in messages (a file, or "the
+    topology"), per task its source partitions, and the group (application id) it belongs to
+    (None: it does not say)."""
+
+    name: str
+    tasks: Mapping[TaskId, frozenset[TopicPartition]]
+    group: str | None
+
+
+def _warn_other_tasks(earlier: _TaskSource, later: _TaskSource) -> None:
+    """One warning line when tasks of one id read other partitions in ``later`` than in
+    ``earlier``: tasks are matched by id alone. Worded as a topology change (topics added to
+    a subtopology mid-roll) when both are one application's (:func:`_one_application`), else
+    as a mix-up of two applications' files."""
     differ = sorted(
-        t for t in theirs.keys() & ours.keys() if theirs[t] and ours[t] and theirs[t] != ours[t]
+        t
+        for t in earlier.tasks.keys() & later.tasks.keys()
+        if earlier.tasks[t] and later.tasks[t] and earlier.tasks[t] != later.tasks[t]
     )
     if not differ:
         return
-    first = differ[0]
-    their_topics = {tp.topic for parts in theirs.values() for tp in parts}
-    our_topics = {tp.topic for parts in ours.values() for tp in parts}
-    if their_topics != our_topics:
+    old_topics, new_topics = _topics_of(earlier.tasks), _topics_of(later.tasks)
+    one_application = _one_application(earlier, later, old_topics, new_topics)
+    if old_topics == new_topics:
+        first = differ[0]
         detail = (
-            f"its topics {_task_list(sorted(their_topics), 4)}, {other}'s "
-            f"{_task_list(sorted(our_topics), 4)}"
+            f"{first}: {_partition_list(earlier.tasks[first])} in {earlier.name}; "
+            f"{_partition_list(later.tasks[first])} in {later.name}"
         )
+    elif one_application:
+        changes = [("added", new_topics - old_topics), ("removed", old_topics - new_topics)]
+        detail = "; ".join(f"{how} {_topic_names(ts)}" for how, ts in changes if ts)
     else:
         detail = (
-            f"{first} is {_partition_list(theirs[first])} there, "
-            f"{_partition_list(ours[first])} in {other}"
+            f"topics of {earlier.name}: {_task_list(sorted(old_topics), 4)}; "
+            f"of {later.name}: {_task_list(sorted(new_topics), 4)}"
         )
-    click.echo(
-        f"warning: {where}: {counted(len(differ), 'task')} read other partitions than in "
-        f"{other} ({detail}); tasks are matched by id alone: is it the same application?",
-        err=True,
+    differing = (
+        f"warning: {counted(len(differ), 'task')} read other partitions in {later.name} "
+        f"than in {earlier.name}"
     )
+    if one_application:
+        click.echo(f"{differing}: a topology change ({detail}); tasks are matched by id", err=True)
+    else:
+        click.echo(
+            f"{differing} ({detail}); tasks are matched by id alone: is it the same application?",
+            err=True,
+        )
+
+
+def _one_application(
+    earlier: _TaskSource, later: _TaskSource, old_topics: set[str], new_topics: set[str]
+) -> bool:
+    """Whether two sides of other task partitions are one application's, changed: by their
+    group names when both say one (a topology's name is its application id, the group's
+    name), else by sharing a source topic."""
+    if earlier.group and later.group:
+        return earlier.group == later.group
+    return bool(old_topics & new_topics)
+
+
+def _topics_of(tasks: Mapping[TaskId, frozenset[TopicPartition]]) -> set[str]:
+    return {tp.topic for parts in tasks.values() for tp in parts}
+
+
+def _topic_names(topics: set[str]) -> str:
+    """``topic a`` or ``topics a, b``."""
+    noun = "topic" if len(topics) == 1 else "topics"
+    return f"{noun} {_task_list(sorted(topics), 4)}"
 
 
 def _plan_clients(
@@ -742,31 +822,29 @@ def _is_json(path: Path) -> bool:
     return True
 
 
-def _show_plan(
-    name: str,
-    tasks: Mapping[TaskId, frozenset[TopicPartition]],
-    clients: Sequence[ClientState],
-    result: Mapping[str, ClientAssignment],
-    standbys: int,
-    stateful: set[TaskId],
-    output: tuple[bool, bool],
-    departed: Mapping[str, ClientView],
-) -> None:
-    """Print ``plan``'s result: tables (and the moves with ``show_moves``), or JSON
-    (``output``: ``(show_moves, as_json)``). ``departed``: processes a what-if removed from a
-    saved assignment, with what they ran (their tasks moved off a client that left)."""
-    show_moves, as_json = output
-    metrics = evaluate(tasks, clients, result, standbys, stateful)
+@attrs.frozen
+class _PlanResult:
+    """What ``plan`` shows: the topology's ``tasks``, the ``clients`` and their ``result``,
+    the ``standbys`` planned, the ``stateful`` tasks, and ``departed``: processes a what-if
+    removed from a saved assignment, with what they ran (their tasks moved off a client that
+    left)."""
+
+    tasks: Mapping[TaskId, frozenset[TopicPartition]]
+    clients: Sequence[ClientState]
+    result: Mapping[str, ClientAssignment]
+    standbys: _PlannedStandbys
+    stateful: set[TaskId]
+    departed: Mapping[str, ClientView]
+
+
+def _show_plan(name: str, shown: _PlanResult, *, show_moves: bool, as_json: bool) -> None:
+    """Print ``plan``'s result: tables (and the moves with ``show_moves``), or JSON."""
+    tasks, clients, result, stateful = shown.tasks, shown.clients, shown.result, shown.stateful
+    metrics = evaluate(tasks, clients, result, shown.standbys.count, stateful)
     per_thread = {c.process_id: _threads_of(c, result[c.process_id], stateful) for c in clients}
     lags = {c.process_id: c.lags for c in clients}
-    # Only tasks no present client claims: a departed row never outranks a present owner.
-    claimed = {t for c in clients for t in c.prev_active}
-    gone = {
-        pid: ClientView(None, ClientAssignment(v.assignment.active - claimed, v.assignment.standby))
-        for pid, v in departed.items()
-    }
     moves = explain(
-        gone | views_from_clients(clients),
+        _before_views(clients, shown.departed),
         views_from_assignment(result, {c.process_id: c.capacity for c in clients}),
         lags,
         stateful,
@@ -776,14 +854,29 @@ def _show_plan(
         capacities = {c.process_id: c.capacity for c in clients}
         data = _as_json(tasks, result, per_thread, metrics, capacities) | _moves_json(moves)
         # What a what-if from this file (plan --clients) takes as its default --standbys.
-        data["metrics"]["num_standby_replicas"] = standbys
+        data["metrics"]["num_standby_replicas"] = shown.standbys.count
+        data["metrics"]["num_standby_replicas_inferred"] = shown.standbys.inferred
         click.echo(json.dumps(data, indent=2))
     else:
         _print_tables(name, tasks, clients, result, per_thread, metrics)
         if show_moves:
             # Labelled as describe labels them: rich cut full UUIDs at 80 columns (…).
-            labels = _process_labels([*(c.process_id for c in clients), *departed])
+            labels = _process_labels([*(c.process_id for c in clients), *shown.departed])
             _print_moves(_Stdout(), moves, labels=labels)
+
+
+def _before_views(
+    clients: Sequence[ClientState], departed: Mapping[str, ClientView]
+) -> dict[str, ClientView]:
+    """The assignment a plan moves tasks from: the clients' own, and the ``departed``
+    processes' for the tasks no present client claims (a departed row never outranks a
+    present owner)."""
+    claimed = {t for c in clients for t in c.prev_active}
+    gone = {
+        pid: ClientView(None, ClientAssignment(v.assignment.active - claimed, v.assignment.standby))
+        for pid, v in departed.items()
+    }
+    return gone | views_from_clients(clients)
 
 
 def _warn_ignored_input(
@@ -1158,7 +1251,10 @@ def _warn_unrelated(old: Snapshot, new: Snapshot, before: Path, after: Path) -> 
             "compared as one group's",
             err=True,
         )
-    _warn_other_tasks(new.tasks, old.tasks, str(after), str(before))
+    _warn_other_tasks(
+        _TaskSource(str(before), old.tasks, old.group),
+        _TaskSource(str(after), new.tasks, new.group),
+    )
 
 
 def _landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]:
@@ -1238,7 +1334,15 @@ def _check_bootstrap(bootstrap: str) -> None:
     int()``, after a "cannot reach"."""
     from aiokafka.conn import get_ip_port_afi
 
-    for address in bootstrap.strip().split(","):
+    addresses = bootstrap.strip().split(",")
+    for n, address in enumerate(addresses):
+        if not address.strip() and len(addresses) > 1:  # "'' is not HOST:PORT" hides the comma
+            where = "before" if n == 0 else "after"
+            raise click.BadParameter(
+                f"{bootstrap.strip()!r} has an empty address {where} a comma (several: "
+                "HOST:PORT,HOST:PORT)",
+                param_hint="'--bootstrap'",
+            )
         try:
             host, port, _ = get_ip_port_afi(address)
         except ValueError:
@@ -1607,9 +1711,11 @@ def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> N
     table.add_row("load imbalance (per thread, max - min)", f"{m.load_imbalance:.2f}")
     inferred = ", inferred" if score.standbys_inferred else ""
     # Required counts at most processes - 1 per task (``evaluate``): say so beside a larger R,
-    # or "2 per stateful task ... 4 / 4" reads as two copies each.
+    # or "2 per stateful task ... 4 / 4" reads as two copies each. Short: the row fits 80
+    # columns (describe piped, a narrow terminal); stderr's warning says why.
     cap = max(0, m.clients - 1)
-    capped = f", capped at processes - 1 = {cap}" if score.num_standby_replicas > cap else ""
+    fit = f"{cap} fits" if cap == 1 else f"{cap} fit"
+    capped = f"; {fit}" if score.num_standby_replicas > cap else ""
     if has_standbys or not score.standbys_inferred:
         table.add_row(
             f"standbys placed / required ({score.num_standby_replicas} per stateful task"
@@ -2446,8 +2552,10 @@ def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | Non
         raise
     # Two renders of one run are byte-identical: publish tells the new report from the one it
     # replaces by this id (were it report.html, a failed move would call the old one gone).
-    # Readable as the rest of the report is (LocalFiles.write_text makes a private 0600 file).
-    write_atomically(f"{staging}/{REPORT_ID}", f"{report_id}\n".encode(), mode=0o644)
+    # Readable as the rest of the report is: report.html's mode, which follows the umask
+    # (write_atomically would make a private 0600 file, or a fixed mode whatever the umask).
+    html_mode = stat.S_IMODE(os.stat(f"{staging}/report.html").st_mode)
+    write_atomically(f"{staging}/{REPORT_ID}", f"{report_id}\n".encode(), mode=html_mode)
     _publish(files, staging, str(out), report_id, "report", REPORT_ID)
     return out / "report.html"
 

@@ -456,10 +456,13 @@ def test_describe_standbys_past_processes_warns_as_plan_does() -> None:
     assert _standby_cap_warning(score) == (
         "warning: --standbys 2 needs 3 processes; with 2 each stateful task gets 1 standby"
     )
-    console = _Stdout(width=120, record=True)
+    console = _Stdout(width=80, record=True)
     _print_group(console, view, score)
-    text = " ".join(console.export_text().split())
-    assert "(2 per stateful task, capped at processes - 1 = 1) │ 4 / 4" in text
+    # On one line at 80 columns (a review: the row wrapped in a pipe or narrow terminal).
+    rows = [line for line in console.export_text().splitlines() if "standbys placed" in line]
+    assert len(rows) == 1 and len(rows[0]) <= 80, rows
+    row = " ".join(rows[0].split())
+    assert "│ standbys placed / required (2 per stateful task; 1 fits) │ 4 / 4 │" in row
     # plan's line for the same case, from the same function.
     code, out = plan(ORDERS, "--num-clients", "2", "--standbys", "2", "--json")
     assert code == 0
@@ -470,10 +473,10 @@ def test_describe_standbys_past_processes_warns_as_plan_does() -> None:
         assert _standby_cap_warning(score) is None
         console = _Stdout(width=120, record=True)
         _print_group(console, view, score)
-        assert "capped" not in console.export_text()
+        assert "per stateful task;" not in console.export_text()
 
 
-@pytest.mark.parametrize("address", ["garbage::::", "h:x", "127.0.0.1:99999", "a:1,"])
+@pytest.mark.parametrize("address", ["garbage::::", "h:x", "127.0.0.1:99999", "a:1,b:x"])
 def test_describe_names_a_bootstrap_address_that_is_not_host_port(address: str) -> None:
     """A new user's audit: `-b 'garbage::::'` said "cannot reach garbage::::: invalid literal
     for int() with base 10: ''". Now a usage error names the address, before any connection."""
@@ -484,6 +487,23 @@ def test_describe_names_a_bootstrap_address_that_is_not_host_port(address: str) 
     assert result.output.splitlines()[-1] == (
         f"Error: Invalid value for '--bootstrap': {bad!r} is not HOST:PORT (e.g. "
         "localhost:9092; several: HOST:PORT,HOST:PORT)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("bootstrap", "where"), [("localhost:9092,", "after"), (",localhost:9092", "before")]
+)
+def test_describe_names_an_empty_bootstrap_address_beside_a_comma(
+    bootstrap: str, where: str
+) -> None:
+    """A review: `-b 'localhost:9092,'` said "'' is not HOST:PORT", which hides the cause (a
+    stray comma). The error names it."""
+    pytest.importorskip("aiokafka")
+    result = CliRunner().invoke(main, ["describe", "g", "-b", bootstrap])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[-1] == (
+        f"Error: Invalid value for '--bootstrap': {bootstrap!r} has an empty address {where} a "
+        "comma (several: HOST:PORT,HOST:PORT)"
     )
 
 

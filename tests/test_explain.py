@@ -1199,9 +1199,12 @@ def test_plan_explain_and_diff_print_process_ids_and_file_names_verbatim(tmp_pat
     assert code == 0 and "a[red]b.json -> [b]c.json" in diff and "d[/]" in diff, diff
 
 
-def _live(path: Path, group: str, topic: str, standbys: int | None = 1) -> str:
+def _live(
+    path: Path, group: str, topic: str, standbys: int | None = 1, inferred: bool = True
+) -> str:
     """A ``describe --json`` file of a 2-process group reading ``topic`` (4 partitions), one
-    standby per task, ``quality.num_standby_replicas`` = ``standbys`` (None: no quality)."""
+    standby per task, ``quality.num_standby_replicas`` = ``standbys`` (None: no quality),
+    ``inferred`` by describe or not."""
     assignment = {
         "p1": {"capacity": 1, "active": ["0_0", "0_1"], "standby": ["0_2", "0_3"]},
         "p2": {"capacity": 1, "active": ["0_2", "0_3"], "standby": ["0_0", "0_1"]},
@@ -1227,9 +1230,15 @@ def _live(path: Path, group: str, topic: str, standbys: int | None = 1) -> str:
         "members": members,
     }
     if standbys is not None:
-        data["quality"] = {"num_standby_replicas": standbys, "num_standby_replicas_inferred": True}
+        data["quality"] = {
+            "num_standby_replicas": standbys,
+            "num_standby_replicas_inferred": inferred,
+        }
     path.write_text(json.dumps(data))
     return str(path)
+
+
+_COUNTS = "[partitions]\nclicks = 4\npromos = 4\n"
 
 
 def _invoke(*args: str) -> tuple[int, str, str]:
@@ -1246,13 +1255,60 @@ def test_plan_from_a_snapshot_of_other_topics_warns(tmp_path: Path) -> None:
     code, _, err = _invoke("plan", str(topology), "--clients", other)
     assert code == 0
     assert (
-        f"warning: {other}: 4 tasks read other partitions than in the topology (its topics "
-        "views, the topology's clicks); tasks are matched by id alone: is it the same "
-        "application?"
+        f"warning: 4 tasks read other partitions in the topology than in {other} (topics of "
+        f"{other}: views; of the topology: clicks); tasks are matched by id alone: is it the "
+        "same application?"
     ) in err.splitlines()
     same = _live(tmp_path / "same.json", "clicks-app", "clicks")
     code, _, err = _invoke("plan", str(topology), "--clients", same)
     assert code == 0 and "warning" not in err
+
+
+def test_a_topic_added_mid_roll_is_a_topology_change_not_another_application(
+    tmp_path: Path,
+) -> None:
+    """A review: adding a source topic to a subtopology during a roll (the moment a what-if or
+    an explain is run) asked "is it the same application?". Sharing a topic, or the group's
+    name, makes it one application's topology change, said with the topics added and removed;
+    two names that differ still ask."""
+    now = _live(tmp_path / "now.json", "clicks-app", "clicks")
+    added = tmp_path / "added.toml"  # unnamed: the shared topic tells
+    added.write_text(CLICKS.replace('["clicks"]', '["clicks", "promos"]') + _COUNTS)
+    code, _, err = _invoke("plan", str(added), "--clients", now)
+    assert code == 0
+    assert err.splitlines()[-1] == (
+        f"warning: 4 tasks read other partitions in the topology than in {now}: a topology "
+        "change (added topic promos); tasks are matched by id"
+    )
+    # Named as the group (its application id): every topic replaced is still a change.
+    renamed = tmp_path / "renamed.toml"
+    renamed.write_text('name = "clicks-app"\n' + CLICKS.replace('"clicks"', '"hits", "views"'))
+    renamed.write_text(renamed.read_text() + "[partitions]\nhits = 4\nviews = 4\n")
+    code, _, err = _invoke("plan", str(renamed), "--clients", now)
+    assert code == 0
+    assert err.splitlines()[-1] == (
+        f"warning: 4 tasks read other partitions in the topology than in {now}: a topology "
+        "change (added topics hits, views; removed topic clicks); tasks are matched by id"
+    )
+    # Another application's name, topics shared: asked.
+    other = tmp_path / "other.toml"
+    other.write_text('name = "promos-app"\n' + added.read_text())
+    code, _, err = _invoke("plan", str(other), "--clients", now)
+    assert code == 0 and err.splitlines()[-1].endswith("is it the same application?"), err
+    # explain of one group's snapshots across the change.
+    later = json.loads(Path(now).read_text())
+    later["tasks"] = {f"0_{n}": [["clicks", n], ["promos", n]] for n in range(4)}
+    after = tmp_path / "after.json"
+    after.write_text(json.dumps(later))
+    for command in ("explain", "diff"):
+        code, _, err = _invoke(command, now, str(after))
+        assert (code, err.splitlines()) == (
+            0,
+            [
+                f"warning: 4 tasks read other partitions in {after} than in {now}: a topology "
+                "change (added topic promos); tasks are matched by id"
+            ],
+        )
 
 
 def test_explain_and_diff_of_two_groups_warn(tmp_path: Path) -> None:
@@ -1268,7 +1324,11 @@ def test_explain_and_diff_of_two_groups_warn(tmp_path: Path) -> None:
             f"warning: {before} is of group 'clicks-app', {after} of group 'payments-prod': "
             "compared as one group's"
         )
-        assert lines[1].startswith(f"warning: {after}: 4 tasks read other partitions than in")
+        assert lines[1] == (
+            f"warning: 4 tasks read other partitions in {after} than in {before} (topics of "
+            f"{before}: clicks; of {after}: payments); tasks are matched by id alone: is it the "
+            "same application?"
+        )
     code, _, err = _invoke("explain", before, before)
     assert (code, err) == (0, "")
 
@@ -1279,12 +1339,11 @@ def test_a_what_if_from_a_snapshot_keeps_its_standby_count(tmp_path: Path) -> No
     on stderr; a file stating none plans 0 with a warning; --standbys wins."""
     topology = tmp_path / "clicks.toml"
     topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
-    now = _live(tmp_path / "now.json", "clicks-app", "clicks")
+    now = _live(tmp_path / "now.json", "clicks-app", "clicks", inferred=False)
     code, out, err = _invoke("plan", str(topology), "--clients", now, "--json")
     assert code == 0
     assert err.splitlines() == [
-        f"note: --standbys 1 from {now} (its num_standby_replicas, which describe inferred: "
-        "the most any task had); give --standbys for the app's"
+        f"note: --standbys 1 from {now} (its num_standby_replicas); give --standbys for the app's"
     ]
     data = json.loads(out)
     assert data["standby_moves"] == [] and data["metrics"]["standbys_dropped"] == 0
@@ -1294,6 +1353,7 @@ def test_a_what_if_from_a_snapshot_keeps_its_standby_count(tmp_path: Path) -> No
     planned.write_text(out)
     code, _, err = _invoke("plan", str(topology), "--clients", str(planned))
     assert code == 0 and err.startswith(f"note: --standbys 1 from {planned}")
+    assert json.loads(out)["metrics"]["num_standby_replicas_inferred"] is False
     code, out, err = _invoke("plan", str(topology), "--clients", now, "--standbys", "0", "--json")
     assert (code, err) == (0, "") and json.loads(out)["metrics"]["standbys_dropped"] == 4
     unstated = _live(tmp_path / "unstated.json", "clicks-app", "clicks", standbys=None)
@@ -1302,6 +1362,60 @@ def test_a_what_if_from_a_snapshot_keeps_its_standby_count(tmp_path: Path) -> No
     assert err.splitlines() == [
         f"warning: {unstated} states no num_standby_replicas and --standbys is not given: "
         "planned with 0, which drops its standbys (up to 1 per task); give --standbys"
+    ]
+
+
+def test_a_what_if_says_when_the_snapshot_may_hold_fewer_standbys_than_the_app(
+    tmp_path: Path,
+) -> None:
+    """A review: a what-if silently planned fewer standbys than the app runs. An inferred
+    count at the cap the snapshot's processes set (0 from one process) gets a note naming
+    --standbys, also for 0 and when the what-if adds a process; a stated count below what
+    the file holds, a warning. An inferred count below the cap keeps the plain note."""
+    topology = tmp_path / "clicks.toml"
+    topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
+    solo = json.loads(Path(_live(tmp_path / "x.json", "clicks-app", "clicks", 0)).read_text())
+    solo["assignment"] = {"p1": {"capacity": 1, "active": [f"0_{n}" for n in range(4)]}}
+    solo["members"] = solo["members"][:1]
+    solo["assignment"]["new-host"] = {"capacity": 1}  # the docs' scale-out what-if
+    scale_out = tmp_path / "scale-out.json"
+    scale_out.write_text(json.dumps(solo))
+    code, out, err = _invoke("plan", str(topology), "--clients", str(scale_out), "--json")
+    # plan --json says describe inferred it: a what-if of this what-if says so too.
+    metrics = json.loads(out)["metrics"]
+    assert code == 0 and (
+        metrics["num_standby_replicas"],
+        metrics["num_standby_replicas_inferred"],
+    ) == (0, True)
+    assert err.splitlines() == [
+        f"note: --standbys 0 from {scale_out}, which describe inferred from 1 process (at most "
+        "0 per task fit): the app may run more; give --standbys N for the app's"
+    ]
+    # At the cap of 2 processes (1 per task fit): a note too.
+    at_cap = _live(tmp_path / "at-cap.json", "clicks-app", "clicks")
+    code, _, err = _invoke("plan", str(topology), "--clients", at_cap)
+    assert code == 0 and err.splitlines()[0].endswith(
+        "which describe inferred from 2 processes (at most 1 per task fit): the app may run "
+        "more; give --standbys N for the app's"
+    )
+    # Below the cap (a third process): the plain note.
+    three = json.loads(Path(at_cap).read_text())
+    three["assignment"]["p3"] = {"capacity": 1}
+    three["members"].append({**three["members"][0], "member_id": "m-p3", "process": "p3"})
+    below = tmp_path / "below.json"
+    below.write_text(json.dumps(three))
+    code, _, err = _invoke("plan", str(topology), "--clients", str(below))
+    assert code == 0 and err.splitlines() == [
+        f"note: --standbys 1 from {below} (its num_standby_replicas, which describe inferred: "
+        "the most any task had); give --standbys for the app's"
+    ]
+    # describe --standbys 0 of a group running 1 per task: planned with 0, warned.
+    stated = _live(tmp_path / "stated.json", "clicks-app", "clicks", 0, inferred=False)
+    code, out, err = _invoke("plan", str(topology), "--clients", stated, "--json")
+    assert code == 0 and json.loads(out)["metrics"]["standbys_dropped"] == 4
+    assert err.splitlines() == [
+        f"warning: {stated} states num_standby_replicas 0 but holds up to 1 per task: planned "
+        "with 0, which drops standbys; give --standbys for the app's"
     ]
 
 

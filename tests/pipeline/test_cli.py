@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -1598,11 +1599,13 @@ def test_a_report_failing_after_a_complete_run_is_one_line_naming_the_run(
         cli._render(SimpleNamespace(), str(tmp_path), tmp_path / "report")
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077])
 def test_the_report_id_is_as_readable_as_the_report(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, umask: int
 ) -> None:
     """A new user's audit: report-id.txt was 0600 (a private temporary file's mode) beside a
-    0644 report: a served or shared report folder had one unreadable file."""
+    0644 report: a served or shared report folder had one unreadable file. A review: then it
+    was 0644 whatever the umask, beside a 0600 report. It has the report's mode."""
     from streamassign import cli
     from streamassign.pipeline import progress, report
     from streamassign.pipeline import spark as sp
@@ -1615,5 +1618,10 @@ def test_the_report_id_is_as_readable_as_the_report(
     monkeypatch.setattr(sp, "aggregate", lambda *a: None)
     monkeypatch.setattr(report, "render_report", render_report)
     out = tmp_path / "report"
-    cli._render(SimpleNamespace(), str(tmp_path), out)
-    assert (out / cli.REPORT_ID).stat().st_mode & 0o777 == 0o644
+    previous = os.umask(umask)
+    try:
+        cli._render(SimpleNamespace(), str(tmp_path), out)
+    finally:
+        os.umask(previous)
+    modes = {(out / name).stat().st_mode & 0o777 for name in ("report.html", cli.REPORT_ID)}
+    assert modes == {0o666 & ~umask}
