@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 from unittest import mock
 
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 
 import streamassign.streams as streams_module
 from streamassign import ClientState, StickyTaskAssignor, Subtopology, TaskId, Topology
-from streamassign.eligibility import move_to_eligible_clients
+from streamassign.eligibility import MemberReading, group_eligibility, move_to_eligible_clients
 from streamassign.protocol import LATEST_OFFSET, NEVER, SubscriptionInfo
 from streamassign.streams import MemberAssignment, MemberSubscription, ProbingMemory
 from streamassign.versions import subtopology_topic_indices
@@ -343,3 +345,42 @@ def test_a_role_swap_for_an_unchanged_id_still_probes_while_the_group_is_mixed()
     )
     assert t00 in out["m0"].info.active and t00 in out["m1"].info.standby
     assert all(a.info.next_rebalance_ms == 600_000 for a in out.values())
+
+
+#: Per member, what it announces for the leader's ids 0 (reads a) and 1 (reads b).
+ON_DEMAND_ANNOUNCED = {
+    "x": {0: frozenset({"a"}), 1: frozenset({"b"})},
+    "y": {0: frozenset({"z"}), 1: frozenset({"b"})},
+    "w": {0: frozenset({"a"}), 1: frozenset({"z"})},
+    "v": {},
+    "u": {0: frozenset({"a"})},
+}
+
+
+class _ReadingsOnDemand(Mapping[str, MemberReading]):
+    """Member id -> its reading, made when asked and freed after use (a caller decoding
+    members lazily): each announcement is a fresh object, often at a freed one's address."""
+
+    def __getitem__(self, member: str) -> MemberReading:
+        announced = MappingProxyType(ON_DEMAND_ANNOUNCED[member])
+        return MemberReading("p", frozenset({"a", "b", "z"}), announced)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ON_DEMAND_ANNOUNCED)
+
+    def __len__(self) -> int:
+        return len(ON_DEMAND_ANNOUNCED)
+
+
+def test_readings_made_on_demand_get_their_own_refused_ids() -> None:
+    own = {0: frozenset({"a"}), 1: frozenset({"b"})}
+    lazy = group_eligibility(own, _ReadingsOnDemand())
+    eager = group_eligibility(own, dict(_ReadingsOnDemand().items()))
+    assert lazy == eager
+    assert dict(lazy.refused) == {
+        "x": frozenset(),
+        "y": frozenset({0}),
+        "w": frozenset({1}),
+        "v": frozenset({0, 1}),
+        "u": frozenset({1}),
+    }
