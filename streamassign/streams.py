@@ -231,9 +231,9 @@ def decode_subscriptions(
             info = _identity_only(data, max_version, leader_ids)
             log.warning("member %s: %s; treating it as having no history", member, exc)
         sub = MemberSubscription(topics, info)
-        # A member subscribing to no topic was logged by whoever read its metadata (a null
-        # topic name or list: ``wire.readable_subscriptions``); its announcement's indices
-        # then point past nothing, which is no news: not logged again.
+        # A member subscribing to no topic was logged by whoever read its metadata (an empty
+        # or null topic list, a null name: ``wire.readable_subscriptions``); its
+        # announcement's indices then point past nothing, which is no news: not logged again.
         decoded[member] = _resolved(topology, sub, member if sub.topics else None, resolutions)
     # Only members that can get tasks draw on the pool, in member order, as in assign_streams.
     eligible = _may_get_tasks(topology, decoded)
@@ -1013,7 +1013,7 @@ def _subscribing_members(
     eligible = _may_get_tasks(topology, members)
     compatible = {m: s for m, s in members.items() if m in eligible}
     for member in sorted(set(members) - set(compatible)):
-        if not members[member].topics:  # unreadable topics: logged where read (once a round)
+        if not members[member].topics:  # empty or unreadable: logged where read, once a round
             log.debug("member %s subscribes to no topic; it gets no tasks", member)
             continue
         missing = sorted(needed - members[member].topics)
