@@ -317,7 +317,7 @@ class GroupView:
         if own is None:
             return False
         read, unread = self._eligibility_if(own, True), self._eligibility_if(own, False)
-        return not _same(read, unread) and self._leader_reading_known(read, unread) is None
+        return not _same_withheld(read, unread) and self._leader_reading_known(read, unread) is None
 
     def stalled(self) -> dict[str, frozenset[TaskId]]:
         """Per process, the actives it holds that its members' guards refuse: of a leader's
@@ -401,7 +401,7 @@ class GroupView:
         if own is None:
             return None
         read, unread = self._eligibility_if(own, True), self._eligibility_if(own, False)
-        if _same(read, unread):
+        if _same_withheld(read, unread):
             return read
         return unread if self._leader_reading_known(read, unread) is False else read
 
@@ -612,7 +612,7 @@ def _announcement(
     return attrs.evolve(view, announced=announced, topology_version=announced_version(announced))
 
 
-def _same(read: GroupEligibility, unread: GroupEligibility) -> bool:
+def _same_withheld(read: GroupEligibility, unread: GroupEligibility) -> bool:
     """Whether two readings withhold the same ids from the same processes: which reading the
     leader makes then changes nothing ``describe`` shows."""
     return (read.withheld, read.blind) == (unread.withheld, unread.blind)
