@@ -85,7 +85,7 @@ def printed(view: GroupView, score: GroupQuality | None = None) -> str:
 
 
 def pinned_group() -> list[RawMember]:
-    """The review's live group: the pinned leader (p1, V2 at protocol 2), p2 of V1B and p3 of
+    """A live rolling-upgrade group: the pinned leader (p1, V2 at protocol 2), p2 of V1B and p3 of
     V2 at protocol 3. The leader reads no announcement: p2 subscribes to every source topic,
     so it gets tasks of id 2, which its guard refuses."""
     members = {
@@ -218,7 +218,7 @@ def test_when_it_is_unknown_whether_the_leader_reads_announcements_the_line_says
 
 
 def test_a_blind_member_sharing_a_process_id_makes_no_clash() -> None:
-    """The review's ``shared_blind.py``: pid 1 on p:80 (V2, protocol 3) and on q:80 (V1 at
+    """A process id shared by a blind member: pid 1 on p:80 (V2, protocol 3) and on q:80 (V1 at
     protocol 2, not subscribing to n: it may get no task). The leader keys and checks only the
     members that may get tasks, and so does describe; two such members still clash."""
     members = {
