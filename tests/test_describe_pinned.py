@@ -235,6 +235,29 @@ def test_a_blind_member_sharing_a_process_id_makes_no_clash() -> None:
     assert str(shared) == str(pid(1))
 
 
+def test_a_split_that_depends_on_the_unknown_reading_says_it_is_unknown() -> None:
+    """Pid 3 on p3:80 and q3:80 (V2 at protocol 2: a copied state directory), and m4 of V1
+    on p3:80 announcing, not subscribing to n, under a pinned leader assigning at 2. A leader
+    reading announcements keys m4 to p3:80 with m2; this one, reading none, gives m4 nothing
+    and keys only m2 there. The bytes do not tell which: describe splits as a reading leader
+    and says the reading is unknown, though no member announces ids that differ."""
+    members = {
+        "m1": subscription(V2, 1, version=2),
+        "m2": subscription(V2, 3, version=2, endpoint="p3:80"),
+        "m3": subscription(V2, 3, version=2, endpoint="q3:80"),
+        "m4": subscription(V1, 3, endpoint="p3:80"),
+    }
+    view = view_of(described(members, leader_version=2))
+    assert view.announcements_read() is None
+    assert view.split_by_unknown_reading and view.reading_unknown()
+    assert {m.member_id: m.process for m in view.members}["m4"] == f"{pid(3)}#p3:80"
+    (line,) = [p for p in quality(view).problems if "topology announcements is unknown" in p]
+    assert line.startswith("whether the leader reads topology announcements is unknown")
+    members["m4"] = subscription(V2, 3, endpoint="p3:80")  # subscribes to n: either reading
+    view = view_of(described(members, leader_version=2))
+    assert not view.split_by_unknown_reading and not view.reading_unknown()
+
+
 def test_the_styled_lines_print_a_trailing_backslash_as_it_is() -> None:
     members = {"m1": subscription(V2, 1), "m3": subscription(V2, 3)}
     view = view_of(described(members, leader_version=3), group="x\\\\")
