@@ -83,16 +83,18 @@ def group_eligibility(
     refused: dict[str, frozenset[int]] = {}
     by_process: dict[str, list[frozenset[int]]] = {}
     # The leader resolves each announcement once a round, so members of one topology version
-    # share one ``announced`` object: its ids are worked out once (``members`` keeps every
-    # object alive for the call, so no id is reused).
-    by_announcement: dict[int, frozenset[int]] = {}
+    # share one ``announced`` object: its ids are worked out once. The memo holds each object
+    # it keys by ``id``, so no other takes that id during the call, even from a mapping that
+    # makes its readings on demand and frees each after use.
+    by_announcement: dict[int, tuple[object, frozenset[int]]] = {}
     for member, reading in members.items():
         ids = by_process.setdefault(reading.process, [])
         if reading.announced is not None or sources <= reading.topics:
             key = id(reading.announced)
             if key not in by_announcement:
-                by_announcement[key] = member_ineligible_subtopologies(own, reading.announced)
-            refused[member] = by_announcement[key]
+                ineligible = member_ineligible_subtopologies(own, reading.announced)
+                by_announcement[key] = (reading.announced, ineligible)
+            refused[member] = by_announcement[key][1]
             ids.append(refused[member])
     blind = tuple(p for p, ids in by_process.items() if not ids)
     withheld = ineligible_subtopologies({p: ids for p, ids in by_process.items() if ids})

@@ -231,9 +231,9 @@ def decode_subscriptions(
             info = _identity_only(data, max_version, leader_ids)
             log.warning("member %s: %s; treating it as having no history", member, exc)
         sub = MemberSubscription(topics, info)
-        # A member subscribing to no topic was logged by whoever read its metadata (a null
-        # topic name or list: ``wire.readable_subscriptions``); its announcement's indices
-        # then point past nothing, which is no news: not logged again.
+        # A member subscribing to no topic was logged by whoever read its metadata (an empty
+        # or null topic list, a null name: ``wire.readable_subscriptions``); its
+        # announcement's indices then point past nothing, which is no news: not logged again.
         decoded[member] = _resolved(topology, sub, member if sub.topics else None, resolutions)
     # Only members that can get tasks draw on the pool, in member order, as in assign_streams.
     eligible = _may_get_tasks(topology, decoded)
@@ -262,20 +262,33 @@ def _resolved(
     if sub.announced is not None and sub.announced.leader_ids == leader_ids:
         return sub
     indices = {} if sub.info is None else sub.info.subtopology_topic_indices
-    # The memo's key costs a tuple of the member's whole announcement: only with a memo.
-    key = None if resolutions is None else (sub.topics, tuple(indices.items()))
-    known = None if resolutions is None or key is None else resolutions.get(key)
     try:
-        sources = known if known is not None else announced_sources(sub.topics, indices, leader_ids)
+        sources = _memoised_sources(sub.topics, indices, leader_ids, resolutions)
     except ProtocolError as exc:
         if member is not None:
             log.warning("member %s: %s; treating it as announcing no topology", member, exc)
         assert sub.info is not None  # indices come from it
         info = attrs.evolve(sub.info, subtopology_topic_indices={})
         return attrs.evolve(sub, info=info, announced=Announced(leader_ids, {}, False))
-    if resolutions is not None and key is not None:
-        resolutions[key] = sources
     return attrs.evolve(sub, announced=Announced(leader_ids, sources, bool(indices)))
+
+
+def _memoised_sources(
+    topics: frozenset[str],
+    indices: Mapping[int, frozenset[int]],
+    leader_ids: frozenset[int],
+    resolutions: _Resolutions | None,
+) -> Mapping[int, frozenset[str]]:
+    """``versions.announced_sources``, read from and kept in ``resolutions`` when given (a
+    failure is not kept: ``ProtocolError`` again for the next member announcing the same)."""
+    if resolutions is None:
+        return announced_sources(topics, indices, leader_ids)
+    # The key costs a tuple of the member's whole announcement: only with a memo.
+    key = (topics, tuple(indices.items()))
+    known = resolutions.get(key)
+    if known is None:
+        known = resolutions[key] = announced_sources(topics, indices, leader_ids)
+    return known
 
 
 def _announcement(topology: Topology, sub: MemberSubscription) -> Announced:
@@ -290,6 +303,8 @@ def _announcement(topology: Topology, sub: MemberSubscription) -> Announced:
 def _may_get_tasks(topology: Topology, members: Mapping[str, MemberSubscription]) -> frozenset[str]:
     """The members the assignor may give tasks (``eligibility.group_eligibility``: those
     subscribing to every source topic or announcing their subtopologies' topics)."""
+    # Each member its own process: which members may get tasks does not depend on how they
+    # group into processes (only ``withheld`` and ``blind`` do, and they are not read here).
     readings = {m: _reading(topology, sub, m) for m, sub in members.items()}
     return group_eligibility(_own_sources(topology), readings).may_get_tasks
 
@@ -954,13 +969,13 @@ def _assign_compatible(
     planned = _assign_clients(
         assignor, tasks, clients, stateful, racks, given.now_ms, given.probing_memory
     )
-    eligible = group_eligibility(
+    ruling = group_eligibility(
         _own_sources(topology),
         {m: _reading(topology, compatible[m], key) for key, ms in by_process.items() for m in ms},
     )
     per_client = move_to_eligible_clients(
         planned.per_client,
-        eligible.withheld,
+        ruling.withheld,
         clients,
         assignor.num_standby_replicas,
         stateful,
@@ -970,7 +985,7 @@ def _assign_compatible(
     threads: dict[str, ClientAssignment] = {}
     for key, member_ids in by_process.items():
         threads.update(
-            _split_to_threads(per_client[key], member_ids, compatible, stateful, eligible.refused)
+            _split_to_threads(per_client[key], member_ids, compatible, stateful, ruling.refused)
         )
     withheld = _subscribed_only(threads, by_process, compatible, tasks, given.withheld)
     # Host maps without what is withheld: queries must not be routed to a process not
@@ -1013,7 +1028,7 @@ def _subscribing_members(
     eligible = _may_get_tasks(topology, members)
     compatible = {m: s for m, s in members.items() if m in eligible}
     for member in sorted(set(members) - set(compatible)):
-        if not members[member].topics:  # unreadable topics: logged where read (once a round)
+        if not members[member].topics:  # empty or unreadable: logged where read, once a round
             log.debug("member %s subscribes to no topic; it gets no tasks", member)
             continue
         missing = sorted(needed - members[member].topics)

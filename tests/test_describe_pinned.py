@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import attrs
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata as Metadata
 
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka.describe import (
@@ -19,7 +20,7 @@ from streamassign.aiokafka.describe import (
     quality,
 )
 from streamassign.aiokafka.streams import PROTOCOL_NAME, ProcessHost
-from streamassign.aiokafka.wire import encode_assignment
+from streamassign.aiokafka.wire import encode_assignment, readable_subscriptions
 from streamassign.protocol import SubscriptionInfo
 from streamassign.streams import assign_streams, decode_subscriptions
 from streamassign.versions import subtopology_topic_indices
@@ -84,7 +85,7 @@ def printed(view: GroupView, score: GroupQuality | None = None) -> str:
 
 
 def pinned_group() -> list[RawMember]:
-    """The review's live group: the pinned leader (p1, V2 at protocol 2), p2 of V1B and p3 of
+    """A live rolling-upgrade group: the pinned leader (p1, V2 at protocol 2), p2 of V1B and p3 of
     V2 at protocol 3. The leader reads no announcement: p2 subscribes to every source topic,
     so it gets tasks of id 2, which its guard refuses."""
     members = {
@@ -116,11 +117,13 @@ def test_a_pinned_leaders_group_withholds_nothing_and_names_the_tasks_that_run_n
 
 
 def test_a_pinned_process_host_says_2_in_its_own_subscription(tmp_path: Path) -> None:
-    """review51 L3: assignments below 3 never come with every member supporting 3, as the
-    leader is a member and its subscription says its ``max_version`` as the latest it
-    supports; so describe has no "every member supports 3" branch. With a pinned leader, a
-    V1 process (announcing, not subscribing to n) and nothing stalled, what the leader gave
-    does not tell whether it reads announcements: unknown, and the line says so."""
+    """A pinned leader is a member whose subscription says its ``max_version`` (2) as the
+    latest it supports, so assignments below 3 always come with some member supporting 2;
+    but that member may be one describe cannot read (a null topic name: see the next test),
+    so every member it reads supporting 3 does not make the leader a reading one, nor a
+    pinned one. With a pinned leader, a V1 process (announcing, not subscribing to n) and
+    nothing stalled, what the leader gave does not tell whether it reads announcements:
+    unknown, and the line says so."""
     host = ProcessHost(
         V2, bootstrap_servers="127.0.0.1:1", application_id="g", state_dir=tmp_path, max_version=2
     )
@@ -140,6 +143,45 @@ def test_a_pinned_process_host_says_2_in_its_own_subscription(tmp_path: Path) ->
     assert view.processes()[str(pid(2))].assignment.active == frozenset()
     assert view.announcements_read() is None and view.reading_unknown()
     assert any("topology announcements is unknown" in p for p in quality(view).problems)
+
+
+def test_a_member_describe_cannot_read_may_be_the_one_supporting_2() -> None:
+    """A protocol-3 leader assigns at 2 for a 2-only member (m2) whose topic list holds a
+    null: the leader keeps m2's user data, and so its latest supported version, while
+    describe cannot read m2. Every member describe reads then supports 3, and still the
+    leader reads announcements: it withholds from p3 (V1: announcing, not subscribing to n)
+    the ids whose topics V1 lacks, and describe says so, as the leader did."""
+    topics = sorted(V2.source_topics)
+    on_wire = {
+        "m1": subscription(V2, 1),
+        "m2": ([*topics, None], subscription(V2, 2, version=2)[1]),
+        "m3": subscription(V1, 3),
+    }
+    read = readable_subscriptions({m: Metadata.decode(meta(*sub)) for m, sub in on_wire.items()})
+    assert read["m2"][0] == ()  # the leader reads m2 as subscribing to nothing
+    subscriptions = decode_subscriptions(V2, COUNTS, read, 3)
+    assignments = assign_streams(V2, COUNTS, subscriptions, leader_version=3)
+    p3 = {t.subtopology for t in assignments["m3"].info.active}
+    assert p3 == {0}, "the leader reads p3's announcement: id 0 only"
+    raw = [
+        RawMember(
+            m,
+            "client",
+            "/h",
+            meta(*on_wire[m]),
+            encode_assignment(assignments[m].partitions, assignments[m].info.encode()),
+        )
+        for m in on_wire
+    ]
+    view = view_of(raw)
+    assert view.assignment_version() == 2
+    unread = [m for m in view.members if m.undecodable is not None]
+    assert [m.member_id for m in unread] == ["m2"]
+    assert {m.supported_version for m in view.members if m.undecodable is None} == {3}
+    assert view.announcements_read() is not False
+    assert view.withheld() == {str(pid(3)): frozenset({1, 2})}
+    assert view.stalled() == {}
+    assert any("run on the other processes" in p for p in quality(view).problems)
 
 
 def test_a_protocol_3_leader_is_read_as_before() -> None:
@@ -176,7 +218,7 @@ def test_when_it_is_unknown_whether_the_leader_reads_announcements_the_line_says
 
 
 def test_a_blind_member_sharing_a_process_id_makes_no_clash() -> None:
-    """The review's ``shared_blind.py``: pid 1 on p:80 (V2, protocol 3) and on q:80 (V1 at
+    """A process id shared by a blind member: pid 1 on p:80 (V2, protocol 3) and on q:80 (V1 at
     protocol 2, not subscribing to n: it may get no task). The leader keys and checks only the
     members that may get tasks, and so does describe; two such members still clash."""
     members = {
@@ -191,6 +233,29 @@ def test_a_blind_member_sharing_a_process_id_makes_no_clash() -> None:
     view = view_of(described(members, leader_version=3))
     ((shared, _),) = [(c.process_id, c.endpoints) for c in view.shared_process_ids]
     assert str(shared) == str(pid(1))
+
+
+def test_a_split_that_depends_on_the_unknown_reading_says_it_is_unknown() -> None:
+    """Pid 3 on p3:80 and q3:80 (V2 at protocol 2: a copied state directory), and m4 of V1
+    on p3:80 announcing, not subscribing to n, under a pinned leader assigning at 2. A leader
+    reading announcements keys m4 to p3:80 with m2; this one, reading none, gives m4 nothing
+    and keys only m2 there. The bytes do not tell which: describe splits as a reading leader
+    and says the reading is unknown, though no member announces ids that differ."""
+    members = {
+        "m1": subscription(V2, 1, version=2),
+        "m2": subscription(V2, 3, version=2, endpoint="p3:80"),
+        "m3": subscription(V2, 3, version=2, endpoint="q3:80"),
+        "m4": subscription(V1, 3, endpoint="p3:80"),
+    }
+    view = view_of(described(members, leader_version=2))
+    assert view.announcements_read() is None
+    assert view.split_by_unknown_reading and view.reading_unknown()
+    assert {m.member_id: m.process for m in view.members}["m4"] == f"{pid(3)}#p3:80"
+    (line,) = [p for p in quality(view).problems if "topology announcements is unknown" in p]
+    assert line.startswith("whether the leader reads topology announcements is unknown")
+    members["m4"] = subscription(V2, 3, endpoint="p3:80")  # subscribes to n: either reading
+    view = view_of(described(members, leader_version=2))
+    assert not view.split_by_unknown_reading and not view.reading_unknown()
 
 
 def test_the_styled_lines_print_a_trailing_backslash_as_it_is() -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 from unittest import mock
 
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 
 import streamassign.streams as streams_module
 from streamassign import ClientState, StickyTaskAssignor, Subtopology, TaskId, Topology
-from streamassign.eligibility import move_to_eligible_clients
+from streamassign.eligibility import MemberReading, group_eligibility, move_to_eligible_clients
 from streamassign.protocol import LATEST_OFFSET, NEVER, SubscriptionInfo
 from streamassign.streams import MemberAssignment, MemberSubscription, ProbingMemory
 from streamassign.versions import subtopology_topic_indices
@@ -243,7 +245,7 @@ def test_high_availability_mid_roll_asks_for_no_probe_while_nothing_catches_up()
     """High availability aims a reused id's task at a rolled process (it knows nothing of
     eligibility), holds the active back and puts a warmup there, which the post-pass strips:
     with no warmup left, a probing rebalance would find the same plan again, every interval
-    for as long as the group is mixed. No round asks for one (review32 F2)."""
+    for as long as the group is mixed. No round asks for one."""
     for rolled in (1, 3):
         for result in _roll_rounds(rolled, high_availability=True):
             assert all(not a.info.warmup for a in result.values())
@@ -289,7 +291,7 @@ def test_standbys_of_moved_tasks_do_not_pile_up_on_a_process_holding_every_state
 def test_after_the_post_pass_changed_only_standbys_the_next_round_plans_afresh() -> None:
     """High availability: the post-pass changed only standbys (the members then run exactly
     the plan's actives). The held-back active's target keeps a standby of it, which catches
-    up: one probe (review36: a rule that looked only at warmups dropped it). The probing
+    up: one probe (warmups alone do not tell: none is left to look at). The probing
     memory forgets the assignor's plan (it is not what the members were sent), so the later
     rebalances plan afresh, move nothing and settle; carried over, the old plan's target
     would move an active then (found by a search over fed-back rounds)."""
@@ -322,7 +324,7 @@ def test_a_role_swap_for_an_unchanged_id_still_probes_while_the_group_is_mixed()
     """High availability holds 0_0 back on p0 for p1 (which ran it and restarted far behind)
     and swaps roles: p1 keeps a standby that catches up, no warmup. Id 0 is unchanged by the
     roll; a rolled p2 makes the post-pass act. The probe that hands 0_0 back is still asked
-    for (review36: a rule that looked only at warmups sent NEVER for the whole roll)."""
+    for, though no warmup is left (looking at warmups alone would send NEVER all roll)."""
     end = 1_000_000
     t00, t01, t02, t10, t11 = (TaskId(0, 0), TaskId(0, 1), TaskId(0, 2), TaskId(1, 0), TaskId(1, 1))
     members = {
@@ -343,3 +345,42 @@ def test_a_role_swap_for_an_unchanged_id_still_probes_while_the_group_is_mixed()
     )
     assert t00 in out["m0"].info.active and t00 in out["m1"].info.standby
     assert all(a.info.next_rebalance_ms == 600_000 for a in out.values())
+
+
+#: Per member, what it announces for the leader's ids 0 (reads a) and 1 (reads b).
+ON_DEMAND_ANNOUNCED = {
+    "x": {0: frozenset({"a"}), 1: frozenset({"b"})},
+    "y": {0: frozenset({"z"}), 1: frozenset({"b"})},
+    "w": {0: frozenset({"a"}), 1: frozenset({"z"})},
+    "v": {},
+    "u": {0: frozenset({"a"})},
+}
+
+
+class _ReadingsOnDemand(Mapping[str, MemberReading]):
+    """Member id -> its reading, made when asked and freed after use (a caller decoding
+    members lazily): each announcement is a fresh object, often at a freed one's address."""
+
+    def __getitem__(self, member: str) -> MemberReading:
+        announced = MappingProxyType(ON_DEMAND_ANNOUNCED[member])
+        return MemberReading("p", frozenset({"a", "b", "z"}), announced)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ON_DEMAND_ANNOUNCED)
+
+    def __len__(self) -> int:
+        return len(ON_DEMAND_ANNOUNCED)
+
+
+def test_readings_made_on_demand_get_their_own_refused_ids() -> None:
+    own = {0: frozenset({"a"}), 1: frozenset({"b"})}
+    lazy = group_eligibility(own, _ReadingsOnDemand())
+    eager = group_eligibility(own, dict(_ReadingsOnDemand().items()))
+    assert lazy == eager
+    assert dict(lazy.refused) == {
+        "x": frozenset(),
+        "y": frozenset({0}),
+        "w": frozenset({1}),
+        "v": frozenset({0, 1}),
+        "u": frozenset({1}),
+    }

@@ -1,6 +1,7 @@
-"""A member whose subscription names a null topic (review46 L3): the streams leader logs it
-once per rebalance, the reason only; not again as an unreadable announcement or as a member
-of another topology version (it subscribes to those topics, and a null besides)."""
+"""A member whose subscription names a null topic, or no topic at all: the streams leader
+logs it once per rebalance, the reason only, where it reads the metadata; not again as an
+unreadable announcement (its indices point into a list read as empty) or as a member of
+another topology version (it subscribes to those topics, and a null besides)."""
 
 from __future__ import annotations
 
@@ -44,15 +45,19 @@ def cluster() -> Any:
     )
 
 
-def test_a_null_topic_name_is_logged_once_per_rebalance(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("topics", "reason"),
+    [([*SOURCES, None], "a null topic name"), ([], "an empty topic list")],
+)
+def test_a_member_subscribing_to_nothing_is_logged_once_per_rebalance(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, topics: list[str | None], reason: str
 ) -> None:
     host = ProcessHost(
         TOPOLOGY, bootstrap_servers="127.0.0.1:1", application_id="g", state_dir=tmp_path
     )
     members = {
         "m1": wire(list(SOURCES), 1, "p:1"),
-        "m2": wire([*SOURCES, None], 1, "p:1"),  # a thread of m1's process
+        "m2": wire(topics, 1, "p:1"),  # a thread of m1's process
         "m3": wire(list(SOURCES), 3, "q:1"),
     }
     caplog.set_level(logging.INFO, logger="streamassign")
@@ -62,9 +67,7 @@ def test_a_null_topic_name_is_logged_once_per_rebalance(
     finally:
         host.state.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert (
-        warnings == ["member m2: a null topic name in its subscription; assigning it nothing"] * 3
-    )
+    assert warnings == [f"member m2: {reason} in its subscription; assigning it nothing"] * 3
     got = {m: Assignment.decode(raw) for m, raw in out.items()}
     assert not got["m2"].partitions()
     assert AssignmentInfo.decode(got["m2"].user_data).active == frozenset()

@@ -198,6 +198,10 @@ class GroupView:
     #: state directory); each endpoint's members are a process of their own
     #: (``streams.process_key``), as the group leader treats them.
     shared_process_ids: tuple[SharedProcessId, ...] = ()
+    #: Streams protocols: whether that split depends on whether the leader reads topology
+    #: announcements, which is unknown (``announcements_read``): the members are split as a
+    #: leader reading them splits them, and ``reading_unknown`` says so.
+    split_by_unknown_reading: bool = False
 
     @property
     def readable(self) -> bool:
@@ -311,13 +315,15 @@ class GroupView:
 
     def reading_unknown(self) -> bool:
         """Whether it is unknown whether the leader reads announcements, and that changes
-        which ids it withholds from which processes (``withheld`` then reads as a leader
-        reading them)."""
+        which ids it withholds from which processes, or how the members of a shared process
+        id are split into processes (``split_by_unknown_reading``); ``withheld`` and the
+        split then read as a leader reading them."""
         own = self.leader_topics()
         if own is None:
             return False
         read, unread = self._eligibility_if(own, True), self._eligibility_if(own, False)
-        return not _same(read, unread) and self._leader_reading_known(read, unread) is None
+        matters = self.split_by_unknown_reading or not _same_withheld(read, unread)
+        return matters and self._leader_reading_known(read, unread) is None
 
     def stalled(self) -> dict[str, frozenset[TaskId]]:
         """Per process, the actives it holds that its members' guards refuse: of a leader's
@@ -340,12 +346,17 @@ class GroupView:
         """The members the leader may give tasks (``eligibility.group_eligibility``), by
         member id: those subscribing to every source topic of its topology or, when it reads
         announcements (``announcements_read``; unknown: as one of protocol 3), announcing a
-        topology. Every member when the leader's topology is unknown."""
+        topology. Every member when the leader's topology is unknown. Unknown, the members
+        may differ from a pinned leader's, which shows only where ``reading_unknown`` says so
+        (the processes' ids withheld, or how a shared process id is split)."""
+        return self._may_get_tasks_if(self.announcements_read() is not False)
+
+    def _may_get_tasks_if(self, announcements: bool) -> frozenset[str]:
+        """``may_get_tasks`` for a leader that reads (or not) announcements."""
         own = self.leader_topics()
         if own is None:
             return frozenset(m.member_id for m in self.members)
-        reads = self.announcements_read() is not False
-        return group_eligibility(own, _readings(own, self.members, reads)).may_get_tasks
+        return group_eligibility(own, _readings(own, self.members, announcements)).may_get_tasks
 
     def assignment_version(self) -> int | None:
         """The protocol version the leader assigned at (every member's the same: the lowest
@@ -401,7 +412,7 @@ class GroupView:
         if own is None:
             return None
         read, unread = self._eligibility_if(own, True), self._eligibility_if(own, False)
-        if _same(read, unread):
+        if _same_withheld(read, unread):
             return read
         return unread if self._leader_reading_known(read, unread) is False else read
 
@@ -612,7 +623,7 @@ def _announcement(
     return attrs.evolve(view, announced=announced, topology_version=announced_version(announced))
 
 
-def _same(read: GroupEligibility, unread: GroupEligibility) -> bool:
+def _same_withheld(read: GroupEligibility, unread: GroupEligibility) -> bool:
     """Whether two readings withhold the same ids from the same processes: which reading the
     leader makes then changes nothing ``describe`` shows."""
     return (read.withheld, read.blind) == (unread.withheld, unread.blind)
@@ -723,16 +734,32 @@ def describe_bytes(
         cache.clear()
         cache.update(fresh)
     shared: list[SharedProcessId] = []
+    guessed = False
     if family == Family.CONSUMER:
         decoded, tasks = _consumer_tasks(decoded)
     else:
         if family == Family.STREAMS:
             unsplit = GroupView(group, state, protocol_type, protocol, family, tuple(decoded), {})
-            decoded, shared = _split_shared_ids(decoded, unsplit.may_get_tasks())
+            decoded, shared, guessed = _split_as_the_leader(decoded, unsplit)
         tasks = _task_partitions(decoded, infer_sources=protocol == PROTOCOL_NAME)
     return GroupView(
-        group, state, protocol_type, protocol, family, tuple(decoded), tasks, tuple(shared)
+        group, state, protocol_type, protocol, family, tuple(decoded), tasks, tuple(shared), guessed
     )
+
+
+def _split_as_the_leader(
+    members: list[MemberView], unsplit: GroupView
+) -> tuple[list[MemberView], list[SharedProcessId], bool]:
+    """``_split_shared_ids`` over the members the leader may give tasks (``may_get_tasks`` of
+    ``unsplit``), and whether a leader reading none of the announcements would split them
+    otherwise while it is unknown whether the leader reads them (``announcements_read``): a
+    member announcing a topology but not subscribing to every source topic is keyed by its
+    endpoint only by a leader reading them (one reading none leaves it under the bare id)."""
+    split, shared = _split_shared_ids(members, unsplit.may_get_tasks())
+    if unsplit.announcements_read() is not None:
+        return split, shared, False
+    unread, _ = _split_shared_ids(members, unsplit._may_get_tasks_if(False))
+    return split, shared, [m.process for m in unread] != [m.process for m in split]
 
 
 def _split_shared_ids(
@@ -987,21 +1014,25 @@ def _topology_versions(view: GroupView) -> list[str]:
     (``_withheld``). Ids that differ without effect (a topic added in a version, an id the
     leader lacks) are no problem. Without the leader's topology (``GroupView.leader_topics``),
     or when whether it reads announcements is unknown and matters: members' differing ids
-    (``_differing``)."""
+    (``_differing``), else what a reading leader withholds (``_withheld``), each line with the
+    doubt, or the doubt alone."""
     own = view.leader_topics()
     if own is None:
         return _differing(view)
     reads = view.announcements_read()
     stalled = _stalled(view, own, reads)
     if view.reading_unknown():
-        unknown = (
-            f"; whether the leader reads topology announcements is unknown (assignments at "
+        doubt = (
+            f"whether the leader reads topology announcements is unknown (assignments at "
             f"protocol version {view.assignment_version()}, and some member supports only "
             "that: a leader pinned below version 3 reads none and withholds no id)"
         )
         # A member's guard refusing a task is a stall whatever the leader read: said apart.
-        unknown += "" if stalled else "; no process holds a task of an id its version lacks"
-        return [*stalled, *(line + unknown for line in _differing(view))]
+        doubt += "" if stalled else "; no process holds a task of an id its version lacks"
+        # Without members announcing differing ids: what a reading leader withholds, with the
+        # doubt; the doubt alone when that is nothing (never left unsaid).
+        lines = _differing(view) or _withheld(view, own, reads)
+        return [*stalled, *(f"{line}; {doubt}" for line in lines)] if lines else [*stalled, doubt]
     return [*stalled, *_withheld(view, own, reads)]
 
 

@@ -57,13 +57,17 @@ def readable_subscriptions(members: Mapping[str, Any]) -> dict[str, tuple[tuple[
     leader reads them. A member whose topic names cannot be read (``subscribed_topics``)
     subscribes to nothing, logged with the reason: it gets no partition, and the rest of the
     group its assignment (sorting a ``None`` among the names failed the whole round, every
-    round while it stayed: a stuck group). Its user data is kept (its identity)."""
+    round while it stayed: a stuck group). Its user data is kept (its identity). An empty
+    topic list gets nothing either and is logged the same way: one WARNING a rebalance for
+    each member its subscription leaves without a partition, where its metadata is read."""
     out = {}
     for member, meta in members.items():
         try:
             topics = subscribed_topics(meta)
+            reason = None if topics else "an empty topic list"
         except ProtocolError as exc:
-            log.warning("member %s: %s in its subscription; assigning it nothing", member, exc)
-            topics = ()
+            topics, reason = (), str(exc)
+        if reason is not None:
+            log.warning("member %s: %s in its subscription; assigning it nothing", member, reason)
         out[member] = (topics, meta.user_data or b"")
     return out
