@@ -142,6 +142,20 @@ def test_garbage_subscription_user_data_means_no_history(caplog: pytest.LogCaptu
     assert "member b" in caplog.text and "no history" in caplog.text
 
 
+def test_a_consumer_whose_pattern_matches_no_topic_yet_is_no_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A plain consumer subscribed to a pattern that matches no topic yet joins with an empty
+    topic list: it gets nothing, and that is no fault to warn of at every rebalance."""
+    leader = GroupAssignor(RangeAssignor())
+    meta = {"a": leader.metadata(["t"]), "b": ConsumerProtocolMemberMetadata(0, [], b"")}
+    with caplog.at_level(logging.DEBUG, logger="streamassign"):
+        out = leader.assign(Cluster({"t": 4}), meta)
+    assert [len(decode(out[m])[0]) for m in "ab"] == [4, 0]
+    empty = [r for r in caplog.records if "an empty topic list" in r.getMessage()]
+    assert [r.levelno for r in empty] == [logging.DEBUG]
+
+
 def test_instances_keep_their_own_state() -> None:
     """Unlike aiokafka's sticky assignor (class attributes), two consumers never share state."""
     a, b = GroupAssignor(StickyAssignor()), GroupAssignor(StickyAssignor())

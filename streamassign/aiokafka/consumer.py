@@ -216,7 +216,9 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         counts: dict[str, int] = {}
         subscriptions: dict[str, Subscription] = {}
         try:
-            for member, (names, user_data) in readable_subscriptions(members).items():
+            for member, (names, user_data) in readable_subscriptions(
+                members, warn_empty=False
+            ).items():
                 subscriptions[member] = Subscription(names, user_data=user_data)
             for topic in sorted({t for s in subscriptions.values() for t in s.topics}):
                 partitions = cluster.partitions_for_topic(topic)

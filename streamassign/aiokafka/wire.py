@@ -52,22 +52,32 @@ def assigned_partitions(assignment: Any) -> tuple[TopicPartition, ...]:
     return tuple(out)
 
 
-def readable_subscriptions(members: Mapping[str, Any]) -> dict[str, tuple[tuple[str, ...], bytes]]:
+def readable_subscriptions(
+    members: Mapping[str, Any], warn_empty: bool = True
+) -> dict[str, tuple[tuple[str, ...], bytes]]:
     """Per member (id -> ``ConsumerProtocolMemberMetadata``), its topics and user data as a
     leader reads them. A member whose topic names cannot be read (``subscribed_topics``)
     subscribes to nothing, logged with the reason: it gets no partition, and the rest of the
     group its assignment (sorting a ``None`` among the names failed the whole round, every
     round while it stayed: a stuck group). Its user data is kept (its identity). An empty
     topic list gets nothing either and is logged the same way: one WARNING a rebalance for
-    each member its subscription leaves without a partition, where its metadata is read."""
+    each member its subscription leaves without a partition, where its metadata is read.
+    ``warn_empty=False`` logs an empty list at DEBUG: a plain consumer subscribed to a pattern
+    that matches no topic yet joins with one, which is no fault."""
     out = {}
+    empty_level = logging.WARNING if warn_empty else logging.DEBUG
     for member, meta in members.items():
         try:
             topics = subscribed_topics(meta)
-            reason = None if topics else "an empty topic list"
         except ProtocolError as exc:
-            topics, reason = (), str(exc)
-        if reason is not None:
-            log.warning("member %s: %s in its subscription; assigning it nothing", member, reason)
+            topics = ()
+            log.warning("member %s: %s in its subscription; assigning it nothing", member, exc)
+        else:
+            if not topics:
+                log.log(
+                    empty_level,
+                    "member %s: an empty topic list in its subscription; assigning it nothing",
+                    member,
+                )
         out[member] = (topics, meta.user_data or b"")
     return out
