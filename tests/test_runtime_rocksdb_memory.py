@@ -15,6 +15,7 @@ from streamassign import Subtopology, Topology
 from streamassign.runtime import App, MemoryStore, RuntimeConfigError
 from streamassign.runtime.stores import (
     DEFAULT_ROCKSDB_MEMORY_MIB,
+    KEPT_INFO_LOGS,
     MAX_WRITE_BUFFERS,
     ROCKSDB_STORE_FLOOR_MIB,
     WRITE_BUFFER_BYTES,
@@ -241,3 +242,14 @@ def test_one_busy_store_among_200_is_never_stopped_at_the_default_budget(tmp_pat
     stops = [log for log in tmp_path.glob("s*/LOG") if "Stopping writes" in log.read_text()]
     assert stops == []
     assert slowest < 1.0
+
+
+def test_reopening_a_store_keeps_a_few_info_logs_not_one_per_open(tmp_path: Path) -> None:
+    """RocksDB writes an info log per open and by default keeps 1,000 older ones: a process
+    restarted often would fill its disk with them. A store keeps ``KEPT_INFO_LOGS``."""
+    for opened in range(KEPT_INFO_LOGS + 4):
+        store = RocksDBStore(tmp_path / "s")
+        store.write({b"k": str(opened).encode()}, {})
+        store.close()
+    logs = [p.name for p in (tmp_path / "s").iterdir() if p.name.startswith("LOG")]
+    assert 1 < len(logs) <= KEPT_INFO_LOGS

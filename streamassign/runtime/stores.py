@@ -212,6 +212,10 @@ class RocksDBMemory:
             self.write_buffers.set_buffer_size(self.memtable_limit(self.open_stores))
 
 
+#: Info logs RocksDB keeps per store (the current one and older ones, one per open).
+KEPT_INFO_LOGS = 3
+
+
 def rocksdb_options(memory: RocksDBMemory | None) -> Options:
     """The options a runtime store opens with: bounded memtables (``WRITE_BUFFER_BYTES``,
     ``MAX_WRITE_BUFFERS``) and, given ``memory``, the App's shared cache and write buffer
@@ -221,6 +225,9 @@ def rocksdb_options(memory: RocksDBMemory | None) -> Options:
     options = Options(raw_mode=True)
     options.set_write_buffer_size(WRITE_BUFFER_BYTES)
     options.set_max_write_buffer_number(MAX_WRITE_BUFFERS)
+    # RocksDB keeps an info log per open (LOG.old.*, up to 1,000 by default): a process
+    # restarted often filled its disk with them.
+    options.set_keep_log_file_num(KEPT_INFO_LOGS)
     if memory is not None:
         table = BlockBasedOptions()
         table.set_block_cache(memory.cache)

@@ -209,7 +209,9 @@ async def main() -> None:
         partition, offset, seconds = args.stall.split(":")
         Totals.stall = (int(partition), int(offset), float(seconds))
     logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     topology = Topology([Subtopology(0, [args.source], stores=["totals"])], name=args.app)
     store, factory = "totals", Totals
