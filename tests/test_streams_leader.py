@@ -361,12 +361,17 @@ def test_old_member_subscribing_to_none_of_the_leader_topics_gets_nothing() -> N
     assert len(result["new"].info.active) == 9
 
 
-def test_old_member_lacking_a_topic_keeps_standbys_of_the_ids_it_subscribes_to() -> None:
+@pytest.mark.parametrize("high_availability", [False, True])
+def test_old_member_lacking_a_topic_keeps_standbys_of_the_ids_it_subscribes_to(
+    high_availability: bool,
+) -> None:
     members = {
         "old": MemberSubscription({"orders", "customers"}, SubscriptionInfo(uuid.UUID(int=1))),
         "new": member(2),
     }
-    result = assign_streams(TOPOLOGY, COUNTS, members, num_standby_replicas=1)
+    result = assign_streams(
+        TOPOLOGY, COUNTS, members, num_standby_replicas=1, high_availability=high_availability
+    )
     stateful = {t for t in TOPOLOGY_TASKS if t.subtopology == 0}
     standbys = set(result["old"].info.standby) | set(result["new"].info.standby)
     assert standbys == stateful
