@@ -37,6 +37,7 @@ __all__ = [
     "ineligible_subtopologies",
     "member_ineligible_subtopologies",
     "move_to_eligible_clients",
+    "subscribed_ineligible_subtopologies",
 ]
 
 
@@ -74,32 +75,54 @@ def group_eligibility(
 ) -> GroupEligibility:
     """Which of ``members`` (member id -> its reading) a leader whose topology is ``own``
     (id -> its source topics) may give tasks, and which ids each process gets none of. A
-    member may get tasks when it subscribes to every source topic or announces a topology
-    (then the post-pass and the thread split keep every task off it whose topics it does not
-    announce for that id, and so every topic it does not subscribe to: the announced topics
-    are among its subscribed ones); other members cannot run every task. The one rule of the
-    group leader (``streams.assign_streams``) and of ``describe``, which reads it back."""
+    member announcing a topology may get tasks (the post-pass and the thread split keep every
+    task off it whose topics it does not announce for that id, and so every topic it does not
+    subscribe to: the announced topics are among its subscribed ones). A member announcing
+    none (protocol 1-2, an older release) may get tasks when it subscribes to one of the
+    leader's source topics: its subscription is its announcement, so it is refused the ids
+    whose topics it does not all subscribe to (:func:`subscribed_ineligible_subtopologies`);
+    one subscribing to none of them is blind. The one rule of the group leader
+    (``streams.assign_streams``) and of ``describe``, which reads it back."""
     sources = frozenset().union(*own.values())
     refused: dict[str, frozenset[int]] = {}
     by_process: dict[str, list[frozenset[int]]] = {}
     # The leader resolves each announcement once a round, so members of one topology version
     # share one ``announced`` object: its ids are worked out once. The memo holds each object
     # it keys by ``id``, so no other takes that id during the call, even from a mapping that
-    # makes its readings on demand and frees each after use.
-    by_announcement: dict[int, tuple[object, frozenset[int]]] = {}
+    # makes its readings on demand and frees each after use. Members announcing none are
+    # keyed by their subscription instead (a frozenset: held by the key itself).
+    by_announcement: dict[object, tuple[object, frozenset[int]]] = {}
     for member, reading in members.items():
         ids = by_process.setdefault(reading.process, [])
-        if reading.announced is not None or sources <= reading.topics:
-            key = id(reading.announced)
-            if key not in by_announcement:
-                ineligible = member_ineligible_subtopologies(own, reading.announced)
-                by_announcement[key] = (reading.announced, ineligible)
-            refused[member] = by_announcement[key][1]
-            ids.append(refused[member])
+        if reading.announced is None and sources and not sources & reading.topics:
+            continue
+        key: object = id(reading.announced) if reading.announced is not None else reading.topics
+        if key not in by_announcement:
+            ineligible = (
+                member_ineligible_subtopologies(own, reading.announced)
+                if reading.announced is not None
+                else subscribed_ineligible_subtopologies(own, reading.topics)
+            )
+            by_announcement[key] = (reading.announced, ineligible)
+        refused[member] = by_announcement[key][1]
+        ids.append(refused[member])
     blind = tuple(p for p, ids in by_process.items() if not ids)
     withheld = ineligible_subtopologies({p: ids for p, ids in by_process.items() if ids})
     withheld.update(dict.fromkeys(blind, frozenset(own)))
     return GroupEligibility(frozenset(refused), refused, withheld, blind)
+
+
+def subscribed_ineligible_subtopologies(
+    own: Mapping[int, frozenset[str]], subscribed: frozenset[str]
+) -> frozenset[int]:
+    """The leader's ids (``own``: id -> its source topics) that a member announcing no
+    topology (protocol 1-2, an older release) must not get tasks of: those reading a topic it
+    does not subscribe to (``subscribed``). Its consumer could not take their partitions, and
+    they are most likely a topic added in the leader's version. The ids whose topics it does
+    subscribe to are trusted: the leader cannot tell an id reused for another subtopology
+    there, and the member's guard refuses those tasks (``versions.mismatched_tasks``), as for
+    an old member subscribing to every source topic."""
+    return frozenset(sub for sub, topics in own.items() if not topics <= subscribed)
 
 
 def member_ineligible_subtopologies(
@@ -110,10 +133,10 @@ def member_ineligible_subtopologies(
     leader's ids) source topics that do not include all of the leader's, or none. The member
     guard's subset rule (``versions.mismatched_tasks``): a member whose id reads more topics
     (a topic added there) runs the leader's task with the partitions it is given. A member
-    announcing nothing (None: protocol 1-2, an older release, which may get tasks only when
-    it subscribes to every source topic) makes no id ineligible: the leader cannot tell, and
-    its member guard still acts. An empty ``announced`` is a member announcing only ids the
-    leader does not have: every id is ineligible."""
+    announcing nothing (None: protocol 1-2, an older release) makes no id ineligible here:
+    :func:`group_eligibility` reads its subscription instead
+    (:func:`subscribed_ineligible_subtopologies`). An empty ``announced`` is a member
+    announcing only ids the leader does not have: every id is ineligible."""
     if announced is None:
         return frozenset()
     return frozenset(

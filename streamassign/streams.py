@@ -34,6 +34,7 @@ from .eligibility import (
     group_eligibility,
     member_ineligible_subtopologies,
     move_to_eligible_clients,
+    subscribed_ineligible_subtopologies,
 )
 from .errors import AssignmentInputError, ErrorCode, TopologyError
 from .grouper import PartitionGrouper, resolve_partition_counts, task_counts
@@ -105,7 +106,7 @@ class Announced:
     #: announce the same (``_Resolutions``): read only.
     sources: Mapping[int, frozenset[str]]
     #: Whether the member announces anything readable (even only ids the leader does not have:
-    #: it is then not one announcing nothing, which must subscribe to every topic).
+    #: it is then not one announcing nothing, whose subscription is read instead).
     any: bool
 
 
@@ -302,7 +303,8 @@ def _announcement(topology: Topology, sub: MemberSubscription) -> Announced:
 
 def _may_get_tasks(topology: Topology, members: Mapping[str, MemberSubscription]) -> frozenset[str]:
     """The members the assignor may give tasks (``eligibility.group_eligibility``: those
-    subscribing to every source topic or announcing their subtopologies' topics)."""
+    announcing their subtopologies' topics or, announcing none, subscribing to one of the
+    leader's source topics)."""
     # Each member its own process: which members may get tasks does not depend on how they
     # group into processes (only ``withheld`` and ``blind`` do, and they are not read here).
     readings = {m: _reading(topology, sub, m) for m, sub in members.items()}
@@ -1009,39 +1011,43 @@ def _assign_compatible(
 def _compatible_members(
     topology: Topology, members: Mapping[str, MemberSubscription], versions: Repeats | None
 ) -> dict[str, MemberSubscription]:
-    """Members that may get tasks (:func:`_may_get_tasks`); the others are logged (they get
-    no tasks). Members announcing source topics that lack some of the leader's for some of
-    its ids are logged (:func:`_log_topology_versions`) and kept: only the tasks of those ids
-    move off them."""
+    """Members that may get tasks (:func:`_may_get_tasks`). Members announcing source topics
+    that lack some of the leader's for some of its ids, and members announcing none that do
+    not subscribe to every source topic (an older release), are logged once per episode
+    (:func:`_log_topology_versions`); only the tasks of the ids they lack move off them, and a
+    member subscribing to none of the leader's topics gets none."""
     resolved = {m: _resolved(topology, sub) for m, sub in members.items()}
-    kept = _subscribing_members(topology, resolved)
-    _log_topology_versions(topology, kept, versions)
+    eligible = _may_get_tasks(topology, resolved)
+    kept = {m: s for m, s in resolved.items() if m in eligible}
+    for member in sorted(set(resolved) - set(kept)):
+        if not resolved[member].topics:  # empty or unreadable: logged where read, once a round
+            log.debug("member %s subscribes to no topic; it gets no tasks", member)
+    _log_topology_versions(topology, kept, versions, _unsubscribing(topology, resolved))
     return kept
 
 
-def _subscribing_members(
+def _unsubscribing(
     topology: Topology, members: Mapping[str, MemberSubscription]
-) -> dict[str, MemberSubscription]:
-    """Members subscribed to every source topic or announcing their topology's topics
-    (:func:`_may_get_tasks`); the others are logged (they get no tasks)."""
+) -> dict[str, frozenset[str]]:
+    """Per process (its id; a member's id without one) with a member announcing no topology
+    (protocol 1-2: an older release) that subscribes to some of the leader's source topics
+    but not all, or none, the topics that member lacks. Members subscribing to nothing
+    readable are left out (logged where read)."""
     needed = topology.source_topics
-    eligible = _may_get_tasks(topology, members)
-    compatible = {m: s for m, s in members.items() if m in eligible}
-    for member in sorted(set(members) - set(compatible)):
-        if not members[member].topics:  # empty or unreadable: logged where read, once a round
-            log.debug("member %s subscribes to no topic; it gets no tasks", member)
+    out: dict[str, frozenset[str]] = {}
+    for member, sub in members.items():
+        if _announcement(topology, sub).any or not sub.topics or needed <= sub.topics:
             continue
-        missing = sorted(needed - members[member].topics)
-        log.warning(
-            "member %s does not subscribe to %s (another topology version?); it gets no tasks",
-            member,
-            ", ".join(missing),
-        )
-    return compatible
+        name = member if sub.info is None else str(sub.info.process_id)
+        out[name] = out.get(name, frozenset()) | (needed - sub.topics)
+    return out
 
 
 def _log_topology_versions(
-    topology: Topology, members: Mapping[str, MemberSubscription], logged: Repeats | None
+    topology: Topology,
+    members: Mapping[str, MemberSubscription],
+    logged: Repeats | None,
+    unsubscribing: Mapping[str, frozenset[str]] | None = None,
 ) -> None:
     """One WARNING line when processes announce, for some of this leader's subtopology ids,
     source topics that lack one of the leader's (another topology version: an id reused, a
@@ -1056,12 +1062,21 @@ def _log_topology_versions(
     own = _own_sources(topology)
     differing = _differing_ids(topology, own, members)
     idle, idle_members = _running_none(topology, own, members)
-    if not differing and not idle and not idle_members:
+    unsubscribing = unsubscribing or {}
+    if not differing and not idle and not idle_members and not unsubscribing:
         if logged is not None and logged.ended():
             log.info("every process announcing its topology agrees with this leader's again")
         return
-    episode = (frozenset(differing), frozenset(idle), frozenset(idle_members))
+    episode = (
+        frozenset(differing),
+        frozenset(idle),
+        frozenset(idle_members),
+        frozenset(unsubscribing.items()),
+    )
     if logged is not None and not logged.changed(episode):
+        return
+    _warn_unsubscribing(topology, own, unsubscribing)
+    if not differing and not idle and not idle_members:
         return
     listed = [
         f"processes {', '.join(sorted(p))} announce "
@@ -1079,6 +1094,34 @@ def _log_topology_versions(
         for name, ms in idle_members.items()
     ]
     _warn_topology_versions(topology, own, listed)
+
+
+def _warn_unsubscribing(
+    topology: Topology,
+    own: Mapping[int, frozenset[str]],
+    unsubscribing: Mapping[str, frozenset[str]],
+) -> None:
+    """One WARNING line per process announcing no topology (an older release) that does not
+    subscribe to every source topic (``unsubscribing``: process -> the topics it lacks): the
+    ids it gets no task of, those reading a topic it lacks."""
+    for process, missing in sorted(unsubscribing.items()):
+        subscribed = frozenset(topology.source_topics - missing)
+        lacking = sorted(subscribed_ineligible_subtopologies(own, subscribed))
+        what = (
+            "no task at all"
+            if len(lacking) == len(own)
+            else f"no task of subtopology id{'s' if len(lacking) > 1 else ''} "
+            + ", ".join(str(s) for s in lacking)
+        )
+        log.warning(
+            "process %s announces no topology (protocol 1-2: an older release?) and does not "
+            "subscribe to %s; it gets %s (they run on the other processes) until it runs "
+            "this leader's version (%s)",
+            process,
+            ", ".join(sorted(missing)),
+            what,
+            ROLLING_DEPLOY_DOC,
+        )
 
 
 def _differing_ids(

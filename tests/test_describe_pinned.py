@@ -31,8 +31,11 @@ from .test_describe import meta
 V2 = Topology([Subtopology(0, ["a"]), Subtopology(1, ["n"]), Subtopology(2, ["b"])])
 #: The old version: id 1 reads b and n, no id 2; it subscribes to every source topic of V2.
 V1B = Topology([Subtopology(0, ["a"]), Subtopology(1, ["b", "n"])])
-#: An old version without n: blind to a leader of V2 unless it reads announcements.
+#: An old version without n: a leader of V2 not reading announcements gives it ids 0 and 2
+#: (it subscribes to a and b), and its guard refuses id 2 (a reused id).
 V1 = Topology([Subtopology(0, ["a"]), Subtopology(1, ["b"])])
+#: An application sharing the group id by mistake: none of V2's topics (blind).
+ELSEWHERE = Topology([Subtopology(0, ["z"])])
 COUNTS = {"a": 4, "b": 4, "n": 4}
 
 
@@ -121,9 +124,10 @@ def test_a_pinned_process_host_says_2_in_its_own_subscription(tmp_path: Path) ->
     latest it supports, so assignments below 3 always come with some member supporting 2;
     but that member may be one describe cannot read (a null topic name: see the next test),
     so every member it reads supporting 3 does not make the leader a reading one, nor a
-    pinned one. With a pinned leader, a V1 process (announcing, not subscribing to n) and
-    nothing stalled, what the leader gave does not tell whether it reads announcements:
-    unknown, and the line says so."""
+    pinned one. With a pinned leader and a V1 process (announcing, not subscribing to n), the
+    leader reads the V1 process by its subscription (a, b): ids 0 and 2, not 1. Id 2 is
+    reused (V1 has none), so its guard refuses the 2_x it holds; describe tells the pinned
+    leader from that task and names it."""
     host = ProcessHost(
         V2, bootstrap_servers="127.0.0.1:1", application_id="g", state_dir=tmp_path, max_version=2
     )
@@ -140,9 +144,11 @@ def test_a_pinned_process_host_says_2_in_its_own_subscription(tmp_path: Path) ->
     }
     view = view_of(described(members, leader_version=2))
     assert view.assignment_version() == 2
-    assert view.processes()[str(pid(2))].assignment.active == frozenset()
-    assert view.announcements_read() is None and view.reading_unknown()
-    assert any("topology announcements is unknown" in p for p in quality(view).problems)
+    held = view.processes()[str(pid(2))].assignment.active
+    assert {t.subtopology for t in held} == {0, 2}
+    assert view.announcements_read() is False
+    assert view.stalled() == {str(pid(2)): frozenset(t for t in held if t.subtopology == 2)}
+    assert any("run nowhere" in p for p in quality(view).problems)
 
 
 def test_a_member_describe_cannot_read_may_be_the_one_supporting_2() -> None:
@@ -150,7 +156,9 @@ def test_a_member_describe_cannot_read_may_be_the_one_supporting_2() -> None:
     null: the leader keeps m2's user data, and so its latest supported version, while
     describe cannot read m2. Every member describe reads then supports 3, and still the
     leader reads announcements: it withholds from p3 (V1: announcing, not subscribing to n)
-    the ids whose topics V1 lacks, and describe says so, as the leader did."""
+    the ids whose topics V1 lacks; a leader reading none would have withheld only id 1 (p3
+    does not subscribe to n), and p3 holds only id 0: describe reads it as a reading leader
+    and says the reading is unknown."""
     topics = sorted(V2.source_topics)
     on_wire = {
         "m1": subscription(V2, 1),
@@ -178,10 +186,12 @@ def test_a_member_describe_cannot_read_may_be_the_one_supporting_2() -> None:
     unread = [m for m in view.members if m.undecodable is not None]
     assert [m.member_id for m in unread] == ["m2"]
     assert {m.supported_version for m in view.members if m.undecodable is None} == {3}
-    assert view.announcements_read() is not False
+    assert view.announcements_read() is None
     assert view.withheld() == {str(pid(3)): frozenset({1, 2})}
     assert view.stalled() == {}
-    assert any("run on the other processes" in p for p in quality(view).problems)
+    # A leader reading none would read p3 by its subscription (a, b: ids 0 and 2) and may
+    # have given it the same: what it gave does not tell.
+    assert any("topology announcements is unknown" in p for p in quality(view).problems)
 
 
 def test_a_protocol_3_leader_is_read_as_before() -> None:
@@ -218,12 +228,13 @@ def test_when_it_is_unknown_whether_the_leader_reads_announcements_the_line_says
 
 
 def test_a_blind_member_sharing_a_process_id_makes_no_clash() -> None:
-    """A process id shared by a blind member: pid 1 on p:80 (V2, protocol 3) and on q:80 (V1 at
-    protocol 2, not subscribing to n: it may get no task). The leader keys and checks only the
-    members that may get tasks, and so does describe; two such members still clash."""
+    """A process id shared by a blind member: pid 1 on p:80 (V2, protocol 3) and on q:80
+    (protocol 2, subscribing to none of V2's topics: it may get no task). The leader keys and
+    checks only the members that may get tasks, and so does describe; two such members still
+    clash."""
     members = {
         "m0": subscription(V2, 1, endpoint="p:80"),
-        "m1": subscription(V1, 1, version=2, endpoint="q:80"),
+        "m1": subscription(ELSEWHERE, 1, version=2, endpoint="q:80"),
         "m2": subscription(V2, 2),
     }
     view = view_of(described(members, leader_version=3))
@@ -236,16 +247,17 @@ def test_a_blind_member_sharing_a_process_id_makes_no_clash() -> None:
 
 
 def test_a_split_that_depends_on_the_unknown_reading_says_it_is_unknown() -> None:
-    """Pid 3 on p3:80 and q3:80 (V2 at protocol 2: a copied state directory), and m4 of V1
-    on p3:80 announcing, not subscribing to n, under a pinned leader assigning at 2. A leader
-    reading announcements keys m4 to p3:80 with m2; this one, reading none, gives m4 nothing
-    and keys only m2 there. The bytes do not tell which: describe splits as a reading leader
+    """Pid 3 on p3:80 and q3:80 (V2 at protocol 2: a copied state directory), and m4 on p3:80
+    announcing a topology reading none of the leader's topics (ELSEWHERE), under a pinned
+    leader assigning at 2. A leader reading announcements keys m4 to p3:80 with m2; this one,
+    reading none, finds m4 blind (its subscription has none of the leader's topics) and keys
+    only m2 there. The bytes do not tell which: describe splits as a reading leader
     and says the reading is unknown, though no member announces ids that differ."""
     members = {
         "m1": subscription(V2, 1, version=2),
         "m2": subscription(V2, 3, version=2, endpoint="p3:80"),
         "m3": subscription(V2, 3, version=2, endpoint="q3:80"),
-        "m4": subscription(V1, 3, endpoint="p3:80"),
+        "m4": subscription(ELSEWHERE, 3, endpoint="p3:80"),
     }
     view = view_of(described(members, leader_version=2))
     assert view.announcements_read() is None

@@ -17,7 +17,12 @@ from hypothesis import strategies as st
 
 import streamassign.streams as streams_module
 from streamassign import ClientState, StickyTaskAssignor, Subtopology, TaskId, Topology
-from streamassign.eligibility import MemberReading, group_eligibility, move_to_eligible_clients
+from streamassign.eligibility import (
+    GroupEligibility,
+    MemberReading,
+    group_eligibility,
+    move_to_eligible_clients,
+)
 from streamassign.protocol import LATEST_OFFSET, NEVER, SubscriptionInfo
 from streamassign.streams import MemberAssignment, MemberSubscription, ProbingMemory
 from streamassign.versions import subtopology_topic_indices
@@ -384,3 +389,48 @@ def test_readings_made_on_demand_get_their_own_refused_ids() -> None:
         "v": frozenset({0, 1}),
         "u": frozenset({1}),
     }
+
+
+# -- members announcing no topology (protocol 1-2): read by their subscription ---------------
+
+OWN = {0: frozenset({"a"}), 1: frozenset({"b"}), 7: frozenset({"n"})}  # V4 with a fresh id
+
+
+def test_an_old_member_lacking_a_topic_is_refused_only_the_ids_reading_it() -> None:
+    """The audit's F1: an old process (protocol 2, V1) under a V4 leader lacks n; it gets
+    ids 0 and 1 (before: nothing, and the fleet ran on the other processes)."""
+    members = {
+        "new": MemberReading("p1", frozenset({"a", "b", "n"}), {0: OWN[0], 1: OWN[1], 7: OWN[7]}),
+        "old": MemberReading("p2", frozenset({"a", "b"})),
+        "all": MemberReading("p3", frozenset({"a", "b", "n"})),
+        "elsewhere": MemberReading("p4", frozenset({"z"})),
+        "nothing": MemberReading("p5", frozenset()),
+    }
+    got = group_eligibility(OWN, members)
+    assert got == GroupEligibility(
+        frozenset({"new", "old", "all"}),
+        {"new": frozenset(), "old": frozenset({7}), "all": frozenset()},
+        {"p2": frozenset({7}), "p4": frozenset(OWN), "p5": frozenset(OWN)},
+        ("p4", "p5"),
+    )
+
+
+@hypothesis.given(
+    st.lists(st.frozensets(st.sampled_from("abnz"), max_size=4), min_size=1, max_size=6)
+)
+def test_a_member_announcing_nothing_is_refused_exactly_the_ids_it_cannot_subscribe_to(
+    subscriptions: list[frozenset[str]],
+) -> None:
+    """Model: a non-announcing member may get tasks iff it subscribes to one of the leader's
+    topics, and is then refused exactly the ids reading a topic it does not subscribe to; so
+    no member is ever eligible for a partition of a topic it does not subscribe to."""
+    members = {f"m{i}": MemberReading(f"p{i}", t) for i, t in enumerate(subscriptions)}
+    got = group_eligibility(OWN, members)
+    sources = frozenset().union(*OWN.values())
+    for m, reading in members.items():
+        assert (m in got.may_get_tasks) == bool(sources & reading.topics)
+        if m in got.may_get_tasks:
+            assert got.refused[m] == {s for s, t in OWN.items() if not t <= reading.topics}
+            assert got.withheld.get(reading.process, frozenset()) == got.refused[m]
+        else:
+            assert reading.process in got.blind and got.withheld[reading.process] == set(OWN)

@@ -135,8 +135,9 @@ def test_a_new_leader_keeps_old_processes_that_announce_their_topics(
 ) -> None:
     """A fresh id with a new topic (the documented deploy), a v2 canary leading: the old
     processes announce their topics, so they share ids 0 and 1 (before: nothing, the canary
-    ran the application alone). Old processes that announce nothing (protocol 2) keep the
-    older rule: no tasks, and the leader says why."""
+    ran the application alone). Old processes that announce nothing (protocol 2) are read by
+    their subscription: they share the ids whose topics they subscribe to (before: nothing),
+    and the leader says why they get none of id 7."""
     members = {"new": member(1, FRESH), "old-a": member(2, V1), "old-b": member(3, V1)}
     result = assign_streams(FRESH, COUNTS, members)
     assert all(result[m].info.active for m in members)
@@ -147,7 +148,9 @@ def test_a_new_leader_keeps_old_processes_that_announce_their_topics(
     quiet = {"new": member(1, FRESH), "old": member(2, V1, announces=False)}
     with caplog.at_level(logging.WARNING, "streamassign.streams"):
         result = assign_streams(FRESH, COUNTS, quiet)
-    assert not result["old"].info.active and not result["old"].partitions
+    old_ids = {t.subtopology for t in result["old"].info.active}
+    assert old_ids and old_ids <= {0, 1}
+    assert {tp.topic for tp in result["old"].partitions} <= {"t1", "b"}
     assert any("does not subscribe to n" in r.getMessage() for r in caplog.records)
 
 
@@ -217,8 +220,9 @@ def test_the_decoder_bounds_announced_topics() -> None:
 def test_an_index_past_the_subscription_is_garbage_the_leader_logs(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The member is then one announcing nothing: subscribed to every topic it gets tasks
-    (its guard refuses what it cannot run), otherwise none."""
+    """The member is then one announcing nothing, read by its subscription: it gets tasks
+    of the ids whose topics it subscribes to (its guard refuses what it cannot run), none of
+    the others."""
     bad = SubscriptionInfo(uuid.UUID(int=2), subtopology_topic_indices={0: frozenset({7})})
     good = SubscriptionInfo(
         uuid.UUID(int=1), subtopology_topic_indices=subtopology_topic_indices(V1, V1.source_topics)
@@ -234,7 +238,9 @@ def test_an_index_past_the_subscription_is_garbage_the_leader_logs(
     assert any("member bad: subtopology 0 announces topic index 7" in m for m in warned), warned
     assert decoded["bad"].info is not None and decoded["bad"].info.subtopology_topic_indices == {}
     result = assign_streams(V1, COUNTS, decoded)
-    assert not result["bad"].info.active and result["bad-all"].info.active
+    assert {t.subtopology for t in result["bad"].info.active} <= {0}
+    assert {tp.topic for tp in result["bad"].partitions} <= {"t1"}
+    assert result["bad-all"].info.active
 
 
 def test_a_process_announces_its_topics_by_its_subscription(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from aiokafka.errors import TopicAuthorizationFailedError
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import closing
 from streamassign.errors import CopartitioningError, OutputWriteError, TopologyError
+from streamassign.protocol import LATEST_VERSION, SubscriptionInfo
 from streamassign.runtime import App, ProcessingError, RuntimeConfigError, internal_topics
 from streamassign.runtime import app as runtime_app
 from streamassign.runtime._clients import (
@@ -873,3 +874,46 @@ def test_one_topics_describe_error_keeps_the_other_limits(
     assert (limits, missing) == ({"ok": 65_536}, [])
     (warning,) = caplog.records
     assert "'secret'" in warning.getMessage()
+
+
+def test_max_version_pins_the_protocol_every_consumer_speaks(tmp_path: Path) -> None:
+    """The rolling-upgrade pin (rollaudit F5): ``App(max_version=2)`` reaches every
+    assignor, whose first subscription goes out at 2 and says 2 is the latest it supports;
+    lowering ``host.max_version`` after construction caps the subscription too."""
+
+    def sent(app: App) -> list[tuple[int, int]]:
+        out = []
+        for assignor in app.host.assignors:
+            info = SubscriptionInfo.decode(
+                assignor.metadata(sorted(app.topology.source_topics)).user_data
+            )
+            out.append((info.version, info.latest_supported_version))
+        return out
+
+    pinned = App(
+        topology(),
+        {0: Nothing, 1: Nothing, 2: Nothing},
+        bootstrap_servers="x:1",
+        state_dir=tmp_path / "pinned",
+        store_kind="memory",
+        threads=2,
+        max_version=2,
+    )
+    try:
+        assert pinned.host.max_version == 2
+        assert sent(pinned) == [(2, 2), (2, 2)]
+    finally:
+        pinned.host.state.close()
+    later = App(
+        topology(),
+        {0: Nothing, 1: Nothing, 2: Nothing},
+        bootstrap_servers="x:1",
+        state_dir=tmp_path / "later",
+        store_kind="memory",
+    )
+    try:
+        assert sent(later) == [(LATEST_VERSION, LATEST_VERSION)]
+        later.host.max_version = 2
+        assert sent(later) == [(2, 2)]
+    finally:
+        later.host.state.close()

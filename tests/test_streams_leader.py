@@ -325,18 +325,57 @@ def test_repartition_topics_must_exist_with_their_resolved_count() -> None:
     assert TopicPartition("rekeyed", 3) in right["a"].partitions
 
 
-def test_member_without_the_topology_topics_gets_nothing_and_others_carry_on(
+def test_old_member_lacking_a_topic_gets_the_ids_it_subscribes_to(
     caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A member announcing no topology (protocol 2, an older release) that lacks a topic of
+    the leader's (added in its version) runs its share of the other ids, none of the id
+    reading that topic; one WARNING per episode names its process, not the member."""
+    members = {
+        "old": MemberSubscription({"orders", "customers"}, SubscriptionInfo(uuid.UUID(int=1))),
+        "new": member(2),
+    }
+    logged = Repeats()
+    with caplog.at_level(logging.WARNING):
+        result = assign_streams(TOPOLOGY, COUNTS, members, topology_versions=logged)
+        again = assign_streams(TOPOLOGY, COUNTS, members, topology_versions=logged)
+    assert result["old"].info.error_code == ErrorCode.NONE
+    old_tasks = set(result["old"].info.active)
+    assert old_tasks and {t.subtopology for t in old_tasks} == {0}
+    assert {tp.topic for tp in result["old"].partitions} <= {"orders", "customers"}
+    assert set(TOPOLOGY_TASKS) == old_tasks | set(result["new"].info.active)
+    assert set(again["old"].info.active) == old_tasks
+    lines = [r.getMessage() for r in caplog.records if "does not subscribe to" in r.message]
+    assert len(lines) == 1
+    assert "process 00000000-0000-0000-0000-000000000001" in lines[0]
+    assert "returns" in lines[0] and "subtopology id 1" in lines[0]
+
+
+def test_old_member_subscribing_to_none_of_the_leader_topics_gets_nothing() -> None:
+    members = {
+        "old": MemberSubscription({"elsewhere"}, SubscriptionInfo(uuid.UUID(int=1))),
+        "new": member(2),
+    }
+    result = assign_streams(TOPOLOGY, COUNTS, members)
+    assert result["old"].partitions == () and result["old"].info.error_code == ErrorCode.NONE
+    assert len(result["new"].info.active) == 9
+
+
+@pytest.mark.parametrize("high_availability", [False, True])
+def test_old_member_lacking_a_topic_keeps_standbys_of_the_ids_it_subscribes_to(
+    high_availability: bool,
 ) -> None:
     members = {
         "old": MemberSubscription({"orders", "customers"}, SubscriptionInfo(uuid.UUID(int=1))),
         "new": member(2),
     }
-    with caplog.at_level(logging.WARNING):
-        result = assign_streams(TOPOLOGY, COUNTS, members)
-    assert result["old"].partitions == () and result["old"].info.error_code == ErrorCode.NONE
-    assert len(result["new"].info.active) == 9
-    assert "does not subscribe to returns" in caplog.text
+    result = assign_streams(
+        TOPOLOGY, COUNTS, members, num_standby_replicas=1, high_availability=high_availability
+    )
+    stateful = {t for t in TOPOLOGY_TASKS if t.subtopology == 0}
+    standbys = set(result["old"].info.standby) | set(result["new"].info.standby)
+    assert standbys == stateful
+    assert {t.subtopology for t in result["old"].info.active} == {0}
 
 
 def test_unreadable_member_is_a_process_of_its_own_without_history() -> None:

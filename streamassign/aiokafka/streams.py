@@ -186,7 +186,8 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             error_code=self.host.requested_error,
             rack=self.host.rack,
             client_tags=self.host.client_tags,
-            version=self.version,
+            # The host's pin, also when it was lowered after this assignor was built.
+            version=min(self.version, self.host.max_version),
             latest_supported_version=self.host.max_version,
             # Each id's source topics, by their place in what this consumer subscribes to.
             subtopology_topic_indices=subtopology_topic_indices(self.host.topology, topics),

@@ -44,6 +44,7 @@ from ..errors import (
     RuntimeConfigError,
     TransactionFailedError,
 )
+from ..protocol import LATEST_VERSION
 from ..streams import ACCEPTABLE_RECOVERY_LAG
 from ..topology import Topology
 from ._clients import (
@@ -132,6 +133,10 @@ class App:
     Each open store needs ~4 MiB of it: beyond ``rocksdb_memory_mib / 4`` stores the memory
     grows to ~4 MiB per store (warned, again as they double). Each store's memtables are at
     most 2 x 8 MiB.
+
+    ``max_version``: the highest streams protocol version this process speaks (the rolling
+    upgrade pin, ``ProcessHost(max_version=...)``: keep the new release at the old one's
+    version until every process runs it, see ``docs/runtime.md``).
     """
 
     def __init__(
@@ -157,6 +162,7 @@ class App:
         probing_rebalance_interval_ms: int = 600_000,
         state_cleanup_delay_ms: int | None = STATE_CLEANUP_DELAY_MS,
         rocksdb_memory_mib: int = DEFAULT_ROCKSDB_MEMORY_MIB,
+        max_version: int = LATEST_VERSION,
     ) -> None:
         settings = Settings(
             topology=topology,
@@ -208,6 +214,7 @@ class App:
             max_warmup_replicas=max_warmup_replicas,
             probing_rebalance_interval_ms=probing_rebalance_interval_ms,
             end_offsets=self.end_offsets,
+            max_version=max_version,
         )
         self.bootstrap_servers = bootstrap_servers
         self.threads = threads
