@@ -196,7 +196,7 @@ def _lock_refused(lock: Path) -> bool:
     return False
 
 
-def rename_aside(path: Path) -> Path:
+def _rename_aside(path: Path) -> Path:
     """Rename ``path`` to a ``<name>.damaged-<UTC time>`` sibling (same directory, so never
     across devices); the new path. Raises ``OSError`` if it cannot be renamed."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -236,7 +236,7 @@ class DamagedTables:
             self.live.append((found, holder))
             return Aside.LIVE
         try:
-            aside = rename_aside(found.path)
+            aside = _rename_aside(found.path)
         except OSError as exc:
             self.kept.append((found, f"cannot rename it: {exc}"))
             return Aside.KEPT
