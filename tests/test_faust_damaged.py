@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -267,10 +268,16 @@ class OtherProcess:
             text=True,
         )
         assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], 60)
+        assert ready, "the other process did not open the database within 60 s"
         assert self.process.stdout.readline() == "open\n"  # EOF (its death) fails at once
 
     def close(self) -> None:
-        self.process.communicate("", timeout=30)
+        try:
+            self.process.communicate("", timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
 
 
 @pytest.fixture
