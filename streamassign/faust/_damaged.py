@@ -172,8 +172,9 @@ def lock_holder(path: Path) -> str | None:
 
 def _listed_lock_pids(inode: int) -> list[str] | None:
     """The pids ``/proc/locks`` lists with a lock on ``inode``; None if it cannot be read.
-    Matched by inode alone: ``stat`` on an overlay reports another device than the lock's; a
-    file of the same inode on another device only keeps a directory in place."""
+    Matched by inode alone: on stacked file systems (overlayfs) the device ``stat`` gives can
+    differ from the one listed; a file of the same inode on another device only keeps a
+    directory in place, the safe side."""
     try:
         text = _PROC_LOCKS.read_text()
     except OSError:
