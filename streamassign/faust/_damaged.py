@@ -292,11 +292,12 @@ class DamagedTables:
         if not self.newer:
             return None
         libraries = ", ".join(sorted({found.library for found in self.newer}))
+        them = "it" if len(self.newer) == 1 else "them"
         return (
             f"{len(self.newer)} table partition director{_ies(self.newer)} written by a newer "
             f"RocksDB than this worker's {libraries} reads, left in place (not damaged): "
-            "Faust cannot open them; upgrade the library to the version that wrote them, or "
-            "delete them to restore those partitions from their changelogs ("
+            f"Faust cannot open {them}; upgrade the library to the version that wrote {them}, "
+            f"or delete {them} to restore {_those(self.newer)} from the changelog ("
             + _names(f"{f.path} ({f.why})" for f in self.newer)
             + ') (docs/faust.md, "Damaged table directories")'
         )
