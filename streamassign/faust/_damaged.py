@@ -10,18 +10,36 @@ such a directory is renamed to ``<dir>.damaged-<UTC time>`` (never deleted: the 
 evidence) and counts as wiped: Faust opens an empty database there and restores the partition
 from its changelog, as Kafka Streams does with a corrupted task's state. A directory this worker
 may have open (a partition it holds now) is never moved, nor one whose rename fails: those keep
-the old answer (reported at 0, not claimed).
+the old answer (reported at 0, not claimed). Nor is one another process holds (its RocksDB
+``LOCK``): a read-only open takes no lock, so it reads a live database and can race its
+compactions; that is no damage. A store written by a newer RocksDB than this one reads is no
+damage either (a library rolled back): it is left for the operator, with one WARNING.
 """
 
 from __future__ import annotations
 
+import enum
+import errno
+import fcntl
+import os
+import re
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import attrs
 
-__all__ = ["DamagedTable", "DamagedTables", "is_damaged_status"]
+__all__ = [
+    "DAMAGED_SUFFIX",
+    "Aside",
+    "DamagedTable",
+    "DamagedTables",
+    "NewerFormatTable",
+    "is_damaged_status",
+    "is_missing_file_status",
+    "is_newer_format_status",
+    "lock_holder",
+]
 
 #: Marks a directory set aside (``<name>.damaged-<UTC time>``), as the core's local state does.
 DAMAGED_SUFFIX = ".damaged-"
@@ -33,11 +51,23 @@ _CORRUPTION = "Corruption:"
 #: ``CURRENT`` next to a write-ahead log: Faust's read-write open then fails with "wal_dir
 #: contains existing log file"); an empty directory Faust just creates a database in.
 _MISSING_FILE = "No such file or directory"
-#: Files RocksDB (and rocksdict) write before a database holds anything.
-_NO_DATA_FILES = ("LOCK", "LOG", "rocksdict-config.json")
-#: Causes that are never the files' fault, even inside such a status: another process holds
-#: the database, or the disk or its permissions are the operator's to fix (moving would not
-#: help, or would take a live database's files).
+#: The files that make a directory without ``CURRENT`` one Faust's open fails on: table
+#: files, and any write-ahead log, even an empty one ("wal_dir contains existing log file").
+#: An interrupted create (``IDENTITY``, ``MANIFEST-``, ``OPTIONS-``, ``*.dbtmp``, the lock and
+#: the info ``LOG``) has none, and Faust opens it as a new database.
+_DATA_SUFFIXES = (".sst", ".log", ".blob")
+#: Statuses of a store written by a newer RocksDB than the one reading it (a format version it
+#: does not know): RocksDB wraps some in ``Corruption``, but the files are intact and a newer
+#: library reads them. Matched case-insensitively.
+_NEWER_FORMAT = (
+    "unsupported format_version",
+    "unknown footer version",
+    "newer version of rocksdb",
+    "unknown tag",
+)
+#: Causes that are never the files' fault, even inside such a status: the disk or its
+#: permissions are the operator's to fix (moving would not help). A lock is only ever named by
+#: a read-write open; the member's read-only one takes none (see ``lock_holder``).
 _NOT_DAMAGE = (
     "While lock file",
     "lock hold",
@@ -48,6 +78,10 @@ _NOT_DAMAGE = (
     "Permission denied",
     "Operation not permitted",
 )
+#: A lock in ``/proc/locks``: ``<n>: [-> ]<type> <mode> <READ|WRITE> <pid> <maj>:<min>:<inode>``
+#: (the pid is -1 for an open file description lock, 0 for a holder in another pid namespace).
+_PROC_LOCK = re.compile(r"\s(-?\d+)\s+[0-9a-f]+:[0-9a-f]+:(\d+)\s")
+_PROC_LOCKS = Path("/proc/locks")
 #: How many directories the WARNING names (it counts them all).
 _NAMED = 3
 
@@ -60,25 +94,110 @@ class DamagedTable:
     why: str
 
 
+@attrs.frozen
+class NewerFormatTable:
+    """A table partition directory written by a newer RocksDB than this one reads: intact, and
+    no damage, but this worker's Faust cannot open it."""
+
+    path: Path
+    why: str
+    #: The binding that cannot read it, with its version (``rocksdict 0.3.0``).
+    library: str
+
+
+class Aside(enum.Enum):
+    """What ``DamagedTables.move_aside`` did with a directory read as damaged."""
+
+    #: Renamed aside: it counts as wiped.
+    MOVED = enum.auto()
+    #: Left in place: Faust may crash on it, so the task is not claimed.
+    KEPT = enum.auto()
+    #: Another process has the database open: the read raced a live database, no damage.
+    LIVE = enum.auto()
+
+
+def is_newer_format_status(exc: BaseException) -> bool:
+    """Whether the error says the store was written by a newer RocksDB than this one."""
+    status = str(exc).lower()
+    return any(marker in status for marker in _NEWER_FORMAT)
+
+
+def is_missing_file_status(exc: BaseException) -> bool:
+    """Whether the error says a file RocksDB looked for is gone (also what a read racing a
+    live database's compaction sees: worth a second read)."""
+    return _MISSING_FILE in str(exc)
+
+
 def is_damaged_status(exc: BaseException, path: Path) -> bool:
     """Whether the error of a read-only open (or read) of the database at ``path`` says its
-    files are damaged, not that it is in use or that the disk is full or failing."""
+    files are damaged, not that the disk is full or failing or that a newer RocksDB wrote
+    them (whether another process has it open is ``lock_holder``'s to say)."""
     status = str(exc)
-    if any(cause in status for cause in _NOT_DAMAGE):
+    if any(cause in status for cause in _NOT_DAMAGE) or is_newer_format_status(exc):
         return False
     if _CORRUPTION in status or type(exc).__name__ == "Corruption":
         return True
-    return _MISSING_FILE in status and _holds_data(path)
+    return is_missing_file_status(exc) and _holds_data(path)
 
 
 def _holds_data(path: Path) -> bool:
     try:
-        return any(not entry.name.startswith(_NO_DATA_FILES) for entry in path.iterdir())
+        return any(entry.name.endswith(_DATA_SUFFIXES) for entry in path.iterdir())
     except OSError:
         return False
 
 
-def set_aside(path: Path) -> Path:
+def lock_holder(path: Path) -> str | None:
+    """Which process holds the RocksDB ``LOCK`` of the database at ``path`` (Faust's read-write
+    open takes it; a read-only open does not), ``None`` if none does. Raises ``OSError`` when
+    it cannot tell.
+
+    First ``/proc/locks`` (Linux), which needs no file descriptor on ``LOCK``. Then, for a
+    holder it does not list (another pid namespace on kernels that hide those, a lock held
+    over NFS), a non-blocking ``fcntl`` lock. Closing any descriptor of a file drops every
+    POSIX lock this process holds on it, so the probe could release Faust's own lock; it runs
+    only where ``/proc/locks`` lists no lock on the file (none of this process's, then), or
+    where it cannot be read (not Linux): the caller asks only of directories this worker does
+    not have open."""
+    lock = path / "LOCK"
+    try:
+        inode = lock.stat().st_ino
+    except FileNotFoundError:
+        return None  # an open creates it: no process has this database open
+    if pids := _listed_lock_pids(inode):
+        mine = str(os.getpid())
+        return ", ".join(sorted({"this worker" if p == mine else f"process {p}" for p in pids}))
+    return "another process (its lock refused ours)" if _lock_refused(lock) else None
+
+
+def _listed_lock_pids(inode: int) -> list[str] | None:
+    """The pids ``/proc/locks`` lists with a lock on ``inode``; None if it cannot be read.
+    Matched by inode alone: on stacked file systems (overlayfs) the device ``stat`` gives can
+    differ from the one listed; a file of the same inode on another device only keeps a
+    directory in place, the safe side."""
+    try:
+        text = _PROC_LOCKS.read_text()
+    except OSError:
+        return None
+    return [pid for pid, ino in _PROC_LOCK.findall(text) if int(ino) == inode]
+
+
+def _lock_refused(lock: Path) -> bool:
+    """Whether another process holds a lock on ``lock``: a non-blocking write lock on it is
+    refused (released at once when granted). See ``lock_holder`` for when this is safe."""
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return True
+        raise
+    finally:
+        os.close(fd)
+    return False
+
+
+def _rename_aside(path: Path) -> Path:
     """Rename ``path`` to a ``<name>.damaged-<UTC time>`` sibling (same directory, so never
     across devices); the new path. Raises ``OSError`` if it cannot be renamed."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -93,31 +212,46 @@ def set_aside(path: Path) -> Path:
 
 @attrs.define
 class DamagedTables:
-    """What one join found damaged: the directories it moved aside and those it kept (with
-    why not moved), for one summary line."""
+    """What one join found: the damaged directories it moved aside, those it kept (Faust runs
+    that partition in this worker now, or the rename failed), those another process has open
+    (no damage), and those a newer RocksDB wrote, for one line each."""
 
     moved: list[tuple[DamagedTable, Path]] = attrs.field(factory=list)
+    open_here: list[DamagedTable] = attrs.field(factory=list)
     kept: list[tuple[DamagedTable, str]] = attrs.field(factory=list)
+    live: list[tuple[DamagedTable, str]] = attrs.field(factory=list)
+    newer: list[NewerFormatTable] = attrs.field(factory=list)
 
-    def set_aside(self, found: DamagedTable, in_use: bool) -> bool:
-        """Move ``found`` aside unless this worker may have it open (``in_use``); whether it
-        was moved (then it counts as wiped)."""
+    def move_aside(self, found: DamagedTable, in_use: bool) -> Aside:
+        """Move ``found`` aside unless this worker may have it open (``in_use``) or another
+        process does (then it is no damage: a read-only open raced a live database)."""
         if in_use:
-            self.kept.append((found, "this worker holds that partition now"))
-            return False
+            self.open_here.append(found)
+            return Aside.KEPT
         try:
-            aside = set_aside(found.path)
+            holder = lock_holder(found.path)
+        except OSError as exc:
+            self.kept.append((found, f"cannot tell whether another process has it open: {exc}"))
+            return Aside.KEPT
+        if holder is not None:
+            self.live.append((found, holder))
+            return Aside.LIVE
+        try:
+            aside = _rename_aside(found.path)
         except OSError as exc:
             self.kept.append((found, f"cannot rename it: {exc}"))
-            return False
+            return Aside.KEPT
         self.moved.append((found, aside))
-        return True
+        return Aside.MOVED
 
     def kept_paths(self) -> frozenset[Path]:
-        return frozenset(found.path for found, _ in self.kept)
+        return frozenset([f.path for f in self.open_here] + [f.path for f, _ in self.kept])
+
+    def newer_paths(self) -> frozenset[Path]:
+        return frozenset(found.path for found in self.newer)
 
     def summary(self) -> str | None:
-        """One line saying what was found and what happens to it; None if nothing was."""
+        """One line saying what damage was found and what happens to it; None if none was."""
         parts = []
         if self.moved:
             parts.append(
@@ -127,6 +261,18 @@ class DamagedTables:
                 "changelogs; the moved directories are kept for inspection, delete them when "
                 "done ("
                 + _names(f"{f.path} ({f.why}) -> {aside.name}" for f, aside in self.moved)
+                + ")"
+            )
+        if self.open_here:
+            them = "it" if len(self.open_here) == 1 else "them"
+            parts.append(
+                f"{len(self.open_here)} table partition director{_ies(self.open_here)} read "
+                f"as damaged but not moved: Faust runs {_those(self.open_here)} in this "
+                f"worker now and may have {them} open (the read may have raced its own "
+                "writes); reported at offset 0 and not claimed. Nothing has failed; leave "
+                f"{them}: if the damage is real, the next start moves {them} aside before "
+                f"Faust opens {them} ("
+                + _names(f"{f.path} ({f.why})" for f in self.open_here)
                 + ")"
             )
         if self.kept:
@@ -141,9 +287,28 @@ class DamagedTables:
             return None
         return "; ".join(parts) + ' (docs/faust.md, "Damaged table directories")'
 
+    def newer_summary(self) -> str | None:
+        """One line naming the directories a newer RocksDB wrote; None if there are none."""
+        if not self.newer:
+            return None
+        libraries = ", ".join(sorted({found.library for found in self.newer}))
+        them = "it" if len(self.newer) == 1 else "them"
+        return (
+            f"{len(self.newer)} table partition director{_ies(self.newer)} written by a newer "
+            f"RocksDB than this worker's {libraries} reads, left in place (not damaged): "
+            f"Faust cannot open {them}; upgrade the library to the version that wrote {them}, "
+            f"or delete {them} to restore {_those(self.newer)} from the changelog ("
+            + _names(f"{f.path} ({f.why})" for f in self.newer)
+            + ') (docs/faust.md, "Damaged table directories")'
+        )
+
 
 def _ies(items: Sequence[object]) -> str:
     return "y" if len(items) == 1 else "ies"
+
+
+def _those(items: Sequence[object]) -> str:
+    return "that partition" if len(items) == 1 else "those partitions"
 
 
 def _names(lines: Iterable[str]) -> str:

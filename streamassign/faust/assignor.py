@@ -25,6 +25,7 @@ import contextlib
 import enum
 import hashlib
 import importlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -63,7 +64,15 @@ from ..protocol import (
 )
 from ..repeats import Repeats
 from ..streams import FAUST_PROTOCOL_NAME
-from ._damaged import DamagedTable, DamagedTables, is_damaged_status
+from ._damaged import (
+    Aside,
+    DamagedTable,
+    DamagedTables,
+    NewerFormatTable,
+    is_damaged_status,
+    is_missing_file_status,
+    is_newer_format_status,
+)
 from ._watch import JoinErrors, MetadataWatch, unsized
 from .leader import (
     CAPACITY_TAG,
@@ -182,6 +191,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         #: The damaged table directories this member could not move aside (logged once per
         #: set, as every join finds them again; a set it moved is always news).
         self._damaged_kept = Repeats()
+        #: The table directories written by a newer RocksDB, logged once per set as above.
+        self._newer_format = Repeats()
         #: Whether this worker led the round whose assignment it waits for.
         self._leading = False
         #: Changes only when this worker wants a rebalance (after a failed one): a rejoin with
@@ -258,15 +269,17 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         following = current.standby | current.warmup
         unreadable: set[TaskId] = set()
         damaged = DamagedTables()
-        for t in sorted(held - current.active):
-            topics = dictionary.get(t.subtopology, {})
-            offset = self._held_offset_sum(t, topics, following, previous, damaged)
-            if offset is _UNPARSED:  # Faust cannot open it either: no claim on it
-                unreadable.add(t)
-                sums[t] = 0
-            elif offset is not None:
-                sums[t] = offset
-        self._log_damaged(damaged)
+        try:
+            for t in sorted(held - current.active):
+                topics = dictionary.get(t.subtopology, {})
+                offset = self._held_offset_sum(t, topics, following, previous, damaged)
+                if offset is _UNPARSED:  # Faust cannot open it either: no claim on it
+                    unreadable.add(t)
+                    sums[t] = 0
+                elif offset is not None:
+                    sums[t] = offset
+        finally:  # a directory moved before an error is named all the same
+            self._log_damaged(damaged)
         tags = {
             CHANGELOGS_TAG: ",".join(sorted(self._changelog_topics())),
             GLOBAL_CHANGELOGS_TAG: ",".join(sorted(self._global_changelog_topics())),
@@ -663,14 +676,17 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         """Sum of the offsets this worker's on-disk (RocksDB) tables persisted for ``task``;
         ``None`` when it has none (in-memory tables keep nothing across a restart). A damaged
         table directory is moved aside (then it holds nothing) unless this worker may have
-        it open (``in_use``: ``task`` is assigned to it now); ``_UNPARSED`` when one stays."""
+        it open (``in_use``: ``task`` is assigned to it now); ``_UNPARSED`` when one stays.
+        One another process has open, or a newer RocksDB wrote, is no damage: nothing read."""
         found = []
         unparsed = False
         for table in self._task_tables(task, topics):
             offset = _persisted_offset(table.data, task.partition)
             if isinstance(offset, DamagedTable):
                 open_here = in_use or self._may_be_open(table, task.partition)
-                unparsed |= not damaged.set_aside(offset, in_use=open_here)
+                unparsed |= damaged.move_aside(offset, in_use=open_here) is Aside.KEPT
+            elif isinstance(offset, NewerFormatTable):  # not damage: nothing read
+                damaged.newer.append(offset)
             elif offset is not None:
                 found.append(offset)
         return _UNPARSED if unparsed else applied_offset_sum(found)
@@ -678,7 +694,11 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def _may_be_open(self, table: Any, partition: int) -> bool:
         """Whether Faust may hold ``table``'s database of ``partition`` open in this process:
         its store has a handle to it, or the partition is in what Faust runs now (after a
-        failed assignment, what Kafka assigned). Moved, it would lose what Faust writes."""
+        failed assignment, what Kafka assigned). Moved, it would lose what Faust writes.
+
+        The view is what protects: Faust adds a handle to ``_dbs`` only once its open returns,
+        and it opens only partitions in the view (set on this thread before Faust's callbacks
+        run). ``lock_holder`` then sees a lock Faust took in this process, on Linux."""
         if partition in getattr(table.data, "_dbs", {}):
             return True
         view = self._view
@@ -686,12 +706,19 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _log_damaged(self, damaged: DamagedTables) -> None:
         """One line per join for every damaged table directory found: a WARNING when it moved
-        some, or when those it could not move are news; their repeats at DEBUG."""
+        some, or when those it could not move are news; their repeats at DEBUG. Likewise one
+        for those a newer RocksDB wrote; those another process has open at DEBUG."""
         kept_news = self._damaged_kept.changed(damaged.kept_paths() or None)
-        if (line := damaged.summary()) is None:
-            return
-        news = bool(damaged.moved) or (kept_news and bool(damaged.kept))
-        log.log(logging.WARNING if news else logging.DEBUG, line)
+        newer_news = self._newer_format.changed(damaged.newer_paths() or None)
+        for found, holder in damaged.live:
+            log.debug(
+                "%s read as damaged (%s) is open in %s: not moved", found.path, found.why, holder
+            )
+        if (line := damaged.summary()) is not None:
+            news = bool(damaged.moved) or (kept_news and bool(damaged.kept_paths()))
+            log.log(logging.WARNING if news else logging.DEBUG, line)
+        if (line := damaged.newer_summary()) is not None:
+            log.log(logging.WARNING if newer_news else logging.DEBUG, line)
 
     def _recovery_completed(self) -> bool:
         """Whether Faust's recovery has completed (actives restored) since this worker started:
@@ -853,7 +880,7 @@ _TTL_SUFFIX = 4
 _TTL_MIN_TIMESTAMP = 1368146402
 
 
-def _persisted_offset(store: Any, partition: int) -> int | DamagedTable | None:
+def _persisted_offset(store: Any, partition: int) -> int | DamagedTable | NewerFormatTable | None:
     """The changelog offset Faust's RocksDB ``store`` persisted for ``partition``, read through
     a private read-only handle that is closed right away.
 
@@ -863,18 +890,22 @@ def _persisted_offset(store: Any, partition: int) -> int | DamagedTable | None:
     for other stores, a partition with nothing on disk, or a database that cannot be read for
     a reason other than its files (logged at DEBUG); a ``DamagedTable`` for one Faust crashes
     on: RocksDB reports its files damaged, or it holds a value under the offset key that is
-    no offset (Faust's own ``int()`` fails on it).
+    no offset (Faust's own ``int()`` fails on it); a ``NewerFormatTable`` for one a newer
+    RocksDB wrote.
     """
     if not _keeps_state_on_disk(store):
         return None  # nothing survives a restart
     path = Path(store.partition_path(partition))
-    if not path.exists():
-        return None
-    try:
-        raw = _read_raw_offset(store, path)
+    try:  # in the try: ``exists`` raises on no permission to the table directory
+        if not path.exists():
+            return None
+        raw = _read_settled(store, path)
     except Exception as exc:  # a lock or the disk: the operator's, no state to report
+        why = str(exc).splitlines()[0][:200] if str(exc) else repr(exc)
+        if is_newer_format_status(exc):
+            return NewerFormatTable(path, why, _rocksdb_library(store))
         if is_damaged_status(exc, path):
-            return DamagedTable(path, str(exc).splitlines()[0][:200] if str(exc) else repr(exc))
+            return DamagedTable(path, why)
         log.debug("no persisted offset in %s: %s", path, exc)
         return None
     if raw is None:
@@ -901,6 +932,31 @@ def _strip_ttl(raw: bytes) -> bytes | None:
     if written < _TTL_MIN_TIMESTAMP:
         return None
     return raw[:-_TTL_SUFFIX]
+
+
+def _read_settled(store: Any, path: Path) -> bytes | None:
+    """``_read_raw_offset``, again once when a file it needs is gone: a read-only open takes
+    no lock, so it can read a database another process has open and race its compaction (an
+    SST listed in the MANIFEST it read, deleted before it opened it); the second read finds
+    the new MANIFEST. Damage stays: a file really missing is missing twice."""
+    try:
+        return _read_raw_offset(store, path)
+    except Exception as exc:
+        if not is_missing_file_status(exc):
+            raise
+    return _read_raw_offset(store, path)
+
+
+def _rocksdb_library(store: Any) -> str:
+    """The name and version of the RocksDB binding ``store`` reads with, for a log line."""
+    if getattr(store.rocksdb_options, "use_rocksdict", True):
+        names = ["rocksdict"]
+    else:  # python-rocksdb, under the names of its forks
+        names = ["faust-streaming-rocksdb", "python-rocksdb", "rocksdb"]
+    for name in names:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return f"{name} {importlib.metadata.version(name)}"
+    return names[0]
 
 
 def _read_raw_offset(store: Any, path: Path) -> bytes | None:
