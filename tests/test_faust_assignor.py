@@ -375,10 +375,10 @@ def test_a_restart_reads_the_offsets_of_a_table_with_a_ttl(tmp_path: Path) -> No
 def test_a_restart_moves_a_directory_whose_offset_it_cannot_parse_aside(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """review50 R1, faustlive2 H1: a database that opens but holds, under the offset key, a
-    value that is no offset is one Faust cannot read either (its ``int()`` raises when the
-    partition is assigned, and the app crashes). Reported at 0 and not claimed, a short
-    changelog still brought it back and the worker crashed on every restart; it is moved
+    """A database that opens but holds, under the offset key, a value that is no offset is
+    one Faust cannot read either (its ``int()`` raises when the partition is assigned, and
+    the app crashes). Reported at 0 and not claimed, a short changelog would still bring it
+    back and the worker would crash on every restart; it is moved
     aside (``<dir>.damaged-<UTC time>``) and counts as wiped: 0 and claimed, as a partition
     with nothing on disk, with one WARNING naming the directory; the others their offsets."""
     ran = sorted(stopped_after_running_alone(tmp_path / "w0", {SRC: 6, CL: 6}))
