@@ -1268,9 +1268,11 @@ def test_a_topic_added_mid_roll_is_a_topology_change_not_another_application(
     tmp_path: Path,
 ) -> None:
     """A review: adding a source topic to a subtopology during a roll (the moment a what-if or
-    an explain is run) asked "is it the same application?". Sharing a topic, or the group's
-    name, makes it one application's topology change, said with the topics added and removed;
-    two names that differ still ask."""
+    an explain is run) asked "is it the same application?". Sharing a topic (and no names that
+    differ) makes it one application's topology change, said with the topics added and
+    removed; two names that differ still ask, naming them (plan prints no group line). A
+    later review: one name with no topic shared may be another environment's application
+    (application ids are often kept across them): asked too, saying so."""
     now = _live(tmp_path / "now.json", "clicks-app", "clicks")
     added = tmp_path / "added.toml"  # unnamed: the shared topic tells
     added.write_text(CLICKS.replace('["clicks"]', '["clicks", "promos"]') + _COUNTS)
@@ -1280,21 +1282,35 @@ def test_a_topic_added_mid_roll_is_a_topology_change_not_another_application(
         f"warning: 4 tasks read other partitions in the topology than in {now}: a topology "
         "change (added topic promos); tasks are matched by id"
     )
-    # Named as the group (its application id): every topic replaced is still a change.
+    # Named as the group (its application id), and sharing its topic: a change.
+    grown = tmp_path / "grown.toml"
+    grown.write_text('name = "clicks-app"\n' + added.read_text())
+    code, _, err = _invoke("plan", str(grown), "--clients", now)
+    assert code == 0 and err.splitlines()[-1].endswith(
+        "a topology change (added topic promos); tasks are matched by id"
+    )
+    # Named as the group, but every topic replaced (staging.clicks vs prod.clicks): asked.
     renamed = tmp_path / "renamed.toml"
     renamed.write_text('name = "clicks-app"\n' + CLICKS.replace('"clicks"', '"hits", "views"'))
     renamed.write_text(renamed.read_text() + "[partitions]\nhits = 4\nviews = 4\n")
     code, _, err = _invoke("plan", str(renamed), "--clients", now)
     assert code == 0
     assert err.splitlines()[-1] == (
-        f"warning: 4 tasks read other partitions in the topology than in {now}: a topology "
-        "change (added topics hits, views; removed topic clicks); tasks are matched by id"
+        f"warning: 4 tasks read other partitions in the topology than in {now} (both named "
+        f"'clicks-app', no topic shared; topics of {now}: clicks; of the topology: hits, "
+        "views); tasks are matched by id alone: is it the same application?"
     )
-    # Another application's name, topics shared: asked.
+    # Another application's name, topics shared: asked, naming both.
     other = tmp_path / "other.toml"
     other.write_text('name = "promos-app"\n' + added.read_text())
     code, _, err = _invoke("plan", str(other), "--clients", now)
-    assert code == 0 and err.splitlines()[-1].endswith("is it the same application?"), err
+    assert code == 0
+    assert err.splitlines()[-1] == (
+        f"warning: 4 tasks read other partitions in the topology than in {now} ({now} is of "
+        "group 'clicks-app', the topology of 'promos-app'; topics of "
+        f"{now}: clicks; of the topology: clicks, promos); tasks are matched by id alone: is "
+        "it the same application?"
+    )
     # explain of one group's snapshots across the change.
     later = json.loads(Path(now).read_text())
     later["tasks"] = {f"0_{n}": [["clicks", n], ["promos", n]] for n in range(4)}
@@ -1388,9 +1404,16 @@ def test_a_what_if_says_when_the_snapshot_may_hold_fewer_standbys_than_the_app(
         metrics["num_standby_replicas_inferred"],
     ) == (0, True)
     assert err.splitlines() == [
-        f"note: --standbys 0 from {scale_out}, which describe inferred from 1 process (at most "
-        "0 per task fit): the app may run more; give --standbys N for the app's"
+        f"note: --standbys 0 from {scale_out}, which describe inferred from 1 process (none "
+        "fit): the app may run more; give --standbys N for the app's"
     ]
+    # A review: a topology without state places no standby: no count can matter, none said.
+    stateless = tmp_path / "stateless.toml"
+    stateless.write_text(topology.read_text().replace('stores = ["totals"]\n', ""))
+    for snapshot in (str(scale_out), _live(tmp_path / "unstated.json", "c", "clicks", None)):
+        code, out, err = _invoke("plan", str(stateless), "--clients", snapshot, "--json")
+        assert (code, err) == (0, ""), err
+        assert json.loads(out)["metrics"]["num_standby_replicas"] == 0
     # At the cap of 2 processes (1 per task fit): a note too.
     at_cap = _live(tmp_path / "at-cap.json", "clicks-app", "clicks")
     code, _, err = _invoke("plan", str(topology), "--clients", at_cap)
@@ -1457,3 +1480,20 @@ def test_the_standby_table_title_counts_drops_and_placings() -> None:
     text = console.export_text()
     assert "Standby copies: 1 dropped, 1 placed" in text
     assert sum(1 for line in text.splitlines() if line.startswith("│ 0_1")) == 1
+
+
+def test_explain_asks_of_one_groups_name_with_no_topic_shared(tmp_path: Path) -> None:
+    """A review: application ids are often kept across environments while topics differ
+    (staging.clicks, prod.clicks); the same group name with no topic shared read as "a
+    topology change". It asks, saying what the two have in common and not."""
+    before = _live(tmp_path / "staging.json", "clicks-app", "staging.clicks")
+    after = _live(tmp_path / "prod.json", "clicks-app", "prod.clicks")
+    code, _, err = _invoke("explain", before, after)
+    assert (code, err.splitlines()) == (
+        0,
+        [
+            f"warning: 4 tasks read other partitions in {after} than in {before} (both named "
+            f"'clicks-app', no topic shared; topics of {before}: staging.clicks; of {after}: "
+            "prod.clicks); tasks are matched by id alone: is it the same application?"
+        ],
+    )
