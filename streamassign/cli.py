@@ -44,6 +44,7 @@ from .explain import (
     explain,
     load_snapshot,
     named_as_after,
+    numbered_as,
     views_from_assignment,
     views_from_clients,
 )
@@ -1248,8 +1249,8 @@ def explain_command(
         )
         processes = [*before, *now.views]
     else:
-        old, new = _read_saved(files[0]), _read_saved(files[1])
-        _warn_unrelated(old, new, files[0], files[1])
+        new = _read_saved(files[1])
+        old = _compared_with(_read_saved(files[0]), new, files[0], files[1])
         # BEFORE's processes as AFTER names them: a clash of a shared process id that starts
         # or ends between the two renames the original (P <-> P#endpoint), which moved nothing.
         before_views = named_as_after(old.views, old.process_members, new.process_members)
@@ -1273,6 +1274,24 @@ def explain_command(
             labels=_process_labels(processes),
             uncertain_hand_backs=(now if last else new).protocol != FAUST_PROTOCOL_NAME,
         )
+
+
+def _compared_with(old: Snapshot, new: Snapshot, before: Path, after: Path) -> Snapshot:
+    """BEFORE (``old``) as ``explain``/``diff`` compare it with AFTER (``new``): a consumer
+    group's tasks matched by partition (:func:`numbered_as`: its ids shift when a topic is
+    added or removed), said in a note when that renamed any; the warnings of
+    :func:`_warn_unrelated`."""
+    matched = numbered_as(old, new)
+    if matched is not old:
+        changes = _topic_changes(_topics_of(old.tasks), _topics_of(new.tasks))
+        why = f"a change of topics ({changes})" if changes else "the two files"
+        click.echo(
+            f"note: tasks matched by partition, named as in {after}: a consumer group's task "
+            f"t_p is partition p of its t-th topic in name order, renumbered by {why}",
+            err=True,
+        )
+    _warn_unrelated(matched, new, before, after)
+    return matched
 
 
 def _warn_unrelated(old: Snapshot, new: Snapshot, before: Path, after: Path) -> None:
@@ -1311,8 +1330,8 @@ def _landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]
 @_json_option("a table")
 def diff(before: Path, after: Path, as_json: bool) -> None:
     """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
-    old_file, new_file = _read_saved(before, members=False), _read_saved(after, members=False)
-    _warn_unrelated(old_file, new_file, before, after)
+    new_file = _read_saved(after, members=False)
+    old_file = _compared_with(_read_saved(before, members=False), new_file, before, after)
     old, new = old_file.views, new_file.views
     rows = {}
     for pid in sorted(old.keys() | new.keys()):
