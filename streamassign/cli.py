@@ -44,6 +44,7 @@ from .explain import (
     explain,
     load_snapshot,
     named_as_after,
+    numbered_as,
     views_from_assignment,
     views_from_clients,
 )
@@ -609,8 +610,8 @@ def plan(
         _check_task_count(loaded.topology, counts)
         tasks = PartitionGrouper().group(loaded.topology, counts)
         clients, saved = _plan_clients(clients_file, num_clients, threads, MAX_CLIENTS)
-        planned = _plan_standbys(standbys, saved, clients_file)
         stateful = {t for t in tasks if t.subtopology in loaded.topology.stateful_subtopologies}
+        planned = _plan_standbys(standbys, saved, clients_file, stateful=bool(stateful))
         result = StickyTaskAssignor(planned.count).assign(tasks, clients, stateful)
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -621,8 +622,8 @@ def plan(
         )
     _warn_ignored_input(tasks, clients, planned.count, len(stateful))
     departed = saved.departed if saved is not None else {}
-    shown = _PlanResult(tasks, clients, result, planned, stateful, departed)
-    _show_plan(loaded.topology.name, shown, show_moves=show_moves, as_json=as_json)
+    outcome = _PlanResult(tasks, clients, result, planned, stateful, departed)
+    _show_plan(loaded.topology.name, outcome, show_moves=show_moves, as_json=as_json)
 
 
 @attrs.frozen
@@ -635,14 +636,17 @@ class _PlannedStandbys:
 
 
 def _plan_standbys(
-    given: int | None, saved: Snapshot | None, clients_file: Path | None
+    given: int | None, saved: Snapshot | None, clients_file: Path | None, *, stateful: bool
 ) -> _PlannedStandbys:
     """``plan``'s standbys: ``--standbys``, else a saved assignment's (a what-if from a group
     running with standbys would otherwise drop them all), said on stderr; else 0. A count
-    that may be below the app's (:func:`_standby_doubt`) is said too."""
+    that may be below the app's (:func:`_standby_doubt`) is said too. Nothing is said for a
+    topology without ``stateful`` tasks: it places no standby, whatever the count."""
     if given is not None or saved is None:
         return _PlannedStandbys(given or 0)
     count = saved.num_standby_replicas
+    if not stateful:
+        return _PlannedStandbys(count or 0, saved.standbys_inferred)
     if count is None:  # a hand-written file (or plan --json's before it said its count)
         most = saved.most_standbys()
         if most:
@@ -681,10 +685,16 @@ def _standby_doubt(saved: Snapshot, count: int, where: str) -> str | None:
     if saved.standbys_inferred and count >= processes - 1:
         return (
             f"note: --standbys {count} from {where}, which describe inferred from "
-            f"{counted(processes, 'process', 'processes')} (at most {max(0, processes - 1)} per "
-            "task fit): the app may run more; give --standbys N for the app's"
+            f"{counted(processes, 'process', 'processes')} ({_standbys_fit(processes)}): the app "
+            "may run more; give --standbys N for the app's"
         )
     return None
+
+
+def _standbys_fit(processes: int) -> str:
+    """How many standbys per task ``processes`` processes hold at most (a copy never sits
+    beside its active)."""
+    return "none fit" if processes <= 1 else f"at most {processes - 1} per task fit"
 
 
 @attrs.frozen
@@ -698,11 +708,15 @@ class _TaskSource:
     group: str | None
 
 
-def _warn_other_tasks(earlier: _TaskSource, later: _TaskSource) -> None:
+def _warn_other_tasks(
+    earlier: _TaskSource, later: _TaskSource, *, groups_said: bool = False
+) -> None:
     """One warning line when tasks of one id read other partitions in ``later`` than in
     ``earlier``: tasks are matched by id alone. Worded as a topology change (topics added to
     a subtopology mid-roll) when both are one application's (:func:`_one_application`), else
-    as a mix-up of two applications' files."""
+    as a mix-up of two applications' files, naming what tells them apart: their names
+    (:func:`_names_apart`; ``groups_said``: a line above named two groups that differ) and
+    their topics."""
     differ = sorted(
         t
         for t in earlier.tasks.keys() & later.tasks.keys()
@@ -711,7 +725,7 @@ def _warn_other_tasks(earlier: _TaskSource, later: _TaskSource) -> None:
     if not differ:
         return
     old_topics, new_topics = _topics_of(earlier.tasks), _topics_of(later.tasks)
-    one_application = _one_application(earlier, later, old_topics, new_topics)
+    one_application = _one_application(earlier, later, old_topics & new_topics)
     if old_topics == new_topics:
         first = differ[0]
         detail = (
@@ -719,13 +733,14 @@ def _warn_other_tasks(earlier: _TaskSource, later: _TaskSource) -> None:
             f"{_partition_list(later.tasks[first])} in {later.name}"
         )
     elif one_application:
-        changes = [("added", new_topics - old_topics), ("removed", old_topics - new_topics)]
-        detail = "; ".join(f"{how} {_topic_names(ts)}" for how, ts in changes if ts)
+        detail = _topic_changes(old_topics, new_topics)
     else:
         detail = (
             f"topics of {earlier.name}: {_task_list(sorted(old_topics), 4)}; "
             f"of {later.name}: {_task_list(sorted(new_topics), 4)}"
         )
+    if not one_application:
+        detail = _names_apart(earlier, later, groups_said) + detail
     differing = (
         f"warning: {counted(len(differ), 'task')} read other partitions in {later.name} "
         f"than in {earlier.name}"
@@ -739,15 +754,32 @@ def _warn_other_tasks(earlier: _TaskSource, later: _TaskSource) -> None:
         )
 
 
-def _one_application(
-    earlier: _TaskSource, later: _TaskSource, old_topics: set[str], new_topics: set[str]
-) -> bool:
-    """Whether two sides of other task partitions are one application's, changed: by their
-    group names when both say one (a topology's name is its application id, the group's
-    name), else by sharing a source topic."""
-    if earlier.group and later.group:
-        return earlier.group == later.group
-    return bool(old_topics & new_topics)
+def _one_application(earlier: _TaskSource, later: _TaskSource, shared_topics: set[str]) -> bool:
+    """Whether two sides of other task partitions are one application's, changed: they share
+    a source topic, and their group names do not differ when both say one (a topology's name
+    is its application id, the group's name). One name with no topic shared may be another
+    environment's application (application ids are often kept across them, topics not)."""
+    renamed = bool(earlier.group and later.group and earlier.group != later.group)
+    return bool(shared_topics) and not renamed
+
+
+def _names_apart(earlier: _TaskSource, later: _TaskSource, groups_said: bool) -> str:
+    """The start of the detail of a warning that two sides may be two applications': their
+    names when both say one (unless ``groups_said``: a line above named two that differ),
+    with "no topic shared" when the names are one (what tells them apart); else nothing."""
+    if not (earlier.group and later.group):
+        return ""
+    if earlier.group == later.group:
+        return f"both named {earlier.group!r}, no topic shared; "
+    if groups_said:
+        return ""
+    return f"{earlier.name} is of group {earlier.group!r}, {later.name} of {later.group!r}; "
+
+
+def _topic_changes(old_topics: set[str], new_topics: set[str]) -> str:
+    """``added topic a; removed topics b, c`` (either part only when it has topics)."""
+    changes = [("added", new_topics - old_topics), ("removed", old_topics - new_topics)]
+    return "; ".join(f"{how} {_topic_names(ts)}" for how, ts in changes if ts)
 
 
 def _topics_of(tasks: Mapping[TaskId, frozenset[TopicPartition]]) -> set[str]:
@@ -837,31 +869,34 @@ class _PlanResult:
     departed: Mapping[str, ClientView]
 
 
-def _show_plan(name: str, shown: _PlanResult, *, show_moves: bool, as_json: bool) -> None:
+def _show_plan(name: str, outcome: _PlanResult, *, show_moves: bool, as_json: bool) -> None:
     """Print ``plan``'s result: tables (and the moves with ``show_moves``), or JSON."""
-    tasks, clients, result, stateful = shown.tasks, shown.clients, shown.result, shown.stateful
-    metrics = evaluate(tasks, clients, result, shown.standbys.count, stateful)
-    per_thread = {c.process_id: _threads_of(c, result[c.process_id], stateful) for c in clients}
+    clients, result = outcome.clients, outcome.result
+    capacities = {c.process_id: c.capacity for c in clients}
+    metrics = evaluate(outcome.tasks, clients, result, outcome.standbys.count, outcome.stateful)
+    per_thread = {
+        c.process_id: _threads_of(c, result[c.process_id], outcome.stateful) for c in clients
+    }
     lags = {c.process_id: c.lags for c in clients}
     moves = explain(
-        _before_views(clients, shown.departed),
-        views_from_assignment(result, {c.process_id: c.capacity for c in clients}),
+        _before_views(clients, outcome.departed),
+        views_from_assignment(result, capacities),
         lags,
-        stateful,
+        outcome.stateful,
         claim_lags=lags,  # real lags: duplicate claims resolved as the assignor resolved them
     )
     if as_json:
-        capacities = {c.process_id: c.capacity for c in clients}
-        data = _as_json(tasks, result, per_thread, metrics, capacities) | _moves_json(moves)
+        data = _as_json(outcome.tasks, result, per_thread, metrics, capacities)
+        data |= _moves_json(moves)
         # What a what-if from this file (plan --clients) takes as its default --standbys.
-        data["metrics"]["num_standby_replicas"] = shown.standbys.count
-        data["metrics"]["num_standby_replicas_inferred"] = shown.standbys.inferred
+        data["metrics"]["num_standby_replicas"] = outcome.standbys.count
+        data["metrics"]["num_standby_replicas_inferred"] = outcome.standbys.inferred
         click.echo(json.dumps(data, indent=2))
     else:
-        _print_tables(name, tasks, clients, result, per_thread, metrics)
+        _print_tables(name, outcome.tasks, clients, result, per_thread, metrics)
         if show_moves:
             # Labelled as describe labels them: rich cut full UUIDs at 80 columns (…).
-            labels = _process_labels([*(c.process_id for c in clients), *shown.departed])
+            labels = _process_labels([*(c.process_id for c in clients), *outcome.departed])
             _print_moves(_Stdout(), moves, labels=labels)
 
 
@@ -1214,8 +1249,8 @@ def explain_command(
         )
         processes = [*before, *now.views]
     else:
-        old, new = _read_saved(files[0]), _read_saved(files[1])
-        _warn_unrelated(old, new, files[0], files[1])
+        new = _read_saved(files[1])
+        old = _compared_with(_read_saved(files[0]), new, files[0], files[1])
         # BEFORE's processes as AFTER names them: a clash of a shared process id that starts
         # or ends between the two renames the original (P <-> P#endpoint), which moved nothing.
         before_views = named_as_after(old.views, old.process_members, new.process_members)
@@ -1241,6 +1276,24 @@ def explain_command(
         )
 
 
+def _compared_with(old: Snapshot, new: Snapshot, before: Path, after: Path) -> Snapshot:
+    """BEFORE (``old``) as ``explain``/``diff`` compare it with AFTER (``new``): a consumer
+    group's tasks matched by partition (:func:`numbered_as`: its ids shift when a topic is
+    added or removed), said in a note when that renamed any; the warnings of
+    :func:`_warn_unrelated`."""
+    matched = numbered_as(old, new)
+    if matched is not old:
+        changes = _topic_changes(_topics_of(old.tasks), _topics_of(new.tasks))
+        why = f"a change of topics ({changes})" if changes else "the two files"
+        click.echo(
+            f"note: tasks matched by partition, named as in {after}: a consumer group's task "
+            f"t_p is partition p of its t-th topic in name order, renumbered by {why}",
+            err=True,
+        )
+    _warn_unrelated(matched, new, before, after)
+    return matched
+
+
 def _warn_unrelated(old: Snapshot, new: Snapshot, before: Path, after: Path) -> None:
     """A warning line when BEFORE and AFTER cannot be one group's: saved from groups of other
     names, or naming one task id with other partitions (another application's files, mixed
@@ -1254,6 +1307,7 @@ def _warn_unrelated(old: Snapshot, new: Snapshot, before: Path, after: Path) -> 
     _warn_other_tasks(
         _TaskSource(str(before), old.tasks, old.group),
         _TaskSource(str(after), new.tasks, new.group),
+        groups_said=True,  # the line above, when they differ
     )
 
 
@@ -1276,8 +1330,8 @@ def _landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]
 @_json_option("a table")
 def diff(before: Path, after: Path, as_json: bool) -> None:
     """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
-    old_file, new_file = _read_saved(before, members=False), _read_saved(after, members=False)
-    _warn_unrelated(old_file, new_file, before, after)
+    new_file = _read_saved(after, members=False)
+    old_file = _compared_with(_read_saved(before, members=False), new_file, before, after)
     old, new = old_file.views, new_file.views
     rows = {}
     for pid in sorted(old.keys() | new.keys()):

@@ -557,6 +557,91 @@ class Snapshot:
         return clients
 
 
+#: ``describe``'s protocol family of a plain consumer group (``Snapshot.family``).
+CONSUMER_FAMILY = "consumer"
+
+
+def numbered_as(before: Snapshot, after: Snapshot) -> Snapshot:
+    """``before`` with its task ids as ``after`` numbers them, matched by partition, when both
+    are snapshots of consumer groups (``family`` ``"consumer"``). There ``t_p`` is partition
+    ``p`` of the ``t``-th topic in name order (``describe``'s ``_consumer_tasks``), so a
+    subscribed topic that sorts first renumbers every task, and matched by id they would
+    read as moves that never were. A topic ``after`` lacks is numbered past ``after``'s.
+    ``before`` as it is otherwise, or when either ``tasks`` table is not one partition per
+    task of that form, or ``before`` names a task of a topic its table lacks (a hand-edited
+    file): then tasks are matched by id."""
+    if before.family != CONSUMER_FAMILY or after.family != CONSUMER_FAMILY:
+        return before
+    old_numbers, new_numbers = _topic_numbers(before.tasks), _topic_numbers(after.tasks)
+    if old_numbers is None or new_numbers is None:
+        return before
+    fresh = max(new_numbers.values(), default=-1) + 1
+    renumber = {}
+    for topic, number in sorted(old_numbers.items()):
+        if topic not in new_numbers:
+            new_numbers[topic], fresh = fresh, fresh + 1
+        renumber[number] = new_numbers[topic]
+    named = _task_ids_named(before)
+    if any(t.subtopology not in renumber for t in named) or all(
+        renumber[t.subtopology] == t.subtopology for t in named
+    ):
+        return before
+    return _renumbered(before, renumber)
+
+
+def _topic_numbers(tasks: Mapping[TaskId, frozenset[TopicPartition]]) -> dict[str, int] | None:
+    """Per topic, its number ``t`` in a consumer group's ``tasks`` table (``t_p``: partition
+    ``p`` of topic ``t``); None when the table is not of that form."""
+    numbers: dict[str, int] = {}
+    for task, parts in tasks.items():
+        if len(parts) != 1:
+            return None
+        (tp,) = parts
+        if tp.partition != task.partition:
+            return None
+        if numbers.setdefault(tp.topic, task.subtopology) != task.subtopology:
+            return None
+    return numbers if len(set(numbers.values())) == len(numbers) else None
+
+
+def _task_ids_named(snapshot: Snapshot) -> set[TaskId]:
+    """Every task id a snapshot names: its tables, reports, previous actives and departed."""
+    named = set(snapshot.tasks)
+    for view in [*snapshot.views.values(), *snapshot.departed.values()]:
+        a = view.assignment
+        named |= a.active | a.standby | a.warmup
+    for _, sums in snapshot.reports:
+        named |= sums.keys()
+    return named.union(*snapshot.previous_active.values())
+
+
+def _renumbered(snapshot: Snapshot, renumber: Mapping[int, int]) -> Snapshot:
+    """``snapshot`` with each task ``t_p`` named ``renumber[t]_p`` wherever it names one."""
+
+    def task(t: TaskId) -> TaskId:
+        return TaskId(renumber[t.subtopology], t.partition)
+
+    def tasks(ids: frozenset[TaskId]) -> frozenset[TaskId]:
+        return frozenset(map(task, ids))
+
+    def view(v: ClientView) -> ClientView:
+        a = v.assignment
+        return ClientView(
+            v.capacity, ClientAssignment(tasks(a.active), tasks(a.standby), tasks(a.warmup))
+        )
+
+    return attrs.evolve(
+        snapshot,
+        views={pid: view(v) for pid, v in snapshot.views.items()},
+        reports=tuple(
+            (pid, {task(t): s for t, s in sums.items()}) for pid, sums in snapshot.reports
+        ),
+        previous_active={pid: tasks(ids) for pid, ids in snapshot.previous_active.items()},
+        departed={pid: view(v) for pid, v in snapshot.departed.items()},
+        tasks=dict(sorted(((task(t), p) for t, p in snapshot.tasks.items()), key=lambda i: i[0])),
+    )
+
+
 def local_state(
     reports: Iterable[tuple[str, Mapping[TaskId, int]]],
 ) -> dict[str, dict[TaskId, int]]:

@@ -8,6 +8,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import attrs
 import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
@@ -24,6 +25,7 @@ from streamassign.explain import (
     load_snapshot,
     local_state,
     named_as_after,
+    numbered_as,
     views_from_assignment,
     views_from_clients,
 )
@@ -1268,9 +1270,11 @@ def test_a_topic_added_mid_roll_is_a_topology_change_not_another_application(
     tmp_path: Path,
 ) -> None:
     """A review: adding a source topic to a subtopology during a roll (the moment a what-if or
-    an explain is run) asked "is it the same application?". Sharing a topic, or the group's
-    name, makes it one application's topology change, said with the topics added and removed;
-    two names that differ still ask."""
+    an explain is run) asked "is it the same application?". Sharing a topic (and no names that
+    differ) makes it one application's topology change, said with the topics added and
+    removed; two names that differ still ask, naming them (plan prints no group line). A
+    later review: one name with no topic shared may be another environment's application
+    (application ids are often kept across them): asked too, saying so."""
     now = _live(tmp_path / "now.json", "clicks-app", "clicks")
     added = tmp_path / "added.toml"  # unnamed: the shared topic tells
     added.write_text(CLICKS.replace('["clicks"]', '["clicks", "promos"]') + _COUNTS)
@@ -1280,21 +1284,35 @@ def test_a_topic_added_mid_roll_is_a_topology_change_not_another_application(
         f"warning: 4 tasks read other partitions in the topology than in {now}: a topology "
         "change (added topic promos); tasks are matched by id"
     )
-    # Named as the group (its application id): every topic replaced is still a change.
+    # Named as the group (its application id), and sharing its topic: a change.
+    grown = tmp_path / "grown.toml"
+    grown.write_text('name = "clicks-app"\n' + added.read_text())
+    code, _, err = _invoke("plan", str(grown), "--clients", now)
+    assert code == 0 and err.splitlines()[-1].endswith(
+        "a topology change (added topic promos); tasks are matched by id"
+    )
+    # Named as the group, but every topic replaced (staging.clicks vs prod.clicks): asked.
     renamed = tmp_path / "renamed.toml"
     renamed.write_text('name = "clicks-app"\n' + CLICKS.replace('"clicks"', '"hits", "views"'))
     renamed.write_text(renamed.read_text() + "[partitions]\nhits = 4\nviews = 4\n")
     code, _, err = _invoke("plan", str(renamed), "--clients", now)
     assert code == 0
     assert err.splitlines()[-1] == (
-        f"warning: 4 tasks read other partitions in the topology than in {now}: a topology "
-        "change (added topics hits, views; removed topic clicks); tasks are matched by id"
+        f"warning: 4 tasks read other partitions in the topology than in {now} (both named "
+        f"'clicks-app', no topic shared; topics of {now}: clicks; of the topology: hits, "
+        "views); tasks are matched by id alone: is it the same application?"
     )
-    # Another application's name, topics shared: asked.
+    # Another application's name, topics shared: asked, naming both.
     other = tmp_path / "other.toml"
     other.write_text('name = "promos-app"\n' + added.read_text())
     code, _, err = _invoke("plan", str(other), "--clients", now)
-    assert code == 0 and err.splitlines()[-1].endswith("is it the same application?"), err
+    assert code == 0
+    assert err.splitlines()[-1] == (
+        f"warning: 4 tasks read other partitions in the topology than in {now} ({now} is of "
+        "group 'clicks-app', the topology of 'promos-app'; topics of "
+        f"{now}: clicks; of the topology: clicks, promos); tasks are matched by id alone: is "
+        "it the same application?"
+    )
     # explain of one group's snapshots across the change.
     later = json.loads(Path(now).read_text())
     later["tasks"] = {f"0_{n}": [["clicks", n], ["promos", n]] for n in range(4)}
@@ -1388,9 +1406,16 @@ def test_a_what_if_says_when_the_snapshot_may_hold_fewer_standbys_than_the_app(
         metrics["num_standby_replicas_inferred"],
     ) == (0, True)
     assert err.splitlines() == [
-        f"note: --standbys 0 from {scale_out}, which describe inferred from 1 process (at most "
-        "0 per task fit): the app may run more; give --standbys N for the app's"
+        f"note: --standbys 0 from {scale_out}, which describe inferred from 1 process (none "
+        "fit): the app may run more; give --standbys N for the app's"
     ]
+    # A review: a topology without state places no standby: no count can matter, none said.
+    stateless = tmp_path / "stateless.toml"
+    stateless.write_text(topology.read_text().replace('stores = ["totals"]\n', ""))
+    for snapshot in (str(scale_out), _live(tmp_path / "unstated.json", "c", "clicks", None)):
+        code, out, err = _invoke("plan", str(stateless), "--clients", snapshot, "--json")
+        assert (code, err) == (0, ""), err
+        assert json.loads(out)["metrics"]["num_standby_replicas"] == 0
     # At the cap of 2 processes (1 per task fit): a note too.
     at_cap = _live(tmp_path / "at-cap.json", "clicks-app", "clicks")
     code, _, err = _invoke("plan", str(topology), "--clients", at_cap)
@@ -1457,3 +1482,151 @@ def test_the_standby_table_title_counts_drops_and_placings() -> None:
     text = console.export_text()
     assert "Standby copies: 1 dropped, 1 placed" in text
     assert sum(1 for line in text.splitlines() if line.startswith("│ 0_1")) == 1
+
+
+def _consumer_group(path: Path, topics: list[str], owners: dict[str, list[str]]) -> str:
+    """A ``describe --json`` file of consumer group ``billing`` (protocol ``range``) whose
+    processes ``owners`` read the partitions named ``topic-p``, numbered as ``describe``
+    numbers a consumer group's tasks: ``t_p`` is partition ``p`` of the ``t``-th topic of
+    ``topics`` in name order."""
+    number = {topic: t for t, topic in enumerate(sorted(topics))}
+
+    def task(name: str) -> str:
+        topic, _, partition = name.rpartition("-")
+        return f"{number[topic]}_{partition}"
+
+    owned = [name for names in owners.values() for name in names]
+    data = {
+        "group": "billing",
+        "state": "Stable",
+        "protocol_type": "consumer",
+        "protocol": "range",
+        "family": "consumer",
+        "tasks": {task(n): [n.rpartition("-")[::2]] for n in owned},
+        "assignment": {
+            pid: {"capacity": 1, "active": sorted(map(task, names)), "standby": [], "warmup": []}
+            for pid, names in owners.items()
+        },
+        "members": [],
+    }
+    for parts in data["tasks"].values():  # type: ignore[attr-defined]
+        parts[0] = [parts[0][0], int(parts[0][1])]
+    path.write_text(json.dumps(data, indent=1))
+    return str(path)
+
+
+#: review58's consumer-group pair (cons-before.json, cons-after.json): topic a-new added to the
+#: subscription of group billing; no partition of orders changed owner.
+_A, _B = "aaaaaaaa-0000-0000-0000-000000000001", "bbbbbbbb-0000-0000-0000-000000000002"
+_ORDERS_BEFORE = {_A: ["orders-0", "orders-1"], _B: ["orders-2", "orders-3"]}
+_ORDERS_AFTER = {
+    _A: ["a-new-2", "a-new-3", "orders-0", "orders-1"],
+    _B: ["a-new-0", "a-new-1", "orders-2", "orders-3"],
+}
+
+
+def test_a_consumer_groups_tasks_are_matched_by_partition_across_a_new_topic(
+    tmp_path: Path,
+) -> None:
+    """A review: a consumer group's t_p is partition p of its t-th topic in name order, so a
+    subscribed topic that sorts first renumbered every task: explain / diff of one group's
+    snapshots listed orders' partitions as moved (balance quota) and the warning called it a
+    topology change whose ids still match. Its tasks are matched by partition, named as in
+    AFTER, said in a note: only the new topic's partitions are placed, nothing moved."""
+    before = _consumer_group(tmp_path / "cons-before.json", ["orders"], _ORDERS_BEFORE)
+    after = _consumer_group(tmp_path / "cons-after.json", ["a-new", "orders"], _ORDERS_AFTER)
+    # The fixture numbers as review58's hand-made files do.
+    assert json.loads(Path(after).read_text())["tasks"]["1_0"] == [["orders", 0]]
+    note = (
+        f"note: tasks matched by partition, named as in {after}: a consumer group's task t_p is "
+        "partition p of its t-th topic in name order, renumbered by a change of topics (added "
+        "topic a-new)"
+    )
+    code, out, err = _invoke("explain", before, after, "--json")
+    assert (code, err.splitlines()) == (0, [note])
+    moves = json.loads(out)["moves"]
+    assert {m["task"]: (m["from"], m["to"]) for m in moves} == {
+        "0_0": (None, _B),
+        "0_1": (None, _B),
+        "0_2": (None, _A),
+        "0_3": (None, _A),
+    }
+    code, out, err = _invoke("explain", before, after)
+    assert code == 0 and "0 of 4 taken off a process still in the group" in out
+    code, out, err = _invoke("diff", before, after, "--json")
+    assert (code, err.splitlines()) == (0, [note])
+    assert {pid: (row["+active"], row["-active"]) for pid, row in json.loads(out).items()} == {
+        _A: (["0_2", "0_3"], []),
+        _B: (["0_0", "0_1"], []),
+    }
+    # A partition that did move is still one move, under AFTER's id; backwards, a topic
+    # removed is numbered past AFTER's (orders keeps 0, a-new takes 1), and ids that do not
+    # shift need no note.
+    swapped = {
+        _A: ["a-new-2", "a-new-3", "orders-0", "orders-2"],
+        _B: ["a-new-0", "a-new-1", "orders-1", "orders-3"],
+    }
+    moved = _consumer_group(tmp_path / "moved.json", ["a-new", "orders"], swapped)
+    code, out, err = _invoke("explain", before, moved, "--json")
+    assert (code, err) == (0, note.replace(after, moved) + "\n")
+    assert [(m["task"], m["reason"]) for m in json.loads(out)["moves"] if m["from"]] == [
+        ("1_1", "balance quota"),
+        ("1_2", "balance quota"),
+    ]
+    code, out, err = _invoke("explain", after, before, "--json")
+    assert code == 0 and "removed topic a-new" in err
+    assert {m["task"]: m["to"] for m in json.loads(out)["moves"]} == dict.fromkeys(
+        ["1_0", "1_1", "1_2", "1_3"]
+    )
+    code, out, err = _invoke("explain", before, before, "--json")
+    assert (code, err, json.loads(out)["moves"]) == (0, "", [])
+
+
+def test_only_two_consumer_groups_well_formed_tasks_are_renumbered(tmp_path: Path) -> None:
+    """``numbered_as`` renames BEFORE's tasks (its table, assignment, member rows) only when
+    both files are consumer groups' and their tables are one partition per task, numbered
+    by topic: a streams group's ids follow its subtopologies, and a hand-edited table that
+    breaks the rule is compared by id, as before."""
+    before = json.loads(
+        Path(_consumer_group(tmp_path / "b.json", ["orders"], _ORDERS_BEFORE)).read_text()
+    )
+    before["members"] = [
+        {"member_id": "m", "process": _A, "topics": ["orders"], "active": ["0_0", "0_1"]}
+    ]
+    del before["assignment"][_A]  # a removed process: its member rows say what it ran
+    after = json.loads(
+        Path(_consumer_group(tmp_path / "a.json", ["a-new", "orders"], _ORDERS_AFTER)).read_text()
+    )
+    old, new = load_snapshot(before, "b"), load_snapshot(after, "a")
+    renamed = numbered_as(old, new)
+    assert renamed.tasks == {k: v for k, v in new.tasks.items() if k.subtopology == 1}
+    assert renamed.views[_B].assignment.active == {TaskId(1, 2), TaskId(1, 3)}
+    assert renamed.departed[_A].assignment.active == {TaskId(1, 0), TaskId(1, 1)}
+    two_partitions = dict(new.tasks)
+    two_partitions[TaskId(0, 0)] |= new.tasks[TaskId(1, 0)]
+    off_by_one = dict(old.tasks) | {TaskId(0, 1): old.tasks[TaskId(0, 2)]}
+    unknown = {_B: view(1, "0_2 0_3 5_0")}  # a task of a topic its table lacks
+    for family in ("streams", None):
+        assert numbered_as(old, attrs.evolve(new, family=family)) is old
+        other = attrs.evolve(old, family=family)
+        assert numbered_as(other, new) is other
+    assert numbered_as(old, attrs.evolve(new, tasks=two_partitions)) is old
+    for damaged in (attrs.evolve(old, tasks=off_by_one), attrs.evolve(old, views=unknown)):
+        assert numbered_as(damaged, new) is damaged
+
+
+def test_explain_asks_of_one_groups_name_with_no_topic_shared(tmp_path: Path) -> None:
+    """A review: application ids are often kept across environments while topics differ
+    (staging.clicks, prod.clicks); the same group name with no topic shared read as "a
+    topology change". It asks, saying what the two have in common and not."""
+    before = _live(tmp_path / "staging.json", "clicks-app", "staging.clicks")
+    after = _live(tmp_path / "prod.json", "clicks-app", "prod.clicks")
+    code, _, err = _invoke("explain", before, after)
+    assert (code, err.splitlines()) == (
+        0,
+        [
+            f"warning: 4 tasks read other partitions in {after} than in {before} (both named "
+            f"'clicks-app', no topic shared; topics of {before}: staging.clicks; of {after}: "
+            "prod.clicks); tasks are matched by id alone: is it the same application?"
+        ],
+    )
