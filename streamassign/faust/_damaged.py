@@ -19,13 +19,12 @@ damage either (a library rolled back): it is left for the operator, with one WAR
 from __future__ import annotations
 
 import enum
-import errno
-import fcntl
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import attrs
 
@@ -82,6 +81,10 @@ _NOT_DAMAGE = (
 #: (the pid is -1 for an open file description lock, 0 for a holder in another pid namespace).
 _PROC_LOCK = re.compile(r"\s(-?\d+)\s+[0-9a-f]+:[0-9a-f]+:(\d+)\s")
 _PROC_LOCKS = Path("/proc/locks")
+#: The table format version a status names, and the highest one a RocksDB could have written
+#: (RocksDB is at 6; room for a few more).
+_FORMAT_VERSION = re.compile(r"format_version:?\s*(\d+)")
+_MAX_PLAUSIBLE_FORMAT_VERSION = 16
 #: How many directories the WARNING names (it counts them all).
 _NAMED = 3
 
@@ -117,9 +120,14 @@ class Aside(enum.Enum):
 
 
 def is_newer_format_status(exc: BaseException) -> bool:
-    """Whether the error says the store was written by a newer RocksDB than this one."""
+    """Whether the error says the store was written by a newer RocksDB than this one. A format
+    version far above any RocksDB's (a flipped byte in a table file's footer reads as, say,
+    249) is damage, not a newer library."""
     status = str(exc).lower()
-    return any(marker in status for marker in _NEWER_FORMAT)
+    if not any(marker in status for marker in _NEWER_FORMAT):
+        return False
+    version = _FORMAT_VERSION.search(status)
+    return version is None or int(version.group(1)) <= _MAX_PLAUSIBLE_FORMAT_VERSION
 
 
 def is_missing_file_status(exc: BaseException) -> bool:
@@ -147,27 +155,34 @@ def _holds_data(path: Path) -> bool:
         return False
 
 
-def lock_holder(path: Path) -> str | None:
-    """Which process holds the RocksDB ``LOCK`` of the database at ``path`` (Faust's read-write
-    open takes it; a read-only open does not), ``None`` if none does. Raises ``OSError`` when
-    it cannot tell.
+class Unlisted(enum.Enum):
+    """``lock_holder``'s answer where ``/proc/locks`` cannot be read (not Linux)."""
 
-    First ``/proc/locks`` (Linux), which needs no file descriptor on ``LOCK``. Then, for a
-    holder it does not list (another pid namespace on kernels that hide those, a lock held
-    over NFS), a non-blocking ``fcntl`` lock. Closing any descriptor of a file drops every
-    POSIX lock this process holds on it, so the probe could release Faust's own lock; it runs
-    only where ``/proc/locks`` lists no lock on the file (none of this process's, then), or
-    where it cannot be read (not Linux): the caller asks only of directories this worker does
-    not have open."""
+    VALUE = enum.auto()
+
+
+def lock_holder(path: Path) -> str | Literal[Unlisted.VALUE] | None:
+    """Which process holds the RocksDB ``LOCK`` of the database at ``path`` (Faust's read-write
+    open takes it; a read-only open does not), ``None`` if none does, ``Unlisted.VALUE`` when
+    ``/proc/locks`` cannot be read: then it cannot tell, and nothing is moved. Raises
+    ``OSError`` if ``LOCK`` cannot be looked at.
+
+    Only ``/proc/locks``, which needs no file descriptor on ``LOCK``. A lock probe of our own
+    would need one, and closing it drops every POSIX lock this process holds on the file
+    (Faust's own, were the database open here), while holding it would make another process's
+    open fail for that moment. A holder in another pid namespace is listed too (as pid 0)."""
     lock = path / "LOCK"
     try:
         inode = lock.stat().st_ino
     except FileNotFoundError:
         return None  # an open creates it: no process has this database open
-    if pids := _listed_lock_pids(inode):
-        mine = str(os.getpid())
-        return ", ".join(sorted({"this worker" if p == mine else f"process {p}" for p in pids}))
-    return "another process (its lock refused ours)" if _lock_refused(lock) else None
+    pids = _listed_lock_pids(inode)
+    if pids is None:
+        return Unlisted.VALUE
+    if not pids:
+        return None
+    mine = str(os.getpid())
+    return ", ".join(sorted({"this worker" if p == mine else f"process {p}" for p in pids}))
 
 
 def _listed_lock_pids(inode: int) -> list[str] | None:
@@ -180,21 +195,6 @@ def _listed_lock_pids(inode: int) -> list[str] | None:
     except OSError:
         return None
     return [pid for pid, ino in _PROC_LOCK.findall(text) if int(ino) == inode]
-
-
-def _lock_refused(lock: Path) -> bool:
-    """Whether another process holds a lock on ``lock``: a non-blocking write lock on it is
-    refused (released at once when granted). See ``lock_holder`` for when this is safe."""
-    fd = os.open(lock, os.O_RDWR)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EAGAIN):
-            return True
-        raise
-    finally:
-        os.close(fd)
-    return False
 
 
 def _rename_aside(path: Path) -> Path:
@@ -222,9 +222,13 @@ class DamagedTables:
     live: list[tuple[DamagedTable, str]] = attrs.field(factory=list)
     newer: list[NewerFormatTable] = attrs.field(factory=list)
 
-    def move_aside(self, found: DamagedTable, in_use: bool) -> Aside:
+    def move_aside(
+        self, found: DamagedTable, in_use: bool, still_damaged: Callable[[], bool]
+    ) -> Aside:
         """Move ``found`` aside unless this worker may have it open (``in_use``) or another
-        process does (then it is no damage: a read-only open raced a live database)."""
+        process does (then it is no damage: a read-only open raced a live database). With no
+        holder it is read again (``still_damaged``) first: a process that closed it between
+        the read and the lock check left it whole, and with no holder a read is stable."""
         if in_use:
             self.open_here.append(found)
             return Aside.KEPT
@@ -233,6 +237,12 @@ class DamagedTables:
         except OSError as exc:
             self.kept.append((found, f"cannot tell whether another process has it open: {exc}"))
             return Aside.KEPT
+        if holder is Unlisted.VALUE:
+            why = f"cannot tell whether another process has it open: no {_PROC_LOCKS}"
+            self.kept.append((found, why))
+            return Aside.KEPT
+        if holder is None and not still_damaged():
+            holder = "none now: a process closed it while it was read"
         if holder is not None:
             self.live.append((found, holder))
             return Aside.LIVE

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -684,7 +685,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             offset = _persisted_offset(table.data, task.partition)
             if isinstance(offset, DamagedTable):
                 open_here = in_use or self._may_be_open(table, task.partition)
-                unparsed |= damaged.move_aside(offset, in_use=open_here) is Aside.KEPT
+                reread = functools.partial(_still_damaged, table.data, task.partition)
+                unparsed |= damaged.move_aside(offset, open_here, reread) is Aside.KEPT
             elif isinstance(offset, NewerFormatTable):  # not damage: nothing read
                 damaged.newer.append(offset)
             elif offset is not None:
@@ -878,6 +880,11 @@ _TTL_SUFFIX = 4
 #: The earliest write time RocksDB's TTL database accepts in a value's suffix (its
 #: ``kMinTimestamp``, 2013-05-10); a smaller one it reads as corruption.
 _TTL_MIN_TIMESTAMP = 1368146402
+
+
+def _still_damaged(store: Any, partition: int) -> bool:
+    """Whether a second read of ``store``'s ``partition`` still finds it damaged."""
+    return isinstance(_persisted_offset(store, partition), DamagedTable)
 
 
 def _persisted_offset(store: Any, partition: int) -> int | DamagedTable | NewerFormatTable | None:
