@@ -54,6 +54,16 @@ from .errors import ProtocolError as ProtocolError  # its old home: still import
 LATEST_VERSION = 3
 MIN_VERSION = 1
 
+
+def is_protocol_version(value: object) -> bool:
+    """Whether ``value`` is a streams protocol version this library speaks: an int (not a
+    bool) from ``MIN_VERSION`` to ``LATEST_VERSION``. A pin outside that range (0, say) made
+    every assignment look like an upgrade, and each rejoin rebalanced the whole group."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    return MIN_VERSION <= value <= LATEST_VERSION
+
+
 #: Offset sum reported for a task the client is running as an active (Kafka Streams' -2).
 LATEST_OFFSET = -2
 

@@ -1065,7 +1065,7 @@ def _log_topology_versions(
     unsubscribing = unsubscribing or {}
     if not differing and not idle and not idle_members and not unsubscribing:
         if logged is not None and logged.ended():
-            log.info("every process announcing its topology agrees with this leader's again")
+            log.info("every process agrees with this leader's topology again")
         return
     episode = (
         frozenset(differing),

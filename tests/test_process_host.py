@@ -19,7 +19,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from streamassign import Subtopology, TaskId, Topology
 from streamassign.aiokafka import ProcessHost, TaskListener, closing
-from streamassign.errors import ErrorCode
+from streamassign.errors import ConfigError, ErrorCode
 from streamassign.localstate import StateDirectory, StateDirectoryLockedError
 from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 
@@ -548,3 +548,31 @@ def test_stop_bounds_a_consumer_stop_the_broker_never_answers(
         "abandoned (the group drops it at its session timeout)"
     ]
     assert h.consumers == []
+
+
+@pytest.mark.parametrize("version", [0, -1, 4, True, "2"])
+def test_a_protocol_version_no_process_speaks_is_refused(tmp_path: Path, version: object) -> None:
+    """A pin outside 1..LATEST_VERSION made every assignment look like an upgrade, and each
+    rejoin rebalanced the whole group: refused at construction, naming the option."""
+    with pytest.raises(ConfigError, match="max_version must be an int from 1 to 3"):
+        ProcessHost(
+            TOPOLOGY,
+            bootstrap_servers="127.0.0.1:1",
+            state_dir=tmp_path,
+            max_version=version,  # type: ignore[arg-type]
+        )
+
+
+def test_a_pinned_member_handed_a_higher_common_version_stays_without_a_rejoin(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A member pinned at 2 that a leader's assignment says could speak 3 stays at 2: an
+    "upgrade" to its own version would rejoin, and rebalance the group, for nothing."""
+    h = ProcessHost(TOPOLOGY, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, max_version=2)
+    assignor = h.assignors[0]
+    newer = AssignmentInfo(version=3, common_version=3).encode()
+    with caplog.at_level(logging.INFO, "streamassign.aiokafka"):
+        assignor.on_assignment(ConsumerProtocolMemberAssignment(0, [], newer))
+    assert assignor.version == 2
+    assert not [r for r in caplog.records if "upgraded" in r.getMessage()]
+    h.state.close()

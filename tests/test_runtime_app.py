@@ -877,7 +877,7 @@ def test_one_topics_describe_error_keeps_the_other_limits(
 
 
 def test_max_version_pins_the_protocol_every_consumer_speaks(tmp_path: Path) -> None:
-    """The rolling-upgrade pin (rollaudit F5): ``App(max_version=2)`` reaches every
+    """The protocol pin: ``App(max_version=2)`` reaches every
     assignor, whose first subscription goes out at 2 and says 2 is the latest it supports;
     lowering ``host.max_version`` after construction caps the subscription too."""
 
@@ -917,3 +917,18 @@ def test_max_version_pins_the_protocol_every_consumer_speaks(tmp_path: Path) -> 
         assert sent(later) == [(2, 2)]
     finally:
         later.host.state.close()
+
+
+@pytest.mark.parametrize("version", [0, -1, 4, True, "2"])
+def test_a_protocol_version_no_process_speaks_is_refused(tmp_path: Path, version: object) -> None:
+    """A pin outside 1..LATEST_VERSION (0, say) made every assignment look like an upgrade:
+    each rejoin rebalanced the whole group. Refused at construction, naming the option."""
+    with pytest.raises(RuntimeConfigError, match="max_version must be an int from 1 to 3"):
+        App(
+            topology(),
+            {0: Nothing, 1: Nothing, 2: Nothing},
+            bootstrap_servers="x:1",
+            state_dir=tmp_path,
+            store_kind="memory",
+            max_version=version,  # type: ignore[arg-type]
+        )

@@ -284,7 +284,7 @@ def test_a_leader_excludes_no_process_and_warns_about_those_whose_ids_differ(
         assert str(uuid.UUID(int=pid)) not in warnings[0]
     assert "No member announcing an id so gets a task of it" in warnings[0]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert any("agrees with this leader's again" in m for m in infos)
+    assert any("agrees with this leader's topology again" in m for m in infos)
 
 
 def test_processes_eligible_for_none_of_the_leaders_ids_are_logged_once(

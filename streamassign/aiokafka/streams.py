@@ -40,11 +40,13 @@ from ..localstate import StateDirectory
 from ..protocol import (
     LATEST_OFFSET,
     LATEST_VERSION,
+    MIN_VERSION,
     NEVER,
     NOW,
     AssignmentInfo,
     ProtocolError,
     SubscriptionInfo,
+    is_protocol_version,
 )
 from ..repeats import Repeats
 from ..streams import (
@@ -310,7 +312,7 @@ class StreamsAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
                 "protocol version %d -> %d (leader's choice)", self.version, info.common_version
             )
             self.version = info.common_version
-        elif info.common_version > self.version:
+        elif min(info.common_version, self.host.max_version) > self.version:
             self.version = min(info.common_version, self.host.max_version)
             log.info("protocol version upgraded to %d; rejoining", self.version)
             self.rejoin_now()
@@ -606,6 +608,11 @@ class ProcessHost:
     ) -> None:
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
+        if not is_protocol_version(max_version):
+            raise ConfigError(
+                f"max_version must be an int from {MIN_VERSION} to {LATEST_VERSION}, "
+                f"got {max_version!r}"
+            )
         topology.check_has_tasks()  # else start() would subscribe to no topic, and fail there
         self._set_leader_options(
             num_standby_replicas,

@@ -134,9 +134,10 @@ class App:
     grows to ~4 MiB per store (warned, again as they double). Each store's memtables are at
     most 2 x 8 MiB.
 
-    ``max_version``: the highest streams protocol version this process speaks (the rolling
-    upgrade pin, ``ProcessHost(max_version=...)``: keep the new release at the old one's
-    version until every process runs it, see ``docs/runtime.md``).
+    ``max_version``: the highest streams protocol version this process speaks, 1 to
+    ``LATEST_VERSION`` (``ProcessHost(max_version=...)``). An upgrade does not need it
+    (version probing); a capped leader reads no topology announcement, see
+    ``docs/runtime.md``.
     """
 
     def __init__(
@@ -175,6 +176,7 @@ class App:
             consumer_config=consumer_config,
             state_cleanup_delay_ms=state_cleanup_delay_ms,
             rocksdb_memory_mib=rocksdb_memory_mib,
+            max_version=max_version,
         )
         #: The bound all this App's RocksDB stores share (None with in-memory stores).
         self.rocksdb_memory = (

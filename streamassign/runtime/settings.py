@@ -13,6 +13,7 @@ from typing import Any, Literal
 import attrs
 
 from ..errors import RuntimeConfigError
+from ..protocol import LATEST_VERSION, MIN_VERSION, is_protocol_version
 from ..topology import Topology
 from .processing import ErrorPolicy
 from .stores import (
@@ -156,6 +157,13 @@ def _rocksdb_memory(settings: Settings, attribute: Any, mib: int) -> None:
         )
 
 
+def _protocol_version(settings: Settings, attribute: Any, version: int) -> None:
+    if not is_protocol_version(version):
+        raise RuntimeConfigError(
+            f"max_version must be an int from {MIN_VERSION} to {LATEST_VERSION}, got {version!r}"
+        )
+
+
 def _isolation(settings: Settings, attribute: Any, config: Mapping[str, Any]) -> None:
     if settings.exactly_once and config["isolation_level"] != "read_committed":
         raise RuntimeConfigError(
@@ -192,6 +200,8 @@ class Settings:
     rocksdb_memory_mib: int = attrs.field(
         default=DEFAULT_ROCKSDB_MEMORY_MIB, validator=_rocksdb_memory
     )
+    #: The highest streams protocol version this process speaks (``ProcessHost``'s).
+    max_version: int = attrs.field(default=LATEST_VERSION, validator=_protocol_version)
 
     def __attrs_post_init__(self) -> None:
         if self.exactly_once:
