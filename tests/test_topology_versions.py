@@ -371,17 +371,18 @@ def test_a_process_announces_its_topics_unless_it_speaks_an_older_version(
 def test_an_id_only_the_leader_has_is_no_mismatch_unless_its_tasks_come_here(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A v1 process under a v4 leader (n added with the fresh id 7): no task (it lacks n), no
-    line, ids are stable. A v5 process (``1 [b]``) under a v3 leader (``0 [b]``: b renumbered)
-    is assigned 0_x, an id it lacks: not run, one ERROR line."""
+    """A v1 process under a v4 leader (n added with the fresh id 7): its share of ids 0 and 1,
+    which it runs, none of 7 (it lacks n), no line, ids are stable. A v5 process (``1 [b]``)
+    under a v3 leader (``0 [b]``: b renumbered) is assigned 0_x, an id it lacks: not run, one
+    ERROR line."""
     v5 = Topology([Subtopology(1, ["b"], stores=["cb"])], name="upg")
     hosts = []
-    for topology, leader, name in ((V1, V4, "v1"), (v5, V3, "v5")):
+    for topology, leader, name, runs in ((V1, V4, "v1", {0, 1}), (v5, V3, "v5", set())):
         host = ProcessHost(topology, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path / name)
         host.consumers.append(PausingConsumer())  # type: ignore[arg-type]
         with caplog.at_level(logging.INFO, "streamassign.aiokafka"):
             deliver(host, old_leader_assigns(leader, topology))
-        assert not host.assignors[0].info.active
+        assert {t.subtopology for t in host.assignors[0].info.active} == runs
         hosts.append(host)
     errors = [
         r.getMessage()
