@@ -1363,8 +1363,8 @@ def _renumbering_note(
         why = "a subscribed topic with no partition assigned (or an edited file)"
     else:
         why = f"a change of topics ({_topic_changes(old_topics, new_topics)})"
-        gone = {tp.topic: t.subtopology for t, ps in old.items() for tp in ps}
-        numbered = [f"{topic} as {gone[topic]}_p" for topic in sorted(old_topics - new_topics)]
+        numbers = {tp.topic: t.subtopology for t, ps in old.items() for tp in ps}
+        numbered = [f"{topic} as {numbers[topic]}_p" for topic in sorted(old_topics - new_topics)]
         if numbered:
             why += f"; a removed topic numbered past every id there: {', '.join(numbered)}"
     return (
