@@ -1572,9 +1572,8 @@ def test_a_consumer_groups_tasks_are_matched_by_partition_across_a_new_topic(
         _A: (["0_2", "0_3"], []),
         _B: (["0_0", "0_1"], []),
     }
-    # A partition that did move is still one move, under AFTER's id; backwards, a topic
-    # removed is numbered past AFTER's (orders keeps 0, a-new takes 1), and ids that do not
-    # shift need no note.
+    # A partition that did move is still one move, under AFTER's id, and ids that do not
+    # shift need no note (a topic removed: test_a_removed_topics_partitions_are_shown_by_...).
     swapped = {
         _A: ["a-new-2", "a-new-3", "orders-0", "orders-2"],
         _B: ["a-new-0", "a-new-1", "orders-1", "orders-3"],
