@@ -34,6 +34,7 @@ from . import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
 from .errors import ClientsFileError, PublishError, StreamAssignError
 from .explain import (
+    CONSUMER_FAMILY,
     ClaimConflicts,
     ClientView,
     Explanation,
@@ -45,6 +46,8 @@ from .explain import (
     load_snapshot,
     named_as_after,
     numbered_as,
+    partition_renumbering,
+    renumbered_view,
     views_from_assignment,
     views_from_clients,
 )
@@ -1015,11 +1018,53 @@ def _ids(tasks: frozenset[TaskId]) -> list[str]:
     return [str(t) for t in sorted(tasks)]
 
 
-def _moves_json(moves: Explanation) -> dict[str, Any]:
+@attrs.frozen
+class _PartitionNames:
+    """How a consumer group's moves name their tasks: by partition (``partitions``, both
+    files' tables), as BEFORE's removed topics have ids that name other partitions, or
+    nothing, in either file. ``after_ids``: the ids AFTER's table has (the others are
+    numbered past it: ``--json`` gives no id for them)."""
+
+    partitions: Mapping[TaskId, TopicPartition]
+    after_ids: frozenset[TaskId]
+
+    def label(self, task: TaskId) -> str:
+        tp = self.partitions.get(task)
+        return str(task) if tp is None else f"{tp.topic}-{tp.partition}"
+
+    def as_json(self, task: TaskId) -> dict[str, Any]:
+        tp = self.partitions.get(task)
+        return {
+            "task": str(task) if task in self.after_ids or tp is None else None,
+            "partition": None if tp is None else [tp.topic, tp.partition],
+        }
+
+
+def _partition_names(
+    old: Mapping[TaskId, frozenset[TopicPartition]],
+    new: Mapping[TaskId, frozenset[TopicPartition]],
+) -> _PartitionNames | None:
+    """The partition naming of a consumer group's moves from ``old`` (renumbered as ``new``
+    numbers its topics) to ``new``; None when a table is not a consumer group's or the two
+    disagree on an id (matched by id: a hand-edited file)."""
+    if partition_renumbering(old, new) is None:
+        return None
+    if any(old[t] != new[t] for t in old.keys() & new.keys()):
+        return None
+    partitions = {t: tp for table in (old, new) for t, (tp,) in table.items()}
+    return _PartitionNames(partitions, frozenset(new))
+
+
+def _moves_json(moves: Explanation, names: _PartitionNames | None = None) -> dict[str, Any]:
+    """``--json``'s moves; with ``names`` (a consumer group) each says its partition."""
+
+    def task(t: TaskId) -> dict[str, Any]:
+        return {"task": str(t)} if names is None else names.as_json(t)
+
     return {
         "moves": [
-            {
-                "task": str(m.task),
+            task(m.task)
+            | {
                 "from": m.source,
                 "to": m.destination,
                 "reason": str(m.reason),
@@ -1028,7 +1073,7 @@ def _moves_json(moves: Explanation) -> dict[str, Any]:
             for m in moves.actives
         ],
         "standby_moves": [
-            {"task": str(c.task), "from": c.source, "to": c.destination, "reason": str(c.reason)}
+            task(c.task) | {"from": c.source, "to": c.destination, "reason": str(c.reason)}
             for c in moves.standbys
         ],
     }
@@ -1050,21 +1095,25 @@ def _print_moves(
     labels: Mapping[str, str] | None = None,
     *,
     uncertain_hand_backs: bool = True,
+    names: _PartitionNames | None = None,
 ) -> None:
     """A table of the actives that moved and one of the standbys; one line for either kind
     when none moved (an empty bordered table reads as missing data). Without ``standbys``
     (``explain --last``: previous standbys are not known) a line says why they are missing.
     ``labels``: how the tables name processes (``_process_labels``; None: by their ids).
     ``uncertain_hand_backs``: a line says what a snapshot cannot confirm of a hand-back (false
-    for the Faust leader, which measures lags as a snapshot does, without end offsets)."""
+    for the Faust leader, which measures lags as a snapshot does, without end offsets).
+    ``names``: a consumer group's tasks shown by partition."""
     name = _labeller(labels)
+    task = str if names is None else names.label
+    first = "task" if names is None else "partition"
     if moves.actives:
         table = Table(title=f"Active tasks that moved ({len(moves.actives)})")
-        for col in ("task", "from", "to", "why", "state there"):
+        for col in (first, "from", "to", "why", "state there"):
             table.add_column(col)
         for m in moves.actives:
             table.add_row(
-                str(m.task), name(m.source), name(m.destination), m.reason, m.landing or "-"
+                task(m.task), name(m.source), name(m.destination), m.reason, m.landing or "-"
             )
         console.print(table)
         # The rest had no owner in the group to move from: its owner left, or the task is new.
@@ -1082,12 +1131,12 @@ def _print_moves(
             "local state (save BEFORE with describe --json to compare standbys)"
         )
     elif moves.standbys:
-        rows = _standby_rows(moves.standbys, name)
+        rows = _standby_rows(moves.standbys, name, task)
         # Counted per change, not per row: a row of a copy that moved is one drop and one place.
         dropped = sum(1 for c in moves.standbys if c.source is not None)
         placed = len(moves.standbys) - dropped
         table = Table(title=f"Standby copies: {dropped} dropped, {placed} placed")
-        for col in ("task", "dropped by", "placed on", "why"):
+        for col in (first, "dropped by", "placed on", "why"):
             table.add_column(col)
         for row in rows:
             table.add_row(*row)
@@ -1106,11 +1155,13 @@ def _labeller(labels: Mapping[str, str] | None) -> Callable[[str | None], str]:
 
 
 def _standby_rows(
-    copies: Sequence[StandbyMove], name: Callable[[str | None], str]
+    copies: Sequence[StandbyMove],
+    name: Callable[[str | None], str],
+    task_name: Callable[[TaskId], str] = str,
 ) -> list[tuple[str, str, str, str]]:
     """Table rows of the standby changes: a task whose one dropped copy and one placed copy
     have the same reason is one row (the copy moved); anything else, one row per change.
-    ``name``: a process as the table shows it (``_labeller``)."""
+    ``name``: a process as the table shows it (``_labeller``); ``task_name``: a task."""
     by_task: dict[TaskId, list[StandbyMove]] = {}
     for copy in copies:
         by_task.setdefault(copy.task, []).append(copy)
@@ -1120,11 +1171,11 @@ def _standby_rows(
             drop, place = sorted(changes, key=lambda c: c.source is None)
             if drop.source and place.destination and drop.reason == place.reason:
                 rows.append(
-                    (str(task), name(drop.source), name(place.destination), str(drop.reason))
+                    (task_name(task), name(drop.source), name(place.destination), str(drop.reason))
                 )
                 continue
         for c in changes:
-            rows.append((str(task), name(c.source), name(c.destination), str(c.reason)))
+            rows.append((task_name(task), name(c.source), name(c.destination), str(c.reason)))
     return rows
 
 
@@ -1229,14 +1280,7 @@ def explain_command(
             "give one snapshot with --last" if last else "give BEFORE and AFTER, or --last NOW"
         )
     if last:
-        now = _read_saved(files[0])
-        if not now.reports or now.family not in (None, "streams"):
-            family = f" (protocol family {now.family})" if now.family else ""
-            raise click.ClickException(
-                f"{files[0]}: no member reports offset sums{family}: --last needs a describe "
-                "--json snapshot of a streams-protocol group (ProcessHost, the Faust drop-in "
-                "assignor)"
-            )
+        now = _read_last(files[0])
         before = now.before_last_join()
         # Two processes reporting one task running: a zombie beside its task's new owner.
         _warn_conflicts(claim_conflicts(before), f"{files[0]} (before its last rebalance)")
@@ -1248,6 +1292,7 @@ def explain_command(
             returned=now.handed_back(acceptable_lag),
         )
         processes = [*before, *now.views]
+        names = None  # --last refuses consumer groups: no reports
     else:
         new = _read_saved(files[1])
         old = _compared_with(_read_saved(files[0]), new, files[0], files[1])
@@ -1262,8 +1307,9 @@ def explain_command(
             returned=new.handed_back(acceptable_lag),
         )
         processes = [*before_views, *new.views]
+        names = _snapshot_names(old, new)
     if as_json:
-        data = _moves_json(moves)
+        data = _moves_json(moves, names)
         click.echo(json.dumps({"moves": data["moves"]} if last else data, indent=2))
     else:
         # Labelled as describe labels them, unique among every process of the files.
@@ -1273,7 +1319,21 @@ def explain_command(
             standbys=not last,
             labels=_process_labels(processes),
             uncertain_hand_backs=(now if last else new).protocol != FAUST_PROTOCOL_NAME,
+            names=names,
         )
+
+
+def _read_last(path: Path) -> Snapshot:
+    """``explain --last``'s snapshot; refused unless its members report offset sums."""
+    now = _read_saved(path)
+    if not now.reports or now.family not in (None, "streams"):
+        family = f" (protocol family {now.family})" if now.family else ""
+        raise click.ClickException(
+            f"{path}: no member reports offset sums{family}: --last needs a describe "
+            "--json snapshot of a streams-protocol group (ProcessHost, the Faust drop-in "
+            "assignor)"
+        )
+    return now
 
 
 def _compared_with(old: Snapshot, new: Snapshot, before: Path, after: Path) -> Snapshot:
@@ -1283,15 +1343,42 @@ def _compared_with(old: Snapshot, new: Snapshot, before: Path, after: Path) -> S
     :func:`_warn_unrelated`."""
     matched = numbered_as(old, new)
     if matched is not old:
-        changes = _topic_changes(_topics_of(old.tasks), _topics_of(new.tasks))
-        why = f"a change of topics ({changes})" if changes else "the two files"
-        click.echo(
-            f"note: tasks matched by partition, named as in {after}: a consumer group's task "
-            f"t_p is partition p of its t-th topic in name order, renumbered by {why}",
-            err=True,
-        )
+        click.echo(_renumbering_note(matched.tasks, new.tasks, f"named as in {after}"), err=True)
     _warn_unrelated(matched, new, before, after)
     return matched
+
+
+def _renumbering_note(
+    old: Mapping[TaskId, frozenset[TopicPartition]],
+    new: Mapping[TaskId, frozenset[TopicPartition]],
+    named: str,
+) -> str:
+    """The note that a consumer group's tasks were renumbered to match by partition: what
+    renumbered them, and the ids a removed topic's partitions got (past ``new``'s, naming
+    nothing in either file). ``old``: already renumbered."""
+    old_topics, new_topics = _topics_of(old), _topics_of(new)
+    if old_topics == new_topics:
+        # The tables agree on topics: a subscribed topic (in both files' members) numbered
+        # without partitions assigned to it (not created yet, a typo), or an edited file.
+        why = "a subscribed topic with no partition assigned (or an edited file)"
+    else:
+        why = f"a change of topics ({_topic_changes(old_topics, new_topics)})"
+        numbers = {tp.topic: t.subtopology for t, ps in old.items() for tp in ps}
+        numbered = [f"{topic} as {numbers[topic]}_p" for topic in sorted(old_topics - new_topics)]
+        if numbered:
+            why += f"; a removed topic numbered past every id there: {', '.join(numbered)}"
+    return (
+        f"note: tasks matched by partition, {named}: a consumer group's task t_p is partition "
+        f"p of its t-th topic in name order, renumbered by {why}"
+    )
+
+
+def _snapshot_names(old: Snapshot, new: Snapshot) -> _PartitionNames | None:
+    """How ``explain`` names the moves of BEFORE (``old``, renumbered) -> AFTER: by partition
+    for two consumer groups' snapshots (:class:`_PartitionNames`), else by id."""
+    if old.family != CONSUMER_FAMILY or new.family != CONSUMER_FAMILY:
+        return None
+    return _partition_names(old.tasks, new.tasks)
 
 
 def _warn_unrelated(old: Snapshot, new: Snapshot, before: Path, after: Path) -> None:
@@ -1845,6 +1932,7 @@ async def _print_views(
     console = _Stdout()
     last = None  # the last readable view
     last_warning: str | None = None
+    last_note: str | None = None
     async for view in follow(connection, group, interval):
         if not view.readable:
             if as_json:
@@ -1857,13 +1945,10 @@ async def _print_views(
         if warning != last_warning and warning is not None:
             click.echo(warning, err=True)  # once, not at every change of the group
         last_warning = warning
-        # The last view's processes as this one names them: a clash of a shared process id
-        # that starts or ends renames the original (P <-> P#endpoint), which moved nothing.
-        before: Mapping[str, ClientView] | None = (
-            named_as_after(last.processes(), last.process_members(), view.process_members())
-            if last is not None
-            else None
-        )
+        before, names, note = _as_named_by(last, view)
+        if note != last_note and note is not None:
+            click.echo(note, err=True)  # once, as the standby warning
+            last_note = note
         moves = (
             explain(
                 before,
@@ -1878,14 +1963,60 @@ async def _print_views(
         labels = _view_labels(view, before or ())
         last = view
         if as_json:
-            data = to_json(view, score) | ({} if moves is None else _moves_json(moves))
+            data = to_json(view, score) | ({} if moves is None else _moves_json(moves, names))
             click.echo(json.dumps(data))
             continue
         console.rule(f"{group} at {_now()}")
         _print_group(console, view, score, labels)
         if moves is not None:
             faust = view.protocol == FAUST_PROTOCOL_NAME
-            _print_moves(console, moves, labels=labels, uncertain_hand_backs=not faust)
+            _print_moves(console, moves, labels=labels, uncertain_hand_backs=not faust, names=names)
+
+
+def _as_named_by(
+    last: Any, view: Any
+) -> tuple[Mapping[str, ClientView] | None, _PartitionNames | None, str | None]:
+    """``describe --watch``'s last view's processes (``last``, a ``GroupView``; None before
+    the first) as ``view`` names them, how their moves name tasks (None: by id), and a note
+    of a renumbering."""
+    from .aiokafka.describe import Family
+
+    if last is None:
+        return None, None, None
+    # A clash of a shared process id that starts or ends renames the original
+    # (P <-> P#endpoint), which moved nothing.
+    before = named_as_after(last.processes(), last.process_members(), view.process_members())
+    if last.family == Family.CONSUMER == view.family:
+        # Matched by partition, as explain matches two saved snapshots of the group.
+        matched = _matched_by_partition(before, last.tasks, view.tasks)
+        if matched is not None:
+            return matched
+    return before, None, None
+
+
+def _matched_by_partition(
+    before: Mapping[str, ClientView],
+    old_tasks: Mapping[TaskId, frozenset[TopicPartition]],
+    new_tasks: Mapping[TaskId, frozenset[TopicPartition]],
+) -> tuple[dict[str, ClientView], _PartitionNames | None, str | None] | None:
+    """``describe --watch``'s last view of a consumer group (``before``, its ``old_tasks``)
+    numbered as the new view numbers its topics (``new_tasks``), as ``explain`` matches two
+    snapshots (:func:`numbered_as`): the views, their moves' naming by partition, and the
+    note to print when any id changed. None when a table is not a consumer group's or
+    ``before`` names a task its table lacks: then tasks are matched by id."""
+    renumbering = partition_renumbering(old_tasks, new_tasks)
+    named = {t for v in before.values() for t in _assigned_ids(v.assignment)}
+    if renumbering is None or any(t.subtopology not in renumbering for t in named):
+        return None
+    old = {TaskId(renumbering[t.subtopology], t.partition): ps for t, ps in old_tasks.items()}
+    views = {pid: renumbered_view(v, renumbering) for pid, v in before.items()}
+    changed = any(number != was for was, number in renumbering.items())
+    note = _renumbering_note(old, new_tasks, "as the new view names them") if changed else None
+    return views, _partition_names(old, new_tasks), note
+
+
+def _assigned_ids(a: ClientAssignment) -> frozenset[TaskId]:
+    return a.active | a.standby | a.warmup
 
 
 def _returned(view: Any, acceptable_lag: int) -> dict[TaskId, str]:

@@ -515,3 +515,85 @@ def test_plan_standbys_help_mentions_no_report() -> None:
         assert result.exit_code == 0, result.output
         text = " ".join(result.output.split())
         assert ("For the report: partitions of the aggregation's shuffles" in text) == says
+
+
+def _consumer_view(topics: list[str], owners: dict[str, list[tuple[str, int]]]) -> Any:
+    """A Stable plain consumer group (roundrobin) subscribed to ``topics``, its members
+    ``owners`` reading those partitions, decoded as ``describe`` decodes the group's bytes."""
+    from streamassign import TopicPartition
+    from streamassign.aiokafka.describe import RawMember, describe_bytes
+    from streamassign.aiokafka.wire import encode_assignment
+
+    from .test_describe import meta
+
+    raw = [
+        RawMember(
+            member,
+            "c",
+            "h",
+            meta(topics, b""),
+            encode_assignment([TopicPartition(t, p) for t, p in parts], b""),
+        )
+        for member, parts in owners.items()
+    ]
+    return describe_bytes("billing", "Stable", "consumer", "roundrobin", raw)
+
+
+def test_watch_matches_a_consumer_groups_views_by_partition(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """review62 M1 (seen on a live group): a topic that sorts first subscribed mid-watch
+    renumbered every id, and ``describe --watch`` matched the views by id: the orders
+    partitions, kept by their owners, read as new (or as balance moves and removals when the
+    new topic had fewer partitions), the new ones were missing. It matches by partition as
+    ``explain`` does, names partitions, and says so once per renumbering."""
+    pytest.importorskip("aiokafka")
+    from .test_describe import _watch_with
+
+    orders = {"m1": [("orders", 0), ("orders", 1)], "m2": [("orders", 2), ("orders", 3)]}
+    grown = {"m1": [*orders["m1"], ("a-new", 0)], "m2": [*orders["m2"], ("a-new", 1)]}
+    views = [
+        _consumer_view(["orders"], orders),
+        _consumer_view(["a-new", "orders"], grown),
+        _consumer_view(["orders"], orders),
+    ]
+    assert views[1].tasks[TaskId(0, 0)] == {("a-new", 0)}  # the shift the review saw
+    stderr, out = tmp_path / "err.txt", tmp_path / "out.jsonl"
+    with (
+        stderr.open("w") as err,
+        out.open("w") as stdout,
+        (tmp_path / "out.txt").open("w") as text_out,
+    ):
+        monkeypatch.setattr(sys, "stderr", err)
+        _watch_with(monkeypatch, views, stdout, forever=False)
+        # The tables name partitions too.
+        _watch_with(monkeypatch, views[:2], text_out, forever=False, as_json=False)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    moves = [
+        [(m["task"], m["partition"], m["from"], m["to"]) for m in line["moves"]]
+        for line in lines[1:]
+    ]
+    assert moves == [
+        [("0_0", ["a-new", 0], None, "m1"), ("0_1", ["a-new", 1], None, "m2")],
+        [(None, ["a-new", 0], "m1", None), (None, ["a-new", 1], "m2", None)],
+    ]
+    text = (tmp_path / "out.txt").read_text()
+    moved = text[text.index("Active tasks that moved") :].splitlines()
+    assert [line.split()[1] for line in moved if line.startswith("│")] == ["a-new-0", "a-new-1"]
+    notes = [n for n in stderr.read_text().splitlines() if n.startswith("note: tasks matched")]
+    assert [n.rpartition(" by ")[2] for n in notes] == [
+        "a change of topics (added topic a-new)",
+        "a change of topics (removed topic a-new); a removed topic numbered past every id "
+        "there: a-new as 1_p",
+        "a change of topics (added topic a-new)",  # the second watch's
+    ]
+
+
+def test_the_core_names_describes_consumer_family() -> None:
+    """A review: ``explain.CONSUMER_FAMILY`` repeats ``describe.Family.CONSUMER`` (the core may
+    not import aiokafka, nor may explain of files); pinned together, they cannot drift."""
+    pytest.importorskip("aiokafka")
+    from streamassign.aiokafka.describe import Family
+    from streamassign.explain import CONSUMER_FAMILY
+
+    assert Family.CONSUMER.value == CONSUMER_FAMILY

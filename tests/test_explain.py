@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId
+from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId, TopicPartition
 from streamassign.cli import main
 from streamassign.explain import (
     ClientView,
@@ -26,6 +26,7 @@ from streamassign.explain import (
     local_state,
     named_as_after,
     numbered_as,
+    partition_renumbering,
     views_from_assignment,
     views_from_clients,
 )
@@ -1272,12 +1273,8 @@ def test_a_topic_added_mid_roll_is_a_topology_change_not_another_application(
     """A review: adding a source topic to a subtopology during a roll (the moment a what-if or
     an explain is run) asked "is it the same application?". Sharing a topic (and no names that
     differ) makes it one application's topology change, said with the topics added and
-    removed; two names that differ still ask, naming them (plan prints no group line). A
-    later review: one name with no topic shared may be another environment's application
-    (application ids are often kept across them): asked too, saying so."""
-    now = _live(tmp_path / "now.json", "clicks-app", "clicks")
-    added = tmp_path / "added.toml"  # unnamed: the shared topic tells
-    added.write_text(CLICKS.replace('["clicks"]', '["clicks", "promos"]') + _COUNTS)
+    removed (two names that differ still ask: the next test)."""
+    now, added = _clicks_and_promos(tmp_path)
     code, _, err = _invoke("plan", str(added), "--clients", now)
     assert code == 0
     assert err.splitlines()[-1] == (
@@ -1291,6 +1288,36 @@ def test_a_topic_added_mid_roll_is_a_topology_change_not_another_application(
     assert code == 0 and err.splitlines()[-1].endswith(
         "a topology change (added topic promos); tasks are matched by id"
     )
+    # explain of one group's snapshots across the change.
+    later = json.loads(Path(now).read_text())
+    later["tasks"] = {f"0_{n}": [["clicks", n], ["promos", n]] for n in range(4)}
+    after = tmp_path / "after.json"
+    after.write_text(json.dumps(later))
+    for command in ("explain", "diff"):
+        code, _, err = _invoke(command, now, str(after))
+        assert (code, err.splitlines()) == (
+            0,
+            [
+                f"warning: 4 tasks read other partitions in {after} than in {now}: a topology "
+                "change (added topic promos); tasks are matched by id"
+            ],
+        )
+
+
+def _clicks_and_promos(tmp_path: Path) -> tuple[str, Path]:
+    """A snapshot of group clicks-app reading clicks, and an unnamed topology of it that
+    reads promos too (the shared topic tells they are one application's)."""
+    now = _live(tmp_path / "now.json", "clicks-app", "clicks")
+    added = tmp_path / "added.toml"
+    added.write_text(CLICKS.replace('["clicks"]', '["clicks", "promos"]') + _COUNTS)
+    return now, added
+
+
+def test_a_topology_of_another_name_or_no_topic_shared_asks(tmp_path: Path) -> None:
+    """A review: two names that differ ask, naming them (plan prints no group line). A later
+    review: one name with no topic shared may be another environment's application
+    (application ids are often kept across them): asked too, saying so."""
+    now, added = _clicks_and_promos(tmp_path)
     # Named as the group, but every topic replaced (staging.clicks vs prod.clicks): asked.
     renamed = tmp_path / "renamed.toml"
     renamed.write_text('name = "clicks-app"\n' + CLICKS.replace('"clicks"', '"hits", "views"'))
@@ -1313,20 +1340,6 @@ def test_a_topic_added_mid_roll_is_a_topology_change_not_another_application(
         f"{now}: clicks; of the topology: clicks, promos); tasks are matched by id alone: is "
         "it the same application?"
     )
-    # explain of one group's snapshots across the change.
-    later = json.loads(Path(now).read_text())
-    later["tasks"] = {f"0_{n}": [["clicks", n], ["promos", n]] for n in range(4)}
-    after = tmp_path / "after.json"
-    after.write_text(json.dumps(later))
-    for command in ("explain", "diff"):
-        code, _, err = _invoke(command, now, str(after))
-        assert (code, err.splitlines()) == (
-            0,
-            [
-                f"warning: 4 tasks read other partitions in {after} than in {now}: a topology "
-                "change (added topic promos); tasks are matched by id"
-            ],
-        )
 
 
 def test_explain_and_diff_of_two_groups_warn(tmp_path: Path) -> None:
@@ -1559,9 +1572,8 @@ def test_a_consumer_groups_tasks_are_matched_by_partition_across_a_new_topic(
         _A: (["0_2", "0_3"], []),
         _B: (["0_0", "0_1"], []),
     }
-    # A partition that did move is still one move, under AFTER's id; backwards, a topic
-    # removed is numbered past AFTER's (orders keeps 0, a-new takes 1), and ids that do not
-    # shift need no note.
+    # A partition that did move is still one move, under AFTER's id, and ids that do not
+    # shift need no note (a topic removed: test_a_removed_topics_partitions_are_shown_by_...).
     swapped = {
         _A: ["a-new-2", "a-new-3", "orders-0", "orders-2"],
         _B: ["a-new-0", "a-new-1", "orders-1", "orders-3"],
@@ -1573,11 +1585,6 @@ def test_a_consumer_groups_tasks_are_matched_by_partition_across_a_new_topic(
         ("1_1", "balance quota"),
         ("1_2", "balance quota"),
     ]
-    code, out, err = _invoke("explain", after, before, "--json")
-    assert code == 0 and "removed topic a-new" in err
-    assert {m["task"]: m["to"] for m in json.loads(out)["moves"]} == dict.fromkeys(
-        ["1_0", "1_1", "1_2", "1_3"]
-    )
     code, out, err = _invoke("explain", before, before, "--json")
     assert (code, err, json.loads(out)["moves"]) == (0, "", [])
 
@@ -1629,4 +1636,74 @@ def test_explain_asks_of_one_groups_name_with_no_topic_shared(tmp_path: Path) ->
             f"'clicks-app', no topic shared; topics of {before}: staging.clicks; of {after}: "
             "prod.clicks); tasks are matched by id alone: is it the same application?"
         ],
+    )
+
+
+def _table(*partitions: str) -> dict[TaskId, frozenset[TopicPartition]]:
+    """A consumer group's ``tasks`` table of ``t_p=topic-p`` entries."""
+    table = {}
+    for entry in partitions:
+        task, _, name = entry.partition("=")
+        topic, _, partition = name.rpartition("-")
+        table[TaskId.parse(task)] = frozenset([TopicPartition(topic, int(partition))])
+    return table
+
+
+def test_partition_renumbering_numbers_each_topic_as_the_other_table() -> None:
+    """A review: ``describe --watch`` matched a consumer group's views by id. The renumbering
+    is a pure function of the two tables, shared by ``explain``, ``diff`` and ``--watch``: a
+    shared topic takes the new table's number, a removed one a number past every id the
+    new side names (a hand-edited id outside its table too), None for other tables."""
+    orders = _table("0_0=orders-0", "0_1=orders-1")
+    grown = _table("0_0=a-new-0", "1_0=orders-0", "1_1=orders-1")
+    assert partition_renumbering(orders, grown) == {0: 1}
+    assert partition_renumbering(grown, orders) == {0: 1, 1: 0}  # a-new past orders' 0
+    assert partition_renumbering(grown, orders, [TaskId(1, 0)]) == {0: 2, 1: 0}
+    assert partition_renumbering(orders, orders) == {0: 0}
+    two = {TaskId(0, 0): frozenset([TopicPartition("a", 0), TopicPartition("b", 0)])}
+    off_by_one = _table("0_1=orders-0")
+    for damaged in (two, off_by_one):
+        assert partition_renumbering(damaged, orders) is None
+        assert partition_renumbering(orders, damaged) is None
+
+
+def test_a_removed_topics_partitions_are_shown_by_partition(tmp_path: Path) -> None:
+    """A review: a removed topic's partitions got ids past AFTER's, which name other
+    partitions (or nothing) in either file: a reader looking them up found partitions that
+    did not move. A consumer group's moves name partitions; --json gives no id for those
+    and the note says the numbers ``diff`` shows them under."""
+    before = _consumer_group(tmp_path / "before.json", ["a-new", "orders"], _ORDERS_AFTER)
+    after = _consumer_group(tmp_path / "after.json", ["orders"], _ORDERS_BEFORE)
+    code, out, err = _invoke("explain", before, after, "--json")
+    assert code == 0
+    assert err.endswith(
+        "(removed topic a-new); a removed topic numbered past every id there: a-new as 1_p\n"
+    )
+    assert [(m["task"], m["partition"], m["to"]) for m in json.loads(out)["moves"]] == [
+        (None, ["a-new", p], None) for p in range(4)
+    ]
+    code, out, _ = _invoke("explain", before, after)
+    rows = [line.split()[1] for line in out.splitlines() if line.startswith("│")]
+    assert rows == ["a-new-0", "a-new-1", "a-new-2", "a-new-3"] and "partition" in out
+    # Hand-edited: AFTER names 1_0 outside its table; a-new is numbered past it, not onto it.
+    edited = json.loads(Path(after).read_text())
+    edited["assignment"][_B]["active"].append("1_0")
+    Path(after).write_text(json.dumps(edited))
+    code, out, err = _invoke("explain", before, after, "--json")
+    assert code == 0 and err.endswith("a-new as 2_p\n")
+    moves = {(m["task"], m["from"], m["to"], m["reason"]) for m in json.loads(out)["moves"]}
+    assert ("1_0", None, _B, "no previous owner") in moves
+    assert not any(source and to for _, source, to, _ in moves)  # no move onto _B
+
+
+def test_a_subscribed_topic_without_partitions_says_so(tmp_path: Path) -> None:
+    """A review: a topic subscribed that has no partition (not created yet, a typo) renumbers
+    every id though both tables have the same topics; the note said "renumbered by the two
+    files". It names the likely cause."""
+    before = _consumer_group(tmp_path / "before.json", ["orders"], _ORDERS_BEFORE)
+    after = _consumer_group(tmp_path / "after.json", ["0-missing", "orders"], _ORDERS_BEFORE)
+    code, out, err = _invoke("explain", before, after, "--json")
+    assert (code, json.loads(out)["moves"]) == (0, [])
+    assert err.endswith(
+        "renumbered by a subscribed topic with no partition assigned (or an edited file)\n"
     )
