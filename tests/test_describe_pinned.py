@@ -299,8 +299,23 @@ def test_a_withheld_line_true_under_both_readings_stands_beside_the_split_doubt(
         "lacks id 1; those tasks run on the other processes" in withheld
     )
     assert "unknown" not in withheld and "version unnamed" not in withheld
+    assert "to 1 process that lacks its topics of it" in withheld
     (doubt,) = [p for p in problems if "unknown" in p]
     assert doubt.startswith(f"member m4 of process id {pid(3)} at p3:80 announces a topology")
+
+
+def test_a_process_subscribing_to_none_of_the_leader_topics_gets_no_task() -> None:
+    """An older release (protocol 2) of another application sharing the group id subscribes
+    to none of V2's topics: either leader gives it nothing, and the line says that, not that
+    it misses some topic."""
+    members = {"m1": subscription(V2, 1), "m2": subscription(ELSEWHERE, 2, version=2)}
+    view = view_of(described(members, leader_version=3))
+    assert view.blind() == [str(pid(2))]
+    (line,) = [p for p in quality(view).problems if "gives no task of" in p]
+    assert (
+        f"1 process ({pid(2)}) announcing none and subscribing to none of its source topics "
+        "gets no task" in line
+    )
 
 
 def test_the_styled_lines_print_a_trailing_backslash_as_it_is() -> None:

@@ -1172,7 +1172,8 @@ def _withheld(view: GroupView, own: Mapping[int, frozenset[str]], reads: bool | 
     return [
         f"the leader (topology version {announced_version(own)}) gives no task of subtopology "
         f"{'ids' if len(ids) > 1 else 'id'} {shown}{more} to "
-        f"{counted(len(withheld), 'process', 'processes')} that lack its topics of it: "
+        f"{counted(len(withheld), 'process', 'processes')} that "
+        f"{'lacks' if len(withheld) == 1 else 'lack'} its topics of it: "
         + " | ".join(listed)
         + ("" if held else "; those tasks run on the other processes")
         + f", see {ROLLING_DEPLOY_DOC}"
