@@ -1,7 +1,7 @@
 """``describe`` against a leader pinned below protocol 3 (``ProcessHost(max_version=2)``, the
-rolling-upgrade pin): it reads no topology announcement and withholds no id, so a process of
-another version can be given tasks its guard refuses. Also the shared-id rule over the members
-that may get tasks, and the styled lines built from parts."""
+rolling-upgrade pin): it reads no topology announcement, only each process's subscription, so
+a process of another version can be given tasks its guard refuses. Also the shared-id rule
+over the members that may get tasks, and the styled lines built from parts."""
 
 from __future__ import annotations
 
@@ -190,8 +190,11 @@ def test_a_member_describe_cannot_read_may_be_the_one_supporting_2() -> None:
     assert view.withheld() == {str(pid(3)): frozenset({1, 2})}
     assert view.stalled() == {}
     # A leader reading none would read p3 by its subscription (a, b: ids 0 and 2) and may
-    # have given it the same: what it gave does not tell.
-    assert any("topology announcements is unknown" in p for p in quality(view).problems)
+    # have given it the same: what it gave does not tell. The doubt says what such a leader
+    # would withhold, not that it withholds nothing.
+    (doubt,) = [p for p in quality(view).problems if "topology announcements is unknown" in p]
+    assert "reads none: it withholds only the ids reading a topic a process does not" in doubt
+    assert "withholds no id" not in doubt
 
 
 def test_a_protocol_3_leader_is_read_as_before() -> None:
@@ -251,8 +254,9 @@ def test_a_split_that_depends_on_the_unknown_reading_says_it_is_unknown() -> Non
     announcing a topology reading none of the leader's topics (ELSEWHERE), under a pinned
     leader assigning at 2. A leader reading announcements keys m4 to p3:80 with m2; this one,
     reading none, finds m4 blind (its subscription has none of the leader's topics) and keys
-    only m2 there. The bytes do not tell which: describe splits as a reading leader
-    and says the reading is unknown, though no member announces ids that differ."""
+    only m2 there. The bytes do not tell which: describe splits as a reading leader and,
+    though no member announces ids that differ, says in one line which member is in doubt,
+    that it holds no task, and what settles it."""
     members = {
         "m1": subscription(V2, 1, version=2),
         "m2": subscription(V2, 3, version=2, endpoint="p3:80"),
@@ -263,11 +267,55 @@ def test_a_split_that_depends_on_the_unknown_reading_says_it_is_unknown() -> Non
     assert view.announcements_read() is None
     assert view.split_by_unknown_reading and view.reading_unknown()
     assert {m.member_id: m.process for m in view.members}["m4"] == f"{pid(3)}#p3:80"
-    (line,) = [p for p in quality(view).problems if "topology announcements is unknown" in p]
-    assert line.startswith("whether the leader reads topology announcements is unknown")
+    (line,) = [p for p in quality(view).problems if "announces a topology" in p]
+    assert line.startswith(f"member m4 of process id {pid(3)} at p3:80 announces a topology")
+    assert f"counts it in {pid(3)}#p3:80 (shown), one pinned below protocol 3 under" in line
+    assert "it holds no task, so no task is affected" in line
+    assert line.endswith("it settles once every member supports protocol 3")
     members["m4"] = subscription(V2, 3, endpoint="p3:80")  # subscribes to n: either reading
     view = view_of(described(members, leader_version=2))
     assert not view.split_by_unknown_reading and not view.reading_unknown()
+
+
+def test_a_withheld_line_true_under_both_readings_stands_beside_the_split_doubt() -> None:
+    """The split of pid 3 depends on the unknown reading (m4, as above), and p5, an older
+    release announcing none and not subscribing to n, is withheld id 1 under either reading.
+    Its line stands as it is, named by what the leader reads it by (its subscription), with
+    no doubt attached; the doubt is one line of its own naming the member in doubt."""
+    members = {
+        "m1": subscription(V2, 1, version=2),
+        "m2": subscription(V2, 3, version=2, endpoint="p3:80"),
+        "m3": subscription(V2, 3, version=2, endpoint="q3:80"),
+        "m4": subscription(ELSEWHERE, 3, endpoint="p3:80"),
+        "m5": subscription(V1, 5, version=2),
+    }
+    view = view_of(described(members, leader_version=2))
+    assert view.reading_unknown() and view.only_split_unknown()
+    assert view.withheld() == {str(pid(5)): frozenset({1})}
+    problems = quality(view).problems
+    (withheld,) = [p for p in problems if "gives no task of" in p]
+    assert (
+        f"announcing none (an older release?), not subscribing to n on 1 process ({pid(5)}) "
+        "lacks id 1; those tasks run on the other processes" in withheld
+    )
+    assert "unknown" not in withheld and "version unnamed" not in withheld
+    assert "to 1 process that lacks its topics of it" in withheld
+    (doubt,) = [p for p in problems if "unknown" in p]
+    assert doubt.startswith(f"member m4 of process id {pid(3)} at p3:80 announces a topology")
+
+
+def test_a_process_subscribing_to_none_of_the_leader_topics_gets_no_task() -> None:
+    """An older release (protocol 2) of another application sharing the group id subscribes
+    to none of V2's topics: either leader gives it nothing, and the line says that, not that
+    it misses some topic."""
+    members = {"m1": subscription(V2, 1), "m2": subscription(ELSEWHERE, 2, version=2)}
+    view = view_of(described(members, leader_version=3))
+    assert view.blind() == [str(pid(2))]
+    (line,) = [p for p in quality(view).problems if "gives no task of" in p]
+    assert (
+        f"1 process ({pid(2)}) announcing none and subscribing to none of its source topics "
+        "gets no task" in line
+    )
 
 
 def test_the_styled_lines_print_a_trailing_backslash_as_it_is() -> None:

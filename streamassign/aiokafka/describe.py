@@ -62,6 +62,7 @@ from ..streams import (
     SHARED_ID_REMEDY,
     SharedProcessId,
     copied_claimants,
+    process_id_of_key,
     process_keys,
 )
 from ..text import counted
@@ -295,7 +296,7 @@ class GroupView:
 
     def blind(self) -> list[str]:
         """Processes the leader gives no task at all: none of their members subscribes to
-        every source topic of the leader's or, when the leader reads announcements
+        any source topic of the leader's or, when the leader reads announcements
         (``announcements_read``), announces a topology (the leader's
         ``eligibility.group_eligibility``: such a member cannot run every task). When that is
         unknown, as a leader reading them (``_eligibility``)."""
@@ -325,6 +326,27 @@ class GroupView:
         matters = self.split_by_unknown_reading or not _same_withheld(read, unread)
         return matters and self._leader_reading_known(read, unread) is None
 
+    def only_split_unknown(self) -> bool:
+        """Whether ``reading_unknown`` holds only through the split of a shared process id:
+        both readings withhold the same ids from the same processes."""
+        own = self.leader_topics()
+        if own is None or not self.reading_unknown():
+            return False
+        return _same_withheld(self._eligibility_if(own, True), self._eligibility_if(own, False))
+
+    def split_in_doubt(self) -> list[MemberView]:
+        """The members a leader reading announcements may give tasks and one reading none may
+        not, keyed to an endpoint of a shared process id (``split_by_unknown_reading``): a
+        leader reading none keeps them under the bare process id."""
+        if not self.split_by_unknown_reading:
+            return []
+        doubtful = self._may_get_tasks_if(True) - self._may_get_tasks_if(False)
+        return [
+            m
+            for m in self.members
+            if m.member_id in doubtful and m.process != process_id_of_key(m.process)
+        ]
+
     def stalled(self) -> dict[str, frozenset[TaskId]]:
         """Per process, the actives it holds that its members' guards refuse: of a leader's
         id whose topics the member announces not all of (``leader_reading``; a leader not
@@ -344,11 +366,12 @@ class GroupView:
 
     def may_get_tasks(self) -> frozenset[str]:
         """The members the leader may give tasks (``eligibility.group_eligibility``), by
-        member id: those subscribing to every source topic of its topology or, when it reads
-        announcements (``announcements_read``; unknown: as one of protocol 3), announcing a
-        topology. Every member when the leader's topology is unknown. Unknown, the members
-        may differ from a pinned leader's, which shows only where ``reading_unknown`` says so
-        (the processes' ids withheld, or how a shared process id is split)."""
+        member id: those announcing a topology when it reads announcements
+        (``announcements_read``; unknown: as one of protocol 3), or, announcing none,
+        subscribing to one of its source topics. Every member when the leader's topology is
+        unknown. Unknown, the members may differ from a pinned leader's, which shows only
+        where ``reading_unknown`` says so (the processes' ids withheld, or how a shared
+        process id is split)."""
         return self._may_get_tasks_if(self.announcements_read() is not False)
 
     def _may_get_tasks_if(self, announcements: bool) -> frozenset[str]:
@@ -380,16 +403,16 @@ class GroupView:
             return None
         if version >= 3:
             return True
-        return self._leader_reading_shown(read, unread)
+        return self._leader_reading_shown(read)
 
-    def _leader_reading_shown(
-        self, read: GroupEligibility, unread: GroupEligibility
-    ) -> bool | None:
+    def _leader_reading_shown(self, read: GroupEligibility) -> bool | None:
         """Whether the leader reads announcements, from what it gave: an active of an id
         ``read`` withholds from its process (a leader reading them never gives one: it would
-        stall, the member's guard refusing it), or any task on a process ``unread`` finds
-        blind (a leader reading none gives such a process nothing). ``None``: neither, so no
-        task stalls either way; only which processes may get which ids is unknown."""
+        stall, the member's guard refusing it) says it does not. Nothing given can say it
+        does: a leader reading none refuses a member only the ids reading a topic it does not
+        subscribe to, and a member's announced topics are among its subscribed ones, so one
+        reading them refuses it those ids too (``eligibility.group_eligibility``). ``None``:
+        no task stalls either way; only which processes may get which ids is unknown."""
         processes = self.processes()
         if any(
             {t.subtopology for t in processes[pid].assignment.active} & ids
@@ -397,9 +420,6 @@ class GroupView:
             if pid in processes
         ):
             return False
-        held = (processes[pid].assignment for pid in unread.blind if pid in processes)
-        if any(a.active | a.standby | a.warmup for a in held):
-            return True
         return None
 
     def _eligibility(self) -> GroupEligibility | None:
@@ -734,16 +754,24 @@ def describe_bytes(
         cache.clear()
         cache.update(fresh)
     shared: list[SharedProcessId] = []
-    guessed = False
+    split_in_doubt = False
     if family == Family.CONSUMER:
         decoded, tasks = _consumer_tasks(decoded)
     else:
         if family == Family.STREAMS:
             unsplit = GroupView(group, state, protocol_type, protocol, family, tuple(decoded), {})
-            decoded, shared, guessed = _split_as_the_leader(decoded, unsplit)
+            decoded, shared, split_in_doubt = _split_as_the_leader(decoded, unsplit)
         tasks = _task_partitions(decoded, infer_sources=protocol == PROTOCOL_NAME)
     return GroupView(
-        group, state, protocol_type, protocol, family, tuple(decoded), tasks, tuple(shared), guessed
+        group,
+        state,
+        protocol_type,
+        protocol,
+        family,
+        tuple(decoded),
+        tasks,
+        shared_process_ids=tuple(shared),
+        split_by_unknown_reading=split_in_doubt,
     )
 
 
@@ -753,8 +781,9 @@ def _split_as_the_leader(
     """``_split_shared_ids`` over the members the leader may give tasks (``may_get_tasks`` of
     ``unsplit``), and whether a leader reading none of the announcements would split them
     otherwise while it is unknown whether the leader reads them (``announcements_read``): a
-    member announcing a topology but not subscribing to every source topic is keyed by its
-    endpoint only by a leader reading them (one reading none leaves it under the bare id)."""
+    member announcing a topology but subscribing to none of the leader's source topics is
+    keyed by its endpoint only by a leader reading them (one reading none leaves it under the
+    bare id)."""
     split, shared = _split_shared_ids(members, unsplit.may_get_tasks())
     if unsplit.announcements_read() is not None:
         return split, shared, False
@@ -1021,11 +1050,15 @@ def _topology_versions(view: GroupView) -> list[str]:
         return _differing(view)
     reads = view.announcements_read()
     stalled = _stalled(view, own, reads)
+    if view.only_split_unknown():
+        # Which ids are withheld is the same under both readings: those lines stand.
+        return [*stalled, *_withheld(view, own, reads), _split_doubt(view)]
     if view.reading_unknown():
         doubt = (
             f"whether the leader reads topology announcements is unknown (assignments at "
             f"protocol version {view.assignment_version()}, and some member supports only "
-            "that: a leader pinned below version 3 reads none and withholds no id)"
+            "that: a leader pinned below version 3 reads none: it withholds only the ids "
+            "reading a topic a process does not subscribe to)"
         )
         # A member's guard refusing a task is a stall whatever the leader read: said apart.
         doubt += "" if stalled else "; no process holds a task of an id its version lacks"
@@ -1034,6 +1067,43 @@ def _topology_versions(view: GroupView) -> list[str]:
         lines = _differing(view) or _withheld(view, own, reads)
         return [*stalled, *(f"{line}; {doubt}" for line in lines)] if lines else [*stalled, doubt]
     return [*stalled, *_withheld(view, own, reads)]
+
+
+def _split_doubt(view: GroupView) -> str:
+    """The one line when only how a shared process id is split depends on whether the leader
+    reads announcements: the members in doubt, where each reading counts them, and whether
+    they hold a task (the split then changes only the processes' member counts)."""
+    doubtful = view.split_in_doubt()
+    if not doubtful:  # not expected: the split differs only through such members
+        return (
+            "how the members of a shared process id are split into processes depends on "
+            "whether the leader reads topology announcements, which is unknown; it settles "
+            "once every member supports protocol 3"
+        )
+    by_key: dict[str, list[str]] = {}
+    for m in doubtful:
+        by_key.setdefault(m.process, []).append(m.member_id)
+    listed = " | ".join(
+        f"{', '.join(ms)} of process id {process_id_of_key(key)} at {key.split('#', 1)[1]}"
+        for key, ms in sorted(by_key.items())
+    )
+    holding = any(m.active | m.standby | m.warmup for m in doubtful)
+    they, them = ("they", "them") if len(doubtful) > 1 else ("it", "it")
+    shown = "; ".join(
+        f"a leader reading announcements counts {them} in {key} (shown), one pinned below "
+        f"protocol 3 under {process_id_of_key(key)}"
+        for key in sorted(by_key)
+    )
+    return (
+        f"{'members' if len(doubtful) > 1 else 'member'} {listed} "
+        f"{'announce' if len(doubtful) > 1 else 'announces'} a topology without subscribing "
+        f"to any of the leader's source topics: {shown}; which this leader is is unknown "
+        f"(assignments at protocol version {view.assignment_version()}, some member supports "
+        "only that); "
+        + (f"{they} {'hold' if len(doubtful) > 1 else 'holds'} ")
+        + ("tasks" if holding else "no task, so no task is affected")
+        + "; it settles once every member supports protocol 3"
+    )
 
 
 def _stalled(view: GroupView, own: Mapping[int, frozenset[str]], reads: bool | None) -> list[str]:
@@ -1074,11 +1144,10 @@ def _withheld(view: GroupView, own: Mapping[int, frozenset[str]], reads: bool | 
     blind = set(view.blind())
     by_version: dict[str, dict[str, frozenset[int]]] = {}
     members = view.members_by_process()
-    for pid, lacking in withheld.items():
-        version = next((m.topology_version for m in members[pid] if m.topology_version), None)
-        key = "" if pid in blind else f"version {version or 'unnamed'}"
-        by_version.setdefault(key, {})[pid] = lacking
     none_read = " (the leader reads no announcement)" if reads is False else ""
+    for pid, lacking in withheld.items():
+        key = "" if pid in blind else _version_key(members[pid], own, none_read)
+        by_version.setdefault(key, {})[pid] = lacking
     listed = []
     for key, pids in sorted(by_version.items()):
         lacks = set().union(*pids.values())
@@ -1086,8 +1155,9 @@ def _withheld(view: GroupView, own: Mapping[int, frozenset[str]], reads: bool | 
         listed.append(
             f"{key} on {on} lacks {'ids' if len(lacks) > 1 else 'id'} {_ids_text(lacks)}"
             if key
-            else f"{on} announcing none{none_read} and not subscribing to every source topic "
-            "get no task"
+            else f"{on} announcing none{none_read} and subscribing to none of its source topics "
+            + ("gets" if len(pids) == 1 else "get")
+            + " no task"
         )
     processes = view.processes()
     # A process holding a task of an id said withheld from it shows the rule misread: then
@@ -1102,11 +1172,28 @@ def _withheld(view: GroupView, own: Mapping[int, frozenset[str]], reads: bool | 
     return [
         f"the leader (topology version {announced_version(own)}) gives no task of subtopology "
         f"{'ids' if len(ids) > 1 else 'id'} {shown}{more} to "
-        f"{counted(len(withheld), 'process', 'processes')} that lack its topics of it: "
+        f"{counted(len(withheld), 'process', 'processes')} that "
+        f"{'lacks' if len(withheld) == 1 else 'lack'} its topics of it: "
         + " | ".join(listed)
         + ("" if held else "; those tasks run on the other processes")
         + f", see {ROLLING_DEPLOY_DOC}"
     ]
+
+
+def _version_key(
+    members: Sequence[MemberView], own: Mapping[int, frozenset[str]], none_read: str
+) -> str:
+    """How ``_withheld`` groups a process that gets some ids: its topology version; read by
+    its subscription (announcing none, an older release, or a leader reading no
+    announcement, ``none_read``), with the leader's source topics its members do not
+    subscribe to, which make the ids it gets none of."""
+    version = next((m.topology_version for m in members if m.topology_version), None)
+    if version and not none_read:
+        return f"version {version}"
+    missing = frozenset().union(*own.values()) - frozenset().union(*(m.topics for m in members))
+    not_subscribing = f", not subscribing to {', '.join(sorted(missing))}" if missing else ""
+    named = f"version {version}{none_read}" if version else "announcing none (an older release?)"
+    return named + not_subscribing
 
 
 def _differing(view: GroupView) -> list[str]:
