@@ -73,7 +73,42 @@ _OFFSET_LIMIT = 1 << 63
 #: Marks a retired task directory, to be deleted (``<s_p>.removed-<hex>``).
 _REMOVED = ".removed-"
 #: Marks damaged state set aside for inspection (``<name>.damaged-<UTC time>``).
-_DAMAGED = ".damaged-"
+DAMAGED_SUFFIX = ".damaged-"
+_DAMAGED = DAMAGED_SUFFIX
+#: Causes in a RocksDB status that are never the files' fault, even inside a corruption
+#: status: another process (or this one) holds the store, or the disk or its permissions are
+#: the operator's to fix. Setting the store aside would not help (a full disk) or would take a
+#: live store's files. Matched as substrings.
+NOT_DAMAGE_STATUSES = (
+    "While lock file",  # not "LOCK" alone: statuses name files, and paths may hold it
+    "lock hold",
+    "No locks available",
+    "Resource temporarily unavailable",
+    "No space left",
+    "Disk quota exceeded",
+    "Permission denied",
+    "Operation not permitted",
+    "Read-only file system",
+    "Input/output error",
+    "Too many open files",
+    "Cannot allocate memory",
+)
+
+
+def rename_aside(path: Path) -> Path:
+    """Rename ``path`` to a ``<name>.damaged-<UTC time>`` sibling (same directory, so never
+    across devices), never over an earlier one; the new path. Raises ``OSError`` if it
+    cannot be renamed."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}{stamp}")
+    n = 1
+    while aside.exists() or aside.is_symlink():  # os.rename would replace an earlier one
+        n += 1
+        aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}{stamp}-{n}")
+    path.rename(aside)
+    return aside
+
+
 #: Errnos of a failed read that say something else is in the path's place: a file where a
 #: directory belongs (ENOTDIR), a directory where a file belongs (EISDIR), a loop of links
 #: (ELOOP). Every other errno (EACCES, EPERM, EMFILE, ENFILE, EIO, ENOSPC, ENOMEM...) is the
@@ -170,18 +205,11 @@ class StateDirectory:
         )
 
     def set_aside(self, path: Path) -> Path:
-        """Rename damaged ``path`` (a file or a directory, e.g. a task's RocksDB store) to a
-        ``<name>.damaged-<UTC time>`` sibling, kept for inspection and never deleted (also not
-        with its task's state: ``delete_retired``); returns the new path. Raises ``OSError``
-        if it cannot be renamed. The caller logs why."""
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        aside = path.with_name(f"{path.name}{_DAMAGED}{stamp}")
-        n = 1
-        while aside.exists() or aside.is_symlink():  # os.rename would replace an earlier one
-            n += 1
-            aside = path.with_name(f"{path.name}{_DAMAGED}{stamp}-{n}")
-        path.rename(aside)
-        return aside
+        """Rename damaged ``path`` (a file or a directory, e.g. a task's RocksDB store) aside
+        (``rename_aside``), kept for inspection and never deleted (also not with its task's
+        state: ``delete_retired``); returns the new path. Raises ``OSError`` if it cannot be
+        renamed. The caller logs why."""
+        return rename_aside(path)
 
     def _directory(self, path: Path) -> Path:
         """``path`` as a directory, creating it; anything else in its place (a file, a link

@@ -21,12 +21,13 @@ from __future__ import annotations
 import enum
 import os
 import re
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
 import attrs
+
+from ..localstate import DAMAGED_SUFFIX, NOT_DAMAGE_STATUSES, rename_aside
 
 __all__ = [
     "DAMAGED_SUFFIX",
@@ -40,8 +41,6 @@ __all__ = [
     "lock_holder",
 ]
 
-#: Marks a directory set aside (``<name>.damaged-<UTC time>``), as the core's local state does.
-DAMAGED_SUFFIX = ".damaged-"
 
 #: What a RocksDB status (of the read-only open or the read) says of damaged files. rocksdict
 #: raises a plain ``Exception`` with the status; python-rocksdb a ``Corruption`` class.
@@ -64,19 +63,8 @@ _NEWER_FORMAT = (
     "newer version of rocksdb",
     "unknown tag",
 )
-#: Causes that are never the files' fault, even inside such a status: the disk or its
-#: permissions are the operator's to fix (moving would not help). A lock is only ever named by
-#: a read-write open; the member's read-only one takes none (see ``lock_holder``).
-_NOT_DAMAGE = (
-    "While lock file",
-    "lock hold",
-    "No locks available",
-    "Resource temporarily unavailable",
-    "No space left",
-    "Disk quota exceeded",
-    "Permission denied",
-    "Operation not permitted",
-)
+#: A lock is only ever named by a read-write open; the member's read-only one takes none (see
+#: ``lock_holder``): ``NOT_DAMAGE_STATUSES`` names locks and the disk, the operator's to fix.
 #: A lock in ``/proc/locks``: ``<n>: [-> ]<type> <mode> <READ|WRITE> <pid> <maj>:<min>:<inode>``
 #: (the pid is -1 for an open file description lock, 0 for a holder in another pid namespace).
 _PROC_LOCK = re.compile(r"\s(-?\d+)\s+[0-9a-f]+:[0-9a-f]+:(\d+)\s")
@@ -141,7 +129,7 @@ def is_damaged_status(exc: BaseException, path: Path) -> bool:
     files are damaged, not that the disk is full or failing or that a newer RocksDB wrote
     them (whether another process has it open is ``lock_holder``'s to say)."""
     status = str(exc)
-    if any(cause in status for cause in _NOT_DAMAGE) or is_newer_format_status(exc):
+    if any(cause in status for cause in NOT_DAMAGE_STATUSES) or is_newer_format_status(exc):
         return False
     if _CORRUPTION in status or type(exc).__name__ == "Corruption":
         return True
@@ -197,19 +185,6 @@ def _listed_lock_pids(inode: int) -> list[str] | None:
     return [pid for pid, ino in _PROC_LOCK.findall(text) if int(ino) == inode]
 
 
-def _rename_aside(path: Path) -> Path:
-    """Rename ``path`` to a ``<name>.damaged-<UTC time>`` sibling (same directory, so never
-    across devices); the new path. Raises ``OSError`` if it cannot be renamed."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}{stamp}")
-    n = 1
-    while aside.exists() or aside.is_symlink():  # a rename would replace an earlier one
-        n += 1
-        aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}{stamp}-{n}")
-    path.rename(aside)
-    return aside
-
-
 @attrs.define
 class DamagedTables:
     """What one join found: the damaged directories it moved aside, those it kept (Faust runs
@@ -247,7 +222,7 @@ class DamagedTables:
             self.live.append((found, holder))
             return Aside.LIVE
         try:
-            aside = _rename_aside(found.path)
+            aside = rename_aside(found.path)
         except OSError as exc:
             self.kept.append((found, f"cannot rename it: {exc}"))
             return Aside.KEPT

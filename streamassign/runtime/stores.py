@@ -27,7 +27,7 @@ from ..errors import (
     StoreIOError,
     StoreNotOpenError,
 )
-from ..localstate import not_a_directory
+from ..localstate import NOT_DAMAGE_STATUSES, not_a_directory
 
 if TYPE_CHECKING:
     from rocksdict import Cache, Options, WriteBufferManager
@@ -66,23 +66,6 @@ _FOUND_DAMAGED = "STREAMASSIGN-DAMAGED"
 #: MANIFEST names that is gone (a deleted CURRENT shows as "wal_dir contains existing log
 #: file").
 _DAMAGED_STATUSES = ("Corruption:", "IO error: No such file or directory")
-#: Causes that are never the files' fault, even inside a corruption status: another process
-#: (or this one) holds the store, or the disk or its permissions are the operator's to fix.
-#: Setting the store aside would not help (a full disk) or would take a live store's files.
-_NOT_DAMAGE = (
-    "While lock file",  # not "LOCK" alone: statuses name files, and paths may hold it
-    "lock hold",
-    "No locks available",
-    "Resource temporarily unavailable",
-    "No space left",
-    "Disk quota exceeded",
-    "Permission denied",
-    "Operation not permitted",
-    "Read-only file system",
-    "Input/output error",
-    "Too many open files",
-    "Cannot allocate memory",
-)
 
 
 class KeyValueStore(Protocol):
@@ -377,7 +360,9 @@ def is_damaged_store_status(status: str) -> bool:
     """Whether a RocksDB status (of an open or a read) says a store's files are damaged (so
     the store is set aside and restored from its changelog), not that it is in use or that
     the disk is full or failing (those move nothing: the operator's to fix)."""
-    return status.startswith(_DAMAGED_STATUSES) and not any(c in status for c in _NOT_DAMAGE)
+    return status.startswith(_DAMAGED_STATUSES) and not any(
+        c in status for c in NOT_DAMAGE_STATUSES
+    )
 
 
 class UnopenedStore:
