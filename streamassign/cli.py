@@ -1932,7 +1932,6 @@ async def _print_views(
     console = _Stdout()
     last = None  # the last readable view
     last_warning: str | None = None
-    last_note: str | None = None
     async for view in follow(connection, group, interval):
         if not view.readable:
             if as_json:
@@ -1946,9 +1945,8 @@ async def _print_views(
             click.echo(warning, err=True)  # once, not at every change of the group
         last_warning = warning
         before, names, note = _as_named_by(last, view)
-        if note != last_note and note is not None:
-            click.echo(note, err=True)  # once, as the standby warning
-            last_note = note
+        if note is not None:  # each renumbering (views between that renumber nothing say none)
+            click.echo(note, err=True)
         moves = (
             explain(
                 before,

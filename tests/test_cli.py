@@ -542,11 +542,11 @@ def _consumer_view(topics: list[str], owners: dict[str, list[tuple[str, int]]]) 
 def test_watch_matches_a_consumer_groups_views_by_partition(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """review62 M1 (seen on a live group): a topic that sorts first subscribed mid-watch
-    renumbered every id, and ``describe --watch`` matched the views by id: the orders
-    partitions, kept by their owners, read as new (or as balance moves and removals when the
-    new topic had fewer partitions), the new ones were missing. It matches by partition as
-    ``explain`` does, names partitions, and says so once per renumbering."""
+    """Seen on a live group: a topic that sorts first subscribed mid-watch renumbered every
+    id, and ``describe --watch`` matched the views by id: the orders partitions, kept by their
+    owners, read as new (or as balance moves and removals when the new topic had fewer
+    partitions), the new ones were missing. It matches by partition as ``explain`` does, names
+    partitions, and says so at each renumbering."""
     pytest.importorskip("aiokafka")
     from .test_describe import _watch_with
 
@@ -556,6 +556,7 @@ def test_watch_matches_a_consumer_groups_views_by_partition(
         _consumer_view(["orders"], orders),
         _consumer_view(["a-new", "orders"], grown),
         _consumer_view(["orders"], orders),
+        _consumer_view(["a-new", "orders"], grown),  # the same renumbering again: said again
     ]
     assert views[1].tasks[TaskId(0, 0)] == {("a-new", 0)}  # the shift the review saw
     stderr, out = tmp_path / "err.txt", tmp_path / "out.jsonl"
@@ -576,6 +577,7 @@ def test_watch_matches_a_consumer_groups_views_by_partition(
     assert moves == [
         [("0_0", ["a-new", 0], None, "m1"), ("0_1", ["a-new", 1], None, "m2")],
         [(None, ["a-new", 0], "m1", None), (None, ["a-new", 1], "m2", None)],
+        [("0_0", ["a-new", 0], None, "m1"), ("0_1", ["a-new", 1], None, "m2")],
     ]
     text = (tmp_path / "out.txt").read_text()
     moved = text[text.index("Active tasks that moved") :].splitlines()
@@ -585,6 +587,7 @@ def test_watch_matches_a_consumer_groups_views_by_partition(
         "a change of topics (added topic a-new)",
         "a change of topics (removed topic a-new); a removed topic numbered past every id "
         "there: a-new as 1_p",
+        "a change of topics (added topic a-new)",
         "a change of topics (added topic a-new)",  # the second watch's
     ]
 
