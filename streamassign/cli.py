@@ -1977,14 +1977,12 @@ def _as_named_by(
     """``describe --watch``'s last view's processes (``last``, a ``GroupView``; None before
     the first) as ``view`` names them, how their moves name tasks (None: by id), and a note
     of a renumbering."""
-    from .aiokafka.describe import Family
-
     if last is None:
         return None, None, None
     # A clash of a shared process id that starts or ends renames the original
     # (P <-> P#endpoint), which moved nothing.
     before = named_as_after(last.processes(), last.process_members(), view.process_members())
-    if last.family == Family.CONSUMER == view.family:
+    if last.family == CONSUMER_FAMILY == view.family:
         # Matched by partition, as explain matches two saved snapshots of the group.
         matched = _matched_by_partition(before, last.tasks, view.tasks)
         if matched is not None:

@@ -74,7 +74,6 @@ _OFFSET_LIMIT = 1 << 63
 _REMOVED = ".removed-"
 #: Marks damaged state set aside for inspection (``<name>.damaged-<UTC time>``).
 DAMAGED_SUFFIX = ".damaged-"
-_DAMAGED = DAMAGED_SUFFIX
 #: Causes in a RocksDB status that are never the files' fault, even inside a corruption
 #: status: another process (or this one) holds the store, or the disk or its permissions are
 #: the operator's to fix. Setting the store aside would not help (a full disk) or would take a
@@ -703,7 +702,7 @@ def _keep_damaged(removed: Path) -> None:
     out of it, to ``tasks/<s_p>.<name>``: damaged state is kept for inspection, always."""
     task = removed.name.partition(_REMOVED)[0]
     for inner in removed.iterdir():
-        if _DAMAGED in inner.name:
+        if DAMAGED_SUFFIX in inner.name:
             kept = removed.with_name(f"{task}.{inner.name}")
             if kept.exists() or kept.is_symlink():  # os.rename would replace it
                 kept = kept.with_name(f"{kept.name}-{uuid.uuid4().hex[:6]}")
