@@ -593,10 +593,10 @@ def test_watch_matches_a_consumer_groups_views_by_partition(
 
 
 def test_the_core_names_describes_consumer_family() -> None:
-    """A review: ``explain.CONSUMER_FAMILY`` repeats ``describe.Family.CONSUMER`` (the core may
+    """A review: ``compare.CONSUMER_FAMILY`` repeats ``describe.Family.CONSUMER`` (the core may
     not import aiokafka, nor may explain of files); pinned together, they cannot drift."""
     pytest.importorskip("aiokafka")
     from streamassign.aiokafka.describe import Family
-    from streamassign.explain import CONSUMER_FAMILY
+    from streamassign.compare import CONSUMER_FAMILY
 
     assert Family.CONSUMER.value == CONSUMER_FAMILY
