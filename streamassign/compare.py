@@ -161,11 +161,12 @@ class PartitionNames:
     """How a consumer group's moves name their tasks: by partition (``partitions``: both
     sides' tables, BEFORE's numbered as AFTER numbers its topics), as a removed topic's ids
     (numbered past AFTER's) name other partitions, or nothing, on either side.
-    ``after_ids``: the ids AFTER's table has (the others are numbered past it: ``--json``
-    gives no id for them)."""
+    ``after_topics``: the topic numbers of AFTER's table; ``--json`` gives the id of a
+    partition of those topics (AFTER's id, even where no partition of that id is assigned
+    there, as when its owner became undecodable) and none for a gone topic's."""
 
     partitions: Mapping[TaskId, TopicPartition]
-    after_ids: frozenset[TaskId]
+    after_topics: frozenset[int]
 
     def label(self, task: TaskId) -> str:
         """``orders-3``; an id neither table lists (a hand-edited file) as it is."""
@@ -173,11 +174,12 @@ class PartitionNames:
         return str(task) if tp is None else f"{tp.topic}-{tp.partition}"
 
     def as_json(self, task: TaskId) -> dict[str, Any]:
-        """A move's ``task`` (None for an id AFTER's table lacks) and ``partition`` (None for
+        """A move's ``task`` (None for a gone topic's partition) and ``partition`` (None for
         an id neither table lists)."""
         tp = self.partitions.get(task)
+        kept = tp is None or task.subtopology in self.after_topics
         return {
-            "task": str(task) if task in self.after_ids or tp is None else None,
+            "task": str(task) if kept else None,
             "partition": None if tp is None else [tp.topic, tp.partition],
         }
 
@@ -198,7 +200,7 @@ def _named_by_partition(old: TaskTable, new: TaskTable) -> PartitionNames:
     """:class:`PartitionNames` of two tables known to be consumer groups' that agree on
     every id they share."""
     partitions = {t: tp for table in (old, new) for t, (tp,) in table.items()}
-    return PartitionNames(partitions, frozenset(new))
+    return PartitionNames(partitions, frozenset(t.subtopology for t in new))
 
 
 # -- the note of a renumbering ------------------------------------------------------------------

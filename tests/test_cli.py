@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -517,9 +518,12 @@ def test_plan_standbys_help_mentions_no_report() -> None:
         assert ("For the report: partitions of the aggregation's shuffles" in text) == says
 
 
-def _consumer_view(topics: list[str], owners: dict[str, list[tuple[str, int]]]) -> Any:
+def _consumer_view(
+    topics: list[str], owners: dict[str, list[tuple[str, int]]], undecodable: Sequence[str] = ()
+) -> Any:
     """A Stable plain consumer group (roundrobin) subscribed to ``topics``, its members
-    ``owners`` reading those partitions, decoded as ``describe`` decodes the group's bytes."""
+    ``owners`` reading those partitions, decoded as ``describe`` decodes the group's bytes;
+    the members ``undecodable`` sent bytes nobody can read."""
     from streamassign import TopicPartition
     from streamassign.aiokafka.describe import RawMember, describe_bytes
     from streamassign.aiokafka.wire import encode_assignment
@@ -536,7 +540,22 @@ def _consumer_view(topics: list[str], owners: dict[str, list[tuple[str, int]]]) 
         )
         for member, parts in owners.items()
     ]
+    raw += [RawMember(m, "c", "h", b"\x00\x07garbage", b"\xff\xff") for m in undecodable]
     return describe_bytes("billing", "Stable", "consumer", "roundrobin", raw)
+
+
+def _watched(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, views: list[Any]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """``describe --watch --json`` over ``views``: its lines, and its stderr's notes."""
+    from .test_describe import _watch_with
+
+    stderr, out = tmp_path / "err.txt", tmp_path / "out.jsonl"
+    with stderr.open("w") as err, out.open("w") as stdout:
+        monkeypatch.setattr(sys, "stderr", err)
+        _watch_with(monkeypatch, views, stdout, forever=False)
+    notes = [n for n in stderr.read_text().splitlines() if n.startswith("note: ")]
+    return [json.loads(line) for line in out.read_text().splitlines()], notes
 
 
 def test_watch_matches_a_consumer_groups_views_by_partition(
@@ -600,3 +619,25 @@ def test_the_core_names_describes_consumer_family() -> None:
     from streamassign.compare import CONSUMER_FAMILY
 
     assert Family.CONSUMER.value == CONSUMER_FAMILY
+
+
+def test_watch_names_a_kept_topics_partition_by_its_id_when_its_owner_is_undecodable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A review (review63 L2): a partition whose only owner became undecodable read as
+    ``"task": null`` in ``--json``, the mark of a gone topic's partition, though its topic is
+    still read and numbered in the new view. Only a gone topic's partitions have no id."""
+    pytest.importorskip("aiokafka")
+    orders = {"m1": [("orders", 0), ("orders", 1)], "m2": [("orders", 2), ("orders", 3)]}
+    grown = {"m1": [*orders["m1"], ("a-new", 0)]}
+    views = [
+        _consumer_view(["orders"], orders),
+        _consumer_view(["a-new", "orders"], grown, undecodable=["m2"]),
+    ]
+    assert views[1].tasks.keys() == {TaskId(0, 0), TaskId(1, 0), TaskId(1, 1)}
+    lines, _ = _watched(monkeypatch, tmp_path, views)
+    assert [(m["task"], m["partition"], m["from"], m["to"]) for m in lines[1]["moves"]] == [
+        ("0_0", ["a-new", 0], None, "m1"),
+        ("1_2", ["orders", 2], "m2", None),
+        ("1_3", ["orders", 3], "m2", None),
+    ]
