@@ -15,7 +15,7 @@ The work behind ``streamassign explain``, ``diff``, ``plan --clients`` and ``des
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -206,31 +206,84 @@ def _named_by_partition(old: TaskTable, new: TaskTable) -> PartitionNames:
 # -- the note of a renumbering ------------------------------------------------------------------
 
 
-def renumbering_note(old: TaskTable, new: TaskTable, named: str) -> str:
+def renumbering_note(
+    old: TaskTable,
+    new: TaskTable,
+    named: str,
+    *,
+    unassigned_topics: Iterable[str] | None = None,
+    undecodable: tuple[int, int] = (0, 0),
+) -> str:
     """The note that a consumer group's tasks were renumbered to match by partition (``old``:
     already renumbered; ``named``: as which side names them): what renumbered them, and the
-    ids a removed topic's partitions got (past ``new``'s, naming nothing on either side)."""
-    old_topics, new_topics = topics_of(old), topics_of(new)
-    if old_topics == new_topics:
-        # The tables agree on topics: a subscribed topic (in both files' members) numbered
-        # without partitions assigned to it (not created yet, a typo), or an edited file.
-        why = "a subscribed topic with no partition assigned (or an edited file)"
-    else:
-        why = f"a change of topics ({_topic_changes(old_topics, new_topics)})"
-        numbers = {tp.topic: t.subtopology for t, ps in old.items() for tp in ps}
-        numbered = [f"{topic} as {numbers[topic]}_p" for topic in sorted(old_topics - new_topics)]
-        if numbered:
-            why += f"; a removed topic numbered past every id there: {', '.join(numbered)}"
+    ids a gone topic's partitions got (past ``new``'s, naming nothing on either side).
+    ``unassigned_topics``: the topics subscribed with no partition assigned on one side only
+    (None: not known, as a saved snapshot is read without its members' subscriptions);
+    ``undecodable``: how many members of each side (BEFORE's, AFTER's) are undecodable,
+    whose topics are unknown."""
+    cause = _renumbering_cause(old, new, unassigned_topics, undecodable)
     return (
         f"note: tasks matched by partition, {named}: a consumer group's task t_p is partition "
-        f"p of its t-th topic in name order, renumbered by {why}"
+        f"p of its t-th topic in name order, renumbered by {cause}"
     )
 
 
-def _topic_changes(old_topics: set[str], new_topics: set[str]) -> str:
-    """``added topic a; removed topics b, c`` (either part only when it has topics)."""
-    changes = [("added", new_topics - old_topics), ("removed", old_topics - new_topics)]
-    return "; ".join(f"{how} {_topic_names(ts)}" for how, ts in changes if ts)
+def _renumbering_cause(
+    old: TaskTable,
+    new: TaskTable,
+    unassigned_topics: Iterable[str] | None,
+    undecodable: tuple[int, int],
+) -> str:
+    """What renumbered ``old`` as ``new`` (see :func:`renumbering_note`)."""
+    old_topics, new_topics = topics_of(old), topics_of(new)
+    if old_topics == new_topics:
+        # The tables agree on topics: a subscribed topic numbered without partitions assigned
+        # to it (not created yet, a typo), or an edited file.
+        return _unassigned_cause(unassigned_topics)
+    cause = f"a change of topics ({_topic_changes(old_topics, new_topics, undecodable)})"
+    gone = sorted(old_topics - new_topics)
+    if gone:
+        numbers = {tp.topic: t.subtopology for t, ps in old.items() for tp in ps}
+        numbered = ", ".join(f"{topic} as {numbers[topic]}_p" for topic in gone)
+        how = "removed or hidden" if undecodable[1] else "removed"
+        which = f"a {how} topic" if len(gone) == 1 else f"{how} topics"
+        cause += f"; {which} numbered past every id there: {numbered}"
+    return cause
+
+
+def _unassigned_cause(unassigned_topics: Iterable[str] | None) -> str:
+    """A renumbering between tables of the same topics: by a subscribed topic without
+    partitions, named when known (``unassigned_topics``; None: files, which may be edited)."""
+    if unassigned_topics is None:
+        return "a subscribed topic with no partition assigned (or an edited file)"
+    topics = sorted(set(unassigned_topics))
+    if not topics:
+        return "a subscribed topic with no partition assigned"
+    noun = "a subscribed topic" if len(topics) == 1 else "subscribed topics"
+    return f"{noun} with no partition assigned ({listed(topics, 4)})"
+
+
+def _topic_changes(
+    old_topics: set[str], new_topics: set[str], undecodable: tuple[int, int] = (0, 0)
+) -> str:
+    """``added topic a; removed topics b, c`` (either part only when it has topics). Where a
+    side has ``undecodable`` members (BEFORE's, AFTER's count), whose topics are unknown, a
+    topic only the other side shows may be theirs: ``added or no longer hidden by 1
+    undecodable member``, ``removed or hidden by 2 undecodable members``."""
+    changes = []
+    for topics, how, hidden_by in (
+        (new_topics - old_topics, "added", undecodable[0]),
+        (old_topics - new_topics, "removed", undecodable[1]),
+    ):
+        if not topics:
+            continue
+        if hidden_by:
+            hidden = "no longer hidden" if how == "added" else "hidden"
+            members = counted(hidden_by, "undecodable member")
+            changes.append(f"{_topic_names(topics)} {how} or {hidden} by {members}")
+        else:
+            changes.append(f"{how} {_topic_names(topics)}")
+    return "; ".join(changes)
 
 
 def topics_of(tasks: TaskTable) -> set[str]:
@@ -392,12 +445,26 @@ def _names_apart(earlier: TaskSource, later: TaskSource, groups_said: bool) -> s
 # -- a live group: describe --watch --------------------------------------------------------------
 
 
+class DescribedMember(Protocol):
+    """What :func:`match_views` reads of a described group's member
+    (``streamassign.aiokafka.describe.MemberView``, which the core may not import)."""
+
+    @property
+    def topics(self) -> Sequence[str]: ...
+
+    @property
+    def assigned(self) -> bool: ...
+
+
 class DescribedGroup(Protocol):
     """What :func:`match_views` reads of one view of a described group
     (``streamassign.aiokafka.describe.GroupView``)."""
 
     @property
     def family(self) -> str: ...
+
+    @property
+    def members(self) -> Sequence[DescribedMember]: ...
 
     @property
     def tasks(self) -> TaskTable: ...
@@ -450,8 +517,25 @@ def _matched_by_partition(
     names = _named_by_partition(old, view.tasks)
     if all(number == was for was, number in renumbering.items()):
         return ViewsMatched(views, names)
-    note = renumbering_note(old, view.tasks, "as the new view names them")
+    note = renumbering_note(
+        old,
+        view.tasks,
+        "as the new view names them",
+        # Subscribed without partitions in one view only: numbered in that view alone.
+        unassigned_topics=_unassigned_topics(last) ^ _unassigned_topics(view),
+        undecodable=(_undecodable(last), _undecodable(view)),
+    )
     return ViewsMatched(views, names, note)
+
+
+def _unassigned_topics(view: DescribedGroup) -> set[str]:
+    """The topics ``view``'s members subscribe to that no partition of is assigned."""
+    return {t for m in view.members for t in m.topics} - topics_of(view.tasks)
+
+
+def _undecodable(view: DescribedGroup) -> int:
+    """How many of ``view``'s members' assignments could not be read."""
+    return sum(1 for m in view.members if not m.assigned)
 
 
 # -- a saved assignment's standbys per task ------------------------------------------------------

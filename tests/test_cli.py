@@ -641,3 +641,42 @@ def test_watch_names_a_kept_topics_partition_by_its_id_when_its_owner_is_undecod
         ("1_2", ["orders", 2], "m2", None),
         ("1_3", ["orders", 3], "m2", None),
     ]
+
+
+def _renumbered_by(notes: list[str]) -> list[str]:
+    """What each renumbering note says renumbered the ids."""
+    return [n.partition(" renumbered by ")[2] for n in notes]
+
+
+def test_watch_says_a_topic_only_an_undecodable_member_read_may_be_hidden_not_removed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A review (review63 L3): when the only member reading a topic became undecodable, the
+    note said "removed topic a-x", though the topic was still read: what is known is that
+    nobody readable reads it, and that the undecodable member's topics are unknown. Said
+    both ways, as the member's bytes turn unreadable and readable again."""
+    pytest.importorskip("aiokafka")
+    m1 = {"m1": [("orders", 0), ("orders", 1)]}
+    both = _consumer_view(["a-x", "orders"], {**m1, "m2": [("a-x", 0)]})
+    hidden = _consumer_view(["orders"], m1, undecodable=["m2"])
+    _, notes = _watched(monkeypatch, tmp_path, [both, hidden, both])
+    assert _renumbered_by(notes) == [
+        "a change of topics (topic a-x removed or hidden by 1 undecodable member); a removed "
+        "or hidden topic numbered past every id there: a-x as 1_p",
+        "a change of topics (topic a-x added or no longer hidden by 1 undecodable member)",
+    ]
+
+
+def test_watch_names_the_subscribed_topic_without_partitions_that_renumbered_the_ids(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A review (review63 L4): a topic subscribed with no partition (a typo, not created yet)
+    renumbers every id; the watch's note used the files' wording, "a subscribed topic with
+    no partition assigned (or an edited file)", though a view is no file and its members
+    name their topics. It names the topic, at each renumbering (review63 L1)."""
+    pytest.importorskip("aiokafka")
+    orders = {"m1": [("orders", 0), ("orders", 1)], "m2": [("orders", 2), ("orders", 3)]}
+    plain, typo = _consumer_view(["orders"], orders), _consumer_view(["0-typo", "orders"], orders)
+    lines, notes = _watched(monkeypatch, tmp_path, [plain, typo, plain, typo])
+    assert [line["moves"] for line in lines[1:]] == [[], [], []]
+    assert _renumbered_by(notes) == ["a subscribed topic with no partition assigned (0-typo)"] * 3
