@@ -169,9 +169,10 @@ class PartitionNames:
     after_topics: frozenset[int]
 
     def label(self, task: TaskId) -> str:
-        """``orders-3``; an id neither table lists (a hand-edited file) as it is."""
+        """``orders-3``; an id neither table lists (a hand-edited file) as ``1_0 (no
+        partition)``: under a ``partition`` column a bare id reads as a partition's name."""
         tp = self.partitions.get(task)
-        return str(task) if tp is None else f"{tp.topic}-{tp.partition}"
+        return f"{task} (no partition)" if tp is None else f"{tp.topic}-{tp.partition}"
 
     def as_json(self, task: TaskId) -> dict[str, Any]:
         """A move's ``task`` (None for a gone topic's partition) and ``partition`` (None for
