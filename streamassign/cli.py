@@ -1725,35 +1725,31 @@ async def _print_views(
             click.echo(warning, err=True)  # once, not at every change of the group
         last_warning = warning
         matched = match_views(last, view)
-        # Each renumbering (views between that renumber nothing have no note).
-        _say(matched.note)
-        before = matched.before
-        moves = (
-            explain(
-                before,
-                view.processes(),
-                view.local_state(),
-                returned=_returned(view, acceptable_lag),
-            )
-            if before is not None
-            else None
-        )
+        _say(matched.note)  # each renumbering (views between that renumber nothing have none)
+        moves = _moves_since(matched.before, view, acceptable_lag)
         # One naming for both views' processes: a moves row names the ones that left too.
-        labels = _view_labels(view, before or ())
-        last = view
+        labels = _view_labels(view, matched.before or ())
+        last, names = view, matched.names
         if as_json:
-            data = to_json(view, score) | (
-                {} if moves is None else _moves_json(moves, matched.names)
-            )
+            data = to_json(view, score) | ({} if moves is None else _moves_json(moves, names))
             click.echo(json.dumps(data))
             continue
         console.rule(f"{group} at {_now()}")
         _print_group(console, view, score, labels)
         if moves is not None:
             faust = view.protocol == FAUST_PROTOCOL_NAME
-            _print_moves(
-                console, moves, labels=labels, uncertain_hand_backs=not faust, names=matched.names
-            )
+            _print_moves(console, moves, labels=labels, uncertain_hand_backs=not faust, names=names)
+
+
+def _moves_since(
+    before: Mapping[str, ClientView] | None, view: Any, acceptable_lag: int
+) -> Explanation | None:
+    """What moved from ``before`` (the last view's processes as ``view``, a ``GroupView``,
+    names them: ``compare.match_views``; None: ``view`` is the first) to ``view``."""
+    if before is None:
+        return None
+    returned = _returned(view, acceptable_lag)
+    return explain(before, view.processes(), view.local_state(), returned=returned)
 
 
 def _returned(view: Any, acceptable_lag: int) -> dict[TaskId, str]:
