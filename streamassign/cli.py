@@ -32,9 +32,18 @@ from rich.text import Text
 
 from . import TaskId, TopicPartition
 from .assignment import ClientAssignment, ClientState
+from .compare import (
+    PartitionNames,
+    SnapshotsCompared,
+    TaskSource,
+    compare_snapshots,
+    landing_state,
+    match_views,
+    other_partitions_warning,
+    standby_doubt,
+)
 from .errors import ClientsFileError, PublishError, StreamAssignError
 from .explain import (
-    CONSUMER_FAMILY,
     ClaimConflicts,
     ClientView,
     Explanation,
@@ -45,9 +54,6 @@ from .explain import (
     explain,
     load_snapshot,
     named_as_after,
-    numbered_as,
-    partition_renumbering,
-    renumbered_view,
     views_from_assignment,
     views_from_clients,
 )
@@ -62,6 +68,8 @@ from .streams import (
     merge_offset_sums,
 )
 from .text import counted, exact_number
+from .text import listed as _task_list
+from .text import partitions_by_topic as _partition_list
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
 
@@ -193,22 +201,9 @@ def _check_task_count(topology: Topology, counts: Mapping[str, int]) -> None:
         )
 
 
-def _task_list(tasks: Sequence[object], limit: int = 12, separator: str = ", ") -> str:
-    """The first ``limit`` items, then how many more: ``0_1, 0_2, … (+3)``."""
-    shown = separator.join(str(t) for t in tasks[:limit])
-    return shown + (f"{separator}… (+{len(tasks) - limit})" if len(tasks) > limit else "")
-
-
 def _tasks_cell(tasks: frozenset[TaskId]) -> str:
     """A table cell of tasks: ``3: 0_1, 0_4, 1_2``, or ``0`` for none."""
     return f"{len(tasks)}: {_task_list(sorted(tasks))}" if tasks else "0"
-
-
-def _partition_list(parts: frozenset[TopicPartition]) -> str:
-    by_topic: dict[str, list[int]] = {}
-    for tp in sorted(parts):
-        by_topic.setdefault(tp.topic, []).append(tp.partition)
-    return ", ".join(f"{topic}[{','.join(map(str, ps))}]" for topic, ps in by_topic.items())
 
 
 def _metrics_rows(m: AssignmentMetrics) -> list[tuple[str, str]]:
@@ -619,9 +614,11 @@ def plan(
     except (StreamAssignError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     if saved is not None:
-        _warn_other_tasks(
-            _TaskSource(str(clients_file), saved.tasks, saved.group),
-            _TaskSource("the topology", tasks, loaded.topology.name or None),
+        _say(
+            other_partitions_warning(
+                TaskSource(str(clients_file), saved.tasks, saved.group),
+                TaskSource("the topology", tasks, loaded.topology.name or None),
+            )
         )
     _warn_ignored_input(tasks, clients, planned.count, len(stateful))
     departed = saved.departed if saved is not None else {}
@@ -643,7 +640,7 @@ def _plan_standbys(
 ) -> _PlannedStandbys:
     """``plan``'s standbys: ``--standbys``, else a saved assignment's (a what-if from a group
     running with standbys would otherwise drop them all), said on stderr; else 0. A count
-    that may be below the app's (:func:`_standby_doubt`) is said too. Nothing is said for a
+    that may be below the app's (``compare.standby_doubt``) is said too. Nothing is said for a
     topology without ``stateful`` tasks: it places no standby, whatever the count."""
     if given is not None or saved is None:
         return _PlannedStandbys(given or 0)
@@ -660,7 +657,7 @@ def _plan_standbys(
                 err=True,
             )
         return _PlannedStandbys(0)
-    doubt = _standby_doubt(saved, count, f"{clients_file}")
+    doubt = standby_doubt(saved, count, f"{clients_file}")
     if doubt:
         click.echo(doubt, err=True)
     elif count:  # 0 is the default without a file too: nothing to say
@@ -671,128 +668,6 @@ def _plan_standbys(
             err=True,
         )
     return _PlannedStandbys(count, saved.standbys_inferred)
-
-
-def _standby_doubt(saved: Snapshot, count: int, where: str) -> str | None:
-    """The line to print when a saved assignment's stated standbys per task (``count``) may
-    be fewer than the app runs: fewer than some task holds in the file (a warning), or
-    inferred at the cap its processes set (each holds at most processes - 1 copies of a task,
-    so a group of one process shows 0 whatever the app's count; a note). None otherwise."""
-    most = saved.most_standbys()
-    if count < most:
-        return (
-            f"warning: {where} states num_standby_replicas {count} but holds up to {most} per "
-            f"task: planned with {count}, which drops standbys; give --standbys for the app's"
-        )
-    processes = len({pid for pid, _ in saved.reports}) or len(saved.views)
-    if saved.standbys_inferred and count >= processes - 1:
-        return (
-            f"note: --standbys {count} from {where}, which describe inferred from "
-            f"{counted(processes, 'process', 'processes')} ({_standbys_fit(processes)}): the app "
-            "may run more; give --standbys N for the app's"
-        )
-    return None
-
-
-def _standbys_fit(processes: int) -> str:
-    """How many standbys per task ``processes`` processes hold at most (a copy never sits
-    beside its active)."""
-    return "none fit" if processes <= 1 else f"at most {processes - 1} per task fit"
-
-
-@attrs.frozen
-class _TaskSource:
-    """One side of a comparison of task partitions: its name in messages (a file, or "the
-    topology"), per task its source partitions, and the group (application id) it belongs to
-    (None: it does not say)."""
-
-    name: str
-    tasks: Mapping[TaskId, frozenset[TopicPartition]]
-    group: str | None
-
-
-def _warn_other_tasks(
-    earlier: _TaskSource, later: _TaskSource, *, groups_said: bool = False
-) -> None:
-    """One warning line when tasks of one id read other partitions in ``later`` than in
-    ``earlier``: tasks are matched by id alone. Worded as a topology change (topics added to
-    a subtopology mid-roll) when both are one application's (:func:`_one_application`), else
-    as a mix-up of two applications' files, naming what tells them apart: their names
-    (:func:`_names_apart`; ``groups_said``: a line above named two groups that differ) and
-    their topics."""
-    differ = sorted(
-        t
-        for t in earlier.tasks.keys() & later.tasks.keys()
-        if earlier.tasks[t] and later.tasks[t] and earlier.tasks[t] != later.tasks[t]
-    )
-    if not differ:
-        return
-    old_topics, new_topics = _topics_of(earlier.tasks), _topics_of(later.tasks)
-    one_application = _one_application(earlier, later, old_topics & new_topics)
-    if old_topics == new_topics:
-        first = differ[0]
-        detail = (
-            f"{first}: {_partition_list(earlier.tasks[first])} in {earlier.name}; "
-            f"{_partition_list(later.tasks[first])} in {later.name}"
-        )
-    elif one_application:
-        detail = _topic_changes(old_topics, new_topics)
-    else:
-        detail = (
-            f"topics of {earlier.name}: {_task_list(sorted(old_topics), 4)}; "
-            f"of {later.name}: {_task_list(sorted(new_topics), 4)}"
-        )
-    if not one_application:
-        detail = _names_apart(earlier, later, groups_said) + detail
-    differing = (
-        f"warning: {counted(len(differ), 'task')} read other partitions in {later.name} "
-        f"than in {earlier.name}"
-    )
-    if one_application:
-        click.echo(f"{differing}: a topology change ({detail}); tasks are matched by id", err=True)
-    else:
-        click.echo(
-            f"{differing} ({detail}); tasks are matched by id alone: is it the same application?",
-            err=True,
-        )
-
-
-def _one_application(earlier: _TaskSource, later: _TaskSource, shared_topics: set[str]) -> bool:
-    """Whether two sides of other task partitions are one application's, changed: they share
-    a source topic, and their group names do not differ when both say one (a topology's name
-    is its application id, the group's name). One name with no topic shared may be another
-    environment's application (application ids are often kept across them, topics not)."""
-    renamed = bool(earlier.group and later.group and earlier.group != later.group)
-    return bool(shared_topics) and not renamed
-
-
-def _names_apart(earlier: _TaskSource, later: _TaskSource, groups_said: bool) -> str:
-    """The start of the detail of a warning that two sides may be two applications': their
-    names when both say one (unless ``groups_said``: a line above named two that differ),
-    with "no topic shared" when the names are one (what tells them apart); else nothing."""
-    if not (earlier.group and later.group):
-        return ""
-    if earlier.group == later.group:
-        return f"both named {earlier.group!r}, no topic shared; "
-    if groups_said:
-        return ""
-    return f"{earlier.name} is of group {earlier.group!r}, {later.name} of {later.group!r}; "
-
-
-def _topic_changes(old_topics: set[str], new_topics: set[str]) -> str:
-    """``added topic a; removed topics b, c`` (either part only when it has topics)."""
-    changes = [("added", new_topics - old_topics), ("removed", old_topics - new_topics)]
-    return "; ".join(f"{how} {_topic_names(ts)}" for how, ts in changes if ts)
-
-
-def _topics_of(tasks: Mapping[TaskId, frozenset[TopicPartition]]) -> set[str]:
-    return {tp.topic for parts in tasks.values() for tp in parts}
-
-
-def _topic_names(topics: set[str]) -> str:
-    """``topic a`` or ``topics a, b``."""
-    noun = "topic" if len(topics) == 1 else "topics"
-    return f"{noun} {_task_list(sorted(topics), 4)}"
 
 
 def _plan_clients(
@@ -1018,44 +893,7 @@ def _ids(tasks: frozenset[TaskId]) -> list[str]:
     return [str(t) for t in sorted(tasks)]
 
 
-@attrs.frozen
-class _PartitionNames:
-    """How a consumer group's moves name their tasks: by partition (``partitions``, both
-    files' tables), as BEFORE's removed topics have ids that name other partitions, or
-    nothing, in either file. ``after_ids``: the ids AFTER's table has (the others are
-    numbered past it: ``--json`` gives no id for them)."""
-
-    partitions: Mapping[TaskId, TopicPartition]
-    after_ids: frozenset[TaskId]
-
-    def label(self, task: TaskId) -> str:
-        tp = self.partitions.get(task)
-        return str(task) if tp is None else f"{tp.topic}-{tp.partition}"
-
-    def as_json(self, task: TaskId) -> dict[str, Any]:
-        tp = self.partitions.get(task)
-        return {
-            "task": str(task) if task in self.after_ids or tp is None else None,
-            "partition": None if tp is None else [tp.topic, tp.partition],
-        }
-
-
-def _partition_names(
-    old: Mapping[TaskId, frozenset[TopicPartition]],
-    new: Mapping[TaskId, frozenset[TopicPartition]],
-) -> _PartitionNames | None:
-    """The partition naming of a consumer group's moves from ``old`` (renumbered as ``new``
-    numbers its topics) to ``new``; None when a table is not a consumer group's or the two
-    disagree on an id (matched by id: a hand-edited file)."""
-    if partition_renumbering(old, new) is None:
-        return None
-    if any(old[t] != new[t] for t in old.keys() & new.keys()):
-        return None
-    partitions = {t: tp for table in (old, new) for t, (tp,) in table.items()}
-    return _PartitionNames(partitions, frozenset(new))
-
-
-def _moves_json(moves: Explanation, names: _PartitionNames | None = None) -> dict[str, Any]:
+def _moves_json(moves: Explanation, names: PartitionNames | None = None) -> dict[str, Any]:
     """``--json``'s moves; with ``names`` (a consumer group) each says its partition."""
 
     def task(t: TaskId) -> dict[str, Any]:
@@ -1095,7 +933,7 @@ def _print_moves(
     labels: Mapping[str, str] | None = None,
     *,
     uncertain_hand_backs: bool = True,
-    names: _PartitionNames | None = None,
+    names: PartitionNames | None = None,
 ) -> None:
     """A table of the actives that moved and one of the standbys; one line for either kind
     when none moved (an empty bordered table reads as missing data). Without ``standbys``
@@ -1295,7 +1133,8 @@ def explain_command(
         names = None  # --last refuses consumer groups: no reports
     else:
         new = _read_saved(files[1])
-        old = _compared_with(_read_saved(files[0]), new, files[0], files[1])
+        compared = _compared_with(_read_saved(files[0]), new, files[0], files[1])
+        old = compared.before
         # BEFORE's processes as AFTER names them: a clash of a shared process id that starts
         # or ends between the two renames the original (P <-> P#endpoint), which moved nothing.
         before_views = named_as_after(old.views, old.process_members, new.process_members)
@@ -1303,11 +1142,11 @@ def explain_command(
         moves = explain(
             before_views,
             new.views,
-            _landing_state(old, new),
+            landing_state(old, new),
             returned=new.handed_back(acceptable_lag),
         )
         processes = [*before_views, *new.views]
-        names = _snapshot_names(old, new)
+        names = compared.names
     if as_json:
         data = _moves_json(moves, names)
         click.echo(json.dumps({"moves": data["moves"]} if last else data, indent=2))
@@ -1336,79 +1175,20 @@ def _read_last(path: Path) -> Snapshot:
     return now
 
 
-def _compared_with(old: Snapshot, new: Snapshot, before: Path, after: Path) -> Snapshot:
-    """BEFORE (``old``) as ``explain``/``diff`` compare it with AFTER (``new``): a consumer
-    group's tasks matched by partition (:func:`numbered_as`: its ids shift when a topic is
-    added or removed), said in a note when that renamed any; the warnings of
-    :func:`_warn_unrelated`."""
-    matched = numbered_as(old, new)
-    if matched is not old:
-        click.echo(_renumbering_note(matched.tasks, new.tasks, f"named as in {after}"), err=True)
-    _warn_unrelated(matched, new, before, after)
-    return matched
+def _compared_with(old: Snapshot, new: Snapshot, before: Path, after: Path) -> SnapshotsCompared:
+    """BEFORE (``old``) as ``explain``/``diff`` compare it with AFTER (``new``)
+    (``compare.compare_snapshots``: a consumer group's tasks matched by partition), its note
+    of a renumbering and its warnings that the files may not be one group's said on stderr."""
+    compared = compare_snapshots(old, new, str(before), str(after))
+    for line in compared.lines:
+        click.echo(line, err=True)
+    return compared
 
 
-def _renumbering_note(
-    old: Mapping[TaskId, frozenset[TopicPartition]],
-    new: Mapping[TaskId, frozenset[TopicPartition]],
-    named: str,
-) -> str:
-    """The note that a consumer group's tasks were renumbered to match by partition: what
-    renumbered them, and the ids a removed topic's partitions got (past ``new``'s, naming
-    nothing in either file). ``old``: already renumbered."""
-    old_topics, new_topics = _topics_of(old), _topics_of(new)
-    if old_topics == new_topics:
-        # The tables agree on topics: a subscribed topic (in both files' members) numbered
-        # without partitions assigned to it (not created yet, a typo), or an edited file.
-        why = "a subscribed topic with no partition assigned (or an edited file)"
-    else:
-        why = f"a change of topics ({_topic_changes(old_topics, new_topics)})"
-        numbers = {tp.topic: t.subtopology for t, ps in old.items() for tp in ps}
-        numbered = [f"{topic} as {numbers[topic]}_p" for topic in sorted(old_topics - new_topics)]
-        if numbered:
-            why += f"; a removed topic numbered past every id there: {', '.join(numbered)}"
-    return (
-        f"note: tasks matched by partition, {named}: a consumer group's task t_p is partition "
-        f"p of its t-th topic in name order, renumbered by {why}"
-    )
-
-
-def _snapshot_names(old: Snapshot, new: Snapshot) -> _PartitionNames | None:
-    """How ``explain`` names the moves of BEFORE (``old``, renumbered) -> AFTER: by partition
-    for two consumer groups' snapshots (:class:`_PartitionNames`), else by id."""
-    if old.family != CONSUMER_FAMILY or new.family != CONSUMER_FAMILY:
-        return None
-    return _partition_names(old.tasks, new.tasks)
-
-
-def _warn_unrelated(old: Snapshot, new: Snapshot, before: Path, after: Path) -> None:
-    """A warning line when BEFORE and AFTER cannot be one group's: saved from groups of other
-    names, or naming one task id with other partitions (another application's files, mixed
-    up): compared all the same, they would tell a plausible story of moves that never were."""
-    if old.group is not None and new.group is not None and old.group != new.group:
-        click.echo(
-            f"warning: {before} is of group {old.group!r}, {after} of group {new.group!r}: "
-            "compared as one group's",
-            err=True,
-        )
-    _warn_other_tasks(
-        _TaskSource(str(before), old.tasks, old.group),
-        _TaskSource(str(after), new.tasks, new.group),
-        groups_said=True,  # the line above, when they differ
-    )
-
-
-def _landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]:
-    """``explain``'s ``lags`` for BEFORE -> AFTER: what AFTER's members reported at their last
-    join; when AFTER has no reports (a ``plan --json`` what-if of BEFORE), the checkpointed
-    state BEFORE's members reported, as ``plan --clients BEFORE`` reads it, so that ``explain
-    BEFORE PLAN.json`` lands where ``plan --explain`` does."""
-    if new.reports:
-        return new.local_state()
-    try:
-        return {c.process_id: dict(c.lags) for c in old.clients()}
-    except ValueError:  # a process id ClientState refuses: no local state to tell
-        return {}
+def _say(line: str | None) -> None:
+    """``line`` (a warning or a note) on stderr, when there is one."""
+    if line is not None:
+        click.echo(line, err=True)
 
 
 @main.command()
@@ -1418,7 +1198,7 @@ def _landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]
 def diff(before: Path, after: Path, as_json: bool) -> None:
     """Per client: tasks gained (+) and lost (-) from BEFORE to AFTER (saved assignments)."""
     new_file = _read_saved(after, members=False)
-    old_file = _compared_with(_read_saved(before, members=False), new_file, before, after)
+    old_file = _compared_with(_read_saved(before, members=False), new_file, before, after).before
     old, new = old_file.views, new_file.views
     rows = {}
     for pid in sorted(old.keys() | new.keys()):
@@ -1944,22 +1724,12 @@ async def _print_views(
         if warning != last_warning and warning is not None:
             click.echo(warning, err=True)  # once, not at every change of the group
         last_warning = warning
-        before, names, note = _as_named_by(last, view)
-        if note is not None:  # each renumbering (views between that renumber nothing say none)
-            click.echo(note, err=True)
-        moves = (
-            explain(
-                before,
-                view.processes(),
-                view.local_state(),
-                returned=_returned(view, acceptable_lag),
-            )
-            if before is not None
-            else None
-        )
+        matched = match_views(last, view)
+        _say(matched.note)  # each renumbering (views between that renumber nothing have none)
+        moves = _moves_since(matched.before, view, acceptable_lag)
         # One naming for both views' processes: a moves row names the ones that left too.
-        labels = _view_labels(view, before or ())
-        last = view
+        labels = _view_labels(view, matched.before or ())
+        last, names = view, matched.names
         if as_json:
             data = to_json(view, score) | ({} if moves is None else _moves_json(moves, names))
             click.echo(json.dumps(data))
@@ -1971,48 +1741,15 @@ async def _print_views(
             _print_moves(console, moves, labels=labels, uncertain_hand_backs=not faust, names=names)
 
 
-def _as_named_by(
-    last: Any, view: Any
-) -> tuple[Mapping[str, ClientView] | None, _PartitionNames | None, str | None]:
-    """``describe --watch``'s last view's processes (``last``, a ``GroupView``; None before
-    the first) as ``view`` names them, how their moves name tasks (None: by id), and a note
-    of a renumbering."""
-    if last is None:
-        return None, None, None
-    # A clash of a shared process id that starts or ends renames the original
-    # (P <-> P#endpoint), which moved nothing.
-    before = named_as_after(last.processes(), last.process_members(), view.process_members())
-    if last.family == CONSUMER_FAMILY == view.family:
-        # Matched by partition, as explain matches two saved snapshots of the group.
-        matched = _matched_by_partition(before, last.tasks, view.tasks)
-        if matched is not None:
-            return matched
-    return before, None, None
-
-
-def _matched_by_partition(
-    before: Mapping[str, ClientView],
-    old_tasks: Mapping[TaskId, frozenset[TopicPartition]],
-    new_tasks: Mapping[TaskId, frozenset[TopicPartition]],
-) -> tuple[dict[str, ClientView], _PartitionNames | None, str | None] | None:
-    """``describe --watch``'s last view of a consumer group (``before``, its ``old_tasks``)
-    numbered as the new view numbers its topics (``new_tasks``), as ``explain`` matches two
-    snapshots (:func:`numbered_as`): the views, their moves' naming by partition, and the
-    note to print when any id changed. None when a table is not a consumer group's or
-    ``before`` names a task its table lacks: then tasks are matched by id."""
-    renumbering = partition_renumbering(old_tasks, new_tasks)
-    named = {t for v in before.values() for t in _assigned_ids(v.assignment)}
-    if renumbering is None or any(t.subtopology not in renumbering for t in named):
+def _moves_since(
+    before: Mapping[str, ClientView] | None, view: Any, acceptable_lag: int
+) -> Explanation | None:
+    """What moved from ``before`` (the last view's processes as ``view``, a ``GroupView``,
+    names them: ``compare.match_views``; None: ``view`` is the first) to ``view``."""
+    if before is None:
         return None
-    old = {TaskId(renumbering[t.subtopology], t.partition): ps for t, ps in old_tasks.items()}
-    views = {pid: renumbered_view(v, renumbering) for pid, v in before.items()}
-    changed = any(number != was for was, number in renumbering.items())
-    note = _renumbering_note(old, new_tasks, "as the new view names them") if changed else None
-    return views, _partition_names(old, new_tasks), note
-
-
-def _assigned_ids(a: ClientAssignment) -> frozenset[TaskId]:
-    return a.active | a.standby | a.warmup
+    returned = _returned(view, acceptable_lag)
+    return explain(before, view.processes(), view.local_state(), returned=returned)
 
 
 def _returned(view: Any, acceptable_lag: int) -> dict[TaskId, str]:

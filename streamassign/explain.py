@@ -13,7 +13,6 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
-from typing import Final
 
 import attrs
 
@@ -556,118 +555,6 @@ class Snapshot:
                 ClientState(pid, view.capacity or 1, a.active, a.standby | a.warmup, lags)
             )
         return clients
-
-
-#: A consumer group's protocol family as a snapshot's ``family`` says it: the value of
-#: ``streamassign.aiokafka.describe.Family.CONSUMER`` (a test pins the two together), which
-#: the core may not import (it sits below aiokafka) and ``explain`` of files must not (aiokafka
-#: is an extra).
-CONSUMER_FAMILY: Final = "consumer"
-
-
-def partition_renumbering(
-    old_tasks: Mapping[TaskId, frozenset[TopicPartition]],
-    new_tasks: Mapping[TaskId, frozenset[TopicPartition]],
-    new_ids: Iterable[TaskId] = (),
-) -> dict[int, int] | None:
-    """Per topic number ``t`` of a consumer group's ``old_tasks`` table, the number
-    ``new_tasks`` gives that topic. There ``t_p`` is partition ``p`` of the ``t``-th topic in
-    name order (``describe``'s ``_consumer_tasks``), so a topic added or removed renumbers the
-    topics after it. A topic ``new_tasks`` lacks is numbered past every number ``new_tasks``
-    and ``new_ids`` (every id the new side names) use, so that its ids name nothing there.
-    None when either table is not one partition per task of that form."""
-    old_numbers, new_numbers = _topic_numbers(old_tasks), _topic_numbers(new_tasks)
-    if old_numbers is None or new_numbers is None:
-        return None
-    used = [*new_numbers.values(), *(t.subtopology for t in new_ids)]
-    fresh = max(used, default=-1) + 1
-    renumbering = {}
-    for topic, number in sorted(old_numbers.items()):
-        if topic in new_numbers:
-            renumbering[number] = new_numbers[topic]
-        else:
-            renumbering[number], fresh = fresh, fresh + 1
-    return renumbering
-
-
-def numbered_as(before: Snapshot, after: Snapshot) -> Snapshot:
-    """``before`` with its task ids as ``after`` numbers them, matched by partition
-    (:func:`partition_renumbering`), when both are snapshots of consumer groups (``family``
-    :data:`CONSUMER_FAMILY`): matched by id, a renumbered topic's tasks would read as moves
-    that never were. ``before`` as it is otherwise, or when either ``tasks`` table is not of
-    that form, or ``before`` names a task of a topic its table lacks (a hand-edited file):
-    then tasks are matched by id."""
-    if before.family != CONSUMER_FAMILY or after.family != CONSUMER_FAMILY:
-        return before
-    renumbering = partition_renumbering(before.tasks, after.tasks, _task_ids_named(after))
-    if renumbering is None:
-        return before
-    named = _task_ids_named(before)
-    if any(t.subtopology not in renumbering for t in named) or all(
-        renumbering[t.subtopology] == t.subtopology for t in named
-    ):
-        return before
-    return _renumbered(before, renumbering)
-
-
-def _topic_numbers(tasks: Mapping[TaskId, frozenset[TopicPartition]]) -> dict[str, int] | None:
-    """Per topic, its number ``t`` in a consumer group's ``tasks`` table (``t_p``: partition
-    ``p`` of topic ``t``); None when the table is not of that form."""
-    numbers: dict[str, int] = {}
-    for task, parts in tasks.items():
-        if len(parts) != 1:
-            return None
-        (tp,) = parts
-        if tp.partition != task.partition:
-            return None
-        if numbers.setdefault(tp.topic, task.subtopology) != task.subtopology:
-            return None
-    return numbers if len(set(numbers.values())) == len(numbers) else None
-
-
-def _task_ids_named(snapshot: Snapshot) -> set[TaskId]:
-    """Every task id a snapshot names: its tables, reports, previous actives and departed."""
-    named = set(snapshot.tasks)
-    for view in [*snapshot.views.values(), *snapshot.departed.values()]:
-        a = view.assignment
-        named |= a.active | a.standby | a.warmup
-    for _, sums in snapshot.reports:
-        named |= sums.keys()
-    return named.union(*snapshot.previous_active.values())
-
-
-def _renumbered(snapshot: Snapshot, renumber: Mapping[int, int]) -> Snapshot:
-    """``snapshot`` with each task ``t_p`` named ``renumber[t]_p`` wherever it names one."""
-
-    def task(t: TaskId) -> TaskId:
-        return TaskId(renumber[t.subtopology], t.partition)
-
-    def tasks(ids: frozenset[TaskId]) -> frozenset[TaskId]:
-        return frozenset(map(task, ids))
-
-    return attrs.evolve(
-        snapshot,
-        views={pid: renumbered_view(v, renumber) for pid, v in snapshot.views.items()},
-        reports=tuple(
-            (pid, {task(t): s for t, s in sums.items()}) for pid, sums in snapshot.reports
-        ),
-        previous_active={pid: tasks(ids) for pid, ids in snapshot.previous_active.items()},
-        departed={pid: renumbered_view(v, renumber) for pid, v in snapshot.departed.items()},
-        tasks=dict(sorted(((task(t), p) for t, p in snapshot.tasks.items()), key=lambda i: i[0])),
-    )
-
-
-def renumbered_view(view: ClientView, renumbering: Mapping[int, int]) -> ClientView:
-    """``view`` with each task ``t_p`` named ``renumbering[t]_p`` (every ``t`` it names must
-    be a key: :func:`partition_renumbering`)."""
-
-    def tasks(ids: frozenset[TaskId]) -> frozenset[TaskId]:
-        return frozenset(TaskId(renumbering[t.subtopology], t.partition) for t in ids)
-
-    a = view.assignment
-    return ClientView(
-        view.capacity, ClientAssignment(tasks(a.active), tasks(a.standby), tasks(a.warmup))
-    )
 
 
 def local_state(

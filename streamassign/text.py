@@ -1,7 +1,12 @@
-"""Wording shared by the CLI and the pipeline's messages and reports (no imports: loading it
-costs nothing at CLI start)."""
+"""Wording shared by the CLI, the core's comparisons and the pipeline's messages and reports
+(nothing imported but for annotations: loading it costs nothing at CLI start)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the module loads nothing
+    from collections.abc import Iterable, Sequence
 
 
 def counted(n: float, noun: str, plural: str = "") -> str:
@@ -21,3 +26,17 @@ def exact_number(value: float) -> str:
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
         return str(int(value))
     return repr(value)
+
+
+def listed(items: Sequence[object], limit: int = 12, separator: str = ", ") -> str:
+    """The first ``limit`` items, then how many more: ``0_1, 0_2, … (+3)``."""
+    shown = separator.join(str(item) for item in items[:limit])
+    return shown + (f"{separator}… (+{len(items) - limit})" if len(items) > limit else "")
+
+
+def partitions_by_topic(partitions: Iterable[tuple[str, int]]) -> str:
+    """Topic partitions (``TopicPartition``s) grouped by topic: ``a[0,2], b[1]``."""
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in sorted(partitions):
+        by_topic.setdefault(topic, []).append(partition)
+    return ", ".join(f"{topic}[{','.join(map(str, ps))}]" for topic, ps in by_topic.items())

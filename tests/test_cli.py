@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -517,9 +518,12 @@ def test_plan_standbys_help_mentions_no_report() -> None:
         assert ("For the report: partitions of the aggregation's shuffles" in text) == says
 
 
-def _consumer_view(topics: list[str], owners: dict[str, list[tuple[str, int]]]) -> Any:
+def _consumer_view(
+    topics: list[str], owners: dict[str, list[tuple[str, int]]], undecodable: Sequence[str] = ()
+) -> Any:
     """A Stable plain consumer group (roundrobin) subscribed to ``topics``, its members
-    ``owners`` reading those partitions, decoded as ``describe`` decodes the group's bytes."""
+    ``owners`` reading those partitions, decoded as ``describe`` decodes the group's bytes;
+    the members ``undecodable`` sent bytes nobody can read."""
     from streamassign import TopicPartition
     from streamassign.aiokafka.describe import RawMember, describe_bytes
     from streamassign.aiokafka.wire import encode_assignment
@@ -536,7 +540,22 @@ def _consumer_view(topics: list[str], owners: dict[str, list[tuple[str, int]]]) 
         )
         for member, parts in owners.items()
     ]
+    raw += [RawMember(m, "c", "h", b"\x00\x07garbage", b"\xff\xff") for m in undecodable]
     return describe_bytes("billing", "Stable", "consumer", "roundrobin", raw)
+
+
+def _watched(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, views: list[Any]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """``describe --watch --json`` over ``views``: its lines, and its stderr's notes."""
+    from .test_describe import _watch_with
+
+    stderr, out = tmp_path / "err.txt", tmp_path / "out.jsonl"
+    with stderr.open("w") as err, out.open("w") as stdout:
+        monkeypatch.setattr(sys, "stderr", err)
+        _watch_with(monkeypatch, views, stdout, forever=False)
+    notes = [n for n in stderr.read_text().splitlines() if n.startswith("note: ")]
+    return [json.loads(line) for line in out.read_text().splitlines()], notes
 
 
 def test_watch_matches_a_consumer_groups_views_by_partition(
@@ -593,10 +612,71 @@ def test_watch_matches_a_consumer_groups_views_by_partition(
 
 
 def test_the_core_names_describes_consumer_family() -> None:
-    """A review: ``explain.CONSUMER_FAMILY`` repeats ``describe.Family.CONSUMER`` (the core may
+    """A review: ``compare.CONSUMER_FAMILY`` repeats ``describe.Family.CONSUMER`` (the core may
     not import aiokafka, nor may explain of files); pinned together, they cannot drift."""
     pytest.importorskip("aiokafka")
     from streamassign.aiokafka.describe import Family
-    from streamassign.explain import CONSUMER_FAMILY
+    from streamassign.compare import CONSUMER_FAMILY
 
     assert Family.CONSUMER.value == CONSUMER_FAMILY
+
+
+def test_watch_names_a_kept_topics_partition_by_its_id_when_its_owner_is_undecodable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A review (review63 L2): a partition whose only owner became undecodable read as
+    ``"task": null`` in ``--json``, the mark of a gone topic's partition, though its topic is
+    still read and numbered in the new view. Only a gone topic's partitions have no id."""
+    pytest.importorskip("aiokafka")
+    orders = {"m1": [("orders", 0), ("orders", 1)], "m2": [("orders", 2), ("orders", 3)]}
+    grown = {"m1": [*orders["m1"], ("a-new", 0)]}
+    views = [
+        _consumer_view(["orders"], orders),
+        _consumer_view(["a-new", "orders"], grown, undecodable=["m2"]),
+    ]
+    assert views[1].tasks.keys() == {TaskId(0, 0), TaskId(1, 0), TaskId(1, 1)}
+    lines, _ = _watched(monkeypatch, tmp_path, views)
+    assert [(m["task"], m["partition"], m["from"], m["to"]) for m in lines[1]["moves"]] == [
+        ("0_0", ["a-new", 0], None, "m1"),
+        ("1_2", ["orders", 2], "m2", None),
+        ("1_3", ["orders", 3], "m2", None),
+    ]
+
+
+def _renumbered_by(notes: list[str]) -> list[str]:
+    """What each renumbering note says renumbered the ids."""
+    return [n.partition(" renumbered by ")[2] for n in notes]
+
+
+def test_watch_says_a_topic_only_an_undecodable_member_read_may_be_hidden_not_removed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A review (review63 L3): when the only member reading a topic became undecodable, the
+    note said "removed topic a-x", though the topic was still read: what is known is that
+    nobody readable reads it, and that the undecodable member's topics are unknown. Said
+    both ways, as the member's bytes turn unreadable and readable again."""
+    pytest.importorskip("aiokafka")
+    m1 = {"m1": [("orders", 0), ("orders", 1)]}
+    both = _consumer_view(["a-x", "orders"], {**m1, "m2": [("a-x", 0)]})
+    hidden = _consumer_view(["orders"], m1, undecodable=["m2"])
+    _, notes = _watched(monkeypatch, tmp_path, [both, hidden, both])
+    assert _renumbered_by(notes) == [
+        "a change of topics (topic a-x removed or hidden by 1 undecodable member); a removed "
+        "or hidden topic numbered past every id there: a-x as 1_p",
+        "a change of topics (topic a-x added or no longer hidden by 1 undecodable member)",
+    ]
+
+
+def test_watch_names_the_subscribed_topic_without_partitions_that_renumbered_the_ids(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A review (review63 L4): a topic subscribed with no partition (a typo, not created yet)
+    renumbers every id; the watch's note used the files' wording, "a subscribed topic with
+    no partition assigned (or an edited file)", though a view is no file and its members
+    name their topics. It names the topic, at each renumbering (review63 L1)."""
+    pytest.importorskip("aiokafka")
+    orders = {"m1": [("orders", 0), ("orders", 1)], "m2": [("orders", 2), ("orders", 3)]}
+    plain, typo = _consumer_view(["orders"], orders), _consumer_view(["0-typo", "orders"], orders)
+    lines, notes = _watched(monkeypatch, tmp_path, [plain, typo, plain, typo])
+    assert [line["moves"] for line in lines[1:]] == [[], [], []]
+    assert _renumbered_by(notes) == ["a subscribed topic with no partition assigned (0-typo)"] * 3

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId, TopicPartition
 from streamassign.cli import main
+from streamassign.compare import numbered_as, partition_renumbering
 from streamassign.explain import (
     ClientView,
     Landing,
@@ -25,8 +26,6 @@ from streamassign.explain import (
     load_snapshot,
     local_state,
     named_as_after,
-    numbered_as,
-    partition_renumbering,
     views_from_assignment,
     views_from_clients,
 )

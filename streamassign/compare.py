@@ -1,0 +1,569 @@
+"""Two assignments of one group side by side: how their tasks are matched, what a reader of
+the comparison must be told about it, and what a saved assignment's standby count may hide.
+The work behind ``streamassign explain``, ``diff``, ``plan --clients`` and ``describe
+--watch``; the CLI prints what this module words. Pure, as the rest of the core.
+
+- A plain consumer group has no tasks: ``describe`` numbers its partitions ``t_p``, partition
+  ``p`` of its ``t``-th topic in name order, so a topic added or removed renumbers every topic
+  after it. Two assignments of one consumer group are matched by partition
+  (:func:`numbered_as`, :func:`match_views`), their moves named by partition
+  (:class:`PartitionNames`), and the renumbering said (:func:`renumbering_note`).
+- Other groups' tasks are matched by id; where one id reads other partitions on the two
+  sides, :func:`other_partitions_warning` says whether that is a topology change or two
+  applications' files mixed up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+import attrs
+
+from ._ids import TaskId, TopicPartition
+from .assignment import ClientAssignment
+from .explain import ClientView, ProcessMembers, Snapshot, named_as_after
+from .text import counted, listed, partitions_by_topic
+
+#: A task table: per task, its source partitions (a consumer group's: one partition each).
+TaskTable = Mapping[TaskId, frozenset[TopicPartition]]
+
+# -- a consumer group's ids, matched by partition -----------------------------------------------
+
+#: A consumer group's protocol family as a snapshot's ``family`` says it: the value of
+#: ``streamassign.aiokafka.describe.Family.CONSUMER`` (a test pins the two together), which
+#: the core may not import (it sits below aiokafka) and a comparison of files must not
+#: (aiokafka is an extra).
+CONSUMER_FAMILY: Final = "consumer"
+
+
+def partition_renumbering(
+    old_tasks: TaskTable,
+    new_tasks: TaskTable,
+    new_ids: Iterable[TaskId] = (),
+) -> dict[int, int] | None:
+    """Per topic number ``t`` of a consumer group's ``old_tasks`` table, the number
+    ``new_tasks`` gives that topic. There ``t_p`` is partition ``p`` of the ``t``-th topic in
+    name order (``describe``'s ``_consumer_tasks``), so a topic added or removed renumbers the
+    topics after it. A topic ``new_tasks`` lacks is numbered past every number ``new_tasks``
+    and ``new_ids`` (every id the new side names) use, so that its ids name nothing there.
+    None when either table is not one partition per task of that form."""
+    old_numbers, new_numbers = _topic_numbers(old_tasks), _topic_numbers(new_tasks)
+    if old_numbers is None or new_numbers is None:
+        return None
+    used = [*new_numbers.values(), *(t.subtopology for t in new_ids)]
+    fresh = max(used, default=-1) + 1
+    renumbering = {}
+    for topic, number in sorted(old_numbers.items()):
+        if topic in new_numbers:
+            renumbering[number] = new_numbers[topic]
+        else:
+            renumbering[number], fresh = fresh, fresh + 1
+    return renumbering
+
+
+def numbered_as(before: Snapshot, after: Snapshot) -> Snapshot:
+    """``before`` with its task ids as ``after`` numbers them, matched by partition
+    (:func:`partition_renumbering`), when both are snapshots of consumer groups (``family``
+    :data:`CONSUMER_FAMILY`): matched by id, a renumbered topic's tasks would read as moves
+    that never were. ``before`` as it is otherwise, or when either ``tasks`` table is not of
+    that form, or ``before`` names a task of a topic its table lacks (a hand-edited file):
+    then tasks are matched by id."""
+    if before.family != CONSUMER_FAMILY or after.family != CONSUMER_FAMILY:
+        return before
+    renumbering = partition_renumbering(before.tasks, after.tasks, _task_ids_named(after))
+    if renumbering is None:
+        return before
+    named = _task_ids_named(before)
+    if any(t.subtopology not in renumbering for t in named) or all(
+        renumbering[t.subtopology] == t.subtopology for t in named
+    ):
+        return before
+    return _renumbered(before, renumbering)
+
+
+def _topic_numbers(tasks: TaskTable) -> dict[str, int] | None:
+    """Per topic, its number ``t`` in a consumer group's ``tasks`` table (``t_p``: partition
+    ``p`` of topic ``t``); None when the table is not of that form."""
+    numbers: dict[str, int] = {}
+    for task, parts in tasks.items():
+        if len(parts) != 1:
+            return None
+        (tp,) = parts
+        if tp.partition != task.partition:
+            return None
+        if numbers.setdefault(tp.topic, task.subtopology) != task.subtopology:
+            return None
+    return numbers if len(set(numbers.values())) == len(numbers) else None
+
+
+def is_partition_table(tasks: TaskTable) -> bool:
+    """Whether ``tasks`` is a consumer group's table: one partition per task, ``t_p`` being
+    partition ``p`` of the topic numbered ``t``, one number per topic."""
+    return _topic_numbers(tasks) is not None
+
+
+def _task_ids_named(snapshot: Snapshot) -> set[TaskId]:
+    """Every task id a snapshot names: its tables, reports, previous actives and departed."""
+    named = set(snapshot.tasks)
+    for view in [*snapshot.views.values(), *snapshot.departed.values()]:
+        a = view.assignment
+        named |= a.active | a.standby | a.warmup
+    for _, sums in snapshot.reports:
+        named |= sums.keys()
+    return named.union(*snapshot.previous_active.values())
+
+
+def _renumbered(snapshot: Snapshot, renumber: Mapping[int, int]) -> Snapshot:
+    """``snapshot`` with each task ``t_p`` named ``renumber[t]_p`` wherever it names one."""
+
+    def task(t: TaskId) -> TaskId:
+        return TaskId(renumber[t.subtopology], t.partition)
+
+    def tasks(ids: frozenset[TaskId]) -> frozenset[TaskId]:
+        return frozenset(map(task, ids))
+
+    return attrs.evolve(
+        snapshot,
+        views={pid: renumbered_view(v, renumber) for pid, v in snapshot.views.items()},
+        reports=tuple(
+            (pid, {task(t): s for t, s in sums.items()}) for pid, sums in snapshot.reports
+        ),
+        previous_active={pid: tasks(ids) for pid, ids in snapshot.previous_active.items()},
+        departed={pid: renumbered_view(v, renumber) for pid, v in snapshot.departed.items()},
+        tasks=dict(sorted(((task(t), p) for t, p in snapshot.tasks.items()), key=lambda i: i[0])),
+    )
+
+
+def renumbered_view(view: ClientView, renumbering: Mapping[int, int]) -> ClientView:
+    """``view`` with each task ``t_p`` named ``renumbering[t]_p`` (every ``t`` it names must
+    be a key: :func:`partition_renumbering`)."""
+
+    def tasks(ids: frozenset[TaskId]) -> frozenset[TaskId]:
+        return frozenset(TaskId(renumbering[t.subtopology], t.partition) for t in ids)
+
+    a = view.assignment
+    return ClientView(
+        view.capacity, ClientAssignment(tasks(a.active), tasks(a.standby), tasks(a.warmup))
+    )
+
+
+def _assigned_ids(a: ClientAssignment) -> frozenset[TaskId]:
+    """Every task ``a`` names: actives, standbys and warmups."""
+    return a.active | a.standby | a.warmup
+
+
+# -- a consumer group's moves, named by partition ---------------------------------------------
+
+
+@attrs.frozen
+class PartitionNames:
+    """How a consumer group's moves name their tasks: by partition (``partitions``: both
+    sides' tables, BEFORE's numbered as AFTER numbers its topics), as a removed topic's ids
+    (numbered past AFTER's) name other partitions, or nothing, on either side.
+    ``after_topics``: the topic numbers of AFTER's table; ``--json`` gives the id of a
+    partition of those topics (AFTER's id, even where no partition of that id is assigned
+    there, as when its owner became undecodable) and none for a gone topic's."""
+
+    partitions: Mapping[TaskId, TopicPartition]
+    after_topics: frozenset[int]
+
+    def label(self, task: TaskId) -> str:
+        """``orders-3``; an id neither table lists (a hand-edited file) as ``1_0 (no
+        partition)``: under a ``partition`` column a bare id reads as a partition's name."""
+        tp = self.partitions.get(task)
+        return f"{task} (no partition)" if tp is None else f"{tp.topic}-{tp.partition}"
+
+    def as_json(self, task: TaskId) -> dict[str, Any]:
+        """A move's ``task`` (None for a gone topic's partition) and ``partition`` (None for
+        an id neither table lists)."""
+        tp = self.partitions.get(task)
+        kept = tp is None or task.subtopology in self.after_topics
+        return {
+            "task": str(task) if kept else None,
+            "partition": None if tp is None else [tp.topic, tp.partition],
+        }
+
+
+def partition_names(old: TaskTable, new: TaskTable) -> PartitionNames | None:
+    """The partition naming of a consumer group's moves from ``old`` (numbered as ``new``
+    numbers its topics: :func:`numbered_as`) to ``new``; None when a table is not a consumer
+    group's (:func:`is_partition_table`) or the two disagree on an id (matched by id: a
+    hand-edited file)."""
+    if not (is_partition_table(old) and is_partition_table(new)):
+        return None
+    if any(old[t] != new[t] for t in old.keys() & new.keys()):
+        return None
+    return _named_by_partition(old, new)
+
+
+def _named_by_partition(old: TaskTable, new: TaskTable) -> PartitionNames:
+    """:class:`PartitionNames` of two tables known to be consumer groups' that agree on
+    every id they share."""
+    partitions = {t: tp for table in (old, new) for t, (tp,) in table.items()}
+    return PartitionNames(partitions, frozenset(t.subtopology for t in new))
+
+
+# -- the note of a renumbering ------------------------------------------------------------------
+
+
+def renumbering_note(
+    old: TaskTable,
+    new: TaskTable,
+    named: str,
+    *,
+    unassigned_topics: Iterable[str] | None = None,
+    undecodable: tuple[int, int] = (0, 0),
+) -> str:
+    """The note that a consumer group's tasks were renumbered to match by partition (``old``:
+    already renumbered; ``named``: as which side names them): what renumbered them, and the
+    ids a gone topic's partitions got (past ``new``'s, naming nothing on either side).
+    ``unassigned_topics``: the topics subscribed with no partition assigned on one side only
+    (None: not known, as a saved snapshot is read without its members' subscriptions);
+    ``undecodable``: how many members of each side (BEFORE's, AFTER's) are undecodable,
+    whose topics are unknown."""
+    cause = _renumbering_cause(old, new, unassigned_topics, undecodable)
+    return (
+        f"note: tasks matched by partition, {named}: a consumer group's task t_p is partition "
+        f"p of its t-th topic in name order, renumbered by {cause}"
+    )
+
+
+def _renumbering_cause(
+    old: TaskTable,
+    new: TaskTable,
+    unassigned_topics: Iterable[str] | None,
+    undecodable: tuple[int, int],
+) -> str:
+    """What renumbered ``old`` as ``new`` (see :func:`renumbering_note`)."""
+    old_topics, new_topics = topics_of(old), topics_of(new)
+    if old_topics == new_topics:
+        # The tables agree on topics: a subscribed topic numbered without partitions assigned
+        # to it (not created yet, a typo), or an edited file.
+        return _unassigned_cause(unassigned_topics)
+    cause = f"a change of topics ({_topic_changes(old_topics, new_topics, undecodable)})"
+    gone = sorted(old_topics - new_topics)
+    if gone:
+        numbers = {tp.topic: t.subtopology for t, ps in old.items() for tp in ps}
+        numbered = ", ".join(f"{topic} as {numbers[topic]}_p" for topic in gone)
+        how = "removed or hidden" if undecodable[1] else "removed"
+        which = f"a {how} topic" if len(gone) == 1 else f"{how} topics"
+        cause += f"; {which} numbered past every id there: {numbered}"
+    return cause
+
+
+def _unassigned_cause(unassigned_topics: Iterable[str] | None) -> str:
+    """A renumbering between tables of the same topics: by a subscribed topic without
+    partitions, named when known (``unassigned_topics``; None: files, which may be edited)."""
+    if unassigned_topics is None:
+        return "a subscribed topic with no partition assigned (or an edited file)"
+    topics = sorted(set(unassigned_topics))
+    if not topics:
+        return "a subscribed topic with no partition assigned"
+    noun = "a subscribed topic" if len(topics) == 1 else "subscribed topics"
+    return f"{noun} with no partition assigned ({listed(topics, 4)})"
+
+
+def _topic_changes(
+    old_topics: set[str], new_topics: set[str], undecodable: tuple[int, int] = (0, 0)
+) -> str:
+    """``added topic a; removed topics b, c`` (either part only when it has topics). Where a
+    side has ``undecodable`` members (BEFORE's, AFTER's count), whose topics are unknown, a
+    topic only the other side shows may be theirs: ``added or no longer hidden by 1
+    undecodable member``, ``removed or hidden by 2 undecodable members``."""
+    changes = []
+    for topics, how, hidden_by in (
+        (new_topics - old_topics, "added", undecodable[0]),
+        (old_topics - new_topics, "removed", undecodable[1]),
+    ):
+        if not topics:
+            continue
+        if hidden_by:
+            hidden = "no longer hidden" if how == "added" else "hidden"
+            members = counted(hidden_by, "undecodable member")
+            changes.append(f"{_topic_names(topics)} {how} or {hidden} by {members}")
+        else:
+            changes.append(f"{how} {_topic_names(topics)}")
+    return "; ".join(changes)
+
+
+def topics_of(tasks: TaskTable) -> set[str]:
+    """The topics of a task table's partitions."""
+    return {tp.topic for parts in tasks.values() for tp in parts}
+
+
+def _topic_names(topics: set[str]) -> str:
+    """``topic a`` or ``topics a, b``."""
+    noun = "topic" if len(topics) == 1 else "topics"
+    return f"{noun} {listed(sorted(topics), 4)}"
+
+
+# -- two saved assignments: explain and diff ----------------------------------------------------
+
+
+@attrs.frozen
+class SnapshotsCompared:
+    """BEFORE as ``explain`` and ``diff`` compare it with AFTER: ``before``, numbered as AFTER
+    numbers a consumer group's topics (:func:`numbered_as`); ``names``: how the moves name
+    tasks (None: by id); ``lines``: the note of a renumbering and the warnings that the two
+    may not be one group's, one line each."""
+
+    before: Snapshot
+    names: PartitionNames | None
+    lines: tuple[str, ...]
+
+
+def compare_snapshots(
+    old: Snapshot, new: Snapshot, before_name: str, after_name: str
+) -> SnapshotsCompared:
+    """BEFORE (``old``, saved as ``before_name``) as compared with AFTER (``new``, saved as
+    ``after_name``): see :class:`SnapshotsCompared`."""
+    matched = numbered_as(old, new)
+    lines = []
+    if matched is not old:
+        lines.append(renumbering_note(matched.tasks, new.tasks, f"named as in {after_name}"))
+    lines += _unrelated_warnings(matched, new, before_name, after_name)
+    consumers = old.family == CONSUMER_FAMILY == new.family
+    names = partition_names(matched.tasks, new.tasks) if consumers else None
+    return SnapshotsCompared(matched, names, tuple(lines))
+
+
+def _unrelated_warnings(old: Snapshot, new: Snapshot, before: str, after: str) -> list[str]:
+    """A warning line when BEFORE and AFTER cannot be one group's: saved from groups of other
+    names, or naming one task id with other partitions (another application's files, mixed
+    up): compared all the same, they would tell a plausible story of moves that never were."""
+    lines = []
+    if old.group is not None and new.group is not None and old.group != new.group:
+        lines.append(
+            f"warning: {before} is of group {old.group!r}, {after} of group {new.group!r}: "
+            "compared as one group's"
+        )
+    other = other_partitions_warning(
+        TaskSource(before, old.tasks, old.group),
+        TaskSource(after, new.tasks, new.group),
+        groups_said=True,  # the line above, when they differ
+    )
+    return lines if other is None else [*lines, other]
+
+
+def landing_state(old: Snapshot, new: Snapshot) -> dict[str, dict[TaskId, int]]:
+    """``explain``'s ``lags`` for BEFORE -> AFTER: what AFTER's members reported at their last
+    join; when AFTER has no reports (a ``plan --json`` what-if of BEFORE), the checkpointed
+    state BEFORE's members reported, as ``plan --clients BEFORE`` reads it, so that ``explain
+    BEFORE PLAN.json`` lands where ``plan --explain`` does."""
+    if new.reports:
+        return new.local_state()
+    try:
+        return {c.process_id: dict(c.lags) for c in old.clients()}
+    except ValueError:  # a process id ClientState refuses: no local state to tell
+        return {}
+
+
+# -- one task id, other partitions: matched by id ------------------------------------------------
+
+
+@attrs.frozen
+class TaskSource:
+    """One side of a comparison of task partitions: its name in messages (a file, or "the
+    topology"), per task its source partitions, and the group (application id) it belongs to
+    (None: it does not say)."""
+
+    name: str
+    tasks: TaskTable
+    group: str | None
+
+
+def other_partitions_warning(
+    earlier: TaskSource, later: TaskSource, *, groups_said: bool = False
+) -> str | None:
+    """The warning line when tasks of one id read other partitions in ``later`` than in
+    ``earlier`` (None when none do): tasks are matched by id alone. Worded as a topology
+    change (topics added to a subtopology mid-roll) when both are one application's
+    (:func:`one_application`), else as a mix-up of two applications' files, naming what tells
+    them apart: their names (``groups_said``: a line above named two groups that differ) and
+    their topics."""
+    differ = sorted(
+        t
+        for t in earlier.tasks.keys() & later.tasks.keys()
+        if earlier.tasks[t] and later.tasks[t] and earlier.tasks[t] != later.tasks[t]
+    )
+    if not differ:
+        return None
+    one = one_application(earlier, later, topics_of(earlier.tasks) & topics_of(later.tasks))
+    detail = _what_differs(earlier, later, differ[0], one_application=one)
+    differing = (
+        f"warning: {counted(len(differ), 'task')} read other partitions in {later.name} "
+        f"than in {earlier.name}"
+    )
+    if one:
+        return f"{differing}: a topology change ({detail}); tasks are matched by id"
+    detail = _names_apart(earlier, later, groups_said) + detail
+    return f"{differing} ({detail}); tasks are matched by id alone: is it the same application?"
+
+
+def _what_differs(
+    earlier: TaskSource, later: TaskSource, first: TaskId, *, one_application: bool
+) -> str:
+    """The detail of :func:`other_partitions_warning`: with the same topics, the partitions
+    of ``first`` (the first task that differs) on each side; else the topics added and
+    removed (one application) or each side's topics."""
+    old_topics, new_topics = topics_of(earlier.tasks), topics_of(later.tasks)
+    if old_topics == new_topics:
+        return (
+            f"{first}: {partitions_by_topic(earlier.tasks[first])} in {earlier.name}; "
+            f"{partitions_by_topic(later.tasks[first])} in {later.name}"
+        )
+    if one_application:
+        return _topic_changes(old_topics, new_topics)
+    return (
+        f"topics of {earlier.name}: {listed(sorted(old_topics), 4)}; "
+        f"of {later.name}: {listed(sorted(new_topics), 4)}"
+    )
+
+
+def one_application(earlier: TaskSource, later: TaskSource, shared_topics: set[str]) -> bool:
+    """Whether two sides of other task partitions are one application's, changed: they share
+    a source topic, and their group names do not differ when both say one (a topology's name
+    is its application id, the group's name). One name with no topic shared may be another
+    environment's application (application ids are often kept across them, topics not)."""
+    renamed = bool(earlier.group and later.group and earlier.group != later.group)
+    return bool(shared_topics) and not renamed
+
+
+def _names_apart(earlier: TaskSource, later: TaskSource, groups_said: bool) -> str:
+    """The start of the detail of a warning that two sides may be two applications': their
+    names when both say one (unless ``groups_said``: a line above named two that differ),
+    with "no topic shared" when the names are one (what tells them apart); else nothing."""
+    if not (earlier.group and later.group):
+        return ""
+    if earlier.group == later.group:
+        return f"both named {earlier.group!r}, no topic shared; "
+    if groups_said:
+        return ""
+    return f"{earlier.name} is of group {earlier.group!r}, {later.name} of {later.group!r}; "
+
+
+# -- a live group: describe --watch --------------------------------------------------------------
+
+
+class DescribedMember(Protocol):
+    """What :func:`match_views` reads of a described group's member
+    (``streamassign.aiokafka.describe.MemberView``, which the core may not import)."""
+
+    @property
+    def topics(self) -> Sequence[str]: ...
+
+    @property
+    def assigned(self) -> bool: ...
+
+
+class DescribedGroup(Protocol):
+    """What :func:`match_views` reads of one view of a described group
+    (``streamassign.aiokafka.describe.GroupView``)."""
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def members(self) -> Sequence[DescribedMember]: ...
+
+    @property
+    def tasks(self) -> TaskTable: ...
+
+    def processes(self) -> Mapping[str, ClientView]: ...
+
+    def process_members(self) -> ProcessMembers: ...
+
+
+@attrs.frozen
+class ViewsMatched:
+    """``describe --watch``'s last view as the new one names it: ``before``, its processes
+    (:func:`explain`'s ``before``; None before the first view); ``names``: how their moves
+    name tasks (None: by id); ``note``: a renumbering to say (None: no id changed)."""
+
+    before: Mapping[str, ClientView] | None
+    names: PartitionNames | None = None
+    note: str | None = None
+
+
+def match_views(last: DescribedGroup | None, view: DescribedGroup) -> ViewsMatched:
+    """The ``last`` view of a group (None before the first) as ``view`` names it: a process
+    whose key changed as a clash of a shared process id started or ended (``P`` <->
+    ``P#endpoint``) keeps its name (:func:`named_as_after`), and a consumer group's tasks are
+    matched by partition, as ``explain`` matches two saved snapshots of the group."""
+    if last is None:
+        return ViewsMatched(None)
+    before = named_as_after(last.processes(), last.process_members(), view.process_members())
+    if last.family == CONSUMER_FAMILY == view.family:
+        matched = _matched_by_partition(before, last, view)
+        if matched is not None:
+            return matched
+    return ViewsMatched(before)
+
+
+def _matched_by_partition(
+    before: Mapping[str, ClientView], last: DescribedGroup, view: DescribedGroup
+) -> ViewsMatched | None:
+    """``before`` (``last``'s processes) numbered as ``view`` numbers its topics
+    (:func:`partition_renumbering`), with the moves' naming by partition and the note to
+    print when any id changed. None when a table is not a consumer group's or ``before``
+    names a task its table lacks: then tasks are matched by id."""
+    renumbering = partition_renumbering(last.tasks, view.tasks)
+    named = {t for v in before.values() for t in _assigned_ids(v.assignment)}
+    if renumbering is None or any(t.subtopology not in renumbering for t in named):
+        return None
+    old = {TaskId(renumbering[t.subtopology], t.partition): ps for t, ps in last.tasks.items()}
+    views = {pid: renumbered_view(v, renumbering) for pid, v in before.items()}
+    # Both tables are of the form (there is a renumbering), and a topic takes one number.
+    names = _named_by_partition(old, view.tasks)
+    if all(number == was for was, number in renumbering.items()):
+        return ViewsMatched(views, names)
+    note = renumbering_note(
+        old,
+        view.tasks,
+        "as the new view names them",
+        # Subscribed without partitions in one view only: numbered in that view alone.
+        unassigned_topics=_unassigned_topics(last) ^ _unassigned_topics(view),
+        undecodable=(_undecodable(last), _undecodable(view)),
+    )
+    return ViewsMatched(views, names, note)
+
+
+def _unassigned_topics(view: DescribedGroup) -> set[str]:
+    """The topics ``view``'s members subscribe to that no partition of is assigned."""
+    return {t for m in view.members for t in m.topics} - topics_of(view.tasks)
+
+
+def _undecodable(view: DescribedGroup) -> int:
+    """How many of ``view``'s members' assignments could not be read."""
+    return sum(1 for m in view.members if not m.assigned)
+
+
+# -- a saved assignment's standbys per task ------------------------------------------------------
+
+
+def standby_doubt(saved: Snapshot, count: int, where: str) -> str | None:
+    """The line to print when a saved assignment's stated standbys per task (``count``) may
+    be fewer than the app runs: fewer than some task holds in the file (a warning), or
+    inferred at the cap its processes set (each holds at most processes - 1 copies of a task,
+    so a group of one process shows 0 whatever the app's count; a note). None otherwise."""
+    most = saved.most_standbys()
+    if count < most:
+        return (
+            f"warning: {where} states num_standby_replicas {count} but holds up to {most} per "
+            f"task: planned with {count}, which drops standbys; give --standbys for the app's"
+        )
+    processes = len({pid for pid, _ in saved.reports}) or len(saved.views)
+    if saved.standbys_inferred and count >= processes - 1:
+        return (
+            f"note: --standbys {count} from {where}, which describe inferred from "
+            f"{counted(processes, 'process', 'processes')} ({_standbys_fit(processes)}): the app "
+            "may run more; give --standbys N for the app's"
+        )
+    return None
+
+
+def _standbys_fit(processes: int) -> str:
+    """How many standbys per task ``processes`` processes hold at most (a copy never sits
+    beside its active)."""
+    return "none fit" if processes <= 1 else f"at most {processes - 1} per task fit"

@@ -1,0 +1,178 @@
+"""The core's comparison of two assignments (``streamassign.compare``), on its own: what the
+CLI tests of ``explain``, ``diff``, ``plan --clients`` and ``describe --watch`` do not reach."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from streamassign import ClientAssignment, TaskId, TopicPartition
+from streamassign.compare import (
+    CONSUMER_FAMILY,
+    PartitionNames,
+    TaskSource,
+    TaskTable,
+    is_partition_table,
+    match_views,
+    other_partitions_warning,
+    partition_names,
+    renumbering_note,
+)
+from streamassign.explain import ClientView, ProcessMembers
+
+
+def table(*entries: str) -> dict[TaskId, frozenset[TopicPartition]]:
+    """A task table of ``t_p=topic-p`` entries (``t_p=a-0+b-0``: two partitions)."""
+    out = {}
+    for entry in entries:
+        task, _, names = entry.partition("=")
+        parts = [name.rpartition("-") for name in names.split("+")]
+        out[TaskId.parse(task)] = frozenset(TopicPartition(t, int(p)) for t, _, p in parts)
+    return out
+
+
+def test_a_partition_table_is_one_partition_per_task_numbered_by_topic() -> None:
+    """The form ``describe`` gives a consumer group's table: ``t_p`` is partition ``p`` of
+    the topic numbered ``t``, one number per topic and one topic per number."""
+    assert is_partition_table(table("0_0=a-0", "0_1=a-1", "1_0=b-0"))
+    assert is_partition_table({})
+    for broken in (
+        table("0_0=a-0+b-0"),  # two partitions
+        table("0_1=a-0"),  # another partition than the id's
+        table("0_0=a-0", "1_1=a-1"),  # one topic, two numbers
+        table("0_0=a-0", "0_1=b-1"),  # one number, two topics
+    ):
+        assert not is_partition_table(broken), broken
+
+
+def test_partition_names_name_every_partition_and_give_ids_of_the_after_sides_topics() -> None:
+    """review63 L2: ``--json`` gives no id only to a gone topic's partition (numbered past
+    AFTER's topics); a partition of a topic AFTER still numbers keeps its id though AFTER's
+    table lacks it (its owner undecodable). An id neither table lists (a hand-edited file)
+    has no partition, and its label says so (review63 L5)."""
+    old = table("1_0=orders-0", "1_2=orders-2", "2_0=gone-0")  # already numbered as AFTER's
+    new = table("0_0=a-new-0", "1_0=orders-0")
+    names = partition_names(old, new)
+    assert names is not None
+    assert [names.as_json(TaskId.parse(t)) for t in ("0_0", "1_2", "2_0", "5_0")] == [
+        {"task": "0_0", "partition": ["a-new", 0]},
+        {"task": "1_2", "partition": ["orders", 2]},
+        {"task": None, "partition": ["gone", 0]},
+        {"task": "5_0", "partition": None},
+    ]
+    assert [names.label(TaskId.parse(t)) for t in ("1_2", "2_0", "5_0")] == [
+        "orders-2",
+        "gone-0",
+        "5_0 (no partition)",
+    ]
+
+
+def test_partition_names_are_none_for_tables_matched_by_id() -> None:
+    """A table not of a consumer group's form, or two tables naming one id with other
+    partitions (a hand-edited file), are matched by id: moves keep their ids."""
+    orders = table("0_0=orders-0", "0_1=orders-1")
+    assert partition_names(table("0_0=a-0+b-0"), orders) is None
+    assert partition_names(orders, table("0_1=orders-0")) is None
+    assert partition_names(orders, table("0_0=a-0", "1_0=orders-0")) is None
+    assert partition_names(orders, orders) == PartitionNames(
+        {t: next(iter(ps)) for t, ps in orders.items()}, frozenset({0})
+    )
+
+
+def test_the_renumbering_note_counts_removed_topics() -> None:
+    """review63 L4: several gone topics read "removed topics numbered past ...", not "a
+    removed topic"; a file's note keeps the files' wording for the same topics."""
+    old = table("0_0=orders-0", "1_0=x-0", "2_0=y-0")
+    new = table("0_0=orders-0")
+    note = renumbering_note(old, new, "named as in after.json")
+    assert note.endswith(
+        "renumbered by a change of topics (removed topics x, y); removed topics numbered past "
+        "every id there: x as 1_p, y as 2_p"
+    )
+    same = renumbering_note(new, new, "named as in after.json")
+    assert same.endswith("a subscribed topic with no partition assigned (or an edited file)")
+
+
+def test_other_partitions_warning_names_the_first_differing_tasks_partitions() -> None:
+    """With the same topics on both sides, the first task that reads other partitions is
+    named with both sides' partitions; a task empty on either side is no difference."""
+    earlier = TaskSource("before.json", table("0_0=a-0", "0_1=a-1", "0_2=a-2"), "app")
+    later = TaskSource("the topology", table("0_0=a-0", "0_1=a-2", "0_2=a-1"), "app")
+    assert other_partitions_warning(earlier, later) == (
+        "warning: 2 tasks read other partitions in the topology than in before.json: a "
+        "topology change (0_1: a[1] in before.json; a[2] in the topology); tasks are matched "
+        "by id"
+    )
+    empty = attrs.evolve(later, tasks={t: frozenset() for t in later.tasks})
+    assert other_partitions_warning(earlier, empty) is None
+    assert other_partitions_warning(earlier, earlier) is None
+
+
+@attrs.frozen
+class Member:
+    """A described member as ``match_views`` reads it (``aiokafka.describe.MemberView``)."""
+
+    topics: tuple[str, ...]
+    assigned: bool = True
+
+
+@attrs.frozen
+class View:
+    """One view of a described group as ``match_views`` reads it (``GroupView``): its
+    processes' actives by id."""
+
+    family: str
+    members: tuple[Member, ...]
+    tasks: TaskTable
+    actives: Mapping[str, str]
+
+    def processes(self) -> dict[str, ClientView]:
+        return {
+            pid: ClientView(1, ClientAssignment({TaskId.parse(t) for t in ids.split()}))
+            for pid, ids in self.actives.items()
+        }
+
+    def process_members(self) -> ProcessMembers:
+        return {pid: frozenset([(pid, "")]) for pid in self.actives}
+
+
+def test_match_views_matches_only_consumer_groups_by_partition() -> None:
+    """The first view has nothing before it; a streams group, or a consumer group whose
+    processes name a task its table lacks, is matched by id (no partition names, no note);
+    a consumer group whose topics shift is renumbered and noted."""
+    orders = table("0_0=orders-0", "0_1=orders-1")
+    grown = table("0_0=a-0", "1_0=orders-0", "1_1=orders-1")
+    last = View(CONSUMER_FAMILY, (Member(("orders",)),), orders, {"p": "0_0 0_1"})
+    now = View(CONSUMER_FAMILY, (Member(("a", "orders")),), grown, {"p": "0_0 1_0 1_1"})
+    first = match_views(None, now)
+    assert (first.before, first.names, first.note) == (None, None, None)
+    for by_id in (
+        attrs.evolve(last, family="streams"),
+        attrs.evolve(last, actives={"p": "0_0 0_1 3_0"}),
+    ):
+        matched = match_views(by_id, now)
+        assert (matched.before, matched.names, matched.note) == (by_id.processes(), None, None)
+    matched = match_views(last, now)
+    assert matched.before == {"p": ClientView(1, ClientAssignment({TaskId(1, 0), TaskId(1, 1)}))}
+    assert matched.names is not None and matched.names.label(TaskId(1, 1)) == "orders-1"
+    assert matched.note is not None and matched.note.endswith("(added topic a)")
+    assert match_views(now, now).note is None  # nothing renumbered: nothing to say
+
+
+def test_match_views_counts_the_undecodable_members_of_each_side() -> None:
+    """review63 L3: a topic only the other side shows may be read by undecodable members,
+    whose topics are unknown: not called added or removed outright."""
+    both = table("0_0=a-x-0", "1_0=orders-0")
+    orders = table("0_0=orders-0")
+    readable = (Member(("a-x", "orders")),)
+    unreadable = (Member(("orders",)), Member((), assigned=False), Member((), assigned=False))
+    last = View(CONSUMER_FAMILY, readable, both, {"p": "0_0 1_0"})
+    now = View(CONSUMER_FAMILY, unreadable, orders, {"p": "0_0"})
+    assert str(match_views(last, now).note).endswith(
+        "(topic a-x removed or hidden by 2 undecodable members); a removed or hidden topic "
+        "numbered past every id there: a-x as 1_p"
+    )
+    assert str(match_views(now, last).note).endswith(
+        "(topic a-x added or no longer hidden by 2 undecodable members)"
+    )
