@@ -655,3 +655,21 @@ def test_partition_dirs_are_those_faust_names(tmp_path: Path) -> None:
         (12, partition_path(12)),
     ]
     assert _damaged.partition_dirs(lambda p: tmp_path / "gone" / f"t-{p}.db") == []
+
+
+def test_a_failed_check_of_directories_held_long_ago_keeps_the_join(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check is an extra: whatever it raises, the join still claims what the worker ran
+    last (metadata()'s fallback would join without history), with an ERROR naming each table."""
+    held, _, assignor, _ = restarted_holding_long_ago(tmp_path)
+
+    def fail(partition_path: Any) -> list[tuple[int, Path]]:
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setattr(assignor_module, "partition_dirs", fail)
+    with caplog.at_level(logging.ERROR, logger="streamassign.faust"):
+        info = reported(assignor)
+    assert info.previous_active == held
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert [e.split(" for damage")[0].rsplit(" ", 1)[1] for e in errors] == ["totals", "rates"]

@@ -725,18 +725,29 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             if _keeps_state_on_disk(table.data)
         }
         for table in self._tables():
-            store = table.data
-            if not _keeps_state_on_disk(store):
+            if not _keeps_state_on_disk(table.data):
                 continue
-            for partition, path in partition_dirs(store.partition_path):
-                if path in read or self._may_be_open(table, partition):
-                    continue
-                offset = _persisted_offset(store, partition)
-                if isinstance(offset, DamagedTable):
-                    reread = functools.partial(_still_damaged, store, partition)
-                    damaged.move_aside(offset, False, reread)
-                elif isinstance(offset, NewerFormatTable):
-                    damaged.newer.append(offset)
+            try:
+                self._check_table_dirs(table, read, damaged)
+            except Exception:  # an extra check: the join keeps its history whatever fails
+                log.exception(
+                    "cannot check the partition directories of table %s for damage; one Faust "
+                    "crashes on is moved aside at the start after it is assigned",
+                    getattr(table, "name", table),
+                )
+
+    def _check_table_dirs(self, table: Any, read: set[Path], damaged: DamagedTables) -> None:
+        """``_check_unheld_tables`` of one table's directories, but those in ``read``."""
+        store = table.data
+        for partition, path in partition_dirs(store.partition_path):
+            if path in read or self._may_be_open(table, partition):
+                continue
+            offset = _persisted_offset(store, partition)
+            if isinstance(offset, DamagedTable):
+                reread = functools.partial(_still_damaged, store, partition)
+                damaged.move_aside(offset, False, reread)
+            elif isinstance(offset, NewerFormatTable):
+                damaged.newer.append(offset)
 
     def _may_be_open(self, table: Any, partition: int) -> bool:
         """Whether Faust may hold ``table``'s database of ``partition`` open in this process:
