@@ -712,12 +712,14 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         it once before the next start found it in the saved assignment (a global table's
         partitions at every start). Healthy ones are left alone and, unheld, not reported.
 
-        Once per process, at its first join, with the report's own reads (about 2 ms a
-        directory: 256 took 0.5 to 0.7 s): Faust has opened nothing yet (one it may have
+        Once per process, at its first join: Faust has opened nothing yet (one it may have
         open, ``_may_be_open``, is skipped all the same), and one damaged later is found by
-        the next start, as a held one is. Not at each assignment, before Faust opens what it
-        got: that would put the reads on every rebalance's path, on the consumer thread while
-        Faust's main thread still has revoked databases open (closed when collected)."""
+        the next start, as a held one is. A read costs what a held one's does (2 to 4 ms:
+        256 took 0.5 to 1.1 s on a loaded 2-core machine), and each directory on disk is read
+        once either way, so a start costs no more than one that last held them all; unbounded.
+        Not at each assignment, before Faust opens what it got: that would put the reads on
+        every rebalance's path, on the consumer thread while Faust's main thread still has
+        revoked databases open (closed when collected)."""
         read = {
             Path(table.data.partition_path(task.partition))
             for task in held
