@@ -708,9 +708,10 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     ) -> None:
         """Move aside, as ``_disk_offset_sum`` does, every damaged table partition directory
         on disk that the report does not read (``held``: of a partition this worker had
-        before its last assignment, or of a global table): reassigned, Faust would crash on
-        it once before the next start found it in the saved assignment (a global table's
-        partitions at every start). Healthy ones are left alone and, unheld, not reported.
+        before its last assignment, or of a global table): assigned, Faust crashed on it,
+        and each start moved only what the crashed one had been assigned (live: 3 crashes
+        in a row; a global table's, in no report, at every start). Healthy ones are left
+        alone and, unheld, not reported.
 
         Once per process, at its first join: Faust has opened nothing yet (one it may have
         open, ``_may_be_open``, is skipped all the same), and one damaged later is found by
@@ -733,8 +734,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 self._check_table_dirs(table, read, damaged)
             except Exception:  # an extra check: the join keeps its history whatever fails
                 log.exception(
-                    "cannot check the partition directories of table %s for damage; one Faust "
-                    "crashes on is moved aside at the start after it is assigned",
+                    "cannot check the partition directories of table %s for damage; those "
+                    "not in the last assignment are not checked at this start (Faust crashes "
+                    "if assigned a damaged one)",
                     getattr(table, "name", table),
                 )
 
