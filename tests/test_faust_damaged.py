@@ -7,7 +7,9 @@ process, no broker (the live check: docs/faust.md, "Damaged table directories").
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import json
 import logging
 import os
 import select
@@ -494,3 +496,180 @@ def test_a_format_version_no_rocksdb_wrote_is_damage(tmp_path: Path) -> None:
     status = Exception("Corruption: Corrupt or unsupported format_version: 249 in /d/000009.sst")
     assert not is_newer_format_status(status)
     assert is_damaged_status(status, tmp_path)
+
+
+# -- Directories the report does not read: partitions held long ago, global tables ---------------
+
+
+def held_long_ago(appdir: Path, tasks: frozenset[TaskId]) -> None:
+    """Drop ``tasks`` from the worker's saved assignment, as if it had held them before its
+    last one: their directories stay on disk, and its report no longer reads them."""
+    saved = appdir / "streamassign" / assignor_module._STATE_FILE
+    data = json.loads(saved.read_text())
+    data["active"] = [t for t in data["active"] if TaskId.parse(t) not in tasks]
+    saved.write_text(json.dumps(data))
+
+
+def restarted_holding_long_ago(
+    tmp_path: Path,
+) -> tuple[frozenset[TaskId], TaskId, PartitionAssignor, Path]:
+    """``restarted``, with one task dropped from the last assignment before the start: the
+    tasks it held last, that one, its assignor and its tables' directory."""
+    ran = stopped_after_running_alone(tmp_path / "w0", COUNTS)
+    old = sorted(ran)[2]
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")  # not joined: nothing read yet
+    held_long_ago(Path(app.conf.appdir), frozenset({old}))
+    assert isinstance(app.assignor, PartitionAssignor)
+    return ran - {old}, old, app.assignor, Path(app.conf.tabledir)
+
+
+@pytest.mark.parametrize("damage", DAMAGE.values(), ids=DAMAGE.keys())
+def test_a_damaged_directory_of_a_partition_held_long_ago_is_moved_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Callable[[Path], None]
+) -> None:
+    """A partition not in the last assignment is not reported, but Faust crashes on its
+    damaged directory when it is assigned again: the first join moves it aside as it does a
+    held one (wiped: not reported, no claim), in the same WARNING, and Faust opens an
+    empty database there."""
+    held, old, assignor, tabledir = restarted_holding_long_ago(tmp_path)
+    damage(directory(tabledir, old))
+    with caplog.at_level(logging.DEBUG, logger="streamassign.faust"):
+        info = reported(assignor)
+    assert info.previous_active == held
+    assert info.offset_sums == {t: 100 + t.partition for t in held}
+    assert not directory(tabledir, old).exists()
+    assert len(list(tabledir.glob(f"totals-{old.partition}.db.damaged-*"))) == 1
+    (warning,) = damaged_messages(caplog, logging.WARNING)
+    assert warning.startswith("1 table partition directory Faust cannot open")
+    assert str(directory(tabledir, old)) in warning
+    store = assignor.app.tables["totals"].data
+    assert store._db_for_partition(old.partition).get(store.offset_key) is None
+
+
+def test_a_healthy_directory_of_a_partition_held_long_ago_is_left_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Read and left as it is: not moved, not reported (the leader gets no claim on a
+    partition the worker did not run last), nothing logged."""
+    held, old, assignor, tabledir = restarted_holding_long_ago(tmp_path)
+    files = sorted(p.name for p in directory(tabledir, old).iterdir())
+    with caplog.at_level(logging.DEBUG, logger="streamassign.faust"):
+        info = reported(assignor)
+    assert info.offset_sums == {t: 100 + t.partition for t in held}
+    assert sorted(p.name for p in directory(tabledir, old).iterdir()) == files
+    assert not list(tabledir.glob("*.damaged-*"))
+    assert damaged_messages(caplog, logging.DEBUG) == []
+
+
+def test_a_held_directory_of_a_partition_held_long_ago_is_never_moved(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    other_process: Callable[[Path], OtherProcess],
+) -> None:
+    """Another process holding its ``LOCK`` (a shared tabledir, a predecessor still
+    closing) makes it no damage, as for a held one: it stays, logged at DEBUG. The next
+    start, the holder gone, moves it."""
+    _, old, assignor, tabledir = restarted_holding_long_ago(tmp_path)
+    other = other_process(directory(tabledir, old))
+    garble_current(directory(tabledir, old))
+    with caplog.at_level(logging.DEBUG, logger="streamassign.faust"):
+        reported(assignor)
+    assert directory(tabledir, old).exists()
+    assert not list(tabledir.glob("*.damaged-*"))
+    assert damaged_messages(caplog, logging.WARNING) == []
+    (line,) = [r.getMessage() for r in caplog.records if "is open in" in r.getMessage()]
+    assert line.endswith(f"is open in process {other.process.pid}: not moved")
+    other.close()
+    asyncio.run(assignor.app.on_before_shutdown.send())
+    reported(make_app(tmp_path / "w0", 7000, store="rocksdb://").assignor)
+    assert len(list(tabledir.glob(f"totals-{old.partition}.db.damaged-*"))) == 1
+
+
+def test_a_directory_faust_has_open_is_not_read(tmp_path: Path) -> None:
+    """One this process's Faust store holds a handle to is skipped, damaged or not."""
+    _, old, assignor, tabledir = restarted_holding_long_ago(tmp_path)
+    assignor.app.tables["totals"].data._db_for_partition(old.partition)
+    garble_current(directory(tabledir, old))
+    reported(assignor)
+    assert directory(tabledir, old).exists()
+    assert not list(tabledir.glob("*.damaged-*"))
+
+
+def test_directories_are_checked_at_the_first_join_only(tmp_path: Path) -> None:
+    """Later joins read only what they report: a directory damaged after the first join is
+    found by the next start (Faust may run it meanwhile; the check would be on every join)."""
+    _, old, assignor, tabledir = restarted_holding_long_ago(tmp_path)
+    reported(assignor)
+    garble_current(directory(tabledir, old))
+    reported(assignor)
+    assert not list(tabledir.glob("*.damaged-*"))
+
+
+def test_a_damaged_global_table_directory_is_moved_aside(tmp_path: Path) -> None:
+    """A global table's partitions are in no task, so no report reads them, and every worker
+    is assigned all of them: damaged, Faust would crash at every start."""
+    held, assignor, tabledir = restarted(tmp_path)
+    rates = assignor.app.tables["rates"]
+    store = rates.data
+    store.set_persisted_offset(TP(rates.changelog_topic.get_topic_name(), 1), 5)
+    store._dbs.pop(1).close()
+    garble_current(store.partition_path(1))
+    info = reported(assignor)
+    assert info.offset_sums == {t: 100 + t.partition for t in held}
+    assert len(list(tabledir.glob("rates-1.db.damaged-*"))) == 1
+
+
+def test_a_failed_rename_of_a_directory_held_long_ago_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It stays, is not claimed (it never was), and the WARNING says to move it away."""
+    held, old, assignor, tabledir = restarted_holding_long_ago(tmp_path)
+    garble_current(directory(tabledir, old))
+
+    def refuse(self: Path, target: Path) -> Path:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(Path, "rename", refuse)
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        info = reported(assignor)
+    assert info.previous_active == held
+    assert directory(tabledir, old).exists()
+    (warning,) = damaged_messages(caplog, logging.WARNING)
+    assert "1 damaged table partition directory not moved nor claimed" in warning
+    assert "stop the worker and move it away" in warning
+
+
+def test_partition_dirs_are_those_faust_names(tmp_path: Path) -> None:
+    """Only directories Faust opens as a partition: not a moved one, a file, another
+    table's, nor a number Faust never writes (``007``); none where the table dir is gone."""
+
+    def partition_path(partition: int) -> Path:
+        return tmp_path / f"totals-{partition}.db"
+
+    for name in ("totals-0.db", "totals-12.db", "totals-007.db", "totals-3.db.damaged-x"):
+        (tmp_path / name).mkdir()
+    for name in ("totals-4.db", "other-1.db", "totals-x.db"):
+        (tmp_path / name).write_bytes(b"")
+    assert _damaged.partition_dirs(partition_path) == [
+        (0, partition_path(0)),
+        (12, partition_path(12)),
+    ]
+    assert _damaged.partition_dirs(lambda p: tmp_path / "gone" / f"t-{p}.db") == []
+
+
+def test_a_failed_check_of_directories_held_long_ago_keeps_the_join(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check is an extra: whatever it raises, the join still claims what the worker ran
+    last (metadata()'s fallback would join without history), with an ERROR naming each table."""
+    held, _, assignor, _ = restarted_holding_long_ago(tmp_path)
+
+    def fail(partition_path: Any) -> list[tuple[int, Path]]:
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setattr(assignor_module, "partition_dirs", fail)
+    with caplog.at_level(logging.ERROR, logger="streamassign.faust"):
+        info = reported(assignor)
+    assert info.previous_active == held
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert [e.split(" for damage")[0].rsplit(" ", 1)[1] for e in errors] == ["totals", "rates"]

@@ -8,7 +8,9 @@ made the leader count it caught up and hand exactly that partition back, and the
 crashed on it at every start. So, when the member reads its persisted offsets for its report,
 such a directory is renamed to ``<dir>.damaged-<UTC time>`` (never deleted: the state is
 evidence) and counts as wiped: Faust opens an empty database there and restores the partition
-from its changelog, as Kafka Streams does with a corrupted task's state. A directory this worker
+from its changelog, as Kafka Streams does with a corrupted task's state. At its first join the
+worker checks the same way every other partition directory on disk of its tables (one held
+long ago, a global table's: ``partition_dirs``), which it does not report. A directory this worker
 may have open (a partition it holds now) is never moved, nor one whose rename fails: those keep
 the old answer (reported at 0, not claimed). Nor is one another process holds (its RocksDB
 ``LOCK``): a read-only open takes no lock, so it reads a live database and can race its
@@ -39,6 +41,7 @@ __all__ = [
     "is_missing_file_status",
     "is_newer_format_status",
     "lock_holder",
+    "partition_dirs",
 ]
 
 
@@ -185,6 +188,32 @@ def _listed_lock_pids(inode: int) -> list[str] | None:
     return [pid for pid, ino in _PROC_LOCK.findall(text) if int(ino) == inode]
 
 
+def partition_dirs(partition_path: Callable[[int], object]) -> list[tuple[int, Path]]:
+    """The partition directories on disk of a table whose partition ``n`` lives at
+    ``partition_path(n)`` (Faust's ``<tabledir>/<table>-<n>.db``), by partition. Each is one
+    ``partition_path`` names (``<table>-007.db`` is none, nor ``<dir>.damaged-*``). None where
+    the names follow no ``<prefix><n><suffix>`` pattern or the directory cannot be listed (a
+    first start has no tabledir): nothing to check, and no reason to fail a join."""
+    first, second = Path(str(partition_path(0))), Path(str(partition_path(1)))
+    prefix, _, suffix = first.name.rpartition("0")
+    if first.parent != second.parent or second.name != f"{prefix}1{suffix}":
+        return []
+    pattern = re.compile(re.escape(prefix) + r"(\d+)" + re.escape(suffix))
+    found = []
+    try:
+        with os.scandir(first.parent) as entries:
+            for entry in entries:
+                if (match := pattern.fullmatch(entry.name)) is None:
+                    continue
+                path = Path(entry.path)
+                partition = int(match.group(1))
+                if Path(str(partition_path(partition))) == path and entry.is_dir():
+                    found.append((partition, path))
+    except OSError:
+        return []
+    return sorted(found)
+
+
 @attrs.define
 class DamagedTables:
     """What one join found: the damaged directories it moved aside, those it kept (Faust runs
@@ -263,8 +292,8 @@ class DamagedTables:
         if self.kept:
             parts.append(
                 f"{len(self.kept)} damaged table partition director{_ies(self.kept)} not "
-                "moved, reported at offset 0 and not claimed; Faust crashes when assigned "
-                "one: stop the worker and move it away ("
+                "moved nor claimed (reported at offset 0 if in the last assignment); Faust "
+                "crashes when assigned one: stop the worker and move it away ("
                 + _names(f"{f.path} ({f.why}; {why_kept})" for f, why_kept in self.kept)
                 + ")"
             )
