@@ -1669,6 +1669,8 @@ def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> N
         console.print(Text.assemble(("problem:", "red"), " ", problem))
     if len(score.problems) > 20:
         console.print(f"[red]... and {len(score.problems) - 20} more problems[/]", markup=True)
+    for note in score.notes:  # a doubt that affects no task: not red, not a problem
+        console.print(Text.assemble("note:", " ", note))
 
 
 #: How often ``describe --watch`` asks whether stdout's reader is gone (one ``poll`` call).

@@ -923,6 +923,9 @@ class GroupQuality:
     #: Warmup tasks in flight (HA assignor): actives stay on caught-up processes until the
     #: next probing rebalance, so imbalance until then is by design.
     warmups: int = 0
+    #: Doubts that affect no task (printed as ``note:``, not as problems): how the members of
+    #: a shared process id are split when whether the leader reads announcements is unknown.
+    notes: tuple[str, ...] = ()
 
 
 def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQuality:
@@ -979,6 +982,7 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
         _same_rack(view),
         standbys_inferred=num_standby_replicas is None,
         warmups=sum(len(a.warmup) for a in assignment.values()),
+        notes=(_split_doubt(view),) if view.only_split_unknown() else (),
     )
 
 
@@ -1044,15 +1048,17 @@ def _topology_versions(view: GroupView) -> list[str]:
     leader lacks) are no problem. Without the leader's topology (``GroupView.leader_topics``),
     or when whether it reads announcements is unknown and matters: members' differing ids
     (``_differing``), else what a reading leader withholds (``_withheld``), each line with the
-    doubt, or the doubt alone."""
+    doubt, or the doubt alone. A doubt only on how a shared process id is split is a note
+    (``_split_doubt``), not one of these problems."""
     own = view.leader_topics()
     if own is None:
         return _differing(view)
     reads = view.announcements_read()
     stalled = _stalled(view, own, reads)
     if view.only_split_unknown():
-        # Which ids are withheld is the same under both readings: those lines stand.
-        return [*stalled, *_withheld(view, own, reads), _split_doubt(view)]
+        # Which ids are withheld is the same under both readings: those lines stand (the
+        # doubt on the split is a note of ``quality``'s).
+        return [*stalled, *_withheld(view, own, reads)]
     if view.reading_unknown():
         doubt = (
             f"whether the leader reads topology announcements is unknown (assignments at "
@@ -1070,9 +1076,10 @@ def _topology_versions(view: GroupView) -> list[str]:
 
 
 def _split_doubt(view: GroupView) -> str:
-    """The one line when only how a shared process id is split depends on whether the leader
-    reads announcements: the members in doubt, where each reading counts them, and whether
-    they hold a task (the split then changes only the processes' member counts)."""
+    """The one note when only how a shared process id is split depends on whether the leader
+    reads announcements (a doubt, not a problem): the members in doubt, where each reading
+    counts them, and whether they hold a task (the split then changes only the processes'
+    member counts)."""
     doubtful = view.split_in_doubt()
     if not doubtful:  # not expected: the split differs only through such members
         return (
@@ -1400,6 +1407,7 @@ def _quality_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
             pid: sorted(ids) for pid, ids in sorted(view.withheld().items())
         },
         "problems": list(score.problems),
+        "notes": list(score.notes),
     }
 
 
