@@ -1265,22 +1265,26 @@ def _unreadable_announcements(view: GroupView) -> list[str]:
 def _unassigned_topics(view: GroupView) -> list[str]:
     """Subscribed topics no member is assigned a partition of: missing from the cluster (an
     assignor that does not check, such as Faust's own, leaves them out silently) or without
-    partitions; or, during a rolling deploy, topics only some topology versions read (a
-    leader of another version assigns none of them: ``_version_topics``)."""
+    partitions; or, during a rolling deploy, topics only some members subscribe to that the
+    leader's topology does not read (``_unread_by_the_leader``; the leader's topology unknown:
+    that some topology versions read only, ``_version_topics``)."""
     decoded = [m for m in view.members if m.assigned]
     if any(m.error not in ("", "NONE") for m in decoded):
         return []  # an error code empties assignments: _member_errors says why
     subscribed = {t for m in decoded for t in m.topics}
-    assigned = {tp.topic for m in decoded for tp in m.partitions}
+    unassigned = subscribed - {tp.topic for m in decoded for tp in m.partitions}
+    own = view.leader_topics()
+    if own is not None:
+        # A topic every member subscribes to (the leader too) is one its topology reads.
+        by_all = set.intersection(*[set(m.topics) for m in decoded if m.topics] or [set()])
+        unread = unassigned - by_all - frozenset().union(*own.values())
+        missing = sorted(unassigned - unread)
+        out = [_missing_line(missing)] if missing else []
+        return out + ([_unread_by_the_leader(decoded, sorted(unread), own)] if unread else [])
     of_some_versions = _version_topics(decoded)
-    missing = sorted(subscribed - assigned - of_some_versions)
-    version_only = sorted((subscribed - assigned) & of_some_versions)
-    out = []
-    if missing:
-        out.append(
-            f"{counted(len(missing), 'subscribed topic')} without a partition assigned to any "
-            f"member (missing from the cluster?): {', '.join(missing)}"
-        )
+    missing = sorted(unassigned - of_some_versions)
+    version_only = sorted(unassigned & of_some_versions)
+    out = [_missing_line(missing)] if missing else []
     if version_only:
         out.append(
             f"{counted(len(version_only), 'subscribed topic')} without a partition assigned to any "
@@ -1288,6 +1292,53 @@ def _unassigned_topics(view: GroupView) -> list[str]:
             f"assigns none of them; or missing from the cluster?): {', '.join(version_only)}"
         )
     return out
+
+
+def _missing_line(missing: Sequence[str]) -> str:
+    return (
+        f"{counted(len(missing), 'subscribed topic')} without a partition assigned to any "
+        f"member (missing from the cluster?): {', '.join(missing)}"
+    )
+
+
+def _unread_by_the_leader(
+    members: Sequence[MemberView], unread: Sequence[str], own: Mapping[int, frozenset[str]]
+) -> str:
+    """The line for topics some members subscribe to that the leader's topology does not
+    read (rollaudit F2: an old leader, not knowing the new version's fresh id, assigns none
+    of its topic, which exists): who subscribes, their ids reading them, and whether the
+    leader is of an older release (the members not subscribing, the leader among them,
+    support a lower protocol version than every subscriber), so the tasks wait for its
+    upgrade; else another topology version leads (a deploy that added, or dropped, them)."""
+    topics = frozenset(unread)
+    readers = [m for m in members if topics & set(m.topics)]
+    others = [m for m in members if m.topics and not topics & set(m.topics)]
+    ids = sorted({sub for m in readers for sub, ts in m.announced.items() if ts & topics})
+    pids = {m.process for m in readers}
+    them = "it" if len(topics) == 1 else "them"
+    noun, verb = ("ids", "read") if len(ids) > 1 else ("id", "reads")
+    whose = f" whose {noun} {_ids_text(ids)} {verb} {them}" if ids else ""
+    head = (
+        f"{counted(len(topics), 'subscribed topic')} the leader's topology (version "
+        f"{announced_version(own)}) does not read, so no member is assigned a partition of "
+        f"{them}: {', '.join(unread)}; subscribed by "
+        f"{counted(len(pids), 'process', 'processes')} ({_some(pids)}){whose}: "
+    )
+    theirs = [m.supported_version for m in readers if m.supported_version is not None]
+    older = [m.supported_version for m in others if m.supported_version is not None]
+    every_known = len(theirs) == len(readers) and len(older) == len(others)
+    if others and every_known and max(older) < min(theirs):
+        return head + (
+            f"the leader is of an older release (it supports protocol version at most "
+            f"{max(older)}, the processes subscribing {them} {min(theirs)}): a rolling upgrade "
+            f"in progress; the tasks reading {them} wait until the leader is upgraded (a "
+            f"process of the new release leads), see {ROLLING_DEPLOY_DOC}"
+        )
+    return head + (
+        f"the leader runs another topology version (a rolling deploy in progress): the tasks "
+        f"reading {them} wait until a process subscribing {them} leads (none will if the "
+        f"leader's is the new version, which dropped {them}), see {ROLLING_DEPLOY_DOC}"
+    )
 
 
 def _version_topics(members: Sequence[MemberView]) -> set[str]:
