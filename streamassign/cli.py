@@ -2149,10 +2149,12 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     "assignor_names",
     multiple=True,
     default=("default",),
-    show_default=True,
+    # The default is in the text: click's "[default: default]" broke across two lines at 80
+    # columns (review56).
     metavar="NAME[,NAME]",
     help="Assignors or groups: task:sticky, faust:copartitioned, consumer:range, "
-    "aiokafka:sticky, ...; groups default, all, task, consumer, aiokafka, peers.",
+    "aiokafka:sticky, ...; groups default (when not given), all, task, consumer, aiokafka, "
+    "peers.",
 )
 @_standbys_option(1, "num_standby_replicas of the task assignors.")
 @_acceptable_lag_option("acceptable_recovery_lag of the task assignor (records).")
