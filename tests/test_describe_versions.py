@@ -296,6 +296,23 @@ def test_under_an_older_release_leader_a_new_versions_topic_waits_for_its_upgrad
     assert not [p for p in quality(view).problems if "subscribed topic" in p]
 
 
+def test_the_clusters_metadata_says_whether_such_a_topic_exists() -> None:
+    """describe looks up the unassigned topics' metadata (``cluster_partitions``): the line
+    then says ``x`` exists, or that it is missing too; the JSON has the counts."""
+    members = {"m1": subscription(V1, 1, version=2), "m2": fresh_subscription(2, 3)}
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, members))
+    assert view.unassigned_topics() == {"x"} and view.cluster_partitions is None
+    for counts, said in (
+        ({"x": 6}, "x (in the cluster: 6 partitions); subscribed by"),
+        ({}, "x (missing from the cluster); subscribed by"),
+    ):
+        looked_up = attrs.evolve(view, cluster_partitions=counts)
+        (line,) = [p for p in quality(looked_up).problems if "subscribed topic" in p]
+        assert f"no member is assigned a partition of it: {said} 1 process" in line, line
+        assert "the leader is of an older release" in line
+        assert to_json(looked_up, quality(looked_up))["cluster_partitions"] == counts
+
+
 def test_a_topic_of_the_leaders_topology_no_one_is_assigned_is_still_missing() -> None:
     """The leader's own topic without partitions (every member subscribes to it) stays
     "missing from the cluster?", beside a topic the leader does not read."""

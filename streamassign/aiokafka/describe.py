@@ -42,6 +42,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 from aiokafka.errors import for_code
+from aiokafka.protocol.metadata import MetadataRequest
 
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
@@ -203,6 +204,10 @@ class GroupView:
     #: announcements, which is unknown (``announcements_read``): the members are split as a
     #: leader reading them splits them, and ``reading_unknown`` says so.
     split_by_unknown_reading: bool = False
+    #: Per subscribed topic no member is assigned a partition of (``unassigned_topics``), its
+    #: partition count in the cluster's metadata, which ``fetch_group`` looks up (such a topic
+    #: left out does not exist). None: not looked up (bytes alone, or the lookup failed).
+    cluster_partitions: Mapping[str, int] | None = None
 
     @property
     def readable(self) -> bool:
@@ -443,6 +448,15 @@ class GroupView:
         (or not) announcements."""
         members = [m for ms in self.members_by_process().values() for m in ms]
         return group_eligibility(own, _readings(own, members, announcements))
+
+    def unassigned_topics(self) -> frozenset[str]:
+        """Subscribed topics no member is assigned a partition of; none while a member reports
+        an error code (which empties assignments)."""
+        decoded = [m for m in self.members if m.assigned]
+        if any(m.error not in ("", "NONE") for m in decoded):
+            return frozenset()
+        subscribed = {t for m in decoded for t in m.topics}
+        return frozenset(subscribed - {tp.topic for m in decoded for tp in m.partitions})
 
     def members_by_process(self) -> dict[str, list[MemberView]]:
         """Decoded members with metadata, by process."""
@@ -1267,42 +1281,83 @@ def _unassigned_topics(view: GroupView) -> list[str]:
     assignor that does not check, such as Faust's own, leaves them out silently) or without
     partitions; or, during a rolling deploy, topics only some members subscribe to that the
     leader's topology does not read (``_unread_by_the_leader``; the leader's topology unknown:
-    that some topology versions read only, ``_version_topics``)."""
-    decoded = [m for m in view.members if m.assigned]
-    if any(m.error not in ("", "NONE") for m in decoded):
+    that some topology versions read only, ``_version_topics``). Whether a topic exists is
+    said when the cluster's metadata was read (``GroupView.cluster_partitions``)."""
+    unassigned = view.unassigned_topics()
+    if not unassigned:
         return []  # an error code empties assignments: _member_errors says why
-    subscribed = {t for m in decoded for t in m.topics}
-    unassigned = subscribed - {tp.topic for m in decoded for tp in m.partitions}
+    decoded = [m for m in view.members if m.assigned]
+    counts = view.cluster_partitions
     own = view.leader_topics()
     if own is not None:
         # A topic every member subscribes to (the leader too) is one its topology reads.
         by_all = set.intersection(*[set(m.topics) for m in decoded if m.topics] or [set()])
         unread = unassigned - by_all - frozenset().union(*own.values())
-        missing = sorted(unassigned - unread)
-        out = [_missing_line(missing)] if missing else []
-        return out + ([_unread_by_the_leader(decoded, sorted(unread), own)] if unread else [])
+        out = _missing_lines(sorted(unassigned - unread), counts)
+        return out + ([_unread_by_the_leader(view, sorted(unread), own)] if unread else [])
     of_some_versions = _version_topics(decoded)
-    missing = sorted(unassigned - of_some_versions)
+    out = _missing_lines(sorted(unassigned - of_some_versions), counts)
     version_only = sorted(unassigned & of_some_versions)
-    out = [_missing_line(missing)] if missing else []
     if version_only:
+        asked = "; or missing from the cluster?" if counts is None else ""
         out.append(
             f"{counted(len(version_only), 'subscribed topic')} without a partition assigned to any "
             "member, subscribed by some topology versions only (a leader of another version "
-            f"assigns none of them; or missing from the cluster?): {', '.join(version_only)}"
+            f"assigns none of them{asked}): {', '.join(version_only)}"
+            + _in_the_cluster(version_only, counts)
         )
     return out
 
 
-def _missing_line(missing: Sequence[str]) -> str:
-    return (
-        f"{counted(len(missing), 'subscribed topic')} without a partition assigned to any "
-        f"member (missing from the cluster?): {', '.join(missing)}"
-    )
+def _missing_lines(topics: Sequence[str], counts: Mapping[str, int] | None) -> list[str]:
+    """The lines for unassigned topics the leader reads (or any, its topology unknown):
+    missing from the cluster, asked when its metadata was not read, else said; and those the
+    cluster has (created since the last rebalance?)."""
+    if not topics:
+        return []
+    if counts is None:
+        return [
+            f"{counted(len(topics), 'subscribed topic')} without a partition assigned to any "
+            f"member (missing from the cluster?): {', '.join(topics)}"
+        ]
+    absent = [t for t in topics if t not in counts]
+    present = [t for t in topics if t in counts]
+    out = []
+    if absent:
+        out.append(
+            f"{counted(len(absent), 'subscribed topic')} missing from the cluster (no member is "
+            f"assigned a partition of {'it' if len(absent) == 1 else 'them'}): {', '.join(absent)}"
+        )
+    if present:
+        out.append(
+            f"{counted(len(present), 'subscribed topic')} without a partition assigned to any "
+            f"member though the cluster has {'it' if len(present) == 1 else 'them'} (created "
+            "since the last rebalance?): "
+            + ", ".join(f"{t} ({counted(counts[t], 'partition')})" for t in present)
+        )
+    return out
+
+
+def _in_the_cluster(topics: Sequence[str], counts: Mapping[str, int] | None) -> str:
+    """What the cluster's metadata says of ``topics`` (``GroupView.cluster_partitions``):
+    `` (in the cluster: 6 partitions)`` for one, `` (in the cluster: x 6 partitions;
+    missing from the cluster: y)`` for more; "" when it was not read."""
+    if counts is None:
+        return ""
+    if len(topics) == 1:
+        (topic,) = topics
+        if topic in counts:
+            return f" (in the cluster: {counted(counts[topic], 'partition')})"
+        return " (missing from the cluster)"
+    has = [f"{t} {counted(counts[t], 'partition')}" for t in topics if t in counts]
+    lacks = [t for t in topics if t not in counts]
+    parts = [f"in the cluster: {', '.join(has)}"] if has else []
+    parts += [f"missing from the cluster: {', '.join(lacks)}"] if lacks else []
+    return f" ({'; '.join(parts)})"
 
 
 def _unread_by_the_leader(
-    members: Sequence[MemberView], unread: Sequence[str], own: Mapping[int, frozenset[str]]
+    view: GroupView, unread: Sequence[str], own: Mapping[int, frozenset[str]]
 ) -> str:
     """The line for topics some members subscribe to that the leader's topology does not
     read (rollaudit F2: an old leader, not knowing the new version's fresh id, assigns none
@@ -1311,6 +1366,7 @@ def _unread_by_the_leader(
     support a lower protocol version than every subscriber), so the tasks wait for its
     upgrade; else another topology version leads (a deploy that added, or dropped, them)."""
     topics = frozenset(unread)
+    members = [m for m in view.members if m.assigned]
     readers = [m for m in members if topics & set(m.topics)]
     others = [m for m in members if m.topics and not topics & set(m.topics)]
     ids = sorted({sub for m in readers for sub, ts in m.announced.items() if ts & topics})
@@ -1321,8 +1377,8 @@ def _unread_by_the_leader(
     head = (
         f"{counted(len(topics), 'subscribed topic')} the leader's topology (version "
         f"{announced_version(own)}) does not read, so no member is assigned a partition of "
-        f"{them}: {', '.join(unread)}; subscribed by "
-        f"{counted(len(pids), 'process', 'processes')} ({_some(pids)}){whose}: "
+        f"{them}: {', '.join(unread)}{_in_the_cluster(unread, view.cluster_partitions)}; "
+        f"subscribed by {counted(len(pids), 'process', 'processes')} ({_some(pids)}){whose}: "
     )
     theirs = [m.supported_version for m in readers if m.supported_version is not None]
     older = [m.supported_version for m in others if m.supported_version is not None]
@@ -1430,6 +1486,8 @@ def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
         },
         # The leader's topology (protocol 3 groups; else null) and what it withholds.
         "leader_topology_version": view.leader_version(),
+        # Subscribed topics no member is assigned a partition of, as the cluster has them.
+        "cluster_partitions": view.cluster_partitions,
         "members": [_member_json(m) for m in view.members],
         # What explain needs to ignore copied claims as the leaders do (``copied_claimants``).
         "shared_process_ids": [
@@ -1525,6 +1583,11 @@ class Connection:
         )
 
 
+#: Metadata errors for a topic that exists without a partition leader yet, and for one that
+#: does not exist.
+_LEADER_NOT_AVAILABLE = 5
+_UNKNOWN_TOPIC = 3
+
 #: DescribeGroups error codes that mean "no such group" (Kafka answers an unknown group with
 #: state Dead and no error, or GROUP_ID_NOT_FOUND from v6).
 _GROUP_ID_NOT_FOUND = 69
@@ -1583,9 +1646,37 @@ class _Admin:
             )
             for m in entry["members"]
         ]
-        return describe_bytes(
+        view = describe_bytes(
             group, entry["state"], entry["protocol_type"], entry["protocol"], members, cache
         )
+        unassigned = view.unassigned_topics()
+        if not unassigned:
+            return view
+        counts = await self._partition_counts(unassigned)
+        return view if counts is None else attrs.evolve(view, cluster_partitions=counts)
+
+    async def _partition_counts(self, topics: Iterable[str]) -> dict[str, int] | None:
+        """Per topic of ``topics`` the cluster has, its partition count (one without a
+        leader yet exists all the same); None when the metadata cannot be read (best effort:
+        the problem lines then ask). Asked without creating a topic: aiokafka's
+        ``describe_topics`` asks with auto-creation on, and a broker with
+        ``auto.create.topics.enable=true`` (Kafka's default) would create the missing topic
+        describe is about to call missing (as ``runtime._topics._describe`` explains)."""
+        request = MetadataRequest(sorted(topics), allow_auto_topic_creation=False)
+        try:
+            # aiokafka has no public way to ask so.
+            response = await asyncio.wait_for(
+                self.client._send_request(request), self.connection.timeout_s
+            )
+        except Exception:  # only to word the problem lines better
+            return None
+        listed = response.to_object()["topics"]
+        # Another error (not authorized to describe it...) says nothing of whether it exists.
+        if any(t["error_code"] not in (0, _LEADER_NOT_AVAILABLE, _UNKNOWN_TOPIC) for t in listed):
+            return None
+        return {
+            t["topic"]: len(t["partitions"]) for t in listed if t["error_code"] != _UNKNOWN_TOPIC
+        }
 
     async def _listed_types(self, group: str) -> set[str]:
         """The protocol types ListGroups lists ``group`` with (none: it does not exist, or
