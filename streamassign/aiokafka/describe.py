@@ -1283,9 +1283,9 @@ def _unassigned_topics(view: GroupView) -> list[str]:
     leader's topology does not read (``_unread_by_the_leader``; the leader's topology unknown:
     that some topology versions read only, ``_version_topics``). Whether a topic exists is
     said when the cluster's metadata was read (``GroupView.cluster_partitions``)."""
-    unassigned = view.unassigned_topics()
+    unassigned = view.unassigned_topics()  # none under an error code: _member_errors says why
     if not unassigned:
-        return []  # an error code empties assignments: _member_errors says why
+        return []
     decoded = [m for m in view.members if m.assigned]
     counts = view.cluster_partitions
     own = view.leader_topics()
