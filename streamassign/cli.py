@@ -633,6 +633,9 @@ class _PlannedStandbys:
 
     count: int
     inferred: bool = False
+    #: The processes describe inferred ``count`` over (``Snapshot.inferring_processes``),
+    #: which ``plan --json`` passes on so that a what-if of it keeps the cap note.
+    inferred_from: int | None = None
 
 
 def _plan_standbys(
@@ -645,8 +648,9 @@ def _plan_standbys(
     if given is not None or saved is None:
         return _PlannedStandbys(given or 0)
     count = saved.num_standby_replicas
+    inferred_from = saved.inferring_processes() if saved.standbys_inferred else None
     if not stateful:
-        return _PlannedStandbys(count or 0, saved.standbys_inferred)
+        return _PlannedStandbys(count or 0, saved.standbys_inferred, inferred_from)
     if count is None:  # a hand-written file (or plan --json's before it said its count)
         most = saved.most_standbys()
         if most:
@@ -667,7 +671,7 @@ def _plan_standbys(
             "give --standbys for the app's",
             err=True,
         )
-    return _PlannedStandbys(count, saved.standbys_inferred)
+    return _PlannedStandbys(count, saved.standbys_inferred, inferred_from)
 
 
 def _plan_clients(
@@ -769,6 +773,7 @@ def _show_plan(name: str, outcome: _PlanResult, *, show_moves: bool, as_json: bo
         # What a what-if from this file (plan --clients) takes as its default --standbys.
         data["metrics"]["num_standby_replicas"] = outcome.standbys.count
         data["metrics"]["num_standby_replicas_inferred"] = outcome.standbys.inferred
+        data["metrics"]["num_standby_replicas_processes"] = outcome.standbys.inferred_from
         click.echo(json.dumps(data, indent=2))
     else:
         _print_tables(name, outcome.tasks, clients, result, per_thread, metrics)
@@ -1664,6 +1669,8 @@ def _print_quality(console: Console, score: Any, has_standbys: bool = True) -> N
         console.print(Text.assemble(("problem:", "red"), " ", problem))
     if len(score.problems) > 20:
         console.print(f"[red]... and {len(score.problems) - 20} more problems[/]", markup=True)
+    for note in score.notes:  # a doubt that affects no task: not red, not a problem
+        console.print(Text.assemble("note:", " ", note))
 
 
 #: How often ``describe --watch`` asks whether stdout's reader is gone (one ``poll`` call).
@@ -2142,10 +2149,12 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     "assignor_names",
     multiple=True,
     default=("default",),
-    show_default=True,
+    # The default is in the text: click's "[default: default]" broke across two lines at 80
+    # columns (review56).
     metavar="NAME[,NAME]",
     help="Assignors or groups: task:sticky, faust:copartitioned, consumer:range, "
-    "aiokafka:sticky, ...; groups default, all, task, consumer, aiokafka, peers.",
+    "aiokafka:sticky, ...; groups default (when not given), all, task, consumer, aiokafka, "
+    "peers.",
 )
 @_standbys_option(1, "num_standby_replicas of the task assignors.")
 @_acceptable_lag_option("acceptable_recovery_lag of the task assignor (records).")

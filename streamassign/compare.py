@@ -553,7 +553,7 @@ def standby_doubt(saved: Snapshot, count: int, where: str) -> str | None:
             f"warning: {where} states num_standby_replicas {count} but holds up to {most} per "
             f"task: planned with {count}, which drops standbys; give --standbys for the app's"
         )
-    processes = len({pid for pid, _ in saved.reports}) or len(saved.views)
+    processes = saved.inferring_processes()
     if saved.standbys_inferred and count >= processes - 1:
         return (
             f"note: --standbys {count} from {where}, which describe inferred from "

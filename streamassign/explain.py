@@ -488,12 +488,25 @@ class Snapshot:
     #: than being told it with ``--standbys``.
     standbys_inferred: bool = False
     departed: Mapping[str, ClientView] = attrs.field(factory=dict)
+    #: The processes ``describe`` counted when it inferred ``num_standby_replicas`` (its
+    #: ``quality.clients``; ``plan --json`` passes it on as ``metrics.
+    #: num_standby_replicas_processes``). None: the file does not say.
+    standbys_inferred_from: int | None = None
 
     def most_standbys(self) -> int:
         """The most standby copies any task has in the file (what ``describe`` infers as the
         group's standbys per task when not told)."""
         copies = Counter(t for v in self.views.values() for t in v.assignment.standby)
         return max(copies.values(), default=0)
+
+    def inferring_processes(self) -> int:
+        """How many processes ``describe`` inferred ``num_standby_replicas`` over (it holds at
+        most one fewer copies of a task): the count the file states, which a what-if editing
+        the member rows or the assignment table leaves as describe saw it; else the processes
+        of the member rows, else of the assignment table."""
+        if self.standbys_inferred_from is not None:
+            return self.standbys_inferred_from
+        return len({pid for pid, _ in self.reports}) or len(self.views)
 
     def local_state(self) -> dict[str, dict[TaskId, int]]:
         """Per process, the tasks it reported state of at its last join (:func:`local_state`)."""
@@ -610,6 +623,7 @@ def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot
         _task_partitions(data.get("tasks", {}), where),
         *_stated_standbys(data),
         _departed(rows, views.keys(), where) if members else {},
+        standbys_inferred_from=_inferring_processes(data),
     )
 
 
@@ -644,6 +658,18 @@ def _stated_standbys(data: Mapping[str, object]) -> tuple[int | None, bool]:
             assert isinstance(table, dict)
             return count, table.get("num_standby_replicas_inferred") is True
     return None, False
+
+
+def _inferring_processes(data: Mapping[str, object]) -> int | None:
+    """The processes ``describe`` counted (``describe --json``'s ``quality.clients``, which
+    ``plan --json`` passes on as ``metrics.num_standby_replicas_processes``: its own
+    ``metrics.clients`` are the plan's). Read leniently, as :func:`_stated_standbys`."""
+    for key, name in (("quality", "clients"), ("metrics", "num_standby_replicas_processes")):
+        table = data.get(key)
+        count = table.get(name) if isinstance(table, dict) else None
+        if type(count) is int and count > 0:
+            return count
+    return None
 
 
 def _departed(members: object, present: Collection[str], where: str) -> dict[str, ClientView]:

@@ -267,6 +267,23 @@ def test_help_texts_show_no_rst_markup() -> None:
         assert "``" not in result.output, f"{command} --help: {result.output}"
 
 
+def test_simulate_assignors_help_reads_whole_at_80_columns() -> None:
+    """review56: at 80 columns click broke ``--assignors``' shown default as ``[default:`` /
+    ``default]``; the help says its default group in its text, each name whole on a line."""
+    result = CliRunner().invoke(main, ["simulate", "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.lstrip().startswith("--assignors"))
+    end = next(n for n in range(start + 1, len(lines)) if lines[n].lstrip().startswith("--"))
+    block = lines[start:end]
+    assert all(len(line) <= 80 for line in block), block
+    assert not any(line.rstrip().endswith("[default:") for line in block), block
+    text = " ".join(" ".join(block).split())
+    assert "groups default (when not given), all, task, consumer, aiokafka, peers." in text
+    for name in ("task:sticky", "faust:copartitioned", "consumer:range", "aiokafka:sticky"):
+        assert any(name in line for line in block), name
+
+
 def test_the_cli_loads_no_pipeline_module_when_it_starts() -> None:
     # The pipeline package (and its report module) costs ~40 ms to import: only its commands
     # load it.

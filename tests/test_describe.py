@@ -967,10 +967,21 @@ def test_subscribed_topics_nobody_is_assigned_are_a_problem() -> None:
         )
         for k in range(2)
     ]
-    score = quality(describe_bytes("app", "Stable", "consumer", "range", group))
-    assert score.problems == (
+    view = describe_bytes("app", "Stable", "consumer", "range", group)
+    assert quality(view).problems == (
         "1 subscribed topic without a partition assigned to any member (missing from the "
         "cluster?): nosuch",
+    )
+    # The cluster's metadata read (fetch_group looks the topic up): said, not asked.
+    missing = attrs.evolve(view, cluster_partitions={})
+    assert quality(missing).problems == (
+        "1 subscribed topic missing from the cluster (no member is assigned a partition of "
+        "it): nosuch",
+    )
+    created = attrs.evolve(view, cluster_partitions={"nosuch": 3})
+    assert quality(created).problems == (
+        "1 subscribed topic without a partition assigned to any member though the cluster has "
+        "it (created since the last rebalance?): nosuch (3 partitions)",
     )
 
 

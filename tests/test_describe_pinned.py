@@ -18,6 +18,7 @@ from streamassign.aiokafka.describe import (
     RawMember,
     describe_bytes,
     quality,
+    to_json,
 )
 from streamassign.aiokafka.streams import PROTOCOL_NAME, ProcessHost
 from streamassign.aiokafka.wire import encode_assignment, readable_subscriptions
@@ -267,7 +268,11 @@ def test_a_split_that_depends_on_the_unknown_reading_says_it_is_unknown() -> Non
     assert view.announcements_read() is None
     assert view.split_by_unknown_reading and view.reading_unknown()
     assert {m.member_id: m.process for m in view.members}["m4"] == f"{pid(3)}#p3:80"
-    (line,) = [p for p in quality(view).problems if "announces a topology" in p]
+    # A doubt affecting no task is a note (lead's decision), in the JSON's quality.notes.
+    score = quality(view)
+    assert not [p for p in score.problems if "announces a topology" in p]
+    (line,) = score.notes
+    assert to_json(view, score)["quality"]["notes"] == [line]
     assert line.startswith(f"member m4 of process id {pid(3)} at p3:80 announces a topology")
     assert f"counts it in {pid(3)}#p3:80 (shown), one pinned below protocol 3 under" in line
     assert "it holds no task, so no task is affected" in line
@@ -275,6 +280,7 @@ def test_a_split_that_depends_on_the_unknown_reading_says_it_is_unknown() -> Non
     members["m4"] = subscription(V2, 3, endpoint="p3:80")  # subscribes to n: either reading
     view = view_of(described(members, leader_version=2))
     assert not view.split_by_unknown_reading and not view.reading_unknown()
+    assert quality(view).notes == ()
 
 
 def test_a_withheld_line_true_under_both_readings_stands_beside_the_split_doubt() -> None:
@@ -300,7 +306,11 @@ def test_a_withheld_line_true_under_both_readings_stands_beside_the_split_doubt(
     )
     assert "unknown" not in withheld and "version unnamed" not in withheld
     assert "to 1 process that lacks its topics of it" in withheld
-    (doubt,) = [p for p in problems if "unknown" in p]
+    assert not [p for p in problems if "unknown" in p]
+    (doubt,) = quality(view).notes
+    text = " ".join(printed(view).split())
+    assert f"note: {' '.join(doubt.split())}" in text
+    assert "problem: member m4" not in text
     assert doubt.startswith(f"member m4 of process id {pid(3)} at p3:80 announces a topology")
 
 

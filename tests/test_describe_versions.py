@@ -12,6 +12,7 @@ import logging
 import re
 import uuid
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -231,14 +232,107 @@ def test_without_the_leaders_topology_differing_ids_are_named_as_before() -> Non
 
 
 def test_a_topic_only_the_other_version_reads_is_not_called_missing_from_the_cluster() -> None:
-    """Led by v1, no one is assigned ``n`` (only v2 reads it): not "missing from the cluster"."""
+    """Led by v1, no one is assigned ``n`` (only v2 reads it): not "missing from the cluster"
+    but a topic the leader's topology does not read. The leader's side (p3 of protocol 3, p4
+    of 2) supports what the v2 processes do: no older release is claimed."""
     view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, mixed_members()))
-    problems = [p for p in quality(view).problems if "without a partition" in p]
+    problems = [p for p in quality(view).problems if "subscribed topic" in p]
     assert problems == [
-        "1 subscribed topic without a partition assigned to any member, subscribed by some "
-        "topology versions only (a leader of another version assigns none of them; or missing "
-        "from the cluster?): n"
+        f"1 subscribed topic the leader's topology (version {V1_VERSION}) does not read, so no "
+        f"member is assigned a partition of it: n; subscribed by 2 processes ({PIDS[1]}, "
+        f"{PIDS[2]}) whose id 1 reads it: the leader runs another topology version (a rolling "
+        "deploy in progress): the tasks reading it wait until a process subscribing it leads "
+        "(none will if the leader's is the new version, which dropped it), see "
+        "docs/streams.md#rolling-deploys-that-change-the-topology"
     ]
+
+
+#: The new version of rollaudit F2: V1 and a fresh id 7 reading a new topic (ids kept stable).
+FRESH = Topology([*V1.subtopologies, Subtopology(7, ["x"], stores=["cx"])])
+
+
+def fresh_subscription(pid: int, version: int) -> tuple[list[str], bytes]:
+    """A process of the new release (protocol 3) subscribing at ``version``: 3 announces its
+    topology; under a leader of protocol 2 it follows it down to 2 (``sub v2/3``, no
+    announcement)."""
+    topics = sorted(FRESH.source_topics)
+    info = SubscriptionInfo(
+        PIDS[pid],
+        endpoint=f"p{pid}:80",
+        version=version,
+        latest_supported_version=3,
+        subtopology_topic_indices=(
+            subtopology_topic_indices(FRESH, topics) if version >= 3 else {}
+        ),
+    )
+    return topics, info.encode()
+
+
+def test_under_an_older_release_leader_a_new_versions_topic_waits_for_its_upgrade() -> None:
+    """rollaudit F2: an old leader (protocol 2, V1) does not know the new version's id 7, so
+    no one is assigned ``x``, which exists: describe said "missing from the cluster?". The
+    members not subscribing ``x`` (the leader among them) support protocol 2 only, those
+    subscribing it 3, announcing (``sub v3/3``) or not (``sub v2/3``): an upgrade waiting
+    for the leader."""
+    members = {
+        "m1": subscription(V1, 1, version=2),
+        "m2": fresh_subscription(2, 3),
+        "m3": fresh_subscription(3, 2),
+    }
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, members))
+    assert [m.supported_version for m in view.members] == [2, 3, 3]
+    (line,) = [p for p in quality(view).problems if "subscribed topic" in p]
+    assert line == (
+        f"1 subscribed topic the leader's topology (version {V1_VERSION}) does not read, so no "
+        f"member is assigned a partition of it: x; subscribed by 2 processes ({PIDS[2]}, "
+        f"{PIDS[3]}) whose id 7 reads it: the leader is of an older release (it supports "
+        "protocol version at most 2, the processes subscribing it 3): a rolling upgrade in "
+        "progress; the tasks reading it wait until the leader is upgraded (a process of the new "
+        "release leads), see docs/streams.md#rolling-deploys-that-change-the-topology"
+    )
+    assert "missing from the cluster" not in printed(view)
+    # Led by the new version, x is assigned: no line.
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(FRESH, members))
+    assert not [p for p in quality(view).problems if "subscribed topic" in p]
+
+
+def test_the_clusters_metadata_says_whether_such_a_topic_exists() -> None:
+    """describe looks up the unassigned topics' metadata (``cluster_partitions``): the line
+    then says ``x`` exists, or that it is missing too; the JSON has the counts."""
+    members = {"m1": subscription(V1, 1, version=2), "m2": fresh_subscription(2, 3)}
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(V1, members))
+    assert view.unassigned_topics() == {"x"} and view.cluster_partitions is None
+    for counts, said in (
+        ({"x": 6}, "x (in the cluster: 6 partitions); subscribed by"),
+        ({}, "x (missing from the cluster); subscribed by"),
+    ):
+        looked_up = attrs.evolve(view, cluster_partitions=counts)
+        (line,) = [p for p in quality(looked_up).problems if "subscribed topic" in p]
+        assert f"no member is assigned a partition of it: {said} 1 process" in line, line
+        assert "the leader is of an older release" in line
+        assert to_json(looked_up, quality(looked_up))["cluster_partitions"] == counts
+
+
+def test_a_topic_of_the_leaders_topology_no_one_is_assigned_is_still_missing() -> None:
+    """The leader's own topic without partitions (every member subscribes to it) stays
+    "missing from the cluster?", beside a topic the leader does not read."""
+    members = {"m1": subscription(V1, 1, version=2), "m2": fresh_subscription(2, 3)}
+    raw = led_by(V1, members)
+    view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, raw)
+    # As a leader that found no partitions of b assigns: none of its partitions to anyone.
+    stripped = attrs.evolve(
+        view,
+        members=tuple(
+            attrs.evolve(m, partitions=tuple(tp for tp in m.partitions if tp.topic != "b"))
+            for m in view.members
+        ),
+    )
+    problems = [p for p in quality(stripped).problems if "subscribed topic" in p]
+    assert problems[0] == (
+        "1 subscribed topic without a partition assigned to any member (missing from the "
+        "cluster?): b"
+    )
+    assert problems[1].startswith("1 subscribed topic the leader's topology")
 
 
 def test_a_group_of_one_version_shows_it_and_no_problem() -> None:

@@ -1421,6 +1421,16 @@ def test_a_what_if_says_when_the_snapshot_may_hold_fewer_standbys_than_the_app(
         f"note: --standbys 0 from {scale_out}, which describe inferred from 1 process (none "
         "fit): the app may run more; give --standbys N for the app's"
     ]
+    # review58 L4: a what-if of that plan --json (2 processes in its table) said nothing; it
+    # states the processes describe counted, so it keeps the note.
+    assert metrics["num_standby_replicas_processes"] == 1
+    planned = tmp_path / "planned.json"
+    planned.write_text(out)
+    code, _, err = _invoke("plan", str(topology), "--clients", str(planned))
+    assert code == 0 and err.splitlines() == [
+        f"note: --standbys 0 from {planned}, which describe inferred from 1 process (none "
+        "fit): the app may run more; give --standbys N for the app's"
+    ]
     # A review: a topology without state places no standby: no count can matter, none said.
     stateless = tmp_path / "stateless.toml"
     stateless.write_text(topology.read_text().replace('stores = ["totals"]\n', ""))
@@ -1454,6 +1464,30 @@ def test_a_what_if_says_when_the_snapshot_may_hold_fewer_standbys_than_the_app(
         f"warning: {stated} states num_standby_replicas 0 but holds up to 1 per task: planned "
         "with 0, which drops standbys; give --standbys for the app's"
     ]
+
+
+def test_a_scale_in_what_if_keeps_the_processes_describe_inferred_standbys_over(
+    tmp_path: Path,
+) -> None:
+    """review58 L4: a what-if deleting a process's member rows too (a scale-in) said the count
+    was inferred from 2 processes, at their cap, when describe saw 3 (1 of at most 2 fit):
+    describe's own count (``quality.clients``) stands, whatever rows a what-if deletes."""
+    topology = tmp_path / "clicks.toml"
+    topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
+    three = json.loads(Path(_live(tmp_path / "x.json", "clicks-app", "clicks")).read_text())
+    three["quality"]["clients"] = 3  # describe's metrics: the processes it saw
+    scale_in = tmp_path / "scale-in.json"
+    scale_in.write_text(json.dumps(three))  # p3 gone from the table and the member rows
+    code, out, err = _invoke("plan", str(topology), "--clients", str(scale_in), "--json")
+    assert code == 0 and err.splitlines() == [
+        f"note: --standbys 1 from {scale_in} (its num_standby_replicas, which describe "
+        "inferred: the most any task had); give --standbys for the app's"
+    ]
+    assert json.loads(out)["metrics"]["num_standby_replicas_processes"] == 3
+    # Told the count (describe --standbys), none is inferred and none passed on.
+    stated = _live(tmp_path / "stated.json", "clicks-app", "clicks", inferred=False)
+    code, out, _ = _invoke("plan", str(topology), "--clients", stated, "--json")
+    assert code == 0 and json.loads(out)["metrics"]["num_standby_replicas_processes"] is None
 
 
 def test_a_crash_what_if_names_the_lost_process(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 from aiokafka.errors import for_code
+from aiokafka.protocol.metadata import MetadataRequest
 
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
@@ -203,6 +204,10 @@ class GroupView:
     #: announcements, which is unknown (``announcements_read``): the members are split as a
     #: leader reading them splits them, and ``reading_unknown`` says so.
     split_by_unknown_reading: bool = False
+    #: Per subscribed topic no member is assigned a partition of (``unassigned_topics``), its
+    #: partition count in the cluster's metadata, which ``fetch_group`` looks up (such a topic
+    #: left out does not exist). None: not looked up (bytes alone, or the lookup failed).
+    cluster_partitions: Mapping[str, int] | None = None
 
     @property
     def readable(self) -> bool:
@@ -443,6 +448,15 @@ class GroupView:
         (or not) announcements."""
         members = [m for ms in self.members_by_process().values() for m in ms]
         return group_eligibility(own, _readings(own, members, announcements))
+
+    def unassigned_topics(self) -> frozenset[str]:
+        """Subscribed topics no member is assigned a partition of; none while a member reports
+        an error code (which empties assignments)."""
+        decoded = [m for m in self.members if m.assigned]
+        if any(m.error not in ("", "NONE") for m in decoded):
+            return frozenset()
+        subscribed = {t for m in decoded for t in m.topics}
+        return frozenset(subscribed - {tp.topic for m in decoded for tp in m.partitions})
 
     def members_by_process(self) -> dict[str, list[MemberView]]:
         """Decoded members with metadata, by process."""
@@ -923,6 +937,9 @@ class GroupQuality:
     #: Warmup tasks in flight (HA assignor): actives stay on caught-up processes until the
     #: next probing rebalance, so imbalance until then is by design.
     warmups: int = 0
+    #: Doubts that affect no task (printed as ``note:``, not as problems): how the members of
+    #: a shared process id are split when whether the leader reads announcements is unknown.
+    notes: tuple[str, ...] = ()
 
 
 def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQuality:
@@ -979,6 +996,7 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
         _same_rack(view),
         standbys_inferred=num_standby_replicas is None,
         warmups=sum(len(a.warmup) for a in assignment.values()),
+        notes=(_split_doubt(view),) if view.only_split_unknown() else (),
     )
 
 
@@ -1044,15 +1062,17 @@ def _topology_versions(view: GroupView) -> list[str]:
     leader lacks) are no problem. Without the leader's topology (``GroupView.leader_topics``),
     or when whether it reads announcements is unknown and matters: members' differing ids
     (``_differing``), else what a reading leader withholds (``_withheld``), each line with the
-    doubt, or the doubt alone."""
+    doubt, or the doubt alone. A doubt only on how a shared process id is split is a note
+    (``_split_doubt``), not one of these problems."""
     own = view.leader_topics()
     if own is None:
         return _differing(view)
     reads = view.announcements_read()
     stalled = _stalled(view, own, reads)
     if view.only_split_unknown():
-        # Which ids are withheld is the same under both readings: those lines stand.
-        return [*stalled, *_withheld(view, own, reads), _split_doubt(view)]
+        # Which ids are withheld is the same under both readings: those lines stand (the
+        # doubt on the split is a note of ``quality``'s).
+        return [*stalled, *_withheld(view, own, reads)]
     if view.reading_unknown():
         doubt = (
             f"whether the leader reads topology announcements is unknown (assignments at "
@@ -1070,9 +1090,10 @@ def _topology_versions(view: GroupView) -> list[str]:
 
 
 def _split_doubt(view: GroupView) -> str:
-    """The one line when only how a shared process id is split depends on whether the leader
-    reads announcements: the members in doubt, where each reading counts them, and whether
-    they hold a task (the split then changes only the processes' member counts)."""
+    """The one note when only how a shared process id is split depends on whether the leader
+    reads announcements (a doubt, not a problem): the members in doubt, where each reading
+    counts them, and whether they hold a task (the split then changes only the processes'
+    member counts)."""
     doubtful = view.split_in_doubt()
     if not doubtful:  # not expected: the split differs only through such members
         return (
@@ -1258,29 +1279,122 @@ def _unreadable_announcements(view: GroupView) -> list[str]:
 def _unassigned_topics(view: GroupView) -> list[str]:
     """Subscribed topics no member is assigned a partition of: missing from the cluster (an
     assignor that does not check, such as Faust's own, leaves them out silently) or without
-    partitions; or, during a rolling deploy, topics only some topology versions read (a
-    leader of another version assigns none of them: ``_version_topics``)."""
+    partitions; or, during a rolling deploy, topics only some members subscribe to that the
+    leader's topology does not read (``_unread_by_the_leader``; the leader's topology unknown:
+    that some topology versions read only, ``_version_topics``). Whether a topic exists is
+    said when the cluster's metadata was read (``GroupView.cluster_partitions``)."""
+    unassigned = view.unassigned_topics()  # none under an error code: _member_errors says why
+    if not unassigned:
+        return []
     decoded = [m for m in view.members if m.assigned]
-    if any(m.error not in ("", "NONE") for m in decoded):
-        return []  # an error code empties assignments: _member_errors says why
-    subscribed = {t for m in decoded for t in m.topics}
-    assigned = {tp.topic for m in decoded for tp in m.partitions}
+    counts = view.cluster_partitions
+    own = view.leader_topics()
+    if own is not None:
+        # A topic every member subscribes to (the leader too) is one its topology reads.
+        by_all = set.intersection(*[set(m.topics) for m in decoded if m.topics] or [set()])
+        unread = unassigned - by_all - frozenset().union(*own.values())
+        out = _missing_lines(sorted(unassigned - unread), counts)
+        return out + ([_unread_by_the_leader(view, sorted(unread), own)] if unread else [])
     of_some_versions = _version_topics(decoded)
-    missing = sorted(subscribed - assigned - of_some_versions)
-    version_only = sorted((subscribed - assigned) & of_some_versions)
-    out = []
-    if missing:
-        out.append(
-            f"{counted(len(missing), 'subscribed topic')} without a partition assigned to any "
-            f"member (missing from the cluster?): {', '.join(missing)}"
-        )
+    out = _missing_lines(sorted(unassigned - of_some_versions), counts)
+    version_only = sorted(unassigned & of_some_versions)
     if version_only:
+        asked = "; or missing from the cluster?" if counts is None else ""
         out.append(
             f"{counted(len(version_only), 'subscribed topic')} without a partition assigned to any "
             "member, subscribed by some topology versions only (a leader of another version "
-            f"assigns none of them; or missing from the cluster?): {', '.join(version_only)}"
+            f"assigns none of them{asked}): {', '.join(version_only)}"
+            + _in_the_cluster(version_only, counts)
         )
     return out
+
+
+def _missing_lines(topics: Sequence[str], counts: Mapping[str, int] | None) -> list[str]:
+    """The lines for unassigned topics the leader reads (or any, its topology unknown):
+    missing from the cluster, asked when its metadata was not read, else said; and those the
+    cluster has (created since the last rebalance?)."""
+    if not topics:
+        return []
+    if counts is None:
+        return [
+            f"{counted(len(topics), 'subscribed topic')} without a partition assigned to any "
+            f"member (missing from the cluster?): {', '.join(topics)}"
+        ]
+    absent = [t for t in topics if t not in counts]
+    present = [t for t in topics if t in counts]
+    out = []
+    if absent:
+        out.append(
+            f"{counted(len(absent), 'subscribed topic')} missing from the cluster (no member is "
+            f"assigned a partition of {'it' if len(absent) == 1 else 'them'}): {', '.join(absent)}"
+        )
+    if present:
+        out.append(
+            f"{counted(len(present), 'subscribed topic')} without a partition assigned to any "
+            f"member though the cluster has {'it' if len(present) == 1 else 'them'} (created "
+            "since the last rebalance?): "
+            + ", ".join(f"{t} ({counted(counts[t], 'partition')})" for t in present)
+        )
+    return out
+
+
+def _in_the_cluster(topics: Sequence[str], counts: Mapping[str, int] | None) -> str:
+    """What the cluster's metadata says of ``topics`` (``GroupView.cluster_partitions``):
+    `` (in the cluster: 6 partitions)`` for one, `` (in the cluster: x 6 partitions;
+    missing from the cluster: y)`` for more; "" when it was not read."""
+    if counts is None:
+        return ""
+    if len(topics) == 1:
+        (topic,) = topics
+        if topic in counts:
+            return f" (in the cluster: {counted(counts[topic], 'partition')})"
+        return " (missing from the cluster)"
+    has = [f"{t} {counted(counts[t], 'partition')}" for t in topics if t in counts]
+    lacks = [t for t in topics if t not in counts]
+    parts = [f"in the cluster: {', '.join(has)}"] if has else []
+    parts += [f"missing from the cluster: {', '.join(lacks)}"] if lacks else []
+    return f" ({'; '.join(parts)})"
+
+
+def _unread_by_the_leader(
+    view: GroupView, unread: Sequence[str], own: Mapping[int, frozenset[str]]
+) -> str:
+    """The line for topics some members subscribe to that the leader's topology does not
+    read (rollaudit F2: an old leader, not knowing the new version's fresh id, assigns none
+    of its topic, which exists): who subscribes, their ids reading them, and whether the
+    leader is of an older release (the members not subscribing, the leader among them,
+    support a lower protocol version than every subscriber), so the tasks wait for its
+    upgrade; else another topology version leads (a deploy that added, or dropped, them)."""
+    topics = frozenset(unread)
+    members = [m for m in view.members if m.assigned]
+    readers = [m for m in members if topics & set(m.topics)]
+    others = [m for m in members if m.topics and not topics & set(m.topics)]
+    ids = sorted({sub for m in readers for sub, ts in m.announced.items() if ts & topics})
+    pids = {m.process for m in readers}
+    them = "it" if len(topics) == 1 else "them"
+    noun, verb = ("ids", "read") if len(ids) > 1 else ("id", "reads")
+    whose = f" whose {noun} {_ids_text(ids)} {verb} {them}" if ids else ""
+    head = (
+        f"{counted(len(topics), 'subscribed topic')} the leader's topology (version "
+        f"{announced_version(own)}) does not read, so no member is assigned a partition of "
+        f"{them}: {', '.join(unread)}{_in_the_cluster(unread, view.cluster_partitions)}; "
+        f"subscribed by {counted(len(pids), 'process', 'processes')} ({_some(pids)}){whose}: "
+    )
+    theirs = [m.supported_version for m in readers if m.supported_version is not None]
+    older = [m.supported_version for m in others if m.supported_version is not None]
+    every_known = len(theirs) == len(readers) and len(older) == len(others)
+    if others and every_known and max(older) < min(theirs):
+        return head + (
+            f"the leader is of an older release (it supports protocol version at most "
+            f"{max(older)}, the processes subscribing {them} {min(theirs)}): a rolling upgrade "
+            f"in progress; the tasks reading {them} wait until the leader is upgraded (a "
+            f"process of the new release leads), see {ROLLING_DEPLOY_DOC}"
+        )
+    return head + (
+        f"the leader runs another topology version (a rolling deploy in progress): the tasks "
+        f"reading {them} wait until a process subscribing {them} leads (none will if the "
+        f"leader's is the new version, which dropped {them}), see {ROLLING_DEPLOY_DOC}"
+    )
 
 
 def _version_topics(members: Sequence[MemberView]) -> set[str]:
@@ -1372,6 +1486,8 @@ def to_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
         },
         # The leader's topology (protocol 3 groups; else null) and what it withholds.
         "leader_topology_version": view.leader_version(),
+        # Subscribed topics no member is assigned a partition of, as the cluster has them.
+        "cluster_partitions": view.cluster_partitions,
         "members": [_member_json(m) for m in view.members],
         # What explain needs to ignore copied claims as the leaders do (``copied_claimants``).
         "shared_process_ids": [
@@ -1400,6 +1516,7 @@ def _quality_json(view: GroupView, score: GroupQuality) -> dict[str, Any]:
             pid: sorted(ids) for pid, ids in sorted(view.withheld().items())
         },
         "problems": list(score.problems),
+        "notes": list(score.notes),
     }
 
 
@@ -1466,6 +1583,11 @@ class Connection:
         )
 
 
+#: Metadata errors for a topic that exists without a partition leader yet, and for one that
+#: does not exist.
+_LEADER_NOT_AVAILABLE = 5
+_UNKNOWN_TOPIC = 3
+
 #: DescribeGroups error codes that mean "no such group" (Kafka answers an unknown group with
 #: state Dead and no error, or GROUP_ID_NOT_FOUND from v6).
 _GROUP_ID_NOT_FOUND = 69
@@ -1524,9 +1646,37 @@ class _Admin:
             )
             for m in entry["members"]
         ]
-        return describe_bytes(
+        view = describe_bytes(
             group, entry["state"], entry["protocol_type"], entry["protocol"], members, cache
         )
+        unassigned = view.unassigned_topics()
+        if not unassigned:
+            return view
+        counts = await self._partition_counts(unassigned)
+        return view if counts is None else attrs.evolve(view, cluster_partitions=counts)
+
+    async def _partition_counts(self, topics: Iterable[str]) -> dict[str, int] | None:
+        """Per topic of ``topics`` the cluster has, its partition count (one without a
+        leader yet exists all the same); None when the metadata cannot be read (best effort:
+        the problem lines then ask). Asked without creating a topic: aiokafka's
+        ``describe_topics`` asks with auto-creation on, and a broker with
+        ``auto.create.topics.enable=true`` (Kafka's default) would create the missing topic
+        describe is about to call missing (as ``runtime._topics._describe`` explains)."""
+        request = MetadataRequest(sorted(topics), allow_auto_topic_creation=False)
+        try:
+            # aiokafka has no public way to ask so.
+            response = await asyncio.wait_for(
+                self.client._send_request(request), self.connection.timeout_s
+            )
+        except Exception:  # only to word the problem lines better
+            return None
+        listed = response.to_object()["topics"]
+        # Another error (not authorized to describe it...) says nothing of whether it exists.
+        if any(t["error_code"] not in (0, _LEADER_NOT_AVAILABLE, _UNKNOWN_TOPIC) for t in listed):
+            return None
+        return {
+            t["topic"]: len(t["partitions"]) for t in listed if t["error_code"] != _UNKNOWN_TOPIC
+        }
 
     async def _listed_types(self, group: str) -> set[str]:
         """The protocol types ListGroups lists ``group`` with (none: it does not exist, or

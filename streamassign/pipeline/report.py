@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -1075,8 +1076,23 @@ def _churn(model: Mapping[str, Any]) -> str:
     return ", ".join(shown)
 
 
+#: A command-line option in the page's sentences (``--assignors``).
+_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
+
+
+def _options_as_code(text: str) -> Any:
+    """``text`` escaped, each command-line option in it as ``<code class="opt">``, which the
+    page keeps on one line: a browser broke ``--assignors`` at its hyphens on a narrow
+    screen (``--`` / ``assignors``, newuser24 L2); the value after it still wraps."""
+    from markupsafe import Markup, escape
+
+    escaped = str(escape(text))  # the pattern matches no escaped character
+    return Markup(_OPTION.sub(lambda m: f'<code class="opt">{m.group(0)}</code>', escaped))
+
+
 def _template() -> Any:
-    """The page's Jinja2 template, autoescaping everything not marked safe."""
+    """The page's Jinja2 template, autoescaping everything not marked safe (the ``options``
+    filter escapes, then marks options up)."""
     import jinja2
 
     env = jinja2.Environment(
@@ -1086,6 +1102,7 @@ def _template() -> Any:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.filters["options"] = _options_as_code
     return env.get_template(_TEMPLATE)
 
 

@@ -26,7 +26,14 @@ import pytest
 from click.testing import CliRunner
 
 from streamassign import PartitionGrouper, TaskId, TopicPartition
-from streamassign.aiokafka.describe import Connection, Family, GroupView, fetch_group, quality
+from streamassign.aiokafka.describe import (
+    Connection,
+    Family,
+    GroupView,
+    _Admin,
+    fetch_group,
+    quality,
+)
 from streamassign.cli import main
 from streamassign.versions import subtopology_fingerprints, topology_version
 
@@ -257,6 +264,23 @@ def test_group_assignor_consumers_described(
         assert score.problems == () and score.metrics.active_balanced  # 4/3/3 of 10
     finally:
         group.close()
+
+
+def test_unassigned_topics_are_looked_up_in_the_clusters_metadata(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory
+) -> None:
+    """describe looks up the topics no member is assigned a partition of (asked without
+    creating any): one the cluster has, with its partition count, and a missing one left
+    out, so that the problem line says missing rather than asks. (An aiokafka consumer
+    subscribing to a topic that does not exist never settles, so no group is used.)"""
+    topic = kafka_topic_factory(3)
+    missing = f"{topic}-never-created"
+
+    async def looked_up() -> dict[str, int] | None:
+        async with _Admin(Connection(kafka_bootstrap)) as admin:
+            return await admin._partition_counts([topic, missing])
+
+    assert asyncio.run(looked_up()) == {topic: 3}
 
 
 @pytest.mark.parametrize("assignor", ["ours", "faust"])

@@ -22,6 +22,7 @@ from streamassign.pipeline.assignors import GROUPS, SPECS
 from streamassign.pipeline.report import (
     CSV_FILES,
     Outcome,
+    _options_as_code,
     assignor_colour,
     outcomes,
     recommend,
@@ -98,6 +99,17 @@ def test_a_run_without_rebalances_says_so_and_picks_nothing(tmp_path: Path) -> N
     assert 'id="answer-table"' not in text and 'id="by-assignor"' not in text
     assert 'class="figure"' not in text
     assert "0 rebalances per assignor after the initial ones" in text
+    assert 'Simulate again with <code class="opt">--steps</code> N (N &gt;= 1)' in text
+
+
+def test_options_in_the_pages_sentences_are_code_and_the_rest_is_escaped() -> None:
+    """newuser24 L2: the answer's ``--assignors`` wrapped as ``--`` / ``assignors`` at 420 px;
+    an option is a code span the page keeps on one line (``code.opt``), nothing else is."""
+    marked = _options_as_code("compare <b>x</b> --assignors a,b & --steps N; x--y, -- and -x")
+    assert str(marked) == (
+        'compare &lt;b&gt;x&lt;/b&gt; <code class="opt">--assignors</code> a,b &amp; '
+        '<code class="opt">--steps</code> N; x--y, -- and -x'
+    )
 
 
 def test_counts_of_one_are_singular(tmp_path: Path) -> None:
@@ -405,7 +417,9 @@ def test_the_answer_says_what_task_ha_changes(tmp_path: Path) -> None:
             "task:ha, the high-availability assignor, was not among this run's assignors "
             "(simulate's default group leaves it out)" in answer
         )
-        assert "--assignors default,task:ha" in answer and "At crashes" not in answer
+        # The option as code, kept on one line (newuser24 L2: it broke at its hyphens).
+        assert '<code class="opt">--assignors</code> default,task:ha' in answer
+        assert "At crashes" not in answer
     # Assignors the user chose (plan-standbys' line for a plan without warmups runs
     # task:sticky alone): no cause claimed, no warmups advised against the plan.
     for chosen in (["task:sticky"], ["task:sticky", "consumer:range"], None):

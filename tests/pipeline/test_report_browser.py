@@ -239,3 +239,27 @@ def test_scrolling_a_wide_table_sideways_never_moves_it(
         assert errors == []
     finally:
         page.close()
+
+
+def test_an_option_in_the_answer_stays_on_one_line_on_a_narrow_screen(
+    browser: Any, tmp_path: Path
+) -> None:
+    """newuser24 L2: at 420 px the answer's ``--assignors`` wrapped as ``--`` / ``assignors``.
+    A run of simulate's default group (no task:ha) advises ``--assignors default,task:ha``;
+    at every width the option is one line box."""
+    data = json.loads(DATA.read_text())
+    for key in ("by_assignor", "by_event", "by_step", "outcomes"):
+        data[key] = [r for r in data[key] if r["assignor"] != "task:ha"]
+    data["manifest"]["assignors"] = ["task:sticky", "consumer:range", "consumer:sticky"]
+    report = render_report(data, tmp_path)
+    for width in (420, 360, 800):
+        page, errors, _ = open_report(browser, report, width)
+        try:
+            boxes = page.evaluate(
+                "[...document.querySelectorAll('#answer code.opt')]"
+                ".map(c => [c.textContent, c.getClientRects().length])"
+            )
+            assert boxes == [["--assignors", 1]], (width, boxes)
+            assert errors == []
+        finally:
+            page.close()
