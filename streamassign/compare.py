@@ -161,12 +161,14 @@ class PartitionNames:
     """How a consumer group's moves name their tasks: by partition (``partitions``: both
     sides' tables, BEFORE's numbered as AFTER numbers its topics), as a removed topic's ids
     (numbered past AFTER's) name other partitions, or nothing, on either side.
-    ``after_topics``: the topic numbers of AFTER's table; ``--json`` gives the id of a
-    partition of those topics (AFTER's id, even where no partition of that id is assigned
-    there, as when its owner became undecodable) and none for a gone topic's."""
+    ``after_topics``: per topic number of AFTER's table, its topic; ``--json`` gives the id of
+    a partition of the topic AFTER numbers so (AFTER's id, even where no partition of that id
+    is assigned there, as when its owner became undecodable) and none for a gone topic's,
+    even where AFTER gives its number to another topic (tasks matched by id: a hand-edited
+    file): there the id names another partition."""
 
     partitions: Mapping[TaskId, TopicPartition]
-    after_topics: frozenset[int]
+    after_topics: Mapping[int, str]
 
     def label(self, task: TaskId) -> str:
         """``orders-3``; an id neither table lists (a hand-edited file) as ``1_0 (no
@@ -178,7 +180,7 @@ class PartitionNames:
         """A move's ``task`` (None for a gone topic's partition) and ``partition`` (None for
         an id neither table lists)."""
         tp = self.partitions.get(task)
-        kept = tp is None or task.subtopology in self.after_topics
+        kept = tp is None or self.after_topics.get(task.subtopology) == tp.topic
         return {
             "task": str(task) if kept else None,
             "partition": None if tp is None else [tp.topic, tp.partition],
@@ -201,7 +203,7 @@ def _named_by_partition(old: TaskTable, new: TaskTable) -> PartitionNames:
     """:class:`PartitionNames` of two tables known to be consumer groups' that agree on
     every id they share."""
     partitions = {t: tp for table in (old, new) for t, (tp,) in table.items()}
-    return PartitionNames(partitions, frozenset(t.subtopology for t in new))
+    return PartitionNames(partitions, {t.subtopology: tp.topic for t, (tp,) in new.items()})
 
 
 # -- the note of a renumbering ------------------------------------------------------------------

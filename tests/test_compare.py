@@ -76,8 +76,21 @@ def test_partition_names_are_none_for_tables_matched_by_id() -> None:
     assert partition_names(orders, table("0_1=orders-0")) is None
     assert partition_names(orders, table("0_0=a-0", "1_0=orders-0")) is None
     assert partition_names(orders, orders) == PartitionNames(
-        {t: next(iter(ps)) for t, ps in orders.items()}, frozenset({0})
+        {t: next(iter(ps)) for t, ps in orders.items()}, {0: "orders"}
     )
+
+
+def test_a_gone_topics_partition_gets_no_id_that_after_gives_another_topic() -> None:
+    """review64 L4: matched by id (a hand-edited BEFORE), a gone topic's partition may have an
+    id AFTER gives a partition of another topic: ``--json`` must not give that id, or a script
+    joining on ``task`` would link two partitions."""
+    before = table("0_5=a-5", "1_0=orders-0")
+    after = table("0_0=b-0", "1_0=orders-0")
+    names = partition_names(before, after)
+    assert names is not None
+    assert names.as_json(TaskId(0, 5)) == {"task": None, "partition": ["a", 5]}
+    assert names.as_json(TaskId(0, 0)) == {"task": "0_0", "partition": ["b", 0]}
+    assert names.as_json(TaskId(1, 0)) == {"task": "1_0", "partition": ["orders", 0]}
 
 
 def test_the_renumbering_note_counts_removed_topics() -> None:
