@@ -189,3 +189,41 @@ def test_match_views_counts_the_undecodable_members_of_each_side() -> None:
     assert str(match_views(now, last).note).endswith(
         "(topic a-x added or no longer hidden by 2 undecodable members)"
     )
+
+
+def test_match_views_hedges_on_no_undecodable_member_whose_topics_are_known() -> None:
+    """review64 L1: a member whose assignment's user data alone is unreadable (a streamassign
+    assignor's) still shows its topics: it hides none, so a topic gone is removed."""
+    both = table("0_0=a-x-0", "1_0=orders-0")
+    orders = table("0_0=orders-0", "0_2=orders-2")
+    known = (Member(("orders",)), Member(("orders",), assigned=False))
+    last = View(CONSUMER_FAMILY, (Member(("a-x", "orders")),), both, {"p": "0_0 1_0"})
+    now = View(CONSUMER_FAMILY, known, orders, {"p": "0_0"})
+    assert str(match_views(last, now).note).endswith(
+        "(removed topic a-x); a removed topic numbered past every id there: a-x as 1_p"
+    )
+
+
+def test_match_views_names_the_subscribed_topics_without_partitions_that_shift_numbers() -> None:
+    """review64 L2: a topic subscribed with no partition in one view only renumbers the topics
+    after it, also beside a change of the tables' topics; one subscribed so in both views
+    (a lasting typo), or sorting after every topic of both tables, renumbers nothing."""
+    orders = table("0_0=orders-0")
+    last = View(CONSUMER_FAMILY, (Member(("0-a", "orders")),), table("1_0=orders-0"), {})
+    typo = View(
+        CONSUMER_FAMILY, (Member(("0-a", "0-b", "orders", "z")),), table("2_0=orders-0"), {}
+    )
+    assert str(match_views(last, typo).note).endswith(
+        "renumbered by a subscribed topic with no partition assigned (0-b)"
+    )
+    first = View(CONSUMER_FAMILY, (Member(("orders",)),), orders, {"p": "0_0"})
+    mixed = View(
+        CONSUMER_FAMILY,
+        (Member(("0-missing", "orders", "z-missing", "z-new")),),
+        table("1_0=orders-0", "3_0=z-new-0"),
+        {"p": "1_0 3_0"},
+    )
+    assert str(match_views(first, mixed).note).endswith(
+        "renumbered by a change of topics (added topic z-new) and a subscribed topic with no "
+        "partition assigned (0-missing)"
+    )
