@@ -671,12 +671,17 @@ def test_watch_says_a_topic_only_an_undecodable_member_read_may_be_hidden_not_re
     """A review (review63 L3): when the only member reading a topic became undecodable, the
     note said "removed topic a-x", though the topic was still read: what is known is that
     nobody readable reads it, and that the undecodable member's topics are unknown. Said
-    both ways, as the member's bytes turn unreadable and readable again."""
+    both ways, as the member's bytes turn unreadable and readable again. The topic has no
+    number in the new view, so its partition has no id in ``--json`` (as docs/operations.md
+    says since review64 L3) and reads ``task removed``."""
     pytest.importorskip("aiokafka")
     m1 = {"m1": [("orders", 0), ("orders", 1)]}
     both = _consumer_view(["a-x", "orders"], {**m1, "m2": [("a-x", 0)]})
     hidden = _consumer_view(["orders"], m1, undecodable=["m2"])
-    _, notes = _watched(monkeypatch, tmp_path, [both, hidden, both])
+    lines, notes = _watched(monkeypatch, tmp_path, [both, hidden, both])
+    assert [(m["task"], m["partition"], m["from"], m["reason"]) for m in lines[1]["moves"]] == [
+        (None, ["a-x", 0], "m2", "task removed")
+    ]
     assert _renumbered_by(notes) == [
         "a change of topics (topic a-x removed or hidden by 1 undecodable member); a removed "
         "or hidden topic numbered past every id there: a-x as 1_p",
