@@ -67,9 +67,7 @@ from .streams import (
     handed_back,
     merge_offset_sums,
 )
-from .text import counted, exact_number
-from .text import listed as _task_list
-from .text import partitions_by_topic as _partition_list
+from .text import counted, exact_number, listed, partitions_by_topic
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
 
@@ -203,7 +201,7 @@ def _check_task_count(topology: Topology, counts: Mapping[str, int]) -> None:
 
 def _tasks_cell(tasks: frozenset[TaskId]) -> str:
     """A table cell of tasks: ``3: 0_1, 0_4, 1_2``, or ``0`` for none."""
-    return f"{len(tasks)}: {_task_list(sorted(tasks))}" if tasks else "0"
+    return f"{len(tasks)}: {listed(sorted(tasks))}" if tasks else "0"
 
 
 def _metrics_rows(m: AssignmentMetrics) -> list[tuple[str, str]]:
@@ -809,7 +807,7 @@ def _warn_ignored_input(
         if unknown:
             click.echo(
                 f"warning: client {c.process_id!r} reports {counted(len(unknown), 'task')} the "
-                f"topology does not have (ignored): {_task_list(unknown)}",
+                f"topology does not have (ignored): {listed(unknown)}",
                 err=True,
             )
     conflicts = claim_conflicts(
@@ -848,22 +846,22 @@ def _warn_conflicts(conflicts: ClaimConflicts, where: str) -> None:
     prefix = f"warning: {where}: " if where else "warning: "
     duplicates = conflicts.duplicate_actives
     if duplicates:
-        listed = _task_list(
+        claims = listed(
             [f"{task} on {', '.join(pids)} ({kept} kept)" for task, pids, kept in duplicates],
             separator="; ",
         )
         click.echo(
             f"{prefix}{counted(len(duplicates), 'task')} active on several clients: "
-            f"{listed}; each is taken as run by the claimant the sticky assignor keeps "
+            f"{claims}; each is taken as run by the claimant the sticky assignor keeps "
             "(smallest lag, then process id), the others as holding its state",
             err=True,
         )
     both = conflicts.active_and_standby
     if both:
-        listed = _task_list([f"{task} on {pid}" for task, pid in both])
+        claims = listed([f"{task} on {pid}" for task, pid in both])
         click.echo(
             f"{prefix}{counted(len(both), 'task')} both active and standby on one client: "
-            f"{listed}; counted as active there",
+            f"{claims}; counted as active there",
             err=True,
         )
 
@@ -1035,7 +1033,7 @@ def _print_tables(
     table.add_column("task")
     table.add_column("source partitions")
     for t, parts in tasks.items():
-        table.add_row(str(t), _partition_list(parts))
+        table.add_row(str(t), partitions_by_topic(parts))
     console.print(table)
 
     table = Table(title="Assignment")
@@ -1598,7 +1596,10 @@ def _print_tasks(
     for t, parts in view_tasks.items():
         active, standby = owners.get(t, ([], []))
         table.add_row(
-            str(t), ", ".join(active) or "NONE", ", ".join(standby) or "-", _partition_list(parts)
+            str(t),
+            ", ".join(active) or "NONE",
+            ", ".join(standby) or "-",
+            partitions_by_topic(parts),
         )
     console.print(table)
 
