@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import select
 import shlex
 import stat
@@ -519,8 +520,65 @@ class _Stdout(Console):
         _quiet_stdout()
 
 
+#: An option's help extra click appends (``  [default: 1.0; x>=0.1]``): its last bracket.
+_HELP_EXTRA = re.compile(r"(?:^|(?<=  ))\[[^\[\]]*\]$")
+#: A default's label and the word after it, in any bracket (one in an option's own text).
+_DEFAULT_LABEL = re.compile(r"\[default: \S+")
+#: Joins an extra's words while click wraps it; a space again once wrapped.
+_NO_BREAK = "\u00a0"
+
+
+class _HelpFormatter(click.HelpFormatter):
+    """click's help, with each option's ``[default: ...; x>=0]`` whole on one line: wrapped
+    as words, it broke as ``[default:`` at a line's end and ``1.0; x>=0.1]`` under it at 80
+    columns (cliwork, review56), in every command. Kept whole, it moves to the next line when
+    it does not fit; one wider than the column wraps, but ``[default:`` never ends a line."""
+
+    def write_dl(
+        self, rows: Sequence[tuple[str, str]], col_max: int = 30, col_spacing: int = 2
+    ) -> None:
+        rows = list(rows)
+        # click's own column arithmetic (HelpFormatter.write_dl), to know what fits.
+        terms = max((len(click.unstyle(term)) for term, _ in rows), default=0)
+        text_width = max(self.width - min(terms, col_max) - col_spacing - 2, 10)
+        start = len(self.buffer)
+        super().write_dl(
+            [(term, _unbroken_extra(text, text_width)) for term, text in rows],
+            col_max,
+            col_spacing,
+        )
+        self.buffer[start:] = [text.replace(_NO_BREAK, " ") for text in self.buffer[start:]]
+
+
+def _unbroken_extra(help_text: str, width: int) -> str:
+    """``help_text`` with its trailing extra's spaces made unbreakable, and else each
+    ``[default:`` joined to the word after it, where that fits ``width``."""
+
+    def unbroken(match: re.Match[str]) -> str:
+        text = match.group()
+        return text if len(text) > width else text.replace(" ", _NO_BREAK)
+
+    return _DEFAULT_LABEL.sub(unbroken, _HELP_EXTRA.sub(unbroken, help_text))
+
+
+class _HelpContext(click.Context):
+    """A command's context, formatting its help with :class:`_HelpFormatter`."""
+
+    formatter_class = _HelpFormatter
+
+
+class _Command(click.Command):
+    """Every subcommand: its help formatted with :class:`_HelpFormatter`."""
+
+    context_class = _HelpContext
+
+
 class _Commands(click.Group):
-    """The command group: a closed stdout does not end a command (``_ReaderGone``)."""
+    """The command group: a closed stdout does not end a command (``_ReaderGone``); its
+    commands' help keeps each option's extra on one line (:class:`_HelpFormatter`)."""
+
+    context_class = _HelpContext
+    command_class = _Command
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         stdout = sys.stdout

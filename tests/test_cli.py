@@ -284,6 +284,24 @@ def test_simulate_assignors_help_reads_whole_at_80_columns() -> None:
         assert any(name in line for line in block), name
 
 
+@pytest.mark.parametrize("columns", [80, 60])
+def test_every_options_shown_default_reads_whole_on_one_line(columns: int) -> None:
+    """cliwork, review64: click wrapped an option's ``[default: 1.0; x>=0.1]`` as words,
+    leaving ``[default:`` at a line's end (describe --interval, explain --acceptable-lag,
+    plan-standbys --scenarios and --standbys at 80 columns; more at 60). Every command's
+    options keep theirs on one line, at the width click takes in such a terminal."""
+    width = max(min(columns, 80) - 2, 50)  # click's HelpFormatter: 2 short, 80 at most
+    for name, command in [("streamassign", main), *main.commands.items()]:
+        ctx = command.context_class(command, info_name=name, terminal_width=width)
+        lines = command.get_help(ctx).splitlines()
+        assert not [line for line in lines if line.rstrip().endswith("[default:")], name
+        for param in command.get_params(ctx):
+            record = param.get_help_record(ctx)
+            extra = record[1].rpartition("  ")[2] if record else ""
+            if extra.startswith("[default: ") and len(extra) <= width - 36:
+                assert any(extra in line for line in lines), (name, record)
+
+
 def test_the_cli_loads_no_pipeline_module_when_it_starts() -> None:
     # The pipeline package (and its report module) costs ~40 ms to import: only its commands
     # load it.
