@@ -340,11 +340,28 @@ def compare_snapshots(
     matched = numbered_as(old, new)
     lines = []
     if matched is not old:
-        lines.append(renumbering_note(matched.tasks, new.tasks, f"named as in {after_name}"))
+        note = renumbering_note(
+            matched.tasks,
+            new.tasks,
+            f"named as in {after_name}",
+            unassigned_topics=_unassigned_in_files(old, new),
+            undecodable_counts=(old.unknown_subscriptions, new.unknown_subscriptions),
+        )
+        lines.append(note)
     lines += _unrelated_warnings(matched, new, before_name, after_name)
     both_consumer_groups = old.family == CONSUMER_FAMILY == new.family
     names = partition_names(matched.tasks, new.tasks) if both_consumer_groups else None
     return SnapshotsCompared(matched, names, tuple(lines))
+
+
+def _unassigned_in_files(old: Snapshot, new: Snapshot) -> set[str] | None:
+    """The topics subscribed with no partition assigned in one file only (numbered in that
+    file alone), when both files' member rows say their subscriptions; else None."""
+    if old.subscribed_topics is None or new.subscribed_topics is None:
+        return None
+    return set(old.subscribed_topics - topics_of(old.tasks)) ^ set(
+        new.subscribed_topics - topics_of(new.tasks)
+    )
 
 
 def _unrelated_warnings(old: Snapshot, new: Snapshot, before: str, after: str) -> list[str]:

@@ -4,6 +4,7 @@ CLI tests of ``explain``, ``diff``, ``plan --clients`` and ``describe --watch`` 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -13,13 +14,14 @@ from streamassign.compare import (
     PartitionNames,
     TaskSource,
     TaskTable,
+    compare_snapshots,
     is_partition_table,
     match_views,
     other_partitions_warning,
     partition_names,
     renumbering_note,
 )
-from streamassign.explain import ClientView, ProcessMembers
+from streamassign.explain import ClientView, ProcessMembers, Snapshot, load_snapshot
 
 
 def table(*entries: str) -> dict[TaskId, frozenset[TopicPartition]]:
@@ -227,3 +229,54 @@ def test_match_views_names_the_subscribed_topics_without_partitions_that_shift_n
         "renumbered by a change of topics (added topic z-new) and a subscribed topic with no "
         "partition assigned (0-missing)"
     )
+
+
+def _described(topics: list[str], owned: dict[str, list[str]], *rows: dict[str, Any]) -> Snapshot:
+    """A ``describe --json`` file of a consumer group as :func:`load_snapshot` reads it:
+    ``owned`` per member (its process) the partitions ``topic-p`` it reads, numbered as
+    ``describe`` numbers them over ``topics``; ``rows``: further member rows (undecodable)."""
+    number = {topic: t for t, topic in enumerate(sorted(topics))}
+    task = {
+        name: f"{number[name.rpartition('-')[0]]}_{name.rpartition('-')[2]}"
+        for ps in owned.values()
+        for name in ps
+    }
+    members = [
+        {"member_id": m, "process": m, "topics": sorted({p.rpartition("-")[0] for p in ps})}
+        for m, ps in owned.items()
+    ]
+    return load_snapshot(
+        {
+            "state": "Stable",
+            "family": CONSUMER_FAMILY,
+            "tasks": {task[n]: [[n.rpartition("-")[0], int(n.rpartition("-")[2])]] for n in task},
+            "assignment": {
+                m: {"capacity": 1, "active": [task[n] for n in ps]} for m, ps in owned.items()
+            },
+            "members": [*members, *rows],
+        },
+        "file",
+    )
+
+
+def test_files_say_the_subscription_their_member_rows_show() -> None:
+    """The compare builder's leftover of review63 L3/L4: ``explain`` of two ``describe
+    --json`` files read no member subscriptions, so a topic whose only reader became
+    undecodable read "removed topic", and a subscribed topic with no partition went unnamed.
+    The files' member rows say both; files without them keep the files' wording."""
+    both = _described(["a-x", "orders"], {"m1": ["orders-0"], "m2": ["a-x-0"]})
+    garbage = {"member_id": "m2", "process": None, "topics": [], "undecodable": "bad bytes"}
+    hidden = _described(["orders"], {"m1": ["orders-0"]}, garbage)
+    note = compare_snapshots(both, hidden, "b.json", "a.json").lines[0]
+    assert note.endswith(
+        "(topic a-x removed or hidden by 1 undecodable member); a removed or hidden topic "
+        "numbered past every id there: a-x as 1_p"
+    )
+    plain = _described(["orders"], {"m1": ["orders-0"]})
+    typo_row = {"member_id": "m3", "process": "m3", "topics": ["0-typo", "orders"]}
+    typo = _described(["0-typo", "orders"], {"m1": ["orders-0"]}, typo_row)
+    note = compare_snapshots(plain, typo, "b.json", "a.json").lines[0]
+    assert note.endswith("renumbered by a subscribed topic with no partition assigned (0-typo)")
+    unknown = attrs.evolve(plain, subscribed_topics=None)  # a file without member rows
+    note = compare_snapshots(unknown, typo, "b.json", "a.json").lines[0]
+    assert note.endswith("a subscribed topic with no partition assigned (or an edited file)")
