@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import select
 import shlex
 import stat
@@ -67,9 +68,7 @@ from .streams import (
     handed_back,
     merge_offset_sums,
 )
-from .text import counted, exact_number
-from .text import listed as _task_list
-from .text import partitions_by_topic as _partition_list
+from .text import counted, exact_number, listed, partitions_by_topic
 from .threads import distribute_to_threads
 from .topology import Topology, load_topology_file
 
@@ -203,7 +202,7 @@ def _check_task_count(topology: Topology, counts: Mapping[str, int]) -> None:
 
 def _tasks_cell(tasks: frozenset[TaskId]) -> str:
     """A table cell of tasks: ``3: 0_1, 0_4, 1_2``, or ``0`` for none."""
-    return f"{len(tasks)}: {_task_list(sorted(tasks))}" if tasks else "0"
+    return f"{len(tasks)}: {listed(sorted(tasks))}" if tasks else "0"
 
 
 def _metrics_rows(m: AssignmentMetrics) -> list[tuple[str, str]]:
@@ -521,8 +520,65 @@ class _Stdout(Console):
         _quiet_stdout()
 
 
+#: An option's help extra click appends (``  [default: 1.0; x>=0.1]``): its last bracket.
+_HELP_EXTRA = re.compile(r"(?:^|(?<=  ))\[[^\[\]]*\]$")
+#: A default's label and the word after it, in any bracket (one in an option's own text).
+_DEFAULT_LABEL = re.compile(r"\[default: \S+")
+#: Joins an extra's words while click wraps it; a space again once wrapped.
+_NO_BREAK = "\u00a0"
+
+
+class _HelpFormatter(click.HelpFormatter):
+    """click's help, with each option's ``[default: ...; x>=0]`` whole on one line: wrapped
+    as words, it broke as ``[default:`` at a line's end and ``1.0; x>=0.1]`` under it at 80
+    columns (cliwork, review56), in every command. Kept whole, it moves to the next line when
+    it does not fit; one wider than the column wraps, but ``[default:`` never ends a line."""
+
+    def write_dl(
+        self, rows: Sequence[tuple[str, str]], col_max: int = 30, col_spacing: int = 2
+    ) -> None:
+        rows = list(rows)
+        # click's own column arithmetic (HelpFormatter.write_dl), to know what fits.
+        terms = max((len(click.unstyle(term)) for term, _ in rows), default=0)
+        text_width = max(self.width - min(terms, col_max) - col_spacing - 2, 10)
+        start = len(self.buffer)
+        super().write_dl(
+            [(term, _unbroken_extra(text, text_width)) for term, text in rows],
+            col_max,
+            col_spacing,
+        )
+        self.buffer[start:] = [text.replace(_NO_BREAK, " ") for text in self.buffer[start:]]
+
+
+def _unbroken_extra(help_text: str, width: int) -> str:
+    """``help_text`` with its trailing extra's spaces made unbreakable, and else each
+    ``[default:`` joined to the word after it, where that fits ``width``."""
+
+    def unbroken(match: re.Match[str]) -> str:
+        text = match.group()
+        return text if len(text) > width else text.replace(" ", _NO_BREAK)
+
+    return _DEFAULT_LABEL.sub(unbroken, _HELP_EXTRA.sub(unbroken, help_text))
+
+
+class _HelpContext(click.Context):
+    """A command's context, formatting its help with :class:`_HelpFormatter`."""
+
+    formatter_class = _HelpFormatter
+
+
+class _Command(click.Command):
+    """Every subcommand: its help formatted with :class:`_HelpFormatter`."""
+
+    context_class = _HelpContext
+
+
 class _Commands(click.Group):
-    """The command group: a closed stdout does not end a command (``_ReaderGone``)."""
+    """The command group: a closed stdout does not end a command (``_ReaderGone``); its
+    commands' help keeps each option's extra on one line (:class:`_HelpFormatter`)."""
+
+    context_class = _HelpContext
+    command_class = _Command
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         stdout = sys.stdout
@@ -809,7 +865,7 @@ def _warn_ignored_input(
         if unknown:
             click.echo(
                 f"warning: client {c.process_id!r} reports {counted(len(unknown), 'task')} the "
-                f"topology does not have (ignored): {_task_list(unknown)}",
+                f"topology does not have (ignored): {listed(unknown)}",
                 err=True,
             )
     conflicts = claim_conflicts(
@@ -848,22 +904,22 @@ def _warn_conflicts(conflicts: ClaimConflicts, where: str) -> None:
     prefix = f"warning: {where}: " if where else "warning: "
     duplicates = conflicts.duplicate_actives
     if duplicates:
-        listed = _task_list(
+        claims = listed(
             [f"{task} on {', '.join(pids)} ({kept} kept)" for task, pids, kept in duplicates],
             separator="; ",
         )
         click.echo(
             f"{prefix}{counted(len(duplicates), 'task')} active on several clients: "
-            f"{listed}; each is taken as run by the claimant the sticky assignor keeps "
+            f"{claims}; each is taken as run by the claimant the sticky assignor keeps "
             "(smallest lag, then process id), the others as holding its state",
             err=True,
         )
     both = conflicts.active_and_standby
     if both:
-        listed = _task_list([f"{task} on {pid}" for task, pid in both])
+        claims = listed([f"{task} on {pid}" for task, pid in both])
         click.echo(
             f"{prefix}{counted(len(both), 'task')} both active and standby on one client: "
-            f"{listed}; counted as active there",
+            f"{claims}; counted as active there",
             err=True,
         )
 
@@ -1035,7 +1091,7 @@ def _print_tables(
     table.add_column("task")
     table.add_column("source partitions")
     for t, parts in tasks.items():
-        table.add_row(str(t), _partition_list(parts))
+        table.add_row(str(t), partitions_by_topic(parts))
     console.print(table)
 
     table = Table(title="Assignment")
@@ -1598,7 +1654,10 @@ def _print_tasks(
     for t, parts in view_tasks.items():
         active, standby = owners.get(t, ([], []))
         table.add_row(
-            str(t), ", ".join(active) or "NONE", ", ".join(standby) or "-", _partition_list(parts)
+            str(t),
+            ", ".join(active) or "NONE",
+            ", ".join(standby) or "-",
+            partitions_by_topic(parts),
         )
     console.print(table)
 

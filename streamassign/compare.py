@@ -161,12 +161,14 @@ class PartitionNames:
     """How a consumer group's moves name their tasks: by partition (``partitions``: both
     sides' tables, BEFORE's numbered as AFTER numbers its topics), as a removed topic's ids
     (numbered past AFTER's) name other partitions, or nothing, on either side.
-    ``after_topics``: the topic numbers of AFTER's table; ``--json`` gives the id of a
-    partition of those topics (AFTER's id, even where no partition of that id is assigned
-    there, as when its owner became undecodable) and none for a gone topic's."""
+    ``after_topics``: per topic number of AFTER's table, its topic; ``--json`` gives the id of
+    a partition of the topic AFTER numbers so (AFTER's id, even where no partition of that id
+    is assigned there, as when its owner became undecodable) and none for a gone topic's,
+    even where AFTER gives its number to another topic (tasks matched by id: a hand-edited
+    file): there the id names another partition."""
 
     partitions: Mapping[TaskId, TopicPartition]
-    after_topics: frozenset[int]
+    after_topics: Mapping[int, str]
 
     def label(self, task: TaskId) -> str:
         """``orders-3``; an id neither table lists (a hand-edited file) as ``1_0 (no
@@ -178,7 +180,7 @@ class PartitionNames:
         """A move's ``task`` (None for a gone topic's partition) and ``partition`` (None for
         an id neither table lists)."""
         tp = self.partitions.get(task)
-        kept = tp is None or task.subtopology in self.after_topics
+        kept = tp is None or self.after_topics.get(task.subtopology) == tp.topic
         return {
             "task": str(task) if kept else None,
             "partition": None if tp is None else [tp.topic, tp.partition],
@@ -201,7 +203,7 @@ def _named_by_partition(old: TaskTable, new: TaskTable) -> PartitionNames:
     """:class:`PartitionNames` of two tables known to be consumer groups' that agree on
     every id they share."""
     partitions = {t: tp for table in (old, new) for t, (tp,) in table.items()}
-    return PartitionNames(partitions, frozenset(t.subtopology for t in new))
+    return PartitionNames(partitions, {t.subtopology: tp.topic for t, (tp,) in new.items()})
 
 
 # -- the note of a renumbering ------------------------------------------------------------------
@@ -213,16 +215,17 @@ def renumbering_note(
     named: str,
     *,
     unassigned_topics: Iterable[str] | None = None,
-    undecodable: tuple[int, int] = (0, 0),
+    undecodable_counts: tuple[int, int] = (0, 0),
 ) -> str:
     """The note that a consumer group's tasks were renumbered to match by partition (``old``:
     already renumbered; ``named``: as which side names them): what renumbered them, and the
     ids a gone topic's partitions got (past ``new``'s, naming nothing on either side).
     ``unassigned_topics``: the topics subscribed with no partition assigned on one side only
-    (None: not known, as a saved snapshot is read without its members' subscriptions);
-    ``undecodable``: how many members of each side (BEFORE's, AFTER's) are undecodable,
-    whose topics are unknown."""
-    cause = _renumbering_cause(old, new, unassigned_topics, undecodable)
+    (None: not known, as a saved snapshot is read without its members' subscriptions); only
+    those sorting before a topic of both tables are named, as only they shift its number;
+    ``undecodable_counts``: how many members of each side (BEFORE's, AFTER's) are undecodable
+    with their topics unknown."""
+    cause = _renumbering_cause(old, new, unassigned_topics, undecodable_counts)
     return (
         f"note: tasks matched by partition, {named}: a consumer group's task t_p is partition "
         f"p of its t-th topic in name order, renumbered by {cause}"
@@ -233,23 +236,39 @@ def _renumbering_cause(
     old: TaskTable,
     new: TaskTable,
     unassigned_topics: Iterable[str] | None,
-    undecodable: tuple[int, int],
+    undecodable_counts: tuple[int, int],
 ) -> str:
     """What renumbered ``old`` as ``new`` (see :func:`renumbering_note`)."""
     old_topics, new_topics = topics_of(old), topics_of(new)
+    shifting = _shifting_topics(unassigned_topics, old_topics & new_topics)
     if old_topics == new_topics:
         # The tables agree on topics: a subscribed topic numbered without partitions assigned
         # to it (not created yet, a typo), or an edited file.
-        return _unassigned_cause(unassigned_topics)
-    cause = f"a change of topics ({_topic_changes(old_topics, new_topics, undecodable)})"
+        return _unassigned_cause(shifting)
+    changes = _topic_changes(old_topics, new_topics, undecodable_counts)
+    cause = f"a change of topics ({changes})"
+    if shifting:  # a topic of both tables may have moved by these alone
+        cause += f" and {_unassigned_cause(shifting)}"
     gone = sorted(old_topics - new_topics)
     if gone:
         numbers = {tp.topic: t.subtopology for t, ps in old.items() for tp in ps}
         numbered = ", ".join(f"{topic} as {numbers[topic]}_p" for topic in gone)
-        how = "removed or hidden" if undecodable[1] else "removed"
+        how = "removed or hidden" if undecodable_counts[1] else "removed"
         which = f"a {how} topic" if len(gone) == 1 else f"{how} topics"
         cause += f"; {which} numbered past every id there: {numbered}"
     return cause
+
+
+def _shifting_topics(
+    unassigned_topics: Iterable[str] | None, kept_topics: set[str]
+) -> list[str] | None:
+    """Of ``unassigned_topics`` (None: not known), those that sort before some topic of both
+    tables (``kept_topics``), in name order: a topic numbered after every kept one shifts no
+    kept topic's number, so it did not renumber anything a reader compares."""
+    if unassigned_topics is None:
+        return None
+    last_kept = max(kept_topics, default="")
+    return sorted(t for t in set(unassigned_topics) if t < last_kept)
 
 
 def _unassigned_cause(unassigned_topics: Iterable[str] | None) -> str:
@@ -265,16 +284,16 @@ def _unassigned_cause(unassigned_topics: Iterable[str] | None) -> str:
 
 
 def _topic_changes(
-    old_topics: set[str], new_topics: set[str], undecodable: tuple[int, int] = (0, 0)
+    old_topics: set[str], new_topics: set[str], undecodable_counts: tuple[int, int] = (0, 0)
 ) -> str:
     """``added topic a; removed topics b, c`` (either part only when it has topics). Where a
-    side has ``undecodable`` members (BEFORE's, AFTER's count), whose topics are unknown, a
-    topic only the other side shows may be theirs: ``added or no longer hidden by 1
-    undecodable member``, ``removed or hidden by 2 undecodable members``."""
+    side has undecodable members whose topics are unknown (``undecodable_counts``: BEFORE's,
+    AFTER's), a topic only the other side shows may be theirs: ``added or no longer hidden by
+    1 undecodable member``, ``removed or hidden by 2 undecodable members``."""
     changes = []
     for topics, how, hidden_by in (
-        (new_topics - old_topics, "added", undecodable[0]),
-        (old_topics - new_topics, "removed", undecodable[1]),
+        (new_topics - old_topics, "added", undecodable_counts[0]),
+        (old_topics - new_topics, "removed", undecodable_counts[1]),
     ):
         if not topics:
             continue
@@ -321,11 +340,28 @@ def compare_snapshots(
     matched = numbered_as(old, new)
     lines = []
     if matched is not old:
-        lines.append(renumbering_note(matched.tasks, new.tasks, f"named as in {after_name}"))
+        note = renumbering_note(
+            matched.tasks,
+            new.tasks,
+            f"named as in {after_name}",
+            unassigned_topics=_unassigned_in_files(old, new),
+            undecodable_counts=(old.unknown_subscriptions, new.unknown_subscriptions),
+        )
+        lines.append(note)
     lines += _unrelated_warnings(matched, new, before_name, after_name)
-    consumers = old.family == CONSUMER_FAMILY == new.family
-    names = partition_names(matched.tasks, new.tasks) if consumers else None
+    both_consumer_groups = old.family == CONSUMER_FAMILY == new.family
+    names = partition_names(matched.tasks, new.tasks) if both_consumer_groups else None
     return SnapshotsCompared(matched, names, tuple(lines))
+
+
+def _unassigned_in_files(old: Snapshot, new: Snapshot) -> set[str] | None:
+    """The topics subscribed with no partition assigned in one file only (numbered in that
+    file alone), when both files' member rows say their subscriptions; else None."""
+    if old.subscribed_topics is None or new.subscribed_topics is None:
+        return None
+    return set(old.subscribed_topics - topics_of(old.tasks)) ^ set(
+        new.subscribed_topics - topics_of(new.tasks)
+    )
 
 
 def _unrelated_warnings(old: Snapshot, new: Snapshot, before: str, after: str) -> list[str]:
@@ -389,13 +425,15 @@ def other_partitions_warning(
     )
     if not differ:
         return None
-    one = one_application(earlier, later, topics_of(earlier.tasks) & topics_of(later.tasks))
-    detail = _what_differs(earlier, later, differ[0], one_application=one)
+    same_application = one_application(
+        earlier, later, topics_of(earlier.tasks) & topics_of(later.tasks)
+    )
+    detail = _what_differs(earlier, later, differ[0], one_application=same_application)
     differing = (
         f"warning: {counted(len(differ), 'task')} read other partitions in {later.name} "
         f"than in {earlier.name}"
     )
-    if one:
+    if same_application:
         return f"{differing}: a topology change ({detail}); tasks are matched by id"
     detail = _names_apart(earlier, later, groups_said) + detail
     return f"{differing} ({detail}); tasks are matched by id alone: is it the same application?"
@@ -524,7 +562,7 @@ def _matched_by_partition(
         "as the new view names them",
         # Subscribed without partitions in one view only: numbered in that view alone.
         unassigned_topics=_unassigned_topics(last) ^ _unassigned_topics(view),
-        undecodable=(_undecodable(last), _undecodable(view)),
+        undecodable_counts=(_unknown_topics_members(last), _unknown_topics_members(view)),
     )
     return ViewsMatched(views, names, note)
 
@@ -534,9 +572,11 @@ def _unassigned_topics(view: DescribedGroup) -> set[str]:
     return {t for m in view.members for t in m.topics} - topics_of(view.tasks)
 
 
-def _undecodable(view: DescribedGroup) -> int:
-    """How many of ``view``'s members' assignments could not be read."""
-    return sum(1 for m in view.members if not m.assigned)
+def _unknown_topics_members(view: DescribedGroup) -> int:
+    """How many of ``view``'s members are undecodable with their topics unknown (no
+    assignment, no subscription read): a member whose assignment's user data alone is
+    unreadable still shows its topics, so it hides none."""
+    return sum(1 for m in view.members if not m.assigned and not m.topics)
 
 
 # -- a saved assignment's standbys per task ------------------------------------------------------

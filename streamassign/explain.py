@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -492,6 +493,13 @@ class Snapshot:
     #: ``quality.clients``; ``plan --json`` passes it on as ``metrics.
     #: num_standby_replicas_processes``). None: the file does not say.
     standbys_inferred_from: int | None = None
+    #: Every topic the member rows subscribe to (``describe --json``'s ``members``' ``topics``),
+    #: which tells a topic subscribed with no partition assigned; None: the file has no such
+    #: rows (``plan --json``) or rows without readable ``topics``.
+    subscribed_topics: frozenset[str] | None = None
+    #: How many member rows are undecodable with their topics unknown (no subscription read):
+    #: a topic only the other file shows may be theirs.
+    unknown_subscriptions: int = 0
 
     def most_standbys(self) -> int:
         """The most standby copies any task has in the file (what ``describe`` infers as the
@@ -624,6 +632,8 @@ def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot
         *_stated_standbys(data),
         _departed(rows, views.keys(), where) if members else {},
         standbys_inferred_from=_inferring_processes(data),
+        subscribed_topics=_subscribed_topics(data.get("members")),
+        unknown_subscriptions=_unknown_subscriptions(data.get("members")),
     )
 
 
@@ -670,6 +680,37 @@ def _inferring_processes(data: Mapping[str, object]) -> int | None:
         if type(count) is int and count > 0:
             return count
     return None
+
+
+def _subscription_rows(members: object) -> list[dict[str, Any]] | None:
+    """A file's ``members`` rows when each has a list of topic names (``describe --json``'s),
+    else None, as when there are none (a Stable group has members: a hand-written file).
+    Read leniently, as :func:`_stated_standbys`: only a note's wording depends on them, so
+    ``diff`` reads them too and a damaged row refuses no file."""
+    if (
+        not isinstance(members, list)
+        or not members
+        or not all(
+            isinstance(row, dict)
+            and isinstance(row.get("topics"), list)
+            and all(isinstance(topic, str) for topic in row["topics"])
+            for row in members
+        )
+    ):
+        return None
+    return members
+
+
+def _subscribed_topics(members: object) -> frozenset[str] | None:
+    """:attr:`Snapshot.subscribed_topics` of a file's ``members``."""
+    rows = _subscription_rows(members)
+    return None if rows is None else frozenset(t for row in rows for t in row["topics"])
+
+
+def _unknown_subscriptions(members: object) -> int:
+    """:attr:`Snapshot.unknown_subscriptions` of a file's ``members``."""
+    rows = _subscription_rows(members) or []
+    return sum(1 for row in rows if row.get("undecodable") and not row["topics"])
 
 
 def _departed(members: object, present: Collection[str], where: str) -> dict[str, ClientView]:

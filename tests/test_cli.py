@@ -284,6 +284,24 @@ def test_simulate_assignors_help_reads_whole_at_80_columns() -> None:
         assert any(name in line for line in block), name
 
 
+@pytest.mark.parametrize("columns", [80, 60])
+def test_every_options_shown_default_reads_whole_on_one_line(columns: int) -> None:
+    """cliwork, review64: click wrapped an option's ``[default: 1.0; x>=0.1]`` as words,
+    leaving ``[default:`` at a line's end (describe --interval, explain --acceptable-lag,
+    plan-standbys --scenarios and --standbys at 80 columns; more at 60). Every command's
+    options keep theirs on one line, at the width click takes in such a terminal."""
+    width = max(min(columns, 80) - 2, 50)  # click's HelpFormatter: 2 short, 80 at most
+    for name, command in [("streamassign", main), *main.commands.items()]:
+        ctx = command.context_class(command, info_name=name, terminal_width=width)
+        lines = command.get_help(ctx).splitlines()
+        assert not [line for line in lines if line.rstrip().endswith("[default:")], name
+        for param in command.get_params(ctx):
+            record = param.get_help_record(ctx)
+            extra = record[1].rpartition("  ")[2] if record else ""
+            if extra.startswith("[default: ") and len(extra) <= width - 36:
+                assert any(extra in line for line in lines), (name, record)
+
+
 def test_the_cli_loads_no_pipeline_module_when_it_starts() -> None:
     # The pipeline package (and its report module) costs ~40 ms to import: only its commands
     # load it.
@@ -671,12 +689,17 @@ def test_watch_says_a_topic_only_an_undecodable_member_read_may_be_hidden_not_re
     """A review (review63 L3): when the only member reading a topic became undecodable, the
     note said "removed topic a-x", though the topic was still read: what is known is that
     nobody readable reads it, and that the undecodable member's topics are unknown. Said
-    both ways, as the member's bytes turn unreadable and readable again."""
+    both ways, as the member's bytes turn unreadable and readable again. The topic has no
+    number in the new view, so its partition has no id in ``--json`` (as docs/operations.md
+    says since review64 L3) and reads ``task removed``."""
     pytest.importorskip("aiokafka")
     m1 = {"m1": [("orders", 0), ("orders", 1)]}
     both = _consumer_view(["a-x", "orders"], {**m1, "m2": [("a-x", 0)]})
     hidden = _consumer_view(["orders"], m1, undecodable=["m2"])
-    _, notes = _watched(monkeypatch, tmp_path, [both, hidden, both])
+    lines, notes = _watched(monkeypatch, tmp_path, [both, hidden, both])
+    assert [(m["task"], m["partition"], m["from"], m["reason"]) for m in lines[1]["moves"]] == [
+        (None, ["a-x", 0], "m2", "task removed")
+    ]
     assert _renumbered_by(notes) == [
         "a change of topics (topic a-x removed or hidden by 1 undecodable member); a removed "
         "or hidden topic numbered past every id there: a-x as 1_p",

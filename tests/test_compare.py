@@ -4,6 +4,7 @@ CLI tests of ``explain``, ``diff``, ``plan --clients`` and ``describe --watch`` 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -13,13 +14,14 @@ from streamassign.compare import (
     PartitionNames,
     TaskSource,
     TaskTable,
+    compare_snapshots,
     is_partition_table,
     match_views,
     other_partitions_warning,
     partition_names,
     renumbering_note,
 )
-from streamassign.explain import ClientView, ProcessMembers
+from streamassign.explain import ClientView, ProcessMembers, Snapshot, load_snapshot
 
 
 def table(*entries: str) -> dict[TaskId, frozenset[TopicPartition]]:
@@ -76,8 +78,21 @@ def test_partition_names_are_none_for_tables_matched_by_id() -> None:
     assert partition_names(orders, table("0_1=orders-0")) is None
     assert partition_names(orders, table("0_0=a-0", "1_0=orders-0")) is None
     assert partition_names(orders, orders) == PartitionNames(
-        {t: next(iter(ps)) for t, ps in orders.items()}, frozenset({0})
+        {t: next(iter(ps)) for t, ps in orders.items()}, {0: "orders"}
     )
+
+
+def test_a_gone_topics_partition_gets_no_id_that_after_gives_another_topic() -> None:
+    """review64 L4: matched by id (a hand-edited BEFORE), a gone topic's partition may have an
+    id AFTER gives a partition of another topic: ``--json`` must not give that id, or a script
+    joining on ``task`` would link two partitions."""
+    before = table("0_5=a-5", "1_0=orders-0")
+    after = table("0_0=b-0", "1_0=orders-0")
+    names = partition_names(before, after)
+    assert names is not None
+    assert names.as_json(TaskId(0, 5)) == {"task": None, "partition": ["a", 5]}
+    assert names.as_json(TaskId(0, 0)) == {"task": "0_0", "partition": ["b", 0]}
+    assert names.as_json(TaskId(1, 0)) == {"task": "1_0", "partition": ["orders", 0]}
 
 
 def test_the_renumbering_note_counts_removed_topics() -> None:
@@ -176,3 +191,92 @@ def test_match_views_counts_the_undecodable_members_of_each_side() -> None:
     assert str(match_views(now, last).note).endswith(
         "(topic a-x added or no longer hidden by 2 undecodable members)"
     )
+
+
+def test_match_views_hedges_on_no_undecodable_member_whose_topics_are_known() -> None:
+    """review64 L1: a member whose assignment's user data alone is unreadable (a streamassign
+    assignor's) still shows its topics: it hides none, so a topic gone is removed."""
+    both = table("0_0=a-x-0", "1_0=orders-0")
+    orders = table("0_0=orders-0", "0_2=orders-2")
+    known = (Member(("orders",)), Member(("orders",), assigned=False))
+    last = View(CONSUMER_FAMILY, (Member(("a-x", "orders")),), both, {"p": "0_0 1_0"})
+    now = View(CONSUMER_FAMILY, known, orders, {"p": "0_0"})
+    assert str(match_views(last, now).note).endswith(
+        "(removed topic a-x); a removed topic numbered past every id there: a-x as 1_p"
+    )
+
+
+def test_match_views_names_the_subscribed_topics_without_partitions_that_shift_numbers() -> None:
+    """review64 L2: a topic subscribed with no partition in one view only renumbers the topics
+    after it, also beside a change of the tables' topics; one subscribed so in both views
+    (a lasting typo), or sorting after every topic of both tables, renumbers nothing."""
+    orders = table("0_0=orders-0")
+    last = View(CONSUMER_FAMILY, (Member(("0-a", "orders")),), table("1_0=orders-0"), {})
+    typo = View(
+        CONSUMER_FAMILY, (Member(("0-a", "0-b", "orders", "z")),), table("2_0=orders-0"), {}
+    )
+    assert str(match_views(last, typo).note).endswith(
+        "renumbered by a subscribed topic with no partition assigned (0-b)"
+    )
+    first = View(CONSUMER_FAMILY, (Member(("orders",)),), orders, {"p": "0_0"})
+    mixed = View(
+        CONSUMER_FAMILY,
+        (Member(("0-missing", "orders", "z-missing", "z-new")),),
+        table("1_0=orders-0", "3_0=z-new-0"),
+        {"p": "1_0 3_0"},
+    )
+    assert str(match_views(first, mixed).note).endswith(
+        "renumbered by a change of topics (added topic z-new) and a subscribed topic with no "
+        "partition assigned (0-missing)"
+    )
+
+
+def _described(topics: list[str], owned: dict[str, list[str]], *rows: dict[str, Any]) -> Snapshot:
+    """A ``describe --json`` file of a consumer group as :func:`load_snapshot` reads it:
+    ``owned`` per member (its process) the partitions ``topic-p`` it reads, numbered as
+    ``describe`` numbers them over ``topics``; ``rows``: further member rows (undecodable)."""
+    number = {topic: t for t, topic in enumerate(sorted(topics))}
+    task = {
+        name: f"{number[name.rpartition('-')[0]]}_{name.rpartition('-')[2]}"
+        for ps in owned.values()
+        for name in ps
+    }
+    members = [
+        {"member_id": m, "process": m, "topics": sorted({p.rpartition("-")[0] for p in ps})}
+        for m, ps in owned.items()
+    ]
+    return load_snapshot(
+        {
+            "state": "Stable",
+            "family": CONSUMER_FAMILY,
+            "tasks": {task[n]: [[n.rpartition("-")[0], int(n.rpartition("-")[2])]] for n in task},
+            "assignment": {
+                m: {"capacity": 1, "active": [task[n] for n in ps]} for m, ps in owned.items()
+            },
+            "members": [*members, *rows],
+        },
+        "file",
+    )
+
+
+def test_files_say_the_subscription_their_member_rows_show() -> None:
+    """The compare builder's leftover of review63 L3/L4: ``explain`` of two ``describe
+    --json`` files read no member subscriptions, so a topic whose only reader became
+    undecodable read "removed topic", and a subscribed topic with no partition went unnamed.
+    The files' member rows say both; files without them keep the files' wording."""
+    both = _described(["a-x", "orders"], {"m1": ["orders-0"], "m2": ["a-x-0"]})
+    garbage = {"member_id": "m2", "process": None, "topics": [], "undecodable": "bad bytes"}
+    hidden = _described(["orders"], {"m1": ["orders-0"]}, garbage)
+    note = compare_snapshots(both, hidden, "b.json", "a.json").lines[0]
+    assert note.endswith(
+        "(topic a-x removed or hidden by 1 undecodable member); a removed or hidden topic "
+        "numbered past every id there: a-x as 1_p"
+    )
+    plain = _described(["orders"], {"m1": ["orders-0"]})
+    typo_row = {"member_id": "m3", "process": "m3", "topics": ["0-typo", "orders"]}
+    typo = _described(["0-typo", "orders"], {"m1": ["orders-0"]}, typo_row)
+    note = compare_snapshots(plain, typo, "b.json", "a.json").lines[0]
+    assert note.endswith("renumbered by a subscribed topic with no partition assigned (0-typo)")
+    unknown = attrs.evolve(plain, subscribed_topics=None)  # a file without member rows
+    note = compare_snapshots(unknown, typo, "b.json", "a.json").lines[0]
+    assert note.endswith("a subscribed topic with no partition assigned (or an edited file)")
