@@ -42,7 +42,6 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 from aiokafka.errors import for_code
-from aiokafka.protocol.metadata import MetadataRequest
 
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
@@ -74,6 +73,7 @@ from ..versions import (
     topology_version,
 )
 from .consumer import ASSIGNORS
+from .metadata import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC, no_create_request
 from .streams import PROTOCOL_NAME
 from .wire import assigned_partitions, subscribed_topics
 
@@ -1583,11 +1583,6 @@ class Connection:
         )
 
 
-#: Metadata errors for a topic that exists without a partition leader yet, and for one that
-#: does not exist.
-_LEADER_NOT_AVAILABLE = 5
-_UNKNOWN_TOPIC = 3
-
 #: DescribeGroups error codes that mean "no such group" (Kafka answers an unknown group with
 #: state Dead and no error, or GROUP_ID_NOT_FOUND from v6).
 _GROUP_ID_NOT_FOUND = 69
@@ -1658,24 +1653,25 @@ class _Admin:
     async def _partition_counts(self, topics: Iterable[str]) -> dict[str, int] | None:
         """Per topic of ``topics`` the cluster has, its partition count (one without a
         leader yet exists all the same); None when the metadata cannot be read (best effort:
-        the problem lines then ask). Asked without creating a topic: aiokafka's
+        the problem lines then ask). Asked without creating a topic (``metadata``): aiokafka's
         ``describe_topics`` asks with auto-creation on, and a broker with
         ``auto.create.topics.enable=true`` (Kafka's default) would create the missing topic
-        describe is about to call missing (as ``runtime._topics._describe`` explains)."""
-        request = MetadataRequest(sorted(topics), allow_auto_topic_creation=False)
+        describe is about to call missing; a broker that cannot take the flag is not asked."""
         try:
-            # aiokafka has no public way to ask so.
+            # Built inside the try too: it raises when the broker cannot take a request that
+            # carries the flag (a lower version would create the topics).
+            request = no_create_request(self.client, sorted(topics))
             response = await asyncio.wait_for(
                 self.client._send_request(request), self.connection.timeout_s
-            )
+            )  # aiokafka has no public way to ask so
+            listed = response.to_object()["topics"]
         except Exception:  # only to word the problem lines better
             return None
-        listed = response.to_object()["topics"]
         # Another error (not authorized to describe it...) says nothing of whether it exists.
-        if any(t["error_code"] not in (0, _LEADER_NOT_AVAILABLE, _UNKNOWN_TOPIC) for t in listed):
+        if any(t["error_code"] not in (0, LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC) for t in listed):
             return None
         return {
-            t["topic"]: len(t["partitions"]) for t in listed if t["error_code"] != _UNKNOWN_TOPIC
+            t["topic"]: len(t["partitions"]) for t in listed if t["error_code"] != UNKNOWN_TOPIC
         }
 
     async def _listed_types(self, group: str) -> set[str]:
