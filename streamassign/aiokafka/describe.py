@@ -1362,9 +1362,11 @@ def _unread_by_the_leader(
     """The line for topics some members subscribe to that the leader's topology does not
     read (rollaudit F2: an old leader, not knowing the new version's fresh id, assigns none
     of its topic, which exists): who subscribes, their ids reading them, and whether the
-    leader is of an older release (the members not subscribing, the leader among them,
-    support a lower protocol version than every subscriber), so the tasks wait for its
-    upgrade; else another topology version leads (a deploy that added, or dropped, them)."""
+    leader's protocol version is lower (the members not subscribing, the leader among them,
+    support a lower protocol version than every subscriber: an older release, or a process
+    of this one capped with ``max_version``, which sends the same bytes), so the tasks wait
+    for its upgrade or its cap lifted; else another topology version leads (a deploy that
+    added, or dropped, them)."""
     topics = frozenset(unread)
     members = [m for m in view.members if m.assigned]
     readers = [m for m in members if topics & set(m.topics)]
@@ -1381,19 +1383,21 @@ def _unread_by_the_leader(
         f"subscribed by {counted(len(pids), 'process', 'processes')} ({_some(pids)}){whose}: "
     )
     theirs = [m.supported_version for m in readers if m.supported_version is not None]
-    older = [m.supported_version for m in others if m.supported_version is not None]
-    every_known = len(theirs) == len(readers) and len(older) == len(others)
-    if others and every_known and max(older) < min(theirs):
+    leader_side = [m.supported_version for m in others if m.supported_version is not None]
+    every_known = len(theirs) == len(readers) and len(leader_side) == len(others)
+    dropped = f"none will if the leader's is the new version, which dropped {them}"
+    if others and every_known and max(leader_side) < min(theirs):
         return head + (
-            f"the leader is of an older release (it supports protocol version at most "
-            f"{max(older)}, the processes subscribing {them} {min(theirs)}): a rolling upgrade "
-            f"in progress; the tasks reading {them} wait until the leader is upgraded (a "
-            f"process of the new release leads), see {ROLLING_DEPLOY_DOC}"
+            f"the leader supports protocol version at most {max(leader_side)}, the processes "
+            f"subscribing to {them} {min(theirs)} (an older release leads, or one capped with "
+            f"max_version): the tasks reading {them} wait until a process subscribing to "
+            f"{them} leads (upgrade the leader, or lift its cap; {dropped}), see "
+            f"{ROLLING_DEPLOY_DOC}"
         )
     return head + (
-        f"the leader runs another topology version (a rolling deploy in progress): the tasks "
-        f"reading {them} wait until a process subscribing {them} leads (none will if the "
-        f"leader's is the new version, which dropped {them}), see {ROLLING_DEPLOY_DOC}"
+        f"the leader runs another topology version (a rolling deploy?): the tasks reading "
+        f"{them} wait until a process subscribing to {them} leads ({dropped}), see "
+        f"{ROLLING_DEPLOY_DOC}"
     )
 
 
