@@ -134,3 +134,19 @@ def test_describe_words_an_unassigned_topic_on_either_shape(
         "cluster?): nosuch",
     )
     assert too_old.sent == []
+
+
+def test_a_topic_without_a_partition_leader_yet_is_not_called_0_partitions() -> None:
+    """LEADER_NOT_AVAILABLE (being created, or its brokers down) lists no partitions: the
+    topic exists, its count is not known (review66 finding 3: it read "(0 partitions)")."""
+    electing = [{"topic": "nosuch", "error_code": 5, "partitions": []}]
+    (line,) = described(GroupAdmin(12, electing))
+    assert line.endswith(
+        "though the cluster has it (created since the last rebalance?): nosuch (no partition "
+        "leader yet)"
+    )
+    assert "0 partitions" not in line
+    described_partitions = [
+        {"topic": "nosuch", "error_code": 0, "partitions": [{"partition": 0}, {"partition": 1}]}
+    ]
+    assert described(GroupAdmin(12, described_partitions))[0].endswith("nosuch (2 partitions)")

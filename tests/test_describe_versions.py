@@ -310,6 +310,7 @@ def test_the_clusters_metadata_says_whether_such_a_topic_exists() -> None:
     for counts, said in (
         ({"x": 6}, "x (in the cluster: 6 partitions); subscribed by"),
         ({}, "x (missing from the cluster); subscribed by"),
+        ({"x": 0}, "x (in the cluster: no partition leader yet); subscribed by"),
     ):
         looked_up = attrs.evolve(view, cluster_partitions=counts)
         (line,) = [p for p in quality(looked_up).problems if "subscribed topic" in p]

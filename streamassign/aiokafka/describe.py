@@ -206,7 +206,8 @@ class GroupView:
     split_by_unknown_reading: bool = False
     #: Per subscribed topic no member is assigned a partition of (``unassigned_topics``), its
     #: partition count in the cluster's metadata, which ``fetch_group`` looks up (such a topic
-    #: left out does not exist). None: not looked up (bytes alone, or the lookup failed).
+    #: left out does not exist; 0: it exists without a partition leader yet, its count not
+    #: listed). None: not looked up (bytes alone, or the lookup failed).
     cluster_partitions: Mapping[str, int] | None = None
 
     @property
@@ -1333,9 +1334,16 @@ def _missing_lines(topics: Sequence[str], counts: Mapping[str, int] | None) -> l
             f"{counted(len(present), 'subscribed topic')} without a partition assigned to any "
             f"member though the cluster has {'it' if len(present) == 1 else 'them'} (created "
             "since the last rebalance?): "
-            + ", ".join(f"{t} ({counted(counts[t], 'partition')})" for t in present)
+            + ", ".join(f"{t} ({_partitions_listed(counts[t])})" for t in present)
         )
     return out
+
+
+def _partitions_listed(count: int) -> str:
+    """A topic's partitions as the metadata listed them: none listed is a topic that exists
+    without a partition leader yet (LEADER_NOT_AVAILABLE: being created, or its brokers
+    down), whose partition count is not known, not a topic of 0 partitions."""
+    return counted(count, "partition") if count else "no partition leader yet"
 
 
 def _in_the_cluster(topics: Sequence[str], counts: Mapping[str, int] | None) -> str:
@@ -1347,9 +1355,9 @@ def _in_the_cluster(topics: Sequence[str], counts: Mapping[str, int] | None) -> 
     if len(topics) == 1:
         (topic,) = topics
         if topic in counts:
-            return f" (in the cluster: {counted(counts[topic], 'partition')})"
+            return f" (in the cluster: {_partitions_listed(counts[topic])})"
         return " (missing from the cluster)"
-    has = [f"{t} {counted(counts[t], 'partition')}" for t in topics if t in counts]
+    has = [f"{t} {_partitions_listed(counts[t])}" for t in topics if t in counts]
     lacks = [t for t in topics if t not in counts]
     parts = [f"in the cluster: {', '.join(has)}"] if has else []
     parts += [f"missing from the cluster: {', '.join(lacks)}"] if lacks else []
