@@ -10,6 +10,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
 import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from aiokafka.errors import IncompatibleBrokerVersion
@@ -150,3 +151,45 @@ def test_a_topic_without_a_partition_leader_yet_is_not_called_0_partitions() -> 
         {"topic": "nosuch", "error_code": 0, "partitions": [{"partition": 0}, {"partition": 1}]}
     ]
     assert described(GroupAdmin(12, described_partitions))[0].endswith("nosuch (2 partitions)")
+
+
+def test_watch_reprints_when_only_the_topic_metadata_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """review66 L7: under ``--watch`` the missing topic created while the old leader still
+    assigns none of it changed only the metadata, and the view saying it missing stayed on
+    screen. A metadata change is shown; a failed lookup (None) is not a change."""
+    admin = describe_module._Admin(describe_module.Connection("x:1"))
+    admin.client = GroupAdmin(12, [{"topic": "nosuch", "error_code": 3, "partitions": []}])
+    missing = asyncio.run(admin.describe("app"))
+    assert missing.cluster_partitions == {}
+    created = attrs.evolve(missing, cluster_partitions={"nosuch": 2})
+    failed = attrs.evolve(missing, cluster_partitions=None)
+    polls = [missing, missing, failed, created, failed, created]
+
+    class Polls:
+        def __init__(self, _: object) -> None:
+            self.polls = iter(polls)
+
+        async def __aenter__(self) -> Polls:
+            return self
+
+        async def __aexit__(self, *_: object) -> None:
+            pass
+
+        async def describe(self, *_: object) -> describe_module.GroupView:
+            view = next(self.polls, None)
+            if view is None:
+                raise RuntimeError("no more polls")
+            return view
+
+    async def followed() -> list[describe_module.GroupView]:
+        out = []
+        with pytest.raises(RuntimeError, match="no more polls"):
+            async for view in describe_module.follow(describe_module.Connection("x:1"), "g", 0):
+                out.append(view)
+        return out
+
+    monkeypatch.setattr(describe_module, "_Admin", Polls)
+    assert asyncio.run(followed()) == [missing, created]
+    assert quality(created).problems[0].endswith("nosuch (2 partitions)")

@@ -1738,12 +1738,23 @@ async def fetch_group(connection: Connection, group: str) -> GroupView:
 async def follow(
     connection: Connection, group: str, interval_s: float = 1.0
 ) -> AsyncIterator[GroupView]:
-    """Poll ``group`` every ``interval_s`` and yield each view whose state, assignment or
-    processes' topology versions differ from the last one yielded (the first view too: a
-    process restarted on another version can keep its tasks). Members' bytes are only read
-    for a stable group, so a rebalance shows as a state change, then the new assignment. A
-    failure after the first view is a view without members whose state says why."""
-    last: tuple[str, dict[str, ClientView], frozenset[tuple[str, str | None]]] | None = None
+    """Poll ``group`` every ``interval_s`` and yield each view whose state, assignment,
+    processes' topology versions or looked-up topic metadata differ from the last one yielded
+    (the first view too: a process restarted on another version can keep its tasks; a topic
+    created while still unassigned changes only the metadata, and the view said it missing).
+    A failed metadata lookup keeps the last one (a transient failure is not a change).
+    Members' bytes are only read for a stable group, so a rebalance shows as a state change,
+    then the new assignment. A failure after the first view is a view without members whose
+    state says why."""
+    last: (
+        tuple[
+            str,
+            dict[str, ClientView],
+            frozenset[tuple[str, str | None]],
+            frozenset[tuple[str, int]] | None,
+        ]
+        | None
+    ) = None
     cache: dict[tuple[str, RawMember], MemberView] = {}
     async with _Admin(connection) as admin:
         while True:
@@ -1756,7 +1767,13 @@ async def follow(
                 # to show, then keep following.
                 view = GroupView(group, f"unavailable: {exc}", "", "", Family.CONSUMER, (), {})
             versions = frozenset((m.process, m.topology_version) for m in view.members)
-            key = (view.state, view.processes(), versions)
+            counts = view.cluster_partitions
+            cluster = (
+                frozenset(counts.items())
+                if counts is not None
+                else (last[3] if last is not None and view.unassigned_topics() else None)
+            )
+            key = (view.state, view.processes(), versions, cluster)
             if key != last:
                 last = key
                 yield view
