@@ -11,6 +11,7 @@ capacities, which is what this module does. It is pure: the CLI feeds it saved J
 from __future__ import annotations
 
 import enum
+import json
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
@@ -631,7 +632,7 @@ def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot
         _task_partitions(data.get("tasks", {}), where),
         *_stated_standbys(data),
         _departed(rows, views.keys(), where) if members else {},
-        standbys_inferred_from=_inferring_processes(data),
+        standbys_inferred_from=_inferring_processes(data, where),
         subscribed_topics=_subscribed_topics(data.get("members")),
         unknown_subscriptions=_unknown_subscriptions(data.get("members")),
     )
@@ -670,15 +671,31 @@ def _stated_standbys(data: Mapping[str, object]) -> tuple[int | None, bool]:
     return None, False
 
 
-def _inferring_processes(data: Mapping[str, object]) -> int | None:
+#: Kafka's ``group.max.size`` is an int, so a group holds at most this many members, and a
+#: process has at least one: a larger count is not one describe made.
+_MOST_PROCESSES = 2**31 - 1
+
+
+def _inferring_processes(data: Mapping[str, object], where: str) -> int | None:
     """The processes ``describe`` counted (``describe --json``'s ``quality.clients``, which
     ``plan --json`` passes on as ``metrics.num_standby_replicas_processes``: its own
-    ``metrics.clients`` are the plan's). Read leniently, as :func:`_stated_standbys`."""
+    ``metrics.clients`` are the plan's). Absent, null or 0 (none counted): the file does not
+    say, as a file saved before the key. Any other value that is not a count of processes
+    raises ``AssignmentFileError``: taken as given, or ignored, it would decide silently
+    whether the what-if's standby cap note is shown."""
     for key, name in (("quality", "clients"), ("metrics", "num_standby_replicas_processes")):
         table = data.get(key)
         count = table.get(name) if isinstance(table, dict) else None
-        if type(count) is int and count > 0:
-            return count
+        if count is None or (type(count) is int and count == 0):
+            continue
+        if type(count) is not int or not 0 < count <= _MOST_PROCESSES:
+            shown = json.dumps(count)  # as the file spells it (true, not True)
+            shown = shown if len(shown) <= 40 else f"{shown[:37]}..."
+            raise AssignmentFileError(
+                f"{where}: {key}.{name} is {shown}, not a count of processes (a whole "
+                f"number from 0 to {_MOST_PROCESSES:,}, or null)"
+            )
+        return count
     return None
 
 

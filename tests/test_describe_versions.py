@@ -241,8 +241,8 @@ def test_a_topic_only_the_other_version_reads_is_not_called_missing_from_the_clu
         f"1 subscribed topic the leader's topology (version {V1_VERSION}) does not read, so no "
         f"member is assigned a partition of it: n; subscribed by 2 processes ({PIDS[1]}, "
         f"{PIDS[2]}) whose id 1 reads it: the leader runs another topology version (a rolling "
-        "deploy in progress): the tasks reading it wait until a process subscribing it leads "
-        "(none will if the leader's is the new version, which dropped it), see "
+        "deploy?): the tasks reading it wait until a process subscribing to it leads (none "
+        "will if the leader's is the new version, which dropped it), see "
         "docs/streams.md#rolling-deploys-that-change-the-topology"
     ]
 
@@ -272,8 +272,11 @@ def test_under_an_older_release_leader_a_new_versions_topic_waits_for_its_upgrad
     """rollaudit F2: an old leader (protocol 2, V1) does not know the new version's id 7, so
     no one is assigned ``x``, which exists: describe said "missing from the cluster?". The
     members not subscribing ``x`` (the leader among them) support protocol 2 only, those
-    subscribing it 3, announcing (``sub v3/3``) or not (``sub v2/3``): an upgrade waiting
-    for the leader."""
+    subscribing to it 3, announcing (``sub v3/3``) or not (``sub v2/3``): the tasks wait
+    for a subscriber to lead. Only the lower version is claimed, not an older release
+    (review66 finding 2): a process of this release started with ``max_version=2`` (the
+    documented rolling-upgrade pin, as rollaudit's old processes were) sends these very
+    bytes, and its remedy is lifting the cap, not an upgrade."""
     members = {
         "m1": subscription(V1, 1, version=2),
         "m2": fresh_subscription(2, 3),
@@ -285,11 +288,13 @@ def test_under_an_older_release_leader_a_new_versions_topic_waits_for_its_upgrad
     assert line == (
         f"1 subscribed topic the leader's topology (version {V1_VERSION}) does not read, so no "
         f"member is assigned a partition of it: x; subscribed by 2 processes ({PIDS[2]}, "
-        f"{PIDS[3]}) whose id 7 reads it: the leader is of an older release (it supports "
-        "protocol version at most 2, the processes subscribing it 3): a rolling upgrade in "
-        "progress; the tasks reading it wait until the leader is upgraded (a process of the new "
-        "release leads), see docs/streams.md#rolling-deploys-that-change-the-topology"
+        f"{PIDS[3]}) whose id 7 reads it: the leader supports protocol version at most 2, the "
+        "processes subscribing to it 3 (an older release leads, or one capped with "
+        "max_version): the tasks reading it wait until a process subscribing to it leads "
+        "(upgrade the leader, or lift its cap; none will if the leader's is the new version, "
+        "which dropped it), see docs/streams.md#rolling-deploys-that-change-the-topology"
     )
+    assert "older release (" not in line and "is upgraded" not in line
     assert "missing from the cluster" not in printed(view)
     # Led by the new version, x is assigned: no line.
     view = describe_bytes("g", "Stable", "consumer", PROTOCOL_NAME, led_by(FRESH, members))
@@ -305,11 +310,12 @@ def test_the_clusters_metadata_says_whether_such_a_topic_exists() -> None:
     for counts, said in (
         ({"x": 6}, "x (in the cluster: 6 partitions); subscribed by"),
         ({}, "x (missing from the cluster); subscribed by"),
+        ({"x": 0}, "x (in the cluster: no partition leader yet); subscribed by"),
     ):
         looked_up = attrs.evolve(view, cluster_partitions=counts)
         (line,) = [p for p in quality(looked_up).problems if "subscribed topic" in p]
         assert f"no member is assigned a partition of it: {said} 1 process" in line, line
-        assert "the leader is of an older release" in line
+        assert "the leader supports protocol version at most 2" in line
         assert to_json(looked_up, quality(looked_up))["cluster_partitions"] == counts
 
 

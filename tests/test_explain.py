@@ -1490,6 +1490,50 @@ def test_a_scale_in_what_if_keeps_the_processes_describe_inferred_standbys_over(
     assert code == 0 and json.loads(out)["metrics"]["num_standby_replicas_processes"] is None
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (-1, "-1"),
+        (10**30, "1000000000000000000000000000000"),
+        (2**31, "2147483648"),
+        ("3", '"3"'),
+        (1.0, "1.0"),
+        (True, "true"),
+        ([1], "[1]"),
+        ("x" * 100, '"' + "x" * 36 + "..."),
+    ],
+)
+def test_a_what_if_with_a_bad_process_count_is_one_line(
+    tmp_path: Path, value: object, shown: str
+) -> None:
+    """review66 L5: a ``metrics.num_standby_replicas_processes`` (or ``quality.clients``) that
+    is not a count of processes was ignored without a word, or taken (a huge one hid the
+    cap note): one line naming the file, the key and the value, exit 1, no plan. Absent,
+    null and 0 (none counted) are a file that does not say, as before the key."""
+    topology = tmp_path / "clicks.toml"
+    topology.write_text(CLICKS + "[partitions]\nclicks = 4\n")
+    live = json.loads(Path(_live(tmp_path / "x.json", "clicks-app", "clicks", 0)).read_text())
+    for key, name in (("quality", "clients"), ("metrics", "num_standby_replicas_processes")):
+        bad = json.loads(json.dumps(live))
+        if key == "metrics":  # as plan --json states it: no describe quality table
+            del bad["quality"]
+        bad.setdefault(key, {})[name] = value
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        code, out, err = _invoke("plan", str(topology), "--clients", str(path))
+        assert (code, out) == (1, "")
+        assert err.splitlines() == [
+            f"Error: {path}: {key}.{name} is {shown}, not a count of processes (a whole number "
+            "from 0 to 2,147,483,647, or null)"
+        ]
+    for unsaid in (None, 0):
+        live["quality"]["clients"] = unsaid
+        path = tmp_path / "unsaid.json"
+        path.write_text(json.dumps(live))
+        code, _, err = _invoke("plan", str(topology), "--clients", str(path))
+        assert code == 0 and "not a count" not in err
+
+
 def test_a_crash_what_if_names_the_lost_process(tmp_path: Path) -> None:
     """A new user's audit: the docs' crash what-if (`jq del(.assignment[P])`) listed P's tasks
     `from -`, `no previous owner`. Its member rows still say what P ran: `client gone`."""

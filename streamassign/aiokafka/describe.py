@@ -42,7 +42,6 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 from aiokafka.errors import for_code
-from aiokafka.protocol.metadata import MetadataRequest
 
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
@@ -74,6 +73,7 @@ from ..versions import (
     topology_version,
 )
 from .consumer import ASSIGNORS
+from .metadata import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC, no_create_request
 from .streams import PROTOCOL_NAME
 from .wire import assigned_partitions, subscribed_topics
 
@@ -206,7 +206,8 @@ class GroupView:
     split_by_unknown_reading: bool = False
     #: Per subscribed topic no member is assigned a partition of (``unassigned_topics``), its
     #: partition count in the cluster's metadata, which ``fetch_group`` looks up (such a topic
-    #: left out does not exist). None: not looked up (bytes alone, or the lookup failed).
+    #: left out does not exist; 0: it exists without a partition leader yet, its count not
+    #: listed). None: not looked up (bytes alone, or the lookup failed).
     cluster_partitions: Mapping[str, int] | None = None
 
     @property
@@ -1333,9 +1334,16 @@ def _missing_lines(topics: Sequence[str], counts: Mapping[str, int] | None) -> l
             f"{counted(len(present), 'subscribed topic')} without a partition assigned to any "
             f"member though the cluster has {'it' if len(present) == 1 else 'them'} (created "
             "since the last rebalance?): "
-            + ", ".join(f"{t} ({counted(counts[t], 'partition')})" for t in present)
+            + ", ".join(f"{t} ({_partitions_listed(counts[t])})" for t in present)
         )
     return out
+
+
+def _partitions_listed(count: int) -> str:
+    """A topic's partitions as the metadata listed them: none listed is a topic that exists
+    without a partition leader yet (LEADER_NOT_AVAILABLE: being created, or its brokers
+    down), whose partition count is not known, not a topic of 0 partitions."""
+    return counted(count, "partition") if count else "no partition leader yet"
 
 
 def _in_the_cluster(topics: Sequence[str], counts: Mapping[str, int] | None) -> str:
@@ -1347,9 +1355,9 @@ def _in_the_cluster(topics: Sequence[str], counts: Mapping[str, int] | None) -> 
     if len(topics) == 1:
         (topic,) = topics
         if topic in counts:
-            return f" (in the cluster: {counted(counts[topic], 'partition')})"
+            return f" (in the cluster: {_partitions_listed(counts[topic])})"
         return " (missing from the cluster)"
-    has = [f"{t} {counted(counts[t], 'partition')}" for t in topics if t in counts]
+    has = [f"{t} {_partitions_listed(counts[t])}" for t in topics if t in counts]
     lacks = [t for t in topics if t not in counts]
     parts = [f"in the cluster: {', '.join(has)}"] if has else []
     parts += [f"missing from the cluster: {', '.join(lacks)}"] if lacks else []
@@ -1362,9 +1370,11 @@ def _unread_by_the_leader(
     """The line for topics some members subscribe to that the leader's topology does not
     read (rollaudit F2: an old leader, not knowing the new version's fresh id, assigns none
     of its topic, which exists): who subscribes, their ids reading them, and whether the
-    leader is of an older release (the members not subscribing, the leader among them,
-    support a lower protocol version than every subscriber), so the tasks wait for its
-    upgrade; else another topology version leads (a deploy that added, or dropped, them)."""
+    leader's protocol version is lower (the members not subscribing, the leader among them,
+    support a lower protocol version than every subscriber: an older release, or a process
+    of this one capped with ``max_version``, which sends the same bytes), so the tasks wait
+    for its upgrade or its cap lifted; else another topology version leads (a deploy that
+    added, or dropped, them)."""
     topics = frozenset(unread)
     members = [m for m in view.members if m.assigned]
     readers = [m for m in members if topics & set(m.topics)]
@@ -1381,19 +1391,21 @@ def _unread_by_the_leader(
         f"subscribed by {counted(len(pids), 'process', 'processes')} ({_some(pids)}){whose}: "
     )
     theirs = [m.supported_version for m in readers if m.supported_version is not None]
-    older = [m.supported_version for m in others if m.supported_version is not None]
-    every_known = len(theirs) == len(readers) and len(older) == len(others)
-    if others and every_known and max(older) < min(theirs):
+    leader_side = [m.supported_version for m in others if m.supported_version is not None]
+    every_known = len(theirs) == len(readers) and len(leader_side) == len(others)
+    dropped = f"none will if the leader's is the new version, which dropped {them}"
+    if others and every_known and max(leader_side) < min(theirs):
         return head + (
-            f"the leader is of an older release (it supports protocol version at most "
-            f"{max(older)}, the processes subscribing {them} {min(theirs)}): a rolling upgrade "
-            f"in progress; the tasks reading {them} wait until the leader is upgraded (a "
-            f"process of the new release leads), see {ROLLING_DEPLOY_DOC}"
+            f"the leader supports protocol version at most {max(leader_side)}, the processes "
+            f"subscribing to {them} {min(theirs)} (an older release leads, or one capped with "
+            f"max_version): the tasks reading {them} wait until a process subscribing to "
+            f"{them} leads (upgrade the leader, or lift its cap; {dropped}), see "
+            f"{ROLLING_DEPLOY_DOC}"
         )
     return head + (
-        f"the leader runs another topology version (a rolling deploy in progress): the tasks "
-        f"reading {them} wait until a process subscribing {them} leads (none will if the "
-        f"leader's is the new version, which dropped {them}), see {ROLLING_DEPLOY_DOC}"
+        f"the leader runs another topology version (a rolling deploy?): the tasks reading "
+        f"{them} wait until a process subscribing to {them} leads ({dropped}), see "
+        f"{ROLLING_DEPLOY_DOC}"
     )
 
 
@@ -1583,11 +1595,6 @@ class Connection:
         )
 
 
-#: Metadata errors for a topic that exists without a partition leader yet, and for one that
-#: does not exist.
-_LEADER_NOT_AVAILABLE = 5
-_UNKNOWN_TOPIC = 3
-
 #: DescribeGroups error codes that mean "no such group" (Kafka answers an unknown group with
 #: state Dead and no error, or GROUP_ID_NOT_FOUND from v6).
 _GROUP_ID_NOT_FOUND = 69
@@ -1658,24 +1665,25 @@ class _Admin:
     async def _partition_counts(self, topics: Iterable[str]) -> dict[str, int] | None:
         """Per topic of ``topics`` the cluster has, its partition count (one without a
         leader yet exists all the same); None when the metadata cannot be read (best effort:
-        the problem lines then ask). Asked without creating a topic: aiokafka's
+        the problem lines then ask). Asked without creating a topic (``metadata``): aiokafka's
         ``describe_topics`` asks with auto-creation on, and a broker with
         ``auto.create.topics.enable=true`` (Kafka's default) would create the missing topic
-        describe is about to call missing (as ``runtime._topics._describe`` explains)."""
-        request = MetadataRequest(sorted(topics), allow_auto_topic_creation=False)
+        describe is about to call missing; a broker that cannot take the flag is not asked."""
         try:
-            # aiokafka has no public way to ask so.
+            # Built inside the try too: it raises when the broker cannot take a request that
+            # carries the flag (a lower version would create the topics).
+            request = no_create_request(self.client, sorted(topics))
             response = await asyncio.wait_for(
                 self.client._send_request(request), self.connection.timeout_s
-            )
+            )  # aiokafka has no public way to ask so
+            listed = response.to_object()["topics"]
         except Exception:  # only to word the problem lines better
             return None
-        listed = response.to_object()["topics"]
         # Another error (not authorized to describe it...) says nothing of whether it exists.
-        if any(t["error_code"] not in (0, _LEADER_NOT_AVAILABLE, _UNKNOWN_TOPIC) for t in listed):
+        if any(t["error_code"] not in (0, LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC) for t in listed):
             return None
         return {
-            t["topic"]: len(t["partitions"]) for t in listed if t["error_code"] != _UNKNOWN_TOPIC
+            t["topic"]: len(t["partitions"]) for t in listed if t["error_code"] != UNKNOWN_TOPIC
         }
 
     async def _listed_types(self, group: str) -> set[str]:
@@ -1730,12 +1738,23 @@ async def fetch_group(connection: Connection, group: str) -> GroupView:
 async def follow(
     connection: Connection, group: str, interval_s: float = 1.0
 ) -> AsyncIterator[GroupView]:
-    """Poll ``group`` every ``interval_s`` and yield each view whose state, assignment or
-    processes' topology versions differ from the last one yielded (the first view too: a
-    process restarted on another version can keep its tasks). Members' bytes are only read
-    for a stable group, so a rebalance shows as a state change, then the new assignment. A
-    failure after the first view is a view without members whose state says why."""
-    last: tuple[str, dict[str, ClientView], frozenset[tuple[str, str | None]]] | None = None
+    """Poll ``group`` every ``interval_s`` and yield each view whose state, assignment,
+    processes' topology versions or looked-up topic metadata differ from the last one yielded
+    (the first view too: a process restarted on another version can keep its tasks; a topic
+    created while still unassigned changes only the metadata, and the view said it missing).
+    A failed metadata lookup keeps the last one (a transient failure is not a change).
+    Members' bytes are only read for a stable group, so a rebalance shows as a state change,
+    then the new assignment. A failure after the first view is a view without members whose
+    state says why."""
+    last: (
+        tuple[
+            str,
+            dict[str, ClientView],
+            frozenset[tuple[str, str | None]],
+            frozenset[tuple[str, int]] | None,
+        ]
+        | None
+    ) = None
     cache: dict[tuple[str, RawMember], MemberView] = {}
     async with _Admin(connection) as admin:
         while True:
@@ -1748,7 +1767,13 @@ async def follow(
                 # to show, then keep following.
                 view = GroupView(group, f"unavailable: {exc}", "", "", Family.CONSUMER, (), {})
             versions = frozenset((m.process, m.topology_version) for m in view.members)
-            key = (view.state, view.processes(), versions)
+            counts = view.cluster_partitions
+            cluster = (
+                frozenset(counts.items())
+                if counts is not None
+                else (last[3] if last is not None and view.unassigned_topics() else None)
+            )
+            key = (view.state, view.processes(), versions, cluster)
             if key != last:
                 last = key
                 yield view

@@ -15,6 +15,7 @@ from aiokafka.errors import NodeNotReadyError
 from aiokafka.protocol.metadata import MetadataRequest
 
 from .. import TaskId, TopicPartition
+from ..aiokafka.metadata import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC
 from ..errors import InternalTopicError as InternalTopicError
 from ..errors import MissingChangelogError, MissingTopicsError, TopicConfigError
 from ..grouper import resolve_partition_counts, task_counts
@@ -25,9 +26,6 @@ from .end_offsets import partition_names
 log = logging.getLogger("streamassign.runtime")
 
 _TOPIC_ALREADY_EXISTS = 36
-_UNKNOWN_TOPIC = 3
-#: A topic that exists but whose partitions have no leader yet (being created, or a broker down).
-_LEADER_NOT_AVAILABLE = 5
 #: Seconds a start's topic check may wait: for a broker connection to be ready, for a new
 #: topic's partitions to be listed and for their leaders.
 _READY_TIMEOUT = 30.0
@@ -79,7 +77,7 @@ async def _describe(admin: Any, topics: list[str]) -> dict[str, list[Any]]:
     response = await admin._send_request(request)  # aiokafka has no public way to ask so
     found = {}
     for topic in response.to_object()["topics"]:
-        if topic["error_code"] in (0, _LEADER_NOT_AVAILABLE):
+        if topic["error_code"] in (0, LEADER_NOT_AVAILABLE):
             found[topic["topic"]] = topic["partitions"]
     return found
 
@@ -387,7 +385,7 @@ async def _topic_limits(admin: Any, topics: list[str]) -> tuple[dict[str, int], 
     for response in await admin.describe_configs(resources):
         for resource in response.to_object()["resources"]:
             name, code = resource["resource_name"], resource["error_code"]
-            if code == _UNKNOWN_TOPIC:
+            if code == UNKNOWN_TOPIC:
                 missing.append(name)
             elif code != 0:  # the others' limits are still worth having
                 log.warning(

@@ -1,0 +1,63 @@
+"""Topic metadata asked without creating a topic, on every aiokafka version the extras allow.
+
+aiokafka's ``describe_topics`` asks with ``allow_auto_topic_creation`` on, and a broker with
+``auto.create.topics.enable=true`` (Kafka's default) then creates every missing topic asked
+about (one partition, not compacted). The flag exists from Metadata request version 4
+(KIP-204, Kafka 1.0); a lower version cannot carry it, so a request is only ever sent at 4 or
+above. How a request is built differs by aiokafka version: 0.11 and 0.12 export
+``MetadataRequest`` as a list of versioned request classes, 0.13 on as one class that picks
+the version per connection when sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from aiokafka.errors import IncompatibleBrokerVersion
+from aiokafka.protocol.metadata import MetadataRequest
+
+#: Metadata error codes: a topic that does not exist, and one that exists whose partitions
+#: have no leader yet (being created, or a broker down).
+UNKNOWN_TOPIC = 3
+LEADER_NOT_AVAILABLE = 5
+#: The lowest Metadata request version that carries ``allow_auto_topic_creation``.
+NO_CREATE_VERSION = 4
+
+
+class _NoCreateRequest:
+    """A request of aiokafka 0.13 on (``Request``, built per connection by ``prepare``) that
+    refuses to be built below ``NO_CREATE_VERSION``: aiokafka's ``MetadataRequest.build``
+    silently leaves the flag out there, and the broker would create the topics."""
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+        self.API_KEY = request.API_KEY
+
+    def prepare(self, versions: dict[int, tuple[int, int]]) -> Any:
+        built = self.request.prepare(versions)
+        if built.API_VERSION < NO_CREATE_VERSION:
+            # aiokafka's own convention for a request the negotiated version cannot carry.
+            raise IncompatibleBrokerVersion(
+                f"the broker answers Metadata up to version {built.API_VERSION}, which cannot "
+                f"ask without creating topics (version {NO_CREATE_VERSION} on can)"
+            )
+        return built
+
+
+def no_create_request(admin: Any, topics: Sequence[str]) -> Any:
+    """A Metadata request for ``topics`` that ``admin`` (a started ``AIOKafkaAdminClient``)
+    can send with its ``_send_request`` and that never creates a topic. Raises
+    ``IncompatibleBrokerVersion`` (when building, or from aiokafka 0.13 on when sending) if
+    the broker cannot take the version that carries the flag: no lower version is ever
+    sent."""
+    if isinstance(MetadataRequest, type):  # aiokafka 0.13 on: one builder class
+        return _NoCreateRequest(MetadataRequest(list(topics), allow_auto_topic_creation=False))
+    # aiokafka 0.11 / 0.12: versioned classes; the admin client knows the broker's range.
+    version = admin._matching_api_version(MetadataRequest)
+    if version < NO_CREATE_VERSION:
+        raise IncompatibleBrokerVersion(
+            f"the broker answers Metadata up to version {version}, which cannot ask without "
+            f"creating topics (version {NO_CREATE_VERSION} on can)"
+        )
+    return MetadataRequest[version](list(topics), False)
