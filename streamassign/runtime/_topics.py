@@ -12,10 +12,9 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import NodeNotReadyError
-from aiokafka.protocol.metadata import MetadataRequest
 
 from .. import TaskId, TopicPartition
-from ..aiokafka.metadata import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC
+from ..aiokafka.metadata import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC, no_create_request
 from ..errors import InternalTopicError as InternalTopicError
 from ..errors import MissingChangelogError, MissingTopicsError, TopicConfigError
 from ..grouper import resolve_partition_counts, task_counts
@@ -72,8 +71,9 @@ async def _describe(admin: Any, topics: list[str]) -> dict[str, list[Any]]:
     without leaders yet may have none listed). The metadata request never creates a topic:
     aiokafka's ``describe_topics`` asks with ``allow_auto_topic_creation`` on, and a broker
     with ``auto.create.topics.enable=true`` (Kafka's default) then creates every missing
-    topic asked about with the broker's defaults (one partition, not compacted)."""
-    request = MetadataRequest(topics, allow_auto_topic_creation=False)
+    topic asked about with the broker's defaults (one partition, not compacted). A broker
+    too old to take the flag (before Kafka 1.0) is refused, never asked without it."""
+    request = no_create_request(admin, topics)
     response = await admin._send_request(request)  # aiokafka has no public way to ask so
     found = {}
     for topic in response.to_object()["topics"]:
