@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import types
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import faust
 import pytest
 import rocksdict
+from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
@@ -531,6 +533,116 @@ def test_a_worker_says_whether_its_recovery_completed_since_it_started(tmp_path:
     assert reported(app.assignor).client_tags[RECOVERED_TAG] == "0"
     app.tables.recovery.completed.set()
     assert reported(app.assignor).client_tags[RECOVERED_TAG] == "1"
+
+
+class Coordinator:
+    """What the assignor reads of aiokafka's group coordinator: the member id, which aiokafka
+    sets from JoinGroup and resets to "" (``reset_generation``) on ``UnknownMemberId`` or an
+    illegal generation."""
+
+    def __init__(self, member_id: str) -> None:
+        self.member_id = member_id
+
+
+class Consumer:
+    """The aiokafka consumer's ``_coordinator``, all the assignor reads of it here."""
+
+    def __init__(self, member_id: str) -> None:
+        self._coordinator = Coordinator(member_id)
+
+    def set_member_id(self, member_id: str) -> None:
+        self._coordinator.member_id = member_id
+
+
+def with_consumer(
+    app: faust.App, member_id: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[PartitionAssignor, Consumer]:
+    assignor = app.assignor
+    assert isinstance(assignor, PartitionAssignor)
+    consumer = Consumer(member_id)
+    monkeypatch.setattr(assignor, "_consumer", lambda: consumer)
+    return assignor, consumer
+
+
+def recovery_completes(app: faust.App) -> None:
+    """What Faust's recovery does as it completes: the signal, then the flag."""
+    asyncio.run(app.on_rebalance_complete.send())
+    app.tables.recovery.completed.set()
+
+
+def recovered_tag(assignor: PartitionAssignor) -> str:
+    return reported(assignor).client_tags[RECOVERED_TAG]
+
+
+def test_a_recovery_counts_in_the_membership_it_completed_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From start to a completed recovery: 0, then 1, still 1 at later rebalances (the
+    member id stays)."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor, _ = with_consumer(app, "m-1", monkeypatch)
+    assert recovered_tag(assignor) == "0"
+    recovery_completes(app)
+    assert recovered_tag(assignor) == "1"
+    rebalance({"m0": assignor})
+    assert recovered_tag(assignor) == "1"
+
+
+def test_a_recovery_completed_as_the_membership_was_lost_does_not_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """faustlive2 M1: a worker stalled (SIGSTOP) in its first recovery; the recovery completed
+    in the second between the stall's end and the failed heartbeat that reset its member id.
+    It rejoins reporting the tasks it just restored and must say 0 (first recovery), else the
+    leader takes it for a veteran and hands back only part of them. Its rejoin, under a new
+    member id, says 0 until a recovery completes in that membership; then 1."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor, consumer = with_consumer(app, "m-1", monkeypatch)
+    recovery_completes(app)
+    consumer.set_member_id("")  # Heartbeat failed: UnknownMemberId, reset_generation()
+    assert recovered_tag(assignor) == "0"
+    consumer.set_member_id("m-2")  # MEMBER_ID_REQUIRED gave it a new id; JoinGroup again
+    rebalance({"m0": assignor})
+    assert recovered_tag(assignor) == "0"
+    recovery_completes(app)  # Faust's recovery of the new assignment
+    assert recovered_tag(assignor) == "1"
+
+
+def test_a_recovery_the_membership_outlived_still_counts_after_a_reset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review37: a veteran (its recovery completed, and it joined again under that member id)
+    that expires while restoring a cold takeover still says 1, so the leader does not hand the
+    cold task back to it."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor, consumer = with_consumer(app, "m-1", monkeypatch)
+    recovery_completes(app)
+    rebalance({"m0": assignor})  # joined again as m-1: the completion was the group's
+    consumer.set_member_id("")
+    assert recovered_tag(assignor) == "1"
+
+
+def test_a_completion_with_no_member_id_to_read_counts_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another aiokafka (no ``_coordinator.member_id``), or no consumer: Faust's flag as is."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor = app.assignor
+    assert isinstance(assignor, PartitionAssignor)
+    monkeypatch.setattr(assignor, "_consumer", lambda: object())
+    recovery_completes(app)
+    assert recovered_tag(assignor) == "1"
+    monkeypatch.setattr(assignor, "_consumer", lambda: Consumer(""))
+    assert recovered_tag(assignor) == "1"  # a completion it could not scope stays
+
+
+def test_aiokafkas_reset_empties_the_member_id_the_scope_reads() -> None:
+    """The installed aiokafka's contract ``RecoveryScope`` relies on: its reset after a failed
+    heartbeat (``UnknownMemberId``, an illegal generation) leaves ``member_id`` "" until the
+    next JoinGroup response sets one."""
+    stand_in = types.SimpleNamespace(generation=7, member_id="m-1", request_rejoin=lambda: None)
+    GroupCoordinator.reset_generation(stand_in)
+    assert stand_in.member_id == ""
 
 
 def with_a_second_table(app: faust.App) -> faust.App:

@@ -117,6 +117,46 @@ class _View:
     external_topic_distribution: HostToPartitionMap = attrs.field(factory=dict)
 
 
+@attrs.define
+class RecoveryScope:
+    """Whether this worker's recovery completed while its membership was still the group's,
+    for ``RECOVERED_TAG``. Faust's ``recovery.completed`` is set once and never cleared, so a
+    worker whose session expired in a stall (SIGSTOP, a long GC) and whose first recovery
+    completed in the second before aiokafka noticed (``UnknownMemberId``, member id reset)
+    said 1: the leader took it for a veteran and it got back only part of the tasks it had
+    just restored (faustlive2 M1). A completion counts from the aiokafka member id it
+    happened under: a reset (a new or empty id) voids it, unless a later join under that id
+    showed the membership outlived it; then it stays, as before (a veteran that expires
+    restoring a cold takeover keeps the tie-break's answer, review37). Without a member id
+    to read (no consumer, another aiokafka), the tag is Faust's flag as before."""
+
+    #: The member id of the last completion not yet outlived by a join; "" after a reset.
+    completed_as: str | None = None
+    #: A completion's membership outlived it, or one happened without a member id to scope it.
+    settled: bool = False
+
+    def completed(self, member_id: str | None) -> None:
+        """Faust's recovery completed (its ``on_rebalance_complete``) while the member had
+        ``member_id`` (None: unreadable)."""
+        if member_id is None:
+            self.settled = True
+        else:
+            self.completed_as = member_id
+
+    def joined(self, member_id: str | None) -> None:
+        """A join completed with ``member_id``: a completion under that id was the group's."""
+        if member_id and member_id == self.completed_as:
+            self.settled = True
+
+    def recovered(self, flag_set: bool, member_id: str | None) -> bool:
+        """The tag's value: Faust's ``completed`` (``flag_set``) scoped to ``member_id``."""
+        if not flag_set:
+            return False
+        if self.settled or self.completed_as is None or member_id is None:
+            return True  # nothing to scope it by: Faust's flag, as before
+        return bool(member_id) and member_id == self.completed_as
+
+
 def _warn_unless_our_transport(app: Any) -> None:
     """One WARNING when the app's consumer does not run the ``streamassign://`` transport:
     Faust's own ``kafka://`` drops records around rebalances (Faust 0.15.3; docs/faust.md
@@ -217,7 +257,11 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self._own_topics: frozenset[str] | None = None
         #: Milliseconds the last leader-side ``assign`` took on this worker, if it led.
         self.last_assign_ms: float | None = None
+        #: What ``RECOVERED_TAG`` says: Faust's recovery flag, scoped to the membership.
+        self.recovery_scope = RecoveryScope()
         app.on_before_shutdown.connect(self._on_app_stop)
+        if (recovery_done := getattr(app, "on_rebalance_complete", None)) is not None:
+            recovery_done.connect(self._on_recovery_completed)
 
     # -- aiokafka assignor ---------------------------------------------------------------------
 
@@ -358,6 +402,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             info = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR)
         self._bind_rejoiner()
         self.join_errors.joined()
+        self.recovery_scope.joined(self._member_id())
         if self._fausts_in_use is not None:
             log.warning("the group uses %s again (every member offers it)", PROTOCOL_NAME)
             self._fausts_in_use = None
@@ -723,10 +768,24 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             log.log(logging.WARNING if newer_news else logging.DEBUG, line)
 
     def _recovery_completed(self) -> bool:
-        """Whether Faust's recovery has completed (actives restored) since this worker started:
-        its ``completed`` event is set then, and never cleared."""
+        """Whether Faust's recovery has completed (actives restored) since this worker started
+        (its ``completed`` event is set then, and never cleared), in a membership the group
+        still had then (``RecoveryScope``)."""
         completed = getattr(getattr(self.app.tables, "recovery", None), "completed", None)
-        return completed is not None and bool(completed.is_set())
+        flag_set = completed is not None and bool(completed.is_set())
+        return self.recovery_scope.recovered(flag_set, self._member_id())
+
+    def _on_recovery_completed(self, sender: Any = None, **kwargs: Any) -> None:
+        """Faust's ``on_rebalance_complete``, sent (on the main thread) just before its
+        recovery sets ``completed``: note the membership it completes in."""
+        self.recovery_scope.completed(self._member_id())
+
+    def _member_id(self) -> str | None:
+        """The aiokafka member id of this worker ("" after a reset, until it joins again);
+        None if there is no consumer, or it keeps no ``_coordinator.member_id``."""
+        coordinator = getattr(self._consumer(), "_coordinator", None)
+        member_id = getattr(coordinator, "member_id", None)
+        return member_id if isinstance(member_id, str) else None
 
     def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
         """Sum of the changelog offsets this running worker's standby replica of ``task`` has
