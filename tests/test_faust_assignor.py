@@ -361,6 +361,36 @@ def test_a_restart_with_nothing_readable_on_disk_reports_its_rocksdb_tasks_at_0(
     assert info.offset_sums == {t: 100 + keep if t.partition == keep else 0 for t in ran}
 
 
+@pytest.mark.parametrize("how", ["removed", "damaged"])
+def test_a_worker_given_back_partitions_it_has_no_state_of_says_it_restores_them(
+    tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """faustlive2 L1: a restarted worker reported its wiped (or damaged, moved aside) table
+    partitions at 0, got them back and restored them from scratch with nothing in its log
+    saying why. One INFO line at the assignment names those it restores; none for the
+    partition still on disk, and none at the next join (it runs them then)."""
+    counts = {SRC: 6, CL: 6}
+    ran = stopped_after_running_alone(tmp_path / "w0", counts)
+    keep = min(ran).partition
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    wipe(Path(app.conf.tabledir), how, keep)
+    assignor = app.assignor
+    assert isinstance(assignor, PartitionAssignor)
+
+    def restoring_lines() -> list[str]:
+        with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+            caplog.clear()
+            rebalance({"m0": assignor}, counts=counts)
+        return [r.getMessage() for r in caplog.records if "no local table state" in r.getMessage()]
+
+    (line,) = restoring_lines()
+    assert assignor.info.active == ran  # alone: every one comes back
+    cold = sorted(t for t in ran if t.partition != keep)
+    assert f"{len(cold)} of the partitions" in line
+    assert line.endswith("(" + ", ".join(str(t) for t in cold) + ")")
+    assert restoring_lines() == []
+
+
 def test_a_restart_reads_the_offsets_of_a_table_with_a_ttl(tmp_path: Path) -> None:
     """review45 E1: Faust opens a table with the ``ttl`` option as RocksDB's TTL database,
     which ends every value with its 4-byte write time, also the persisted offset's. Read as is

@@ -244,6 +244,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self._state: StateDirectory | None = None
         self._process_id: uuid.UUID | None = None
         self._restored: AssignmentInfo | None = None
+        #: The previous actives the last subscription reported at 0 for want of readable
+        #: table state (wiped, moved aside as damaged): named if they come back.
+        self._no_local_state: frozenset[TaskId] = frozenset()
         #: The last assignment the leader sent without error: what this worker reports and
         #: saves. A failed or unreadable assignment never replaces it.
         self.info = AssignmentInfo()
@@ -313,11 +316,14 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         dictionary = {**restored.topics, **current.topics}
         following = current.standby | current.warmup
         unreadable: set[TaskId] = set()
+        no_local_state: set[TaskId] = set()
         damaged = DamagedTables()
         try:
             for t in sorted(held - current.active):
                 topics = dictionary.get(t.subtopology, {})
-                offset = self._held_offset_sum(t, topics, following, previous, damaged)
+                offset = self._held_offset_sum(
+                    t, topics, following, previous, damaged, no_local_state
+                )
                 if offset is _UNPARSED:  # Faust cannot open it either: no claim on it
                     unreadable.add(t)
                     sums[t] = 0
@@ -325,6 +331,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                     sums[t] = offset
         finally:  # a directory moved before an error is named all the same
             self._log_damaged(damaged)
+            self._no_local_state = frozenset(no_local_state)
         tags = {
             CHANGELOGS_TAG: ",".join(sorted(self._changelog_topics())),
             GLOBAL_CHANGELOGS_TAG: ",".join(sorted(self._global_changelog_topics())),
@@ -426,6 +433,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         if self._member_missing.ended():
             log.info("the topics waited for exist: partitions assigned again")
         self._view = self._build_view(info, kafka)
+        self._log_restores_from_scratch(info)
         self.info = info
         self._assigned = True
         self._restored = None  # superseded: the state file now holds this assignment
@@ -662,6 +670,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         following: frozenset[TaskId],
         previous: frozenset[TaskId],
         damaged: DamagedTables,
+        no_local_state: set[TaskId],
     ) -> int | Literal[_Unparsed.VALUE] | None:
         """The offset sum to report of ``task``, held but not run (``following``: a standby or
         warmup now; ``previous``: declared a previous active); ``None``: no state to report;
@@ -679,7 +688,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         directory Faust would crash on (``_damaged``) is moved aside into ``damaged`` and
         counts as wiped; one that stays (this worker may have it open, or the rename failed)
         makes a declared previous active ``_UNPARSED``: reported at 0 (its lag is no reason to
-        hand it back) and not claimed (a claim would bring it back whatever its lag)."""
+        hand it back) and not claimed (a claim would bring it back whatever its lag). A
+        previous active reported at 0 for want of readable state is added to
+        ``no_local_state`` (``_log_restores_from_scratch`` names it if it comes back)."""
         offset = self._standby_offset_sum(task, topics) if task in following else None
         if offset is None:
             on_disk = self._disk_offset_sum(task, topics, damaged, in_use=task in following)
@@ -699,6 +710,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             return 0
         if on_disk is None and task in previous and self._has_disk_tables(task, topics):
             # A RocksDB table wiped or unreadable: state at 0, not stateless (see above).
+            no_local_state.add(task)
             return 0
         return on_disk
 
@@ -750,6 +762,21 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             return True
         view = self._view
         return TP(table.changelog_topic.get_topic_name(), partition) in view.actives | view.standbys
+
+    def _log_restores_from_scratch(self, info: AssignmentInfo) -> None:
+        """One INFO line when this worker is given back previous actives it has no table
+        state of: without it, an operator sees a restarted worker restore its own partitions
+        from the start of their changelogs with nothing saying why (faustlive2 L1)."""
+        cold = sorted(self._no_local_state & info.active)
+        self._no_local_state = frozenset()  # said once: the next join reports them running
+        if cold:
+            log.info(
+                "%d of the partitions assigned back to this worker have no local table state "
+                "(a wiped table directory, or one moved aside as damaged): restoring them "
+                "from the start of their changelogs (%s)",
+                len(cold),
+                ", ".join(str(t) for t in cold),
+            )
 
     def _log_damaged(self, damaged: DamagedTables) -> None:
         """One line per join for every damaged table directory found: a WARNING when it moved
