@@ -772,8 +772,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         if cold:
             log.info(
                 "%d of the partitions assigned back to this worker have no local table state "
-                "(a wiped table directory, or one moved aside as damaged): restoring them "
-                "from the start of their changelogs (%s)",
+                "(no offset persisted in their table directories: wiped, moved aside as "
+                "damaged, or not flushed before a kill): restoring them from the start of "
+                "their changelogs (%s)",
                 len(cold),
                 ", ".join(str(t) for t in cold),
             )
