@@ -572,6 +572,7 @@ class Coordinator:
 
     def __init__(self, member_id: str) -> None:
         self.member_id = member_id
+        self.generation = 1  # read with the member id; only the id matters here
 
 
 class Consumer:

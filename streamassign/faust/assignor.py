@@ -51,7 +51,7 @@ from faust.types.assignor import HostToPartitionMap, PartitionAssignorT
 from yarl import URL
 
 from .. import TaskId
-from ..aiokafka.rejoin import Rejoiner
+from ..aiokafka.rejoin import Rejoiner, membership
 from ..aiokafka.wire import encode_assignment
 from ..errors import ConfigError, ConfigTypeError, DamagedStateError, ErrorCode, StateDirectoryError
 from ..files import loads_json, write_atomically
@@ -810,10 +810,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _member_id(self) -> str | None:
         """The aiokafka member id of this worker ("" after a reset, until it joins again);
-        None if there is no consumer, or it keeps no ``_coordinator.member_id``."""
-        coordinator = getattr(self._consumer(), "_coordinator", None)
-        member_id = getattr(coordinator, "member_id", None)
-        return member_id if isinstance(member_id, str) else None
+        None if there is no consumer, or its coordinator's membership cannot be read."""
+        held = membership(self._consumer())
+        return held[0] if held is not None else None
 
     def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
         """Sum of the changelog offsets this running worker's standby replica of ``task`` has
