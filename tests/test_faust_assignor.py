@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import types
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import faust
 import pytest
 import rocksdict
+from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
@@ -359,6 +361,36 @@ def test_a_restart_with_nothing_readable_on_disk_reports_its_rocksdb_tasks_at_0(
     assert info.offset_sums == {t: 100 + keep if t.partition == keep else 0 for t in ran}
 
 
+@pytest.mark.parametrize("how", ["removed", "damaged"])
+def test_a_worker_given_back_partitions_it_has_no_state_of_says_it_restores_them(
+    tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """faustlive2 L1: a restarted worker reported its wiped (or damaged, moved aside) table
+    partitions at 0, got them back and restored them from scratch with nothing in its log
+    saying why. One INFO line at the assignment names those it restores; none for the
+    partition still on disk, and none at the next join (it runs them then)."""
+    counts = {SRC: 6, CL: 6}
+    ran = stopped_after_running_alone(tmp_path / "w0", counts)
+    keep = min(ran).partition
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    wipe(Path(app.conf.tabledir), how, keep)
+    assignor = app.assignor
+    assert isinstance(assignor, PartitionAssignor)
+
+    def restoring_lines() -> list[str]:
+        with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+            caplog.clear()
+            rebalance({"m0": assignor}, counts=counts)
+        return [r.getMessage() for r in caplog.records if "no local table state" in r.getMessage()]
+
+    (line,) = restoring_lines()
+    assert assignor.info.active == ran  # alone: every one comes back
+    cold = sorted(t for t in ran if t.partition != keep)
+    assert f"{len(cold)} of the partitions" in line
+    assert line.endswith("(" + ", ".join(str(t) for t in cold) + ")")
+    assert restoring_lines() == []
+
+
 def test_a_restart_reads_the_offsets_of_a_table_with_a_ttl(tmp_path: Path) -> None:
     """review45 E1: Faust opens a table with the ``ttl`` option as RocksDB's TTL database,
     which ends every value with its 4-byte write time, also the persisted offset's. Read as is
@@ -531,6 +563,117 @@ def test_a_worker_says_whether_its_recovery_completed_since_it_started(tmp_path:
     assert reported(app.assignor).client_tags[RECOVERED_TAG] == "0"
     app.tables.recovery.completed.set()
     assert reported(app.assignor).client_tags[RECOVERED_TAG] == "1"
+
+
+class Coordinator:
+    """What the assignor reads of aiokafka's group coordinator: the member id, which aiokafka
+    sets from JoinGroup and resets to "" (``reset_generation``) on ``UnknownMemberId`` or an
+    illegal generation."""
+
+    def __init__(self, member_id: str) -> None:
+        self.member_id = member_id
+        self.generation = 1  # read with the member id; only the id matters here
+
+
+class Consumer:
+    """The aiokafka consumer's ``_coordinator``, all the assignor reads of it here."""
+
+    def __init__(self, member_id: str) -> None:
+        self._coordinator = Coordinator(member_id)
+
+    def set_member_id(self, member_id: str) -> None:
+        self._coordinator.member_id = member_id
+
+
+def with_consumer(
+    app: faust.App, member_id: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[PartitionAssignor, Consumer]:
+    assignor = app.assignor
+    assert isinstance(assignor, PartitionAssignor)
+    consumer = Consumer(member_id)
+    monkeypatch.setattr(assignor, "_consumer", lambda: consumer)
+    return assignor, consumer
+
+
+def recovery_completes(app: faust.App) -> None:
+    """What Faust's recovery does as it completes: the signal, then the flag."""
+    asyncio.run(app.on_rebalance_complete.send())
+    app.tables.recovery.completed.set()
+
+
+def recovered_tag(assignor: PartitionAssignor) -> str:
+    return reported(assignor).client_tags[RECOVERED_TAG]
+
+
+def test_a_recovery_counts_in_the_membership_it_completed_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From start to a completed recovery: 0, then 1, still 1 at later rebalances (the
+    member id stays)."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor, _ = with_consumer(app, "m-1", monkeypatch)
+    assert recovered_tag(assignor) == "0"
+    recovery_completes(app)
+    assert recovered_tag(assignor) == "1"
+    rebalance({"m0": assignor})
+    assert recovered_tag(assignor) == "1"
+
+
+def test_a_recovery_completed_as_the_membership_was_lost_does_not_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """faustlive2 M1: a worker stalled (SIGSTOP) in its first recovery; the recovery completed
+    in the second between the stall's end and the failed heartbeat that reset its member id.
+    It rejoins reporting the tasks it just restored and must say 0 (first recovery), else the
+    leader takes it for a veteran and hands back only part of them. Its rejoin, under a new
+    member id, says 0 until a recovery completes in that membership; then 1."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor, consumer = with_consumer(app, "m-1", monkeypatch)
+    recovery_completes(app)
+    consumer.set_member_id("")  # Heartbeat failed: UnknownMemberId, reset_generation()
+    assert recovered_tag(assignor) == "0"
+    consumer.set_member_id("m-2")  # MEMBER_ID_REQUIRED gave it a new id; JoinGroup again
+    rebalance({"m0": assignor})
+    assert recovered_tag(assignor) == "0"
+    recovery_completes(app)  # Faust's recovery of the new assignment
+    assert recovered_tag(assignor) == "1"
+
+
+def test_a_recovery_the_membership_outlived_still_counts_after_a_reset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review37: a veteran (its recovery completed, and it joined again under that member id)
+    that expires while restoring a cold takeover still says 1, so the leader does not hand the
+    cold task back to it."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor, consumer = with_consumer(app, "m-1", monkeypatch)
+    recovery_completes(app)
+    rebalance({"m0": assignor})  # joined again as m-1: the completion was the group's
+    consumer.set_member_id("")
+    assert recovered_tag(assignor) == "1"
+
+
+def test_a_completion_with_no_member_id_to_read_counts_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another aiokafka (no ``_coordinator.member_id``), or no consumer: Faust's flag as is."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor = app.assignor
+    assert isinstance(assignor, PartitionAssignor)
+    monkeypatch.setattr(assignor, "_consumer", lambda: object())
+    recovery_completes(app)
+    assert recovered_tag(assignor) == "1"
+    monkeypatch.setattr(assignor, "_consumer", lambda: Consumer(""))
+    assert recovered_tag(assignor) == "1"  # a completion it could not scope stays
+
+
+def test_aiokafkas_reset_empties_the_member_id_the_scope_reads() -> None:
+    """The installed aiokafka's contract ``RecoveryScope`` relies on: its reset after a failed
+    heartbeat (``UnknownMemberId``, an illegal generation) leaves ``member_id`` "" until the
+    next JoinGroup response sets one."""
+    stand_in = types.SimpleNamespace(generation=7, member_id="m-1", request_rejoin=lambda: None)
+    GroupCoordinator.reset_generation(stand_in)
+    assert stand_in.member_id == ""
 
 
 def with_a_second_table(app: faust.App) -> faust.App:

@@ -51,7 +51,7 @@ from faust.types.assignor import HostToPartitionMap, PartitionAssignorT
 from yarl import URL
 
 from .. import TaskId
-from ..aiokafka.rejoin import Rejoiner
+from ..aiokafka.rejoin import Rejoiner, membership
 from ..aiokafka.wire import encode_assignment
 from ..errors import ConfigError, ConfigTypeError, DamagedStateError, ErrorCode, StateDirectoryError
 from ..files import loads_json, write_atomically
@@ -116,6 +116,46 @@ class _View:
     external_tps_url: Mapping[TP, str] = attrs.field(factory=dict)
     changelog_distribution: HostToPartitionMap = attrs.field(factory=dict)
     external_topic_distribution: HostToPartitionMap = attrs.field(factory=dict)
+
+
+@attrs.define
+class RecoveryScope:
+    """Whether this worker's recovery completed while its membership was still the group's,
+    for ``RECOVERED_TAG``. Faust's ``recovery.completed`` is set once and never cleared, so a
+    worker whose session expired in a stall (SIGSTOP, a long GC) and whose first recovery
+    completed in the second before aiokafka noticed (``UnknownMemberId``, member id reset)
+    said 1: the leader took it for a veteran and it got back only part of the tasks it had
+    just restored (faustlive2 M1). A completion counts from the aiokafka member id it
+    happened under: a reset (a new or empty id) voids it, unless a later join under that id
+    showed the membership outlived it; then it stays, as before (a veteran that expires
+    restoring a cold takeover keeps the tie-break's answer, review37). Without a member id
+    to read (no consumer, another aiokafka), the tag is Faust's flag as before."""
+
+    #: The member id of the last completion not yet outlived by a join; "" after a reset.
+    completed_as: str | None = None
+    #: A completion's membership outlived it, or one happened without a member id to scope it.
+    settled: bool = False
+
+    def completed(self, member_id: str | None) -> None:
+        """Faust's recovery completed (its ``on_rebalance_complete``) while the member had
+        ``member_id`` (None: unreadable)."""
+        if member_id is None:
+            self.settled = True
+        else:
+            self.completed_as = member_id
+
+    def joined(self, member_id: str | None) -> None:
+        """A join completed with ``member_id``: a completion under that id was the group's."""
+        if member_id and member_id == self.completed_as:
+            self.settled = True
+
+    def recovered(self, flag_set: bool, member_id: str | None) -> bool:
+        """The tag's value: Faust's ``completed`` (``flag_set``) scoped to ``member_id``."""
+        if not flag_set:
+            return False
+        if self.settled or self.completed_as is None or member_id is None:
+            return True  # nothing to scope it by: Faust's flag, as before
+        return bool(member_id) and member_id == self.completed_as
 
 
 def _warn_unless_our_transport(app: Any) -> None:
@@ -208,6 +248,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self._state: StateDirectory | None = None
         self._process_id: uuid.UUID | None = None
         self._restored: AssignmentInfo | None = None
+        #: The previous actives the last subscription reported at 0 for want of readable
+        #: table state (wiped, moved aside as damaged): named if they come back.
+        self._no_local_state: frozenset[TaskId] = frozenset()
         #: The last assignment the leader sent without error: what this worker reports and
         #: saves. A failed or unreadable assignment never replaces it.
         self.info = AssignmentInfo()
@@ -221,7 +264,11 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self._own_topics: frozenset[str] | None = None
         #: Milliseconds the last leader-side ``assign`` took on this worker, if it led.
         self.last_assign_ms: float | None = None
+        #: What ``RECOVERED_TAG`` says: Faust's recovery flag, scoped to the membership.
+        self.recovery_scope = RecoveryScope()
         app.on_before_shutdown.connect(self._on_app_stop)
+        if (recovery_done := getattr(app, "on_rebalance_complete", None)) is not None:
+            recovery_done.connect(self._on_recovery_completed)
 
     # -- aiokafka assignor ---------------------------------------------------------------------
 
@@ -273,11 +320,14 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         dictionary = {**restored.topics, **current.topics}
         following = current.standby | current.warmup
         unreadable: set[TaskId] = set()
+        no_local_state: set[TaskId] = set()
         damaged = DamagedTables()
         try:
             for t in sorted(held - current.active):
                 topics = dictionary.get(t.subtopology, {})
-                offset = self._held_offset_sum(t, topics, following, previous, damaged)
+                offset = self._held_offset_sum(
+                    t, topics, following, previous, damaged, no_local_state
+                )
                 if offset is _UNPARSED:  # Faust cannot open it either: no claim on it
                     unreadable.add(t)
                     sums[t] = 0
@@ -288,6 +338,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 self._check_unheld_tables(held, dictionary, damaged)
         finally:  # a directory moved before an error is named all the same
             self._log_damaged(damaged)
+            self._no_local_state = frozenset(no_local_state)
         tags = {
             CHANGELOGS_TAG: ",".join(sorted(self._changelog_topics())),
             GLOBAL_CHANGELOGS_TAG: ",".join(sorted(self._global_changelog_topics())),
@@ -365,6 +416,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             info = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR)
         self._bind_rejoiner()
         self.join_errors.joined()
+        self.recovery_scope.joined(self._member_id())
         if self._fausts_in_use is not None:
             log.warning("the group uses %s again (every member offers it)", PROTOCOL_NAME)
             self._fausts_in_use = None
@@ -388,6 +440,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         if self._member_missing.ended():
             log.info("the topics waited for exist: partitions assigned again")
         self._view = self._build_view(info, kafka)
+        self._log_restores_from_scratch(info)
         self.info = info
         self._assigned = True
         self._restored = None  # superseded: the state file now holds this assignment
@@ -624,6 +677,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         following: frozenset[TaskId],
         previous: frozenset[TaskId],
         damaged: DamagedTables,
+        no_local_state: set[TaskId],
     ) -> int | Literal[_Unparsed.VALUE] | None:
         """The offset sum to report of ``task``, held but not run (``following``: a standby or
         warmup now; ``previous``: declared a previous active); ``None``: no state to report;
@@ -641,7 +695,9 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         directory Faust would crash on (``_damaged``) is moved aside into ``damaged`` and
         counts as wiped; one that stays (this worker may have it open, or the rename failed)
         makes a declared previous active ``_UNPARSED``: reported at 0 (its lag is no reason to
-        hand it back) and not claimed (a claim would bring it back whatever its lag)."""
+        hand it back) and not claimed (a claim would bring it back whatever its lag). A
+        previous active reported at 0 for want of readable state is added to
+        ``no_local_state`` (``_log_restores_from_scratch`` names it if it comes back)."""
         offset = self._standby_offset_sum(task, topics) if task in following else None
         if offset is None:
             on_disk = self._disk_offset_sum(task, topics, damaged, in_use=task in following)
@@ -661,6 +717,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             return 0
         if on_disk is None and task in previous and self._has_disk_tables(task, topics):
             # A RocksDB table wiped or unreadable: state at 0, not stateless (see above).
+            no_local_state.add(task)
             return 0
         return on_disk
 
@@ -766,6 +823,22 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         view = self._view
         return TP(table.changelog_topic.get_topic_name(), partition) in view.actives | view.standbys
 
+    def _log_restores_from_scratch(self, info: AssignmentInfo) -> None:
+        """One INFO line when this worker is given back previous actives it has no table
+        state of: without it, an operator sees a restarted worker restore its own partitions
+        from the start of their changelogs with nothing saying why (faustlive2 L1)."""
+        cold = sorted(self._no_local_state & info.active)
+        self._no_local_state = frozenset()  # said once: the next join reports them running
+        if cold:
+            log.info(
+                "%d of the partitions assigned back to this worker have no local table state "
+                "(no offset persisted in their table directories: wiped, moved aside as "
+                "damaged, or not flushed before a kill): restoring them from the start of "
+                "their changelogs (%s)",
+                len(cold),
+                ", ".join(str(t) for t in cold),
+            )
+
     def _log_damaged(self, damaged: DamagedTables) -> None:
         """One line per join for every damaged table directory found: a WARNING when it moved
         some, or when those it could not move are news; their repeats at DEBUG. Likewise one
@@ -783,10 +856,23 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             log.log(logging.WARNING if newer_news else logging.DEBUG, line)
 
     def _recovery_completed(self) -> bool:
-        """Whether Faust's recovery has completed (actives restored) since this worker started:
-        its ``completed`` event is set then, and never cleared."""
+        """Whether Faust's recovery has completed (actives restored) since this worker started
+        (its ``completed`` event is set then, and never cleared), in a membership the group
+        still had then (``RecoveryScope``)."""
         completed = getattr(getattr(self.app.tables, "recovery", None), "completed", None)
-        return completed is not None and bool(completed.is_set())
+        flag_set = completed is not None and bool(completed.is_set())
+        return self.recovery_scope.recovered(flag_set, self._member_id())
+
+    def _on_recovery_completed(self, sender: Any = None, **kwargs: Any) -> None:
+        """Faust's ``on_rebalance_complete``, sent (on the main thread) just before its
+        recovery sets ``completed``: note the membership it completes in."""
+        self.recovery_scope.completed(self._member_id())
+
+    def _member_id(self) -> str | None:
+        """The aiokafka member id of this worker ("" after a reset, until it joins again);
+        None if there is no consumer, or its coordinator's membership cannot be read."""
+        held = membership(self._consumer())
+        return held[0] if held is not None else None
 
     def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
         """Sum of the changelog offsets this running worker's standby replica of ``task`` has
