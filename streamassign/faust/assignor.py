@@ -191,6 +191,17 @@ def _consumer_transport_class(app: Any) -> type:
     return found
 
 
+def _check_capacity(capacity: object) -> None:
+    """Raises ``ConfigTypeError`` / ``ConfigError`` unless ``capacity`` (a subclass's
+    ``capacity``) is None or an int from 1 to ``MAX_CAPACITY``."""
+    if capacity is None:
+        return
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise ConfigTypeError(f"capacity must be an int or None, got {capacity!r}")
+    if not 1 <= capacity <= MAX_CAPACITY:
+        raise ConfigError(f"capacity must be from 1 to {MAX_CAPACITY}, got {capacity}")
+
+
 class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type: ignore[misc]
     """Kafka Streams-style assignment for a Faust app (see the module docstring).
 
@@ -206,12 +217,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def __init__(self, app: Any, replicas: int = 0) -> None:
         check_copartition_groups(self.copartition_groups)
-        if self.capacity is not None and (
-            isinstance(self.capacity, bool) or not isinstance(self.capacity, int)
-        ):
-            raise ConfigTypeError(f"capacity must be an int or None, got {self.capacity!r}")
-        if self.capacity is not None and not 1 <= self.capacity <= MAX_CAPACITY:
-            raise ConfigError(f"capacity must be from 1 to {MAX_CAPACITY}, got {self.capacity}")
+        _check_capacity(self.capacity)
         self.app = app
         self.replicas = replicas
         _warn_unless_our_transport(app)
