@@ -29,6 +29,7 @@ from streamassign.faust._damaged import is_damaged_status, is_newer_format_statu
 
 from .test_faust_assignor import (
     CL,
+    SET_CL,
     SRC,
     make_app,
     rebalance,
@@ -617,6 +618,57 @@ def test_a_damaged_global_table_directory_is_moved_aside(tmp_path: Path) -> None
     info = reported(assignor)
     assert info.offset_sums == {t: 100 + t.partition for t in held}
     assert len(list(tabledir.glob("rates-1.db.damaged-*"))) == 1
+
+
+def persist_and_close(store: Any, topic: str, offsets: dict[int, int]) -> None:
+    """Write ``offsets`` (partition -> offset) as Faust persists them, then close those
+    databases as Faust does when a worker stops."""
+    for partition, offset in offsets.items():
+        store.set_persisted_offset(TP(topic, partition), offset)
+        store._dbs.pop(partition).close()
+
+
+def test_a_damaged_set_table_directory_is_moved_aside(tmp_path: Path) -> None:
+    """review65 H1: a set table keeps its RocksDB store at ``table.data.storage``, which the
+    report did not look at: a damaged directory of one was never moved, and Faust crashed on
+    it at every start (live: 2 of 2). Moved aside, the task is claimed, summed without it."""
+    ran = stopped_after_running_alone(tmp_path / "w0", {**COUNTS, SET_CL: 6})
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    members = app.SetTable("members", value_type=int, start_manager=False)
+    store = members.data.storage
+    persist_and_close(store, SET_CL, {t.partition: 1000 for t in ran})
+    task = min(ran)
+    garble_current(Path(store.partition_path(task.partition)))
+    info = reported(app.assignor)
+    assert info.previous_active == ran
+    assert info.offset_sums == {t: 100 + t.partition + (0 if t == task else 1000) for t in ran}
+    tabledir = Path(app.conf.tabledir)
+    assert len(list(tabledir.glob(f"members-{task.partition}.db.damaged-*"))) == 1
+
+
+@pytest.mark.parametrize(
+    "is_global", [False, True], ids=["as app.SetGlobalTable makes it", "is_global"]
+)
+def test_a_damaged_set_global_table_directory_is_moved_aside(
+    tmp_path: Path, is_global: bool
+) -> None:
+    """review65 H1, as the live reproducer: a ``SetGlobalTable``'s directory in no report
+    (Faust 0.15.3's ``app.SetGlobalTable`` does not pass ``is_global``, so unless the app
+    does, it is partitioned like a ``SetTable``; here its changelog is in no task either
+    way) is found by the first join's check and moved aside."""
+    held, assignor, tabledir = restarted(tmp_path)
+    extra = {"is_global": True} if is_global else {}
+    tags = assignor.app.SetGlobalTable(
+        "tags", value_type=int, partitions=2, start_manager=False, **extra
+    )
+    assert tags.is_global is is_global
+    store = tags.data.storage
+    persist_and_close(store, tags.changelog_topic.get_topic_name(), {0: 5, 1: 5})
+    garble_current(Path(store.partition_path(1)))
+    info = reported(assignor)
+    assert info.offset_sums == {t: 100 + t.partition for t in held}
+    assert len(list(tabledir.glob("tags-1.db.damaged-*"))) == 1
+    assert (tabledir / "tags-0.db").is_dir()
 
 
 def test_a_failed_rename_of_a_directory_held_long_ago_is_named(

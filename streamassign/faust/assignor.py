@@ -739,7 +739,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _has_disk_tables(self, task: TaskId, topics: Mapping[str, int]) -> bool:
         """Whether ``task`` has a table whose state survives a restart (RocksDB)."""
-        return any(_keeps_state_on_disk(table.data) for table in self._task_tables(task, topics))
+        return any(_keeps_state_on_disk(_disk_store(t)) for t in self._task_tables(task, topics))
 
     def _disk_offset_sum(
         self, task: TaskId, topics: Mapping[str, int], damaged: DamagedTables, in_use: bool
@@ -752,10 +752,11 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         found = []
         unparsed = False
         for table in self._task_tables(task, topics):
-            offset = _persisted_offset(table.data, task.partition)
+            store = _disk_store(table)
+            offset = _persisted_offset(store, task.partition)
             if isinstance(offset, DamagedTable):
                 open_here = in_use or self._may_be_open(table, task.partition)
-                reread = functools.partial(_still_damaged, table.data, task.partition)
+                reread = functools.partial(_still_damaged, store, task.partition)
                 unparsed |= damaged.move_aside(offset, open_here, reread) is Aside.KEPT
             elif isinstance(offset, NewerFormatTable):  # not damage: nothing read
                 damaged.newer.append(offset)
@@ -785,13 +786,13 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         every rebalance's path, on the consumer thread while Faust's main thread still has
         revoked databases open (closed when collected)."""
         read = {
-            Path(table.data.partition_path(task.partition))
+            Path(_disk_store(table).partition_path(task.partition))
             for task in held
             for table in self._task_tables(task, topics.get(task.subtopology, {}))
-            if _keeps_state_on_disk(table.data)
+            if _keeps_state_on_disk(_disk_store(table))
         }
         for table in self._tables():
-            if not _keeps_state_on_disk(table.data):
+            if not _keeps_state_on_disk(_disk_store(table)):
                 continue
             try:
                 self._check_table_dirs(table, read, damaged)
@@ -805,7 +806,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _check_table_dirs(self, table: Any, read: set[Path], damaged: DamagedTables) -> None:
         """``_check_unheld_tables`` of one table's directories, but those in ``read``."""
-        store = table.data
+        store = _disk_store(table)
         for partition, path in partition_dirs(store.partition_path):
             if path in read or self._may_be_open(table, partition):
                 continue
@@ -824,7 +825,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         The view is what protects: Faust adds a handle to ``_dbs`` only once its open returns,
         and it opens only partitions in the view (set on this thread before Faust's callbacks
         run). ``lock_holder`` then sees a lock Faust took in this process, on Linux."""
-        if partition in getattr(table.data, "_dbs", {}):
+        if partition in getattr(_disk_store(table), "_dbs", {}):
             return True
         view = self._view
         return TP(table.changelog_topic.get_topic_name(), partition) in view.actives | view.standbys
@@ -1004,6 +1005,18 @@ def standby_offset_sum(
 def _undescribed(info: AssignmentInfo) -> list[int]:
     """Groups of the member's tasks missing from the topic dictionary (it cannot map them)."""
     return sorted({t.subtopology for t in info.active | info.standby} - set(info.topics))
+
+
+def _disk_store(table: Any) -> Any:
+    """The store that keeps ``table``'s partition databases: ``table.data`` itself, but for a
+    set table (``app.SetTable``, ``app.SetGlobalTable``), whose ``data`` is Faust's
+    ``ChangeloggedSetManager`` with the RocksDB store one level down (its ``storage``): read
+    at ``table.data``, those tables had no offset sum and no damage check (a damaged
+    directory crashed every start, review65 H1)."""
+    data = table.data
+    if getattr(data, "partition_path", None) is None:
+        return getattr(data, "storage", data)
+    return data
 
 
 def _keeps_state_on_disk(store: Any) -> bool:
