@@ -606,6 +606,31 @@ def test_directories_are_checked_at_the_first_join_only(tmp_path: Path) -> None:
     assert not list(tabledir.glob("*.damaged-*"))
 
 
+def test_reads_that_held_the_join_up_are_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review65 L1: after a kill -9 each read replays the directory's unflushed write-ahead
+    log (60 MB: 180 ms), so a start can wait minutes before it joins: over 1 s, one INFO
+    line says how many directories it read and how long that took; under it, nothing."""
+    held, _, assignor, _ = restarted_holding_long_ago(tmp_path)
+
+    def slow_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "for this join took" in r.getMessage()]
+
+    monkeypatch.setattr(assignor_module, "_SLOW_DIRECTORY_READS_S", -1.0)
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        reported(assignor)  # the first join: the held directories and the one held long ago
+        reported(assignor)  # a later one: the held ones only
+        first, later = slow_lines()
+        monkeypatch.setattr(assignor_module, "_SLOW_DIRECTORY_READS_S", 1.0)
+        caplog.clear()
+        reported(assignor)
+        assert slow_lines() == []
+    assert first.startswith(f"reading {len(held) + 1} table partition directories for this")
+    assert later.startswith(f"reading {len(held)} table partition directories for this")
+    assert "the join waited for it" in later
+
+
 def test_a_damaged_global_table_directory_is_moved_aside(tmp_path: Path) -> None:
     """A global table's partitions are in no task, so no report reads them, and every worker
     is assigned all of them: damaged, Faust would crash at every start."""

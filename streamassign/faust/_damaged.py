@@ -218,13 +218,16 @@ def partition_dirs(partition_path: Callable[[int], object]) -> list[tuple[int, P
 class DamagedTables:
     """What one join found: the damaged directories it moved aside, those it kept (Faust runs
     that partition in this worker now, or the rename failed), those another process has open
-    (no damage), and those a newer RocksDB wrote, for one line each."""
+    (no damage), and those a newer RocksDB wrote, for one line each; and how many table
+    directories it read (the cost of a slow join)."""
 
     moved: list[tuple[DamagedTable, Path]] = attrs.field(factory=list)
     open_here: list[DamagedTable] = attrs.field(factory=list)
     kept: list[tuple[DamagedTable, str]] = attrs.field(factory=list)
     live: list[tuple[DamagedTable, str]] = attrs.field(factory=list)
     newer: list[NewerFormatTable] = attrs.field(factory=list)
+    #: Table partition directories of on-disk stores looked up (each a read-only open if there).
+    directories_read: int = 0
 
     def move_aside(
         self, found: DamagedTable, in_use: bool, still_damaged: Callable[[], bool]

@@ -103,6 +103,11 @@ _STATE_FILE = "faust-assignment.json"
 #: Key under which Faust's RocksDB store keeps a partition's persisted changelog offset.
 _OFFSET_KEY = b"__faust\0offset__"
 
+#: Seconds of table directory reads at one join above which one INFO line says the join
+#: waited for them: a read-only open replays any write-ahead log a kill -9 left unflushed
+#: (about 3 ms per MB, up to 64 MB per directory), and a late join is otherwise silent.
+_SLOW_DIRECTORY_READS_S = 1.0
+
 
 @attrs.frozen
 class _View:
@@ -328,6 +333,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         unreadable: set[TaskId] = set()
         no_local_state: set[TaskId] = set()
         damaged = DamagedTables()
+        started = time.perf_counter()
         try:
             for t in sorted(held - current.active):
                 topics = dictionary.get(t.subtopology, {})
@@ -345,6 +351,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         finally:  # a directory moved before an error is named all the same
             self._log_damaged(damaged)
             self._no_local_state = frozenset(no_local_state)
+            _log_slow_reads(time.perf_counter() - started, damaged.directories_read)
         tags = {
             CHANGELOGS_TAG: ",".join(sorted(self._changelog_topics())),
             GLOBAL_CHANGELOGS_TAG: ",".join(sorted(self._global_changelog_topics())),
@@ -753,6 +760,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         unparsed = False
         for table in self._task_tables(task, topics):
             store = _disk_store(table)
+            if _keeps_state_on_disk(store):
+                damaged.directories_read += 1
             offset = _persisted_offset(store, task.partition)
             if isinstance(offset, DamagedTable):
                 open_here = in_use or self._may_be_open(table, task.partition)
@@ -779,9 +788,11 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
         Once per process, at its first join: Faust has opened nothing yet (one it may have
         open, ``_may_be_open``, is skipped all the same), and one damaged later is found by
-        the next start, as a held one is. A read costs what a held one's does (2 to 4 ms:
-        256 took 0.5 to 1.1 s on a loaded 2-core machine), and each directory on disk is read
-        once either way, so a start costs no more than one that last held them all; unbounded.
+        the next start, as a held one is. A read costs what a held one's does (2 to 5 ms
+        flushed, 256 in 0.5 to 1.1 s on a loaded 2-core machine; after a kill -9 it replays
+        the unflushed write-ahead log, about 3 ms per MB: ``_log_slow_reads``), and each
+        directory on disk is read once either way, so a start costs no more than one that
+        last held them all; unbounded.
         Not at each assignment, before Faust opens what it got: that would put the reads on
         every rebalance's path, on the consumer thread while Faust's main thread still has
         revoked databases open (closed when collected)."""
@@ -810,6 +821,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         for partition, path in partition_dirs(store.partition_path):
             if path in read or self._may_be_open(table, partition):
                 continue
+            damaged.directories_read += 1
             offset = _persisted_offset(store, partition)
             if isinstance(offset, DamagedTable):
                 reread = functools.partial(_still_damaged, store, partition)
@@ -1005,6 +1017,21 @@ def standby_offset_sum(
 def _undescribed(info: AssignmentInfo) -> list[int]:
     """Groups of the member's tasks missing from the topic dictionary (it cannot map them)."""
     return sorted({t.subtopology for t in info.active | info.standby} - set(info.topics))
+
+
+def _log_slow_reads(seconds: float, directories: int) -> None:
+    """One INFO line when reading table directories held this join up (see
+    ``_SLOW_DIRECTORY_READS_S``): the only trace of a late join otherwise is mode's "woke up
+    too late" line of the blocked consumer thread."""
+    if seconds > _SLOW_DIRECTORY_READS_S:
+        log.info(
+            "reading %d table partition director%s for this join took %.1f s (RocksDB "
+            "replays the write-ahead log a kill -9 left unflushed, about 3 ms per MB): the "
+            "join waited for it",
+            directories,
+            "y" if directories == 1 else "ies",
+            seconds,
+        )
 
 
 def _disk_store(table: Any) -> Any:
