@@ -179,6 +179,33 @@ def test_a_failed_rename_keeps_the_old_answer(
     assert len(damaged_messages(caplog, logging.DEBUG)) == 1
 
 
+def test_a_failed_rename_of_a_standby_of_the_last_assignment_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review65 L2: a standby of the last assignment with a damaged directory that stays is
+    state the worker cannot measure: not reported at all (only an active of the last
+    assignment is reported at 0), and the WARNING says so."""
+    ran, assignor, tabledir = restarted(tmp_path)
+    task = min(ran)
+    saved = Path(assignor.app.conf.appdir) / "streamassign" / assignor_module._STATE_FILE
+    data = json.loads(saved.read_text())
+    data["active"].remove(str(task))
+    data["standby"].append(str(task))
+    saved.write_text(json.dumps(data))
+    garble_current(directory(tabledir, task))
+
+    def refuse(self: Path, target: Path) -> Path:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(Path, "rename", refuse)
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        info = reported(assignor)
+    assert info.previous_active == ran - {task}
+    assert info.offset_sums == {t: 100 + t.partition for t in ran - {task}}
+    (warning,) = damaged_messages(caplog, logging.WARNING)
+    assert "(reported at offset 0 if an active of the last assignment)" in warning
+
+
 def test_a_directory_faust_has_open_is_never_moved(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -295,8 +295,9 @@ class DamagedTables:
         if self.kept:
             parts.append(
                 f"{len(self.kept)} damaged table partition director{_ies(self.kept)} not "
-                "moved nor claimed (reported at offset 0 if in the last assignment); Faust "
-                "crashes when assigned one: stop the worker and move it away ("
+                "moved nor claimed (reported at offset 0 if an active of the last "
+                "assignment); Faust crashes when assigned one: stop the worker and move it "
+                "away ("
                 + _names(f"{f.path} ({f.why}; {why_kept})" for f, why_kept in self.kept)
                 + ")"
             )
