@@ -191,7 +191,7 @@ def _listed_lock_pids(inode: int) -> list[str] | None:
 def partition_dirs(partition_path: Callable[[int], object]) -> list[tuple[int, Path]]:
     """The partition directories on disk of a table whose partition ``n`` lives at
     ``partition_path(n)`` (Faust's ``<tabledir>/<table>-<n>.db``), by partition. Each is one
-    ``partition_path`` names (``<table>-007.db`` is none, nor ``<dir>.damaged-*``). None where
+    ``partition_path`` names (``<table>-007.db`` is none, nor ``<dir>.damaged-*``). Empty where
     the names follow no ``<prefix><n><suffix>`` pattern or the directory cannot be listed (a
     first start has no tabledir): nothing to check, and no reason to fail a join."""
     first, second = Path(str(partition_path(0))), Path(str(partition_path(1)))

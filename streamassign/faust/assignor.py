@@ -776,12 +776,14 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def _check_unheld_tables(
         self,
         held: frozenset[TaskId],
-        topics: Mapping[int, Mapping[str, int]],
+        dictionary: Mapping[int, Mapping[str, int]],
         damaged: DamagedTables,
     ) -> None:
         """Move aside, as ``_disk_offset_sum`` does, every damaged table partition directory
-        on disk that the report does not read (``held``: of a partition this worker had
-        before its last assignment, or of a global table): assigned, Faust crashed on it,
+        on disk that the report does not read (it reads those of the tasks in ``held``,
+        with ``dictionary``: topic group -> its topics' partition counts): one of a partition
+        this worker had before its last assignment, or a global table's. Assigned, Faust
+        crashed on it,
         and each start moved only what the crashed one had been assigned (live: 3 crashes
         in a row; a global table's, in no report, at every start). Healthy ones are left
         alone and, unheld, not reported.
@@ -796,17 +798,17 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         Not at each assignment, before Faust opens what it got: that would put the reads on
         every rebalance's path, on the consumer thread while Faust's main thread still has
         revoked databases open (closed when collected)."""
-        read = {
+        reported_paths = {
             Path(_disk_store(table).partition_path(task.partition))
             for task in held
-            for table in self._task_tables(task, topics.get(task.subtopology, {}))
+            for table in self._task_tables(task, dictionary.get(task.subtopology, {}))
             if _keeps_state_on_disk(_disk_store(table))
         }
         for table in self._tables():
             if not _keeps_state_on_disk(_disk_store(table)):
                 continue
             try:
-                self._check_table_dirs(table, read, damaged)
+                self._check_table_dirs(table, reported_paths, damaged)
             except Exception:  # an extra check: the join keeps its history whatever fails
                 log.exception(
                     "cannot check the partition directories of table %s for damage; those "
@@ -815,11 +817,13 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                     getattr(table, "name", table),
                 )
 
-    def _check_table_dirs(self, table: Any, read: set[Path], damaged: DamagedTables) -> None:
-        """``_check_unheld_tables`` of one table's directories, but those in ``read``."""
+    def _check_table_dirs(
+        self, table: Any, reported_paths: set[Path], damaged: DamagedTables
+    ) -> None:
+        """``_check_unheld_tables`` of one table's directories, but those the report reads."""
         store = _disk_store(table)
         for partition, path in partition_dirs(store.partition_path):
-            if path in read or self._may_be_open(table, partition):
+            if path in reported_paths or self._may_be_open(table, partition):
                 continue
             damaged.directories_read += 1
             offset = _persisted_offset(store, partition)
