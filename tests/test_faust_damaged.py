@@ -538,6 +538,19 @@ def held_long_ago(appdir: Path, tasks: frozenset[TaskId]) -> None:
     saved.write_text(json.dumps(data))
 
 
+def recorded_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The table partition directories the member reads from now on, in order."""
+    read_paths: list[Path] = []
+    persisted_offset = assignor_module._persisted_offset
+
+    def recording(store: Any, partition: int) -> object:
+        read_paths.append(Path(store.partition_path(partition)))
+        return persisted_offset(store, partition)
+
+    monkeypatch.setattr(assignor_module, "_persisted_offset", recording)
+    return read_paths
+
+
 def restarted_holding_long_ago(
     tmp_path: Path,
 ) -> tuple[frozenset[TaskId], TaskId, PartitionAssignor, Path]:
@@ -622,14 +635,7 @@ def test_a_directory_faust_has_open_is_not_read(
     held, old, assignor, tabledir = restarted_holding_long_ago(tmp_path)
     assignor.app.tables["totals"].data._db_for_partition(old.partition)
     garble_current(directory(tabledir, old))
-    read_paths: list[Path] = []
-    persisted_offset = assignor_module._persisted_offset
-
-    def recording(store: Any, partition: int) -> object:
-        read_paths.append(Path(store.partition_path(partition)))
-        return persisted_offset(store, partition)
-
-    monkeypatch.setattr(assignor_module, "_persisted_offset", recording)
+    read_paths = recorded_reads(monkeypatch)
     reported(assignor)
     assert directory(tabledir, old) not in read_paths
     assert sorted(read_paths) == sorted(directory(tabledir, t) for t in held)
@@ -736,6 +742,24 @@ def test_a_damaged_set_global_table_directory_is_moved_aside(
     assert info.offset_sums == {t: 100 + t.partition for t in held}
     assert len(list(tabledir.glob("tags-1.db.damaged-*"))) == 1
     assert (tabledir / "tags-0.db").is_dir()
+
+
+def test_a_set_table_directory_faust_has_open_is_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A set table's handles are its storage's (``table.data.storage._dbs``): one Faust has
+    open there is skipped as a plain table's is, the others are read."""
+    _, assignor, tabledir = restarted(tmp_path)
+    members = assignor.app.SetTable("members", value_type=int, start_manager=False)
+    store = members.data.storage
+    persist_and_close(store, SET_CL, {0: 5, 1: 5})
+    store._db_for_partition(1)
+    garble_current(tabledir / "members-1.db")
+    read_paths = recorded_reads(monkeypatch)
+    reported(assignor)
+    assert tabledir / "members-0.db" in read_paths
+    assert tabledir / "members-1.db" not in read_paths
+    assert not list(tabledir.glob("*.damaged-*"))
 
 
 def test_a_failed_rename_of_a_directory_held_long_ago_is_named(
