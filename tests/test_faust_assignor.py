@@ -314,6 +314,42 @@ def test_restart_reports_rocksdb_offsets_without_touching_faust_handles(tmp_path
     assert set(app.tables["totals"].data._dbs) == {t.partition}
 
 
+SET_CL = f"{APP}-members-changelog"
+
+
+def with_set_table(app: faust.App) -> faust.App:
+    """``app`` with a RocksDB set table of 6 partitions (in the tasks' group, as ``totals``).
+    Faust keeps a set table's RocksDB store one level down (``table.data.storage``)."""
+    app.SetTable("members", value_type=int, start_manager=False)
+    return app
+
+
+def test_a_restart_reports_the_offsets_of_a_set_table(tmp_path: Path) -> None:
+    """review65 H1: a set table's store was looked for at ``table.data`` (Faust's
+    ``ChangeloggedSetManager``), so its offsets were never read: a task whose only state is a
+    set table had no sum, and was handed back as stateless whatever its lag. Its offsets now
+    count in the task's sum with the other tables', read without Faust's handles."""
+    counts = {SRC: 6, CL: 6, SET_CL: 6}
+    first = with_set_table(make_app(tmp_path / "w0", 7000, store="rocksdb://"))
+    rebalance({"m0": first.assignor}, counts=counts)
+    ran = first.assignor.info.active
+    stores = [first.tables["totals"].data, first.tables["members"].data.storage]
+    for t in ran:
+        stores[0].set_persisted_offset(TP(CL, t.partition), 100 + t.partition)
+        stores[1].set_persisted_offset(TP(SET_CL, t.partition), 1000 + t.partition)
+    for store in stores:  # what Faust does when the worker stops
+        for db in store._dbs.values():
+            db.close()
+        store._dbs.clear()
+    asyncio.run(first.on_before_shutdown.send())
+
+    app = with_set_table(make_app(tmp_path / "w0", 7000, store="rocksdb://"))
+    info = reported(app.assignor)
+    assert info.previous_active == ran
+    assert info.offset_sums == {t: 1100 + 2 * t.partition for t in ran}
+    assert app.tables["members"].data.storage._dbs == {}
+
+
 def stopped_after_running_alone(
     datadir: Path, counts: Mapping[str, int], table_options: Mapping[str, Any] | None = None
 ) -> frozenset[TaskId]:

@@ -191,7 +191,7 @@ def _listed_lock_pids(inode: int) -> list[str] | None:
 def partition_dirs(partition_path: Callable[[int], object]) -> list[tuple[int, Path]]:
     """The partition directories on disk of a table whose partition ``n`` lives at
     ``partition_path(n)`` (Faust's ``<tabledir>/<table>-<n>.db``), by partition. Each is one
-    ``partition_path`` names (``<table>-007.db`` is none, nor ``<dir>.damaged-*``). None where
+    ``partition_path`` names (``<table>-007.db`` is none, nor ``<dir>.damaged-*``). Empty where
     the names follow no ``<prefix><n><suffix>`` pattern or the directory cannot be listed (a
     first start has no tabledir): nothing to check, and no reason to fail a join."""
     first, second = Path(str(partition_path(0))), Path(str(partition_path(1)))
@@ -218,13 +218,16 @@ def partition_dirs(partition_path: Callable[[int], object]) -> list[tuple[int, P
 class DamagedTables:
     """What one join found: the damaged directories it moved aside, those it kept (Faust runs
     that partition in this worker now, or the rename failed), those another process has open
-    (no damage), and those a newer RocksDB wrote, for one line each."""
+    (no damage), and those a newer RocksDB wrote, for one line each; and how many table
+    directories it read (the cost of a slow join)."""
 
     moved: list[tuple[DamagedTable, Path]] = attrs.field(factory=list)
     open_here: list[DamagedTable] = attrs.field(factory=list)
     kept: list[tuple[DamagedTable, str]] = attrs.field(factory=list)
     live: list[tuple[DamagedTable, str]] = attrs.field(factory=list)
     newer: list[NewerFormatTable] = attrs.field(factory=list)
+    #: Table partition directories of on-disk stores looked up (each a read-only open if there).
+    directories_read: int = 0
 
     def move_aside(
         self, found: DamagedTable, in_use: bool, still_damaged: Callable[[], bool]
@@ -292,8 +295,9 @@ class DamagedTables:
         if self.kept:
             parts.append(
                 f"{len(self.kept)} damaged table partition director{_ies(self.kept)} not "
-                "moved nor claimed (reported at offset 0 if in the last assignment); Faust "
-                "crashes when assigned one: stop the worker and move it away ("
+                "moved nor claimed (reported at offset 0 if an active of the last "
+                "assignment); Faust crashes when assigned one: stop the worker and move it "
+                "away ("
                 + _names(f"{f.path} ({f.why}; {why_kept})" for f, why_kept in self.kept)
                 + ")"
             )

@@ -103,6 +103,11 @@ _STATE_FILE = "faust-assignment.json"
 #: Key under which Faust's RocksDB store keeps a partition's persisted changelog offset.
 _OFFSET_KEY = b"__faust\0offset__"
 
+#: Seconds of table directory reads at one join above which one INFO line says the join
+#: waited for them: a read-only open replays any write-ahead log a kill -9 left unflushed
+#: (about 3 ms per MB, up to 64 MB per directory), and a late join is otherwise silent.
+_SLOW_DIRECTORY_READS_S = 1.0
+
 
 @attrs.frozen
 class _View:
@@ -328,6 +333,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         unreadable: set[TaskId] = set()
         no_local_state: set[TaskId] = set()
         damaged = DamagedTables()
+        started = time.perf_counter()
         try:
             for t in sorted(held - current.active):
                 topics = dictionary.get(t.subtopology, {})
@@ -345,6 +351,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         finally:  # a directory moved before an error is named all the same
             self._log_damaged(damaged)
             self._no_local_state = frozenset(no_local_state)
+            _log_slow_reads(time.perf_counter() - started, damaged.directories_read)
         tags = {
             CHANGELOGS_TAG: ",".join(sorted(self._changelog_topics())),
             GLOBAL_CHANGELOGS_TAG: ",".join(sorted(self._global_changelog_topics())),
@@ -739,7 +746,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _has_disk_tables(self, task: TaskId, topics: Mapping[str, int]) -> bool:
         """Whether ``task`` has a table whose state survives a restart (RocksDB)."""
-        return any(_keeps_state_on_disk(table.data) for table in self._task_tables(task, topics))
+        return any(_keeps_state_on_disk(_disk_store(t)) for t in self._task_tables(task, topics))
 
     def _disk_offset_sum(
         self, task: TaskId, topics: Mapping[str, int], damaged: DamagedTables, in_use: bool
@@ -752,10 +759,13 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         found = []
         unparsed = False
         for table in self._task_tables(task, topics):
-            offset = _persisted_offset(table.data, task.partition)
+            store = _disk_store(table)
+            if _keeps_state_on_disk(store):
+                damaged.directories_read += 1
+            offset = _persisted_offset(store, task.partition)
             if isinstance(offset, DamagedTable):
                 open_here = in_use or self._may_be_open(table, task.partition)
-                reread = functools.partial(_still_damaged, table.data, task.partition)
+                reread = functools.partial(_still_damaged, store, task.partition)
                 unparsed |= damaged.move_aside(offset, open_here, reread) is Aside.KEPT
             elif isinstance(offset, NewerFormatTable):  # not damage: nothing read
                 damaged.newer.append(offset)
@@ -766,35 +776,39 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def _check_unheld_tables(
         self,
         held: frozenset[TaskId],
-        topics: Mapping[int, Mapping[str, int]],
+        dictionary: Mapping[int, Mapping[str, int]],
         damaged: DamagedTables,
     ) -> None:
         """Move aside, as ``_disk_offset_sum`` does, every damaged table partition directory
-        on disk that the report does not read (``held``: of a partition this worker had
-        before its last assignment, or of a global table): assigned, Faust crashed on it,
+        on disk that the report does not read (it reads those of the tasks in ``held``,
+        with ``dictionary``: topic group -> its topics' partition counts): one of a partition
+        this worker had before its last assignment, or a global table's. Assigned, Faust
+        crashed on it,
         and each start moved only what the crashed one had been assigned (live: 3 crashes
         in a row; a global table's, in no report, at every start). Healthy ones are left
         alone and, unheld, not reported.
 
         Once per process, at its first join: Faust has opened nothing yet (one it may have
         open, ``_may_be_open``, is skipped all the same), and one damaged later is found by
-        the next start, as a held one is. A read costs what a held one's does (2 to 4 ms:
-        256 took 0.5 to 1.1 s on a loaded 2-core machine), and each directory on disk is read
-        once either way, so a start costs no more than one that last held them all; unbounded.
+        the next start, as a held one is. A read costs what a held one's does (2 to 5 ms
+        flushed, 256 in 0.5 to 1.1 s on a loaded 2-core machine; after a kill -9 it replays
+        the unflushed write-ahead log, about 3 ms per MB: ``_log_slow_reads``), and each
+        directory on disk is read once either way, so a start costs no more than one that
+        last held them all; unbounded.
         Not at each assignment, before Faust opens what it got: that would put the reads on
         every rebalance's path, on the consumer thread while Faust's main thread still has
         revoked databases open (closed when collected)."""
-        read = {
-            Path(table.data.partition_path(task.partition))
+        reported_paths = {
+            Path(_disk_store(table).partition_path(task.partition))
             for task in held
-            for table in self._task_tables(task, topics.get(task.subtopology, {}))
-            if _keeps_state_on_disk(table.data)
+            for table in self._task_tables(task, dictionary.get(task.subtopology, {}))
+            if _keeps_state_on_disk(_disk_store(table))
         }
         for table in self._tables():
-            if not _keeps_state_on_disk(table.data):
+            if not _keeps_state_on_disk(_disk_store(table)):
                 continue
             try:
-                self._check_table_dirs(table, read, damaged)
+                self._check_table_dirs(table, reported_paths, damaged)
             except Exception:  # an extra check: the join keeps its history whatever fails
                 log.exception(
                     "cannot check the partition directories of table %s for damage; those "
@@ -803,12 +817,15 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                     getattr(table, "name", table),
                 )
 
-    def _check_table_dirs(self, table: Any, read: set[Path], damaged: DamagedTables) -> None:
-        """``_check_unheld_tables`` of one table's directories, but those in ``read``."""
-        store = table.data
+    def _check_table_dirs(
+        self, table: Any, reported_paths: set[Path], damaged: DamagedTables
+    ) -> None:
+        """``_check_unheld_tables`` of one table's directories, but those the report reads."""
+        store = _disk_store(table)
         for partition, path in partition_dirs(store.partition_path):
-            if path in read or self._may_be_open(table, partition):
+            if path in reported_paths or self._may_be_open(table, partition):
                 continue
+            damaged.directories_read += 1
             offset = _persisted_offset(store, partition)
             if isinstance(offset, DamagedTable):
                 reread = functools.partial(_still_damaged, store, partition)
@@ -824,7 +841,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         The view is what protects: Faust adds a handle to ``_dbs`` only once its open returns,
         and it opens only partitions in the view (set on this thread before Faust's callbacks
         run). ``lock_holder`` then sees a lock Faust took in this process, on Linux."""
-        if partition in getattr(table.data, "_dbs", {}):
+        if partition in getattr(_disk_store(table), "_dbs", {}):
             return True
         view = self._view
         return TP(table.changelog_topic.get_topic_name(), partition) in view.actives | view.standbys
@@ -1004,6 +1021,33 @@ def standby_offset_sum(
 def _undescribed(info: AssignmentInfo) -> list[int]:
     """Groups of the member's tasks missing from the topic dictionary (it cannot map them)."""
     return sorted({t.subtopology for t in info.active | info.standby} - set(info.topics))
+
+
+def _log_slow_reads(seconds: float, directories: int) -> None:
+    """One INFO line when reading table directories held this join up (see
+    ``_SLOW_DIRECTORY_READS_S``): the only trace of a late join otherwise is mode's "woke up
+    too late" line of the blocked consumer thread."""
+    if seconds > _SLOW_DIRECTORY_READS_S:
+        log.info(
+            "reading %d table partition director%s for this join took %.1f s (RocksDB "
+            "replays the write-ahead log a kill -9 left unflushed, about 3 ms per MB): the "
+            "join waited for it",
+            directories,
+            "y" if directories == 1 else "ies",
+            seconds,
+        )
+
+
+def _disk_store(table: Any) -> Any:
+    """The store that keeps ``table``'s partition databases: ``table.data`` itself, but for a
+    set table (``app.SetTable``, ``app.SetGlobalTable``), whose ``data`` is Faust's
+    ``ChangeloggedSetManager`` with the RocksDB store one level down (its ``storage``): read
+    at ``table.data``, those tables had no offset sum and no damage check (a damaged
+    directory crashed every start, review65 H1)."""
+    data = table.data
+    if getattr(data, "partition_path", None) is None:
+        return getattr(data, "storage", data)
+    return data
 
 
 def _keeps_state_on_disk(store: Any) -> bool:
