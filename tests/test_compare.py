@@ -332,6 +332,20 @@ def test_files_say_the_subscription_their_member_rows_show() -> None:
     typo = _described(["0-typo", "orders"], {"m1": ["orders-0"]}, typo_row)
     note = compare_snapshots(plain, typo, "b.json", "a.json").lines[0]
     assert note.endswith("renumbered by a subscribed topic with no partition assigned (0-typo)")
+    # review67 L4: a row whose user data alone is unreadable still says its topics: it hides
+    # none, so a-x is removed; a typo in both files' rows renumbers nothing and is not named.
+    read = {"member_id": "m2", "process": None, "topics": ["orders"], "undecodable": "bad"}
+    known = _described(["orders"], {"m1": ["orders-0"]}, read)
+    note = compare_snapshots(both, known, "b.json", "a.json").lines[0]
+    assert note.endswith(
+        "(removed topic a-x); a removed topic numbered past every id there: a-x as 1_p"
+    )
+    lasting = {"member_id": "m3", "process": "m3", "topics": ["0-a", "orders"]}
+    lasting_typo = _described(["0-a", "orders"], {"m1": ["orders-0"]}, lasting)
+    both_typos = {"member_id": "m3", "process": "m3", "topics": ["0-a", "0-typo", "orders"]}
+    typos = _described(["0-a", "0-typo", "orders"], {"m1": ["orders-0"]}, both_typos)
+    note = compare_snapshots(lasting_typo, typos, "b.json", "a.json").lines[0]
+    assert note.endswith("renumbered by a subscribed topic with no partition assigned (0-typo)")
     unknown = attrs.evolve(plain, subscribed_topics=None)  # a file without member rows
     note = compare_snapshots(unknown, typo, "b.json", "a.json").lines[0]
     assert note.endswith("a subscribed topic with no partition assigned (or an edited file)")
