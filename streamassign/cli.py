@@ -521,18 +521,21 @@ class _Stdout(Console):
 
 
 #: An option's help extra click appends (``  [default: 1.0; x>=0.1]``): its last bracket.
-_HELP_EXTRA = re.compile(r"(?:^|(?<=  ))\[[^\[\]]*\]$")
+_HELP_EXTRA: Final = re.compile(r"(?:^|(?<=  ))\[[^\[\]]*\]$")
 #: A default's label and the word after it, in any bracket (one in an option's own text).
-_DEFAULT_LABEL = re.compile(r"\[default: \S+")
+_DEFAULT_LABEL: Final = re.compile(r"\[default: \S+")
 #: Joins an extra's words while click wraps it; a space again once wrapped.
-_NO_BREAK = "\u00a0"
+_NO_BREAK: Final = "\u00a0"
 
 
 class _HelpFormatter(click.HelpFormatter):
     """click's help, with each option's ``[default: ...; x>=0]`` whole on one line: wrapped
     as words, it broke as ``[default:`` at a line's end and ``1.0; x>=0.1]`` under it at 80
     columns (cliwork, review56), in every command. Kept whole, it moves to the next line when
-    it does not fit; one wider than the column wraps, but ``[default:`` never ends a line."""
+    it does not fit. One wider than the text column wraps between its words (kept whole, click
+    would cut it inside one; it still cuts a single word wider than the column), with
+    ``[default:`` beside the word after it unless the two alone are wider than the column
+    (``[default: PLAINTEXT`` at click's least width, 50: a 16-column text)."""
 
     def write_dl(
         self, rows: Sequence[tuple[str, str]], col_max: int = 30, col_spacing: int = 2

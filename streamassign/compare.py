@@ -214,18 +214,20 @@ def renumbering_note(
     new: TaskTable,
     named: str,
     *,
+    was: TaskTable,
     unassigned_topics: Iterable[str] | None = None,
     undecodable_counts: tuple[int, int] = (0, 0),
 ) -> str:
     """The note that a consumer group's tasks were renumbered to match by partition (``old``:
-    already renumbered; ``named``: as which side names them): what renumbered them, and the
-    ids a gone topic's partitions got (past ``new``'s, naming nothing on either side).
-    ``unassigned_topics``: the topics subscribed with no partition assigned on one side only
-    (None: not known, as a saved snapshot is read without its members' subscriptions); only
-    those sorting before a topic of both tables are named, as only they shift its number;
+    already renumbered, ``was`` as its side numbered it; ``named``: as which side names them):
+    what renumbered them, and the ids a gone topic's partitions got (past ``new``'s, naming
+    nothing on either side). ``unassigned_topics``: the topics subscribed with no partition
+    assigned on one side only (None: not known, as a saved snapshot is read without its
+    members' subscriptions); only those numbered on that side alone that sort before a topic
+    of both tables whose number changed are named (:func:`_shifting_topics`);
     ``undecodable_counts``: how many members of each side (BEFORE's, AFTER's) are undecodable
     with their topics unknown."""
-    cause = _renumbering_cause(old, new, unassigned_topics, undecodable_counts)
+    cause = _renumbering_cause(old, new, was, unassigned_topics, undecodable_counts)
     return (
         f"note: tasks matched by partition, {named}: a consumer group's task t_p is partition "
         f"p of its t-th topic in name order, renumbered by {cause}"
@@ -235,12 +237,16 @@ def renumbering_note(
 def _renumbering_cause(
     old: TaskTable,
     new: TaskTable,
+    was: TaskTable,
     unassigned_topics: Iterable[str] | None,
     undecodable_counts: tuple[int, int],
 ) -> str:
-    """What renumbered ``old`` as ``new`` (see :func:`renumbering_note`)."""
+    """What renumbered ``old`` (``was`` as its side numbered it) as ``new`` (see
+    :func:`renumbering_note`)."""
     old_topics, new_topics = topics_of(old), topics_of(new)
-    shifting = _shifting_topics(unassigned_topics, old_topics & new_topics)
+    shifting = _shifting_topics(
+        unassigned_topics, old_topics | new_topics, _renumbered_topics(was, new)
+    )
     if old_topics == new_topics:
         # The tables agree on topics: a subscribed topic numbered without partitions assigned
         # to it (not created yet, a typo), or an edited file.
@@ -260,15 +266,23 @@ def _renumbering_cause(
 
 
 def _shifting_topics(
-    unassigned_topics: Iterable[str] | None, kept_topics: set[str]
+    unassigned_topics: Iterable[str] | None, table_topics: set[str], renumbered: set[str]
 ) -> list[str] | None:
-    """Of ``unassigned_topics`` (None: not known), those that sort before some topic of both
-    tables (``kept_topics``), in name order: a topic numbered after every kept one shifts no
-    kept topic's number, so it did not renumber anything a reader compares."""
+    """Of ``unassigned_topics`` (None: not known), in name order, those that renumbered a topic
+    a reader compares: numbered on one side alone (a topic of either table, ``table_topics``,
+    is numbered on both: review67 L1) and sorting before a topic of both tables whose number
+    changed (``renumbered``). One sorting after every such topic moved none, and when none
+    changed (a gone topic's slot taken by the new one: review67 L2) it renumbered nothing."""
     if unassigned_topics is None:
         return None
-    last_kept = max(kept_topics, default="")
-    return sorted(t for t in set(unassigned_topics) if t < last_kept)
+    last_renumbered = max(renumbered, default="")
+    return sorted(t for t in set(unassigned_topics) - table_topics if t < last_renumbered)
+
+
+def _renumbered_topics(was: TaskTable, new: TaskTable) -> set[str]:
+    """The topics of both consumer groups' tables whose number ``t`` differs between them."""
+    was_numbers, new_numbers = _topic_numbers(was) or {}, _topic_numbers(new) or {}
+    return {t for t, number in was_numbers.items() if new_numbers.get(t, number) != number}
 
 
 def _unassigned_cause(unassigned_topics: Iterable[str] | None) -> str:
@@ -344,6 +358,7 @@ def compare_snapshots(
             matched.tasks,
             new.tasks,
             f"named as in {after_name}",
+            was=old.tasks,
             unassigned_topics=_unassigned_in_files(old, new),
             undecodable_counts=(old.unknown_subscriptions, new.unknown_subscriptions),
         )
@@ -560,6 +575,7 @@ def _matched_by_partition(
         old,
         view.tasks,
         "as the new view names them",
+        was=last.tasks,
         # Subscribed without partitions in one view only: numbered in that view alone.
         unassigned_topics=_unassigned_topics(last) ^ _unassigned_topics(view),
         undecodable_counts=(_unknown_topics_members(last), _unknown_topics_members(view)),
@@ -574,8 +590,8 @@ def _unassigned_topics(view: DescribedGroup) -> set[str]:
 
 def _unknown_topics_members(view: DescribedGroup) -> int:
     """How many of ``view``'s members are undecodable with their topics unknown (no
-    assignment, no subscription read): a member whose assignment's user data alone is
-    unreadable still shows its topics, so it hides none."""
+    assignment, no subscription read): a member whose user data alone (its subscription's or
+    its assignment's) is unreadable still shows its topics, so it hides none."""
     return sum(1 for m in view.members if not m.assigned and not m.topics)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -284,17 +286,28 @@ def test_simulate_assignors_help_reads_whole_at_80_columns() -> None:
         assert any(name in line for line in block), name
 
 
-@pytest.mark.parametrize("columns", [80, 60])
+#: A line ending in ``[default`` cut short: a word broken where it would not fit.
+_CUT_LABEL = re.compile(r"\[(?:d(?:e(?:f(?:a(?:u(?:lt?)?)?)?)?)?)?$")
+
+
+@pytest.mark.parametrize("columns", [80, 60, 50])
 def test_every_options_shown_default_reads_whole_on_one_line(columns: int) -> None:
     """cliwork, review64: click wrapped an option's ``[default: 1.0; x>=0.1]`` as words,
     leaving ``[default:`` at a line's end (describe --interval, explain --acceptable-lag,
     plan-standbys --scenarios and --standbys at 80 columns; more at 60). Every command's
-    options keep theirs on one line, at the width click takes in such a terminal."""
+    options keep theirs on one line, at the width click takes in such a terminal. At 50
+    (click's least, a 16-column text) ``[default: PLAINTEXT`` cannot fit: ``[default:`` ends
+    a line only then, and an extra too wide for the column is still broken between words,
+    never inside one (review67 L3: ``[defa`` / ``ult: 200; x>=1]``)."""
     width = max(min(columns, 80) - 2, 50)  # click's HelpFormatter: 2 short, 80 at most
     for name, command in [("streamassign", main), *main.commands.items()]:
         ctx = command.context_class(command, info_name=name, terminal_width=width)
         lines = command.get_help(ctx).splitlines()
-        assert not [line for line in lines if line.rstrip().endswith("[default:")], name
+        assert not [line for line in lines if _CUT_LABEL.search(line.rstrip())], name
+        for line, below in itertools.pairwise(lines):
+            if line.rstrip().endswith("[default:"):  # the next word fit nowhere beside it
+                text_width = width - (len(below) - len(below.lstrip()))
+                assert len(f"[default: {below.split()[0]}") > text_width, (name, line, below)
         for param in command.get_params(ctx):
             record = param.get_help_record(ctx)
             extra = record[1].rpartition("  ")[2] if record else ""

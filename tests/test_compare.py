@@ -100,12 +100,12 @@ def test_the_renumbering_note_counts_removed_topics() -> None:
     removed topic"; a file's note keeps the files' wording for the same topics."""
     old = table("0_0=orders-0", "1_0=x-0", "2_0=y-0")
     new = table("0_0=orders-0")
-    note = renumbering_note(old, new, "named as in after.json")
+    note = renumbering_note(old, new, "named as in after.json", was=old)
     assert note.endswith(
         "renumbered by a change of topics (removed topics x, y); removed topics numbered past "
         "every id there: x as 1_p, y as 2_p"
     )
-    same = renumbering_note(new, new, "named as in after.json")
+    same = renumbering_note(new, new, "named as in after.json", was=new)
     assert same.endswith("a subscribed topic with no partition assigned (or an edited file)")
 
 
@@ -229,6 +229,61 @@ def test_match_views_names_the_subscribed_topics_without_partitions_that_shift_n
         "renumbered by a change of topics (added topic z-new) and a subscribed topic with no "
         "partition assigned (0-missing)"
     )
+    # review67 L1: created since, 0-new is numbered in both views: an added topic, not also
+    # one subscribed with no partition.
+    pending = View(
+        CONSUMER_FAMILY,
+        (Member(("0-new", "b-old", "orders")),),
+        table("1_0=b-old-0", "2_0=orders-0"),
+        {"p": "1_0 2_0"},
+    )
+    created = View(
+        CONSUMER_FAMILY,
+        (Member(("0-new", "orders")),),
+        table("0_0=0-new-0", "1_0=orders-0"),
+        {"p": "0_0 1_0"},
+    )
+    assert str(match_views(pending, created).note).endswith(
+        "renumbered by a change of topics (added topic 0-new; removed topic b-old); a removed "
+        "topic numbered past every id there: b-old as 2_p"
+    )
+
+
+def test_match_views_names_no_subscribed_topic_when_no_number_it_precedes_changed() -> None:
+    """review67 L2: a subscribed topic with no partition that takes a gone topic's slot
+    leaves every topic of both views its number; the note is for the gone topic's ids alone.
+    One sorting only before topics whose number its shift and another's cancelled is not
+    named either, though one before a renumbered topic is."""
+    gone = View(
+        CONSUMER_FAMILY,
+        (Member(("a-new", "orders")),),
+        table("0_0=a-new-0", "1_0=orders-0"),
+        {"p": "0_0 1_0"},
+    )
+    pending = View(
+        CONSUMER_FAMILY, (Member(("a-pending", "orders")),), table("1_0=orders-0"), {"p": "1_0"}
+    )
+    assert str(match_views(gone, pending).note).endswith(
+        "renumbered by a change of topics (removed topic a-new); a removed topic numbered past "
+        "every id there: a-new as 2_p"
+    )
+    # a (0) gone: b 1 -> 0; c subscribed with no partition: z stays 2 and c shifted nothing.
+    last = View(
+        CONSUMER_FAMILY,
+        (Member(("a", "b", "z")),),
+        table("0_0=a-0", "1_0=b-0", "2_0=z-0"),
+        {"p": "0_0 1_0 2_0"},
+    )
+    now = View(CONSUMER_FAMILY, (Member(("b", "c", "z")),), table("0_0=b-0", "2_0=z-0"), {})
+    assert str(match_views(last, now).note).endswith(
+        "(removed topic a); a removed topic numbered past every id there: a as 3_p"
+    )
+    # With d as well, z 2 -> 3: both c and d moved it.
+    later = View(CONSUMER_FAMILY, (Member(("b", "c", "d", "z")),), table("0_0=b-0", "3_0=z-0"), {})
+    assert str(match_views(last, later).note).endswith(
+        "(removed topic a) and subscribed topics with no partition assigned (c, d); a removed "
+        "topic numbered past every id there: a as 4_p"
+    )
 
 
 def _described(topics: list[str], owned: dict[str, list[str]], *rows: dict[str, Any]) -> Snapshot:
@@ -277,6 +332,42 @@ def test_files_say_the_subscription_their_member_rows_show() -> None:
     typo = _described(["0-typo", "orders"], {"m1": ["orders-0"]}, typo_row)
     note = compare_snapshots(plain, typo, "b.json", "a.json").lines[0]
     assert note.endswith("renumbered by a subscribed topic with no partition assigned (0-typo)")
+    # review67 L4: a row whose user data alone is unreadable still says its topics: it hides
+    # none, so a-x is removed; a typo in both files' rows renumbers nothing and is not named.
+    read = {"member_id": "m2", "process": None, "topics": ["orders"], "undecodable": "bad"}
+    known = _described(["orders"], {"m1": ["orders-0"]}, read)
+    note = compare_snapshots(both, known, "b.json", "a.json").lines[0]
+    assert note.endswith(
+        "(removed topic a-x); a removed topic numbered past every id there: a-x as 1_p"
+    )
+    lasting = {"member_id": "m3", "process": "m3", "topics": ["0-a", "orders"]}
+    lasting_typo = _described(["0-a", "orders"], {"m1": ["orders-0"]}, lasting)
+    both_typos = {"member_id": "m3", "process": "m3", "topics": ["0-a", "0-typo", "orders"]}
+    typos = _described(["0-a", "0-typo", "orders"], {"m1": ["orders-0"]}, both_typos)
+    note = compare_snapshots(lasting_typo, typos, "b.json", "a.json").lines[0]
+    assert note.endswith("renumbered by a subscribed topic with no partition assigned (0-typo)")
     unknown = attrs.evolve(plain, subscribed_topics=None)  # a file without member rows
     note = compare_snapshots(unknown, typo, "b.json", "a.json").lines[0]
     assert note.endswith("a subscribed topic with no partition assigned (or an edited file)")
+
+
+def test_files_name_a_subscribed_topic_with_no_partition_only_where_it_renumbered() -> None:
+    """review67 L1, L2 for files: a topic created since BEFORE saved it with no partition is
+    numbered in both files (an added topic, not also one with no partition); one taking a
+    gone topic's slot leaves every topic of both files its number, so is not named."""
+    pending_row = {"member_id": "m3", "process": "m3", "topics": ["0-new", "b-old", "orders"]}
+    pending = _described(["0-new", "b-old", "orders"], {"m1": ["b-old-0", "orders-0"]}, pending_row)
+    created = _described(["0-new", "orders"], {"m1": ["0-new-0", "orders-0"]})
+    note = compare_snapshots(pending, created, "b.json", "a.json").lines[0]
+    assert note.endswith(
+        "renumbered by a change of topics (added topic 0-new; removed topic b-old); a removed "
+        "topic numbered past every id there: b-old as 2_p"
+    )
+    gone = _described(["a-new", "orders"], {"m1": ["orders-0"], "m2": ["a-new-0"]})
+    slot_row = {"member_id": "m3", "process": "m3", "topics": ["a-pending", "orders"]}
+    slot_taken = _described(["a-pending", "orders"], {"m1": ["orders-0"]}, slot_row)
+    note = compare_snapshots(gone, slot_taken, "b.json", "a.json").lines[0]
+    assert note.endswith(
+        "renumbered by a change of topics (removed topic a-new); a removed topic numbered past "
+        "every id there: a-new as 2_p"
+    )
