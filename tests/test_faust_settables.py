@@ -110,3 +110,10 @@ def test_a_store_faust_cannot_resolve_is_logged_not_raised(
         warn_about_set_tables(app)
     assert [r.levelno for r in caplog.records] == [logging.ERROR]
     assert "cannot check this app's set tables" in caplog.records[0].getMessage()
+
+
+def test_a_windowed_set_table_is_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    app = make_app(tmp_path, 7000, store="rocksdb://")
+    app.SetTable("visits", start_manager=False).tumbling(60.0)
+    [line], _ = warned(app, caplog)
+    assert "set table visits is stored in RocksDB" in line
