@@ -15,7 +15,7 @@ from faust.stores.rocksdb import Store as RocksDBStore
 
 from streamassign.faust._settables import set_tables_on_disk, warn_about_set_tables
 
-from .test_faust_assignor import make_app
+from .test_faust_assignor import CL, SET_CL, SRC, make_app, rebalance
 
 LOGGER = "streamassign.faust"
 
@@ -110,6 +110,22 @@ def test_a_store_faust_cannot_resolve_is_logged_not_raised(
         warn_about_set_tables(app)
     assert [r.levelno for r in caplog.records] == [logging.ERROR]
     assert "cannot check this app's set tables" in caplog.records[0].getMessage()
+
+
+def test_a_worker_says_it_once_per_process_at_its_first_join(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At the first join every table is declared (the worker has started); each later join
+    (every rebalance) would repeat it, so only the first says it."""
+    app = make_app(tmp_path, 7000, store="rocksdb://")
+    app.SetTable("members", value_type=int, start_manager=False)
+    with caplog.at_level(logging.WARNING, LOGGER):
+        assignor = app.assignor
+        assert set_table_lines(caplog, logging.WARNING) == []  # not when the assignor is made
+        for _ in range(3):
+            rebalance({"m0": assignor}, counts={SRC: 6, CL: 6, SET_CL: 6})
+    assert len(set_table_lines(caplog, logging.WARNING)) == 1
+    assert len(set_table_lines(caplog, logging.ERROR)) == 1
 
 
 def test_a_windowed_set_table_is_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
