@@ -75,6 +75,7 @@ from ._damaged import (
     is_newer_format_status,
     partition_dirs,
 )
+from ._settables import warn_about_set_tables
 from ._watch import JoinErrors, MetadataWatch, unsized
 from .leader import (
     CAPACITY_TAG,
@@ -347,6 +348,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                     sums[t] = offset
             if not self._unheld_checked:
                 self._unheld_checked = True
+                warn_about_set_tables(self.app)  # Faust loses their members at restarts
                 self._check_unheld_tables(held, dictionary, damaged)
         finally:  # a directory moved before an error is named all the same
             self._log_damaged(damaged)
