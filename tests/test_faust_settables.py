@@ -97,7 +97,10 @@ def test_value_type_adds_one_error_line(tmp_path: Path, caplog: pytest.LogCaptur
     assert "set table members (value_type=int) in RocksDB" in error
     assert "comes back EMPTY at every restart" in error
     assert "#261" in error
+    assert "Drop value_type" in error
     assert "tags" not in error
+    # Read, not made: the check must not create a store Faust would open later.
+    assert all(table._data is None for table in app.tables.values())
 
 
 def test_a_store_faust_cannot_resolve_is_logged_not_raised(
@@ -133,3 +136,4 @@ def test_a_windowed_set_table_is_named(tmp_path: Path, caplog: pytest.LogCapture
     app.SetTable("visits", start_manager=False).tumbling(60.0)
     [line], _ = warned(app, caplog)
     assert "set table visits is stored in RocksDB" in line
+    assert "a windowed set table has none: use a Table whose value is the whole set" in line

@@ -110,10 +110,11 @@ def _log_lost_members(on_disk: Sequence[SetTableStorage]) -> None:
         "set table%s %s %s stored in RocksDB, where Faust (faust-streaming %s) loses members "
         "at every restart, clean or not, with any assignor: each key's stored set lacks its "
         "last change, and members restored from the changelog never reach the disk; streamassign "
-        "cannot repair it. Workaround: store='memory:///' on the set table (three slashes: "
-        "'memory://' is ignored) and a changelog retention that keeps the whole history (set "
-        "changelogs are not compacted: cleanup.policy=delete, the broker's retention.ms, 7 days "
-        "by default; retention.ms=-1 keeps all) "
+        "cannot repair it. Workaround without windows: store='memory:///' on the set table "
+        "(three slashes: 'memory://' is ignored) and a changelog retention that keeps the "
+        "whole history (retention.ms=-1: such a changelog is not compacted, and the broker "
+        "deletes after 7 days by default); a windowed set table has none: use a Table whose "
+        "value is the whole set "
         '(docs/faust.md, "Set tables")',
         "" if len(on_disk) == 1 else "s",
         ", ".join(t.describe() for t in on_disk),
@@ -128,7 +129,8 @@ def _log_empty_at_restart(typed: Sequence[SetTableStorage]) -> None:
         "while the worker reports ready: Faust decodes each whole stored set as one member "
         "(ValueDecodeError, logged as 'Task exception was never retrieved'; faust-streaming "
         "issue #261), and the next change to a key stores over its members on disk. "
-        "Workaround: store='memory:///' (docs/faust.md, \"Set tables\")",
+        "Drop value_type: it names the member type, and Faust stores whole sets "
+        '(docs/faust.md, "Set tables")',
         "" if len(typed) == 1 else "s",
         ", ".join(f"{t.name} (value_type={t.value_type})" for t in typed),
         "s" if len(typed) == 1 else "",
