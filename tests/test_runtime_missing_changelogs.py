@@ -152,8 +152,9 @@ def test_describing_topics_never_asks_the_broker_to_create_them() -> None:
 
     found = asyncio.run(_describe(SimpleNamespace(_send_request=send), ["ready", "gone"]))
     assert found == {"ready": partitions(2), "electing": partitions(2, leader=-1)}
-    (request,) = sent
-    assert request._allow_auto_topic_creation is False and request._topics == ["ready", "gone"]
+    (request,) = sent  # the no-create wrapper of streamassign.aiokafka.metadata
+    asked = request.request
+    assert asked._allow_auto_topic_creation is False and asked._topics == ["ready", "gone"]
 
 
 class JustUnfencedAdmin:
