@@ -173,7 +173,8 @@ class JustUnfencedAdmin:
         if self.asked == 1:
             raise NodeNotReadyError("Attempt to send a request to node which is not ready")
         described = [
-            {"topic": t, "error_code": 0, "partitions": partitions(6)} for t in request._topics
+            {"topic": t, "error_code": 0, "partitions": partitions(6)}
+            for t in request.request._topics
         ]
         return SimpleNamespace(to_object=lambda: {"topics": described})
 
