@@ -608,7 +608,7 @@ class Coordinator:
 
     def __init__(self, member_id: str) -> None:
         self.member_id = member_id
-        self.generation = 1  # read with the member id; only the id matters here
+        self.generation = 1  # -1 after a reset, until a JoinGroup response gives one
 
 
 class Consumer:
@@ -701,6 +701,71 @@ def test_a_completion_with_no_member_id_to_read_counts_as_before(
     assert recovered_tag(assignor) == "1"
     monkeypatch.setattr(assignor, "_consumer", lambda: Consumer(""))
     assert recovered_tag(assignor) == "1"  # a completion it could not scope stays
+
+
+def test_a_completion_cancelled_after_its_signal_is_not_settled_by_the_join_that_cancelled_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review68 F1: Faust sends ``on_rebalance_complete`` ("Restore complete!"), then awaits the
+    tables' callbacks and a seek before it sets ``completed``; a new assignment in between
+    cancels the rest. That assignment's join under the same id settled the completion that
+    never happened, so a later real one, completed just before a reset (faustlive2 M1),
+    said 1."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor, consumer = with_consumer(app, "m-1", monkeypatch)
+    rebalance({"m0": assignor})  # generation 1: the first recovery starts
+    asyncio.run(app.on_rebalance_complete.send())  # its completion sends the signal ...
+    rebalance({"m0": assignor})  # ... and this join's assignment cancels it before the flag
+    assert not app.tables.recovery.completed.is_set()
+    assert recovered_tag(assignor) == "0"
+    recovery_completes(app)  # the next recovery completes, in the second before ...
+    consumer.set_member_id("")  # ... the failed heartbeat: no join outlived a completion
+    assert recovered_tag(assignor) == "0"
+
+
+def test_a_completion_while_the_join_phase_holds_a_new_id_is_in_no_membership(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review68 F2: after a reset aiokafka's JoinGroup gets MEMBER_ID_REQUIRED and sets the new
+    id at once (generation still -1), then waits for the join phase to end. A completion
+    signalled then was recorded under the new id and settled by that join: the worker
+    counted as a veteran though its only completion was in no membership."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor, consumer = with_consumer(app, "m-1", monkeypatch)
+    rebalance({"m0": assignor})
+    consumer.set_member_id("")  # expired before its first recovery completed
+    consumer._coordinator.generation = -1
+    assert recovered_tag(assignor) == "0"
+    consumer.set_member_id("m-2")  # MEMBER_ID_REQUIRED; not a member yet
+    recovery_completes(app)  # the lost membership's recovery completes in the join phase
+    consumer._coordinator.generation = 5
+    rebalance({"m0": assignor})  # joined as m-2
+    assert recovered_tag(assignor) == "0"
+    consumer.set_member_id("")  # expires again while it catches up in m-2
+    consumer._coordinator.generation = -1
+    assert recovered_tag(assignor) == "0"
+    consumer.set_member_id("m-3")
+    consumer._coordinator.generation = 6
+    recovery_completes(app)  # a completion in a membership counts, as before
+    assert recovered_tag(assignor) == "1"
+
+
+def test_a_join_under_fausts_protocol_settles_a_completion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review68 F4: in a rolling switch the group runs Faust's protocol, whose assignment goes
+    through ``_on_fausts_assignment``; its joins settled no completion, so a veteran whose
+    recovery completed then and that expired before a join on ours said 0 (review37's case:
+    the leader counts its claims, a cold takeover's too, as caught up)."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor, consumer = with_consumer(app, "m-1", monkeypatch)
+    recovery_completes(app)
+    fausts = assignor.fallback_assignors()[0]
+    answers = fausts.assign(Cluster(COUNTS), {"m-1": fausts.metadata(set(COUNTS))})
+    fausts.on_assignment(answers["m-1"])  # m-1 joined again, on Faust's protocol
+    assert assignor.protocol_in_use == "faust"
+    consumer.set_member_id("")  # expires later, restoring a cold takeover
+    assert recovered_tag(assignor) == "1"
 
 
 def test_aiokafkas_reset_empties_the_member_id_the_scope_reads() -> None:

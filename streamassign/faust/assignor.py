@@ -137,22 +137,34 @@ class RecoveryScope:
     restoring a cold takeover keeps the tie-break's answer, review37). Without a member id
     to read (no consumer, another aiokafka), the tag is Faust's flag as before."""
 
-    #: The member id of the last completion not yet outlived by a join; "" after a reset.
+    #: The member id of the last completion not yet outlived by a join; "" when it happened
+    #: in no membership (after a reset, or at generation -1 under the id MEMBER_ID_REQUIRED
+    #: gave it before the JoinGroup retry is answered).
     completed_as: str | None = None
     #: A completion's membership outlived it, or one happened without a member id to scope it.
     settled: bool = False
 
-    def completed(self, member_id: str | None) -> None:
-        """Faust's recovery completed (its ``on_rebalance_complete``) while the member had
-        ``member_id`` (None: unreadable)."""
-        if member_id is None:
+    def completed(self, member: tuple[str, int] | None) -> None:
+        """Faust's recovery sent ``on_rebalance_complete`` while the member was ``member``
+        (aiokafka's member id and generation; None: unreadable). At generation -1 the member is
+        in no membership: aiokafka reset it, or MEMBER_ID_REQUIRED gave it an id (set at once,
+        generation still -1) and its JoinGroup retry waits for the join phase to end; a
+        completion then would be settled by that join though no membership outlived it
+        (review68 F2)."""
+        if member is None:
             self.settled = True
         else:
-            self.completed_as = member_id
+            member_id, generation = member
+            self.completed_as = member_id if generation >= 0 else ""
 
-    def joined(self, member_id: str | None) -> None:
-        """A join completed with ``member_id``: a completion under that id was the group's."""
-        if member_id and member_id == self.completed_as:
+    def joined(self, member_id: str | None, flag_set: bool) -> None:
+        """A join completed with ``member_id``: a completion under that id was the group's if it
+        finished, Faust's ``completed`` being set (``flag_set``). Faust sends the signal before
+        it awaits the tables' callbacks and a seek, then sets the flag; the assignment of this
+        very join cancels a completion still in between, and without the check the join
+        settled it (review68 F1). An earlier completion's flag stays set, so one cancelled
+        after a reset's void completion still settles: that needs a hook after the flag."""
+        if flag_set and member_id and member_id == self.completed_as:
             self.settled = True
 
     def recovered(self, flag_set: bool, member_id: str | None) -> bool:
@@ -431,7 +443,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             info = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR)
         self._bind_rejoiner()
         self.join_errors.joined()
-        self.recovery_scope.joined(self._member_id())
+        self._recovery_joined()
         if self._fausts_in_use is not None:
             log.warning("the group uses %s again (every member offers it)", PROTOCOL_NAME)
             self._fausts_in_use = None
@@ -543,6 +555,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def _on_fausts_assignment(self) -> None:
         self._end_round()
         self.join_errors.joined()
+        self._recovery_joined()
         if self._fausts_in_use is None:
             log.warning(
                 "the group uses Faust's own assignor: some member does not offer %s yet",
@@ -884,14 +897,21 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         """Whether Faust's recovery has completed (actives restored) since this worker started
         (its ``completed`` event is set then, and never cleared), in a membership the group
         still had then (``RecoveryScope``)."""
+        return self.recovery_scope.recovered(self._recovery_flag_set(), self._member_id())
+
+    def _recovery_flag_set(self) -> bool:
+        """Faust's ``recovery.completed``: set once its recovery has first completed."""
         completed = getattr(getattr(self.app.tables, "recovery", None), "completed", None)
-        flag_set = completed is not None and bool(completed.is_set())
-        return self.recovery_scope.recovered(flag_set, self._member_id())
+        return completed is not None and bool(completed.is_set())
 
     def _on_recovery_completed(self, sender: Any = None, **kwargs: Any) -> None:
         """Faust's ``on_rebalance_complete``, sent (on the main thread) just before its
         recovery sets ``completed``: note the membership it completes in."""
-        self.recovery_scope.completed(self._member_id())
+        self.recovery_scope.completed(membership(self._consumer()))
+
+    def _recovery_joined(self) -> None:
+        """A join completed (under either protocol): the scope's ``joined``."""
+        self.recovery_scope.joined(self._member_id(), self._recovery_flag_set())
 
     def _member_id(self) -> str | None:
         """The aiokafka member id of this worker ("" after a reset, until it joins again);
