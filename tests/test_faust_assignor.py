@@ -27,6 +27,8 @@ from faust.types import TP
 from streamassign import TaskId
 from streamassign.errors import ErrorCode
 from streamassign.faust import CAPACITY_ENV, PROTOCOL_NAME, PartitionAssignor
+from streamassign.faust import _damaged as damaged_module
+from streamassign.faust import assignor as assignor_module
 from streamassign.faust.leader import (
     CAPACITY_TAG,
     CHANGELOGS_TAG,
@@ -425,6 +427,74 @@ def test_a_worker_given_back_partitions_it_has_no_state_of_says_it_restores_them
     assert f"{len(cold)} of the partitions" in line
     assert line.endswith("(" + ", ".join(str(t) for t in cold) + ")")
     assert restoring_lines() == []
+
+
+def restore_lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> list[str]:
+    """The INFO lines naming partitions restored from the start, among ``caplog``'s records."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= level and "no local table state" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        "IO error: While open a file for random read: /x/000009.sst: Input/output error",
+        "Corruption: Corrupt or unsupported format_version: 7",
+    ],
+)
+def test_the_restore_line_leaves_out_a_partition_it_could_not_read(
+    tmp_path: Path, status: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review68 F3: a disk error or a newer RocksDB's files: nothing read, reported at 0 and
+    claimed, and the line said it had no offset persisted and restored it from the start of
+    its changelog. Faust fails to open it instead (or finds its offset): it is no cold
+    restore."""
+    counts = {SRC: 6, CL: 6}
+    ran = stopped_after_running_alone(tmp_path / "w0", counts)
+    unreadable = min(ran)
+    read_settled = assignor_module._read_settled
+
+    def read(store: Any, path: Path) -> bytes | None:
+        if path.name.endswith(f"-{unreadable.partition}.db"):
+            raise Exception(status)
+        return read_settled(store, path)
+
+    monkeypatch.setattr(assignor_module, "_read_settled", read)
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    assert reported(app.assignor).offset_sums[unreadable] == 0  # as before: state at 0
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        rebalance({"m0": app.assignor}, counts=counts)
+    assert unreadable in app.assignor.info.active
+    assert restore_lines(caplog) == []
+
+
+def test_the_restore_line_leaves_out_a_database_another_process_has_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review68 F3: a read racing another process's compaction reads as damage; a held LOCK
+    means none, and the directory stays, logged at DEBUG. The line above DEBUG said it had no
+    offset persisted and was restored from scratch; the database is whole, and Faust resumes
+    it from its offset once the lock is released."""
+    counts = {SRC: 6, CL: 6}
+    ran = stopped_after_running_alone(tmp_path / "w0", counts)
+    live = min(ran).partition
+    read_settled = assignor_module._read_settled
+
+    def read(store: Any, path: Path) -> bytes | None:
+        if path.name.endswith(f"-{live}.db"):
+            raise Exception("Corruption: Can't access /x/000012.sst: IO error: No such file")
+        return read_settled(store, path)
+
+    monkeypatch.setattr(assignor_module, "_read_settled", read)
+    monkeypatch.setattr(damaged_module, "lock_holder", lambda path: "pid 4242")
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    with caplog.at_level(logging.DEBUG, logger="streamassign"):
+        rebalance({"m0": app.assignor}, counts=counts)
+    assert any("is open in pid 4242" in r.getMessage() for r in caplog.records)
+    assert restore_lines(caplog, logging.DEBUG) == []
 
 
 def test_a_restart_reads_the_offsets_of_a_table_with_a_ttl(tmp_path: Path) -> None:

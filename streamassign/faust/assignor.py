@@ -724,8 +724,10 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         counts as wiped; one that stays (this worker may have it open, or the rename failed)
         makes a declared previous active ``_UNPARSED``: reported at 0 (its lag is no reason to
         hand it back) and not claimed (a claim would bring it back whatever its lag). A
-        previous active reported at 0 for want of readable state is added to
-        ``no_local_state`` (``_log_restores_from_scratch`` names it if it comes back)."""
+        previous active reported at 0 with nothing on disk (no directory, no offset key, moved
+        aside as damaged) is added to ``no_local_state`` (``_log_restores_from_scratch`` names
+        it if it comes back); not one only unreadable (``_UNREAD``): Faust opens that itself,
+        and finds its offset or fails on it, which the line would misstate (review68 F3)."""
         offset = self._standby_offset_sum(task, topics) if task in following else None
         if offset is None:
             on_disk = self._disk_offset_sum(task, topics, damaged, in_use=task in following)
@@ -740,14 +742,17 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 return _UNPARSED
             # Held from the saved assignment, not claimed: state it cannot measure, no sum.
             return None
-        if on_disk is None and task in following:
-            # A standby now, nothing applied nor on disk: 0, else the leader sees no state.
+        if on_disk is not None and on_disk is not _UNREAD:
+            return on_disk
+        if task in following:
+            # A standby now, nothing applied nor read on disk: 0, else the leader sees no state.
             return 0
-        if on_disk is None and task in previous and self._has_disk_tables(task, topics):
+        if task in previous and self._has_disk_tables(task, topics):
             # A RocksDB table wiped or unreadable: state at 0, not stateless (see above).
-            no_local_state.add(task)
+            if on_disk is None:  # nothing there: Faust restores it from the start
+                no_local_state.add(task)
             return 0
-        return on_disk
+        return None
 
     def _task_tables(self, task: TaskId, topics: Mapping[str, int]) -> list[Any]:
         """The (not global) tables with a changelog partition of ``task`` (``topics``: its
@@ -765,14 +770,16 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _disk_offset_sum(
         self, task: TaskId, topics: Mapping[str, int], damaged: DamagedTables, in_use: bool
-    ) -> int | Literal[_Unparsed.VALUE] | None:
+    ) -> int | Literal[_Unparsed.VALUE, _Unread.VALUE] | None:
         """Sum of the offsets this worker's on-disk (RocksDB) tables persisted for ``task``;
         ``None`` when it has none (in-memory tables keep nothing across a restart). A damaged
         table directory is moved aside (then it holds nothing) unless this worker may have
         it open (``in_use``: ``task`` is assigned to it now); ``_UNPARSED`` when one stays.
-        One another process has open, or a newer RocksDB wrote, is no damage: nothing read."""
+        One another process has open, or a newer RocksDB wrote, is no damage: nothing read;
+        ``_UNREAD`` when no offset was read and such a directory (or one the disk or a lock
+        kept from being read) may hold one."""
         found = []
-        unparsed = False
+        unparsed = unread = False
         for table in self._task_tables(task, topics):
             store = _disk_store(table)
             if _keeps_state_on_disk(store):
@@ -781,12 +788,20 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             if isinstance(offset, DamagedTable):
                 open_here = in_use or self._may_be_open(table, task.partition)
                 reread = functools.partial(_still_damaged, store, task.partition)
-                unparsed |= damaged.move_aside(offset, open_here, reread) is Aside.KEPT
+                aside = damaged.move_aside(offset, open_here, reread)
+                unparsed |= aside is Aside.KEPT
+                unread |= aside is Aside.LIVE  # whole: a read raced another process's writes
             elif isinstance(offset, NewerFormatTable):  # not damage: nothing read
                 damaged.newer.append(offset)
+                unread = True
+            elif offset is _UNREAD:
+                unread = True
             elif offset is not None:
                 found.append(offset)
-        return _UNPARSED if unparsed else applied_offset_sum(found)
+        if unparsed:
+            return _UNPARSED
+        offset_sum = applied_offset_sum(found)
+        return _UNREAD if offset_sum is None and unread else offset_sum
 
     def _check_unheld_tables(
         self,
@@ -1090,6 +1105,19 @@ class _Unparsed(enum.Enum):
 #: What ``_held_offset_sum`` answers of a task with a damaged directory left in place.
 _UNPARSED: Literal[_Unparsed.VALUE] = _Unparsed.VALUE
 
+
+class _Unread(enum.Enum):
+    """A table partition directory on disk whose offset could not be read: a lock or the disk
+    (``NOT_DAMAGE_STATUSES``: permissions, I/O errors), a newer RocksDB's files, or a database
+    another process has open. Unlike one with nothing in it, Faust does not restore it from the
+    start: it opens it and finds its offset, or fails on it (logged there)."""
+
+    VALUE = enum.auto()
+
+
+#: What ``_persisted_offset`` and ``_disk_offset_sum`` answer of such a directory.
+_UNREAD: Literal[_Unread.VALUE] = _Unread.VALUE
+
 #: Bytes RocksDB's TTL database (Faust's ``options={"ttl": ...}``, rocksdict's
 #: ``AccessType.with_ttl``) appends to every value: the write time, a 32-bit integer. A
 #: read-only handle (rocksdict has no read-only TTL open) returns them with the value.
@@ -1105,15 +1133,18 @@ def _still_damaged(store: Any, partition: int) -> bool:
     return isinstance(_persisted_offset(store, partition), DamagedTable)
 
 
-def _persisted_offset(store: Any, partition: int) -> int | DamagedTable | NewerFormatTable | None:
+def _persisted_offset(
+    store: Any, partition: int
+) -> int | DamagedTable | NewerFormatTable | Literal[_Unread.VALUE] | None:
     """The changelog offset Faust's RocksDB ``store`` persisted for ``partition``, read through
     a private read-only handle that is closed right away.
 
     Never through the store's own ``persisted_offset``: that opens the database into the
     store's handle cache from this (the consumer's) thread, where the main thread does not
     expect it, and holds RocksDB's lock on partitions this worker may never get back. ``None``
-    for other stores, a partition with nothing on disk, or a database that cannot be read for
-    a reason other than its files (logged at DEBUG); a ``DamagedTable`` for one Faust crashes
+    for other stores, a partition with nothing on disk or no offset key; ``_UNREAD`` for a
+    database that cannot be read for a reason other than its files (logged at DEBUG); a
+    ``DamagedTable`` for one Faust crashes
     on: RocksDB reports its files damaged, or it holds a value under the offset key that is
     no offset (Faust's own ``int()`` fails on it); a ``NewerFormatTable`` for one a newer
     RocksDB wrote.
@@ -1131,8 +1162,8 @@ def _persisted_offset(store: Any, partition: int) -> int | DamagedTable | NewerF
             return NewerFormatTable(path, why, _rocksdb_library(store))
         if is_damaged_status(exc, path):
             return DamagedTable(path, why)
-        log.debug("no persisted offset in %s: %s", path, exc)
-        return None
+        log.debug("cannot read the persisted offset in %s: %s", path, exc)
+        return _UNREAD
     if raw is None:
         return None
     options = store.rocksdb_options
