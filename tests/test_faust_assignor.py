@@ -438,6 +438,27 @@ def restore_lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -
     ]
 
 
+def test_the_restore_line_names_only_the_partitions_this_worker_gets_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review68 F5c: a restarted worker with wiped tables shares them with a new worker; the
+    line names those it got back, not those the leader gave the other."""
+    counts = {SRC: 6, CL: 6}
+    ran = stopped_after_running_alone(tmp_path / "w0", counts)
+    keep = min(ran).partition
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    wipe(Path(app.conf.tabledir), "removed", keep)
+    other = make_app(tmp_path / "w1", 7001, store="rocksdb://")
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        rebalance({"m0": app.assignor, "m1": other.assignor}, counts=counts)
+    cold = {t for t in ran if t.partition != keep}
+    back = sorted(cold & app.assignor.info.active)
+    assert back and cold - set(back)  # some come back, some go to the new worker
+    (line,) = restore_lines(caplog)
+    assert line.startswith(f"{len(back)} of the partitions")
+    assert line.endswith("(" + ", ".join(str(t) for t in back) + ")")
+
+
 @pytest.mark.parametrize(
     "status",
     [
