@@ -425,6 +425,7 @@ def test_a_worker_given_back_partitions_it_has_no_state_of_says_it_restores_them
     assert assignor.info.active == ran  # alone: every one comes back
     cold = sorted(t for t in ran if t.partition != keep)
     assert f"{len(cold)} of the partitions" in line
+    assert "none written before the worker stopped" in line and "flushed" not in line
     assert line.endswith("(" + ", ".join(str(t) for t in cold) + ")")
     assert restoring_lines() == []
 

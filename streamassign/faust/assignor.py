@@ -881,13 +881,17 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         state of: without it, an operator sees a restarted worker restore its own partitions
         from the start of their changelogs with nothing saying why (faustlive2 L1)."""
         cold = sorted(self._no_local_state & info.active)
-        self._no_local_state = frozenset()  # said once: the next join reports them running
+        # Tidiness only: each metadata() recomputes it, so the line cannot repeat either way.
+        self._no_local_state = frozenset()
         if cold:
+            # Not "unflushed": a RocksDB write survives a kill -9 in its write-ahead log, so a
+            # directory without an offset is one Faust wrote none to (it writes one when its
+            # recovery applies changelog records or a changelog write is committed).
             log.info(
                 "%d of the partitions assigned back to this worker have no local table state "
-                "(no offset persisted in their table directories: wiped, moved aside as "
-                "damaged, or not flushed before a kill): restoring them from the start of "
-                "their changelogs (%s)",
+                "(no changelog offset recorded in their table directories: wiped, moved aside "
+                "as damaged, or none written before the worker stopped): restoring them from "
+                "the start of their changelogs (%s)",
                 len(cold),
                 ", ".join(str(t) for t in cold),
             )
