@@ -860,6 +860,27 @@ def test_a_join_under_fausts_protocol_settles_a_completion(
     assert recovered_tag(assignor) == "1"
 
 
+def test_an_error_reading_the_membership_at_a_completion_does_not_stop_fausts_recovery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler runs inside Faust's recovery: an error through ``Signal.send`` would stop
+    it. Logged instead, and the tag falls back to Faust's flag."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor = app.assignor
+    assert isinstance(assignor, PartitionAssignor)
+
+    def broken() -> None:
+        raise RuntimeError("no consumer to read")
+
+    monkeypatch.setattr(assignor, "_consumer", broken)
+    with caplog.at_level(logging.ERROR, logger="streamassign.faust"):
+        asyncio.run(app.on_rebalance_complete.send())
+    assert any("group membership" in r.getMessage() for r in caplog.records)
+    app.tables.recovery.completed.set()
+    monkeypatch.setattr(assignor, "_consumer", lambda: Consumer(""))
+    assert recovered_tag(assignor) == "1"
+
+
 def test_aiokafkas_reset_empties_the_member_id_the_scope_reads() -> None:
     """The installed aiokafka's contract ``RecoveryScope`` relies on: its reset after a failed
     heartbeat (``UnknownMemberId``, an illegal generation) leaves ``member_id`` "" until the

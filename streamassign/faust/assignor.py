@@ -925,8 +925,17 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _on_recovery_completed(self, sender: Any = None, **kwargs: Any) -> None:
         """Faust's ``on_rebalance_complete``, sent (on the main thread) just before its
-        recovery sets ``completed``: note the membership it completes in."""
-        self.recovery_scope.completed(membership(self._consumer()))
+        recovery sets ``completed``: note the membership it completes in. Never raises: an
+        error would go through Faust's ``Signal.send`` and stop its recovery."""
+        try:
+            member = membership(self._consumer())
+        except Exception:
+            log.exception(
+                "cannot read this worker's group membership as its recovery completes; its "
+                "recovered tag is Faust's flag from now on"
+            )
+            member = None
+        self.recovery_scope.completed(member)
 
     def _recovery_joined(self) -> None:
         """A join completed (under either protocol): the scope's ``joined``."""
