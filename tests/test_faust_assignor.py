@@ -27,6 +27,8 @@ from faust.types import TP
 from streamassign import TaskId
 from streamassign.errors import ErrorCode
 from streamassign.faust import CAPACITY_ENV, PROTOCOL_NAME, PartitionAssignor
+from streamassign.faust import _damaged as damaged_module
+from streamassign.faust import assignor as assignor_module
 from streamassign.faust.leader import (
     CAPACITY_TAG,
     CHANGELOGS_TAG,
@@ -423,8 +425,98 @@ def test_a_worker_given_back_partitions_it_has_no_state_of_says_it_restores_them
     assert assignor.info.active == ran  # alone: every one comes back
     cold = sorted(t for t in ran if t.partition != keep)
     assert f"{len(cold)} of the partitions" in line
+    assert "none written before the worker stopped" in line and "flushed" not in line
     assert line.endswith("(" + ", ".join(str(t) for t in cold) + ")")
     assert restoring_lines() == []
+
+
+def restore_lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> list[str]:
+    """The INFO lines naming partitions restored from the start, among ``caplog``'s records."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= level and "no local table state" in r.getMessage()
+    ]
+
+
+def test_the_restore_line_names_only_the_partitions_this_worker_gets_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review68 F5c: a restarted worker with wiped tables shares them with a new worker; the
+    line names those it got back, not those the leader gave the other."""
+    counts = {SRC: 6, CL: 6}
+    ran = stopped_after_running_alone(tmp_path / "w0", counts)
+    keep = min(ran).partition
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    wipe(Path(app.conf.tabledir), "removed", keep)
+    other = make_app(tmp_path / "w1", 7001, store="rocksdb://")
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        rebalance({"m0": app.assignor, "m1": other.assignor}, counts=counts)
+    cold = {t for t in ran if t.partition != keep}
+    back = sorted(cold & app.assignor.info.active)
+    assert back and cold - set(back)  # some come back, some go to the new worker
+    (line,) = restore_lines(caplog)
+    assert line.startswith(f"{len(back)} of the partitions")
+    assert line.endswith("(" + ", ".join(str(t) for t in back) + ")")
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        "IO error: While open a file for random read: /x/000009.sst: Input/output error",
+        "Corruption: Corrupt or unsupported format_version: 7",
+    ],
+)
+def test_the_restore_line_leaves_out_a_partition_it_could_not_read(
+    tmp_path: Path, status: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review68 F3: a disk error or a newer RocksDB's files: nothing read, reported at 0 and
+    claimed, and the line said it had no offset persisted and restored it from the start of
+    its changelog. Faust fails to open it instead (or finds its offset): it is no cold
+    restore."""
+    counts = {SRC: 6, CL: 6}
+    ran = stopped_after_running_alone(tmp_path / "w0", counts)
+    unreadable = min(ran)
+    read_settled = assignor_module._read_settled
+
+    def read(store: Any, path: Path) -> bytes | None:
+        if path.name.endswith(f"-{unreadable.partition}.db"):
+            raise Exception(status)
+        return read_settled(store, path)
+
+    monkeypatch.setattr(assignor_module, "_read_settled", read)
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    assert reported(app.assignor).offset_sums[unreadable] == 0  # as before: state at 0
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        rebalance({"m0": app.assignor}, counts=counts)
+    assert unreadable in app.assignor.info.active
+    assert restore_lines(caplog) == []
+
+
+def test_the_restore_line_leaves_out_a_database_another_process_has_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review68 F3: a read racing another process's compaction reads as damage; a held LOCK
+    means none, and the directory stays, logged at DEBUG. The line above DEBUG said it had no
+    offset persisted and was restored from scratch; the database is whole, and Faust resumes
+    it from its offset once the lock is released."""
+    counts = {SRC: 6, CL: 6}
+    ran = stopped_after_running_alone(tmp_path / "w0", counts)
+    live = min(ran).partition
+    read_settled = assignor_module._read_settled
+
+    def read(store: Any, path: Path) -> bytes | None:
+        if path.name.endswith(f"-{live}.db"):
+            raise Exception("Corruption: Can't access /x/000012.sst: IO error: No such file")
+        return read_settled(store, path)
+
+    monkeypatch.setattr(assignor_module, "_read_settled", read)
+    monkeypatch.setattr(damaged_module, "lock_holder", lambda path: "pid 4242")
+    app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
+    with caplog.at_level(logging.DEBUG, logger="streamassign"):
+        rebalance({"m0": app.assignor}, counts=counts)
+    assert any("is open in pid 4242" in r.getMessage() for r in caplog.records)
+    assert restore_lines(caplog, logging.DEBUG) == []
 
 
 def test_a_restart_reads_the_offsets_of_a_table_with_a_ttl(tmp_path: Path) -> None:
@@ -608,7 +700,7 @@ class Coordinator:
 
     def __init__(self, member_id: str) -> None:
         self.member_id = member_id
-        self.generation = 1  # read with the member id; only the id matters here
+        self.generation = 1  # -1 after a reset, until a JoinGroup response gives one
 
 
 class Consumer:
@@ -701,6 +793,92 @@ def test_a_completion_with_no_member_id_to_read_counts_as_before(
     assert recovered_tag(assignor) == "1"
     monkeypatch.setattr(assignor, "_consumer", lambda: Consumer(""))
     assert recovered_tag(assignor) == "1"  # a completion it could not scope stays
+
+
+def test_a_completion_cancelled_after_its_signal_is_not_settled_by_the_join_that_cancelled_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review68 F1: Faust sends ``on_rebalance_complete`` ("Restore complete!"), then awaits the
+    tables' callbacks and a seek before it sets ``completed``; a new assignment in between
+    cancels the rest. That assignment's join under the same id settled the completion that
+    never happened, so a later real one, completed just before a reset (faustlive2 M1),
+    said 1."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor, consumer = with_consumer(app, "m-1", monkeypatch)
+    rebalance({"m0": assignor})  # generation 1: the first recovery starts
+    asyncio.run(app.on_rebalance_complete.send())  # its completion sends the signal ...
+    rebalance({"m0": assignor})  # ... and this join's assignment cancels it before the flag
+    assert not app.tables.recovery.completed.is_set()
+    assert recovered_tag(assignor) == "0"
+    recovery_completes(app)  # the next recovery completes, in the second before ...
+    consumer.set_member_id("")  # ... the failed heartbeat: no join outlived a completion
+    assert recovered_tag(assignor) == "0"
+
+
+def test_a_completion_while_the_join_phase_holds_a_new_id_is_in_no_membership(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review68 F2: after a reset aiokafka's JoinGroup gets MEMBER_ID_REQUIRED and sets the new
+    id at once (generation still -1), then waits for the join phase to end. A completion
+    signalled then was recorded under the new id and settled by that join: the worker
+    counted as a veteran though its only completion was in no membership."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor, consumer = with_consumer(app, "m-1", monkeypatch)
+    rebalance({"m0": assignor})
+    consumer.set_member_id("")  # expired before its first recovery completed
+    consumer._coordinator.generation = -1
+    assert recovered_tag(assignor) == "0"
+    consumer.set_member_id("m-2")  # MEMBER_ID_REQUIRED; not a member yet
+    recovery_completes(app)  # the lost membership's recovery completes in the join phase
+    consumer._coordinator.generation = 5
+    rebalance({"m0": assignor})  # joined as m-2
+    assert recovered_tag(assignor) == "0"
+    consumer.set_member_id("")  # expires again while it catches up in m-2
+    consumer._coordinator.generation = -1
+    assert recovered_tag(assignor) == "0"
+    consumer.set_member_id("m-3")
+    consumer._coordinator.generation = 6
+    recovery_completes(app)  # a completion in a membership counts, as before
+    assert recovered_tag(assignor) == "1"
+
+
+def test_a_join_under_fausts_protocol_settles_a_completion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review68 F4: in a rolling switch the group runs Faust's protocol, whose assignment goes
+    through ``_on_fausts_assignment``; its joins settled no completion, so a veteran whose
+    recovery completed then and that expired before a join on ours said 0 (review37's case:
+    the leader counts its claims, a cold takeover's too, as caught up)."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor, consumer = with_consumer(app, "m-1", monkeypatch)
+    recovery_completes(app)
+    fausts = assignor.fallback_assignors()[0]
+    answers = fausts.assign(Cluster(COUNTS), {"m-1": fausts.metadata(set(COUNTS))})
+    fausts.on_assignment(answers["m-1"])  # m-1 joined again, on Faust's protocol
+    assert assignor.protocol_in_use == "faust"
+    consumer.set_member_id("")  # expires later, restoring a cold takeover
+    assert recovered_tag(assignor) == "1"
+
+
+def test_an_error_reading_the_membership_at_a_completion_does_not_stop_fausts_recovery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler runs inside Faust's recovery: an error through ``Signal.send`` would stop
+    it. Logged instead, and the tag falls back to Faust's flag."""
+    app = make_app(tmp_path / "w0", 7000)
+    assignor = app.assignor
+    assert isinstance(assignor, PartitionAssignor)
+
+    def broken() -> None:
+        raise RuntimeError("no consumer to read")
+
+    monkeypatch.setattr(assignor, "_consumer", broken)
+    with caplog.at_level(logging.ERROR, logger="streamassign.faust"):
+        asyncio.run(app.on_rebalance_complete.send())
+    assert any("group membership" in r.getMessage() for r in caplog.records)
+    app.tables.recovery.completed.set()
+    monkeypatch.setattr(assignor, "_consumer", lambda: Consumer(""))
+    assert recovered_tag(assignor) == "1"
 
 
 def test_aiokafkas_reset_empties_the_member_id_the_scope_reads() -> None:

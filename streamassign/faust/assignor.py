@@ -137,22 +137,34 @@ class RecoveryScope:
     restoring a cold takeover keeps the tie-break's answer, review37). Without a member id
     to read (no consumer, another aiokafka), the tag is Faust's flag as before."""
 
-    #: The member id of the last completion not yet outlived by a join; "" after a reset.
+    #: The member id of the last completion not yet outlived by a join; "" when it happened
+    #: in no membership (after a reset, or at generation -1 under the id MEMBER_ID_REQUIRED
+    #: gave it before the JoinGroup retry is answered).
     completed_as: str | None = None
     #: A completion's membership outlived it, or one happened without a member id to scope it.
     settled: bool = False
 
-    def completed(self, member_id: str | None) -> None:
-        """Faust's recovery completed (its ``on_rebalance_complete``) while the member had
-        ``member_id`` (None: unreadable)."""
-        if member_id is None:
+    def completed(self, member: tuple[str, int] | None) -> None:
+        """Faust's recovery sent ``on_rebalance_complete`` while the member was ``member``
+        (aiokafka's member id and generation; None: unreadable). At generation -1 the member is
+        in no membership: aiokafka reset it, or MEMBER_ID_REQUIRED gave it an id (set at once,
+        generation still -1) and its JoinGroup retry waits for the join phase to end; a
+        completion then would be settled by that join though no membership outlived it
+        (review68 F2)."""
+        if member is None:
             self.settled = True
         else:
-            self.completed_as = member_id
+            member_id, generation = member
+            self.completed_as = member_id if generation >= 0 else ""
 
-    def joined(self, member_id: str | None) -> None:
-        """A join completed with ``member_id``: a completion under that id was the group's."""
-        if member_id and member_id == self.completed_as:
+    def joined(self, member_id: str | None, flag_set: bool) -> None:
+        """A join completed with ``member_id``: a completion under that id was the group's if it
+        finished, Faust's ``completed`` being set (``flag_set``). Faust sends the signal before
+        it awaits the tables' callbacks and a seek, then sets the flag; the assignment of this
+        very join cancels a completion still in between, and without the check the join
+        settled it (review68 F1). An earlier completion's flag stays set, so one cancelled
+        after a reset's void completion still settles: that needs a hook after the flag."""
+        if flag_set and member_id and member_id == self.completed_as:
             self.settled = True
 
     def recovered(self, flag_set: bool, member_id: str | None) -> bool:
@@ -431,7 +443,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             info = AssignmentInfo(error_code=ErrorCode.ASSIGNMENT_ERROR)
         self._bind_rejoiner()
         self.join_errors.joined()
-        self.recovery_scope.joined(self._member_id())
+        self._recovery_joined()
         if self._fausts_in_use is not None:
             log.warning("the group uses %s again (every member offers it)", PROTOCOL_NAME)
             self._fausts_in_use = None
@@ -543,6 +555,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def _on_fausts_assignment(self) -> None:
         self._end_round()
         self.join_errors.joined()
+        self._recovery_joined()
         if self._fausts_in_use is None:
             log.warning(
                 "the group uses Faust's own assignor: some member does not offer %s yet",
@@ -711,8 +724,10 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         counts as wiped; one that stays (this worker may have it open, or the rename failed)
         makes a declared previous active ``_UNPARSED``: reported at 0 (its lag is no reason to
         hand it back) and not claimed (a claim would bring it back whatever its lag). A
-        previous active reported at 0 for want of readable state is added to
-        ``no_local_state`` (``_log_restores_from_scratch`` names it if it comes back)."""
+        previous active reported at 0 with nothing on disk (no directory, no offset key, moved
+        aside as damaged) is added to ``no_local_state`` (``_log_restores_from_scratch`` names
+        it if it comes back); not one only unreadable (``_UNREAD``): Faust opens that itself,
+        and finds its offset or fails on it, which the line would misstate (review68 F3)."""
         offset = self._standby_offset_sum(task, topics) if task in following else None
         if offset is None:
             on_disk = self._disk_offset_sum(task, topics, damaged, in_use=task in following)
@@ -727,14 +742,17 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
                 return _UNPARSED
             # Held from the saved assignment, not claimed: state it cannot measure, no sum.
             return None
-        if on_disk is None and task in following:
-            # A standby now, nothing applied nor on disk: 0, else the leader sees no state.
+        if on_disk is not None and on_disk is not _UNREAD:
+            return on_disk
+        if task in following:
+            # A standby now, nothing applied nor read on disk: 0, else the leader sees no state.
             return 0
-        if on_disk is None and task in previous and self._has_disk_tables(task, topics):
+        if task in previous and self._has_disk_tables(task, topics):
             # A RocksDB table wiped or unreadable: state at 0, not stateless (see above).
-            no_local_state.add(task)
+            if on_disk is None:  # nothing there: Faust restores it from the start
+                no_local_state.add(task)
             return 0
-        return on_disk
+        return None
 
     def _task_tables(self, task: TaskId, topics: Mapping[str, int]) -> list[Any]:
         """The (not global) tables with a changelog partition of ``task`` (``topics``: its
@@ -752,14 +770,16 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _disk_offset_sum(
         self, task: TaskId, topics: Mapping[str, int], damaged: DamagedTables, in_use: bool
-    ) -> int | Literal[_Unparsed.VALUE] | None:
+    ) -> int | Literal[_Unparsed.VALUE, _Unread.VALUE] | None:
         """Sum of the offsets this worker's on-disk (RocksDB) tables persisted for ``task``;
         ``None`` when it has none (in-memory tables keep nothing across a restart). A damaged
         table directory is moved aside (then it holds nothing) unless this worker may have
         it open (``in_use``: ``task`` is assigned to it now); ``_UNPARSED`` when one stays.
-        One another process has open, or a newer RocksDB wrote, is no damage: nothing read."""
+        One another process has open, or a newer RocksDB wrote, is no damage: nothing read;
+        ``_UNREAD`` when no offset was read and such a directory (or one the disk or a lock
+        kept from being read) may hold one."""
         found = []
-        unparsed = False
+        unparsed = unread = False
         for table in self._task_tables(task, topics):
             store = _disk_store(table)
             if _keeps_state_on_disk(store):
@@ -768,12 +788,20 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             if isinstance(offset, DamagedTable):
                 open_here = in_use or self._may_be_open(table, task.partition)
                 reread = functools.partial(_still_damaged, store, task.partition)
-                unparsed |= damaged.move_aside(offset, open_here, reread) is Aside.KEPT
+                aside = damaged.move_aside(offset, open_here, reread)
+                unparsed |= aside is Aside.KEPT
+                unread |= aside is Aside.LIVE  # whole: a read raced another process's writes
             elif isinstance(offset, NewerFormatTable):  # not damage: nothing read
                 damaged.newer.append(offset)
+                unread = True
+            elif offset is _UNREAD:
+                unread = True
             elif offset is not None:
                 found.append(offset)
-        return _UNPARSED if unparsed else applied_offset_sum(found)
+        if unparsed:
+            return _UNPARSED
+        offset_sum = applied_offset_sum(found)
+        return _UNREAD if offset_sum is None and unread else offset_sum
 
     def _check_unheld_tables(
         self,
@@ -853,13 +881,17 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         state of: without it, an operator sees a restarted worker restore its own partitions
         from the start of their changelogs with nothing saying why (faustlive2 L1)."""
         cold = sorted(self._no_local_state & info.active)
-        self._no_local_state = frozenset()  # said once: the next join reports them running
+        # Tidiness only: each metadata() recomputes it, so the line cannot repeat either way.
+        self._no_local_state = frozenset()
         if cold:
+            # Not "unflushed": a RocksDB write survives a kill -9 in its write-ahead log, so a
+            # directory without an offset is one Faust wrote none to (it writes one when its
+            # recovery applies changelog records or a changelog write is committed).
             log.info(
                 "%d of the partitions assigned back to this worker have no local table state "
-                "(no offset persisted in their table directories: wiped, moved aside as "
-                "damaged, or not flushed before a kill): restoring them from the start of "
-                "their changelogs (%s)",
+                "(no changelog offset recorded in their table directories: wiped, moved aside "
+                "as damaged, or none written before the worker stopped): restoring them from "
+                "the start of their changelogs (%s)",
                 len(cold),
                 ", ".join(str(t) for t in cold),
             )
@@ -884,14 +916,30 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         """Whether Faust's recovery has completed (actives restored) since this worker started
         (its ``completed`` event is set then, and never cleared), in a membership the group
         still had then (``RecoveryScope``)."""
+        return self.recovery_scope.recovered(self._recovery_flag_set(), self._member_id())
+
+    def _recovery_flag_set(self) -> bool:
+        """Faust's ``recovery.completed``: set once its recovery has first completed."""
         completed = getattr(getattr(self.app.tables, "recovery", None), "completed", None)
-        flag_set = completed is not None and bool(completed.is_set())
-        return self.recovery_scope.recovered(flag_set, self._member_id())
+        return completed is not None and bool(completed.is_set())
 
     def _on_recovery_completed(self, sender: Any = None, **kwargs: Any) -> None:
         """Faust's ``on_rebalance_complete``, sent (on the main thread) just before its
-        recovery sets ``completed``: note the membership it completes in."""
-        self.recovery_scope.completed(self._member_id())
+        recovery sets ``completed``: note the membership it completes in. Never raises: an
+        error would go through Faust's ``Signal.send`` and stop its recovery."""
+        try:
+            member = membership(self._consumer())
+        except Exception:
+            log.exception(
+                "cannot read this worker's group membership as its recovery completes; its "
+                "recovered tag is Faust's flag from now on"
+            )
+            member = None
+        self.recovery_scope.completed(member)
+
+    def _recovery_joined(self) -> None:
+        """A join completed (under either protocol): the scope's ``joined``."""
+        self.recovery_scope.joined(self._member_id(), self._recovery_flag_set())
 
     def _member_id(self) -> str | None:
         """The aiokafka member id of this worker ("" after a reset, until it joins again);
@@ -1070,6 +1118,19 @@ class _Unparsed(enum.Enum):
 #: What ``_held_offset_sum`` answers of a task with a damaged directory left in place.
 _UNPARSED: Literal[_Unparsed.VALUE] = _Unparsed.VALUE
 
+
+class _Unread(enum.Enum):
+    """A table partition directory on disk whose offset could not be read: a lock or the disk
+    (``NOT_DAMAGE_STATUSES``: permissions, I/O errors), a newer RocksDB's files, or a database
+    another process has open. Unlike one with nothing in it, Faust does not restore it from the
+    start: it opens it and finds its offset, or fails on it (logged there)."""
+
+    VALUE = enum.auto()
+
+
+#: What ``_persisted_offset`` and ``_disk_offset_sum`` answer of such a directory.
+_UNREAD: Literal[_Unread.VALUE] = _Unread.VALUE
+
 #: Bytes RocksDB's TTL database (Faust's ``options={"ttl": ...}``, rocksdict's
 #: ``AccessType.with_ttl``) appends to every value: the write time, a 32-bit integer. A
 #: read-only handle (rocksdict has no read-only TTL open) returns them with the value.
@@ -1085,15 +1146,18 @@ def _still_damaged(store: Any, partition: int) -> bool:
     return isinstance(_persisted_offset(store, partition), DamagedTable)
 
 
-def _persisted_offset(store: Any, partition: int) -> int | DamagedTable | NewerFormatTable | None:
+def _persisted_offset(
+    store: Any, partition: int
+) -> int | DamagedTable | NewerFormatTable | Literal[_Unread.VALUE] | None:
     """The changelog offset Faust's RocksDB ``store`` persisted for ``partition``, read through
     a private read-only handle that is closed right away.
 
     Never through the store's own ``persisted_offset``: that opens the database into the
     store's handle cache from this (the consumer's) thread, where the main thread does not
     expect it, and holds RocksDB's lock on partitions this worker may never get back. ``None``
-    for other stores, a partition with nothing on disk, or a database that cannot be read for
-    a reason other than its files (logged at DEBUG); a ``DamagedTable`` for one Faust crashes
+    for other stores, a partition with nothing on disk or no offset key; ``_UNREAD`` for a
+    database that cannot be read for a reason other than its files (logged at DEBUG); a
+    ``DamagedTable`` for one Faust crashes
     on: RocksDB reports its files damaged, or it holds a value under the offset key that is
     no offset (Faust's own ``int()`` fails on it); a ``NewerFormatTable`` for one a newer
     RocksDB wrote.
@@ -1111,8 +1175,8 @@ def _persisted_offset(store: Any, partition: int) -> int | DamagedTable | NewerF
             return NewerFormatTable(path, why, _rocksdb_library(store))
         if is_damaged_status(exc, path):
             return DamagedTable(path, why)
-        log.debug("no persisted offset in %s: %s", path, exc)
-        return None
+        log.debug("cannot read the persisted offset in %s: %s", path, exc)
+        return _UNREAD
     if raw is None:
         return None
     options = store.rocksdb_options
