@@ -28,7 +28,10 @@ rebalance would leave stuck in silence: held partitions never released; a table 
 applies nothing for ``recovery_stall_after`` seconds (one WARNING per stall, with the
 partitions behind and their offsets); and a rebalance that keeps the flow stopped (a revoke,
 join, Faust callback or recovery set-up that never ends, or rebalance after rebalance: one
-WARNING per episode, ``_flowstop``). Everything else is Faust's aiokafka transport unchanged.
+WARNING per episode, ``_flowstop``). After a lost group membership (a zombie: a stall past the
+session timeout) it rewinds the tables' persisted changelog offsets to the last ones the
+membership proved, before Faust's recovery reads them (``_proven``). Everything else is Faust's
+aiokafka transport unchanged.
 """
 
 from __future__ import annotations
