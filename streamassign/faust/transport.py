@@ -28,7 +28,10 @@ rebalance would leave stuck in silence: held partitions never released; a table 
 applies nothing for ``recovery_stall_after`` seconds (one WARNING per stall, with the
 partitions behind and their offsets); and a rebalance that keeps the flow stopped (a revoke,
 join, Faust callback or recovery set-up that never ends, or rebalance after rebalance: one
-WARNING per episode, ``_flowstop``). Everything else is Faust's aiokafka transport unchanged.
+WARNING per episode, ``_flowstop``). After a lost group membership (a zombie: a stall past the
+session timeout) it rewinds the tables' persisted changelog offsets to the last ones the
+membership proved, before Faust's recovery reads them (``_proven``). Everything else is Faust's
+aiokafka transport unchanged.
 """
 
 from __future__ import annotations
@@ -44,9 +47,10 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from ..aiokafka.floods import BrokerAwayLines
-from ..aiokafka.rejoin import current_assignment, fetch_states, rewind
+from ..aiokafka.rejoin import current_assignment, fetch_states, membership, rewind
 from ..repeats import Repeats
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
+from ._proven import ProvenOffsets, changelog_stores
 
 __all__ = ["SWITCH_ENV", "Transport"]
 
@@ -229,6 +233,15 @@ class _RebalanceListener(faust_aiokafka.ConsumerRebalanceListener):
             consumer.note_streams_before_rebalance()
         return super().on_partitions_revoked(revoked)
 
+    async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
+        """Faust's, but first the consumer notes the member id the assignment was made
+        under, read here (the consumer thread, right after the join) as Faust reads the
+        generation: a new one means the membership was lost (``_proven``)."""
+        consumer = self._thread.consumer
+        if isinstance(consumer, _Consumer):
+            consumer.note_membership(membership(getattr(self._thread, "_consumer", None)))
+        await super().on_partitions_assigned(assigned)
+
 
 class _Consumer(faust_aiokafka.Consumer):
     RebalanceListener = _RebalanceListener
@@ -278,6 +291,13 @@ class _Consumer(faust_aiokafka.Consumer):
         #: The flow watch's hook failures logged (hook, exception type): each traceback once,
         #: not at every rebalance.
         self._flow_hook_failures: set[tuple[str, type[Exception]]] = set()
+        #: The tables' changelog offsets last proven in this worker's membership, rewound to
+        #: after it lost the membership (a zombie's own writes: ``_proven``).
+        self.proven_offsets = ProvenOffsets()
+        #: The member id of the assignment Faust is about to take (``_RebalanceListener``).
+        self._assigned_as: str | None = None
+        if (recovery_done := getattr(self.app, "on_rebalance_complete", None)) is not None:
+            recovery_done.connect(self._on_recovery_completed)
 
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -333,8 +353,60 @@ class _Consumer(faust_aiokafka.Consumer):
         self._assigned_since_revoke = True
         self._start_streams(assigned)
         self._flow_hook(self._enter_flow_step, ASSIGNING)
+        # Before Faust's callback: its table recovery reads the persisted offsets there.
+        self._proven_hook(self._rewind_if_lost)
         await super().on_partitions_assigned(assigned, generation_id)
+        self._proven_hook(self._prove_assignment)
         self._flow_hook(self._enter_flow_step, RECOVERING)
+
+    def note_membership(self, held: tuple[str, int] | None) -> None:
+        """The member id and generation the coming assignment was made under (None: not
+        readable). Called on the consumer thread before it hands the assignment over."""
+        self._assigned_as = held[0] if held is not None else None
+
+    def _proven_hook(self, hook: Callable[[], None]) -> None:
+        """``hook()``; a failure is logged and Faust's rebalance goes on (raised into its
+        callback it would end the worker's rebalance, not just the rewind)."""
+        try:
+            hook()
+        except Exception:
+            log.exception("the changelog offset check failed in %s", hook.__name__)
+
+    def _rewind_if_lost(self) -> None:
+        self.proven_offsets.rewind_if_lost(self._assigned_as, changelog_stores(self.app))
+
+    def _prove_assignment(self) -> None:
+        """The assignment Faust just took proves its active changelog partitions' offsets."""
+        changelogs = self.app.tables.changelog_topics
+        actives = {tp for tp in self.app.assignor.assigned_actives() if tp.topic in changelogs}
+        self.proven_offsets.assigned(self._assigned_as, actives, changelog_stores(self.app))
+
+    def _on_recovery_completed(self, sender: Any = None, **kwargs: Any) -> None:
+        """Faust's ``on_rebalance_complete``: its recovery read the held offsets."""
+        self._proven_hook(self._prove_recovery)
+
+    def _prove_recovery(self) -> None:
+        self.proven_offsets.recovered(changelog_stores(self.app))
+
+    async def _commit(self, offsets: Mapping[TP, int]) -> bool:
+        """Faust's; a commit that succeeds under the member id of the current assignment
+        proves the tables' persisted offsets as they were before it (Faust flushed its
+        producer first, so they include every changelog write acknowledged by then)."""
+        before = self._member_id()
+        snapshot = None
+        if before and before == self.proven_offsets.held_as:
+            try:
+                snapshot = self.proven_offsets.snapshot(changelog_stores(self.app))
+            except Exception:  # the commit goes on; the last proof stays
+                log.exception("cannot read the tables' persisted offsets before a commit")
+        committed = bool(await super()._commit(offsets))
+        if committed and snapshot is not None and self._member_id() == before:
+            self.proven_offsets.prove(snapshot)
+        return committed
+
+    def _member_id(self) -> str | None:
+        held = membership(getattr(self._thread, "_consumer", None))
+        return held[0] if held is not None else None
 
     def verify_event_path(self, now: float, tp: TP) -> None:
         """Faust's livelock check, but not for a stream partition with no event yet within

@@ -1,0 +1,163 @@
+"""The changelog offsets a worker's tables may trust after it lost its group membership.
+
+Faust's RocksDB store persists, per changelog partition, the offset of the last record it
+applied, and its table recovery reads the changelog from there. It also persists the offset of
+each record the worker itself wrote to the changelog (``Table._on_changelog_sent``), which is
+right only while nobody else writes that partition. A worker stalled past its session timeout
+(SIGSTOP, a long GC, a frozen VM) is a zombie when it resumes: its partitions belong to
+another worker of a newer generation, which writes them, and the zombie still processes what
+it holds until its heartbeat or commit learns that its member id is unknown. Its own writes
+land after the other worker's in the changelog, so the offset it persists passes records it
+never applied; the next generation hands the partition back, the recovery reads nothing, and
+the table lacks the other worker's updates for good (faustm1: key-060 lost number 57).
+
+Kafka Streams closes such tasks dirty (``TaskMigratedException``) and restores them from its
+last checkpoint, which it writes only after a commit. This does the same with Faust's store:
+per changelog partition of the worker's active tables it keeps the persisted offset at the
+last moment the membership was proven (``ProvenOffsets``), and after a membership loss it
+rewinds each partition held during it to that offset before Faust's recovery reads them, so
+the recovery replays the changelog from there in order (the other worker's records and the
+zombie's own). Proven means:
+
+- an assignment (a completed join): the offsets on disk then are what earlier proven
+  memberships or the recovery's reads left (the flow is stopped from the revoke on, and the
+  revoke flushed the producer before the join);
+- a completed table recovery: read from the changelog, not written;
+- a successful offset commit under the member id of the assignment (the broker refuses one
+  from an unknown member or a stale generation), snapshotted after Faust's producer flush
+  and before the commit was sent.
+
+A membership loss is a new aiokafka member id at an assignment: aiokafka keeps its id across
+rebalances and only forgets it when the broker answers UnknownMemberId or IllegalGeneration
+(``reset_generation``), as ``streamassign.aiokafka.rejoin.membership`` reads it. A join under
+the same id proves the previous generation's writes, so nothing is rewound then.
+
+Only stores that persist an offset are touched (RocksDB; Faust's memory store reports none,
+and its recovery's ``active_offsets`` of a partition it keeps are the last offsets it read,
+never its own writes, so it replays from there anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+from faust.types import TP
+
+__all__ = ["NOTHING_APPLIED", "ProvenOffsets", "Rewind", "changelog_stores"]
+
+log = logging.getLogger("streamassign.faust")
+
+#: The persisted offset of a partition restored from the start of its changelog: Faust's own
+#: "nothing applied" (its recovery seeks -1 as 0; ``applied_offset_sum`` counts it as 0).
+NOTHING_APPLIED = -1
+
+
+@attrs.frozen
+class Rewind:
+    """A changelog partition whose persisted offset was moved back: ``was`` -> ``to``."""
+
+    tp: TP
+    was: int
+    to: int
+
+    def describe(self) -> str:
+        start = "the start" if self.to == NOTHING_APPLIED else str(self.to)
+        return f"{self.tp.topic}[{self.tp.partition}] {self.was} -> {start}"
+
+
+def changelog_stores(app: Any) -> dict[str, Any]:
+    """The store of each table of ``app`` by its changelog topic's name."""
+    return {table.changelog_topic_name: table.data for table in app.tables.values()}
+
+
+def _persisted(stores: Mapping[str, Any], tp: TP) -> int | None:
+    """The offset ``tp``'s store persisted (None: none, a store that keeps none, or one it
+    cannot read now; logged at DEBUG)."""
+    store = stores.get(tp.topic)
+    if store is None:
+        return None
+    try:
+        offset = store.persisted_offset(tp)
+    except Exception as exc:  # a lock or the disk: nothing known, nothing to prove
+        log.debug("cannot read the persisted offset of %s: %r", tp, exc)
+        return None
+    return None if offset is None else int(offset)
+
+
+@attrs.define
+class ProvenOffsets:
+    """Per changelog partition of this worker's active tables, the offset its store persisted
+    at the last moment the worker's group membership was proven (see the module docstring).
+    Used on Faust's main thread only (the consumer's callbacks and commits)."""
+
+    #: The changelog partitions of the active tables of the current membership.
+    held: frozenset[TP] = frozenset()
+    #: The member id they were assigned under; None before the first assignment or when it
+    #: cannot be read (then nothing is rewound: there is no loss to tell).
+    held_as: str | None = None
+    #: The proven persisted offset of each held partition (None: proven to have none).
+    proven: dict[TP, int | None] = attrs.field(factory=dict)
+
+    def snapshot(self, stores: Mapping[str, Any]) -> dict[TP, int | None]:
+        """The persisted offsets of the held partitions now (to prove by a commit)."""
+        return {tp: _persisted(stores, tp) for tp in self.held}
+
+    def prove(self, snapshot: Mapping[TP, int | None]) -> None:
+        """A commit taken after ``snapshot`` succeeded under the member id of ``held``."""
+        self.proven.update({tp: o for tp, o in snapshot.items() if tp in self.held})
+
+    def rewind_if_lost(self, member_id: str | None, stores: Mapping[str, Any]) -> list[Rewind]:
+        """Before Faust reads the persisted offsets of an assignment made under
+        ``member_id``: if it differs from the one the held partitions were assigned under,
+        rewind each held partition whose store persisted past its proven offset (to the start
+        of its changelog when none is proven). One WARNING names them."""
+        if self.held_as is None or member_id is None or member_id == self.held_as:
+            return []
+        rewound = [r for tp in sorted(self.held) if (r := self._rewind(tp, stores)) is not None]
+        if rewound:
+            log.warning(
+                "this worker lost its group membership (member id %s, now %s) while it held "
+                "%d table changelog partitions; what it wrote to them since the membership "
+                "was last proven may have passed another worker's writes (a zombie after a "
+                "stall past the session timeout), so %d persisted offsets are rewound to the "
+                "last proven ones and their recovery replays the changelog from there: %s",
+                self.held_as,
+                member_id or '""',
+                len(self.held),
+                len(rewound),
+                ", ".join(r.describe() for r in rewound[:10])
+                + (f" and {len(rewound) - 10} more" if len(rewound) > 10 else ""),
+            )
+        self.held_as = None  # rewound once; the assignment that follows proves anew
+        return rewound
+
+    def assigned(
+        self, member_id: str | None, held: Iterable[TP], stores: Mapping[str, Any]
+    ) -> None:
+        """Faust has taken an assignment made under ``member_id`` with ``held`` its active
+        changelog partitions: their persisted offsets are proven (see the module docstring)."""
+        self.held = frozenset(held)
+        self.held_as = member_id or None
+        self.proven = self.snapshot(stores)
+
+    def recovered(self, stores: Mapping[str, Any]) -> None:
+        """Faust's table recovery completed: the held partitions' offsets are what it read."""
+        self.proven = self.snapshot(stores)
+
+    def _rewind(self, tp: TP, stores: Mapping[str, Any]) -> Rewind | None:
+        was = _persisted(stores, tp)
+        if was is None:
+            return None  # a store that persists nothing, or nothing to trust anyway
+        proven = self.proven.get(tp)
+        to = NOTHING_APPLIED if proven is None else proven
+        if was <= to:
+            return None
+        try:
+            stores[tp.topic].set_persisted_offset(tp, to)
+        except Exception:  # the partition keeps its offset: say so, it may miss records
+            log.exception("cannot rewind the persisted offset of %s from %d to %d", tp, was, to)
+            return None
+        return Rewind(tp, was, to)

@@ -1,0 +1,303 @@
+"""A zombie's own changelog writes never move its table's applied offset past another worker's
+(``streamassign.faust._proven``): after a lost group membership the ``streamassign://``
+consumer rewinds the persisted offsets of the partitions it held to the last proven ones before
+Faust's recovery reads them. Real RocksDB stores and Faust's consumer, no broker: Faust's own
+assignment callback and commit are stand-ins that read what the recovery would read and answer
+as the broker would (the live check: docs/faust.md, "A worker that resumes after its session
+expired")."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import faust
+import pytest
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+
+from streamassign.faust._proven import NOTHING_APPLIED, ProvenOffsets, changelog_stores
+
+from .test_faust_assignor import APP, CL, SRC, rebalance
+
+COUNTS = {SRC: 4, CL: 4}
+HELD = [TP(CL, p) for p in range(4)]
+
+
+def zombie_app(tmp_path: Path, store: str = "rocksdb://") -> faust.App:
+    app = faust.App(
+        APP,
+        broker="streamassign://localhost:1",
+        datadir=str(tmp_path),
+        store=store,
+        PartitionAssignor="streamassign.faust:PartitionAssignor",
+        topic_partitions=4,
+    )
+    app.Table("totals", default=int)
+    rebalance({"m0": app.assignor}, counts=COUNTS)  # every task active here
+    return app
+
+
+class Group:
+    """What the broker says of this worker: its aiokafka member id (read by the consumer as
+    aiokafka's coordinator holds it), and whether a commit now succeeds."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.coordinator = SimpleNamespace(member_id="m-1", generation=1)
+        consumer._thread._consumer = SimpleNamespace(_coordinator=self.coordinator)
+        self.consumer = consumer
+        self.commits_succeed = True
+        #: What Faust's recovery read at each assignment: partition -> persisted offset.
+        self.recovery_read: list[dict[TP, int | None]] = []
+
+    async def join(self, member_id: str, generation: int) -> None:
+        """A completed join under ``member_id``, handed to the consumer as aiokafka does."""
+        self.coordinator.member_id, self.coordinator.generation = member_id, generation
+        self.consumer.note_membership((member_id, generation))
+        await self.consumer.on_partitions_assigned(set(HELD), generation)
+
+    def expire(self) -> None:
+        """The session expired: aiokafka's ``reset_generation`` on UnknownMemberId."""
+        self.coordinator.member_id, self.coordinator.generation = "", -1
+
+    async def commit(self) -> bool:
+        return bool(await self.consumer._commit({TP(SRC, 0): 1}))
+
+
+@pytest.fixture
+def group(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Stand-ins for Faust's assignment callback (what its table recovery reads: each
+    partition's persisted offset, as ``Recovery.add_active``) and its aiokafka commit."""
+    groups: list[Group] = []
+
+    async def assigned(consumer: Any, assigned: set[TP], generation_id: int = 0) -> None:
+        table = consumer.app.tables["totals"]
+        groups[0].recovery_read.append({tp: table.persisted_offset(tp) for tp in HELD})
+
+    async def commit(consumer: Any, offsets: Any) -> bool:
+        return groups[0].commits_succeed
+
+    monkeypatch.setattr(faust_aiokafka.Consumer, "on_partitions_assigned", assigned)
+    monkeypatch.setattr(faust_aiokafka.Consumer, "_commit", commit)
+
+    def make(app: faust.App) -> Group:
+        groups.append(Group(app.consumer))
+        return groups[0]
+
+    return make
+
+
+def write(app: faust.App, offsets: dict[int, int]) -> None:
+    """Changelog records acknowledged (Faust's ``_on_changelog_sent``) or applied by a
+    recovery: the store persists each partition's offset."""
+    store = app.tables["totals"].data
+    for partition, offset in offsets.items():
+        store.set_persisted_offset(TP(CL, partition), offset)
+
+
+def persisted(app: faust.App) -> dict[int, int | None]:
+    table = app.tables["totals"]
+    return {tp.partition: table.persisted_offset(tp) for tp in HELD}
+
+
+def rewind_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "lost its group membership" in r.getMessage()
+    ]
+
+
+def test_a_zombie_s_own_writes_are_rewound_to_the_last_commit_that_succeeded(
+    tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """faustm1's loss: the zombie's writes after its last successful commit moved its offsets
+    past records another worker wrote meanwhile. After the rejoin under a new member id the
+    recovery reads from the offsets of that commit: it replays the changelog from there."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+
+    async def run() -> None:
+        write(app, {0: 100, 1: 110, 2: 120, 3: 130})  # what the last recovery read
+        await g.join("m-1", 1)
+        write(app, {0: 150, 1: 160})  # processing
+        assert await g.commit()  # proves 150, 160 (and 120, 130 unchanged)
+        write(app, {0: 170})
+        g.expire()  # the stall: the broker gave its partitions to another worker
+        g.commits_succeed = False
+        write(app, {0: 180, 2: 125})  # the zombie's writes, after the other worker's
+        assert not await g.commit()  # UnknownMemberId: proves nothing
+        await g.join("m-2", 3)
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(run())
+    assert g.recovery_read[-1] == {HELD[0]: 150, HELD[1]: 160, HELD[2]: 120, HELD[3]: 130}
+    (warning,) = rewind_warnings(caplog)
+    assert "member id m-1, now m-2" in warning
+    assert f"{CL}[0] 180 -> 150, {CL}[2] 125 -> 120" in warning
+    assert f"{CL}[1]" not in warning  # nothing past its proof: not named
+
+
+def test_a_join_under_the_same_member_id_rewinds_nothing(
+    tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rebalance the member stayed in (same member id) proves what it wrote before it: the
+    revoke flushed its producer before the join, and nobody else held its partitions."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+
+    async def run() -> None:
+        write(app, {0: 100})
+        await g.join("m-1", 1)
+        write(app, {0: 140, 3: 20})
+        g.commits_succeed = False  # a commit that failed (a rebalance under way)
+        assert not await g.commit()
+        await g.join("m-1", 2)
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(run())
+    assert g.recovery_read[-1] == {HELD[0]: 140, HELD[1]: None, HELD[2]: None, HELD[3]: 20}
+    assert persisted(app) == {0: 140, 1: None, 2: None, 3: 20}
+    assert rewind_warnings(caplog) == []
+
+
+def test_a_partition_with_no_proven_offset_is_restored_from_the_start(
+    tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A partition that had no persisted offset when assigned and no successful commit since:
+    nothing of what the zombie wrote to it is trusted; it is rewound to Faust's 'nothing
+    applied' (-1), so the recovery reads its changelog from the start."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+
+    async def run() -> None:
+        await g.join("m-1", 1)
+        g.expire()
+        g.commits_succeed = False
+        write(app, {1: 42})
+        assert not await g.commit()
+        await g.join("m-2", 3)
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(run())
+    assert g.recovery_read[-1][HELD[1]] == NOTHING_APPLIED
+    assert persisted(app)[1] == NOTHING_APPLIED
+    (warning,) = rewind_warnings(caplog)
+    assert f"{CL}[1] 42 -> the start" in warning
+
+
+def test_a_completed_recovery_proves_what_it_read(tmp_path: Path, group: Any) -> None:
+    """Faust's ``on_rebalance_complete`` (its recovery read the changelog up to its end): a
+    membership lost before the first commit after it rewinds to what the recovery read, not
+    to the offsets the assignment found (less to replay)."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+
+    async def run() -> None:
+        write(app, {0: 100})
+        await g.join("m-1", 1)
+        write(app, {0: 130})  # the recovery reads records 101..130
+        await app.on_rebalance_complete.send()
+        g.expire()
+        write(app, {0: 131})  # the zombie's write
+        await g.join("m-2", 3)
+
+    asyncio.run(run())
+    assert g.recovery_read[-1][HELD[0]] == 130
+
+
+def test_a_commit_under_another_member_id_proves_nothing(tmp_path: Path, group: Any) -> None:
+    """A commit that succeeds once the member has joined again under a new id, before Faust
+    took that assignment (the group was empty: the broker takes a commit without member id),
+    proves nothing of what was written under the old one."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+
+    async def run() -> None:
+        write(app, {0: 100})
+        await g.join("m-1", 1)
+        g.expire()
+        write(app, {0: 180})
+        assert await g.commit()  # succeeds, with no member id: no proof
+        await g.join("m-2", 3)
+
+    asyncio.run(run())
+    assert g.recovery_read[-1][HELD[0]] == 100
+
+
+def test_a_memory_table_replays_from_what_it_read_anyway(tmp_path: Path, group: Any) -> None:
+    """Faust's memory store persists no offset, and its recovery keeps, for a partition it
+    keeps across a rebalance, the last offset it read (never its own writes): nothing to
+    rewind, and nothing is touched."""
+    app = zombie_app(tmp_path, store="memory://")
+    g = group(app)
+    recovery = app.tables.recovery
+
+    async def run() -> None:
+        await g.join("m-1", 1)
+        app.consumer_generation_id = 1
+        await recovery.on_rebalance(set(HELD), set(), set(HELD), 1)
+        recovery.active_offsets[HELD[0]] = 100  # what it read
+        write(app, {0: 180})  # the zombie's write: the memory store keeps no offset
+        g.expire()
+        await g.join("m-2", 3)
+        app.consumer_generation_id = 3
+        await recovery.on_rebalance(set(HELD), set(), set(), 3)
+
+    asyncio.run(run())
+    assert recovery.active_offsets[HELD[0]] == 100
+    assert g.recovery_read[-1] == dict.fromkeys(HELD)
+
+
+def test_the_rebalance_listener_notes_the_member_id_of_each_assignment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read on the consumer thread right after the join, as Faust reads the generation there,
+    before the assignment is handed to Faust's main thread."""
+    app = zombie_app(tmp_path)
+    consumer = app.consumer
+    handed: list[str | None] = []
+
+    async def faust_s(listener: Any, assigned: Any) -> None:
+        handed.append(consumer._assigned_as)
+
+    monkeypatch.setattr(faust_aiokafka.ConsumerRebalanceListener, "on_partitions_assigned", faust_s)
+    thread = consumer._thread
+    thread._consumer = SimpleNamespace(_coordinator=SimpleNamespace(member_id="m-9", generation=4))
+    asyncio.run(consumer.RebalanceListener(thread).on_partitions_assigned([]))
+    assert handed == ["m-9"]
+
+
+def test_a_store_that_cannot_be_read_is_left_as_it_is() -> None:
+    """A store whose offset cannot be read now (a lock, the disk) is neither proven nor
+    rewound, and the others still are."""
+
+    class Store:
+        def __init__(self, offset: int | None, fails: bool = False) -> None:
+            self.offset, self.fails = offset, fails
+
+        def persisted_offset(self, tp: TP) -> int | None:
+            if self.fails:
+                raise OSError("IO error: lock")
+            return self.offset
+
+        def set_persisted_offset(self, tp: TP, offset: int) -> None:
+            self.offset = offset
+
+    good, bad = Store(10), Store(10, fails=True)
+    stores = {"good": good, "bad": bad}
+    proven = ProvenOffsets()
+    proven.assigned("m-1", [TP("good", 0), TP("bad", 0)], stores)
+    assert proven.proven == {TP("good", 0): 10, TP("bad", 0): None}
+    good.offset = 20
+    rewound = proven.rewind_if_lost("m-2", stores)
+    assert [r.describe() for r in rewound] == ["good[0] 20 -> 10"]
+    assert good.offset == 10
+
+
+def test_changelog_stores_maps_each_table_s_changelog_to_its_store(tmp_path: Path) -> None:
+    app = zombie_app(tmp_path)
+    assert changelog_stores(app) == {CL: app.tables["totals"].data}
