@@ -22,6 +22,8 @@ from streamassign.aiokafka import metadata
 from streamassign.aiokafka.describe import quality
 from streamassign.aiokafka.wire import encode_assignment
 
+from .describe_polls import followed_views
+
 #: aiokafka 0.11 / 0.12's ``MetadataRequest``: the versioned classes, v0 to v5.
 LIST_SHAPE = [getattr(aiokafka_metadata, f"MetadataRequest_v{v}") for v in range(6)]
 METADATA_KEY = 3
@@ -167,29 +169,5 @@ def test_watch_reprints_when_only_the_topic_metadata_changes(
     failed = attrs.evolve(missing, cluster_partitions=None)
     polls = [missing, missing, failed, created, failed, created]
 
-    class Polls:
-        def __init__(self, _: object) -> None:
-            self.polls = iter(polls)
-
-        async def __aenter__(self) -> Polls:
-            return self
-
-        async def __aexit__(self, *_: object) -> None:
-            pass
-
-        async def describe(self, *_: object) -> describe_module.GroupView:
-            view = next(self.polls, None)
-            if view is None:
-                raise RuntimeError("no more polls")
-            return view
-
-    async def followed() -> list[describe_module.GroupView]:
-        out = []
-        with pytest.raises(RuntimeError, match="no more polls"):
-            async for view in describe_module.follow(describe_module.Connection("x:1"), "g", 0):
-                out.append(view)
-        return out
-
-    monkeypatch.setattr(describe_module, "_Admin", Polls)
-    assert asyncio.run(followed()) == [missing, created]
+    assert followed_views(monkeypatch, polls) == [missing, created]
     assert quality(created).problems[0].endswith("nosuch (2 partitions)")

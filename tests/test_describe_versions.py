@@ -6,7 +6,6 @@ bytes a real leader (``assign_streams``) hands out over subscriptions ``ProcessH
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -36,6 +35,7 @@ from streamassign.versions import (
     topology_version,
 )
 
+from .describe_polls import followed_views
 from .tables import assert_whole_tables
 from .test_describe import MEMBERS_COLUMNS, meta, printed
 
@@ -441,8 +441,6 @@ def test_watch_shows_a_process_restarted_on_another_version_that_kept_its_tasks(
 ) -> None:
     """``follow`` yields a view whose processes' topology versions changed, though no task
     moved (the new version reads the same topics for the ids it runs)."""
-    from streamassign.aiokafka import describe as describe_module
-
     v1_again = Topology([Subtopology(0, ["a"]), Subtopology(1, ["b"]), Subtopology(5, ["n"])])
     before = {"m1": subscription(V1, 1), "m2": subscription(V1, 2)}
     after = {"m1": subscription(V1, 1), "m2": subscription(v1_again, 2)}
@@ -452,31 +450,7 @@ def test_watch_shows_a_process_restarted_on_another_version_that_kept_its_tasks(
     ]
     assert views[0].processes() == views[2].processes()  # no task moved
 
-    class Admin:
-        def __init__(self, _: object) -> None:
-            self.polls = iter(views)
-
-        async def __aenter__(self) -> Admin:
-            return self
-
-        async def __aexit__(self, *_: object) -> None:
-            pass
-
-        async def describe(self, *_: object) -> describe_module.GroupView:
-            view = next(self.polls, None)
-            if view is None:
-                raise RuntimeError("no more polls")
-            return view
-
-    async def followed() -> list[describe_module.GroupView]:
-        out = []
-        with pytest.raises(RuntimeError, match="no more polls"):
-            async for view in describe_module.follow(describe_module.Connection("x:1"), "g", 0):
-                out.append(view)
-        return out
-
-    monkeypatch.setattr(describe_module, "_Admin", Admin)
-    shown = asyncio.run(followed())
+    shown = followed_views(monkeypatch, views)
     assert shown == [views[0], views[2]]
     assert {m.topology_version for m in shown[1].members} == {
         V1_VERSION,
