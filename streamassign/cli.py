@@ -531,7 +531,7 @@ _NO_BREAK: Final = "\u00a0"
 class _HelpFormatter(click.HelpFormatter):
     """click's help, with each option's ``[default: ...; x>=0]`` whole on one line: wrapped
     as words, it broke as ``[default:`` at a line's end and ``1.0; x>=0.1]`` under it at 80
-    columns (cliwork, review56), in every command. Kept whole, it moves to the next line when
+    columns, in every command. Kept whole, it moves to the next line when
     it does not fit. One wider than the text column wraps between its words (kept whole, click
     would cut it inside one; it still cuts a single word wider than the column), with
     ``[default:`` beside the word after it unless the two alone are wider than the column
@@ -2212,7 +2212,7 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     multiple=True,
     default=("default",),
     # The default is in the text: click's "[default: default]" broke across two lines at 80
-    # columns (review56).
+    # columns.
     metavar="NAME[,NAME]",
     help="Assignors or groups: task:sticky, faust:copartitioned, consumer:range, "
     "aiokafka:sticky, ...; groups default (when not given), all, task, consumer, aiokafka, "

@@ -270,9 +270,9 @@ def _shifting_topics(
 ) -> list[str] | None:
     """Of ``unassigned_topics`` (None: not known), in name order, those that renumbered a topic
     a reader compares: numbered on one side alone (a topic of either table, ``table_topics``,
-    is numbered on both: review67 L1) and sorting before a topic of both tables whose number
+    is numbered on both) and sorting before a topic of both tables whose number
     changed (``renumbered``). One sorting after every such topic moved none, and when none
-    changed (a gone topic's slot taken by the new one: review67 L2) it renumbered nothing."""
+    changed (a gone topic's slot taken by the new one) it renumbered nothing."""
     if unassigned_topics is None:
         return None
     last_renumbered = max(renumbered, default="")

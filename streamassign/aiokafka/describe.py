@@ -1368,7 +1368,7 @@ def _unread_by_the_leader(
     view: GroupView, unread: Sequence[str], own: Mapping[int, frozenset[str]]
 ) -> str:
     """The line for topics some members subscribe to that the leader's topology does not
-    read (rollaudit F2: an old leader, not knowing the new version's fresh id, assigns none
+    read (in a rolling upgrade, an old leader, not knowing the new version's fresh id, assigns none
     of its topic, which exists): who subscribes, their ids reading them, and whether the
     leader's protocol version is lower (the members not subscribing, the leader among them,
     support a lower protocol version than every subscriber: an older release, or a process

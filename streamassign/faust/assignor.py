@@ -131,10 +131,10 @@ class RecoveryScope:
     worker whose session expired in a stall (SIGSTOP, a long GC) and whose first recovery
     completed in the second before aiokafka noticed (``UnknownMemberId``, member id reset)
     said 1: the leader took it for a veteran and it got back only part of the tasks it had
-    just restored (faustlive2 M1). A completion counts from the aiokafka member id it
+    just restored. A completion counts from the aiokafka member id it
     happened under: a reset (a new or empty id) voids it, unless a later join under that id
     showed the membership outlived it; then it stays, as before (a veteran that expires
-    restoring a cold takeover keeps the tie-break's answer, review37). Without a member id
+    restoring a cold takeover keeps the tie-break's answer). Without a member id
     to read (no consumer, another aiokafka), the tag is Faust's flag as before."""
 
     #: The member id of the last completion not yet outlived by a join; "" when it happened
@@ -149,8 +149,7 @@ class RecoveryScope:
         (aiokafka's member id and generation; None: unreadable). At generation -1 the member is
         in no membership: aiokafka reset it, or MEMBER_ID_REQUIRED gave it an id (set at once,
         generation still -1) and its JoinGroup retry waits for the join phase to end; a
-        completion then would be settled by that join though no membership outlived it
-        (review68 F2)."""
+        completion then would be settled by that join though no membership outlived it."""
         if member is None:
             self.settled = True
         else:
@@ -162,7 +161,7 @@ class RecoveryScope:
         finished, Faust's ``completed`` being set (``flag_set``). Faust sends the signal before
         it awaits the tables' callbacks and a seek, then sets the flag; the assignment of this
         very join cancels a completion still in between, and without the check the join
-        settled it (review68 F1). An earlier completion's flag stays set, so one cancelled
+        settled it. An earlier completion's flag stays set, so one cancelled
         after a reset's void completion still settles: that needs a hook after the flag."""
         if flag_set and member_id and member_id == self.completed_as:
             self.settled = True
@@ -727,7 +726,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         previous active reported at 0 with nothing on disk (no directory, no offset key, moved
         aside as damaged) is added to ``no_local_state`` (``_log_restores_from_scratch`` names
         it if it comes back); not one only unreadable (``_UNREAD``): Faust opens that itself,
-        and finds its offset or fails on it, which the line would misstate (review68 F3)."""
+        and finds its offset or fails on it, which the line would misstate."""
         offset = self._standby_offset_sum(task, topics) if task in following else None
         if offset is None:
             on_disk = self._disk_offset_sum(task, topics, damaged, in_use=task in following)
@@ -879,7 +878,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def _log_restores_from_scratch(self, info: AssignmentInfo) -> None:
         """One INFO line when this worker is given back previous actives it has no table
         state of: without it, an operator sees a restarted worker restore its own partitions
-        from the start of their changelogs with nothing saying why (faustlive2 L1)."""
+        from the start of their changelogs with nothing saying why."""
         cold = sorted(self._no_local_state & info.active)
         # Tidiness only: each metadata() recomputes it, so the line cannot repeat either way.
         self._no_local_state = frozenset()
@@ -1093,7 +1092,7 @@ def _disk_store(table: Any) -> Any:
     set table (``app.SetTable``, ``app.SetGlobalTable``), whose ``data`` is Faust's
     ``ChangeloggedSetManager`` with the RocksDB store one level down (its ``storage``): read
     at ``table.data``, those tables had no offset sum and no damage check (a damaged
-    directory crashed every start, review65 H1)."""
+    directory crashed every start)."""
     data = table.data
     if getattr(data, "partition_path", None) is None:
         return getattr(data, "storage", data)

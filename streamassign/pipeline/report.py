@@ -1083,7 +1083,7 @@ _OPTION = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
 def _options_as_code(text: str) -> Any:
     """``text`` escaped, each command-line option in it as ``<code class="opt">``, which the
     page keeps on one line: a browser broke ``--assignors`` at its hyphens on a narrow
-    screen (``--`` / ``assignors``, newuser24 L2); the value after it still wraps."""
+    screen (``--`` / ``assignors``); the value after it still wraps."""
     from markupsafe import Markup, escape
 
     escaped = str(escape(text))  # the pattern matches no escaped character
