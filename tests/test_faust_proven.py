@@ -396,3 +396,23 @@ def test_an_empty_member_id_at_an_assignment_is_compared_with_nothing(
     assert g.recovery_read[-1][HELD[0]] == 150
     (warning,) = rewind_warnings(caplog)
     assert "member id m-1, now m-3" in warning
+
+
+def test_exactly_once_rewinds_nothing(tmp_path: Path, group: Any) -> None:
+    """review70 L1: under exactly_once Faust persists offsets only after its transaction
+    committed (a zombie's is fenced) and never calls ``_commit``: a rewind would only replay
+    everything since the last rebalance."""
+    app = zombie_app(tmp_path)
+    app.conf.processing_guarantee = "exactly_once"
+    g = group(app)
+
+    async def run() -> None:
+        write(app, {0: 100})
+        await g.join("m-1", 1)
+        await g.recovered()
+        write(app, {0: 180})  # committed transactions
+        g.expire()
+        await g.join("m-2", 3)
+
+    asyncio.run(run())
+    assert g.recovery_read[-1][HELD[0]] == 180
