@@ -40,8 +40,8 @@ last real id.
 A loss before Faust's table recovery completed since the last assignment rewinds nothing: the
 worker processed nothing in between (Faust pauses every assigned partition at the assignment,
 ``app/base.py:1885-1886`` in faust-streaming 0.15.3, and resumes the stream partitions only
-after ``on_rebalance_complete``, ``tables/recovery.py:629`` then ``:649``, or ``:309`` then
-``:329`` when there is nothing to recover), so everything on disk since the assignment was
+after ``on_rebalance_complete``, ``tables/recovery.py:628`` then ``:649``, or ``:309`` then
+``:316`` when there is no table to recover), so everything on disk since the assignment was
 read from the changelog, and a restore a session loss interrupts goes on where it was instead
 of starting again (on a CPU-starved host it might otherwise never finish).
 
