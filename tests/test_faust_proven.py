@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -52,12 +53,18 @@ class Group:
         self.commits_succeed = True
         #: What Faust's recovery read at each assignment: partition -> persisted offset.
         self.recovery_read: list[dict[TP, int | None]] = []
+        #: What else Faust's assignment callback does (its recovery completing in it).
+        self.on_assigned: Callable[[], Awaitable[None]] | None = None
 
     async def join(self, member_id: str, generation: int) -> None:
         """A completed join under ``member_id``, handed to the consumer as aiokafka does."""
         self.coordinator.member_id, self.coordinator.generation = member_id, generation
         self.consumer.note_membership((member_id, generation))
         await self.consumer.on_partitions_assigned(set(HELD), generation)
+
+    async def recovered(self) -> None:
+        """Faust's table recovery completed (``on_rebalance_complete``): streams process."""
+        await self.consumer.app.on_rebalance_complete.send()
 
     def expire(self) -> None:
         """The session expired: aiokafka's ``reset_generation`` on UnknownMemberId."""
@@ -76,6 +83,8 @@ def group(monkeypatch: pytest.MonkeyPatch) -> Any:
     async def assigned(consumer: Any, assigned: set[TP], generation_id: int = 0) -> None:
         table = consumer.app.tables["totals"]
         groups[0].recovery_read.append({tp: table.persisted_offset(tp) for tp in HELD})
+        if groups[0].on_assigned is not None:
+            await groups[0].on_assigned()
 
     async def commit(consumer: Any, offsets: Any) -> bool:
         return groups[0].commits_succeed
@@ -123,6 +132,7 @@ def test_a_zombie_s_own_writes_are_rewound_to_the_last_commit_that_succeeded(
     async def run() -> None:
         write(app, {0: 100, 1: 110, 2: 120, 3: 130})  # what the last recovery read
         await g.join("m-1", 1)
+        await g.recovered()
         write(app, {0: 150, 1: 160})  # processing
         assert await g.commit()  # proves 150, 160 (and 120, 130 unchanged)
         write(app, {0: 170})
@@ -175,6 +185,7 @@ def test_a_partition_with_no_proven_offset_is_restored_from_the_start(
 
     async def run() -> None:
         await g.join("m-1", 1)
+        await g.recovered()
         g.expire()
         g.commits_succeed = False
         write(app, {1: 42})
@@ -219,6 +230,7 @@ def test_a_commit_under_another_member_id_proves_nothing(tmp_path: Path, group: 
     async def run() -> None:
         write(app, {0: 100})
         await g.join("m-1", 1)
+        await g.recovered()
         g.expire()
         write(app, {0: 180})
         assert await g.commit()  # succeeds, with no member id: no proof
@@ -291,6 +303,7 @@ def test_a_store_that_cannot_be_read_is_left_as_it_is() -> None:
     stores = {"good": good, "bad": bad}
     proven = ProvenOffsets()
     proven.assigned("m-1", [TP("good", 0), TP("bad", 0)], stores)
+    proven.recovered(stores)
     assert proven.proven == {TP("good", 0): 10, TP("bad", 0): None}
     good.offset = 20
     rewound = proven.rewind_if_lost("m-2", stores)
@@ -301,3 +314,105 @@ def test_a_store_that_cannot_be_read_is_left_as_it_is() -> None:
 def test_changelog_stores_maps_each_table_s_changelog_to_its_store(tmp_path: Path) -> None:
     app = zombie_app(tmp_path)
     assert changelog_stores(app) == {CL: app.tables["totals"].data}
+
+
+def test_a_loss_during_a_restore_keeps_what_it_restored(
+    tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review70 M1: a membership lost before Faust's recovery completed since the assignment
+    (the worker processed nothing: every offset on disk since was read from the changelog)
+    rewinds nothing; the restore goes on from where it was, for a new partition (None at the
+    assignment) and a kept one (100 at the assignment)."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+
+    async def run() -> None:
+        write(app, {1: 100})
+        await g.join("m-1", 1)
+        write(app, {0: 900, 1: 5000})  # the recovery's reads, no own writes
+        g.expire()
+        await g.join("m-2", 3)
+        write(app, {0: 950})  # the recovery goes on, completes, then streams process
+        await g.recovered()
+        write(app, {0: 990})
+        g.expire()
+        await g.join("m-3", 5)
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(run())
+    assert g.recovery_read[1] == {HELD[0]: 900, HELD[1]: 5000, HELD[2]: None, HELD[3]: None}
+    assert g.recovery_read[2][HELD[0]] == 950  # processed after the recovery: rewound
+    (warning,) = rewind_warnings(caplog)
+    assert "member id m-2, now m-3" in warning
+
+
+def test_a_recovery_completed_inside_faust_s_callback_counts(tmp_path: Path, group: Any) -> None:
+    """With no recovery to do Faust may complete it inside its assignment callback: that
+    completion is of this assignment, so a later loss rewinds the writes processed after it."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+
+    async def run() -> None:
+        write(app, {0: 100})
+        await g.join("m-1", 1)
+        g.on_assigned = g.recovered  # the completion inside the next callback
+        await g.join("m-1", 2)
+        g.on_assigned = None
+        write(app, {0: 180})
+        g.expire()
+        await g.join("m-2", 3)
+
+    asyncio.run(run())
+    assert g.recovery_read[-1][HELD[0]] == 100
+
+
+def test_an_empty_member_id_at_an_assignment_is_compared_with_nothing(
+    tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review70 M2: the listener read "" (a heartbeat's reset between the join and the
+    listener). That is no loss (no spurious rewind), and the next assignment is compared with
+    the last real id, so a zombie's writes are still rewound to the last proof; the void
+    assignment's recovery, read from unproven offsets, proves nothing."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+
+    async def run() -> None:
+        write(app, {0: 100})
+        await g.join("m-1", 1)
+        await g.recovered()
+        write(app, {0: 150})
+        assert await g.commit()  # proves 150
+        write(app, {0: 160})
+        await g.join("", 2)
+        assert g.recovery_read[-1][HELD[0]] == 160  # not rewound
+        await g.recovered()
+        write(app, {0: 300})
+        g.expire()
+        write(app, {0: 400})  # the zombie's write
+        await g.join("m-3", 4)
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(run())
+    assert g.recovery_read[-1][HELD[0]] == 150
+    (warning,) = rewind_warnings(caplog)
+    assert "member id m-1, now m-3" in warning
+
+
+def test_exactly_once_rewinds_nothing(tmp_path: Path, group: Any) -> None:
+    """review70 L1: under exactly_once Faust persists offsets only after its transaction
+    committed (a zombie's is fenced) and never calls ``_commit``: a rewind would only replay
+    everything since the last rebalance."""
+    app = zombie_app(tmp_path)
+    app.conf.processing_guarantee = "exactly_once"
+    g = group(app)
+
+    async def run() -> None:
+        write(app, {0: 100})
+        await g.join("m-1", 1)
+        await g.recovered()
+        write(app, {0: 180})  # committed transactions
+        g.expire()
+        await g.join("m-2", 3)
+
+    asyncio.run(run())
+    assert g.recovery_read[-1][HELD[0]] == 180

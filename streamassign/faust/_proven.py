@@ -30,7 +30,20 @@ zombie's own). Proven means:
 A membership loss is a new aiokafka member id at an assignment: aiokafka keeps its id across
 rebalances and only forgets it when the broker answers UnknownMemberId or IllegalGeneration
 (``reset_generation``), as ``streamassign.aiokafka.rejoin.membership`` reads it. A join under
-the same id proves the previous generation's writes, so nothing is rewound then.
+the same id proves the previous generation's writes (with Faust's default
+``stream_wait_empty=True``: its revoke waits for the events in flight; with it off an agent
+may still write a revoked partition after the flush), so nothing is rewound then. An
+assignment whose member id reads as "" (a heartbeat reset it between the join and the
+listener) tells nothing: it is compared with nothing, and the next one is compared with the
+last real id.
+
+A loss before Faust's table recovery completed since the last assignment rewinds nothing: the
+worker processed nothing in between (Faust pauses every assigned partition at the assignment,
+``app/base.py:1885-1886`` in faust-streaming 0.15.3, and resumes the stream partitions only
+after ``on_rebalance_complete``, ``tables/recovery.py:628`` then ``:649``, or ``:309`` then
+``:316`` when there is no table to recover), so everything on disk since the assignment was
+read from the changelog, and a restore a session loss interrupts goes on where it was instead
+of starting again (on a CPU-starved host it might otherwise never finish).
 
 Only stores that persist an offset are touched (RocksDB; Faust's memory store reports none,
 and its recovery's ``active_offsets`` of a partition it keeps are the last offsets it read,
@@ -95,11 +108,19 @@ class ProvenOffsets:
 
     #: The changelog partitions of the active tables of the current membership.
     held: frozenset[TP] = frozenset()
-    #: The member id they were assigned under; None before the first assignment or when it
-    #: cannot be read (then nothing is rewound: there is no loss to tell).
+    #: The last real member id they were assigned under; None before the first assignment
+    #: with one (then nothing is rewound: there is no loss to tell).
     held_as: str | None = None
     #: The proven persisted offset of each held partition (None: proven to have none).
     proven: dict[TP, int | None] = attrs.field(factory=dict)
+    #: Whether Faust's table recovery completed since the last assignment with a real member
+    #: id (until then the worker processed nothing: the module docstring). Cleared before
+    #: Faust takes the assignment, so a completion inside its callback still counts.
+    recovered_since_assignment: bool = False
+    #: Whether the held partitions were taken in an assignment without a real member id
+    #: since the last one with it: a recovery's reads then started from unproven offsets
+    #: (maybe a zombie's), so its completion proves nothing.
+    held_unproven: bool = False
 
     def snapshot(self, stores: Mapping[str, Any]) -> dict[TP, int | None]:
         """The persisted offsets of the held partitions now (to prove by a commit)."""
@@ -113,8 +134,13 @@ class ProvenOffsets:
         """Before Faust reads the persisted offsets of an assignment made under
         ``member_id``: if it differs from the one the held partitions were assigned under,
         rewind each held partition whose store persisted past its proven offset (to the start
-        of its changelog when none is proven). One WARNING names them."""
-        if self.held_as is None or member_id is None or member_id == self.held_as:
+        of its changelog when none is proven), unless Faust's recovery has not completed
+        since the last assignment (then nothing is its own write). One WARNING names them.
+        Without a real ``member_id`` ("" or None) nothing is compared or reset."""
+        if not member_id:
+            return []  # tells nothing: compared with the last real id at the next one
+        recovered, self.recovered_since_assignment = self.recovered_since_assignment, False
+        if self.held_as is None or member_id == self.held_as or not recovered:
             return []
         rewound = [r for tp in sorted(self.held) if (r := self._rewind(tp, stores)) is not None]
         if rewound:
@@ -131,21 +157,31 @@ class ProvenOffsets:
                 ", ".join(r.describe() for r in rewound[:10])
                 + (f" and {len(rewound) - 10} more" if len(rewound) > 10 else ""),
             )
-        self.held_as = None  # rewound once; the assignment that follows proves anew
         return rewound
 
     def assigned(
         self, member_id: str | None, held: Iterable[TP], stores: Mapping[str, Any]
     ) -> None:
         """Faust has taken an assignment made under ``member_id`` with ``held`` its active
-        changelog partitions: their persisted offsets are proven (see the module docstring)."""
-        self.held = frozenset(held)
-        self.held_as = member_id or None
+        changelog partitions: their persisted offsets are proven (see the module docstring).
+        Without a real ``member_id`` it proves nothing: the held partitions and their proofs
+        stay, and those it adds are proven as they are (not held since the last proof, so not
+        written by this worker since)."""
+        if not member_id:
+            added = frozenset(held) - self.held
+            self.held |= added
+            self.proven.update({tp: _persisted(stores, tp) for tp in added})
+            self.held_unproven = True
+            return
+        self.held, self.held_as, self.held_unproven = frozenset(held), member_id, False
         self.proven = self.snapshot(stores)
 
     def recovered(self, stores: Mapping[str, Any]) -> None:
-        """Faust's table recovery completed: the held partitions' offsets are what it read."""
-        self.proven = self.snapshot(stores)
+        """Faust's table recovery completed: the held partitions' offsets are what it read
+        (from proven ones unless the assignment had no real member id)."""
+        if not self.held_unproven:
+            self.proven = self.snapshot(stores)
+        self.recovered_since_assignment = True
 
     def _rewind(self, tp: TP, stores: Mapping[str, Any]) -> Rewind | None:
         was = _persisted(stores, tp)

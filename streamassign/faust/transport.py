@@ -45,6 +45,7 @@ from typing import Any
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
+from faust.types.enums import ProcessingGuarantee
 
 from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, membership, rewind
@@ -359,10 +360,10 @@ class _Consumer(faust_aiokafka.Consumer):
         self._proven_hook(self._prove_assignment)
         self._flow_hook(self._enter_flow_step, RECOVERING)
 
-    def note_membership(self, held: tuple[str, int] | None) -> None:
+    def note_membership(self, membership: tuple[str, int] | None) -> None:
         """The member id and generation the coming assignment was made under (None: not
         readable). Called on the consumer thread before it hands the assignment over."""
-        self._assigned_as = held[0] if held is not None else None
+        self._assigned_as = membership[0] if membership is not None else None
 
     def _proven_hook(self, hook: Callable[[], None]) -> None:
         """``hook()``; a failure is logged and Faust's rebalance goes on (raised into its
@@ -373,6 +374,13 @@ class _Consumer(faust_aiokafka.Consumer):
             log.exception("the changelog offset check failed in %s", hook.__name__)
 
     def _rewind_if_lost(self) -> None:
+        """Not under exactly_once: Faust commits through its transactions there, never
+        ``_commit`` (nothing would be proven since the last rebalance), and persists a
+        table's offsets only after its transaction committed (``persist_offset_on_commit``),
+        which fences a zombie's: its offsets never pass another worker's writes."""
+        guarantee = getattr(self.app.conf, "processing_guarantee", None)  # typed as the class
+        if guarantee == ProcessingGuarantee.EXACTLY_ONCE:
+            return
         self.proven_offsets.rewind_if_lost(self._assigned_as, changelog_stores(self.app))
 
     def _prove_assignment(self) -> None:
