@@ -73,7 +73,7 @@ from ..versions import (
     topology_version,
 )
 from .consumer import ASSIGNORS
-from .metadata import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC, no_create_request
+from .metadata import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC, topic_metadata
 from .streams import PROTOCOL_NAME
 from .wire import assigned_partitions, subscribed_topics
 
@@ -1672,11 +1672,9 @@ class _Admin:
         try:
             # Built inside the try too: it raises when the broker cannot take a request that
             # carries the flag (a lower version would create the topics).
-            request = no_create_request(self.client, sorted(topics))
-            response = await asyncio.wait_for(
-                self.client._send_request(request), self.connection.timeout_s
-            )  # aiokafka has no public way to ask so
-            listed = response.to_object()["topics"]
+            listed = await asyncio.wait_for(
+                topic_metadata(self.client, sorted(topics)), self.connection.timeout_s
+            )
         except Exception:  # only to word the problem lines better
             return None
         # Another error (not authorized to describe it...) says nothing of whether it exists.

@@ -36,12 +36,7 @@ class _NoCreateRequest:
 
     def prepare(self, versions: dict[int, tuple[int, int]]) -> Any:
         built = self.request.prepare(versions)
-        if built.API_VERSION < NO_CREATE_VERSION:
-            # aiokafka's own convention for a request the negotiated version cannot carry.
-            raise IncompatibleBrokerVersion(
-                f"the broker answers Metadata up to version {built.API_VERSION}, which cannot "
-                f"ask without creating topics (version {NO_CREATE_VERSION} on can)"
-            )
+        _refuse_below_no_create(built.API_VERSION)
         return built
 
 
@@ -55,9 +50,24 @@ def no_create_request(admin: Any, topics: Sequence[str]) -> Any:
         return _NoCreateRequest(MetadataRequest(list(topics), allow_auto_topic_creation=False))
     # aiokafka 0.11 / 0.12: versioned classes; the admin client knows the broker's range.
     version = admin._matching_api_version(MetadataRequest)
+    _refuse_below_no_create(version)
+    return MetadataRequest[version](list(topics), False)
+
+
+async def topic_metadata(admin: Any, topics: Sequence[str]) -> list[dict[str, Any]]:
+    """The Metadata answer's topic entries (``topic``, ``error_code``, ``partitions``) for
+    ``topics``, asked with :func:`no_create_request` through ``admin``'s ``_send_request``
+    (aiokafka has no public way to ask so). Raises what building or sending raises."""
+    response = await admin._send_request(no_create_request(admin, topics))
+    listed: list[dict[str, Any]] = response.to_object()["topics"]
+    return listed
+
+
+def _refuse_below_no_create(version: int) -> None:
+    """``IncompatibleBrokerVersion`` (aiokafka's own convention for a request the negotiated
+    version cannot carry) when Metadata ``version`` cannot carry the no-create flag."""
     if version < NO_CREATE_VERSION:
         raise IncompatibleBrokerVersion(
             f"the broker answers Metadata up to version {version}, which cannot ask without "
             f"creating topics (version {NO_CREATE_VERSION} on can)"
         )
-    return MetadataRequest[version](list(topics), False)

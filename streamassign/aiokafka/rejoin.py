@@ -50,6 +50,13 @@ def membership(consumer: Any) -> tuple[str, int] | None:
     return member_id, generation
 
 
+def member_id(consumer: Any) -> str | None:
+    """``consumer``'s member id (:func:`membership`; "" after a reset, until it joins again);
+    None when it cannot be read."""
+    held = membership(consumer)
+    return held[0] if held is not None else None
+
+
 def refresh_metadata(consumer: Any) -> bool:
     """Start a refresh of ``consumer``'s cluster metadata (it runs in the background); False
     when it cannot. A leader that joins while one is under way waits for it before it assigns

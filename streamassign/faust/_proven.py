@@ -9,7 +9,7 @@ another worker of a newer generation, which writes them, and the zombie still pr
 it holds until its heartbeat or commit learns that its member id is unknown. Its own writes
 land after the other worker's in the changelog, so the offset it persists passes records it
 never applied; the next generation hands the partition back, the recovery reads nothing, and
-the table lacks the other worker's updates for good (faustm1: key-060 lost number 57).
+the table lacks the other worker's updates for good.
 
 Kafka Streams closes such tasks dirty (``TaskMigratedException``) and restores them from its
 last checkpoint, which it writes only after a commit. This does the same with Faust's store:
@@ -151,7 +151,7 @@ class ProvenOffsets:
                 "stall past the session timeout), so %d persisted offsets are rewound to the "
                 "last proven ones and their recovery replays the changelog from there: %s",
                 self.held_as,
-                member_id or '""',
+                member_id,
                 len(self.held),
                 len(rewound),
                 ", ".join(r.describe() for r in rewound[:10])

@@ -51,7 +51,7 @@ from faust.types.assignor import HostToPartitionMap, PartitionAssignorT
 from yarl import URL
 
 from .. import TaskId
-from ..aiokafka.rejoin import Rejoiner, membership
+from ..aiokafka.rejoin import Rejoiner, member_id, membership
 from ..aiokafka.wire import encode_assignment
 from ..errors import ConfigError, ConfigTypeError, DamagedStateError, ErrorCode, StateDirectoryError
 from ..files import loads_json, write_atomically
@@ -943,8 +943,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
     def _member_id(self) -> str | None:
         """The aiokafka member id of this worker ("" after a reset, until it joins again);
         None if there is no consumer, or its coordinator's membership cannot be read."""
-        held = membership(self._consumer())
-        return held[0] if held is not None else None
+        return member_id(self._consumer())
 
     def _standby_offset_sum(self, task: TaskId, topics: Mapping[str, int]) -> int | None:
         """Sum of the changelog offsets this running worker's standby replica of ``task`` has

@@ -48,7 +48,7 @@ from faust.types import TP
 from faust.types.enums import ProcessingGuarantee
 
 from ..aiokafka.floods import BrokerAwayLines
-from ..aiokafka.rejoin import current_assignment, fetch_states, membership, rewind
+from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
 from ..repeats import Repeats
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
 from ._proven import ProvenOffsets, changelog_stores
@@ -413,8 +413,7 @@ class _Consumer(faust_aiokafka.Consumer):
         return committed
 
     def _member_id(self) -> str | None:
-        held = membership(getattr(self._thread, "_consumer", None))
-        return held[0] if held is not None else None
+        return member_id(getattr(self._thread, "_consumer", None))
 
     def verify_event_path(self, now: float, tp: TP) -> None:
         """Faust's livelock check, but not for a stream partition with no event yet within

@@ -14,7 +14,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import NodeNotReadyError
 
 from .. import TaskId, TopicPartition
-from ..aiokafka.metadata import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC, no_create_request
+from ..aiokafka.metadata import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC, topic_metadata
 from ..errors import InternalTopicError as InternalTopicError
 from ..errors import MissingChangelogError, MissingTopicsError, TopicConfigError
 from ..grouper import resolve_partition_counts, task_counts
@@ -73,10 +73,8 @@ async def _describe(admin: Any, topics: list[str]) -> dict[str, list[Any]]:
     with ``auto.create.topics.enable=true`` (Kafka's default) then creates every missing
     topic asked about with the broker's defaults (one partition, not compacted). A broker
     too old to take the flag (before Kafka 1.0) is refused, never asked without it."""
-    request = no_create_request(admin, topics)
-    response = await admin._send_request(request)  # aiokafka has no public way to ask so
     found = {}
-    for topic in response.to_object()["topics"]:
+    for topic in await topic_metadata(admin, topics):
         if topic["error_code"] in (0, LEADER_NOT_AVAILABLE):
             found[topic["topic"]] = topic["partitions"]
     return found
