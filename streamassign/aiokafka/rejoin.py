@@ -57,9 +57,11 @@ def member_id(consumer: Any) -> str | None:
     return held[0] if held is not None else None
 
 
-def watch_heartbeats(consumer: Any, succeeded: Callable[[float], None]) -> bool:
+def watch_heartbeats(
+    consumer: Any, succeeded: Callable[[float], None], clock: Callable[[], float] = time.monotonic
+) -> bool:
     """Have ``succeeded(sent)`` called (on the consumer's thread) after each heartbeat the
-    broker accepts, with the ``time.monotonic()`` at which its request was about to be sent:
+    broker accepts, with the ``clock()`` at which its request was about to be sent:
     proof that the broker still knew the member id then. aiokafka (0.11-0.14) says so only at
     DEBUG; its heartbeat routine calls ``self._do_heartbeat()`` (True on success, also for
     RebalanceInProgress: the member is still in the group), so it is wrapped on the
@@ -72,7 +74,7 @@ def watch_heartbeats(consumer: Any, succeeded: Callable[[float], None]) -> bool:
         return True
 
     async def watched() -> Any:
-        sent = time.monotonic()
+        sent = clock()
         accepted = await heartbeat()
         if accepted is True:
             succeeded(sent)

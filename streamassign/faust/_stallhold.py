@@ -89,6 +89,12 @@ class StallHold:
     releasing: bool = False
     #: Whether the current hold was logged.
     told: bool = False
+    #: The member id a dropped hold lost (None: none lost), and the changelog sends dropped
+    #: since, while aiokafka's member id is still that one or "" (the zombie goes on
+    #: processing queued events until Faust's revoke stops its flow).
+    lost_as: str | None = None
+    lost_at: float = 0.0
+    dropped_since_lost: int = 0
     held: list[HeldSend] = attrs.field(factory=list)
     #: The latest send time of a heartbeat the broker accepted (written by the consumer's
     #: thread: one float assignment).
@@ -132,6 +138,23 @@ class StallHold:
         self.since, self.releasing, self.told, self.stamp = None, False, False, now
         return held
 
+    def lose(self, now: float) -> list[HeldSend]:
+        """End the hold as lost: its sends are dropped, and so are those that follow while the
+        membership stays lost (``still_lost``)."""
+        self.lost_as, self.lost_at, self.dropped_since_lost = self.held_as or "", now, 0
+        return self.end(now)
+
+    def still_lost(self, member: str | None) -> bool:
+        """Does a changelog send now come from the lost membership? Yes while aiokafka's
+        member id is "" or the lost one (or unreadable); no once it joined again as another
+        (the revoke before that join stopped Faust's flow), or a heartbeat was accepted under
+        the same one since (``heartbeat_accepted``: the deadline was wrong)."""
+        if self.lost_as is None:
+            return False
+        if member is None or member == "":
+            return True
+        return member == self.lost_as and self.heartbeat_sent < self.lost_at
+
 
 def _settle(inner: asyncio.Future[Any], *, outer: asyncio.Future[Any]) -> None:
     """Give ``outer`` (Faust's) the outcome of ``inner`` (aiokafka's)."""
@@ -159,7 +182,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_releasing: asyncio.Task[None] | None = None
         self._stall_look_failed = False
-        #: The hold's clock (a test's stand-in; heartbeats are stamped with time.monotonic()).
+        #: The hold's clock, also of the heartbeats' stamps (a test's stand-in).
         self.clock: Callable[[], float] = time.monotonic
 
     def _holds_stalls(self) -> bool:
@@ -207,11 +230,21 @@ class StallHoldProducer(faust_aiokafka.Producer):
         )
         if self._stall_timer is None or topic not in self.app.tables.changelog_topics:
             return await send()
-        if not self.stall_hold.check(self.clock()):
+        hold = self.stall_hold
+        result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if hold.lost_as is not None and hold.still_lost(self._member_id()):
+            hold.dropped_since_lost += 1  # dropped at once: a flush does not wait for it
+            return result
+        if not hold.check(self.clock()):
             return await send()
-        held = HeldSend(send, self.loop.create_future())
-        self.stall_hold.held.append(held)
-        return held.result
+        hold.held.append(HeldSend(send, result))
+        return result
+
+    def _aiokafka_consumer(self) -> Any:
+        return getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
+
+    def _member_id(self) -> str | None:
+        return member_id(self._aiokafka_consumer())
 
     async def flush(self) -> None:
         """Faust's, after the hold resolves (bounded by its deadline): Faust commits the
@@ -231,10 +264,13 @@ class StallHoldProducer(faust_aiokafka.Producer):
 
     def _stall_look(self, now: float) -> None:
         """A tick: stamp, or tell of a hold just begun, or resolve it."""
-        consumer = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
+        consumer = self._aiokafka_consumer()
         hold = self.stall_hold
-        watch_heartbeats(consumer, hold.heartbeat_accepted)
+        watch_heartbeats(consumer, hold.heartbeat_accepted, self.clock)
         member = member_id(consumer)
+        if hold.lost_as is not None and not hold.still_lost(member):
+            hold.lost_as = None
+            self._stall_rejoined(member)
         hold.tick(now, member)
         if hold.holding and not hold.told:
             hold.told = True
@@ -250,7 +286,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         verdict = hold.verdict(now, member)
         if verdict == RELEASED:
             hold.releasing = True
-            self._stall_releasing = self.loop.create_task(self._stall_release(now))
+            self._stall_releasing = asyncio.get_running_loop().create_task(self._stall_release(now))
         elif verdict == DROPPED:
             why = (
                 f"no heartbeat was accepted in {hold.deadline:.1f} s"
@@ -259,9 +295,19 @@ class StallHoldProducer(faust_aiokafka.Producer):
             )
             self._stall_resolve_dropped(now, why)
 
+    def _stall_rejoined(self, member: str | None) -> None:
+        dropped, self.stall_hold.dropped_since_lost = self.stall_hold.dropped_since_lost, 0
+        log.log(
+            logging.WARNING if dropped else logging.INFO,
+            "changelog sends after the lost membership: dropped %d more until this worker's "
+            "membership was back (as %r)",
+            dropped,
+            member,
+        )
+
     def _stall_resolve_dropped(self, now: float, why: str) -> None:
         since = self.stall_hold.since or now
-        dropped = self.stall_hold.end(now)
+        dropped = self.stall_hold.lose(now)
         log.log(
             logging.WARNING if dropped else logging.INFO,
             "changelog sends held after a stall: dropped %d after %.1f s (%s); their events' "
