@@ -298,3 +298,19 @@ def test_heartbeats_are_watched_once_and_only_accepted_ones_count() -> None:
     assert run(beat()) == [True, False, True]
     assert len(seen) == 2 and seen[0] <= seen[1]
     assert not watch_heartbeats(SimpleNamespace(), seen.append)
+
+
+def test_the_lost_membership_lasts_until_a_new_member_id_or_a_later_accepted_heartbeat() -> None:
+    """After a drop the zombie's sends are dropped while the member id is reset or the lost
+    one; a new id (the revoke, then the join) ends it, and so does a heartbeat accepted under
+    the lost id after a drop at the deadline (the session had survived after all)."""
+    hold = StallHold(threshold=4.9, deadline=7.0)
+    hold.tick(100.0, "m-1")
+    assert hold.check(109.0)
+    assert hold.verdict(116.1, "m-1") == DROPPED
+    hold.lose(116.1)
+    assert hold.still_lost("m-1") and hold.still_lost("") and hold.still_lost(None)
+    hold.heartbeat_accepted(116.5)
+    assert not hold.still_lost("m-1")
+    assert hold.still_lost("")
+    assert not hold.still_lost("m-2")
