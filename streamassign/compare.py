@@ -273,28 +273,16 @@ def _note(
 ) -> str:
     """:func:`renumbering_note`, the topics of both tables whose number changed given
     (``changed``: the comparison worked them out with the renumbering)."""
-    cause = _renumbering_cause(old, new, changed, unassigned_topics, undecodable_counts)
-    return (
+    said = (
         f"note: tasks matched by partition, {named}: a consumer group's task t_p is partition "
-        f"p of its t-th topic in name order, renumbered by {cause}"
+        "p of its t-th topic in name order, renumbered by "
     )
-
-
-def _renumbering_cause(
-    old: TaskTable,
-    new: TaskTable,
-    changed: frozenset[str],
-    unassigned_topics: Iterable[str] | None,
-    undecodable_counts: tuple[int, int],
-) -> str:
-    """What renumbered ``old`` as ``new``, ``changed`` the topics of both whose number did
-    (see :func:`renumbering_note`)."""
     old_topics, new_topics = topics_of(old), topics_of(new)
     shifting = _shifting_topics(unassigned_topics, old_topics | new_topics, changed)
     if old_topics == new_topics:
         # The tables agree on topics: a subscribed topic numbered without partitions assigned
         # to it (not created yet, a typo), or an edited file.
-        return _unassigned_cause(shifting)
+        return said + _unassigned_cause(shifting)
     changes = _topic_changes(old_topics, new_topics, undecodable_counts)
     cause = f"a change of topics ({changes})"
     if shifting:  # a topic of both tables may have moved by these alone
@@ -306,7 +294,7 @@ def _renumbering_cause(
         how = "removed or hidden" if undecodable_counts[1] else "removed"
         which = f"a {how} topic" if len(gone) == 1 else f"{how} topics"
         cause += f"; {which} numbered past every id there: {numbered}"
-    return cause
+    return said + cause
 
 
 def _shifting_topics(
