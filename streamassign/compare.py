@@ -260,13 +260,21 @@ def renumbering_note(
     ``undecodable_counts``: how many members of each side (BEFORE's, AFTER's) are undecodable
     with their topics unknown."""
     changed = _changed_topics(_topic_numbers(was) or {}, _topic_numbers(new) or {})
-    return _note(old, new, named, changed, unassigned_topics, undecodable_counts)
+    return _renumbering_said(
+        old,
+        new,
+        named,
+        changed=changed,
+        unassigned_topics=unassigned_topics,
+        undecodable_counts=undecodable_counts,
+    )
 
 
-def _note(
+def _renumbering_said(
     old: TaskTable,
     new: TaskTable,
     named: str,
+    *,
     changed: frozenset[str],
     unassigned_topics: Iterable[str] | None,
     undecodable_counts: tuple[int, int],
@@ -389,13 +397,13 @@ def compare_snapshots(
     matched = _numbered_by(old, renumbering)
     lines = []
     if renumbering is not None and matched is not old:
-        note = _note(
+        note = _renumbering_said(
             matched.tasks,
             new.tasks,
             f"named as in {after_name}",
-            renumbering.changed,
-            _unassigned_in_files(old, new),
-            (old.unknown_subscriptions, new.unknown_subscriptions),
+            changed=renumbering.changed,
+            unassigned_topics=_unassigned_in_files(old, new),
+            undecodable_counts=(old.unknown_subscriptions, new.unknown_subscriptions),
         )
         lines.append(note)
     lines += _unrelated_warnings(matched, new, before_name, after_name)
@@ -619,18 +627,18 @@ def _matched_by_partition(
     names = _named_by_partition(old, view.tasks)
     if all(number == was for was, number in numbers.items()):
         return ViewsMatched(views, names)
-    note = _note(
+    note = _renumbering_said(
         old,
         view.tasks,
         "as the new view names them",
-        renumbering.changed,
-        _unassigned_on_one_side(_subscriptions(last), _subscriptions(view)),
-        (_unknown_topics_members(last), _unknown_topics_members(view)),
+        changed=renumbering.changed,
+        unassigned_topics=_unassigned_on_one_side(_topics_and_table(last), _topics_and_table(view)),
+        undecodable_counts=(_unknown_topics_members(last), _unknown_topics_members(view)),
     )
     return ViewsMatched(views, names, note)
 
 
-def _subscriptions(view: DescribedGroup) -> tuple[list[str], TaskTable]:
+def _topics_and_table(view: DescribedGroup) -> tuple[list[str], TaskTable]:
     """``view`` as :func:`_unassigned_on_one_side` takes a side: its members' topics and its
     table."""
     return [t for m in view.members for t in m.topics], view.tasks

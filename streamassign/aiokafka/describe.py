@@ -1327,7 +1327,7 @@ def _missing_lines(topics: Sequence[str], counts: Mapping[str, int] | None) -> l
             f"{counted(len(topics), 'subscribed topic')} without a partition assigned to any "
             f"member (missing from the cluster?): {', '.join(topics)}"
         ]
-    present, absent = _in_and_out(topics, counts)
+    present, absent = _present_and_absent(topics, counts)
     out = []
     if absent:
         out.append(
@@ -1351,7 +1351,9 @@ def _partitions_listed(count: int) -> str:
     return counted(count, "partition") if count else "no partition leader yet"
 
 
-def _in_and_out(topics: Sequence[str], counts: Mapping[str, int]) -> tuple[list[str], list[str]]:
+def _present_and_absent(
+    topics: Sequence[str], counts: Mapping[str, int]
+) -> tuple[list[str], list[str]]:
     """``topics``, in their order, split into those the cluster's metadata (``counts``) has
     and those it lacks."""
     present: list[str] = []
@@ -1372,7 +1374,7 @@ def _in_the_cluster(topics: Sequence[str], counts: Mapping[str, int] | None) -> 
         if topic in counts:
             return f" (in the cluster: {_partitions_listed(counts[topic])})"
         return " (missing from the cluster)"
-    present, lacks = _in_and_out(topics, counts)
+    present, lacks = _present_and_absent(topics, counts)
     has = [f"{t} {_partitions_listed(counts[t])}" for t in present]
     parts = [f"in the cluster: {', '.join(has)}"] if has else []
     parts += [f"missing from the cluster: {', '.join(lacks)}"] if lacks else []
