@@ -51,7 +51,7 @@ from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
 from ..repeats import Repeats
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
-from ._proven import ProvenOffsets, changelog_stores
+from ._proven import ProvenOffsets, changelog_stores, proofs_file
 
 __all__ = ["SWITCH_ENV", "Transport"]
 
@@ -381,7 +381,15 @@ class _Consumer(faust_aiokafka.Consumer):
         guarantee = getattr(self.app.conf, "processing_guarantee", None)  # typed as the class
         if guarantee == ProcessingGuarantee.EXACTLY_ONCE:
             return
-        self.proven_offsets.rewind_if_lost(self._assigned_as, changelog_stores(self.app))
+        stores = changelog_stores(self.app)
+        if not self.proven_offsets.opened:  # the first assignment of this run: the last's proofs
+            assignor = self.app.assignor
+            assigned = assignor.assigned_actives() | assignor.assigned_standbys()
+            changelogs = self.app.tables.changelog_topics
+            self.proven_offsets.open(
+                proofs_file(self.app, stores), {tp for tp in assigned if tp.topic in changelogs}
+            )
+        self.proven_offsets.rewind_if_lost(self._assigned_as, stores)
 
     def _prove_assignment(self) -> None:
         """The assignment Faust just took proves its active changelog partitions' offsets."""
