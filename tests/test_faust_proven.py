@@ -494,6 +494,38 @@ def test_a_zombie_killed_before_it_rejoins_is_rewound_at_its_restart(
     assert f"{CL}[0] 180 -> 150, {CL}[1] 111 -> 110" in warning
 
 
+def test_the_last_run_s_partitions_not_assigned_now_are_rewound_and_dropped(
+    tmp_path: Path, group: Any
+) -> None:
+    """At the first assignment after a restart every partition of the file is rewound, those
+    assigned elsewhere now too (on the local disk: they may come back), and the file then
+    holds the new assignment's only: nothing more is needed of the others."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+
+    async def before_the_kill() -> None:
+        await g.join("m-1", 1)
+        await g.recovered()
+        write(app, {p: 10 for p in range(4)})
+        assert await g.commit()  # proves 10 everywhere
+        write(app, {p: 20 for p in range(4)})  # the zombie's writes; then kill -9
+
+    asyncio.run(before_the_kill())
+    app = restart(app, tmp_path)
+    other = zombie_app(tmp_path / "other")
+    rebalance({"m0": app.assignor, "m1": other.assignor}, counts=COUNTS)
+    mine = {tp for tp in app.assignor.assigned_actives() if tp.topic == CL}
+    assert 0 < len(mine) < len(HELD)
+    g = group(app)
+    asyncio.run(g.join("m-7", 1))
+    assert persisted(app) == dict.fromkeys(range(4), 10)
+    state = app.assignor.state_path()
+    assert state is not None
+    saved = ProofsFile(state / PROOFS_FILE).read()
+    assert saved is not None
+    assert set(saved.proven) == mine
+
+
 def test_a_restart_during_a_restore_keeps_what_it_restored(tmp_path: Path, group: Any) -> None:
     """Killed before its recovery completed since the assignment, the last run processed
     nothing: its offsets are what it read, and the restore goes on from there."""
