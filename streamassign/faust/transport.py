@@ -377,7 +377,10 @@ class _Consumer(faust_aiokafka.Consumer):
         """Not under exactly_once: Faust commits through its transactions there, never
         ``_commit`` (nothing would be proven since the last rebalance), and persists a
         table's offsets only after its transaction committed (``persist_offset_on_commit``),
-        which fences a zombie's: its offsets never pass another worker's writes."""
+        which fences a zombie's: its offsets never pass another worker's writes. At the first
+        assignment of a run the last run's proofs are taken from the state directory (a zombie
+        killed before it rejoined: ``_proven``), every changelog partition assigned now counting
+        as unproven if that file is damaged."""
         guarantee = getattr(self.app.conf, "processing_guarantee", None)  # typed as the class
         if guarantee == ProcessingGuarantee.EXACTLY_ONCE:
             return
