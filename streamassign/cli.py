@@ -19,6 +19,7 @@ import select
 import shlex
 import stat
 import sys
+import textwrap
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -535,12 +536,16 @@ class _HelpFormatter(click.HelpFormatter):
     it does not fit. One wider than the text column wraps between its words (kept whole, click
     would cut it inside one; it still cuts a single word wider than the column), with
     ``[default:`` beside the word after it unless the two alone are wider than the column
-    (``[default: PLAINTEXT`` at click's least width, 50: a 16-column text)."""
+    (``[default: PLAINTEXT`` at click's least width, 50: a 16-column text). An option's
+    name and value wider than the help (``--security-protocol [PLAINTEXT|...|SASL_SSL]``,
+    61 columns) go on lines of their own, broken between words, as wide options' text goes
+    under them: click writes them whole, past the help's width."""
 
     def write_dl(
         self, rows: Sequence[tuple[str, str]], col_max: int = 30, col_spacing: int = 2
     ) -> None:
-        rows = list(rows)
+        term_width = self.width - self.current_indent
+        rows = [row for term, text in rows for row in _fitting_term(term, text, term_width)]
         # click's own column arithmetic (HelpFormatter.write_dl), to know what fits.
         terms = max((len(click.unstyle(term)) for term, _ in rows), default=0)
         text_width = max(self.width - min(terms, col_max) - col_spacing - 2, 10)
@@ -551,6 +556,18 @@ class _HelpFormatter(click.HelpFormatter):
             col_spacing,
         )
         self.buffer[start:] = [text.replace(_NO_BREAK, " ") for text in self.buffer[start:]]
+
+
+def _fitting_term(term: str, text: str, width: int) -> list[tuple[str, str]]:
+    """A help row whose ``term`` (an option's names and value) is wider than ``width`` as
+    rows of its lines (broken between words, each after the first indented by two), its
+    ``text`` with the last; the row itself when it fits or has no space to break at."""
+    if len(click.unstyle(term)) <= width:
+        return [(term, text)]
+    *lines, last = textwrap.wrap(
+        term, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+    )
+    return [*((line, "") for line in lines), (last, text)]
 
 
 def _unbroken_extra(help_text: str, width: int) -> str:

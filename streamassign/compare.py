@@ -48,6 +48,24 @@ def partition_renumbering(
     topics after it. A topic ``new_tasks`` lacks is numbered past every number ``new_tasks``
     and ``new_ids`` (every id the new side names) use, so that its ids name nothing there.
     None when either table is not one partition per task of that form."""
+    renumbering = _renumbering(old_tasks, new_tasks, new_ids)
+    return None if renumbering is None else renumbering.numbers
+
+
+@attrs.frozen
+class _Renumbering:
+    """A consumer group's old table numbered as a new one numbers its topics, worked out once
+    per comparison: ``numbers``, :func:`partition_renumbering`'s; ``changed``, the topics of
+    both tables whose number differs between them (what a renumbering note weighs)."""
+
+    numbers: dict[int, int]
+    changed: frozenset[str]
+
+
+def _renumbering(
+    old_tasks: TaskTable, new_tasks: TaskTable, new_ids: Iterable[TaskId] = ()
+) -> _Renumbering | None:
+    """:func:`partition_renumbering` with the topics it renumbers; None as there."""
     old_numbers, new_numbers = _topic_numbers(old_tasks), _topic_numbers(new_tasks)
     if old_numbers is None or new_numbers is None:
         return None
@@ -59,7 +77,7 @@ def partition_renumbering(
             renumbering[number] = new_numbers[topic]
         else:
             renumbering[number], fresh = fresh, fresh + 1
-    return renumbering
+    return _Renumbering(renumbering, _changed_topics(old_numbers, new_numbers))
 
 
 def numbered_as(before: Snapshot, after: Snapshot) -> Snapshot:
@@ -69,17 +87,26 @@ def numbered_as(before: Snapshot, after: Snapshot) -> Snapshot:
     that never were. ``before`` as it is otherwise, or when either ``tasks`` table is not of
     that form, or ``before`` names a task of a topic its table lacks (a hand-edited file):
     then tasks are matched by id."""
+    return _numbered_by(before, _snapshots_renumbering(before, after))
+
+
+def _snapshots_renumbering(before: Snapshot, after: Snapshot) -> _Renumbering | None:
+    """``before``'s table numbered as ``after``'s when both are consumer groups' tables."""
     if before.family != CONSUMER_FAMILY or after.family != CONSUMER_FAMILY:
-        return before
-    renumbering = partition_renumbering(before.tasks, after.tasks, _task_ids_named(after))
+        return None
+    return _renumbering(before.tasks, after.tasks, _task_ids_named(after))
+
+
+def _numbered_by(before: Snapshot, renumbering: _Renumbering | None) -> Snapshot:
+    """:func:`numbered_as` of ``before`` with its table's ``renumbering`` (None: none)."""
     if renumbering is None:
         return before
-    named = _task_ids_named(before)
-    if any(t.subtopology not in renumbering for t in named) or all(
-        renumbering[t.subtopology] == t.subtopology for t in named
+    numbers, named = renumbering.numbers, _task_ids_named(before)
+    if any(t.subtopology not in numbers for t in named) or all(
+        numbers[t.subtopology] == t.subtopology for t in named
     ):
         return before
-    return _renumbered(before, renumbering)
+    return _renumbered(before, numbers)
 
 
 def _topic_numbers(tasks: TaskTable) -> dict[str, int] | None:
@@ -194,6 +221,11 @@ def partition_names(old: TaskTable, new: TaskTable) -> PartitionNames | None:
     hand-edited file)."""
     if not (is_partition_table(old) and is_partition_table(new)):
         return None
+    return _agreeing_names(old, new)
+
+
+def _agreeing_names(old: TaskTable, new: TaskTable) -> PartitionNames | None:
+    """:func:`partition_names` of two tables known to be consumer groups'."""
     if any(old[t] != new[t] for t in old.keys() & new.keys()):
         return None
     return _named_by_partition(old, new)
@@ -227,30 +259,38 @@ def renumbering_note(
     of both tables whose number changed are named (:func:`_shifting_topics`);
     ``undecodable_counts``: how many members of each side (BEFORE's, AFTER's) are undecodable
     with their topics unknown."""
-    cause = _renumbering_cause(old, new, was, unassigned_topics, undecodable_counts)
-    return (
-        f"note: tasks matched by partition, {named}: a consumer group's task t_p is partition "
-        f"p of its t-th topic in name order, renumbered by {cause}"
+    changed = _changed_topics(_topic_numbers(was) or {}, _topic_numbers(new) or {})
+    return _renumbering_said(
+        old,
+        new,
+        named,
+        changed=changed,
+        unassigned_topics=unassigned_topics,
+        undecodable_counts=undecodable_counts,
     )
 
 
-def _renumbering_cause(
+def _renumbering_said(
     old: TaskTable,
     new: TaskTable,
-    was: TaskTable,
+    named: str,
+    *,
+    changed: frozenset[str],
     unassigned_topics: Iterable[str] | None,
     undecodable_counts: tuple[int, int],
 ) -> str:
-    """What renumbered ``old`` (``was`` as its side numbered it) as ``new`` (see
-    :func:`renumbering_note`)."""
-    old_topics, new_topics = topics_of(old), topics_of(new)
-    shifting = _shifting_topics(
-        unassigned_topics, old_topics | new_topics, _renumbered_topics(was, new)
+    """:func:`renumbering_note`, the topics of both tables whose number changed given
+    (``changed``: the comparison worked them out with the renumbering)."""
+    said = (
+        f"note: tasks matched by partition, {named}: a consumer group's task t_p is partition "
+        "p of its t-th topic in name order, renumbered by "
     )
+    old_topics, new_topics = topics_of(old), topics_of(new)
+    shifting = _shifting_topics(unassigned_topics, old_topics | new_topics, changed)
     if old_topics == new_topics:
         # The tables agree on topics: a subscribed topic numbered without partitions assigned
         # to it (not created yet, a typo), or an edited file.
-        return _unassigned_cause(shifting)
+        return said + _unassigned_cause(shifting)
     changes = _topic_changes(old_topics, new_topics, undecodable_counts)
     cause = f"a change of topics ({changes})"
     if shifting:  # a topic of both tables may have moved by these alone
@@ -262,11 +302,11 @@ def _renumbering_cause(
         how = "removed or hidden" if undecodable_counts[1] else "removed"
         which = f"a {how} topic" if len(gone) == 1 else f"{how} topics"
         cause += f"; {which} numbered past every id there: {numbered}"
-    return cause
+    return said + cause
 
 
 def _shifting_topics(
-    unassigned_topics: Iterable[str] | None, table_topics: set[str], renumbered: set[str]
+    unassigned_topics: Iterable[str] | None, table_topics: set[str], renumbered: frozenset[str]
 ) -> list[str] | None:
     """Of ``unassigned_topics`` (None: not known), in name order, those that renumbered a topic
     a reader compares: numbered on one side alone (a topic of either table, ``table_topics``,
@@ -279,10 +319,12 @@ def _shifting_topics(
     return sorted(t for t in set(unassigned_topics) - table_topics if t < last_renumbered)
 
 
-def _renumbered_topics(was: TaskTable, new: TaskTable) -> set[str]:
-    """The topics of both consumer groups' tables whose number ``t`` differs between them."""
-    was_numbers, new_numbers = _topic_numbers(was) or {}, _topic_numbers(new) or {}
-    return {t for t, number in was_numbers.items() if new_numbers.get(t, number) != number}
+def _changed_topics(
+    old_numbers: Mapping[str, int], new_numbers: Mapping[str, int]
+) -> frozenset[str]:
+    """The topics of both consumer groups' tables (their :func:`_topic_numbers`) whose number
+    ``t`` differs between them."""
+    return frozenset(t for t, number in old_numbers.items() if new_numbers.get(t, number) != number)
 
 
 def _unassigned_cause(unassigned_topics: Iterable[str] | None) -> str:
@@ -351,31 +393,44 @@ def compare_snapshots(
 ) -> SnapshotsCompared:
     """BEFORE (``old``, saved as ``before_name``) as compared with AFTER (``new``, saved as
     ``after_name``): see :class:`SnapshotsCompared`."""
-    matched = numbered_as(old, new)
+    renumbering = _snapshots_renumbering(old, new)
+    matched = _numbered_by(old, renumbering)
     lines = []
-    if matched is not old:
-        note = renumbering_note(
+    if renumbering is not None and matched is not old:
+        note = _renumbering_said(
             matched.tasks,
             new.tasks,
             f"named as in {after_name}",
-            was=old.tasks,
+            changed=renumbering.changed,
             unassigned_topics=_unassigned_in_files(old, new),
             undecodable_counts=(old.unknown_subscriptions, new.unknown_subscriptions),
         )
         lines.append(note)
     lines += _unrelated_warnings(matched, new, before_name, after_name)
-    both_consumer_groups = old.family == CONSUMER_FAMILY == new.family
-    names = partition_names(matched.tasks, new.tasks) if both_consumer_groups else None
+    # Both consumer groups' tables of the form (there is a renumbering), BEFORE's renumbered
+    # one too (a topic takes one number).
+    names = None if renumbering is None else _agreeing_names(matched.tasks, new.tasks)
     return SnapshotsCompared(matched, names, tuple(lines))
 
 
 def _unassigned_in_files(old: Snapshot, new: Snapshot) -> set[str] | None:
-    """The topics subscribed with no partition assigned in one file only (numbered in that
-    file alone), when both files' member rows say their subscriptions; else None."""
+    """:func:`_unassigned_on_one_side` of two files, when both files' member rows say their
+    subscriptions; else None."""
     if old.subscribed_topics is None or new.subscribed_topics is None:
         return None
-    return set(old.subscribed_topics - topics_of(old.tasks)) ^ set(
-        new.subscribed_topics - topics_of(new.tasks)
+    return _unassigned_on_one_side(
+        (old.subscribed_topics, old.tasks), (new.subscribed_topics, new.tasks)
+    )
+
+
+def _unassigned_on_one_side(
+    old: tuple[Iterable[str], TaskTable], new: tuple[Iterable[str], TaskTable]
+) -> set[str]:
+    """The topics subscribed with no partition assigned on one side only, numbered on that
+    side alone; each side as its subscribed topics and its table."""
+    (old_subscribed, old_tasks), (new_subscribed, new_tasks) = old, new
+    return (set(old_subscribed) - topics_of(old_tasks)) ^ (
+        set(new_subscribed) - topics_of(new_tasks)
     )
 
 
@@ -561,31 +616,32 @@ def _matched_by_partition(
     (:func:`partition_renumbering`), with the moves' naming by partition and the note to
     print when any id changed. None when a table is not a consumer group's or ``before``
     names a task its table lacks: then tasks are matched by id."""
-    renumbering = partition_renumbering(last.tasks, view.tasks)
+    renumbering = _renumbering(last.tasks, view.tasks)
     named = {t for v in before.values() for t in _assigned_ids(v.assignment)}
-    if renumbering is None or any(t.subtopology not in renumbering for t in named):
+    if renumbering is None or any(t.subtopology not in renumbering.numbers for t in named):
         return None
-    old = {TaskId(renumbering[t.subtopology], t.partition): ps for t, ps in last.tasks.items()}
-    views = {pid: renumbered_view(v, renumbering) for pid, v in before.items()}
+    numbers = renumbering.numbers
+    old = {TaskId(numbers[t.subtopology], t.partition): ps for t, ps in last.tasks.items()}
+    views = {pid: renumbered_view(v, numbers) for pid, v in before.items()}
     # Both tables are of the form (there is a renumbering), and a topic takes one number.
     names = _named_by_partition(old, view.tasks)
-    if all(number == was for was, number in renumbering.items()):
+    if all(number == was for was, number in numbers.items()):
         return ViewsMatched(views, names)
-    note = renumbering_note(
+    note = _renumbering_said(
         old,
         view.tasks,
         "as the new view names them",
-        was=last.tasks,
-        # Subscribed without partitions in one view only: numbered in that view alone.
-        unassigned_topics=_unassigned_topics(last) ^ _unassigned_topics(view),
+        changed=renumbering.changed,
+        unassigned_topics=_unassigned_on_one_side(_topics_and_table(last), _topics_and_table(view)),
         undecodable_counts=(_unknown_topics_members(last), _unknown_topics_members(view)),
     )
     return ViewsMatched(views, names, note)
 
 
-def _unassigned_topics(view: DescribedGroup) -> set[str]:
-    """The topics ``view``'s members subscribe to that no partition of is assigned."""
-    return {t for m in view.members for t in m.topics} - topics_of(view.tasks)
+def _topics_and_table(view: DescribedGroup) -> tuple[list[str], TaskTable]:
+    """``view`` as :func:`_unassigned_on_one_side` takes a side: its members' topics and its
+    table."""
+    return [t for m in view.members for t in m.topics], view.tasks
 
 
 def _unknown_topics_members(view: DescribedGroup) -> int:

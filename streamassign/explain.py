@@ -620,6 +620,7 @@ def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot
     rows = data.get("members", []) if members else []
     reports, previous, process_members = _reports(rows, copied, where)
     group = data.get("group")
+    subscribed, unknown = _subscriptions(data.get("members"))
     return Snapshot(
         views,
         state,
@@ -633,8 +634,8 @@ def load_snapshot(data: object, where: str, *, members: bool = True) -> Snapshot
         *_stated_standbys(data),
         _departed(rows, views.keys(), where) if members else {},
         standbys_inferred_from=_inferring_processes(data, where),
-        subscribed_topics=_subscribed_topics(data.get("members")),
-        unknown_subscriptions=_unknown_subscriptions(data.get("members")),
+        subscribed_topics=subscribed,
+        unknown_subscriptions=unknown,
     )
 
 
@@ -718,16 +719,14 @@ def _subscription_rows(members: object) -> list[dict[str, Any]] | None:
     return members
 
 
-def _subscribed_topics(members: object) -> frozenset[str] | None:
-    """:attr:`Snapshot.subscribed_topics` of a file's ``members``."""
+def _subscriptions(members: object) -> tuple[frozenset[str] | None, int]:
+    """:attr:`Snapshot.subscribed_topics` and :attr:`Snapshot.unknown_subscriptions` of a
+    file's ``members``, its rows read once."""
     rows = _subscription_rows(members)
-    return None if rows is None else frozenset(t for row in rows for t in row["topics"])
-
-
-def _unknown_subscriptions(members: object) -> int:
-    """:attr:`Snapshot.unknown_subscriptions` of a file's ``members``."""
-    rows = _subscription_rows(members) or []
-    return sum(1 for row in rows if row.get("undecodable") and not row["topics"])
+    if rows is None:
+        return None, 0
+    unknown = sum(1 for row in rows if row.get("undecodable") and not row["topics"])
+    return frozenset(t for row in rows for t in row["topics"]), unknown
 
 
 def _departed(members: object, present: Collection[str], where: str) -> dict[str, ClientView]:

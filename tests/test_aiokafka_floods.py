@@ -7,7 +7,7 @@ import inspect
 import json
 import logging
 import os
-import select
+import resource
 import signal
 import sys
 import threading
@@ -35,6 +35,7 @@ from streamassign.runtime import App
 from streamassign.runtime import app as app_module
 
 from .test_runtime_processing import Adder
+from .waiting import readable_within
 
 
 @pytest.fixture(autouse=True)
@@ -477,6 +478,10 @@ class Said(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+#: A descriptor ``select.select`` refuses (it takes those below 1024 only).
+HIGH_DESCRIPTOR = 1030
+
+
 def forked(child: Callable[[], object], seconds: float = 30.0) -> object:
     """What ``child()`` returns (as JSON) in a forked child of this process; a child still
     running after ``seconds`` (stuck on a lock) is killed and fails the test."""
@@ -500,7 +505,7 @@ def forked(child: Callable[[], object], seconds: float = 30.0) -> object:
     try:
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([read_end], [], [], left)[0]:
+            if left <= 0 or not readable_within(read_end, left):
                 os.kill(pid, signal.SIGKILL)
                 pytest.fail(f"the forked child gave no answer within {seconds} s")
             if not (chunk := os.read(read_end, 65536)):
@@ -512,6 +517,29 @@ def forked(child: Callable[[], object], seconds: float = 30.0) -> object:
     exit_code = os.waitstatus_to_exitcode(status)
     assert exit_code == 0, f"the forked child failed (exit code {exit_code}); see its stderr"
     return json.loads(answer)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+def test_forked_answers_on_a_pipe_above_descriptor_1024() -> None:
+    """Run in one process after tests that leave descriptors open (the Faust tests' event
+    loops and state-directory locks), ``forked``'s pipe gets descriptors above 1024, which
+    ``select.select`` refuses: its wait must not. The soft limit is raised for the test when the
+    hard one allows (1024 is a common soft default)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = HIGH_DESCRIPTOR + 64
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        pytest.skip(f"at most {hard} open files here")
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < HIGH_DESCRIPTOR:  # the lowest free ones, held
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        assert forked(lambda: "answered") == "answered"
+    finally:
+        for descriptor in held:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")

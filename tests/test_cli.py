@@ -298,11 +298,14 @@ def test_every_options_shown_default_reads_whole_on_one_line(columns: int) -> No
     options keep theirs on one line, at the width click takes in such a terminal. At 50
     (click's least, a 16-column text) ``[default: PLAINTEXT`` cannot fit: ``[default:`` ends
     a line only then, and an extra too wide for the column is still broken between words,
-    never inside one (review67 L3: ``[defa`` / ``ult: 200; x>=1]``)."""
+    never inside one (review67 L3: ``[defa`` / ``ult: 200; x>=1]``). No line is wider than
+    the help: click wrote ``--security-protocol [PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL]``
+    whole, 61 columns, at 60 (and ``--sasl-mechanism``'s, 54, at 50)."""
     width = max(min(columns, 80) - 2, 50)  # click's HelpFormatter: 2 short, 80 at most
     for name, command in [("streamassign", main), *main.commands.items()]:
         ctx = command.context_class(command, info_name=name, terminal_width=width)
         lines = command.get_help(ctx).splitlines()
+        assert not [line for line in lines if len(line) > width], name
         assert not [line for line in lines if _CUT_LABEL.search(line.rstrip())], name
         for line, below in itertools.pairwise(lines):
             if line.rstrip().endswith("[default:"):  # the next word fit nowhere beside it

@@ -12,7 +12,6 @@ import errno
 import json
 import logging
 import os
-import select
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -36,6 +35,7 @@ from .test_faust_assignor import (
     reported,
     stopped_after_running_alone,
 )
+from .waiting import readable_within
 
 COUNTS = {SRC: 6, CL: 6}
 
@@ -298,8 +298,9 @@ class OtherProcess:
             text=True,
         )
         assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], 60)
-        assert ready, "the other process did not open the database within 60 s"
+        assert readable_within(self.process.stdout, 60), (
+            "the other process did not open the database within 60 s"
+        )
         assert self.process.stdout.readline() == "open\n"  # EOF (its death) fails at once
 
     def close(self) -> None:

@@ -20,7 +20,13 @@ import pytest
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-from streamassign.faust._proven import NOTHING_APPLIED, ProvenOffsets, changelog_stores
+from streamassign.faust._proven import (
+    NOTHING_APPLIED,
+    PROOFS_FILE,
+    ProofsFile,
+    ProvenOffsets,
+    changelog_stores,
+)
 
 from .test_faust_assignor import APP, CL, SRC, rebalance
 
@@ -81,20 +87,21 @@ def group(monkeypatch: pytest.MonkeyPatch) -> Any:
     groups: list[Group] = []
 
     async def assigned(consumer: Any, assigned: set[TP], generation_id: int = 0) -> None:
+        g = next(g for g in groups if g.consumer is consumer)
         table = consumer.app.tables["totals"]
-        groups[0].recovery_read.append({tp: table.persisted_offset(tp) for tp in HELD})
-        if groups[0].on_assigned is not None:
-            await groups[0].on_assigned()
+        g.recovery_read.append({tp: table.persisted_offset(tp) for tp in HELD})
+        if g.on_assigned is not None:
+            await g.on_assigned()
 
     async def commit(consumer: Any, offsets: Any) -> bool:
-        return groups[0].commits_succeed
+        return next(g for g in groups if g.consumer is consumer).commits_succeed
 
     monkeypatch.setattr(faust_aiokafka.Consumer, "on_partitions_assigned", assigned)
     monkeypatch.setattr(faust_aiokafka.Consumer, "_commit", commit)
 
     def make(app: faust.App) -> Group:
         groups.append(Group(app.consumer))
-        return groups[0]
+        return groups[-1]
 
     return make
 
@@ -116,7 +123,7 @@ def rewind_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.levelno == logging.WARNING and "lost its group membership" in r.getMessage()
+        if r.levelno == logging.WARNING and "rewound to the last proven ones" in r.getMessage()
     ]
 
 
@@ -304,7 +311,7 @@ def test_a_store_that_cannot_be_read_is_left_as_it_is() -> None:
     proven = ProvenOffsets()
     proven.assigned("m-1", [TP("good", 0), TP("bad", 0)], stores)
     proven.recovered(stores)
-    assert proven.proven == {TP("good", 0): 10, TP("bad", 0): None}
+    assert proven.proven == {TP("good", 0): 10}  # none known of "bad": not "proven none"
     good.offset = 20
     rewound = proven.rewind_if_lost("m-2", stores)
     assert [r.describe() for r in rewound] == ["good[0] 20 -> 10"]
@@ -366,13 +373,14 @@ def test_a_recovery_completed_inside_faust_s_callback_counts(tmp_path: Path, gro
     assert g.recovery_read[-1][HELD[0]] == 100
 
 
-def test_an_empty_member_id_at_an_assignment_is_compared_with_nothing(
+def test_an_assignment_without_a_member_id_counts_as_a_loss(
     tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """review70 M2: the listener read "" (a heartbeat's reset between the join and the
-    listener). That is no loss (no spurious rewind), and the next assignment is compared with
-    the last real id, so a zombie's writes are still rewound to the last proof; the void
-    assignment's recovery, read from unproven offsets, proves nothing."""
+    """review70 M2 and zombielive's Low: the listener read "" (a heartbeat's reset between the
+    join and the listener), right after a zombie's writes. That assignment proves no
+    membership: it is a loss, rewound before its recovery reads (not deferred to the next real
+    id, which let the recovery read the zombie's offsets); and so is the next one, twice in a
+    row without an id included (the worker may have processed as a zombie of either)."""
     app = zombie_app(tmp_path)
     g = group(app)
 
@@ -382,20 +390,206 @@ def test_an_empty_member_id_at_an_assignment_is_compared_with_nothing(
         await g.recovered()
         write(app, {0: 150})
         assert await g.commit()  # proves 150
-        write(app, {0: 160})
-        await g.join("", 2)
-        assert g.recovery_read[-1][HELD[0]] == 160  # not rewound
-        await g.recovered()
-        write(app, {0: 300})
         g.expire()
-        write(app, {0: 400})  # the zombie's write
-        await g.join("m-3", 4)
+        write(app, {0: 160})  # the zombie's write
+        await g.join("", 2)
+        assert g.recovery_read[-1][HELD[0]] == 150  # rewound before the recovery read
+        await g.recovered()
+        write(app, {0: 300})  # processed under a void membership
+        assert await g.commit()  # under "": proves nothing
+        await g.join("", 3)
+        assert g.recovery_read[-1][HELD[0]] == 150
+        await g.recovered()
+        write(app, {0: 400})
+        await g.join("m-4", 4)
 
     with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
         asyncio.run(run())
     assert g.recovery_read[-1][HELD[0]] == 150
+    warnings = rewind_warnings(caplog)
+    assert len(warnings) == 3
+    assert "member id m-1, now unknown" in warnings[0]
+    assert "member id unknown, now m-4" in warnings[2]
+
+
+def test_an_offset_unreadable_at_the_assignment_is_proven_when_readable_later() -> None:
+    """review70 L3: a store that fails at the assignment (a lock) and reads fine at the
+    recovery is proven there; a loss then rewinds to that proof, not to the start (a needless
+    full restore)."""
+
+    class Store:
+        def __init__(self, offset: int, failures: int) -> None:
+            self.offset, self.failures = offset, failures
+
+        def persisted_offset(self, tp: TP) -> int | None:
+            if self.failures:
+                self.failures -= 1
+                raise OSError("IO error: lock")
+            return self.offset
+
+        def set_persisted_offset(self, tp: TP, offset: int) -> None:
+            self.offset = offset
+
+    store = Store(10, failures=1)
+    proven = ProvenOffsets()
+    proven.assigned("m-1", [TP("t", 0)], {"t": store})  # fails
+    assert proven.proven == {}
+    proven.recovered({"t": store})  # reads 10
+    assert proven.proven == {TP("t", 0): 10}
+    assert proven.rewind_if_lost("m-2", {"t": store}) == []
+    assert store.offset == 10
+
+
+def test_the_proofs_file_round_trip(tmp_path: Path) -> None:
+    """What is saved at a proof reads back the same: offsets, "none proven" and the recovery
+    flag; an unchanged proof is not written again."""
+    file = ProofsFile(tmp_path / PROOFS_FILE)
+    assert file.read() is None  # the first start with this version
+    proofs = {TP(CL, 0): 150, TP(CL, 1): None, TP("other", 3): 7}
+    file.write(proofs, recovered=True)
+    saved = file.read()
+    assert saved is not None
+    assert (saved.proven, saved.recovered) == (proofs, True)
+    (tmp_path / PROOFS_FILE).unlink()
+    file.write(proofs, recovered=True)  # the same bytes: not written again
+    assert not (tmp_path / PROOFS_FILE).exists()
+
+
+def restart(app: faust.App, tmp_path: Path) -> faust.App:
+    """The worker killed and started again: its handles gone, its disk as it was."""
+    store = app.tables["totals"].data
+    for db in store._dbs.values():
+        db.close()
+    store._dbs.clear()
+    app.assignor._on_app_stop()
+    return zombie_app(tmp_path)
+
+
+def test_a_zombie_killed_before_it_rejoins_is_rewound_at_its_restart(
+    tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The loss the file closes: killed -9 as a zombie (its writes after its last commit
+    passed another worker's), the worker restarts; at its first assignment the last run's
+    proofs count as those of a lost membership, so its recovery reads from its last commit."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+
+    async def before_the_kill() -> None:
+        write(app, {0: 100, 1: 110})
+        await g.join("m-1", 1)
+        await g.recovered()
+        write(app, {0: 150})
+        assert await g.commit()  # proves 150 (and 110)
+        g.expire()
+        write(app, {0: 180, 1: 111})  # the zombie's writes; then kill -9
+
+    asyncio.run(before_the_kill())
+    app = restart(app, tmp_path)
+    g = group(app)
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(g.join("m-7", 1))
+    assert g.recovery_read[-1] == {HELD[0]: 150, HELD[1]: 110, HELD[2]: None, HELD[3]: None}
     (warning,) = rewind_warnings(caplog)
-    assert "member id m-1, now m-3" in warning
+    assert "this worker restarted" in warning
+    assert f"{CL}[0] 180 -> 150, {CL}[1] 111 -> 110" in warning
+
+
+def test_the_last_run_s_partitions_not_assigned_now_are_rewound_and_dropped(
+    tmp_path: Path, group: Any
+) -> None:
+    """At the first assignment after a restart every partition of the file is rewound, those
+    assigned elsewhere now too (on the local disk: they may come back), and the file then
+    holds the new assignment's only: nothing more is needed of the others."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+
+    async def before_the_kill() -> None:
+        await g.join("m-1", 1)
+        await g.recovered()
+        write(app, {p: 10 for p in range(4)})
+        assert await g.commit()  # proves 10 everywhere
+        write(app, {p: 20 for p in range(4)})  # the zombie's writes; then kill -9
+
+    asyncio.run(before_the_kill())
+    app = restart(app, tmp_path)
+    other = zombie_app(tmp_path / "other")
+    rebalance({"m0": app.assignor, "m1": other.assignor}, counts=COUNTS)
+    mine = {tp for tp in app.assignor.assigned_actives() if tp.topic == CL}
+    assert 0 < len(mine) < len(HELD)
+    g = group(app)
+    asyncio.run(g.join("m-7", 1))
+    assert persisted(app) == dict.fromkeys(range(4), 10)
+    state = app.assignor.state_path()
+    assert state is not None
+    saved = ProofsFile(state / PROOFS_FILE).read()
+    assert saved is not None
+    assert set(saved.proven) == mine
+
+
+def test_a_restart_during_a_restore_keeps_what_it_restored(tmp_path: Path, group: Any) -> None:
+    """Killed before its recovery completed since the assignment, the last run processed
+    nothing: its offsets are what it read, and the restore goes on from there."""
+    app = zombie_app(tmp_path)
+    g = group(app)
+
+    async def before_the_kill() -> None:
+        await g.join("m-1", 1)
+        write(app, {0: 900})  # the recovery's reads; then kill -9
+
+    asyncio.run(before_the_kill())
+    app = restart(app, tmp_path)
+    g = group(app)
+    asyncio.run(g.join("m-7", 1))
+    assert g.recovery_read[-1][HELD[0]] == 900
+
+
+@pytest.mark.parametrize(
+    "content", [b"{not json", b'{"version": 99, "recovered": true, "proven": {}}', b"[]"]
+)
+def test_a_damaged_proofs_file_restores_the_first_assignment_from_the_start(
+    tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture, content: bytes
+) -> None:
+    """A proofs file that cannot be read, parsed or is of an unknown version: which partitions
+    the last run wrote is unknown, so every changelog partition of the first assignment is
+    restored from the start (trusting the disk may lose records); one WARNING says so."""
+    app = zombie_app(tmp_path)
+    write(app, {0: 180, 2: 40})
+    app = restart(app, tmp_path)
+    state = app.assignor.state_path()
+    assert state is not None
+    (state / PROOFS_FILE).write_bytes(content)
+    g = group(app)
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        asyncio.run(g.join("m-7", 1))
+    assert g.recovery_read[-1] == {
+        HELD[0]: NOTHING_APPLIED,
+        HELD[1]: None,
+        HELD[2]: NOTHING_APPLIED,
+        HELD[3]: None,
+    }
+    assert any("cannot use the proven changelog offsets" in m for m in caplog.messages)
+
+
+def test_no_proofs_file_changes_nothing(tmp_path: Path, group: Any) -> None:
+    """The first start with this version (or a file deleted): the disk is read as before."""
+    app = zombie_app(tmp_path)
+    write(app, {0: 180})
+    app = restart(app, tmp_path)
+    g = group(app)
+    asyncio.run(g.join("m-7", 1))
+    assert g.recovery_read[-1][HELD[0]] == 180
+    state = app.assignor.state_path()
+    assert state is not None
+    assert ProofsFile(state / PROOFS_FILE).read() is not None  # written at that assignment
+
+
+def test_memory_tables_write_no_proofs_file(tmp_path: Path, group: Any) -> None:
+    app = zombie_app(tmp_path, store="memory://")
+    g = group(app)
+    asyncio.run(g.join("m-1", 1))
+    state = app.assignor.state_path()
+    assert state is not None
+    assert not (state / PROOFS_FILE).exists()
 
 
 def test_exactly_once_rewinds_nothing(tmp_path: Path, group: Any) -> None:

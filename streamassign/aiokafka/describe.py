@@ -450,10 +450,14 @@ class GroupView:
         members = [m for ms in self.members_by_process().values() for m in ms]
         return group_eligibility(own, _readings(own, members, announcements))
 
+    def decoded_members(self) -> list[MemberView]:
+        """The members whose assignment is read (``MemberView.assigned``)."""
+        return [m for m in self.members if m.assigned]
+
     def unassigned_topics(self) -> frozenset[str]:
         """Subscribed topics no member is assigned a partition of; none while a member reports
         an error code (which empties assignments)."""
-        decoded = [m for m in self.members if m.assigned]
+        decoded = self.decoded_members()
         if any(m.error not in ("", "NONE") for m in decoded):
             return frozenset()
         subscribed = {t for m in decoded for t in m.topics}
@@ -1287,7 +1291,7 @@ def _unassigned_topics(view: GroupView) -> list[str]:
     unassigned = view.unassigned_topics()  # none under an error code: _member_errors says why
     if not unassigned:
         return []
-    decoded = [m for m in view.members if m.assigned]
+    decoded = view.decoded_members()
     counts = view.cluster_partitions
     own = view.leader_topics()
     if own is not None:
@@ -1295,7 +1299,9 @@ def _unassigned_topics(view: GroupView) -> list[str]:
         by_all = set.intersection(*[set(m.topics) for m in decoded if m.topics] or [set()])
         unread = unassigned - by_all - frozenset().union(*own.values())
         out = _missing_lines(sorted(unassigned - unread), counts)
-        return out + ([_unread_by_the_leader(view, sorted(unread), own)] if unread else [])
+        return out + (
+            [_unread_by_the_leader(decoded, sorted(unread), own, counts)] if unread else []
+        )
     of_some_versions = _version_topics(decoded)
     out = _missing_lines(sorted(unassigned - of_some_versions), counts)
     version_only = sorted(unassigned & of_some_versions)
@@ -1321,8 +1327,7 @@ def _missing_lines(topics: Sequence[str], counts: Mapping[str, int] | None) -> l
             f"{counted(len(topics), 'subscribed topic')} without a partition assigned to any "
             f"member (missing from the cluster?): {', '.join(topics)}"
         ]
-    absent = [t for t in topics if t not in counts]
-    present = [t for t in topics if t in counts]
+    present, absent = _present_and_absent(topics, counts)
     out = []
     if absent:
         out.append(
@@ -1346,6 +1351,18 @@ def _partitions_listed(count: int) -> str:
     return counted(count, "partition") if count else "no partition leader yet"
 
 
+def _present_and_absent(
+    topics: Sequence[str], counts: Mapping[str, int]
+) -> tuple[list[str], list[str]]:
+    """``topics``, in their order, split into those the cluster's metadata (``counts``) has
+    and those it lacks."""
+    present: list[str] = []
+    absent: list[str] = []
+    for topic in topics:
+        (present if topic in counts else absent).append(topic)
+    return present, absent
+
+
 def _in_the_cluster(topics: Sequence[str], counts: Mapping[str, int] | None) -> str:
     """What the cluster's metadata says of ``topics`` (``GroupView.cluster_partitions``):
     `` (in the cluster: 6 partitions)`` for one, `` (in the cluster: x 6 partitions;
@@ -1357,15 +1374,18 @@ def _in_the_cluster(topics: Sequence[str], counts: Mapping[str, int] | None) -> 
         if topic in counts:
             return f" (in the cluster: {_partitions_listed(counts[topic])})"
         return " (missing from the cluster)"
-    has = [f"{t} {_partitions_listed(counts[t])}" for t in topics if t in counts]
-    lacks = [t for t in topics if t not in counts]
+    present, lacks = _present_and_absent(topics, counts)
+    has = [f"{t} {_partitions_listed(counts[t])}" for t in present]
     parts = [f"in the cluster: {', '.join(has)}"] if has else []
     parts += [f"missing from the cluster: {', '.join(lacks)}"] if lacks else []
     return f" ({'; '.join(parts)})"
 
 
 def _unread_by_the_leader(
-    view: GroupView, unread: Sequence[str], own: Mapping[int, frozenset[str]]
+    members: Sequence[MemberView],
+    unread: Sequence[str],
+    own: Mapping[int, frozenset[str]],
+    counts: Mapping[str, int] | None,
 ) -> str:
     """The line for topics some members subscribe to that the leader's topology does not
     read (in a rolling upgrade, an old leader, not knowing the new version's fresh id, assigns none
@@ -1374,9 +1394,9 @@ def _unread_by_the_leader(
     support a lower protocol version than every subscriber: an older release, or a process
     of this one capped with ``max_version``, which sends the same bytes), so the tasks wait
     for its upgrade or its cap lifted; else another topology version leads (a deploy that
-    added, or dropped, them)."""
+    added, or dropped, them). ``members``: the decoded ones (``GroupView.decoded_members``);
+    ``counts``: ``GroupView.cluster_partitions``."""
     topics = frozenset(unread)
-    members = [m for m in view.members if m.assigned]
     readers = [m for m in members if topics & set(m.topics)]
     others = [m for m in members if m.topics and not topics & set(m.topics)]
     ids = sorted({sub for m in readers for sub, ts in m.announced.items() if ts & topics})
@@ -1387,7 +1407,7 @@ def _unread_by_the_leader(
     head = (
         f"{counted(len(topics), 'subscribed topic')} the leader's topology (version "
         f"{announced_version(own)}) does not read, so no member is assigned a partition of "
-        f"{them}: {', '.join(unread)}{_in_the_cluster(unread, view.cluster_partitions)}; "
+        f"{them}: {', '.join(unread)}{_in_the_cluster(unread, counts)}; "
         f"subscribed by {counted(len(pids), 'process', 'processes')} ({_some(pids)}){whose}: "
     )
     theirs = [m.supported_version for m in readers if m.supported_version is not None]
@@ -1733,6 +1753,33 @@ async def fetch_group(connection: Connection, group: str) -> GroupView:
         return await admin.describe(group)
 
 
+@attrs.frozen
+class _Shown:
+    """What ``follow`` compares of successive views: a change in any is a view to yield."""
+
+    state: str
+    processes: Mapping[str, ClientView]
+    #: Each member's process and topology version: a process restarted on another version
+    #: can keep its tasks.
+    versions: frozenset[tuple[str, str | None]]
+    #: The looked-up partition counts (``GroupView.cluster_partitions``); None: not looked up.
+    cluster: frozenset[tuple[str, int]] | None
+
+    @classmethod
+    def of(cls, view: GroupView, last: _Shown | None) -> _Shown:
+        """What is shown of ``view``, ``last`` the view yielded before: a failed metadata
+        lookup keeps ``last``'s counts while a topic is still unassigned (a transient failure
+        is not a change)."""
+        counts = view.cluster_partitions
+        cluster: frozenset[tuple[str, int]] | None
+        if counts is not None:
+            cluster = frozenset(counts.items())
+        else:
+            cluster = last.cluster if last is not None and view.unassigned_topics() else None
+        versions = frozenset((m.process, m.topology_version) for m in view.members)
+        return cls(view.state, view.processes(), versions, cluster)
+
+
 async def follow(
     connection: Connection, group: str, interval_s: float = 1.0
 ) -> AsyncIterator[GroupView]:
@@ -1744,15 +1791,7 @@ async def follow(
     Members' bytes are only read for a stable group, so a rebalance shows as a state change,
     then the new assignment. A failure after the first view is a view without members whose
     state says why."""
-    last: (
-        tuple[
-            str,
-            dict[str, ClientView],
-            frozenset[tuple[str, str | None]],
-            frozenset[tuple[str, int]] | None,
-        ]
-        | None
-    ) = None
+    last: _Shown | None = None
     cache: dict[tuple[str, RawMember], MemberView] = {}
     async with _Admin(connection) as admin:
         while True:
@@ -1764,15 +1803,8 @@ async def follow(
                 # The group went away (every member left) or its coordinator moved: a state
                 # to show, then keep following.
                 view = GroupView(group, f"unavailable: {exc}", "", "", Family.CONSUMER, (), {})
-            versions = frozenset((m.process, m.topology_version) for m in view.members)
-            counts = view.cluster_partitions
-            cluster = (
-                frozenset(counts.items())
-                if counts is not None
-                else (last[3] if last is not None and view.unassigned_topics() else None)
-            )
-            key = (view.state, view.processes(), versions, cluster)
-            if key != last:
-                last = key
+            shown = _Shown.of(view, last)
+            if shown != last:
+                last = shown
                 yield view
             await asyncio.sleep(interval_s)

@@ -76,6 +76,7 @@ from ._damaged import (
     partition_dirs,
 )
 from ._settables import warn_about_set_tables
+from ._stores import disk_store, keeps_state_on_disk
 from ._watch import JoinErrors, MetadataWatch, unsized
 from .leader import (
     CAPACITY_TAG,
@@ -653,6 +654,12 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
             )
         return value
 
+    def state_path(self) -> Path | None:
+        """This worker's open ``<appdir>/streamassign`` directory (None before its first join,
+        after the app stopped, or when it could not be opened): where the consumer keeps its
+        proven changelog offsets (``_proven``)."""
+        return None if self._state is None else self._state.path
+
     def _open_state(self) -> None:
         """Open ``<appdir>/streamassign`` once; without it (locked, unwritable, an unreadable
         ``process.id``) the worker runs this time with a temporary process id, not sticky
@@ -765,7 +772,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _has_disk_tables(self, task: TaskId, topics: Mapping[str, int]) -> bool:
         """Whether ``task`` has a table whose state survives a restart (RocksDB)."""
-        return any(_keeps_state_on_disk(_disk_store(t)) for t in self._task_tables(task, topics))
+        return any(keeps_state_on_disk(disk_store(t)) for t in self._task_tables(task, topics))
 
     def _disk_offset_sum(
         self, task: TaskId, topics: Mapping[str, int], damaged: DamagedTables, in_use: bool
@@ -780,8 +787,8 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         found = []
         unparsed = unread = False
         for table in self._task_tables(task, topics):
-            store = _disk_store(table)
-            if _keeps_state_on_disk(store):
+            store = disk_store(table)
+            if keeps_state_on_disk(store):
                 damaged.directories_read += 1
             offset = _persisted_offset(store, task.partition)
             if isinstance(offset, DamagedTable):
@@ -828,13 +835,13 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         every rebalance's path, on the consumer thread while Faust's main thread still has
         revoked databases open (closed when collected)."""
         reported_paths = {
-            Path(_disk_store(table).partition_path(task.partition))
+            Path(disk_store(table).partition_path(task.partition))
             for task in held
             for table in self._task_tables(task, dictionary.get(task.subtopology, {}))
-            if _keeps_state_on_disk(_disk_store(table))
+            if keeps_state_on_disk(disk_store(table))
         }
         for table in self._tables():
-            if not _keeps_state_on_disk(_disk_store(table)):
+            if not keeps_state_on_disk(disk_store(table)):
                 continue
             try:
                 self._check_table_dirs(table, reported_paths, damaged)
@@ -850,7 +857,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self, table: Any, reported_paths: set[Path], damaged: DamagedTables
     ) -> None:
         """``_check_unheld_tables`` of one table's directories, but those the report reads."""
-        store = _disk_store(table)
+        store = disk_store(table)
         for partition, path in partition_dirs(store.partition_path):
             if path in reported_paths or self._may_be_open(table, partition):
                 continue
@@ -870,7 +877,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         The view is what protects: Faust adds a handle to ``_dbs`` only once its open returns,
         and it opens only partitions in the view (set on this thread before Faust's callbacks
         run). ``lock_holder`` then sees a lock Faust took in this process, on Linux."""
-        if partition in getattr(_disk_store(table), "_dbs", {}):
+        if partition in getattr(disk_store(table), "_dbs", {}):
             return True
         view = self._view
         return TP(table.changelog_topic.get_topic_name(), partition) in view.actives | view.standbys
@@ -1086,26 +1093,6 @@ def _log_slow_reads(seconds: float, directories: int) -> None:
         )
 
 
-def _disk_store(table: Any) -> Any:
-    """The store that keeps ``table``'s partition databases: ``table.data`` itself, but for a
-    set table (``app.SetTable``, ``app.SetGlobalTable``), whose ``data`` is Faust's
-    ``ChangeloggedSetManager`` with the RocksDB store one level down (its ``storage``): read
-    at ``table.data``, those tables had no offset sum and no damage check (a damaged
-    directory crashed every start)."""
-    data = table.data
-    if getattr(data, "partition_path", None) is None:
-        return getattr(data, "storage", data)
-    return data
-
-
-def _keeps_state_on_disk(store: Any) -> bool:
-    """Whether ``store`` is Faust's RocksDB store (what the offset reader can open)."""
-    return (
-        getattr(store, "rocksdb_options", None) is not None
-        and getattr(store, "partition_path", None) is not None
-    )
-
-
 class _Unparsed(enum.Enum):
     """A task with a damaged table directory this worker could not move aside: state it
     holds but cannot measure, and that Faust crashes on."""
@@ -1160,7 +1147,7 @@ def _persisted_offset(
     no offset (Faust's own ``int()`` fails on it); a ``NewerFormatTable`` for one a newer
     RocksDB wrote.
     """
-    if not _keeps_state_on_disk(store):
+    if not keeps_state_on_disk(store):
         return None  # nothing survives a restart
     path = Path(store.partition_path(partition))
     try:  # in the try: ``exists`` raises on no permission to the table directory

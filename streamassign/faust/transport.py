@@ -53,7 +53,7 @@ from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
 from ..repeats import Repeats
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
-from ._proven import ProvenOffsets, changelog_stores
+from ._proven import ProvenOffsets, changelog_stores, proofs_file
 from ._stallhold import StallHoldProducer
 
 __all__ = ["SWITCH_ENV", "Transport"]
@@ -380,11 +380,22 @@ class _Consumer(faust_aiokafka.Consumer):
         """Not under exactly_once: Faust commits through its transactions there, never
         ``_commit`` (nothing would be proven since the last rebalance), and persists a
         table's offsets only after its transaction committed (``persist_offset_on_commit``),
-        which fences a zombie's: its offsets never pass another worker's writes."""
+        which fences a zombie's: its offsets never pass another worker's writes. At the first
+        assignment of a run the last run's proofs are taken from the state directory (a zombie
+        killed before it rejoined: ``_proven``), every changelog partition assigned now counting
+        as unproven if that file is damaged."""
         guarantee = getattr(self.app.conf, "processing_guarantee", None)  # typed as the class
         if guarantee == ProcessingGuarantee.EXACTLY_ONCE:
             return
-        self.proven_offsets.rewind_if_lost(self._assigned_as, changelog_stores(self.app))
+        stores = changelog_stores(self.app)
+        if not self.proven_offsets.opened:  # the first assignment of this run: the last's proofs
+            assignor = self.app.assignor
+            assigned = assignor.assigned_actives() | assignor.assigned_standbys()
+            changelogs = self.app.tables.changelog_topics
+            self.proven_offsets.open(
+                proofs_file(self.app, stores), {tp for tp in assigned if tp.topic in changelogs}
+            )
+        self.proven_offsets.rewind_if_lost(self._assigned_as, stores)
 
     def _prove_assignment(self) -> None:
         """The assignment Faust just took proves its active changelog partitions' offsets."""

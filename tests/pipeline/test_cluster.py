@@ -32,6 +32,7 @@ import pytest
 
 from streamassign.pipeline import ScenarioModel, SimulationJob, Workload
 
+from ..waiting import readable_within
 from .conftest import ORDERS, ROOT
 
 pytest.importorskip("pyspark")
@@ -245,7 +246,6 @@ def test_the_cluster_script_stops_on_a_signal_even_started_in_the_background(
     """An audit started scripts/spark_cluster.py in the background from a script: Ctrl-C did
     nothing (SIGINT comes in ignored there) and SIGTERM left its temporary folder behind.
     Spark's daemons are stood in for (no JVM): what counts is the script's own cleanup."""
-    import select
     import signal
     import time
 
@@ -276,8 +276,7 @@ def test_the_cluster_script_stops_on_a_signal_even_started_in_the_background(
     )
     try:
         assert child.stdout is not None
-        ready, _, _ = select.select([child.stdout], [], [], 60)
-        assert ready, "no master URL within 60 s"
+        assert readable_within(child.stdout, 60), "no master URL within 60 s"
         assert child.stdout.readline().startswith("spark://127.0.0.1:")
         assert len(list(temp.glob("streamassign-spark-cluster-*"))) == 1
         deadline = time.monotonic() + 30
