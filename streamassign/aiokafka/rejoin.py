@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 log = logging.getLogger("streamassign.aiokafka")
@@ -55,6 +55,34 @@ def member_id(consumer: Any) -> str | None:
     None when it cannot be read."""
     held = membership(consumer)
     return held[0] if held is not None else None
+
+
+def watch_heartbeats(
+    consumer: Any, succeeded: Callable[[float], None], clock: Callable[[], float] = time.monotonic
+) -> bool:
+    """Have ``succeeded(sent)`` called (on the consumer's thread) after each heartbeat the
+    broker accepts, with the ``clock()`` at which its request was about to be sent:
+    proof that the broker still knew the member id then. aiokafka (0.11-0.14) says so only at
+    DEBUG; its heartbeat routine calls ``self._do_heartbeat()`` (True on success, also for
+    RebalanceInProgress: the member is still in the group), so it is wrapped on the
+    instance, once. False when it cannot be (no coordinator yet)."""
+    coordinator: Any = getattr(consumer, "_coordinator", None)
+    heartbeat = getattr(coordinator, "_do_heartbeat", None)
+    if heartbeat is None:
+        return False
+    if getattr(heartbeat, "_streamassign_watched", False):
+        return True
+
+    async def watched() -> Any:
+        sent = clock()
+        accepted = await heartbeat()
+        if accepted is True:
+            succeeded(sent)
+        return accepted
+
+    watched._streamassign_watched = True  # type: ignore[attr-defined]
+    coordinator._do_heartbeat = watched
+    return True
 
 
 def refresh_metadata(consumer: Any) -> bool:

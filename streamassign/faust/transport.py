@@ -30,8 +30,10 @@ partitions behind and their offsets); and a rebalance that keeps the flow stoppe
 join, Faust callback or recovery set-up that never ends, or rebalance after rebalance: one
 WARNING per episode, ``_flowstop``). After a lost group membership (a zombie: a stall past the
 session timeout) it rewinds the tables' persisted changelog offsets to the last ones the
-membership proved, before Faust's recovery reads them (``_proven``). Everything else is Faust's
-aiokafka transport unchanged.
+membership proved, before Faust's recovery reads them (``_proven``), and its producer holds the
+changelog sends that follow such a stall until the membership is proven (sent) or lost (dropped:
+a zombie's writes from stale table state, ``_stallhold``). Everything else is Faust's aiokafka
+transport unchanged.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membe
 from ..repeats import Repeats
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
 from ._proven import ProvenOffsets, changelog_stores, proofs_file
+from ._stallhold import StallHoldProducer
 
 __all__ = ["SWITCH_ENV", "Transport"]
 
@@ -714,3 +717,4 @@ class Transport(faust_aiokafka.Transport):
     """Faust's aiokafka transport whose consumer always uses ``app.assignor``."""
 
     Consumer = _Consumer
+    Producer = StallHoldProducer

@@ -1,0 +1,342 @@
+"""Hold a stalled worker's changelog sends until its group membership is resolved (a zombie's
+stale writes, docs/faust.md).
+
+A worker stopped past its session timeout (SIGSTOP, a GC pause, a frozen VM) resumes as a
+zombie: for some milliseconds its agents process the events already in their queues and
+change their tables from their state before the stall, and Faust sends those changes to the
+changelog after the new owner's (``Table.send_changelog``, ``faust/tables/base.py:266``). No
+fencing applies under at-least-once, so the stale values land last and every replay keeps
+them: counts lost.
+
+The stall is seen where the sends are made, deterministically: a main-loop tick stamps
+``time.monotonic()`` (CLOCK_MONOTONIC counts on while the process is stopped), and each
+changelog send first compares the time since the last stamp with ``threshold``: the broker
+expires a session ``broker_session_timeout`` after the last heartbeat it got, which was sent
+at most ``broker_heartbeat_interval`` before the stall began (one tick less, for the stamp's
+age). Whichever comes first after the resume (the tick or a send) starts the hold. The tick
+resolves it:
+
+- a heartbeat the broker accepted, sent after the hold began, under the member id of before
+  the stall: the membership survived; the held sends go out in their order (released);
+- aiokafka's member id reset ("", after UnknownMemberId or IllegalGeneration) or changed:
+  the membership was lost; the held sends are dropped. Their events' offsets were not
+  committed (Faust flushes the producer before it commits, and this producer's flush waits
+  for the hold), so the partition's next owner processes them again: duplicates, not loss.
+  It is the reset, not the next assignment, that resolves it: Faust's revoke awaits the
+  producer's flush before the join;
+- neither within ``deadline`` (a session timeout and a heartbeat interval) after it began:
+  dropped; no heartbeat got through for a whole session, so the broker has expired it.
+
+A dropped send's future never completes (its Faust future neither): ``_on_changelog_sent``
+does not run for it, so its offset is never recorded as persisted, and no "exception never
+retrieved" or callback error is logged for it. Records handed to aiokafka before the stall
+(its accumulator) are not held: aiokafka's sender may send them before anything else runs
+after the resume. Under exactly_once transactions fence the zombie, and with
+``producer_threaded`` the sends leave on another thread: nothing is held there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types.enums import ProcessingGuarantee
+
+from ..aiokafka.rejoin import member_id, watch_heartbeats
+
+__all__ = ["DROPPED", "RELEASED", "StallHold", "StallHoldProducer"]
+
+log = logging.getLogger("streamassign.faust")
+
+#: Seconds between the main loop's stamps.
+TICK = 0.1
+
+RELEASED = "released"
+DROPPED = "dropped"
+
+
+@attrs.define(eq=False)
+class HeldSend:
+    """A changelog send held: ``send()`` hands it to aiokafka; ``result`` is the future Faust
+    got in its place."""
+
+    send: Callable[[], Awaitable[Awaitable[Any]]]
+    result: asyncio.Future[Any]
+
+
+@attrs.define(eq=False)
+class StallHold:
+    """The hold's states, on one clock (``time.monotonic()``), without an event loop."""
+
+    #: A gap between stamps longer than this (seconds) starts a hold.
+    threshold: float
+    #: A hold unresolved this long (seconds) after it began drops its sends.
+    deadline: float
+    #: The last stamp, and the member id read then (None: not readable).
+    stamp: float | None = None
+    stamped_as: str | None = None
+    #: When the current hold began (None: no hold), the gap that began it, the member id of
+    #: before the gap, and whether its sends are being released.
+    since: float | None = None
+    gap: float = 0.0
+    held_as: str | None = None
+    releasing: bool = False
+    #: Whether the current hold was logged.
+    told: bool = False
+    #: The member id a dropped hold lost (None: none lost), and the changelog sends dropped
+    #: since, while aiokafka's member id is still that one or "" (the zombie goes on
+    #: processing queued events until Faust's revoke stops its flow).
+    lost_as: str | None = None
+    lost_at: float = 0.0
+    dropped_since_lost: int = 0
+    held: list[HeldSend] = attrs.field(factory=list)
+    #: The latest send time of a heartbeat the broker accepted (written by the consumer's
+    #: thread: one float assignment).
+    heartbeat_sent: float = float("-inf")
+
+    @property
+    def holding(self) -> bool:
+        return self.since is not None
+
+    def check(self, now: float) -> bool:
+        """Is a hold on at ``now``? A gap past the threshold since the last stamp starts one."""
+        if self.since is None and self.stamp is not None and now - self.stamp > self.threshold:
+            self.since, self.gap, self.held_as = now, now - self.stamp, self.stamped_as
+        return self.since is not None
+
+    def tick(self, now: float, member: str | None) -> None:
+        """The main loop ran at ``now`` with ``member`` as its member id (not while holding:
+        the hold keeps the member id of before the gap)."""
+        if not self.check(now):
+            self.stamp, self.stamped_as = now, member
+
+    def heartbeat_accepted(self, sent: float) -> None:
+        if sent > self.heartbeat_sent:
+            self.heartbeat_sent = sent
+
+    def verdict(self, now: float, member: str | None) -> str | None:
+        """RELEASED, DROPPED or None (not yet, or no hold, or its release under way)."""
+        if self.since is None or self.releasing:
+            return None
+        if not self.held_as or (member is not None and member != self.held_as):
+            return DROPPED
+        if member == self.held_as and self.heartbeat_sent >= self.since:
+            return RELEASED
+        if now - self.since > self.deadline:
+            return DROPPED
+        return None
+
+    def end(self, now: float) -> list[HeldSend]:
+        """End the hold; the sends it held, in order. ``now`` is the next gap's start."""
+        held, self.held = self.held, []
+        self.since, self.releasing, self.told, self.stamp = None, False, False, now
+        return held
+
+    def lose(self, now: float) -> list[HeldSend]:
+        """End the hold as lost: its sends are dropped, and so are those that follow while the
+        membership stays lost (``still_lost``)."""
+        self.lost_as, self.lost_at, self.dropped_since_lost = self.held_as or "", now, 0
+        return self.end(now)
+
+    def still_lost(self, member: str | None) -> bool:
+        """Does a changelog send now come from the lost membership? Yes while aiokafka's
+        member id is "" or the lost one (or unreadable); no once it joined again as another
+        (the revoke before that join stopped Faust's flow), or a heartbeat was accepted under
+        the same one since (``heartbeat_accepted``: the deadline was wrong)."""
+        if self.lost_as is None:
+            return False
+        if member is None or member == "":
+            return True
+        return member == self.lost_as and self.heartbeat_sent < self.lost_at
+
+
+def _settle(inner: asyncio.Future[Any], *, outer: asyncio.Future[Any]) -> None:
+    """Give ``outer`` (Faust's) the outcome of ``inner`` (aiokafka's)."""
+    if outer.done():
+        return
+    if inner.cancelled():
+        outer.cancel()
+    elif (exc := inner.exception()) is not None:
+        outer.set_exception(exc)
+    else:
+        outer.set_result(inner.result())
+
+
+class StallHoldProducer(faust_aiokafka.Producer):
+    """Faust's aiokafka producer, whose changelog sends a stall holds (the module docstring)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        conf = self.app.conf
+        session = float(conf.broker_session_timeout)
+        heartbeat = float(conf.broker_heartbeat_interval)
+        self.stall_hold = StallHold(
+            threshold=max(session - heartbeat - TICK, TICK), deadline=session + heartbeat
+        )
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._stall_releasing: asyncio.Task[None] | None = None
+        self._stall_look_failed = False
+        #: The hold's clock, also of the heartbeats' stamps (a test's stand-in).
+        self.clock: Callable[[], float] = time.monotonic
+
+    def _holds_stalls(self) -> bool:
+        conf = self.app.conf
+        guarantee = getattr(conf, "processing_guarantee", None)  # typed as the class
+        exactly_once = guarantee == ProcessingGuarantee.EXACTLY_ONCE
+        return not exactly_once and not conf.producer_threaded
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        if self._holds_stalls():
+            self._stall_timer = self.loop.call_later(TICK, self._stall_tick)
+
+    async def on_stop(self) -> None:
+        """Stop holding: the worker leaves its group; what is held is dropped (its events'
+        offsets are not committed: the flush before the commit waited for the hold)."""
+        timer, self._stall_timer = self._stall_timer, None
+        if timer is not None:
+            timer.cancel()
+        if self.stall_hold.holding and not self.stall_hold.releasing:
+            self._stall_resolve_dropped(self.clock(), "the producer stops")
+        await super().on_stop()
+
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None,
+        timestamp: float | None,
+        headers: Any,
+        *,
+        transactional_id: str | None = None,
+    ) -> Awaitable[Any]:
+        """Faust's; a changelog send during a hold is held (its future comes later)."""
+        send = functools.partial(
+            super().send,
+            topic,
+            key,
+            value,
+            partition,
+            timestamp,
+            headers,
+            transactional_id=transactional_id,
+        )
+        if self._stall_timer is None or topic not in self.app.tables.changelog_topics:
+            return await send()
+        hold = self.stall_hold
+        result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if hold.lost_as is not None and hold.still_lost(self._member_id()):
+            hold.dropped_since_lost += 1  # dropped at once: a flush does not wait for it
+            return result
+        if not hold.check(self.clock()):
+            return await send()
+        hold.held.append(HeldSend(send, result))
+        return result
+
+    def _aiokafka_consumer(self) -> Any:
+        return getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
+
+    def _member_id(self) -> str | None:
+        return member_id(self._aiokafka_consumer())
+
+    async def flush(self) -> None:
+        """Faust's, after the hold resolves (bounded by its deadline): Faust commits the
+        events' offsets after this, so their changelog writes must be out or dropped first."""
+        while self.stall_hold.holding and self._stall_timer is not None:
+            await asyncio.sleep(TICK)
+        await super().flush()
+
+    def _stall_tick(self) -> None:
+        self._stall_timer = self.loop.call_later(TICK, self._stall_tick)
+        try:
+            self._stall_look(self.clock())
+        except Exception:  # the hold's tick goes on; its deadline still bounds a hold
+            if not self._stall_look_failed:
+                self._stall_look_failed = True
+                log.exception("the stall hold's tick failed; it goes on (repeats not logged)")
+
+    def _stall_look(self, now: float) -> None:
+        """A tick: stamp, or tell of a hold just begun, or resolve it."""
+        consumer = self._aiokafka_consumer()
+        hold = self.stall_hold
+        watch_heartbeats(consumer, hold.heartbeat_accepted, self.clock)
+        member = member_id(consumer)
+        if hold.lost_as is not None and not hold.still_lost(member):
+            hold.lost_as = None
+            self._stall_rejoined(member)
+        hold.tick(now, member)
+        if hold.holding and not hold.told:
+            hold.told = True
+            log.warning(
+                "the event loop did not run for %.1f s (more than %.1f s: the broker may have "
+                "expired this worker's group session): %d changelog send(s) held so far, and "
+                "every one until the membership of %r is proven (a heartbeat accepted) or lost",
+                hold.gap,
+                hold.threshold,
+                len(hold.held),
+                hold.held_as,
+            )
+        verdict = hold.verdict(now, member)
+        if verdict == RELEASED:
+            hold.releasing = True
+            self._stall_releasing = asyncio.get_running_loop().create_task(self._stall_release(now))
+        elif verdict == DROPPED:
+            why = (
+                f"no heartbeat was accepted in {hold.deadline:.1f} s"
+                if member == hold.held_as
+                else f"aiokafka's member id is now {member!r}"
+            )
+            self._stall_resolve_dropped(now, why)
+
+    def _stall_rejoined(self, member: str | None) -> None:
+        dropped, self.stall_hold.dropped_since_lost = self.stall_hold.dropped_since_lost, 0
+        log.log(
+            logging.WARNING if dropped else logging.INFO,
+            "changelog sends after the lost membership: dropped %d more until this worker's "
+            "membership was back (as %r)",
+            dropped,
+            member,
+        )
+
+    def _stall_resolve_dropped(self, now: float, why: str) -> None:
+        since = self.stall_hold.since or now
+        dropped = self.stall_hold.lose(now)
+        log.log(
+            logging.WARNING if dropped else logging.INFO,
+            "changelog sends held after a stall: dropped %d after %.1f s (%s); their events' "
+            "offsets were not committed, so the partitions' next owner processes them again",
+            len(dropped),
+            now - since,
+            why,
+        )
+
+    async def _stall_release(self, proven: float) -> None:
+        """Hand the held sends to aiokafka in order, with any held meanwhile; then end."""
+        hold = self.stall_hold
+        since, released = hold.since or proven, 0
+        try:
+            while hold.held:
+                item = hold.held.pop(0)
+                released += 1
+                try:
+                    sent = asyncio.ensure_future(await item.send())
+                except Exception as exc:  # Faust's own path would end its buffer's task
+                    item.result.set_exception(exc)
+                else:
+                    sent.add_done_callback(functools.partial(_settle, outer=item.result))
+        finally:
+            hold.end(self.clock())
+        log.log(
+            logging.WARNING if released else logging.INFO,
+            "the membership survived (a heartbeat was accepted under it): released %d held "
+            "changelog send(s) after %.1f s",
+            released,
+            proven - since,
+        )

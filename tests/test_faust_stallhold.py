@@ -1,0 +1,316 @@
+"""A stalled worker's changelog sends are held until its group membership is resolved
+(``streamassign.faust._stallhold``): released in order after a heartbeat the broker accepted,
+dropped when aiokafka resets the member id (a zombie, whose writes come from stale table
+state) or when no heartbeat gets through for a session. Faust's real producer class on a fake
+clock; aiokafka's send and group coordinator are stand-ins (no broker: the live check is in
+docs/faust.md, "A worker that resumes after its session expired")."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import faust
+import pytest
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+from streamassign.aiokafka.rejoin import watch_heartbeats
+from streamassign.faust._stallhold import DROPPED, RELEASED, TICK, StallHold, StallHoldProducer
+
+CHANGELOG = "stall-app-totals-changelog"
+SINK = "orders-out"
+
+
+class Worker:
+    """A worker's producer, the clock it sees (real time plus the stalls), aiokafka's
+    coordinator as its consumer thread holds it, and what reached aiokafka's send."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: Any) -> None:
+        self.app = faust.App(
+            "stall-app",
+            broker="streamassign://localhost:1",
+            datadir=str(tmp_path),
+            broker_session_timeout=6.0,
+            broker_heartbeat_interval=1.0,
+            **settings,
+        )
+        self.app.Table("totals", default=int)
+        self.producer: StallHoldProducer = self.app.producer
+        self.skew = 0.0
+        self.producer.clock = lambda: time.monotonic() + self.skew
+        self.accepts = True
+
+        async def heartbeat() -> bool:
+            return self.accepts
+
+        self.coordinator = SimpleNamespace(member_id="m-1", generation=3, _do_heartbeat=heartbeat)
+        self.app.consumer._thread._consumer = SimpleNamespace(_coordinator=self.coordinator)
+        self.sent: list[tuple[str, bytes | None]] = []
+        monkeypatch.setattr(faust_aiokafka.Producer, "send", self._aiokafka_send)
+
+    async def _aiokafka_send(self, topic: str, key: Any, value: Any, *a: Any, **k: Any) -> Any:
+        self.sent.append((topic, value))
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(SimpleNamespace(topic=topic, offset=len(self.sent) - 1))
+        return done
+
+    def start(self) -> None:
+        """As the producer's start does, without aiokafka's producer: the tick is on (driven
+        by ``look`` here), stamped once."""
+        self.producer._stall_timer = asyncio.get_running_loop().call_later(3600, lambda: None)
+        self.look()
+
+    def look(self) -> None:
+        self.producer._stall_look(self.producer.clock())
+
+    def stall(self, seconds: float) -> None:
+        self.skew += seconds
+
+    async def send(self, topic: str, value: bytes) -> Any:
+        return await self.producer.send(topic, b"k", value, 0, None, None)
+
+    async def heartbeat(self) -> bool:
+        """aiokafka's heartbeat routine's call, as wrapped by the tick."""
+        accepted: bool = await self.coordinator._do_heartbeat()
+        return accepted
+
+
+async def released(producer: StallHoldProducer) -> None:
+    while producer.stall_hold.holding:
+        await asyncio.sleep(0)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_a_zombie_s_changelog_sends_are_dropped_when_its_member_id_is_reset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The zombie's case: stopped past the session timeout, it sends from stale state before
+    its heartbeat fails, and on until Faust's revoke stops its flow. Held, then dropped at the
+    reset, and dropped at once after it until it joined again: never sent, their futures never
+    done (so Faust's ``_on_changelog_sent`` never records their offsets); other topics pass."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def zombie() -> tuple[list[Any], list[Any]]:
+        worker.start()
+        worker.stall(9.0)
+        stale = [await worker.send(CHANGELOG, b"stale-1")]
+        passed = [await worker.send(SINK, b"out")]
+        worker.look()
+        stale.append(await worker.send(CHANGELOG, b"stale-2"))
+        worker.coordinator.member_id = ""  # aiokafka: UnknownMemberId on the consumer thread
+        worker.look()
+        stale.append(await worker.send(CHANGELOG, b"stale-3"))  # before the revoke
+        worker.look()
+        worker.coordinator.member_id = "m-2"  # the revoke, then the join as a new member
+        worker.look()
+        passed.append(await worker.send(CHANGELOG, b"new"))
+        await asyncio.sleep(0)
+        return stale, passed
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        stale, passed = run(zombie())
+    assert worker.sent == [(SINK, b"out"), (CHANGELOG, b"new")]
+    assert not any(f.done() for f in stale)
+    assert all(f.done() for f in passed)
+    assert not worker.producer.stall_hold.holding
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3
+    assert "did not run for 9.0 s" in warnings[0]
+    assert "1 changelog send(s) held so far" in warnings[0]
+    assert "dropped 2 after" in warnings[1] and "member id is now ''" in warnings[1]
+    assert "dropped 1 more" in warnings[2] and "'m-2'" in warnings[2]
+
+
+def test_sends_held_after_a_gap_go_out_in_order_once_a_heartbeat_is_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stall past the threshold but within the session (or a loop blocked while the
+    consumer thread heartbeated): a heartbeat accepted after the hold began proves the
+    membership; one sent before it does not. The held sends go out in order, before any
+    made after, and Faust's futures get aiokafka's results."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def survivor() -> list[Any]:
+        worker.start()
+        assert await worker.heartbeat()  # wraps nothing yet: the tick wraps it
+        worker.stall(5.5)
+        held = [await worker.send(CHANGELOG, b"a"), await worker.send(CHANGELOG, b"b")]
+        worker.look()
+        assert worker.producer.stall_hold.holding
+        assert worker.sent == []
+        worker.stall(0.5)
+        assert await worker.heartbeat()  # sent now: after the hold began
+        worker.look()
+        held.append(await worker.send(CHANGELOG, b"c"))  # during the release: still in order
+        await asyncio.wait_for(released(worker.producer), 2.0)
+        held.append(await worker.send(CHANGELOG, b"d"))
+        await asyncio.sleep(0)
+        return held
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        held = run(survivor())
+    assert worker.sent == [(CHANGELOG, v) for v in (b"a", b"b", b"c", b"d")]
+    assert [f.result().offset for f in held] == [0, 1, 2, 3]
+    assert "released 3 held changelog send(s)" in caplog.text
+
+
+def test_a_heartbeat_from_before_the_hold_proves_nothing() -> None:
+    hold = StallHold(threshold=4.9, deadline=7.0)
+    hold.tick(100.0, "m-1")
+    hold.heartbeat_accepted(104.0)  # the consumer thread, while the loop was blocked
+    assert hold.check(106.0)
+    assert hold.verdict(106.1, "m-1") is None
+    hold.heartbeat_accepted(106.2)
+    assert hold.verdict(106.3, "m-1") == RELEASED
+
+
+def test_a_hold_without_any_accepted_heartbeat_drops_at_its_deadline() -> None:
+    """No heartbeat through for a session after the stall: the broker expired it."""
+    hold = StallHold(threshold=4.9, deadline=7.0)
+    hold.tick(100.0, "m-1")
+    assert hold.check(109.0)
+    assert hold.verdict(116.0, "m-1") is None
+    assert hold.verdict(116.1, "m-1") == DROPPED
+    assert hold.verdict(110.0, None) is None  # the member id unreadable: wait
+
+
+def test_a_gap_within_the_threshold_holds_nothing_and_a_new_member_id_drops() -> None:
+    hold = StallHold(threshold=4.9, deadline=7.0)
+    hold.tick(100.0, "m-1")
+    hold.tick(104.5, "m-1")
+    assert not hold.check(109.3)
+    assert hold.check(109.5) and hold.held_as == "m-1"
+    assert hold.verdict(110.0, "m-2") == DROPPED  # rejoined as another member
+    hold.end(110.0)
+    assert not hold.check(110.1) and hold.verdict(110.1, "m-2") is None
+
+
+def test_a_stall_without_a_membership_drops() -> None:
+    """Stalled while it held no member id (reset already): nothing can prove the writes."""
+    hold = StallHold(threshold=4.9, deadline=7.0)
+    hold.tick(100.0, "")
+    assert hold.check(106.0)
+    assert hold.verdict(106.0, "m-2") == DROPPED
+
+
+def test_a_flush_waits_for_the_hold_and_ends_at_the_reset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Faust flushes before it commits and in its revoke: the flush waits for the hold (so no
+    offset is committed past a held write) and ends when the reset drops it (the revoke
+    comes before the rejoin: waiting for the next assignment would never end)."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def revoke() -> bool:
+        worker.start()
+        worker.stall(9.0)
+        await worker.send(CHANGELOG, b"stale")
+        flush = asyncio.ensure_future(worker.producer.flush())
+        await asyncio.sleep(3 * TICK)
+        waited = not flush.done()
+        worker.coordinator.member_id = ""
+        worker.look()
+        await asyncio.wait_for(flush, 2.0)
+        return waited
+
+    assert run(revoke())
+    assert worker.sent == []
+
+
+def test_a_stopping_producer_drops_what_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def stop() -> Any:
+        worker.start()
+        worker.stall(9.0)
+        held = await worker.send(CHANGELOG, b"stale")
+        monkeypatch.setattr(faust_aiokafka.Producer, "on_stop", _nothing)
+        await worker.producer.on_stop()
+        await asyncio.wait_for(worker.producer.flush(), 2.0)  # no tick: returns at once
+        return held
+
+    held = run(stop())
+    assert not held.done() and worker.sent == []
+    assert not worker.producer.stall_hold.holding
+
+
+async def _nothing(_producer: Any) -> None:
+    return None
+
+
+def test_nothing_is_held_without_a_stall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def steady() -> None:
+        worker.start()
+        for value in (b"a", b"b", b"c"):
+            worker.stall(TICK)
+            worker.look()
+            await worker.send(CHANGELOG, value)
+
+    run(steady())
+    assert worker.sent == [(CHANGELOG, v) for v in (b"a", b"b", b"c")]
+
+
+def test_exactly_once_and_a_threaded_producer_hold_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Transactions fence a zombie; a threaded producer sends from another loop."""
+    assert Worker(tmp_path / "a", monkeypatch).producer._holds_stalls()
+    eos = Worker(tmp_path / "b", monkeypatch, processing_guarantee="exactly_once")
+    assert not eos.producer._holds_stalls()
+    threaded = Worker(tmp_path / "c", monkeypatch, producer_threaded=True)
+    assert not threaded.producer._holds_stalls()
+
+
+def test_the_threshold_leaves_a_heartbeat_interval_of_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hold = Worker(tmp_path, monkeypatch).producer.stall_hold
+    assert hold.threshold == pytest.approx(6.0 - 1.0 - TICK)
+    assert hold.deadline == pytest.approx(7.0)
+
+
+def test_heartbeats_are_watched_once_and_only_accepted_ones_count() -> None:
+    answers = [True, False, True]
+
+    async def heartbeat() -> bool:
+        return answers.pop(0)
+
+    coordinator = SimpleNamespace(_do_heartbeat=heartbeat)
+    consumer = SimpleNamespace(_coordinator=coordinator)
+    seen: list[float] = []
+    assert watch_heartbeats(consumer, seen.append)
+    assert watch_heartbeats(consumer, seen.append)  # already watched: not wrapped twice
+
+    async def beat() -> list[bool]:
+        return [await coordinator._do_heartbeat() for _ in range(3)]
+
+    assert run(beat()) == [True, False, True]
+    assert len(seen) == 2 and seen[0] <= seen[1]
+    assert not watch_heartbeats(SimpleNamespace(), seen.append)
+
+
+def test_the_lost_membership_lasts_until_a_new_member_id_or_a_later_accepted_heartbeat() -> None:
+    """After a drop the zombie's sends are dropped while the member id is reset or the lost
+    one; a new id (the revoke, then the join) ends it, and so does a heartbeat accepted under
+    the lost id after a drop at the deadline (the session had survived after all)."""
+    hold = StallHold(threshold=4.9, deadline=7.0)
+    hold.tick(100.0, "m-1")
+    assert hold.check(109.0)
+    assert hold.verdict(116.1, "m-1") == DROPPED
+    hold.lose(116.1)
+    assert hold.still_lost("m-1") and hold.still_lost("") and hold.still_lost(None)
+    hold.heartbeat_accepted(116.5)
+    assert not hold.still_lost("m-1")
+    assert hold.still_lost("")
+    assert not hold.still_lost("m-2")
