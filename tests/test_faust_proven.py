@@ -506,7 +506,7 @@ def test_a_zombie_killed_before_it_rejoins_is_rewound_at_its_restart(
     assert g.recovery_read[-1] == {HELD[0]: 150, HELD[1]: 110, HELD[2]: None, HELD[3]: None}
     assert rewind_warnings(caplog) == []  # review72 L1: a restart is no zombie by itself
     (line,) = restart_lines(caplog)
-    assert line.startswith("2 table changelog partitions")
+    assert line.startswith("this worker restarted: 2 table changelog partitions had")
     assert f"{CL}[0] 180 -> 150, {CL}[1] 111 -> 110" in line
 
 

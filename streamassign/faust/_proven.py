@@ -396,12 +396,13 @@ class ProvenOffsets:
             )
         elif rewound:
             log.info(
-                "%d table changelog partitions (of the last run's proofs%s) had persisted "
-                "offsets past their last proven ones: moved back to them, so their recovery "
-                "replays the changelog records written since (a restart without a clean "
-                "stop, or table writes outside stream commits): %s",
+                "%s%d table changelog partitions had persisted offsets past their last proven "
+                "ones%s: moved back to them, so their recovery replays the changelog records "
+                "written since (a restart without a clean stop, or table writes outside "
+                "stream commits): %s",
+                "this worker restarted: " if self.held_by_last_run else "",
                 len(rewound),
-                f"; {len(self.carried)} more kept until assigned here" if self.carried else "",
+                f" ({len(self.carried)} more kept until assigned here)" if self.carried else "",
                 moved,
             )
 
