@@ -41,12 +41,19 @@ comparison to the next real id instead let Faust's recovery of the void assignme
 offsets a zombie had moved, and process on them.
 
 A restart is a loss too: the proofs are kept in ``<appdir>/streamassign/proven-offsets.json``
-(``ProofsFile``), written at each proof, so a worker killed (kill -9, OOM) while it was a
-zombie does not restart from the offsets its zombie writes left. At its first assignment the
-partitions of that file are rewound to their proofs as after a lost membership (a worker
-killed while healthy then replays only what it wrote since its last commit). No file (the
-first start with this version, in-memory tables, exactly_once) changes nothing; a damaged one
-is logged and every changelog partition of the first assignment is restored from its start.
+(``ProofsFile``), written durably at each proof, so a worker killed (kill -9, OOM) while it was
+a zombie does not restart from the offsets its zombie writes left. At its first assignment the
+partitions of that file this assignment gives the worker (actives and standbys, whose databases
+Faust opens anyway) are rewound to their proofs as after a lost membership (a worker killed
+while healthy then replays what was written since its last commit); the others, and after a
+loss within a run the held partitions assigned elsewhere now, are carried (``carried``, in
+memory and in the file) and rewound when first assigned here again: reading or rewinding them
+now would open, in Faust's store, databases it never closes, whose stale keys Faust's reads
+outside an event would then answer from. No file (the first start with this version; a run
+that does not maintain it, exactly_once or no table on disk, removes a leftover one, which a
+later run would otherwise apply to a disk that moved past it) changes nothing, nor does one of
+an unknown version (a newer release's, after a rollback); a garbled one is logged and every
+changelog partition of the first assignment is restored from its start.
 
 A loss before Faust's table recovery completed since the last assignment rewinds nothing: the
 worker processed nothing in between (Faust pauses every assigned partition at the assignment,
@@ -135,40 +142,69 @@ def _snapshot(stores: Mapping[str, Any], tps: Iterable[TP]) -> dict[TP, int | No
     return {tp: offset for tp, (readable, offset) in read.items() if readable}
 
 
-def proofs_file(app: Any, stores: Mapping[str, Any]) -> ProofsFile | None:
+def proofs_file(
+    app: Any, stores: Mapping[str, Any], *, maintained: bool = True
+) -> ProofsFile | None:
     """Where ``app``'s worker keeps its proofs: in its open ``<appdir>/streamassign`` (the
     assignor's), if it has a table whose store keeps its state on disk (the others persist
-    no offset, so they have nothing to prove)."""
+    no offset, so they have nothing to prove) and the run ``maintained`` them (not under
+    exactly_once). A run that keeps none removes a leftover file: a later run would apply its
+    proofs to a disk this one moved past (a replay of everything since). Without an open
+    directory nothing is touched (it may be another live worker's)."""
     state_path = getattr(app.assignor, "state_path", None)
     path = state_path() if callable(state_path) else None
-    if path is None or not any(keeps_state_on_disk(store) for store in stores.values()):
+    if path is None:
         return None
-    return ProofsFile(path / PROOFS_FILE)
+    file = ProofsFile(path / PROOFS_FILE)
+    if maintained and any(keeps_state_on_disk(store) for store in stores.values()):
+        return file
+    file.discard()
+    return None
 
 
 @attrs.frozen
 class SavedProofs:
     """What a proofs file holds: the proven offsets of the partitions held at the last proof
-    (None: none proven) and whether Faust's recovery had completed since the assignment."""
+    (None: none proven), whether Faust's recovery had completed since the assignment, and the
+    proofs carried for partitions to rewind when next assigned (``ProvenOffsets.carried``)."""
 
     proven: dict[TP, int | None]
     recovered: bool
+    carried: dict[TP, int | None] = attrs.field(factory=dict)
+
+
+def _offsets(by_topic: Any) -> dict[TP, int | None]:
+    return {
+        TP(str(topic), int(partition)): None if offset is None else int(offset)
+        for topic, partitions in by_topic.items()
+        for partition, offset in partitions.items()
+    }
+
+
+def _by_topic(offsets: Mapping[TP, int | None]) -> dict[str, dict[str, int | None]]:
+    by_topic: dict[str, dict[str, int | None]] = {}
+    for tp, offset in sorted(offsets.items()):
+        by_topic.setdefault(tp.topic, {})[str(tp.partition)] = offset
+    return by_topic
 
 
 @attrs.define
 class ProofsFile:
     """``<appdir>/streamassign/proven-offsets.json``: the proofs of the last run, written at
-    each proof (atomically: a kill leaves the old file or the new one)."""
+    each proof (atomically and durably: a kill or a host crash leaves the old file or the
+    new one)."""
 
     path: Path
     #: The bytes last written: a proof that changed nothing is not written again.
     written: bytes | None = None
-    #: Whether a failed write was logged (a WARNING once, then DEBUG: commits are frequent).
+    #: Whether a failed write was logged since the last good one (a WARNING once per
+    #: episode, then DEBUG: commits are frequent).
     write_failure_told: bool = False
 
     def read(self) -> SavedProofs | None:
-        """The saved proofs; None when there is no file. ``DamagedStateError`` when it cannot
-        be read or parsed, or is of a version this code does not know."""
+        """The saved proofs; None when there is no file, or one of a version this code does
+        not know (a newer release's, after a rollback: logged at INFO). ``DamagedStateError``
+        when it cannot be read or parsed."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -178,37 +214,61 @@ class ProofsFile:
         data = loads_json(raw, DamagedStateError, str(self.path))
         try:
             if data["version"] != _PROOFS_VERSION:
-                raise DamagedStateError(f"{self.path}: unknown version {data['version']!r}")
-            proven = {
-                TP(str(topic), int(partition)): None if offset is None else int(offset)
-                for topic, partitions in data["proven"].items()
-                for partition, offset in partitions.items()
-            }
-            return SavedProofs(proven, bool(data["recovered"]))
+                log.info(
+                    "not using the proven changelog offsets in %s: version %r, this release "
+                    "reads %d (a newer release's file, after a rollback): the disk is trusted",
+                    self.path,
+                    data["version"],
+                    _PROOFS_VERSION,
+                )
+                return None
+            carried = _offsets(data.get("carried", {}))  # absent in the first release's files
+            return SavedProofs(_offsets(data["proven"]), bool(data["recovered"]), carried)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DamagedStateError(f"{self.path}: not a proofs file: {exc!r}") from exc
 
-    def write(self, proven: Mapping[TP, int | None], recovered: bool) -> None:
-        """Save ``proven``; a failure is logged (the proofs stay in memory: only a restart
-        loses them, as before there was a file)."""
-        by_topic: dict[str, dict[str, int | None]] = {}
-        for tp, offset in sorted(proven.items()):
-            by_topic.setdefault(tp.topic, {})[str(tp.partition)] = offset
-        data = {"version": _PROOFS_VERSION, "recovered": recovered, "proven": by_topic}
+    def write(
+        self,
+        proven: Mapping[TP, int | None],
+        recovered: bool,
+        carried: Mapping[TP, int | None] | None = None,
+    ) -> None:
+        """Save ``proven`` and ``carried``; a failure is logged (the proofs stay in memory:
+        only a restart loses them, as before there was a file)."""
+        data = {
+            "version": _PROOFS_VERSION,
+            "recovered": recovered,
+            "proven": _by_topic(proven),
+            "carried": _by_topic(carried or {}),
+        }
         raw = json.dumps(data, sort_keys=True).encode()
         if raw == self.written:
             return
         try:
-            # Not fsynced: the file covers a process that dies (its page cache survives); a
-            # host crash also loses Faust's unsynced RocksDB writes, and an older or torn
-            # file then costs a replay or the damaged-file rule, never a record.
-            write_atomically(self.path, raw, durable=False)
+            # fsynced (file and directory): without it a host crash can leave an empty file
+            # (XFS, ext4 with noauto_da_alloc), which the garbled-file rule restores in full.
+            write_atomically(self.path, raw, durable=True)
         except OSError as exc:
             level = logging.DEBUG if self.write_failure_told else logging.WARNING
             self.write_failure_told = True
             log.log(level, "cannot save the proven changelog offsets to %s: %s", self.path, exc)
             return
-        self.written = raw
+        self.written, self.write_failure_told = raw, False
+
+    def discard(self) -> None:
+        """Remove the file (a run that does not maintain it); logged at INFO if there was one."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("cannot remove the stale proven changelog offsets %s: %s", self.path, exc)
+            return
+        log.info(
+            "removed the proven changelog offsets of an earlier run (%s): this run keeps none "
+            "(exactly_once, or no table on disk), and its tables' offsets move past them",
+            self.path,
+        )
 
 
 @attrs.define
@@ -226,13 +286,17 @@ class ProvenOffsets:
     #: The proven persisted offset of each held partition (None: proven to have none; absent:
     #: unreadable at every proof since it was assigned, so rewound to the start if needed).
     proven: dict[TP, int | None] = attrs.field(factory=dict)
+    #: Partitions to rewind to these proofs at their next assignment to this worker, whatever
+    #: its member id: held at a loss (or by the last run) but not assigned then, so not
+    #: opened then, or assigned but not readable or rewindable then.
+    carried: dict[TP, int | None] = attrs.field(factory=dict)
     #: Whether Faust's table recovery completed since the last assignment (until then the
     #: worker processed nothing: the module docstring). Cleared before Faust takes the
     #: assignment, so a completion inside its callback still counts.
     recovered_since_assignment: bool = False
     #: Where the proofs are saved (None: in memory only).
     file: ProofsFile | None = None
-    #: Whether the held partitions are the last run's (the WARNING's wording).
+    #: Whether the held partitions are the last run's (the log line's level and wording).
     held_by_last_run: bool = False
     #: Whether ``open`` ran (at the first assignment of this run).
     opened: bool = False
@@ -240,7 +304,7 @@ class ProvenOffsets:
     def open(self, file: ProofsFile | None, assigned: Iterable[TP]) -> None:
         """At the first assignment of this run, before ``rewind_if_lost``: take the last run's
         proofs from ``file`` as those of a lost membership, and save the next ones there. No
-        file: nothing to take. A damaged one: one WARNING, and every partition of ``assigned``
+        file: nothing to take. A garbled one: one WARNING, and every partition of ``assigned``
         counts as held with nothing proven (restored from the start of its changelog): the
         partitions the last run wrote are unknown, and trusting the disk may lose records."""
         self.file, self.opened = file, True
@@ -262,6 +326,7 @@ class ProvenOffsets:
         self.held = self.held | frozenset(saved.proven)
         self.held_as, self.held_by_last_run = "", True
         self.proven = dict(saved.proven)
+        self.carried = dict(saved.carried)
         self.recovered_since_assignment = saved.recovered
 
     def snapshot(self, stores: Mapping[str, Any]) -> dict[TP, int | None]:
@@ -274,41 +339,72 @@ class ProvenOffsets:
         self.proven.update({tp: o for tp, o in snapshot.items() if tp in self.held})
         self._save()
 
-    def rewind_if_lost(self, member_id: str | None, stores: Mapping[str, Any]) -> list[Rewind]:
+    def rewind_if_lost(
+        self, member_id: str | None, stores: Mapping[str, Any], assigned: Iterable[TP]
+    ) -> list[Rewind]:
         """Before Faust reads the persisted offsets of an assignment made under
-        ``member_id``: if it is not the one the held partitions were assigned under (or
-        either is not a real id), rewind each held partition whose store persisted past its
-        proven offset (to the start of its changelog when none is proven), unless Faust's
+        ``member_id`` that gives this worker the changelog partitions ``assigned`` (actives
+        and standbys): if it is not the one the held partitions were assigned under (or
+        either is not a real id), the held partitions are due to be rewound to their proven
+        offsets (to the start of their changelog when none is proven), unless Faust's
         recovery has not completed since the last assignment (then nothing is its own
-        write). One WARNING names them."""
+        write); so are the carried ones, always. Of those due, each of ``assigned`` whose
+        store persisted past its proof is rewound; the others are carried (never opened:
+        Faust would not close them). One log line names what moved."""
         recovered, self.recovered_since_assignment = self.recovered_since_assignment, False
-        if self.held_as is None or not recovered:
-            return []
-        if member_id and member_id == self.held_as:
-            return []
-        rewound = [r for tp in sorted(self.held) if (r := self._rewind(tp, stores)) is not None]
-        if rewound:
-            log.warning(
-                "%s while it held %d table changelog partitions; what it wrote to them since "
-                "the membership was last proven may have passed another worker's writes (a "
-                "zombie after a stall past the session timeout), so %d persisted offsets are "
-                "rewound to the last proven ones and their recovery replays the changelog "
-                "from there: %s",
-                self._loss(member_id),
-                len(self.held),
-                len(rewound),
-                ", ".join(r.describe() for r in rewound[:10])
-                + (f" and {len(rewound) - 10} more" if len(rewound) > 10 else ""),
-            )
+        lost = self.held_as is not None and recovered
+        lost = lost and not (member_id and member_id == self.held_as)
+        due = ({tp: self.proven.get(tp) for tp in self.held} if lost else {}) | self.carried
+        now = frozenset(assigned)
+        # A carried partition of a table this app no longer has would be carried for ever.
+        self.carried = {tp: o for tp, o in due.items() if tp not in now and tp.topic in stores}
+        newly_carried = sum(tp in self.held for tp in self.carried) if lost else 0
+        rewound = []
+        for tp in sorted(due.keys() & now):
+            done, rewind = self._rewind(tp, due[tp], stores)
+            if not done:  # unreadable or not rewound: keep its proof for the next assignment
+                self.carried[tp] = due[tp]
+            elif rewind is not None:
+                rewound.append(rewind)
+        self._tell(member_id, lost and not self.held_by_last_run, rewound, newly_carried)
         return rewound
 
-    def _loss(self, member_id: str | None) -> str:
-        if self.held_by_last_run:
-            return "this worker restarted (its last run may have ended as a zombie)"
-        return (
-            f"this worker lost its group membership (member id {self.held_as or 'unknown'}, "
-            f"now {member_id or 'unknown'})"
+    def _tell(
+        self, member_id: str | None, lost_in_run: bool, rewound: list[Rewind], carried: int
+    ) -> None:
+        """The in-run loss's WARNING, or the INFO line of a restart (or of partitions carried
+        since it, or since a loss): a restart without a clean stop replays what was written
+        since the last proof, an ordinary cost (a kill -9, the OOM killer)."""
+        moved = ", ".join(r.describe() for r in rewound[:10]) + (
+            f" and {len(rewound) - 10} more" if len(rewound) > 10 else ""
         )
+        if lost_in_run and (rewound or carried):
+            log.warning(
+                "this worker lost its group membership (member id %s, now %s) while it held "
+                "%d table changelog partitions; what it wrote to them since the membership "
+                "was last proven may have passed another worker's writes (a zombie after a "
+                "stall past the session timeout), so %d persisted offsets are rewound to the "
+                "last proven ones and their recovery replays the changelog from there: %s%s",
+                self.held_as or "unknown",
+                member_id or "unknown",
+                len(self.held),
+                len(rewound),
+                moved or "none now",
+                f"; {carried} assigned elsewhere now are rewound when next assigned here"
+                if carried
+                else "",
+            )
+        elif rewound:
+            log.info(
+                "%s%d table changelog partitions had persisted offsets past their last proven "
+                "ones%s: moved back to them, so their recovery replays the changelog records "
+                "written since (a restart without a clean stop, or table writes outside "
+                "stream commits): %s",
+                "this worker restarted: " if self.held_by_last_run else "",
+                len(rewound),
+                f" ({len(self.carried)} more kept until assigned here)" if self.carried else "",
+                moved,
+            )
 
     def assigned(
         self, member_id: str | None, held: Iterable[TP], stores: Mapping[str, Any]
@@ -331,19 +427,30 @@ class ProvenOffsets:
     def _save(self) -> None:
         if self.file is not None:
             proven = {tp: self.proven.get(tp) for tp in self.held}
-            self.file.write(proven, self.recovered_since_assignment)
+            self.file.write(proven, self.recovered_since_assignment, self.carried)
 
-    def _rewind(self, tp: TP, stores: Mapping[str, Any]) -> Rewind | None:
-        _, was = _persisted(stores, tp)
+    def _rewind(
+        self, tp: TP, proven: int | None, stores: Mapping[str, Any]
+    ) -> tuple[bool, Rewind | None]:
+        """Rewind ``tp`` to ``proven`` if its store persisted past it: whether that is done
+        (False: its offset could not be read or set, logged), and the move if any."""
+        readable, was = _persisted(stores, tp)
+        if not readable:
+            log.warning(
+                "cannot read the persisted offset of %s to compare it with its last proven "
+                "one (%s): its proof is kept, and it is checked again at its next assignment",
+                tp,
+                proven,
+            )
+            return False, None
         if was is None:
-            return None  # a store that persists nothing, or nothing to trust anyway
-        proven = self.proven.get(tp)
+            return True, None  # a store that persists nothing, or nothing to trust anyway
         to = NOTHING_APPLIED if proven is None else proven
         if was <= to:
-            return None
+            return True, None
         try:
             stores[tp.topic].set_persisted_offset(tp, to)
         except Exception:  # the partition keeps its offset: say so, it may miss records
             log.exception("cannot rewind the persisted offset of %s from %d to %d", tp, was, to)
-            return None
-        return Rewind(tp, was, to)
+            return False, None
+        return True, Rewind(tp, was, to)

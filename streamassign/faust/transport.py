@@ -380,22 +380,23 @@ class _Consumer(faust_aiokafka.Consumer):
         """Not under exactly_once: Faust commits through its transactions there, never
         ``_commit`` (nothing would be proven since the last rebalance), and persists a
         table's offsets only after its transaction committed (``persist_offset_on_commit``),
-        which fences a zombie's: its offsets never pass another worker's writes. At the first
-        assignment of a run the last run's proofs are taken from the state directory (a zombie
-        killed before it rejoined: ``_proven``), every changelog partition assigned now counting
-        as unproven if that file is damaged."""
+        which fences a zombie's: its offsets never pass another worker's writes; such a run
+        removes a leftover proofs file, which its offsets move past. At the first assignment
+        of a run the last run's proofs are taken from the state directory (a zombie killed
+        before it rejoined: ``_proven``), every changelog partition assigned now counting as
+        unproven if that file is garbled. Only the changelog partitions of this assignment
+        (actives and standbys, which Faust opens) are read or rewound (``_proven``)."""
         guarantee = getattr(self.app.conf, "processing_guarantee", None)  # typed as the class
-        if guarantee == ProcessingGuarantee.EXACTLY_ONCE:
-            return
+        exactly_once = guarantee == ProcessingGuarantee.EXACTLY_ONCE
         stores = changelog_stores(self.app)
+        assignor, changelogs = self.app.assignor, self.app.tables.changelog_topics
+        assigned = assignor.assigned_actives() | assignor.assigned_standbys()
+        assigned_changelogs = {tp for tp in assigned if tp.topic in changelogs}
         if not self.proven_offsets.opened:  # the first assignment of this run: the last's proofs
-            assignor = self.app.assignor
-            assigned = assignor.assigned_actives() | assignor.assigned_standbys()
-            changelogs = self.app.tables.changelog_topics
-            self.proven_offsets.open(
-                proofs_file(self.app, stores), {tp for tp in assigned if tp.topic in changelogs}
-            )
-        self.proven_offsets.rewind_if_lost(self._assigned_as, stores)
+            file = proofs_file(self.app, stores, maintained=not exactly_once)
+            self.proven_offsets.open(file, assigned_changelogs)
+        if not exactly_once:
+            self.proven_offsets.rewind_if_lost(self._assigned_as, stores, assigned_changelogs)
 
     def _prove_assignment(self) -> None:
         """The assignment Faust just took proves its active changelog partitions' offsets."""
