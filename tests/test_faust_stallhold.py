@@ -224,6 +224,58 @@ def test_a_flush_waits_for_the_hold_and_ends_at_the_reset(
     assert worker.sent == []
 
 
+def test_a_hold_the_buffer_s_flush_starts_is_awaited_before_the_flush_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a resume Faust's commit may flush before any tick ran: its buffer's sends are
+    then the first to see the stall, and the flush must not return (Faust would commit the
+    events' offsets) until those held writes are out, here after an accepted heartbeat."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def commit_after_resume() -> tuple[bool, list[Any]]:
+        worker.start()
+        buffered: list[Any] = []
+
+        async def buffer_flush() -> None:  # Faust's buffer sends what send_soon queued
+            buffered.append(await worker.send(CHANGELOG, b"buffered"))
+
+        monkeypatch.setattr(worker.producer.buffer, "flush", buffer_flush)
+        worker.stall(5.5)  # past the threshold, within the session: the membership survives
+        flush = asyncio.ensure_future(worker.producer.flush())
+        await asyncio.sleep(3 * TICK)
+        waited = not flush.done() and worker.sent == []
+        await worker.heartbeat()
+        worker.look()
+        await asyncio.wait_for(flush, 2.0)
+        return waited, buffered
+
+    waited, buffered = run(commit_after_resume())
+    assert waited
+    assert worker.sent == [(CHANGELOG, b"buffered")]
+    assert buffered[0].done()
+
+
+def test_a_flush_drops_a_hold_its_tick_never_resolves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No tick resolves the hold (none runs here, as if each failed): the flush drops it a
+    few ticks past its deadline instead of waiting forever (the group would be stuck)."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def flush_without_ticks() -> Any:
+        worker.start()
+        worker.stall(9.0)
+        held = await worker.send(CHANGELOG, b"stale")
+        hold = worker.producer.stall_hold
+        worker.stall(hold.deadline + 11 * TICK)
+        await asyncio.wait_for(worker.producer.flush(), 2.0)
+        return held
+
+    held = run(flush_without_ticks())
+    assert not held.done() and worker.sent == []
+    assert not worker.producer.stall_hold.holding
+
+
 def test_a_stopping_producer_drops_what_it_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

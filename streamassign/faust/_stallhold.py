@@ -247,17 +247,36 @@ class StallHoldProducer(faust_aiokafka.Producer):
         return member_id(self._aiokafka_consumer())
 
     async def flush(self) -> None:
-        """Faust's, after the hold resolves (bounded by its deadline): Faust commits the
-        events' offsets after this, so their changelog writes must be out or dropped first."""
-        while self.stall_hold.holding and self._stall_timer is not None:
-            await asyncio.sleep(TICK)
+        """Faust's, once no hold is on: Faust commits the events' offsets after this, so
+        their changelog writes must be out or dropped first. Faust's flush of its own buffer
+        may start a hold (its sends can be the first to run after a resume, before any tick),
+        so a hold is awaited before and after it."""
+        await self._hold_resolved()
         await super().flush()
+        if self.stall_hold.holding:
+            await self._hold_resolved()
+            await super().flush()  # what the release handed to aiokafka
+
+    async def _hold_resolved(self) -> None:
+        """Return once no hold is on. The tick resolves a hold; should it fail to (it logs
+        why), the hold is dropped a few ticks past its deadline, so a flush never waits
+        forever."""
+        hold = self.stall_hold
+        if self._stall_timer is None:
+            return
+        hold.check(self.clock())  # a stall that this flush is the first to see
+        while hold.holding and self._stall_timer is not None:
+            now = self.clock()
+            if not hold.releasing and now - (hold.since or now) > hold.deadline + 10 * TICK:
+                self._stall_resolve_dropped(now, "the hold's tick did not resolve it")
+                return
+            await asyncio.sleep(TICK)
 
     def _stall_tick(self) -> None:
         self._stall_timer = self.loop.call_later(TICK, self._stall_tick)
         try:
             self._stall_look(self.clock())
-        except Exception:  # the hold's tick goes on; its deadline still bounds a hold
+        except Exception:  # the tick goes on; a flush still ends a hold past its deadline
             if not self._stall_look_failed:
                 self._stall_look_failed = True
                 log.exception("the stall hold's tick failed; it goes on (repeats not logged)")
@@ -328,7 +347,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
                 try:
                     sent = asyncio.ensure_future(await item.send())
                 except Exception as exc:  # Faust's own path would end its buffer's task
-                    item.result.set_exception(exc)
+                    if not item.result.done():  # cancelled by Faust meanwhile
+                        item.result.set_exception(exc)
                 else:
                     sent.add_done_callback(functools.partial(_settle, outer=item.result))
         finally:
