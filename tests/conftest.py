@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,40 @@ def pytest_report_header(config: pytest.Config) -> str:
         f"hypothesis profile {PROFILE}: seed {source}; "
         f"rerun with HYPOTHESIS_PROFILE={PROFILE} HYPOTHESIS_SEED={seed}"
     )
+
+
+def _faust_unit_test_file(path: Path) -> bool:
+    """tests/test_faust_*.py: Faust apps built in this process, never started (the broker
+    tests in tests/integration run their apps in worker processes)."""
+    return path.parent == Path(__file__).parent and path.name.startswith("test_faust_")
+
+
+@pytest.fixture(autouse=True)
+def _faust_apps_closed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every Faust app a Faust test builds is closed after it (tests/faust_apps.py says why)."""
+    if not _faust_unit_test_file(request.path):
+        yield
+        return
+    from .faust_apps import apps_closed_after  # imports faust: only where a test uses it
+
+    with apps_closed_after():
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _faust_test_file_leaves_no_descriptors(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails a Faust test file that leaves descriptors open: they add up over a run (one test
+    process ran past 1024, the limit of ``select.select``)."""
+    if not _faust_unit_test_file(request.path):
+        yield
+        return
+    from .faust_apps import SPARE_DESCRIPTORS, descriptors_left, open_descriptors
+
+    before = open_descriptors()
+    yield
+    left = descriptors_left(before)
+    if left is not None and left > SPARE_DESCRIPTORS:
+        pytest.fail(
+            f"{request.path.name} left {left} descriptors open (at most {SPARE_DESCRIPTORS}): "
+            "close what its tests open (tests/faust_apps.py closes the apps they build)"
+        )
