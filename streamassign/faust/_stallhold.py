@@ -24,8 +24,12 @@ resolves it:
   for the hold), so the partition's next owner processes them again: duplicates, not loss.
   It is the reset, not the next assignment, that resolves it: Faust's revoke awaits the
   producer's flush before the join;
-- neither within ``deadline`` (a session timeout and a heartbeat interval) after it began:
-  dropped; no heartbeat got through for a whole session, so the broker has expired it.
+- neither: the hold goes on, however long. Dropping on a timer could lose writes of a
+  membership that survived (a coordinator failover, a heartbeat failing for other reasons),
+  and every way the membership ends comes back as one of the two answers above once a
+  coordinator answers; past ``deadline`` (a session timeout and a heartbeat interval) one
+  WARNING says the hold goes on. Should the tick itself fail, a flush releases the hold
+  past that deadline rather than wait forever (a stale write is possible then, no loss).
 
 A dropped send's future never completes (its Faust future neither): ``_on_changelog_sent``
 does not run for it, so its offset is never recorded as persisted, and no "exception never
@@ -76,7 +80,7 @@ class StallHold:
 
     #: A gap between stamps longer than this (seconds) starts a hold.
     threshold: float
-    #: A hold unresolved this long (seconds) after it began drops its sends.
+    #: A hold unresolved this long (seconds) after it began is told to go on (one WARNING).
     deadline: float
     #: The last stamp, and the member id read then (None: not readable).
     stamp: float | None = None
@@ -87,8 +91,9 @@ class StallHold:
     gap: float = 0.0
     held_as: str | None = None
     releasing: bool = False
-    #: Whether the current hold was logged.
+    #: Whether the current hold was logged, and its going on past the deadline.
     told: bool = False
+    told_long: bool = False
     #: The member id a dropped hold lost (None: none lost), and the changelog sends dropped
     #: since, while aiokafka's member id is still that one or "" (the zombie goes on
     #: processing queued events until Faust's revoke stops its flow).
@@ -128,14 +133,13 @@ class StallHold:
             return DROPPED
         if member == self.held_as and self.heartbeat_sent >= self.since:
             return RELEASED
-        if now - self.since > self.deadline:
-            return DROPPED
         return None
 
     def end(self, now: float) -> list[HeldSend]:
         """End the hold; the sends it held, in order. ``now`` is the next gap's start."""
         held, self.held = self.held, []
-        self.since, self.releasing, self.told, self.stamp = None, False, False, now
+        self.since, self.releasing, self.stamp = None, False, now
+        self.told = self.told_long = False
         return held
 
     def lose(self, now: float) -> list[HeldSend]:
@@ -148,7 +152,7 @@ class StallHold:
         """Does a changelog send now come from the lost membership? Yes while aiokafka's
         member id is "" or the lost one (or unreadable); no once it joined again as another
         (the revoke before that join stopped Faust's flow), or a heartbeat was accepted under
-        the same one since (``heartbeat_accepted``: the deadline was wrong)."""
+        the same one since (a hold that began without a member id: ``heartbeat_accepted``)."""
         if self.lost_as is None:
             return False
         if member is None or member == "":
@@ -258,17 +262,18 @@ class StallHoldProducer(faust_aiokafka.Producer):
             await super().flush()  # what the release handed to aiokafka
 
     async def _hold_resolved(self) -> None:
-        """Return once no hold is on. The tick resolves a hold; should it fail to (it logs
-        why), the hold is dropped a few ticks past its deadline, so a flush never waits
-        forever."""
+        """Return once no hold is on. The tick resolves a hold; should the tick fail (it logs
+        why), the hold is released past its deadline, so a flush never waits forever."""
         hold = self.stall_hold
         if self._stall_timer is None:
             return
         hold.check(self.clock())  # a stall that this flush is the first to see
         while hold.holding and self._stall_timer is not None:
             now = self.clock()
-            if not hold.releasing and now - (hold.since or now) > hold.deadline + 10 * TICK:
-                self._stall_resolve_dropped(now, "the hold's tick did not resolve it")
+            past_deadline = now - (hold.since or now) > hold.deadline
+            if self._stall_look_failed and past_deadline and not hold.releasing:
+                hold.releasing = True
+                await self._stall_release(now)
                 return
             await asyncio.sleep(TICK)
 
@@ -276,7 +281,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         self._stall_timer = self.loop.call_later(TICK, self._stall_tick)
         try:
             self._stall_look(self.clock())
-        except Exception:  # the tick goes on; a flush still ends a hold past its deadline
+        except Exception:  # the tick goes on; a flush releases a hold past its deadline
             if not self._stall_look_failed:
                 self._stall_look_failed = True
                 log.exception("the stall hold's tick failed; it goes on (repeats not logged)")
@@ -307,12 +312,17 @@ class StallHoldProducer(faust_aiokafka.Producer):
             hold.releasing = True
             self._stall_releasing = asyncio.get_running_loop().create_task(self._stall_release(now))
         elif verdict == DROPPED:
-            why = (
-                f"no heartbeat was accepted in {hold.deadline:.1f} s"
-                if member == hold.held_as
-                else f"aiokafka's member id is now {member!r}"
+            self._stall_resolve_dropped(now, f"aiokafka's member id is now {member!r}")
+        elif hold.holding and not hold.told_long and now - (hold.since or now) > hold.deadline:
+            hold.told_long = True
+            log.warning(
+                "changelog sends held after a stall: still %d after %.1f s with no heartbeat "
+                "accepted and the member id unchanged (%r); they go out when one is accepted "
+                "under it, or are dropped when aiokafka resets it",
+                len(hold.held),
+                now - (hold.since or now),
+                hold.held_as,
             )
-            self._stall_resolve_dropped(now, why)
 
     def _stall_rejoined(self, member: str | None) -> None:
         dropped, self.stall_hold.dropped_since_lost = self.stall_hold.dropped_since_lost, 0
