@@ -341,7 +341,7 @@ def test_changelog_stores_maps_each_table_s_changelog_to_its_store(tmp_path: Pat
 def test_a_loss_during_a_restore_keeps_what_it_restored(
     tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """review70 M1: a membership lost before Faust's recovery completed since the assignment
+    """A membership lost before Faust's recovery completed since the assignment
     (the worker processed nothing: every offset on disk since was read from the changelog)
     rewinds nothing; the restore goes on from where it was, for a new partition (None at the
     assignment) and a kept one (100 at the assignment)."""
@@ -391,7 +391,7 @@ def test_a_recovery_completed_inside_faust_s_callback_counts(tmp_path: Path, gro
 def test_an_assignment_without_a_member_id_counts_as_a_loss(
     tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """review70 M2 and zombielive's Low: the listener read "" (a heartbeat's reset between the
+    """The listener read "" (a heartbeat's reset between the
     join and the listener), right after a zombie's writes. That assignment proves no
     membership: it is a loss, rewound before its recovery reads (not deferred to the next real
     id, which let the recovery read the zombie's offsets); and so is the next one, twice in a
@@ -428,7 +428,7 @@ def test_an_assignment_without_a_member_id_counts_as_a_loss(
 
 
 def test_an_offset_unreadable_at_the_assignment_is_proven_when_readable_later() -> None:
-    """review70 L3: a store that fails at the assignment (a lock) and reads fine at the
+    """A store that fails at the assignment (a lock) and reads fine at the
     recovery is proven there; a loss then rewinds to that proof, not to the start (a needless
     full restore)."""
 
@@ -504,7 +504,7 @@ def test_a_zombie_killed_before_it_rejoins_is_rewound_at_its_restart(
     with caplog.at_level(logging.INFO, logger="streamassign.faust"):
         asyncio.run(g.join("m-7", 1))
     assert g.recovery_read[-1] == {HELD[0]: 150, HELD[1]: 110, HELD[2]: None, HELD[3]: None}
-    assert rewind_warnings(caplog) == []  # review72 L1: a restart is no zombie by itself
+    assert rewind_warnings(caplog) == []  # a restart is no zombie by itself
     (line,) = restart_lines(caplog)
     assert line.startswith("this worker restarted: 2 table changelog partitions had")
     assert f"{CL}[0] 180 -> 150, {CL}[1] 111 -> 110" in line
@@ -553,7 +553,7 @@ def saved_proofs(app: faust.App) -> Any:
 
 
 def test_the_restart_opens_no_database_faust_would_not_open(tmp_path: Path, group: Any) -> None:
-    """review72 M1 (its r6): the first assignment after a restart reads and rewinds only the
+    """The first assignment after a restart reads and rewinds only the
     partitions it gives the worker. Opening the others' databases in Faust's store left them
     open for the run, and Faust's reads outside an event (timers, tasks, web views) answered
     from their stale keys."""
@@ -679,7 +679,7 @@ def test_memory_tables_write_no_proofs_file(tmp_path: Path, group: Any) -> None:
 
 
 def test_exactly_once_rewinds_nothing(tmp_path: Path, group: Any) -> None:
-    """review70 L1: under exactly_once Faust persists offsets only after its transaction
+    """Under exactly_once Faust persists offsets only after its transaction
     committed (a zombie's is fenced) and never calls ``_commit``: a rewind would only replay
     everything since the last rebalance."""
     app = zombie_app(tmp_path)
@@ -701,7 +701,7 @@ def test_exactly_once_rewinds_nothing(tmp_path: Path, group: Any) -> None:
 def test_a_proofs_file_of_an_unknown_version_counts_as_none(
     tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """review72 M3: a newer release's file, after a rollback, is no damage: the disk is
+    """A newer release's file, after a rollback, is no damage: the disk is
     trusted as with no file (one INFO line), not restored in full; this run's format replaces
     it."""
     app = zombie_app(tmp_path)
@@ -722,7 +722,7 @@ def test_a_proofs_file_of_an_unknown_version_counts_as_none(
 def test_a_run_under_exactly_once_removes_a_leftover_proofs_file(
     tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """review72 M2 (its r3): a run that keeps no proofs moves the offsets past the file's; a
+    """A run that keeps no proofs moves the offsets past the file's; a
     later at-least-once run applied them (1000000 -> 10: a replay of that whole run). Such a
     run removes the file, so the later one trusts the disk, as after a first start."""
     app = zombie_app(tmp_path)
@@ -763,12 +763,12 @@ def test_a_run_without_tables_on_disk_removes_a_leftover_proofs_file(
     assert not (state / PROOFS_FILE).exists()
 
 
-def test_table_writes_outside_stream_commits_are_replayed_at_a_restart(
+def test_offsets_moved_while_no_stream_offset_moves_are_replayed_at_a_restart(
     tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """review72 M2 (its r1), documented, not fixed: writes of a timer or task while no stream
-    offset moves are never proven (Faust calls the commit only with a committable offset, at
-    its stop too), so any restart replays them: one INFO line, no WARNING."""
+    """Offsets that move while no stream offset does (a global table applied on a worker
+    whose streams are idle) are never proven (Faust calls the commit only with a committable
+    offset, at its stop too), so any restart replays them: one INFO line, no WARNING."""
     app = zombie_app(tmp_path)
     g = group(app)
 
@@ -777,7 +777,7 @@ def test_table_writes_outside_stream_commits_are_replayed_at_a_restart(
         await g.recovered()
         write(app, {0: 10})
         assert await g.commit()
-        write(app, {0: 500})  # a timer's writes; nothing committable after them
+        write(app, {0: 500})  # applied while nothing is committable
 
     asyncio.run(run())
     app = restart(app, tmp_path)
@@ -793,7 +793,7 @@ def test_table_writes_outside_stream_commits_are_replayed_at_a_restart(
 def test_an_offset_unreadable_at_the_restart_keeps_its_proof(
     tmp_path: Path, group: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review72 L2 (its r5): a partition of the file whose offset cannot be read at the first
+    """A partition of the file whose offset cannot be read at the first
     assignment (a lock, the disk) is not rewound then; its proof stays (carried, in the file)
     and the next assignment that can read it rewinds it, instead of trusting its disk."""
     app = zombie_app(tmp_path)
@@ -821,7 +821,7 @@ def test_an_offset_unreadable_at_the_restart_keeps_its_proof(
 def test_a_failed_write_is_warned_about_again_after_a_good_one(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """review72 L4: one WARNING per episode of failed writes (a full disk), not per run."""
+    """One WARNING per episode of failed writes (a full disk), not per run."""
     file = ProofsFile(tmp_path / "state" / PROOFS_FILE)  # no directory: the write fails
     with caplog.at_level(logging.DEBUG, logger="streamassign.faust"):
         file.write({HELD[0]: 1}, recovered=True)
@@ -838,8 +838,9 @@ def test_a_failed_write_is_warned_about_again_after_a_good_one(
 def test_the_proofs_file_is_written_durably(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review72 M3: the file and its directory are fsynced, so a host crash leaves the old
-    file or the new one, not an empty one (which would restore every partition in full)."""
+    """An assignment's and a recovery's proofs are fsynced (the file and its directory), so a
+    host crash leaves the old file or the new one, not an empty one (which would restore
+    every partition in full)."""
     synced: list[int] = []
     real = os.fsync
 
@@ -850,3 +851,19 @@ def test_the_proofs_file_is_written_durably(
     monkeypatch.setattr(os, "fsync", fsync)
     ProofsFile(tmp_path / PROOFS_FILE).write({HELD[0]: 1}, recovered=True)
     assert len(synced) == 2  # the file, then its directory
+
+
+def test_a_commit_s_proof_is_saved_without_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit's proof (every ~2.8 s) is written without the fsyncs, which a disk busy with
+    compaction makes cost tens of milliseconds of Faust's event loop; a process that dies
+    keeps it all the same (the page cache)."""
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    file = ProofsFile(tmp_path / PROOFS_FILE)
+    proofs = ProvenOffsets(held=frozenset({HELD[0]}), held_as="m-1", file=file)
+    proofs.prove({HELD[0]: 5})
+    assert synced == []
+    saved = ProofsFile(tmp_path / PROOFS_FILE).read()
+    assert saved is not None and saved.proven == {HELD[0]: 5}
