@@ -41,7 +41,7 @@ comparison to the next real id instead let Faust's recovery of the void assignme
 offsets a zombie had moved, and process on them.
 
 A restart is a loss too: the proofs are kept in ``<appdir>/streamassign/proven-offsets.json``
-(``ProofsFile``), written durably at each proof, so a worker killed (kill -9, OOM) while it was
+(``ProofsFile``), written atomically at each proof, so a worker killed (kill -9, OOM) while it was
 a zombie does not restart from the offsets its zombie writes left. At its first assignment the
 partitions of that file this assignment gives the worker (actives and standbys, whose databases
 Faust opens anyway) are rewound to their proofs as after a lost membership (a worker killed
@@ -191,8 +191,8 @@ def _by_topic(offsets: Mapping[TP, int | None]) -> dict[str, dict[str, int | Non
 @attrs.define
 class ProofsFile:
     """``<appdir>/streamassign/proven-offsets.json``: the proofs of the last run, written at
-    each proof (atomically and durably: a kill or a host crash leaves the old file or the
-    new one)."""
+    each proof (atomically: a kill leaves the old file or the new one; an assignment's and
+    a recovery's also durably, see ``ProvenOffsets._save``)."""
 
     path: Path
     #: The bytes last written: a proof that changed nothing is not written again.
