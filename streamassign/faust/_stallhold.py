@@ -50,9 +50,9 @@ from typing import Any
 
 import attrs
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types.enums import ProcessingGuarantee
 
 from ..aiokafka.rejoin import member_id, watch_heartbeats
+from ._app import aiokafka_consumer, exactly_once
 
 __all__ = ["DROPPED", "RELEASED", "StallHold", "StallHoldProducer"]
 
@@ -190,10 +190,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         self.clock: Callable[[], float] = time.monotonic
 
     def _holds_stalls(self) -> bool:
-        conf = self.app.conf
-        guarantee = getattr(conf, "processing_guarantee", None)  # typed as the class
-        exactly_once = guarantee == ProcessingGuarantee.EXACTLY_ONCE
-        return not exactly_once and not conf.producer_threaded
+        return not exactly_once(self.app) and not self.app.conf.producer_threaded
 
     async def on_start(self) -> None:
         await super().on_start()
@@ -245,7 +242,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         return result
 
     def _aiokafka_consumer(self) -> Any:
-        return getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
+        return aiokafka_consumer(self.app)
 
     def _member_id(self) -> str | None:
         return member_id(self._aiokafka_consumer())

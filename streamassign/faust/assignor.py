@@ -65,6 +65,7 @@ from ..protocol import (
 )
 from ..repeats import Repeats
 from ..streams import FAUST_PROTOCOL_NAME
+from ._app import aiokafka_consumer
 from ._damaged import (
     Aside,
     DamagedTable,
@@ -973,7 +974,7 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
 
     def _consumer(self) -> Any:
         """The aiokafka consumer of this worker (on Faust's consumer thread), if started."""
-        return getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
+        return aiokafka_consumer(self.app)
 
     def _internal_topics(self) -> frozenset[str]:
         """Topics this app creates itself (table changelogs, repartition topics, the leader

@@ -47,11 +47,11 @@ from typing import Any
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
-from faust.types.enums import ProcessingGuarantee
 
 from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
 from ..repeats import Repeats
+from ._app import exactly_once
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
 from ._proven import ProvenOffsets, changelog_stores, proofs_file
 from ._stallhold import StallHoldProducer
@@ -386,16 +386,15 @@ class _Consumer(faust_aiokafka.Consumer):
         before it rejoined: ``_proven``), every changelog partition assigned now counting as
         unproven if that file is garbled. Only the changelog partitions of this assignment
         (actives and standbys, which Faust opens) are read or rewound (``_proven``)."""
-        guarantee = getattr(self.app.conf, "processing_guarantee", None)  # typed as the class
-        exactly_once = guarantee == ProcessingGuarantee.EXACTLY_ONCE
+        under_transactions = exactly_once(self.app)
         stores = changelog_stores(self.app)
         assignor, changelogs = self.app.assignor, self.app.tables.changelog_topics
         assigned = assignor.assigned_actives() | assignor.assigned_standbys()
         assigned_changelogs = {tp for tp in assigned if tp.topic in changelogs}
         if not self.proven_offsets.opened:  # the first assignment of this run: the last's proofs
-            file = proofs_file(self.app, stores, maintained=not exactly_once)
+            file = proofs_file(self.app, stores, maintained=not under_transactions)
             self.proven_offsets.open(file, assigned_changelogs)
-        if not exactly_once:
+        if not under_transactions:
             self.proven_offsets.rewind_if_lost(self._assigned_as, stores, assigned_changelogs)
 
     def _prove_assignment(self) -> None:
