@@ -4,8 +4,10 @@ and that it fetches no stream partition before Faust has emptied the agents' que
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,8 +21,12 @@ from aiokafka.consumer.fetcher import Fetcher, FetchResult  # noqa: E402
 from aiokafka.consumer.subscription_state import SubscriptionState  # noqa: E402
 from faust.types import TP  # noqa: E402
 
+from streamassign.errors import StateDirectoryLockedError  # noqa: E402
 from streamassign.faust._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING  # noqa: E402
 from streamassign.faust.transport import SWITCH_ENV, _Ticker  # noqa: E402
+from streamassign.localstate import StateDirectory  # noqa: E402
+
+from .faust_apps import close_app  # noqa: E402
 
 SOURCE = TP("orders", 0)
 CHANGELOG = TP("orders-app-totals-changelog", 0)
@@ -1416,3 +1422,39 @@ def test_a_changelog_partition_is_checked_by_faust_as_it_is(
 
     asyncio.run(resumed_then_checked())
     assert reached == [CHANGELOG]
+
+
+def test_a_stopped_app_with_our_assignor_and_transport_is_garbage_collected(
+    tmp_path: Path, built_faust_apps: list[faust.App]
+) -> None:
+    """Faust keeps an app's signal receivers in the class-level signal (``AppT``'s, shared by
+    every app): the assignor's and the consumer's strong receivers kept each app, its tables
+    and its state directory's objects alive for as long as the process. Weak ones do not."""
+    app = table_app(tmp_path)
+    app.assignor.metadata({SOURCE.topic})  # opens the state directory
+    consumer = app.consumer  # our transport's consumer connects its receiver
+    close_app(app)  # the app stops: ``on_before_shutdown``
+    built_faust_apps.remove(app)
+    gone = [weakref.ref(held) for held in (app, app.assignor, consumer)]
+    del app, consumer
+    gc.collect()
+    assert [ref() for ref in gone] == [None, None, None]
+
+
+def test_the_signal_receivers_fire_while_the_app_lives(tmp_path: Path) -> None:
+    """Held weakly, the receivers still fire for an app only the test holds: the recovery
+    completes for the assignor (its recovered tag) and for the consumer (the offsets it read
+    are proven), and the app's stop releases the state directory."""
+    app = table_app(tmp_path)
+    app.assignor.metadata({SOURCE.topic})
+    app.consumer  # noqa: B018 (made on first use)
+    gc.collect()  # nothing but the app holds its assignor and consumer
+    state = Path(app.conf.appdir) / "streamassign"
+    with pytest.raises(StateDirectoryLockedError):
+        StateDirectory(state)
+
+    asyncio.run(app.on_rebalance_complete.send())
+    assert app.assignor.recovery_scope.settled  # no consumer's membership to scope it
+    assert app.consumer.proven_offsets.recovered_since_assignment
+    asyncio.run(app.on_before_shutdown.send())
+    StateDirectory(state).close()  # not locked any more
