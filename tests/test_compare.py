@@ -19,7 +19,6 @@ from streamassign.compare import (
     match_views,
     other_partitions_warning,
     partition_names,
-    renumbering_note,
 )
 from streamassign.explain import ClientView, ProcessMembers, Snapshot, load_snapshot
 
@@ -96,16 +95,22 @@ def test_a_gone_topics_partition_gets_no_id_that_after_gives_another_topic() -> 
 
 
 def test_the_renumbering_note_counts_removed_topics() -> None:
-    """review63 L4: several gone topics read "removed topics numbered past ...", not "a
-    removed topic"; a file's note keeps the files' wording for the same topics."""
-    old = table("0_0=orders-0", "1_0=x-0", "2_0=y-0")
-    new = table("0_0=orders-0")
-    note = renumbering_note(old, new, "named as in after.json", was=old)
+    """Several gone topics read "removed topics numbered past ...", not "a removed topic";
+    between files of the same topics the note keeps the files' wording (a subscribed topic
+    without partitions, or an edited file: their subscriptions are not known)."""
+
+    def consumer_group(*entries: str) -> Snapshot:
+        return Snapshot({}, family=CONSUMER_FAMILY, tasks=table(*entries))
+
+    old = consumer_group("0_0=a-0", "1_0=orders-0", "2_0=x-0")
+    new = consumer_group("0_0=orders-0")
+    (note,) = compare_snapshots(old, new, "before.json", "after.json").lines
     assert note.endswith(
-        "renumbered by a change of topics (removed topics x, y); removed topics numbered past "
-        "every id there: x as 1_p, y as 2_p"
+        "renumbered by a change of topics (removed topics a, x); removed topics numbered past "
+        "every id there: a as 1_p, x as 2_p"
     )
-    same = renumbering_note(new, new, "named as in after.json", was=new)
+    renumbered = consumer_group("1_0=orders-0")
+    (same,) = compare_snapshots(renumbered, new, "before.json", "after.json").lines
     assert same.endswith("a subscribed topic with no partition assigned (or an edited file)")
 
 

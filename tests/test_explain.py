@@ -6,6 +6,7 @@ import json
 import re
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -16,11 +17,12 @@ from hypothesis import strategies as st
 
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId, TopicPartition
 from streamassign.cli import main
-from streamassign.compare import numbered_as, partition_renumbering
+from streamassign.compare import CONSUMER_FAMILY, compare_snapshots
 from streamassign.explain import (
     ClientView,
     Landing,
     Reason,
+    Snapshot,
     claim_conflicts,
     explain,
     load_snapshot,
@@ -1667,10 +1669,10 @@ def test_a_consumer_groups_tasks_are_matched_by_partition_across_a_new_topic(
 
 
 def test_only_two_consumer_groups_well_formed_tasks_are_renumbered(tmp_path: Path) -> None:
-    """``numbered_as`` renames BEFORE's tasks (its table, assignment, member rows) only when
-    both files are consumer groups' and their tables are one partition per task, numbered
-    by topic: a streams group's ids follow its subtopologies, and a hand-edited table that
-    breaks the rule is compared by id, as before."""
+    """Comparing two files renames BEFORE's tasks (its table, assignment, member rows) only
+    when both files are consumer groups' and their tables are one partition per task,
+    numbered by topic: a streams group's ids follow its subtopologies, and a hand-edited table
+    that breaks the rule is compared by id, as before."""
     before = json.loads(
         Path(_consumer_group(tmp_path / "b.json", ["orders"], _ORDERS_BEFORE)).read_text()
     )
@@ -1682,6 +1684,11 @@ def test_only_two_consumer_groups_well_formed_tasks_are_renumbered(tmp_path: Pat
         Path(_consumer_group(tmp_path / "a.json", ["a-new", "orders"], _ORDERS_AFTER)).read_text()
     )
     old, new = load_snapshot(before, "b"), load_snapshot(after, "a")
+
+    def numbered_as(before: Snapshot, after: Snapshot) -> Snapshot:
+        """BEFORE as the comparison with AFTER names its tasks."""
+        return compare_snapshots(before, after, "b", "a").before
+
     renamed = numbered_as(old, new)
     assert renamed.tasks == {k: v for k, v in new.tasks.items() if k.subtopology == 1}
     assert renamed.views[_B].assignment.active == {TaskId(1, 2), TaskId(1, 3)}
@@ -1726,22 +1733,31 @@ def _table(*partitions: str) -> dict[TaskId, frozenset[TopicPartition]]:
     return table
 
 
-def test_partition_renumbering_numbers_each_topic_as_the_other_table() -> None:
-    """A review: ``describe --watch`` matched a consumer group's views by id. The renumbering
-    is a pure function of the two tables, shared by ``explain``, ``diff`` and ``--watch``: a
-    shared topic takes the new table's number, a removed one a number past every id the
-    new side names (a hand-edited id outside its table too), None for other tables."""
-    orders = _table("0_0=orders-0", "0_1=orders-1")
-    grown = _table("0_0=a-new-0", "1_0=orders-0", "1_1=orders-1")
-    assert partition_renumbering(orders, grown) == {0: 1}
-    assert partition_renumbering(grown, orders) == {0: 1, 1: 0}  # a-new past orders' 0
-    assert partition_renumbering(grown, orders, [TaskId(1, 0)]) == {0: 2, 1: 0}
-    assert partition_renumbering(orders, orders) == {0: 0}
+def test_a_consumer_groups_tasks_are_numbered_as_the_other_table_numbers_its_topics() -> None:
+    """``explain`` and ``diff`` number a consumer group's BEFORE as AFTER numbers its topics
+    (``describe --watch`` shares the rule), a pure function of the two tables: a shared topic
+    takes AFTER's number, a removed one a number past every id AFTER names (a hand-edited id
+    outside its table too); other tables are matched by id."""
+
+    def consumer_group(*partitions: str) -> Snapshot:
+        return Snapshot({}, family=CONSUMER_FAMILY, tasks=_table(*partitions))
+
+    def numbered(before: Snapshot, after: Snapshot) -> Mapping[TaskId, frozenset[TopicPartition]]:
+        """BEFORE's table as the comparison with AFTER numbers it."""
+        return compare_snapshots(before, after, "b", "a").before.tasks
+
+    orders = consumer_group("0_0=orders-0", "0_1=orders-1")
+    grown = consumer_group("0_0=a-new-0", "1_0=orders-0", "1_1=orders-1")
+    assert numbered(orders, grown) == _table("1_0=orders-0", "1_1=orders-1")
+    past_orders = _table("0_0=orders-0", "0_1=orders-1", "1_0=a-new-0")
+    assert numbered(grown, orders) == past_orders
+    named_1_0 = attrs.evolve(orders, views={_A: view(1, "1_0")})  # an id outside its table
+    assert numbered(grown, named_1_0) == _table("0_0=orders-0", "0_1=orders-1", "2_0=a-new-0")
+    assert compare_snapshots(orders, orders, "b", "a").before is orders
     two = {TaskId(0, 0): frozenset([TopicPartition("a", 0), TopicPartition("b", 0)])}
-    off_by_one = _table("0_1=orders-0")
-    for damaged in (two, off_by_one):
-        assert partition_renumbering(damaged, orders) is None
-        assert partition_renumbering(orders, damaged) is None
+    for damaged in (attrs.evolve(orders, tasks=two), consumer_group("0_1=orders-0")):
+        assert compare_snapshots(damaged, grown, "b", "a").before is damaged
+        assert compare_snapshots(grown, damaged, "b", "a").before is grown
 
 
 def test_a_removed_topics_partitions_are_shown_by_partition(tmp_path: Path) -> None:
