@@ -1423,7 +1423,7 @@ def test_a_what_if_says_when_the_snapshot_may_hold_fewer_standbys_than_the_app(
         f"note: --standbys 0 from {scale_out}, which describe inferred from 1 process (none "
         "fit): the app may run more; give --standbys N for the app's"
     ]
-    # review58 L4: a what-if of that plan --json (2 processes in its table) said nothing; it
+    # A what-if of that plan --json (2 processes in its table) said nothing; it
     # states the processes describe counted, so it keeps the note.
     assert metrics["num_standby_replicas_processes"] == 1
     planned = tmp_path / "planned.json"
@@ -1471,7 +1471,7 @@ def test_a_what_if_says_when_the_snapshot_may_hold_fewer_standbys_than_the_app(
 def test_a_scale_in_what_if_keeps_the_processes_describe_inferred_standbys_over(
     tmp_path: Path,
 ) -> None:
-    """review58 L4: a what-if deleting a process's member rows too (a scale-in) said the count
+    """A what-if deleting a process's member rows too (a scale-in) said the count
     was inferred from 2 processes, at their cap, when describe saw 3 (1 of at most 2 fit):
     describe's own count (``quality.clients``) stands, whatever rows a what-if deletes."""
     topology = tmp_path / "clicks.toml"
@@ -1508,7 +1508,7 @@ def test_a_scale_in_what_if_keeps_the_processes_describe_inferred_standbys_over(
 def test_a_what_if_with_a_bad_process_count_is_one_line(
     tmp_path: Path, value: object, shown: str
 ) -> None:
-    """review66 L5: a ``metrics.num_standby_replicas_processes`` (or ``quality.clients``) that
+    """A ``metrics.num_standby_replicas_processes`` (or ``quality.clients``) that
     is not a count of processes was ignored without a word, or taken (a huge one hid the
     cap note): one line naming the file, the key and the value, exit 1, no plan. Absent,
     null and 0 (none counted) are a file that does not say, as before the key."""
@@ -1607,7 +1607,7 @@ def _consumer_group(path: Path, topics: list[str], owners: dict[str, list[str]])
     return str(path)
 
 
-#: review58's consumer-group pair (cons-before.json, cons-after.json): topic a-new added to the
+#: A consumer-group pair (cons-before.json, cons-after.json): topic a-new added to the
 #: subscription of group billing; no partition of orders changed owner.
 _A, _B = "aaaaaaaa-0000-0000-0000-000000000001", "bbbbbbbb-0000-0000-0000-000000000002"
 _ORDERS_BEFORE = {_A: ["orders-0", "orders-1"], _B: ["orders-2", "orders-3"]}
@@ -1627,7 +1627,7 @@ def test_a_consumer_groups_tasks_are_matched_by_partition_across_a_new_topic(
     AFTER, said in a note: only the new topic's partitions are placed, nothing moved."""
     before = _consumer_group(tmp_path / "cons-before.json", ["orders"], _ORDERS_BEFORE)
     after = _consumer_group(tmp_path / "cons-after.json", ["a-new", "orders"], _ORDERS_AFTER)
-    # The fixture numbers as review58's hand-made files do.
+    # The fixture numbers as describe does (t_p: partition p of the t-th topic in name order).
     assert json.loads(Path(after).read_text())["tasks"]["1_0"] == [["orders", 0]]
     note = (
         f"note: tasks matched by partition, named as in {after}: a consumer group's task t_p is "
