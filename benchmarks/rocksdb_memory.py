@@ -6,10 +6,10 @@ RocksDB's defaults, as the runtime did before the per-process budget.
     python benchmarks/rocksdb_memory.py --stores 20 --writes 400000 [--budget-mib 128]
     [--keys 1000] [--value-bytes 100]
 
-``--busy``: one busy store among N (review38's reproducer): each round writes every other
-store 20 x 100 B and then the busy one 1,000 x 1 KiB, in one thread as the event loop writes
-them; says the busy store's write latencies and the "Stopping writes" lines in the stores'
-``LOG``s (RocksDB stopped a write until a flush finished).
+``--busy``: one busy store among N (the case where writes stalled on flushes): each round writes
+every other store 20 x 100 B and then the busy one 1,000 x 1 KiB, in one thread as the event
+loop writes them; says the busy store's write latencies and the "Stopping writes" lines in the
+stores' ``LOG``s (RocksDB stopped a write until a flush finished).
 
     python benchmarks/rocksdb_memory.py --busy --stores 200 [--rounds 300] [--budget-mib 128]
 """

@@ -6,8 +6,8 @@ The work behind ``streamassign explain``, ``diff``, ``plan --clients`` and ``des
 - A plain consumer group has no tasks: ``describe`` numbers its partitions ``t_p``, partition
   ``p`` of its ``t``-th topic in name order, so a topic added or removed renumbers every topic
   after it. Two assignments of one consumer group are matched by partition
-  (:func:`numbered_as`, :func:`match_views`), their moves named by partition
-  (:class:`PartitionNames`), and the renumbering said (:func:`renumbering_note`).
+  (:func:`compare_snapshots`, :func:`match_views`), their moves named by partition
+  (:class:`PartitionNames`), and the renumbering said in a note.
 - Other groups' tasks are matched by id; where one id reads other partitions on the two
   sides, :func:`other_partitions_warning` says whether that is a topology change or two
   applications' files mixed up.
@@ -37,26 +37,12 @@ TaskTable = Mapping[TaskId, frozenset[TopicPartition]]
 CONSUMER_FAMILY: Final = "consumer"
 
 
-def partition_renumbering(
-    old_tasks: TaskTable,
-    new_tasks: TaskTable,
-    new_ids: Iterable[TaskId] = (),
-) -> dict[int, int] | None:
-    """Per topic number ``t`` of a consumer group's ``old_tasks`` table, the number
-    ``new_tasks`` gives that topic. There ``t_p`` is partition ``p`` of the ``t``-th topic in
-    name order (``describe``'s ``_consumer_tasks``), so a topic added or removed renumbers the
-    topics after it. A topic ``new_tasks`` lacks is numbered past every number ``new_tasks``
-    and ``new_ids`` (every id the new side names) use, so that its ids name nothing there.
-    None when either table is not one partition per task of that form."""
-    renumbering = _renumbering(old_tasks, new_tasks, new_ids)
-    return None if renumbering is None else renumbering.numbers
-
-
 @attrs.frozen
 class _Renumbering:
     """A consumer group's old table numbered as a new one numbers its topics, worked out once
-    per comparison: ``numbers``, :func:`partition_renumbering`'s; ``changed``, the topics of
-    both tables whose number differs between them (what a renumbering note weighs)."""
+    per comparison: ``numbers``, per topic number ``t`` of the old table, the number the new
+    one gives that topic; ``changed``, the topics of both tables whose number differs between
+    them (what a renumbering note weighs)."""
 
     numbers: dict[int, int]
     changed: frozenset[str]
@@ -65,7 +51,12 @@ class _Renumbering:
 def _renumbering(
     old_tasks: TaskTable, new_tasks: TaskTable, new_ids: Iterable[TaskId] = ()
 ) -> _Renumbering | None:
-    """:func:`partition_renumbering` with the topics it renumbers; None as there."""
+    """The renumbering of a consumer group's ``old_tasks`` table as ``new_tasks`` numbers its
+    topics. There ``t_p`` is partition ``p`` of the ``t``-th topic in name order
+    (``describe``'s ``_consumer_tasks``), so a topic added or removed renumbers the topics
+    after it. A topic ``new_tasks`` lacks is numbered past every number ``new_tasks`` and
+    ``new_ids`` (every id the new side names) use, so that its ids name nothing there. None
+    when either table is not one partition per task of that form."""
     old_numbers, new_numbers = _topic_numbers(old_tasks), _topic_numbers(new_tasks)
     if old_numbers is None or new_numbers is None:
         return None
@@ -80,16 +71,6 @@ def _renumbering(
     return _Renumbering(renumbering, _changed_topics(old_numbers, new_numbers))
 
 
-def numbered_as(before: Snapshot, after: Snapshot) -> Snapshot:
-    """``before`` with its task ids as ``after`` numbers them, matched by partition
-    (:func:`partition_renumbering`), when both are snapshots of consumer groups (``family``
-    :data:`CONSUMER_FAMILY`): matched by id, a renumbered topic's tasks would read as moves
-    that never were. ``before`` as it is otherwise, or when either ``tasks`` table is not of
-    that form, or ``before`` names a task of a topic its table lacks (a hand-edited file):
-    then tasks are matched by id."""
-    return _numbered_by(before, _snapshots_renumbering(before, after))
-
-
 def _snapshots_renumbering(before: Snapshot, after: Snapshot) -> _Renumbering | None:
     """``before``'s table numbered as ``after``'s when both are consumer groups' tables."""
     if before.family != CONSUMER_FAMILY or after.family != CONSUMER_FAMILY:
@@ -98,7 +79,12 @@ def _snapshots_renumbering(before: Snapshot, after: Snapshot) -> _Renumbering | 
 
 
 def _numbered_by(before: Snapshot, renumbering: _Renumbering | None) -> Snapshot:
-    """:func:`numbered_as` of ``before`` with its table's ``renumbering`` (None: none)."""
+    """``before`` with its task ids renumbered as ``renumbering`` says (the one of its table
+    as an AFTER snapshot's numbers its topics, :func:`_snapshots_renumbering`): matched by id,
+    a renumbered topic's tasks would read as moves that never were. ``before`` as it is when
+    there is none (not both consumer groups, a table not of that form), when no id changes,
+    or when ``before`` names a task of a topic its table lacks (a hand-edited file): then
+    tasks are matched by id."""
     if renumbering is None:
         return before
     numbers, named = renumbering.numbers, _task_ids_named(before)
@@ -164,7 +150,7 @@ def _renumbered(snapshot: Snapshot, renumber: Mapping[int, int]) -> Snapshot:
 
 def renumbered_view(view: ClientView, renumbering: Mapping[int, int]) -> ClientView:
     """``view`` with each task ``t_p`` named ``renumbering[t]_p`` (every ``t`` it names must
-    be a key: :func:`partition_renumbering`)."""
+    be a key: :func:`_renumbering`)."""
 
     def tasks(ids: frozenset[TaskId]) -> frozenset[TaskId]:
         return frozenset(TaskId(renumbering[t.subtopology], t.partition) for t in ids)
@@ -216,7 +202,7 @@ class PartitionNames:
 
 def partition_names(old: TaskTable, new: TaskTable) -> PartitionNames | None:
     """The partition naming of a consumer group's moves from ``old`` (numbered as ``new``
-    numbers its topics: :func:`numbered_as`) to ``new``; None when a table is not a consumer
+    numbers its topics: :func:`compare_snapshots`) to ``new``; None when a table is not a consumer
     group's (:func:`is_partition_table`) or the two disagree on an id (matched by id: a
     hand-edited file)."""
     if not (is_partition_table(old) and is_partition_table(new)):
@@ -241,35 +227,6 @@ def _named_by_partition(old: TaskTable, new: TaskTable) -> PartitionNames:
 # -- the note of a renumbering ------------------------------------------------------------------
 
 
-def renumbering_note(
-    old: TaskTable,
-    new: TaskTable,
-    named: str,
-    *,
-    was: TaskTable,
-    unassigned_topics: Iterable[str] | None = None,
-    undecodable_counts: tuple[int, int] = (0, 0),
-) -> str:
-    """The note that a consumer group's tasks were renumbered to match by partition (``old``:
-    already renumbered, ``was`` as its side numbered it; ``named``: as which side names them):
-    what renumbered them, and the ids a gone topic's partitions got (past ``new``'s, naming
-    nothing on either side). ``unassigned_topics``: the topics subscribed with no partition
-    assigned on one side only (None: not known, as a saved snapshot is read without its
-    members' subscriptions); only those numbered on that side alone that sort before a topic
-    of both tables whose number changed are named (:func:`_shifting_topics`);
-    ``undecodable_counts``: how many members of each side (BEFORE's, AFTER's) are undecodable
-    with their topics unknown."""
-    changed = _changed_topics(_topic_numbers(was) or {}, _topic_numbers(new) or {})
-    return _renumbering_said(
-        old,
-        new,
-        named,
-        changed=changed,
-        unassigned_topics=unassigned_topics,
-        undecodable_counts=undecodable_counts,
-    )
-
-
 def _renumbering_said(
     old: TaskTable,
     new: TaskTable,
@@ -279,8 +236,15 @@ def _renumbering_said(
     unassigned_topics: Iterable[str] | None,
     undecodable_counts: tuple[int, int],
 ) -> str:
-    """:func:`renumbering_note`, the topics of both tables whose number changed given
-    (``changed``: the comparison worked them out with the renumbering)."""
+    """The note that a consumer group's tasks were renumbered to match by partition (``old``:
+    already renumbered; ``named``: as which side names them): what renumbered them, and the
+    ids a gone topic's partitions got (past ``new``'s, naming nothing on either side).
+    ``changed``: the topics of both tables whose number changed (the comparison worked them
+    out with the renumbering). ``unassigned_topics``: the topics subscribed with no partition
+    assigned on one side only (None: not known, as a saved snapshot is read without its
+    members' subscriptions); only those numbered on that side alone that sort before a topic
+    of ``changed`` are named (:func:`_shifting_topics`); ``undecodable_counts``: how many
+    members of each side (BEFORE's, AFTER's) are undecodable with their topics unknown."""
     said = (
         f"note: tasks matched by partition, {named}: a consumer group's task t_p is partition "
         "p of its t-th topic in name order, renumbered by "
@@ -379,7 +343,7 @@ def _topic_names(topics: set[str]) -> str:
 @attrs.frozen
 class SnapshotsCompared:
     """BEFORE as ``explain`` and ``diff`` compare it with AFTER: ``before``, numbered as AFTER
-    numbers a consumer group's topics (:func:`numbered_as`); ``names``: how the moves name
+    numbers a consumer group's topics (:func:`_numbered_by`); ``names``: how the moves name
     tasks (None: by id); ``lines``: the note of a renumbering and the warnings that the two
     may not be one group's, one line each."""
 
@@ -613,7 +577,7 @@ def _matched_by_partition(
     before: Mapping[str, ClientView], last: DescribedGroup, view: DescribedGroup
 ) -> ViewsMatched | None:
     """``before`` (``last``'s processes) numbered as ``view`` numbers its topics
-    (:func:`partition_renumbering`), with the moves' naming by partition and the note to
+    (:func:`_renumbering`), with the moves' naming by partition and the note to
     print when any id changed. None when a table is not a consumer group's or ``before``
     names a task its table lacks: then tasks are matched by id."""
     renumbering = _renumbering(last.tasks, view.tasks)

@@ -13,6 +13,7 @@ import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -99,15 +100,23 @@ def _faust_unit_test_file(path: Path) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _faust_apps_closed(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every Faust app a Faust test builds is closed after it (tests/faust_apps.py says why)."""
+def _faust_apps_closed(request: pytest.FixtureRequest) -> Iterator[list[Any]]:
+    """Every Faust app a Faust test builds is closed after it (tests/faust_apps.py says why):
+    the list of them so far."""
     if not _faust_unit_test_file(request.path):
-        yield
+        yield []
         return
     from .faust_apps import apps_closed_after  # imports faust: only where a test uses it
 
-    with apps_closed_after():
-        yield
+    with apps_closed_after() as built:
+        yield built
+
+
+@pytest.fixture
+def built_faust_apps(_faust_apps_closed: list[Any]) -> list[Any]:
+    """The Faust apps this test has built, each to be closed after it: a test that closes one
+    itself and needs it garbage-collected takes it out (the list holds it)."""
+    return _faust_apps_closed
 
 
 @pytest.fixture(scope="module", autouse=True)

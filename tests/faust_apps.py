@@ -1,13 +1,13 @@
 """Closing the Faust apps the unit tests build (never started, no broker), and the guard that
 each Faust test file leaves no descriptors open.
 
-An app that never started is never stopped, so nothing of Faust's shutdown runs for it, and it
-lives as long as the process: Faust's class-level signals (``AppT.on_before_shutdown``,
-``on_rebalance_complete``) hold the assignor's receivers, and the assignor holds its app. Left
-so, each app kept its consumer thread's event loop (an epoll and a socket pair: mode creates the
-loop with the thread and closes it only when the thread ran), its ``<appdir>/streamassign/.lock``
-and every RocksDB partition its tables opened: over 1,100 descriptors after the Faust tests, and
-a later test's pipe above 1024 broke ``select.select``.
+An app that never started is never stopped, so nothing of Faust's shutdown runs for it: its
+consumer thread's event loop (an epoll and a socket pair: mode creates the loop with the thread
+and closes it only when the thread ran), its ``<appdir>/streamassign/.lock`` and every RocksDB
+partition its tables opened stay open until the garbage collector frees the app, at best after
+its test. While Faust's class-level signals held our receivers strongly that never happened:
+over 1,100 descriptors after the Faust tests, and a later test's pipe above 1024 broke
+``select.select``. Closing each app after its test releases them at once.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Metadata request that never creates a topic, on either shape of aiokafka's
 ``MetadataRequest``: one builder class (0.13 on) or a list of versioned classes (0.11 and
-0.12, which the ``aiokafka`` extra allows; review66 finding 1: describe crashed there with
+0.12, which the ``aiokafka`` extra allows: describe crashed there with
 ``TypeError: 'list' object is not callable``). The list is made of the same versioned
 classes 0.14 still ships, so both shapes run here on the installed aiokafka."""
 
@@ -141,7 +141,7 @@ def test_describe_words_an_unassigned_topic_on_either_shape(
 
 def test_a_topic_without_a_partition_leader_yet_is_not_called_0_partitions() -> None:
     """LEADER_NOT_AVAILABLE (being created, or its brokers down) lists no partitions: the
-    topic exists, its count is not known (review66 finding 3: it read "(0 partitions)")."""
+    topic exists, its count is not known (it read "(0 partitions)")."""
     electing = [{"topic": "nosuch", "error_code": 5, "partitions": []}]
     (line,) = described(GroupAdmin(12, electing))
     assert line.endswith(
@@ -158,7 +158,7 @@ def test_a_topic_without_a_partition_leader_yet_is_not_called_0_partitions() -> 
 def test_watch_reprints_when_only_the_topic_metadata_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """review66 L7: under ``--watch`` the missing topic created while the old leader still
+    """Under ``--watch`` the missing topic created while the old leader still
     assigns none of it changed only the metadata, and the view saying it missing stayed on
     screen. A metadata change is shown; a failed lookup (None) is not a change."""
     admin = describe_module._Admin(describe_module.Connection("x:1"))

@@ -270,7 +270,7 @@ def test_help_texts_show_no_rst_markup() -> None:
 
 
 def test_simulate_assignors_help_reads_whole_at_80_columns() -> None:
-    """review56: at 80 columns click broke ``--assignors``' shown default as ``[default:`` /
+    """At 80 columns click broke ``--assignors``' shown default as ``[default:`` /
     ``default]``; the help says its default group in its text, each name whole on a line."""
     result = CliRunner().invoke(main, ["simulate", "--help"], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
@@ -292,13 +292,13 @@ _CUT_LABEL = re.compile(r"\[(?:d(?:e(?:f(?:a(?:u(?:lt?)?)?)?)?)?)?$")
 
 @pytest.mark.parametrize("columns", [80, 60, 50])
 def test_every_options_shown_default_reads_whole_on_one_line(columns: int) -> None:
-    """cliwork, review64: click wrapped an option's ``[default: 1.0; x>=0.1]`` as words,
+    """Click wrapped an option's ``[default: 1.0; x>=0.1]`` as words,
     leaving ``[default:`` at a line's end (describe --interval, explain --acceptable-lag,
     plan-standbys --scenarios and --standbys at 80 columns; more at 60). Every command's
     options keep theirs on one line, at the width click takes in such a terminal. At 50
     (click's least, a 16-column text) ``[default: PLAINTEXT`` cannot fit: ``[default:`` ends
     a line only then, and an extra too wide for the column is still broken between words,
-    never inside one (review67 L3: ``[defa`` / ``ult: 200; x>=1]``). No line is wider than
+    never inside one (not as ``[defa`` / ``ult: 200; x>=1]``). No line is wider than
     the help: click wrote ``--security-protocol [PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL]``
     whole, 61 columns, at 60 (and ``--sasl-mechanism``'s, 54, at 50)."""
     width = max(min(columns, 80) - 2, 50)  # click's HelpFormatter: 2 short, 80 at most
@@ -675,7 +675,7 @@ def test_the_core_names_describes_consumer_family() -> None:
 def test_watch_names_a_kept_topics_partition_by_its_id_when_its_owner_is_undecodable(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A review (review63 L2): a partition whose only owner became undecodable read as
+    """A partition whose only owner became undecodable read as
     ``"task": null`` in ``--json``, the mark of a gone topic's partition, though its topic is
     still read and numbered in the new view. Only a gone topic's partitions have no id."""
     pytest.importorskip("aiokafka")
@@ -702,12 +702,12 @@ def _renumbered_by(notes: list[str]) -> list[str]:
 def test_watch_says_a_topic_only_an_undecodable_member_read_may_be_hidden_not_removed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A review (review63 L3): when the only member reading a topic became undecodable, the
+    """When the only member reading a topic became undecodable, the
     note said "removed topic a-x", though the topic was still read: what is known is that
     nobody readable reads it, and that the undecodable member's topics are unknown. Said
     both ways, as the member's bytes turn unreadable and readable again. The topic has no
     number in the new view, so its partition has no id in ``--json`` (as docs/operations.md
-    says since review64 L3) and reads ``task removed``."""
+    says) and reads ``task removed``."""
     pytest.importorskip("aiokafka")
     m1 = {"m1": [("orders", 0), ("orders", 1)]}
     both = _consumer_view(["a-x", "orders"], {**m1, "m2": [("a-x", 0)]})
@@ -726,10 +726,10 @@ def test_watch_says_a_topic_only_an_undecodable_member_read_may_be_hidden_not_re
 def test_watch_names_the_subscribed_topic_without_partitions_that_renumbered_the_ids(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A review (review63 L4): a topic subscribed with no partition (a typo, not created yet)
+    """A topic subscribed with no partition (a typo, not created yet)
     renumbers every id; the watch's note used the files' wording, "a subscribed topic with
     no partition assigned (or an edited file)", though a view is no file and its members
-    name their topics. It names the topic, at each renumbering (review63 L1)."""
+    name their topics. It names the topic, at each renumbering (not only the first)."""
     pytest.importorskip("aiokafka")
     orders = {"m1": [("orders", 0), ("orders", 1)], "m2": [("orders", 2), ("orders", 3)]}
     plain, typo = _consumer_view(["orders"], orders), _consumer_view(["0-typo", "orders"], orders)

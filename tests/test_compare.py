@@ -19,7 +19,6 @@ from streamassign.compare import (
     match_views,
     other_partitions_warning,
     partition_names,
-    renumbering_note,
 )
 from streamassign.explain import ClientView, ProcessMembers, Snapshot, load_snapshot
 
@@ -49,10 +48,10 @@ def test_a_partition_table_is_one_partition_per_task_numbered_by_topic() -> None
 
 
 def test_partition_names_name_every_partition_and_give_ids_of_the_after_sides_topics() -> None:
-    """review63 L2: ``--json`` gives no id only to a gone topic's partition (numbered past
+    """``--json`` gives no id only to a gone topic's partition (numbered past
     AFTER's topics); a partition of a topic AFTER still numbers keeps its id though AFTER's
     table lacks it (its owner undecodable). An id neither table lists (a hand-edited file)
-    has no partition, and its label says so (review63 L5)."""
+    has no partition, and its label says so (a bare id under ``partition`` read as one)."""
     old = table("1_0=orders-0", "1_2=orders-2", "2_0=gone-0")  # already numbered as AFTER's
     new = table("0_0=a-new-0", "1_0=orders-0")
     names = partition_names(old, new)
@@ -83,7 +82,7 @@ def test_partition_names_are_none_for_tables_matched_by_id() -> None:
 
 
 def test_a_gone_topics_partition_gets_no_id_that_after_gives_another_topic() -> None:
-    """review64 L4: matched by id (a hand-edited BEFORE), a gone topic's partition may have an
+    """Matched by id (a hand-edited BEFORE), a gone topic's partition may have an
     id AFTER gives a partition of another topic: ``--json`` must not give that id, or a script
     joining on ``task`` would link two partitions."""
     before = table("0_5=a-5", "1_0=orders-0")
@@ -96,16 +95,22 @@ def test_a_gone_topics_partition_gets_no_id_that_after_gives_another_topic() -> 
 
 
 def test_the_renumbering_note_counts_removed_topics() -> None:
-    """review63 L4: several gone topics read "removed topics numbered past ...", not "a
-    removed topic"; a file's note keeps the files' wording for the same topics."""
-    old = table("0_0=orders-0", "1_0=x-0", "2_0=y-0")
-    new = table("0_0=orders-0")
-    note = renumbering_note(old, new, "named as in after.json", was=old)
+    """Several gone topics read "removed topics numbered past ...", not "a removed topic";
+    between files of the same topics the note keeps the files' wording (a subscribed topic
+    without partitions, or an edited file: their subscriptions are not known)."""
+
+    def consumer_group(*entries: str) -> Snapshot:
+        return Snapshot({}, family=CONSUMER_FAMILY, tasks=table(*entries))
+
+    old = consumer_group("0_0=a-0", "1_0=orders-0", "2_0=x-0")
+    new = consumer_group("0_0=orders-0")
+    (note,) = compare_snapshots(old, new, "before.json", "after.json").lines
     assert note.endswith(
-        "renumbered by a change of topics (removed topics x, y); removed topics numbered past "
-        "every id there: x as 1_p, y as 2_p"
+        "renumbered by a change of topics (removed topics a, x); removed topics numbered past "
+        "every id there: a as 1_p, x as 2_p"
     )
-    same = renumbering_note(new, new, "named as in after.json", was=new)
+    renumbered = consumer_group("1_0=orders-0")
+    (same,) = compare_snapshots(renumbered, new, "before.json", "after.json").lines
     assert same.endswith("a subscribed topic with no partition assigned (or an edited file)")
 
 
@@ -176,7 +181,7 @@ def test_match_views_matches_only_consumer_groups_by_partition() -> None:
 
 
 def test_match_views_counts_the_undecodable_members_of_each_side() -> None:
-    """review63 L3: a topic only the other side shows may be read by undecodable members,
+    """A topic only the other side shows may be read by undecodable members,
     whose topics are unknown: not called added or removed outright."""
     both = table("0_0=a-x-0", "1_0=orders-0")
     orders = table("0_0=orders-0")
@@ -194,7 +199,7 @@ def test_match_views_counts_the_undecodable_members_of_each_side() -> None:
 
 
 def test_match_views_hedges_on_no_undecodable_member_whose_topics_are_known() -> None:
-    """review64 L1: a member whose assignment's user data alone is unreadable (a streamassign
+    """A member whose assignment's user data alone is unreadable (a streamassign
     assignor's) still shows its topics: it hides none, so a topic gone is removed."""
     both = table("0_0=a-x-0", "1_0=orders-0")
     orders = table("0_0=orders-0", "0_2=orders-2")
@@ -207,7 +212,7 @@ def test_match_views_hedges_on_no_undecodable_member_whose_topics_are_known() ->
 
 
 def test_match_views_names_the_subscribed_topics_without_partitions_that_shift_numbers() -> None:
-    """review64 L2: a topic subscribed with no partition in one view only renumbers the topics
+    """A topic subscribed with no partition in one view only renumbers the topics
     after it, also beside a change of the tables' topics; one subscribed so in both views
     (a lasting typo), or sorting after every topic of both tables, renumbers nothing."""
     orders = table("0_0=orders-0")
@@ -229,7 +234,7 @@ def test_match_views_names_the_subscribed_topics_without_partitions_that_shift_n
         "renumbered by a change of topics (added topic z-new) and a subscribed topic with no "
         "partition assigned (0-missing)"
     )
-    # review67 L1: created since, 0-new is numbered in both views: an added topic, not also
+    # Created since, 0-new is numbered in both views: an added topic, not also
     # one subscribed with no partition.
     pending = View(
         CONSUMER_FAMILY,
@@ -250,7 +255,7 @@ def test_match_views_names_the_subscribed_topics_without_partitions_that_shift_n
 
 
 def test_match_views_names_no_subscribed_topic_when_no_number_it_precedes_changed() -> None:
-    """review67 L2: a subscribed topic with no partition that takes a gone topic's slot
+    """A subscribed topic with no partition that takes a gone topic's slot
     leaves every topic of both views its number; the note is for the gone topic's ids alone.
     One sorting only before topics whose number its shift and another's cancelled is not
     named either, though one before a renumbered topic is."""
@@ -315,7 +320,7 @@ def _described(topics: list[str], owned: dict[str, list[str]], *rows: dict[str, 
 
 
 def test_files_say_the_subscription_their_member_rows_show() -> None:
-    """The compare builder's leftover of review63 L3/L4: ``explain`` of two ``describe
+    """What ``describe --watch`` already said, for files: ``explain`` of two ``describe
     --json`` files read no member subscriptions, so a topic whose only reader became
     undecodable read "removed topic", and a subscribed topic with no partition went unnamed.
     The files' member rows say both; files without them keep the files' wording."""
@@ -332,7 +337,7 @@ def test_files_say_the_subscription_their_member_rows_show() -> None:
     typo = _described(["0-typo", "orders"], {"m1": ["orders-0"]}, typo_row)
     note = compare_snapshots(plain, typo, "b.json", "a.json").lines[0]
     assert note.endswith("renumbered by a subscribed topic with no partition assigned (0-typo)")
-    # review67 L4: a row whose user data alone is unreadable still says its topics: it hides
+    # A row whose user data alone is unreadable still says its topics: it hides
     # none, so a-x is removed; a typo in both files' rows renumbers nothing and is not named.
     read = {"member_id": "m2", "process": None, "topics": ["orders"], "undecodable": "bad"}
     known = _described(["orders"], {"m1": ["orders-0"]}, read)
@@ -352,7 +357,7 @@ def test_files_say_the_subscription_their_member_rows_show() -> None:
 
 
 def test_files_name_a_subscribed_topic_with_no_partition_only_where_it_renumbered() -> None:
-    """review67 L1, L2 for files: a topic created since BEFORE saved it with no partition is
+    """The two cases above, for files: a topic created since BEFORE saved it with no partition is
     numbered in both files (an added topic, not also one with no partition); one taking a
     gone topic's slot leaves every topic of both files its number, so is not named."""
     pending_row = {"member_id": "m3", "process": "m3", "topics": ["0-new", "b-old", "orders"]}

@@ -247,7 +247,7 @@ def test_a_topic_only_the_other_version_reads_is_not_called_missing_from_the_clu
     ]
 
 
-#: The new version of rollaudit F2: V1 and a fresh id 7 reading a new topic (ids kept stable).
+#: A new version of the topology: V1 and a fresh id 7 reading a new topic (ids kept stable).
 FRESH = Topology([*V1.subtopologies, Subtopology(7, ["x"], stores=["cx"])])
 
 
@@ -269,14 +269,13 @@ def fresh_subscription(pid: int, version: int) -> tuple[list[str], bytes]:
 
 
 def test_under_an_older_release_leader_a_new_versions_topic_waits_for_its_upgrade() -> None:
-    """rollaudit F2: an old leader (protocol 2, V1) does not know the new version's id 7, so
-    no one is assigned ``x``, which exists: describe said "missing from the cluster?". The
-    members not subscribing ``x`` (the leader among them) support protocol 2 only, those
-    subscribing to it 3, announcing (``sub v3/3``) or not (``sub v2/3``): the tasks wait
-    for a subscriber to lead. Only the lower version is claimed, not an older release
-    (review66 finding 2): a process of this release started with ``max_version=2`` (the
-    documented rolling-upgrade pin, as rollaudit's old processes were) sends these very
-    bytes, and its remedy is lifting the cap, not an upgrade."""
+    """An old leader (protocol 2, V1) does not know the new version's id 7, so no one is
+    assigned ``x``, which exists: describe said "missing from the cluster?". The members not
+    subscribing ``x`` (the leader among them) support protocol 2 only, those subscribing to it
+    3, announcing (``sub v3/3``) or not (``sub v2/3``): the tasks wait for a subscriber to lead.
+    Only the lower version is claimed, not an older release: a process of this release started
+    with ``max_version=2`` (the documented rolling-upgrade pin) sends these very bytes, and its
+    remedy is lifting the cap, not an upgrade."""
     members = {
         "m1": subscription(V1, 1, version=2),
         "m2": fresh_subscription(2, 3),

@@ -397,7 +397,7 @@ OWN = {0: frozenset({"a"}), 1: frozenset({"b"}), 7: frozenset({"n"})}  # V4 with
 
 
 def test_an_old_member_lacking_a_topic_is_refused_only_the_ids_reading_it() -> None:
-    """The audit's F1: an old process (protocol 2, V1) under a V4 leader lacks n; it gets
+    """An old process (protocol 2, V1) under a V4 leader lacks n; it gets
     ids 0 and 1 (before: nothing, and the fleet ran on the other processes)."""
     members = {
         "new": MemberReading("p1", frozenset({"a", "b", "n"}), {0: OWN[0], 1: OWN[1], 7: OWN[7]}),

@@ -96,7 +96,7 @@ class FakeConsumer:
 def test_an_example_whose_app_failed_at_stop_exits_1(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """review5 #3: ``stop()`` keeps a failed step (a commit at stop the broker refused) in
+    """``stop()`` keeps a failed step (a commit at stop the broker refused) in
     ``app.failure`` rather than raising it; the examples, which call it themselves, exit 1
     and say so rather than report success (everything else here works: no broker needed)."""
     monkeypatch.syspath_prepend(str(ROOT))

@@ -6,6 +6,7 @@ import json
 import re
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -16,11 +17,12 @@ from hypothesis import strategies as st
 
 from streamassign import ClientAssignment, ClientState, StickyTaskAssignor, TaskId, TopicPartition
 from streamassign.cli import main
-from streamassign.compare import numbered_as, partition_renumbering
+from streamassign.compare import CONSUMER_FAMILY, compare_snapshots
 from streamassign.explain import (
     ClientView,
     Landing,
     Reason,
+    Snapshot,
     claim_conflicts,
     explain,
     load_snapshot,
@@ -1421,7 +1423,7 @@ def test_a_what_if_says_when_the_snapshot_may_hold_fewer_standbys_than_the_app(
         f"note: --standbys 0 from {scale_out}, which describe inferred from 1 process (none "
         "fit): the app may run more; give --standbys N for the app's"
     ]
-    # review58 L4: a what-if of that plan --json (2 processes in its table) said nothing; it
+    # A what-if of that plan --json (2 processes in its table) said nothing; it
     # states the processes describe counted, so it keeps the note.
     assert metrics["num_standby_replicas_processes"] == 1
     planned = tmp_path / "planned.json"
@@ -1469,7 +1471,7 @@ def test_a_what_if_says_when_the_snapshot_may_hold_fewer_standbys_than_the_app(
 def test_a_scale_in_what_if_keeps_the_processes_describe_inferred_standbys_over(
     tmp_path: Path,
 ) -> None:
-    """review58 L4: a what-if deleting a process's member rows too (a scale-in) said the count
+    """A what-if deleting a process's member rows too (a scale-in) said the count
     was inferred from 2 processes, at their cap, when describe saw 3 (1 of at most 2 fit):
     describe's own count (``quality.clients``) stands, whatever rows a what-if deletes."""
     topology = tmp_path / "clicks.toml"
@@ -1506,7 +1508,7 @@ def test_a_scale_in_what_if_keeps_the_processes_describe_inferred_standbys_over(
 def test_a_what_if_with_a_bad_process_count_is_one_line(
     tmp_path: Path, value: object, shown: str
 ) -> None:
-    """review66 L5: a ``metrics.num_standby_replicas_processes`` (or ``quality.clients``) that
+    """A ``metrics.num_standby_replicas_processes`` (or ``quality.clients``) that
     is not a count of processes was ignored without a word, or taken (a huge one hid the
     cap note): one line naming the file, the key and the value, exit 1, no plan. Absent,
     null and 0 (none counted) are a file that does not say, as before the key."""
@@ -1605,7 +1607,7 @@ def _consumer_group(path: Path, topics: list[str], owners: dict[str, list[str]])
     return str(path)
 
 
-#: review58's consumer-group pair (cons-before.json, cons-after.json): topic a-new added to the
+#: A consumer-group pair (cons-before.json, cons-after.json): topic a-new added to the
 #: subscription of group billing; no partition of orders changed owner.
 _A, _B = "aaaaaaaa-0000-0000-0000-000000000001", "bbbbbbbb-0000-0000-0000-000000000002"
 _ORDERS_BEFORE = {_A: ["orders-0", "orders-1"], _B: ["orders-2", "orders-3"]}
@@ -1625,7 +1627,7 @@ def test_a_consumer_groups_tasks_are_matched_by_partition_across_a_new_topic(
     AFTER, said in a note: only the new topic's partitions are placed, nothing moved."""
     before = _consumer_group(tmp_path / "cons-before.json", ["orders"], _ORDERS_BEFORE)
     after = _consumer_group(tmp_path / "cons-after.json", ["a-new", "orders"], _ORDERS_AFTER)
-    # The fixture numbers as review58's hand-made files do.
+    # The fixture numbers as describe does (t_p: partition p of the t-th topic in name order).
     assert json.loads(Path(after).read_text())["tasks"]["1_0"] == [["orders", 0]]
     note = (
         f"note: tasks matched by partition, named as in {after}: a consumer group's task t_p is "
@@ -1667,10 +1669,10 @@ def test_a_consumer_groups_tasks_are_matched_by_partition_across_a_new_topic(
 
 
 def test_only_two_consumer_groups_well_formed_tasks_are_renumbered(tmp_path: Path) -> None:
-    """``numbered_as`` renames BEFORE's tasks (its table, assignment, member rows) only when
-    both files are consumer groups' and their tables are one partition per task, numbered
-    by topic: a streams group's ids follow its subtopologies, and a hand-edited table that
-    breaks the rule is compared by id, as before."""
+    """Comparing two files renames BEFORE's tasks (its table, assignment, member rows) only
+    when both files are consumer groups' and their tables are one partition per task,
+    numbered by topic: a streams group's ids follow its subtopologies, and a hand-edited table
+    that breaks the rule is compared by id, as before."""
     before = json.loads(
         Path(_consumer_group(tmp_path / "b.json", ["orders"], _ORDERS_BEFORE)).read_text()
     )
@@ -1682,6 +1684,11 @@ def test_only_two_consumer_groups_well_formed_tasks_are_renumbered(tmp_path: Pat
         Path(_consumer_group(tmp_path / "a.json", ["a-new", "orders"], _ORDERS_AFTER)).read_text()
     )
     old, new = load_snapshot(before, "b"), load_snapshot(after, "a")
+
+    def numbered_as(before: Snapshot, after: Snapshot) -> Snapshot:
+        """BEFORE as the comparison with AFTER names its tasks."""
+        return compare_snapshots(before, after, "b", "a").before
+
     renamed = numbered_as(old, new)
     assert renamed.tasks == {k: v for k, v in new.tasks.items() if k.subtopology == 1}
     assert renamed.views[_B].assignment.active == {TaskId(1, 2), TaskId(1, 3)}
@@ -1726,22 +1733,31 @@ def _table(*partitions: str) -> dict[TaskId, frozenset[TopicPartition]]:
     return table
 
 
-def test_partition_renumbering_numbers_each_topic_as_the_other_table() -> None:
-    """A review: ``describe --watch`` matched a consumer group's views by id. The renumbering
-    is a pure function of the two tables, shared by ``explain``, ``diff`` and ``--watch``: a
-    shared topic takes the new table's number, a removed one a number past every id the
-    new side names (a hand-edited id outside its table too), None for other tables."""
-    orders = _table("0_0=orders-0", "0_1=orders-1")
-    grown = _table("0_0=a-new-0", "1_0=orders-0", "1_1=orders-1")
-    assert partition_renumbering(orders, grown) == {0: 1}
-    assert partition_renumbering(grown, orders) == {0: 1, 1: 0}  # a-new past orders' 0
-    assert partition_renumbering(grown, orders, [TaskId(1, 0)]) == {0: 2, 1: 0}
-    assert partition_renumbering(orders, orders) == {0: 0}
+def test_a_consumer_groups_tasks_are_numbered_as_the_other_table_numbers_its_topics() -> None:
+    """``explain`` and ``diff`` number a consumer group's BEFORE as AFTER numbers its topics
+    (``describe --watch`` shares the rule), a pure function of the two tables: a shared topic
+    takes AFTER's number, a removed one a number past every id AFTER names (a hand-edited id
+    outside its table too); other tables are matched by id."""
+
+    def consumer_group(*partitions: str) -> Snapshot:
+        return Snapshot({}, family=CONSUMER_FAMILY, tasks=_table(*partitions))
+
+    def numbered(before: Snapshot, after: Snapshot) -> Mapping[TaskId, frozenset[TopicPartition]]:
+        """BEFORE's table as the comparison with AFTER numbers it."""
+        return compare_snapshots(before, after, "b", "a").before.tasks
+
+    orders = consumer_group("0_0=orders-0", "0_1=orders-1")
+    grown = consumer_group("0_0=a-new-0", "1_0=orders-0", "1_1=orders-1")
+    assert numbered(orders, grown) == _table("1_0=orders-0", "1_1=orders-1")
+    past_orders = _table("0_0=orders-0", "0_1=orders-1", "1_0=a-new-0")
+    assert numbered(grown, orders) == past_orders
+    named_1_0 = attrs.evolve(orders, views={_A: view(1, "1_0")})  # an id outside its table
+    assert numbered(grown, named_1_0) == _table("0_0=orders-0", "0_1=orders-1", "2_0=a-new-0")
+    assert compare_snapshots(orders, orders, "b", "a").before is orders
     two = {TaskId(0, 0): frozenset([TopicPartition("a", 0), TopicPartition("b", 0)])}
-    off_by_one = _table("0_1=orders-0")
-    for damaged in (two, off_by_one):
-        assert partition_renumbering(damaged, orders) is None
-        assert partition_renumbering(orders, damaged) is None
+    for damaged in (attrs.evolve(orders, tasks=two), consumer_group("0_1=orders-0")):
+        assert compare_snapshots(damaged, grown, "b", "a").before is damaged
+        assert compare_snapshots(grown, damaged, "b", "a").before is grown
 
 
 def test_a_removed_topics_partitions_are_shown_by_partition(tmp_path: Path) -> None:

@@ -327,7 +327,7 @@ def with_set_table(app: faust.App) -> faust.App:
 
 
 def test_a_restart_reports_the_offsets_of_a_set_table(tmp_path: Path) -> None:
-    """review65 H1: a set table's store was looked for at ``table.data`` (Faust's
+    """A set table's store was looked for at ``table.data`` (Faust's
     ``ChangeloggedSetManager``), so its offsets were never read: a task whose only state is a
     set table had no sum, and was handed back as stateless whatever its lag. Its offsets now
     count in the task's sum with the other tables', read without Faust's handles."""
@@ -387,7 +387,7 @@ def wipe(tabledir: Path, how: str, keep: int) -> None:
 def test_a_restart_with_nothing_readable_on_disk_reports_its_rocksdb_tasks_at_0(
     tmp_path: Path, how: str
 ) -> None:
-    """review41 O1: with no sum the leader took a RocksDB task with nothing on disk for
+    """With no sum the leader took a RocksDB task with nothing on disk for
     stateless and handed it back whatever its lag. At 0 its lag is the whole changelog; a
     partition still on disk reports its offset, an in-memory table nothing (test above)."""
     ran = stopped_after_running_alone(tmp_path / "w0", {SRC: 6, CL: 6})
@@ -403,7 +403,7 @@ def test_a_restart_with_nothing_readable_on_disk_reports_its_rocksdb_tasks_at_0(
 def test_a_worker_given_back_partitions_it_has_no_state_of_says_it_restores_them(
     tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """faustlive2 L1: a restarted worker reported its wiped (or damaged, moved aside) table
+    """A restarted worker reported its wiped (or damaged, moved aside) table
     partitions at 0, got them back and restored them from scratch with nothing in its log
     saying why. One INFO line at the assignment names those it restores; none for the
     partition still on disk, and none at the next join (it runs them then)."""
@@ -442,7 +442,7 @@ def restore_lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -
 def test_the_restore_line_names_only_the_partitions_this_worker_gets_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """review68 F5c: a restarted worker with wiped tables shares them with a new worker; the
+    """A restarted worker with wiped tables shares them with a new worker; the
     line names those it got back, not those the leader gave the other."""
     counts = {SRC: 6, CL: 6}
     ran = stopped_after_running_alone(tmp_path / "w0", counts)
@@ -470,7 +470,7 @@ def test_the_restore_line_names_only_the_partitions_this_worker_gets_back(
 def test_the_restore_line_leaves_out_a_partition_it_could_not_read(
     tmp_path: Path, status: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review68 F3: a disk error or a newer RocksDB's files: nothing read, reported at 0 and
+    """A disk error or a newer RocksDB's files: nothing read, reported at 0 and
     claimed, and the line said it had no offset persisted and restored it from the start of
     its changelog. Faust fails to open it instead (or finds its offset): it is no cold
     restore."""
@@ -496,7 +496,7 @@ def test_the_restore_line_leaves_out_a_partition_it_could_not_read(
 def test_the_restore_line_leaves_out_a_database_another_process_has_open(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review68 F3: a read racing another process's compaction reads as damage; a held LOCK
+    """A read racing another process's compaction reads as damage; a held LOCK
     means none, and the directory stays, logged at DEBUG. The line above DEBUG said it had no
     offset persisted and was restored from scratch; the database is whole, and Faust resumes
     it from its offset once the lock is released."""
@@ -520,7 +520,7 @@ def test_the_restore_line_leaves_out_a_database_another_process_has_open(
 
 
 def test_a_restart_reads_the_offsets_of_a_table_with_a_ttl(tmp_path: Path) -> None:
-    """review45 E1: Faust opens a table with the ``ttl`` option as RocksDB's TTL database,
+    """Faust opens a table with the ``ttl`` option as RocksDB's TTL database,
     which ends every value with its 4-byte write time, also the persisted offset's. Read as is
     it was no offset, and the restarted worker reported its healthy tasks at 0 (the whole
     changelog's lag) instead of their offsets."""
@@ -578,7 +578,7 @@ def test_a_restart_moves_a_directory_whose_offset_it_cannot_parse_aside(
 
 
 def test_a_table_that_gained_a_ttl_after_its_data_reads_no_offset(tmp_path: Path) -> None:
-    """review50 R4: RocksDB's TTL database checks a value's 4-byte suffix (a write time no
+    """RocksDB's TTL database checks a value's 4-byte suffix (a write time no
     earlier than 2013-05-10) and reports corruption otherwise. Stripped unchecked, a plain
     table's ``b"50001"`` read as offset 5 (a huge lag, still claimed); a value whose suffix is
     no write time is no offset (Faust's TTL database reports corruption reading it): moved
@@ -601,12 +601,12 @@ def test_a_table_that_gained_a_ttl_after_its_data_reads_no_offset(tmp_path: Path
 def test_a_restart_with_wiped_tables_leaves_its_tasks_to_caught_up_holders(
     tmp_path: Path,
 ) -> None:
-    """review41 O1 end to end, through the worker's own subscription and leader: it restarts
-    with its process id and last assignment but no table data; W runs every task caught up
-    and V, idle, holds caught-up standbys of every task, their changelogs past the acceptable
-    recovery lag. The restarted worker, the smallest process id, took its share as the
-    previous owner (2 of 4, each restored from scratch); it takes 1, the least the balance
-    allows, and every other task stays where a caught-up copy is."""
+    """A worker restarted without its table data, end to end through its own subscription and
+    leader: it restarts with its process id and last assignment but no table data; W runs every
+    task caught up and V, idle, holds caught-up standbys of every task, their changelogs past
+    the acceptable recovery lag. The restarted worker, the smallest process id, took its share
+    as the previous owner (2 of 4, each restored from scratch); it takes 1, the least the
+    balance allows, and every other task stays where a caught-up copy is."""
     counts = {SRC: 4, CL: 4}
     ran = stopped_after_running_alone(tmp_path / "w0", counts)
     app = make_app(tmp_path / "w0", 7000, store="rocksdb://")
@@ -659,7 +659,7 @@ def test_a_running_standby_reports_what_recovery_applied(tmp_path: Path) -> None
 
 
 def test_a_standby_sum_leaves_out_a_global_table_in_the_tasks_group(tmp_path: Path) -> None:
-    """review50 R2: a global table with the group's partition count is in the task's group
+    """A global table with the group's partition count is in the task's group
     (Faust-style grouping), and with ``synchronize_all_active_partitions`` Faust's recovery
     tracks its partitions as standbys. Summed into the task's standby, a caught-up standby
     read 30,000 ahead of a restarted worker's disk sum (which counts the task's own tables
@@ -684,7 +684,7 @@ def test_a_standby_sum_leaves_out_a_global_table_in_the_tasks_group(tmp_path: Pa
 
 
 def test_a_worker_says_whether_its_recovery_completed_since_it_started(tmp_path: Path) -> None:
-    """review50 R3: the leader's test for a worker in its first recovery, read from offset
+    """The leader's test for a worker in its first recovery, read from offset
     sums, took a fresh standby of a changelog starting above 0 for progress. The member says
     it instead: ``RECOVERED_TAG`` 0 until Faust's recovery first completes, then 1."""
     app = make_app(tmp_path / "w0", 7000)
@@ -750,7 +750,7 @@ def test_a_recovery_counts_in_the_membership_it_completed_in(
 def test_a_recovery_completed_as_the_membership_was_lost_does_not_count(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """faustlive2 M1: a worker stalled (SIGSTOP) in its first recovery; the recovery completed
+    """A worker stalled (SIGSTOP) in its first recovery; the recovery completed
     in the second between the stall's end and the failed heartbeat that reset its member id.
     It rejoins reporting the tasks it just restored and must say 0 (first recovery), else the
     leader takes it for a veteran and hands back only part of them. Its rejoin, under a new
@@ -770,7 +770,7 @@ def test_a_recovery_completed_as_the_membership_was_lost_does_not_count(
 def test_a_recovery_the_membership_outlived_still_counts_after_a_reset(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review37: a veteran (its recovery completed, and it joined again under that member id)
+    """A veteran (its recovery completed, and it joined again under that member id)
     that expires while restoring a cold takeover still says 1, so the leader does not hand the
     cold task back to it."""
     app = make_app(tmp_path / "w0", 7000)
@@ -798,10 +798,10 @@ def test_a_completion_with_no_member_id_to_read_counts_as_before(
 def test_a_completion_cancelled_after_its_signal_is_not_settled_by_the_join_that_cancelled_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review68 F1: Faust sends ``on_rebalance_complete`` ("Restore complete!"), then awaits the
+    """Faust sends ``on_rebalance_complete`` ("Restore complete!"), then awaits the
     tables' callbacks and a seek before it sets ``completed``; a new assignment in between
     cancels the rest. That assignment's join under the same id settled the completion that
-    never happened, so a later real one, completed just before a reset (faustlive2 M1),
+    never happened, so a later real one, completed just before a reset (a stall's, as above),
     said 1."""
     app = make_app(tmp_path / "w0", 7000)
     assignor, consumer = with_consumer(app, "m-1", monkeypatch)
@@ -818,7 +818,7 @@ def test_a_completion_cancelled_after_its_signal_is_not_settled_by_the_join_that
 def test_a_completion_while_the_join_phase_holds_a_new_id_is_in_no_membership(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review68 F2: after a reset aiokafka's JoinGroup gets MEMBER_ID_REQUIRED and sets the new
+    """After a reset aiokafka's JoinGroup gets MEMBER_ID_REQUIRED and sets the new
     id at once (generation still -1), then waits for the join phase to end. A completion
     signalled then was recorded under the new id and settled by that join: the worker
     counted as a veteran though its only completion was in no membership."""
@@ -845,10 +845,10 @@ def test_a_completion_while_the_join_phase_holds_a_new_id_is_in_no_membership(
 def test_a_join_under_fausts_protocol_settles_a_completion(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review68 F4: in a rolling switch the group runs Faust's protocol, whose assignment goes
-    through ``_on_fausts_assignment``; its joins settled no completion, so a veteran whose
-    recovery completed then and that expired before a join on ours said 0 (review37's case:
-    the leader counts its claims, a cold takeover's too, as caught up)."""
+    """In a rolling switch the group runs Faust's protocol, whose assignment goes through
+    ``_on_fausts_assignment``; its joins settled no completion, so a veteran whose recovery
+    completed then and that expired before a join on ours said 0 (the case above of a veteran
+    expiring: the leader counts its claims, a cold takeover's too, as caught up)."""
     app = make_app(tmp_path / "w0", 7000)
     assignor, consumer = with_consumer(app, "m-1", monkeypatch)
     recovery_completes(app)
@@ -898,7 +898,7 @@ def with_a_second_table(app: faust.App) -> faust.App:
 
 
 def test_a_fresh_standby_of_two_tables_is_never_reported_running(tmp_path: Path) -> None:
-    """faustlive N1: Faust's recovery tracks -1 for each changelog partition a standby has
+    """Faust's recovery tracks -1 for each changelog partition a standby has
     applied nothing of (``Recovery._build_offsets``). Summed as is, a task with two tables
     reported -1 + -1 = -2 = ``LATEST_OFFSET``: running, so the leader handed such a worker
     tasks it had read nothing of. A fresh standby is state at 0; only actives run."""
@@ -1236,14 +1236,14 @@ def test_metadata_changes_only_when_a_rebalance_is_wanted(
 def test_a_worker_whose_session_expired_gets_back_the_partitions_it_restored(
     tmp_path: Path,
 ) -> None:
-    """Audit F3: a 5th worker joins, its session expires while it restores its share, the
-    group rebalances without it, and it rejoins without a restart. It still reports its first
-    assignment (actives as running, standbys with nothing applied: Faust's -1 for each
-    changelog partition, two tables here), and so do the workers that took those actives over:
-    the leader hands them back rather than make it restore another set. Its process id is the
-    largest, so it loses every duplicate claim's tie-break (before the fix: 0 of its 3 table
-    partitions came back). Its fresh standbys are not running claims (faustlive N1: summed as
-    is, -1 + -1 = -2 = ``LATEST_OFFSET`` made them so, and it got standbys' tasks instead)."""
+    """A 5th worker joins, its session expires while it restores its share, the group rebalances
+    without it, and it rejoins without a restart. It still reports its first assignment (actives
+    as running, standbys with nothing applied: Faust's -1 for each changelog partition, two
+    tables here), and so do the workers that took those actives over: the leader hands them back
+    rather than make it restore another set. Its process id is the largest, so it loses every
+    duplicate claim's tie-break (before the fix: 0 of its 3 table partitions came back). Its
+    fresh standbys are not running claims (summed as is, -1 + -1 = -2 = ``LATEST_OFFSET`` made
+    them so, and it got standbys' tasks instead)."""
     counts = {SRC: 16, CL: 16, SEEN_CL: 16}
     apps = {}
     for i in range(5):

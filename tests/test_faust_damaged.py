@@ -182,7 +182,7 @@ def test_a_failed_rename_keeps_the_old_answer(
 def test_a_failed_rename_of_a_standby_of_the_last_assignment_is_not_reported(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review65 L2: a standby of the last assignment with a damaged directory that stays is
+    """A standby of the last assignment with a damaged directory that stays is
     state the worker cannot measure: not reported at all (only an active of the last
     assignment is reported at 0), and the WARNING says so."""
     ran, assignor, tabledir = restarted(tmp_path)
@@ -658,7 +658,7 @@ def test_directories_are_checked_at_the_first_join_only(tmp_path: Path) -> None:
 def test_reads_that_held_the_join_up_are_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review65 L1: after a kill -9 each read replays the directory's unflushed write-ahead
+    """After a kill -9 each read replays the directory's unflushed write-ahead
     log (60 MB: 180 ms), so a start can wait minutes before it joins: over 1 s, one INFO
     line says how many directories it read and how long that took; under it, nothing."""
     held, _, assignor, _ = restarted_holding_long_ago(tmp_path)
@@ -703,7 +703,7 @@ def persist_and_close(store: Any, topic: str, offsets: dict[int, int]) -> None:
 
 
 def test_a_damaged_set_table_directory_is_moved_aside(tmp_path: Path) -> None:
-    """review65 H1: a set table keeps its RocksDB store at ``table.data.storage``, which the
+    """A set table keeps its RocksDB store at ``table.data.storage``, which the
     report did not look at: a damaged directory of one was never moved, and Faust crashed on
     it at every start (live: 2 of 2). Moved aside, the task is claimed, summed without it."""
     ran = stopped_after_running_alone(tmp_path / "w0", {**COUNTS, SET_CL: 6})
@@ -726,7 +726,7 @@ def test_a_damaged_set_table_directory_is_moved_aside(tmp_path: Path) -> None:
 def test_a_damaged_set_global_table_directory_is_moved_aside(
     tmp_path: Path, is_global: bool
 ) -> None:
-    """review65 H1, as the live reproducer: a ``SetGlobalTable``'s directory in no report
+    """The same, as a live run found it: a ``SetGlobalTable``'s directory in no report
     (Faust 0.15.3's ``app.SetGlobalTable`` does not pass ``is_global``, so unless the app
     does, it is partitioned like a ``SetTable``; here its changelog is in no task either
     way) is found by the first join's check and moved aside."""

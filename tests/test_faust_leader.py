@@ -729,7 +729,7 @@ def fresh_standbys(
     """What a Faust member reports of standbys it has applied nothing of: Faust's recovery
     tracks the log start offset - 1 (-1 for a log that starts at 0) for each of their
     changelog partitions (``Recovery._build_offsets``), summed by the member's own
-    ``standby_offset_sum`` (faustlive N1: summed as is, two tables made -2,
+    ``standby_offset_sum`` (summed as is, two tables made -2,
     ``LATEST_OFFSET``, while models that wrote 0 by hand passed)."""
     out = {}
     for t in tasks:
@@ -740,7 +740,7 @@ def fresh_standbys(
 
 
 def test_a_member_that_expired_and_rejoins_gets_back_what_it_restored() -> None:
-    """Audit F3 (scale-out at 256 partitions): the new worker's session expired while it
+    """A scale-out at 256 partitions: the new worker's session expired while it
     restored its share; it rejoined reporting that share as running, as did the workers that
     took it over meanwhile. The duplicate claims went to the smaller process id, and the lost
     ones had no lag, so the interim owners kept them and gave the newcomer tasks it held
@@ -752,7 +752,7 @@ def test_a_member_that_expired_and_rejoins_gets_back_what_it_restored() -> None:
 
 
 def test_a_rejoined_member_whose_changelogs_start_above_0_gets_back_what_it_restored() -> None:
-    """review50 R3: Faust tracks a fresh standby of a changelog whose log starts at 5,000
+    """Faust tracks a fresh standby of a changelog whose log starts at 5,000
     (retention; a windowed table is ``compact,delete``) at 4,999, which the offset test read
     as standby progress: the rejoined worker got back 1 to 2 of its 3 tasks. A member that
     says it has not completed a recovery since it started (``RECOVERED_TAG``) gets all back;
@@ -814,10 +814,10 @@ def sources_of(sub: MemberSubscription, result: Mapping[str, MemberAssignment]) 
 def restarted_among_holders(
     nothing_on_disk: str, end: int
 ) -> tuple[list[TaskId], dict[str, MemberSubscription]]:
-    """review41 O1's group: X (process id 1) restarted and declares it ran t0 and t1, with
-    nothing of them on disk: reported at offset 0 for RocksDB tables, not at all for
-    in-memory ones; W runs all four tasks caught up; V, idle, holds standbys of all four at
-    ``end``, the changelogs' end."""
+    """A group with a restarted worker whose RocksDB data is gone: X (process id 1) restarted
+    and declares it ran t0 and t1, with nothing of them on disk: reported at offset 0 for
+    RocksDB tables, not at all for in-memory ones; W runs all four tasks caught up; V, idle,
+    holds standbys of all four at ``end``, the changelogs' end."""
     counts = {SRC: 4, CL: 4}
     sub = next(iter(run({"x": member(9)}, counts)["x"].info.active)).subtopology
     t = [TaskId(sub, p) for p in range(4)]
@@ -833,7 +833,7 @@ def restarted_among_holders(
 def test_a_task_whose_offset_a_restarted_worker_cannot_parse_stays_with_its_holders(
     end: int,
 ) -> None:
-    """review50 R1: Faust crashes on a partition whose persisted offset it cannot parse, so
+    """Faust crashes on a partition whose persisted offset it cannot parse, so
     the worker reports such a task at 0 without claiming it (``_held_offset_sum``). Claimed
     with no sum it came back whatever the lag; claimed at 0 it still came back within the
     acceptable lag (1,000). Unclaimed, the caught-up holders keep both, at either length."""
@@ -854,7 +854,7 @@ def test_a_task_whose_offset_a_restarted_worker_cannot_parse_stays_with_its_hold
 def test_a_restarted_worker_with_nothing_on_disk_gets_its_tasks_back_only_by_their_lag(
     nothing_on_disk: str, end: int, handed_back: bool
 ) -> None:
-    """review41 O1: a worker restarted without its RocksDB data reports those tasks at offset
+    """A worker restarted without its RocksDB data reports those tasks at offset
     0 (``PartitionAssignor._held_offset_sum``), so the lag rule, not the stateless hand-back,
     decides: past the acceptable recovery lag the restarted worker takes only its share, 1,
     from the caught-up holders, not both tasks it ran (each a full restore)."""

@@ -1,7 +1,8 @@
 """A rejoining Faust worker's duplicate running claims (the Faust leader's
 ``_duplicate_claims_caught_up``): handed back only to a worker in its first recovery, never
-to a veteran that expired while restoring a cold takeover (review37); and a standby that has
-applied nothing is never a running claim (faustlive N1)."""
+to a veteran that expired while restoring a cold takeover; and a standby that has
+applied nothing is never a running claim (Faust's -1 per changelog partition summed as is was
+``LATEST_OFFSET``)."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def test_a_veteran_that_expired_restoring_a_cold_takeover_is_handed_it_back_cold
 def test_a_member_that_says_whether_it_recovered_is_judged_by_that(
     recovered: str | None, handed_back: bool
 ) -> None:
-    """review50 R3: the veteran R above, its standbys of t1 and t4 not yet read (fresh, 0: no
+    """The veteran R above, its standbys of t1 and t4 not yet read (fresh, 0: no
     progress the offset test could see). Saying its recovery completed once since it started
     (``RECOVERED_TAG`` 1), it is no worker in its first recovery: the tie-break's answer
     stands and it is not handed t0 back. Saying it has not (0), it is, and gets its claims
@@ -132,12 +133,12 @@ def reports(i: int, got: AssignmentInfo, applied: Mapping[int, int]) -> MemberSu
 
 
 def test_a_lost_worker_moves_no_task_between_survivors_when_changelogs_are_empty() -> None:
-    """faustlive N1 at steady state: some partitions of both tables are empty (no key hashed
-    there yet), so Faust's recovery tracks -1 for their changelog partitions on every standby,
-    forever. Summed as is (-2 = ``LATEST_OFFSET``) each such standby read as a running claim,
-    and at the next rebalance (here: w0 killed) the claim's tie-break moved the task from
-    its caught-up owner to the standby holder with the smaller process id (live at 256
-    partitions: 11-17 per table). Now the survivors keep every task they ran."""
+    """At steady state some partitions of both tables are empty (no key hashed there yet), so
+    Faust's recovery tracks -1 for their changelog partitions on every standby, forever. Summed
+    as is (-2 = ``LATEST_OFFSET``) each such standby read as a running claim, and at the next
+    rebalance (here: w0 killed) the claim's tie-break moved the task from its caught-up owner to
+    the standby holder with the smaller process id (live at 256 partitions: 11-17 per table).
+    Now the survivors keep every task they ran."""
     changelogs = frozenset({CL, SEEN_CL})
     names = [f"w{i}" for i in range(4)]
     blank = {m: reports(i, AssignmentInfo(), {}) for i, m in enumerate(names)}

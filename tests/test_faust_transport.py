@@ -4,8 +4,10 @@ and that it fetches no stream partition before Faust has emptied the agents' que
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,8 +21,12 @@ from aiokafka.consumer.fetcher import Fetcher, FetchResult  # noqa: E402
 from aiokafka.consumer.subscription_state import SubscriptionState  # noqa: E402
 from faust.types import TP  # noqa: E402
 
+from streamassign.errors import StateDirectoryLockedError  # noqa: E402
 from streamassign.faust._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING  # noqa: E402
 from streamassign.faust.transport import SWITCH_ENV, _Ticker  # noqa: E402
+from streamassign.localstate import StateDirectory  # noqa: E402
+
+from .faust_apps import close_app  # noqa: E402
 
 SOURCE = TP("orders", 0)
 CHANGELOG = TP("orders-app-totals-changelog", 0)
@@ -424,8 +430,7 @@ async def apply_records(recovery: Any, records: int) -> None:
 def test_a_moving_recovery_interrupted_by_a_rebalance_is_not_reported(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """review11's reproducer: a recovery applying records, then a rebalance that lasts more
-    than the stall bound."""
+    """A recovery applying records, then a rebalance that lasts more than the stall bound."""
     app = table_app(tmp_path)
     assigned(app, {CHANGELOG, SOURCE})
 
@@ -720,7 +725,7 @@ def test_the_flow_watch_s_bounds_with_faust_s_defaults(tmp_path: Path) -> None:
     locked for Faust's 30 retries. The recovery setting up: ``recovery_stall_after``, but
     not before ``broker_request_timeout`` (90 s), the bound of each of Faust's requests there:
     a slow broker (a leader failover) made it tell a worker still within Faust's own
-    timeouts to restart (review25 F4)."""
+    timeouts to restart."""
     bounds = table_app(tmp_path).consumer._flow_step_bounds()
     assert bounds == {REVOKING: 60.0, JOINING: 120.0, ASSIGNING: 60.0, RECOVERING: 90.0}
     delayed = table_app(tmp_path, stream_recovery_delay=60.0).consumer._flow_step_bounds()
@@ -947,7 +952,7 @@ def test_a_table_recovery_reading_its_changelog_holds_the_source_through_its_see
 ) -> None:
     """The previous rebalance's recovery cleared ``app.rebalancing`` during this one's join,
     and this one's recovery reads a changelog first: its first ``resume_flow()`` comes before
-    the stream partitions are resumed and sought, which must still be held (review25 F1)."""
+    the stream partitions are resumed and sought, which must still be held."""
     fetched_during_seek: list[set[TP]] = []
 
     async def race() -> Any:
@@ -997,7 +1002,7 @@ def test_a_stale_resume_during_the_assignment_callback_does_not_end_the_hold(
 ) -> None:
     """Rebalance N's recovery (past its generation check) resumes the flow and ends the
     rebalance while N+1's assignment callback runs: N+1's stream resume before its seek is
-    still held (review25 F2)."""
+    still held."""
 
     async def faust_assigned(consumer: Any, tps: set[TP], generation_id: int = 0) -> None:
         consumer.resume_flow()  # N's recovery, late
@@ -1026,7 +1031,7 @@ def test_a_flow_watch_hook_failing_mid_rebalance_leaves_no_stall(
 ) -> None:
     """A hook that fails after the revoke (the watch then cannot know the rebalance's steps):
     once Faust's recovery resumed the flow, no stuck worker is reported and the app's own
-    resumes take effect at once (review25 F3)."""
+    resumes take effect at once."""
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("hook broken after the revoke")
@@ -1216,7 +1221,7 @@ def test_a_partition_just_assigned_is_not_reported_as_a_stream_that_never_starte
     partitions it had just been given (the soak audit, with either assignor). Checked from
     the assignment now; a partition that has had events, or was assigned long ago, as before.
     A changelog partition (a table's, a standby's) has no stream: Faust's fetch-path checks
-    at once (review44 F2)."""
+    at once."""
     from faust.transport.drivers import aiokafka as faust_aiokafka
 
     checked: list[TP] = []
@@ -1230,7 +1235,7 @@ def test_a_partition_just_assigned_is_not_reported_as_a_stream_that_never_starte
         timeout = float(consumer.app.conf.stream_processing_timeout)
         now = time.monotonic()
         consumer.verify_event_path(now, SOURCE)  # just assigned, no event yet: not checked
-        consumer.verify_event_path(now, CHANGELOG)  # no stream (review44 F2): checked
+        consumer.verify_event_path(now, CHANGELOG)  # no stream: checked
         consumer.app.monitor.stream_inbound_time[SOURCE] = now
         consumer.verify_event_path(now, SOURCE)  # has had an event: checked
         consumer.app.monitor.stream_inbound_time.clear()
@@ -1329,7 +1334,7 @@ def test_a_stream_stuck_across_rebalances_is_reported_a_timeout_after_its_last_e
     """Rebalances 200 s apart, less than ``stream_processing_timeout`` (300 s), all keeping
     SOURCE, whose stream gets events for ``live_periods`` periods between them, then none (an
     agent stuck). Renewed at every ``resume_flow()``, the exemption never let Faust's check
-    reach SOURCE (review44 F1: 0 of 290 checks over 10 rebalances). Now it reaches it from a
+    reach SOURCE (0 of 290 checks over 10 rebalances). Now it reaches it from a
     timeout after the end of the first rebalance since the stream's last event (or since its
     assignment), at most one check later, and at every check after."""
     clock, reached = livelock_checks
@@ -1367,7 +1372,7 @@ def test_a_partition_is_not_reported_as_never_started_until_a_timeout_after_the_
     event at the rebalance's start and end, also of the partitions it kept: counted from the
     assignment alone, a recovery longer than ``stream_processing_timeout`` (here 6 min) or a
     kept partition got the false "Stream has not started processing" ERROR at the first check
-    after the resume (review40 F3). A partition new to this worker, or kept with events since
+    after the resume. A partition new to this worker, or kept with events since
     the last rebalance (one 1 s before it too: Faust's revoke listener forgets it before any
     callback of ours runs), counts from the resume; a timeout later, still without an event,
     it is checked."""
@@ -1399,7 +1404,7 @@ def test_a_changelog_partition_is_checked_by_faust_as_it_is(
     """A table's changelog partition, active or standby, never has a stream event: Faust's
     check of it is its fetch path's (no fetch request sent, none in the last n s), with no
     "Stream has not started processing" to exempt it from. Skipped for a timeout after every
-    resume, a standby whose fetching stopped went unreported (review44 F2)."""
+    resume, a standby whose fetching stopped went unreported."""
     from faust.transport.drivers import aiokafka as faust_aiokafka
 
     reached: list[TP] = []
@@ -1416,3 +1421,39 @@ def test_a_changelog_partition_is_checked_by_faust_as_it_is(
 
     asyncio.run(resumed_then_checked())
     assert reached == [CHANGELOG]
+
+
+def test_a_stopped_app_with_our_assignor_and_transport_is_garbage_collected(
+    tmp_path: Path, built_faust_apps: list[faust.App]
+) -> None:
+    """Faust keeps an app's signal receivers in the class-level signal (``AppT``'s, shared by
+    every app): the assignor's and the consumer's strong receivers kept each app, its tables
+    and its state directory's objects alive for as long as the process. Weak ones do not."""
+    app = table_app(tmp_path)
+    app.assignor.metadata({SOURCE.topic})  # opens the state directory
+    consumer = app.consumer  # our transport's consumer connects its receiver
+    close_app(app)  # the app stops: ``on_before_shutdown``
+    built_faust_apps.remove(app)
+    gone = [weakref.ref(held) for held in (app, app.assignor, consumer)]
+    del app, consumer
+    gc.collect()
+    assert [ref() for ref in gone] == [None, None, None]
+
+
+def test_the_signal_receivers_fire_while_the_app_lives(tmp_path: Path) -> None:
+    """Held weakly, the receivers still fire for an app only the test holds: the recovery
+    completes for the assignor (its recovered tag) and for the consumer (the offsets it read
+    are proven), and the app's stop releases the state directory."""
+    app = table_app(tmp_path)
+    app.assignor.metadata({SOURCE.topic})
+    app.consumer  # noqa: B018 (made on first use)
+    gc.collect()  # nothing but the app holds its assignor and consumer
+    state = Path(app.conf.appdir) / "streamassign"
+    with pytest.raises(StateDirectoryLockedError):
+        StateDirectory(state)
+
+    asyncio.run(app.on_rebalance_complete.send())
+    assert app.assignor.recovery_scope.settled  # no consumer's membership to scope it
+    assert app.consumer.proven_offsets.recovered_since_assignment
+    asyncio.run(app.on_before_shutdown.send())
+    StateDirectory(state).close()  # not locked any more

@@ -373,7 +373,7 @@ def test_rounds_this_process_led_keep_what_it_logged_as_leader(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An assignment of a generation this process led is its own plan: what it logged then
-    stays known, so the same missing topic at its next rounds is at DEBUG (review9)."""
+    stays known, so the same missing topic at its next rounds is at DEBUG."""
     topology = Topology([Subtopology(0, ["in"]), Subtopology(1, ["gone"])], name="app")
     h = ProcessHost(topology, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path, threads=1)
     coordinator = _led_by_consumer_0(h)
@@ -395,7 +395,7 @@ def test_a_shared_process_id_is_news_again_after_another_process_led(
 ) -> None:
     """A clash (one process id, two endpoints) this process warned of as leader is forgotten
     once another process leads, as the topology error is (and as the Faust assignor forgets
-    it): leading again, the same clash is a WARNING, not DEBUG; leading on, DEBUG (review9)."""
+    it): leading again, the same clash is a WARNING, not DEBUG; leading on, DEBUG."""
     h = ProcessHost(
         Topology([Subtopology(0, ["in"])], name="app"),
         bootstrap_servers="127.0.0.1:1",

@@ -1,6 +1,6 @@
 """A member that lost its membership while it restored, rejoining, without a broker: real
 ProcessHosts, their real subscriptions through the leader's ``assign`` and the answers back
-through ``on_assignment``, as aiokafka passes them (audit hostrejoin F1).
+through ``on_assignment``, as aiokafka passes them.
 
 Such a member reports the actives of its last assignment by their stores' positions, not as
 running (``LATEST_OFFSET``): the interim owners run them, and two running claims were settled
@@ -174,7 +174,7 @@ def test_a_listener_answer_of_the_wrong_shape_still_sends_a_subscription(
 ) -> None:
     """A listener's store positions of the wrong shape (None, a non-int sum, a key that is no
     task id) raised in ``metadata()``, which ended aiokafka's coordination task: that consumer
-    never rejoined (review48 L1). Now they are left out, logged; a negative sum (a sentinel
+    never rejoined. Now they are left out, logged; a negative sum (a sentinel
     such as ``LATEST_OFFSET``) is dropped silently."""
     listener = Stores()
     host = process(tmp_path, "p", 1, listener)

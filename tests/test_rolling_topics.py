@@ -402,7 +402,7 @@ def test_a_budget_sized_announcement_keeps_only_the_leaders_ids() -> None:
 def test_withheld_tasks_are_logged_once_and_left_out_of_the_host_maps(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """review35 F4: where no member may run an id (a pure call: only v1 processes under a
+    """Where no member may run an id (a pure call: only v1 processes under a
     FRESH leader, none subscribing to n), a task of it is withheld from the member the
     assignor put it on. One ERROR per member per episode, not per round, and the host maps do not
     route queries of it to that member's endpoint."""
@@ -436,7 +436,7 @@ def _sharing_one_id(sums: dict[str, dict[TaskId, int]]) -> dict[str, MemberSubsc
 def test_a_process_id_shared_across_versions_runs_every_task_on_a_member_that_can(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """review35 F1: the client of a shared process id is eligible for id 0 because its v2
+    """The client of a shared process id is eligible for id 0 because its v2
     member may run it; the thread split gives every task of id 0 to that member (before:
     0_1, 0_3, 0_5 landed on the v1 member, which does not subscribe to t2, and were withheld
     every round). Rounds 2-4: each member reports what it ran, as ``ProcessHost`` does."""
@@ -496,7 +496,7 @@ FRESH_ONLY = Topology([Subtopology(10, ["t1"]), Subtopology(11, ["b"])], name="r
 def test_a_copy_that_may_run_none_of_a_fresh_leaders_ids_is_logged_once(
     caplog: pytest.LogCaptureFixture, endpoints: tuple[str, str]
 ) -> None:
-    """review43 F1: a V1 process sharing its process id with a process of the leader's
+    """A V1 process sharing its process id with a process of the leader's
     version gets no task in a fresh-id roll. At two endpoints (two processes) it is logged as
     a process getting no task at all; at one (one process) as a member whose process's tasks
     go to its other members. Once per episode either way."""

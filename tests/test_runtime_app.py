@@ -264,7 +264,7 @@ class Undeliverable:
 def test_stop_with_the_broker_down_ends_and_says_what_it_abandoned(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Audit M1: at least once, ``stop()`` with the broker unreachable waited for ever for
+    """At least once, ``stop()`` with the broker unreachable waited for ever for
     the shared producer (and a commit at stop for acks). Both are bounded now: the commit by
     ``stop_grace`` (its consumer's tasks torn: uncommitted, read again), each client's stop
     by ``CLOSE_TIMEOUT``, each with one line; the other clients still stop."""
@@ -353,9 +353,9 @@ def test_stop_waits_for_a_cancelled_change_to_unwind_only_so_long(
 ) -> None:
     """A change cancelled at the stop's grace ends once its cleanups do; ``stop()`` waits
     for them ``UNWIND_TIMEOUT`` at most, and says so when it goes on without one. Its
-    consumer's stores are then left open (review5 #4: they were closed while the change
+    consumer's stores are then left open (they were once closed while the change
     could still write to them in a thread); another consumer's are closed, but for one its
-    commit still holds (review10 #2: moved to the sibling consumer while consumer 0's commit
+    commit still holds (a task once moved to the sibling consumer while consumer 0's commit
     ran, ``running`` 0, its stores were closed under that commit's writes)."""
     monkeypatch.setattr(runtime_app, "UNWIND_TIMEOUT", 0.2)
     one = Topology([Subtopology(0, ["events"])], name="app")
@@ -649,7 +649,7 @@ class JoiningConsumer:
 def test_a_rebalancing_consumer_polls_for_no_partition_and_stops_without_a_failure(
     tmp_path: Path,
 ) -> None:
-    """Audit H1: while its consumer rebalances, the loop polls (aiokafka rejoins only a
+    """While its consumer rebalances, the loop polls (aiokafka rejoins only a
     consumer that polled within ``max_poll_interval_ms``) but asks for a partition never
     assigned, so it takes no record; a stop during that poll (a requested shutdown comes
     inside a rebalance) cancels it and ends the loop with no failure."""

@@ -127,7 +127,7 @@ def aiokafka_tasks() -> list[str]:
 def asyncio_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
     """What asyncio logged at ERROR once what the scenario left is collected: a task
     destroyed pending, an unclosed producer or connection, a future whose exception nobody
-    retrieved, an exception in a done callback (review10 #1, #3)."""
+    retrieved, an exception in a done callback."""
     gc.collect()
     return [
         r.getMessage() for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR
@@ -137,7 +137,7 @@ def asyncio_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_a_cut_stop_of_the_shared_producer_sends_nothing_more(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review5 #1: ``stop_within`` cancelled the shared producer's stop, waiting for acks,
+    """``stop_within`` cancelled the shared producer's stop, waiting for acks,
     and the warning called its writes abandoned; but aiokafka's sender ran on, with its
     connections, and delivered them whenever the broker answered again, however late (after
     the next owner's compensation, in an event loop that lives on). Now the sender ends, the
@@ -203,7 +203,7 @@ def test_a_cut_close_of_a_task_producer_sends_nothing_more(
 def test_a_cut_abort_of_a_task_producer_leaves_nothing_running(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review10 #1: an exactly-once task's producer closed with its abort, which waits for
+    """An exactly-once task's producer closed with its abort, which waits for
     the acks of what it holds (its end-transaction request waits for them), is cut in the
     abort. Its sender's routine, cancelled, waits for its requests one at a time, and the
     second cancel ended only the one it awaited: the abort's end-transaction task ran on,
@@ -248,7 +248,7 @@ class Closes:
 def test_a_failed_release_step_does_not_skip_the_next_ones(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """review5 #2: one ``suppress`` around every step meant that the first step failing (an
+    """One ``suppress`` around every step meant that the first step failing (an
     aiokafka that renamed ``_stop_heartbeat_task``) silently skipped closing the fetcher and
     the connections. Each step now runs on its own, and a failed one is logged."""
     closed: list[str] = []

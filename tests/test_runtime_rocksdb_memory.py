@@ -165,9 +165,9 @@ def test_stores_opened_and_written_in_threads_share_the_budget(tmp_path: Path) -
 def test_the_memtable_limit_grows_with_the_open_stores_and_warns_as_they_double(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Past ``mib / 2 / 4`` open stores, each store gets 4 MiB of memtable room (else the
-    shared limit forces a flush on nearly every write, review38 F1); past ``mib / 4`` a
-    warning names the stores and the budget to set, and again as the open stores double (so
+    """Past ``mib / 2 / 4`` open stores, each store gets 4 MiB of memtable room (else the shared
+    limit forces a flush on nearly every write: the test of 200 stores below); past ``mib / 4``
+    a warning names the stores and the budget to set, and again as the open stores double (so
     the last names about the value for them all). Closing gives the room back."""
     memory = RocksDBMemory.of(32)
     caplog.set_level(logging.WARNING, "streamassign.runtime")
@@ -200,7 +200,7 @@ class ClosingSeen:
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_a_store_s_memtable_room_is_given_back_after_its_close(tmp_path: Path, fails: bool) -> None:
-    """review40 F6: the limit was lowered before the closing store's database was closed, so
+    """The limit was lowered before the closing store's database was closed, so
     its memtable, flushed by the close, was charged against a limit already without its
     room. A close that fails still gives the room back."""
     memory = RocksDBMemory.of(32)
@@ -220,7 +220,7 @@ def test_a_store_s_memtable_room_is_given_back_after_its_close(tmp_path: Path, f
 
 
 def test_one_busy_store_among_200_is_never_stopped_at_the_default_budget(tmp_path: Path) -> None:
-    """review38 F1: 200 stores at the default budget, 199 written a little and one a lot,
+    """200 stores at the default budget, 199 written a little and one a lot,
     as the event loop writes them. With a fixed memtable limit (64 MiB) under the stores'
     ~2 MiB each, nearly every write flushed a tiny memtable, the flushes queued, and the
     busy store's writes stopped ("Stopping writes" in its LOG) for 0.4-0.9 s, ~30 times in

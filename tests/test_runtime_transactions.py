@@ -324,7 +324,7 @@ def test_a_transaction_state_error_tears_and_rejoins(tmp_path: Path) -> None:
 
 
 def test_an_abandoned_write_tears_and_rejoins(tmp_path: Path) -> None:
-    """review10 #4: a write a released producer abandoned (``WritesAbandonedError``: the
+    """A write a released producer abandoned (``WritesAbandonedError``: the
     broker was unreachable) is no refusal; it was reported as one that "cannot be written",
     and the application stopped for a passing condition."""
     app, tasks, fakes, rejoins = make(tmp_path)

@@ -1,5 +1,6 @@
 """Standby copies kept on clients with state of their task: no copy is placed from scratch while
-a chain of hand-overs of kept copies would make room for it on a holder (audit hostrejoin F2)."""
+a chain of hand-overs of kept copies would make room for it on a holder (a rejoining host's
+copies were rebuilt from scratch while others could be moved)."""
 
 from __future__ import annotations
 

@@ -195,8 +195,9 @@ def test_no_task_on_a_thread_that_refuses_its_id_while_another_may_run_it(
 
 
 def test_threads_that_refuse_an_id_take_the_other_ids_instead() -> None:
-    """review35 F1's client: the v1 member may not run id 0; it gets id 1's tasks, the v2
-    member id 0's, 6 each, rather than 3 of id 0 it would refuse."""
+    """A client of a shared process id with a v1 and a v2 member: the v1 member may not run id
+    0; it gets id 1's tasks, the v2 member id 0's, 6 each, rather than 3 of id 0 it would
+    refuse."""
     assignment = ClientAssignment(frozenset(TaskId(s, p) for s in (0, 1) for p in range(6)))
     out = distribute_to_threads(assignment, ["new", "old"], ineligible={"old": {0}})
     assert out["new"].active == {TaskId(0, p) for p in range(6)}
@@ -207,7 +208,7 @@ def test_threads_that_refuse_an_id_take_the_other_ids_instead() -> None:
 def test_with_differing_refusals_the_split_is_a_fixed_point(
     work: Rebalance, data: st.DataObject
 ) -> None:
-    """review43 F4: fed its own output as the previous split (the same assignment, an
+    """Fed its own output as the previous split (the same assignment, an
     unchanged rebalance), no task moves between threads, whatever the threads refuse."""
     assignment, threads, stateful, prev = work
     refused = {th: data.draw(st.frozensets(st.integers(0, 3), max_size=3)) for th in threads}
@@ -217,8 +218,8 @@ def test_with_differing_refusals_the_split_is_a_fixed_point(
 
 
 def test_an_unchanged_rebalance_moves_nothing() -> None:
-    """review43's show_thr.py 63 (F4): fed its own output, the split used to move 1_5 from t2
-    to t1, 2_7 from t4 to t2 and 0_1 from t3 to t4; now nothing moves."""
+    """One recorded case of the property above: fed its own output, the split used to move 1_5
+    from t2 to t1, 2_7 from t4 to t2 and 0_1 from t3 to t4; now nothing moves."""
     task = lambda s: TaskId(*map(int, s.split("_")))  # noqa: E731
     tasks = lambda *names: frozenset(map(task, names))  # noqa: E731
     assignment = ClientAssignment(

@@ -290,7 +290,7 @@ def test_a_leader_excludes_no_process_and_warns_about_those_whose_ids_differ(
 def test_processes_eligible_for_none_of_the_leaders_ids_are_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """review35 F3: a leader whose every id is fresh (10 [a], 11 [b]) keeps the processes of
+    """A leader whose every id is fresh (10 [a], 11 [b]) keeps the processes of
     the old ids (0 [a], 1 [b]): they announce. They get no task at all, which the
     topology-version WARNING says, once per episode; the leader's own ids are bracketed."""
     old = Topology([Subtopology(0, ["a"]), Subtopology(1, ["b"])], name="r")
@@ -547,8 +547,8 @@ def test_a_client_the_moves_pushed_above_its_share_gives_actives_back() -> None:
 
 @pytest.mark.parametrize("high_availability", [False, True])
 def test_moved_tasks_keep_their_standbys_on_eligible_processes(high_availability: bool) -> None:
-    """Three of six processes rolled (review30: 0 of the reused id's standbys were left): every
-    task keeps one standby, on a V1 process other than its active's, and no process runs
+    """Three of six processes rolled (before the fix, 0 of the reused id's standbys were left):
+    every task keeps one standby, on a V1 process other than its active's, and no process runs
     more than 2 of the 8 tasks."""
     result = assign_streams(
         V1,

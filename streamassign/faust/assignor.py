@@ -291,9 +291,17 @@ class PartitionAssignor(AbstractPartitionAssignor, PartitionAssignorT):  # type:
         self.last_assign_ms: float | None = None
         #: What ``RECOVERED_TAG`` says: Faust's recovery flag, scoped to the membership.
         self.recovery_scope = RecoveryScope()
-        app.on_before_shutdown.connect(self._on_app_stop)
+        self._connect_to(app)
+
+    def _connect_to(self, app: Any) -> None:
+        """Receive ``app``'s stop and its recovery's completion, weakly: an app's signals keep
+        their receivers in the class-level signal's table (mode's ``with_default_sender``
+        shares it), so a strong receiver kept this assignor, and with it the app, alive for as
+        long as the process once the app had stopped. The app holds this assignor, so the
+        receivers fire while it lives."""
+        app.on_before_shutdown.connect(self._on_app_stop, weak=True)
         if (recovery_done := getattr(app, "on_rebalance_complete", None)) is not None:
-            recovery_done.connect(self._on_recovery_completed)
+            recovery_done.connect(self._on_recovery_completed, weak=True)
 
     # -- aiokafka assignor ---------------------------------------------------------------------
 

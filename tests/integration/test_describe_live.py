@@ -345,7 +345,7 @@ def test_member_with_garbage_user_data_is_shown_undecodable(
     good = observed_processes({"p1": state["p1"]})
     shown = layout(view)
     # The leader reads such a member as a process of its own, keyed by its member id, and
-    # gives it tasks: describe shows them there (review42 F3), as the member reports them.
+    # gives it tasks: describe shows them there, as the member reports them.
     assert shown.pop(broken.member_id) == observed_processes({"bad": state["bad"]})[bad["process"]]
     assert shown == good  # the readable process as it reports itself
     assert bad["process"] not in view.processes()

@@ -404,7 +404,7 @@ def test_stop_ends_while_a_rebalance_commit_waits_for_a_frozen_broker(
         started = time.monotonic()
         await asyncio.wait_for(app.stop(), 30)
         took = time.monotonic() - started
-        # review5 #1: the cut producer stop left its sender (and connections) running, to
+        # The cut producer stop once left its sender (and connections) running, to
         # deliver the abandoned writes whenever the broker answered again.
         deadline = time.monotonic() + 5
         while aiokafka_tasks():  # a flush the release failed ends a moment later

@@ -447,7 +447,7 @@ def test_simulate_refuses_a_dangling_default_run_folder_link(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Without --out the run goes to ./streamassign-runs/NAME: a link there to an unmounted
-    volume was resolved first and then passed as a missing folder (a review's M2)."""
+    volume was resolved first and then passed as a missing folder."""
     pytest.importorskip("pyspark")
     from streamassign.pipeline import spark as sp
 

@@ -1,8 +1,8 @@
 """Publish under every fault at every file-system call, its line's advice then followed: the
 earlier run is never lost, the new one is where the line says, and no hidden folder is left
 unnamed. On a local disk (atomic renames) and an object store (a rename copies file by file,
-deleting each source once copied, and can stop partway). A trimmed version of review23's
-matrix: one fault per publish, plus the put-back stopped partway (its N1); no Spark."""
+deleting each source once copied, and can stop partway). A trimmed version of a fault matrix run
+by hand: one fault per publish, plus the put-back stopped partway; no Spark."""
 
 from __future__ import annotations
 
@@ -226,7 +226,7 @@ def _files_of_run(path: Path, run_id: str) -> dict[str, str]:
 def test_a_put_back_stopped_partway_loses_nothing(
     tmp_path: Path, copied: int, end: str, manifest_last: bool
 ) -> None:
-    """review23's N1: on an object store the new run's rename failed before copying, then the
+    """On an object store the new run's rename failed before copying, then the
     put-back (a copy of the whole old run) stopped partway: by an error, two signals, or a group
     signal that stopped the JVM too (``sig_fail``: nothing answers, the line goes by the steps;
     with all 3 files copied, only its answer was lost). The line said "delete DIR if it is there
@@ -245,7 +245,7 @@ def test_a_put_back_stopped_partway_loses_nothing(
 
 
 def test_an_empty_folder_put_back_is_kept(tmp_path: Path) -> None:
-    """review23's N3: an empty DIR (simulate takes one without --overwrite) is moved aside like
+    """An empty DIR (simulate takes one without --overwrite) is moved aside like
     a run; the new run's rename failed, the empty folder was put back, and the line said the
     earlier run was "in neither DIR nor ASIDE"."""
     line, _ = _publish(tmp_path, False, "empty", {5: ("err",)})
@@ -254,7 +254,7 @@ def test_an_empty_folder_put_back_is_kept(tmp_path: Path) -> None:
 
 
 def test_a_second_signal_during_the_put_back_ends_it_without_tidying(tmp_path: Path) -> None:
-    """review23's N4: a signal that broke into the put-back after a failure was not counted
+    """A signal that broke into the put-back after a failure was not counted
     as a second one: the look then deleted the new run's folder after the user asked to stop
     (and a hung store needed one more signal)."""
     line, store = _publish(tmp_path, False, "run", {5: ("err",), 6: ("sig2",)})
@@ -267,7 +267,7 @@ def test_a_second_signal_during_the_put_back_ends_it_without_tidying(tmp_path: P
 
 
 def test_a_jvm_gone_before_the_move_aside_leaves_dir_as_it_was(tmp_path: Path) -> None:
-    """review23's N5: a group signal stopped the JVM while publish read the old run's manifest,
+    """A group signal stopped the JVM while publish read the old run's manifest,
     before any move; the line said "moving it aside failed: look at both" about an aside folder
     never made."""
     line, store = _publish(tmp_path, True, "run", {3: ("sig_fail",)})

@@ -103,7 +103,7 @@ def test_a_run_without_rebalances_says_so_and_picks_nothing(tmp_path: Path) -> N
 
 
 def test_options_in_the_pages_sentences_are_code_and_the_rest_is_escaped() -> None:
-    """newuser24 L2: the answer's ``--assignors`` wrapped as ``--`` / ``assignors`` at 420 px;
+    """The answer's ``--assignors`` wrapped as ``--`` / ``assignors`` at 420 px;
     an option is a code span the page keeps on one line (``code.opt``), nothing else is."""
     marked = _options_as_code("compare <b>x</b> --assignors a,b & --steps N; x--y, -- and -x")
     assert str(marked) == (
@@ -417,7 +417,7 @@ def test_the_answer_says_what_task_ha_changes(tmp_path: Path) -> None:
             "task:ha, the high-availability assignor, was not among this run's assignors "
             "(simulate's default group leaves it out)" in answer
         )
-        # The option as code, kept on one line (newuser24 L2: it broke at its hyphens).
+        # The option as code, kept on one line (it broke at its hyphens at 420 px).
         assert '<code class="opt">--assignors</code> default,task:ha' in answer
         assert "At crashes" not in answer
     # Assignors the user chose (plan-standbys' line for a plan without warmups runs

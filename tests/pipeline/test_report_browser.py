@@ -244,7 +244,7 @@ def test_scrolling_a_wide_table_sideways_never_moves_it(
 def test_an_option_in_the_answer_stays_on_one_line_on_a_narrow_screen(
     browser: Any, tmp_path: Path
 ) -> None:
-    """newuser24 L2: at 420 px the answer's ``--assignors`` wrapped as ``--`` / ``assignors``.
+    """At 420 px the answer's ``--assignors`` wrapped as ``--`` / ``assignors``.
     A run of simulate's default group (no task:ha) advises ``--assignors default,task:ha``;
     at every width the option is one line box."""
     data = json.loads(DATA.read_text())
