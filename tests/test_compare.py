@@ -357,7 +357,8 @@ def test_files_say_the_subscription_their_member_rows_show() -> None:
 
 
 def test_files_name_a_subscribed_topic_with_no_partition_only_where_it_renumbered() -> None:
-    """The two cases above, for files: a topic created since BEFORE saved it with no partition is
+    """The cases of the ``match_views`` tests above (a topic added, a topic taking a gone one's
+    slot), for files: a topic created since BEFORE saved it with no partition is
     numbered in both files (an added topic, not also one with no partition); one taking a
     gone topic's slot leaves every topic of both files its number, so is not named."""
     pending_row = {"member_id": "m3", "process": "m3", "topics": ["0-new", "b-old", "orders"]}

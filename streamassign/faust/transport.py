@@ -301,7 +301,8 @@ class _Consumer(faust_aiokafka.Consumer):
         #: The member id of the assignment Faust is about to take (``_RebalanceListener``).
         self._assigned_as: str | None = None
         if (recovery_done := getattr(self.app, "on_rebalance_complete", None)) is not None:
-            # Weak: the class-level signal keeps it (as the assignor's, ``PartitionAssignor``).
+            # Weak: the class-level signal keeps it (as the assignor's, ``PartitionAssignor``);
+            # the app keeps its consumer (``app._consumer``), so it fires while the app lives.
             recovery_done.connect(self._on_recovery_completed, weak=True)
 
     def _new_consumer_thread(self) -> _ConsumerThread:
