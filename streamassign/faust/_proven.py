@@ -390,9 +390,11 @@ class ProvenOffsets:
             log.warning(
                 "this worker lost its group membership (member id %s, now %s) while it held "
                 "%d table changelog partitions; what it wrote to them since the membership "
-                "was last proven may have passed another worker's writes (a zombie after a "
-                "stall past the session timeout), so %d persisted offsets are rewound to the "
-                "last proven ones and their recovery replays the changelog from there: %s%s",
+                "was last proven may have passed another worker's writes (had it run on as a "
+                "zombie: a stall past the session timeout; a broker restart that expired the "
+                "group's sessions ends memberships the same way), so %d persisted offsets are "
+                "rewound to the last proven ones and their recovery replays the changelog "
+                "from there: %s%s",
                 self.held_as or "unknown",
                 member_id or "unknown",
                 len(self.held),
