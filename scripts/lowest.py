@@ -95,6 +95,8 @@ PROFILES = {
         test_tools=(),
         tests=(
             "tests/test_cli.py",  # some of its tests need pyspark
+            "tests/test_explain.py",
+            "tests/pipeline/test_cli.py",
             "tests/pipeline/test_progress.py",
             "tests/pipeline/test_report.py",
             *_RUNTIME_TESTS,
