@@ -1368,7 +1368,9 @@ def _given(param: str) -> bool:
     """Whether the current command's ``param`` was given on the command line (not a default
     or an environment variable)."""
     source = click.get_current_context().get_parameter_source(param)
-    return source is click.ParameterSource.COMMANDLINE
+    # click.core: the top-level re-export exists only from click 8.3.3, and Faust 0.12-0.13
+    # pin click<8.2.
+    return source is click.core.ParameterSource.COMMANDLINE
 
 
 def _option_name(field: str) -> str:

@@ -50,19 +50,22 @@ class ListShapeAdmin:
         return SimpleNamespace(to_object=lambda: {"topics": self.topics})
 
 
-def test_the_builder_class_is_never_built_below_the_version_with_the_flag() -> None:
-    """aiokafka 0.13 on: the version is picked per connection when sent; from 4 the flag is
-    off, below 4 (where aiokafka's ``build`` silently leaves it out, and the broker would
-    create the topics) the send fails instead."""
-    assert isinstance(metadata.MetadataRequest, type)
-    request = metadata.no_create_request(None, ["b", "a"])
+def test_the_installed_aiokafka_s_request_is_never_sent_below_the_version_with_the_flag() -> None:
+    """Whichever shape the installed aiokafka has (one builder class, built per connection
+    when sent, from 0.13; versioned classes in 0.11 / 0.12): the request sent has the flag off
+    at version 4 or above, and a broker below 4 (where aiokafka's ``build`` silently leaves
+    the flag out, and the broker would create the topics) gets no request at all."""
     for broker_max in (4, 5, 12):
-        built = request.prepare({METADATA_KEY: (0, broker_max)})
-        assert built.API_VERSION >= 4
-        assert built.to_object() == {"topics": ["b", "a"], "allow_auto_topic_creation": False}
+        admin = ListShapeAdmin(broker_max)
+        asyncio.run(metadata.topic_metadata(admin, ["b", "a"]))
+        [sent] = admin.sent
+        assert sent.API_VERSION >= 4
+        assert sent.to_object() == {"topics": ["b", "a"], "allow_auto_topic_creation": False}
     for broker_max in (1, 3):
+        admin = ListShapeAdmin(broker_max)
         with pytest.raises(IncompatibleBrokerVersion, match="cannot ask without creating"):
-            request.prepare({METADATA_KEY: (0, broker_max)})
+            asyncio.run(metadata.topic_metadata(admin, ["a"]))
+        assert admin.sent == []
 
 
 def test_the_versioned_list_is_asked_at_the_matching_version_with_the_flag(

@@ -40,6 +40,7 @@ from streamassign.streams import (
     merge_offset_sums,
 )
 
+from .cli_runner import cli_runner
 from .strategies import assignment_inputs, rejoining_members
 from .tables import assert_whole_tables
 
@@ -300,7 +301,7 @@ def test_damaged_saved_files_give_one_line(tmp_path: Path, content: bytes, named
 def test_plan_warns_about_input_it_ignores(tmp_path: Path) -> None:
     clients = tmp_path / "clients.toml"
     clients.write_text('[[client]]\nprocess_id = "a"\nprev_active = ["7_0", "0_99"]\n')
-    result = CliRunner().invoke(
+    result = cli_runner().invoke(
         main, ["plan", ORDERS, "--clients", str(clients), "--standbys", "2"], env=WIDE
     )
     assert result.exit_code == 0, result.output
@@ -316,7 +317,7 @@ def test_plan_warns_of_no_conflict_over_a_task_outside_the_topology(tmp_path: Pa
     clients = tmp_path / "clients.toml"
     client = '[[client]]\nprocess_id = "{}"\nprev_active = ["9_0"]\n'
     clients.write_text(client.format("p1") + client.format("p2"))
-    result = CliRunner().invoke(main, ["plan", ORDERS, "--clients", str(clients)], env=WIDE)
+    result = cli_runner().invoke(main, ["plan", ORDERS, "--clients", str(clients)], env=WIDE)
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == [
         f"warning: client '{pid}' reports 1 task the topology does not have (ignored): 9_0"
@@ -329,7 +330,7 @@ def test_conflict_warnings_list_twelve_tasks_then_how_many_more(tmp_path: Path) 
     claims = json.dumps([f"0_{p}" for p in range(12)] + ["1_0"])
     client = '[[client]]\nprocess_id = "{}"\nprev_active = {}\nprev_standby = {}\n'
     clients.write_text(client.format("p1", claims, claims) + client.format("p2", claims, "[]"))
-    result = CliRunner().invoke(main, ["plan", ORDERS, "--clients", str(clients)], env=WIDE)
+    result = cli_runner().invoke(main, ["plan", ORDERS, "--clients", str(clients)], env=WIDE)
     assert result.exit_code == 0, result.output
     duplicates, both = result.stderr.splitlines()
     assert duplicates.startswith("warning: 13 tasks active on several clients: 0_0 on p1, p2")
@@ -355,7 +356,7 @@ def test_explain_and_diff_warn_about_conflicting_claims(
     stayed = saved(tmp_path / "stayed.json", {"p1": {"active": []}, "p2": {"active": ["0_1"]}})
     moved = saved(tmp_path / "moved.json", {"p1": {}, "p2": {}, "p3": {"active": ["0_1"]}})
     for command in ("explain", "diff"):
-        result = CliRunner().invoke(main, [command, before, stayed, "--json"], env=WIDE)
+        result = cli_runner().invoke(main, [command, before, stayed, "--json"], env=WIDE)
         assert result.exit_code == 0, result.output
         warnings = result.stderr.splitlines()
         assert warnings == [
@@ -365,19 +366,19 @@ def test_explain_and_diff_warn_about_conflicting_claims(
         ]
     # p2 ran 0_1 before too, and runs it after: a move off the kept claimant p1, as the
     # metrics count it, landing where its state is.
-    result = CliRunner().invoke(main, ["explain", before, stayed, "--json"], env=WIDE)
+    result = cli_runner().invoke(main, ["explain", before, stayed, "--json"], env=WIDE)
     assert [
         (m["task"], m["from"], m["to"], m["landing"]) for m in json.loads(result.stdout)["moves"]
     ] == [("0_1", "p1", "p2", "local state")]
     # It moves away from both: from the claimant kept, p1.
-    result = CliRunner().invoke(main, ["explain", before, moved, "--json"], env=WIDE)
+    result = cli_runner().invoke(main, ["explain", before, moved, "--json"], env=WIDE)
     assert [(m["task"], m["from"], m["to"]) for m in json.loads(result.stdout)["moves"]] == [
         ("0_1", "p1", "p3")
     ]
     # A standby beside its own active counts as the active only: no "became active" standby.
     odd = saved(tmp_path / "odd.json", {"p1": {"active": ["0_1"], "standby": ["0_1"]}})
     plain = saved(tmp_path / "plain.json", {"p1": {"active": ["0_1"]}})
-    result = CliRunner().invoke(main, ["explain", odd, plain, "--json"], env=WIDE)
+    result = cli_runner().invoke(main, ["explain", odd, plain, "--json"], env=WIDE)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"moves": [], "standby_moves": []}
     assert result.stderr == f"warning: {odd}: {BOTH}\n"
@@ -393,7 +394,7 @@ def test_plan_warns_about_conflicting_claims_and_keeps_them_as_the_assignor_does
         '[[client]]\nprocess_id = "p2"\nprev_active = ["0_1"]\nlags = {"0_1" = 0}\n'
     )
     args = ["plan", ORDERS, "--clients", str(clients), "-p", "orders=2,customers=2,returns=1"]
-    result = CliRunner().invoke(main, [*args, "--json"], env=WIDE)
+    result = cli_runner().invoke(main, [*args, "--json"], env=WIDE)
     assert result.exit_code == 0, result.output
     # p2 reports the smaller lag: the assignor keeps 0_1 there, and the warning says so.
     assert result.stderr.splitlines() == [
@@ -1120,7 +1121,7 @@ def test_explain_last_warns_of_a_task_two_processes_reported_running(tmp_path: P
         {"bd": {"active": ["0_3"]}, "c9": {"active": ["0_5"]}},
         {"bd": {"0_3": -2, "0_5": -2}, "c9": {"0_3": -2, "0_5": -2}},
     )
-    result = CliRunner().invoke(main, ["explain", "--last", now], env=WIDE)
+    result = cli_runner().invoke(main, ["explain", "--last", now], env=WIDE)
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == [
         f"warning: {now} (before its last rebalance): 2 tasks active on several clients: "
@@ -1246,7 +1247,7 @@ _COUNTS = "[partitions]\nclicks = 4\npromos = 4\n"
 
 
 def _invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args), env=WIDE)
+    result = cli_runner().invoke(main, list(args), env=WIDE)
     return result.exit_code, result.stdout, result.stderr
 
 

@@ -1207,7 +1207,12 @@ def test_the_assignor_follows_a_transport_set_on_the_app(
             datadir=str(tmp_path),
             PartitionAssignor="streamassign.faust:PartitionAssignor",
         )
-        app.transport = faust_aiokafka.Transport(app.conf.broker_consumer, app)
+
+        async def transport_of_a_worker() -> Any:
+            # Made in a running loop, as in a worker: Faust before 0.15 takes the loop then.
+            return faust_aiokafka.Transport(app.conf.broker_consumer, app)
+
+        app.transport = asyncio.run(transport_of_a_worker())
         app.assignor  # noqa: B018 (made on first use)
     said = [r.getMessage() for r in caplog.records if "can drop records" in r.getMessage()]
     assert len(said) == 1 and "faust.transport.drivers.aiokafka.Transport" in said[0], said

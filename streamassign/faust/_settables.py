@@ -11,7 +11,7 @@ decoded as one member: ``ValueDecodeError`` in a task nobody awaits, and the tab
 while the worker reports ready (faust-streaming issue #261). Fixing that means patching Faust's
 set manager, which the drop-in does not do: it says so instead, without changing anything.
 
-Every faust-streaming version the drop-in supports (0.11 to 0.15) has that code: the store write
+Every faust-streaming version the drop-in supports (0.12 to 0.15) has that code: the store write
 came with 0.10.14 (PR #522), and upstream ``main`` still had it in August 2026. So the warning is
 not gated on the version; whoever widens the supported range past a Faust that fixes it gates it.
 """

@@ -89,13 +89,20 @@ def _progress(console: Console) -> Iterator[Progress]:
         console=console,
         disable=not live,
     )
-    with bar:
+    with _started_on_terminal(bar, live):
         try:
             yield bar
         finally:  # interrupted or failed too: the log shows how far it got
             if not live:
                 for task in bar.tasks:
                     console.print(_log_line(task), soft_wrap=True, markup=False, highlight=False)
+
+
+def _started_on_terminal(bar: Progress, live: bool) -> contextlib.AbstractContextManager[Any]:
+    """``bar`` itself on a terminal; elsewhere a bar that is never started or stopped: rich
+    before 14.3 prints an empty line when a Progress stops outside a terminal, even a disabled
+    one (its tasks and their times work unstarted)."""
+    return bar if live else contextlib.nullcontext()
 
 
 def _log_line(task: Task) -> str:
@@ -197,13 +204,14 @@ def plain_step(description: str, console: Console) -> Iterator[None]:
     line when it ends, interrupted or failed too (rich would print its last frame there: a
     spinner's character for an unfinished step, two spaces for a finished one)."""
     live = console.is_terminal
-    with Progress(
+    bar = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}", markup=False),
         TimeElapsedColumn(),
         console=console,
         disable=not live,
-    ) as bar:
+    )
+    with _started_on_terminal(bar, live):
         task = bar.add_task(description, total=1)
         try:
             yield

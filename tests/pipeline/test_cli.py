@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from streamassign.cli import main
 
+from ..cli_runner import cli_runner
 from .conftest import ORDERS, ROOT
 
 SUBMIT = ROOT / "streamassign" / "pipeline" / "submit.py"
@@ -296,7 +297,7 @@ def test_plan_standbys_exits_3_when_no_candidate_reaches_the_target(
     # As in a terminal or a log apart from stdout (pytest -s 2>&1 | tee would merge them).
     monkeypatch.setattr(progress, "stderr_joins_stdout", lambda: False)
     args = ["plan-standbys", str(ORDERS), "--json", *(["--target", target] if target else [])]
-    result = CliRunner().invoke(main, args)
+    result = cli_runner().invoke(main, args)
     assert result.exit_code == status, result.output
     assert json.loads(result.stdout)["recommended"]["standbys"] == 1
     if status:
@@ -531,7 +532,7 @@ def test_plan_standbys_prints_the_plan_before_writing_it_atomically(
         real_write(path, data, **kw)
 
     monkeypatch.setattr(cli, "write_atomically", full_disk)
-    result = CliRunner().invoke(main, ["plan-standbys", str(ORDERS), "--out", str(out_dir)])
+    result = cli_runner().invoke(main, ["plan-standbys", str(ORDERS), "--out", str(out_dir)])
     assert result.exit_code == 1
     assert "recommended: cheapest" in result.stdout  # printed first: nothing the run found lost
     assert result.stderr == (
@@ -1492,7 +1493,7 @@ def test_ctrl_c_while_the_report_is_written_says_how_to_write_it(
     monkeypatch.setattr(cli, "_write_run", lambda *a: (12, 1.0))
     monkeypatch.setattr(cli, "_render", interrupted)
     run = tmp_path / "run"
-    result = CliRunner().invoke(
+    result = cli_runner().invoke(
         main, ["simulate", str(ORDERS), *TINY, "--out", str(run), "--report"]
     )
     assert result.exit_code == 130
