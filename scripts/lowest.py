@@ -3,7 +3,7 @@ dependency at the lowest version its range allows, and the tests that exercise e
 
 Not part of .ci/run (CI's time is full): run it after changing a range or a dependency's use.
 
-    python scripts/lowest.py             # both profiles, no broker
+    python scripts/lowest.py             # every profile, no broker
     python scripts/lowest.py --broker    # also tests/integration/test_faust_app.py (Kafka)
 
 Three profiles, because one venv with every extra would raise aiokafka and aiohttp to the dev
