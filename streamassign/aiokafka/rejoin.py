@@ -1,6 +1,7 @@
-"""The one place that touches aiokafka internals: asking the group coordinator to rejoin,
-reading the member id and generation it holds, refreshing a consumer's cluster metadata, and
-waiting for a consumer's next assignment.
+"""The one place that touches aiokafka internals (with ``listed``, which asks the group's
+coordinator through the consumer's client): asking the group coordinator to rejoin, reading
+the member id and generation it holds, watching its heartbeats, refreshing a consumer's cluster
+metadata, and waiting for a consumer's next assignment.
 
 aiokafka (0.11-0.14) has no public way for a member to start a rebalance. Its
 ``GroupCoordinator.request_rejoin()`` does it, reached through ``consumer._coordinator`` — both
