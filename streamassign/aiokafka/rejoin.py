@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+from aiokafka.errors import UnknownMemberIdError
 
 from .listed import LISTED, UNTOLD, Listing, member_listed
 
@@ -97,6 +98,33 @@ def watch_heartbeats(
 
     watched._streamassign_watched = True  # type: ignore[attr-defined]
     coordinator._do_heartbeat = watched
+    return True
+
+
+def refuse_commits_without_membership(consumer: Any) -> bool:
+    """Make ``consumer``'s offset commits fail as the broker fails them for a lost member
+    (aiokafka's ``CommitFailedError``) while it subscribes and holds no member id: aiokafka
+    (0.11-0.14) sends them with generation -1 after resetting the member id, and Kafka accepts
+    such a commit when the group is Empty (as for a consumer without group management), which
+    it is after a broker restart expired every member. A stall hold that dropped a lost
+    membership's changelog writes then saw Faust commit their events' offsets: records lost.
+    ``_do_commit_offsets`` is wrapped on the instance, once; False when it cannot be."""
+    coordinator: Any = getattr(consumer, "_coordinator", None)
+    commit = getattr(coordinator, "_do_commit_offsets", None)
+    if commit is None:
+        return False
+    if getattr(commit, "_streamassign_guarded", False):
+        return True
+
+    async def guarded(assignment: Any, offsets: Any) -> Any:
+        subscription = getattr(coordinator, "_subscription", None)
+        auto = getattr(subscription, "partitions_auto_assigned", None)
+        if offsets and coordinator.member_id == "" and auto is not None and auto():
+            raise UnknownMemberIdError(f"{coordinator.group_id}: no member id (reset)")
+        return await commit(assignment, offsets)
+
+    guarded._streamassign_guarded = True  # type: ignore[attr-defined]
+    coordinator._do_commit_offsets = guarded
     return True
 
 

@@ -55,7 +55,7 @@ from typing import Any
 import attrs
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from ..aiokafka.rejoin import member_id, watch_heartbeats
+from ..aiokafka.rejoin import member_id, refuse_commits_without_membership, watch_heartbeats
 from ._app import aiokafka_consumer, exactly_once
 
 __all__ = ["DROPPED", "RELEASED", "StallHold", "StallHoldProducer"]
@@ -303,6 +303,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
             self.clock,
             timeout=float(self.app.conf.broker_heartbeat_interval),
         )
+        refuse_commits_without_membership(consumer)
         member = member_id(consumer)
         if hold.lost_as is not None and not hold.still_lost(member):
             hold.lost_as = None
