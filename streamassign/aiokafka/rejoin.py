@@ -120,6 +120,11 @@ def refuse_commits_without_membership(consumer: Any) -> bool:
         subscription = getattr(coordinator, "_subscription", None)
         auto = getattr(subscription, "partitions_auto_assigned", None)
         if offsets and coordinator.member_id == "" and auto is not None and auto():
+            log.info(
+                "a commit of %d offset(s) refused: the member id is reset (the broker would "
+                "take it if the group is Empty, for partitions this consumer no longer owns)",
+                len(offsets),
+            )
             raise UnknownMemberIdError(f"{coordinator.group_id}: no member id (reset)")
         return await commit(assignment, offsets)
 
