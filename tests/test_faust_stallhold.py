@@ -16,13 +16,34 @@ from typing import Any
 
 import faust
 import pytest
+from aiokafka.errors import KafkaConnectionError, UnknownMemberIdError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from streamassign.aiokafka.rejoin import watch_heartbeats
+from streamassign.aiokafka.rejoin import refuse_commits_without_membership, watch_heartbeats
 from streamassign.faust._stallhold import DROPPED, RELEASED, TICK, StallHold, StallHoldProducer
 
 CHANGELOG = "stall-app-totals-changelog"
 SINK = "orders-out"
+
+
+class GroupCoordinatorStandIn:
+    """The consumer's client as the stall hold's heartbeat proof uses it: DescribeGroups sent
+    to the group's coordinator, answered with ``members`` (or ``error``), counted."""
+
+    def __init__(self, members: list[str], error: int = 0) -> None:
+        self.members, self.error = members, error
+        self.asked = 0
+        self.api_version = (4, 0)
+
+    async def send(self, node: int, request: Any, **_: Any) -> Any:
+        self.asked += 1
+        entry = {
+            "error_code": self.error,
+            "group": "stall-app",
+            "state": "Stable" if self.members else "Empty",
+            "members": [{"member_id": m} for m in self.members],
+        }
+        return SimpleNamespace(to_object=lambda: {"groups": [entry]})
 
 
 class Worker:
@@ -47,7 +68,15 @@ class Worker:
         async def heartbeat() -> bool:
             return self.accepts
 
-        self.coordinator = SimpleNamespace(member_id="m-1", generation=3, _do_heartbeat=heartbeat)
+        self.group = GroupCoordinatorStandIn(["m-1"])
+        self.coordinator = SimpleNamespace(
+            member_id="m-1",
+            generation=3,
+            group_id="stall-app",
+            coordinator_id=1,
+            _client=self.group,
+            _do_heartbeat=heartbeat,
+        )
         self.app.consumer._thread._consumer = SimpleNamespace(_coordinator=self.coordinator)
         self.sent: list[tuple[str, bytes | None]] = []
         monkeypatch.setattr(faust_aiokafka.Producer, "send", self._aiokafka_send)
@@ -349,18 +378,138 @@ def test_heartbeats_are_watched_once_and_only_accepted_ones_count() -> None:
     async def heartbeat() -> bool:
         return answers.pop(0)
 
-    coordinator = SimpleNamespace(_do_heartbeat=heartbeat)
+    group = GroupCoordinatorStandIn(["m-1"])
+    coordinator = SimpleNamespace(
+        _do_heartbeat=heartbeat, member_id="m-1", group_id="stall-app", coordinator_id=1
+    )
+    coordinator._client = group
     consumer = SimpleNamespace(_coordinator=coordinator)
     seen: list[float] = []
-    assert watch_heartbeats(consumer, seen.append)
-    assert watch_heartbeats(consumer, seen.append)  # already watched: not wrapped twice
+    assert watch_heartbeats(consumer, seen.append, lambda: True)
+    assert watch_heartbeats(consumer, seen.append, lambda: True)  # not wrapped twice
 
     async def beat() -> list[bool]:
         return [await coordinator._do_heartbeat() for _ in range(3)]
 
     assert run(beat()) == [True, False, True]
     assert len(seen) == 2 and seen[0] <= seen[1]
-    assert not watch_heartbeats(SimpleNamespace(), seen.append)
+    assert group.asked == 2  # once per accepted heartbeat, none for the refused one
+    assert not watch_heartbeats(SimpleNamespace(), seen.append, lambda: True)
+
+
+def test_a_heartbeat_accepted_while_the_coordinator_loads_the_group_releases_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker-restart case: Kafka answers a heartbeat with NONE, blindly, while it loads
+    the group, whose loaded state then no longer has the member (expired meanwhile). Neither
+    the heartbeat during the load (DescribeGroups says COORDINATOR_LOAD_IN_PROGRESS) nor one
+    accepted while the loaded group does not list the member proves it; the reset drops."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def restarted_broker() -> Any:
+        worker.start()
+        worker.stall(9.0)
+        stale = await worker.send(CHANGELOG, b"stale")
+        worker.look()
+        worker.stall(0.5)
+        worker.group.error = 14  # COORDINATOR_LOAD_IN_PROGRESS
+        assert await worker.heartbeat() is True  # answered blindly, passed on unchanged
+        worker.look()
+        held_during_load = worker.producer.stall_hold.holding
+        worker.group.error, worker.group.members = 0, ["m-2", "m-3"]  # loaded, m-1 expired
+        assert await worker.heartbeat() is True
+        worker.look()
+        held_when_unlisted = worker.producer.stall_hold.holding
+        worker.coordinator.member_id = ""  # the next request: UnknownMemberId
+        worker.look()
+        await asyncio.sleep(0)
+        return stale, held_during_load, held_when_unlisted
+
+    with caplog.at_level(logging.INFO):
+        stale, held_during_load, held_when_unlisted = run(restarted_broker())
+    assert held_during_load and held_when_unlisted
+    assert worker.sent == [] and not stale.done()
+    assert worker.group.asked == 2
+    assert "GroupLoadInProgressError; the next heartbeat asks again" in caplog.text
+    assert "not listed (group Stable, 2 member(s))" in caplog.text
+    assert "dropped 1 after" in caplog.text and "membership survived" not in caplog.text
+
+
+def test_a_failing_listing_leaves_the_heartbeat_alone_and_proves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing cannot be had for now (the connection breaks): the heartbeat routine gets
+    the heartbeat's own answer, and the hold goes on until a listing comes."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def broken(*_: Any, **__: Any) -> Any:
+        raise KafkaConnectionError("connection lost")
+
+    async def flaky() -> tuple[bool, bool]:
+        worker.start()
+        worker.stall(5.5)
+        await worker.send(CHANGELOG, b"a")
+        worker.look()
+        worker.stall(0.5)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(worker.group, "send", broken)
+            answered = await worker.heartbeat()
+            worker.look()
+            held = worker.producer.stall_hold.holding
+        assert await worker.heartbeat()  # the listing works again: it proves the membership
+        worker.look()
+        await asyncio.wait_for(released(worker.producer), 2.0)
+        return answered, held
+
+    assert run(flaky()) == (True, True)
+    assert worker.sent == [(CHANGELOG, b"a")]
+
+
+def test_an_answer_the_listing_cannot_read_lets_the_heartbeat_count_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error asking again will not mend (an answer of another shape, a refusal): holding
+    on would hold the worker's writes, and Faust's commits after them, forever; the heartbeat
+    counts alone, as before listing, and one WARNING says so."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def odd(*_: Any, **__: Any) -> Any:
+        return SimpleNamespace(to_object=lambda: {"unexpected": []})
+
+    async def unreadable() -> bool:
+        worker.start()
+        worker.stall(5.5)
+        await worker.send(CHANGELOG, b"a")
+        worker.look()
+        worker.stall(0.5)
+        monkeypatch.setattr(worker.group, "send", odd)
+        answered: bool = await worker.heartbeat()
+        worker.look()
+        await asyncio.wait_for(released(worker.producer), 2.0)
+        return answered
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.aiokafka"):
+        assert run(unreadable()) is True
+    assert worker.sent == [(CHANGELOG, b"a")]
+    assert "the heartbeat counts alone" in caplog.text and "KeyError" in caplog.text
+
+
+def test_no_listing_is_asked_while_no_proof_is_wanted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Normal heartbeats cost nothing extra: DescribeGroups only during a hold (or the
+    lost membership's drops)."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def steady() -> None:
+        worker.start()
+        for _ in range(3):
+            worker.stall(TICK)
+            worker.look()
+            assert await worker.heartbeat()
+
+    run(steady())
+    assert worker.group.asked == 0
 
 
 def test_the_lost_membership_lasts_until_a_new_member_id() -> None:
@@ -373,3 +522,37 @@ def test_the_lost_membership_lasts_until_a_new_member_id() -> None:
     hold.lose(109.2)
     assert hold.still_lost("m-1") and hold.still_lost("") and hold.still_lost(None)
     assert not hold.still_lost("m-2")
+
+
+def test_a_commit_without_a_member_id_fails_as_the_broker_fails_a_lost_member_s() -> None:
+    """After the reset aiokafka commits with generation -1, which Kafka accepts when the
+    group is Empty (every member expired in a broker restart): Faust would commit the events
+    whose changelog writes the hold dropped (a live run lost 3 records so). Refused as an
+    UnknownMemberId answer is (aiokafka turns it into Faust's "already rebalanced"
+    CommitFailedError); a manual assignment's commits and a member's pass."""
+    sent: list[Any] = []
+
+    async def commit(assignment: Any, offsets: Any) -> None:
+        sent.append(offsets)
+
+    auto = [True]
+    subscription = SimpleNamespace(partitions_auto_assigned=lambda: auto[0])
+    coordinator = SimpleNamespace(
+        member_id="", group_id="g", _subscription=subscription, _do_commit_offsets=commit
+    )
+    consumer = SimpleNamespace(_coordinator=coordinator)
+    assert refuse_commits_without_membership(consumer)
+    assert refuse_commits_without_membership(consumer)  # not wrapped twice
+
+    async def commits() -> None:
+        with pytest.raises(UnknownMemberIdError):
+            await coordinator._do_commit_offsets(None, {"tp": 5})
+        await coordinator._do_commit_offsets(None, {})  # nothing to commit
+        coordinator.member_id = "m-2"
+        await coordinator._do_commit_offsets(None, {"tp": 6})
+        coordinator.member_id, auto[0] = "", False  # assign(): no group membership at all
+        await coordinator._do_commit_offsets(None, {"tp": 7})
+
+    run(commits())
+    assert sent == [{}, {"tp": 6}, {"tp": 7}]
+    assert not refuse_commits_without_membership(SimpleNamespace())

@@ -1,6 +1,7 @@
-"""The one place that touches aiokafka internals: asking the group coordinator to rejoin,
-reading the member id and generation it holds, refreshing a consumer's cluster metadata, and
-waiting for a consumer's next assignment.
+"""The one place that touches aiokafka internals (with ``listed``, which asks the group's
+coordinator through the consumer's client): asking the group coordinator to rejoin, reading
+the member id and generation it holds, watching its heartbeats, refreshing a consumer's cluster
+metadata, and waiting for a consumer's next assignment.
 
 aiokafka (0.11-0.14) has no public way for a member to start a rebalance. Its
 ``GroupCoordinator.request_rejoin()`` does it, reached through ``consumer._coordinator`` — both
@@ -24,6 +25,11 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+import attrs
+from aiokafka.errors import UnknownMemberIdError
+
+from .listed import LISTED, UNTOLD, Listing, member_listed
 
 log = logging.getLogger("streamassign.aiokafka")
 
@@ -58,31 +64,123 @@ def member_id(consumer: Any) -> str | None:
 
 
 def watch_heartbeats(
-    consumer: Any, succeeded: Callable[[float], None], clock: Callable[[], float] = time.monotonic
+    consumer: Any,
+    succeeded: Callable[[float], None],
+    wanted: Callable[[], bool],
+    clock: Callable[[], float] = time.monotonic,
+    timeout: float = 1.0,
 ) -> bool:
     """Have ``succeeded(sent)`` called (on the consumer's thread) after each heartbeat the
-    broker accepts, with the ``clock()`` at which its request was about to be sent:
-    proof that the broker still knew the member id then. aiokafka (0.11-0.14) says so only at
-    DEBUG; its heartbeat routine calls ``self._do_heartbeat()`` (True on success, also for
-    RebalanceInProgress: the member is still in the group), so it is wrapped on the
-    instance, once. False when it cannot be (no coordinator yet)."""
+    broker accepted while ``wanted()``, once its group's coordinator also lists the member id
+    the heartbeat was sent under (``listed``: Kafka accepts heartbeats blindly while it loads
+    the group), with the ``clock()`` at which the heartbeat was about to be sent: proof that
+    the broker still knew the member id then. ``timeout``: seconds the listing may take (the
+    heartbeat routine waits for it). Nothing extra is sent while not ``wanted()``.
+
+    aiokafka (0.11-0.14) says a heartbeat succeeded only at DEBUG; its heartbeat routine calls
+    ``self._do_heartbeat()`` (True on success, also for RebalanceInProgress: the member is
+    still in the group), so it is wrapped on the instance, once; its answer passes through
+    unchanged. False when it cannot be (no coordinator yet)."""
     coordinator: Any = getattr(consumer, "_coordinator", None)
     heartbeat = getattr(coordinator, "_do_heartbeat", None)
     if heartbeat is None:
         return False
     if getattr(heartbeat, "_streamassign_watched", False):
         return True
+    proof = HeartbeatProof(coordinator, succeeded, wanted, timeout)
 
     async def watched() -> Any:
-        sent = clock()
+        sent, member = clock(), getattr(coordinator, "member_id", None)
         accepted = await heartbeat()
         if accepted is True:
-            succeeded(sent)
+            await proof.confirm(sent, member)
         return accepted
 
     watched._streamassign_watched = True  # type: ignore[attr-defined]
     coordinator._do_heartbeat = watched
     return True
+
+
+def refuse_commits_without_membership(consumer: Any) -> bool:
+    """Make ``consumer``'s offset commits fail as the broker fails them for a lost member
+    (aiokafka's ``CommitFailedError``) while it subscribes and holds no member id: aiokafka
+    (0.11-0.14) sends them with generation -1 after resetting the member id, and Kafka accepts
+    such a commit when the group is Empty (as for a consumer without group management), which
+    it is after a broker restart expired every member. A stall hold that dropped a lost
+    membership's changelog writes then saw Faust commit their events' offsets: records lost.
+    ``_do_commit_offsets`` is wrapped on the instance, once; False when it cannot be."""
+    coordinator: Any = getattr(consumer, "_coordinator", None)
+    commit = getattr(coordinator, "_do_commit_offsets", None)
+    if commit is None:
+        return False
+    if getattr(commit, "_streamassign_guarded", False):
+        return True
+
+    async def guarded(assignment: Any, offsets: Any) -> Any:
+        subscription = getattr(coordinator, "_subscription", None)
+        auto = getattr(subscription, "partitions_auto_assigned", None)
+        if offsets and coordinator.member_id == "" and auto is not None and auto():
+            log.info(
+                "a commit of %d offset(s) refused: the member id is reset (the broker would "
+                "take it if the group is Empty, for partitions this consumer no longer owns)",
+                len(offsets),
+            )
+            raise UnknownMemberIdError(f"{coordinator.group_id}: no member id (reset)")
+        return await commit(assignment, offsets)
+
+    guarded._streamassign_guarded = True  # type: ignore[attr-defined]
+    coordinator._do_commit_offsets = guarded
+    return True
+
+
+@attrs.define(eq=False)
+class HeartbeatProof:
+    """Confirms the heartbeats ``watch_heartbeats`` sees accepted, and says why not (each
+    reason once in a row: it repeats at every heartbeat until the coordinator answers)."""
+
+    coordinator: Any
+    succeeded: Callable[[float], None]
+    wanted: Callable[[], bool]
+    timeout: float
+    last_why: str | None = None
+
+    async def confirm(self, sent: float, member: Any) -> None:
+        """Never raises but CancelledError: the heartbeat routine must go on."""
+        try:
+            if not self.wanted() or not isinstance(member, str) or not member:
+                return
+            listing = await member_listed(self.coordinator, member, self.timeout)
+            if listing.outcome == LISTED:
+                self.last_why = None
+                self.succeeded(sent)
+                return
+            if listing.outcome == UNTOLD:  # asking again will not mend it: as before listing
+                self.succeeded(sent)
+            self._tell(listing, member)
+        except Exception:
+            if self.last_why != "failed":
+                self.last_why = "failed"
+                log.exception("confirming an accepted heartbeat failed (repeats not logged)")
+
+    def _tell(self, listing: Listing, member: str) -> None:
+        if listing.why == self.last_why:
+            return
+        self.last_why = listing.why
+        if listing.outcome == UNTOLD:
+            log.warning(
+                "a heartbeat of member %r was accepted, and its group's coordinator cannot say "
+                "whether it lists the member (%s): the heartbeat counts alone, as proof that "
+                "the membership survived (a coordinator loading the group accepts any)",
+                member,
+                listing.why,
+            )
+        else:
+            log.info(
+                "a heartbeat of member %r was accepted, but its group's coordinator does not "
+                "list it (yet): %s; the next heartbeat asks again",
+                member,
+                listing.why,
+            )
 
 
 def refresh_metadata(consumer: Any) -> bool:

@@ -17,7 +17,11 @@ age). Whichever comes first after the resume (the tick or a send) starts the hol
 resolves it:
 
 - a heartbeat the broker accepted, sent after the hold began, under the member id of before
-  the stall: the membership survived; the held sends go out in their order (released);
+  the stall, and the group's coordinator listing that member id when asked right after it:
+  the membership survived; the held sends go out in their order (released). The heartbeat
+  alone proves nothing: Kafka accepts heartbeats blindly while it loads the group, after
+  every coordinator move (``streamassign.aiokafka.listed``). Only while a proof is wanted (a
+  hold, or the lost membership's sends being dropped) is the coordinator asked;
 - aiokafka's member id reset ("", after UnknownMemberId or IllegalGeneration) or changed:
   the membership was lost; the held sends are dropped. Their events' offsets were not
   committed (Faust flushes the producer before it commits, and this producer's flush waits
@@ -51,7 +55,7 @@ from typing import Any
 import attrs
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from ..aiokafka.rejoin import member_id, watch_heartbeats
+from ..aiokafka.rejoin import member_id, refuse_commits_without_membership, watch_heartbeats
 from ._app import aiokafka_consumer, exactly_once
 
 __all__ = ["DROPPED", "RELEASED", "StallHold", "StallHoldProducer"]
@@ -101,8 +105,8 @@ class StallHold:
     lost_at: float = 0.0
     dropped_since_lost: int = 0
     held: list[HeldSend] = attrs.field(factory=list)
-    #: The latest send time of a heartbeat the broker accepted (written by the consumer's
-    #: thread: one float assignment).
+    #: The latest send time of a heartbeat the broker accepted, its member id then listed
+    #: (``watch_heartbeats``; written by the consumer's thread: one float assignment).
     heartbeat_sent: float = float("-inf")
 
     @property
@@ -120,6 +124,11 @@ class StallHold:
         the hold keeps the member id of before the gap)."""
         if not self.check(now):
             self.stamp, self.stamped_as = now, member
+
+    def wants_proof(self) -> bool:
+        """Whether an accepted heartbeat is looked at now (read on the consumer's thread):
+        during a hold, or while the lost membership's sends are dropped (``still_lost``)."""
+        return self.since is not None or self.lost_as is not None
 
     def heartbeat_accepted(self, sent: float) -> None:
         if sent > self.heartbeat_sent:
@@ -287,7 +296,14 @@ class StallHoldProducer(faust_aiokafka.Producer):
         """A tick: stamp, or tell of a hold just begun, or resolve it."""
         consumer = self._aiokafka_consumer()
         hold = self.stall_hold
-        watch_heartbeats(consumer, hold.heartbeat_accepted, self.clock)
+        watch_heartbeats(
+            consumer,
+            hold.heartbeat_accepted,
+            hold.wants_proof,
+            self.clock,
+            timeout=float(self.app.conf.broker_heartbeat_interval),
+        )
+        refuse_commits_without_membership(consumer)
         member = member_id(consumer)
         if hold.lost_as is not None and not hold.still_lost(member):
             hold.lost_as = None
@@ -298,7 +314,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
             log.warning(
                 "the event loop did not run for %.1f s (more than %.1f s: the broker may have "
                 "expired this worker's group session): %d changelog send(s) held so far, and "
-                "every one until the membership of %r is proven (a heartbeat accepted) or lost",
+                "every one until the membership of %r is proven (a heartbeat accepted, the member "
+                "listed) or lost",
                 hold.gap,
                 hold.threshold,
                 len(hold.held),
@@ -314,8 +331,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
             hold.told_long = True
             log.warning(
                 "changelog sends held after a stall: still %d after %.1f s with no heartbeat "
-                "accepted and the member id unchanged (%r); they go out when one is accepted "
-                "under it, or are dropped when aiokafka resets it",
+                "accepted (its member listed) and the member id unchanged (%r); they go out "
+                "when one is accepted under it, or are dropped when aiokafka resets it",
                 len(hold.held),
                 now - (hold.since or now),
                 hold.held_as,
@@ -362,8 +379,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
             hold.end(self.clock())
         log.log(
             logging.WARNING if released else logging.INFO,
-            "the membership survived (a heartbeat was accepted under it): released %d held "
-            "changelog send(s) after %.1f s",
+            "the membership survived (a heartbeat was accepted under it, the member listed): "
+            "released %d held changelog send(s) after %.1f s",
             released,
             proven - since,
         )
