@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -82,23 +82,20 @@ def watch_heartbeats(
     still in the group), so it is wrapped on the instance, once; its answer passes through
     unchanged. False when it cannot be (no coordinator yet)."""
     coordinator: Any = getattr(consumer, "_coordinator", None)
-    heartbeat = getattr(coordinator, "_do_heartbeat", None)
-    if heartbeat is None:
-        return False
-    if getattr(heartbeat, "_streamassign_watched", False):
-        return True
-    proof = HeartbeatProof(coordinator, succeeded, wanted, timeout)
 
-    async def watched() -> Any:
-        sent, member = clock(), getattr(coordinator, "member_id", None)
-        accepted = await heartbeat()
-        if accepted is True:
-            await proof.confirm(sent, member)
-        return accepted
+    def watch(heartbeat: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+        proof = HeartbeatProof(coordinator, succeeded, wanted, timeout)
 
-    watched._streamassign_watched = True  # type: ignore[attr-defined]
-    coordinator._do_heartbeat = watched
-    return True
+        async def watched() -> Any:
+            sent, member = clock(), getattr(coordinator, "member_id", None)
+            accepted = await heartbeat()
+            if accepted is True:
+                await proof.confirm(sent, member)
+            return accepted
+
+        return watched
+
+    return _wrapped_once(coordinator, "_do_heartbeat", watch)
 
 
 def refuse_commits_without_membership(consumer: Any) -> bool:
@@ -110,26 +107,37 @@ def refuse_commits_without_membership(consumer: Any) -> bool:
     membership's changelog writes then saw Faust commit their events' offsets: records lost.
     ``_do_commit_offsets`` is wrapped on the instance, once; False when it cannot be."""
     coordinator: Any = getattr(consumer, "_coordinator", None)
-    commit = getattr(coordinator, "_do_commit_offsets", None)
-    if commit is None:
+
+    def guard(commit: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+        async def guarded(assignment: Any, offsets: Any) -> Any:
+            subscription = getattr(coordinator, "_subscription", None)
+            auto = getattr(subscription, "partitions_auto_assigned", None)
+            if offsets and coordinator.member_id == "" and auto is not None and auto():
+                log.info(
+                    "a commit of %d offset(s) refused: the member id is reset (the broker "
+                    "would take it if the group is Empty, for partitions this consumer no "
+                    "longer owns)",
+                    len(offsets),
+                )
+                raise UnknownMemberIdError(f"{coordinator.group_id}: no member id (reset)")
+            return await commit(assignment, offsets)
+
+        return guarded
+
+    return _wrapped_once(coordinator, "_do_commit_offsets", guard)
+
+
+def _wrapped_once(coordinator: Any, name: str, wrap: Callable[[Any], Any]) -> bool:
+    """Replace aiokafka's ``coordinator.<name>`` method on the instance by ``wrap(method)``,
+    once (a later call finds the wrapper marked); False when there is no such method (no
+    coordinator yet)."""
+    method = getattr(coordinator, name, None)
+    if method is None:
         return False
-    if getattr(commit, "_streamassign_guarded", False):
-        return True
-
-    async def guarded(assignment: Any, offsets: Any) -> Any:
-        subscription = getattr(coordinator, "_subscription", None)
-        auto = getattr(subscription, "partitions_auto_assigned", None)
-        if offsets and coordinator.member_id == "" and auto is not None and auto():
-            log.info(
-                "a commit of %d offset(s) refused: the member id is reset (the broker would "
-                "take it if the group is Empty, for partitions this consumer no longer owns)",
-                len(offsets),
-            )
-            raise UnknownMemberIdError(f"{coordinator.group_id}: no member id (reset)")
-        return await commit(assignment, offsets)
-
-    guarded._streamassign_guarded = True  # type: ignore[attr-defined]
-    coordinator._do_commit_offsets = guarded
+    if not getattr(method, "_streamassign_wrapped", False):
+        wrapper = wrap(method)
+        wrapper._streamassign_wrapped = True
+        setattr(coordinator, name, wrapper)
     return True
 
 
