@@ -96,3 +96,30 @@ def test_failures_asking_again_may_mend_are_not_yet_and_others_untold() -> None:
     assert ask(KafkaConnectionError("gone"))[0].outcome == NOT_YET
     assert ask(RuntimeError("odd"))[0].outcome == UNTOLD
     assert ask({"other": 1})[0].outcome == UNTOLD  # an answer of another shape
+
+
+def test_a_cancel_that_lands_as_the_answer_does_is_not_swallowed() -> None:
+    """aiokafka stops its heartbeat routine by cancelling it, then awaits it: a cancel that
+    lands in the same loop iteration as the answer must still end the listing (on Python 3.11
+    ``asyncio.wait_for`` returned the answer and dropped the cancel)."""
+
+    async def cancelled_as_answered() -> bool:
+        answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        class Waiting(Client):
+            async def send(self, node: int, request: Any, **_: Any) -> Any:
+                return await answered
+
+        coordinator = SimpleNamespace(coordinator_id=7, group_id="g", _client=Waiting(None))
+        listing = asyncio.ensure_future(member_listed(coordinator, "m-1", 5.0))
+        for _ in range(3):  # the request is sent, its answer awaited
+            await asyncio.sleep(0)
+        answered.set_result(SimpleNamespace(to_object=lambda: answer(members=("m-1",))))
+        listing.cancel()
+        try:
+            await listing
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert asyncio.run(cancelled_as_answered())

@@ -68,6 +68,11 @@ class Worker:
         async def heartbeat() -> bool:
             return self.accepts
 
+        self.committed: list[Any] = []
+
+        async def commit(assignment: Any, offsets: Any) -> None:
+            self.committed.append(offsets)
+
         self.group = GroupCoordinatorStandIn(["m-1"])
         self.coordinator = SimpleNamespace(
             member_id="m-1",
@@ -76,6 +81,8 @@ class Worker:
             coordinator_id=1,
             _client=self.group,
             _do_heartbeat=heartbeat,
+            _do_commit_offsets=commit,
+            _subscription=SimpleNamespace(partitions_auto_assigned=lambda: True),
         )
         self.app.consumer._thread._consumer = SimpleNamespace(_coordinator=self.coordinator)
         self.sent: list[tuple[str, bytes | None]] = []
@@ -529,7 +536,8 @@ def test_a_commit_without_a_member_id_fails_as_the_broker_fails_a_lost_member_s(
     group is Empty (every member expired in a broker restart): Faust would commit the events
     whose changelog writes the hold dropped (a live run lost 3 records so). Refused as an
     UnknownMemberId answer is (aiokafka turns it into Faust's "already rebalanced"
-    CommitFailedError); a manual assignment's commits and a member's pass."""
+    CommitFailedError), and so is one under a new member id with no generation yet (after a
+    MEMBER_ID_REQUIRED answer); a manual assignment's commits and a member's pass."""
     sent: list[Any] = []
 
     async def commit(assignment: Any, offsets: Any) -> None:
@@ -538,7 +546,11 @@ def test_a_commit_without_a_member_id_fails_as_the_broker_fails_a_lost_member_s(
     auto = [True]
     subscription = SimpleNamespace(partitions_auto_assigned=lambda: auto[0])
     coordinator = SimpleNamespace(
-        member_id="", group_id="g", _subscription=subscription, _do_commit_offsets=commit
+        member_id="",
+        generation=-1,
+        group_id="g",
+        _subscription=subscription,
+        _do_commit_offsets=commit,
     )
     consumer = SimpleNamespace(_coordinator=coordinator)
     assert refuse_commits_without_membership(consumer)
@@ -548,11 +560,66 @@ def test_a_commit_without_a_member_id_fails_as_the_broker_fails_a_lost_member_s(
         with pytest.raises(UnknownMemberIdError):
             await coordinator._do_commit_offsets(None, {"tp": 5})
         await coordinator._do_commit_offsets(None, {})  # nothing to commit
-        coordinator.member_id = "m-2"
+        coordinator.member_id = "m-2"  # a new id, not yet in a generation
+        with pytest.raises(UnknownMemberIdError):
+            await coordinator._do_commit_offsets(None, {"tp": 5})
+        coordinator.generation = 3
         await coordinator._do_commit_offsets(None, {"tp": 6})
-        coordinator.member_id, auto[0] = "", False  # assign(): no group membership at all
+        coordinator.member_id, coordinator.generation = "", -1
+        auto[0] = False  # assign(): no group membership at all
         await coordinator._do_commit_offsets(None, {"tp": 7})
 
     run(commits())
     assert sent == [{}, {"tp": 6}, {"tp": 7}]
     assert not refuse_commits_without_membership(SimpleNamespace())
+
+
+def test_the_tick_refuses_the_worker_s_commits_while_it_holds_no_membership(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stall tick installs the commit refusal on the worker's own consumer: without it,
+    a commit after the reset reaches a broker that takes it for an Empty group."""
+    worker = Worker(tmp_path, monkeypatch)
+
+    async def commits() -> None:
+        worker.start()
+        await worker.coordinator._do_commit_offsets(None, {"tp": 1})
+        worker.coordinator.member_id, worker.coordinator.generation = "", -1
+        with pytest.raises(UnknownMemberIdError):
+            await worker.coordinator._do_commit_offsets(None, {"tp": 2})
+
+    run(commits())
+    assert worker.committed == [{"tp": 1}]
+
+
+def test_a_later_proof_tells_why_it_waits_even_for_the_last_proof_s_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Back-to-back broker restarts: two holds whose first unconfirmed heartbeat has the same
+    reason (the group loading) each log it; repeats within one proof are not logged."""
+    wanted = [True]
+    coordinator = SimpleNamespace(
+        member_id="m-1", group_id="stall-app", coordinator_id=1, _client=None
+    )
+    coordinator._client = GroupCoordinatorStandIn(["m-1"], error=14)
+
+    async def accepted() -> bool:
+        return True
+
+    coordinator._do_heartbeat = accepted
+    assert watch_heartbeats(
+        SimpleNamespace(_coordinator=coordinator), lambda sent: None, lambda: wanted[0]
+    )
+
+    async def two_holds() -> None:
+        for _ in range(2):
+            wanted[0] = True
+            await coordinator._do_heartbeat()
+            await coordinator._do_heartbeat()  # the same reason again: not logged
+            wanted[0] = False
+            await coordinator._do_heartbeat()  # no proof wanted: nothing asked
+
+    with caplog.at_level(logging.INFO, logger="streamassign.aiokafka"):
+        run(two_holds())
+    assert caplog.text.count("GroupLoadInProgressError; the next heartbeat asks again") == 2
+    assert coordinator._client.asked == 4

@@ -77,9 +77,10 @@ async def member_listed(coordinator: Any, member: str, timeout: float) -> Listin
             return Listing(NOT_YET, "no coordinator known")
         client = coordinator._client
         request = describe_groups_request(client, coordinator.group_id)
-        response = await asyncio.wait_for(
-            client.send(node, request, group=ConnectionGroup.COORDINATION), timeout
-        )
+        # Not asyncio.wait_for: on Python 3.11 it drops a cancel that lands as the answer
+        # does, and aiokafka cancels the heartbeat routine this runs in, then awaits it.
+        async with asyncio.timeout(timeout):
+            response = await client.send(node, request, group=ConnectionGroup.COORDINATION)
         return listing_of(response.to_object(), coordinator.group_id, member)
     except TimeoutError:
         return Listing(NOT_YET, f"no answer within {timeout:g} s")

@@ -100,8 +100,9 @@ def watch_heartbeats(
 
 def refuse_commits_without_membership(consumer: Any) -> bool:
     """Make ``consumer``'s offset commits fail as the broker fails them for a lost member
-    (aiokafka's ``CommitFailedError``) while it subscribes and holds no member id: aiokafka
-    (0.11-0.14) sends them with generation -1 after resetting the member id, and Kafka accepts
+    (aiokafka's ``CommitFailedError``) while it subscribes and holds no membership (member id
+    "" or generation -1: after a MEMBER_ID_REQUIRED answer aiokafka holds a new id with no
+    generation yet): aiokafka (0.11-0.14) sends them with generation -1, and Kafka accepts
     such a commit when the group is Empty (as for a consumer without group management), which
     it is after a broker restart expired every member. A stall hold that dropped a lost
     membership's changelog writes then saw Faust commit their events' offsets: records lost.
@@ -112,11 +113,12 @@ def refuse_commits_without_membership(consumer: Any) -> bool:
         async def guarded(assignment: Any, offsets: Any) -> Any:
             subscription = getattr(coordinator, "_subscription", None)
             auto = getattr(subscription, "partitions_auto_assigned", None)
-            if offsets and coordinator.member_id == "" and auto is not None and auto():
+            reset = coordinator.member_id == "" or coordinator.generation < 0
+            if offsets and reset and auto is not None and auto():
                 log.info(
-                    "a commit of %d offset(s) refused: the member id is reset (the broker "
-                    "would take it if the group is Empty, for partitions this consumer no "
-                    "longer owns)",
+                    "a commit of %d offset(s) refused: no membership (member id reset, or no "
+                    "generation yet; the broker would take it if the group is Empty, for "
+                    "partitions this consumer no longer owns)",
                     len(offsets),
                 )
                 raise UnknownMemberIdError(f"{coordinator.group_id}: no member id (reset)")
@@ -155,7 +157,10 @@ class HeartbeatProof:
     async def confirm(self, sent: float, member: Any) -> None:
         """Never raises but CancelledError: the heartbeat routine must go on."""
         try:
-            if not self.wanted() or not isinstance(member, str) or not member:
+            if not self.wanted():
+                self.last_why = None  # the next proof wanted tells its reasons afresh
+                return
+            if not isinstance(member, str) or not member:
                 return
             listing = await member_listed(self.coordinator, member, self.timeout)
             if listing.outcome == LISTED:
