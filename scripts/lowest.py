@@ -5,22 +5,26 @@ Not part of .ci/run (CI's time is full): run it after changing a range or a depe
 
     python scripts/lowest.py             # every profile, no broker
     python scripts/lowest.py --broker    # also tests/integration/test_faust_app.py (Kafka)
+    python scripts/lowest.py --keep      # keep the venvs that pass too
+
+Each profile's venv is removed once its tests pass; a failed one stays for inspection (the
+summary says where). The installed versions stay in ``<workdir>/<profile>-versions.txt``.
 
 Three profiles, because one venv with every extra would raise aiokafka and aiohttp to the dev
 extra's floors:
 
 - ``faust``: ``.[faust,aiokafka]`` (aiokafka 0.11, faust-streaming 0.12, click 8.1, ...): the
-  Faust and aiokafka unit tests;
-- ``runtime``: ``.[runtime]`` (aiokafka 0.14, rocksdict, aiohttp 3.9): the runtime's store and
-  query tests;
+  Faust unit tests and those of the aiokafka extra (consumer adapter, process host);
+- ``runtime``: ``.[runtime]`` (aiokafka 0.14, rocksdict, aiohttp 3.9): every runtime unit test;
 - ``full``: ``.[dev,runtime,spark]`` (pyspark, plotly, jinja2, and the dev extra's floors): the
   CLI, progress, report and runtime tests; ``--broker`` adds the Faust app on a real broker here
   (Faust needs aiokafka >= 0.13 on a Kafka 4 broker: docs/faust.md).
 
-A dependency's floor is its ``>=`` bound; where extras of one profile declare it twice, the
-higher bound (pip could not install the lower one). Test tools outside ``dev`` (pytest,
-hypothesis, ...) are pinned at the dev extra's floors. Only the direct
-dependencies are pinned: pip resolves the rest. Every requirement must have a ``>=`` bound.
+A dependency's floor is its ``>=`` (or ``==``, ``~=``) bound; where extras of one profile
+declare it twice, the higher bound (pip could not install the lower one). Test tools outside
+``dev`` (pytest, hypothesis, ...) are pinned at the dev extra's floors. Only the direct
+dependencies are pinned: pip resolves the rest. A requirement without such a bound, or with a
+marker or ``!=`` (whose floor this script would install regardless), is an error.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -40,7 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: ``name[extras]>=floor,<cap``: the form every requirement in pyproject.toml has.
 _REQUIREMENT = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(\[[^]]*\])?\s*(?P<spec>.*)$")
-_FLOOR = re.compile(r">=\s*(?P<version>[0-9][0-9A-Za-z.]*)")
+#: One clause of a specifier: a floor (``>=``, ``==``, ``~=``) or a cap (``<``, ``<=``).
+_CLAUSE = re.compile(r"^(?P<operator>>=|==|~=|<=|<)\s*(?P<version>[0-9]+(\.[0-9]+)*)$")
+_FLOOR_OPERATORS = (">=", "==", "~=")
 
 
 # dataclasses, not attrs: like scripts/kafka.py, this runs before anything is installed.
@@ -54,18 +61,8 @@ class Profile:
     tests: tuple[str, ...]
 
 
-_RUNTIME_TESTS = (
-    "tests/test_runtime_rocksdb_memory.py",
-    "tests/test_runtime_damaged_store.py",
-    "tests/test_runtime_restore.py",
-    "tests/test_runtime_changelog.py",
-    "tests/test_runtime_checkpoint_versions.py",
-    "tests/test_runtime_cleanup.py",
-    "tests/test_runtime_queries.py",
-    "tests/test_localstate.py",
-    "tests/test_localstate_unreadable.py",
-    "tests/test_localstate_versions.py",
-)
+#: Test paths are globs (relative to the repository), so a new test file of an area is run.
+_RUNTIME_TESTS = ("tests/test_runtime_*.py", "tests/test_localstate*.py")
 PROFILES = {
     "faust": Profile(
         extras=("faust", "aiokafka"),
@@ -82,9 +79,15 @@ PROFILES = {
             "tests/test_faust_topology.py",
             "tests/test_faust_transport.py",
             "tests/test_faust_watch.py",
-            "tests/test_aiokafka_adapter.py",
-            "tests/test_aiokafka_metadata.py",
-            "tests/test_describe.py",
+            # The aiokafka extra's own tests, at its floor (0.11):
+            "tests/consumer",
+            "tests/test_aiokafka_*.py",
+            "tests/test_process_host*.py",
+            "tests/test_leader_budget.py",
+            "tests/test_rolling_topics.py",
+            "tests/test_streams_null_topic.py",
+            "tests/test_streams_shared_ids.py",
+            "tests/test_describe*.py",
         ),
     ),
     "runtime": Profile(
@@ -112,14 +115,26 @@ def floors(requirements: list[str]) -> dict[str, str]:
     lowest: dict[str, str] = {}
     for requirement in requirements:
         parsed = _REQUIREMENT.match(requirement)
-        bound = _FLOOR.search(parsed["spec"]) if parsed else None
-        if parsed is None or bound is None:
-            sys.exit(f"lowest.py: {requirement!r} has no >= bound: declare the floor it needs")
+        version = _floor(parsed["spec"]) if parsed else None
+        if parsed is None or version is None:
+            sys.exit(
+                f"lowest.py: {requirement!r}: expected name[extras]>=floor,<cap "
+                "(>=, == or ~= for the floor, < or <= for a cap; no markers, no !=)"
+            )
         name = _normalized(parsed["name"])
-        version = bound["version"]
         if name not in lowest or _key(version) > _key(lowest[name]):
             lowest[name] = version
     return lowest
+
+
+def _floor(spec: str) -> str | None:
+    """The version of the one floor clause of ``spec``; None when it has no floor, two, or a
+    clause of another form (deliberately not PEP 440: pyproject.toml keeps to this form)."""
+    clauses = [_CLAUSE.match(clause.strip()) for clause in spec.split(",")]
+    if any(clause is None for clause in clauses):
+        return None
+    bounds = [c["version"] for c in clauses if c is not None and c["operator"] in _FLOOR_OPERATORS]
+    return bounds[0] if len(bounds) == 1 else None
 
 
 def _normalized(name: str) -> str:
@@ -135,8 +150,13 @@ def profile_floors(meta: dict[str, Any], profile: Profile) -> dict[str, str]:
     extras: dict[str, list[str]] = meta["optional-dependencies"]
     pins = floors(meta["dependencies"] + [r for extra in profile.extras for r in extras[extra]])
     dev = floors(extras["dev"])
-    pins.update({name: dev[name] for name in profile.test_tools})
+    pins.update({tool: dev[tool] for tool in profile.test_tools})
     return pins
+
+
+def test_paths(patterns: tuple[str, ...]) -> list[str]:
+    """The files and directories ``patterns`` match, in order, relative to the repository."""
+    return [str(path.relative_to(ROOT)) for p in patterns for path in sorted(ROOT.glob(p))]
 
 
 def run(command: list[str], stdout: IO[str] | None = None) -> int:
@@ -144,46 +164,57 @@ def run(command: list[str], stdout: IO[str] | None = None) -> int:
     return subprocess.call(command, cwd=ROOT, stdout=stdout)
 
 
-def check_profile(name: str, workdir: Path, broker: bool) -> int:
-    """Build the profile's venv afresh, install at the floors, run its tests: pytest's code."""
-    profile = PROFILES[name]
+def check_profile(profile_name: str, venv: Path, broker: bool) -> int:
+    """Build the profile's venv at ``venv``, install at the floors, run its tests: 0 when
+    everything passed."""
+    profile = PROFILES[profile_name]
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     pins = profile_floors(project["project"], profile)
     target = f".[{','.join(profile.extras)}]"
-    venv = workdir / name
     shutil.rmtree(venv, ignore_errors=True)
-    subprocess.check_call([sys.executable, "-m", "venv", str(venv)])
-    python = str(venv / "bin" / "python")
-    constraints = workdir / f"{name}-constraints.txt"
-    constraints.write_text("".join(f"{name}=={version}\n" for name, version in pins.items()))
-    # Pinned explicitly too: a constraint alone does not install the dev tools' floors.
-    pinned = [f"{name}=={version}" for name, version in pins.items()]
-    install = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    if run([*install, "-c", str(constraints), "-e", target, *pinned]) != 0:
+    if run([sys.executable, "-m", "venv", str(venv)]) != 0:
         return 1
-    with open(venv / "versions.txt", "w") as versions:
+    python = str(venv / "bin" / "python")
+    # The pins beside the package: pip installs exactly these, the dev tools' floors included.
+    pinned = [f"{package}=={version}" for package, version in pins.items()]
+    install = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    if run([*install, "-e", target, *pinned]) != 0:
+        return 1
+    with open(venv.with_name(f"{profile_name}-versions.txt"), "w") as versions:
         run([python, "-m", "pip", "list", "--format=freeze"], stdout=versions)
-    tests = profile.tests + (_BROKER_TESTS if broker and name == "full" else ())
-    return run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests])
+    tests = profile.tests + (_BROKER_TESTS if broker and profile_name == "full" else ())
+    return run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *test_paths(tests)])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", choices=[*PROFILES, "all"], default="all")
     parser.add_argument("--broker", action="store_true", help="add the Faust app broker test")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/streamassign-lowest"))
+    parser.add_argument("--keep", action="store_true", help="keep the venvs that pass too")
+    # A fresh directory per run by default: two runs at once must not remove each other's venvs.
+    parser.add_argument("--workdir", type=Path, help="default: a new /tmp/streamassign-lowest-*")
     args = parser.parse_args()
-    args.workdir.mkdir(parents=True, exist_ok=True)
+    workdir: Path = args.workdir or Path(tempfile.mkdtemp(prefix="streamassign-lowest-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"workdir: {workdir}", flush=True)
     profiles = list(PROFILES) if args.profile == "all" else [args.profile]
     failed = []
-    for profile in profiles:
+    for profile_name in profiles:
         started = time.monotonic()
-        code = check_profile(profile, args.workdir, args.broker)
-        verdict = "ok" if code == 0 else "FAILED"
-        print(f"== {profile}: {verdict} in {time.monotonic() - started:.0f} s", flush=True)
-        if code != 0:
-            failed.append(profile)
-    print(f"versions: {args.workdir}/<profile>/versions.txt")
+        venv = workdir / profile_name
+        passed = check_profile(profile_name, venv, args.broker) == 0
+        if passed and not args.keep:
+            shutil.rmtree(venv, ignore_errors=True)
+        if not passed:
+            failed.append(profile_name)
+        verdict = "ok" if passed else f"FAILED (venv kept: {venv})"
+        print(f"== {profile_name}: {verdict} in {time.monotonic() - started:.0f} s", flush=True)
+    print(f"versions: {workdir}/<profile>-versions.txt")
+    passed_count = len(profiles) - len(failed)
+    print(
+        f"lowest.py: {passed_count} of {len(profiles)} profiles passed; failed: "
+        f"{', '.join(failed) or 'none'}"
+    )
     return 1 if failed else 0
 
 

@@ -102,7 +102,10 @@ def _started_on_terminal(bar: Progress, live: bool) -> contextlib.AbstractContex
     """``bar`` itself on a terminal; elsewhere a bar that is never started or stopped: rich
     before 14.3 prints an empty line when a Progress stops outside a terminal, even a disabled
     one (its tasks and their times work unstarted)."""
-    return bar if live else contextlib.nullcontext()
+    # An if, not a conditional expression: mypy before 1.20 joins the two branches to object.
+    if live:
+        return bar
+    return contextlib.nullcontext()
 
 
 def _log_line(task: Task) -> str:
