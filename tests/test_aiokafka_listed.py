@@ -34,7 +34,8 @@ def answer(error: int = 0, members: tuple[str, ...] = (), state: str = "Stable")
 
 def test_the_builder_class_takes_the_highest_version_the_broker_takes() -> None:
     """aiokafka 0.13 on: Kafka 4.3 takes DescribeGroups 0-6; aiokafka knows up to 3."""
-    assert isinstance(listed.DescribeGroupsRequest, type)
+    if not isinstance(listed.DescribeGroupsRequest, type):
+        pytest.skip("aiokafka < 0.13 has no builder class: its versioned list is tested below")
     request = listed.describe_groups_request(None, "g")
     built = request.prepare({DESCRIBE_GROUPS_KEY: (0, 6)})
     assert built.API_VERSION == 3 and built.to_object()["groups"] == ["g"]
