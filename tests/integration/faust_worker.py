@@ -102,14 +102,16 @@ class AckAudit(Sensor):  # type: ignore[misc]
 
 
 def commit_log(topic: str) -> type[Monitor]:
-    """Faust's monitor, also logging every offset of ``topic`` the consumer commits."""
+    """Faust's monitor, also logging every offset of ``topic`` the consumer asks to commit:
+    Faust calls ``on_tp_commit`` whether or not the commit succeeded (a refused or failed one
+    too), so the line says what Faust recorded, not what the broker took."""
 
     class CommitLog(Monitor):  # type: ignore[misc]
         def on_tp_commit(self, tp_offsets: Any) -> None:
             super().on_tp_commit(tp_offsets)
             mine = {f"{tp.partition}": off for tp, off in tp_offsets.items() if tp.topic == topic}
             if mine:
-                log.info("AUDIT committed %s", mine)
+                log.info("AUDIT commit asked (taken or not) %s", mine)
 
     return CommitLog
 
