@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 import shutil
 import subprocess
 import sys
@@ -41,16 +40,19 @@ import tomllib
 from pathlib import Path
 from typing import IO, Any
 
+# packaging: pytest's own dependency, so present wherever the test tools are.
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
 ROOT = Path(__file__).resolve().parents[1]
 
-#: ``name[extras]>=floor,<cap``: the form every requirement in pyproject.toml has.
-_REQUIREMENT = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(\[[^]]*\])?\s*(?P<spec>.*)$")
-#: One clause of a specifier: a floor (``>=``, ``==``, ``~=``) or a cap (``<``, ``<=``).
-_CLAUSE = re.compile(r"^(?P<operator>>=|==|~=|<=|<)\s*(?P<version>[0-9]+(\.[0-9]+)*)$")
-_FLOOR_OPERATORS = (">=", "==", "~=")
+#: The operators of a floor clause, and of a cap: pyproject.toml keeps to ``name>=floor,<cap``.
+_FLOOR_OPERATORS = frozenset({">=", "==", "~="})
+_CAP_OPERATORS = frozenset({"<", "<="})
 
 
-# dataclasses, not attrs: like scripts/kafka.py, this runs before anything is installed.
+# dataclasses, not attrs: beside the standard library this needs only packaging (pytest's).
 @dataclasses.dataclass(frozen=True)
 class Profile:
     """One venv: the ``extras`` installed, the dev extra's ``test_tools`` added at their
@@ -112,37 +114,36 @@ _BROKER_TESTS = ("tests/integration/test_faust_app.py",)
 def floors(requirements: list[str]) -> dict[str, str]:
     """Each requirement's lowest allowed version, by normalized name (the highest of the
     bounds when a name comes twice)."""
-    lowest: dict[str, str] = {}
-    for requirement in requirements:
-        parsed = _REQUIREMENT.match(requirement)
-        version = _floor(parsed["spec"]) if parsed else None
-        if parsed is None or version is None:
+    lowest: dict[str, Version] = {}
+    for text in requirements:
+        floor = _floor(text)
+        if floor is None:
             sys.exit(
-                f"lowest.py: {requirement!r}: expected name[extras]>=floor,<cap "
+                f"lowest.py: {text!r}: expected name[extras]>=floor,<cap "
                 "(>=, == or ~= for the floor, < or <= for a cap; no markers, no !=)"
             )
-        name = _normalized(parsed["name"])
-        if name not in lowest or _key(version) > _key(lowest[name]):
+        name, version = floor
+        if name not in lowest or version > lowest[name]:
             lowest[name] = version
-    return lowest
+    return {name: str(version) for name, version in lowest.items()}
 
 
-def _floor(spec: str) -> str | None:
-    """The version of the one floor clause of ``spec``; None when it has no floor, two, or a
-    clause of another form (deliberately not PEP 440: pyproject.toml keeps to this form)."""
-    clauses = [_CLAUSE.match(clause.strip()) for clause in spec.split(",")]
-    if any(clause is None for clause in clauses):
+def _floor(text: str) -> tuple[str, Version] | None:
+    """The normalized name and the one floor of requirement ``text``; None when it has a
+    marker, no floor or two, a pre-release floor, or a clause of another kind."""
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement:
         return None
-    bounds = [c["version"] for c in clauses if c is not None and c["operator"] in _FLOOR_OPERATORS]
-    return bounds[0] if len(bounds) == 1 else None
-
-
-def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", version))
+    clauses = list(requirement.specifier)
+    if requirement.marker is not None or any(
+        c.operator not in _FLOOR_OPERATORS | _CAP_OPERATORS or "*" in c.version for c in clauses
+    ):
+        return None
+    bounds = [Version(c.version) for c in clauses if c.operator in _FLOOR_OPERATORS]
+    if len(bounds) != 1 or bounds[0].is_prerelease:
+        return None
+    return canonicalize_name(requirement.name), bounds[0]
 
 
 def profile_floors(meta: dict[str, Any], profile: Profile) -> dict[str, str]:
