@@ -3,7 +3,8 @@ in the normal suite.
 
 - ``damage.py``: the shared tools. ``damaged(seeds)`` turns valid encodings into random,
   mutated, truncated, spliced, extended and version-rewritten bytes; ``bounded()`` measures an
-  example's tracemalloc peak; ``FUZZ`` and ``FUZZ_LEADER`` are the per-example deadlines.
+  example's tracemalloc peak and CPU time (``within_cpu()`` the CPU time alone); ``FUZZ`` is
+  the settings every fuzz test shares.
 - ``test_decoders.py``: wire decoders (streams subscription and assignment, consumer user data).
 - ``test_leaders.py``: group leaders (streams, consumer).
 - ``test_faust_leader.py``: the Faust leader (a real Faust app's ``PartitionAssignor``).

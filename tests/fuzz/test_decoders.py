@@ -1,6 +1,6 @@
 """Every wire decoder on damaged bytes: it returns its type or raises its typed error
 (``ProtocolError``, ``UserDataError``: both ``StreamAssignError``), nothing else, within the
-per-example deadline and a memory bound proportional to its budget.
+per-example CPU-time bound and a memory bound proportional to its budget.
 
 Budgets are lowered to ``BUDGET`` entries for these examples (``MAX_TASK_IDS`` of the streams
 formats, ``MAX_PARTITIONS`` of the consumer's), so an input that reaches a budget is as cheap

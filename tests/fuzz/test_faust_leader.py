@@ -4,7 +4,7 @@ Faust's own JSON metadata, both damaged, empty, greedy claims, partial and unkno
 subscriptions, missing topics. Every member gets an answer it can read, never the leader's own
 failure (``ASSIGNMENT_ERROR``: the assignor turns any exception into it), only existing
 partitions of topics it subscribed to, no task and no source partition active twice; within
-the per-example deadline and ``LEADER_PEAK`` bytes (tracemalloc)."""
+the per-example CPU-time bound and ``LEADER_PEAK`` bytes (tracemalloc)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from streamassign.faust.leader import CAPACITY_TAG, CHANGELOGS_TAG, GLOBAL_CHANG
 from streamassign.protocol import LATEST_OFFSET, AssignmentInfo, SubscriptionInfo
 
 from ..test_faust_assignor import CL, GLOBAL_CL, SRC, Cluster, make_app
-from .damage import FUZZ_LEADER, bounded, damaged
+from .damage import FUZZ, LEADER_CPU_SECONDS, bounded, damaged
 from .test_leaders import GREEDY, LEADER_PEAK, greedy
 
 #: The app's topics, and topics of other apps (or versions) a member may also subscribe to.
@@ -118,7 +118,7 @@ def faust_leader() -> Iterator[PartitionAssignor]:
         yield assignor
 
 
-@FUZZ_LEADER
+@FUZZ
 @given(
     st.dictionaries(st.sampled_from([f"m{i}" for i in range(8)]), faust_member(), min_size=1),
     PARTITION_COUNTS,
@@ -129,7 +129,7 @@ def test_faust_leader(
     counts: Mapping[str, int],
 ) -> None:
     metas = {m: ConsumerProtocolMemberMetadata(0, t, d) for m, (t, d) in members.items()}
-    with bounded(LEADER_PEAK):
+    with bounded(LEADER_PEAK, LEADER_CPU_SECONDS):
         answers = faust_leader.assign(Cluster(counts), metas)
     assert set(answers) == set(members)
     active_tasks: set[TaskId] = set()

@@ -1,6 +1,6 @@
 """Topology and clients TOML files, damaged as bytes and as structure: each loader returns its
 type or raises its one typed error (``TopologyError`` for topology files, ``ClientsFileError``
-for clients files, each naming the file), nothing else, within the per-example deadline and
+for clients files, each naming the file), nothing else, within the per-example CPU-time bound and
 ``FILE_PEAK`` bytes. A clients file that loads is assigned by ``StickyTaskAssignor`` (as
 ``streamassign plan`` does) with nothing but a ``StreamAssignError`` escaping."""
 

@@ -30,7 +30,7 @@ from streamassign.protocol import AssignmentInfo
 from streamassign.runtime.changelog import read_marker
 
 from ..test_describe import meta
-from .damage import FUZZ, damaged
+from .damage import EXAMPLE_CPU_SECONDS, FUZZ, damaged, within_cpu
 
 #: Number tokens as they appear in JSON text, the non-finite ones included (``json.dumps``
 #: writes ``Infinity`` and ``NaN`` but never ``1e999``), and nesting past the parser's limit.
@@ -125,7 +125,8 @@ def _finite(value: Any) -> bool:
 @given(_texts(st.one_of(faust_assignments(), markers(), state_files())))
 def test_loads_json_returns_finite_json_or_raises_its_error(data: bytes) -> None:
     try:
-        value = loads_json(data, ProtocolError, "JSON")
+        with within_cpu(EXAMPLE_CPU_SECONDS):
+            value = loads_json(data, ProtocolError, "JSON")
     except ProtocolError as exc:
         event(str(exc).split(",")[0][:30])
         return
@@ -135,7 +136,9 @@ def test_loads_json_returns_finite_json_or_raises_its_error(data: bytes) -> None
 @FUZZ
 @given(JSON_VALUES.filter(_finite))
 def test_loads_json_reads_every_finite_json_value_back(value: Any) -> None:
-    assert loads_json(json.dumps(value), ProtocolError, "JSON") == value
+    with within_cpu(EXAMPLE_CPU_SECONDS):
+        read = loads_json(json.dumps(value), ProtocolError, "JSON")
+    assert read == value
 
 
 @FUZZ
@@ -148,7 +151,8 @@ def test_describe_decodes_any_faust_json_or_says_why_never_raises(
         metadata=meta(["words"], subscription),
         assignment=encode_assignment([TopicPartition("words", 0)], zlib.compress(assignment)),
     )
-    view = decode_member(FAUST_OWN_PROTOCOL_NAME, raw)
+    with within_cpu(EXAMPLE_CPU_SECONDS):
+        view = decode_member(FAUST_OWN_PROTOCOL_NAME, raw)
     event("undecodable" if view.undecodable else "decoded")
     if view.undecodable is None:
         assert all(isinstance(t, TaskId) for t in view.active | view.standby)
@@ -163,7 +167,8 @@ def test_a_commit_marker_decodes_to_its_offsets_or_is_unreadable_never_raises(
     in [0, 2**83), exactly, and every other one refused (``int()`` took ``2.5``, ``true``,
     ``"12"``, ``-7``, 40 digits: a huge one made the store skip every later input record)."""
     try:
-        marker = read_marker(data)
+        with within_cpu(EXAMPLE_CPU_SECONDS):
+            marker = read_marker(data)
     except DamagedStateError:
         event("unreadable")
         return
@@ -187,6 +192,7 @@ def test_the_faust_state_file_reads_or_is_ignored_never_raises(
     state_file: Path, data: bytes
 ) -> None:
     state_file.write_bytes(data)
-    info = _read_state(state_file)
+    with within_cpu(EXAMPLE_CPU_SECONDS):
+        info = _read_state(state_file)
     event("read" if info is not None else "ignored")
     assert info is None or isinstance(info, AssignmentInfo)

@@ -5,7 +5,7 @@ oddly named task directories. Opening the directory, ``offset_sums()`` and
 ``read_assignment()`` never raise; what they return is plausible (task ids int32s >= 0, sums in
 ``[0, 2**63)``) and the same after a reopen; nothing is deleted: every path the tree held is
 still there, or moved aside as a ``.damaged-*`` sibling with its content; within the
-per-example deadline and ``STATE_PEAK`` bytes (tracemalloc)."""
+per-example CPU-time bound and ``STATE_PEAK`` bytes (tracemalloc)."""
 
 from __future__ import annotations
 
