@@ -351,7 +351,7 @@ class _PipelineDefaultOption(click.Option):
         if record is None or not callable(self.default):
             return record
         names, text = record
-        return names, text.replace("(dynamic)", exact_number(self.default()))
+        return names, text.replace("default: (dynamic)", f"default: {exact_number(self.default())}")
 
 
 def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
