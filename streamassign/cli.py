@@ -344,11 +344,14 @@ class _PipelineDefaultOption(click.Option):
     """An option whose default is a pipeline constant (a callable, called only when needed),
     shown in ``--help`` as its value rather than click's "(dynamic)"."""
 
-    def get_help_extra(self, ctx: click.Context) -> Any:
-        extra = super().get_help_extra(ctx)
-        if callable(self.default):
-            extra["default"] = exact_number(self.default())
-        return extra
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        # The finished line, not click 8.2's get_help_extra: click 8.1 (Faust 0.12 and 0.13
+        # pin click < 8.2) has no such hook and writes "(dynamic)" itself.
+        record = super().get_help_record(ctx)
+        if record is None or not callable(self.default):
+            return record
+        names, text = record
+        return names, text.replace("default: (dynamic)", f"default: {exact_number(self.default())}")
 
 
 def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:

@@ -736,3 +736,17 @@ def test_watch_names_the_subscribed_topic_without_partitions_that_renumbered_the
     lines, notes = _watched(monkeypatch, tmp_path, [plain, typo, plain, typo])
     assert [line["moves"] for line in lines[1:]] == [[], [], []]
     assert _renumbered_by(notes) == ["a subscribed topic with no partition assigned (0-typo)"] * 3
+
+
+@pytest.mark.parametrize("command", ["simulate", "plan-standbys"])
+def test_pipeline_defaults_show_their_values_in_help(command: str) -> None:
+    """Defaults read from the pipeline's constants show the value, never click's
+    ``(dynamic)`` (click 8.1, which Faust 0.12 and 0.13 pin, wrote that for them)."""
+    from streamassign.pipeline import simulate
+    from streamassign.text import exact_number
+
+    result = CliRunner().invoke(main, [command, "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "(dynamic)" not in result.output
+    for constant in (simulate.RESTORE_RATE, simulate.PROBING_INTERVAL_S):
+        assert f"[default: {exact_number(constant)}" in result.output, constant
