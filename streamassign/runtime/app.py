@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import GroupAuthorizationFailedError
 
 from .. import TaskId, TopicPartition
 from ..aiokafka import closing
@@ -39,6 +40,7 @@ from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import (
     ErrorCode,
+    GroupNotAuthorizedError,
     InternalTopicError,
     OutputWriteError,
     RuntimeConfigError,
@@ -53,6 +55,8 @@ from ._clients import (
     Clients,
     capped_batches,
     connection_settings,
+    principal,
+    with_connection,
 )
 from ._topics import ChangelogCheck, ensure_internal_topics, max_message_bytes, written_topics
 from .changelog import StoreState
@@ -361,7 +365,7 @@ class App:
             await self.end_offsets.start(self.bootstrap_servers, self.connection_config)
         await self._make_producers()
         await self._start_clients()
-        await self.host.start()
+        await self._join_group()
         log.info(
             "process %s started: %d consumer(s), %s stores, %d standby replica(s), %s",
             self.host.process_id,
@@ -390,11 +394,17 @@ class App:
         )
         # Idempotent: a retried send is neither duplicated nor reordered in the changelog.
         producer_config = capped_batches(
-            {"acks": "all", "linger_ms": 5, "enable_idempotence": True, **self.producer_config},
+            {
+                "acks": "all",
+                "linger_ms": 5,
+                "enable_idempotence": True,
+                **with_connection(self.producer_config, self.connection_config),
+            },
             clients.limits,
             AIOKAFKA_BATCH_BYTES if self.exactly_once else SHARED_BATCH_BYTES,
         )
         clients.compressed = producer_config.get("compression_type") is not None
+        clients.principal = principal(producer_config)
         if self.exactly_once:  # each task's own transactional producer (fencing), no other
             clients.task_producers = TaskProducers(
                 self.host.application_id, self.bootstrap_servers, producer_config
@@ -430,6 +440,19 @@ class App:
         if clients.producer is not None:
             starts.append(clients.producer.start())
         await asyncio.gather(*starts)
+
+    async def _join_group(self) -> None:
+        """Start the host (its consumers join the group); a group the principal may not use
+        raises ``GroupNotAuthorizedError`` naming the ACL, not aiokafka's bare error."""
+        try:
+            await self.host.start()
+        except GroupAuthorizationFailedError as exc:
+            group = self.host.application_id
+            raise GroupNotAuthorizedError(
+                f"consumer group {group!r} not authorized for "
+                f"{principal(self.connection_config)}: grant READ on group {group!r} "
+                "(joining, heartbeats and offset commits need it)"
+            ) from exc
 
     def _state_updater_loop(self) -> Coroutine[Any, Any, None]:
         return self._updater.run(self._stopped, lambda: self.commit_interval)
