@@ -320,3 +320,27 @@ def test_a_sink_topic_not_authorized_is_an_output_write_error(tmp_path: Path) ->
         "grant WRITE on topic 'sinkK'"
     )
     app.state.close()
+
+
+def test_losing_the_group_while_running_stops_with_one_line_naming_the_acl(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Measured: the group's READ taken away while running stopped the application with
+    aiokafka's ``GroupAuthorizationFailedError('rtO')`` as ``failure`` (logged with a trace)."""
+    app = App(TOPOLOGY, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+
+    async def polling() -> None:
+        raise GroupAuthorizationFailedError("rt")
+
+    with caplog.at_level(logging.ERROR, "streamassign.runtime"):
+        asyncio.run(app._fail_on_error(polling(), "consumer 0"))
+    assert isinstance(app.failure, GroupNotAuthorizedError)
+    assert isinstance(app.failure.__cause__, GroupAuthorizationFailedError)
+    assert app._stopped.is_set()
+    (line,) = caplog.records
+    assert line.getMessage().startswith(
+        "consumer 0 failed; stopping the application: consumer group 'rt' not authorized for "
+        "the application's principal: grant READ on group 'rt'"
+    )
+    assert line.exc_info is None
+    app.state.close()

@@ -42,6 +42,7 @@ from ..errors import (
     ErrorCode,
     GroupNotAuthorizedError,
     InternalTopicError,
+    NotAuthorizedError,
     OutputWriteError,
     RuntimeConfigError,
     TransactionFailedError,
@@ -447,12 +448,14 @@ class App:
         try:
             await self.host.start()
         except GroupAuthorizationFailedError as exc:
-            group = self.host.application_id
-            raise GroupNotAuthorizedError(
-                f"consumer group {group!r} not authorized for "
-                f"{principal(self.connection_config)}: grant READ on group {group!r} "
-                "(joining, heartbeats and offset commits need it)"
-            ) from exc
+            raise self._group_refused() from exc
+
+    def _group_refused(self) -> GroupNotAuthorizedError:
+        group = self.host.application_id
+        return GroupNotAuthorizedError(
+            f"consumer group {group!r} not authorized for {principal(self.connection_config)}: "
+            f"grant READ on group {group!r} (joining, heartbeats and offset commits need it)"
+        )
 
     def _state_updater_loop(self) -> Coroutine[Any, Any, None]:
         return self._updater.run(self._stopped, lambda: self.commit_interval)
@@ -464,6 +467,11 @@ class App:
             await loop
         except asyncio.CancelledError:
             raise
+        except GroupAuthorizationFailedError as exc:  # the group's READ taken away
+            refused = self._group_refused()
+            refused.__cause__ = exc
+            self._note_failure(what, refused, "stopping the application")
+            self._stopped.set()
         except Exception as exc:
             self._note_failure(what, exc, "stopping the application")
             self._stopped.set()
@@ -540,7 +548,7 @@ class App:
         """Log a failed loop or stop step (a write or internal-topic failure says what and why
         in one line, anything else with its trace) and keep the first failure for ``run()``.
         Called from the ``except`` block, where ``log.exception`` finds the trace."""
-        if isinstance(exc, (OutputWriteError, InternalTopicError)):
+        if isinstance(exc, (OutputWriteError, InternalTopicError, NotAuthorizedError)):
             log.error("%s failed; %s: %s", what, then, exc)
         else:
             log.exception("%s failed; %s", what, then)
