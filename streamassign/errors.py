@@ -337,6 +337,32 @@ class MissingChangelogError(InternalTopicError):
     names the topics and the remedy (docs/runtime.md)."""
 
 
+class NotAuthorizedError(StreamAssignError):
+    """The broker refused the runtime's principal an operation (an ACL is missing): the
+    application does not start, or stops, since a retry would be refused again. The message
+    names the resource, the operation to grant and the principal (docs/runtime.md,
+    "Secured clusters")."""
+
+
+class SourceTopicsNotAuthorizedError(MissingTopicsError, NotAuthorizedError):
+    """Source topics the runtime's principal may not read (Kafka answers so whether they
+    exist or not). A ``MissingTopicsError`` too: its partition counts are not known."""
+
+    def __init__(self, topics: Iterable[str], message: str) -> None:
+        self.topics = tuple(sorted(set(topics)))
+        StreamAssignError.__init__(self, message)
+
+
+class InternalTopicNotAuthorizedError(MissingChangelogError, NotAuthorizedError):
+    """An internal topic (changelog, repartition topic) the runtime's principal may not
+    describe or create. Never taken for a deleted changelog; a ``MissingChangelogError``
+    too, so it stops the application wherever a missing changelog does."""
+
+
+class GroupNotAuthorizedError(NotAuthorizedError):
+    """The runtime's principal may not use the application's consumer group (READ)."""
+
+
 class ChangelogReadTimeoutError(StreamAssignError, TimeoutError):
     """A changelog range the runtime must read (the keys another writer wrote before a
     commit marker) was not read within its deadline (the broker slow or away)."""
@@ -372,6 +398,10 @@ class OutputWriteError(StreamAssignError):
     ``max.message.bytes``, keyless to a compacted topic, an authorization failure): the
     application stops, since a retry or restart would be refused again. Exactly once, the
     task's transaction is aborted; a record known to be too large is never sent."""
+
+
+class OutputNotAuthorizedError(OutputWriteError, NotAuthorizedError):
+    """A write to a topic the runtime's principal may not write to (WRITE)."""
 
 
 class WritesAbandonedError(StreamAssignError, ConnectionError):

@@ -150,8 +150,9 @@ def test_describing_topics_never_asks_the_broker_to_create_them() -> None:
         sent.append(request)
         return SimpleNamespace(to_object=lambda: {"topics": topics})
 
-    found = asyncio.run(_describe(SimpleNamespace(_send_request=send), ["ready", "gone"]))
+    found, denied = asyncio.run(_describe(SimpleNamespace(_send_request=send), ["ready", "gone"]))
     assert found == {"ready": partitions(2), "electing": partitions(2, leader=-1)}
+    assert denied == []
     (request,) = sent  # the no-create wrapper of streamassign.aiokafka.metadata
     asked = request.request
     assert asked._allow_auto_topic_creation is False and asked._topics == ["ready", "gone"]

@@ -58,6 +58,23 @@ def connection_settings(consumer_config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in consumer_config.items() if k in CONNECTION_KEYS}
 
 
+def with_connection(config: Mapping[str, Any], connection: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` (``producer_config``) with the ``connection`` settings (``consumer_config``'s)
+    when it sets none of ``CONNECTION_KEYS`` itself: a secured cluster's producers need them
+    as much as every other client, and left out they fail to bootstrap without saying why.
+    One that sets any of them is taken as complete (the producers' own principal, say)."""
+    if any(k in config for k in CONNECTION_KEYS):
+        return dict(config)
+    return {**connection, **config}
+
+
+def principal(config: Mapping[str, Any]) -> str:
+    """The principal a broker's ACLs name the clients by, as far as ``config`` (a client's
+    connection settings) tells: ``User:NAME`` with a SASL user name, else a description."""
+    name = config.get("sasl_plain_username")
+    return f"User:{name}" if name else "the application's principal"
+
+
 def batch_ceiling(limit: int) -> int:
     """The largest batch a producer may build for a topic of ``max.message.bytes`` ``limit``."""
     return max(limit - BATCH_HEADROOM, limit // 2)
@@ -162,6 +179,8 @@ class Clients:
     limits: Mapping[str, int] = attrs.field(factory=dict)
     #: The producers compress (``compression_type``): records are not size-checked.
     compressed: bool = False
+    #: Who the producers write as (``principal``), for the line a refused write logs.
+    principal: str = "the application's principal"
     #: Each task's ``CheckedProducer``, made again when its producer changes.
     _checked: dict[TaskId, CheckedProducer] = attrs.field(factory=dict, init=False)
     #: Topics sent to that are not in ``limits`` (warned about once).

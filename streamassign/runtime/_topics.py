@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -16,15 +16,25 @@ from aiokafka.errors import NodeNotReadyError
 from .. import TaskId, TopicPartition
 from ..aiokafka.metadata import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC, topic_metadata
 from ..errors import InternalTopicError as InternalTopicError
-from ..errors import MissingChangelogError, MissingTopicsError, TopicConfigError
+from ..errors import (
+    InternalTopicNotAuthorizedError,
+    MissingChangelogError,
+    MissingTopicsError,
+    SourceTopicsNotAuthorizedError,
+    TopicConfigError,
+)
 from ..grouper import resolve_partition_counts, task_counts
 from ..localstate import StateDirectory
 from ..topology import Topology
+from ._clients import principal
 from .end_offsets import partition_names
 
 log = logging.getLogger("streamassign.runtime")
 
 _TOPIC_ALREADY_EXISTS = 36
+#: The broker's answer for a topic the principal may not describe (or create), whether it
+#: exists or not.
+TOPIC_AUTHORIZATION_FAILED = 29
 #: Seconds a start's topic check may wait: for a broker connection to be ready, for a new
 #: topic's partitions to be listed and for their leaders.
 _READY_TIMEOUT = 30.0
@@ -32,6 +42,9 @@ _READY_TIMEOUT = 30.0
 CHECK_TIMEOUT = 10.0
 #: Seconds between two such checks at most once (a broker outage fails every end lookup).
 CHECK_INTERVAL = 10.0
+
+#: Makes the error for topics the principal may not describe (``_describe_by``).
+_Refusal = Callable[[list[str]], Exception]
 
 #: What to do about internal topics with other partition counts than the tasks need.
 COUNT_REMEDY = (
@@ -66,28 +79,39 @@ def internal_topics(topology: Topology, external_counts: Mapping[str, int]) -> d
     return wanted
 
 
-async def _describe(admin: Any, topics: list[str]) -> dict[str, list[Any]]:
+async def _describe(admin: Any, topics: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
     """Partitions of the topics that exist (unknown ones are left out; one that exists
-    without leaders yet may have none listed). The metadata request never creates a topic:
-    aiokafka's ``describe_topics`` asks with ``allow_auto_topic_creation`` on, and a broker
-    with ``auto.create.topics.enable=true`` (Kafka's default) then creates every missing
-    topic asked about with the broker's defaults (one partition, not compacted). A broker
-    too old to take the flag (before Kafka 1.0) is refused, never asked without it."""
+    without leaders yet may have none listed), and the topics the principal may not
+    describe (left out too: whether they exist is not known). The metadata request never
+    creates a topic: aiokafka's ``describe_topics`` asks with ``allow_auto_topic_creation``
+    on, and a broker with ``auto.create.topics.enable=true`` (Kafka's default) then creates
+    every missing topic asked about with the broker's defaults (one partition, not
+    compacted). A broker too old to take the flag (before Kafka 1.0) is refused, never asked
+    without it."""
     found = {}
+    denied = []
     for topic in await topic_metadata(admin, topics):
         if topic["error_code"] in (0, LEADER_NOT_AVAILABLE):
             found[topic["topic"]] = topic["partitions"]
-    return found
+        elif topic["error_code"] == TOPIC_AUTHORIZATION_FAILED:
+            denied.append(topic["topic"])
+    return found, sorted(denied)
 
 
-async def _describe_by(admin: Any, topics: list[str], deadline: float) -> dict[str, list[Any]]:
+async def _describe_by(
+    admin: Any, topics: list[str], deadline: float, refuse: _Refusal
+) -> dict[str, list[Any]]:
     """``_describe``, asked again until ``deadline`` (``time.monotonic``) while no broker
     connection is ready: aiokafka's admin sends to a node of its metadata without waiting for
     it to connect, and fails with ``NodeNotReadyError`` when it cannot yet, as just after a
-    broker was unfenced or restarted. Raised as it is after the deadline."""
+    broker was unfenced or restarted. Raised as it is after the deadline. Topics the
+    principal may not describe raise ``refuse(topics)``: never taken for absent ones."""
     while True:
         try:
-            return await _describe(admin, topics)
+            found, denied = await _describe(admin, topics)
+            if denied:
+                raise refuse(denied)
+            return found
         except NodeNotReadyError as exc:
             if time.monotonic() >= deadline:
                 raise
@@ -95,13 +119,13 @@ async def _describe_by(admin: Any, topics: list[str], deadline: float) -> dict[s
         await asyncio.sleep(0.1)
 
 
-async def _describe_ready(admin: Any, topics: list[str]) -> dict[str, list[Any]]:
-    """``_describe``, waiting (up to ``_READY_TIMEOUT``) for a broker connection to be ready
-    and while a topic exists without any partition listed yet (just created: its partition
-    count is not known yet)."""
+async def _describe_ready(admin: Any, topics: list[str], refuse: _Refusal) -> dict[str, list[Any]]:
+    """``_describe_by``, waiting (up to ``_READY_TIMEOUT``) for a broker connection to be
+    ready and while a topic exists without any partition listed yet (just created: its
+    partition count is not known yet)."""
     deadline = time.monotonic() + _READY_TIMEOUT
     while True:
-        found = await _describe_by(admin, topics, deadline)
+        found = await _describe_by(admin, topics, deadline, refuse)
         if all(found[t] for t in found) or time.monotonic() >= deadline:
             return found
         await asyncio.sleep(0.1)
@@ -117,16 +141,19 @@ async def ensure_internal_topics(
 ) -> dict[str, int]:
     """Create the missing internal topics (changelogs compacted); returns their counts.
 
-    Raises ``MissingTopicsError`` when external source topics are missing,
+    Raises ``MissingTopicsError`` when external source topics are missing (its subclass
+    ``SourceTopicsNotAuthorizedError`` when the principal may not read them;
+    ``InternalTopicNotAuthorizedError`` for internal topics it may not describe or create),
     ``InternalTopicError`` when an internal topic exists with another partition count, and
     ``MissingChangelogError`` when a changelog is missing that a checkpoint in ``state``
     holds data of (it was deleted: creating it empty would lose that state at the restore).
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **dict(admin_config or {}))
     await admin.start()
+    who = principal(admin_config or {})
     try:
         externals = sorted(topology.external_source_topics)
-        existing = await _describe_ready(admin, externals)
+        existing = await _describe_ready(admin, externals, lambda ts: _sources_denied(ts, who))
         missing = [t for t in externals if t not in existing]
         if missing:
             raise MissingTopicsError(missing)
@@ -134,7 +161,9 @@ async def ensure_internal_topics(
         changelogs = {
             c for sub in topology.subtopologies for c in topology.changelog_topics(sub.id)
         }
-        present = await _describe_ready(admin, sorted(wanted))
+        present = await _describe_ready(
+            admin, sorted(wanted), lambda ts: _internals_denied(ts, who)
+        )
         wrong = {t: len(ps) for t, ps in present.items() if len(ps) != wanted[t]}
         if wrong:
             raise InternalTopicError(
@@ -156,14 +185,48 @@ async def ensure_internal_topics(
         ]
         if new:
             response = await admin.create_topics(new)
-            for error in response.topic_errors:
-                if error[1] not in (0, _TOPIC_ALREADY_EXISTS):
-                    raise InternalTopicError(f"creating internal topic {error[0]!r}: {error}")
+            _refuse_create_errors(response.topic_errors, new, who)
             log.info("created internal topics: %s", ", ".join(t.name for t in new))
-            await _wait_for_leaders(admin, {t.name: t.num_partitions for t in new})
+            await _wait_for_leaders(admin, {t.name: t.num_partitions for t in new}, who)
         return wanted
     finally:
         await admin.close()
+
+
+def _sources_denied(topics: list[str], who: str) -> SourceTopicsNotAuthorizedError:
+    return SourceTopicsNotAuthorizedError(
+        topics,
+        f"source topics not authorized for {who}: {', '.join(topics)}: grant READ on each "
+        "(it implies the DESCRIBE the metadata request needs; the broker answers so whether "
+        "a topic exists or not)",
+    )
+
+
+def _internals_denied(topics: list[str], who: str) -> InternalTopicNotAuthorizedError:
+    return InternalTopicNotAuthorizedError(
+        f"internal topics not authorized for {who}: {', '.join(topics)}: grant READ and "
+        "WRITE on them (a PREFIXED ACL on '<application id>-' covers every internal topic; "
+        "READ implies the DESCRIBE the metadata request needs); not taken for deleted "
+        "changelogs, nothing created"
+    )
+
+
+def _refuse_create_errors(errors: Any, new: list[NewTopic], who: str) -> None:
+    """Raise ``InternalTopicError`` for a topic CreateTopics refused (an authorization
+    refusal: ``InternalTopicNotAuthorizedError`` with the ACL, or how to create it)."""
+    for error in errors:
+        name, code = error[0], error[1]
+        if code == TOPIC_AUTHORIZATION_FAILED:
+            topic = next(t for t in new if t.name == name)
+            raise InternalTopicNotAuthorizedError(
+                f"creating internal topic {name!r} not authorized for {who}: grant CREATE "
+                f"on it (a PREFIXED ACL on '<application id>-' covers every internal topic), "
+                f"or create it beforehand: {topic.num_partitions} partition(s), replication "
+                f"factor {topic.replication_factor}"
+                + (", cleanup.policy=compact" if topic.topic_configs else "")
+            )
+        if code not in (0, _TOPIC_ALREADY_EXISTS):
+            raise InternalTopicError(f"creating internal topic {name!r}: {error}")
 
 
 def changelogs_with_state(state: StateDirectory) -> dict[str, list[TaskId]]:
@@ -209,10 +272,12 @@ def _refuse_lost_changelogs(state: StateDirectory, missing: Collection[str]) -> 
         )
 
 
-async def _wait_for_leaders(admin: Any, counts: Mapping[str, int]) -> None:
+async def _wait_for_leaders(admin: Any, counts: Mapping[str, int], who: str) -> None:
     deadline = time.monotonic() + _READY_TIMEOUT
     while True:
-        found = await _describe_by(admin, sorted(counts), deadline)
+        found = await _describe_by(
+            admin, sorted(counts), deadline, lambda ts: _internals_denied(ts, who)
+        )
         ready = all(
             len(found.get(t, ())) == n and min(p["leader"] for p in found[t]) >= 0
             for t, n in counts.items()
@@ -280,10 +345,17 @@ class ChangelogCheck:
         return found
 
     async def _describe(self, topics: list[str]) -> dict[str, list[Any]]:
+        """The partitions of ``topics``; changelogs the principal may not describe raise
+        ``InternalTopicNotAuthorizedError`` (not taken for deleted ones), source topics it
+        may not are left out."""
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers, **self.admin_config)
         try:
             await admin.start()
-            return await _describe(admin, topics)
+            found, denied = await _describe(admin, topics)
+            denied = [t for t in denied if t not in self.topology.external_source_topics]
+            if denied:
+                raise _internals_denied(denied, principal(self.admin_config))
+            return found
         finally:
             with contextlib.suppress(Exception):  # not started, or the connection is gone
                 await admin.close()
@@ -387,16 +459,22 @@ async def _topic_limits(admin: Any, topics: list[str]) -> tuple[dict[str, int], 
                 missing.append(name)
             elif code != 0:  # the others' limits are still worth having
                 log.warning(
-                    "max.message.bytes of topic %r not known (describe error %d): batches "
-                    "not capped for it",
+                    "max.message.bytes of topic %r not known (%s): batches not capped for it",
                     name,
-                    code,
+                    _config_error(code, name),
                 )
                 continue
             for entry in resource["config_entries"]:
                 if entry["config_names"] == "max.message.bytes":
                     limits[name] = int(entry["config_value"])
     return limits, missing
+
+
+def _config_error(code: int, topic: str) -> str:
+    """Why DescribeConfigs gave no configuration of ``topic`` (error ``code``), in words."""
+    if code == TOPIC_AUTHORIZATION_FAILED:
+        return f"not authorized: grant DESCRIBE_CONFIGS on topic {topic!r}"
+    return f"describe error {code}"
 
 
 async def _broker_limit(admin: Any) -> int:

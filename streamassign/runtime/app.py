@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import GroupAuthorizationFailedError
 
 from .. import TaskId, TopicPartition
 from ..aiokafka import closing
@@ -39,7 +40,9 @@ from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import (
     ErrorCode,
+    GroupNotAuthorizedError,
     InternalTopicError,
+    NotAuthorizedError,
     OutputWriteError,
     RuntimeConfigError,
     TransactionFailedError,
@@ -53,6 +56,8 @@ from ._clients import (
     Clients,
     capped_batches,
     connection_settings,
+    principal,
+    with_connection,
 )
 from ._topics import ChangelogCheck, ensure_internal_topics, max_message_bytes, written_topics
 from .changelog import StoreState
@@ -361,7 +366,7 @@ class App:
             await self.end_offsets.start(self.bootstrap_servers, self.connection_config)
         await self._make_producers()
         await self._start_clients()
-        await self.host.start()
+        await self._join_group()
         log.info(
             "process %s started: %d consumer(s), %s stores, %d standby replica(s), %s",
             self.host.process_id,
@@ -390,11 +395,17 @@ class App:
         )
         # Idempotent: a retried send is neither duplicated nor reordered in the changelog.
         producer_config = capped_batches(
-            {"acks": "all", "linger_ms": 5, "enable_idempotence": True, **self.producer_config},
+            {
+                "acks": "all",
+                "linger_ms": 5,
+                "enable_idempotence": True,
+                **with_connection(self.producer_config, self.connection_config),
+            },
             clients.limits,
             AIOKAFKA_BATCH_BYTES if self.exactly_once else SHARED_BATCH_BYTES,
         )
         clients.compressed = producer_config.get("compression_type") is not None
+        clients.principal = principal(producer_config)
         if self.exactly_once:  # each task's own transactional producer (fencing), no other
             clients.task_producers = TaskProducers(
                 self.host.application_id, self.bootstrap_servers, producer_config
@@ -431,6 +442,21 @@ class App:
             starts.append(clients.producer.start())
         await asyncio.gather(*starts)
 
+    async def _join_group(self) -> None:
+        """Start the host (its consumers join the group); a group the principal may not use
+        raises ``GroupNotAuthorizedError`` naming the ACL, not aiokafka's bare error."""
+        try:
+            await self.host.start()
+        except GroupAuthorizationFailedError as exc:
+            raise self._group_refused() from exc
+
+    def _group_refused(self) -> GroupNotAuthorizedError:
+        group = self.host.application_id
+        return GroupNotAuthorizedError(
+            f"consumer group {group!r} not authorized for {principal(self.connection_config)}: "
+            f"grant READ on group {group!r} (joining, heartbeats and offset commits need it)"
+        )
+
     def _state_updater_loop(self) -> Coroutine[Any, Any, None]:
         return self._updater.run(self._stopped, lambda: self.commit_interval)
 
@@ -441,6 +467,11 @@ class App:
             await loop
         except asyncio.CancelledError:
             raise
+        except GroupAuthorizationFailedError as exc:  # the group's READ taken away
+            refused = self._group_refused()
+            refused.__cause__ = exc
+            self._note_failure(what, refused, "stopping the application")
+            self._stopped.set()
         except Exception as exc:
             self._note_failure(what, exc, "stopping the application")
             self._stopped.set()
@@ -517,7 +548,7 @@ class App:
         """Log a failed loop or stop step (a write or internal-topic failure says what and why
         in one line, anything else with its trace) and keep the first failure for ``run()``.
         Called from the ``except`` block, where ``log.exception`` finds the trace."""
-        if isinstance(exc, (OutputWriteError, InternalTopicError)):
+        if isinstance(exc, (OutputWriteError, InternalTopicError, NotAuthorizedError)):
             log.error("%s failed; %s: %s", what, then, exc)
         else:
             log.exception("%s failed; %s", what, then)

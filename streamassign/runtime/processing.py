@@ -18,10 +18,20 @@ from typing import Any, Literal
 import attrs
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import IllegalOperation, ProducerFenced
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    IllegalOperation,
+    ProducerFenced,
+    TopicAuthorizationFailedError,
+)
 
 from .. import TaskId, TopicPartition
-from ..errors import MissingChangelogError, StoreIOError, TransactionFailedError
+from ..errors import (
+    MissingChangelogError,
+    OutputNotAuthorizedError,
+    StoreIOError,
+    TransactionFailedError,
+)
 from ..errors import ProcessingError as ProcessingError
 from ..topology import Topology
 from ._clients import Clients
@@ -325,6 +335,13 @@ class Processing:
                 )
             except (ProducerFenced, IllegalOperation) as exc:  # only transactional ones do
                 raise TransactionFailedError(f"task {task.task_id}: {exc!r}") from exc
+            except (TopicAuthorizationFailedError, ClusterAuthorizationFailedError) as exc:
+                # raised while the send waits for the topic's metadata, before any ack
+                raise OutputNotAuthorizedError(
+                    f"task {task.task_id}: writing to topic {topic!r} not authorized for "
+                    f"{self.clients.principal}: grant WRITE on topic {topic!r} ({exc!r}); "
+                    "nothing committed, stopping (it would be refused again)"
+                ) from exc
             task.futures.append(sent)
             if state is not None:
                 state.produced()
