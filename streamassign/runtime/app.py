@@ -42,6 +42,8 @@ from ..errors import (
     InternalTopicError,
     OutputWriteError,
     RuntimeConfigError,
+    StoreIOError,
+    StoreNotOpenError,
     TransactionFailedError,
 )
 from ..protocol import LATEST_VERSION
@@ -514,10 +516,15 @@ class App:
             self._note_failure(what, exc, "stopping anyway")
 
     def _note_failure(self, what: str, exc: Exception, then: str) -> None:
-        """Log a failed loop or stop step (a write or internal-topic failure says what and why
-        in one line, anything else with its trace) and keep the first failure for ``run()``.
-        Called from the ``except`` block, where ``log.exception`` finds the trace."""
-        if isinstance(exc, (OutputWriteError, InternalTopicError)):
+        """Log a failed loop or stop step and keep the first failure for ``run()``. A failure
+        whose message says what and why (``_says_why``) is one line; the first of any other
+        comes with its trace, and any after the first (each consumer meeting the same full
+        disk, say) is one line, its trace at DEBUG. Called from the ``except`` block, where
+        ``log.exception`` finds the trace."""
+        if self.failure is not None:
+            log.error("%s failed too; %s: %s", what, then, _one_line(exc))
+            log.debug("%s failed too", what, exc_info=True)
+        elif _says_why(exc):
             log.error("%s failed; %s: %s", what, then, exc)
         else:
             log.exception("%s failed; %s", what, then)
@@ -1234,6 +1241,20 @@ class App:
         if not self._rebalancing:  # every consumer has its new tasks: close what nobody took
             # Not awaited: this callback holds up the member's rejoin (no heartbeats).
             self._stores.close_parked()
+
+
+def _says_why(exc: Exception) -> bool:
+    """Whether ``exc``'s message alone says what failed and why, with nothing a trace would
+    add: a write or internal-topic failure, a store's (its directory and RocksDB's status),
+    and a store's failed open (it names the store, with the ``StoreIOError`` it caused)."""
+    if isinstance(exc, StoreNotOpenError):  # without a cause: a store used too early, a bug
+        return isinstance(exc.__cause__, StoreIOError)
+    return isinstance(exc, (OutputWriteError, InternalTopicError, StoreIOError))
+
+
+def _one_line(exc: Exception) -> str:
+    """``exc`` for a one-line log: its type and message."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 class _Listener(TaskListener):
