@@ -349,6 +349,8 @@ class App:
 
     async def _start_steps(self) -> None:
         """The steps of ``start()``, in order."""
+        if self.store_kind == "rocksdb":  # refused before joining, not at the claimed opens
+            self.state.probe_writes()
         counts = await ensure_internal_topics(
             self.topology,
             self.bootstrap_servers,
