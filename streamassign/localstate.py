@@ -304,7 +304,7 @@ class StateDirectory:
             raise self._refused_writes(directory, size, exc) from exc
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(bytes(size))
+                fh.write(os.urandom(size))  # zeros a compressing filesystem would not store
                 fh.flush()
                 os.fsync(fh.fileno())
         except OSError as exc:

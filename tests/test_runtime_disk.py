@@ -93,30 +93,47 @@ def test_a_store_open_failing_on_a_full_disk_is_one_line(
     assert "Traceback" not in caplog.text
 
 
-def test_an_unexplained_failure_keeps_its_trace_and_later_ones_are_one_line(
+def test_an_unexplained_failure_keeps_its_trace_also_after_the_first(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A store used before its open (no cause: a bug) keeps its trace; what fails after the
-    first failure is one line each, its trace at DEBUG."""
+    """A store used before its open (no cause: a bug) keeps its trace; so does a bug of
+    another type after it, which a one-line rule for every later failure would have hidden
+    at the default level."""
     app = make_app(tmp_path, threads=2)
     first = StoreNotOpenError("the store is not open yet")
 
     async def run() -> None:
         await app._fail_on_error(failing(first), "consumer 0")
-        await app._fail_on_error(failing(KeyError("k")), "consumer 1")
-        await app._fail_on_error(failing(RuntimeError("late")), "the state updater")
+        await app._fail_on_error(failing(FULL_STORE), "consumer 1")
+        await app._fail_on_error(failing(AttributeError("late")), "the state updater")
 
     with caplog.at_level(logging.INFO, logger="streamassign.runtime"):
         asyncio.run(run())
     lines = error_lines(caplog)
-    assert [r.exc_info is not None for r in lines] == [True, False, False]
+    assert [r.exc_info is not None for r in lines] == [True, False, True]
+    assert lines[1].getMessage().startswith("consumer 1 failed too; stopping the application: ")
+    assert lines[2].getMessage() == "the state updater failed too; stopping the application"
+    assert app.failure is first
+
+
+def test_a_later_failure_of_the_first_ones_type_is_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each consumer meeting the same trouble: the first with its trace, the others one line
+    each, their traces at DEBUG."""
+    app = make_app(tmp_path, threads=2)
+
+    async def run() -> None:
+        await app._fail_on_error(failing(KeyError("k")), "consumer 0")
+        await app._fail_on_error(failing(KeyError("k")), "consumer 1")
+
+    with caplog.at_level(logging.DEBUG, logger="streamassign.runtime"):
+        asyncio.run(run())
+    lines = error_lines(caplog)
+    assert [r.exc_info is not None for r in lines] == [True, False]
     assert lines[1].getMessage() == (
         "consumer 1 failed too; stopping the application: KeyError: 'k'"
     )
-    assert app.failure is first
-    caplog.clear()
-    with caplog.at_level(logging.DEBUG, logger="streamassign.runtime"):
-        asyncio.run(app._fail_on_error(failing(RuntimeError("later")), "consumer 0"))
     assert any(r.levelno == logging.DEBUG and r.exc_info for r in caplog.records)
 
 
@@ -219,6 +236,27 @@ def test_a_process_on_a_full_disk_refuses_to_start_before_joining(
     with pytest.raises(StateDirectoryError, match="No space left on device"):
         asyncio.run(app.start())
     assert called == []
+    app.state.close()
+
+
+def test_a_topology_without_stores_needs_no_writable_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RocksDB stores configured, but no subtopology keeps state: nothing to open, so a full
+    disk does not stop the start (its only write, the saved assignment, warns)."""
+    stateless = Topology([Subtopology(0, ["events"])], name="app")
+    app = App(stateless, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    started: list[str] = []
+
+    async def topics(*args: object, **kwargs: object) -> dict[str, int]:
+        started.append("topics")
+        raise ConnectionError("stop here")
+
+    monkeypatch.setattr("streamassign.runtime.app.ensure_internal_topics", topics)
+    full_disk(monkeypatch)
+    with pytest.raises(ConnectionError):
+        asyncio.run(app.start())
+    assert started == ["topics"]
     app.state.close()
 
 

@@ -349,7 +349,10 @@ class App:
 
     async def _start_steps(self) -> None:
         """The steps of ``start()``, in order."""
-        if self.store_kind == "rocksdb":  # refused before joining, not at the claimed opens
+        stores_on_disk = self.store_kind == "rocksdb" and any(
+            sub.stateful for sub in self.topology.subtopologies
+        )
+        if stores_on_disk:  # refused before joining, not at the claimed opens
             self.state.probe_writes()
         counts = await ensure_internal_topics(
             self.topology,
@@ -519,17 +522,18 @@ class App:
 
     def _note_failure(self, what: str, exc: Exception, then: str) -> None:
         """Log a failed loop or stop step and keep the first failure for ``run()``. A failure
-        whose message says what and why (``_says_why``) is one line; the first of any other
-        comes with its trace, and any after the first (each consumer meeting the same full
-        disk, say) is one line, its trace at DEBUG. Called from the ``except`` block, where
-        ``log.exception`` finds the trace."""
-        if self.failure is not None:
-            log.error("%s failed too; %s: %s", what, then, _one_line(exc))
-            log.debug("%s failed too", what, exc_info=True)
-        elif _says_why(exc):
-            log.error("%s failed; %s: %s", what, then, exc)
+        whose message says what and why (``_says_why``) is one line, and so is a later one of
+        the first failure's type (each consumer meeting the same full disk, say; its trace at
+        DEBUG); any other keeps its trace, a bug after the first failure too. Called from the
+        ``except`` block, where ``log.exception`` finds the trace."""
+        again = "failed too" if self.failure is not None else "failed"
+        if _says_why(exc):
+            log.error("%s %s; %s: %s", what, again, then, exc)
+        elif self.failure is not None and type(exc) is type(self.failure):
+            log.error("%s %s; %s: %s", what, again, then, _one_line(exc))
+            log.debug("%s %s", what, again, exc_info=True)
         else:
-            log.exception("%s failed; %s", what, then)
+            log.exception("%s %s; %s", what, again, then)
         if self.failure is None:
             self.failure = exc
 
