@@ -48,6 +48,7 @@ import logging
 import os
 import shutil
 import stat
+import tempfile
 import time
 import uuid
 from collections import defaultdict
@@ -74,6 +75,17 @@ _OFFSET_LIMIT = 1 << 63
 _REMOVED = ".removed-"
 #: Marks damaged state set aside for inspection (``<name>.damaged-<UTC time>``).
 DAMAGED_SUFFIX = ".damaged-"
+#: Bytes ``probe_writes`` writes. No test write proves the next RocksDB write will succeed
+#: (another writer can fill the disk a moment later, and a store's open also flushes its log's
+#: unflushed records, up to its memtables' size). What it can prove is what the first open of
+#: a stored task needs before any record: measured, reopening a store wrote ~30 KB (its info
+#: log ~20 KB, an OPTIONS file 7.5 KB, a new MANIFEST, the CURRENT file). Twice that, so a disk
+#: with a few blocks left fails here rather than at that open; free space compared to a
+#: threshold would not do: it misses quotas, inodes, a read-only mount, permissions and
+#: the root reserve, which a write made with the process's own rights meets as RocksDB does.
+PROBE_BYTES = 64 << 10
+#: How ``probe_writes``'s file is named (then random letters and ``.tmp``).
+_PROBE = ".write-probe."
 #: Causes in a RocksDB status that are never the files' fault, even inside a corruption
 #: status: another process (or this one) holds the store, or the disk or its permissions are
 #: the operator's to fix. Setting the store aside would not help (a full disk) or would take a
@@ -268,11 +280,45 @@ class StateDirectory:
             raise DamagedStateError(f"not valid JSON: {exc!r}") from exc
 
     def _remove_temporaries(self) -> None:
-        """Delete temporary files of saves interrupted by a crash (never a complete save)."""
-        for entry in self.path.iterdir():
+        """Delete temporary files of saves interrupted by a crash (never a complete save), and
+        a test write's (``probe_writes``)."""
+        entries = list(self.path.iterdir())
+        with contextlib.suppress(OSError):  # no tasks/ yet, or not a directory (mended later)
+            entries += [e for e in (self.path / "tasks").iterdir() if e.name.startswith(_PROBE)]
+        for entry in entries:
             if is_temporary(entry.name) and entry.is_file():
                 with contextlib.suppress(OSError):  # only litter: never worth failing over
                     entry.unlink()
+
+    def probe_writes(self, size: int = PROBE_BYTES) -> None:
+        """Write ``size`` bytes to a new file in ``tasks/`` (where the stores are), fsync it and
+        remove it: ``StateDirectoryError``, one line, if the disk refuses (full, a quota, no
+        inodes, read-only, no permission, an I/O error). For a process about to claim its
+        stored tasks: joining, it would get them back and fail to open them at once, and each
+        restart by a supervisor would cost its whole group two rebalances. The file is a
+        temporary one (``files.is_temporary``): left by a crash, the next open removes it."""
+        directory = self.path / "tasks"
+        try:
+            fd, name = tempfile.mkstemp(dir=directory, prefix=_PROBE, suffix=".tmp")
+        except OSError as exc:
+            raise self._refused_writes(directory, size, exc) from exc
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(os.urandom(size))  # zeros a compressing filesystem would not store
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise self._refused_writes(directory, size, exc) from exc
+        finally:
+            with contextlib.suppress(OSError):  # a full disk still lets a file be removed
+                os.unlink(name)
+
+    def _refused_writes(self, directory: Path, size: int, exc: OSError) -> StateDirectoryError:
+        return StateDirectoryError(
+            f"state directory {self.path} cannot be used: a test write of {size >> 10} KiB to "
+            f"{directory} failed: {exc.strerror or exc}; its stores could be neither opened "
+            "nor written (free space or fix the directory, then start the process again)"
+        )
 
     # -- process id ------------------------------------------------------------------------------
 

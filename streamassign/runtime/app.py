@@ -45,6 +45,8 @@ from ..errors import (
     NotAuthorizedError,
     OutputWriteError,
     RuntimeConfigError,
+    StoreIOError,
+    StoreNotOpenError,
     TransactionFailedError,
 )
 from ..protocol import LATEST_VERSION
@@ -352,6 +354,11 @@ class App:
 
     async def _start_steps(self) -> None:
         """The steps of ``start()``, in order."""
+        stores_on_disk = self.store_kind == "rocksdb" and any(
+            sub.stateful for sub in self.topology.subtopologies
+        )
+        if stores_on_disk:  # refused before joining, not at the claimed opens
+            self.state.probe_writes()
         counts = await ensure_internal_topics(
             self.topology,
             self.bootstrap_servers,
@@ -545,13 +552,19 @@ class App:
             self._note_failure(what, exc, "stopping anyway")
 
     def _note_failure(self, what: str, exc: Exception, then: str) -> None:
-        """Log a failed loop or stop step (a write or internal-topic failure says what and why
-        in one line, anything else with its trace) and keep the first failure for ``run()``.
-        Called from the ``except`` block, where ``log.exception`` finds the trace."""
-        if isinstance(exc, (OutputWriteError, InternalTopicError, NotAuthorizedError)):
-            log.error("%s failed; %s: %s", what, then, exc)
+        """Log a failed loop or stop step and keep the first failure for ``run()``. A failure
+        whose message says what and why (``_says_why``) is one line, and so is a later one of
+        the first failure's type (each consumer meeting the same full disk, say; its trace at
+        DEBUG); any other keeps its trace, a bug after the first failure too. Called from the
+        ``except`` block, where ``log.exception`` finds the trace."""
+        again = "failed too" if self.failure is not None else "failed"
+        if _says_why(exc):
+            log.error("%s %s; %s: %s", what, again, then, exc)
+        elif self.failure is not None and type(exc) is type(self.failure):
+            log.error("%s %s; %s: %s", what, again, then, _one_line(exc))
+            log.debug("%s %s", what, again, exc_info=True)
         else:
-            log.exception("%s failed; %s", what, then)
+            log.exception("%s %s; %s", what, again, then)
         if self.failure is None:
             self.failure = exc
 
@@ -1265,6 +1278,21 @@ class App:
         if not self._rebalancing:  # every consumer has its new tasks: close what nobody took
             # Not awaited: this callback holds up the member's rejoin (no heartbeats).
             self._stores.close_parked()
+
+
+def _says_why(exc: Exception) -> bool:
+    """Whether ``exc``'s message alone says what failed and why, with nothing a trace would
+    add: a write or internal-topic failure, an authorization refusal (it names the resource
+    and the ACL), a store's (its directory and RocksDB's status), and a store's failed open
+    (it names the store, with the ``StoreIOError`` it caused)."""
+    if isinstance(exc, StoreNotOpenError):  # without a cause: a store used too early, a bug
+        return isinstance(exc.__cause__, StoreIOError)
+    return isinstance(exc, (OutputWriteError, InternalTopicError, NotAuthorizedError, StoreIOError))
+
+
+def _one_line(exc: Exception) -> str:
+    """``exc`` for a one-line log: its type and message."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 class _Listener(TaskListener):

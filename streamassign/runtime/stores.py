@@ -371,8 +371,10 @@ class UnopenedStore:
     restoring meanwhile (input paused), so nothing reads or writes it; the state updater
     starts reading its changelog once the real store replaced it."""
 
-    def __init__(self, persistent: bool) -> None:
+    def __init__(self, persistent: bool, *, checkpointed: bool = False) -> None:
         self.persistent = persistent
+        #: Whether its position until the open is its task checkpoint's (else 0: none read).
+        self.checkpointed = checkpointed
         #: Why the open failed (None: still opening).
         self.error: BaseException | None = None
 

@@ -311,7 +311,12 @@ class TaskStores:
         else:
             self._others.pop(task, None)
         states = {
-            name: StoreState(name, changelog, UnopenedStore(True), checkpoint.get(changelog, 0))
+            name: StoreState(
+                name,
+                changelog,
+                UnopenedStore(True, checkpointed=changelog in checkpoint),
+                checkpoint.get(changelog, 0),
+            )
             for name, changelog in self._changelogs(task).items()
         }
         opening = Opening(states, retry=standby)
@@ -617,7 +622,13 @@ def start_of(states: Mapping[str, StoreState]) -> str:
     """The changelog offsets ``states`` start from, for logs (a checkpoint's, while opening:
     the state updater logs the real ones once open)."""
     offsets = ",".join(str(s.position) for s in states.values())
-    return offsets if is_open(states) else f"{offsets} per its checkpoint; its stores opening"
+    if is_open(states):
+        return offsets
+    # No checkpoint read (none, damaged, or unreadable now: logged just before): a position
+    # of 0 is then no checkpoint's.
+    read = any(isinstance(s.store, UnopenedStore) and s.store.checkpointed for s in states.values())
+    source = "per its checkpoint" if read else "without a checkpoint"
+    return f"{offsets} {source}; its stores opening"
 
 
 def _mark_failed(states: Mapping[str, StoreState], error: BaseException) -> None:
