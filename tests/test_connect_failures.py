@@ -9,6 +9,8 @@ import contextlib
 import logging
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -329,3 +331,18 @@ def test_the_runtime_start_says_why_it_could_not_bootstrap(
         "consumer_config and producer_config?)"
     )
     assert "Unable to bootstrap from [('127.0.0.1'" in str(raised.value)
+
+
+def test_without_logging_set_up_aiokafkas_lines_still_reach_stderr() -> None:
+    """Logging's last resort prints a record only when no handler takes it: the block's
+    handler must not silence aiokafka's lines for a process that set up no logging."""
+    script = (
+        "import logging\n"
+        "from streamassign.aiokafka.bootstrap import ConnectFailures\n"
+        "with ConnectFailures():\n"
+        "    logging.getLogger('aiokafka').error('Unable connect to %s: %s', 'h', OSError(5))\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert ran.stderr == "Unable connect to h: 5\n"

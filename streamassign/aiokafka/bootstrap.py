@@ -128,10 +128,23 @@ class ConnectFailures(logging.Handler):
             self._token = None
 
     def emit(self, record: logging.LogRecord) -> None:
+        self._as_without_it(record)
         if _collecting.get() is not self or not isinstance(record.args, tuple):
             return
         if record.args and isinstance(record.args[-1], BaseException):
             self.errors.append(record.args[-1])
+
+    def _as_without_it(self, record: logging.LogRecord) -> None:
+        """A record no other handler takes goes to logging's last resort (stderr), as it
+        would without this one: a handler anywhere on the way switches the last resort off."""
+        logger: logging.Logger | None = logging.getLogger(record.name)
+        while logger is not None:
+            if any(handler is not self for handler in logger.handlers):
+                return
+            logger = logger.parent if logger.propagate else None
+        last_resort = logging.lastResort
+        if last_resort is not None and record.levelno >= last_resort.level:
+            last_resort.handle(record)
 
     def reason(self) -> ConnectFailure | None:
         """The last failed connection, worded; None when aiokafka logged none."""
