@@ -346,3 +346,88 @@ def test_without_logging_set_up_aiokafkas_lines_still_reach_stderr() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     assert ran.stderr == "Unable connect to h: 5\n"
+
+
+def test_two_blocks_open_at_once_print_each_line_once() -> None:
+    """Two clients starting at once (two apps, two describes): each block keeps its own
+    failure, and a process without logging still sees aiokafka's line on stderr, once."""
+    script = (
+        "import asyncio, logging\n"
+        "from streamassign.aiokafka.bootstrap import ConnectFailures\n"
+        "async def one(name, both):\n"
+        "    with ConnectFailures() as failures:\n"
+        "        await both.wait() if name == 'a' else both.set()\n"
+        "        await asyncio.sleep(0)\n"
+        "        logging.getLogger('aiokafka.conn').error('Unable connect to %s: %s', name,\n"
+        "                                                 OSError(name))\n"
+        "        await asyncio.sleep(0)\n"
+        "        return [str(e) for e in failures.errors]\n"
+        "async def main():\n"
+        "    both = asyncio.Event()\n"
+        "    print(await asyncio.gather(one('a', both), one('b', both)))\n"
+        "asyncio.run(main())\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert ran.stdout == "[['a'], ['b']]\n"
+    assert sorted(ran.stderr.splitlines()) == ["Unable connect to a: a", "Unable connect to b: b"]
+
+
+def test_an_error_before_counts_appended_to_the_line_is_kept() -> None:
+    """The runtime's flood filter appends its counts to a line it lets through after holding
+    others back: the error is not the last argument then."""
+    with ConnectFailures() as failures:
+        logging.getLogger("aiokafka").error(
+            UNABLE_CONNECT + " (%d similar lines held back over %s)",
+            "127.0.0.1",
+            9093,
+            ConnectionRefusedError(),
+            2,
+            "11 s",
+        )
+    assert failures.reason() == bootstrap.ConnectFailure(bootstrap.REFUSED, "connection refused")
+
+
+def test_a_start_error_without_a_reason_keeps_its_own_cause(tmp_path: Path) -> None:
+    """A connection error the block has no reason for is raised as it is, with the cause
+    aiokafka gave it (a reset, a TLS error), not made its own cause."""
+    from streamassign.runtime import App
+    from streamassign.topology import Subtopology, Topology
+
+    topology = Topology([Subtopology(0, ["src"])], name="app")
+    app = App(topology, {0: Nothing}, bootstrap_servers="127.0.0.1:1", state_dir=tmp_path)
+    reset = ConnectionResetError("reset by peer")
+
+    async def closed(*args: object, **kwargs: object) -> dict[str, int]:
+        raise KafkaConnectionError("Connection at 127.0.0.1:1 closed") from reset
+
+    async def start() -> None:
+        try:
+            await app.start()
+        finally:
+            await app.stop()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("streamassign.runtime.app.ensure_internal_topics", closed)
+        with pytest.raises(KafkaConnectionError) as raised:
+            asyncio.run(start())
+    assert raised.value.__cause__ is reset
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "kind"),
+    [
+        (19, "self-signed certificate in certificate chain", bootstrap.CERTIFICATE),
+        (20, "unable to get local issuer certificate", bootstrap.CERTIFICATE),
+        (10, "certificate has expired", bootstrap.TLS),
+        (64, "IP address mismatch", bootstrap.HOSTNAME),
+    ],
+)
+def test_only_an_untrusted_chain_is_a_ca_problem(code: int, message: str, kind: str) -> None:
+    """An expired certificate is not fixed by another CA file: no CA hint for it."""
+    error = ssl.SSLCertVerificationError(1, f"[SSL: CERTIFICATE_VERIFY_FAILED] {message}")
+    error.verify_code, error.verify_message = code, message
+    assert connect_failure(error) == bootstrap.ConnectFailure(
+        kind, f"TLS: certificate verify failed: {message}"
+    )

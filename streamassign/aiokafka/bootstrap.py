@@ -51,6 +51,10 @@ _SSL_TEXT = re.compile(r"^(\[[^]]*\]\s*)?(?P<text>.*?)(\s*\(_ssl\.c:\d+\))?$")
 #: OpenSSL's verify codes for a certificate a CA vouches for that does not name the host or
 #: address connected to (X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH).
 _NAME_MISMATCH = frozenset({62, 64})
+#: OpenSSL's verify codes for a chain no trusted CA vouches for (unable to get the issuer,
+#: locally or at all; self-signed, alone or in the chain; unable to verify the leaf): where
+#: the CA option is the fix. An expired or not yet valid certificate is not one of them.
+_UNTRUSTED = frozenset({2, 18, 19, 20, 21})
 
 
 @attrs.frozen
@@ -70,7 +74,8 @@ def connect_failure(error: BaseException, sasl_mechanism: str | None = None) -> 
         which = f" {sasl_mechanism}" if sasl_mechanism else ""
         return ConnectFailure(MECHANISM, f"the broker does not enable SASL mechanism{which}")
     if isinstance(error, ssl.SSLCertVerificationError):
-        kind = HOSTNAME if error.verify_code in _NAME_MISMATCH else CERTIFICATE
+        code = error.verify_code
+        kind = HOSTNAME if code in _NAME_MISMATCH else CERTIFICATE if code in _UNTRUSTED else TLS
         return ConnectFailure(kind, f"TLS: {_ssl_text(error)}")
     if isinstance(error, ssl.SSLError):
         return ConnectFailure(TLS, f"TLS: {_ssl_text(error)}")
@@ -131,17 +136,24 @@ class ConnectFailures(logging.Handler):
         self._as_without_it(record)
         if _collecting.get() is not self or not isinstance(record.args, tuple):
             return
-        if record.args and isinstance(record.args[-1], BaseException):
-            self.errors.append(record.args[-1])
+        # Anywhere among the arguments: the runtime's BrokerAwayLines appends its counts to a
+        # line it let through after holding others back.
+        error = next((a for a in reversed(record.args) if isinstance(a, BaseException)), None)
+        if error is not None:
+            self.errors.append(error)
 
     def _as_without_it(self, record: logging.LogRecord) -> None:
         """A record no other handler takes goes to logging's last resort (stderr), as it
-        would without this one: a handler anywhere on the way switches the last resort off."""
+        would without this one: a handler anywhere on the way switches the last resort off.
+        Of several blocks open at once (two apps starting), the first passes it on, once."""
         logger: logging.Logger | None = logging.getLogger(record.name)
         while logger is not None:
-            if any(handler is not self for handler in logger.handlers):
+            if any(not isinstance(handler, ConnectFailures) for handler in logger.handlers):
                 return
             logger = logger.parent if logger.propagate else None
+        ours = [h for h in logging.getLogger("aiokafka").handlers if isinstance(h, ConnectFailures)]
+        if ours and ours[0] is not self:
+            return
         last_resort = logging.lastResort
         if last_resort is not None and record.levelno >= last_resort.level:
             last_resort.handle(record)

@@ -345,7 +345,10 @@ class App:
                 try:
                     await self._start_steps()
                 except KafkaConnectionError as exc:
-                    raise _with_reason(exc, failures.reason()) from exc
+                    worded = _with_reason(exc, failures.reason())
+                    if worded is exc:
+                        raise  # its own cause kept (a reset, a TLS error under "closed")
+                    raise worded from exc
         except BaseException:  # a caller not using ``run()`` may never stop() a failed start
             if not self._in_run:
                 self._detach_broker_away_lines()
