@@ -41,7 +41,11 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
 )
-from aiokafka.errors import for_code
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+    for_code,
+)
 
 from .. import TaskId, TopicPartition
 from ..assignment import ClientAssignment, ClientState
@@ -71,6 +75,16 @@ from ..versions import (
     announced_sources,
     sources_fingerprint,
     topology_version,
+)
+from .bootstrap import (
+    CERTIFICATE,
+    CLOSED,
+    HOSTNAME,
+    MECHANISM,
+    REFUSED,
+    TLS,
+    ConnectFailure,
+    ConnectFailures,
 )
 from .consumer import ASSIGNORS
 from .metadata import LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC, topic_metadata
@@ -209,6 +223,9 @@ class GroupView:
     #: left out does not exist; 0: it exists without a partition leader yet, its count not
     #: listed). None: not looked up (bytes alone, or the lookup failed).
     cluster_partitions: Mapping[str, int] | None = None
+    #: Subscribed topics (of those looked up) the principal may not DESCRIBE: the lookup
+    #: cannot say whether they exist.
+    undescribable_topics: frozenset[str] = frozenset()
 
     @property
     def readable(self) -> bool:
@@ -990,6 +1007,7 @@ def quality(view: GroupView, num_standby_replicas: int | None = None) -> GroupQu
         *_topology_versions(view),
         *_unreadable_announcements(view),
         *_unassigned_topics(view),
+        *_undescribable_topics(view),
         *violations(tasks, clients, assignment, replicas, stateful),
     ]
     return GroupQuality(
@@ -1316,6 +1334,29 @@ def _unassigned_topics(view: GroupView) -> list[str]:
     return out
 
 
+def _undescribable_topics(view: GroupView) -> list[str]:
+    """The line for subscribed topics without a partition assigned the metadata lookup was
+    not authorized to describe, which leaves whether they exist unknown."""
+    topics = sorted(view.undescribable_topics)
+    if not topics:
+        return []
+    return [
+        f"not authorized to describe {counted(len(topics), 'subscribed topic')} "
+        f"({', '.join(topics)}): whether {'it exists' if len(topics) == 1 else 'they exist'} "
+        "is not known (the principal needs DESCRIBE on "
+        f"{'it' if len(topics) == 1 else 'them'})"
+    ]
+
+
+def _not_authorized(group: str) -> str:
+    """The line for a group the principal may not DESCRIBE (Kafka answers the same for a
+    group that does not exist, the ACL being on the name)."""
+    return (
+        f"cannot describe group {group!r}: not authorized (GroupAuthorizationFailedError): the "
+        f"principal needs the DESCRIBE ACL on group {group!r}"
+    )
+
+
 def _missing_lines(topics: Sequence[str], counts: Mapping[str, int] | None) -> list[str]:
     """The lines for unassigned topics the leader reads (or any, its topology unknown):
     missing from the cluster, asked when its metadata was not read, else said; and those the
@@ -1636,13 +1677,14 @@ class _Admin:
             raise GroupDescribeError(
                 f"cannot set up a client for {self.connection.bootstrap}: {_reason(exc)}"
             ) from exc
+        connection = self.connection
         try:
-            await asyncio.wait_for(self.client.start(), self.connection.timeout_s)
+            with ConnectFailures(connection.sasl_mechanism) as failures:
+                await asyncio.wait_for(self.client.start(), connection.timeout_s)
         except Exception as exc:
             await self.client.close()
-            raise GroupDescribeError(
-                f"cannot reach {self.connection.bootstrap}: {_reason(exc)}"
-            ) from exc
+            why = _unreachable(exc, failures.reason(), connection)
+            raise GroupDescribeError(f"cannot reach {connection.bootstrap}: {why}") from exc
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -1655,11 +1697,15 @@ class _Admin:
             (response,) = await asyncio.wait_for(
                 self.client.describe_consumer_groups([group]), self.connection.timeout_s
             )
+        except GroupAuthorizationFailedError as exc:  # from FindCoordinator
+            raise GroupDescribeError(_not_authorized(group)) from exc
         except Exception as exc:
             raise GroupDescribeError(f"cannot describe group {group!r}: {_reason(exc)}") from exc
         (entry,) = response.to_object()["groups"]
         if entry["error_code"] == _GROUP_ID_NOT_FOUND or entry["state"] == "Dead":
             raise GroupDescribeError(missing_group(group, await self._listed_types(group)))
+        if entry["error_code"] == GroupAuthorizationFailedError.errno:
+            raise GroupDescribeError(_not_authorized(group))
         if entry["error_code"]:
             name = for_code(entry["error_code"]).__name__
             raise GroupDescribeError(f"cannot describe group {group!r}: {name}")
@@ -1679,13 +1725,16 @@ class _Admin:
         unassigned = view.unassigned_topics()
         if not unassigned:
             return view
-        counts = await self._partition_counts(unassigned)
-        return view if counts is None else attrs.evolve(view, cluster_partitions=counts)
+        counts, undescribable = await self._partition_counts(unassigned)
+        return attrs.evolve(view, cluster_partitions=counts, undescribable_topics=undescribable)
 
-    async def _partition_counts(self, topics: Iterable[str]) -> dict[str, int] | None:
+    async def _partition_counts(
+        self, topics: Iterable[str]
+    ) -> tuple[dict[str, int] | None, frozenset[str]]:
         """Per topic of ``topics`` the cluster has, its partition count (one without a
         leader yet exists all the same); None when the metadata cannot be read (best effort:
-        the problem lines then ask). Asked without creating a topic (``metadata``): aiokafka's
+        the problem lines then ask). And the topics the principal may not DESCRIBE (which
+        leave the counts unknown too). Asked without creating a topic (``metadata``): aiokafka's
         ``describe_topics`` asks with auto-creation on, and a broker with
         ``auto.create.topics.enable=true`` (Kafka's default) would create the missing topic
         describe is about to call missing; a broker that cannot take the flag is not asked."""
@@ -1696,13 +1745,16 @@ class _Admin:
                 topic_metadata(self.client, sorted(topics)), self.connection.timeout_s
             )
         except Exception:  # only to word the problem lines better
-            return None
+            return None, frozenset()
+        denied = frozenset(
+            t["topic"] for t in listed if t["error_code"] == TopicAuthorizationFailedError.errno
+        )
         # Another error (not authorized to describe it...) says nothing of whether it exists.
         if any(t["error_code"] not in (0, LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC) for t in listed):
-            return None
+            return None, denied
         return {
             t["topic"]: len(t["partitions"]) for t in listed if t["error_code"] != UNKNOWN_TOPIC
-        }
+        }, denied
 
     async def _listed_types(self, group: str) -> set[str]:
         """The protocol types ListGroups lists ``group`` with (none: it does not exist, or
@@ -1739,6 +1791,34 @@ def missing_group(group: str, listed_types: Iterable[str]) -> str:
         f"group {group!r} {what}, not the classic protocol: describe reads classic groups only "
         f"({tool} --describe reads this one)"
     )
+
+
+#: Per kind of failed connection, what to check, in describe's option names.
+_CONNECT_HINTS = {
+    MECHANISM: " (--sasl-mechanism)",
+    CERTIFICATE: " (is --ssl-cafile the broker's CA?)",
+    HOSTNAME: " (the broker's certificate does not name the --bootstrap host)",
+    TLS: " (a PLAINTEXT port asked with TLS? --security-protocol)",
+    REFUSED: " (no broker listening there?)",
+}
+
+
+def _unreachable(exc: BaseException, failure: ConnectFailure | None, connection: Connection) -> str:
+    """Why the client could not start: the last failed connection aiokafka logged, with
+    what to check (aiokafka's own error says only "Unable to bootstrap"), else ``exc``."""
+    if failure is None:
+        return _reason(exc)
+    protocol = connection.security_protocol
+    if failure.kind == CERTIFICATE and connection.ssl_cafile is None:
+        return f"{failure.text} (no --ssl-cafile: the system's CAs do not trust it)"
+    if failure.kind == CLOSED:
+        asked = (
+            "a TLS or SASL port asked with PLAINTEXT?"
+            if protocol == "PLAINTEXT"
+            else (f"is the port's listener {protocol}? --security-protocol")
+        )
+        return f"{failure.text} ({asked})"
+    return failure.text + _CONNECT_HINTS.get(failure.kind, "")
 
 
 def _reason(exc: BaseException) -> str:

@@ -31,10 +31,11 @@ from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
-from aiokafka.errors import GroupAuthorizationFailedError
+from aiokafka.errors import GroupAuthorizationFailedError, KafkaConnectionError
 
 from .. import TaskId, TopicPartition
 from ..aiokafka import closing
+from ..aiokafka.bootstrap import CERTIFICATE, CLOSED, ConnectFailure, ConnectFailures
 from ..aiokafka.closing import Release, release_consumer, release_producer, stop_within
 from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.streams import ProcessHost, TaskListener
@@ -346,7 +347,14 @@ class App:
         if self._broker_away_lines is None:  # detached: stop()
             self._broker_away_lines = BrokerAwayLines.attach()
         try:
-            await self._start_steps()
+            with ConnectFailures(self.connection_config.get("sasl_mechanism")) as failures:
+                try:
+                    await self._start_steps()
+                except KafkaConnectionError as exc:
+                    worded = _with_reason(exc, failures.reason())
+                    if worded is exc:
+                        raise  # its own cause kept (a reset, a TLS error under "closed")
+                    raise worded from exc
         except BaseException:  # a caller not using ``run()`` may never stop() a failed start
             if not self._in_run:
                 self._detach_broker_away_lines()
@@ -1369,3 +1377,20 @@ class _Listener(TaskListener):
     async def on_shutdown_requested(self) -> None:
         log.info("the application's shutdown was requested; stopping")
         self.app._stopped.set()
+
+
+#: Per kind of failed connection, what to check, in the runtime's setting names.
+_CONNECT_HINTS = {
+    CERTIFICATE: " (is the CA of ssl_context the broker's?)",
+    CLOSED: " (is security_protocol the listener's, in consumer_config and producer_config?)",
+}
+
+
+def _with_reason(exc: KafkaConnectionError, failure: ConnectFailure | None) -> KafkaConnectionError:
+    """aiokafka's "Unable to bootstrap from [...]", which says the same for a dead broker, a
+    wrong password and an untrusted certificate, with why the last connection failed (the
+    same type: a caller catching it still does); any other ``exc`` as it is."""
+    if failure is None or not str(exc).startswith("KafkaConnectionError: Unable to bootstrap"):
+        return exc
+    text = failure.text + _CONNECT_HINTS.get(failure.kind, "")
+    return KafkaConnectionError(f"{' '.join(map(str, exc.args))}: {text}")
