@@ -457,28 +457,38 @@ class _ReaderGone(io.TextIOBase):
     """``sys.stdout`` while a command runs: once its reader is gone (``| head -1``, ``| grep
     -q``), what is left goes nowhere and the command goes on as if it had been read, so files
     it writes are written and its exit status is its own (a broken pipe used to end commands
-    early: ``plan-standbys --out`` wrote nothing and a missed ``--target`` exited 0)."""
+    early: ``plan-standbys --out`` wrote nothing and a missed ``--target`` exited 0). Any other
+    write failure (``> file`` on a full disk, ``> /dev/full``) is kept as ``failure``: the
+    command goes on the same way, then ends with one line saying why (``_Commands.invoke``)
+    rather than a trace of where the print was."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
         self._gone = False
+        #: Why writing failed, other than a broken pipe.
+        self.failure: OSError | None = None
 
     def write(self, text: str) -> int:
         if not self._gone:
             try:
                 return self._stream.write(text)
-            except BrokenPipeError:
-                self._gone = True
-                _quiet_stdout()
+            except OSError as exc:
+                self._give_up(exc)
         return len(text)
 
     def flush(self) -> None:
         if not self._gone:
             try:
                 self._stream.flush()
-            except BrokenPipeError:
-                self._gone = True
-                _quiet_stdout()
+            except OSError as exc:
+                self._give_up(exc)
+
+    def _give_up(self, exc: OSError) -> None:
+        """Write nothing more (the interpreter's last flush included)."""
+        self._gone = True
+        _quiet_stdout()
+        if not isinstance(exc, BrokenPipeError):
+            self.failure = exc
 
     def reader_gone(self) -> bool:
         """Whether stdout's reader is gone, asked without writing: a command that prints only
@@ -607,6 +617,24 @@ class _Commands(click.Group):
             return super().main(*args, **kwargs)
         finally:
             sys.stdout = stdout
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; if stdout could not be written, say why in one line: as the
+        command's error (exit status 1), or beside its own error if it ended with one."""
+        ended_with_error = False
+        try:
+            return super().invoke(ctx)
+        except BaseException:
+            ended_with_error = True
+            raise
+        finally:
+            sys.stdout.flush()  # what the command left buffered
+            failure = getattr(sys.stdout, "failure", None)
+            if failure is not None:
+                line = f"cannot write to standard output: {failure.strerror or failure}"
+                if not ended_with_error:
+                    raise click.ClickException(line) from failure
+                click.echo(f"Error: {line}", err=True)
 
 
 @click.group(cls=_Commands)
