@@ -2126,7 +2126,9 @@ def _json_only(as_json: bool) -> bool:
 
 
 def _spark_failure(exc: BaseException) -> str:
-    """One line out of a Spark/Py4J failure: the innermost Python or Java exception line."""
+    """One line out of a Spark/Py4J failure: the innermost Python exception line, or the
+    outermost Java exception with its innermost cause (Spark's ``TASK_WRITE_FAILED`` says what
+    was written; its cause, ``java.io.IOException: No space left on device``, says why)."""
     import re
 
     text = str(exc)
@@ -2135,9 +2137,47 @@ def _spark_failure(exc: BaseException) -> str:
         return str(python[-1]).strip()[:300]
     java = re.search(r"(?:\w+\.)+(\w*(?:Exception|Error)): (.*)", text)
     if java:  # the outermost Java exception: its class and message
-        return f"{java.group(1)}: {java.group(2).strip()}"[:300]
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return first[:300]
+        outer = f"{java.group(1)}: {java.group(2).strip()}"[:300]
+    else:
+        outer = (text.strip().splitlines()[0] if text.strip() else type(exc).__name__)[:300]
+    cause = _innermost_cause(exc)
+    return f"{outer} (cause: {cause})" if cause and cause not in outer else outer
+
+
+def _innermost_cause(exc: BaseException) -> str | None:
+    """The deepest cause under ``exc`` as one line of at most 200 characters: a chained Python
+    exception (``raise ... from``), else the last ``Caused by:`` of a Java trace (its innermost:
+    a suppressed exception's are indented), else the first line of a chained Java exception
+    (pyspark keeps a Java cause as ``_cause``, its trace as ``_stackTrace``); None if none."""
+    import re
+
+    chain = _exception_chain(exc)
+    innermost = chain[-1]
+    if innermost is not exc and not type(innermost).__module__.startswith(("py4j", "pyspark")):
+        return f"{type(innermost).__name__}: {innermost}".splitlines()[0][:200]
+    for link in reversed(chain):
+        trace = getattr(link, "_stackTrace", None)
+        text = trace if isinstance(trace, str) else str(link)
+        causes = re.findall(r"^Caused by: (.+)$", text, re.MULTILINE)
+        if causes:
+            return str(causes[-1]).strip()[:200]
+        if link is not exc and text.strip():
+            return text.strip().splitlines()[0][:200]
+    return None
+
+
+def _exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it came from, outermost first: ``raise ... from``'s ``__cause__`` or
+    pyspark's ``_cause`` (at most 20, each once). Not ``__context__``: an exception being
+    handled when this one was raised need not be why."""
+    chain = [exc]
+    while len(chain) < 20:
+        link = chain[-1]
+        below = link.__cause__ or getattr(link, "_cause", None)
+        if not isinstance(below, BaseException) or any(below is seen for seen in chain):
+            break
+        chain.append(below)
+    return chain
 
 
 @contextlib.contextmanager
