@@ -59,7 +59,7 @@ from .explain import (
     views_from_assignment,
     views_from_clients,
 )
-from .files import load_toml, write_atomically
+from .files import load_toml, sync_directory, write_atomically
 from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
@@ -2947,27 +2947,56 @@ _PLAN_FILES = ("plan.csv", "plan.json")
 
 
 def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) -> None:
-    """plan.csv (the candidates) and plan.json (everything) in ``out``, each replaced
-    atomically (a reader sees the old file or the new, never a torn one); a failure is one
-    line (the plan was printed before)."""
+    """plan.csv (the candidates) and plan.json (everything) in ``out``, replaced as a pair:
+    both are written in full to temporary files first and renamed over the old ones only
+    then, so a failure (a full disk) leaves the old pair, not a new csv beside an old json. A
+    failure is one line (the plan was printed before)."""
     from .pipeline.report import csv_text
 
     contents = {
         "plan.csv": csv_text(rows, list(rows[0])).encode(),
         "plan.json": json.dumps(plan, indent=2).encode(),
     }
-    written: list[str] = []
+    staged: dict[str, str] = {}
+    replaced: list[str] = []
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name, data in contents.items():
-            write_atomically(out / name, data, mode=0o644)  # a result to share, not state
-            written.append(name)
+            staged[name] = _stage_file(out / name, data)
+        for name, temporary in staged.items():
+            os.replace(temporary, out / name)
+            replaced.append(name)
+        sync_directory(out)
     except OSError as exc:
-        done = f" ({', '.join(written)} written)" if written else ""
+        done = ", ".join(replaced) + " replaced" if replaced else "its files left as they were"
         raise click.ClickException(
-            f"cannot write the plan to {out}: {exc.strerror or exc}{done}; the plan is printed "
-            "above"
+            f"cannot write the plan to {out}: {exc.strerror or exc} ({done}); the plan is "
+            "printed above"
         ) from exc
+    finally:
+        for name, temporary in staged.items():
+            if name not in replaced:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+
+
+def _stage_file(target: Path, data: bytes) -> str:
+    """A temporary file beside ``target`` holding ``data``, on disk and readable by all (a
+    result to share), for the caller to rename over ``target``; nothing is left on failure."""
+    import tempfile
+
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o644)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return temporary
 
 
 def _check_out_folder(
