@@ -459,7 +459,7 @@ class _ReaderGone(io.TextIOBase):
     it writes are written and its exit status is its own (a broken pipe used to end commands
     early: ``plan-standbys --out`` wrote nothing and a missed ``--target`` exited 0). Any other
     write failure (``> file`` on a full disk, ``> /dev/full``) is kept as ``failure``: the
-    command goes on the same way, then ends with one line saying why (``_Commands.invoke``)
+    command goes on the same way, then ends with one line saying why (``_Commands.main``)
     rather than a trace of where the print was."""
 
     def __init__(self, stream: TextIO) -> None:
@@ -611,30 +611,24 @@ class _Commands(click.Group):
     command_class = _Command
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the command line; if stdout could not be written (``--help`` and ``--version``
+        included), say why in one line after whatever else the command said. A status that
+        claims the output is there (0; ``TARGET_MISSED_EXIT``, "printed and written anyway")
+        becomes 1; an error's own status stands."""
         stdout = sys.stdout
-        sys.stdout = _ReaderGone(stdout)
+        sys.stdout = reader = _ReaderGone(stdout)
         try:
             return super().main(*args, **kwargs)
+        except SystemExit as ended:
+            reader.flush()  # what the command left buffered
+            if reader.failure is None:
+                raise
+            reason = reader.failure.strerror or reader.failure
+            click.echo(f"Error: cannot write to standard output: {reason}", err=True)
+            status = 1 if ended.code in (None, 0, TARGET_MISSED_EXIT) else ended.code
+            raise SystemExit(status) from reader.failure
         finally:
             sys.stdout = stdout
-
-    def invoke(self, ctx: click.Context) -> Any:
-        """Run the command; if stdout could not be written, say why in one line: as the
-        command's error (exit status 1), or beside its own error if it ended with one."""
-        ended_with_error = False
-        try:
-            return super().invoke(ctx)
-        except BaseException:
-            ended_with_error = True
-            raise
-        finally:
-            sys.stdout.flush()  # what the command left buffered
-            failure = getattr(sys.stdout, "failure", None)
-            if failure is not None:
-                line = f"cannot write to standard output: {failure.strerror or failure}"
-                if not ended_with_error:
-                    raise click.ClickException(line) from failure
-                click.echo(f"Error: {line}", err=True)
 
 
 @click.group(cls=_Commands)

@@ -56,8 +56,8 @@ def saved_plans(tmp_path: Path) -> tuple[str, str]:
 def test_stdout_on_a_full_disk_is_one_line_and_exit_1(
     command: str, as_json: bool, tmp_path: Path
 ) -> None:
-    """An audit found ``plan --json > file`` on a full disk ending in a 30-line trace of
-    ``OSError: [Errno 28]``; tables (through rich), diff and explain print the same way."""
+    """``plan --json > file`` on a full disk is one line, not a trace of ``OSError: [Errno
+    28]``; tables (through rich), diff and explain print the same way."""
     args = [ORDERS, "--num-clients", "3"] if command == "plan" else list(saved_plans(tmp_path))
     args += ["--json"] if as_json else []
     done = to_dev_full(f"from streamassign.cli import main\nmain([{command!r}, *{args!r}])\n")
@@ -65,10 +65,10 @@ def test_stdout_on_a_full_disk_is_one_line_and_exit_1(
 
 
 @needs_dev_full
-def test_a_full_stdout_still_writes_the_plan_and_keeps_the_exit_status(tmp_path: Path) -> None:
+def test_a_full_stdout_still_writes_the_plan_and_fails_the_missed_target(tmp_path: Path) -> None:
     """The stdout failure does not cut a command short (its --out files are what a Spark run
-    paid for), and an exit status of its own (3: target missed) stands beside the line. The
-    evaluation is stubbed (no Spark)."""
+    paid for); a missed target's 3 ("printed and written anyway") becomes 1, since the printed
+    plan is lost. The evaluation is stubbed (no Spark)."""
     row = {"standbys": 1, "warmups": 0, "availability": 0.9, "standby_load": 1.0,
            "warmup_load": 0.0, "convergence_s": 0.0, "outage_per_day_s": 1.0,
            "worst_outage_p99_s": 1.0, "bootstrap_per_hour": 1.0}  # fmt: skip
@@ -82,11 +82,38 @@ def test_a_full_stdout_still_writes_the_plan_and_keeps_the_exit_status(tmp_path:
         f"cli.main(['plan-standbys', {ORDERS!r}, '--out', {str(tmp_path)!r}, '--target', '0.99'])\n"
     )
     done = to_dev_full(script)
-    assert done.returncode == 3, done.stderr
+    assert done.returncode == 1, done.stderr
     assert "note: no candidate reaches --target 0.99" in done.stderr
     assert done.stderr.endswith(NO_SPACE)
     assert json.loads((tmp_path / "plan.json").read_text())["target_reached"] is False
     assert (tmp_path / "plan.csv").read_text().startswith("standbys,warmups,availability")
+
+
+@needs_dev_full
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["plan", "--help"]])
+def test_help_and_version_to_a_full_stdout_fail_in_one_line(args: list[str]) -> None:
+    """Written before any command runs: lost silently with status 0 if only commands
+    checked their stdout."""
+    done = to_dev_full(f"from streamassign.cli import main\nmain({args!r})\n")
+    assert (done.returncode, done.stderr) == (1, NO_SPACE)
+
+
+@needs_dev_full
+def test_an_errors_own_status_stands_beside_the_line() -> None:
+    """A command that printed, then failed with an error of its own: its line first, its
+    status kept."""
+    script = (
+        "import click\n"
+        "from streamassign.cli import main\n"
+        "@main.command()\n"
+        "def printed_then_failed():\n"
+        "    click.echo('half a table')\n"
+        "    raise click.UsageError('a bad option')\n"
+        "main(['printed-then-failed'])\n"
+    )
+    done = to_dev_full(script)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.endswith("Error: a bad option\n" + NO_SPACE)
 
 
 def test_a_broken_pipe_is_still_quiet() -> None:
@@ -212,8 +239,8 @@ ROWS = [{"standbys": 1, "warmups": 0, "availability": 0.99}]
 def test_a_failing_second_write_leaves_the_old_pair(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An audit found ``plan.csv`` replaced and ``plan.json`` not when the disk filled in
-    between: a new csv beside an old json."""
+    """The disk filling between the two files leaves the old pair, not a new csv beside an
+    old json."""
     (tmp_path / "plan.csv").write_text("old csv\n")
     (tmp_path / "plan.json").write_text('{"old": true}\n')
     real_stage = cli._stage_file
