@@ -59,7 +59,7 @@ from .explain import (
     views_from_assignment,
     views_from_clients,
 )
-from .files import load_toml, write_atomically
+from .files import load_toml, sync_directory, write_atomically
 from .grouper import PartitionGrouper, resolve_partition_counts
 from .metrics import AssignmentMetrics, evaluate
 from .sticky import StickyTaskAssignor
@@ -460,28 +460,38 @@ class _ReaderGone(io.TextIOBase):
     """``sys.stdout`` while a command runs: once its reader is gone (``| head -1``, ``| grep
     -q``), what is left goes nowhere and the command goes on as if it had been read, so files
     it writes are written and its exit status is its own (a broken pipe used to end commands
-    early: ``plan-standbys --out`` wrote nothing and a missed ``--target`` exited 0)."""
+    early: ``plan-standbys --out`` wrote nothing and a missed ``--target`` exited 0). Any other
+    write failure (``> file`` on a full disk, ``> /dev/full``) is kept as ``failure``: the
+    command goes on the same way, then ends with one line saying why (``_Commands.main``)
+    rather than a trace of where the print was."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
         self._gone = False
+        #: Why writing failed, other than a broken pipe.
+        self.failure: OSError | None = None
 
     def write(self, text: str) -> int:
         if not self._gone:
             try:
                 return self._stream.write(text)
-            except BrokenPipeError:
-                self._gone = True
-                _quiet_stdout()
+            except OSError as exc:
+                self._give_up(exc)
         return len(text)
 
     def flush(self) -> None:
         if not self._gone:
             try:
                 self._stream.flush()
-            except BrokenPipeError:
-                self._gone = True
-                _quiet_stdout()
+            except OSError as exc:
+                self._give_up(exc)
+
+    def _give_up(self, exc: OSError) -> None:
+        """Write nothing more (the interpreter's last flush included)."""
+        self._gone = True
+        _quiet_stdout()
+        if not isinstance(exc, BrokenPipeError):
+            self.failure = exc
 
     def reader_gone(self) -> bool:
         """Whether stdout's reader is gone, asked without writing: a command that prints only
@@ -604,10 +614,22 @@ class _Commands(click.Group):
     command_class = _Command
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the command line; if stdout could not be written (``--help`` and ``--version``
+        included), say why in one line after whatever else the command said. A status that
+        claims the output is there (0; ``TARGET_MISSED_EXIT``, "printed and written anyway")
+        becomes 1; an error's own status stands."""
         stdout = sys.stdout
-        sys.stdout = _ReaderGone(stdout)
+        sys.stdout = reader = _ReaderGone(stdout)
         try:
             return super().main(*args, **kwargs)
+        except SystemExit as ended:
+            reader.flush()  # what the command left buffered
+            if reader.failure is None:
+                raise
+            reason = reader.failure.strerror or reader.failure
+            click.echo(f"Error: cannot write to standard output: {reason}", err=True)
+            status = 1 if ended.code in (None, 0, TARGET_MISSED_EXIT) else ended.code
+            raise SystemExit(status) from reader.failure
         finally:
             sys.stdout = stdout
 
@@ -2101,7 +2123,9 @@ def _json_only(as_json: bool) -> bool:
 
 
 def _spark_failure(exc: BaseException) -> str:
-    """One line out of a Spark/Py4J failure: the innermost Python or Java exception line."""
+    """One line out of a Spark/Py4J failure: the innermost Python exception line, or the
+    outermost Java exception with its innermost cause (Spark's ``TASK_WRITE_FAILED`` says what
+    was written; its cause, ``java.io.IOException: No space left on device``, says why)."""
     import re
 
     text = str(exc)
@@ -2110,9 +2134,47 @@ def _spark_failure(exc: BaseException) -> str:
         return str(python[-1]).strip()[:300]
     java = re.search(r"(?:\w+\.)+(\w*(?:Exception|Error)): (.*)", text)
     if java:  # the outermost Java exception: its class and message
-        return f"{java.group(1)}: {java.group(2).strip()}"[:300]
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return first[:300]
+        outer = f"{java.group(1)}: {java.group(2).strip()}"[:300]
+    else:
+        outer = (text.strip().splitlines()[0] if text.strip() else type(exc).__name__)[:300]
+    cause = _innermost_cause(exc)
+    return f"{outer} (cause: {cause})" if cause and cause not in outer else outer
+
+
+def _innermost_cause(exc: BaseException) -> str | None:
+    """The deepest cause under ``exc`` as one line of at most 200 characters: a chained Python
+    exception (``raise ... from``), else the last ``Caused by:`` of a Java trace (its innermost:
+    a suppressed exception's are indented), else the first line of a chained Java exception
+    (pyspark keeps a Java cause as ``_cause``, its trace as ``_stackTrace``); None if none."""
+    import re
+
+    chain = _exception_chain(exc)
+    innermost = chain[-1]
+    if innermost is not exc and not type(innermost).__module__.startswith(("py4j", "pyspark")):
+        return f"{type(innermost).__name__}: {innermost}".splitlines()[0][:200]
+    for link in reversed(chain):
+        trace = getattr(link, "_stackTrace", None)
+        text = trace if isinstance(trace, str) else str(link)
+        causes = re.findall(r"^Caused by: (.+)$", text, re.MULTILINE)
+        if causes:
+            return str(causes[-1]).strip()[:200]
+        if link is not exc and text.strip():
+            return text.strip().splitlines()[0][:200]
+    return None
+
+
+def _exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it came from, outermost first: ``raise ... from``'s ``__cause__`` or
+    pyspark's ``_cause`` (at most 20, each once). Not ``__context__``: an exception being
+    handled when this one was raised need not be why."""
+    chain = [exc]
+    while len(chain) < 20:
+        link = chain[-1]
+        below = link.__cause__ or getattr(link, "_cause", None)
+        if not isinstance(below, BaseException) or any(below is seen for seen in chain):
+            break
+        chain.append(below)
+    return chain
 
 
 @contextlib.contextmanager
@@ -2882,27 +2944,56 @@ _PLAN_FILES = ("plan.csv", "plan.json")
 
 
 def _write_plan(out: Path, rows: list[dict[str, Any]], plan: Mapping[str, Any]) -> None:
-    """plan.csv (the candidates) and plan.json (everything) in ``out``, each replaced
-    atomically (a reader sees the old file or the new, never a torn one); a failure is one
-    line (the plan was printed before)."""
+    """plan.csv (the candidates) and plan.json (everything) in ``out``, replaced as a pair:
+    both are written in full to temporary files first and renamed over the old ones only
+    then, so a failure (a full disk) leaves the old pair, not a new csv beside an old json. A
+    failure is one line (the plan was printed before)."""
     from .pipeline.report import csv_text
 
     contents = {
         "plan.csv": csv_text(rows, list(rows[0])).encode(),
         "plan.json": json.dumps(plan, indent=2).encode(),
     }
-    written: list[str] = []
+    staged: dict[str, str] = {}
+    replaced: list[str] = []
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name, data in contents.items():
-            write_atomically(out / name, data, mode=0o644)  # a result to share, not state
-            written.append(name)
+            staged[name] = _stage_file(out / name, data)
+        for name, temporary in staged.items():
+            os.replace(temporary, out / name)
+            replaced.append(name)
+        sync_directory(out)
     except OSError as exc:
-        done = f" ({', '.join(written)} written)" if written else ""
+        done = ", ".join(replaced) + " replaced" if replaced else "its files left as they were"
         raise click.ClickException(
-            f"cannot write the plan to {out}: {exc.strerror or exc}{done}; the plan is printed "
-            "above"
+            f"cannot write the plan to {out}: {exc.strerror or exc} ({done}); the plan is "
+            "printed above"
         ) from exc
+    finally:
+        for name, temporary in staged.items():
+            if name not in replaced:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+
+
+def _stage_file(target: Path, data: bytes) -> str:
+    """A temporary file beside ``target`` holding ``data``, on disk and readable by all (a
+    result to share), for the caller to rename over ``target``; nothing is left on failure."""
+    import tempfile
+
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o644)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return temporary
 
 
 def _check_out_folder(

@@ -134,6 +134,7 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self._epoch = 0
         self._rejoiner = Rejoiner()
         self._state_file = Path(state_file) if state_file is not None else None
+        self._state_unsaved = False  # the last save failed (said once, until one works)
         self._max_followups = max_followups
         self._followups = 0
         #: The last assignment this member received: its error code and follow-up flag.
@@ -276,4 +277,16 @@ class GroupAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         try:
             write_atomically(self._state_file, data)
         except OSError as exc:
-            log.warning("cannot save assignor state to %s: %s", self._state_file, exc)
+            # Once per episode (a full disk fails every rebalance's save), naming the state
+            # file, not the temporary file beside it whose creation failed.
+            if not self._state_unsaved:
+                log.warning(
+                    "cannot save assignor state to %s: %s (said once until a save works)",
+                    self._state_file,
+                    exc.strerror or exc,
+                )
+            self._state_unsaved = True
+            return
+        if self._state_unsaved:
+            log.info("assignor state saved to %s again", self._state_file)
+            self._state_unsaved = False

@@ -524,22 +524,26 @@ def test_plan_standbys_prints_the_plan_before_writing_it_atomically(
     csv_before = (out_dir / "plan.csv").read_text()
     assert csv_before.startswith("standbys,warmups,availability")
 
-    real_write = cli.write_atomically
+    json_before = (out_dir / "plan.json").read_text()
+    real_stage = cli._stage_file
 
-    def full_disk(path: Any, data: bytes, **kw: Any) -> None:
-        if Path(path).name == "plan.json":
+    def full_disk(target: Path, data: bytes) -> str:
+        if target.name == "plan.json":
             raise OSError(28, "No space left on device")
-        real_write(path, data, **kw)
+        return real_stage(target, data)
 
-    monkeypatch.setattr(cli, "write_atomically", full_disk)
+    monkeypatch.setattr(cli, "_stage_file", full_disk)
     result = cli_runner().invoke(main, ["plan-standbys", str(ORDERS), "--out", str(out_dir)])
     assert result.exit_code == 1
     assert "recommended: cheapest" in result.stdout  # printed first: nothing the run found lost
     assert result.stderr == (
-        f"Error: cannot write the plan to {out_dir}: No space left on device (plan.csv "
-        "written); the plan is printed above\n"
+        f"Error: cannot write the plan to {out_dir}: No space left on device (its files left "
+        "as they were); the plan is printed above\n"
     )
     assert sorted(p.name for p in out_dir.iterdir()) == ["plan.csv", "plan.json"]  # no temp
+    # Both old: never a new csv beside an old json.
+    assert (out_dir / "plan.csv").read_text() == csv_before
+    assert (out_dir / "plan.json").read_text() == json_before
 
 
 TINY = ("--scenarios", "1", "--steps", "2", "--assignors", "task:sticky")
