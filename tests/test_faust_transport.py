@@ -1511,3 +1511,24 @@ def test_the_join_error_watch_starts_when_the_consumer_subscribes(
         asyncio.run(run())
     assert subscribed == [{"orders"}]
     assert "not authorized to the group 'orders-app'" in caplog.text
+
+
+def test_any_assignment_ends_the_join_error_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also one of aiokafka's round robin (an app without tables during a rolling switch),
+    which never reaches the assignor: the watch would look on for good, taking errors meant
+    for the running worker and logging them as join errors."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    async def faust_s(listener: Any, assigned: Any) -> None:
+        pass
+
+    monkeypatch.setattr(faust_aiokafka.ConsumerRebalanceListener, "on_partitions_assigned", faust_s)
+    app = table_app(tmp_path)
+    ended: list[str] = []
+    monkeypatch.setattr(app.assignor.join_errors, "joined", lambda: ended.append("joined"))
+    thread = app.consumer._thread
+    thread._consumer = SimpleNamespace(_coordinator=SimpleNamespace(member_id="m-1", generation=1))
+    asyncio.run(app.consumer.RebalanceListener(thread).on_partitions_assigned([]))
+    assert ended == ["joined"]

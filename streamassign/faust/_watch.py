@@ -39,7 +39,7 @@ class JoinErrors:
     someone takes it: ``InconsistentGroupProtocolError`` (the group's members use another
     assignor) at a join, and a group authorization failure already at the coordinator lookup,
     before any join. Faust's fetcher reads records without polling, so nobody did: the worker
-    sat idle and alive, outside its group, for good (and stayed so once the ACL was granted).
+    sat idle and alive, outside its group, for good.
     ``joining`` (at the subscription and at each join attempt) schedules a look after a pause;
     ``joined`` (an assignment arrived) ends the looks. An error taken is logged and aiokafka
     tries again at once; the looks go on, the pause doubling from ``first`` to ``longest``
