@@ -1462,3 +1462,73 @@ def test_the_signal_receivers_fire_while_the_app_lives(tmp_path: Path) -> None:
     assert app.consumer.proven_offsets.recovered_since_assignment
     asyncio.run(app.on_before_shutdown.send())
     StateDirectory(state).close()  # not locked any more
+
+
+def test_the_join_error_watch_starts_when_the_consumer_subscribes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A principal without READ on the group fails at aiokafka's coordinator lookup, before
+    any join starts the assignor's watch; aiokafka keeps the error for a poll Faust never
+    makes. The subscription starts the watch, so the error is logged and taken (and aiokafka
+    looks the coordinator up again) instead of the worker waiting silently for good."""
+    from aiokafka.errors import GroupAuthorizationFailedError
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    from streamassign.faust._watch import JoinErrors
+
+    subscribed: list[set[str]] = []
+
+    async def faust_subscribe(self: Any, topics: Any) -> None:
+        subscribed.append(set(topics))
+
+    async def on_this_loop(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await fun(*args, **kwargs)  # the thread is not started: run it here
+
+    monkeypatch.setattr(faust_aiokafka.AIOKafkaConsumerThread, "subscribe", faust_subscribe)
+    app = table_app(tmp_path)
+    app.assignor.join_errors = JoinErrors(first=0.01)  # type: ignore[attr-defined]
+    thread = app.consumer._thread
+    monkeypatch.setattr(thread, "call_thread", on_this_loop)
+    kept: list[Exception] = [GroupAuthorizationFailedError("orders-app")]
+
+    def check_errors() -> None:
+        if kept:
+            raise kept.pop()
+
+    thread._consumer = SimpleNamespace(
+        _coordinator=SimpleNamespace(group_id="orders-app", check_errors=check_errors)
+    )
+
+    async def run() -> None:
+        await thread.subscribe(["orders"])
+        deadline = time.monotonic() + 5
+        while kept:
+            assert time.monotonic() < deadline, "the kept error was never taken"
+            await asyncio.sleep(0.005)
+        app.assignor.join_errors.cancel()  # type: ignore[attr-defined]
+
+    with caplog.at_level(logging.ERROR, "streamassign.faust"):
+        asyncio.run(run())
+    assert subscribed == [{"orders"}]
+    assert "not authorized to the group 'orders-app'" in caplog.text
+
+
+def test_any_assignment_ends_the_join_error_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also one of aiokafka's round robin (an app without tables during a rolling switch),
+    which never reaches the assignor: the watch would look on for good, taking errors meant
+    for the running worker and logging them as join errors."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    async def faust_s(listener: Any, assigned: Any) -> None:
+        pass
+
+    monkeypatch.setattr(faust_aiokafka.ConsumerRebalanceListener, "on_partitions_assigned", faust_s)
+    app = table_app(tmp_path)
+    ended: list[str] = []
+    monkeypatch.setattr(app.assignor.join_errors, "joined", lambda: ended.append("joined"))
+    thread = app.consumer._thread
+    thread._consumer = SimpleNamespace(_coordinator=SimpleNamespace(member_id="m-1", generation=1))
+    asyncio.run(app.consumer.RebalanceListener(thread).on_partitions_assigned([]))
+    assert ended == ["joined"]

@@ -4,6 +4,7 @@ taking the join errors aiokafka keeps for Faust."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -247,11 +248,14 @@ class Coordinator:
     """aiokafka's coordinator as ``JoinErrors`` sees it: an error it keeps for its user."""
 
     def __init__(self) -> None:
+        self.group_id = "orders-app"
         self.kept: Exception | None = None
         self.looked = 0
+        self.looked_at: list[float] = []
 
     def check_errors(self) -> None:
         self.looked += 1
+        self.looked_at.append(asyncio.get_running_loop().time())
         kept, self.kept = self.kept, None
         if kept is not None:
             raise kept
@@ -270,11 +274,9 @@ def test_a_kept_join_error_is_logged_and_taken_so_the_worker_joins_again(
         await until(lambda: coordinator.looked >= 2)  # nothing kept: it looks again
         coordinator.kept = InconsistentGroupProtocolError()
         await until(lambda: coordinator.kept is None)  # taken: aiokafka may join again
-        looked = coordinator.looked
-        await asyncio.sleep(0.05)
-        assert coordinator.looked == looked  # the next join attempt calls joining() again
-        errors.joining(consumer)
+        errors.joining(consumer)  # it does: the next attempt
         errors.joined()
+        looked = coordinator.looked
         await asyncio.sleep(0.05)
         assert coordinator.looked == looked  # joined: nothing more to look at
 
@@ -282,3 +284,38 @@ def test_a_kept_join_error_is_logged_and_taken_so_the_worker_joins_again(
         asyncio.run(scenario())
     assert "cannot join the group: InconsistentGroupProtocolError" in caplog.text
     assert "streamassign://" in caplog.text
+
+
+def test_a_group_authorization_failure_before_any_join_is_logged_and_retried_until_joined(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without READ on its group a worker fails at aiokafka's coordinator lookup, before any
+    join (so no ``metadata()`` call starts a look again): aiokafka keeps the error and retries
+    the lookup only once it is taken. The watch takes it again and again, with doubling pauses
+    and one line each naming the group and the ACL, until an assignment arrives."""
+    from aiokafka.errors import GroupAuthorizationFailedError
+
+    async def scenario() -> None:
+        coordinator = Coordinator()
+        errors = JoinErrors(first=0.01, longest=0.04)
+        coordinator.kept = GroupAuthorizationFailedError("orders-app")
+        errors.joining(SimpleNamespace(_coordinator=coordinator))  # the subscription
+        for _ in range(4):  # each failed lookup is kept again; only the watch takes it
+            await until(lambda: coordinator.kept is None)
+            coordinator.kept = GroupAuthorizationFailedError("orders-app")
+        await until(lambda: coordinator.kept is None)
+        pauses = [b - a for a, b in itertools.pairwise(coordinator.looked_at)]
+        assert pauses[0] > 0.019 and pauses[-1] > 0.039  # doubled, up to the longest
+        errors.joined()  # the ACL granted: the lookup and the join succeed
+        looked = coordinator.looked
+        await asyncio.sleep(0.1)
+        assert coordinator.looked == looked
+
+    with caplog.at_level(logging.ERROR, "streamassign.faust"):
+        asyncio.run(scenario())
+    lines = [r.getMessage() for r in caplog.records if r.name == "streamassign.faust"]
+    assert len(lines) == 5
+    assert lines[0] == (
+        "not authorized to the group 'orders-app' (GroupAuthorizationFailedError): grant the "
+        "app's principal READ on the group; trying again"
+    )

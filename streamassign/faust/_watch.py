@@ -32,15 +32,18 @@ log = logging.getLogger("streamassign.faust")
 
 
 class JoinErrors:
-    """Takes a fatal join error aiokafka keeps for its user, logs it, and so lets it try again.
+    """Takes a fatal error aiokafka keeps for its user while the worker joins, logs it, and so
+    lets it try again.
 
-    aiokafka hands such an error (``InconsistentGroupProtocolError``: the group's members use
-    another assignor; a group authorization failure) to whoever polls the consumer, and its
-    coordinator waits until someone takes it. Faust's fetcher reads records without polling, so
-    nobody did: the worker sat idle and alive, outside its group, for good. ``joining`` (at
-    each join attempt) schedules a look after a pause; ``joined`` (an assignment arrived)
-    cancels it. An error taken is logged and aiokafka joins again at once; the pause doubles
-    from ``first`` to ``longest`` seconds while joins fail.
+    aiokafka hands such an error to whoever polls the consumer, and its coordinator waits until
+    someone takes it: ``InconsistentGroupProtocolError`` (the group's members use another
+    assignor) at a join, and a group authorization failure already at the coordinator lookup,
+    before any join. Faust's fetcher reads records without polling, so nobody did: the worker
+    sat idle and alive, outside its group, for good.
+    ``joining`` (at the subscription and at each join attempt) schedules a look after a pause;
+    ``joined`` (an assignment arrived) ends the looks. An error taken is logged and aiokafka
+    tries again at once; the looks go on, the pause doubling from ``first`` to ``longest``
+    seconds while the attempts fail.
     """
 
     def __init__(self, first: float = 1.0, longest: float = 30.0) -> None:
@@ -73,16 +76,29 @@ class JoinErrors:
         try:
             coordinator.check_errors()
         except Exception as exc:  # anything aiokafka kept for its user is reported here
-            log.error(
-                "cannot join the group: %r%s; trying again",
-                exc,
-                " (its members use another assignor: start every worker with "
-                "broker='streamassign://...' and STREAMASSIGN_FAUST_SWITCH=1 to switch one at a "
-                "time)"
-                if type(exc).__name__ == "InconsistentGroupProtocolError"
-                else "",
-            )
             self._pause = min(self._pause * 2, self._longest)
-            return  # aiokafka joins again now, and calls joining() from metadata()
-        loop = asyncio.get_running_loop()  # still joining, nothing kept: look again later
+            log.error(
+                "%s; trying again", _join_error_line(exc, getattr(coordinator, "group_id", None))
+            )
+        # Look again later: a join attempt resets the look (joining()), but a failed coordinator
+        # lookup makes none, and an assignment ends the looks (joined()).
+        loop = asyncio.get_running_loop()
         self._timer = loop.call_later(self._pause, self._check, coordinator)
+
+
+def _join_error_line(exc: Exception, group: object) -> str:
+    """What a user reads for a fatal join error: the error, and what to do about it."""
+    kind = type(exc).__name__
+    if kind == "GroupAuthorizationFailedError":
+        return (
+            f"not authorized to the group {group!r} ({kind}): grant the app's principal READ "
+            "on the group"
+        )
+    hint = ""
+    if kind == "InconsistentGroupProtocolError":
+        hint = (
+            " (its members use another assignor: start every worker with "
+            "broker='streamassign://...' and STREAMASSIGN_FAUST_SWITCH=1 to switch one at a "
+            "time)"
+        )
+    return f"cannot join the group: {exc!r}{hint}"

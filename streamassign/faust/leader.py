@@ -342,12 +342,17 @@ def _waiting_for_metadata(
     if waiting := sorted(unsized & required):
         log.log(
             level,
-            "no metadata for %s (not created yet?): assigning nothing until they exist",
+            "no metadata for %s (not created yet, or not authorized to read?): assigning "
+            "nothing until they exist",
             waiting,
         )
         return True
     if unsized:
-        log.log(level, "no metadata for subscribed topics %s (not created yet?)", sorted(unsized))
+        log.log(
+            level,
+            "no metadata for subscribed topics %s (not created yet, or not authorized to read?)",
+            sorted(unsized),
+        )
     return False
 
 

@@ -97,7 +97,7 @@ def _sized_counts(
     if missing:
         logger.warning(
             "faust-style topology: leaving out subscribed topics with no partition count "
-            "(not created yet?): %s",
+            "(not created yet, or not authorized to read?): %s",
             ", ".join(missing),
         )
     counts = checked_partition_counts(

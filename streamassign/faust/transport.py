@@ -84,6 +84,20 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             if held_back:
                 log.warning("%s", held_back)
 
+    async def subscribe(self, topics: Iterable[str]) -> None:
+        """Faust's, then the assignor's join-error watch starts on the consumer thread: a
+        principal without READ on the group fails at the coordinator lookup, before any join
+        (where the assignor starts the watch itself), and aiokafka keeps that error for a poll
+        Faust never makes."""
+        await super().subscribe(topics)
+        await self.call_thread(self._watch_join_errors)
+
+    async def _watch_join_errors(self) -> None:
+        join_errors = getattr(self.app.assignor, "join_errors", None)
+        consumer = getattr(self, "_consumer", None)  # Faust's, set when the thread starts
+        if join_errors is not None and consumer is not None:
+            join_errors.joining(consumer)
+
     def _create_worker_consumer(self, *args: Any, **kwargs: Any) -> Any:
         # (transport) in faust-streaming 0.15, (transport, loop) in older releases.
         consumer = super()._create_worker_consumer(*args, **kwargs)
@@ -244,6 +258,11 @@ class _RebalanceListener(faust_aiokafka.ConsumerRebalanceListener):
         consumer = self._thread.consumer
         if isinstance(consumer, _Consumer):
             consumer.note_membership(membership(getattr(self._thread, "_consumer", None)))
+        # The join error watch ends at any assignment, also one of aiokafka's round robin
+        # (an app without tables during a rolling switch), which never reaches our assignor.
+        join_errors = getattr(consumer.app.assignor, "join_errors", None)
+        if join_errors is not None:
+            join_errors.joined()
         await super().on_partitions_assigned(assigned)
 
 
