@@ -12,8 +12,8 @@ on 10).
 ``StoreFailureGuard`` watches each table store's writes (``_set``, ``_del``, the changelog
 batches of a recovery or standby, the persisted offset). At the first failure, before the
 exception reaches the agent (so before Faust acks the event), it latches: the consumer then
-refuses every commit (``_Consumer._commit`` and ``commit``, the one place commits are
-refused), one ERROR line names the table, its directory, RocksDB's status and what to do,
+refuses every commit (``_Consumer._commit_tps``, which every commit of Faust goes
+through), one ERROR line names the table, its directory, RocksDB's status and what to do,
 and the app is crashed (Faust's stop path: the worker exits non-zero), so that a supervisor
 restarts it: the group moves its partitions meanwhile and they are processed again from the
 last commit (at-least-once: duplicates, never a gap).

@@ -443,17 +443,16 @@ class _Consumer(faust_aiokafka.Consumer):
     def _on_store_failure(self, failure: StoreFailure, exc: BaseException) -> None:
         crash_app(self.app, exc)
 
-    async def _commit_offsets(
-        self, offsets: Mapping[TP, int], start_new_transaction: bool = True
-    ) -> bool:
+    async def _commit_tps(self, tps: Iterable[TP], start_new_transaction: bool) -> bool:
         """Faust's, refused once a table store write failed: the event being processed then
         is acked by Faust although its table update never happened, so any commit from then
         on could pass it. Every commit of Faust (at-least-once and transactions, its timer,
-        its revoke and its stop) comes through here."""
+        its revoke and its stop) comes through here, before it sends the messages attached
+        to the offsets and flushes its producer (stopped by then: ``Cannot flush``)."""
         if self.store_guard.failed:
-            log.debug("a commit of %d offset(s) refused: a table store write failed", len(offsets))
+            log.debug("a commit refused: a table store write failed")
             return False
-        return bool(await super()._commit_offsets(offsets, start_new_transaction))
+        return bool(await super()._commit_tps(tps, start_new_transaction))
 
     async def on_stop(self) -> None:
         """Faust's (its last commit); then the proofs are saved again if their last save
