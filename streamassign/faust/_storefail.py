@@ -31,9 +31,12 @@ import attrs
 
 from ._stores import keeps_state_on_disk
 
-__all__ = ["GUARDED_WRITES", "StoreFailure", "StoreFailureGuard", "is_store_failure"]
+__all__ = ["GUARDED_WRITES", "StoreFailure", "StoreFailureGuard", "crash_app", "is_store_failure"]
 
 log = logging.getLogger("streamassign.faust")
+
+#: The crash tasks under way (the loop keeps only weak references to tasks).
+_pending: set[asyncio.Task[Any]] = set()
 
 #: The methods of Faust's RocksDB store that write to its databases.
 GUARDED_WRITES = ("_set", "_del", "apply_changelog_batch", "set_persisted_offset")
@@ -146,7 +149,3 @@ def crash_app(app: Any, exc: BaseException) -> None:
     task = loop.create_task(app.crash(exc))
     _pending.add(task)
     task.add_done_callback(_pending.discard)
-
-
-#: The crash tasks under way (the loop keeps only weak references to tasks).
-_pending: set[asyncio.Task[Any]] = set()

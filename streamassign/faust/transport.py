@@ -32,8 +32,9 @@ WARNING per episode, ``_flowstop``). After a lost group membership (a zombie: a 
 session timeout) it rewinds the tables' persisted changelog offsets to the last ones the
 membership proved, before Faust's recovery reads them (``_proven``), and its producer holds the
 changelog sends that follow such a stall until the membership is proven (sent) or lost (dropped:
-a zombie's writes from stale table state, ``_stallhold``). Everything else is Faust's aiokafka
-transport unchanged.
+a zombie's writes from stale table state, ``_stallhold``). A table store write that fails (a
+full disk) stops the worker before any commit can pass the record Faust acks anyway
+(``_storefail``). Everything else is Faust's aiokafka transport unchanged.
 """
 
 from __future__ import annotations
