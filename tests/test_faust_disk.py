@@ -130,7 +130,7 @@ def test_a_failed_table_write_refuses_every_commit_says_so_once_and_stops_the_wo
             table_write(app, "k2", 1, partition=1)  # the restarted agent's next record
         assert not await consumer._commit_tps([TP(SRC, 0)], True)
         assert not await consumer._commit_tps([TP(SRC, 1)], False)
-        await asyncio.sleep(0)  # the crash task runs
+        await asyncio.wrap_future(consumer._store_crash)  # the crash ran
         assert reasons == [raised.value]
 
     with caplog.at_level(logging.DEBUG, logger="streamassign.faust"):

@@ -10,7 +10,7 @@ the worker, and nothing says so (a 4-minute run lost records on 19 of 24 keys; s
 on 10).
 
 ``StoreFailureGuard`` watches each table store's writes (``_set``, ``_del``, the changelog
-batches of a recovery or standby, the persisted offset). At the first failure, before the
+batches of a recovery or standby). At the first failure, before the
 exception reaches the agent (so before Faust acks the event), it latches: the consumer then
 refuses every commit (``_Consumer._commit_tps``, which every commit of Faust goes
 through), one ERROR line names the table, its directory, RocksDB's status and what to do,
@@ -22,6 +22,7 @@ last commit (at-least-once: duplicates, never a gap).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 from collections.abc import Callable, Iterable
@@ -35,11 +36,11 @@ __all__ = ["GUARDED_WRITES", "StoreFailure", "StoreFailureGuard", "crash_app", "
 
 log = logging.getLogger("streamassign.faust")
 
-#: The crash tasks under way (the loop keeps only weak references to tasks).
-_pending: set[asyncio.Task[Any]] = set()
-
 #: The methods of Faust's RocksDB store that write to its databases.
-GUARDED_WRITES = ("_set", "_del", "apply_changelog_batch", "set_persisted_offset")
+#: Not ``set_persisted_offset``: an offset not persisted loses no record (a restart restores
+#: from the older offset, again), and it fails for passing reasons too (the lock of a revoked
+#: partition's database still held by this process).
+GUARDED_WRITES = ("_set", "_del", "apply_changelog_batch")
 
 
 def is_store_failure(exc: BaseException) -> bool:
@@ -139,13 +140,16 @@ class StoreFailureGuard:
         self.on_failure(self.failure, exc)
 
 
-def crash_app(app: Any, exc: BaseException) -> None:
-    """Crash ``app`` (Faust's stop path for a fatal error: the worker exits non-zero) from
-    a task on its loop: the failed write runs inside an agent, which must raise first."""
+def crash_app(app: Any, exc: BaseException) -> concurrent.futures.Future[Any] | None:
+    """Crash ``app`` (Faust's stop path for a fatal error: the worker exits non-zero) on its
+    loop, from whichever thread the failed write ran in (the agent must raise first). The
+    caller keeps the returned future: the loop keeps only weak references to tasks. None when
+    the app's loop is not running (a test calling a store directly): nothing to stop."""
+    loop: asyncio.AbstractEventLoop | None
     try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # no running loop (a test calling a store directly): nothing to stop
-        return
-    task = loop.create_task(app.crash(exc))
-    _pending.add(task)
-    task.add_done_callback(_pending.discard)
+        loop = asyncio.get_running_loop()  # the agent's: the app's loop
+    except RuntimeError:  # a thread without a loop of its own: the app's
+        loop = getattr(app, "loop", None)
+        if loop is None or not loop.is_running():
+            return None
+    return asyncio.run_coroutine_threadsafe(app.crash(exc), loop)

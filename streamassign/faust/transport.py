@@ -40,6 +40,7 @@ full disk) stops the worker before any commit can pass the record Faust acks any
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import time
@@ -305,6 +306,8 @@ class _Consumer(faust_aiokafka.Consumer):
         #: Latches the first failed table store write: no commit from then on, and the
         #: worker stops (``_storefail``).
         self.store_guard = StoreFailureGuard(self._on_store_failure)
+        #: The crash a failed store write scheduled (kept: the loop holds tasks weakly).
+        self._store_crash: concurrent.futures.Future[Any] | None = None
         if (recovery_done := getattr(self.app, "on_rebalance_complete", None)) is not None:
             # Weak: the class-level signal keeps it (as the assignor's, ``PartitionAssignor``);
             # the app keeps its consumer (``app._consumer``), so it fires while the app lives.
@@ -442,7 +445,7 @@ class _Consumer(faust_aiokafka.Consumer):
         self.store_guard.watch(changelog_stores(self.app).values())
 
     def _on_store_failure(self, failure: StoreFailure, exc: BaseException) -> None:
-        crash_app(self.app, exc)
+        self._store_crash = crash_app(self.app, exc)
 
     async def _commit_tps(self, tps: Iterable[TP], start_new_transaction: bool) -> bool:
         """Faust's, refused once a table store write failed: the event being processed then
