@@ -256,7 +256,13 @@ class ProofsFile:
             self.write_failure_told = True
             log.log(level, "cannot save the proven changelog offsets to %s: %s", self.path, exc)
             return
+        if self.write_failure_told:
+            log.info("saved the proven changelog offsets to %s again", self.path)
         self.written, self.write_failure_told = raw, False
+
+    @property
+    def last_write_failed(self) -> bool:
+        return self.write_failure_told
 
     def discard(self) -> None:
         """Remove the file (a run that does not maintain it); logged at INFO if there was one."""
@@ -433,6 +439,14 @@ class ProvenOffsets:
         self.proven.update(self.snapshot(stores))
         self.recovered_since_assignment = True
         self._save()
+
+    def save_if_failed(self) -> None:
+        """At the worker's stop: save again if the last save failed (a full disk since
+        freed). Without it the file kept its stale proofs whenever no offset moved after the
+        failure (nothing to commit, nothing saved), and the next start rewound the tables to
+        them and replayed every changelog record written since."""
+        if self.file is not None and self.file.last_write_failed:
+            self._save()
 
     def _save(self, *, durable: bool = True) -> None:
         """Write the proofs. A commit's (every ~2.8 s) is not fsynced: on a disk busy with

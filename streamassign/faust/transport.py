@@ -32,13 +32,15 @@ WARNING per episode, ``_flowstop``). After a lost group membership (a zombie: a 
 session timeout) it rewinds the tables' persisted changelog offsets to the last ones the
 membership proved, before Faust's recovery reads them (``_proven``), and its producer holds the
 changelog sends that follow such a stall until the membership is proven (sent) or lost (dropped:
-a zombie's writes from stale table state, ``_stallhold``). Everything else is Faust's aiokafka
-transport unchanged.
+a zombie's writes from stale table state, ``_stallhold``). A table store write that fails (a
+full disk) stops the worker before any commit can pass the record Faust acks anyway
+(``_storefail``). Everything else is Faust's aiokafka transport unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import time
@@ -55,6 +57,7 @@ from ._app import exactly_once
 from ._flowstop import ASSIGNING, JOINING, RECOVERING, REVOKING, FlowStop, Step
 from ._proven import ProvenOffsets, changelog_stores, proofs_file
 from ._stallhold import StallHoldProducer
+from ._storefail import StoreFailure, StoreFailureGuard, crash_app
 
 __all__ = ["SWITCH_ENV", "Transport"]
 
@@ -319,6 +322,11 @@ class _Consumer(faust_aiokafka.Consumer):
         self.proven_offsets = ProvenOffsets()
         #: The member id of the assignment Faust is about to take (``_RebalanceListener``).
         self._assigned_as: str | None = None
+        #: Latches the first failed table store write: no commit from then on, and the
+        #: worker stops (``_storefail``).
+        self.store_guard = StoreFailureGuard(self._on_store_failure)
+        #: The crash a failed store write scheduled (kept: the loop holds tasks weakly).
+        self._store_crash: concurrent.futures.Future[Any] | None = None
         if (recovery_done := getattr(self.app, "on_rebalance_complete", None)) is not None:
             # Weak: the class-level signal keeps it (as the assignor's, ``PartitionAssignor``);
             # the app keeps its consumer (``app._consumer``), so it fires while the app lives.
@@ -378,7 +386,9 @@ class _Consumer(faust_aiokafka.Consumer):
         self._assigned_since_revoke = True
         self._start_streams(assigned)
         self._flow_hook(self._enter_flow_step, ASSIGNING)
-        # Before Faust's callback: its table recovery reads the persisted offsets there.
+        # Before Faust's callback: its table recovery writes the stores and reads the
+        # persisted offsets there.
+        self._proven_hook(self._guard_stores)
         self._proven_hook(self._rewind_if_lost)
         await super().on_partitions_assigned(assigned, generation_id)
         self._proven_hook(self._prove_assignment)
@@ -449,6 +459,31 @@ class _Consumer(faust_aiokafka.Consumer):
 
     def _member_id(self) -> str | None:
         return member_id(getattr(self._thread, "_consumer", None))
+
+    def _guard_stores(self) -> None:
+        self.store_guard.watch(changelog_stores(self.app).values())
+
+    def _on_store_failure(self, failure: StoreFailure, exc: BaseException) -> None:
+        self._store_crash = crash_app(self.app, exc)
+
+    async def _commit_tps(self, tps: Iterable[TP], start_new_transaction: bool) -> bool:
+        """Faust's, refused once a table store write failed: the event being processed then
+        is acked by Faust although its table update never happened, so any commit from then
+        on could pass it. Every commit of Faust (at-least-once and transactions, its timer,
+        its revoke and its stop) comes through here, before it sends the messages attached
+        to the offsets and flushes its producer (stopped by then: ``Cannot flush``)."""
+        if self.store_guard.failed:
+            log.debug("a commit refused: a table store write failed")
+            return False
+        return bool(await super()._commit_tps(tps, start_new_transaction))
+
+    async def on_stop(self) -> None:
+        """Faust's (its last commit); then the proofs are saved again if their last save
+        failed (``ProvenOffsets.save_if_failed``)."""
+        try:
+            await super().on_stop()
+        finally:
+            self._proven_hook(self.proven_offsets.save_if_failed)
 
     def verify_event_path(self, now: float, tp: TP) -> None:
         """Faust's livelock check, but not for a stream partition with no event yet within
