@@ -411,19 +411,20 @@ def reference_roundrobin(counts: Mapping[str, int], subs: Mapping[str, Subscript
 
 @contextlib.contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
-    """Raise TimeoutError in the block after ``seconds`` (SIGALRM: Unix, main thread), so an
-    assignor stuck in a loop fails its test instead of hanging the suite."""
+    """Raise TimeoutError in the block after ``seconds`` of the process's CPU time (SIGPROF:
+    Unix, main thread), so an assignor stuck in a loop fails its test instead of hanging the
+    suite. CPU time, not the wall clock: other processes loading the machine do not count."""
 
     def _expire(signum: int, frame: object) -> None:
-        raise TimeoutError(f"did not finish within {seconds} s")
+        raise TimeoutError(f"did not finish within {seconds} s of CPU time")
 
-    previous = signal.signal(signal.SIGALRM, _expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = signal.signal(signal.SIGPROF, _expire)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 @contextlib.contextmanager
