@@ -239,32 +239,17 @@ def test_a_process_on_a_full_disk_refuses_to_start_before_joining(
     app.state.close()
 
 
-def test_a_topology_without_stores_needs_no_writable_disk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("nothing_on_disk", ["no stores", "in-memory stores"])
+def test_an_app_keeping_nothing_on_disk_needs_no_writable_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nothing_on_disk: str
 ) -> None:
-    """RocksDB stores configured, but no subtopology keeps state: nothing to open, so a full
-    disk does not stop the start (its only write, the saved assignment, warns)."""
-    stateless = Topology([Subtopology(0, ["events"])], name="app")
-    app = App(stateless, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
-    started: list[str] = []
-
-    async def topics(*args: object, **kwargs: object) -> dict[str, int]:
-        started.append("topics")
-        raise ConnectionError("stop here")
-
-    monkeypatch.setattr("streamassign.runtime.app.ensure_internal_topics", topics)
-    full_disk(monkeypatch)
-    with pytest.raises(ConnectionError):
-        asyncio.run(app.start())
-    assert started == ["topics"]
-    app.state.close()
-
-
-def test_in_memory_stores_need_no_writable_disk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """In-memory stores write nothing there that the process needs: it starts as before."""
-    app = make_app(tmp_path, store_kind="memory")
+    """No store to open on disk (a topology without stores, or in-memory stores): a full
+    disk does not stop the start (its only write there, the saved assignment, warns)."""
+    if nothing_on_disk == "no stores":
+        stateless = Topology([Subtopology(0, ["events"])], name="app")
+        app = App(stateless, {0: Nothing}, bootstrap_servers="x:1", state_dir=tmp_path)
+    else:
+        app = make_app(tmp_path, store_kind="memory")
     started: list[str] = []
 
     async def topics(*args: object, **kwargs: object) -> dict[str, int]:
