@@ -59,7 +59,13 @@ from ._clients import (
     principal,
     with_connection,
 )
-from ._topics import ChangelogCheck, ensure_internal_topics, max_message_bytes, written_topics
+from ._topics import (
+    BROKER_DEFAULT_REPLICATION,
+    ChangelogCheck,
+    ensure_internal_topics,
+    max_message_bytes,
+    written_topics,
+)
 from .changelog import StoreState
 from .cleanup import StateCleanup
 from .commits import Commits
@@ -130,6 +136,11 @@ class App:
     ``probing_rebalance_interval_ms`` (see ``docs/ha.md``). The process then keeps every
     stateful task's changelog end offsets cached (``end_offsets``) for exact lags when it leads.
 
+    ``replication_factor``: replicas of the internal topics (changelogs, repartition topics)
+    the application creates; -1 (the default, as Kafka Streams' since 3.0) takes the broker's
+    ``default.replication.factor``. Topics that exist are left as they are. With one replica,
+    a broker restart leaves their partitions without a leader until it is back.
+
     ``state_cleanup_delay_ms`` (Kafka Streams' ``state.cleanup.delay.ms``): the local state of
     a task this process has not held for that long is deleted (``cleanup.py``); None keeps it.
 
@@ -158,7 +169,7 @@ class App:
         commit_interval_ms: int = 1000,
         processing_errors: ErrorPolicy = "stop",
         processing_guarantee: ProcessingGuarantee = "at_least_once",
-        replication_factor: int = 1,
+        replication_factor: int = BROKER_DEFAULT_REPLICATION,
         endpoint: str | None = None,
         consumer_config: Mapping[str, Any] | None = None,
         producer_config: Mapping[str, Any] | None = None,
@@ -198,6 +209,11 @@ class App:
         self.commit_interval = settings.commit_interval_ms / 1000
         #: Seconds ``stop()`` lets each loop finish its current record before cancelling it.
         self.stop_grace = 30.0
+        if replication_factor < 1 and replication_factor != BROKER_DEFAULT_REPLICATION:
+            raise RuntimeConfigError(
+                f"replication_factor={replication_factor!r}: expected 1 or more, or -1 for the "
+                "broker's default.replication.factor"
+            )
         self.replication_factor = replication_factor
         self.consumer_config = dict(settings.consumer_config)
         self.producer_config = dict(settings.producer_config)
