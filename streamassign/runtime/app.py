@@ -857,7 +857,7 @@ class App:
                     current = functools.partial(self._still_current, index, epoch)
                     await self._processing.process_batch(index, consumer, batch, deadline, current)
                 if time.monotonic() >= next_commit:
-                    await self._commits.commit(index)
+                    await self._commits.commit_or_retry(index)
                     committed_at = time.monotonic()
                     next_commit = committed_at + self.commit_interval
 

@@ -29,6 +29,7 @@ from aiokafka.errors import (
     CommitFailedError,
     InvalidTopicError,
     KafkaError,
+    KafkaTimeoutError,
     MessageSizeTooLargeError,
     PolicyViolationError,
     RecordListTooLargeError,
@@ -75,6 +76,11 @@ T = TypeVar("T")
 
 #: Seconds between two tries of the membership fence that got no answer.
 FENCE_BACKOFF = 1.0
+#: Seconds the consumer loop waits after its first commit that failed on a passing broker
+#: error (``Commits.commit_or_retry``), doubled at each failure in a row up to
+#: ``RETRY_BACKOFF_MAX``.
+RETRY_BACKOFF = 0.5
+RETRY_BACKOFF_MAX = 8.0
 
 
 class Membership(enum.Enum):
@@ -107,6 +113,9 @@ class Commits:
         self.stores = stores
         #: Consumers whose rebalance has started (the app's set): their group waits.
         self.rebalancing = rebalancing
+        #: Per consumer, its commits failed in a row on a passing broker error, and when
+        #: the first failed (``commit_or_retry``).
+        self.failing: dict[int, tuple[int, float]] = {}
 
     async def commit(self, index: int) -> None:
         """Data and output acks, then changelog markers and their acks, then local stores and
@@ -288,6 +297,53 @@ class Commits:
         if producers is not None:
             producers.fail(task.task_id)
         self.host.request_rejoin(index)
+
+    async def commit_or_retry(self, index: int) -> None:
+        """The consumer loop's commit. One that fails on a passing broker error (``passing``:
+        a partition leader or broker away, as while a broker restarts) commits nothing: the
+        consumer's tasks are torn as a crash would leave them (writes that landed without a
+        marker are an orphan tail the restore compensates), the loop waits a backoff
+        (``RETRY_BACKOFF`` doubled up to ``RETRY_BACKOFF_MAX``) and rejoins the group, and
+        the tasks are restored and their input re-read before they run again (at least
+        once). One WARNING per run of such failures, one INFO when a commit succeeds again.
+        Any other failure is raised (the application stops)."""
+        try:
+            await self.commit(index)
+        except Exception as exc:
+            if not passing(exc):
+                raise
+            await self._retry_later(index, exc)
+            return
+        if index in self.failing:
+            count, since = self.failing.pop(index)
+            log.info(
+                "consumer %d: committing again, after %d failed commit(s) over %.1f s",
+                index,
+                count,
+                asyncio.get_running_loop().time() - since,
+            )
+
+    async def _retry_later(self, index: int, exc: Exception) -> None:
+        loop = asyncio.get_running_loop()
+        count, since = self.failing.get(index, (0, loop.time()))
+        self.failing[index] = (count + 1, since)
+        backoff = min(RETRY_BACKOFF * 2**count, RETRY_BACKOFF_MAX)
+        mine = [t for t in self.actives.values() if t.consumer == index and not t.torn]
+        for task in mine:
+            tear(task)
+        (log.warning if count == 0 else log.debug)(
+            "consumer %d: commit failed (%r: a partition leader or broker away?); the "
+            "uncommitted state of %d task(s) is dropped, they are restored and their input "
+            "re-read after a rejoin in %g s; retried like this while it lasts (said once "
+            "until a commit succeeds)",
+            index,
+            exc,
+            len(mine),
+            backoff,
+        )
+        await asyncio.sleep(backoff)
+        if not self.host.stopping:  # else the stop leaves the group with the tasks torn
+            self.host.request_rejoin(index)
 
     async def commit_safely(self, index: int) -> None:
         """Commit; on failure drop the consumer's uncommitted state as a crash would (its
@@ -791,7 +847,10 @@ async def _acks(index: int, futures: Sequence[asyncio.Future[Any]]) -> None:
     broker refused for good (``PERMANENT_REFUSALS``: a record or batch larger than its
     topic's ``max.message.bytes``, not authorised, an invalid topic) raises
     ``OutputWriteError``: the application stops rather than restoring and refusing again.
-    Any other error is raised as it is (the commit's tasks are torn and retried)."""
+    Any other error is raised as it is: a passing one (``passing``: a leader or broker
+    away, as while a broker restarts) tears the consumer's tasks, which are restored after a
+    rejoin and retried (``Commits.commit_or_retry``, and ``commit_safely`` in a rebalance or
+    at stop); anything else stops the application."""
     try:
         await asyncio.gather(*futures)
     except PERMANENT_REFUSALS as exc:
@@ -805,3 +864,14 @@ async def _acks(index: int, futures: Sequence[asyncio.Future[Any]]) -> None:
             f"consumer {index}: the broker refused a write ({exc!r}){hint}; nothing "
             "committed, stopping (it would be refused again)"
         ) from exc
+
+
+def passing(exc: BaseException) -> bool:
+    """Whether a commit's failure passes by itself: an error Kafka calls retriable (no
+    leader, not enough in-sync replicas, a request timed out, a connection lost) or a write
+    aiokafka expired (``KafkaTimeoutError``: its partition had no leader for
+    ``request_timeout_ms``). Refusals that a retry meets again are ``OutputWriteError``s by
+    then, not ``KafkaError``s."""
+    if isinstance(exc, KafkaTimeoutError):
+        return True
+    return isinstance(exc, KafkaError) and bool(exc.retriable)
