@@ -20,6 +20,7 @@ from aiokafka.errors import (
     KafkaTimeoutError,
     LeaderNotAvailableError,
     MessageSizeTooLargeError,
+    NotEnoughReplicasError,
     UnknownError,
 )
 
@@ -92,8 +93,8 @@ def test_internal_topics_take_the_broker_s_default_replication_unless_given(
     assert admin.sent == [(CHANGELOG, 4, 3, [], [("cleanup.policy", "compact")])]
 
 
-@pytest.mark.parametrize("factor", [0, -2])
-def test_a_replication_factor_that_means_nothing_is_refused(tmp_path: Path, factor: int) -> None:
+@pytest.mark.parametrize("factor", [0, -2, "3", 2.0, True])
+def test_a_replication_factor_that_means_nothing_is_refused(tmp_path: Path, factor: object) -> None:
     with pytest.raises(RuntimeConfigError, match="expected 1 or more, or -1"):
         App(
             TOPOLOGY,
@@ -148,9 +149,9 @@ def test_a_commit_failing_on_a_leader_away_tears_rejoins_and_goes_on(
     caplog: pytest.LogCaptureFixture,
     error: type[Exception],
 ) -> None:
-    """Measured with one replica: a write expired without a leader (LeaderNotAvailableError
-    from aiokafka's accumulator) stopped the application. Now nothing is committed, the task
-    is torn (restored after the rejoin), and the loop goes on: one WARNING for failures in a
+    """A write expired without a leader (LeaderNotAvailableError from aiokafka's
+    accumulator, as with one replica and its broker away): nothing is committed, the task is
+    torn (restored after the rejoin), and the loop goes on: one WARNING for failures in a
     row, an INFO when a commit succeeds again."""
     monkeypatch.setattr(commits_module, "RETRY_BACKOFF", 0.001)
     app, log, committer, rejoins = make(tmp_path)
@@ -238,8 +239,8 @@ class LeaderAway(Log):
 def test_the_consumer_loop_survives_a_commit_failing_on_a_leader_away(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Before, the loop ended and the application stopped ("consumer 0 failed; stopping the
-    application" with ``LeaderNotAvailableError`` from ``_acks``)."""
+    """The loop goes on, rather than end and stop the application ("consumer 0 failed;
+    stopping the application" with ``LeaderNotAvailableError`` from ``_acks``)."""
     monkeypatch.setattr(commits_module, "RETRY_BACKOFF", 0.001, raising=False)
     app, _, _, rejoins = make(tmp_path)
     consumer = LoopConsumer()
@@ -259,3 +260,47 @@ def test_the_consumer_loop_survives_a_commit_failing_on_a_leader_away(
 
     asyncio.run(run())
     assert app.failure is None and app._actives[TASK].torn and consumer.commits == []
+
+
+def test_a_commit_while_the_torn_task_restores_is_no_success(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It commits nothing of the torn task: no "committing again" INFO, and the failures
+    in a row go on counting (their backoff doubling) until the task is back and commits."""
+    monkeypatch.setattr(commits_module, "RETRY_BACKOFF", 0.001)
+    app, _, _, _ = make(tmp_path)
+    caplog.set_level(logging.INFO, "streamassign.runtime")
+
+    async def run() -> None:
+        task = await start(app)
+        await process_and_fail(app, task, 0, LeaderNotAvailableError())
+        await app._commits.commit_or_retry(0)
+        assert task.torn
+        await app._commits.commit_or_retry(0)  # nothing to commit: the task is torn
+
+    asyncio.run(run())
+    assert "committing again" not in caplog.text
+    assert app._commits.failing[0][0] == 1
+
+
+def test_commits_failing_past_the_limit_stop_the_application(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error that does not pass (too few in-sync replicas for good) would have the loop
+    tear, rejoin and replay its input without end: past ``RETRY_LIMIT`` it stops."""
+    from streamassign.errors import CommitRetriesExhaustedError
+
+    monkeypatch.setattr(commits_module, "RETRY_BACKOFF", 0.001)
+    monkeypatch.setattr(commits_module, "RETRY_LIMIT", 0.0)
+    app, _, _, _ = make(tmp_path)
+
+    async def run() -> None:
+        task = await start(app)
+        await process_and_fail(app, task, 0, NotEnoughReplicasError())
+        await app._commits.commit_or_retry(0)  # the first failure starts the count
+        task = await start(app)
+        await process_and_fail(app, task, 0, NotEnoughReplicasError())
+        await app._commits.commit_or_retry(0)
+
+    with pytest.raises(CommitRetriesExhaustedError, match=r"commits failed for .* in a row"):
+        asyncio.run(run())

@@ -209,7 +209,10 @@ class App:
         self.commit_interval = settings.commit_interval_ms / 1000
         #: Seconds ``stop()`` lets each loop finish its current record before cancelling it.
         self.stop_grace = 30.0
-        if replication_factor < 1 and replication_factor != BROKER_DEFAULT_REPLICATION:
+        valid = type(replication_factor) is int and (
+            replication_factor >= 1 or replication_factor == BROKER_DEFAULT_REPLICATION
+        )
+        if not valid:
             raise RuntimeConfigError(
                 f"replication_factor={replication_factor!r}: expected 1 or more, or -1 for the "
                 "broker's default.replication.factor"

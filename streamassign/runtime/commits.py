@@ -41,6 +41,7 @@ from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost
 from ..errors import (
     ChangelogReadTimeoutError,
+    CommitRetriesExhaustedError,
     EndOffsetsTimeoutError,
     InternalTopicError,
     MissingChangelogError,
@@ -81,6 +82,10 @@ FENCE_BACKOFF = 1.0
 #: ``RETRY_BACKOFF_MAX``.
 RETRY_BACKOFF = 0.5
 RETRY_BACKOFF_MAX = 8.0
+#: Seconds of such failures in a row after which the application stops: an error that lasts
+#: (``min.insync.replicas`` above the live replicas, a deleted output partition) would have
+#: it tear, rejoin and replay its input for good (Kafka Streams' ``task.timeout.ms`` default).
+RETRY_LIMIT = 300.0
 
 
 class Membership(enum.Enum):
@@ -314,7 +319,7 @@ class Commits:
                 raise
             await self._retry_later(index, exc)
             return
-        if index in self.failing:
+        if index in self.failing and not self._recovering(index):
             count, since = self.failing.pop(index)
             log.info(
                 "consumer %d: committing again, after %d failed commit(s) over %.1f s",
@@ -323,9 +328,21 @@ class Commits:
                 asyncio.get_running_loop().time() - since,
             )
 
+    def _recovering(self, index: int) -> bool:
+        """Whether a task of consumer ``index`` is still torn or restoring: a commit then
+        commits nothing of it, so it does not show the broker error has passed."""
+        return any(t.consumer == index and (t.torn or t.restoring) for t in self.actives.values())
+
     async def _retry_later(self, index: int, exc: Exception) -> None:
         loop = asyncio.get_running_loop()
         count, since = self.failing.get(index, (0, loop.time()))
+        if loop.time() - since > RETRY_LIMIT:
+            raise CommitRetriesExhaustedError(
+                f"consumer {index}: commits failed for {loop.time() - since:.0f} s "
+                f"({count + 1} in a row; the last: {exc!r}); the broker error did not pass "
+                "(too few in-sync replicas for min.insync.replicas? a deleted output "
+                "partition?); stopping"
+            ) from exc
         self.failing[index] = (count + 1, since)
         backoff = min(RETRY_BACKOFF * 2**count, RETRY_BACKOFF_MAX)
         mine = [t for t in self.actives.values() if t.consumer == index and not t.torn]
@@ -827,10 +844,11 @@ def busy(tasks: Iterable[ActiveTask], index: int) -> Iterator[None]:
 
 
 #: Refusals a retry meets again (the same record, topic and rights): they stop the app.
-#: Anything else (a broker or replica away, an unknown error, a corrupt transfer, an
-#: unknown producer id) tears the consumer's tasks, which are restored and retried. A
-#: keyless record to a compacted topic is refused as INVALID_RECORD, which aiokafka reports
-#: as ``UnknownError``: retried (store keys are never empty; an output topic's may be).
+#: In the consumer loop (``commit_or_retry``) a passing broker error tears the consumer's
+#: tasks, which are restored and retried, and anything else stops it too (an unknown error,
+#: a corrupt transfer, an unknown producer id; a keyless record to a compacted topic is
+#: refused as INVALID_RECORD, which aiokafka reports as ``UnknownError``); the commit of a
+#: rebalance or a stop (``commit_safely``) tears and retries for all but these.
 PERMANENT_REFUSALS: tuple[type[KafkaError], ...] = (
     MessageSizeTooLargeError,
     RecordListTooLargeError,
