@@ -393,6 +393,12 @@ class TransactionFailedError(StreamAssignError):
     uncommitted state; the application goes on."""
 
 
+class CommitRetriesExhaustedError(StreamAssignError):
+    """A consumer's commits failed on a passing broker error (a leader away, too few
+    in-sync replicas, an expired write) for longer than ``commits.RETRY_LIMIT``: the error
+    did not pass, and the application stops rather than replay its input for good."""
+
+
 class OutputWriteError(StreamAssignError):
     """A write the broker refuses for good (a record larger than its topic's
     ``max.message.bytes``, keyless to a compacted topic, an authorization failure): the

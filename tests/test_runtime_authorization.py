@@ -147,7 +147,8 @@ def test_create_not_authorized_names_the_acl_or_how_to_create_the_topic(
     assert str(refused.value) == (
         f"creating internal topic {CHANGELOG!r} not authorized for User:runtime: grant CREATE "
         "on it (a PREFIXED ACL on '<application id>-' covers every internal topic), or create "
-        "it beforehand: 4 partition(s), replication factor 1, cleanup.policy=compact"
+        "it beforehand: 4 partition(s), the broker's default replication factor, "
+        "cleanup.policy=compact"
     )
 
 

@@ -32,6 +32,8 @@ from .end_offsets import partition_names
 log = logging.getLogger("streamassign.runtime")
 
 _TOPIC_ALREADY_EXISTS = 36
+#: INVALID_REPLICATION_FACTOR and INVALID_REQUEST: how a broker that does not take -1 refuses it.
+_REPLICATION_REFUSED = (38, 42)
 #: The broker's answer for a topic the principal may not describe (or create), whether it
 #: exists or not.
 TOPIC_AUTHORIZATION_FAILED = 29
@@ -42,6 +44,9 @@ _READY_TIMEOUT = 30.0
 CHECK_TIMEOUT = 10.0
 #: Seconds between two such checks at most once (a broker outage fails every end lookup).
 CHECK_INTERVAL = 10.0
+#: A replication factor of -1 asks the broker for its ``default.replication.factor``
+#: (Kafka Streams' default since 3.0).
+BROKER_DEFAULT_REPLICATION = -1
 
 #: Makes the error for topics the principal may not describe (``_describe_by``).
 _Refusal = Callable[[list[str]], Exception]
@@ -135,11 +140,12 @@ async def ensure_internal_topics(
     topology: Topology,
     bootstrap_servers: str,
     *,
-    replication_factor: int = 1,
+    replication_factor: int = BROKER_DEFAULT_REPLICATION,
     admin_config: Mapping[str, Any] | None = None,
     state: StateDirectory | None = None,
 ) -> dict[str, int]:
-    """Create the missing internal topics (changelogs compacted); returns their counts.
+    """Create the missing internal topics (changelogs compacted) with ``replication_factor``
+    replicas (-1: the broker's ``default.replication.factor``); returns their counts.
 
     Raises ``MissingTopicsError`` when external source topics are missing (its subclass
     ``SourceTopicsNotAuthorizedError`` when the principal may not read them;
@@ -174,12 +180,7 @@ async def ensure_internal_topics(
         if state is not None:
             _refuse_lost_changelogs(state, changelogs - set(present))
         new = [
-            NewTopic(
-                t,
-                n,
-                replication_factor,
-                topic_configs={"cleanup.policy": "compact"} if t in changelogs else {},
-            )
+            _new_topic(t, n, replication_factor, compacted=t in changelogs)
             for t, n in sorted(wanted.items())
             if t not in present
         ]
@@ -191,6 +192,26 @@ async def ensure_internal_topics(
         return wanted
     finally:
         await admin.close()
+
+
+def _new_topic(name: str, partitions: int, replication_factor: int, compacted: bool) -> NewTopic:
+    """The CreateTopics entry of an internal topic. aiokafka's ``NewTopic`` takes -1 only with
+    a replica assignment; an empty one is sent as none, and the broker (Kafka 4.3.1 measured,
+    CreateTopics v3 as aiokafka 0.14 sends it) then applies its ``default.replication.factor``."""
+    return NewTopic(
+        name,
+        partitions,
+        replication_factor,
+        replica_assignments={} if replication_factor == BROKER_DEFAULT_REPLICATION else None,
+        topic_configs={"cleanup.policy": "compact"} if compacted else {},
+    )
+
+
+def replication_words(replication_factor: int) -> str:
+    """``replication_factor`` as a topic to create by hand should have it."""
+    if replication_factor == BROKER_DEFAULT_REPLICATION:
+        return "the broker's default replication factor"
+    return f"replication factor {replication_factor}"
 
 
 def _sources_denied(topics: list[str], who: str) -> SourceTopicsNotAuthorizedError:
@@ -221,12 +242,19 @@ def _refuse_create_errors(errors: Any, new: list[NewTopic], who: str) -> None:
             raise InternalTopicNotAuthorizedError(
                 f"creating internal topic {name!r} not authorized for {who}: grant CREATE "
                 f"on it (a PREFIXED ACL on '<application id>-' covers every internal topic), "
-                f"or create it beforehand: {topic.num_partitions} partition(s), replication "
-                f"factor {topic.replication_factor}"
+                f"or create it beforehand: {topic.num_partitions} partition(s), "
+                f"{replication_words(topic.replication_factor)}"
                 + (", cleanup.policy=compact" if topic.topic_configs else "")
             )
         if code not in (0, _TOPIC_ALREADY_EXISTS):
-            raise InternalTopicError(f"creating internal topic {name!r}: {error}")
+            asked = next(t.replication_factor for t in new if t.name == name)
+            hint = (
+                " (asked with replication factor -1, the broker's default, which needs "
+                "Kafka 2.4 or later: set the App's replication_factor)"
+                if asked == BROKER_DEFAULT_REPLICATION and code in _REPLICATION_REFUSED
+                else ""
+            )
+            raise InternalTopicError(f"creating internal topic {name!r}: {error}{hint}")
 
 
 def changelogs_with_state(state: StateDirectory) -> dict[str, list[TaskId]]:

@@ -62,7 +62,13 @@ from ._clients import (
     principal,
     with_connection,
 )
-from ._topics import ChangelogCheck, ensure_internal_topics, max_message_bytes, written_topics
+from ._topics import (
+    BROKER_DEFAULT_REPLICATION,
+    ChangelogCheck,
+    ensure_internal_topics,
+    max_message_bytes,
+    written_topics,
+)
 from .changelog import StoreState
 from .cleanup import StateCleanup
 from .commits import Commits
@@ -133,6 +139,11 @@ class App:
     ``probing_rebalance_interval_ms`` (see ``docs/ha.md``). The process then keeps every
     stateful task's changelog end offsets cached (``end_offsets``) for exact lags when it leads.
 
+    ``replication_factor``: replicas of the internal topics (changelogs, repartition topics)
+    the application creates; -1 (the default, as Kafka Streams' since 3.0) takes the broker's
+    ``default.replication.factor``. Topics that exist are left as they are. With one replica,
+    a broker restart leaves their partitions without a leader until it is back.
+
     ``state_cleanup_delay_ms`` (Kafka Streams' ``state.cleanup.delay.ms``): the local state of
     a task this process has not held for that long is deleted (``cleanup.py``); None keeps it.
 
@@ -161,7 +172,7 @@ class App:
         commit_interval_ms: int = 1000,
         processing_errors: ErrorPolicy = "stop",
         processing_guarantee: ProcessingGuarantee = "at_least_once",
-        replication_factor: int = 1,
+        replication_factor: int = BROKER_DEFAULT_REPLICATION,
         endpoint: str | None = None,
         consumer_config: Mapping[str, Any] | None = None,
         producer_config: Mapping[str, Any] | None = None,
@@ -201,6 +212,14 @@ class App:
         self.commit_interval = settings.commit_interval_ms / 1000
         #: Seconds ``stop()`` lets each loop finish its current record before cancelling it.
         self.stop_grace = 30.0
+        valid = type(replication_factor) is int and (
+            replication_factor >= 1 or replication_factor == BROKER_DEFAULT_REPLICATION
+        )
+        if not valid:
+            raise RuntimeConfigError(
+                f"replication_factor={replication_factor!r}: expected 1 or more, or -1 for the "
+                "broker's default.replication.factor"
+            )
         self.replication_factor = replication_factor
         self.consumer_config = dict(settings.consumer_config)
         self.producer_config = dict(settings.producer_config)
@@ -862,7 +881,7 @@ class App:
                     current = functools.partial(self._still_current, index, epoch)
                     await self._processing.process_batch(index, consumer, batch, deadline, current)
                 if time.monotonic() >= next_commit:
-                    await self._commits.commit(index)
+                    await self._commits.commit_or_retry(index)
                     committed_at = time.monotonic()
                     next_commit = committed_at + self.commit_interval
 

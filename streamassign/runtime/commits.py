@@ -29,6 +29,7 @@ from aiokafka.errors import (
     CommitFailedError,
     InvalidTopicError,
     KafkaError,
+    KafkaTimeoutError,
     MessageSizeTooLargeError,
     PolicyViolationError,
     RecordListTooLargeError,
@@ -40,6 +41,7 @@ from .. import TaskId, TopicPartition
 from ..aiokafka.streams import ProcessHost
 from ..errors import (
     ChangelogReadTimeoutError,
+    CommitRetriesExhaustedError,
     EndOffsetsTimeoutError,
     InternalTopicError,
     MissingChangelogError,
@@ -75,6 +77,15 @@ T = TypeVar("T")
 
 #: Seconds between two tries of the membership fence that got no answer.
 FENCE_BACKOFF = 1.0
+#: Seconds the consumer loop waits after its first commit that failed on a passing broker
+#: error (``Commits.commit_or_retry``), doubled at each failure in a row up to
+#: ``RETRY_BACKOFF_MAX``.
+RETRY_BACKOFF = 0.5
+RETRY_BACKOFF_MAX = 8.0
+#: Seconds of such failures in a row after which the application stops: an error that lasts
+#: (``min.insync.replicas`` above the live replicas, a deleted output partition) would have
+#: it tear, rejoin and replay its input for good (Kafka Streams' ``task.timeout.ms`` default).
+RETRY_LIMIT = 300.0
 
 
 class Membership(enum.Enum):
@@ -107,6 +118,9 @@ class Commits:
         self.stores = stores
         #: Consumers whose rebalance has started (the app's set): their group waits.
         self.rebalancing = rebalancing
+        #: Per consumer, its commits failed in a row on a passing broker error, and when
+        #: the first failed (``commit_or_retry``).
+        self.failing: dict[int, tuple[int, float]] = {}
 
     async def commit(self, index: int) -> None:
         """Data and output acks, then changelog markers and their acks, then local stores and
@@ -288,6 +302,65 @@ class Commits:
         if producers is not None:
             producers.fail(task.task_id)
         self.host.request_rejoin(index)
+
+    async def commit_or_retry(self, index: int) -> None:
+        """The consumer loop's commit. One that fails on a passing broker error (``passing``:
+        a partition leader or broker away, as while a broker restarts) commits nothing: the
+        consumer's tasks are torn as a crash would leave them (writes that landed without a
+        marker are an orphan tail the restore compensates), the loop waits a backoff
+        (``RETRY_BACKOFF`` doubled up to ``RETRY_BACKOFF_MAX``) and rejoins the group, and
+        the tasks are restored and their input re-read before they run again (at least
+        once). One WARNING per run of such failures, one INFO when a commit succeeds again.
+        Any other failure is raised (the application stops)."""
+        try:
+            await self.commit(index)
+        except Exception as exc:
+            if not passing(exc):
+                raise
+            await self._retry_later(index, exc)
+            return
+        if index in self.failing and not self._recovering(index):
+            count, since = self.failing.pop(index)
+            log.info(
+                "consumer %d: committing again, after %d failed commit(s) over %.1f s",
+                index,
+                count,
+                asyncio.get_running_loop().time() - since,
+            )
+
+    def _recovering(self, index: int) -> bool:
+        """Whether a task of consumer ``index`` is still torn or restoring: a commit then
+        commits nothing of it, so it does not show the broker error has passed."""
+        return any(t.consumer == index and (t.torn or t.restoring) for t in self.actives.values())
+
+    async def _retry_later(self, index: int, exc: Exception) -> None:
+        loop = asyncio.get_running_loop()
+        count, since = self.failing.get(index, (0, loop.time()))
+        if loop.time() - since > RETRY_LIMIT:
+            raise CommitRetriesExhaustedError(
+                f"consumer {index}: commits failed for {loop.time() - since:.0f} s "
+                f"({count + 1} in a row; the last: {exc!r}); the broker error did not pass "
+                "(too few in-sync replicas for min.insync.replicas? a deleted output "
+                "partition?); stopping"
+            ) from exc
+        self.failing[index] = (count + 1, since)
+        backoff = min(RETRY_BACKOFF * 2**count, RETRY_BACKOFF_MAX)
+        mine = [t for t in self.actives.values() if t.consumer == index and not t.torn]
+        for task in mine:
+            tear(task)
+        (log.warning if count == 0 else log.debug)(
+            "consumer %d: commit failed (%r: a partition leader or broker away?); the "
+            "uncommitted state of %d task(s) is dropped, they are restored and their input "
+            "re-read after a rejoin in %g s; retried like this while it lasts (said once "
+            "until a commit succeeds)",
+            index,
+            exc,
+            len(mine),
+            backoff,
+        )
+        await asyncio.sleep(backoff)
+        if not self.host.stopping:  # else the stop leaves the group with the tasks torn
+            self.host.request_rejoin(index)
 
     async def commit_safely(self, index: int) -> None:
         """Commit; on failure drop the consumer's uncommitted state as a crash would (its
@@ -771,10 +844,11 @@ def busy(tasks: Iterable[ActiveTask], index: int) -> Iterator[None]:
 
 
 #: Refusals a retry meets again (the same record, topic and rights): they stop the app.
-#: Anything else (a broker or replica away, an unknown error, a corrupt transfer, an
-#: unknown producer id) tears the consumer's tasks, which are restored and retried. A
-#: keyless record to a compacted topic is refused as INVALID_RECORD, which aiokafka reports
-#: as ``UnknownError``: retried (store keys are never empty; an output topic's may be).
+#: In the consumer loop (``commit_or_retry``) a passing broker error tears the consumer's
+#: tasks, which are restored and retried, and anything else stops it too (an unknown error,
+#: a corrupt transfer, an unknown producer id; a keyless record to a compacted topic is
+#: refused as INVALID_RECORD, which aiokafka reports as ``UnknownError``); the commit of a
+#: rebalance or a stop (``commit_safely``) tears and retries for all but these.
 PERMANENT_REFUSALS: tuple[type[KafkaError], ...] = (
     MessageSizeTooLargeError,
     RecordListTooLargeError,
@@ -791,7 +865,10 @@ async def _acks(index: int, futures: Sequence[asyncio.Future[Any]]) -> None:
     broker refused for good (``PERMANENT_REFUSALS``: a record or batch larger than its
     topic's ``max.message.bytes``, not authorised, an invalid topic) raises
     ``OutputWriteError``: the application stops rather than restoring and refusing again.
-    Any other error is raised as it is (the commit's tasks are torn and retried)."""
+    Any other error is raised as it is: a passing one (``passing``: a leader or broker
+    away, as while a broker restarts) tears the consumer's tasks, which are restored after a
+    rejoin and retried (``Commits.commit_or_retry``, and ``commit_safely`` in a rebalance or
+    at stop); anything else stops the application."""
     try:
         await asyncio.gather(*futures)
     except PERMANENT_REFUSALS as exc:
@@ -805,3 +882,14 @@ async def _acks(index: int, futures: Sequence[asyncio.Future[Any]]) -> None:
             f"consumer {index}: the broker refused a write ({exc!r}){hint}; nothing "
             "committed, stopping (it would be refused again)"
         ) from exc
+
+
+def passing(exc: BaseException) -> bool:
+    """Whether a commit's failure passes by itself: an error Kafka calls retriable (no
+    leader, not enough in-sync replicas, a request timed out, a connection lost) or a write
+    aiokafka expired (``KafkaTimeoutError``: its partition had no leader for
+    ``request_timeout_ms``). Refusals that a retry meets again are ``OutputWriteError``s by
+    then, not ``KafkaError``s."""
+    if isinstance(exc, KafkaTimeoutError):
+        return True
+    return isinstance(exc, KafkaError) and bool(exc.retriable)
