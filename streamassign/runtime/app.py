@@ -40,6 +40,7 @@ from ..aiokafka.closing import Release, release_consumer, release_producer, stop
 from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.streams import ProcessHost, TaskListener
 from ..errors import (
+    CommitRetriesExhaustedError,
     ErrorCode,
     GroupNotAuthorizedError,
     InternalTopicError,
@@ -1310,11 +1311,19 @@ class App:
 def _says_why(exc: Exception) -> bool:
     """Whether ``exc``'s message alone says what failed and why, with nothing a trace would
     add: a write or internal-topic failure, an authorization refusal (it names the resource
-    and the ACL), a store's (its directory and RocksDB's status), and a store's failed open
-    (it names the store, with the ``StoreIOError`` it caused)."""
+    and the ACL), commits failing past their retries (the last error), a store's (its
+    directory and RocksDB's status), and a store's failed open (it names the store, with the
+    ``StoreIOError`` it caused)."""
     if isinstance(exc, StoreNotOpenError):  # without a cause: a store used too early, a bug
         return isinstance(exc.__cause__, StoreIOError)
-    return isinstance(exc, (OutputWriteError, InternalTopicError, NotAuthorizedError, StoreIOError))
+    says_why = (
+        OutputWriteError,
+        InternalTopicError,
+        NotAuthorizedError,
+        StoreIOError,
+        CommitRetriesExhaustedError,
+    )
+    return isinstance(exc, says_why)
 
 
 def _one_line(exc: Exception) -> str:
