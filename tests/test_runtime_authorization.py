@@ -345,3 +345,21 @@ def test_losing_the_group_while_running_stops_with_one_line_naming_the_acl(
     )
     assert line.exc_info is None
     app.state.close()
+
+
+def test_a_write_refused_at_its_ack_is_an_output_not_authorized_error() -> None:
+    """A principal that may describe an output topic but not write it is refused at the
+    ack, not at the send: the same typed error, naming the ACL."""
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    from streamassign.errors import OutputNotAuthorizedError
+    from streamassign.runtime.commits import _acks
+
+    async def refused() -> None:
+        raise TopicAuthorizationFailedError("sinkK")
+
+    async def run() -> None:
+        await _acks(0, [asyncio.ensure_future(refused())])
+
+    with pytest.raises(OutputNotAuthorizedError, match="grant WRITE on the topics its tasks"):
+        asyncio.run(run())

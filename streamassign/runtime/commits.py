@@ -45,6 +45,7 @@ from ..errors import (
     EndOffsetsTimeoutError,
     InternalTopicError,
     MissingChangelogError,
+    OutputNotAuthorizedError,
     OutputWriteError,
     ReassertionFailedError,
 )
@@ -872,6 +873,12 @@ async def _acks(index: int, futures: Sequence[asyncio.Future[Any]]) -> None:
     try:
         await asyncio.gather(*futures)
     except PERMANENT_REFUSALS as exc:
+        if isinstance(exc, TopicAuthorizationFailedError):  # the principal may describe it
+            raise OutputNotAuthorizedError(  # (else the send itself was refused) but not write
+                f"consumer {index}: the broker refused a write as not authorized ({exc!r}): "
+                "grant WRITE on the topics its tasks write to (sinks, changelogs, repartition "
+                "topics); nothing committed, stopping (it would be refused again)"
+            ) from exc
         hint = ""
         if isinstance(exc, MessageSizeTooLargeError):  # to a topic the topology does not name
             hint = (
