@@ -1693,15 +1693,7 @@ class _Admin:
     async def describe(
         self, group: str, cache: dict[tuple[str, RawMember], MemberView] | None = None
     ) -> GroupView:
-        try:
-            (response,) = await asyncio.wait_for(
-                self.client.describe_consumer_groups([group]), self.connection.timeout_s
-            )
-        except GroupAuthorizationFailedError as exc:  # from FindCoordinator
-            raise GroupDescribeError(_not_authorized(group)) from exc
-        except Exception as exc:
-            raise GroupDescribeError(f"cannot describe group {group!r}: {_reason(exc)}") from exc
-        (entry,) = response.to_object()["groups"]
+        entry = await self._group_entry(group)
         if entry["error_code"] == _GROUP_ID_NOT_FOUND or entry["state"] == "Dead":
             raise GroupDescribeError(missing_group(group, await self._listed_types(group)))
         if entry["error_code"] == GroupAuthorizationFailedError.errno:
@@ -1755,6 +1747,43 @@ class _Admin:
         return {
             t["topic"]: len(t["partitions"]) for t in listed if t["error_code"] != UNKNOWN_TOPIC
         }, denied
+
+    async def _group_entry(self, group: str) -> dict[str, Any]:
+        """The group's DescribeGroups entry. An error that asking again may mend (the group's
+        coordinator restarting or moving: its broker not ready, not the coordinator any more,
+        loading the group) is asked again within the connection's timeout: after a kill -9
+        of the coordinator's broker Kafka moves the group in about 10 s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.connection.timeout_s
+        pause, last = _ASK_AGAIN_FIRST, ""
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    (response,) = await self.client.describe_consumer_groups([group])
+            except GroupAuthorizationFailedError as exc:  # from FindCoordinator
+                raise GroupDescribeError(_not_authorized(group)) from exc
+            except TimeoutError as exc:
+                raise GroupDescribeError(_not_described(group, last or "timed out")) from exc
+            except Exception as exc:
+                if not getattr(exc, "retriable", False):
+                    raise GroupDescribeError(_not_described(group, _reason(exc))) from exc
+                last = _reason(exc)  # aiokafka's errors name their type
+            else:
+                (entry,) = response.to_object()["groups"]
+                code = entry["error_code"]
+                if not code or not for_code(code).retriable:
+                    return dict(entry)
+                last = for_code(code).__name__
+            if loop.time() + pause >= deadline:
+                raise GroupDescribeError(
+                    _not_described(
+                        group,
+                        f"{last}; asked again for {self.connection.timeout_s:g} s (the group's "
+                        "coordinator restarting or moving?)",
+                    )
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _ASK_AGAIN_LONGEST)
 
     async def _listed_types(self, group: str) -> set[str]:
         """The protocol types ListGroups lists ``group`` with (none: it does not exist, or
@@ -1819,6 +1848,15 @@ def _unreachable(exc: BaseException, failure: ConnectFailure | None, connection:
         )
         return f"{failure.text} ({asked})"
     return failure.text + _CONNECT_HINTS.get(failure.kind, "")
+
+
+#: Pauses between DescribeGroups asked again (``_Admin._group_entry``), doubling, seconds.
+_ASK_AGAIN_FIRST = 0.2
+_ASK_AGAIN_LONGEST = 1.0
+
+
+def _not_described(group: str, why: str) -> str:
+    return f"cannot describe group {group!r}: {why}"
 
 
 def _reason(exc: BaseException) -> str:
