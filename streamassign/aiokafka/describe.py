@@ -1751,19 +1751,22 @@ class _Admin:
     async def _group_entry(self, group: str) -> dict[str, Any]:
         """The group's DescribeGroups entry. An error that asking again may mend (the group's
         coordinator restarting or moving: its broker not ready, not the coordinator any more,
-        loading the group) is asked again within the connection's timeout: after a kill -9
-        of the coordinator's broker Kafka moves the group in about 10 s."""
+        loading the group) is asked again until the connection's timeout: after a kill -9
+        of the coordinator's broker of a 3-broker cluster Kafka moved the group in about 9 s."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.connection.timeout_s
-        pause, last = _ASK_AGAIN_FIRST, ""
+        start = loop.time()
+        deadline = start + self.connection.timeout_s
+        pause, last, asks = _ASK_AGAIN_FIRST, "", 0
         while True:
+            asks += 1
             try:
                 async with asyncio.timeout_at(deadline):
                     (response,) = await self.client.describe_consumer_groups([group])
             except GroupAuthorizationFailedError as exc:  # from FindCoordinator
                 raise GroupDescribeError(_not_authorized(group)) from exc
             except TimeoutError as exc:
-                raise GroupDescribeError(_not_described(group, last or "timed out")) from exc
+                why = _asked_again(last, asks, loop.time() - start) if last else "timed out"
+                raise GroupDescribeError(_not_described(group, why)) from exc
             except Exception as exc:
                 if not getattr(exc, "retriable", False):
                     raise GroupDescribeError(_not_described(group, _reason(exc))) from exc
@@ -1774,15 +1777,10 @@ class _Admin:
                 if not code or not for_code(code).retriable:
                     return dict(entry)
                 last = for_code(code).__name__
-            if loop.time() + pause >= deadline:
-                raise GroupDescribeError(
-                    _not_described(
-                        group,
-                        f"{last}; asked again for {self.connection.timeout_s:g} s (the group's "
-                        "coordinator restarting or moving?)",
-                    )
-                )
-            await asyncio.sleep(pause)
+            if loop.time() >= deadline:
+                why = _asked_again(last, asks, loop.time() - start)
+                raise GroupDescribeError(_not_described(group, why))
+            await asyncio.sleep(min(pause, deadline - loop.time()))
             pause = min(pause * 2, _ASK_AGAIN_LONGEST)
 
     async def _listed_types(self, group: str) -> set[str]:
@@ -1859,6 +1857,14 @@ def _not_described(group: str, why: str) -> str:
     return f"cannot describe group {group!r}: {why}"
 
 
+def _asked_again(last: str, asks: int, seconds: float) -> str:
+    """Why a group asked again until the timeout was not described: the last error."""
+    return (
+        f"{last} (asked {asks} times over {seconds:.1f} s: the group's coordinator restarting "
+        "or moving, or its address unreachable?)"
+    )
+
+
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return "timed out"
@@ -1918,8 +1924,8 @@ async def follow(
             except GroupDescribeError as exc:
                 if last is None:
                     raise  # a wrong name or an unreachable group: say so at once
-                # The group went away (every member left) or its coordinator moved: a state
-                # to show, then keep following.
+                # The group went away (every member left) or its coordinator was away past
+                # --timeout: a state to show, then keep following.
                 view = GroupView(group, f"unavailable: {exc}", "", "", Family.CONSUMER, (), {})
             shown = _Shown.of(view, last)
             if shown != last:
