@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import attrs
@@ -21,6 +22,7 @@ import pytest
 from aiokafka.errors import (
     GroupAuthorizationFailedError,
     KafkaConnectionError,
+    NodeNotReadyError,
     SaslAuthenticationFailed,
     UnsupportedSaslMechanismError,
 )
@@ -431,3 +433,53 @@ def test_only_an_untrusted_chain_is_a_ca_problem(code: int, message: str, kind: 
     assert connect_failure(error) == bootstrap.ConnectFailure(
         kind, f"TLS: certificate verify failed: {message}"
     )
+
+
+# -- a coordinator restarting --------------------------------------------------------------------
+
+
+@attrs.define
+class RestartingCoordinator:
+    """An admin client whose group coordinator's broker is away for the first ``away`` asks
+    (aiokafka's NodeNotReadyError), then loading the group once (an entry error), then
+    answers with a Stable group of no members."""
+
+    away: int
+    asked: int = 0
+
+    def describe_consumer_groups(self, groups: list[str]) -> Any:
+        self.asked += 1
+        asked = self.asked
+
+        async def answer() -> Any:
+            if asked <= self.away:
+                raise NodeNotReadyError("Attempt to send a request to node which is not ready")
+            code = 14 if asked == self.away + 1 else 0  # COORDINATOR_LOAD_IN_PROGRESS
+            group = {"error_code": code, "group": groups[0], "state": "Stable",
+                     "protocol_type": "consumer", "protocol": "range", "members": []}  # fmt: skip
+            return [SimpleNamespace(to_object=lambda: {"groups": [group]})]
+
+        return answer()
+
+
+def test_a_coordinator_restarting_is_asked_again_within_the_timeout() -> None:
+    admin = _Admin(Connection("127.0.0.1:1", timeout_s=5))
+    admin.client = RestartingCoordinator(away=2)
+    view = asyncio.run(admin.describe("app"))
+    assert (view.state, admin.client.asked) == ("Stable", 4)
+
+
+def test_a_coordinator_away_past_the_timeout_is_one_line_that_says_so() -> None:
+    admin = _Admin(Connection("127.0.0.1:1", timeout_s=0.5))
+    admin.client = RestartingCoordinator(away=1000)
+    with pytest.raises(GroupDescribeError) as raised:
+        asyncio.run(admin.describe("app"))
+    line = str(raised.value)
+    assert line.startswith(
+        "cannot describe group 'app': NodeNotReadyError: Attempt to send a request to node "
+        f"which is not ready (asked {admin.client.asked} times over 0."
+    )
+    assert line.endswith(
+        " s: the group's coordinator restarting or moving, or its address unreachable?)"
+    )
+    assert 3 <= admin.client.asked <= 5

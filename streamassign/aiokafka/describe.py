@@ -1693,15 +1693,7 @@ class _Admin:
     async def describe(
         self, group: str, cache: dict[tuple[str, RawMember], MemberView] | None = None
     ) -> GroupView:
-        try:
-            (response,) = await asyncio.wait_for(
-                self.client.describe_consumer_groups([group]), self.connection.timeout_s
-            )
-        except GroupAuthorizationFailedError as exc:  # from FindCoordinator
-            raise GroupDescribeError(_not_authorized(group)) from exc
-        except Exception as exc:
-            raise GroupDescribeError(f"cannot describe group {group!r}: {_reason(exc)}") from exc
-        (entry,) = response.to_object()["groups"]
+        entry = await self._group_entry(group)
         if entry["error_code"] == _GROUP_ID_NOT_FOUND or entry["state"] == "Dead":
             raise GroupDescribeError(missing_group(group, await self._listed_types(group)))
         if entry["error_code"] == GroupAuthorizationFailedError.errno:
@@ -1755,6 +1747,41 @@ class _Admin:
         return {
             t["topic"]: len(t["partitions"]) for t in listed if t["error_code"] != UNKNOWN_TOPIC
         }, denied
+
+    async def _group_entry(self, group: str) -> dict[str, Any]:
+        """The group's DescribeGroups entry. An error that asking again may mend (the group's
+        coordinator restarting or moving: its broker not ready, not the coordinator any more,
+        loading the group) is asked again until the connection's timeout: after a kill -9
+        of the coordinator's broker of a 3-broker cluster Kafka moved the group in about 9 s."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        deadline = start + self.connection.timeout_s
+        pause, last, asks = _ASK_AGAIN_FIRST, "", 0
+        while True:
+            asks += 1
+            try:
+                async with asyncio.timeout_at(deadline):
+                    (response,) = await self.client.describe_consumer_groups([group])
+            except GroupAuthorizationFailedError as exc:  # from FindCoordinator
+                raise GroupDescribeError(_not_authorized(group)) from exc
+            except TimeoutError as exc:
+                why = _asked_again(last, asks, loop.time() - start) if last else "timed out"
+                raise GroupDescribeError(_not_described(group, why)) from exc
+            except Exception as exc:
+                if not getattr(exc, "retriable", False):
+                    raise GroupDescribeError(_not_described(group, _reason(exc))) from exc
+                last = _reason(exc)  # aiokafka's errors name their type
+            else:
+                (entry,) = response.to_object()["groups"]
+                code = entry["error_code"]
+                if not code or not for_code(code).retriable:
+                    return dict(entry)
+                last = for_code(code).__name__
+            if loop.time() >= deadline:
+                why = _asked_again(last, asks, loop.time() - start)
+                raise GroupDescribeError(_not_described(group, why))
+            await asyncio.sleep(min(pause, deadline - loop.time()))
+            pause = min(pause * 2, _ASK_AGAIN_LONGEST)
 
     async def _listed_types(self, group: str) -> set[str]:
         """The protocol types ListGroups lists ``group`` with (none: it does not exist, or
@@ -1821,6 +1848,23 @@ def _unreachable(exc: BaseException, failure: ConnectFailure | None, connection:
     return failure.text + _CONNECT_HINTS.get(failure.kind, "")
 
 
+#: Pauses between DescribeGroups asked again (``_Admin._group_entry``), doubling, seconds.
+_ASK_AGAIN_FIRST = 0.2
+_ASK_AGAIN_LONGEST = 1.0
+
+
+def _not_described(group: str, why: str) -> str:
+    return f"cannot describe group {group!r}: {why}"
+
+
+def _asked_again(last: str, asks: int, seconds: float) -> str:
+    """Why a group asked again until the timeout was not described: the last error."""
+    return (
+        f"{last} (asked {asks} times over {seconds:.1f} s: the group's coordinator restarting "
+        "or moving, or its address unreachable?)"
+    )
+
+
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return "timed out"
@@ -1880,8 +1924,8 @@ async def follow(
             except GroupDescribeError as exc:
                 if last is None:
                     raise  # a wrong name or an unreachable group: say so at once
-                # The group went away (every member left) or its coordinator moved: a state
-                # to show, then keep following.
+                # The group went away (every member left) or its coordinator was away past
+                # --timeout: a state to show, then keep following.
                 view = GroupView(group, f"unavailable: {exc}", "", "", Family.CONSUMER, (), {})
             shown = _Shown.of(view, last)
             if shown != last:
