@@ -133,3 +133,55 @@ def test_the_installed_aiokafka_producer_s_accumulator_is_gated() -> None:
         assert gate_drains(producer._message_accumulator, lambda: SEND, _is_changelog)
 
     run(scenario())
+
+
+def test_a_send_waiting_for_room_in_a_dropped_batch_is_let_go() -> None:
+    """Left waiting on the dropped batch it would block Faust's producer buffer until
+    aiokafka's timeout (20 min in Faust), every later changelog write queued behind it."""
+
+    async def scenario() -> None:
+        cluster = SimpleNamespace(leader_for_partition=lambda tp: 1)
+        accumulator = MessageAccumulator(cluster, 200, 0, 30)  # a batch of a few records
+        decided = [HOLD]
+        assert gate_drains(accumulator, lambda: decided[0], _is_changelog)
+        while True:  # fill the batch until a send waits for room
+            send = asyncio.ensure_future(
+                accumulator.add_message(CHANGELOG_TP, b"k", b"v" * 40, timeout=30)
+            )
+            for _ in range(3):
+                await asyncio.sleep(0)
+            if not send.done():
+                break
+        assert _drained(accumulator) == set()  # held
+        decided[0] = DROP
+        assert drop_gated(accumulator, _is_changelog) == 1
+        async with asyncio.timeout(5):
+            record = await send  # appended to a new batch at once
+        assert not record.done()
+        assert _drained(accumulator) == set()  # dropped in turn: the membership is lost
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_aiokafka_put_back_for_a_retry_drops_cleanly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A batch re-enqueued after a produce error has left aiokafka's pending set while its
+    first drain's callback will still remove it: no KeyError from that callback."""
+
+    async def scenario() -> None:
+        accumulator = _accumulator()
+        decided = [SEND]
+        assert gate_drains(accumulator, lambda: decided[0], _is_changelog)
+        await _append(accumulator, CHANGELOG_TP)
+        nodes, _ = accumulator.drain_by_nodes(ignore_nodes=set(), muted_partitions=set())
+        accumulator.reenqueue(nodes[1][CHANGELOG_TP])  # as the sender after an error
+        decided[0] = DROP
+        assert drop_gated(accumulator, _is_changelog) == 1
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not accumulator._pending_batches
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(scenario())
+    assert "KeyError" not in caplog.text

@@ -38,6 +38,8 @@ def _shape_known(accumulator: Any) -> bool:
     drain = getattr(type(accumulator), "drain_by_nodes", None)
     if drain is None or not isinstance(getattr(accumulator, "_batches", None), dict):
         return False
+    if not isinstance(getattr(accumulator, "_pending_batches", None), set):
+        return False
     if _waiter(accumulator) is None:
         return False
     try:
@@ -81,13 +83,19 @@ def gate_drains(accumulator: Any, rule: Callable[[], str], gated: Callable[[Any]
 def drop_gated(accumulator: Any, gated: Callable[[Any], bool]) -> int:
     """Remove the batches of gated partitions unsent; how many. Each batch's delivery future
     gets None, so a flush waiting on it returns, but its records' futures never complete:
-    nothing reports them written."""
+    nothing reports them written. A send waiting for room in a dropped batch is let go (its
+    record goes to a new batch, dropped in turn while the membership stays lost): left
+    waiting it would block Faust's producer buffer until aiokafka's timeout (20 min)."""
     dropped = 0
     for tp in [tp for tp in accumulator._batches if gated(tp)]:
         for batch in accumulator._batches.pop(tp):
             dropped += 1
             if not batch.future.done():
+                if batch.retry_count:  # re-enqueued after an error: its first drain's
+                    accumulator._pending_batches.add(batch)  # callback removes it again
                 batch.future.set_result(None)
+            if not batch._drain_waiter.done():  # a send waiting for room appends anew (and
+                batch._drain_waiter.set_result(None)  # is dropped at the next drain)
     return dropped
 
 
