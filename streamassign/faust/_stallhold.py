@@ -38,9 +38,11 @@ resolves it:
 A dropped send's future never completes (its Faust future neither): ``_on_changelog_sent``
 does not run for it, so its offset is never recorded as persisted, and no "exception never
 retrieved" or callback error is logged for it. Records handed to aiokafka before the stall
-(its accumulator) are not held: aiokafka's sender may send them before anything else runs
-after the resume. Under exactly_once transactions fence the zombie, and with
-``producer_threaded`` the sends leave on another thread: nothing is held there.
+wait in its accumulator, and its sender may drain them before anything else runs after the
+resume: each drain runs the hold's check first and keeps the changelog's batches back while
+a hold is on (``streamassign.aiokafka.accumulator``, ``_stall_drain_rule``).
+Under exactly_once transactions fence the zombie, and with ``producer_threaded`` the sends
+leave on another thread: nothing is held there.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from typing import Any
 import attrs
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from ..aiokafka.accumulator import DROP, HOLD, SEND, drop_gated, gate_drains, wake_sender
 from ..aiokafka.rejoin import member_id, refuse_commits_without_membership, watch_heartbeats
 from ._app import aiokafka_consumer, exactly_once
 
@@ -195,6 +198,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_releasing: asyncio.Task[None] | None = None
         self._stall_look_failed = False
+        #: Whether aiokafka's accumulator drains are gated by the hold (``on_start``).
+        self._stall_gated = False
         #: The hold's clock, also of the heartbeats' stamps (a test's stand-in).
         self.clock: Callable[[], float] = time.monotonic
 
@@ -205,6 +210,31 @@ class StallHoldProducer(faust_aiokafka.Producer):
         await super().on_start()
         if self._holds_stalls():
             self._stall_timer = self.loop.call_later(TICK, self._stall_tick)
+            self._stall_gated = gate_drains(
+                self._accumulator(), self._stall_drain_rule, self._is_changelog
+            )
+
+    def _accumulator(self) -> Any:
+        return getattr(self._producer, "_message_accumulator", None)
+
+    def _is_changelog(self, tp: Any) -> bool:
+        return getattr(tp, "topic", None) in self.app.tables.changelog_topics
+
+    def _stall_drain_rule(self) -> str:
+        """What aiokafka's sender may drain of the changelog now. Records handed to aiokafka
+        before a stall are still in its accumulator at the resume, and its sender may drain
+        them before any tick or send runs: so each drain runs the hold's own check (same
+        clock, same threshold). While a hold is on they stay in the accumulator, in order;
+        released, they drain ahead of the released sends (appended behind them); while the
+        membership stays lost they are dropped, as later sends are."""
+        hold = self.stall_hold
+        if self._stall_timer is None:
+            return SEND
+        if hold.lost_as is not None and hold.still_lost(self._member_id()):
+            return DROP
+        if hold.check(self.clock()) and not hold.releasing:
+            return HOLD
+        return SEND
 
     async def on_stop(self) -> None:
         """Stop holding: the worker leaves its group; what is held is dropped (its events'
@@ -324,6 +354,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
         verdict = hold.verdict(now, member)
         if verdict == RELEASED:
             hold.releasing = True
+            if self._stall_gated:  # what aiokafka held from before the stall goes out first
+                wake_sender(self._accumulator())
             self._stall_releasing = asyncio.get_running_loop().create_task(self._stall_release(now))
         elif verdict == DROPPED:
             self._stall_resolve_dropped(now, f"aiokafka's member id is now {member!r}")
@@ -351,13 +383,17 @@ class StallHoldProducer(faust_aiokafka.Producer):
     def _stall_resolve_dropped(self, now: float, why: str) -> None:
         since = self.stall_hold.since or now
         dropped = self.stall_hold.lose(now)
+        # now, not at the next drain: a flush right after must not wait on them
+        batches = drop_gated(self._accumulator(), self._is_changelog) if self._stall_gated else 0
         log.log(
-            logging.WARNING if dropped else logging.INFO,
-            "changelog sends held after a stall: dropped %d after %.1f s (%s); their events' "
-            "offsets were not committed, so the partitions' next owner processes them again",
+            logging.WARNING if dropped or batches else logging.INFO,
+            "changelog sends held after a stall: dropped %d after %.1f s (%s), and %d batch(es) "
+            "aiokafka held from before it; their events' offsets were not committed, so the "
+            "partitions' next owner processes them again",
             len(dropped),
             now - since,
             why,
+            batches,
         )
 
     async def _stall_release(self, proven: float) -> None:
@@ -377,6 +413,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
                     sent.add_done_callback(functools.partial(_settle, outer=item.result))
         finally:
             hold.end(self.clock())
+            if self._stall_gated:
+                wake_sender(self._accumulator())
         log.log(
             logging.WARNING if released else logging.INFO,
             "the membership survived (a heartbeat was accepted under it, the member listed): "
