@@ -185,3 +185,20 @@ def test_a_batch_aiokafka_put_back_for_a_retry_drops_cleanly(
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         asyncio.run(scenario())
     assert "KeyError" not in caplog.text
+
+
+def test_a_rule_that_raises_lets_the_batches_go(caplog: pytest.LogCaptureFixture) -> None:
+    """The rule runs in aiokafka's sender task, where a raise fails every batch of the
+    producer: a failing rule sends as aiokafka would, logged."""
+
+    def broken() -> str:
+        raise RuntimeError("a bug")
+
+    async def scenario() -> None:
+        accumulator = _accumulator()
+        assert gate_drains(accumulator, broken, _is_changelog)
+        await _append(accumulator, CHANGELOG_TP)
+        assert _drained(accumulator) == {CHANGELOG_TP}
+
+    asyncio.run(scenario())
+    assert "deciding what may leave aiokafka's accumulator failed; sending" in caplog.text

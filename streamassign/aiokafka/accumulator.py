@@ -68,7 +68,11 @@ def gate_drains(accumulator: Any, rule: Callable[[], str], gated: Callable[[Any]
     drain = accumulator.drain_by_nodes
 
     def gated_drain(ignore_nodes: Any, muted_partitions: Any = frozenset()) -> Any:
-        decided = rule()
+        try:
+            decided = rule()
+        except Exception:  # in aiokafka's sender task: a raise there fails every batch
+            log.exception("deciding what may leave aiokafka's accumulator failed; sending")
+            decided = SEND
         if decided == DROP:
             drop_gated(accumulator, gated)
         elif decided == HOLD:

@@ -263,7 +263,8 @@ class _RebalanceListener(faust_aiokafka.ConsumerRebalanceListener):
             consumer.note_membership(membership(getattr(self._thread, "_consumer", None)))
         # The join error watch ends at any assignment, also one of aiokafka's round robin
         # (an app without tables during a rolling switch), which never reaches our assignor.
-        join_errors = getattr(consumer.app.assignor, "join_errors", None)
+        assignor = getattr(getattr(consumer, "app", None), "assignor", None)
+        join_errors = getattr(assignor, "join_errors", None)
         if join_errors is not None:
             join_errors.joined()
         await super().on_partitions_assigned(assigned)
