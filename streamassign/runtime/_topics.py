@@ -355,7 +355,12 @@ class ChangelogCheck:
         ]
         if leaderless:
             return "no leader for " + partition_names(leaderless)
-        return "the partitions exist and have leaders: the broker slow to answer?"
+        # A leader listed may be a broker just killed: the metadata names it until the
+        # controller moves its partitions.
+        return (
+            "the partitions exist and have leaders: the leaders' brokers slow to answer, or "
+            "down and not yet replaced?"
+        )
 
     def due(self) -> bool:
         """Whether ``CHECK_INTERVAL`` s passed since the last check."""
