@@ -1700,7 +1700,7 @@ class _Admin:
             raise GroupDescribeError(_not_authorized(group))
         if entry["error_code"]:
             name = for_code(entry["error_code"]).__name__
-            raise GroupDescribeError(f"cannot describe group {group!r}: {name}")
+            raise GroupDescribeError(_not_described(group, name))
         members = [
             RawMember(
                 m["member_id"],
