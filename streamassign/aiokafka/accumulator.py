@@ -23,7 +23,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DROP", "HOLD", "SEND", "drop_gated", "gate_drains", "wake_sender"]
+__all__ = [
+    "DROP",
+    "HOLD",
+    "SEND",
+    "accumulator_shape_known",
+    "drop_gated",
+    "gate_drains",
+    "wake_sender",
+]
 
 log = logging.getLogger("streamassign.aiokafka")
 
@@ -34,7 +42,8 @@ DROP = "drop"
 _DRAIN_PARAMETERS = ("self", "ignore_nodes", "muted_partitions")
 
 
-def _shape_known(accumulator: Any) -> bool:
+def accumulator_shape_known(accumulator: Any) -> bool:
+    """Whether ``accumulator`` has the shape this module relies on (aiokafka 0.11.0 - 0.14.0)."""
     drain = getattr(type(accumulator), "drain_by_nodes", None)
     if drain is None or not isinstance(getattr(accumulator, "_batches", None), dict):
         return False
@@ -59,7 +68,7 @@ def gate_drains(accumulator: Any, rule: Callable[[], str], gated: Callable[[Any]
     """Make every drain of ``accumulator`` first ask ``rule()`` (SEND, HOLD or DROP) what
     happens to the batches of partitions ``gated(tp)`` selects. False (one WARNING): this
     aiokafka's accumulator has another shape, and its drains are left alone."""
-    if not _shape_known(accumulator):
+    if not accumulator_shape_known(accumulator):
         log.warning(
             "aiokafka's producer accumulator has an unknown shape: records it held before a "
             "stall are not held (changelog sends made after the stall still are)"
