@@ -6,6 +6,7 @@ routine running; the broker is a stand-in recording what each produce request ca
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -31,11 +32,15 @@ SINK_TP = TopicPartition(SINK, 0)
 class Broker:
     """aiokafka's client as its sender uses it with acks=0: each record a request carried."""
 
+    #: The broker's version, as aiokafka before 0.14 reads it to pick the request's version.
+    api_version = (2, 1)
+
     def __init__(self) -> None:
         self.landed: list[tuple[str, bytes]] = []
 
     async def send(self, node_id: int, request: Any) -> None:
-        for topic, partitions in request._topics:
+        topics = getattr(request, "_topics", None) or request.topics  # aiokafka 0.14, older
+        for topic, partitions in topics:
             for _partition, buffer in partitions:
                 batch = MemoryRecords(bytes(buffer)).next_batch()
                 self.landed.extend((topic, record.value) for record in batch)
@@ -45,6 +50,7 @@ def _aiokafka() -> tuple[MessageAccumulator, Sender, Broker]:
     cluster = SimpleNamespace(leader_for_partition=lambda tp: 1)
     accumulator = MessageAccumulator(cluster, 16384, 0, 30)
     broker = Broker()
+    older = {"linger_ms": 0} if "linger_ms" in inspect.signature(Sender).parameters else {}
     sender = Sender(
         broker,
         acks=0,
@@ -52,6 +58,7 @@ def _aiokafka() -> tuple[MessageAccumulator, Sender, Broker]:
         message_accumulator=accumulator,
         retry_backoff_ms=100,
         request_timeout_ms=1000,
+        **older,
     )
     return accumulator, sender, broker
 
