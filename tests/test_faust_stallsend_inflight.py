@@ -139,6 +139,37 @@ def test_a_batch_drained_just_before_a_stall_goes_back_and_out_after_the_release
     assert landed == [(SINK, b"out"), (CHANGELOG, b"a"), (CHANGELOG, b"b"), (CHANGELOG, b"c")]
 
 
+def test_a_batch_taken_back_goes_ahead_of_a_newer_one_of_its_partition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step queued before the request's (an agent's changelog send) appends a newer batch of
+    the same partition between the drain and the request: the drained batch goes back in
+    front of it, so at the release the older value lands first, not last."""
+
+    async def scenario() -> list[tuple[str, bytes]]:
+        worker = Worker(tmp_path, monkeypatch)
+        accumulator, sender, broker = await _gated(worker)
+        newer: list[Any] = []
+
+        def stop_with_a_newer_send_queued() -> None:
+            worker.stall(10.0)
+            newer.append(asyncio.ensure_future(_append(accumulator, CHANGELOG_TP, b"b")))
+
+        _stop_after_the_next_drain(accumulator, stop_with_a_newer_send_queued)
+        await _append(accumulator, CHANGELOG_TP, b"a")
+        await _until(lambda: bool(newer) and newer[0].done() and _idle(sender))
+        assert worker.producer.stall_hold.holding and broker.landed == []
+        assert len(accumulator._batches[CHANGELOG_TP]) == 2
+        await worker.heartbeat()
+        worker.look()
+        await released(worker.producer)
+        await _until(lambda: len(broker.landed) == 2 and _idle(sender))
+        await sender.close()
+        return broker.landed
+
+    assert run(scenario()) == [(CHANGELOG, b"a"), (CHANGELOG, b"b")]
+
+
 def test_a_batch_drained_just_before_a_stall_is_dropped_with_the_membership(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -200,11 +231,14 @@ def test_a_batch_drained_before_the_membership_was_found_lost_is_dropped_by_its_
         await sender.close()
         return broker.landed, record
 
-    with caplog.at_level(logging.INFO, logger="streamassign.aiokafka"):
+    with caplog.at_level(logging.WARNING, logger="streamassign.aiokafka"):
         landed, record = run(scenario())
     assert landed == [(SINK, b"out"), (CHANGELOG, b"new")]
     assert not record.done()
-    assert "dropped 1 batch(es) aiokafka had drained into a request not yet made" in caplog.text
+    assert (
+        "dropped 1 changelog batch(es) aiokafka had drained before a stall into a request not "
+        "yet made (the membership was lost)" in caplog.text
+    )
 
 
 def test_a_pause_under_the_threshold_sends_the_drained_batch(

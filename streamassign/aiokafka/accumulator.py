@@ -1,4 +1,4 @@
-"""Gate the one place a batch leaves aiokafka's producer: its accumulator's ``drain_by_nodes``.
+"""Gate where a batch leaves aiokafka's accumulator: its ``drain_by_nodes``.
 
 A record handed to aiokafka sits in its accumulator until the sender task drains it. A
 worker stopped past its session keeps such records; at the resume the sender may drain them
@@ -10,6 +10,9 @@ drain itself decides synchronously, per drain, what may leave:
   with a request in flight the same way): their batches stay in the accumulator, in order,
   with no re-enqueue, until a later drain sends or drops them;
 - DROP: the gated partitions' batches are removed without being sent (``drop_gated``).
+
+A batch drained just before a stall, into a request made on the loop's next step, is the
+sender's gate's to hold or drop (``streamassign.aiokafka.sender``).
 
 Checked against aiokafka 0.11.0 - 0.14.0 (``drain_by_nodes(ignore_nodes, muted_partitions)``,
 ``_batches`` a dict of deques, each batch's delivery ``future``); another shape leaves the
@@ -104,7 +107,7 @@ def drop_gated(accumulator: Any, gated: Callable[[Any], bool]) -> int:
         for batch in accumulator._batches.pop(tp):
             dropped += 1
             if not batch.future.done():
-                if batch.retry_count:  # re-enqueued after an error: its first drain's
+                if batch.retry_count:  # re-enqueued (an error, a request gate): its first drain's
                     accumulator._pending_batches.add(batch)  # callback removes it again
                 batch.future.set_result(None)
             if not batch._drain_waiter.done():  # a send waiting for room appends anew (and

@@ -123,4 +123,8 @@ def _take_back(
     if len(held) == len(batches):
         sender._in_flight.discard(node_id)
     if drop:
-        log.info("dropped %d batch(es) aiokafka had drained into a request not yet made", len(held))
+        log.warning(
+            "dropped %d changelog batch(es) aiokafka had drained before a stall into a request "
+            "not yet made (the membership was lost)",
+            len(held),
+        )
