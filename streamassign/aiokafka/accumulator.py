@@ -1,4 +1,4 @@
-"""Gate the one place a batch leaves aiokafka's producer: its accumulator's ``drain_by_nodes``.
+"""Gate where a batch leaves aiokafka's accumulator: its ``drain_by_nodes``.
 
 A record handed to aiokafka sits in its accumulator until the sender task drains it. A
 worker stopped past its session keeps such records; at the resume the sender may drain them
@@ -10,6 +10,9 @@ drain itself decides synchronously, per drain, what may leave:
   with a request in flight the same way): their batches stay in the accumulator, in order,
   with no re-enqueue, until a later drain sends or drops them;
 - DROP: the gated partitions' batches are removed without being sent (``drop_gated``).
+
+A batch drained just before a stall, into a request made on the loop's next step, is the
+sender's gate's to hold or drop (``streamassign.aiokafka.sender``).
 
 Checked against aiokafka 0.11.0 - 0.14.0 (``drain_by_nodes(ignore_nodes, muted_partitions)``,
 ``_batches`` a dict of deques, each batch's delivery ``future``); another shape leaves the
@@ -23,7 +26,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DROP", "HOLD", "SEND", "drop_gated", "gate_drains", "wake_sender"]
+__all__ = [
+    "DROP",
+    "HOLD",
+    "SEND",
+    "accumulator_shape_known",
+    "drop_gated",
+    "gate_drains",
+    "wake_sender",
+]
 
 log = logging.getLogger("streamassign.aiokafka")
 
@@ -34,7 +45,8 @@ DROP = "drop"
 _DRAIN_PARAMETERS = ("self", "ignore_nodes", "muted_partitions")
 
 
-def _shape_known(accumulator: Any) -> bool:
+def accumulator_shape_known(accumulator: Any) -> bool:
+    """Whether ``accumulator`` has the shape this module relies on (aiokafka 0.11.0 - 0.14.0)."""
     drain = getattr(type(accumulator), "drain_by_nodes", None)
     if drain is None or not isinstance(getattr(accumulator, "_batches", None), dict):
         return False
@@ -59,7 +71,7 @@ def gate_drains(accumulator: Any, rule: Callable[[], str], gated: Callable[[Any]
     """Make every drain of ``accumulator`` first ask ``rule()`` (SEND, HOLD or DROP) what
     happens to the batches of partitions ``gated(tp)`` selects. False (one WARNING): this
     aiokafka's accumulator has another shape, and its drains are left alone."""
-    if not _shape_known(accumulator):
+    if not accumulator_shape_known(accumulator):
         log.warning(
             "aiokafka's producer accumulator has an unknown shape: records it held before a "
             "stall are not held (changelog sends made after the stall still are)"
@@ -95,7 +107,7 @@ def drop_gated(accumulator: Any, gated: Callable[[Any], bool]) -> int:
         for batch in accumulator._batches.pop(tp):
             dropped += 1
             if not batch.future.done():
-                if batch.retry_count:  # re-enqueued after an error: its first drain's
+                if batch.retry_count:  # re-enqueued (an error, a request gate): its first drain's
                     accumulator._pending_batches.add(batch)  # callback removes it again
                 batch.future.set_result(None)
             if not batch._drain_waiter.done():  # a send waiting for room appends anew (and

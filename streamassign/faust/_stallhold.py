@@ -40,7 +40,10 @@ does not run for it, so its offset is never recorded as persisted, and no "excep
 retrieved" or callback error is logged for it. Records handed to aiokafka before the stall
 wait in its accumulator, and its sender may drain them before anything else runs after the
 resume: each drain runs the hold's check first and keeps the changelog's batches back while
-a hold is on (``streamassign.aiokafka.accumulator``, ``_stall_drain_rule``).
+a hold is on (``streamassign.aiokafka.accumulator``, ``_stall_drain_rule``). A batch drained
+just before the stall goes into a request made on the loop's next step, after the resume: that
+request runs the same check, and hands the changelog's batches back to the accumulator or
+drops them (``streamassign.aiokafka.sender``).
 Under exactly_once transactions fence the zombie, and with ``producer_threaded`` the sends
 leave on another thread: nothing is held there.
 """
@@ -59,6 +62,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from ..aiokafka.accumulator import DROP, HOLD, SEND, drop_gated, gate_drains, wake_sender
 from ..aiokafka.rejoin import member_id, refuse_commits_without_membership, watch_heartbeats
+from ..aiokafka.sender import gate_sends
 from ._app import aiokafka_consumer, exactly_once
 
 __all__ = ["DROPPED", "RELEASED", "StallHold", "StallHoldProducer"]
@@ -210,9 +214,20 @@ class StallHoldProducer(faust_aiokafka.Producer):
         await super().on_start()
         if self._holds_stalls():
             self._stall_timer = self.loop.call_later(TICK, self._stall_tick)
-            self._stall_gated = gate_drains(
-                self._accumulator(), self._stall_drain_rule, self._is_changelog
-            )
+            self._stall_gate(self._producer)
+
+    def _stall_gate(self, producer: Any) -> None:
+        """Let the hold decide what aiokafka's ``producer`` sends of the changelog: each drain
+        of its accumulator, and each produce request of batches drained before a stall (the
+        request is made on a later step of the loop, which a stall can come before)."""
+        self._stall_gated = gate_drains(
+            getattr(producer, "_message_accumulator", None),
+            self._stall_drain_rule,
+            self._is_changelog,
+        )
+        if self._stall_gated:  # what the sender hands back, the drains must hold
+            sender = getattr(producer, "_sender", None)
+            gate_sends(sender, self._stall_drain_rule, self._is_changelog)
 
     def _accumulator(self) -> Any:
         return getattr(self._producer, "_message_accumulator", None)
@@ -221,12 +236,13 @@ class StallHoldProducer(faust_aiokafka.Producer):
         return getattr(tp, "topic", None) in self.app.tables.changelog_topics
 
     def _stall_drain_rule(self) -> str:
-        """What aiokafka's sender may drain of the changelog now. Records handed to aiokafka
-        before a stall are still in its accumulator at the resume, and its sender may drain
-        them before any tick or send runs: so each drain runs the hold's own check (same
-        clock, same threshold). While a hold is on they stay in the accumulator, in order;
-        released, they drain ahead of the released sends (appended behind them); while the
-        membership stays lost they are dropped, as later sends are."""
+        """What aiokafka's sender may drain, or put in a request, of the changelog now.
+        Records handed to aiokafka before a stall are still in its accumulator at the resume,
+        or drained into a request it makes on the loop's next step, and either may run before
+        any tick or send: so each drain and each request runs the hold's own check (same
+        clock, same threshold). While a hold is on they stay in (or go back to the front of)
+        the accumulator, in order; released, they drain ahead of the released sends (appended
+        behind them); while the membership stays lost they are dropped, as later sends are."""
         hold = self.stall_hold
         if self._stall_timer is None:
             return SEND

@@ -1,0 +1,130 @@
+"""Gate aiokafka's produce requests at the moment they are made, for batches already drained.
+
+aiokafka's sender drains its accumulator and, in the same step, creates a task that builds the
+ProduceRequest and writes it (``Sender._send_produce_req``). That task runs on a later step of
+the event loop: a process stopped between the drain and that step writes the request right
+after it resumes, past the accumulator's gate (``streamassign.aiokafka.accumulator``), which
+decided before the stop. So the task asks the same rule again when it starts:
+
+- SEND: the request goes out as aiokafka makes it;
+- HOLD: the gated partitions' batches go back to the front of the accumulator (aiokafka's own
+  ``reenqueue``, the path of a batch retried after an error: closed, keeping its delivery
+  future and its place ahead of later batches), where the accumulator's gate holds or drops
+  them; the others go out;
+- DROP: the gated partitions' batches are dropped as ``drop_gated`` drops them (their delivery
+  futures get None, their records' futures never complete); the others go out.
+
+Either way the sender's bookkeeping for the request (its node in flight, its partitions muted)
+is undone as aiokafka's task undoes it, so the partitions drain again afterwards.
+
+Not with an idempotent producer: a drained batch has its sequence numbers, and the broker
+refuses every later batch of a partition whose batch was dropped (OutOfOrderSequenceNumber,
+not retried). Faust enables idempotence only with ``exactly_once``, where nothing is held.
+
+Checked against aiokafka 0.11.0 - 0.14.0 (``_send_produce_req(node_id, batches)``, the
+``_in_flight`` and ``_muted_partitions`` sets, the accumulator's ``reenqueue(batch)``); another
+shape leaves the sender alone with one WARNING.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .accumulator import DROP, HOLD, SEND, accumulator_shape_known
+
+__all__ = ["gate_sends"]
+
+log = logging.getLogger("streamassign.aiokafka")
+
+_SEND_PARAMETERS = ("self", "node_id", "batches")
+_REENQUEUE_PARAMETERS = ("self", "batch")
+
+
+def _parameters(function: Any) -> tuple[str, ...] | None:
+    try:
+        return tuple(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _shape_known(sender: Any) -> bool:
+    send = getattr(type(sender), "_send_produce_req", None)
+    if not inspect.iscoroutinefunction(send) or _parameters(send) != _SEND_PARAMETERS:
+        return False
+    marks = (getattr(sender, "_in_flight", None), getattr(sender, "_muted_partitions", None))
+    if not all(isinstance(mark, set) for mark in marks):
+        return False
+    accumulator = getattr(sender, "_message_accumulator", None)
+    if not accumulator_shape_known(accumulator):
+        return False
+    reenqueue = getattr(type(accumulator), "reenqueue", None)
+    return reenqueue is not None and _parameters(reenqueue) == _REENQUEUE_PARAMETERS
+
+
+def gate_sends(sender: Any, rule: Callable[[], str], gated: Callable[[Any], bool]) -> bool:
+    """Make every produce request of aiokafka's ``sender`` first ask ``rule()`` (SEND, HOLD or
+    DROP) what happens to the batches it carries of partitions ``gated(tp)`` selects. False
+    (one WARNING): a sender of another shape, or an idempotent one, left alone."""
+    if not _shape_known(sender) or not hasattr(sender, "_txn_manager"):
+        log.warning(
+            "aiokafka's producer sender has an unknown shape: records it drained just before a "
+            "stall are not held (records still in its accumulator are)"
+        )
+        return False
+    if sender._txn_manager is not None:
+        log.warning(
+            "aiokafka's producer is idempotent: records it drained just before a stall are not "
+            "held (dropping a batch with sequence numbers would fail its partition's later ones)"
+        )
+        return False
+    send = sender._send_produce_req
+
+    async def gated_send(node_id: Any, batches: dict[Any, Any]) -> None:
+        decided = _decide(rule)
+        held = {tp: batch for tp, batch in batches.items() if decided != SEND and gated(tp)}
+        if held:
+            _take_back(sender, node_id, batches, held, drop=decided == DROP)
+            batches = {tp: batch for tp, batch in batches.items() if tp not in held}
+            if not batches:
+                return
+        await send(node_id, batches)
+
+    sender._send_produce_req = gated_send
+    return True
+
+
+def _decide(rule: Callable[[], str]) -> str:
+    try:
+        decided = rule()
+    except Exception:  # in aiokafka's sender task: a raise there fails every batch
+        log.exception("deciding what may leave aiokafka's sender failed; sending")
+        return SEND
+    return decided if decided in (HOLD, DROP) else SEND
+
+
+def _take_back(
+    sender: Any, node_id: Any, batches: dict[Any, Any], held: dict[Any, Any], *, drop: bool
+) -> None:
+    """Hand ``held`` (drained, unsent) back to the accumulator or drop them, and undo the
+    sender's marks for them: their partitions unmuted, the node no longer in flight when
+    nothing else of ``batches`` goes out (else aiokafka's task clears it after sending)."""
+    accumulator = sender._message_accumulator
+    for tp, batch in held.items():
+        sender._muted_partitions.discard(tp)
+        if drop:
+            if not batch.future.done():  # its drain's callback leaves the pending set
+                batch.future.set_result(None)
+        else:
+            batch.get_data_buffer()  # closed as aiokafka's request closes it: no appends
+            accumulator.reenqueue(batch)
+    if len(held) == len(batches):
+        sender._in_flight.discard(node_id)
+    if drop:
+        log.warning(
+            "dropped %d changelog batch(es) aiokafka had drained before a stall into a request "
+            "not yet made (the membership was lost)",
+            len(held),
+        )
