@@ -1031,7 +1031,9 @@ def _launch(
     shutil.rmtree(kraft, ignore_errors=True)  # leftovers of a failed attempt
     shutil.rmtree(logs, ignore_errors=True)  # so the log tail only shows this attempt
     logs.mkdir(parents=True)
-    broker_port, controller_port, sasl_port, sasl_ssl_port = _free_ports(4)
+    # A secured broker's SASL_PLAINTEXT and SASL_SSL listeners take the third and fourth.
+    ports = _free_ports(2 + (security is not None) + (tls is not None))
+    broker_port, controller_port = ports[:2]
     props = server_properties(
         data_dir=kraft,
         broker_port=broker_port,
@@ -1039,7 +1041,7 @@ def _launch(
         auto_create_topics=auto_create_topics,
     )
     if security is not None:
-        secure(props, sasl_port, sasl_ssl_port if tls is not None else None, tls)
+        secure(props, ports[2], ports[3] if tls is not None else None, tls)
     props.update(properties)
     config = root / "server.properties"
     config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -1089,9 +1091,9 @@ def _launch(
         startup_seconds=0.0,
     )
     if security is not None:
-        info.sasl_bootstrap = f"127.0.0.1:{sasl_port}"
+        info.sasl_bootstrap = f"127.0.0.1:{ports[2]}"
     if tls is not None:
-        info.sasl_ssl_bootstrap = f"127.0.0.1:{sasl_ssl_port}"
+        info.sasl_ssl_bootstrap = f"127.0.0.1:{ports[3]}"
         info.ca_file = str(tls.ca_pem)
     if state_path is not None:
         info.save(state_path)  # lets `stop` clean up even if we die while waiting
