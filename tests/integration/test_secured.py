@@ -1,12 +1,15 @@
 """What a user sees on a secured cluster: a broker of this module's own with SASL listeners
 (SCRAM-SHA-512; SASL_PLAINTEXT, and SASL_SSL with a test CA) and Kafka's StandardAuthorizer,
-the app user granted exactly the ACLs each test names.
+the app user granted exactly the ACLs each test names. Every line is compared exactly with
+the one docs/operations.md, docs/runtime.md and docs/faust.md "Secured clusters" show.
 
 ``describe``'s one line for a wrong password, a mechanism the broker does not enable, PLAINTEXT
-asked of the SASL port, a CA the client lacks, and a group it may not describe; the runtime
-``App``'s for a wrong password and for each ACL of docs/runtime.md "Secured clusters" taken
-away: READ on the source topic, READ on the group, WRITE on the output (after which, WRITE
-granted, a restart processes every record exactly once).
+asked of the SASL port, a CA the client lacks, and a group it may not describe. The runtime
+``App``'s for a wrong password and for an ACL of docs/runtime.md's list taken away: READ on the
+source topic, READ on the group, CREATE on the internal topics, WRITE on the output (after
+which, WRITE granted, a restart writes every record once); with exactly that list it counts
+every record, and stops when READ on its group is taken away. A Faust worker on the drop-in
+without READ on its group logs so, and reads every record once READ is granted.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from click.testing import CliRunner
 from streamassign.cli import main
 from streamassign.errors import (
     GroupNotAuthorizedError,
+    InternalTopicNotAuthorizedError,
     MissingTopicsError,
     OutputNotAuthorizedError,
     SourceTopicsNotAuthorizedError,
@@ -33,7 +37,7 @@ from streamassign.runtime import App
 from .conftest import _create_topic, _unique_name
 from .faust_cluster import free_port
 from .procs import JsonLinesProcess
-from .secured import APP_USER, MECHANISM, PREFIXED, Acl, SecuredKafka, grant
+from .secured import APP_USER, MECHANISM, PREFIXED, Acl, SecuredKafka, grant, revoke
 from .test_runtime import _read_topic
 from .test_runtime_clients import (
     DEADLINE,
@@ -205,6 +209,56 @@ def test_an_app_without_read_on_its_group_does_not_start(
         f"consumer group {group!r} not authorized for User:app: grant READ on group "
         f"{group!r} (joining, heartbeats and offset commits need it)"
     )
+
+
+def test_an_app_without_create_on_its_internal_topics_says_how_to_create_them(
+    secured_kafka: SecuredKafka, names: tuple[str, str, str], tmp_path: Path
+) -> None:
+    group, source, output = names
+    acls = app_acls(group, source, output)
+    grant(secured_kafka, *without(acls, Acl.topic(f"{group}-", "CREATE", PREFIXED)))
+    config = secured_kafka.client_config()
+    app = make_app(secured_kafka.sasl_bootstrap, group, source, tmp_path, consumer_config=config)
+    refused = asyncio.run(start_refused(app))
+    assert isinstance(refused, InternalTopicNotAuthorizedError)
+    changelog = f"{group}-counts-changelog"
+    assert str(refused) == (
+        f"creating internal topic {changelog!r} not authorized for User:app: grant CREATE on "
+        "it (a PREFIXED ACL on '<application id>-' covers every internal topic), or create "
+        "it beforehand: 1 partition(s), the broker's default replication factor, "
+        "cleanup.policy=compact"
+    )
+
+
+def test_an_app_counts_with_its_acls_and_stops_when_read_on_its_group_is_taken_away(
+    secured_kafka: SecuredKafka, names: tuple[str, str, str], tmp_path: Path
+) -> None:
+    kafka = secured_kafka
+    group, source, output = names
+    grant(kafka, *app_acls(group, source, output))
+    config = kafka.client_config()
+    app = make_app(kafka.sasl_bootstrap, group, source, tmp_path, consumer_config=config)
+
+    async def scenario() -> None:
+        await app.start()
+        try:
+            await until("every record counted", lambda: table(app) == dict.fromkeys(KEYS, 3), app)
+            await asyncio.to_thread(revoke, kafka, Acl.group(group, "READ"))
+            deadline = time.monotonic() + DEADLINE
+            while app.failure is None:
+                assert time.monotonic() < deadline, f"the app did not stop within {DEADLINE} s"
+                await asyncio.sleep(0.1)
+        finally:
+            await app.stop()
+
+    asyncio.run(scenario())
+    assert isinstance(app.failure, GroupNotAuthorizedError)
+    assert str(app.failure) == (
+        f"consumer group {group!r} not authorized for User:app: grant READ on group "
+        f"{group!r} (joining, heartbeats and offset commits need it)"
+    )
+    written = asyncio.run(_read_topic(kafka.admin_bootstrap, output, "read_committed", 1))
+    assert sorted(written) == sorted(b"0:%d" % offset for offset in range(len(RECORDS)))
 
 
 def test_an_app_without_write_on_its_output_stops_and_runs_exactly_once_granted(
