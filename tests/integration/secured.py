@@ -26,7 +26,7 @@ MECHANISM = "SCRAM-SHA-512"
 ACL_APPLIED_TIMEOUT = 30.0
 
 # Kafka's AclOperation, ResourceType, PatternType and AclPermissionType codes.
-TOPIC, GROUP = 2, 3
+TOPIC, GROUP, TRANSACTIONAL_ID = 2, 3, 5
 LITERAL, PREFIXED = 3, 4
 ALLOW = 3
 OPERATIONS = {
@@ -83,6 +83,11 @@ class Acl:
     @classmethod
     def group(cls, name: str, operation: str) -> Acl:
         return cls(GROUP, name, operation)
+
+    @classmethod
+    def transactional_ids(cls, prefix: str) -> Acl:
+        """WRITE on the transactional ids starting with ``prefix``."""
+        return cls(TRANSACTIONAL_ID, prefix, "WRITE", PREFIXED)
 
     def fields(self, principal: str) -> tuple[int, str, int, str, str, int, int]:
         code = OPERATIONS[self.operation]

@@ -5,17 +5,19 @@ the one docs/operations.md, docs/runtime.md and docs/faust.md "Secured clusters"
 
 ``describe``'s one line for a wrong password, a mechanism the broker does not enable, PLAINTEXT
 asked of the SASL port, a CA the client lacks, and a group it may not describe. The runtime
-``App``'s for a wrong password and for an ACL of docs/runtime.md's list taken away: READ on the
-source topic, READ on the group, CREATE on the internal topics, WRITE on the output (after
-which, WRITE granted, a restart writes every record once); with exactly that list it counts
-every record, and stops when READ on its group is taken away. A Faust worker on the drop-in
-without READ on its group logs so, and reads every record once READ is granted.
+``App``'s for a wrong password, PLAINTEXT asked of the SASL port and a CA it lacks, and for an
+ACL of docs/runtime.md's list taken away: READ on the source topic, READ on the group, CREATE
+on the internal topics, WRITE on the output, exactly once WRITE on the transactional ids (after
+the last two, the right granted, a restart writes every record once); with exactly that list
+it counts every record, and stops when READ on its group is taken away. A Faust worker on the
+drop-in without READ on its group logs so, and reads every record once READ is granted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +32,7 @@ from streamassign.errors import (
     InternalTopicNotAuthorizedError,
     MissingTopicsError,
     OutputNotAuthorizedError,
+    ProducerStartError,
     SourceTopicsNotAuthorizedError,
 )
 from streamassign.runtime import App
@@ -51,6 +54,8 @@ from .test_runtime_clients import (
 
 KEYS = [b"k%d" % i for i in range(10)]
 RECORDS = KEYS * 3
+#: What ``Counts`` writes for ``RECORDS`` on one partition, each once, sorted.
+ONE_OUTPUT_PER_RECORD = sorted(b"0:%d" % offset for offset in range(len(RECORDS)))
 
 
 def topic(kafka: SecuredKafka, base: str, partitions: int = 1) -> str:
@@ -83,6 +88,17 @@ def names(secured_kafka: SecuredKafka) -> Iterator[tuple[str, str, str]]:
     asyncio.run(produce(secured_kafka.admin_bootstrap, source, RECORDS))
     with counts_sending_to(output):
         yield app, source, output
+
+
+def outputs(kafka: SecuredKafka, output: str) -> list[bytes]:
+    """The committed values of ``output`` once it holds one per record (read again until
+    then: a transaction's commit returns before its markers let read_committed see it)."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        written = asyncio.run(_read_topic(kafka.admin_bootstrap, output, "read_committed", 1))
+        if len(written) >= len(RECORDS) or time.monotonic() >= deadline:
+            return written
+        time.sleep(0.2)
 
 
 def describe(*args: str) -> tuple[int, str]:
@@ -161,19 +177,45 @@ async def start_refused(app: App) -> BaseException:
     raise AssertionError("the app started")
 
 
-def test_an_app_with_a_wrong_password_says_authentication_failed(
-    secured_kafka: SecuredKafka, names: tuple[str, str, str], tmp_path: Path
+@pytest.mark.parametrize(
+    ("mistake", "reason"),
+    [
+        ("wrong password", "authentication failed (SCRAM-SHA-512): invalid credentials"),
+        (
+            "PLAINTEXT to the SASL port",
+            "the broker closed the connection (is security_protocol the listener's, in "
+            "consumer_config and producer_config?)",
+        ),
+        (
+            "no CA for the test CA",
+            "TLS: certificate verify failed: self-signed certificate in certificate chain "
+            "(is the CA of ssl_context the broker's?)",
+        ),
+    ],
+    ids=["wrong-password", "plaintext-to-sasl", "untrusted-ca"],
+)
+def test_an_app_that_cannot_connect_says_why(
+    secured_kafka: SecuredKafka,
+    names: tuple[str, str, str],
+    tmp_path: Path,
+    mistake: str,
+    reason: str,
 ) -> None:
+    kafka = secured_kafka
     group, source, _ = names
-    config = secured_kafka.client_config(password="wrong")
-    app = make_app(secured_kafka.sasl_bootstrap, group, source, tmp_path, consumer_config=config)
+    bootstrap, config = kafka.sasl_bootstrap, kafka.client_config()
+    if mistake == "wrong password":
+        config = kafka.client_config(password="wrong")
+    elif mistake == "PLAINTEXT to the SASL port":
+        config = {}
+    else:
+        bootstrap, config = kafka.sasl_ssl_bootstrap, kafka.client_config(tls=True)
+        config["ssl_context"] = ssl.create_default_context()  # the system's CAs only
+    app = make_app(bootstrap, group, source, tmp_path, consumer_config=config)
     refused = asyncio.run(start_refused(app))
     assert isinstance(refused, KafkaConnectionError)
-    assert re.fullmatch(
-        r"KafkaConnectionError: Unable to bootstrap from \[.*\]: "
-        r"authentication failed \(SCRAM-SHA-512\): invalid credentials",
-        str(refused),
-    ), str(refused)
+    expected = rf"KafkaConnectionError: Unable to bootstrap from \[.*\]: {re.escape(reason)}"
+    assert re.fullmatch(expected, str(refused)), str(refused)
 
 
 def test_an_app_without_read_on_its_source_topic_does_not_start(
@@ -257,8 +299,46 @@ def test_an_app_counts_with_its_acls_and_stops_when_read_on_its_group_is_taken_a
         f"consumer group {group!r} not authorized for User:app: grant READ on group "
         f"{group!r} (joining, heartbeats and offset commits need it)"
     )
-    written = asyncio.run(_read_topic(kafka.admin_bootstrap, output, "read_committed", 1))
-    assert sorted(written) == sorted(b"0:%d" % offset for offset in range(len(RECORDS)))
+    assert sorted(outputs(kafka, output)) == ONE_OUTPUT_PER_RECORD
+
+
+def test_an_exactly_once_app_without_write_on_its_transactional_ids_stops(
+    secured_kafka: SecuredKafka, names: tuple[str, str, str], tmp_path: Path
+) -> None:
+    """Then, that WRITE granted, a restart counts every record and writes each output once."""
+    kafka = secured_kafka
+    group, source, output = names
+    grant(kafka, *app_acls(group, source, output))
+    config = kafka.client_config()
+    options = {"consumer_config": config, "processing_guarantee": "exactly_once"}
+    app = make_app(kafka.sasl_bootstrap, group, source, tmp_path, **options)
+    asyncio.run(until_failed(app))
+    assert isinstance(app.failure, ProducerStartError)
+    assert str(app.failure) == (
+        f"task 0_0: its transactional producer cannot start: "
+        f"TransactionalIdAuthorizationFailed('{group}-0_0')"
+    )
+    grant(kafka, Acl.transactional_ids(f"{group}-"))
+    again = make_app(kafka.sasl_bootstrap, group, source, tmp_path, **options)
+
+    async def counted() -> None:
+        await until("every record counted", lambda: table(again) == dict.fromkeys(KEYS, 3), again)
+
+    asyncio.run(run_app(again, counted))
+    assert again.failure is None, again.failure
+    assert sorted(outputs(kafka, output)) == ONE_OUTPUT_PER_RECORD
+
+
+async def until_failed(app: App) -> None:
+    """Start ``app`` and wait until a failure stops it; stop it."""
+    await app.start()
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while app.failure is None:
+            assert time.monotonic() < deadline, f"the app did not stop within {DEADLINE} s"
+            await asyncio.sleep(0.1)
+    finally:
+        await app.stop()
 
 
 def test_an_app_without_write_on_its_output_stops_and_runs_exactly_once_granted(
@@ -299,8 +379,7 @@ def test_an_app_without_write_on_its_output_stops_and_runs_exactly_once_granted(
 
     asyncio.run(run_app(again, counted))
     assert again.failure is None, again.failure
-    written = asyncio.run(_read_topic(kafka.admin_bootstrap, output, "read_committed", 1))
-    assert sorted(written) == sorted(b"0:%d" % offset for offset in range(len(RECORDS)))
+    assert sorted(outputs(kafka, output)) == ONE_OUTPUT_PER_RECORD
 
 
 FAUST_WORKER = Path(__file__).with_name("secured_faust_worker.py")
