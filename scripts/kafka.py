@@ -488,6 +488,11 @@ TLS_VALIDITY_DAYS = 3650
 #: Regenerate the cached TLS material once it is older than this (well before it expires).
 TLS_MAX_AGE_DAYS = 365
 KEYTOOL_TIMEOUT = 120.0
+#: What ``ensure_tls_files`` writes last, once both files are in place: the files' format
+#: (raised when the way they are made changes, so older caches are made again) and each
+#: file's sha256, so a truncated or edited cache is made again rather than trusted.
+TLS_MARKER = "made.json"
+TLS_FORMAT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -585,16 +590,22 @@ def _keytool(java: str, *args: str, stdin: str | None = None) -> str:
 def ensure_tls_files(java: str, log: Log = _stderr) -> TlsFiles:
     """A self-signed test CA and a broker certificate it signed (SAN IP:127.0.0.1), made with
     the JDK's keytool once and cached under the cache root (about 6 JVM starts, so a
-    fresh broker does not pay them); regenerated after ``TLS_MAX_AGE_DAYS``."""
+    fresh broker does not pay them); made again after ``TLS_MAX_AGE_DAYS``, or when the
+    cache is damaged or of an older format (``TLS_MARKER``)."""
     home = cache_root() / "tls"
     files = TlsFiles(home / "broker.p12", home / "ca.pem")
     max_age = TLS_MAX_AGE_DAYS * 86400
 
     def fresh() -> bool:
-        return all(
-            p.is_file() and time.time() - p.stat().st_mtime < max_age
-            for p in (files.keystore, files.ca_pem)
-        )
+        try:
+            marker = json.loads((home / TLS_MARKER).read_text())
+            return (
+                marker.get("format") == TLS_FORMAT
+                and marker.get("sha256") == _tls_digests(files)
+                and time.time() - (home / TLS_MARKER).stat().st_mtime < max_age
+            )
+        except (OSError, ValueError, AttributeError):  # missing, damaged: made again
+            return False
 
     if fresh():
         return files
@@ -605,6 +616,9 @@ def ensure_tls_files(java: str, log: Log = _stderr) -> TlsFiles:
         scratch = Path(tempfile.mkdtemp(prefix=".tls-", dir=cache_root()))
         try:
             _make_tls_files(java, scratch)
+            made = TlsFiles(scratch / files.keystore.name, scratch / files.ca_pem.name)
+            marker = {"format": TLS_FORMAT, "sha256": _tls_digests(made)}
+            (scratch / TLS_MARKER).write_text(json.dumps(marker))
             if home.exists():
                 shutil.rmtree(home)
             os.replace(scratch, home)
@@ -612,6 +626,10 @@ def ensure_tls_files(java: str, log: Log = _stderr) -> TlsFiles:
             shutil.rmtree(scratch, ignore_errors=True)
         log(f"created the test CA and broker certificate in {time.monotonic() - started:.1f}s")
     return files
+
+
+def _tls_digests(files: TlsFiles) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in dataclasses.astuple(files)}
 
 
 def _make_tls_files(java: str, into: Path) -> None:
@@ -627,6 +645,8 @@ def _make_tls_files(java: str, into: Path) -> None:
         "CN=streamassign test CA",
         "-ext",
         "bc:c",
+        "-ext",  # a CA without key usage fails Python 3.13's default (strict) verification
+        "KeyUsage:c=keyCertSign,cRLSign",
         *key,
         "-keystore",
         ca,

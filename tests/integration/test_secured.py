@@ -286,10 +286,7 @@ def test_an_app_counts_with_its_acls_and_stops_when_read_on_its_group_is_taken_a
         try:
             await until("every record counted", lambda: table(app) == dict.fromkeys(KEYS, 3), app)
             await asyncio.to_thread(revoke, kafka, Acl.group(group, "READ"))
-            deadline = time.monotonic() + DEADLINE
-            while app.failure is None:
-                assert time.monotonic() < deadline, f"the app did not stop within {DEADLINE} s"
-                await asyncio.sleep(0.1)
+            await stopped_by_failure(app)
         finally:
             await app.stop()
 
@@ -333,12 +330,16 @@ async def until_failed(app: App) -> None:
     """Start ``app`` and wait until a failure stops it; stop it."""
     await app.start()
     try:
-        deadline = time.monotonic() + DEADLINE
-        while app.failure is None:
-            assert time.monotonic() < deadline, f"the app did not stop within {DEADLINE} s"
-            await asyncio.sleep(0.1)
+        await stopped_by_failure(app)
     finally:
         await app.stop()
+
+
+async def stopped_by_failure(app: App) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while app.failure is None:
+        assert time.monotonic() < deadline, f"the app did not stop within {DEADLINE} s"
+        await asyncio.sleep(0.1)
 
 
 def test_an_app_without_write_on_its_output_stops_and_runs_exactly_once_granted(
@@ -352,18 +353,8 @@ def test_an_app_without_write_on_its_output_stops_and_runs_exactly_once_granted(
     grant(kafka, *without(acls, Acl.topic(output, "WRITE")))
     config = kafka.client_config(tls=True)
 
-    async def until_stopped(app: App) -> None:
-        await app.start()
-        try:
-            deadline = time.monotonic() + DEADLINE
-            while app.failure is None:
-                assert time.monotonic() < deadline, f"the app did not stop within {DEADLINE} s"
-                await asyncio.sleep(0.1)
-        finally:
-            await app.stop()
-
     app = make_app(kafka.sasl_ssl_bootstrap, group, source, tmp_path, consumer_config=config)
-    asyncio.run(until_stopped(app))
+    asyncio.run(until_failed(app))
     assert isinstance(app.failure, OutputNotAuthorizedError)
     assert re.fullmatch(
         rf"task 0_0: writing to topic '{output}' not authorized for User:app: grant WRITE "
