@@ -16,6 +16,8 @@ Usage::
     python scripts/kafka.py status
     python scripts/kafka.py stop
     python scripts/kafka.py run              # foreground; Ctrl-C stops the broker
+    python scripts/kafka.py start --sasl --tls --scram-user app:app-secret --json
+                                             # secured: SASL listeners and ACLs (--help)
 
 Environment (all optional):
     STREAMASSIGN_KAFKA_VERSION        Kafka version to assemble (default: DEFAULT_VERSION).
@@ -476,6 +478,237 @@ logger.request.level = WARN
 """
 
 
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+#: The super user ``--sasl`` always creates, for tests that set up topics and ACLs over SASL.
+ADMIN_USER = ("admin", "admin-secret")
+#: keytool's store password for the generated TLS material (test-only, not a secret).
+TLS_STORE_PASSWORD = "streamassign-test"
+TLS_VALIDITY_DAYS = 3650
+#: Regenerate the cached TLS material once it is older than this (well before it expires).
+TLS_MAX_AGE_DAYS = 365
+KEYTOOL_TIMEOUT = 120.0
+#: What ``ensure_tls_files`` writes last, once both files are in place: the files' format
+#: (raised when the way they are made changes, so older caches are made again) and each
+#: file's sha256, so a truncated or edited cache is made again rather than trusted.
+TLS_MARKER = "made.json"
+TLS_FORMAT = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Security:
+    """A secured broker: a SASL_PLAINTEXT listener (SCRAM-SHA-512 only) and, with ``tls``, a
+    SASL_SSL one (certificate from a self-signed test CA, naming 127.0.0.1), every request
+    authorized by Kafka's StandardAuthorizer (``allow.everyone.if.no.acl.found=false``).
+
+    ``users`` (name, password) get SCRAM-SHA-512 credentials at format time, besides
+    ``ADMIN_USER``, a super user. The PLAINTEXT listener stays (the readiness probe and the
+    broker's own requests use it): its principal, ``User:ANONYMOUS``, is a super user as the
+    controller listener's must be, so a test sets up topics and ACLs there and points the
+    clients under test at the SASL port.
+    """
+
+    users: tuple[tuple[str, str], ...] = ()
+    tls: bool = False
+
+    def all_users(self) -> list[tuple[str, str]]:
+        return [ADMIN_USER, *(u for u in self.users if u[0] != ADMIN_USER[0])]
+
+    def scram_arguments(self) -> list[str]:
+        """``kafka-storage format`` arguments creating every user's credentials."""
+        out = []
+        for name, password in self.all_users():
+            bad = [c for c in '[],="' if c in name + password]
+            if not name or not password or bad:
+                raise KafkaScriptError(
+                    f"SCRAM user {name!r}: name and password must be non-empty, without "
+                    'any of [ ] , = "'
+                )
+            out += ["--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]"]
+        return out
+
+
+def secure(
+    props: dict[str, str], sasl_port: int, sasl_ssl_port: int | None, tls: TlsFiles | None
+) -> None:
+    """Add a ``Security`` broker's listeners and authorizer to ``server_properties``'s."""
+    listeners = {"SASL_PLAINTEXT": sasl_port}
+    if sasl_ssl_port is not None:
+        listeners["SASL_SSL"] = sasl_ssl_port
+    for name, port in listeners.items():
+        props["listeners"] += f",{name}://127.0.0.1:{port}"
+        props["advertised.listeners"] += f",{name}://127.0.0.1:{port}"
+        props["listener.security.protocol.map"] += f",{name}:{name}"
+        # SCRAM needs a login module on the server side too (credentials come from metadata).
+        props[f"listener.name.{name.lower()}.scram-sha-512.sasl.jaas.config"] = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        )
+    props.update(
+        {
+            "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            "authorizer.class.name": STANDARD_AUTHORIZER,
+            "allow.everyone.if.no.acl.found": "false",
+            "super.users": f"User:ANONYMOUS;User:{ADMIN_USER[0]}",
+        }
+    )
+    if tls is not None:
+        props.update(
+            {
+                "listener.name.sasl_ssl.ssl.keystore.type": "PKCS12",
+                "listener.name.sasl_ssl.ssl.keystore.location": str(tls.keystore),
+                "listener.name.sasl_ssl.ssl.keystore.password": TLS_STORE_PASSWORD,
+                "listener.name.sasl_ssl.ssl.key.password": TLS_STORE_PASSWORD,
+            }
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsFiles:
+    """The SASL_SSL listener's keystore and the test CA's certificate (PEM, for clients)."""
+
+    keystore: Path
+    ca_pem: Path
+
+
+def _keytool(java: str, *args: str, stdin: str | None = None) -> str:
+    keytool = str(Path(java).with_name("keytool"))
+    cmd = [keytool, "-J-XX:TieredStopAtLevel=1", "-J-XX:+UseSerialGC", *args]
+    try:
+        done = subprocess.run(
+            cmd, input=stdin, capture_output=True, text=True, timeout=KEYTOOL_TIMEOUT, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KafkaScriptError(f"could not run keytool: {exc}") from exc
+    if done.returncode != 0:
+        raise KafkaScriptError(
+            f"keytool failed (exit {done.returncode}): $ {shlex.join(cmd)}\n"
+            f"{(done.stdout + done.stderr).strip()[-2000:]}"
+        )
+    return done.stdout
+
+
+def ensure_tls_files(java: str, log: Log = _stderr) -> TlsFiles:
+    """A self-signed test CA and a broker certificate it signed (SAN IP:127.0.0.1), made with
+    the JDK's keytool once and cached under the cache root (about 6 JVM starts, so a
+    fresh broker does not pay them); made again after ``TLS_MAX_AGE_DAYS``, or when the
+    cache is damaged or of an older format (``TLS_MARKER``)."""
+    home = cache_root() / "tls"
+    files = TlsFiles(home / "broker.p12", home / "ca.pem")
+    max_age = TLS_MAX_AGE_DAYS * 86400
+
+    def fresh() -> bool:
+        try:
+            marker = json.loads((home / TLS_MARKER).read_text())
+            return (
+                marker.get("format") == TLS_FORMAT
+                and marker.get("sha256") == _tls_digests(files)
+                and time.time() - (home / TLS_MARKER).stat().st_mtime < max_age
+            )
+        except (OSError, ValueError, AttributeError):  # missing, damaged: made again
+            return False
+
+    if fresh():
+        return files
+    with _file_lock(cache_root() / "tls.lock"):
+        if fresh():
+            return files
+        started = time.monotonic()
+        scratch = Path(tempfile.mkdtemp(prefix=".tls-", dir=cache_root()))
+        try:
+            _make_tls_files(java, scratch)
+            made = TlsFiles(scratch / files.keystore.name, scratch / files.ca_pem.name)
+            marker = {"format": TLS_FORMAT, "sha256": _tls_digests(made)}
+            (scratch / TLS_MARKER).write_text(json.dumps(marker))
+            if home.exists():
+                shutil.rmtree(home)
+            os.replace(scratch, home)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        log(f"created the test CA and broker certificate in {time.monotonic() - started:.1f}s")
+    return files
+
+
+def _tls_digests(files: TlsFiles) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in dataclasses.astuple(files)}
+
+
+def _make_tls_files(java: str, into: Path) -> None:
+    ca, broker = str(into / "ca.p12"), str(into / "broker.p12")
+    common = ["-storetype", "PKCS12", "-storepass", TLS_STORE_PASSWORD]
+    key = ["-keyalg", "EC", "-groupname", "secp256r1", "-validity", str(TLS_VALIDITY_DAYS)]
+    _keytool(
+        java,
+        "-genkeypair",
+        "-alias",
+        "ca",
+        "-dname",
+        "CN=streamassign test CA",
+        "-ext",
+        "bc:c",
+        "-ext",  # a CA without key usage fails Python 3.13's default (strict) verification
+        "KeyUsage:c=keyCertSign,cRLSign",
+        *key,
+        "-keystore",
+        ca,
+        *common,
+    )
+    _keytool(
+        java,
+        "-genkeypair",
+        "-alias",
+        "broker",
+        "-dname",
+        "CN=127.0.0.1",
+        *key,
+        "-keystore",
+        broker,
+        *common,
+    )
+    request = _keytool(java, "-certreq", "-alias", "broker", "-keystore", broker, *common)
+    signed = _keytool(
+        java,
+        "-gencert",
+        "-alias",
+        "ca",
+        "-keystore",
+        ca,
+        *common,
+        "-rfc",
+        "-validity",
+        str(TLS_VALIDITY_DAYS),
+        "-ext",
+        "SAN=IP:127.0.0.1",
+        stdin=request,
+    )
+    ca_pem = _keytool(java, "-exportcert", "-alias", "ca", "-keystore", ca, *common, "-rfc")
+    (into / "ca.pem").write_text(ca_pem)
+    (into / "broker.pem").write_text(signed)
+    _keytool(
+        java,
+        "-importcert",
+        "-noprompt",
+        "-alias",
+        "ca",
+        "-file",
+        str(into / "ca.pem"),
+        "-keystore",
+        broker,
+        *common,
+    )
+    _keytool(
+        java,
+        "-importcert",
+        "-alias",
+        "broker",
+        "-file",
+        str(into / "broker.pem"),
+        "-keystore",
+        broker,
+        *common,
+    )
+    (into / "ca.p12").unlink()  # the CA's private key is not needed again
+
+
 # --------------------------------------------------------------------------------------------
 # readiness probe: a minimal Kafka protocol client (ApiVersions v0 + Metadata v4..v8)
 # --------------------------------------------------------------------------------------------
@@ -549,12 +782,24 @@ class BrokerInfo:
     log_file: str
     started_at: float
     startup_seconds: float
+    #: ``--sasl`` only: the SASL_PLAINTEXT (SCRAM-SHA-512) listener's address, and with
+    #: ``--tls`` the SASL_SSL one's and the PEM file of the CA that signed its certificate.
+    sasl_bootstrap: str = ""
+    sasl_ssl_bootstrap: str = ""
+    ca_file: str = ""
 
     @classmethod
     def load(cls, path: Path) -> BrokerInfo:
         try:
             raw = json.loads(path.read_text())
-            return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls)})
+            optional = {f.name for f in dataclasses.fields(cls) if f.default != dataclasses.MISSING}
+            return cls(
+                **{
+                    f.name: raw[f.name]
+                    for f in dataclasses.fields(cls)
+                    if f.name in raw or f.name not in optional
+                }
+            )
         except FileNotFoundError:
             raise
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -716,6 +961,7 @@ def start_broker(
     use_cds: bool = True,
     die_with_parent: bool = False,
     maven_repo: str | None = None,
+    security: Security | None = None,
     log: Log = _stderr,
 ) -> Broker:
     """Format fresh KRaft storage, launch a single-node broker and wait until it is ready.
@@ -725,7 +971,8 @@ def start_broker(
     ``properties`` override/extend the generated server.properties; ``extra_jvm_opts`` apply
     to the broker JVM only (not to the storage-format step). ``die_with_parent`` ties
     the JVM's life to this process (Linux), which is what a test fixture wants; the CLI
-    ``start`` leaves it detached instead.
+    ``start`` leaves it detached instead. ``security`` adds SASL listeners and ACLs
+    (``Security``); the PLAINTEXT ``bootstrap`` stays, as a super user's port.
     """
     version = version or default_version()
     timeout = default_start_timeout() if timeout is None else timeout
@@ -735,6 +982,7 @@ def start_broker(
     java = find_java()
     _, fingerprint = java_identity(java)
     inst = install(version, maven_repo=maven_repo, cds=False, log=log)
+    tls = ensure_tls_files(java, log) if security is not None and security.tls else None
     if use_cds:
         ensure_cds_archive(inst, fingerprint, log=log)
 
@@ -768,6 +1016,8 @@ def start_broker(
                     auto_create_topics=auto_create_topics,
                     properties=properties or {},
                     die_with_parent=die_with_parent,
+                    security=security,
+                    tls=tls,
                     log=log,
                 )
             except _PortInUseError:
@@ -791,6 +1041,8 @@ def _launch(
     auto_create_topics: bool,
     properties: dict[str, str],
     die_with_parent: bool,
+    security: Security | None,
+    tls: TlsFiles | None,
     log: Log,
 ) -> Broker:
     """One attempt: write config, format storage, spawn ``kafka.Kafka``, wait for readiness."""
@@ -799,13 +1051,17 @@ def _launch(
     shutil.rmtree(kraft, ignore_errors=True)  # leftovers of a failed attempt
     shutil.rmtree(logs, ignore_errors=True)  # so the log tail only shows this attempt
     logs.mkdir(parents=True)
-    broker_port, controller_port = _free_ports(2)
+    # A secured broker's SASL_PLAINTEXT and SASL_SSL listeners take the third and fourth.
+    ports = _free_ports(2 + (security is not None) + (tls is not None))
+    broker_port, controller_port = ports[:2]
     props = server_properties(
         data_dir=kraft,
         broker_port=broker_port,
         controller_port=controller_port,
         auto_create_topics=auto_create_topics,
     )
+    if security is not None:
+        secure(props, ports[2], ports[3] if tls is not None else None, tls)
     props.update(properties)
     config = root / "server.properties"
     config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -816,6 +1072,8 @@ def _launch(
     cluster_id = _random_cluster_id()
 
     fmt_cmd = [*base, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)]
+    if security is not None:
+        fmt_cmd += security.scram_arguments()
     try:
         fmt = subprocess.run(
             fmt_cmd, capture_output=True, text=True, timeout=FORMAT_TIMEOUT, check=False
@@ -852,6 +1110,11 @@ def _launch(
         started_at=time.time(),
         startup_seconds=0.0,
     )
+    if security is not None:
+        info.sasl_bootstrap = f"127.0.0.1:{ports[2]}"
+    if tls is not None:
+        info.sasl_ssl_bootstrap = f"127.0.0.1:{ports[3]}"
+        info.ca_file = str(tls.ca_pem)
     if state_path is not None:
         info.save(state_path)  # lets `stop` clean up even if we die while waiting
     broker = Broker(info, process, state_path)
@@ -995,6 +1258,33 @@ def _parser() -> argparse.ArgumentParser:
             metavar="KEY=VALUE",
             help="extra/overriding server.properties entry (repeatable)",
         )
+        p.add_argument(
+            "--sasl",
+            action="store_true",
+            help=(
+                "secured broker: add a SASL_PLAINTEXT listener (SCRAM-SHA-512 only) and "
+                "Kafka's StandardAuthorizer (allow.everyone.if.no.acl.found=false); SCRAM "
+                f"user {ADMIN_USER[0]}/{ADMIN_USER[1]} is a super user, and so is the "
+                "PLAINTEXT listener's User:ANONYMOUS (for setting up topics and ACLs); "
+                "prints the SASL_PLAINTEXT address (the others: --json)"
+            ),
+        )
+        p.add_argument(
+            "--scram-user",
+            action="append",
+            default=[],
+            metavar="NAME:PASSWORD",
+            help="with --sasl: another SCRAM-SHA-512 user, with no ACL (repeatable)",
+        )
+        p.add_argument(
+            "--tls",
+            action="store_true",
+            help=(
+                "with --sasl: also a SASL_SSL listener, its certificate (for IP 127.0.0.1) "
+                "signed by a test CA made once with the JDK's keytool and cached; the CA's "
+                "PEM file is ca_file in --json"
+            ),
+        )
         p.add_argument("--json", action="store_true", help="print the state as JSON")
 
     p_stop = sub.add_parser("stop", help="stop the broker recorded in the state file")
@@ -1039,8 +1329,10 @@ def main(argv: list[str] | None = None) -> int:
                 use_cds=not args.no_cds,
                 die_with_parent=args.command == "run",
                 maven_repo=args.maven_repo,
+                security=_security(args.sasl, args.scram_user, args.tls),
             )
-            out: Any = dataclasses.asdict(broker.info) if args.json else broker.bootstrap
+            address = broker.info.sasl_bootstrap or broker.bootstrap
+            out: Any = dataclasses.asdict(broker.info) if args.json else address
             print(json.dumps(out, indent=2) if args.json else out, flush=True)
             if args.command == "run":
                 _run_foreground(broker)
@@ -1060,6 +1352,20 @@ def main(argv: list[str] | None = None) -> int:
         _stderr(f"error: {exc}")
         return 1
     return 0
+
+
+def _security(sasl: bool, users: list[str], tls: bool) -> Security | None:
+    if not sasl:
+        if users or tls:
+            raise KafkaScriptError("--scram-user and --tls need --sasl")
+        return None
+    parsed = []
+    for item in users:
+        name, sep, password = item.partition(":")
+        if not sep:
+            raise KafkaScriptError(f"--scram-user expects NAME:PASSWORD, got {item!r}")
+        parsed.append((name, password))
+    return Security(users=tuple(parsed), tls=tls)
 
 
 def _parse_properties(items: list[str]) -> dict[str, str]:

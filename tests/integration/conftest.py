@@ -27,6 +27,8 @@ from types import ModuleType
 
 import pytest
 
+from .secured import APP_USER, SecuredKafka
+
 BOOTSTRAP_ENV = "STREAMASSIGN_KAFKA_BOOTSTRAP"
 #: ``STREAMASSIGN_CPU_HOG=N``: N busy processes run beside the broker tests for the whole
 #: session (the loaded-machine mode of docs/testing.md; not part of the default CI run).
@@ -48,9 +50,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the broker, so ``-m "not kafka"`` deselects them all."""
+    """Mark every test that uses a broker, so ``-m "not kafka"`` deselects them all."""
     for item in items:
-        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "kafka_bootstrap" in fixtures or "secured_kafka" in fixtures:
             item.add_marker(pytest.mark.kafka)
 
 
@@ -171,6 +174,41 @@ def kafka_bootstrap(
     atexit.register(broker.stop)  # backstop if the session is torn down abnormally
     try:
         yield broker.bootstrap
+    finally:
+        broker.stop()
+        atexit.unregister(broker.stop)
+
+
+@pytest.fixture(scope="module")
+def secured_kafka(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[SecuredKafka]:
+    """A broker of the module's own with SASL listeners (SCRAM-SHA-512; SASL_PLAINTEXT and
+    SASL_SSL with a test CA) and ACLs (``scripts/kafka.py start --sasl --tls``); the app
+    user of ``secured.APP_USER`` starts with no ACL. Always started here, even with
+    ``$STREAMASSIGN_KAFKA_BOOTSTRAP``; its log is ``<basetemp>/kafka-secured*/logs/``."""
+    script = kafka_script()
+    broker, error = None, ""
+    try:
+        broker = script.start_broker(
+            data_dir=tmp_path_factory.mktemp("kafka-secured"),
+            die_with_parent=True,
+            security=script.Security(users=(APP_USER,), tls=True),
+            log=_live_log(pytestconfig),
+        )
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    if broker is None:
+        pytest.fail(f"Could not start the secured Kafka test broker.\n{error}", pytrace=False)
+    atexit.register(broker.stop)
+    try:
+        yield SecuredKafka(
+            admin_bootstrap=broker.bootstrap,
+            sasl_bootstrap=broker.info.sasl_bootstrap,
+            sasl_ssl_bootstrap=broker.info.sasl_ssl_bootstrap,
+            ca_file=broker.info.ca_file,
+            log_file=broker.info.log_file,
+        )
     finally:
         broker.stop()
         atexit.unregister(broker.stop)
