@@ -455,6 +455,7 @@ class App:
                 self.bootstrap_servers,
                 producer_config,
                 self.connection_config,
+                principal=clients.principal,
             )
 
     async def _start_clients(self) -> None:

@@ -297,9 +297,14 @@ class OrphanTransactions:
         producer_config: Mapping[str, Any],
         connection_config: Mapping[str, Any],
         timeout: float = ORPHANS_TIMEOUT,
+        principal: str = "the application's principal",
     ):
         self.producers = TaskProducers(
-            application_id, bootstrap_servers, producer_config, start_timeout=timeout
+            application_id,
+            bootstrap_servers,
+            producer_config,
+            start_timeout=timeout,
+            principal=principal,
         )
         self.bootstrap_servers = bootstrap_servers
         self.connection_config = dict(connection_config)
