@@ -407,7 +407,9 @@ class OutputWriteError(StreamAssignError):
 
 
 class OutputNotAuthorizedError(OutputWriteError, NotAuthorizedError):
-    """A write to a topic the runtime's principal may not write to (WRITE)."""
+    """A write the runtime's principal may not make: to a topic it may not write to (WRITE),
+    or, exactly once, in a transaction whose transactional id it may no longer use (WRITE on
+    it, taken away while the application runs)."""
 
 
 class WritesAbandonedError(StreamAssignError, ConnectionError):
@@ -436,3 +438,8 @@ class ProducerStartError(StreamAssignError):
     """Exactly once: a task's transactional producer cannot start (a configuration the
     broker rejects, a missing authorization, or no transaction coordinator within the start
     timeout): the application stops rather than rejoining forever."""
+
+
+class TransactionalIdNotAuthorizedError(ProducerStartError, NotAuthorizedError):
+    """Exactly once: a task's transactional producer cannot start, since the runtime's
+    principal may not use its transactional id (WRITE on ``<application id>-<task>``)."""

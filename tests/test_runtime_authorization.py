@@ -13,7 +13,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.errors import (
@@ -24,7 +28,9 @@ from streamassign.errors import (
     NotAuthorizedError,
     OutputNotAuthorizedError,
     OutputWriteError,
+    ProducerStartError,
     SourceTopicsNotAuthorizedError,
+    TransactionalIdNotAuthorizedError,
 )
 from streamassign.localstate import StateDirectory
 from streamassign.runtime import App, _topics
@@ -34,6 +40,9 @@ from streamassign.runtime._topics import ChangelogCheck, _topic_limits, ensure_i
 from streamassign.runtime.changelog import StoreState
 from streamassign.runtime.stores import MemoryStore
 from streamassign.runtime.tasks import ActiveTask
+from streamassign.runtime.transactions import TaskProducers
+
+from .test_runtime_transactions import Rec, TxnProducer, fail_sends, make
 
 CHANGELOG = "rt-totals-changelog"
 TOPOLOGY = Topology([Subtopology(0, ["r6"], stores=["totals"])], name="rt")
@@ -363,3 +372,91 @@ def test_a_write_refused_at_its_ack_is_an_output_not_authorized_error() -> None:
 
     with pytest.raises(OutputNotAuthorizedError, match="grant WRITE on the topics its tasks"):
         asyncio.run(run())
+
+
+def test_a_transactional_id_not_authorized_at_start_names_the_acl() -> None:
+    """Measured: ``ProducerStartError: task 0_0: its transactional producer cannot start:
+    TransactionalIdAuthorizationFailed('rtH-0_0')``, naming neither the ACL nor the
+    principal. Now one line with both; still a ``ProducerStartError``, and not retried."""
+    producers = TaskProducers("rt", "unused:1", {}, principal="User:runtime")
+    starts: list[TaskId] = []
+
+    async def refused(task: TaskId) -> Any:
+        starts.append(task)
+        raise TransactionalIdAuthorizationFailed("rt-0_0")
+
+    producers._start = refused  # type: ignore[method-assign]
+    with pytest.raises(TransactionalIdNotAuthorizedError) as refusal:
+        asyncio.run(producers.renew(TaskId(0, 0)))
+    assert str(refusal.value) == (
+        "task 0_0: its transactional producer cannot start: transactional id 'rt-0_0' not "
+        "authorized for User:runtime: grant WRITE on transactional id 'rt-0_0' (a PREFIXED "
+        "ACL on 'rt-' covers every task's producer)"
+    )
+    assert isinstance(refusal.value, ProducerStartError)
+    assert isinstance(refusal.value, NotAuthorizedError)
+    assert starts == [TaskId(0, 0)]
+
+
+def test_the_task_producers_know_the_principal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def no_limits(*args: object, **kw: object) -> dict[str, int]:
+        return {}
+
+    monkeypatch.setattr(app_module, "max_message_bytes", no_limits)
+    app = App(
+        TOPOLOGY,
+        {0: Nothing},
+        bootstrap_servers="x:1",
+        state_dir=tmp_path,
+        store_kind="memory",
+        processing_guarantee="exactly_once",
+        consumer_config=SECURED,
+    )
+    asyncio.run(app._make_producers())
+    assert app._clients.task_producers is not None
+    assert app._clients.task_producers.principal == "User:runtime"
+    app.state.close()
+
+
+def refuse_id_at_commit(fake: TxnProducer) -> None:
+    """``fake``'s commit is refused as aiokafka's sender reports WRITE on the transactional
+    id taken away: the EndTxn (or AddOffsetsToTxn) answer kills the sender routine, and the
+    transaction fails with the error."""
+
+    async def commit_transaction() -> None:
+        raise TransactionalIdAuthorizationFailed("app-0_0")
+
+    fake.commit_transaction = commit_transaction  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("where", ["ack", "commit"])
+def test_a_transactional_id_refused_while_running_names_the_acl(tmp_path: Path, where: str) -> None:
+    """Before: ``OutputWriteError: task 0_0: its transaction cannot be written
+    (TransactionalIdAuthorizationFailed('app-0_0')); ...``. Now the ACL and the principal,
+    whether the refusal fails the task's writes (the sender routine fails every pending batch
+    with it) or its commit; an ``OutputWriteError`` still, the application stops."""
+    app, tasks, fakes, rejoins = make(tmp_path)
+    assert app._clients.task_producers is not None
+    app._clients.task_producers.principal = "User:runtime"
+    if where == "ack":
+        fail_sends(fakes[0], TransactionalIdAuthorizationFailed("app-0_0"))
+    else:
+        refuse_id_at_commit(fakes[0])
+
+    async def run() -> None:
+        await app._processing.process(tasks[0], Rec(0, 0, b"k"))
+        with pytest.raises(OutputNotAuthorizedError) as refusal:
+            await app._commits.commit_safely(0)
+        assert str(refusal.value) == (
+            "task 0_0: its transaction cannot be written: transactional id 'app-0_0' not "
+            "authorized for User:runtime: grant WRITE on transactional id 'app-0_0' (a "
+            "PREFIXED ACL on 'app-' covers every task's producer); aborted, stopping (it "
+            "would be refused again)"
+        )
+        await asyncio.gather(*app._clients.task_producers.closing)  # type: ignore[union-attr]
+
+    asyncio.run(run())
+    assert rejoins == [] and tasks[0].torn
+    app.state.close()

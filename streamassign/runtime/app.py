@@ -443,7 +443,10 @@ class App:
         clients.principal = principal(producer_config)
         if self.exactly_once:  # each task's own transactional producer (fencing), no other
             clients.task_producers = TaskProducers(
-                self.host.application_id, self.bootstrap_servers, producer_config
+                self.host.application_id,
+                self.bootstrap_servers,
+                producer_config,
+                principal=clients.principal,
             )
         else:
             clients.shared_producer(self.bootstrap_servers, producer_config)
@@ -452,6 +455,7 @@ class App:
                 self.bootstrap_servers,
                 producer_config,
                 self.connection_config,
+                principal=clients.principal,
             )
 
     async def _start_clients(self) -> None:

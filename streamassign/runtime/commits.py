@@ -54,7 +54,12 @@ from .changelog import COMMIT_KEY, StoreState
 from .restore import ChangelogLookups
 from .task_stores import TaskStores
 from .tasks import ActiveTask, tear
-from .transactions import rejoin_cures
+from .transactions import (
+    TaskProducers,
+    rejoin_cures,
+    transactional_id_refusal,
+    transactional_id_refused,
+)
 
 log = logging.getLogger("streamassign.runtime")
 
@@ -269,10 +274,7 @@ class Commits:
                 return
             tear(task)
             producers.fail(task.task_id)  # aborts the transaction
-            raise OutputWriteError(
-                f"task {task.task_id}: its transaction cannot be written ({exc!r}); aborted, "
-                "stopping (retrying would fail the same way)"
-            ) from exc
+            raise _unwritable(task.task_id, exc, producers) from exc
         if task.torn:  # while it committed (the consumer left the group): restored later
             return
         writes = [(s, ack.offset) for s, ack in zip(dirty, acks, strict=True)]
@@ -859,6 +861,22 @@ PERMANENT_REFUSALS: tuple[type[KafkaError], ...] = (
     PolicyViolationError,
     UnsupportedForMessageFormatError,
 )
+
+
+def _unwritable(task: TaskId, exc: Exception, producers: TaskProducers) -> OutputWriteError:
+    """The error stopping the application when ``task``'s transaction failed with ``exc``,
+    which no rejoin cures: ``OutputNotAuthorizedError`` naming the ACL when the broker refused
+    the task's transactional id (WRITE on it taken away while the application runs)."""
+    if transactional_id_refused(exc):
+        return OutputNotAuthorizedError(
+            f"task {task}: its transaction cannot be written: "
+            + transactional_id_refusal(producers.application_id, task, producers.principal)
+            + "; aborted, stopping (it would be refused again)"
+        )
+    return OutputWriteError(
+        f"task {task}: its transaction cannot be written ({exc!r}); aborted, "
+        "stopping (retrying would fail the same way)"
+    )
 
 
 async def _acks(index: int, futures: Sequence[asyncio.Future[Any]]) -> None:

@@ -34,12 +34,18 @@ from aiokafka.errors import (
     KafkaTimeoutError,
     OutOfOrderSequenceNumber,
     ProducerFenced,
+    TransactionalIdAuthorizationFailed,
 )
 
 from .. import TaskId, TopicPartition
 from ..aiokafka import closing
 from ..aiokafka.floods import back_off_metadata_updates
-from ..errors import ProducerStartError, TransactionFailedError, WritesAbandonedError
+from ..errors import (
+    ProducerStartError,
+    TransactionalIdNotAuthorizedError,
+    TransactionFailedError,
+    WritesAbandonedError,
+)
 from .end_offsets import list_offsets
 
 log = logging.getLogger("streamassign.runtime")
@@ -98,6 +104,27 @@ def transactional_id(application_id: str, task: TaskId) -> str:
     return f"{application_id}-{task}"
 
 
+def transactional_id_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) is the broker refusing a
+    transactional id: the principal lacks WRITE on it."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, TransactionalIdAuthorizationFailed):
+            return True
+        cause = cause.__cause__
+    return False
+
+
+def transactional_id_refusal(application_id: str, task: TaskId, principal: str) -> str:
+    """The words naming the ACL that ``task``'s refused transactional id needs."""
+    txn_id = transactional_id(application_id, task)
+    return (
+        f"transactional id {txn_id!r} not authorized for {principal}: grant WRITE on "
+        f"transactional id {txn_id!r} (a PREFIXED ACL on {application_id + '-'!r} covers "
+        "every task's producer)"
+    )
+
+
 class TaskProducers:
     """The transactional producer of each active task of this process, and its transaction."""
 
@@ -107,11 +134,14 @@ class TaskProducers:
         bootstrap_servers: str,
         config: Mapping[str, Any],
         start_timeout: float = START_TIMEOUT,
+        principal: str = "the application's principal",
     ):
         self.application_id = application_id
         self.bootstrap_servers = bootstrap_servers
         self.config = dict(config)
         self.start_timeout = start_timeout
+        #: Who the producers write as (``_clients.principal``), for a refused id's line.
+        self.principal = principal
         self.producers: dict[TaskId, AIOKafkaProducer] = {}
         #: Tasks with a transaction begun and not committed or aborted yet.
         self.open: set[TaskId] = set()
@@ -122,7 +152,8 @@ class TaskProducers:
         """A new producer for ``task``, initialised: from here on every earlier producer of
         the task (here or on a zombie) is fenced and its open transaction aborted. Call only
         when an assignment gave the task to this process. Retriable errors are tried again
-        until ``start_timeout``; raises ``ProducerStartError`` (the application stops)."""
+        until ``start_timeout``; raises ``ProducerStartError`` (the application stops), a
+        ``TransactionalIdNotAuthorizedError`` naming the ACL when the id is refused."""
         self.close(task)
         try:
             async with asyncio.timeout(self.start_timeout):
@@ -143,6 +174,11 @@ class TaskProducers:
                 "brokers, or transaction.state.log.min.isr not met?)"
             ) from exc
         except Exception as exc:  # a bad configuration, a rejected id or timeout
+            if transactional_id_refused(exc):
+                raise TransactionalIdNotAuthorizedError(
+                    f"task {task}: its transactional producer cannot start: "
+                    + transactional_id_refusal(self.application_id, task, self.principal)
+                ) from exc
             raise ProducerStartError(
                 f"task {task}: its transactional producer cannot start: {exc!r}"
             ) from exc
@@ -261,9 +297,14 @@ class OrphanTransactions:
         producer_config: Mapping[str, Any],
         connection_config: Mapping[str, Any],
         timeout: float = ORPHANS_TIMEOUT,
+        principal: str = "the application's principal",
     ):
         self.producers = TaskProducers(
-            application_id, bootstrap_servers, producer_config, start_timeout=timeout
+            application_id,
+            bootstrap_servers,
+            producer_config,
+            start_timeout=timeout,
+            principal=principal,
         )
         self.bootstrap_servers = bootstrap_servers
         self.connection_config = dict(connection_config)
