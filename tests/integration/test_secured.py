@@ -34,6 +34,7 @@ from streamassign.errors import (
     OutputNotAuthorizedError,
     ProducerStartError,
     SourceTopicsNotAuthorizedError,
+    TransactionalIdNotAuthorizedError,
 )
 from streamassign.runtime import App
 
@@ -310,10 +311,12 @@ def test_an_exactly_once_app_without_write_on_its_transactional_ids_stops(
     options = {"consumer_config": config, "processing_guarantee": "exactly_once"}
     app = make_app(kafka.sasl_bootstrap, group, source, tmp_path, **options)
     asyncio.run(until_failed(app))
+    assert isinstance(app.failure, TransactionalIdNotAuthorizedError)
     assert isinstance(app.failure, ProducerStartError)
     assert str(app.failure) == (
-        f"task 0_0: its transactional producer cannot start: "
-        f"TransactionalIdAuthorizationFailed('{group}-0_0')"
+        f"task 0_0: its transactional producer cannot start: transactional id "
+        f"'{group}-0_0' not authorized for User:app: grant WRITE on transactional id "
+        f"'{group}-0_0' (a PREFIXED ACL on '{group}-' covers every task's producer)"
     )
     grant(kafka, Acl.transactional_ids(f"{group}-"))
     again = make_app(kafka.sasl_bootstrap, group, source, tmp_path, **options)
