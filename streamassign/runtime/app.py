@@ -1116,7 +1116,7 @@ class App:
             entry.source,
             event.records,
             seconds,
-            f", {compensated} uncommitted writes of a crashed owner undone" if compensated else "",
+            f", {compensated} uncommitted writes of an earlier owner undone" if compensated else "",
         )
         return True
 
@@ -1232,7 +1232,8 @@ class App:
             return
         self._out_of_group.add(consumer)
         log.warning(
-            "consumer %d is out of the group (evicted, or left after max_poll_interval_ms "
+            "consumer %d is out of the group (evicted: no heartbeat reached the broker within "
+            "the session timeout, as when cut off from it; or left after max_poll_interval_ms "
             "(%d ms) without a poll; its last poll ended %.1f s ago): its tasks may run "
             "elsewhere meanwhile; rejoining",
             consumer,
@@ -1252,11 +1253,14 @@ class App:
             await self._commits.commit_safely(consumer)
         if self.end_offsets is not None:  # the leader's lags: as of this rebalance's commits
             self.end_offsets.refresh_soon()
-        if self._suspended[consumer]:
+        suspended = self._suspended[consumer]
+        if suspended:
+            torn = sum(1 for t in suspended if t in self._actives and self._actives[t].torn)
             log.info(
-                "consumer %d: rebalance; committed and suspended %d task(s)",
+                "consumer %d: rebalance; suspended %d task(s), %s",
                 consumer,
-                len(self._suspended[consumer]),
+                len(suspended),
+                f"{torn} with their uncommitted state dropped" if torn else "committed",
             )
 
     async def _rebalance_completed(self, consumer: int) -> None:

@@ -190,7 +190,7 @@ class Commits:
         except KafkaError as exc:
             # The group is rebalancing (or these partitions moved): the state is committed,
             # so whoever reads these records again skips them in the stores.
-            log.warning("consumer %d: input offsets not committed (%r)", index, exc)
+            log.warning("consumer %d: input offsets not committed (%s)", index, _refusal(exc))
             return
         for task in tasks:
             task.committed.update(task.offsets)
@@ -534,7 +534,7 @@ class Commits:
                     return Membership.UNPROVEN
                 await asyncio.wait_for(self.host.consumers[index].commit(offsets), FENCE_TIMEOUT)
             except CommitFailedError as exc:
-                return self.drop_membership(index, f"is refused by the broker ({exc!r})")
+                return self.drop_membership(index, f"is refused by the broker ({_refusal(exc)})")
             except (KafkaError, TimeoutError) as exc:
                 if loop.time() + FENCE_BACKOFF < deadline:
                     log.warning("consumer %d: membership not confirmed yet (%r)", index, exc)
@@ -877,6 +877,14 @@ def _unwritable(task: TaskId, exc: Exception, producers: TaskProducers) -> Outpu
         f"task {task}: its transaction cannot be written ({exc!r}); aborted, "
         "stopping (retrying would fail the same way)"
     )
+
+
+def _refusal(exc: BaseException) -> str:
+    """A broker's refusal in a line: aiokafka's ``CommitFailedError`` carries paragraphs of
+    advice about ``max_poll_interval_ms``, wrong for an eviction after a network cut."""
+    if isinstance(exc, CommitFailedError):
+        return "CommitFailedError: the group rebalanced without this member"
+    return repr(exc)
 
 
 async def _acks(index: int, futures: Sequence[asyncio.Future[Any]]) -> None:
