@@ -257,6 +257,7 @@ async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
     try:
         async with asyncio.timeout(closing.CLOSE_TIMEOUT):
             if abort:
+                _failures_seen(producer)  # an abort replaces a failed transaction's waiter
                 with contextlib.suppress(Exception):
                     await producer.abort_transaction()
             await producer.stop()
@@ -269,6 +270,27 @@ async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
         await closing.release_producer("a task's producer", producer, log)
     except Exception as exc:  # the broker aborts it at the next owner's init or its timeout
         log.warning("a task's producer did not close cleanly (%r)", exc)
+    finally:
+        _failures_seen(producer)
+
+
+def _failures_seen(producer: AIOKafkaProducer) -> None:
+    """Mark seen the failures left in aiokafka's futures of a producer being dropped: its
+    transaction's waiter and each held batch's drain waiter and writes. A sender that dies
+    (its transactional id refused, fenced) fails them all, and nobody awaits them once the
+    producer is closed (its failure reached the runtime through the writes it awaited):
+    asyncio would print each as "Future exception was never retrieved" with aiokafka's
+    trace when they are collected, at the latest at exit."""
+    internals: Any = producer
+    transaction = internals._txn_manager
+    futures = [] if transaction is None else [transaction._transaction_waiter]
+    accumulator = internals._message_accumulator
+    queued = [batch for queue in accumulator._batches.values() for batch in queue]
+    for batch in [*queued, *accumulator._pending_batches]:
+        futures += [batch._drain_waiter, *(future for future, _ in batch._msg_futures)]
+    for future in futures:
+        if future is not None and future.done() and not future.cancelled():
+            future.exception()
 
 
 class OrphanTransactions:
