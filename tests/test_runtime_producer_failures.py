@@ -18,10 +18,12 @@ from aiokafka.errors import (
     KafkaError,
     OutOfOrderSequenceNumber,
     ProducerFenced,
+    TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
 )
 
 from streamassign import TaskId, TopicPartition
+from streamassign.aiokafka.closing import mark_failures_seen
 from streamassign.runtime.changelog import StoreState
 from streamassign.runtime.commits import _send_markers
 from streamassign.runtime.stores import MemoryStore
@@ -125,3 +127,49 @@ def test_markers_sent_before_a_send_raises_are_not_printed() -> None:
     gc.collect()
     assert unretrieved_failures() == []
     assert printed == []
+
+
+def test_an_abortable_failure_is_not_printed_once_the_transaction_is_aborted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A write refused (no WRITE on the output) fails the transaction's waiter; the abort
+    replaces that waiter, so it must be marked seen before the abort, not only at the end."""
+    printed: list[str] = []
+
+    async def run() -> None:
+        noticing(printed)
+        producer = AIOKafkaProducer(bootstrap_servers="unused:1", transactional_id="app-0_0")
+        internals: Any = producer
+        internals._txn_manager.set_pid_and_epoch(1, 0)
+        await producer.begin_transaction()
+        internals._txn_manager.error_transaction(TopicAuthorizationFailedError("out"))
+
+        async def abort_as_aiokafka_begins_it(manager: Any = internals._txn_manager) -> None:
+            manager.aborting_transaction()  # no broker to finish it
+
+        monkeypatch.setattr(producer, "abort_transaction", abort_as_aiokafka_begins_it)
+        producers = TaskProducers("app", "unused:1", {})
+        producers.producers[TASK] = producer
+        producers.open.add(TASK)
+        producers.fail(TASK)
+        await producers.stop()
+        del producer, internals, producers
+        gc.collect()
+
+    asyncio.run(run())
+    gc.collect()
+    assert unretrieved_failures() == []
+    assert printed == []
+
+
+def test_marking_failures_seen_never_raises_on_another_shape() -> None:
+    """A close goes on whatever aiokafka's internals look like."""
+
+    class Batch:
+        pass
+
+    odd = type("Producer", (), {})()
+    odd._message_accumulator = type("Accumulator", (), {"_batches": {"tp": [Batch()]}})()
+    odd._txn_manager = object()
+    mark_failures_seen(odd)
+    mark_failures_seen(None)

@@ -257,7 +257,9 @@ async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
     try:
         async with asyncio.timeout(closing.CLOSE_TIMEOUT):
             if abort:
-                _failures_seen(producer)  # an abort replaces a failed transaction's waiter
+                # An abortable error (a write refused) failed the transaction's waiter, which
+                # the abort replaces: seen first, or asyncio prints it.
+                closing.mark_failures_seen(producer)
                 with contextlib.suppress(Exception):
                     await producer.abort_transaction()
             await producer.stop()
@@ -271,27 +273,7 @@ async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
     except Exception as exc:  # the broker aborts it at the next owner's init or its timeout
         log.warning("a task's producer did not close cleanly (%r)", exc)
     finally:
-        _failures_seen(producer)
-
-
-def _failures_seen(producer: AIOKafkaProducer) -> None:
-    """Mark seen the failures left in aiokafka's futures of a producer being dropped: its
-    transaction's waiter and each held batch's drain waiter and writes. A sender that dies
-    (its transactional id refused, fenced) fails them all, and nobody awaits them once the
-    producer is closed (its failure reached the runtime through the writes it awaited):
-    asyncio would print each as "Future exception was never retrieved" with aiokafka's
-    trace when they are collected, at the latest at exit. Parts not found (another aiokafka
-    version; tests/test_runtime_producer_failures.py checks the installed one) are skipped."""
-    transaction = getattr(producer, "_txn_manager", None)
-    futures = [getattr(transaction, "_transaction_waiter", None)]
-    accumulator = getattr(producer, "_message_accumulator", None)
-    queues = getattr(accumulator, "_batches", {}).values()
-    held = [*(b for queue in queues for b in queue), *getattr(accumulator, "_pending_batches", ())]
-    for batch in held:
-        futures += [batch._drain_waiter, *(future for future, _ in batch._msg_futures)]
-    for future in futures:
-        if future is not None and future.done() and not future.cancelled():
-            future.exception()
+        closing.mark_failures_seen(producer)
 
 
 class OrphanTransactions:
