@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 from ..errors import WritesAbandonedError
 
+log = logging.getLogger("streamassign.aiokafka")
+
 #: Seconds stopping one client (a consumer, a producer, a task's producer with its abort) may
 #: take before it is left to the broker.
 CLOSE_TIMEOUT = 10.0
@@ -118,11 +120,41 @@ def _fail_held(accumulator: Any, error: Exception) -> None:
     # still to be dropped from the in-flight set when it ends; so it must be in it.
     accumulator._pending_batches.update(queued)
     accumulator.fail_all(error)
-    for batch in held:
-        futures = [batch._drain_waiter, *(future for future, _ in batch._msg_futures)]
-        for future in futures:
-            if future.done() and not future.cancelled():
-                future.exception()
+    _retrieve(_batch_futures(held))
+
+
+def mark_failures_seen(producer: Any) -> None:
+    """Mark seen the failures left in aiokafka's futures of a ``producer`` being dropped:
+    its transaction's waiter and each held batch's drain waiter and writes. A sender that
+    dies (a transactional id refused, fenced) fails them all, and nobody awaits them once the
+    producer is closed (its failure reached the caller through the writes it awaited):
+    asyncio would print each as "Future exception was never retrieved" with aiokafka's trace
+    when collected, at the latest at exit. Never raises: parts of another shape (another
+    aiokafka version) are skipped."""
+    try:
+        accumulator = getattr(producer, "_message_accumulator", None)
+        queues = getattr(accumulator, "_batches", {}).values()
+        held = [*(b for queue in queues for b in queue)]
+        held += list(getattr(accumulator, "_pending_batches", ()))
+        transaction = getattr(producer, "_txn_manager", None)
+        waiter = getattr(transaction, "_transaction_waiter", None)
+        _retrieve([waiter, *_batch_futures(held)])
+    except Exception:  # a close must go on whatever aiokafka's internals look like
+        log.debug("aiokafka's producer futures not marked seen", exc_info=True)
+
+
+def _batch_futures(batches: Sequence[Any]) -> list[Any]:
+    futures = []
+    for batch in batches:
+        futures.append(getattr(batch, "_drain_waiter", None))
+        futures += [future for future, _ in getattr(batch, "_msg_futures", ())]
+    return futures
+
+
+def _retrieve(futures: Sequence[Any]) -> None:
+    for future in futures:
+        if isinstance(future, asyncio.Future) and future.done() and not future.cancelled():
+            future.exception()
 
 
 async def _end_task(task: asyncio.Task[Any]) -> None:

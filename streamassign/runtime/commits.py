@@ -23,6 +23,7 @@ import logging
 from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any, TypeVar
 
+from aiokafka import AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import (
     ClusterAuthorizationFailedError,
@@ -254,12 +255,7 @@ class Commits:
             if task.futures:
                 await self.checked(asyncio.gather(*task.futures), [task])
             task.futures.clear()
-            markers = [
-                await producer.send(
-                    s.changelog.topic, s.marker(), key=COMMIT_KEY, partition=s.changelog.partition
-                )
-                for s in dirty
-            ]
+            markers = await _send_markers(producer, dirty)
             acks = await self.checked(asyncio.gather(*markers), [task])
             await self.checked(
                 producers.commit(task.task_id, offsets, self.host.application_id), [task]
@@ -805,6 +801,27 @@ async def _race(step: asyncio.Future[Any], asking: Awaitable[Any]) -> None:
     failure = ask.exception()
     if isinstance(failure, MissingChangelogError):
         raise failure
+
+
+async def _send_markers(
+    producer: AIOKafkaProducer, dirty: Sequence[StoreState]
+) -> list[asyncio.Future[Any]]:
+    """A marker for each of ``dirty`` in its changelog (futures of their acks). A send that
+    raises (the producer's sender died meanwhile) leaves the markers already sent to fail
+    with nobody awaiting them: their failures are marked seen (the raised one is the cause)."""
+    markers: list[asyncio.Future[Any]] = []
+    try:
+        for state in dirty:
+            tp = state.changelog
+            sent = await producer.send(
+                tp.topic, state.marker(), key=COMMIT_KEY, partition=tp.partition
+            )
+            markers.append(sent)
+    except BaseException:
+        for sent in markers:
+            sent.add_done_callback(_retrieved)
+        raise
+    return markers
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:

@@ -257,6 +257,9 @@ async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
     try:
         async with asyncio.timeout(closing.CLOSE_TIMEOUT):
             if abort:
+                # An abortable error (a write refused) failed the transaction's waiter, which
+                # the abort replaces: seen first, or asyncio prints it.
+                closing.mark_failures_seen(producer)
                 with contextlib.suppress(Exception):
                     await producer.abort_transaction()
             await producer.stop()
@@ -269,6 +272,8 @@ async def _close(producer: AIOKafkaProducer, abort: bool) -> None:
         await closing.release_producer("a task's producer", producer, log)
     except Exception as exc:  # the broker aborts it at the next owner's init or its timeout
         log.warning("a task's producer did not close cleanly (%r)", exc)
+    finally:
+        closing.mark_failures_seen(producer)
 
 
 class OrphanTransactions:
