@@ -178,6 +178,17 @@ async def start_refused(app: App) -> BaseException:
     raise AssertionError("the app started")
 
 
+def start_without(
+    kafka: SecuredKafka, names: tuple[str, str, str], tmp_path: Path, missing: Acl
+) -> BaseException:
+    """What the app's start raises with every ACL the docs list but ``missing``."""
+    group, source, output = names
+    grant(kafka, *without(app_acls(group, source, output), missing))
+    config = kafka.client_config()
+    app = make_app(kafka.sasl_bootstrap, group, source, tmp_path, consumer_config=config)
+    return asyncio.run(start_refused(app))
+
+
 @pytest.mark.parametrize(
     ("mistake", "reason"),
     [
@@ -222,12 +233,8 @@ def test_an_app_that_cannot_connect_says_why(
 def test_an_app_without_read_on_its_source_topic_does_not_start(
     secured_kafka: SecuredKafka, names: tuple[str, str, str], tmp_path: Path
 ) -> None:
-    group, source, output = names
-    acls = app_acls(group, source, output)
-    grant(secured_kafka, *without(acls, Acl.topic(source, "READ")))
-    config = secured_kafka.client_config()
-    app = make_app(secured_kafka.sasl_bootstrap, group, source, tmp_path, consumer_config=config)
-    refused = asyncio.run(start_refused(app))
+    source = names[1]
+    refused = start_without(secured_kafka, names, tmp_path, Acl.topic(source, "READ"))
     assert isinstance(refused, SourceTopicsNotAuthorizedError)
     assert isinstance(refused, MissingTopicsError)
     assert refused.topics == (source,)
@@ -241,12 +248,8 @@ def test_an_app_without_read_on_its_source_topic_does_not_start(
 def test_an_app_without_read_on_its_group_does_not_start(
     secured_kafka: SecuredKafka, names: tuple[str, str, str], tmp_path: Path
 ) -> None:
-    group, source, output = names
-    acls = app_acls(group, source, output)
-    grant(secured_kafka, *without(acls, Acl.group(group, "READ")))
-    config = secured_kafka.client_config()
-    app = make_app(secured_kafka.sasl_bootstrap, group, source, tmp_path, consumer_config=config)
-    refused = asyncio.run(start_refused(app))
+    group = names[0]
+    refused = start_without(secured_kafka, names, tmp_path, Acl.group(group, "READ"))
     assert isinstance(refused, GroupNotAuthorizedError)
     assert str(refused) == (
         f"consumer group {group!r} not authorized for User:app: grant READ on group "
@@ -257,12 +260,10 @@ def test_an_app_without_read_on_its_group_does_not_start(
 def test_an_app_without_create_on_its_internal_topics_says_how_to_create_them(
     secured_kafka: SecuredKafka, names: tuple[str, str, str], tmp_path: Path
 ) -> None:
-    group, source, output = names
-    acls = app_acls(group, source, output)
-    grant(secured_kafka, *without(acls, Acl.topic(f"{group}-", "CREATE", PREFIXED)))
-    config = secured_kafka.client_config()
-    app = make_app(secured_kafka.sasl_bootstrap, group, source, tmp_path, consumer_config=config)
-    refused = asyncio.run(start_refused(app))
+    group = names[0]
+    refused = start_without(
+        secured_kafka, names, tmp_path, Acl.topic(f"{group}-", "CREATE", PREFIXED)
+    )
     assert isinstance(refused, InternalTopicNotAuthorizedError)
     changelog = f"{group}-counts-changelog"
     assert str(refused) == (
