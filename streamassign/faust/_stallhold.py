@@ -13,8 +13,12 @@ The stall is seen where the sends are made, deterministically: a main-loop tick 
 changelog send first compares the time since the last stamp with ``threshold``: the broker
 expires a session ``broker_session_timeout`` after the last heartbeat it got, which was sent
 at most ``broker_heartbeat_interval`` before the stall began (one tick less, for the stamp's
-age). Whichever comes first after the resume (the tick or a send) starts the hold. The tick
-resolves it:
+age). Whichever comes first after the resume (the tick or a send) starts the hold. A worker
+cut off by the network is the same zombie with its loop running: a silence, no heartbeat the
+broker accepted (any answer of a known member, recorded always) for longer than ``threshold``
+since the later of that heartbeat's send and the start of aiokafka's heartbeat routine (none
+runs during a join, so a rebalance counts no silence), starts the hold too. The tick resolves
+it:
 
 - a heartbeat the broker accepted, sent after the hold began, under the member id of before
   the stall, and the group's coordinator listing that member id when asked right after it:
@@ -34,6 +38,10 @@ resolves it:
   coordinator answers; past ``deadline`` (a session timeout and a heartbeat interval) one
   WARNING says the hold goes on. Should the tick itself fail, a flush releases the hold
   past that deadline rather than wait forever (a stale write is possible then, no loss).
+
+Every send, drain and tick also reads the member id: a reset (or another id) of the known
+one ends the membership then, a hold on or not, and the changelog sends are dropped from then
+until a new member id (a zombie wrote 9 ms after a reset, before any tick).
 
 A dropped send's future never completes (its Faust future neither): ``_on_changelog_sent``
 does not run for it, so its offset is never recorded as persisted, and no "exception never
