@@ -205,3 +205,22 @@ def test_the_silence_counts_from_the_heartbeat_routine_s_start() -> None:
     assert not hold.check(105.6)  # a release on the deadline counts the silence afresh
     hold.heartbeats_run(106.0, None)
     assert hold.silence(200.0) == 0.0
+
+
+def test_a_stopping_worker_s_leave_is_told_at_info(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiokafka resets the member id when a stopping worker leaves its group: not a zombie."""
+    worker = _beating(Worker(tmp_path, monkeypatch))
+
+    async def stop() -> None:
+        worker.start()
+        monkeypatch.setattr(type(worker.app), "should_stop", property(lambda _: True))
+        worker.coordinator.member_id = ""
+        await worker.send(CHANGELOG, b"late")
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        run(stop())
+    ended = [r for r in caplog.records if "membership 'm-1' ended" in r.getMessage()]
+    assert [r.levelno for r in ended] == [logging.INFO]
+    assert worker.sent == []

@@ -397,7 +397,9 @@ class StallHoldProducer(faust_aiokafka.Producer):
         lost = self.stall_hold.known_as
         self.stall_hold.lose(now)
         batches = drop_gated(self._accumulator(), self._is_changelog) if self._stall_gated else 0
-        log.warning(
+        stopping = any(getattr(s, "should_stop", False) for s in (self.app, self.app.consumer))
+        log.log(
+            logging.INFO if stopping else logging.WARNING,  # a stop leaves the group
             "this worker's group membership %r ended (%s): its changelog sends are dropped "
             "from now until it joins as a new member, and %d batch(es) aiokafka held; their "
             "events' offsets are not committed (no membership), so the partitions' next owner "
