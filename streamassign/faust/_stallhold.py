@@ -106,6 +106,11 @@ class StallHold:
 
     #: A gap between stamps longer than this (seconds) starts a hold.
     threshold: float
+    #: A heartbeat silence longer than this (seconds) starts a hold. Measured from the last
+    #: accepted heartbeat's own send time, so no heartbeat interval is taken off: a healthy
+    #: worker's silence reaches a heartbeat interval plus a round trip before each answer,
+    #: which with an interval near half the session would pass the gap's threshold.
+    silence_threshold: float
     #: A hold unresolved this long (seconds) after it began is told to go on (one WARNING).
     deadline: float
     #: The last stamp, and the member id read then (None: not readable).
@@ -157,7 +162,7 @@ class StallHold:
                     self.stamped_as,
                     GAP,
                 )
-            elif (silence := self.silence(now)) > self.threshold:
+            elif (silence := self.silence(now)) > self.silence_threshold:
                 self.since, self.gap, self.held_as, self.cause = (
                     now,
                     silence,
@@ -270,7 +275,11 @@ class StallHoldProducer(faust_aiokafka.Producer):
         session = float(conf.broker_session_timeout)
         heartbeat = float(conf.broker_heartbeat_interval)
         self.stall_hold = StallHold(
-            threshold=max(session - heartbeat - TICK, TICK), deadline=session + heartbeat
+            threshold=max(session - heartbeat - TICK, TICK),
+            # The routine's start is seen up to a tick late, and the broker counts the
+            # session from a heartbeat's arrival, after its send.
+            silence_threshold=max(session - 2 * TICK, TICK),
+            deadline=session + heartbeat,
         )
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_releasing: asyncio.Task[None] | None = None
@@ -487,8 +496,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
         if hold.cause == SILENCE:
             why = (
                 f"no heartbeat of this worker was accepted for {hold.gap:.1f} s (more than "
-                f"{hold.threshold:.1f} s: cut off from the group's coordinator, the broker may "
-                "expire its session)"
+                f"{hold.silence_threshold:.1f} s: cut off from the group's coordinator, the "
+                "broker may expire its session)"
             )
         else:
             why = (
