@@ -55,9 +55,7 @@ class Worker:
             "stall-app",
             broker="streamassign://localhost:1",
             datadir=str(tmp_path),
-            broker_session_timeout=6.0,
-            broker_heartbeat_interval=1.0,
-            **settings,
+            **{"broker_session_timeout": 6.0, "broker_heartbeat_interval": 1.0, **settings},
         )
         self.app.Table("totals", default=int)
         self.producer: StallHoldProducer = self.app.producer
@@ -198,7 +196,7 @@ def test_sends_held_after_a_gap_go_out_in_order_once_a_heartbeat_is_accepted(
 
 
 def test_a_heartbeat_from_before_the_hold_proves_nothing() -> None:
-    hold = StallHold(threshold=4.9, deadline=7.0)
+    hold = StallHold(threshold=4.9, silence_threshold=4.9, deadline=7.0)
     hold.tick(100.0, "m-1")
     hold.heartbeat_accepted(104.0)  # the consumer thread, while the loop was blocked
     assert hold.check(106.0)
@@ -211,7 +209,7 @@ def test_a_hold_without_any_answer_goes_on_past_its_deadline() -> None:
     """No heartbeat through and the member id unchanged (a coordinator away): the membership
     may have survived (a failover), so nothing is dropped on a timer; the broker's answer
     decides, however late."""
-    hold = StallHold(threshold=4.9, deadline=7.0)
+    hold = StallHold(threshold=4.9, silence_threshold=4.9, deadline=7.0)
     hold.tick(100.0, "m-1")
     assert hold.check(109.0)
     assert hold.verdict(200.0, "m-1") is None
@@ -220,7 +218,7 @@ def test_a_hold_without_any_answer_goes_on_past_its_deadline() -> None:
 
 
 def test_a_gap_within_the_threshold_holds_nothing_and_a_new_member_id_drops() -> None:
-    hold = StallHold(threshold=4.9, deadline=7.0)
+    hold = StallHold(threshold=4.9, silence_threshold=4.9, deadline=7.0)
     hold.tick(100.0, "m-1")
     hold.tick(104.5, "m-1")
     assert not hold.check(109.3)
@@ -232,7 +230,7 @@ def test_a_gap_within_the_threshold_holds_nothing_and_a_new_member_id_drops() ->
 
 def test_a_stall_without_a_membership_drops() -> None:
     """Stalled while it held no member id (reset already): nothing can prove the writes."""
-    hold = StallHold(threshold=4.9, deadline=7.0)
+    hold = StallHold(threshold=4.9, silence_threshold=4.9, deadline=7.0)
     hold.tick(100.0, "")
     assert hold.check(106.0)
     assert hold.verdict(106.0, "m-2") == DROPPED
@@ -522,7 +520,7 @@ def test_no_listing_is_asked_while_no_proof_is_wanted(
 def test_the_lost_membership_lasts_until_a_new_member_id() -> None:
     """After a drop the zombie's sends are dropped while the member id is reset or the lost
     one; a new id (the revoke, then the join) ends it."""
-    hold = StallHold(threshold=4.9, deadline=7.0)
+    hold = StallHold(threshold=4.9, silence_threshold=4.9, deadline=7.0)
     hold.tick(100.0, "m-1")
     assert hold.check(109.0)
     assert hold.verdict(109.2, "") == DROPPED

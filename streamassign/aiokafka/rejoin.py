@@ -69,6 +69,7 @@ def watch_heartbeats(
     wanted: Callable[[], bool],
     clock: Callable[[], float] = time.monotonic,
     timeout: float = 1.0,
+    answered: Callable[[float], None] | None = None,
 ) -> bool:
     """Have ``succeeded(sent)`` called (on the consumer's thread) after each heartbeat the
     broker accepted while ``wanted()``, once its group's coordinator also lists the member id
@@ -76,6 +77,8 @@ def watch_heartbeats(
     the group), with the ``clock()`` at which the heartbeat was about to be sent: proof that
     the broker still knew the member id then. ``timeout``: seconds the listing may take (the
     heartbeat routine waits for it). Nothing extra is sent while not ``wanted()``.
+    ``answered(sent)`` is called for every accepted heartbeat, wanted or not, before any
+    listing: a member cut off from its coordinator sees these stop.
 
     aiokafka (0.11-0.14) says a heartbeat succeeded only at DEBUG; its heartbeat routine calls
     ``self._do_heartbeat()`` (True on success, also for RebalanceInProgress: the member is
@@ -90,12 +93,25 @@ def watch_heartbeats(
             sent, member = clock(), getattr(coordinator, "member_id", None)
             accepted = await heartbeat()
             if accepted is True:
+                if answered is not None:
+                    answered(sent)
                 await proof.confirm(sent, member)
             return accepted
 
         return watched
 
     return _wrapped_once(coordinator, "_do_heartbeat", watch)
+
+
+def heartbeat_task(consumer: Any) -> Any:
+    """The task of ``consumer``'s heartbeat routine while it runs (aiokafka starts one after
+    each join and stops it for the next: none during a JoinGroup/SyncGroup, nor once a member
+    id reset ended it); None otherwise or when it cannot be read."""
+    task = getattr(getattr(consumer, "_coordinator", None), "_heartbeat_task", None)
+    done = getattr(task, "done", None)
+    if done is None or done():
+        return None
+    return task
 
 
 def refuse_commits_without_membership(consumer: Any) -> bool:

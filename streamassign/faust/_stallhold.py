@@ -13,8 +13,12 @@ The stall is seen where the sends are made, deterministically: a main-loop tick 
 changelog send first compares the time since the last stamp with ``threshold``: the broker
 expires a session ``broker_session_timeout`` after the last heartbeat it got, which was sent
 at most ``broker_heartbeat_interval`` before the stall began (one tick less, for the stamp's
-age). Whichever comes first after the resume (the tick or a send) starts the hold. The tick
-resolves it:
+age). Whichever comes first after the resume (the tick or a send) starts the hold. A worker
+cut off by the network is the same zombie with its loop running: a silence, no heartbeat the
+broker accepted (any answer of a known member, recorded always) for longer than ``threshold``
+since the later of that heartbeat's send and the start of aiokafka's heartbeat routine (none
+runs during a join, so a rebalance counts no silence), starts the hold too. The tick resolves
+it:
 
 - a heartbeat the broker accepted, sent after the hold began, under the member id of before
   the stall, and the group's coordinator listing that member id when asked right after it:
@@ -34,6 +38,10 @@ resolves it:
   coordinator answers; past ``deadline`` (a session timeout and a heartbeat interval) one
   WARNING says the hold goes on. Should the tick itself fail, a flush releases the hold
   past that deadline rather than wait forever (a stale write is possible then, no loss).
+
+Every send, drain and tick also reads the member id: a reset (or another id) of the known
+one ends the membership then, a hold on or not, and the changelog sends are dropped from then
+until a new member id (a zombie wrote 9 ms after a reset, before any tick).
 
 A dropped send's future never completes (its Faust future neither): ``_on_changelog_sent``
 does not run for it, so its offset is never recorded as persisted, and no "exception never
@@ -61,7 +69,12 @@ import attrs
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from ..aiokafka.accumulator import DROP, HOLD, SEND, drop_gated, gate_drains, wake_sender
-from ..aiokafka.rejoin import member_id, refuse_commits_without_membership, watch_heartbeats
+from ..aiokafka.rejoin import (
+    heartbeat_task,
+    member_id,
+    refuse_commits_without_membership,
+    watch_heartbeats,
+)
 from ..aiokafka.sender import gate_sends
 from ._app import aiokafka_consumer, exactly_once
 
@@ -74,6 +87,8 @@ TICK = 0.1
 
 RELEASED = "released"
 DROPPED = "dropped"
+GAP = "gap"
+SILENCE = "silence"
 
 
 @attrs.define(eq=False)
@@ -91,6 +106,11 @@ class StallHold:
 
     #: A gap between stamps longer than this (seconds) starts a hold.
     threshold: float
+    #: A heartbeat silence longer than this (seconds) starts a hold. Measured from the last
+    #: accepted heartbeat's own send time, so no heartbeat interval is taken off: a healthy
+    #: worker's silence reaches a heartbeat interval plus a round trip before each answer,
+    #: which with an interval near half the session would pass the gap's threshold.
+    silence_threshold: float
     #: A hold unresolved this long (seconds) after it began is told to go on (one WARNING).
     deadline: float
     #: The last stamp, and the member id read then (None: not readable).
@@ -115,16 +135,71 @@ class StallHold:
     #: The latest send time of a heartbeat the broker accepted, its member id then listed
     #: (``watch_heartbeats``; written by the consumer's thread: one float assignment).
     heartbeat_sent: float = float("-inf")
+    #: The latest send time of any heartbeat the broker accepted (listed or not, proof wanted
+    #: or not; the consumer's thread), and since when the current heartbeat routine runs and
+    #: its task (None: none runs: no membership yet, a join under way, or a member id reset).
+    answered: float = float("-inf")
+    beating_since: float | None = None
+    beating: Any = None
+    #: The last non-empty member id seen while the membership was not lost (None: none yet).
+    known_as: str | None = None
+    #: What began the current hold: GAP (the loop did not run) or SILENCE (no heartbeat
+    #: accepted while the heartbeat routine ran: cut off from the coordinator).
+    cause: str = ""
 
     @property
     def holding(self) -> bool:
         return self.since is not None
 
     def check(self, now: float) -> bool:
-        """Is a hold on at ``now``? A gap past the threshold since the last stamp starts one."""
-        if self.since is None and self.stamp is not None and now - self.stamp > self.threshold:
-            self.since, self.gap, self.held_as = now, now - self.stamp, self.stamped_as
+        """Is a hold on at ``now``? A gap past the threshold since the last stamp starts one,
+        and so does a heartbeat silence past it."""
+        if self.since is None:
+            if self.stamp is not None and now - self.stamp > self.threshold:
+                self.since, self.gap, self.held_as, self.cause = (
+                    now,
+                    now - self.stamp,
+                    self.stamped_as,
+                    GAP,
+                )
+            elif (silence := self.silence(now)) > self.silence_threshold:
+                self.since, self.gap, self.held_as, self.cause = (
+                    now,
+                    silence,
+                    self.stamped_as,
+                    SILENCE,
+                )
         return self.since is not None
+
+    def silence(self, now: float) -> float:
+        """Seconds since the broker last accepted a heartbeat of the running heartbeat routine
+        (or since it started: a join's first heartbeat comes a heartbeat interval after it);
+        0 while none runs (nothing is due then: a join under way, or no membership)."""
+        if self.beating_since is None:
+            return 0.0
+        return now - max(self.answered, self.beating_since)
+
+    def heartbeats_run(self, now: float, task: Any) -> None:
+        """The tick saw ``task`` as the heartbeat routine's (None: none runs)."""
+        if task is None:
+            self.beating, self.beating_since = None, None
+        elif task is not self.beating:
+            self.beating, self.beating_since = task, now
+
+    def heartbeat_answered(self, sent: float) -> None:
+        if sent > self.answered:
+            self.answered = sent
+
+    def membership_ended(self, member: str | None) -> bool:
+        """Did the membership end with ``member`` read now: the known member id reset ("")
+        or replaced by another, while not lost already? Remembers a new known one."""
+        if member is None or self.lost_as is not None:
+            return False
+        if self.known_as and member != self.known_as:
+            return True
+        if member:
+            self.known_as = member
+        return False
 
     def tick(self, now: float, member: str | None) -> None:
         """The main loop ran at ``now`` with ``member`` as its member id (not while holding:
@@ -156,12 +231,15 @@ class StallHold:
         held, self.held = self.held, []
         self.since, self.releasing, self.stamp = None, False, now
         self.told = self.told_long = False
+        if self.beating_since is not None:  # a silence counts afresh (a release on a timer)
+            self.beating_since = max(self.beating_since, now)
         return held
 
     def lose(self, now: float) -> list[HeldSend]:
         """End the hold as lost: its sends are dropped, and so are those that follow while the
         membership stays lost (``still_lost``)."""
-        self.lost_as, self.lost_at, self.dropped_since_lost = self.held_as or "", now, 0
+        lost = self.held_as if self.holding else self.known_as
+        self.lost_as, self.lost_at, self.dropped_since_lost = lost or "", now, 0
         return self.end(now)
 
     def still_lost(self, member: str | None) -> bool:
@@ -197,7 +275,11 @@ class StallHoldProducer(faust_aiokafka.Producer):
         session = float(conf.broker_session_timeout)
         heartbeat = float(conf.broker_heartbeat_interval)
         self.stall_hold = StallHold(
-            threshold=max(session - heartbeat - TICK, TICK), deadline=session + heartbeat
+            threshold=max(session - heartbeat - TICK, TICK),
+            # The routine's start is seen up to a tick late, and the broker counts the
+            # session from a heartbeat's arrival, after its send.
+            silence_threshold=max(session - 2 * TICK, TICK),
+            deadline=session + heartbeat,
         )
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_releasing: asyncio.Task[None] | None = None
@@ -246,7 +328,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
         hold = self.stall_hold
         if self._stall_timer is None:
             return SEND
-        if hold.lost_as is not None and hold.still_lost(self._member_id()):
+        member = self._stall_membership(self.clock())
+        if hold.lost_as is not None and hold.still_lost(member):
             return DROP
         if hold.check(self.clock()) and not hold.releasing:
             return HOLD
@@ -288,7 +371,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
             return await send()
         hold = self.stall_hold
         result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        if hold.lost_as is not None and hold.still_lost(self._member_id()):
+        member = self._stall_membership(self.clock())
+        if hold.lost_as is not None and hold.still_lost(member):
             hold.dropped_since_lost += 1  # dropped at once: a flush does not wait for it
             return result
         if not hold.check(self.clock()):
@@ -301,6 +385,38 @@ class StallHoldProducer(faust_aiokafka.Producer):
 
     def _member_id(self) -> str | None:
         return member_id(self._aiokafka_consumer())
+
+    def _stall_membership(self, now: float) -> str | None:
+        """aiokafka's member id now, seen by every send, drain and tick (a zombie's write can
+        come milliseconds after the reset): a membership lost drops the changelog sends from
+        now on, a hold or not, until the worker joins again as a new member."""
+        hold, member = self.stall_hold, self._member_id()
+        if hold.lost_as is not None and not hold.still_lost(member):
+            hold.lost_as, hold.known_as = None, member
+            self._stall_rejoined(member)
+        if hold.membership_ended(member):
+            why = f"aiokafka's member id is now {member!r}"
+            if hold.holding and not hold.releasing:
+                self._stall_resolve_dropped(now, why)
+            else:
+                self._stall_lost(now, why)
+        return member
+
+    def _stall_lost(self, now: float, why: str) -> None:
+        lost = self.stall_hold.known_as
+        self.stall_hold.lose(now)
+        batches = drop_gated(self._accumulator(), self._is_changelog) if self._stall_gated else 0
+        stopping = any(getattr(s, "should_stop", False) for s in (self.app, self.app.consumer))
+        log.log(
+            logging.INFO if stopping else logging.WARNING,  # a stop leaves the group
+            "this worker's group membership %r ended (%s): its changelog sends are dropped "
+            "from now until it joins as a new member, and %d batch(es) aiokafka held; their "
+            "events' offsets are not committed (no membership), so the partitions' next owner "
+            "processes them again",
+            lost,
+            why,
+            batches,
+        )
 
     async def flush(self) -> None:
         """Faust's, once no hold is on: Faust commits the events' offsets after this, so
@@ -348,25 +464,15 @@ class StallHoldProducer(faust_aiokafka.Producer):
             hold.wants_proof,
             self.clock,
             timeout=float(self.app.conf.broker_heartbeat_interval),
+            answered=hold.heartbeat_answered,
         )
         refuse_commits_without_membership(consumer)
-        member = member_id(consumer)
-        if hold.lost_as is not None and not hold.still_lost(member):
-            hold.lost_as = None
-            self._stall_rejoined(member)
+        hold.heartbeats_run(now, heartbeat_task(consumer))
+        member = self._stall_membership(now)
         hold.tick(now, member)
         if hold.holding and not hold.told:
             hold.told = True
-            log.warning(
-                "the event loop did not run for %.1f s (more than %.1f s: the broker may have "
-                "expired this worker's group session): %d changelog send(s) held so far, and "
-                "every one until the membership of %r is proven (a heartbeat accepted, the member "
-                "listed) or lost",
-                hold.gap,
-                hold.threshold,
-                len(hold.held),
-                hold.held_as,
-            )
+            self._stall_tell(hold)
         verdict = hold.verdict(now, member)
         if verdict == RELEASED:
             hold.releasing = True
@@ -385,6 +491,26 @@ class StallHoldProducer(faust_aiokafka.Producer):
                 now - (hold.since or now),
                 hold.held_as,
             )
+
+    def _stall_tell(self, hold: StallHold) -> None:
+        if hold.cause == SILENCE:
+            why = (
+                f"no heartbeat of this worker was accepted for {hold.gap:.1f} s (more than "
+                f"{hold.silence_threshold:.1f} s: cut off from the group's coordinator, the "
+                "broker may expire its session)"
+            )
+        else:
+            why = (
+                f"the event loop did not run for {hold.gap:.1f} s (more than "
+                f"{hold.threshold:.1f} s: the broker may have expired this worker's group session)"
+            )
+        log.warning(
+            "%s: %d changelog send(s) held so far, and every one until the membership of %r is "
+            "proven (a heartbeat accepted, the member listed) or lost",
+            why,
+            len(hold.held),
+            hold.held_as,
+        )
 
     def _stall_rejoined(self, member: str | None) -> None:
         dropped, self.stall_hold.dropped_since_lost = self.stall_hold.dropped_since_lost, 0
