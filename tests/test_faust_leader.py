@@ -866,7 +866,7 @@ def test_a_restarted_worker_with_nothing_on_disk_gets_its_tasks_back_only_by_the
         assert len(got) == 1 and not got & frozenset(t[:2]), sorted(got)
 
 
-@settings(max_examples=max(10, settings.default.max_examples // 4))  # 7 s of CI's 2,000
+@settings(max_examples=max(10, settings.default.max_examples // 4))  # 7 s at 2,000
 @given(
     n=st.integers(2, 5),
     partitions=st.integers(1, 12),
