@@ -155,21 +155,16 @@ class StallHold:
         """Is a hold on at ``now``? A gap past the threshold since the last stamp starts one,
         and so does a heartbeat silence past it."""
         if self.since is None:
-            if self.stamp is not None and now - self.stamp > self.threshold:
-                self.since, self.gap, self.held_as, self.cause = (
-                    now,
-                    now - self.stamp,
-                    self.stamped_as,
-                    GAP,
-                )
-            elif (silence := self.silence(now)) > self.silence_threshold:
-                self.since, self.gap, self.held_as, self.cause = (
-                    now,
-                    silence,
-                    self.stamped_as,
-                    SILENCE,
-                )
-        return self.since is not None
+            gap = now - self.stamp if self.stamp is not None else 0.0
+            silence = self.silence(now)
+            if gap > self.threshold:
+                self.gap, self.cause = gap, GAP
+            elif silence > self.silence_threshold:
+                self.gap, self.cause = silence, SILENCE
+            else:
+                return False
+            self.since, self.held_as = now, self.stamped_as
+        return True
 
     def silence(self, now: float) -> float:
         """Seconds since the broker last accepted a heartbeat of the running heartbeat routine
@@ -328,8 +323,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         hold = self.stall_hold
         if self._stall_timer is None:
             return SEND
-        member = self._stall_membership(self.clock())
-        if hold.lost_as is not None and hold.still_lost(member):
+        if self._stall_dropping():
             return DROP
         if hold.check(self.clock()) and not hold.releasing:
             return HOLD
@@ -371,8 +365,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
             return await send()
         hold = self.stall_hold
         result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        member = self._stall_membership(self.clock())
-        if hold.lost_as is not None and hold.still_lost(member):
+        if self._stall_dropping():
             hold.dropped_since_lost += 1  # dropped at once: a flush does not wait for it
             return result
         if not hold.check(self.clock()):
@@ -385,6 +378,11 @@ class StallHoldProducer(faust_aiokafka.Producer):
 
     def _member_id(self) -> str | None:
         return member_id(self._aiokafka_consumer())
+
+    def _stall_dropping(self) -> bool:
+        """Are changelog sends dropped now: the membership lost and not back yet?"""
+        member = self._stall_membership(self.clock())
+        return self.stall_hold.lost_as is not None and self.stall_hold.still_lost(member)
 
     def _stall_membership(self, now: float) -> str | None:
         """aiokafka's member id now, seen by every send, drain and tick (a zombie's write can
