@@ -768,6 +768,10 @@ def live_broker_count(host: str, port: int, timeout: float = 2.0) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+#: ``BrokerInfo``'s fields of a secured broker (``--sasl``, ``--tls``), left out of a plain one's.
+SECURITY_FIELDS = ("sasl_bootstrap", "sasl_ssl_bootstrap", "ca_file")
+
+
 @dataclasses.dataclass
 class BrokerInfo:
     """What ``start`` records in the state file (and what ``stop`` needs)."""
@@ -805,10 +809,16 @@ class BrokerInfo:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise KafkaScriptError(f"unreadable state file {path}: {exc}") from exc
 
+    def as_dict(self) -> dict[str, Any]:
+        """The fields to record and print: those of ``--sasl`` only when it is secured
+        (``load`` reads them as empty when absent)."""
+        fields = dataclasses.asdict(self)
+        return {k: v for k, v in fields.items() if v or k not in SECURITY_FIELDS}
+
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        tmp.write_text(json.dumps(self.as_dict(), indent=2) + "\n")
         os.replace(tmp, path)
 
 
@@ -1332,7 +1342,7 @@ def main(argv: list[str] | None = None) -> int:
                 security=_security(args.sasl, args.scram_user, args.tls),
             )
             address = broker.info.sasl_bootstrap or broker.bootstrap
-            out: Any = dataclasses.asdict(broker.info) if args.json else address
+            out: Any = broker.info.as_dict() if args.json else address
             print(json.dumps(out, indent=2) if args.json else out, flush=True)
             if args.command == "run":
                 _run_foreground(broker)
@@ -1346,7 +1356,7 @@ def main(argv: list[str] | None = None) -> int:
                 _stderr(f"no broker recorded in {state_file}")
                 return 1
             running = _pid_alive(info.pid) and _is_our_broker(info)
-            print(json.dumps({**dataclasses.asdict(info), "running": running}, indent=2))
+            print(json.dumps({**info.as_dict(), "running": running}, indent=2))
             return 0 if running else 1
     except KafkaScriptError as exc:
         _stderr(f"error: {exc}")

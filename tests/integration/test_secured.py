@@ -16,8 +16,12 @@ drop-in without READ on its group logs so, and reads every record once READ is g
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import re
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,7 +42,7 @@ from streamassign.errors import (
 )
 from streamassign.runtime import App
 
-from .conftest import _create_topic, _unique_name
+from .conftest import KAFKA_SCRIPT, _create_topic, _unique_name, kafka_script
 from .faust_cluster import free_port
 from .procs import JsonLinesProcess
 from .secured import APP_USER, MECHANISM, PREFIXED, Acl, SecuredKafka, grant, revoke
@@ -122,6 +126,31 @@ def sasl_args(
         "--sasl-password",
         password,
     ]
+
+
+def test_only_a_secured_brokers_state_has_the_security_keys(tmp_path: Path) -> None:
+    """``scripts/kafka.py status`` (and ``start --json``) of a plain broker shows no empty
+    SASL/TLS keys; a state file without them still loads."""
+    script = kafka_script()
+    plain = script.BrokerInfo(
+        "4.3.1", 1, "127.0.0.1:1", "127.0.0.1:2", "id", "/data", True, "/log", 0.0, 1.0
+    )
+    state = tmp_path / "broker.json"
+    plain.save(state)
+    status = subprocess.run(
+        [sys.executable, str(KAFKA_SCRIPT), "status", "--state-file", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    shown = json.loads(status.stdout)
+    assert (status.returncode, shown) == (1, {**plain.as_dict(), "running": False})
+    assert set(script.SECURITY_FIELDS).isdisjoint(shown)
+    assert script.BrokerInfo.load(state) == plain
+    secured = dataclasses.replace(plain, sasl_bootstrap="127.0.0.1:3")
+    keys = set(secured.as_dict()) & set(script.SECURITY_FIELDS)
+    assert keys == {"sasl_bootstrap"}
 
 
 def test_describe_says_why_it_cannot_reach_a_secured_broker(secured_kafka: SecuredKafka) -> None:
