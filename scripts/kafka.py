@@ -570,8 +570,22 @@ class TlsFiles:
     ca_pem: Path
 
 
-def _keytool(java: str, *args: str, stdin: str | None = None) -> str:
-    keytool = str(Path(java).with_name("keytool"))
+def find_keytool(java: str) -> str:
+    """The JDK's ``keytool``: beside ``java`` once its links are resolved (``/usr/bin/java`` is
+    a link to the JDK's, through ``/etc/alternatives`` on Debian), else the one on PATH."""
+    beside = Path(os.path.realpath(java)).with_name("keytool")
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("keytool")
+    if found:
+        return found
+    raise KafkaScriptError(
+        f"`keytool` not found beside {java} ({beside}) nor on PATH: --tls makes its test CA "
+        "with the JDK's keytool (install a full JDK, or set JAVA_HOME to one)"
+    )
+
+
+def _keytool(keytool: str, *args: str, stdin: str | None = None) -> str:
     cmd = [keytool, "-J-XX:TieredStopAtLevel=1", "-J-XX:+UseSerialGC", *args]
     try:
         done = subprocess.run(
@@ -633,11 +647,12 @@ def _tls_digests(files: TlsFiles) -> dict[str, str]:
 
 
 def _make_tls_files(java: str, into: Path) -> None:
+    keytool = find_keytool(java)
     ca, broker = str(into / "ca.p12"), str(into / "broker.p12")
     common = ["-storetype", "PKCS12", "-storepass", TLS_STORE_PASSWORD]
     key = ["-keyalg", "EC", "-groupname", "secp256r1", "-validity", str(TLS_VALIDITY_DAYS)]
     _keytool(
-        java,
+        keytool,
         "-genkeypair",
         "-alias",
         "ca",
@@ -653,7 +668,7 @@ def _make_tls_files(java: str, into: Path) -> None:
         *common,
     )
     _keytool(
-        java,
+        keytool,
         "-genkeypair",
         "-alias",
         "broker",
@@ -664,9 +679,9 @@ def _make_tls_files(java: str, into: Path) -> None:
         broker,
         *common,
     )
-    request = _keytool(java, "-certreq", "-alias", "broker", "-keystore", broker, *common)
+    request = _keytool(keytool, "-certreq", "-alias", "broker", "-keystore", broker, *common)
     signed = _keytool(
-        java,
+        keytool,
         "-gencert",
         "-alias",
         "ca",
@@ -680,11 +695,11 @@ def _make_tls_files(java: str, into: Path) -> None:
         "SAN=IP:127.0.0.1",
         stdin=request,
     )
-    ca_pem = _keytool(java, "-exportcert", "-alias", "ca", "-keystore", ca, *common, "-rfc")
+    ca_pem = _keytool(keytool, "-exportcert", "-alias", "ca", "-keystore", ca, *common, "-rfc")
     (into / "ca.pem").write_text(ca_pem)
     (into / "broker.pem").write_text(signed)
     _keytool(
-        java,
+        keytool,
         "-importcert",
         "-noprompt",
         "-alias",
@@ -696,7 +711,7 @@ def _make_tls_files(java: str, into: Path) -> None:
         *common,
     )
     _keytool(
-        java,
+        keytool,
         "-importcert",
         "-alias",
         "broker",
