@@ -23,7 +23,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -43,7 +43,6 @@ from streamassign.errors import (
 from streamassign.runtime import App
 
 from .conftest import KAFKA_SCRIPT, _create_topic, _unique_name, kafka_script
-from .faust_cluster import free_port
 from .procs import JsonLinesProcess
 from .secured import (
     APP_USER,
@@ -454,19 +453,21 @@ def test_a_faust_worker_without_read_on_its_group_says_so_and_joins_once_granted
         "topic": source,
         "datadir": str(tmp_path / "data"),
         "log": str(log),
-        "port": str(free_port()),
     }
-    worker = JsonLinesProcess(FAUST_WORKER, [f"--{k}={v}" for k, v in args.items()])
+    stderr = tmp_path / "worker.stderr"
+    worker = JsonLinesProcess(FAUST_WORKER, [f"--{k}={v}" for k, v in args.items()], stderr)
+    worker_files = (stderr, log)
     try:
         line = GROUP_REFUSED.format(group=group)
-        wait_for(lambda: line in log.read_text(), FAUST_DEADLINE, f"{line!r} in {log}", worker)
+        in_log = f"{line!r} in {log}"
+        wait_for(lambda: line in log.read_text(), FAUST_DEADLINE, in_log, worker, worker_files)
         grant(kafka, Acl.group(group, "READ"))
 
         def every_record_read() -> bool:
             worker.drain()
             return len(worker.lines) >= len(RECORDS)
 
-        wait_for(every_record_read, FAUST_DEADLINE, "every record read", worker)
+        wait_for(every_record_read, FAUST_DEADLINE, "every record read", worker, worker_files)
         offsets = sorted(line["offset"] for line in worker.lines)
         assert offsets == list(range(len(RECORDS))), offsets
     finally:
@@ -474,11 +475,26 @@ def test_a_faust_worker_without_read_on_its_group_says_so_and_joins_once_granted
 
 
 def wait_for(
-    condition: Callable[[], bool], timeout: float, what: str, worker: JsonLinesProcess
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    worker: JsonLinesProcess,
+    files: Sequence[Path],
 ) -> None:
+    """Wait until ``condition``; else fail with the end of each of the worker's ``files``
+    (its stderr: a traceback before its logging started, say; its log)."""
     deadline = time.monotonic() + timeout
     while not condition():
         code = worker.proc.poll()
-        assert code is None, f"the worker exited ({code}) before {what}"
-        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        assert code is None, f"the worker exited ({code}) before {what}\n{tails(files)}"
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}\n{tails(files)}"
         time.sleep(0.2)
+
+
+def tails(paths: Sequence[Path], lines: int = 40) -> str:
+    """The last ``lines`` of each of ``paths``, under its name."""
+    shown = []
+    for path in paths:
+        text = path.read_text(errors="replace") if path.exists() else "(none)"
+        shown.append(f"--- {path}:\n" + "\n".join(text.splitlines()[-lines:]))
+    return "\n".join(shown)
