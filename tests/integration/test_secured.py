@@ -42,7 +42,7 @@ from streamassign.errors import (
 )
 from streamassign.runtime import App
 
-from .conftest import KAFKA_SCRIPT, _create_topic, _unique_name, kafka_script
+from .conftest import KAFKA_SCRIPT, _unique_name, kafka_script
 from .procs import JsonLinesProcess
 from .secured import (
     APP_USER,
@@ -54,41 +54,14 @@ from .secured import (
     refused_verification,
     revoke,
 )
-from .test_runtime import _read_topic
-from .test_runtime_clients import (
-    DEADLINE,
-    counts_sending_to,
-    make_app,
-    produce,
-    run_app,
-    table,
-    until,
-)
+from .secured_apps import KEYS, RECORDS, app_acls, app_topics, outputs, stopped_by_failure
+from .test_runtime_clients import make_app, run_app, table, until
 
-KEYS = [b"k%d" % i for i in range(10)]
-RECORDS = KEYS * 3
 #: What ``Counts`` writes for ``RECORDS`` on one partition, each once, sorted.
 ONE_OUTPUT_PER_RECORD = sorted(b"0:%d" % offset for offset in range(len(RECORDS)))
 #: OpenSSL's X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN: the broker's chain ends at a CA the client
 #: does not hold.
 SELF_SIGNED_CERT_IN_CHAIN = 19
-
-
-def topic(kafka: SecuredKafka, base: str, partitions: int = 1) -> str:
-    """A new topic on the secured broker (created by the super user)."""
-    name = _unique_name(base)
-    asyncio.run(_create_topic(kafka.admin_bootstrap, name, partitions, {}))
-    return name
-
-
-def app_acls(app: str, source: str, output: str) -> list[Acl]:
-    """The ACLs docs/runtime.md lists for an at-least-once app writing ``output``."""
-    return [
-        Acl.topic(source, "READ"),
-        *(Acl.topic(f"{app}-", op, PREFIXED) for op in ("READ", "WRITE", "CREATE")),
-        Acl.topic(output, "WRITE"),
-        Acl.group(app, "READ"),
-    ]
 
 
 def without(acls: list[Acl], *taken: Acl) -> list[Acl]:
@@ -98,23 +71,8 @@ def without(acls: list[Acl], *taken: Acl) -> list[Acl]:
 @pytest.fixture
 def names(secured_kafka: SecuredKafka) -> Iterator[tuple[str, str, str]]:
     """An application id, its source topic (holding ``RECORDS``) and its output topic."""
-    app = _unique_name("secured")
-    source = topic(secured_kafka, "secured-in")
-    output = topic(secured_kafka, "secured-out")
-    asyncio.run(produce(secured_kafka.admin_bootstrap, source, RECORDS))
-    with counts_sending_to(output):
-        yield app, source, output
-
-
-def outputs(kafka: SecuredKafka, output: str) -> list[bytes]:
-    """The committed values of ``output`` once it holds one per record (read again until
-    then: a transaction's commit returns before its markers let read_committed see it)."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        written = asyncio.run(_read_topic(kafka.admin_bootstrap, output, "read_committed", 1))
-        if len(written) >= len(RECORDS) or time.monotonic() >= deadline:
-            return written
-        time.sleep(0.2)
+    with app_topics(secured_kafka, "secured") as names:
+        yield names
 
 
 def describe(*args: str) -> tuple[int, str]:
@@ -382,13 +340,6 @@ async def until_failed(app: App) -> None:
         await stopped_by_failure(app)
     finally:
         await app.stop()
-
-
-async def stopped_by_failure(app: App) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while app.failure is None:
-        assert time.monotonic() < deadline, f"the app did not stop within {DEADLINE} s"
-        await asyncio.sleep(0.1)
 
 
 def test_an_app_without_write_on_its_output_stops_and_runs_exactly_once_granted(
