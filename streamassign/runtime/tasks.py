@@ -2,7 +2,7 @@
 
 ``Table`` and ``TaskContext`` are the processor's view; ``ActiveTask`` is the runtime's record of
 one active task (its processor, stores, pending sends and input offsets). ``undo`` drops the
-writes of one record, ``tear`` everything not committed. Pure (no Kafka).
+writes of one record, ``tear`` everything not committed. No Kafka I/O.
 """
 
 from __future__ import annotations
