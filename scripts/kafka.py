@@ -570,8 +570,22 @@ class TlsFiles:
     ca_pem: Path
 
 
-def _keytool(java: str, *args: str, stdin: str | None = None) -> str:
-    keytool = str(Path(java).with_name("keytool"))
+def find_keytool(java: str) -> str:
+    """The JDK's ``keytool``: beside ``java`` once its links are resolved (``/usr/bin/java`` is
+    a link to the JDK's, through ``/etc/alternatives`` on Debian), else the one on PATH."""
+    beside = Path(os.path.realpath(java)).with_name("keytool")
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("keytool")
+    if found:
+        return found
+    raise KafkaScriptError(
+        f"`keytool` not found beside {java} ({beside}) nor on PATH: --tls makes its test CA "
+        "with the JDK's keytool (install a full JDK, or set JAVA_HOME to one)"
+    )
+
+
+def _keytool(keytool: str, *args: str, stdin: str | None = None) -> str:
     cmd = [keytool, "-J-XX:TieredStopAtLevel=1", "-J-XX:+UseSerialGC", *args]
     try:
         done = subprocess.run(
@@ -633,11 +647,12 @@ def _tls_digests(files: TlsFiles) -> dict[str, str]:
 
 
 def _make_tls_files(java: str, into: Path) -> None:
+    keytool = find_keytool(java)
     ca, broker = str(into / "ca.p12"), str(into / "broker.p12")
     common = ["-storetype", "PKCS12", "-storepass", TLS_STORE_PASSWORD]
     key = ["-keyalg", "EC", "-groupname", "secp256r1", "-validity", str(TLS_VALIDITY_DAYS)]
     _keytool(
-        java,
+        keytool,
         "-genkeypair",
         "-alias",
         "ca",
@@ -653,7 +668,7 @@ def _make_tls_files(java: str, into: Path) -> None:
         *common,
     )
     _keytool(
-        java,
+        keytool,
         "-genkeypair",
         "-alias",
         "broker",
@@ -664,9 +679,9 @@ def _make_tls_files(java: str, into: Path) -> None:
         broker,
         *common,
     )
-    request = _keytool(java, "-certreq", "-alias", "broker", "-keystore", broker, *common)
+    request = _keytool(keytool, "-certreq", "-alias", "broker", "-keystore", broker, *common)
     signed = _keytool(
-        java,
+        keytool,
         "-gencert",
         "-alias",
         "ca",
@@ -680,11 +695,11 @@ def _make_tls_files(java: str, into: Path) -> None:
         "SAN=IP:127.0.0.1",
         stdin=request,
     )
-    ca_pem = _keytool(java, "-exportcert", "-alias", "ca", "-keystore", ca, *common, "-rfc")
+    ca_pem = _keytool(keytool, "-exportcert", "-alias", "ca", "-keystore", ca, *common, "-rfc")
     (into / "ca.pem").write_text(ca_pem)
     (into / "broker.pem").write_text(signed)
     _keytool(
-        java,
+        keytool,
         "-importcert",
         "-noprompt",
         "-alias",
@@ -696,7 +711,7 @@ def _make_tls_files(java: str, into: Path) -> None:
         *common,
     )
     _keytool(
-        java,
+        keytool,
         "-importcert",
         "-alias",
         "broker",
@@ -768,6 +783,10 @@ def live_broker_count(host: str, port: int, timeout: float = 2.0) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+#: ``BrokerInfo``'s fields of a secured broker (``--sasl``, ``--tls``), left out of a plain one's.
+SECURITY_FIELDS = ("sasl_bootstrap", "sasl_ssl_bootstrap", "ca_file")
+
+
 @dataclasses.dataclass
 class BrokerInfo:
     """What ``start`` records in the state file (and what ``stop`` needs)."""
@@ -805,10 +824,16 @@ class BrokerInfo:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise KafkaScriptError(f"unreadable state file {path}: {exc}") from exc
 
+    def as_dict(self) -> dict[str, Any]:
+        """The fields to record and print: those of ``--sasl`` only when it is secured
+        (``load`` reads them as empty when absent)."""
+        fields = dataclasses.asdict(self)
+        return {k: v for k, v in fields.items() if v or k not in SECURITY_FIELDS}
+
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        tmp.write_text(json.dumps(self.as_dict(), indent=2) + "\n")
         os.replace(tmp, path)
 
 
@@ -1332,7 +1357,7 @@ def main(argv: list[str] | None = None) -> int:
                 security=_security(args.sasl, args.scram_user, args.tls),
             )
             address = broker.info.sasl_bootstrap or broker.bootstrap
-            out: Any = dataclasses.asdict(broker.info) if args.json else address
+            out: Any = broker.info.as_dict() if args.json else address
             print(json.dumps(out, indent=2) if args.json else out, flush=True)
             if args.command == "run":
                 _run_foreground(broker)
@@ -1346,7 +1371,7 @@ def main(argv: list[str] | None = None) -> int:
                 _stderr(f"no broker recorded in {state_file}")
                 return 1
             running = _pid_alive(info.pid) and _is_our_broker(info)
-            print(json.dumps({**dataclasses.asdict(info), "running": running}, indent=2))
+            print(json.dumps({**info.as_dict(), "running": running}, indent=2))
             return 0 if running else 1
     except KafkaScriptError as exc:
         _stderr(f"error: {exc}")

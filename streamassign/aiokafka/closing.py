@@ -120,7 +120,7 @@ def _fail_held(accumulator: Any, error: Exception) -> None:
     # still to be dropped from the in-flight set when it ends; so it must be in it.
     accumulator._pending_batches.update(queued)
     accumulator.fail_all(error)
-    _retrieve(_batch_futures(held))
+    _retrieve_all(_batch_futures(held))
 
 
 def mark_failures_seen(producer: Any) -> None:
@@ -138,7 +138,7 @@ def mark_failures_seen(producer: Any) -> None:
         held += list(getattr(accumulator, "_pending_batches", ()))
         transaction = getattr(producer, "_txn_manager", None)
         waiter = getattr(transaction, "_transaction_waiter", None)
-        _retrieve([waiter, *_batch_futures(held)])
+        _retrieve_all([waiter, *_batch_futures(held)])
     except Exception:  # a close must go on whatever aiokafka's internals look like
         log.debug("aiokafka's producer futures not marked seen", exc_info=True)
 
@@ -151,10 +151,21 @@ def _batch_futures(batches: Sequence[Any]) -> list[Any]:
     return futures
 
 
-def _retrieve(futures: Sequence[Any]) -> None:
+def retrieve_failure(future: asyncio.Future[Any]) -> None:
+    """Mark the failure ``future`` ended with seen: nobody awaits it any more (its caller gave
+    up on it, or its failure already reached them another way), and asyncio would log each
+    one as "Future exception was never retrieved" with its trace when it is collected. Made
+    to be a done callback; a future not done, or cancelled, is left as it is."""
+    if future.done() and not future.cancelled():
+        future.exception()
+
+
+def _retrieve_all(futures: Sequence[Any]) -> None:
+    """``retrieve_failure`` for each of ``futures`` that is an asyncio future (aiokafka's
+    parts read with ``getattr`` may be missing: None)."""
     for future in futures:
-        if isinstance(future, asyncio.Future) and future.done() and not future.cancelled():
-            future.exception()
+        if isinstance(future, asyncio.Future):
+            retrieve_failure(future)
 
 
 async def _end_task(task: asyncio.Task[Any]) -> None:

@@ -39,6 +39,7 @@ from aiokafka.errors import (
 )
 
 from .. import TaskId, TopicPartition
+from ..aiokafka.closing import retrieve_failure
 from ..aiokafka.streams import ProcessHost
 from ..errors import (
     ChangelogReadTimeoutError,
@@ -213,7 +214,7 @@ class Commits:
                     changelogs = [s.changelog for t in tasks for s in t.stores.values()]
                     await _race(waiting, check.refuse_missing(changelogs))
         except MissingChangelogError:
-            waiting.add_done_callback(_retrieved)
+            waiting.add_done_callback(retrieve_failure)
             raise
         except BaseException:  # cancelled (a stop's grace), interrupted: the step with it
             waiting.cancel()
@@ -795,7 +796,7 @@ async def _race(step: asyncio.Future[Any], asking: Awaitable[Any]) -> None:
     finally:
         if not ask.done():
             ask.cancel()  # ends at its next step; nobody awaits it
-        ask.add_done_callback(_retrieved)
+        ask.add_done_callback(retrieve_failure)
     if step.done() or not ask.done() or ask.cancelled():
         return
     failure = ask.exception()
@@ -819,15 +820,9 @@ async def _send_markers(
             markers.append(sent)
     except BaseException:
         for sent in markers:
-            sent.add_done_callback(_retrieved)
+            sent.add_done_callback(retrieve_failure)
         raise
     return markers
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    """Mark ``future``'s outcome seen (nobody awaits it any more)."""
-    if not future.cancelled():
-        future.exception()
 
 
 def ends_unknown(exc: BaseException) -> str:

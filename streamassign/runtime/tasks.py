@@ -2,7 +2,7 @@
 
 ``Table`` and ``TaskContext`` are the processor's view; ``ActiveTask`` is the runtime's record of
 one active task (its processor, stores, pending sends and input offsets). ``undo`` drops the
-writes of one record, ``tear`` everything not committed. Pure (no Kafka).
+writes of one record, ``tear`` everything not committed. No Kafka I/O.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeGuard
 import attrs
 
 from .. import TaskId, TopicPartition
+from ..aiokafka.closing import retrieve_failure
 from ..errors import FanOutLimitError, TaskMovedError, UnknownStoreError
 from .changelog import POSITION_LIMIT, RANK_LIMIT, StoreState, is_position
 
@@ -258,17 +259,11 @@ def tear(task: ActiveTask) -> None:
 
 def drop_writes(task: ActiveTask) -> None:
     """Stop waiting for ``task``'s writes (torn, or the application stops on a failure): no
-    one awaits them now, and a failure of theirs is already known (it is the cause)."""
+    one awaits them now, and a failure of theirs is already known (it is the cause): each is
+    marked seen when it ends (hundreds of traces at exit otherwise when a changelog is deleted)."""
     for sent in task.futures:
-        sent.add_done_callback(_outcome_known)
+        sent.add_done_callback(retrieve_failure)
     task.futures.clear()
-
-
-def _outcome_known(sent: asyncio.Future[Any]) -> None:
-    """Mark a dropped write's failure as seen: asyncio would log each one as "Future
-    exception was never retrieved" with its trace (hundreds when a changelog is deleted)."""
-    if not sent.cancelled():
-        sent.exception()
 
 
 def timestamp_of(record: Record) -> int:

@@ -11,6 +11,7 @@ lists the change (DescribeAcls), so the next request meets it.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,20 @@ class SecuredKafka:
         if tls:
             config["ssl_context"] = ssl.create_default_context(cafile=self.ca_file)
         return config
+
+
+def refused_verification(address: str) -> ssl.SSLCertVerificationError:
+    """How a TLS handshake with the system's CAs only fails at ``address`` (the SASL_SSL
+    listener, whose test CA they do not hold): its ``verify_code`` is the class of the failure,
+    its ``verify_message`` OpenSSL's wording of it, which differs between OpenSSL versions
+    ("self signed" in 1.1, "self-signed" in 3)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        try:
+            ssl.create_default_context().wrap_socket(connection, server_hostname=host).close()
+        except ssl.SSLCertVerificationError as refused:
+            return refused
+    raise AssertionError(f"{address}: the system's CAs trust the test CA")
 
 
 @attrs.frozen

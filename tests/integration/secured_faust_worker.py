@@ -2,10 +2,12 @@
 ``broker_credentials``, the ``streamassign://`` transport and our assignor.
 
     python secured_faust_worker.py --bootstrap HOST:PORT --cafile CA.pem --user U
-        --password P --app APP --topic TOPIC --datadir DIR --port PORT --log FILE
+        --password P --app APP --topic TOPIC --datadir DIR --log FILE
 
 A stateless agent reads TOPIC and prints one JSON line per record on stdout
-(``{"event": "record", "partition": p, "offset": o}``); the worker's log goes to FILE.
+(``{"event": "record", "partition": p, "offset": o}``); the worker's log goes to FILE. It
+serves no web port: none is needed, and a port chosen free beforehand may be taken by another
+process before the worker binds it (Faust's ``web_port`` cannot be 0).
 """
 
 from __future__ import annotations
@@ -33,10 +35,7 @@ def build(args: argparse.Namespace) -> faust.App:
         datadir=args.datadir,
         topic_partitions=1,
         topic_replication_factor=1,
-        web_host="127.0.0.1",
-        web_bind="127.0.0.1",
-        web_port=args.port,
-        canonical_url=f"http://127.0.0.1:{args.port}",
+        web_enabled=False,
         broker_session_timeout=6.0,
         broker_heartbeat_interval=1.0,
         consumer_auto_offset_reset="earliest",
@@ -56,7 +55,6 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     for option in ("bootstrap", "cafile", "user", "password", "app", "topic", "datadir", "log"):
         parser.add_argument(f"--{option}", required=True)
-    parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     worker = faust.Worker(
         build(args), loglevel=logging.INFO, logfile=args.log, redirect_stdouts=False, quiet=True

@@ -16,10 +16,14 @@ drop-in without READ on its group logs so, and reads every record once READ is g
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import re
 import ssl
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -38,42 +42,26 @@ from streamassign.errors import (
 )
 from streamassign.runtime import App
 
-from .conftest import _create_topic, _unique_name
-from .faust_cluster import free_port
+from .conftest import KAFKA_SCRIPT, _unique_name, kafka_script
 from .procs import JsonLinesProcess
-from .secured import APP_USER, MECHANISM, PREFIXED, Acl, SecuredKafka, grant, revoke
-from .test_runtime import _read_topic
-from .test_runtime_clients import (
-    DEADLINE,
-    counts_sending_to,
-    make_app,
-    produce,
-    run_app,
-    table,
-    until,
+from .secured import (
+    APP_USER,
+    MECHANISM,
+    PREFIXED,
+    Acl,
+    SecuredKafka,
+    grant,
+    refused_verification,
+    revoke,
 )
+from .secured_apps import KEYS, RECORDS, app_acls, app_topics, outputs, stopped_by_failure
+from .test_runtime_clients import make_app, run_app, table, until
 
-KEYS = [b"k%d" % i for i in range(10)]
-RECORDS = KEYS * 3
 #: What ``Counts`` writes for ``RECORDS`` on one partition, each once, sorted.
 ONE_OUTPUT_PER_RECORD = sorted(b"0:%d" % offset for offset in range(len(RECORDS)))
-
-
-def topic(kafka: SecuredKafka, base: str, partitions: int = 1) -> str:
-    """A new topic on the secured broker (created by the super user)."""
-    name = _unique_name(base)
-    asyncio.run(_create_topic(kafka.admin_bootstrap, name, partitions, {}))
-    return name
-
-
-def app_acls(app: str, source: str, output: str) -> list[Acl]:
-    """The ACLs docs/runtime.md lists for an at-least-once app writing ``output``."""
-    return [
-        Acl.topic(source, "READ"),
-        *(Acl.topic(f"{app}-", op, PREFIXED) for op in ("READ", "WRITE", "CREATE")),
-        Acl.topic(output, "WRITE"),
-        Acl.group(app, "READ"),
-    ]
+#: OpenSSL's X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN: the broker's chain ends at a CA the client
+#: does not hold.
+SELF_SIGNED_CERT_IN_CHAIN = 19
 
 
 def without(acls: list[Acl], *taken: Acl) -> list[Acl]:
@@ -83,23 +71,8 @@ def without(acls: list[Acl], *taken: Acl) -> list[Acl]:
 @pytest.fixture
 def names(secured_kafka: SecuredKafka) -> Iterator[tuple[str, str, str]]:
     """An application id, its source topic (holding ``RECORDS``) and its output topic."""
-    app = _unique_name("secured")
-    source = topic(secured_kafka, "secured-in")
-    output = topic(secured_kafka, "secured-out")
-    asyncio.run(produce(secured_kafka.admin_bootstrap, source, RECORDS))
-    with counts_sending_to(output):
-        yield app, source, output
-
-
-def outputs(kafka: SecuredKafka, output: str) -> list[bytes]:
-    """The committed values of ``output`` once it holds one per record (read again until
-    then: a transaction's commit returns before its markers let read_committed see it)."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        written = asyncio.run(_read_topic(kafka.admin_bootstrap, output, "read_committed", 1))
-        if len(written) >= len(RECORDS) or time.monotonic() >= deadline:
-            return written
-        time.sleep(0.2)
+    with app_topics(secured_kafka, "secured") as names:
+        yield names
 
 
 def describe(*args: str) -> tuple[int, str]:
@@ -124,6 +97,40 @@ def sasl_args(
     ]
 
 
+def test_only_a_secured_brokers_state_has_the_security_keys(tmp_path: Path) -> None:
+    """``scripts/kafka.py status`` (and ``start --json``) of a plain broker shows no empty
+    SASL/TLS keys; a state file without them still loads."""
+    script = kafka_script()
+    plain = script.BrokerInfo(
+        "4.3.1", 1, "127.0.0.1:1", "127.0.0.1:2", "id", "/data", True, "/log", 0.0, 1.0
+    )
+    state = tmp_path / "broker.json"
+    plain.save(state)
+    status = subprocess.run(
+        [sys.executable, str(KAFKA_SCRIPT), "status", "--state-file", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    shown = json.loads(status.stdout)
+    assert (status.returncode, shown) == (1, {**plain.as_dict(), "running": False})
+    assert set(script.SECURITY_FIELDS).isdisjoint(shown)
+    assert script.BrokerInfo.load(state) == plain
+    secured = dataclasses.replace(plain, sasl_bootstrap="127.0.0.1:3")
+    keys = set(secured.as_dict()) & set(script.SECURITY_FIELDS)
+    assert keys == {"sasl_bootstrap"}
+
+
+def untrusted_ca_text(kafka: SecuredKafka) -> str:
+    """The product's words for the SASL_SSL listener's certificate refused by a client without
+    the test CA: its own around OpenSSL's wording of the failure, taken from a handshake of
+    the test's (OpenSSL versions word it differently), whose class is checked."""
+    refused = refused_verification(kafka.sasl_ssl_bootstrap)
+    assert refused.verify_code == SELF_SIGNED_CERT_IN_CHAIN, refused
+    return f"TLS: certificate verify failed: {refused.verify_message}"
+
+
 def test_describe_says_why_it_cannot_reach_a_secured_broker(secured_kafka: SecuredKafka) -> None:
     kafka = secured_kafka
     sasl, tls = kafka.sasl_bootstrap, kafka.sasl_ssl_bootstrap
@@ -145,9 +152,8 @@ def test_describe_says_why_it_cannot_reach_a_secured_broker(secured_kafka: Secur
         ),
         "no CA for the test CA": (
             [*sasl_args(kafka), "--security-protocol", "SASL_SSL", "-b", tls],
-            f"Error: cannot reach {tls}: TLS: certificate verify failed: self-signed "
-            "certificate in certificate chain (no --ssl-cafile: the system's CAs do not "
-            "trust it)",
+            f"Error: cannot reach {tls}: {untrusted_ca_text(kafka)} (no --ssl-cafile: the "
+            "system's CAs do not trust it)",
         ),
     }
     seen = {what: describe("no-such-group", *args) for what, (args, _) in cases.items()}
@@ -198,11 +204,7 @@ def start_without(
             "the broker closed the connection (is security_protocol the listener's, in "
             "consumer_config and producer_config?)",
         ),
-        (
-            "no CA for the test CA",
-            "TLS: certificate verify failed: self-signed certificate in certificate chain "
-            "(is the CA of ssl_context the broker's?)",
-        ),
+        ("no CA for the test CA", "{untrusted} (is the CA of ssl_context the broker's?)"),
     ],
     ids=["wrong-password", "plaintext-to-sasl", "untrusted-ca"],
 )
@@ -223,6 +225,7 @@ def test_an_app_that_cannot_connect_says_why(
     else:
         bootstrap, config = kafka.sasl_ssl_bootstrap, kafka.client_config(tls=True)
         config["ssl_context"] = ssl.create_default_context()  # the system's CAs only
+        reason = reason.format(untrusted=untrusted_ca_text(kafka))
     app = make_app(bootstrap, group, source, tmp_path, consumer_config=config)
     refused = asyncio.run(start_refused(app))
     assert isinstance(refused, KafkaConnectionError)
@@ -339,13 +342,6 @@ async def until_failed(app: App) -> None:
         await app.stop()
 
 
-async def stopped_by_failure(app: App) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while app.failure is None:
-        assert time.monotonic() < deadline, f"the app did not stop within {DEADLINE} s"
-        await asyncio.sleep(0.1)
-
-
 def test_an_app_without_write_on_its_output_stops_and_runs_exactly_once_granted(
     secured_kafka: SecuredKafka, names: tuple[str, str, str], tmp_path: Path
 ) -> None:
@@ -408,19 +404,21 @@ def test_a_faust_worker_without_read_on_its_group_says_so_and_joins_once_granted
         "topic": source,
         "datadir": str(tmp_path / "data"),
         "log": str(log),
-        "port": str(free_port()),
     }
-    worker = JsonLinesProcess(FAUST_WORKER, [f"--{k}={v}" for k, v in args.items()])
+    stderr = tmp_path / "worker.stderr"
+    worker = JsonLinesProcess(FAUST_WORKER, [f"--{k}={v}" for k, v in args.items()], stderr)
+    worker_files = (stderr, log)
     try:
         line = GROUP_REFUSED.format(group=group)
-        wait_for(lambda: line in log.read_text(), FAUST_DEADLINE, f"{line!r} in {log}", worker)
+        in_log = f"{line!r} in {log}"
+        wait_for(lambda: line in log.read_text(), FAUST_DEADLINE, in_log, worker, worker_files)
         grant(kafka, Acl.group(group, "READ"))
 
         def every_record_read() -> bool:
             worker.drain()
             return len(worker.lines) >= len(RECORDS)
 
-        wait_for(every_record_read, FAUST_DEADLINE, "every record read", worker)
+        wait_for(every_record_read, FAUST_DEADLINE, "every record read", worker, worker_files)
         offsets = sorted(line["offset"] for line in worker.lines)
         assert offsets == list(range(len(RECORDS))), offsets
     finally:
@@ -428,11 +426,26 @@ def test_a_faust_worker_without_read_on_its_group_says_so_and_joins_once_granted
 
 
 def wait_for(
-    condition: Callable[[], bool], timeout: float, what: str, worker: JsonLinesProcess
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    worker: JsonLinesProcess,
+    files: Sequence[Path],
 ) -> None:
+    """Wait until ``condition``; else fail with the end of each of the worker's ``files``
+    (its stderr: a traceback before its logging started, say; its log)."""
     deadline = time.monotonic() + timeout
     while not condition():
         code = worker.proc.poll()
-        assert code is None, f"the worker exited ({code}) before {what}"
-        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        assert code is None, f"the worker exited ({code}) before {what}\n{tails(files)}"
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}\n{tails(files)}"
         time.sleep(0.2)
+
+
+def tails(paths: Sequence[Path], lines: int = 40) -> str:
+    """The last ``lines`` of each of ``paths``, under its name."""
+    shown = []
+    for path in paths:
+        text = path.read_text(errors="replace") if path.exists() else "(none)"
+        shown.append(f"--- {path}:\n" + "\n".join(text.splitlines()[-lines:]))
+    return "\n".join(shown)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,33 +15,26 @@ import pytest
 from streamassign.errors import OutputNotAuthorizedError, TransactionalIdNotAuthorizedError
 from streamassign.runtime import App
 
-from .conftest import _unique_name
 from .secured import Acl, SecuredKafka, grant, revoke
-from .test_runtime_clients import DEADLINE, counts_sending_to, make_app, produce, table, until
-from .test_secured import app_acls, outputs, topic
-
-KEYS = [b"k%d" % i for i in range(10)]
+from .secured_apps import KEYS, RECORDS, app_acls, app_topics, outputs, stopped_by_failure
+from .test_runtime_clients import make_app, produce, table, until
 
 
 @pytest.fixture
-def app_topics(secured_kafka: SecuredKafka) -> Iterator[tuple[str, str, str]]:
-    """An application id, its source topic (holding each key three times) and its output."""
-    app = _unique_name("noise")
-    source = topic(secured_kafka, "noise-in")
-    output = topic(secured_kafka, "noise-out")
-    asyncio.run(produce(secured_kafka.admin_bootstrap, source, KEYS * 3))
-    with counts_sending_to(output):
-        yield app, source, output
+def names(secured_kafka: SecuredKafka) -> Iterator[tuple[str, str, str]]:
+    """An application id, its source topic (holding ``RECORDS``) and its output topic."""
+    with app_topics(secured_kafka, "noise") as names:
+        yield names
 
 
 def test_transactional_ids_taken_away_while_running_stop_the_app_with_one_line(
     secured_kafka: SecuredKafka,
-    app_topics: tuple[str, str, str],
+    names: tuple[str, str, str],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     kafka = secured_kafka
-    group, source, output = app_topics
+    group, source, output = names
     ids = Acl.transactional_ids(f"{group}-")
     grant(kafka, *app_acls(group, source, output), ids)
     options = {"consumer_config": kafka.client_config(), "processing_guarantee": "exactly_once"}
@@ -58,13 +50,10 @@ def test_transactional_ids_taken_away_while_running_stop_the_app_with_one_line(
         try:
             await until("every record counted", lambda: table(app) == dict.fromkeys(KEYS, 3), app)
             committed = await asyncio.to_thread(outputs, kafka, output)
-            assert len(committed) == len(KEYS) * 3  # taken away between two transactions
+            assert len(committed) == len(RECORDS)  # taken away between two transactions
             await asyncio.to_thread(revoke, kafka, ids)
             await produce(kafka.admin_bootstrap, source, KEYS)
-            deadline = time.monotonic() + DEADLINE
-            while app.failure is None:
-                assert time.monotonic() < deadline, f"the app did not stop within {DEADLINE} s"
-                await asyncio.sleep(0.1)
+            await stopped_by_failure(app)
         finally:
             await app.stop()
 
