@@ -1,5 +1,6 @@
 """After a lost group membership the ``streamassign://`` consumer forgets the offsets Faust
-acknowledged and did not commit, at the next assignment (``_Consumer._forget_acks_if_lost``).
+acknowledged and did not commit, at the end of the revoke and at the next assignment
+(``_Consumer._forget_acks_if_lost``).
 
 Faust's revoke forgets the revoked partitions' acknowledged offsets, then waits for its agents'
 current events; their acknowledgements go back in, and Faust's last commit of the revoke (refused
@@ -90,6 +91,20 @@ class Worker:
         await finishing
         self.group.commits_succeed = True
 
+    def spy_on_forgetting(self) -> dict[TP, list[int]]:
+        """What is acknowledged each time the consumer checks for a loss (first: at the end of
+        Faust's revoke, what its revoke left)."""
+        seen: dict[TP, list[int]] = {}
+        forget = self.consumer._forget_acks_if_lost
+
+        def spy() -> None:
+            for tp, offsets in self.consumer._acked.items():
+                seen.setdefault(tp, list(offsets))
+            forget()
+
+        self.consumer._forget_acks_if_lost = spy
+        return seen
+
     def next_commit(self) -> dict[TP, int]:
         return dict(self.consumer._filter_committable_offsets({S0}))
 
@@ -123,10 +138,13 @@ def test_offsets_acknowledged_in_a_lost_membership_s_revoke_are_not_committed_af
     processed again: its changelog send was dropped."""
     worker = Worker(tmp_path, group)
 
+    left_by_revoke = worker.spy_on_forgetting()
+
     async def run() -> dict[TP, int]:
         await worker.join("m-1", 1)
         await worker.revoke(finished=finished, running=running, lost=True)
-        assert worker.consumer._acked[S0] == left  # what Faust's revoke leaves
+        assert left_by_revoke[S0] == left  # what Faust's revoke leaves
+        assert worker.next_commit() == {}  # a timer's commit during the rejoin passes nothing
         await worker.join("m-2", 2)
         worker.ack(*again)
         for marker in markers:  # the fetch sees the marker's offset missing again
@@ -141,7 +159,7 @@ def test_offsets_acknowledged_in_a_lost_membership_s_revoke_are_not_committed_af
         f"forgot {len(left)} acknowledged offset(s) of 1 partition(s), not committed: this "
         "worker's group membership was lost since the last assignment, and their events' "
         "changelog sends may have been dropped; they are processed again from the committed "
-        "offsets (duplicates, not loss)"
+        "offsets before any commit passes them"
     ]
 
 
@@ -149,7 +167,7 @@ def test_without_a_loss_the_revoke_s_acknowledgements_are_kept(
     tmp_path: Path, group: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An ordinary rebalance: the revoke flushed the events' changelog sends, so the next
-    commit may pass them (forgetting them would process them again at every rebalance)."""
+    commit may pass them (forgetting them would hold that commit back at every rebalance)."""
     worker = Worker(tmp_path, group)
     finished, running, _, left, _, _ = CONCURRENT_AGENT
 
@@ -187,3 +205,27 @@ def test_an_assignment_after_the_one_that_forgot_forgets_nothing_without_another
     assert worker.consumer._acked[S0] == [20, 22]
     assert worker.consumer._acked_index[S0] == {20, 22}
     assert len(forgot_lines(caplog)) == 1
+
+
+def test_a_loss_forgets_every_partition_s_acknowledgements_and_gaps(
+    tmp_path: Path, group: Any
+) -> None:
+    """Not only the partitions assigned again: one assigned elsewhere would keep its offsets
+    until it came back. A gap left over would count an event as done before it ran again."""
+    worker = Worker(tmp_path, group)
+    elsewhere = TP(SRC, 1)
+    finished, running, *_ = CONCURRENT_AGENT
+
+    async def run() -> None:
+        await worker.join("m-1", 1)
+        await worker.revoke(finished=finished, running=running, lost=True)
+        worker.consumer._acked[elsewhere].append(7)
+        worker.consumer._acked_index[elsewhere].add(7)
+        await worker.consumer._add_gap(S0, 30, 31)
+        worker.app.producer.stall_hold.lose(2.0)  # lost again, after the revoke
+        await worker.join("m-3", 3)
+
+    asyncio.run(run())
+    assert not any(worker.consumer._acked.values())
+    assert not any(worker.consumer._acked_index.values())
+    assert not worker.consumer._gap

@@ -33,7 +33,7 @@ session timeout) it rewinds the tables' persisted changelog offsets to the last 
 membership proved, before Faust's recovery reads them (``_proven``), and its producer holds the
 changelog sends that follow such a stall until the membership is proven (sent) or lost (dropped:
 a zombie's writes from stale table state, ``_stallhold``); the offsets Faust acknowledged but
-did not commit are forgotten at the next assignment (their events' changelog sends may have
+did not commit are forgotten after a lost membership (their events' changelog sends may have
 been dropped: processed again, never committed past, ``_forget_acks_if_lost``). A table store
 write that fails (a full disk) stops the worker before any commit can pass the record Faust
 acks anyway (``_storefail``). Everything else is Faust's aiokafka transport unchanged.
@@ -390,6 +390,9 @@ class _Consumer(faust_aiokafka.Consumer):
         self._restarting |= evented
         self._flow_hook(self._flow_revoked)
         await super().on_partitions_revoked(revoked)
+        # Before the join: Faust's commit timer runs on while the worker rejoins, and a commit
+        # sent after the new SyncGroup would be accepted (``_forget_acks_if_lost``).
+        self._proven_hook(self._forget_acks_if_lost)
         self._flow_hook(self._enter_flow_step, JOINING)
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
@@ -404,7 +407,8 @@ class _Consumer(faust_aiokafka.Consumer):
         # persisted offsets there.
         self._proven_hook(self._guard_stores)
         self._proven_hook(self._rewind_if_lost)
-        # Before Faust's callback: its recovery seeks and then resumes the flow.
+        # Again before Faust's callback (its recovery seeks and then resumes the flow): a
+        # membership lost after the revoke.
         self._proven_hook(self._forget_acks_if_lost)
         await super().on_partitions_assigned(assigned, generation_id)
         self._proven_hook(self._prove_assignment)
@@ -453,11 +457,14 @@ class _Consumer(faust_aiokafka.Consumer):
         finished before the revoke, a transaction marker, or a commit of its timer still under
         way) stay acknowledged, while their changelog sends were dropped (``_stallhold``). Kept,
         the next commit of the same partitions could pass them before they are processed again.
-        Forgotten, they are processed again from the committed offsets: duplicates, never loss.
-        All partitions, not only the assigned ones: rebalancing is eager (aiokafka), so the
-        revoke forgot every partition held and no event has flowed since; what is acknowledged
-        now came after that, and a partition assigned elsewhere would keep its offsets until
-        it came back. Without a loss nothing is forgotten: the revoke flushed those sends."""
+        Forgotten, no commit passes them: the assignment reads every partition again from its
+        committed offset, so they are processed again whether forgotten or not. Checked at the
+        end of the revoke (Faust's commit timer runs on while the worker rejoins) and again at
+        the assignment (a membership lost after the revoke). All partitions, not only the
+        assigned ones: rebalancing is eager (aiokafka), so the revoke forgot every partition
+        held and no event has flowed since; what is acknowledged now came after that, and a
+        partition assigned elsewhere would keep its offsets until it came back. Without a
+        loss nothing is forgotten: the revoke flushed those sends."""
         hold = getattr(self.app.producer, "stall_hold", None)  # None: not this transport's
         losses = int(getattr(hold, "losses", 0))
         if losses == self._losses_at_assignment:
@@ -474,7 +481,7 @@ class _Consumer(faust_aiokafka.Consumer):
                 "forgot %d acknowledged offset(s) of %d partition(s), not committed: this "
                 "worker's group membership was lost since the last assignment, and their "
                 "events' changelog sends may have been dropped; they are processed again from "
-                "the committed offsets (duplicates, not loss)",
+                "the committed offsets before any commit passes them",
                 forgotten,
                 partitions,
             )
