@@ -68,11 +68,14 @@ class Group:
         #: What else Faust's assignment callback does (its recovery completing in it).
         self.on_assigned: Callable[[], Awaitable[None]] | None = None
 
-    async def join(self, member_id: str, generation: int) -> None:
-        """A completed join under ``member_id``, handed to the consumer as aiokafka does."""
+    async def join(
+        self, member_id: str, generation: int, streams: frozenset[TP] = frozenset()
+    ) -> None:
+        """A completed join under ``member_id``, handed to the consumer as aiokafka does: the
+        changelog partitions and ``streams``."""
         self.coordinator.member_id, self.coordinator.generation = member_id, generation
         self.consumer.note_membership((member_id, generation))
-        await self.consumer.on_partitions_assigned(set(HELD), generation)
+        await self.consumer.on_partitions_assigned({*HELD, *streams}, generation)
 
     async def recovered(self) -> None:
         """Faust's table recovery completed (``on_rebalance_complete``): streams process."""

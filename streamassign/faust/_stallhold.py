@@ -131,6 +131,9 @@ class StallHold:
     lost_as: str | None = None
     lost_at: float = 0.0
     dropped_since_lost: int = 0
+    #: How many times a membership was lost (``lose()``): changelog sends may have been
+    #: dropped since a count the consumer noted (its acknowledged offsets are then forgotten).
+    losses: int = 0
     held: list[HeldSend] = attrs.field(factory=list)
     #: The latest send time of a heartbeat the broker accepted, its member id then listed
     #: (``watch_heartbeats``; written by the consumer's thread: one float assignment).
@@ -235,6 +238,7 @@ class StallHold:
         membership stays lost (``still_lost``)."""
         lost = self.held_as if self.holding else self.known_as
         self.lost_as, self.lost_at, self.dropped_since_lost = lost or "", now, 0
+        self.losses += 1
         return self.end(now)
 
     def still_lost(self, member: str | None) -> bool:

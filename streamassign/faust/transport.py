@@ -32,15 +32,18 @@ WARNING per episode, ``_flowstop``). After a lost group membership (a zombie: a 
 session timeout) it rewinds the tables' persisted changelog offsets to the last ones the
 membership proved, before Faust's recovery reads them (``_proven``), and its producer holds the
 changelog sends that follow such a stall until the membership is proven (sent) or lost (dropped:
-a zombie's writes from stale table state, ``_stallhold``). A table store write that fails (a
-full disk) stops the worker before any commit can pass the record Faust acks anyway
-(``_storefail``). Everything else is Faust's aiokafka transport unchanged.
+a zombie's writes from stale table state, ``_stallhold``); the offsets Faust acknowledged but
+did not commit are forgotten after a lost membership (their events' changelog sends may have
+been dropped: processed again, never committed past, ``_forget_acks_if_lost``). A table store
+write that fails (a full disk) stops the worker before any commit can pass the record Faust
+acks anyway (``_storefail``). Everything else is Faust's aiokafka transport unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import time
@@ -49,6 +52,7 @@ from typing import Any
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
+from faust.types import tuples as faust_tuples
 
 from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
@@ -65,6 +69,12 @@ log = logging.getLogger("streamassign.faust")
 
 #: Set to 1 in a worker's environment to offer Faust's protocol after ours (a rolling switch).
 SWITCH_ENV = "STREAMASSIGN_FAUST_SWITCH"
+
+#: The lock Faust's ``ack()`` holds while it records an offset (faust-streaming 0.15; before
+#: it, acks ran on the event loop's thread alone, as the assignment callback does).
+_ACK_LOCK: contextlib.AbstractContextManager[Any] = (
+    getattr(faust_tuples, "ack_lock", None) or contextlib.nullcontext()
+)
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -323,6 +333,9 @@ class _Consumer(faust_aiokafka.Consumer):
         self.proven_offsets = ProvenOffsets()
         #: The member id of the assignment Faust is about to take (``_RebalanceListener``).
         self._assigned_as: str | None = None
+        #: The producer's count of lost memberships at the last assignment
+        #: (``_forget_acks_if_lost``).
+        self._losses_at_assignment = 0
         #: Latches the first failed table store write: no commit from then on, and the
         #: worker stops (``_storefail``).
         self.store_guard = StoreFailureGuard(self._on_store_failure)
@@ -377,6 +390,9 @@ class _Consumer(faust_aiokafka.Consumer):
         self._restarting |= evented
         self._flow_hook(self._flow_revoked)
         await super().on_partitions_revoked(revoked)
+        # Before the join: Faust's commit timer runs on while the worker rejoins, and a commit
+        # sent after the new SyncGroup would be accepted (``_forget_acks_if_lost``).
+        self._proven_hook(self._forget_acks_if_lost)
         self._flow_hook(self._enter_flow_step, JOINING)
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
@@ -391,6 +407,9 @@ class _Consumer(faust_aiokafka.Consumer):
         # persisted offsets there.
         self._proven_hook(self._guard_stores)
         self._proven_hook(self._rewind_if_lost)
+        # Again before Faust's callback (its recovery seeks and then resumes the flow): a
+        # membership lost after the revoke.
+        self._proven_hook(self._forget_acks_if_lost)
         await super().on_partitions_assigned(assigned, generation_id)
         self._proven_hook(self._prove_assignment)
         self._flow_hook(self._enter_flow_step, RECOVERING)
@@ -428,6 +447,44 @@ class _Consumer(faust_aiokafka.Consumer):
             self.proven_offsets.open(file, assigned_changelogs)
         if not under_transactions:
             self.proven_offsets.rewind_if_lost(self._assigned_as, stores, assigned_changelogs)
+
+    def _forget_acks_if_lost(self) -> None:
+        """After a membership lost since the last assignment, forget every offset Faust
+        acknowledged and has not committed. Faust's revoke forgets the revoked partitions'
+        acknowledged offsets, then waits for its agents' current events; those it cannot commit
+        there (the commit is refused without a membership, and Faust's own last commit of the
+        revoke takes only the offsets up to the first hole: an event of a concurrent agent not
+        finished before the revoke, a transaction marker, or a commit of its timer still under
+        way) stay acknowledged, while their changelog sends were dropped (``_stallhold``). Kept,
+        the next commit of the same partitions could pass them before they are processed again.
+        Forgotten, no commit passes them: the assignment reads every partition again from its
+        committed offset, so they are processed again whether forgotten or not. Checked at the
+        end of the revoke (Faust's commit timer runs on while the worker rejoins) and again at
+        the assignment (a membership lost after the revoke). All partitions, not only the
+        assigned ones: rebalancing is eager (aiokafka), so the revoke forgot every partition
+        held and no event has flowed since; what is acknowledged now came after that, and a
+        partition assigned elsewhere would keep its offsets until it came back. Without a
+        loss nothing is forgotten: the revoke flushed those sends."""
+        hold = getattr(self.app.producer, "stall_hold", None)  # None: not this transport's
+        losses = int(getattr(hold, "losses", 0))
+        if losses == self._losses_at_assignment:
+            return
+        self._losses_at_assignment = losses
+        with _ACK_LOCK:
+            partitions = sum(1 for offsets in self._acked.values() if offsets)
+            forgotten = sum(len(offsets) for offsets in self._acked.values())
+            self._acked.clear()
+            self._acked_index.clear()
+            self._gap.clear()
+        if forgotten:
+            log.info(
+                "forgot %d acknowledged offset(s) of %d partition(s), not committed: this "
+                "worker's group membership was lost since the last assignment, and their "
+                "events' changelog sends may have been dropped; they are processed again from "
+                "the committed offsets before any commit passes them",
+                forgotten,
+                partitions,
+            )
 
     def _prove_assignment(self) -> None:
         """The assignment Faust just took proves its active changelog partitions' offsets."""
