@@ -18,10 +18,11 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from streamassign import Subtopology, Topology
 from streamassign.aiokafka.rejoin import HeartbeatSilence, watch_heartbeats
 from streamassign.runtime import App
-from streamassign.runtime.processing import GATE_MARGIN, CutOffGate
+from streamassign.runtime.processing import GATE_INTERVAL_SLACK, GATE_MARGIN, CutOffGate
 from tests.test_runtime_ownership import INPUT, Count, batch, batch_of, make, outputs, stalling_at
 
 SESSION = 6.0
+INTERVAL = 2.0
 
 
 class Clock:
@@ -104,7 +105,11 @@ def test_the_silence_reads_none_it_cannot_measure() -> None:
 
 def gate_of(clock: Clock) -> tuple[CutOffGate, Any, list[bool]]:
     lost = [False]
-    return CutOffGate.of(1, SESSION, clock), SimpleNamespace(_coordinator=Coordinator()), lost
+    return (
+        CutOffGate.of(1, SESSION, INTERVAL, clock),
+        SimpleNamespace(_coordinator=Coordinator()),
+        lost,
+    )
 
 
 def test_the_gate_closes_near_the_session_and_opens_at_an_accepted_heartbeat(
@@ -148,7 +153,14 @@ def test_a_lost_membership_closes_the_gate_until_it_is_assigned_again(
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2
     assert "its member id was reset" in messages[0]
+    assert [r.levelname for r in caplog.records] == ["INFO", "INFO"]  # aiokafka's WARNING says it
     assert "processing again after 1.0 s (assigned again after a rejoin)" in messages[1]
+
+
+def test_a_heartbeat_interval_near_the_session_does_not_close_the_gate_at_each_heartbeat() -> None:
+    """aiokafka accepts an interval just under the session: one interval's silence is no sign."""
+    assert CutOffGate.of(1, 10.0, 3.0).threshold == pytest.approx(10.0 - GATE_MARGIN)
+    assert CutOffGate.of(1, 10.0, 9.7).threshold == pytest.approx(9.7 + GATE_INTERVAL_SLACK)
 
 
 def test_the_gate_gives_its_answer_again_only_within_reuse() -> None:
@@ -169,7 +181,7 @@ def cut_app(tmp_path: Path) -> tuple[App, Any, Any, Clock]:
     a stand-in coordinator."""
     app, _, recorder, consumers = make(tmp_path)
     clock = Clock()
-    app._gate = CutOffGate.of(2, SESSION, clock)
+    app._gate = CutOffGate.of(2, SESSION, INTERVAL, clock)
     consumers[0]._coordinator = Coordinator()  # type: ignore[attr-defined]
     app.commit_interval = 3600.0  # no commit in these tests
     assert not app._cut_off(0)  # the heartbeat routine seen: the silence counts from now
@@ -274,3 +286,19 @@ def test_exactly_once_has_no_gate(tmp_path: Path) -> None:
     )
     assert app._gate is None
     assert not app._cut_off(0)
+
+
+def test_a_batch_fetched_just_as_the_gate_closes_is_rewound(tmp_path: Path) -> None:
+    """The loop looked just before the threshold; the poll crosses it by less than the reuse
+    of the per-record check, so only the check after the fetch stops this batch."""
+    app, recorder, consumer, clock = cut_app(tmp_path)
+    consumer._coordinator.accepting = False
+    clock.now += SESSION - GATE_MARGIN - 0.01  # open at the loop's top
+
+    def crossing() -> None:
+        clock.now += 0.02  # past the threshold, within GATE_REUSE of the loop's look
+
+    polled = Polled(app, batch(0, 5), during=crossing)
+    consume(app, polled, consumer, polls=1)
+    assert outputs(recorder) == []
+    assert consumer.seeks == [(INPUT, 0)]

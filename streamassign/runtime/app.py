@@ -117,6 +117,9 @@ AIOKAFKA_MAX_POLL_INTERVAL_MS = 300_000
 #: aiokafka's default ``session_timeout_ms``.
 AIOKAFKA_SESSION_TIMEOUT_MS = 10_000
 
+#: aiokafka's default ``heartbeat_interval_ms``.
+AIOKAFKA_HEARTBEAT_INTERVAL_MS = 3_000
+
 #: Seconds a task change cancelled at stop may take to unwind before ``stop()`` goes on
 #: without it: its cleanups are local store writes finishing in their thread and producer
 #: stops (an orphan check's), each bounded by ``closing.CLOSE_TIMEOUT``.
@@ -331,7 +334,12 @@ class App:
         #: At least once: stops a consumer's processing while it is probably out of its group
         #: unknowingly (exactly once fences such a zombie's writes; see ``_cut_off``).
         session = self.consumer_config.get("session_timeout_ms", AIOKAFKA_SESSION_TIMEOUT_MS)
-        self._gate = None if self.exactly_once else CutOffGate.of(self.threads, session / 1000)
+        interval = self.consumer_config.get("heartbeat_interval_ms", AIOKAFKA_HEARTBEAT_INTERVAL_MS)
+        self._gate = (
+            None
+            if self.exactly_once
+            else CutOffGate.of(self.threads, session / 1000, interval / 1000)
+        )
 
     @property
     def state(self) -> Any:

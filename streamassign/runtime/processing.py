@@ -68,6 +68,10 @@ class _Progress:
 #: so it cannot have expired the member earlier; as Faust's stall hold, two of its ticks.
 GATE_MARGIN = 0.2
 
+#: A closing silence is at least this much longer than the heartbeat interval: aiokafka lets
+#: the interval come near the session timeout, and a silence of one interval is no sign.
+GATE_INTERVAL_SLACK = 1.0
+
 #: Seconds a gate's answer is reused for the check before each record (``CutOffGate.closed``'s
 #: ``reuse``): a fresh one costs ~1.7 µs, 7 % of a record's path; this one ~0.2 µs.
 GATE_REUSE = 0.05
@@ -99,11 +103,15 @@ class CutOffGate:
 
     @classmethod
     def of(
-        cls, consumers: int, session: float, clock: Callable[[], float] = time.monotonic
+        cls,
+        consumers: int,
+        session: float,
+        heartbeat_interval: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> CutOffGate:
         return cls(
             session=session,
-            threshold=max(session - GATE_MARGIN, GATE_MARGIN),
+            threshold=max(session - GATE_MARGIN, heartbeat_interval + GATE_INTERVAL_SLACK),
             silences=[HeartbeatSilence(clock) for _ in range(consumers)],
             clock=clock,
             closed_since=[None] * consumers,
@@ -137,15 +145,15 @@ class CutOffGate:
         if silence is not None:
             log.warning(
                 "consumer %d: no heartbeat accepted for %.1f s (session timeout %.1f s): "
-                "probably cut off from its group's coordinator, which evicts it then; "
-                "processing nothing (what it fetched is read again) until a heartbeat is "
+                "cut off from its group's coordinator or the process paused, and evicted "
+                "then; processing nothing (what it fetched is read again) until a heartbeat is "
                 "accepted or it rejoins",
                 index,
                 silence,
                 self.session,
             )
-        else:
-            log.warning(
+        else:  # INFO: aiokafka's reset is followed by the "out of the group" WARNING
+            log.info(
                 "consumer %d: its member id was reset (the broker no longer knows it): its "
                 "tasks may run elsewhere; processing nothing (what it fetched is read "
                 "again) until it rejoins",
