@@ -114,6 +114,76 @@ def heartbeat_task(consumer: Any) -> Any:
     return task
 
 
+@attrs.define(eq=False)
+class HeartbeatSilence:
+    """How long a consumer's group coordinator has accepted none of its heartbeats: the seconds
+    since the send of the last accepted one, or since the heartbeat routine started (its
+    first heartbeat comes a heartbeat interval later). The broker expires a member after
+    ``session_timeout_ms`` with no heartbeat, counted from the heartbeat's arrival, after its
+    send: a silence near the session means the member is probably out of the group, though
+    it hears so only when a request gets through. A healthy member's silence peaks at a
+    heartbeat interval plus a round trip.
+
+    It reads 0 while no heartbeat routine runs (during a join, or after a member id reset:
+    nothing is due then), and always when it cannot watch the heartbeats (no coordinator
+    yet, or ``_do_heartbeat`` already wrapped by another watcher, whose callbacks it would
+    not get): never a silence it did not measure."""
+
+    clock: Callable[[], float] = time.monotonic
+    #: The latest send time of a heartbeat the broker accepted (the consumer's thread).
+    answered_sent: float = float("-inf")
+    #: The heartbeat routine's task last seen, and since when (None: none runs).
+    routine: Any = None
+    routine_since: float | None = None
+    #: Whether this watcher's wrap is on the coordinator's ``_do_heartbeat``; False for good
+    #: once found wrapped by another (None: not looked yet or no coordinator yet).
+    watching: bool | None = None
+
+    def seconds(self, consumer: Any) -> float:
+        """The silence of ``consumer``'s heartbeats now (see the class docstring)."""
+        if not self.watching:
+            if self.watching is False:
+                return 0.0
+            self._watch(consumer)
+            if not self.watching:
+                return 0.0
+        now = self.clock()
+        task = heartbeat_task(consumer)
+        if task is None:
+            self.routine, self.routine_since = None, None
+            return 0.0
+        if task is not self.routine or self.routine_since is None:
+            self.routine, self.routine_since = task, now
+        return now - max(self.answered_sent, self.routine_since)
+
+    def _watch(self, consumer: Any) -> None:
+        heartbeat = getattr(getattr(consumer, "_coordinator", None), "_do_heartbeat", None)
+        if heartbeat is None:
+            return  # no coordinator yet: looked again next time
+        if getattr(heartbeat, "_streamassign_wrapped", False):
+            self.watching = False
+            log.warning(
+                "a consumer's heartbeats are watched by another part already: its heartbeat "
+                "silence is not measured (taken as none)"
+            )
+            return
+        self.watching = watch_heartbeats(
+            consumer, _ignored, _never, self.clock, answered=self._answered
+        )
+
+    def _answered(self, sent: float) -> None:
+        if sent > self.answered_sent:
+            self.answered_sent = sent
+
+
+def _ignored(sent: float) -> None:
+    """No proof asked for (``watch_heartbeats``' ``succeeded``)."""
+
+
+def _never() -> bool:
+    return False
+
+
 def refuse_commits_without_membership(consumer: Any) -> bool:
     """Make ``consumer``'s offset commits fail as the broker fails them for a lost member
     (aiokafka's ``CommitFailedError``) while it subscribes and holds no membership (member id

@@ -74,7 +74,7 @@ from .changelog import StoreState
 from .cleanup import StateCleanup
 from .commits import Commits
 from .end_offsets import EndOffsetsCache, changelog_partitions
-from .processing import ErrorPolicy, Processing, ProcessingError
+from .processing import GATE_REUSE, CutOffGate, ErrorPolicy, Processing, ProcessingError
 from .restore import ChangelogLookups, Restoring, StateUpdater
 from .settings import PROCESSING_GUARANTEES as PROCESSING_GUARANTEES
 from .settings import STATE_CLEANUP_DELAY_MS, ProcessingGuarantee, Settings
@@ -113,6 +113,12 @@ log = logging.getLogger("streamassign.runtime")
 
 #: aiokafka's default ``max_poll_interval_ms``.
 AIOKAFKA_MAX_POLL_INTERVAL_MS = 300_000
+
+#: aiokafka's default ``session_timeout_ms``.
+AIOKAFKA_SESSION_TIMEOUT_MS = 10_000
+
+#: aiokafka's default ``heartbeat_interval_ms``.
+AIOKAFKA_HEARTBEAT_INTERVAL_MS = 3_000
 
 #: Seconds a task change cancelled at stop may take to unwind before ``stop()`` goes on
 #: without it: its cleanups are local store writes finishing in their thread and producer
@@ -325,6 +331,15 @@ class App:
         #: writing to their tasks' stores in a thread, so ``stop()`` leaves those open.
         self._unwinding: set[int] = set()
         self._loops: list[asyncio.Task[None]] = []
+        #: At least once: stops a consumer's processing while it is probably out of its group
+        #: unknowingly (exactly once fences such a zombie's writes; see ``_cut_off``).
+        session = self.consumer_config.get("session_timeout_ms", AIOKAFKA_SESSION_TIMEOUT_MS)
+        interval = self.consumer_config.get("heartbeat_interval_ms", AIOKAFKA_HEARTBEAT_INTERVAL_MS)
+        self._gate = (
+            None
+            if self.exactly_once
+            else CutOffGate.of(self.threads, session / 1000, interval / 1000)
+        )
 
     @property
     def state(self) -> Any:
@@ -859,7 +874,8 @@ class App:
         committed_at = time.monotonic()
         next_commit = committed_at + self.commit_interval
         while not self._stopped.is_set():
-            if index in self._rebalancing:  # tasks change: take no record meanwhile
+            # Tasks change, or probably out of the group: take no record meanwhile.
+            if index in self._rebalancing or self._cut_off(index):
                 await self._poll_nothing(index)
                 continue
             epoch = self._epochs[index]
@@ -867,9 +883,10 @@ class App:
             batch = await consumer.getmany(timeout_ms=100)
             self._polled_at[index] = time.monotonic()
             async with self._locks[index]:
-                if epoch != self._epochs[index]:
+                if epoch != self._epochs[index] or self._cut_off(index):
                     # A rebalance came between (the records may even be of the new
-                    # assignment): process nothing, read them again.
+                    # assignment), or the consumer is probably out of the group: process
+                    # nothing, read them again.
                     self._processing.rewind(consumer, batch.values())
                     continue
                 if batch:
@@ -891,8 +908,9 @@ class App:
                     next_commit = committed_at + self.commit_interval
 
     async def _poll_nothing(self, index: int) -> None:
-        """Consumer ``index`` is rebalancing: poll, but take no record, for up to 10 ms (as
-        long as the loop slept here before: the loop sees the rebalance end as soon).
+        """Consumer ``index`` is rebalancing (or cut off, ``_cut_off``): poll, but take no
+        record, for up to 10 ms (as long as the loop slept here before: the loop sees the
+        rebalance end as soon).
 
         aiokafka rejoins only a consumer that polled within ``max_poll_interval_ms``
         (``GroupCoordinator.ensure_active_group`` skips the join of an idle one, and tries
@@ -924,8 +942,22 @@ class App:
         self._polled_at[index] = time.monotonic()
 
     def _still_current(self, index: int, epoch: int) -> bool:
-        """Consumer ``index`` is still at ``epoch`` and not rebalancing."""
-        return self._epochs[index] == epoch and index not in self._rebalancing
+        """Consumer ``index`` is still at ``epoch``, not rebalancing, and not cut off."""
+        return (
+            self._epochs[index] == epoch
+            and index not in self._rebalancing
+            and not self._cut_off(index, GATE_REUSE)
+        )
+
+    def _cut_off(self, index: int, reuse: float = 0.0) -> bool:
+        """Whether consumer ``index`` is probably out of its group without knowing it (no
+        heartbeat accepted for about its session timeout, or its member id reset): it
+        processes nothing then (``CutOffGate``). At least once only: exactly once, the new
+        owner's transactions fence a zombie's writes, and its batch stops at the first
+        fenced send."""
+        if self._gate is None:
+            return False
+        return self._gate.closed(index, self.host.consumers[index], self.host.member_lost, reuse)
 
     # -- task changes (called by the host) -------------------------------------------------------
 

@@ -70,8 +70,8 @@ log = logging.getLogger("streamassign.runtime")
 #: changelog cannot be read in time (a consumer that is rebalancing tries once). After that
 #: the owner writes its pending values again, so none is lost, and the task is torn and
 #: restored. Also the fence's no-answer limit: a member the broker has not answered by then
-#: is taken for evicted (so this assumes ``session_timeout_ms`` below it; the default is
-#: 45 s).
+#: is taken for evicted (so this assumes ``session_timeout_ms`` below it; aiokafka's default
+#: is 10 s).
 REASSERT_PATIENCE = 120.0
 
 #: Seconds the membership fence waits for the group coordinator (aiokafka retries retriable

@@ -26,6 +26,7 @@ from aiokafka.errors import (
 )
 
 from .. import TaskId, TopicPartition
+from ..aiokafka.rejoin import HeartbeatSilence
 from ..errors import (
     MissingChangelogError,
     OutputNotAuthorizedError,
@@ -60,6 +61,115 @@ class _Progress:
 
     def past_deadline(self) -> bool:
         return self.started and self.deadline is not None and time.monotonic() >= self.deadline
+
+
+#: A consumer's heartbeat silence (seconds) this much short of its session timeout closes its
+#: processing gate: the broker counts the session from a heartbeat's arrival, after its send,
+#: so it cannot have expired the member earlier; as Faust's stall hold, two of its ticks.
+GATE_MARGIN = 0.2
+
+#: A closing silence is at least this much longer than the heartbeat interval: aiokafka lets
+#: the interval come near the session timeout, and a silence of one interval is no sign.
+GATE_INTERVAL_SLACK = 1.0
+
+#: Seconds a gate's answer is reused for the check before each record (``CutOffGate.closed``'s
+#: ``reuse``): a fresh one costs ~1.7 µs, 7 % of a record's path; this one ~0.2 µs.
+GATE_REUSE = 0.05
+
+
+@attrs.define(eq=False)
+class CutOffGate:
+    """Whether each consumer may process: not while it is probably out of its group without
+    knowing it. A member cut off from the broker past its session timeout keeps what it
+    fetched; at the heal it would process (and output) all of it before a refused request
+    tells it its tasks run elsewhere. The gate closes when no heartbeat was accepted for the
+    session less ``GATE_MARGIN`` (``HeartbeatSilence``), or when the membership is lost
+    (aiokafka reset the member id: its heartbeat routine stops, so the silence reads 0,
+    before the revoke callback); it opens at an accepted heartbeat or a new assignment. One
+    WARNING when it closes, one INFO when it opens."""
+
+    #: The consumers' session timeout (seconds), and the silence that closes the gate.
+    session: float
+    threshold: float
+    silences: list[HeartbeatSilence]
+    clock: Callable[[], float] = time.monotonic
+    #: Per consumer: since when its gate is closed (None: open), and the send time of its
+    #: last accepted heartbeat then (to say why it opened).
+    closed_since: list[float | None] = attrs.field(factory=list)
+    answered_then: list[float] = attrs.field(factory=list)
+    #: Per consumer: when its gate was last looked at (``reuse``), and its answer then.
+    looked_at: list[float] = attrs.field(factory=list)
+    answer: list[bool] = attrs.field(factory=list)
+
+    @classmethod
+    def of(
+        cls,
+        consumers: int,
+        session: float,
+        heartbeat_interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> CutOffGate:
+        return cls(
+            session=session,
+            threshold=max(session - GATE_MARGIN, heartbeat_interval + GATE_INTERVAL_SLACK),
+            silences=[HeartbeatSilence(clock) for _ in range(consumers)],
+            clock=clock,
+            closed_since=[None] * consumers,
+            answered_then=[float("-inf")] * consumers,
+            looked_at=[float("-inf")] * consumers,
+            answer=[False] * consumers,
+        )
+
+    def closed(
+        self, index: int, consumer: Any, lost: Callable[[int], bool], reuse: float = 0.0
+    ) -> bool:
+        """Is consumer ``index``'s gate closed now? ``lost(index)``: its membership is lost.
+        An answer at most ``reuse`` seconds old is given again."""
+        now = self.clock()
+        if reuse and now - self.looked_at[index] < reuse:
+            return self.answer[index]
+        self.looked_at[index] = now
+        silence = self.silences[index].seconds(consumer)
+        cut_off = silence > self.threshold
+        closed = cut_off or lost(index)
+        if closed and self.closed_since[index] is None:
+            self._closed(index, silence if cut_off else None)
+        elif not closed and self.closed_since[index] is not None:
+            self._opened(index)
+        self.answer[index] = closed
+        return closed
+
+    def _closed(self, index: int, silence: float | None) -> None:
+        self.closed_since[index] = self.clock()
+        self.answered_then[index] = self.silences[index].answered_sent
+        if silence is not None:
+            log.warning(
+                "consumer %d: no heartbeat accepted for %.1f s (session timeout %.1f s): "
+                "cut off from its group's coordinator or the process paused, and evicted "
+                "then; processing nothing (what it fetched is read again) until a heartbeat is "
+                "accepted or it rejoins",
+                index,
+                silence,
+                self.session,
+            )
+        else:  # INFO: aiokafka's reset is followed by the "out of the group" WARNING
+            log.info(
+                "consumer %d: its member id was reset (the broker no longer knows it): its "
+                "tasks may run elsewhere; processing nothing (what it fetched is read "
+                "again) until it rejoins",
+                index,
+            )
+
+    def _opened(self, index: int) -> None:
+        since = self.closed_since[index]
+        self.closed_since[index] = None
+        accepted = self.silences[index].answered_sent > self.answered_then[index]
+        log.info(
+            "consumer %d: processing again after %.1f s (%s)",
+            index,
+            self.clock() - (since or 0.0),
+            "a heartbeat was accepted" if accepted else "assigned again after a rejoin",
+        )
 
 
 class Processing:
@@ -169,12 +279,14 @@ class Processing:
         for record in ordered:
             if task.torn:  # its transaction failed: it re-reads from its committed offsets
                 return True
-            if not (self.owns(index, task) and (current is None or current())):
-                log.warning(
-                    "consumer %d: task %s moved or its consumer is rebalancing: the rest "
-                    "of its batch is dropped, not sent",
+            moved = not self.owns(index, task)
+            if moved or not (current is None or current()):
+                log.log(
+                    logging.WARNING if moved else logging.INFO,
+                    "consumer %d: task %s %s: the rest of its batch is rewound, not processed",
                     index,
                     task.task_id,
+                    "moved" if moved else "stopped (its consumer rebalancing or cut off)",
                 )
                 self._rewind_unprocessed(consumer, task, by_task)
                 return False
