@@ -21,6 +21,7 @@ import attrs
 import pytest
 from aiokafka.errors import (
     GroupAuthorizationFailedError,
+    IllegalSaslStateError,
     KafkaConnectionError,
     NodeNotReadyError,
     SaslAuthenticationFailed,
@@ -85,6 +86,16 @@ def test_closed_refused_and_tls_errors_are_told_apart() -> None:
         bootstrap.TLS, "TLS: wrong version number"
     )
     assert connect_failure(TimeoutError()).kind == bootstrap.TIMEOUT
+
+
+def test_a_listener_of_another_protocol_is_not_an_unreachable_broker() -> None:
+    # aiokafka raises this one with the connection as its only arg: nothing to quote.
+    not_sasl = connect_failure(IllegalSaslStateError(object()))
+    assert not_sasl == bootstrap.ConnectFailure(
+        bootstrap.NOT_SASL, "the broker answered, but not as a SASL listener"
+    )
+    reset = connect_failure(ConnectionResetError())
+    assert reset == bootstrap.ConnectFailure(bootstrap.RESET, "the broker reset the connection")
 
 
 def test_only_the_failures_of_the_block_are_kept_and_nothing_stays_attached() -> None:
