@@ -143,9 +143,11 @@ class DamagedStateError(StreamAssignError, ValueError):
     changelog), so users see a log line, not this error."""
 
 
-class MissingExtraError(StreamAssignError, ImportError):
+class MissingExtraError(StreamAssignError, ModuleNotFoundError):
     """A feature needs a package of an optional extra that is not installed; the message names
-    the extra (``pip install 'streamassign[EXTRA]'``)."""
+    the extra (``pip install 'streamassign[EXTRA]'``). A ``ModuleNotFoundError`` (an
+    ``ImportError``) whose ``name`` is the missing module, as the bare error it replaces, so
+    code catching that still does."""
 
 
 def require_extra(feature: str, extra: str, packages: Mapping[str, str]) -> None:
@@ -160,7 +162,8 @@ def require_extra(feature: str, extra: str, packages: Mapping[str, str]) -> None
                 raise
             raise MissingExtraError(
                 f"{feature} needs {distribution}, from the {extra} extra: "
-                f"pip install 'streamassign[{extra}]'"
+                f"pip install 'streamassign[{extra}]'",
+                name=module,
             ) from exc
 
 

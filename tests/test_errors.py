@@ -264,9 +264,9 @@ for package, name, blocked in [
         module = importlib.import_module(package)
         if name is not None:
             getattr(module, name)
-    except ImportError as exc:  # what a caller catching ImportError writes
+    except ModuleNotFoundError as exc:  # what code that caught the bare error catches
         feature = package if name is None else f"{package}.{name}"
-        seen[feature] = [type(exc).__name__, isinstance(exc, StreamAssignError), str(exc)]
+        seen[feature] = [type(exc).__name__, isinstance(exc, StreamAssignError), exc.name, str(exc)]
     del sys.modules[blocked]
 print(json.dumps(seen))
 """
@@ -277,17 +277,18 @@ def test_a_package_without_its_extra_names_the_extra_to_install() -> None:
         [sys.executable, "-c", _WITHOUT_EXTRA], capture_output=True, text=True, check=True
     )
 
-    def missing(feature: str, distribution: str, extra: str) -> list[object]:
+    def missing(feature: str, module: str, distribution: str, extra: str) -> list[object]:
         line = f"{feature} needs {distribution}, from the {extra} extra"
-        return ["MissingExtraError", True, f"{line}: pip install 'streamassign[{extra}]'"]
+        install = f"pip install 'streamassign[{extra}]'"
+        return ["MissingExtraError", True, module, f"{line}: {install}"]
 
     assert json.loads(ran.stdout) == {
-        feature: missing(feature, distribution, extra)
-        for feature, distribution, extra in [
-            ("streamassign.aiokafka", "aiokafka", "aiokafka"),
-            ("streamassign.runtime", "aiokafka", "runtime"),
-            ("streamassign.faust", "faust-streaming", "faust"),
-            ("streamassign.runtime.QueryServer", "aiohttp", "runtime"),
+        feature: missing(feature, module, distribution, extra)
+        for feature, module, distribution, extra in [
+            ("streamassign.aiokafka", "aiokafka", "aiokafka", "aiokafka"),
+            ("streamassign.runtime", "aiokafka", "aiokafka", "runtime"),
+            ("streamassign.faust", "faust", "faust-streaming", "faust"),
+            ("streamassign.runtime.QueryServer", "aiohttp", "aiohttp", "runtime"),
         ]
     }
 
