@@ -1325,8 +1325,9 @@ def diff(before: Path, after: Path, as_json: bool) -> None:
     if not rows:
         click.echo(f"{before.name} -> {after.name}: no client changed")
         return
-    # Named as describe and explain name them: rich cut the ids' heads at 80 columns.
-    labels = _process_labels(rows)
+    # Named as describe and explain name them (unique among every client of both, as there):
+    # rich cut the ids' heads at 80 columns.
+    labels = _process_labels(old.keys() | new.keys())
     table = Table(title=f"{before.name} -> {after.name}: {len(rows)} client(s) changed")
     for col in ("client", "status", "active", "standby", "warmup"):
         table.add_column(col)

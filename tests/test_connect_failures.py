@@ -494,3 +494,23 @@ def test_a_coordinator_away_past_the_timeout_is_one_line_that_says_so() -> None:
         " s: the group's coordinator restarting or moving, or its address unreachable?)"
     )
     assert 3 <= admin.client.asked <= 5
+
+
+@pytest.mark.parametrize(
+    ("protocol", "hint"),
+    [
+        ("PLAINTEXT", ""),
+        (
+            "SASL_SSL",
+            " (a port without TLS asked with SASL_SSL? --security-protocol; or the broker "
+            "refusing more connections from this address)",
+        ),
+    ],
+)
+def test_a_reset_is_told_as_a_protocol_question_only_when_tls_was_asked(
+    protocol: str, hint: str
+) -> None:
+    reset = bootstrap.ConnectFailure(bootstrap.RESET, "the broker reset the connection")
+    connection = Connection("127.0.0.1:1", security_protocol=protocol, timeout_s=1)
+    line = describe_module._unreachable(ConnectionError(), reset, connection)
+    assert line == "the broker reset the connection" + hint

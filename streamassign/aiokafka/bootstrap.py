@@ -40,7 +40,8 @@ TLS = "tls"
 CLOSED = "closed"
 #: The broker answered the SASL handshake as a listener without SASL does.
 NOT_SASL = "not-sasl"
-#: The broker reset the connection: what a listener without TLS does with a TLS hello.
+#: The broker reset the connection: what a listener without TLS does with a TLS hello (and
+#: a broker over its connection quota with any).
 RESET = "reset"
 REFUSED = "refused"
 TIMEOUT = "timeout"

@@ -295,7 +295,7 @@ def test_unassigned_topics_are_looked_up_in_the_clusters_metadata(
         (
             "SSL",
             "the broker reset the connection (a port without TLS asked with SSL? "
-            "--security-protocol)",
+            "--security-protocol; or the broker refusing more connections from this address)",
         ),
     ],
 )
