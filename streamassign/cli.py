@@ -29,6 +29,7 @@ from typing import Any, Final, TextIO, TypeVar
 import attrs
 import click
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -1324,6 +1325,9 @@ def diff(before: Path, after: Path, as_json: bool) -> None:
     if not rows:
         click.echo(f"{before.name} -> {after.name}: no client changed")
         return
+    # Named as describe and explain name them (unique among every client of both, as there):
+    # rich cut the ids' heads at 80 columns.
+    labels = _process_labels(old.keys() | new.keys())
     table = Table(title=f"{before.name} -> {after.name}: {len(rows)} client(s) changed")
     for col in ("client", "status", "active", "standby", "warmup"):
         table.add_column(col)
@@ -1332,7 +1336,7 @@ def diff(before: Path, after: Path, as_json: bool) -> None:
             " ".join([*(f"+{t}" for t in row[f"+{k}"]), *(f"-{t}" for t in row[f"-{k}"])]) or "="
             for k in ("active", "standby", "warmup")
         ]
-        table.add_row(pid, str(row["status"]), *cells)
+        table.add_row(labels[pid], str(row["status"]), *cells)
     _Stdout().print(table)
 
 
@@ -1648,23 +1652,31 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
     """Each member (consumer): its client, process, task counts, versions, generation; below
     the table, error codes and undecodable bytes, one line each (long text in a column
     squeezed the others to one character per line). ``labels``: of member and process ids."""
-    table = Table(title="Members")
-    for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
-        # The process folds too: a URL no shorter label names (a scheme apart) is long.
-        wraps = col in ("client@host", "process", "versions")
-        least = 12 if col in ("client@host", "versions") else None
-        table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=least)
     ordered = sorted(members, key=lambda m: (m.process, m.member_id))
-    for m in ordered:
-        table.add_row(
-            labels[m.member_id],
-            _client_at_host(m),
-            labels[m.process] if m.assigned else "?",
-            f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}" if m.assigned else "undecodable",
-            (m.versions or "-")
-            + (f"\ntopology {m.topology_version}" if m.topology_version else ""),
-            "-" if m.generation is None else str(m.generation),
-        )
+    # A table wider than the console folds client@host at the column's edge, mid-address
+    # (127.0.0 / .1): then the host goes on a line of its own, whole, after its client id.
+    for host_below in (False, True):
+        table = Table(title="Members")
+        for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
+            # The process folds too: a URL no shorter label names (a scheme apart) is long.
+            wraps = col in ("client@host", "process", "versions")
+            least = 12 if col in ("client@host", "versions") else None
+            table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=least)
+        for m in ordered:
+            table.add_row(
+                labels[m.member_id],
+                _client_at_host(m).replace("@", "\n@", 1) if host_below else _client_at_host(m),
+                labels[m.process] if m.assigned else "?",
+                f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}"
+                if m.assigned
+                else "undecodable",
+                (m.versions or "-")
+                + (f"\ntopology {m.topology_version}" if m.topology_version else ""),
+                "-" if m.generation is None else str(m.generation),
+            )
+        unbounded = console.options.update_width(sys.maxsize)  # its natural width, not cut
+        if Measurement.get(console, unbounded, table).maximum <= console.width:
+            break
     console.print(table)
     for m in ordered:
         if m.undecodable is not None:

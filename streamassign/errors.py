@@ -7,6 +7,7 @@ line knows what to fix, and integrations can map each type to a protocol error c
 from __future__ import annotations
 
 import enum
+import importlib
 from collections.abc import Iterable, Mapping
 
 
@@ -142,9 +143,28 @@ class DamagedStateError(StreamAssignError, ValueError):
     changelog), so users see a log line, not this error."""
 
 
-class MissingExtraError(StreamAssignError, ImportError):
+class MissingExtraError(StreamAssignError, ModuleNotFoundError):
     """A feature needs a package of an optional extra that is not installed; the message names
-    the extra (``pip install 'streamassign[EXTRA]'``)."""
+    the extra (``pip install 'streamassign[EXTRA]'``). A ``ModuleNotFoundError`` (an
+    ``ImportError``) whose ``name`` is the missing module, as the bare error it replaces, so
+    code catching that still does."""
+
+
+def require_extra(feature: str, extra: str, packages: Mapping[str, str]) -> None:
+    """Raise ``MissingExtraError`` naming ``extra`` when a package ``feature`` needs is not
+    installed: ``packages`` maps each top-level module to the distribution pip installs it
+    from. A module missing inside an installed package is not the extra's: raised as it is."""
+    for module, distribution in packages.items():
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            raise MissingExtraError(
+                f"{feature} needs {distribution}, from the {extra} extra: "
+                f"pip install 'streamassign[{extra}]'",
+                name=module,
+            ) from exc
 
 
 # -- wire formats (Kafka Streams and consumer user data) -------------------------------------------

@@ -21,6 +21,7 @@ import attrs
 import pytest
 from aiokafka.errors import (
     GroupAuthorizationFailedError,
+    IllegalSaslStateError,
     KafkaConnectionError,
     NodeNotReadyError,
     SaslAuthenticationFailed,
@@ -85,6 +86,16 @@ def test_closed_refused_and_tls_errors_are_told_apart() -> None:
         bootstrap.TLS, "TLS: wrong version number"
     )
     assert connect_failure(TimeoutError()).kind == bootstrap.TIMEOUT
+
+
+def test_a_listener_of_another_protocol_is_not_an_unreachable_broker() -> None:
+    # aiokafka raises this one with the connection as its only arg: nothing to quote.
+    not_sasl = connect_failure(IllegalSaslStateError(object()))
+    assert not_sasl == bootstrap.ConnectFailure(
+        bootstrap.NOT_SASL, "the broker answered, but not as a SASL listener"
+    )
+    reset = connect_failure(ConnectionResetError())
+    assert reset == bootstrap.ConnectFailure(bootstrap.RESET, "the broker reset the connection")
 
 
 def test_only_the_failures_of_the_block_are_kept_and_nothing_stays_attached() -> None:
@@ -483,3 +494,23 @@ def test_a_coordinator_away_past_the_timeout_is_one_line_that_says_so() -> None:
         " s: the group's coordinator restarting or moving, or its address unreachable?)"
     )
     assert 3 <= admin.client.asked <= 5
+
+
+@pytest.mark.parametrize(
+    ("protocol", "hint"),
+    [
+        ("PLAINTEXT", ""),
+        (
+            "SASL_SSL",
+            " (a port without TLS asked with SASL_SSL? --security-protocol; or the broker "
+            "refusing more connections from this address)",
+        ),
+    ],
+)
+def test_a_reset_is_told_as_a_protocol_question_only_when_tls_was_asked(
+    protocol: str, hint: str
+) -> None:
+    reset = bootstrap.ConnectFailure(bootstrap.RESET, "the broker reset the connection")
+    connection = Connection("127.0.0.1:1", security_protocol=protocol, timeout_s=1)
+    line = describe_module._unreachable(ConnectionError(), reset, connection)
+    assert line == "the broker reset the connection" + hint

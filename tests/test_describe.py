@@ -924,6 +924,36 @@ def printed(view: GroupView) -> str:
     return console.export_text()
 
 
+@pytest.mark.parametrize("width", [80, 160])
+def test_a_members_host_is_never_folded(width: int) -> None:
+    """An audit: at 80 columns client@host folded mid-address (``aiokafka-0.14.0@127.0.0`` /
+    ``.1``). Narrow, the host goes below its client id, whole; wide, both on one line."""
+    from streamassign.cli import _print_group, _Stdout
+
+    pids = ("93eca1d0-0000-4000-8000-000000000001", "bbb0d247-0000-4000-8000-000000000002")
+    raw = [
+        RawMember(
+            f"aiokafka-0.14.0-{uuid.UUID(int=k)}",
+            "aiokafka-0.14.0",
+            "/127.0.0.1",
+            meta(["orders"], SubscriptionInfo(uuid.UUID(pid)).encode()),
+            encode_assignment([], AssignmentInfo(frozenset()).encode()),
+        )
+        for k, pid in enumerate(pids)
+    ]
+    view = describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, raw)
+    console = _Stdout(width=width, record=True)
+    _print_group(console, view, quality(view))
+    text = console.export_text()
+    assert_whole_tables(text, MEMBERS_COLUMNS)
+    cells = [line.split("│")[2].strip() for line in text.splitlines() if "aiokafka" in line]
+    below = [line.split("│")[2].strip() for line in text.splitlines() if "│ @" in line]
+    if width == 80:
+        assert (cells, below) == (["aiokafka-0.14.0"] * 2, ["@127.0.0.1"] * 2)
+    else:
+        assert (cells, below) == (["aiokafka-0.14.0@127.0.0.1"] * 2, [])
+
+
 def test_member_error_codes_are_a_line_each_and_a_quality_problem() -> None:
     """A co-partitioning mistake: the leader sends every member an empty assignment with
     INCOMPLETE_SOURCE_TOPIC_METADATA and no topic dictionary (0 tasks): balanced over nothing

@@ -6,8 +6,11 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import json
 import pkgutil
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -239,3 +242,64 @@ def test_a_topology_without_tasks_is_still_a_config_error_to_hosts(
     for refused in (host.value, app.value):
         assert isinstance(refused, errors.NoTasksError)
         assert isinstance(refused, errors.TopologyError) and isinstance(refused, ValueError)
+
+
+#: Run in a fresh interpreter: per case, the top-level modules made unimportable (None in
+#: sys.modules, as if not installed), then what importing the package (and reading one of its
+#: names, when given) raised.
+_WITHOUT_EXTRA = """
+import importlib, json, sys
+from streamassign.errors import StreamAssignError
+seen = {}
+for package, name, blocked in [
+    ("streamassign.aiokafka", None, "aiokafka"),
+    ("streamassign.runtime", None, "aiokafka"),
+    ("streamassign.faust", None, "faust"),
+    ("streamassign.runtime", "QueryServer", "aiohttp"),
+]:
+    for loaded in [n for n in sys.modules if n.startswith(package)]:
+        del sys.modules[loaded]
+    sys.modules[blocked] = None
+    try:
+        module = importlib.import_module(package)
+        if name is not None:
+            getattr(module, name)
+    except ModuleNotFoundError as exc:  # what code that caught the bare error catches
+        feature = package if name is None else f"{package}.{name}"
+        seen[feature] = [type(exc).__name__, isinstance(exc, StreamAssignError), exc.name, str(exc)]
+    del sys.modules[blocked]
+print(json.dumps(seen))
+"""
+
+
+def test_a_package_without_its_extra_names_the_extra_to_install() -> None:
+    ran = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_EXTRA], capture_output=True, text=True, check=True
+    )
+
+    def missing(feature: str, module: str, distribution: str, extra: str) -> list[object]:
+        line = f"{feature} needs {distribution}, from the {extra} extra"
+        install = f"pip install 'streamassign[{extra}]'"
+        return ["MissingExtraError", True, module, f"{line}: {install}"]
+
+    assert json.loads(ran.stdout) == {
+        feature: missing(feature, module, distribution, extra)
+        for feature, module, distribution, extra in [
+            ("streamassign.aiokafka", "aiokafka", "aiokafka", "aiokafka"),
+            ("streamassign.runtime", "aiokafka", "aiokafka", "runtime"),
+            ("streamassign.faust", "faust", "faust-streaming", "faust"),
+            ("streamassign.runtime.QueryServer", "aiohttp", "aiohttp", "runtime"),
+        ]
+    }
+
+
+def test_a_module_missing_inside_an_installed_package_is_not_blamed_on_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "installed_but_broken").mkdir()
+    (tmp_path / "installed_but_broken" / "__init__.py").write_text("import gone_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError) as raised:
+        errors.require_extra("x", "y", {"installed_but_broken": "installed-but-broken"})
+    assert raised.type is ModuleNotFoundError
+    assert raised.value.name == "gone_dependency"

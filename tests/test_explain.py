@@ -453,6 +453,29 @@ def snapshot(
     return str(path)
 
 
+def test_diff_names_clients_as_describe_and_explain_do(tmp_path: Path) -> None:
+    """An audit: at 80 columns diff cut aiokafka member ids from the right (their shared
+    client-id head, ``aiokafka-0.14.0-4950d175-6078-4237…``) while describe and explain show
+    each by its unique tail (``_process_labels``): no row of one could be matched to the
+    other's."""
+    from streamassign.cli import _process_labels
+
+    stayed, joined = (f"aiokafka-0.14.0-{uuid.UUID(int=n)}" for n in (0x4950D175, 0x1783F862))
+    before = snapshot(tmp_path / "a.json", {stayed: {"active": ["0_0", "0_1"]}}, {})
+    after = snapshot(
+        tmp_path / "b.json", {stayed: {"active": ["0_0"]}, joined: {"active": ["0_1"]}}, {}
+    )
+    result = CliRunner().invoke(main, ["diff", before, after], env={**WIDE, "COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in result.output.splitlines()]
+    labels = _process_labels([stayed, joined])
+    assert labels == {stayed: "…4950d175", joined: "…1783f862"}
+    assert [row[:2] for row in rows if row] == [
+        [labels[joined], "joined"],
+        [labels[stayed], "changed"],
+    ]
+
+
 def test_explain_of_two_snapshots_lands_on_the_local_state_the_after_side_reported(
     tmp_path: Path,
 ) -> None:

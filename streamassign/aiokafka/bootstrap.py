@@ -18,6 +18,7 @@ from types import TracebackType
 
 import attrs
 from aiokafka.errors import (
+    IllegalSaslStateError,
     KafkaConnectionError,
     KafkaError,
     SaslAuthenticationFailed,
@@ -37,6 +38,11 @@ CERTIFICATE = "certificate"
 HOSTNAME = "hostname"
 TLS = "tls"
 CLOSED = "closed"
+#: The broker answered the SASL handshake as a listener without SASL does.
+NOT_SASL = "not-sasl"
+#: The broker reset the connection: what a listener without TLS does with a TLS hello (and
+#: a broker over its connection quota with any).
+RESET = "reset"
 REFUSED = "refused"
 TIMEOUT = "timeout"
 OTHER = "other"
@@ -85,6 +91,12 @@ def connect_failure(error: BaseException, sasl_mechanism: str | None = None) -> 
         return ConnectFailure(TIMEOUT, "the connection timed out")
     if isinstance(error, KafkaConnectionError) and str(error).endswith(" closed"):
         return ConnectFailure(CLOSED, "the broker closed the connection")
+    if isinstance(error, IllegalSaslStateError):
+        # aiokafka's text is only the connection's repr; Kafka answers a SaslHandshake so on
+        # a listener whose protocol is PLAINTEXT or SSL.
+        return ConnectFailure(NOT_SASL, "the broker answered, but not as a SASL listener")
+    if isinstance(error, ConnectionResetError):
+        return ConnectFailure(RESET, "the broker reset the connection")
     if isinstance(error, KafkaError | OSError):
         return ConnectFailure(OTHER, str(error) or type(error).__name__)
     return ConnectFailure(OTHER, f"{type(error).__name__}: {error}")

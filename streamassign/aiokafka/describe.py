@@ -81,7 +81,9 @@ from .bootstrap import (
     CLOSED,
     HOSTNAME,
     MECHANISM,
+    NOT_SASL,
     REFUSED,
+    RESET,
     TLS,
     ConnectFailure,
     ConnectFailures,
@@ -1845,6 +1847,16 @@ def _unreachable(exc: BaseException, failure: ConnectFailure | None, connection:
             else (f"is the port's listener {protocol}? --security-protocol")
         )
         return f"{failure.text} ({asked})"
+    if failure.kind == NOT_SASL:
+        listener = protocol.removeprefix("SASL_")
+        return f"{failure.text} (is the port's listener {listener}? --security-protocol)"
+    if failure.kind == RESET and "SSL" in protocol:
+        # Not proof of a port without TLS: a broker over max.connections.per.ip, a
+        # middlebox or a broker going down resets a TLS hello too.
+        return (
+            f"{failure.text} (a port without TLS asked with {protocol}? --security-protocol; "
+            "or the broker refusing more connections from this address)"
+        )
     return failure.text + _CONNECT_HINTS.get(failure.kind, "")
 
 

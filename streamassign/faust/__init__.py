@@ -6,6 +6,7 @@ Needs the ``faust`` extra (``pip install 'streamassign[faust]'``). ``docs/faust.
 it changes and how to configure capacities and co-partition groups.
 """
 
+from . import _extra  # noqa: F401 - before the rest: names the extra when it is missing
 from .assignor import CAPACITY_ENV, PROTOCOL_NAME, PartitionAssignor
 from .leader import assign_faust, faust_topology
 from .topology import faust_style_topology

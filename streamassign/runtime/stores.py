@@ -406,10 +406,13 @@ def require_store_library(kind: str) -> None:
         return
     try:
         import rocksdict  # noqa: F401
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if exc.name != "rocksdict":  # broken inside: not the extra's
+            raise
         raise MissingExtraError(
             "store_kind='rocksdb' needs rocksdict, from the runtime extra: "
-            "pip install 'streamassign[runtime]' (or use store_kind='memory')"
+            "pip install 'streamassign[runtime]' (or use store_kind='memory')",
+            name="rocksdict",
         ) from exc
 
 

@@ -284,6 +284,35 @@ def test_unassigned_topics_are_looked_up_in_the_clusters_metadata(
     assert asyncio.run(looked_up()) == ({topic: 3}, frozenset())
 
 
+@pytest.mark.parametrize(
+    ("protocol", "line"),
+    [
+        (
+            "SASL_PLAINTEXT",
+            "the broker answered, but not as a SASL listener (is the port's listener PLAINTEXT? "
+            "--security-protocol)",
+        ),
+        (
+            "SSL",
+            "the broker reset the connection (a port without TLS asked with SSL? "
+            "--security-protocol; or the broker refusing more connections from this address)",
+        ),
+    ],
+)
+def test_another_protocol_than_the_listeners_is_named(
+    kafka_bootstrap: str, protocol: str, line: str
+) -> None:
+    """The session broker's listener is PLAINTEXT: asked with SASL or TLS it answers, so the
+    line points at --security-protocol, as docs/operations.md shows, not at the network."""
+    credentials = ["--sasl-username", "u", "--sasl-password", "p"] if "SASL" in protocol else []
+    args = ["describe", "g", "-b", kafka_bootstrap, "--security-protocol", protocol, *credentials]
+    result = CliRunner().invoke(main, [*args, "--timeout", "10"], catch_exceptions=False)
+    assert (result.exit_code, result.output) == (
+        1,
+        f"Error: cannot reach {kafka_bootstrap}: {line}\n",
+    )
+
+
 @pytest.mark.parametrize("assignor", ["ours", "faust"])
 def test_faust_app_described(
     assignor: str,
