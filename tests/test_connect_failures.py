@@ -514,3 +514,16 @@ def test_a_reset_is_told_as_a_protocol_question_only_when_tls_was_asked(
     connection = Connection("127.0.0.1:1", security_protocol=protocol, timeout_s=1)
     line = describe_module._unreachable(ConnectionError(), reset, connection)
     assert line == "the broker reset the connection" + hint
+
+
+@pytest.mark.parametrize("kind", [bootstrap.NOT_SASL, bootstrap.RESET])
+def test_an_app_on_a_listener_of_another_protocol_is_told_to_check_security_protocol(
+    kind: str,
+) -> None:
+    from streamassign.runtime.app import _with_reason
+
+    failure = bootstrap.ConnectFailure(kind, "the broker answered")
+    unable = KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1, 0)]")
+    said = str(_with_reason(unable, failure))
+    assert said.startswith("KafkaConnectionError: Unable to bootstrap")
+    assert "the broker answered (is security_protocol the listener's, in consumer_config" in said

@@ -35,7 +35,14 @@ from aiokafka.errors import GroupAuthorizationFailedError, KafkaConnectionError
 
 from .. import TaskId, TopicPartition
 from ..aiokafka import closing
-from ..aiokafka.bootstrap import CERTIFICATE, CLOSED, ConnectFailure, ConnectFailures
+from ..aiokafka.bootstrap import (
+    CERTIFICATE,
+    CLOSED,
+    NOT_SASL,
+    RESET,
+    ConnectFailure,
+    ConnectFailures,
+)
 from ..aiokafka.closing import Release, release_consumer, release_producer, stop_within
 from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.streams import ProcessHost, TaskListener
@@ -1451,6 +1458,10 @@ class _Listener(TaskListener):
 _CONNECT_HINTS = {
     CERTIFICATE: " (is the CA of ssl_context the broker's?)",
     CLOSED: " (is security_protocol the listener's, in consumer_config and producer_config?)",
+    NOT_SASL: " (is security_protocol the listener's, in consumer_config and producer_config?)",
+    # Not proof of the protocol: a broker over max.connections.per.ip resets a hello too.
+    RESET: " (is security_protocol the listener's, in consumer_config and producer_config? or "
+    "the broker refusing more connections from this address)",
 }
 
 
