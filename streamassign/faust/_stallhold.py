@@ -494,12 +494,12 @@ class StallHoldProducer(faust_aiokafka.Producer):
 
     def _stall_tell(self, hold: StallHold) -> None:
         if hold.cause == SILENCE:
+            reset = self._stall_abort()
             why = (
                 f"no heartbeat of this worker was accepted for {hold.gap:.1f} s (more than "
                 f"{hold.silence_threshold:.1f} s: cut off from the group's coordinator, the "
-                "broker may expire its session); reset "
-                f"{self._stall_abort()} connection(s) with a changelog request in flight (its "
-                "unsent bytes discarded, its batches back to be held)"
+                f"broker may expire its session); reset {reset} connection(s) with a changelog "
+                "request in flight (its unsent bytes discarded, its batches back to be held)"
             )
         else:
             why = (
