@@ -312,3 +312,37 @@ def test_a_request_still_connecting_at_a_stall_decides_once_connected(
 
     landed, retries = run(scenario())
     assert landed == [] and retries == 1
+
+
+def test_a_request_the_lost_membership_drops_does_not_wait_for_a_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decided DROP (or HOLD) before connecting, the request hands its changelog batch over at
+    once: a dead leader's connection would keep it, and a flush waiting on it, for minutes."""
+    from .test_faust_stallsend_inflight import _append, _gated, _stop_after_the_next_drain, _until
+
+    async def scenario() -> tuple[bool, bool]:
+        worker = Worker(tmp_path, monkeypatch)
+        accumulator, sender, broker = await _gated(worker)
+        connecting = asyncio.Event()
+
+        async def ready(node_id: int) -> bool:
+            connecting.set()
+            await asyncio.Event().wait()  # a dead link: never connected
+            return False
+
+        broker.ready = ready  # type: ignore[attr-defined]
+
+        def stall_and_lose() -> None:
+            worker.stall(10.0)
+            worker.coordinator.member_id = ""
+            worker.look()
+
+        _stop_after_the_next_drain(accumulator, stall_and_lose)
+        await _append(accumulator, CHANGELOG_TP, b"stale")
+        await _until(lambda: not accumulator._pending_batches and not sender._in_flight)
+        await asyncio.wait_for(accumulator.flush(), 1)
+        await sender.close()
+        return connecting.is_set(), bool(broker.landed)
+
+    assert run(scenario()) == (False, False)

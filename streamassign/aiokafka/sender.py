@@ -21,9 +21,10 @@ Not with an idempotent producer: a drained batch has its sequence numbers, and t
 refuses every later batch of a partition whose batch was dropped (OutOfOrderSequenceNumber,
 not retried). Faust enables idempotence only with ``exactly_once``, where nothing is held.
 
-A request whose task started while its connection was still being made decides once it is
-connected (``client.ready(node_id)`` first, which returns at once on a live connection): a
-connection made at the end of a network cut, while a hold is on, carries no changelog batch.
+A request of gated partitions the rule lets go decides again once connected
+(``client.ready(node_id)`` first, which returns without a step of the loop on a live
+connection): a connection made at the end of a network cut, while a hold is on, carries no
+changelog batch. Held or dropped, it is decided at once (no wait for a dead link).
 
 A request already written when a worker is cut off from the broker sits in the client's
 buffers (asyncio's transport, the kernel's send queue, retransmitted) and reaches the broker at
@@ -105,9 +106,10 @@ def gate_sends(sender: Any, rule: Callable[[], str], gated: Callable[[Any], bool
     send = sender._send_produce_req
 
     async def gated_send(node_id: Any, batches: dict[Any, Any]) -> None:
-        if any(gated(tp) for tp in batches):  # a cut may begin while it connects
-            await _connected(sender, node_id)
         decided = _decide(rule)
+        if decided == SEND and any(gated(tp) for tp in batches):  # a cut may begin while it
+            await _connected(sender, node_id)  # connects: decided again once connected
+            decided = _decide(rule)
         held = {tp: batch for tp, batch in batches.items() if decided != SEND and gated(tp)}
         if held:
             _take_back(sender, node_id, batches, held, drop=decided == DROP)
