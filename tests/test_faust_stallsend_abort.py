@@ -346,3 +346,33 @@ def test_a_request_the_lost_membership_drops_does_not_wait_for_a_connection(
         return connecting.is_set(), bool(broker.landed)
 
     assert run(scenario()) == (False, False)
+
+
+def test_a_changelog_request_whose_leader_cannot_be_reached_connects_once_then_retries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request's gate connected first and failed: the request is not sent (its send would
+    connect again, a second wait on a dead leader); its batch goes back, as aiokafka's retry
+    does, and the next request connects and writes it."""
+    from .test_faust_stallsend_inflight import _append, _gated, _idle, _until
+
+    async def scenario() -> tuple[list[bool], list[Any]]:
+        worker = Worker(tmp_path, monkeypatch)
+        accumulator, sender, broker = await _gated(worker)
+        sender._retry_backoff = 0.01
+        answers = [False, True]
+        asked: list[bool] = []
+
+        async def ready(node_id: int) -> bool:
+            asked.append(answers[len(asked)])
+            return asked[-1]
+
+        broker.ready = ready  # type: ignore[attr-defined]
+        record = await _append(accumulator, CHANGELOG_TP, b"v")
+        await _until(lambda: record.done() and _idle(sender))
+        await sender.close()
+        return asked, broker.landed
+
+    asked, landed = run(scenario())
+    assert asked == [False, True]
+    assert landed == [(CHANGELOG, b"v")]

@@ -43,6 +43,7 @@ keyed by ``(node_id, ConnectionGroup.DEFAULT)``, each connection's ``_writer`` a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -53,6 +54,7 @@ from typing import Any
 
 from aiokafka.client import ConnectionGroup
 from aiokafka.conn import CloseReason
+from aiokafka.errors import NodeNotReadyError
 
 from .accumulator import DROP, HOLD, SEND, accumulator_shape_known
 
@@ -108,7 +110,9 @@ def gate_sends(sender: Any, rule: Callable[[], str], gated: Callable[[Any], bool
     async def gated_send(node_id: Any, batches: dict[Any, Any]) -> None:
         decided = _decide(rule)
         if decided == SEND and any(gated(tp) for tp in batches):  # a cut may begin while it
-            await _connected(sender, node_id)  # connects: decided again once connected
+            if not await _connected(sender, node_id):  # connects: decided again once connected
+                await _unreachable(sender, node_id, batches)
+                return
             decided = _decide(rule)
         held = {tp: batch for tp, batch in batches.items() if decided != SEND and gated(tp)}
         if held:
@@ -122,17 +126,34 @@ def gate_sends(sender: Any, rule: Callable[[], str], gated: Callable[[Any], bool
     return True
 
 
-async def _connected(sender: Any, node_id: Any) -> None:
+async def _connected(sender: Any, node_id: Any) -> bool:
     """Connect to ``node_id`` before the rule decides; the request's send uses the connection
-    made here, and on a live one this returns without a step of the loop. Not connected, the
-    send tries again and fails as aiokafka's would (retried)."""
+    made here, and on a live one this returns without a step of the loop. True also when it
+    cannot be asked (the send connects then, as without this gate)."""
     ready = getattr(getattr(sender, "client", None), "ready", None)
     if ready is None:
-        return
+        return True
     try:
-        await ready(node_id)
-    except Exception:  # the send meets the same error, as without this gate
+        return bool(await ready(node_id))
+    except Exception:
         log.debug("connecting to node %s before a produce request failed", node_id, exc_info=True)
+        return False
+
+
+async def _unreachable(sender: Any, node_id: Any, batches: dict[Any, Any]) -> None:
+    """What aiokafka's request does when its node cannot be reached (a retriable error), without
+    its send connecting a second time (a second wait, minutes on a dead leader): each batch
+    failed once expired, else handed back to the accumulator after the retry backoff."""
+    error = NodeNotReadyError(f"node {node_id} could not be reached")
+    expired = {tp for tp, batch in batches.items() if batch.expired()}  # never idempotent here
+    for tp in expired:
+        batches[tp].failure(exception=error)
+    await asyncio.sleep(sender._retry_backoff)
+    retried = {tp: batch for tp, batch in batches.items() if tp not in expired}
+    _take_back(sender, node_id, batches, retried, drop=False)
+    sender._in_flight.discard(node_id)
+    for tp in expired:
+        sender._muted_partitions.discard(tp)
 
 
 def _decide(rule: Callable[[], str]) -> str:
