@@ -21,26 +21,51 @@ Not with an idempotent producer: a drained batch has its sequence numbers, and t
 refuses every later batch of a partition whose batch was dropped (OutOfOrderSequenceNumber,
 not retried). Faust enables idempotence only with ``exactly_once``, where nothing is held.
 
+A request of gated partitions the rule lets go decides again once connected
+(``client.ready(node_id)`` first, which returns without a step of the loop on a live
+connection): a connection made at the end of a network cut, while a hold is on, carries no
+changelog batch. Held or dropped, it is decided at once (no wait for a dead link).
+
+A request already written when a worker is cut off from the broker sits in the client's
+buffers (asyncio's transport, the kernel's send queue, retransmitted) and reaches the broker at
+the heal, after the new owner's writes. ``abort_in_flight`` recalls it: it resets the
+connections of the nodes with a request in flight (SO_LINGER 0, so the kernel discards its
+unsent and unacknowledged bytes, then asyncio's ``abort``, which drops its buffer), and
+aiokafka's ``close`` fails the request as a retriable connection error: aiokafka puts its
+batches back into the accumulator, whose gate holds or drops them.
+
 Checked against aiokafka 0.11.0 - 0.14.0 (``_send_produce_req(node_id, batches)``, the
 ``_in_flight`` and ``_muted_partitions`` sets, the accumulator's ``reenqueue(batch)``); another
-shape leaves the sender alone with one WARNING.
+shape leaves the sender alone with one WARNING. The abort also relies on ``client._conns``
+keyed by ``(node_id, ConnectionGroup.DEFAULT)``, each connection's ``_writer`` and its
+``close(reason)`` (checked in aiokafka 0.14.0); another shape is not aborted.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import logging
+import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
+from aiokafka.client import ConnectionGroup
+from aiokafka.conn import CloseReason
+from aiokafka.errors import NodeNotReadyError
+
 from .accumulator import DROP, HOLD, SEND, accumulator_shape_known
 
-__all__ = ["gate_sends"]
+__all__ = ["abort_in_flight", "gate_sends"]
 
 log = logging.getLogger("streamassign.aiokafka")
 
 _SEND_PARAMETERS = ("self", "node_id", "batches")
 _REENQUEUE_PARAMETERS = ("self", "batch")
+#: SO_LINGER on, 0 seconds: ``close`` resets the connection and discards what is unsent.
+_LINGER_RESET = struct.pack("ii", 1, 0)
 
 
 def _parameters(function: Any) -> tuple[str, ...] | None:
@@ -84,6 +109,11 @@ def gate_sends(sender: Any, rule: Callable[[], str], gated: Callable[[Any], bool
 
     async def gated_send(node_id: Any, batches: dict[Any, Any]) -> None:
         decided = _decide(rule)
+        if decided == SEND and any(gated(tp) for tp in batches):  # a cut may begin while it
+            if not await _connected(sender, node_id):  # connects: decided again once connected
+                await _unreachable(sender, node_id, batches)
+                return
+            decided = _decide(rule)
         held = {tp: batch for tp, batch in batches.items() if decided != SEND and gated(tp)}
         if held:
             _take_back(sender, node_id, batches, held, drop=decided == DROP)
@@ -94,6 +124,36 @@ def gate_sends(sender: Any, rule: Callable[[], str], gated: Callable[[Any], bool
 
     sender._send_produce_req = gated_send
     return True
+
+
+async def _connected(sender: Any, node_id: Any) -> bool:
+    """Connect to ``node_id`` before the rule decides; the request's send uses the connection
+    made here, and on a live one this returns without a step of the loop. True also when it
+    cannot be asked (the send connects then, as without this gate)."""
+    ready = getattr(getattr(sender, "client", None), "ready", None)
+    if ready is None:
+        return True
+    try:
+        return bool(await ready(node_id))
+    except Exception:
+        log.debug("connecting to node %s before a produce request failed", node_id, exc_info=True)
+        return False
+
+
+async def _unreachable(sender: Any, node_id: Any, batches: dict[Any, Any]) -> None:
+    """What aiokafka's request does when its node cannot be reached (a retriable error), without
+    its send connecting a second time (a second wait, minutes on a dead leader): each batch
+    failed once expired, else handed back to the accumulator after the retry backoff."""
+    error = NodeNotReadyError(f"node {node_id} could not be reached")
+    expired = {tp for tp, batch in batches.items() if batch.expired()}  # never idempotent here
+    for tp in expired:
+        batches[tp].failure(exception=error)
+    await asyncio.sleep(sender._retry_backoff)
+    retried = {tp: batch for tp, batch in batches.items() if tp not in expired}
+    _take_back(sender, node_id, batches, retried, drop=False)
+    sender._in_flight.discard(node_id)
+    for tp in expired:
+        sender._muted_partitions.discard(tp)
 
 
 def _decide(rule: Callable[[], str]) -> str:
@@ -128,3 +188,51 @@ def _take_back(
             "not yet made (the membership was lost)",
             len(held),
         )
+
+
+def abort_in_flight(producer: Any, gated: Callable[[Any], bool]) -> int:
+    """Reset the connections of aiokafka's ``producer`` to every node with a produce request
+    in flight, if one of them carries a partition ``gated(tp)`` selects; how many were reset.
+    Their unsent bytes are discarded and their requests fail as retriable, so aiokafka puts
+    the batches back into its accumulator. Never raises; 0 for a sender of another shape, an
+    idempotent one (a batch dropped later would fail its partition's later ones) or one with
+    acks=0 (its records already count as written: a request reset would lose them)."""
+    sender: Any = getattr(producer, "_sender", None)
+    try:
+        if not _abortable(sender):
+            return 0
+        if not any(gated(tp) for tp in sender._muted_partitions):
+            return 0
+        nodes = sorted(sender._in_flight, key=repr)
+    except Exception:  # the hold's tick calls this: it must go on
+        log.exception("looking for aiokafka's produce requests in flight failed")
+        return 0
+    return sum(_reset(sender.client, node_id) for node_id in nodes)
+
+
+def _abortable(sender: Any) -> bool:
+    if not _shape_known(sender) or getattr(sender, "_txn_manager", True) is not None:
+        return False
+    if getattr(sender, "_acks", 0) == 0:
+        return False
+    return isinstance(getattr(getattr(sender, "client", None), "_conns", None), dict)
+
+
+def _reset(client: Any, node_id: Any) -> bool:
+    """Reset the producer's connection to ``node_id``, if it is open."""
+    conn = client._conns.get((node_id, ConnectionGroup.DEFAULT))
+    writer = getattr(conn, "_writer", None)
+    if writer is None:  # still connecting (its request decides once connected), or closed
+        return False
+    try:
+        transport = writer.transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):  # the socket is gone already: nothing to send
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        transport.abort()  # drops asyncio's buffer; the socket closes on the loop's next step
+        conn.close(reason=CloseReason.CONNECTION_BROKEN)  # fails the requests: retried
+    except Exception:
+        log.exception("resetting aiokafka's connection to node %s failed", node_id)
+        return False
+    return True

@@ -51,7 +51,9 @@ resume: each drain runs the hold's check first and keeps the changelog's batches
 a hold is on (``streamassign.aiokafka.accumulator``, ``_stall_drain_rule``). A batch drained
 just before the stall goes into a request made on the loop's next step, after the resume: that
 request runs the same check, and hands the changelog's batches back to the accumulator or
-drops them (``streamassign.aiokafka.sender``).
+drops them (``streamassign.aiokafka.sender``). A changelog request already written when a
+silence hold begins is still in this host's buffers (the link is dead): its connections are
+reset, discarding those bytes, and aiokafka hands its batches back to the gated accumulator.
 Under exactly_once transactions fence the zombie, and with ``producer_threaded`` the sends
 leave on another thread: nothing is held there.
 """
@@ -75,7 +77,7 @@ from ..aiokafka.rejoin import (
     refuse_commits_without_membership,
     watch_heartbeats,
 )
-from ..aiokafka.sender import gate_sends
+from ..aiokafka.sender import abort_in_flight, gate_sends
 from ._app import aiokafka_consumer, exactly_once
 
 __all__ = ["DROPPED", "RELEASED", "StallHold", "StallHoldProducer"]
@@ -496,10 +498,12 @@ class StallHoldProducer(faust_aiokafka.Producer):
 
     def _stall_tell(self, hold: StallHold) -> None:
         if hold.cause == SILENCE:
+            reset = self._stall_abort()
             why = (
                 f"no heartbeat of this worker was accepted for {hold.gap:.1f} s (more than "
                 f"{hold.silence_threshold:.1f} s: cut off from the group's coordinator, the "
-                "broker may expire its session)"
+                f"broker may expire its session); reset {reset} connection(s) with a changelog "
+                "request in flight (its unsent bytes discarded, its batches back to be held)"
             )
         else:
             why = (
@@ -513,6 +517,14 @@ class StallHoldProducer(faust_aiokafka.Producer):
             len(hold.held),
             hold.held_as,
         )
+
+    def _stall_abort(self) -> int:
+        """Recall the changelog request aiokafka had written when the cut began: still in this
+        host's buffers, it would reach the broker at the heal, after the new owner's writes.
+        Not after a gap: the kernel sent the bytes while the process was stopped."""
+        if not self._stall_gated:  # nothing would hold the batches it puts back
+            return 0
+        return abort_in_flight(self._producer, self._is_changelog)
 
     def _stall_rejoined(self, member: str | None) -> None:
         dropped, self.stall_hold.dropped_since_lost = self.stall_hold.dropped_since_lost, 0
