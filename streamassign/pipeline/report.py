@@ -429,8 +429,19 @@ def _per_crash(cold: int, crashes: int) -> str:
 # -- figures ---------------------------------------------------------------------------------------
 
 #: Legends go under the plot, where they cover no data; the figure grows with its entries so
-#: that the plot keeps its height when the legend wraps on a narrow screen.
-_LEGEND: Final = {"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "left", "x": 0}
+#: that the plot keeps its height when the legend wraps on a narrow screen. Placed at the foot
+#: of the figure (``yref="container"``), plotly reserves the legend's height there and lays the
+#: x axis out above it: a legend placed under the plot area instead (``y`` < 0 in the plot's
+#: coordinates) stays put while the axis grows, and on a narrow screen the rotated tick labels
+#: and the axis title ran over it.
+_LEGEND: Final = {
+    "orientation": "h",
+    "yref": "container",
+    "yanchor": "bottom",
+    "y": 0,
+    "xanchor": "left",
+    "x": 0,
+}
 _DASHES: Final = ("dash", "dot", "dashdot", "longdash")
 _SYMBOLS: Final = ("circle-open", "diamond-open", "square-open", "triangle-up-open")
 
