@@ -215,7 +215,12 @@ def _metrics_rows(m: AssignmentMetrics) -> list[tuple[str, str]]:
         ("load imbalance (active+standby per thread)", f"{m.load_imbalance:.2f}"),
         ("moves / lower bound", f"{m.moves} / {m.move_lower_bound}"),
         ("standbys placed / required", f"{m.standbys_placed} / {m.standbys_required}"),
-        ("previous standbys kept / dropped", f"{m.standbys_kept} / {m.standbys_dropped}"),
+        # A previous standby that became active is neither: the explain table counts it among
+        # the copies dropped, and says how many became active.
+        (
+            "previous standbys kept / dropped (not counting any now active)",
+            f"{m.standbys_kept} / {m.standbys_dropped}",
+        ),
         ("takeovers warm / cold", f"{m.warm_takeovers} / {m.cold_takeovers}"),
     ]
 
@@ -1085,6 +1090,13 @@ def _print_moves(
         for row in rows:
             table.add_row(*row)
         console.print(table)
+        # The plan's Quality table counts only the drops of copies not now active there.
+        promoted = sum(1 for c in moves.standbys if c.reason == Reason.BECAME_ACTIVE)
+        if promoted:
+            console.print(
+                f"{promoted} of the {dropped} dropped became active where they were (not "
+                "counted as previous standbys dropped)"
+            )
     else:
         console.print("no standby moved")
 
