@@ -437,20 +437,23 @@ _master_option = click.option(
 )
 
 
-def _spark_tasks_option(for_report: str) -> Callable[[_F], _F]:
-    """``--spark-tasks N``; ``for_report``: what it means for a command's report ("" for a
-    command that writes none)."""
+def _spark_tasks_option(help_text: str) -> Callable[[_F], _F]:
+    """``--spark-tasks N``, with what it means (and its default) for the command."""
     return click.option(
-        "--spark-tasks",
-        type=click.IntRange(min=1),
-        default=None,
-        metavar="N",
-        help="Spark tasks to split the work into (default: 4 x the default parallelism, or "
-        "one per 100 work items if more; at most one per work item)." + for_report,
+        "--spark-tasks", type=click.IntRange(min=1), default=None, metavar="N", help=help_text
     )
 
 
-_REPORT_SPARK_TASKS = " For the report: partitions of the aggregation's shuffles."
+#: Its meaning for the commands that split work items over Spark tasks.
+_SPLIT_SPARK_TASKS: Final = (
+    "Spark tasks to split the work into (default: 4 x the default parallelism, or one per 100 "
+    "work items if more; at most one per work item)."
+)
+#: For ``report``, which only aggregates: its default is not simulate's.
+_REPORT_SPARK_TASKS: Final = (
+    "Partitions of the aggregation's shuffles (default: the session's "
+    "spark.sql.shuffle.partitions, the core count in local mode)."
+)
 
 
 def _quiet_stdout() -> None:
@@ -2434,7 +2437,10 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     help="Also write the HTML report (DIR/report) from the same Spark session.",
 )
 @_ship_code_option
-@_spark_tasks_option(_REPORT_SPARK_TASKS)
+@_spark_tasks_option(
+    _SPLIT_SPARK_TASKS + " With --report, also the partitions of its aggregation's shuffles "
+    "(default there: the session's)."
+)
 @_with_options(_model_options)
 def simulate(
     topology_file: Path,
@@ -2894,7 +2900,7 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 @_json_option("a table")
 @_with_options(_model_options)
 @_ship_code_option
-@_spark_tasks_option("")
+@_spark_tasks_option(_SPLIT_SPARK_TASKS)
 def plan_standbys(
     topology_file: Path,
     scenarios: int,
