@@ -1018,6 +1018,8 @@ def _plain(value: Any) -> str:
         )
     if isinstance(value, list | tuple):
         return ", ".join(_plain(v) for v in value)
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return _number(value)  # 31,000 rows, as the rest of the page writes counts
     return str(value)
 
 
@@ -1052,7 +1054,8 @@ def _run_details(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
         why = f" ({'; '.join(notes)})" if notes else ""
         shown[key] = f"{_number(default if value is None else value)}{unit}{why}"
     return [
-        (_LABELS.get(k, k.replace("_", " ")), _plain(shown[k]))
+        # A seed is an identifier, given to --seed as written, not a count.
+        (_LABELS.get(k, k.replace("_", " ")), str(shown[k]) if k == "seed" else _plain(shown[k]))
         for k in _MANIFEST_KEYS
         if k in shown
     ]
