@@ -1083,25 +1083,32 @@ def _print_moves(
             "local state (save BEFORE with describe --json to compare standbys)"
         )
     elif moves.standbys:
-        rows = _standby_rows(moves.standbys, name, task)
-        # Counted per change, not per row: a row of a copy that moved is one drop and one place.
-        dropped = sum(1 for c in moves.standbys if c.source is not None)
-        placed = len(moves.standbys) - dropped
-        table = Table(title=f"Standby copies: {dropped} dropped, {placed} placed")
-        for col in (first, "dropped by", "placed on", "why"):
-            table.add_column(col)
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
-        # The plan's Quality table counts only the drops of copies not now active there.
-        promoted = sum(1 for c in moves.standbys if c.reason == Reason.BECAME_ACTIVE)
-        if promoted:
-            console.print(
-                f"{promoted} of the {dropped} dropped became active where they were (not "
-                "counted as previous standbys dropped)"
-            )
+        _print_standby_moves(console, moves, _standby_rows(moves.standbys, name, task), first)
     else:
         console.print("no standby moved")
+
+
+def _print_standby_moves(
+    console: Console, moves: Explanation, rows: Sequence[Sequence[str]], first: str
+) -> None:
+    """The table of standby copies dropped and placed (``rows``, ``_standby_rows``; ``first``:
+    what its first column names), and how many of the drops became active there."""
+    # Counted per change, not per row: a row of a copy that moved is one drop and one place.
+    dropped = sum(1 for c in moves.standbys if c.source is not None)
+    placed = len(moves.standbys) - dropped
+    table = Table(title=f"Standby copies: {dropped} dropped, {placed} placed")
+    for col in (first, "dropped by", "placed on", "why"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    # The plan's Quality table counts only the drops of copies not now active there.
+    promoted = sum(1 for c in moves.standbys if c.reason == Reason.BECAME_ACTIVE)
+    if promoted:
+        console.print(
+            f"{promoted} of the {dropped} dropped became active where they were (not counted "
+            "as previous standbys dropped)"
+        )
 
 
 def _labeller(labels: Mapping[str, str] | None) -> Callable[[str | None], str]:
