@@ -2143,13 +2143,12 @@ _SETTING_NAMES: Final = {
 
 
 def _differences(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> list[str]:
-    """The settings of ``identity`` (``_simulation_identity``, or a new run's manifest, whose
-    other keys, such as its date, are not settings) that the run of ``manifest`` recorded with
-    another value (a setting it did not record is not named: an older run)."""
+    """The settings of ``identity`` (``_simulation_identity``) that the run of ``manifest``
+    recorded with another value (a setting it did not record is not named: an older run)."""
     return [
-        name
-        for key, name in _SETTING_NAMES.items()
-        if key in identity and key in manifest and manifest[key] != identity[key]
+        _SETTING_NAMES.get(key, key)
+        for key in identity
+        if key in manifest and manifest[key] != identity[key]
     ]
 
 
