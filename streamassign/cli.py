@@ -2086,20 +2086,9 @@ def _local_path(out: str) -> Path:
     return Path(out.removeprefix("file://").removeprefix("file:"))
 
 
-def _refuse_existing(
-    files: Any, run_dir: str, overwrite: bool, identity: Mapping[str, Any] | None = None
-) -> None:
-    """A run is replaced only with ``--overwrite`` (and then only once the new one is done).
-    ``identity`` (``_simulation_identity``, or a manifest holding it): what the new run would
-    simulate, to name what differs in the refusal."""
-    from .pipeline.runs import (
-        MANIFEST,
-        MANIFEST_FILE,
-        describe_existing,
-        read_manifest,
-        replaceable,
-        run_damage,
-    )
+def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
+    """A run is replaced only with ``--overwrite`` (and then only once the new one is done)."""
+    from .pipeline.runs import MANIFEST, MANIFEST_FILE, describe_existing, replaceable, run_damage
 
     what = describe_existing(files, run_dir)
     if what is None:
@@ -2111,84 +2100,11 @@ def _refuse_existing(
         )
     if not overwrite:
         # A damaged run's report (of the run before the damage) is no reason to keep it.
-        damaged = run_damage(files, run_dir) is not None
-        note = "" if damaged else _report_note(run_dir)
-        manifest = read_manifest(files, run_dir)
-        if identity is not None and manifest is not None and not damaged:
-            differing = _differences(manifest, identity)
-            if differing:
-                note += f" of another simulation (other {', '.join(differing)})"
+        note = "" if run_damage(files, run_dir) is not None else _report_note(run_dir)
         raise click.ClickException(
             f"{what}{note}; pass --overwrite to replace it once the new run is "
             "complete, or --out for another folder"
         )
-
-
-#: How the refusal of a run of another simulation names a setting that differs: the option
-#: that sets it, else the manifest's key.
-_SETTING_NAMES: Final = {
-    "topology_file": "topology file",
-    "topology_sha256": "topology file content",
-    "partitions": "partition counts",
-    "scenarios": "--scenarios",
-    "seed": "--seed",
-    "assignors": "--assignors",
-    "standby_replicas": "--standbys",
-    "acceptable_recovery_lag": "--acceptable-lag",
-    "replica_restore_per_s": "--restore-rate",
-    "max_warmup_replicas": "--warmups",
-    "probing_interval_s": "--probing-interval",
-    "model": "churn model (--model, --param, --steps)",
-}
-
-
-def _differences(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> list[str]:
-    """The settings of ``identity`` (``_simulation_identity``) that the run of ``manifest``
-    recorded with another value (a setting it did not record is not named: an older run)."""
-    return [
-        _SETTING_NAMES.get(key, key)
-        for key in identity
-        if key in manifest and manifest[key] != identity[key]
-    ]
-
-
-def _already_simulated(
-    run_dir: str, topology_file: Path, job: Any, master: str | None, with_report: bool
-) -> bool:
-    """Whether ``run_dir`` holds a complete, undamaged run of this very simulation (same
-    topology file and content, options and seed: the same rows). Rerunning it would only
-    reproduce it, so it is kept and said in one line (exit status 0), and with ``--report`` a
-    missing report is written from it; ``--overwrite`` simulates it again."""
-    from .pipeline.runs import LocalFiles, read_manifest, run_damage
-
-    if _is_remote(run_dir) or not Path(run_dir).is_dir():
-        return False
-    files = LocalFiles()
-    manifest = read_manifest(files, run_dir)
-    identity = _simulation_identity(topology_file, job)
-    if manifest is None or not _same_simulation(manifest, identity):
-        return False
-    if run_damage(files, run_dir) is not None:
-        return False
-    label = manifest.get("run_id") or manifest.get("created") or "an earlier run"
-    click.echo(
-        f"{run_dir} already holds this simulation, complete (run {label}: same topology, "
-        "options and seed); kept, nothing simulated (--overwrite runs it again)"
-    )
-    page = Path(run_dir) / "report" / "report.html"
-    if with_report and not page.is_file():
-        _preflight(master)
-        with (
-            _one_line_failures("writing the report", f"run {label} kept"),
-            _session(master) as session,
-        ):
-            page = _render(session, run_dir, None)
-    if page.is_file():
-        click.echo(f"report: {page}")
-        click.echo(f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md")
-    else:
-        click.echo(f"next: {_report_command(run_dir)}")
-    return True
 
 
 def _report_note(run_dir: str) -> str:
@@ -2532,11 +2448,9 @@ def _run_simulation(
     notes = chosen.notes
     workload, model = job.workload, job.model
     run_dir = _run_dir(out, workload.name)
-    if not overwrite and _already_simulated(run_dir, topology_file, job, master, with_report):
-        return
     _preflight(master, workload, model)
     if not _is_remote(run_dir):
-        _refuse_existing(LocalFiles(), run_dir, overwrite, _simulation_identity(topology_file, job))
+        _refuse_existing(LocalFiles(), run_dir, overwrite)
         # The run is written beside it, then renamed into place: its folder must take it.
         # As given, not resolved: a dangling ``streamassign-runs`` link must show (its
         # resolved target is just a missing folder, which the write would create).
@@ -2604,7 +2518,7 @@ def _write_run(
 
     files = files_for(run_dir, session)
     if _is_remote(run_dir):
-        _refuse_existing(files, run_dir, overwrite, manifest)
+        _refuse_existing(files, run_dir, overwrite)
     staging = staging_path(run_dir, run_id)
     start = time.perf_counter()
     try:
