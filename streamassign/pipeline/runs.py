@@ -713,9 +713,21 @@ def check_rows_read(
 
 
 #: Spark's failure to read one file of a run (``FAILED_READ_FILE``): the file, as a URI whose
-#: folder names are escaped once more (``assignor=task%253Asticky``).
+#: folder names are escaped once more (``assignor=task%253Asticky``). Only the two kinds a
+#: file's bytes cause: the others (a missing or unreadable file, a type mismatch, a file
+#: system) are not damage to the bytes.
 _FAILED_READ: Final = re.compile(
-    r"\[FAILED_READ_FILE[.\w]*\] Encountered error while reading file (?P<uri>\S+?)\.?\s"
+    r"\[FAILED_READ_FILE\.(?:NO_HINT|CANNOT_READ_FILE_FOOTER)\] Encountered error while reading "
+    r"file (?P<uri>\S+?)\.?\s"
+)
+
+#: What a failure's causes say when the bytes are damaged (Hadoop's checksum, Parquet's own
+#: decoding); any other cause (a permission, a time-out of a remote store) is passed on as is.
+_DAMAGED_BYTES: Final = (
+    "ChecksumException",
+    "ParquetDecodingException",
+    "is not a Parquet file",
+    "TProtocolException",
 )
 
 
@@ -725,7 +737,7 @@ def unreadable_file(run_dir: str, failure: str) -> DamagedRunError | None:
     written (its checksum no longer matches, or it is no longer valid Parquet). Said as a
     deleted file is, naming the file under the run; None for any other failure."""
     found = _FAILED_READ.search(failure)
-    if found is None:
+    if found is None or not any(cause in failure for cause in _DAMAGED_BYTES):
         return None
     path = urllib.parse.unquote(urllib.parse.urlsplit(found["uri"]).path)
     marker = f"/{REBALANCES}/"

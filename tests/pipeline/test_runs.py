@@ -727,3 +727,10 @@ def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it() -> None:
     checksum = failure + "\nCaused by: org.apache.hadoop.fs.ChecksumException: Checksum error"
     assert "(its checksum does not match:" in str(unreadable_file("/r/run", checksum))
     assert unreadable_file("/r/run", "java.io.IOException: No space left on device") is None
+    denied = (
+        f"[FAILED_READ_FILE.FILE_NOT_EXIST] Encountered error while reading file {uri}.  "
+        f"Caused by: java.io.FileNotFoundException: {uri} (Permission denied)"
+    )
+    assert unreadable_file("/r/run", denied) is None  # intact bytes, not readable here
+    timed_out = failure.split("\nCaused by:")[0] + "\nCaused by: java.net.SocketTimeoutException"
+    assert unreadable_file("/r/run", timed_out) is None  # a remote store's read, not damage
