@@ -216,7 +216,12 @@ def _metrics_rows(m: AssignmentMetrics) -> list[tuple[str, str]]:
         ("load imbalance (active+standby per thread)", f"{m.load_imbalance:.2f}"),
         ("moves / lower bound", f"{m.moves} / {m.move_lower_bound}"),
         ("standbys placed / required", f"{m.standbys_placed} / {m.standbys_required}"),
-        ("previous standbys kept / dropped", f"{m.standbys_kept} / {m.standbys_dropped}"),
+        # A previous standby that became active is neither: the explain table counts it among
+        # the copies dropped, and says how many became active.
+        (
+            "previous standbys kept / dropped (not counting any now active)",
+            f"{m.standbys_kept} / {m.standbys_dropped}",
+        ),
         ("takeovers warm / cold", f"{m.warm_takeovers} / {m.cold_takeovers}"),
     ]
 
@@ -433,20 +438,23 @@ _master_option = click.option(
 )
 
 
-def _spark_tasks_option(for_report: str) -> Callable[[_F], _F]:
-    """``--spark-tasks N``; ``for_report``: what it means for a command's report ("" for a
-    command that writes none)."""
+def _spark_tasks_option(help_text: str) -> Callable[[_F], _F]:
+    """``--spark-tasks N``, with what it means (and its default) for the command."""
     return click.option(
-        "--spark-tasks",
-        type=click.IntRange(min=1),
-        default=None,
-        metavar="N",
-        help="Spark tasks to split the work into (default: 4 x the default parallelism, or "
-        "one per 100 work items if more; at most one per work item)." + for_report,
+        "--spark-tasks", type=click.IntRange(min=1), default=None, metavar="N", help=help_text
     )
 
 
-_REPORT_SPARK_TASKS = " For the report: partitions of the aggregation's shuffles."
+#: Its meaning for the commands that split work items over Spark tasks.
+_SPLIT_SPARK_TASKS: Final = (
+    "Spark tasks to split the work into (default: 4 x the default parallelism, or one per 100 "
+    "work items if more; at most one per work item)."
+)
+#: For ``report``, which only aggregates: its default is not simulate's.
+_REPORT_SPARK_TASKS: Final = (
+    "Partitions of the aggregation's shuffles (default: the session's "
+    "spark.sql.shuffle.partitions, the core count in local mode)."
+)
 
 
 def _quiet_stdout() -> None:
@@ -1076,18 +1084,32 @@ def _print_moves(
             "local state (save BEFORE with describe --json to compare standbys)"
         )
     elif moves.standbys:
-        rows = _standby_rows(moves.standbys, name, task)
-        # Counted per change, not per row: a row of a copy that moved is one drop and one place.
-        dropped = sum(1 for c in moves.standbys if c.source is not None)
-        placed = len(moves.standbys) - dropped
-        table = Table(title=f"Standby copies: {dropped} dropped, {placed} placed")
-        for col in (first, "dropped by", "placed on", "why"):
-            table.add_column(col)
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
+        _print_standby_moves(console, moves, _standby_rows(moves.standbys, name, task), first)
     else:
         console.print("no standby moved")
+
+
+def _print_standby_moves(
+    console: Console, moves: Explanation, rows: Sequence[Sequence[str]], first: str
+) -> None:
+    """The table of standby copies dropped and placed (``rows``, ``_standby_rows``; ``first``:
+    what its first column names), and how many of the drops became active there."""
+    # Counted per change, not per row: a row of a copy that moved is one drop and one place.
+    dropped = sum(1 for c in moves.standbys if c.source is not None)
+    placed = len(moves.standbys) - dropped
+    table = Table(title=f"Standby copies: {dropped} dropped, {placed} placed")
+    for col in (first, "dropped by", "placed on", "why"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    # The plan's Quality table counts only the drops of copies not now active there.
+    promoted = sum(1 for c in moves.standbys if c.reason == Reason.BECAME_ACTIVE)
+    if promoted:
+        console.print(
+            f"{promoted} of the {dropped} dropped became active where they were (not counted "
+            "as previous standbys dropped)"
+        )
 
 
 def _labeller(labels: Mapping[str, str] | None) -> Callable[[str | None], str]:
@@ -2350,7 +2372,10 @@ def _workload(topology_file: Path, partitions: Sequence[str]) -> Any:
     help="Also write the HTML report (DIR/report) from the same Spark session.",
 )
 @_ship_code_option
-@_spark_tasks_option(_REPORT_SPARK_TASKS)
+@_spark_tasks_option(
+    _SPLIT_SPARK_TASKS + " With --report, also the partitions of its aggregation's shuffles "
+    "(default there: the session's)."
+)
 @_with_options(_model_options)
 def simulate(
     topology_file: Path,
@@ -2808,7 +2833,7 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 @_json_option("a table")
 @_with_options(_model_options)
 @_ship_code_option
-@_spark_tasks_option("")
+@_spark_tasks_option(_SPLIT_SPARK_TASKS)
 def plan_standbys(
     topology_file: Path,
     scenarios: int,

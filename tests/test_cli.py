@@ -101,7 +101,7 @@ def test_plan_tables_with_a_clients_file(tmp_path: Path) -> None:
     assert metrics["actives balanced per subtopology"] == "yes"
     assert metrics["moves / lower bound"] == "0 / 0"
     assert metrics["standbys placed / required"] == "2 / 2"
-    assert metrics["previous standbys kept / dropped"] == "2 / 0"
+    assert metrics["previous standbys kept / dropped (not counting any now active)"] == "2 / 0"
     assert metrics["takeovers warm / cold"] == "0 / 0"
 
 
@@ -559,14 +559,25 @@ def test_describe_names_an_empty_bootstrap_address_beside_a_comma(
     )
 
 
-def test_plan_standbys_help_mentions_no_report() -> None:
-    """plan-standbys writes no report: its --spark-tasks help says nothing of one (simulate's
-    and report's do)."""
-    for command, says in (("plan-standbys", False), ("simulate", True), ("report", True)):
+def test_spark_tasks_help_gives_each_commands_own_meaning_and_default() -> None:
+    """plan-standbys writes no report: its --spark-tasks help says nothing of one. A new
+    user's audit: report's help gave simulate's default (4 x the default parallelism), which
+    report never uses; it gives the session's shuffle partitions."""
+    split = "Spark tasks to split the work into (default: 4 x the default parallelism"
+    aggregation = "partitions of its aggregation's shuffles (default there: the session's)"
+    for command, splits, report in (
+        ("plan-standbys", True, ""),
+        ("simulate", True, aggregation),
+        ("report", False, "Partitions of the aggregation's shuffles (default: the session's"),
+    ):
         result = CliRunner().invoke(main, [command, "--help"], env={"COLUMNS": "200"})
         assert result.exit_code == 0, result.output
         text = " ".join(result.output.split())
-        assert ("For the report: partitions of the aggregation's shuffles" in text) == says
+        assert (split in text) == splits, command
+        if report:
+            assert report in text, command
+        else:
+            assert "aggregation" not in text, command
 
 
 def _consumer_view(

@@ -48,6 +48,8 @@ def test_a_bad_count_is_one_line(module: str, option: str, value: str, message: 
     done = run_example(module, "--bootstrap", "127.0.0.1:1", option, value)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+    # As the README runs it, whatever sys.argv[0] is (python -m gives __main__.py).
+    assert done.stderr.startswith(f"usage: python -m {module} [-h]"), done.stderr
 
 
 @pytest.mark.parametrize("module", ["examples.orders_join", "examples.word_count"])

@@ -1600,6 +1600,28 @@ def test_the_standby_table_title_counts_drops_and_placings() -> None:
     assert sum(1 for line in text.splitlines() if line.startswith("│ 0_1")) == 1
 
 
+def test_plan_explain_counts_standbys_the_quality_table_leaves_out() -> None:
+    """A new user's audit: plan --standbys 1 --explain said "kept / dropped 5 / 3" in its
+    Quality table and "Standby copies: 5 dropped, 7 placed" under it. The two drops the table
+    leaves out are standbys that became active there: each count says what it counts."""
+    from click.testing import CliRunner
+
+    from streamassign.cli import main
+
+    args = ["plan", str(ROOT / "topology" / "orders-join.toml"), "--clients"]
+    args += [str(ROOT / "examples" / "clients.toml"), "--standbys", "1", "--explain"]
+    result = CliRunner().invoke(main, args, env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert "previous standbys kept / dropped (not counting any now active) │   5 / 3" in (
+        result.output
+    )
+    assert "Standby copies: 5 dropped, 7 placed" in result.output
+    assert (
+        "2 of the 5 dropped became active where they were (not counted as previous standbys "
+        "dropped)\n"
+    ) in result.output
+
+
 def _consumer_group(path: Path, topics: list[str], owners: dict[str, list[str]]) -> str:
     """A ``describe --json`` file of consumer group ``billing`` (protocol ``range``) whose
     processes ``owners`` read the partitions named ``topic-p``, numbered as ``describe``

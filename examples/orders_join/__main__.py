@@ -72,7 +72,10 @@ async def read_back(bootstrap: str, topic: str, count: int, timeout: float) -> l
 
 async def main() -> int:
     """Run the demo; the exit status is 1 if fewer orders came out than went in."""
-    ap = argparse.ArgumentParser(description="Orders joined with customers (streamassign runtime)")
+    ap = argparse.ArgumentParser(
+        prog="python -m examples.orders_join",  # not __main__.py: how the README runs it
+        description="Orders joined with customers (streamassign runtime)",
+    )
     ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers (host:port)")
     ap.add_argument("--orders", type=count(1), default=2000)
     ap.add_argument("--customers", type=count(1), default=100)

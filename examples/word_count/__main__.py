@@ -80,7 +80,10 @@ class Count:
 
 async def main() -> int:
     """Run the demo; the exit status is 1 if the counts do not match what was produced."""
-    ap = argparse.ArgumentParser(description="Word count with a repartition topic")
+    ap = argparse.ArgumentParser(
+        prog="python -m examples.word_count",  # not __main__.py: how the README runs it
+        description="Word count with a repartition topic",
+    )
     ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers (host:port)")
     ap.add_argument("--sentences", type=count(1), default=1000)
     ap.add_argument("--threads", type=count(1), default=2, help="consumers in this process")

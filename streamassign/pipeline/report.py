@@ -429,8 +429,19 @@ def _per_crash(cold: int, crashes: int) -> str:
 # -- figures ---------------------------------------------------------------------------------------
 
 #: Legends go under the plot, where they cover no data; the figure grows with its entries so
-#: that the plot keeps its height when the legend wraps on a narrow screen.
-_LEGEND: Final = {"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "left", "x": 0}
+#: that the plot keeps its height when the legend wraps on a narrow screen. Placed at the foot
+#: of the figure (``yref="container"``), plotly reserves the legend's height there and lays the
+#: x axis out above it: a legend placed under the plot area instead (``y`` < 0 in the plot's
+#: coordinates) stays put while the axis grows, and on a narrow screen the rotated tick labels
+#: and the axis title ran over it.
+_LEGEND: Final = {
+    "orientation": "h",
+    "yref": "container",
+    "yanchor": "bottom",
+    "y": 0,
+    "xanchor": "left",
+    "x": 0,
+}
 _DASHES: Final = ("dash", "dot", "dashdot", "longdash")
 _SYMBOLS: Final = ("circle-open", "diamond-open", "square-open", "triangle-up-open")
 
@@ -1007,6 +1018,8 @@ def _plain(value: Any) -> str:
         )
     if isinstance(value, list | tuple):
         return ", ".join(_plain(v) for v in value)
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return _number(value)  # 31,000 rows, as the rest of the page writes counts
     return str(value)
 
 
@@ -1041,7 +1054,8 @@ def _run_details(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
         why = f" ({'; '.join(notes)})" if notes else ""
         shown[key] = f"{_number(default if value is None else value)}{unit}{why}"
     return [
-        (_LABELS.get(k, k.replace("_", " ")), _plain(shown[k]))
+        # A seed is an identifier, given to --seed as written, not a count.
+        (_LABELS.get(k, k.replace("_", " ")), str(shown[k]) if k == "seed" else _plain(shown[k]))
         for k in _MANIFEST_KEYS
         if k in shown
     ]

@@ -19,9 +19,11 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
@@ -708,3 +710,43 @@ def check_rows_read(
             f"{run_dir}: damaged run: {rows_read:,} rows read under {REBALANCES}/, but the "
             f"manifest says {written:,} were written ({why}); run streamassign simulate again"
         )
+
+
+#: Spark's failure to read one file of a run (``FAILED_READ_FILE``): the file, as a URI whose
+#: folder names are escaped once more (``assignor=task%253Asticky``). Only the two kinds a
+#: file's bytes cause: the others (a missing or unreadable file, a type mismatch, a file
+#: system) are not damage to the bytes.
+_FAILED_READ: Final = re.compile(
+    r"\[FAILED_READ_FILE\.(?:NO_HINT|CANNOT_READ_FILE_FOOTER)\] Encountered error while reading "
+    r"file (?P<uri>\S+?)\.?\s"
+)
+
+#: What a failure's causes say when the bytes are damaged (Hadoop's checksum, Parquet's own
+#: decoding); any other cause (a permission, a time-out of a remote store) is passed on as is.
+_DAMAGED_BYTES: Final = (
+    "ChecksumException",
+    "ParquetDecodingException",
+    "is not a Parquet file",
+    "TProtocolException",
+)
+
+
+def unreadable_file(run_dir: str, failure: str) -> DamagedRunError | None:
+    """The damaged-run error for a Spark failure (``failure``: its message and Java traces) to
+    read a file of the run in ``run_dir``: a Parquet file whose bytes changed after it was
+    written (its checksum no longer matches, or it is no longer valid Parquet). Said as a
+    deleted file is, naming the file under the run; None for any other failure."""
+    found = _FAILED_READ.search(failure)
+    if found is None or not any(cause in failure for cause in _DAMAGED_BYTES):
+        return None
+    path = urllib.parse.unquote(urllib.parse.urlsplit(found["uri"]).path)
+    marker = f"/{REBALANCES}/"
+    shown = REBALANCES + "/" + path.split(marker, 1)[1] if marker in path else path
+    why = (
+        "its checksum does not match: its bytes changed since it was written"
+        if "ChecksumException" in failure
+        else "it is not valid Parquet: its bytes changed since it was written"
+    )
+    return DamagedRunError(
+        f"{run_dir}: damaged run: {shown} cannot be read ({why}); run streamassign simulate again"
+    )

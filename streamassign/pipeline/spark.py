@@ -27,7 +27,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
-from .runs import MANIFEST, REBALANCES, check_rows_read, files_for, write_manifest
+from .runs import (
+    MANIFEST,
+    REBALANCES,
+    check_rows_read,
+    files_for,
+    unreadable_file,
+    write_manifest,
+)
 from .signals import deferred_signals
 from .simulate import COLUMNS, SimulationJob, simulate_scenario
 from .standbys import PLAN_COLUMNS, PlanJob, evaluate_candidates
@@ -399,8 +406,19 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
     share of rebalances splitting a joined task, standby copies), ``errors`` (per assignor:
     count and first message),
     ``manifest``, ``columns`` (CSV column order of the summaries), ``exact_percentiles``
-    (False past :data:`EXACT_PERCENTILE_ROWS` rows: approximate ones).
+    (False past :data:`EXACT_PERCENTILE_ROWS` rows: approximate ones). A run file that cannot
+    be read (its bytes changed) is a :class:`DamagedRunError` naming it.
     """
+    try:
+        return _aggregate(spark, run_dir)
+    except Exception as exc:
+        damage = unreadable_file(run_dir, _failure_text(exc))
+        if damage is None:
+            raise
+        raise damage from exc
+
+
+def _aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     manifest = read_manifest(spark, run_dir)
@@ -429,6 +447,22 @@ def aggregate(spark: Any, run_dir: str) -> dict[str, Any]:
         }
     finally:  # a refused run too: a cached table would be read again for the next report
         frame.unpersist()
+
+
+def _failure_text(exc: BaseException) -> str:
+    """``exc``'s message and those of what it came from, with their Java traces (pyspark keeps
+    a Java cause as ``_cause``, a trace as ``_stackTrace``): where a read failure's file and
+    cause are written."""
+    parts: list[str] = []
+    link: BaseException | None = exc
+    for _ in range(20):
+        if link is None:
+            break
+        trace = getattr(link, "_stackTrace", None)
+        parts += [str(link), trace if isinstance(trace, str) else ""]
+        cause = getattr(link, "_cause", None) or link.__cause__
+        link = cause if isinstance(cause, BaseException) else None
+    return "\n".join(parts)
 
 
 def _check_rows_read(

@@ -1033,7 +1033,8 @@ def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
     """An audit deleted one assignor's Parquet files: the report then said "Use
     faust:copartitioned" without a word on task:sticky, its run details still claiming every
     row. Also the run's manifest counts the rows in its files. (Some rows missing, not all of
-    an assignor's: test_runs.py.)"""
+    an assignor's: test_runs.py.) A new user's audit: a file with bytes overwritten ended in a
+    cut-off Spark line with no remedy."""
     run = tmp_path / "run"
     two = ("--scenarios", "2", "--steps", "2", "--assignors", "task:sticky,consumer:range")
     code, out = invoke("simulate", str(ORDERS), *two, "--spark-tasks", "2", "--out", str(run))
@@ -1058,6 +1059,21 @@ def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
     )
     assert (run / "report" / "report.html").read_text() == "earlier"
     assert sorted(p.name for p in run.iterdir()) == ["manifest", "rebalances", "report"]
+    # A file whose bytes changed (200 overwritten, as by a failing disk): the same kind of
+    # line, naming the file, not a Spark ChecksumException cut off mid-line.
+    (tmp_path / "sticky").rename(sticky)
+    part = sorted(sticky.glob("*.parquet"))[0]
+    damaged = bytearray(part.read_bytes())
+    damaged[100:300] = bytes(200)
+    part.write_bytes(bytes(damaged))
+    code, out = invoke("report", str(run))
+    assert (code, out.splitlines()[-1]) == (
+        1,
+        f"Error: {run}: damaged run: rebalances/assignor=task%3Asticky/{part.name} cannot be "
+        "read (its checksum does not match: its bytes changed since it was written); run "
+        "streamassign simulate again",
+    )
+    assert (run / "report" / "report.html").read_text() == "earlier"
 
 
 def _start_fake_spark(

@@ -472,6 +472,18 @@ def test_run_details_name_the_run_and_its_versions(tmp_path: Path) -> None:
     assert '<th class="l">pyspark</th><td class="l">4.0.1</td>' in details
 
 
+def test_run_details_write_counts_with_thousands_separators(tmp_path: Path) -> None:
+    """A new user's audit: Run details said rows 31000 and acceptable recovery lag 10000 where
+    the rest of the page writes 31,000; a seed is written as --seed takes it."""
+    data = load()
+    data["manifest"] |= {"rows": 31000, "acceptable_recovery_lag": 10000, "seed": 123456}
+    page = render_report(data, tmp_path).read_text()
+    details = page[page.index('id="run"') :]
+    assert '<th class="l">rows</th><td class="l">31,000</td>' in details
+    assert '<th class="l">acceptable recovery lag</th><td class="l">10,000</td>' in details
+    assert '<th class="l">seed</th><td class="l">123456</td>' in details
+
+
 def test_the_warm_share_says_new_tasks_count_as_cold(page: str) -> None:
     """cold_takeovers counts every stateful task placed on a new owner without its state, the
     new tasks of a partition expansion included (not takeovers: they had no owner): the column

@@ -703,3 +703,34 @@ def test_a_damaged_run_is_described_as_damaged(tmp_path: Path) -> None:
         f"{final} holds a damaged run (old: rebalances/ is missing, but the manifest says 3 rows "
         "were written (deleted or moved?))"
     )
+
+
+def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it() -> None:
+    """Spark's read failure, as its message and trace put it, becomes the line a deleted file
+    gets; any other failure is left alone."""
+    from streamassign.errors import DamagedRunError
+    from streamassign.pipeline.runs import unreadable_file
+
+    uri = "file:///r/run/rebalances/assignor=task%253Asticky/part-0.snappy.parquet"
+    failure = (
+        f"[FAILED_READ_FILE.NO_HINT] Encountered error while reading file {uri}.  "
+        "SQLSTATE: KD001\nCaused by: shaded.parquet.org.apache.thrift.protocol."
+        "TProtocolException: Required field 'uncompressed_page_size' was not found"
+    )
+    damage = unreadable_file("/r/run", failure)
+    assert isinstance(damage, DamagedRunError)
+    assert str(damage) == (
+        "/r/run: damaged run: rebalances/assignor=task%3Asticky/part-0.snappy.parquet cannot be "
+        "read (it is not valid Parquet: its bytes changed since it was written); run streamassign "
+        "simulate again"
+    )
+    checksum = failure + "\nCaused by: org.apache.hadoop.fs.ChecksumException: Checksum error"
+    assert "(its checksum does not match:" in str(unreadable_file("/r/run", checksum))
+    assert unreadable_file("/r/run", "java.io.IOException: No space left on device") is None
+    denied = (
+        f"[FAILED_READ_FILE.FILE_NOT_EXIST] Encountered error while reading file {uri}.  "
+        f"Caused by: java.io.FileNotFoundException: {uri} (Permission denied)"
+    )
+    assert unreadable_file("/r/run", denied) is None  # intact bytes, not readable here
+    timed_out = failure.split("\nCaused by:")[0] + "\nCaused by: java.net.SocketTimeoutException"
+    assert unreadable_file("/r/run", timed_out) is None  # a remote store's read, not damage
