@@ -150,10 +150,11 @@ class MissingExtraError(StreamAssignError, ModuleNotFoundError):
     code catching that still does."""
 
 
-def require_extra(feature: str, extra: str, packages: Mapping[str, str]) -> None:
+def require_extra(feature: str, extra: str, packages: Mapping[str, str], instead: str = "") -> None:
     """Raise ``MissingExtraError`` naming ``extra`` when a package ``feature`` needs is not
     installed: ``packages`` maps each top-level module to the distribution pip installs it
-    from. A module missing inside an installed package is not the extra's: raised as it is."""
+    from; ``instead``: what else the user may do. A module missing inside an installed package
+    is not the extra's: raised as it is."""
     for module, distribution in packages.items():
         try:
             importlib.import_module(module)
@@ -162,7 +163,7 @@ def require_extra(feature: str, extra: str, packages: Mapping[str, str]) -> None
                 raise
             raise MissingExtraError(
                 f"{feature} needs {distribution}, from the {extra} extra: "
-                f"pip install 'streamassign[{extra}]'",
+                f"pip install 'streamassign[{extra}]'" + (f" (or {instead})" if instead else ""),
                 name=module,
             ) from exc
 

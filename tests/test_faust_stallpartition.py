@@ -170,7 +170,7 @@ def test_accepted_heartbeats_are_recorded_without_a_proof_wanted(
         return before, worker.producer.clock()
 
     before, after = run(steady())
-    assert before <= worker.producer.stall_hold.answered <= after
+    assert before <= worker.producer.stall_hold.heartbeats.answered <= after
     assert worker.group.asked == 0  # no listing asked for it
 
 
@@ -196,15 +196,15 @@ def test_the_silence_counts_from_the_heartbeat_routine_s_start() -> None:
     hold = StallHold(threshold=4.9, silence_threshold=4.9, deadline=7.0)
     task = _running()
     hold.tick(100.0, "m-1")
-    hold.heartbeat_answered(90.0)
-    hold.heartbeats_run(100.0, task)
+    hold.heartbeats.answered_at(90.0)
+    hold.heartbeats.routine_seen(100.0, task)
     assert not hold.check(104.8)
-    hold.heartbeats_run(104.8, task)  # the same routine: its start stays
+    hold.heartbeats.routine_seen(104.8, task)  # the same routine: its start stays
     assert hold.check(105.0) and hold.held_as == "m-1" and hold.gap == pytest.approx(5.0)
     hold.end(105.5)
     assert not hold.check(105.6)  # a release on the deadline counts the silence afresh
-    hold.heartbeats_run(106.0, None)
-    assert hold.silence(200.0) == 0.0
+    hold.heartbeats.routine_seen(106.0, None)
+    assert hold.heartbeats.silence(200.0) == 0.0
 
 
 def test_a_stopping_worker_s_leave_is_told_at_info(

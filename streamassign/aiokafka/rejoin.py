@@ -115,6 +115,37 @@ def heartbeat_task(consumer: Any) -> Any:
 
 
 @attrs.define(eq=False)
+class HeartbeatAnswers:
+    """The count of a heartbeat silence, fed by whoever watches a consumer's heartbeats: the
+    seconds since the send of the last heartbeat the broker accepted, or since the heartbeat
+    routine started (its first heartbeat comes a heartbeat interval later); 0 while no
+    routine runs (a join under way, no membership, a member id reset: nothing is due)."""
+
+    #: The latest send time of a heartbeat the broker accepted (the consumer's thread: one
+    #: float assignment).
+    answered: float = float("-inf")
+    #: The heartbeat routine's task last seen, and since when (None: none runs).
+    routine: Any = None
+    routine_since: float | None = None
+
+    def answered_at(self, sent: float) -> None:
+        if sent > self.answered:
+            self.answered = sent
+
+    def routine_seen(self, now: float, task: Any) -> None:
+        """``task`` is the heartbeat routine's at ``now`` (None: none runs)."""
+        if task is None:
+            self.routine, self.routine_since = None, None
+        elif task is not self.routine:
+            self.routine, self.routine_since = task, now
+
+    def silence(self, now: float) -> float:
+        if self.routine_since is None:
+            return 0.0
+        return now - max(self.answered, self.routine_since)
+
+
+@attrs.define(eq=False)
 class HeartbeatSilence:
     """How long a consumer's group coordinator has accepted none of its heartbeats: the seconds
     since the send of the last accepted one, or since the heartbeat routine started (its
@@ -130,11 +161,7 @@ class HeartbeatSilence:
     not get): never a silence it did not measure."""
 
     clock: Callable[[], float] = time.monotonic
-    #: The latest send time of a heartbeat the broker accepted (the consumer's thread).
-    answered_sent: float = float("-inf")
-    #: The heartbeat routine's task last seen, and since when (None: none runs).
-    routine: Any = None
-    routine_since: float | None = None
+    answers: HeartbeatAnswers = attrs.field(factory=HeartbeatAnswers)
     #: Whether this watcher's wrap is on the coordinator's ``_do_heartbeat``; False for good
     #: once found wrapped by another (None: not looked yet or no coordinator yet).
     watching: bool | None = None
@@ -148,13 +175,8 @@ class HeartbeatSilence:
             if not self.watching:
                 return 0.0
         now = self.clock()
-        task = heartbeat_task(consumer)
-        if task is None:
-            self.routine, self.routine_since = None, None
-            return 0.0
-        if task is not self.routine or self.routine_since is None:
-            self.routine, self.routine_since = task, now
-        return now - max(self.answered_sent, self.routine_since)
+        self.answers.routine_seen(now, heartbeat_task(consumer))
+        return self.answers.silence(now)
 
     def _watch(self, consumer: Any) -> None:
         heartbeat = getattr(getattr(consumer, "_coordinator", None), "_do_heartbeat", None)
@@ -168,12 +190,8 @@ class HeartbeatSilence:
             )
             return
         self.watching = watch_heartbeats(
-            consumer, _ignored, _never, self.clock, answered=self._answered
+            consumer, _ignored, _never, self.clock, answered=self.answers.answered_at
         )
-
-    def _answered(self, sent: float) -> None:
-        if sent > self.answered_sent:
-            self.answered_sent = sent
 
 
 def _ignored(sent: float) -> None:

@@ -72,6 +72,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from ..aiokafka.accumulator import DROP, HOLD, SEND, drop_gated, gate_drains, wake_sender
 from ..aiokafka.rejoin import (
+    HeartbeatAnswers,
     heartbeat_task,
     member_id,
     refuse_commits_without_membership,
@@ -140,12 +141,9 @@ class StallHold:
     #: The latest send time of a heartbeat the broker accepted, its member id then listed
     #: (``watch_heartbeats``; written by the consumer's thread: one float assignment).
     heartbeat_sent: float = float("-inf")
-    #: The latest send time of any heartbeat the broker accepted (listed or not, proof wanted
-    #: or not; the consumer's thread), and since when the current heartbeat routine runs and
-    #: its task (None: none runs: no membership yet, a join under way, or a member id reset).
-    answered: float = float("-inf")
-    beating_since: float | None = None
-    beating: Any = None
+    #: Every heartbeat the broker accepted (listed or not, proof wanted or not) and the
+    #: heartbeat routine's start: the silence a cut-off worker's heartbeats make.
+    heartbeats: HeartbeatAnswers = attrs.field(factory=HeartbeatAnswers)
     #: The last non-empty member id seen while the membership was not lost (None: none yet).
     known_as: str | None = None
     #: What began the current hold: GAP (the loop did not run) or SILENCE (no heartbeat
@@ -161,7 +159,7 @@ class StallHold:
         and so does a heartbeat silence past it."""
         if self.since is None:
             gap = now - self.stamp if self.stamp is not None else 0.0
-            silence = self.silence(now)
+            silence = self.heartbeats.silence(now)
             if gap > self.threshold:
                 self.gap, self.cause = gap, GAP
             elif silence > self.silence_threshold:
@@ -170,25 +168,6 @@ class StallHold:
                 return False
             self.since, self.held_as = now, self.stamped_as
         return True
-
-    def silence(self, now: float) -> float:
-        """Seconds since the broker last accepted a heartbeat of the running heartbeat routine
-        (or since it started: a join's first heartbeat comes a heartbeat interval after it);
-        0 while none runs (nothing is due then: a join under way, or no membership)."""
-        if self.beating_since is None:
-            return 0.0
-        return now - max(self.answered, self.beating_since)
-
-    def heartbeats_run(self, now: float, task: Any) -> None:
-        """The tick saw ``task`` as the heartbeat routine's (None: none runs)."""
-        if task is None:
-            self.beating, self.beating_since = None, None
-        elif task is not self.beating:
-            self.beating, self.beating_since = task, now
-
-    def heartbeat_answered(self, sent: float) -> None:
-        if sent > self.answered:
-            self.answered = sent
 
     def membership_ended(self, member: str | None) -> bool:
         """Did the membership end with ``member`` read now: the known member id reset ("")
@@ -231,8 +210,9 @@ class StallHold:
         held, self.held = self.held, []
         self.since, self.releasing, self.stamp = None, False, now
         self.told = self.told_long = False
-        if self.beating_since is not None:  # a silence counts afresh (a release on a timer)
-            self.beating_since = max(self.beating_since, now)
+        since = self.heartbeats.routine_since
+        if since is not None:  # a silence counts afresh (a release on a timer)
+            self.heartbeats.routine_since = max(since, now)
         return held
 
     def lose(self, now: float) -> list[HeldSend]:
@@ -468,10 +448,10 @@ class StallHoldProducer(faust_aiokafka.Producer):
             hold.wants_proof,
             self.clock,
             timeout=float(self.app.conf.broker_heartbeat_interval),
-            answered=hold.heartbeat_answered,
+            answered=hold.heartbeats.answered_at,
         )
         refuse_commits_without_membership(consumer)
-        hold.heartbeats_run(now, heartbeat_task(consumer))
+        hold.heartbeats.routine_seen(now, heartbeat_task(consumer))
         member = self._stall_membership(now)
         hold.tick(now, member)
         if hold.holding and not hold.told:

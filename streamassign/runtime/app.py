@@ -1455,13 +1455,13 @@ class _Listener(TaskListener):
 
 
 #: Per kind of failed connection, what to check, in the runtime's setting names.
+_PROTOCOL_ASKED = "is security_protocol the listener's, in consumer_config and producer_config?"
 _CONNECT_HINTS = {
     CERTIFICATE: " (is the CA of ssl_context the broker's?)",
-    CLOSED: " (is security_protocol the listener's, in consumer_config and producer_config?)",
-    NOT_SASL: " (is security_protocol the listener's, in consumer_config and producer_config?)",
+    CLOSED: f" ({_PROTOCOL_ASKED})",
+    NOT_SASL: f" ({_PROTOCOL_ASKED})",
     # Not proof of the protocol: a broker over max.connections.per.ip resets a hello too.
-    RESET: " (is security_protocol the listener's, in consumer_config and producer_config? or "
-    "the broker refusing more connections from this address)",
+    RESET: f" ({_PROTOCOL_ASKED} or the broker refusing more connections from this address)",
 }
 
 

@@ -141,7 +141,7 @@ class CutOffGate:
 
     def _closed(self, index: int, silence: float | None) -> None:
         self.closed_since[index] = self.clock()
-        self.answered_then[index] = self.silences[index].answered_sent
+        self.answered_then[index] = self.silences[index].answers.answered
         if silence is not None:
             log.warning(
                 "consumer %d: no heartbeat accepted for %.1f s (session timeout %.1f s): "
@@ -163,7 +163,7 @@ class CutOffGate:
     def _opened(self, index: int) -> None:
         since = self.closed_since[index]
         self.closed_since[index] = None
-        accepted = self.silences[index].answered_sent > self.answered_then[index]
+        accepted = self.silences[index].answers.answered > self.answered_then[index]
         log.info(
             "consumer %d: processing again after %.1f s (%s)",
             index,

@@ -22,10 +22,10 @@ import attrs
 
 from ..errors import (
     DamagedStateError,
-    MissingExtraError,
     RuntimeConfigError,
     StoreIOError,
     StoreNotOpenError,
+    require_extra,
 )
 from ..localstate import NOT_DAMAGE_STATUSES, not_a_directory
 
@@ -404,16 +404,9 @@ def require_store_library(kind: str) -> None:
     the store later fails inside every task and the application runs on without them."""
     if kind != "rocksdb":
         return
-    try:
-        import rocksdict  # noqa: F401
-    except ModuleNotFoundError as exc:
-        if exc.name != "rocksdict":  # broken inside: not the extra's
-            raise
-        raise MissingExtraError(
-            "store_kind='rocksdb' needs rocksdict, from the runtime extra: "
-            "pip install 'streamassign[runtime]' (or use store_kind='memory')",
-            name="rocksdict",
-        ) from exc
+    require_extra(
+        "store_kind='rocksdb'", "runtime", {"rocksdict": "rocksdict"}, "use store_kind='memory'"
+    )
 
 
 def open_store(kind: StoreKind, path: Path, memory: RocksDBMemory | None = None) -> KeyValueStore:
