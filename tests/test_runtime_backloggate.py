@@ -327,13 +327,13 @@ def test_a_batch_fetched_just_as_the_gate_closes_is_rewound(tmp_path: Path) -> N
 THRESHOLD = SESSION - GATE_MARGIN
 
 
-async def step_until(clock: Clock, condition: Any, steps: int) -> None:
-    """Move the fake clock 1 ms at a time, letting every task run between, until
+async def step_until(clock: Clock, condition: Any, steps: int, step: float = 0.001) -> None:
+    """Move the fake clock ``step`` s at a time, letting every task run between, until
     ``condition()`` holds (at most ``steps`` steps)."""
     for _ in range(steps):
         if condition():
             return
-        clock.now = round(clock.now + 0.001, 6)
+        clock.now = round(clock.now + step, 6)
         for _ in range(5):
             await asyncio.sleep(0)
 
@@ -425,13 +425,58 @@ def test_the_watcher_does_not_look_while_its_consumer_rebalances(
         watching = asyncio.ensure_future(
             gate.watch(0, consumer, lambda i: lost[i], lambda: rebalancing[0])
         )
-        await step_until(clock, lambda: False, steps=2500)
+        await step_until(clock, lambda: False, steps=250, step=0.01)
         assert gate.closed_since[0] is None
         rebalancing[0], lost[0] = False, False  # assigned again
-        await step_until(clock, lambda: False, steps=1100)
+        await step_until(clock, lambda: False, steps=110, step=0.01)
         assert gate.closed_since[0] is None
         watching.cancel()
 
     with caplog.at_level(logging.INFO, "streamassign.runtime"):
         asyncio.run(run())
     assert caplog.records == []
+
+
+def test_a_failed_gate_watcher_stops_the_application_and_none_outlives_the_loop(
+    tmp_path: Path,
+) -> None:
+    """The watcher is one of the loops: its failure stops the application as theirs does
+    (the gate would otherwise fall back to the loop's own looks, unsaid), and no watcher
+    runs on after its consumer's loop."""
+    app, _, consumer, _ = cut_app(tmp_path, watched=True)
+    sleeps = [0]
+
+    async def failing_sleep(seconds: float) -> None:  # only the watcher sleeps on it
+        sleeps[0] += 1
+        if sleeps[0] == 3:
+            raise RuntimeError("a bug in the gate's watcher")
+        await asyncio.sleep(0)
+
+    app._gate.sleep = failing_sleep  # type: ignore[union-attr]
+
+    async def nothing_fetched(*partitions: Any, timeout_ms: int = 0) -> dict[Any, list[Any]]:
+        await asyncio.sleep(0)
+        return {}
+
+    consumer.getmany = nothing_fetched
+
+    async def run() -> list[asyncio.Task[Any]]:
+        loop = asyncio.ensure_future(app._consume(0))
+        await asyncio.wait_for(app._stopped.wait(), 5)
+        await loop
+        return [t for t in asyncio.all_tasks() if "gate watcher" in t.get_name()]
+
+    assert asyncio.run(run()) == []
+    assert isinstance(app.failure, RuntimeError)
+    assert sleeps[0] == 3
+
+
+def test_no_gate_watcher_outlives_its_consumer_s_loop(tmp_path: Path) -> None:
+    app, _, consumer, _ = cut_app(tmp_path, watched=True)
+    consumer.getmany = Polled(app, {}).getmany  # nothing fetched: the loop ends
+
+    async def run() -> list[asyncio.Task[Any]]:
+        await app._consume(0)
+        return [t for t in asyncio.all_tasks() if "gate watcher" in t.get_name()]
+
+    assert asyncio.run(run()) == []
