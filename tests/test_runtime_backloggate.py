@@ -176,12 +176,32 @@ def test_the_gate_gives_its_answer_again_only_within_reuse() -> None:
     assert not gate.closed(0, consumer, lambda i: lost[i], reuse=0.05)
 
 
-def cut_app(tmp_path: Path) -> tuple[App, Any, Any, Clock]:
-    """``make``'s app (task 0_0 on consumer 0), its gate on a fake clock and consumer 0 with
-    a stand-in coordinator."""
+async def never_wakes(seconds: float) -> None:
+    """The gate watcher's sleep in tests of the loop's own checks: it looks once, at the
+    loop's start, and never again."""
+    await asyncio.get_running_loop().create_future()
+
+
+def sleeper_on(clock: Clock) -> Any:
+    """``asyncio.sleep`` on the fake clock: the sleeper wakes once the test moved the clock
+    past its end."""
+
+    async def sleep(seconds: float) -> None:
+        end = clock.now + seconds
+        while clock.now < end:
+            await asyncio.sleep(0)
+
+    return sleep
+
+
+def cut_app(tmp_path: Path, watched: bool = False) -> tuple[App, Any, Any, Clock]:
+    """``make``'s app (task 0_0 on consumer 0), its gate on a fake clock (its watcher
+    sleeping on it if ``watched``, else never waking) and consumer 0 with a stand-in
+    coordinator."""
     app, _, recorder, consumers = make(tmp_path)
     clock = Clock()
-    app._gate = CutOffGate.of(2, SESSION, INTERVAL, clock)
+    sleep = sleeper_on(clock) if watched else never_wakes
+    app._gate = CutOffGate.of(2, SESSION, INTERVAL, clock, sleep)
     consumers[0]._coordinator = Coordinator()  # type: ignore[attr-defined]
     app.commit_interval = 3600.0  # no commit in these tests
     assert not app._cut_off(0)  # the heartbeat routine seen: the silence counts from now
@@ -302,3 +322,161 @@ def test_a_batch_fetched_just_as_the_gate_closes_is_rewound(tmp_path: Path) -> N
     consume(app, polled, consumer, polls=1)
     assert outputs(recorder) == []
     assert consumer.seeks == [(INPUT, 0)]
+
+
+THRESHOLD = SESSION - GATE_MARGIN
+
+
+async def step_until(clock: Clock, condition: Any, steps: int, step: float = 0.001) -> None:
+    """Move the fake clock ``step`` s at a time, letting every task run between, until
+    ``condition()`` holds (at most ``steps`` steps)."""
+    for _ in range(steps):
+        if condition():
+            return
+        clock.now = round(clock.now + step, 6)
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+
+def test_the_gate_closes_and_warns_on_time_while_the_loop_waits_in_a_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A commit under way at a cut waits for its own bounds (15 s in one measured run): the
+    gate closes and says so as the silence passes the threshold, not when the commit
+    returns; what the loop fetches after it is not processed."""
+    app, recorder, consumer, clock = cut_app(tmp_path, watched=True)
+    app.commit_interval = 0.0  # a commit after the first batch
+    committing, returned = asyncio.Event(), asyncio.Event()
+
+    async def commit_waiting_for_the_broker(index: int) -> None:
+        committing.set()
+        await returned.wait()
+
+    monkeypatch.setattr(app._commits, "commit_or_retry", commit_waiting_for_the_broker)
+    polled = Polled(app, batch(0, 2))
+    consumer.getmany = polled.getmany
+    closes = app._gate.closed_since  # type: ignore[union-attr]
+    crossing = clock.now + THRESHOLD
+
+    async def run() -> None:
+        loop = asyncio.ensure_future(app._consume(0))
+        await asyncio.wait_for(committing.wait(), 5)
+        polled.fetched = batch(2, 5)  # fetched as the cut began, waiting in the buffer
+        clock.now = crossing - 0.01
+        await step_until(clock, lambda: closes[0] is not None, steps=20)
+        assert not returned.is_set()
+        assert closes[0] is not None and crossing < closes[0] <= crossing + 0.002
+        assert [r.levelname for r in caplog.records] == ["WARNING"]
+        clock.now += 9.0  # the commit returns at its bounds
+        returned.set()
+        await step_until(clock, lambda: len(polled.calls) > 5, steps=100)
+        app._stopped.set()
+        await loop
+
+    with caplog.at_level(logging.INFO, "streamassign.runtime"):
+        asyncio.run(run())
+    assert "no heartbeat accepted for 5.8 s (session timeout 6.0 s)" in caplog.records[0].message
+    assert outputs(recorder) == [0, 1]
+    assert all(partitions == (KafkaTopicPartition("", -1),) for partitions in polled.calls[1:])
+
+
+def test_a_batch_under_way_stops_at_the_record_after_the_threshold_not_50_ms_later(
+    tmp_path: Path,
+) -> None:
+    """The check before each record reuses an answer up to ``GATE_REUSE`` old; the watcher's
+    look as the silence passes the threshold is the answer it reuses, so the batch stops at
+    the next record, not once the loop's own answer is too old."""
+    app, recorder, consumer, clock = cut_app(tmp_path, watched=True)
+    clock.now += THRESHOLD - 0.01  # open at the loop's top and after the fetch
+    polled = Polled(app, batch(0, 10))
+    consumer.getmany = polled.getmany
+
+    async def run() -> None:
+        with stalling_at(3):
+            Count.gate = asyncio.Event()
+            loop = asyncio.ensure_future(app._consume(0))
+            while not Count.stalled:
+                await asyncio.sleep(0)
+            clock.now += 0.02  # past the threshold, within GATE_REUSE of the loop's look
+            for _ in range(5):
+                await asyncio.sleep(0)
+            Count.gate.set()
+            while len(polled.calls) < 3:
+                await asyncio.sleep(0)
+            app._stopped.set()
+            await loop
+
+    asyncio.run(run())
+    assert outputs(recorder) == [0, 1, 2, 3]  # the record under way finishes normally
+    assert consumer.seeks[-1] == (INPUT, 4)  # the rest is read again
+
+
+def test_the_watcher_does_not_look_while_its_consumer_rebalances(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Between the JoinGroup and the new assignment the membership reads lost: a look then
+    would close the gate at every rebalance, with a line about a reset member id."""
+    clock = Clock()
+    gate, consumer, lost = gate_of(clock)
+    gate.sleep = sleeper_on(clock)
+    rebalancing, lost[0] = [True], True
+
+    async def run() -> None:
+        watching = asyncio.ensure_future(
+            gate.watch(0, consumer, lambda i: lost[i], lambda: rebalancing[0])
+        )
+        await step_until(clock, lambda: False, steps=250, step=0.01)
+        assert gate.closed_since[0] is None
+        rebalancing[0], lost[0] = False, False  # assigned again
+        await step_until(clock, lambda: False, steps=110, step=0.01)
+        assert gate.closed_since[0] is None
+        watching.cancel()
+
+    with caplog.at_level(logging.INFO, "streamassign.runtime"):
+        asyncio.run(run())
+    assert caplog.records == []
+
+
+def test_a_failed_gate_watcher_stops_the_application_and_none_outlives_the_loop(
+    tmp_path: Path,
+) -> None:
+    """The watcher is one of the loops: its failure stops the application as theirs does
+    (the gate would otherwise fall back to the loop's own looks, unsaid), and no watcher
+    runs on after its consumer's loop."""
+    app, _, consumer, _ = cut_app(tmp_path, watched=True)
+    sleeps = [0]
+
+    async def failing_sleep(seconds: float) -> None:  # only the watcher sleeps on it
+        sleeps[0] += 1
+        if sleeps[0] == 3:
+            raise RuntimeError("a bug in the gate's watcher")
+        await asyncio.sleep(0)
+
+    app._gate.sleep = failing_sleep  # type: ignore[union-attr]
+
+    async def nothing_fetched(*partitions: Any, timeout_ms: int = 0) -> dict[Any, list[Any]]:
+        await asyncio.sleep(0)
+        return {}
+
+    consumer.getmany = nothing_fetched
+
+    async def run() -> list[asyncio.Task[Any]]:
+        loop = asyncio.ensure_future(app._consume(0))
+        await asyncio.wait_for(app._stopped.wait(), 5)
+        await loop
+        return [t for t in asyncio.all_tasks() if "gate watcher" in t.get_name()]
+
+    assert asyncio.run(run()) == []
+    assert isinstance(app.failure, RuntimeError)
+    assert sleeps[0] == 3
+
+
+def test_no_gate_watcher_outlives_its_consumer_s_loop(tmp_path: Path) -> None:
+    app, _, consumer, _ = cut_app(tmp_path, watched=True)
+    consumer.getmany = Polled(app, {}).getmany  # nothing fetched: the loop ends
+
+    async def run() -> list[asyncio.Task[Any]]:
+        await app._consume(0)
+        return [t for t in asyncio.all_tasks() if "gate watcher" in t.get_name()]
+
+    assert asyncio.run(run()) == []

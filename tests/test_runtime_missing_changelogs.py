@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiokafka.errors import NodeNotReadyError
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError
 
 from streamassign import Subtopology, TaskId, TopicPartition, Topology
 from streamassign.errors import (
@@ -29,6 +30,7 @@ from streamassign.runtime._topics import (
     ensure_internal_topics,
 )
 from streamassign.runtime.restore import explain_failure
+from tests.test_runtime_producer_failures import noticing, unretrieved_failures
 
 CHANGELOG = "app-totals-changelog"
 TOPOLOGY = Topology([Subtopology(0, ["events"], stores=["totals"])], name="app")
@@ -286,3 +288,70 @@ def test_the_send_path_check_is_throttled_and_knows_partitions_in_constant_time(
 
     asyncio.run(sends())
     assert away.asked == 1 and refreshes == [CHANGELOG, "all"]
+
+
+def test_the_writes_a_missing_changelog_leaves_unawaited_are_not_printed_when_they_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``MissingChangelogError`` leaves the commit's wait for acks to end by itself: the
+    writes to the deleted changelog then fail (after ``request_timeout_ms``), awaited by
+    nobody; asyncio would print "Future exception was never retrieved" with its trace."""
+    monkeypatch.setattr(commits, "ACKS_CHECK_AFTER", 0.01)
+    task = SimpleNamespace(
+        stores={"totals": SimpleNamespace(changelog=TopicPartition(CHANGELOG, 2))}
+    )
+    printed: list[str] = []
+
+    async def run() -> None:
+        noticing(printed)
+        owner = SimpleNamespace(lookups=SimpleNamespace(check=FakeCheck({"events": partitions(6)})))
+        acks: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        with pytest.raises(MissingChangelogError):
+            await commits.Commits.checked(owner, acks, [task])  # type: ignore[arg-type]
+        acks.set_exception(KafkaTimeoutError())
+        await asyncio.sleep(0)  # its callbacks run
+        del acks
+        gc.collect()
+
+    asyncio.run(run())
+    gc.collect()
+    assert unretrieved_failures() == []
+    assert printed == []
+
+
+@pytest.mark.parametrize("how", ["with-the-acks", "as-it-is-cancelled"])
+def test_a_changelog_check_dropped_by_the_acks_race_is_not_printed_when_it_fails(
+    how: str,
+) -> None:
+    """The acks arrive first: nobody awaits the check any more, which may still fail (its
+    answer came in the same loop turn as the acks, or its client turned the cancel into
+    its own error)."""
+    printed: list[str] = []
+
+    async def run() -> None:
+        noticing(printed)
+        loop = asyncio.get_running_loop()
+        acks: asyncio.Future[int] = loop.create_future()
+        answer: asyncio.Future[None] = loop.create_future()
+
+        async def ask(reply: asyncio.Future[None]) -> None:
+            try:
+                await reply
+            except asyncio.CancelledError:
+                raise KafkaConnectionError("closed while waiting") from None
+
+        racing = asyncio.ensure_future(commits._race(acks, ask(answer)))
+        await asyncio.sleep(0)  # both wait
+        acks.set_result(7)
+        if how == "with-the-acks":
+            answer.set_exception(NodeNotReadyError("the describe found no connection"))
+        await racing  # the acks won: nothing raised
+        for _ in range(3):
+            await asyncio.sleep(0)  # the check ends
+        del racing, answer
+        gc.collect()
+
+    asyncio.run(run())
+    gc.collect()
+    assert unretrieved_failures() == []
+    assert printed == []

@@ -877,6 +877,30 @@ class App:
     # -- processing ------------------------------------------------------------------------------
 
     async def _consume(self, index: int) -> None:
+        """Consumer ``index``'s loop, with its gate watched beside it (``CutOffGate.watch``:
+        the gate closes, and says so, as the silence passes its threshold, also while the
+        loop waits in a commit). A failed watcher stops the application as a failed loop
+        does: the gate would otherwise fall back to the loop's own looks, unsaid."""
+        if self._gate is None:
+            await self._consume_records(index)
+            return
+        watch = self._gate.watch(
+            index,
+            self.host.consumers[index],
+            self.host.member_lost,
+            lambda: index in self._rebalancing,
+        )
+        watching = asyncio.ensure_future(
+            self._fail_on_error(watch, f"consumer {index}'s gate watcher")
+        )
+        watching.set_name(f"consumer {index}'s gate watcher")
+        try:
+            await self._consume_records(index)
+        finally:
+            watching.cancel()
+            await asyncio.wait([watching])
+
+    async def _consume_records(self, index: int) -> None:
         consumer = self.host.consumers[index]
         committed_at = time.monotonic()
         next_commit = committed_at + self.commit_interval
