@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.metadata
 import inspect
 import json
+import pickle
 import pkgutil
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -303,3 +306,119 @@ def test_a_module_missing_inside_an_installed_package_is_not_blamed_on_the_extra
         errors.require_extra("x", "y", {"installed_but_broken": "installed-but-broken"})
     assert raised.type is ModuleNotFoundError
     assert raised.value.name == "gone_dependency"
+
+
+def installed_as(monkeypatch: pytest.MonkeyPatch, versions: dict[str, str]) -> None:
+    """pip's metadata reports ``versions`` for those distributions (no real downgrade)."""
+    real = importlib.metadata.version
+
+    def version(distribution: str) -> str:
+        if distribution in versions:
+            return versions[distribution]
+        return real(distribution)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+
+
+@pytest.mark.parametrize("installed", ["0.13.0", "0.9.2", "0.14.0rc1", "0.14.0.dev3"])
+def test_a_package_below_its_extras_floor_names_the_version_the_range_and_the_command(
+    monkeypatch: pytest.MonkeyPatch, installed: str
+) -> None:
+    installed_as(monkeypatch, {"kafka-dist": installed})
+    with pytest.raises(errors.ExtraVersionError) as raised:
+        errors.require_extra("streamassign.thing", "runtime", {"json": "kafka-dist>=0.14,<0.15"})
+    assert str(raised.value) == (
+        f"streamassign.thing needs kafka-dist>=0.14,<0.15, from the runtime extra, but "
+        f"kafka-dist {installed} is installed: pip install 'streamassign[runtime]'"
+    )
+    assert isinstance(raised.value, errors.MissingExtraError)
+    assert isinstance(raised.value, ModuleNotFoundError)
+    assert (raised.value.name, raised.value.installed, raised.value.needed) == (
+        "json",
+        installed,
+        ">=0.14,<0.15",
+    )
+    again = pickle.loads(pickle.dumps(raised.value))
+    assert (type(again), str(again), again.name, again.installed, again.needed) == (
+        errors.ExtraVersionError,
+        str(raised.value),
+        "json",
+        installed,
+        ">=0.14,<0.15",
+    )
+
+
+@pytest.mark.parametrize("installed", ["0.14", "0.14.0", "0.14.0.post1", "0.14.2", "0.15.0"])
+def test_a_package_at_or_above_its_extras_floor_passes(
+    monkeypatch: pytest.MonkeyPatch, installed: str
+) -> None:
+    """Above the ceiling too: a newer version may work, and pip said so when installing it."""
+    installed_as(monkeypatch, {"kafka-dist": installed})
+    errors.require_extra("streamassign.thing", "runtime", {"json": "kafka-dist>=0.14,<0.15"})
+
+
+def test_a_package_without_pip_metadata_is_not_judged_by_version() -> None:
+    errors.require_extra("x", "y", {"json": "no-such-distribution-here>=99"})
+
+
+#: Run in a fresh interpreter: per case, pip's metadata reports the given versions, then what
+#: importing the module raised (None: it imported).
+_BELOW_FLOOR = """
+import importlib, importlib.metadata, json, sys
+from streamassign.errors import ExtraVersionError
+real = importlib.metadata.version
+seen = {}
+for module, versions in [
+    ("streamassign.runtime", {"aiokafka": "0.13.0"}),
+    ("streamassign.aiokafka", {"aiokafka": "0.13.0"}),
+    ("streamassign.aiokafka", {"aiokafka": "0.10.2"}),
+    ("streamassign.faust", {"faust-streaming": "0.11.3"}),
+]:
+    for loaded in [n for n in sys.modules if n.startswith(module)]:
+        del sys.modules[loaded]
+    importlib.metadata.version = lambda d, versions=versions: versions.get(d) or real(d)
+    try:
+        importlib.import_module(module)
+        said = None
+    except ExtraVersionError as exc:
+        said = str(exc)
+    seen[f"{module} {versions}"] = said
+print(json.dumps(seen))
+"""
+
+
+def test_importing_a_package_below_its_extras_floor_fails_at_once() -> None:
+    ran = subprocess.run(
+        [sys.executable, "-c", _BELOW_FLOOR], capture_output=True, text=True, check=True
+    )
+
+    def below(module: str, requirement: str, installed: str, extra: str) -> str:
+        distribution = requirement.split(">")[0]
+        return (
+            f"{module} needs {requirement}, from the {extra} extra, but {distribution} "
+            f"{installed} is installed: pip install 'streamassign[{extra}]'"
+        )
+
+    assert list(json.loads(ran.stdout).values()) == [
+        below("streamassign.runtime", "aiokafka>=0.14,<0.15", "0.13.0", "runtime"),
+        None,  # the aiokafka extra allows 0.11 on
+        below("streamassign.aiokafka", "aiokafka>=0.11,<0.15", "0.10.2", "aiokafka"),
+        below("streamassign.faust", "faust-streaming>=0.12,<0.16", "0.11.3", "faust"),
+    ]
+
+
+def test_the_guards_require_what_pyproject_s_extras_install() -> None:
+    from streamassign.aiokafka import _extra as aiokafka_extra
+    from streamassign.faust import _extra as faust_extra
+    from streamassign.runtime import _extra as runtime_extra
+
+    extras = tomllib.loads((PACKAGE_DIR.parent / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    guarded = {
+        "aiokafka": aiokafka_extra.REQUIREMENTS.values(),
+        "faust": faust_extra.REQUIREMENTS.values(),
+        "runtime": [*runtime_extra.REQUIREMENTS.values(), *runtime_extra.QUERIES.values()],
+    }
+    for extra, requirements in guarded.items():
+        assert set(requirements) <= set(extras[extra]), extra

@@ -11,7 +11,7 @@ tables (``QueryServer``, ``QueryClient``). See
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ReservedKeyError, StoreKeyTypeError, require_extra
-from . import _extra  # noqa: F401 - before the rest: names the extra when it is missing
+from . import _extra  # before the rest: names the extra when it is missing
 from ._topics import InternalTopicError, ensure_internal_topics, internal_topics
 from .app import (
     App,
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     """The HTTP side of queries, imported on first use (aiohttp takes a while to import)."""
     if name in ("QueryClient", "QueryServer"):
-        require_extra(f"streamassign.runtime.{name}", "runtime", {"aiohttp": "aiohttp"})
+        require_extra(f"streamassign.runtime.{name}", "runtime", _extra.QUERIES)
         from . import query_server
 
         return getattr(query_server, name)
