@@ -259,6 +259,7 @@ for package, name, blocked in [
     ("streamassign.runtime", None, "aiokafka"),
     ("streamassign.faust", None, "faust"),
     ("streamassign.runtime", "QueryServer", "aiohttp"),
+    ("streamassign.runtime.query_server", None, "aiohttp"),
 ]:
     for loaded in [n for n in sys.modules if n.startswith(package)]:
         del sys.modules[loaded]
@@ -292,6 +293,7 @@ def test_a_package_without_its_extra_names_the_extra_to_install() -> None:
             ("streamassign.runtime", "aiokafka", "aiokafka", "runtime"),
             ("streamassign.faust", "faust", "faust-streaming", "faust"),
             ("streamassign.runtime.QueryServer", "aiohttp", "aiohttp", "runtime"),
+            ("streamassign.runtime.query_server", "aiohttp", "aiohttp", "runtime"),
         ]
     }
 
@@ -373,6 +375,7 @@ for module, versions in [
     ("streamassign.aiokafka", {"aiokafka": "0.13.0"}),
     ("streamassign.aiokafka", {"aiokafka": "0.10.2"}),
     ("streamassign.faust", {"faust-streaming": "0.11.3"}),
+    ("streamassign.runtime.query_server", {"aiohttp": "3.8.6"}),
 ]:
     for loaded in [n for n in sys.modules if n.startswith(module)]:
         del sys.modules[loaded]
@@ -404,6 +407,7 @@ def test_importing_a_package_below_its_extras_floor_fails_at_once() -> None:
         None,  # the aiokafka extra allows 0.11 on
         below("streamassign.aiokafka", "aiokafka>=0.11,<0.15", "0.10.2", "aiokafka"),
         below("streamassign.faust", "faust-streaming>=0.12,<0.16", "0.11.3", "faust"),
+        below("streamassign.runtime.query_server", "aiohttp>=3.9,<4", "3.8.6", "runtime"),
     ]
 
 
