@@ -925,9 +925,21 @@ def printed(view: GroupView) -> str:
 
 
 @pytest.mark.parametrize("width", [80, 160])
-def test_a_members_host_is_never_folded(width: int) -> None:
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.0.0.1",
+        "fd00::1",
+        "2001:db8:85a3::8a2e:370:7334",
+        "2a02:8070:a1b2:3c00:1234:5678:9abc:def0",
+    ],
+)
+def test_a_members_host_is_never_folded(width: int, host: str) -> None:
     """An audit: at 80 columns client@host folded mid-address (``aiokafka-0.14.0@127.0.0`` /
-    ``.1``). Narrow, the host goes below its client id, whole; wide, both on one line."""
+    ``.1``, and an IPv6 address after the fix for IPv4). Narrow, the host goes below its
+    client id, whole, or, where that column cannot be as wide as the host beside the others
+    (a long IPv6 address at 80 columns), on a line per member below the table; wide, client
+    and host on one line."""
     from streamassign.cli import _print_group, _Stdout
 
     pids = ("93eca1d0-0000-4000-8000-000000000001", "bbb0d247-0000-4000-8000-000000000002")
@@ -935,7 +947,7 @@ def test_a_members_host_is_never_folded(width: int) -> None:
         RawMember(
             f"aiokafka-0.14.0-{uuid.UUID(int=k)}",
             "aiokafka-0.14.0",
-            "/127.0.0.1",
+            f"/{host}",
             meta(["orders"], SubscriptionInfo(uuid.UUID(pid)).encode()),
             encode_assignment([], AssignmentInfo(frozenset()).encode()),
         )
@@ -946,12 +958,20 @@ def test_a_members_host_is_never_folded(width: int) -> None:
     _print_group(console, view, quality(view))
     text = console.export_text()
     assert_whole_tables(text, MEMBERS_COLUMNS)
-    cells = [line.split("│")[2].strip() for line in text.splitlines() if "aiokafka" in line]
-    below = [line.split("│")[2].strip() for line in text.splitlines() if "│ @" in line]
-    if width == 80:
-        assert (cells, below) == (["aiokafka-0.14.0"] * 2, ["@127.0.0.1"] * 2)
+    lines = text.splitlines()
+    cells = [line.split("│")[2].strip() for line in lines if "│ aiokafka" in line]
+    below = [line.split("│")[2].strip() for line in lines if "│ @" in line]
+    after = [line for line in lines if line.startswith("member …")]
+    if width == 160:
+        assert (cells, below, after) == ([f"aiokafka-0.14.0@{host}"] * 2, [], [])
+    elif len(host) <= len("255.255.255.255"):
+        assert (cells, below, after) == (["aiokafka-0.14.0"] * 2, [f"@{host}"] * 2, [])
     else:
-        assert (cells, below) == (["aiokafka-0.14.0@127.0.0.1"] * 2, [])
+        assert (cells, below, after) == (
+            ["aiokafka-0.14.0"] * 2,
+            [],
+            [f"member …0000000{k}: aiokafka-0.14.0 @{host}" for k in (0, 1)],
+        )
 
 
 def test_member_error_codes_are_a_line_each_and_a_quality_problem() -> None:
