@@ -24,7 +24,8 @@ from aiokafka.producer.message_accumulator import MessageAccumulator
 from aiokafka.producer.sender import Sender
 from aiokafka.structs import TopicPartition
 
-from streamassign.aiokafka.sender import abort_in_flight
+from streamassign.aiokafka.accumulator import SEND
+from streamassign.aiokafka.sender import abort_in_flight, gate_sends
 
 from .test_faust_stallhold import CHANGELOG, SINK, Worker, run
 from .test_faust_stallpartition import _beating, _partitioned
@@ -246,6 +247,88 @@ def test_every_node_in_flight_is_reset_each_on_its_own(
     assert _conn(producer, 1).transport.aborted and _conn(producer, 1).closed
     assert _linger(_conn(producer, 3)) == (1, 0) and _conn(producer, 3).closed
     assert "resetting aiokafka's connection to node 2 failed" in caplog.text
+
+
+def test_only_the_nodes_whose_request_carries_a_changelog_batch_are_reset(
+    sockets: list[socket.socket],
+) -> None:
+    """Two leaders, a request in flight to each, through the gated sender: node 1's carries a
+    changelog batch (and a sink one), node 2's the sink's alone; node 2's is not reset (sent
+    again, it would be a duplicate if the broker had written it). Node 1's answered, its next
+    request carries the sink's alone: then nothing is reset."""
+
+    async def requests() -> tuple[int, int, Connection, Any]:
+        producer = _producer(sockets, nodes=2)
+        sender = producer._sender
+        answers = {1: asyncio.Event(), 2: asyncio.Event()}
+
+        async def in_flight(node_id: int, batches: dict[Any, Any]) -> None:
+            await answers[node_id].wait()  # written, not yet answered
+            sender._in_flight.discard(node_id)  # as aiokafka's request ends
+            sender._muted_partitions.difference_update(batches)
+
+        def request(node_id: int, *tps: TopicPartition) -> asyncio.Future[None]:
+            _in_flight(producer, node_id, *tps)  # as aiokafka's sender makes it
+            return asyncio.ensure_future(sender._send_produce_req(node_id, dict.fromkeys(tps)))
+
+        sender._send_produce_req = in_flight
+        assert gate_sends(sender, lambda: SEND, _is_changelog)
+        other_sink = TopicPartition(SINK, 1)
+        first = request(1, CHANGELOG_TP, SINK_TP)
+        last = request(2, other_sink)
+        await asyncio.sleep(0)  # both written
+        reset = abort_in_flight(producer, _is_changelog)
+        answers[1].set()
+        await first
+        first_conn = _conn(producer, 1)
+        answers[1].clear()
+        left, right = socket.socketpair()  # aiokafka connects again
+        sockets.extend((left, right))
+        producer.client._conns[(1, ConnectionGroup.DEFAULT)] = Connection(left)
+        again = request(1, SINK_TP)
+        await asyncio.sleep(0)
+        reset_again = abort_in_flight(producer, _is_changelog)
+        answers[1].set()
+        answers[2].set()
+        await asyncio.gather(again, last)
+        return reset, reset_again, first_conn, producer
+
+    reset, reset_again, first_conn, producer = run(requests())
+    assert reset == 1 and first_conn.closed == [CloseReason.CONNECTION_BROKEN]
+    assert reset_again == 0
+    assert _conn(producer, 1).closed == [] and not _conn(producer, 1).transport.aborted
+    assert _conn(producer, 2).closed == [] and not _conn(producer, 2).transport.aborted
+
+
+def test_a_silence_hold_resets_nothing_when_the_drains_are_not_gated(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    sockets: list[socket.socket],
+) -> None:
+    """An accumulator of another shape: its drains are not gated, so nothing would hold the
+    batches a reset hands back; they would be sent again at once. The hold begins and says
+    it reset nothing."""
+
+    async def cut() -> Any:
+        producer = _producer(sockets)
+        producer._message_accumulator = SimpleNamespace()  # the sender's own is aiokafka's
+        worker = _beating(Worker(tmp_path, monkeypatch))
+        worker.producer._producer = producer
+        worker.producer._stall_gate(producer)
+        assert not worker.producer._stall_gated
+        _in_flight(producer, 1, CHANGELOG_TP)
+        worker.start()
+        assert await worker.heartbeat()
+        _partitioned(worker, 7.0)
+        assert worker.producer.stall_hold.holding
+        return producer
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        producer = run(cut())
+    assert _conn(producer).closed == [] and not _conn(producer).transport.aborted
+    assert "reset 0 connection(s) with a changelog request in flight" in caplog.text
+    assert abort_in_flight(producer, _is_changelog) == 1  # what the guard kept from happening
 
 
 def test_the_installed_aiokafka_producer_has_the_shape_the_abort_relies_on(
