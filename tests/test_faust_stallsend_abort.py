@@ -8,6 +8,7 @@ tests/integration/test_aiokafka_abort.py."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import socket
 import struct
@@ -102,6 +103,28 @@ def _in_flight(producer: Any, node_id: int, *tps: TopicPartition) -> None:
     producer._sender._muted_partitions.update(tps)
 
 
+def _unanswered(producer: Any) -> dict[int, asyncio.Event]:
+    """The sender's request, before a gate wraps it, as aiokafka's once written: unanswered
+    until its node's event is set, then its marks undone."""
+    sender = producer._sender
+    answers: dict[int, asyncio.Event] = collections.defaultdict(asyncio.Event)
+
+    async def in_flight(node_id: int, batches: dict[Any, Any]) -> None:
+        await answers[node_id].wait()
+        sender._in_flight.discard(node_id)
+        sender._muted_partitions.difference_update(batches)
+
+    sender._send_produce_req = in_flight
+    return answers
+
+
+def _request(producer: Any, node_id: int, *tps: TopicPartition) -> asyncio.Future[None]:
+    """A request of ``tps`` to ``node_id``, as aiokafka's sender makes it (marks, then the
+    request's task, through the gate when there is one)."""
+    _in_flight(producer, node_id, *tps)
+    return asyncio.ensure_future(producer._sender._send_produce_req(node_id, dict.fromkeys(tps)))
+
+
 def _conn(producer: Any, node_id: int = 1) -> Connection:
     conn: Connection = producer.client._conns[(node_id, ConnectionGroup.DEFAULT)]
     return conn
@@ -137,8 +160,10 @@ def test_a_silence_hold_resets_the_connection_with_a_changelog_request_in_flight
 
     async def cut() -> Any:
         producer = _producer(sockets)
+        _unanswered(producer)
         worker = _gated_worker(tmp_path, monkeypatch, producer)
-        _in_flight(producer, 1, CHANGELOG_TP, SINK_TP)
+        _request(producer, 1, CHANGELOG_TP, SINK_TP)
+        await asyncio.sleep(0)  # written
         worker.start()
         assert await worker.heartbeat()
         _partitioned(worker, 7.0)
@@ -165,8 +190,10 @@ def test_a_stall_s_hold_resets_nothing(
 
     async def stall() -> Any:
         producer = _producer(sockets)
+        _unanswered(producer)
         worker = _gated_worker(tmp_path, monkeypatch, producer)
-        _in_flight(producer, 1, CHANGELOG_TP)
+        _request(producer, 1, CHANGELOG_TP)
+        await asyncio.sleep(0)  # written
         worker.start()
         worker.stall(9.0)
         worker.look()
@@ -189,8 +216,10 @@ def test_a_silence_hold_without_a_changelog_request_in_flight_resets_nothing(
 
     async def cut() -> Any:
         producer = _producer(sockets)
+        _unanswered(producer)
         worker = _gated_worker(tmp_path, monkeypatch, producer)
-        _in_flight(producer, 1, SINK_TP)
+        _request(producer, 1, SINK_TP)
+        await asyncio.sleep(0)  # written
         worker.start()
         _partitioned(worker, 7.0)
         assert worker.producer.stall_hold.holding
@@ -259,23 +288,10 @@ def test_only_the_nodes_whose_request_carries_a_changelog_batch_are_reset(
 
     async def requests() -> tuple[int, int, Connection, Any]:
         producer = _producer(sockets, nodes=2)
-        sender = producer._sender
-        answers = {1: asyncio.Event(), 2: asyncio.Event()}
-
-        async def in_flight(node_id: int, batches: dict[Any, Any]) -> None:
-            await answers[node_id].wait()  # written, not yet answered
-            sender._in_flight.discard(node_id)  # as aiokafka's request ends
-            sender._muted_partitions.difference_update(batches)
-
-        def request(node_id: int, *tps: TopicPartition) -> asyncio.Future[None]:
-            _in_flight(producer, node_id, *tps)  # as aiokafka's sender makes it
-            return asyncio.ensure_future(sender._send_produce_req(node_id, dict.fromkeys(tps)))
-
-        sender._send_produce_req = in_flight
-        assert gate_sends(sender, lambda: SEND, _is_changelog)
-        other_sink = TopicPartition(SINK, 1)
-        first = request(1, CHANGELOG_TP, SINK_TP)
-        last = request(2, other_sink)
+        answers = _unanswered(producer)
+        assert gate_sends(producer._sender, lambda: SEND, _is_changelog)
+        first = _request(producer, 1, CHANGELOG_TP, SINK_TP)
+        last = _request(producer, 2, TopicPartition(SINK, 1))
         await asyncio.sleep(0)  # both written
         reset = abort_in_flight(producer, _is_changelog)
         answers[1].set()
@@ -285,7 +301,7 @@ def test_only_the_nodes_whose_request_carries_a_changelog_batch_are_reset(
         left, right = socket.socketpair()  # aiokafka connects again
         sockets.extend((left, right))
         producer.client._conns[(1, ConnectionGroup.DEFAULT)] = Connection(left)
-        again = request(1, SINK_TP)
+        again = _request(producer, 1, SINK_TP)
         await asyncio.sleep(0)
         reset_again = abort_in_flight(producer, _is_changelog)
         answers[1].set()
@@ -298,6 +314,24 @@ def test_only_the_nodes_whose_request_carries_a_changelog_batch_are_reset(
     assert reset_again == 0
     assert _conn(producer, 1).closed == [] and not _conn(producer, 1).transport.aborted
     assert _conn(producer, 2).closed == [] and not _conn(producer, 2).transport.aborted
+
+
+def test_a_gated_request_not_yet_written_is_not_reset(sockets: list[socket.socket]) -> None:
+    """Marked in flight, its task not yet run (or still connecting): it writes nothing before
+    it asks the rule, which the hold has changed by then; its connection may carry another
+    request of other topics."""
+
+    async def made() -> tuple[int, Any]:
+        producer = _producer(sockets)
+        _unanswered(producer)
+        assert gate_sends(producer._sender, lambda: SEND, _is_changelog)
+        request = _request(producer, 1, CHANGELOG_TP)
+        reset = abort_in_flight(producer, _is_changelog)  # before the request's task runs
+        request.cancel()
+        return reset, producer
+
+    reset, producer = run(made())
+    assert reset == 0 and _conn(producer).closed == []
 
 
 def test_a_silence_hold_resets_nothing_when_the_drains_are_not_gated(

@@ -234,16 +234,15 @@ def abort_in_flight(producer: Any, gated: Callable[[Any], bool]) -> int:
 
 
 def _carrying_gated(sender: Any, gated: Callable[[Any], bool]) -> set[Any]:
-    """The nodes whose request in flight carries a partition ``gated(tp)`` selects: as the
-    gated requests noted them; and if a gated partition is muted that no such request
-    carries (a sender ``gate_sends`` did not gate, or a request made before it did), every
-    node in flight without a note, since which of them carries it is not known."""
-    carried = _CARRIED.get(sender, {})
-    nodes = {node_id for node_id, tps in carried.items() if any(gated(tp) for tp in tps)}
-    noted = set().union(*carried.values())
-    if any(gated(tp) and tp not in noted for tp in sender._muted_partitions):
-        nodes |= {node_id for node_id in sender._in_flight if node_id not in carried}
-    return nodes
+    """The nodes whose request in flight carries a partition ``gated(tp)`` selects, as the
+    gated requests noted them (a gated request writes nothing before its note: one not yet
+    noted decides by the rule first). A sender ``gate_sends`` did not gate tells no node's
+    partitions: every node in flight, if a gated partition is muted."""
+    carried = _CARRIED.get(sender)
+    if carried is None:
+        gated_muted = any(gated(tp) for tp in sender._muted_partitions)
+        return set(sender._in_flight) if gated_muted else set()
+    return {node_id for node_id, tps in carried.items() if any(gated(tp) for tp in tps)}
 
 
 def _abortable(sender: Any) -> bool:
