@@ -30,6 +30,7 @@ import attrs
 import click
 from rich.console import Console
 from rich.measure import Measurement
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -1688,8 +1689,11 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
     unbounded = console.options.update_width(sys.maxsize)  # its natural width, not cut
     for layout in ("one line", "host below", "hosts after"):
         table = _members_table(ordered, labels, layout)
-        measured = Measurement.get(console, unbounded, table)
-        if (measured.maximum if layout == "one line" else measured.minimum) <= console.width:
+        if layout == "one line":
+            fits = Measurement.get(console, unbounded, table).maximum <= console.width
+        else:  # the hosts after the table are the last resort, whatever its width
+            fits = layout == "hosts after" or _rendered_width(console, table) <= console.width
+        if fits:
             break
     console.print(table)
     for m in ordered if layout == "hosts after" else ():
@@ -1705,6 +1709,14 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
                 f"member {labels[m.member_id]} (process {labels[m.process]}): error {m.error}",
                 markup=False,
             )
+
+
+def _rendered_width(console: Console, table: Table) -> int:
+    """The widest line of ``table`` rendered at the console's width. Not its measured minimum:
+    rich widens a column squeezed below its ``min_width`` back to it after the squeeze, so a
+    table whose minimum fits can still render wider than the console, which crops it."""
+    lines = Segment.split_lines(console.render(table, console.options))
+    return max((Segment.get_line_length(line) for line in lines), default=0)
 
 
 def _members_table(ordered: Sequence[Any], labels: Mapping[str, str], layout: str) -> Table:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import itertools
 import json
 import os
@@ -972,6 +973,53 @@ def test_a_members_host_is_never_folded(width: int, host: str) -> None:
             [],
             [f"member …0000000{k}: aiokafka-0.14.0 @{host}" for k in (0, 1)],
         )
+
+
+def one_member_view(host: str) -> GroupView:
+    """A Stable consumer group of one aiokafka member on ``host``."""
+    raw = RawMember(
+        f"aiokafka-0.14.0-{uuid.UUID(int=0)}",
+        "aiokafka-0.14.0",
+        f"/{host}",
+        meta(["orders"], SubscriptionInfo(uuid.UUID(int=1)).encode()),
+        encode_assignment([], AssignmentInfo(frozenset()).encode()),
+    )
+    return describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, [raw])
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "192.168.100.200",
+        "fd00:10:244:1::a",
+        "2a02:8070:a1b2:3c00:1234:5678:9abc:def0",
+        "orders-worker-7f9c6d5b8-x2kqz.orders.svc.cluster.local",
+    ],
+)
+def test_the_members_table_is_whole_and_its_host_uncut_at_every_width(host: str) -> None:
+    """The layout was chosen by rich's measured minimum, which a table can exceed once
+    rendered (a column squeezed below its least width is widened back), so at some widths
+    (72-74 for an IPv4 host, 96-100 for a long IPv6 one, 111-115 for a DNS name) the table
+    lost its gen column and right border. From 68 columns (below, the columns' least widths
+    cannot fit whatever the host) the table has every column a wide console shows, and the
+    host is whole on some line. Every second width: each band that lost a column was 3-5
+    wide, and a whole sweep of every width is twice the time."""
+    from streamassign.cli import _print_members, _Stdout
+
+    view = one_member_view(host)
+    labels = {view.members[0].member_id: "…00000000", view.members[0].process: "00000000"}
+
+    def members_at(width: int) -> str:
+        console = _Stdout(width=width, record=True, file=io.StringIO())
+        _print_members(console, view.members, labels)
+        return console.export_text()
+
+    wide = members_at(400)
+    assert f"aiokafka-0.14.0@{host}" in wide
+    for width in range(68, 141, 2):
+        text = members_at(width)
+        assert_whole_tables(text, MEMBERS_COLUMNS)
+        assert any(host in line for line in text.splitlines()), (width, text)
 
 
 def test_member_error_codes_are_a_line_each_and_a_quality_problem() -> None:
