@@ -25,7 +25,7 @@ from aiokafka.producer.message_accumulator import MessageAccumulator
 from aiokafka.producer.sender import Sender
 from aiokafka.structs import TopicPartition
 
-from streamassign.aiokafka.accumulator import SEND
+from streamassign.aiokafka.accumulator import HOLD, SEND
 from streamassign.aiokafka.sender import abort_in_flight, gate_sends
 
 from .test_faust_stallhold import CHANGELOG, SINK, Worker, run
@@ -314,6 +314,96 @@ def test_only_the_nodes_whose_request_carries_a_changelog_batch_are_reset(
     assert reset_again == 0
     assert _conn(producer, 1).closed == [] and not _conn(producer, 1).transport.aborted
     assert _conn(producer, 2).closed == [] and not _conn(producer, 2).transport.aborted
+
+
+def test_a_changelog_partition_anywhere_in_its_request_is_noted(
+    sockets: list[socket.socket],
+) -> None:
+    """A request's batches in aiokafka's order, the changelog's last behind two sink ones: a
+    note of fewer than all its partitions would let this request escape the reset, its
+    changelog batch landing after the new owner's writes."""
+
+    async def request() -> tuple[int, Any]:
+        producer = _producer(sockets)
+        answers = _unanswered(producer)
+        assert gate_sends(producer._sender, lambda: SEND, _is_changelog)
+        made = _request(producer, 1, SINK_TP, TopicPartition(SINK, 1), CHANGELOG_TP)
+        await asyncio.sleep(0)  # written
+        reset = abort_in_flight(producer, _is_changelog)
+        answers[1].set()
+        await made
+        return reset, producer
+
+    reset, producer = run(request())
+    assert reset == 1 and _conn(producer).closed == [CloseReason.CONNECTION_BROKEN]
+
+
+def test_a_changelog_batch_the_gate_held_is_not_noted(sockets: list[socket.socket]) -> None:
+    """A hold takes the changelog's batch out of a request of it and a sink's: the request
+    that goes out carries the sink's alone, so its connection is not reset (the sink's batch
+    would be sent again); the changelog's batch waits in the accumulator."""
+
+    async def held() -> tuple[int, Any]:
+        producer = _producer(sockets)
+        answers = _unanswered(producer)
+        accumulator = producer._message_accumulator
+        assert gate_sends(producer._sender, lambda: HOLD, _is_changelog)
+        for tp in (CHANGELOG_TP, SINK_TP):
+            await accumulator.add_message(tp, b"k", b"v", timeout=1)
+        drained, _unknown = accumulator.drain_by_nodes(ignore_nodes=set(), muted_partitions=set())
+        assert list(drained[1]) == [CHANGELOG_TP, SINK_TP]
+        _in_flight(producer, 1, *drained[1])
+        made = asyncio.ensure_future(producer._sender._send_produce_req(1, drained[1]))
+        await asyncio.sleep(0)  # the sink's written
+        reset = abort_in_flight(producer, _is_changelog)
+        answers[1].set()
+        await made
+        return reset, producer
+
+    reset, producer = run(held())
+    assert reset == 0 and _conn(producer).closed == []
+    assert [batch.tp for batch in producer._message_accumulator._batches[CHANGELOG_TP]] == [
+        CHANGELOG_TP
+    ]
+
+
+@pytest.mark.parametrize("ending", ["raises", "is cancelled"])
+def test_a_request_that_ends_without_an_answer_leaves_no_note(
+    sockets: list[socket.socket], ending: str
+) -> None:
+    """aiokafka's request task ends by an exception too (its sender closed with the request
+    in flight cancels it): its note goes with it, or the node's next request, of the sink's
+    alone, would be reset as if it carried the changelog's."""
+
+    async def ended() -> tuple[int, Any]:
+        producer = _producer(sockets)
+        answers = _unanswered(producer)
+        sender = producer._sender
+        unanswered = sender._send_produce_req
+
+        async def failing(node_id: int, batches: dict[Any, Any]) -> None:
+            await unanswered(node_id, batches)
+            raise RuntimeError("aiokafka's request failed")
+
+        sender._send_produce_req = failing
+        assert gate_sends(sender, lambda: SEND, _is_changelog)
+        first = _request(producer, 1, CHANGELOG_TP)
+        await asyncio.sleep(0)  # written
+        if ending == "raises":
+            answers[1].set()
+        else:
+            first.cancel()
+        with pytest.raises((RuntimeError, asyncio.CancelledError)):
+            await first
+        answers[1].clear()
+        again = _request(producer, 1, SINK_TP)
+        await asyncio.sleep(0)  # written
+        reset = abort_in_flight(producer, _is_changelog)
+        again.cancel()
+        return reset, producer
+
+    reset, producer = run(ended())
+    assert reset == 0 and _conn(producer).closed == []
 
 
 def test_a_gated_request_not_yet_written_is_not_reset(sockets: list[socket.socket]) -> None:
