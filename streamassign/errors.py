@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import importlib
-import importlib.metadata
 import re
 from collections.abc import Iterable, Mapping
 
@@ -186,8 +185,9 @@ def require_extra(feature: str, extra: str, packages: Mapping[str, str], instead
             raise MissingExtraError(
                 f"{feature} needs {distribution}, from the {extra} extra: {install}", name=module
             ) from exc
-        installed = _installed_version(distribution)
-        if installed is not None and _below_floor(installed, needed):
+        floor = _floor(needed)
+        installed = None if floor is None else _installed_version(distribution)
+        if installed is not None and floor is not None and _below(installed, floor):
             raise ExtraVersionError(
                 f"{feature} needs {distribution}{needed}, from the {extra} extra, but "
                 f"{distribution} {installed} is installed: {install}",
@@ -205,26 +205,32 @@ def _split_requirement(requirement: str) -> tuple[str, str]:
     return distribution.group(), requirement[distribution.end() :].replace(" ", "")
 
 
+def _floor(needed: str) -> str | None:
+    """The ``>=`` floor of range ``needed`` (``">=0.14,<0.15"``), None without one."""
+    floors = [bound[2:] for bound in needed.split(",") if bound.startswith(">=")]
+    return floors[0] if floors else None
+
+
 def _installed_version(distribution: str) -> str | None:
     """The version pip's metadata gives ``distribution``, None without metadata (a package put
     on the path by hand)."""
+    # Imported here, not with this module: importlib.metadata brings email, csv, zipfile and
+    # more, about 20 ms, which a plain ``import streamassign`` (no extra) never needs.
+    import importlib.metadata
+
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
 
 
-def _below_floor(installed: str, needed: str) -> bool:
-    """Whether version ``installed`` is below the ``>=`` floor of range ``needed``. Releases
-    compare by their numbers (``0.9`` < ``0.14``); a pre-release or development version of a
-    release (``0.14.0rc1``, ``0.14.0.dev2``) is below it, as pip orders them; an installed
-    version that is not numbered so (a fork's own scheme) is not judged."""
-    floors = [bound[2:] for bound in needed.split(",") if bound.startswith(">=")]
-    version = _release(installed)
-    if not floors or version is None:
-        return False
-    floor = _release(floors[0])
-    return floor is not None and version < floor
+def _below(installed: str, floor: str) -> bool:
+    """Whether version ``installed`` is below ``floor``. Releases compare by their numbers
+    (``0.9`` < ``0.14``); a pre-release or development version of a release (``0.14.0rc1``,
+    ``0.14.0.dev2``) is below it, as pip orders them; an installed version that is not
+    numbered so (a fork's own scheme) is not judged."""
+    version, least = _release(installed), _release(floor)
+    return version is not None and least is not None and version < least
 
 
 def _release(version: str) -> tuple[tuple[int, ...], int] | None:

@@ -253,7 +253,7 @@ def test_a_topology_without_tasks_is_still_a_config_error_to_hosts(
 _WITHOUT_EXTRA = """
 import importlib, json, sys
 from streamassign.errors import StreamAssignError
-seen = {}
+seen = {"import streamassign loads importlib.metadata": "importlib.metadata" in sys.modules}
 for package, name, blocked in [
     ("streamassign.aiokafka", None, "aiokafka"),
     ("streamassign.runtime", None, "aiokafka"),
@@ -287,6 +287,9 @@ def test_a_package_without_its_extra_names_the_extra_to_install() -> None:
         return ["MissingExtraError", True, module, f"{line}: {install}"]
 
     assert json.loads(ran.stdout) == {
+        # About 20 ms of email, csv, zipfile...: only a version check needs it.
+        "import streamassign loads importlib.metadata": False,
+    } | {
         feature: missing(feature, module, distribution, extra)
         for feature, module, distribution, extra in [
             ("streamassign.aiokafka", "aiokafka", "aiokafka", "aiokafka"),
@@ -361,6 +364,22 @@ def test_a_package_at_or_above_its_extras_floor_passes(
 
 def test_a_package_without_pip_metadata_is_not_judged_by_version() -> None:
     errors.require_extra("x", "y", {"json": "no-such-distribution-here>=99"})
+
+
+def test_a_requirement_without_a_floor_reads_no_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bare name, or a ceiling alone, is a presence check: no look-up in pip's metadata (a
+    few milliseconds each)."""
+    looked_up: list[str] = []
+
+    def version(distribution: str) -> str:
+        looked_up.append(distribution)
+        return "1.0"
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    errors.require_extra("x", "y", {"json": "json-dist", "re": "re-dist<2"})
+    assert looked_up == []
+    errors.require_extra("x", "y", {"json": "json-dist>=0.1,<2"})
+    assert looked_up == ["json-dist"]
 
 
 #: Run in a fresh interpreter: per case, pip's metadata reports the given versions, then what
