@@ -382,6 +382,37 @@ def test_a_requirement_without_a_floor_reads_no_version(monkeypatch: pytest.Monk
     assert looked_up == ["json-dist"]
 
 
+def test_the_query_classes_check_aiohttp_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read of ``streamassign.runtime.QueryServer`` checked aiohttp's version (about a
+    millisecond, some 200 times the read itself), and the first one twice (the attribute, then
+    the query server's module): now once, and the classes are the package's own after."""
+    import streamassign.runtime as runtime
+    from streamassign.runtime import _extra, query_server
+
+    looked_up: list[str] = []
+    real = importlib.metadata.version
+
+    def version(distribution: str) -> str:
+        looked_up.append(distribution)
+        return real(distribution)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.setattr(_extra, "_queries_checked", False)  # as in a fresh process
+    for name in ("QueryServer", "QueryClient"):  # not read yet, nor kept after the test
+        monkeypatch.setitem(vars(runtime), name, None)  # (getattr would read it now)
+        monkeypatch.delitem(vars(runtime), name)
+    monkeypatch.delitem(sys.modules, "streamassign.runtime.query_server")
+    monkeypatch.delitem(sys.modules, "streamassign.runtime._query_extra")
+    monkeypatch.delattr(runtime, "query_server")
+    monkeypatch.delattr(runtime, "_query_extra")
+    read = [runtime.QueryServer, runtime.QueryClient] * 3
+    assert looked_up == ["aiohttp"]
+    fresh = sys.modules["streamassign.runtime.query_server"]
+    assert read == [fresh.QueryServer, fresh.QueryClient] * 3
+    assert vars(runtime)["QueryServer"] is fresh.QueryServer
+    assert fresh is not query_server  # imported again, its own guard asked again: no look-up
+
+
 #: Run in a fresh interpreter: per case, pip's metadata reports the given versions, then what
 #: importing the module raised (None: it imported).
 _BELOW_FLOOR = """

@@ -13,3 +13,14 @@ REQUIREMENTS = {"aiokafka": "aiokafka>=0.14,<0.15"}
 QUERIES = {"aiohttp": "aiohttp>=3.9,<4"}
 
 require_extra("streamassign.runtime", "runtime", REQUIREMENTS)
+
+_queries_checked = False
+
+
+def require_queries(feature: str) -> None:
+    """Check ``QUERIES`` for ``feature`` once per process: the query server's module and the
+    package's lazy attributes both ask, and each check reads pip's metadata (milliseconds)."""
+    global _queries_checked
+    if not _queries_checked:
+        require_extra(feature, "runtime", QUERIES)
+        _queries_checked = True

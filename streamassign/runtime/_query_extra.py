@@ -1,7 +1,6 @@
 """Imported first by ``streamassign.runtime.query_server``: without aiohttp, importing it fails
 with ``MissingExtraError`` naming the runtime extra, not with a bare ``ModuleNotFoundError``."""
 
-from ..errors import require_extra
-from ._extra import QUERIES
+from ._extra import require_queries
 
-require_extra("streamassign.runtime.query_server", "runtime", QUERIES)
+require_queries("streamassign.runtime.query_server")
