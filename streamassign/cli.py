@@ -1721,16 +1721,17 @@ def _rendered_width(console: Console, table: Table) -> int:
 
 def _members_table(ordered: Sequence[Any], labels: Mapping[str, str], layout: str) -> Table:
     """The Members table with client@host as ``layout`` says: on ``"one line"``, the host
-    ``"host below"`` the client id (the column as wide as the longest host), or the client id
-    alone (``"hosts after"``: the caller prints the hosts below the table)."""
-    longest_host = max((len(_host(m)) + 1 for m in ordered), default=0)
+    ``"host below"`` the client id (the column as wide as the longest host or client id: both
+    whole), or the client id alone (``"hosts after"``: the caller prints the hosts below the
+    table, each with its client id whole)."""
+    longest = max((max(len(_host(m)) + 1, len(m.client_id)) for m in ordered), default=0)
     table = Table(title="Members")
     for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
         # The process folds too: a URL no shorter label names (a scheme apart) is long.
         wraps = col in ("client@host", "process", "versions")
         least = 12 if col in ("client@host", "versions") else None
         if col == "client@host" and layout == "host below":
-            least = max(12, longest_host)
+            least = max(12, longest)
         table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=least)
     for m in ordered:
         client_at_host = {

@@ -975,11 +975,11 @@ def test_a_members_host_is_never_folded(width: int, host: str) -> None:
         )
 
 
-def one_member_view(host: str) -> GroupView:
-    """A Stable consumer group of one aiokafka member on ``host``."""
+def one_member_view(host: str, client: str = "aiokafka-0.14.0") -> GroupView:
+    """A Stable consumer group of one aiokafka member of ``client`` on ``host``."""
     raw = RawMember(
-        f"aiokafka-0.14.0-{uuid.UUID(int=0)}",
-        "aiokafka-0.14.0",
+        f"{client}-{uuid.UUID(int=0)}",
+        client,
         f"/{host}",
         meta(["orders"], SubscriptionInfo(uuid.UUID(int=1)).encode()),
         encode_assignment([], AssignmentInfo(frozenset()).encode()),
@@ -988,25 +988,29 @@ def one_member_view(host: str) -> GroupView:
 
 
 @pytest.mark.parametrize(
-    "host",
+    ("host", "client"),
     [
-        "192.168.100.200",
-        "fd00:10:244:1::a",
-        "2a02:8070:a1b2:3c00:1234:5678:9abc:def0",
-        "orders-worker-7f9c6d5b8-x2kqz.orders.svc.cluster.local",
+        ("192.168.100.200", "aiokafka-0.14.0"),
+        ("fd00:10:244:1::a", "aiokafka-0.14.0"),
+        ("2a02:8070:a1b2:3c00:1234:5678:9abc:def0", "aiokafka-0.14.0"),
+        ("orders-worker-7f9c6d5b8-x2kqz.orders.svc.cluster.local", "aiokafka-0.14.0"),
+        ("10.0.0.1", "orders-service-worker-producer-client-7"),
     ],
 )
-def test_the_members_table_is_whole_and_its_host_uncut_at_every_width(host: str) -> None:
+def test_the_members_table_is_whole_and_its_client_and_host_uncut_at_every_width(
+    host: str, client: str
+) -> None:
     """The layout was chosen by rich's measured minimum, which a table can exceed once
     rendered (a column squeezed below its least width is widened back), so at some widths
     (72-74 for an IPv4 host, 96-100 for a long IPv6 one, 111-115 for a DNS name) the table
-    lost its gen column and right border. From 68 columns (below, the columns' least widths
-    cannot fit whatever the host) the table has every column a wide console shows, and the
-    host is whole on some line. Every second width: each band that lost a column was 3-5
-    wide, and a whole sweep of every width is twice the time."""
+    lost its gen column and right border; a long client id folded below its host. From 68
+    columns (below, the columns' least widths cannot fit whatever the host) the table has
+    every column a wide console shows, and the client id and host are each whole on some
+    line. Every second width: each band that lost a column was 3-5 wide, and a sweep of
+    every width is twice the time."""
     from streamassign.cli import _print_members, _Stdout
 
-    view = one_member_view(host)
+    view = one_member_view(host, client)
     labels = {view.members[0].member_id: "…00000000", view.members[0].process: "00000000"}
 
     def members_at(width: int) -> str:
@@ -1014,12 +1018,12 @@ def test_the_members_table_is_whole_and_its_host_uncut_at_every_width(host: str)
         _print_members(console, view.members, labels)
         return console.export_text()
 
-    wide = members_at(400)
-    assert f"aiokafka-0.14.0@{host}" in wide
+    assert f"{client}@{host}" in members_at(400)
     for width in range(68, 141, 2):
-        text = members_at(width)
-        assert_whole_tables(text, MEMBERS_COLUMNS)
-        assert any(host in line for line in text.splitlines()), (width, text)
+        lines = members_at(width)
+        assert_whole_tables(lines, MEMBERS_COLUMNS)
+        for whole in (client, host):
+            assert any(whole in line for line in lines.splitlines()), (width, lines)
 
 
 def test_member_error_codes_are_a_line_each_and_a_quality_problem() -> None:
