@@ -30,6 +30,7 @@ import attrs
 import click
 from rich.console import Console
 from rich.measure import Measurement
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -1598,7 +1599,12 @@ def _clashing_labels(labels: Mapping[str, str]) -> set[str]:
 
 
 def _client_at_host(member: Any) -> str:
-    return f"{member.client_id}@{member.client_host.lstrip('/')}"
+    return f"{member.client_id}@{_host(member)}"
+
+
+def _host(member: Any) -> str:
+    """A member's host as Kafka gives it, without the leading slash (``/127.0.0.1``)."""
+    return str(member.client_host.lstrip("/"))
 
 
 def _state_note(state: str) -> str:
@@ -1676,30 +1682,23 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
     squeezed the others to one character per line). ``labels``: of member and process ids."""
     ordered = sorted(members, key=lambda m: (m.process, m.member_id))
     # A table wider than the console folds client@host at the column's edge, mid-address
-    # (127.0.0 / .1): then the host goes on a line of its own, whole, after its client id.
-    for host_below in (False, True):
-        table = Table(title="Members")
-        for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
-            # The process folds too: a URL no shorter label names (a scheme apart) is long.
-            wraps = col in ("client@host", "process", "versions")
-            least = 12 if col in ("client@host", "versions") else None
-            table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=least)
-        for m in ordered:
-            table.add_row(
-                labels[m.member_id],
-                _client_at_host(m).replace("@", "\n@", 1) if host_below else _client_at_host(m),
-                labels[m.process] if m.assigned else "?",
-                f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}"
-                if m.assigned
-                else "undecodable",
-                (m.versions or "-")
-                + (f"\ntopology {m.topology_version}" if m.topology_version else ""),
-                "-" if m.generation is None else str(m.generation),
-            )
-        unbounded = console.options.update_width(sys.maxsize)  # its natural width, not cut
-        if Measurement.get(console, unbounded, table).maximum <= console.width:
+    # (127.0.0 / .1): then the host goes on a line of its own, whole, below its client id;
+    # where even that column cannot be as wide as the longest host beside the others (an
+    # IPv6 address is up to 40 characters with its @), the hosts go below the table, one
+    # member a line, and the column holds the client id alone.
+    unbounded = console.options.update_width(sys.maxsize)  # its natural width, not cut
+    for layout in ("one line", "host below", "hosts after"):
+        table = _members_table(ordered, labels, layout)
+        if layout == "one line":
+            fits = Measurement.get(console, unbounded, table).maximum <= console.width
+        else:  # the hosts after the table are the last resort, whatever its width
+            fits = layout == "hosts after" or _rendered_width(console, table) <= console.width
+        if fits:
             break
     console.print(table)
+    for m in ordered if layout == "hosts after" else ():
+        # A space before the @: a line too long for the console breaks there, not mid-host.
+        console.print(f"member {labels[m.member_id]}: {m.client_id} @{_host(m)}", markup=False)
     for m in ordered:
         if m.undecodable is not None:
             # Read all the same: the leader assigns such a member, as a process of its own.
@@ -1710,6 +1709,46 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
                 f"member {labels[m.member_id]} (process {labels[m.process]}): error {m.error}",
                 markup=False,
             )
+
+
+def _rendered_width(console: Console, table: Table) -> int:
+    """The widest line of ``table`` rendered at the console's width. Not its measured minimum:
+    rich widens a column squeezed below its ``min_width`` back to it after the squeeze, so a
+    table whose minimum fits can still render wider than the console, which crops it."""
+    lines = Segment.split_lines(console.render(table, console.options))
+    return max((Segment.get_line_length(line) for line in lines), default=0)
+
+
+def _members_table(ordered: Sequence[Any], labels: Mapping[str, str], layout: str) -> Table:
+    """The Members table with client@host as ``layout`` says: on ``"one line"``, the host
+    ``"host below"`` the client id (the column as wide as the longest host or client id: both
+    whole), or the client id alone (``"hosts after"``: the caller prints the hosts below the
+    table, each with its client id whole)."""
+    longest = max((max(len(_host(m)) + 1, len(m.client_id)) for m in ordered), default=0)
+    table = Table(title="Members")
+    for col in ("member", "client@host", "process", "a+s+w", "versions", "gen"):
+        # The process folds too: a URL no shorter label names (a scheme apart) is long.
+        wraps = col in ("client@host", "process", "versions")
+        least = 12 if col in ("client@host", "versions") else None
+        if col == "client@host" and layout == "host below":
+            least = max(12, longest)
+        table.add_column(col, overflow="fold", no_wrap=not wraps, min_width=least)
+    for m in ordered:
+        client_at_host = {
+            "one line": _client_at_host(m),
+            "host below": f"{m.client_id}\n@{_host(m)}",
+            "hosts after": m.client_id,
+        }[layout]
+        table.add_row(
+            labels[m.member_id],
+            client_at_host,
+            labels[m.process] if m.assigned else "?",
+            f"{len(m.active)}+{len(m.standby)}+{len(m.warmup)}" if m.assigned else "undecodable",
+            (m.versions or "-")
+            + (f"\ntopology {m.topology_version}" if m.topology_version else ""),
+            "-" if m.generation is None else str(m.generation),
+        )
+    return table
 
 
 def _print_tasks(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import re
 from collections.abc import Iterable, Mapping
 
 
@@ -150,22 +151,101 @@ class MissingExtraError(StreamAssignError, ModuleNotFoundError):
     code catching that still does."""
 
 
+class ExtraVersionError(MissingExtraError):
+    """A package of an optional extra is installed in a version below the extra's floor (an
+    aiokafka 0.13 where the runtime needs 0.14): the import fails at once, naming the installed
+    version, the range the extra installs and the pip command, rather than later with an error
+    from deep inside. ``installed`` is the version found, ``needed`` the range (``>=0.14,<0.15``);
+    a ``MissingExtraError`` too, since installing the extra is the remedy for both."""
+
+    def __init__(
+        self, message: str, *, name: str | None = None, installed: str = "", needed: str = ""
+    ) -> None:
+        super().__init__(message, name=name)
+        self.installed = installed
+        self.needed = needed
+
+
 def require_extra(feature: str, extra: str, packages: Mapping[str, str], instead: str = "") -> None:
     """Raise ``MissingExtraError`` naming ``extra`` when a package ``feature`` needs is not
-    installed: ``packages`` maps each top-level module to the distribution pip installs it
-    from; ``instead``: what else the user may do. A module missing inside an installed package
-    is not the extra's: raised as it is."""
-    for module, distribution in packages.items():
+    installed: ``packages`` maps each top-level module to the requirement pip installs it from,
+    as the extra lists it (``"aiokafka>=0.14,<0.15"``, or a bare distribution name); ``instead``:
+    what else the user may do. A module missing inside an installed package is not the extra's:
+    raised as it is. A version below the requirement's ``>=`` floor raises ``ExtraVersionError``;
+    one above its ceiling passes (it may work; pip warned when it was installed), as does a
+    distribution whose installed version pip's metadata does not tell."""
+    install = f"pip install 'streamassign[{extra}]'" + (f" (or {instead})" if instead else "")
+    for module, requirement in packages.items():
+        distribution, needed = _split_requirement(requirement)
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
             raise MissingExtraError(
-                f"{feature} needs {distribution}, from the {extra} extra: "
-                f"pip install 'streamassign[{extra}]'" + (f" (or {instead})" if instead else ""),
-                name=module,
+                f"{feature} needs {distribution}, from the {extra} extra: {install}", name=module
             ) from exc
+        floor = _floor(needed)
+        installed = None if floor is None else _installed_version(distribution)
+        if installed is not None and floor is not None and _below(installed, floor):
+            raise ExtraVersionError(
+                f"{feature} needs {distribution}{needed}, from the {extra} extra, but "
+                f"{distribution} {installed} is installed: {install}",
+                name=module,
+                installed=installed,
+                needed=needed,
+            )
+
+
+def _split_requirement(requirement: str) -> tuple[str, str]:
+    """``"aiokafka>=0.14,<0.15"`` as its distribution and its range: ``("aiokafka",
+    ">=0.14,<0.15")``."""
+    distribution = re.match(r"[A-Za-z0-9._-]*", requirement)
+    assert distribution is not None  # matches the empty string at least
+    return distribution.group(), requirement[distribution.end() :].replace(" ", "")
+
+
+def _floor(needed: str) -> str | None:
+    """The ``>=`` floor of range ``needed`` (``">=0.14,<0.15"``), None without one."""
+    floors = [bound[2:] for bound in needed.split(",") if bound.startswith(">=")]
+    return floors[0] if floors else None
+
+
+def _installed_version(distribution: str) -> str | None:
+    """The version pip's metadata gives ``distribution``, None without metadata (a package put
+    on the path by hand)."""
+    # Imported here, not with this module: importlib.metadata brings email, csv, zipfile and
+    # more, about 20 ms, which a plain ``import streamassign`` (no extra) never needs.
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _below(installed: str, floor: str) -> bool:
+    """Whether version ``installed`` is below ``floor``. Releases compare by their numbers
+    (``0.9`` < ``0.14``); a pre-release or development version of a release (``0.14.0rc1``,
+    ``0.14.0.dev2``) is below it, as pip orders them; an installed version that is not
+    numbered so (a fork's own scheme) is not judged."""
+    version, least = _release(installed), _release(floor)
+    return version is not None and least is not None and version < least
+
+
+def _release(version: str) -> tuple[tuple[int, ...], int] | None:
+    """A version's release numbers (trailing zeros dropped, so ``0.14.0`` == ``0.14``) and 0 for
+    a pre-release or development version, 1 for a release or post-release: what orders two
+    versions for a floor check. None if ``version`` does not start with a number."""
+    matched = re.match(r"v?(\d+(?:\.\d+)*)(.*)", version.strip().lower())
+    if matched is None:
+        return None
+    numbers = [int(part) for part in matched.group(1).split(".")]
+    while len(numbers) > 1 and numbers[-1] == 0:
+        numbers.pop()
+    suffix = matched.group(2).split("+")[0]
+    prerelease = re.match(r"[._-]?(alpha|beta|preview|pre|rc|a|b|c|dev)", suffix) is not None
+    return tuple(numbers), 0 if prerelease else 1
 
 
 # -- wire formats (Kafka Streams and consumer user data) -------------------------------------------

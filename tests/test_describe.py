@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import itertools
 import json
 import os
@@ -925,9 +926,21 @@ def printed(view: GroupView) -> str:
 
 
 @pytest.mark.parametrize("width", [80, 160])
-def test_a_members_host_is_never_folded(width: int) -> None:
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.0.0.1",
+        "fd00::1",
+        "2001:db8:85a3::8a2e:370:7334",
+        "2a02:8070:a1b2:3c00:1234:5678:9abc:def0",
+    ],
+)
+def test_a_members_host_is_never_folded(width: int, host: str) -> None:
     """An audit: at 80 columns client@host folded mid-address (``aiokafka-0.14.0@127.0.0`` /
-    ``.1``). Narrow, the host goes below its client id, whole; wide, both on one line."""
+    ``.1``, and an IPv6 address after the fix for IPv4). Narrow, the host goes below its
+    client id, whole, or, where that column cannot be as wide as the host beside the others
+    (a long IPv6 address at 80 columns), on a line per member below the table; wide, client
+    and host on one line."""
     from streamassign.cli import _print_group, _Stdout
 
     pids = ("93eca1d0-0000-4000-8000-000000000001", "bbb0d247-0000-4000-8000-000000000002")
@@ -935,7 +948,7 @@ def test_a_members_host_is_never_folded(width: int) -> None:
         RawMember(
             f"aiokafka-0.14.0-{uuid.UUID(int=k)}",
             "aiokafka-0.14.0",
-            "/127.0.0.1",
+            f"/{host}",
             meta(["orders"], SubscriptionInfo(uuid.UUID(pid)).encode()),
             encode_assignment([], AssignmentInfo(frozenset()).encode()),
         )
@@ -946,12 +959,71 @@ def test_a_members_host_is_never_folded(width: int) -> None:
     _print_group(console, view, quality(view))
     text = console.export_text()
     assert_whole_tables(text, MEMBERS_COLUMNS)
-    cells = [line.split("│")[2].strip() for line in text.splitlines() if "aiokafka" in line]
-    below = [line.split("│")[2].strip() for line in text.splitlines() if "│ @" in line]
-    if width == 80:
-        assert (cells, below) == (["aiokafka-0.14.0"] * 2, ["@127.0.0.1"] * 2)
+    lines = text.splitlines()
+    cells = [line.split("│")[2].strip() for line in lines if "│ aiokafka" in line]
+    below = [line.split("│")[2].strip() for line in lines if "│ @" in line]
+    after = [line for line in lines if line.startswith("member …")]
+    if width == 160:
+        assert (cells, below, after) == ([f"aiokafka-0.14.0@{host}"] * 2, [], [])
+    elif len(host) <= len("255.255.255.255"):
+        assert (cells, below, after) == (["aiokafka-0.14.0"] * 2, [f"@{host}"] * 2, [])
     else:
-        assert (cells, below) == (["aiokafka-0.14.0@127.0.0.1"] * 2, [])
+        assert (cells, below, after) == (
+            ["aiokafka-0.14.0"] * 2,
+            [],
+            [f"member …0000000{k}: aiokafka-0.14.0 @{host}" for k in (0, 1)],
+        )
+
+
+def one_member_view(host: str, client: str = "aiokafka-0.14.0") -> GroupView:
+    """A Stable consumer group of one aiokafka member of ``client`` on ``host``."""
+    raw = RawMember(
+        f"{client}-{uuid.UUID(int=0)}",
+        client,
+        f"/{host}",
+        meta(["orders"], SubscriptionInfo(uuid.UUID(int=1)).encode()),
+        encode_assignment([], AssignmentInfo(frozenset()).encode()),
+    )
+    return describe_bytes("orders", "Stable", "consumer", PROTOCOL_NAME, [raw])
+
+
+@pytest.mark.parametrize(
+    ("host", "client"),
+    [
+        ("192.168.100.200", "aiokafka-0.14.0"),
+        ("fd00:10:244:1::a", "aiokafka-0.14.0"),
+        ("2a02:8070:a1b2:3c00:1234:5678:9abc:def0", "aiokafka-0.14.0"),
+        ("orders-worker-7f9c6d5b8-x2kqz.orders.svc.cluster.local", "aiokafka-0.14.0"),
+        ("10.0.0.1", "orders-service-worker-producer-client-7"),
+    ],
+)
+def test_the_members_table_is_whole_and_its_client_and_host_uncut_at_every_width(
+    host: str, client: str
+) -> None:
+    """The layout was chosen by rich's measured minimum, which a table can exceed once
+    rendered (a column squeezed below its least width is widened back), so at some widths
+    (72-74 for an IPv4 host, 96-100 for a long IPv6 one, 111-115 for a DNS name) the table
+    lost its gen column and right border; a long client id folded below its host. From 68
+    columns (below, the columns' least widths cannot fit whatever the host) the table has
+    every column a wide console shows, and the client id and host are each whole on some
+    line. Every second width: each band that lost a column was 3-5 wide, and a sweep of
+    every width is twice the time."""
+    from streamassign.cli import _print_members, _Stdout
+
+    view = one_member_view(host, client)
+    labels = {view.members[0].member_id: "…00000000", view.members[0].process: "00000000"}
+
+    def members_at(width: int) -> str:
+        console = _Stdout(width=width, record=True, file=io.StringIO())
+        _print_members(console, view.members, labels)
+        return console.export_text()
+
+    assert f"{client}@{host}" in members_at(400)
+    for width in range(68, 141, 2):
+        lines = members_at(width)
+        assert_whole_tables(lines, MEMBERS_COLUMNS)
+        for whole in (client, host):
+            assert any(whole in line for line in lines.splitlines()), (width, lines)
 
 
 def test_member_error_codes_are_a_line_each_and_a_quality_problem() -> None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.metadata
 import inspect
 import json
+import pickle
 import pkgutil
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -250,12 +253,13 @@ def test_a_topology_without_tasks_is_still_a_config_error_to_hosts(
 _WITHOUT_EXTRA = """
 import importlib, json, sys
 from streamassign.errors import StreamAssignError
-seen = {}
+seen = {"import streamassign loads importlib.metadata": "importlib.metadata" in sys.modules}
 for package, name, blocked in [
     ("streamassign.aiokafka", None, "aiokafka"),
     ("streamassign.runtime", None, "aiokafka"),
     ("streamassign.faust", None, "faust"),
     ("streamassign.runtime", "QueryServer", "aiohttp"),
+    ("streamassign.runtime.query_server", None, "aiohttp"),
 ]:
     for loaded in [n for n in sys.modules if n.startswith(package)]:
         del sys.modules[loaded]
@@ -283,12 +287,16 @@ def test_a_package_without_its_extra_names_the_extra_to_install() -> None:
         return ["MissingExtraError", True, module, f"{line}: {install}"]
 
     assert json.loads(ran.stdout) == {
+        # About 20 ms of email, csv, zipfile...: only a version check needs it.
+        "import streamassign loads importlib.metadata": False,
+    } | {
         feature: missing(feature, module, distribution, extra)
         for feature, module, distribution, extra in [
             ("streamassign.aiokafka", "aiokafka", "aiokafka", "aiokafka"),
             ("streamassign.runtime", "aiokafka", "aiokafka", "runtime"),
             ("streamassign.faust", "faust", "faust-streaming", "faust"),
             ("streamassign.runtime.QueryServer", "aiohttp", "aiohttp", "runtime"),
+            ("streamassign.runtime.query_server", "aiohttp", "aiohttp", "runtime"),
         ]
     }
 
@@ -303,3 +311,168 @@ def test_a_module_missing_inside_an_installed_package_is_not_blamed_on_the_extra
         errors.require_extra("x", "y", {"installed_but_broken": "installed-but-broken"})
     assert raised.type is ModuleNotFoundError
     assert raised.value.name == "gone_dependency"
+
+
+def installed_as(monkeypatch: pytest.MonkeyPatch, versions: dict[str, str]) -> None:
+    """pip's metadata reports ``versions`` for those distributions (no real downgrade)."""
+    real = importlib.metadata.version
+
+    def version(distribution: str) -> str:
+        if distribution in versions:
+            return versions[distribution]
+        return real(distribution)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+
+
+@pytest.mark.parametrize("installed", ["0.13.0", "0.9.2", "0.14.0rc1", "0.14.0.dev3"])
+def test_a_package_below_its_extras_floor_names_the_version_the_range_and_the_command(
+    monkeypatch: pytest.MonkeyPatch, installed: str
+) -> None:
+    installed_as(monkeypatch, {"kafka-dist": installed})
+    with pytest.raises(errors.ExtraVersionError) as raised:
+        errors.require_extra("streamassign.thing", "runtime", {"json": "kafka-dist>=0.14,<0.15"})
+    assert str(raised.value) == (
+        f"streamassign.thing needs kafka-dist>=0.14,<0.15, from the runtime extra, but "
+        f"kafka-dist {installed} is installed: pip install 'streamassign[runtime]'"
+    )
+    assert isinstance(raised.value, errors.MissingExtraError)
+    assert isinstance(raised.value, ModuleNotFoundError)
+    assert (raised.value.name, raised.value.installed, raised.value.needed) == (
+        "json",
+        installed,
+        ">=0.14,<0.15",
+    )
+    again = pickle.loads(pickle.dumps(raised.value))
+    assert (type(again), str(again), again.name, again.installed, again.needed) == (
+        errors.ExtraVersionError,
+        str(raised.value),
+        "json",
+        installed,
+        ">=0.14,<0.15",
+    )
+
+
+@pytest.mark.parametrize("installed", ["0.14", "0.14.0", "0.14.0.post1", "0.14.2", "0.15.0"])
+def test_a_package_at_or_above_its_extras_floor_passes(
+    monkeypatch: pytest.MonkeyPatch, installed: str
+) -> None:
+    """Above the ceiling too: a newer version may work, and pip said so when installing it."""
+    installed_as(monkeypatch, {"kafka-dist": installed})
+    errors.require_extra("streamassign.thing", "runtime", {"json": "kafka-dist>=0.14,<0.15"})
+
+
+def test_a_package_without_pip_metadata_is_not_judged_by_version() -> None:
+    errors.require_extra("x", "y", {"json": "no-such-distribution-here>=99"})
+
+
+def test_a_requirement_without_a_floor_reads_no_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bare name, or a ceiling alone, is a presence check: no look-up in pip's metadata (a
+    few milliseconds each)."""
+    looked_up: list[str] = []
+
+    def version(distribution: str) -> str:
+        looked_up.append(distribution)
+        return "1.0"
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    errors.require_extra("x", "y", {"json": "json-dist", "re": "re-dist<2"})
+    assert looked_up == []
+    errors.require_extra("x", "y", {"json": "json-dist>=0.1,<2"})
+    assert looked_up == ["json-dist"]
+
+
+def test_the_query_classes_check_aiohttp_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read of ``streamassign.runtime.QueryServer`` checked aiohttp's version (about a
+    millisecond, some 200 times the read itself), and the first one twice (the attribute, then
+    the query server's module): now once, and the classes are the package's own after."""
+    import streamassign.runtime as runtime
+    from streamassign.runtime import _extra, query_server
+
+    looked_up: list[str] = []
+    real = importlib.metadata.version
+
+    def version(distribution: str) -> str:
+        looked_up.append(distribution)
+        return real(distribution)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.setattr(_extra, "_queries_checked", False)  # as in a fresh process
+    for name in ("QueryServer", "QueryClient"):  # not read yet, nor kept after the test
+        monkeypatch.setitem(vars(runtime), name, None)  # (getattr would read it now)
+        monkeypatch.delitem(vars(runtime), name)
+    monkeypatch.delitem(sys.modules, "streamassign.runtime.query_server")
+    monkeypatch.delitem(sys.modules, "streamassign.runtime._query_extra")
+    monkeypatch.delattr(runtime, "query_server")
+    monkeypatch.delattr(runtime, "_query_extra")
+    read = [runtime.QueryServer, runtime.QueryClient] * 3
+    assert looked_up == ["aiohttp"]
+    fresh = sys.modules["streamassign.runtime.query_server"]
+    assert read == [fresh.QueryServer, fresh.QueryClient] * 3
+    assert vars(runtime)["QueryServer"] is fresh.QueryServer
+    assert fresh is not query_server  # imported again, its own guard asked again: no look-up
+
+
+#: Run in a fresh interpreter: per case, pip's metadata reports the given versions, then what
+#: importing the module raised (None: it imported).
+_BELOW_FLOOR = """
+import importlib, importlib.metadata, json, sys
+from streamassign.errors import ExtraVersionError
+real = importlib.metadata.version
+seen = {}
+for module, versions in [
+    ("streamassign.runtime", {"aiokafka": "0.13.0"}),
+    ("streamassign.aiokafka", {"aiokafka": "0.13.0"}),
+    ("streamassign.aiokafka", {"aiokafka": "0.10.2"}),
+    ("streamassign.faust", {"faust-streaming": "0.11.3"}),
+    ("streamassign.runtime.query_server", {"aiohttp": "3.8.6"}),
+]:
+    for loaded in [n for n in sys.modules if n.startswith(module)]:
+        del sys.modules[loaded]
+    importlib.metadata.version = lambda d, versions=versions: versions.get(d) or real(d)
+    try:
+        importlib.import_module(module)
+        said = None
+    except ExtraVersionError as exc:
+        said = str(exc)
+    seen[f"{module} {versions}"] = said
+print(json.dumps(seen))
+"""
+
+
+def test_importing_a_package_below_its_extras_floor_fails_at_once() -> None:
+    ran = subprocess.run(
+        [sys.executable, "-c", _BELOW_FLOOR], capture_output=True, text=True, check=True
+    )
+
+    def below(module: str, requirement: str, installed: str, extra: str) -> str:
+        distribution = requirement.split(">")[0]
+        return (
+            f"{module} needs {requirement}, from the {extra} extra, but {distribution} "
+            f"{installed} is installed: pip install 'streamassign[{extra}]'"
+        )
+
+    assert list(json.loads(ran.stdout).values()) == [
+        below("streamassign.runtime", "aiokafka>=0.14,<0.15", "0.13.0", "runtime"),
+        None,  # the aiokafka extra allows 0.11 on
+        below("streamassign.aiokafka", "aiokafka>=0.11,<0.15", "0.10.2", "aiokafka"),
+        below("streamassign.faust", "faust-streaming>=0.12,<0.16", "0.11.3", "faust"),
+        below("streamassign.runtime.query_server", "aiohttp>=3.9,<4", "3.8.6", "runtime"),
+    ]
+
+
+def test_the_guards_require_what_pyproject_s_extras_install() -> None:
+    from streamassign.aiokafka import _extra as aiokafka_extra
+    from streamassign.faust import _extra as faust_extra
+    from streamassign.runtime import _extra as runtime_extra
+
+    extras = tomllib.loads((PACKAGE_DIR.parent / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    guarded = {
+        "aiokafka": aiokafka_extra.REQUIREMENTS.values(),
+        "faust": faust_extra.REQUIREMENTS.values(),
+        "runtime": [*runtime_extra.REQUIREMENTS.values(), *runtime_extra.QUERIES.values()],
+    }
+    for extra, requirements in guarded.items():
+        assert set(requirements) <= set(extras[extra]), extra

@@ -21,13 +21,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_example(
-    module: str, *args: str, hide: str | None = None
+    module: str, *args: str, hide: str | None = None, installed: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``python -m module args`` from the repository root; ``hide``: a module made unimportable,
-    as if its extra were not installed."""
-    code = "import runpy, sys\n"
+    as if its extra were not installed; ``installed``: versions pip's metadata reports for
+    those distributions (as if another version were installed)."""
+    code = "import importlib.metadata, runpy, sys\n"
     if hide:
         code += f"sys.modules[{hide!r}] = None\n"
+    if installed:
+        code += "real = importlib.metadata.version\n"
+        code += f"importlib.metadata.version = lambda d: {installed!r}.get(d) or real(d)\n"
     code += f"sys.argv = [{module!r}, *{list(args)!r}]\n"
     code += f"runpy.run_module({module!r}, run_name='__main__')"
     return subprocess.run(
@@ -58,6 +62,17 @@ def test_without_the_runtime_extra_the_example_names_it(module: str) -> None:
     assert done.returncode == 1
     assert done.stderr.strip() == (
         "error: aiokafka is not installed: pip install 'streamassign[runtime]'"
+    )
+
+
+@pytest.mark.parametrize("module", ["examples.orders_join", "examples.word_count"])
+def test_with_an_aiokafka_too_old_for_the_runtime_the_example_says_so(module: str) -> None:
+    """Not that aiokafka is not installed, as it said: the guard's own line."""
+    done = run_example(module, "--bootstrap", "127.0.0.1:1", installed={"aiokafka": "0.13.0"})
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "error: streamassign.runtime needs aiokafka>=0.14,<0.15, from the runtime extra, but "
+        "aiokafka 0.13.0 is installed: pip install 'streamassign[runtime]'"
     )
 
 

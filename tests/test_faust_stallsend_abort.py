@@ -8,6 +8,7 @@ tests/integration/test_aiokafka_abort.py."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import socket
 import struct
@@ -24,7 +25,8 @@ from aiokafka.producer.message_accumulator import MessageAccumulator
 from aiokafka.producer.sender import Sender
 from aiokafka.structs import TopicPartition
 
-from streamassign.aiokafka.sender import abort_in_flight
+from streamassign.aiokafka.accumulator import HOLD, SEND
+from streamassign.aiokafka.sender import abort_in_flight, gate_sends
 
 from .test_faust_stallhold import CHANGELOG, SINK, Worker, run
 from .test_faust_stallpartition import _beating, _partitioned
@@ -101,6 +103,28 @@ def _in_flight(producer: Any, node_id: int, *tps: TopicPartition) -> None:
     producer._sender._muted_partitions.update(tps)
 
 
+def _unanswered(producer: Any) -> dict[int, asyncio.Event]:
+    """The sender's request, before a gate wraps it, as aiokafka's once written: unanswered
+    until its node's event is set, then its marks undone."""
+    sender = producer._sender
+    answers: dict[int, asyncio.Event] = collections.defaultdict(asyncio.Event)
+
+    async def in_flight(node_id: int, batches: dict[Any, Any]) -> None:
+        await answers[node_id].wait()
+        sender._in_flight.discard(node_id)
+        sender._muted_partitions.difference_update(batches)
+
+    sender._send_produce_req = in_flight
+    return answers
+
+
+def _request(producer: Any, node_id: int, *tps: TopicPartition) -> asyncio.Future[None]:
+    """A request of ``tps`` to ``node_id``, as aiokafka's sender makes it (marks, then the
+    request's task, through the gate when there is one)."""
+    _in_flight(producer, node_id, *tps)
+    return asyncio.ensure_future(producer._sender._send_produce_req(node_id, dict.fromkeys(tps)))
+
+
 def _conn(producer: Any, node_id: int = 1) -> Connection:
     conn: Connection = producer.client._conns[(node_id, ConnectionGroup.DEFAULT)]
     return conn
@@ -136,8 +160,10 @@ def test_a_silence_hold_resets_the_connection_with_a_changelog_request_in_flight
 
     async def cut() -> Any:
         producer = _producer(sockets)
+        _unanswered(producer)
         worker = _gated_worker(tmp_path, monkeypatch, producer)
-        _in_flight(producer, 1, CHANGELOG_TP, SINK_TP)
+        _request(producer, 1, CHANGELOG_TP, SINK_TP)
+        await asyncio.sleep(0)  # written
         worker.start()
         assert await worker.heartbeat()
         _partitioned(worker, 7.0)
@@ -164,8 +190,10 @@ def test_a_stall_s_hold_resets_nothing(
 
     async def stall() -> Any:
         producer = _producer(sockets)
+        _unanswered(producer)
         worker = _gated_worker(tmp_path, monkeypatch, producer)
-        _in_flight(producer, 1, CHANGELOG_TP)
+        _request(producer, 1, CHANGELOG_TP)
+        await asyncio.sleep(0)  # written
         worker.start()
         worker.stall(9.0)
         worker.look()
@@ -188,8 +216,10 @@ def test_a_silence_hold_without_a_changelog_request_in_flight_resets_nothing(
 
     async def cut() -> Any:
         producer = _producer(sockets)
+        _unanswered(producer)
         worker = _gated_worker(tmp_path, monkeypatch, producer)
-        _in_flight(producer, 1, SINK_TP)
+        _request(producer, 1, SINK_TP)
+        await asyncio.sleep(0)  # written
         worker.start()
         _partitioned(worker, 7.0)
         assert worker.producer.stall_hold.holding
@@ -246,6 +276,183 @@ def test_every_node_in_flight_is_reset_each_on_its_own(
     assert _conn(producer, 1).transport.aborted and _conn(producer, 1).closed
     assert _linger(_conn(producer, 3)) == (1, 0) and _conn(producer, 3).closed
     assert "resetting aiokafka's connection to node 2 failed" in caplog.text
+
+
+def test_only_the_nodes_whose_request_carries_a_changelog_batch_are_reset(
+    sockets: list[socket.socket],
+) -> None:
+    """Two leaders, a request in flight to each, through the gated sender: node 1's carries a
+    changelog batch (and a sink one), node 2's the sink's alone; node 2's is not reset (sent
+    again, it would be a duplicate if the broker had written it). Node 1's answered, its next
+    request carries the sink's alone: then nothing is reset."""
+
+    async def requests() -> tuple[int, int, Connection, Any]:
+        producer = _producer(sockets, nodes=2)
+        answers = _unanswered(producer)
+        assert gate_sends(producer._sender, lambda: SEND, _is_changelog)
+        first = _request(producer, 1, CHANGELOG_TP, SINK_TP)
+        last = _request(producer, 2, TopicPartition(SINK, 1))
+        await asyncio.sleep(0)  # both written
+        reset = abort_in_flight(producer, _is_changelog)
+        answers[1].set()
+        await first
+        first_conn = _conn(producer, 1)
+        answers[1].clear()
+        left, right = socket.socketpair()  # aiokafka connects again
+        sockets.extend((left, right))
+        producer.client._conns[(1, ConnectionGroup.DEFAULT)] = Connection(left)
+        again = _request(producer, 1, SINK_TP)
+        await asyncio.sleep(0)
+        reset_again = abort_in_flight(producer, _is_changelog)
+        answers[1].set()
+        answers[2].set()
+        await asyncio.gather(again, last)
+        return reset, reset_again, first_conn, producer
+
+    reset, reset_again, first_conn, producer = run(requests())
+    assert reset == 1 and first_conn.closed == [CloseReason.CONNECTION_BROKEN]
+    assert reset_again == 0
+    assert _conn(producer, 1).closed == [] and not _conn(producer, 1).transport.aborted
+    assert _conn(producer, 2).closed == [] and not _conn(producer, 2).transport.aborted
+
+
+def test_a_changelog_partition_anywhere_in_its_request_is_noted(
+    sockets: list[socket.socket],
+) -> None:
+    """A request's batches in aiokafka's order, the changelog's last behind two sink ones: a
+    note of fewer than all its partitions would let this request escape the reset, its
+    changelog batch landing after the new owner's writes."""
+
+    async def request() -> tuple[int, Any]:
+        producer = _producer(sockets)
+        answers = _unanswered(producer)
+        assert gate_sends(producer._sender, lambda: SEND, _is_changelog)
+        made = _request(producer, 1, SINK_TP, TopicPartition(SINK, 1), CHANGELOG_TP)
+        await asyncio.sleep(0)  # written
+        reset = abort_in_flight(producer, _is_changelog)
+        answers[1].set()
+        await made
+        return reset, producer
+
+    reset, producer = run(request())
+    assert reset == 1 and _conn(producer).closed == [CloseReason.CONNECTION_BROKEN]
+
+
+def test_a_changelog_batch_the_gate_held_is_not_noted(sockets: list[socket.socket]) -> None:
+    """A hold takes the changelog's batch out of a request of it and a sink's: the request
+    that goes out carries the sink's alone, so its connection is not reset (the sink's batch
+    would be sent again); the changelog's batch waits in the accumulator."""
+
+    async def held() -> tuple[int, Any]:
+        producer = _producer(sockets)
+        answers = _unanswered(producer)
+        accumulator = producer._message_accumulator
+        assert gate_sends(producer._sender, lambda: HOLD, _is_changelog)
+        for tp in (CHANGELOG_TP, SINK_TP):
+            await accumulator.add_message(tp, b"k", b"v", timeout=1)
+        drained, _unknown = accumulator.drain_by_nodes(ignore_nodes=set(), muted_partitions=set())
+        assert list(drained[1]) == [CHANGELOG_TP, SINK_TP]
+        _in_flight(producer, 1, *drained[1])
+        made = asyncio.ensure_future(producer._sender._send_produce_req(1, drained[1]))
+        await asyncio.sleep(0)  # the sink's written
+        reset = abort_in_flight(producer, _is_changelog)
+        answers[1].set()
+        await made
+        return reset, producer
+
+    reset, producer = run(held())
+    assert reset == 0 and _conn(producer).closed == []
+    assert [batch.tp for batch in producer._message_accumulator._batches[CHANGELOG_TP]] == [
+        CHANGELOG_TP
+    ]
+
+
+@pytest.mark.parametrize("ending", ["raises", "is cancelled"])
+def test_a_request_that_ends_without_an_answer_leaves_no_note(
+    sockets: list[socket.socket], ending: str
+) -> None:
+    """aiokafka's request task ends by an exception too (its sender closed with the request
+    in flight cancels it): its note goes with it, or the node's next request, of the sink's
+    alone, would be reset as if it carried the changelog's."""
+
+    async def ended() -> tuple[int, Any]:
+        producer = _producer(sockets)
+        answers = _unanswered(producer)
+        sender = producer._sender
+        unanswered = sender._send_produce_req
+
+        async def failing(node_id: int, batches: dict[Any, Any]) -> None:
+            await unanswered(node_id, batches)
+            raise RuntimeError("aiokafka's request failed")
+
+        sender._send_produce_req = failing
+        assert gate_sends(sender, lambda: SEND, _is_changelog)
+        first = _request(producer, 1, CHANGELOG_TP)
+        await asyncio.sleep(0)  # written
+        if ending == "raises":
+            answers[1].set()
+        else:
+            first.cancel()
+        with pytest.raises((RuntimeError, asyncio.CancelledError)):
+            await first
+        answers[1].clear()
+        again = _request(producer, 1, SINK_TP)
+        await asyncio.sleep(0)  # written
+        reset = abort_in_flight(producer, _is_changelog)
+        again.cancel()
+        return reset, producer
+
+    reset, producer = run(ended())
+    assert reset == 0 and _conn(producer).closed == []
+
+
+def test_a_gated_request_not_yet_written_is_not_reset(sockets: list[socket.socket]) -> None:
+    """Marked in flight, its task not yet run (or still connecting): it writes nothing before
+    it asks the rule, which the hold has changed by then; its connection may carry another
+    request of other topics."""
+
+    async def made() -> tuple[int, Any]:
+        producer = _producer(sockets)
+        _unanswered(producer)
+        assert gate_sends(producer._sender, lambda: SEND, _is_changelog)
+        request = _request(producer, 1, CHANGELOG_TP)
+        reset = abort_in_flight(producer, _is_changelog)  # before the request's task runs
+        request.cancel()
+        return reset, producer
+
+    reset, producer = run(made())
+    assert reset == 0 and _conn(producer).closed == []
+
+
+def test_a_silence_hold_resets_nothing_when_the_drains_are_not_gated(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    sockets: list[socket.socket],
+) -> None:
+    """An accumulator of another shape: its drains are not gated, so nothing would hold the
+    batches a reset hands back; they would be sent again at once. The hold begins and says
+    it reset nothing."""
+
+    async def cut() -> Any:
+        producer = _producer(sockets)
+        producer._message_accumulator = SimpleNamespace()  # the sender's own is aiokafka's
+        worker = _beating(Worker(tmp_path, monkeypatch))
+        worker.producer._producer = producer
+        worker.producer._stall_gate(producer)
+        assert not worker.producer._stall_gated
+        _in_flight(producer, 1, CHANGELOG_TP)
+        worker.start()
+        assert await worker.heartbeat()
+        _partitioned(worker, 7.0)
+        assert worker.producer.stall_hold.holding
+        return producer
+
+    with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
+        producer = run(cut())
+    assert _conn(producer).closed == [] and not _conn(producer).transport.aborted
+    assert "reset 0 connection(s) with a changelog request in flight" in caplog.text
+    assert abort_in_flight(producer, _is_changelog) == 1  # what the guard kept from happening
 
 
 def test_the_installed_aiokafka_producer_has_the_shape_the_abort_relies_on(

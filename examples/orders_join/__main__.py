@@ -19,6 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from streamassign.errors import ExtraVersionError
+
 try:  # without the runtime extra: one line naming what is missing, not a trace
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -26,6 +28,8 @@ try:  # without the runtime extra: one line naming what is missing, not a trace
 
     from ..demo import count, create_topics, run
     from .join import EnrichOrders, join_topology
+except ExtraVersionError as exc:  # installed, but too old: its line says which, and the fix
+    sys.exit(f"error: {exc}")
 except ModuleNotFoundError as exc:
     sys.exit(f"error: {exc.name} is not installed: pip install 'streamassign[runtime]'")
 

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 from streamassign import Subtopology, Topology
+from streamassign.errors import ExtraVersionError
 
 try:  # without the runtime extra: one line naming what is missing, not a trace
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -25,6 +26,8 @@ try:  # without the runtime extra: one line naming what is missing, not a trace
     from streamassign.runtime import App, Record, TaskContext
 
     from ..demo import count, create_topics, run
+except ExtraVersionError as exc:  # installed, but too old: its line says which, and the fix
+    sys.exit(f"error: {exc}")
 except ModuleNotFoundError as exc:
     sys.exit(f"error: {exc.name} is not installed: pip install 'streamassign[runtime]'")
 

@@ -29,10 +29,13 @@ changelog batch. Held or dropped, it is decided at once (no wait for a dead link
 A request already written when a worker is cut off from the broker sits in the client's
 buffers (asyncio's transport, the kernel's send queue, retransmitted) and reaches the broker at
 the heal, after the new owner's writes. ``abort_in_flight`` recalls it: it resets the
-connections of the nodes with a request in flight (SO_LINGER 0, so the kernel discards its
-unsent and unacknowledged bytes, then asyncio's ``abort``, which drops its buffer), and
-aiokafka's ``close`` fails the request as a retriable connection error: aiokafka puts its
-batches back into the accumulator, whose gate holds or drops them.
+connections of the nodes with a request of gated partitions in flight (SO_LINGER 0, so the
+kernel discards its unsent and unacknowledged bytes, then asyncio's ``abort``, which drops its
+buffer), and aiokafka's ``close`` fails the request as a retriable connection error: aiokafka
+puts its batches back into the accumulator, whose gate holds or drops them. aiokafka keeps no
+record of which partitions a node's request carries, so the gated request keeps one
+(``_CARRIED``): a node whose request carries only other topics is not reset (its request
+would be sent again, a duplicate if the broker had written it).
 
 Checked against aiokafka 0.11.0 - 0.14.0 (``_send_produce_req(node_id, batches)``, the
 ``_in_flight`` and ``_muted_partitions`` sets, the accumulator's ``reenqueue(batch)``); another
@@ -49,6 +52,7 @@ import inspect
 import logging
 import socket
 import struct
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +70,9 @@ _SEND_PARAMETERS = ("self", "node_id", "batches")
 _REENQUEUE_PARAMETERS = ("self", "batch")
 #: SO_LINGER on, 0 seconds: ``close`` resets the connection and discards what is unsent.
 _LINGER_RESET = struct.pack("ii", 1, 0)
+#: Per gated sender, the partitions of the request each node has in flight (written, or
+#: being written, by ``gate_sends``'s request until it is answered or fails).
+_CARRIED: weakref.WeakKeyDictionary[Any, dict[Any, set[Any]]] = weakref.WeakKeyDictionary()
 
 
 def _parameters(function: Any) -> tuple[str, ...] | None:
@@ -106,6 +113,7 @@ def gate_sends(sender: Any, rule: Callable[[], str], gated: Callable[[Any], bool
         )
         return False
     send = sender._send_produce_req
+    carried = _CARRIED.setdefault(sender, {})
 
     async def gated_send(node_id: Any, batches: dict[Any, Any]) -> None:
         decided = _decide(rule)
@@ -120,10 +128,25 @@ def gate_sends(sender: Any, rule: Callable[[], str], gated: Callable[[Any], bool
             batches = {tp: batch for tp, batch in batches.items() if tp not in held}
             if not batches:
                 return
-        await send(node_id, batches)
+        await _carrying(carried, node_id, batches, send(node_id, batches))
 
     sender._send_produce_req = gated_send
     return True
+
+
+async def _carrying(
+    carried: dict[Any, set[Any]], node_id: Any, batches: dict[Any, Any], request: Any
+) -> None:
+    """Await aiokafka's ``request`` of ``batches`` to ``node_id``, noting meanwhile in
+    ``carried`` that the node's connection carries their partitions."""
+    on_node = carried.setdefault(node_id, set())
+    on_node.update(batches)
+    try:
+        await request
+    finally:
+        on_node.difference_update(batches)
+        if not on_node and carried.get(node_id) is on_node:
+            del carried[node_id]
 
 
 async def _connected(sender: Any, node_id: Any) -> bool:
@@ -191,23 +214,35 @@ def _take_back(
 
 
 def abort_in_flight(producer: Any, gated: Callable[[Any], bool]) -> int:
-    """Reset the connections of aiokafka's ``producer`` to every node with a produce request
-    in flight, if one of them carries a partition ``gated(tp)`` selects; how many were reset.
-    Their unsent bytes are discarded and their requests fail as retriable, so aiokafka puts
-    the batches back into its accumulator. Never raises; 0 for a sender of another shape, an
-    idempotent one (a batch dropped later would fail its partition's later ones) or one with
-    acks=0 (its records already count as written: a request reset would lose them)."""
+    """Reset the connections of aiokafka's ``producer`` to each node whose produce request in
+    flight carries a partition ``gated(tp)`` selects; how many were reset. Their unsent bytes
+    are discarded and their requests fail as retriable, so aiokafka puts the batches back
+    into its accumulator. A sender ``gate_sends`` did not gate tells no node's partitions:
+    then every node in flight is reset, if a gated partition is among the muted ones. Never
+    raises; 0 for a sender of another shape, an idempotent one (a batch dropped later would
+    fail its partition's later ones) or one with acks=0 (its records already count as
+    written: a request reset would lose them)."""
     sender: Any = getattr(producer, "_sender", None)
     try:
         if not _abortable(sender):
             return 0
-        if not any(gated(tp) for tp in sender._muted_partitions):
-            return 0
-        nodes = sorted(sender._in_flight, key=repr)
+        nodes = sorted(_carrying_gated(sender, gated), key=repr)
     except Exception:  # the hold's tick calls this: it must go on
         log.exception("looking for aiokafka's produce requests in flight failed")
         return 0
     return sum(_reset(sender.client, node_id) for node_id in nodes)
+
+
+def _carrying_gated(sender: Any, gated: Callable[[Any], bool]) -> set[Any]:
+    """The nodes whose request in flight carries a partition ``gated(tp)`` selects, as the
+    gated requests noted them (a gated request writes nothing before its note: one not yet
+    noted decides by the rule first). A sender ``gate_sends`` did not gate tells no node's
+    partitions: every node in flight, if a gated partition is muted."""
+    carried = _CARRIED.get(sender)
+    if carried is None:
+        gated_muted = any(gated(tp) for tp in sender._muted_partitions)
+        return set(sender._in_flight) if gated_muted else set()
+    return {node_id for node_id, tps in carried.items() if any(gated(tp) for tp in tps)}
 
 
 def _abortable(sender: Any) -> bool:

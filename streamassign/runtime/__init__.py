@@ -10,8 +10,8 @@ tables (``QueryServer``, ``QueryClient``). See
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ReservedKeyError, StoreKeyTypeError, require_extra
-from . import _extra  # noqa: F401 - before the rest: names the extra when it is missing
+from ..errors import ReservedKeyError, StoreKeyTypeError
+from . import _extra  # before the rest: names the extra when it is missing
 from ._topics import InternalTopicError, ensure_internal_topics, internal_topics
 from .app import (
     App,
@@ -67,8 +67,10 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     """The HTTP side of queries, imported on first use (aiohttp takes a while to import)."""
     if name in ("QueryClient", "QueryServer"):
-        require_extra(f"streamassign.runtime.{name}", "runtime", {"aiohttp": "aiohttp"})
+        _extra.require_queries(f"streamassign.runtime.{name}")
         from . import query_server
 
+        # Kept as the module's own: later reads find them without this function's check.
+        globals().update(QueryClient=query_server.QueryClient, QueryServer=query_server.QueryServer)
         return getattr(query_server, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,6 +14,9 @@ its ``endpoint``, ``QueryClient`` asks any process of the application. The API i
 
 from __future__ import annotations
 
+from . import _query_extra  # noqa: F401 - before aiohttp: names the extra when it is missing
+
+# isort: split
 import asyncio
 import contextlib
 import logging
