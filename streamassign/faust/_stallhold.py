@@ -67,6 +67,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiokafka
 import attrs
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
@@ -265,6 +266,10 @@ class StallHoldProducer(faust_aiokafka.Producer):
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_releasing: asyncio.Task[None] | None = None
         self._stall_look_failed = False
+        #: This hold's wrap on the consumer's heartbeats once in place, and whether wrapping
+        #: failed (told once; no silence is counted then: ``_stall_watch_heartbeats``).
+        self._heartbeat_wrap: Any = None
+        self._heartbeat_wrap_failed = False
         #: Whether aiokafka's accumulator drains are gated by the hold (``on_start``).
         self._stall_gated = False
         #: The hold's clock, also of the heartbeats' stamps (a test's stand-in).
@@ -442,16 +447,10 @@ class StallHoldProducer(faust_aiokafka.Producer):
         """A tick: stamp, or tell of a hold just begun, or resolve it."""
         consumer = self._aiokafka_consumer()
         hold = self.stall_hold
-        watch_heartbeats(
-            consumer,
-            hold.heartbeat_accepted,
-            hold.wants_proof,
-            self.clock,
-            timeout=float(self.app.conf.broker_heartbeat_interval),
-            answered=hold.heartbeats.answered_at,
-        )
+        watched = self._stall_watch_heartbeats(consumer)
         refuse_commits_without_membership(consumer)
-        hold.heartbeats.routine_seen(now, heartbeat_task(consumer))
+        # Unwatched, no accepted heartbeat would end a silence: none is counted then.
+        hold.heartbeats.routine_seen(now, heartbeat_task(consumer) if watched else None)
         member = self._stall_membership(now)
         hold.tick(now, member)
         if hold.holding and not hold.told:
@@ -475,6 +474,41 @@ class StallHoldProducer(faust_aiokafka.Producer):
                 now - (hold.since or now),
                 hold.held_as,
             )
+
+    def _stall_watch_heartbeats(self, consumer: Any) -> bool:
+        """Whether this hold's own wrap is on ``consumer``'s heartbeats (wrapped at the first
+        tick with a coordinator): only then does a silence count. Unwatched, no accepted
+        heartbeat would ever end one, and every worker would hold after the threshold, its
+        flush and commits waiting, for good. One WARNING if it cannot be wrapped (another
+        aiokafka's coordinator, or one another part wrapped already)."""
+        coordinator = getattr(consumer, "_coordinator", None)
+        if coordinator is None:  # not started: no heartbeat routine runs either
+            return False
+        current = getattr(coordinator, "_do_heartbeat", None)
+        if current is not None and current is self._heartbeat_wrap:
+            return True
+        if self._heartbeat_wrap_failed:
+            return False
+        hold = self.stall_hold
+        if not getattr(current, "_streamassign_wrapped", False) and watch_heartbeats(
+            consumer,
+            hold.heartbeat_accepted,
+            hold.wants_proof,
+            self.clock,
+            timeout=float(self.app.conf.broker_heartbeat_interval),
+            answered=hold.heartbeats.answered_at,
+        ):
+            self._heartbeat_wrap = getattr(coordinator, "_do_heartbeat", None)
+            return True
+        self._heartbeat_wrap_failed = True
+        log.warning(
+            "cannot watch this worker's heartbeats (aiokafka %s: its group coordinator has no "
+            "_do_heartbeat, or another part wrapped it): silence holds are off, a network cut "
+            "from the coordinator holds no changelog send (a stall of the event loop still "
+            "does, and a member id reset still drops them)",
+            aiokafka.__version__,
+        )
+        return False
 
     def _stall_tell(self, hold: StallHold) -> None:
         if hold.cause == SILENCE:
