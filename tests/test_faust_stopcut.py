@@ -1,5 +1,8 @@
-"""What the stall hold (``streamassign.faust._stallhold``) does when it cannot watch the
-heartbeats: the failure is told once, and no silence counts without the wrap.
+"""What the stall hold (``streamassign.faust._stallhold``) does for a worker without tables,
+and when it cannot watch the heartbeats.
+
+- A worker without tables holds nothing: no flush waits, no lost membership is told.
+- A heartbeat wrap that fails is told once, and no silence counts without it.
 
 Faust's real producer on a fake clock; aiokafka's coordinator is a stand-in."""
 
@@ -13,7 +16,7 @@ import aiokafka
 import pytest
 from faust.types import TP
 
-from .test_faust_stallhold import CHANGELOG, Worker, run
+from .test_faust_stallhold import CHANGELOG, SINK, Worker, run
 from .test_faust_stallpartition import _beating, _partitioned, _running
 
 SRC = "orders"
@@ -26,6 +29,33 @@ def faust_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
         for r in caplog.records
         if r.name == "streamassign.faust" and r.levelno == level
     ]
+
+
+def test_a_worker_without_tables_gets_no_hold_flush_wait_or_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No changelog: a cut past the threshold and the member id's reset change nothing (no
+    flush waiting, no commit refused for it, no "changelog sends are dropped" WARNING)."""
+    worker = _beating(Worker(tmp_path, monkeypatch))
+    monkeypatch.setattr(type(worker.app.tables), "changelog_topics", property(lambda _: set()))
+
+    async def cut() -> None:
+        worker.start()
+        assert await worker.heartbeat()
+        _partitioned(worker, 8.0)
+        await asyncio.wait_for(worker.producer.flush(), 0.5)
+        worker.stall(30.0)  # a gap too
+        await asyncio.wait_for(worker.producer.flush(), 0.5)
+        worker.coordinator.member_id = ""
+        worker.look()
+        await worker.send(SINK, b"out")
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        run(cut())
+    hold = worker.producer.stall_hold
+    assert not hold.holding and hold.lost_as is None and hold.losses == 0
+    assert worker.sent == [(SINK, b"out")]
+    assert [r for r in caplog.records if r.name == "streamassign.faust"] == []
 
 
 @pytest.mark.parametrize("heartbeat", ["missing", "wrapped by another"])

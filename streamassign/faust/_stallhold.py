@@ -278,6 +278,12 @@ class StallHoldProducer(faust_aiokafka.Producer):
     def _holds_stalls(self) -> bool:
         return not exactly_once(self.app) and not self.app.conf.producer_threaded
 
+    def _stall_on(self) -> bool:
+        """Whether the hold is on duty now: its tick runs and the app has changelog topics (a
+        worker without tables has nothing to hold: no hold, no flush waiting on one, no lost
+        membership told). Read each time: tables are declared up to the tables' start."""
+        return self._stall_timer is not None and bool(self.app.tables.changelog_topics)
+
     async def on_start(self) -> None:
         await super().on_start()
         if self._holds_stalls():
@@ -312,7 +318,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         the accumulator, in order; released, they drain ahead of the released sends (appended
         behind them); while the membership stays lost they are dropped, as later sends are."""
         hold = self.stall_hold
-        if self._stall_timer is None:
+        if not self._stall_on():
             return SEND
         if self._stall_dropping():
             return DROP
@@ -422,7 +428,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         """Return once no hold is on. The tick resolves a hold; should the tick fail (it logs
         why), the hold is released past its deadline, so a flush never waits forever."""
         hold = self.stall_hold
-        if self._stall_timer is None:
+        if not self._stall_on():
             return
         hold.check(self.clock())  # a stall that this flush is the first to see
         while hold.holding and self._stall_timer is not None:
@@ -449,6 +455,9 @@ class StallHoldProducer(faust_aiokafka.Producer):
         hold = self.stall_hold
         watched = self._stall_watch_heartbeats(consumer)
         refuse_commits_without_membership(consumer)
+        if not self.app.tables.changelog_topics:  # nothing to hold (``_stall_on``)
+            hold.stamp = now
+            return
         # Unwatched, no accepted heartbeat would end a silence: none is counted then.
         hold.heartbeats.routine_seen(now, heartbeat_task(consumer) if watched else None)
         member = self._stall_membership(now)
