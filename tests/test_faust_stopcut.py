@@ -1,20 +1,28 @@
-"""What the stall hold (``streamassign.faust._stallhold``) does for a worker without tables,
-and when it cannot watch the heartbeats.
+"""What the stall hold (``streamassign.faust._stallhold``) does around a worker's stop, for a
+worker without tables, and when it cannot watch the heartbeats.
 
+- A worker that stops while a hold is on (cut off from its coordinator: a silence hold lasts
+  until the coordinator answers) ends the hold as lost for itself: the held changelog sends
+  are dropped, its stop goes on at once, and Faust's stop path commits nothing from then on
+  (the next owner processes those events again).
 - A worker without tables holds nothing: no flush waits, no lost membership is told.
 - A heartbeat wrap that fails is told once, and no silence counts without it.
 
-Faust's real producer on a fake clock; aiokafka's coordinator is a stand-in."""
+Faust's real producer (and its consumer's commit code) on a fake clock; aiokafka's
+coordinator and commit are stand-ins."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 import aiokafka
 import pytest
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
+from faust.types.tuples import Message
 
 from .test_faust_stallhold import CHANGELOG, SINK, Worker, run
 from .test_faust_stallpartition import _beating, _partitioned, _running
@@ -29,6 +37,171 @@ def faust_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
         for r in caplog.records
         if r.name == "streamassign.faust" and r.levelno == level
     ]
+
+
+class StoppingWorker(Worker):
+    """A worker whose app stops when told (``stop()``), whose Faust consumer acknowledges
+    events of ``S0`` (``acknowledge``), and whose commits reach a stand-in."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().__init__(tmp_path, monkeypatch)
+        _beating(self)
+        self.stopping = False
+        monkeypatch.setattr(type(self.app), "should_stop", property(lambda _: self.stopping))
+        self.faust_commits: list[dict[TP, int]] = []
+
+        async def commit(consumer: Any, offsets: Any) -> bool:
+            self.faust_commits.append(dict(offsets))
+            return True
+
+        monkeypatch.setattr(faust_aiokafka.Consumer, "_commit", commit)
+        self.consumer: Any = self.app.consumer
+        self.app.topics._acking_topics.add(SRC)  # an agent subscribed to it, with acks
+        self.consumer._thread._consumer.assignment = lambda: {S0}
+
+    def acknowledge(self, *offsets: int) -> None:
+        """Events of S0 processed (their changelog sends held) and acknowledged; the first
+        time, committed up to 10."""
+        self.consumer.loop = asyncio.get_running_loop()
+        self.consumer._committed_offset.setdefault(S0, 10)
+        for offset in offsets:
+            event = Message(SRC, 0, offset, 0.0, 0, None, b"k", b"v", None)
+            self.consumer.track_message(event)
+            self.consumer.ack(event)
+
+    def stop(self) -> None:
+        self.stopping = True
+
+
+def test_a_worker_stopping_during_a_cut_drops_its_held_sends_and_stops_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cut off from the coordinator, the hold would wait for it however long: Faust's stop
+    flushes the producer (its commit too), and that flush waited until the network healed.
+    Stopping, the hold ends as lost at once: held sends dropped, told in one WARNING."""
+    worker = StoppingWorker(tmp_path, monkeypatch)
+
+    async def cut_then_stop() -> tuple[bool, Any]:
+        worker.start()
+        assert await worker.heartbeat()
+        _partitioned(worker, 6.5)
+        assert worker.producer.stall_hold.holding
+        held = await worker.send(CHANGELOG, b"held")
+        flush = asyncio.ensure_future(worker.producer.flush())  # Faust's commit timer's
+        await asyncio.sleep(0.05)
+        waited = not flush.done()
+        worker.stop()  # SIGTERM: Faust's app stops
+        await asyncio.wait_for(flush, 1.0)
+        later = await worker.send(CHANGELOG, b"after the stop")
+        await asyncio.wait_for(worker.producer.flush(), 1.0)  # App.on_stop's own
+        return waited, (held, later)
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        waited, futures = run(cut_then_stop())
+    assert waited
+    assert worker.sent == []
+    assert not any(f.done() for f in futures)
+    hold = worker.producer.stall_hold
+    assert not hold.holding and hold.commits_refused
+    warnings = faust_lines(caplog, logging.WARNING)
+    assert len(warnings) == 2, warnings  # the hold's start, then the stop's drop
+    assert warnings[1].startswith(
+        "this worker stops while its changelog sends are held (no heartbeat accepted for "
+    )
+    assert "the membership of 'm-1' unresolved" in warnings[1]
+    assert "dropped 1 held send(s) and 0 batch(es) aiokafka held, reset 0" in warnings[1]
+    assert "no offset is committed from now on" in warnings[1]
+
+
+def test_faust_s_stop_path_commits_nothing_after_the_held_sends_are_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Faust's commit flushes the producer, then commits: the flush now returns at the stop,
+    so the commit that follows (its timer's, waiting in the flush, then its stop's
+    ``wait_empty``) must not pass the events whose changelog sends were just dropped, even
+    once the network heals and the membership is proven during the stop."""
+    worker = StoppingWorker(tmp_path, monkeypatch)
+
+    async def commits() -> tuple[bool, bool, bool]:
+        worker.start()
+        assert await worker.heartbeat()
+        _partitioned(worker, 6.5)
+        worker.acknowledge(10, 11)
+        await worker.send(CHANGELOG, b"held")
+        timer_commit = asyncio.ensure_future(worker.consumer.commit())
+        await asyncio.sleep(0.05)
+        assert not timer_commit.done()  # waiting in the producer's flush
+        worker.stop()
+        committed = await asyncio.wait_for(timer_commit, 1.0)
+        worker.accepts = True  # the network heals: the membership is proven
+        worker.stall(1.0)
+        assert await worker.heartbeat()
+        worker.look()
+        back = worker.producer.stall_hold.lost_as is None
+        worker.acknowledge(12)  # an event its agent finished during the stop
+        again = await asyncio.wait_for(worker.consumer.commit(), 1.0)
+        return committed, back, again
+
+    with caplog.at_level(logging.DEBUG, logger="streamassign.faust"):
+        committed, back, again = run(commits())
+    assert back  # sends would go out again; commits still may not
+    assert committed is False and again is False
+    assert worker.faust_commits == []
+    told = [m for m in faust_lines(caplog, logging.INFO) if m.startswith("a commit of ")]
+    assert told == [
+        "a commit of 1 offset(s) refused: this worker stopped while its changelog sends were "
+        "held, and dropped them; the partitions' next owner processes these events again"
+    ]
+    assert len([m for m in faust_lines(caplog, logging.DEBUG) if "refused" in m]) == 1
+
+
+def test_a_hold_beginning_while_the_worker_stops_ends_at_its_first_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stop that began before the silence passed the threshold: aiokafka's flush may wait
+    for changelog batches the new hold keeps back, so the tick that starts it ends it, and
+    recalls the changelog request in flight as a silence hold's start does (the kernel would
+    send it on after the process exits)."""
+    worker = StoppingWorker(tmp_path, monkeypatch)
+    resets: list[int] = []
+    monkeypatch.setattr(worker.producer, "_stall_abort", lambda: resets.append(1) or 1)
+
+    async def stop_then_silence() -> None:
+        worker.start()
+        assert await worker.heartbeat()
+        worker.stop()
+        _partitioned(worker, 6.5)
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        run(stop_then_silence())
+    hold = worker.producer.stall_hold
+    assert not hold.holding and hold.commits_refused and hold.lost_as == "m-1"
+    warnings = faust_lines(caplog, logging.WARNING)
+    assert len(warnings) == 1, warnings
+    assert "no heartbeat accepted for 5.8 s" in warnings[0]
+    assert "dropped 0 held send(s) and 0 batch(es) aiokafka held, reset 1" in warnings[0]
+    assert resets == [1]
+
+
+def test_a_clean_stop_refuses_no_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No hold at the stop: Faust's last commit goes out as ever, and nothing is told."""
+    worker = StoppingWorker(tmp_path, monkeypatch)
+
+    async def stop() -> bool:
+        worker.start()
+        assert await worker.heartbeat()
+        worker.acknowledge(10, 11)
+        worker.stop()
+        worker.look()
+        return bool(await asyncio.wait_for(worker.consumer.commit(), 1.0))
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        assert run(stop())
+    assert worker.faust_commits == [{S0: 12}]
+    assert not worker.producer.stall_hold.commits_refused
+    assert faust_lines(caplog, logging.WARNING) == []
 
 
 def test_a_worker_without_tables_gets_no_hold_flush_wait_or_warning(

@@ -37,7 +37,11 @@ it:
   and every way the membership ends comes back as one of the two answers above once a
   coordinator answers; past ``deadline`` (a session timeout and a heartbeat interval) one
   WARNING says the hold goes on. Should the tick itself fail, a flush releases the hold
-  past that deadline rather than wait forever (a stale write is possible then, no loss).
+  past that deadline rather than wait forever (a stale write is possible then, no loss);
+- the worker stops: its stop flushes the producer (Faust's commits and ``App.on_stop``),
+  which must not wait for a coordinator a cut keeps away, so the hold ends as lost for
+  this worker (dropped), and the consumer commits nothing from then on: a commit could pass
+  the dropped sends' events while the membership may still stand.
 
 Every send, drain and tick also reads the member id: a reset (or another id) of the known
 one ends the membership then, a hold on or not, and the changelog sends are dropped from then
@@ -150,6 +154,10 @@ class StallHold:
     #: What began the current hold: GAP (the loop did not run) or SILENCE (no heartbeat
     #: accepted while the heartbeat routine ran: cut off from the coordinator).
     cause: str = ""
+    #: Set for good when the worker stops with a hold on (``StallHoldProducer._stall_stopped``):
+    #: the held sends were dropped while the membership may still stand (the coordinator
+    #: unreachable, no reset yet), so no commit may pass their events from then on.
+    commits_refused: bool = False
 
     @property
     def holding(self) -> bool:
@@ -284,6 +292,10 @@ class StallHoldProducer(faust_aiokafka.Producer):
         membership told). Read each time: tables are declared up to the tables' start."""
         return self._stall_timer is not None and bool(self.app.tables.changelog_topics)
 
+    def _stopping(self) -> bool:
+        """Whether the worker is stopping (Faust's app, or its consumer alone)."""
+        return any(getattr(s, "should_stop", False) for s in (self.app, self.app.consumer))
+
     async def on_start(self) -> None:
         await super().on_start()
         if self._holds_stalls():
@@ -333,7 +345,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         if timer is not None:
             timer.cancel()
         if self.stall_hold.holding and not self.stall_hold.releasing:
-            self._stall_resolve_dropped(self.clock(), "the producer stops")
+            self._stall_stopped(self.clock())
         await super().on_stop()
 
     async def send(
@@ -401,9 +413,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
         lost = self.stall_hold.known_as
         self.stall_hold.lose(now)
         batches = drop_gated(self._accumulator(), self._is_changelog) if self._stall_gated else 0
-        stopping = any(getattr(s, "should_stop", False) for s in (self.app, self.app.consumer))
         log.log(
-            logging.INFO if stopping else logging.WARNING,  # a stop leaves the group
+            logging.INFO if self._stopping() else logging.WARNING,  # a stop leaves the group
             "this worker's group membership %r ended (%s): its changelog sends are dropped "
             "from now until it joins as a new member, and %d batch(es) aiokafka held; their "
             "events' offsets are not committed (no membership), so the partitions' next owner "
@@ -426,13 +437,18 @@ class StallHoldProducer(faust_aiokafka.Producer):
 
     async def _hold_resolved(self) -> None:
         """Return once no hold is on. The tick resolves a hold; should the tick fail (it logs
-        why), the hold is released past its deadline, so a flush never waits forever."""
+        why), the hold is released past its deadline, so a flush never waits forever. A
+        worker that stops ends its hold as lost (``_stall_stopped``): a silence hold resolves
+        only when the coordinator answers, which a cut may put off past any stop."""
         hold = self.stall_hold
         if not self._stall_on():
             return
         hold.check(self.clock())  # a stall that this flush is the first to see
         while hold.holding and self._stall_timer is not None:
             now = self.clock()
+            if self._stopping() and not hold.releasing:
+                self._stall_stopped(now)
+                return
             past_deadline = now - (hold.since or now) > hold.deadline
             if self._stall_look_failed and past_deadline and not hold.releasing:
                 hold.releasing = True
@@ -462,6 +478,9 @@ class StallHoldProducer(faust_aiokafka.Producer):
         hold.heartbeats.routine_seen(now, heartbeat_task(consumer) if watched else None)
         member = self._stall_membership(now)
         hold.tick(now, member)
+        if hold.holding and not hold.releasing and self._stopping():
+            self._stall_stopped(now)  # its membership may be resolved only after the stop
+            return
         if hold.holding and not hold.told:
             hold.told = True
             self._stall_tell(hold)
@@ -557,6 +576,36 @@ class StallHoldProducer(faust_aiokafka.Producer):
             "membership was back (as %r)",
             dropped,
             member,
+        )
+
+    def _stall_stopped(self, now: float) -> None:
+        """End the hold as lost for this worker, which stops: its membership may be resolved
+        only after the stop (a silence hold lasts until the coordinator answers). The held
+        sends and aiokafka's held batches are dropped, and the consumer commits nothing from
+        now on (``commits_refused``; the membership may still stand, so aiokafka would send
+        the commit): their events' offsets stay uncommitted, the next owner processes them."""
+        hold = self.stall_hold
+        since, gap, member = hold.since or now, hold.gap, hold.held_as
+        silence = hold.cause == SILENCE
+        # A silence hold begun during the stop was not told: its request in flight is
+        # recalled here (the kernel would go on sending it after the process exits).
+        reset = self._stall_abort() if silence and not hold.told else 0
+        dropped = hold.lose(now)
+        hold.commits_refused = True
+        batches = drop_gated(self._accumulator(), self._is_changelog) if self._stall_gated else 0
+        log.warning(
+            "this worker stops while its changelog sends are held (%s for %.1f s, the "
+            "membership of %r unresolved after %.1f s): dropped %d held send(s) and %d "
+            "batch(es) aiokafka held, reset %d connection(s) with a changelog request in "
+            "flight, and no offset is committed from now on, so the partitions' next owner "
+            "processes their events again",
+            "no heartbeat accepted" if silence else "the event loop did not run",
+            gap,
+            member,
+            now - since,
+            len(dropped),
+            batches,
+            reset,
         )
 
     def _stall_resolve_dropped(self, now: float, why: str) -> None:

@@ -336,6 +336,8 @@ class _Consumer(faust_aiokafka.Consumer):
         #: The producer's count of lost memberships at the last assignment
         #: (``_forget_acks_if_lost``).
         self._losses_at_assignment = 0
+        #: Whether a commit the stall hold refuses was told (``_commits_refused``).
+        self._commit_refusal_told = False
         #: Latches the first failed table store write: no commit from then on, and the
         #: worker stops (``_storefail``).
         self.store_guard = StoreFailureGuard(self._on_store_failure)
@@ -502,7 +504,11 @@ class _Consumer(faust_aiokafka.Consumer):
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         """Faust's; a commit that succeeds under the member id of the current assignment
         proves the tables' persisted offsets as they were before it (Faust flushed its
-        producer first, so they include every changelog write acknowledged by then)."""
+        producer first, so they include every changelog write acknowledged by then). None
+        once the worker stopped with changelog sends held: they were dropped (Faust's stop
+        flushes, then commits; ``_stallhold``), and a commit could pass their events."""
+        if self._commits_refused(offsets):
+            return False
         before = self._member_id()
         snapshot = None
         if before and before == self.proven_offsets.held_as:
@@ -514,6 +520,22 @@ class _Consumer(faust_aiokafka.Consumer):
         if committed and snapshot is not None and self._member_id() == before:
             self.proven_offsets.prove(snapshot)
         return committed
+
+    def _commits_refused(self, offsets: Mapping[TP, int]) -> bool:
+        """Whether the producer's stall hold refuses commits (``commits_refused``): the first
+        refusal is told at INFO, the next at DEBUG (Faust's stop commits more than once)."""
+        hold = getattr(self.app.producer, "stall_hold", None)  # None: not this transport's
+        if not getattr(hold, "commits_refused", False):
+            return False
+        log.log(
+            logging.DEBUG if self._commit_refusal_told else logging.INFO,
+            "a commit of %d offset(s) refused: this worker stopped while its changelog sends "
+            "were held, and dropped them; the partitions' next owner processes these events "
+            "again",
+            len(offsets),
+        )
+        self._commit_refusal_told = True
+        return True
 
     def _member_id(self) -> str | None:
         return member_id(getattr(self._thread, "_consumer", None))
