@@ -34,7 +34,8 @@ membership proved, before Faust's recovery reads them (``_proven``), and its pro
 changelog sends that follow such a stall until the membership is proven (sent) or lost (dropped:
 a zombie's writes from stale table state, ``_stallhold``); the offsets Faust acknowledged but
 did not commit are forgotten after a lost membership (their events' changelog sends may have
-been dropped: processed again, never committed past, ``_forget_acks_if_lost``). A table store
+been dropped: processed again, never committed past, ``_forget_acks_if_lost``), and no commit
+goes out after a stop that dropped held sends (``_commits_refused``). A table store
 write that fails (a full disk) stops the worker before any commit can pass the record Faust
 acks anyway (``_storefail``). Everything else is Faust's aiokafka transport unchanged.
 """
