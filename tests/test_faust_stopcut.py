@@ -278,16 +278,24 @@ def test_heartbeats_that_cannot_be_watched_count_no_silence_and_are_told_once(
 def test_the_hold_s_own_wrap_is_recognised_at_every_tick(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Wrapped at the first tick, its wrap (marked as any of the library's) is its own after:
-    the silence counts, nothing is told."""
+    """Before Faust's consumer thread made aiokafka's consumer there is nothing to wrap and no
+    heartbeat routine (nothing told); wrapped at the first tick after, its wrap (marked as
+    any of the library's) is its own from then on: the silence counts, nothing is told."""
     worker = _beating(Worker(tmp_path, monkeypatch))
+    thread = worker.app.consumer._thread
+    aiokafka_consumer, thread._consumer = thread._consumer, None
 
-    async def cut() -> bool:
+    async def start_then_cut() -> bool:
         worker.start()
+        _partitioned(worker, 6.5)  # no consumer yet: no silence
+        assert not worker.producer.stall_hold.holding
+        thread._consumer = aiokafka_consumer
+        worker.look()
+        worker.accepts = True
         assert await worker.heartbeat()
         _partitioned(worker, 6.5)
         return worker.producer.stall_hold.holding
 
     with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
-        assert run(cut())
+        assert run(start_then_cut())
     assert not any("cannot watch" in m for m in faust_lines(caplog, logging.WARNING))
