@@ -156,7 +156,8 @@ class StallHold:
     cause: str = ""
     #: Set for good when the worker stops with a hold on (``StallHoldProducer._stall_stopped``):
     #: the held sends were dropped while the membership may still stand (the coordinator
-    #: unreachable, no reset yet), so no commit may pass their events from then on.
+    #: unreachable, no reset yet), so no commit may pass their events from then on, and no
+    #: hold starts again (the silence would count afresh, and the sends are dropped anyway).
     commits_refused: bool = False
 
     @property
@@ -167,6 +168,8 @@ class StallHold:
         """Is a hold on at ``now``? A gap past the threshold since the last stamp starts one,
         and so does a heartbeat silence past it."""
         if self.since is None:
+            if self.commits_refused:  # stopping: its changelog sends are dropped until proven
+                return False
             gap = now - self.stamp if self.stamp is not None else 0.0
             silence = self.heartbeats.silence(now)
             if gap > self.threshold:
