@@ -300,3 +300,53 @@ def test_the_hold_s_own_wrap_is_recognised_at_every_tick(
     with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
         assert run(start_then_cut())
     assert not any("cannot watch" in m for m in faust_lines(caplog, logging.WARNING))
+
+
+def test_the_worker_s_consumer_stop_is_bounded_and_what_it_left_running_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cut off from its coordinator, aiokafka's consumer stop waits for its LeaveGroup's
+    answer up to Faust's ``broker_request_timeout`` (90 s): a worker stopped during a cut
+    took that long to exit. The transport's consumer thread gives that stop
+    ``closing.CLOSE_TIMEOUT``, as the runtime does, then releases what it left running."""
+    from faust.transport.consumer import ConsumerThread
+
+    from streamassign.aiokafka import closing
+
+    from .test_faust_transport import table_app
+
+    async def nothing(self: Any) -> None:
+        pass
+
+    monkeypatch.setattr(ConsumerThread, "on_thread_stop", nothing)
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.05)
+    released: list[str] = []
+
+    async def step(name: str) -> None:
+        released.append(name)
+
+    class LeaveGroupUnanswered:
+        _coordinator = type(
+            "Coordinator",
+            (),
+            {
+                "_stop_heartbeat_task": lambda _: step("heartbeat"),
+                "_stop_commit_offsets_refresh_task": lambda _: step("offsets refresh"),
+            },
+        )()
+        _fetcher = type("Fetcher", (), {"close": lambda _: step("fetcher")})()
+        _client = type("Client", (), {"close": lambda _: step("connections")})()
+
+        async def stop(self) -> None:
+            await asyncio.Event().wait()  # no answer while the cut lasts
+
+    thread = table_app(tmp_path).consumer._thread
+    thread._consumer = LeaveGroupUnanswered()
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(asyncio.wait_for(thread.on_thread_stop(), timeout=5))
+    assert released == ["heartbeat", "offsets refresh", "fetcher", "connections"]
+    assert any(
+        "the worker's consumer did not stop within 0.05 s" in r.getMessage()
+        and "LeaveGroup is abandoned" in r.getMessage()
+        for r in caplog.records
+    )

@@ -55,6 +55,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from faust.types import tuples as faust_tuples
 
+from ..aiokafka.closing import release_consumer, stop_within
 from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
 from ..repeats import Repeats
@@ -90,8 +91,16 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         await super().on_start()
 
     async def on_thread_stop(self) -> None:
+        """Faust's, with aiokafka's consumer stop given ``closing.CLOSE_TIMEOUT`` as the
+        runtime's consumers are: cut off from the coordinator, its LeaveGroup waits for an
+        answer up to ``broker_request_timeout`` (90 s by default), so a worker stopped during
+        a network cut took that long to exit. Cut, the member is left to the coordinator,
+        which drops it at its session timeout, as a crashed one (Faust committed before)."""
         try:
-            await super().on_thread_stop()
+            # Faust's own first step (the thread's method queue), then its consumer's stop.
+            await super(faust_aiokafka.AIOKafkaConsumerThread, self).on_thread_stop()
+            if self._consumer is not None:
+                await _stop_consumer_within(self._consumer)
         finally:
             lines, self._broker_away_lines = self._broker_away_lines, None
             held_back = lines.detach() if lines is not None else None
@@ -203,6 +212,14 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 def _is_offset(offset: object) -> bool:
     """An offset aiokafka's ``seek`` takes (an int from 0; not a bool)."""
     return isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
+
+
+async def _stop_consumer_within(consumer: Any) -> None:
+    """Stop aiokafka's ``consumer`` within ``closing.CLOSE_TIMEOUT``; cut, what its stop left
+    running is released (heartbeat, fetcher, connections)."""
+    abandoned = "its LeaveGroup is abandoned (the group drops it at its session timeout)"
+    if not await stop_within("the worker's consumer", consumer, abandoned, log):
+        await release_consumer("the worker's consumer", consumer, log)
 
 
 class _Ticker:
