@@ -350,3 +350,37 @@ def test_the_worker_s_consumer_stop_is_bounded_and_what_it_left_running_released
         and "LeaveGroup is abandoned" in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_the_worker_s_producer_stop_is_bounded_and_its_held_writes_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiokafka's producer stop waits for every batch it holds to be acknowledged: during a
+    cut, until the heal (57 s after the consumer's bounded stop, measured). It gets
+    ``closing.CLOSE_TIMEOUT`` as the runtime's producers do; cut, its held writes are
+    released (failed, never sent later): they came after Faust's last commit."""
+    from streamassign.aiokafka import closing
+    from streamassign.faust import _stallhold
+
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.05)
+    released: list[Any] = []
+
+    async def release(name: str, producer: Any, log: logging.Logger) -> None:
+        released.append(producer)
+
+    monkeypatch.setattr(_stallhold, "release_producer", release)
+
+    class AcksUnanswered:
+        async def stop(self) -> None:
+            await asyncio.Event().wait()  # the held batches' acks never come
+
+    worker = Worker(tmp_path, monkeypatch)
+    held = AcksUnanswered()
+    worker.producer._producer = held
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(asyncio.wait_for(worker.producer.on_stop(), timeout=5))
+    assert released == [held]
+    assert any(
+        "the worker's producer did not stop within 0.05 s" in r.getMessage() for r in caplog.records
+    )

@@ -76,6 +76,7 @@ import attrs
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from ..aiokafka.accumulator import DROP, HOLD, SEND, drop_gated, gate_drains, wake_sender
+from ..aiokafka.closing import release_producer, stop_within
 from ..aiokafka.rejoin import (
     HeartbeatAnswers,
     heartbeat_task,
@@ -259,6 +260,26 @@ def _settle(inner: asyncio.Future[Any], *, outer: asyncio.Future[Any]) -> None:
         outer.set_result(inner.result())
 
 
+@attrs.frozen
+class _Stopping:
+    """A client's original ``stop``, as ``closing.stop_within`` takes a client."""
+
+    original: Callable[[], Awaitable[None]]
+
+    async def stop(self) -> None:
+        await self.original()
+
+
+async def _stop_producer_within(producer: Any, stop: Callable[[], Awaitable[None]]) -> None:
+    """aiokafka's ``stop`` of the worker's ``producer`` within ``closing.CLOSE_TIMEOUT``, as the
+    runtime's producers stop; cut, the batches it holds are failed and nothing it holds is
+    sent later. They were written after Faust's last commit (its commits flush the producer
+    first, and refuse after a dropped hold): the partitions' next owner writes them again."""
+    abandoned = "its writes not yet acknowledged are abandoned (their events are not committed)"
+    if not await stop_within("the worker's producer", _Stopping(stop), abandoned, log):
+        await release_producer("the worker's producer", producer, log)
+
+
 class StallHoldProducer(faust_aiokafka.Producer):
     """Faust's aiokafka producer, whose changelog sends a stall holds (the module docstring)."""
 
@@ -349,6 +370,11 @@ class StallHoldProducer(faust_aiokafka.Producer):
             timer.cancel()
         if self.stall_hold.holding and not self.stall_hold.releasing:
             self._stall_stopped(self.clock())
+        producer = self._producer
+        if producer is not None and self._holds_stalls():
+            # Faust's stop below stops aiokafka's producer, which waits for every batch it
+            # holds to be acknowledged: during a network cut, until the heal.
+            producer.stop = functools.partial(_stop_producer_within, producer, producer.stop)
         await super().on_stop()
 
     async def send(
