@@ -109,7 +109,7 @@ def test_a_worker_stopping_during_a_cut_drops_its_held_sends_and_stops_at_once(
     assert warnings[1].startswith(
         "this worker stops while its changelog sends are held (no heartbeat accepted for "
     )
-    assert "the membership of 'm-1' unresolved" in warnings[1]
+    assert "for 6.6 s, the membership 'm-1' unresolved" in warnings[1]  # the silence now
     assert "dropped 1 held send(s) and 0 batch(es) aiokafka held, reset 0" in warnings[1]
     assert "no offset is committed from now on" in warnings[1]
 
@@ -203,6 +203,86 @@ def test_a_clean_stop_refuses_no_commit(
     assert worker.faust_commits == [{S0: 12}]
     assert not worker.producer.stall_hold.commits_refused
     assert faust_lines(caplog, logging.WARNING) == []
+
+
+def test_a_stop_whose_flush_gets_no_acknowledgement_commits_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No hold, but a write of another topic (a sink, a repartition) unacknowledged at the
+    stop (its leader cut off): aiokafka's flush would wait until the heal. It gets
+    ``closing.CLOSE_TIMEOUT``; then Faust's commit after it is refused (it would pass events
+    whose writes may never land), and the acknowledged offsets are forgotten (``losses``)."""
+    from streamassign.aiokafka import closing
+
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.05)
+
+    async def acks_unanswered(self: Any) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(faust_aiokafka.Producer, "flush", acks_unanswered)
+    worker = StoppingWorker(tmp_path, monkeypatch)
+
+    async def stop() -> bool:
+        worker.start()
+        assert await worker.heartbeat()
+        worker.acknowledge(10, 11)
+        worker.stop()
+        worker.look()
+        return bool(await asyncio.wait_for(worker.consumer.commit(), 1.0))
+
+    with caplog.at_level(logging.INFO, logger="streamassign.faust"):
+        assert not run(stop())
+    hold = worker.producer.stall_hold
+    assert worker.faust_commits == []
+    assert hold.commits_refused and hold.losses == 1
+    warnings = faust_lines(caplog, logging.WARNING)
+    assert len(warnings) == 1
+    assert warnings[0].startswith(
+        "this worker stops and its producer's flush got no acknowledgement within 0.05 s"
+    )
+
+
+def test_after_a_stop_s_drop_a_proven_membership_holds_again_and_a_restart_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drop at a stop refuses commits and starts no hold while the membership stays lost;
+    once a heartbeat proves it (the cut healed during a long stop), a second cut starts a
+    hold again, dropped at once since the worker stops: its changelog send never goes out
+    (a stale write could land after the new owner's). A restart in the same process lifts
+    the refusal: the acknowledged offsets of before are forgotten at its next assignment."""
+    worker = StoppingWorker(tmp_path, monkeypatch)
+
+    async def cut_stop_heal_cut() -> bool:
+        worker.start()
+        assert await worker.heartbeat()
+        _partitioned(worker, 6.5)
+        worker.stop()
+        await asyncio.wait_for(worker.producer.flush(), 1.0)  # the stop's drop
+        _partitioned(worker, 7.0)
+        held_while_lost = worker.producer.stall_hold.holding
+        worker.accepts = True
+        assert await worker.heartbeat()  # proven: the membership stood
+        worker.look()
+        _partitioned(worker, 6.5)
+        await worker.send(CHANGELOG, b"stale after the second cut")
+        return held_while_lost
+
+    assert not run(cut_stop_heal_cut())
+    assert worker.sent == []
+    hold = worker.producer.stall_hold
+    assert hold.commits_refused and hold.losses == 2
+
+    async def aiokafka_started(self: Any) -> None:
+        pass
+
+    monkeypatch.setattr(faust_aiokafka.Producer, "on_start", aiokafka_started)
+
+    async def restart() -> None:
+        await worker.producer.on_start()
+        worker.producer._stall_timer.cancel()
+
+    run(restart())
+    assert not hold.commits_refused
 
 
 def test_a_worker_without_tables_gets_no_hold_flush_wait_or_warning(

@@ -75,6 +75,7 @@ import aiokafka
 import attrs
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from ..aiokafka import closing
 from ..aiokafka.accumulator import DROP, HOLD, SEND, drop_gated, gate_drains, wake_sender
 from ..aiokafka.closing import release_producer, stop_within
 from ..aiokafka.rejoin import (
@@ -155,10 +156,11 @@ class StallHold:
     #: What began the current hold: GAP (the loop did not run) or SILENCE (no heartbeat
     #: accepted while the heartbeat routine ran: cut off from the coordinator).
     cause: str = ""
-    #: Set for good when the worker stops with a hold on (``StallHoldProducer._stall_stopped``):
-    #: the held sends were dropped while the membership may still stand (the coordinator
-    #: unreachable, no reset yet), so no commit may pass their events from then on, and no
-    #: hold starts again (the silence would count afresh, and the sends are dropped anyway).
+    #: Set for the rest of a stop when the worker stops with a hold on (``_stall_stopped``:
+    #: the held sends were dropped while the membership may still stand, the coordinator
+    #: unreachable) or its flush at the stop got no acknowledgement (``_flush_cut_at_stop``):
+    #: no commit may pass those events. While the membership stays lost no hold starts again
+    #: (the silence would count afresh, and the sends are dropped anyway).
     commits_refused: bool = False
 
     @property
@@ -169,8 +171,8 @@ class StallHold:
         """Is a hold on at ``now``? A gap past the threshold since the last stamp starts one,
         and so does a heartbeat silence past it."""
         if self.since is None:
-            if self.commits_refused:  # stopping: its changelog sends are dropped until proven
-                return False
+            if self.commits_refused and self.lost_as is not None:
+                return False  # stopping: its changelog sends are dropped until proven
             gap = now - self.stamp if self.stamp is not None else 0.0
             silence = self.heartbeats.silence(now)
             if gap > self.threshold:
@@ -322,6 +324,9 @@ class StallHoldProducer(faust_aiokafka.Producer):
 
     async def on_start(self) -> None:
         await super().on_start()
+        # A restart in the same process (mode's ``restart``) joins again: the offsets
+        # acknowledged before are forgotten at its next assignment (``losses``).
+        self.stall_hold.commits_refused = False
         if self._holds_stalls():
             self._stall_timer = self.loop.call_later(TICK, self._stall_tick)
             self._stall_gate(self._producer)
@@ -457,7 +462,18 @@ class StallHoldProducer(faust_aiokafka.Producer):
         """Faust's, once no hold is on: Faust commits the events' offsets after this, so
         their changelog writes must be out or dropped first. Faust's flush of its own buffer
         may start a hold (its sends can be the first to run after a resume, before any tick),
-        so a hold is awaited before and after it."""
+        so a hold is awaited before and after it. At a stop it gets ``closing.CLOSE_TIMEOUT``
+        (``_flush_cut_at_stop``): aiokafka's flush waits for every batch, of any topic."""
+        if not (self._holds_stalls() and self._stopping()):
+            await self._flush_after_holds()
+            return
+        try:
+            async with asyncio.timeout(closing.CLOSE_TIMEOUT):
+                await self._flush_after_holds()
+        except TimeoutError:
+            self._flush_cut_at_stop()
+
+    async def _flush_after_holds(self) -> None:
         await self._hold_resolved()
         await super().flush()
         if self.stall_hold.holding:
@@ -607,6 +623,23 @@ class StallHoldProducer(faust_aiokafka.Producer):
             member,
         )
 
+    def _flush_cut_at_stop(self) -> None:
+        """A flush at the stop got no acknowledgement within ``closing.CLOSE_TIMEOUT`` (a cut
+        from a partition's leader: a sink's, a repartition's, a changelog's): Faust commits
+        after it, which could pass events whose writes never land, so no commit goes out from
+        now on, and the acknowledged offsets are forgotten (``losses``: a restart in the same
+        process commits none of them). The producer's stop then fails what it holds."""
+        hold = self.stall_hold
+        if not hold.commits_refused:
+            log.warning(
+                "this worker stops and its producer's flush got no acknowledgement within %g "
+                "s (broker unreachable?): no offset is committed from now on, so the "
+                "partitions' next owner processes the events since the last commit again",
+                closing.CLOSE_TIMEOUT,
+            )
+        hold.commits_refused = True
+        hold.losses += 1
+
     def _stall_stopped(self, now: float) -> None:
         """End the hold as lost for this worker, which stops: its membership may be resolved
         only after the stop (a silence hold lasts until the coordinator answers). The held
@@ -614,8 +647,12 @@ class StallHoldProducer(faust_aiokafka.Producer):
         now on (``commits_refused``; the membership may still stand, so aiokafka would send
         the commit): their events' offsets stay uncommitted, the next owner processes them."""
         hold = self.stall_hold
-        since, gap, member = hold.since or now, hold.gap, hold.held_as
+        since, member = hold.since or now, hold.held_as
         silence = hold.cause == SILENCE
+        if silence:  # the silence now: none was accepted since the hold began
+            cause = f"no heartbeat accepted for {hold.gap + now - since:.1f} s"
+        else:
+            cause = f"the event loop did not run for {hold.gap:.1f} s"
         # A silence hold begun during the stop was not told: its request in flight is
         # recalled here (the kernel would go on sending it after the process exits).
         reset = self._stall_abort() if silence and not hold.told else 0
@@ -623,14 +660,13 @@ class StallHoldProducer(faust_aiokafka.Producer):
         hold.commits_refused = True
         batches = drop_gated(self._accumulator(), self._is_changelog) if self._stall_gated else 0
         log.warning(
-            "this worker stops while its changelog sends are held (%s for %.1f s, the "
-            "membership of %r unresolved after %.1f s): dropped %d held send(s) and %d "
+            "this worker stops while its changelog sends are held (%s, the membership %s "
+            "unresolved after %.1f s): dropped %d held send(s) and %d "
             "batch(es) aiokafka held, reset %d connection(s) with a changelog request in "
             "flight, and no offset is committed from now on, so the partitions' next owner "
             "processes their events again",
-            "no heartbeat accepted" if silence else "the event loop did not run",
-            gap,
-            member,
+            cause,
+            repr(member) if member else "(no member id yet)",
             now - since,
             len(dropped),
             batches,
