@@ -65,6 +65,7 @@ leave on another thread: nothing is held there.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import time
@@ -144,7 +145,8 @@ class StallHold:
     #: How many times a membership was lost (``lose()``): changelog sends may have been
     #: dropped since a count the consumer noted (its acknowledged offsets are then forgotten).
     losses: int = 0
-    held: list[HeldSend] = attrs.field(factory=list)
+    #: The sends held, in order (a deque: a release after a long cut hands out thousands).
+    held: collections.deque[HeldSend] = attrs.field(factory=collections.deque)
     #: The latest send time of a heartbeat the broker accepted, its member id then listed
     #: (``watch_heartbeats``; written by the consumer's thread: one float assignment).
     heartbeat_sent: float = float("-inf")
@@ -222,7 +224,7 @@ class StallHold:
 
     def end(self, now: float) -> list[HeldSend]:
         """End the hold; the sends it held, in order. ``now`` is the next gap's start."""
-        held, self.held = self.held, []
+        held, self.held = list(self.held), collections.deque()
         self.since, self.releasing, self.stamp = None, False, now
         self.told = self.told_long = False
         since = self.heartbeats.routine_since
@@ -695,7 +697,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         since, released = hold.since or proven, 0
         try:
             while hold.held:
-                item = hold.held.pop(0)
+                item = hold.held.popleft()
                 released += 1
                 try:
                     sent = asyncio.ensure_future(await item.send())
