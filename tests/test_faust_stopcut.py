@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +151,9 @@ def test_faust_s_stop_path_commits_nothing_after_the_held_sends_are_dropped(
     assert worker.faust_commits == []
     told = [m for m in faust_lines(caplog, logging.INFO) if m.startswith("a commit of ")]
     assert told == [
-        "a commit of 1 offset(s) refused: this worker stopped while its changelog sends were "
-        "held, and dropped them; the partitions' next owner processes these events again"
+        "a commit of 1 offset(s) refused: this worker stops, and writes of its events were "
+        "dropped (held during a cut) or not acknowledged in time; the partitions' next owner "
+        "processes these events again"
     ]
     assert len([m for m in faust_lines(caplog, logging.DEBUG) if "refused" in m]) == 1
 
@@ -240,6 +242,46 @@ def test_a_stop_whose_flush_gets_no_acknowledgement_commits_nothing(
     assert warnings[0].startswith(
         "this worker stops and its producer's flush got no acknowledgement within 0.05 s"
     )
+
+
+def test_a_flush_begun_before_the_stop_ends_its_bound_after_the_stop_and_only_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timer commit's flush begun as a cut began waits in aiokafka for a batch of any
+    topic; the stop's commit waits for that commit. Not stopping, a flush waits as long as
+    aiokafka does (a slow broker refuses no commit); once the stop is seen it gets
+    ``closing.CLOSE_TIMEOUT``, then commits are refused."""
+    from streamassign.aiokafka import closing
+
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.2)
+    acked = asyncio.Event()
+
+    async def acks_when_answered(self: Any) -> None:
+        await acked.wait()
+
+    monkeypatch.setattr(faust_aiokafka.Producer, "flush", acks_when_answered)
+    worker = StoppingWorker(tmp_path, monkeypatch)
+
+    async def slow_then_cut() -> tuple[bool, bool, float]:
+        worker.start()
+        assert await worker.heartbeat()
+        slow = asyncio.ensure_future(worker.producer.flush())
+        await asyncio.sleep(0.5)  # past CLOSE_TIMEOUT, not stopping: still waiting
+        waited = not slow.done()
+        acked.set()
+        await asyncio.wait_for(slow, 1.0)
+        acked.clear()
+        timer_commit = asyncio.ensure_future(worker.producer.flush())
+        await asyncio.sleep(0.3)
+        worker.stop()
+        stopped_at = time.monotonic()
+        await asyncio.wait_for(timer_commit, 2.0)
+        return waited, worker.producer.stall_hold.commits_refused, time.monotonic() - stopped_at
+
+    waited, refused, after_stop = run(slow_then_cut())
+    assert waited and refused
+    assert 0.15 < after_stop < 1.0
+    assert worker.producer.stall_hold.losses == 1
 
 
 def test_after_a_stop_s_drop_a_proven_membership_holds_again_and_a_restart_commits(
@@ -464,3 +506,5 @@ def test_the_worker_s_producer_stop_is_bounded_and_its_held_writes_released(
     assert any(
         "the worker's producer did not stop within 0.05 s" in r.getMessage() for r in caplog.records
     )
+    # a commit still waiting on a flush would pass the writes the release fails
+    assert worker.producer.stall_hold.commits_refused and worker.producer.stall_hold.losses == 1

@@ -274,13 +274,16 @@ class _Stopping:
         await self.original()
 
 
-async def _stop_producer_within(producer: Any, stop: Callable[[], Awaitable[None]]) -> None:
+async def _stop_producer_within(
+    producer: Any, stop: Callable[[], Awaitable[None]], refuse_commits: Callable[[], None]
+) -> None:
     """aiokafka's ``stop`` of the worker's ``producer`` within ``closing.CLOSE_TIMEOUT``, as the
-    runtime's producers stop; cut, the batches it holds are failed and nothing it holds is
-    sent later. They were written after Faust's last commit (its commits flush the producer
-    first, and refuse after a dropped hold): the partitions' next owner writes them again."""
+    runtime's producers stop; cut, commits are refused (a commit still waiting on a flush
+    would pass the writes failed next) and the batches it holds are failed, nothing of them
+    sent later. The partitions' next owner writes them again."""
     abandoned = "its writes not yet acknowledged are abandoned (their events are not committed)"
     if not await stop_within("the worker's producer", _Stopping(stop), abandoned, log):
+        refuse_commits()
         await release_producer("the worker's producer", producer, log)
 
 
@@ -302,6 +305,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_releasing: asyncio.Task[None] | None = None
         self._stall_look_failed = False
+        #: When the flushes at the stop end (``_stop_flush_left``; None: no stop seen yet).
+        self._stop_flush_deadline: float | None = None
         #: This hold's wrap on the consumer's heartbeats once in place, and whether wrapping
         #: failed (told once; no silence is counted then: ``_stall_watch_heartbeats``).
         self._heartbeat_wrap: Any = None
@@ -329,6 +334,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         # A restart in the same process (mode's ``restart``) joins again: the offsets
         # acknowledged before are forgotten at its next assignment (``losses``).
         self.stall_hold.commits_refused = False
+        self._stop_flush_deadline = None
         if self._holds_stalls():
             self._stall_timer = self.loop.call_later(TICK, self._stall_tick)
             self._stall_gate(self._producer)
@@ -381,7 +387,9 @@ class StallHoldProducer(faust_aiokafka.Producer):
         if producer is not None and self._holds_stalls():
             # Faust's stop below stops aiokafka's producer, which waits for every batch it
             # holds to be acknowledged: during a network cut, until the heal.
-            producer.stop = functools.partial(_stop_producer_within, producer, producer.stop)
+            producer.stop = functools.partial(
+                _stop_producer_within, producer, producer.stop, self._refuse_commits
+            )
         await super().on_stop()
 
     async def send(
@@ -464,16 +472,33 @@ class StallHoldProducer(faust_aiokafka.Producer):
         """Faust's, once no hold is on: Faust commits the events' offsets after this, so
         their changelog writes must be out or dropped first. Faust's flush of its own buffer
         may start a hold (its sends can be the first to run after a resume, before any tick),
-        so a hold is awaited before and after it. At a stop it gets ``closing.CLOSE_TIMEOUT``
-        (``_flush_cut_at_stop``): aiokafka's flush waits for every batch, of any topic."""
-        if not (self._holds_stalls() and self._stopping()):
+        so a hold is awaited before and after it. Once the worker stops, its flushes (one
+        begun before the stop too: a timer commit's, which the stop's commit waits for) end
+        ``closing.CLOSE_TIMEOUT`` after the stop was first seen (``_flush_cut_at_stop``):
+        aiokafka's flush waits for every batch, of any topic, until a cut heals."""
+        if not self._holds_stalls():
             await self._flush_after_holds()
             return
+        flushing = asyncio.ensure_future(self._flush_after_holds())
         try:
-            async with asyncio.timeout(closing.CLOSE_TIMEOUT):
-                await self._flush_after_holds()
-        except TimeoutError:
-            self._flush_cut_at_stop()
+            while not flushing.done():
+                wait = TICK if self._stop_flush_deadline is None else self._stop_flush_left()
+                await asyncio.wait({flushing}, timeout=wait)
+                if not flushing.done() and self._stopping() and self._stop_flush_left() <= 0:
+                    flushing.cancel()
+                    await asyncio.gather(flushing, return_exceptions=True)
+                    self._flush_cut_at_stop()
+                    return
+        finally:
+            flushing.cancel()  # the caller cancelled: so is the flush
+        flushing.result()
+
+    def _stop_flush_left(self) -> float:
+        """Seconds left to the flushes at the stop, from the first flush that saw it."""
+        now = time.monotonic()
+        if self._stop_flush_deadline is None:
+            self._stop_flush_deadline = now + closing.CLOSE_TIMEOUT
+        return self._stop_flush_deadline - now
 
     async def _flush_after_holds(self) -> None:
         await self._hold_resolved()
@@ -631,16 +656,20 @@ class StallHoldProducer(faust_aiokafka.Producer):
         after it, which could pass events whose writes never land, so no commit goes out from
         now on, and the acknowledged offsets are forgotten (``losses``: a restart in the same
         process commits none of them). The producer's stop then fails what it holds."""
-        hold = self.stall_hold
-        if not hold.commits_refused:
+        if not self.stall_hold.commits_refused:
             log.warning(
                 "this worker stops and its producer's flush got no acknowledgement within %g "
                 "s (broker unreachable?): no offset is committed from now on, so the "
                 "partitions' next owner processes the events since the last commit again",
                 closing.CLOSE_TIMEOUT,
             )
-        hold.commits_refused = True
-        hold.losses += 1
+        self._refuse_commits()
+
+    def _refuse_commits(self) -> None:
+        """No commit from now on, and the acknowledged offsets forgotten (``losses``): writes
+        of their events may never land (dropped, or failed by a cut-short stop)."""
+        self.stall_hold.commits_refused = True
+        self.stall_hold.losses += 1
 
     def _stall_stopped(self, now: float) -> None:
         """End the hold as lost for this worker, which stops: its membership may be resolved

@@ -540,16 +540,16 @@ class _Consumer(faust_aiokafka.Consumer):
         return committed
 
     def _commits_refused(self, offsets: Mapping[TP, int]) -> bool:
-        """Whether the producer's stall hold refuses commits (``commits_refused``): the first
+        """Whether the producer refuses commits at this stop (``commits_refused``): the first
         refusal is told at INFO, the next at DEBUG (Faust's stop commits more than once)."""
         hold = getattr(self.app.producer, "stall_hold", None)  # None: not this transport's
         if not getattr(hold, "commits_refused", False):
             return False
         log.log(
             logging.DEBUG if self._commit_refusal_told else logging.INFO,
-            "a commit of %d offset(s) refused: this worker stopped while its changelog sends "
-            "were held, and dropped them; the partitions' next owner processes these events "
-            "again",
+            "a commit of %d offset(s) refused: this worker stops, and writes of its events "
+            "were dropped (held during a cut) or not acknowledged in time; the partitions' "
+            "next owner processes these events again",
             len(offsets),
         )
         self._commit_refusal_told = True
