@@ -37,7 +37,11 @@ it:
   and every way the membership ends comes back as one of the two answers above once a
   coordinator answers; past ``deadline`` (a session timeout and a heartbeat interval) one
   WARNING says the hold goes on. Should the tick itself fail, a flush releases the hold
-  past that deadline rather than wait forever (a stale write is possible then, no loss).
+  past that deadline rather than wait forever (a stale write is possible then, no loss);
+- the worker stops: its stop flushes the producer (Faust's commits and ``App.on_stop``),
+  which must not wait for a coordinator a cut keeps away, so the hold ends as lost for
+  this worker (dropped), and the consumer commits nothing from then on: a commit could pass
+  the dropped sends' events while the membership may still stand.
 
 Every send, drain and tick also reads the member id: a reset (or another id) of the known
 one ends the membership then, a hold on or not, and the changelog sends are dropped from then
@@ -61,16 +65,20 @@ leave on another thread: nothing is held there.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiokafka
 import attrs
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from ..aiokafka import closing
 from ..aiokafka.accumulator import DROP, HOLD, SEND, drop_gated, gate_drains, wake_sender
+from ..aiokafka.closing import release_producer, stop_within
 from ..aiokafka.rejoin import (
     HeartbeatAnswers,
     heartbeat_task,
@@ -137,7 +145,8 @@ class StallHold:
     #: How many times a membership was lost (``lose()``): changelog sends may have been
     #: dropped since a count the consumer noted (its acknowledged offsets are then forgotten).
     losses: int = 0
-    held: list[HeldSend] = attrs.field(factory=list)
+    #: The sends held, in order (a deque: a release after a long cut hands out thousands).
+    held: collections.deque[HeldSend] = attrs.field(factory=collections.deque)
     #: The latest send time of a heartbeat the broker accepted, its member id then listed
     #: (``watch_heartbeats``; written by the consumer's thread: one float assignment).
     heartbeat_sent: float = float("-inf")
@@ -149,6 +158,12 @@ class StallHold:
     #: What began the current hold: GAP (the loop did not run) or SILENCE (no heartbeat
     #: accepted while the heartbeat routine ran: cut off from the coordinator).
     cause: str = ""
+    #: Set for the rest of a stop when the worker stops with a hold on (``_stall_stopped``:
+    #: the held sends were dropped while the membership may still stand, the coordinator
+    #: unreachable) or its flush at the stop got no acknowledgement (``_flush_cut_at_stop``):
+    #: no commit may pass those events. While the membership stays lost no hold starts again
+    #: (the silence would count afresh, and the sends are dropped anyway).
+    commits_refused: bool = False
 
     @property
     def holding(self) -> bool:
@@ -158,6 +173,8 @@ class StallHold:
         """Is a hold on at ``now``? A gap past the threshold since the last stamp starts one,
         and so does a heartbeat silence past it."""
         if self.since is None:
+            if self.commits_refused and self.lost_as is not None:
+                return False  # stopping: its changelog sends are dropped until proven
             gap = now - self.stamp if self.stamp is not None else 0.0
             silence = self.heartbeats.silence(now)
             if gap > self.threshold:
@@ -207,7 +224,7 @@ class StallHold:
 
     def end(self, now: float) -> list[HeldSend]:
         """End the hold; the sends it held, in order. ``now`` is the next gap's start."""
-        held, self.held = self.held, []
+        held, self.held = list(self.held), collections.deque()
         self.since, self.releasing, self.stamp = None, False, now
         self.told = self.told_long = False
         since = self.heartbeats.routine_since
@@ -247,6 +264,29 @@ def _settle(inner: asyncio.Future[Any], *, outer: asyncio.Future[Any]) -> None:
         outer.set_result(inner.result())
 
 
+@attrs.frozen
+class _Stopping:
+    """A client's original ``stop``, as ``closing.stop_within`` takes a client."""
+
+    original: Callable[[], Awaitable[None]]
+
+    async def stop(self) -> None:
+        await self.original()
+
+
+async def _stop_producer_within(
+    producer: Any, stop: Callable[[], Awaitable[None]], refuse_commits: Callable[[], None]
+) -> None:
+    """aiokafka's ``stop`` of the worker's ``producer`` within ``closing.CLOSE_TIMEOUT``, as the
+    runtime's producers stop; cut, commits are refused (a commit still waiting on a flush
+    would pass the writes failed next) and the batches it holds are failed, nothing of them
+    sent later. The partitions' next owner writes them again."""
+    abandoned = "its writes not yet acknowledged are abandoned (their events are not committed)"
+    if not await stop_within("the worker's producer", _Stopping(stop), abandoned, log):
+        refuse_commits()
+        await release_producer("the worker's producer", producer, log)
+
+
 class StallHoldProducer(faust_aiokafka.Producer):
     """Faust's aiokafka producer, whose changelog sends a stall holds (the module docstring)."""
 
@@ -265,6 +305,12 @@ class StallHoldProducer(faust_aiokafka.Producer):
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_releasing: asyncio.Task[None] | None = None
         self._stall_look_failed = False
+        #: When the flushes at the stop end (``_stop_flush_left``; None: no stop seen yet).
+        self._stop_flush_deadline: float | None = None
+        #: This hold's wrap on the consumer's heartbeats once in place, and whether wrapping
+        #: failed (told once; no silence is counted then: ``_stall_watch_heartbeats``).
+        self._heartbeat_wrap: Any = None
+        self._heartbeat_wrap_failed = False
         #: Whether aiokafka's accumulator drains are gated by the hold (``on_start``).
         self._stall_gated = False
         #: The hold's clock, also of the heartbeats' stamps (a test's stand-in).
@@ -273,8 +319,22 @@ class StallHoldProducer(faust_aiokafka.Producer):
     def _holds_stalls(self) -> bool:
         return not exactly_once(self.app) and not self.app.conf.producer_threaded
 
+    def _stall_on(self) -> bool:
+        """Whether the hold is on duty now: its tick runs and the app has changelog topics (a
+        worker without tables has nothing to hold: no hold, no flush waiting on one, no lost
+        membership told). Read each time: tables are declared up to the tables' start."""
+        return self._stall_timer is not None and bool(self.app.tables.changelog_topics)
+
+    def _stopping(self) -> bool:
+        """Whether the worker is stopping (Faust's app, or its consumer alone)."""
+        return any(getattr(s, "should_stop", False) for s in (self.app, self.app.consumer))
+
     async def on_start(self) -> None:
         await super().on_start()
+        # A restart in the same process (mode's ``restart``) joins again: the offsets
+        # acknowledged before are forgotten at its next assignment (``losses``).
+        self.stall_hold.commits_refused = False
+        self._stop_flush_deadline = None
         if self._holds_stalls():
             self._stall_timer = self.loop.call_later(TICK, self._stall_tick)
             self._stall_gate(self._producer)
@@ -307,7 +367,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         the accumulator, in order; released, they drain ahead of the released sends (appended
         behind them); while the membership stays lost they are dropped, as later sends are."""
         hold = self.stall_hold
-        if self._stall_timer is None:
+        if not self._stall_on():
             return SEND
         if self._stall_dropping():
             return DROP
@@ -322,7 +382,14 @@ class StallHoldProducer(faust_aiokafka.Producer):
         if timer is not None:
             timer.cancel()
         if self.stall_hold.holding and not self.stall_hold.releasing:
-            self._stall_resolve_dropped(self.clock(), "the producer stops")
+            self._stall_stopped(self.clock())
+        producer = self._producer
+        if producer is not None and self._holds_stalls():
+            # Faust's stop below stops aiokafka's producer, which waits for every batch it
+            # holds to be acknowledged: during a network cut, until the heal.
+            producer.stop = functools.partial(
+                _stop_producer_within, producer, producer.stop, self._refuse_commits
+            )
         await super().on_stop()
 
     async def send(
@@ -390,9 +457,8 @@ class StallHoldProducer(faust_aiokafka.Producer):
         lost = self.stall_hold.known_as
         self.stall_hold.lose(now)
         batches = drop_gated(self._accumulator(), self._is_changelog) if self._stall_gated else 0
-        stopping = any(getattr(s, "should_stop", False) for s in (self.app, self.app.consumer))
         log.log(
-            logging.INFO if stopping else logging.WARNING,  # a stop leaves the group
+            logging.INFO if self._stopping() else logging.WARNING,  # a stop leaves the group
             "this worker's group membership %r ended (%s): its changelog sends are dropped "
             "from now until it joins as a new member, and %d batch(es) aiokafka held; their "
             "events' offsets are not committed (no membership), so the partitions' next owner "
@@ -406,7 +472,35 @@ class StallHoldProducer(faust_aiokafka.Producer):
         """Faust's, once no hold is on: Faust commits the events' offsets after this, so
         their changelog writes must be out or dropped first. Faust's flush of its own buffer
         may start a hold (its sends can be the first to run after a resume, before any tick),
-        so a hold is awaited before and after it."""
+        so a hold is awaited before and after it. Once the worker stops, its flushes (one
+        begun before the stop too: a timer commit's, which the stop's commit waits for) end
+        ``closing.CLOSE_TIMEOUT`` after the stop was first seen (``_flush_cut_at_stop``):
+        aiokafka's flush waits for every batch, of any topic, until a cut heals."""
+        if not self._holds_stalls():
+            await self._flush_after_holds()
+            return
+        flushing = asyncio.ensure_future(self._flush_after_holds())
+        try:
+            while not flushing.done():
+                wait = TICK if self._stop_flush_deadline is None else self._stop_flush_left()
+                await asyncio.wait({flushing}, timeout=wait)
+                if not flushing.done() and self._stopping() and self._stop_flush_left() <= 0:
+                    flushing.cancel()
+                    await asyncio.gather(flushing, return_exceptions=True)
+                    self._flush_cut_at_stop()
+                    return
+        finally:
+            flushing.cancel()  # the caller cancelled: so is the flush
+        flushing.result()
+
+    def _stop_flush_left(self) -> float:
+        """Seconds left to the flushes at the stop, from the first flush that saw it."""
+        now = time.monotonic()
+        if self._stop_flush_deadline is None:
+            self._stop_flush_deadline = now + closing.CLOSE_TIMEOUT
+        return self._stop_flush_deadline - now
+
+    async def _flush_after_holds(self) -> None:
         await self._hold_resolved()
         await super().flush()
         if self.stall_hold.holding:
@@ -415,13 +509,18 @@ class StallHoldProducer(faust_aiokafka.Producer):
 
     async def _hold_resolved(self) -> None:
         """Return once no hold is on. The tick resolves a hold; should the tick fail (it logs
-        why), the hold is released past its deadline, so a flush never waits forever."""
+        why), the hold is released past its deadline, so a flush never waits forever. A
+        worker that stops ends its hold as lost (``_stall_stopped``): a silence hold resolves
+        only when the coordinator answers, which a cut may put off past any stop."""
         hold = self.stall_hold
-        if self._stall_timer is None:
+        if not self._stall_on():
             return
         hold.check(self.clock())  # a stall that this flush is the first to see
         while hold.holding and self._stall_timer is not None:
             now = self.clock()
+            if self._stopping() and not hold.releasing:
+                self._stall_stopped(now)
+                return
             past_deadline = now - (hold.since or now) > hold.deadline
             if self._stall_look_failed and past_deadline and not hold.releasing:
                 hold.releasing = True
@@ -442,18 +541,18 @@ class StallHoldProducer(faust_aiokafka.Producer):
         """A tick: stamp, or tell of a hold just begun, or resolve it."""
         consumer = self._aiokafka_consumer()
         hold = self.stall_hold
-        watch_heartbeats(
-            consumer,
-            hold.heartbeat_accepted,
-            hold.wants_proof,
-            self.clock,
-            timeout=float(self.app.conf.broker_heartbeat_interval),
-            answered=hold.heartbeats.answered_at,
-        )
+        watched = self._stall_watch_heartbeats(consumer)
         refuse_commits_without_membership(consumer)
-        hold.heartbeats.routine_seen(now, heartbeat_task(consumer))
+        if not self.app.tables.changelog_topics:  # nothing to hold (``_stall_on``)
+            hold.stamp = now
+            return
+        # Unwatched, no accepted heartbeat would end a silence: none is counted then.
+        hold.heartbeats.routine_seen(now, heartbeat_task(consumer) if watched else None)
         member = self._stall_membership(now)
         hold.tick(now, member)
+        if hold.holding and not hold.releasing and self._stopping():
+            self._stall_stopped(now)  # its membership may be resolved only after the stop
+            return
         if hold.holding and not hold.told:
             hold.told = True
             self._stall_tell(hold)
@@ -475,6 +574,41 @@ class StallHoldProducer(faust_aiokafka.Producer):
                 now - (hold.since or now),
                 hold.held_as,
             )
+
+    def _stall_watch_heartbeats(self, consumer: Any) -> bool:
+        """Whether this hold's own wrap is on ``consumer``'s heartbeats (wrapped at the first
+        tick with a coordinator): only then does a silence count. Unwatched, no accepted
+        heartbeat would ever end one, and every worker would hold after the threshold, its
+        flush and commits waiting, for good. One WARNING if it cannot be wrapped (another
+        aiokafka's coordinator, or one another part wrapped already)."""
+        coordinator = getattr(consumer, "_coordinator", None)
+        if coordinator is None:  # not started: no heartbeat routine runs either
+            return False
+        current = getattr(coordinator, "_do_heartbeat", None)
+        if current is not None and current is self._heartbeat_wrap:
+            return True
+        if self._heartbeat_wrap_failed:
+            return False
+        hold = self.stall_hold
+        if not getattr(current, "_streamassign_wrapped", False) and watch_heartbeats(
+            consumer,
+            hold.heartbeat_accepted,
+            hold.wants_proof,
+            self.clock,
+            timeout=float(self.app.conf.broker_heartbeat_interval),
+            answered=hold.heartbeats.answered_at,
+        ):
+            self._heartbeat_wrap = getattr(coordinator, "_do_heartbeat", None)
+            return True
+        self._heartbeat_wrap_failed = True
+        log.warning(
+            "cannot watch this worker's heartbeats (aiokafka %s: its group coordinator has no "
+            "_do_heartbeat, or another part wrapped it): silence holds are off, a network cut "
+            "from the coordinator holds no changelog send (a stall of the event loop still "
+            "does, and a member id reset still drops them)",
+            aiokafka.__version__,
+        )
+        return False
 
     def _stall_tell(self, hold: StallHold) -> None:
         if hold.cause == SILENCE:
@@ -516,6 +650,60 @@ class StallHoldProducer(faust_aiokafka.Producer):
             member,
         )
 
+    def _flush_cut_at_stop(self) -> None:
+        """A flush at the stop got no acknowledgement within ``closing.CLOSE_TIMEOUT`` (a cut
+        from a partition's leader: a sink's, a repartition's, a changelog's): Faust commits
+        after it, which could pass events whose writes never land, so no commit goes out from
+        now on, and the acknowledged offsets are forgotten (``losses``: a restart in the same
+        process commits none of them). The producer's stop then fails what it holds."""
+        if not self.stall_hold.commits_refused:
+            log.warning(
+                "this worker stops and its producer's flush got no acknowledgement within %g "
+                "s (broker unreachable?): no offset is committed from now on, so the "
+                "partitions' next owner processes the events since the last commit again",
+                closing.CLOSE_TIMEOUT,
+            )
+        self._refuse_commits()
+
+    def _refuse_commits(self) -> None:
+        """No commit from now on, and the acknowledged offsets forgotten (``losses``): writes
+        of their events may never land (dropped, or failed by a cut-short stop)."""
+        self.stall_hold.commits_refused = True
+        self.stall_hold.losses += 1
+
+    def _stall_stopped(self, now: float) -> None:
+        """End the hold as lost for this worker, which stops: its membership may be resolved
+        only after the stop (a silence hold lasts until the coordinator answers). The held
+        sends and aiokafka's held batches are dropped, and the consumer commits nothing from
+        now on (``commits_refused``; the membership may still stand, so aiokafka would send
+        the commit): their events' offsets stay uncommitted, the next owner processes them."""
+        hold = self.stall_hold
+        since, member = hold.since or now, hold.held_as
+        silence = hold.cause == SILENCE
+        if silence:  # the silence now: none was accepted since the hold began
+            cause = f"no heartbeat accepted for {hold.gap + now - since:.1f} s"
+        else:
+            cause = f"the event loop did not run for {hold.gap:.1f} s"
+        # A silence hold begun during the stop was not told: its request in flight is
+        # recalled here (the kernel would go on sending it after the process exits).
+        reset = self._stall_abort() if silence and not hold.told else 0
+        dropped = hold.lose(now)
+        hold.commits_refused = True
+        batches = drop_gated(self._accumulator(), self._is_changelog) if self._stall_gated else 0
+        log.warning(
+            "this worker stops while its changelog sends are held (%s, the membership %s "
+            "unresolved after %.1f s): dropped %d held send(s) and %d "
+            "batch(es) aiokafka held, reset %d connection(s) with a changelog request in "
+            "flight, and no offset is committed from now on, so the partitions' next owner "
+            "processes their events again",
+            cause,
+            repr(member) if member else "(no member id yet)",
+            now - since,
+            len(dropped),
+            batches,
+            reset,
+        )
+
     def _stall_resolve_dropped(self, now: float, why: str) -> None:
         since = self.stall_hold.since or now
         dropped = self.stall_hold.lose(now)
@@ -538,7 +726,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         since, released = hold.since or proven, 0
         try:
             while hold.held:
-                item = hold.held.pop(0)
+                item = hold.held.popleft()
                 released += 1
                 try:
                     sent = asyncio.ensure_future(await item.send())

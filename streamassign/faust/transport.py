@@ -34,7 +34,8 @@ membership proved, before Faust's recovery reads them (``_proven``), and its pro
 changelog sends that follow such a stall until the membership is proven (sent) or lost (dropped:
 a zombie's writes from stale table state, ``_stallhold``); the offsets Faust acknowledged but
 did not commit are forgotten after a lost membership (their events' changelog sends may have
-been dropped: processed again, never committed past, ``_forget_acks_if_lost``). A table store
+been dropped: processed again, never committed past, ``_forget_acks_if_lost``), and no commit
+goes out after a stop that dropped held sends (``_commits_refused``). A table store
 write that fails (a full disk) stops the worker before any commit can pass the record Faust
 acks anyway (``_storefail``). Everything else is Faust's aiokafka transport unchanged.
 """
@@ -54,6 +55,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from faust.types import tuples as faust_tuples
 
+from ..aiokafka.closing import release_consumer, stop_within
 from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
 from ..repeats import Repeats
@@ -89,8 +91,16 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         await super().on_start()
 
     async def on_thread_stop(self) -> None:
+        """Faust's, with aiokafka's consumer stop given ``closing.CLOSE_TIMEOUT`` as the
+        runtime's consumers are: cut off from the coordinator, its LeaveGroup waits for an
+        answer up to ``broker_request_timeout`` (90 s by default), so a worker stopped during
+        a network cut took that long to exit. Cut, the member is left to the coordinator,
+        which drops it at its session timeout, as a crashed one (Faust committed before)."""
         try:
-            await super().on_thread_stop()
+            # Faust's own first step (the thread's method queue), then its consumer's stop.
+            await super(faust_aiokafka.AIOKafkaConsumerThread, self).on_thread_stop()
+            if self._consumer is not None:
+                await _stop_consumer_within(self._consumer)
         finally:
             lines, self._broker_away_lines = self._broker_away_lines, None
             held_back = lines.detach() if lines is not None else None
@@ -202,6 +212,14 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 def _is_offset(offset: object) -> bool:
     """An offset aiokafka's ``seek`` takes (an int from 0; not a bool)."""
     return isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
+
+
+async def _stop_consumer_within(consumer: Any) -> None:
+    """Stop aiokafka's ``consumer`` within ``closing.CLOSE_TIMEOUT``; cut, what its stop left
+    running is released (heartbeat, fetcher, connections)."""
+    abandoned = "its LeaveGroup is abandoned (the group drops it at its session timeout)"
+    if not await stop_within("the worker's consumer", consumer, abandoned, log):
+        await release_consumer("the worker's consumer", consumer, log)
 
 
 class _Ticker:
@@ -336,6 +354,8 @@ class _Consumer(faust_aiokafka.Consumer):
         #: The producer's count of lost memberships at the last assignment
         #: (``_forget_acks_if_lost``).
         self._losses_at_assignment = 0
+        #: Whether a commit the stall hold refuses was told (``_commits_refused``).
+        self._commit_refusal_told = False
         #: Latches the first failed table store write: no commit from then on, and the
         #: worker stops (``_storefail``).
         self.store_guard = StoreFailureGuard(self._on_store_failure)
@@ -502,7 +522,11 @@ class _Consumer(faust_aiokafka.Consumer):
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         """Faust's; a commit that succeeds under the member id of the current assignment
         proves the tables' persisted offsets as they were before it (Faust flushed its
-        producer first, so they include every changelog write acknowledged by then)."""
+        producer first, so they include every changelog write acknowledged by then). None
+        once the worker stopped with changelog sends held: they were dropped (Faust's stop
+        flushes, then commits; ``_stallhold``), and a commit could pass their events."""
+        if self._commits_refused(offsets):
+            return False
         before = self._member_id()
         snapshot = None
         if before and before == self.proven_offsets.held_as:
@@ -514,6 +538,22 @@ class _Consumer(faust_aiokafka.Consumer):
         if committed and snapshot is not None and self._member_id() == before:
             self.proven_offsets.prove(snapshot)
         return committed
+
+    def _commits_refused(self, offsets: Mapping[TP, int]) -> bool:
+        """Whether the producer refuses commits at this stop (``commits_refused``): the first
+        refusal is told at INFO, the next at DEBUG (Faust's stop commits more than once)."""
+        hold = getattr(self.app.producer, "stall_hold", None)  # None: not this transport's
+        if not getattr(hold, "commits_refused", False):
+            return False
+        log.log(
+            logging.DEBUG if self._commit_refusal_told else logging.INFO,
+            "a commit of %d offset(s) refused: this worker stops, and writes of its events "
+            "were dropped (held during a cut) or not acknowledged in time; the partitions' "
+            "next owner processes these events again",
+            len(offsets),
+        )
+        self._commit_refusal_told = True
+        return True
 
     def _member_id(self) -> str | None:
         return member_id(getattr(self._thread, "_consumer", None))
