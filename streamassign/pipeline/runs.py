@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
+import hashlib
 import json
 import os
 import re
@@ -36,6 +38,7 @@ from .scenarios import PipelineError
 from .signals import deferred_signals
 
 __all__ = [
+    "CODE_FINGERPRINT",
     "MANIFEST",
     "REBALANCES",
     "Files",
@@ -43,6 +46,7 @@ __all__ = [
     "LocalFiles",
     "check_rows_read",
     "check_run",
+    "code_fingerprint",
     "files_for",
     "is_remote",
     "new_run_id",
@@ -50,6 +54,7 @@ __all__ = [
     "read_manifest",
     "replaceable",
     "run_damage",
+    "sources_sha256",
     "staging_path",
     "write_manifest",
 ]
@@ -61,6 +66,30 @@ MANIFEST: Final = "manifest"
 MANIFEST_FILE: Final = "part-00000.json"
 #: A run's manifest under its folder: its text (which holds the run's id) tells runs apart.
 MANIFEST_PATH: Final = f"{MANIFEST}/{MANIFEST_FILE}"
+
+
+#: The manifest's key for :func:`code_fingerprint` of the code that wrote the run.
+CODE_FINGERPRINT: Final = "code_sha256"
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """:func:`sources_sha256` of the streamassign package this process runs. A run's rows
+    depend on the code as much as on its settings, and the distribution's version stays the
+    same from one commit to the next: a rerun keeps a run only if this is the same too. Read
+    once per process (110 files: milliseconds)."""
+    return sources_sha256(Path(__file__).resolve().parent.parent)
+
+
+def sources_sha256(package: Path) -> str:
+    """sha256 over the ``.py`` files under ``package``: each one's path under it, in sorted
+    order, then its bytes (lengths first: no two sets of files hash the same bytes)."""
+    digest = hashlib.sha256()
+    for relative in sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py")):
+        source = (package / relative).read_bytes()
+        digest.update(f"{len(relative)}:{relative}{len(source)}:".encode())
+        digest.update(source)
+    return digest.hexdigest()
 
 
 def is_remote(path: str) -> bool:
@@ -646,7 +675,7 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
     if manifest is None and text is not None:
         raise PipelineError(
             f"{run_dir}: the manifest {MANIFEST}/{MANIFEST_FILE} is unreadable (not one JSON "
-            "object: damaged or edited); run streamassign simulate again"
+            "object: damaged or edited); run streamassign simulate again with --overwrite"
         )
     if manifest is None:
         what = "has rows but no manifest" if has_rows else "has no manifest and no rows"
@@ -660,7 +689,8 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
         got = "no 'rows'" if "rows" not in manifest else f"'rows' {json.dumps(rows)}"
         raise PipelineError(
             f"{run_dir}: damaged manifest {MANIFEST}/{MANIFEST_FILE}: {got}, not a count of "
-            "the rows written (damaged or edited); run streamassign simulate again"
+            "the rows written (damaged or edited); run streamassign simulate again with "
+            "--overwrite"
         )
     if rows == 0:
         raise PipelineError(
@@ -671,7 +701,7 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
         raise DamagedRunError(
             f"{run_dir}: damaged run: {REBALANCES}/ {_why_no_rows(files, rows_dir)}, but the "
             f"manifest says {rows:,} rows were written (deleted or moved?); run streamassign "
-            "simulate again"
+            "simulate again with --overwrite"
         )
     return manifest
 
@@ -702,13 +732,14 @@ def check_rows_read(
         raise DamagedRunError(
             f"{run_dir}: damaged run: no rows of {', '.join(map(str, missing))} under "
             f"{REBALANCES}/ ({counts} read; files deleted or moved?); run streamassign simulate "
-            "again"
+            "again with --overwrite"
         )
     if type(written) is int and rows_read != written:
         why = "files deleted or moved?" if rows_read < written else "files added from elsewhere?"
         raise DamagedRunError(
             f"{run_dir}: damaged run: {rows_read:,} rows read under {REBALANCES}/, but the "
-            f"manifest says {written:,} were written ({why}); run streamassign simulate again"
+            f"manifest says {written:,} were written ({why}); run streamassign simulate again "
+            "with --overwrite"
         )
 
 
@@ -748,5 +779,6 @@ def unreadable_file(run_dir: str, failure: str) -> DamagedRunError | None:
         else "it is not valid Parquet: its bytes changed since it was written"
     )
     return DamagedRunError(
-        f"{run_dir}: damaged run: {shown} cannot be read ({why}); run streamassign simulate again"
+        f"{run_dir}: damaged run: {shown} cannot be read ({why}); run streamassign simulate "
+        "again with --overwrite"
     )

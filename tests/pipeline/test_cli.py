@@ -561,12 +561,19 @@ def test_a_failed_or_refused_run_keeps_the_old_one(
     manifest = (run / "manifest" / "part-00000.json").read_text()
     old_id = json.loads(manifest)["run_id"]
 
+    # The same simulation by the same code: kept, nothing simulated, no error (a set-up rerun).
     code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(run))
-    assert code != 0
+    assert code == 0, out
+    assert f"{run} already holds this simulation, run {old_id} of 20" in out
+    assert f"next: streamassign report {run}" in out
+    # Another seed: refused, naming it.
+    code, out = invoke("simulate", str(ORDERS), *TINY, "--seed", "7", "--out", str(run))
+    assert code == 1
     assert (
-        f"already holds a complete run ({old_id}) without a report (streamassign report {run} "
-        "writes it); pass --overwrite"
+        f"already holds a complete run ({old_id}) of another simulation (other --seed) without "
+        f"a report (streamassign report {run} writes it); pass --overwrite"
     ) in out
+    assert (run / "manifest" / "part-00000.json").read_text() == manifest
 
     def missing_module(*args: Any) -> Any:  # a task failing on the executors, as without faust
         raise ModuleNotFoundError("No module named 'faust'")
@@ -667,7 +674,8 @@ def test_report_refuses_a_damaged_run_and_keeps_the_earlier_report(
     assert (code, out) == (
         1,
         f"Error: {run}: damaged run: rebalances/ holds no Parquet files, but the manifest says "
-        "31 rows were written (deleted or moved?); run streamassign simulate again\n",
+        "31 rows were written (deleted or moved?); run streamassign simulate again with "
+        "--overwrite\n",
     )
     assert (run / "report" / "report.html").read_text() == "earlier"
 
@@ -798,8 +806,10 @@ def _a_run_of(words: Sequence[str], folder: Path, **changed: Any) -> None:
             where[key] = value
     (folder / "manifest").mkdir(parents=True)
     (folder / "manifest" / "part-00000.json").write_text(json.dumps(manifest | {"rows": 1}))
-    (folder / "rebalances").mkdir()
-    (folder / "rebalances" / "part-00000.parquet").write_bytes(b"PAR1")
+    for name in manifest["assignors"]:  # a file in each assignor's folder: not damaged
+        rows = folder / "rebalances" / f"assignor={name.replace(':', '%3A')}"
+        rows.mkdir(parents=True)
+        (rows / "part-00000.parquet").write_bytes(b"PAR1")
 
 
 def test_plan_standbys_next_command_runs_as_printed_with_the_users_model(
@@ -851,18 +861,34 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
 ) -> None:
     """Its --overwrite replaced whatever run was in NAME-standbysR: a review lost a run of
     another failure model (crash_per_client_hour 0.2) to the next line of a plan at 1. Only a
-    run the command would redo is replaced; past any other, the next free -2, -3."""
+    run the command would redo is replaced (the same settings, by other code or damaged); one
+    of this simulation by this code is kept (simulate writes its report); past any other, the
+    next free -2, -3."""
+    from streamassign.pipeline.runs import CODE_FINGERPRINT
+
     monkeypatch.chdir(tmp_path)
     runs = tmp_path / "streamassign-runs"
+    folder = runs / "orders-enricher-standbys2"
     given = ["--scenarios", "3", "--steps", "5", "--param", "crash_per_client_hour=1"]
     words, _ = _printed_next(monkeypatch, given)
     assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2", "--report"]
-    _a_run_of(words, runs / "orders-enricher-standbys2")
-    words, _ = _printed_next(monkeypatch, given)
-    assert words[-3:] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite", "--report"]
+    redo = [*words[:-1], "--overwrite", "--report"]
+    # This simulation by this code: kept, no --overwrite (which would redo minutes of Spark
+    # for the same rows); the command as printed writes its missing report.
+    _a_run_of(words, folder)
+    assert _printed_next(monkeypatch, given)[0] == words
     _stop_where_spark_starts(monkeypatch)
     code, out = invoke(*words[1:])
     assert code == 1 and "Error: stopped where Spark starts" in out, out
+    assert f"{folder.resolve()} already holds this simulation, run " in out
+    # The same settings by other code (another fingerprint; none recorded: older code): its
+    # rows may differ, so it is simulated again where it is, never kept.
+    for other_code in ({CODE_FINGERPRINT: "0" * 64}, {CODE_FINGERPRINT: None}):
+        shutil.rmtree(folder)
+        _a_run_of(words, folder, **other_code)
+        assert _printed_next(monkeypatch, given)[0] == redo, other_code
+        code, out = invoke(*redo[1:])
+        assert code == 1 and "Error: stopped where Spark starts" in out, out
 
     # Another model, rate, seed; another topology file of the same name; the same file as it
     # was before an edit (a store added, same name and partition counts), or a run that did
@@ -876,67 +902,74 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
         {"topology_sha256": hashlib.sha256(b"an earlier orders-join.toml").hexdigest()},
         {"topology_sha256": None},
     ):
-        folder = runs / "orders-enricher-standbys2"
         shutil.rmtree(folder)
         _a_run_of(words, folder, **changed)
-        words, _ = _printed_next(monkeypatch, given)
-        assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"], changed
+        words_now, _ = _printed_next(monkeypatch, given)
+        assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
 
     # A run written before simulate recorded the rate, warmups and probing interval recorded
     # no topology content either: passed by, whatever it was simulated at.
     for unrecorded in ("replica_restore_per_s", "max_warmup_replicas", "probing_interval_s"):
-        shutil.rmtree(runs / "orders-enricher-standbys2")
-        _a_run_of(words, runs / "orders-enricher-standbys2", **{unrecorded: None})
-        words, _ = _printed_next(monkeypatch, given)
-        assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+        shutil.rmtree(folder)
+        _a_run_of(words, folder, **{unrecorded: None})
+        words_now, _ = _printed_next(monkeypatch, given)
+        assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
 
-    shutil.rmtree(runs / "orders-enricher-standbys2")
-    _a_run_of(words, runs / "orders-enricher-standbys2")
-    # The same simulation with its report: nothing to simulate, the page to open.
-    words, _ = _printed_next(monkeypatch, given)
-    (runs / "orders-enricher-standbys2" / "report").mkdir()
-    (runs / "orders-enricher-standbys2" / "report" / "report.html").write_text("<html>")
+    shutil.rmtree(folder)
+    _a_run_of(words, folder)
+    # This simulation by this code with its report: nothing to simulate, the page to open.
+    (folder / "report").mkdir()
+    (folder / "report" / "report.html").write_text("<html>")
     printed: list[str] = []
     opened, compares = _printed_next(monkeypatch, given, printed=printed)
-    page = runs / "orders-enricher-standbys2" / "report" / "report.html"
+    page = folder / "report" / "report.html"
     assert opened == ["open", page.resolve().as_uri(), "in", "a", "browser"]
     assert compares.startswith("already simulated on 20")
     assert compares.endswith(
-        " UTC: the rebalances under this plan: task:sticky at 2 standbys, no warmups"
+        " UTC by this code: the rebalances under this plan: task:sticky at 2 standbys, no warmups"
     )
-    # The identity has no code version: a run of older code matches too. The line kept only
-    # the page (its stale numbers); the command to simulate again stays, with --overwrite.
-    again = next(line for line in printed[0].splitlines() if line.startswith("to simulate again"))
-    assert shlex.split(again.split(": ", 1)[1]) == words
+    assert "to simulate again" not in printed[0]
     # The line's folder is the command's own, not found by searching its words (an option's
     # value spelled --out was taken for it: here no page, so no open line).
     odd, _ = _printed_next(monkeypatch, [*given, "--master", "--out"])
     assert odd[:2] == ["open", page.resolve().as_uri()]
+    # The same page from a run of other code: its numbers may be stale; simulated again.
+    manifest = json.loads((folder / "manifest" / "part-00000.json").read_text())
+    fake = manifest | {CODE_FINGERPRINT: "0" * 64}
+    (folder / "manifest" / "part-00000.json").write_text(json.dumps(fake))
+    assert _printed_next(monkeypatch, given) == (redo, compares.split(": ", 1)[1])
+    (folder / "manifest" / "part-00000.json").write_text(json.dumps(manifest))
 
     # A damaged run (its rows deleted: report refuses it) beside its page: simulate again.
-    shutil.rmtree(runs / "orders-enricher-standbys2" / "rebalances")
-    assert _printed_next(monkeypatch, given) == (words, compares.split(": ", 1)[1])
+    shutil.rmtree(folder / "rebalances")
+    assert _printed_next(monkeypatch, given) == (redo, compares.split(": ", 1)[1])
 
-    # The same simulation beside something else (an earlier plan's --out, notes): its
-    # --overwrite would delete them with the run; passed by.
+    # The same settings by other code beside something else (an earlier plan's --out, notes):
+    # its --overwrite would delete them with the run; passed by. A kept run stays as it is.
     for foreign in ("plans/plan.csv", "notes.txt"):
-        (runs / "orders-enricher-standbys2" / foreign).parent.mkdir(exist_ok=True)
-        (runs / "orders-enricher-standbys2" / foreign).write_text("yesterday's")
-        words, _ = _printed_next(monkeypatch, given)
-        assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
-        shutil.rmtree(runs / "orders-enricher-standbys2")
-        _a_run_of(words, runs / "orders-enricher-standbys2")
+        shutil.rmtree(folder)
+        _a_run_of(words, folder)
+        (folder / foreign).parent.mkdir(exist_ok=True)
+        (folder / foreign).write_text("yesterday's")
+        assert _printed_next(monkeypatch, given)[0] == words
+        shutil.rmtree(folder)
+        _a_run_of(words, folder, **{CODE_FINGERPRINT: "0" * 64})
+        (folder / foreign).parent.mkdir(exist_ok=True)
+        (folder / foreign).write_text("yesterday's")
+        words_now, _ = _printed_next(monkeypatch, given)
+        assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
     # A report's leftovers of an interrupted render are the run's own.
-    (runs / "orders-enricher-standbys2" / ".report.partial-abc").mkdir()
-    words, _ = _printed_next(monkeypatch, given)
-    assert words[-3:-1] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite"]
+    shutil.rmtree(folder)
+    _a_run_of(words, folder, **{CODE_FINGERPRINT: "0" * 64})
+    (folder / ".report.partial-abc").mkdir()
+    assert _printed_next(monkeypatch, given)[0] == redo
 
     # A folder that is no run (simulate never replaces one) is passed by.
-    shutil.rmtree(runs / "orders-enricher-standbys2")
-    (runs / "orders-enricher-standbys2").mkdir()
-    (runs / "orders-enricher-standbys2" / "notes.txt").write_text("x")
-    words, _ = _printed_next(monkeypatch, given)
-    assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    shutil.rmtree(folder)
+    folder.mkdir()
+    (folder / "notes.txt").write_text("x")
+    words_now, _ = _printed_next(monkeypatch, given)
+    assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
 
 
 def test_plan_standbys_next_command_never_runs_in_the_plans_own_folder(
@@ -949,7 +982,8 @@ def test_plan_standbys_next_command_never_runs_in_the_plans_own_folder(
     runs = tmp_path / "streamassign-runs"
     given = ["--scenarios", "3", "--steps", "5"]
     words, _ = _printed_next(monkeypatch, [*given, "--out", "streamassign-runs/x"])
-    _a_run_of(words, runs / "orders-enricher-standbys2")
+    # The same settings by other code: a run the command would replace (--overwrite).
+    _a_run_of(words, runs / "orders-enricher-standbys2", code_sha256="0" * 64)
     for plan_out in ("orders-enricher-standbys2", "orders-enricher-standbys2/plans"):
         words, _ = _printed_next(monkeypatch, [*given, "--out", f"streamassign-runs/{plan_out}"])
         assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
@@ -1055,7 +1089,7 @@ def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
     assert (code, out.splitlines()[-1]) == (
         1,
         f"Error: {run}: damaged run: no rows of task:sticky under rebalances/ (6 of its 12 rows "
-        "read; files deleted or moved?); run streamassign simulate again",
+        "read; files deleted or moved?); run streamassign simulate again with --overwrite",
     )
     assert (run / "report" / "report.html").read_text() == "earlier"
     assert sorted(p.name for p in run.iterdir()) == ["manifest", "rebalances", "report"]
@@ -1071,7 +1105,7 @@ def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
         1,
         f"Error: {run}: damaged run: rebalances/assignor=task%3Asticky/{part.name} cannot be "
         "read (its checksum does not match: its bytes changed since it was written); run "
-        "streamassign simulate again",
+        "streamassign simulate again with --overwrite",
     )
     assert (run / "report" / "report.html").read_text() == "earlier"
 
@@ -1446,14 +1480,22 @@ def test_a_run_whose_old_run_cannot_be_deleted_says_where_it_is_left(
     )
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    return metadata.version("streamassign")
+
+
 def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """README's command 1, run a second time: the refusal says where the report is (or how to
-    write it, after a --report interrupted) and what to add to simulate again."""
+    """README's command 1, run a second time over a run it would not keep: the refusal says
+    why, where the report is (or how to write it, after a --report interrupted) and what to
+    add to simulate again."""
     pytest.importorskip("pyspark")
     pytest.importorskip("plotly")
     from streamassign import cli
+    from streamassign.pipeline.runs import code_fingerprint
 
     def no_spark(*a: Any, **k: Any) -> Any:
         raise AssertionError("Spark was started")
@@ -1467,17 +1509,22 @@ def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     (rows / "part-00000.parquet").write_bytes(b"PAR1")
     args = ("simulate", str(ORDERS), "--report", "--out", str(run))
     code, out = invoke(*args)
+    # A manifest of code that recorded neither its settings nor a fingerprint: other code.
+    other = (
+        "written by other code (no version recorded, no fingerprint recorded; this is "
+        f"streamassign {_version()}, fingerprint {code_fingerprint()[:12]}…)"
+    )
     assert (code, out) == (
         1,
-        f"Error: {run} already holds a complete run (first) without a report (streamassign "
-        f"report {run} writes it); pass --overwrite to replace it once the new run is complete, "
-        "or --out for another folder\n",
+        f"Error: {run} already holds a complete run (first) {other} without a report "
+        f"(streamassign report {run} writes it); pass --overwrite to replace it once the new run "
+        "is complete, or --out for another folder\n",
     )
     (run / "report").mkdir()
     (run / "report" / "report.html").write_text("the first run's")
     code, out = invoke(*args)
     assert code == 1 and out.startswith(
-        f"Error: {run} already holds a complete run (first) and its report, "
+        f"Error: {run} already holds a complete run (first) {other} and its report, "
         f"{run / 'report' / 'report.html'}; pass --overwrite"
     )
     # Damaged, it is not "a complete run and its report" (report refuses it): a review.
@@ -1488,6 +1535,144 @@ def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
         f"Error: {run} holds a damaged run (first: rebalances/ is missing, but the manifest says "
         "31 rows were written (deleted or moved?)); pass --overwrite to replace it once the new "
         "run is complete, or --out for another folder\n",
+    )
+
+
+def _a_kept_run(monkeypatch: pytest.MonkeyPatch, run: Path, **changed: Any) -> list[str]:
+    """A run in ``run`` of README's command 1 by this code (``changed``: as ``_a_run_of``), and
+    the command (from ``simulate``); Spark never starts."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("plotly")
+    from streamassign import cli
+
+    def no_spark(*a: Any, **k: Any) -> Any:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(cli, "_session", no_spark)
+    words = ["streamassign", "simulate", str(ORDERS), "--report", "--out", str(run)]
+    _a_run_of(words, run, run_id="first", created="2026-11-29T04:51:02+00:00", **changed)
+    return words[1:]
+
+
+def test_a_rerun_of_the_same_simulation_by_the_same_code_keeps_its_run_and_exits_0(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """README's command 1 run a second time printed "Error: ... already holds a complete run"
+    and exited 1, failing a set-up script that reruns it. A run of the very same simulation
+    by the very same code (the same rows) is kept, said in one line with its date and report,
+    exit status 0, Spark never started; another seed is still refused, naming it."""
+    from streamassign import cli
+
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    manifest = (run / "manifest" / "part-00000.json").read_text()
+    # Every setting of the identity is compared, and named when it differs.
+    recorded = json.loads(manifest)
+    assert {k for k in cli._SETTING_NAMES if k in recorded} == set(cli._SETTING_NAMES)
+    assert set(cli._SETTING_NAMES) == set(cli._identity_of(["streamassign", *command]) or {})
+    page = run / "report" / "report.html"
+    page.parent.mkdir()
+    page.write_text("the first run's")
+    code, out = invoke(*command)
+    assert (code, out) == (
+        0,
+        f"{run} already holds this simulation, run first of 2026-11-29 04:51 UTC (same "
+        "settings, same code): kept, nothing simulated (--overwrite simulates it again)\n"
+        f"report: {page}\n"
+        f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md\n",
+    )
+    code, out = invoke(*command, "--seed", "7", "--param", "crash_per_client_hour=1")
+    assert (code, out) == (
+        1,
+        f"Error: {run} already holds a complete run (first) of another simulation (other "
+        f"--seed, churn model (--model, --param, --steps)) and its report, {page}; pass "
+        "--overwrite to replace it once the new run is complete, or --out for another folder\n",
+    )
+    assert (run / "manifest" / "part-00000.json").read_text() == manifest
+    assert page.read_text() == "the first run's"
+
+
+def test_a_rerun_over_a_run_of_other_code_is_refused_naming_its_fingerprint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run whose manifest records the same settings was kept after a code change: its
+    numbers, of the older code, were shown as the new code's. Another fingerprint is other
+    code; so is none (a run written before manifests recorded one)."""
+    from streamassign.pipeline.runs import code_fingerprint
+
+    ours, version = code_fingerprint()[:12], _version()
+    for n, (changed, theirs) in enumerate(
+        (
+            ({"code_sha256": "abc123" * 10 + "abcd"}, f"{version}, fingerprint abc123abc123…"),
+            ({"code_sha256": None}, f"{version}, no fingerprint recorded"),
+            ({"streamassign": "0.0.9"}, f"0.0.9, fingerprint {ours}…"),
+        )
+    ):
+        run = tmp_path / f"run{n}"
+        command = _a_kept_run(monkeypatch, run, **changed)
+        manifest = (run / "manifest" / "part-00000.json").read_text()
+        code, out = invoke(*command)
+        assert (code, out) == (
+            1,
+            f"Error: {run} already holds a complete run (first) written by other code "
+            f"(streamassign {theirs}; this is streamassign {version}, fingerprint {ours}…) "
+            f"without a report (streamassign report {run} writes it); pass --overwrite to "
+            "replace it once the new run is complete, or --out for another folder\n",
+        ), changed
+        assert (run / "manifest" / "part-00000.json").read_text() == manifest
+
+
+def test_a_kept_run_without_its_report_gets_it_with_the_commands_spark_options(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With --report, a kept run without a report gets it written, on a session started with
+    the command's --ship-code and aggregated at its --spark-tasks (they were dropped); damage
+    only the rows show (report's count) is one line whose remedy is --overwrite: simulate
+    again without it would keep the damaged run once more."""
+    from streamassign import cli
+    from streamassign.errors import DamagedRunError
+
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    started: list[Any] = []
+
+    @contextlib.contextmanager
+    def session(master: str | None, ship: bool | None = False) -> Iterator[Any]:
+        started.append((master, ship))
+        yield "session"
+
+    def render(session: Any, run_dir: str, out: Path | None, tasks: int | None = None) -> Path:
+        started.append((session, run_dir, out, tasks))
+        (Path(run_dir) / "report").mkdir()
+        (Path(run_dir) / "report" / "report.html").write_text("rendered")
+        return Path(run_dir) / "report" / "report.html"
+
+    monkeypatch.setattr(cli, "_session", session)
+    monkeypatch.setattr(cli, "_render", render)
+    code, out = invoke(*command, "--spark-tasks", "3", "--ship-code")
+    assert code == 0, out
+    assert started == [(None, True), ("session", str(run), None, 3)]
+    assert out.splitlines()[1:] == [
+        f"report: {run / 'report' / 'report.html'}",
+        f"next: open {(run / 'report' / 'report.html').as_uri()} in a browser; runs and "
+        "columns: docs/pipeline.md",
+    ]
+
+    def damaged(*a: Any) -> Path:
+        cause = DamagedRunError(
+            f"{run}: damaged run: 9 rows read under rebalances/, but the manifest says 12 were "
+            "written (files deleted or moved?); run streamassign simulate again with --overwrite"
+        )
+        raise click.ClickException(str(cause)) from cause
+
+    shutil.rmtree(run / "report")
+    monkeypatch.setattr(cli, "_render", damaged)
+    code, out = invoke(*command)
+    assert code == 1
+    assert out.splitlines()[-1] == (
+        f"Error: {run}: damaged run: 9 rows read under rebalances/, but the manifest says 12 "
+        "were written (files deleted or moved?); it cannot be kept: pass --overwrite to "
+        "simulate it again"
     )
 
 

@@ -678,7 +678,7 @@ def test_rows_read_must_be_the_rows_the_manifest_counts() -> None:
         check_rows_read("run", manifest, 2480, {"faust:copartitioned"})
     assert str(missing.value) == (
         "run: damaged run: no rows of task:sticky under rebalances/ (2,480 of its 3,100 rows "
-        "read; files deleted or moved?); run streamassign simulate again"
+        "read; files deleted or moved?); run streamassign simulate again with --overwrite"
     )
     with pytest.raises(DamagedRunError, match="3,000 rows read under rebalances/, but the "):
         check_rows_read("run", manifest, 3000, {"task:sticky", "faust:copartitioned"})
@@ -722,7 +722,7 @@ def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it() -> None:
     assert str(damage) == (
         "/r/run: damaged run: rebalances/assignor=task%3Asticky/part-0.snappy.parquet cannot be "
         "read (it is not valid Parquet: its bytes changed since it was written); run streamassign "
-        "simulate again"
+        "simulate again with --overwrite"
     )
     checksum = failure + "\nCaused by: org.apache.hadoop.fs.ChecksumException: Checksum error"
     assert "(its checksum does not match:" in str(unreadable_file("/r/run", checksum))
@@ -734,3 +734,32 @@ def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it() -> None:
     assert unreadable_file("/r/run", denied) is None  # intact bytes, not readable here
     timed_out = failure.split("\nCaused by:")[0] + "\nCaused by: java.net.SocketTimeoutException"
     assert unreadable_file("/r/run", timed_out) is None  # a remote store's read, not damage
+
+
+def test_the_code_fingerprint_changes_with_any_source_and_nothing_else(tmp_path: Path) -> None:
+    """A rerun keeps a run only if the code that wrote it is this code: its fingerprint covers
+    every .py file's path and bytes, whatever order they were written in, and nothing else."""
+    import streamassign
+    from streamassign.pipeline.runs import code_fingerprint, sources_sha256
+
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "sub" / "b.py").write_text("B = 1\n")
+    (package / "a.py").write_text("A = 1\n")
+    first = sources_sha256(package)
+    assert len(first) == 64
+    (package / "notes.txt").write_text("not code")
+    (package / "sub" / "b.pyc").write_bytes(b"compiled")
+    assert sources_sha256(package) == first
+    again = tmp_path / "again"  # the same files, written in the other order
+    again.mkdir()
+    (again / "a.py").write_text("A = 1\n")
+    (again / "sub").mkdir()
+    (again / "sub" / "b.py").write_text("B = 1\n")
+    assert sources_sha256(again) == first
+    (package / "a.py").write_text("A = 2\n")
+    assert sources_sha256(package) != first
+    (package / "a.py").write_text("A = 1\n")
+    (package / "sub" / "b.py").rename(package / "sub" / "c.py")
+    assert sources_sha256(package) != first
+    assert code_fingerprint() == sources_sha256(Path(streamassign.__file__).resolve().parent)
