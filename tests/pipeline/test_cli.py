@@ -1601,13 +1601,12 @@ def test_a_rerun_over_a_run_of_other_code_is_refused_naming_its_fingerprint(
     from streamassign.pipeline.runs import code_fingerprint
 
     ours, version = code_fingerprint()[:12], _version()
-    for n, (changed, theirs) in enumerate(
-        (
-            ({"code_sha256": "abc123" * 10 + "abcd"}, f"{version}, fingerprint abc123abc123…"),
-            ({"code_sha256": None}, f"{version}, no fingerprint recorded"),
-            ({"streamassign": "0.0.9"}, f"0.0.9, fingerprint {ours}…"),
-        )
-    ):
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"code_sha256": "abc123" * 10 + "abcd"}, f"{version}, fingerprint abc123abc123…"),
+        ({"code_sha256": None}, f"{version}, no fingerprint recorded"),
+        ({"streamassign": "0.0.9"}, f"0.0.9, fingerprint {ours}…"),
+    ]
+    for n, (changed, theirs) in enumerate(cases):
         run = tmp_path / f"run{n}"
         command = _a_kept_run(monkeypatch, run, **changed)
         manifest = (run / "manifest" / "part-00000.json").read_text()
@@ -1620,6 +1619,52 @@ def test_a_rerun_over_a_run_of_other_code_is_refused_naming_its_fingerprint(
             "replace it once the new run is complete, or --out for another folder\n",
         ), changed
         assert (run / "manifest" / "part-00000.json").read_text() == manifest
+
+
+def test_a_remote_run_is_never_kept_and_its_refusal_names_what_differs(tmp_path: Path) -> None:
+    """A remote DIR is read through Spark, once it has started: its run is never kept (the
+    refusal stays, exit status 1), and the refusal compares the new run's settings, not its
+    date or master, with the run's."""
+    from streamassign import cli
+
+    run = tmp_path / "run"
+    words = ["streamassign", "simulate", str(ORDERS), "--out", "hdfs://nn/runs/x"]
+    _a_run_of(words, run, run_id="first")
+    local = str(run)
+
+    class Remote:  # the local run, as if at hdfs://nn/runs/x
+        def _at(self, path: str) -> str:
+            return path.replace("hdfs://nn/runs/x", local)
+
+        def exists(self, path: str) -> bool:
+            return Path(self._at(path)).exists()
+
+        def is_empty_dir(self, path: str) -> bool:
+            return not any(Path(self._at(path)).iterdir())
+
+        def read_text(self, path: str) -> str | None:
+            at = Path(self._at(path))
+            return at.read_text() if at.is_file() else None
+
+        def has_files(self, path: str, suffix: str) -> bool:
+            return any(Path(self._at(path)).rglob(f"*{suffix}"))
+
+    with cli.simulate.make_context("simulate", words[2:]) as ctx:
+        job, _ = cli._simulation_job(ctx.params)
+        new_run = cli._manifest(ctx.params["topology_file"], job, [], "yarn")
+    end = (
+        "; pass --overwrite to replace it once the new run is complete, or --out for another folder"
+    )
+    with pytest.raises(click.ClickException) as refused:
+        cli._refuse_existing(Remote(), "hdfs://nn/runs/x", False, new_run)
+    assert refused.value.message == f"hdfs://nn/runs/x already holds a complete run (first){end}"
+    with pytest.raises(click.ClickException) as refused:
+        cli._refuse_existing(Remote(), "hdfs://nn/runs/x", False, new_run | {"seed": 7})
+    assert refused.value.message == (
+        f"hdfs://nn/runs/x already holds a complete run (first) of another simulation (other "
+        f"--seed){end}"
+    )
+    assert cli._refuse_existing(Remote(), "hdfs://nn/runs/x", True, new_run) is None
 
 
 def test_a_kept_run_without_its_report_gets_it_with_the_commands_spark_options(
