@@ -45,7 +45,7 @@ from .compare import (
     other_partitions_warning,
     standby_doubt,
 )
-from .errors import ClientsFileError, PublishError, StreamAssignError
+from .errors import ClientsFileError, ExecutorCodeError, PublishError, StreamAssignError
 from .explain import (
     ClaimConflicts,
     ClientView,
@@ -2178,23 +2178,46 @@ def _why_not_kept(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> s
 
 
 def _other_code(manifest: Mapping[str, Any]) -> str | None:
-    """How the code that wrote the run of ``manifest`` is not this code (the package's version
-    and ``code_fingerprint``), or None if it is: its rows may differ, settings alike. A run
-    written before manifests recorded a fingerprint counts as other code."""
-    from .pipeline.runs import CODE_FINGERPRINT, code_fingerprint
+    """How the code that wrote the run of ``manifest`` is not this code, or None if it is:
+    its rows may differ, settings alike. Compared: the package's ``code_fingerprint`` (never
+    equal when this code has none), its version and the versions of the libraries whose
+    code writes the run's rows (``_libraries``: pyspark, the peers' assignors). A run written
+    before manifests recorded these counts as other code; only what differs is named."""
+    from .pipeline.runs import CODE_FINGERPRINT, this_code
 
-    release, recorded = manifest.get("streamassign"), manifest.get(CODE_FINGERPRINT)
-    ours = _dist_version("streamassign")
-    if recorded == code_fingerprint() and release == ours:
-        return None
-    theirs = [
-        f"streamassign {release}" if release else "no version recorded",
-        f"fingerprint {recorded[:12]}…" if isinstance(recorded, str) else "no fingerprint recorded",
-    ]
-    return (
-        f"written by other code ({', '.join(theirs)}; this is streamassign {ours}, fingerprint "
-        f"{code_fingerprint()[:12]}…)"
-    )
+    code = this_code()
+    if code.fingerprint is None:
+        return (
+            f"not known to be by this code (the streamassign package at {code.where} cannot "
+            "be read to fingerprint it)"
+        )
+    recorded = manifest.get(CODE_FINGERPRINT)
+    if not isinstance(recorded, str):  # older code, or code that could not read its files
+        return "written by other code (no fingerprint recorded)"
+    differences = []
+    if recorded != code.fingerprint:
+        differences.append(f"fingerprint {recorded[:12]}…, this code's {code.fingerprint[:12]}…")
+    release, ours = manifest.get("streamassign"), _dist_version("streamassign")
+    if release != ours:
+        differences.append(f"streamassign {release or 'unrecorded'}, this is {ours}")
+    libraries = manifest.get("libraries")
+    recorded_libraries = libraries if isinstance(libraries, dict) else {}
+    for name, installed in _libraries(manifest.get("assignors")).items():
+        if recorded_libraries.get(name) != installed:
+            differences.append(
+                f"{name} {recorded_libraries.get(name, 'unrecorded')}, installed {installed}"
+            )
+    return f"written by other code ({'; '.join(differences)})" if differences else None
+
+
+def _libraries(assignors: object) -> dict[str, str]:
+    """The installed versions of the libraries, besides streamassign, whose code writes the
+    rows of a run of ``assignors``: pyspark, and the peers whose assignors it compares
+    (faust-streaming, aiokafka). Recorded in the manifest as ``libraries``."""
+    from .pipeline.assignors import peer_distributions
+
+    names = assignors if isinstance(assignors, list | tuple) else []
+    return {dist: _dist_version(dist) for dist in ("pyspark", *peer_distributions(names))}
 
 
 def _keep_run(
@@ -2364,6 +2387,8 @@ def _one_line_failures(
             tail = f"; {exc.args[1]}{after}"
         click.echo(f"interrupted{by} while {doing}{tail}", err=True)
         raise SystemExit(128 + signum) from None
+    except ExecutorCodeError as exc:  # the driver's one line of a task's failure
+        raise click.ClickException(f"{doing} failed: {exc}{tail}") from exc
     except (click.ClickException, StreamAssignError, SystemExit):
         raise
     except Exception as exc:
@@ -2736,6 +2761,7 @@ def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) 
         "streamassign": _dist_version("streamassign"),
         # The code that wrote the rows: a rerun keeps this run only if it is the same.
         CODE_FINGERPRINT: code_fingerprint(),
+        "libraries": _libraries(job.assignors),
         "pyspark": _dist_version("pyspark"),
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }

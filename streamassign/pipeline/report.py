@@ -1005,7 +1005,8 @@ _MANIFEST_KEYS: Final = (
     "elapsed_s",
     "streamassign",
     "code_sha256",  # the code that wrote the rows: a rerun keeps the run only for the same
-    "pyspark",
+    "pyspark",  # runs that do not record their libraries
+    "libraries",  # pyspark and the peers whose assignors wrote rows, with their versions
     "created",
 )
 
@@ -1058,6 +1059,8 @@ def _run_details(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
     fingerprint = shown.get("code_sha256")
     if isinstance(fingerprint, str):  # as simulate's refusals name it: 64 digits would not fit
         shown["code_sha256"] = f"{fingerprint[:12]}…"
+    if "libraries" in shown:  # pyspark's version is among them
+        shown.pop("pyspark", None)
     return [
         # A seed is an identifier, given to --seed as written, not a count.
         (_LABELS.get(k, k.replace("_", " ")), str(shown[k]) if k == "seed" else _plain(shown[k]))

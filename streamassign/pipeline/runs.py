@@ -26,24 +26,29 @@ import secrets
 import shutil
 import signal
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import attrs
 
-from ..errors import DamagedRunError, PublishError
+from ..errors import DamagedRunError, ExecutorCodeError, PublishError
 from ..files import write_atomically
 from .scenarios import PipelineError
 from .signals import deferred_signals
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 __all__ = [
     "CODE_FINGERPRINT",
     "MANIFEST",
     "REBALANCES",
+    "Code",
     "Files",
     "HadoopFiles",
     "LocalFiles",
+    "check_executor_code",
     "check_rows_read",
     "check_run",
     "code_fingerprint",
@@ -56,6 +61,7 @@ __all__ = [
     "run_damage",
     "sources_sha256",
     "staging_path",
+    "this_code",
     "write_manifest",
 ]
 
@@ -72,24 +78,90 @@ MANIFEST_PATH: Final = f"{MANIFEST}/{MANIFEST_FILE}"
 CODE_FINGERPRINT: Final = "code_sha256"
 
 
+@attrs.frozen
+class Code:
+    """The streamassign package a process runs: where it was imported from and its
+    :func:`sources_sha256` (None: its files could not be read, e.g. a loader that is neither a
+    folder nor a zip; such code is never taken for any other)."""
+
+    where: str
+    fingerprint: str | None
+
+
 @functools.cache
-def code_fingerprint() -> str:
-    """:func:`sources_sha256` of the streamassign package this process runs. A run's rows
-    depend on the code as much as on its settings, and the distribution's version stays the
-    same from one commit to the next: a rerun keeps a run only if this is the same too. Read
-    once per process (110 files: milliseconds)."""
-    return sources_sha256(Path(__file__).resolve().parent.parent)
+def this_code() -> Code:
+    """The :class:`Code` this process runs, read once per process (about 110 files:
+    milliseconds). Read through the package's loader (``importlib.resources``): a package
+    imported from a zip (``--ship-code``, ``--py-files``) has the same fingerprint as its
+    folder."""
+    import importlib.resources
+
+    package = __name__.split(".")[0]
+    try:
+        root = importlib.resources.files(package)
+    except (ModuleNotFoundError, TypeError, ValueError):
+        return Code(package, None)
+    return Code(str(root), sources_sha256(root))
 
 
-def sources_sha256(package: Path) -> str:
-    """sha256 over the ``.py`` files under ``package``: each one's path under it, in sorted
-    order, then its bytes (lengths first: no two sets of files hash the same bytes)."""
-    digest = hashlib.sha256()
-    for relative in sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py")):
-        source = (package / relative).read_bytes()
-        digest.update(f"{len(relative)}:{relative}{len(source)}:".encode())
-        digest.update(source)
-    return digest.hexdigest()
+def code_fingerprint() -> str | None:
+    """``this_code().fingerprint``: a run's rows depend on the code as much as on its
+    settings, and the distribution's version stays the same from one commit to the next: a
+    rerun keeps a run only if this is the same too, and never when it is None."""
+    return this_code().fingerprint
+
+
+def sources_sha256(package: Traversable) -> str | None:
+    """sha256 over the files the package ships under ``package`` (a folder, or a zip's
+    folder): sources and the files that shape rows and reports (the report's template,
+    Spark's logging setup), as ``_shipped`` tells them from editor leftovers. Each file's
+    path under ``package``, in sorted order, then its bytes (lengths first: no two sets of
+    files hash the same bytes). None if no ``.py`` file is found (a loader this cannot read:
+    the hash of nothing would match every such package) or a file cannot be read."""
+    digest, sources = hashlib.sha256(), 0
+    try:
+        for relative, entry in sorted(_shipped(package, "")):
+            content = entry.read_bytes()
+            digest.update(f"{len(relative)}:{relative}{len(content)}:".encode())
+            digest.update(content)
+            sources += relative.endswith(".py")
+    except OSError:  # a file removed while read (an editor's save): no fingerprint
+        return None
+    return digest.hexdigest() if sources else None
+
+
+def _shipped(folder: Traversable, prefix: str) -> Iterator[tuple[str, Traversable]]:
+    """The regular files under ``folder`` whose names could be importable or shipped
+    (``name.ext``, ``name`` an identifier), with their paths under it; subpackages by their
+    identifier names, bytecode caches left out. Dot files (an editor's ``.#cli.py`` lock, a
+    dangling link), backups (``cli.py~``, ``#cli.py#``) and bytecode are not the package."""
+    for entry in folder.iterdir():
+        name = entry.name
+        if not name.split(".", 1)[0].isidentifier() or name.endswith(("~", ".pyc", ".pyo")):
+            continue
+        if entry.is_dir():
+            if name != "__pycache__":
+                yield from _shipped(entry, f"{prefix}{name}/")
+        elif entry.is_file():  # False for a dangling link
+            yield f"{prefix}{name}", entry
+
+
+def check_executor_code(driver: Code) -> None:
+    """On an executor: :class:`ExecutorCodeError` if its Python workers import other
+    streamassign code than ``driver`` (whose fingerprint the run's manifest records), so that
+    no row of a run comes from code its manifest does not name. Spark starts local workers
+    in the command's working directory, whose ``streamassign`` package comes first on their
+    path. Free after the first call in a worker process (``this_code`` is read once)."""
+    ours = this_code()
+    if driver.fingerprint is None or ours.fingerprint == driver.fingerprint:
+        return
+    shown = ours.fingerprint[:12] + "…" if ours.fingerprint else "no fingerprint"
+    raise ExecutorCodeError(
+        f"Spark's Python workers import other streamassign code ({ours.where}, {shown}) than "
+        f"this command ({driver.where}, {driver.fingerprint[:12]}…): a streamassign package "
+        "in the working directory comes first on the workers' path; run from a folder "
+        "without one (or ship the same code to a cluster's executors)"
+    )
 
 
 def is_remote(path: str) -> bool:

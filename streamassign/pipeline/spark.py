@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -27,11 +28,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
+from ..errors import ExecutorCodeError
 from .runs import (
     MANIFEST,
     REBALANCES,
+    Code,
+    check_executor_code,
     check_rows_read,
     files_for,
+    this_code,
     unreadable_file,
     write_manifest,
 )
@@ -203,9 +208,11 @@ def _schema(columns: Sequence[tuple[str, str, bool, str]]) -> Any:
 
 
 def _simulate_partition(
-    job: SimulationJob, counter: Any, scenarios: Iterator[int]
+    job: SimulationJob, counter: Any, driver: Code, scenarios: Iterator[int]
 ) -> Iterator[tuple[Any, ...]]:
-    """Executor side: every row of every scenario in this partition, as tuples."""
+    """Executor side: every row of every scenario in this partition, as tuples, by the code
+    of the ``driver`` (whose fingerprint the manifest records) or none."""
+    check_executor_code(driver)
     for scenario in scenarios:
         rows = simulate_scenario(job, scenario)
         if counter is not None:
@@ -250,12 +257,17 @@ def run_simulation(
     counter = sc.accumulator(0) if counter is None else counter
     slices = _slices(spark, job.scenarios, spark_tasks)
     rdd = sc.parallelize(range(job.scenarios), slices).mapPartitions(
-        partial(_simulate_partition, job, counter)
+        partial(_simulate_partition, job, counter, this_code())
     )
     frame = spark.createDataFrame(rdd, schema=row_schema(), verifySchema=False).select(
         F.lit(run_id).alias("run_id"), F.lit(job.seed).cast("long").alias("seed"), "*"
     )
-    frame.write.mode("errorifexists").partitionBy("assignor").parquet(_join(out, REBALANCES))
+    try:
+        frame.write.mode("errorifexists").partitionBy("assignor").parquet(_join(out, REBALANCES))
+    except Exception as exc:
+        if (other_code := _executor_code_error(exc)) is None:
+            raise
+        raise other_code from exc
     # Counted from the files (their footers, not the rows): the accumulator (progress) counts
     # a task run twice (a retry, a speculative copy) twice, and the report checks the files
     # against this count.
@@ -465,6 +477,13 @@ def _failure_text(exc: BaseException) -> str:
     return "\n".join(parts)
 
 
+def _executor_code_error(exc: BaseException) -> ExecutorCodeError | None:
+    """The :class:`ExecutorCodeError` a task failed with, as one line on the driver (Spark
+    wraps it in its job's trace), or None if ``exc`` is another failure."""
+    found = re.findall(rf"{ExecutorCodeError.__name__}: (.+)", _failure_text(exc))
+    return ExecutorCodeError(found[-1].strip()) if found else None
+
+
 def _check_rows_read(
     run_dir: str,
     manifest: dict[str, Any],
@@ -592,7 +611,7 @@ def ship_code(spark: Any, workdir: str | Path) -> Path:
         for module in (streamassign, attr, attrs):
             root = Path(module.__file__ or "").parent
             for path in sorted(root.rglob("*")):
-                if "__pycache__" in path.parts or path.is_dir():
+                if "__pycache__" in path.parts or not path.is_file():
                     continue
                 zf.write(path, path.relative_to(root.parent).as_posix())
     spark.sparkContext.addPyFile(str(target))

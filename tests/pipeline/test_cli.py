@@ -1480,10 +1480,10 @@ def test_a_run_whose_old_run_cannot_be_deleted_says_where_it_is_left(
     )
 
 
-def _version() -> str:
+def _version(distribution: str = "streamassign") -> str:
     from importlib import metadata
 
-    return metadata.version("streamassign")
+    return metadata.version(distribution)
 
 
 def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
@@ -1495,7 +1495,6 @@ def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     pytest.importorskip("pyspark")
     pytest.importorskip("plotly")
     from streamassign import cli
-    from streamassign.pipeline.runs import code_fingerprint
 
     def no_spark(*a: Any, **k: Any) -> Any:
         raise AssertionError("Spark was started")
@@ -1510,10 +1509,7 @@ def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     args = ("simulate", str(ORDERS), "--report", "--out", str(run))
     code, out = invoke(*args)
     # A manifest of code that recorded neither its settings nor a fingerprint: other code.
-    other = (
-        "written by other code (no version recorded, no fingerprint recorded; this is "
-        f"streamassign {_version()}, fingerprint {code_fingerprint()[:12]}…)"
-    )
+    other = "written by other code (no fingerprint recorded)"
     assert (code, out) == (
         1,
         f"Error: {run} already holds a complete run (first) {other} without a report "
@@ -1597,14 +1593,25 @@ def test_a_rerun_over_a_run_of_other_code_is_refused_naming_its_fingerprint(
 ) -> None:
     """A run whose manifest records the same settings was kept after a code change: its
     numbers, of the older code, were shown as the new code's. Another fingerprint is other
-    code; so is none (a run written before manifests recorded one)."""
+    code; so is none (a run written before manifests recorded one), another version of a
+    library whose code wrote rows (aiokafka's assignors), or of streamassign; only what differs
+    is named."""
     from streamassign.pipeline.runs import code_fingerprint
 
-    ours, version = code_fingerprint()[:12], _version()
+    ours, version = (code_fingerprint() or "")[:12], _version()
+    libraries = {"pyspark": _version("pyspark"), "faust-streaming": _version("faust-streaming")}
     cases: list[tuple[dict[str, Any], str]] = [
-        ({"code_sha256": "abc123" * 10 + "abcd"}, f"{version}, fingerprint abc123abc123…"),
-        ({"code_sha256": None}, f"{version}, no fingerprint recorded"),
-        ({"streamassign": "0.0.9"}, f"0.0.9, fingerprint {ours}…"),
+        (
+            {"code_sha256": "abc123" * 10 + "abcd"},
+            f"(fingerprint abc123abc123…, this code's {ours}…)",
+        ),
+        ({"code_sha256": None}, "(no fingerprint recorded)"),
+        ({"streamassign": "0.0.9"}, f"(streamassign 0.0.9, this is {version})"),
+        (
+            {"libraries": libraries | {"aiokafka": "0.11.0"}},
+            f"(aiokafka 0.11.0, installed {_version('aiokafka')})",
+        ),
+        ({"libraries": libraries}, f"(aiokafka unrecorded, installed {_version('aiokafka')})"),
     ]
     for n, (changed, theirs) in enumerate(cases):
         run = tmp_path / f"run{n}"
@@ -1613,8 +1620,7 @@ def test_a_rerun_over_a_run_of_other_code_is_refused_naming_its_fingerprint(
         code, out = invoke(*command)
         assert (code, out) == (
             1,
-            f"Error: {run} already holds a complete run (first) written by other code "
-            f"(streamassign {theirs}; this is streamassign {version}, fingerprint {ours}…) "
+            f"Error: {run} already holds a complete run (first) written by other code {theirs} "
             f"without a report (streamassign report {run} writes it); pass --overwrite to "
             "replace it once the new run is complete, or --out for another folder\n",
         ), changed

@@ -736,25 +736,28 @@ def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it() -> None:
     assert unreadable_file("/r/run", timed_out) is None  # a remote store's read, not damage
 
 
-def test_the_code_fingerprint_changes_with_any_source_and_nothing_else(tmp_path: Path) -> None:
+def test_the_code_fingerprint_changes_with_any_shipped_file_and_nothing_else(
+    tmp_path: Path,
+) -> None:
     """A rerun keeps a run only if the code that wrote it is this code: its fingerprint covers
-    every .py file's path and bytes, whatever order they were written in, and nothing else."""
+    every file the package ships (sources, the report's template) by path and bytes, whatever
+    order they were written in, and no editor leftover or bytecode."""
     import streamassign
     from streamassign.pipeline.runs import code_fingerprint, sources_sha256
 
     package = tmp_path / "pkg"
-    (package / "sub").mkdir(parents=True)
+    (package / "sub" / "__pycache__").mkdir(parents=True)
     (package / "sub" / "b.py").write_text("B = 1\n")
     (package / "a.py").write_text("A = 1\n")
     first = sources_sha256(package)
-    assert len(first) == 64
-    (package / "notes.txt").write_text("not code")
-    (package / "sub" / "b.pyc").write_bytes(b"compiled")
+    assert first is not None and len(first) == 64
+    (package / ".#a.py").symlink_to(package / "gone")  # an editor's lock: a dangling link
+    for leftover in ("a.py~", "#a.py#", ".a.py.swp", "sub/b.pyc", "sub/__pycache__/b.pyc"):
+        (package / leftover).write_bytes(b"not the package")
     assert sources_sha256(package) == first
     again = tmp_path / "again"  # the same files, written in the other order
-    again.mkdir()
+    (again / "sub").mkdir(parents=True)
     (again / "a.py").write_text("A = 1\n")
-    (again / "sub").mkdir()
     (again / "sub" / "b.py").write_text("B = 1\n")
     assert sources_sha256(again) == first
     (package / "a.py").write_text("A = 2\n")
@@ -762,4 +765,50 @@ def test_the_code_fingerprint_changes_with_any_source_and_nothing_else(tmp_path:
     (package / "a.py").write_text("A = 1\n")
     (package / "sub" / "b.py").rename(package / "sub" / "c.py")
     assert sources_sha256(package) != first
+    (package / "sub" / "c.py").rename(package / "sub" / "b.py")
+    (package / "report.html.j2").write_text("{{ page }}")  # shapes the report: counted
+    assert sources_sha256(package) not in (first, None)
     assert code_fingerprint() == sources_sha256(Path(streamassign.__file__).resolve().parent)
+
+
+def test_code_read_from_a_zip_has_its_folders_fingerprint_and_none_without_sources(
+    tmp_path: Path,
+) -> None:
+    """Shipped as a zip (--ship-code, --py-files) the code is the same code; a package whose
+    sources cannot be found has no fingerprint (the hash of nothing would match any other)."""
+    import zipfile
+
+    from streamassign.pipeline.runs import sources_sha256
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text("A = 1\n")
+    (package / "template.j2").write_text("page")
+    with zipfile.ZipFile(tmp_path / "code.zip", "w") as zipped:
+        for name in ("a.py", "template.j2"):
+            zipped.write(package / name, f"pkg/{name}")
+    assert sources_sha256(zipfile.Path(tmp_path / "code.zip", "pkg/")) == sources_sha256(package)
+    (package / "a.py").unlink()
+    assert sources_sha256(package) is None
+
+
+def test_an_executor_running_other_code_than_the_driver_fails_in_one_line() -> None:
+    """Spark's local workers import the working directory's streamassign first: a task of a
+    worker whose code is not the driver's writes no row, and says where each one's code is."""
+    from streamassign.errors import ExecutorCodeError
+    from streamassign.pipeline.runs import Code, check_executor_code, this_code
+
+    check_executor_code(this_code())  # the same code: nothing to say
+    check_executor_code(Code("/driver/streamassign", None))  # nothing the manifest could name
+    driver = Code("/elsewhere/streamassign", "f" * 64)
+    with pytest.raises(ExecutorCodeError) as failed:
+        check_executor_code(driver)
+    ours = this_code()
+    assert str(failed.value) == (
+        f"Spark's Python workers import other streamassign code ({ours.where}, "
+        f"{(ours.fingerprint or '')[:12]}…) than this command (/elsewhere/streamassign, "
+        "ffffffffffff…): a streamassign package in the working directory comes first on the "
+        "workers' path; run from a folder without one (or ship the same code to a cluster's "
+        "executors)"
+    )
+    assert "\n" not in str(failed.value)
