@@ -2132,6 +2132,7 @@ def _refuse_existing(
         manifest = read_manifest(files, run_dir) or {}
         differs = _why_not_kept(manifest, identity)
         if differs is None and not _is_remote(run_dir):
+            _refuse_damaged(run_dir)
             return manifest
         why, note = f" {differs}" if differs else "", _report_note(run_dir)
     raise click.ClickException(
@@ -2140,11 +2141,25 @@ def _refuse_existing(
     )
 
 
+def _refuse_damaged(run_dir: str) -> None:
+    """Refuse to keep the local run in ``run_dir`` if its Parquet files do not match their
+    checksums (a file deleted, bytes changed): its report, if any, shows rows it no longer
+    holds, and a rerun without ``--overwrite`` would keep it again."""
+    from .pipeline.runs import checksum_damage
+
+    damage = checksum_damage(run_dir)
+    if damage is not None:
+        raise click.ClickException(
+            f"{run_dir}: damaged run: {damage}; it cannot be kept: pass --overwrite to "
+            "simulate it again"
+        )
+
+
 #: How a refusal names a setting of ``_simulation_identity`` that differs from the run's: the
-#: option that sets it, else what it is.
+#: option that sets it, else what it is. Not the topology file's path: the same file named
+#: from another folder is the same simulation (its content, ``topology_sha256``, is compared).
 _SETTING_NAMES: Final = {
     "topology": "topology",
-    "topology_file": "topology file",
     "topology_sha256": "topology file content",
     "partitions": "partition counts",
     "scenarios": "--scenarios",
@@ -2232,18 +2247,21 @@ def _keep_run(
     would write the same rows) and what comes next; with ``with_report``, write its report if
     it has none (with the command's Spark options, as after a simulation)."""
     label = manifest.get("run_id") or "an earlier run"
-    click.echo(
+    held = (
         f"{run_dir} already holds this simulation, run {label} of {_created_on(manifest)} (same "
-        "settings, same code): kept, nothing simulated (--overwrite simulates it again)"
+        "settings, same code)"
     )
     page = Path(run_dir) / "report" / "report.html"
     if with_report and not page.is_file():
+        # Kept only once its rows are read whole: said after the report, not before.
+        click.echo(f"{held}, without its report: writing it")
         _preflight(master)
         with (
-            _one_line_failures("writing the report", f"run {label} kept"),
+            _one_line_failures("writing the report", f"run {label} left as it was"),
             _session(master, ship_code) as session,
         ):
             page = _render_kept(session, run_dir, spark_tasks)
+    click.echo(f"{held}: kept, nothing simulated (--overwrite simulates it again)")
     if page.is_file():
         click.echo(f"report: {page}")
         click.echo(f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md")
@@ -2797,8 +2815,11 @@ def _same_simulation(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -
     """Whether the run of ``manifest`` simulated ``identity`` (``_simulation_identity``). A
     run that did not record its topology's content (``topology_sha256``) is never the same:
     the file may have changed since. Such runs (all written before the restore rate, warmups
-    and probing interval were recorded among them) are passed by, whatever their settings."""
-    return all(k in manifest and manifest[k] == v for k, v in identity.items())
+    and probing interval were recorded among them) are passed by, whatever their settings.
+    The topology file's path is not compared (``_SETTING_NAMES``), its content is."""
+    return all(
+        k in manifest and manifest[k] == v for k, v in identity.items() if k in _SETTING_NAMES
+    )
 
 
 def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | None = None) -> Path:

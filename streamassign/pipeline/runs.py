@@ -26,6 +26,7 @@ import secrets
 import shutil
 import signal
 import urllib.parse
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
@@ -51,6 +52,7 @@ __all__ = [
     "check_executor_code",
     "check_rows_read",
     "check_run",
+    "checksum_damage",
     "code_fingerprint",
     "files_for",
     "is_remote",
@@ -375,6 +377,54 @@ def run_damage(files: Files, run_dir: str) -> str | None:
     ]
     if missing:
         return f"no rows of {', '.join(missing)} under {REBALANCES}/"
+    return None
+
+
+#: The first bytes of a Hadoop checksum file (``.NAME.crc``, beside each file Spark writes
+#: to a local folder): then the bytes per checksum (int32, big-endian) and one CRC32 each.
+_CRC_MAGIC: Final = b"crc\0"
+
+
+def checksum_damage(run_dir: str) -> str | None:
+    """What the Parquet files under a local run's ``rebalances/`` show against the checksum
+    file Spark's local writer leaves beside each one: a file deleted (its checksum remains),
+    bytes changed, a file without a checksum (added from elsewhere); or that there is no
+    checksum to check at all (copied without its dot files?). None if every file matches.
+    ``run_damage`` sees none of these, and a rerun must not keep such a run (milliseconds:
+    every byte is read once)."""
+    rows = Path(run_dir) / REBALANCES
+    sidecars = sorted(rows.rglob(".*.parquet.crc"))
+    if not sidecars:
+        return f"no checksum file (.*.parquet.crc) under {REBALANCES}/ to check its rows by"
+    for sidecar in sidecars:
+        data = sidecar.with_name(sidecar.name[1:].removesuffix(".crc"))
+        shown = data.relative_to(rows).as_posix()
+        if not data.is_file():
+            return f"{REBALANCES}/{shown} is missing (its checksum file remains)"
+        why = _checksum_mismatch(data.read_bytes(), sidecar.read_bytes())
+        if why is not None:
+            return f"{REBALANCES}/{shown} {why}"
+    for data in rows.rglob("*.parquet"):
+        if not data.with_name(f".{data.name}.crc").is_file():
+            shown = data.relative_to(rows).as_posix()
+            return f"{REBALANCES}/{shown} has no checksum file (added from elsewhere?)"
+    return None
+
+
+def _checksum_mismatch(data: bytes, sidecar: bytes) -> str | None:
+    """How ``data`` differs from what its Hadoop checksum file ``sidecar`` says, or None."""
+    chunk = int.from_bytes(sidecar[4:8], "big") if sidecar[:4] == _CRC_MAGIC else 0
+    sums = memoryview(sidecar)[8:]
+    if chunk <= 0 or len(sums) % 4:
+        return "has an unreadable checksum file (damaged)"
+    if len(sums) // 4 != -(-len(data) // chunk):
+        return "changed size since it was written"
+    view = memoryview(data)
+    for index, start in enumerate(range(0, len(data), chunk)):
+        if zlib.crc32(view[start : start + chunk]) != int.from_bytes(
+            sums[4 * index : 4 * index + 4], "big"
+        ):
+            return "has bytes changed since it was written"
     return None
 
 

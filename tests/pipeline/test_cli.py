@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from streamassign.cli import main
 
 from ..cli_runner import cli_runner
-from .conftest import ORDERS, ROOT
+from .conftest import ORDERS, ROOT, hadoop_checksums
 
 SUBMIT = ROOT / "streamassign" / "pipeline" / "submit.py"
 
@@ -810,6 +810,12 @@ def _a_run_of(words: Sequence[str], folder: Path, **changed: Any) -> None:
         rows = folder / "rebalances" / f"assignor={name.replace(':', '%3A')}"
         rows.mkdir(parents=True)
         (rows / "part-00000.parquet").write_bytes(b"PAR1")
+        (rows / ".part-00000.parquet.crc").write_bytes(hadoop_checksums(b"PAR1"))
+
+
+def _damage(folder: Path) -> None:
+    """Change the bytes of a Parquet file of ``_a_run_of``'s run (its checksum tells)."""
+    next((folder / "rebalances").glob("*/part-00000.parquet")).write_bytes(b"PAR2")
 
 
 def test_plan_standbys_next_command_runs_as_printed_with_the_users_model(
@@ -897,7 +903,6 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
         {"crash_per_client_hour": 0.2},
         {"replica_restore_per_s": 30_000.0},
         {"seed": 7},
-        {"topology_file": "elsewhere/orders-join.toml"},
         {"probing_interval_s": 60.0},
         {"topology_sha256": hashlib.sha256(b"an earlier orders-join.toml").hexdigest()},
         {"topology_sha256": None},
@@ -1563,9 +1568,12 @@ def test_a_rerun_of_the_same_simulation_by_the_same_code_keeps_its_run_and_exits
     command = _a_kept_run(monkeypatch, run)
     manifest = (run / "manifest" / "part-00000.json").read_text()
     # Every setting of the identity is compared, and named when it differs.
+    # Every setting of the identity is compared, and named when it differs; the topology file
+    # by its content, not its path as typed.
     recorded = json.loads(manifest)
     assert {k for k in cli._SETTING_NAMES if k in recorded} == set(cli._SETTING_NAMES)
-    assert set(cli._SETTING_NAMES) == set(cli._identity_of(["streamassign", *command]) or {})
+    identity = set(cli._identity_of(["streamassign", *command]) or {})
+    assert set(cli._SETTING_NAMES) == identity - {"topology_file"}
     page = run / "report" / "report.html"
     page.parent.mkdir()
     page.write_text("the first run's")
@@ -1585,6 +1593,46 @@ def test_a_rerun_of_the_same_simulation_by_the_same_code_keeps_its_run_and_exits
         "--overwrite to replace it once the new run is complete, or --out for another folder\n",
     )
     assert (run / "manifest" / "part-00000.json").read_text() == manifest
+    assert page.read_text() == "the first run's"
+    # The same topology file named from its own folder: the same simulation, kept.
+    monkeypatch.chdir(ORDERS.parent)
+    code, out = invoke(*[ORDERS.name if word == str(ORDERS) else word for word in command])
+    assert code == 0 and ": kept, nothing simulated" in out, out
+
+
+def test_a_damaged_run_is_never_kept_even_beside_its_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run of the same simulation by the same code with one Parquet file changed or deleted
+    was kept (exit 0) whenever its report existed: that page shows rows the run no longer
+    holds. Its checksums tell (milliseconds, before Spark): refused in one line whose remedy
+    is --overwrite, exit status 1, everything left as it was."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    page = run / "report" / "report.html"
+    page.parent.mkdir()
+    page.write_text("the first run's")
+    damaged = next((run / "rebalances").glob("*/part-00000.parquet"))
+    shown = f"rebalances/{damaged.parent.name}/part-00000.parquet"
+    damaged.write_bytes(b"PAR2")  # one byte flipped
+    for words in (command, [*command[:2], *command[3:]]):  # with and without --report
+        code, out = invoke(*words)
+        assert (code, out) == (
+            1,
+            f"Error: {run}: damaged run: {shown} has bytes changed since it was written; it "
+            "cannot be kept: pass --overwrite to simulate it again\n",
+        ), words
+    damaged.write_bytes(b"PAR1")
+    (damaged.parent / "part-00001.parquet").write_bytes(b"PAR1")  # one of several: deleted
+    (damaged.parent / ".part-00001.parquet.crc").write_bytes(hadoop_checksums(b"PAR1"))
+    assert invoke(*command)[0] == 0
+    (damaged.parent / "part-00001.parquet").unlink()
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run}: damaged run: {shown.replace('00000', '00001')} is missing (its checksum "
+        "file remains); it cannot be kept: pass --overwrite to simulate it again\n",
+    )
     assert page.read_text() == "the first run's"
 
 
@@ -1703,7 +1751,12 @@ def test_a_kept_run_without_its_report_gets_it_with_the_commands_spark_options(
     code, out = invoke(*command, "--spark-tasks", "3", "--ship-code")
     assert code == 0, out
     assert started == [(None, True), ("session", str(run), None, 3)]
-    assert out.splitlines()[1:] == [
+    held = f"{run} already holds this simulation, run first of 2026-11-29 04:51 UTC (same "
+    assert out.splitlines()[:2] == [
+        f"{held}settings, same code), without its report: writing it",
+        f"{held}settings, same code): kept, nothing simulated (--overwrite simulates it again)",
+    ]
+    assert out.splitlines()[2:] == [
         f"report: {run / 'report' / 'report.html'}",
         f"next: open {(run / 'report' / 'report.html').as_uri()} in a browser; runs and "
         "columns: docs/pipeline.md",
@@ -1720,6 +1773,7 @@ def test_a_kept_run_without_its_report_gets_it_with_the_commands_spark_options(
     monkeypatch.setattr(cli, "_render", damaged)
     code, out = invoke(*command)
     assert code == 1
+    assert ": kept, nothing simulated" not in out  # it is not kept: said once, not both
     assert out.splitlines()[-1] == (
         f"Error: {run}: damaged run: 9 rows read under rebalances/, but the manifest says 12 "
         "were written (files deleted or moved?); it cannot be kept: pass --overwrite to "
