@@ -3382,14 +3382,21 @@ def _standby_run_dir(
     """``streamassign-runs/NAME-standbysR``, whether ``--overwrite`` is needed there and the
     manifest of the run simulate keeps there. A run of the same simulation (``identity``) by
     this code, undamaged, is kept (no ``--overwrite``: simulate writes its report if missing);
-    one of the same settings by other code, or damaged, is replaced if it is alone (the
-    command redoes it). Past folders holding anything else (a run of another model, rate,
-    fleet, topology; what is no run) or the plan's own files (``plan_out``, written after this
-    line: the run would be refused there, or its --overwrite would delete them), the first of
-    ``-2``, ``-3``, ... that is free or holds the same simulation."""
+    a damaged one is replaced if it is alone (the command redoes it). Past folders holding
+    anything else (a run of the same settings by other code: the "before" of a code change,
+    which ``--overwrite`` would delete unsaid; a run of another model, rate, fleet, topology;
+    what is no run) or the plan's own files (``plan_out``, written after this line: the run
+    would be refused there, or its --overwrite would delete them), the first of ``-2``,
+    ``-3``, ... that is free or holds the same simulation."""
     import itertools
 
-    from .pipeline.runs import LocalFiles, describe_existing, read_manifest, run_damage
+    from .pipeline.runs import (
+        LocalFiles,
+        checksum_damage,
+        describe_existing,
+        read_manifest,
+        run_damage,
+    )
 
     files, base = LocalFiles(), f"{_given_run_dir(None, name)}-standbys{standbys}"
     for n in itertools.count(1):
@@ -3402,10 +3409,11 @@ def _standby_run_dir(
         manifest = read_manifest(files, where)
         if identity is None or manifest is None or not _same_simulation(manifest, identity):
             continue
-        if run_damage(files, where) is None and _other_code(manifest) is None:
+        damaged = run_damage(files, where) is not None or checksum_damage(where) is not None
+        if damaged and _holds_only_run_entries(where):
+            return out, True, None  # nothing in it worth keeping
+        if not damaged and _other_code(manifest) is None:
             return out, False, manifest
-        if _holds_only_run_entries(where):
-            return out, True, None
     raise AssertionError("unreachable: itertools.count never ends")
 
 

@@ -867,9 +867,9 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
 ) -> None:
     """Its --overwrite replaced whatever run was in NAME-standbysR: a review lost a run of
     another failure model (crash_per_client_hour 0.2) to the next line of a plan at 1. Only a
-    run the command would redo is replaced (the same settings, by other code or damaged); one
-    of this simulation by this code is kept (simulate writes its report); past any other, the
-    next free -2, -3."""
+    damaged run of the same settings is replaced; one of this simulation by this code is kept
+    (simulate writes its report); past any other (one by other code too: the "before" of a
+    code change), the next free -2, -3."""
     from streamassign.pipeline.runs import CODE_FINGERPRINT
 
     monkeypatch.chdir(tmp_path)
@@ -887,14 +887,27 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     code, out = invoke(*words[1:])
     assert code == 1 and "Error: stopped where Spark starts" in out, out
     assert f"{folder.resolve()} already holds this simulation, run " in out
-    # The same settings by other code (another fingerprint; none recorded: older code): its
-    # rows may differ, so it is simulated again where it is, never kept.
-    for other_code in ({CODE_FINGERPRINT: "0" * 64}, {CODE_FINGERPRINT: None}):
+    # The same file named from elsewhere: its content is the same, so is the simulation.
+    shutil.rmtree(folder)
+    _a_run_of(words, folder, topology_file="elsewhere/orders-join.toml")
+    assert _printed_next(monkeypatch, given)[0] == words
+    # The same settings by other code (another fingerprint; none recorded: older code; another
+    # aiokafka): its rows may differ, so it is never kept, nor deleted unsaid by a printed
+    # --overwrite (it is what a before-and-after comparison needs): simulated beside it.
+    beside = [*words[:-2], "streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    for other_code in (
+        {CODE_FINGERPRINT: "0" * 64},
+        {CODE_FINGERPRINT: None},
+        {"libraries": {"pyspark": "3.0.0"}},
+    ):
         shutil.rmtree(folder)
         _a_run_of(words, folder, **other_code)
-        assert _printed_next(monkeypatch, given)[0] == redo, other_code
-        code, out = invoke(*redo[1:])
-        assert code == 1 and "Error: stopped where Spark starts" in out, out
+        assert _printed_next(monkeypatch, given)[0] == beside, other_code
+    # A damaged run of it (bytes changed) is redone where it is.
+    _damage(folder)
+    assert _printed_next(monkeypatch, given)[0] == redo
+    code, out = invoke(*redo[1:])
+    assert code == 1 and "Error: stopped where Spark starts" in out, out
 
     # Another model, rate, seed; another topology file of the same name; the same file as it
     # was before an edit (a store added, same name and partition counts), or a run that did
@@ -938,34 +951,35 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
     # value spelled --out was taken for it: here no page, so no open line).
     odd, _ = _printed_next(monkeypatch, [*given, "--master", "--out"])
     assert odd[:2] == ["open", page.resolve().as_uri()]
-    # The same page from a run of other code: its numbers may be stale; simulated again.
+    # The same page from a run of other code: its numbers may be stale; simulated beside it.
     manifest = json.loads((folder / "manifest" / "part-00000.json").read_text())
     fake = manifest | {CODE_FINGERPRINT: "0" * 64}
     (folder / "manifest" / "part-00000.json").write_text(json.dumps(fake))
-    assert _printed_next(monkeypatch, given) == (redo, compares.split(": ", 1)[1])
+    assert _printed_next(monkeypatch, given) == (beside, compares.split(": ", 1)[1])
     (folder / "manifest" / "part-00000.json").write_text(json.dumps(manifest))
 
-    # A damaged run (its rows deleted: report refuses it) beside its page: simulate again.
+    # A damaged run beside its page (bytes changed; its rows deleted: report refuses it):
+    # simulate again.
+    _damage(folder)
+    assert _printed_next(monkeypatch, given) == (redo, compares.split(": ", 1)[1])
     shutil.rmtree(folder / "rebalances")
     assert _printed_next(monkeypatch, given) == (redo, compares.split(": ", 1)[1])
 
-    # The same settings by other code beside something else (an earlier plan's --out, notes):
-    # its --overwrite would delete them with the run; passed by. A kept run stays as it is.
+    # A damaged run beside something else (an earlier plan's --out, notes): its --overwrite
+    # would delete them with the run; passed by. A kept run stays as it is.
     for foreign in ("plans/plan.csv", "notes.txt"):
         shutil.rmtree(folder)
         _a_run_of(words, folder)
         (folder / foreign).parent.mkdir(exist_ok=True)
         (folder / foreign).write_text("yesterday's")
         assert _printed_next(monkeypatch, given)[0] == words
-        shutil.rmtree(folder)
-        _a_run_of(words, folder, **{CODE_FINGERPRINT: "0" * 64})
-        (folder / foreign).parent.mkdir(exist_ok=True)
-        (folder / foreign).write_text("yesterday's")
+        _damage(folder)
         words_now, _ = _printed_next(monkeypatch, given)
         assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
     # A report's leftovers of an interrupted render are the run's own.
     shutil.rmtree(folder)
-    _a_run_of(words, folder, **{CODE_FINGERPRINT: "0" * 64})
+    _a_run_of(words, folder)
+    _damage(folder)
     (folder / ".report.partial-abc").mkdir()
     assert _printed_next(monkeypatch, given)[0] == redo
 
@@ -987,8 +1001,9 @@ def test_plan_standbys_next_command_never_runs_in_the_plans_own_folder(
     runs = tmp_path / "streamassign-runs"
     given = ["--scenarios", "3", "--steps", "5"]
     words, _ = _printed_next(monkeypatch, [*given, "--out", "streamassign-runs/x"])
-    # The same settings by other code: a run the command would replace (--overwrite).
-    _a_run_of(words, runs / "orders-enricher-standbys2", code_sha256="0" * 64)
+    # A damaged run of the same settings: one the command would replace (--overwrite).
+    _a_run_of(words, runs / "orders-enricher-standbys2")
+    _damage(runs / "orders-enricher-standbys2")
     for plan_out in ("orders-enricher-standbys2", "orders-enricher-standbys2/plans"):
         words, _ = _printed_next(monkeypatch, [*given, "--out", f"streamassign-runs/{plan_out}"])
         assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
