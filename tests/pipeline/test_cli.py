@@ -1690,6 +1690,21 @@ def test_a_rerun_over_a_run_of_other_code_is_refused_naming_its_fingerprint(
         assert (run / "manifest" / "part-00000.json").read_text() == manifest
 
 
+def test_code_without_a_fingerprint_never_keeps_a_run_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Imported from where its files cannot be read (a loader that is neither a folder nor a
+    zip), the code has no fingerprint: the hash of nothing matched every such version."""
+    from streamassign import cli
+    from streamassign.pipeline import runs
+
+    monkeypatch.setattr(runs, "this_code", lambda: runs.Code("/app.pex/streamassign", None))
+    assert cli._other_code({"code_sha256": None, "assignors": ["task:sticky"]}) == (
+        "not known to be by this code (the streamassign package at /app.pex/streamassign "
+        "cannot be read to fingerprint it)"
+    )
+
+
 def test_a_remote_run_is_never_kept_and_its_refusal_names_what_differs(tmp_path: Path) -> None:
     """A remote DIR is read through Spark, once it has started: its run is never kept (the
     refusal stays, exit status 1), and the refusal compares the new run's settings, not its
