@@ -262,12 +262,8 @@ def run_simulation(
     frame = spark.createDataFrame(rdd, schema=row_schema(), verifySchema=False).select(
         F.lit(run_id).alias("run_id"), F.lit(job.seed).cast("long").alias("seed"), "*"
     )
-    try:
+    with _said_as_executor_code_error():
         frame.write.mode("errorifexists").partitionBy("assignor").parquet(_join(out, REBALANCES))
-    except Exception as exc:
-        if (other_code := _executor_code_error(exc)) is None:
-            raise
-        raise other_code from exc
     # Counted from the files (their footers, not the rows): the accumulator (progress) counts
     # a task run twice (a retry, a speculative copy) twice, and the report checks the files
     # against this count.
@@ -477,6 +473,17 @@ def _failure_text(exc: BaseException) -> str:
     return "\n".join(parts)
 
 
+@contextmanager
+def _said_as_executor_code_error() -> Iterator[None]:
+    """A job whose task failed with :class:`ExecutorCodeError` raises it as itself."""
+    try:
+        yield
+    except Exception as exc:
+        if (other_code := _executor_code_error(exc)) is None:
+            raise
+        raise other_code from exc
+
+
 def _executor_code_error(exc: BaseException) -> ExecutorCodeError | None:
     """The :class:`ExecutorCodeError` a task failed with, as one line on the driver (Spark
     wraps it in its job's trace), or None if ``exc`` is another failure."""
@@ -539,8 +546,12 @@ def _errors(frame: Any) -> Any:
 # -- plan-standbys ---------------------------------------------------------------------------------
 
 
-def _plan_partition(job: PlanJob, items: Iterator[tuple[int, int]]) -> Iterator[tuple[Any, ...]]:
-    """Executor side: each (scenario, standbys) item's rows, one per warmup candidate."""
+def _plan_partition(
+    job: PlanJob, driver: Code, items: Iterator[tuple[int, int]]
+) -> Iterator[tuple[Any, ...]]:
+    """Executor side: each (scenario, standbys) item's rows, one per warmup candidate, by the
+    ``driver``'s code or none (a plan of other code would be said as this code's)."""
+    check_executor_code(driver)
     for scenario, standbys in items:
         yield from evaluate_candidates(job, scenario, standbys)
 
@@ -556,7 +567,9 @@ def run_plan(spark: Any, job: PlanJob, spark_tasks: int | None = None) -> list[d
 
     items = [(s, r) for s in range(job.scenarios) for r in job.standby_candidates]
     slices = _slices(spark, len(items), spark_tasks)
-    rdd = spark.sparkContext.parallelize(items, slices).mapPartitions(partial(_plan_partition, job))
+    rdd = spark.sparkContext.parallelize(items, slices).mapPartitions(
+        partial(_plan_partition, job, this_code())
+    )
     frame = spark.createDataFrame(rdd, schema=_schema(PLAN_COLUMNS), verifySchema=False)
     grouped = frame.groupBy("standbys", "warmups").agg(
         F.count(F.lit(1)).alias("traces"),
@@ -581,7 +594,9 @@ def run_plan(spark: Any, job: PlanJob, spark_tasks: int | None = None) -> list[d
         ),
     )
     rows = []
-    for r in grouped.orderBy("standbys", "warmups").collect():
+    with _said_as_executor_code_error():
+        collected = grouped.orderBy("standbys", "warmups").collect()
+    for r in collected:
         d = r.asDict()
         q = d.pop("worst_q")
         d["worst_outage_p50_s"], d["worst_outage_p99_s"] = float(q[0]), float(q[1])

@@ -238,6 +238,9 @@ def test_rows_of_other_code_than_the_drivers_fail_the_run_in_one_line(
     assert str(failed.value).startswith("Spark's Python workers import other streamassign code (")
     assert "than this command (/elsewhere/streamassign, eeeeeeeeeeee…)" in str(failed.value)
     assert "\n" not in str(failed.value)
+    plan = PlanJob(workload=orders, model=BUSY, scenarios=2, standby_candidates=(0,))
+    with pytest.raises(ExecutorCodeError, match=r"^Spark's Python workers import other"):
+        sp.run_plan(spark, plan)
 
 
 def test_progress_shows_tasks_and_ctrl_c_cancels_the_jobs(spark: Any) -> None:
