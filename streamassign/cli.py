@@ -3328,9 +3328,9 @@ _CARRIED_TO_SIMULATE: Final = (
 @attrs.frozen
 class _NextSimulation:
     """plan-standbys' next ``simulate`` command: its words, its run folder (``--out``),
-    whether it replaces the run there (``--overwrite``: a run of the same settings by other
-    code, or damaged) and the manifest of the run it keeps there (this very simulation by this
-    code: the command only writes its report if it has none)."""
+    whether it replaces the run there (``--overwrite``: a damaged run; a run of other code
+    gets the next free folder instead) and the manifest of the run it keeps there (this very
+    simulation by this code: the command only writes its report if it has none)."""
 
     words: list[str]
     out: str

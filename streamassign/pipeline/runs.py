@@ -401,7 +401,7 @@ def checksum_damage(run_dir: str) -> str | None:
         shown = data.relative_to(rows).as_posix()
         if not data.is_file():
             return f"{REBALANCES}/{shown} is missing (its checksum file remains)"
-        why = _checksum_mismatch(data.read_bytes(), sidecar.read_bytes())
+        why = _checksum_mismatch(data, sidecar.read_bytes())
         if why is not None:
             return f"{REBALANCES}/{shown} {why}"
     for data in rows.rglob("*.parquet"):
@@ -411,20 +411,20 @@ def checksum_damage(run_dir: str) -> str | None:
     return None
 
 
-def _checksum_mismatch(data: bytes, sidecar: bytes) -> str | None:
-    """How ``data`` differs from what its Hadoop checksum file ``sidecar`` says, or None."""
+def _checksum_mismatch(data: Path, sidecar: bytes) -> str | None:
+    """How file ``data`` differs from what its Hadoop checksum file ``sidecar`` says, or None.
+    Read a checksum chunk at a time: a run written by few tasks has files of hundreds of MB."""
     chunk = int.from_bytes(sidecar[4:8], "big") if sidecar[:4] == _CRC_MAGIC else 0
     sums = memoryview(sidecar)[8:]
     if chunk <= 0 or len(sums) % 4:
         return "has an unreadable checksum file (damaged)"
-    if len(sums) // 4 != -(-len(data) // chunk):
+    if len(sums) // 4 != -(-data.stat().st_size // chunk):
         return "changed size since it was written"
-    view = memoryview(data)
-    for index, start in enumerate(range(0, len(data), chunk)):
-        if zlib.crc32(view[start : start + chunk]) != int.from_bytes(
-            sums[4 * index : 4 * index + 4], "big"
-        ):
-            return "has bytes changed since it was written"
+    with data.open("rb") as rows:
+        for index in range(len(sums) // 4):
+            expected = int.from_bytes(sums[4 * index : 4 * index + 4], "big")
+            if zlib.crc32(rows.read(chunk)) != expected:
+                return "has bytes changed since it was written"
     return None
 
 
