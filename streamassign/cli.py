@@ -46,7 +46,7 @@ from .compare import (
     other_partitions_warning,
     standby_doubt,
 )
-from .errors import ClientsFileError, PublishError, StreamAssignError
+from .errors import ClientsFileError, ExecutorCodeError, PublishError, StreamAssignError
 from .explain import (
     ClaimConflicts,
     ClientView,
@@ -2137,25 +2137,192 @@ def _local_path(out: str) -> Path:
     return Path(out.removeprefix("file://").removeprefix("file:"))
 
 
-def _refuse_existing(files: Any, run_dir: str, overwrite: bool) -> None:
-    """A run is replaced only with ``--overwrite`` (and then only once the new one is done)."""
-    from .pipeline.runs import MANIFEST, MANIFEST_FILE, describe_existing, replaceable, run_damage
+def _refuse_existing(
+    files: Any, run_dir: str, overwrite: bool, identity: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """A run is replaced only with ``--overwrite`` (and then only once the new one is done),
+    and kept only when it is what the command would write: the manifest of a local, undamaged
+    run of the very simulation ``identity`` (``_simulation_identity``) written by this code,
+    returned. None: ``run_dir`` is free, or ``--overwrite`` replaces its run. Anything else is
+    refused in one line naming what differs."""
+    from .pipeline.runs import (
+        MANIFEST,
+        MANIFEST_FILE,
+        describe_existing,
+        read_manifest,
+        replaceable,
+        run_damage,
+    )
 
     what = describe_existing(files, run_dir)
     if what is None:
-        return
+        return None
     if not replaceable(files, run_dir, f"{MANIFEST}/{MANIFEST_FILE}"):
         raise click.ClickException(
             f"{what} (no manifest): not replacing it, even with --overwrite; remove it yourself "
             "or give another --out"
         )
-    if not overwrite:
-        # A damaged run's report (of the run before the damage) is no reason to keep it.
-        note = "" if run_damage(files, run_dir) is not None else _report_note(run_dir)
+    if overwrite:
+        return None
+    # A damaged run (``what`` says so) is never kept, nor is its report (of the run before the
+    # damage) a reason to keep it.
+    why, note = "", ""
+    if run_damage(files, run_dir) is None:
+        manifest = read_manifest(files, run_dir) or {}
+        differs = _why_not_kept(manifest, identity)
+        if differs is None and not _is_remote(run_dir):
+            _refuse_damaged(run_dir)
+            return manifest
+        why, note = f" {differs}" if differs else "", _report_note(run_dir)
+    raise click.ClickException(
+        f"{what}{why}{note}; pass --overwrite to replace it once the new run is "
+        "complete, or --out for another folder"
+    )
+
+
+def _refuse_damaged(run_dir: str) -> None:
+    """Refuse to keep the local run in ``run_dir`` if its Parquet files do not match their
+    checksums (a file deleted, bytes changed): its report, if any, shows rows it no longer
+    holds, and a rerun without ``--overwrite`` would keep it again."""
+    from .pipeline.runs import checksum_damage
+
+    damage = checksum_damage(run_dir)
+    if damage is not None:
         raise click.ClickException(
-            f"{what}{note}; pass --overwrite to replace it once the new run is "
-            "complete, or --out for another folder"
+            f"{run_dir}: damaged run: {damage}; it cannot be kept: pass --overwrite to "
+            "simulate it again"
         )
+
+
+#: How a refusal names a setting of ``_simulation_identity`` that differs from the run's: the
+#: option that sets it, else what it is. Not the topology file's path: the same file named
+#: from another folder is the same simulation (its content, ``topology_sha256``, is compared).
+_SETTING_NAMES: Final = {
+    "topology": "topology",
+    "topology_sha256": "topology file content",
+    "partitions": "partition counts",
+    "scenarios": "--scenarios",
+    "seed": "--seed",
+    "assignors": "--assignors",
+    "standby_replicas": "--standbys",
+    "acceptable_recovery_lag": "--acceptable-lag",
+    "replica_restore_per_s": "--restore-rate",
+    "max_warmup_replicas": "--warmups",
+    "probing_interval_s": "--probing-interval",
+    "model": "churn model (--model, --param, --steps)",
+}
+
+
+def _why_not_kept(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> str | None:
+    """Why the run of ``manifest`` is not what a run of ``identity`` (``_simulation_identity``,
+    or a new run's manifest: only its settings are compared) by this code would write, said
+    after "holds a complete run (ID)"; None if it is."""
+    settings = [key for key in _SETTING_NAMES if key in identity]
+    differing = [
+        _SETTING_NAMES[k] for k in settings if k in manifest and manifest[k] != identity[k]
+    ]
+    code = _other_code(manifest)
+    reasons = [f"of another simulation (other {', '.join(differing)})"] if differing else []
+    if code is not None:
+        reasons.append(code)  # it says why settings are missing: older code did not record them
+    elif not reasons and any(key not in manifest for key in settings):
+        unrecorded = ", ".join(_SETTING_NAMES[key] for key in settings if key not in manifest)
+        reasons.append(f"that does not record its {unrecorded}")
+    return ", ".join(reasons) or None
+
+
+def _other_code(manifest: Mapping[str, Any]) -> str | None:
+    """How the code that wrote the run of ``manifest`` is not this code, or None if it is:
+    its rows may differ, settings alike. Compared: the package's ``code_fingerprint`` (never
+    equal when this code has none), its version and the versions of the libraries whose
+    code writes the run's rows (``_libraries``: pyspark, the peers' assignors). A run written
+    before manifests recorded these counts as other code; only what differs is named."""
+    from .pipeline.runs import CODE_FINGERPRINT, this_code
+
+    code = this_code()
+    if code.fingerprint is None:
+        return (
+            f"not known to be by this code (the streamassign package at {code.where} cannot "
+            "be read to fingerprint it)"
+        )
+    recorded = manifest.get(CODE_FINGERPRINT)
+    if not isinstance(recorded, str):  # older code, or code that could not read its files
+        return "written by other code (no fingerprint recorded)"
+    differences = []
+    if recorded != code.fingerprint:
+        differences.append(f"fingerprint {recorded[:12]}…, this code's {code.fingerprint[:12]}…")
+    release, ours = manifest.get("streamassign"), _dist_version("streamassign")
+    if release != ours:
+        differences.append(f"streamassign {release or 'unrecorded'}, this is {ours}")
+    libraries = manifest.get("libraries")
+    recorded_libraries = libraries if isinstance(libraries, dict) else {}
+    for name, installed in _libraries(manifest.get("assignors")).items():
+        if recorded_libraries.get(name) != installed:
+            differences.append(
+                f"{name} {recorded_libraries.get(name, 'unrecorded')}, installed {installed}"
+            )
+    return f"written by other code ({'; '.join(differences)})" if differences else None
+
+
+def _libraries(assignors: object) -> dict[str, str]:
+    """The installed versions of the libraries, besides streamassign, whose code writes the
+    rows of a run of ``assignors``: pyspark, and the peers whose assignors it compares
+    (faust-streaming, aiokafka). Recorded in the manifest as ``libraries``."""
+    from .pipeline.assignors import peer_distributions
+
+    names = assignors if isinstance(assignors, list | tuple) else []
+    return {dist: _dist_version(dist) for dist in ("pyspark", *peer_distributions(names))}
+
+
+def _keep_run(
+    run_dir: str,
+    manifest: Mapping[str, Any],
+    master: str | None,
+    ship_code: bool | None,
+    spark_tasks: int | None,
+    with_report: bool,
+) -> None:
+    """Say that ``run_dir`` keeps its run (``manifest``: this simulation by this code; a rerun
+    would write the same rows) and what comes next; with ``with_report``, write its report if
+    it has none (with the command's Spark options, as after a simulation)."""
+    label = manifest.get("run_id") or "an earlier run"
+    held = (
+        f"{run_dir} already holds this simulation, run {label} of {_created_on(manifest)} (same "
+        "settings, same code)"
+    )
+    page = Path(run_dir) / "report" / "report.html"
+    if with_report and not page.is_file():
+        # Kept only once its rows are read whole: said after the report, not before.
+        click.echo(f"{held}, without its report: writing it")
+        _preflight(master)
+        with (
+            _one_line_failures("writing the report", f"run {label} left as it was"),
+            _session(master, ship_code) as session,
+        ):
+            page = _render_kept(session, run_dir, spark_tasks)
+    click.echo(f"{held}: kept, nothing simulated (--overwrite simulates it again)")
+    if page.is_file():
+        click.echo(f"report: {page}")
+        click.echo(f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md")
+    else:
+        click.echo(f"next: {_report_command(run_dir)}")
+
+
+def _render_kept(session: Any, run_dir: str, spark_tasks: int | None) -> Path:
+    """``_render`` of a kept run; damage only its rows show (a file deleted from an assignor's,
+    changed bytes) ends in one line whose remedy is ``--overwrite``: simulating again without
+    it would keep the damaged run."""
+    from .errors import DamagedRunError
+
+    try:
+        return _render(session, run_dir, None, spark_tasks)
+    except click.ClickException as exc:
+        if not isinstance(exc.__cause__, DamagedRunError):
+            raise
+        damage = str(exc.__cause__).rsplit("; ", 1)[0]
+        raise click.ClickException(
+            f"{damage}; it cannot be kept: pass --overwrite to simulate it again"
+        ) from exc
 
 
 def _report_note(run_dir: str) -> str:
@@ -2277,6 +2444,8 @@ def _one_line_failures(
             tail = f"; {exc.args[1]}{after}"
         click.echo(f"interrupted{by} while {doing}{tail}", err=True)
         raise SystemExit(128 + signum) from None
+    except ExecutorCodeError as exc:  # the driver's one line of a task's failure
+        raise click.ClickException(f"{doing} failed: {exc}{tail}") from exc
     except (click.ClickException, StreamAssignError, SystemExit):
         raise
     except Exception as exc:
@@ -2494,14 +2663,16 @@ def _run_simulation(
 ) -> None:
     """Check and announce ``job`` (``chosen``: its resolved assignors), run it on Spark into its
     run directory (from ``out``), write the report with ``with_report``, say what comes next."""
-    from .pipeline.runs import LocalFiles, new_run_id
+    from .pipeline.runs import new_run_id
 
     notes = chosen.notes
     workload, model = job.workload, job.model
     run_dir = _run_dir(out, workload.name)
+    if (same_run := _local_run_to_keep(run_dir, topology_file, job, overwrite)) is not None:
+        _keep_run(run_dir, same_run, master, ship_code, spark_tasks, with_report)
+        return
     _preflight(master, workload, model)
     if not _is_remote(run_dir):
-        _refuse_existing(LocalFiles(), run_dir, overwrite)
         # The run is written beside it, then renamed into place: its folder must take it.
         # As given, not resolved: a dangling ``streamassign-runs`` link must show (its
         # resolved target is just a missing folder, which the write would create).
@@ -2541,6 +2712,20 @@ def _run_simulation(
         click.echo(f"next: {_report_command(run_dir)}")
 
 
+def _local_run_to_keep(
+    run_dir: str, topology_file: Path, job: Any, overwrite: bool
+) -> dict[str, Any] | None:
+    """``_refuse_existing`` of a local ``run_dir`` before Spark starts (a remote one is read
+    through Spark, in ``_write_run``): the manifest of the run to keep, else None."""
+    from .pipeline.runs import LocalFiles
+
+    if _is_remote(run_dir):
+        return None
+    return _refuse_existing(
+        LocalFiles(), run_dir, overwrite, _simulation_identity(topology_file, job)
+    )
+
+
 def _report_command(run_dir: str) -> str:
     """The command that writes the report of the run in ``run_dir``."""
     return f"streamassign report {run_dir}" + (" --out DIR" if _is_remote(run_dir) else "")
@@ -2568,8 +2753,8 @@ def _write_run(
     from .pipeline.runs import files_for, staging_path
 
     files = files_for(run_dir, session)
-    if _is_remote(run_dir):
-        _refuse_existing(files, run_dir, overwrite)
+    if _is_remote(run_dir):  # never kept (read through Spark): refused, naming what differs
+        _refuse_existing(files, run_dir, overwrite, manifest)
     staging = staging_path(run_dir, run_id)
     start = time.perf_counter()
     try:
@@ -2612,22 +2797,29 @@ def _publish(
         click.echo(f"note: {left}", err=True)
 
 
-def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) -> dict[str, Any]:
-    import datetime
+def _dist_version(dist: str) -> str:
     from importlib import metadata
 
-    def version(dist: str) -> str:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return "not installed"
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _manifest(topology_file: Path, job: Any, notes: Sequence[str], master: str) -> dict[str, Any]:
+    import datetime
+
+    from .pipeline.runs import CODE_FINGERPRINT, code_fingerprint
 
     return {
         **_simulation_identity(topology_file, job),
         "notes": list(notes),
         "master": master,
-        "streamassign": version("streamassign"),
-        "pyspark": version("pyspark"),
+        "streamassign": _dist_version("streamassign"),
+        # The code that wrote the rows: a rerun keeps this run only if it is the same.
+        CODE_FINGERPRINT: code_fingerprint(),
+        "libraries": _libraries(job.assignors),
+        "pyspark": _dist_version("pyspark"),
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
@@ -2662,8 +2854,11 @@ def _same_simulation(manifest: Mapping[str, Any], identity: Mapping[str, Any]) -
     """Whether the run of ``manifest`` simulated ``identity`` (``_simulation_identity``). A
     run that did not record its topology's content (``topology_sha256``) is never the same:
     the file may have changed since. Such runs (all written before the restore rate, warmups
-    and probing interval were recorded among them) are passed by, whatever their settings."""
-    return all(k in manifest and manifest[k] == v for k, v in identity.items())
+    and probing interval were recorded among them) are passed by, whatever their settings.
+    The topology file's path is not compared (``_SETTING_NAMES``), its content is."""
+    return all(
+        k in manifest and manifest[k] == v for k, v in identity.items() if k in _SETTING_NAMES
+    )
 
 
 def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | None = None) -> Path:
@@ -3171,12 +3366,15 @@ _CARRIED_TO_SIMULATE: Final = (
 
 @attrs.frozen
 class _NextSimulation:
-    """plan-standbys' next ``simulate`` command: its words, its run folder (``--out``) and
-    whether it replaces the run there (``--overwrite``: a run of the same simulation)."""
+    """plan-standbys' next ``simulate`` command: its words, its run folder (``--out``),
+    whether it replaces the run there (``--overwrite``: a damaged run; a run of other code
+    gets the next free folder instead) and the manifest of the run it keeps there (this very
+    simulation by this code: the command only writes its report if it has none)."""
 
     words: list[str]
     out: str
     overwrite: bool
+    kept: dict[str, Any] | None = None
 
 
 def _next_simulation(
@@ -3200,9 +3398,9 @@ def _next_simulation(
         for item in value if param.multiple else (value,):
             words += [flag, exact_number(item) if isinstance(item, float) else str(item)]
     plan_out = ctx.params.get("out")
-    out, overwrite = _standby_run_dir(name, standbys, _identity_of(words), plan_out)
+    out, overwrite, kept = _standby_run_dir(name, standbys, _identity_of(words), plan_out)
     words += ["--out", out, *(["--overwrite"] if overwrite else []), "--report"]
-    return _NextSimulation(words, out, overwrite)
+    return _NextSimulation(words, out, overwrite, kept)
 
 
 def _identity_of(words: Sequence[str]) -> dict[str, Any] | None:
@@ -3219,16 +3417,25 @@ def _identity_of(words: Sequence[str]) -> dict[str, Any] | None:
 
 def _standby_run_dir(
     name: str, standbys: int, identity: Mapping[str, Any] | None, plan_out: Path | None = None
-) -> tuple[str, bool]:
-    """``streamassign-runs/NAME-standbysR`` and whether ``--overwrite`` is needed there: only
-    where a run of the same simulation (``identity``) is, alone, which the command would redo. Past
-    folders holding anything else (a run of another model, rate, fleet, topology; what is no
-    run) or the plan's own files (``plan_out``, written after this line: the run would be
-    refused there, or its --overwrite would delete them), the first of ``-2``, ``-3``, ...
-    that is free or holds the same simulation."""
+) -> tuple[str, bool, dict[str, Any] | None]:
+    """``streamassign-runs/NAME-standbysR``, whether ``--overwrite`` is needed there and the
+    manifest of the run simulate keeps there. A run of the same simulation (``identity``) by
+    this code, undamaged, is kept (no ``--overwrite``: simulate writes its report if missing);
+    a damaged one is replaced if it is alone (the command redoes it). Past folders holding
+    anything else (a run of the same settings by other code: the "before" of a code change,
+    which ``--overwrite`` would delete unsaid; a run of another model, rate, fleet, topology;
+    what is no run) or the plan's own files (``plan_out``, written after this line: the run
+    would be refused there, or its --overwrite would delete them), the first of ``-2``,
+    ``-3``, ... that is free or holds the same simulation."""
     import itertools
 
-    from .pipeline.runs import LocalFiles, describe_existing, read_manifest
+    from .pipeline.runs import (
+        LocalFiles,
+        checksum_damage,
+        describe_existing,
+        read_manifest,
+        run_damage,
+    )
 
     files, base = LocalFiles(), f"{_given_run_dir(None, name)}-standbys{standbys}"
     for n in itertools.count(1):
@@ -3237,15 +3444,15 @@ def _standby_run_dir(
         if plan_out is not None and _inside(plan_out, Path(where)):
             continue
         if describe_existing(files, where) is None:
-            return out, False
+            return out, False, None
         manifest = read_manifest(files, where)
-        if (
-            identity is not None
-            and manifest is not None
-            and _same_simulation(manifest, identity)
-            and _holds_only_run_entries(where)
-        ):
-            return out, True
+        if identity is None or manifest is None or not _same_simulation(manifest, identity):
+            continue
+        damaged = run_damage(files, where) is not None or checksum_damage(where) is not None
+        if damaged and _holds_only_run_entries(where):
+            return out, True, None  # nothing in it worth keeping
+        if not damaged and _other_code(manifest) is None:
+            return out, False, manifest
     raise AssertionError("unreachable: itertools.count never ends")
 
 
@@ -3300,29 +3507,14 @@ def _print_plan(
     command = _next_simulation(topology_file, standbys, job.workload.name, warmups)
     compares = _next_compares(plan, best)
     page = Path(command.out) / "report" / "report.html"
-    done = _intact_run(command.out) if command.overwrite and page.is_file() else None
-    if done is None:
+    if command.kept is None or not page.is_file():
         click.echo(f"next: {shlex.join(command.words)}  ({compares})")
         return
-    # The same simulation already run and reported: minutes of Spark would redo that page.
-    # But the run's identity has no code version (simulate's code may have changed since):
-    # the command stays, with the run's date to judge by.
+    # This simulation already run by this code and reported: the command would only say so.
     click.echo(
         f"next: open {page.resolve().as_uri()} in a browser  (already simulated on "
-        f"{_created_on(done)}: {compares})"
+        f"{_created_on(command.kept)} by this code: {compares})"
     )
-    click.echo(f"to simulate again (streamassign changed since?): {shlex.join(command.words)}")
-
-
-def _intact_run(out: str) -> dict[str, Any] | None:
-    """The manifest of the run in ``out`` if ``report`` would take it (``check_run``); None
-    for a damaged one (rows deleted, say), which only simulating again mends."""
-    from .pipeline.runs import LocalFiles, check_run
-
-    try:
-        return check_run(LocalFiles(), out)
-    except StreamAssignError:
-        return None
 
 
 def _created_on(manifest: Mapping[str, Any]) -> str:

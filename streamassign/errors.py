@@ -313,6 +313,14 @@ class DamagedRunError(PipelineError):
     """
 
 
+class ExecutorCodeError(StreamAssignError):
+    """Spark's Python workers import other streamassign code than the command that started
+    the job (a ``streamassign`` package in the working directory comes first on their path),
+    so the rows would not come from the code the run's manifest names. Raised by the first
+    task of each worker, and by the driver as one line naming both packages, their
+    fingerprints and the remedy."""
+
+
 class PublishError(StreamAssignError, OSError):
     """A complete run or report that could not be moved into place (a rename that failed).
     The new one's staging folder is deleted; ``where`` says where the one it was to replace is

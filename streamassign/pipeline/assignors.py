@@ -21,7 +21,16 @@ import attrs
 
 from .scenarios import PipelineError
 
-__all__ = ["GROUPS", "SPECS", "AssignorSpec", "Resolved", "is_default_group", "resolve", "spec"]
+__all__ = [
+    "GROUPS",
+    "SPECS",
+    "AssignorSpec",
+    "Resolved",
+    "is_default_group",
+    "peer_distributions",
+    "resolve",
+    "spec",
+]
 
 
 @attrs.frozen
@@ -138,6 +147,17 @@ def is_default_group(names: object) -> bool:
     default = GROUPS["default"]
     expected = [n for n in default if _BY_NAME[n].module is None or n in names]
     return names == expected
+
+
+#: The distribution each peer's module comes from (its version names the peer's code).
+_DISTRIBUTIONS: Final = {"faust": "faust-streaming", "aiokafka": "aiokafka"}
+
+
+def peer_distributions(names: Iterable[object]) -> list[str]:
+    """The distributions whose code the assignors ``names`` run (peers only), sorted: their
+    versions, like streamassign's code, decide a run's rows. Unknown names are left out."""
+    modules = {_BY_NAME[n].module for n in names if isinstance(n, str) and n in _BY_NAME}
+    return sorted(_DISTRIBUTIONS.get(m, m) for m in modules if m is not None)
 
 
 @attrs.frozen

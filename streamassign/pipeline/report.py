@@ -1004,7 +1004,9 @@ _MANIFEST_KEYS: Final = (
     "master",
     "elapsed_s",
     "streamassign",
-    "pyspark",
+    "code_sha256",  # the code that wrote the rows: a rerun keeps the run only for the same
+    "pyspark",  # runs that do not record their libraries
+    "libraries",  # pyspark and the peers whose assignors wrote rows, with their versions
     "created",
 )
 
@@ -1034,6 +1036,7 @@ _SETTINGS: Final = (
 _LABELS: Final = {
     "replica_restore_per_s": "replica restore rate",
     "probing_interval_s": "probing interval",
+    "code_sha256": "code fingerprint",
 }
 
 
@@ -1053,6 +1056,11 @@ def _run_details(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
         notes += [] if value is not None else ["default, not recorded by this run"]
         why = f" ({'; '.join(notes)})" if notes else ""
         shown[key] = f"{_number(default if value is None else value)}{unit}{why}"
+    fingerprint = shown.get("code_sha256")
+    if isinstance(fingerprint, str):  # as simulate's refusals name it: 64 digits would not fit
+        shown["code_sha256"] = f"{fingerprint[:12]}…"
+    if "libraries" in shown:  # pyspark's version is among them
+        shown.pop("pyspark", None)
     return [
         # A seed is an identifier, given to --seed as written, not a count.
         (_LABELS.get(k, k.replace("_", " ")), str(shown[k]) if k == "seed" else _plain(shown[k]))

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
+import hashlib
 import json
 import os
 import re
@@ -24,25 +26,34 @@ import secrets
 import shutil
 import signal
 import urllib.parse
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import attrs
 
-from ..errors import DamagedRunError, PublishError
+from ..errors import DamagedRunError, ExecutorCodeError, PublishError
 from ..files import write_atomically
 from .scenarios import PipelineError
 from .signals import deferred_signals
 
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
 __all__ = [
+    "CODE_FINGERPRINT",
     "MANIFEST",
     "REBALANCES",
+    "Code",
     "Files",
     "HadoopFiles",
     "LocalFiles",
+    "check_executor_code",
     "check_rows_read",
     "check_run",
+    "checksum_damage",
+    "code_fingerprint",
     "files_for",
     "is_remote",
     "new_run_id",
@@ -50,7 +61,9 @@ __all__ = [
     "read_manifest",
     "replaceable",
     "run_damage",
+    "sources_sha256",
     "staging_path",
+    "this_code",
     "write_manifest",
 ]
 
@@ -61,6 +74,96 @@ MANIFEST: Final = "manifest"
 MANIFEST_FILE: Final = "part-00000.json"
 #: A run's manifest under its folder: its text (which holds the run's id) tells runs apart.
 MANIFEST_PATH: Final = f"{MANIFEST}/{MANIFEST_FILE}"
+
+
+#: The manifest's key for :func:`code_fingerprint` of the code that wrote the run.
+CODE_FINGERPRINT: Final = "code_sha256"
+
+
+@attrs.frozen
+class Code:
+    """The streamassign package a process runs: where it was imported from and its
+    :func:`sources_sha256` (None: its files could not be read, e.g. a loader that is neither a
+    folder nor a zip; such code is never taken for any other)."""
+
+    where: str
+    fingerprint: str | None
+
+
+@functools.cache
+def this_code() -> Code:
+    """The :class:`Code` this process runs, read once per process (about 110 files:
+    milliseconds). Read through the package's loader (``importlib.resources``): a package
+    imported from a zip (``--ship-code``, ``--py-files``) has the same fingerprint as its
+    folder."""
+    import importlib.resources
+
+    package = __name__.split(".")[0]
+    try:
+        root = importlib.resources.files(package)
+    except (ModuleNotFoundError, TypeError, ValueError):
+        return Code(package, None)
+    return Code(str(root), sources_sha256(root))
+
+
+def code_fingerprint() -> str | None:
+    """``this_code().fingerprint``: a run's rows depend on the code as much as on its
+    settings, and the distribution's version stays the same from one commit to the next: a
+    rerun keeps a run only if this is the same too, and never when it is None."""
+    return this_code().fingerprint
+
+
+def sources_sha256(package: Traversable) -> str | None:
+    """sha256 over the files the package ships under ``package`` (a folder, or a zip's
+    folder): sources and the files that shape rows and reports (the report's template,
+    Spark's logging setup), as ``_shipped`` tells them from editor leftovers. Each file's
+    path under ``package``, in sorted order, then its bytes (lengths first: no two sets of
+    files hash the same bytes). None if no ``.py`` file is found (a loader this cannot read:
+    the hash of nothing would match every such package) or a file cannot be read."""
+    digest, sources = hashlib.sha256(), 0
+    try:
+        for relative, entry in sorted(_shipped(package, "")):
+            content = entry.read_bytes()
+            digest.update(f"{len(relative)}:{relative}{len(content)}:".encode())
+            digest.update(content)
+            sources += relative.endswith(".py")
+    except OSError:  # a file removed while read (an editor's save): no fingerprint
+        return None
+    return digest.hexdigest() if sources else None
+
+
+def _shipped(folder: Traversable, prefix: str) -> Iterator[tuple[str, Traversable]]:
+    """The regular files under ``folder`` whose names could be importable or shipped
+    (``name.ext``, ``name`` an identifier), with their paths under it; subpackages by their
+    identifier names, bytecode caches left out. Dot files (an editor's ``.#cli.py`` lock, a
+    dangling link), backups (``cli.py~``, ``#cli.py#``) and bytecode are not the package."""
+    for entry in folder.iterdir():
+        name = entry.name
+        if not name.split(".", 1)[0].isidentifier() or name.endswith(("~", ".pyc", ".pyo")):
+            continue
+        if entry.is_dir():
+            if name != "__pycache__":
+                yield from _shipped(entry, f"{prefix}{name}/")
+        elif entry.is_file():  # False for a dangling link
+            yield f"{prefix}{name}", entry
+
+
+def check_executor_code(driver: Code) -> None:
+    """On an executor: :class:`ExecutorCodeError` if its Python workers import other
+    streamassign code than ``driver`` (whose fingerprint the run's manifest records), so that
+    no row of a run comes from code its manifest does not name. Spark starts local workers
+    in the command's working directory, whose ``streamassign`` package comes first on their
+    path. Free after the first call in a worker process (``this_code`` is read once)."""
+    ours = this_code()
+    if driver.fingerprint is None or ours.fingerprint == driver.fingerprint:
+        return
+    shown = ours.fingerprint[:12] + "…" if ours.fingerprint else "no fingerprint"
+    raise ExecutorCodeError(
+        f"Spark's Python workers import other streamassign code ({ours.where}, {shown}) than "
+        f"this command ({driver.where}, {driver.fingerprint[:12]}…): a streamassign package "
+        "in the working directory comes first on the workers' path; run from a folder "
+        "without one (or ship the same code to a cluster's executors)"
+    )
 
 
 def is_remote(path: str) -> bool:
@@ -274,6 +377,54 @@ def run_damage(files: Files, run_dir: str) -> str | None:
     ]
     if missing:
         return f"no rows of {', '.join(missing)} under {REBALANCES}/"
+    return None
+
+
+#: The first bytes of a Hadoop checksum file (``.NAME.crc``, beside each file Spark writes
+#: to a local folder): then the bytes per checksum (int32, big-endian) and one CRC32 each.
+_CRC_MAGIC: Final = b"crc\0"
+
+
+def checksum_damage(run_dir: str) -> str | None:
+    """What the Parquet files under a local run's ``rebalances/`` show against the checksum
+    file Spark's local writer leaves beside each one: a file deleted (its checksum remains),
+    bytes changed, a file without a checksum (added from elsewhere); or that there is no
+    checksum to check at all (copied without its dot files?). None if every file matches.
+    ``run_damage`` sees none of these, and a rerun must not keep such a run (milliseconds:
+    every byte is read once)."""
+    rows = Path(run_dir) / REBALANCES
+    sidecars = sorted(rows.rglob(".*.parquet.crc"))
+    if not sidecars:
+        return f"no checksum file (.*.parquet.crc) under {REBALANCES}/ to check its rows by"
+    for sidecar in sidecars:
+        data = sidecar.with_name(sidecar.name[1:].removesuffix(".crc"))
+        shown = data.relative_to(rows).as_posix()
+        if not data.is_file():
+            return f"{REBALANCES}/{shown} is missing (its checksum file remains)"
+        why = _checksum_mismatch(data, sidecar.read_bytes())
+        if why is not None:
+            return f"{REBALANCES}/{shown} {why}"
+    for data in rows.rglob("*.parquet"):
+        if not data.with_name(f".{data.name}.crc").is_file():
+            shown = data.relative_to(rows).as_posix()
+            return f"{REBALANCES}/{shown} has no checksum file (added from elsewhere?)"
+    return None
+
+
+def _checksum_mismatch(data: Path, sidecar: bytes) -> str | None:
+    """How file ``data`` differs from what its Hadoop checksum file ``sidecar`` says, or None.
+    Read a checksum chunk at a time: a run written by few tasks has files of hundreds of MB."""
+    chunk = int.from_bytes(sidecar[4:8], "big") if sidecar[:4] == _CRC_MAGIC else 0
+    sums = memoryview(sidecar)[8:]
+    if chunk <= 0 or len(sums) % 4:
+        return "has an unreadable checksum file (damaged)"
+    if len(sums) // 4 != -(-data.stat().st_size // chunk):
+        return "changed size since it was written"
+    with data.open("rb") as rows:
+        for index in range(len(sums) // 4):
+            expected = int.from_bytes(sums[4 * index : 4 * index + 4], "big")
+            if zlib.crc32(rows.read(chunk)) != expected:
+                return "has bytes changed since it was written"
     return None
 
 
@@ -646,7 +797,7 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
     if manifest is None and text is not None:
         raise PipelineError(
             f"{run_dir}: the manifest {MANIFEST}/{MANIFEST_FILE} is unreadable (not one JSON "
-            "object: damaged or edited); run streamassign simulate again"
+            "object: damaged or edited); run streamassign simulate again with --overwrite"
         )
     if manifest is None:
         what = "has rows but no manifest" if has_rows else "has no manifest and no rows"
@@ -660,7 +811,8 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
         got = "no 'rows'" if "rows" not in manifest else f"'rows' {json.dumps(rows)}"
         raise PipelineError(
             f"{run_dir}: damaged manifest {MANIFEST}/{MANIFEST_FILE}: {got}, not a count of "
-            "the rows written (damaged or edited); run streamassign simulate again"
+            "the rows written (damaged or edited); run streamassign simulate again with "
+            "--overwrite"
         )
     if rows == 0:
         raise PipelineError(
@@ -671,7 +823,7 @@ def check_run(files: Files, run_dir: str) -> dict[str, Any]:
         raise DamagedRunError(
             f"{run_dir}: damaged run: {REBALANCES}/ {_why_no_rows(files, rows_dir)}, but the "
             f"manifest says {rows:,} rows were written (deleted or moved?); run streamassign "
-            "simulate again"
+            "simulate again with --overwrite"
         )
     return manifest
 
@@ -702,13 +854,14 @@ def check_rows_read(
         raise DamagedRunError(
             f"{run_dir}: damaged run: no rows of {', '.join(map(str, missing))} under "
             f"{REBALANCES}/ ({counts} read; files deleted or moved?); run streamassign simulate "
-            "again"
+            "again with --overwrite"
         )
     if type(written) is int and rows_read != written:
         why = "files deleted or moved?" if rows_read < written else "files added from elsewhere?"
         raise DamagedRunError(
             f"{run_dir}: damaged run: {rows_read:,} rows read under {REBALANCES}/, but the "
-            f"manifest says {written:,} were written ({why}); run streamassign simulate again"
+            f"manifest says {written:,} were written ({why}); run streamassign simulate again "
+            "with --overwrite"
         )
 
 
@@ -748,5 +901,6 @@ def unreadable_file(run_dir: str, failure: str) -> DamagedRunError | None:
         else "it is not valid Parquet: its bytes changed since it was written"
     )
     return DamagedRunError(
-        f"{run_dir}: damaged run: {shown} cannot be read ({why}); run streamassign simulate again"
+        f"{run_dir}: damaged run: {shown} cannot be read ({why}); run streamassign simulate "
+        "again with --overwrite"
     )

@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -27,11 +28,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
+from ..errors import ExecutorCodeError
 from .runs import (
     MANIFEST,
     REBALANCES,
+    Code,
+    check_executor_code,
     check_rows_read,
     files_for,
+    this_code,
     unreadable_file,
     write_manifest,
 )
@@ -203,9 +208,11 @@ def _schema(columns: Sequence[tuple[str, str, bool, str]]) -> Any:
 
 
 def _simulate_partition(
-    job: SimulationJob, counter: Any, scenarios: Iterator[int]
+    job: SimulationJob, counter: Any, driver: Code, scenarios: Iterator[int]
 ) -> Iterator[tuple[Any, ...]]:
-    """Executor side: every row of every scenario in this partition, as tuples."""
+    """Executor side: every row of every scenario in this partition, as tuples, by the code
+    of the ``driver`` (whose fingerprint the manifest records) or none."""
+    check_executor_code(driver)
     for scenario in scenarios:
         rows = simulate_scenario(job, scenario)
         if counter is not None:
@@ -250,12 +257,13 @@ def run_simulation(
     counter = sc.accumulator(0) if counter is None else counter
     slices = _slices(spark, job.scenarios, spark_tasks)
     rdd = sc.parallelize(range(job.scenarios), slices).mapPartitions(
-        partial(_simulate_partition, job, counter)
+        partial(_simulate_partition, job, counter, this_code())
     )
     frame = spark.createDataFrame(rdd, schema=row_schema(), verifySchema=False).select(
         F.lit(run_id).alias("run_id"), F.lit(job.seed).cast("long").alias("seed"), "*"
     )
-    frame.write.mode("errorifexists").partitionBy("assignor").parquet(_join(out, REBALANCES))
+    with _said_as_executor_code_error():
+        frame.write.mode("errorifexists").partitionBy("assignor").parquet(_join(out, REBALANCES))
     # Counted from the files (their footers, not the rows): the accumulator (progress) counts
     # a task run twice (a retry, a speculative copy) twice, and the report checks the files
     # against this count.
@@ -465,6 +473,24 @@ def _failure_text(exc: BaseException) -> str:
     return "\n".join(parts)
 
 
+@contextmanager
+def _said_as_executor_code_error() -> Iterator[None]:
+    """A job whose task failed with :class:`ExecutorCodeError` raises it as itself."""
+    try:
+        yield
+    except Exception as exc:
+        if (other_code := _executor_code_error(exc)) is None:
+            raise
+        raise other_code from exc
+
+
+def _executor_code_error(exc: BaseException) -> ExecutorCodeError | None:
+    """The :class:`ExecutorCodeError` a task failed with, as one line on the driver (Spark
+    wraps it in its job's trace), or None if ``exc`` is another failure."""
+    found = re.findall(rf"{ExecutorCodeError.__name__}: (.+)", _failure_text(exc))
+    return ExecutorCodeError(found[-1].strip()) if found else None
+
+
 def _check_rows_read(
     run_dir: str,
     manifest: dict[str, Any],
@@ -520,8 +546,12 @@ def _errors(frame: Any) -> Any:
 # -- plan-standbys ---------------------------------------------------------------------------------
 
 
-def _plan_partition(job: PlanJob, items: Iterator[tuple[int, int]]) -> Iterator[tuple[Any, ...]]:
-    """Executor side: each (scenario, standbys) item's rows, one per warmup candidate."""
+def _plan_partition(
+    job: PlanJob, driver: Code, items: Iterator[tuple[int, int]]
+) -> Iterator[tuple[Any, ...]]:
+    """Executor side: each (scenario, standbys) item's rows, one per warmup candidate, by the
+    ``driver``'s code or none (a plan of other code would be said as this code's)."""
+    check_executor_code(driver)
     for scenario, standbys in items:
         yield from evaluate_candidates(job, scenario, standbys)
 
@@ -537,7 +567,9 @@ def run_plan(spark: Any, job: PlanJob, spark_tasks: int | None = None) -> list[d
 
     items = [(s, r) for s in range(job.scenarios) for r in job.standby_candidates]
     slices = _slices(spark, len(items), spark_tasks)
-    rdd = spark.sparkContext.parallelize(items, slices).mapPartitions(partial(_plan_partition, job))
+    rdd = spark.sparkContext.parallelize(items, slices).mapPartitions(
+        partial(_plan_partition, job, this_code())
+    )
     frame = spark.createDataFrame(rdd, schema=_schema(PLAN_COLUMNS), verifySchema=False)
     grouped = frame.groupBy("standbys", "warmups").agg(
         F.count(F.lit(1)).alias("traces"),
@@ -562,7 +594,9 @@ def run_plan(spark: Any, job: PlanJob, spark_tasks: int | None = None) -> list[d
         ),
     )
     rows = []
-    for r in grouped.orderBy("standbys", "warmups").collect():
+    with _said_as_executor_code_error():
+        collected = grouped.orderBy("standbys", "warmups").collect()
+    for r in collected:
         d = r.asDict()
         q = d.pop("worst_q")
         d["worst_outage_p50_s"], d["worst_outage_p99_s"] = float(q[0]), float(q[1])
@@ -592,7 +626,7 @@ def ship_code(spark: Any, workdir: str | Path) -> Path:
         for module in (streamassign, attr, attrs):
             root = Path(module.__file__ or "").parent
             for path in sorted(root.rglob("*")):
-                if "__pycache__" in path.parts or path.is_dir():
+                if "__pycache__" in path.parts or not path.is_file():
                     continue
                 zf.write(path, path.relative_to(root.parent).as_posix())
     spark.sparkContext.addPyFile(str(target))

@@ -7,6 +7,7 @@ when pyspark is not installed (the spark extra).
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,3 +56,11 @@ BUSY = ScenarioModel(
     expansion_per_hour=0.5,
     rack_loss_per_hour=0.3,
 )
+
+
+def hadoop_checksums(data: bytes, chunk: int = 512) -> bytes:
+    """The ``.NAME.crc`` file Hadoop's local file system writes beside a file of ``data``."""
+    sums = b"".join(
+        zlib.crc32(data[i : i + chunk]).to_bytes(4, "big") for i in range(0, len(data), chunk)
+    )
+    return b"crc\0" + chunk.to_bytes(4, "big") + sums

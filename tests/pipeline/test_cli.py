@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from streamassign.cli import main
 
 from ..cli_runner import cli_runner
-from .conftest import ORDERS, ROOT
+from .conftest import ORDERS, ROOT, hadoop_checksums
 
 SUBMIT = ROOT / "streamassign" / "pipeline" / "submit.py"
 
@@ -561,12 +561,19 @@ def test_a_failed_or_refused_run_keeps_the_old_one(
     manifest = (run / "manifest" / "part-00000.json").read_text()
     old_id = json.loads(manifest)["run_id"]
 
+    # The same simulation by the same code: kept, nothing simulated, no error (a set-up rerun).
     code, out = invoke("simulate", str(ORDERS), *TINY, "--out", str(run))
-    assert code != 0
+    assert code == 0, out
+    assert f"{run} already holds this simulation, run {old_id} of 20" in out
+    assert f"next: streamassign report {run}" in out
+    # Another seed: refused, naming it.
+    code, out = invoke("simulate", str(ORDERS), *TINY, "--seed", "7", "--out", str(run))
+    assert code == 1
     assert (
-        f"already holds a complete run ({old_id}) without a report (streamassign report {run} "
-        "writes it); pass --overwrite"
+        f"already holds a complete run ({old_id}) of another simulation (other --seed) without "
+        f"a report (streamassign report {run} writes it); pass --overwrite"
     ) in out
+    assert (run / "manifest" / "part-00000.json").read_text() == manifest
 
     def missing_module(*args: Any) -> Any:  # a task failing on the executors, as without faust
         raise ModuleNotFoundError("No module named 'faust'")
@@ -667,7 +674,8 @@ def test_report_refuses_a_damaged_run_and_keeps_the_earlier_report(
     assert (code, out) == (
         1,
         f"Error: {run}: damaged run: rebalances/ holds no Parquet files, but the manifest says "
-        "31 rows were written (deleted or moved?); run streamassign simulate again\n",
+        "31 rows were written (deleted or moved?); run streamassign simulate again with "
+        "--overwrite\n",
     )
     assert (run / "report" / "report.html").read_text() == "earlier"
 
@@ -798,8 +806,16 @@ def _a_run_of(words: Sequence[str], folder: Path, **changed: Any) -> None:
             where[key] = value
     (folder / "manifest").mkdir(parents=True)
     (folder / "manifest" / "part-00000.json").write_text(json.dumps(manifest | {"rows": 1}))
-    (folder / "rebalances").mkdir()
-    (folder / "rebalances" / "part-00000.parquet").write_bytes(b"PAR1")
+    for name in manifest["assignors"]:  # a file in each assignor's folder: not damaged
+        rows = folder / "rebalances" / f"assignor={name.replace(':', '%3A')}"
+        rows.mkdir(parents=True)
+        (rows / "part-00000.parquet").write_bytes(b"PAR1")
+        (rows / ".part-00000.parquet.crc").write_bytes(hadoop_checksums(b"PAR1"))
+
+
+def _damage(folder: Path) -> None:
+    """Change the bytes of a Parquet file of ``_a_run_of``'s run (its checksum tells)."""
+    next((folder / "rebalances").glob("*/part-00000.parquet")).write_bytes(b"PAR2")
 
 
 def test_plan_standbys_next_command_runs_as_printed_with_the_users_model(
@@ -851,17 +867,46 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
 ) -> None:
     """Its --overwrite replaced whatever run was in NAME-standbysR: a review lost a run of
     another failure model (crash_per_client_hour 0.2) to the next line of a plan at 1. Only a
-    run the command would redo is replaced; past any other, the next free -2, -3."""
+    damaged run of the same settings is replaced; one of this simulation by this code is kept
+    (simulate writes its report); past any other (one by other code too: the "before" of a
+    code change), the next free -2, -3."""
+    from streamassign.pipeline.runs import CODE_FINGERPRINT
+
     monkeypatch.chdir(tmp_path)
     runs = tmp_path / "streamassign-runs"
+    folder = runs / "orders-enricher-standbys2"
     given = ["--scenarios", "3", "--steps", "5", "--param", "crash_per_client_hour=1"]
     words, _ = _printed_next(monkeypatch, given)
     assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2", "--report"]
-    _a_run_of(words, runs / "orders-enricher-standbys2")
-    words, _ = _printed_next(monkeypatch, given)
-    assert words[-3:] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite", "--report"]
+    redo = [*words[:-1], "--overwrite", "--report"]
+    # This simulation by this code: kept, no --overwrite (which would redo minutes of Spark
+    # for the same rows); the command as printed writes its missing report.
+    _a_run_of(words, folder)
+    assert _printed_next(monkeypatch, given)[0] == words
     _stop_where_spark_starts(monkeypatch)
     code, out = invoke(*words[1:])
+    assert code == 1 and "Error: stopped where Spark starts" in out, out
+    assert f"{folder.resolve()} already holds this simulation, run " in out
+    # The same file named from elsewhere: its content is the same, so is the simulation.
+    shutil.rmtree(folder)
+    _a_run_of(words, folder, topology_file="elsewhere/orders-join.toml")
+    assert _printed_next(monkeypatch, given)[0] == words
+    # The same settings by other code (another fingerprint; none recorded: older code; another
+    # aiokafka): its rows may differ, so it is never kept, nor deleted unsaid by a printed
+    # --overwrite (it is what a before-and-after comparison needs): simulated beside it.
+    beside = [*words[:-2], "streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    for other_code in (
+        {CODE_FINGERPRINT: "0" * 64},
+        {CODE_FINGERPRINT: None},
+        {"libraries": {"pyspark": "3.0.0"}},
+    ):
+        shutil.rmtree(folder)
+        _a_run_of(words, folder, **other_code)
+        assert _printed_next(monkeypatch, given)[0] == beside, other_code
+    # A damaged run of it (bytes changed) is redone where it is.
+    _damage(folder)
+    assert _printed_next(monkeypatch, given)[0] == redo
+    code, out = invoke(*redo[1:])
     assert code == 1 and "Error: stopped where Spark starts" in out, out
 
     # Another model, rate, seed; another topology file of the same name; the same file as it
@@ -871,72 +916,79 @@ def test_plan_standbys_next_command_replaces_only_a_run_of_the_same_simulation(
         {"crash_per_client_hour": 0.2},
         {"replica_restore_per_s": 30_000.0},
         {"seed": 7},
-        {"topology_file": "elsewhere/orders-join.toml"},
         {"probing_interval_s": 60.0},
         {"topology_sha256": hashlib.sha256(b"an earlier orders-join.toml").hexdigest()},
         {"topology_sha256": None},
     ):
-        folder = runs / "orders-enricher-standbys2"
         shutil.rmtree(folder)
         _a_run_of(words, folder, **changed)
-        words, _ = _printed_next(monkeypatch, given)
-        assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"], changed
+        words_now, _ = _printed_next(monkeypatch, given)
+        assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
 
     # A run written before simulate recorded the rate, warmups and probing interval recorded
     # no topology content either: passed by, whatever it was simulated at.
     for unrecorded in ("replica_restore_per_s", "max_warmup_replicas", "probing_interval_s"):
-        shutil.rmtree(runs / "orders-enricher-standbys2")
-        _a_run_of(words, runs / "orders-enricher-standbys2", **{unrecorded: None})
-        words, _ = _printed_next(monkeypatch, given)
-        assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+        shutil.rmtree(folder)
+        _a_run_of(words, folder, **{unrecorded: None})
+        words_now, _ = _printed_next(monkeypatch, given)
+        assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
 
-    shutil.rmtree(runs / "orders-enricher-standbys2")
-    _a_run_of(words, runs / "orders-enricher-standbys2")
-    # The same simulation with its report: nothing to simulate, the page to open.
-    words, _ = _printed_next(monkeypatch, given)
-    (runs / "orders-enricher-standbys2" / "report").mkdir()
-    (runs / "orders-enricher-standbys2" / "report" / "report.html").write_text("<html>")
+    shutil.rmtree(folder)
+    _a_run_of(words, folder)
+    # This simulation by this code with its report: nothing to simulate, the page to open.
+    (folder / "report").mkdir()
+    (folder / "report" / "report.html").write_text("<html>")
     printed: list[str] = []
     opened, compares = _printed_next(monkeypatch, given, printed=printed)
-    page = runs / "orders-enricher-standbys2" / "report" / "report.html"
+    page = folder / "report" / "report.html"
     assert opened == ["open", page.resolve().as_uri(), "in", "a", "browser"]
     assert compares.startswith("already simulated on 20")
     assert compares.endswith(
-        " UTC: the rebalances under this plan: task:sticky at 2 standbys, no warmups"
+        " UTC by this code: the rebalances under this plan: task:sticky at 2 standbys, no warmups"
     )
-    # The identity has no code version: a run of older code matches too. The line kept only
-    # the page (its stale numbers); the command to simulate again stays, with --overwrite.
-    again = next(line for line in printed[0].splitlines() if line.startswith("to simulate again"))
-    assert shlex.split(again.split(": ", 1)[1]) == words
+    assert "to simulate again" not in printed[0]
     # The line's folder is the command's own, not found by searching its words (an option's
     # value spelled --out was taken for it: here no page, so no open line).
     odd, _ = _printed_next(monkeypatch, [*given, "--master", "--out"])
     assert odd[:2] == ["open", page.resolve().as_uri()]
+    # The same page from a run of other code: its numbers may be stale; simulated beside it.
+    manifest = json.loads((folder / "manifest" / "part-00000.json").read_text())
+    fake = manifest | {CODE_FINGERPRINT: "0" * 64}
+    (folder / "manifest" / "part-00000.json").write_text(json.dumps(fake))
+    assert _printed_next(monkeypatch, given) == (beside, compares.split(": ", 1)[1])
+    (folder / "manifest" / "part-00000.json").write_text(json.dumps(manifest))
 
-    # A damaged run (its rows deleted: report refuses it) beside its page: simulate again.
-    shutil.rmtree(runs / "orders-enricher-standbys2" / "rebalances")
-    assert _printed_next(monkeypatch, given) == (words, compares.split(": ", 1)[1])
+    # A damaged run beside its page (bytes changed; its rows deleted: report refuses it):
+    # simulate again.
+    _damage(folder)
+    assert _printed_next(monkeypatch, given) == (redo, compares.split(": ", 1)[1])
+    shutil.rmtree(folder / "rebalances")
+    assert _printed_next(monkeypatch, given) == (redo, compares.split(": ", 1)[1])
 
-    # The same simulation beside something else (an earlier plan's --out, notes): its
-    # --overwrite would delete them with the run; passed by.
+    # A damaged run beside something else (an earlier plan's --out, notes): its --overwrite
+    # would delete them with the run; passed by. A kept run stays as it is.
     for foreign in ("plans/plan.csv", "notes.txt"):
-        (runs / "orders-enricher-standbys2" / foreign).parent.mkdir(exist_ok=True)
-        (runs / "orders-enricher-standbys2" / foreign).write_text("yesterday's")
-        words, _ = _printed_next(monkeypatch, given)
-        assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
-        shutil.rmtree(runs / "orders-enricher-standbys2")
-        _a_run_of(words, runs / "orders-enricher-standbys2")
+        shutil.rmtree(folder)
+        _a_run_of(words, folder)
+        (folder / foreign).parent.mkdir(exist_ok=True)
+        (folder / foreign).write_text("yesterday's")
+        assert _printed_next(monkeypatch, given)[0] == words
+        _damage(folder)
+        words_now, _ = _printed_next(monkeypatch, given)
+        assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
     # A report's leftovers of an interrupted render are the run's own.
-    (runs / "orders-enricher-standbys2" / ".report.partial-abc").mkdir()
-    words, _ = _printed_next(monkeypatch, given)
-    assert words[-3:-1] == ["streamassign-runs/orders-enricher-standbys2", "--overwrite"]
+    shutil.rmtree(folder)
+    _a_run_of(words, folder)
+    _damage(folder)
+    (folder / ".report.partial-abc").mkdir()
+    assert _printed_next(monkeypatch, given)[0] == redo
 
     # A folder that is no run (simulate never replaces one) is passed by.
-    shutil.rmtree(runs / "orders-enricher-standbys2")
-    (runs / "orders-enricher-standbys2").mkdir()
-    (runs / "orders-enricher-standbys2" / "notes.txt").write_text("x")
-    words, _ = _printed_next(monkeypatch, given)
-    assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
+    shutil.rmtree(folder)
+    folder.mkdir()
+    (folder / "notes.txt").write_text("x")
+    words_now, _ = _printed_next(monkeypatch, given)
+    assert words_now[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
 
 
 def test_plan_standbys_next_command_never_runs_in_the_plans_own_folder(
@@ -949,7 +1001,9 @@ def test_plan_standbys_next_command_never_runs_in_the_plans_own_folder(
     runs = tmp_path / "streamassign-runs"
     given = ["--scenarios", "3", "--steps", "5"]
     words, _ = _printed_next(monkeypatch, [*given, "--out", "streamassign-runs/x"])
+    # A damaged run of the same settings: one the command would replace (--overwrite).
     _a_run_of(words, runs / "orders-enricher-standbys2")
+    _damage(runs / "orders-enricher-standbys2")
     for plan_out in ("orders-enricher-standbys2", "orders-enricher-standbys2/plans"):
         words, _ = _printed_next(monkeypatch, [*given, "--out", f"streamassign-runs/{plan_out}"])
         assert words[-2:] == ["streamassign-runs/orders-enricher-standbys2-2", "--report"]
@@ -1055,7 +1109,7 @@ def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
     assert (code, out.splitlines()[-1]) == (
         1,
         f"Error: {run}: damaged run: no rows of task:sticky under rebalances/ (6 of its 12 rows "
-        "read; files deleted or moved?); run streamassign simulate again",
+        "read; files deleted or moved?); run streamassign simulate again with --overwrite",
     )
     assert (run / "report" / "report.html").read_text() == "earlier"
     assert sorted(p.name for p in run.iterdir()) == ["manifest", "rebalances", "report"]
@@ -1071,7 +1125,7 @@ def test_report_refuses_a_run_missing_some_files_and_keeps_the_earlier_report(
         1,
         f"Error: {run}: damaged run: rebalances/assignor=task%3Asticky/{part.name} cannot be "
         "read (its checksum does not match: its bytes changed since it was written); run "
-        "streamassign simulate again",
+        "streamassign simulate again with --overwrite",
     )
     assert (run / "report" / "report.html").read_text() == "earlier"
 
@@ -1446,11 +1500,18 @@ def test_a_run_whose_old_run_cannot_be_deleted_says_where_it_is_left(
     )
 
 
+def _version(distribution: str = "streamassign") -> str:
+    from importlib import metadata
+
+    return metadata.version(distribution)
+
+
 def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """README's command 1, run a second time: the refusal says where the report is (or how to
-    write it, after a --report interrupted) and what to add to simulate again."""
+    """README's command 1, run a second time over a run it would not keep: the refusal says
+    why, where the report is (or how to write it, after a --report interrupted) and what to
+    add to simulate again."""
     pytest.importorskip("pyspark")
     pytest.importorskip("plotly")
     from streamassign import cli
@@ -1467,17 +1528,19 @@ def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
     (rows / "part-00000.parquet").write_bytes(b"PAR1")
     args = ("simulate", str(ORDERS), "--report", "--out", str(run))
     code, out = invoke(*args)
+    # A manifest of code that recorded neither its settings nor a fingerprint: other code.
+    other = "written by other code (no fingerprint recorded)"
     assert (code, out) == (
         1,
-        f"Error: {run} already holds a complete run (first) without a report (streamassign "
-        f"report {run} writes it); pass --overwrite to replace it once the new run is complete, "
-        "or --out for another folder\n",
+        f"Error: {run} already holds a complete run (first) {other} without a report "
+        f"(streamassign report {run} writes it); pass --overwrite to replace it once the new run "
+        "is complete, or --out for another folder\n",
     )
     (run / "report").mkdir()
     (run / "report" / "report.html").write_text("the first run's")
     code, out = invoke(*args)
     assert code == 1 and out.startswith(
-        f"Error: {run} already holds a complete run (first) and its report, "
+        f"Error: {run} already holds a complete run (first) {other} and its report, "
         f"{run / 'report' / 'report.html'}; pass --overwrite"
     )
     # Damaged, it is not "a complete run and its report" (report refuses it): a review.
@@ -1488,6 +1551,263 @@ def test_a_rerun_is_refused_in_one_line_naming_the_report_or_how_to_write_it(
         f"Error: {run} holds a damaged run (first: rebalances/ is missing, but the manifest says "
         "31 rows were written (deleted or moved?)); pass --overwrite to replace it once the new "
         "run is complete, or --out for another folder\n",
+    )
+
+
+def _a_kept_run(monkeypatch: pytest.MonkeyPatch, run: Path, **changed: Any) -> list[str]:
+    """A run in ``run`` of README's command 1 by this code (``changed``: as ``_a_run_of``), and
+    the command (from ``simulate``); Spark never starts."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("plotly")
+    from streamassign import cli
+
+    def no_spark(*a: Any, **k: Any) -> Any:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(cli, "_session", no_spark)
+    words = ["streamassign", "simulate", str(ORDERS), "--report", "--out", str(run)]
+    _a_run_of(words, run, run_id="first", created="2026-11-29T04:51:02+00:00", **changed)
+    return words[1:]
+
+
+def test_a_rerun_of_the_same_simulation_by_the_same_code_keeps_its_run_and_exits_0(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """README's command 1 run a second time printed "Error: ... already holds a complete run"
+    and exited 1, failing a set-up script that reruns it. A run of the very same simulation
+    by the very same code (the same rows) is kept, said in one line with its date and report,
+    exit status 0, Spark never started; another seed is still refused, naming it."""
+    from streamassign import cli
+
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    manifest = (run / "manifest" / "part-00000.json").read_text()
+    # Every setting of the identity is compared, and named when it differs.
+    # Every setting of the identity is compared, and named when it differs; the topology file
+    # by its content, not its path as typed.
+    recorded = json.loads(manifest)
+    assert {k for k in cli._SETTING_NAMES if k in recorded} == set(cli._SETTING_NAMES)
+    identity = set(cli._identity_of(["streamassign", *command]) or {})
+    assert set(cli._SETTING_NAMES) == identity - {"topology_file"}
+    page = run / "report" / "report.html"
+    page.parent.mkdir()
+    page.write_text("the first run's")
+    code, out = invoke(*command)
+    assert (code, out) == (
+        0,
+        f"{run} already holds this simulation, run first of 2026-11-29 04:51 UTC (same "
+        "settings, same code): kept, nothing simulated (--overwrite simulates it again)\n"
+        f"report: {page}\n"
+        f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md\n",
+    )
+    code, out = invoke(*command, "--seed", "7", "--param", "crash_per_client_hour=1")
+    assert (code, out) == (
+        1,
+        f"Error: {run} already holds a complete run (first) of another simulation (other "
+        f"--seed, churn model (--model, --param, --steps)) and its report, {page}; pass "
+        "--overwrite to replace it once the new run is complete, or --out for another folder\n",
+    )
+    assert (run / "manifest" / "part-00000.json").read_text() == manifest
+    assert page.read_text() == "the first run's"
+    # The same topology file named from its own folder: the same simulation, kept.
+    monkeypatch.chdir(ORDERS.parent)
+    code, out = invoke(*[ORDERS.name if word == str(ORDERS) else word for word in command])
+    assert code == 0 and ": kept, nothing simulated" in out, out
+
+
+def test_a_damaged_run_is_never_kept_even_beside_its_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run of the same simulation by the same code with one Parquet file changed or deleted
+    was kept (exit 0) whenever its report existed: that page shows rows the run no longer
+    holds. Its checksums tell (milliseconds, before Spark): refused in one line whose remedy
+    is --overwrite, exit status 1, everything left as it was."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    page = run / "report" / "report.html"
+    page.parent.mkdir()
+    page.write_text("the first run's")
+    damaged = next((run / "rebalances").glob("*/part-00000.parquet"))
+    shown = f"rebalances/{damaged.parent.name}/part-00000.parquet"
+    damaged.write_bytes(b"PAR2")  # one byte flipped
+    for words in (command, [*command[:2], *command[3:]]):  # with and without --report
+        code, out = invoke(*words)
+        assert (code, out) == (
+            1,
+            f"Error: {run}: damaged run: {shown} has bytes changed since it was written; it "
+            "cannot be kept: pass --overwrite to simulate it again\n",
+        ), words
+    damaged.write_bytes(b"PAR1")
+    (damaged.parent / "part-00001.parquet").write_bytes(b"PAR1")  # one of several: deleted
+    (damaged.parent / ".part-00001.parquet.crc").write_bytes(hadoop_checksums(b"PAR1"))
+    assert invoke(*command)[0] == 0
+    (damaged.parent / "part-00001.parquet").unlink()
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run}: damaged run: {shown.replace('00000', '00001')} is missing (its checksum "
+        "file remains); it cannot be kept: pass --overwrite to simulate it again\n",
+    )
+    assert page.read_text() == "the first run's"
+
+
+def test_a_rerun_over_a_run_of_other_code_is_refused_naming_its_fingerprint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run whose manifest records the same settings was kept after a code change: its
+    numbers, of the older code, were shown as the new code's. Another fingerprint is other
+    code; so is none (a run written before manifests recorded one), another version of a
+    library whose code wrote rows (aiokafka's assignors), or of streamassign; only what differs
+    is named."""
+    from streamassign.pipeline.runs import code_fingerprint
+
+    ours, version = (code_fingerprint() or "")[:12], _version()
+    libraries = {"pyspark": _version("pyspark"), "faust-streaming": _version("faust-streaming")}
+    cases: list[tuple[dict[str, Any], str]] = [
+        (
+            {"code_sha256": "abc123" * 10 + "abcd"},
+            f"(fingerprint abc123abc123…, this code's {ours}…)",
+        ),
+        ({"code_sha256": None}, "(no fingerprint recorded)"),
+        ({"streamassign": "0.0.9"}, f"(streamassign 0.0.9, this is {version})"),
+        (
+            {"libraries": libraries | {"aiokafka": "0.11.0"}},
+            f"(aiokafka 0.11.0, installed {_version('aiokafka')})",
+        ),
+        ({"libraries": libraries}, f"(aiokafka unrecorded, installed {_version('aiokafka')})"),
+    ]
+    for n, (changed, theirs) in enumerate(cases):
+        run = tmp_path / f"run{n}"
+        command = _a_kept_run(monkeypatch, run, **changed)
+        manifest = (run / "manifest" / "part-00000.json").read_text()
+        code, out = invoke(*command)
+        assert (code, out) == (
+            1,
+            f"Error: {run} already holds a complete run (first) written by other code {theirs} "
+            f"without a report (streamassign report {run} writes it); pass --overwrite to "
+            "replace it once the new run is complete, or --out for another folder\n",
+        ), changed
+        assert (run / "manifest" / "part-00000.json").read_text() == manifest
+
+
+def test_code_without_a_fingerprint_never_keeps_a_run_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Imported from where its files cannot be read (a loader that is neither a folder nor a
+    zip), the code has no fingerprint: the hash of nothing matched every such version."""
+    from streamassign import cli
+    from streamassign.pipeline import runs
+
+    monkeypatch.setattr(runs, "this_code", lambda: runs.Code("/app.pex/streamassign", None))
+    assert cli._other_code({"code_sha256": None, "assignors": ["task:sticky"]}) == (
+        "not known to be by this code (the streamassign package at /app.pex/streamassign "
+        "cannot be read to fingerprint it)"
+    )
+
+
+def test_a_remote_run_is_never_kept_and_its_refusal_names_what_differs(tmp_path: Path) -> None:
+    """A remote DIR is read through Spark, once it has started: its run is never kept (the
+    refusal stays, exit status 1), and the refusal compares the new run's settings, not its
+    date or master, with the run's."""
+    from streamassign import cli
+
+    run = tmp_path / "run"
+    words = ["streamassign", "simulate", str(ORDERS), "--out", "hdfs://nn/runs/x"]
+    _a_run_of(words, run, run_id="first")
+    local = str(run)
+
+    class Remote:  # the local run, as if at hdfs://nn/runs/x
+        def _at(self, path: str) -> str:
+            return path.replace("hdfs://nn/runs/x", local)
+
+        def exists(self, path: str) -> bool:
+            return Path(self._at(path)).exists()
+
+        def is_empty_dir(self, path: str) -> bool:
+            return not any(Path(self._at(path)).iterdir())
+
+        def read_text(self, path: str) -> str | None:
+            at = Path(self._at(path))
+            return at.read_text() if at.is_file() else None
+
+        def has_files(self, path: str, suffix: str) -> bool:
+            return any(Path(self._at(path)).rglob(f"*{suffix}"))
+
+    with cli.simulate.make_context("simulate", words[2:]) as ctx:
+        job, _ = cli._simulation_job(ctx.params)
+        new_run = cli._manifest(ctx.params["topology_file"], job, [], "yarn")
+    end = (
+        "; pass --overwrite to replace it once the new run is complete, or --out for another folder"
+    )
+    with pytest.raises(click.ClickException) as refused:
+        cli._refuse_existing(Remote(), "hdfs://nn/runs/x", False, new_run)
+    assert refused.value.message == f"hdfs://nn/runs/x already holds a complete run (first){end}"
+    with pytest.raises(click.ClickException) as refused:
+        cli._refuse_existing(Remote(), "hdfs://nn/runs/x", False, new_run | {"seed": 7})
+    assert refused.value.message == (
+        f"hdfs://nn/runs/x already holds a complete run (first) of another simulation (other "
+        f"--seed){end}"
+    )
+    assert cli._refuse_existing(Remote(), "hdfs://nn/runs/x", True, new_run) is None
+
+
+def test_a_kept_run_without_its_report_gets_it_with_the_commands_spark_options(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With --report, a kept run without a report gets it written, on a session started with
+    the command's --ship-code and aggregated at its --spark-tasks (they were dropped); damage
+    only the rows show (report's count) is one line whose remedy is --overwrite: simulate
+    again without it would keep the damaged run once more."""
+    from streamassign import cli
+    from streamassign.errors import DamagedRunError
+
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    started: list[Any] = []
+
+    @contextlib.contextmanager
+    def session(master: str | None, ship: bool | None = False) -> Iterator[Any]:
+        started.append((master, ship))
+        yield "session"
+
+    def render(session: Any, run_dir: str, out: Path | None, tasks: int | None = None) -> Path:
+        started.append((session, run_dir, out, tasks))
+        (Path(run_dir) / "report").mkdir()
+        (Path(run_dir) / "report" / "report.html").write_text("rendered")
+        return Path(run_dir) / "report" / "report.html"
+
+    monkeypatch.setattr(cli, "_session", session)
+    monkeypatch.setattr(cli, "_render", render)
+    code, out = invoke(*command, "--spark-tasks", "3", "--ship-code")
+    assert code == 0, out
+    assert started == [(None, True), ("session", str(run), None, 3)]
+    held = f"{run} already holds this simulation, run first of 2026-11-29 04:51 UTC (same "
+    assert out.splitlines()[:2] == [
+        f"{held}settings, same code), without its report: writing it",
+        f"{held}settings, same code): kept, nothing simulated (--overwrite simulates it again)",
+    ]
+    assert out.splitlines()[2:] == [
+        f"report: {run / 'report' / 'report.html'}",
+        f"next: open {(run / 'report' / 'report.html').as_uri()} in a browser; runs and "
+        "columns: docs/pipeline.md",
+    ]
+
+    def damaged(*a: Any) -> Path:
+        cause = DamagedRunError(
+            f"{run}: damaged run: 9 rows read under rebalances/, but the manifest says 12 were "
+            "written (files deleted or moved?); run streamassign simulate again with --overwrite"
+        )
+        raise click.ClickException(str(cause)) from cause
+
+    shutil.rmtree(run / "report")
+    monkeypatch.setattr(cli, "_render", damaged)
+    code, out = invoke(*command)
+    assert code == 1
+    assert ": kept, nothing simulated" not in out  # it is not kept: said once, not both
+    assert out.splitlines()[-1] == (
+        f"Error: {run}: damaged run: 9 rows read under rebalances/, but the manifest says 12 "
+        "were written (files deleted or moved?); it cannot be kept: pass --overwrite to "
+        "simulate it again"
     )
 
 

@@ -463,13 +463,15 @@ def test_the_crash_comparison_counts_per_crash_not_per_takeover(tmp_path: Path) 
 
 
 def test_run_details_name_the_run_and_its_versions(tmp_path: Path) -> None:
-    """The run id simulate prints (and every row carries) identifies the run a report is of."""
+    """The run id simulate prints (and every row carries) identifies the run a report is of,
+    the code fingerprint the code that wrote it (as simulate's refusals name it)."""
     data = load()
-    data["manifest"]["pyspark"] = "4.0.1"
+    data["manifest"] |= {"pyspark": "4.0.1", "code_sha256": "7da48dd157f8" + "0" * 52}
     page = render_report(data, tmp_path).read_text()
     details = page[page.index('id="run"') :]
     assert '<th class="l">run id</th><td class="l">report-data</td>' in details
     assert '<th class="l">pyspark</th><td class="l">4.0.1</td>' in details
+    assert '<th class="l">code fingerprint</th><td class="l">7da48dd157f8…</td>' in details
 
 
 def test_run_details_write_counts_with_thousands_separators(tmp_path: Path) -> None:

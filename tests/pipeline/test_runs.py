@@ -22,6 +22,8 @@ from streamassign.pipeline.runs import (
     write_manifest,
 )
 
+from .conftest import hadoop_checksums
+
 
 def make_run(path: Path, run_id: str, rows: int = 3) -> None:
     part = path / "rebalances" / "assignor=task%3Asticky"
@@ -678,7 +680,7 @@ def test_rows_read_must_be_the_rows_the_manifest_counts() -> None:
         check_rows_read("run", manifest, 2480, {"faust:copartitioned"})
     assert str(missing.value) == (
         "run: damaged run: no rows of task:sticky under rebalances/ (2,480 of its 3,100 rows "
-        "read; files deleted or moved?); run streamassign simulate again"
+        "read; files deleted or moved?); run streamassign simulate again with --overwrite"
     )
     with pytest.raises(DamagedRunError, match="3,000 rows read under rebalances/, but the "):
         check_rows_read("run", manifest, 3000, {"task:sticky", "faust:copartitioned"})
@@ -722,7 +724,7 @@ def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it() -> None:
     assert str(damage) == (
         "/r/run: damaged run: rebalances/assignor=task%3Asticky/part-0.snappy.parquet cannot be "
         "read (it is not valid Parquet: its bytes changed since it was written); run streamassign "
-        "simulate again"
+        "simulate again with --overwrite"
     )
     checksum = failure + "\nCaused by: org.apache.hadoop.fs.ChecksumException: Checksum error"
     assert "(its checksum does not match:" in str(unreadable_file("/r/run", checksum))
@@ -734,3 +736,115 @@ def test_a_run_file_spark_cannot_read_is_a_damaged_run_naming_it() -> None:
     assert unreadable_file("/r/run", denied) is None  # intact bytes, not readable here
     timed_out = failure.split("\nCaused by:")[0] + "\nCaused by: java.net.SocketTimeoutException"
     assert unreadable_file("/r/run", timed_out) is None  # a remote store's read, not damage
+
+
+def test_the_code_fingerprint_changes_with_any_shipped_file_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """A rerun keeps a run only if the code that wrote it is this code: its fingerprint covers
+    every file the package ships (sources, the report's template) by path and bytes, whatever
+    order they were written in, and no editor leftover or bytecode."""
+    import streamassign
+    from streamassign.pipeline.runs import code_fingerprint, sources_sha256
+
+    package = tmp_path / "pkg"
+    (package / "sub" / "__pycache__").mkdir(parents=True)
+    (package / "sub" / "b.py").write_text("B = 1\n")
+    (package / "a.py").write_text("A = 1\n")
+    first = sources_sha256(package)
+    assert first is not None and len(first) == 64
+    (package / ".#a.py").symlink_to(package / "gone")  # an editor's lock: a dangling link
+    for leftover in ("a.py~", "#a.py#", ".a.py.swp", "sub/b.pyc", "sub/__pycache__/b.pyc"):
+        (package / leftover).write_bytes(b"not the package")
+    assert sources_sha256(package) == first
+    again = tmp_path / "again"  # the same files, written in the other order
+    (again / "sub").mkdir(parents=True)
+    (again / "a.py").write_text("A = 1\n")
+    (again / "sub" / "b.py").write_text("B = 1\n")
+    assert sources_sha256(again) == first
+    (package / "a.py").write_text("A = 2\n")
+    assert sources_sha256(package) != first
+    (package / "a.py").write_text("A = 1\n")
+    (package / "sub" / "b.py").rename(package / "sub" / "c.py")
+    assert sources_sha256(package) != first
+    (package / "sub" / "c.py").rename(package / "sub" / "b.py")
+    (package / "report.html.j2").write_text("{{ page }}")  # shapes the report: counted
+    assert sources_sha256(package) not in (first, None)
+    assert code_fingerprint() == sources_sha256(Path(streamassign.__file__).resolve().parent)
+
+
+def test_code_read_from_a_zip_has_its_folders_fingerprint_and_none_without_sources(
+    tmp_path: Path,
+) -> None:
+    """Shipped as a zip (--ship-code, --py-files) the code is the same code; a package whose
+    sources cannot be found has no fingerprint (the hash of nothing would match any other)."""
+    import zipfile
+
+    from streamassign.pipeline.runs import sources_sha256
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text("A = 1\n")
+    (package / "template.j2").write_text("page")
+    with zipfile.ZipFile(tmp_path / "code.zip", "w") as zipped:
+        for name in ("a.py", "template.j2"):
+            zipped.write(package / name, f"pkg/{name}")
+    assert sources_sha256(zipfile.Path(tmp_path / "code.zip", "pkg/")) == sources_sha256(package)
+    (package / "a.py").unlink()
+    assert sources_sha256(package) is None
+
+
+def test_an_executor_running_other_code_than_the_driver_fails_in_one_line() -> None:
+    """Spark's local workers import the working directory's streamassign first: a task of a
+    worker whose code is not the driver's writes no row, and says where each one's code is."""
+    from streamassign.errors import ExecutorCodeError
+    from streamassign.pipeline.runs import Code, check_executor_code, this_code
+
+    check_executor_code(this_code())  # the same code: nothing to say
+    check_executor_code(Code("/driver/streamassign", None))  # nothing the manifest could name
+    driver = Code("/elsewhere/streamassign", "f" * 64)
+    with pytest.raises(ExecutorCodeError) as failed:
+        check_executor_code(driver)
+    ours = this_code()
+    assert str(failed.value) == (
+        f"Spark's Python workers import other streamassign code ({ours.where}, "
+        f"{(ours.fingerprint or '')[:12]}…) than this command (/elsewhere/streamassign, "
+        "ffffffffffff…): a streamassign package in the working directory comes first on the "
+        "workers' path; run from a folder without one (or ship the same code to a cluster's "
+        "executors)"
+    )
+    assert "\n" not in str(failed.value)
+
+
+def test_checksum_damage_finds_changed_bytes_and_deleted_or_added_files(tmp_path: Path) -> None:
+    """What run_damage cannot see (one file of an assignor's several gone, a flipped byte)
+    shows against the checksum files Spark's local writer leaves beside each Parquet file."""
+    from streamassign.pipeline.runs import checksum_damage
+
+    folder = tmp_path / "rebalances" / "assignor=task%3Asticky"
+    folder.mkdir(parents=True)
+    assert checksum_damage(str(tmp_path)) == (
+        "no checksum file (.*.parquet.crc) under rebalances/ to check its rows by"
+    )
+    for name, size in (("part-0.parquet", 1500), ("part-1.parquet", 700)):
+        data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        (folder / name).write_bytes(data)
+        (folder / f".{name}.crc").write_bytes(hadoop_checksums(data))
+    assert checksum_damage(str(tmp_path)) is None
+    first = folder / "part-0.parquet"
+    flipped = bytearray(first.read_bytes())
+    flipped[1000] ^= 1
+    first.write_bytes(bytes(flipped))
+    where = "rebalances/assignor=task%3Asticky/part-0.parquet"
+    assert checksum_damage(str(tmp_path)) == f"{where} has bytes changed since it was written"
+    first.write_bytes(bytes(flipped) + b"more" * 200)
+    assert checksum_damage(str(tmp_path)) == f"{where} changed size since it was written"
+    first.unlink()
+    assert checksum_damage(str(tmp_path)) == f"{where} is missing (its checksum file remains)"
+    (folder / ".part-0.parquet.crc").unlink()
+    assert checksum_damage(str(tmp_path)) is None
+    (folder / "part-9.parquet").write_bytes(b"PAR1")
+    assert checksum_damage(str(tmp_path)) == (
+        "rebalances/assignor=task%3Asticky/part-9.parquet has no checksum file (added from "
+        "elsewhere?)"
+    )

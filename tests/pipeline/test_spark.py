@@ -220,6 +220,29 @@ def test_ship_code_zips_what_executors_need(spark: Any, orders: Workload, tmp_pa
     )
 
 
+def test_rows_of_other_code_than_the_drivers_fail_the_run_in_one_line(
+    spark: Any, orders: Workload, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The executors check that they run the driver's code (its fingerprint is the manifest's):
+    here the driver's is made another, and the job fails with the workers' one line."""
+
+    from streamassign.errors import ExecutorCodeError
+    from streamassign.pipeline import spark as sp
+    from streamassign.pipeline.runs import Code
+
+    other = Code("/elsewhere/streamassign", "e" * 64)
+    monkeypatch.setattr(sp, "this_code", lambda: other)
+    job = SimulationJob(workload=orders, model=BUSY, assignors=("task:sticky",), scenarios=2)
+    with pytest.raises(ExecutorCodeError) as failed:
+        sp.run_simulation(spark, job, str(tmp_path / "run"), {})
+    assert str(failed.value).startswith("Spark's Python workers import other streamassign code (")
+    assert "than this command (/elsewhere/streamassign, eeeeeeeeeeee…)" in str(failed.value)
+    assert "\n" not in str(failed.value)
+    plan = PlanJob(workload=orders, model=BUSY, scenarios=2, standby_candidates=(0,))
+    with pytest.raises(ExecutorCodeError, match=r"^Spark's Python workers import other"):
+        sp.run_plan(spark, plan)
+
+
 def test_progress_shows_tasks_and_ctrl_c_cancels_the_jobs(spark: Any) -> None:
     import io
     import os
