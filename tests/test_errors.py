@@ -382,12 +382,14 @@ def test_a_requirement_without_a_floor_reads_no_version(monkeypatch: pytest.Monk
     assert looked_up == ["json-dist"]
 
 
-def test_the_query_classes_check_aiohttp_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_query_classes_check_aiohttp_at_their_first_read_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Each read of ``streamassign.runtime.QueryServer`` checked aiohttp's version (about a
-    millisecond, some 200 times the read itself), and the first one twice (the attribute, then
-    the query server's module): now once, and the classes are the package's own after."""
+    millisecond, some 200 times the read itself): now the first read only (the attribute,
+    then the query server's module), and the classes are the package's own after."""
     import streamassign.runtime as runtime
-    from streamassign.runtime import _extra, query_server
+    from streamassign.runtime import query_server
 
     looked_up: list[str] = []
     real = importlib.metadata.version
@@ -397,7 +399,6 @@ def test_the_query_classes_check_aiohttp_once_per_process(monkeypatch: pytest.Mo
         return real(distribution)
 
     monkeypatch.setattr(importlib.metadata, "version", version)
-    monkeypatch.setattr(_extra, "_queries_checked", False)  # as in a fresh process
     for name in ("QueryServer", "QueryClient"):  # not read yet, nor kept after the test
         monkeypatch.setitem(vars(runtime), name, None)  # (getattr would read it now)
         monkeypatch.delitem(vars(runtime), name)
@@ -406,7 +407,7 @@ def test_the_query_classes_check_aiohttp_once_per_process(monkeypatch: pytest.Mo
     monkeypatch.delattr(runtime, "query_server")
     monkeypatch.delattr(runtime, "_query_extra")
     read = [runtime.QueryServer, runtime.QueryClient] * 3
-    assert looked_up == ["aiohttp"]
+    assert looked_up == ["aiohttp", "aiohttp"]
     fresh = sys.modules["streamassign.runtime.query_server"]
     assert read == [fresh.QueryServer, fresh.QueryClient] * 3
     assert vars(runtime)["QueryServer"] is fresh.QueryServer

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     """The HTTP side of queries, imported on first use (aiohttp takes a while to import)."""
     if name in ("QueryClient", "QueryServer"):
-        _extra.require_queries(f"streamassign.runtime.{name}")
+        _extra.require_queries(f"streamassign.runtime.{name}")  # names what was read
         from . import query_server
 
         # Kept as the module's own: later reads find them without this function's check.

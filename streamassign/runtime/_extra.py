@@ -14,13 +14,9 @@ QUERIES = {"aiohttp": "aiohttp>=3.9,<4"}
 
 require_extra("streamassign.runtime", "runtime", REQUIREMENTS)
 
-_queries_checked = False
-
 
 def require_queries(feature: str) -> None:
-    """Check ``QUERIES`` for ``feature`` once per process: the query server's module and the
-    package's lazy attributes both ask, and each check reads pip's metadata (milliseconds)."""
-    global _queries_checked
-    if not _queries_checked:
-        require_extra(feature, "runtime", QUERIES)
-        _queries_checked = True
+    """Check ``QUERIES`` for ``feature``: by the query server's module as it is first imported,
+    and by the package's lazy ``QueryServer``/``QueryClient`` before (naming what was read),
+    which are then kept as the package's own: a check or two per process."""
+    require_extra(feature, "runtime", QUERIES)
