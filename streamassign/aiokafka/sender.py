@@ -33,9 +33,10 @@ connections of the nodes with a request of gated partitions in flight (SO_LINGER
 kernel discards its unsent and unacknowledged bytes, then asyncio's ``abort``, which drops its
 buffer), and aiokafka's ``close`` fails the request as a retriable connection error: aiokafka
 puts its batches back into the accumulator, whose gate holds or drops them. aiokafka keeps no
-record of which partitions a node's request carries, so the gated request keeps one
-(``_CARRIED``): a node whose request carries only other topics is not reset (its request
-would be sent again, a duplicate if the broker had written it).
+record of which partitions a node's request carries, so the gated request keeps one on the
+sender (``_CARRIED``, beside the gate it puts there): a node whose request carries only other
+topics is not reset (its request would be sent again, a duplicate if the broker had written
+it).
 
 Checked against aiokafka 0.11.0 - 0.14.0 (``_send_produce_req(node_id, batches)``, the
 ``_in_flight`` and ``_muted_partitions`` sets, the accumulator's ``reenqueue(batch)``); another
@@ -52,7 +53,6 @@ import inspect
 import logging
 import socket
 import struct
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -70,9 +70,10 @@ _SEND_PARAMETERS = ("self", "node_id", "batches")
 _REENQUEUE_PARAMETERS = ("self", "batch")
 #: SO_LINGER on, 0 seconds: ``close`` resets the connection and discards what is unsent.
 _LINGER_RESET = struct.pack("ii", 1, 0)
-#: Per gated sender, the partitions of the request each node has in flight (written, or
-#: being written, by ``gate_sends``'s request until it is answered or fails).
-_CARRIED: weakref.WeakKeyDictionary[Any, dict[Any, set[Any]]] = weakref.WeakKeyDictionary()
+#: The attribute of a gated sender holding the partitions of the request each node has in
+#: flight (written, or being written, by ``gate_sends``'s request until it is answered or
+#: fails): on the sender itself, as the gate is, so it lives and goes with it.
+_CARRIED = "_streamassign_carried"
 
 
 def _parameters(function: Any) -> tuple[str, ...] | None:
@@ -113,7 +114,8 @@ def gate_sends(sender: Any, rule: Callable[[], str], gated: Callable[[Any], bool
         )
         return False
     send = sender._send_produce_req
-    carried = _CARRIED.setdefault(sender, {})
+    carried: dict[Any, set[Any]] = {}
+    setattr(sender, _CARRIED, carried)
 
     async def gated_send(node_id: Any, batches: dict[Any, Any]) -> None:
         decided = _decide(rule)
@@ -238,7 +240,7 @@ def _carrying_gated(sender: Any, gated: Callable[[Any], bool]) -> set[Any]:
     gated requests noted them (a gated request writes nothing before its note: one not yet
     noted decides by the rule first). A sender ``gate_sends`` did not gate tells no node's
     partitions: every node in flight, if a gated partition is muted."""
-    carried = _CARRIED.get(sender)
+    carried = getattr(sender, _CARRIED, None)
     if carried is None:
         gated_muted = any(gated(tp) for tp in sender._muted_partitions)
         return set(sender._in_flight) if gated_muted else set()
