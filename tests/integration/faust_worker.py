@@ -246,7 +246,9 @@ def _count_in_table(
         async for key, value in stream.items():
             counts[key] = [*counts[key], value]  # a new value: the table writes its changelog
             if LOG_RECORDS:
-                m = source.current_event.message
+                # Through the repartition the event is the rekeyed stream's (the source's
+                # own is None there).
+                m = (stream.current_event or source.current_event).message
                 log.info("AUDIT processed %d@%d %s=%s", m.partition, m.offset, key, value)
 
     @app.page("/count/{key}/")
