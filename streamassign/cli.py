@@ -1689,11 +1689,13 @@ def _print_members(console: Console, members: Sequence[Any], labels: Mapping[str
     unbounded = console.options.update_width(sys.maxsize)  # its natural width, not cut
     for layout in ("one line", "host below", "hosts after"):
         table = _members_table(ordered, labels, layout)
+        if layout == "hosts after":  # the last resort, whatever its width
+            break
         if layout == "one line":
-            fits = Measurement.get(console, unbounded, table).maximum <= console.width
-        else:  # the hosts after the table are the last resort, whatever its width
-            fits = layout == "hosts after" or _rendered_width(console, table) <= console.width
-        if fits:
+            width = Measurement.get(console, unbounded, table).maximum
+        else:
+            width = _rendered_width(console, table)
+        if width <= console.width:
             break
     console.print(table)
     for m in ordered if layout == "hosts after" else ():

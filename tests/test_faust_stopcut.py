@@ -74,6 +74,17 @@ class StoppingWorker(Worker):
         self.stopping = True
 
 
+async def acknowledge_stop_and_commit(worker: StoppingWorker) -> bool:
+    """A member in good standing acknowledges two events, stops, and Faust's stop commits:
+    whether the commit went out."""
+    worker.start()
+    assert await worker.heartbeat()
+    worker.acknowledge(10, 11)
+    worker.stop()
+    worker.look()
+    return bool(await asyncio.wait_for(worker.consumer.commit(), 1.0))
+
+
 def test_a_worker_stopping_during_a_cut_drops_its_held_sends_and_stops_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -192,16 +203,8 @@ def test_a_clean_stop_refuses_no_commit(
     """No hold at the stop: Faust's last commit goes out as ever, and nothing is told."""
     worker = StoppingWorker(tmp_path, monkeypatch)
 
-    async def stop() -> bool:
-        worker.start()
-        assert await worker.heartbeat()
-        worker.acknowledge(10, 11)
-        worker.stop()
-        worker.look()
-        return bool(await asyncio.wait_for(worker.consumer.commit(), 1.0))
-
     with caplog.at_level(logging.INFO, logger="streamassign.faust"):
-        assert run(stop())
+        assert run(acknowledge_stop_and_commit(worker))
     assert worker.faust_commits == [{S0: 12}]
     assert not worker.producer.stall_hold.commits_refused
     assert faust_lines(caplog, logging.WARNING) == []
@@ -224,16 +227,8 @@ def test_a_stop_whose_flush_gets_no_acknowledgement_commits_nothing(
     monkeypatch.setattr(faust_aiokafka.Producer, "flush", acks_unanswered)
     worker = StoppingWorker(tmp_path, monkeypatch)
 
-    async def stop() -> bool:
-        worker.start()
-        assert await worker.heartbeat()
-        worker.acknowledge(10, 11)
-        worker.stop()
-        worker.look()
-        return bool(await asyncio.wait_for(worker.consumer.commit(), 1.0))
-
     with caplog.at_level(logging.INFO, logger="streamassign.faust"):
-        assert not run(stop())
+        assert not run(acknowledge_stop_and_commit(worker))
     hold = worker.producer.stall_hold
     assert worker.faust_commits == []
     assert hold.commits_refused and hold.losses == 1

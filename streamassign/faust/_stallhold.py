@@ -482,13 +482,13 @@ class StallHoldProducer(faust_aiokafka.Producer):
         flushing = asyncio.ensure_future(self._flush_after_holds())
         try:
             while not flushing.done():
-                wait = TICK if self._stop_flush_deadline is None else self._stop_flush_left()
-                await asyncio.wait({flushing}, timeout=wait)
-                if not flushing.done() and self._stopping() and self._stop_flush_left() <= 0:
+                left = self._stop_flush_left() if self._stopping() else TICK
+                if left <= 0:
                     flushing.cancel()
                     await asyncio.gather(flushing, return_exceptions=True)
                     self._flush_cut_at_stop()
                     return
+                await asyncio.wait({flushing}, timeout=left)
         finally:
             flushing.cancel()  # the caller cancelled: so is the flush
         flushing.result()
