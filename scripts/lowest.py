@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shutil
 import subprocess
 import sys
@@ -160,9 +161,11 @@ def test_paths(patterns: tuple[str, ...]) -> list[str]:
     return [str(path.relative_to(ROOT)) for p in patterns for path in sorted(ROOT.glob(p))]
 
 
-def run(command: list[str], stdout: IO[str] | None = None) -> int:
+def run(
+    command: list[str], stdout: IO[str] | None = None, env: dict[str, str] | None = None
+) -> int:
     print("+", " ".join(command), flush=True)
-    return subprocess.call(command, cwd=ROOT, stdout=stdout)
+    return subprocess.call(command, cwd=ROOT, stdout=stdout, env=env)
 
 
 def check_profile(profile_name: str, venv: Path, broker: bool) -> int:
@@ -184,7 +187,12 @@ def check_profile(profile_name: str, venv: Path, broker: bool) -> int:
     with open(venv.with_name(f"{profile_name}-versions.txt"), "w") as versions:
         run([python, "-m", "pip", "list", "--format=freeze"], stdout=versions)
     tests = profile.tests + (_BROKER_TESTS if broker and profile_name == "full" else ())
-    return run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *test_paths(tests)])
+    # Without CI: under it, tests fail where an extra's guard refuses the installed version (CI
+    # must never skip them), and these venvs hold versions below some guards on purpose (the
+    # faust profile's aiokafka 0.11 under the runtime's 0.14): here those tests skip.
+    env = {name: value for name, value in os.environ.items() if name != "CI"}
+    pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *test_paths(tests)]
+    return run(pytest, env=env)
 
 
 def main() -> int:

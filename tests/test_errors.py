@@ -427,12 +427,15 @@ for module, versions in [
     ("streamassign.aiokafka", {"aiokafka": "0.10.2"}),
     ("streamassign.faust", {"faust-streaming": "0.11.3"}),
     ("streamassign.runtime.query_server", {"aiohttp": "3.8.6"}),
+    ("streamassign.runtime.stores", {"rocksdict": "0.3.23"}),
 ]:
     for loaded in [n for n in sys.modules if n.startswith(module)]:
         del sys.modules[loaded]
     importlib.metadata.version = lambda d, versions=versions: versions.get(d) or real(d)
     try:
-        importlib.import_module(module)
+        loaded = importlib.import_module(module)
+        if module.endswith(".stores"):  # checked where a RocksDB store is first asked for
+            loaded.require_store_library("rocksdb")
         said = None
     except ExtraVersionError as exc:
         said = str(exc)
@@ -459,6 +462,8 @@ def test_importing_a_package_below_its_extras_floor_fails_at_once() -> None:
         below("streamassign.aiokafka", "aiokafka>=0.11,<0.15", "0.10.2", "aiokafka"),
         below("streamassign.faust", "faust-streaming>=0.12,<0.16", "0.11.3", "faust"),
         below("streamassign.runtime.query_server", "aiohttp>=3.9,<4", "3.8.6", "runtime"),
+        below("store_kind='rocksdb'", "rocksdict>=0.3.24,<0.4", "0.3.23", "runtime")
+        + " (or use store_kind='memory')",
     ]
 
 
@@ -473,7 +478,11 @@ def test_the_guards_require_what_pyproject_s_extras_install() -> None:
     guarded = {
         "aiokafka": aiokafka_extra.REQUIREMENTS.values(),
         "faust": faust_extra.REQUIREMENTS.values(),
-        "runtime": [*runtime_extra.REQUIREMENTS.values(), *runtime_extra.QUERIES.values()],
+        "runtime": [
+            *runtime_extra.REQUIREMENTS.values(),
+            *runtime_extra.QUERIES.values(),
+            *runtime_extra.STORES.values(),
+        ],
     }
     for extra, requirements in guarded.items():
         assert set(requirements) <= set(extras[extra]), extra

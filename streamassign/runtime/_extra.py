@@ -11,6 +11,8 @@ from ..errors import require_extra
 REQUIREMENTS = {"aiokafka": "aiokafka>=0.14,<0.15"}
 #: What ``query_server`` needs besides (aiohttp takes a while to import: not imported before).
 QUERIES = {"aiohttp": "aiohttp>=3.9,<4"}
+#: What ``store_kind="rocksdb"`` needs besides (0.3.24: the stores' ``WriteBufferManager``).
+STORES = {"rocksdict": "rocksdict>=0.3.24,<0.4"}
 
 require_extra("streamassign.runtime", "runtime", REQUIREMENTS)
 

@@ -28,6 +28,7 @@ from ..errors import (
     require_extra,
 )
 from ..localstate import NOT_DAMAGE_STATUSES, not_a_directory
+from ._extra import STORES
 
 if TYPE_CHECKING:
     from rocksdict import Cache, Options, WriteBufferManager
@@ -404,9 +405,7 @@ def require_store_library(kind: str) -> None:
     the store later fails inside every task and the application runs on without them."""
     if kind != "rocksdb":
         return
-    require_extra(
-        "store_kind='rocksdb'", "runtime", {"rocksdict": "rocksdict"}, "use store_kind='memory'"
-    )
+    require_extra("store_kind='rocksdb'", "runtime", STORES, "use store_kind='memory'")
 
 
 def open_store(kind: StoreKind, path: Path, memory: RocksDBMemory | None = None) -> KeyValueStore:
