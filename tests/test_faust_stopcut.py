@@ -44,8 +44,8 @@ class StoppingWorker(Worker):
     """A worker whose app stops when told (``stop()``), whose Faust consumer acknowledges
     events of ``S0`` (``acknowledge``), and whose commits reach a stand-in."""
 
-    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        super().__init__(tmp_path, monkeypatch)
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: Any) -> None:
+        super().__init__(tmp_path, monkeypatch, **settings)
         _beating(self)
         self.stopping = False
         monkeypatch.setattr(type(self.app), "should_stop", property(lambda _: self.stopping))
