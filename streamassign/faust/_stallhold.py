@@ -284,33 +284,39 @@ async def _stop_producer_within(
     would pass the writes failed next) and the batches it holds are failed, nothing of them
     sent later. The partitions' next owner writes them again. Faust logs one WARNING per
     failed write (``_on_published error``): held back and counted in one line instead."""
-    abandoned = "its writes not yet acknowledged are abandoned (their events are not committed)"
-    if not await stop_within(PRODUCER, _Stopping(stop), abandoned, log):
+    consequence = "its writes not yet acknowledged are abandoned (their events are not committed)"
+    if not await stop_within(PRODUCER_NAME, _Stopping(stop), consequence, log):
         refuse_commits()
         faust_topics_log = logging.getLogger("faust.topics")
-        failed = _AbandonedWrites()
-        faust_topics_log.addFilter(failed)
+        abandoned_writes = _AbandonedWrites()
+        faust_topics_log.addFilter(abandoned_writes)
         try:
-            await release_producer(PRODUCER, producer, log)
-            await asyncio.sleep(0)  # the failed writes' callbacks (Faust's) run
+            await release_producer(PRODUCER_NAME, producer, log)
+            await abandoned_writes.all_told()
         finally:
-            faust_topics_log.removeFilter(failed)
-        failed.tell()
+            faust_topics_log.removeFilter(abandoned_writes)
+        abandoned_writes.tell()
 
 
 #: The worker's producer, as its stop's lines name it.
-PRODUCER = "the worker's producer"
+PRODUCER_NAME = "the worker's producer"
+
+#: Once the stop's deadline has passed, how long a flush or commit of the stop that has not
+#: been cut yet still waits for its answer, from when it saw the stop
+#: (``StallHoldProducer._stop_wait_left``): a broker answering within it is never refused,
+#: and a cut stop lasts at most this much longer than ``closing.CLOSE_TIMEOUT``.
+STOP_GRACE = 1.0
 
 
 @attrs.define(eq=False)
 class _AbandonedWrites:
     """A filter of Faust's ``faust.topics`` log while a cut producer stop is released: each
     write it fails (``closing.release_producer``: ``WritesAbandonedError``) gets Faust's
-    ``_on_published error`` WARNING, thousands after a stop with a repartition's writes in
-    flight, and, once collected, its ``FutureMessage`` failure as "exception was never
-    retrieved" with a trace (nobody awaits it at a stop). Those lines are held back: the
-    writes are counted by topic and their messages' failures marked seen. Any other line
-    passes (a send failing for another reason is still Faust's to tell)."""
+    ``_on_published error`` WARNING, one per write (35 in a measured stop with a
+    repartition's writes in flight), and, once collected, its ``FutureMessage`` failure as
+    "exception was never retrieved" with a trace (nobody awaits it at a stop). Those lines
+    are held back: the writes are counted by topic and their messages' failures marked
+    seen. Any other line passes (a send failing for another reason is still Faust's)."""
 
     by_topic: collections.Counter[str] = attrs.field(factory=collections.Counter)
 
@@ -324,16 +330,33 @@ class _AbandonedWrites:
             retrieve_failure(message)
         return False
 
+    async def all_told(self) -> None:
+        """Return once Faust's callbacks of the failed writes have run: a write handed to
+        aiokafka is told one loop turn after its failure, a held changelog send released to
+        it two (``_settle`` ends Faust's future on the next turn); then until a turn tells
+        none (a callback of a callback)."""
+        turns = 0
+        while True:
+            told = self.by_topic.total()
+            await asyncio.sleep(0)
+            turns += 1
+            if turns >= _TURNS_TO_TELL and self.by_topic.total() == told:
+                return
+
     def tell(self) -> None:
         if not self.by_topic:
             return
         log.warning(
-            "%s was released with %d write(s) not acknowledged, failed and never sent (%s); "
+            "%s was released with %d write(s) not acknowledged (some may have landed): %s; "
             'Faust\'s "_on_published error" WARNING for each is not logged',
-            PRODUCER,
-            sum(self.by_topic.values()),
+            PRODUCER_NAME,
+            self.by_topic.total(),
             ", ".join(f"{topic}: {count}" for topic, count in sorted(self.by_topic.items())),
         )
+
+
+#: Loop turns from a write's failure to Faust's line, through ``_settle`` (``all_told``).
+_TURNS_TO_TELL = 2
 
 
 def _on_published_message() -> asyncio.Future[Any] | None:
@@ -348,7 +371,7 @@ def _on_published_message() -> asyncio.Future[Any] | None:
 
 #: Faust's line for a write failed by ``closing.release_producer`` (``faust/topics.py``).
 _ON_PUBLISHED_ABANDONED = re.compile(
-    rf"_on_published error for message topic (\S+) error {re.escape(PRODUCER)} was released "
+    rf"_on_published error for message topic (\S+) error {re.escape(PRODUCER_NAME)} was released "
     "before these writes were acknowledged"
 )
 
@@ -560,11 +583,18 @@ class StallHoldProducer(faust_aiokafka.Producer):
     async def until_stop_deadline(self, waited: asyncio.Future[Any]) -> bool:
         """Wait for ``waited``: as long as it takes while the worker runs (a slow broker cuts
         nothing short); once it stops, up to the stop's deadline, ``closing.CLOSE_TIMEOUT``
-        after the stop was first seen here, shared by every flush and commit of the stop.
-        Returns whether it ended; past the deadline it is cancelled (and False)."""
+        after the stop was first seen here, shared by every flush and commit of the stop,
+        or ``STOP_GRACE`` after this wait saw the stop if that is later and no commit was
+        refused yet (``_stop_wait_left``). Returns whether it ended; cut, it is cancelled
+        (and False)."""
+        saw_stop: float | None = None
         try:
             while not waited.done():
-                left = self._stop_time_left() if self._stopping() else TICK
+                if self._stopping():
+                    saw_stop = time.monotonic() if saw_stop is None else saw_stop
+                    left = self._stop_wait_left(saw_stop)
+                else:
+                    left = TICK
                 if left <= 0:
                     waited.cancel()
                     await asyncio.gather(waited, return_exceptions=True)
@@ -574,12 +604,21 @@ class StallHoldProducer(faust_aiokafka.Producer):
             waited.cancel()  # the caller cancelled: so is what it waited for
         return True
 
-    def _stop_time_left(self) -> float:
-        """Seconds left to the stop's deadline, set by the first wait that saw the stop."""
+    def _stop_wait_left(self, saw_stop: float) -> float:
+        """Seconds left to a wait that first saw the stop at ``saw_stop``: to the stop's
+        deadline (set by the first wait that saw the stop) or, while no commit was refused,
+        to ``STOP_GRACE`` after ``saw_stop`` if that is later: a wait begun near or past the
+        deadline by a stop still draining (Faust's ``wait_empty`` commits about once a
+        second until its agents are done) is cut only if it got no answer in that time.
+        Once a commit was refused, nothing later is committed: its waits end at the
+        deadline, so a cut stop lasts at most ``STOP_GRACE`` longer than it."""
         now = time.monotonic()
         if self._stop_deadline is None:
             self._stop_deadline = now + closing.CLOSE_TIMEOUT
-        return self._stop_deadline - now
+        if self.stall_hold.commits_refused:
+            return self._stop_deadline - now
+        grace = min(STOP_GRACE, closing.CLOSE_TIMEOUT)  # never more than the whole bound
+        return max(self._stop_deadline, saw_stop + grace) - now
 
     async def _flush_after_holds(self) -> None:
         await self._hold_resolved()
@@ -732,21 +771,22 @@ class StallHoldProducer(faust_aiokafka.Producer):
         )
 
     def _flush_cut_at_stop(self) -> None:
-        """A flush at the stop got no acknowledgement within ``closing.CLOSE_TIMEOUT`` (a cut
-        from a partition's leader: a sink's, a repartition's, a changelog's): Faust commits
-        after it, which could pass events whose writes never land, so no commit goes out from
-        now on, and the acknowledged offsets are forgotten (``losses``: a restart in the same
-        process commits none of them). The producer's stop then fails what it holds."""
+        """A flush at the stop got no acknowledgement by the stop's deadline
+        (``_stop_wait_left``; a cut from a partition's leader: a sink's, a repartition's, a
+        changelog's): Faust commits after it, which could pass events whose writes never
+        land, so no commit goes out from now on, and the acknowledged offsets are forgotten
+        (``losses``: a restart in the same process commits none of them). The producer's
+        stop then fails what it holds."""
         if not self.stall_hold.commits_refused:
             log.warning(
-                "this worker stops and its producer's flush got no acknowledgement within %g "
-                "s (broker unreachable?): no offset is committed from now on, so the "
-                "partitions' next owner processes the events since the last commit again",
-                closing.CLOSE_TIMEOUT,
+                "this worker stops and its producer's flush got no acknowledgement %.1f s "
+                "into the stop (broker unreachable?): no offset is committed from now on, so "
+                "the partitions' next owner processes the events since the last commit again",
+                self._stop_seconds(),
             )
         self._refuse_commits()
 
-    def commit_cut_at_stop(self, offsets: int) -> None:
+    def commit_cut_at_stop(self, offset_count: int) -> None:
         """A commit under way at the stop got no answer by the stop's deadline (aiokafka
         retries a request sent into a cut until a coordinator answers, and Faust's stop waits
         for a commit under way): it is abandoned, and no commit goes out from now on, as
@@ -755,13 +795,19 @@ class StallHoldProducer(faust_aiokafka.Producer):
         already (a dropped hold told why): it still says what the stop waited for."""
         log.log(
             logging.INFO if self.stall_hold.commits_refused else logging.WARNING,
-            "this worker stops and its commit of %d offset(s) got no answer within %g s "
-            "(coordinator unreachable?): abandoned, and no offset is committed from now on, "
-            "so the partitions' next owner processes the events since the last commit again",
-            offsets,
-            closing.CLOSE_TIMEOUT,
+            "this worker stops and its commit of %d offset(s) got no answer %.1f s into the "
+            "stop (coordinator unreachable?): abandoned, and no offset is committed from now "
+            "on, so the partitions' next owner processes the events since the last commit again",
+            offset_count,
+            self._stop_seconds(),
         )
         self._refuse_commits()
+
+    def _stop_seconds(self) -> float:
+        """Seconds since the stop was first seen by a flush or commit (its deadline set)."""
+        if self._stop_deadline is None:
+            return 0.0
+        return time.monotonic() - (self._stop_deadline - closing.CLOSE_TIMEOUT)
 
     def _refuse_commits(self) -> None:
         """No commit from now on, and the acknowledged offsets forgotten (``losses``): writes
