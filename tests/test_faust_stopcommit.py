@@ -280,8 +280,10 @@ def test_a_commit_begun_past_the_deadline_is_cut_after_the_grace_and_the_next_at
     """Past the stop's deadline a commit that gets no answer is cut ``STOP_GRACE`` after it
     began, not sooner; commits are refused from then on, so the next returns at once and
     a cut stop outlasts its deadline by at most the grace."""
-    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.2)
-    monkeypatch.setattr(_stallhold, "STOP_GRACE", 0.1)
+    # A grace well above a loop turn under load, so "at once" and "after the grace" differ
+    # (the grace is capped at the whole bound).
+    monkeypatch.setattr(closing, "CLOSE_TIMEOUT", 0.4)
+    monkeypatch.setattr(_stallhold, "STOP_GRACE", 0.4)
     worker = StoppingWorker(tmp_path, monkeypatch)
     commit = CommitUnanswered(monkeypatch)
 
@@ -291,26 +293,27 @@ def test_a_commit_begun_past_the_deadline_is_cut_after_the_grace_and_the_next_at
         worker.acknowledge(10, 11)
         worker.stop()
         await asyncio.wait_for(worker.producer.flush(), 1.0)  # the stop is seen: deadline
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.5)
         began = time.monotonic()
-        cut = await asyncio.wait_for(worker.consumer.commit(), 1.0)
+        cut = await asyncio.wait_for(worker.consumer.commit(), 3.0)
         cut_after = time.monotonic() - began
         worker.acknowledge(12)
         began = time.monotonic()
-        refused = await asyncio.wait_for(worker.consumer.commit(), 1.0)
+        refused = await asyncio.wait_for(worker.consumer.commit(), 3.0)
         return cut, cut_after, refused, time.monotonic() - began
 
     with caplog.at_level(logging.INFO, logger="streamassign.faust"):
         cut, cut_after, refused, refused_after = run(stop_then_commit_twice())
     assert cut is False and refused is False and commit.abandoned
-    assert 0.09 < cut_after < 0.6
-    assert refused_after < 0.05
+    assert 0.35 < cut_after < 2.5
+    assert refused_after < 0.2
     assert commit.asked == [{S0: 12}]
     assert worker.producer.stall_hold.commits_refused
     (warning,) = faust_lines(caplog, logging.WARNING)
-    assert re.match(
-        r"this worker stops and its commit of 1 offset\(s\) got no answer 0\.[4-9] s", warning
+    said = (
+        r"this worker stops and its commit of 1 offset\(s\) got no answer \d+\.\d s into the stop"
     )
+    assert re.match(said, warning)
 
 
 @pytest.mark.parametrize(

@@ -301,10 +301,12 @@ async def _stop_producer_within(
 #: The worker's producer, as its stop's lines name it.
 PRODUCER_NAME = "the worker's producer"
 
-#: Once the stop's deadline has passed, how long a flush or commit of the stop that has not
-#: been cut yet still waits for its answer, from when it saw the stop
-#: (``StallHoldProducer._stop_wait_left``): a broker answering within it is never refused,
-#: and a cut stop lasts at most this much longer than ``closing.CLOSE_TIMEOUT``.
+#: Once the stop's deadline has passed, how long a flush or commit of the stop still waits
+#: for its answer, from when it saw the stop, while no commit was refused (a cut wait or a
+#: dropped hold refuses them; ``StallHoldProducer._stop_wait_left``): a broker answering
+#: within it is not refused. A stop cut off from its start lasts at most this much longer
+#: than ``closing.CLOSE_TIMEOUT``; one whose waits were answered past the deadline until the
+#: cut, a grace per wait.
 STOP_GRACE = 1.0
 
 
@@ -611,7 +613,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         deadline by a stop still draining (Faust's ``wait_empty`` commits about once a
         second until its agents are done) is cut only if it got no answer in that time.
         Once a commit was refused, nothing later is committed: its waits end at the
-        deadline, so a cut stop lasts at most ``STOP_GRACE`` longer than it."""
+        deadline (a stop cut off from its start lasts at most ``STOP_GRACE`` longer)."""
         now = time.monotonic()
         if self._stop_deadline is None:
             self._stop_deadline = now + closing.CLOSE_TIMEOUT
