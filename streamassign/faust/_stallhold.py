@@ -67,7 +67,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import inspect
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -78,7 +80,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from ..aiokafka import closing
 from ..aiokafka.accumulator import DROP, HOLD, SEND, drop_gated, gate_drains, wake_sender
-from ..aiokafka.closing import release_producer, stop_within
+from ..aiokafka.closing import release_producer, retrieve_failure, stop_within
 from ..aiokafka.rejoin import (
     HeartbeatAnswers,
     heartbeat_task,
@@ -280,11 +282,100 @@ async def _stop_producer_within(
     """aiokafka's ``stop`` of the worker's ``producer`` within ``closing.CLOSE_TIMEOUT``, as the
     runtime's producers stop; cut, commits are refused (a commit still waiting on a flush
     would pass the writes failed next) and the batches it holds are failed, nothing of them
-    sent later. The partitions' next owner writes them again."""
-    abandoned = "its writes not yet acknowledged are abandoned (their events are not committed)"
-    if not await stop_within("the worker's producer", _Stopping(stop), abandoned, log):
+    sent later. The partitions' next owner writes them again. Faust logs one WARNING per
+    failed write (``_on_published error``): held back and counted in one line instead."""
+    consequence = "its writes not yet acknowledged are abandoned (their events are not committed)"
+    if not await stop_within(PRODUCER_NAME, _Stopping(stop), consequence, log):
         refuse_commits()
-        await release_producer("the worker's producer", producer, log)
+        faust_topics_log = logging.getLogger("faust.topics")
+        abandoned_writes = _AbandonedWrites()
+        faust_topics_log.addFilter(abandoned_writes)
+        try:
+            await release_producer(PRODUCER_NAME, producer, log)
+            await abandoned_writes.all_told()
+        finally:
+            faust_topics_log.removeFilter(abandoned_writes)
+        abandoned_writes.tell()
+
+
+#: The worker's producer, as its stop's lines name it.
+PRODUCER_NAME = "the worker's producer"
+
+#: Once the stop's deadline has passed, how long a flush or commit of the stop still waits
+#: for its answer, from when it saw the stop, while no commit was refused (a cut wait or a
+#: dropped hold refuses them; ``StallHoldProducer._stop_wait_left``): a broker answering
+#: within it is not refused. A stop cut off from its start lasts at most this much longer
+#: than ``closing.CLOSE_TIMEOUT``; one whose waits were answered past the deadline until the
+#: cut, a grace per wait.
+STOP_GRACE = 1.0
+
+
+@attrs.define(eq=False)
+class _AbandonedWrites:
+    """A filter of Faust's ``faust.topics`` log while a cut producer stop is released: each
+    write it fails (``closing.release_producer``: ``WritesAbandonedError``) gets Faust's
+    ``_on_published error`` WARNING, one per write (35 in a measured stop with a
+    repartition's writes in flight), and, once collected, its ``FutureMessage`` failure as
+    "exception was never retrieved" with a trace (nobody awaits it at a stop). Those lines
+    are held back: the writes are counted by topic and their messages' failures marked
+    seen. Any other line passes (a send failing for another reason is still Faust's)."""
+
+    by_topic: collections.Counter[str] = attrs.field(factory=collections.Counter)
+
+    def __call__(self, record: logging.LogRecord) -> bool:
+        found = _ON_PUBLISHED_ABANDONED.match(record.getMessage())
+        if found is None:
+            return True
+        self.by_topic[found[1]] += 1
+        message = _on_published_message()
+        if message is not None:
+            retrieve_failure(message)
+        return False
+
+    async def all_told(self) -> None:
+        """Return once Faust's callbacks of the failed writes have run: a write handed to
+        aiokafka is told one loop turn after its failure, a held changelog send released to
+        it two (``_settle`` ends Faust's future on the next turn); then until a turn tells
+        none (a callback of a callback)."""
+        turns = 0
+        while True:
+            told = self.by_topic.total()
+            await asyncio.sleep(0)
+            turns += 1
+            if turns >= _TURNS_TO_TELL and self.by_topic.total() == told:
+                return
+
+    def tell(self) -> None:
+        if not self.by_topic:
+            return
+        log.warning(
+            "%s was released with %d write(s) not acknowledged (some may have landed): %s; "
+            'Faust\'s "_on_published error" WARNING for each is not logged',
+            PRODUCER_NAME,
+            self.by_topic.total(),
+            ", ".join(f"{topic}: {count}" for topic, count in sorted(self.by_topic.items())),
+        )
+
+
+#: Loop turns from a write's failure to Faust's line, through ``_settle`` (``all_told``).
+_TURNS_TO_TELL = 2
+
+
+def _on_published_message() -> asyncio.Future[Any] | None:
+    """The ``FutureMessage`` of the ``Topic._on_published`` call logging now (its ``message``,
+    read from its frame: Faust's line names none of it)."""
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_code.co_name != "_on_published":
+        frame = frame.f_back
+    message = frame.f_locals.get("message") if frame is not None else None
+    return message if isinstance(message, asyncio.Future) else None
+
+
+#: Faust's line for a write failed by ``closing.release_producer`` (``faust/topics.py``).
+_ON_PUBLISHED_ABANDONED = re.compile(
+    rf"_on_published error for message topic (\S+) error {re.escape(PRODUCER_NAME)} was released "
+    "before these writes were acknowledged"
+)
 
 
 class StallHoldProducer(faust_aiokafka.Producer):
@@ -305,8 +396,9 @@ class StallHoldProducer(faust_aiokafka.Producer):
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_releasing: asyncio.Task[None] | None = None
         self._stall_look_failed = False
-        #: When the flushes at the stop end (``_stop_flush_left``; None: no stop seen yet).
-        self._stop_flush_deadline: float | None = None
+        #: When the flushes and commits at the stop end (``until_stop_deadline``; None: no
+        #: stop seen yet).
+        self._stop_deadline: float | None = None
         #: This hold's wrap on the consumer's heartbeats once in place, and whether wrapping
         #: failed (told once; no silence is counted then: ``_stall_watch_heartbeats``).
         self._heartbeat_wrap: Any = None
@@ -334,7 +426,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         # A restart in the same process (mode's ``restart``) joins again: the offsets
         # acknowledged before are forgotten at its next assignment (``losses``).
         self.stall_hold.commits_refused = False
-        self._stop_flush_deadline = None
+        self._stop_deadline = None
         if self._holds_stalls():
             self._stall_timer = self.loop.call_later(TICK, self._stall_tick)
             self._stall_gate(self._producer)
@@ -474,31 +566,61 @@ class StallHoldProducer(faust_aiokafka.Producer):
         may start a hold (its sends can be the first to run after a resume, before any tick),
         so a hold is awaited before and after it. Once the worker stops, its flushes (one
         begun before the stop too: a timer commit's, which the stop's commit waits for) end
-        ``closing.CLOSE_TIMEOUT`` after the stop was first seen (``_flush_cut_at_stop``):
+        by the stop's deadline (``until_stop_deadline``; then ``_flush_cut_at_stop``):
         aiokafka's flush waits for every batch, of any topic, until a cut heals."""
         if not self._holds_stalls():
             await self._flush_after_holds()
             return
         flushing = asyncio.ensure_future(self._flush_after_holds())
-        try:
-            while not flushing.done():
-                left = self._stop_flush_left() if self._stopping() else TICK
-                if left <= 0:
-                    flushing.cancel()
-                    await asyncio.gather(flushing, return_exceptions=True)
-                    self._flush_cut_at_stop()
-                    return
-                await asyncio.wait({flushing}, timeout=left)
-        finally:
-            flushing.cancel()  # the caller cancelled: so is the flush
+        if not await self.until_stop_deadline(flushing):
+            self._flush_cut_at_stop()
+            return
         flushing.result()
 
-    def _stop_flush_left(self) -> float:
-        """Seconds left to the flushes at the stop, from the first flush that saw it."""
+    def bounds_stops(self) -> bool:
+        """Whether the worker's stop is bounded here (its flushes, its commits, its producer's
+        stop): not under exactly_once or with a threaded producer, whose stops are Faust's."""
+        return self._holds_stalls()
+
+    async def until_stop_deadline(self, waited: asyncio.Future[Any]) -> bool:
+        """Wait for ``waited``: as long as it takes while the worker runs (a slow broker cuts
+        nothing short); once it stops, up to the stop's deadline, ``closing.CLOSE_TIMEOUT``
+        after the stop was first seen here, shared by every flush and commit of the stop,
+        or ``STOP_GRACE`` after this wait saw the stop if that is later and no commit was
+        refused yet (``_stop_wait_left``). Returns whether it ended; cut, it is cancelled
+        (and False)."""
+        saw_stop: float | None = None
+        try:
+            while not waited.done():
+                if self._stopping():
+                    saw_stop = time.monotonic() if saw_stop is None else saw_stop
+                    left = self._stop_wait_left(saw_stop)
+                else:
+                    left = TICK
+                if left <= 0:
+                    waited.cancel()
+                    await asyncio.gather(waited, return_exceptions=True)
+                    return False
+                await asyncio.wait({waited}, timeout=left)
+        finally:
+            waited.cancel()  # the caller cancelled: so is what it waited for
+        return True
+
+    def _stop_wait_left(self, saw_stop: float) -> float:
+        """Seconds left to a wait that first saw the stop at ``saw_stop``: to the stop's
+        deadline (set by the first wait that saw the stop) or, while no commit was refused,
+        to ``STOP_GRACE`` after ``saw_stop`` if that is later: a wait begun near or past the
+        deadline by a stop still draining (Faust's ``wait_empty`` commits about once a
+        second until its agents are done) is cut only if it got no answer in that time.
+        Once a commit was refused, nothing later is committed: its waits end at the
+        deadline (a stop cut off from its start lasts at most ``STOP_GRACE`` longer)."""
         now = time.monotonic()
-        if self._stop_flush_deadline is None:
-            self._stop_flush_deadline = now + closing.CLOSE_TIMEOUT
-        return self._stop_flush_deadline - now
+        if self._stop_deadline is None:
+            self._stop_deadline = now + closing.CLOSE_TIMEOUT
+        if self.stall_hold.commits_refused:
+            return self._stop_deadline - now
+        grace = min(STOP_GRACE, closing.CLOSE_TIMEOUT)  # never more than the whole bound
+        return max(self._stop_deadline, saw_stop + grace) - now
 
     async def _flush_after_holds(self) -> None:
         await self._hold_resolved()
@@ -651,19 +773,43 @@ class StallHoldProducer(faust_aiokafka.Producer):
         )
 
     def _flush_cut_at_stop(self) -> None:
-        """A flush at the stop got no acknowledgement within ``closing.CLOSE_TIMEOUT`` (a cut
-        from a partition's leader: a sink's, a repartition's, a changelog's): Faust commits
-        after it, which could pass events whose writes never land, so no commit goes out from
-        now on, and the acknowledged offsets are forgotten (``losses``: a restart in the same
-        process commits none of them). The producer's stop then fails what it holds."""
+        """A flush at the stop got no acknowledgement by the stop's deadline
+        (``_stop_wait_left``; a cut from a partition's leader: a sink's, a repartition's, a
+        changelog's): Faust commits after it, which could pass events whose writes never
+        land, so no commit goes out from now on, and the acknowledged offsets are forgotten
+        (``losses``: a restart in the same process commits none of them). The producer's
+        stop then fails what it holds."""
         if not self.stall_hold.commits_refused:
             log.warning(
-                "this worker stops and its producer's flush got no acknowledgement within %g "
-                "s (broker unreachable?): no offset is committed from now on, so the "
-                "partitions' next owner processes the events since the last commit again",
-                closing.CLOSE_TIMEOUT,
+                "this worker stops and its producer's flush got no acknowledgement %.1f s "
+                "into the stop (broker unreachable?): no offset is committed from now on, so "
+                "the partitions' next owner processes the events since the last commit again",
+                self._stop_seconds(),
             )
         self._refuse_commits()
+
+    def commit_cut_at_stop(self, offset_count: int) -> None:
+        """A commit under way at the stop got no answer by the stop's deadline (aiokafka
+        retries a request sent into a cut until a coordinator answers, and Faust's stop waits
+        for a commit under way): it is abandoned, and no commit goes out from now on, as
+        after a flush cut short. Its offsets' writes were flushed before it, so should it
+        still land, it passes nothing unwritten. Told at INFO when commits were refused
+        already (a dropped hold told why): it still says what the stop waited for."""
+        log.log(
+            logging.INFO if self.stall_hold.commits_refused else logging.WARNING,
+            "this worker stops and its commit of %d offset(s) got no answer %.1f s into the "
+            "stop (coordinator unreachable?): abandoned, and no offset is committed from now "
+            "on, so the partitions' next owner processes the events since the last commit again",
+            offset_count,
+            self._stop_seconds(),
+        )
+        self._refuse_commits()
+
+    def _stop_seconds(self) -> float:
+        """Seconds since the stop was first seen by a flush or commit (its deadline set)."""
+        if self._stop_deadline is None:
+            return 0.0
+        return time.monotonic() - (self._stop_deadline - closing.CLOSE_TIMEOUT)
 
     def _refuse_commits(self) -> None:
         """No commit from now on, and the acknowledged offsets forgotten (``losses``): writes

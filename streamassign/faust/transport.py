@@ -55,7 +55,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from faust.types import tuples as faust_tuples
 
-from ..aiokafka.closing import release_consumer, stop_within
+from ..aiokafka.closing import release_consumer, retrieve_failure, stop_within
 from ..aiokafka.floods import BrokerAwayLines
 from ..aiokafka.rejoin import current_assignment, fetch_states, member_id, membership, rewind
 from ..repeats import Repeats
@@ -97,6 +97,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         a network cut took that long to exit. Cut, the member is left to the coordinator,
         which drops it at its session timeout, as a crashed one (Faust committed before)."""
         try:
+            _abandon_commit_requests(self._consumer)
             # Faust's own first step (the thread's method queue), then its consumer's stop.
             await super(faust_aiokafka.AIOKafkaConsumerThread, self).on_thread_stop()
             if self._consumer is not None:
@@ -212,6 +213,22 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 def _is_offset(offset: object) -> bool:
     """An offset aiokafka's ``seek`` takes (an int from 0; not a bool)."""
     return isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
+
+
+def _abandon_commit_requests(consumer: Any) -> None:
+    """Mark seen the failure of each offset commit request still under way when the consumer
+    thread stops (a stop that abandoned a commit sent into a cut: the method queue's stop
+    cancels the commit, but aiokafka shields its request, which fails when the connections
+    close): nobody awaits it, and asyncio would log it as "Task exception was never
+    retrieved" with aiokafka's trace. Found by their coroutine: the coordinator's
+    ``_do_commit_offsets`` (or the wrap on it)."""
+    commit = getattr(getattr(consumer, "_coordinator", None), "_do_commit_offsets", None)
+    code = getattr(getattr(commit, "__func__", commit), "__code__", None)
+    if code is None:
+        return
+    for task in asyncio.all_tasks():
+        if getattr(task.get_coro(), "cr_code", None) is code:
+            task.add_done_callback(retrieve_failure)
 
 
 async def _stop_consumer_within(consumer: Any) -> None:
@@ -534,10 +551,25 @@ class _Consumer(faust_aiokafka.Consumer):
                 snapshot = self.proven_offsets.snapshot(changelog_stores(self.app))
             except Exception:  # the commit goes on; the last proof stays
                 log.exception("cannot read the tables' persisted offsets before a commit")
-        committed = bool(await super()._commit(offsets))
+        committed = await self._commit_by_stop_deadline(offsets)
         if committed and snapshot is not None and self._member_id() == before:
             self.proven_offsets.prove(snapshot)
         return committed
+
+    async def _commit_by_stop_deadline(self, offsets: Mapping[TP, int]) -> bool:
+        """Faust's commit (aiokafka's, on the consumer thread), ended by the stop's deadline
+        once the worker stops (``StallHoldProducer.until_stop_deadline``): a commit request
+        sent as a cut began is retried until a coordinator answers, and Faust's stop waits
+        for a commit under way before its own. Cut, it is abandoned and commits are refused
+        from then on; the consumer thread's stop ends its retries."""
+        producer = self.app.producer
+        if not isinstance(producer, StallHoldProducer) or not producer.bounds_stops():
+            return bool(await super()._commit(offsets))
+        committing = asyncio.ensure_future(super()._commit(offsets))
+        if await producer.until_stop_deadline(committing):
+            return bool(committing.result())
+        producer.commit_cut_at_stop(len(offsets))
+        return False
 
     def _commits_refused(self, offsets: Mapping[TP, int]) -> bool:
         """Whether the producer refuses commits at this stop (``commits_refused``): the first
