@@ -74,6 +74,8 @@ from typing import Any
 
 import aiokafka
 import attrs
+from aiokafka.errors import KafkaTimeoutError
+from faust.exceptions import ProducerSendError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from ..aiokafka import closing
@@ -105,10 +107,11 @@ SILENCE = "silence"
 @attrs.define(eq=False)
 class HeldSend:
     """A changelog send held: ``send()`` hands it to aiokafka; ``result`` is the future Faust
-    got in its place."""
+    got in its place; ``began`` when Faust made it (the hold's clock)."""
 
     send: Callable[[], Awaitable[Awaitable[Any]]]
     result: asyncio.Future[Any]
+    began: float
 
 
 @attrs.define(eq=False)
@@ -221,6 +224,12 @@ class StallHold:
         if member == self.held_as and self.heartbeat_sent >= self.since:
             return RELEASED
         return None
+
+    def join(self, late: HeldSend) -> None:
+        """Hold ``late``, a send made before sends held already (it waited in aiokafka): it
+        goes out ahead of those made after it, so a key's writes keep their order."""
+        after = next((i for i, held in enumerate(self.held) if held.began > late.began), None)
+        self.held.insert(len(self.held) if after is None else after, late)
 
     def end(self, now: float) -> list[HeldSend]:
         """End the hold; the sends it held, in order. ``now`` is the next gap's start."""
@@ -421,10 +430,40 @@ class StallHoldProducer(faust_aiokafka.Producer):
         if self._stall_dropping():
             hold.dropped_since_lost += 1  # dropped at once: a flush does not wait for it
             return result
-        if not hold.check(self.clock()):
-            return await send()
-        hold.held.append(HeldSend(send, result))
+        now = self.clock()
+        if not hold.check(now):
+            return await self._send_or_join(HeldSend(send, result, now))
+        hold.held.append(HeldSend(send, result, now))
         return result
+
+    async def _send_or_join(self, item: HeldSend) -> Awaitable[Any]:
+        """Hand a changelog send to aiokafka now. Should it find its partition's batch full,
+        aiokafka waits for that batch to leave, at most Faust's ``producer_request_timeout``
+        (20 min), then raises KafkaTimeoutError, which would crash Faust's producer buffer:
+        a hold keeps the batch in for as long as a cut lasts. Timed out during a hold, the
+        send (not in aiokafka: no room) joins the held sends, or is dropped with the lost
+        membership's; any other error, or one outside a hold, is Faust's as before."""
+        try:
+            return await item.send()
+        except ProducerSendError as exc:
+            hold = self.stall_hold
+            if not isinstance(exc.__cause__, KafkaTimeoutError):
+                raise
+            if self._stall_dropping():
+                hold.dropped_since_lost += 1
+                return item.result
+            now = self.clock()
+            if not hold.check(now):
+                raise
+            hold.join(item)
+            log.warning(
+                "a changelog send waited %.1f s in aiokafka for room in a batch held back "
+                "since %.1f s ago (aiokafka gave up: %r): it is held with the rest",
+                now - item.began,
+                now - (hold.since or now),
+                exc.__cause__,
+            )
+            return item.result
 
     def _aiokafka_consumer(self) -> Any:
         return aiokafka_consumer(self.app)
