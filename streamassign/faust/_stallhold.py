@@ -58,6 +58,9 @@ request runs the same check, and hands the changelog's batches back to the accum
 drops them (``streamassign.aiokafka.sender``). A changelog request already written when a
 silence hold begins is still in this host's buffers (the link is dead): its connections are
 reset, discarding those bytes, and aiokafka hands its batches back to the gated accumulator.
+A send that found its partition's batch full waits in aiokafka for that batch to leave, which
+a hold keeps from happening: when aiokafka gives up (``producer_request_timeout``, 20 min in
+Faust) during a hold, the send joins the held sends rather than crash Faust's producer buffer.
 Under exactly_once transactions fence the zombie, and with ``producer_threaded`` the sends
 leave on another thread: nothing is held there.
 """
