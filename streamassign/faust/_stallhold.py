@@ -445,7 +445,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
         (20 min), then raises KafkaTimeoutError, which would crash Faust's producer buffer:
         a hold keeps the batch in for as long as a cut lasts. Timed out during a hold, the
         send (not in aiokafka: no room) joins the held sends, or is dropped with the lost
-        membership's; any other error, or one outside a hold, is Faust's as before."""
+        membership's; any other error, or one outside a hold, reaches Faust."""
         try:
             return await item.send()
         except ProducerSendError as exc:
