@@ -74,10 +74,20 @@ def test_a_send_that_times_out_waiting_during_a_hold_is_held_and_released_first(
     """It was made before the sends held meanwhile: it goes out ahead of them."""
     worker = Worker(tmp_path, monkeypatch)
 
+    added: list[bytes] = []
+
     async def scenario() -> list[Any]:
         accumulator = _through_aiokafka(worker, monkeypatch)
         worker.start()
         waiting = await _waiting_for_room(worker)
+        add_message = accumulator.add_message
+
+        async def recording(*args: Any) -> Any:  # what aiokafka took in, in order
+            taken = await add_message(*args)
+            added.append(args[2])
+            return taken
+
+        accumulator.add_message = recording  # type: ignore[method-assign]
         worker.stall(10.0)  # the hold begins: the full batch stays in
         later = await worker.send(CHANGELOG, b"later")
         assert _drained(accumulator) == set()
@@ -96,6 +106,7 @@ def test_a_send_that_times_out_waiting_during_a_hold_is_held_and_released_first(
     with caplog.at_level(logging.WARNING, logger="streamassign.faust"):
         results = run(scenario())
     assert all(result.done() and result.exception() is None for result in results)
+    assert added == [VALUE, b"later"]  # the send that waited reached aiokafka first
     assert "waited" in caplog.text and "it is held with the rest" in caplog.text
     assert "released 2 held changelog send(s)" in caplog.text
 
@@ -173,5 +184,5 @@ def test_a_late_send_joins_ahead_of_the_sends_made_after_it() -> None:
     for at in (20.0, 21.0):
         hold.held.append(made(at))
     for at in (10.0, 12.0, 30.0):
-        hold.join(made(at))
+        hold.hold_late(made(at))
     assert [held.began for held in hold.held] == [10.0, 12.0, 20.0, 21.0, 30.0]

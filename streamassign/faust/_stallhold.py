@@ -228,7 +228,7 @@ class StallHold:
             return RELEASED
         return None
 
-    def join(self, late: HeldSend) -> None:
+    def hold_late(self, late: HeldSend) -> None:
         """Hold ``late``, a send made before sends held already (it waited in aiokafka): it
         goes out ahead of those made after it, so a key's writes keep their order."""
         after = next((i for i, held in enumerate(self.held) if held.began > late.began), None)
@@ -435,11 +435,11 @@ class StallHoldProducer(faust_aiokafka.Producer):
             return result
         now = self.clock()
         if not hold.check(now):
-            return await self._send_or_join(HeldSend(send, result, now))
+            return await self._send_or_hold(HeldSend(send, result, now))
         hold.held.append(HeldSend(send, result, now))
         return result
 
-    async def _send_or_join(self, item: HeldSend) -> Awaitable[Any]:
+    async def _send_or_hold(self, item: HeldSend) -> Awaitable[Any]:
         """Hand a changelog send to aiokafka now. Should it find its partition's batch full,
         aiokafka waits for that batch to leave, at most Faust's ``producer_request_timeout``
         (20 min), then raises KafkaTimeoutError, which would crash Faust's producer buffer:
@@ -458,7 +458,7 @@ class StallHoldProducer(faust_aiokafka.Producer):
             now = self.clock()
             if not hold.check(now):
                 raise
-            hold.join(item)
+            hold.hold_late(item)
             log.warning(
                 "a changelog send waited %.1f s in aiokafka for room in a batch held back "
                 "since %.1f s ago (aiokafka gave up: %r): it is held with the rest",
