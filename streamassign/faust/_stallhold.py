@@ -58,6 +58,9 @@ request runs the same check, and hands the changelog's batches back to the accum
 drops them (``streamassign.aiokafka.sender``). A changelog request already written when a
 silence hold begins is still in this host's buffers (the link is dead): its connections are
 reset, discarding those bytes, and aiokafka hands its batches back to the gated accumulator.
+A send that found its partition's batch full waits in aiokafka for that batch to leave, which
+a hold keeps from happening: when aiokafka gives up (``producer_request_timeout``, 20 min in
+Faust) during a hold, the send joins the held sends rather than crash Faust's producer buffer.
 Under exactly_once transactions fence the zombie, and with ``producer_threaded`` the sends
 leave on another thread: nothing is held there.
 """
@@ -76,6 +79,8 @@ from typing import Any
 
 import aiokafka
 import attrs
+from aiokafka.errors import KafkaTimeoutError
+from faust.exceptions import ProducerSendError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from ..aiokafka import closing
@@ -107,10 +112,11 @@ SILENCE = "silence"
 @attrs.define(eq=False)
 class HeldSend:
     """A changelog send held: ``send()`` hands it to aiokafka; ``result`` is the future Faust
-    got in its place."""
+    got in its place; ``began`` when Faust made it (the hold's clock)."""
 
     send: Callable[[], Awaitable[Awaitable[Any]]]
     result: asyncio.Future[Any]
+    began: float
 
 
 @attrs.define(eq=False)
@@ -223,6 +229,12 @@ class StallHold:
         if member == self.held_as and self.heartbeat_sent >= self.since:
             return RELEASED
         return None
+
+    def hold_late(self, late: HeldSend) -> None:
+        """Hold ``late``, a send made before sends held already (it waited in aiokafka): it
+        goes out ahead of those made after it, so a key's writes keep their order."""
+        after = next((i for i, held in enumerate(self.held) if held.began > late.began), None)
+        self.held.insert(len(self.held) if after is None else after, late)
 
     def end(self, now: float) -> list[HeldSend]:
         """End the hold; the sends it held, in order. ``now`` is the next gap's start."""
@@ -513,10 +525,40 @@ class StallHoldProducer(faust_aiokafka.Producer):
         if self._stall_dropping():
             hold.dropped_since_lost += 1  # dropped at once: a flush does not wait for it
             return result
-        if not hold.check(self.clock()):
-            return await send()
-        hold.held.append(HeldSend(send, result))
+        now = self.clock()
+        if not hold.check(now):
+            return await self._send_or_hold(HeldSend(send, result, now))
+        hold.held.append(HeldSend(send, result, now))
         return result
+
+    async def _send_or_hold(self, item: HeldSend) -> Awaitable[Any]:
+        """Hand a changelog send to aiokafka now. Should it find its partition's batch full,
+        aiokafka waits for that batch to leave, at most Faust's ``producer_request_timeout``
+        (20 min), then raises KafkaTimeoutError, which would crash Faust's producer buffer:
+        a hold keeps the batch in for as long as a cut lasts. Timed out during a hold, the
+        send (not in aiokafka: no room) joins the held sends, or is dropped with the lost
+        membership's; any other error, or one outside a hold, reaches Faust."""
+        try:
+            return await item.send()
+        except ProducerSendError as exc:
+            hold = self.stall_hold
+            if not isinstance(exc.__cause__, KafkaTimeoutError):
+                raise
+            if self._stall_dropping():
+                hold.dropped_since_lost += 1
+                return item.result
+            now = self.clock()
+            if not hold.check(now):
+                raise
+            hold.hold_late(item)
+            log.warning(
+                "a changelog send waited %.1f s in aiokafka for room in a batch held back "
+                "since %.1f s ago (aiokafka gave up: %r): it is held with the rest",
+                now - item.began,
+                now - (hold.since or now),
+                exc.__cause__,
+            )
+            return item.result
 
     def _aiokafka_consumer(self) -> Any:
         return aiokafka_consumer(self.app)
