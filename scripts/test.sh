@@ -31,4 +31,8 @@ echo "== ruff"
 echo "== mypy --strict"
 "$PYTHON" -m mypy
 echo "== pytest"
-"$PYTHON" -m pytest "$@"
+# Two processes (pytest-xdist): the broker's tests run in one, beside the CPU-bound unit and
+# property tests in the other, and the Spark tests' group likewise; each file, and each group
+# sharing the broker or the Spark session, stays in one process (tests/conftest.py groups them
+# and orders the groups). STREAMASSIGN_TEST_PROCESSES=0 runs everything in this process.
+"$PYTHON" -m pytest -n "${STREAMASSIGN_TEST_PROCESSES:-2}" --dist loadgroup --no-loadscope-reorder "$@"
