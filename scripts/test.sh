@@ -31,8 +31,7 @@ echo "== ruff"
 echo "== mypy --strict"
 "$PYTHON" -m mypy
 echo "== pytest"
-# Two processes (pytest-xdist): the broker's tests run in one, beside the CPU-bound unit and
-# property tests in the other, and the Spark tests' group likewise; each file, and each group
-# sharing the broker or the Spark session, stays in one process (tests/conftest.py groups them
-# and orders the groups). STREAMASSIGN_TEST_PROCESSES=0 runs everything in this process.
-"$PYTHON" -m pytest -n "${STREAMASSIGN_TEST_PROCESSES:-2}" --dist loadgroup --no-loadscope-reorder "$@"
+# Two processes (pytest-xdist): the broker's tests wait in one while the CPU-bound unit and
+# property tests run in the other; tests/xdist_scopes.py keeps the tests sharing the broker, or
+# the Spark session, in one process. STREAMASSIGN_TEST_PROCESSES=0: everything in this one.
+"$PYTHON" -m pytest -n "${STREAMASSIGN_TEST_PROCESSES:-2}" --dist loadscope "$@"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,45 +96,15 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
-#: Session fixtures that start a process of their own (a broker, a Spark JVM): under
-#: ``--dist loadgroup`` (scripts/test.sh) every file using one runs in the same worker, so each
-#: starts once per run, not once per worker.
-_SHARED_SESSION_FIXTURES = ("kafka_bootstrap", "spark")
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` (scripts/test.sh): the scopes of ``tests/xdist_scopes.py``, which keep
+    the tests sharing the broker, or the Spark session, in one process."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from .xdist_scopes import SharedFixtureScheduling  # imports xdist: only under xdist
 
-
-def _group_of_file(items: list[pytest.Item]) -> dict[Path, str]:
-    """Each test file's xdist group: the first shared session fixture any of its tests uses,
-    else the file itself (its module fixtures then also start once)."""
-    groups: dict[Path, str] = {}
-    for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        used = [name for name in _SHARED_SESSION_FIXTURES if name in fixtures]
-        if used and groups.get(item.path) not in _SHARED_SESSION_FIXTURES:
-            groups[item.path] = used[0]
-        groups.setdefault(item.path, item.nodeid.split("::", 1)[0])
-    return groups
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``--dist loadgroup``, groups the tests by file and shared session fixture, and
-    puts the broker's group first and Spark's second, then the other files by test count: the
-    longest groups start at once on the two workers, the short files fill in around them
-    (scripts/test.sh passes ``--no-loadscope-reorder`` to keep this order)."""
-    if config.getoption("dist", "no") != "loadgroup":
-        return
-    groups = _group_of_file(items)
-    sizes = Counter(groups[item.path] for item in items)
-
-    def rank(item: pytest.Item) -> tuple[int, int]:
-        group = groups[item.path]
-        if group in _SHARED_SESSION_FIXTURES:
-            return _SHARED_SESSION_FIXTURES.index(group), 0
-        return len(_SHARED_SESSION_FIXTURES), -sizes[group]
-
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.path]))
-    items.sort(key=rank)  # stable: a file's tests keep their order
+    return SharedFixtureScheduling(config, log)
 
 
 def _faust_unit_test_file(path: Path) -> bool:
