@@ -19,6 +19,12 @@ from xdist.workermanage import WorkerController
 SHARED_FIXTURE_FOLDERS = ("tests/integration/", "tests/pipeline/")
 
 
+# The two hooks overridden below are xdist's own (3.x): renamed, the folders would silently
+# split file by file again (two brokers, integration tests two at a time): fail instead.
+if not all(hasattr(LoadScopeScheduling, hook) for hook in ("_split_scope", "_assign_work_unit")):
+    raise ImportError("pytest-xdist's LoadScopeScheduling changed: update tests/xdist_scopes.py")
+
+
 class SharedFixtureScheduling(LoadScopeScheduling):
     """``--dist loadscope`` with a folder sharing a session fixture as one scope."""
 
