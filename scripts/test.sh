@@ -31,4 +31,7 @@ echo "== ruff"
 echo "== mypy --strict"
 "$PYTHON" -m mypy
 echo "== pytest"
-"$PYTHON" -m pytest "$@"
+# Two processes (pytest-xdist): the broker's tests wait in one while the CPU-bound unit and
+# property tests run in the other; tests/xdist_scopes.py keeps the tests sharing the broker, or
+# the Spark session, in one process. STREAMASSIGN_TEST_PROCESSES=0: everything in this one.
+"$PYTHON" -m pytest -n "${STREAMASSIGN_TEST_PROCESSES:-2}" --dist loadscope "$@"

@@ -96,6 +96,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` (scripts/test.sh): the scopes of ``tests/xdist_scopes.py``, which keep
+    the tests sharing the broker, or the Spark session, in one process."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from .xdist_scopes import SharedFixtureScheduling  # imports xdist: only under xdist
+
+    return SharedFixtureScheduling(config, log)
+
+
 def _faust_unit_test_file(path: Path) -> bool:
     """tests/test_faust_*.py: Faust apps built in this process, never started (the broker
     tests in tests/integration run their apps in worker processes)."""

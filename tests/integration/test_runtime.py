@@ -443,8 +443,12 @@ def test_rolling_restart_returns_tasks_without_full_restores(runtime: Runtime) -
         assert state[name] == held, f"{name} did not get its tasks back after its restart"
         restores = runtime.events(name, "restore")
         assert {e["task"] for e in restores} >= held
-        for e in restores:  # from its local state: only what was written while it was away
-            assert e["source"] == "local" and e["start"] > 0, f"{name}: {e} is a full restore"
+        # From its local state: only what was written while it was away; or, after a second
+        # rebalance in the new process (its session expired on a loaded machine), from the
+        # state it held a moment before ("kept").
+        for e in restores:
+            not_full = e["source"] in ("local", "kept") and e["start"] > 0
+            assert not_full, f"{name}: {e} is a full restore"
     feeder.finish()
     wait_caught_up(runtime.bootstrap, runtime.app, runtime.source)
 
