@@ -135,8 +135,8 @@ def sources_sha256(package: Traversable) -> str | None:
 def _shipped(folder: Traversable, prefix: str) -> Iterator[tuple[str, Traversable]]:
     """The regular files under ``folder`` whose names could be importable or shipped
     (``name.ext``, ``name`` an identifier), with their paths under it; subpackages by their
-    identifier names, bytecode caches left out. Dot files (an editor's ``.#cli.py`` lock, a
-    dangling link), backups (``cli.py~``, ``#cli.py#``) and bytecode are not the package."""
+    identifier names, bytecode caches left out. Dot files (an editor's ``.#plan.py`` lock, a
+    dangling link), backups (``plan.py~``, ``#plan.py#``) and bytecode are not the package."""
     for entry in folder.iterdir():
         name = entry.name
         if not name.split(".", 1)[0].isidentifier() or name.endswith(("~", ".pyc", ".pyo")):
