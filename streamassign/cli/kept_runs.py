@@ -51,7 +51,7 @@ def _refuse_existing(
         manifest = read_manifest(files, run_dir) or {}
         differs = _why_not_kept(manifest, identity)
         if differs is None and not _is_remote(run_dir):
-            _refuse_damaged(run_dir)
+            _refuse_damaged(run_dir, manifest)
             return manifest
         why, note = f" {differs}" if differs else "", _report_note(run_dir)
     raise click.ClickException(
@@ -60,17 +60,24 @@ def _refuse_existing(
     )
 
 
-def _refuse_damaged(run_dir: str) -> None:
-    """Refuse to keep the local run in ``run_dir`` if its Parquet files do not match their
-    checksums (a file deleted, bytes changed): its report, if any, shows rows it no longer
-    holds, and a rerun without ``--overwrite`` would keep it again."""
-    from ..pipeline.runs import checksum_damage
+def _refuse_damaged(run_dir: str, manifest: Mapping[str, Any]) -> None:
+    """Refuse to keep the local run in ``run_dir`` (``manifest``: its manifest) if its Parquet
+    files are not those it wrote (a file deleted or added, its size or bytes changed): its
+    report, if any, shows rows it no longer holds, and a rerun without ``--overwrite`` would
+    keep it again. Likewise if nothing can check them, said as such (not as damage)."""
+    from ..pipeline.runs import rows_damage, rows_unchecked
 
-    damage = checksum_damage(run_dir)
+    damage = rows_damage(run_dir, manifest)
     if damage is not None:
         raise click.ClickException(
             f"{run_dir}: damaged run: {damage}; it cannot be kept: pass --overwrite to "
             "simulate it again"
+        )
+    unchecked = rows_unchecked(run_dir, manifest)
+    if unchecked is not None:
+        raise click.ClickException(
+            f"{run_dir}: its rows cannot be checked: {unchecked}; it cannot be kept: pass "
+            "--overwrite to simulate it again"
         )
 
 
@@ -172,6 +179,7 @@ def _keep_run(
     )
     page = Path(run_dir) / "report" / "report.html"
     if with_report and not page.is_file():
+        _refuse_foreign_report_folder(run_dir)
         # Kept only once its rows are read whole: said after the report, not before.
         click.echo(f"{held}, without its report: writing it")
         _preflight(master)
@@ -186,6 +194,21 @@ def _keep_run(
         click.echo(f"next: open {page.as_uri()} in a browser; runs and columns: docs/pipeline.md")
     else:
         click.echo(f"next: {_report_command(run_dir)}")
+
+
+def _refuse_foreign_report_folder(run_dir: str) -> None:
+    """Before Spark starts: refuse to write a kept run's report over ``DIR/report`` holding
+    other files than a report, with the remedies that keep the run (simulate's ``--out`` is the
+    run's folder: another one would simulate it all again)."""
+    from ..pipeline.runs import LocalFiles, replaceable
+
+    folder = Path(run_dir) / "report"
+    if not replaceable(LocalFiles(), str(folder), "report.html"):
+        raise click.ClickException(
+            f"{folder} exists and holds no report.html: not replacing it with the kept run's "
+            f"report; move its files away, or write the report elsewhere: "
+            f"{_report_command(run_dir)} --out OTHER"
+        )
 
 
 def _render_kept(session: Any, run_dir: str, spark_tasks: int | None) -> Path:

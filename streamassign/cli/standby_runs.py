@@ -92,7 +92,8 @@ def _standby_run_dir(
     """``streamassign-runs/NAME-standbysR``, whether ``--overwrite`` is needed there and the
     manifest of the run simulate keeps there. A run of the same simulation (``identity``) by
     this code, undamaged, is kept (no ``--overwrite``: simulate writes its report if missing);
-    a damaged one is replaced if it is alone (the command redoes it). Past folders holding
+    a damaged one (or one nothing can check: simulate would not keep it) is replaced if it is
+    alone (the command redoes it). Past folders holding
     anything else (a run of the same settings by other code: the "before" of a code change,
     which ``--overwrite`` would delete unsaid; a run of another model, rate, fleet, topology;
     what is no run) or the plan's own files (``plan_out``, written after this line: the run
@@ -102,9 +103,10 @@ def _standby_run_dir(
 
     from ..pipeline.runs import (
         LocalFiles,
-        checksum_damage,
         describe_existing,
         read_manifest,
+        rows_damage,
+        rows_unchecked,
         run_damage,
     )
 
@@ -119,7 +121,11 @@ def _standby_run_dir(
         manifest = read_manifest(files, where)
         if identity is None or manifest is None or not _same_simulation(manifest, identity):
             continue
-        damaged = run_damage(files, where) is not None or checksum_damage(where) is not None
+        damaged = (
+            run_damage(files, where) is not None
+            or rows_damage(where, manifest) is not None
+            or rows_unchecked(where, manifest) is not None  # simulate would not keep it
+        )
         if damaged and _holds_only_run_entries(where):
             return out, True, None  # nothing in it worth keeping
         if not damaged and _other_code(manifest) is None:

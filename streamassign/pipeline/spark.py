@@ -32,10 +32,12 @@ from ..errors import ExecutorCodeError
 from .runs import (
     MANIFEST,
     REBALANCES,
+    ROW_FILES,
     Code,
     check_executor_code,
     check_rows_read,
     files_for,
+    row_files,
     this_code,
     unreadable_file,
     write_manifest,
@@ -247,7 +249,8 @@ def run_simulation(
 ) -> int:
     """Simulate every scenario of ``job`` on the executors; write ``out/rebalances`` (Parquet,
     partitioned by assignor, with ``run_id`` and ``seed`` columns) and then, last,
-    ``out/manifest`` (one JSON line). ``out`` must not hold rows yet: callers write into a
+    ``out/manifest`` (one JSON line, listing the Parquet files written with their sizes:
+    ``runs.ROW_FILES``). ``out`` must not hold rows yet: callers write into a
     fresh folder and publish it (``runs.publish``). ``counter``: a fresh int accumulator to
     count rows in (progress can read it as tasks finish). ``spark_tasks``: how many Spark tasks
     share the scenarios (default: ``_slices``). Returns the rows written."""
@@ -268,8 +271,9 @@ def run_simulation(
     # a task run twice (a retry, a speculative copy) twice, and the report checks the files
     # against this count.
     written = int(spark.read.parquet(_join(out, REBALANCES)).count())
-    full = {**manifest, "run_id": run_id, "rows": written}
-    write_manifest(files_for(out, spark), out, full)
+    files = files_for(out, spark)
+    full = {**manifest, "run_id": run_id, "rows": written, ROW_FILES: row_files(files, out)}
+    write_manifest(files, out, full)
     return written
 
 

@@ -1655,6 +1655,80 @@ def test_a_damaged_run_is_never_kept_even_beside_its_report(
     assert page.read_text() == "the first run's"
 
 
+def _list_rows(run: Path, recorded: bool = True) -> None:
+    """Record in the manifest of ``run`` its Parquet files and sizes, as simulate writes them
+    (``recorded`` False: leave them out, as older code did)."""
+    from streamassign.pipeline.runs import ROW_FILES, LocalFiles, row_files
+
+    path = run / "manifest" / "part-00000.json"
+    manifest = json.loads(path.read_text())
+    manifest.pop(ROW_FILES, None)
+    path.write_text(
+        json.dumps(manifest | ({ROW_FILES: row_files(LocalFiles(), str(run))} if recorded else {}))
+    )
+
+
+def test_a_kept_run_is_checked_against_the_files_its_manifest_lists(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A Parquet file deleted together with its checksum file was kept beside the run's report;
+    a run without checksum files (hdfs dfs -get, a file system writing none) was refused as
+    damaged. The names and sizes the manifest lists tell both apart; a run that lists none and
+    has no checksum file is refused as one that cannot be checked, not as damaged."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)
+    (run / "report").mkdir()
+    (run / "report" / "report.html").write_text("the first run's")
+    folder = next((run / "rebalances").glob("*/part-00000.parquet")).parent
+    (folder / "part-00001.parquet").write_bytes(b"PAR1")
+    (folder / ".part-00001.parquet.crc").write_bytes(hadoop_checksums(b"PAR1"))
+    _list_rows(run)
+    assert invoke(*command)[0] == 0
+    shown = f"rebalances/{folder.name}/part-00001.parquet"
+    (folder / "part-00001.parquet").unlink()  # with its checksum file
+    (folder / ".part-00001.parquet.crc").unlink()
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run}: damaged run: {shown} is missing (the manifest lists it); it cannot be "
+        "kept: pass --overwrite to simulate it again\n",
+    )
+    (folder / "part-00001.parquet").write_bytes(b"PAR1")
+    for sidecar in (run / "rebalances").rglob(".*.crc"):  # copied without its dot files
+        sidecar.unlink()
+    assert invoke(*command)[0] == 0
+    _list_rows(run, recorded=False)
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run}: its rows cannot be checked: its manifest lists no files (written by "
+        "older code) and no checksum file (.*.parquet.crc) is under rebalances/ (copied "
+        "without its dot files, or written through a file system that writes none); it cannot "
+        "be kept: pass --overwrite to simulate it again\n",
+    )
+    assert (run / "report" / "report.html").read_text() == "the first run's"
+
+
+def test_a_kept_runs_report_folder_without_its_page_is_refused_before_spark_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--report over a kept run whose report/ holds other files but no report.html started
+    Spark, then said to give another --out: simulate's --out is the run's folder, so that
+    simulated it all again elsewhere. Refused before Spark, naming the remedies that keep it."""
+    run = tmp_path / "run"
+    command = _a_kept_run(monkeypatch, run)  # Spark never starts
+    (run / "report").mkdir()
+    (run / "report" / "by_event.csv").write_text("mine")
+    code, out = invoke(*command)
+    assert (code, out) == (
+        1,
+        f"Error: {run / 'report'} exists and holds no report.html: not replacing it with the "
+        f"kept run's report; move its files away, or write the report elsewhere: streamassign "
+        f"report {run} --out OTHER\n",
+    )
+    assert (run / "report" / "by_event.csv").read_text() == "mine"
+
+
 def test_a_rerun_over_a_run_of_other_code_is_refused_naming_its_fingerprint(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

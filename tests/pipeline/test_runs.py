@@ -4,7 +4,9 @@ diagnoses of incomplete or empty runs (no Spark needed)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -794,24 +796,45 @@ def test_code_read_from_a_zip_has_its_folders_fingerprint_and_none_without_sourc
     assert sources_sha256(package) is None
 
 
-def test_an_executor_running_other_code_than_the_driver_fails_in_one_line() -> None:
+def test_an_executor_running_other_code_than_the_driver_fails_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Spark's local workers import the working directory's streamassign first: a task of a
-    worker whose code is not the driver's writes no row, and says where each one's code is."""
+    worker whose code is not the driver's writes no row, and says where each one's code is
+    and which cause it can be (its line blamed the working directory whatever the cause)."""
     from streamassign.errors import ExecutorCodeError
     from streamassign.pipeline.runs import Code, check_executor_code, this_code
 
     check_executor_code(this_code())  # the same code: nothing to say
     check_executor_code(Code("/driver/streamassign", None))  # nothing the manifest could name
-    driver = Code("/elsewhere/streamassign", "f" * 64)
-    with pytest.raises(ExecutorCodeError) as failed:
-        check_executor_code(driver)
     ours = this_code()
-    assert str(failed.value) == (
+    head = (
         f"Spark's Python workers import other streamassign code ({ours.where}, "
         f"{(ours.fingerprint or '')[:12]}…) than this command (/elsewhere/streamassign, "
-        "ffffffffffff…): a streamassign package in the working directory comes first on the "
-        "workers' path; run from a folder without one (or ship the same code to a cluster's "
-        "executors)"
+        "ffffffffffff…): "
+    )
+    driver = Code("/elsewhere/streamassign", "f" * 64)
+    monkeypatch.chdir(Path(ours.where).parent)
+    with pytest.raises(ExecutorCodeError) as failed:
+        check_executor_code(driver)
+    assert str(failed.value) == head + (
+        f"a streamassign package in the workers' working directory "
+        f"({os.path.realpath(Path(ours.where).parent)}) comes first on their path; run from a "
+        "folder without one"
+    )
+    monkeypatch.chdir(tmp_path)  # a worker importing its interpreter's own install
+    with pytest.raises(ExecutorCodeError) as failed:
+        check_executor_code(driver)
+    assert str(failed.value) == head + (
+        f"the workers' Python ({sys.executable}) has a streamassign of its own: ship this code "
+        "to a cluster's executors (--ship-code) or install it there (a PYSPARK_PYTHON you set "
+        "needs it too); a file added to or changed in either package folder (any whose name "
+        "starts with an identifier, notes.txt too) also makes it other code"
+    )
+    with pytest.raises(ExecutorCodeError) as failed:  # the driver's folder, changed since
+        check_executor_code(Code(ours.where, "f" * 64))
+    assert str(failed.value).endswith(
+        "its files changed since the command started (an edit, a checkout); run it again"
     )
     assert "\n" not in str(failed.value)
 
@@ -819,18 +842,22 @@ def test_an_executor_running_other_code_than_the_driver_fails_in_one_line() -> N
 def test_checksum_damage_finds_changed_bytes_and_deleted_or_added_files(tmp_path: Path) -> None:
     """What run_damage cannot see (one file of an assignor's several gone, a flipped byte)
     shows against the checksum files Spark's local writer leaves beside each Parquet file."""
-    from streamassign.pipeline.runs import checksum_damage
+    from streamassign.pipeline.runs import checksum_damage, rows_unchecked
 
     folder = tmp_path / "rebalances" / "assignor=task%3Asticky"
     folder.mkdir(parents=True)
-    assert checksum_damage(str(tmp_path)) == (
-        "no checksum file (.*.parquet.crc) under rebalances/ to check its rows by"
+    assert checksum_damage(str(tmp_path)) is None  # nothing to check by: not damage
+    assert rows_unchecked(str(tmp_path), {}) == (
+        "its manifest lists no files (written by older code) and no checksum file "
+        "(.*.parquet.crc) is under rebalances/ (copied without its dot files, or written "
+        "through a file system that writes none)"
     )
     for name, size in (("part-0.parquet", 1500), ("part-1.parquet", 700)):
         data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
         (folder / name).write_bytes(data)
         (folder / f".{name}.crc").write_bytes(hadoop_checksums(data))
     assert checksum_damage(str(tmp_path)) is None
+    assert rows_unchecked(str(tmp_path), {}) is None
     first = folder / "part-0.parquet"
     flipped = bytearray(first.read_bytes())
     flipped[1000] ^= 1
@@ -847,4 +874,48 @@ def test_checksum_damage_finds_changed_bytes_and_deleted_or_added_files(tmp_path
     assert checksum_damage(str(tmp_path)) == (
         "rebalances/assignor=task%3Asticky/part-9.parquet has no checksum file (added from "
         "elsewhere?)"
+    )
+
+
+def test_rows_damage_checks_the_files_and_sizes_the_manifest_lists(tmp_path: Path) -> None:
+    """A Parquet file deleted together with its checksum file left nothing to check it by; a
+    run without checksum files (``hdfs dfs -get``, a file system writing none) was called
+    damaged. The manifest lists the files the run wrote with their sizes: checked first, then
+    the checksum files there are."""
+    from streamassign.pipeline.runs import (
+        ROW_FILES,
+        LocalFiles,
+        row_files,
+        rows_damage,
+        rows_unchecked,
+    )
+
+    folder = tmp_path / "rebalances" / "assignor=task%3Asticky"
+    folder.mkdir(parents=True)
+    for name in ("part-0.parquet", "part-1.parquet"):
+        (folder / name).write_bytes(b"PAR1")
+        (folder / f".{name}.crc").write_bytes(hadoop_checksums(b"PAR1"))
+    (tmp_path / "rebalances" / "_SUCCESS").write_bytes(b"")
+    listed = row_files(LocalFiles(), str(tmp_path))
+    assert listed == {
+        "assignor=task%3Asticky/part-0.parquet": 4,
+        "assignor=task%3Asticky/part-1.parquet": 4,
+    }
+    manifest = {ROW_FILES: listed}
+    assert rows_damage(str(tmp_path), manifest) is None
+    for sidecar in folder.glob(".*.crc"):  # copied without its dot files: sizes still tell
+        sidecar.unlink()
+    assert rows_damage(str(tmp_path), manifest) is None
+    assert rows_unchecked(str(tmp_path), manifest) is None
+    where = "rebalances/assignor=task%3Asticky/part-1.parquet"
+    (folder / "part-1.parquet").unlink()
+    assert rows_damage(str(tmp_path), manifest) == f"{where} is missing (the manifest lists it)"
+    (folder / "part-1.parquet").write_bytes(b"PAR1PAR1")
+    assert rows_damage(str(tmp_path), manifest) == (
+        f"{where} changed size since it was written (4 bytes then, 8 now)"
+    )
+    (folder / "part-1.parquet").write_bytes(b"PAR1")
+    (folder / "part-2.parquet").write_bytes(b"PAR1")
+    assert rows_damage(str(tmp_path), manifest) == (
+        f"{where.replace('part-1', 'part-2')} is not a file the run wrote (added from elsewhere?)"
     )

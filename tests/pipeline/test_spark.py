@@ -80,6 +80,10 @@ def test_parquet_rows_equal_the_pure_core_on_the_same_seeds(spark: Any, run: Run
     ]
     manifest = json.loads((run.path / "manifest" / "part-00000.json").read_text())
     assert manifest["run_id"] == "r1" and manifest["rows"] == len(run.rows)
+    written = sorted((run.path / "rebalances").glob("*/*.parquet"))  # listed for a rerun's check
+    assert manifest["row_files"] == {
+        f"{path.parent.name}/{path.name}": path.stat().st_size for path in written
+    }
     timing = [c[0] for c in COLUMNS].index("assign_ms")
 
     def strip(values: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -295,6 +299,7 @@ def test_hadoop_files_publish_and_check_runs_like_local_ones(spark: Any, tmp_pat
         check_run,
         describe_existing,
         publish,
+        row_files,
         write_manifest,
     )
 
@@ -312,6 +317,9 @@ def test_hadoop_files_publish_and_check_runs_like_local_ones(spark: Any, tmp_pat
         assert check_run(files, final)["run_id"] == run_id
     assert describe_existing(files, final) == f"{final} already holds a complete run (new)"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    # What the manifest lists of a run written there (runs.ROW_FILES): a path under the URI.
+    assert row_files(files, final) == {"assignor=x/part-0.parquet": 4}
+    assert row_files(files, f"{tmp_path.as_uri()}/nowhere") == {}
     manifest = tmp_path / "run" / "manifest"
     assert [p.name for p in manifest.iterdir() if not p.name.endswith(".crc")] == [
         "part-00000.json"
