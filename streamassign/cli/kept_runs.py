@@ -207,7 +207,7 @@ def _refuse_foreign_report_folder(run_dir: str) -> None:
         raise click.ClickException(
             f"{folder} exists and holds no report.html: not replacing it with the kept run's "
             f"report; move its files away, or write the report elsewhere: "
-            f"{_report_command(run_dir)} --out OTHER"
+            f"{_report_command(run_dir)}"
         )
 
 
@@ -236,7 +236,7 @@ def _report_note(run_dir: str) -> str:
     page = Path(run_dir) / "report" / "report.html"
     if page.is_file():
         return f" and its report, {page}"
-    return f" without a report (streamassign report {run_dir} writes it)"
+    return f" without a report ({_report_command(run_dir)} writes it)"
 
 
 def _local_run_to_keep(

@@ -28,8 +28,17 @@ from .run_folders import (
 
 
 def _report_command(run_dir: str) -> str:
-    """The command that writes the report of the run in ``run_dir``."""
-    return f"streamassign report {run_dir}" + (" --out DIR" if _is_remote(run_dir) else "")
+    """The command that writes the report of the run in ``run_dir``: with ``--out`` for a
+    remote run, and for a local one whose ``report/`` holds other files but no report.html
+    (``report`` does not replace such a folder)."""
+    from ..pipeline.runs import LocalFiles, replaceable
+
+    command = f"streamassign report {run_dir}"
+    if _is_remote(run_dir):
+        return f"{command} --out DIR"
+    if replaceable(LocalFiles(), str(Path(run_dir) / "report"), "report.html"):
+        return command
+    return f"{command} --out OTHER"
 
 
 def _render(session: Any, run_dir: str, out: Path | None, spark_tasks: int | None = None) -> Path:

@@ -1714,11 +1714,15 @@ def test_a_kept_runs_report_folder_without_its_page_is_refused_before_spark_star
 ) -> None:
     """--report over a kept run whose report/ holds other files but no report.html started
     Spark, then said to give another --out: simulate's --out is the run's folder, so that
-    simulated it all again elsewhere. Refused before Spark, naming the remedies that keep it."""
+    simulated it all again elsewhere. Refused before Spark, naming the remedies that keep it.
+    Kept without --report, its next step is a report command that does not refuse the folder."""
     run = tmp_path / "run"
     command = _a_kept_run(monkeypatch, run)  # Spark never starts
     (run / "report").mkdir()
     (run / "report" / "by_event.csv").write_text("mine")
+    code, out = invoke(*[arg for arg in command if arg != "--report"])
+    assert code == 0, out
+    assert out.endswith(f"\nnext: streamassign report {run} --out OTHER\n")
     code, out = invoke(*command)
     assert (code, out) == (
         1,
