@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CODE_FINGERPRINT",
     "MANIFEST",
+    "OTHER_CODE_LINE",
     "REBALANCES",
     "ROW_FILES",
     "Code",
@@ -69,6 +70,7 @@ __all__ = [
     "sources_sha256",
     "staging_path",
     "this_code",
+    "why_other_code",
     "write_manifest",
 ]
 
@@ -161,41 +163,50 @@ def _shipped(folder: Traversable, prefix: str) -> Iterator[tuple[str, Traversabl
 def check_executor_code(driver: Code) -> None:
     """On an executor: :class:`ExecutorCodeError` if its Python workers import other
     streamassign code than ``driver`` (whose fingerprint the run's manifest records), so that
-    no row of a run comes from code its manifest does not name. Spark starts local workers
-    in the command's working directory, whose ``streamassign`` package comes first on their
-    path. Free after the first call in a worker process (``this_code`` is read once)."""
+    no row of a run comes from code its manifest does not name. The line names both packages;
+    the driver adds the cause (:func:`why_other_code`), as a worker running other code may be
+    older code that words it otherwise. Free after the first call in a worker process
+    (``this_code`` is read once)."""
     ours = this_code()
     if driver.fingerprint is None or ours.fingerprint == driver.fingerprint:
         return
     shown = ours.fingerprint[:12] + "…" if ours.fingerprint else "no fingerprint"
     raise ExecutorCodeError(
         f"Spark's Python workers import other streamassign code ({ours.where}, {shown}) than "
-        f"this command ({driver.where}, {driver.fingerprint[:12]}…): "
-        f"{_why_other_code(ours, driver)}"
+        f"this command ({driver.where}, {driver.fingerprint[:12]}…)"
     )
 
 
-def _why_other_code(ours: Code, driver: Code) -> str:
-    """Why a Python worker imports ``ours`` and not the ``driver``'s code, and the remedy: the
-    very folder changed since the command read it; the package in the worker's working
-    directory comes first on its path (Spark's local workers start in the command's); else its
-    interpreter's own install (a cluster's executors without ``--ship-code``, a
-    ``PYSPARK_PYTHON`` of the user's), or a file added to or changed in either package folder
-    (every file an identifier names is in the fingerprint)."""
-    if os.path.realpath(ours.where) == os.path.realpath(driver.where):
+#: The part of a worker's :class:`ExecutorCodeError` line that names both packages, as every
+#: version writes it (older ones add a cause of their own after it, which the driver replaces).
+OTHER_CODE_LINE: Final = re.compile(
+    r"(Spark's Python workers import other streamassign code \((?P<where>.+?), "
+    r"(?:[0-9a-f]{12}…|no fingerprint)\) than this command \(.+?, [0-9a-f]{12}…\))"
+)
+
+
+def why_other_code(worker_where: str, driver: Code, shipped: bool) -> str:
+    """On the driver: why a Python worker imports the package at ``worker_where`` and not the
+    ``driver``'s, and the remedy, one cause: the very folder (or the zip shipped from it)
+    changed since the command read it; a package in the command's working directory (Spark's
+    local workers start there, and it comes first on their path); a ``PYSPARK_PYTHON`` of the
+    user's (the driver sets it to its own interpreter unless one is set); else the executors'
+    own install, which ``shipped`` code did not come before."""
+    worker = os.path.realpath(worker_where)
+    if worker == os.path.realpath(driver.where) or "streamassign-pipeline-code-" in worker:
         return "its files changed since the command started (an edit, a checkout); run it again"
     working = os.path.realpath(os.getcwd())
-    if os.path.dirname(os.path.realpath(ours.where)) == working:
+    if os.path.dirname(worker) == working:
         return (
-            f"a streamassign package in the workers' working directory ({working}) comes "
-            "first on their path; run from a folder without one"
+            f"a streamassign package in the working directory ({working}) comes first on the "
+            "workers' path; run from a folder without one"
         )
-    return (
-        f"the workers' Python ({sys.executable}) has a streamassign of its own: ship this "
-        "code to a cluster's executors (--ship-code) or install it there (a PYSPARK_PYTHON "
-        "you set needs it too); a file added to or changed in either package folder "
-        "(any whose name starts with an identifier, notes.txt too) also makes it other code"
-    )
+    chosen = os.environ.get("PYSPARK_PYTHON")
+    if chosen and chosen != sys.executable:
+        return f"PYSPARK_PYTHON ({chosen}) has a streamassign of its own; install this one there"
+    if shipped:
+        return "the executors' Python imports its own streamassign first; install this one there"
+    return "the executors' Python has a streamassign of its own; pass --ship-code"
 
 
 def is_remote(path: str) -> bool:

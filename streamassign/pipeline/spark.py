@@ -31,15 +31,18 @@ from typing import Any, Final
 from ..errors import ExecutorCodeError
 from .runs import (
     MANIFEST,
+    OTHER_CODE_LINE,
     REBALANCES,
     ROW_FILES,
     Code,
     check_executor_code,
     check_rows_read,
     files_for,
+    is_remote,
     row_files,
     this_code,
     unreadable_file,
+    why_other_code,
     write_manifest,
 )
 from .signals import deferred_signals
@@ -249,8 +252,8 @@ def run_simulation(
 ) -> int:
     """Simulate every scenario of ``job`` on the executors; write ``out/rebalances`` (Parquet,
     partitioned by assignor, with ``run_id`` and ``seed`` columns) and then, last,
-    ``out/manifest`` (one JSON line, listing the Parquet files written with their sizes:
-    ``runs.ROW_FILES``). ``out`` must not hold rows yet: callers write into a
+    ``out/manifest`` (one JSON line; for a local ``out``, listing the Parquet files written
+    with their sizes: ``runs.ROW_FILES``). ``out`` must not hold rows yet: callers write into a
     fresh folder and publish it (``runs.publish``). ``counter``: a fresh int accumulator to
     count rows in (progress can read it as tasks finish). ``spark_tasks``: how many Spark tasks
     share the scenarios (default: ``_slices``). Returns the rows written."""
@@ -265,14 +268,16 @@ def run_simulation(
     frame = spark.createDataFrame(rdd, schema=row_schema(), verifySchema=False).select(
         F.lit(run_id).alias("run_id"), F.lit(job.seed).cast("long").alias("seed"), "*"
     )
-    with _said_as_executor_code_error():
+    with _said_as_executor_code_error(spark):
         frame.write.mode("errorifexists").partitionBy("assignor").parquet(_join(out, REBALANCES))
     # Counted from the files (their footers, not the rows): the accumulator (progress) counts
     # a task run twice (a retry, a speculative copy) twice, and the report checks the files
     # against this count.
     written = int(spark.read.parquet(_join(out, REBALANCES)).count())
     files = files_for(out, spark)
-    full = {**manifest, "run_id": run_id, "rows": written, ROW_FILES: row_files(files, out)}
+    full = {**manifest, "run_id": run_id, "rows": written}
+    if not is_remote(out):  # a remote run is never kept, and Hadoop lists ~10 ms per file
+        full[ROW_FILES] = row_files(files, out)
     write_manifest(files, out, full)
     return written
 
@@ -478,21 +483,37 @@ def _failure_text(exc: BaseException) -> str:
 
 
 @contextmanager
-def _said_as_executor_code_error() -> Iterator[None]:
+def _said_as_executor_code_error(spark: Any) -> Iterator[None]:
     """A job whose task failed with :class:`ExecutorCodeError` raises it as itself."""
     try:
         yield
     except Exception as exc:
-        if (other_code := _executor_code_error(exc)) is None:
+        if (other_code := _executor_code_error(exc, _ships_code(spark))) is None:
             raise
         raise other_code from exc
 
 
-def _executor_code_error(exc: BaseException) -> ExecutorCodeError | None:
+def _executor_code_error(exc: BaseException, shipped: bool) -> ExecutorCodeError | None:
     """The :class:`ExecutorCodeError` a task failed with, as one line on the driver (Spark
-    wraps it in its job's trace), or None if ``exc`` is another failure."""
+    wraps it in its job's trace), or None if ``exc`` is another failure. The cause is worked
+    out here (``runs.why_other_code``) from the worker's package folder: the worker runs other
+    code, which may word its own cause otherwise, or wrongly."""
     found = re.findall(rf"{ExecutorCodeError.__name__}: (.+)", _failure_text(exc))
-    return ExecutorCodeError(found[-1].strip()) if found else None
+    if not found:
+        return None
+    said = OTHER_CODE_LINE.match(found[-1].strip())
+    if said is None:  # a line this code cannot read: the worker's own, as it is
+        return ExecutorCodeError(found[-1].strip())
+    cause = why_other_code(said["where"], this_code(), shipped)
+    return ExecutorCodeError(f"{said[1]}: {cause}")
+
+
+def _ships_code(spark: Any) -> bool:
+    """Whether the session serves :func:`ship_code`'s zip to its executors."""
+    try:
+        return any("streamassign-pipeline-code-" in f for f in spark.sparkContext.listFiles)
+    except Exception:  # a session already stopped: the cause then names no remedy of shipping
+        return False
 
 
 def _check_rows_read(
@@ -598,7 +619,7 @@ def run_plan(spark: Any, job: PlanJob, spark_tasks: int | None = None) -> list[d
         ),
     )
     rows = []
-    with _said_as_executor_code_error():
+    with _said_as_executor_code_error(spark):
         collected = grouped.orderBy("standbys", "warmups").collect()
     for r in collected:
         d = r.asDict()

@@ -796,47 +796,56 @@ def test_code_read_from_a_zip_has_its_folders_fingerprint_and_none_without_sourc
     assert sources_sha256(package) is None
 
 
-def test_an_executor_running_other_code_than_the_driver_fails_in_one_line(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """Spark's local workers import the working directory's streamassign first: a task of a
-    worker whose code is not the driver's writes no row, and says where each one's code is
-    and which cause it can be (its line blamed the working directory whatever the cause)."""
+def test_an_executor_running_other_code_than_the_driver_fails_in_one_line() -> None:
+    """A task of a worker whose code is not the driver's writes no row, and its line names
+    where each one's code is (the driver adds the cause: see the next test)."""
     from streamassign.errors import ExecutorCodeError
-    from streamassign.pipeline.runs import Code, check_executor_code, this_code
+    from streamassign.pipeline.runs import OTHER_CODE_LINE, Code, check_executor_code, this_code
 
     check_executor_code(this_code())  # the same code: nothing to say
     check_executor_code(Code("/driver/streamassign", None))  # nothing the manifest could name
     ours = this_code()
-    head = (
+    with pytest.raises(ExecutorCodeError) as failed:
+        check_executor_code(Code("/elsewhere/streamassign", "f" * 64))
+    assert str(failed.value) == (
         f"Spark's Python workers import other streamassign code ({ours.where}, "
         f"{(ours.fingerprint or '')[:12]}…) than this command (/elsewhere/streamassign, "
-        "ffffffffffff…): "
+        "ffffffffffff…)"
     )
-    driver = Code("/elsewhere/streamassign", "f" * 64)
-    monkeypatch.chdir(Path(ours.where).parent)
-    with pytest.raises(ExecutorCodeError) as failed:
-        check_executor_code(driver)
-    assert str(failed.value) == head + (
-        f"a streamassign package in the workers' working directory "
-        f"({os.path.realpath(Path(ours.where).parent)}) comes first on their path; run from a "
-        "folder without one"
+    said = OTHER_CODE_LINE.match(str(failed.value))
+    assert said is not None and said["where"] == ours.where
+
+
+def test_the_driver_names_one_cause_of_a_worker_running_other_code(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The cause was worked out by the worker, which runs other code (often older, that blamed
+    the working directory whatever the cause): the driver names it from the worker's package
+    folder, its own folder and working directory, PYSPARK_PYTHON and whether it ships code."""
+    from streamassign.pipeline.runs import Code, why_other_code
+
+    driver = Code(str(tmp_path / "driver" / "streamassign"), "f" * 64)
+    changed = "its files changed since the command started (an edit, a checkout); run it again"
+    assert why_other_code(driver.where, driver, shipped=False) == changed
+    shipped_zip = "/tmp/spark-1/userFiles-2/streamassign-pipeline-code-0a1b2c3d.zip/streamassign"
+    assert why_other_code(shipped_zip, driver, shipped=True) == changed
+    monkeypatch.chdir(tmp_path)
+    assert why_other_code(str(tmp_path / "streamassign"), driver, shipped=False) == (
+        f"a streamassign package in the working directory ({os.path.realpath(tmp_path)}) "
+        "comes first on the workers' path; run from a folder without one"
     )
-    monkeypatch.chdir(tmp_path)  # a worker importing its interpreter's own install
-    with pytest.raises(ExecutorCodeError) as failed:
-        check_executor_code(driver)
-    assert str(failed.value) == head + (
-        f"the workers' Python ({sys.executable}) has a streamassign of its own: ship this code "
-        "to a cluster's executors (--ship-code) or install it there (a PYSPARK_PYTHON you set "
-        "needs it too); a file added to or changed in either package folder (any whose name "
-        "starts with an identifier, notes.txt too) also makes it other code"
+    installed = "/usr/lib/python3/dist-packages/streamassign"
+    monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")
+    assert why_other_code(installed, driver, shipped=False) == (
+        "PYSPARK_PYTHON (/usr/bin/python3) has a streamassign of its own; install this one there"
     )
-    with pytest.raises(ExecutorCodeError) as failed:  # the driver's folder, changed since
-        check_executor_code(Code(ours.where, "f" * 64))
-    assert str(failed.value).endswith(
-        "its files changed since the command started (an edit, a checkout); run it again"
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)  # what local mode sets by default
+    assert why_other_code(installed, driver, shipped=False) == (
+        "the executors' Python has a streamassign of its own; pass --ship-code"
     )
-    assert "\n" not in str(failed.value)
+    assert why_other_code(installed, driver, shipped=True) == (
+        "the executors' Python imports its own streamassign first; install this one there"
+    )
 
 
 def test_checksum_damage_finds_changed_bytes_and_deleted_or_added_files(tmp_path: Path) -> None:

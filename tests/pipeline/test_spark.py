@@ -247,6 +247,37 @@ def test_rows_of_other_code_than_the_drivers_fail_the_run_in_one_line(
         sp.run_plan(spark, plan)
 
 
+def test_the_driver_words_the_cause_of_a_line_older_worker_code_wrote(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Workers running other code are often older code, whose line blamed the working
+    directory whatever the cause: the driver keeps the part naming both packages and names
+    the cause itself (here a PYSPARK_PYTHON with its own install), in one line."""
+    from streamassign.pipeline import spark as sp
+    from streamassign.pipeline.runs import Code
+
+    monkeypatch.setattr(sp, "this_code", lambda: Code("/clone/streamassign", "9" * 64))
+    monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")
+    monkeypatch.chdir(tmp_path)
+    head = (
+        "Spark's Python workers import other streamassign code (/opt/py/streamassign, "
+        "7ef542c44998…) than this command (/clone/streamassign, 999999999999…)"
+    )
+    old_line = (
+        f"{head}: a streamassign package in the working directory comes first on the workers' "
+        "path; run from a folder without one (or ship the same code to a cluster's executors)"
+    )
+    trace = f"Job aborted.\n  File x\nstreamassign.errors.ExecutorCodeError: {old_line}"
+    said = sp._executor_code_error(Exception(trace), shipped=False)
+    assert said is not None and str(said) == (
+        f"{head}: PYSPARK_PYTHON (/usr/bin/python3) has a streamassign of its own; install "
+        "this one there"
+    )
+    unreadable = Exception("ExecutorCodeError: some other wording")  # kept as the worker said
+    assert str(sp._executor_code_error(unreadable, shipped=False)) == "some other wording"
+    assert sp._executor_code_error(Exception("another failure"), shipped=False) is None
+
+
 def test_progress_shows_tasks_and_ctrl_c_cancels_the_jobs(spark: Any) -> None:
     import io
     import os
